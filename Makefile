@@ -1,0 +1,42 @@
+# Two entry points for a fresh machine:
+#   make demo   -- creates .venv, installs torch_mz, runs the main demo
+#   make test   -- creates .venv, installs torch_mz with its test extras, runs the test suite
+#
+# The virtual environment sees the system site-packages, so a torch that is already installed
+# (CPU or CUDA, any supported version) is used as it is. Only when no torch can be imported is
+# $(TORCH_SPEC) installed (a CPU build where one is available locally). Override, e.g.
+#   make test TORCH_SPEC='torch==2.5.1'
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+
+.PHONY: demo test install install-test clean
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv --system-site-packages $(VENV)
+
+$(VENV)/.torch: | $(VENV)/bin/python
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install "$(TORCH_SPEC)"
+	touch $@
+
+$(VENV)/.installed: setup.cfg pyproject.toml $(VENV)/.torch
+	$(PIP) install -e ".[datasets,plot]"
+	touch $@
+
+$(VENV)/.installed-test: setup.cfg pyproject.toml $(VENV)/.installed
+	$(PIP) install -e ".[datasets,plot,test]"
+	touch $@
+
+install: $(VENV)/.installed
+install-test: $(VENV)/.installed-test
+
+demo: $(VENV)/.installed
+	$(PY) -m torch_mz.demo
+
+test: $(VENV)/.installed-test
+	$(PY) -m pytest -q tests $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis
