@@ -1,0 +1,22 @@
+r"""Neural-network operators of torch_mz: zonotope tokens, MZ attention, Set Transformer blocks
+and the :class:`MZAggregation` PyG aggregation."""
+from torch_mz.nn.aggr import MZAggregation
+from torch_mz.nn.attention import MZAttention
+from torch_mz.nn.blocks import ISAB, MAB, PMA, SAB, FeedForward, GeneratorFeedForward
+from torch_mz.nn.functional import grouped_attention
+from torch_mz.nn.zonotope import InputProjection, Zonotope, zonotope_layer_norm
+
+__all__ = [
+    'Zonotope',
+    'InputProjection',
+    'zonotope_layer_norm',
+    'grouped_attention',
+    'MZAttention',
+    'FeedForward',
+    'GeneratorFeedForward',
+    'MAB',
+    'SAB',
+    'ISAB',
+    'PMA',
+    'MZAggregation',
+]

@@ -1,0 +1,229 @@
+import inspect
+import math
+import re
+
+import pytest
+import torch
+
+from torch_mz.nn import MZAttention, Zonotope
+from tests.nn._sets import make_index
+
+D, H, NG, L = 8, 2, 3, 2
+
+
+def _tokens(n, seed, ng=NG, d=D):
+    g = torch.Generator().manual_seed(seed)
+    return Zonotope(torch.randn(n, d, generator=g, dtype=torch.float64),
+                    torch.randn(n, ng, d, generator=g, dtype=torch.float64))
+
+
+def _attn(value, seed=0, **kwargs):
+    torch.manual_seed(seed)
+    kwargs.setdefault('num_matrix_generators', L)
+    return MZAttention(D, heads=H, num_generators=NG, value=value, **kwargs).double()
+
+
+def _randomise(module, seed):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.5)
+
+
+def _mha_reference(attn, query, key_value):
+    r"""torch.nn.MultiheadAttention with the same weights, on one set: returns the center output
+    and the per-head attention weights."""
+    mha = torch.nn.MultiheadAttention(D, H, bias=True, batch_first=True).double()
+    with torch.no_grad():
+        mha.in_proj_weight.copy_(torch.cat([attn.lin_q.weight, attn.lin_k.weight,
+                                            attn.lin_v.weight]))
+        mha.in_proj_bias.copy_(torch.cat([torch.zeros(2 * D, dtype=torch.float64),
+                                          attn.lin_v.bias]))
+        mha.out_proj.weight.copy_(torch.block_diag(*attn.weight))
+        mha.out_proj.bias.zero_()
+    out, weights = mha(query.center[None], key_value.center[None], key_value.center[None],
+                       need_weights=True, average_attn_weights=False)
+    return out[0], weights[0]  # (nq, D), (H, nq, nk)
+
+
+def _expected_rigid_gens(attn, key_value, weights):
+    r"""G_hat W^T per head, from the reference attention weights."""
+    dk = D // H
+    vg = (key_value.gens @ attn.lin_v.weight.T).view(-1, NG, H, dk)  # (nk, NG, H, dk)
+    g_hat = torch.einsum('hqk,kghd->qhgd', weights, vg)  # (nq, H, NG, dk)
+    out = torch.einsum('qhgd,hed->qhge', g_hat, attn.weight)
+    return out, g_hat
+
+
+@pytest.mark.parametrize('path', ['dense', 'scatter'])
+def test_rigid_equals_torch_multihead_attention(path):
+    attn = _attn('rigid', path=path)
+    _randomise(attn, 1)
+    sizes_q, sizes_k = [3, 1, 4], [5, 2, 1]
+    q_set, kv_set = make_index(sizes_q), make_index(sizes_k)
+    query, key_value = _tokens(8, 2), _tokens(8, 3)
+    out = attn(query, key_value, q_set, kv_set, 3)
+    for b in range(3):
+        qm, km = q_set == b, kv_set == b
+        ref, weights = _mha_reference(attn, query[qm], key_value[km])
+        torch.testing.assert_close(out.center[qm], ref)
+        gens, _ = _expected_rigid_gens(attn, key_value[km], weights)
+        torch.testing.assert_close(out.gens[qm], gens.permute(0, 2, 1, 3).reshape(-1, NG, D))
+
+
+def test_mz_generators_follow_eq3():
+    attn = _attn('mz', summary='mean+std')
+    _randomise(attn, 4)
+    q_set, kv_set = make_index([2, 3]), make_index([4, 3])
+    query, key_value = _tokens(5, 5), _tokens(7, 6)
+    out = attn(query, key_value, q_set, kv_set, 2)
+    dk = D // H
+    for b in range(2):
+        qm, km = q_set == b, kv_set == b
+        ref_c, weights = _mha_reference(attn, query[qm], key_value[km])
+        torch.testing.assert_close(out.center[qm], ref_c)  # center path: M_c c_hat
+        kc = key_value.center[km]
+        mu = torch.cat([kc.mean(0), torch.sqrt(kc.var(0, unbiased=False) + 1e-6)])
+        gamma = torch.tanh(attn.gate.weight @ mu)  # (L,)
+        rigid_g, _ = _expected_rigid_gens(attn, key_value[km], weights)
+        v = key_value.center[km] @ attn.lin_v.weight.T + attn.lin_v.bias
+        c_hat = torch.einsum('hqk,khd->qhd', weights, v.view(-1, H, dk))  # (nq, H, dk)
+        extra = torch.zeros_like(rigid_g)
+        for h in range(H):
+            for l in range(L):
+                ml_c = c_hat[:, h] @ attn.matrix_gens[h, l].T  # (nq, dk)
+                for g in range(NG):
+                    extra[:, h, g] += attn.mix[g, l] * gamma[l] * ml_c
+        expected = (rigid_g + extra).permute(0, 2, 1, 3).reshape(-1, NG, D)
+        torch.testing.assert_close(out.gens[qm], expected)
+
+
+@pytest.mark.parametrize('value', ['mz', 'film', 'hypernet'])
+def test_zero_context_parameters_reduce_to_rigid(value):
+    attn = _attn(value)
+    _randomise(attn, 7)
+    with torch.no_grad():
+        if value == 'mz':
+            attn.matrix_gens.zero_()
+            attn.mix.zero_()
+        elif value == 'film':
+            for lin in (attn.film_scale, attn.film_shift):
+                lin.weight.zero_()
+                lin.bias.zero_()
+        else:
+            attn.hyper_u.weight.zero_()
+            attn.hyper_u.bias.zero_()
+    rigid = _attn('rigid')
+    rigid.load_state_dict(attn.state_dict(), strict=False)
+    q_set = make_index([3, 2, 4])
+    x = _tokens(9, 8)
+    a, b = attn(x, x, q_set, q_set, 3), rigid(x, x, q_set, q_set, 3)
+    torch.testing.assert_close(a.center, b.center)
+    torch.testing.assert_close(a.gens, b.gens)
+
+
+def test_film_and_hypernet_formulas():
+    q_set = make_index([4, 3])
+    x = _tokens(7, 9)
+    rigid = _attn('rigid')
+    _randomise(rigid, 10)
+    r = rigid(x, x, q_set, q_set, 2)
+    dk = D // H
+    mu = torch.stack([x.center[q_set == b].mean(0) for b in range(2)])  # (2, D)
+
+    film = _attn('film')
+    _randomise(film, 11)
+    film.load_state_dict(rigid.state_dict(), strict=False)
+    out = film(x, x, q_set, q_set, 2)
+    scale = (1 + film.film_scale(mu))[q_set]
+    shift = film.film_shift(mu)[q_set]
+    torch.testing.assert_close(out.center, r.center * scale + shift)
+    torch.testing.assert_close(out.gens, r.gens * scale.unsqueeze(1))
+
+    hyper = _attn('hypernet', rank=2)
+    _randomise(hyper, 12)
+    hyper.load_state_dict(rigid.state_dict(), strict=False)
+    out = hyper(x, x, q_set, q_set, 2)
+    # Recompute with the per-set operator M_h(mu) = W_h + U_h(mu) V_h in place of W_h.
+    for b in range(2):
+        u = hyper.hyper_u(mu[b]).view(H, dk, 2)
+        per_set = _attn('rigid')
+        per_set.load_state_dict(rigid.state_dict())
+        with torch.no_grad():
+            per_set.weight.copy_(rigid.weight + torch.einsum('hdr,hre->hde', u, hyper.hyper_v))
+        m = q_set == b
+        ref = per_set(x[m], x[m], q_set[m] * 0, q_set[m] * 0, 1)
+        torch.testing.assert_close(out.center[m], ref.center)
+        torch.testing.assert_close(out.gens[m], ref.gens)
+
+
+def test_theorem8_construction_is_exact():
+    r"""One MZ head (H=1, L=1, W_Q=0, W_V=I, M_c=I, M_1=A, gate e_1, W_mix=e_1) followed by a
+    uniform pooling head and the signed readout c + sum_g G_g computes (I + tanh(mu_1) A) mu."""
+    d = 4
+    g = torch.Generator().manual_seed(13)
+    A = torch.randn(d, d, generator=g, dtype=torch.float64)
+    layer = MZAttention(d, heads=1, num_generators=1, value='mz',
+                        num_matrix_generators=1).double()
+    pool = MZAttention(d, heads=1, num_generators=1, value='rigid').double()
+    with torch.no_grad():
+        for m in (layer, pool):
+            m.lin_q.weight.zero_()
+            m.lin_v.weight.copy_(torch.eye(d))
+            m.lin_v.bias.zero_()
+            m.weight.copy_(torch.eye(d)[None])
+        layer.matrix_gens.copy_(A[None, None])
+        layer.gate.weight.copy_(torch.eye(d)[:1])
+        layer.mix.fill_(1.0)
+    sizes = [3, 1, 6]
+    index = make_index(sizes, shuffle=True, generator=g)
+    x = torch.randn(index.numel(), d, generator=g, dtype=torch.float64)
+    tokens = Zonotope(x, torch.zeros(x.size(0), 1, d, dtype=torch.float64))
+    h = layer(tokens, tokens, index, index, 3)
+    seeds = Zonotope(torch.randn(3, d, generator=g, dtype=torch.float64),
+                     torch.zeros(3, 1, d, dtype=torch.float64))
+    pooled = pool(seeds, h, torch.arange(3), index, 3)
+    out = pooled.center + pooled.signed_sum()
+    for b in range(3):
+        mu = x[index == b].mean(0)
+        expected = mu + torch.tanh(mu[0]) * (A @ mu)
+        torch.testing.assert_close(out[b], expected, rtol=1e-12, atol=1e-12)
+
+
+def test_log_n_scaling_multiplies_logits():
+    q_set = torch.zeros(5, dtype=torch.long)
+    x = _tokens(5, 14)
+    scaled = _attn('rigid', log_n=True)
+    _randomise(scaled, 15)
+    plain = _attn('rigid')
+    plain.load_state_dict(scaled.state_dict())
+    with torch.no_grad():
+        plain.lin_q.weight.mul_(math.log(5))
+    torch.testing.assert_close(scaled(x, x, q_set, q_set, 1).center,
+                               plain(x, x, q_set, q_set, 1).center)
+
+
+def test_initialisation_policy():
+    attn = MZAttention(16, heads=4, num_generators=2, value='mz', num_matrix_generators=3)
+    assert torch.equal(attn.weight, torch.eye(4).expand(4, 4, 4))
+    assert attn.matrix_gens.shape == (4, 3, 4, 4) and attn.mix.shape == (2, 3)
+    assert 0.01 < attn.matrix_gens.std() < 0.03
+    assert torch.equal(attn.lin_v.bias, torch.zeros(16))
+
+
+@pytest.mark.parametrize('kwargs, match', [
+    (dict(dim=10, heads=4), 'divide'),
+    (dict(dim=8, value='diag'), 'value operator'),
+    (dict(dim=8, summary='max'), 'summary'),
+    (dict(dim=8, dropout=1.0), 'dropout'),
+    (dict(dim=8, value='mz', num_generators=0), 'num_generators'),
+])
+def test_invalid_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        MZAttention(**kwargs)
+
+
+def test_documented_arguments_match_signature():
+    doc = MZAttention.__doc__
+    documented = re.findall(r'^\s{8}(\w+) \(', doc, flags=re.M)
+    assert documented == list(inspect.signature(MZAttention.__init__).parameters)[1:]

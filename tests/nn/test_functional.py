@@ -1,0 +1,107 @@
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from torch_mz.nn.functional import _bucket_size, grouped_attention, set_mean, set_std
+from tests.nn._sets import make_index
+
+
+def _reference(q, k, v, q_set, kv_set):
+    r"""Per-query loop: softmax over the keys of the query's set."""
+    out = torch.zeros(q.size(0), q.size(1), v.size(-1), dtype=v.dtype)
+    for i in range(q.size(0)):
+        keys = kv_set == q_set[i]
+        if keys.any():
+            a = torch.softmax(torch.einsum('hd,jhd->hj', q[i], k[keys]), dim=-1)
+            out[i] = torch.einsum('hj,jhw->hw', a, v[keys])
+    return out
+
+
+def _random_problem(q_sizes, k_sizes, seed, shuffle=True):
+    g = torch.Generator().manual_seed(seed)
+    q_set = make_index(q_sizes, shuffle=shuffle, generator=g)
+    kv_set = make_index(k_sizes, shuffle=shuffle, generator=g)
+    H, dk, w = 2, 3, 5
+    q = torch.randn(q_set.numel(), H, dk, generator=g, dtype=torch.float64)
+    k = torch.randn(kv_set.numel(), H, dk, generator=g, dtype=torch.float64)
+    v = torch.randn(kv_set.numel(), H, w, generator=g, dtype=torch.float64)
+    return q, k, v, q_set, kv_set
+
+
+@pytest.mark.parametrize('path', ['dense', 'scatter'])
+def test_paths_match_per_query_reference(path):
+    q_sizes = [3, 0, 1, 7, 2, 20, 4]
+    k_sizes = [4, 2, 0, 7, 1, 19, 4]
+    q, k, v, q_set, kv_set = _random_problem(q_sizes, k_sizes, seed=0)
+    out = grouped_attention(q, k, v, q_set, kv_set, len(q_sizes), path=path)
+    torch.testing.assert_close(out, _reference(q, k, v, q_set, kv_set))
+    # queries of set 2 have no keys: zero output
+    assert torch.equal(out[q_set == 2], torch.zeros_like(out[q_set == 2]))
+
+
+@settings(max_examples=25, deadline=None)
+@given(sizes=st.lists(st.tuples(st.integers(0, 12), st.integers(0, 12)), min_size=1, max_size=6),
+       seed=st.integers(0, 1000), shuffle=st.booleans())
+def test_dense_and_scatter_paths_agree(sizes, seed, shuffle):
+    q, k, v, q_set, kv_set = _random_problem([s[0] for s in sizes], [s[1] for s in sizes], seed,
+                                             shuffle)
+    dense = grouped_attention(q, k, v, q_set, kv_set, len(sizes), path='dense')
+    scatter = grouped_attention(q, k, v, q_set, kv_set, len(sizes), path='scatter')
+    torch.testing.assert_close(dense, scatter)
+
+
+def test_exact_dense_path_for_equal_sizes():
+    q, k, v, q_set, kv_set = _random_problem([5] * 4, [5] * 4, seed=3, shuffle=False)
+    dense = grouped_attention(q, k, v, q_set, kv_set, 4, path='dense')
+    torch.testing.assert_close(dense, _reference(q, k, v, q_set, kv_set))
+    torch.testing.assert_close(dense, grouped_attention(q, k, v, q_set, kv_set, 4,
+                                                        path='scatter'))
+
+
+def test_attention_never_crosses_sets():
+    q, k, v, q_set, kv_set = _random_problem([3, 4, 5], [6, 2, 3], seed=4)
+    base = grouped_attention(q, k, v, q_set, kv_set, 3)
+    k2, v2 = k.clone(), v.clone()
+    k2[kv_set == 1] += 10.0
+    v2[kv_set == 1] -= 3.0
+    out = grouped_attention(q, k2, v2, q_set, kv_set, 3)
+    other = q_set != 1
+    torch.testing.assert_close(out[other], base[other])
+    assert not torch.allclose(out[q_set == 1], base[q_set == 1])
+
+
+def test_attention_gradients_agree_between_paths():
+    q, k, v, q_set, kv_set = _random_problem([3, 0, 6], [2, 3, 5], seed=5)
+    grads = []
+    for path in ('dense', 'scatter'):
+        inputs = [t.clone().requires_grad_() for t in (q, k, v)]
+        grouped_attention(*inputs, q_set, kv_set, 3, path=path).pow(2).sum().backward()
+        grads.append([t.grad for t in inputs])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b)
+
+
+def test_unknown_path():
+    q, k, v, q_set, kv_set = _random_problem([2], [2], seed=0)
+    with pytest.raises(ValueError, match='path'):
+        grouped_attention(q, k, v, q_set, kv_set, 1, path='padded')
+
+
+def test_bucket_sizes_bound_padding():
+    n = torch.arange(1, 5000)
+    b = _bucket_size(n)
+    assert bool((b >= n).all())
+    assert bool((b <= torch.ceil(1.25 * n)).all())
+    assert torch.equal(b[:8], n[:8])
+    assert b.unique().numel() < 60
+
+
+def test_set_mean_and_std():
+    x = torch.tensor([[1.0], [3.0], [5.0], [2.0]], dtype=torch.float64)
+    index = torch.tensor([0, 0, 2, 0])
+    mean = set_mean(x, index, 3)
+    torch.testing.assert_close(mean, torch.tensor([[2.0], [0.0], [5.0]], dtype=torch.float64))
+    std = set_std(x, index, 3, eps=0.0)
+    torch.testing.assert_close(std, torch.tensor([[(2 / 3)**0.5], [0.0], [0.0]],
+                                                 dtype=torch.float64))

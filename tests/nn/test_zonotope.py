@@ -1,0 +1,88 @@
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from torch_mz.nn import InputProjection, Zonotope, zonotope_layer_norm
+
+
+def _vertices(z: Zonotope, i: int):
+    r"""All points c + sum_g alpha_g G_g with alpha in {-1, 1}^n_g of token i."""
+    ng = z.num_generators
+    alphas = torch.tensor(list(itertools.product([-1.0, 1.0], repeat=ng)), dtype=z.center.dtype)
+    return z.center[i] + alphas @ z.gens[i]  # (2^ng, d)
+
+
+def test_linear_map_is_exact_on_points():
+    g = torch.Generator().manual_seed(0)
+    z = Zonotope(torch.randn(3, 4, generator=g, dtype=torch.float64),
+                 torch.randn(3, 2, 4, generator=g, dtype=torch.float64))
+    W = torch.randn(5, 4, generator=g, dtype=torch.float64)
+    b = torch.randn(5, generator=g, dtype=torch.float64)
+    out = z.linear(W, b)
+    alpha = torch.rand(3, 2, generator=g, dtype=torch.float64) * 2 - 1
+    points = z.center + torch.einsum('ng,ngd->nd', alpha, z.gens)
+    mapped = out.center + torch.einsum('ng,ngd->nd', alpha, out.gens)
+    torch.testing.assert_close(mapped, points @ W.T + b)
+
+
+def test_addition_and_interval_hull():
+    g = torch.Generator().manual_seed(1)
+    a = Zonotope(torch.randn(2, 3, generator=g), torch.randn(2, 3, 3, generator=g))
+    b = Zonotope(torch.randn(2, 3, generator=g), torch.randn(2, 3, 3, generator=g))
+    s = a + b
+    torch.testing.assert_close(s.center, a.center + b.center)
+    torch.testing.assert_close(s.gens, a.gens + b.gens)
+    # IHW is the half-width of the tightest box: the largest deviation over all vertices.
+    for i in range(2):
+        half_width = (_vertices(a, i) - a.center[i]).abs().max(dim=0).values
+        torch.testing.assert_close(a.ihw()[i], half_width)
+    torch.testing.assert_close(a.signed_sum(), a.gens.sum(1))
+
+
+def test_zonotope_rejects_bad_shapes():
+    with pytest.raises(ValueError, match='shape'):
+        Zonotope(torch.zeros(2, 3), torch.zeros(2, 3))
+    with pytest.raises(ValueError, match='do not match'):
+        Zonotope(torch.zeros(2, 3), torch.zeros(2, 1, 4))
+
+
+def test_layer_norm_maps_generators_by_its_jacobian():
+    g = torch.Generator().manual_seed(2)
+    norm = torch.nn.LayerNorm(6).double()
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(6, generator=g, dtype=torch.float64) + 0.5)
+        norm.bias.copy_(torch.randn(6, generator=g, dtype=torch.float64))
+    z = Zonotope(torch.randn(4, 6, generator=g, dtype=torch.float64),
+                 torch.randn(4, 3, 6, generator=g, dtype=torch.float64))
+    out = zonotope_layer_norm(z, norm)
+    torch.testing.assert_close(out.center, norm(z.center))
+    for gi in range(3):
+        _, tangent = torch.func.jvp(norm, (z.center, ), (z.gens[:, gi], ))
+        torch.testing.assert_close(out.gens[:, gi], tangent)
+    # linear in the generators: sign flip flips, zero stays zero
+    neg = zonotope_layer_norm(Zonotope(z.center, -z.gens), norm)
+    torch.testing.assert_close(neg.gens, -out.gens)
+    zero = zonotope_layer_norm(Zonotope(z.center, torch.zeros_like(z.gens)), norm)
+    assert torch.equal(zero.gens, torch.zeros_like(z.gens))
+
+
+def test_input_projection_matches_eq2():
+    proj = InputProjection(5, 8, num_generators=3).double()
+    x = torch.randn(7, 5, dtype=torch.float64)
+    z = proj(x)
+    expected_c = F.layer_norm(F.gelu(x @ proj.lin_c.weight.T + proj.lin_c.bias), (8, ),
+                              proj.norm.weight, proj.norm.bias)
+    expected_g = (x @ proj.lin_g.weight.T + proj.lin_g.bias).view(7, 3, 8) / (3 * 8)**0.5
+    torch.testing.assert_close(z.center, expected_c)
+    torch.testing.assert_close(z.gens, expected_g)
+    assert 'num_generators=3' in repr(proj)
+
+
+def test_input_projection_without_generators():
+    proj = InputProjection(5, 8, num_generators=0)
+    z = proj(torch.randn(4, 5))
+    assert z.gens.shape == (4, 0, 8)
+    with pytest.raises(ValueError):
+        InputProjection(5, 8, num_generators=-1)

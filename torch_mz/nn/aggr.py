@@ -1,0 +1,204 @@
+r"""MZAggregation: a PyG aggregation built from MZ-Set-Transformer blocks."""
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+from torch.nn import Linear, ModuleList
+from torch_geometric.nn.aggr import Aggregation
+
+from torch_mz.nn.attention import SUMMARIES, VALUE_OPERATORS
+from torch_mz.nn.blocks import ISAB, PMA, SAB
+from torch_mz.nn.functional import PATHS, set_counts
+from torch_mz.nn.zonotope import InputProjection, Zonotope
+
+READOUTS = ('ihw', 'signed')
+
+
+def resolve_set_index(x: Tensor, index: Optional[Tensor], ptr: Optional[Tensor],
+                      dim_size: Optional[int]) -> Tuple[Tensor, int]:
+    r"""Validates PyG's ``(index, ptr, dim_size)`` for rows of :obj:`x` and returns the set id of
+    every row and the number of sets. ``index`` may be unsorted; ``ptr`` alone is accepted (rows
+    grouped by set); ``dim_size`` larger than the largest id keeps trailing empty sets."""
+    N = x.size(0)
+    if index is None and ptr is None:
+        index = torch.zeros(N, dtype=torch.long, device=x.device)
+    if index is None:
+        if ptr.dim() != 1 or ptr.numel() < 1 or ptr.dtype in (torch.float16, torch.bfloat16,
+                                                               torch.float32, torch.float64):
+            raise ValueError(f"Expected 'ptr' to be a 1-D integer tensor (got shape "
+                             f"{tuple(ptr.shape)} and dtype {ptr.dtype})")
+        sizes = ptr[1:] - ptr[:-1]
+        if int(ptr[0]) != 0 or int(ptr[-1]) != N or bool((sizes < 0).any()):
+            raise ValueError(f"Expected 'ptr' to be non-decreasing from 0 to the number of rows "
+                             f"{N} (got {ptr.tolist() if ptr.numel() <= 10 else ptr})")
+        index = torch.repeat_interleave(torch.arange(ptr.numel() - 1, device=x.device), sizes)
+        if dim_size is None:
+            dim_size = ptr.numel() - 1
+    if index.dim() != 1 or index.numel() != N:
+        raise ValueError(f"Expected 'index' of shape ({N},) (got {tuple(index.shape)})")
+    if index.is_floating_point() or index.dtype == torch.bool:
+        raise ValueError(f"Expected an integer 'index' (got dtype {index.dtype})")
+    index = index.long()
+    if dim_size is None:
+        dim_size = int(index.max()) + 1 if N > 0 else 0
+    if N > 0 and (int(index.min()) < 0 or int(index.max()) >= dim_size):
+        raise ValueError(f"Expected 'index' values in [0, {dim_size}) (got range "
+                         f"[{int(index.min())}, {int(index.max())}])")
+    return index, int(dim_size)
+
+
+class MZAggregation(Aggregation):
+    r"""Matrix Zonotopic Attention aggregation (Zhang and Alanwar, "Matrix Zonotopic Attention: A
+    Context-Adaptive Value Projection for Set Transformers"): the MZ-Set Transformer as a PyG
+    aggregation,
+
+    .. math::
+        \mathrm{InputProj} \to \mathrm{ISAB}_m^{\,L_{enc}} \to \mathrm{PMA}_k \to
+        \mathrm{SAB}^{\,L_{dec}} \to \mathrm{readout} \to \mathrm{Linear},
+
+    computed on PyG's flat layout without padding to the largest set. The readout concatenates,
+    over the :math:`k` pooled tokens, the center and the interval-hull width
+    :math:`\sum_g |G_g|` (``readout='ihw'``, default) or the signed generator sum
+    :math:`\sum_g G_g` (``readout='signed'``, the variant used by the paper's expressiveness
+    theorems). The output of an empty set is exactly zero (as PyG's sum/mean/max aggregations;
+    PyG's :class:`~torch_geometric.nn.aggr.SetTransformerAggregation` instead returns a learned
+    constant on recent torch).
+
+    Args:
+        in_channels (int): Input width :math:`F_{in}`.
+        out_channels (int, optional): Output width; :obj:`None` keeps :obj:`in_channels`, so the
+            aggregation drops into :class:`~torch_geometric.nn.conv.SAGEConv` or
+            :class:`~torch_geometric.nn.aggr.MultiAggregation` (default: :obj:`None`).
+        dim (int): Token width :math:`d` (default: :obj:`64`).
+        heads (int): Attention heads (default: :obj:`4`).
+        num_generators (int): Generator budget :math:`n_g` (default: :obj:`8`).
+        value (str): Value operator :obj:`'mz'`, :obj:`'rigid'`, :obj:`'film'` or
+            :obj:`'hypernet'` (default: :obj:`'mz'`).
+        num_matrix_generators (int): :math:`L` (default: :obj:`4`).
+        rank (int): HyperNet rank (default: :obj:`8`).
+        num_inducing (int): Inducing tokens :math:`m` per set in each ISAB (default: :obj:`16`).
+        num_seeds (int): Seeds :math:`k` of the PMA (default: :obj:`1`).
+        num_encoder_blocks (int): :math:`L_{enc}` ISAB blocks (default: :obj:`2`).
+        num_decoder_blocks (int): :math:`L_{dec}` SAB blocks on the :math:`k` pooled tokens
+            (default: :obj:`1`).
+        d_ff (int): FFN width (default: :obj:`128`).
+        summary (str): Gate summary :obj:`'mean'` or :obj:`'mean+std'` (default: :obj:`'mean'`).
+        dropout (float): Dropout on attention weights and FFN outputs (default: :obj:`0.0`).
+        log_n (bool): :math:`\log n` logit scaling (default: :obj:`False`).
+        readout (str): :obj:`'ihw'` or :obj:`'signed'` (default: :obj:`'ihw'`).
+        path (str): Attention kernel :obj:`'auto'`, :obj:`'dense'` or :obj:`'scatter'`
+            (default: :obj:`'auto'`).
+
+    Shapes:
+        - **input:** :math:`(N, F_{in})`, ``index`` :math:`(N,)` or ``ptr`` :math:`(B+1,)`
+        - **output:** :math:`(B, F_{out})`
+    """
+    def __init__(self, in_channels: int, out_channels: Optional[int] = None, dim: int = 64,
+                 heads: int = 4, num_generators: int = 8, value: str = 'mz',
+                 num_matrix_generators: int = 4, rank: int = 8, num_inducing: int = 16,
+                 num_seeds: int = 1, num_encoder_blocks: int = 2, num_decoder_blocks: int = 1,
+                 d_ff: int = 128, summary: str = 'mean', dropout: float = 0.0,
+                 log_n: bool = False, readout: str = 'ihw', path: str = 'auto'):
+        super().__init__()
+        if value not in VALUE_OPERATORS:
+            raise ValueError(f"Unknown value operator '{value}' (expected one of "
+                             f"{VALUE_OPERATORS})")
+        if summary not in SUMMARIES:
+            raise ValueError(f"Unknown summary '{summary}' (expected one of {SUMMARIES})")
+        if readout not in READOUTS:
+            raise ValueError(f"Unknown readout '{readout}' (expected one of {READOUTS})")
+        if path not in PATHS:
+            raise ValueError(f"Unknown attention path '{path}' (expected one of {PATHS})")
+        if num_encoder_blocks < 0 or num_decoder_blocks < 0:
+            raise ValueError(f"Block counts must be non-negative (got {num_encoder_blocks} and "
+                             f"{num_decoder_blocks})")
+        if num_seeds <= 0 or num_inducing <= 0:
+            raise ValueError(f"'num_seeds' and 'num_inducing' must be positive (got "
+                             f"{num_seeds} and {num_inducing})")
+        self.in_channels = in_channels
+        self.out_channels = in_channels if out_channels is None else out_channels
+        self.dim = dim
+        self.heads = heads
+        self.num_generators = num_generators
+        self.value = value
+        self.num_matrix_generators = num_matrix_generators
+        self.rank = rank
+        self.num_inducing = num_inducing
+        self.num_seeds = num_seeds
+        self.num_encoder_blocks = num_encoder_blocks
+        self.num_decoder_blocks = num_decoder_blocks
+        self.d_ff = d_ff
+        self.summary = summary
+        self.dropout = dropout
+        self.log_n = log_n
+        self.readout = readout
+        self.path = path
+
+        block_kwargs = dict(heads=heads, num_generators=num_generators, d_ff=d_ff, value=value,
+                            num_matrix_generators=num_matrix_generators, rank=rank,
+                            summary=summary, dropout=dropout, log_n=log_n, path=path)
+        self.input_proj = InputProjection(in_channels, dim, num_generators)
+        self.encoders = ModuleList(
+            [ISAB(dim, num_inducing=num_inducing, **block_kwargs)
+             for _ in range(num_encoder_blocks)])
+        self.pma = PMA(dim, num_seeds=num_seeds, **block_kwargs)
+        self.decoders = ModuleList([SAB(dim, **block_kwargs) for _ in range(num_decoder_blocks)])
+        # Readout width: centers, plus IHW / signed sums when tokens carry generators.
+        self.readout_channels = (2 if num_generators > 0 else 1) * num_seeds * dim
+        self.lin = Linear(self.readout_channels, self.out_channels)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        self.input_proj.reset_parameters()
+        for block in list(self.encoders) + [self.pma] + list(self.decoders):
+            block.reset_parameters()
+        torch.nn.init.xavier_uniform_(self.lin.weight)
+        torch.nn.init.zeros_(self.lin.bias)
+
+    def encode(self, x: Tensor, index: Optional[Tensor] = None, ptr: Optional[Tensor] = None,
+               dim_size: Optional[int] = None) -> Tuple[Zonotope, Tensor]:
+        r"""Runs the blocks and returns the pooled zonotope tokens (:math:`k` per set, set-major:
+        centers :math:`(B k, d)`, generators :math:`(B k, n_g, d)`) and the number of elements of
+        each set :math:`(B,)`."""
+        if x.dim() != 2 or x.size(-1) != self.in_channels:
+            raise ValueError(f"Expected input of shape (N, {self.in_channels}) (got "
+                             f"{tuple(x.shape)})")
+        set_id, num_sets = resolve_set_index(x, index, ptr, dim_size)
+        z = self.input_proj(x)  # (N, d), (N, n_g, d)
+        for block in self.encoders:
+            z = block(z, set_id, num_sets)  # (N, d), (N, n_g, d)
+        z = self.pma(z, set_id, num_sets)  # (B * k, d), (B * k, n_g, d)
+        pooled_set = torch.arange(num_sets, device=x.device).repeat_interleave(self.num_seeds)
+        for block in self.decoders:
+            z = block(z, pooled_set, num_sets)  # (B * k, d), (B * k, n_g, d)
+        return z, set_counts(set_id, num_sets)
+
+    def readout_features(self, z: Zonotope, counts: Tensor) -> Tensor:
+        r"""The readout vector of each set: centers and IHW (or signed generator sums) of its
+        :math:`k` pooled tokens, :math:`(B, 2 k d)` (:math:`(B, k d)` without generators); zero
+        for an empty set."""
+        B = counts.numel()
+        feats = z.center.reshape(B, -1)  # (B, k d)
+        if self.num_generators > 0:
+            gens = z.ihw() if self.readout == 'ihw' else z.signed_sum()  # (B * k, d)
+            feats = torch.cat([feats, gens.reshape(B, -1).to(feats.dtype)], dim=-1)  # (B, 2kd)
+        return feats * (counts > 0).to(feats.dtype).unsqueeze(-1)
+
+    def forward(self, x: Tensor, index: Optional[Tensor] = None, ptr: Optional[Tensor] = None,
+                dim_size: Optional[int] = None, dim: int = -2) -> Tensor:
+        if x.dim() != 2:
+            raise ValueError(f"MZAggregation requires two-dimensional inputs (got {x.dim()} "
+                             f"dimensions)")
+        if dim not in (0, -2):
+            raise ValueError(f"MZAggregation aggregates over dimension 0 / -2 (got {dim})")
+        z, counts = self.encode(x, index, ptr, dim_size)
+        out = self.lin(self.readout_features(z, counts))  # (B, F_out)
+        return out * (counts > 0).to(out.dtype).unsqueeze(-1)
+
+    def __repr__(self) -> str:
+        return (f'{self.__class__.__name__}({self.in_channels}, {self.out_channels}, '
+                f'dim={self.dim}, heads={self.heads}, value={self.value}, '
+                f'num_generators={self.num_generators}, L={self.num_matrix_generators}, '
+                f'num_inducing={self.num_inducing}, num_seeds={self.num_seeds}, '
+                f'encoder={self.num_encoder_blocks}, decoder={self.num_decoder_blocks}, '
+                f'readout={self.readout}, summary={self.summary}, log_n={self.log_n})')

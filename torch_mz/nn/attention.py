@@ -1,0 +1,245 @@
+r"""Matrix Zonotopic multi-head attention over set-grouped zonotope tokens (Section 2.3, Eq. 3).
+
+The value operator is pluggable, so that baselines share the routing code exactly:
+
+* ``'rigid'``: :math:`W^{(h)} \hat{c}` (standard attention with a per-head output map),
+* ``'mz'``: the matrix zonotope :math:`M(\mu) = M_c + \sum_l \gamma_l(\mu) M_l`,
+* ``'film'``: rigid followed by a FiLM modulation :math:`(1 + \gamma(\mu)) \odot \cdot + \beta(\mu)`,
+* ``'hypernet'``: :math:`(W^{(h)} + U^{(h)}(\mu) V^{(h)}) \hat{c}` with a rank-:math:`r` update.
+"""
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.nn import Linear, Module, Parameter
+
+from torch_mz.nn.functional import PATHS, grouped_attention, set_counts, set_mean, set_std
+from torch_mz.nn.zonotope import Zonotope
+
+VALUE_OPERATORS = ('rigid', 'mz', 'film', 'hypernet')
+SUMMARIES = ('mean', 'mean+std')
+
+
+class MZAttention(Module):
+    r"""Multi-head attention from query zonotope tokens to the key/value zonotope tokens of the same
+    set, with a context-adaptive value operator (Eq. 3 of the paper).
+
+    For head :math:`h` (of :math:`H`, width :math:`d_k = d / H`), with centers :math:`c` and
+    generators :math:`G` of the tokens:
+
+    .. math::
+        q_i = W_Q c^q_i,\quad k_j = W_K c^{kv}_j,\quad v_j = W_V c^{kv}_j + b_V,\quad
+        V_j = G^{kv}_j W_V^\top
+
+        a_{ij} = \mathrm{softmax}_{j \in S(i)}\big(s_{S}\, q_i^\top k_j / \sqrt{d_k}\big),\quad
+        \hat{c}_i = \sum_j a_{ij} v_j,\quad \hat{G}_i = \sum_j a_{ij} V_j
+
+        \gamma = \tanh(W_\gamma \mu(S)) \in [-1, 1]^L
+
+        o^c_i = M_c \hat{c}_i,\qquad
+        o^G_i = \hat{G}_i M_c^\top + W_{\mathrm{mix}}\,
+        \mathrm{stack}_l\big[\gamma_l M_l \hat{c}_i\big]
+
+    where :math:`\mu(S)` is the mean (optionally also the per-feature std) of the key/value centers
+    of the set and :math:`s_S = \log n_S` with ``log_n=True`` (:math:`n_S` the number of keys of
+    the set; beyond the paper, for generalisation to larger sets) and :math:`1` otherwise.
+    Heads are concatenated; there is no extra output projection (the per-head :math:`M_c` plays
+    that role), so with :math:`M_c = I` the center path is exactly standard attention.
+    The gate weights :math:`W_\gamma` (no bias, as in the paper) and the mixing matrix
+    :math:`W_{\mathrm{mix}} \in \mathbb{R}^{n_g \times L}` are shared by the heads, while
+    :math:`M_c^{(h)}, M_l^{(h)}` are per head: the MZ part costs :math:`(L+1)d_k^2` per head plus
+    :math:`L \cdot |\mu|` gate and :math:`n_g L` mixing parameters.
+
+    Other value operators (``value=``): ``'rigid'`` uses only :math:`W^{(h)}` (init :math:`I`);
+    ``'film'`` computes the rigid output :math:`r` and returns
+    :math:`((1 + \gamma_f(\mu)) \odot r^c + \beta(\mu),\ (1 + \gamma_f(\mu)) \odot r^G)` with
+    zero-initialised linear :math:`\gamma_f, \beta`; ``'hypernet'`` uses
+    :math:`W^{(h)} + U^{(h)}(\mu) V^{(h)}` with :math:`U^{(h)}(\mu) \in \mathbb{R}^{d_k \times r}`
+    a zero-initialised linear function of :math:`\mu`. Every operator equals ``'rigid'`` with the
+    same weights when its context-dependent parameters are zero; ``'film'`` and ``'hypernet'``
+    start there. Initialisation (Appendix A.1): :math:`M_c = I`,
+    :math:`M_l \sim \mathcal{N}(0, 0.02^2)`, :math:`W_{\mathrm{mix}} \sim \mathcal{N}(0, 0.1^2)`,
+    other linears Xavier uniform, :math:`b_V = 0`.
+
+    A query whose set has no keys receives a zero aggregate (:math:`\hat{c} = 0, \hat{G} = 0`).
+
+    Args:
+        dim (int): Token width :math:`d`.
+        heads (int): Number of heads :math:`H`; must divide :obj:`dim` (default: :obj:`4`).
+        num_generators (int): Generator budget :math:`n_g` (default: :obj:`8`).
+        value (str): Value operator, one of :obj:`'rigid'`, :obj:`'mz'`, :obj:`'film'`,
+            :obj:`'hypernet'` (default: :obj:`'mz'`).
+        num_matrix_generators (int): :math:`L` for :obj:`'mz'` (default: :obj:`4`).
+        rank (int): Rank :math:`r` of the :obj:`'hypernet'` update (default: :obj:`8`).
+        summary (str): Set summary for the gates, :obj:`'mean'` or :obj:`'mean+std'`
+            (default: :obj:`'mean'`).
+        dropout (float): Dropout on attention weights (default: :obj:`0.0`).
+        log_n (bool): Multiply logits by :math:`\log n` of the key set (default: :obj:`False`).
+        path (str): Attention kernel, :obj:`'auto'`, :obj:`'dense'` or :obj:`'scatter'`
+            (see :func:`torch_mz.nn.functional.grouped_attention`) (default: :obj:`'auto'`).
+
+    Shapes:
+        - **input:** queries :class:`Zonotope` :math:`(N_q, d), (N_q, n_g, d)`, keys/values
+          :class:`Zonotope` :math:`(N_k, d), (N_k, n_g, d)`, set ids :math:`(N_q,)` and
+          :math:`(N_k,)`
+        - **output:** :class:`Zonotope` :math:`(N_q, d), (N_q, n_g, d)`
+    """
+    def __init__(self, dim: int, heads: int = 4, num_generators: int = 8, value: str = 'mz',
+                 num_matrix_generators: int = 4, rank: int = 8, summary: str = 'mean',
+                 dropout: float = 0.0, log_n: bool = False, path: str = 'auto'):
+        super().__init__()
+        if dim <= 0 or heads <= 0 or dim % heads != 0:
+            raise ValueError(f"'heads' ({heads}) must be positive and divide 'dim' ({dim})")
+        if value not in VALUE_OPERATORS:
+            raise ValueError(f"Unknown value operator '{value}' (expected one of "
+                             f"{VALUE_OPERATORS})")
+        if summary not in SUMMARIES:
+            raise ValueError(f"Unknown summary '{summary}' (expected one of {SUMMARIES})")
+        if path not in PATHS:
+            raise ValueError(f"Unknown attention path '{path}' (expected one of {PATHS})")
+        if num_generators < 0:
+            raise ValueError(f"'num_generators' must be non-negative (got {num_generators})")
+        if value == 'mz' and num_matrix_generators <= 0:
+            raise ValueError(f"'num_matrix_generators' must be positive (got "
+                             f"{num_matrix_generators})")
+        if value == 'hypernet' and rank <= 0:
+            raise ValueError(f"'rank' must be positive (got {rank})")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"'dropout' must lie in [0, 1) (got {dropout})")
+        self.dim = dim
+        self.heads = heads
+        self.head_dim = dim // heads
+        self.num_generators = num_generators
+        self.value = value
+        self.num_matrix_generators = num_matrix_generators
+        self.rank = rank
+        self.summary = summary
+        self.dropout = dropout
+        self.log_n = log_n
+        self.path = path
+
+        H, dk = heads, self.head_dim
+        summary_dim = dim * (2 if summary == 'mean+std' else 1)
+        self.lin_q = Linear(dim, dim, bias=False)
+        self.lin_k = Linear(dim, dim, bias=False)
+        self.lin_v = Linear(dim, dim, bias=True)
+        # Per-head center map: M_c for 'mz', W for the other operators. Shape (H, dk, dk).
+        self.weight = Parameter(torch.empty(H, dk, dk))
+        if value == 'mz':
+            L = num_matrix_generators
+            self.matrix_gens = Parameter(torch.empty(H, L, dk, dk))  # M_l per head
+            self.gate = Linear(summary_dim, L, bias=False)  # W_gamma
+            self.mix = Parameter(torch.empty(num_generators, L))  # W_mix
+            if num_generators == 0:
+                raise ValueError("The 'mz' value operator writes to the generators and needs "
+                                 "'num_generators' > 0")
+        elif value == 'film':
+            self.film_scale = Linear(summary_dim, dim)
+            self.film_shift = Linear(summary_dim, dim)
+        elif value == 'hypernet':
+            self.hyper_u = Linear(summary_dim, H * dk * rank)  # U(mu), flattened
+            self.hyper_v = Parameter(torch.empty(H, rank, dk))  # V
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        for lin in (self.lin_q, self.lin_k, self.lin_v):
+            torch.nn.init.xavier_uniform_(lin.weight)
+        torch.nn.init.zeros_(self.lin_v.bias)
+        with torch.no_grad():
+            self.weight.copy_(torch.eye(self.head_dim).expand_as(self.weight))
+        if self.value == 'mz':
+            torch.nn.init.normal_(self.matrix_gens, std=0.02)
+            torch.nn.init.xavier_uniform_(self.gate.weight)
+            torch.nn.init.normal_(self.mix, std=0.1)
+        elif self.value == 'film':
+            for lin in (self.film_scale, self.film_shift):
+                torch.nn.init.zeros_(lin.weight)
+                torch.nn.init.zeros_(lin.bias)
+        elif self.value == 'hypernet':
+            torch.nn.init.zeros_(self.hyper_u.weight)
+            torch.nn.init.zeros_(self.hyper_u.bias)
+            torch.nn.init.xavier_uniform_(self.hyper_v.view(-1, self.head_dim))
+
+    def set_summary(self, center: Tensor, set_id: Tensor, num_sets: int) -> Tensor:
+        r"""The permutation-invariant summary :math:`\mu(S)` of each set's key/value centers,
+        shape :obj:`(num_sets, d)` or :obj:`(num_sets, 2d)`; zero for an empty set."""
+        mean = set_mean(center, set_id, num_sets)  # (B, d)
+        if self.summary == 'mean':
+            return mean
+        return torch.cat([mean, set_std(center, set_id, num_sets, mean)], dim=-1)  # (B, 2d)
+
+    def forward(self, query: Zonotope, key_value: Zonotope, query_set: Tensor, kv_set: Tensor,
+                num_sets: int) -> Zonotope:
+        if query.dim != self.dim or key_value.dim != self.dim:
+            raise ValueError(f"Expected tokens of width {self.dim} (got {query.dim} and "
+                             f"{key_value.dim})")
+        if key_value.num_generators != self.num_generators:
+            raise ValueError(f"Expected {self.num_generators} generators per token (got "
+                             f"{key_value.num_generators})")
+        H, dk, ng = self.heads, self.head_dim, self.num_generators
+        Nq, Nk = query.num_tokens, key_value.num_tokens
+
+        q = self.lin_q(query.center).view(Nq, H, dk) / math.sqrt(dk)  # (Nq, H, dk)
+        if self.log_n:
+            n = set_counts(kv_set, num_sets).clamp(min=1).to(q.dtype)  # (B,)
+            q = q * torch.log(n)[query_set].view(Nq, 1, 1)
+        k = self.lin_k(key_value.center).view(Nk, H, dk)  # (Nk, H, dk)
+        v = key_value.linear(self.lin_v.weight, self.lin_v.bias)  # (Nk, d), (Nk, ng, d)
+        vc = v.center.view(Nk, H, dk)  # (Nk, H, dk)
+        vg = v.gens.view(Nk, ng, H, dk).transpose(1, 2).reshape(Nk, H, ng * dk)  # (Nk,H,ng*dk)
+        values = torch.cat([vc, vg.to(vc.dtype)], dim=-1)  # (Nk, H, (1 + ng) * dk)
+        agg = grouped_attention(q, k, values, query_set, kv_set, num_sets,
+                                dropout=self.dropout, training=self.training,
+                                path=self.path)  # (Nq, H, (1 + ng) * dk)
+        c_hat = agg[..., :dk]  # (Nq, H, dk)
+        g_hat = agg[..., dk:].reshape(Nq, H, ng, dk)  # (Nq, H, ng, dk)
+
+        weight = self.weight.to(c_hat.dtype)
+        out_c = torch.einsum('nhd,hed->nhe', c_hat, weight)  # (Nq, H, dk)
+        out_g = torch.einsum('nhgd,hed->nhge', g_hat, weight)  # (Nq, H, ng, dk)
+        if self.value != 'rigid':
+            mu = self.set_summary(key_value.center, kv_set, num_sets)  # (B, |mu|)
+            out_c, out_g = self._context(out_c, out_g, c_hat, g_hat, mu, query_set)
+
+        out_c = out_c.reshape(Nq, self.dim)  # (Nq, d)
+        out_g = out_g.permute(0, 2, 1, 3).reshape(Nq, ng, self.dim)  # (Nq, ng, d)
+        return Zonotope(out_c, out_g)
+
+    def _context(self, out_c: Tensor, out_g: Tensor, c_hat: Tensor, g_hat: Tensor, mu: Tensor,
+                 query_set: Tensor):
+        H, dk = self.heads, self.head_dim
+        Nq = out_c.size(0)
+        if self.value == 'mz':
+            gamma = torch.tanh(self.gate(mu))[query_set]  # (Nq, L)
+            mc = torch.einsum('nhd,hled->nhle', c_hat,
+                              self.matrix_gens.to(c_hat.dtype))  # (Nq, H, L, dk)
+            mc = mc * gamma.to(mc.dtype).view(Nq, 1, -1, 1)  # (Nq, H, L, dk)
+            out_g = out_g + torch.einsum('gl,nhle->nhge', self.mix.to(mc.dtype), mc)
+            return out_c, out_g
+        if self.value == 'film':
+            scale = 1.0 + self.film_scale(mu)[query_set].view(Nq, H, dk)  # (Nq, H, dk)
+            shift = self.film_shift(mu)[query_set].view(Nq, H, dk)  # (Nq, H, dk)
+            return out_c * scale + shift, out_g * scale.unsqueeze(2)
+        # hypernet: (W + U(mu) V) acts on the center and, row-wise, on the generators
+        u = self.hyper_u(mu)[query_set].view(Nq, H, dk, self.rank)  # (Nq, H, dk, r)
+        hv = self.hyper_v.to(c_hat.dtype)
+        u = u.to(c_hat.dtype)
+        vc = torch.einsum('nhd,hrd->nhr', c_hat, hv)  # (Nq, H, r)
+        vg = torch.einsum('nhgd,hrd->nhgr', g_hat, hv)  # (Nq, H, ng, r)
+        out_c = out_c + torch.einsum('nher,nhr->nhe', u, vc)  # (Nq, H, dk)
+        out_g = out_g + torch.einsum('nher,nhgr->nhge', u, vg)  # (Nq, H, ng, dk)
+        return out_c, out_g
+
+    def __repr__(self) -> str:
+        extra = ''
+        if self.value == 'mz':
+            extra = f', L={self.num_matrix_generators}, summary={self.summary}'
+        elif self.value == 'hypernet':
+            extra = f', rank={self.rank}, summary={self.summary}'
+        elif self.value == 'film':
+            extra = f', summary={self.summary}'
+        return (f'{self.__class__.__name__}({self.dim}, heads={self.heads}, '
+                f'num_generators={self.num_generators}, value={self.value}{extra}, '
+                f'dropout={self.dropout}, log_n={self.log_n})')

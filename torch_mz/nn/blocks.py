@@ -1,0 +1,231 @@
+r"""Set Transformer blocks on zonotope tokens in PyG's flat layout: MAB, SAB, ISAB and PMA
+(Lee et al., 2019, with the MZ value operator of Section 2.4 of the MZAttn paper).
+
+Every block takes a :class:`~torch_mz.nn.zonotope.Zonotope` of tokens, the set id of each token
+(``set_id``, PyG's ``batch``/``index`` vector, need not be sorted) and the number of sets.
+Learned inducing points (ISAB) and seeds (PMA) are replicated per set, so ISAB costs
+:math:`O(m N)` and PMA :math:`O(k N)`; SAB costs :math:`O(\sum_b n_b^2)`.
+
+Post-norm as in the Set Transformer. For the generators:
+
+* residual connections add generator slots row by row;
+* LayerNorm maps generators by its Jacobian at the center
+  (:func:`~torch_mz.nn.zonotope.zonotope_layer_norm`);
+* the MAB feed-forward on generators is a lighter network (width :math:`d_{ff}/2`) applied to each
+  generator row, :math:`G \mapsto G + \tanh(G W_1^\top) W_2^\top`, bias-free with an odd
+  activation, so zero generators stay zero and a generator's sign flip (which leaves the zonotope
+  unchanged) flips its image;
+* PMA's row-wise feed-forward :math:`\mathrm{rFF}` maps generators by its Jacobian at the center.
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.nn import LayerNorm, Linear, Module, Parameter
+
+from torch_mz.nn.attention import MZAttention
+from torch_mz.nn.functional import repeat_per_set
+from torch_mz.nn.zonotope import Zonotope, zonotope_layer_norm
+
+
+class FeedForward(Module):
+    r"""Row-wise feed-forward :math:`W_2\,\mathrm{GELU}(W_1 c + b_1) + b_2` on centers, with
+    :meth:`jvp` giving its Jacobian applied to generator rows."""
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.lin1 = Linear(dim, hidden)
+        self.lin2 = Linear(hidden, dim)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        for lin in (self.lin1, self.lin2):
+            torch.nn.init.xavier_uniform_(lin.weight)
+            torch.nn.init.zeros_(lin.bias)
+
+    def forward(self, c: Tensor) -> Tensor:
+        return self.lin2(F.gelu(self.lin1(c)))
+
+    def jvp(self, c: Tensor, gens: Tensor) -> Zonotope:
+        r"""Returns :math:`(\mathrm{FFN}(c),\ J_{\mathrm{FFN}}(c)\, G_g)` for every generator row."""
+        z = self.lin1(c)  # (N, hidden)
+        # d/dz GELU(z) = Phi(z) + z phi(z) (exact GELU)
+        dgelu = 0.5 * (1.0 + torch.erf(z / math.sqrt(2.0))) + z * torch.exp(-0.5 * z * z) / \
+            math.sqrt(2.0 * math.pi)  # (N, hidden)
+        g = F.linear(gens, self.lin1.weight) * dgelu.unsqueeze(1)  # (N, n_g, hidden)
+        return Zonotope(self.lin2(F.gelu(z)), F.linear(g, self.lin2.weight))
+
+
+class GeneratorFeedForward(Module):
+    r"""The lighter generator feed-forward :math:`G \mapsto \tanh(G W_1^\top) W_2^\top`, applied to
+    each generator row; bias-free and odd."""
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.lin1 = Linear(dim, hidden, bias=False)
+        self.lin2 = Linear(hidden, dim, bias=False)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        for lin in (self.lin1, self.lin2):
+            torch.nn.init.xavier_uniform_(lin.weight)
+
+    def forward(self, gens: Tensor) -> Tensor:
+        return self.lin2(torch.tanh(self.lin1(gens)))
+
+
+class LearnedTokens(Module):
+    r"""A bank of :obj:`num` learned zonotope tokens (inducing points or seeds), replicated for
+    every set. Centers are Xavier-initialised, generators start at zero."""
+    def __init__(self, num: int, dim: int, num_generators: int):
+        super().__init__()
+        if num <= 0:
+            raise ValueError(f"The number of learned tokens must be positive (got {num})")
+        self.num = num
+        self.center = Parameter(torch.empty(num, dim))
+        self.gens = Parameter(torch.empty(num, num_generators, dim))
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        torch.nn.init.xavier_uniform_(self.center)
+        torch.nn.init.zeros_(self.gens)
+
+    def forward(self, num_sets: int, like: Tensor):
+        r"""Returns the tokens of all sets (set-major: row :obj:`b * num + s`) and their set ids."""
+        center = self.center.to(like.dtype).repeat(num_sets, 1)  # (B * num, d)
+        gens = self.gens.to(like.dtype).repeat(num_sets, 1, 1)  # (B * num, n_g, d)
+        return Zonotope(center, gens), repeat_per_set(num_sets, self.num, like.device)
+
+
+class MAB(Module):
+    r"""Multihead attention block on zonotope tokens:
+
+    .. math::
+        H = \mathrm{LN}(X + \mathrm{Att}(X, Y)),\qquad
+        \mathrm{MAB}(X, Y) = \mathrm{LN}(H + \mathrm{FFN}(H)),
+
+    with generators :math:`G_H = G_X + o_G` and :math:`G_{out} = G_H + \mathrm{FFN}_G(G_H)`
+    mapped through the LayerNorms by their Jacobians (see the module docstring).
+
+    Args:
+        dim (int): Token width :math:`d`.
+        heads (int): Number of heads (default: :obj:`4`).
+        num_generators (int): Generator budget :math:`n_g` (default: :obj:`8`).
+        d_ff (int): Width of the center FFN; the generator FFN has width
+            :obj:`max(1, d_ff // 2)` (default: :obj:`128`).
+        value (str): Value operator of the attention (default: :obj:`'mz'`).
+        num_matrix_generators (int): :math:`L` (default: :obj:`4`).
+        rank (int): HyperNet rank (default: :obj:`8`).
+        summary (str): Gate summary (default: :obj:`'mean'`).
+        dropout (float): Dropout on attention weights and on the FFN output (default:
+            :obj:`0.0`).
+        log_n (bool): :math:`\log n` logit scaling (default: :obj:`False`).
+        path (str): Attention kernel (default: :obj:`'auto'`).
+
+    Shapes:
+        - **input:** queries :math:`(N_q, d), (N_q, n_g, d)`; keys/values
+          :math:`(N_k, d), (N_k, n_g, d)`; set ids :math:`(N_q,)`, :math:`(N_k,)`
+        - **output:** :math:`(N_q, d), (N_q, n_g, d)`
+    """
+    def __init__(self, dim: int, heads: int = 4, num_generators: int = 8, d_ff: int = 128,
+                 value: str = 'mz', num_matrix_generators: int = 4, rank: int = 8,
+                 summary: str = 'mean', dropout: float = 0.0, log_n: bool = False,
+                 path: str = 'auto'):
+        super().__init__()
+        if d_ff <= 0:
+            raise ValueError(f"'d_ff' must be positive (got {d_ff})")
+        self.dim = dim
+        self.d_ff = d_ff
+        self.dropout = dropout
+        self.attn = MZAttention(dim, heads, num_generators, value, num_matrix_generators, rank,
+                                summary, dropout, log_n, path)
+        self.norm1 = LayerNorm(dim)
+        self.norm2 = LayerNorm(dim)
+        self.ffn = FeedForward(dim, d_ff)
+        # Plain vector tokens (n_g = 0) need no generator FFN.
+        self.ffn_gens = (GeneratorFeedForward(dim, max(1, d_ff // 2))
+                         if num_generators > 0 else None)
+
+    def reset_parameters(self):
+        for module in (self.attn, self.norm1, self.norm2, self.ffn, self.ffn_gens):
+            if module is not None:
+                module.reset_parameters()
+
+    def forward(self, query: Zonotope, key_value: Zonotope, query_set: Tensor, kv_set: Tensor,
+                num_sets: int) -> Zonotope:
+        h = zonotope_layer_norm(query + self.attn(query, key_value, query_set, kv_set, num_sets),
+                                self.norm1)
+        f_c = F.dropout(self.ffn(h.center), p=self.dropout, training=self.training)
+        f_g = self.ffn_gens(h.gens) if self.ffn_gens is not None else h.gens
+        f = Zonotope(f_c, f_g)
+        return zonotope_layer_norm(h + f, self.norm2)
+
+    def __repr__(self) -> str:
+        return f'{self.__class__.__name__}({self.attn}, d_ff={self.d_ff})'
+
+
+class SAB(Module):
+    r"""Set attention block :math:`\mathrm{SAB}(X) = \mathrm{MAB}(X, X)`, permutation-equivariant
+    inside each set; cost :math:`O(\sum_b n_b^2)`. Arguments as :class:`MAB`."""
+    def __init__(self, dim: int, **kwargs):
+        super().__init__()
+        self.mab = MAB(dim, **kwargs)
+
+    def reset_parameters(self):
+        self.mab.reset_parameters()
+
+    def forward(self, x: Zonotope, set_id: Tensor, num_sets: int) -> Zonotope:
+        return self.mab(x, x, set_id, set_id, num_sets)
+
+    def __repr__(self) -> str:
+        return f'{self.__class__.__name__}({self.mab.attn})'
+
+
+class ISAB(Module):
+    r"""Induced set attention block
+    :math:`\mathrm{ISAB}_m(X) = \mathrm{MAB}(X, \mathrm{MAB}(I, X))` with :obj:`num_inducing`
+    learned inducing tokens :math:`I` per set; permutation-equivariant inside each set; cost
+    :math:`O(m N)`. Other arguments as :class:`MAB`."""
+    def __init__(self, dim: int, num_inducing: int = 16, num_generators: int = 8, **kwargs):
+        super().__init__()
+        self.num_inducing = num_inducing
+        self.inducing = LearnedTokens(num_inducing, dim, num_generators)
+        self.mab1 = MAB(dim, num_generators=num_generators, **kwargs)
+        self.mab2 = MAB(dim, num_generators=num_generators, **kwargs)
+
+    def reset_parameters(self):
+        for module in (self.inducing, self.mab1, self.mab2):
+            module.reset_parameters()
+
+    def forward(self, x: Zonotope, set_id: Tensor, num_sets: int) -> Zonotope:
+        inducing, inducing_set = self.inducing(num_sets, x.center)  # (B * m, d)
+        h = self.mab1(inducing, x, inducing_set, set_id, num_sets)  # (B * m, d)
+        return self.mab2(x, h, set_id, inducing_set, num_sets)  # (N, d)
+
+    def __repr__(self) -> str:
+        return f'{self.__class__.__name__}(num_inducing={self.num_inducing}, {self.mab1.attn})'
+
+
+class PMA(Module):
+    r"""Pooling by multihead attention :math:`\mathrm{PMA}_k(X) = \mathrm{MAB}(S, \mathrm{rFF}(X))`
+    with :obj:`num_seeds` learned seed tokens :math:`S` per set; permutation-invariant inside each
+    set; cost :math:`O(k N)`. The output holds :math:`k` tokens per set, set-major (row
+    :obj:`b * k + s`), also for empty sets (whose seeds attend to nothing). Other arguments as
+    :class:`MAB`."""
+    def __init__(self, dim: int, num_seeds: int = 1, num_generators: int = 8,
+                 d_ff: int = 128, **kwargs):
+        super().__init__()
+        self.num_seeds = num_seeds
+        self.seeds = LearnedTokens(num_seeds, dim, num_generators)
+        self.rff = FeedForward(dim, d_ff)
+        self.mab = MAB(dim, num_generators=num_generators, d_ff=d_ff, **kwargs)
+
+    def reset_parameters(self):
+        for module in (self.seeds, self.rff, self.mab):
+            module.reset_parameters()
+
+    def forward(self, x: Zonotope, set_id: Tensor, num_sets: int) -> Zonotope:
+        seeds, seed_set = self.seeds(num_sets, x.center)  # (B * k, d)
+        return self.mab(seeds, self.rff.jvp(x.center, x.gens), seed_set, set_id, num_sets)
+
+    def __repr__(self) -> str:
+        return f'{self.__class__.__name__}(num_seeds={self.num_seeds}, {self.mab.attn})'

@@ -1,0 +1,171 @@
+r"""Zonotope tokens and the input projection of MZAttn (Section 2.2 of the paper).
+
+A token is a zonotope :math:`\mathcal{Z} = \{c + \sum_g \alpha_g G_g : \alpha_g \in [-1, 1]\}` with
+center :math:`c \in \mathbb{R}^d` and :math:`n_g` generator rows :math:`G_g \in \mathbb{R}^d`.
+"""
+import math
+from typing import Optional, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.nn import LayerNorm, Linear, Module
+
+
+class Zonotope:
+    r"""A batch of zonotope tokens: centers :obj:`center` of shape :obj:`(N, d)` and generators
+    :obj:`gens` of shape :obj:`(N, n_g, d)` (row :obj:`g` of token :obj:`i` is generator :obj:`g`).
+
+    Operations (all exact for zonotopes):
+
+    * a linear map :math:`A` with bias :math:`b` acts as :math:`(A c + b, G A^\top)`, the bias on the
+      center only (:meth:`linear`);
+    * addition adds centers and adds generator slots row by row, keeping the fixed budget
+      :math:`n_g` (:meth:`__add__`);
+    * the interval-hull width :math:`\mathrm{IHW} = \sum_g |G_g|` is a vector in
+      :math:`\mathbb{R}^d` (:meth:`ihw`); :meth:`signed_sum` is :math:`\sum_g G_g`.
+    """
+    __slots__ = ('center', 'gens')
+
+    def __init__(self, center: Tensor, gens: Tensor):
+        if center.dim() != 2 or gens.dim() != 3:
+            raise ValueError(f"Expected 'center' of shape (N, d) and 'gens' of shape (N, n_g, d) "
+                             f"(got {tuple(center.shape)} and {tuple(gens.shape)})")
+        if gens.size(0) != center.size(0) or gens.size(2) != center.size(1):
+            raise ValueError(f"Shapes of 'center' {tuple(center.shape)} and 'gens' "
+                             f"{tuple(gens.shape)} do not match")
+        self.center = center
+        self.gens = gens
+
+    @property
+    def num_tokens(self) -> int:
+        return self.center.size(0)
+
+    @property
+    def dim(self) -> int:
+        return self.center.size(1)
+
+    @property
+    def num_generators(self) -> int:
+        return self.gens.size(1)
+
+    def linear(self, weight: Tensor, bias: Optional[Tensor] = None) -> 'Zonotope':
+        r"""The image under :math:`x \mapsto W x + b`: :math:`(W c + b, G W^\top)`."""
+        return Zonotope(F.linear(self.center, weight, bias), F.linear(self.gens, weight))
+
+    def __add__(self, other: 'Zonotope') -> 'Zonotope':
+        if not isinstance(other, Zonotope):
+            return NotImplemented
+        return Zonotope(self.center + other.center, self.gens + other.gens)
+
+    def __getitem__(self, idx: Union[Tensor, slice]) -> 'Zonotope':
+        return Zonotope(self.center[idx], self.gens[idx])
+
+    def ihw(self) -> Tensor:
+        r"""Interval-hull half-width :math:`\sum_g |G_g|`, shape :obj:`(N, d)`."""
+        return self.gens.abs().sum(dim=1)
+
+    def signed_sum(self) -> Tensor:
+        r"""Signed generator sum :math:`\sum_g G_g`, shape :obj:`(N, d)`."""
+        return self.gens.sum(dim=1)
+
+    def to(self, *args, **kwargs) -> 'Zonotope':
+        return Zonotope(self.center.to(*args, **kwargs), self.gens.to(*args, **kwargs))
+
+    def __repr__(self) -> str:
+        return (f'Zonotope(num_tokens={self.num_tokens}, dim={self.dim}, '
+                f'num_generators={self.num_generators})')
+
+
+def zonotope_layer_norm(z: Zonotope, norm: LayerNorm) -> Zonotope:
+    r"""Applies :class:`~torch.nn.LayerNorm` to a zonotope token.
+
+    The center is normalised as usual. Each generator row is mapped by the Jacobian of the
+    LayerNorm at the center (first-order propagation of the zonotope through the normalisation):
+
+    .. math::
+        J g = \frac{w}{\sigma} \odot \Big(g - \overline{g}
+              - \hat{c}\, \overline{\hat{c} \odot g}\Big),
+        \qquad \hat{c} = \frac{c - \overline{c}}{\sigma},\quad
+        \sigma = \sqrt{\mathrm{Var}(c) + \epsilon},
+
+    where :math:`\overline{\,\cdot\,}` is the mean over features and :math:`w` the LayerNorm
+    weight. This is the documented LayerNorm treatment of generators in torch_mz: it is linear in
+    the generators (zero generators stay zero, flipping a generator's sign flips its image), acts
+    per token (so it commutes with permutations of tokens), scales each generator by the same
+    per-token factor :math:`w / \sigma` as the center, and removes the components LayerNorm itself
+    removes (the feature mean and the radial direction :math:`\hat{c}`).
+    """
+    c = z.center
+    d = c.size(-1)
+    if norm.normalized_shape != (d, ):
+        raise ValueError(f"LayerNorm over {norm.normalized_shape} cannot normalise tokens of "
+                         f"width {d}")
+    out_c = norm(c)
+    c32 = c.to(out_c.dtype)
+    mean = c32.mean(dim=-1, keepdim=True)
+    var = c32.var(dim=-1, keepdim=True, unbiased=False)
+    inv_std = torch.rsqrt(var + norm.eps)  # (N, 1)
+    c_hat = (c32 - mean) * inv_std  # (N, d)
+    g = z.gens.to(out_c.dtype)
+    g = g - g.mean(dim=-1, keepdim=True)  # (N, n_g, d)
+    proj = (g * c_hat.unsqueeze(1)).sum(dim=-1, keepdim=True) / d  # (N, n_g, 1)
+    g = (g - c_hat.unsqueeze(1) * proj) * inv_std.unsqueeze(1)  # (N, n_g, d)
+    if norm.weight is not None:
+        g = g * norm.weight
+    return Zonotope(out_c, g)
+
+
+class InputProjection(Module):
+    r"""Projects set elements :math:`x_i \in \mathbb{R}^{d_{in}}` to zonotope tokens (Eq. 2 of
+    the paper):
+
+    .. math::
+        c_i = \mathrm{LayerNorm}(\mathrm{GELU}(W_c x_i + b_c)), \qquad
+        G_i = \frac{1}{\sqrt{n_g d}}\,(W_g x_i + b_g) \in \mathbb{R}^{n_g \times d}.
+
+    The factor :math:`1/\sqrt{n_g d}` makes generators start as small perturbations.
+
+    Args:
+        in_channels (int): Input width :math:`d_{in}`.
+        dim (int): Token width :math:`d`.
+        num_generators (int): Generator budget :math:`n_g`; :obj:`0` gives plain vector tokens
+            (a standard Set Transformer) (default: :obj:`8`).
+
+    Shapes:
+        - **input:** :math:`(N, d_{in})`
+        - **output:** :class:`Zonotope` with center :math:`(N, d)` and generators
+          :math:`(N, n_g, d)`
+    """
+    def __init__(self, in_channels: int, dim: int, num_generators: int = 8):
+        super().__init__()
+        if in_channels <= 0 or dim <= 0 or num_generators < 0:
+            raise ValueError(f"'in_channels' and 'dim' must be positive and 'num_generators' "
+                             f"non-negative (got {in_channels}, {dim}, {num_generators})")
+        self.in_channels = in_channels
+        self.dim = dim
+        self.num_generators = num_generators
+        self.lin_c = Linear(in_channels, dim)
+        self.norm = LayerNorm(dim)
+        self.lin_g = Linear(in_channels, num_generators * dim) if num_generators > 0 else None
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        torch.nn.init.xavier_uniform_(self.lin_c.weight)
+        torch.nn.init.zeros_(self.lin_c.bias)
+        if self.lin_g is not None:
+            torch.nn.init.xavier_uniform_(self.lin_g.weight)
+            torch.nn.init.zeros_(self.lin_g.bias)
+        self.norm.reset_parameters()
+
+    def forward(self, x: Tensor) -> Zonotope:
+        center = self.norm(F.gelu(self.lin_c(x)))  # (N, d)
+        if self.lin_g is None:
+            return Zonotope(center, center.new_zeros(x.size(0), 0, self.dim))
+        gens = self.lin_g(x) / math.sqrt(self.num_generators * self.dim)  # (N, n_g * d)
+        gens = gens.view(x.size(0), self.num_generators, self.dim)  # (N, n_g, d)
+        return Zonotope(center, gens)
+
+    def __repr__(self) -> str:
+        return (f'{self.__class__.__name__}({self.in_channels}, {self.dim}, '
+                f'num_generators={self.num_generators})')
