@@ -215,7 +215,7 @@ class MZAttention(Module):
             gamma = torch.tanh(self.gate(mu))[query_set]  # (Nq, L)
             mc = torch.einsum('nhd,hled->nhle', c_hat,
                               self.matrix_gens.to(c_hat.dtype))  # (Nq, H, L, dk)
-            mc = mc * gamma.to(mc.dtype).view(Nq, 1, -1, 1)  # (Nq, H, L, dk)
+            mc = mc * gamma.to(mc.dtype).view(Nq, 1, self.num_matrix_generators, 1)
             out_g = out_g + torch.einsum('gl,nhle->nhge', self.mix.to(mc.dtype), mc)
             return out_c, out_g
         if self.value == 'film':

@@ -104,7 +104,7 @@ def zonotope_layer_norm(z: Zonotope, norm: LayerNorm) -> Zonotope:
     out_c = norm(c)
     c32 = c.to(out_c.dtype)
     mean = c32.mean(dim=-1, keepdim=True)
-    var = c32.var(dim=-1, keepdim=True, unbiased=False)
+    var = (c32 - mean).pow(2).mean(dim=-1, keepdim=True)  # (N, 1)
     inv_std = torch.rsqrt(var + norm.eps)  # (N, 1)
     c_hat = (c32 - mean) * inv_std  # (N, d)
     g = z.gens.to(out_c.dtype)

@@ -1,0 +1,207 @@
+import inspect
+import re
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch_geometric.data import Data
+from torch_geometric.loader import DataLoader
+from torch_geometric.nn import SAGEConv
+from torch_geometric.nn.aggr import MultiAggregation
+
+from torch_mz.nn import MZAggregation
+from tests.nn._sets import make_index, ptr_from_sizes, within_set_permutation
+
+F_IN = 5
+SMALL = dict(dim=8, heads=2, num_generators=2, num_matrix_generators=2, num_inducing=3,
+             num_seeds=2, num_encoder_blocks=1, num_decoder_blocks=1, d_ff=8)
+
+
+def _aggr(seed=0, dtype=torch.float64, **kwargs):
+    torch.manual_seed(seed)
+    return MZAggregation(F_IN, **dict(SMALL, **kwargs)).to(dtype).eval()
+
+
+def _x(n, seed=0, dtype=torch.float64):
+    return torch.randn(n, F_IN, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+@settings(max_examples=15, deadline=None)
+@given(sizes=st.lists(st.integers(0, 8), min_size=1, max_size=5), seed=st.integers(0, 9999),
+       value=st.sampled_from(['mz', 'rigid', 'film', 'hypernet']))
+def test_invariant_to_permutations_within_sets(sizes, seed, value):
+    aggr = _aggr(value=value)
+    index = make_index(sizes)
+    x = _x(index.numel(), seed)
+    perm = within_set_permutation(index, torch.Generator().manual_seed(seed))
+    out = aggr(x, index, dim_size=len(sizes))
+    torch.testing.assert_close(aggr(x[perm], index[perm], dim_size=len(sizes)), out)
+    assert out.shape == (len(sizes), F_IN) and torch.isfinite(out).all()
+    empty = torch.tensor(sizes) == 0
+    assert torch.equal(out[empty], torch.zeros_like(out[empty]))
+
+
+def test_index_ptr_unsorted_and_dim_size_agree():
+    aggr = _aggr()
+    sizes = [3, 1, 0, 6, 2]
+    index = make_index(sizes)
+    x = _x(index.numel())
+    out = aggr(x, index)  # dim_size inferred: 5 sets
+    torch.testing.assert_close(aggr(x, ptr=ptr_from_sizes(sizes)), out)
+    shuffle = torch.randperm(index.numel(), generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(aggr(x[shuffle], index[shuffle]), out)
+    padded = aggr(x, index, dim_size=8)  # trailing empty sets kept
+    assert padded.shape == (8, F_IN)
+    torch.testing.assert_close(padded[:5], out)
+    assert torch.equal(padded[5:], torch.zeros(3, F_IN, dtype=torch.float64))
+    # a set of one element works and the empty set is exactly zero
+    assert torch.isfinite(out[1]).all() and out[1].abs().sum() > 0
+    assert torch.equal(out[2], torch.zeros(F_IN, dtype=torch.float64))
+
+
+@pytest.mark.parametrize('value', ['mz', 'rigid'])
+def test_dense_and_scatter_paths_agree(value):
+    dense = _aggr(value=value, path='dense')
+    scatter = _aggr(value=value, path='scatter')
+    scatter.load_state_dict(dense.state_dict())
+    index = make_index([7, 2, 0, 11, 1], shuffle=True, generator=torch.Generator().manual_seed(2))
+    x = _x(index.numel(), 3)
+    torch.testing.assert_close(dense(x, index), scatter(x, index))
+    uniform = make_index([4, 4, 4])  # the exact dense path (one bucket, no gather)
+    x = _x(12, 4)
+    torch.testing.assert_close(dense(x, uniform), scatter(x, uniform))
+
+
+def test_changing_one_set_never_changes_another():
+    aggr = _aggr()
+    index = make_index([3, 4, 2])
+    x = _x(9, 5)
+    x2 = x.clone()
+    x2[index == 1] += 1.0
+    a, b = aggr(x, index), aggr(x2, index)
+    torch.testing.assert_close(a[[0, 2]], b[[0, 2]])
+    assert not torch.allclose(a[1], b[1])
+
+
+def test_reduction_mz_without_generators_equals_rigid():
+    mz = _aggr(value='mz')
+    with torch.no_grad():
+        for m in mz.modules():
+            if hasattr(m, 'matrix_gens'):
+                m.matrix_gens.zero_()
+                m.mix.zero_()
+    rigid = _aggr(value='rigid')
+    missing, unexpected = rigid.load_state_dict(mz.state_dict(), strict=False)
+    assert not missing and all(k.endswith(('matrix_gens', 'mix', 'gate.weight'))
+                               for k in unexpected)
+    index = make_index([3, 5, 1])
+    x = _x(9, 6)
+    torch.testing.assert_close(mz(x, index), rigid(x, index))
+
+
+def test_gradcheck_float64():
+    aggr = _aggr(dim=4, heads=2, num_generators=1, num_matrix_generators=1, num_inducing=2,
+                 num_seeds=1, d_ff=4)
+    index = make_index([2, 1, 3])
+    x = _x(6, 7).requires_grad_()
+    assert torch.autograd.gradcheck(lambda t: aggr(t, index), (x, ), eps=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize('value', ['mz', 'rigid', 'film', 'hypernet'])
+def test_every_parameter_gets_a_finite_gradient_with_an_empty_set(value):
+    aggr = _aggr(value=value, dtype=torch.float32, summary='mean+std', dropout=0.1, log_n=True)
+    aggr.train()
+    with torch.no_grad():  # make the zero-initialised context parameters non-zero
+        for name, p in aggr.named_parameters():
+            if 'film' in name or 'hyper_u' in name or 'gens' in name:
+                p.normal_(std=0.1)
+    index = make_index([4, 0, 1, 5])
+    x = _x(10, 8, dtype=torch.float32).requires_grad_()
+    aggr(x, index).pow(2).sum().backward()
+    for name, p in aggr.named_parameters():
+        assert p.grad is not None, name
+        assert torch.isfinite(p.grad).all(), name
+        assert p.grad.abs().sum() > 0, name
+    assert torch.isfinite(x.grad).all()
+
+
+def test_sageconv_drop_in():
+    torch.manual_seed(0)
+    aggr = MZAggregation(6, **SMALL)
+    conv = SAGEConv(6, 7, aggr=aggr).eval()
+    x = torch.randn(5, 6)
+    edge_index = torch.tensor([[0, 1, 2, 3, 4, 0, 2], [1, 0, 1, 1, 0, 3, 3]])
+    out = conv(x, edge_index)
+    neighbours = aggr(x[edge_index[0]], edge_index[1], dim_size=5)
+    torch.testing.assert_close(out, conv.lin_l(neighbours) + conv.lin_r(x))
+    # nodes 2 and 4 have no in-neighbours: their aggregate is zero
+    assert torch.equal(neighbours[[2, 4]], torch.zeros(2, 6))
+    shuffled = edge_index[:, torch.randperm(edge_index.size(1))]
+    torch.testing.assert_close(conv(x, shuffled), out, rtol=1e-5, atol=1e-6)
+    multi = MultiAggregation(['mean', MZAggregation(6, **SMALL)])
+    assert multi(x[edge_index[0]], edge_index[1], dim_size=5).shape == (5, 12)
+
+
+def test_readout_over_a_dataloader_batch():
+    aggr = _aggr(dtype=torch.float32)
+    g = torch.Generator().manual_seed(9)
+    graphs = [Data(x=torch.randn(n, F_IN, generator=g)) for n in (3, 7, 1, 4, 9)]
+    batch = next(iter(DataLoader(graphs, batch_size=5)))
+    out = aggr(batch.x, batch.batch, dim_size=batch.num_graphs)
+    out_ptr = aggr(batch.x, ptr=batch.ptr)
+    for i, data in enumerate(graphs):
+        torch.testing.assert_close(out[i], aggr(data.x)[0], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(out_ptr, out)
+
+
+def test_autocast_bfloat16_cpu():
+    aggr = _aggr(dtype=torch.float32)
+    index = make_index([3, 4])
+    x = _x(7, dtype=torch.float32)
+    ref = aggr(x, index)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        out = aggr(x, index)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.float(), ref, rtol=0.1, atol=0.1)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='CUDA not available')
+def test_cuda_matches_cpu():
+    aggr = _aggr(dtype=torch.float32)
+    index = make_index([3, 0, 5], shuffle=True)
+    x = _x(8, dtype=torch.float32)
+    ref = aggr(x, index)
+    torch.testing.assert_close(aggr.cuda()(x.cuda(), index.cuda()).cpu(), ref, rtol=1e-4,
+                               atol=1e-5)
+
+
+@pytest.mark.parametrize('call, match', [
+    (lambda a: a(torch.randn(2, 3, F_IN)), 'two-dimensional'),
+    (lambda a: a(torch.randn(4, 3), torch.zeros(4, dtype=torch.long)), r'\(N, 5\)'),
+    (lambda a: a(torch.randn(4, F_IN), torch.zeros(3, dtype=torch.long)), 'index'),
+    (lambda a: a(torch.randn(4, F_IN), torch.tensor([0, 1, 2, 5]), dim_size=3), r'\[0, 3\)'),
+    (lambda a: a(torch.randn(4, F_IN), ptr=torch.tensor([0, 3, 2, 4])), 'ptr'),
+    (lambda a: a(torch.randn(4, F_IN), ptr=torch.tensor([0, 3])), 'ptr'),
+    (lambda a: a(torch.randn(4, F_IN), torch.zeros(4)), 'integer'),
+])
+def test_bad_input_raises_clear_errors(call, match):
+    with pytest.raises(ValueError, match=match):
+        call(_aggr(dtype=torch.float32))
+
+
+def test_repr_reset_and_documented_arguments():
+    aggr = _aggr(value='film', readout='signed')
+    text = repr(aggr)
+    assert text.startswith('MZAggregation(5, 5,') and 'value=film' in text
+    assert 'readout=signed' in text
+    torch.manual_seed(3)
+    aggr.reset_parameters()
+    first = [p.clone() for p in aggr.parameters()]
+    torch.manual_seed(3)
+    aggr.reset_parameters()
+    assert all(torch.equal(a, b) for a, b in zip(first, aggr.parameters()))
+    documented = re.findall(r'^\s{8}(\w+) \(', MZAggregation.__doc__, flags=re.M)
+    assert documented == list(inspect.signature(MZAggregation.__init__).parameters)[1:]
+    with pytest.raises(ValueError, match='readout'):
+        MZAggregation(3, readout='max')

@@ -1,0 +1,146 @@
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from torch_mz.nn import ISAB, MAB, PMA, SAB, FeedForward, GeneratorFeedForward, Zonotope
+from tests.nn._sets import make_index, within_set_permutation
+
+D, NG = 8, 2
+KW = dict(heads=2, num_generators=NG, d_ff=16, num_matrix_generators=2)
+
+
+def _tokens(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    return Zonotope(torch.randn(n, D, generator=g, dtype=torch.float64),
+                    torch.randn(n, NG, D, generator=g, dtype=torch.float64) * 0.3)
+
+
+def _block(kind, value='mz', seed=0, **extra):
+    torch.manual_seed(seed)
+    kwargs = dict(KW, value=value, **extra)
+    if kind == 'sab':
+        return SAB(D, **kwargs).double().eval()
+    if kind == 'isab':
+        return ISAB(D, num_inducing=3, **kwargs).double().eval()
+    return PMA(D, num_seeds=2, **kwargs).double().eval()
+
+
+sizes_strategy = st.lists(st.integers(0, 7), min_size=1, max_size=5)
+
+
+@settings(max_examples=15, deadline=None)
+@given(sizes=sizes_strategy, seed=st.integers(0, 10_000),
+       kind=st.sampled_from(['sab', 'isab']), value=st.sampled_from(['mz', 'rigid']))
+def test_sab_isab_permutation_equivariant_within_sets(sizes, seed, kind, value):
+    block = _block(kind, value)
+    index = make_index(sizes)
+    x = _tokens(index.numel(), seed)
+    perm = within_set_permutation(index, torch.Generator().manual_seed(seed))
+    out = block(x, index, len(sizes))
+    out_perm = block(x[perm], index[perm], len(sizes))
+    torch.testing.assert_close(out_perm.center, out.center[perm])
+    torch.testing.assert_close(out_perm.gens, out.gens[perm])
+    assert torch.isfinite(out.center).all() and torch.isfinite(out.gens).all()
+
+
+@settings(max_examples=15, deadline=None)
+@given(sizes=sizes_strategy, seed=st.integers(0, 10_000), value=st.sampled_from(['mz', 'rigid']))
+def test_pma_invariant_to_any_row_order(sizes, seed, value):
+    block = _block('pma', value)
+    index = make_index(sizes)
+    x = _tokens(index.numel(), seed)
+    shuffle = torch.randperm(index.numel(), generator=torch.Generator().manual_seed(seed))
+    out = block(x, index, len(sizes))
+    out2 = block(x[shuffle], index[shuffle], len(sizes))  # unsorted index, rows moved anywhere
+    torch.testing.assert_close(out2.center, out.center)
+    torch.testing.assert_close(out2.gens, out.gens)
+    assert out.center.shape == (2 * len(sizes), D)
+
+
+@pytest.mark.parametrize('kind', ['sab', 'isab', 'pma'])
+def test_changing_one_set_leaves_other_sets_unchanged(kind):
+    block = _block(kind)
+    index = make_index([3, 1, 4, 0, 2])
+    x = _tokens(index.numel(), 1)
+    y = _tokens(index.numel(), 2)
+    mask = index == 2
+    x2 = Zonotope(torch.where(mask[:, None], y.center, x.center),
+                  torch.where(mask[:, None, None], y.gens, x.gens))
+    out, out2 = block(x, index, 5), block(x2, index, 5)
+    out_set = index if kind != 'pma' else torch.arange(5).repeat_interleave(2)
+    keep = out_set != 2
+    torch.testing.assert_close(out2.center[keep], out.center[keep])
+    torch.testing.assert_close(out2.gens[keep], out.gens[keep])
+    assert not torch.allclose(out2.center[~keep], out.center[~keep])
+
+
+@pytest.mark.parametrize('kind', ['sab', 'isab', 'pma'])
+def test_dense_and_scatter_paths_agree(kind):
+    dense = _block(kind, path='dense')
+    scatter = _block(kind, path='scatter')
+    scatter.load_state_dict(dense.state_dict())
+    index = make_index([5, 0, 1, 9, 3], shuffle=True, generator=torch.Generator().manual_seed(0))
+    x = _tokens(index.numel(), 3)
+    a, b = dense(x, index, 5), scatter(x, index, 5)
+    torch.testing.assert_close(a.center, b.center)
+    torch.testing.assert_close(a.gens, b.gens)
+
+
+def test_rigid_generator_path_is_odd_and_keeps_zero():
+    r"""Flipping every generator's sign (the same zonotopes) flips the output generators and
+    leaves the centers unchanged; zero generators stay zero."""
+    block = _block('isab', 'rigid')
+    with torch.no_grad():
+        block.inducing.gens.normal_()
+    index = make_index([4, 3])
+    x = _tokens(7, 5)
+    out = block(x, index, 2)
+    flipped = block(Zonotope(x.center, -x.gens), index, 2)
+    with torch.no_grad():
+        block.inducing.gens.neg_()
+    flipped = block(Zonotope(x.center, -x.gens), index, 2)
+    torch.testing.assert_close(flipped.center, out.center)
+    torch.testing.assert_close(flipped.gens, -out.gens)
+    with torch.no_grad():
+        block.inducing.gens.zero_()
+    zero = block(Zonotope(x.center, torch.zeros_like(x.gens)), index, 2)
+    assert torch.equal(zero.gens, torch.zeros_like(zero.gens))
+
+
+def test_feed_forward_jvp_and_generator_ffn_oddness():
+    ffn = FeedForward(D, 16).double()
+    c = torch.randn(5, D, dtype=torch.float64)
+    gens = torch.randn(5, 3, D, dtype=torch.float64)
+    out = ffn.jvp(c, gens)
+    torch.testing.assert_close(out.center, ffn(c))
+    for g in range(3):
+        _, tangent = torch.func.jvp(ffn, (c, ), (gens[:, g], ))
+        torch.testing.assert_close(out.gens[:, g], tangent)
+    gffn = GeneratorFeedForward(D, 4).double()
+    torch.testing.assert_close(gffn(-gens), -gffn(gens))
+
+
+def test_mab_post_norm_structure():
+    mab = MAB(D, **KW, value='rigid').double().eval()
+    index = make_index([4])
+    x = _tokens(4, 6)
+    out = mab(x, x, index, index, 1)
+    # post-norm: every output center is LayerNorm-normalised (mean bias, std weight)
+    with torch.no_grad():
+        mab.norm2.weight.fill_(1.0)
+        mab.norm2.bias.zero_()
+    out = mab(x, x, index, index, 1)
+    torch.testing.assert_close(out.center.mean(-1), torch.zeros(4, dtype=torch.float64))
+    torch.testing.assert_close(out.center.var(-1, unbiased=False),
+                               torch.ones(4, dtype=torch.float64), atol=1e-4, rtol=0)
+
+
+def test_empty_sets_give_learned_constant_seeds():
+    r"""PMA on an empty set: the seeds attend to nothing, the output is the same for every empty
+    set and finite."""
+    block = _block('pma')
+    index = make_index([0, 3, 0])
+    out = block(_tokens(3, 7), index, 3)
+    torch.testing.assert_close(out.center[0:2], out.center[4:6])
+    assert torch.isfinite(out.center).all()
