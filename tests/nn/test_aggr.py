@@ -29,9 +29,10 @@ def _x(n, seed=0, dtype=torch.float64):
 
 @settings(max_examples=15, deadline=None)
 @given(sizes=st.lists(st.integers(0, 8), min_size=1, max_size=5), seed=st.integers(0, 9999),
-       value=st.sampled_from(['mz', 'rigid', 'film', 'hypernet']))
-def test_invariant_to_permutations_within_sets(sizes, seed, value):
-    aggr = _aggr(value=value)
+       value=st.sampled_from(['mz', 'rigid', 'film', 'hypernet']),
+       encoder=st.sampled_from(['isab', 'sab']))
+def test_invariant_to_permutations_within_sets(sizes, seed, value, encoder):
+    aggr = _aggr(value=value, encoder=encoder)
     index = make_index(sizes)
     x = _x(index.numel(), seed)
     perm = within_set_permutation(index, torch.Generator().manual_seed(seed))
@@ -205,3 +206,5 @@ def test_repr_reset_and_documented_arguments():
     assert documented == list(inspect.signature(MZAggregation.__init__).parameters)[1:]
     with pytest.raises(ValueError, match='readout'):
         MZAggregation(3, readout='max')
+    with pytest.raises(ValueError, match='encoder'):
+        MZAggregation(3, encoder='mlp')

@@ -12,6 +12,7 @@ from torch_mz.nn.functional import PATHS, set_counts
 from torch_mz.nn.zonotope import InputProjection, Zonotope
 
 READOUTS = ('ihw', 'signed')
+ENCODERS = ('isab', 'sab')
 
 
 def resolve_set_index(x: Tensor, index: Optional[Tensor], ptr: Optional[Tensor],
@@ -78,7 +79,10 @@ class MZAggregation(Aggregation):
         rank (int): HyperNet rank (default: :obj:`8`).
         num_inducing (int): Inducing tokens :math:`m` per set in each ISAB (default: :obj:`16`).
         num_seeds (int): Seeds :math:`k` of the PMA (default: :obj:`1`).
-        num_encoder_blocks (int): :math:`L_{enc}` ISAB blocks (default: :obj:`2`).
+        num_encoder_blocks (int): :math:`L_{enc}` encoder blocks (default: :obj:`2`).
+        encoder (str): Encoder block type, :obj:`'isab'` (:math:`O(mN)`, the paper's) or
+            :obj:`'sab'` (:math:`O(\sum_b n_b^2)`, as PyG's
+            :class:`~torch_geometric.nn.aggr.SetTransformerAggregation`) (default: :obj:`'isab'`).
         num_decoder_blocks (int): :math:`L_{dec}` SAB blocks on the :math:`k` pooled tokens
             (default: :obj:`1`).
         d_ff (int): FFN width (default: :obj:`128`).
@@ -96,7 +100,8 @@ class MZAggregation(Aggregation):
     def __init__(self, in_channels: int, out_channels: Optional[int] = None, dim: int = 64,
                  heads: int = 4, num_generators: int = 8, value: str = 'mz',
                  num_matrix_generators: int = 4, rank: int = 8, num_inducing: int = 16,
-                 num_seeds: int = 1, num_encoder_blocks: int = 2, num_decoder_blocks: int = 1,
+                 num_seeds: int = 1, num_encoder_blocks: int = 2, encoder: str = 'isab',
+                 num_decoder_blocks: int = 1,
                  d_ff: int = 128, summary: str = 'mean', dropout: float = 0.0,
                  log_n: bool = False, readout: str = 'ihw', path: str = 'auto'):
         super().__init__()
@@ -105,6 +110,8 @@ class MZAggregation(Aggregation):
                              f"{VALUE_OPERATORS})")
         if summary not in SUMMARIES:
             raise ValueError(f"Unknown summary '{summary}' (expected one of {SUMMARIES})")
+        if encoder not in ENCODERS:
+            raise ValueError(f"Unknown encoder block '{encoder}' (expected one of {ENCODERS})")
         if readout not in READOUTS:
             raise ValueError(f"Unknown readout '{readout}' (expected one of {READOUTS})")
         if path not in PATHS:
@@ -126,6 +133,7 @@ class MZAggregation(Aggregation):
         self.num_inducing = num_inducing
         self.num_seeds = num_seeds
         self.num_encoder_blocks = num_encoder_blocks
+        self.encoder = encoder
         self.num_decoder_blocks = num_decoder_blocks
         self.d_ff = d_ff
         self.summary = summary
@@ -138,9 +146,10 @@ class MZAggregation(Aggregation):
                             num_matrix_generators=num_matrix_generators, rank=rank,
                             summary=summary, dropout=dropout, log_n=log_n, path=path)
         self.input_proj = InputProjection(in_channels, dim, num_generators)
-        self.encoders = ModuleList(
-            [ISAB(dim, num_inducing=num_inducing, **block_kwargs)
-             for _ in range(num_encoder_blocks)])
+        self.encoders = ModuleList([
+            ISAB(dim, num_inducing=num_inducing, **block_kwargs)
+            if encoder == 'isab' else SAB(dim, **block_kwargs) for _ in range(num_encoder_blocks)
+        ])
         self.pma = PMA(dim, num_seeds=num_seeds, **block_kwargs)
         self.decoders = ModuleList([SAB(dim, **block_kwargs) for _ in range(num_decoder_blocks)])
         # Readout width: centers, plus IHW / signed sums when tokens carry generators.
@@ -200,5 +209,6 @@ class MZAggregation(Aggregation):
                 f'dim={self.dim}, heads={self.heads}, value={self.value}, '
                 f'num_generators={self.num_generators}, L={self.num_matrix_generators}, '
                 f'num_inducing={self.num_inducing}, num_seeds={self.num_seeds}, '
-                f'encoder={self.num_encoder_blocks}, decoder={self.num_decoder_blocks}, '
+                f'encoder={self.num_encoder_blocks}x{self.encoder}, '
+                f'decoder={self.num_decoder_blocks}, '
                 f'readout={self.readout}, summary={self.summary}, log_n={self.log_n})')

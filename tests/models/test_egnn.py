@@ -1,0 +1,436 @@
+import inspect
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch_geometric.data import Batch, Data
+from torch_geometric.utils import scatter
+
+from torch_mz.models.egnn import (
+    EGNN,
+    EGNNConv,
+    fully_connected_edge_index,
+    radius_edge_index,
+    split_pos_features,
+)
+from torch_mz.testing import assert_equivariant
+
+CONV_OPTIONS = [
+    dict(),
+    dict(edge_gate=True, normalize=True, tanh=True, coord_aggr='sum'),
+]
+
+
+def random_sets(sizes, dim, channels, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    batch = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
+    pos = torch.randn(batch.numel(), dim, generator=g, dtype=torch.float64).to(dtype)
+    x = torch.randn(batch.numel(), channels, generator=g, dtype=torch.float64).to(dtype)
+    return x, pos, batch
+
+
+def brute_force_edges(pos, batch, r=None):
+    pairs = set()
+    for i in range(batch.numel()):
+        for j in range(batch.numel()):
+            if i != j and batch[i] == batch[j]:
+                if r is None or float((pos[i] - pos[j]).norm()) <= r:
+                    pairs.add((j, i))
+    return pairs
+
+
+def as_pairs(edge_index):
+    pairs = [tuple(e) for e in edge_index.t().tolist()]
+    assert len(pairs) == len(set(pairs)), 'duplicate edges'
+    return set(pairs)
+
+
+# --------------------------------------------------------------------------------------------------
+# Graphs
+# --------------------------------------------------------------------------------------------------
+def test_fully_connected_hand_built():
+    batch = torch.tensor([0, 0, 1, 1, 1, 3])  # set 2 empty, set 3 a single element
+    edge_index = fully_connected_edge_index(batch)
+    assert as_pairs(edge_index) == {(0, 1), (1, 0), (2, 3), (2, 4), (3, 2), (3, 4), (4, 2), (4, 3)}
+    assert edge_index.dtype == torch.long
+
+
+@pytest.mark.parametrize('seed', [0, 1])
+def test_fully_connected_random(seed):
+    g = torch.Generator().manual_seed(seed)
+    batch = torch.randint(0, 7, (40, ), generator=g)  # unsorted, some sets may be empty
+    counts = torch.bincount(batch, minlength=9)
+    edge_index = fully_connected_edge_index(batch, num_sets=9)  # two trailing empty sets
+    assert edge_index.size(1) == int((counts * (counts - 1)).sum())
+    assert torch.equal(batch[edge_index[0]], batch[edge_index[1]])  # never across sets
+    assert (edge_index[0] != edge_index[1]).all()
+    assert as_pairs(edge_index) == brute_force_edges(torch.zeros(40, 1), batch)
+
+
+def test_fully_connected_degenerate():
+    assert fully_connected_edge_index(torch.zeros(0, dtype=torch.long)).shape == (2, 0)
+    assert fully_connected_edge_index(torch.tensor([0, 1, 2])).shape == (2, 0)
+    with pytest.raises(ValueError, match='num_sets'):
+        fully_connected_edge_index(torch.tensor([0, 3]), num_sets=2)
+    with pytest.raises(ValueError, match='long'):
+        fully_connected_edge_index(torch.tensor([0.0, 1.0]))
+
+
+def test_radius_graph_matches_brute_force():
+    g = torch.Generator().manual_seed(0)
+    batch = torch.randint(0, 4, (50, ), generator=g)
+    pos = torch.randn(50, 3, generator=g, dtype=torch.float64)
+    for r in (0.0, 0.8, 1.5, 100.0):
+        # a tiny chunk size exercises the chunked distance loop
+        edge_index = radius_edge_index(pos, r, batch, chunk_size=37)
+        assert as_pairs(edge_index) == brute_force_edges(pos, batch, r)
+    assert radius_edge_index(pos, 100.0, batch).size(1) == fully_connected_edge_index(batch).size(1)
+    # coincident points are within any radius, and the cut-off is inclusive
+    pos = torch.tensor([[0.0, 0.0], [0.0, 0.0], [1.0, 0.0], [5.0, 0.0]])
+    assert as_pairs(radius_edge_index(pos, 0.0)) == {(0, 1), (1, 0)}
+    assert as_pairs(radius_edge_index(pos, 1.0)) == {(0, 1), (1, 0), (0, 2), (2, 0), (1, 2),
+                                                     (2, 1)}
+
+
+def test_split_pos_features():
+    x = torch.arange(12.0).view(3, 4)
+    pos, features = split_pos_features(x, 3)
+    assert torch.equal(pos, x[:, :3]) and torch.equal(features, x[:, 3:])
+    pos, features = split_pos_features(x, 4)
+    assert torch.equal(pos, x) and features is None
+    with pytest.raises(ValueError, match='pos_dim'):
+        split_pos_features(x, 5)
+
+
+# --------------------------------------------------------------------------------------------------
+# Layer
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize('dtype', [torch.float64, torch.float32])
+@pytest.mark.parametrize('dim', [3, 8])
+@pytest.mark.parametrize('options', CONV_OPTIONS)
+def test_conv_equivariance(dtype, dim, options):
+    torch.manual_seed(0)
+    conv = EGNNConv(8, hidden_channels=16, **options).to(dtype)
+    torch.nn.init.normal_(conv.coord_mlp[-1].weight)  # make the coordinate update large
+    x, pos, batch = random_sets([5, 1, 7], dim, 8, dtype)
+
+    def fn(pos, h, batch):
+        return conv(h, pos, fully_connected_edge_index(batch))
+
+    errors = assert_equivariant(fn, pos, batch, x, invariant_outputs=(0, ),
+                                equivariant_outputs=(1, ),
+                                generator=torch.Generator().manual_seed(0))
+    assert set(errors) == {'rotation', 'reflection', 'translation', 'permutation'}
+    h_out, pos_out = fn(pos, x, batch)
+    assert (pos_out - pos).abs().max() > 1e-2  # the coordinates really moved
+
+
+def test_conv_edge_attr_equivariance():
+    conv = EGNNConv(4, edge_dim=3).double()
+    torch.nn.init.normal_(conv.coord_mlp[-1].weight)
+    x, pos, batch = random_sets([6, 4], 3, 4)
+    edge_index = fully_connected_edge_index(batch)
+    g = torch.Generator().manual_seed(0)
+    edge_attr = torch.randn(edge_index.size(1), 3, generator=g, dtype=torch.float64)
+    # permutations would need relabelled edges; the geometric transforms keep the edge order
+    assert_equivariant(lambda pos, h, batch: conv(h, pos, edge_index, edge_attr), pos, batch, x,
+                       invariant_outputs=(0, ), equivariant_outputs=(1, ), permutations=False)
+    h1, _ = conv(x, pos, edge_index, edge_attr)
+    h2, _ = conv(x, pos, edge_index, torch.zeros_like(edge_attr))
+    assert not torch.allclose(h1, h2)  # the attributes are used
+    with pytest.raises(ValueError, match='edge_attr'):
+        conv(x, pos, edge_index)
+
+
+def test_conv_mean_vs_sum_coordinate_aggregation():
+    # With mean aggregation, C = 1 / |N(i)|: the updates differ from 'sum' by the in-degree.
+    x, pos, batch = random_sets([5, 3], 3, 4)
+    edge_index = fully_connected_edge_index(batch)
+    conv_mean = EGNNConv(4, coord_aggr='mean').double()
+    conv_sum = EGNNConv(4, coord_aggr='sum').double()
+    conv_sum.load_state_dict(conv_mean.state_dict())
+    h_mean, pos_mean = conv_mean(x, pos, edge_index)
+    h_sum, pos_sum = conv_sum(x, pos, edge_index)
+    degree = torch.bincount(edge_index[1], minlength=x.size(0)).double().unsqueeze(-1)
+    torch.testing.assert_close(h_mean, h_sum)
+    torch.testing.assert_close((pos_sum - pos), (pos_mean - pos) * degree)
+
+
+def test_conv_options_and_init():
+    conv = EGNNConv(8, hidden_channels=32)
+    # small initialisation of the last coordinate layer (Xavier uniform, gain 0.001)
+    bound = 0.001 * (6 / (32 + 1))**0.5
+    assert conv.coord_mlp[-1].weight.abs().max() <= bound
+    assert conv.coord_mlp[-1].bias is None
+    x, pos, batch = random_sets([4, 4], 3, 8, torch.float32)
+    edge_index = fully_connected_edge_index(batch)
+
+    frozen = EGNNConv(8, update_coords=False)
+    assert frozen.coord_mlp is None
+    assert torch.equal(frozen(x, pos, edge_index)[1], pos)
+
+    bounded = EGNNConv(8, tanh=True, coords_range=0.5)
+    torch.nn.init.normal_(bounded.coord_mlp[-1].weight, std=100.0)
+    _, pos_out = bounded(x, 1000 * pos, edge_index)  # far-apart points, saturated tanh
+    step = (pos_out - 1000 * pos).norm(dim=-1)
+    # mean of 3 differences, each bounded by 0.5 * |x_i - x_j|
+    max_dist = torch.cdist(1000 * pos, 1000 * pos).max()
+    assert (step <= 0.5 * max_dist + 1e-3).all()
+
+    for bad in (dict(coord_aggr='max'), dict(edge_dim=-1)):
+        with pytest.raises(ValueError):
+            EGNNConv(8, **bad)
+    with pytest.raises(ValueError, match='h'):
+        conv(x[:, :4], pos, edge_index)
+    with pytest.raises(ValueError, match='pos'):
+        conv(x, pos[:-1], edge_index)
+    with pytest.raises(ValueError, match='edge_dim=0'):
+        conv(x, pos, edge_index, torch.zeros(edge_index.size(1), 1))
+
+    conv.coord_mlp[-1].weight.data.fill_(1.0)
+    conv.reset_parameters()
+    assert conv.coord_mlp[-1].weight.abs().max() <= bound
+    assert re.fullmatch(r'EGNNConv\(8, hidden_channels=32, .*coord_aggr=mean.*\)', repr(conv))
+
+
+def dense_reference(conv, h, pos, batch):
+    # The paper's equations, one node and one neighbour at a time.
+    h_new, pos_new = [], []
+    for i in range(h.size(0)):
+        neighbours = [j for j in range(h.size(0)) if j != i and batch[j] == batch[i]]
+        m_sum = h.new_zeros(conv.hidden_channels)
+        delta = pos.new_zeros(pos.size(1))
+        for j in neighbours:
+            diff = pos[i] - pos[j]
+            m = conv.edge_mlp(torch.cat([h[i], h[j], diff.dot(diff).view(1)]))
+            if conv.edge_gate:
+                m = m * torch.sigmoid(conv.gate_lin(m))
+            if conv.normalize:
+                diff = diff / (diff.norm() + conv.eps)
+            weight = conv.coord_mlp(m)
+            if conv.tanh:
+                weight = conv.coords_range * torch.tanh(weight)
+            m_sum = m_sum + m
+            delta = delta + diff * weight
+        if conv.coord_aggr == 'mean' and neighbours:
+            delta = delta / len(neighbours)
+        h_new.append(h[i] + conv.node_mlp(torch.cat([h[i], m_sum])))
+        pos_new.append(pos[i] + delta)
+    return torch.stack(h_new), torch.stack(pos_new)
+
+
+@pytest.mark.parametrize('options', CONV_OPTIONS + [dict(normalize=True),
+                                                    dict(tanh=True, coords_range=0.3)])
+def test_conv_matches_dense_reference(options):
+    torch.manual_seed(0)
+    conv = EGNNConv(3, hidden_channels=5, **options).double()
+    torch.nn.init.normal_(conv.coord_mlp[-1].weight)
+    x, pos, batch = random_sets([4, 1, 3], 2, 3)
+    h_out, pos_out = conv(x, pos, fully_connected_edge_index(batch))
+    h_ref, pos_ref = dense_reference(conv, x, pos, batch)
+    torch.testing.assert_close(h_out, h_ref)
+    torch.testing.assert_close(pos_out, pos_ref)
+
+
+@pytest.mark.parametrize('normalize', [False, True])
+def test_conv_coincident_points_have_finite_gradients(normalize):
+    conv = EGNNConv(4, edge_gate=True, normalize=normalize).double()
+    torch.nn.init.normal_(conv.coord_mlp[-1].weight)
+    pos = torch.tensor([[0.0, 1.0, 2.0], [0.0, 1.0, 2.0], [0.0, 1.0, 2.0], [3.0, 0.0, 1.0]],
+                       dtype=torch.float64, requires_grad=True)
+    h = torch.randn(4, 4, dtype=torch.float64, requires_grad=True)
+    edge_index = fully_connected_edge_index(torch.zeros(4, dtype=torch.long))
+    h_out, pos_out = conv(h, pos, edge_index)
+    (h_out.sum() + pos_out.pow(2).sum()).backward()
+    for name, tensor in [('h', h), ('pos', pos)] + list(conv.named_parameters()):
+        assert tensor.grad is not None and torch.isfinite(tensor.grad).all(), name
+
+
+# --------------------------------------------------------------------------------------------------
+# Model
+# --------------------------------------------------------------------------------------------------
+MODEL_OPTIONS = [
+    dict(),
+    dict(pool='mean', edge_gate=True, normalize=True, tanh=True, coord_aggr='sum'),
+    dict(radius=1.0),  # scaled by sqrt(D) below, to keep part of the pairs
+]
+
+
+@pytest.mark.parametrize('dtype', [torch.float64, torch.float32])
+@pytest.mark.parametrize('dim', [3, 8])
+@pytest.mark.parametrize('options', MODEL_OPTIONS)
+def test_model_equivariance(dtype, dim, options):
+    torch.manual_seed(0)
+    if 'radius' in options:
+        options = dict(options, radius=options['radius'] * dim**0.5)
+    model = EGNN(2, hidden_channels=16, out_channels=3, num_layers=3, **options).to(dtype)
+    for conv in model.convs:
+        torch.nn.init.normal_(conv.coord_mlp[-1].weight, std=0.3)
+    x, pos, batch = random_sets([6, 1, 4, 5], dim, 2, dtype)
+    num_edges = model.build_edge_index(pos, batch).size(1)
+    assert 0 < num_edges <= 30 + 12 + 20
+    assert (num_edges < 62) == ('radius' in options)
+
+    def fn(pos, features, batch):
+        h, pos_out = model.encode(features, pos, batch)
+        return h, pos_out, model(features, pos, batch)
+
+    errors = assert_equivariant(fn, pos, batch, x, invariant_outputs=(0, 2),
+                                equivariant_outputs=(1, ), set_outputs=(2, ), n_trials=2,
+                                generator=torch.Generator().manual_seed(0))
+    assert len(errors) == 4
+    _, pos_out, out = fn(pos, x, batch)
+    assert out.shape == (4, 3) and torch.isfinite(out).all()
+    assert (pos_out - pos).abs().max() > 1e-3  # coordinates moved, so the check is not vacuous
+
+
+def test_model_sets_do_not_interact():
+    model = EGNN(2, hidden_channels=16, num_layers=2).double()
+    x, pos, batch = random_sets([5, 3, 4], 3, 2)
+    out = model(x, pos, batch)
+    pos2 = pos.clone()
+    pos2[batch == 1] += torch.randn(3, 3, dtype=torch.float64)  # reshape set 1 only
+    out2 = model(x, pos2, batch)
+    torch.testing.assert_close(out2[[0, 2]], out[[0, 2]])
+    assert not torch.allclose(out2[1], out[1])
+    # each set alone gives the same prediction as inside the batch
+    for s in range(3):
+        mask = batch == s
+        torch.testing.assert_close(model(x[mask], pos[mask]), out[s:s + 1])
+
+
+def test_model_empty_and_single_element_sets():
+    model = EGNN(2, hidden_channels=8, out_channels=2, num_layers=2).double()
+    x, pos, batch = random_sets([3, 1, 4], 3, 2)
+    batch = torch.where(batch >= 1, batch + 1, batch)  # sets 0, 2, 3: set 1 is a gap
+    out = model(x, pos, batch, num_sets=6)  # sets 4 and 5 trail empty
+    assert out.shape == (6, 2) and torch.isfinite(out).all()
+    empty = model.head(torch.zeros(1, 8, dtype=torch.float64))  # an empty set pools to zero
+    for s in (1, 4, 5):
+        torch.testing.assert_close(out[s:s + 1], empty)
+    # the single-element set equals the model applied to it alone (no neighbours: h unchanged
+    # by messages, coordinates unchanged)
+    torch.testing.assert_close(out[2:3], model(x[batch == 2], pos[batch == 2]))
+    _, pos_out = model.encode(x, pos, batch)
+    torch.testing.assert_close(pos_out[batch == 2], pos[batch == 2])
+
+    # PyG batches keep empty graphs through num_graphs
+    data = Batch.from_data_list([
+        Data(x=x[batch == 0], pos=pos[batch == 0]),
+        Data(x=x[:0], pos=pos[:0]),
+        Data(x=x[batch == 2], pos=pos[batch == 2]),
+    ])
+    out_data = model(data)
+    assert out_data.shape == (3, 2)
+    torch.testing.assert_close(out_data, out[:3])
+
+
+def test_model_inputs():
+    model = EGNN(2, hidden_channels=8, out_channels=1, num_layers=2, pos_dim=3).double()
+    x, pos, batch = random_sets([4, 3], 3, 2)
+    expected = model(x, pos, batch)
+    # Data / Batch objects with pos, and synthetic-task layout with points in x[:, :pos_dim]
+    batch_obj = Batch.from_data_list([Data(x=x[batch == s], pos=pos[batch == s]) for s in (0, 1)])
+    torch.testing.assert_close(model(batch_obj), expected)
+    packed = torch.cat([pos, x], dim=-1)  # (N, 3 + 2)
+    torch.testing.assert_close(model(packed, None, batch), expected)
+    torch.testing.assert_close(model(Data(x=packed[batch == 0])), expected[:1])
+    h, pos_out = model.encode(packed, None, batch)
+    assert h.shape == (7, 8) and pos_out.shape == (7, 3)
+
+    # without features: a constant feature
+    plain = EGNN(0, hidden_channels=8, num_layers=1).double()
+    out = plain(None, pos, batch)
+    assert out.shape == (2, 1)
+    torch.testing.assert_close(plain(Data(pos=pos[batch == 1])), out[1:])
+    # points-only synthetic layout
+    points = EGNN(0, hidden_channels=8, num_layers=1, pos_dim=3).double()
+    points.load_state_dict(plain.state_dict())
+    torch.testing.assert_close(points(Data(x=pos[batch == 1])), out[1:])
+
+    with pytest.raises(ValueError, match='coordinates'):
+        EGNN(2)(x, None, batch)
+    with pytest.raises(ValueError, match=r'features of shape \(7, 2\)'):
+        model(x[:, :1], pos, batch)
+    with pytest.raises(ValueError, match=r'features of shape \(7, 2\)'):
+        model(None, pos, batch)
+    with pytest.raises(ValueError, match='in_channels=0'):
+        plain(x, pos, batch)
+    with pytest.raises(ValueError, match='not both'):
+        model(batch_obj, pos)
+    with pytest.raises(ValueError, match='batch'):
+        model(x, pos, batch[:-1])
+    for bad in (dict(pool='max'), dict(pos_dim=0), dict(radius=-1.0), dict(out_channels=0)):
+        with pytest.raises(ValueError):
+            EGNN(2, **bad)
+
+
+@pytest.mark.parametrize('normalize', [False, True])
+def test_model_coincident_points_have_finite_gradients(normalize):
+    model = EGNN(1, hidden_channels=8, num_layers=3, edge_gate=True, normalize=normalize).double()
+    pos = torch.tensor([[1.0, 2.0, 3.0]] * 3 + [[0.0, 0.0, 0.0]] * 2, dtype=torch.float64,
+                       requires_grad=True)
+    x = torch.randn(5, 1, dtype=torch.float64, requires_grad=True)
+    batch = torch.tensor([0, 0, 0, 1, 1])
+    out = model(x, pos, batch)
+    _, pos_out = model.encode(x, pos, batch)
+    (out.sum() + pos_out.pow(2).sum()).backward()
+    for name, tensor in [('x', x), ('pos', pos)] + list(model.named_parameters()):
+        assert tensor.grad is not None and torch.isfinite(tensor.grad).all(), name
+
+
+def test_model_large_graph_stays_finite():
+    torch.manual_seed(0)
+    model = EGNN(2, hidden_channels=16, num_layers=4, normalize=True, tanh=True)
+    x, pos, batch = random_sets([120, 100, 80], 8, 2, torch.float32)
+    pos = 10 * pos
+    pos.requires_grad_(True)
+    out = model(x, pos, batch)
+    _, pos_out = model.encode(x, pos, batch)
+    assert torch.isfinite(out).all() and torch.isfinite(pos_out).all()
+    (out.sum() + pos_out.sum()).backward()
+    assert torch.isfinite(pos.grad).all()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_model_heads_train():
+    torch.manual_seed(0)
+    sizes = [5, 8, 6, 7, 4, 9, 5, 6]
+    x, pos, batch = random_sets(sizes, 3, 1, torch.float32, seed=1)
+    scale = torch.linspace(0.5, 2.0, len(sizes))  # (S,) sets of different spread
+    pos = pos * scale[batch].unsqueeze(-1)  # (N, 3)
+    # regression: mean squared distance to the centroid (rotation/translation invariant)
+    centroid = scatter(pos, batch, dim=0, reduce='mean')  # (S, 3)
+    target = scatter((pos - centroid[batch]).pow(2).sum(-1), batch, dim=0, reduce='mean')  # (S,)
+    labels = (target > target.median()).long()  # classification: large vs small sets
+
+    for out_channels, loss_fn, y in ((1, lambda o, y: F.mse_loss(o.squeeze(-1), y), target),
+                                     (2, F.cross_entropy, labels)):
+        model = EGNN(1, hidden_channels=16, out_channels=out_channels, num_layers=2, pool='mean')
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+        losses = []
+        for _ in range(30):
+            optimizer.zero_grad()
+            out = model(x, pos, batch)
+            assert out.shape == (len(sizes), out_channels)
+            loss = loss_fn(out, y)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        assert losses[-1] < 0.5 * losses[0], losses
+
+
+@pytest.mark.parametrize('cls', [EGNNConv, EGNN])
+def test_documented_arguments_match_signature(cls):
+    doc_args = cls.__doc__.split('Args:')[1].split('Shapes:')[0]
+    blocks = re.findall(r'^ {8}(\w+) \([^)]*\):(.*?)(?=^ {8}\w+ \(|\Z)', doc_args,
+                        flags=re.MULTILINE | re.DOTALL)
+    params = inspect.signature(cls.__init__).parameters
+    assert [name for name, _ in blocks] == list(params)[1:]
+    for name, text in blocks:
+        default = re.search(r'\(default: :obj:`([^`]*)`', text)
+        if params[name].default is inspect.Parameter.empty:
+            assert default is None, name
+        else:
+            assert default is not None and eval(default.group(1)) == params[name].default, name

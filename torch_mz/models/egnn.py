@@ -1,0 +1,564 @@
+r"""E(n)-equivariant graph neural network (EGNN), the equivariant comparison model.
+
+Satorras, Hoogeboom and Welling, "E(n) Equivariant Graph Neural Networks", ICML 2021
+(https://arxiv.org/abs/2102.09844). PyG ships no EGNN, so :mod:`torch_mz` provides:
+
+- :class:`EGNNConv`, one equivariant message-passing layer acting on invariant features ``h`` and
+  coordinates ``pos`` of any dimension;
+- :class:`EGNN`, a set/molecule model (embedding, ``num_layers`` x :class:`EGNNConv`, invariant
+  pooling, MLP head) for regression and classification on PyG batches;
+- :func:`fully_connected_edge_index` and :func:`radius_edge_index`, the per-set graphs the model
+  builds from the ``batch`` vector (no ``torch-cluster`` needed), and :func:`split_pos_features`,
+  which reads coordinates from the first columns of ``x`` (synthetic set tasks store points there).
+"""
+from typing import Optional, Tuple, Union
+
+import torch
+from torch import Tensor
+from torch.nn import Linear, Module, ModuleList, Sequential
+from torch_geometric.data import Batch
+from torch_geometric.data.data import BaseData
+from torch_geometric.nn import MessagePassing
+from torch_geometric.nn.resolver import activation_resolver
+from torch_geometric.utils import scatter
+
+__all__ = [
+    'EGNNConv',
+    'EGNN',
+    'fully_connected_edge_index',
+    'radius_edge_index',
+    'split_pos_features',
+]
+
+_COORD_AGGRS = ('mean', 'sum')
+_POOLS = ('sum', 'mean')
+
+
+# --------------------------------------------------------------------------------------------------
+# Per-set graphs
+# --------------------------------------------------------------------------------------------------
+def _check_batch(batch: Tensor, num_sets: Optional[int]) -> int:
+    if batch.dim() != 1 or batch.dtype != torch.long:
+        raise ValueError(f"'batch' must be a 1-D long tensor of set ids, got shape "
+                         f"{tuple(batch.shape)} and dtype {batch.dtype}")
+    if batch.numel() > 0 and int(batch.min()) < 0:
+        raise ValueError(f"'batch' must hold non-negative set ids, got {int(batch.min())}")
+    needed = int(batch.max()) + 1 if batch.numel() > 0 else 0
+    if num_sets is None:
+        return needed
+    if num_sets < needed:
+        raise ValueError(f"'num_sets' ({num_sets}) is smaller than the number of sets in 'batch' "
+                         f"({needed})")
+    return num_sets
+
+
+def fully_connected_edge_index(batch: Tensor, num_sets: Optional[int] = None) -> Tensor:
+    r"""All ordered pairs :math:`(j, i)`, :math:`i \neq j`, of elements of the same set.
+
+    Built without a Python loop over sets: every element is repeated once per element of its set and
+    the self-pairs are dropped. Two different sets are never linked. ``batch`` need not be sorted.
+
+    Args:
+        batch (torch.Tensor): Set id of every element.
+        num_sets (int, optional): Number of sets; ids above ``batch.max()`` are empty sets.
+            (default: :obj:`None`, i.e. ``batch.max() + 1``)
+
+    Returns:
+        torch.Tensor: ``edge_index`` with :math:`\sum_s n_s (n_s - 1)` columns, sorted by
+        ``edge_index[0]`` (source) when ``batch`` is sorted.
+
+    Shapes:
+        - **input:** batch :math:`(N)`
+        - **output:** edge_index :math:`(2, \sum_s n_s (n_s - 1))`
+    """
+    num_sets = _check_batch(batch, num_sets)
+    num_nodes = batch.numel()
+    # Work on the elements sorted by set, then map back to the caller's order.
+    perm = torch.argsort(batch, stable=True)  # (N,)
+    sorted_batch = batch[perm]  # (N,)
+    counts = torch.bincount(sorted_batch, minlength=num_sets)  # (S,)
+    ptr = torch.cat([counts.new_zeros(1), counts.cumsum(0)])  # (S + 1,)
+    deg = counts[sorted_batch]  # (N,) size of each element's set, self included
+    num_pairs = int(deg.sum())
+    # Element k of the sorted order is paired with every element of its set: sum_s n_s^2 pairs.
+    src = torch.repeat_interleave(torch.arange(num_nodes, device=batch.device), deg,
+                                  output_size=num_pairs)  # (P,)
+    block_start = deg.cumsum(0) - deg  # (N,) first pair of each element's block
+    offset = torch.arange(num_pairs, device=batch.device) - torch.repeat_interleave(
+        block_start, deg, output_size=num_pairs)  # (P,) position inside the set
+    dst = torch.repeat_interleave(ptr[sorted_batch], deg, output_size=num_pairs) + offset  # (P,)
+    keep = src != dst
+    return torch.stack([perm[src[keep]], perm[dst[keep]]], dim=0)  # (2, sum_s n_s (n_s - 1))
+
+
+def radius_edge_index(pos: Tensor, r: float, batch: Optional[Tensor] = None,
+                      num_sets: Optional[int] = None, chunk_size: int = 2**20) -> Tensor:
+    r"""All ordered pairs :math:`(j, i)`, :math:`i \neq j`, of elements of the same set with
+    :math:`\|x_i - x_j\| \le r`.
+
+    A replacement for ``torch_cluster.radius_graph`` (without its neighbour cap) that needs no
+    compiled extension: the candidate pairs are those of :func:`fully_connected_edge_index`, and
+    their distances are computed ``chunk_size`` pairs at a time. Time and index memory are
+    :math:`O(\sum_s n_s^2)`, which suits sets of up to a few thousand elements.
+
+    Args:
+        pos (torch.Tensor): Coordinates.
+        r (float): Cut-off distance (inclusive).
+        batch (torch.Tensor, optional): Set id of every element. (default: :obj:`None`, one set)
+        num_sets (int, optional): Number of sets. (default: :obj:`None`, i.e. ``batch.max() + 1``)
+        chunk_size (int, optional): Number of candidate pairs whose distances are computed at once,
+            which bounds the floating-point work memory to ``chunk_size * D``. (default: :obj:`2**20`)
+
+    Shapes:
+        - **input:** pos :math:`(N, D)`, batch :math:`(N)`
+        - **output:** edge_index :math:`(2, E)`
+    """
+    if pos.dim() != 2:
+        raise ValueError(f"'pos' must have shape (N, D), got {tuple(pos.shape)}")
+    if r < 0:
+        raise ValueError(f"'r' must be non-negative, got {r}")
+    if chunk_size < 1:
+        raise ValueError(f"'chunk_size' must be positive, got {chunk_size}")
+    if batch is None:
+        batch = pos.new_zeros(pos.size(0), dtype=torch.long)
+    if batch.numel() != pos.size(0):
+        raise ValueError(f"'batch' has {batch.numel()} entries but 'pos' has {pos.size(0)} rows")
+    edge_index = fully_connected_edge_index(batch, num_sets)  # (2, P)
+    keep = torch.empty(edge_index.size(1), dtype=torch.bool, device=pos.device)  # (P,)
+    with torch.no_grad():
+        for start in range(0, edge_index.size(1), chunk_size):
+            j, i = edge_index[:, start:start + chunk_size]  # (C,), (C,)
+            sq_dist = (pos[i] - pos[j]).pow(2).sum(dim=-1)  # (C,)
+            keep[start:start + chunk_size] = sq_dist <= r * r
+    return edge_index[:, keep]  # (2, E)
+
+
+def split_pos_features(x: Tensor, pos_dim: int) -> Tuple[Tensor, Optional[Tensor]]:
+    r"""Splits element features into coordinates ``x[:, :pos_dim]`` and the remaining invariant
+    features ``x[:, pos_dim:]`` (:obj:`None` when there are no remaining columns).
+
+    The synthetic set tasks store each point in the first columns of ``data.x``, followed by
+    invariant attributes such as a type indicator.
+
+    Shapes:
+        - **input:** x :math:`(N, D + F)`
+        - **output:** pos :math:`(N, D)`, features :math:`(N, F)` or :obj:`None`
+    """
+    if x.dim() != 2 or pos_dim < 1 or x.size(1) < pos_dim:
+        raise ValueError(f"Expected 'x' of shape (N, >= {pos_dim}) with pos_dim >= 1, got "
+                         f"{tuple(x.shape)} and pos_dim={pos_dim}")
+    features = x[:, pos_dim:] if x.size(1) > pos_dim else None  # (N, F)
+    return x[:, :pos_dim], features  # (N, D)
+
+
+# --------------------------------------------------------------------------------------------------
+# Layer
+# --------------------------------------------------------------------------------------------------
+def _safe_norm(sq_norm: Tensor, eps: float) -> Tensor:
+    # sqrt has an infinite derivative at 0, and 0 * inf = NaN for coincident points. Below eps^2 the
+    # clamp passes a zero gradient, so the norm is differentiable everywhere.
+    return sq_norm.clamp_min(eps * eps).sqrt()
+
+
+class EGNNConv(MessagePassing):
+    r"""The E(n)-equivariant graph convolution from `"E(n) Equivariant Graph Neural Networks"
+    <https://arxiv.org/abs/2102.09844>`_ (Satorras, Hoogeboom and Welling, ICML 2021).
+
+    .. math::
+        \mathbf{m}_{ij} &= \phi_e\left(\mathbf{h}_i, \mathbf{h}_j,
+            \|\mathbf{x}_i - \mathbf{x}_j\|^2, \mathbf{a}_{ij}\right),
+            \qquad \mathbf{m}_{ij} \leftarrow \mathbf{m}_{ij}\,
+            \sigma\left(\phi_{\mathrm{inf}}(\mathbf{m}_{ij})\right) \text{ (if edge\_gate)}
+
+        \mathbf{x}_i' &= \mathbf{x}_i + C \sum_{j \in \mathcal{N}(i)}
+            \left(\mathbf{x}_i - \mathbf{x}_j\right) \phi_x(\mathbf{m}_{ij})
+
+        \mathbf{h}_i' &= \mathbf{h}_i + \phi_h\left(\mathbf{h}_i,
+            \textstyle\sum_{j \in \mathcal{N}(i)} \mathbf{m}_{ij}\right)
+
+    with :math:`C = 1 / |\mathcal{N}(i)|` for ``coord_aggr='mean'`` and :math:`C = 1` for ``'sum'``.
+    :math:`\phi_e` and :math:`\phi_h` are two-layer MLPs, :math:`\phi_x` is ``Linear -> act ->
+    Linear(hidden, 1)`` whose last layer is initialised small (Xavier uniform with gain ``0.001``, as
+    in the authors' implementation) so that early layers barely move the points. With
+    ``normalize=True``, :math:`\mathbf{x}_i - \mathbf{x}_j` is replaced by
+    :math:`(\mathbf{x}_i - \mathbf{x}_j) / (\|\mathbf{x}_i - \mathbf{x}_j\| + \epsilon)`; with
+    ``tanh=True``, :math:`\phi_x` is bounded by ``coords_range * tanh``. Coordinates may have any
+    dimension :math:`D`. Coincident points are safe: the norm is clamped below at :math:`\epsilon`,
+    so gradients stay finite.
+
+    ``h`` is invariant and ``pos`` equivariant under rotations, reflections and translations of
+    ``pos`` (and under permutations of the nodes with ``edge_index`` relabelled).
+
+    Args:
+        channels (int): Size of the invariant node features ``h`` (input and output, for the
+            residual connection).
+        hidden_channels (int, optional): Width of the MLPs and of the messages
+            :math:`\mathbf{m}_{ij}`. (default: :obj:`None`, i.e. ``channels``)
+        edge_dim (int, optional): Size of the invariant edge attributes :math:`\mathbf{a}_{ij}`;
+            ``0`` for none. (default: :obj:`0`)
+        aggr (str, optional): Aggregation of the messages :math:`\mathbf{m}_{ij}` (any PyG
+            aggregation name). (default: :obj:`"add"`, as in the paper)
+        coord_aggr (str, optional): Aggregation of the coordinate updates, ``"mean"`` or ``"sum"``.
+            (default: :obj:`"mean"`)
+        edge_gate (bool, optional): Multiply each message by the soft edge weight
+            :math:`\sigma(\phi_{\mathrm{inf}}(\mathbf{m}_{ij}))`. (default: :obj:`False`)
+        normalize (bool, optional): Use unit coordinate differences in the coordinate update.
+            (default: :obj:`False`)
+        tanh (bool, optional): Bound :math:`\phi_x` by ``coords_range * tanh``. (default: :obj:`False`)
+        coords_range (float, optional): Bound of :math:`\phi_x` when ``tanh=True``.
+            (default: :obj:`1.0`)
+        update_coords (bool, optional): Update ``pos``; if :obj:`False`, ``pos`` is returned
+            unchanged and :math:`\phi_x` is not built. (default: :obj:`True`)
+        residual (bool, optional): Add ``h`` to :math:`\phi_h`'s output. (default: :obj:`True`)
+        act (str, optional): Activation of the MLPs (a PyG activation name).
+            (default: :obj:`"silu"`)
+        eps (float, optional): :math:`\epsilon` of the normalisation and of the safe norm.
+            (default: :obj:`1e-8`)
+
+    Shapes:
+        - **input:** h :math:`(N, F)`, pos :math:`(N, D)`, edge_index :math:`(2, E)`,
+          edge_attr :math:`(E, F_e)` (optional)
+        - **output:** h :math:`(N, F)`, pos :math:`(N, D)`
+    """
+    def __init__(
+        self,
+        channels: int,
+        hidden_channels: Optional[int] = None,
+        edge_dim: int = 0,
+        aggr: str = 'add',
+        coord_aggr: str = 'mean',
+        edge_gate: bool = False,
+        normalize: bool = False,
+        tanh: bool = False,
+        coords_range: float = 1.0,
+        update_coords: bool = True,
+        residual: bool = True,
+        act: str = 'silu',
+        eps: float = 1e-8,
+    ):
+        super().__init__(aggr=aggr)
+        if channels < 1:
+            raise ValueError(f"'channels' must be positive, got {channels}")
+        if coord_aggr not in _COORD_AGGRS:
+            raise ValueError(f"'coord_aggr' must be one of {_COORD_AGGRS}, got '{coord_aggr}'")
+        if edge_dim < 0:
+            raise ValueError(f"'edge_dim' must be non-negative, got {edge_dim}")
+        self.channels = channels
+        self.hidden_channels = hidden = hidden_channels or channels
+        self.edge_dim = edge_dim
+        self.coord_aggr = coord_aggr
+        self.edge_gate = edge_gate
+        self.normalize = normalize
+        self.tanh = tanh
+        self.coords_range = coords_range
+        self.update_coords = update_coords
+        self.residual = residual
+        self.act = act
+        self.eps = eps
+
+        self.edge_mlp = Sequential(  # phi_e
+            Linear(2 * channels + 1 + edge_dim, hidden), activation_resolver(act),
+            Linear(hidden, hidden), activation_resolver(act))
+        self.gate_lin = Linear(hidden, 1) if edge_gate else None  # phi_inf
+        self.coord_mlp = Sequential(  # phi_x
+            Linear(hidden, hidden), activation_resolver(act),
+            Linear(hidden, 1, bias=False)) if update_coords else None
+        self.node_mlp = Sequential(  # phi_h
+            Linear(channels + hidden, hidden), activation_resolver(act),
+            Linear(hidden, channels))
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        super().reset_parameters()
+        for module in (self.edge_mlp, self.gate_lin, self.coord_mlp, self.node_mlp):
+            if module is None:
+                continue
+            for child in module.modules():
+                if isinstance(child, Linear):
+                    child.reset_parameters()
+        if self.coord_mlp is not None:
+            torch.nn.init.xavier_uniform_(self.coord_mlp[-1].weight, gain=0.001)
+
+    def forward(self, h: Tensor, pos: Tensor, edge_index: Tensor,
+                edge_attr: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+        if h.dim() != 2 or h.size(1) != self.channels:
+            raise ValueError(f"Expected 'h' of shape (N, {self.channels}), got {tuple(h.shape)}")
+        if pos.dim() != 2 or pos.size(0) != h.size(0):
+            raise ValueError(f"Expected 'pos' of shape ({h.size(0)}, D), got {tuple(pos.shape)}")
+        if edge_index.dim() != 2 or edge_index.size(0) != 2:
+            raise ValueError(f"Expected 'edge_index' of shape (2, E), got "
+                             f"{tuple(edge_index.shape)}")
+        if self.edge_dim > 0:
+            if edge_attr is None or edge_attr.dim() != 2 or edge_attr.shape != (
+                    edge_index.size(1), self.edge_dim):
+                got = None if edge_attr is None else tuple(edge_attr.shape)
+                raise ValueError(f"Expected 'edge_attr' of shape ({edge_index.size(1)}, "
+                                 f"{self.edge_dim}), got {got}")
+        elif edge_attr is not None:
+            raise ValueError("'edge_attr' was given but the layer was built with edge_dim=0")
+
+        m_aggr, delta = self.propagate(edge_index, h=h, pos=pos, edge_attr=edge_attr)
+        out = self.node_mlp(torch.cat([h, m_aggr], dim=-1))  # (N, F)
+        if self.residual:
+            out = h + out
+        if self.update_coords:
+            pos = pos + delta  # (N, D)
+        return out, pos
+
+    def message(self, h_i: Tensor, h_j: Tensor, pos_i: Tensor, pos_j: Tensor,
+                edge_attr: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+        diff = pos_i - pos_j  # (E, D)
+        sq_dist = diff.pow(2).sum(dim=-1, keepdim=True)  # (E, 1)
+        inputs = [h_i, h_j, sq_dist] + ([edge_attr] if edge_attr is not None else [])
+        m = self.edge_mlp(torch.cat(inputs, dim=-1))  # (E, H)
+        if self.gate_lin is not None:
+            m = m * torch.sigmoid(self.gate_lin(m))  # (E, H)
+        if self.coord_mlp is None:
+            return m, diff.new_zeros(diff.size(0), 0)  # (E, H), (E, 0)
+        if self.normalize:
+            diff = diff / (_safe_norm(sq_dist, self.eps) + self.eps)  # (E, D)
+        weight = self.coord_mlp(m)  # (E, 1)
+        if self.tanh:
+            weight = self.coords_range * torch.tanh(weight)
+        return m, diff * weight  # (E, H), (E, D)
+
+    def aggregate(self, inputs: Tuple[Tensor, Tensor], index: Tensor, ptr: Optional[Tensor] = None,
+                  dim_size: Optional[int] = None) -> Tuple[Tensor, Tensor]:
+        m, delta = inputs
+        m_aggr = self.aggr_module(m, index, ptr=ptr, dim_size=dim_size)  # (N, H)
+        delta = scatter(delta, index, dim=0, dim_size=dim_size, reduce=self.coord_aggr)  # (N, D)
+        return m_aggr, delta
+
+    def __repr__(self) -> str:
+        return (f'{self.__class__.__name__}({self.channels}, hidden_channels={self.hidden_channels}, '
+                f'edge_dim={self.edge_dim}, aggr={self.aggr}, coord_aggr={self.coord_aggr}, '
+                f'edge_gate={self.edge_gate}, normalize={self.normalize}, tanh={self.tanh}, '
+                f'update_coords={self.update_coords})')
+
+
+# --------------------------------------------------------------------------------------------------
+# Model
+# --------------------------------------------------------------------------------------------------
+class EGNN(Module):
+    r"""The EGNN set/molecule model of `"E(n) Equivariant Graph Neural Networks"
+    <https://arxiv.org/abs/2102.09844>`_: an embedding, ``num_layers`` :class:`EGNNConv` layers on
+    a graph inside each set, a node-wise MLP, invariant pooling over each set, and an MLP head.
+
+    .. math::
+        \mathbf{h}^{(0)}_i &= \mathbf{W}_{\mathrm{emb}} \mathbf{f}_i + \mathbf{b}_{\mathrm{emb}},
+            \qquad (\mathbf{h}^{(l+1)}, \mathbf{x}^{(l+1)}) =
+            \mathrm{EGNNConv}_l(\mathbf{h}^{(l)}, \mathbf{x}^{(l)})
+
+        \mathbf{y}_s &= \mathrm{MLP}_{\mathrm{out}}\Big(\bigoplus_{i \in s}
+            \mathrm{MLP}_{\mathrm{node}}(\mathbf{h}^{(K)}_i)\Big)
+
+    with :math:`\bigoplus` the sum or the mean over the elements of set :math:`s`. The prediction
+    :math:`\mathbf{y}_s` is invariant to rotations, reflections and translations of each set's
+    coordinates and to permutations inside a set; :meth:`encode` returns the equivariant coordinates.
+
+    The graph is fully connected inside each set (all ordered pairs :math:`i \neq j`, see
+    :func:`fully_connected_edge_index`) or, with ``radius``, restricted to pairs at most ``radius``
+    apart in the input coordinates (:func:`radius_edge_index`); building either costs
+    :math:`O(\sum_s n_s^2)`, and so does each layer on the fully connected graph. The graph is built
+    once from the input coordinates and kept for all layers. Sets never exchange information.
+
+    Inputs: coordinates come from ``pos``; if ``pos`` is :obj:`None` and ``pos_dim`` is set, the
+    first ``pos_dim`` columns of ``x`` are the coordinates and the rest are the invariant features
+    (the layout of the synthetic set tasks, see :func:`split_pos_features`). With
+    ``in_channels=0`` the model takes no features and embeds a constant ``1`` for every element.
+
+    Args:
+        in_channels (int): Number of invariant element features (not counting coordinates);
+            ``0`` for none.
+        hidden_channels (int, optional): Width of ``h`` and of all MLPs. (default: :obj:`64`)
+        out_channels (int, optional): Outputs per set: ``1`` for scalar regression, the number of
+            classes (logits) for classification. (default: :obj:`1`)
+        num_layers (int, optional): Number of :class:`EGNNConv` layers. (default: :obj:`4`)
+        pos_dim (int, optional): If set, coordinates are read from ``x[:, :pos_dim]`` whenever no
+            ``pos`` is given. (default: :obj:`None`)
+        pool (str, optional): Pooling over each set, ``"sum"`` or ``"mean"``. (default: :obj:`"sum"`)
+        radius (float, optional): Cut-off of the radius graph; :obj:`None` for the fully connected
+            graph. (default: :obj:`None`)
+        coord_aggr (str, optional): Coordinate aggregation of every layer, ``"mean"`` or ``"sum"``.
+            (default: :obj:`"mean"`)
+        edge_gate (bool, optional): Soft edge gate in every layer. (default: :obj:`False`)
+        normalize (bool, optional): Unit coordinate differences in every layer.
+            (default: :obj:`False`)
+        tanh (bool, optional): ``tanh``-bounded coordinate MLP in every layer. (default: :obj:`False`)
+        act (str, optional): Activation (a PyG activation name). (default: :obj:`"silu"`)
+
+    Shapes:
+        - **input:** x :math:`(N, F)` or :math:`(N, D + F)` with ``pos_dim``, pos :math:`(N, D)`,
+          batch :math:`(N)`
+        - **output:** :meth:`forward`: :math:`(S, \text{out\_channels})`; :meth:`encode`:
+          h :math:`(N, \text{hidden\_channels})`, pos :math:`(N, D)`
+    """
+    def __init__(
+        self,
+        in_channels: int,
+        hidden_channels: int = 64,
+        out_channels: int = 1,
+        num_layers: int = 4,
+        pos_dim: Optional[int] = None,
+        pool: str = 'sum',
+        radius: Optional[float] = None,
+        coord_aggr: str = 'mean',
+        edge_gate: bool = False,
+        normalize: bool = False,
+        tanh: bool = False,
+        act: str = 'silu',
+    ):
+        super().__init__()
+        if in_channels < 0 or hidden_channels < 1 or out_channels < 1 or num_layers < 0:
+            raise ValueError(f"Expected in_channels >= 0, hidden_channels >= 1, out_channels >= 1 "
+                             f"and num_layers >= 0, got {in_channels}, {hidden_channels}, "
+                             f"{out_channels} and {num_layers}")
+        if pos_dim is not None and pos_dim < 1:
+            raise ValueError(f"'pos_dim' must be positive, got {pos_dim}")
+        if pool not in _POOLS:
+            raise ValueError(f"'pool' must be one of {_POOLS}, got '{pool}'")
+        if radius is not None and radius < 0:
+            raise ValueError(f"'radius' must be non-negative, got {radius}")
+        self.in_channels = in_channels
+        self.hidden_channels = hidden_channels
+        self.out_channels = out_channels
+        self.num_layers = num_layers
+        self.pos_dim = pos_dim
+        self.pool = pool
+        self.radius = radius
+        self.coord_aggr = coord_aggr
+        self.edge_gate = edge_gate
+        self.normalize = normalize
+        self.tanh = tanh
+        self.act = act
+
+        self.embedding = Linear(max(in_channels, 1), hidden_channels)
+        self.convs = ModuleList([
+            EGNNConv(hidden_channels, coord_aggr=coord_aggr, edge_gate=edge_gate,
+                     normalize=normalize, tanh=tanh, act=act) for _ in range(num_layers)
+        ])
+        self.node_mlp = Sequential(
+            Linear(hidden_channels, hidden_channels), activation_resolver(act),
+            Linear(hidden_channels, hidden_channels))
+        self.head = Sequential(
+            Linear(hidden_channels, hidden_channels), activation_resolver(act),
+            Linear(hidden_channels, out_channels))
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        self.embedding.reset_parameters()
+        for conv in self.convs:
+            conv.reset_parameters()
+        for mlp in (self.node_mlp, self.head):
+            for child in mlp:
+                if isinstance(child, Linear):
+                    child.reset_parameters()
+
+    def _unpack(
+        self,
+        x: Union[BaseData, Tensor, None],
+        pos: Optional[Tensor],
+        batch: Optional[Tensor],
+        num_sets: Optional[int],
+    ) -> Tuple[Tensor, Tensor, Tensor, int]:
+        # Returns features (N, max(F, 1)), pos (N, D), batch (N,) and the number of sets.
+        if isinstance(x, BaseData):
+            data = x
+            if pos is not None or batch is not None:
+                raise ValueError("Pass either a Data/Batch object or tensors (x, pos, batch), "
+                                 "not both")
+            x, pos, batch = data.x, data.pos, data.batch
+            if num_sets is None:
+                num_sets = data.num_graphs if isinstance(data, Batch) else 1
+        if pos is None:
+            if self.pos_dim is None or x is None:
+                raise ValueError("EGNN needs coordinates: pass 'pos' (or 'data.pos'), or build the "
+                                 "model with 'pos_dim' to read them from the first columns of 'x'")
+            pos, x = split_pos_features(x, self.pos_dim)
+        if pos.dim() != 2 or not pos.is_floating_point():
+            raise ValueError(f"Expected floating 'pos' of shape (N, D), got {tuple(pos.shape)} "
+                             f"and dtype {pos.dtype}")
+        num_nodes = pos.size(0)
+        if x is not None and x.dim() == 2 and x.size(1) == 0:
+            x = None
+        if self.in_channels == 0:
+            if x is not None:
+                raise ValueError(f"The model was built with in_channels=0 but received features "
+                                 f"of shape {tuple(x.shape)}")
+            x = pos.new_ones(num_nodes, 1)  # (N, 1) constant feature
+        elif x is None or x.dim() != 2 or x.shape != (num_nodes, self.in_channels):
+            got = None if x is None else tuple(x.shape)
+            raise ValueError(f"Expected features of shape ({num_nodes}, {self.in_channels}), "
+                             f"got {got}")
+        if batch is None:
+            batch = torch.zeros(num_nodes, dtype=torch.long, device=pos.device)
+            num_sets = 1 if num_sets is None else num_sets
+        elif batch.numel() != num_nodes:
+            raise ValueError(f"'batch' has {batch.numel()} entries but there are {num_nodes} "
+                             f"elements")
+        num_sets = _check_batch(batch, num_sets)
+        return x.to(pos.dtype), pos, batch, num_sets
+
+    def build_edge_index(self, pos: Tensor, batch: Tensor,
+                         num_sets: Optional[int] = None) -> Tensor:
+        r"""The graph the model uses: :func:`radius_edge_index` if ``radius`` is set, else
+        :func:`fully_connected_edge_index`."""
+        if self.radius is not None:
+            return radius_edge_index(pos, self.radius, batch, num_sets)
+        return fully_connected_edge_index(batch, num_sets)
+
+    def _encode(self, x: Tensor, pos: Tensor, batch: Tensor,
+                num_sets: int) -> Tuple[Tensor, Tensor]:
+        edge_index = self.build_edge_index(pos, batch, num_sets)  # (2, E)
+        h = self.embedding(x)  # (N, hidden)
+        for conv in self.convs:
+            h, pos = conv(h, pos, edge_index)
+        return h, pos
+
+    def encode(
+        self,
+        x: Union[BaseData, Tensor, None] = None,
+        pos: Optional[Tensor] = None,
+        batch: Optional[Tensor] = None,
+        num_sets: Optional[int] = None,
+    ) -> Tuple[Tensor, Tensor]:
+        r"""Runs the embedding and the :class:`EGNNConv` layers and returns the per-element
+        invariant features ``h`` :math:`(N, \text{hidden\_channels})` and equivariant coordinates
+        ``pos`` :math:`(N, D)`. Takes the same inputs as :meth:`forward`."""
+        return self._encode(*self._unpack(x, pos, batch, num_sets))
+
+    def forward(
+        self,
+        x: Union[BaseData, Tensor, None] = None,
+        pos: Optional[Tensor] = None,
+        batch: Optional[Tensor] = None,
+        num_sets: Optional[int] = None,
+    ) -> Tensor:
+        r"""Predicts one output row per set.
+
+        Call it as ``model(data)`` with a PyG :class:`~torch_geometric.data.Data` or
+        :class:`~torch_geometric.data.Batch` (fields ``x``, ``pos``, ``batch``; ``x`` may be absent
+        when ``in_channels=0``, ``pos`` when ``pos_dim`` is set), or as ``model(x, pos, batch)``
+        with tensors. ``num_sets`` defaults to ``data.num_graphs`` for a batch, otherwise to
+        ``batch.max() + 1``; pass it when trailing sets may be empty. An empty set pools to zero,
+        so its prediction is ``head(0)``.
+
+        Args:
+            x (torch_geometric.data.Data or torch.Tensor, optional): A PyG data object, or the
+                element features (:obj:`None` when ``in_channels=0``). (default: :obj:`None`)
+            pos (torch.Tensor, optional): Coordinates. (default: :obj:`None`)
+            batch (torch.Tensor, optional): Set id of every element. (default: :obj:`None`, one set)
+            num_sets (int, optional): Number of sets. (default: :obj:`None`)
+        """
+        x, pos, batch, num_sets = self._unpack(x, pos, batch, num_sets)
+        h, _ = self._encode(x, pos, batch, num_sets)  # (N, hidden)
+        h = self.node_mlp(h)  # (N, hidden)
+        h = scatter(h, batch, dim=0, dim_size=num_sets, reduce=self.pool)  # (S, hidden)
+        return self.head(h)  # (S, out_channels)
+
+    def __repr__(self) -> str:
+        return (f'{self.__class__.__name__}({self.in_channels}, {self.out_channels}, '
+                f'hidden_channels={self.hidden_channels}, num_layers={self.num_layers}, '
+                f'pos_dim={self.pos_dim}, pool={self.pool}, radius={self.radius}, '
+                f'coord_aggr={self.coord_aggr}, edge_gate={self.edge_gate}, '
+                f'normalize={self.normalize}, tanh={self.tanh})')
