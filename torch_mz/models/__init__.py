@@ -1,11 +1,23 @@
-r"""Models built on torch_mz: the E(n)-equivariant comparison model (EGNN)."""
+r"""Models built on torch_mz: the MZ-Set Transformer, the paper's baselines (all from the same
+blocks), the E(n)-equivariant comparison model (EGNN) and named presets."""
 from torch_mz.models.egnn import (EGNN, EGNNConv, fully_connected_edge_index, radius_edge_index,
                                   split_pos_features)
+from torch_mz.models.registry import (PRESETS, build_model, count_parameters, list_models,
+                                      match_budget)
+from torch_mz.models.set_transformer import DeepSets, MZSetTransformer, PerceiverSet
 
 __all__ = [
+    'MZSetTransformer',
+    'PerceiverSet',
+    'DeepSets',
     'EGNN',
     'EGNNConv',
     'fully_connected_edge_index',
     'radius_edge_index',
     'split_pos_features',
+    'PRESETS',
+    'build_model',
+    'count_parameters',
+    'list_models',
+    'match_budget',
 ]

@@ -1,0 +1,185 @@
+r"""Speed and memory of MZAggregation against PyG's SetTransformerAggregation.
+
+Forward + backward of one batch of sets, median over repeated runs, on a batch with uniform set
+sizes and one with skewed (log-normal) set sizes of the same total, for
+
+* ``pyg``: ``torch_geometric.nn.aggr.SetTransformerAggregation`` (pads every set to the largest),
+* ``rigid``: ``MZAggregation(value='rigid', num_generators=0)``, a standard Set Transformer on
+  the flat layout,
+* ``mz``: ``MZAggregation(value='mz')`` at the paper's defaults (n_g = 8, L = 4),
+
+each with PMA only (no encoder, no decoder) and with one SAB encoder block. Ratios are computed
+from medians measured in the same run. Peak memory (``--memory``) is measured in a fresh
+subprocess per configuration (CPU: increase of peak RSS; CUDA: allocator peak).
+
+    python benchmarks/speed.py --quick
+    python benchmarks/speed.py --sets 64 --points 8192 --dim 64 --heads 4 --repeats 7 --memory
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import torch
+
+from torch_mz.benchmark import (environment, markdown_table, peak_memory_bytes, skewed_sizes,
+                                time_call, uniform_sizes, write_json)
+from torch_mz.nn import MZAggregation
+
+MODELS = ('pyg', 'rigid', 'mz')
+BLOCKS = ('pma', 'sab')
+
+
+def build(model: str, block: str, dim: int, heads: int) -> torch.nn.Module:
+    enc = 1 if block == 'sab' else 0
+    if model == 'pyg':
+        from torch_geometric.nn.aggr import SetTransformerAggregation
+        return SetTransformerAggregation(dim, num_seed_points=1, num_encoder_blocks=enc,
+                                         num_decoder_blocks=0, heads=heads)
+    kwargs = dict(dim=dim, heads=heads, num_encoder_blocks=enc, encoder='sab',
+                  num_decoder_blocks=0, num_seeds=1)
+    if model == 'rigid':
+        return MZAggregation(dim, value='rigid', num_generators=0, **kwargs)
+    return MZAggregation(dim, value='mz', num_generators=8, num_matrix_generators=4, **kwargs)
+
+
+def make_batch(kind: str, sets: int, points: int, dim: int, device: torch.device, seed: int = 0):
+    sizes = uniform_sizes(sets, points) if kind == 'uniform' else skewed_sizes(sets, points,
+                                                                               seed=seed)
+    index = torch.repeat_interleave(torch.arange(sets), torch.tensor(sizes)).to(device)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(points, dim, generator=g).to(device)
+    return x, index, sizes
+
+
+def step_fn(module, x, index, sets):
+    def step():
+        module.zero_grad(set_to_none=True)
+        out = module(x, index, dim_size=sets)
+        out.square().mean().backward()
+    return step
+
+
+def run_one(cfg: dict) -> dict:
+    r"""Measures one (model, block, batch) configuration; used in-process and by --_one."""
+    torch.manual_seed(0)
+    device = torch.device(cfg['device'])
+    module = build(cfg['model'], cfg['block'], cfg['dim'], cfg['heads']).to(device)
+    x, index, sizes = make_batch(cfg['batch'], cfg['sets'], cfg['points'], cfg['dim'], device)
+    step = step_fn(module, x, index, cfg['sets'])
+    result = dict(model=cfg['model'], block=cfg['block'], batch=cfg['batch'],
+                  max_set=max(sizes), min_set=min(sizes))
+    if cfg.get('memory_only'):
+        result['peak_bytes'] = peak_memory_bytes(step, device)
+        return result
+    times = time_call(step, repeats=cfg['repeats'], warmup=1, device=device)
+    result.update(median_ms=1000 * float(np.median(times)), times_ms=[1000 * t for t in times],
+                  params=sum(p.numel() for p in module.parameters()))
+    return result
+
+
+def measure_memory(cfg: dict) -> int:
+    child = dict(cfg, memory_only=True)
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), '--_one', json.dumps(child)],
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])['peak_bytes']
+
+
+def plot(rows, path):
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(BLOCKS), figsize=(10, 4))
+    for ax, block in zip(axes, BLOCKS):
+        labels, xs = [], np.arange(2)
+        for i, model in enumerate(MODELS):
+            vals = [next((r['median_ms'] for r in rows if r['model'] == model
+                          and r['block'] == block and r['batch'] == b), np.nan)
+                    for b in ('uniform', 'skewed')]
+            ax.bar(xs + (i - 1) * 0.27, vals, width=0.27, label=model)
+        ax.set_xticks(xs, ['uniform', 'skewed'])
+        ax.set_yscale('log')
+        ax.set_ylabel('forward+backward, median ms')
+        ax.set_title('PMA only' if block == 'pma' else 'one SAB encoder + PMA')
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--sets', type=int, default=64)
+    parser.add_argument('--points', type=int, default=8192)
+    parser.add_argument('--dim', type=int, default=64)
+    parser.add_argument('--heads', type=int, default=4)
+    parser.add_argument('--repeats', type=int, default=7)
+    parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    parser.add_argument('--models', default=','.join(MODELS))
+    parser.add_argument('--blocks', default=','.join(BLOCKS))
+    parser.add_argument('--memory', action='store_true', help='also measure peak memory')
+    parser.add_argument('--quick', action='store_true', help='fewer repeats (3)')
+    parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
+                                                      'speed'))
+    parser.add_argument('--_one', help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args._one:
+        print(json.dumps(run_one(json.loads(args._one))))
+        return
+    repeats = 3 if args.quick else args.repeats
+    rows = []
+    for block in args.blocks.split(','):
+        for batch in ('uniform', 'skewed'):
+            for model in args.models.split(','):
+                cfg = dict(model=model, block=block, batch=batch, sets=args.sets,
+                           points=args.points, dim=args.dim, heads=args.heads,
+                           repeats=repeats, device=args.device)
+                row = run_one(cfg)
+                if args.memory:
+                    row['peak_mib'] = measure_memory(cfg) / 2**20
+                rows.append(row)
+                print(f"{block:4s} {batch:8s} {model:6s} median {row['median_ms']:9.1f} ms"
+                      + (f"  peak {row['peak_mib']:8.1f} MiB" if args.memory else ''),
+                      flush=True)
+    ratios = []
+    for block in args.blocks.split(','):
+        for batch in ('uniform', 'skewed'):
+            by = {r['model']: r for r in rows if r['block'] == block and r['batch'] == batch}
+            entry = dict(block=block, batch=batch)
+            if 'pyg' in by and 'rigid' in by:
+                entry['pyg/rigid time'] = by['pyg']['median_ms'] / by['rigid']['median_ms']
+                if args.memory:
+                    entry['rigid/pyg memory'] = by['rigid']['peak_mib'] / max(
+                        by['pyg']['peak_mib'], 1e-9)
+            if 'mz' in by and 'rigid' in by:
+                entry['mz/rigid time'] = by['mz']['median_ms'] / by['rigid']['median_ms']
+            ratios.append(entry)
+    env = environment()
+    os.makedirs(args.out, exist_ok=True)
+    write_json(os.path.join(args.out, 'speed.json'),
+               dict(environment=env, config=vars(args), rows=rows, ratios=ratios))
+    columns = ['block', 'batch', 'model', 'max_set', 'median_ms', 'params']
+    if args.memory:
+        columns.append('peak_mib')
+    ratio_cols = ['block', 'batch', 'pyg/rigid time', 'mz/rigid time']
+    if args.memory:
+        ratio_cols.append('rigid/pyg memory')
+    with open(os.path.join(args.out, 'speed.md'), 'w') as f:
+        f.write(f"# Forward+backward speed, {args.sets} sets, {args.points} points, "
+                f"d={args.dim}, {args.heads} heads ({args.device})\n\n")
+        f.write(f"Command: `{env['command']}`  \n")
+        f.write(f"torch {env['torch']}, torch_geometric {env['torch_geometric']}, "
+                f"{env['threads']} threads, torch-scatter: {env['torch_scatter']}\n\n")
+        f.write(markdown_table(rows, columns) + '\n' + markdown_table(ratios, ratio_cols))
+    try:
+        plot(rows, os.path.join(args.out, 'speed.png'))
+    except ImportError:
+        print('matplotlib not installed: no plot (pip install torch_mz[plot])')
+    print(markdown_table(ratios, ratio_cols))
+    print(f"wrote {args.out}/speed.json, speed.md, speed.png")
+
+
+if __name__ == '__main__':
+    main()

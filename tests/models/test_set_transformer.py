@@ -1,0 +1,86 @@
+import pytest
+import torch
+from torch_geometric.data import Batch, Data
+
+from torch_mz.models.set_transformer import DeepSets, MZSetTransformer, PerceiverSet
+from torch_mz.testing import permute_within_sets
+from tests.nn._sets import make_index
+
+SMALL = dict(dim=8, heads=2, d_ff=8, num_inducing=3, num_encoder_blocks=1, dropout=0.0)
+
+
+def _models():
+    torch.manual_seed(0)
+    return {
+        'mz': MZSetTransformer(3, 2, num_generators=2, num_matrix_generators=2, **SMALL),
+        'mz-signed': MZSetTransformer(3, 2, num_generators=2, num_matrix_generators=1,
+                                      readout='signed', **SMALL),
+        'rigid': MZSetTransformer(3, 2, value='rigid', num_generators=0, **SMALL),
+        'film': MZSetTransformer(3, 2, value='film', num_generators=0, **SMALL),
+        'hypernet': MZSetTransformer(3, 2, value='hypernet', num_generators=0, rank=2, **SMALL),
+        'perceiver': PerceiverSet(3, 2, dim=8, heads=2, num_latents=3, d_ff=8),
+        'deepsets': DeepSets(3, 2, hidden_channels=8),
+    }
+
+
+@pytest.mark.parametrize('name', list(_models()))
+def test_models_are_permutation_invariant_and_local(name):
+    model = _models()[name].double().eval()
+    index = make_index([4, 1, 6, 3])
+    x = torch.randn(index.numel(), 3, dtype=torch.float64)
+    pred, ihw = model(x, index)
+    assert pred.shape == (4, 2) and ihw.shape == (4, )
+    perm = permute_within_sets(index, torch.Generator().manual_seed(1))
+    pred2, ihw2 = model(x[perm], index[perm])
+    torch.testing.assert_close(pred2, pred)
+    torch.testing.assert_close(ihw2, ihw)
+    x3 = x.clone()
+    x3[index == 2] += 1.0
+    pred3, _ = model(x3, index)
+    keep = torch.tensor([0, 1, 3])
+    torch.testing.assert_close(pred3[keep], pred[keep])
+    assert not torch.allclose(pred3[2], pred[2])
+
+
+def test_batch_input_and_ihw_uncertainty():
+    model = _models()['mz'].eval()
+    g = torch.Generator().manual_seed(2)
+    data = [Data(x=torch.randn(n, 3, generator=g)) for n in (3, 5, 2)]
+    batch = Batch.from_data_list(data)
+    pred, ihw = model(batch)
+    for i, d in enumerate(data):
+        p, u = model(d.x)
+        torch.testing.assert_close(pred[i], p[0], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(ihw[i], u[0], rtol=1e-4, atol=1e-5)
+    # IHW is the summed interval-hull width of the pooled tokens: positive with generators ...
+    assert bool((ihw > 0).all())
+    # ... and zero for plain vector tokens
+    _, ihw_rigid = _models()['rigid'](batch)
+    assert torch.equal(ihw_rigid, torch.zeros(3))
+
+
+def test_rigid_preset_equals_mz_with_zero_context_and_no_generator_readout():
+    r"""value='mz' with M_l = 0 and W_mix = 0 gives the same prediction as value='rigid' with the
+    same weights (both with generators)."""
+    torch.manual_seed(3)
+    mz = MZSetTransformer(3, 1, num_generators=2, num_matrix_generators=2, **SMALL).eval()
+    with torch.no_grad():
+        for m in mz.modules():
+            if hasattr(m, 'matrix_gens'):
+                m.matrix_gens.zero_()
+                m.mix.zero_()
+    rigid = MZSetTransformer(3, 1, value='rigid', num_generators=2, **SMALL).eval()
+    rigid.load_state_dict(mz.state_dict(), strict=False)
+    x, index = torch.randn(9, 3), make_index([4, 5])
+    torch.testing.assert_close(mz(x, index)[0], rigid(x, index)[0])
+
+
+def test_deepsets_sum_pooling_is_exact():
+    model = DeepSets(2, 1, hidden_channels=4, num_layers=1).double()
+    x = torch.randn(5, 2, dtype=torch.float64)
+    index = torch.tensor([0, 0, 1, 1, 1])
+    pred, _ = model(x, index)
+    pooled = torch.stack([model.phi(x[index == b]).sum(0) for b in range(2)])
+    torch.testing.assert_close(pred, model.rho(pooled))
+    with pytest.raises(ValueError, match='pooling'):
+        DeepSets(2, 1, pool='max')

@@ -1,0 +1,112 @@
+r"""Measurement helpers shared by the scripts in ``benchmarks/``: timing with medians, peak memory,
+set-size generators and a record of the environment. Library code: nothing here prints."""
+import gc
+import json
+import os
+import platform
+import resource
+import sys
+import time
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+import torch
+
+
+def skewed_sizes(num_sets: int, total: int, sigma: float = 1.0, seed: int = 0) -> List[int]:
+    r"""Log-normal set sizes (each at least 1) that sum to exactly :obj:`total`."""
+    if total < num_sets:
+        raise ValueError(f"Need at least one element per set (got {total} < {num_sets})")
+    rng = np.random.default_rng(seed)
+    w = rng.lognormal(0.0, sigma, num_sets)
+    sizes = np.maximum(1, np.floor(w / w.sum() * total)).astype(int)
+    while sizes.sum() != total:  # fix rounding on the largest sets
+        i = int(np.argmax(sizes))
+        sizes[i] += 1 if sizes.sum() < total else -1
+    return sizes.tolist()
+
+
+def uniform_sizes(num_sets: int, total: int) -> List[int]:
+    r"""Sizes as equal as possible that sum to :obj:`total`."""
+    base, rest = divmod(total, num_sets)
+    return [base + (1 if i < rest else 0) for i in range(num_sets)]
+
+
+def _sync(device: torch.device):
+    if device.type == 'cuda':
+        torch.cuda.synchronize(device)
+
+
+def time_call(fn: Callable[[], None], repeats: int = 7, warmup: int = 2,
+              device: Optional[torch.device] = None) -> List[float]:
+    r"""Wall-clock seconds of :obj:`repeats` calls of :obj:`fn` after :obj:`warmup` calls."""
+    device = device or torch.device('cpu')
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        gc.collect()
+        _sync(device)
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def peak_memory_bytes(fn: Callable[[], None], device: torch.device) -> Optional[int]:
+    r"""Peak memory of one call of :obj:`fn`: CUDA's allocator peak on a GPU; on the CPU the
+    increase of the process's peak resident set (only meaningful in a fresh process, where the
+    call is the largest allocation so far; ``None`` where it cannot be read)."""
+    if device.type == 'cuda':
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        fn()
+        torch.cuda.synchronize(device)
+        return int(torch.cuda.max_memory_allocated(device) - base)
+    if sys.platform != 'linux':
+        return None
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    fn()
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return int(after - before)
+
+
+def environment() -> Dict[str, object]:
+    r"""Versions and hardware the measurement ran on."""
+    import torch_geometric
+
+    from torch_mz._optional import WITH_TORCH_SCATTER
+    info = {
+        'python': platform.python_version(),
+        'platform': platform.platform(),
+        'processor': platform.processor() or platform.machine(),
+        'cpu_count': os.cpu_count(),
+        'torch': torch.__version__,
+        'torch_geometric': torch_geometric.__version__,
+        'torch_scatter': WITH_TORCH_SCATTER,
+        'threads': torch.get_num_threads(),
+        'cuda': torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        'command': ' '.join([os.path.basename(sys.executable)] + sys.argv),
+    }
+    return info
+
+
+def write_json(path: str, payload: Dict[str, object]):
+    r"""Writes :obj:`payload` as indented JSON (creating the folder)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, 'w') as f:
+        json.dump(payload, f, indent=2)
+        f.write('\n')
+
+
+def markdown_table(rows: List[Dict[str, object]], columns: List[str]) -> str:
+    r"""A GitHub Markdown table of :obj:`rows` (dicts) in the given column order."""
+    def fmt(v):
+        if isinstance(v, float):
+            return f'{v:.4g}'
+        return '' if v is None else str(v)
+    lines = ['| ' + ' | '.join(columns) + ' |', '|' + '---|' * len(columns)]
+    lines += ['| ' + ' | '.join(fmt(r.get(c)) for c in columns) + ' |' for r in rows]
+    return '\n'.join(lines) + '\n'

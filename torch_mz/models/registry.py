@@ -1,0 +1,126 @@
+r"""Named model presets (the paper's configurations and baselines), parameter counting and
+budget matching. Every preset is built from the shared blocks; models differ only in the value
+operator, the generator budget and the sizes given here.
+
+Presets (paper defaults: d = 64, H = 4, d_ff = 128, 16 inducing points, dropout 0.1):
+
+==============  ==================================================================================
+``mz``          MZ-Set Transformer, 2 ISAB, n_g = 8, L = 4 (the paper's default)
+``mz-slim``     n_g = 2, L = 1
+``mz-large``    n_g = 16, L = 8
+``mz-1l``       one MZ ISAB layer (depth-separation study)
+``rigid``       standard Set Transformer: same routing, ``value='rigid'``, no generators, 2 ISAB
+``st-4l``       standard Set Transformer with 4 ISAB layers
+``st-large``    standard Set Transformer widened to d = 80, d_ff = 200 (parameter-matched to ``mz``)
+``film``        ST + FiLM: rigid with a FiLM modulation from the set summary
+``hypernet``    rank-8 input-dependent value update (``value='hypernet'``), width matched to ``mz``
+``perceiver``   Perceiver-style latent cross-attention, width matched to ``mz``
+``deepsets``    Deep Sets (sum pooling)
+``egnn``        EGNN, 4 layers, width 96 (coordinates from the task's ``pos_dim``)
+==============  ==================================================================================
+"""
+from typing import Dict, Optional
+
+from torch.nn import Module
+
+from torch_mz.models.egnn import EGNN
+from torch_mz.models.set_transformer import DeepSets, MZSetTransformer, PerceiverSet
+
+_ST = dict(dim=64, heads=4, d_ff=128, num_inducing=16, num_encoder_blocks=2, num_seeds=1,
+           num_decoder_blocks=1, dropout=0.1)
+
+PRESETS: Dict[str, dict] = {
+    'mz': dict(_ST, value='mz', num_generators=8, num_matrix_generators=4),
+    'mz-slim': dict(_ST, value='mz', num_generators=2, num_matrix_generators=1),
+    'mz-large': dict(_ST, value='mz', num_generators=16, num_matrix_generators=8),
+    'mz-1l': dict(_ST, value='mz', num_generators=8, num_matrix_generators=4,
+                  num_encoder_blocks=1),
+    'rigid': dict(_ST, value='rigid', num_generators=0),
+    'st-4l': dict(_ST, value='rigid', num_generators=0, num_encoder_blocks=4),
+    'st-large': dict(_ST, value='rigid', num_generators=0, dim=80, d_ff=200),
+    'film': dict(_ST, value='film', num_generators=0),
+    'hypernet': dict(_ST, value='hypernet', num_generators=0, rank=8, match='mz'),
+    'perceiver': dict(dim=64, heads=4, d_ff=128, num_latents=16, num_cross=2,
+                      num_latent_blocks=1, dropout=0.1, match='mz'),
+    'deepsets': dict(hidden_channels=128, num_layers=3, pool='sum'),
+    'egnn': dict(hidden_channels=96, num_layers=4, pool='sum'),
+}
+
+DESCRIPTIONS: Dict[str, str] = {
+    'mz': 'MZ-Set Transformer (n_g=8, L=4, 2 ISAB)',
+    'mz-slim': 'MZ-Set Transformer, slim (n_g=2, L=1)',
+    'mz-large': 'MZ-Set Transformer, large (n_g=16, L=8)',
+    'mz-1l': 'MZ-Set Transformer with one MZ ISAB layer',
+    'rigid': 'standard Set Transformer (2 ISAB)',
+    'st-4l': 'standard Set Transformer (4 ISAB)',
+    'st-large': 'standard Set Transformer, d=80, d_ff=200',
+    'film': 'Set Transformer + FiLM value modulation',
+    'hypernet': 'Set Transformer + rank-8 HyperNet value update',
+    'perceiver': 'Perceiver-style latent cross-attention',
+    'deepsets': 'Deep Sets (sum pooling)',
+    'egnn': 'E(n)-equivariant GNN, fully connected inside each set',
+}
+
+
+def list_models() -> Dict[str, str]:
+    r"""Preset names and one-line descriptions."""
+    return dict(DESCRIPTIONS)
+
+
+def count_parameters(model: Module) -> int:
+    r"""Number of trainable parameters."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def build_model(name: str, in_channels: int, out_channels: int, pos_dim: Optional[int] = None,
+                **overrides) -> Module:
+    r"""Builds preset :obj:`name` for elements of width :obj:`in_channels` and
+    :obj:`out_channels` outputs; :obj:`overrides` replace preset options.
+
+    For ``egnn``, :obj:`pos_dim` is the number of leading columns of ``x`` that are coordinates
+    (the rest are invariant features); without it, ``data.pos`` must be present.
+    """
+    if name not in PRESETS:
+        raise ValueError(f"Unknown model '{name}' (available: {', '.join(PRESETS)})")
+    if in_channels <= 0 or out_channels <= 0:
+        raise ValueError(f"'in_channels' and 'out_channels' must be positive (got "
+                         f"{in_channels} and {out_channels})")
+    kwargs = dict(PRESETS[name], **overrides)
+    match = kwargs.pop('match', None)
+    if match is not None and 'dim' not in overrides:
+        # parameter-matched baseline: choose the width whose count is closest to the reference
+        budget = count_parameters(build_model(match, in_channels, out_channels))
+        return match_budget(name, budget, in_channels, out_channels, knob='dim',
+                            candidates=range(32, 129, 8), **dict(overrides, match=None))
+    if name == 'egnn':
+        features = in_channels - (pos_dim or 0)
+        if features < 0:
+            raise ValueError(f"'pos_dim' ({pos_dim}) exceeds the element width ({in_channels})")
+        return EGNN(features, out_channels=out_channels, pos_dim=pos_dim, **kwargs)
+    if name == 'perceiver':
+        return PerceiverSet(in_channels, out_channels, **kwargs)
+    if name == 'deepsets':
+        return DeepSets(in_channels, out_channels, **kwargs)
+    return MZSetTransformer(in_channels, out_channels, **kwargs)
+
+
+def match_budget(name: str, budget: int, in_channels: int, out_channels: int,
+                 knob: Optional[str] = None, candidates=None, **overrides) -> Module:
+    r"""Builds preset :obj:`name` with the size knob (:obj:`knob`, default ``dim`` for attention
+    models, ``hidden_channels`` for Deep Sets and EGNN) chosen from :obj:`candidates` (default: the
+    multiples of the head count from 16 to 256) so that the parameter count is closest to
+    :obj:`budget`."""
+    if knob is None:
+        knob = 'hidden_channels' if name in ('deepsets', 'egnn') else 'dim'
+    if candidates is None:
+        step = PRESETS.get(name, {}).get('heads', 4) if knob == 'dim' else 4
+        candidates = range(max(step, 16 - 16 % step), 257, step)
+    best, best_gap = None, None
+    for value in candidates:
+        model = build_model(name, in_channels, out_channels, **dict(overrides, **{knob: value}))
+        gap = abs(count_parameters(model) - budget)
+        if best_gap is None or gap < best_gap:
+            best, best_gap = model, gap
+    return best
+
+
