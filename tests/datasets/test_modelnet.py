@@ -1,0 +1,303 @@
+import glob
+import os
+import os.path as osp
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from tests.datasets.raw_formats import (
+    CUBE_QUADS,
+    CUBE_VERTICES,
+    MODELNET_MESHES,
+    write_h5,
+    write_off,
+)
+from torch_mz.datasets.common import CorruptRawFileError
+from torch_mz.datasets.modelnet import (
+    HDF5_FOLDER,
+    MODELNET40_CLASSES,
+    ModelNet40,
+    read_off,
+    sample_surface,
+)
+from torch_mz.datasets.transforms import RandomJitter, RandomRotateUp
+
+# the fixtures hold a flat mesh and a NaN point on purpose; tests of the warning use pytest.warns
+pytestmark = pytest.mark.filterwarnings('ignore:ModelNet40 .* skipped:UserWarning')
+
+
+def sorted_triangles(faces) -> np.ndarray:
+    tri = np.sort(np.asarray(faces), axis=1)
+    return tri[np.lexsort(tri.T[::-1])]
+
+
+def test_classes_are_the_40_sorted_names():
+    assert len(MODELNET40_CLASSES) == 40
+    assert list(MODELNET40_CLASSES) == sorted(MODELNET40_CLASSES)
+    assert MODELNET40_CLASSES[0] == 'airplane' and MODELNET40_CLASSES[8] == 'chair'
+    assert MODELNET40_CLASSES[39] == 'xbox'
+
+
+@pytest.mark.parametrize('rel', sorted(MODELNET_MESHES))
+def test_read_off_matches_pyg(modelnet_mesh_root, rel):
+    from torch_geometric.io import read_off as pyg_read_off
+    path = osp.join(modelnet_mesh_root, 'raw', rel)
+    vertices, faces = read_off(path)
+    pyg = pyg_read_off(path)
+    assert np.allclose(vertices, pyg.pos.numpy(), atol=1e-6)
+    assert np.array_equal(sorted_triangles(faces), sorted_triangles(pyg.face.t().numpy()))
+
+
+def test_read_off_merged_header_quads_and_comments(tmp_path):
+    merged = write_off(str(tmp_path / 'a.off'), CUBE_VERTICES, CUBE_QUADS, merged_header=True)
+    with open(merged) as f:
+        assert f.readline().strip() == 'OFF8 6 0'
+    vertices, faces = read_off(merged)
+    assert vertices.shape == (8, 3) and faces.shape == (12, 3)  # 6 quads -> 12 triangles
+    commented = write_off(str(tmp_path / 'b.off'), CUBE_VERTICES, CUBE_QUADS, comment=True)
+    v2, f2 = read_off(commented)
+    assert np.array_equal(v2, vertices) and np.array_equal(f2, faces)
+    # a pentagon is split as a fan
+    penta = write_off(str(tmp_path / 'c.off'), [(0, 0, 0), (1, 0, 0), (1, 1, 0), (0.5, 2, 0),
+                                                (0, 1, 0)], [(0, 1, 2, 3, 4)])
+    assert read_off(penta)[1].tolist() == [[0, 1, 2], [0, 2, 3], [0, 3, 4]]
+
+
+@pytest.mark.parametrize('text, reason', [
+    ('OFF\n8 6 0\n0 0 0\n1 0 0\n1 1 0\n', 'truncated'),
+    ('OFF3 1 0\n0 0 0\n1 0 0\n0 1 0\n3 0 1 7\n', 'outside'),
+    ('OFF3 1 0\n0 0 0\n1 0 zero\n0 1 0\n3 0 1 2\n', 'malformed vertex'),
+    ('OFF3 1 0\n0 0 0\n1 0 0\n0 1 0\n4 0 1 2\n', 'malformed face'),
+    ('PLY\n3 1 0\n', "'OFF' header"),
+    ('', "'OFF' header"),
+])
+def test_read_off_corrupt_file_names_the_file(tmp_path, text, reason):
+    path = tmp_path / 'broken_0001.off'
+    path.write_text(text)
+    with pytest.raises(CorruptRawFileError, match=reason) as info:
+        read_off(str(path))
+    assert str(path) in str(info.value) and info.value.path == str(path)
+
+
+def test_sample_surface_points_lie_on_the_surface_and_follow_area():
+    vertices, faces = np.array(CUBE_VERTICES, dtype=float), np.array(
+        [t for a, b, c, d in CUBE_QUADS for t in ((a, b, c), (a, c, d))])
+    points = sample_surface(vertices, faces, 500, np.random.SeedSequence(0))
+    assert points.shape == (500, 3)
+    distance_to_faces = np.minimum(np.abs(points), np.abs(points - 1)).min(axis=1)
+    assert distance_to_faces.max() < 1e-9 and points.min() >= -1e-9 and points.max() <= 1 + 1e-9
+    # two disjoint triangles of areas 1 and 3: about a quarter of the points on the first
+    vertices = np.array([(0, 0, 0), (2, 0, 0), (0, 1, 0), (0, 0, 5), (6, 0, 5), (0, 1, 5)],
+                        dtype=float)
+    points = sample_surface(vertices, np.array([(0, 1, 2), (3, 4, 5)]), 4000,
+                            np.random.SeedSequence(1))
+    share = (points[:, 2] < 1).mean()
+    assert share == pytest.approx(0.25, abs=0.03)
+    same = sample_surface(vertices, np.array([(0, 1, 2), (3, 4, 5)]), 4000,
+                          np.random.SeedSequence(1))
+    assert np.array_equal(points, same)
+    assert sample_surface(vertices[:3] * [1, 0, 0], np.array([(0, 1, 2)]), 10) is None  # no area
+    assert sample_surface(vertices, np.zeros((0, 3), dtype=np.int64), 10) is None
+
+
+def test_mesh_dataset_shapes_labels_normalisation_and_skips(modelnet_mesh_root):
+    with pytest.warns(UserWarning, match='mesh_without_area: 1'):
+        train = ModelNet40(modelnet_mesh_root, train=True, num_points=64, log=False)
+    test = ModelNet40(modelnet_mesh_root, train=False, num_points=64, log=False)
+    assert len(train) == 3 and len(test) == 2
+    label = MODELNET40_CLASSES.index
+    assert [int(d.y) for d in train] == [label('airplane'), label('airplane'), label('chair')]
+    assert [int(d.y) for d in test] == [label('chair'), label('xbox')]
+    for data in list(train) + list(test):
+        assert data.pos.shape == (64, 3) and data.pos.dtype == torch.float32
+        assert torch.equal(data.x, data.pos)
+        assert data.y.shape == (1, )
+        assert data.pos.norm(dim=1).max().item() == pytest.approx(1.0, abs=1e-5)
+        assert torch.allclose(data.pos.mean(dim=0), torch.zeros(3), atol=1e-5)
+    assert train.stats['train']['skipped']['counts'] == {'mesh_without_area': 1}
+    assert train.stats['train']['skipped']['examples'] == {
+        'mesh_without_area': ['bed/train/bed_0001.off']
+    }
+    assert train.stats['test'] == {'num_shapes': 2, 'skipped': {'counts': {}, 'examples': {}}}
+    assert train.num_classes == 40  # the fixed class list, not the largest label present + 1
+    assert 'split=train' in repr(train) and 'num_points=64' in repr(train)
+
+
+def test_mesh_points_lie_on_the_normalised_mesh(modelnet_mesh_root):
+    data = ModelNet40(modelnet_mesh_root, train=True, num_points=64, log=False)[0]  # the unit cube
+    pos = data.pos.double().numpy()
+    # undo the normalisation: the cube's sampled points fill a box whose faces are 1 apart
+    extent = pos.max(axis=0) - pos.min(axis=0)
+    assert np.allclose(extent, extent[0], rtol=0.05)
+    cube = (pos - pos.min(axis=0)) / extent
+    assert np.minimum(np.abs(cube), np.abs(cube - 1)).min(axis=1).max() < 1e-5
+
+
+def test_mesh_sampling_is_seeded_and_cached(modelnet_mesh_root, monkeypatch):
+    first = ModelNet40(modelnet_mesh_root, num_points=64, log=False)
+    again = ModelNet40(modelnet_mesh_root, num_points=64, log=False, force_reload=True)
+    assert all(torch.equal(a.pos, b.pos) for a, b in zip(first, again))
+    other_seed = ModelNet40(modelnet_mesh_root, num_points=64, seed=1, log=False)
+    assert not torch.equal(first[0].pos, other_seed[0].pos)
+
+    def fail(self):
+        raise AssertionError('process() must not run when the processed cache exists')
+
+    monkeypatch.setattr(ModelNet40, 'process', fail)
+    cached = ModelNet40(modelnet_mesh_root, num_points=64, log=False)
+    assert all(torch.equal(a.pos, b.pos) for a, b in zip(first, cached))
+    with pytest.raises(AssertionError, match='must not run'):
+        ModelNet40(modelnet_mesh_root, num_points=32, log=False)  # another cache
+
+
+def test_mesh_labels_agree_with_pyg_modelnet(modelnet_mesh_root, tmp_path):
+    from torch_geometric.datasets import ModelNet
+    pyg_root = str(tmp_path / 'pyg')
+    shutil.copytree(osp.join(modelnet_mesh_root, 'raw'), osp.join(pyg_root, 'raw'))
+    for train in (True, False):
+        pyg = ModelNet(pyg_root, name='40', train=train)
+        ours = ModelNet40(modelnet_mesh_root, train=train, num_points=16, log=False)
+        skipped = [MODELNET40_CLASSES.index('bed')] if train else []  # PyG keeps the flat mesh
+        assert sorted(int(d.y) for d in pyg) == sorted([int(d.y) for d in ours] + skipped)
+        # the vertices PyG stores are the ones our reader passes to the sampler
+        for data in pyg:
+            ours_vertices = [
+                read_off(p)[0] for p in glob.glob(
+                    osp.join(modelnet_mesh_root, 'raw', MODELNET40_CLASSES[int(data.y)], ours.split,
+                             '*.off'))
+            ]
+            assert any(
+                v.shape == tuple(data.pos.shape) and np.allclose(v, data.pos.numpy(), atol=1e-6)
+                for v in ours_vertices)
+
+
+def test_training_transform_keeps_x_and_pos_together(modelnet_mesh_root):
+    torch.manual_seed(0)
+    transform = RandomRotateUp()
+    ds = ModelNet40(modelnet_mesh_root, num_points=64, log=False,
+                    transform=lambda d: RandomJitter()(transform(d)))
+    raw = ModelNet40(modelnet_mesh_root, num_points=64, log=False)
+    data, base = ds[0], raw[0]
+    assert torch.equal(data.x, data.pos)
+    assert not torch.allclose(data.pos, base.pos)
+    assert torch.allclose(data.pos[:, 1], base.pos[:, 1], atol=0.05 + 1e-6)  # y only jittered
+
+
+def test_corrupt_mesh_stops_processing_with_its_name(modelnet_mesh_root):
+    path = osp.join(modelnet_mesh_root, 'raw', 'chair', 'test', 'chair_0002.off')
+    with open(path) as f:
+        text = f.read()
+    with open(path, 'w') as f:
+        f.write(text[:len(text) // 2])
+    with pytest.raises(CorruptRawFileError, match='chair_0002.off'):
+        ModelNet40(modelnet_mesh_root, num_points=16, log=False)
+
+
+def test_missing_mesh_class_folder_triggers_download(modelnet_mesh_root, monkeypatch):
+    shutil.rmtree(osp.join(modelnet_mesh_root, 'raw', 'vase'))
+    calls = []
+    monkeypatch.setattr(ModelNet40, 'download', lambda self: calls.append(self.raw_dir))
+    ModelNet40(modelnet_mesh_root, num_points=16, log=False)
+    assert calls == [osp.join(modelnet_mesh_root, 'raw')]
+
+
+def test_hdf5_source(modelnet_h5_root):
+    root, files = modelnet_h5_root['root'], modelnet_h5_root['files']
+    with pytest.warns(UserWarning, match='non_finite_points: 1'):
+        train = ModelNet40(root, source='hdf5', num_points=100, log=False)
+    test = ModelNet40(root, train=False, source='hdf5', num_points=100, log=False)
+    assert len(train) == 5 and len(test) == 3  # 4 + 2 shapes, one with a NaN point left out
+    assert [int(d.y) for d in train] == [0, 8, 39, 8, 5]
+    assert [int(d.y) for d in test] == [1, 2, 3]
+    assert train.stats['train']['skipped']['examples'] == {
+        'non_finite_points': ['ply_data_train1.h5[1]']
+    }
+    # the first num_points points of each shape, centered and scaled to the unit sphere
+    expected = files['ply_data_train0.h5'][0][2, :100].astype(np.float64)
+    expected = expected - expected.mean(axis=0)
+    expected /= np.linalg.norm(expected, axis=1).max()
+    assert np.allclose(train[2].pos.numpy(), expected, atol=1e-6)
+    assert torch.equal(train[2].x, train[2].pos)
+    unnormalised = ModelNet40(root, source='hdf5', num_points=None, normalize=False, log=False)
+    assert unnormalised[0].pos.shape == (128, 3)
+    assert np.array_equal(unnormalised[0].pos.numpy(), files['ply_data_train0.h5'][0][0])
+
+
+def test_hdf5_source_errors(modelnet_h5_root, tmp_path):
+    root, folder = modelnet_h5_root['root'], modelnet_h5_root['folder']
+    with pytest.raises(ValueError, match='fewer than num_points'):
+        ModelNet40(root, source='hdf5', num_points=1024, log=False)
+    with open(osp.join(folder, 'ply_data_test0.h5'), 'r+b') as f:
+        f.truncate(200)
+    with pytest.raises(CorruptRawFileError, match='ply_data_test0.h5'):
+        ModelNet40(root, source='hdf5', num_points=16, log=False)
+    write_h5(osp.join(folder, 'ply_data_test0.h5'), data=np.zeros((2, 32, 3), dtype=np.float32))
+    with pytest.raises(CorruptRawFileError, match="ply_data_test0.h5.*'label'"):
+        ModelNet40(root, source='hdf5', num_points=16, log=False)
+    with pytest.raises(FileNotFoundError, match=HDF5_FOLDER):
+        ModelNet40(str(tmp_path / 'empty'), source='hdf5', log=False)
+
+
+def test_invalid_arguments(tmp_path):
+    with pytest.raises(ValueError, match='source'):
+        ModelNet40(str(tmp_path), source='ply')
+    with pytest.raises(ValueError, match='num_points'):
+        ModelNet40(str(tmp_path), source='mesh', num_points=None)
+    assert not os.listdir(tmp_path)  # validated before touching the disk
+
+
+def test_default_root_is_the_repository_datasets_folder(monkeypatch):
+    monkeypatch.delenv('TORCH_MZ_DATA', raising=False)
+    captured = {}
+
+    def init(self, root, *args, **kwargs):
+        captured['root'] = root
+        raise RuntimeError('stop')
+
+    monkeypatch.setattr('torch_geometric.data.InMemoryDataset.__init__', init)
+    with pytest.raises(RuntimeError, match='stop'):
+        ModelNet40()
+    repo = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+    assert captured['root'] == osp.join(repo, 'datasets', 'ModelNet40')
+
+
+def test_download_extracts_the_archive_into_raw(modelnet_mesh_root, tmp_path, monkeypatch):
+    import zipfile
+
+    from torch_mz.datasets import modelnet
+    archive = str(tmp_path / 'ModelNet40.zip')  # the layout of the real archive
+    with zipfile.ZipFile(archive, 'w') as z:
+        raw = osp.join(modelnet_mesh_root, 'raw')
+        for folder, dirs, names in os.walk(raw):
+            rel = osp.relpath(folder, raw)
+            z.write(folder, osp.join('ModelNet40', rel))
+            for name in names:
+                z.write(osp.join(folder, name), osp.join('ModelNet40', rel, name))
+        z.writestr('__MACOSX/ModelNet40/._airplane', b'')
+    urls = []
+
+    def fake_download_url(url, folder, log=True):
+        urls.append(url)
+        return shutil.copy(archive, osp.join(folder, 'ModelNet40.zip'))
+
+    monkeypatch.setattr(modelnet, 'download_url', fake_download_url)
+    root = str(tmp_path / 'fresh')
+    ds = ModelNet40(root, num_points=16, log=False)
+    assert urls == ['http://modelnet.cs.princeton.edu/ModelNet40.zip']
+    assert len(ds) == 3 and sorted(os.listdir(root)) == ['processed', 'raw']
+    assert osp.isfile(osp.join(root, 'raw', 'chair', 'test', 'chair_0002.off'))
+
+
+def test_missing_trimesh_names_the_pip_extra(modelnet_mesh_root, monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, 'trimesh', None)  # makes 'import trimesh' raise ImportError
+    with pytest.raises(ImportError, match=r"torch_mz\[datasets\]"):
+        ModelNet40(modelnet_mesh_root, num_points=16, log=False)
+
+
+def test_docstring_documents_every_argument():
+    import inspect
+    params = [p for p in inspect.signature(ModelNet40.__init__).parameters if p != 'self']
+    assert [p for p in params if f'{p} (' not in ModelNet40.__doc__] == []

@@ -1,0 +1,361 @@
+import csv
+import os
+import os.path as osp
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from tests.datasets.raw_formats import (
+    QM9_SMILES,
+    QM9_UNCHARACTERIZED,
+    qm9_molecules,
+    qm9_raw_targets,
+)
+from torch_mz.datasets import qm9 as qm9_module
+from torch_mz.datasets.common import CorruptRawFileError, split_indices
+from torch_mz.datasets.qm9 import (
+    HARTREE_TO_EV,
+    QM9,
+    QM9_ELEMENTS,
+    QM9_PAPER_SPLIT,
+    QM9_STANDARD_SPLIT,
+    QM9_TARGETS,
+    QM9_UNITS,
+    gasteiger_charges,
+    mol_from_xyz,
+    read_uncharacterized,
+)
+
+KEPT = [k for k in range(1, len(QM9_SMILES) + 1) if k not in QM9_UNCHARACTERIZED]  # 1-based
+
+
+def expected_y(gdb_idx: int) -> torch.Tensor:
+    raw = qm9_raw_targets(gdb_idx - 1)
+    factor = {t: HARTREE_TO_EV if QM9_UNITS[t] == 'eV' else 1.0 for t in QM9_TARGETS}
+    return torch.tensor([[raw[t] * factor[t] for t in QM9_TARGETS]])
+
+
+def test_targets_units_constants():
+    assert QM9_TARGETS == ('mu', 'alpha', 'homo', 'lumo', 'gap', 'r2', 'zpve', 'u0', 'u298', 'h298',
+                           'g298', 'cv')
+    assert set(QM9_UNITS) == set(QM9_TARGETS)
+    assert QM9_UNITS['mu'] == 'D' and QM9_UNITS['alpha'] == 'a0^3' and QM9_UNITS['r2'] == 'a0^2'
+    assert QM9_UNITS['cv'] == 'cal/(mol K)'
+    assert [t for t in QM9_TARGETS if QM9_UNITS[t] == 'eV'
+            ] == ['homo', 'lumo', 'gap', 'zpve', 'u0', 'u298', 'h298', 'g298']
+
+
+def test_sdf_source_set_representation(qm9_root):
+    ds = QM9(qm9_root, log=False)
+    assert len(ds) == len(KEPT)
+    assert [int(d.gdb_idx) for d in ds] == KEPT
+    mols = qm9_molecules()
+    for data in ds:
+        mol = mols[int(data.gdb_idx) - 1]
+        n = mol.GetNumAtoms()
+        assert data.x.shape == (n, 9) and data.pos.shape == (n, 3) and data.z.shape == (n, )
+        symbols = [a.GetSymbol() for a in mol.GetAtoms()]
+        onehot = torch.zeros(n, 5)
+        onehot[torch.arange(n), [QM9_ELEMENTS.index(s) for s in symbols]] = 1
+        assert torch.equal(data.x[:, :5], onehot)
+        assert data.z.tolist() == [a.GetAtomicNum() for a in mol.GetAtoms()]
+        assert torch.allclose(data.pos,
+                              torch.tensor(mol.GetConformer().GetPositions(), dtype=torch.float),
+                              atol=1e-4)  # the SDF stores 4 decimals
+        assert torch.equal(data.x[:, 5:8], data.pos)
+        charges = data.x[:, 8]
+        assert torch.isfinite(charges).all() and charges.abs().max() > 0.01
+        assert charges.sum().abs().item() < 1e-4  # Gasteiger charges of a neutral molecule sum to 0
+        assert data.y.shape == (1, 12)
+        assert torch.allclose(data.y, expected_y(int(data.gdb_idx)), rtol=1e-6)
+    assert ds.stats['num_uncharacterized_removed'] == len(QM9_UNCHARACTERIZED)
+    assert ds.stats['units'] == QM9_UNITS
+
+
+def test_energies_are_converted_from_hartree_to_ev(qm9_root):
+    ds = QM9(qm9_root, log=False)
+    raw = qm9_raw_targets(0)  # gdb_1, methane-like targets
+    y = ds[0].y[0]
+    assert y[QM9_TARGETS.index('u0')].item() == pytest.approx(raw['u0'] * 27.211386246, rel=1e-6)
+    assert y[QM9_TARGETS.index('homo')].item() == pytest.approx(-10.5499, abs=1e-3)
+    assert y[QM9_TARGETS.index('mu')].item() == pytest.approx(raw['mu'])
+    assert y[QM9_TARGETS.index('r2')].item() == pytest.approx(raw['r2'], rel=1e-6)
+    assert y[QM9_TARGETS.index('cv')].item() == pytest.approx(raw['cv'], rel=1e-6)
+
+
+def test_charges_match_a_sanitised_rdkit_molecule(qm9_root):
+    from rdkit import Chem
+    from rdkit.Chem import rdPartialCharges
+    ds = QM9(qm9_root, log=False)
+    acetic = ds[len(ds) - 1]
+    mol = Chem.Mol(qm9_molecules()[4])
+    rdPartialCharges.ComputeGasteigerCharges(mol)
+    expected = torch.tensor([a.GetDoubleProp('_GasteigerCharge') for a in mol.GetAtoms()])
+    assert torch.allclose(acetic.x[:, 8], expected.float(), atol=1e-5)
+
+
+def test_gasteiger_needs_sanitisation_and_falls_back():
+    from rdkit import Chem
+    from rdkit.Chem import rdPartialCharges
+    raw = Chem.MolFromMolBlock(Chem.MolToMolBlock(qm9_molecules()[1]), removeHs=False,
+                               sanitize=False)
+    naive = Chem.Mol(raw)
+    rdPartialCharges.ComputeGasteigerCharges(naive)
+    assert np.isnan([a.GetDoubleProp('_GasteigerCharge') for a in naive.GetAtoms()]).all()
+    charges, status = gasteiger_charges(raw)
+    assert status == 'ok' and np.isfinite(charges).all() and charges[0] < 0  # N is negative
+    hypervalent = Chem.MolFromSmiles('CN(C)(C)C', sanitize=False)  # fails full sanitisation
+    charges, status = gasteiger_charges(hypervalent)
+    assert status == 'partial_sanitization' and np.isfinite(charges).all()
+
+
+def test_uncharacterized_parsing(qm9_root):
+    assert read_uncharacterized(osp.join(qm9_root, 'raw',
+                                         'uncharacterized.txt')) == QM9_UNCHARACTERIZED
+
+
+def test_target_selection(qm9_root):
+    full = QM9(qm9_root, log=False)
+    two = QM9(qm9_root, target=['gap', 'mu'], log=False)
+    one = QM9(qm9_root, target=QM9_TARGETS.index('alpha'), log=False)
+    assert two.target_names == ['gap', 'mu'] and one.target_names == ['alpha']
+    for a, b, c in zip(full, two, one):
+        assert b.y.shape == (1, 2) and c.y.shape == (1, 1)
+        assert torch.equal(b.y, a.y[:, [4, 0]]) and torch.equal(c.y, a.y[:, [1]])
+    batch = next(
+        iter(
+            __import__('torch_geometric.loader',
+                       fromlist=['DataLoader']).DataLoader(two, batch_size=len(two))))
+    assert batch.y.shape == (len(two), 2) and batch.gdb_idx.tolist() == KEPT
+    with pytest.raises(ValueError, match='unknown QM9 target'):
+        QM9(qm9_root, target='energy')
+    with pytest.raises(ValueError, match='index'):
+        QM9(qm9_root, target=12)
+
+
+def test_target_stats_over_a_split(qm9_root):
+    ds = QM9(qm9_root, target=['mu', 'u0'], log=False)
+    index = torch.tensor([0, 2, 3])
+    mean, std = ds.target_stats(index)
+    ys = torch.cat([ds[int(i)].y for i in index])
+    assert mean.shape == (2, ) and torch.allclose(mean, ys.mean(0)) and torch.allclose(
+        std, ys.std(0))
+    sub = ds[torch.tensor([1, 2, 3])]  # a subset view: positions refer to the view
+    mean_sub, _ = sub.target_stats([0, 1])
+    assert torch.allclose(mean_sub, torch.cat([ds[1].y, ds[2].y]).mean(0))
+    with pytest.raises(ValueError, match='at least two'):
+        ds.target_stats([0])
+
+
+def test_split_protocols():
+    train, val, test = split_indices(130_831, **QM9_STANDARD_SPLIT)
+    assert (len(train), len(val), len(test)) == (110_000, 10_000, 10_831)
+    train, val, test = split_indices(130_831, **QM9_PAPER_SPLIT)
+    assert (len(train), len(val), len(test)) == (40_000, 5_000, 5_000)
+
+
+def test_processed_cache_is_reused_for_any_target_selection(qm9_root, monkeypatch):
+    first = QM9(qm9_root, log=False)
+
+    def fail(self):
+        raise AssertionError('process() must not run when the processed cache exists')
+
+    monkeypatch.setattr(QM9, 'process', fail)
+    cached = QM9(qm9_root, target='gap', log=False)
+    assert torch.equal(cached[0].y, first[0].y[:, [4]])
+    assert torch.equal(cached[1].x, first[1].x)
+    with pytest.raises(AssertionError, match='must not run'):
+        QM9(qm9_root, charge_failure='drop', log=False)  # another cache
+
+
+def test_agrees_with_pyg_qm9(qm9_root, tmp_path):
+    from torch_geometric.datasets import QM9 as PyGQM9  # reads the raw files, rdkit being installed
+    pyg_root = str(tmp_path / 'pyg')
+    shutil.copytree(osp.join(qm9_root, 'raw'), osp.join(pyg_root, 'raw'))
+    pyg = PyGQM9(pyg_root)
+    ours = QM9(qm9_root, log=False)
+    assert len(pyg) == len(ours)
+    for a, b in zip(pyg, ours):
+        assert int(a.idx) + 1 == int(b.gdb_idx)
+        assert torch.equal(a.z, b.z)
+        assert torch.allclose(a.pos, b.pos)
+        assert torch.allclose(a.y[:, :12], b.y, rtol=1e-6)
+        assert torch.equal(a.x[:, :5], b.x[:, :5])  # PyG's first five features are the same one-hot
+
+
+def test_qm9pack_source_matches_sdf_source(qm9_root, qm9pack_csv):
+    sdf = QM9(qm9_root, log=False)
+    pack = QM9(qm9_root, source='qm9pack', csv_path=qm9pack_csv, log=False)
+    assert len(pack) == len(sdf)
+    for a, b in zip(sdf, pack):
+        assert int(a.gdb_idx) == int(b.gdb_idx)
+        assert torch.equal(a.z, b.z)
+        assert torch.allclose(a.pos, b.pos, atol=1e-4)
+        assert torch.allclose(a.y, b.y, rtol=1e-6)
+        # charges from bonds perceived on the coordinates equal those from the SDF's bonds
+        assert torch.allclose(a.x[:, 8], b.x[:, 8], atol=1e-3)
+    assert pack.stats['skipped']['counts'] == {}
+
+
+def test_bond_perception_from_coordinates(capfd):
+    from rdkit import Chem
+    mol = qm9_molecules()[3]  # C#N
+    perceived, status = mol_from_xyz([a.GetSymbol() for a in mol.GetAtoms()],
+                                     mol.GetConformer().GetPositions())
+    assert status == 'ok'
+    assert perceived.GetBondBetweenAtoms(0, 1).GetBondType() == Chem.BondType.TRIPLE
+    methyl = np.array([[0, 0, 0], [1.09, 0, 0], [-0.5, 0.94, 0], [-0.5, -0.94, 0]])
+    assert mol_from_xyz(['C', 'H', 'H', 'H'],
+                        methyl) == (None, 'failed')  # a radical is not neutral
+    # two carbons far too close: the default connectivity fails, the extended-Hueckel one warns on
+    # the C level, which must not reach the terminal
+    capfd.readouterr()
+    _, status = mol_from_xyz(['C', 'C'], np.array([[0, 0, 0], [0.2, 0, 0]]))
+    assert status == 'hueckel_connectivity'
+    assert capfd.readouterr() == ('', '')
+
+
+def test_qm9pack_csv_list_of_parts(qm9pack_csv, tmp_path):
+    with open(qm9pack_csv) as f:
+        lines = f.read().splitlines()
+    part1 = tmp_path / 'p1.csv'
+    part2 = tmp_path / 'p2.csv'
+    part1.write_text('\n'.join(lines[:3]) + '\n')
+    part2.write_text('\n'.join([lines[0]] + lines[3:]) + '\n')
+    ds = QM9(str(tmp_path / 'root'), source='qm9pack', csv_path=[str(part1), str(part2)], log=False)
+    assert [int(d.gdb_idx) for d in ds] == KEPT
+
+
+def test_qm9pack_package_is_located_without_importing_it(monkeypatch, tmp_path):
+    paths = qm9_module.qm9pack_csv_paths() if qm9_module.importlib.util.find_spec(
+        'qm9pack') else None
+    if paths is not None:
+        assert [osp.basename(p)
+                for p in paths] == ['qm9_part1.csv', 'qm9_part2.csv', 'qm9_part3.csv']
+        assert all(osp.isfile(p) for p in paths)
+    monkeypatch.setattr(qm9_module.importlib.util, 'find_spec', lambda name, *a: None)
+    with pytest.raises(ImportError, match='pip install qm9pack'):
+        QM9(str(tmp_path), source='qm9pack', log=False)
+
+
+def test_charge_failure_policies(qm9_root, monkeypatch):
+    real = qm9_module.gasteiger_charges
+
+    def failing_for_ammonia(mol):
+        if mol.GetNumAtoms() == 4 and mol.GetAtomWithIdx(0).GetSymbol() == 'N':
+            return None, 'failed'
+        return real(mol)
+
+    monkeypatch.setattr(qm9_module, 'gasteiger_charges', failing_for_ammonia)
+    with pytest.warns(UserWarning, match='charges_failed_set_to_zero: 1'):
+        zero = QM9(qm9_root, log=False)
+    assert len(zero) == len(KEPT)
+    assert torch.equal(zero[1].x[:, 8], torch.zeros(4)) and int(zero[1].gdb_idx) == 2
+    assert zero.stats['skipped']['examples'] == {'charges_failed_set_to_zero': ['2']}
+    with pytest.warns(UserWarning, match='charges_failed_dropped: 1'):
+        drop = QM9(qm9_root, charge_failure='drop', log=False)
+    assert [int(d.gdb_idx) for d in drop] == [k for k in KEPT if k != 2]
+    with pytest.raises(ValueError, match='charge_failure'):
+        QM9(qm9_root, charge_failure='nan')
+
+
+def corrupt(path: str, fn) -> None:
+    with open(path) as f:
+        text = f.read()
+    with open(path, 'w') as f:
+        f.write(fn(text))
+
+
+@pytest.mark.parametrize('name, edit, match', [
+    ('gdb9.sdf', lambda t: t[:len(t) // 2], r'gdb9.sdf.*holds \d molecules'),
+    ('gdb9.sdf', lambda t: t[:len(t) - 30], 'gdb9.sdf.*record 5'),
+    ('gdb9.sdf', lambda t: t.replace('gdb_4', 'gdb_7'), "gdb9.sdf.*'gdb_7'"),
+    ('gdb9.sdf.csv', lambda t: t.replace('13.21', '13.2x', 1), 'gdb9.sdf.csv.*line 2'),
+    ('gdb9.sdf.csv', lambda t: t.replace(',alpha,', ',beta,'), r"gdb9.sdf.csv.*\['alpha'\]"),
+    ('gdb9.sdf.csv', lambda t: t.rsplit(',', 8)[0] + '\n', 'gdb9.sdf.csv.*line 6 is truncated'),
+    ('uncharacterized.txt', lambda t: 'nothing here\n', 'uncharacterized.txt.*no molecule index'),
+])
+def test_corrupt_sdf_source_files_are_named(qm9_root, name, edit, match):
+    corrupt(osp.join(qm9_root, 'raw', name), edit)
+    with pytest.raises(CorruptRawFileError, match=match):
+        QM9(qm9_root, log=False)
+
+
+@pytest.mark.parametrize('edit, match', [
+    (lambda t: t.replace('Dipole_debye', 'Dipole'), r"\['Dipole_debye'\]"),
+    (lambda t: t.replace('"InChI=1S/x",5,', '"InChI=1S/x",6,', 1), 'line 2 .*N_atoms=6'),
+    (lambda t: t.rsplit(',', 5)[0] + '\n', 'line 5 is truncated'),
+])
+def test_corrupt_qm9pack_csv_is_named(qm9pack_csv, tmp_path, edit, match):
+    corrupt(qm9pack_csv, edit)
+    with pytest.raises(CorruptRawFileError, match=match) as info:
+        QM9(str(tmp_path / 'root'), source='qm9pack', csv_path=qm9pack_csv, log=False)
+    assert info.value.path == qm9pack_csv
+
+
+def test_invalid_arguments(tmp_path, qm9pack_csv):
+    with pytest.raises(ValueError, match='source'):
+        QM9(str(tmp_path), source='xyz')
+    with pytest.raises(ValueError, match='csv_path'):
+        QM9(str(tmp_path), source='sdf', csv_path=qm9pack_csv)
+
+
+@pytest.mark.slow
+def test_full_offline_qm9_from_the_installed_package(tmp_path):
+    if qm9_module.importlib.util.find_spec('qm9pack') is None:  # optional, not a test dependency
+        pytest.skip('qm9pack is not installed')
+    ds = QM9(str(tmp_path), source='qm9pack', log=False)
+    assert len(ds) == 130_831
+    assert torch.isfinite(ds._data.x).all()
+    counts = ds.stats['skipped']['counts']
+    assert counts.get('charges_failed_set_to_zero', 0) < 10
+    with open(qm9_module.qm9pack_csv_paths()[0], newline='') as f:
+        row = next(csv.DictReader(f))
+    assert int(row['Index']) == int(ds[0].gdb_idx) == 1
+    assert ds[0].y[0, QM9_TARGETS.index('u0')].item() == pytest.approx(
+        float(row['InternalEnergy_0K_au']) * HARTREE_TO_EV, rel=1e-6)
+
+
+def test_missing_rdkit_names_the_pip_extra(qm9_root, monkeypatch):
+    import sys
+    for name in [m for m in sys.modules if m == 'rdkit' or m.startswith('rdkit.')]:
+        monkeypatch.setitem(sys.modules, name, None)  # makes 'import rdkit...' raise ImportError
+    monkeypatch.setitem(sys.modules, 'rdkit', None)
+    with pytest.raises(ImportError, match=r"torch_mz\[datasets\]"):
+        QM9(qm9_root, log=False)
+
+
+def test_download_fetches_archive_and_uncharacterized_list(tmp_path, monkeypatch):
+    import zipfile
+
+    from tests.datasets.raw_formats import write_gdb9
+    source = write_gdb9(str(tmp_path / 'source'))['raw_dir']
+    urls = []
+
+    def fake_download_url(url, folder, log=True):
+        urls.append(url)
+        if url.endswith('qm9.zip'):
+            path = osp.join(folder, 'qm9.zip')
+            with zipfile.ZipFile(path, 'w') as z:
+                for name in ('gdb9.sdf', 'gdb9.sdf.csv'):
+                    z.write(osp.join(source, name), name)
+            return path
+        return shutil.copy(osp.join(source, 'uncharacterized.txt'),
+                           osp.join(folder,
+                                    url.rsplit('/', 1)[1]))
+
+    monkeypatch.setattr(qm9_module, 'download_url', fake_download_url)
+    root = str(tmp_path / 'QM9')
+    ds = QM9(root, log=False)
+    assert urls == [QM9.raw_url, QM9.uncharacterized_url]
+    assert sorted(os.listdir(osp.join(
+        root, 'raw'))) == ['gdb9.sdf', 'gdb9.sdf.csv', 'uncharacterized.txt']
+    assert [int(d.gdb_idx) for d in ds] == KEPT
+
+
+def test_docstring_documents_every_argument():
+    import inspect
+    params = [p for p in inspect.signature(QM9.__init__).parameters if p != 'self']
+    assert [p for p in params if f'{p} (' not in QM9.__doc__] == []

@@ -1,0 +1,155 @@
+import os
+import os.path as osp
+
+import numpy as np
+import pytest
+import torch
+
+from tests.datasets.raw_formats import write_h5
+from torch_mz.datasets.common import CorruptRawFileError
+from torch_mz.datasets.scanobjectnn import (
+    SCANOBJECTNN_CLASSES,
+    SCANOBJECTNN_VARIANTS,
+    ScanObjectNN,
+    scanobjectnn_file,
+)
+
+
+def test_classes_in_the_official_order():
+    assert len(SCANOBJECTNN_CLASSES) == 15 and len(set(SCANOBJECTNN_CLASSES)) == 15
+    assert SCANOBJECTNN_CLASSES[:10] == ('bag', 'bin', 'box', 'cabinet', 'chair', 'desk', 'display',
+                                         'door', 'shelf', 'table')
+    assert SCANOBJECTNN_CLASSES[10:] == ('bed', 'pillow', 'sink', 'sofa', 'toilet')
+
+
+@pytest.mark.parametrize('variant, train, expected', [
+    ('OBJ_ONLY', True, 'h5_files/main_split_nobg/training_objectdataset.h5'),
+    ('OBJ_BG', False, 'h5_files/main_split/test_objectdataset.h5'),
+    ('PB_T25', True, 'h5_files/main_split/training_objectdataset_augmented25_norot.h5'),
+    ('PB_T25_R', True, 'h5_files/main_split/training_objectdataset_augmented25rot.h5'),
+    ('PB_T50_R', False, 'h5_files/main_split/test_objectdataset_augmentedrot.h5'),
+    ('PB_T50_RS', True, 'h5_files/main_split/training_objectdataset_augmentedrot_scale75.h5'),
+])
+def test_variant_files(variant, train, expected):
+    assert scanobjectnn_file(variant, train) == expected.replace('/', os.sep)
+    assert variant in SCANOBJECTNN_VARIANTS
+
+
+def point_rows(points: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    r"""Index of each row of :obj:`pos` in :obj:`points` (-1 where absent)."""
+    match = (pos[:, None, :] == points[None, :, :]).all(-1)
+    return np.where(match.any(axis=1), match.argmax(axis=1), -1)
+
+
+def test_obj_bg_shapes_labels_subsets_and_masks(scanobjectnn_root):
+    root, files = scanobjectnn_root['root'], scanobjectnn_root['files']
+    train = ScanObjectNN(root, variant='OBJ_BG', num_points=64, normalize=False, log=False)
+    test = ScanObjectNN(root, variant='OBJ_BG', train=False, num_points=64, normalize=False,
+                        log=False)
+    raw_train = files[osp.join('h5_files', 'main_split', 'training_objectdataset.h5')]
+    raw_test = files[osp.join('h5_files', 'main_split', 'test_objectdataset.h5')]
+    assert len(train) == 5 and len(test) == 3
+    assert [int(d.y) for d in train] == raw_train['label'].tolist()
+    assert [int(d.y) for d in test] == raw_test['label'].tolist()
+    assert train.num_classes == 15
+    for j, data in enumerate(train):
+        assert data.pos.shape == (64, 3) and torch.equal(data.x, data.pos)
+        rows = point_rows(raw_train['data'][j], data.pos.numpy())
+        assert (rows >= 0).all() and len(np.unique(rows)) == 64  # 64 distinct points of this object
+        assert torch.equal(data.mask, torch.from_numpy(raw_train['mask'][j, rows] != -1))
+    assert 0 < float(torch.cat([d.mask for d in train]).float().mean()) < 1
+
+
+def test_normalised_and_seeded(scanobjectnn_root):
+    root = scanobjectnn_root['root']
+    ds = ScanObjectNN(root, num_points=64, log=False)
+    for data in ds:
+        assert data.pos.norm(dim=1).max().item() == pytest.approx(1.0, abs=1e-5)
+        assert torch.allclose(data.pos.mean(dim=0), torch.zeros(3), atol=1e-5)
+    again = ScanObjectNN(root, num_points=64, log=False, force_reload=True)
+    assert all(torch.equal(a.pos, b.pos) for a, b in zip(ds, again))
+    other = ScanObjectNN(root, num_points=64, seed=1, log=False)
+    assert not torch.equal(ds[0].pos, other[0].pos)
+    full = ScanObjectNN(root, num_points=None, normalize=False, log=False)
+    raw = scanobjectnn_root['files'][osp.join('h5_files', 'main_split',
+                                              'training_objectdataset.h5')]
+    assert np.array_equal(full[1].pos.numpy(), raw['data'][1])
+
+
+def test_obj_only_reads_the_nobg_split(scanobjectnn_root):
+    root, files = scanobjectnn_root['root'], scanobjectnn_root['files']
+    ds = ScanObjectNN(root, variant='OBJ_ONLY', num_points=None, normalize=False, log=False)
+    raw = files[osp.join('h5_files', 'main_split_nobg', 'training_objectdataset.h5')]
+    assert len(ds) == len(raw['label']) == 4
+    assert all(np.array_equal(d.pos.numpy(), raw['data'][j]) for j, d in enumerate(ds))
+
+
+def test_processed_cache_is_reused(scanobjectnn_root, monkeypatch):
+    root = scanobjectnn_root['root']
+    first = ScanObjectNN(root, num_points=32, log=False)
+
+    def fail(self):
+        raise AssertionError('process() must not run when the processed cache exists')
+
+    monkeypatch.setattr(ScanObjectNN, 'process', fail)
+    cached = ScanObjectNN(root, num_points=32, log=False)
+    assert all(torch.equal(a.pos, b.pos) for a, b in zip(first, cached))
+    assert cached.stats['train']['num_objects'] == 5
+
+
+def test_download_explains_terms_and_location(tmp_path):
+    with pytest.raises(FileNotFoundError, match='terms of use') as info:
+        ScanObjectNN(str(tmp_path / 'ScanObjectNN'), variant='PB_T50_RS', log=False)
+    message = str(info.value)
+    assert osp.join(str(tmp_path), 'ScanObjectNN', 'raw') in message
+    assert 'training_objectdataset_augmentedrot_scale75.h5' in message
+
+
+def test_corrupt_files_are_named(scanobjectnn_root):
+    root = scanobjectnn_root['root']
+    path = osp.join(root, 'raw', 'h5_files', 'main_split', 'test_objectdataset.h5')
+    write_h5(path, data=np.zeros((2, 256, 3), dtype=np.float32))
+    with pytest.raises(CorruptRawFileError, match="test_objectdataset.h5.*'label'"):
+        ScanObjectNN(root, log=False, num_points=16)
+    write_h5(path, data=np.zeros((2, 256, 3), dtype=np.float32), label=np.array([0, 15]))
+    with pytest.raises(CorruptRawFileError, match=r'labels outside \[0, 15\)'):
+        ScanObjectNN(root, log=False, num_points=16)
+    with open(path, 'wb') as f:
+        f.write(b'\x89HDF\r\n\x1a\n' + b'\0' * 40)  # an HDF5 signature and nothing behind it
+    with pytest.raises(CorruptRawFileError, match='test_objectdataset.h5'):
+        ScanObjectNN(root, log=False, num_points=16)
+
+
+def test_non_finite_objects_are_counted(scanobjectnn_root):
+    root, files = scanobjectnn_root['root'], scanobjectnn_root['files']
+    rel = osp.join('h5_files', 'main_split', 'training_objectdataset.h5')
+    data = files[rel]['data'].copy()
+    data[2, :, 0] = np.inf
+    write_h5(osp.join(root, 'raw', rel), data=data, label=files[rel]['label'],
+             mask=files[rel]['mask'])
+    with pytest.warns(UserWarning, match='non_finite_points: 1'):
+        ds = ScanObjectNN(root, num_points=16, log=False)
+    assert len(ds) == 4
+    assert ds.stats['train']['skipped']['examples'] == {
+        'non_finite_points': ['training_objectdataset.h5[2]']
+    }
+
+
+def test_invalid_arguments(scanobjectnn_root):
+    with pytest.raises(ValueError, match='variant'):
+        ScanObjectNN(scanobjectnn_root['root'], variant='PB_T99')
+    with pytest.raises(ValueError, match='fewer than num_points'):
+        ScanObjectNN(scanobjectnn_root['root'], num_points=1024, log=False)
+
+
+def test_missing_h5py_names_the_pip_extra(scanobjectnn_root, monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, 'h5py', None)  # makes 'import h5py' raise ImportError
+    with pytest.raises(ImportError, match=r"torch_mz\[datasets\]"):
+        ScanObjectNN(scanobjectnn_root['root'], num_points=16, log=False)
+
+
+def test_docstring_documents_every_argument():
+    import inspect
+    params = [p for p in inspect.signature(ScanObjectNN.__init__).parameters if p != 'self']
+    assert [p for p in params if f'{p} (' not in ScanObjectNN.__doc__] == []

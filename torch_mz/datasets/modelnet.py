@@ -1,0 +1,361 @@
+r"""ModelNet40 as a dataset of point sets (MZAttn paper, Appendix A.2, Task C)."""
+import glob
+import os
+import os.path as osp
+import shutil
+import zlib
+from typing import Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+from torch_geometric.data import Data, InMemoryDataset, download_url, extract_zip
+from tqdm import tqdm
+
+from torch_mz._optional import require
+from torch_mz.datasets.common import (
+    CorruptRawFileError,
+    SkipCounter,
+    default_root,
+    load_stats,
+    normalize_unit_sphere,
+    read_h5,
+    save_stats,
+)
+
+MODELNET40_CLASSES: Tuple[str, ...] = ('airplane', 'bathtub', 'bed', 'bench', 'bookshelf', 'bottle',
+                                       'bowl', 'car', 'chair', 'cone', 'cup', 'curtain', 'desk',
+                                       'door', 'dresser', 'flower_pot', 'glass_box', 'guitar',
+                                       'keyboard', 'lamp', 'laptop', 'mantel', 'monitor',
+                                       'night_stand', 'person', 'piano', 'plant', 'radio',
+                                       'range_hood', 'sink', 'sofa', 'stairs', 'stool', 'table',
+                                       'tent', 'toilet', 'tv_stand', 'vase', 'wardrobe', 'xbox')
+
+MODELNET40_URL = 'http://modelnet.cs.princeton.edu/ModelNet40.zip'
+HDF5_FOLDER = 'modelnet40_ply_hdf5_2048'
+
+
+def _ints(tokens: List[str], path: str, what: str) -> np.ndarray:
+    try:
+        return np.array(tokens, dtype=np.int64)
+    except ValueError as e:
+        raise CorruptRawFileError(path, f'malformed {what} ({e})') from e
+
+
+def read_off(path: str) -> Tuple[np.ndarray, np.ndarray]:
+    r"""Reads an OFF mesh and returns its vertices and its faces split into triangles.
+
+    Handles what the ModelNet40 files contain: the merged header ``OFF<nv> <nf> <ne>`` on one line
+    (many of the files) next to the regular ``OFF`` / ``<nv> <nf> <ne>`` pair, ``#`` comments,
+    and quad (or larger) faces, which are split as a fan :math:`(v_0, v_i, v_{i+1})`, as
+    :func:`torch_geometric.io.read_off` splits quads. A file whose header announces more vertices or
+    faces than it holds, a malformed number or a face index out of range raises
+    :class:`~torch_mz.datasets.common.CorruptRawFileError` naming the file.
+
+    Shapes:
+        - **vertices:** :math:`(n_v, 3)`, float64
+        - **faces:** :math:`(n_t, 3)`, int64 (:math:`n_t \geq n_f`)
+    """
+    with open(path, 'rb') as f:
+        text = f.read().decode('latin-1')
+    lines = [line.split('#', 1)[0].strip() for line in text.splitlines()]
+    lines = [line for line in lines if line]
+    if not lines or not lines[0].startswith('OFF'):
+        raise CorruptRawFileError(path, "missing the 'OFF' header")
+    if lines[0] == 'OFF':
+        if len(lines) < 2:
+            raise CorruptRawFileError(path, 'missing the vertex/face count line')
+        counts, body = lines[1].split(), lines[2:]
+    else:  # the merged header 'OFF8 6 0'
+        counts, body = lines[0][3:].split(), lines[1:]
+    counts = _ints(counts, path, 'vertex/face count line')
+    if counts.size < 2 or (counts[:2] < 0).any():
+        raise CorruptRawFileError(path, f'invalid vertex/face counts {counts.tolist()}')
+    num_vertices, num_faces = int(counts[0]), int(counts[1])
+    if len(body) < num_vertices + num_faces:
+        raise CorruptRawFileError(
+            path, f'truncated: the header announces {num_vertices} vertices and {num_faces} faces, '
+            f'the file holds {len(body)} data lines')
+
+    vertex_lines = body[:num_vertices]
+    try:
+        flat = np.fromstring(' '.join(vertex_lines), dtype=np.float64, sep=' ')
+        if flat.size == 3 * num_vertices:  # fast path: exactly x y z per line
+            vertices = flat.reshape(num_vertices, 3)
+        else:  # extra per-vertex values (colours): keep the first three of each line
+            vertices = np.array([line.split()[:3] for line in vertex_lines], dtype=np.float64)
+    except ValueError as e:
+        raise CorruptRawFileError(path, f'malformed vertex coordinates ({e})') from e
+    if vertices.shape != (num_vertices, 3) or not np.isfinite(vertices).all():
+        raise CorruptRawFileError(path, 'vertex lines must hold three finite coordinates each')
+
+    face_lines = body[num_vertices:num_vertices + num_faces]
+    try:
+        flat = np.fromstring(' '.join(face_lines), dtype=np.int64, sep=' ')
+    except ValueError as e:
+        raise CorruptRawFileError(path, f'malformed face line ({e})') from e
+    k = int(flat[0]) if flat.size else 3
+    if k >= 3 and flat.size == (k + 1) * num_faces and (flat[::k + 1] == k).all():
+        # fast path: every face has k corners (triangles, or only quads)
+        polygons = flat.reshape(num_faces, k + 1)[:, 1:]  # (n_f, k)
+        fan = [polygons[:, [0, i, i + 1]] for i in range(1, k - 1)]  # k - 2 times (n_f, 3)
+        faces = np.stack(fan, axis=1).reshape(-1,
+                                              3)  # (n_f * (k - 2), 3), a face's triangles together
+    else:
+        triangles = []
+        for line in face_lines:
+            face = _ints(line.split(), path, 'face line')
+            k = int(face[0])
+            if k < 3 or face.size < k + 1:
+                raise CorruptRawFileError(path, f"malformed face line '{line}'")
+            idx = face[1:k + 1]
+            triangles.extend((idx[0], idx[i], idx[i + 1]) for i in range(1, k - 1))
+        faces = np.array(triangles, dtype=np.int64).reshape(-1, 3)
+    if faces.size and (faces.min() < 0 or faces.max() >= num_vertices):
+        raise CorruptRawFileError(path, f'a face index lies outside [0, {num_vertices})')
+    return vertices, faces
+
+
+def sample_surface(vertices: np.ndarray, faces: np.ndarray, num: int,
+                   seed: Optional[np.random.SeedSequence] = None) -> Optional[np.ndarray]:
+    r"""Samples :obj:`num` points uniformly on the surface of a triangle mesh (a face is chosen with
+    probability proportional to its area, then a uniform point on it) with :mod:`trimesh`.
+
+    Returns :obj:`None` for a mesh without area (no faces, or only degenerate ones).
+
+    Shapes:
+        - **output:** :math:`(\mathrm{num}, 3)`, float64
+    """
+    trimesh = require('trimesh')
+    if len(faces) == 0:
+        return None
+    mesh = trimesh.Trimesh(vertices=vertices, faces=faces, process=False)
+    if not mesh.area > 0:
+        return None
+    points, _ = trimesh.sample.sample_surface(mesh, num, seed=np.random.default_rng(seed))
+    return np.asarray(points, dtype=np.float64)
+
+
+class ModelNet40(InMemoryDataset):
+    r"""ModelNet40 (Wu et al., `"3D ShapeNets" <https://arxiv.org/abs/1406.5670>`_) as point sets,
+    the point-cloud classification task of the MZAttn paper (Appendix A.2, Task C): 40 classes,
+    9,843 training and 2,468 test shapes, each a set of :obj:`num_points` surface points.
+
+    Two raw sources, chosen by :obj:`source`:
+
+    - :obj:`'mesh'`: the Princeton meshes of ``ModelNet40.zip``, laid out as
+      ``raw/<class>/{train,test}/<class>_NNNN.off``. :meth:`download` fetches and extracts the
+      archive. Each mesh is sampled once, at processing time: :obj:`num_points` points drawn
+      uniformly on the surface (area-weighted) with a seed fixed per file (derived from :obj:`seed`
+      and the file name), so the cached points are reproducible and training does not re-sample
+      meshes every epoch.
+    - :obj:`'hdf5'`: PointNet's ``modelnet40_ply_hdf5_2048`` release (``ply_data_{train,test}*.h5``
+      with datasets ``data`` :math:`(N, 2048, 3)` and ``label`` :math:`(N, 1)`, and
+      ``shape_names.txt``), placed by hand in ``raw/modelnet40_ply_hdf5_2048/``. The first
+      :obj:`num_points` of the 2,048 points of a shape are kept (they are stored in random order),
+      :obj:`None` keeps all.
+
+    With :obj:`normalize=True` every point set is centered at its centroid and scaled so that its
+    largest norm is 1. Labels index :data:`MODELNET40_CLASSES` (the 40 class names in sorted order).
+    Every example is a :class:`~torch_geometric.data.Data` with :obj:`pos` :math:`(n, 3)`,
+    :obj:`x = pos` (the set features) and :obj:`y` :math:`(1,)`. Shapes that processing leaves out
+    (meshes without surface area, non-finite points) are counted, reported with a warning, and
+    listed in :attr:`stats` (also saved as ``stats.json`` in the processed folder).
+
+    Training augmentation as in the paper: :class:`~torch_mz.datasets.transforms.RandomRotateUp` and
+    :class:`~torch_mz.datasets.transforms.RandomJitter` as :obj:`transform`.
+
+    Args:
+        root (str, optional): Root folder (``raw/`` and ``processed/`` below it).
+            (default: :obj:`datasets/ModelNet40` of the repository, see
+            :func:`~torch_mz.datasets.common.default_root`)
+        train (bool, optional): Load the training split, else the test split. (default: :obj:`True`)
+        source (str, optional): :obj:`'mesh'` or :obj:`'hdf5'`. (default: :obj:`'mesh'`)
+        num_points (int, optional): Points per shape; :obj:`None` keeps all points of the HDF5
+            source. (default: :obj:`1024`)
+        normalize (bool, optional): Center and scale every set to the unit sphere.
+            (default: :obj:`True`)
+        seed (int, optional): Seed of the mesh surface sampling. (default: :obj:`0`)
+        transform (callable, optional): Applied to every example on access. (default: :obj:`None`)
+        pre_transform (callable, optional): Applied once before saving. (default: :obj:`None`)
+        pre_filter (callable, optional): Keeps the examples for which it returns :obj:`True`.
+            (default: :obj:`None`)
+        log (bool, optional): Show progress bars while processing. (default: :obj:`True`)
+        force_reload (bool, optional): Re-process even if a processed cache exists.
+            (default: :obj:`False`)
+
+    Shapes:
+        - **pos**, **x:** :math:`(n, 3)` with :math:`n` = :obj:`num_points`
+        - **y:** :math:`(1,)`, long, in :math:`[0, 40)`
+    """
+    url = MODELNET40_URL
+    classes = MODELNET40_CLASSES
+
+    def __init__(
+        self,
+        root: Optional[str] = None,
+        train: bool = True,
+        source: str = 'mesh',
+        num_points: Optional[int] = 1024,
+        normalize: bool = True,
+        seed: int = 0,
+        transform: Optional[Callable] = None,
+        pre_transform: Optional[Callable] = None,
+        pre_filter: Optional[Callable] = None,
+        log: bool = True,
+        force_reload: bool = False,
+    ) -> None:
+        if source not in ('mesh', 'hdf5'):
+            raise ValueError(f"'source' must be 'mesh' or 'hdf5', got '{source}'")
+        if num_points is None and source == 'mesh':
+            raise ValueError("'num_points' must be set for the mesh source")
+        if num_points is not None and num_points < 1:
+            raise ValueError(f"'num_points' must be a positive integer or None, got {num_points}")
+        self.train = train
+        self.source = source
+        self.num_points = num_points
+        self.normalize = normalize
+        self.seed = seed
+        super().__init__(
+            default_root('ModelNet40') if root is None else root, transform, pre_transform,
+            pre_filter, log=log, force_reload=force_reload)
+        self.load(self.processed_paths[0] if train else self.processed_paths[1])
+        self.stats: Dict[str, object] = load_stats(self.processed_paths[2])
+
+    @property
+    def num_classes(self) -> int:
+        return len(MODELNET40_CLASSES)
+
+    @property
+    def split(self) -> str:
+        return 'train' if self.train else 'test'
+
+    @property
+    def raw_file_names(self) -> List[str]:
+        if self.source == 'mesh':
+            return list(MODELNET40_CLASSES)
+        return [osp.join(HDF5_FOLDER, 'shape_names.txt')]
+
+    @property
+    def processed_dir(self) -> str:
+        points = 'all' if self.num_points is None else str(self.num_points)
+        tag = f'{self.source}_{points}'
+        if self.source == 'mesh':
+            tag += f'_seed{self.seed}'
+        if not self.normalize:
+            tag += '_raw'
+        return osp.join(self.root, 'processed', tag)
+
+    @property
+    def processed_file_names(self) -> List[str]:
+        return ['train.pt', 'test.pt', 'stats.json']
+
+    def download(self) -> None:
+        if self.source == 'hdf5':
+            raise FileNotFoundError(
+                f"ModelNet40 (source='hdf5') needs PointNet's '{HDF5_FOLDER}' release, which is "
+                f"not downloaded automatically. Place its files (ply_data_train*.h5, "
+                f"ply_data_test*.h5, shape_names.txt) in '{osp.join(self.raw_dir, HDF5_FOLDER)}', "
+                f"or use source='mesh'.")
+        path = download_url(self.url, self.root, log=self.log)
+        extract_zip(path, self.root, log=self.log)
+        os.unlink(path)
+        folder = osp.join(self.root, 'ModelNet40')
+        os.makedirs(self.raw_dir, exist_ok=True)
+        for name in os.listdir(
+                folder):  # merge into raw/, keeping e.g. an HDF5 folder already there
+            target = osp.join(self.raw_dir, name)
+            if osp.exists(target):
+                shutil.rmtree(target)
+            shutil.move(osp.join(folder, name), target)
+        shutil.rmtree(folder)
+        shutil.rmtree(osp.join(self.root, '__MACOSX'), ignore_errors=True)
+
+    def process(self) -> None:
+        stats: Dict[str, object] = {
+            'source': self.source,
+            'num_points': self.num_points,
+            'normalize': self.normalize,
+            'seed': self.seed
+        }
+        for split, path in zip(('train', 'test'), self.processed_paths[:2]):
+            skipped = SkipCounter()
+            if self.source == 'mesh':
+                data_list = self._process_meshes(split, skipped)
+            else:
+                data_list = self._process_hdf5(split, skipped)
+            if self.pre_filter is not None:
+                data_list = [d for d in data_list if self.pre_filter(d)]
+            if self.pre_transform is not None:
+                data_list = [self.pre_transform(d) for d in data_list]
+            if not data_list:
+                raise RuntimeError(f'ModelNet40 ({self.source}): no {split} shape left to save '
+                                   f'(skipped: {skipped.counts})')
+            self.save(data_list, path)
+            stats[split] = {'num_shapes': len(data_list), 'skipped': skipped.as_dict()}
+            skipped.report(f'ModelNet40 {split} ({self.source})')
+        save_stats(stats, self.processed_paths[2])
+
+    def _example(self, points: np.ndarray, label: int) -> Data:
+        if self.normalize:
+            points = normalize_unit_sphere(points)
+        pos = torch.from_numpy(np.ascontiguousarray(points, dtype=np.float32))  # (n, 3)
+        return Data(pos=pos, x=pos.clone(), y=torch.tensor([label], dtype=torch.long))
+
+    def _process_meshes(self, split: str, skipped: SkipCounter) -> List[Data]:
+        files = []
+        for label, name in enumerate(MODELNET40_CLASSES):
+            pattern = osp.join(self.raw_dir, name, split, f'{name}_*.off')
+            files += [(path, label) for path in sorted(glob.glob(pattern))]
+        if not files:
+            raise FileNotFoundError(
+                f"no {split} meshes found as "
+                f"'{osp.join(self.raw_dir, '<class>', split, '<class>_NNNN.off')}'")
+        data_list = []
+        for path, label in tqdm(files, desc=f'ModelNet40 {split} meshes', disable=not self.log):
+            rel = osp.relpath(path, self.raw_dir).replace(os.sep, '/')
+            vertices, faces = read_off(path)
+            seq = np.random.SeedSequence([self.seed, zlib.crc32(rel.encode())])
+            points = sample_surface(vertices, faces, self.num_points, seq)
+            if points is None:
+                skipped.add('mesh_without_area', rel)
+                continue
+            data_list.append(self._example(points, label))
+        return data_list
+
+    def _process_hdf5(self, split: str, skipped: SkipCounter) -> List[Data]:
+        folder = osp.join(self.raw_dir, HDF5_FOLDER)
+        names_path = osp.join(folder, 'shape_names.txt')
+        with open(names_path) as f:
+            names = [line.strip() for line in f if line.strip()]
+        if tuple(names) != MODELNET40_CLASSES:
+            raise CorruptRawFileError(
+                names_path, 'expected the 40 ModelNet40 class names in sorted '
+                'order, one per line')
+        files = sorted(glob.glob(osp.join(folder, f'ply_data_{split}*.h5')))
+        if not files:
+            raise FileNotFoundError(f"no '{osp.join(folder, f'ply_data_{split}*.h5')}' files")
+        data_list = []
+        for path in files:
+            arrays = read_h5(path, ('data', 'label'))
+            points, labels = arrays['data'], arrays['label'].reshape(-1)
+            if points.ndim != 3 or points.shape[-1] != 3 or len(labels) != len(points):
+                raise CorruptRawFileError(
+                    path, f"expected 'data' (N, P, 3) and 'label' (N,) or (N, 1), "
+                    f"got {points.shape} and {arrays['label'].shape}")
+            if len(labels) and (labels.min() < 0 or labels.max() >= len(MODELNET40_CLASSES)):
+                raise CorruptRawFileError(path, 'labels outside [0, 40)')
+            if self.num_points is not None and points.shape[1] < self.num_points:
+                raise ValueError(f"'{path}' holds {points.shape[1]} points per shape, fewer than "
+                                 f"num_points={self.num_points}")
+            name = osp.basename(path)
+            for j in tqdm(range(len(points)), desc=f'ModelNet40 {name}', disable=not self.log):
+                shape = points[j] if self.num_points is None else points[j, :self.num_points]
+                if not np.isfinite(shape).all():
+                    skipped.add('non_finite_points', f'{name}[{j}]')
+                    continue
+                data_list.append(self._example(shape, int(labels[j])))
+        return data_list
+
+    def __repr__(self) -> str:
+        return (f'{self.__class__.__name__}({len(self)}, split={self.split}, source={self.source}, '
+                f'num_points={self.num_points})')

@@ -1,0 +1,585 @@
+r"""QM9 as a dataset of atom sets (MZAttn paper, Appendix A.2, Task H and Appendix D.5.2)."""
+import contextlib
+import csv
+import ctypes
+import hashlib
+import importlib.util
+import os
+import os.path as osp
+import sys
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch_geometric.data import Data, InMemoryDataset, download_url, extract_zip
+from tqdm import tqdm
+
+from torch_mz._optional import require
+from torch_mz.datasets.common import (
+    CorruptRawFileError,
+    SkipCounter,
+    default_root,
+    load_stats,
+    save_stats,
+)
+
+IndexLike = Union[Tensor, Sequence[int]]
+
+#: The 12 standard regression targets, in the order of :obj:`y`'s columns.
+QM9_TARGETS: Tuple[str, ...] = ('mu', 'alpha', 'homo', 'lumo', 'gap', 'r2', 'zpve', 'u0', 'u298',
+                                'h298', 'g298', 'cv')
+
+#: Units of the targets in :obj:`y` (energies in eV, as :class:`torch_geometric.datasets.QM9`).
+QM9_UNITS: Dict[str, str] = {
+    'mu': 'D',  # dipole moment, Debye
+    'alpha': 'a0^3',  # isotropic polarizability, cubic Bohr
+    'homo': 'eV',
+    'lumo': 'eV',
+    'gap': 'eV',
+    'r2': 'a0^2',  # electronic spatial extent, squared Bohr
+    'zpve': 'eV',
+    'u0': 'eV',
+    'u298': 'eV',
+    'h298': 'eV',
+    'g298': 'eV',
+    'cv': 'cal/(mol K)',  # heat capacity at 298.15 K
+}
+
+#: Hartree in eV (CODATA 2018; the factor :class:`torch_geometric.datasets.QM9` uses).
+HARTREE_TO_EV = 27.211386246
+# the targets that both raw sources give in Hartree
+_HARTREE_TARGETS = ('homo', 'lumo', 'gap', 'zpve', 'u0', 'u298', 'h298', 'g298')
+_TO_UNITS = np.array([HARTREE_TO_EV if t in _HARTREE_TARGETS else 1.0 for t in QM9_TARGETS])
+
+#: Elements of QM9, in the order of the one-hot part of :obj:`x`.
+QM9_ELEMENTS: Tuple[str, ...] = ('H', 'C', 'N', 'O', 'F')
+_ATOMIC_NUMBER = {'H': 1, 'C': 6, 'N': 7, 'O': 8, 'F': 9}
+
+QM9_RAW_URL = 'https://deepchemdata.s3-us-west-1.amazonaws.com/datasets/molnet_publish/qm9.zip'
+QM9_UNCHARACTERIZED_URL = 'https://ndownloader.figshare.com/files/3195404'
+
+#: Columns of the CSV files of the ``qm9pack`` package holding the targets, in :data:`QM9_TARGETS`
+#: order (Debye, Bohr^3, Hartree, Bohr^2, cal/(mol K), as the original QM9 release).
+QM9PACK_TARGET_COLUMNS: Tuple[str, ...] = ('Dipole_debye', 'Polarizability_bohr3', 'HOMO_au',
+                                           'LUMO_au', 'HOMO_LUMO_gap_au', 'R2_bohr2', 'ZPVE_au',
+                                           'InternalEnergy_0K_au', 'InternalEnergy_298K_au',
+                                           'Enthalphy_298K_au', 'GibbsFreeEnergy_298K_au',
+                                           'Heatcapacity_Cv_cal_mol_K')
+QM9PACK_FILES: Tuple[str, ...] = ('qm9_part1.csv', 'qm9_part2.csv', 'qm9_part3.csv')
+
+
+def qm9pack_csv_paths() -> List[str]:
+    r"""The QM9 CSV files shipped in the installed ``qm9pack`` package (located without importing
+    it: its ``__init__`` needs pandas and ``pkg_resources``)."""
+    spec = importlib.util.find_spec('qm9pack')
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("The offline QM9 source (source='qm9pack') reads the CSV files of the "
+                          "'qm9pack' package, which is not installed. Install it with: "
+                          "pip install qm9pack (or pass csv_path=... to a CSV of that format)")
+    folder = osp.join(list(spec.submodule_search_locations)[0], 'data')
+    return [osp.join(folder, name) for name in QM9PACK_FILES]
+
+
+def read_uncharacterized(path: str) -> List[int]:
+    r"""The 1-based QM9 indices listed in ``uncharacterized.txt`` (molecules whose relaxed geometry
+    no longer matches their SMILES). Every line whose first field is an integer is an entry; the
+    header, the separator lines and the footer are skipped."""
+    indices = []
+    with open(path, encoding='latin-1') as f:
+        for line in f:
+            fields = line.split()
+            if fields and fields[0].isdigit():
+                indices.append(int(fields[0]))
+    if not indices:
+        raise CorruptRawFileError(path, 'no molecule index found')
+    return indices
+
+
+def _csv_rows(path: str, required: Sequence[str]) -> Iterator[Tuple[int, Dict[str, str]]]:
+    csv.field_size_limit(2**31 - 1)  # qm9pack has long list-valued fields
+    with open(path, newline='') as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in required if c not in (reader.fieldnames or [])]
+        if missing:
+            raise CorruptRawFileError(path,
+                                      f'missing column(s) {missing} (found {reader.fieldnames})')
+        for row_number, row in enumerate(reader, start=2):  # line 1 is the header
+            if any(row.get(c) is None for c in required):
+                raise CorruptRawFileError(path, f'line {row_number} is truncated')
+            yield row_number, row
+
+
+def _floats(values: Sequence[str], path: str, row_number: int) -> np.ndarray:
+    try:
+        out = np.array([float(v) for v in values], dtype=np.float64)
+    except ValueError as e:
+        raise CorruptRawFileError(path, f'line {row_number}: malformed number ({e})') from e
+    if not np.isfinite(out).all():
+        raise CorruptRawFileError(path, f'line {row_number}: non-finite target value')
+    return out
+
+
+def read_sdf_targets(path: str) -> Tuple[List[str], np.ndarray]:
+    r"""Reads ``gdb9.sdf.csv``: the molecule ids (``gdb_1``, ...) and the 12 targets in the units of
+    the file (Hartree for energies).
+
+    Shapes:
+        - **targets:** :math:`(N, 12)`, float64, in :data:`QM9_TARGETS` order
+    """
+    ids, rows = [], []
+    for row_number, row in _csv_rows(path, ('mol_id', ) + QM9_TARGETS):
+        ids.append(row['mol_id'])
+        rows.append(_floats([row[t] for t in QM9_TARGETS], path, row_number))
+    return ids, np.array(rows, dtype=np.float64).reshape(-1, len(QM9_TARGETS))
+
+
+@contextlib.contextmanager
+def _silence_c_output() -> Iterator[None]:
+    # RDKit's extended-Hueckel bond perception writes warnings straight to file descriptors 1 and 2
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, OSError, ValueError):
+            stream.flush()
+    saved = []
+    try:
+        with open(os.devnull, 'w') as devnull:
+            for fd in (1, 2):
+                try:
+                    saved.append((fd, os.dup(fd)))
+                except OSError:  # descriptor not open: nothing to silence
+                    continue
+                os.dup2(devnull.fileno(), fd)
+            try:
+                yield
+            finally:
+                _flush_c_streams()  # what the C library still buffers goes to /dev/null too
+                for fd, copy in saved:
+                    os.dup2(copy, fd)
+    finally:
+        for _, copy in saved:
+            os.close(copy)
+
+
+def _flush_c_streams() -> None:
+    try:
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError, TypeError):  # no C library handle on this platform
+        pass
+
+
+def mol_from_xyz(symbols: Sequence[str], pos: np.ndarray) -> Tuple[Optional[object], str]:
+    r"""An RDKit molecule with bonds perceived from 3D coordinates
+    (:func:`rdkit.Chem.rdDetermineBonds.DetermineBonds`, neutral total charge).
+
+    The default connectivity (covalent radii) over-connects some strained cages of QM9; for those
+    the extended-Hueckel connectivity is used. Returns :obj:`(mol, status)` with status
+    :obj:`'ok'`, :obj:`'hueckel_connectivity'` or :obj:`'failed'` (then :obj:`mol` is :obj:`None`).
+    """
+    Chem = require('rdkit.Chem')
+    rdDetermineBonds = require('rdkit.Chem.rdDetermineBonds')
+    rdBase = require('rdkit.rdBase')
+    block = f'{len(symbols)}\n\n' + '\n'.join(f'{s} {x:.10f} {y:.10f} {z:.10f}'
+                                              for s, (x, y, z) in zip(symbols, pos))
+    with rdBase.BlockLogs():
+        for status, kwargs in (('ok', {}), ('hueckel_connectivity', {'useHueckel': True})):
+            mol = Chem.MolFromXYZBlock(block)
+            if mol is None:
+                return None, 'failed'
+            try:
+                if kwargs:
+                    with _silence_c_output():
+                        rdDetermineBonds.DetermineBonds(mol, charge=0, **kwargs)
+                else:
+                    rdDetermineBonds.DetermineBonds(mol, charge=0)
+                return mol, status
+            except (ValueError, RuntimeError):  # no valid bond-order / charge assignment
+                continue
+    return None, 'failed'
+
+
+def gasteiger_charges(mol: object) -> Tuple[Optional[np.ndarray], str]:
+    r"""Gasteiger partial charges of every atom of an RDKit molecule (left unchanged).
+
+    Gasteiger charges need hybridisation and valence information, which a molecule read with
+    :obj:`sanitize=False` lacks (every charge would be NaN). A copy is sanitised first; when full
+    sanitisation fails, it gets a partial one (property cache without strict valence checks,
+    aromaticity, conjugation, hybridisation). Returns :obj:`(charges, status)` with status
+    :obj:`'ok'`, :obj:`'partial_sanitization'` or :obj:`'failed'` (non-finite charges; then
+    :obj:`charges` is :obj:`None`).
+
+    Shapes:
+        - **charges:** :math:`(n,)`, float64
+    """
+    Chem = require('rdkit.Chem')
+    rdPartialCharges = require('rdkit.Chem.rdPartialCharges')
+    rdBase = require('rdkit.rdBase')
+    work = Chem.Mol(mol)
+    status = 'ok'
+    with rdBase.BlockLogs():  # sanitisation failures are expected here and reported by status
+        try:
+            Chem.SanitizeMol(work)
+        except ValueError:  # rdkit's MolSanitizeException derives from ValueError
+            status = 'partial_sanitization'
+            work = Chem.Mol(mol)
+            work.UpdatePropertyCache(strict=False)
+            flags = Chem.SanitizeFlags
+            Chem.SanitizeMol(
+                work, flags.SANITIZE_FINDRADICALS | flags.SANITIZE_SETAROMATICITY
+                | flags.SANITIZE_SETCONJUGATION | flags.SANITIZE_SETHYBRIDIZATION
+                | flags.SANITIZE_SYMMRINGS, catchErrors=True)
+        try:
+            rdPartialCharges.ComputeGasteigerCharges(work)
+            charges = np.array([a.GetDoubleProp('_GasteigerCharge') for a in work.GetAtoms()])
+        except (ValueError, RuntimeError, KeyError):
+            return None, 'failed'
+    if not np.isfinite(charges).all():
+        return None, 'failed'
+    return charges, status
+
+
+def atom_set_features(symbols: Sequence[str], pos: np.ndarray, charges: np.ndarray) -> Tensor:
+    r"""The paper's 9-dimensional atom features: one-hot element over :data:`QM9_ELEMENTS`,
+    coordinates in Angstrom, Gasteiger partial charge.
+
+    Shapes:
+        - **output:** :math:`(n, 9)`, float32
+    """
+    onehot = np.zeros((len(symbols), len(QM9_ELEMENTS)), dtype=np.float32)  # (n, 5)
+    onehot[np.arange(len(symbols)), [QM9_ELEMENTS.index(s) for s in symbols]] = 1.0
+    x = np.concatenate([onehot, pos.astype(np.float32),
+                        charges.astype(np.float32)[:, None]], axis=1)
+    return torch.from_numpy(x)  # (n, 9)
+
+
+def _target_columns(
+        target: Union[None, int, str, Sequence[Union[int, str]]]) -> Optional[List[int]]:
+    if target is None:
+        return None
+    items = [target] if isinstance(target, (int, str)) else list(target)
+    if not items:
+        raise ValueError("'target' must name at least one target (or be None for all)")
+    columns = []
+    for item in items:
+        if isinstance(item, str):
+            if item not in QM9_TARGETS:
+                raise ValueError(
+                    f"unknown QM9 target '{item}', expected one of {list(QM9_TARGETS)}")
+            columns.append(QM9_TARGETS.index(item))
+        elif isinstance(item, int) and 0 <= item < len(QM9_TARGETS):
+            columns.append(int(item))
+        else:
+            raise ValueError(f"a QM9 target must be a name in {list(QM9_TARGETS)} or an index in "
+                             f"[0, {len(QM9_TARGETS)}), got {item!r}")
+    return columns
+
+
+class QM9(InMemoryDataset):
+    r"""QM9 (Ramakrishnan et al., `"Quantum chemistry structures and properties of 134 kilo
+    molecules" <https://doi.org/10.1038/sdata.2014.22>`_) as sets of atoms, the molecular task of
+    the MZAttn paper (Appendix A.2, Task H; Appendix D.5.2): 130,831 molecules with up to 29 atoms
+    (H, C, N, O, F), after removing the 3,054 "uncharacterized" ones whose relaxed geometry no
+    longer matches their SMILES.
+
+    Every molecule is a :class:`~torch_geometric.data.Data` with
+
+    - :obj:`x` :math:`(n, 9)`: one-hot element (H, C, N, O, F), coordinates in Angstrom, Gasteiger
+      partial charge (:func:`gasteiger_charges`),
+    - :obj:`pos` :math:`(n, 3)` in Angstrom, :obj:`z` :math:`(n,)` atomic numbers,
+    - :obj:`y` :math:`(1, t)`: the selected targets (all 12 by default) in the units of
+      :data:`QM9_UNITS`,
+    - :obj:`gdb_idx` :math:`(1,)`: the molecule's 1-based index in QM9 (``gdb_<k>``).
+
+    ======  ========  ================================================  ====================
+    column  name      property                                          unit
+    ======  ========  ================================================  ====================
+    0       mu        dipole moment                                     D
+    1       alpha     isotropic polarizability                          :math:`a_0^3`
+    2       homo      energy of the highest occupied orbital            eV
+    3       lumo      energy of the lowest unoccupied orbital           eV
+    4       gap       lumo - homo                                       eV
+    5       r2        electronic spatial extent                         :math:`a_0^2`
+    6       zpve      zero-point vibrational energy                     eV
+    7       u0        internal energy at 0 K                            eV
+    8       u298      internal energy at 298.15 K                       eV
+    9       h298      enthalpy at 298.15 K                              eV
+    10      g298      free energy at 298.15 K                           eV
+    11      cv        heat capacity at 298.15 K                         cal/(mol K)
+    ======  ========  ================================================  ====================
+
+    Energies are converted from Hartree to eV with :data:`HARTREE_TO_EV`, as
+    :class:`torch_geometric.datasets.QM9` does, so the first 12 columns of its :obj:`y` equal ours.
+    Targets are stored as float32 (the absolute energies, about :math:`-10^4` eV, keep about
+    :math:`10^{-3}` eV).
+
+    Two raw sources, chosen by :obj:`source`:
+
+    - :obj:`'sdf'`: ``gdb9.sdf``, ``gdb9.sdf.csv`` (DeepChem's QM9 archive, as PyG uses) and
+      ``uncharacterized.txt`` (figshare), downloaded into ``raw/``. Every molecule is read with
+      RDKit (:obj:`removeHs=False, sanitize=False`); the SDF record and the CSV row stay aligned
+      (their counts and ``gdb_<k>`` names are checked) and the indices listed in
+      ``uncharacterized.txt`` (1-based) are removed.
+    - :obj:`'qm9pack'`: offline, the CSV files shipped in the PyPI package ``qm9pack`` (MIT; already
+      without the 3,054 uncharacterized molecules; coordinates in Angstrom, energies in Hartree),
+      located through the installed package, or the CSV file(s) of that format given as
+      :obj:`csv_path`. Bonds, needed only for the partial charges, are perceived from the
+      coordinates (:func:`mol_from_xyz`).
+
+    A molecule whose Gasteiger charges cannot be computed (non-finite) gets charge 0 on every atom
+    (:obj:`charge_failure='zero'`, keeps the standard 130,831 molecules) or is dropped
+    (:obj:`'drop'`). Charges are never NaN. Every fallback (partial sanitisation, extended-Hueckel
+    bond perception, failed charges) is counted, reported with a warning and listed with the
+    molecule indices in :attr:`stats` (saved as ``stats.json`` in the processed folder).
+
+    Splits: :func:`~torch_mz.datasets.common.split_indices` with :data:`QM9_STANDARD_SPLIT`
+    (110,000 / 10,000 / rest) or :data:`QM9_PAPER_SPLIT` (the paper's 50K subsample split 80/10/10);
+    normalisation statistics over the training indices with :meth:`target_stats`.
+
+    Args:
+        root (str, optional): Root folder. (default: :obj:`datasets/QM9` of the repository, see
+            :func:`~torch_mz.datasets.common.default_root`)
+        source (str, optional): :obj:`'sdf'` or :obj:`'qm9pack'`. (default: :obj:`'sdf'`)
+        target (str, int or sequence, optional): Target name(s) or column index(es) that :obj:`y`
+            keeps, in the given order; :obj:`None` keeps all 12. (default: :obj:`None`)
+        csv_path (str or sequence of str, optional): For :obj:`source='qm9pack'`, CSV file(s) in the
+            ``qm9pack`` format to read instead of the installed package's. (default: :obj:`None`)
+        charge_failure (str, optional): :obj:`'zero'` or :obj:`'drop'`, see above.
+            (default: :obj:`'zero'`)
+        transform (callable, optional): Applied to every example on access. (default: :obj:`None`)
+        pre_transform (callable, optional): Applied once before saving. (default: :obj:`None`)
+        pre_filter (callable, optional): Keeps the examples for which it returns :obj:`True`.
+            (default: :obj:`None`)
+        log (bool, optional): Show progress bars while processing. (default: :obj:`True`)
+        force_reload (bool, optional): Re-process even if a processed cache exists.
+            (default: :obj:`False`)
+
+    Shapes:
+        - **x:** :math:`(n, 9)`; **pos:** :math:`(n, 3)`; **z:** :math:`(n,)`
+        - **y:** :math:`(1, t)` with :math:`t` the number of selected targets
+    """
+    targets = QM9_TARGETS
+    units = QM9_UNITS
+    raw_url = QM9_RAW_URL
+    uncharacterized_url = QM9_UNCHARACTERIZED_URL
+
+    def __init__(
+        self,
+        root: Optional[str] = None,
+        source: str = 'sdf',
+        target: Union[None, int, str, Sequence[Union[int, str]]] = None,
+        csv_path: Union[None, str, Sequence[str]] = None,
+        charge_failure: str = 'zero',
+        transform: Optional[Callable] = None,
+        pre_transform: Optional[Callable] = None,
+        pre_filter: Optional[Callable] = None,
+        log: bool = True,
+        force_reload: bool = False,
+    ) -> None:
+        if source not in ('sdf', 'qm9pack'):
+            raise ValueError(f"'source' must be 'sdf' or 'qm9pack', got '{source}'")
+        if csv_path is not None and source != 'qm9pack':
+            raise ValueError("'csv_path' applies to source='qm9pack' only")
+        if charge_failure not in ('zero', 'drop'):
+            raise ValueError(f"'charge_failure' must be 'zero' or 'drop', got '{charge_failure}'")
+        self.source = source
+        self.csv_path = None if csv_path is None else ([osp.abspath(csv_path)] if isinstance(
+            csv_path, str) else [osp.abspath(p) for p in csv_path])
+        self.charge_failure = charge_failure
+        self.target_columns = _target_columns(target)
+        super().__init__(
+            default_root('QM9') if root is None else root, transform, pre_transform, pre_filter,
+            log=log, force_reload=force_reload)
+        self.load(self.processed_paths[0])
+        self.stats: Dict[str, object] = load_stats(self.processed_paths[1])
+
+    @property
+    def target_names(self) -> List[str]:
+        r"""Names of the columns of :obj:`y`."""
+        columns = self.target_columns or range(len(QM9_TARGETS))
+        return [QM9_TARGETS[c] for c in columns]
+
+    @property
+    def raw_file_names(self) -> List[str]:
+        if self.source == 'sdf':
+            return ['gdb9.sdf', 'gdb9.sdf.csv', 'uncharacterized.txt']
+        return self.csv_path if self.csv_path is not None else qm9pack_csv_paths()  # absolute paths
+
+    @property
+    def processed_dir(self) -> str:
+        tag = self.source
+        if self.csv_path is not None:
+            tag = 'csv-' + hashlib.sha1('\n'.join(self.csv_path).encode()).hexdigest()[:10]
+        if self.charge_failure == 'drop':
+            tag += '_drop'
+        return osp.join(self.root, 'processed', tag)
+
+    @property
+    def processed_file_names(self) -> List[str]:
+        return ['data.pt', 'stats.json']
+
+    def download(self) -> None:
+        if self.source == 'qm9pack':
+            missing = [p for p in self.raw_paths if not osp.exists(p)]
+            raise FileNotFoundError(f'QM9 (qm9pack format): missing CSV file(s) {missing}')
+        path = download_url(self.raw_url, self.raw_dir, log=self.log)
+        extract_zip(path, self.raw_dir, log=self.log)
+        os.unlink(path)
+        path = download_url(self.uncharacterized_url, self.raw_dir, log=self.log)
+        os.replace(path, osp.join(self.raw_dir, 'uncharacterized.txt'))
+
+    def process(self) -> None:
+        rdBase = require('rdkit.rdBase')
+        skipped = SkipCounter()
+        stats: Dict[str, object] = {
+            'source': self.source,
+            'charge_failure': self.charge_failure,
+            'units': QM9_UNITS,
+            'targets': list(QM9_TARGETS)
+        }
+        with rdBase.BlockLogs():  # RDKit's own log lines; what matters is counted in stats
+            if self.source == 'sdf':
+                data_list = self._process_sdf(skipped, stats)
+            else:
+                data_list = self._process_qm9pack(skipped, stats)
+        if self.pre_filter is not None:
+            data_list = [d for d in data_list if self.pre_filter(d)]
+        if self.pre_transform is not None:
+            data_list = [self.pre_transform(d) for d in data_list]
+        if not data_list:
+            raise RuntimeError(
+                f'QM9 ({self.source}): no molecule left to save (skipped: {skipped.counts})')
+        self.save(data_list, self.processed_paths[0])
+        stats['num_molecules'] = len(data_list)
+        stats['skipped'] = skipped.as_dict()
+        save_stats(stats, self.processed_paths[1])
+        skipped.report(f'QM9 ({self.source})')
+
+    def _molecule(self, symbols: List[str], pos: np.ndarray, mol: Optional[object], y: np.ndarray,
+                  gdb_idx: int, skipped: SkipCounter) -> Optional[Data]:
+        charges, status = gasteiger_charges(mol) if mol is not None else (None, 'failed')
+        if status == 'partial_sanitization':
+            skipped.add('charges_after_partial_sanitization', gdb_idx)
+        if charges is None:
+            if self.charge_failure == 'drop':
+                skipped.add('charges_failed_dropped', gdb_idx)
+                return None
+            skipped.add('charges_failed_set_to_zero', gdb_idx)
+            charges = np.zeros(len(symbols))
+        return Data(
+            x=atom_set_features(symbols, pos, charges),  # (n, 9)
+            pos=torch.from_numpy(pos.astype(np.float32)),  # (n, 3)
+            z=torch.tensor([_ATOMIC_NUMBER[s] for s in symbols], dtype=torch.long),  # (n,)
+            y=torch.from_numpy((y * _TO_UNITS).astype(np.float32)).view(1, -1),  # (1, 12)
+            gdb_idx=torch.tensor([gdb_idx], dtype=torch.long),
+        )
+
+    def _process_sdf(self, skipped: SkipCounter, stats: Dict[str, object]) -> List[Data]:
+        Chem = require('rdkit.Chem')
+        sdf_path, csv_path, unchar_path = self.raw_paths
+        ids, targets = read_sdf_targets(csv_path)
+        uncharacterized = set(read_uncharacterized(unchar_path))
+        stats['num_uncharacterized_removed'] = sum(1 for k in uncharacterized if k <= len(ids))
+        supplier = Chem.SDMolSupplier(sdf_path, removeHs=False, sanitize=False)
+        if len(supplier) != len(ids):
+            raise CorruptRawFileError(
+                sdf_path, f'holds {len(supplier)} molecules but '
+                f"'{csv_path}' has {len(ids)} rows; the two must be aligned")
+        data_list = []
+        for i, mol in enumerate(
+                tqdm(supplier, total=len(ids), desc='QM9 (gdb9.sdf)', disable=not self.log)):
+            gdb_idx = i + 1
+            if gdb_idx in uncharacterized:
+                continue
+            if mol is None or mol.GetNumConformers() == 0:
+                raise CorruptRawFileError(sdf_path,
+                                          f'record {gdb_idx} cannot be read as a 3D molecule')
+            name = mol.GetProp('_Name') if mol.HasProp('_Name') else ''
+            if name and ids[i] and name != ids[i]:
+                raise CorruptRawFileError(
+                    sdf_path, f"record {gdb_idx} is '{name}' but row {gdb_idx} of "
+                    f"'{csv_path}' is '{ids[i]}'")
+            symbols = [a.GetSymbol() for a in mol.GetAtoms()]
+            if any(s not in _ATOMIC_NUMBER for s in symbols):
+                skipped.add('unsupported_element', gdb_idx)
+                continue
+            pos = np.asarray(mol.GetConformer().GetPositions(), dtype=np.float64)  # (n, 3)
+            data = self._molecule(symbols, pos, mol, targets[i], gdb_idx, skipped)
+            if data is not None:
+                data_list.append(data)
+        return data_list
+
+    def _process_qm9pack(self, skipped: SkipCounter, stats: Dict[str, object]) -> List[Data]:
+        required = ('Index', 'N_atoms', 'Elements', 'XYZ_Ang') + QM9PACK_TARGET_COLUMNS
+        data_list = []
+        seen = set()
+        for path in self.raw_paths:
+            rows = _csv_rows(path, required)
+            for row_number, row in tqdm(rows, desc=f'QM9 ({osp.basename(path)})',
+                                        disable=not self.log):
+                try:
+                    gdb_idx = int(row['Index'])
+                    num_atoms = int(row['N_atoms'])
+                except ValueError as e:
+                    raise CorruptRawFileError(path,
+                                              f'line {row_number}: malformed Index/N_atoms') from e
+                symbols = row['Elements'].translate(_LIST_CHARS).split()
+                pos = _floats(row['XYZ_Ang'].translate(_LIST_CHARS).split(), path, row_number)
+                if len(symbols) != num_atoms or pos.size != 3 * num_atoms:
+                    raise CorruptRawFileError(
+                        path, f'line {row_number} (Index {gdb_idx}): N_atoms={num_atoms} but '
+                        f'{len(symbols)} elements and {pos.size} coordinates')
+                if gdb_idx in seen:
+                    raise CorruptRawFileError(path, f'line {row_number}: duplicate Index {gdb_idx}')
+                seen.add(gdb_idx)
+                if any(s not in _ATOMIC_NUMBER for s in symbols):
+                    skipped.add('unsupported_element', gdb_idx)
+                    continue
+                pos = pos.reshape(num_atoms, 3)  # (n, 3)
+                targets = _floats([row[c] for c in QM9PACK_TARGET_COLUMNS], path, row_number)
+                mol, status = mol_from_xyz(symbols, pos)
+                if status != 'ok':
+                    skipped.add(f'bonds_{status}', gdb_idx)
+                data = self._molecule(symbols, pos, mol, targets, gdb_idx, skipped)
+                if data is not None:
+                    data_list.append(data)
+        return data_list
+
+    def get(self, idx: int) -> Data:
+        data = super().get(idx)
+        if self.target_columns is not None:
+            data.y = data.y[:, self.target_columns]  # (1, t)
+        return data
+
+    def target_stats(self, index: Optional[IndexLike] = None) -> Tuple[Tensor, Tensor]:
+        r"""Mean and standard deviation of the selected targets over the molecules :obj:`index`
+        (positions in this dataset, e.g. the training indices of
+        :func:`~torch_mz.datasets.common.split_indices`; :obj:`None` for all), for target
+        normalisation.
+
+        Shapes:
+            - **mean**, **std:** :math:`(t,)`
+        """
+        y = self._data.y.view(-1, len(QM9_TARGETS))  # (N, 12), every stored molecule
+        rows = torch.as_tensor(list(self.indices()), dtype=torch.long)
+        if index is not None:
+            rows = rows[torch.as_tensor(index, dtype=torch.long)]
+        y = y[rows]  # (m, 12)
+        if self.target_columns is not None:
+            y = y[:, self.target_columns]  # (m, t)
+        if len(y) < 2:
+            raise ValueError(f'target statistics need at least two molecules, got {len(y)}')
+        return y.mean(dim=0), y.std(dim=0)
+
+    def __repr__(self) -> str:
+        return (f'{self.__class__.__name__}({len(self)}, source={self.source}, '
+                f'targets={self.target_names})')
+
+
+# characters of the list-valued qm9pack fields ("['C','H']", "[[0.1,0.2,0.3],...]") to blank out
+_LIST_CHARS = str.maketrans({c: ' ' for c in "[],'\""})
+
+#: :func:`~torch_mz.datasets.common.split_indices` arguments of the standard QM9 split
+#: (110,000 train, 10,000 validation, the rest test).
+QM9_STANDARD_SPLIT: Dict[str, object] = {'train': 110_000, 'val': 10_000, 'test': None}
+#: :func:`~torch_mz.datasets.common.split_indices` arguments of the MZAttn paper's split: 50K
+#: molecules drawn at random, split 80/10/10 (Appendix D.5.2).
+QM9_PAPER_SPLIT: Dict[str, object] = {'train': 0.8, 'val': 0.1, 'test': 0.1, 'subsample': 50_000}

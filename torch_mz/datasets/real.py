@@ -1,0 +1,80 @@
+r"""The real datasets as train / val / test splits for :func:`torch_mz.tasks.load_task`.
+
+* ``modelnet40`` / ``scanobjectnn``: the official train/test files; the validation set is a
+  seeded 10% of the training files (kept out of training). Training sets get the paper's
+  augmentation (random rotation about the up axis and jitter). Elements are points, ``x = pos``.
+* ``qm9``: by default the offline ``qm9pack`` source and the paper's protocol (50K molecules,
+  80/10/10, seeded); ``n_train``/``n_val``/``n_test`` give other sizes. ``x`` holds the one-hot
+  atom type (5), coordinates (3) and partial charge (1); EGNN reads coordinates from ``pos`` and
+  the six invariant columns as features.
+"""
+from typing import Optional
+
+from torch_geometric.transforms import Compose
+
+from torch_mz.datasets.common import split_indices
+from torch_mz.datasets.modelnet import ModelNet40
+from torch_mz.datasets.qm9 import QM9, QM9_PAPER_SPLIT, QM9_TARGETS
+from torch_mz.datasets.scanobjectnn import ScanObjectNN
+from torch_mz.datasets.transforms import RandomJitter, RandomRotateUp
+
+# Columns of QM9's x that are invariant under rotations/translations: one-hot type and charge.
+QM9_INVARIANT_COLUMNS = (0, 1, 2, 3, 4, 8)
+
+
+def _subset(dataset, index):
+    return dataset.index_select(index)
+
+
+def _point_cloud_task(name: str, cls, seed: int, n_train, n_val, n_test, root, num_classes,
+                      **kwargs):
+    from torch_mz.tasks import TaskData
+    augment = Compose([RandomRotateUp(), RandomJitter()])
+    train_aug = cls(root=root, train=True, transform=augment, **kwargs)
+    train_plain = cls(root=root, train=True, **kwargs)
+    test = cls(root=root, train=False, **kwargs)
+    n = len(train_plain)
+    val_size = n_val if n_val is not None else max(1, n // 10)
+    train_size = n_train if n_train is not None else n - val_size
+    if train_size + val_size > n:
+        raise ValueError(f"{name}: {train_size} train + {val_size} val sets exceed the {n} "
+                         f"training files")
+    tr, va, _ = split_indices(n, train_size, val_size, 0, seed=seed)
+    test_idx = list(range(len(test) if n_test is None else min(n_test, len(test))))
+    return TaskData(name, _subset(train_aug, tr), _subset(train_plain, va),
+                    _subset(test, test_idx), in_channels=3, out_channels=num_classes,
+                    task_type='classification', pos_dim=3,
+                    description=f'{cls.__name__} classification ({num_classes} classes)',
+                    info=dict(kwargs, val_fraction_of_train=val_size / n))
+
+
+def load_real_task(name: str, seed: int = 0, n_train: Optional[int] = None,
+                   n_val: Optional[int] = None, n_test: Optional[int] = None,
+                   root: Optional[str] = None, progress: bool = False, **kwargs):
+    r"""Loads a real dataset as a :class:`~torch_mz.tasks.TaskData` (see the module docstring).
+    :obj:`kwargs` go to the dataset class (e.g. ``target='alpha'`` or ``source='sdf'`` for QM9,
+    ``variant='PB_T50_RS'`` for ScanObjectNN, ``source='hdf5'`` for ModelNet40)."""
+    from torch_mz.tasks import TaskData
+    if name == 'modelnet40':
+        return _point_cloud_task(name, ModelNet40, seed, n_train, n_val, n_test, root, 40,
+                                 **kwargs)
+    if name == 'scanobjectnn':
+        return _point_cloud_task(name, ScanObjectNN, seed, n_train, n_val, n_test, root, 15,
+                                 **kwargs)
+    if name == 'qm9':
+        kwargs.setdefault('source', 'qm9pack')
+        kwargs.setdefault('target', 'mu')
+        ds = QM9(root=root, **kwargs)
+        if n_train is None and n_val is None and n_test is None:
+            tr, va, te = split_indices(len(ds), **QM9_PAPER_SPLIT, seed=seed)
+        else:
+            tr, va, te = split_indices(len(ds), n_train or 0, n_val or 0, n_test, seed=seed)
+        targets = kwargs['target']
+        targets = [targets] if isinstance(targets, (str, int)) else list(targets)
+        names = [QM9_TARGETS[t] if isinstance(t, int) else t for t in targets]
+        return TaskData(name, ds.index_select(tr), ds.index_select(va), ds.index_select(te),
+                        in_channels=9, out_channels=len(targets), task_type='regression',
+                        pos_dim=None, description=f"QM9 regression of {', '.join(names)}",
+                        info=dict(kwargs, targets=names,
+                                  feature_columns=list(QM9_INVARIANT_COLUMNS)))
+    raise ValueError(f"Unknown real dataset '{name}'")

@@ -1,0 +1,220 @@
+r"""ScanObjectNN as a dataset of point sets (MZAttn paper, Appendix A.2, Task E)."""
+import os.path as osp
+from typing import Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+from torch_geometric.data import Data, InMemoryDataset
+from tqdm import tqdm
+
+from torch_mz.datasets.common import (
+    CorruptRawFileError,
+    SkipCounter,
+    default_root,
+    load_stats,
+    normalize_unit_sphere,
+    read_h5,
+    save_stats,
+)
+
+# label -> name, in the order of the authors' release (their mapping2.py and label files)
+SCANOBJECTNN_CLASSES: Tuple[str, ...] = ('bag', 'bin', 'box', 'cabinet', 'chair', 'desk', 'display',
+                                         'door', 'shelf', 'table', 'bed', 'pillow', 'sink', 'sofa',
+                                         'toilet')
+
+# variant -> (folder under h5_files/, file-name suffix after '<split>_objectdataset')
+SCANOBJECTNN_VARIANTS: Dict[str, Tuple[str, str]] = {
+    'OBJ_ONLY': ('main_split_nobg', ''),
+    'OBJ_BG': ('main_split', ''),
+    'PB_T25': ('main_split', '_augmented25_norot'),
+    'PB_T25_R': ('main_split', '_augmented25rot'),
+    'PB_T50_R': ('main_split', '_augmentedrot'),
+    'PB_T50_RS': ('main_split', '_augmentedrot_scale75'),
+}
+
+SCANOBJECTNN_PAGE = 'https://hkust-vgd.github.io/scanobjectnn/'
+
+
+def scanobjectnn_file(variant: str, train: bool) -> str:
+    r"""The path of a variant's HDF5 file relative to the raw folder, e.g.
+    ``h5_files/main_split/training_objectdataset_augmentedrot_scale75.h5`` for PB_T50_RS."""
+    folder, suffix = SCANOBJECTNN_VARIANTS[variant]
+    split = 'training' if train else 'test'
+    return osp.join('h5_files', folder, f'{split}_objectdataset{suffix}.h5')
+
+
+class ScanObjectNN(InMemoryDataset):
+    r"""ScanObjectNN (Uy et al., `"Revisiting Point Cloud Classification: A New Benchmark Dataset
+    and Classification Model on Real-World Data" <https://arxiv.org/abs/1908.04616>`_): 15 classes
+    of objects scanned in real rooms, the real-world point-cloud task of the MZAttn paper (Appendix
+    A.2, Task E, variant OBJ_BG, 1,024 points).
+
+    Reads the authors' HDF5 release (datasets ``data`` :math:`(N, 2048, 3)`, ``label`` :math:`(N,)`,
+    ``mask`` :math:`(N, 2048)`), placed as ``raw/h5_files/...``. The variants and their files:
+
+    ============  =====================================================================
+    OBJ_ONLY      ``main_split_nobg/{training,test}_objectdataset.h5``
+    OBJ_BG        ``main_split/{training,test}_objectdataset.h5``
+    PB_T25        ``main_split/{training,test}_objectdataset_augmented25_norot.h5``
+    PB_T25_R      ``main_split/{training,test}_objectdataset_augmented25rot.h5``
+    PB_T50_R      ``main_split/{training,test}_objectdataset_augmentedrot.h5``
+    PB_T50_RS     ``main_split/{training,test}_objectdataset_augmentedrot_scale75.h5``
+    ============  =====================================================================
+
+    The files are shared by the authors under their terms of use, so :meth:`download` only explains
+    how to obtain them. At processing time each object keeps a random subset of :obj:`num_points` of
+    its points (fixed by :obj:`seed`), centered and scaled to the unit sphere when :obj:`normalize`.
+    Labels index :data:`SCANOBJECTNN_CLASSES`. Every example holds :obj:`pos` :math:`(n, 3)`,
+    :obj:`x = pos`, :obj:`y` :math:`(1,)` and, where the file has it, :obj:`mask` :math:`(n,)`
+    (:obj:`True` for points of the object, :obj:`False` for background points). Objects with
+    non-finite coordinates are left out, counted in :attr:`stats` and reported with a warning.
+
+    Args:
+        root (str, optional): Root folder. (default: :obj:`datasets/ScanObjectNN` of the repository,
+            see :func:`~torch_mz.datasets.common.default_root`)
+        variant (str, optional): One of :data:`SCANOBJECTNN_VARIANTS`. (default: :obj:`'OBJ_BG'`)
+        train (bool, optional): Load the training split, else the test split. (default: :obj:`True`)
+        num_points (int, optional): Points per object, :obj:`None` keeps all. (default: :obj:`1024`)
+        normalize (bool, optional): Center and scale every set to the unit sphere.
+            (default: :obj:`True`)
+        seed (int, optional): Seed of the point subsets. (default: :obj:`0`)
+        transform (callable, optional): Applied to every example on access. (default: :obj:`None`)
+        pre_transform (callable, optional): Applied once before saving. (default: :obj:`None`)
+        pre_filter (callable, optional): Keeps the examples for which it returns :obj:`True`.
+            (default: :obj:`None`)
+        log (bool, optional): Show progress bars while processing. (default: :obj:`True`)
+        force_reload (bool, optional): Re-process even if a processed cache exists.
+            (default: :obj:`False`)
+
+    Shapes:
+        - **pos**, **x:** :math:`(n, 3)`; **mask:** :math:`(n,)`, bool
+        - **y:** :math:`(1,)`, long, in :math:`[0, 15)`
+    """
+    classes = SCANOBJECTNN_CLASSES
+    variants = SCANOBJECTNN_VARIANTS
+
+    def __init__(
+        self,
+        root: Optional[str] = None,
+        variant: str = 'OBJ_BG',
+        train: bool = True,
+        num_points: Optional[int] = 1024,
+        normalize: bool = True,
+        seed: int = 0,
+        transform: Optional[Callable] = None,
+        pre_transform: Optional[Callable] = None,
+        pre_filter: Optional[Callable] = None,
+        log: bool = True,
+        force_reload: bool = False,
+    ) -> None:
+        if variant not in SCANOBJECTNN_VARIANTS:
+            raise ValueError(
+                f"'variant' must be one of {list(SCANOBJECTNN_VARIANTS)}, got '{variant}'")
+        if num_points is not None and num_points < 1:
+            raise ValueError(f"'num_points' must be a positive integer or None, got {num_points}")
+        self.variant = variant
+        self.train = train
+        self.num_points = num_points
+        self.normalize = normalize
+        self.seed = seed
+        super().__init__(
+            default_root('ScanObjectNN') if root is None else root, transform, pre_transform,
+            pre_filter, log=log, force_reload=force_reload)
+        self.load(self.processed_paths[0] if train else self.processed_paths[1])
+        self.stats: Dict[str, object] = load_stats(self.processed_paths[2])
+
+    @property
+    def num_classes(self) -> int:
+        return len(SCANOBJECTNN_CLASSES)
+
+    @property
+    def split(self) -> str:
+        return 'train' if self.train else 'test'
+
+    @property
+    def raw_file_names(self) -> List[str]:
+        return [scanobjectnn_file(self.variant, True), scanobjectnn_file(self.variant, False)]
+
+    @property
+    def processed_dir(self) -> str:
+        points = 'all' if self.num_points is None else str(self.num_points)
+        tag = f'{self.variant}_{points}_seed{self.seed}' + ('' if self.normalize else '_raw')
+        return osp.join(self.root, 'processed', tag)
+
+    @property
+    def processed_file_names(self) -> List[str]:
+        return ['train.pt', 'test.pt', 'stats.json']
+
+    def download(self) -> None:
+        missing = [p for p in self.raw_paths if not osp.exists(p)]
+        raise FileNotFoundError(
+            f'ScanObjectNN is distributed by its authors under terms of use and is not '
+            f'downloaded automatically. Request access on {SCANOBJECTNN_PAGE}, download '
+            f"h5_files.zip and extract it into '{self.raw_dir}' (so that '{self.raw_paths[0]}' "
+            f'exists). Missing: {missing}')
+
+    def process(self) -> None:
+        stats: Dict[str, object] = {
+            'variant': self.variant,
+            'num_points': self.num_points,
+            'normalize': self.normalize,
+            'seed': self.seed
+        }
+        for split, raw_path, path in zip(('train', 'test'), self.raw_paths,
+                                         self.processed_paths[:2]):
+            skipped = SkipCounter()
+            data_list = self._process_file(raw_path, split, skipped)
+            if self.pre_filter is not None:
+                data_list = [d for d in data_list if self.pre_filter(d)]
+            if self.pre_transform is not None:
+                data_list = [self.pre_transform(d) for d in data_list]
+            if not data_list:
+                raise RuntimeError(f"ScanObjectNN {self.variant}: no {split} object left to save "
+                                   f"(skipped: {skipped.counts})")
+            self.save(data_list, path)
+            stats[split] = {'num_objects': len(data_list), 'skipped': skipped.as_dict()}
+            skipped.report(f'ScanObjectNN {self.variant} {split}')
+        save_stats(stats, self.processed_paths[2])
+
+    def _process_file(self, path: str, split: str, skipped: SkipCounter) -> List[Data]:
+        arrays = read_h5(path, ('data', 'label'), optional=('mask', ))
+        points, labels = arrays['data'], arrays['label'].reshape(-1)
+        mask = arrays.get('mask')
+        if points.ndim != 3 or points.shape[-1] < 3 or len(labels) != len(points):
+            raise CorruptRawFileError(
+                path, f"expected 'data' (N, P, 3) and 'label' (N,), got "
+                f"{points.shape} and {arrays['label'].shape}")
+        if mask is not None and mask.shape != points.shape[:2]:
+            raise CorruptRawFileError(
+                path, f"expected 'mask' of shape {points.shape[:2]}, got {mask.shape}")
+        if len(labels) and (labels.min() < 0 or labels.max() >= len(SCANOBJECTNN_CLASSES)):
+            raise CorruptRawFileError(path, f'labels outside [0, {len(SCANOBJECTNN_CLASSES)})')
+        num_available = points.shape[1]
+        if self.num_points is not None and num_available < self.num_points:
+            raise ValueError(f"'{path}' holds {num_available} points per object, fewer than "
+                             f"num_points={self.num_points}")
+        rng = np.random.default_rng([self.seed, 0 if split == 'train' else 1])
+        data_list = []
+        for j in tqdm(range(len(points)), desc=f'ScanObjectNN {self.variant} {split}',
+                      disable=not self.log):
+            if self.num_points is None:
+                keep = np.arange(num_available)
+            else:
+                keep = np.sort(rng.choice(num_available, self.num_points, replace=False))
+            shape = points[j, keep, :3]  # (n, 3)
+            if not np.isfinite(shape).all():
+                skipped.add('non_finite_points', f'{osp.basename(path)}[{j}]')
+                continue
+            if self.normalize:
+                shape = normalize_unit_sphere(shape)
+            pos = torch.from_numpy(np.ascontiguousarray(shape, dtype=np.float32))  # (n, 3)
+            data = Data(pos=pos, x=pos.clone(), y=torch.tensor([int(labels[j])], dtype=torch.long))
+            if mask is not None:
+                data.mask = torch.from_numpy(mask[j, keep] != -1)  # (n,), -1 marks background
+            data_list.append(data)
+        return data_list
+
+    def __repr__(self) -> str:
+        return (
+            f'{self.__class__.__name__}({len(self)}, variant={self.variant}, split={self.split}, '
+            f'num_points={self.num_points})')

@@ -1,0 +1,778 @@
+r"""Synthetic set tasks of the MZAttn paper (Appendix A.2 and D), as lists of PyG :class:`Data`.
+
+Each task draws random point sets and labels them with a ground-truth function of
+:mod:`torch_mz.geometry`. A set becomes one :class:`~torch_geometric.data.Data` with
+
+* ``x``: the elements, shape :math:`(n, d_\mathrm{in})`, ``float32``;
+* ``y``: the regression target, shape :math:`(1, t)`, ``float32`` (so a PyG batch stacks it to
+  :math:`(B, t)`).
+
+Two-cloud tasks (``chamfer``, ``rotation-matching``) pack :math:`A` and :math:`B` into one set
+with a last indicator column (0 for :math:`A`, 1 for :math:`B`), giving
+:math:`d_\mathrm{in} = d + 1`; the rows of :math:`A` come first.
+
+Determinism: :func:`make_task` spawns four independent streams from
+``numpy.random.SeedSequence(seed)``: one for task-level parameters (e.g. the matrices of the
+quadratic target) and one per split. The same seed gives identical tensors; the splits are disjoint
+draws, changing one split's size or set-size range leaves the others unchanged, and a longer split
+extends a shorter one. Every target is computed from the ``float32``-rounded elements that are
+stored, so recomputing it from ``x`` agrees to round-off.
+
+Example::
+
+    from torch_geometric.loader import DataLoader
+    from torch_mz.datasets.synthetic import make_task
+
+    splits = make_task('meb-radius', seed=0)            # paper defaults: d=8, n in [10, 30]
+    loader = DataLoader(splits.train, batch_size=64, shuffle=True)
+    # set-size generalisation: train on 10-30 elements, test on 50-200
+    splits = make_task('quadratic-tdof', split_set_sizes={'train': (10, 30), 'test': (50, 200)})
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Type
+
+import numpy as np
+import torch
+from torch_geometric.data import Data
+from tqdm.auto import tqdm
+
+from torch_mz import geometry
+
+__all__ = [
+    'SPLITS',
+    'SyntheticTask',
+    'QuadraticTDOFTask',
+    'SetRegressionTask',
+    'ChamferTask',
+    'RotationMatchingTask',
+    'MSTWeightTask',
+    'GaussianMixtureTask',
+    'HullVolumeTask',
+    'MEBRadiusTask',
+    'SetStatisticTask',
+    'MaxTask',
+    'SumTask',
+    'MedianTask',
+    'RangeTask',
+    'TASKS',
+    'SyntheticSplits',
+    'list_tasks',
+    'make_task',
+]
+
+SPLITS = ('train', 'val', 'test')
+
+Sample = Tuple[np.ndarray, np.ndarray, Dict[str, np.ndarray]]
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation and sampling helpers
+# ---------------------------------------------------------------------------------------------
+def _check_int(value: Any, name: str, low: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ValueError(f"'{name}' must be an integer >= {low}, got {value!r}")
+    return int(value)
+
+
+def _check_positive(value: Any, name: str, allow_zero: bool = False) -> float:
+    try:
+        val = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"'{name}' must be a number, got {value!r}") from None
+    if not np.isfinite(val) or val < 0.0 or (val == 0.0 and not allow_zero):
+        bound = '>= 0' if allow_zero else '> 0'
+        raise ValueError(f"'{name}' must be a finite number {bound}, got {value!r}")
+    return val
+
+
+def _check_range(value: Any, name: str, low: float = 1, integer: bool = True) -> Tuple:
+    try:
+        lo, hi = value
+    except (TypeError, ValueError):
+        raise ValueError(f"'{name}' must be a pair (low, high), got {value!r}") from None
+    if integer:
+        lo, hi = _check_int(lo, f'{name}[0]', low), _check_int(hi, f'{name}[1]', low)
+    else:
+        lo, hi = _check_positive(lo, f'{name}[0]'), _check_positive(hi, f'{name}[1]')
+    if lo > hi:
+        raise ValueError(f"'{name}' must satisfy low <= high, got {value!r}")
+    return lo, hi
+
+
+def _draw_size(rng: np.random.Generator, set_size: Tuple[int, int]) -> int:
+    r"""A set size uniform in the inclusive range ``set_size``."""
+    return int(rng.integers(set_size[0], set_size[1] + 1))
+
+
+def _f32(a: np.ndarray) -> np.ndarray:
+    r"""Rounds to ``float32`` (the stored precision), returned as ``float64`` for the targets."""
+    return np.asarray(a, dtype=np.float32).astype(np.float64)
+
+
+def _gaussian_mixture(rng: np.random.Generator, n: int, d: int, num_clusters: Tuple[int, int],
+                      center_std: float, spread: Tuple[float, float]) -> np.ndarray:
+    r"""``n`` points from a random isotropic Gaussian mixture in :math:`\mathbb{R}^d`: ``k``
+    clusters (``k`` uniform in ``num_clusters``), centres drawn from
+    :math:`\mathcal{N}(0, \text{center\_std}^2 I)`, per-cluster standard deviations uniform in
+    ``spread``, points assigned uniformly to clusters."""
+    k = int(rng.integers(num_clusters[0], num_clusters[1] + 1))
+    centers = center_std * rng.standard_normal((k, d))  # (k, d)
+    scales = rng.uniform(spread[0], spread[1], size=k)  # (k,)
+    label = rng.integers(0, k, size=n)  # (n,)
+    return centers[label] + scales[label, None] * rng.standard_normal((n, d))  # (n, d)
+
+
+def _pack(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    r"""Stacks clouds :math:`A` and :math:`B` with an indicator column: shape
+    :math:`(n_A + n_B, d + 1)`."""
+    flag_a = np.zeros((a.shape[0], 1))
+    flag_b = np.ones((b.shape[0], 1))
+    return np.concatenate([np.concatenate([a, flag_a], 1), np.concatenate([b, flag_b], 1)], 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tasks
+# ---------------------------------------------------------------------------------------------
+class SyntheticTask:
+    r"""Base class of a synthetic set task: holds the task hyper-parameters, draws task-level
+    parameters once (:meth:`setup`) and then one labelled set at a time (:meth:`sample`).
+
+    Subclasses set the class attributes below and implement :meth:`sample`, :attr:`d_in` and
+    :attr:`out_dim`.
+
+    Attributes:
+        name (str): Registry name in :data:`TASKS`.
+        description (str): One-line description of the input and the target.
+        paper_ref (str): Where the paper specifies the task.
+        default_num_sets (tuple): Default ``(n_train, n_val, n_test)``.
+        default_set_size (tuple): Default inclusive range of the set size :math:`n` (for two-cloud
+            tasks, of each cloud).
+        task_type (str): ``'regression'``.
+    """
+    name: ClassVar[str] = ''
+    description: ClassVar[str] = ''
+    paper_ref: ClassVar[str] = ''
+    default_num_sets: ClassVar[Tuple[int, int, int]] = (5000, 1000, 2000)
+    default_set_size: ClassVar[Tuple[int, int]] = (10, 30)
+    task_type: ClassVar[str] = 'regression'
+
+    @property
+    def d_in(self) -> int:
+        r"""Number of input features per element."""
+        raise NotImplementedError
+
+    @property
+    def out_dim(self) -> int:
+        r"""Number of regression targets :math:`t`."""
+        return 1
+
+    @property
+    def params(self) -> Dict[str, np.ndarray]:
+        r"""Task-level parameters drawn by :meth:`setup` (empty for most tasks)."""
+        return {}
+
+    def setup(self, rng: np.random.Generator) -> None:
+        r"""Draws the task-level parameters shared by all splits (nothing by default)."""
+
+    def sample(self, rng: np.random.Generator, n: int) -> Sample:
+        r"""Draws one set of size ``n`` and returns ``(x, y, extra)``: ``x`` of shape
+        :math:`(n_\mathrm{total}, d_\mathrm{in})`, ``y`` of shape :math:`(t,)`, and a dict of extra
+        per-set arrays stored on the :class:`Data` object."""
+        raise NotImplementedError
+
+    def sample_many(self, rng: np.random.Generator, set_size: Tuple[int, int],
+                    count: int) -> Iterator[Sample]:
+        r"""Draws ``count`` sets, each of a size :math:`n` uniform in the inclusive range
+        ``set_size`` drawn just before the set itself, so that a longer stream extends a shorter
+        one. Equivalent to alternating ``rng.integers`` and :meth:`sample` (subclasses may override
+        it to share work across sets)."""
+        for _ in range(count):
+            yield self.sample(rng, _draw_size(rng, set_size))
+
+    def hparams(self) -> Dict[str, Any]:
+        r"""The hyper-parameters the task was built with."""
+        return {}
+
+    def __repr__(self) -> str:
+        args = ', '.join(f'{k}={v!r}' for k, v in self.hparams().items())
+        return f'{self.__class__.__name__}({args})'
+
+
+class QuadraticTDOFTask(SyntheticTask):
+    r"""Quadratic target of transformation degrees of freedom :math:`L` (Eq. 4, Section 3.2).
+
+    .. math::
+        f(S) = w^\top \Big(M_0 + \sum_{l=1}^{L} \mu(S)_l M_l\Big) \mu(S), \qquad
+        \mathrm{TDOF}(f) = L,
+
+    with :math:`\mu(S)` the set mean and :math:`M_0, \dots, M_L` drawn once per task (seed) as
+    Frobenius-orthonormal :math:`d \times d` matrices
+    (:func:`~torch_mz.geometry.frobenius_orthogonal_matrices`,
+    :math:`\langle M_i, M_j \rangle_F = \delta_{ij}`), :math:`w \sim \mathcal{N}(0, I_d)`.
+    The target is :math:`O(1)` per generator (variance of order :math:`L + 1`).
+
+    Elements are :math:`x_i = c + \sigma (e_i - \bar e)` with a per-set centre
+    :math:`c \sim \mathcal{N}(0, I_d)` and :math:`e_i \sim \mathcal{N}(0, I_d)`; the within-set
+    noise is centred, so :math:`\mu(S) = c` has exactly standard-Gaussian coordinates, the input
+    distribution of Theorem 2.
+
+    Args:
+        d (int, optional): Element dimension :math:`d \geq L`; the default :math:`32` covers the
+            paper's whole sweep :math:`L \in \{4, 8, 16, 24, 32\}` with one input distribution.
+            (default: :obj:`32`)
+        tdof (int, optional): Number of generators :math:`L`. (default: :obj:`8`)
+        noise (float, optional): Within-set standard deviation :math:`\sigma \geq 0`.
+            (default: :obj:`1.0`)
+        with_m0 (bool, optional): Include :math:`M_0`; :obj:`False` sets :math:`M_0 = 0` as in the
+            witness of Lemma 15. (default: :obj:`True`)
+    """
+    name = 'quadratic-tdof'
+    description = ('w^T (M_0 + sum_l mu_l M_l) mu of the set mean mu, Frobenius-orthonormal M_l; '
+                   'TDOF = L')
+    paper_ref = 'Section 3.2, Eq. 4 and Table 1; set sizes from Table 16 (D.2.3)'
+    default_set_size = (10, 30)
+
+    def __init__(self, d: int = 32, tdof: int = 8, noise: float = 1.0,
+                 with_m0: bool = True) -> None:
+        self.d = _check_int(d, 'd')
+        self.tdof = _check_int(tdof, 'tdof')
+        if self.tdof > self.d:
+            raise ValueError(f"'tdof' (L) must be <= d since the generators are gated by the first "
+                             f"L coordinates of the mean, got tdof={tdof} > d={d}")
+        self.noise = _check_positive(noise, 'noise', allow_zero=True)
+        self.with_m0 = bool(with_m0)
+        self.w: Optional[np.ndarray] = None
+        self.m0: Optional[np.ndarray] = None
+        self.ms: Optional[np.ndarray] = None
+
+    @property
+    def d_in(self) -> int:
+        return self.d
+
+    @property
+    def params(self) -> Dict[str, np.ndarray]:
+        if self.w is None:
+            return {}
+        return {'w': self.w, 'm0': self.m0, 'ms': self.ms}
+
+    def setup(self, rng: np.random.Generator) -> None:
+        mats = geometry.frobenius_orthogonal_matrices(self.tdof + 1, self.d, rng)  # (L + 1, d, d)
+        self.m0 = mats[0] if self.with_m0 else np.zeros((self.d, self.d))
+        self.ms = mats[1:]
+        self.w = rng.standard_normal(self.d)
+
+    def sample(self, rng: np.random.Generator, n: int) -> Sample:
+        if self.w is None:
+            raise RuntimeError('QuadraticTDOFTask.setup() must be called before sample()')
+        center = rng.standard_normal(self.d)
+        eps = rng.standard_normal((n, self.d))
+        x = _f32(center + self.noise * (eps - eps.mean(axis=0)))  # (n, d)
+        y = geometry.quadratic_tdof_target(x.mean(axis=0), self.w, self.m0, self.ms)
+        return x, np.atleast_1d(y), {}
+
+    def hparams(self) -> Dict[str, Any]:
+        return {'d': self.d, 'tdof': self.tdof, 'noise': self.noise, 'with_m0': self.with_m0}
+
+
+class SetRegressionTask(SyntheticTask):
+    r"""Task A, set regression in :math:`\mathbb{R}^{16}`: the sum of dimension-wise maxima.
+
+    The paper writes :math:`y = \sum_i [\max_{\mathrm{dim}} x_i]` and glosses it as "the sum of
+    dimension-wise maxima"; the two readings differ, so both are offered:
+
+    * ``mode='dimwise'`` (default, the gloss): :math:`y = \sum_{k=1}^{d} \max_i x_{ik}`, the maximum
+      over elements taken per dimension, summed over dimensions;
+    * ``mode='elementwise'`` (the formula read literally): :math:`y = \sum_i \max_k x_{ik}`.
+
+    Elements are i.i.d. :math:`\mathcal{N}(0, I_d)`.
+
+    Args:
+        d (int, optional): Element dimension. (default: :obj:`16`)
+        mode (str, optional): ``'dimwise'`` or ``'elementwise'``. (default: :obj:`'dimwise'`)
+    """
+    name = 'set-regression'
+    description = 'Task A: sum over dimensions of the per-dimension maximum over elements'
+    paper_ref = 'Appendix A.2, Task A'
+    default_num_sets = (10000, 2000, 2000)
+    default_set_size = (10, 100)
+
+    def __init__(self, d: int = 16, mode: str = 'dimwise') -> None:
+        self.d = _check_int(d, 'd')
+        if mode not in ('dimwise', 'elementwise'):
+            raise ValueError(f"'mode' must be 'dimwise' or 'elementwise', got {mode!r}")
+        self.mode = mode
+
+    @property
+    def d_in(self) -> int:
+        return self.d
+
+    def sample(self, rng: np.random.Generator, n: int) -> Sample:
+        x = _f32(rng.standard_normal((n, self.d)))  # (n, d)
+        y = x.max(axis=0).sum() if self.mode == 'dimwise' else x.max(axis=1).sum()
+        return x, np.atleast_1d(y), {}
+
+    def hparams(self) -> Dict[str, Any]:
+        return {'d': self.d, 'mode': self.mode}
+
+
+class ChamferTask(SyntheticTask):
+    r"""Task B, Chamfer-distance set matching in :math:`\mathbb{R}^3`.
+
+    :math:`A` has :math:`n` i.i.d. :math:`\mathcal{N}(0, I_d)` points. With probability
+    ``match_prob``, :math:`B = R A + \varepsilon` with a random rotation
+    :math:`R = R(\theta)` (:func:`~torch_mz.geometry.givens_rotation`, angles
+    :math:`\theta \sim \mathcal{U}(-\theta_\max, \theta_\max)` in every plane) and
+    :math:`\varepsilon \sim \mathcal{N}(0, \sigma^2 I)`, row :math:`i` of :math:`B` the image of
+    row :math:`i` of :math:`A`; otherwise :math:`B` is an independent cloud of i.i.d.
+    :math:`\mathcal{N}(0, I_d)` points. Both clouds always have the same size :math:`n`, so the size
+    does not reveal which case a set is. The target is
+    :func:`~torch_mz.geometry.chamfer_distance` :math:`\mathrm{CD}(A, B)` (mean squared
+    nearest-neighbour distance, both ways, no alignment). The set is packed as
+    :math:`[A, 0; B, 1]`, :math:`d_\mathrm{in} = d + 1 = 4`; ``data.matched`` is 1 for rotated-noisy
+    pairs.
+
+    The paper gives neither the rotation range nor the noise level. The rotation is kept moderate
+    by default: a uniformly random rotation of a Gaussian cloud is, for the unaligned Chamfer
+    distance, just another independent cloud, and the two cases would have the same target
+    distribution.
+
+    Args:
+        d (int, optional): Point dimension. (default: :obj:`3`)
+        match_prob (float, optional): Probability that :math:`B` is a rotated-noisy copy.
+            (default: :obj:`0.5`)
+        noise (float, optional): Noise standard deviation :math:`\sigma` (the value of Task F).
+            (default: :obj:`0.1`)
+        max_angle (float, optional): Largest Givens angle :math:`\theta_\max` in radians; ``pi``
+            gives broadly random rotations. (default: :obj:`pi / 6`)
+    """
+    name = 'chamfer'
+    description = 'Task B: Chamfer distance between A and B (B rotated-noisy A or independent)'
+    paper_ref = 'Appendix A.2, Task B'
+    default_num_sets = (5000, 1000, 1000)
+    default_set_size = (10, 30)
+
+    def __init__(self, d: int = 3, match_prob: float = 0.5, noise: float = 0.1,
+                 max_angle: float = np.pi / 6) -> None:
+        self.d = _check_int(d, 'd')
+        self.match_prob = _check_positive(match_prob, 'match_prob', allow_zero=True)
+        if self.match_prob > 1.0:
+            raise ValueError(f"'match_prob' must lie in [0, 1], got {match_prob!r}")
+        self.noise = _check_positive(noise, 'noise', allow_zero=True)
+        self.max_angle = _check_positive(max_angle, 'max_angle', allow_zero=True)
+
+    @property
+    def d_in(self) -> int:
+        return self.d + 1
+
+    def sample(self, rng: np.random.Generator, n: int) -> Sample:
+        a = rng.standard_normal((n, self.d))  # (n, d)
+        matched = bool(rng.random() < self.match_prob)
+        if matched:
+            theta = rng.uniform(-self.max_angle, self.max_angle,
+                                size=geometry.num_givens_angles(self.d))
+            rot = geometry.givens_rotation(self.d, theta)  # (d, d)
+            b = a @ rot.T + self.noise * rng.standard_normal((n, self.d))  # (n, d)
+        else:
+            b = rng.standard_normal((n, self.d))  # (n, d)
+        a, b = _f32(a), _f32(b)
+        y = geometry.chamfer_distance(a, b)
+        return _pack(a, b), np.atleast_1d(y), {'matched': np.array([int(matched)])}
+
+    def hparams(self) -> Dict[str, Any]:
+        return {'d': self.d, 'match_prob': self.match_prob, 'noise': self.noise,
+                'max_angle': self.max_angle}
+
+
+class RotationMatchingTask(SyntheticTask):
+    r"""Task F, rotation-dependent set matching in :math:`\mathbb{R}^8`.
+
+    :math:`A` has :math:`n` i.i.d. :math:`\mathcal{N}(0, I_d)` points and
+    :math:`B = R(\theta) A + \varepsilon`, :math:`\varepsilon \sim \mathcal{N}(0, \sigma^2 I)`,
+    where
+    :math:`R(\theta)` composes Givens rotations in all :math:`d(d-1)/2` planes
+    (:func:`~torch_mz.geometry.givens_rotation`) with per-set angles
+    :math:`\theta \sim \mathcal{U}(-\pi, \pi)`. Row :math:`i` of :math:`B` is the image of row
+    :math:`i` of :math:`A`. The target is the post-alignment Chamfer distance
+    (:func:`~torch_mz.geometry.aligned_chamfer_distance`)
+    :math:`\mathrm{CD}(A, R^\top B)`, aligned with
+
+    * ``alignment='true'`` (default): the sampled rotation :math:`R(\theta)`;
+    * ``alignment='procrustes'``: the rotation best aligning corresponding rows (Kabsch), which is
+      computable from ``x`` alone.
+
+    Packed as :math:`[A, 0; B, 1]`, :math:`d_\mathrm{in} = d + 1 = 9`.
+
+    Args:
+        d (int, optional): Point dimension. (default: :obj:`8`)
+        noise (float, optional): Noise standard deviation :math:`\sigma`. (default: :obj:`0.1`)
+        alignment (str, optional): ``'true'`` or ``'procrustes'``. (default: :obj:`'true'`)
+        store_rotation (bool, optional): Store :math:`R(\theta)` as ``data.rotation`` of shape
+            :math:`(1, d, d)`. (default: :obj:`False`)
+    """
+    name = 'rotation-matching'
+    description = 'Task F: Chamfer distance between A and R^T B, B = R(theta) A + noise'
+    paper_ref = 'Appendix A.2, Task F; high-d sweep in D.4.3'
+    default_num_sets = (5000, 1000, 2000)
+    default_set_size = (10, 30)
+
+    def __init__(self, d: int = 8, noise: float = 0.1, alignment: str = 'true',
+                 store_rotation: bool = False) -> None:
+        self.d = _check_int(d, 'd', low=2)
+        self.noise = _check_positive(noise, 'noise', allow_zero=True)
+        if alignment not in ('true', 'procrustes'):
+            raise ValueError(f"'alignment' must be 'true' or 'procrustes', got {alignment!r}")
+        self.alignment = alignment
+        self.store_rotation = bool(store_rotation)
+
+    @property
+    def d_in(self) -> int:
+        return self.d + 1
+
+    def _draw(self, rng: np.random.Generator, n: int) -> Tuple[np.ndarray, ...]:
+        a = rng.standard_normal((n, self.d))  # (n, d)
+        theta = rng.uniform(-np.pi, np.pi, size=geometry.num_givens_angles(self.d))
+        eps = rng.standard_normal((n, self.d))  # (n, d)
+        return a, theta, eps
+
+    def _finish(self, a: np.ndarray, rot: np.ndarray, eps: np.ndarray) -> Sample:
+        b = a @ rot.T + self.noise * eps  # (n, d)
+        a, b = _f32(a), _f32(b)
+        y = geometry.aligned_chamfer_distance(
+            a, b, rotation=rot if self.alignment == 'true' else None)
+        extra = {'rotation': rot[None]} if self.store_rotation else {}  # (1, d, d)
+        return _pack(a, b), np.atleast_1d(y), extra
+
+    def sample(self, rng: np.random.Generator, n: int) -> Sample:
+        a, theta, eps = self._draw(rng, n)
+        return self._finish(a, geometry.givens_rotation(self.d, theta), eps)
+
+    def sample_many(self, rng: np.random.Generator, set_size: Tuple[int, int],
+                    count: int) -> Iterator[Sample]:
+        # Givens products cost O(d^3) in a Python loop over the d(d-1)/2 planes: compose the
+        # rotations of a chunk of sets at once (the draws per set are those of sample()).
+        chunk = max(1, min(256, 2 ** 24 // self.d ** 2))
+        for start in range(0, count, chunk):
+            draws = [self._draw(rng, _draw_size(rng, set_size))
+                     for _ in range(min(chunk, count - start))]
+            rots = geometry.givens_rotation(self.d, np.stack([t for _, t, _ in draws]))  # (c, d, d)
+            for (a, _, eps), rot in zip(draws, rots):
+                yield self._finish(a, rot, eps)
+
+    def hparams(self) -> Dict[str, Any]:
+        return {'d': self.d, 'noise': self.noise, 'alignment': self.alignment,
+                'store_rotation': self.store_rotation}
+
+
+class GaussianMixtureTask(SyntheticTask):
+    r"""Base class of a geometric target of one point cloud drawn from a random Gaussian mixture
+    (the MST, hull and MEB tasks): :math:`k` clusters with :math:`k` uniform in ``num_clusters``,
+    centres :math:`\mathcal{N}(0, \text{center\_std}^2 I)`, per-cluster standard deviations uniform
+    in ``spread``, points assigned to clusters uniformly. The paper only says "1-3 random clusters
+    (varying centers and spreads)" (Task G) and "mixtures of Gaussians" (MEB); the centre and spread
+    scales are this package's choice.
+
+    Args:
+        d (int, optional): Point dimension. (default: the subclass's :attr:`default_d`)
+        num_clusters (tuple, optional): Inclusive range of the number of clusters.
+            (default: :obj:`(1, 3)`)
+        center_std (float, optional): Standard deviation of the cluster centres.
+            (default: :obj:`2.0`)
+        spread (tuple, optional): Range of the per-cluster standard deviations.
+            (default: :obj:`(0.3, 1.0)`)
+    """
+    default_d: ClassVar[int] = 8
+
+    def __init__(self, d: Optional[int] = None, num_clusters: Tuple[int, int] = (1, 3),
+                 center_std: float = 2.0, spread: Tuple[float, float] = (0.3, 1.0)) -> None:
+        self.d = _check_int(self.default_d if d is None else d, 'd')
+        self.num_clusters = _check_range(num_clusters, 'num_clusters')
+        self.center_std = _check_positive(center_std, 'center_std', allow_zero=True)
+        self.spread = _check_range(spread, 'spread', integer=False)
+
+    @property
+    def d_in(self) -> int:
+        return self.d
+
+    def target(self, points: np.ndarray) -> float:
+        raise NotImplementedError
+
+    def sample(self, rng: np.random.Generator, n: int) -> Sample:
+        x = _f32(_gaussian_mixture(rng, n, self.d, self.num_clusters, self.center_std, self.spread))
+        return x, np.atleast_1d(self.target(x)), {}
+
+    def hparams(self) -> Dict[str, Any]:
+        return {'d': self.d, 'num_clusters': self.num_clusters, 'center_std': self.center_std,
+                'spread': self.spread}
+
+
+class MSTWeightTask(GaussianMixtureTask):
+    r"""Task G, minimum-spanning-tree weight in :math:`\mathbb{R}^8`
+    (:func:`~torch_mz.geometry.mst_weight`) of a cloud drawn from 1-3 random Gaussian clusters.
+
+    Takes the arguments of :class:`GaussianMixtureTask`; the default dimension is :math:`d = 8`.
+    """
+    name = 'mst'
+    description = 'Task G: total Euclidean edge length of the minimum spanning tree'
+    paper_ref = 'Appendix A.2, Task G; high-d sweep in D.4.4'
+    default_d = 8
+
+    def target(self, points: np.ndarray) -> float:
+        return geometry.mst_weight(points)
+
+
+class HullVolumeTask(GaussianMixtureTask):
+    r"""Convex-hull volume (:func:`~torch_mz.geometry.convex_hull_volume`, QHull) of a cloud drawn
+    from 1-3 random Gaussian clusters; the paper evaluates :math:`d \in \{3, 6, 9\}` with
+    :math:`n \in [15, 35]`. Degenerate clouds have volume 0.
+
+    Takes the arguments of :class:`GaussianMixtureTask`; the default dimension is :math:`d = 3`.
+    """
+    name = 'hull-volume'
+    description = 'Convex hull volume (QHull)'
+    paper_ref = 'Appendix D.4.2, Table 22'
+    default_set_size = (15, 35)
+    default_d = 3
+
+    def target(self, points: np.ndarray) -> float:
+        return geometry.convex_hull_volume(points)
+
+
+class MEBRadiusTask(GaussianMixtureTask):
+    r"""Minimum-enclosing-ball radius (:func:`~torch_mz.geometry.min_enclosing_ball`, exact) of a
+    mixture-of-Gaussians cloud; the paper evaluates :math:`d \in \{8, 16, 32\}` with
+    :math:`n \in [10, 30]`.
+
+    Takes the arguments of :class:`GaussianMixtureTask`; the default dimension is :math:`d = 8`.
+    """
+    name = 'meb-radius'
+    description = 'Radius of the minimum enclosing ball (exact)'
+    paper_ref = 'Section 5.3, Table 3; Appendix D.4.1'
+    default_d = 8
+
+    def target(self, points: np.ndarray) -> float:
+        return geometry.min_enclosing_ball(points)[1]
+
+
+class SetStatisticTask(SyntheticTask):
+    r"""A per-dimension statistic over the elements of a set of i.i.d. :math:`\mathcal{N}(0, I_d)`
+    vectors (the max / sum / median / range tasks of Appendix D.4.6 and D.5.3).
+
+    For each dimension :math:`k` the statistic is taken over the elements, :math:`s_k =
+    \mathrm{stat}_i\, x_{ik}`; the target is the vector :math:`s \in \mathbb{R}^d` (``reduce=None``,
+    :math:`t = d`), or its ``'mean'`` or ``'sum'`` over dimensions (:math:`t = 1`). The paper does
+    not say which; note that ``max`` with ``reduce='sum'`` is Task A.
+
+    Args:
+        d (int, optional): Element dimension. (default: :obj:`16`)
+        reduce (str, optional): :obj:`None`, ``'mean'`` or ``'sum'``. (default: :obj:`None`)
+    """
+    default_set_size = (10, 50)
+    paper_ref = 'Appendix D.4.6 (Table 25) and D.5.3 (Table 29)'
+
+    def __init__(self, d: int = 16, reduce: Optional[str] = None) -> None:
+        self.d = _check_int(d, 'd')
+        if reduce not in (None, 'mean', 'sum'):
+            raise ValueError(f"'reduce' must be None, 'mean' or 'sum', got {reduce!r}")
+        self.reduce = reduce
+
+    @property
+    def d_in(self) -> int:
+        return self.d
+
+    @property
+    def out_dim(self) -> int:
+        return self.d if self.reduce is None else 1
+
+    @staticmethod
+    def statistic(x: np.ndarray) -> np.ndarray:
+        r"""Per-dimension statistic of ``x`` of shape :math:`(n, d)`, returned as :math:`(d,)`."""
+        raise NotImplementedError
+
+    def sample(self, rng: np.random.Generator, n: int) -> Sample:
+        x = _f32(rng.standard_normal((n, self.d)))  # (n, d)
+        s = self.statistic(x)  # (d,)
+        if self.reduce == 'mean':
+            s = np.atleast_1d(s.mean())
+        elif self.reduce == 'sum':
+            s = np.atleast_1d(s.sum())
+        return x, s, {}
+
+    def hparams(self) -> Dict[str, Any]:
+        return {'d': self.d, 'reduce': self.reduce}
+
+
+class MaxTask(SetStatisticTask):
+    r"""Per-dimension maximum over the elements (see :class:`SetStatisticTask`)."""
+    name = 'max'
+    description = 'Per-dimension maximum over the elements'
+
+    @staticmethod
+    def statistic(x: np.ndarray) -> np.ndarray:
+        return x.max(axis=0)
+
+
+class SumTask(SetStatisticTask):
+    r"""Per-dimension sum over the elements (see :class:`SetStatisticTask`)."""
+    name = 'sum'
+    description = 'Per-dimension sum over the elements'
+
+    @staticmethod
+    def statistic(x: np.ndarray) -> np.ndarray:
+        return x.sum(axis=0)
+
+
+class MedianTask(SetStatisticTask):
+    r"""Per-dimension median over the elements, the mean of the two middle values for even
+    :math:`n` (see :class:`SetStatisticTask`)."""
+    name = 'median'
+    description = 'Per-dimension median over the elements'
+
+    @staticmethod
+    def statistic(x: np.ndarray) -> np.ndarray:
+        return np.median(x, axis=0)
+
+
+class RangeTask(SetStatisticTask):
+    r"""Per-dimension range, maximum minus minimum over the elements (see
+    :class:`SetStatisticTask`)."""
+    name = 'range'
+    description = 'Per-dimension range (max - min) over the elements'
+
+    @staticmethod
+    def statistic(x: np.ndarray) -> np.ndarray:
+        return x.max(axis=0) - x.min(axis=0)
+
+
+TASKS: Dict[str, Type[SyntheticTask]] = {
+    cls.name: cls
+    for cls in (QuadraticTDOFTask, SetRegressionTask, ChamferTask, RotationMatchingTask,
+                MSTWeightTask, HullVolumeTask, MEBRadiusTask, MaxTask, SumTask, MedianTask,
+                RangeTask)
+}
+
+
+def list_tasks() -> List[str]:
+    r"""Names of the registered synthetic tasks, in the order of :data:`TASKS`."""
+    return list(TASKS)
+
+
+# ---------------------------------------------------------------------------------------------
+# Generation
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class SyntheticSplits:
+    r"""The train / val / test splits of a synthetic task, each a list of :class:`Data`.
+
+    Attributes:
+        name (str): Task name.
+        train, val, test (list of Data): The splits.
+        task (SyntheticTask): The task, with its hyper-parameters and task-level parameters
+            (:attr:`SyntheticTask.params`).
+        seed (int): The seed the splits were drawn from.
+        set_sizes (dict): Inclusive set-size range of each split.
+    """
+    name: str
+    train: List[Data]
+    val: List[Data]
+    test: List[Data]
+    task: SyntheticTask
+    seed: int
+    set_sizes: Dict[str, Tuple[int, int]] = field(default_factory=dict)
+
+    @property
+    def d_in(self) -> int:
+        return self.task.d_in
+
+    @property
+    def out_dim(self) -> int:
+        return self.task.out_dim
+
+    @property
+    def task_type(self) -> str:
+        return self.task.task_type
+
+    @property
+    def description(self) -> str:
+        return self.task.description
+
+    def __getitem__(self, split: str) -> List[Data]:
+        if split not in SPLITS:
+            raise KeyError(f"split must be one of {SPLITS}, got {split!r}")
+        return getattr(self, split)
+
+    def __repr__(self) -> str:
+        sizes = ', '.join(f'{s}={len(self[s])}' for s in SPLITS)
+        return (f'{self.__class__.__name__}({self.task!r}, seed={self.seed}, {sizes}, '
+                f'set_sizes={self.set_sizes})')
+
+
+def _to_data(x: np.ndarray, y: np.ndarray, extra: Mapping[str, np.ndarray]) -> Data:
+    data = Data(x=torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)),
+                y=torch.from_numpy(np.asarray(y, dtype=np.float32).reshape(1, -1)))  # (1, t)
+    for key, value in extra.items():
+        value = np.asarray(value)
+        dtype = np.float32 if np.issubdtype(value.dtype, np.floating) else np.int64
+        data[key] = torch.from_numpy(np.ascontiguousarray(value, dtype=dtype))
+    return data
+
+
+def make_task(name: str, n_train: Optional[int] = None, n_val: Optional[int] = None,
+              n_test: Optional[int] = None, seed: int = 0,
+              set_size: Optional[Sequence[int]] = None,
+              split_set_sizes: Optional[Mapping[str, Sequence[int]]] = None,
+              progress: bool = False, **task_kwargs: Any) -> SyntheticSplits:
+    r"""Generates the train / val / test splits of a synthetic task, deterministically from
+    ``seed``.
+
+    Args:
+        name (str): A task of :func:`list_tasks`: ``'quadratic-tdof'``, ``'set-regression'``,
+            ``'chamfer'``, ``'rotation-matching'``, ``'mst'``, ``'hull-volume'``, ``'meb-radius'``,
+            ``'max'``, ``'sum'``, ``'median'`` or ``'range'``.
+        n_train (int, optional): Number of training sets. (default: the task's
+            ``default_num_sets[0]``)
+        n_val (int, optional): Number of validation sets. (default: ``default_num_sets[1]``)
+        n_test (int, optional): Number of test sets. (default: ``default_num_sets[2]``)
+        seed (int, optional): Root seed. (default: :obj:`0`)
+        set_size (tuple, optional): Inclusive range ``(low, high)`` of the set size, drawn
+            uniformly per set, for every split (for two-cloud tasks: of each cloud).
+            (default: the task's ``default_set_size``)
+        split_set_sizes (dict, optional): Per-split overrides of ``set_size``, e.g.
+            ``{'train': (10, 30), 'test': (50, 200)}`` for set-size generalisation.
+            (default: :obj:`None`)
+        progress (bool, optional): Show a :mod:`tqdm` progress bar. (default: :obj:`False`)
+        **task_kwargs: Hyper-parameters of the task class (e.g. ``d``, ``tdof``, ``noise``).
+
+    Returns:
+        SyntheticSplits
+    """
+    if name not in TASKS:
+        raise ValueError(f"Unknown synthetic task {name!r}; expected one of {list_tasks()}")
+    cls = TASKS[name]
+    task = cls(**task_kwargs)
+    counts = {split: _check_int(cls.default_num_sets[i] if given is None else given, f'n_{split}',
+                                low=0)
+              for i, (split, given) in enumerate(zip(SPLITS, (n_train, n_val, n_test)))}
+    default_range = _check_range(cls.default_set_size if set_size is None else set_size,
+                                 'set_size')
+    sizes = {split: default_range for split in SPLITS}
+    for split, rng_range in (split_set_sizes or {}).items():
+        if split not in SPLITS:
+            raise ValueError(f"'split_set_sizes' keys must be among {SPLITS}, got {split!r}")
+        sizes[split] = _check_range(rng_range, f"split_set_sizes['{split}']")
+    seed = _check_int(seed, 'seed', low=0)
+
+    task_seq, *split_seqs = np.random.SeedSequence(seed).spawn(1 + len(SPLITS))
+    task.setup(np.random.default_rng(task_seq))
+    out: Dict[str, List[Data]] = {}
+    with tqdm(total=sum(counts.values()), desc=f'Generating {name}', disable=not progress) as bar:
+        for split, seq in zip(SPLITS, split_seqs):
+            rng = np.random.default_rng(seq)
+            data_list = []
+            for sample in task.sample_many(rng, sizes[split], counts[split]):
+                data_list.append(_to_data(*sample))
+                bar.update(1)
+            out[split] = data_list
+    return SyntheticSplits(name=name, train=out['train'], val=out['val'], test=out['test'],
+                           task=task, seed=seed, set_sizes=sizes)

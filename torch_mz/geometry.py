@@ -1,0 +1,524 @@
+r"""Ground-truth functions of the synthetic set tasks (Appendix A.2 and D of the MZAttn paper).
+
+Every function here is pure NumPy / SciPy: it takes arrays, returns arrays or Python floats, draws
+randomness only from a :class:`numpy.random.Generator` it is given, and never touches torch. The
+task generators in :mod:`torch_mz.datasets.synthetic` call them; the tests call them again on the
+generated ``x`` to check the stored targets.
+
+Point sets are ``(n, d)`` arrays, one point per row; all computation is in ``float64``.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple, Union
+
+import numpy as np
+from scipy.sparse.csgraph import minimum_spanning_tree
+from scipy.spatial import ConvexHull, QhullError
+from scipy.spatial.distance import cdist, pdist, squareform
+
+__all__ = [
+    'chamfer_distance',
+    'aligned_chamfer_distance',
+    'procrustes_rotation',
+    'mst_weight',
+    'convex_hull_volume',
+    'min_enclosing_ball',
+    'givens_rotation',
+    'num_givens_angles',
+    'frobenius_orthogonal_matrices',
+    'quadratic_tdof_target',
+]
+
+SeedLike = Union[None, int, np.random.Generator]
+
+
+def _as_points(points, name: str = 'points', allow_empty: bool = True) -> np.ndarray:
+    r"""Validates an ``(n, d)`` point array and returns it as ``float64``."""
+    arr = np.asarray(points, dtype=np.float64)
+    if arr.ndim != 2:
+        raise ValueError(f"'{name}' must be a 2-D array of shape (n, d), got shape {arr.shape}")
+    if arr.shape[1] < 1:
+        raise ValueError(f"'{name}' must have at least one coordinate (d >= 1), "
+                         f"got shape {arr.shape}")
+    if not allow_empty and arr.shape[0] == 0:
+        raise ValueError(f"'{name}' must contain at least one point, got shape {arr.shape}")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"'{name}' must be finite, got NaN or inf")
+    return arr
+
+
+def _as_generator(rng: SeedLike) -> np.random.Generator:
+    if isinstance(rng, np.random.Generator):
+        return rng
+    return np.random.default_rng(rng)
+
+
+# ---------------------------------------------------------------------------------------------
+# Chamfer distances (Tasks B and F)
+# ---------------------------------------------------------------------------------------------
+def chamfer_distance(a, b, squared: bool = True) -> float:
+    r"""Symmetric Chamfer distance between two point sets (Task B of the paper).
+
+    .. math::
+        \mathrm{CD}(A, B) = \frac{1}{|A|} \sum_{a \in A} \min_{b \in B} \|a - b\|^2
+        + \frac{1}{|B|} \sum_{b \in B} \min_{a \in A} \|a - b\|^2,
+
+    the usual point-cloud convention (mean of squared nearest-neighbour distances, both ways).
+    With ``squared=False`` plain Euclidean distances replace the squared ones.
+
+    Args:
+        a (array_like): First set, shape :math:`(n_A, d)`, :math:`n_A \geq 1`.
+        b (array_like): Second set, shape :math:`(n_B, d)`, :math:`n_B \geq 1`.
+        squared (bool, optional): Use squared distances. (default: :obj:`True`)
+
+    Returns:
+        float: :math:`\mathrm{CD}(A, B) \geq 0`; symmetric in its arguments, zero iff the two sets
+        contain the same points.
+    """
+    a = _as_points(a, 'a', allow_empty=False)
+    b = _as_points(b, 'b', allow_empty=False)
+    if a.shape[1] != b.shape[1]:
+        raise ValueError(f"'a' and 'b' must have the same dimension, "
+                         f"got {a.shape[1]} and {b.shape[1]}")
+    dist = cdist(a, b, 'sqeuclidean' if squared else 'euclidean')  # (n_A, n_B)
+    return float(dist.min(axis=1).mean() + dist.min(axis=0).mean())
+
+
+def procrustes_rotation(a, b) -> np.ndarray:
+    r"""Rotation :math:`\hat R \in SO(d)` best aligning corresponding rows,
+    :math:`b_i \approx \hat R a_i`.
+
+    Solves the orthogonal Procrustes (Kabsch) problem restricted to proper rotations and without
+    translation: :math:`\hat R = \arg\min_{R \in SO(d)} \sum_i \|R a_i - b_i\|^2`.
+
+    Args:
+        a (array_like): Shape :math:`(n, d)`.
+        b (array_like): Shape :math:`(n, d)`, row :math:`i` corresponds to row :math:`i` of ``a``.
+
+    Returns:
+        numpy.ndarray: :math:`\hat R`, shape :math:`(d, d)`, orthogonal with determinant :math:`+1`.
+    """
+    a = _as_points(a, 'a', allow_empty=False)
+    b = _as_points(b, 'b', allow_empty=False)
+    if a.shape != b.shape:
+        raise ValueError(f"'a' and 'b' must have the same shape (corresponding points), "
+                         f"got {a.shape} and {b.shape}")
+    cross = b.T @ a  # (d, d): sum_i b_i a_i^T
+    u, _, vt = np.linalg.svd(cross)
+    sign = np.ones(a.shape[1])
+    sign[-1] = np.sign(np.linalg.det(u @ vt)) or 1.0
+    return (u * sign) @ vt  # (d, d)
+
+
+def aligned_chamfer_distance(a, b, rotation=None, squared: bool = True) -> float:
+    r"""Post-alignment Chamfer distance of rotation-dependent set matching (Task F of the paper).
+
+    :math:`B` is modelled as :math:`B = R A + \varepsilon`; the target is the Chamfer distance
+    (:func:`chamfer_distance`) after undoing the rotation,
+
+    .. math::
+        \mathrm{CD}_{\mathrm{aligned}}(A, B) = \mathrm{CD}(A, \{R^\top b : b \in B\}).
+
+    ``rotation`` is the true :math:`R`. When it is :obj:`None`, :math:`R` is estimated by
+    :func:`procrustes_rotation` from corresponding rows (so ``a`` and ``b`` must then have the same
+    shape, row :math:`i` of ``b`` being the noisy image of row :math:`i` of ``a``).
+
+    Args:
+        a (array_like): Reference set, shape :math:`(n_A, d)`.
+        b (array_like): Rotated noisy set, shape :math:`(n_B, d)`.
+        rotation (array_like, optional): Orthogonal :math:`(d, d)` matrix :math:`R`.
+            (default: :obj:`None`, Procrustes estimate)
+        squared (bool, optional): Use squared distances. (default: :obj:`True`)
+
+    Returns:
+        float: The aligned Chamfer distance.
+    """
+    a = _as_points(a, 'a', allow_empty=False)
+    b = _as_points(b, 'b', allow_empty=False)
+    d = a.shape[1]
+    if b.shape[1] != d:
+        raise ValueError(f"'a' and 'b' must have the same dimension, got {d} and {b.shape[1]}")
+    if rotation is None:
+        rot = procrustes_rotation(a, b)
+    else:
+        rot = np.asarray(rotation, dtype=np.float64)
+        if rot.shape != (d, d):
+            raise ValueError(f"'rotation' must have shape ({d}, {d}), got {rot.shape}")
+    # Rows: b_i = R a_i + eps_i  =>  R^T b_i, i.e. b @ R.
+    return chamfer_distance(a, b @ rot, squared=squared)
+
+
+# ---------------------------------------------------------------------------------------------
+# Minimum spanning tree (Task G) and convex hull volume (Appendix D.4.2)
+# ---------------------------------------------------------------------------------------------
+def mst_weight(points) -> float:
+    r"""Total Euclidean edge length of the minimum spanning tree of a point set (Task G).
+
+    Computed with :func:`scipy.sparse.csgraph.minimum_spanning_tree` on the dense distance matrix.
+    Duplicate points are merged first (they join the tree through zero-length edges, which the
+    sparse-graph convention would otherwise read as missing edges).
+
+    Args:
+        points (array_like): Shape :math:`(n, d)`.
+
+    Returns:
+        float: The MST weight; :math:`0` for :math:`n \leq 1`.
+    """
+    pts = _as_points(points)
+    if pts.shape[0] <= 1:
+        return 0.0
+    flat = pdist(pts)  # (n (n - 1) / 2,)
+    if not flat.all():
+        pts = np.unique(pts, axis=0)
+        if pts.shape[0] <= 1:
+            return 0.0
+        flat = pdist(pts)
+    return float(minimum_spanning_tree(squareform(flat)).sum())
+
+
+def convex_hull_volume(points, rtol: float = 1e-10) -> float:
+    r"""Volume (:math:`d`-dimensional Lebesgue measure) of the convex hull of a point set.
+
+    Computed exactly with QHull (:class:`scipy.spatial.ConvexHull`) for :math:`d \geq 2`, and as
+    :math:`\max - \min` for :math:`d = 1`.
+
+    Degenerate input has volume :math:`0`, returned without calling QHull: fewer than :math:`d + 1`
+    points, or points whose affine hull has dimension below :math:`d` (judged from the singular
+    values of the centred points, relative tolerance ``rtol``); a :class:`scipy.spatial.QhullError`
+    raised on nearly flat input is also mapped to :math:`0`.
+
+    Args:
+        points (array_like): Shape :math:`(n, d)`.
+        rtol (float, optional): Relative singular-value tolerance of the flatness test.
+            (default: :obj:`1e-10`)
+
+    Returns:
+        float: The hull volume, :math:`\geq 0`.
+    """
+    pts = _as_points(points)
+    n, d = pts.shape
+    if n < d + 1:
+        return 0.0
+    if d == 1:
+        return float(pts.max() - pts.min())
+    centred = pts - pts.mean(axis=0)
+    sv = np.linalg.svd(centred, compute_uv=False)
+    if sv[0] == 0.0 or sv[d - 1] <= rtol * sv[0]:
+        return 0.0
+    try:
+        return float(ConvexHull(pts).volume)
+    except QhullError:
+        return 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Minimum enclosing ball (Appendix D.4.1)
+# ---------------------------------------------------------------------------------------------
+def _affine_coefficients(support: np.ndarray) -> Optional[np.ndarray]:
+    r"""Affine coordinates :math:`\lambda` (:math:`\sum_i \lambda_i = 1`) of the circumcentre of
+    ``support`` (``k`` affinely independent points) within their affine hull, or :obj:`None` when
+    the points are (numerically) affinely dependent.
+
+    The circumcentre is :math:`c = p_0 + V^\top \beta` with :math:`V = (p_i - p_0)_{i \geq 1}` and
+    :math:`(V V^\top) \beta = \frac12 \mathrm{diag}(V V^\top)`; then
+    :math:`\lambda = (1 - \sum\beta, \beta)`.
+    """
+    k = support.shape[0]
+    if k == 1:
+        return np.ones(1)
+    v = support[1:] - support[0]  # (k - 1, d)
+    gram = v @ v.T  # (k - 1, k - 1)
+    eig = np.linalg.eigvalsh(gram)
+    if eig[0] <= 1e-12 * max(eig[-1], np.finfo(np.float64).tiny):
+        return None
+    beta = np.linalg.solve(gram, 0.5 * np.diag(gram))  # (k - 1,)
+    return np.concatenate([[1.0 - beta.sum()], beta])
+
+
+def _circumball(support: np.ndarray) -> Tuple[np.ndarray, float]:
+    r"""Smallest ball with every row of ``support`` (``k <= d + 1`` points) on its boundary; an
+    affinely dependent support (reachable only through round-off) falls back to least squares."""
+    lam = _affine_coefficients(support)
+    if lam is None:
+        v = support[1:] - support[0]  # (k - 1, d)
+        gram = v @ v.T
+        beta = np.linalg.lstsq(gram, 0.5 * np.diag(gram), rcond=None)[0]
+        center = support[0] + beta @ v
+    else:
+        center = lam @ support  # (d,)
+    return center, float(((support - center) ** 2).sum(axis=1).max())
+
+
+def _mtf_ball(points: np.ndarray, order: list, end: int, support: list,
+              tol: float) -> Tuple[Optional[np.ndarray], float]:
+    r"""Smallest ball enclosing ``points[order[:end]]`` with ``points[support]`` on its boundary.
+
+    Welzl's recursion unrolled over the list ``order[:end]`` (move-to-front variant): the recursion
+    depth is bounded by the support size, at most :math:`d + 1`, never by the number of points.
+    """
+    d = points.shape[1]
+    if support:
+        center, r2 = _circumball(points[support])
+    else:
+        center, r2 = None, -1.0
+    if len(support) == d + 1:
+        return center, r2
+    i = 0
+    while i < end:
+        if center is None:
+            j = i  # empty ball: every point violates it
+        else:
+            cand = points[order[i:end]]  # (end - i, d)
+            dist2 = ((cand - center) ** 2).sum(axis=1)
+            outside = np.flatnonzero(dist2 > r2 + tol)
+            if outside.size == 0:
+                break
+            j = i + int(outside[0])
+        p = order[j]
+        center, r2 = _mtf_ball(points, order, j, support + [p], tol)
+        # Move the violator to the front; order[:j + 1] keeps the same set of points.
+        del order[j]
+        order.insert(0, p)
+        i = j + 1
+    return center, r2
+
+
+def _welzl(points: np.ndarray, tol: float) -> np.ndarray:
+    r"""Centre of the minimum enclosing ball by Welzl's algorithm, move-to-front variant."""
+    # Farthest-from-centroid first: extreme points enter the support early (a deterministic
+    # stand-in for Welzl's random order that needs fewer restarts).
+    order = np.argsort(-(points ** 2).sum(axis=1), kind='stable').tolist()
+    center, _ = _mtf_ball(points, order, len(order), [], tol)
+    return center
+
+
+def _active_set(points: np.ndarray, tol: float, max_iter: int) -> Optional[np.ndarray]:
+    r"""Centre of the minimum enclosing ball by a primal active-set method on the dual problem
+
+    .. math::
+        \min_{\lambda \in \Delta_n} \|P^\top \lambda\|^2 - \sum_i \lambda_i \|p_i\|^2,
+        \qquad c = P^\top \lambda,
+
+    a simplex-like pivoting scheme in the spirit of Fischer, Gärtner and Kutz (2003): the working
+    set is an affinely independent set of boundary candidates whose circumcentre is the current
+    sub-problem optimum. Returns :obj:`None` when it does not finish within ``max_iter`` pivots.
+    """
+    sq = (points ** 2).sum(axis=1)  # (n,)
+    work = [int(np.argmax(sq))]
+    lam = np.ones(1)  # affine weights of the working set, all >= 0, summing to one
+    for _ in range(max_iter):
+        target = _affine_coefficients(points[work])
+        if target is None:
+            return None
+        if target.min() >= 0.0:
+            # Sub-problem optimum is feasible: the ball through the working set, centred in its
+            # convex hull. Optimal iff no point lies outside; otherwise pivot the farthest one in.
+            lam = target
+            center = lam @ points[work]  # (d,)
+            dist2 = ((points - center) ** 2).sum(axis=1)  # (n,)
+            r2 = float(dist2[work].max())
+            j = int(np.argmax(dist2))
+            if dist2[j] <= r2 + tol:
+                return center
+            base = points[work[0]]
+            v = points[work[1:]] - base  # (k - 1, d)
+            coef = (np.linalg.lstsq(v.T, points[j] - base, rcond=None)[0]
+                    if len(work) > 1 else np.zeros(0))
+            resid = points[j] - base - coef @ v  # (d,)
+            if float(resid @ resid) > 1e-12 * max(float(v.ravel() @ v.ravel()), tol):
+                work.append(j)
+                lam = np.concatenate([lam, [0.0]])
+                continue
+            # p_j lies in the affine hull of the working set: along the affine dependency
+            # delta (sum 0, sum delta_i p_i = 0, delta_j = 1) the centre stays put while the
+            # objective decreases; walk until a working point's weight hits zero, then swap.
+            delta = np.concatenate([[coef.sum() - 1.0], -coef])  # weights on the working set
+            neg = delta < 0.0
+            ratios = np.full(delta.shape, np.inf)
+            ratios[neg] = lam[neg] / -delta[neg]
+            k = int(np.argmin(ratios))
+            lam = lam + ratios[k] * delta
+            lam = np.concatenate([np.delete(lam, k), [ratios[k]]])
+            work = [w for i, w in enumerate(work) if i != k] + [j]
+            continue
+        # Infeasible sub-problem optimum: step towards it until the first weight hits zero.
+        step = target - lam
+        neg = step < 0.0
+        ratios = np.full(step.shape, np.inf)
+        ratios[neg] = lam[neg] / -step[neg]
+        k = int(np.argmin(ratios))
+        alpha = min(1.0, float(ratios[k]))
+        lam = np.delete(lam + alpha * step, k)
+        lam = np.clip(lam, 0.0, None)
+        lam = lam / lam.sum()
+        del work[k]
+    return None
+
+
+def min_enclosing_ball(points, method: str = 'active-set',
+                       tol: float = 1e-10) -> Tuple[np.ndarray, float]:
+    r"""Exact minimum enclosing ball (smallest enclosing sphere) of a point set in any dimension.
+
+    The ball :math:`B(c, r)` minimising :math:`r` subject to :math:`\|p_i - c\| \leq r` for every
+    point is unique; it is determined by at most :math:`d + 1` boundary points and its centre lies
+    in their convex hull (the optimality certificate checked by the tests).
+
+    Two exact (combinatorial, finite) algorithms are available and agree to round-off:
+
+    * ``'welzl'``: Welzl's algorithm [Welzl, 1991] in its move-to-front form, as used for the
+      paper's MEB ground truth (Appendix D.4.1). Fast for :math:`d \lesssim 10`; its cost grows
+      quickly with the support size.
+    * ``'active-set'`` (default): a simplex-like pivoting method on the dual quadratic program
+      (Fischer, Gärtner and Kutz, 2003), fast in high dimension as well; falls back to ``'welzl'``
+      should it exceed its pivot budget (only conceivable on degenerate input).
+
+    Points are centred first for numerical stability. A point counts as inside when its squared
+    distance to the centre exceeds :math:`r^2` by at most ``tol`` times the squared extent of the
+    set. The returned radius is the largest distance to the returned centre, so the ball encloses
+    every point exactly.
+
+    Args:
+        points (array_like): Shape :math:`(n, d)`, :math:`n \geq 1`.
+        method (str, optional): ``'active-set'`` or ``'welzl'``. (default: :obj:`'active-set'`)
+        tol (float, optional): Relative inside-tolerance. (default: :obj:`1e-10`)
+
+    Returns:
+        (numpy.ndarray, float): The centre, shape :math:`(d,)`, and the radius :math:`r \geq 0`.
+    """
+    if method not in ('active-set', 'welzl'):
+        raise ValueError(f"'method' must be 'active-set' or 'welzl', got {method!r}")
+    pts = _as_points(points, allow_empty=False)
+    shift = pts.mean(axis=0)
+    centred = pts - shift  # (n, d)
+    scale = float((centred ** 2).sum(axis=1).max())
+    if scale == 0.0:
+        return shift, 0.0
+    center = None
+    if method == 'active-set':
+        center = _active_set(centred, tol * scale, max_iter=50 * (pts.shape[0] + pts.shape[1]))
+    if center is None:
+        center = _welzl(centred, tol * scale)
+    radius = float(np.sqrt(((centred - center) ** 2).sum(axis=1).max()))
+    return center + shift, radius
+
+
+# ---------------------------------------------------------------------------------------------
+# Rotations (Task F) and the quadratic TDOF target (Eq. 4)
+# ---------------------------------------------------------------------------------------------
+def num_givens_angles(d: int) -> int:
+    r"""Number of Givens planes (coordinate planes) in :math:`\mathbb{R}^d`, :math:`d(d-1)/2`.
+
+    Args:
+        d (int): Dimension.
+    """
+    return d * (d - 1) // 2
+
+
+def givens_rotation(d: int, angles) -> np.ndarray:
+    r"""Rotation composed of Givens rotations in all :math:`d(d-1)/2` coordinate planes (Task F).
+
+    .. math::
+        R(\theta) = \prod_{(i, j):\, i < j} G_{ij}(\theta_{ij}), \qquad
+        G_{ij}(\theta) = I + (\cos\theta - 1)(e_i e_i^\top + e_j e_j^\top)
+        - \sin\theta\,(e_i e_j^\top - e_j e_i^\top),
+
+    with the planes in lexicographic order :math:`(0,1), (0,2), \dots, (d-2, d-1)` and the product
+    taken left to right. :math:`R(\theta) \in SO(d)`; :math:`R(0) = I`.
+
+    Args:
+        d (int): Dimension, :math:`d \geq 1`.
+        angles (array_like): Angles :math:`\theta`, shape :math:`(\dots, d(d-1)/2)`; leading
+            dimensions are batch dimensions.
+
+    Returns:
+        numpy.ndarray: Shape :math:`(\dots, d, d)`.
+    """
+    if int(d) != d or d < 1:
+        raise ValueError(f"'d' must be a positive integer, got {d}")
+    d = int(d)
+    theta = np.asarray(angles, dtype=np.float64)
+    num = num_givens_angles(d)
+    if theta.ndim == 0 or theta.shape[-1] != num:
+        raise ValueError(f"'angles' must have shape (..., {num}) for d={d}, got {theta.shape}")
+    batch = theta.shape[:-1]
+    # Work on R^T, whose rows are the columns of R: right-multiplying R by G_ij only mixes
+    # columns i and j, i.e. two contiguous rows of R^T.
+    rot_t = np.broadcast_to(np.eye(d), batch + (d, d)).copy()  # (..., d, d)
+    cos, sin = np.cos(theta)[..., None], np.sin(theta)[..., None]  # (..., P, 1)
+    k = 0
+    for i in range(d - 1):
+        for j in range(i + 1, d):
+            c, s = cos[..., k, :], sin[..., k, :]  # (..., 1)
+            row_i = rot_t[..., i, :]  # (..., d)
+            row_j = rot_t[..., j, :]  # (..., d)
+            new_i = c * row_i + s * row_j
+            rot_t[..., j, :] = c * row_j - s * row_i
+            rot_t[..., i, :] = new_i
+            k += 1
+    return np.ascontiguousarray(np.swapaxes(rot_t, -1, -2))
+
+
+def frobenius_orthogonal_matrices(num: int, d: int, rng: SeedLike = None) -> np.ndarray:
+    r"""Random :math:`d \times d` matrices orthonormal in the Frobenius inner product.
+
+    Draws :math:`d^2 \times` ``num`` i.i.d. standard Gaussians, orthonormalises the columns by a QR
+    decomposition (signs fixed so that the result is Haar-distributed on the Stiefel manifold) and
+    reshapes each column into a matrix, so that
+    :math:`\langle M_i, M_j \rangle_F = \mathrm{tr}(M_i^\top M_j) = \delta_{ij}`.
+
+    Args:
+        num (int): Number of matrices, :math:`1 \leq` ``num`` :math:`\leq d^2`.
+        d (int): Matrix size.
+        rng (numpy.random.Generator or int, optional): Random source or seed. (default: :obj:`None`)
+
+    Returns:
+        numpy.ndarray: Shape :math:`(\text{num}, d, d)`.
+    """
+    if int(d) != d or d < 1:
+        raise ValueError(f"'d' must be a positive integer, got {d}")
+    if int(num) != num or num < 1 or num > d * d:
+        raise ValueError(f"'num' must be an integer in [1, d^2 = {d * d}] (at most d^2 matrices "
+                         f"can be Frobenius-orthonormal in R^{d}x{d}), got {num}")
+    num, d = int(num), int(d)
+    gauss = _as_generator(rng).standard_normal((d * d, num))
+    q, r = np.linalg.qr(gauss)  # q: (d^2, num)
+    signs = np.sign(np.diag(r))
+    signs[signs == 0] = 1.0
+    q = q * signs
+    return np.ascontiguousarray(q.T.reshape(num, d, d))
+
+
+def quadratic_tdof_target(mu, w, m0, ms) -> np.ndarray:
+    r"""Quadratic target of transformation degrees of freedom :math:`L` (Eq. 4 of the paper).
+
+    .. math::
+        f(S) = w^\top \Big(M_0 + \sum_{l=1}^{L} \mu(S)_l M_l\Big) \mu(S),
+
+    where :math:`\mu(S) \in \mathbb{R}^d` is the set mean; the generators act through the first
+    :math:`L` coordinates of :math:`\mu`, so :math:`L \leq d`. With Frobenius-orthogonal
+    :math:`M_l` (:func:`frobenius_orthogonal_matrices`) the target has :math:`\mathrm{TDOF} = L`.
+
+    Args:
+        mu (array_like): Set means, shape :math:`(d,)` or :math:`(B, d)`.
+        w (array_like): Read-out vector, shape :math:`(d,)`.
+        m0 (array_like): Constant matrix :math:`M_0`, shape :math:`(d, d)`.
+        ms (array_like): Generators :math:`M_1, \dots, M_L`, shape :math:`(L, d, d)`.
+
+    Returns:
+        numpy.ndarray: Shape :math:`()` or :math:`(B,)`.
+    """
+    mu = np.asarray(mu, dtype=np.float64)
+    w = np.asarray(w, dtype=np.float64)
+    m0 = np.asarray(m0, dtype=np.float64)
+    ms = np.asarray(ms, dtype=np.float64)
+    if mu.ndim not in (1, 2):
+        raise ValueError(f"'mu' must have shape (d,) or (B, d), got {mu.shape}")
+    d = mu.shape[-1]
+    if w.shape != (d,) or m0.shape != (d, d):
+        raise ValueError(f"'w' and 'm0' must have shapes ({d},) and ({d}, {d}), "
+                         f"got {w.shape} and {m0.shape}")
+    if ms.ndim != 3 or ms.shape[1:] != (d, d) or ms.shape[0] > d:
+        raise ValueError(f"'ms' must have shape (L, {d}, {d}) with L <= d = {d}, got {ms.shape}")
+    num = ms.shape[0]
+    op = m0 + np.einsum('...l,lij->...ij', mu[..., :num], ms)  # (..., d, d)
+    return np.einsum('i,...ij,...j->...', w, op, mu)
