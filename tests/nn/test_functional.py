@@ -3,6 +3,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from torch_mz.nn import functional
 from torch_mz.nn.functional import _bucket_size, grouped_attention, set_mean, set_std
 from tests.nn._sets import make_index
 
@@ -38,6 +39,24 @@ def test_paths_match_per_query_reference(path):
     torch.testing.assert_close(out, _reference(q, k, v, q_set, kv_set))
     # queries of set 2 have no keys: zero output
     assert torch.equal(out[q_set == 2], torch.zeros_like(out[q_set == 2]))
+
+
+@pytest.mark.parametrize('merge', [True, False])
+def test_many_buckets_match_reference(monkeypatch, merge):
+    r"""With merging switched off every rounded size is its own bucket."""
+    if not merge:
+        monkeypatch.setattr(functional, 'MERGE_RATIO', 1.0)
+        monkeypatch.setattr(functional, 'MERGE_OVERHEAD', 0)
+    q_sizes = [1, 2, 3, 5, 9, 17, 33, 0, 12]
+    k_sizes = [40, 1, 3, 6, 9, 15, 30, 2, 0]
+    q, k, v, q_set, kv_set = _random_problem(q_sizes, k_sizes, seed=11)
+    keys = torch.stack([_bucket_size(torch.tensor(q_sizes)), _bucket_size(torch.tensor(k_sizes))],
+                       dim=1)
+    buckets, _ = functional._merge_buckets(keys, torch.stack(
+        [torch.tensor(q_sizes), torch.tensor(k_sizes)], dim=1))
+    assert (buckets.size(0) == 1) == merge
+    out = grouped_attention(q, k, v, q_set, kv_set, len(q_sizes), path='dense')
+    torch.testing.assert_close(out, _reference(q, k, v, q_set, kv_set))
 
 
 @settings(max_examples=25, deadline=None)

@@ -2,7 +2,8 @@ r"""The real datasets as train / val / test splits for :func:`torch_mz.tasks.loa
 
 * ``modelnet40`` / ``scanobjectnn``: the official train/test files; the validation set is a
   seeded 10% of the training files (kept out of training). Training sets get the paper's
-  augmentation (random rotation about the up axis and jitter). Elements are points, ``x = pos``.
+  augmentation (random rotation about the up axis and jitter). Elements are points, ``x = pos``;
+  EGNN takes the coordinates from ``pos`` and no features.
 * ``qm9``: by default the offline ``qm9pack`` source and the paper's protocol (50K molecules,
   80/10/10, seeded); ``n_train``/``n_val``/``n_test`` give other sizes. ``x`` holds the one-hot
   atom type (5), coordinates (3) and partial charge (1); EGNN reads coordinates from ``pos`` and
@@ -43,9 +44,9 @@ def _point_cloud_task(name: str, cls, seed: int, n_train, n_val, n_test, root, n
     test_idx = list(range(len(test) if n_test is None else min(n_test, len(test))))
     return TaskData(name, _subset(train_aug, tr), _subset(train_plain, va),
                     _subset(test, test_idx), in_channels=3, out_channels=num_classes,
-                    task_type='classification', pos_dim=3,
+                    task_type='classification', pos_dim=None,
                     description=f'{cls.__name__} classification ({num_classes} classes)',
-                    info=dict(kwargs, val_fraction_of_train=val_size / n))
+                    info=dict(kwargs, val_fraction_of_train=val_size / n, feature_columns=[]))
 
 
 def load_real_task(name: str, seed: int = 0, n_train: Optional[int] = None,

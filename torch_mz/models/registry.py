@@ -19,6 +19,7 @@ Presets (paper defaults: d = 64, H = 4, d_ff = 128, 16 inducing points, dropout 
 ``egnn``        EGNN, 4 layers, width 96 (coordinates from the task's ``pos_dim``)
 ==============  ==================================================================================
 """
+import copy
 from typing import Dict, Optional
 
 from torch.nn import Module
@@ -72,13 +73,33 @@ def count_parameters(model: Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
+class SelectFeatures(Module):
+    r"""Runs :obj:`model` on a batch whose ``x`` keeps only :obj:`columns` (for EGNN on data
+    whose ``x`` also holds coordinates, e.g. QM9: the invariant columns become the features and
+    the coordinates come from ``pos``)."""
+    def __init__(self, model: Module, columns):
+        super().__init__()
+        self.model = model
+        self.columns = list(columns)
+
+    def forward(self, data, *args, **kwargs):
+        data = copy.copy(data)
+        data.x = data.x[:, self.columns] if self.columns else None
+        return self.model(data, *args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f'{self.__class__.__name__}({self.model}, columns={self.columns})'
+
+
 def build_model(name: str, in_channels: int, out_channels: int, pos_dim: Optional[int] = None,
-                **overrides) -> Module:
+                feature_columns=None, **overrides) -> Module:
     r"""Builds preset :obj:`name` for elements of width :obj:`in_channels` and
     :obj:`out_channels` outputs; :obj:`overrides` replace preset options.
 
     For ``egnn``, :obj:`pos_dim` is the number of leading columns of ``x`` that are coordinates
-    (the rest are invariant features); without it, ``data.pos`` must be present.
+    (the rest are invariant features); without it, ``data.pos`` must be present, and
+    :obj:`feature_columns` (if given) selects the invariant columns of ``x`` used as features.
+    Other models ignore :obj:`feature_columns`.
     """
     if name not in PRESETS:
         raise ValueError(f"Unknown model '{name}' (available: {', '.join(PRESETS)})")
@@ -93,6 +114,9 @@ def build_model(name: str, in_channels: int, out_channels: int, pos_dim: Optiona
         return match_budget(name, budget, in_channels, out_channels, knob='dim',
                             candidates=range(32, 129, 8), **dict(overrides, match=None))
     if name == 'egnn':
+        if feature_columns is not None and pos_dim is None:
+            model = EGNN(len(feature_columns), out_channels=out_channels, **kwargs)
+            return SelectFeatures(model, feature_columns)
         features = in_channels - (pos_dim or 0)
         if features < 0:
             raise ValueError(f"'pos_dim' ({pos_dim}) exceeds the element width ({in_channels})")

@@ -9,10 +9,12 @@ same result:
   sparse-times-dense product (no per-pair copy of the values). Memory :math:`O(P H + N w)` for
   :math:`P = \sum_b n^q_b n^k_b` pairs.
 * ``'dense'``: sets are grouped into buckets of similar size (sizes rounded up to at most 25%
-  above the true size), each bucket is gathered into a padded dense block and attended with
-  batched matrix products (:func:`torch.nn.functional.scaled_dot_product_attention`). Where every
-  set has the same size and the rows are sorted, there is a single bucket, no padding and no
-  gather: the exact dense path. Cost :math:`O(\sum_b n^q_b n^k_b)` up to the bucket rounding.
+  above the true size, then neighbouring buckets merged while the merged padding costs at most
+  25% more pairs plus a fixed allowance that stands for the per-bucket launch cost), each bucket
+  is gathered into a dense block padded to its largest set and attended with batched matrix
+  products (:func:`torch.nn.functional.scaled_dot_product_attention`). Where every set has the
+  same size and the rows are sorted, there is a single bucket, no padding and no gather: the
+  exact dense path. Cost :math:`O(\sum_b n^q_b n^k_b)` up to the bucket padding.
 
 No Python loop runs over individual sets: the only loop is over the (few) size buckets.
 """
@@ -59,6 +61,44 @@ def _bucket_size(n: Tensor) -> Tensor:
     n = n.clamp(min=1)
     step = torch.pow(2, (torch.floor(torch.log2(n.double())) - 2).clamp(min=0)).long()
     return ((n + step - 1) // step) * step
+
+
+# Merging two size buckets saves a round of kernel launches; it is done when the padded cost of
+# the merged bucket (in query-key pairs) is at most MERGE_RATIO times the separate costs plus
+# MERGE_OVERHEAD pairs.
+MERGE_RATIO = 1.25
+MERGE_OVERHEAD = 65536
+
+
+def _merge_buckets(keys: Tensor, sizes: Tensor) -> Tuple[Tensor, Tensor]:
+    r"""Groups sets into padded buckets. :obj:`keys` are the rounded ``(n_q, n_k)`` of each set;
+    sets with equal keys share a bucket, and neighbouring buckets (ordered by padded cost) are
+    merged greedily while that costs little padding. Returns the padded ``(n_q, n_k)`` of each
+    bucket, shape :obj:`(U, 2)`, and the bucket of each set."""
+    uniq, inverse, counts = torch.unique(keys, dim=0, return_inverse=True, return_counts=True)
+    # the true largest sizes in each key group (padding only up to what is there)
+    max_q = torch.zeros(uniq.size(0), dtype=torch.long, device=keys.device)
+    max_k = torch.zeros(uniq.size(0), dtype=torch.long, device=keys.device)
+    max_q.scatter_reduce_(0, inverse, sizes[:, 0], reduce='amax')
+    max_k.scatter_reduce_(0, inverse, sizes[:, 1], reduce='amax')
+    order = torch.argsort(max_q * max_k).tolist()
+    mq, mk, cnt = max_q.tolist(), max_k.tolist(), counts.tolist()
+    group = [0] * len(order)
+    padded = []
+    cur_q = cur_k = cur_n = 0
+    cur_sep = 0
+    for i in order:
+        new_q, new_k = max(cur_q, mq[i]), max(cur_k, mk[i])
+        sep = cur_sep + cnt[i] * mq[i] * mk[i]
+        if cur_n == 0 or (cur_n + cnt[i]) * new_q * new_k <= MERGE_RATIO * sep + MERGE_OVERHEAD:
+            cur_q, cur_k, cur_n, cur_sep = new_q, new_k, cur_n + cnt[i], sep
+        else:
+            padded.append((cur_q, cur_k))
+            cur_q, cur_k, cur_n, cur_sep = mq[i], mk[i], cnt[i], cnt[i] * mq[i] * mk[i]
+        group[i] = len(padded)
+    padded.append((cur_q, cur_k))
+    group_t = torch.tensor(group, dtype=torch.long, device=keys.device)
+    return torch.tensor(padded, dtype=torch.long, device=keys.device), group_t[inverse]
 
 
 def _sorted_layout(set_id: Tensor, num_sets: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -175,7 +215,9 @@ def _attention_dense(q: Tensor, k: Tensor, v: Tensor, q_set: Tensor, kv_set: Ten
     keys = torch.stack([bq, bk], dim=1)[active]  # (B', 2)
     sets_active = torch.nonzero(active).view(-1)  # (B',)
     if sets_active.numel() > 0:
-        buckets, bucket_of = torch.unique(keys, dim=0, return_inverse=True)
+        # exact sizes of each active set, to size merged buckets by their largest member
+        sizes = torch.stack([counts_q, counts_k], dim=1)[active]  # (B', 2)
+        buckets, bucket_of = _merge_buckets(keys, sizes)
     else:
         buckets = keys
     set_bucket = torch.full((num_sets, ), -1, dtype=torch.long, device=device)

@@ -1,0 +1,310 @@
+r"""The ``torch-mz`` command: train and compare set models on the paper's tasks.
+
+    torch-mz tasks
+    torch-mz models
+    torch-mz train --task quadratic-tdof --model mz --epochs 50
+    torch-mz compare --task quadratic-tdof --models mz-1l,st-4l,egnn --seeds 3
+
+Bad input (unknown task or model, impossible sizes, a missing or corrupt checkpoint) ends with a
+one-line message and exit status 2, never a traceback.
+"""
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+EXIT_USAGE = 2
+
+# The demo: quadratic-TDOF task (TDOF 8) with one MZ layer against a 4-layer standard Set
+# Transformer and EGNN; every model gets the same data, budget, schedule and normalisation.
+DEMO_ARGS = ['compare', '--task', 'quadratic-tdof', '--models', 'mz-1l,st-4l,egnn',
+             '--seeds', '2', '--epochs', '12', '--warmup-epochs', '1', '--lr', '1e-3',
+             '--batch-size', '64', '--n-train', '1500', '--n-val', '300', '--n-test', '500',
+             '--task-arg', 'd=16', '--task-arg', 'tdof=8', '--out', 'runs/demo']
+
+
+class CLIError(Exception):
+    r"""An error in what the user asked for: printed as one line, exit status 2."""
+
+
+def _parse_kv(items: Optional[Sequence[str]], what: str) -> Dict[str, object]:
+    out = {}
+    for item in items or []:
+        if '=' not in item:
+            raise CLIError(f"{what} must look like KEY=VALUE (got '{item}')")
+        key, value = item.split('=', 1)
+        key = key.strip().replace('-', '_')
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def _parse_range(text: Optional[str]):
+    if text is None:
+        return None
+    try:
+        lo, hi = (int(v) for v in text.split(','))
+    except ValueError:
+        raise CLIError(f"--set-size must look like LOW,HIGH (got '{text}')") from None
+    if lo < 1 or hi < lo:
+        raise CLIError(f"--set-size needs 1 <= LOW <= HIGH (got {lo},{hi})")
+    return (lo, hi)
+
+
+def _add_training_args(p: argparse.ArgumentParser):
+    g = p.add_argument_group('task')
+    g.add_argument('--task', required=True, help="task name (see 'torch-mz tasks')")
+    g.add_argument('--n-train', type=int, help='training sets (synthetic; default: paper)')
+    g.add_argument('--n-val', type=int, help='validation sets')
+    g.add_argument('--n-test', type=int, help='test sets')
+    g.add_argument('--set-size', help='LOW,HIGH range of set sizes (synthetic tasks)')
+    g.add_argument('--task-arg', action='append', metavar='KEY=VALUE',
+                   help='task option, e.g. tdof=8 or target=mu (repeatable)')
+    g.add_argument('--root', help='data root of real datasets (default: datasets/)')
+    g.add_argument('--data-seed', type=int, default=0,
+                   help='seed of the synthetic data / real split (default: 0)')
+    t = p.add_argument_group('training (defaults: the paper)')
+    t.add_argument('--epochs', type=int, default=200)
+    t.add_argument('--batch-size', type=int, default=128)
+    t.add_argument('--lr', type=float, default=1e-4)
+    t.add_argument('--weight-decay', type=float, default=1e-5)
+    t.add_argument('--warmup-epochs', type=int, default=5)
+    t.add_argument('--grad-clip', type=float, default=1.0)
+    t.add_argument('--patience', type=int, default=20)
+    t.add_argument('--no-normalize', action='store_true',
+                   help='train on raw regression targets')
+    t.add_argument('--device', default='auto', help="'auto', 'cpu', 'cuda' or 'cuda:N'")
+    t.add_argument('--model-arg', action='append', metavar='KEY=VALUE',
+                   help='model option overriding the preset, e.g. dropout=0 (repeatable)')
+    t.add_argument('--no-progress', action='store_true', help='no progress bars')
+    p.add_argument('--out', help='output folder (default: runs/<task>/...)')
+
+
+def _load(args, progress: bool):
+    from torch_mz.tasks import load_task
+    for flag in ('n_train', 'n_val', 'n_test'):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise CLIError(f"--{flag.replace('_', '-')} must be at least 1 (got {value})")
+    return load_task(args.task, seed=args.data_seed, n_train=args.n_train, n_val=args.n_val,
+                     n_test=args.n_test, set_size=_parse_range(args.set_size), root=args.root,
+                     progress=progress, **_parse_kv(args.task_arg, '--task-arg'))
+
+
+def _config(args, seed: int, out_dir: Optional[str], resume: Optional[str] = None):
+    from torch_mz.train import TrainConfig
+    return TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+                       weight_decay=args.weight_decay, warmup_epochs=args.warmup_epochs,
+                       grad_clip=args.grad_clip if args.grad_clip > 0 else None,
+                       patience=args.patience if args.patience > 0 else None, seed=seed,
+                       device=args.device, normalize_targets=not args.no_normalize,
+                       out_dir=out_dir, resume=resume, progress=not args.no_progress)
+
+
+def _run(args, task, model_name: str, seed: int, out_dir: Optional[str],
+         resume: Optional[str] = None) -> Dict[str, object]:
+    from torch_mz.models import build_model, count_parameters
+    from torch_mz.train import seed_everything, train
+    seed_everything(seed)
+    model = build_model(model_name, task.in_channels, task.out_channels, pos_dim=task.pos_dim,
+                        feature_columns=task.info.get('feature_columns'),
+                        **_parse_kv(args.model_arg, '--model-arg'))
+    config = _config(args, seed, out_dir, resume)
+    result = train(model, task.train, task.val, task.test, config=config,
+                   task_type=task.task_type)
+    return dict(model=model_name, seed=seed, params=count_parameters(model),
+                best_epoch=result.best_epoch, epochs_run=result.epochs_run,
+                stopped_early=result.stopped_early, wall_time_s=result.wall_time,
+                val=result.val_metrics, test=result.test_metrics or {})
+
+
+def cmd_tasks(args) -> int:
+    from torch_mz.tasks import list_tasks
+    tasks = list_tasks()
+    width = max(map(len, tasks))
+    for name, desc in tasks.items():
+        print(f'{name:{width}s}  {desc}')
+    return 0
+
+
+def cmd_models(args) -> int:
+    from torch_mz.models import build_model, count_parameters, list_models
+    models = list_models()
+    width = max(map(len, models))
+    print(f"{'model':{width}s}  {'params*':>8s}  description")
+    for name, desc in models.items():
+        n = count_parameters(build_model(name, args.in_channels, 1,
+                                         pos_dim=args.in_channels if name == 'egnn' else None))
+        print(f'{name:{width}s}  {n:8,d}  {desc}')
+    print(f'* for {args.in_channels} input channels and one output')
+    return 0
+
+
+def _check_models(names: List[str]):
+    from torch_mz.models import list_models
+    known = list_models()
+    for name in names:
+        if name not in known:
+            raise CLIError(f"unknown model '{name}' (available: {', '.join(known)})")
+
+
+def _check_task(name: str):
+    from torch_mz.tasks import list_tasks
+    if name not in list_tasks():
+        raise CLIError(f"unknown task '{name}' (available: {', '.join(list_tasks())})")
+
+
+def cmd_train(args) -> int:
+    _check_task(args.task)
+    _check_models([args.model])
+    if args.resume is not None and not os.path.isfile(args.resume):
+        raise CLIError(f"checkpoint '{args.resume}' does not exist")
+    out = args.out or os.path.join('runs', args.task, f'{args.model}-seed{args.seed}')
+    task = _load(args, progress=not args.no_progress)
+    print(f'task {task.name}: {task.description} | train/val/test = '
+          f'{len(task.train)}/{len(task.val)}/{len(task.test)} | d_in={task.in_channels}')
+    row = _run(args, task, args.model, args.seed, out, args.resume)
+    metrics = ', '.join(f'{k} {v:.4g}' for k, v in row['test'].items())
+    print(f"{args.model} ({row['params']:,} parameters): best epoch {row['best_epoch']}, "
+          f"test {metrics}")
+    print(f'logs and checkpoints in {out}')
+    return 0
+
+
+def _summary(rows, task_type: str) -> List[Dict[str, object]]:
+    keys = ['r2', 'mse', 'mae'] if task_type == 'regression' else ['accuracy', 'loss']
+    out = []
+    for model in dict.fromkeys(r['model'] for r in rows):
+        runs = [r for r in rows if r['model'] == model]
+        entry = dict(model=model, params=runs[0]['params'], seeds=len(runs))
+        for k in keys:
+            vals = [r['test'].get(k, math.nan) for r in runs]
+            entry[k] = float(np.mean(vals))
+            entry[f'{k}_std'] = float(np.std(vals))
+        entry['minutes'] = float(np.mean([r['wall_time_s'] for r in runs]) / 60)
+        out.append(entry)
+    return out
+
+
+def _markdown(summary, task_type: str) -> str:
+    keys = ['r2', 'mse', 'mae'] if task_type == 'regression' else ['accuracy', 'loss']
+    head = ['model', 'params', 'seeds'] + [f'test {k}' for k in keys] + ['min/run']
+    lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
+    for e in summary:
+        cells = [e['model'], f"{e['params']:,}", str(e['seeds'])]
+        cells += [f"{e[k]:.4f} ± {e[k + '_std']:.4f}" for k in keys]
+        cells.append(f"{e['minutes']:.2f}")
+        lines.append('| ' + ' | '.join(cells) + ' |')
+    return '\n'.join(lines) + '\n'
+
+
+def _plot(summary, task_type: str, path: str, title: str):
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    key = 'r2' if task_type == 'regression' else 'accuracy'
+    fig, ax = plt.subplots(figsize=(1.6 + 1.2 * len(summary), 3.6))
+    names = [e['model'] for e in summary]
+    ax.bar(names, [e[key] for e in summary], yerr=[e[key + '_std'] for e in summary],
+           capsize=4, color='tab:blue')
+    ax.axhline(0.0, color='black', linewidth=0.8)
+    ax.set_ylabel(f"test {'R²' if key == 'r2' else 'accuracy'} (mean ± std over seeds)")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def cmd_compare(args) -> int:
+    _check_task(args.task)
+    models = [m.strip() for m in args.models.split(',') if m.strip()]
+    if not models:
+        raise CLIError('--models needs at least one model name')
+    _check_models(models)
+    if args.seeds < 1:
+        raise CLIError(f'--seeds must be at least 1 (got {args.seeds})')
+    out = args.out or os.path.join('runs', args.task, 'compare')
+    os.makedirs(out, exist_ok=True)
+    task = _load(args, progress=not args.no_progress)
+    print(f'task {task.name}: {task.description} | train/val/test = '
+          f'{len(task.train)}/{len(task.val)}/{len(task.test)} | d_in={task.in_channels} | '
+          f'{args.epochs} epochs, lr {args.lr}, batch {args.batch_size}, seeds {args.seeds}')
+    rows = []
+    start = time.time()
+    for model in models:
+        for seed in range(args.seeds):
+            row = _run(args, task, model, seed, os.path.join(out, f'{model}-seed{seed}'))
+            rows.append(row)
+            key = 'r2' if task.task_type == 'regression' else 'accuracy'
+            print(f"  {model:10s} seed {seed}: test {key} {row['test'].get(key, math.nan):.4f} "
+                  f"({row['wall_time_s']:.0f} s)", flush=True)
+    summary = _summary(rows, task.task_type)
+    table = _markdown(summary, task.task_type)
+    from torch_mz.benchmark import environment, write_json
+    payload = dict(task=task.name, task_info=task.info, description=task.description,
+                   sizes=dict(train=len(task.train), val=len(task.val), test=len(task.test)),
+                   args={k: v for k, v in vars(args).items() if k != 'func'},
+                   environment=environment(), summary=summary, runs=rows,
+                   total_minutes=(time.time() - start) / 60)
+    write_json(os.path.join(out, 'results.json'), payload)
+    with open(os.path.join(out, 'results.md'), 'w') as f:
+        f.write(f'# {task.name}: {task.description}\n\nCommand: `{payload["environment"]["command"]}`'
+                f'\n\n{table}')
+    try:
+        _plot(summary, task.task_type, os.path.join(out, 'results.png'),
+              f'{task.name} ({len(task.train)} train sets, {args.epochs} epochs)')
+    except ImportError:
+        print("matplotlib is not installed: no plot (pip install 'torch_mz[plot]')")
+    print()
+    print(table)
+    print(f'results: {out}/results.md, results.json, results.png')
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog='torch-mz', description=__doc__.split('\n')[0])
+    sub = parser.add_subparsers(dest='command', required=True)
+    p = sub.add_parser('tasks', help='list the tasks')
+    p.set_defaults(func=cmd_tasks)
+    p = sub.add_parser('models', help='list the model presets')
+    p.add_argument('--in-channels', type=int, default=3)
+    p.set_defaults(func=cmd_models)
+    p = sub.add_parser('train', help='train one model on one task')
+    _add_training_args(p)
+    p.add_argument('--model', required=True, help="model preset (see 'torch-mz models')")
+    p.add_argument('--seed', type=int, default=0)
+    p.add_argument('--resume', help='checkpoint.pt to continue from')
+    p.set_defaults(func=cmd_train)
+    p = sub.add_parser('compare', help='train several models over several seeds and tabulate')
+    _add_training_args(p)
+    p.add_argument('--models', required=True, help='comma-separated model presets')
+    p.add_argument('--seeds', type=int, default=3)
+    p.set_defaults(func=cmd_compare)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from torch_mz.train import CheckpointError
+    try:
+        return args.func(args)
+    except (CLIError, CheckpointError, ValueError, FileNotFoundError, ImportError) as e:
+        if os.environ.get('TORCH_MZ_DEBUG'):
+            raise
+        print(f'torch-mz: error: {e}', file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print('torch-mz: interrupted', file=sys.stderr)
+        return 130
+
+
+if __name__ == '__main__':
+    sys.exit(main())
