@@ -1,4 +1,24 @@
-r"""torch_mz: Matrix Zonotopic Attention (MZAttn) for PyTorch Geometric."""
+r"""torch_mz: Matrix Zonotopic Attention (MZAttn) for PyTorch Geometric.
+
+Subpackages: :mod:`torch_mz.nn` (zonotope tokens, MZ attention, Set Transformer blocks,
+:class:`~torch_mz.nn.MZAggregation`), :mod:`torch_mz.models` (MZ-Set Transformer, baselines,
+EGNN, presets), :mod:`torch_mz.datasets` (synthetic tasks, ModelNet40, ScanObjectNN, QM9),
+:mod:`torch_mz.train` (trainer), :mod:`torch_mz.testing` (equivariance checks),
+:mod:`torch_mz.geometry` (ground-truth geometry).
+"""
+from torch_mz import testing
+from torch_mz.models import EGNN, MZSetTransformer, build_model
+from torch_mz.nn import MZAggregation, MZAttention, Zonotope
+
 __version__ = '0.1.0'
 
-__all__ = ['__version__']
+__all__ = [
+    'MZAggregation',
+    'MZAttention',
+    'Zonotope',
+    'MZSetTransformer',
+    'EGNN',
+    'build_model',
+    'testing',
+    '__version__',
+]
