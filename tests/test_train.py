@@ -1,0 +1,567 @@
+import importlib.util
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch_geometric.data import Data
+
+import torch_mz.train as train_mod
+from torch_mz.train import (
+    CheckpointError,
+    TargetNormalizer,
+    Trainer,
+    TrainConfig,
+    accuracy,
+    cosine_with_warmup,
+    load_checkpoint,
+    mae,
+    mse,
+    predict,
+    r2_score,
+    resolve_device,
+    save_checkpoint,
+    seed_everything,
+    train,
+)
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+
+def _load_helpers():
+    # Loaded by path: the helpers double as the torchrun worker script, and tests/ is no package.
+    spec = importlib.util.spec_from_file_location('_train_helpers', HERE / '_ddp_worker.py')
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+H = _load_helpers()
+
+
+REG_TRAIN = H.make_regression_sets(128, seed=10)
+REG_VAL = H.make_regression_sets(48, seed=11)
+CLS_TRAIN = H.make_classification_sets(128, seed=10)
+CLS_VAL = H.make_classification_sets(48, seed=11)
+
+
+def config(**kwargs) -> TrainConfig:
+    base = dict(epochs=3, batch_size=16, lr=1e-2, warmup_epochs=1, device='cpu', progress=False,
+                patience=None)
+    base.update(kwargs)
+    return TrainConfig(**base)
+
+
+def targets(dataset) -> torch.Tensor:
+    return torch.cat([d.y.view(1, -1) for d in dataset], dim=0)
+
+
+def params(model) -> dict:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def strip_times(history: list) -> list:
+    return [{k: v for k, v in r.items() if k != 'epoch_time'} for r in history]
+
+
+def assert_same_params(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+# --------------------------------------------------------------------------------------------------
+# Schedule
+# --------------------------------------------------------------------------------------------------
+def test_cosine_with_warmup_values():
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    sched = cosine_with_warmup(opt, warmup_steps=4, total_steps=20)
+    lrs = [opt.param_groups[0]['lr']]
+    for _ in range(22):
+        opt.step()
+        sched.step()
+        lrs.append(opt.param_groups[0]['lr'])
+    assert lrs[0] == 0.0
+    assert lrs[:5] == pytest.approx([0.0, 0.025, 0.05, 0.075, 0.1])  # linear warm-up
+    assert lrs[4] == pytest.approx(0.1) and max(lrs) == pytest.approx(0.1)
+    assert lrs[12] == pytest.approx(0.05)  # half-way through the cosine
+    assert lrs[20] == pytest.approx(0.0, abs=1e-12) and lrs[22] == 0.0
+    decay = lrs[4:21]
+    assert all(a > b for a, b in zip(decay, decay[1:]))  # strictly decreasing cosine
+    expected = [0.05 * (1 + math.cos(math.pi * (s - 4) / 16)) for s in range(4, 21)]
+    assert decay == pytest.approx(expected, abs=1e-12)
+
+
+@pytest.mark.parametrize('warmup,total', [(-1, 10), (11, 10), (0, 0)])
+def test_cosine_with_warmup_rejects_bad_arguments(warmup, total):
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    with pytest.raises(ValueError, match='warmup_steps'):
+        cosine_with_warmup(opt, warmup, total)
+
+
+@pytest.mark.parametrize('schedule', ['epoch', 'step'])
+def test_trainer_follows_schedule(schedule):
+    data = REG_TRAIN[:32]  # 2 steps per epoch at batch size 16
+    cfg = config(epochs=6, warmup_epochs=2, lr=1e-3, schedule=schedule)
+    result = Trainer(H.ToyDeepSets(3, 2), cfg).fit(data)
+    steps = 1 if schedule == 'epoch' else 2
+    total, warm = 6 * steps, 2 * steps
+
+    def factor(s):
+        return s / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / (total - warm)))
+
+    # `lr` in the history is the learning rate of the first step of each epoch
+    assert [r['lr'] for r in result.history] == pytest.approx(
+        [1e-3 * factor(e * steps) for e in range(6)])
+    assert result.history[0]['lr'] == 0.0
+
+
+# --------------------------------------------------------------------------------------------------
+# Target normaliser
+# --------------------------------------------------------------------------------------------------
+def test_target_normalizer_round_trip_and_state_dict():
+    g = torch.Generator().manual_seed(0)
+    y = torch.randn(50, 3, generator=g) * torch.tensor([5.0, 0.1, 1.0]) + torch.tensor([7, -3, 0])
+    y[:, 2] = 4.0  # a constant column keeps std 1 instead of dividing by zero
+    norm = TargetNormalizer().fit(y)
+    z = norm.transform(y)
+    assert torch.allclose(z[:, :2].mean(0), torch.zeros(2), atol=1e-5)
+    assert torch.allclose(z[:, :2].std(0, unbiased=False), torch.ones(2), atol=1e-5)
+    assert torch.equal(z[:, 2], torch.zeros(50))
+    assert torch.allclose(norm.inverse_transform(z), y, atol=1e-5)
+    assert torch.allclose(norm.inverse_scale(torch.ones(1, 3)),
+                          torch.tensor([[y[:, 0].std(unbiased=False), y[:, 1].std(unbiased=False),
+                                         1.0]]), atol=1e-5)
+
+    state = norm.state_dict()
+    assert all(torch.is_tensor(state[k]) for k in ('mean', 'std'))
+    other = TargetNormalizer().load_state_dict(state)
+    assert torch.equal(other.transform(y), z)
+
+    one = TargetNormalizer().fit(torch.tensor([1.0, 2.0, 3.0]))  # 1-D targets: one column
+    assert torch.allclose(one.inverse_transform(one.transform(torch.tensor([5.0]))),
+                          torch.tensor([5.0]))
+    with pytest.raises(ValueError, match='3 column'):
+        norm.transform(torch.zeros(4, 2))
+    with pytest.raises(RuntimeError, match='not fitted'):
+        TargetNormalizer().transform(y)
+
+
+def test_normalizer_uses_train_statistics_only(tmp_path):
+    val = H.make_regression_sets(48, seed=11, offset=1000.0, scale=50.0)  # very different
+    trainer = Trainer(H.ToyDeepSets(3, 2), config(epochs=1, out_dir=str(tmp_path)))
+    trainer.fit(REG_TRAIN, val)
+    y = targets(REG_TRAIN).double()
+    assert torch.allclose(trainer.normalizer.mean, y.mean(0))
+    assert torch.allclose(trainer.normalizer.std, y.std(0, unbiased=False))
+    # ... and it is stored in the checkpoint
+    ckpt = load_checkpoint(tmp_path / 'checkpoint.pt')
+    assert torch.equal(ckpt['normalizer']['mean'], trainer.normalizer.mean)
+    assert torch.equal(ckpt['normalizer']['std'], trainer.normalizer.std)
+
+
+# --------------------------------------------------------------------------------------------------
+# Metrics
+# --------------------------------------------------------------------------------------------------
+def test_metrics_against_numpy():
+    rng = np.random.default_rng(0)
+    y = rng.normal(size=(40, 3)) * [1.0, 10.0, 0.5]
+    p = y + rng.normal(size=(40, 3))
+    yt, pt = torch.from_numpy(y), torch.from_numpy(p)
+    assert mse(pt, yt).item() == pytest.approx(np.mean((p - y) ** 2))
+    assert mae(pt, yt).item() == pytest.approx(np.mean(np.abs(p - y)))
+    r2_cols = 1 - ((y - p) ** 2).sum(0) / ((y - y.mean(0)) ** 2).sum(0)
+    assert r2_score(pt, yt).item() == pytest.approx(r2_cols.mean())  # uniform average
+    assert r2_score(pt[:, 1], yt[:, 1]).item() == pytest.approx(r2_cols[1])
+
+    assert r2_score(yt, yt).item() == 1.0  # perfect prediction
+    mean_pred = yt.mean(0, keepdim=True).expand_as(yt)
+    assert r2_score(mean_pred, yt).item() == pytest.approx(0.0, abs=1e-12)  # mean predictor
+    const = torch.full((5,), 2.0)
+    assert r2_score(const, const).item() == 1.0
+    assert r2_score(const + 1, const).item() == 0.0
+
+    logits = torch.tensor([[2.0, 1.0, 0.0], [0.0, 3.0, 1.0], [0.0, 0.0, 1.0], [5.0, 0.0, 0.0]])
+    labels = torch.tensor([0, 1, 0, 0])
+    assert accuracy(logits, labels).item() == 0.75
+    assert accuracy(torch.tensor([0, 1, 2, 0]), labels).item() == 0.75
+
+
+def test_evaluate_matches_metrics_on_predictions():
+    trainer = Trainer(H.ToyDeepSets(3, 2), config(epochs=2, eval_batch_size=7))
+    trainer.fit(REG_TRAIN, REG_VAL)
+    metrics = trainer.evaluate(REG_VAL)
+    pred, y = trainer.predict(REG_VAL), targets(REG_VAL)
+    assert pred.shape == y.shape
+    # metrics are in original units: compare with the metric functions on de-normalised output
+    assert metrics['mse'] == pytest.approx(mse(pred, y).item(), rel=1e-6)
+    assert metrics['mae'] == pytest.approx(mae(pred, y).item(), rel=1e-6)
+    assert metrics['r2'] == pytest.approx(r2_score(pred, y).item(), rel=1e-6, abs=1e-9)
+    # the loss is the MSE in normalised units
+    z = trainer.normalizer.transform(y.double())
+    zp = trainer.normalizer.transform(pred.double())
+    assert metrics['loss'] == pytest.approx(mse(zp, z).item(), rel=1e-5)
+    assert metrics['mse'] > 10 * metrics['loss']  # targets have std ~ 10: units do differ
+
+
+# --------------------------------------------------------------------------------------------------
+# Training
+# --------------------------------------------------------------------------------------------------
+def test_regression_learns():
+    seed_everything(0)
+    result = train(H.ToyDeepSets(3, 2), REG_TRAIN, REG_VAL, REG_VAL[:20],
+                   config=config(epochs=12), task_type='regression')
+    losses = [r['val_loss'] for r in result.history]
+    assert losses[-1] < 0.2 * losses[0]
+    assert result.val_metrics['r2'] > 0.9
+    assert result.test_metrics is not None and result.test_metrics['r2'] > 0.85
+    assert result.best_val_loss == min(losses)
+    assert result.history[result.best_epoch]['val_loss'] == result.best_val_loss
+
+
+def test_classification_learns():
+    seed_everything(0)
+    trainer = Trainer(H.ToyDeepSets(3, 3), config(epochs=10), task_type='classification')
+    result = trainer.fit(CLS_TRAIN, CLS_VAL)
+    assert set(result.val_metrics) == {'loss', 'accuracy', 'cross_entropy'}
+    assert result.val_metrics['accuracy'] > 0.8  # chance is ~1/3
+    assert not trainer.normalizer.fitted  # class labels are never normalised
+
+    metrics = trainer.evaluate(CLS_VAL)
+    logits = trainer.predict(CLS_VAL)
+    labels = torch.cat([d.y for d in CLS_VAL])
+    assert logits.shape == (48, 3)
+    assert metrics['accuracy'] == pytest.approx(accuracy(logits, labels).item())
+    assert metrics['cross_entropy'] == pytest.approx(
+        F.cross_entropy(logits.double(), labels).item(), rel=1e-6)
+    # labels stored as (1, 1) per graph (batch.y of shape (B, 1)) give the same metrics
+    as_column = [Data(x=d.x, y=d.y.view(1, 1)) for d in CLS_VAL]
+    assert trainer.evaluate(as_column) == pytest.approx(metrics)
+
+
+def test_predict_with_an_uncertainty_output():
+    model = H.ToyDeepSets(3, 2, with_uncertainty=True)
+    trainer = Trainer(model, config(epochs=1))
+    trainer.fit(REG_TRAIN, REG_VAL)
+    pred, width = trainer.predict(REG_VAL)  # the second output is returned as the model gives it
+    _, sigma = trainer.predict(REG_VAL, scale_uncertainty=True)  # ... or read as a std
+    assert pred.shape == sigma.shape == width.shape == (48, 2)
+    from torch_geometric.data import Batch
+    model.eval()
+    with torch.no_grad():
+        raw_pred, raw_sigma = model(Batch.from_data_list(REG_VAL))
+    mean, std = trainer.normalizer.mean.float(), trainer.normalizer.std.float()
+    assert torch.allclose(pred, raw_pred * std + mean, atol=1e-4)
+    assert torch.allclose(width, raw_sigma, atol=1e-6)
+    assert torch.allclose(sigma, raw_sigma * std, atol=1e-5)
+    # the functional form without a normaliser returns the raw outputs
+    p, s = predict(model, REG_VAL, device='cpu', batch_size=5)
+    assert torch.allclose(p, raw_pred, atol=1e-6) and torch.allclose(s, raw_sigma, atol=1e-6)
+
+
+@pytest.mark.parametrize('grad_clip', [None, 0.01])
+def test_gradients_are_clipped_before_each_step(grad_clip):
+    norms = []
+
+    def record(optimizer, args, kwargs):
+        grads = [p.grad for g in optimizer.param_groups for p in g['params'] if p.grad is not None]
+        norms.append(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])).item())
+
+    handle = register_optimizer_step_pre_hook(record)
+    try:
+        seed_everything(0)
+        Trainer(H.ToyDeepSets(3, 2), config(epochs=2, grad_clip=grad_clip)).fit(REG_TRAIN[:64])
+    finally:
+        handle.remove()
+    assert len(norms) == 2 * 4
+    if grad_clip is None:
+        assert max(norms) > 0.05  # the unclipped gradients are larger than the clip below
+    else:
+        assert max(norms) <= grad_clip * (1 + 1e-4)
+
+
+def test_wrong_output_shape_is_a_clear_error():
+    with pytest.raises(ValueError, match=r'regression prediction of shape \(16, 2\)'):
+        Trainer(H.ToyDeepSets(3, 3), config(epochs=1)).fit(REG_TRAIN)
+
+
+def test_early_stopping_stops_at_patience_and_restores_best(tmp_path):
+    curve = [5.0, 4.0, 3.0, 2.0, 2.5, 2.6, 2.7, 1.0, 0.5, 0.1]  # best at epoch 3
+    seed_everything(0)
+    trainer = Trainer(H.ToyDeepSets(3, 2),
+                      config(epochs=10, patience=3, out_dir=str(tmp_path), lr=1e-2))
+    snapshots = []
+
+    def scripted_evaluate(dataset):  # called once after each training epoch
+        snapshots.append(params(trainer.model))
+        return {'loss': curve[len(snapshots) - 1]}
+
+    trainer.evaluate = scripted_evaluate
+    result = trainer.fit(REG_TRAIN[:32], REG_VAL)
+    # 3 epochs without improvement after epoch 3: stops after epoch 6
+    assert [r['epoch'] for r in result.history] == list(range(7))
+    assert result.stopped_early and result.best_epoch == 3 and result.best_val_loss == 2.0
+    assert_same_params(params(trainer.model), snapshots[3])  # best weights restored
+    assert any(not torch.equal(snapshots[3][k], snapshots[6][k]) for k in snapshots[3])
+    best = load_checkpoint(tmp_path / 'best.pt')
+    assert best['epoch'] == 3 and best['kind'] == 'model'
+    assert_same_params(best['model'], snapshots[3])
+    assert load_checkpoint(tmp_path / 'checkpoint.pt')['epoch'] == 6
+
+    # resuming a run that already stopped early trains no further and restores the same weights
+    resumed = Trainer(H.ToyDeepSets(3, 2), config(epochs=10, patience=3, lr=1e-2,
+                                                  resume=str(tmp_path / 'checkpoint.pt')))
+    again = resumed.fit(REG_TRAIN[:32], REG_VAL)
+    assert again.stopped_early and strip_times(again.history) == strip_times(result.history)
+    assert_same_params(params(resumed.model), snapshots[3])
+
+
+def test_logs_and_checkpoint_contents(tmp_path):
+    trainer = Trainer(H.ToyDeepSets(3, 2), config(epochs=3, out_dir=str(tmp_path)))
+    result = trainer.fit(REG_TRAIN[:32], REG_VAL)
+    lines = (tmp_path / 'metrics.jsonl').read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert [r['epoch'] for r in records] == [0, 1, 2]
+    assert records == result.history
+    csv_rows = (tmp_path / 'metrics.csv').read_text().splitlines()
+    assert csv_rows[0].split(',') == list(records[0])
+    assert len(csv_rows) == 4
+    summary = json.loads((tmp_path / 'result.json').read_text())
+    assert summary['best_epoch'] == result.best_epoch and summary['config']['epochs'] == 3
+
+    raw = torch.load(tmp_path / 'checkpoint.pt', weights_only=True)  # plain tensors/containers
+    assert raw['kind'] == 'train' and raw['epoch'] == 2 and raw['task_type'] == 'regression'
+    assert {'model', 'optimizer', 'scheduler', 'normalizer', 'config', 'rng', 'best_model',
+            'history'} <= set(raw)
+    assert raw['scheduler']['last_epoch'] == 3 * 2  # 2 steps per epoch
+    assert raw['config'] == trainer.config.to_dict()
+    torch.load(tmp_path / 'best.pt', weights_only=True)
+    assert sorted(os.listdir(tmp_path)) == ['best.pt', 'checkpoint.pt', 'metrics.csv',
+                                           'metrics.jsonl', 'result.json']  # no temp files
+
+    fresh = Trainer(H.ToyDeepSets(3, 2), config())
+    fresh.load_weights(tmp_path / 'best.pt')
+    assert fresh.evaluate(REG_VAL) == pytest.approx(trainer.evaluate(REG_VAL))
+
+
+# --------------------------------------------------------------------------------------------------
+# Checkpoints and resume
+# --------------------------------------------------------------------------------------------------
+def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
+    path = tmp_path / 'ckpt.pt'
+    save_checkpoint({'x': torch.tensor([1.0])}, path)
+
+    def failing_save(obj, f, *args, **kwargs):
+        f.write(b'half a checkpoint')
+        raise OSError('disk full')
+
+    monkeypatch.setattr(train_mod.torch, 'save', failing_save)
+    with pytest.raises(OSError, match='disk full'):
+        save_checkpoint({'x': torch.tensor([2.0])}, path)
+    with pytest.raises(OSError, match='disk full'):
+        save_checkpoint({'x': torch.tensor([3.0])}, tmp_path / 'new.pt')
+    monkeypatch.undo()
+    assert os.listdir(tmp_path) == ['ckpt.pt']  # no partial file, no temp file left behind
+    assert torch.equal(torch.load(path, weights_only=True)['x'], torch.tensor([1.0]))
+
+
+def _resume_run(out_dir, crash_at=None, resume=None, init_seed=0):
+    seed_everything(init_seed)
+    model = H.ToyDeepSets(3, 2, dropout=0.3)  # dropout: the random streams must be restored too
+    cfg = config(epochs=5, warmup_epochs=1, patience=10, restore_best=False,
+                 out_dir=str(out_dir), resume=resume)
+    trainer = Trainer(model, cfg)
+    ran = []
+    original = trainer._train_epoch
+
+    def train_epoch(loader, epoch):
+        if epoch == crash_at:
+            raise RuntimeError('simulated crash')
+        ran.append(epoch)
+        return original(loader, epoch)
+
+    trainer._train_epoch = train_epoch
+    return trainer, trainer.fit(REG_TRAIN[:48], REG_VAL[:16]), ran
+
+
+def test_resume_matches_uninterrupted_run(tmp_path):
+    full, full_result, _ = _resume_run(tmp_path / 'full')
+
+    with pytest.raises(RuntimeError, match='simulated crash'):
+        _resume_run(tmp_path / 'crashed', crash_at=3)
+    checkpoint = tmp_path / 'crashed' / 'checkpoint.pt'
+    assert load_checkpoint(checkpoint)['epoch'] == 2
+
+    resumed, resumed_result, ran = _resume_run(tmp_path / 'crashed', resume=str(checkpoint),
+                                               init_seed=123)  # different init: weights loaded
+    assert ran == [3, 4]  # continues at the next epoch
+    assert_same_params(params(resumed.model), params(full.model))
+
+    assert strip_times(resumed_result.history) == strip_times(full_result.history)
+    assert resumed_result.best_epoch == full_result.best_epoch
+    lines = (tmp_path / 'crashed' / 'metrics.jsonl').read_text().splitlines()
+    assert [json.loads(line)['epoch'] for line in lines] == [0, 1, 2, 3, 4]
+
+
+def test_missing_or_corrupt_checkpoint_raises_clear_error(tmp_path):
+    with pytest.raises(CheckpointError, match='does not exist'):
+        load_checkpoint(tmp_path / 'nope.pt')
+    assert issubclass(CheckpointError, ValueError)
+
+    garbage = tmp_path / 'garbage.pt'
+    garbage.write_bytes(b'\x00not a checkpoint' * 10)
+    with pytest.raises(CheckpointError, match='could not be read'):
+        load_checkpoint(garbage)
+
+    trainer = Trainer(H.ToyDeepSets(3, 2), config(epochs=1, out_dir=str(tmp_path / 'run')))
+    trainer.fit(REG_TRAIN[:16], REG_VAL[:8])
+    good = (tmp_path / 'run' / 'checkpoint.pt').read_bytes()
+    truncated = tmp_path / 'truncated.pt'
+    truncated.write_bytes(good[:len(good) // 2])
+    with pytest.raises(CheckpointError, match='could not be read'):
+        load_checkpoint(truncated)
+
+    foreign = tmp_path / 'foreign.pt'
+    torch.save({'weights': torch.zeros(2)}, foreign)
+    with pytest.raises(CheckpointError, match='not a torch_mz training checkpoint'):
+        load_checkpoint(foreign)
+
+    unsafe = tmp_path / 'unsafe.pt'
+    torch.save({'format': 'torch_mz.train', 'obj': torch.nn.Linear(1, 1)}, unsafe)  # a module
+    with pytest.raises(CheckpointError, match='weights-only'):
+        load_checkpoint(unsafe)
+
+    # resuming needs the full training state, not the model-only best.pt
+    with pytest.raises(CheckpointError, match='model weights only'):
+        Trainer(H.ToyDeepSets(3, 2), config(resume=str(tmp_path / 'run' / 'best.pt'))).fit(
+            REG_TRAIN[:16])
+    with pytest.raises(CheckpointError, match='does not fit this model'):
+        Trainer(H.ToyDeepSets(3, 2, hidden=8), config()).load_weights(tmp_path / 'run/best.pt')
+    with pytest.raises(CheckpointError, match='task_type'):
+        Trainer(H.ToyDeepSets(3, 2), config(), 'classification').load_weights(
+            tmp_path / 'run' / 'best.pt')
+    with pytest.raises(CheckpointError, match='does not exist'):
+        Trainer(H.ToyDeepSets(3, 2), config(resume=str(tmp_path / 'nope.pt'))).fit(REG_TRAIN)
+
+
+# --------------------------------------------------------------------------------------------------
+# Seeds, devices, configuration
+# --------------------------------------------------------------------------------------------------
+def test_seed_everything_reproduces_all_generators():
+    import random
+
+    def draw():
+        return random.random(), float(np.random.rand()), torch.rand(3).tolist()
+
+    seed_everything(7)
+    first = draw()
+    seed_everything(7)
+    assert draw() == first
+    seed_everything(8)
+    assert draw()[0] != first[0]
+
+
+def test_resolve_device():
+    expected = 'cuda' if torch.cuda.is_available() else 'cpu'
+    assert resolve_device('auto').type == expected
+    assert resolve_device('cpu') == torch.device('cpu')
+    with pytest.raises(ValueError, match='device'):
+        resolve_device('not-a-device')
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match='CUDA is not available'):
+            resolve_device('cuda')
+
+
+@pytest.mark.parametrize('kwargs', [
+    {'epochs': 0}, {'batch_size': 0}, {'lr': -1.0}, {'warmup_epochs': 200},
+    {'schedule': 'linear'}, {'grad_clip': 0.0}, {'patience': 0}, {'checkpoint_every': -1},
+])
+def test_config_validation(kwargs):
+    with pytest.raises(ValueError, match='TrainConfig'):
+        TrainConfig(**kwargs)
+
+
+@pytest.mark.parametrize('obj,params_of', [
+    (TrainConfig, TrainConfig), (Trainer, Trainer.__init__), (predict, predict),
+    (cosine_with_warmup, cosine_with_warmup), (seed_everything, seed_everything),
+    (TargetNormalizer, TargetNormalizer.__init__),
+])
+def test_documented_arguments_match_signature(obj, params_of):
+    import inspect
+    import re
+    documented = re.findall(r'^\s{8}(\w+) \(', obj.__doc__.split('Args:')[1].split('Returns:')[0]
+                            .split('Shapes:')[0], flags=re.M)
+    actual = [p for p in inspect.signature(params_of).parameters if p != 'self']
+    assert documented == actual
+
+
+def test_config_defaults_follow_the_paper():
+    c = TrainConfig()
+    assert (c.lr, c.weight_decay, c.warmup_epochs, c.grad_clip, c.patience, c.batch_size) == (
+        1e-4, 1e-5, 5, 1.0, 20, 128)
+    assert c.device == 'auto'
+    with pytest.raises(ValueError, match='task_type'):
+        Trainer(H.ToyDeepSets(3, 2), config(), task_type='ranking')
+
+
+# --------------------------------------------------------------------------------------------------
+# Distributed data parallel
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.skipif(not (torch.distributed.is_available()
+                         and torch.distributed.is_gloo_available()), reason='needs gloo')
+def test_ddp_two_processes_on_cpu(tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS='1',
+               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get('PYTHONPATH'))
+                                          if p))
+    for key in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT'):
+        env.pop(key, None)
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
+           str(HERE / '_ddp_worker.py'), str(tmp_path)]
+    # own session, so that on a timeout the launcher and both ranks are killed together
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=H.WORKER_TIMEOUT_S + 30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        pytest.fail(f'torchrun did not finish in time:\n{output[-6000:]}')
+    assert proc.returncode == 0, output[-6000:]
+
+    r0 = torch.load(tmp_path / 'rank0.pt', weights_only=True)
+    r1 = torch.load(tmp_path / 'rank1.pt', weights_only=True)
+    assert (r0['world_size'], r1['world_size'], r0['backend']) == (2, 2, 'gloo')
+    assert_same_params(r0['params'], r1['params'])  # ranks agree bit for bit
+    assert r0['metrics'] == r1['metrics']  # all-reduced: every rank reports the global value
+    assert strip_times(r0['history']) == strip_times(r1['history'])
+
+    # rank 0 wrote the logs and checkpoints; best.pt holds the final (restored) weights
+    run = tmp_path / 'run'
+    assert len((run / 'metrics.jsonl').read_text().splitlines()) == H.DDP_EPOCHS
+    assert_same_params(load_checkpoint(run / 'best.pt')['model'], r0['params'])
+
+    # the all-reduced metric over 2 shards equals the metric over the whole val set in 1 process
+    train_ds, val_ds = H.ddp_data()
+    single = Trainer(H.ToyDeepSets(3, 2), config())
+    single.load_weights(run / 'best.pt')
+    whole = single.evaluate(val_ds)
+    assert whole == pytest.approx(r0['metrics'], rel=1e-5)
+
+    # 2 ranks x batch b == 1 process x batch 2b: same samples per step, averaged gradients
+    seed_everything(0)
+    reference = Trainer(H.ToyDeepSets(3, 2),
+                        config(epochs=H.DDP_EPOCHS, batch_size=2 * H.DDP_BATCH_PER_RANK))
+    ref_result = reference.fit(train_ds, val_ds)
+    for k, v in params(reference.model).items():
+        assert torch.allclose(v, r0['params'][k], atol=1e-5), k
+    assert [r['val_loss'] for r in ref_result.history] == pytest.approx(
+        [r['val_loss'] for r in r0['history']], rel=1e-4)
