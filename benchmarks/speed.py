@@ -45,9 +45,10 @@ def build(model: str, block: str, dim: int, heads: int) -> torch.nn.Module:
     return MZAggregation(dim, value='mz', num_generators=8, num_matrix_generators=4, **kwargs)
 
 
-def make_batch(kind: str, sets: int, points: int, dim: int, device: torch.device, seed: int = 0):
-    sizes = uniform_sizes(sets, points) if kind == 'uniform' else skewed_sizes(sets, points,
-                                                                               seed=seed)
+def make_batch(kind: str, sets: int, points: int, dim: int, device: torch.device, seed: int = 0,
+               sigma: float = 1.0):
+    sizes = uniform_sizes(sets, points) if kind == 'uniform' else skewed_sizes(
+        sets, points, sigma=sigma, seed=seed)
     index = torch.repeat_interleave(torch.arange(sets), torch.tensor(sizes)).to(device)
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(points, dim, generator=g).to(device)
@@ -67,7 +68,8 @@ def run_one(cfg: dict) -> dict:
     torch.manual_seed(0)
     device = torch.device(cfg['device'])
     module = build(cfg['model'], cfg['block'], cfg['dim'], cfg['heads']).to(device)
-    x, index, sizes = make_batch(cfg['batch'], cfg['sets'], cfg['points'], cfg['dim'], device)
+    x, index, sizes = make_batch(cfg['batch'], cfg['sets'], cfg['points'], cfg['dim'], device,
+                                 sigma=cfg.get('sigma', 1.0))
     step = step_fn(module, x, index, cfg['sets'])
     result = dict(model=cfg['model'], block=cfg['block'], batch=cfg['batch'],
                   max_set=max(sizes), min_set=min(sizes))
@@ -116,6 +118,8 @@ def main():
     parser.add_argument('--dim', type=int, default=64)
     parser.add_argument('--heads', type=int, default=4)
     parser.add_argument('--repeats', type=int, default=7)
+    parser.add_argument('--sigma', type=float, default=1.0,
+                        help='log-normal sigma of the skewed set sizes')
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     parser.add_argument('--models', default=','.join(MODELS))
     parser.add_argument('--blocks', default=','.join(BLOCKS))
@@ -135,7 +139,7 @@ def main():
             for model in args.models.split(','):
                 cfg = dict(model=model, block=block, batch=batch, sets=args.sets,
                            points=args.points, dim=args.dim, heads=args.heads,
-                           repeats=repeats, device=args.device)
+                           repeats=repeats, device=args.device, sigma=args.sigma)
                 row = run_one(cfg)
                 if args.memory:
                     row['peak_mib'] = measure_memory(cfg) / 2**20

@@ -4,7 +4,6 @@ import gc
 import json
 import os
 import platform
-import resource
 import sys
 import time
 from typing import Callable, Dict, List, Optional
@@ -54,10 +53,22 @@ def time_call(fn: Callable[[], None], repeats: int = 7, warmup: int = 2,
     return times
 
 
+def _proc_status_kib(field: str) -> Optional[int]:
+    try:
+        with open('/proc/self/status') as f:
+            for line in f:
+                if line.startswith(field + ':'):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
 def peak_memory_bytes(fn: Callable[[], None], device: torch.device) -> Optional[int]:
-    r"""Peak memory of one call of :obj:`fn`: CUDA's allocator peak on a GPU; on the CPU the
-    increase of the process's peak resident set (only meaningful in a fresh process, where the
-    call is the largest allocation so far; ``None`` where it cannot be read)."""
+    r"""Peak memory of one call of :obj:`fn` above what was in use before it: CUDA's allocator
+    peak on a GPU; on Linux CPUs the resident-set high-water mark (reset through
+    ``/proc/self/clear_refs``) minus the resident set before the call. ``None`` where it cannot be
+    read."""
     if device.type == 'cuda':
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
@@ -67,10 +78,18 @@ def peak_memory_bytes(fn: Callable[[], None], device: torch.device) -> Optional[
         return int(torch.cuda.max_memory_allocated(device) - base)
     if sys.platform != 'linux':
         return None
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    gc.collect()
+    try:
+        with open('/proc/self/clear_refs', 'w') as f:
+            f.write('5')  # reset the high-water mark VmHWM to the current RSS
+    except OSError:
+        return None
+    before = _proc_status_kib('VmRSS')
     fn()
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return int(after - before)
+    peak = _proc_status_kib('VmHWM')
+    if before is None or peak is None:
+        return None
+    return int(peak - before) * 1024
 
 
 def environment() -> Dict[str, object]:

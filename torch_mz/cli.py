@@ -23,8 +23,8 @@ EXIT_USAGE = 2
 # The demo: quadratic-TDOF task (TDOF 8) with one MZ layer against a 4-layer standard Set
 # Transformer and EGNN; every model gets the same data, budget, schedule and normalisation.
 DEMO_ARGS = ['compare', '--task', 'quadratic-tdof', '--models', 'mz-1l,st-4l,egnn',
-             '--seeds', '2', '--epochs', '12', '--warmup-epochs', '1', '--lr', '1e-3',
-             '--batch-size', '64', '--n-train', '1500', '--n-val', '300', '--n-test', '500',
+             '--seeds', '2', '--epochs', '10', '--warmup-epochs', '1', '--lr', '1e-3',
+             '--batch-size', '64', '--n-train', '640', '--n-val', '160', '--n-test', '320',
              '--task-arg', 'd=16', '--task-arg', 'tdof=8', '--out', 'runs/demo']
 
 

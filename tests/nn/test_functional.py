@@ -43,18 +43,19 @@ def test_paths_match_per_query_reference(path):
 
 @pytest.mark.parametrize('merge', [True, False])
 def test_many_buckets_match_reference(monkeypatch, merge):
-    r"""With merging switched off every rounded size is its own bucket."""
+    r"""Without merging every rounded size is its own bucket; merging joins some of them."""
+    q_sizes = [1, 2, 3, 5, 9, 17, 33, 0, 12, 200]
+    k_sizes = [40, 1, 3, 6, 9, 15, 30, 2, 0, 180]
+    keys = torch.stack([_bucket_size(torch.tensor(q_sizes)), _bucket_size(torch.tensor(k_sizes))],
+                       dim=1)
+    sizes = torch.stack([torch.tensor(q_sizes), torch.tensor(k_sizes)], dim=1)
+    merged, _ = functional._merge_buckets(keys, sizes)
     if not merge:
         monkeypatch.setattr(functional, 'MERGE_RATIO', 1.0)
         monkeypatch.setattr(functional, 'MERGE_OVERHEAD', 0)
-    q_sizes = [1, 2, 3, 5, 9, 17, 33, 0, 12]
-    k_sizes = [40, 1, 3, 6, 9, 15, 30, 2, 0]
+        separate, _ = functional._merge_buckets(keys, sizes)
+        assert separate.size(0) == torch.unique(keys, dim=0).size(0) > merged.size(0) > 1
     q, k, v, q_set, kv_set = _random_problem(q_sizes, k_sizes, seed=11)
-    keys = torch.stack([_bucket_size(torch.tensor(q_sizes)), _bucket_size(torch.tensor(k_sizes))],
-                       dim=1)
-    buckets, _ = functional._merge_buckets(keys, torch.stack(
-        [torch.tensor(q_sizes), torch.tensor(k_sizes)], dim=1))
-    assert (buckets.size(0) == 1) == merge
     out = grouped_attention(q, k, v, q_set, kv_set, len(q_sizes), path='dense')
     torch.testing.assert_close(out, _reference(q, k, v, q_set, kv_set))
 

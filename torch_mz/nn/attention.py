@@ -189,7 +189,7 @@ class MZAttention(Module):
         v = key_value.linear(self.lin_v.weight, self.lin_v.bias)  # (Nk, d), (Nk, ng, d)
         vc = v.center.view(Nk, H, dk)  # (Nk, H, dk)
         vg = v.gens.view(Nk, ng, H, dk).transpose(1, 2).reshape(Nk, H, ng * dk)  # (Nk,H,ng*dk)
-        values = torch.cat([vc, vg.to(vc.dtype)], dim=-1)  # (Nk, H, (1 + ng) * dk)
+        values = torch.cat([vc, vg.to(vc.dtype)], dim=-1) if ng > 0 else vc  # (Nk,H,(1+ng)dk)
         agg = grouped_attention(q, k, values, query_set, kv_set, num_sets,
                                 dropout=self.dropout, training=self.training,
                                 path=self.path)  # (Nq, H, (1 + ng) * dk)

@@ -48,6 +48,8 @@ class FeedForward(Module):
 
     def jvp(self, c: Tensor, gens: Tensor) -> Zonotope:
         r"""Returns :math:`(\mathrm{FFN}(c),\ J_{\mathrm{FFN}}(c)\, G_g)` for every generator row."""
+        if gens.size(1) == 0:  # plain vector tokens: no Jacobian to apply
+            return Zonotope(self(c), gens)
         z = self.lin1(c)  # (N, hidden)
         # d/dz GELU(z) = Phi(z) + z phi(z) (exact GELU)
         dgelu = 0.5 * (1.0 + torch.erf(z / math.sqrt(2.0))) + z * torch.exp(-0.5 * z * z) / \

@@ -67,7 +67,7 @@ def _bucket_size(n: Tensor) -> Tensor:
 # the merged bucket (in query-key pairs) is at most MERGE_RATIO times the separate costs plus
 # MERGE_OVERHEAD pairs.
 MERGE_RATIO = 1.25
-MERGE_OVERHEAD = 65536
+MERGE_OVERHEAD = 8192
 
 
 def _merge_buckets(keys: Tensor, sizes: Tensor) -> Tuple[Tensor, Tensor]:

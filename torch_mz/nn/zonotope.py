@@ -102,6 +102,8 @@ def zonotope_layer_norm(z: Zonotope, norm: LayerNorm) -> Zonotope:
         raise ValueError(f"LayerNorm over {norm.normalized_shape} cannot normalise tokens of "
                          f"width {d}")
     out_c = norm(c)
+    if z.gens.size(1) == 0:  # plain vector tokens
+        return Zonotope(out_c, z.gens.to(out_c.dtype))
     c32 = c.to(out_c.dtype)
     mean = c32.mean(dim=-1, keepdim=True)
     var = (c32 - mean).pow(2).mean(dim=-1, keepdim=True)  # (N, 1)
