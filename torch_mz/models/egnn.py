@@ -22,6 +22,8 @@ from torch_geometric.nn import MessagePassing
 from torch_geometric.nn.resolver import activation_resolver
 from torch_geometric.utils import scatter
 
+from torch_mz.nn.functional import set_pairs
+
 __all__ = [
     'EGNNConv',
     'EGNN',
@@ -55,8 +57,9 @@ def _check_batch(batch: Tensor, num_sets: Optional[int]) -> int:
 def fully_connected_edge_index(batch: Tensor, num_sets: Optional[int] = None) -> Tensor:
     r"""All ordered pairs :math:`(j, i)`, :math:`i \neq j`, of elements of the same set.
 
-    Built without a Python loop over sets: every element is repeated once per element of its set and
-    the self-pairs are dropped. Two different sets are never linked. ``batch`` need not be sorted.
+    Built without a Python loop over sets from :func:`torch_mz.nn.functional.set_pairs` (every pair
+    of elements of a set), with the self-pairs dropped. Two different sets are never linked.
+    ``batch`` need not be sorted.
 
     Args:
         batch (torch.Tensor): Set id of every element.
@@ -72,23 +75,9 @@ def fully_connected_edge_index(batch: Tensor, num_sets: Optional[int] = None) ->
         - **output:** edge_index :math:`(2, \sum_s n_s (n_s - 1))`
     """
     num_sets = _check_batch(batch, num_sets)
-    num_nodes = batch.numel()
-    # Work on the elements sorted by set, then map back to the caller's order.
-    perm = torch.argsort(batch, stable=True)  # (N,)
-    sorted_batch = batch[perm]  # (N,)
-    counts = torch.bincount(sorted_batch, minlength=num_sets)  # (S,)
-    ptr = torch.cat([counts.new_zeros(1), counts.cumsum(0)])  # (S + 1,)
-    deg = counts[sorted_batch]  # (N,) size of each element's set, self included
-    num_pairs = int(deg.sum())
-    # Element k of the sorted order is paired with every element of its set: sum_s n_s^2 pairs.
-    src = torch.repeat_interleave(torch.arange(num_nodes, device=batch.device), deg,
-                                  output_size=num_pairs)  # (P,)
-    block_start = deg.cumsum(0) - deg  # (N,) first pair of each element's block
-    offset = torch.arange(num_pairs, device=batch.device) - torch.repeat_interleave(
-        block_start, deg, output_size=num_pairs)  # (P,) position inside the set
-    dst = torch.repeat_interleave(ptr[sorted_batch], deg, output_size=num_pairs) + offset  # (P,)
+    src, dst = set_pairs(batch, batch, num_sets)  # (sum_s n_s^2,) each, self-pairs included
     keep = src != dst
-    return torch.stack([perm[src[keep]], perm[dst[keep]]], dim=0)  # (2, sum_s n_s (n_s - 1))
+    return torch.stack([src[keep], dst[keep]], dim=0)  # (2, sum_s n_s (n_s - 1))
 
 
 def radius_edge_index(pos: Tensor, r: float, batch: Optional[Tensor] = None,

@@ -151,24 +151,38 @@ def grouped_attention(q: Tensor, k: Tensor, v: Tensor, q_set: Tensor, kv_set: Te
     return _attention_dense(q, k, v, q_set, kv_set, num_sets, dropout, training)
 
 
-def _attention_scatter(q: Tensor, k: Tensor, v: Tensor, q_set: Tensor, kv_set: Tensor,
-                       num_sets: int, dropout: float, training: bool) -> Tensor:
-    Nq, H, _ = q.shape
-    Nk, w = k.size(0), v.size(-1)
-    device = q.device
+def set_pairs(q_set: Tensor, kv_set: Tensor, num_sets: int) -> Tuple[Tensor, Tensor]:
+    r"""All pairs :math:`(i, j)` of a row :math:`i` of the first group and a row :math:`j` of the
+    second group that belong to the same set, :math:`P = \sum_b n^q_b n^k_b` pairs, enumerated
+    without a loop over sets. Pairs come grouped by set and, inside a set, by :math:`i`.
+
+    Returns:
+        (Tensor, Tensor): row indices :math:`(P,)` into the first and the second group.
+    """
+    device = q_set.device
     perm_q, counts_q, ptr_q, _ = _sorted_layout(q_set, num_sets)
     perm_k, counts_k, ptr_k, _ = _sorted_layout(kv_set, num_sets)
     pairs = counts_q * counts_k  # (B,)
     P = int(pairs.sum())
-    out_dtype = torch.promote_types(q.dtype, v.dtype)
-    if P == 0:
-        return v.new_zeros(Nq, H, w, dtype=out_dtype)
-    pair_set = torch.repeat_interleave(torch.arange(num_sets, device=device), pairs)  # (P,)
+    pair_set = torch.repeat_interleave(torch.arange(num_sets, device=device), pairs,
+                                       output_size=P)  # (P,)
     pair_ptr = torch.cumsum(pairs, 0) - pairs  # (B,)
     local = torch.arange(P, device=device) - pair_ptr[pair_set]  # (P,)
     nk = counts_k[pair_set]  # (P,)
     iq = perm_q[ptr_q[pair_set] + torch.div(local, nk, rounding_mode='floor')]  # (P,)
     jk = perm_k[ptr_k[pair_set] + local % nk]  # (P,)
+    return iq, jk
+
+
+def _attention_scatter(q: Tensor, k: Tensor, v: Tensor, q_set: Tensor, kv_set: Tensor,
+                       num_sets: int, dropout: float, training: bool) -> Tensor:
+    Nq, H, _ = q.shape
+    Nk, w = k.size(0), v.size(-1)
+    device = q.device
+    out_dtype = torch.promote_types(q.dtype, v.dtype)
+    iq, jk = set_pairs(q_set, kv_set, num_sets)  # (P,), (P,)
+    if iq.numel() == 0:
+        return v.new_zeros(Nq, H, w, dtype=out_dtype)
 
     logits = (q[iq] * k[jk]).sum(dim=-1)  # (P, H)
     alpha = segment_softmax(logits, iq, num_nodes=Nq)  # (P, H)
