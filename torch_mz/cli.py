@@ -12,6 +12,7 @@ import argparse
 import json
 import math
 import os
+import shlex
 import sys
 import time
 from typing import Dict, List, Optional, Sequence
@@ -250,13 +251,13 @@ def cmd_compare(args) -> int:
     from torch_mz.benchmark import environment, write_json
     payload = dict(task=task.name, task_info=task.info, description=task.description,
                    sizes=dict(train=len(task.train), val=len(task.val), test=len(task.test)),
+                   command=args.command_line,
                    args={k: v for k, v in vars(args).items() if k != 'func'},
                    environment=environment(), summary=summary, runs=rows,
                    total_minutes=(time.time() - start) / 60)
     write_json(os.path.join(out, 'results.json'), payload)
     with open(os.path.join(out, 'results.md'), 'w') as f:
-        f.write(f'# {task.name}: {task.description}\n\nCommand: `{payload["environment"]["command"]}`'
-                f'\n\n{table}')
+        f.write(f'# {task.name}: {task.description}\n\nCommand: `{args.command_line}`\n\n{table}')
     try:
         _plot(summary, task.task_type, os.path.join(out, 'results.png'),
               f'{task.name} ({len(task.train)} train sets, {args.epochs} epochs)')
@@ -292,7 +293,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    args.command_line = 'torch-mz ' + ' '.join(shlex.quote(a) for a in argv)
     from torch_mz.train import CheckpointError
     try:
         return args.func(args)
