@@ -4,7 +4,8 @@ Subpackages: :mod:`torch_mz.nn` (zonotope tokens, MZ attention, Set Transformer 
 :class:`~torch_mz.nn.MZAggregation`), :mod:`torch_mz.models` (MZ-Set Transformer, baselines,
 EGNN, presets), :mod:`torch_mz.datasets` (synthetic tasks, ModelNet40, ScanObjectNN, QM9),
 :mod:`torch_mz.train` (trainer), :mod:`torch_mz.testing` (equivariance checks),
-:mod:`torch_mz.geometry` (ground-truth geometry).
+:mod:`torch_mz.geometry` (ground-truth geometry), :mod:`torch_mz.analysis` (what the matrix
+zonotope learns).
 """
 from torch_mz import testing
 from torch_mz.models import EGNN, MZSetTransformer, build_model

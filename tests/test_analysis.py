@@ -1,0 +1,92 @@
+import pytest
+import torch
+from torch_geometric.data import Data
+from torch_geometric.loader import DataLoader
+
+from torch_mz import analysis
+from torch_mz.models import MZSetTransformer
+from torch_mz.nn import MZAttention
+
+
+def _attn(L=3, seed=0):
+    torch.manual_seed(seed)
+    return MZAttention(8, heads=2, num_generators=2, value='mz', num_matrix_generators=L).double()
+
+
+def test_operators_follow_the_matrix_zonotope():
+    attn = _attn()
+    mu = torch.randn(5, 8, dtype=torch.float64)
+    ops = analysis.operators(attn, mu)
+    g = torch.tanh(mu @ attn.gate.weight.T)
+    expected = attn.weight + sum(g[:, l, None, None, None] * attn.matrix_gens[None, :, l]
+                                 for l in range(3))
+    torch.testing.assert_close(ops, expected)
+    assert bool((analysis.gates(attn, mu).abs() <= 1).all())
+
+
+def test_generator_cosine_of_orthogonal_generators_is_identity():
+    attn = _attn(L=3)
+    with torch.no_grad():
+        attn.matrix_gens.zero_()
+        for l in range(3):  # disjoint supports: Frobenius-orthogonal, norms 1, 2, 3
+            attn.matrix_gens[0, l, l, l] = l + 1.0
+    torch.testing.assert_close(analysis.generator_cosine(attn), torch.eye(3, dtype=torch.float64))
+    torch.testing.assert_close(analysis.generator_norms(attn),
+                               torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64))
+
+
+def test_soft_effective_rank_exact_values():
+    assert analysis.soft_effective_rank(torch.eye(4)) == pytest.approx(4.0)
+    assert analysis.soft_effective_rank(torch.diag(torch.tensor([2.0, 2.0, 0.0]))) == \
+        pytest.approx(2.0)
+    assert analysis.soft_effective_rank(torch.zeros(3, 3)) == 0.0
+    r = analysis.soft_effective_rank(torch.diag(torch.tensor([1.0, 0.1])))
+    assert 1.0 < r < 2.0
+
+
+def test_operator_effective_rank_is_bounded_by_L():
+    mu = torch.randn(200, 8, dtype=torch.float64)
+    one = _attn(L=1)
+    assert analysis.operator_effective_rank(one, mu) == pytest.approx(1.0)
+    four = _attn(L=4)
+    rank = analysis.operator_effective_rank(four, mu)
+    assert 1.0 < rank <= 4.0 + 1e-9
+
+
+def test_gate_activity_threshold():
+    attn = _attn()
+    with torch.no_grad():
+        attn.gate.weight.zero_()
+        attn.gate.weight[0, 0] = 10.0  # gate 0 saturates on x_0 != 0, the others stay 0
+    mu = torch.ones(10, 8, dtype=torch.float64)
+    assert analysis.gate_activity(attn, mu, threshold=0.1) == pytest.approx(1 / 3)
+    assert analysis.gate_activity(attn, mu, threshold=1.0) == 0.0
+
+
+def test_collect_summaries_and_probe_on_a_model():
+    torch.manual_seed(0)
+    model = MZSetTransformer(3, 1, dim=8, heads=2, num_generators=2, num_matrix_generators=2,
+                             num_inducing=2, num_encoder_blocks=1, d_ff=8)
+    g = torch.Generator().manual_seed(1)
+    data = [Data(x=torch.randn(n, 3, generator=g)) for n in (3, 5, 2, 4)]
+    loader = DataLoader(data, batch_size=3)
+    model.train()
+    summaries = analysis.collect_summaries(model, loader)
+    assert model.training  # mode restored
+    # one summary per set for every MZ layer: ISAB (2 MABs), PMA, one decoder SAB
+    assert len(summaries) == 4 and all(mu.shape == (4, 8) for mu in summaries.values())
+    # the PMA's key/value tokens of a set are its elements: the summary is their mean
+    name = next(n for n in summaries if n.startswith('body.pma'))
+    pma = model.body.pma
+    for i, d in enumerate(data):
+        z = model.body.input_proj(d.x)
+        z = model.body.encoders[0](z, torch.zeros(d.num_nodes, dtype=torch.long), 1)
+        kv = pma.rff.jvp(z.center, z.gens)
+        torch.testing.assert_close(summaries[name][i], kv.center.mean(0), rtol=1e-4, atol=1e-5)
+    report = analysis.probe(model, loader)
+    entry = report[name]
+    assert entry['num_sets'] == 4 and 0.0 <= entry['gate_activity'] <= 1.0
+    assert 0.0 < entry['operator_effective_rank'] <= 2.0 + 1e-9
+    with pytest.raises(ValueError, match="value='mz'"):
+        analysis.collect_summaries(MZSetTransformer(3, 1, value='rigid', num_generators=0,
+                                                    dim=8, heads=2, d_ff=8), loader)

@@ -1,0 +1,139 @@
+r"""What the matrix zonotope learns (Section 5.4 and Appendix D.1 of the MZAttn paper).
+
+For an :class:`~torch_mz.nn.MZAttention` layer with ``value='mz'`` the realised per-head operator
+for a set with summary :math:`\mu` is
+
+.. math::
+    M(\mu) = M_c + \sum_{l=1}^{L} \gamma_l(\mu) M_l,\qquad \gamma = \tanh(W_\gamma \mu).
+
+This module computes, from a layer and the summaries of many sets:
+
+* the gates :math:`\gamma` and their activity (the fraction of evaluations with
+  :math:`|\gamma_l| > \tau`; the paper does not state its threshold, :math:`\tau = 0.1` here),
+* the cosine similarity of the generator matrices in operator space (each :math:`M_l` flattened
+  over all heads) and their Frobenius norms,
+* the soft effective rank (Roy and Vetterli, 2007: :math:`\exp` of the entropy of the normalised
+  singular values) of the operator variation :math:`\{M(\mu_i) - \bar{M}\}_i`, flattened over
+  heads,
+
+and collects the summaries :math:`\mu` that a model's layers actually see on a dataset
+(:func:`collect_summaries`).
+"""
+from typing import Dict, Iterable
+
+import torch
+from torch import Tensor
+from torch.nn import Module
+
+from torch_mz.nn.attention import MZAttention
+
+
+def _check_mz(attn: MZAttention):
+    if not isinstance(attn, MZAttention) or attn.value != 'mz':
+        raise ValueError(f"Expected an MZAttention layer with value='mz' (got {attn!r})")
+
+
+@torch.no_grad()
+def gates(attn: MZAttention, mu: Tensor) -> Tensor:
+    r"""Gates :math:`\gamma(\mu) \in [-1, 1]^L` of each summary, shape :obj:`(n, L)`."""
+    _check_mz(attn)
+    return torch.tanh(attn.gate(mu.to(attn.gate.weight.dtype)))
+
+
+@torch.no_grad()
+def operators(attn: MZAttention, mu: Tensor) -> Tensor:
+    r"""Realised operators :math:`M(\mu_i)` of every head, shape :obj:`(n, H, d_k, d_k)`."""
+    g = gates(attn, mu)  # (n, L)
+    return attn.weight.unsqueeze(0) + torch.einsum('nl,hlde->nhde', g, attn.matrix_gens)
+
+
+@torch.no_grad()
+def gate_activity(attn: MZAttention, mu: Tensor, threshold: float = 0.1) -> float:
+    r"""Fraction of (set, gate) evaluations with :math:`|\gamma_l(\mu)| > \tau`."""
+    return float((gates(attn, mu).abs() > threshold).to(torch.float64).mean())
+
+
+@torch.no_grad()
+def generator_cosine(attn: MZAttention) -> Tensor:
+    r"""Cosine similarity of the generator matrices :math:`M_l` in operator space (flattened over
+    heads), shape :obj:`(L, L)`; the identity for Frobenius-orthogonal generators."""
+    _check_mz(attn)
+    flat = attn.matrix_gens.transpose(0, 1).reshape(attn.num_matrix_generators, -1)  # (L, H dk^2)
+    flat = flat / flat.norm(dim=1, keepdim=True).clamp(min=1e-12)
+    return flat @ flat.T
+
+
+@torch.no_grad()
+def generator_norms(attn: MZAttention) -> Tensor:
+    r"""Frobenius norm of each generator matrix over all heads, shape :obj:`(L,)`."""
+    _check_mz(attn)
+    return attn.matrix_gens.transpose(0, 1).reshape(attn.num_matrix_generators, -1).norm(dim=1)
+
+
+def soft_effective_rank(matrix: Tensor, eps: float = 1e-12) -> float:
+    r"""Soft effective rank :math:`\exp(-\sum_i p_i \log p_i)`, :math:`p_i = \sigma_i / \sum_j
+    \sigma_j`, of a matrix's singular values; equals :math:`k` for :math:`k` equal non-zero
+    singular values and 0 for the zero matrix."""
+    s = torch.linalg.svdvals(matrix.to(torch.float64))
+    total = s.sum()
+    if total <= eps:
+        return 0.0
+    p = s / total
+    p = p[p > 0]
+    return float(torch.exp(-(p * p.log()).sum()))
+
+
+@torch.no_grad()
+def operator_effective_rank(attn: MZAttention, mu: Tensor) -> float:
+    r"""Soft effective rank of :math:`\{M(\mu_i) - \bar{M}\}_i` (rows flattened over heads);
+    at most :math:`L`."""
+    ops = operators(attn, mu).reshape(mu.size(0), -1)  # (n, H dk^2)
+    return soft_effective_rank(ops - ops.mean(0, keepdim=True))
+
+
+@torch.no_grad()
+def collect_summaries(model: Module, batches: Iterable) -> Dict[str, Tensor]:
+    r"""Runs :obj:`model` (in eval mode) on every batch of :obj:`batches` and returns, for every
+    ``value='mz'`` :class:`~torch_mz.nn.MZAttention` inside it, the set summaries
+    :math:`\mu` it computed, stacked over all sets of all batches: ``{module name: (n, |mu|)}``."""
+    found = {name: m for name, m in model.named_modules()
+             if isinstance(m, MZAttention) and m.value == 'mz'}
+    if not found:
+        raise ValueError('The model has no MZAttention layer with value=\'mz\'')
+    store: Dict[str, list] = {name: [] for name in found}
+    handles = []
+    for name, module in found.items():
+        def hook(mod, inputs, output, name=name):
+            _, key_value, _, kv_set, num_sets = inputs
+            store[name].append(mod.set_summary(key_value.center, kv_set, num_sets))
+        handles.append(module.register_forward_hook(hook))
+    was_training = model.training
+    model.eval()
+    try:
+        for batch in batches:
+            model(batch)
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was_training)
+    return {name: torch.cat(chunks, 0) for name, chunks in store.items()}
+
+
+@torch.no_grad()
+def probe(model: Module, batches: Iterable, threshold: float = 0.1) -> Dict[str, dict]:
+    r"""Per ``'mz'`` layer: gate activity, generator cosine matrix and norms, and the operator
+    effective rank over the sets of :obj:`batches` (see the module docstring)."""
+    summaries = collect_summaries(model, batches)
+    modules = dict(model.named_modules())
+    out = {}
+    for name, mu in summaries.items():
+        attn = modules[name]
+        out[name] = dict(
+            num_sets=int(mu.size(0)),
+            num_matrix_generators=attn.num_matrix_generators,
+            gate_activity=gate_activity(attn, mu, threshold),
+            generator_cosine=generator_cosine(attn).tolist(),
+            generator_norms=generator_norms(attn).tolist(),
+            operator_effective_rank=operator_effective_rank(attn, mu),
+        )
+    return out
