@@ -46,7 +46,8 @@ def _point_cloud_task(name: str, cls, seed: int, n_train, n_val, n_test, root, n
                     _subset(test, test_idx), in_channels=3, out_channels=num_classes,
                     task_type='classification', pos_dim=None,
                     description=f'{cls.__name__} classification ({num_classes} classes)',
-                    info=dict(kwargs, val_fraction_of_train=val_size / n, feature_columns=[]))
+                    info=dict({k: v for k, v in kwargs.items() if k != 'log'},
+                              val_fraction_of_train=val_size / n, feature_columns=[]))
 
 
 def load_real_task(name: str, seed: int = 0, n_train: Optional[int] = None,
@@ -56,6 +57,7 @@ def load_real_task(name: str, seed: int = 0, n_train: Optional[int] = None,
     :obj:`kwargs` go to the dataset class (e.g. ``target='alpha'`` or ``source='sdf'`` for QM9,
     ``variant='PB_T50_RS'`` for ScanObjectNN, ``source='hdf5'`` for ModelNet40)."""
     from torch_mz.tasks import TaskData
+    kwargs.setdefault('log', progress)  # processing progress bars follow the caller's choice
     if name == 'modelnet40':
         return _point_cloud_task(name, ModelNet40, seed, n_train, n_val, n_test, root, 40,
                                  **kwargs)
@@ -76,6 +78,6 @@ def load_real_task(name: str, seed: int = 0, n_train: Optional[int] = None,
         return TaskData(name, ds.index_select(tr), ds.index_select(va), ds.index_select(te),
                         in_channels=9, out_channels=len(targets), task_type='regression',
                         pos_dim=None, description=f"QM9 regression of {', '.join(names)}",
-                        info=dict(kwargs, targets=names,
+                        info=dict({k: v for k, v in kwargs.items() if k != 'log'}, targets=names,
                                   feature_columns=list(QM9_INVARIANT_COLUMNS)))
     raise ValueError(f"Unknown real dataset '{name}'")
