@@ -6,6 +6,9 @@ sizes and one with skewed (log-normal) set sizes of the same total, for
 * ``pyg``: ``torch_geometric.nn.aggr.SetTransformerAggregation`` (pads every set to the largest),
 * ``rigid``: ``MZAggregation(value='rigid', num_generators=0)``, a standard Set Transformer on
   the flat layout,
+* ``rigid-zono``: ``MZAggregation(value='rigid', num_generators=8)``, standard attention on the
+  same zonotope tokens as ``mz`` (separates the cost of the generator channel from that of the
+  matrix-zonotope value operator),
 * ``mz``: ``MZAggregation(value='mz')`` at the paper's defaults (n_g = 8, L = 4),
 
 each with PMA only (no encoder, no decoder) and with one SAB encoder block. Ratios are computed
@@ -28,7 +31,7 @@ from torch_mz.benchmark import (environment, markdown_table, peak_memory_bytes, 
                                 time_call, uniform_sizes, write_json)
 from torch_mz.nn import MZAggregation
 
-MODELS = ('pyg', 'rigid', 'mz')
+MODELS = ('pyg', 'rigid', 'rigid-zono', 'mz')
 BLOCKS = ('pma', 'sab')
 
 
@@ -42,6 +45,8 @@ def build(model: str, block: str, dim: int, heads: int) -> torch.nn.Module:
                   num_decoder_blocks=0, num_seeds=1)
     if model == 'rigid':
         return MZAggregation(dim, value='rigid', num_generators=0, **kwargs)
+    if model == 'rigid-zono':
+        return MZAggregation(dim, value='rigid', num_generators=8, **kwargs)
     return MZAggregation(dim, value='mz', num_generators=8, num_matrix_generators=4, **kwargs)
 
 
@@ -100,7 +105,8 @@ def plot(rows, path):
             vals = [next((r['median_ms'] for r in rows if r['model'] == model
                           and r['block'] == block and r['batch'] == b), np.nan)
                     for b in ('uniform', 'skewed')]
-            ax.bar(xs + (i - 1) * 0.27, vals, width=0.27, label=model)
+            width = 0.8 / len(MODELS)
+            ax.bar(xs + (i - (len(MODELS) - 1) / 2) * width, vals, width=width, label=model)
         ax.set_xticks(xs, ['uniform', 'skewed'])
         ax.set_yscale('log')
         ax.set_ylabel('forward+backward, median ms')
@@ -159,6 +165,9 @@ def main():
                         by['pyg']['peak_mib'], 1e-9)
             if 'mz' in by and 'rigid' in by:
                 entry['mz/rigid time'] = by['mz']['median_ms'] / by['rigid']['median_ms']
+            if 'mz' in by and 'rigid-zono' in by:
+                entry['mz/rigid-zono time'] = (by['mz']['median_ms']
+                                               / by['rigid-zono']['median_ms'])
             ratios.append(entry)
     env = environment()
     os.makedirs(args.out, exist_ok=True)
@@ -167,7 +176,7 @@ def main():
     columns = ['block', 'batch', 'model', 'max_set', 'median_ms', 'params']
     if args.memory:
         columns.append('peak_mib')
-    ratio_cols = ['block', 'batch', 'pyg/rigid time', 'mz/rigid time']
+    ratio_cols = ['block', 'batch', 'pyg/rigid time', 'mz/rigid time', 'mz/rigid-zono time']
     if args.memory:
         ratio_cols.append('rigid/pyg memory')
     with open(os.path.join(args.out, 'speed.md'), 'w') as f:

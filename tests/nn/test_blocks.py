@@ -3,7 +3,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torch_mz.nn import ISAB, MAB, PMA, SAB, FeedForward, GeneratorFeedForward, Zonotope
+from torch_mz.nn import ISAB, MAB, PMA, SAB, GeneratorFeedForward, Zonotope
 from tests.nn._sets import make_index, within_set_permutation
 
 D, NG = 8, 2
@@ -108,17 +108,20 @@ def test_rigid_generator_path_is_odd_and_keeps_zero():
     assert torch.equal(zero.gens, torch.zeros_like(zero.gens))
 
 
-def test_feed_forward_jvp_and_generator_ffn_oddness():
-    ffn = FeedForward(D, 16).double()
-    c = torch.randn(5, D, dtype=torch.float64)
+def test_generator_ffn_is_odd_and_pma_maps_generators_with_it():
     gens = torch.randn(5, 3, D, dtype=torch.float64)
-    out = ffn.jvp(c, gens)
-    torch.testing.assert_close(out.center, ffn(c))
-    for g in range(3):
-        _, tangent = torch.func.jvp(ffn, (c, ), (gens[:, g], ))
-        torch.testing.assert_close(out.gens[:, g], tangent)
     gffn = GeneratorFeedForward(D, 4).double()
     torch.testing.assert_close(gffn(-gens), -gffn(gens))
+    # PMA: rFF on the centers and the generator FFN on the generator rows, then the MAB
+    block = _block('pma')
+    index = make_index([5])
+    x = Zonotope(torch.randn(5, D, dtype=torch.float64), gens[:, :NG].clone())
+    seeds, seed_set = block.seeds(1, x.center)
+    expected = block.mab(seeds, Zonotope(block.rff(x.center), block.rff_gens(x.gens)), seed_set,
+                         index, 1)
+    out = block(x, index, 1)
+    torch.testing.assert_close(out.center, expected.center)
+    torch.testing.assert_close(out.gens, expected.gens)
 
 
 def test_mab_post_norm_structure():

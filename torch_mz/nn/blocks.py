@@ -15,10 +15,10 @@ Post-norm as in the Set Transformer. For the generators:
   generator row, :math:`G \mapsto G + \tanh(G W_1^\top) W_2^\top`, bias-free with an odd
   activation, so zero generators stay zero and a generator's sign flip (which leaves the zonotope
   unchanged) flips its image;
-* PMA's row-wise feed-forward :math:`\mathrm{rFF}` maps generators by its Jacobian at the center.
+* PMA's row-wise feed-forward :math:`\mathrm{rFF}` (no residual, as in the Set Transformer) is
+  paired, as everywhere in the paper (Appendix A.1), with the lighter generator feed-forward on
+  the generator rows: :math:`G \mapsto \tanh(G W_1^\top) W_2^\top`.
 """
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -30,8 +30,7 @@ from torch_mz.nn.zonotope import Zonotope, zonotope_layer_norm
 
 
 class FeedForward(Module):
-    r"""Row-wise feed-forward :math:`W_2\,\mathrm{GELU}(W_1 c + b_1) + b_2` on centers, with
-    :meth:`jvp` giving its Jacobian applied to generator rows."""
+    r"""Row-wise feed-forward :math:`W_2\,\mathrm{GELU}(W_1 c + b_1) + b_2` on centers."""
     def __init__(self, dim: int, hidden: int):
         super().__init__()
         self.lin1 = Linear(dim, hidden)
@@ -45,17 +44,6 @@ class FeedForward(Module):
 
     def forward(self, c: Tensor) -> Tensor:
         return self.lin2(F.gelu(self.lin1(c)))
-
-    def jvp(self, c: Tensor, gens: Tensor) -> Zonotope:
-        r"""Returns :math:`(\mathrm{FFN}(c),\ J_{\mathrm{FFN}}(c)\, G_g)` for every generator row."""
-        if gens.size(1) == 0:  # plain vector tokens: no Jacobian to apply
-            return Zonotope(self(c), gens)
-        z = self.lin1(c)  # (N, hidden)
-        # d/dz GELU(z) = Phi(z) + z phi(z) (exact GELU)
-        dgelu = 0.5 * (1.0 + torch.erf(z / math.sqrt(2.0))) + z * torch.exp(-0.5 * z * z) / \
-            math.sqrt(2.0 * math.pi)  # (N, hidden)
-        g = F.linear(gens, self.lin1.weight) * dgelu.unsqueeze(1)  # (N, n_g, hidden)
-        return Zonotope(self.lin2(F.gelu(z)), F.linear(g, self.lin2.weight))
 
 
 class GeneratorFeedForward(Module):
@@ -219,15 +207,20 @@ class PMA(Module):
         self.num_seeds = num_seeds
         self.seeds = LearnedTokens(num_seeds, dim, num_generators)
         self.rff = FeedForward(dim, d_ff)
+        self.rff_gens = (GeneratorFeedForward(dim, max(1, d_ff // 2))
+                         if num_generators > 0 else None)
         self.mab = MAB(dim, num_generators=num_generators, d_ff=d_ff, **kwargs)
 
     def reset_parameters(self):
-        for module in (self.seeds, self.rff, self.mab):
-            module.reset_parameters()
+        for module in (self.seeds, self.rff, self.rff_gens, self.mab):
+            if module is not None:
+                module.reset_parameters()
 
     def forward(self, x: Zonotope, set_id: Tensor, num_sets: int) -> Zonotope:
         seeds, seed_set = self.seeds(num_sets, x.center)  # (B * k, d)
-        return self.mab(seeds, self.rff.jvp(x.center, x.gens), seed_set, set_id, num_sets)
+        gens = self.rff_gens(x.gens) if self.rff_gens is not None else x.gens
+        x = Zonotope(self.rff(x.center), gens)  # rFF(X): (N, d), (N, n_g, d)
+        return self.mab(seeds, x, seed_set, set_id, num_sets)
 
     def __repr__(self) -> str:
         return f'{self.__class__.__name__}(num_seeds={self.num_seeds}, {self.mab.attn})'
