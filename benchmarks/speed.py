@@ -100,7 +100,7 @@ def plot(rows, path):
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, len(BLOCKS), figsize=(10, 4))
     for ax, block in zip(axes, BLOCKS):
-        labels, xs = [], np.arange(2)
+        xs = np.arange(2)
         for i, model in enumerate(MODELS):
             vals = [next((r['median_ms'] for r in rows if r['model'] == model
                           and r['block'] == block and r['batch'] == b), np.nan)

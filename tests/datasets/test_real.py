@@ -1,9 +1,7 @@
 import json
-import os
 import os.path as osp
 import warnings
 
-import pytest
 import torch
 
 from torch_mz.cli import main

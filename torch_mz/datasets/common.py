@@ -10,6 +10,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 from torch import Tensor
+from torch_geometric.data import InMemoryDataset
 
 from torch_mz._optional import require
 
@@ -196,3 +197,55 @@ def read_h5(path: str, keys: Sequence[str], optional: Sequence[str] = ()) -> Dic
         raise
     except OSError as e:  # h5py reports unreadable and truncated files as OSError
         raise CorruptRawFileError(path, f'not a readable HDF5 file ({e})') from e
+
+
+class TrainTestSets(InMemoryDataset):
+    r"""Shared skeleton of datasets with an official train/test split processed into
+    ``train.pt``, ``test.pt`` and ``stats.json``: loading the requested split, the split name,
+    and a :meth:`process` that runs ``pre_filter``/``pre_transform``, saves each split and records
+    what was skipped. Subclasses implement :meth:`_split_examples` and set :attr:`item_name`."""
+    item_name = 'example'
+
+    def _setup(self, root: Optional[str], name: str, train: bool, transform, pre_transform,
+               pre_filter, log: bool, force_reload: bool) -> None:
+        self.train = train
+        super().__init__(default_root(name) if root is None else root, transform, pre_transform,
+                         pre_filter, log=log, force_reload=force_reload)
+        self.load(self.processed_paths[0] if train else self.processed_paths[1])
+        self.stats: Dict[str, object] = load_stats(self.processed_paths[2])
+
+    @property
+    def split(self) -> str:
+        return 'train' if self.train else 'test'
+
+    @property
+    def processed_file_names(self) -> List[str]:
+        return ['train.pt', 'test.pt', 'stats.json']
+
+    def _label(self) -> str:
+        r"""How messages name this dataset and configuration."""
+        return self.__class__.__name__
+
+    def _stats_header(self) -> Dict[str, object]:
+        return {}
+
+    def _split_examples(self, split: str, skipped: 'SkipCounter') -> list:
+        raise NotImplementedError
+
+    def process(self) -> None:
+        stats = self._stats_header()
+        for split, path in zip(('train', 'test'), self.processed_paths[:2]):
+            skipped = SkipCounter()
+            data_list = self._split_examples(split, skipped)
+            if self.pre_filter is not None:
+                data_list = [d for d in data_list if self.pre_filter(d)]
+            if self.pre_transform is not None:
+                data_list = [self.pre_transform(d) for d in data_list]
+            if not data_list:
+                raise RuntimeError(f'{self._label()}: no {split} {self.item_name} left to save '
+                                   f'(skipped: {skipped.counts})')
+            self.save(data_list, path)
+            stats[split] = {f'num_{self.item_name}s': len(data_list),
+                            'skipped': skipped.as_dict()}
+            skipped.report(f'{self._label()} {split}')
+        save_stats(stats, self.processed_paths[2])

@@ -8,18 +8,16 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
-from torch_geometric.data import Data, InMemoryDataset, download_url, extract_zip
+from torch_geometric.data import Data, download_url, extract_zip
 from tqdm import tqdm
 
 from torch_mz._optional import require
 from torch_mz.datasets.common import (
     CorruptRawFileError,
     SkipCounter,
-    default_root,
-    load_stats,
+    TrainTestSets,
     normalize_unit_sphere,
     read_h5,
-    save_stats,
 )
 
 MODELNET40_CLASSES: Tuple[str, ...] = ('airplane', 'bathtub', 'bed', 'bench', 'bookshelf', 'bottle',
@@ -135,7 +133,7 @@ def sample_surface(vertices: np.ndarray, faces: np.ndarray, num: int,
     return np.asarray(points, dtype=np.float64)
 
 
-class ModelNet40(InMemoryDataset):
+class ModelNet40(TrainTestSets):
     r"""ModelNet40 (Wu et al., `"3D ShapeNets" <https://arxiv.org/abs/1406.5670>`_) as point sets,
     the point-cloud classification task of the MZAttn paper (Appendix A.2, Task C): 40 classes,
     9,843 training and 2,468 test shapes, each a set of :obj:`num_points` surface points.
@@ -189,6 +187,7 @@ class ModelNet40(InMemoryDataset):
     """
     url = MODELNET40_URL
     classes = MODELNET40_CLASSES
+    item_name = 'shape'
 
     def __init__(
         self,
@@ -210,24 +209,16 @@ class ModelNet40(InMemoryDataset):
             raise ValueError("'num_points' must be set for the mesh source")
         if num_points is not None and num_points < 1:
             raise ValueError(f"'num_points' must be a positive integer or None, got {num_points}")
-        self.train = train
         self.source = source
         self.num_points = num_points
         self.normalize = normalize
         self.seed = seed
-        super().__init__(
-            default_root('ModelNet40') if root is None else root, transform, pre_transform,
-            pre_filter, log=log, force_reload=force_reload)
-        self.load(self.processed_paths[0] if train else self.processed_paths[1])
-        self.stats: Dict[str, object] = load_stats(self.processed_paths[2])
+        self._setup(root, 'ModelNet40', train, transform, pre_transform, pre_filter, log,
+                    force_reload)
 
     @property
     def num_classes(self) -> int:
         return len(MODELNET40_CLASSES)
-
-    @property
-    def split(self) -> str:
-        return 'train' if self.train else 'test'
 
     @property
     def raw_file_names(self) -> List[str]:
@@ -244,10 +235,6 @@ class ModelNet40(InMemoryDataset):
         if not self.normalize:
             tag += '_raw'
         return osp.join(self.root, 'processed', tag)
-
-    @property
-    def processed_file_names(self) -> List[str]:
-        return ['train.pt', 'test.pt', 'stats.json']
 
     def download(self) -> None:
         if self.source == 'hdf5':
@@ -270,30 +257,17 @@ class ModelNet40(InMemoryDataset):
         shutil.rmtree(folder)
         shutil.rmtree(osp.join(self.root, '__MACOSX'), ignore_errors=True)
 
-    def process(self) -> None:
-        stats: Dict[str, object] = {
-            'source': self.source,
-            'num_points': self.num_points,
-            'normalize': self.normalize,
-            'seed': self.seed
-        }
-        for split, path in zip(('train', 'test'), self.processed_paths[:2]):
-            skipped = SkipCounter()
-            if self.source == 'mesh':
-                data_list = self._process_meshes(split, skipped)
-            else:
-                data_list = self._process_hdf5(split, skipped)
-            if self.pre_filter is not None:
-                data_list = [d for d in data_list if self.pre_filter(d)]
-            if self.pre_transform is not None:
-                data_list = [self.pre_transform(d) for d in data_list]
-            if not data_list:
-                raise RuntimeError(f'ModelNet40 ({self.source}): no {split} shape left to save '
-                                   f'(skipped: {skipped.counts})')
-            self.save(data_list, path)
-            stats[split] = {'num_shapes': len(data_list), 'skipped': skipped.as_dict()}
-            skipped.report(f'ModelNet40 {split} ({self.source})')
-        save_stats(stats, self.processed_paths[2])
+    def _label(self) -> str:
+        return f'ModelNet40 ({self.source})'
+
+    def _stats_header(self) -> Dict[str, object]:
+        return {'source': self.source, 'num_points': self.num_points,
+                'normalize': self.normalize, 'seed': self.seed}
+
+    def _split_examples(self, split: str, skipped: SkipCounter) -> List[Data]:
+        if self.source == 'mesh':
+            return self._process_meshes(split, skipped)
+        return self._process_hdf5(split, skipped)
 
     def _example(self, points: np.ndarray, label: int) -> Data:
         if self.normalize:

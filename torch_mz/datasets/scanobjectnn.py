@@ -4,17 +4,15 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
-from torch_geometric.data import Data, InMemoryDataset
+from torch_geometric.data import Data
 from tqdm import tqdm
 
 from torch_mz.datasets.common import (
     CorruptRawFileError,
     SkipCounter,
-    default_root,
-    load_stats,
+    TrainTestSets,
     normalize_unit_sphere,
     read_h5,
-    save_stats,
 )
 
 # label -> name, in the order of the authors' release (their mapping2.py and label files)
@@ -43,7 +41,7 @@ def scanobjectnn_file(variant: str, train: bool) -> str:
     return osp.join('h5_files', folder, f'{split}_objectdataset{suffix}.h5')
 
 
-class ScanObjectNN(InMemoryDataset):
+class ScanObjectNN(TrainTestSets):
     r"""ScanObjectNN (Uy et al., `"Revisiting Point Cloud Classification: A New Benchmark Dataset
     and Classification Model on Real-World Data" <https://arxiv.org/abs/1908.04616>`_): 15 classes
     of objects scanned in real rooms, the real-world point-cloud task of the MZAttn paper (Appendix
@@ -92,6 +90,7 @@ class ScanObjectNN(InMemoryDataset):
     """
     classes = SCANOBJECTNN_CLASSES
     variants = SCANOBJECTNN_VARIANTS
+    item_name = 'object'
 
     def __init__(
         self,
@@ -113,23 +112,15 @@ class ScanObjectNN(InMemoryDataset):
         if num_points is not None and num_points < 1:
             raise ValueError(f"'num_points' must be a positive integer or None, got {num_points}")
         self.variant = variant
-        self.train = train
         self.num_points = num_points
         self.normalize = normalize
         self.seed = seed
-        super().__init__(
-            default_root('ScanObjectNN') if root is None else root, transform, pre_transform,
-            pre_filter, log=log, force_reload=force_reload)
-        self.load(self.processed_paths[0] if train else self.processed_paths[1])
-        self.stats: Dict[str, object] = load_stats(self.processed_paths[2])
+        self._setup(root, 'ScanObjectNN', train, transform, pre_transform, pre_filter, log,
+                    force_reload)
 
     @property
     def num_classes(self) -> int:
         return len(SCANOBJECTNN_CLASSES)
-
-    @property
-    def split(self) -> str:
-        return 'train' if self.train else 'test'
 
     @property
     def raw_file_names(self) -> List[str]:
@@ -141,10 +132,6 @@ class ScanObjectNN(InMemoryDataset):
         tag = f'{self.variant}_{points}_seed{self.seed}' + ('' if self.normalize else '_raw')
         return osp.join(self.root, 'processed', tag)
 
-    @property
-    def processed_file_names(self) -> List[str]:
-        return ['train.pt', 'test.pt', 'stats.json']
-
     def download(self) -> None:
         missing = [p for p in self.raw_paths if not osp.exists(p)]
         raise FileNotFoundError(
@@ -153,28 +140,15 @@ class ScanObjectNN(InMemoryDataset):
             f"h5_files.zip and extract it into '{self.raw_dir}' (so that '{self.raw_paths[0]}' "
             f'exists). Missing: {missing}')
 
-    def process(self) -> None:
-        stats: Dict[str, object] = {
-            'variant': self.variant,
-            'num_points': self.num_points,
-            'normalize': self.normalize,
-            'seed': self.seed
-        }
-        for split, raw_path, path in zip(('train', 'test'), self.raw_paths,
-                                         self.processed_paths[:2]):
-            skipped = SkipCounter()
-            data_list = self._process_file(raw_path, split, skipped)
-            if self.pre_filter is not None:
-                data_list = [d for d in data_list if self.pre_filter(d)]
-            if self.pre_transform is not None:
-                data_list = [self.pre_transform(d) for d in data_list]
-            if not data_list:
-                raise RuntimeError(f"ScanObjectNN {self.variant}: no {split} object left to save "
-                                   f"(skipped: {skipped.counts})")
-            self.save(data_list, path)
-            stats[split] = {'num_objects': len(data_list), 'skipped': skipped.as_dict()}
-            skipped.report(f'ScanObjectNN {self.variant} {split}')
-        save_stats(stats, self.processed_paths[2])
+    def _label(self) -> str:
+        return f'ScanObjectNN {self.variant}'
+
+    def _stats_header(self) -> Dict[str, object]:
+        return {'variant': self.variant, 'num_points': self.num_points,
+                'normalize': self.normalize, 'seed': self.seed}
+
+    def _split_examples(self, split: str, skipped: SkipCounter) -> List[Data]:
+        return self._process_file(self.raw_paths[0 if split == 'train' else 1], split, skipped)
 
     def _process_file(self, path: str, split: str, skipped: SkipCounter) -> List[Data]:
         arrays = read_h5(path, ('data', 'label'), optional=('mask', ))

@@ -8,10 +8,8 @@ The value operator is pluggable, so that baselines share the routing code exactl
 * ``'hypernet'``: :math:`(W^{(h)} + U^{(h)}(\mu) V^{(h)}) \hat{c}` with a rank-:math:`r` update.
 """
 import math
-from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from torch.nn import Linear, Module, Parameter
 
