@@ -17,8 +17,6 @@ import sys
 import time
 from typing import Dict, List, Optional, Sequence
 
-import numpy as np
-
 EXIT_USAGE = 2
 
 # The demo: quadratic-TDOF task (TDOF 8) with one MZ layer against a 4-layer standard Set
@@ -111,19 +109,9 @@ def _config(args, seed: int, out_dir: Optional[str], resume: Optional[str] = Non
 
 def _run(args, task, model_name: str, seed: int, out_dir: Optional[str],
          resume: Optional[str] = None) -> Dict[str, object]:
-    from torch_mz.models import build_model, count_parameters
-    from torch_mz.train import seed_everything, train
-    seed_everything(seed)
-    model = build_model(model_name, task.in_channels, task.out_channels, pos_dim=task.pos_dim,
-                        feature_columns=task.info.get('feature_columns'),
-                        **_parse_kv(args.model_arg, '--model-arg'))
-    config = _config(args, seed, out_dir, resume)
-    result = train(model, task.train, task.val, task.test, config=config,
-                   task_type=task.task_type)
-    return dict(model=model_name, seed=seed, params=count_parameters(model),
-                best_epoch=result.best_epoch, epochs_run=result.epochs_run,
-                stopped_early=result.stopped_early, wall_time_s=result.wall_time,
-                val=result.val_metrics, test=result.test_metrics or {})
+    from torch_mz.compare import train_one
+    return train_one(task, model_name, seed, _config(args, seed, out_dir, resume),
+                     **_parse_kv(args.model_arg, '--model-arg'))
 
 
 def cmd_tasks(args) -> int:
@@ -179,50 +167,6 @@ def cmd_train(args) -> int:
     return 0
 
 
-def _summary(rows, task_type: str) -> List[Dict[str, object]]:
-    keys = ['r2', 'mse', 'mae'] if task_type == 'regression' else ['accuracy', 'loss']
-    out = []
-    for model in dict.fromkeys(r['model'] for r in rows):
-        runs = [r for r in rows if r['model'] == model]
-        entry = dict(model=model, params=runs[0]['params'], seeds=len(runs))
-        for k in keys:
-            vals = [r['test'].get(k, math.nan) for r in runs]
-            entry[k] = float(np.mean(vals))
-            entry[f'{k}_std'] = float(np.std(vals))
-        entry['minutes'] = float(np.mean([r['wall_time_s'] for r in runs]) / 60)
-        out.append(entry)
-    return out
-
-
-def _markdown(summary, task_type: str) -> str:
-    keys = ['r2', 'mse', 'mae'] if task_type == 'regression' else ['accuracy', 'loss']
-    head = ['model', 'params', 'seeds'] + [f'test {k}' for k in keys] + ['min/run']
-    lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
-    for e in summary:
-        cells = [e['model'], f"{e['params']:,}", str(e['seeds'])]
-        cells += [f"{e[k]:.4f} ± {e[k + '_std']:.4f}" for k in keys]
-        cells.append(f"{e['minutes']:.2f}")
-        lines.append('| ' + ' | '.join(cells) + ' |')
-    return '\n'.join(lines) + '\n'
-
-
-def _plot(summary, task_type: str, path: str, title: str):
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
-    key = 'r2' if task_type == 'regression' else 'accuracy'
-    fig, ax = plt.subplots(figsize=(1.6 + 1.2 * len(summary), 3.6))
-    names = [e['model'] for e in summary]
-    ax.bar(names, [e[key] for e in summary], yerr=[e[key + '_std'] for e in summary],
-           capsize=4, color='tab:blue')
-    ax.axhline(0.0, color='black', linewidth=0.8)
-    ax.set_ylabel(f"test {'R²' if key == 'r2' else 'accuracy'} (mean ± std over seeds)")
-    ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 def cmd_compare(args) -> int:
     _check_task(args.task)
     models = [m.strip() for m in args.models.split(',') if m.strip()]
@@ -246,9 +190,10 @@ def cmd_compare(args) -> int:
             key = 'r2' if task.task_type == 'regression' else 'accuracy'
             print(f"  {model:10s} seed {seed}: test {key} {row['test'].get(key, math.nan):.4f} "
                   f"({row['wall_time_s']:.0f} s)", flush=True)
-    summary = _summary(rows, task.task_type)
-    table = _markdown(summary, task.task_type)
     from torch_mz.benchmark import environment, write_json
+    from torch_mz.compare import plot_summary, summarize, summary_markdown
+    summary = summarize(rows, task.task_type)
+    table = summary_markdown(summary, task.task_type)
     payload = dict(task=task.name, task_info=task.info, description=task.description,
                    sizes=dict(train=len(task.train), val=len(task.val), test=len(task.test)),
                    command=args.command_line,
@@ -259,8 +204,8 @@ def cmd_compare(args) -> int:
     with open(os.path.join(out, 'results.md'), 'w') as f:
         f.write(f'# {task.name}: {task.description}\n\nCommand: `{args.command_line}`\n\n{table}')
     try:
-        _plot(summary, task.task_type, os.path.join(out, 'results.png'),
-              f'{task.name} ({len(task.train)} train sets, {args.epochs} epochs)')
+        plot_summary(summary, task.task_type, os.path.join(out, 'results.png'),
+                     f'{task.name} ({len(task.train)} train sets, {args.epochs} epochs)')
     except ImportError:
         print("matplotlib is not installed: no plot (pip install 'torch_mz[plot]')")
     print()
