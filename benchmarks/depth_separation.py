@@ -1,0 +1,122 @@
+r"""Depth separation on the quadratic-TDOF target (Table 1 of the MZAttn paper).
+
+For each TDOF L, a one-layer MZ-Set Transformer (``mz-1l``) and a four-layer standard Set
+Transformer (``st-4l``) are trained with the same data, budget, schedule and target
+normalisation; the table reports test R^2 (mean ± std over seeds) and the residual-MSE ratio
+MSE(st-4l) / MSE(mz-1l), next to the paper's numbers.
+
+    python benchmarks/depth_separation.py --quick      # L in {4, 8, 16}, 2 seeds, small data
+    python benchmarks/depth_separation.py              # L in {4, 8, 16, 24, 32}, 3 seeds
+"""
+import argparse
+import os
+import time
+
+import numpy as np
+
+from torch_mz.benchmark import environment, markdown_table, write_json
+from torch_mz.compare import train_one
+from torch_mz.tasks import load_task
+from torch_mz.train import TrainConfig
+
+# Table 1 of the paper: L -> (MZAttn-1L R^2, ST-4L R^2, MSE ratio)
+PAPER = {4: (0.995, 0.970, 6.6), 8: (0.988, 0.809, 15.4), 16: (0.950, 0.618, 7.6),
+         24: (0.944, 0.547, 8.0), 32: (0.908, 0.396, 6.5)}
+MODELS = ('mz-1l', 'st-4l')
+
+
+def plot(rows, path):
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    Ls = [r['L'] for r in rows]
+    for model, color in zip(MODELS, ('tab:red', 'tab:blue')):
+        ax.errorbar(Ls, [r[f'{model} r2'] for r in rows], yerr=[r[f'{model} r2 std'] for r in rows],
+                    marker='o', color=color, capsize=3, label=f'{model} (measured)')
+        paper = [L for L in Ls if L in PAPER]
+        if paper:
+            ax.plot(paper, [PAPER[L][MODELS.index(model)] for L in paper], linestyle='--',
+                    color=color, alpha=0.6, label=f'{model} (paper)')
+    ax.set_xlabel('TDOF L of the target')
+    ax.set_ylabel('test R²')
+    ax.set_xticks(Ls)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--quick', action='store_true', help='L in {4, 8, 16}, small budget')
+    parser.add_argument('--tdof', default=None, help='comma-separated L values')
+    parser.add_argument('--seeds', type=int, default=None)
+    parser.add_argument('--d', type=int, default=16, help='dimension of the elements')
+    parser.add_argument('--n-train', type=int, default=None)
+    parser.add_argument('--epochs', type=int, default=None)
+    parser.add_argument('--lr', type=float, default=None)
+    parser.add_argument('--device', default='auto')
+    parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
+                                                      'depth_separation'))
+    args = parser.parse_args()
+    if args.quick:
+        Ls, seeds, n_train, epochs, lr = [4, 8, 16], 2, 640, 10, 1e-3
+    else:
+        Ls, seeds, n_train, epochs, lr = [4, 8, 16, 24, 32], 3, 5000, 100, 1e-4
+    Ls = [int(v) for v in args.tdof.split(',')] if args.tdof else Ls
+    seeds = args.seeds or seeds
+    n_train = args.n_train or n_train
+    epochs = args.epochs or epochs
+    lr = args.lr or lr
+    n_val, n_test = max(1, n_train // 4), max(1, n_train // 2)
+    start = time.time()
+    rows, runs = [], []
+    for L in Ls:
+        task = load_task('quadratic-tdof', seed=0, n_train=n_train, n_val=n_val, n_test=n_test,
+                         d=args.d, tdof=L)
+        row = dict(L=L)
+        mse = {}
+        for model in MODELS:
+            results = []
+            for seed in range(seeds):
+                config = TrainConfig(epochs=epochs, warmup_epochs=min(5, max(1, epochs // 10)),
+                                     batch_size=64, lr=lr, seed=seed, device=args.device,
+                                     progress=False)
+                results.append(train_one(task, model, seed, config))
+                print(f"L={L:2d} {model:6s} seed {seed}: test r2 "
+                      f"{results[-1]['test']['r2']:.4f}", flush=True)
+            runs += [dict(r, L=L) for r in results]
+            r2 = [r['test']['r2'] for r in results]
+            mse[model] = float(np.mean([r['test']['mse'] for r in results]))
+            row[f'{model} r2'] = float(np.mean(r2))
+            row[f'{model} r2 std'] = float(np.std(r2))
+        row['MSE ratio'] = mse['st-4l'] / mse['mz-1l']
+        if L in PAPER:
+            row['paper mz-1l r2'], row['paper st-4l r2'], row['paper MSE ratio'] = PAPER[L]
+        rows.append(row)
+    env = environment()
+    os.makedirs(args.out, exist_ok=True)
+    setup = dict(d=args.d, seeds=seeds, n_train=n_train, n_val=n_val, n_test=n_test,
+                 epochs=epochs, lr=lr, batch_size=64)
+    write_json(os.path.join(args.out, 'depth_separation.json'),
+               dict(environment=env, setup=setup, rows=rows, runs=runs,
+                    minutes=(time.time() - start) / 60))
+    columns = ['L', 'mz-1l r2', 'mz-1l r2 std', 'st-4l r2', 'st-4l r2 std', 'MSE ratio',
+               'paper mz-1l r2', 'paper st-4l r2', 'paper MSE ratio']
+    table = markdown_table(rows, columns)
+    with open(os.path.join(args.out, 'depth_separation.md'), 'w') as f:
+        f.write('# Depth separation on the quadratic-TDOF target (paper Table 1)\n\n'
+                f"Command: `{env['command']}`  \n"
+                f"Setup: {setup}; {(time.time() - start) / 60:.1f} min on {env['cpu_count']} "
+                f"CPUs (torch {env['torch']}).\n\n{table}\n![plot](depth_separation.png)\n")
+    try:
+        plot(rows, os.path.join(args.out, 'depth_separation.png'))
+    except ImportError:
+        print("matplotlib is not installed: no plot (pip install 'torch_mz[plot]')")
+    print(table)
+    print(f'wrote {args.out}/depth_separation.json, .md, .png')
+
+
+if __name__ == '__main__':
+    main()
