@@ -74,6 +74,22 @@ def test_dense_and_scatter_paths_agree(value):
     torch.testing.assert_close(dense(x, uniform), scatter(x, uniform))
 
 
+@pytest.mark.parametrize('chunk_size', [1, 5, 8, 1000])
+def test_chunked_encoding_equals_unchunked(chunk_size):
+    aggr = _aggr()
+    chunked = _aggr(chunk_size=chunk_size)
+    chunked.load_state_dict(aggr.state_dict())
+    index = make_index([3, 0, 7, 1, 4, 0, 2], shuffle=True,
+                       generator=torch.Generator().manual_seed(5))
+    x = _x(index.numel(), 6).requires_grad_()
+    out = chunked(x, index, dim_size=9)
+    torch.testing.assert_close(out, aggr(x, index, dim_size=9))
+    out.sum().backward()
+    assert torch.isfinite(x.grad).all()
+    with pytest.raises(ValueError, match='chunk_size'):
+        MZAggregation(3, chunk_size=0)
+
+
 def test_changing_one_set_never_changes_another():
     aggr = _aggr()
     index = make_index([3, 4, 2])

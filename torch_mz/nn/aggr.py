@@ -92,6 +92,11 @@ class MZAggregation(Aggregation):
         readout (str): :obj:`'ihw'` or :obj:`'signed'` (default: :obj:`'ihw'`).
         path (str): Attention kernel :obj:`'auto'`, :obj:`'dense'` or :obj:`'scatter'`
             (default: :obj:`'auto'`).
+        chunk_size (int, optional): Process groups of whole sets of about this many elements
+            at a time (the sets whose first element falls in the same window of
+            :obj:`chunk_size` elements), which bounds the memory of very large batches (e.g.
+            :obj:`131072` for a million points); the result is the same as without chunking.
+            :obj:`None` processes the batch at once (default: :obj:`None`).
 
     Shapes:
         - **input:** :math:`(N, F_{in})`, ``index`` :math:`(N,)` or ``ptr`` :math:`(B+1,)`
@@ -103,8 +108,11 @@ class MZAggregation(Aggregation):
                  num_seeds: int = 1, num_encoder_blocks: int = 2, encoder: str = 'isab',
                  num_decoder_blocks: int = 1,
                  d_ff: int = 128, summary: str = 'mean', dropout: float = 0.0,
-                 log_n: bool = False, readout: str = 'ihw', path: str = 'auto'):
+                 log_n: bool = False, readout: str = 'ihw', path: str = 'auto',
+                 chunk_size: Optional[int] = None):
         super().__init__()
+        if chunk_size is not None and chunk_size < 1:
+            raise ValueError(f"'chunk_size' must be positive or None (got {chunk_size})")
         if value not in VALUE_OPERATORS:
             raise ValueError(f"Unknown value operator '{value}' (expected one of "
                              f"{VALUE_OPERATORS})")
@@ -141,6 +149,7 @@ class MZAggregation(Aggregation):
         self.log_n = log_n
         self.readout = readout
         self.path = path
+        self.chunk_size = chunk_size
 
         block_kwargs = dict(heads=heads, num_generators=num_generators, d_ff=d_ff, value=value,
                             num_matrix_generators=num_matrix_generators, rank=rank,
@@ -173,6 +182,30 @@ class MZAggregation(Aggregation):
             raise ValueError(f"Expected input of shape (N, {self.in_channels}) (got "
                              f"{tuple(x.shape)})")
         set_id, num_sets = resolve_set_index(x, index, ptr, dim_size)
+        counts = set_counts(set_id, num_sets)  # (B,)
+        if self.chunk_size is not None and x.size(0) > self.chunk_size:
+            return self._encode_chunked(x, set_id, counts), counts
+        return self._encode(x, set_id, num_sets), counts
+
+    def _encode_chunked(self, x: Tensor, set_id: Tensor, counts: Tensor) -> Zonotope:
+        r"""Encodes groups of whole sets: the sets whose first row (in set order) falls in the
+        same window of :attr:`chunk_size` rows form a group, so a group holds at most
+        ``chunk_size`` rows plus the remainder of its last set. Sets never interact, so the result
+        equals the unchunked one."""
+        starts = torch.cumsum(counts, 0) - counts  # (B,) first row of each set in set order
+        group = torch.div(starts, self.chunk_size, rounding_mode='floor')  # (B,)
+        _, sets_per_group = torch.unique_consecutive(group, return_counts=True)
+        set_bounds = [0] + torch.cumsum(sets_per_group, 0).tolist()
+        row_bounds = [0] + torch.cumsum(counts, 0).tolist()
+        order = torch.argsort(set_id, stable=True)  # rows in set order
+        parts = []
+        for b_lo, b_hi in zip(set_bounds[:-1], set_bounds[1:]):
+            rows = order[row_bounds[b_lo]:row_bounds[b_hi]]  # (n_group,)
+            parts.append(self._encode(x[rows], set_id[rows] - b_lo, b_hi - b_lo))
+        return Zonotope(torch.cat([p.center for p in parts], 0),
+                        torch.cat([p.gens for p in parts], 0))
+
+    def _encode(self, x: Tensor, set_id: Tensor, num_sets: int) -> Zonotope:
         z = self.input_proj(x)  # (N, d), (N, n_g, d)
         for block in self.encoders:
             z = block(z, set_id, num_sets)  # (N, d), (N, n_g, d)
@@ -180,7 +213,7 @@ class MZAggregation(Aggregation):
         pooled_set = torch.arange(num_sets, device=x.device).repeat_interleave(self.num_seeds)
         for block in self.decoders:
             z = block(z, pooled_set, num_sets)  # (B * k, d), (B * k, n_g, d)
-        return z, set_counts(set_id, num_sets)
+        return z
 
     def readout_features(self, z: Zonotope, counts: Tensor) -> Tensor:
         r"""The readout vector of each set: centers and IHW (or signed generator sums) of its

@@ -1,0 +1,126 @@
+r"""How MZAggregation scales with the number of points (inference).
+
+Forward passes of ``MZAggregation`` (ISAB encoders + PMA, the paper's defaults; ``--model rigid``
+for plain vector tokens) under ``torch.inference_mode`` on batches of 3D points with a fixed set
+size, from 10^3 to 10^6 points, processed in groups of whole sets of about ``--chunk-size``
+points (``chunk_size`` of ``MZAggregation``; the result does not depend on it). Reports the
+median time, time per point and peak memory above the resident set before the call (measured in
+a fresh subprocess per size), and fits the slope of log(time) against log(points): a slope near 1
+is linear growth.
+
+    python benchmarks/scaling.py --quick                  # 10^3 .. 10^5 points
+    python benchmarks/scaling.py                          # 10^3 .. 10^6 points
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import torch
+
+from torch_mz.benchmark import environment, markdown_table, peak_memory_bytes, time_call, write_json
+from torch_mz.nn import MZAggregation
+
+
+def build(model: str, chunk_size) -> MZAggregation:
+    torch.manual_seed(0)
+    if model == 'rigid':
+        return MZAggregation(3, 64, value='rigid', num_generators=0,
+                             chunk_size=chunk_size).eval()
+    return MZAggregation(3, 64, value='mz', chunk_size=chunk_size).eval()
+
+
+def run_one(cfg: dict) -> dict:
+    torch.set_num_threads(cfg['threads'])
+    module = build(cfg['model'], cfg['chunk_size'])
+    n, set_size = cfg['points'], cfg['set_size']
+    sets = max(1, n // set_size)
+    index = torch.arange(n) // set_size
+    index = index.clamp(max=sets - 1)
+    x = torch.randn(n, 3, generator=torch.Generator().manual_seed(0))
+
+    def step():
+        with torch.inference_mode():
+            module(x, index, dim_size=sets)
+
+    if cfg.get('memory_only'):
+        return dict(peak_bytes=peak_memory_bytes(step, torch.device('cpu')))
+    times = time_call(step, repeats=cfg['repeats'], warmup=1)
+    return dict(points=n, sets=sets, median_s=float(np.median(times)))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--quick', action='store_true', help='10^3 to 10^5 points')
+    parser.add_argument('--model', default='mz', choices=['mz', 'rigid'])
+    parser.add_argument('--set-size', type=int, default=1024)
+    parser.add_argument('--chunk-size', type=int, default=131072,
+                        help="MZAggregation's chunk_size (0: no chunking)")
+    parser.add_argument('--repeats', type=int, default=3)
+    parser.add_argument('--threads', type=int, default=torch.get_num_threads())
+    parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
+                                                      'scaling'))
+    parser.add_argument('--_one', help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args._one:
+        print(json.dumps(run_one(json.loads(args._one))))
+        return
+    top = 5 if args.quick else 6
+    sizes = [int(round(10**e)) for e in np.arange(3, top + 0.01, 0.5)]
+    rows = []
+    for n in sizes:
+        cfg = dict(model=args.model, points=n, set_size=args.set_size, repeats=args.repeats,
+                   threads=args.threads, chunk_size=args.chunk_size or None)
+        row = run_one(cfg)
+        child = subprocess.run(
+            [sys.executable, os.path.abspath(__file__), '--_one',
+             json.dumps(dict(cfg, memory_only=True))], capture_output=True, text=True,
+            check=True)
+        peak = json.loads(child.stdout.strip().splitlines()[-1])['peak_bytes']
+        row['us_per_point'] = 1e6 * row['median_s'] / n
+        row['peak_mib'] = None if peak is None else peak / 2**20
+        rows.append(row)
+        print(f"{n:>9,d} points: {row['median_s']:.3f} s, {row['us_per_point']:.2f} us/point, "
+              f"peak {row['peak_mib']:.0f} MiB", flush=True)
+    slope = float(np.polyfit(np.log([r['points'] for r in rows]),
+                             np.log([r['median_s'] for r in rows]), 1)[0])
+    env = environment()
+    os.makedirs(args.out, exist_ok=True)
+    write_json(os.path.join(args.out, f'scaling_{args.model}.json'),
+               dict(environment=env, config=vars(args), rows=rows, loglog_slope=slope))
+    table = markdown_table(rows, ['points', 'sets', 'median_s', 'us_per_point', 'peak_mib'])
+    with open(os.path.join(args.out, f'scaling_{args.model}.md'), 'w') as f:
+        f.write(f'# Inference scaling of MZAggregation ({args.model}), sets of {args.set_size} '
+                f'3D points, chunk_size {args.chunk_size}\n\nCommand: `{env["command"]}`  \n'
+                f'{env["threads"]} threads, torch '
+                f'{env["torch"]}\n\n{table}\nSlope of log(time) against log(points): '
+                f'{slope:.3f}\n\n![plot](scaling_{args.model}.png)\n')
+    try:
+        import matplotlib
+        matplotlib.use('Agg')
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(1, 2, figsize=(9, 3.6))
+        pts = [r['points'] for r in rows]
+        ax[0].loglog(pts, [r['median_s'] for r in rows], marker='o', label='measured')
+        ax[0].loglog(pts, [rows[0]['median_s'] * p / pts[0] for p in pts], linestyle='--',
+                     label='linear')
+        ax[0].set_xlabel('points')
+        ax[0].set_ylabel('inference time, s')
+        ax[0].legend()
+        ax[1].loglog(pts, [r['peak_mib'] for r in rows], marker='o')
+        ax[1].set_xlabel('points')
+        ax[1].set_ylabel('peak memory above baseline, MiB')
+        fig.suptitle(f'MZAggregation ({args.model}), sets of {args.set_size}, slope {slope:.2f}')
+        fig.tight_layout()
+        fig.savefig(os.path.join(args.out, f'scaling_{args.model}.png'), dpi=120)
+        plt.close(fig)
+    except ImportError:
+        print("matplotlib is not installed: no plot (pip install 'torch_mz[plot]')")
+    print(table)
+    print(f'log-log slope {slope:.3f}; wrote {args.out}/scaling_{args.model}.*')
+
+
+if __name__ == '__main__':
+    main()
