@@ -8,7 +8,7 @@ from torch_geometric.nn.aggr import Aggregation
 
 from torch_mz.nn.attention import SUMMARIES, VALUE_OPERATORS
 from torch_mz.nn.blocks import ISAB, PMA, SAB
-from torch_mz.nn.functional import PATHS, set_counts
+from torch_mz.nn.functional import PATHS, check_choice, set_counts
 from torch_mz.nn.zonotope import InputProjection, Zonotope
 
 READOUTS = ('ihw', 'signed')
@@ -113,17 +113,11 @@ class MZAggregation(Aggregation):
         super().__init__()
         if chunk_size is not None and chunk_size < 1:
             raise ValueError(f"'chunk_size' must be positive or None (got {chunk_size})")
-        if value not in VALUE_OPERATORS:
-            raise ValueError(f"Unknown value operator '{value}' (expected one of "
-                             f"{VALUE_OPERATORS})")
-        if summary not in SUMMARIES:
-            raise ValueError(f"Unknown summary '{summary}' (expected one of {SUMMARIES})")
-        if encoder not in ENCODERS:
-            raise ValueError(f"Unknown encoder block '{encoder}' (expected one of {ENCODERS})")
-        if readout not in READOUTS:
-            raise ValueError(f"Unknown readout '{readout}' (expected one of {READOUTS})")
-        if path not in PATHS:
-            raise ValueError(f"Unknown attention path '{path}' (expected one of {PATHS})")
+        check_choice('value operator', value, VALUE_OPERATORS)
+        check_choice('summary', summary, SUMMARIES)
+        check_choice('encoder block', encoder, ENCODERS)
+        check_choice('readout', readout, READOUTS)
+        check_choice('attention path', path, PATHS)
         if num_encoder_blocks < 0 or num_decoder_blocks < 0:
             raise ValueError(f"Block counts must be non-negative (got {num_encoder_blocks} and "
                              f"{num_decoder_blocks})")

@@ -13,7 +13,8 @@ import torch
 from torch import Tensor
 from torch.nn import Linear, Module, Parameter
 
-from torch_mz.nn.functional import PATHS, grouped_attention, set_counts, set_mean, set_std
+from torch_mz.nn.functional import (PATHS, check_choice, grouped_attention, set_counts, set_mean,
+                                    set_std)
 from torch_mz.nn.zonotope import Zonotope
 
 VALUE_OPERATORS = ('rigid', 'mz', 'film', 'hypernet')
@@ -90,13 +91,9 @@ class MZAttention(Module):
         super().__init__()
         if dim <= 0 or heads <= 0 or dim % heads != 0:
             raise ValueError(f"'heads' ({heads}) must be positive and divide 'dim' ({dim})")
-        if value not in VALUE_OPERATORS:
-            raise ValueError(f"Unknown value operator '{value}' (expected one of "
-                             f"{VALUE_OPERATORS})")
-        if summary not in SUMMARIES:
-            raise ValueError(f"Unknown summary '{summary}' (expected one of {SUMMARIES})")
-        if path not in PATHS:
-            raise ValueError(f"Unknown attention path '{path}' (expected one of {PATHS})")
+        check_choice('value operator', value, VALUE_OPERATORS)
+        check_choice('summary', summary, SUMMARIES)
+        check_choice('attention path', path, PATHS)
         if num_generators < 0:
             raise ValueError(f"'num_generators' must be non-negative (got {num_generators})")
         if value == 'mz' and num_matrix_generators <= 0:

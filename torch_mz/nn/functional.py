@@ -28,6 +28,13 @@ from torch_geometric.utils import softmax as segment_softmax
 PATHS = ('auto', 'dense', 'scatter')
 
 
+def check_choice(what: str, value: str, choices) -> None:
+    r"""Raises a :class:`ValueError` naming :obj:`what` unless :obj:`value` is one of
+    :obj:`choices`."""
+    if value not in choices:
+        raise ValueError(f"Unknown {what} '{value}' (expected one of {tuple(choices)})")
+
+
 def set_counts(set_id: Tensor, num_sets: int) -> Tensor:
     r"""Number of rows per set, shape :obj:`(num_sets,)`."""
     return torch.bincount(set_id, minlength=num_sets)
@@ -144,8 +151,7 @@ def grouped_attention(q: Tensor, k: Tensor, v: Tensor, q_set: Tensor, kv_set: Te
     Shapes:
         - **output:** :math:`(N_q, H, w)`
     """
-    if path not in PATHS:
-        raise ValueError(f"Unknown attention path '{path}' (expected one of {PATHS})")
+    check_choice('attention path', path, PATHS)
     if path == 'scatter':
         return _attention_scatter(q, k, v, q_set, kv_set, num_sets, dropout, training)
     return _attention_dense(q, k, v, q_set, kv_set, num_sets, dropout, training)
