@@ -27,8 +27,9 @@ import sys
 import numpy as np
 import torch
 
-from torch_mz.benchmark import (environment, markdown_table, peak_memory_bytes, skewed_sizes,
-                                time_call, uniform_sizes, write_json)
+from torch_mz.benchmark import (count_flops, environment, markdown_table, matmul_peak_flops,
+                                peak_memory_bytes, skewed_sizes, time_call, uniform_sizes,
+                                write_json)
 from torch_mz.nn import MZAggregation
 
 MODELS = ('pyg', 'rigid', 'rigid-zono', 'mz')
@@ -82,8 +83,11 @@ def run_one(cfg: dict) -> dict:
         result['peak_bytes'] = peak_memory_bytes(step, device)
         return result
     times = time_call(step, repeats=cfg['repeats'], warmup=1, device=device)
-    result.update(median_ms=1000 * float(np.median(times)), times_ms=[1000 * t for t in times],
-                  params=sum(p.numel() for p in module.parameters()))
+    median = float(np.median(times))
+    flops = count_flops(step)
+    result.update(median_ms=1000 * median, times_ms=[1000 * t for t in times],
+                  params=sum(p.numel() for p in module.parameters()), gflop=flops / 1e9,
+                  gflop_per_s=flops / 1e9 / median)
     return result
 
 
@@ -139,6 +143,8 @@ def main():
         print(json.dumps(run_one(json.loads(args._one))))
         return
     repeats = 3 if args.quick else args.repeats
+    peak = matmul_peak_flops(device=torch.device(args.device)) / 1e9
+    print(f'measured float32 matmul peak: {peak:.1f} GFLOP/s', flush=True)
     rows = []
     for block in args.blocks.split(','):
         for batch in ('uniform', 'skewed'):
@@ -149,8 +155,10 @@ def main():
                 row = run_one(cfg)
                 if args.memory:
                     row['peak_mib'] = measure_memory(cfg) / 2**20
+                row['pct_of_peak'] = 100 * row['gflop_per_s'] / peak
                 rows.append(row)
                 print(f"{block:4s} {batch:8s} {model:6s} median {row['median_ms']:9.1f} ms"
+                      f"  {row['gflop_per_s']:6.1f} GFLOP/s"
                       + (f"  peak {row['peak_mib']:8.1f} MiB" if args.memory else ''),
                       flush=True)
     ratios = []
@@ -172,8 +180,10 @@ def main():
     env = environment()
     os.makedirs(args.out, exist_ok=True)
     write_json(os.path.join(args.out, 'speed.json'),
-               dict(environment=env, config=vars(args), rows=rows, ratios=ratios))
-    columns = ['block', 'batch', 'model', 'max_set', 'median_ms', 'params']
+               dict(environment=env, config=vars(args), matmul_peak_gflop_per_s=peak, rows=rows,
+                    ratios=ratios))
+    columns = ['block', 'batch', 'model', 'max_set', 'median_ms', 'params', 'gflop',
+               'gflop_per_s', 'pct_of_peak']
     if args.memory:
         columns.append('peak_mib')
     ratio_cols = ['block', 'batch', 'pyg/rigid time', 'mz/rigid time', 'mz/rigid-zono time']
@@ -184,7 +194,10 @@ def main():
                 f"d={args.dim}, {args.heads} heads ({args.device})\n\n")
         f.write(f"Command: `{env['command']}`  \n")
         f.write(f"torch {env['torch']}, torch_geometric {env['torch_geometric']}, "
-                f"{env['threads']} threads, torch-scatter: {env['torch_scatter']}\n\n")
+                f"{env['threads']} threads, torch-scatter: {env['torch_scatter']}; measured "
+                f"float32 matmul peak {peak:.1f} GFLOP/s (2048 x 2048). FLOPs are those of matrix "
+                f"products and attention kernels counted by torch's FlopCounterMode "
+                f"(forward + backward).\n\n")
         f.write(markdown_table(rows, columns) + '\n' + markdown_table(ratios, ratio_cols))
     try:
         plot(rows, os.path.join(args.out, 'speed.png'))

@@ -92,6 +92,28 @@ def peak_memory_bytes(fn: Callable[[], None], device: torch.device) -> Optional[
     return int(peak - before) * 1024
 
 
+def count_flops(fn: Callable[[], None]) -> int:
+    r"""Floating-point operations of one call of :obj:`fn` (forward and backward) as counted by
+    :class:`torch.utils.flop_counter.FlopCounterMode`: matrix products and attention kernels
+    only, so element-wise work is not included."""
+    from torch.utils.flop_counter import FlopCounterMode
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return int(counter.get_total_flops())
+
+
+def matmul_peak_flops(n: int = 2048, repeats: int = 5,
+                      device: Optional[torch.device] = None) -> float:
+    r"""Measured FLOP/s of a dense :math:`n \times n` float32 matrix product (median of
+    :obj:`repeats`): the practical peak that achieved FLOP/s are compared with."""
+    device = device or torch.device('cpu')
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(n, n, generator=g).to(device)
+    b = torch.randn(n, n, generator=g).to(device)
+    times = time_call(lambda: torch.mm(a, b), repeats=repeats, warmup=1, device=device)
+    return 2.0 * n**3 / float(np.median(times))
+
+
 def environment() -> Dict[str, object]:
     r"""Versions and hardware the measurement ran on."""
     import torch_geometric

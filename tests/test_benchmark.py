@@ -1,0 +1,37 @@
+import sys
+
+import pytest
+import torch
+
+from torch_mz.benchmark import (count_flops, markdown_table, matmul_peak_flops, peak_memory_bytes,
+                                skewed_sizes, uniform_sizes)
+
+
+def test_set_size_generators():
+    sizes = skewed_sizes(64, 8192, sigma=1.0, seed=0)
+    assert sum(sizes) == 8192 and min(sizes) >= 1 and max(sizes) > 3 * 8192 / 64
+    assert skewed_sizes(64, 8192, seed=0) == sizes  # seeded
+    assert uniform_sizes(3, 10) == [4, 3, 3]
+    with pytest.raises(ValueError):
+        skewed_sizes(10, 5)
+
+
+def test_flop_count_of_a_matrix_product():
+    a = torch.randn(64, 32)
+    b = torch.randn(32, 16)
+    assert count_flops(lambda: a @ b) == 2 * 64 * 32 * 16
+    assert matmul_peak_flops(n=128, repeats=2) > 0
+
+
+@pytest.mark.skipif(sys.platform != 'linux', reason='reads /proc')
+def test_peak_memory_sees_a_large_temporary():
+    def allocate():
+        t = torch.ones(64 * 2**20 // 4)  # 64 MiB, freed on return
+        t.add_(1)
+    peak = peak_memory_bytes(allocate, torch.device('cpu'))
+    assert peak is None or peak >= 48 * 2**20
+
+
+def test_markdown_table():
+    text = markdown_table([dict(a=1, b=0.123456), dict(a=2)], ['a', 'b'])
+    assert text.splitlines() == ['| a | b |', '|---|---|', '| 1 | 0.1235 |', '| 2 |  |']
