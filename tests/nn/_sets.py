@@ -10,15 +10,6 @@ def make_index(sizes, shuffle=False, generator=None):
     return index
 
 
-def within_set_permutation(index, generator=None):
-    r"""A row permutation that only moves rows inside their own set."""
-    perm = torch.arange(index.numel())
-    for b in index.unique().tolist():
-        rows = torch.nonzero(index == b).view(-1)
-        perm[rows] = rows[torch.randperm(rows.numel(), generator=generator)]
-    return perm
-
-
 def ptr_from_sizes(sizes):
     ptr = torch.zeros(len(sizes) + 1, dtype=torch.long)
     ptr[1:] = torch.cumsum(torch.tensor(sizes, dtype=torch.long), 0)

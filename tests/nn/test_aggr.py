@@ -11,7 +11,8 @@ from torch_geometric.nn import SAGEConv
 from torch_geometric.nn.aggr import MultiAggregation
 
 from torch_mz.nn import MZAggregation
-from tests.nn._sets import make_index, ptr_from_sizes, within_set_permutation
+from torch_mz.testing import permute_within_sets
+from tests.nn._sets import make_index, ptr_from_sizes
 
 F_IN = 5
 SMALL = dict(dim=8, heads=2, num_generators=2, num_matrix_generators=2, num_inducing=3,
@@ -35,7 +36,7 @@ def test_invariant_to_permutations_within_sets(sizes, seed, value, encoder):
     aggr = _aggr(value=value, encoder=encoder)
     index = make_index(sizes)
     x = _x(index.numel(), seed)
-    perm = within_set_permutation(index, torch.Generator().manual_seed(seed))
+    perm = permute_within_sets(index, torch.Generator().manual_seed(seed))
     out = aggr(x, index, dim_size=len(sizes))
     torch.testing.assert_close(aggr(x[perm], index[perm], dim_size=len(sizes)), out)
     assert out.shape == (len(sizes), F_IN) and torch.isfinite(out).all()

@@ -4,7 +4,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from torch_mz.nn import ISAB, MAB, PMA, SAB, GeneratorFeedForward, Zonotope
-from tests.nn._sets import make_index, within_set_permutation
+from torch_mz.testing import permute_within_sets
+from tests.nn._sets import make_index
 
 D, NG = 8, 2
 KW = dict(heads=2, num_generators=NG, d_ff=16, num_matrix_generators=2)
@@ -36,7 +37,7 @@ def test_sab_isab_permutation_equivariant_within_sets(sizes, seed, kind, value):
     block = _block(kind, value)
     index = make_index(sizes)
     x = _tokens(index.numel(), seed)
-    perm = within_set_permutation(index, torch.Generator().manual_seed(seed))
+    perm = permute_within_sets(index, torch.Generator().manual_seed(seed))
     out = block(x, index, len(sizes))
     out_perm = block(x[perm], index[perm], len(sizes))
     torch.testing.assert_close(out_perm.center, out.center[perm])
@@ -96,8 +97,7 @@ def test_rigid_generator_path_is_odd_and_keeps_zero():
     index = make_index([4, 3])
     x = _tokens(7, 5)
     out = block(x, index, 2)
-    flipped = block(Zonotope(x.center, -x.gens), index, 2)
-    with torch.no_grad():
+    with torch.no_grad():  # flip the learned inducing generators too: every generator flips
         block.inducing.gens.neg_()
     flipped = block(Zonotope(x.center, -x.gens), index, 2)
     torch.testing.assert_close(flipped.center, out.center)
