@@ -11,13 +11,17 @@ from torch_mz.geometry import (
     aligned_chamfer_distance,
     chamfer_distance,
     convex_hull_volume,
+    covariance_frobenius_norm,
     frobenius_orthogonal_matrices,
     givens_rotation,
+    max_mahalanobis_distance,
     min_enclosing_ball,
     mst_weight,
     num_givens_angles,
+    pca_residual,
     procrustes_rotation,
     quadratic_tdof_target,
+    sample_covariance,
 )
 
 
@@ -392,3 +396,50 @@ def test_quadratic_tdof_target_matches_loop_and_validates():
         quadratic_tdof_target(mu, w, mats[0], np.zeros((d + 1, d, d)))
     with pytest.raises(ValueError, match='shapes'):
         quadratic_tdof_target(mu, w[:-1], mats[0], mats[1:])
+
+
+def test_second_order_statistics_hand_cases():
+    # Four points (+-a, 0), (0, +-b): covariance diag(a^2/2, b^2/2).
+    a, b = 2.0, 1.0
+    pts = np.array([[a, 0], [-a, 0], [0, b], [0, -b]])
+    np.testing.assert_allclose(sample_covariance(pts), np.diag([a * a / 2, b * b / 2]))
+    assert covariance_frobenius_norm(pts) == pytest.approx(math.hypot(a * a / 2, b * b / 2))
+    assert pca_residual(pts, k=1) == pytest.approx(b * b / 2)  # the smaller eigenvalue
+    assert pca_residual(pts, k=2) == pytest.approx(0.0, abs=1e-12)
+    assert pca_residual(pts, k=0) == pytest.approx((a * a + b * b) / 2)
+    # Every point sits at Mahalanobis distance sqrt(2) from the mean.
+    assert max_mahalanobis_distance(pts) == pytest.approx(math.sqrt(2), rel=1e-5)
+    # An outlier in a symmetric 1-D set: n points, one at t, n-1 at 0.
+    n, t = 5, 3.0
+    line = np.zeros((n, 1))
+    line[0] = t
+    assert max_mahalanobis_distance(line) == pytest.approx(math.sqrt(n - 1), rel=1e-5)
+    assert max_mahalanobis_distance(np.ones((4, 3))) == 0.0
+
+
+@pytest.mark.parametrize('d', [2, 5, 8])
+def test_second_order_statistics_are_invariant(d):
+    rng = np.random.default_rng(d)
+    pts = rng.standard_normal((20, d)) @ rng.standard_normal((d, d))
+    moved = pts @ random_rotation(rng, d).T + rng.standard_normal(d)
+    for fn in (covariance_frobenius_norm, max_mahalanobis_distance,
+               lambda p: pca_residual(p, k=1)):
+        assert fn(moved) == pytest.approx(fn(pts), rel=1e-8)
+        assert fn(pts[rng.permutation(20)]) == pytest.approx(fn(pts), rel=1e-10)
+    # Mahalanobis is also invariant under an invertible linear map (up to the ridge); the
+    # others scale with it.
+    general = rng.standard_normal((d, d)) + 3 * np.eye(d)
+    assert max_mahalanobis_distance(pts @ general.T, ridge=1e-12) == pytest.approx(
+        max_mahalanobis_distance(pts, ridge=1e-12), rel=1e-6)
+    assert covariance_frobenius_norm(2 * pts) == pytest.approx(4 * covariance_frobenius_norm(pts))
+    # Bound: at most sqrt(n - 1).
+    assert max_mahalanobis_distance(pts) <= math.sqrt(19) + 1e-9
+
+
+def test_second_order_statistics_validate():
+    with pytest.raises(ValueError, match='at least one point'):
+        sample_covariance(np.zeros((0, 3)))
+    with pytest.raises(ValueError, match="'k'"):
+        pca_residual(np.zeros((4, 3)), k=4)
+    with pytest.raises(ValueError, match='ridge'):
+        max_mahalanobis_distance(np.ones((4, 2)), ridge=0.0)

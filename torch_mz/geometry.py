@@ -27,6 +27,10 @@ __all__ = [
     'num_givens_angles',
     'frobenius_orthogonal_matrices',
     'quadratic_tdof_target',
+    'sample_covariance',
+    'covariance_frobenius_norm',
+    'max_mahalanobis_distance',
+    'pca_residual',
 ]
 
 SeedLike = Union[None, int, np.random.Generator]
@@ -522,3 +526,96 @@ def quadratic_tdof_target(mu, w, m0, ms) -> np.ndarray:
     num = ms.shape[0]
     op = m0 + np.einsum('...l,lij->...ij', mu[..., :num], ms)  # (..., d, d)
     return np.einsum('i,...ij,...j->...', w, op, mu)
+
+
+# ---------------------------------------------------------------------------------------------
+# Second-order statistics (the "statistical" targets of Table 7 / Theorem 14)
+# ---------------------------------------------------------------------------------------------
+def sample_covariance(points) -> np.ndarray:
+    r"""Biased sample covariance :math:`\hat\Sigma(S) = \frac{1}{n}\sum_i (x_i - \bar x)
+    (x_i - \bar x)^\top` of a point set (the normalisation the paper's Theorem 14 uses).
+
+    Args:
+        points (array_like): Shape :math:`(n, d)`, :math:`n \geq 1`.
+
+    Returns:
+        numpy.ndarray: Shape :math:`(d, d)`, symmetric positive semi-definite.
+    """
+    pts = _as_points(points, allow_empty=False)
+    centred = pts - pts.mean(axis=0)  # (n, d)
+    return centred.T @ centred / pts.shape[0]  # (d, d)
+
+
+def covariance_frobenius_norm(points) -> float:
+    r"""Frobenius norm :math:`\|\hat\Sigma(S)\|_F` of the sample covariance
+    (:func:`sample_covariance`); invariant under rotations, reflections and translations.
+
+    Args:
+        points (array_like): Shape :math:`(n, d)`, :math:`n \geq 1`.
+
+    Returns:
+        float: :math:`\sqrt{\sum_k \lambda_k^2}` over the eigenvalues of :math:`\hat\Sigma`.
+    """
+    return float(np.linalg.norm(sample_covariance(points), 'fro'))
+
+
+def max_mahalanobis_distance(points, ridge: float = 1e-6) -> float:
+    r"""Largest Mahalanobis distance of a point of the set from the set's mean, under the set's own
+    (regularised) covariance:
+
+    .. math::
+        \max_i \sqrt{(x_i - \bar x)^\top \big(\hat\Sigma(S) + \lambda I\big)^{-1}
+        (x_i - \bar x)}, \qquad \lambda = \text{ridge} \cdot \mathrm{tr}\,\hat\Sigma / d.
+
+    The paper names a "Mahalanobis distance" target (Table 7; TDOF :math:`d(d+1)/2`, Theorem 14)
+    without saying which point is measured; the largest distance over the set (an outlier score) is
+    this package's permutation-invariant choice. The ridge is relative to the mean variance, so the
+    target is invariant under rotations, translations and isotropic scaling (and, up to the ridge,
+    under every invertible affine map). With :math:`n > d` points in general position
+    :math:`\hat\Sigma` is invertible and the value is at most :math:`\sqrt{n - 1}`.
+
+    Args:
+        points (array_like): Shape :math:`(n, d)`, :math:`n \geq 1`.
+        ridge (float, optional): Relative ridge :math:`\lambda`. (default: :obj:`1e-6`)
+
+    Returns:
+        float: The distance; :math:`0` when all points coincide.
+    """
+    pts = _as_points(points, allow_empty=False)
+    if not ridge > 0:
+        raise ValueError(f"'ridge' must be positive, got {ridge}")
+    d = pts.shape[1]
+    cov = sample_covariance(pts)  # (d, d)
+    scale = np.trace(cov) / d
+    if scale == 0.0:
+        return 0.0
+    centred = pts - pts.mean(axis=0)  # (n, d)
+    solved = np.linalg.solve(cov + ridge * scale * np.eye(d), centred.T)  # (d, n)
+    sq = np.einsum('nd,dn->n', centred, solved)  # (n,)
+    return float(np.sqrt(max(sq.max(), 0.0)))
+
+
+def pca_residual(points, k: int = 2) -> float:
+    r"""Mean squared reconstruction error of the set by its own top-:math:`k` principal components:
+
+    .. math::
+        \frac{1}{n} \sum_i \big\|(I - P_k)(x_i - \bar x)\big\|^2 = \sum_{j > k} \lambda_j,
+
+    where :math:`P_k` projects onto the :math:`k` leading eigenvectors of :math:`\hat\Sigma(S)`
+    (:func:`sample_covariance`) and :math:`\lambda_1 \geq \dots \geq \lambda_d` are its
+    eigenvalues. Invariant under rotations, reflections and translations.
+
+    Args:
+        points (array_like): Shape :math:`(n, d)`, :math:`n \geq 1`.
+        k (int, optional): Number of components kept, :math:`0 \leq k \leq d`.
+            (default: :obj:`2`)
+
+    Returns:
+        float: The residual, :math:`\geq 0`.
+    """
+    pts = _as_points(points, allow_empty=False)
+    d = pts.shape[1]
+    if int(k) != k or not 0 <= k <= d:
+        raise ValueError(f"'k' must be an integer in [0, d = {d}], got {k}")
+    eig = np.linalg.eigvalsh(sample_covariance(pts))  # (d,), ascending
+    return float(max(eig[:d - int(k)].sum(), 0.0))

@@ -22,6 +22,9 @@ SMALL = {
     'mst': dict(d=3),
     'hull-volume': dict(d=3),
     'meb-radius': dict(d=4),
+    'covariance-norm': dict(d=3),
+    'mahalanobis': dict(d=3),
+    'pca-error': dict(d=4, k=1),
     'max': dict(d=3),
     'sum': dict(d=3),
     'median': dict(d=3),
@@ -61,6 +64,18 @@ def expected_target(splits: SyntheticSplits, data) -> np.ndarray:
         return np.atleast_1d(geometry.convex_hull_volume(x))
     if name == 'meb-radius':
         return np.atleast_1d(geometry.min_enclosing_ball(x, method='welzl')[1])
+    if name in ('covariance-norm', 'mahalanobis', 'pca-error'):
+        # Independent recomputation from the eigen-decomposition of the covariance.
+        c = x - x.mean(0)
+        lam, vec = np.linalg.eigh(c.T @ c / len(x))
+        if name == 'covariance-norm':
+            return np.atleast_1d(np.sqrt((lam ** 2).sum()))
+        if name == 'pca-error':
+            top = vec[:, len(lam) - hp['k']:]
+            return np.atleast_1d(((c - c @ top @ top.T) ** 2).sum(1).mean())
+        ridge = 1e-6 * lam.sum() / len(lam)
+        white = c @ vec / np.sqrt(lam + ridge)
+        return np.atleast_1d(np.sqrt((white ** 2).sum(1).max()))
     stat = {'max': lambda v: v.max(0), 'sum': lambda v: v.sum(0),
             'median': lambda v: np.median(v, 0), 'range': lambda v: v.max(0) - v.min(0)}[name](x)
     if hp['reduce'] == 'mean':
@@ -87,7 +102,8 @@ def small_splits():
 
 def test_registry():
     assert list_tasks() == ['quadratic-tdof', 'set-regression', 'chamfer', 'rotation-matching',
-                            'mst', 'hull-volume', 'meb-radius', 'max', 'sum', 'median', 'range']
+                            'mst', 'hull-volume', 'meb-radius', 'covariance-norm', 'mahalanobis',
+                            'pca-error', 'max', 'sum', 'median', 'range']
     for name, cls in TASKS.items():
         assert cls.name == name
         assert cls.description and cls.paper_ref

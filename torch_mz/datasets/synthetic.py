@@ -51,6 +51,10 @@ __all__ = [
     'GaussianMixtureTask',
     'HullVolumeTask',
     'MEBRadiusTask',
+    'CorrelatedGaussianTask',
+    'CovarianceNormTask',
+    'MahalanobisTask',
+    'PCAErrorTask',
     'SetStatisticTask',
     'MaxTask',
     'SumTask',
@@ -555,6 +559,113 @@ class MEBRadiusTask(GaussianMixtureTask):
         return geometry.min_enclosing_ball(points)[1]
 
 
+class CorrelatedGaussianTask(SyntheticTask):
+    r"""Base class of the second-order statistical targets of Table 7 (covariance norm,
+    Mahalanobis distance, PCA reconstruction error): each set is drawn from its own random
+    anisotropic Gaussian,
+
+    .. math::
+        x_i = m + Q\,\mathrm{diag}(s)\, z_i, \qquad z_i \sim \mathcal{N}(0, I_d),
+
+    with a Haar-random rotation :math:`Q` (QR of a Gaussian matrix, signs fixed), axis scales
+    :math:`s_j` log-uniform in ``scales`` and a mean :math:`m \sim \mathcal{N}(0,
+    \text{center\_std}^2 I)`, all drawn afresh for every set. The paper gives neither the input
+    distribution nor the exact statistics of these tasks; the distribution and the targets
+    (:func:`~torch_mz.geometry.covariance_frobenius_norm`,
+    :func:`~torch_mz.geometry.max_mahalanobis_distance`, :func:`~torch_mz.geometry.pca_residual`)
+    are this package's choice, and every target is invariant under rotations, reflections and
+    translations of the set (the property Table 7 tests).
+
+    Args:
+        d (int, optional): Point dimension. (default: the subclass's :attr:`default_d`)
+        scales (tuple, optional): Range of the per-axis standard deviations (log-uniform).
+            (default: :obj:`(0.3, 2.0)`)
+        center_std (float, optional): Standard deviation of the set mean. (default: :obj:`1.0`)
+    """
+    default_d: ClassVar[int] = 8
+    paper_ref = 'Table 7 (statistical targets); TDOF in Theorem 14'
+
+    def __init__(self, d: Optional[int] = None, scales: Tuple[float, float] = (0.3, 2.0),
+                 center_std: float = 1.0) -> None:
+        self.d = _check_int(self.default_d if d is None else d, 'd')
+        self.scales = _check_range(scales, 'scales', integer=False)
+        if self.scales[0] <= 0:
+            raise ValueError(f"'scales' must be positive, got {scales!r}")
+        self.center_std = _check_positive(center_std, 'center_std', allow_zero=True)
+
+    @property
+    def d_in(self) -> int:
+        return self.d
+
+    def target(self, points: np.ndarray) -> float:
+        raise NotImplementedError
+
+    def sample(self, rng: np.random.Generator, n: int) -> Sample:
+        d = self.d
+        q, r = np.linalg.qr(rng.standard_normal((d, d)))  # (d, d)
+        q = q * np.where(np.diag(r) < 0, -1.0, 1.0)
+        log_lo, log_hi = np.log(self.scales[0]), np.log(self.scales[1])
+        s = np.exp(rng.uniform(log_lo, log_hi, size=d))  # (d,)
+        m = self.center_std * rng.standard_normal(d)  # (d,)
+        x = _f32(m + (rng.standard_normal((n, d)) * s) @ q.T)  # (n, d)
+        return x, np.atleast_1d(self.target(x)), {}
+
+    def hparams(self) -> Dict[str, Any]:
+        return {'d': self.d, 'scales': self.scales, 'center_std': self.center_std}
+
+
+class CovarianceNormTask(CorrelatedGaussianTask):
+    r"""Frobenius norm of the set's sample covariance
+    (:func:`~torch_mz.geometry.covariance_frobenius_norm`; "CN" of Table 7, :math:`d = 8`).
+
+    Takes the arguments of :class:`CorrelatedGaussianTask`.
+    """
+    name = 'covariance-norm'
+    description = 'Frobenius norm of the sample covariance'
+
+    def target(self, points: np.ndarray) -> float:
+        return geometry.covariance_frobenius_norm(points)
+
+
+class MahalanobisTask(CorrelatedGaussianTask):
+    r"""Largest Mahalanobis distance of a point from the set mean under the set's own covariance
+    (:func:`~torch_mz.geometry.max_mahalanobis_distance`; "Mah" of Table 7, :math:`d = 8`).
+
+    Takes the arguments of :class:`CorrelatedGaussianTask`.
+    """
+    name = 'mahalanobis'
+    description = 'Largest Mahalanobis distance from the mean under the set covariance'
+
+    def target(self, points: np.ndarray) -> float:
+        return geometry.max_mahalanobis_distance(points)
+
+
+class PCAErrorTask(CorrelatedGaussianTask):
+    r"""Mean squared reconstruction error of the set by its top-:math:`k` principal components
+    (:func:`~torch_mz.geometry.pca_residual`; "PCA" of Table 7, :math:`d = 16`).
+
+    Args:
+        d (int, optional): Point dimension. (default: :obj:`16`)
+        k (int, optional): Principal components kept. (default: :obj:`2`)
+        **kwargs: The other arguments of :class:`CorrelatedGaussianTask`.
+    """
+    name = 'pca-error'
+    description = 'Top-k PCA reconstruction error of the set'
+    default_d = 16
+
+    def __init__(self, d: Optional[int] = None, k: int = 2, **kwargs) -> None:
+        super().__init__(d, **kwargs)
+        self.k = _check_int(k, 'k', low=0)
+        if self.k > self.d:
+            raise ValueError(f"'k' must be at most d = {self.d}, got {k}")
+
+    def target(self, points: np.ndarray) -> float:
+        return geometry.pca_residual(points, self.k)
+
+    def hparams(self) -> Dict[str, Any]:
+        return dict(super().hparams(), k=self.k)
+
+
 class SetStatisticTask(SyntheticTask):
     r"""A per-dimension statistic over the elements of a set of i.i.d. :math:`\mathcal{N}(0, I_d)`
     vectors (the max / sum / median / range tasks of Appendix D.4.6 and D.5.3).
@@ -648,8 +759,8 @@ class RangeTask(SetStatisticTask):
 TASKS: Dict[str, Type[SyntheticTask]] = {
     cls.name: cls
     for cls in (QuadraticTDOFTask, SetRegressionTask, ChamferTask, RotationMatchingTask,
-                MSTWeightTask, HullVolumeTask, MEBRadiusTask, MaxTask, SumTask, MedianTask,
-                RangeTask)
+                MSTWeightTask, HullVolumeTask, MEBRadiusTask, CovarianceNormTask, MahalanobisTask,
+                PCAErrorTask, MaxTask, SumTask, MedianTask, RangeTask)
 }
 
 
