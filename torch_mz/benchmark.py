@@ -4,6 +4,7 @@ import gc
 import json
 import os
 import platform
+import shlex
 import sys
 import time
 from typing import Callable, Dict, List, Optional
@@ -129,7 +130,7 @@ def environment() -> Dict[str, object]:
         'torch_scatter': WITH_TORCH_SCATTER,
         'threads': torch.get_num_threads(),
         'cuda': torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        'command': ' '.join([os.path.basename(sys.executable)] + sys.argv),
+        'command': shlex.join([os.path.basename(sys.executable)] + sys.argv),
     }
     return info
 
@@ -140,6 +141,25 @@ def write_json(path: str, payload: Dict[str, object]):
     with open(path, 'w') as f:
         json.dump(payload, f, indent=2)
         f.write('\n')
+
+
+def write_report(out: str, name: str, title: str, env: Dict[str, object],
+                 setup: Dict[str, object], table: str, payload: Dict[str, object],
+                 minutes: float, notes: str = '', plot: bool = True) -> None:
+    r"""Writes a study's results as ``<out>/<name>.json`` (:obj:`payload` plus the environment,
+    setup and run time) and ``<out>/<name>.md``: the title, the command and setup it ran with,
+    :obj:`table`, :obj:`notes` and (if :obj:`plot`) a link to ``<name>.png``."""
+    os.makedirs(out, exist_ok=True)
+    write_json(os.path.join(out, f'{name}.json'),
+               dict(environment=env, setup=setup, minutes=minutes, **payload))
+    with open(os.path.join(out, f'{name}.md'), 'w') as f:
+        f.write(f"# {title}\n\nCommand: `{env['command']}`  \n"
+                f"Setup: {setup}; {minutes:.1f} min on {env['cpu_count']} CPUs "
+                f"(torch {env['torch']}, {env['threads']} threads).\n\n{table}\n")
+        if notes:
+            f.write(notes.rstrip() + '\n\n')
+        if plot:
+            f.write(f'![plot]({name}.png)\n')
 
 
 def markdown_table(rows: List[Dict[str, object]], columns: List[str]) -> str:

@@ -1,7 +1,8 @@
 r"""Training several models on one task with identical budgets, and summarising the runs: the
 engine of ``torch-mz compare`` and of the studies in ``benchmarks/``. Library code: no printing."""
 import math
-from typing import Dict, List, Optional
+from dataclasses import replace
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -25,6 +26,106 @@ def train_one(task, model_name: str, seed: int, config: TrainConfig,
                 best_epoch=result.best_epoch, epochs_run=result.epochs_run,
                 stopped_early=result.stopped_early, wall_time_s=result.wall_time,
                 val=result.val_metrics, test=result.test_metrics or {})
+
+
+def parse_model_spec(spec: str) -> Tuple[str, Dict[str, Any]]:
+    r"""Splits a model spec ``'name'`` or ``'name:key=value,key=value'`` (e.g.
+    ``'hypernet:rank=64,dim=64'``) into the preset name and its overrides; values are read as
+    int, then float, then kept as strings."""
+    name, _, rest = spec.partition(':')
+    overrides: Dict[str, Any] = {}
+    for item in filter(None, rest.split(',')):
+        key, sep, value = item.partition('=')
+        if not sep or not key:
+            raise ValueError(f"Model spec '{spec}': expected 'name:key=value,...', got '{item}'")
+        for cast in (int, float):
+            try:
+                overrides[key] = cast(value)
+                break
+            except ValueError:
+                continue
+        else:
+            overrides[key] = value
+    return name, overrides
+
+
+def run_grid(cells: Sequence[Mapping[str, Any]], models: Sequence[str], seeds: int,
+             config: TrainConfig, load: Optional[Callable[..., Any]] = None,
+             on_result: Optional[Callable[[Dict[str, object]], None]] = None
+             ) -> Tuple[List[Dict[str, object]], List[Dict[str, object]]]:
+    r"""Trains every model of :obj:`models` (specs, see :func:`parse_model_spec`) with
+    :obj:`seeds` seeds on every cell of :obj:`cells`, all with the same :obj:`config` (only the
+    seed changes), and returns ``(runs, rows)``.
+
+    A cell is a dict with ``label`` (a column of the table), ``task`` (a task name) and optional
+    ``kwargs`` for :func:`~torch_mz.tasks.load_task` (sizes, task arguments); its data is built
+    once, from seed 0, and shared by all models and seeds. ``runs`` holds one record per trained
+    model (:func:`train_one`'s record plus ``cell``); ``rows`` one per cell with, for every model,
+    the mean and standard deviation over seeds of the test R² and MSE (``'<model> r2'``,
+    ``'<model> r2 std'``, ``'<model> mse'``) and its parameter count. :obj:`on_result` is called
+    with every run as it finishes (for progress output)."""
+    if load is None:
+        from torch_mz.tasks import load_task as load
+    runs: List[Dict[str, object]] = []
+    rows: List[Dict[str, object]] = []
+    for cell in cells:
+        task = load(cell['task'], seed=0, **dict(cell.get('kwargs', {})))
+        row: Dict[str, object] = dict(cell=cell['label'])
+        for spec in models:
+            name, overrides = parse_model_spec(spec)
+            results = []
+            for seed in range(seeds):
+                record = dict(train_one(task, name, seed, replace(config, seed=seed),
+                                        **overrides), model=spec,
+                              cell=cell['label'])
+                results.append(record)
+                runs.append(record)
+                if on_result is not None:
+                    on_result(record)
+            r2 = [r['test'].get('r2', math.nan) for r in results]
+            row[f'{spec} r2'] = float(np.mean(r2))
+            row[f'{spec} r2 std'] = float(np.std(r2))
+            row[f'{spec} mse'] = float(np.mean([r['test'].get('mse', math.nan) for r in results]))
+            row[f'{spec} params'] = results[0]['params']
+        rows.append(row)
+    return runs, rows
+
+
+def plot_grid(rows: Sequence[Mapping[str, object]], models: Sequence[str], path: str,
+              paper: Optional[Mapping[Tuple[str, str], float]] = None,
+              title: Optional[str] = None, ylim: Optional[Tuple[float, float]] = None):
+    r"""Grouped bars of the test R² of :func:`run_grid`'s rows (one group per cell, one bar per
+    model, the spread over seeds as error bars) with the paper's value, where :obj:`paper` has it
+    under ``(cell label, model)``, as a black tick on the bar."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    width = 0.8 / max(1, len(models))
+    fig, ax = plt.subplots(figsize=(2.0 + 1.1 * len(rows) * max(1, len(models)) / 3, 4.0))
+    colors = plt.get_cmap('tab10').colors
+    for j, model in enumerate(models):
+        xs = [i + (j - (len(models) - 1) / 2) * width for i in range(len(rows))]
+        ax.bar(xs, [r[f'{model} r2'] for r in rows], width,
+               yerr=[r[f'{model} r2 std'] for r in rows], capsize=2, color=colors[j % 10],
+               label=model)
+        if paper:
+            marks = [(x, paper[(r['cell'], model)]) for x, r in zip(xs, rows)
+                     if (r['cell'], model) in paper]
+            if marks:
+                ax.scatter(*zip(*marks), marker='_', s=160, color='black', zorder=3,
+                           label='paper' if j == 0 else None)
+    ax.axhline(0.0, color='black', linewidth=0.8)
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels([str(r['cell']) for r in rows], rotation=30, ha='right', fontsize=8)
+    ax.set_ylabel('test R² (mean ± std over seeds)')
+    if ylim is not None:
+        ax.set_ylim(*ylim)
+    if title:
+        ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def summarize(rows: List[Dict[str, object]], task_type: str) -> List[Dict[str, object]]:

@@ -1,0 +1,60 @@
+import json
+import math
+
+import pytest
+
+from torch_mz.benchmark import environment, write_report
+from torch_mz.compare import parse_model_spec, plot_grid, run_grid
+from torch_mz.tasks import load_task
+from torch_mz.train import TrainConfig
+
+
+def test_parse_model_spec():
+    assert parse_model_spec('mz') == ('mz', {})
+    assert parse_model_spec('hypernet:rank=64,dim=64') == ('hypernet', {'rank': 64, 'dim': 64})
+    assert parse_model_spec('mz:dropout=0.2,summary=mean+std') == (
+        'mz', {'dropout': 0.2, 'summary': 'mean+std'})
+    with pytest.raises(ValueError, match='key=value'):
+        parse_model_spec('mz:rank')
+
+
+def test_run_grid_shares_data_and_seeds(tmp_path):
+    loads = []
+
+    def load(name, seed, **kwargs):
+        loads.append((name, seed))
+        return load_task(name, seed=seed, **kwargs)
+
+    cells = [dict(label='sum d=2', task='sum', kwargs=dict(d=2, reduce='sum', n_train=16,
+                                                         n_val=4, n_test=8)),
+             dict(label='max d=3', task='max', kwargs=dict(d=3, reduce='mean', n_train=16,
+                                                         n_val=4, n_test=8))]
+    config = TrainConfig(epochs=1, warmup_epochs=1, batch_size=8, lr=1e-3, progress=False)
+    seen = []
+    runs, rows = run_grid(cells, ['deepsets', 'deepsets:hidden_channels=8'], 2, config,
+                          load=load, on_result=seen.append)
+    assert loads == [('sum', 0), ('max', 0)]  # each cell's data built once, from seed 0
+    assert config.seed == 0  # the caller's config is not modified
+    assert len(runs) == len(seen) == 2 * 2 * 2
+    assert [r['seed'] for r in runs[:2]] == [0, 1]
+    assert [row['cell'] for row in rows] == ['sum d=2', 'max d=3']
+    small = rows[0]['deepsets:hidden_channels=8 params']
+    assert small < rows[0]['deepsets params']
+    for row in rows:
+        for model in ('deepsets', 'deepsets:hidden_channels=8'):
+            r2 = [r['test']['r2'] for r in runs
+                  if r['cell'] == row['cell'] and r['model'] == model]
+            assert row[f'{model} r2'] == pytest.approx(sum(r2) / 2)
+            assert math.isfinite(row[f'{model} r2 std'])
+    # Same seed, same data, same model: same result (the seed reaches the trainer).
+    again, _ = run_grid(cells[:1], ['deepsets'], 1, config)
+    assert again[0]['test']['r2'] == pytest.approx(runs[0]['test']['r2'])
+
+    plot_grid(rows, ['deepsets'], str(tmp_path / 'grid.png'), paper={('sum d=2', 'deepsets'): 0.5})
+    assert (tmp_path / 'grid.png').stat().st_size > 0
+    write_report(str(tmp_path), 'study', 'A study', environment(), {'seeds': 2}, '| t |\n',
+                 dict(rows=rows), 0.5, notes='A note.')
+    payload = json.loads((tmp_path / 'study.json').read_text())
+    assert payload['rows'][0]['cell'] == 'sum d=2' and payload['setup'] == {'seeds': 2}
+    text = (tmp_path / 'study.md').read_text()
+    assert text.startswith('# A study') and 'A note.' in text and '![plot](study.png)' in text
