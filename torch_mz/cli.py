@@ -66,7 +66,8 @@ def _add_training_args(p: argparse.ArgumentParser):
     g.add_argument('--set-size', help='LOW,HIGH range of set sizes (synthetic tasks)')
     g.add_argument('--task-arg', action='append', metavar='KEY=VALUE',
                    help='task option, e.g. tdof=8 or target=mu (repeatable)')
-    g.add_argument('--root', help='data root of real datasets (default: datasets/)')
+    g.add_argument('--root', help='folder of the real dataset itself, e.g. datasets/QM9 '
+                   '(default: $TORCH_MZ_DATA/<Name> or datasets/<Name>)')
     g.add_argument('--data-seed', type=int, default=0,
                    help='seed of the synthetic data / real split (default: 0)')
     t = p.add_argument_group('training (defaults: the paper)')

@@ -1,0 +1,136 @@
+r"""The real-data benchmark scripts ``benchmarks/point_clouds.py`` and ``benchmarks/qm9.py``: their
+``main()`` end to end on tiny raw files in the real formats (the fixtures of ``tests/datasets``)
+with a budget of one epoch, and the message and exit status when the data is missing."""
+import importlib.util
+import json
+import math
+import os.path as osp
+from pathlib import Path
+
+import pytest
+
+# The raw-file fixtures of the dataset tests: importing them registers them for this module.
+from tests.datasets.conftest import modelnet_h5_root, qm9_root, scanobjectnn_root
+
+FIXTURES = (modelnet_h5_root, qm9_root, scanobjectnn_root)  # used by name, as test arguments
+BENCHMARKS = Path(__file__).resolve().parents[1] / 'benchmarks'
+TINY = ['--seeds', '1', '--epochs', '1', '--device', 'cpu']
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(f'_benchmark_{name}', BENCHMARKS / f'{name}.py')
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope='module')
+def point_clouds():
+    pytest.importorskip('h5py')
+    return load_script('point_clouds')
+
+
+@pytest.fixture(scope='module')
+def qm9():
+    pytest.importorskip('rdkit')
+    return load_script('qm9')
+
+
+@pytest.mark.filterwarnings('ignore:ModelNet40 .* skipped:UserWarning')  # the fixture's NaN shape
+def test_point_clouds_end_to_end(point_clouds, modelnet_h5_root, scanobjectnn_root, tmp_path):
+    out = tmp_path / 'results'
+    # both fixtures live below tmp_path: ModelNet40/ (5 usable training shapes, 3 test shapes, 128
+    # points) and ScanObjectNN/ (OBJ_BG: 5 training objects, 3 test objects, 256 points)
+    status = point_clouds.main(['--dataset', 'both', '--root', str(tmp_path),
+                                '--modelnet-source', 'hdf5', '--num-points', '64', '--n-train',
+                                '4', '--n-val', '1', '--batch-size', '4', '--out', str(out)]
+                               + TINY)
+    assert status == 0
+    with open(out / 'point_clouds.json') as f:
+        results = json.load(f)
+    cells = {(r['dataset'], r['model']): r for r in results['rows']}
+    assert set(cells) == {(d, m) for d in point_clouds.DATASETS for m in point_clouds.MODELS}
+    for (dataset, model), row in cells.items():
+        assert 0.0 <= row['accuracy'] <= 1.0
+        assert row['seeds'] == 1 and row['params'] > 0
+        assert row['paper_accuracy'] == point_clouds.PAPER_ACCURACY[model][dataset][0]
+    assert results['setup']['sizes'] == {'modelnet40': {'train': 4, 'val': 1, 'test': 3},
+                                         'scanobjectnn': {'train': 4, 'val': 1, 'test': 3}}
+    assert len(results['runs']) == len(cells)
+    text = (out / 'point_clouds.md').read_text()
+    assert text.startswith('# ') and 'Command: `python benchmarks/point_clouds.py' in text
+    assert '78.1 ± 0.7' in text and '72.9 ± 2.4' in text  # the paper's MZAttn / ST-Large
+    assert '## Against the paper' in text and '**ScanObjectNN**' in text
+    assert (out / 'point_clouds.png').stat().st_size > 0
+
+
+@pytest.mark.parametrize('args, expected', [
+    (['--dataset', 'both', '--no-download'],
+     ['ModelNet40.zip', 'modelnet.cs.princeton.edu', 'hkust-vgd.github.io/scanobjectnn',
+      osp.join('ScanObjectNN', 'raw', 'h5_files', 'main_split', 'training_objectdataset.h5')]),
+    (['--dataset', 'scanobjectnn'], ['Request access on', 'h5_files.zip']),
+    (['--dataset', 'modelnet40', '--modelnet-source', 'hdf5'],
+     ['modelnet40_ply_hdf5_2048', 'ply_data_train*.h5', 'ModelNet40.zip']),
+])
+def test_point_clouds_missing_data(point_clouds, tmp_path, capsys, args, expected):
+    out = tmp_path / 'results'
+    root = tmp_path / 'empty'
+    status = point_clouds.main(args + ['--root', str(root), '--out', str(out)] + TINY)
+    err = capsys.readouterr().err
+    assert status == point_clouds.EXIT_ERROR != 0
+    assert err.startswith('point_clouds.py: error: ') and 'Traceback' not in err
+    for text in expected:
+        assert text in err
+    assert str(root) in err  # says where the files go
+    assert not out.exists()  # nothing was trained or written
+
+
+def test_qm9_end_to_end(qm9, qm9_root, tmp_path):
+    # the sdf fixture: 5 molecules of which one is 'uncharacterized', so 4 remain
+    out = tmp_path / 'results'
+    status = qm9.main(['--source', 'sdf', '--root', str(tmp_path), '--targets', 'mu,homo',
+                       '--n-train', '2', '--n-val', '1', '--n-test', '1', '--batch-size', '2',
+                       '--out', str(out)] + TINY)
+    assert status == 0
+    with open(out / 'qm9.json') as f:
+        results = json.load(f)
+    cells = {(r['target'], r['model']): r for r in results['rows']}
+    assert set(cells) == {(t, m) for t in ('mu', 'homo') for m in qm9.MODELS}
+    for (target, model), row in cells.items():
+        assert math.isfinite(row['mae']) and row['mae'] >= 0
+        assert math.isfinite(row['r2']) and row['r2'] <= 1
+        assert row['unit'] == {'mu': 'D', 'homo': 'eV'}[target]
+        assert row['paper_r2'] == qm9.PAPER_R2.get(model, {}).get(target)
+    assert cells['mu', 'mz']['paper_r2'] == 0.761 and cells['mu', 'egnn']['paper_r2'] is None
+    text = (out / 'qm9.md').read_text()
+    assert 'Command: `python benchmarks/qm9.py --source sdf' in text
+    assert '## Against the paper' in text and '**mu**' in text and '**homo**' in text
+    assert (out / 'qm9.png').stat().st_size > 0
+
+
+def test_qm9_verdict(qm9):
+    def row(target, model, r2, std=0.0):
+        return dict(target=target, model=model, r2=r2, r2_std=std)
+
+    rows = [row('mu', 'mz', 0.70), row('mu', 'rigid', 0.60), row('mu', 'st-large', 0.72),
+            row('alpha', 'mz', 0.95), row('alpha', 'st-large', 0.90),
+            row('homo', 'mz', 0.50), row('homo', 'st-large', 0.60), row('homo', 'egnn', 0.99),
+            row('gap', 'egnn', 0.9)]  # no mz: no sentence
+    lines = qm9.verdict(rows, ['mu', 'alpha', 'homo', 'gap'])
+    assert len(lines) == 3
+    mu, alpha, homo = lines
+    assert 'within 0.05' in mu and '(st-large)' in mu and '0.020 behind' in mu
+    assert '**leads**' in alpha and 'by 0.050' in alpha
+    assert '**outside**' in homo and '0.100' in homo and 'EGNN' in homo  # EGNN is no baseline
+
+
+def test_point_clouds_verdict(point_clouds):
+    rows = [dict(dataset='modelnet40', model='mz', accuracy=0.70),
+            dict(dataset='modelnet40', model='st-large', accuracy=0.75),
+            dict(dataset='scanobjectnn', model='mz', accuracy=0.60),
+            dict(dataset='scanobjectnn', model='rigid', accuracy=0.50)]
+    modelnet, scan = point_clouds.verdict(rows, ['modelnet40', 'scanobjectnn'])
+    assert 'st-large (75.0%), as in the paper' in modelnet
+    assert 'mz minus st-large: -5.0 points (paper: -1.8)' in modelnet
+    assert 'best measured model mz (60.0%) (the paper: st-large)' in scan
+    assert 'minus' not in scan  # no st-large run to compare with
