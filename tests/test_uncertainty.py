@@ -1,0 +1,192 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch_geometric.data import Data
+
+from torch_mz.models import build_model
+from torch_mz.train import TargetNormalizer, predict
+from torch_mz.uncertainty import (DEFAULT_LEVELS, AffineSigma, binned_by_uncertainty,
+                                  error_correlation, fit_affine_sigma, gaussian_nll,
+                                  interval_coverage, mc_dropout_predict, predictive_moments,
+                                  regression_ece)
+
+
+def gaussian_data(n=20000, seed=0):
+    rng = np.random.default_rng(seed)
+    pred = rng.normal(size=n)
+    sigma = rng.uniform(0.5, 2.0, size=n)
+    target = pred + sigma * rng.standard_normal(n)
+    return pred, target, sigma
+
+
+def test_calibrated_gaussian_has_small_ece_and_analytic_nll():
+    pred, target, sigma = gaussian_data()
+    assert regression_ece(pred, target, sigma) < 0.015
+    expected = 0.5 * math.log(2 * math.pi) + 0.5 + np.log(sigma).mean()
+    assert gaussian_nll(pred, target, sigma) == pytest.approx(expected, abs=0.03)
+    coverage = interval_coverage(pred, target, sigma)
+    assert coverage.shape == (len(DEFAULT_LEVELS),)
+    assert np.all(np.diff(coverage) >= 0)  # nested intervals
+    np.testing.assert_allclose(coverage, DEFAULT_LEVELS, atol=0.02)
+
+
+def test_nll_by_hand():
+    # one sample, error 2, sigma 1: 0.5 log(2 pi) + 0 + 2
+    assert gaussian_nll([0.0], [2.0], [1.0]) == pytest.approx(0.5 * math.log(2 * math.pi) + 2)
+    # tensors of shape (N, 1) give the same as vectors
+    p, y, s = torch.zeros(3, 1), torch.tensor([[1.0], [0.0], [-1.0]]), torch.full((3, 1), 2.0)
+    assert gaussian_nll(p, y, s) == pytest.approx(gaussian_nll(p[:, 0], y[:, 0], s[:, 0]))
+
+
+@pytest.mark.parametrize('factor', [10.0, 0.1])
+def test_miscalibrated_sigma_has_large_ece_and_worse_nll(factor):
+    pred, target, sigma = gaussian_data()
+    ece = regression_ece(pred, target, factor * sigma)
+    assert ece > 0.3
+    assert ece <= 0.5
+    assert gaussian_nll(pred, target, factor * sigma) > gaussian_nll(pred, target, sigma) + 1.0
+
+
+def test_ece_bound_when_no_interval_covers():
+    # a tiny sigma covers no target: every coverage is 0, the ECE is the mean level 0.5
+    assert regression_ece([0.0, 0.0], [1.0, -1.0], [1e-9, 1e-9]) == pytest.approx(0.5)
+
+
+def test_spearman_of_a_monotone_transform_is_one():
+    rng = np.random.default_rng(1)
+    pred, target = rng.normal(size=500), rng.normal(size=500)
+    err = np.abs(target - pred)
+    corr = error_correlation(pred, target, np.exp(3 * err))
+    assert corr['spearman'] == pytest.approx(1.0)
+    assert 0.0 < corr['pearson'] < 0.99  # not linear
+    assert error_correlation(pred, target, 2 * err + 1)['pearson'] == pytest.approx(1.0)
+    unrelated = error_correlation(pred, target, rng.uniform(size=500))
+    assert abs(unrelated['spearman']) < 0.15
+    constant = error_correlation(pred, target, np.ones(500))
+    assert math.isnan(constant['spearman']) and math.isnan(constant['pearson'])
+
+
+def test_bins_partition_the_samples():
+    # hand-built: uncertainty order 5,1,3,2,4,0 -> bins {5,1}, {3,0}, {4,2} by index
+    s = np.array([5.0, 1.0, 3.0, 2.0, 4.0, 0.0])
+    err = np.array([50.0, 10.0, 30.0, 20.0, 40.0, 0.0])
+    rows = binned_by_uncertainty(np.zeros(6), err, s, num_bins=3)
+    assert [r['count'] for r in rows] == [2, 2, 2]
+    assert [r['uncertainty'] for r in rows] == [0.5, 2.5, 4.5]
+    assert [r['abs_error'] for r in rows] == [5.0, 25.0, 45.0]
+
+    rng = np.random.default_rng(2)
+    pred, target, s = rng.normal(size=103), rng.normal(size=103), rng.exponential(size=103)
+    rows = binned_by_uncertainty(pred, target, s, num_bins=5)
+    counts = [r['count'] for r in rows]
+    assert sum(counts) == 103 and max(counts) - min(counts) <= 1
+    assert [r['bin'] for r in rows] == [1, 2, 3, 4, 5]
+    means = [r['uncertainty'] for r in rows]
+    assert means == sorted(means)
+    total = sum(r['abs_error'] * r['count'] for r in rows)
+    assert total == pytest.approx(np.abs(target - pred).sum())
+    with pytest.raises(ValueError):
+        binned_by_uncertainty(pred, target, s, num_bins=0)
+
+
+def test_recalibration_recovers_a_known_scale():
+    rng = np.random.default_rng(3)
+    n = 20000
+    s = rng.uniform(0.0, 2.0, size=n)
+    pred = rng.normal(size=n)
+    target = pred + (2.0 * s + 0.5) * rng.standard_normal(n)
+    fit = fit_affine_sigma(pred, target, s)
+    assert fit.a == pytest.approx(2.0, abs=0.1)
+    assert fit.b == pytest.approx(0.5, abs=0.05)
+    # the units of s do not matter: s in thousandths gives a slope 1000 times smaller
+    fit_milli = fit_affine_sigma(pred, target, 1000 * s)
+    assert fit_milli.a * 1000 == pytest.approx(fit.a, rel=1e-3)
+    assert fit_milli.b == pytest.approx(fit.b, rel=1e-3)
+    np.testing.assert_allclose(fit(s), fit.a * s + fit.b)
+    # never worse than the best constant sigma
+    rms = np.sqrt(np.mean((target - pred) ** 2))
+    assert gaussian_nll(pred, target, fit(s)) <= gaussian_nll(pred, target, np.full(n, rms))
+
+
+def test_recalibration_of_an_uninformative_uncertainty_is_a_constant():
+    rng = np.random.default_rng(4)
+    n = 5000
+    pred = np.zeros(n)
+    target = 3.0 * rng.standard_normal(n)
+    fit = fit_affine_sigma(pred, target, rng.uniform(size=n))
+    assert fit.a * 1.0 < 0.1 * fit.b  # the slope explains almost nothing
+    assert fit.b == pytest.approx(3.0, rel=0.1)
+
+
+def test_bad_inputs_raise():
+    with pytest.raises(ValueError, match='same number of samples'):
+        gaussian_nll(np.zeros(3), np.zeros(4), np.ones(3))
+    with pytest.raises(ValueError, match='positive'):
+        gaussian_nll(np.zeros(3), np.zeros(3), np.array([1.0, -1.0, 1.0]))
+    with pytest.raises(ValueError, match='positive'):
+        regression_ece(np.zeros(3), np.zeros(3), np.zeros(3))
+    with pytest.raises(ValueError, match='one target per sample'):
+        error_correlation(np.zeros((3, 2)), np.zeros((3, 2)), np.ones(3))
+    with pytest.raises(ValueError, match='finite'):
+        gaussian_nll(np.array([0.0, np.nan]), np.zeros(2), np.ones(2))
+    with pytest.raises(ValueError, match='levels'):
+        regression_ece(np.zeros(3), np.zeros(3), np.ones(3), levels=[0.5, 1.0])
+    with pytest.raises(ValueError, match='non-negative'):
+        fit_affine_sigma(np.zeros(3), np.ones(3), np.array([1.0, -1.0, 1.0]))
+    with pytest.raises(ValueError, match='non-negative'):
+        AffineSigma(1.0, 0.1)(np.array([-1.0]))
+    with pytest.raises(ValueError, match='errors are zero'):
+        fit_affine_sigma(np.ones(3), np.ones(3), np.ones(3))
+
+
+def test_predictive_moments():
+    samples = [torch.tensor([[1.0], [0.0]]), torch.tensor([[3.0], [0.0]])]
+    mean, std = predictive_moments(samples)
+    assert torch.equal(mean, torch.tensor([[2.0], [0.0]], dtype=torch.float64))
+    assert torch.equal(std, torch.tensor([[1.0], [0.0]], dtype=torch.float64))  # divisor P
+    with pytest.raises(ValueError):
+        predictive_moments([])
+    with pytest.raises(ValueError):
+        predictive_moments([torch.zeros(2, 1), torch.zeros(3, 1)])
+
+
+def tiny_sets(num=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [Data(x=torch.randn(n, 4, generator=g), y=torch.randn(1, 1, generator=g))
+            for n in (3, 5, 1, 4, 2, 6)[:num]]
+
+
+def tiny_mz(dropout):
+    torch.manual_seed(0)
+    return build_model('mz', 4, 1, dim=16, heads=2, d_ff=16, num_inducing=4,
+                       num_generators=2, num_matrix_generators=1, dropout=dropout)
+
+
+def test_mc_dropout_without_dropout_is_the_deterministic_prediction():
+    data = tiny_sets()
+    model = tiny_mz(dropout=0.0).eval()
+    norm = TargetNormalizer().fit(torch.tensor([[1.0], [3.0]]))
+    mean, std = mc_dropout_predict(model, data, passes=3, normalizer=norm, batch_size=4)
+    pred, _ = predict(model, data, normalizer=norm, batch_size=4, device='cpu')
+    assert mean.shape == (6, 1) and std.shape == (6, 1)
+    torch.testing.assert_close(mean, pred.to(torch.float64), atol=1e-5, rtol=1e-5)
+    assert torch.all(std < 1e-5)
+    assert not model.training  # mode restored
+
+
+def test_mc_dropout_samples_and_is_reproducible():
+    data = tiny_sets()
+    model = tiny_mz(dropout=0.5).eval()
+    state = torch.get_rng_state()
+    mean, std = mc_dropout_predict(model, data, passes=8, seed=1)
+    assert torch.equal(torch.get_rng_state(), state)  # global stream untouched
+    assert torch.all(torch.isfinite(mean)) and std.max() > 0
+    mean2, std2 = mc_dropout_predict(model, data, passes=8, seed=1)
+    assert torch.equal(mean, mean2) and torch.equal(std, std2)
+    assert not model.training
+    with pytest.raises(ValueError):
+        mc_dropout_predict(model, data, passes=0)
+    with pytest.raises(ValueError, match='BatchNorm'):
+        mc_dropout_predict(torch.nn.Sequential(torch.nn.BatchNorm1d(4)), data)

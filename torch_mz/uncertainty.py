@@ -1,0 +1,385 @@
+r"""Quality of predictive uncertainty for single-target regression (Appendix D.3 of the MZAttn
+paper, Tables 19-21): ranking metrics (does a larger uncertainty go with a larger error?),
+calibration metrics of a Gaussian predictive distribution :math:`\mathcal{N}(\hat y, \sigma^2)`
+(negative log-likelihood and regression ECE), a post-hoc affine map from any raw uncertainty to a
+standard deviation, and the two sampling baselines (MC-Dropout, deep ensembles).
+
+The MZ models' single-pass uncertainty is the interval-hull width (IHW) of the output zonotope, a
+width in latent units, not a standard deviation in target units. Calibration metrics therefore
+compare methods after the same recalibration :math:`\sigma = a s + b` (:func:`fit_affine_sigma`),
+fitted on held-out data, for every raw uncertainty :math:`s`.
+
+Every function takes predictions, targets and uncertainties as tensors or arrays of shape
+:math:`(N,)` or :math:`(N, 1)` (one target per sample), in any float dtype; computation is in
+``float64``. Library code: nothing here prints.
+"""
+import math
+from dataclasses import dataclass
+from typing import Dict, List, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = [
+    'DEFAULT_LEVELS',
+    'AffineSigma',
+    'as_vector',
+    'error_correlation',
+    'binned_by_uncertainty',
+    'gaussian_nll',
+    'interval_coverage',
+    'regression_ece',
+    'fit_affine_sigma',
+    'predictive_moments',
+    'mc_dropout_predict',
+]
+
+ArrayLike = Union[Tensor, np.ndarray, Sequence[float]]
+
+#: Confidence levels of :func:`regression_ece`: 0.05, 0.10, ..., 0.95.
+DEFAULT_LEVELS: Tuple[float, ...] = tuple(round(0.05 * k, 2) for k in range(1, 20))
+
+_HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
+
+
+# --------------------------------------------------------------------------------------------------
+# Input checks
+# --------------------------------------------------------------------------------------------------
+def as_vector(name: str, x: ArrayLike) -> np.ndarray:
+    r"""Converts :obj:`x` of shape :math:`(N,)` or :math:`(N, 1)` to a finite ``float64`` vector
+    :math:`(N,)`, with a :class:`ValueError` naming :obj:`name` for any other shape or for NaN/inf.
+    """
+    if torch.is_tensor(x):
+        x = x.detach().cpu().to(torch.float64).numpy()
+    arr = np.asarray(x, dtype=np.float64)
+    if arr.ndim == 2 and arr.shape[1] == 1:
+        arr = arr[:, 0]  # (N,)
+    if arr.ndim != 1:
+        raise ValueError(f"Expected '{name}' of shape (N,) or (N, 1), one target per sample "
+                         f"(got shape {tuple(arr.shape)})")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"Expected finite values in '{name}' (found NaN or inf)")
+    return arr
+
+
+def _vectors(min_size: int = 1, **named: ArrayLike) -> List[np.ndarray]:
+    out = [as_vector(name, x) for name, x in named.items()]
+    sizes = {name: v.shape[0] for name, v in zip(named, out)}
+    if len(set(sizes.values())) != 1:
+        raise ValueError(f'Expected inputs with the same number of samples (got {sizes})')
+    if out[0].shape[0] < min_size:
+        raise ValueError(f'Expected at least {min_size} sample(s) (got {out[0].shape[0]})')
+    return out
+
+
+def _check_sigma(sigma: np.ndarray) -> None:
+    if np.any(sigma <= 0):
+        raise ValueError(f"Expected a positive standard deviation 'sigma' for every sample "
+                         f"(smallest: {sigma.min():.4g})")
+
+
+def _check_levels(levels: Sequence[float]) -> np.ndarray:
+    lv = np.asarray(levels, dtype=np.float64).reshape(-1)
+    if lv.size == 0 or np.any(lv <= 0) or np.any(lv >= 1):
+        raise ValueError(f'Expected confidence levels in the open interval (0, 1) '
+                         f'(got {list(levels)})')
+    return lv
+
+
+# --------------------------------------------------------------------------------------------------
+# Ranking: does the uncertainty order the errors?
+# --------------------------------------------------------------------------------------------------
+def error_correlation(pred: ArrayLike, target: ArrayLike,
+                      uncertainty: ArrayLike) -> Dict[str, float]:
+    r"""Spearman (rank) and Pearson (linear) correlation of :obj:`uncertainty` with the absolute
+    error :math:`|y - \hat y|` (Table 20 of the paper). Both are invariant to a positive affine
+    map of the uncertainty; Spearman is invariant to any strictly increasing map. A constant
+    uncertainty or constant error has no correlation: both values are then ``nan``.
+
+    Args:
+        pred (Tensor or array): Predictions :math:`\hat y`.
+        target (Tensor or array): Targets :math:`y`.
+        uncertainty (Tensor or array): Raw uncertainty :math:`s` (any units).
+
+    Returns:
+        ``{'spearman': float, 'pearson': float}``
+
+    Shapes:
+        - **inputs:** :math:`(N,)` or :math:`(N, 1)` each, :math:`N \ge 2`
+    """
+    from scipy.stats import pearsonr, spearmanr
+    p, y, s = _vectors(2, pred=pred, target=target, uncertainty=uncertainty)
+    err = np.abs(y - p)
+    if np.ptp(s) == 0 or np.ptp(err) == 0:
+        return {'spearman': math.nan, 'pearson': math.nan}
+    return {'spearman': float(spearmanr(s, err)[0]), 'pearson': float(pearsonr(s, err)[0])}
+
+
+def binned_by_uncertainty(pred: ArrayLike, target: ArrayLike, uncertainty: ArrayLike,
+                          num_bins: int = 5) -> List[Dict[str, float]]:
+    r"""Samples sorted by uncertainty and cut into :obj:`num_bins` quantile bins of (almost) equal
+    size (sizes differ by at most one; ties are broken by the sample order), lowest uncertainty
+    first (Table 19 of the paper). Every sample lies in exactly one bin.
+
+    Args:
+        pred (Tensor or array): Predictions :math:`\hat y`.
+        target (Tensor or array): Targets :math:`y`.
+        uncertainty (Tensor or array): Raw uncertainty :math:`s`.
+        num_bins (int, optional): Number of bins, at most :math:`N`. (default: :obj:`5`)
+
+    Returns:
+        One dict per bin: ``bin`` (1 = lowest uncertainty), ``uncertainty`` (mean :math:`s` in
+        the bin), ``abs_error`` (mean :math:`|y - \hat y|`), ``count``.
+    """
+    p, y, s = _vectors(1, pred=pred, target=target, uncertainty=uncertainty)
+    if not 1 <= num_bins <= s.shape[0]:
+        raise ValueError(f"Expected 1 <= num_bins <= N={s.shape[0]} (got {num_bins})")
+    err = np.abs(y - p)
+    order = np.argsort(s, kind='stable')
+    rows = []
+    for k, idx in enumerate(np.array_split(order, num_bins)):
+        rows.append({'bin': k + 1, 'uncertainty': float(s[idx].mean()),
+                     'abs_error': float(err[idx].mean()), 'count': int(idx.size)})
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------
+# Calibration of a Gaussian predictive distribution
+# --------------------------------------------------------------------------------------------------
+def gaussian_nll(pred: ArrayLike, target: ArrayLike, sigma: ArrayLike) -> float:
+    r"""Mean Gaussian negative log-likelihood of the targets under
+    :math:`\mathcal{N}(\hat y_i, \sigma_i^2)`, **with** the constant
+    :math:`\tfrac12 \log 2\pi \approx 0.919`:
+
+    .. math::
+        \mathrm{NLL} = \frac{1}{N} \sum_{i=1}^N \left[ \tfrac12 \log(2\pi) + \log \sigma_i +
+        \frac{(y_i - \hat y_i)^2}{2 \sigma_i^2} \right]
+
+    For exactly calibrated Gaussian errors its expectation is
+    :math:`\tfrac12 \log(2\pi) + \tfrac12 + \overline{\log \sigma}`. It depends on the units of
+    :math:`y` (rescaling :math:`y` by :math:`c` adds :math:`\log c`).
+
+    Args:
+        pred (Tensor or array): Predictive means :math:`\hat y`.
+        target (Tensor or array): Targets :math:`y`.
+        sigma (Tensor or array): Predictive standard deviations :math:`\sigma > 0`, in the units
+            of :math:`y`.
+
+    Shapes:
+        - **inputs:** :math:`(N,)` or :math:`(N, 1)` each
+    """
+    p, y, sd = _vectors(1, pred=pred, target=target, sigma=sigma)
+    _check_sigma(sd)
+    return float(np.mean(_HALF_LOG_2PI + np.log(sd) + 0.5 * ((y - p) / sd) ** 2))
+
+
+def interval_coverage(pred: ArrayLike, target: ArrayLike, sigma: ArrayLike,
+                      levels: Sequence[float] = DEFAULT_LEVELS) -> np.ndarray:
+    r"""Observed coverage of the central Gaussian intervals: for each confidence level
+    :math:`p`, the fraction of samples with
+
+    .. math::
+        |y_i - \hat y_i| \le z_p\, \sigma_i, \qquad z_p = \Phi^{-1}\!\left(\tfrac{1 + p}{2}\right)
+
+    (:math:`\Phi` the standard normal CDF), i.e. whose target lies in the central :math:`p`
+    interval of :math:`\mathcal{N}(\hat y_i, \sigma_i^2)`. A calibrated model covers a fraction
+    :math:`p`.
+
+    Args:
+        pred (Tensor or array): Predictive means :math:`\hat y`.
+        target (Tensor or array): Targets :math:`y`.
+        sigma (Tensor or array): Predictive standard deviations :math:`\sigma > 0`.
+        levels (sequence of float, optional): Confidence levels in :math:`(0, 1)`.
+            (default: :obj:`DEFAULT_LEVELS`, 0.05, 0.10, ..., 0.95)
+
+    Returns:
+        Coverage per level, shape :math:`(L,)`.
+    """
+    from scipy.stats import norm
+    p, y, sd = _vectors(1, pred=pred, target=target, sigma=sigma)
+    _check_sigma(sd)
+    lv = _check_levels(levels)
+    z = norm.ppf(0.5 * (1.0 + lv))  # (L,)
+    inside = np.abs(y - p)[None, :] <= z[:, None] * sd[None, :]  # (L, N)
+    return inside.mean(axis=1)
+
+
+def regression_ece(pred: ArrayLike, target: ArrayLike, sigma: ArrayLike,
+                   levels: Sequence[float] = DEFAULT_LEVELS) -> float:
+    r"""Expected calibration error of a Gaussian regressor: the mean over the confidence levels
+    :math:`p \in P` of the gap between the observed coverage of the central :math:`p` interval
+    (:func:`interval_coverage`) and :math:`p`,
+
+    .. math::
+        \mathrm{ECE} = \frac{1}{|P|} \sum_{p \in P} \left| \frac{1}{N} \sum_{i=1}^N
+        \mathbb{1}\!\left[|y_i - \hat y_i| \le z_p \sigma_i\right] - p \right|,
+        \qquad P = \{0.05, 0.10, \ldots, 0.95\}.
+
+    The coverage grows with :math:`p`, so for the default levels the ECE lies in
+    :math:`[0, 0.5]`, with 0.5 reached when no interval covers its target (:math:`\sigma` far too
+    small) or every interval does (:math:`\sigma` far too large); 0 means calibrated at every
+    level, up to sampling noise of order :math:`\sqrt{p(1-p)/N}`.
+
+    Args:
+        pred (Tensor or array): Predictive means :math:`\hat y`.
+        target (Tensor or array): Targets :math:`y`.
+        sigma (Tensor or array): Predictive standard deviations :math:`\sigma > 0`.
+        levels (sequence of float, optional): The set :math:`P`.
+            (default: :obj:`DEFAULT_LEVELS`)
+    """
+    lv = _check_levels(levels)
+    return float(np.mean(np.abs(interval_coverage(pred, target, sigma, lv) - lv)))
+
+
+@dataclass(frozen=True)
+class AffineSigma:
+    r"""The recalibration :math:`\sigma = a\, s + b` from a raw uncertainty :math:`s \ge 0` to a
+    predictive standard deviation (:math:`a \ge 0`, :math:`b > 0`), as fitted by
+    :func:`fit_affine_sigma`.
+
+    Args:
+        a (float): Slope, in target units per unit of :math:`s`.
+        b (float): Offset, in target units.
+    """
+    a: float
+    b: float
+
+    def __call__(self, uncertainty: ArrayLike) -> np.ndarray:
+        s = as_vector('uncertainty', uncertainty)
+        if np.any(s < 0):
+            raise ValueError(f"Expected a non-negative 'uncertainty' (smallest: {s.min():.4g})")
+        return self.a * s + self.b
+
+
+def fit_affine_sigma(pred: ArrayLike, target: ArrayLike,
+                     uncertainty: ArrayLike) -> AffineSigma:
+    r"""Fits :math:`\sigma = a s + b`, :math:`a \ge 0`, :math:`b > 0`, by minimising
+    :func:`gaussian_nll` of :obj:`target` under :math:`\mathcal{N}(\hat y, \sigma^2)` (L-BFGS-B
+    with the analytic gradient, on :math:`s` and the errors rescaled to unit size, from two starting
+    points). Fit it on data the model was not trained on (a validation split) and apply it to the
+    test split. With :math:`a = 0` it is a constant :math:`\sigma`; the fitted NLL is never worse
+    than the best constant's, :math:`\tfrac12\log(2\pi e\, \overline{(y - \hat y)^2})`, up to the
+    optimiser's tolerance.
+
+    Args:
+        pred (Tensor or array): Predictions :math:`\hat y` (validation split).
+        target (Tensor or array): Targets :math:`y`.
+        uncertainty (Tensor or array): Raw uncertainty :math:`s \ge 0` (e.g. IHW or an MC/ensemble
+            standard deviation).
+
+    Shapes:
+        - **inputs:** :math:`(N,)` or :math:`(N, 1)` each, :math:`N \ge 2`
+    """
+    from scipy.optimize import minimize
+    p, y, s = _vectors(2, pred=pred, target=target, uncertainty=uncertainty)
+    if np.any(s < 0):
+        raise ValueError(f"Expected a non-negative 'uncertainty' (smallest: {s.min():.4g})")
+    r_scale = float(np.sqrt(np.mean((y - p) ** 2)))
+    if r_scale == 0:
+        raise ValueError('All errors are zero: no standard deviation can be fitted')
+    s_scale = float(np.mean(s)) or 1.0
+    r2 = ((y - p) / r_scale) ** 2  # (N,) squared errors in units of their RMS
+    u = s / s_scale  # (N,) uncertainty with mean 1
+
+    def objective(theta: np.ndarray) -> Tuple[float, np.ndarray]:
+        sd = theta[0] * u + theta[1]  # (N,)
+        g = 1.0 / sd - r2 / sd**3  # d(loss_i) / d(sigma_i)
+        loss = np.mean(np.log(sd) + 0.5 * r2 / sd**2)
+        return float(loss), np.array([np.mean(g * u), np.mean(g)])
+
+    bounds = [(0.0, None), (1e-6, None)]
+    best = None
+    for start in ((0.0, 1.0), (1.0, 1e-3)):
+        res = minimize(objective, np.array(start), jac=True, method='L-BFGS-B', bounds=bounds)
+        if best is None or res.fun < best.fun:
+            best = res
+    a, b = best.x
+    return AffineSigma(a=float(a) * r_scale / s_scale, b=float(b) * r_scale)
+
+
+# --------------------------------------------------------------------------------------------------
+# Sampling baselines
+# --------------------------------------------------------------------------------------------------
+def predictive_moments(samples: Sequence[Tensor]) -> Tuple[Tensor, Tensor]:
+    r"""Mean and standard deviation over :math:`P` predictions of the same samples (MC-Dropout
+    passes or ensemble members). The standard deviation is the population one (divisor
+    :math:`P`), the usual predictive spread of an equally weighted mixture of point predictions.
+
+    Args:
+        samples (sequence of Tensor): :math:`P \ge 1` tensors of equal shape :math:`(N, t)`.
+
+    Returns:
+        ``(mean, std)``, each :math:`(N, t)`.
+    """
+    if len(samples) == 0:
+        raise ValueError('Expected at least one prediction')
+    shapes = {tuple(t.shape) for t in samples}
+    if len(shapes) != 1:
+        raise ValueError(f'Expected predictions of equal shape (got {sorted(shapes)})')
+    stack = torch.stack([t.to(torch.float64) for t in samples], dim=0)  # (P, N, t)
+    return stack.mean(dim=0), stack.std(dim=0, unbiased=False)
+
+
+@torch.no_grad()
+def mc_dropout_predict(model: torch.nn.Module, dataset: Sequence, passes: int = 30,
+                       normalizer=None, batch_size: int = 128,
+                       device: Union[str, torch.device] = 'cpu',
+                       seed: int = 0) -> Tuple[Tensor, Tensor]:
+    r"""MC-Dropout (Gal & Ghahramani, 2016): :obj:`passes` stochastic forward passes over
+    :obj:`dataset` with the model in training mode, so that its dropout stays active, and the
+    :func:`predictive_moments` of the predictions.
+
+    The whole model is put in training mode, which is MC-Dropout only for models whose sole
+    training-mode behaviour is dropout (true for the Set Transformers and MZ models of this
+    package, whose normalisation is :class:`~torch.nn.LayerNorm`); a model with batch
+    normalisation raises a :class:`ValueError`. The model's mode is restored afterwards, and the
+    passes draw from a private random stream seeded with :obj:`seed` (the global one is left as it
+    was).
+
+    Args:
+        model (torch.nn.Module): The model, called as ``model(batch)``; returns a prediction
+            :math:`(B, t)` or a tuple whose first element is one.
+        dataset (Sequence): PyG dataset or list of :class:`~torch_geometric.data.Data`.
+        passes (int, optional): Number of stochastic passes :math:`P`. (default: :obj:`30`)
+        normalizer (TargetNormalizer, optional): If given, each pass is mapped back to original
+            units with its :meth:`~torch_mz.train.TargetNormalizer.inverse_transform`, so that the
+            mean and standard deviation are in original units. (default: :obj:`None`)
+        batch_size (int, optional): Sets per batch. (default: :obj:`128`)
+        device (str or torch.device, optional): Device to run on. (default: :obj:`'cpu'`)
+        seed (int, optional): Seed of the dropout masks. (default: :obj:`0`)
+
+    Returns:
+        ``(mean, std)`` on the CPU, each :math:`(N, t)`, ``float64``.
+    """
+    from torch_geometric.loader import DataLoader
+
+    from torch_mz.train import resolve_device
+    if passes < 1:
+        raise ValueError(f"Expected 'passes' >= 1 (got {passes})")
+    if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+        raise ValueError('MC-Dropout in training mode would update batch-normalisation '
+                         'statistics; the model has BatchNorm layers')
+    dev = resolve_device(device)
+    was_training = model.training
+    model.to(dev)
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False)
+    runs: List[Tensor] = []
+    devices = [dev.index or 0] if dev.type == 'cuda' else []
+    try:
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            model.train()
+            for _ in range(passes):
+                preds = []
+                for batch in loader:
+                    out = model(batch.to(dev))
+                    pred = out[0] if isinstance(out, (tuple, list)) else out
+                    pred = pred.unsqueeze(-1) if pred.dim() == 1 else pred  # (B, t)
+                    if normalizer is not None:
+                        pred = normalizer.inverse_transform(pred)
+                    preds.append(pred.cpu())
+                runs.append(torch.cat(preds, dim=0))  # (N, t)
+    finally:
+        model.train(was_training)
+    return predictive_moments(runs)
