@@ -26,10 +26,9 @@ import sys
 import time
 from typing import Dict, List, Optional, Sequence
 
-import numpy as np
 
 from torch_mz.benchmark import environment, markdown_table, write_json
-from torch_mz.compare import summarize, train_one
+from torch_mz.compare import plot_bars, summarize, train_one
 from torch_mz.datasets.common import default_root
 from torch_mz.datasets.modelnet import HDF5_FOLDER, MODELNET40_CLASSES, MODELNET40_URL
 from torch_mz.datasets.scanobjectnn import SCANOBJECTNN_PAGE, scanobjectnn_file
@@ -131,34 +130,14 @@ def verdict(rows: List[Dict[str, object]], datasets: Sequence[str]) -> List[str]
 
 def plot(rows: List[Dict[str, object]], datasets: Sequence[str], models: Sequence[str],
          path: str):
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
-    width = 0.8 / len(models)
-    fig, ax = plt.subplots(figsize=(max(5.5, 2.7 + 2.0 * len(datasets)), 3.8))
-    colors = plt.get_cmap('tab10').colors
-    labelled = False  # the paper's markers get one legend entry
-    for j, model in enumerate(models):
-        cells = [next(r for r in rows if r['dataset'] == d and r['model'] == model)
-                 for d in datasets]
-        xs = np.arange(len(datasets)) + (j - (len(models) - 1) / 2) * width
-        ax.bar(xs, [100 * c['accuracy'] for c in cells], width,
-               yerr=[100 * c['accuracy_std'] for c in cells], capsize=3, color=colors[j % 10],
-               label=model)
-        paper = [(x, 100 * PAPER_ACCURACY[model][d][0]) for x, d in zip(xs, datasets)
-                 if d in PAPER_ACCURACY.get(model, {})]
-        if paper:
-            ax.scatter(*zip(*paper), marker='_', s=220, color='black', zorder=3,
-                       label=None if labelled else 'paper (Table 2)')
-            labelled = True
-    ax.set_xticks(np.arange(len(datasets)))
-    ax.set_xticklabels([FOLDERS[d] for d in datasets])
-    ax.set_ylabel('test accuracy, % (mean ± std over seeds)')
-    ax.set_title('Point clouds (dashes: paper)', fontsize=9)
-    ax.legend(fontsize=7, loc='center left', bbox_to_anchor=(1.0, 0.5))  # off the bars
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    cell = {(r['dataset'], r['model']): r for r in rows}
+    paper = {(d, m): 100 * v[d][0] for m, v in PAPER_ACCURACY.items() for d in v}
+    plot_bars(datasets, models, lambda d, m: 100 * cell[(d, m)]['accuracy'],
+              lambda d, m: 100 * cell[(d, m)]['accuracy_std'], path,
+              paper=lambda d, m: paper.get((d, m)),
+              ylabel='test accuracy, % (mean ± std over seeds)',
+              title='Point clouds (dashes: paper)', paper_label='paper (Table 2)',
+              group_labels=[FOLDERS[d] for d in datasets])
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

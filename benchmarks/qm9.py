@@ -27,10 +27,9 @@ import sys
 import time
 from typing import Dict, List, Optional, Sequence
 
-import numpy as np
 
 from torch_mz.benchmark import environment, markdown_table, write_json
-from torch_mz.compare import summarize, train_one
+from torch_mz.compare import plot_bars, summarize, train_one
 from torch_mz.datasets.common import default_root
 from torch_mz.datasets.qm9 import QM9_RAW_URL, QM9_TARGETS, QM9_UNCHARACTERIZED_URL, QM9_UNITS
 from torch_mz.models import list_models
@@ -110,34 +109,11 @@ def verdict(rows: List[Dict[str, object]], targets: Sequence[str]) -> List[str]:
 
 def plot(rows: List[Dict[str, object]], targets: Sequence[str], models: Sequence[str],
          path: str):
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
-    width = 0.8 / len(models)
-    fig, ax = plt.subplots(figsize=(max(5.5, 2.4 + 1.5 * len(targets)), 3.8))
-    colors = plt.get_cmap('tab10').colors
-    labelled = False  # the paper's markers get one legend entry
-    for j, model in enumerate(models):
-        cells = [next(r for r in rows if r['target'] == t and r['model'] == model)
-                 for t in targets]
-        xs = np.arange(len(targets)) + (j - (len(models) - 1) / 2) * width
-        ax.bar(xs, [c['r2'] for c in cells], width, yerr=[c['r2_std'] for c in cells],
-               capsize=3, color=colors[j % 10], label=model)
-        paper = [(x, PAPER_R2[model][t]) for x, t in zip(xs, targets)
-                 if t in PAPER_R2.get(model, {})]
-        if paper:
-            ax.scatter(*zip(*paper), marker='_', s=220, color='black', zorder=3,
-                       label=None if labelled else 'paper (Table 28)')
-            labelled = True
-    ax.axhline(0.0, color='black', linewidth=0.8)
-    ax.set_xticks(np.arange(len(targets)))
-    ax.set_xticklabels(targets)
-    ax.set_ylabel('test R² (mean ± std over seeds)')
-    ax.set_title('QM9 (dashes: paper)', fontsize=9)
-    ax.legend(fontsize=7, loc='center left', bbox_to_anchor=(1.0, 0.5))  # off the bars
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    cell = {(r['target'], r['model']): r for r in rows}
+    plot_bars(targets, models, lambda t, m: cell[(t, m)]['r2'],
+              lambda t, m: cell[(t, m)]['r2_std'], path,
+              paper=lambda t, m: PAPER_R2.get(m, {}).get(t), title='QM9 (dashes: paper)',
+              paper_label='paper (Table 28)')
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

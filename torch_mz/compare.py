@@ -91,41 +91,60 @@ def run_grid(cells: Sequence[Mapping[str, Any]], models: Sequence[str], seeds: i
     return runs, rows
 
 
+def plot_bars(groups: Sequence[str], models: Sequence[str],
+              value: Callable[[str, str], float], error: Callable[[str, str], float], path: str,
+              paper: Optional[Callable[[str, str], Optional[float]]] = None,
+              ylabel: str = 'test R² (mean ± std over seeds)', title: Optional[str] = None,
+              paper_label: str = 'paper', group_labels: Optional[Sequence[str]] = None,
+              ylim: Optional[Tuple[float, float]] = None):
+    r"""Grouped bars: one group per entry of :obj:`groups`, one bar per model with height
+    ``value(group, model)`` and error bar ``error(group, model)``; where ``paper(group, model)``
+    is not :obj:`None`, the paper's value is drawn as a black dash on the bar. Saved to
+    :obj:`path` (needs matplotlib)."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    width = 0.8 / max(1, len(models))
+    fig, ax = plt.subplots(figsize=(max(5.5, 2.4 + 0.4 * len(groups) * max(1, len(models))),
+                                    4.0))
+    colors = plt.get_cmap('tab10').colors
+    labelled = False  # the paper's dashes get one legend entry
+    for j, model in enumerate(models):
+        xs = [i + (j - (len(models) - 1) / 2) * width for i in range(len(groups))]
+        ax.bar(xs, [value(g, model) for g in groups], width,
+               yerr=[error(g, model) for g in groups], capsize=2, color=colors[j % 10],
+               label=model)
+        marks = [(x, paper(g, model)) for x, g in zip(xs, groups)] if paper else []
+        marks = [(x, v) for x, v in marks if v is not None]
+        if marks:
+            ax.scatter(*zip(*marks), marker='_', s=160, color='black', zorder=3,
+                       label=None if labelled else paper_label)
+            labelled = True
+    ax.axhline(0.0, color='black', linewidth=0.8)
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels(list(group_labels or groups), rotation=30 if len(groups) > 4 else 0,
+                       ha='right' if len(groups) > 4 else 'center', fontsize=8)
+    ax.set_ylabel(ylabel)
+    if ylim is not None:
+        ax.set_ylim(*ylim)
+    if title:
+        ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, loc='center left', bbox_to_anchor=(1.0, 0.5))  # off the bars
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def plot_grid(rows: Sequence[Mapping[str, object]], models: Sequence[str], path: str,
               paper: Optional[Mapping[Tuple[str, str], float]] = None,
               title: Optional[str] = None, ylim: Optional[Tuple[float, float]] = None):
     r"""Grouped bars of the test R² of :func:`run_grid`'s rows (one group per cell, one bar per
     model, the spread over seeds as error bars) with the paper's value, where :obj:`paper` has it
-    under ``(cell label, model)``, as a black tick on the bar."""
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
-    width = 0.8 / max(1, len(models))
-    fig, ax = plt.subplots(figsize=(2.0 + 1.1 * len(rows) * max(1, len(models)) / 3, 4.0))
-    colors = plt.get_cmap('tab10').colors
-    for j, model in enumerate(models):
-        xs = [i + (j - (len(models) - 1) / 2) * width for i in range(len(rows))]
-        ax.bar(xs, [r[f'{model} r2'] for r in rows], width,
-               yerr=[r[f'{model} r2 std'] for r in rows], capsize=2, color=colors[j % 10],
-               label=model)
-        if paper:
-            marks = [(x, paper[(r['cell'], model)]) for x, r in zip(xs, rows)
-                     if (r['cell'], model) in paper]
-            if marks:
-                ax.scatter(*zip(*marks), marker='_', s=160, color='black', zorder=3,
-                           label='paper' if j == 0 else None)
-    ax.axhline(0.0, color='black', linewidth=0.8)
-    ax.set_xticks(range(len(rows)))
-    ax.set_xticklabels([str(r['cell']) for r in rows], rotation=30, ha='right', fontsize=8)
-    ax.set_ylabel('test R² (mean ± std over seeds)')
-    if ylim is not None:
-        ax.set_ylim(*ylim)
-    if title:
-        ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    under ``(cell label, model)``, as a black dash on the bar (see :func:`plot_bars`)."""
+    by_cell = {str(r['cell']): r for r in rows}
+    plot_bars(list(by_cell), models, lambda c, m: by_cell[c][f'{m} r2'],
+              lambda c, m: by_cell[c][f'{m} r2 std'], path,
+              paper=(lambda c, m: paper.get((c, m))) if paper else None, title=title, ylim=ylim)
 
 
 def summarize(rows: List[Dict[str, object]], task_type: str) -> List[Dict[str, object]]:
