@@ -105,8 +105,8 @@ def plot_bars(groups: Sequence[str], models: Sequence[str],
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
     width = 0.8 / max(1, len(models))
-    fig, ax = plt.subplots(figsize=(max(5.5, 2.4 + 0.4 * len(groups) * max(1, len(models))),
-                                    4.0))
+    bars = len(groups) * max(1, len(models))
+    fig, ax = plt.subplots(figsize=(min(14.0, max(5.5, 2.5 + 0.2 * bars)), 4.0))
     colors = plt.get_cmap('tab10').colors
     labelled = False  # the paper's dashes get one legend entry
     for j, model in enumerate(models):
