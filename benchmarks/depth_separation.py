@@ -5,7 +5,7 @@ Transformer (``st-4l``) are trained with the same data, budget, schedule and tar
 normalisation; the table reports test R^2 (mean ± std over seeds) and the residual-MSE ratio
 MSE(st-4l) / MSE(mz-1l), next to the paper's numbers.
 
-    python benchmarks/depth_separation.py --quick      # L in {4, 8, 16}, 2 seeds, small data
+    python benchmarks/depth_separation.py --quick      # L in {4, 8, 16, 24, 32}, 2 seeds, small data
     python benchmarks/depth_separation.py              # L in {4, 8, 16, 24, 32}, 3 seeds
 """
 import argparse
@@ -49,10 +49,11 @@ def plot(rows, path):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--quick', action='store_true', help='L in {4, 8, 16}, small budget')
+    parser.add_argument('--quick', action='store_true', help='2 seeds, small budget')
     parser.add_argument('--tdof', default=None, help='comma-separated L values')
     parser.add_argument('--seeds', type=int, default=None)
-    parser.add_argument('--d', type=int, default=16, help='dimension of the elements')
+    parser.add_argument('--d', type=int, default=32,
+                        help='dimension of the elements (the task default; must be >= every L)')
     parser.add_argument('--n-train', type=int, default=None)
     parser.add_argument('--epochs', type=int, default=None)
     parser.add_argument('--lr', type=float, default=None)
@@ -61,10 +62,12 @@ def main():
                                                       'depth_separation'))
     args = parser.parse_args()
     if args.quick:
-        Ls, seeds, n_train, epochs, lr = [4, 8, 16], 2, 640, 10, 1e-3
+        Ls, seeds, n_train, epochs, lr = [4, 8, 16, 24, 32], 2, 640, 10, 1e-3
     else:
         Ls, seeds, n_train, epochs, lr = [4, 8, 16, 24, 32], 3, 5000, 100, 1e-4
     Ls = [int(v) for v in args.tdof.split(',')] if args.tdof else Ls
+    if max(Ls) > args.d:
+        parser.error(f'every L must be at most --d ({args.d}), got L = {max(Ls)}')
     seeds = args.seeds or seeds
     n_train = args.n_train or n_train
     epochs = args.epochs or epochs
