@@ -1,5 +1,6 @@
 r"""Measurement helpers shared by the scripts in ``benchmarks/``: timing with medians, peak memory,
 set-size generators and a record of the environment. Library code: nothing here prints."""
+import ctypes
 import gc
 import json
 import os
@@ -65,11 +66,22 @@ def _proc_status_kib(field: str) -> Optional[int]:
     return None
 
 
+def _release_free_heap() -> None:
+    r"""Returns the free memory glibc's heap still holds to the system (``malloc_trim(0)``), so
+    that a later allocation shows up as new resident memory instead of silently reusing pages
+    that are resident already. Does nothing where glibc is not the C library."""
+    try:
+        ctypes.CDLL('libc.so.6').malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def peak_memory_bytes(fn: Callable[[], None], device: torch.device) -> Optional[int]:
     r"""Peak memory of one call of :obj:`fn` above what was in use before it: CUDA's allocator
     peak on a GPU; on Linux CPUs the resident-set high-water mark (reset through
-    ``/proc/self/clear_refs``) minus the resident set before the call. ``None`` where it cannot be
-    read."""
+    ``/proc/self/clear_refs``) minus the resident set before the call, after returning the free
+    heap to the system so that the call's allocations count as new memory. ``None`` where it
+    cannot be read."""
     if device.type == 'cuda':
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
@@ -80,6 +92,7 @@ def peak_memory_bytes(fn: Callable[[], None], device: torch.device) -> Optional[
     if sys.platform != 'linux':
         return None
     gc.collect()
+    _release_free_heap()
     try:
         with open('/proc/self/clear_refs', 'w') as f:
             f.write('5')  # reset the high-water mark VmHWM to the current RSS
