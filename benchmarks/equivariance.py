@@ -6,11 +6,13 @@ volume, MEB radius, the statistical targets covariance norm / Mahalanobis distan
 and on the fixed-frame quadratic-TDOF target. The paper's claim: EGNN wins every invariant
 target, MZAttn wins the quadratic-TDOF target where an invariant model collapses to R^2 ~ 0.
 
-    python benchmarks/equivariance.py --quick      # 8 cells, 2 seeds, small data (~30 min)
+    python benchmarks/equivariance.py --quick      # 8 cells, 2 seeds, small data (~1 h, 1 thread)
     python benchmarks/equivariance.py              # all 13 cells of Table 7, 3 seeds
 
-The quadratic-TDOF target uses d = 16 (as ``benchmarks/depth_separation.py``); the paper does
-not give Table 7's d. The statistical targets' input distribution and exact statistics are this
+The quadratic-TDOF target uses d = 16 (as the demo and the set-size study); the paper does not
+give Table 7's d. The ``params`` of the setup are those of the first cell (they change with d).
+A cell's ``winner`` is the model with the highest mean R², even where all are within noise
+(compare the std columns). The statistical targets' input distribution and exact statistics are this
 package's choice (see :class:`torch_mz.datasets.synthetic.CorrelatedGaussianTask`).
 """
 import argparse

@@ -40,7 +40,7 @@ import torch
 
 from torch_mz.benchmark import environment, markdown_table, time_call, write_json
 from torch_mz.models import build_model, count_parameters
-from torch_mz.compare import parse_model_spec
+from torch_mz.compare import parse_key_values
 from torch_mz.tasks import load_task
 from torch_mz.train import TrainConfig, Trainer, predict, seed_everything
 from torch_mz.uncertainty import (DEFAULT_LEVELS, binned_by_uncertainty, error_correlation,
@@ -395,7 +395,10 @@ def main():
     lr = args.lr or lr
     if members < 2 or passes < 2:
         parser.error('--members and --passes must be at least 2 (a spread needs two samples)')
-    _, task_args = parse_model_spec(args.task + ':' + ','.join(args.task_arg))
+    try:
+        task_args = parse_key_values(args.task_arg)
+    except ValueError as e:
+        parser.error(f'--task-arg {e}')
     start = time.time()
     task = load_task(args.task, seed=0, n_train=n_train, n_val=n_val, n_test=n_test,
                      **task_args)

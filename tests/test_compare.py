@@ -4,7 +4,7 @@ import math
 import pytest
 
 from torch_mz.benchmark import environment, write_report
-from torch_mz.compare import parse_model_spec, plot_grid, run_grid
+from torch_mz.compare import parse_key_values, parse_model_spec, plot_grid, run_grid
 from torch_mz.tasks import load_task
 from torch_mz.train import TrainConfig
 
@@ -14,8 +14,12 @@ def test_parse_model_spec():
     assert parse_model_spec('hypernet:rank=64,dim=64') == ('hypernet', {'rank': 64, 'dim': 64})
     assert parse_model_spec('mz:dropout=0.2,summary=mean+std') == (
         'mz', {'dropout': 0.2, 'summary': 'mean+std'})
-    with pytest.raises(ValueError, match='key=value'):
+    with pytest.raises(ValueError, match='KEY=VALUE'):
         parse_model_spec('mz:rank')
+    assert parse_key_values(['set-size=[10, 30]', 'name=a,b', 'flag=true']) == {
+        'set_size': [10, 30], 'name': 'a,b', 'flag': True}
+    with pytest.raises(ValueError, match="got 'tdof'"):
+        parse_key_values(['tdof'])
 
 
 def test_run_grid_shares_data_and_seeds(tmp_path):
@@ -46,9 +50,11 @@ def test_run_grid_shares_data_and_seeds(tmp_path):
                   if r['cell'] == row['cell'] and r['model'] == model]
             assert row[f'{model} r2'] == pytest.approx(sum(r2) / 2)
             assert math.isfinite(row[f'{model} r2 std'])
-    # Same seed, same data, same model: same result (the seed reaches the trainer).
+    # Same seed, same data, same model: same result; another seed: another result (the seed
+    # reaches the trainer).
     again, _ = run_grid(cells[:1], ['deepsets'], 1, config)
     assert again[0]['test']['r2'] == pytest.approx(runs[0]['test']['r2'])
+    assert runs[0]['test']['r2'] != pytest.approx(runs[1]['test']['r2'])
 
     plot_grid(rows, ['deepsets'], str(tmp_path / 'grid.png'), paper={('sum d=2', 'deepsets'): 0.5})
     assert (tmp_path / 'grid.png').stat().st_size > 0

@@ -9,7 +9,6 @@ Bad input (unknown task or model, impossible sizes, a missing or corrupt checkpo
 one-line message and exit status 2, never a traceback.
 """
 import argparse
-import json
 import math
 import os
 import shlex
@@ -32,17 +31,11 @@ class CLIError(Exception):
 
 
 def _parse_kv(items: Optional[Sequence[str]], what: str) -> Dict[str, object]:
-    out = {}
-    for item in items or []:
-        if '=' not in item:
-            raise CLIError(f"{what} must look like KEY=VALUE (got '{item}')")
-        key, value = item.split('=', 1)
-        key = key.strip().replace('-', '_')
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
+    from torch_mz.compare import parse_key_values
+    try:
+        return parse_key_values(items or [])
+    except ValueError as e:
+        raise CLIError(f'{what} {e}') from None
 
 
 def _parse_range(text: Optional[str]):

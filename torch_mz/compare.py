@@ -1,8 +1,9 @@
 r"""Training several models on one task with identical budgets, and summarising the runs: the
 engine of ``torch-mz compare`` and of the studies in ``benchmarks/``. Library code: no printing."""
+import json
 import math
 from dataclasses import replace
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -28,25 +29,31 @@ def train_one(task, model_name: str, seed: int, config: TrainConfig,
                 val=result.val_metrics, test=result.test_metrics or {})
 
 
+def parse_key_values(items: Iterable[str]) -> Dict[str, Any]:
+    r"""Reads ``KEY=VALUE`` strings into a dict: each value as JSON where it parses (``8``,
+    ``0.2``, ``true``, ``[10, 30]``), else as the string itself; dashes in keys become
+    underscores. Raises :class:`ValueError` on an item without ``=``."""
+    out: Dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition('=')
+        if not sep or not key.strip():
+            raise ValueError(f"must look like KEY=VALUE (got '{item}')")
+        try:
+            out[key.strip().replace('-', '_')] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key.strip().replace('-', '_')] = value
+    return out
+
+
 def parse_model_spec(spec: str) -> Tuple[str, Dict[str, Any]]:
     r"""Splits a model spec ``'name'`` or ``'name:key=value,key=value'`` (e.g.
-    ``'hypernet:rank=64,dim=64'``) into the preset name and its overrides; values are read as
-    int, then float, then kept as strings."""
+    ``'hypernet:rank=64,dim=64'``) into the preset name and its overrides (values read by
+    :func:`parse_key_values`)."""
     name, _, rest = spec.partition(':')
-    overrides: Dict[str, Any] = {}
-    for item in filter(None, rest.split(',')):
-        key, sep, value = item.partition('=')
-        if not sep or not key:
-            raise ValueError(f"Model spec '{spec}': expected 'name:key=value,...', got '{item}'")
-        for cast in (int, float):
-            try:
-                overrides[key] = cast(value)
-                break
-            except ValueError:
-                continue
-        else:
-            overrides[key] = value
-    return name, overrides
+    try:
+        return name, parse_key_values(filter(None, rest.split(',')))
+    except ValueError as e:
+        raise ValueError(f"Model spec '{spec}': options {e}") from None
 
 
 def run_grid(cells: Sequence[Mapping[str, Any]], models: Sequence[str], seeds: int,
