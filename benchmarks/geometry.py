@@ -10,7 +10,7 @@ Table 5 is available as extra model specs, e.g. ``--models hypernet:rank=16,hype
 (a spec's options override the preset; the paper's r = 64 model is not parameter-matched, add
 ``dim=64`` to keep the width of ``rigid``).
 
-    python benchmarks/geometry.py --quick     # 9 cells x 6 models, 1 seed, small data (~35 min)
+    python benchmarks/geometry.py --quick     # 9 cells x 6 models, 2 seeds, small data (~25 min, 1 thread)
     python benchmarks/geometry.py             # all cells of Tables 3/4/17/18, 3 seeds
 
 Not reproduced: the paper's LA-ST (linear attention), Mamba + PMA and mean-pool rows, which are
@@ -55,7 +55,7 @@ PAPER = {(f'{task} d={d}', model): value for (task, d), values in _PAPER.items()
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--quick', action='store_true', help='9 cells, 1 seed, small budget')
+    parser.add_argument('--quick', action='store_true', help='9 cells, 2 seeds, small budget')
     parser.add_argument('--tasks', default=','.join(TASKS),
                         help=f"comma-separated subset of {', '.join(TASKS)}")
     parser.add_argument('--dims', default=None,
@@ -70,7 +70,7 @@ def main():
                                                       'geometry'))
     args = parser.parse_args()
     if args.quick:
-        dims, seeds, n_train, epochs, lr = QUICK_DIMS, 1, 640, 10, 1e-3
+        dims, seeds, n_train, epochs, lr = QUICK_DIMS, 2, 640, 10, 1e-3
     else:
         dims, seeds, n_train, epochs, lr = DIMS, 3, 5000, 100, 1e-4
     tasks = [t.strip() for t in args.tasks.split(',')]

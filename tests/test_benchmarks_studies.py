@@ -41,4 +41,13 @@ def test_equivariance_winner_uses_the_paper_table():
     assert study.verdict(row) == ('st-large', 'mz')
     row = {'cell': 'CN d=8', 'mz r2': 0.1, 'st-large r2': 0.0, 'egnn r2': 0.9}
     assert study.verdict(row) == ('egnn', 'egnn')
+    # Within twice the seed spread: a tie, which agrees with the paper if it includes its best.
+    row = {'cell': 'rot d=8', 'mz r2': -0.004, 'mz r2 std': 0.006, 'st-large r2': -0.002,
+           'st-large r2 std': 0.005, 'egnn r2': -0.009, 'egnn r2 std': 0.010}
+    ours, paper = study.verdict(row)
+    assert ours == 'tie: st-large/mz/egnn' and paper == 'egnn'
+    assert study.agrees(ours, paper) and not study.agrees('mz', paper)
+    row = dict(row, **{'egnn r2': -0.5})
+    assert study.verdict(row)[0] == 'tie: st-large/mz'
+    assert not study.agrees(study.verdict(row)[0], 'egnn')
     assert study.PAPER[('MEB d=32', 'egnn')] == 0.78 and len(study.PAPER) == 3 * len(study.CELLS)
