@@ -21,7 +21,7 @@ import os
 import time
 
 from torch_mz.benchmark import environment, markdown_table, write_report
-from torch_mz.compare import plot_grid, run_grid
+from torch_mz.compare import plot_grid, run_grid, split_model_specs
 from torch_mz.train import TrainConfig
 
 MODELS = ('rigid', 'st-large', 'hypernet', 'perceiver', 'film', 'mz')
@@ -79,7 +79,7 @@ def main():
         parser.error(f"unknown tasks {unknown}; available: {', '.join(TASKS)}")
     if args.dims:
         dims = {t: tuple(int(v) for v in args.dims.split(',')) for t in tasks}
-    models = [m.strip() for m in args.models.split(',')]
+    models = split_model_specs(args.models)
     seeds = args.seeds or seeds
     n_train = args.n_train or n_train
     epochs = args.epochs or epochs

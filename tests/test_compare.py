@@ -4,7 +4,8 @@ import math
 import pytest
 
 from torch_mz.benchmark import environment, write_report
-from torch_mz.compare import parse_key_values, parse_model_spec, plot_grid, run_grid
+from torch_mz.compare import (parse_key_values, parse_model_spec, plot_grid, run_grid,
+                              split_model_specs)
 from torch_mz.tasks import load_task
 from torch_mz.train import TrainConfig
 
@@ -18,6 +19,8 @@ def test_parse_model_spec():
         parse_model_spec('mz:rank')
     assert parse_key_values(['set-size=[10, 30]', 'name=a,b', 'flag=true']) == {
         'set_size': [10, 30], 'name': 'a,b', 'flag': True}
+    assert split_model_specs('mz, hypernet:rank=64,dim=64,rigid,film:dropout=0.2') == [
+        'mz', 'hypernet:rank=64,dim=64', 'rigid', 'film:dropout=0.2']
     with pytest.raises(ValueError, match="got 'tdof'"):
         parse_key_values(['tdof'])
 

@@ -56,6 +56,21 @@ def parse_model_spec(spec: str) -> Tuple[str, Dict[str, Any]]:
         raise ValueError(f"Model spec '{spec}': options {e}") from None
 
 
+def split_model_specs(text: str) -> List[str]:
+    r"""Splits a comma-separated list of model specs, keeping a spec's own ``key=value`` options
+    together: ``'mz,hypernet:rank=64,dim=64'`` gives ``['mz', 'hypernet:rank=64,dim=64']`` (a
+    piece with ``=`` but no ``:`` continues the spec before it)."""
+    specs: List[str] = []
+    for piece in (p.strip() for p in text.split(',')):
+        if not piece:
+            continue
+        if '=' in piece and ':' not in piece and specs and ':' in specs[-1]:
+            specs[-1] += ',' + piece
+        else:
+            specs.append(piece)
+    return specs
+
+
 def run_grid(cells: Sequence[Mapping[str, Any]], models: Sequence[str], seeds: int,
              config: TrainConfig, load: Optional[Callable[..., Any]] = None,
              on_result: Optional[Callable[[Dict[str, object]], None]] = None
