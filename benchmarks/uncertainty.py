@@ -42,7 +42,7 @@ from torch_mz.benchmark import environment, markdown_table, time_call, write_jso
 from torch_mz.models import build_model, count_parameters
 from torch_mz.compare import parse_key_values
 from torch_mz.tasks import load_task
-from torch_mz.train import TrainConfig, Trainer, predict, seed_everything
+from torch_mz.train import TrainConfig, Trainer, predict, resolve_device, seed_everything
 from torch_mz.uncertainty import (DEFAULT_LEVELS, binned_by_uncertainty, error_correlation,
                                   fit_affine_sigma, gaussian_nll, interval_coverage,
                                   mc_dropout_predict, predictive_moments, regression_ece)
@@ -160,8 +160,7 @@ def run_seed(task, study_seed, members, passes, config_kw, timing_sets, device):
 
     # inference time on one batch of the first `timing_sets` test sets
     subset = task.test[:timing_sets]
-    dev = torch.device(device if device != 'auto' else
-                       ('cuda' if torch.cuda.is_available() else 'cpu'))
+    dev = resolve_device(device)
     calls = {
         'MZAttn (IHW)': lambda: predict(model0, subset, normalizer=norm0,
                                         batch_size=timing_sets, device=dev),
