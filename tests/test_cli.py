@@ -69,6 +69,115 @@ def test_bad_input_exits_2_with_one_line(argv, message, capsys):
     assert err.count('\n') == 1
 
 
+# the reproduction of issue 12 (T): tiny sizes, one epoch
+T = ['--n-train', '32', '--n-val', '8', '--n-test', '8', '--batch-size', '16', '--no-progress',
+     '--warmup-epochs', '0', '--epochs', '1']
+SMALL = ['--model-arg', 'dim=8', '--model-arg', 'num_inducing=2', '--model-arg', 'd_ff=8']
+
+
+@pytest.mark.parametrize('extra, message', [
+    (['--task-arg', 'nosuch=3'], "task 'max' has no option 'nosuch' (options: d, reduce"),
+    (['--task-arg', 'd=abc'], "task 'max': option 'd' expects an integer (got 'abc')"),
+    (['--model-arg', 'foo=bar'], "--model-arg: model 'mz': "),
+    (['--model-arg', 'dim=abc'], "--model-arg: model 'mz': option 'dim' expects an integer"),
+    (['--lr', '1e6'], 'lower the learning rate'),
+])
+def test_bad_options_and_a_diverging_run_exit_2_with_one_line(extra, message, tmp_path, capsys):
+    assert main(['train', '--task', 'max', '--model', 'mz', *T, *extra,
+                 '--out', str(tmp_path / 'run')]) == 2
+    err = capsys.readouterr().err
+    assert message in err and 'Traceback' not in err
+    assert err.count('\n') == 1
+    if extra[0] == '--model-arg':
+        assert extra[1].split('=')[0] in err
+
+
+def test_missing_dataset_names_what_and_where(tmp_path, monkeypatch, capsys):
+    from urllib.error import URLError
+
+    from torch_mz.datasets import modelnet
+
+    def offline(url, folder, log=True):
+        raise URLError('Name or service not known')
+
+    monkeypatch.setattr(modelnet, 'download_url', offline)  # never the real 400 MB download
+    empty = tmp_path / 'empty'
+    empty.mkdir()
+    assert main(['train', '--task', 'modelnet40', '--model', 'mz', '--root', str(empty), *T]) == 2
+    err = capsys.readouterr().err
+    assert 'Traceback' not in err and err.count('\n') == 1
+    raw = os.path.join(str(empty), 'raw')
+    assert 'ModelNet40' in err and raw in err and modelnet.MODELNET40_URL in err
+    assert 'Name or service not known' in err
+
+
+def _snapshot(folder):
+    return {os.path.relpath(os.path.join(d, n), folder): open(os.path.join(d, n), 'rb').read()
+            for d, _, names in os.walk(folder) for n in names}
+
+
+def test_train_refuses_to_overwrite_an_earlier_run(tmp_path, capsys):
+    out = str(tmp_path / 'run')
+    argv = ['train', '--task', 'max', '--model', 'rigid', *T, *SMALL, '--out', out]
+    assert main(argv) == 0
+    first = _snapshot(out)
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"'{out}' already holds a run" in err and '--overwrite' in err and '--resume' in err
+    assert err.count('\n') == 1
+    assert _snapshot(out) == first  # nothing touched
+    # resuming into the run's own folder is allowed; into another run's folder it is not
+    other = str(tmp_path / 'other')
+    assert main(['train', '--task', 'max', '--model', 'rigid', *T, *SMALL, '--out', other]) == 0
+    capsys.readouterr()
+    assert main([*argv[:-2], '--out', other, '--epochs', '2', '--resume',
+                 os.path.join(out, 'checkpoint.pt')]) == 2
+    assert 'choose another --out' in capsys.readouterr().err
+    assert main([*argv, '--resume', os.path.join(out, 'checkpoint.pt'), '--overwrite']) == 2
+    # --overwrite replaces the run, and files that are not the run's stay
+    open(os.path.join(out, 'notes.txt'), 'w').write('mine')
+    assert main([*argv, '--overwrite', '--data-seed', '1']) == 0
+    after = _snapshot(out)
+    assert after['notes.txt'] == b'mine'
+    assert after['checkpoint.pt'] != first['checkpoint.pt']
+    assert sorted(after) == sorted([*first, 'notes.txt'])
+
+
+def test_compare_refuses_to_overwrite_and_overwrite_removes_stale_model_folders(tmp_path,
+                                                                                capsys):
+    out = str(tmp_path / 'cmp')
+    argv = ['compare', '--task', 'max', *T, '--seeds', '1', '--out', out]
+    assert main([*argv, '--models', 'deepsets,rigid']) == 0
+    first = _snapshot(out)
+    assert {'rigid-seed0/result.json', 'deepsets-seed0/result.json', 'results.json'} <= set(first)
+    capsys.readouterr()
+    assert main([*argv, '--models', 'deepsets']) == 2
+    err = capsys.readouterr().err
+    assert 'already holds the results of a comparison' in err and '--overwrite' in err
+    assert 'rigid-seed0' in err and err.count('\n') == 1
+    assert _snapshot(out) == first
+    assert main([*argv, '--models', 'deepsets', '--overwrite']) == 0
+    assert sorted(os.listdir(out)) == ['deepsets-seed0', 'results.json', 'results.md',
+                                       'results.png']  # the old rigid-seed0 is gone
+    assert [r['model'] for r in json.load(open(os.path.join(out, 'results.json')))['runs']] == [
+        'deepsets']
+
+
+@pytest.mark.parametrize('second, message', [
+    (['--task', 'sum'], "task 'max'"),  # another task with the same shapes
+    (['--task', 'max', '--model-arg', 'dropout=0'], 'dropout=0'),  # other model options
+])
+def test_resume_from_another_task_or_model_is_refused(second, message, tmp_path, capsys):
+    out = str(tmp_path / 'run')
+    assert main(['train', '--task', 'max', '--model', 'rigid', *T, *SMALL, '--out', out]) == 0
+    capsys.readouterr()
+    assert main(['train', *second, '--model', 'rigid', *T, *SMALL, '--epochs', '2', '--out', out,
+                 '--resume', os.path.join(out, 'checkpoint.pt')]) == 2
+    err = capsys.readouterr().err
+    assert 'was written by another run' in err and message in err and err.count('\n') == 1
+
+
 def test_corrupt_checkpoint_is_a_clear_error(tmp_path, capsys):
     bad = tmp_path / 'checkpoint.pt'
     bad.write_bytes(b'not a checkpoint')

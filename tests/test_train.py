@@ -453,6 +453,54 @@ def test_missing_or_corrupt_checkpoint_raises_clear_error(tmp_path):
         Trainer(H.ToyDeepSets(3, 2), config(resume=str(tmp_path / 'nope.pt'))).fit(REG_TRAIN)
 
 
+def test_checkpoint_records_run_info_and_refuses_another_run(tmp_path):
+    run = {'task': {'name': 'max', 'args': {'d': 3, 'set_size': (2, 5)}},
+           'model': {'name': 'toy', 'args': {}}}
+    out = tmp_path / 'run'
+    Trainer(H.ToyDeepSets(3, 2), config(epochs=1, out_dir=str(out)), run_info=run).fit(
+        REG_TRAIN[:16], REG_VAL[:8])
+    stored = {'task': {'name': 'max', 'args': {'d': 3, 'set_size': [2, 5]}},
+              'model': {'name': 'toy', 'args': {}}}  # JSON values: the tuple became a list
+    for name in ('checkpoint.pt', 'best.pt'):
+        assert torch.load(out / name, weights_only=True)['run_info'] == stored
+    resume = str(out / 'checkpoint.pt')
+
+    # another task (same shapes, so the weights would load) or other model options: refused
+    other_task = dict(run, task={'name': 'sum', 'args': {'d': 3, 'set_size': (2, 5)}})
+    other_model = dict(run, model={'name': 'toy', 'args': {'dropout': 0.0}})
+    for info, match in ((other_task, "task 'max'.*not by this one.*task 'sum'"),
+                        (other_model, "dropout=0.0")):
+        with pytest.raises(CheckpointError, match=match):
+            Trainer(H.ToyDeepSets(3, 2), config(epochs=2, resume=resume), run_info=info).fit(
+                REG_TRAIN[:16], REG_VAL[:8])
+    # the same run (a tuple or a list alike) continues
+    result = Trainer(H.ToyDeepSets(3, 2), config(epochs=2, resume=resume),
+                     run_info=stored).fit(REG_TRAIN[:16], REG_VAL[:8])
+    assert result.epochs_run == 2
+    # a trainer that does not say what it trains is not compared
+    assert Trainer(H.ToyDeepSets(3, 2), config(epochs=2, resume=resume)).fit(
+        REG_TRAIN[:16], REG_VAL[:8]).epochs_run == 2
+
+
+def test_checkpoint_without_run_info_still_resumes(tmp_path):
+    out = tmp_path / 'old'
+    Trainer(H.ToyDeepSets(3, 2), config(epochs=1, out_dir=str(out))).fit(REG_TRAIN[:16],
+                                                                         REG_VAL[:8])
+    state = torch.load(out / 'checkpoint.pt', weights_only=True)
+    del state['run_info']  # as written before checkpoints recorded it
+    save_checkpoint(state, out / 'checkpoint.pt')
+    run = {'task': {'name': 'max', 'args': {}}, 'model': {'name': 'toy', 'args': {}}}
+    result = Trainer(H.ToyDeepSets(3, 2), config(epochs=2, resume=str(out / 'checkpoint.pt')),
+                     run_info=run).fit(REG_TRAIN[:16], REG_VAL[:8])
+    assert result.epochs_run == 2
+
+
+@pytest.mark.parametrize('info', [{'task': object()}, {'lr': math.nan}, ['task']])
+def test_run_info_must_be_json_values(info):
+    with pytest.raises(ValueError, match='run_info'):
+        Trainer(H.ToyDeepSets(3, 2), config(), run_info=info)
+
+
 # --------------------------------------------------------------------------------------------------
 # Seeds, devices, configuration
 # --------------------------------------------------------------------------------------------------

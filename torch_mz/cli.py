@@ -5,12 +5,15 @@ r"""The ``torch-mz`` command: train and compare set models on the paper's tasks.
     torch-mz train --task quadratic-tdof --model mz --epochs 50
     torch-mz compare --task quadratic-tdof --models mz-1l,st-4l,egnn --seeds 3
 
-Bad input (unknown task or model, impossible sizes, a missing or corrupt checkpoint) ends with a
-one-line message and exit status 2, never a traceback.
+Bad input (unknown task or model, unknown or mistyped options, impossible sizes, missing data, a
+missing, corrupt or foreign checkpoint, an output folder that holds an earlier run, a learning
+rate that makes the loss diverge) ends with a one-line message and exit status 2, never a
+traceback.
 """
 import argparse
 import math
 import os
+import re
 import shlex
 import sys
 import time
@@ -78,6 +81,9 @@ def _add_training_args(p: argparse.ArgumentParser):
                    help='model option overriding the preset, e.g. dropout=0 (repeatable)')
     t.add_argument('--no-progress', action='store_true', help='no progress bars')
     p.add_argument('--out', help='output folder (default: runs/<task>/...)')
+    p.add_argument('--overwrite', action='store_true',
+                   help='replace the files of an earlier run in --out (without it such a '
+                   'folder is refused)')
 
 
 def _load(args, progress: bool):
@@ -106,6 +112,61 @@ def _run(args, task, model_name: str, seed: int, out_dir: Optional[str],
     from torch_mz.compare import train_one
     return train_one(task, model_name, seed, _config(args, seed, out_dir, resume),
                      **_parse_kv(args.model_arg, '--model-arg'))
+
+
+def _check_model_args(args, task, models: List[str]):
+    r"""Checks --model-arg against every preset before any training: unknown options and values
+    of the wrong type end as a CLIError, not as a TypeError deep inside a constructor."""
+    overrides = _parse_kv(args.model_arg, '--model-arg')
+    if not overrides:
+        return
+    from torch_mz.compare import check_options
+    from torch_mz.models import build_model
+    from torch_mz.models.registry import PRESETS
+    for name in models:
+        try:
+            check_options(overrides, PRESETS[name], f"--model-arg: model '{name}'",
+                          complete=False)
+        except ValueError as e:
+            raise CLIError(str(e)) from None
+        try:  # options that the preset passes on to its blocks are known only to them
+            build_model(name, task.in_channels, task.out_channels, pos_dim=task.pos_dim,
+                        feature_columns=task.info.get('feature_columns'), **overrides)
+        except TypeError as e:
+            raise CLIError(f"--model-arg: model '{name}': {e}") from None
+
+
+_COMPARE_RESULTS = ('results.json', 'results.md', 'results.png')
+_RUN_FOLDER = re.compile(r'.+-seed\d+$')  # a compare run's <model>-seed<k> folders
+
+
+def _run_files(folder: str) -> List[str]:
+    from torch_mz.train import RUN_FILES
+    return [name for name in RUN_FILES if os.path.isfile(os.path.join(folder, name))]
+
+
+def _remove_run_files(folder: str):
+    r"""Removes what a training run wrote into :obj:`folder`, and the folder if nothing else is
+    left in it (files a user put there stay)."""
+    for name in _run_files(folder):
+        os.unlink(os.path.join(folder, name))
+    if os.path.isdir(folder) and not os.listdir(folder):
+        os.rmdir(folder)
+
+
+def _compare_outputs(out: str) -> List[str]:
+    r"""What an earlier ``compare`` left in :obj:`out`: its results files and model folders."""
+    if not os.path.isdir(out):
+        return []
+    found = [name for name in _COMPARE_RESULTS if os.path.isfile(os.path.join(out, name))]
+    found += sorted(name for name in os.listdir(out) if _RUN_FOLDER.match(name)
+                    and os.path.isdir(os.path.join(out, name))
+                    and _run_files(os.path.join(out, name)))
+    return found
+
+
+def _same_path(a: str, b: str) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)
 
 
 def cmd_tasks(args) -> int:
@@ -149,10 +210,23 @@ def cmd_train(args) -> int:
     _check_models([args.model])
     if args.resume is not None and not os.path.isfile(args.resume):
         raise CLIError(f"checkpoint '{args.resume}' does not exist")
+    if args.resume is not None and args.overwrite:
+        raise CLIError('--resume continues a run and --overwrite starts a new one: pass one')
     out = args.out or os.path.join('runs', args.task, f'{args.model}-seed{args.seed}')
+    existing = _run_files(out)
+    resumes_here = args.resume is not None and _same_path(os.path.dirname(args.resume) or '.',
+                                                          out)
+    if existing and not args.overwrite and not resumes_here:
+        hint = ('choose another --out' if args.resume is not None else
+                f"pass --overwrite to replace it, or --resume {os.path.join(out, 'checkpoint.pt')}"
+                f" to continue it")
+        raise CLIError(f"'{out}' already holds a run ({', '.join(existing)}); {hint}")
     task = _load(args, progress=not args.no_progress)
+    _check_model_args(args, task, [args.model])
     print(f'task {task.name}: {task.description} | train/val/test = '
           f'{len(task.train)}/{len(task.val)}/{len(task.test)} | d_in={task.in_channels}')
+    if args.overwrite:
+        _remove_run_files(out)
     row = _run(args, task, args.model, args.seed, out, args.resume)
     metrics = ', '.join(f'{k} {v:.4g}' for k, v in row['test'].items())
     print(f"{args.model} ({row['params']:,} parameters): best epoch {row['best_epoch']}, "
@@ -170,8 +244,20 @@ def cmd_compare(args) -> int:
     if args.seeds < 1:
         raise CLIError(f'--seeds must be at least 1 (got {args.seeds})')
     out = args.out or os.path.join('runs', args.task, 'compare')
-    os.makedirs(out, exist_ok=True)
+    stale = _compare_outputs(out)
+    if stale and not args.overwrite:
+        raise CLIError(f"'{out}' already holds the results of a comparison "
+                       f"({', '.join(stale)}); pass --overwrite to replace them (the old model "
+                       f"folders are removed), or choose another --out")
     task = _load(args, progress=not args.no_progress)
+    _check_model_args(args, task, models)
+    for name in stale:
+        path = os.path.join(out, name)
+        if os.path.isdir(path):
+            _remove_run_files(path)
+        else:
+            os.unlink(path)
+    os.makedirs(out, exist_ok=True)
     print(f'task {task.name}: {task.description} | train/val/test = '
           f'{len(task.train)}/{len(task.val)}/{len(task.test)} | d_in={task.in_channels} | '
           f'{args.epochs} epochs, lr {args.lr}, batch {args.batch_size}, seeds {args.seeds}')
@@ -238,7 +324,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from torch_mz.train import CheckpointError
     try:
         return args.func(args)
-    except (CLIError, CheckpointError, ValueError, FileNotFoundError, ImportError) as e:
+    except (CLIError, CheckpointError, ValueError, FileNotFoundError, ImportError,
+            FloatingPointError) as e:
         if os.environ.get('TORCH_MZ_DEBUG'):
             raise
         print(f'torch-mz: error: {e}', file=sys.stderr)

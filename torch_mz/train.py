@@ -28,7 +28,6 @@ import logging
 import math
 import os
 import random
-import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
@@ -44,6 +43,8 @@ from torch.utils.data import Sampler
 from torch.utils.data.distributed import DistributedSampler
 from torch_geometric.loader import DataLoader
 from tqdm.auto import tqdm
+
+from torch_mz._files import atomic_write
 
 __all__ = [
     'CheckpointError',
@@ -73,6 +74,11 @@ CHECKPOINT_FORMAT = 'torch_mz.train'
 CHECKPOINT_VERSION = 1
 LAST_CHECKPOINT = 'checkpoint.pt'  # full training state, written every `checkpoint_every` epochs
 BEST_CHECKPOINT = 'best.pt'  # model weights (+ normaliser) of the best validation epoch
+METRICS_JSONL = 'metrics.jsonl'
+METRICS_CSV = 'metrics.csv'
+RESULT_JSON = 'result.json'
+#: Every file a :class:`Trainer` writes into ``out_dir``.
+RUN_FILES = (LAST_CHECKPOINT, BEST_CHECKPOINT, METRICS_JSONL, METRICS_CSV, RESULT_JSON)
 
 ModelOutput = Union[Tensor, Tuple[Tensor, ...]]
 LossFn = Callable[[ModelOutput, Tensor], Tensor]
@@ -459,35 +465,11 @@ class TrainResult:
 # --------------------------------------------------------------------------------------------------
 # Checkpoints
 # --------------------------------------------------------------------------------------------------
-def _atomic_write(path: Union[str, os.PathLike], write: Callable[[Any], None],
-                  binary: bool = True) -> None:
-    r"""Calls ``write(file)`` on a new temporary file next to ``path`` (created with the usual
-    permissions, i.e. subject to the umask), flushes it to disk and moves it over ``path`` with
-    :func:`os.replace`. On any failure the temporary file is removed and an existing file at
-    ``path`` is left untouched."""
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    # secrets, not random: writing a checkpoint must not advance the seeded random streams
-    tmp = os.path.join(directory, f'.{os.path.basename(path)}.{secrets.token_hex(6)}.tmp')
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, 'wb' if binary else 'w', encoding=None if binary else 'utf-8') as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def save_checkpoint(state: Dict[str, Any], path: Union[str, os.PathLike]) -> None:
     r"""Writes ``state`` with :func:`torch.save` atomically: into a temporary file in the same
     directory, flushed to disk, then moved over ``path`` with :func:`os.replace`. If anything fails
     the temporary file is removed and an existing file at ``path`` is left untouched."""
-    _atomic_write(path, lambda f: torch.save(state, f))
+    atomic_write(path, lambda f: torch.save(state, f))
 
 
 def load_checkpoint(path: Union[str, os.PathLike],
@@ -542,6 +524,30 @@ def _set_rng_state(state: Dict[str, Any]) -> None:
     cuda = state['cuda']
     if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all([s.cpu() for s in cuda])
+
+
+def _json_values(value: Optional[Dict[str, Any]], name: str) -> Optional[Dict[str, Any]]:
+    r"""``value`` as plain JSON values (tuples become lists), so that what a checkpoint stores
+    loads with ``weights_only=True`` and compares equal to what the next run passes."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError(f'Expected {name} to be a dict or None (got {type(value).__name__})')
+    try:
+        return json.loads(json.dumps(value, sort_keys=True, allow_nan=False))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f'Expected {name} to hold JSON values only ({e})') from None
+
+
+def _describe_run(info: Dict[str, Any]) -> str:
+    parts = []
+    for key, value in sorted(info.items(), key=lambda kv: (kv[0] != 'task', kv[0] != 'model')):
+        if isinstance(value, dict) and 'name' in value:
+            args = ', '.join(f'{k}={v!r}' for k, v in sorted(value.get('args', {}).items()))
+            parts.append(f"{key} {value['name']!r}" + (f' ({args})' if args else ''))
+        else:
+            parts.append(f'{key} {value!r}')
+    return ', '.join(parts)
 
 
 def _cpu_state_dict(module: torch.nn.Module) -> Dict[str, Tensor]:
@@ -642,14 +648,22 @@ class Trainer:
             output and the (normalised) targets, mean-reduced over the batch; :obj:`None` uses the
             MSE (regression) or cross-entropy (classification) of the first output.
             (default: :obj:`None`)
+        run_info (dict, optional): What is trained, as JSON values, e.g. ``{'task': {'name':
+            'max', 'args': {'d': 8}}, 'model': {'name': 'mz', 'args': {}}}`` (what
+            :func:`torch_mz.compare.train_one` records). Stored in every checkpoint; resuming from
+            a checkpoint that records different ``run_info`` raises :class:`CheckpointError`
+            (a checkpoint without it, or a trainer without it, is not compared).
+            (default: :obj:`None`)
     """
     def __init__(self, model: torch.nn.Module, config: Optional[TrainConfig] = None,
-                 task_type: str = 'regression', loss_fn: Optional[LossFn] = None):
+                 task_type: str = 'regression', loss_fn: Optional[LossFn] = None,
+                 run_info: Optional[Dict[str, Any]] = None):
         if task_type not in TASK_TYPES:
             raise ValueError(f'Expected task_type in {TASK_TYPES} (got {task_type!r})')
         self.config = config if config is not None else TrainConfig()
         self.task_type = task_type
         self.loss_fn = loss_fn
+        self.run_info = _json_values(run_info, 'run_info')
         self.dist, self.device = _setup_distributed(self.config.device)
         self.model = model.to(self.device)
         self.normalizer = TargetNormalizer()
@@ -801,6 +815,7 @@ class Trainer:
             'version': CHECKPOINT_VERSION,
             'kind': kind,
             'task_type': self.task_type,
+            'run_info': self.run_info,
             'config': self.config.to_dict(),
             'normalizer': self.normalizer.state_dict() if self.normalizer.fitted else None,
         }
@@ -828,6 +843,14 @@ class Trainer:
             raise CheckpointError(f'Checkpoint {os.fspath(path)!r} is for task_type '
                                   f'{state["task_type"]!r}, not {self.task_type!r}')
 
+    def _check_run_info(self, state: Dict[str, Any], path: Any) -> None:
+        saved = state.get('run_info')
+        if saved is None or self.run_info is None or saved == self.run_info:
+            return
+        raise CheckpointError(f'Checkpoint {os.fspath(path)!r} was written by another run '
+                              f'({_describe_run(saved)}), not by this one '
+                              f'({_describe_run(self.run_info)})')
+
     def _load_model_state(self, model_state: Dict[str, Tensor], path: Any) -> None:
         try:
             self.model.load_state_dict(model_state)
@@ -849,8 +872,8 @@ class Trainer:
         writer = csv.DictWriter(buf, fieldnames=columns, lineterminator='\n')
         writer.writeheader()
         writer.writerows(history)
-        _atomic_write(os.path.join(out, 'metrics.jsonl'), lambda f: f.write(jsonl), binary=False)
-        _atomic_write(os.path.join(out, 'metrics.csv'), lambda f: f.write(buf.getvalue()),
+        atomic_write(os.path.join(out, METRICS_JSONL), lambda f: f.write(jsonl), binary=False)
+        atomic_write(os.path.join(out, METRICS_CSV), lambda f: f.write(buf.getvalue()),
                       binary=False)
 
     # -- training ------------------------------------------------------------------------------
@@ -1000,7 +1023,7 @@ class Trainer:
             summary.update(config=cfg.to_dict(), task_type=self.task_type,
                            world_size=self.dist.world_size)
             text = json.dumps(summary, indent=2) + '\n'
-            _atomic_write(os.path.join(cfg.out_dir, 'result.json'), lambda f: f.write(text),
+            atomic_write(os.path.join(cfg.out_dir, RESULT_JSON), lambda f: f.write(text),
                           binary=False)
         return result
 
@@ -1015,6 +1038,7 @@ class Trainer:
         if missing:
             raise CheckpointError(f'Checkpoint {path!r} is incomplete: missing {missing}')
         self._check_task(state, path)
+        self._check_run_info(state, path)
         old = state.get('config', {})
         changed = {k: (old[k], v) for k, v in self.config.to_dict().items()
                    if k in old and old[k] != v and k not in
@@ -1100,8 +1124,10 @@ def predict(model: torch.nn.Module, dataset: Sequence,
 
 def train(model: torch.nn.Module, train_dataset: Sequence, val_dataset: Optional[Sequence] = None,
           test_dataset: Optional[Sequence] = None, config: Optional[TrainConfig] = None,
-          task_type: str = 'regression', loss_fn: Optional[LossFn] = None) -> TrainResult:
-    r"""Functional shortcut for ``Trainer(model, config, task_type, loss_fn).fit(train_dataset,
-    val_dataset, test_dataset)``; the model ends up holding the best weights."""
-    return Trainer(model, config, task_type, loss_fn).fit(train_dataset, val_dataset,
-                                                          test_dataset)
+          task_type: str = 'regression', loss_fn: Optional[LossFn] = None,
+          run_info: Optional[Dict[str, Any]] = None) -> TrainResult:
+    r"""Functional shortcut for ``Trainer(model, config, task_type, loss_fn,
+    run_info).fit(train_dataset, val_dataset, test_dataset)``; the model ends up holding the best
+    weights."""
+    return Trainer(model, config, task_type, loss_fn, run_info).fit(train_dataset, val_dataset,
+                                                                    test_dataset)

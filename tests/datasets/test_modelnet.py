@@ -18,6 +18,7 @@ from torch_mz.datasets.common import CorruptRawFileError
 from torch_mz.datasets.modelnet import (
     HDF5_FOLDER,
     MODELNET40_CLASSES,
+    MODELNET40_URL,
     ModelNet40,
     read_off,
     sample_surface,
@@ -195,12 +196,66 @@ def test_corrupt_mesh_stops_processing_with_its_name(modelnet_mesh_root):
         ModelNet40(modelnet_mesh_root, num_points=16, log=False)
 
 
-def test_missing_mesh_class_folder_triggers_download(modelnet_mesh_root, monkeypatch):
+def test_missing_class_folders_are_named_and_nothing_is_downloaded(modelnet_mesh_root,
+                                                                   monkeypatch):
+    from torch_mz.datasets import modelnet
     shutil.rmtree(osp.join(modelnet_mesh_root, 'raw', 'vase'))
+    shutil.rmtree(osp.join(modelnet_mesh_root, 'raw', 'bed'))
+    placed = osp.join(modelnet_mesh_root, 'raw', 'chair', 'train', 'chair_0001.off')
+    with open(placed) as f:
+        text = f.read()
     calls = []
-    monkeypatch.setattr(ModelNet40, 'download', lambda self: calls.append(self.raw_dir))
-    ModelNet40(modelnet_mesh_root, num_points=16, log=False)
-    assert calls == [osp.join(modelnet_mesh_root, 'raw')]
+    monkeypatch.setattr(modelnet, 'download_url', lambda *args, **kwargs: calls.append(args))
+    with pytest.raises(FileNotFoundError, match=r"2 of the 40 class folders are missing .*: "
+                       r"bed, vase\. Nothing is downloaded"):
+        ModelNet40(modelnet_mesh_root, num_points=16, log=False)
+    assert calls == []
+    with open(placed) as f:
+        assert f.read() == text
+
+
+def test_failed_download_names_what_is_missing_and_where(tmp_path, monkeypatch):
+    from urllib.error import URLError
+
+    from torch_mz.datasets import modelnet
+
+    def offline(url, folder, log=True):
+        raise URLError('no network')
+
+    monkeypatch.setattr(modelnet, 'download_url', offline)
+    root = str(tmp_path / 'ModelNet40')
+    with pytest.raises(FileNotFoundError) as info:
+        ModelNet40(root, num_points=16, log=False)
+    message = str(info.value)
+    assert osp.join(root, 'raw') in message and MODELNET40_URL in message
+    assert 'no network' in message and '<class>_NNNN.off' in message and '\n' not in message
+
+
+def test_download_keeps_files_already_in_raw(modelnet_mesh_root, tmp_path, monkeypatch):
+    import zipfile
+
+    from torch_mz.datasets import modelnet
+    archive = str(tmp_path / 'ModelNet40.zip')
+    raw = osp.join(modelnet_mesh_root, 'raw')
+    with zipfile.ZipFile(archive, 'w') as z:
+        z.writestr('ModelNet40/README.txt', 'from the archive')
+        for folder, _, names in os.walk(raw):
+            rel = osp.relpath(folder, raw)
+            z.write(folder, osp.join('ModelNet40', rel))
+            for name in names:
+                z.write(osp.join(folder, name), osp.join('ModelNet40', rel, name))
+    monkeypatch.setattr(modelnet, 'download_url',
+                        lambda url, folder, log=True: shutil.copy(archive, folder))
+    root = str(tmp_path / 'fresh')
+    os.makedirs(osp.join(root, 'raw', HDF5_FOLDER))
+    with open(osp.join(root, 'raw', 'README.txt'), 'w') as f:
+        f.write('mine')
+    assert len(ModelNet40(root, num_points=16, log=False)) == 3
+    with open(osp.join(root, 'raw', 'README.txt')) as f:
+        assert f.read() == 'mine'
+    assert osp.isdir(osp.join(root, 'raw', HDF5_FOLDER))
+    assert osp.isfile(osp.join(root, 'raw', 'chair', 'test', 'chair_0002.off'))
+    assert sorted(os.listdir(root)) == ['processed', 'raw']  # no archive, no extraction folder
 
 
 def test_hdf5_source(modelnet_h5_root):

@@ -3,6 +3,8 @@ import glob
 import os
 import os.path as osp
 import shutil
+import tempfile
+import zipfile
 import zlib
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -141,8 +143,11 @@ class ModelNet40(TrainTestSets):
     Two raw sources, chosen by :obj:`source`:
 
     - :obj:`'mesh'`: the Princeton meshes of ``ModelNet40.zip``, laid out as
-      ``raw/<class>/{train,test}/<class>_NNNN.off``. :meth:`download` fetches and extracts the
-      archive. Each mesh is sampled once, at processing time: :obj:`num_points` points drawn
+      ``raw/<class>/{train,test}/<class>_NNNN.off``. When none of the 40 class folders is there,
+      :meth:`download` fetches the archive and extracts it into ``raw/`` (a ``ModelNet40.zip``
+      placed in :obj:`root` is used instead of a download); when only some are there, or the
+      download fails, a :class:`FileNotFoundError` names what is missing and where it goes, and
+      nothing is downloaded over the files already there. Each mesh is sampled once, at processing time: :obj:`num_points` points drawn
       uniformly on the surface (area-weighted) with a seed fixed per file (derived from :obj:`seed`
       and the file name), so the cached points are reproducible and training does not re-sample
       meshes every epoch.
@@ -243,19 +248,39 @@ class ModelNet40(TrainTestSets):
                 f"not downloaded automatically. Place its files (ply_data_train*.h5, "
                 f"ply_data_test*.h5, shape_names.txt) in '{osp.join(self.raw_dir, HDF5_FOLDER)}', "
                 f"or use source='mesh'.")
-        path = download_url(self.url, self.root, log=self.log)
-        extract_zip(path, self.root, log=self.log)
+        present = [c for c in MODELNET40_CLASSES if osp.isdir(osp.join(self.raw_dir, c))]
+        if present:  # never download over meshes the user placed
+            missing = [c for c in MODELNET40_CLASSES if c not in present]
+            raise FileNotFoundError(
+                f"ModelNet40 (source='mesh'): {len(missing)} of the 40 class folders are missing "
+                f"from '{self.raw_dir}': {', '.join(missing)}. Nothing is downloaded next to the "
+                f"{len(present)} already there: place the missing ones as "
+                f"'{osp.join(self.raw_dir, '<class>', '{train,test}', '<class>_NNNN.off')}' "
+                f"(from {self.url}), or empty '{self.raw_dir}' to download the whole archive.")
+        try:
+            path = download_url(self.url, self.root, log=self.log)
+        except OSError as e:  # URLError and HTTPError are OSErrors
+            raise FileNotFoundError(
+                f"ModelNet40 (source='mesh'): the meshes are missing from '{self.raw_dir}' and "
+                f"downloading {self.url} failed ({getattr(e, 'reason', e)}). Download "
+                f"ModelNet40.zip yourself and extract its 40 class folders into '{self.raw_dir}' "
+                f"(as '{osp.join(self.raw_dir, '<class>', '{train,test}', '<class>_NNNN.off')}'), "
+                f"or place PointNet's HDF5 release and use source='hdf5'.") from e
+        staging = tempfile.mkdtemp(prefix='.extract-', dir=self.root)
+        try:
+            try:
+                extract_zip(path, staging, log=self.log)
+            except zipfile.BadZipFile as e:
+                raise CorruptRawFileError(path, f'not a complete zip archive ({e})') from e
+            folder = osp.join(staging, 'ModelNet40')
+            os.makedirs(self.raw_dir, exist_ok=True)
+            for name in os.listdir(folder):  # into raw/, next to e.g. an HDF5 folder there
+                target = osp.join(self.raw_dir, name)
+                if not osp.exists(target):  # never over a file the user placed
+                    shutil.move(osp.join(folder, name), target)
+        finally:
+            shutil.rmtree(staging)
         os.unlink(path)
-        folder = osp.join(self.root, 'ModelNet40')
-        os.makedirs(self.raw_dir, exist_ok=True)
-        for name in os.listdir(
-                folder):  # merge into raw/, keeping e.g. an HDF5 folder already there
-            target = osp.join(self.raw_dir, name)
-            if osp.exists(target):
-                shutil.rmtree(target)
-            shutil.move(osp.join(folder, name), target)
-        shutil.rmtree(folder)
-        shutil.rmtree(osp.join(self.root, '__MACOSX'), ignore_errors=True)
 
     def _label(self) -> str:
         return f'ModelNet40 ({self.source})'

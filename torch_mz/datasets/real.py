@@ -22,6 +22,12 @@ from torch_mz.datasets.transforms import RandomJitter, RandomRotateUp
 # Columns of QM9's x that are invariant under rotations/translations: one-hot type and charge.
 QM9_INVARIANT_COLUMNS = (0, 1, 2, 3, 4, 8)
 
+#: The dataset class of each real task, and the constructor arguments :func:`load_real_task` sets
+#: itself (the other arguments are the task's options).
+REAL_DATASETS = {'modelnet40': ModelNet40, 'scanobjectnn': ScanObjectNN, 'qm9': QM9}
+SET_BY_LOAD = {'modelnet40': ('root', 'train', 'transform'),
+               'scanobjectnn': ('root', 'train', 'transform'), 'qm9': ('root', )}
+
 
 def _subset(dataset, index):
     return dataset.index_select(index)

@@ -1,0 +1,41 @@
+import pytest
+
+from torch_mz.tasks import load_task, task_options
+
+
+def test_task_options_follow_the_constructors():
+    defaults, nullable, complete = task_options('max')
+    assert complete and defaults['d'] == 16 and 'reduce' in nullable
+    # make_task's own option that load_task passes on
+    assert 'split_set_sizes' in defaults
+    # PCAErrorTask passes **kwargs to its base class: the base's options count too
+    defaults, nullable, complete = task_options('pca-error')
+    assert complete and {'d', 'k', 'scales', 'center_std'} <= set(defaults) and 'd' in nullable
+    # real datasets: what load_real_task sets itself is no option
+    defaults, nullable, complete = task_options('modelnet40')
+    assert complete and 'num_points' in nullable and defaults['source'] == 'mesh'
+    assert not {'root', 'train', 'transform'} & set(defaults)
+    with pytest.raises(ValueError, match="Unknown task 'nope'"):
+        task_options('nope')
+
+
+@pytest.mark.parametrize('name, kwargs, match', [
+    ('max', dict(nosuch=3), "task 'max' has no option 'nosuch'"),
+    ('max', dict(d='abc'), "task 'max': option 'd' expects an integer"),
+    ('max', dict(d=True), "option 'd' expects an integer"),
+    ('quadratic-tdof', dict(noise='loud'), "option 'noise' expects a number"),
+    ('modelnet40', dict(num_points='all'), "option 'num_points' expects an integer"),
+    ('qm9', dict(charge_failure=0), "option 'charge_failure' expects a string"),
+])
+def test_unknown_or_mistyped_task_options_are_refused_before_any_work(name, kwargs, match,
+                                                                      tmp_path):
+    with pytest.raises(ValueError, match=match):
+        load_task(name, root=str(tmp_path / 'data'), **kwargs)
+    assert not (tmp_path / 'data').exists()  # nothing downloaded or processed
+
+
+def test_task_records_its_arguments():
+    task = load_task('quadratic-tdof', n_train=4, n_val=2, n_test=2, set_size=(3, 4), d=4,
+                     tdof=2, noise=1)  # an int where a float is expected is fine
+    assert task.args == {'d': 4, 'tdof': 2, 'noise': 1, 'set_size': [3, 4]}
+    assert load_task('max', n_train=2, n_val=1, n_test=1, d=2).args == {'d': 2}
