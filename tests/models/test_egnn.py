@@ -247,6 +247,44 @@ def test_conv_coincident_points_have_finite_gradients(normalize):
         assert tensor.grad is not None and torch.isfinite(tensor.grad).all(), name
 
 
+def authors_coordinate_update(conv, h, pos, edge_index, detach):
+    # egnn_clean's E_GCL with normalize=True and coords_agg='mean', written out:
+    # coord2radial divides by torch.sqrt(radial).detach() + epsilon.
+    row, col = edge_index[1], edge_index[0]  # (E,): row receives from col
+    coord_diff = pos[row] - pos[col]  # (E, D)
+    radial = coord_diff.pow(2).sum(1, keepdim=True)  # (E, 1)
+    norm = radial.sqrt()
+    norm = (norm.detach() if detach else norm) + conv.eps
+    m = conv.edge_mlp(torch.cat([h[row], h[col], radial], dim=1))  # (E, H)
+    trans = coord_diff / norm * conv.coord_mlp(m)  # (E, D)
+    return pos + scatter(trans, row, dim=0, dim_size=pos.size(0), reduce='mean')  # (N, D)
+
+
+def test_conv_normalize_detaches_the_norm_like_the_authors():
+    torch.manual_seed(0)
+    x, pos, batch = random_sets([5, 4], 3, 4)
+    edge_index = fully_connected_edge_index(batch)
+    grads = {}
+    for detach in (True, False):
+        torch.manual_seed(1)
+        conv = EGNNConv(4, hidden_channels=8, normalize=True, detach_norm=detach).double()
+        torch.nn.init.normal_(conv.coord_mlp[-1].weight)
+        w = torch.randn(pos.shape, dtype=torch.float64)
+        p1 = pos.clone().requires_grad_()
+        _, pos_out = conv(x, p1, edge_index)
+        (pos_out * w).sum().backward()
+        p2 = pos.clone().requires_grad_()
+        pos_ref = authors_coordinate_update(conv, x, p2, edge_index, detach)
+        (pos_ref * w).sum().backward()
+        torch.testing.assert_close(pos_out, pos_ref, rtol=0, atol=1e-14)
+        torch.testing.assert_close(p1.grad, p2.grad, rtol=0, atol=1e-12)
+        grads[detach] = p1.grad
+    # The default is the authors' (detached) gradient; back-propagating through the norm gives
+    # other position gradients for the same values.
+    assert EGNNConv(4).detach_norm and EGNN(1).convs[0].detach_norm
+    assert (grads[True] - grads[False]).abs().max() > 1e-3
+
+
 # --------------------------------------------------------------------------------------------------
 # Model
 # --------------------------------------------------------------------------------------------------
@@ -419,6 +457,33 @@ def test_model_heads_train():
             optimizer.step()
             losses.append(loss.item())
         assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_egnn_qm9_preset_is_invariant_and_keeps_coordinates():
+    from torch_mz.models.registry import PRESETS, build_model
+    assert PRESETS['egnn-qm9'] == dict(hidden_channels=128, num_layers=7, pool='sum',
+                                       edge_gate=True, update_coords=False)
+    torch.manual_seed(0)
+    model = build_model('egnn-qm9', 5, 2).double()
+    assert isinstance(model, EGNN) and len(model.convs) == 7 and model.hidden_channels == 128
+    assert all(conv.coord_mlp is None and conv.gate_lin is not None for conv in model.convs)
+    assert not any('coord_mlp' in name for name, _ in model.named_parameters())
+    x, pos, batch = random_sets([6, 1, 4], 3, 5)
+    _, pos_out = model.encode(x, pos, batch)
+    assert torch.equal(pos_out, pos)  # positions are never updated
+
+    def fn(pos, features, batch):
+        return model(features, pos, batch)
+
+    errors = assert_equivariant(fn, pos, batch, x, invariant_outputs=(0, ), set_outputs=(0, ),
+                                n_trials=2, generator=torch.Generator().manual_seed(0))
+    assert len(errors) == 4
+    # Positions still matter, through the squared distances only.
+    pos2 = pos.clone()
+    pos2[batch == 0] *= 1.5
+    out, out2 = fn(pos, x, batch), fn(pos2, x, batch)
+    assert not torch.allclose(out[0], out2[0])
+    torch.testing.assert_close(out[1:], out2[1:])
 
 
 @pytest.mark.parametrize('cls', [EGNNConv, EGNN])

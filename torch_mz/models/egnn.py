@@ -170,10 +170,13 @@ class EGNNConv(MessagePassing):
     Linear(hidden, 1)`` whose last layer is initialised small (Xavier uniform with gain ``0.001``, as
     in the authors' implementation) so that early layers barely move the points. With
     ``normalize=True``, :math:`\mathbf{x}_i - \mathbf{x}_j` is replaced by
-    :math:`(\mathbf{x}_i - \mathbf{x}_j) / (\|\mathbf{x}_i - \mathbf{x}_j\| + \epsilon)`; with
+    :math:`(\mathbf{x}_i - \mathbf{x}_j) / (\|\mathbf{x}_i - \mathbf{x}_j\| + \epsilon)`, the
+    norm treated as a constant in back-propagation (``detach_norm=True``, as the authors'
+    ``egnn_clean`` does: ``torch.sqrt(radial).detach() + epsilon``) or differentiated through
+    (``detach_norm=False``; the two give the same values but position gradients that differ); with
     ``tanh=True``, :math:`\phi_x` is bounded by ``coords_range * tanh``. Coordinates may have any
-    dimension :math:`D`. Coincident points are safe: the norm is clamped below at :math:`\epsilon`,
-    so gradients stay finite.
+    dimension :math:`D`. Coincident points are safe: a differentiated norm is clamped below at
+    :math:`\epsilon`, so gradients stay finite.
 
     ``h`` is invariant and ``pos`` equivariant under rotations, reflections and translations of
     ``pos`` (and under permutations of the nodes with ``edge_index`` relabelled).
@@ -193,6 +196,9 @@ class EGNNConv(MessagePassing):
             :math:`\sigma(\phi_{\mathrm{inf}}(\mathbf{m}_{ij}))`. (default: :obj:`False`)
         normalize (bool, optional): Use unit coordinate differences in the coordinate update.
             (default: :obj:`False`)
+        detach_norm (bool, optional): With ``normalize=True``, do not back-propagate through the
+            norm that divides the coordinate differences (the authors' choice).
+            (default: :obj:`True`)
         tanh (bool, optional): Bound :math:`\phi_x` by ``coords_range * tanh``. (default: :obj:`False`)
         coords_range (float, optional): Bound of :math:`\phi_x` when ``tanh=True``.
             (default: :obj:`1.0`)
@@ -218,6 +224,7 @@ class EGNNConv(MessagePassing):
         coord_aggr: str = 'mean',
         edge_gate: bool = False,
         normalize: bool = False,
+        detach_norm: bool = True,
         tanh: bool = False,
         coords_range: float = 1.0,
         update_coords: bool = True,
@@ -238,6 +245,7 @@ class EGNNConv(MessagePassing):
         self.coord_aggr = coord_aggr
         self.edge_gate = edge_gate
         self.normalize = normalize
+        self.detach_norm = detach_norm
         self.tanh = tanh
         self.coords_range = coords_range
         self.update_coords = update_coords
@@ -305,7 +313,11 @@ class EGNNConv(MessagePassing):
         if self.coord_mlp is None:
             return m, diff.new_zeros(diff.size(0), 0)  # (E, H), (E, 0)
         if self.normalize:
-            diff = diff / (_safe_norm(sq_dist, self.eps) + self.eps)  # (E, D)
+            if self.detach_norm:  # egnn_clean: norm = torch.sqrt(radial).detach() + epsilon
+                norm = sq_dist.detach().sqrt()  # (E, 1)
+            else:
+                norm = _safe_norm(sq_dist, self.eps)  # (E, 1)
+            diff = diff / (norm + self.eps)  # (E, D)
         weight = self.coord_mlp(m)  # (E, 1)
         if self.tanh:
             weight = self.coords_range * torch.tanh(weight)
@@ -321,7 +333,8 @@ class EGNNConv(MessagePassing):
     def __repr__(self) -> str:
         return (f'{self.__class__.__name__}({self.channels}, hidden_channels={self.hidden_channels}, '
                 f'edge_dim={self.edge_dim}, aggr={self.aggr}, coord_aggr={self.coord_aggr}, '
-                f'edge_gate={self.edge_gate}, normalize={self.normalize}, tanh={self.tanh}, '
+                f'edge_gate={self.edge_gate}, normalize={self.normalize}, '
+                f'detach_norm={self.detach_norm}, tanh={self.tanh}, '
                 f'update_coords={self.update_coords})')
 
 
@@ -351,6 +364,14 @@ class EGNN(Module):
     :math:`O(\sum_s n_s^2)`, and so does each layer on the fully connected graph. The graph is built
     once from the input coordinates and kept for all layers. Sets never exchange information.
 
+    With ``update_coords=False`` no layer moves the points: the coordinates enter only through the
+    squared distances :math:`\|\mathbf{x}_i - \mathbf{x}_j\|^2` of the messages, and :meth:`encode`
+    returns them unchanged. That is the authors' QM9 model (``E_GCL_mask`` in their
+    ``qm9/models.py``, which deletes the coordinate MLP; their ``main_qm9.py`` defaults: 7 layers,
+    width 128, attention on, i.e. ``edge_gate=True``, sum pooling), offered as the preset
+    ``egnn-qm9`` of :mod:`torch_mz.models.registry`. Their input features (one-hot atom types
+    times powers of the charge) are the dataset's business, not the model's.
+
     Inputs: coordinates come from ``pos``; if ``pos`` is :obj:`None` and ``pos_dim`` is set, the
     first ``pos_dim`` columns of ``x`` are the coordinates and the rest are the invariant features
     (the layout of the synthetic set tasks, see :func:`split_pos_features`). With
@@ -373,7 +394,11 @@ class EGNN(Module):
         edge_gate (bool, optional): Soft edge gate in every layer. (default: :obj:`False`)
         normalize (bool, optional): Unit coordinate differences in every layer.
             (default: :obj:`False`)
+        detach_norm (bool, optional): With ``normalize=True``, treat the norm as a constant in
+            back-propagation, as the authors do (see :class:`EGNNConv`). (default: :obj:`True`)
         tanh (bool, optional): ``tanh``-bounded coordinate MLP in every layer. (default: :obj:`False`)
+        update_coords (bool, optional): Update the coordinates in every layer; :obj:`False` keeps
+            them fixed (the authors' QM9 model). (default: :obj:`True`)
         act (str, optional): Activation (a PyG activation name). (default: :obj:`"silu"`)
 
     Shapes:
@@ -394,7 +419,9 @@ class EGNN(Module):
         coord_aggr: str = 'mean',
         edge_gate: bool = False,
         normalize: bool = False,
+        detach_norm: bool = True,
         tanh: bool = False,
+        update_coords: bool = True,
         act: str = 'silu',
     ):
         super().__init__()
@@ -418,13 +445,16 @@ class EGNN(Module):
         self.coord_aggr = coord_aggr
         self.edge_gate = edge_gate
         self.normalize = normalize
+        self.detach_norm = detach_norm
         self.tanh = tanh
+        self.update_coords = update_coords
         self.act = act
 
         self.embedding = Linear(max(in_channels, 1), hidden_channels)
         self.convs = ModuleList([
             EGNNConv(hidden_channels, coord_aggr=coord_aggr, edge_gate=edge_gate,
-                     normalize=normalize, tanh=tanh, act=act) for _ in range(num_layers)
+                     normalize=normalize, detach_norm=detach_norm, tanh=tanh,
+                     update_coords=update_coords, act=act) for _ in range(num_layers)
         ])
         self.node_mlp = Sequential(
             Linear(hidden_channels, hidden_channels), activation_resolver(act),
@@ -550,4 +580,5 @@ class EGNN(Module):
                 f'hidden_channels={self.hidden_channels}, num_layers={self.num_layers}, '
                 f'pos_dim={self.pos_dim}, pool={self.pool}, radius={self.radius}, '
                 f'coord_aggr={self.coord_aggr}, edge_gate={self.edge_gate}, '
-                f'normalize={self.normalize}, tanh={self.tanh})')
+                f'normalize={self.normalize}, detach_norm={self.detach_norm}, tanh={self.tanh}, '
+                f'update_coords={self.update_coords})')

@@ -17,6 +17,8 @@ Presets (paper defaults: d = 64, H = 4, d_ff = 128, 16 inducing points, dropout 
 ``perceiver``   Perceiver-style latent cross-attention, width matched to ``mz``
 ``deepsets``    Deep Sets (sum pooling)
 ``egnn``        EGNN, 4 layers, width 96 (coordinates from the task's ``pos_dim``)
+``egnn-qm9``    the EGNN authors' QM9 model: 7 layers, width 128, attention (edge gate) on,
+                coordinates never updated (they enter only through squared distances)
 ==============  ==================================================================================
 """
 import copy
@@ -45,6 +47,8 @@ PRESETS: Dict[str, dict] = {
                       num_latent_blocks=1, dropout=0.1, match='mz'),
     'deepsets': dict(hidden_channels=128, num_layers=3, pool='sum'),
     'egnn': dict(hidden_channels=96, num_layers=4, pool='sum'),
+    'egnn-qm9': dict(hidden_channels=128, num_layers=7, pool='sum', edge_gate=True,
+                     update_coords=False),
 }
 
 DESCRIPTIONS: Dict[str, str] = {
@@ -60,6 +64,7 @@ DESCRIPTIONS: Dict[str, str] = {
     'perceiver': 'Perceiver-style latent cross-attention',
     'deepsets': 'Deep Sets (sum pooling)',
     'egnn': 'E(n)-equivariant GNN, fully connected inside each set',
+    'egnn-qm9': "EGNN authors' QM9 model (7 layers, width 128, attention, fixed coordinates)",
 }
 
 
@@ -113,7 +118,7 @@ def build_model(name: str, in_channels: int, out_channels: int, pos_dim: Optiona
         budget = count_parameters(build_model(match, in_channels, out_channels))
         return match_budget(name, budget, in_channels, out_channels, knob='dim',
                             candidates=range(32, 129, 8), **dict(overrides, match=None))
-    if name == 'egnn':
+    if name in ('egnn', 'egnn-qm9'):
         if feature_columns is not None and pos_dim is None:
             model = EGNN(len(feature_columns), out_channels=out_channels, **kwargs)
             return SelectFeatures(model, feature_columns)
@@ -135,7 +140,7 @@ def match_budget(name: str, budget: int, in_channels: int, out_channels: int,
     multiples of the head count from 16 to 256) so that the parameter count is closest to
     :obj:`budget`."""
     if knob is None:
-        knob = 'hidden_channels' if name in ('deepsets', 'egnn') else 'dim'
+        knob = 'hidden_channels' if name in ('deepsets', 'egnn', 'egnn-qm9') else 'dim'
     if candidates is None:
         step = PRESETS.get(name, {}).get('heads', 4) if knob == 'dim' else 4
         candidates = range(max(step, 16 - 16 % step), 257, step)
