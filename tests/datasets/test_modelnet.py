@@ -71,6 +71,8 @@ def test_read_off_merged_header_quads_and_comments(tmp_path):
     ('OFF3 1 0\n0 0 0\n1 0 0\n0 1 0\n3 0 1 7\n', 'outside'),
     ('OFF3 1 0\n0 0 0\n1 0 zero\n0 1 0\n3 0 1 2\n', 'malformed vertex'),
     ('OFF3 1 0\n0 0 0\n1 0 0\n0 1 0\n4 0 1 2\n', 'malformed face'),
+    ('OFF3 1 0\n0 0\n1 0 0 5\n0 1 0\n3 0 1 2\n', r"vertex 0 \('0 0'\) holds 2 value"),
+    ('OFF3 1 0\n0 0 0\n1 0\n0 1 0 1\n3 0 1 2\n', 'vertex 1'),
     ('PLY\n3 1 0\n', "'OFF' header"),
     ('', "'OFF' header"),
 ])
@@ -80,6 +82,30 @@ def test_read_off_corrupt_file_names_the_file(tmp_path, text, reason):
     with pytest.raises(CorruptRawFileError, match=reason) as info:
         read_off(str(path))
     assert str(path) in str(info.value) and info.value.path == str(path)
+
+
+def test_read_off_fast_and_per_line_paths_agree(tmp_path):
+    # fast paths (x y z on every vertex line, k corners on every face line) against the per-line
+    # fallbacks: colours after the coordinates, and a triangle and a quad in one file
+    rng = np.random.default_rng(0)
+    vertices = rng.normal(size=(6, 3))
+    plain = write_off(str(tmp_path / 'plain.off'), vertices, [(0, 1, 2), (2, 3, 4, 5)])
+    v_fast, f_slow = read_off(plain)
+    lines = open(plain).read().splitlines()
+    for i in range(2, 8):
+        lines[i] += ' 255 0 0'  # colours
+    coloured = tmp_path / 'coloured.off'
+    coloured.write_text('\n'.join(lines) + '\n')
+    v_slow, f_again = read_off(str(coloured))
+    assert np.array_equal(v_fast, v_slow) and np.allclose(v_fast, vertices, atol=1e-6)
+    assert np.array_equal(f_slow, f_again)
+    assert f_slow.tolist() == [[0, 1, 2], [2, 3, 4], [2, 4, 5]]
+    # a face line that is one short next to one that is one long: the counts add up, the faces
+    # are not the same on the fast path
+    shifted = tmp_path / 'shifted.off'
+    shifted.write_text('OFF4 2 0\n0 0 0\n1 0 0\n0 1 0\n0 0 1\n3 0 1\n3 3 1 2 3\n')
+    with pytest.raises(CorruptRawFileError, match='malformed face line'):
+        read_off(str(shifted))
 
 
 def test_sample_surface_points_lie_on_the_surface_and_follow_area():

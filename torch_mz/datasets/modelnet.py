@@ -41,6 +41,10 @@ def _ints(tokens: List[str], path: str, what: str) -> np.ndarray:
         raise CorruptRawFileError(path, f'malformed {what} ({e})') from e
 
 
+def _values_per_line(lines: List[str]) -> np.ndarray:
+    return np.fromiter(map(len, map(str.split, lines)), dtype=np.int64, count=len(lines))
+
+
 def read_off(path: str) -> Tuple[np.ndarray, np.ndarray]:
     r"""Reads an OFF mesh and returns its vertices and its faces split into triangles.
 
@@ -48,8 +52,10 @@ def read_off(path: str) -> Tuple[np.ndarray, np.ndarray]:
     (many of the files) next to the regular ``OFF`` / ``<nv> <nf> <ne>`` pair, ``#`` comments,
     and quad (or larger) faces, which are split as a fan :math:`(v_0, v_i, v_{i+1})`, as
     :func:`torch_geometric.io.read_off` splits quads. A file whose header announces more vertices or
-    faces than it holds, a malformed number or a face index out of range raises
-    :class:`~torch_mz.datasets.common.CorruptRawFileError` naming the file.
+    faces than it holds, a vertex line with fewer than three values, a malformed number or a face
+    index out of range raises :class:`~torch_mz.datasets.common.CorruptRawFileError` naming the
+    file. Every line is checked on its own: a total count that happens to fit (a vertex line
+    with two values next to one with four) is no excuse.
 
     Shapes:
         - **vertices:** :math:`(n_v, 3)`, float64
@@ -77,10 +83,15 @@ def read_off(path: str) -> Tuple[np.ndarray, np.ndarray]:
             f'the file holds {len(body)} data lines')
 
     vertex_lines = body[:num_vertices]
+    per_line = _values_per_line(vertex_lines)  # (n_v,)
+    if (per_line < 3).any():
+        i = int(np.argmax(per_line < 3))
+        raise CorruptRawFileError(path, f"vertex {i} ('{vertex_lines[i]}') holds "
+                                  f'{per_line[i]} value(s), expected x y z')
     try:
-        flat = np.fromstring(' '.join(vertex_lines), dtype=np.float64, sep=' ')
-        if flat.size == 3 * num_vertices:  # fast path: exactly x y z per line
-            vertices = flat.reshape(num_vertices, 3)
+        if (per_line == 3).all():  # fast path: exactly x y z on every line
+            vertices = np.fromstring(' '.join(vertex_lines), dtype=np.float64,
+                                     sep=' ').reshape(num_vertices, 3)
         else:  # extra per-vertex values (colours): keep the first three of each line
             vertices = np.array([line.split()[:3] for line in vertex_lines], dtype=np.float64)
     except ValueError as e:
@@ -94,7 +105,8 @@ def read_off(path: str) -> Tuple[np.ndarray, np.ndarray]:
     except ValueError as e:
         raise CorruptRawFileError(path, f'malformed face line ({e})') from e
     k = int(flat[0]) if flat.size else 3
-    if k >= 3 and flat.size == (k + 1) * num_faces and (flat[::k + 1] == k).all():
+    if (k >= 3 and flat.size == (k + 1) * num_faces and (flat[::k + 1] == k).all()
+            and (_values_per_line(face_lines) == k + 1).all()):
         # fast path: every face has k corners (triangles, or only quads)
         polygons = flat.reshape(num_faces, k + 1)[:, 1:]  # (n_f, k)
         fan = [polygons[:, [0, i, i + 1]] for i in range(1, k - 1)]  # k - 2 times (n_f, 3)
