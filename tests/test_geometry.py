@@ -60,6 +60,23 @@ def test_chamfer_identical_symmetric_and_permutation_invariant():
         chamfer_distance(a, b))
 
 
+def test_chamfer_sum_reduction_hand_case():
+    # B is A turned by 90 degrees: nearest squared distances 2, 0 (A to B) and 0, 2 (B to A).
+    a = np.array([[1.0, 0.0], [0.0, 1.0]])
+    rot = np.array([[0.0, -1.0], [1.0, 0.0]])
+    b = a @ rot.T  # [[0, 1], [-1, 0]]
+    assert chamfer_distance(a, b) == pytest.approx(2.0)
+    assert chamfer_distance(a, b, reduction='sum') == pytest.approx(4.0)
+    assert aligned_chamfer_distance(a, b, rotation=rot, reduction='sum') == pytest.approx(0.0)
+    # Unequal sizes: each side is summed over its own points.
+    c = np.array([[0.0, 0.0], [3.0, 0.0], [0.0, 2.0]])
+    d = np.array([[0.0, 1.0]])
+    assert chamfer_distance(c, d, reduction='sum') == pytest.approx((1 + 10 + 1) + 1)
+    assert chamfer_distance(c, d) == pytest.approx(12 / 3 + 1)
+    with pytest.raises(ValueError, match='reduction'):
+        chamfer_distance(a, b, reduction='max')
+
+
 def test_chamfer_validation():
     with pytest.raises(ValueError, match='same dimension'):
         chamfer_distance(np.zeros((2, 3)), np.zeros((2, 2)))

@@ -60,7 +60,7 @@ def _as_generator(rng: SeedLike) -> np.random.Generator:
 # ---------------------------------------------------------------------------------------------
 # Chamfer distances (Tasks B and F)
 # ---------------------------------------------------------------------------------------------
-def chamfer_distance(a, b, squared: bool = True) -> float:
+def chamfer_distance(a, b, squared: bool = True, reduction: str = 'mean') -> float:
     r"""Symmetric Chamfer distance between two point sets (Task B of the paper).
 
     .. math::
@@ -68,12 +68,16 @@ def chamfer_distance(a, b, squared: bool = True) -> float:
         + \frac{1}{|B|} \sum_{b \in B} \min_{a \in A} \|a - b\|^2,
 
     the usual point-cloud convention (mean of squared nearest-neighbour distances, both ways).
-    With ``squared=False`` plain Euclidean distances replace the squared ones.
+    With ``squared=False`` plain Euclidean distances replace the squared ones; with
+    ``reduction='sum'`` the nearest-neighbour distances are summed instead of averaged (the
+    :math:`1/|A|` and :math:`1/|B|` factors dropped), so the value grows with the set sizes.
 
     Args:
         a (array_like): First set, shape :math:`(n_A, d)`, :math:`n_A \geq 1`.
         b (array_like): Second set, shape :math:`(n_B, d)`, :math:`n_B \geq 1`.
         squared (bool, optional): Use squared distances. (default: :obj:`True`)
+        reduction (str, optional): ``'mean'`` or ``'sum'`` over the points of each set.
+            (default: :obj:`'mean'`)
 
     Returns:
         float: :math:`\mathrm{CD}(A, B) \geq 0`; symmetric in its arguments, zero iff the two sets
@@ -84,8 +88,11 @@ def chamfer_distance(a, b, squared: bool = True) -> float:
     if a.shape[1] != b.shape[1]:
         raise ValueError(f"'a' and 'b' must have the same dimension, "
                          f"got {a.shape[1]} and {b.shape[1]}")
+    if reduction not in ('mean', 'sum'):
+        raise ValueError(f"'reduction' must be 'mean' or 'sum', got {reduction!r}")
     dist = cdist(a, b, 'sqeuclidean' if squared else 'euclidean')  # (n_A, n_B)
-    return float(dist.min(axis=1).mean() + dist.min(axis=0).mean())
+    reduce = np.mean if reduction == 'mean' else np.sum
+    return float(reduce(dist.min(axis=1)) + reduce(dist.min(axis=0)))
 
 
 def procrustes_rotation(a, b) -> np.ndarray:
@@ -114,7 +121,8 @@ def procrustes_rotation(a, b) -> np.ndarray:
     return (u * sign) @ vt  # (d, d)
 
 
-def aligned_chamfer_distance(a, b, rotation=None, squared: bool = True) -> float:
+def aligned_chamfer_distance(a, b, rotation=None, squared: bool = True,
+                             reduction: str = 'mean') -> float:
     r"""Post-alignment Chamfer distance of rotation-dependent set matching (Task F of the paper).
 
     :math:`B` is modelled as :math:`B = R A + \varepsilon`; the target is the Chamfer distance
@@ -133,6 +141,8 @@ def aligned_chamfer_distance(a, b, rotation=None, squared: bool = True) -> float
         rotation (array_like, optional): Orthogonal :math:`(d, d)` matrix :math:`R`.
             (default: :obj:`None`, Procrustes estimate)
         squared (bool, optional): Use squared distances. (default: :obj:`True`)
+        reduction (str, optional): ``'mean'`` or ``'sum'``, as in :func:`chamfer_distance`.
+            (default: :obj:`'mean'`)
 
     Returns:
         float: The aligned Chamfer distance.
@@ -149,7 +159,7 @@ def aligned_chamfer_distance(a, b, rotation=None, squared: bool = True) -> float
         if rot.shape != (d, d):
             raise ValueError(f"'rotation' must have shape ({d}, {d}), got {rot.shape}")
     # Rows: b_i = R a_i + eps_i  =>  R^T b_i, i.e. b @ R.
-    return chamfer_distance(a, b @ rot, squared=squared)
+    return chamfer_distance(a, b @ rot, squared=squared, reduction=reduction)
 
 
 # ---------------------------------------------------------------------------------------------
