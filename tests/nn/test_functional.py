@@ -49,11 +49,11 @@ def test_many_buckets_match_reference(monkeypatch, merge):
     keys = torch.stack([_bucket_size(torch.tensor(q_sizes)), _bucket_size(torch.tensor(k_sizes))],
                        dim=1)
     sizes = torch.stack([torch.tensor(q_sizes), torch.tensor(k_sizes)], dim=1)
-    merged, _ = functional._merge_buckets(keys, sizes)
+    merged, _ = functional._merge_buckets(keys, sizes, pair_cost=2 * (3 + 5))
     if not merge:
         monkeypatch.setattr(functional, 'MERGE_RATIO', 1.0)
         monkeypatch.setattr(functional, 'MERGE_OVERHEAD', 0)
-        separate, _ = functional._merge_buckets(keys, sizes)
+        separate, _ = functional._merge_buckets(keys, sizes, pair_cost=2 * (3 + 5))
         assert separate.size(0) == torch.unique(keys, dim=0).size(0) > merged.size(0) > 1
     q, k, v, q_set, kv_set = _random_problem(q_sizes, k_sizes, seed=11)
     out = grouped_attention(q, k, v, q_set, kv_set, len(q_sizes), path='dense')
@@ -125,3 +125,52 @@ def test_set_mean_and_std():
     std = set_std(x, index, 3, eps=0.0)
     torch.testing.assert_close(std, torch.tensor([[(2 / 3)**0.5], [0.0], [0.0]],
                                                  dtype=torch.float64))
+
+
+@pytest.mark.parametrize('path', ['dense', 'scatter'])
+@pytest.mark.parametrize('shuffle', [False, True])
+def test_shared_values_equal_per_head_copies(path, shuffle):
+    r"""Values shared by the heads, (N_k, w), give what the same values copied per head give."""
+    q, k, v, q_set, kv_set = _random_problem([3, 0, 1, 6, 4], [2, 3, 0, 6, 4], seed=8,
+                                             shuffle=shuffle)
+    shared = v[:, 0]  # (N_k, w)
+    out = grouped_attention(q, k, shared, q_set, kv_set, 5, path=path)
+    expected = grouped_attention(q, k, shared.unsqueeze(1).expand_as(v).contiguous(), q_set,
+                                 kv_set, 5, path=path)
+    torch.testing.assert_close(out, expected)
+    # the exact dense path (equal sizes, sorted) too
+    q, k, v, q_set, kv_set = _random_problem([4] * 3, [5] * 3, seed=9, shuffle=False)
+    torch.testing.assert_close(
+        grouped_attention(q, k, v[:, 1], q_set, kv_set, 3, path=path),
+        _reference(q, k, v[:, 1:2].expand_as(v).contiguous(), q_set, kv_set))
+
+
+def test_scatter_path_chunks_pairs_exactly(monkeypatch):
+    r"""Pairs are processed in chunks (no (P, H, d) intermediate); small chunks give the same
+    values and gradients, and the chunked products pass gradcheck."""
+    q, k, v, q_set, kv_set = _random_problem([5, 0, 9, 3], [7, 2, 8, 1], seed=12)
+    inputs = [t.clone().requires_grad_() for t in (q, k, v)]
+    ref = grouped_attention(*inputs, q_set, kv_set, 4, path='dense')
+    ref.pow(2).sum().backward()
+    monkeypatch.setattr(functional, 'PAIR_CHUNK', 7)
+    chunked = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = grouped_attention(*chunked, q_set, kv_set, 4, path='scatter')
+    out.pow(2).sum().backward()
+    torch.testing.assert_close(out, ref)
+    for a, b in zip(chunked, inputs):
+        torch.testing.assert_close(a.grad, b.grad)
+    iq, jk = functional.set_pairs(q_set, kv_set, 4)
+    assert torch.autograd.gradcheck(lambda a, b: functional._PairDot.apply(a, b, iq, jk),
+                                    (inputs[0].detach()[:, :1].clone().requires_grad_(),
+                                     inputs[1].detach()[:, :1].clone().requires_grad_()))
+    alpha = torch.rand(iq.numel(), 2, dtype=torch.float64, requires_grad=True)
+    for vals in (v[:, :, :2], v[:, 0, :2]):  # per head and shared
+        assert torch.autograd.gradcheck(
+            lambda a, b: functional._PairAggregate.apply(a, b, iq, jk, q.size(0)),
+            (alpha, vals.clone().requires_grad_()))
+
+
+def test_values_of_a_wrong_shape_are_refused():
+    q, k, v, q_set, kv_set = _random_problem([2], [3], seed=0)
+    with pytest.raises(ValueError, match='values'):
+        grouped_attention(q, k, v[:2], q_set, kv_set, 1)

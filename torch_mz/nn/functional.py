@@ -70,34 +70,41 @@ def _bucket_size(n: Tensor) -> Tensor:
     return ((n + step - 1) // step) * step
 
 
-# Merging two size buckets saves a round of kernel launches; it is done when the padded cost of
-# the merged bucket (in query-key pairs) is at most MERGE_RATIO times the separate costs plus
-# MERGE_OVERHEAD pairs.
-MERGE_RATIO = 1.25
-MERGE_OVERHEAD = 8192
+# Merging two size buckets saves a round of kernel launches (about a dozen operations forward and
+# as many backward). Two neighbouring buckets are merged when the padded work of the merged
+# bucket is at most MERGE_RATIO times their separate work plus MERGE_OVERHEAD, where work is
+# counted in multiply-adds of the attention (query-key pairs times heads times (d_k + w)):
+# MERGE_OVERHEAD is about what one bucket's launches cost on a CPU core, in the same unit.
+MERGE_RATIO = 1.0
+MERGE_OVERHEAD = 400_000
 
 
-def _merge_buckets(keys: Tensor, sizes: Tensor) -> Tuple[Tensor, Tensor]:
+def _merge_buckets(keys: Tensor, sizes: Tensor, pair_cost: int = 1) -> Tuple[Tensor, Tensor]:
     r"""Groups sets into padded buckets. :obj:`keys` are the rounded ``(n_q, n_k)`` of each set;
     sets with equal keys share a bucket, and neighbouring buckets (ordered by padded cost) are
-    merged greedily while that costs little padding. Returns the padded ``(n_q, n_k)`` of each
-    bucket, shape :obj:`(U, 2)`, and the bucket of each set."""
-    uniq, inverse, counts = torch.unique(keys, dim=0, return_inverse=True, return_counts=True)
+    merged greedily while that costs little padding. :obj:`pair_cost` is the work of one padded
+    query-key pair (heads times (d_k + w)). Returns the padded ``(n_q, n_k)`` of each bucket,
+    shape :obj:`(U, 2)`, and the bucket of each set."""
+    # one integer per key (torch.unique over rows of a 2-D tensor is much slower)
+    flat = keys[:, 0] * (int(keys[:, 1].max()) + 1) + keys[:, 1]  # (B',)
+    _, inverse, counts = torch.unique(flat, return_inverse=True, return_counts=True)
+    U = counts.numel()
     # the true largest sizes in each key group (padding only up to what is there)
-    max_q = torch.zeros(uniq.size(0), dtype=torch.long, device=keys.device)
-    max_k = torch.zeros(uniq.size(0), dtype=torch.long, device=keys.device)
+    max_q = torch.zeros(U, dtype=torch.long, device=keys.device)
+    max_k = torch.zeros(U, dtype=torch.long, device=keys.device)
     max_q.scatter_reduce_(0, inverse, sizes[:, 0], reduce='amax')
     max_k.scatter_reduce_(0, inverse, sizes[:, 1], reduce='amax')
     order = torch.argsort(max_q * max_k).tolist()
     mq, mk, cnt = max_q.tolist(), max_k.tolist(), counts.tolist()
-    group = [0] * len(order)
+    overhead = MERGE_OVERHEAD / max(pair_cost, 1)  # in padded pairs
+    group = [0] * U
     padded = []
     cur_q = cur_k = cur_n = 0
     cur_sep = 0
     for i in order:
         new_q, new_k = max(cur_q, mq[i]), max(cur_k, mk[i])
         sep = cur_sep + cnt[i] * mq[i] * mk[i]
-        if cur_n == 0 or (cur_n + cnt[i]) * new_q * new_k <= MERGE_RATIO * sep + MERGE_OVERHEAD:
+        if cur_n == 0 or (cur_n + cnt[i]) * new_q * new_k <= MERGE_RATIO * sep + overhead:
             cur_q, cur_k, cur_n, cur_sep = new_q, new_k, cur_n + cnt[i], sep
         else:
             padded.append((cur_q, cur_k))
@@ -111,17 +118,19 @@ def _merge_buckets(keys: Tensor, sizes: Tensor) -> Tuple[Tensor, Tensor]:
 def _sorted_layout(set_id: Tensor, num_sets: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     r"""Returns (perm, counts, ptr, local): :obj:`perm` sorts rows by set (stable), :obj:`ptr` is the
     CSR offset of each set in sorted order and :obj:`local[i]` is the position of row :obj:`i`
-    inside its set (in the original row order)."""
+    inside its set (in the original row order). :obj:`perm` is :obj:`None` when the rows are
+    already sorted."""
     counts = set_counts(set_id, num_sets)  # (B,)
     ptr = torch.zeros(num_sets + 1, dtype=torch.long, device=set_id.device)
     ptr[1:] = torch.cumsum(counts, 0)
-    if set_id.numel() > 1 and bool((set_id[1:] >= set_id[:-1]).all()):
-        perm = torch.arange(set_id.numel(), device=set_id.device)
+    if set_id.numel() <= 1 or bool((set_id[1:] >= set_id[:-1]).all()):
+        perm = None
+        local = torch.arange(set_id.numel(), device=set_id.device) - ptr[set_id]  # (N,)
     else:
         perm = torch.argsort(set_id, stable=True)
-    local_sorted = torch.arange(set_id.numel(), device=set_id.device) - ptr[set_id[perm]]  # (N,)
-    local = torch.empty_like(local_sorted)
-    local[perm] = local_sorted
+        local_sorted = torch.arange(set_id.numel(), device=set_id.device) - ptr[set_id[perm]]
+        local = torch.empty_like(local_sorted)
+        local[perm] = local_sorted  # (N,)
     return perm, counts, ptr, local
 
 
@@ -136,10 +145,16 @@ def grouped_attention(q: Tensor, k: Tensor, v: Tensor, q_set: Tensor, kv_set: Te
     Scores are used as given (scale :obj:`q` beforehand, e.g. by :math:`1/\sqrt{d_k}`). A query
     whose set has no keys gets a zero output.
 
+    Values are either per head, :math:`(N_k, H, w)`, or shared by all heads, :math:`(N_k, w)`:
+    then every head aggregates the same rows with its own weights (one matrix product per set for
+    all heads, with no copy of the values per head). Shared values are what a block needs when it
+    applies its value map after the aggregation (exact, since a linear map commutes with the
+    attention-weighted sum).
+
     Args:
         q (Tensor): Queries :math:`(N_q, H, d_k)`.
         k (Tensor): Keys :math:`(N_k, H, d_k)`.
-        v (Tensor): Values :math:`(N_k, H, w)`.
+        v (Tensor): Values :math:`(N_k, H, w)`, or :math:`(N_k, w)` shared by the heads.
         q_set (Tensor): Set id of each query :math:`(N_q,)`, need not be sorted.
         kv_set (Tensor): Set id of each key :math:`(N_k,)`, need not be sorted.
         num_sets (int): Number of sets :math:`B` (ids lie in :obj:`[0, B)`).
@@ -152,6 +167,9 @@ def grouped_attention(q: Tensor, k: Tensor, v: Tensor, q_set: Tensor, kv_set: Te
         - **output:** :math:`(N_q, H, w)`
     """
     check_choice('attention path', path, PATHS)
+    if v.dim() not in (2, 3) or v.size(0) != k.size(0) or (v.dim() == 3 and v.size(1) != k.size(1)):
+        raise ValueError(f"Expected values of shape ({k.size(0)}, {k.size(1)}, w) or "
+                         f"({k.size(0)}, w) (got {tuple(v.shape)})")
     if path == 'scatter':
         return _attention_scatter(q, k, v, q_set, kv_set, num_sets, dropout, training)
     return _attention_dense(q, k, v, q_set, kv_set, num_sets, dropout, training)
@@ -175,104 +193,193 @@ def set_pairs(q_set: Tensor, kv_set: Tensor, num_sets: int) -> Tuple[Tensor, Ten
     pair_ptr = torch.cumsum(pairs, 0) - pairs  # (B,)
     local = torch.arange(P, device=device) - pair_ptr[pair_set]  # (P,)
     nk = counts_k[pair_set]  # (P,)
-    iq = perm_q[ptr_q[pair_set] + torch.div(local, nk, rounding_mode='floor')]  # (P,)
-    jk = perm_k[ptr_k[pair_set] + local % nk]  # (P,)
+    iq = ptr_q[pair_set] + torch.div(local, nk, rounding_mode='floor')  # (P,) sorted order
+    jk = ptr_k[pair_set] + local % nk  # (P,) sorted order
+    if perm_q is not None:
+        iq = perm_q[iq]
+    if perm_k is not None:
+        jk = perm_k[jk]
     return iq, jk
+
+
+# Pairs are processed in chunks of at most this many (pair, head, feature) entries, so that no
+# (P, H, d) intermediate is ever built: the scatter path's memory is O(P H + N w).
+PAIR_CHUNK = 1 << 21
+
+
+def _chunks(P: int, width: int):
+    step = max(1, PAIR_CHUNK // max(width, 1))
+    return [(lo, min(lo + step, P)) for lo in range(0, P, step)]
+
+
+class _PairDot(torch.autograd.Function):
+    r""":math:`s_{ph} = q_{i_p h} \cdot k_{j_p h}` for pairs :math:`(i_p, j_p)`, computed in chunks
+    forward and backward (a sampled dense-dense product)."""
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, iq: Tensor, jk: Tensor) -> Tensor:
+        H, dk = q.shape[1:]
+        out = q.new_empty(iq.numel(), H)  # (P, H)
+        for lo, hi in _chunks(iq.numel(), H * dk):
+            out[lo:hi] = (q[iq[lo:hi]] * k[jk[lo:hi]]).sum(dim=-1)  # (c, H)
+        ctx.save_for_backward(q, k, iq, jk)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        q, k, iq, jk = ctx.saved_tensors
+        H, dk = q.shape[1:]
+        grad_q = torch.zeros_like(q) if ctx.needs_input_grad[0] else None
+        grad_k = torch.zeros_like(k) if ctx.needs_input_grad[1] else None
+        for lo, hi in _chunks(iq.numel(), H * dk):
+            g = grad[lo:hi].unsqueeze(-1)  # (c, H, 1)
+            if grad_q is not None:
+                grad_q.index_add_(0, iq[lo:hi], g * k[jk[lo:hi]])
+            if grad_k is not None:
+                grad_k.index_add_(0, jk[lo:hi], g * q[iq[lo:hi]])
+        return grad_q, grad_k, None, None
+
+
+class _PairAggregate(torch.autograd.Function):
+    r""":math:`o_{ih} = \sum_{p:\, i_p = i} \alpha_{ph} v_{j_p (h)}` for pairs :math:`(i_p, j_p)`,
+    values per head :math:`(N_k, H, w)` or shared :math:`(N_k, w)`; computed in chunks forward
+    and backward."""
+    @staticmethod
+    def forward(ctx, alpha: Tensor, v: Tensor, iq: Tensor, jk: Tensor, Nq: int) -> Tensor:
+        H, w = alpha.size(1), v.size(-1)
+        out = v.new_zeros(Nq, H, w)  # (Nq, H, w)
+        for lo, hi in _chunks(iq.numel(), H * w):
+            vj = v[jk[lo:hi]]  # (c, H, w) or (c, w)
+            if vj.dim() == 2:
+                vj = vj.unsqueeze(1)  # (c, 1, w)
+            out.index_add_(0, iq[lo:hi], alpha[lo:hi].unsqueeze(-1) * vj)
+        ctx.save_for_backward(alpha, v, iq, jk)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        alpha, v, iq, jk = ctx.saved_tensors
+        H, w = alpha.size(1), v.size(-1)
+        grad_alpha = torch.empty_like(alpha) if ctx.needs_input_grad[0] else None
+        grad_v = torch.zeros_like(v) if ctx.needs_input_grad[1] else None
+        for lo, hi in _chunks(iq.numel(), H * w):
+            gi = grad[iq[lo:hi]]  # (c, H, w)
+            if grad_alpha is not None:
+                vj = v[jk[lo:hi]]
+                vj = vj.unsqueeze(1) if vj.dim() == 2 else vj  # (c, H or 1, w)
+                grad_alpha[lo:hi] = (gi * vj).sum(dim=-1)  # (c, H)
+            if grad_v is not None:
+                contrib = alpha[lo:hi].unsqueeze(-1) * gi  # (c, H, w)
+                if v.dim() == 2:
+                    contrib = contrib.sum(dim=1)  # (c, w)
+                grad_v.index_add_(0, jk[lo:hi], contrib)
+        return grad_alpha, grad_v, None, None, None
 
 
 def _attention_scatter(q: Tensor, k: Tensor, v: Tensor, q_set: Tensor, kv_set: Tensor,
                        num_sets: int, dropout: float, training: bool) -> Tensor:
     Nq, H, _ = q.shape
-    Nk, w = k.size(0), v.size(-1)
-    device = q.device
+    w = v.size(-1)
     out_dtype = torch.promote_types(q.dtype, v.dtype)
     iq, jk = set_pairs(q_set, kv_set, num_sets)  # (P,), (P,)
     if iq.numel() == 0:
         return v.new_zeros(Nq, H, w, dtype=out_dtype)
-
-    logits = (q[iq] * k[jk]).sum(dim=-1)  # (P, H)
+    logits = _PairDot.apply(q, k.to(q.dtype), iq, jk)  # (P, H)
     alpha = segment_softmax(logits, iq, num_nodes=Nq)  # (P, H)
     if dropout > 0 and training:
         alpha = F.dropout(alpha, p=dropout, training=True)
+    return _PairAggregate.apply(alpha.to(out_dtype), v.to(out_dtype), iq, jk, Nq)
 
-    # out[iq, h] += alpha[p, h] * v[jk, h] as one sparse (Nq H x Nk H) times dense (Nk H x w):
-    heads = torch.arange(H, device=device)
-    rows = (iq.unsqueeze(1) * H + heads).reshape(-1)  # (P * H,)
-    cols = (jk.unsqueeze(1) * H + heads).reshape(-1)  # (P * H,)
-    # Sparse kernels do not run in reduced precision everywhere: compute them in float32 or more.
-    dtype = torch.promote_types(out_dtype, torch.float32)
-    with torch.autocast(device_type=device.type, enabled=False):
-        A = torch.sparse_coo_tensor(torch.stack([rows, cols]), alpha.reshape(-1).to(dtype),
-                                    (Nq * H, Nk * H), check_invariants=False)
-        out = torch.sparse.mm(A, v.reshape(Nk * H, w).to(dtype))  # (Nq * H, w)
-    return out.view(Nq, H, w).to(out_dtype)
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], p: float) -> Tensor:
+    r"""Attention on dense blocks: :obj:`q` :math:`(n, H, L_q, d_k)`, :obj:`k`
+    :math:`(n, H, L_k, d_k)`, :obj:`v` :math:`(n, H, L_k, w)` per head or :math:`(n, L_k, w)`
+    shared, :obj:`mask` :math:`(n, 1, 1, L_k)` (True = attend) or None. Returns
+    :math:`(n, H, L_q, w)`."""
+    if v.dim() == 4:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=1.0)
+    n, H, Lq, _ = q.shape
+    scores = torch.matmul(q, k.transpose(-1, -2))  # (n, H, Lq, Lk)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float('-inf'))
+    a = torch.softmax(scores, dim=-1)  # (n, H, Lq, Lk)
+    if p > 0:
+        a = F.dropout(a, p=p, training=True)
+    out = torch.bmm(a.reshape(n, H * Lq, -1), v)  # (n, H * Lq, w): all heads in one product
+    return out.view(n, H, Lq, -1)
 
 
 def _attention_dense(q: Tensor, k: Tensor, v: Tensor, q_set: Tensor, kv_set: Tensor,
                      num_sets: int, dropout: float, training: bool) -> Tensor:
     Nq, H, dk = q.shape
+    Nk = k.size(0)
     w = v.size(-1)
+    shared = v.dim() == 2
     device = q.device
     p = dropout if training else 0.0
+    out_dtype = torch.promote_types(q.dtype, v.dtype)
     perm_q, counts_q, _, local_q = _sorted_layout(q_set, num_sets)
     perm_k, counts_k, _, local_k = _sorted_layout(kv_set, num_sets)
 
     # Exact dense path: rows sorted by set and all sets of one size -> a reshape, no gather.
     nq0, nk0 = (int(counts_q[0]), int(counts_k[0])) if num_sets > 0 else (0, 0)
-    if (num_sets > 0 and nq0 > 0 and nk0 > 0 and bool((counts_q == nq0).all())
-            and bool((counts_k == nk0).all())
-            and bool((perm_q == torch.arange(Nq, device=device)).all())
-            and bool((perm_k == torch.arange(k.size(0), device=device)).all())):
+    if (num_sets > 0 and nq0 > 0 and nk0 > 0 and perm_q is None and perm_k is None
+            and bool((counts_q == nq0).all()) and bool((counts_k == nk0).all())):
         qd = q.view(num_sets, nq0, H, dk).transpose(1, 2)  # (B, H, nq, dk)
         kd = k.view(num_sets, nk0, H, dk).transpose(1, 2)  # (B, H, nk, dk)
-        vd = v.view(num_sets, nk0, H, w).transpose(1, 2)  # (B, H, nk, w)
-        out = F.scaled_dot_product_attention(qd, kd, vd, dropout_p=p, scale=1.0)  # (B,H,nq,w)
+        vd = v.view(num_sets, nk0, w) if shared else \
+            v.view(num_sets, nk0, H, w).transpose(1, 2)  # (B, nk, w) or (B, H, nk, w)
+        out = _attend(qd, kd, vd.to(out_dtype), None, p)  # (B, H, nq, w)
         return out.transpose(1, 2).reshape(Nq, H, w)
 
-    bq = _bucket_size(counts_q)  # (B,)
-    bk = _bucket_size(counts_k)  # (B,)
     active = (counts_q > 0) & (counts_k > 0)  # (B,)
-    keys = torch.stack([bq, bk], dim=1)[active]  # (B', 2)
     sets_active = torch.nonzero(active).view(-1)  # (B',)
-    if sets_active.numel() > 0:
-        # exact sizes of each active set, to size merged buckets by their largest member
-        sizes = torch.stack([counts_q, counts_k], dim=1)[active]  # (B', 2)
-        buckets, bucket_of = _merge_buckets(keys, sizes)
-    else:
-        buckets = keys
+    if sets_active.numel() == 0:
+        return v.new_zeros(Nq, H, w, dtype=out_dtype)
+    keys = torch.stack([_bucket_size(counts_q), _bucket_size(counts_k)], dim=1)[active]
+    sizes = torch.stack([counts_q, counts_k], dim=1)[active]  # (B', 2) exact sizes
+    buckets, bucket_of = _merge_buckets(keys, sizes, pair_cost=H * (dk + w))
+    nb = torch.bincount(bucket_of, minlength=buckets.size(0))  # (U,) sets per bucket
+    pq, pk = buckets[:, 0], buckets[:, 1]  # (U,)
+    # every bucket is a block of nb * pq query rows (nb * pk key rows) in one flat buffer
+    off_q = torch.cumsum(nb * pq, 0) - nb * pq  # (U,)
+    off_k = torch.cumsum(nb * pk, 0) - nb * pk  # (U,)
+    # position of each active set inside its bucket (ranks within groups, vectorised)
+    order = torch.argsort(bucket_of, stable=True)
+    first = torch.searchsorted(bucket_of[order], bucket_of[order], right=False)
+    slot = torch.empty_like(bucket_of)
+    slot[order] = torch.arange(order.numel(), device=device) - first  # (B',)
     set_bucket = torch.full((num_sets, ), -1, dtype=torch.long, device=device)
-    slot = torch.zeros(num_sets, dtype=torch.long, device=device)
-    if sets_active.numel() > 0:
-        set_bucket[sets_active] = bucket_of
-        # position of each set inside its bucket (ranks within groups, vectorised)
-        order = torch.argsort(bucket_of, stable=True)
-        first = torch.searchsorted(bucket_of[order], bucket_of[order], right=False)
-        slot[sets_active[order]] = torch.arange(order.numel(), device=device) - first
-    qb_of_row = set_bucket[q_set]  # (Nq,)
-    kb_of_row = set_bucket[kv_set]  # (Nk,)
-    sets_per_bucket = torch.bincount(bucket_of, minlength=buckets.size(0)).tolist() \
-        if sets_active.numel() > 0 else []
-    rows_out, vals_out = [], []
-    for b, (pq, pk) in enumerate(buckets.tolist()):
-        q_rows = torch.nonzero(qb_of_row == b).view(-1)  # (n_q_b,)
-        k_rows = torch.nonzero(kb_of_row == b).view(-1)  # (n_k_b,)
-        nb = sets_per_bucket[b]
-        q_pos = slot[q_set[q_rows]] * pq + local_q[q_rows]  # (n_q_b,)
-        k_pos = slot[kv_set[k_rows]] * pk + local_k[k_rows]  # (n_k_b,)
-        qd = q.new_zeros(nb * pq, H, dk).index_copy(0, q_pos, q[q_rows])  # (nb*pq, H, dk)
-        kd = k.new_zeros(nb * pk, H, dk).index_copy(0, k_pos, k[k_rows])  # (nb*pk, H, dk)
-        vd = v.new_zeros(nb * pk, H, w).index_copy(0, k_pos, v[k_rows])  # (nb*pk, H, w)
-        mask = torch.zeros(nb * pk, dtype=torch.bool, device=device)
-        mask[k_pos] = True
-        mask = mask.view(nb, 1, 1, pk)  # (nb, 1, 1, pk), True = attend
-        qd = qd.view(nb, pq, H, dk).transpose(1, 2)  # (nb, H, pq, dk)
-        kd = kd.view(nb, pk, H, dk).transpose(1, 2)  # (nb, H, pk, dk)
-        vd = vd.view(nb, pk, H, w).transpose(1, 2)  # (nb, H, pk, w)
-        od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask, dropout_p=p, scale=1.0)
-        od = od.transpose(1, 2).reshape(nb * pq, H, w)  # (nb*pq, H, w)
-        rows_out.append(q_rows)
-        vals_out.append(od[q_pos])
-    if not rows_out:
-        return v.new_zeros(Nq, H, w, dtype=torch.promote_types(q.dtype, v.dtype))
-    vals = torch.cat(vals_out, 0)  # (Nq', H, w)
-    return vals.new_zeros(Nq, H, w).index_copy(0, torch.cat(rows_out, 0), vals)
+    set_bucket[sets_active] = bucket_of
+    set_start_q = torch.zeros(num_sets, dtype=torch.long, device=device)
+    set_start_k = torch.zeros(num_sets, dtype=torch.long, device=device)
+    set_start_q[sets_active] = off_q[bucket_of] + slot * pq[bucket_of]
+    set_start_k[sets_active] = off_k[bucket_of] + slot * pk[bucket_of]
+
+    q_keep = set_bucket[q_set] >= 0  # (Nq,) queries whose set has keys
+    q_rows = torch.nonzero(q_keep).view(-1)  # (Nq',)
+    q_pos = set_start_q[q_set[q_rows]] + local_q[q_rows]  # (Nq',)
+    k_rows = torch.nonzero(set_bucket[kv_set] >= 0).view(-1)  # (Nk',)
+    k_pos = set_start_k[kv_set[k_rows]] + local_k[k_rows]  # (Nk',)
+    tot_q, tot_k = int((nb * pq).sum()), int((nb * pk).sum())
+    qbuf = q.new_zeros(tot_q, H, dk).index_copy(0, q_pos, q[q_rows])  # (tot_q, H, dk)
+    kbuf = k.new_zeros(tot_k, H, dk).index_copy(0, k_pos, k[k_rows])  # (tot_k, H, dk)
+    vsrc = v[k_rows].to(out_dtype)
+    vbuf = vsrc.new_zeros((tot_k, ) + tuple(v.shape[1:])).index_copy(0, k_pos, vsrc)
+    mbuf = torch.zeros(tot_k, dtype=torch.bool, device=device)
+    mbuf[k_pos] = True  # (tot_k,), True = a real key
+
+    outs = []
+    for b, (nb_b, pq_b, pk_b, oq, ok) in enumerate(zip(nb.tolist(), pq.tolist(), pk.tolist(),
+                                                         off_q.tolist(), off_k.tolist())):
+        qd = qbuf[oq:oq + nb_b * pq_b].view(nb_b, pq_b, H, dk).transpose(1, 2)  # (n,H,pq,dk)
+        kd = kbuf[ok:ok + nb_b * pk_b].view(nb_b, pk_b, H, dk).transpose(1, 2)  # (n,H,pk,dk)
+        vb = vbuf[ok:ok + nb_b * pk_b]
+        vd = vb.view(nb_b, pk_b, w) if shared else \
+            vb.view(nb_b, pk_b, H, w).transpose(1, 2)  # (n, pk, w) or (n, H, pk, w)
+        mask = mbuf[ok:ok + nb_b * pk_b].view(nb_b, 1, 1, pk_b)  # (n, 1, 1, pk)
+        od = _attend(qd, kd, vd, mask, p)  # (n, H, pq, w)
+        outs.append(od.transpose(1, 2).reshape(nb_b * pq_b, H, w))
+    vals = torch.cat(outs, 0)[q_pos] if len(outs) > 1 else outs[0][q_pos]  # (Nq', H, w)
+    if q_rows.numel() == Nq:  # every query has keys: q_rows is 0..Nq-1
+        return vals
+    return vals.new_zeros(Nq, H, w).index_copy(0, q_rows, vals)
