@@ -86,3 +86,32 @@ def test_input_projection_without_generators():
     assert z.gens.shape == (4, 0, 8)
     with pytest.raises(ValueError):
         InputProjection(5, 8, num_generators=-1)
+
+
+@pytest.mark.parametrize('affine', [True, False])
+def test_fused_layer_norm_jacobian_matches_autograd_reference(affine):
+    r"""The hand-written backward of the generator map agrees with autograd through the
+    elementwise formula (values and gradients of centers, generators and the weight) and passes
+    gradcheck in float64."""
+    from torch_mz.nn.zonotope import _LayerNormJacobian, zonotope_layer_norm_reference
+    g = torch.Generator().manual_seed(5)
+    norm = torch.nn.LayerNorm(7, elementwise_affine=affine).double()
+    if affine:
+        with torch.no_grad():
+            norm.weight.copy_(torch.rand(7, generator=g, dtype=torch.float64) + 0.5)
+    c = torch.randn(6, 7, generator=g, dtype=torch.float64) * 3 + 1
+    gens = torch.randn(6, 4, 7, generator=g, dtype=torch.float64)
+    grads = []
+    for fn in (zonotope_layer_norm, zonotope_layer_norm_reference):
+        norm.zero_grad()
+        cc, gg = c.clone().requires_grad_(), gens.clone().requires_grad_()
+        out = fn(Zonotope(cc, gg), norm)
+        (out.gens.pow(3).sum() + out.center.sin().sum()).backward()
+        grads.append([out.gens, cc.grad, gg.grad]
+                     + ([norm.weight.grad.clone()] if affine else []))
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    weight = norm.weight.detach().clone().requires_grad_() if affine else None
+    assert torch.autograd.gradcheck(
+        lambda cc, gg, w: _LayerNormJacobian.apply(cc, gg, w, 1e-5),
+        (c[:3].clone().requires_grad_(), gens[:3].clone().requires_grad_(), weight))
