@@ -227,3 +227,46 @@ def test_documented_arguments_match_signature():
     doc = MZAttention.__doc__
     documented = re.findall(r'^\s{8}(\w+) \(', doc, flags=re.M)
     assert documented == list(inspect.signature(MZAttention.__init__).parameters)[1:]
+
+
+@pytest.mark.parametrize('value', ['rigid', 'mz', 'film', 'hypernet'])
+@pytest.mark.parametrize('path', ['dense', 'scatter'])
+@pytest.mark.parametrize('ng', [0, NG])
+def test_value_map_before_and_after_aggregation_agree(value, path, ng):
+    r"""The value map applied to every key ('before') or to every aggregated query ('after', all
+    heads on the raw tokens) gives the same values and gradients, with empty sets, a one-element
+    set, unsorted rows and the log-n scaling."""
+    if value == 'mz' and ng == 0:
+        pytest.skip("'mz' needs generators")
+    q_sizes, k_sizes = [3, 1, 4, 2, 0], [5, 1, 0, 7, 2]
+    g = torch.Generator().manual_seed(7)
+    q_set = make_index(q_sizes, shuffle=True, generator=g)
+    kv_set = make_index(k_sizes, shuffle=True, generator=g)
+    results = []
+    for order in ('before', 'after'):
+        torch.manual_seed(0)
+        attn = MZAttention(D, heads=H, num_generators=ng, value=value, num_matrix_generators=L,
+                           log_n=True, path=path, value_order=order).double()
+        _randomise(attn, 3)
+        query, kv = _tokens(q_set.numel(), 1, ng), _tokens(kv_set.numel(), 2, ng)
+        leaves = [query.center, query.gens, kv.center, kv.gens]
+        for t in leaves:
+            t.requires_grad_()
+        out = attn(query, kv, q_set, kv_set, len(q_sizes))
+        (out.center.pow(2).sum() + out.gens.sin().sum()).backward()
+        results.append([out.center, out.gens] + [t.grad for t in leaves]
+                       + [p.grad for p in attn.parameters()])
+    for a, b in zip(*results):
+        if a is None or b is None:  # an empty generator tensor may get an empty gradient
+            assert (a if a is not None else b) is None or (a if a is not None else b).numel() == 0
+            continue
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_value_order_auto_picks_after_for_few_queries():
+    attn = _attn('mz')
+    counts = torch.tensor([50, 50])
+    assert attn._values_after(torch.tensor([0, 1]), counts, 2, 100, 2)
+    assert not attn._values_after(make_index([50, 50]), counts, 100, 100, 2)
+    with pytest.raises(ValueError, match='value order'):
+        _attn('mz', value_order='sideways')

@@ -19,6 +19,7 @@ from torch_mz.nn.zonotope import Zonotope
 
 VALUE_OPERATORS = ('rigid', 'mz', 'film', 'hypernet')
 SUMMARIES = ('mean', 'mean+std')
+VALUE_ORDERS = ('auto', 'before', 'after')
 
 
 class MZAttention(Module):
@@ -78,6 +79,12 @@ class MZAttention(Module):
         log_n (bool): Multiply logits by :math:`\log n` of the key set (default: :obj:`False`).
         path (str): Attention kernel, :obj:`'auto'`, :obj:`'dense'` or :obj:`'scatter'`
             (see :func:`torch_mz.nn.functional.grouped_attention`) (default: :obj:`'auto'`).
+        value_order (str): Where the value map :math:`W_V` (and, on generators, :math:`M_c W_V`)
+            acts: :obj:`'before'` the aggregation on every key, :obj:`'after'` it on every query
+            (all heads aggregate the raw tokens in one product), or :obj:`'auto'`, the cheaper of
+            the two by a count of multiply-adds (the first MAB of an ISAB and the PMA usually
+            have fewer queries than keys). The result is the same up to rounding
+            (default: :obj:`'auto'`).
 
     Shapes:
         - **input:** queries :class:`Zonotope` :math:`(N_q, d), (N_q, n_g, d)`, keys/values
@@ -87,13 +94,15 @@ class MZAttention(Module):
     """
     def __init__(self, dim: int, heads: int = 4, num_generators: int = 8, value: str = 'mz',
                  num_matrix_generators: int = 4, rank: int = 8, summary: str = 'mean',
-                 dropout: float = 0.0, log_n: bool = False, path: str = 'auto'):
+                 dropout: float = 0.0, log_n: bool = False, path: str = 'auto',
+                 value_order: str = 'auto'):
         super().__init__()
         if dim <= 0 or heads <= 0 or dim % heads != 0:
             raise ValueError(f"'heads' ({heads}) must be positive and divide 'dim' ({dim})")
         check_choice('value operator', value, VALUE_OPERATORS)
         check_choice('summary', summary, SUMMARIES)
         check_choice('attention path', path, PATHS)
+        check_choice('value order', value_order, VALUE_ORDERS)
         if num_generators < 0:
             raise ValueError(f"'num_generators' must be non-negative (got {num_generators})")
         if value == 'mz' and num_matrix_generators <= 0:
@@ -114,6 +123,7 @@ class MZAttention(Module):
         self.dropout = dropout
         self.log_n = log_n
         self.path = path
+        self.value_order = value_order
 
         H, dk = heads, self.head_dim
         summary_dim = dim * (2 if summary == 'mean+std' else 1)
@@ -173,27 +183,53 @@ class MZAttention(Module):
         if key_value.num_generators != self.num_generators:
             raise ValueError(f"Expected {self.num_generators} generators per token (got "
                              f"{key_value.num_generators})")
-        H, dk, ng = self.heads, self.head_dim, self.num_generators
+        H, dk, ng, d = self.heads, self.head_dim, self.num_generators, self.dim
         Nq, Nk = query.num_tokens, key_value.num_tokens
 
         q = self.lin_q(query.center).view(Nq, H, dk) / math.sqrt(dk)  # (Nq, H, dk)
+        counts_k = set_counts(kv_set, num_sets)  # (B,)
         if self.log_n:
-            n = set_counts(kv_set, num_sets).clamp(min=1).to(q.dtype)  # (B,)
+            n = counts_k.clamp(min=1).to(q.dtype)  # (B,)
             q = q * torch.log(n)[query_set].view(Nq, 1, 1)
         k = self.lin_k(key_value.center).view(Nk, H, dk)  # (Nk, H, dk)
-        v = key_value.linear(self.lin_v.weight, self.lin_v.bias)  # (Nk, d), (Nk, ng, d)
-        vc = v.center.view(Nk, H, dk)  # (Nk, H, dk)
-        vg = v.gens.view(Nk, ng, H, dk).transpose(1, 2).reshape(Nk, H, ng * dk)  # (Nk,H,ng*dk)
-        values = torch.cat([vc, vg.to(vc.dtype)], dim=-1) if ng > 0 else vc  # (Nk,H,(1+ng)dk)
-        agg = grouped_attention(q, k, values, query_set, kv_set, num_sets,
-                                dropout=self.dropout, training=self.training,
-                                path=self.path)  # (Nq, H, (1 + ng) * dk)
-        c_hat = agg[..., :dk]  # (Nq, H, dk)
-        g_hat = agg[..., dk:].reshape(Nq, H, ng, dk)  # (Nq, H, ng, dk)
+        weight = self.weight.to(q.dtype)  # (H, dk, dk), M_c or W
+        w_v = self.lin_v.weight.to(q.dtype).view(H, dk, d)  # per-head rows of W_V
+        # Generators only ever meet M_c W_V (or W_V, for 'hypernet', which needs G_hat itself),
+        # so one per-head matrix maps them: (H, dk, d).
+        gen_map = w_v if self.value == 'hypernet' else torch.matmul(weight, w_v)
+        gens_kv = key_value.gens.to(q.dtype)  # (Nk, ng, d)
 
-        weight = self.weight.to(c_hat.dtype)
+        if self._values_after(query_set, counts_k, Nq, Nk, num_sets):
+            # Aggregate the raw tokens once for all heads, then map them (exact: the value map is
+            # linear and commutes with the attention-weighted sum). A column of ones gives the
+            # attention mass of each query, which multiplies the bias (1, or 0 without keys).
+            ones = key_value.center.new_ones(Nk, 1).to(q.dtype)
+            raw = torch.cat([ones, key_value.center.to(q.dtype), gens_kv.reshape(Nk, ng * d)],
+                            dim=-1)  # (Nk, 1 + d + ng d)
+            agg = grouped_attention(q, k, raw, query_set, kv_set, num_sets, dropout=self.dropout,
+                                    training=self.training, path=self.path)  # (Nq, H, 1+d+ngd)
+            mass = agg[..., :1]  # (Nq, H, 1)
+            c_hat = torch.einsum('nhd,hed->nhe', agg[..., 1:1 + d], w_v)  # (Nq, H, dk)
+            if self.lin_v.bias is not None:
+                c_hat = c_hat + mass * self.lin_v.bias.to(q.dtype).view(H, dk)
+            g_agg = torch.einsum('nhgd,hed->nhge', agg[..., 1 + d:].reshape(Nq, H, ng, d),
+                                 gen_map)  # (Nq, H, ng, dk)
+        else:
+            vc = self.lin_v(key_value.center.to(q.dtype)).view(Nk, H, dk)  # (Nk, H, dk)
+            vg = torch.einsum('ngd,hed->nhge', gens_kv, gen_map)  # (Nk, H, ng, dk)
+            values = torch.cat([vc, vg.reshape(Nk, H, ng * dk)], dim=-1) if ng > 0 else vc
+            agg = grouped_attention(q, k, values, query_set, kv_set, num_sets,
+                                    dropout=self.dropout, training=self.training,
+                                    path=self.path)  # (Nq, H, (1 + ng) * dk)
+            c_hat = agg[..., :dk]  # (Nq, H, dk)
+            g_agg = agg[..., dk:].reshape(Nq, H, ng, dk)  # (Nq, H, ng, dk)
+
         out_c = torch.einsum('nhd,hed->nhe', c_hat, weight)  # (Nq, H, dk)
-        out_g = torch.einsum('nhgd,hed->nhge', g_hat, weight)  # (Nq, H, ng, dk)
+        if self.value == 'hypernet':
+            g_hat = g_agg
+            out_g = torch.einsum('nhgd,hed->nhge', g_hat, weight)  # (Nq, H, ng, dk)
+        else:
+            g_hat, out_g = None, g_agg  # already G_hat M_c^T
         if self.value != 'rigid':
             mu = self.set_summary(key_value.center, kv_set, num_sets)  # (B, |mu|)
             out_c, out_g = self._context(out_c, out_g, c_hat, g_hat, mu, query_set)
@@ -201,6 +237,19 @@ class MZAttention(Module):
         out_c = out_c.reshape(Nq, self.dim)  # (Nq, d)
         out_g = out_g.permute(0, 2, 1, 3).reshape(Nq, ng, self.dim)  # (Nq, ng, d)
         return Zonotope(out_c, out_g)
+
+    def _values_after(self, query_set: Tensor, counts_k: Tensor, Nq: int, Nk: int,
+                      num_sets: int) -> bool:
+        r"""Whether to apply the value map after the aggregation. Before: the map costs
+        :math:`N_k (1 + n_g) d^2` and the aggregation :math:`P (1 + n_g) d` for :math:`P` query-key
+        pairs; after: :math:`N_q (1 + n_g) d^2` and :math:`P H (1 + n_g) d`. Both are exact; the
+        cheaper one is taken (``value_order='auto'``), or the one :attr:`value_order` names."""
+        if self.value_order != 'auto':
+            return self.value_order == 'after'
+        if Nq >= Nk:
+            return False
+        pairs = int((set_counts(query_set, num_sets) * counts_k).sum())
+        return (Nk - Nq) * self.dim > pairs * (self.heads - 1)
 
     def _context(self, out_c: Tensor, out_g: Tensor, c_hat: Tensor, g_hat: Tensor, mu: Tensor,
                  query_set: Tensor):
