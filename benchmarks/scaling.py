@@ -27,9 +27,9 @@ from torch_mz.nn import MZAggregation
 def build(model: str, chunk_size) -> MZAggregation:
     torch.manual_seed(0)
     if model == 'rigid':
-        return MZAggregation(3, 64, value='rigid', num_generators=0,
+        return MZAggregation(3, 64, preset='paper', value='rigid', num_generators=0,
                              chunk_size=chunk_size).eval()
-    return MZAggregation(3, 64, value='mz', chunk_size=chunk_size).eval()
+    return MZAggregation(3, 64, preset='paper', value='mz', chunk_size=chunk_size).eval()
 
 
 def run_one(cfg: dict) -> dict:

@@ -225,3 +225,68 @@ def test_repr_reset_and_documented_arguments():
         MZAggregation(3, readout='max')
     with pytest.raises(ValueError, match='encoder'):
         MZAggregation(3, encoder='mlp')
+
+
+def test_no_rows_gives_zeros_for_every_set():
+    aggr = _aggr()
+    out = aggr(torch.zeros(0, F_IN, dtype=torch.float64), torch.zeros(0, dtype=torch.long),
+               dim_size=0)
+    assert out.shape == (0, F_IN)
+    out = aggr(torch.zeros(0, F_IN, dtype=torch.float64), torch.zeros(0, dtype=torch.long),
+               dim_size=3)
+    assert torch.equal(out, torch.zeros(3, F_IN, dtype=torch.float64))
+    out.sum().backward()  # a graph exists, as for any aggregation output
+
+
+def test_ptr_takes_precedence_and_a_disagreeing_index_is_refused():
+    aggr = _aggr()
+    sizes = [2, 3]
+    x = _x(5)
+    out = aggr(x, make_index(sizes), ptr=ptr_from_sizes(sizes))  # agreeing: accepted
+    torch.testing.assert_close(out, aggr(x, ptr=ptr_from_sizes(sizes)))
+    with pytest.raises(ValueError, match="'index' and 'ptr'"):
+        aggr(x, make_index([3, 2]), ptr=ptr_from_sizes(sizes))
+
+
+def test_accepts_pyg_max_num_elements():
+    aggr = _aggr()
+    index = make_index([2, 3])
+    x = _x(5)
+    torch.testing.assert_close(aggr(x, index, max_num_elements=3), aggr(x, index))
+
+
+@pytest.mark.parametrize('x, match', [
+    (torch.ones(4, F_IN, dtype=torch.long), 'floating-point'),
+    (torch.ones(4, F_IN, dtype=torch.float16), "module's dtype"),
+    (torch.full((4, F_IN), 1e30), 'rescale'),
+])
+def test_bad_input_dtypes_and_magnitudes_are_named_at_the_boundary(x, match):
+    with pytest.raises(ValueError, match=match):
+        _aggr(dtype=torch.float32)(x, torch.tensor([0, 0, 1, 1]))
+
+
+def test_largest_accepted_magnitude_gives_finite_output():
+    for dtype, limit in ((torch.float32, 1e15), (torch.float64, 1e150)):
+        aggr = _aggr(dtype=dtype)
+        x = torch.full((5, F_IN), limit, dtype=dtype)
+        x[1] *= -1
+        assert torch.isfinite(aggr(x, torch.tensor([0, 0, 1, 1, 1]))).all()
+        # infinities and NaN stay inside their set
+        x = _x(5, dtype=dtype)
+        x[0, 0] = float('inf')
+        x[1, 1] = float('nan')
+        out = aggr(x, torch.tensor([0, 0, 1, 1, 1]))
+        assert torch.isfinite(out[1]).all()
+
+
+def test_presets_fill_only_what_is_left_unset():
+    neighbourhood = MZAggregation(16)
+    assert (neighbourhood.dim, neighbourhood.d_ff, neighbourhood.encoder,
+            neighbourhood.num_encoder_blocks) == (16, 32, 'sab', 1)
+    assert MZAggregation(3).dim == 16 and MZAggregation(70, heads=4).dim == 72
+    paper = MZAggregation(3, preset='paper')
+    assert (paper.dim, paper.d_ff, paper.encoder, paper.num_encoder_blocks,
+            paper.num_inducing) == (64, 128, 'isab', 2, 16)
+    assert MZAggregation(3, preset='paper', dim=32, encoder='sab').encoder == 'sab'
+    with pytest.raises(ValueError, match='preset'):
+        MZAggregation(3, preset='large')

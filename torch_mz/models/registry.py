@@ -29,8 +29,8 @@ from torch.nn import Module
 from torch_mz.models.egnn import EGNN
 from torch_mz.models.set_transformer import DeepSets, MZSetTransformer, PerceiverSet
 
-_ST = dict(dim=64, heads=4, d_ff=128, num_inducing=16, num_encoder_blocks=2, num_seeds=1,
-           num_decoder_blocks=1, dropout=0.1)
+_ST = dict(dim=64, heads=4, d_ff=128, encoder='isab', num_inducing=16, num_encoder_blocks=2,
+           num_seeds=1, num_decoder_blocks=1, dropout=0.1)
 
 PRESETS: Dict[str, dict] = {
     'mz': dict(_ST, value='mz', num_generators=8, num_matrix_generators=4),

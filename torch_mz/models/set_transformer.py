@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn import Linear, Module, ModuleList, Sequential
 
-from torch_mz.nn.aggr import MZAggregation, resolve_set_index
+from torch_mz.nn.aggr import MZAggregation, preset_defaults, resolve_set_index
 from torch_mz.nn.blocks import MAB, PMA, SAB, LearnedTokens
 from torch_mz.nn.functional import set_counts
 from torch_mz.nn.zonotope import InputProjection
@@ -58,7 +58,8 @@ class MZSetTransformer(Module):
         out_channels (int): Output width (targets or classes).
         hidden_channels (int, optional): Width of the head's hidden layer; :obj:`None` uses
             :obj:`dim` (default: :obj:`None`).
-        **kwargs: Passed to :class:`~torch_mz.nn.MZAggregation` (``dim``, ``heads``,
+        **kwargs: Passed to :class:`~torch_mz.nn.MZAggregation` (``preset``, by default
+            :obj:`'paper'`: the paper's body; ``dim``, ``heads``,
             ``num_generators``, ``value``, ``num_matrix_generators``, ``rank``,
             ``num_inducing``, ``num_seeds``, ``num_encoder_blocks``, ``encoder``,
             ``num_decoder_blocks``, ``d_ff``, ``summary``, ``dropout``, ``log_n``, ``readout``,
@@ -72,7 +73,9 @@ class MZSetTransformer(Module):
     def __init__(self, in_channels: int, out_channels: int,
                  hidden_channels: Optional[int] = None, **kwargs):
         super().__init__()
-        dim = kwargs.get('dim', 64)
+        kwargs.setdefault('preset', 'paper')  # the paper's body unless sizes are given
+        dim = kwargs.get('dim') or preset_defaults(kwargs['preset'], in_channels,
+                                                   kwargs.get('heads', 4))['dim']
         self.in_channels = in_channels
         self.out_channels = out_channels
         self.hidden_channels = hidden_channels or dim

@@ -13,6 +13,27 @@ from torch_mz.nn.zonotope import InputProjection, Zonotope
 
 READOUTS = ('ihw', 'signed')
 ENCODERS = ('isab', 'sab')
+PRESETS = ('neighbourhood', 'paper')
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def preset_defaults(preset: str, in_channels: int, heads: int) -> dict:
+    r"""The sizes that :class:`MZAggregation` takes for arguments left at :obj:`None`.
+
+    * ``'neighbourhood'`` (the aggregation's default), for the many small sets of message
+      passing: PyG's :class:`~torch_geometric.nn.aggr.SetTransformerAggregation` structure (one
+      SAB encoder block, PMA, one SAB decoder block) at the input width (``dim`` =
+      :obj:`in_channels` rounded up to a multiple of :obj:`heads`, at least 16), ``d_ff = 2 dim``.
+      A set of five neighbours does not pay for 16 inducing tokens.
+    * ``'paper'``, the MZ-Set Transformer of the paper (Appendix A.1): ``dim = 64``,
+      ``d_ff = 128``, two ISAB encoder blocks with 16 inducing tokens (the
+      :class:`~torch_mz.models.MZSetTransformer` default).
+    """
+    check_choice('preset', preset, PRESETS)
+    if preset == 'paper':
+        return dict(dim=64, d_ff=128, encoder='isab', num_encoder_blocks=2, num_inducing=16)
+    dim = max(16, -(-in_channels // heads) * heads)
+    return dict(dim=dim, d_ff=2 * dim, encoder='sab', num_encoder_blocks=1, num_inducing=16)
 
 
 def resolve_set_index(x: Tensor, index: Optional[Tensor], ptr: Optional[Tensor],
@@ -23,7 +44,8 @@ def resolve_set_index(x: Tensor, index: Optional[Tensor], ptr: Optional[Tensor],
     N = x.size(0)
     if index is None and ptr is None:
         index = torch.zeros(N, dtype=torch.long, device=x.device)
-    if index is None:
+    given_index = index if ptr is not None else None
+    if ptr is not None:  # as in PyG, ptr takes precedence; a disagreeing index is refused below
         if ptr.dim() != 1 or ptr.numel() < 1 or ptr.dtype in (torch.float16, torch.bfloat16,
                                                                torch.float32, torch.float64):
             raise ValueError(f"Expected 'ptr' to be a 1-D integer tensor (got shape "
@@ -35,6 +57,11 @@ def resolve_set_index(x: Tensor, index: Optional[Tensor], ptr: Optional[Tensor],
         index = torch.repeat_interleave(torch.arange(ptr.numel() - 1, device=x.device), sizes)
         if dim_size is None:
             dim_size = ptr.numel() - 1
+    if given_index is not None:
+        if (given_index.dim() != 1 or given_index.numel() != N
+                or not torch.equal(given_index.to(index.device).long(), index)):
+            raise ValueError("'index' and 'ptr' were both given and describe different sets "
+                             "(give one of them, or make them agree)")
     if index.dim() != 1 or index.numel() != N:
         raise ValueError(f"Expected 'index' of shape ({N},) (got {tuple(index.shape)})")
     if index.is_floating_point() or index.dtype == torch.bool:
@@ -63,29 +90,49 @@ class MZAggregation(Aggregation):
     :math:`\sum_g G_g` (``readout='signed'``, the variant used by the paper's expressiveness
     theorems). The output of an empty set is exactly zero (as PyG's sum/mean/max aggregations;
     PyG's :class:`~torch_geometric.nn.aggr.SetTransformerAggregation` instead returns a learned
-    constant on recent torch).
+    constant on recent torch), and an input with no rows gives a :math:`(B, F_{out})` tensor of
+    zeros.
+
+    Sizes left at :obj:`None` come from :obj:`preset` (see :func:`preset_defaults`): by default
+    ``'neighbourhood'``, PyG's Set Transformer aggregation structure at the input width (one SAB
+    encoder block, PMA, one SAB decoder block), which suits the many small sets of message
+    passing; ``preset='paper'`` gives the paper's MZ-Set Transformer body (``dim=64``,
+    ``d_ff=128``, two ISAB blocks with 16 inducing tokens). The value operator (``'mz'`` with
+    :math:`n_g = 8`, :math:`L = 4`) is the paper's in both.
+
+    Inputs are validated once, here: ``x`` must be a floating-point :math:`(N, F_{in})` tensor of
+    the module's dtype (or run under :func:`torch.autocast`) whose finite entries are at most
+    :math:`10^{15}` in magnitude (float32; :math:`10^{150}` in float64), beyond which the
+    LayerNorm statistics of the input projection overflow; NaN or infinite entries are allowed
+    and stay inside their set.
 
     Args:
         in_channels (int): Input width :math:`F_{in}`.
         out_channels (int, optional): Output width; :obj:`None` keeps :obj:`in_channels`, so the
             aggregation drops into :class:`~torch_geometric.nn.conv.SAGEConv` or
             :class:`~torch_geometric.nn.aggr.MultiAggregation` (default: :obj:`None`).
-        dim (int): Token width :math:`d` (default: :obj:`64`).
+        preset (str): Where sizes left at :obj:`None` come from, :obj:`'neighbourhood'` or
+            :obj:`'paper'` (default: :obj:`'neighbourhood'`).
+        dim (int, optional): Token width :math:`d` (default: :obj:`None`, from the preset).
         heads (int): Attention heads (default: :obj:`4`).
         num_generators (int): Generator budget :math:`n_g` (default: :obj:`8`).
         value (str): Value operator :obj:`'mz'`, :obj:`'rigid'`, :obj:`'film'` or
             :obj:`'hypernet'` (default: :obj:`'mz'`).
         num_matrix_generators (int): :math:`L` (default: :obj:`4`).
         rank (int): HyperNet rank (default: :obj:`8`).
-        num_inducing (int): Inducing tokens :math:`m` per set in each ISAB (default: :obj:`16`).
+        num_inducing (int, optional): Inducing tokens :math:`m` per set in each ISAB
+            (default: :obj:`None`, 16 in both presets).
         num_seeds (int): Seeds :math:`k` of the PMA (default: :obj:`1`).
-        num_encoder_blocks (int): :math:`L_{enc}` encoder blocks (default: :obj:`2`).
-        encoder (str): Encoder block type, :obj:`'isab'` (:math:`O(mN)`, the paper's) or
+        num_encoder_blocks (int, optional): :math:`L_{enc}` encoder blocks (default: :obj:`None`,
+            1 for ``'neighbourhood'``, 2 for ``'paper'``).
+        encoder (str, optional): Encoder block type, :obj:`'isab'` (:math:`O(mN)`, the paper's) or
             :obj:`'sab'` (:math:`O(\sum_b n_b^2)`, as PyG's
-            :class:`~torch_geometric.nn.aggr.SetTransformerAggregation`) (default: :obj:`'isab'`).
+            :class:`~torch_geometric.nn.aggr.SetTransformerAggregation`) (default: :obj:`None`,
+            :obj:`'sab'` for ``'neighbourhood'``, :obj:`'isab'` for ``'paper'``).
         num_decoder_blocks (int): :math:`L_{dec}` SAB blocks on the :math:`k` pooled tokens
             (default: :obj:`1`).
-        d_ff (int): FFN width (default: :obj:`128`).
+        d_ff (int, optional): FFN width; the generator FFN has half of it (default:
+            :obj:`None`, :math:`2d` for ``'neighbourhood'``, 128 for ``'paper'``).
         summary (str): Gate summary :obj:`'mean'` or :obj:`'mean+std'` (default: :obj:`'mean'`).
         dropout (float): Dropout on attention weights and FFN outputs (default: :obj:`0.0`).
         log_n (bool): :math:`\log n` logit scaling (default: :obj:`False`).
@@ -102,15 +149,26 @@ class MZAggregation(Aggregation):
         - **input:** :math:`(N, F_{in})`, ``index`` :math:`(N,)` or ``ptr`` :math:`(B+1,)`
         - **output:** :math:`(B, F_{out})`
     """
-    def __init__(self, in_channels: int, out_channels: Optional[int] = None, dim: int = 64,
-                 heads: int = 4, num_generators: int = 8, value: str = 'mz',
-                 num_matrix_generators: int = 4, rank: int = 8, num_inducing: int = 16,
-                 num_seeds: int = 1, num_encoder_blocks: int = 2, encoder: str = 'isab',
-                 num_decoder_blocks: int = 1,
-                 d_ff: int = 128, summary: str = 'mean', dropout: float = 0.0,
-                 log_n: bool = False, readout: str = 'ihw', path: str = 'auto',
-                 chunk_size: Optional[int] = None):
+    def __init__(self, in_channels: int, out_channels: Optional[int] = None,
+                 preset: str = 'neighbourhood', dim: Optional[int] = None, heads: int = 4,
+                 num_generators: int = 8, value: str = 'mz', num_matrix_generators: int = 4,
+                 rank: int = 8, num_inducing: Optional[int] = None, num_seeds: int = 1,
+                 num_encoder_blocks: Optional[int] = None, encoder: Optional[str] = None,
+                 num_decoder_blocks: int = 1, d_ff: Optional[int] = None, summary: str = 'mean',
+                 dropout: float = 0.0, log_n: bool = False, readout: str = 'ihw',
+                 path: str = 'auto', chunk_size: Optional[int] = None):
         super().__init__()
+        if in_channels <= 0 or heads <= 0:
+            raise ValueError(f"'in_channels' and 'heads' must be positive (got {in_channels} "
+                             f"and {heads})")
+        defaults = preset_defaults(preset, in_channels, heads)
+        dim = defaults['dim'] if dim is None else dim
+        d_ff = defaults['d_ff'] if d_ff is None else d_ff
+        encoder = defaults['encoder'] if encoder is None else encoder
+        num_encoder_blocks = (defaults['num_encoder_blocks'] if num_encoder_blocks is None
+                              else num_encoder_blocks)
+        num_inducing = defaults['num_inducing'] if num_inducing is None else num_inducing
+        self.preset = preset
         if chunk_size is not None and chunk_size < 1:
             raise ValueError(f"'chunk_size' must be positive or None (got {chunk_size})")
         check_choice('value operator', value, VALUE_OPERATORS)
@@ -172,14 +230,34 @@ class MZAggregation(Aggregation):
         r"""Runs the blocks and returns the pooled zonotope tokens (:math:`k` per set, set-major:
         centers :math:`(B k, d)`, generators :math:`(B k, n_g, d)`) and the number of elements of
         each set :math:`(B,)`."""
-        if x.dim() != 2 or x.size(-1) != self.in_channels:
-            raise ValueError(f"Expected input of shape (N, {self.in_channels}) (got "
-                             f"{tuple(x.shape)})")
+        self._check_input(x)
         set_id, num_sets = resolve_set_index(x, index, ptr, dim_size)
         counts = set_counts(set_id, num_sets)  # (B,)
         if self.chunk_size is not None and x.size(0) > self.chunk_size:
             return self._encode_chunked(x, set_id, counts), counts
         return self._encode(x, set_id, num_sets), counts
+
+    def _check_input(self, x: Tensor) -> None:
+        r"""Validates the element features once, at the boundary (see the class docstring)."""
+        if x.dim() != 2 or x.size(-1) != self.in_channels:
+            raise ValueError(f"Expected input of shape (N, {self.in_channels}) (got "
+                             f"{tuple(x.shape)})")
+        if x.dtype not in FLOAT_DTYPES:
+            raise ValueError(f"Expected floating-point input (float32, float64, bfloat16 or "
+                             f"float16) (got {x.dtype}); convert it with x.float()")
+        param = self.lin.weight
+        if x.dtype != param.dtype and not torch.is_autocast_enabled(x.device.type):
+            raise ValueError(f"Expected input of the module's dtype {param.dtype} (got "
+                             f"{x.dtype}); convert the input, convert the module (e.g. "
+                             f".to({x.dtype})), or run under torch.autocast")
+        if x.numel() > 0:
+            limit = 1e15 if torch.finfo(x.dtype).max < 1e300 else 1e150
+            finite = x.detach()[torch.isfinite(x.detach())]
+            if finite.numel() > 0 and float(finite.abs().max()) > limit:
+                raise ValueError(f"Input entries of magnitude up to "
+                                 f"{float(finite.abs().max()):.3g} exceed {limit:.0e}, beyond "
+                                 f"which the LayerNorm statistics of the input projection "
+                                 f"overflow in {x.dtype}; rescale the input")
 
     def _encode_chunked(self, x: Tensor, set_id: Tensor, counts: Tensor) -> Zonotope:
         r"""Encodes groups of whole sets: the sets whose first row (in set order) falls in the
@@ -221,19 +299,27 @@ class MZAggregation(Aggregation):
         return feats * (counts > 0).to(feats.dtype).unsqueeze(-1)
 
     def forward(self, x: Tensor, index: Optional[Tensor] = None, ptr: Optional[Tensor] = None,
-                dim_size: Optional[int] = None, dim: int = -2) -> Tensor:
+                dim_size: Optional[int] = None, dim: int = -2,
+                max_num_elements: Optional[int] = None) -> Tensor:
+        r"""PyG's aggregation signature. ``max_num_elements`` (a padding hint of PyG's dense
+        aggregations) is accepted and not needed: no set is padded to the largest."""
         if x.dim() != 2:
             raise ValueError(f"MZAggregation requires two-dimensional inputs (got {x.dim()} "
                              f"dimensions)")
         if dim not in (0, -2):
             raise ValueError(f"MZAggregation aggregates over dimension 0 / -2 (got {dim})")
+        if x.size(0) == 0:  # no elements at all: every set is empty
+            self._check_input(x)
+            _, num_sets = resolve_set_index(x, index, ptr, dim_size)
+            return x.new_zeros(num_sets, self.out_channels, dtype=self.lin.weight.dtype) \
+                + 0 * self.lin.bias.sum()  # keeps the graph, so backward() works
         z, counts = self.encode(x, index, ptr, dim_size)
         out = self.lin(self.readout_features(z, counts))  # (B, F_out)
         return out * (counts > 0).to(out.dtype).unsqueeze(-1)
 
     def __repr__(self) -> str:
         return (f'{self.__class__.__name__}({self.in_channels}, {self.out_channels}, '
-                f'dim={self.dim}, heads={self.heads}, value={self.value}, '
+                f'preset={self.preset}, dim={self.dim}, heads={self.heads}, value={self.value}, '
                 f'num_generators={self.num_generators}, L={self.num_matrix_generators}, '
                 f'num_inducing={self.num_inducing}, num_seeds={self.num_seeds}, '
                 f'encoder={self.num_encoder_blocks}x{self.encoder}, '
