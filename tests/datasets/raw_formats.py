@@ -90,7 +90,9 @@ QM9PACK_HEADER = [
 ]
 
 
-def qm9_molecules() -> List[object]:
+def qm9_molecules(first_index: int = 1) -> List[object]:
+    r"""The molecules of :data:`QM9_SMILES` with 3D coordinates, named ``gdb_<first_index>``,
+    ``gdb_<first_index + 1>``, ... (as an excerpt of QM9 that does not start at molecule 1)."""
     from rdkit import Chem
     from rdkit.Chem import AllChem
     mols = []
@@ -99,7 +101,7 @@ def qm9_molecules() -> List[object]:
         params = AllChem.ETKDGv3()
         params.randomSeed = 42 + i
         assert AllChem.EmbedMolecule(mol, params) == 0
-        mol.SetProp('_Name', f'gdb_{i + 1}')
+        mol.SetProp('_Name', f'gdb_{first_index + i}')
         mols.append(mol)
     return mols
 
@@ -150,10 +152,13 @@ def write_uncharacterized(path: str, indices: Sequence[int]) -> str:
     return path
 
 
-def write_gdb9(raw_dir: str) -> Dict[str, object]:
+def write_gdb9(raw_dir: str, first_index: int = 1) -> Dict[str, object]:
+    r"""Writes ``gdb9.sdf``, ``gdb9.sdf.csv`` and ``uncharacterized.txt`` of the molecules of
+    :func:`qm9_molecules` (named from ``gdb_<first_index>`` on; the uncharacterized one is the
+    third, whatever its index)."""
     from rdkit import Chem
     os.makedirs(raw_dir, exist_ok=True)
-    mols = qm9_molecules()
+    mols = qm9_molecules(first_index)
     writer = Chem.SDWriter(osp.join(raw_dir, 'gdb9.sdf'))
     for mol in mols:
         writer.write(mol)
@@ -163,8 +168,9 @@ def write_gdb9(raw_dir: str) -> Dict[str, object]:
         out.writerow(GDB9_CSV_HEADER)
         for i in range(len(mols)):
             targets = qm9_raw_targets(i)
-            out.writerow([f'gdb_{i + 1}'] + [targets[c] for c in GDB9_CSV_HEADER[1:]])
-    write_uncharacterized(osp.join(raw_dir, 'uncharacterized.txt'), QM9_UNCHARACTERIZED)
+            out.writerow([f'gdb_{first_index + i}'] + [targets[c] for c in GDB9_CSV_HEADER[1:]])
+    write_uncharacterized(osp.join(raw_dir, 'uncharacterized.txt'),
+                          [first_index - 1 + k for k in QM9_UNCHARACTERIZED])
     return {'raw_dir': raw_dir, 'mols': mols}
 
 

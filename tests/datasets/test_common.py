@@ -1,5 +1,8 @@
+import json
+import os
 import os.path as osp
 import pickle
+import shutil
 import warnings
 
 import numpy as np
@@ -9,12 +12,17 @@ import torch
 from torch_mz.datasets import common
 from torch_mz.datasets.common import (
     CorruptRawFileError,
+    ProcessedFileError,
     SkipCounter,
     default_root,
+    load_processed,
+    load_stats,
     normalize_unit_sphere,
     read_h5,
+    save_stats,
     split_indices,
 )
+from torch_mz.datasets.scanobjectnn import ScanObjectNN
 
 
 def test_default_root_in_a_checkout_is_the_repository_datasets_folder(monkeypatch):
@@ -123,3 +131,99 @@ def test_read_h5_errors_name_the_file(tmp_path):
         read_h5(str(bad), ('data', ))
     with pytest.raises(FileNotFoundError):
         read_h5(str(tmp_path / 'missing.h5'), ('data', ))
+
+
+def test_processed_file_error_names_the_file_and_pickles():
+    for unsafe in (False, True):
+        err = ProcessedFileError('/data/processed/data.pt', 'is broken', unsafe=unsafe)
+        assert "'/data/processed/data.pt' is broken" in str(err) and isinstance(err, ValueError)
+        assert ('Delete it' in str(err)) == unsafe
+        again = pickle.loads(pickle.dumps(err))
+        assert (again.path, again.unsafe, str(again)) == (err.path, unsafe, str(err))
+
+
+class _Payload:
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):  # shutil is not blocked by torch: PyG's loader would run this
+        return (shutil.copyfile, (__file__, self.marker))
+
+
+def test_load_processed_reads_weights_only_and_never_runs_code(tmp_path):
+    from torch_geometric.data import Data, InMemoryDataset
+    data, slices = InMemoryDataset.collate([Data(x=torch.ones(2, 1)), Data(x=torch.zeros(3, 1))])
+    good = str(tmp_path / 'good.pt')
+    torch.save((data.to_dict(), slices, Data), good)
+    out = load_processed(good)
+    assert out[2] is Data and torch.equal(out[0]['x'], data.x)
+    crafted, marker = str(tmp_path / 'crafted.pt'), str(tmp_path / 'code-ran')
+    torch.save(_Payload(marker), crafted)
+    with pytest.raises(ProcessedFileError, match='crafted.pt. holds objects other') as info:
+        load_processed(crafted)
+    assert info.value.unsafe and not osp.exists(marker)
+    for name, content in (('empty.pt', b''), ('half.pt', open(good, 'rb').read()[:100])):
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(ProcessedFileError, match=f'{name}. cannot be read') as info:
+            load_processed(str(tmp_path / name))
+        assert not info.value.unsafe
+    # PyG's registration of Data survives (torch's safe_globals context would drop it)
+    assert Data in torch.serialization.get_safe_globals()
+
+
+def test_stats_are_written_atomically_with_the_data_sizes_and_read_back(tmp_path):
+    data = tmp_path / 'data.pt'
+    data.write_bytes(b'x' * 10)
+    path = str(tmp_path / 'stats.json')
+    save_stats({'num': 1}, path, [str(data)])
+    assert load_stats(path) == {'num': 1, 'processed_files': {'data.pt': 10}}
+    assert sorted(os.listdir(tmp_path)) == ['data.pt', 'stats.json']
+    with open(path, 'w') as f:
+        f.write('{"num": ')
+    with pytest.raises(ProcessedFileError, match="stats.json' is truncated or not JSON"):
+        load_stats(path)
+    with open(path, 'wb') as f:
+        f.write(b'{"num": "\xff"}')
+    with pytest.raises(ProcessedFileError, match='stats.json'):
+        load_stats(path)
+    with open(path, 'w') as f:
+        f.write('[1, 2]')
+    with pytest.raises(ProcessedFileError, match='not hold a JSON object'):
+        load_stats(path)
+
+
+def _cache(root):
+    folder = osp.join(root, 'processed', 'OBJ_BG_32_seed0')
+    return {name: osp.join(folder, name) for name in ('train.pt', 'test.pt', 'stats.json',
+                                                       'pre_transform.pt', 'pre_filter.pt')}
+
+
+@pytest.mark.parametrize('damage, match', [
+    (lambda c: open(c['test.pt'], 'wb').close(), r"test.pt' has 0 bytes"),
+    (lambda c: shutil.copy(c['train.pt'], c['test.pt']), r"test.pt' has \d+ bytes but"),
+    (lambda c: open(c['pre_filter.pt'], 'wb').close(), "pre_filter.pt' cannot be read"),
+])
+def test_train_test_sets_rebuild_a_broken_cache(scanobjectnn_root, damage, match):
+    root = scanobjectnn_root['root']
+    first = ScanObjectNN(root, train=False, num_points=32, log=False)
+    damage(_cache(root))
+    with pytest.warns(UserWarning, match=f"Processed file '.*{match}.*rebuilding"):
+        again = ScanObjectNN(root, train=False, num_points=32, log=False)
+    assert len(again) == len(first) and all(torch.equal(a.pos, b.pos) for a, b in zip(first, again))
+    with warnings.catch_warnings():
+        warnings.simplefilter('error', UserWarning)
+        ScanObjectNN(root, train=False, num_points=32, log=False)
+
+
+def test_train_test_sets_refuse_a_crafted_split_file(scanobjectnn_root, tmp_path):
+    root = scanobjectnn_root['root']
+    ScanObjectNN(root, num_points=32, log=False)
+    cache = _cache(root)
+    marker = str(tmp_path / 'code-ran')
+    torch.save(_Payload(marker), cache['train.pt'])
+    stats = json.load(open(cache['stats.json']))  # made to fit, as by one who swaps the file
+    stats['processed_files']['train.pt'] = osp.getsize(cache['train.pt'])
+    json.dump(stats, open(cache['stats.json'], 'w'))
+    with pytest.raises(ProcessedFileError, match="train.pt' holds objects other"):
+        ScanObjectNN(root, num_points=32, log=False)
+    assert not osp.exists(marker)

@@ -1,7 +1,9 @@
 import csv
+import json
 import os
 import os.path as osp
 import shutil
+import warnings
 
 import numpy as np
 import pytest
@@ -12,9 +14,10 @@ from tests.datasets.raw_formats import (
     QM9_UNCHARACTERIZED,
     qm9_molecules,
     qm9_raw_targets,
+    write_gdb9,
 )
 from torch_mz.datasets import qm9 as qm9_module
-from torch_mz.datasets.common import CorruptRawFileError, split_indices
+from torch_mz.datasets.common import CorruptRawFileError, ProcessedFileError, split_indices
 from torch_mz.datasets.qm9 import (
     HARTREE_TO_EV,
     QM9,
@@ -275,6 +278,14 @@ def corrupt(path: str, fn) -> None:
     ('gdb9.sdf.csv', lambda t: t.replace('13.21', '13.2x', 1), 'gdb9.sdf.csv.*line 2'),
     ('gdb9.sdf.csv', lambda t: t.replace(',alpha,', ',beta,'), r"gdb9.sdf.csv.*\['alpha'\]"),
     ('gdb9.sdf.csv', lambda t: t.rsplit(',', 8)[0] + '\n', 'gdb9.sdf.csv.*line 6 is truncated'),
+    # the last row cut inside its cv field (10.469): without and with a final line break
+    ('gdb9.sdf.csv', lambda t: t[:t.rindex(',10.469') + 4], 'gdb9.sdf.csv.*does not end with a '
+     'line break'),
+    ('gdb9.sdf.csv', lambda t: t[:t.rindex(',10.469') + 4] + '\n', 'gdb9.sdf.csv.*line 6 is '
+     'truncated'),
+    ('gdb9.sdf.csv', lambda t: t.replace('\ngdb_2,', '\ngdb_2,0,'), 'line 3 has more fields'),
+    ('gdb9.sdf.csv', lambda t: t.replace('gdb_2,', 'mol2,'), "line 3: mol_id 'mol2' is not gdb"),
+    ('gdb9.sdf.csv', lambda t: t.replace('gdb_2,', 'gdb_1,'), "'gdb_1' appears more than once"),
     ('uncharacterized.txt', lambda t: 'nothing here\n', 'uncharacterized.txt.*no molecule index'),
 ])
 def test_corrupt_sdf_source_files_are_named(qm9_root, name, edit, match):
@@ -287,12 +298,146 @@ def test_corrupt_sdf_source_files_are_named(qm9_root, name, edit, match):
     (lambda t: t.replace('Dipole_debye', 'Dipole'), r"\['Dipole_debye'\]"),
     (lambda t: t.replace('"InChI=1S/x",5,', '"InChI=1S/x",6,', 1), 'line 2 .*N_atoms=6'),
     (lambda t: t.rsplit(',', 5)[0] + '\n', 'line 5 is truncated'),
+    (lambda t: t.rstrip('\n')[:-2], 'does not end with a line break'),  # cut in the last column
 ])
 def test_corrupt_qm9pack_csv_is_named(qm9pack_csv, tmp_path, edit, match):
     corrupt(qm9pack_csv, edit)
     with pytest.raises(CorruptRawFileError, match=match) as info:
         QM9(str(tmp_path / 'root'), source='qm9pack', csv_path=qm9pack_csv, log=False)
     assert info.value.path == qm9pack_csv
+
+
+def test_non_utf8_csv_names_the_file_and_line(qm9_root, qm9pack_csv, tmp_path):
+    for path, line in ((osp.join(qm9_root, 'raw', 'gdb9.sdf.csv'), 3), (qm9pack_csv, 2)):
+        with open(path, 'rb') as f:
+            lines = f.read().split(b'\n')
+        lines[line - 1] = lines[line - 1].replace(b',', b',\xff', 1)
+        with open(path, 'wb') as f:
+            f.write(b'\n'.join(lines))
+    with pytest.raises(CorruptRawFileError, match=r"gdb9.sdf.csv': line 3 is not UTF-8"):
+        QM9(qm9_root, log=False)
+    with pytest.raises(CorruptRawFileError, match='line 2 is not UTF-8') as info:
+        QM9(str(tmp_path / 'root'), source='qm9pack', csv_path=qm9pack_csv, log=False)
+    assert info.value.path == qm9pack_csv
+
+
+def test_gdb_idx_is_the_qm9_index_of_the_molecule_name(tmp_path):
+    root = str(tmp_path / 'QM9')
+    write_gdb9(osp.join(root, 'raw'), first_index=29)  # an excerpt: gdb_29 ... gdb_33
+    ds = QM9(root, log=False)
+    assert [int(d.gdb_idx) for d in ds] == [29, 30, 32, 33]  # gdb_31 is uncharacterized
+    assert ds.stats['num_uncharacterized_removed'] == 1
+    mols = qm9_molecules(29)
+    for data in ds:
+        k = int(data.gdb_idx)
+        assert data.z.tolist() == [a.GetAtomicNum() for a in mols[k - 29].GetAtoms()]
+        assert torch.allclose(data.y, expected_y(k - 28), rtol=1e-6)  # row k - 28 of the CSV
+
+
+def _sdf_cache(root):
+    return [osp.join(root, 'processed', 'sdf', name) for name in ('data.pt', 'stats.json')]
+
+
+def _same_dataset(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert torch.equal(x.x, y.x) and torch.equal(x.y, y.y) and torch.equal(x.gdb_idx,
+                                                                                y.gdb_idx)
+
+
+@pytest.mark.parametrize('name, damage, legacy, match', [
+    # what an interrupted force_reload left before writes were atomic, in a cache whose
+    # stats.json does not record the file sizes (as written before) and in one that does
+    ('data.pt', lambda b: b'', True, "data.pt' cannot be read: it is empty, truncated"),
+    ('data.pt', lambda b: b'', False, r"data.pt' has 0 bytes but '.*stats.json' records \d+"),
+    ('data.pt', lambda b: b[:len(b) // 2], True, "data.pt' cannot be read"),
+    ('stats.json', lambda b: b[:len(b) // 2], False, "stats.json' is truncated or not JSON"),
+    ('stats.json', lambda b: b.replace(b'"num_molecules": 4', b'"num_molecules": 3'), False,
+     "data.pt' holds 4 molecules but '.*stats.json' records 3"),
+])
+def test_broken_processed_cache_is_named_and_rebuilt(qm9_root, name, damage, legacy, match):
+    first = QM9(qm9_root, log=False)
+    data_pt, stats_json = _sdf_cache(qm9_root)
+    if legacy:
+        stats = json.load(open(stats_json))
+        del stats['processed_files']
+        json.dump(stats, open(stats_json, 'w'))
+    path = data_pt if name == 'data.pt' else stats_json
+    with open(path, 'rb') as f:
+        good = f.read()
+    with open(path, 'wb') as f:
+        f.write(damage(good))
+    with pytest.warns(UserWarning, match=f"Processed file '.*{match}.*; rebuilding"):
+        again = QM9(qm9_root, log=False)
+    _same_dataset(again, first)
+    assert again.stats['num_molecules'] == len(first)
+    with warnings.catch_warnings():
+        warnings.simplefilter('error', UserWarning)
+        QM9(qm9_root, log=False)  # the rebuilt cache loads without a warning
+
+
+def test_data_pt_of_another_processing_run_is_detected(qm9_root):
+    first = QM9(qm9_root, log=False)
+    data_pt, _ = _sdf_cache(qm9_root)
+    QM9.save([first[0], first[1], first[2]], data_pt)  # a valid file, but not the one stats.json
+    with pytest.warns(UserWarning, match=r"data.pt' has \d+ bytes but .*stats.json' records"):
+        again = QM9(qm9_root, log=False)
+    _same_dataset(again, first)
+
+
+def test_processed_files_are_written_atomically(qm9_root, monkeypatch):
+    QM9(qm9_root, log=False)
+    paths = _sdf_cache(qm9_root)
+    before = {p: open(p, 'rb').read() for p in paths}
+
+    def interrupted_save(obj, f, *args, **kwargs):
+        f.write(b'half a file')
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, 'save', interrupted_save)
+    with pytest.raises(KeyboardInterrupt):
+        QM9(qm9_root, log=False, force_reload=True)
+    monkeypatch.undo()
+    assert {p: open(p, 'rb').read() for p in paths} == before  # the old cache, untouched
+    assert sorted(os.listdir(osp.dirname(paths[0]))) == [
+        'data.pt', 'pre_filter.pt', 'pre_transform.pt', 'stats.json']  # no temporary file
+    monkeypatch.setattr(QM9, 'process', lambda self: pytest.fail('the cache must be reused'))
+    assert len(QM9(qm9_root, log=False)) == len(KEPT)
+
+
+class _Payload:
+    r"""Unpickling it creates the file :obj:`marker`: the code a crafted pickle would run (with
+    a function of a module that torch does not block outright, so that PyG's loader, which
+    retries with ``weights_only=False``, would run it)."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (shutil.copyfile, (__file__, self.marker))
+
+
+@pytest.mark.parametrize('name', ['data.pt', 'pre_transform.pt'])
+def test_crafted_pickle_in_the_processed_folder_is_refused_and_never_run(qm9_root, tmp_path,
+                                                                          name):
+    QM9(qm9_root, log=False)
+    path = osp.join(qm9_root, 'processed', 'sdf', name)
+    marker = str(tmp_path / 'code-ran')
+    torch.save(_Payload(marker), path)
+    stats_json = osp.join(qm9_root, 'processed', 'sdf', 'stats.json')
+    stats = json.load(open(stats_json))  # as one who replaces data.pt would make it fit
+    stats['processed_files'] = {'data.pt': osp.getsize(osp.join(osp.dirname(path), 'data.pt'))}
+    json.dump(stats, open(stats_json, 'w'))
+    with pytest.raises(ProcessedFileError, match=f"'{path}' holds objects other than tensors"
+                       ) as info:
+        QM9(qm9_root, log=False)
+    assert info.value.unsafe and 'Delete it' in str(info.value)
+    assert not osp.exists(marker)
+    assert osp.getsize(path) > 0  # left in place for the user to look at
+    # force_reload rebuilds the cache without reading the file
+    assert len(QM9(qm9_root, log=False, force_reload=True)) == len(KEPT)
+    assert not osp.exists(marker)
+    assert len(QM9(qm9_root, log=False)) == len(KEPT)
 
 
 def test_invalid_arguments(tmp_path, qm9pack_csv):
@@ -353,6 +498,56 @@ def test_download_fetches_archive_and_uncharacterized_list(tmp_path, monkeypatch
     assert sorted(os.listdir(osp.join(
         root, 'raw'))) == ['gdb9.sdf', 'gdb9.sdf.csv', 'uncharacterized.txt']
     assert [int(d.gdb_idx) for d in ds] == KEPT
+
+
+def test_missing_uncharacterized_list_is_fetched_alone(qm9_root, tmp_path, monkeypatch):
+    raw = osp.join(qm9_root, 'raw')
+    source = shutil.copy(osp.join(raw, 'uncharacterized.txt'), str(tmp_path / 'list.txt'))
+    os.unlink(osp.join(raw, 'uncharacterized.txt'))
+    placed = {n: open(osp.join(raw, n), 'rb').read() for n in ('gdb9.sdf', 'gdb9.sdf.csv')}
+    urls = []
+
+    def fake_download_url(url, folder, log=True):
+        urls.append(url)
+        return shutil.copy(source, osp.join(folder, url.rsplit('/', 1)[1]))
+
+    monkeypatch.setattr(qm9_module, 'download_url', fake_download_url)
+    ds = QM9(qm9_root, log=False)
+    assert urls == [QM9.uncharacterized_url]  # not the archive, which would extract over them
+    assert {n: open(osp.join(raw, n), 'rb').read() for n in placed} == placed
+    assert sorted(os.listdir(raw)) == ['gdb9.sdf', 'gdb9.sdf.csv', 'uncharacterized.txt']
+    assert [int(d.gdb_idx) for d in ds] == KEPT
+
+
+def test_one_of_the_aligned_files_missing_downloads_nothing(qm9_root, monkeypatch):
+    raw = osp.join(qm9_root, 'raw')
+    os.unlink(osp.join(raw, 'gdb9.sdf.csv'))
+    os.unlink(osp.join(raw, 'uncharacterized.txt'))
+    sdf = open(osp.join(raw, 'gdb9.sdf'), 'rb').read()
+    monkeypatch.setattr(qm9_module, 'download_url',
+                        lambda *args, **kwargs: pytest.fail('nothing may be downloaded'))
+    with pytest.raises(FileNotFoundError, match=r"holds gdb9.sdf but not gdb9.sdf.csv, "
+                       r"uncharacterized.txt\. .*nothing is downloaded over the file you placed"):
+        QM9(qm9_root, log=False)
+    assert open(osp.join(raw, 'gdb9.sdf'), 'rb').read() == sdf
+    assert sorted(os.listdir(raw)) == ['gdb9.sdf']
+
+
+def test_failed_download_names_what_is_missing_and_where(tmp_path, monkeypatch):
+    from urllib.error import URLError
+
+    def offline(url, folder, log=True):
+        raise URLError('no network')
+
+    monkeypatch.setattr(qm9_module, 'download_url', offline)
+    root = str(tmp_path / 'QM9')
+    with pytest.raises(FileNotFoundError) as info:
+        QM9(root, log=False)
+    message = str(info.value)
+    for part in ('gdb9.sdf, gdb9.sdf.csv, uncharacterized.txt missing', osp.join(root, 'raw'),
+                 QM9.raw_url, 'no network', "source='qm9pack'"):
+        assert part in message
+    assert '\n' not in message and os.listdir(osp.join(root, 'raw')) == []
 
 
 def test_docstring_documents_every_argument():

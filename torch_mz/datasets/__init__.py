@@ -1,6 +1,7 @@
 r"""Datasets of sets: the paper's synthetic tasks and the real benchmarks (ModelNet40,
 ScanObjectNN, QM9). Importing this package does not import rdkit, trimesh or h5py."""
-from torch_mz.datasets.common import CorruptRawFileError, default_root, split_indices
+from torch_mz.datasets.common import (CorruptRawFileError, ProcessedFileError, default_root,
+                                      split_indices)
 from torch_mz.datasets.modelnet import MODELNET40_CLASSES, ModelNet40
 from torch_mz.datasets.qm9 import (HARTREE_TO_EV, QM9, QM9_PAPER_SPLIT, QM9_STANDARD_SPLIT,
                                    QM9_TARGETS, QM9_UNITS)
@@ -34,4 +35,5 @@ __all__ = [
     'split_indices',
     'default_root',
     'CorruptRawFileError',
+    'ProcessedFileError',
 ]

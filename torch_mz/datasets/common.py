@@ -1,17 +1,22 @@
 r"""Helpers shared by the dataset classes of :mod:`torch_mz.datasets`: the default data root,
-point normalisation, train/val/test index splits, bookkeeping of skipped raw records and the error
-raised for a corrupt raw file."""
+point normalisation, train/val/test index splits, bookkeeping of skipped raw records, the errors
+raised for a corrupt raw or processed file, and :class:`ProcessedDataset`, the base class whose
+processed cache is written atomically, loaded without running code, and rebuilt when broken."""
+import contextlib
 import json
 import os
 import os.path as osp
+import pickle
+import re
 import warnings
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 from torch import Tensor
-from torch_geometric.data import InMemoryDataset
+from torch_geometric.data import Data, InMemoryDataset
 
+from torch_mz._files import atomic_write
 from torch_mz._optional import require
 
 ENV_DATA_ROOT = 'TORCH_MZ_DATA'
@@ -36,6 +41,35 @@ class CorruptRawFileError(ValueError):
 
     def __reduce__(self):
         return (self.__class__, (self.path, self.reason))
+
+
+class ProcessedFileError(ValueError):
+    r"""A file of a dataset's processed cache cannot be used. The message and :attr:`path` name
+    the file.
+
+    With :obj:`unsafe=False` the file is broken (empty, truncated, not what
+    ``stats.json`` records): :class:`ProcessedDataset` rebuilds the cache from the raw files. With
+    :obj:`unsafe=True` it holds something other than tensors and PyG data containers (a pickle
+    that would run code, or no torch file at all); it is refused without being unpickled and
+    left for the user to inspect and delete.
+
+    Args:
+        path (str): The offending file.
+        reason (str): What is wrong with it.
+        unsafe (bool, optional): Whether the file was refused rather than found broken.
+            (default: :obj:`False`)
+    """
+
+    def __init__(self, path: str, reason: str, unsafe: bool = False) -> None:
+        self.path = str(path)
+        self.reason = reason
+        self.unsafe = unsafe
+        hint = ('; it was not loaded (nothing in it ran). Delete it to rebuild the processed files '
+                'from the raw files' if unsafe else '')
+        super().__init__(f"Processed file '{self.path}' {reason}{hint}")
+
+    def __reduce__(self):
+        return (self.__class__, (self.path, self.reason, self.unsafe))
 
 
 def default_root(name: str) -> str:
@@ -171,14 +205,172 @@ class SkipCounter:
                 f'({detail}); see the stats file in the processed folder', stacklevel=3)
 
 
-def save_stats(stats: Dict[str, object], path: str) -> None:
-    with open(path, 'w') as f:
-        json.dump(stats, f, indent=1, sort_keys=True)
+# what the processed files hold: tensors, plain containers and the PyG data class
+PROCESSED_SAFE_GLOBALS = [Data]
+
+
+def save_stats(stats: Dict[str, object], path: str, data_paths: Sequence[str] = ()) -> None:
+    r"""Writes :obj:`stats` as ``stats.json`` atomically, recording the size in bytes of each of
+    the processed files :obj:`data_paths` (written before it) under ``processed_files``, so that
+    :func:`check_processed_sizes` can tell a cache whose writing was interrupted."""
+    stats['processed_files'] = {osp.basename(p): osp.getsize(p) for p in data_paths}
+    text = json.dumps(stats, indent=1, sort_keys=True)
+    atomic_write(path, lambda f: f.write(text), binary=False)
 
 
 def load_stats(path: str) -> Dict[str, object]:
-    with open(path) as f:
-        return json.load(f)
+    r"""Reads a ``stats.json``; raises :class:`ProcessedFileError` naming it when it is truncated
+    or not a JSON object."""
+    try:
+        with open(path, encoding='utf-8') as f:
+            stats = json.load(f)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ProcessedFileError(path, f'is truncated or not JSON ({e})') from e
+    if not isinstance(stats, dict):
+        raise ProcessedFileError(path, 'does not hold a JSON object')
+    return stats
+
+
+def check_processed_sizes(stats: Dict[str, object], stats_path: str,
+                          data_paths: Sequence[str]) -> None:
+    r"""Raises :class:`ProcessedFileError` when a processed file's size differs from the one
+    :func:`save_stats` recorded (a cache written before sizes were recorded is not checked)."""
+    sizes = stats.get('processed_files')
+    if not isinstance(sizes, dict):
+        return
+    for path in data_paths:
+        expected = sizes.get(osp.basename(path))
+        if expected is not None and osp.getsize(path) != expected:
+            raise ProcessedFileError(
+                path, f"has {osp.getsize(path)} bytes but '{stats_path}' records {expected}: "
+                f"its writing was interrupted or it belongs to another processing run")
+
+
+def load_processed(path: str) -> Any:
+    r"""Loads a processed file with ``torch.load(path, weights_only=True)``, allowing the PyG
+    data class (:data:`PROCESSED_SAFE_GLOBALS`) and nothing else: a file that would need any
+    other object (such as a pickle that runs code) is refused without being unpickled.
+
+    Unlike PyG's ``fs.torch_load``, it never retries with ``weights_only=False``.
+
+    Raises:
+        ProcessedFileError: :obj:`unsafe=True` for a refused file, :obj:`unsafe=False` for one
+            that cannot be read (empty, truncated, corrupt).
+    """
+    # only what is not allowed already: leaving `safe_globals` removes what it was given, also
+    # a global that PyG had registered for good
+    allowed = torch.serialization.get_safe_globals()
+    needed = [g for g in PROCESSED_SAFE_GLOBALS if g not in allowed]
+    try:
+        with torch.serialization.safe_globals(needed) if needed else contextlib.nullcontext():
+            return torch.load(path, map_location='cpu', weights_only=True)
+    except pickle.UnpicklingError as e:
+        found = re.search(r'WeightsUnpickler error:(.*?)(Check the documentation|$)', str(e),
+                          flags=re.S)
+        reason = ' '.join((found.group(1) if found else str(e)).split())
+        raise ProcessedFileError(path, f'holds objects other than tensors and PyG data, or is '
+                                 f'not a torch file ({reason})', unsafe=True) from e
+    except (FileNotFoundError, PermissionError):
+        raise
+    except Exception as e:  # torch.load raises many types for a truncated file; all mean broken
+        raise ProcessedFileError(path, f'cannot be read: it is empty, truncated or corrupt '
+                                 f'({type(e).__name__}: {e})') from e
+
+
+def _describe(transform: Any) -> str:
+    # the text PyG stores in pre_transform.pt / pre_filter.pt (its `_repr`), addresses removed
+    return 'None' if transform is None else re.sub('(<.*?)\\s.*(>)', r'\1\2', str(transform))
+
+
+class ProcessedDataset(InMemoryDataset):
+    r"""An :class:`~torch_geometric.data.InMemoryDataset` whose processed cache
+
+    - is written atomically: every file (collated data, ``stats.json``, the
+      ``pre_transform.pt``/``pre_filter.pt`` markers) goes to a temporary file first and is moved
+      into place with :func:`os.replace`, so an interrupted processing run leaves the previous
+      file or none, never a partial one; ``stats.json`` is written last and records the sizes of
+      the data files;
+    - is loaded with ``weights_only=True`` (:func:`load_processed`), so a crafted file never runs
+      code (PyG's own loader retries with ``weights_only=False``);
+    - is checked when loaded: an empty, truncated or inconsistent file is reported with a warning
+      that names it and the cache is rebuilt from the raw files; a refused file raises
+      :class:`ProcessedFileError`.
+
+    Subclasses call :meth:`open_cache` at the end of their constructor and implement
+    :meth:`read_cache`, which loads the processed files into the dataset.
+    """
+
+    @classmethod
+    def save(cls, data_list: Sequence[Any], path: str) -> None:
+        r"""Collates :obj:`data_list` and writes it to :obj:`path` atomically."""
+        data, slices = cls.collate(data_list)
+        payload = (data.to_dict(), slices, data.__class__)
+        atomic_write(path, lambda f: torch.save(payload, f))
+
+    def load(self, path: str, data_cls: type = Data) -> None:
+        r"""Loads a file written by :meth:`save` with :func:`load_processed`."""
+        out = load_processed(path)
+        if not (isinstance(out, tuple) and len(out) in (2, 3) and isinstance(out[0], dict)
+                and (out[1] is None or isinstance(out[1], dict))):
+            raise ProcessedFileError(path, 'does not hold a collated dataset')
+        data, self.slices = out[0], out[1]
+        if len(out) == 3:
+            data_cls = out[2]
+        self.data = data_cls.from_dict(data)
+
+    def read_cache(self) -> None:
+        r"""Loads the processed files into the dataset; raises :class:`ProcessedFileError` for
+        a file that cannot be used."""
+        raise NotImplementedError
+
+    def open_cache(self) -> None:
+        r"""Runs :meth:`read_cache`; when a processed file is broken, warns (naming it), rebuilds
+        the cache from the raw files and reads it again."""
+        try:
+            self.read_cache()
+        except ProcessedFileError as e:
+            if e.unsafe:
+                raise
+            warnings.warn(f"{e}; rebuilding the processed files in '{self.processed_dir}' from "
+                          f"the raw files", stacklevel=3)
+            self._rebuild()
+            self.read_cache()
+
+    def _markers(self) -> List[Tuple[str, str]]:
+        return [(osp.join(self.processed_dir, 'pre_transform.pt'), _describe(self.pre_transform)),
+                (osp.join(self.processed_dir, 'pre_filter.pt'), _describe(self.pre_filter))]
+
+    def _process(self) -> None:
+        # PyG's Dataset._process, with the markers read by load_processed (PyG unpickles them
+        # with weights_only=False) and a broken marker treated as a stale cache
+        stale = self.force_reload
+        for path, current in self._markers():
+            if stale or not osp.exists(path):
+                continue
+            try:
+                saved = load_processed(path)
+            except ProcessedFileError as e:
+                if e.unsafe:
+                    raise
+                warnings.warn(f'{e}; rebuilding the processed files', stacklevel=2)
+                stale = True
+                continue
+            if saved != current:
+                what = osp.basename(path)[:-3]
+                warnings.warn(
+                    f"The `{what}` argument differs from the one used in the pre-processed version "
+                    f"of this dataset. If you want to make use of another pre-processing "
+                    f"technique, pass `force_reload=True` explicitly to reload the dataset.",
+                    stacklevel=2)
+        if not stale and all(osp.exists(p) for p in self.processed_paths):
+            return
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        os.makedirs(self.processed_dir, exist_ok=True)
+        self.process()
+        for path, current in self._markers():
+            atomic_write(path, lambda f, value=current: torch.save(value, f))
 
 
 def read_h5(path: str, keys: Sequence[str], optional: Sequence[str] = ()) -> Dict[str, np.ndarray]:
@@ -199,7 +391,7 @@ def read_h5(path: str, keys: Sequence[str], optional: Sequence[str] = ()) -> Dic
         raise CorruptRawFileError(path, f'not a readable HDF5 file ({e})') from e
 
 
-class TrainTestSets(InMemoryDataset):
+class TrainTestSets(ProcessedDataset):
     r"""Shared skeleton of datasets with an official train/test split processed into
     ``train.pt``, ``test.pt`` and ``stats.json``: loading the requested split, the split name,
     and a :meth:`process` that runs ``pre_filter``/``pre_transform``, saves each split and records
@@ -211,8 +403,18 @@ class TrainTestSets(InMemoryDataset):
         self.train = train
         super().__init__(default_root(name) if root is None else root, transform, pre_transform,
                          pre_filter, log=log, force_reload=force_reload)
-        self.load(self.processed_paths[0] if train else self.processed_paths[1])
-        self.stats: Dict[str, object] = load_stats(self.processed_paths[2])
+        self.open_cache()
+
+    def read_cache(self) -> None:
+        stats_path = self.processed_paths[2]
+        self.stats: Dict[str, object] = load_stats(stats_path)
+        check_processed_sizes(self.stats, stats_path, self.processed_paths[:2])
+        path = self.processed_paths[0] if self.train else self.processed_paths[1]
+        self.load(path)
+        expected = self.stats.get(self.split, {}).get(f'num_{self.item_name}s')
+        if expected is not None and expected != len(self):
+            raise ProcessedFileError(path, f"holds {len(self)} {self.item_name}s but "
+                                     f"'{stats_path}' records {expected}")
 
     @property
     def split(self) -> str:
@@ -248,4 +450,4 @@ class TrainTestSets(InMemoryDataset):
             stats[split] = {f'num_{self.item_name}s': len(data_list),
                             'skipped': skipped.as_dict()}
             skipped.report(f'{self._label()} {split}')
-        save_stats(stats, self.processed_paths[2])
+        save_stats(stats, self.processed_paths[2], self.processed_paths[:2])

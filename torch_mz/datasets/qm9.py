@@ -6,19 +6,26 @@ import hashlib
 import importlib.util
 import os
 import os.path as osp
+import re
+import shutil
 import sys
+import tempfile
+import zipfile
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 from torch import Tensor
-from torch_geometric.data import Data, InMemoryDataset, download_url, extract_zip
+from torch_geometric.data import Data, download_url, extract_zip
 from tqdm import tqdm
 
 from torch_mz._optional import require
 from torch_mz.datasets.common import (
     CorruptRawFileError,
+    ProcessedDataset,
+    ProcessedFileError,
     SkipCounter,
+    check_processed_sizes,
     default_root,
     load_stats,
     save_stats,
@@ -97,17 +104,45 @@ def read_uncharacterized(path: str) -> List[int]:
 
 
 def _csv_rows(path: str, required: Sequence[str]) -> Iterator[Tuple[int, Dict[str, str]]]:
+    r"""The rows of a CSV file with a header, as ``(line number, row)``. A file that does not end
+    with a line break (its last row is cut off), a row with fewer or more fields than the header,
+    and bytes that are not UTF-8 raise :class:`CorruptRawFileError` naming the file."""
     csv.field_size_limit(2**31 - 1)  # qm9pack has long list-valued fields
-    with open(path, newline='') as f:
-        reader = csv.DictReader(f)
-        missing = [c for c in required if c not in (reader.fieldnames or [])]
-        if missing:
-            raise CorruptRawFileError(path,
-                                      f'missing column(s) {missing} (found {reader.fieldnames})')
-        for row_number, row in enumerate(reader, start=2):  # line 1 is the header
-            if any(row.get(c) is None for c in required):
-                raise CorruptRawFileError(path, f'line {row_number} is truncated')
-            yield row_number, row
+    with open(path, 'rb') as f:
+        f.seek(0, os.SEEK_END)
+        if f.tell() > 0:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) not in (b'\n', b'\r'):
+                raise CorruptRawFileError(path, 'the file does not end with a line break: its '
+                                          'last line is cut off (truncated file)')
+    try:
+        with open(path, newline='', encoding='utf-8') as f:
+            reader = csv.DictReader(f)
+            missing = [c for c in required if c not in (reader.fieldnames or [])]
+            if missing:
+                raise CorruptRawFileError(
+                    path, f'missing column(s) {missing} (found {reader.fieldnames})')
+            for row_number, row in enumerate(reader, start=2):  # line 1 is the header
+                if None in row.values():
+                    raise CorruptRawFileError(path, f'line {row_number} is truncated (fewer '
+                                              f'fields than the header)')
+                if None in row:
+                    raise CorruptRawFileError(path, f'line {row_number} has more fields than '
+                                              f'the header')
+                yield row_number, row
+    except UnicodeDecodeError as e:
+        raise CorruptRawFileError(path, f'{_first_non_utf8_line(path)} is not UTF-8 text '
+                                  f'({e.reason})') from e
+
+
+def _first_non_utf8_line(path: str) -> str:
+    with open(path, 'rb') as f:
+        for number, line in enumerate(f, start=1):
+            try:
+                line.decode('utf-8')
+            except UnicodeDecodeError:
+                return f'line {number}'
+    return 'a line'
 
 
 def _floats(values: Sequence[str], path: str, row_number: int) -> np.ndarray:
@@ -132,6 +167,15 @@ def read_sdf_targets(path: str) -> Tuple[List[str], np.ndarray]:
         ids.append(row['mol_id'])
         rows.append(_floats([row[t] for t in QM9_TARGETS], path, row_number))
     return ids, np.array(rows, dtype=np.float64).reshape(-1, len(QM9_TARGETS))
+
+
+_GDB_NAME = re.compile(r'gdb_(\d+)')
+
+
+def gdb_index(name: str) -> Optional[int]:
+    r"""The QM9 index :math:`k` of a molecule named ``gdb_<k>`` (:obj:`None` for another name)."""
+    found = _GDB_NAME.fullmatch(name.strip())
+    return int(found.group(1)) if found else None
 
 
 @contextlib.contextmanager
@@ -273,7 +317,7 @@ def _target_columns(
     return columns
 
 
-class QM9(InMemoryDataset):
+class QM9(ProcessedDataset):
     r"""QM9 (Ramakrishnan et al., `"Quantum chemistry structures and properties of 134 kilo
     molecules" <https://doi.org/10.1038/sdata.2014.22>`_) as sets of atoms, the molecular task of
     the MZAttn paper (Appendix A.2, Task H; Appendix D.5.2): 130,831 molecules with up to 29 atoms
@@ -287,7 +331,8 @@ class QM9(InMemoryDataset):
     - :obj:`pos` :math:`(n, 3)` in Angstrom, :obj:`z` :math:`(n,)` atomic numbers,
     - :obj:`y` :math:`(1, t)`: the selected targets (all 12 by default) in the units of
       :data:`QM9_UNITS`,
-    - :obj:`gdb_idx` :math:`(1,)`: the molecule's 1-based index in QM9 (``gdb_<k>``).
+    - :obj:`gdb_idx` :math:`(1,)`: the molecule's 1-based index :math:`k` in QM9, read from its
+      name ``gdb_<k>`` (``mol_id`` of ``gdb9.sdf.csv``) or the ``Index`` column of ``qm9pack``.
 
     ======  ========  ================================================  ====================
     column  name      property                                          unit
@@ -314,15 +359,24 @@ class QM9(InMemoryDataset):
     Two raw sources, chosen by :obj:`source`:
 
     - :obj:`'sdf'`: ``gdb9.sdf``, ``gdb9.sdf.csv`` (DeepChem's QM9 archive, as PyG uses) and
-      ``uncharacterized.txt`` (figshare), downloaded into ``raw/``. Every molecule is read with
-      RDKit (:obj:`removeHs=False, sanitize=False`); the SDF record and the CSV row stay aligned
-      (their counts and ``gdb_<k>`` names are checked) and the indices listed in
-      ``uncharacterized.txt`` (1-based) are removed.
+      ``uncharacterized.txt`` (figshare), downloaded into ``raw/``: the archive only when both
+      ``gdb9.sdf`` and ``gdb9.sdf.csv`` are missing, ``uncharacterized.txt`` when it is missing.
+      Nothing is downloaded over a file already there: when only one of the two aligned files is
+      there, or a download fails, a :class:`FileNotFoundError` names what is missing and where
+      it goes. Every molecule is read with RDKit (:obj:`removeHs=False, sanitize=False`); the SDF
+      record and the CSV row stay aligned (their counts and ``gdb_<k>`` names are checked) and the
+      indices listed in ``uncharacterized.txt`` (QM9 indices :math:`k`) are removed.
     - :obj:`'qm9pack'`: offline, the CSV files shipped in the PyPI package ``qm9pack`` (MIT; already
       without the 3,054 uncharacterized molecules; coordinates in Angstrom, energies in Hartree),
       located through the installed package, or the CSV file(s) of that format given as
       :obj:`csv_path`. Bonds, needed only for the partial charges, are perceived from the
       coordinates (:func:`mol_from_xyz`).
+
+    A raw CSV file (either source) with a row that has fewer or more fields than its header, that
+    does not end with a line break (its last row cut off), or with bytes that are not UTF-8
+    raises :class:`~torch_mz.datasets.common.CorruptRawFileError` naming the file and line. The
+    processed cache is written and read as :class:`~torch_mz.datasets.common.ProcessedDataset`
+    describes (atomically; weights-only; rebuilt when broken).
 
     A molecule whose Gasteiger charges cannot be computed (non-finite) gets charge 0 on every atom
     (:obj:`charge_failure='zero'`, keeps the standard 130,831 molecules) or is dropped
@@ -388,8 +442,17 @@ class QM9(InMemoryDataset):
         super().__init__(
             default_root('QM9') if root is None else root, transform, pre_transform, pre_filter,
             log=log, force_reload=force_reload)
-        self.load(self.processed_paths[0])
-        self.stats: Dict[str, object] = load_stats(self.processed_paths[1])
+        self.open_cache()
+
+    def read_cache(self) -> None:
+        data_path, stats_path = self.processed_paths
+        self.stats: Dict[str, object] = load_stats(stats_path)
+        check_processed_sizes(self.stats, stats_path, [data_path])
+        self.load(data_path)
+        expected = self.stats.get('num_molecules')
+        if expected is not None and expected != len(self):
+            raise ProcessedFileError(data_path, f"holds {len(self)} molecules but "
+                                     f"'{stats_path}' records {expected}")
 
     @property
     def target_names(self) -> List[str]:
@@ -420,11 +483,44 @@ class QM9(InMemoryDataset):
         if self.source == 'qm9pack':
             missing = [p for p in self.raw_paths if not osp.exists(p)]
             raise FileNotFoundError(f'QM9 (qm9pack format): missing CSV file(s) {missing}')
-        path = download_url(self.raw_url, self.raw_dir, log=self.log)
-        extract_zip(path, self.raw_dir, log=self.log)
-        os.unlink(path)
-        path = download_url(self.uncharacterized_url, self.raw_dir, log=self.log)
-        os.replace(path, osp.join(self.raw_dir, 'uncharacterized.txt'))
+        pair = ('gdb9.sdf', 'gdb9.sdf.csv')
+        missing = [n for n in self.raw_file_names if not osp.exists(osp.join(self.raw_dir, n))]
+        present = [n for n in pair if n not in missing]
+        if present and len(present) < len(pair):  # the archive would replace the placed one
+            raise FileNotFoundError(
+                f"QM9 (source='sdf'): '{self.raw_dir}' holds {present[0]} but not "
+                f"{', '.join(missing)}. {self.raw_url} holds gdb9.sdf and gdb9.sdf.csv "
+                f"together (they must be aligned), so nothing is downloaded over the file you "
+                f"placed: place the missing file(s) there, or remove {present[0]} to download "
+                f"both.")
+        staging = tempfile.mkdtemp(prefix='.download-', dir=self.raw_dir)
+        try:
+            if not present:
+                path = self._fetch(self.raw_url, staging, missing)
+                try:
+                    extract_zip(path, staging, log=self.log)
+                except zipfile.BadZipFile as e:
+                    raise CorruptRawFileError(path, f'not a complete zip archive ({e})') from e
+                for name in pair:
+                    if not osp.isfile(osp.join(staging, name)):
+                        raise CorruptRawFileError(path, f'the archive holds no {name}')
+                    os.replace(osp.join(staging, name), osp.join(self.raw_dir, name))
+            if 'uncharacterized.txt' in missing:
+                path = self._fetch(self.uncharacterized_url, staging, missing)
+                os.replace(path, osp.join(self.raw_dir, 'uncharacterized.txt'))
+        finally:
+            shutil.rmtree(staging)
+
+    def _fetch(self, url: str, folder: str, missing: List[str]) -> str:
+        try:
+            return download_url(url, folder, log=self.log)
+        except OSError as e:  # URLError and HTTPError are OSErrors
+            raise FileNotFoundError(
+                f"QM9 (source='sdf'): {', '.join(missing)} missing from '{self.raw_dir}' and "
+                f"downloading {url} failed ({getattr(e, 'reason', e)}). Place gdb9.sdf and "
+                f"gdb9.sdf.csv (from {self.raw_url}) and uncharacterized.txt (from "
+                f"{self.uncharacterized_url}) in '{self.raw_dir}', or use source='qm9pack' "
+                f"(offline).") from e
 
     def process(self) -> None:
         rdBase = require('rdkit.rdBase')
@@ -450,7 +546,7 @@ class QM9(InMemoryDataset):
         self.save(data_list, self.processed_paths[0])
         stats['num_molecules'] = len(data_list)
         stats['skipped'] = skipped.as_dict()
-        save_stats(stats, self.processed_paths[1])
+        save_stats(stats, self.processed_paths[1], self.processed_paths[:1])
         skipped.report(f'QM9 ({self.source})')
 
     def _molecule(self, symbols: List[str], pos: np.ndarray, mol: Optional[object], y: np.ndarray,
@@ -476,8 +572,19 @@ class QM9(InMemoryDataset):
         Chem = require('rdkit.Chem')
         sdf_path, csv_path, unchar_path = self.raw_paths
         ids, targets = read_sdf_targets(csv_path)
+        indices: List[int] = []
+        for i, mol_id in enumerate(ids):
+            k = gdb_index(mol_id)
+            if k is None:
+                raise CorruptRawFileError(csv_path, f"line {i + 2}: mol_id '{mol_id}' is not "
+                                          f"gdb_<index>")
+            indices.append(k)
+        if len(set(indices)) != len(indices):
+            seen = set()
+            k = next(k for k in indices if k in seen or seen.add(k))
+            raise CorruptRawFileError(csv_path, f"mol_id 'gdb_{k}' appears more than once")
         uncharacterized = set(read_uncharacterized(unchar_path))
-        stats['num_uncharacterized_removed'] = sum(1 for k in uncharacterized if k <= len(ids))
+        stats['num_uncharacterized_removed'] = len(uncharacterized.intersection(indices))
         supplier = Chem.SDMolSupplier(sdf_path, removeHs=False, sanitize=False)
         if len(supplier) != len(ids):
             raise CorruptRawFileError(
@@ -486,16 +593,16 @@ class QM9(InMemoryDataset):
         data_list = []
         for i, mol in enumerate(
                 tqdm(supplier, total=len(ids), desc='QM9 (gdb9.sdf)', disable=not self.log)):
-            gdb_idx = i + 1
+            gdb_idx = indices[i]  # the QM9 index k of gdb_<k>, not the position in the file
             if gdb_idx in uncharacterized:
                 continue
             if mol is None or mol.GetNumConformers() == 0:
                 raise CorruptRawFileError(sdf_path,
-                                          f'record {gdb_idx} cannot be read as a 3D molecule')
+                                          f'record {i + 1} cannot be read as a 3D molecule')
             name = mol.GetProp('_Name') if mol.HasProp('_Name') else ''
-            if name and ids[i] and name != ids[i]:
+            if name and name != ids[i]:
                 raise CorruptRawFileError(
-                    sdf_path, f"record {gdb_idx} is '{name}' but row {gdb_idx} of "
+                    sdf_path, f"record {i + 1} is '{name}' but row {i + 1} of "
                     f"'{csv_path}' is '{ids[i]}'")
             symbols = [a.GetSymbol() for a in mol.GetAtoms()]
             if any(s not in _ATOMIC_NUMBER for s in symbols):
