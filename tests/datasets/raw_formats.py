@@ -1,10 +1,13 @@
 r"""Writers of tiny raw files in the real formats of ModelNet40 (OFF meshes, PointNet's HDF5
 release), ScanObjectNN (HDF5) and QM9 (gdb9.sdf, gdb9.sdf.csv, uncharacterized.txt, qm9pack's CSV),
-used by the dataset tests through the fixtures of ``conftest.py``."""
+used by the dataset tests through the fixtures of ``conftest.py``; and the hostile inputs of the
+robustness tests (a crafted pickle, a download without network)."""
 import csv
 import os
 import os.path as osp
+import shutil
 from typing import Dict, List, Sequence
+from urllib.error import URLError
 
 import numpy as np
 
@@ -198,3 +201,30 @@ def write_qm9pack_csv(path: str, skip: Sequence[int] = QM9_UNCHARACTERIZED) -> s
                 t['u0'], t['u298'], t['h298'], t['g298'], t['cv']
             ])
     return path
+
+
+# --------------------------------------------------------------------------------------------------
+# Hostile inputs
+
+
+class _Payload:
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):  # shutil is not blocked by torch: PyG's loader would run this
+        return (shutil.copyfile, (__file__, self.marker))
+
+
+def write_crafted_pickle(path: str, marker: str) -> str:
+    r"""Writes a torch file at :obj:`path` whose unpickling runs code: it creates the file
+    :obj:`marker`, so a test can tell whether it ran. It uses a function of a module that torch
+    does not block outright, so that a loader which retries with ``weights_only=False`` (PyG's
+    ``fs.torch_load``) would run it."""
+    import torch
+    torch.save(_Payload(marker), path)
+    return path
+
+
+def offline_download_url(url: str, folder: str, log: bool = True) -> str:
+    r"""Stands in for :func:`torch_geometric.data.download_url` on a machine without network."""
+    raise URLError('no network')

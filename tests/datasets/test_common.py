@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.datasets.raw_formats import write_crafted_pickle
 from torch_mz.datasets import common
 from torch_mz.datasets.common import (
     CorruptRawFileError,
@@ -142,14 +143,6 @@ def test_processed_file_error_names_the_file_and_pickles():
         assert (again.path, again.unsafe, str(again)) == (err.path, unsafe, str(err))
 
 
-class _Payload:
-    def __init__(self, marker: str):
-        self.marker = marker
-
-    def __reduce__(self):  # shutil is not blocked by torch: PyG's loader would run this
-        return (shutil.copyfile, (__file__, self.marker))
-
-
 def test_load_processed_reads_weights_only_and_never_runs_code(tmp_path):
     from torch_geometric.data import Data, InMemoryDataset
     data, slices = InMemoryDataset.collate([Data(x=torch.ones(2, 1)), Data(x=torch.zeros(3, 1))])
@@ -158,7 +151,7 @@ def test_load_processed_reads_weights_only_and_never_runs_code(tmp_path):
     out = load_processed(good)
     assert out[2] is Data and torch.equal(out[0]['x'], data.x)
     crafted, marker = str(tmp_path / 'crafted.pt'), str(tmp_path / 'code-ran')
-    torch.save(_Payload(marker), crafted)
+    write_crafted_pickle(crafted, marker)
     with pytest.raises(ProcessedFileError, match='crafted.pt. holds objects other') as info:
         load_processed(crafted)
     assert info.value.unsafe and not osp.exists(marker)
@@ -220,7 +213,7 @@ def test_train_test_sets_refuse_a_crafted_split_file(scanobjectnn_root, tmp_path
     ScanObjectNN(root, num_points=32, log=False)
     cache = _cache(root)
     marker = str(tmp_path / 'code-ran')
-    torch.save(_Payload(marker), cache['train.pt'])
+    write_crafted_pickle(cache['train.pt'], marker)
     stats = json.load(open(cache['stats.json']))  # made to fit, as by one who swaps the file
     stats['processed_files']['train.pt'] = osp.getsize(cache['train.pt'])
     json.dump(stats, open(cache['stats.json'], 'w'))

@@ -11,6 +11,7 @@ from tests.datasets.raw_formats import (
     CUBE_QUADS,
     CUBE_VERTICES,
     MODELNET_MESHES,
+    offline_download_url,
     write_h5,
     write_off,
 )
@@ -241,14 +242,8 @@ def test_missing_class_folders_are_named_and_nothing_is_downloaded(modelnet_mesh
 
 
 def test_failed_download_names_what_is_missing_and_where(tmp_path, monkeypatch):
-    from urllib.error import URLError
-
     from torch_mz.datasets import modelnet
-
-    def offline(url, folder, log=True):
-        raise URLError('no network')
-
-    monkeypatch.setattr(modelnet, 'download_url', offline)
+    monkeypatch.setattr(modelnet, 'download_url', offline_download_url)
     root = str(tmp_path / 'ModelNet40')
     with pytest.raises(FileNotFoundError) as info:
         ModelNet40(root, num_points=16, log=False)

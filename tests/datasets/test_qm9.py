@@ -12,8 +12,10 @@ import torch
 from tests.datasets.raw_formats import (
     QM9_SMILES,
     QM9_UNCHARACTERIZED,
+    offline_download_url,
     qm9_molecules,
     qm9_raw_targets,
+    write_crafted_pickle,
     write_gdb9,
 )
 from torch_mz.datasets import qm9 as qm9_module
@@ -405,25 +407,13 @@ def test_processed_files_are_written_atomically(qm9_root, monkeypatch):
     assert len(QM9(qm9_root, log=False)) == len(KEPT)
 
 
-class _Payload:
-    r"""Unpickling it creates the file :obj:`marker`: the code a crafted pickle would run (with
-    a function of a module that torch does not block outright, so that PyG's loader, which
-    retries with ``weights_only=False``, would run it)."""
-
-    def __init__(self, marker: str):
-        self.marker = marker
-
-    def __reduce__(self):
-        return (shutil.copyfile, (__file__, self.marker))
-
-
 @pytest.mark.parametrize('name', ['data.pt', 'pre_transform.pt'])
 def test_crafted_pickle_in_the_processed_folder_is_refused_and_never_run(qm9_root, tmp_path,
                                                                           name):
     QM9(qm9_root, log=False)
     path = osp.join(qm9_root, 'processed', 'sdf', name)
     marker = str(tmp_path / 'code-ran')
-    torch.save(_Payload(marker), path)
+    write_crafted_pickle(path, marker)
     stats_json = osp.join(qm9_root, 'processed', 'sdf', 'stats.json')
     stats = json.load(open(stats_json))  # as one who replaces data.pt would make it fit
     stats['processed_files'] = {'data.pt': osp.getsize(osp.join(osp.dirname(path), 'data.pt'))}
@@ -534,12 +524,7 @@ def test_one_of_the_aligned_files_missing_downloads_nothing(qm9_root, monkeypatc
 
 
 def test_failed_download_names_what_is_missing_and_where(tmp_path, monkeypatch):
-    from urllib.error import URLError
-
-    def offline(url, folder, log=True):
-        raise URLError('no network')
-
-    monkeypatch.setattr(qm9_module, 'download_url', offline)
+    monkeypatch.setattr(qm9_module, 'download_url', offline_download_url)
     root = str(tmp_path / 'QM9')
     with pytest.raises(FileNotFoundError) as info:
         QM9(root, log=False)

@@ -159,10 +159,10 @@ class ModelNet40(TrainTestSets):
       :meth:`download` fetches the archive and extracts it into ``raw/`` (a ``ModelNet40.zip``
       placed in :obj:`root` is used instead of a download); when only some are there, or the
       download fails, a :class:`FileNotFoundError` names what is missing and where it goes, and
-      nothing is downloaded over the files already there. Each mesh is sampled once, at processing time: :obj:`num_points` points drawn
-      uniformly on the surface (area-weighted) with a seed fixed per file (derived from :obj:`seed`
-      and the file name), so the cached points are reproducible and training does not re-sample
-      meshes every epoch.
+      nothing is downloaded over the files already there. Each mesh is sampled once, at
+      processing time: :obj:`num_points` points drawn uniformly on the surface (area-weighted)
+      with a seed fixed per file (derived from :obj:`seed` and the file name), so the cached
+      points are reproducible and training does not re-sample meshes every epoch.
     - :obj:`'hdf5'`: PointNet's ``modelnet40_ply_hdf5_2048`` release (``ply_data_{train,test}*.h5``
       with datasets ``data`` :math:`(N, 2048, 3)` and ``label`` :math:`(N, 1)`, and
       ``shape_names.txt``), placed by hand in ``raw/modelnet40_ply_hdf5_2048/``. The first
