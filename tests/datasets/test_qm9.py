@@ -523,6 +523,28 @@ def test_one_of_the_aligned_files_missing_downloads_nothing(qm9_root, monkeypatc
     assert sorted(os.listdir(raw)) == ['gdb9.sdf']
 
 
+def test_placed_archive_is_used_and_a_truncated_one_is_named(qm9_root, tmp_path):
+    import zipfile
+    source = osp.join(qm9_root, 'raw')
+    raw = str(tmp_path / 'mine' / 'raw')
+    os.makedirs(raw)
+    shutil.copy(osp.join(source, 'uncharacterized.txt'), raw)
+    archive = osp.join(raw, 'qm9.zip')  # placed by hand: PyG's download_url uses it as it is
+    with zipfile.ZipFile(archive, 'w') as z:
+        for name in ('gdb9.sdf', 'gdb9.sdf.csv'):
+            z.write(osp.join(source, name), name)
+    good = open(archive, 'rb').read()
+    with open(archive, 'wb') as f:
+        f.write(good[:len(good) // 2])
+    with pytest.raises(CorruptRawFileError, match="qm9.zip': not a complete zip archive"):
+        QM9(str(tmp_path / 'mine'), log=False)
+    assert sorted(os.listdir(raw)) == ['qm9.zip', 'uncharacterized.txt']
+    with open(archive, 'wb') as f:
+        f.write(good)
+    assert [int(d.gdb_idx) for d in QM9(str(tmp_path / 'mine'), log=False)] == KEPT
+    assert sorted(os.listdir(raw)) == ['gdb9.sdf', 'gdb9.sdf.csv', 'uncharacterized.txt']
+
+
 def test_failed_download_names_what_is_missing_and_where(tmp_path, monkeypatch):
     monkeypatch.setattr(qm9_module, 'download_url', offline_download_url)
     root = str(tmp_path / 'QM9')

@@ -360,7 +360,8 @@ class QM9(ProcessedDataset):
 
     - :obj:`'sdf'`: ``gdb9.sdf``, ``gdb9.sdf.csv`` (DeepChem's QM9 archive, as PyG uses) and
       ``uncharacterized.txt`` (figshare), downloaded into ``raw/``: the archive only when both
-      ``gdb9.sdf`` and ``gdb9.sdf.csv`` are missing, ``uncharacterized.txt`` when it is missing.
+      ``gdb9.sdf`` and ``gdb9.sdf.csv`` are missing (a ``qm9.zip`` placed in ``raw/`` is used
+      instead of a download), ``uncharacterized.txt`` when it is missing.
       Nothing is downloaded over a file already there: when only one of the two aligned files is
       there, or a download fails, a :class:`FileNotFoundError` names what is missing and where
       it goes. Every molecule is read with RDKit (:obj:`removeHs=False, sanitize=False`); the SDF
@@ -495,8 +496,8 @@ class QM9(ProcessedDataset):
                 f"both.")
         staging = tempfile.mkdtemp(prefix='.download-', dir=self.raw_dir)
         try:
-            if not present:
-                path = self._fetch(self.raw_url, staging, missing)
+            if not present:  # a qm9.zip already in raw/ is used as it is
+                path = self._fetch(self.raw_url, self.raw_dir, missing)
                 try:
                     extract_zip(path, staging, log=self.log)
                 except zipfile.BadZipFile as e:
@@ -505,6 +506,7 @@ class QM9(ProcessedDataset):
                     if not osp.isfile(osp.join(staging, name)):
                         raise CorruptRawFileError(path, f'the archive holds no {name}')
                     os.replace(osp.join(staging, name), osp.join(self.raw_dir, name))
+                os.unlink(path)
             if 'uncharacterized.txt' in missing:
                 path = self._fetch(self.uncharacterized_url, staging, missing)
                 os.replace(path, osp.join(self.raw_dir, 'uncharacterized.txt'))
