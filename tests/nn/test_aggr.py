@@ -282,11 +282,14 @@ def test_largest_accepted_magnitude_gives_finite_output():
 def test_presets_fill_only_what_is_left_unset():
     neighbourhood = MZAggregation(16)
     assert (neighbourhood.dim, neighbourhood.d_ff, neighbourhood.encoder,
-            neighbourhood.num_encoder_blocks) == (16, 32, 'sab', 1)
+            neighbourhood.num_encoder_blocks, neighbourhood.num_generators,
+            neighbourhood.num_matrix_generators) == (16, 32, 'sab', 1, 2, 1)
     assert MZAggregation(3).dim == 16 and MZAggregation(70, heads=4).dim == 72
     paper = MZAggregation(3, preset='paper')
     assert (paper.dim, paper.d_ff, paper.encoder, paper.num_encoder_blocks,
-            paper.num_inducing) == (64, 128, 'isab', 2, 16)
+            paper.num_inducing, paper.num_generators, paper.num_matrix_generators) == \
+        (64, 128, 'isab', 2, 16, 8, 4)
+    assert MZAggregation(3, num_generators=8).num_generators == 8
     assert MZAggregation(3, preset='paper', dim=32, encoder='sab').encoder == 'sab'
     with pytest.raises(ValueError, match='preset'):
         MZAggregation(3, preset='large')

@@ -95,12 +95,12 @@ def test_fused_layer_norm_jacobian_matches_autograd_reference(affine):
     gradcheck in float64."""
     from torch_mz.nn.zonotope import _LayerNormJacobian, zonotope_layer_norm_reference
     g = torch.Generator().manual_seed(5)
-    norm = torch.nn.LayerNorm(7, elementwise_affine=affine).double()
+    norm = torch.nn.LayerNorm(33, elementwise_affine=affine).double()
     if affine:
         with torch.no_grad():
-            norm.weight.copy_(torch.rand(7, generator=g, dtype=torch.float64) + 0.5)
-    c = torch.randn(6, 7, generator=g, dtype=torch.float64) * 3 + 1
-    gens = torch.randn(6, 4, 7, generator=g, dtype=torch.float64)
+            norm.weight.copy_(torch.rand(33, generator=g, dtype=torch.float64) + 0.5)
+    c = torch.randn(6, 33, generator=g, dtype=torch.float64) * 3 + 1
+    gens = torch.randn(6, 4, 33, generator=g, dtype=torch.float64)
     grads = []
     for fn in (zonotope_layer_norm, zonotope_layer_norm_reference):
         norm.zero_grad()

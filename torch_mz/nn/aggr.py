@@ -23,17 +23,23 @@ def preset_defaults(preset: str, in_channels: int, heads: int) -> dict:
     * ``'neighbourhood'`` (the aggregation's default), for the many small sets of message
       passing: PyG's :class:`~torch_geometric.nn.aggr.SetTransformerAggregation` structure (one
       SAB encoder block, PMA, one SAB decoder block) at the input width (``dim`` =
-      :obj:`in_channels` rounded up to a multiple of :obj:`heads`, at least 16), ``d_ff = 2 dim``.
-      A set of five neighbours does not pay for 16 inducing tokens.
+      :obj:`in_channels` rounded up to a multiple of :obj:`heads`, at least 16), ``d_ff = 2 dim``,
+      and the paper's Slim generator budget (:math:`n_g = 2`, :math:`L = 1`, Appendix A.1). A
+      set of five neighbours does not pay for 16 inducing tokens, and every element carries two
+      generator rows instead of eight (the generator channel is most of the cost: with
+      :math:`n_g = 8` a forward + backward costs 4-10x the rigid aggregation's, see
+      ``benchmarks/results/message_passing``).
     * ``'paper'``, the MZ-Set Transformer of the paper (Appendix A.1): ``dim = 64``,
-      ``d_ff = 128``, two ISAB encoder blocks with 16 inducing tokens (the
-      :class:`~torch_mz.models.MZSetTransformer` default).
+      ``d_ff = 128``, two ISAB encoder blocks with 16 inducing tokens, :math:`n_g = 8`,
+      :math:`L = 4` (the :class:`~torch_mz.models.MZSetTransformer` default).
     """
     check_choice('preset', preset, PRESETS)
     if preset == 'paper':
-        return dict(dim=64, d_ff=128, encoder='isab', num_encoder_blocks=2, num_inducing=16)
+        return dict(dim=64, d_ff=128, encoder='isab', num_encoder_blocks=2, num_inducing=16,
+                    num_generators=8, num_matrix_generators=4)
     dim = max(16, -(-in_channels // heads) * heads)
-    return dict(dim=dim, d_ff=2 * dim, encoder='sab', num_encoder_blocks=1, num_inducing=16)
+    return dict(dim=dim, d_ff=2 * dim, encoder='sab', num_encoder_blocks=1, num_inducing=16,
+                num_generators=2, num_matrix_generators=1)
 
 
 def resolve_set_index(x: Tensor, index: Optional[Tensor], ptr: Optional[Tensor],
@@ -96,9 +102,10 @@ class MZAggregation(Aggregation):
     Sizes left at :obj:`None` come from :obj:`preset` (see :func:`preset_defaults`): by default
     ``'neighbourhood'``, PyG's Set Transformer aggregation structure at the input width (one SAB
     encoder block, PMA, one SAB decoder block), which suits the many small sets of message
-    passing; ``preset='paper'`` gives the paper's MZ-Set Transformer body (``dim=64``,
-    ``d_ff=128``, two ISAB blocks with 16 inducing tokens). The value operator (``'mz'`` with
-    :math:`n_g = 8`, :math:`L = 4`) is the paper's in both.
+    passing (with the paper's Slim generator budget, :math:`n_g = 2`, :math:`L = 1`);
+    ``preset='paper'`` gives the paper's MZ-Set Transformer body (``dim=64``, ``d_ff=128``, two
+    ISAB blocks with 16 inducing tokens, :math:`n_g = 8`, :math:`L = 4`). The value operator is
+    the matrix zonotope (``value='mz'``) in both.
 
     Inputs are validated once, here: ``x`` must be a floating-point :math:`(N, F_{in})` tensor of
     the module's dtype (or run under :func:`torch.autocast`) whose finite entries are at most
@@ -115,10 +122,12 @@ class MZAggregation(Aggregation):
             :obj:`'paper'` (default: :obj:`'neighbourhood'`).
         dim (int, optional): Token width :math:`d` (default: :obj:`None`, from the preset).
         heads (int): Attention heads (default: :obj:`4`).
-        num_generators (int): Generator budget :math:`n_g` (default: :obj:`8`).
+        num_generators (int, optional): Generator budget :math:`n_g` (default: :obj:`None`, 2
+            for ``'neighbourhood'``, 8 for ``'paper'``).
         value (str): Value operator :obj:`'mz'`, :obj:`'rigid'`, :obj:`'film'` or
             :obj:`'hypernet'` (default: :obj:`'mz'`).
-        num_matrix_generators (int): :math:`L` (default: :obj:`4`).
+        num_matrix_generators (int, optional): :math:`L` (default: :obj:`None`, 1 for
+            ``'neighbourhood'``, 4 for ``'paper'``).
         rank (int): HyperNet rank (default: :obj:`8`).
         num_inducing (int, optional): Inducing tokens :math:`m` per set in each ISAB
             (default: :obj:`None`, 16 in both presets).
@@ -151,7 +160,8 @@ class MZAggregation(Aggregation):
     """
     def __init__(self, in_channels: int, out_channels: Optional[int] = None,
                  preset: str = 'neighbourhood', dim: Optional[int] = None, heads: int = 4,
-                 num_generators: int = 8, value: str = 'mz', num_matrix_generators: int = 4,
+                 num_generators: Optional[int] = None, value: str = 'mz',
+                 num_matrix_generators: Optional[int] = None,
                  rank: int = 8, num_inducing: Optional[int] = None, num_seeds: int = 1,
                  num_encoder_blocks: Optional[int] = None, encoder: Optional[str] = None,
                  num_decoder_blocks: int = 1, d_ff: Optional[int] = None, summary: str = 'mean',
@@ -168,6 +178,10 @@ class MZAggregation(Aggregation):
         num_encoder_blocks = (defaults['num_encoder_blocks'] if num_encoder_blocks is None
                               else num_encoder_blocks)
         num_inducing = defaults['num_inducing'] if num_inducing is None else num_inducing
+        if num_generators is None:
+            num_generators = defaults['num_generators']
+        if num_matrix_generators is None:
+            num_matrix_generators = defaults['num_matrix_generators']
         self.preset = preset
         if chunk_size is not None and chunk_size < 1:
             raise ValueError(f"'chunk_size' must be positive or None (got {chunk_size})")
