@@ -56,8 +56,11 @@ def expected_target(splits: SyntheticSplits, data) -> np.ndarray:
         return np.atleast_1d(geometry.chamfer_distance(*unpack(x)))
     if name == 'rotation-matching':
         a, b = unpack(x)
+        if hp['alignment'] == 'none':
+            return np.atleast_1d(geometry.chamfer_distance(a, b, reduction=hp['reduction']))
         rot = data.rotation[0].double().numpy() if hp['alignment'] == 'true' else None
-        return np.atleast_1d(geometry.aligned_chamfer_distance(a, b, rotation=rot))
+        return np.atleast_1d(geometry.aligned_chamfer_distance(a, b, rotation=rot,
+                                                               reduction=hp['reduction']))
     if name == 'mst':
         return np.atleast_1d(geometry.mst_weight(x))
     if name == 'hull-volume':
@@ -276,6 +279,62 @@ def test_rotation_matching_structure():
         np.testing.assert_array_equal(y1, y2)
 
 
+def test_rotation_matching_readings():
+    # The readings of Task F differ only in the target: same draws, same x.
+    base = make_task('rotation-matching', n_train=6, n_val=0, n_test=0, seed=2, d=5,
+                     store_rotation=True)
+    readings = [dict(alignment='none'), dict(alignment='none', reduction='sum'),
+                dict(reduction='sum'), dict(alignment='procrustes')]
+    for kw in readings:
+        other = make_task('rotation-matching', n_train=6, n_val=0, n_test=0, seed=2, d=5,
+                          store_rotation=True, **kw)
+        for data, ref in zip(other.train, base.train):
+            assert torch.equal(data.x, ref.x) and torch.equal(data.rotation, ref.rotation)
+            np.testing.assert_allclose(data.y[0].numpy(), expected_target(other, data),
+                                       rtol=1e-5)
+    unaligned = make_task('rotation-matching', n_train=6, n_val=0, n_test=0, seed=2, d=5,
+                          alignment='none')
+    summed = make_task('rotation-matching', n_train=6, n_val=0, n_test=0, seed=2, d=5,
+                       alignment='none', reduction='sum')
+    rng = np.random.default_rng(0)
+    for data, ref, tot in zip(unaligned.train, base.train, summed.train):
+        a, b = unpack(data.x.double().numpy())
+        # Summing over the n points of each cloud is n times the mean.
+        assert tot.y.item() == pytest.approx(len(a) * data.y.item(), rel=1e-5)
+        # Without alignment the rotated cloud is far; the literal target is the noise only.
+        assert data.y.item() > 5 * ref.y.item()
+        # The un-aligned target is a function of x alone, invariant under a rotation and a
+        # translation of both clouds and under permutations inside each cloud.
+        q = np.linalg.qr(rng.standard_normal((5, 5)))[0]
+        t = rng.standard_normal(5)
+        moved = geometry.chamfer_distance(a[::-1] @ q.T + t, b[rng.permutation(len(b))] @ q.T + t)
+        assert moved == pytest.approx(data.y.item(), rel=1e-5)
+
+
+def test_rotation_matching_rotation_range_and_per_set_noise():
+    # theta_max = 0 leaves B = A + eps: the literal and the un-aligned targets coincide.
+    still = make_task('rotation-matching', n_train=4, n_val=0, n_test=0, seed=1, d=4,
+                      max_angle=0.0, store_rotation=True)
+    still_none = make_task('rotation-matching', n_train=4, n_val=0, n_test=0, seed=1, d=4,
+                           max_angle=0.0, alignment='none')
+    for data, other in zip(still.train, still_none.train):
+        np.testing.assert_array_equal(data.rotation[0].numpy(), np.eye(4, dtype=np.float32))
+        assert data.y.item() == pytest.approx(other.y.item(), rel=1e-6)
+    # A per-set noise level is drawn in the range and stored; the residual B - R A has that scale.
+    noisy = make_task('rotation-matching', n_train=30, n_val=0, n_test=0, seed=1, d=8,
+                      noise_range=(0.05, 0.5), store_rotation=True, set_size=(30, 30))
+    sigmas = []
+    for data in noisy.train:
+        sigma = data.noise.item()
+        a, b = unpack(data.x.double().numpy())
+        resid = b - a @ data.rotation[0].double().numpy().T
+        assert 0.05 <= sigma <= 0.5
+        assert resid.std() == pytest.approx(sigma, rel=0.15)
+        sigmas.append(sigma)
+    assert np.ptp(sigmas) > 0.2
+    assert 'noise' not in make_task('rotation-matching', n_train=1, n_val=0, n_test=0).train[0]
+
+
 def test_set_regression_modes_and_statistic_reductions():
     # The two readings of Task A differ: per-dimension maxima (2, 3) sum to 5, per-element
     # maxima (1, 3, 2) to 6.
@@ -337,6 +396,12 @@ def test_validation_errors():
         make_task('chamfer', match_prob=1.5)
     with pytest.raises(ValueError, match='noise'):
         make_task('rotation-matching', noise=-0.1)
+    with pytest.raises(ValueError, match='noise_range'):
+        make_task('rotation-matching', noise_range=(0.5, 0.1))
+    with pytest.raises(ValueError, match='reduction'):
+        make_task('rotation-matching', reduction='max')
+    with pytest.raises(ValueError, match='max_angle'):
+        make_task('rotation-matching', max_angle=-1.0)
     with pytest.raises(TypeError):
         make_task('mst', tdof=3)  # not a parameter of this task
 
