@@ -283,7 +283,7 @@ def test_presets_fill_only_what_is_left_unset():
     neighbourhood = MZAggregation(16)
     assert (neighbourhood.dim, neighbourhood.d_ff, neighbourhood.encoder,
             neighbourhood.num_encoder_blocks, neighbourhood.num_generators,
-            neighbourhood.num_matrix_generators) == (16, 32, 'sab', 1, 2, 1)
+            neighbourhood.num_matrix_generators) == (16, 16, 'sab', 1, 2, 1)
     assert MZAggregation(3).dim == 16 and MZAggregation(70, heads=4).dim == 72
     paper = MZAggregation(3, preset='paper')
     assert (paper.dim, paper.d_ff, paper.encoder, paper.num_encoder_blocks,

@@ -268,5 +268,7 @@ def test_value_order_auto_picks_after_for_few_queries():
     counts = torch.tensor([50, 50])
     assert attn._values_after(torch.tensor([0, 1]), counts, 2, 100, 2)
     assert not attn._values_after(make_index([50, 50]), counts, 100, 100, 2)
+    rigid = MZAttention(D, heads=H, num_generators=0, value='rigid')
+    assert not rigid._values_after(torch.tensor([0, 1]), counts, 2, 100, 2)
     with pytest.raises(ValueError, match='value order'):
         _attn('mz', value_order='sideways')

@@ -23,8 +23,9 @@ def preset_defaults(preset: str, in_channels: int, heads: int) -> dict:
     * ``'neighbourhood'`` (the aggregation's default), for the many small sets of message
       passing: PyG's :class:`~torch_geometric.nn.aggr.SetTransformerAggregation` structure (one
       SAB encoder block, PMA, one SAB decoder block) at the input width (``dim`` =
-      :obj:`in_channels` rounded up to a multiple of :obj:`heads`, at least 16), ``d_ff = 2 dim``,
-      and the paper's Slim generator budget (:math:`n_g = 2`, :math:`L = 1`, Appendix A.1). A
+      :obj:`in_channels` rounded up to a multiple of :obj:`heads`, at least 16), a feed-forward
+      width ``d_ff = dim`` (PyG's MAB feed-forward is one ``dim x dim`` layer), and the paper's
+      Slim generator budget (:math:`n_g = 2`, :math:`L = 1`, Appendix A.1). A
       set of five neighbours does not pay for 16 inducing tokens, and every element carries two
       generator rows instead of eight (the generator channel is most of the cost: with
       :math:`n_g = 8` a forward + backward costs 4-10x the rigid aggregation's, see
@@ -38,7 +39,7 @@ def preset_defaults(preset: str, in_channels: int, heads: int) -> dict:
         return dict(dim=64, d_ff=128, encoder='isab', num_encoder_blocks=2, num_inducing=16,
                     num_generators=8, num_matrix_generators=4)
     dim = max(16, -(-in_channels // heads) * heads)
-    return dict(dim=dim, d_ff=2 * dim, encoder='sab', num_encoder_blocks=1, num_inducing=16,
+    return dict(dim=dim, d_ff=dim, encoder='sab', num_encoder_blocks=1, num_inducing=16,
                 num_generators=2, num_matrix_generators=1)
 
 
@@ -141,7 +142,7 @@ class MZAggregation(Aggregation):
         num_decoder_blocks (int): :math:`L_{dec}` SAB blocks on the :math:`k` pooled tokens
             (default: :obj:`1`).
         d_ff (int, optional): FFN width; the generator FFN has half of it (default:
-            :obj:`None`, :math:`2d` for ``'neighbourhood'``, 128 for ``'paper'``).
+            :obj:`None`, :math:`d` for ``'neighbourhood'``, 128 for ``'paper'``).
         summary (str): Gate summary :obj:`'mean'` or :obj:`'mean+std'` (default: :obj:`'mean'`).
         dropout (float): Dropout on attention weights and FFN outputs (default: :obj:`0.0`).
         log_n (bool): :math:`\log n` logit scaling (default: :obj:`False`).

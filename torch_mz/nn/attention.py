@@ -208,11 +208,11 @@ class MZAttention(Module):
                             dim=-1)  # (Nk, 1 + d + ng d)
             agg = grouped_attention(q, k, raw, query_set, kv_set, num_sets, dropout=self.dropout,
                                     training=self.training, path=self.path)  # (Nq, H, 1+d+ngd)
-            mass = agg[..., :1]  # (Nq, H, 1)
-            c_hat = torch.einsum('nhd,hed->nhe', agg[..., 1:1 + d], w_v)  # (Nq, H, dk)
+            mass, c_raw, g_raw = agg.split([1, d, ng * d], dim=-1)  # (Nq, H, 1 / d / ng d)
+            c_hat = torch.einsum('nhd,hed->nhe', c_raw, w_v)  # (Nq, H, dk)
             if self.lin_v.bias is not None:
                 c_hat = c_hat + mass * self.lin_v.bias.to(q.dtype).view(H, dk)
-            g_agg = torch.einsum('nhgd,hed->nhge', agg[..., 1 + d:].reshape(Nq, H, ng, d),
+            g_agg = torch.einsum('nhgd,hed->nhge', g_raw.reshape(Nq, H, ng, d),
                                  gen_map)  # (Nq, H, ng, dk)
         else:
             vc = self.lin_v(key_value.center.to(q.dtype)).view(Nk, H, dk)  # (Nk, H, dk)
@@ -221,8 +221,8 @@ class MZAttention(Module):
             agg = grouped_attention(q, k, values, query_set, kv_set, num_sets,
                                     dropout=self.dropout, training=self.training,
                                     path=self.path)  # (Nq, H, (1 + ng) * dk)
-            c_hat = agg[..., :dk]  # (Nq, H, dk)
-            g_agg = agg[..., dk:].reshape(Nq, H, ng, dk)  # (Nq, H, ng, dk)
+            c_hat, g_agg = agg.split([dk, ng * dk], dim=-1)  # (Nq, H, dk), (Nq, H, ng dk)
+            g_agg = g_agg.reshape(Nq, H, ng, dk)  # (Nq, H, ng, dk)
 
         out_c = torch.einsum('nhd,hed->nhe', c_hat, weight)  # (Nq, H, dk)
         if self.value == 'hypernet':
@@ -242,11 +242,15 @@ class MZAttention(Module):
                       num_sets: int) -> bool:
         r"""Whether to apply the value map after the aggregation. Before: the map costs
         :math:`N_k (1 + n_g) d^2` and the aggregation :math:`P (1 + n_g) d` for :math:`P` query-key
-        pairs; after: :math:`N_q (1 + n_g) d^2` and :math:`P H (1 + n_g) d`. Both are exact; the
-        cheaper one is taken (``value_order='auto'``), or the one :attr:`value_order` names."""
+        pairs; after: :math:`N_q (1 + n_g) d^2` and :math:`P H (1 + n_g) d`. Both are exact; with
+        ``value_order='auto'`` the cheaper one is taken when tokens carry generators (without
+        them the value map is a single fast product and 'before' keeps the fused attention
+        kernel), otherwise the one :attr:`value_order` names."""
         if self.value_order != 'auto':
             return self.value_order == 'after'
-        if Nq >= Nk:
+        if Nq >= Nk or self.num_generators == 0:
+            # without generators the value map is one fast matrix product on the keys, and the
+            # per-head values keep the fused attention kernel: measured faster either way
             return False
         pairs = int((set_counts(query_set, num_sets) * counts_k).sum())
         return (Nk - Nq) * self.dim > pairs * (self.heads - 1)

@@ -368,15 +368,18 @@ def _attention_dense(q: Tensor, k: Tensor, v: Tensor, q_set: Tensor, kv_set: Ten
     mbuf = torch.zeros(tot_k, dtype=torch.bool, device=device)
     mbuf[k_pos] = True  # (tot_k,), True = a real key
 
+    # split (not slicing): autograd joins the pieces' gradients with one concatenation instead
+    # of a full-size zero tensor per bucket
+    q_sizes, k_sizes = (nb * pq).tolist(), (nb * pk).tolist()
     outs = []
-    for b, (nb_b, pq_b, pk_b, oq, ok) in enumerate(zip(nb.tolist(), pq.tolist(), pk.tolist(),
-                                                         off_q.tolist(), off_k.tolist())):
-        qd = qbuf[oq:oq + nb_b * pq_b].view(nb_b, pq_b, H, dk).transpose(1, 2)  # (n,H,pq,dk)
-        kd = kbuf[ok:ok + nb_b * pk_b].view(nb_b, pk_b, H, dk).transpose(1, 2)  # (n,H,pk,dk)
-        vb = vbuf[ok:ok + nb_b * pk_b]
+    for nb_b, pq_b, pk_b, qb, kb, vb, mb in zip(nb.tolist(), pq.tolist(), pk.tolist(),
+                                                 qbuf.split(q_sizes), kbuf.split(k_sizes),
+                                                 vbuf.split(k_sizes), mbuf.split(k_sizes)):
+        qd = qb.view(nb_b, pq_b, H, dk).transpose(1, 2)  # (n, H, pq, dk)
+        kd = kb.view(nb_b, pk_b, H, dk).transpose(1, 2)  # (n, H, pk, dk)
         vd = vb.view(nb_b, pk_b, w) if shared else \
             vb.view(nb_b, pk_b, H, w).transpose(1, 2)  # (n, pk, w) or (n, H, pk, w)
-        mask = mbuf[ok:ok + nb_b * pk_b].view(nb_b, 1, 1, pk_b)  # (n, 1, 1, pk)
+        mask = mb.view(nb_b, 1, 1, pk_b)  # (n, 1, 1, pk)
         od = _attend(qd, kd, vd, mask, p)  # (n, H, pq, w)
         outs.append(od.transpose(1, 2).reshape(nb_b * pq_b, H, w))
     vals = torch.cat(outs, 0)[q_pos] if len(outs) > 1 else outs[0][q_pos]  # (Nq', H, w)

@@ -77,8 +77,9 @@ class Zonotope:
                 f'num_generators={self.num_generators})')
 
 
-# Token width from which the fused LayerNorm-Jacobian function is used.
+# Token width and generator count from which the fused LayerNorm-Jacobian function is used.
 FUSED_MIN_DIM = 32
+FUSED_MIN_GENERATORS = 4
 
 
 class _LayerNormJacobian(torch.autograd.Function):
@@ -169,11 +170,13 @@ def zonotope_layer_norm(z: Zonotope, norm: LayerNorm) -> Zonotope:
     per-token factor :math:`w / \sigma` as the center, and removes the components LayerNorm itself
     removes (the feature mean and the radial direction :math:`\hat{c}`).
 
-    For tokens of width at least :data:`FUSED_MIN_DIM` the generator map runs as one autograd
-    function with a hand-written backward (a few passes over the generators instead of the dozen
-    that autograd through the elementwise formula takes, 2.2-2.7x faster forward + backward at
-    d = 64); narrower tokens use :func:`zonotope_layer_norm_reference`, the same map with plain
-    autograd, which is faster there (1.4x at d = 16, measured on one CPU core).
+    For tokens of width at least :data:`FUSED_MIN_DIM` with at least
+    :data:`FUSED_MIN_GENERATORS` generators the generator map runs as one autograd function with
+    a hand-written backward (a few passes over the generators instead of the dozen that autograd
+    through the elementwise formula takes: 2.2x faster forward + backward at d = 64,
+    :math:`n_g = 8`); narrower tokens or fewer generators use
+    :func:`zonotope_layer_norm_reference`, the same map with plain autograd, which is faster there
+    (1.4x at d = 16, :math:`n_g = 8`; 1.2-1.7x at :math:`n_g = 2`; one CPU core).
     """
     c = z.center
     d = c.size(-1)
@@ -183,7 +186,8 @@ def zonotope_layer_norm(z: Zonotope, norm: LayerNorm) -> Zonotope:
     out_c = norm(c)
     if z.gens.size(1) == 0:  # plain vector tokens
         return Zonotope(out_c, z.gens.to(out_c.dtype))
-    if d < FUSED_MIN_DIM:  # narrow tokens: batched products of tiny matrices cost more
+    if d < FUSED_MIN_DIM or z.gens.size(1) < FUSED_MIN_GENERATORS:
+        # few or narrow generators: batched products of tiny matrices cost more
         return zonotope_layer_norm_reference(z, norm)
     weight = norm.weight.to(out_c.dtype) if norm.weight is not None else None
     g = _LayerNormJacobian.apply(c.to(out_c.dtype), z.gens.to(out_c.dtype).contiguous(), weight,
