@@ -1,0 +1,263 @@
+r"""MZAggregation as a neighbourhood aggregation inside PyG message passing, against PyG's own
+SetTransformerAggregation with the same block structure.
+
+One forward + backward of ``SAGEConv(d, d, aggr=...)`` (and ``GraphConv``) on random graphs with
+average in-degree 10, in-degrees Poisson or power law (``deg_i ~ 1 / rank_i``, scaled to the same
+number of edges), ``edge_index`` sorted by destination (PyG's aggregation requires it). Each
+configuration runs in a fresh subprocess, which measures the peak memory of one call first (peak
+resident set above the state before it) and then the median time of ``--repeats`` calls. Ratios
+are taken between medians of the same run. Aggregations:
+
+* ``pyg``: ``SetTransformerAggregation(d, heads=4)`` (one SAB encoder block, PMA, one SAB decoder
+  block; pads every neighbourhood to the largest in the batch),
+* ``rigid``: ``MZAggregation(d, value='rigid', num_generators=0)``: the same structure on the flat
+  layout (standard attention, no generators),
+* ``default``: ``MZAggregation(d)``: the neighbourhood preset with the matrix-zonotope value
+  operator and the Slim generator budget (n_g = 2, L = 1),
+* ``mz-ng8``: ``MZAggregation(d, num_generators=8, num_matrix_generators=4)``: the paper's
+  generator budget in the same structure,
+* ``paper``: ``MZAggregation(d, preset='paper')``: the paper's MZ-Set Transformer body (two
+  ISAB blocks with 16 inducing tokens per set, d = 64), only on the smallest graphs.
+
+    python benchmarks/message_passing.py --quick
+    python benchmarks/message_passing.py
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+
+from torch_mz.benchmark import (environment, markdown_table, peak_memory_bytes, time_call,
+                                write_json)
+
+AGGRS = ('pyg', 'rigid', 'default', 'mz-ng8', 'paper')
+CONVS = ('sage', 'graph')
+
+
+def random_graph(num_nodes: int, degrees: str, avg_degree: int = 10, seed: int = 0):
+    r"""``edge_index`` of a random directed graph sorted by destination, with Poisson or
+    power-law in-degrees of mean :obj:`avg_degree`; sources are uniform."""
+    rng = np.random.default_rng(seed)
+    if degrees == 'poisson':
+        deg = rng.poisson(avg_degree, num_nodes)
+    elif degrees == 'power-law':
+        w = 1.0 / np.arange(1, num_nodes + 1)
+        deg = np.floor(w / w.sum() * avg_degree * num_nodes).astype(np.int64)
+        deg[: avg_degree * num_nodes - deg.sum()] += 1  # exactly avg_degree * num_nodes edges
+        deg = rng.permutation(deg)
+    else:
+        raise ValueError(f"Unknown degree distribution '{degrees}'")
+    dst = np.repeat(np.arange(num_nodes), deg)
+    src = rng.integers(0, num_nodes, dst.size)
+    return torch.from_numpy(np.stack([src, dst])).long()
+
+
+def build_aggr(name: str, d: int):
+    from torch_geometric.nn.aggr import SetTransformerAggregation
+
+    from torch_mz.nn import MZAggregation
+    if name == 'pyg':
+        return SetTransformerAggregation(d, heads=4)
+    if name == 'rigid':
+        return MZAggregation(d, value='rigid', num_generators=0)
+    if name == 'default':
+        return MZAggregation(d)
+    if name == 'mz-ng8':
+        return MZAggregation(d, num_generators=8, num_matrix_generators=4)
+    if name == 'paper':
+        return MZAggregation(d, preset='paper')
+    raise ValueError(f"Unknown aggregation '{name}'")
+
+
+def run_one(cfg: dict) -> dict:
+    r"""One configuration: peak memory of one forward + backward, then the median time."""
+    from torch_geometric.nn import GraphConv, SAGEConv
+    torch.set_num_threads(cfg['threads'])
+    torch.manual_seed(0)
+    edge_index = random_graph(cfg['nodes'], cfg['degrees'], seed=cfg['seed'])
+    x = torch.randn(cfg['nodes'], cfg['dim'], generator=torch.Generator().manual_seed(1))
+    conv_cls = SAGEConv if cfg['conv'] == 'sage' else GraphConv
+    conv = conv_cls(cfg['dim'], cfg['dim'], aggr=build_aggr(cfg['aggr'], cfg['dim']))
+
+    def step():
+        conv.zero_grad(set_to_none=True)
+        conv(x, edge_index).square().mean().backward()
+
+    peak = peak_memory_bytes(step, torch.device('cpu'))
+    times = time_call(step, repeats=cfg['repeats'], warmup=1)
+    deg = torch.bincount(edge_index[1], minlength=cfg['nodes'])
+    return dict(cfg, edges=int(edge_index.size(1)), max_degree=int(deg.max()),
+                median_ms=1000 * float(np.median(times)), times_ms=[1000 * t for t in times],
+                peak_mib=None if peak is None else peak / 2**20)
+
+
+def run_subprocess(cfg: dict, timeout: float) -> dict:
+    try:
+        out = subprocess.run([sys.executable, os.path.abspath(__file__), '--_one',
+                              json.dumps(cfg)], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return dict(cfg, error=f'timed out after {timeout:.0f} s')
+    if out.returncode != 0:
+        tail = (out.stderr.strip().splitlines() or ['killed'])[-1]
+        if out.returncode < 0:
+            tail = f'killed by signal {-out.returncode} (out of memory?)'
+        return dict(cfg, error=tail[:200])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def fit_slope(rows, key):
+    r"""Least-squares slope of log(key) against log(nodes + edges)."""
+    pts = [(np.log(r['nodes'] + r['edges']), np.log(r[key])) for r in rows
+           if r.get(key) and 'error' not in r]
+    if len(pts) < 2:
+        return None
+    xs, ys = zip(*pts)
+    return float(np.polyfit(xs, ys, 1)[0])
+
+
+def plot(rows, path):
+    from torch_mz._optional import require
+    matplotlib = require('matplotlib')
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    groups = sorted({(r['degrees'], r['dim']) for r in rows if r['conv'] == 'sage'})
+    fig, axes = plt.subplots(2, len(groups), figsize=(4 * len(groups), 7), squeeze=False)
+    for col, (degrees, dim) in enumerate(groups):
+        for row, (key, label) in enumerate((('median_ms', 'forward+backward, median ms'),
+                                            ('peak_mib', 'peak memory, MiB'))):
+            ax = axes[row][col]
+            for aggr in AGGRS:
+                pts = sorted((r['nodes'] + r['edges'], r[key]) for r in rows
+                             if r['conv'] == 'sage' and r['degrees'] == degrees
+                             and r['dim'] == dim and r['aggr'] == aggr and r.get(key))
+                if pts:
+                    ax.plot(*zip(*pts), marker='o', label=aggr)
+            ax.set_xscale('log')
+            ax.set_yscale('log')
+            ax.set_xlabel('nodes + edges')
+            ax.set_ylabel(label)
+            ax.set_title(f'SAGEConv, {degrees} in-degrees, d = {dim}')
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--nodes', default='1000,10000,100000',
+                        help='comma-separated graph sizes (average in-degree 10)')
+    parser.add_argument('--dims', default='16,64')
+    parser.add_argument('--degrees', default='poisson,power-law')
+    parser.add_argument('--aggrs', default=','.join(AGGRS))
+    parser.add_argument('--graphconv-nodes', type=int, default=10000,
+                        help='graph size at which GraphConv is also measured (0: never)')
+    parser.add_argument('--paper-max-nodes', type=int, default=1000,
+                        help="largest graph for the 'paper' body (16 inducing tokens per set)")
+    parser.add_argument('--power-law-max-nodes', type=int, default=10000,
+                        help='largest power-law graph (its hub has ~8% of all edges, and an SAB '
+                             'is quadratic in it)')
+    parser.add_argument('--repeats', type=int, default=5)
+    parser.add_argument('--threads', type=int, default=1)
+    parser.add_argument('--timeout', type=float, default=900,
+                        help='seconds per configuration before it is reported as timed out')
+    parser.add_argument('--quick', action='store_true',
+                        help='graphs of 1,000 and 10,000 nodes, d = 16, 3 repeats')
+    parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
+                                                      'message_passing'))
+    parser.add_argument('--_one', help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args._one:
+        print(json.dumps(run_one(json.loads(args._one))))
+        return
+    if args.quick:
+        args.nodes, args.dims, args.repeats = '1000,10000', '16', 3
+    start = time.time()
+    rows = []
+    for degrees in args.degrees.split(','):
+        for dim in map(int, args.dims.split(',')):
+            for nodes in map(int, args.nodes.split(',')):
+                if degrees == 'power-law' and nodes > args.power_law_max_nodes:
+                    continue
+                convs = CONVS if nodes == args.graphconv_nodes else ('sage', )
+                for conv in convs:
+                    for aggr in args.aggrs.split(','):
+                        if aggr == 'paper' and nodes > args.paper_max_nodes:
+                            continue
+                        if aggr == 'pyg' and degrees == 'power-law' and nodes > 1000:
+                            # pads every node to the hub's degree: nodes x hub x d floats
+                            continue
+                        cfg = dict(aggr=aggr, conv=conv, degrees=degrees, dim=dim, nodes=nodes,
+                                   repeats=args.repeats, threads=args.threads, seed=0)
+                        row = run_subprocess(cfg, args.timeout)
+                        rows.append(row)
+                        msg = row.get('error') or (f"{row['median_ms']:10.1f} ms  "
+                                                   f"{row['peak_mib'] or 0:9.1f} MiB")
+                        print(f'{degrees:9s} d={dim:3d} N={nodes:7d} {conv:5s} {aggr:8s} {msg}',
+                              flush=True)
+    # ratios within each (degrees, dim, nodes, conv) group, from this run's medians
+    ratios = []
+    keys = sorted({(r['degrees'], r['dim'], r['nodes'], r['conv']) for r in rows})
+    for degrees, dim, nodes, conv in keys:
+        by = {r['aggr']: r for r in rows if (r['degrees'], r['dim'], r['nodes'], r['conv'])
+              == (degrees, dim, nodes, conv) and 'error' not in r}
+        entry = dict(degrees=degrees, dim=dim, nodes=nodes, conv=conv)
+        if 'rigid' in by and 'pyg' in by:
+            entry['rigid/pyg time'] = by['rigid']['median_ms'] / by['pyg']['median_ms']
+            if by['rigid'].get('peak_mib') and by['pyg'].get('peak_mib'):
+                entry['rigid/pyg memory'] = by['rigid']['peak_mib'] / by['pyg']['peak_mib']
+        for aggr in ('default', 'mz-ng8', 'paper'):
+            if aggr in by and 'rigid' in by:
+                entry[f'{aggr}/rigid time'] = by[aggr]['median_ms'] / by['rigid']['median_ms']
+        ratios.append(entry)
+    slopes = []
+    for degrees in args.degrees.split(','):
+        for dim in map(int, args.dims.split(',')):
+            for aggr in args.aggrs.split(','):
+                sel = [r for r in rows if r['degrees'] == degrees and r['dim'] == dim
+                       and r['aggr'] == aggr and r['conv'] == 'sage']
+                if len(sel) >= 2:
+                    slopes.append(dict(degrees=degrees, dim=dim, aggr=aggr,
+                                       time_slope=fit_slope(sel, 'median_ms'),
+                                       memory_slope=fit_slope(sel, 'peak_mib')))
+    env = environment()
+    minutes = (time.time() - start) / 60
+    os.makedirs(args.out, exist_ok=True)
+    write_json(os.path.join(args.out, 'message_passing.json'),
+               dict(environment=env, config=vars(args), minutes=minutes, rows=rows,
+                    ratios=ratios, slopes=slopes))
+    row_cols = ['degrees', 'dim', 'nodes', 'edges', 'max_degree', 'conv', 'aggr', 'median_ms',
+                'peak_mib', 'error']
+    ratio_cols = ['degrees', 'dim', 'nodes', 'conv', 'rigid/pyg time', 'rigid/pyg memory',
+                  'default/rigid time', 'mz-ng8/rigid time', 'paper/rigid time']
+    with open(os.path.join(args.out, 'message_passing.md'), 'w') as f:
+        f.write('# MZAggregation in message passing against PyG\'s SetTransformerAggregation\n\n'
+                f"Command: `{env['command']}`  \n"
+                f"torch {env['torch']}, torch_geometric {env['torch_geometric']}, "
+                f"{args.threads} thread(s), torch-scatter: {env['torch_scatter']}; "
+                f"{minutes:.1f} min. Forward + backward of one convolution, median of "
+                f"{args.repeats} calls; peak memory = peak resident set of one call above the "
+                f"state before it, in a fresh process per row.\n\n"
+                '## Ratios (medians of this run)\n\n'
+                + markdown_table(ratios, ratio_cols)
+                + '\n## Growth with the graph (slope of log time / log memory against '
+                  'log(nodes + edges), SAGEConv)\n\n'
+                + markdown_table(slopes, ['degrees', 'dim', 'aggr', 'time_slope',
+                                          'memory_slope'])
+                + '\n## All measurements\n\n' + markdown_table(rows, row_cols)
+                + '\n![plot](message_passing.png)\n')
+    try:
+        plot(rows, os.path.join(args.out, 'message_passing.png'))
+    except ImportError as err:
+        print(err)
+    print(markdown_table(ratios, ratio_cols))
+    print(f'wrote {args.out}/message_passing.json, .md, .png')
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,167 @@
+r"""Point-cloud training steps of the model presets: time, throughput and efficiency.
+
+One AdamW step (forward, cross-entropy on 40 classes, backward, update) and one inference
+forward (``eval()``, no gradients) of each preset on a batch of ``--clouds`` point clouds of
+``--points`` 3-D points (ModelNet40's batch shape; random points, since speed does not depend on
+them). Reported per preset: median step time, points per second, FLOPs per step (matrix products
+and attention kernels, counted by torch's FlopCounterMode), the achieved fraction of the measured
+float32 matrix-product peak, median inference time, and the ratios to ``rigid`` measured in the
+same run (the paper's Table 30 reports ``mz`` / standard at 2.2-5.5x for training and 2.4-2.7x
+for inference).
+
+EGNN is fully connected inside each set by default; on 1,024 points that is a million edges per
+cloud (tens of GB of edge features), so here it runs on a radius graph (``--egnn-radius``, on
+points uniform in the unit ball: about 16 neighbours per point), as EGNN is used on point
+clouds.
+
+    python benchmarks/training_step.py --quick
+    python benchmarks/training_step.py
+"""
+import argparse
+import os
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch_geometric.data import Batch, Data
+
+from torch_mz.benchmark import (count_flops, environment, markdown_table, matmul_peak_flops,
+                                time_call, write_json)
+from torch_mz.models import build_model, count_parameters
+
+PRESETS = ('rigid', 'st-large', 'mz-slim', 'mz', 'egnn')
+
+
+def make_batch(clouds: int, points: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    pos = torch.randn(clouds * points, 3, generator=g)
+    pos = pos / pos.norm(dim=-1, keepdim=True).clamp(min=1e-6) * torch.rand(
+        clouds * points, 1, generator=g).pow(1 / 3)  # uniform in the unit ball
+    batch = torch.arange(clouds).repeat_interleave(points)
+    y = torch.randint(0, 40, (clouds, ), generator=g)
+    return pos, batch, y
+
+
+def build(name: str, radius: float):
+    torch.manual_seed(0)
+    if name == 'egnn':
+        return build_model('egnn', 3, 40, pos_dim=3, radius=radius)
+    return build_model(name, 3, 40)
+
+
+def measure(name: str, args, pos, batch, y) -> dict:
+    model = build(name, args.egnn_radius)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=1e-5)
+    clouds = int(batch.max()) + 1
+
+    data = Batch.from_data_list([Data(x=pos[batch == i])
+                                 for i in range(clouds)])  # x = coordinates for every model
+
+    def forward():
+        out = model(data)
+        return out[0] if isinstance(out, tuple) else out
+
+    def train_step():
+        model.train()
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(forward(), y).backward()
+        opt.step()
+
+    def infer():
+        model.eval()
+        with torch.no_grad():
+            forward()
+
+    step_times = time_call(train_step, repeats=args.repeats, warmup=1)
+    infer_times = time_call(infer, repeats=args.repeats, warmup=1)
+    flops = count_flops(train_step)
+    step = float(np.median(step_times))
+    return dict(model=name, params=count_parameters(model), step_s=step,
+                step_times_s=step_times, points_per_s=pos.size(0) / step,
+                gflop_per_step=flops / 1e9, gflop_per_s=flops / 1e9 / step,
+                infer_s=float(np.median(infer_times)), infer_times_s=infer_times)
+
+
+def plot(rows, path):
+    from torch_mz._optional import require
+    matplotlib = require('matplotlib')
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    names = [r['model'] for r in rows]
+    xs = np.arange(len(rows))
+    axes[0].bar(xs - 0.2, [r['step_s'] for r in rows], 0.4, label='training step')
+    axes[0].bar(xs + 0.2, [r['infer_s'] for r in rows], 0.4, label='inference')
+    axes[0].set_ylabel('median seconds per batch')
+    axes[0].set_xticks(xs, names)
+    axes[0].legend()
+    axes[1].bar(xs, [r['pct_of_peak'] for r in rows])
+    axes[1].axhline(40, color='k', ls='--', lw=1, label='40% target')
+    axes[1].set_ylabel('% of measured matmul peak (training step)')
+    axes[1].set_xticks(xs, names)
+    axes[1].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--models', default=','.join(PRESETS))
+    parser.add_argument('--clouds', type=int, default=32)
+    parser.add_argument('--points', type=int, default=1024)
+    parser.add_argument('--repeats', type=int, default=5)
+    parser.add_argument('--threads', type=int, default=1)
+    parser.add_argument('--egnn-radius', type=float, default=0.25)
+    parser.add_argument('--quick', action='store_true', help='8 clouds, 3 repeats')
+    parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
+                                                      'training_step'))
+    args = parser.parse_args()
+    if args.quick:
+        args.clouds, args.repeats = 8, 3
+    torch.set_num_threads(args.threads)
+    start = time.time()
+    peak = matmul_peak_flops() / 1e9
+    print(f'measured float32 matmul peak: {peak:.1f} GFLOP/s', flush=True)
+    pos, batch, y = make_batch(args.clouds, args.points)
+    rows = []
+    for name in args.models.split(','):
+        row = measure(name, args, pos, batch, y)
+        row['pct_of_peak'] = 100 * row['gflop_per_s'] / peak
+        rows.append(row)
+        print(f"{name:9s} step {row['step_s']:7.3f} s  {row['points_per_s']:9.0f} points/s  "
+              f"{row['gflop_per_step']:6.1f} GFLOP  {row['pct_of_peak']:5.1f}% of peak  "
+              f"inference {row['infer_s']:6.3f} s", flush=True)
+    ref = next((r for r in rows if r['model'] == 'rigid'), None)
+    if ref is not None:
+        for r in rows:
+            r['step / rigid'] = r['step_s'] / ref['step_s']
+            r['inference / rigid'] = r['infer_s'] / ref['infer_s']
+            r['flops / rigid'] = r['gflop_per_step'] / ref['gflop_per_step']
+    env = environment()
+    minutes = (time.time() - start) / 60
+    os.makedirs(args.out, exist_ok=True)
+    write_json(os.path.join(args.out, 'training_step.json'),
+               dict(environment=env, config=vars(args), minutes=minutes,
+                    matmul_peak_gflop_per_s=peak, rows=rows))
+    cols = ['model', 'params', 'step_s', 'points_per_s', 'gflop_per_step', 'gflop_per_s',
+            'pct_of_peak', 'infer_s', 'step / rigid', 'inference / rigid', 'flops / rigid']
+    with open(os.path.join(args.out, 'training_step.md'), 'w') as f:
+        f.write(f'# Training step and inference, {args.clouds} clouds x {args.points} points, '
+                f'40 classes\n\n'
+                f"Command: `{env['command']}`  \n"
+                f"torch {env['torch']}, {args.threads} thread(s), {minutes:.1f} min; measured "
+                f"float32 matmul peak {peak:.1f} GFLOP/s (2048 x 2048). Medians of "
+                f"{args.repeats} calls; ratios to `rigid` from this run. EGNN on a radius graph "
+                f"(r = {args.egnn_radius}).\n\n" + markdown_table(rows, cols)
+                + '\n![plot](training_step.png)\n')
+    try:
+        plot(rows, os.path.join(args.out, 'training_step.png'))
+    except ImportError as err:
+        print(err)
+    print(f'wrote {args.out}/training_step.json, .md, .png')
+
+
+if __name__ == '__main__':
+    main()
