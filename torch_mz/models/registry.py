@@ -16,6 +16,8 @@ Presets (paper defaults: d = 64, H = 4, d_ff = 128, 16 inducing points, dropout 
 ``hypernet``    rank-8 input-dependent value update (``value='hypernet'``), width matched to ``mz``
 ``perceiver``   Perceiver-style latent cross-attention, width matched to ``mz``
 ``deepsets``    Deep Sets (sum pooling)
+``mean-mlp``    oracle reference: an MLP on the exact set mean (the ceiling on targets that are
+                functions of the mean, such as quadratic TDOF; not a set model to compare with)
 ``egnn``        EGNN, 4 layers, width 96 (coordinates from the task's ``pos_dim``)
 ``egnn-qm9``    the EGNN authors' QM9 model: 7 layers, width 128, attention (edge gate) on,
                 coordinates never updated (they enter only through squared distances)
@@ -27,6 +29,7 @@ from typing import Dict, Optional
 from torch.nn import Module
 
 from torch_mz.models.egnn import EGNN
+from torch_mz.models.mean_mlp import MeanMLP
 from torch_mz.models.set_transformer import DeepSets, MZSetTransformer, PerceiverSet
 
 _ST = dict(dim=64, heads=4, d_ff=128, encoder='isab', num_inducing=16, num_encoder_blocks=2,
@@ -46,6 +49,7 @@ PRESETS: Dict[str, dict] = {
     'perceiver': dict(dim=64, heads=4, d_ff=128, num_latents=16, num_cross=2,
                       num_latent_blocks=1, dropout=0.1, match='mz'),
     'deepsets': dict(hidden_channels=128, num_layers=3, pool='sum'),
+    'mean-mlp': dict(hidden_channels=128, num_layers=3),
     'egnn': dict(hidden_channels=96, num_layers=4, pool='sum'),
     'egnn-qm9': dict(hidden_channels=128, num_layers=7, pool='sum', edge_gate=True,
                      update_coords=False),
@@ -63,6 +67,7 @@ DESCRIPTIONS: Dict[str, str] = {
     'hypernet': 'Set Transformer + rank-8 HyperNet value update',
     'perceiver': 'Perceiver-style latent cross-attention',
     'deepsets': 'Deep Sets (sum pooling)',
+    'mean-mlp': 'oracle reference: MLP on the exact set mean',
     'egnn': 'E(n)-equivariant GNN, fully connected inside each set',
     'egnn-qm9': "EGNN authors' QM9 model (7 layers, width 128, attention, fixed coordinates)",
 }
@@ -130,6 +135,8 @@ def build_model(name: str, in_channels: int, out_channels: int, pos_dim: Optiona
         return PerceiverSet(in_channels, out_channels, **kwargs)
     if name == 'deepsets':
         return DeepSets(in_channels, out_channels, **kwargs)
+    if name == 'mean-mlp':
+        return MeanMLP(in_channels, out_channels, **kwargs)
     return MZSetTransformer(in_channels, out_channels, **kwargs)
 
 
@@ -140,7 +147,7 @@ def match_budget(name: str, budget: int, in_channels: int, out_channels: int,
     multiples of the head count from 16 to 256) so that the parameter count is closest to
     :obj:`budget`."""
     if knob is None:
-        knob = 'hidden_channels' if name in ('deepsets', 'egnn', 'egnn-qm9') else 'dim'
+        knob = 'hidden_channels' if name in ('deepsets', 'mean-mlp', 'egnn', 'egnn-qm9') else 'dim'
     if candidates is None:
         step = PRESETS.get(name, {}).get('heads', 4) if knob == 'dim' else 4
         candidates = range(max(step, 16 - 16 % step), 257, step)

@@ -1,0 +1,66 @@
+r"""An oracle reference for targets that are functions of the set mean: an MLP on the exact mean."""
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+from torch.nn import Linear, Module, Sequential
+
+from torch_mz.models.set_transformer import unpack_batch
+from torch_mz.nn.functional import set_mean
+
+
+class MeanMLP(Module):
+    r"""An MLP on the exact mean of each set,
+
+    .. math::
+        f(S) = \rho\Big(\frac{1}{|S|} \sum_{x \in S} x\Big),
+
+    the attainable ceiling on targets that depend on a set only through its mean, such as the
+    quadratic-TDOF target of the MZAttn paper (Eq. 4, Table 1): the model is handed the one
+    statistic the target needs, so what it misses is what an MLP of this size cannot fit from the
+    training sets. It is not a set model to compare with on other targets. The forward returns
+    ``(prediction, zeros)`` to match the other models.
+
+    Args:
+        in_channels (int): Element width.
+        out_channels (int): Output width.
+        hidden_channels (int, optional): MLP width. (default: :obj:`128`)
+        num_layers (int, optional): Hidden layers of :math:`\rho`. (default: :obj:`3`)
+
+    Shapes:
+        - **input:** a PyG :class:`~torch_geometric.data.Batch` with ``x`` :math:`(N, F)`, or
+          ``x`` :math:`(N, F)` and ``batch`` :math:`(N)`
+        - **output:** ``(prediction, zeros)`` of shapes :math:`(B, \text{out\_channels})` and
+          :math:`(B)`
+    """
+    def __init__(self, in_channels: int, out_channels: int, hidden_channels: int = 128,
+                 num_layers: int = 3):
+        super().__init__()
+        if num_layers < 1:
+            raise ValueError(f"'num_layers' must be at least 1 (got {num_layers})")
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.hidden_channels = hidden_channels
+        self.num_layers = num_layers
+        dims = [in_channels] + [hidden_channels] * num_layers
+        layers = []
+        for i in range(num_layers):
+            layers += [Linear(dims[i], dims[i + 1]), torch.nn.GELU()]
+        layers.append(Linear(hidden_channels, out_channels))
+        self.rho = Sequential(*layers)
+
+    def reset_parameters(self):
+        for m in self.rho:
+            if isinstance(m, Linear):
+                m.reset_parameters()
+
+    def forward(self, data_or_x, batch: Optional[Tensor] = None,
+                num_sets: Optional[int] = None) -> Tuple[Tensor, Tensor]:
+        x, batch, num_sets = unpack_batch(data_or_x, batch, num_sets)
+        mean = set_mean(x, batch, num_sets)  # (B, F)
+        pred = self.rho(mean)  # (B, out_channels)
+        return pred, pred.new_zeros(num_sets)
+
+    def __repr__(self) -> str:
+        return (f'{self.__class__.__name__}({self.in_channels}, {self.out_channels}, '
+                f'hidden_channels={self.hidden_channels}, num_layers={self.num_layers})')
