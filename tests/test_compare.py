@@ -1,5 +1,6 @@
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -94,3 +95,37 @@ def test_run_grid_shares_data_and_seeds(tmp_path):
     assert payload['rows'][0]['cell'] == 'sum d=2' and payload['setup'] == {'seeds': 2}
     text = (tmp_path / 'study.md').read_text()
     assert text.startswith('# A study') and 'A note.' in text and '![plot](study.png)' in text
+
+
+def test_run_grid_config_per_run_and_cached_runs_build_no_data():
+    loads = []
+
+    def load(name, seed, **kwargs):
+        loads.append(name)
+        return load_task(name, seed=seed, **kwargs)
+
+    cell = dict(label='sum d=2', task='sum', kwargs=dict(d=2, reduce='sum', n_train=16, n_val=4,
+                                                        n_test=8))
+    config = TrainConfig(epochs=1, warmup_epochs=1, batch_size=8, lr=1e-3, progress=False)
+    asked = []
+
+    def config_for(c, spec, seed):
+        return replace(config, seed=seed, lr=1e-2 if spec == 'deepsets' else 1e-3)
+
+    def cached(c, spec, seed, run_config):
+        asked.append((c['label'], spec, seed, run_config.lr))
+        return store.get((spec, seed))
+
+    store = {}
+    runs, _ = run_grid([cell], ['deepsets', 'mean-mlp'], 2, config, load=load,
+                       config_for=config_for, cached=cached,
+                       on_result=lambda r: store.setdefault((r['model'], r['seed']), r))
+    assert loads == ['sum']
+    assert asked == [('sum d=2', 'deepsets', 0, 1e-2), ('sum d=2', 'deepsets', 1, 1e-2),
+                     ('sum d=2', 'mean-mlp', 0, 1e-3), ('sum d=2', 'mean-mlp', 1, 1e-3)]
+    # every run cached: nothing is trained and the data is never built
+    again, rows = run_grid([cell], ['deepsets', 'mean-mlp'], 2, config, load=load,
+                           config_for=config_for, cached=cached)
+    assert loads == ['sum'] and again == runs
+    assert rows[0]['mean-mlp r2'] == pytest.approx((runs[2]['test']['r2']
+                                                    + runs[3]['test']['r2']) / 2)

@@ -128,7 +128,10 @@ def split_model_specs(text: str) -> List[str]:
 
 def run_grid(cells: Sequence[Mapping[str, Any]], models: Sequence[str], seeds: int,
              config: TrainConfig, load: Optional[Callable[..., Any]] = None,
-             on_result: Optional[Callable[[Dict[str, object]], None]] = None
+             on_result: Optional[Callable[[Dict[str, object]], None]] = None,
+             config_for: Optional[Callable[[Mapping[str, Any], str, int], TrainConfig]] = None,
+             cached: Optional[Callable[[Mapping[str, Any], str, int, TrainConfig],
+                                       Optional[Dict[str, object]]]] = None
              ) -> Tuple[List[Dict[str, object]], List[Dict[str, object]]]:
     r"""Trains every model of :obj:`models` (specs, see :func:`parse_model_spec`) with
     :obj:`seeds` seeds on every cell of :obj:`cells`, all with the same :obj:`config` (only the
@@ -140,21 +143,32 @@ def run_grid(cells: Sequence[Mapping[str, Any]], models: Sequence[str], seeds: i
     model (:func:`train_one`'s record plus ``cell``); ``rows`` one per cell with, for every model,
     the mean and standard deviation over seeds of the test R² and MSE (``'<model> r2'``,
     ``'<model> r2 std'``, ``'<model> mse'``) and its parameter count. :obj:`on_result` is called
-    with every run as it finishes (for progress output)."""
+    with every run as it finishes (for progress output).
+
+    :obj:`config_for`, if given, replaces the shared configuration: ``config_for(cell, spec,
+    seed)`` is the configuration of that run (e.g. with a learning rate chosen per model).
+    :obj:`cached`, if given, is asked first, as ``cached(cell, spec, seed, run_config)``, for a
+    finished run's record to use instead of training (resumption); a cell whose runs are all
+    cached never builds its data. :obj:`on_result` is called for cached runs too."""
     if load is None:
         from torch_mz.tasks import load_task as load
     runs: List[Dict[str, object]] = []
     rows: List[Dict[str, object]] = []
     for cell in cells:
-        task = load(cell['task'], seed=0, **dict(cell.get('kwargs', {})))
+        task = None  # built on the first run that is not cached
         row: Dict[str, object] = dict(cell=cell['label'])
         for spec in models:
             name, overrides = parse_model_spec(spec)
             results = []
             for seed in range(seeds):
-                record = dict(train_one(task, name, seed, replace(config, seed=seed),
-                                        **overrides), model=spec,
-                              cell=cell['label'])
+                run_config = (replace(config, seed=seed) if config_for is None
+                              else config_for(cell, spec, seed))
+                record = None if cached is None else cached(cell, spec, seed, run_config)
+                if record is None:
+                    if task is None:
+                        task = load(cell['task'], seed=0, **dict(cell.get('kwargs', {})))
+                    record = dict(train_one(task, name, seed, run_config, **overrides),
+                                  model=spec, cell=cell['label'])
                 results.append(record)
                 runs.append(record)
                 if on_result is not None:
