@@ -1,3 +1,4 @@
+import copy
 import importlib.util
 import json
 import math
@@ -18,10 +19,14 @@ import torch_mz.train as train_mod
 from torch_mz.train import (
     CheckpointError,
     TargetNormalizer,
+    TargetUnits,
     Trainer,
     TrainConfig,
     accuracy,
+    attach_normalizer,
+    carried_normalizer,
     cosine_with_warmup,
+    detach_normalizer,
     load_checkpoint,
     mae,
     mse,
@@ -256,16 +261,25 @@ def test_predict_with_an_uncertainty_output():
     _, sigma = trainer.predict(REG_VAL, scale_uncertainty=True)  # ... or read as a std
     assert pred.shape == sigma.shape == width.shape == (48, 2)
     from torch_geometric.data import Batch
-    model.eval()
+    bare = copy.deepcopy(model).eval()
+    assert detach_normalizer(bare) is not None
     with torch.no_grad():
-        raw_pred, raw_sigma = model(Batch.from_data_list(REG_VAL))
+        raw_pred, raw_sigma = bare(Batch.from_data_list(REG_VAL))  # standardised
     mean, std = trainer.normalizer.mean.float(), trainer.normalizer.std.float()
     assert torch.allclose(pred, raw_pred * std + mean, atol=1e-4)
     assert torch.allclose(width, raw_sigma, atol=1e-6)
     assert torch.allclose(sigma, raw_sigma * std, atol=1e-5)
-    # the functional form without a normaliser returns the raw outputs
+    # the functional form gives target units too: the trained model carries its normaliser
     p, s = predict(model, REG_VAL, device='cpu', batch_size=5)
-    assert torch.allclose(p, raw_pred, atol=1e-6) and torch.allclose(s, raw_sigma, atol=1e-6)
+    assert torch.allclose(p, pred, atol=1e-5) and torch.allclose(s, raw_sigma, atol=1e-6)
+    _, s = predict(model, REG_VAL, device='cpu', scale_uncertainty=True)
+    assert torch.allclose(s, sigma, atol=1e-6)
+    # the same normaliser passed again is not applied twice; another one is refused
+    assert torch.equal(predict(model, REG_VAL, normalizer=trainer.normalizer, device='cpu')[0],
+                       predict(model, REG_VAL, device='cpu')[0])
+    other = TargetNormalizer().fit(targets(REG_VAL))
+    with pytest.raises(ValueError, match='carries its own target normaliser'):
+        predict(model, REG_VAL, normalizer=other, device='cpu')
 
 
 @pytest.mark.parametrize('grad_clip', [None, 0.01])
@@ -323,6 +337,74 @@ def test_early_stopping_stops_at_patience_and_restores_best(tmp_path):
     again = resumed.fit(REG_TRAIN[:32], REG_VAL)
     assert again.stopped_early and strip_times(again.history) == strip_times(result.history)
     assert_same_params(params(resumed.model), snapshots[3])
+
+
+def test_trained_model_predicts_in_target_units():
+    # issue 13, item 2: after train() the model itself answers in target units
+    model = H.ToyDeepSets(3, 2)
+    result = train(model, REG_TRAIN, REG_VAL, REG_VAL, config=config(epochs=4))
+    y = targets(REG_VAL)
+    from torch_geometric.data import Batch
+    model.eval()
+    with torch.no_grad():
+        out = model(Batch.from_data_list(REG_VAL))
+    assert out.shape == y.shape
+    # the targets have means 100 and 110 and std ~ 5: standardised outputs would be near 0
+    assert torch.allclose(out.mean(0), y.mean(0), atol=3.0)
+    assert mse(out, y).item() == pytest.approx(result.test_metrics['mse'], rel=1e-5)
+    # TrainResult exposes the normaliser, fitted on the training split
+    assert isinstance(result.normalizer, TargetNormalizer)
+    assert torch.allclose(result.normalizer.mean, targets(REG_TRAIN).double().mean(0))
+    assert torch.equal(carried_normalizer(model).mean, result.normalizer.mean)
+    # ... and predict() returns the same target units
+    assert torch.allclose(predict(model, REG_VAL, device='cpu'), out, atol=1e-5)
+    # the bare weights stay as they were: the normaliser's buffers are not in the state_dict
+    assert set(model.state_dict()) == set(H.ToyDeepSets(3, 2).state_dict())
+    assert isinstance(model.target_units, TargetUnits) and 'TargetUnits' in repr(model)
+    assert 'normalizer' not in result.to_dict()  # result.json is unchanged
+
+
+def test_training_again_and_evaluate_use_standardised_outputs():
+    seed_everything(0)
+    trainer = Trainer(H.ToyDeepSets(3, 2), config(epochs=2))
+    first = trainer.fit(REG_TRAIN, REG_VAL)
+    # evaluate() on a model that carries its normaliser reports the same metrics as in training
+    assert trainer.evaluate(REG_VAL) == pytest.approx(first.val_metrics, rel=1e-6)
+    # a second fit starts from standardised outputs again and ends with one normaliser attached
+    second = trainer.fit(REG_TRAIN, REG_VAL)
+    assert second.history[0]['val_loss'] < 2 * first.history[-1]['val_loss']
+    hooks = list(trainer.model._forward_hooks.values())
+    assert len(hooks) == 1
+    # a new Trainer on a trained model picks its normaliser up
+    fresh = Trainer(trainer.model, config())
+    assert fresh.evaluate(REG_VAL) == pytest.approx(trainer.evaluate(REG_VAL), rel=1e-6)
+
+
+def test_attach_and_detach_normalizer():
+    model = H.ToyDeepSets(3, 2, with_uncertainty=True).eval()
+    from torch_geometric.data import Batch
+    batch = Batch.from_data_list(REG_VAL[:5])
+    with torch.no_grad():
+        z, w = model(batch)
+    norm = TargetNormalizer().fit(targets(REG_TRAIN))
+    assert attach_normalizer(model, norm) is model
+    attach_normalizer(model, norm)  # replaces, never stacks
+    with torch.no_grad():
+        y, w2 = model(batch)
+    assert torch.equal(y, norm.inverse_transform(z)) and torch.equal(w2, w)
+    back = detach_normalizer(model)
+    assert torch.equal(back.mean, norm.mean) and torch.equal(back.std, norm.std)
+    assert carried_normalizer(model) is None and detach_normalizer(model) is None
+    with torch.no_grad():
+        assert torch.equal(model(batch)[0], z)
+    with pytest.raises(ValueError, match='fitted'):
+        TargetUnits(TargetNormalizer())
+
+
+def test_classification_model_is_not_normalised():
+    trainer = Trainer(H.ToyDeepSets(3, 3), config(epochs=1), task_type='classification')
+    result = trainer.fit(CLS_TRAIN, CLS_VAL)
+    assert result.normalizer is None and carried_normalizer(trainer.model) is None
 
 
 def test_logs_and_checkpoint_contents(tmp_path):

@@ -7,7 +7,8 @@ batch size 128, and early stopping on the validation loss with a patience of 20 
 weights are restored at the end).
 
 Around that recipe the :class:`Trainer` provides target normalisation (statistics of the training
-split only), metrics in the original units of the targets, seeding, device choice, an optional
+split only; the trained model carries them and predicts in target units), metrics in the original
+units of the targets, seeding, device choice, an optional
 :mod:`tqdm` progress bar, a per-epoch metrics log (JSON lines and CSV), atomic checkpoints that load
 with ``torch.load(path, weights_only=True)``, exact resumption, and distributed data-parallel
 training when launched with ``torchrun`` (gloo on CPU, NCCL on GPU).
@@ -19,6 +20,7 @@ tuple whose first element is that tensor (e.g. ``(pred, uncertainty)``). For
 ``(B, t)``); for ``task_type='classification'`` it holds one class index (``batch.y`` of shape
 ``(B,)`` or ``(B, 1)``) and ``out_dim`` is the number of classes.
 """
+import copy
 import csv
 import dataclasses
 import gc
@@ -52,6 +54,10 @@ __all__ = [
     'TrainResult',
     'Trainer',
     'TargetNormalizer',
+    'TargetUnits',
+    'attach_normalizer',
+    'detach_normalizer',
+    'carried_normalizer',
     'DistInfo',
     'train',
     'predict',
@@ -251,14 +257,7 @@ class TargetNormalizer:
         if not self.fitted:
             raise RuntimeError('TargetNormalizer is not fitted; call fit() or load_state_dict()')
         assert self.mean is not None and self.std is not None
-        mean = self.mean.to(device=y.device, dtype=y.dtype)
-        std = self.std.to(device=y.device, dtype=y.dtype)
-        if y.dim() == 1 and mean.numel() == 1:
-            return mean.view(()), std.view(())
-        if y.size(-1) != mean.numel():
-            raise ValueError(f'Expected targets with {mean.numel()} column(s) '
-                             f'(got shape {tuple(y.shape)})')
-        return mean, std
+        return _stats_like(y, self.mean, self.std)
 
     def transform(self, y: Tensor) -> Tensor:
         mean, std = self._stats(y)
@@ -286,6 +285,138 @@ class TargetNormalizer:
             return f'{self.__class__.__name__}(unfitted)'
         return (f'{self.__class__.__name__}(mean={self.mean.tolist()}, '
                 f'std={self.std.tolist()})')
+
+
+def _stats_like(y: Tensor, mean: Tensor, std: Tensor) -> Tuple[Tensor, Tensor]:
+    r"""``mean`` and ``std`` (each :math:`(t,)`) on ``y``'s device and in its dtype, shaped to
+    broadcast against ``y`` (:math:`(..., t)`, or :math:`(N,)` when :math:`t = 1`)."""
+    mean = mean.to(device=y.device, dtype=y.dtype)
+    std = std.to(device=y.device, dtype=y.dtype)
+    if y.dim() == 1 and mean.numel() == 1:
+        return mean.view(()), std.view(())
+    if y.size(-1) != mean.numel():
+        raise ValueError(f'Expected targets with {mean.numel()} column(s) '
+                         f'(got shape {tuple(y.shape)})')
+    return mean, std
+
+
+class TargetUnits(torch.nn.Module):
+    r"""Maps the first output of a model trained on standardised targets back to target units,
+
+    .. math::
+        y = \tilde y \, \sigma + \mu,
+
+    the :meth:`TargetNormalizer.inverse_transform` of the normaliser it is made from. It is not
+    called directly: :func:`attach_normalizer` makes it a sub-module ``target_units`` of a model
+    and runs it on the model's output with a forward hook, so that the statistics travel with the
+    model (``.to()``, ``copy.deepcopy``, ``torch.save(model)``) as buffers. The buffers are not
+    persistent: the model's ``state_dict()`` keeps the keys of the bare model, and checkpoints
+    store the normaliser beside the weights.
+
+    Args:
+        normalizer (TargetNormalizer): A fitted normaliser.
+
+    Shapes:
+        - **input:** the model's output: a prediction :math:`(B, t)` (or :math:`(B,)` when
+          :math:`t = 1`), or a tuple or list whose first element is one (the others, e.g. an
+          uncertainty, pass unchanged).
+        - **output:** the same structure, the prediction in target units.
+    """
+    def __init__(self, normalizer: 'TargetNormalizer'):
+        super().__init__()
+        if not normalizer.fitted:
+            raise ValueError('Expected a fitted TargetNormalizer')
+        self.eps = normalizer.eps
+        self.register_buffer('mean', normalizer.mean.detach().clone(), persistent=False)  # (t,)
+        self.register_buffer('std', normalizer.std.detach().clone(), persistent=False)  # (t,)
+        self.enabled = True  # off while a Trainer needs the standardised output
+
+    def normalizer(self) -> 'TargetNormalizer':
+        r"""The statistics as a :class:`TargetNormalizer` (on the CPU, ``float64``)."""
+        return TargetNormalizer(self.eps).load_state_dict(
+            {'mean': self.mean.detach().cpu().double(), 'std': self.std.detach().cpu().double()})
+
+    def forward(self, out: ModelOutput) -> ModelOutput:
+        if isinstance(out, (tuple, list)):
+            return type(out)([self.forward(out[0]), *out[1:]])
+        mean, std = _stats_like(out, self.mean, self.std)
+        return out * std + mean
+
+    def __repr__(self) -> str:
+        return f'{self.__class__.__name__}(mean={self.mean.tolist()}, std={self.std.tolist()})'
+
+
+TARGET_UNITS = 'target_units'  # name of the TargetUnits sub-module of a model
+
+
+def _target_units_hook(module: torch.nn.Module, args: Any, out: ModelOutput) -> ModelOutput:
+    units = getattr(module, TARGET_UNITS, None)
+    return units(out) if isinstance(units, TargetUnits) and units.enabled else out
+
+
+def attach_normalizer(model: torch.nn.Module, normalizer: TargetNormalizer) -> torch.nn.Module:
+    r"""Makes ``model`` predict in target units: adds :class:`TargetUnits` of ``normalizer`` as
+    the sub-module ``model.target_units`` and a forward hook that applies it to every output (in
+    training and in eval mode). A normaliser attached before is replaced. :class:`Trainer` does
+    this at the end of :meth:`Trainer.fit` for regression with ``normalize_targets=True``;
+    :func:`detach_normalizer` undoes it. Returns ``model``."""
+    detach_normalizer(model)
+    model.add_module(TARGET_UNITS, TargetUnits(normalizer))
+    ref = next(model.parameters(), None)
+    if ref is not None:
+        getattr(model, TARGET_UNITS).to(ref.device)
+    model.register_forward_hook(_target_units_hook)
+    return model
+
+
+def detach_normalizer(model: torch.nn.Module) -> Optional[TargetNormalizer]:
+    r"""Removes what :func:`attach_normalizer` added, so that ``model`` returns standardised
+    values again; returns the normaliser it carried (:obj:`None` if none)."""
+    # as torch.nn.utils.remove_weight_norm finds its hook: by what it is
+    for key in [k for k, hook in model._forward_hooks.items() if hook is _target_units_hook]:
+        del model._forward_hooks[key]
+    units = model._modules.pop(TARGET_UNITS, None)
+    return units.normalizer() if isinstance(units, TargetUnits) else None
+
+
+def carried_normalizer(model: torch.nn.Module) -> Optional[TargetNormalizer]:
+    r"""The normaliser :func:`attach_normalizer` gave ``model`` (:obj:`None` if none), i.e.
+    whether ``model`` already predicts in target units."""
+    units = getattr(model, TARGET_UNITS, None)
+    return units.normalizer() if isinstance(units, TargetUnits) else None
+
+
+class _standardised:
+    r"""Context in which a model that carries a normaliser returns standardised values."""
+    def __init__(self, model: torch.nn.Module):
+        self.units = getattr(model, TARGET_UNITS, None)
+        self.was = getattr(self.units, 'enabled', None)
+
+    def __enter__(self) -> None:
+        if isinstance(self.units, TargetUnits):
+            self.units.enabled = False
+
+    def __exit__(self, *exc: Any) -> None:
+        if isinstance(self.units, TargetUnits):
+            self.units.enabled = self.was
+
+
+def _pending_normalizer(model: torch.nn.Module, normalizer: Optional[TargetNormalizer]
+                        ) -> Tuple[Optional[TargetNormalizer], Optional[TargetNormalizer]]:
+    r"""For prediction: ``(the normaliser still to apply to the model's outputs, the one in force
+    for scaling uncertainties)``. A model that carries its normaliser already predicts in target
+    units; a ``normalizer`` passed with it must have the same statistics (it is not applied
+    twice)."""
+    carried = carried_normalizer(model)
+    if carried is None:
+        return normalizer, normalizer
+    if normalizer is not None and not (
+            normalizer.fitted and torch.equal(normalizer.mean.cpu().double(), carried.mean)
+            and torch.equal(normalizer.std.cpu().double(), carried.std)):
+        raise ValueError(f'The model carries its own target normaliser ({carried}) and already '
+                         f'predicts in target units; the normalizer passed ({normalizer}) '
+                         f'differs from it. Pass normalizer=None')
+    return None, carried
 
 
 # --------------------------------------------------------------------------------------------------
@@ -448,6 +579,9 @@ class TrainResult:
         val_metrics: Validation metrics of the best epoch.
         test_metrics: Metrics of the final (restored) model on the test set, if one was given.
         wall_time: Seconds spent in :meth:`Trainer.fit` (summed over resumed runs).
+        normalizer: The target normaliser fitted on the training split (regression with
+            ``normalize_targets=True``; else :obj:`None`). The trained model carries it already
+            (see :func:`attach_normalizer`) and predicts in target units.
     """
     history: List[Dict[str, float]] = field(default_factory=list)
     best_epoch: int = -1
@@ -457,9 +591,12 @@ class TrainResult:
     val_metrics: Dict[str, float] = field(default_factory=dict)
     test_metrics: Optional[Dict[str, float]] = None
     wall_time: float = 0.0
+    normalizer: Optional[TargetNormalizer] = None
 
     def to_dict(self) -> Dict[str, Any]:
-        return dataclasses.asdict(self)
+        r"""Every field but ``normalizer`` (which the checkpoints hold), as plain values."""
+        return {f.name: copy.deepcopy(getattr(self, f.name)) for f in dataclasses.fields(self)
+                if f.name != 'normalizer'}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -548,6 +685,43 @@ def _describe_run(info: Dict[str, Any]) -> str:
         else:
             parts.append(f'{key} {value!r}')
     return ', '.join(parts)
+
+
+def _same_run(saved: Dict[str, Any], current: Dict[str, Any]) -> bool:
+    r"""Whether two ``run_info`` dicts agree on every entry both record (two levels deep, so that
+    a checkpoint written before an entry was recorded still compares)."""
+    for key in saved.keys() & current.keys():
+        a, b = saved[key], current[key]
+        if isinstance(a, dict) and isinstance(b, dict):
+            if any(a[k] != b[k] for k in a.keys() & b.keys()):
+                return False
+        elif a != b:
+            return False
+    return True
+
+
+def _with_build_info(run_info: Optional[Dict[str, Any]],
+                     model: torch.nn.Module) -> Optional[Dict[str, Any]]:
+    r"""``run_info`` with ``run_info['model']`` completed from the ``build_info`` that
+    :func:`~torch_mz.models.build_model` leaves on its models (what is given wins)."""
+    built = getattr(model, 'build_info', None)
+    try:
+        json.dumps(built, allow_nan=False)
+    except (TypeError, ValueError):  # options JSON cannot hold: the model cannot be rebuilt
+        return run_info
+    if not isinstance(built, dict):
+        return run_info
+    if run_info is not None and not isinstance(run_info, dict):
+        return run_info  # _json_values names the error
+    info = dict(run_info or {})
+    given = info.get('model')
+    info['model'] = dict(built, **given) if isinstance(given, dict) else dict(built)
+    return info
+
+
+def _torch_mz_version() -> str:
+    from torch_mz import __version__  # here: torch_mz/__init__ imports this module's users
+    return __version__
 
 
 def _cpu_state_dict(module: torch.nn.Module) -> Dict[str, Tensor]:
@@ -652,8 +826,15 @@ class Trainer:
             'max', 'args': {'d': 8}}, 'model': {'name': 'mz', 'args': {}}}`` (what
             :func:`torch_mz.compare.train_one` records). Stored in every checkpoint; resuming from
             a checkpoint that records different ``run_info`` raises :class:`CheckpointError`
-            (a checkpoint without it, or a trainer without it, is not compared).
-            (default: :obj:`None`)
+            (a checkpoint without it, or a trainer without it, is not compared; only the entries
+            both record are). A model made by :func:`~torch_mz.models.build_model` records how
+            (its ``build_info``: preset, arguments, in/out channels), which fills in
+            ``run_info['model']``, so that :func:`torch_mz.load_model` can rebuild it from a
+            checkpoint. (default: :obj:`None`)
+
+    After :meth:`fit` on regression targets with ``normalize_targets=True`` the model carries
+    the fitted target normaliser (:func:`attach_normalizer`) and predicts in target units;
+    during training, :meth:`evaluate` and the checkpoints it works on the standardised outputs.
     """
     def __init__(self, model: torch.nn.Module, config: Optional[TrainConfig] = None,
                  task_type: str = 'regression', loss_fn: Optional[LossFn] = None,
@@ -663,10 +844,11 @@ class Trainer:
         self.config = config if config is not None else TrainConfig()
         self.task_type = task_type
         self.loss_fn = loss_fn
-        self.run_info = _json_values(run_info, 'run_info')
+        self.run_info = _json_values(_with_build_info(run_info, model), 'run_info')
         self.dist, self.device = _setup_distributed(self.config.device)
         self.model = model.to(self.device)
-        self.normalizer = TargetNormalizer()
+        # a model that predicts in target units already (trained before, or load_model's)
+        self.normalizer = carried_normalizer(model) or TargetNormalizer()
         self.optimizer: Optional[torch.optim.Optimizer] = None
         self.scheduler: Optional[LambdaLR] = None
         self._ddp: Optional[DistributedDataParallel] = None
@@ -758,7 +940,8 @@ class Trainer:
         for batch in self._eval_loader(dataset):
             batch = batch.to(self.device)
             y, target = self._targets(batch)
-            out = module(batch)
+            with _standardised(module):
+                out = module(batch)
             n = y.size(0)
             loss_sum = self._loss(out, target).to(acc) * n
             pred = _match_pred(_first(out), y, self.task_type)
@@ -802,8 +985,9 @@ class Trainer:
                 scale_uncertainty: bool = False) -> Union[Tensor, Tuple[Tensor, Tensor]]:
         r"""Predictions of the current model on the whole ``dataset`` (not sharded), in dataset
         order and in original units; see :func:`predict`."""
+        carries = carried_normalizer(self.model) is not None
         return predict(self.model, dataset,
-                       normalizer=self.normalizer if self.uses_normalizer else None,
+                       normalizer=self.normalizer if self.uses_normalizer and not carries else None,
                        batch_size=self.config.eval_batch_size or self.config.batch_size,
                        device=self.device, progress=self._show_progress,
                        scale_uncertainty=scale_uncertainty)
@@ -818,6 +1002,7 @@ class Trainer:
             'run_info': self.run_info,
             'config': self.config.to_dict(),
             'normalizer': self.normalizer.state_dict() if self.normalizer.fitted else None,
+            'torch_mz_version': _torch_mz_version(),
         }
 
     def _gather_rng(self) -> List[Dict[str, Any]]:
@@ -830,13 +1015,21 @@ class Trainer:
 
     def load_weights(self, path: Union[str, os.PathLike]) -> Dict[str, Any]:
         r"""Loads model weights (and the target normaliser) from ``best.pt`` or ``checkpoint.pt``
-        for evaluation or prediction; returns the checkpoint dict."""
+        for evaluation or prediction; returns the checkpoint dict. Afterwards the model carries
+        the normaliser (when targets are normalised) and predicts in target units, as after
+        :meth:`fit`."""
         state = load_checkpoint(path, map_location='cpu')
         self._check_task(state, path)
+        detach_normalizer(self.model)
         self._load_model_state(state['model'], path)
         if state.get('normalizer') is not None:
             self.normalizer.load_state_dict(state['normalizer'])
+        self._attach_normalizer()
         return state
+
+    def _attach_normalizer(self) -> None:
+        if self.uses_normalizer and self.normalizer.fitted:
+            attach_normalizer(self.model, self.normalizer)
 
     def _check_task(self, state: Dict[str, Any], path: Any) -> None:
         if state['task_type'] != self.task_type:
@@ -845,7 +1038,7 @@ class Trainer:
 
     def _check_run_info(self, state: Dict[str, Any], path: Any) -> None:
         saved = state.get('run_info')
-        if saved is None or self.run_info is None or saved == self.run_info:
+        if saved is None or self.run_info is None or _same_run(saved, self.run_info):
             return
         raise CheckpointError(f'Checkpoint {os.fspath(path)!r} was written by another run '
                               f'({_describe_run(saved)}), not by this one '
@@ -922,6 +1115,7 @@ class Trainer:
             if ds is not None and len(ds) == 0:
                 raise ValueError(f'Expected a non-empty {name} dataset')
         seed_everything(cfg.seed + self.dist.rank, deterministic=cfg.deterministic)
+        detach_normalizer(self.model)  # trains on (and checkpoints) the standardised outputs
 
         loader, sampler = self._train_loader(train_dataset)
         steps = len(loader) if cfg.schedule == 'step' else 1
@@ -1008,9 +1202,12 @@ class Trainer:
 
         if cfg.restore_best and best_state is not None:
             self.model.load_state_dict(best_state)
+        self._attach_normalizer()  # from here on the model predicts in target units
         result = TrainResult(history=history, best_epoch=best_epoch,
                              best_val_loss=best_val if best_state is not None else math.nan,
-                             epochs_run=len(history), stopped_early=stopped_early)
+                             epochs_run=len(history), stopped_early=stopped_early,
+                             normalizer=copy.deepcopy(self.normalizer) if self.uses_normalizer
+                             else None)
         if 0 <= best_epoch and val_dataset is not None:
             rec = next(r for r in history if r['epoch'] == best_epoch)
             result.val_metrics = {k[4:]: v for k, v in rec.items() if k.startswith('val_')}
@@ -1083,8 +1280,11 @@ def predict(model: torch.nn.Module, dataset: Sequence,
         model (torch.nn.Module): The model, called as ``model(batch)``.
         dataset (Sequence): PyG dataset or list of :class:`~torch_geometric.data.Data`.
         normalizer (TargetNormalizer, optional): If given, predictions are mapped back to
-            original units with :meth:`TargetNormalizer.inverse_transform`.
-            (default: :obj:`None`)
+            original units with :meth:`TargetNormalizer.inverse_transform`. Not needed for a
+            model that carries its normaliser (every model trained by :func:`train` or
+            :class:`Trainer` on normalised targets, and :func:`torch_mz.load_model`'s): it
+            predicts in target units already, and a normaliser passed with it must have the same
+            statistics (it is not applied twice). (default: :obj:`None`)
         batch_size (int, optional): Sets per batch. (default: :obj:`128`)
         device (str or torch.device, optional): Device to run on. (default: :obj:`'auto'`)
         progress (bool, optional): Show a :mod:`tqdm` progress bar. (default: :obj:`False`)
@@ -1098,6 +1298,7 @@ def predict(model: torch.nn.Module, dataset: Sequence,
         The predictions :math:`(N, \text{out\_dim})` (class logits for classification) on the CPU,
         or ``(predictions, uncertainties)`` if the model returns a tuple (its first two elements).
     """
+    normalizer, scale = _pending_normalizer(model, normalizer)
     dev = resolve_device(device)
     model = model.to(dev)
     model.eval()
@@ -1115,8 +1316,8 @@ def predict(model: torch.nn.Module, dataset: Sequence,
         if isinstance(out, (tuple, list)) and len(out) > 1 and torch.is_tensor(out[1]):
             returns_tuple = True
             unc = out[1]
-            if normalizer is not None and scale_uncertainty:
-                unc = normalizer.inverse_scale(unc)
+            if scale is not None and scale_uncertainty:
+                unc = scale.inverse_scale(unc)
             uncs.append(unc.cpu())
     pred_all = torch.cat(preds, dim=0)
     return (pred_all, torch.cat(uncs, dim=0)) if returns_tuple else pred_all
@@ -1128,6 +1329,7 @@ def train(model: torch.nn.Module, train_dataset: Sequence, val_dataset: Optional
           run_info: Optional[Dict[str, Any]] = None) -> TrainResult:
     r"""Functional shortcut for ``Trainer(model, config, task_type, loss_fn,
     run_info).fit(train_dataset, val_dataset, test_dataset)``; the model ends up holding the best
-    weights."""
+    weights and, for normalised regression targets, its normaliser: ``model(batch)`` and
+    :func:`predict` give target units (``TrainResult.normalizer`` holds the statistics)."""
     return Trainer(model, config, task_type, loss_fn, run_info).fit(train_dataset, val_dataset,
                                                                     test_dataset)

@@ -344,7 +344,9 @@ def mc_dropout_predict(model: torch.nn.Module, dataset: Sequence, passes: int = 
         passes (int, optional): Number of stochastic passes :math:`P`. (default: :obj:`30`)
         normalizer (TargetNormalizer, optional): If given, each pass is mapped back to original
             units with its :meth:`~torch_mz.train.TargetNormalizer.inverse_transform`, so that the
-            mean and standard deviation are in original units. (default: :obj:`None`)
+            mean and standard deviation are in original units. A model that carries its
+            normaliser (a trained one) predicts in target units already: a normaliser passed with
+            it must have the same statistics and is not applied twice. (default: :obj:`None`)
         batch_size (int, optional): Sets per batch. (default: :obj:`128`)
         device (str or torch.device, optional): Device to run on. (default: :obj:`'cpu'`)
         seed (int, optional): Seed of the dropout masks. (default: :obj:`0`)
@@ -354,7 +356,8 @@ def mc_dropout_predict(model: torch.nn.Module, dataset: Sequence, passes: int = 
     """
     from torch_geometric.loader import DataLoader
 
-    from torch_mz.train import resolve_device
+    from torch_mz.train import _pending_normalizer, resolve_device
+    normalizer, _ = _pending_normalizer(model, normalizer)
     if passes < 1:
         raise ValueError(f"Expected 'passes' >= 1 (got {passes})")
     if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()):
