@@ -15,11 +15,11 @@ import time
 
 from torch_mz.benchmark import environment, markdown_table, write_report
 from torch_mz.compare import run_grid
+from torch_mz.paper import TABLE1
 from torch_mz.train import TrainConfig
 
 # Table 1 of the paper: L -> (MZAttn-1L R^2, ST-4L R^2, MSE ratio)
-PAPER = {4: (0.995, 0.970, 6.6), 8: (0.988, 0.809, 15.4), 16: (0.950, 0.618, 7.6),
-         24: (0.944, 0.547, 8.0), 32: (0.908, 0.396, 6.5)}
+PAPER = TABLE1
 MODELS = ('mz-1l', 'st-4l')
 
 

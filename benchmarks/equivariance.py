@@ -21,6 +21,7 @@ import time
 
 from torch_mz.benchmark import environment, markdown_table, write_report
 from torch_mz.compare import plot_grid, run_grid, split_model_specs
+from torch_mz.paper import TABLE7, TABLE7_CELLS
 from torch_mz.train import TrainConfig
 
 MODELS = ('mz', 'st-large', 'egnn')
@@ -45,13 +46,8 @@ QUICK_CELLS = ('rot d=8', 'hull d=3', 'MEB d=8', 'CN d=8', 'Mah d=8', 'PCA d=16'
                'quad L=8')
 
 # Table 7 of the paper: R^2 per (cell, model).
-_PAPER_ROWS = {
-    'st-large': (0.92, 0.00, -0.02, 0.50, -0.09, 0.02, -0.01, 0.90, -0.004, 0.11, 0.83, 0.79, 0.78),
-    'mz': (0.95, 0.52, 0.07, 0.80, 0.003, 0.69, 0.38, 0.97, -0.022, 0.58, 0.96, 0.90, 0.90),
-    'egnn': (0.99, 0.99, 0.98, 0.95, 0.85, 0.66, 0.78, 0.99, 0.40, 0.93, -0.002, 0.000, 0.006),
-}
-PAPER = {(cell, model): values[i] for model, values in _PAPER_ROWS.items()
-         for i, cell in enumerate(CELLS)}
+PAPER = {(cell, model): values[i] for model, values in TABLE7.items()
+         for i, cell in enumerate(TABLE7_CELLS)}
 
 
 def verdict(row):

@@ -22,6 +22,7 @@ import time
 
 from torch_mz.benchmark import environment, markdown_table, write_report
 from torch_mz.compare import plot_grid, run_grid, split_model_specs
+from torch_mz.paper import GEOMETRY, GEOMETRY_MODELS
 from torch_mz.train import TrainConfig
 
 MODELS = ('rigid', 'st-large', 'hypernet', 'perceiver', 'film', 'mz')
@@ -30,27 +31,9 @@ DIMS = {'MEB': (8, 16, 32), 'rot': (16, 32, 64, 128, 256), 'MST': (16, 32, 64, 1
         'hull': (3, 6, 9)}
 QUICK_DIMS = {'MEB': (8, 16, 32), 'rot': (16, 32), 'MST': (16, 32), 'hull': (3, 6)}
 
-# The paper's R^2 per (task, d) for (rigid, st-large, hypernet, perceiver, mz); None: not given.
-_PAPER = {
-    ('MEB', 8): (0.025, 0.018, 0.004, 0.024, 0.691),       # Table 3
-    ('MEB', 16): (0.020, 0.012, 0.005, 0.016, 0.629),
-    ('MEB', 32): (0.006, -0.006, -0.001, 0.010, 0.378),
-    ('rot', 16): (0.084, 0.285, 0.020, -0.001, 0.826),     # Table 4
-    ('rot', 32): (-0.002, -0.001, -0.005, -0.006, 0.519),
-    ('rot', 64): (-1.20, -0.023, -1.10, -1.17, 0.071),
-    ('rot', 128): (-21.54, -9.47, -16.51, -19.18, -0.001),
-    ('rot', 256): (-61.69, -50.15, -61.48, -61.52, -0.005),
-    ('MST', 16): (0.660, 0.658, 0.495, 0.467, 0.738),      # Table 17 (normalised targets)
-    ('MST', 32): (0.565, 0.567, 0.435, 0.417, 0.640),
-    ('MST', 64): (0.539, 0.524, 0.447, 0.435, 0.594),
-    ('MST', 128): (0.510, 0.493, 0.443, 0.401, 0.554),
-    ('MST', 256): (0.461, 0.462, 0.373, 0.363, 0.469),
-    ('hull', 3): (0.822, 0.866, 0.727, 0.725, 0.863),      # Table 18 (normalised targets)
-    ('hull', 6): (0.292, 0.412, 0.195, 0.209, 0.555),
-    ('hull', 9): (0.138, 0.160, 0.108, 0.119, 0.123),
-}
-PAPER = {(f'{task} d={d}', model): value for (task, d), values in _PAPER.items()
-         for model, value in zip(('rigid', 'st-large', 'hypernet', 'perceiver', 'mz'), values)}
+# The paper's R^2 per (task, d) for GEOMETRY_MODELS (Tables 3, 4, 17, 18).
+PAPER = {(f'{task} d={d}', model): value for (task, d), values in GEOMETRY.items()
+         for model, value in zip(GEOMETRY_MODELS, values)}
 
 
 def main():
