@@ -42,3 +42,22 @@ def test_unknown_model_and_bad_sizes():
         build_model('mz', 0, 1)
     with pytest.raises(ValueError, match='pos_dim'):
         build_model('egnn', 3, 1, pos_dim=5)
+
+
+@pytest.mark.parametrize('name, kwargs', [
+    ('rigid', dict(dim=16, dropout=0.0)),
+    ('hypernet', dict(rank=4)),  # width chosen by budget matching
+    ('egnn', dict(feature_columns=(1, 2), hidden_channels=8)),  # wrapped in SelectFeatures
+])
+def test_model_records_how_it_was_built(name, kwargs):
+    model = build_model(name, 4, 2, **kwargs)
+    info = model.build_info
+    overrides = {k: v for k, v in kwargs.items() if k != 'feature_columns'}
+    assert info == dict(name=name, in_channels=4, out_channels=2, pos_dim=None,
+                        feature_columns=list(kwargs.get('feature_columns', [])) or None,
+                        args=overrides)
+    again = build_model(info['name'], info['in_channels'], info['out_channels'],
+                        pos_dim=info['pos_dim'], feature_columns=info['feature_columns'],
+                        **info['args'])
+    assert {k: v.shape for k, v in again.state_dict().items()} == {
+        k: v.shape for k, v in model.state_dict().items()}

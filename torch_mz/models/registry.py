@@ -110,7 +110,21 @@ def build_model(name: str, in_channels: int, out_channels: int, pos_dim: Optiona
     (the rest are invariant features); without it, ``data.pos`` must be present, and
     :obj:`feature_columns` (if given) selects the invariant columns of ``x`` used as features.
     Other models ignore :obj:`feature_columns`.
+
+    The model records how it was built in ``model.build_info`` (``name``, ``in_channels``,
+    ``out_channels``, ``pos_dim``, ``feature_columns`` and the overrides as ``args``): the
+    trainer's checkpoints store it, and :func:`torch_mz.load_model` rebuilds the model from it.
     """
+    model = _build(name, in_channels, out_channels, pos_dim, feature_columns, **overrides)
+    model.build_info = dict(name=name, in_channels=in_channels, out_channels=out_channels,
+                            pos_dim=pos_dim, args=dict(overrides),
+                            feature_columns=None if feature_columns is None
+                            else list(feature_columns))
+    return model
+
+
+def _build(name: str, in_channels: int, out_channels: int, pos_dim: Optional[int],
+           feature_columns, **overrides) -> Module:
     if name not in PRESETS:
         raise ValueError(f"Unknown model '{name}' (available: {', '.join(PRESETS)})")
     if in_channels <= 0 or out_channels <= 0:

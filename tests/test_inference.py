@@ -1,0 +1,128 @@
+import pytest
+import torch
+from torch_geometric.data import Batch
+
+import torch_mz
+from torch_mz.compare import train_one
+from torch_mz.inference import load_model, prediction_columns
+from torch_mz.models import build_model
+from torch_mz.tasks import load_task
+from torch_mz.train import (CheckpointError, TrainConfig, carried_normalizer, load_checkpoint,
+                            predict, save_checkpoint, train)
+
+SMALL = dict(dim=8, num_inducing=2, d_ff=8)  # a tiny Set Transformer
+
+
+def config(out_dir, **kwargs):
+    return TrainConfig(**dict(dict(epochs=2, warmup_epochs=0, batch_size=16, lr=1e-3,
+                                   device='cpu', progress=False, patience=None,
+                                   out_dir=str(out_dir)), **kwargs))
+
+
+@pytest.fixture(scope='module')
+def task():
+    # three targets with means far from 0 (the max of 2-5 Gaussian elements per column)
+    return load_task('max', n_train=32, n_val=8, n_test=8, d=3, set_size=(2, 5))
+
+
+def outputs(model, dataset):
+    model.eval()
+    with torch.no_grad():
+        return model(Batch.from_data_list(list(dataset)))
+
+
+def test_checkpoint_is_self_describing(task, tmp_path):
+    train_one(task, 'mz-slim', 0, config(tmp_path), **SMALL)
+    for name in ('best.pt', 'checkpoint.pt'):
+        raw = torch.load(tmp_path / name, weights_only=True)  # plain values only
+        assert raw['torch_mz_version'] == torch_mz.__version__
+        assert raw['task_type'] == 'regression'
+        assert raw['run_info']['task'] == {'name': 'max', 'args': {'d': 3, 'set_size': [2, 5]}}
+        assert raw['run_info']['model'] == {
+            'name': 'mz-slim', 'args': SMALL, 'in_channels': 3, 'out_channels': 3,
+            'pos_dim': 3, 'feature_columns': None}
+        assert set(raw['normalizer']) == {'mean', 'std', 'eps'}
+
+
+def test_load_model_predicts_like_the_trained_model_in_target_units(task, tmp_path):
+    torch.manual_seed(0)
+    model = build_model('mz-slim', task.in_channels, task.out_channels, **SMALL)
+    result = train(model, task.train, task.val, task.test, config=config(tmp_path))
+    # the functional API records the preset too: no run_info needed
+    state = torch.random.get_rng_state()
+    loaded = load_model(tmp_path / 'best.pt')
+    assert torch.equal(torch.random.get_rng_state(), state)  # rebuilding draws nothing
+    assert not loaded.training and carried_normalizer(loaded) is not None
+    pred, ihw = outputs(loaded, task.test)
+    ref_pred, ref_ihw = outputs(model, task.test)
+    assert torch.equal(pred, ref_pred) and torch.equal(ihw, ref_ihw)
+    y = torch.cat([d.y for d in task.test])
+    assert torch.allclose(pred.mean(0), y.mean(0), atol=1.0)  # target units, not standardised
+    assert ((pred - y) ** 2).mean().item() == pytest.approx(result.test_metrics['mse'], rel=1e-5)
+    # a loaded checkpoint dict works as well as its path
+    loaded2 = load_model(load_checkpoint(tmp_path / 'checkpoint.pt'))
+    assert torch.equal(outputs(loaded2, task.test)[0], ref_pred)  # the last epoch was the best
+
+
+def test_prediction_columns(task, tmp_path):
+    train_one(task, 'mz-slim', 0, config(tmp_path), **SMALL)
+    model = load_model(tmp_path / 'best.pt')
+    columns = prediction_columns(model, task.test, 'regression', batch_size=3)
+    assert list(columns) == ['prediction_0', 'prediction_1', 'prediction_2', 'target_0',
+                             'target_1', 'target_2', 'ihw']
+    assert all(len(v) == len(task.test) for v in columns.values())
+    pred, ihw = predict(model, task.test, device='cpu', batch_size=3)
+    assert columns['prediction_1'] == pred[:, 1].tolist()
+    assert columns['target_2'] == [d.y[0, 2].item() for d in task.test]
+    assert columns['ihw'] == ihw.view(-1).tolist()
+    with pytest.raises(ValueError, match='task_type'):
+        prediction_columns(model, task.test, 'ranking')
+
+
+def test_prediction_columns_of_a_bare_model_without_targets():
+    from torch_geometric.data import Data
+    from torch_geometric.nn import global_mean_pool
+
+    class Mean(torch.nn.Module):  # returns a bare tensor: no ihw column
+        def forward(self, batch):
+            return global_mean_pool(batch.x, batch.batch)  # (B, 1)
+
+    data = [Data(x=torch.tensor([[1.0], [3.0]])), Data(x=torch.tensor([[5.0]]))]
+    assert prediction_columns(Mean(), data, 'regression') == {'prediction': [2.0, 5.0]}
+
+
+def test_classification_checkpoint(tmp_path):
+    from torch_geometric.data import Data
+    g = torch.Generator().manual_seed(0)
+    data = [Data(x=torch.randn(4, 3, generator=g) + k, y=torch.tensor([k]))
+            for k in (0, 1, 2) for _ in range(8)]
+    model = build_model('rigid', 3, 3, **SMALL)
+    train(model, data, data, config=config(tmp_path), task_type='classification')
+    loaded = load_model(tmp_path / 'best.pt')
+    assert carried_normalizer(loaded) is None  # class logits are never rescaled
+    columns = prediction_columns(loaded, data, 'classification')
+    assert list(columns) == ['prediction', 'target', 'ihw']  # rigid returns a (zero) width
+    assert columns['target'] == [k for k in (0, 1, 2) for _ in range(8)]
+    logits = outputs(loaded, data)
+    logits = logits[0] if isinstance(logits, tuple) else logits
+    assert columns['prediction'] == logits.argmax(-1).tolist()
+
+
+def test_old_or_foreign_checkpoints(task, tmp_path):
+    train_one(task, 'rigid', 0, config(tmp_path), **SMALL)
+    state = load_checkpoint(tmp_path / 'best.pt')
+    # as written before checkpoints recorded the model's channels: still loads into a given model
+    state['run_info']['model'] = {'name': 'rigid', 'args': SMALL}
+    del state['torch_mz_version']
+    save_checkpoint(state, tmp_path / 'old.pt')
+    with pytest.raises(CheckpointError, match='does not record how to build its model.*'
+                                              'in_channels, out_channels'):
+        load_model(tmp_path / 'old.pt')
+    model = build_model('rigid', 3, 3, **SMALL)
+    assert load_model(tmp_path / 'old.pt', model=model) is model
+    reference = load_model(tmp_path / 'best.pt')
+    assert torch.equal(outputs(model, task.test)[0], outputs(reference, task.test)[0])
+    with pytest.raises(CheckpointError, match='does not fit this model'):
+        load_model(tmp_path / 'old.pt', model=build_model('rigid', 3, 3, dim=16))
+    with pytest.raises(CheckpointError, match='does not exist'):
+        load_model(tmp_path / 'missing.pt')
