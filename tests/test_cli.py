@@ -2,6 +2,7 @@ import json
 import os
 
 import pytest
+import torch
 
 from torch_mz.cli import DEMO_ARGS, build_parser, main
 
@@ -186,3 +187,107 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path, capsys):
 def test_demo_arguments_parse():
     args = build_parser().parse_args(DEMO_ARGS)
     assert args.models == 'mz-1l,st-4l,egnn' and args.task == 'quadratic-tdof'
+
+
+# issue 13, item 6: model specs with options, read as the benchmarks read them
+def test_compare_and_train_take_model_specs_with_options(tmp_path, capsys):
+    out = str(tmp_path / 'cmp')
+    assert main(['compare', '--task', 'max', *T, '--seeds', '1', '--out', out, '--models',
+                 'rigid:dim=8,num_inducing=2,d_ff=8,deepsets:hidden_channels=8']) == 0
+    payload = json.load(open(os.path.join(out, 'results.json')))
+    assert [s['model'] for s in payload['summary']] == [
+        'rigid:dim=8,num_inducing=2,d_ff=8', 'deepsets:hidden_channels=8']
+    assert sorted(n for n in os.listdir(out) if n.endswith('seed0')) == [
+        'deepsets_hidden_channels=8-seed0', 'rigid_dim=8_num_inducing=2_d_ff=8-seed0']
+    ckpt = torch.load(os.path.join(out, 'rigid_dim=8_num_inducing=2_d_ff=8-seed0', 'best.pt'),
+                      weights_only=True)
+    assert ckpt['run_info']['model']['args'] == {'dim': 8, 'num_inducing': 2, 'd_ff': 8}
+    capsys.readouterr()
+    run = str(tmp_path / 'run')
+    assert main(['train', '--task', 'max', *T, '--model', 'deepsets:hidden_channels=8',
+                 '--out', run]) == 0
+    ckpt = torch.load(os.path.join(run, 'best.pt'), weights_only=True)
+    assert ckpt['run_info']['model']['args'] == {'hidden_channels': 8}
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['compare', '--models', 'mz,hypernet:rank=x', '--seeds', '1'],
+     "model spec 'hypernet:rank=x': option 'rank' expects an integer (got 'x')"),
+    (['compare', '--models', 'mz,nope:rank=4', '--seeds', '1'], "unknown model 'nope'"),
+    (['train', '--model', 'rigid:nosuch=1'], "model spec 'rigid:nosuch=1': "),
+    (['train', '--model', 'mz,rigid'], '--model takes one model'),
+])
+def test_bad_model_specs_exit_2_with_one_line(argv, message, tmp_path, capsys):
+    assert main([argv[0], '--task', 'max', *T, *argv[1:], '--out', str(tmp_path / 'o')]) == 2
+    err = capsys.readouterr().err
+    assert message in err and 'Traceback' not in err and err.count('\n') == 1
+
+
+# issue 13, item 3: torch-mz predict
+def _read_csv(path):
+    import csv
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_predict_writes_one_row_per_test_set_in_target_units(tmp_path, capsys):
+    from torch_mz import load_model
+    from torch_mz.tasks import load_task
+    from torch_mz.train import predict
+    run = str(tmp_path / 'run')
+    assert main(['train', *TINY, '--model', 'mz-slim', *SMALL, '--out', run]) == 0
+    out = str(tmp_path / 'pred' / 'test.csv')
+    # the task options (d=4, tdof=2, set size) come from the checkpoint
+    assert main(['predict', os.path.join(run, 'best.pt'), '--task', 'quadratic-tdof',
+                 '--n-test', '16', '--out', out]) == 0
+    assert 'test.csv' in capsys.readouterr().out
+    rows = _read_csv(out)
+    assert len(rows) == 16 and list(rows[0]) == ['prediction', 'target', 'ihw']
+    task = load_task('quadratic-tdof', n_train=48, n_val=16, n_test=16, d=4, tdof=2,
+                     set_size=(3, 6))
+    pred, ihw = predict(load_model(os.path.join(run, 'best.pt')), task.test, device='cpu')
+    assert [float(r['target']) for r in rows] == pytest.approx([d.y.item() for d in task.test])
+    assert [float(r['prediction']) for r in rows] == pytest.approx(pred.view(-1).tolist(),
+                                                                   rel=1e-6, abs=1e-6)
+    assert [float(r['ihw']) for r in rows] == pytest.approx(ihw.view(-1).tolist(), rel=1e-6)
+    # target units: the predictions scatter around the targets' mean, not around 0
+    targets = [float(r['target']) for r in rows]
+    mean_target = sum(targets) / len(targets)
+    assert abs(pred.mean().item() - mean_target) < 3 * float(torch.tensor(targets).std())
+    # several targets: prediction_0, ..., target_0, ...
+    run2 = str(tmp_path / 'run2')
+    assert main(['train', '--task', 'max', '--task-arg', 'd=2', *T, *SMALL, '--model', 'rigid',
+                 '--out', run2]) == 0
+    out2 = str(tmp_path / 'max.csv')
+    assert main(['predict', os.path.join(run2, 'checkpoint.pt'), '--task', 'max', '--n-test',
+                 '5', '--out', out2]) == 0
+    assert list(_read_csv(out2)[0]) == ['prediction_0', 'prediction_1', 'target_0', 'target_1',
+                                        'ihw']
+
+
+def test_predict_bad_input_exits_2_with_one_line(tmp_path, capsys):
+    run = str(tmp_path / 'run')
+    assert main(['train', '--task', 'max', *T, *SMALL, '--model', 'rigid', '--out', run]) == 0
+    best = os.path.join(run, 'best.pt')
+    taken = tmp_path / 'taken.csv'
+    taken.write_text('mine')
+    cases = [
+        ([os.path.join(run, 'nope.pt'), '--task', 'max'], 'does not exist'),
+        ([best, '--task', 'sum'], "was trained on task 'max', not 'sum'"),
+        ([best, '--task', 'max', '--task-arg', 'd=3'], 'takes 16 input channels'),
+        ([best, '--task', 'nope'], "unknown task 'nope'"),
+        ([best, '--task', 'max', '--n-test', '0'], '--n-test must be at least 1'),
+        ([os.path.join(run, 'metrics.csv'), '--task', 'max'], 'could not be read'),
+    ]
+    for argv, message in cases:
+        capsys.readouterr()
+        assert main(['predict', *argv, '--out', str(tmp_path / 'p.csv')]) == 2, message
+        err = capsys.readouterr().err
+        assert message in err and 'Traceback' not in err and err.count('\n') == 1, err
+    assert not (tmp_path / 'p.csv').exists()
+    assert main(['predict', best, '--task', 'max', '--n-test', '3', '--out', str(taken)]) == 2
+    assert "already exists; pass --overwrite" in capsys.readouterr().err
+    assert taken.read_text() == 'mine'
+    assert main(['predict', best, '--task', 'max', '--n-test', '3', '--out', str(taken),
+                 '--overwrite']) == 0
+    assert len(_read_csv(taken)) == 3

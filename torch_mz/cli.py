@@ -3,10 +3,13 @@ r"""The ``torch-mz`` command: train and compare set models on the paper's tasks.
     torch-mz tasks
     torch-mz models
     torch-mz train --task quadratic-tdof --model mz --epochs 50
-    torch-mz compare --task quadratic-tdof --models mz-1l,st-4l,egnn --seeds 3
+    torch-mz compare --task quadratic-tdof --models mz-1l,st-4l,hypernet:rank=4 --seeds 3
+    torch-mz predict runs/quadratic-tdof/mz-seed0/best.pt --task quadratic-tdof --out pred.csv
 
-Bad input (unknown task or model, unknown or mistyped options, impossible sizes, missing data, a
-missing, corrupt or foreign checkpoint, an output folder that holds an earlier run, a learning
+A model is named by a spec, ``name`` or ``name:key=value,...`` (parsed by
+:func:`torch_mz.compare.parse_model_spec`, as in the benchmarks). Bad input (unknown task or
+model, unknown or mistyped options, impossible sizes, missing data, a missing, corrupt or foreign
+checkpoint, an output folder that holds an earlier run or an output file that exists, a learning
 rate that makes the loss diverge) ends with a one-line message and exit status 2, never a
 traceback.
 """
@@ -17,7 +20,7 @@ import re
 import shlex
 import sys
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, NamedTuple, Optional, Sequence
 
 EXIT_USAGE = 2
 
@@ -78,7 +81,8 @@ def _add_training_args(p: argparse.ArgumentParser):
                    help='train on raw regression targets')
     t.add_argument('--device', default='auto', help="'auto', 'cpu', 'cuda' or 'cuda:N'")
     t.add_argument('--model-arg', action='append', metavar='KEY=VALUE',
-                   help='model option overriding the preset, e.g. dropout=0 (repeatable)')
+                   help="model option overriding the preset and a spec's options, e.g. "
+                   'dropout=0 (repeatable)')
     t.add_argument('--no-progress', action='store_true', help='no progress bars')
     p.add_argument('--out', help='output folder (default: runs/<task>/...)')
     p.add_argument('--overwrite', action='store_true',
@@ -107,33 +111,65 @@ def _config(args, seed: int, out_dir: Optional[str], resume: Optional[str] = Non
                        out_dir=out_dir, resume=resume, progress=not args.no_progress)
 
 
-def _run(args, task, model_name: str, seed: int, out_dir: Optional[str],
+class ModelSpec(NamedTuple):
+    spec: str  # as given, e.g. 'hypernet:rank=4' (the model's name in tables)
+    name: str  # the preset
+    options: Dict[str, object]  # the spec's own options
+
+    @property
+    def folder(self) -> str:
+        r"""The spec as a file name: 'hypernet:rank=4,dim=64' -> 'hypernet_rank=4_dim=64'."""
+        return re.sub(r'[^\w.=+-]+', '_', self.spec)
+
+
+def _model_specs(text: str, flag: str) -> List[ModelSpec]:
+    r"""The model specs of --models/--model, read as the benchmarks read them."""
+    from torch_mz.compare import parse_model_spec, split_model_specs
+    specs = []
+    for spec in split_model_specs(text):
+        try:
+            name, options = parse_model_spec(spec)
+        except ValueError as e:
+            raise CLIError(str(e)) from None
+        specs.append(ModelSpec(spec, name, options))
+    if not specs:
+        raise CLIError(f'{flag} needs at least one model name')
+    _check_models([s.name for s in specs])
+    return specs
+
+
+def _run(args, task, model: ModelSpec, seed: int, out_dir: Optional[str],
          resume: Optional[str] = None) -> Dict[str, object]:
     from torch_mz.compare import train_one
-    return train_one(task, model_name, seed, _config(args, seed, out_dir, resume),
-                     **_parse_kv(args.model_arg, '--model-arg'))
+    row = train_one(task, model.name, seed, _config(args, seed, out_dir, resume),
+                    **dict(model.options, **_parse_kv(args.model_arg, '--model-arg')))
+    return dict(row, model=model.spec)
 
 
-def _check_model_args(args, task, models: List[str]):
-    r"""Checks --model-arg against every preset before any training: unknown options and values
-    of the wrong type end as a CLIError, not as a TypeError deep inside a constructor."""
+def _check_model_args(args, task, models: List[ModelSpec]):
+    r"""Checks the options of every model spec, then --model-arg (which overrides them), against
+    the presets before any training: unknown options and values of the wrong type end as a
+    CLIError, not as a TypeError deep inside a constructor."""
     overrides = _parse_kv(args.model_arg, '--model-arg')
-    if not overrides:
-        return
     from torch_mz.compare import check_options
     from torch_mz.models import build_model
     from torch_mz.models.registry import PRESETS
-    for name in models:
-        try:
-            check_options(overrides, PRESETS[name], f"--model-arg: model '{name}'",
-                          complete=False)
-        except ValueError as e:
-            raise CLIError(str(e)) from None
-        try:  # options that the preset passes on to its blocks are known only to them
-            build_model(name, task.in_channels, task.out_channels, pos_dim=task.pos_dim,
-                        feature_columns=task.info.get('feature_columns'), **overrides)
-        except TypeError as e:
-            raise CLIError(f"--model-arg: model '{name}': {e}") from None
+    for model in models:
+        steps = [(model.options, f"model spec '{model.spec}'"),
+                 (dict(model.options, **overrides), f"--model-arg: model '{model.spec}'")]
+        for options, what in steps[:1] + (steps[1:] if overrides else []):
+            if not options:
+                continue
+            try:
+                check_options(options, PRESETS[model.name], what, complete=False)
+            except ValueError as e:
+                raise CLIError(str(e)) from None
+            try:  # options that the preset passes on to its blocks are known only to them
+                build_model(model.name, task.in_channels, task.out_channels,
+                            pos_dim=task.pos_dim,
+                            feature_columns=task.info.get('feature_columns'), **options)
+            except TypeError as e:
+                raise CLIError(f'{what}: {e}') from None
 
 
 _COMPARE_RESULTS = ('results.json', 'results.md', 'results.png')
@@ -207,12 +243,16 @@ def _check_task(name: str):
 
 def cmd_train(args) -> int:
     _check_task(args.task)
-    _check_models([args.model])
+    models = _model_specs(args.model, '--model')
+    if len(models) > 1:
+        raise CLIError(f"--model takes one model (got {', '.join(m.spec for m in models)}); "
+                       f"use 'torch-mz compare --models' for several")
+    model = models[0]
     if args.resume is not None and not os.path.isfile(args.resume):
         raise CLIError(f"checkpoint '{args.resume}' does not exist")
     if args.resume is not None and args.overwrite:
         raise CLIError('--resume continues a run and --overwrite starts a new one: pass one')
-    out = args.out or os.path.join('runs', args.task, f'{args.model}-seed{args.seed}')
+    out = args.out or os.path.join('runs', args.task, f'{model.folder}-seed{args.seed}')
     existing = _run_files(out)
     resumes_here = args.resume is not None and _same_path(os.path.dirname(args.resume) or '.',
                                                           out)
@@ -222,12 +262,12 @@ def cmd_train(args) -> int:
                 f" to continue it")
         raise CLIError(f"'{out}' already holds a run ({', '.join(existing)}); {hint}")
     task = _load(args, progress=not args.no_progress)
-    _check_model_args(args, task, [args.model])
+    _check_model_args(args, task, models)
     print(f'task {task.name}: {task.description} | train/val/test = '
           f'{len(task.train)}/{len(task.val)}/{len(task.test)} | d_in={task.in_channels}')
     if args.overwrite:
         _remove_run_files(out)
-    row = _run(args, task, args.model, args.seed, out, args.resume)
+    row = _run(args, task, model, args.seed, out, args.resume)
     metrics = ', '.join(f'{k} {v:.4g}' for k, v in row['test'].items())
     print(f"{args.model} ({row['params']:,} parameters): best epoch {row['best_epoch']}, "
           f"test {metrics}")
@@ -237,10 +277,7 @@ def cmd_train(args) -> int:
 
 def cmd_compare(args) -> int:
     _check_task(args.task)
-    models = [m.strip() for m in args.models.split(',') if m.strip()]
-    if not models:
-        raise CLIError('--models needs at least one model name')
-    _check_models(models)
+    models = _model_specs(args.models, '--models')
     if args.seeds < 1:
         raise CLIError(f'--seeds must be at least 1 (got {args.seeds})')
     out = args.out or os.path.join('runs', args.task, 'compare')
@@ -265,10 +302,10 @@ def cmd_compare(args) -> int:
     start = time.time()
     for model in models:
         for seed in range(args.seeds):
-            row = _run(args, task, model, seed, os.path.join(out, f'{model}-seed{seed}'))
+            row = _run(args, task, model, seed, os.path.join(out, f'{model.folder}-seed{seed}'))
             rows.append(row)
             key = 'r2' if task.task_type == 'regression' else 'accuracy'
-            print(f"  {model:10s} seed {seed}: test {key} {row['test'].get(key, math.nan):.4f} "
+            print(f"  {model.spec:10s} seed {seed}: test {key} {row['test'].get(key, math.nan):.4f} "
                   f"({row['wall_time_s']:.0f} s)", flush=True)
     from torch_mz.benchmark import environment, write_json
     from torch_mz.compare import plot_summary, summarize, summary_markdown
@@ -294,6 +331,55 @@ def cmd_compare(args) -> int:
     return 0
 
 
+def cmd_predict(args) -> int:
+    _check_task(args.task)
+    if not os.path.isfile(args.checkpoint):
+        raise CLIError(f"checkpoint '{args.checkpoint}' does not exist")
+    if os.path.exists(args.out) and not args.overwrite:
+        raise CLIError(f"'{args.out}' already exists; pass --overwrite to replace it, or choose "
+                       f"another --out")
+    if args.n_test is not None and args.n_test < 1:
+        raise CLIError(f'--n-test must be at least 1 (got {args.n_test})')
+    import csv
+    import io
+
+    from torch_mz._files import atomic_write
+    from torch_mz.datasets.synthetic import TASKS as SYNTHETIC_TASKS
+    from torch_mz.inference import load_model, prediction_columns
+    from torch_mz.tasks import load_task
+    from torch_mz.train import load_checkpoint, resolve_device
+    state = load_checkpoint(args.checkpoint)
+    recorded = (state.get('run_info') or {}).get('task') or {}
+    if recorded.get('name', args.task) != args.task:
+        raise CLIError(f"checkpoint '{args.checkpoint}' was trained on task "
+                       f"'{recorded['name']}', not '{args.task}'")
+    # the task options the model was trained with, unless --task-arg says otherwise
+    options = dict(recorded.get('args') or {}, **_parse_kv(args.task_arg, '--task-arg'))
+    set_size = options.pop('set_size', None)
+    only_test = 0 if args.task in SYNTHETIC_TASKS else None  # synthetic splits are independent
+    task = load_task(args.task, seed=args.data_seed, n_train=only_test, n_val=only_test,
+                     n_test=args.n_test, set_size=None if set_size is None else tuple(set_size),
+                     root=args.root, **options)
+    if task.task_type != state['task_type']:
+        raise CLIError(f"checkpoint '{args.checkpoint}' is a {state['task_type']} model and task "
+                       f"'{args.task}' a {task.task_type} task")
+    built = (state.get('run_info') or {}).get('model') or {}
+    if built.get('in_channels', task.in_channels) != task.in_channels:
+        raise CLIError(f"the model of '{args.checkpoint}' takes {built['in_channels']} input "
+                       f"channels, task '{args.task}' with these options gives "
+                       f"{task.in_channels}")
+    model = load_model(args.checkpoint)
+    columns = prediction_columns(model, task.test, task.task_type, batch_size=args.batch_size,
+                                 device=resolve_device(args.device))
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator='\n')
+    writer.writerow(columns)
+    writer.writerows(zip(*columns.values()))
+    atomic_write(args.out, lambda f: f.write(buf.getvalue()), binary=False)
+    print(f"{len(task.test)} test sets of {task.name} ({', '.join(columns)}) -> {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog='torch-mz', description=__doc__.split('\n')[0])
     sub = parser.add_subparsers(dest='command', required=True)
@@ -304,15 +390,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_models)
     p = sub.add_parser('train', help='train one model on one task')
     _add_training_args(p)
-    p.add_argument('--model', required=True, help="model preset (see 'torch-mz models')")
+    p.add_argument('--model', required=True,
+                   help="model preset (see 'torch-mz models'), with options as name:key=value,...")
     p.add_argument('--seed', type=int, default=0)
     p.add_argument('--resume', help='checkpoint.pt to continue from')
     p.set_defaults(func=cmd_train)
     p = sub.add_parser('compare', help='train several models over several seeds and tabulate')
     _add_training_args(p)
-    p.add_argument('--models', required=True, help='comma-separated model presets')
+    p.add_argument('--models', required=True,
+                   help='comma-separated model specs, e.g. mz,hypernet:rank=4,dim=64')
     p.add_argument('--seeds', type=int, default=3)
     p.set_defaults(func=cmd_compare)
+    p = sub.add_parser('predict', help="write a trained model's predictions on a task's test "
+                       'split to CSV')
+    p.add_argument('checkpoint', help='best.pt or checkpoint.pt of a training run')
+    p.add_argument('--task', required=True, help='the task the model was trained on')
+    p.add_argument('--task-arg', action='append', metavar='KEY=VALUE',
+                   help='task option (default: those the checkpoint records; repeatable)')
+    p.add_argument('--root', help='folder of the real dataset itself, e.g. datasets/QM9')
+    p.add_argument('--n-test', type=int, help='test sets (default: the task\'s)')
+    p.add_argument('--data-seed', type=int, default=0,
+                   help='seed of the synthetic data / real split, as in training (default: 0)')
+    p.add_argument('--batch-size', type=int, default=128)
+    p.add_argument('--device', default='auto', help="'auto', 'cpu', 'cuda' or 'cuda:N'")
+    p.add_argument('--out', required=True, help='CSV file: one row per set, columns prediction '
+                   '(prediction_0, ... for several targets; the class for classification), '
+                   'target, ihw')
+    p.add_argument('--overwrite', action='store_true', help='replace an existing --out')
+    p.set_defaults(func=cmd_predict)
     return parser
 
 
