@@ -280,6 +280,9 @@ def test_predict_with_an_uncertainty_output():
     other = TargetNormalizer().fit(targets(REG_VAL))
     with pytest.raises(ValueError, match='carries its own target normaliser'):
         predict(model, REG_VAL, normalizer=other, device='cpu')
+    model.float()  # casts the float64 statistics too: they still match to float32 rounding
+    assert torch.allclose(predict(model, REG_VAL, normalizer=trainer.normalizer, device='cpu')[0],
+                          pred, atol=1e-4)
 
 
 @pytest.mark.parametrize('grad_clip', [None, 0.01])

@@ -305,8 +305,8 @@ def cmd_compare(args) -> int:
             row = _run(args, task, model, seed, os.path.join(out, f'{model.folder}-seed{seed}'))
             rows.append(row)
             key = 'r2' if task.task_type == 'regression' else 'accuracy'
-            print(f"  {model.spec:10s} seed {seed}: test {key} {row['test'].get(key, math.nan):.4f} "
-                  f"({row['wall_time_s']:.0f} s)", flush=True)
+            print(f"  {model.spec:10s} seed {seed}: test {key} "
+                  f"{row['test'].get(key, math.nan):.4f} ({row['wall_time_s']:.0f} s)", flush=True)
     from torch_mz.benchmark import environment, write_json
     from torch_mz.compare import plot_summary, summarize, summary_markdown
     summary = summarize(rows, task.task_type)

@@ -410,9 +410,10 @@ def _pending_normalizer(model: torch.nn.Module, normalizer: Optional[TargetNorma
     carried = carried_normalizer(model)
     if carried is None:
         return normalizer, normalizer
-    if normalizer is not None and not (
-            normalizer.fitted and torch.equal(normalizer.mean.cpu().double(), carried.mean)
-            and torch.equal(normalizer.std.cpu().double(), carried.std)):
+    same = (normalizer is None or normalizer.fitted and all(  # to float32 rounding (model.float())
+        a.shape == b.shape and torch.allclose(a.cpu().double(), b, rtol=1e-6, atol=0.0)
+        for a, b in ((normalizer.mean, carried.mean), (normalizer.std, carried.std))))
+    if not same:
         raise ValueError(f'The model carries its own target normaliser ({carried}) and already '
                          f'predicts in target units; the normalizer passed ({normalizer}) '
                          f'differs from it. Pass normalizer=None')
