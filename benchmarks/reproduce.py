@@ -1,0 +1,134 @@
+r"""Reproduction of the paper's claims at a stated budget (issue 11): one command, resumable.
+
+Claims: ``table1`` (depth separation on quadratic TDOF, L in {4, 16, 32}: mz-1l, st-4l, rigid,
+deepsets and the mean-MLP oracle), ``table3`` (MEB radius at d in {8, 16, 32}: mz, rigid,
+st-large, hypernet, perceiver, film, deepsets), ``table7`` (egnn, mz, st-large on quadratic TDOF
+L = 8, MEB d = 8, covariance norm d = 8), ``table28`` (QM9 mu and alpha from the qm9pack source:
+mz, rigid, st-large, egnn, deepsets) and ``table30`` (cost ratios mz / rigid read from
+``benchmarks/results/training_step/training_step.json``).
+
+Budgets: ``quick`` is a smoke run of the commands (128 sets, 2 epochs; not evidence);
+``converged`` is the CPU budget (the paper's 5,000 / 1,000 / 2,000 sets, up to 200 epochs with
+early stopping at patience 20, 2 seeds, every model swept alike over lr in {1e-3, 3e-4} x wd in
+{1e-5, 1e-3} on one cell per task); ``paper`` follows the paper's protocol (lr 1e-4, wd 1e-5,
+its seed counts, QM9 on 50K molecules), for a GPU. The verdict rule is written in
+``summary.md`` (see :data:`torch_mz.reproduce.VERDICT_RULE`).
+
+    python benchmarks/reproduce.py --budget quick --claims table1
+    python benchmarks/reproduce.py --budget converged                   # hours on one core
+    python benchmarks/reproduce.py --budget paper --device cuda
+
+Every (cell, model, seed) run is written to ``<out>/records/<budget>/`` when it finishes and is
+read back instead of trained when the command runs again, so an interrupted reproduction resumes
+where it stopped (a run cut short resumes from its checkpoint in ``<out>/runs/``, which is not
+committed). After each claim the script writes ``<out>/claims/<claim>.<budget>.json``,
+``summary.json``, ``summary.md`` and ``<claim>.<budget>.png`` and prints the files to commit.
+"""
+import argparse
+import os
+import sys
+import time
+
+from torch_mz.benchmark import environment, write_report
+from torch_mz.compare import plot_bars
+from torch_mz.reproduce import (BUDGETS, CLAIM_NAMES, CLAIMS, SWEEP_CELLS, VERDICT_RULE,
+                                Reproduction, load_claims, models_table, overhead_records,
+                                save_claim, summary_table)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS = os.path.join(HERE, 'results')
+EXIT_ERROR = 2
+
+
+def plot(claim, records, budget, path):
+    cells = [c['label'] for c in claim.cells]
+    figures = {r['claim'].split(':')[0].split(' ', 1)[1]: r['ours']['models'] for r in records}
+    plot_bars(cells, list(claim.models), lambda c, m: figures[c][m]['r2'],
+              lambda c, m: figures[c][m]['r2_std'], path,
+              paper=lambda c, m: claim.paper_r2.get((c, m)),
+              title=f'{claim.name} ({budget}): test R² (bars: ours; dashes: paper)')
+
+
+def write_summary(out, minutes):
+    records = load_claims(out)
+    budgets = sorted({r['budget'] for r in records})
+    notes = ('## Verdict rule\n\n' + VERDICT_RULE + '\n\n## Budgets\n\n'
+             + '\n'.join(f'- `{b}`: {BUDGETS[b].note}' for b in budgets if b in BUDGETS)
+             + '\n\nThe sweep cell of each task (the lr / wd chosen there, per model by the '
+             'lowest validation loss, is used on every cell of that task): '
+             + '; '.join(f"{t}: {c['label']}" for t, c in SWEEP_CELLS.items())
+             + '\n\n## Every model, every cell\n\n' + models_table(records) + '\n'
+             + '\n'.join(f'![{n}]({n}.png)' for n in sorted(
+                 os.path.splitext(f)[0] for f in os.listdir(out) if f.endswith('.png')))
+             + '\n')
+    env = environment()
+    write_report(out, 'summary', "Reproduction of the paper's claims (issue 11)", env,
+                 dict(budgets=budgets), summary_table(records), dict(records=records), minutes,
+                 notes=notes, plot=False)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--budget', choices=tuple(BUDGETS), default='converged')
+    parser.add_argument('--claims', default=','.join(CLAIM_NAMES),
+                        help=f"comma-separated subset of {', '.join(CLAIM_NAMES)}")
+    parser.add_argument('--seeds', type=int, default=None,
+                        help="seeds per (cell, model) instead of the budget's")
+    parser.add_argument('--device', default='auto')
+    parser.add_argument('--out', default=None,
+                        help='results folder (default: benchmarks/results/reproduction, and '
+                             'benchmarks/results/reproduction/quick for --budget quick)')
+    args = parser.parse_args(argv)
+    claims = [c.strip() for c in args.claims.split(',') if c.strip()]
+    unknown = [c for c in claims if c not in CLAIM_NAMES]
+    if unknown:
+        parser.error(f"unknown claims {unknown}; available: {', '.join(CLAIM_NAMES)}")
+    out = args.out or os.path.join(RESULTS, 'reproduction', *(
+        ('quick', ) if args.budget == 'quick' else ()))
+    budget = BUDGETS[args.budget]
+    trained = []
+
+    def report(run):
+        print(f"  {run['cell']:24s} {run['model']:9s} seed {run['seed']}: test r2 "
+              f"{run['test'].get('r2', float('nan')):.4f}, {run['epochs_run']} epochs, "
+              f"lr {run['key']['config']['lr']:g} wd {run['key']['config']['weight_decay']:g} "
+              f"({run['wall_time_s'] / 60:.1f} min)", flush=True)
+        trained.append(run)
+
+    repro = Reproduction(budget, out, device=args.device, seeds=args.seeds, on_result=report)
+    start, failed = time.time(), []
+    for name in claims:
+        print(f'{name} ({budget.name}):', flush=True)
+        if name == 'table30':
+            records = overhead_records(os.path.join(RESULTS, 'training_step',
+                                                    'training_step.json'), budget.name)
+        else:
+            try:
+                records, _ = repro.run(CLAIMS[name])
+            except (FileNotFoundError, ImportError, OSError, ValueError) as e:
+                print(f'reproduce.py: {name} not run: {e}', file=sys.stderr)
+                failed.append(name)
+                continue
+            try:
+                plot(CLAIMS[name], records, budget.name,
+                     os.path.join(out, f'{name}.{budget.name}.png'))
+            except ImportError:
+                print("matplotlib is not installed: no plot (pip install 'torch_mz[plot]')")
+        path = save_claim(out, name, budget.name, records)
+        write_summary(out, (time.time() - start) / 60)
+        for r in records:
+            print(f"  {r['claim']}: paper {r['paper']['value']:+.3f}, ours "
+                  f"{r['ours']['mean']:+.3f} ± {r['ours']['std']:.3f} -> {r['verdict']}")
+        commit = [path, os.path.join(out, 'summary.json'), os.path.join(out, 'summary.md')]
+        commit += [os.path.join(out, f) for f in (f'{name}.{budget.name}.png',
+                                                  os.path.join('records', budget.name))
+                   if os.path.exists(os.path.join(out, f))]
+        print(f'  {name} done; to commit: git add '
+              + ' '.join(os.path.relpath(p) for p in commit), flush=True)
+    print(f'{len(trained)} runs trained, {(time.time() - start) / 60:.1f} min; wrote '
+          f'{out}/summary.json, summary.md')
+    return EXIT_ERROR if failed else 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

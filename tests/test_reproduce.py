@@ -1,0 +1,136 @@
+import json
+import math
+
+import pytest
+
+import torch_mz.compare as compare
+from torch_mz.reproduce import (BUDGETS, CLAIMS, Budget, Claim, Comparison, Reproduction,
+                                load_claims, overhead_records, save_claim, summary_table,
+                                verdict)
+from torch_mz.tasks import load_task
+
+TINY = Budget('tiny', 16, 8, 8, (16, 8, 8), 2, 1, None, 1, 8,
+              ((1e-3, 1e-5), (3e-4, 1e-5), (1e-3, 1e-3)))
+SUM = dict(label='sum d=2', task='sum', kwargs=dict(d=2, reduce='sum'))
+CLAIM = Claim('tiny', 'tiny', (SUM, dict(label='sum d=3', task='sum',
+                                         kwargs=dict(d=3, reduce='sum'))),
+              ('deepsets:hidden_channels=8', 'mean-mlp:hidden_channels=8'),
+              (Comparison('tiny', 'sum d=3', 'deepsets:hidden_channels=8',
+                          ('mean-mlp:hidden_channels=8', ), 0.1, 'Table 0', 'made up'), ))
+
+
+def test_verdict_rule_on_hand_made_numbers():
+    # within max(0.02, 25% of the paper's figure)
+    assert verdict(0.33, 0.30, 0.01, 2) == 'reproduced'
+    assert verdict(-0.003, 0.01, 0.005, 3) == 'reproduced'
+    # the paper's sign, resolved from zero, another size
+    assert verdict(0.33, 0.11, 0.02, 2) == 'direction only'
+    # the opposite sign, resolved
+    assert verdict(0.33, -0.10, 0.02, 2) == 'not reproduced'
+    # no difference where the paper has a large one: the paper is outside ours ± 2 s
+    assert verdict(0.61, 0.0, 0.02, 2) == 'not reproduced'
+    # seeds too few or too noisy for the paper's effect
+    assert verdict(0.33, 0.33, 0.0, 1) == 'inconclusive'
+    assert verdict(0.5, 0.1, 0.3, 3) == 'inconclusive'
+    assert verdict(0.025, 0.03, 0.02, 2) == 'inconclusive'
+    assert verdict(0.33, math.nan, 0.01, 2) == 'inconclusive'
+    # the paper's figure inside our band but our mean neither close nor resolved
+    assert verdict(0.5, 0.2, 0.2, 3) == 'inconclusive'
+    # exact figures (no seeds)
+    assert verdict(0.9, 0.95, 0.0, None) == 'reproduced'
+    assert verdict(0.9, 0.3, 0.0, None) == 'direction only'
+
+
+def _counting(monkeypatch):
+    calls = []
+    real = compare.train_one
+
+    def counted(task, name, seed, config, **overrides):
+        calls.append((task.name, task.in_channels, name, seed, config.lr, config.weight_decay))
+        return real(task, name, seed, config, **overrides)
+    monkeypatch.setattr(compare, 'train_one', counted)
+    return calls
+
+
+def test_sweep_gives_every_model_the_same_grid(tmp_path, monkeypatch):
+    calls = _counting(monkeypatch)
+    repro = Reproduction(TINY, str(tmp_path), device='cpu', sweep_cells={'sum': SUM})
+    chosen = repro.sweep('sum', CLAIM.models)
+    for model in CLAIM.models:
+        tried = [(lr, wd) for _, _, name, seed, lr, wd in calls if name == model.split(':')[0]]
+        assert tried == list(TINY.sweep)  # the identical grid, seed 0 only
+        assert chosen[model] in TINY.sweep
+    assert {c[3] for c in calls} == {0}
+    # the choice is the lowest validation loss of the model's sweep runs
+    records = [json.loads(p.read_text()) for p in tmp_path.rglob('records/tiny/**/*.json')]
+    for model in CLAIM.models:
+        runs = [r for r in records if r['model'] == model]
+        best = min(runs, key=lambda r: r['val']['loss'])['key']['config']
+        assert chosen[model] == (best['lr'], best['weight_decay'])
+
+
+def test_interrupted_reproduction_resumes_and_a_second_run_trains_nothing(tmp_path,
+                                                                          monkeypatch):
+    calls = _counting(monkeypatch)
+    out = str(tmp_path)
+    records, runs = Reproduction(TINY, out, device='cpu', sweep_cells={'sum': SUM}).run(CLAIM)
+    # 3 sweep points x 2 models on the sweep cell (seed 0 of the chosen point is reused on
+    # that cell), then 2 cells x 2 models x 2 seeds
+    assert len(calls) == 3 * 2 + 2 * 2 * 2 - 2
+    assert len(runs) == 8 and records[0]['ours']['seeds'] == 2
+    assert records[0]['verdict'] in ('reproduced', 'direction only', 'not reproduced',
+                                     'inconclusive')
+    files = sorted(tmp_path.rglob('records/tiny/**/*.json'))
+    assert len(files) == len(calls)
+    assert not any(tmp_path.rglob('runs/tiny/*/checkpoint.pt'))  # removed when finished
+
+    # a second invocation trains nothing and builds no data
+    calls.clear()
+    loads = []
+    again, runs2 = Reproduction(TINY, out, device='cpu', sweep_cells={'sum': SUM},
+                                load=lambda *a, **k: loads.append(a)).run(CLAIM)
+    assert calls == [] and loads == []
+    assert again == records
+
+    # an interrupted one (one run's file lost) trains exactly that run
+    lost = next(p for p in files if '_s1_' in p.name)
+    lost.unlink()
+    again, _ = Reproduction(TINY, out, device='cpu', sweep_cells={'sum': SUM}).run(CLAIM)
+    assert len(calls) == 1 and calls[0][3] == 1
+    assert lost.exists()
+
+
+def test_summary_and_table30(tmp_path):
+    step = tmp_path / 'training_step.json'
+    step.write_text(json.dumps(dict(rows=[
+        dict(model='rigid', params=100, step_s=1.0, step_times_s=[1.0, 1.1, 0.9],
+             infer_s=1.0, infer_times_s=[1.0, 1.0, 1.0]),
+        dict(model='mz', params=190, step_s=2.2, step_times_s=[2.2, 2.3, 2.1],
+             infer_s=5.0, infer_times_s=[5.0, 5.1, 4.9])])))
+    records = overhead_records(str(step), 'converged')
+    assert [r['verdict'] for r in records] == ['reproduced', 'reproduced', 'direction only']
+    assert records[0]['ours']['mean'] == pytest.approx(1.9)
+    missing = overhead_records(str(tmp_path / 'none.json'), 'converged')
+    assert {r['verdict'] for r in missing} == {'inconclusive'}
+    save_claim(str(tmp_path), 'table30', 'converged', records)
+    loaded = load_claims(str(tmp_path))
+    assert loaded == records
+    table = summary_table(loaded)
+    assert table.count('\n') == 2 + len(records) and '**reproduced**' in table
+
+
+def test_claims_and_budgets_as_issue_11_asks():
+    assert set(CLAIMS) == {'table1', 'table3', 'table7', 'table28'}
+    assert 'mean-mlp' in CLAIMS['table1'].models
+    converged = BUDGETS['converged']
+    assert (converged.n_train, converged.n_val, converged.n_test) == (5000, 1000, 2000)
+    assert converged.epochs == 200 and converged.patience == 20 and converged.seeds >= 2
+    assert len(converged.sweep) == 4 and BUDGETS['paper'].sweep == ((1e-4, 1e-5), )
+    for claim in CLAIMS.values():  # every comparison names models the claim trains
+        for c in claim.comparisons:
+            assert c.a in claim.models and set(c.b) <= set(claim.models)
+            assert c.cell in [cell['label'] for cell in claim.cells]
+    for claim in CLAIMS.values():  # the task arguments are valid (no data built)
+        for cell in claim.cells:
+            if cell['task'] != 'qm9':
+                load_task(cell['task'], n_train=2, n_val=1, n_test=1, **cell['kwargs'])

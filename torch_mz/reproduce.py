@@ -1,0 +1,574 @@
+r"""Reproduction of the MZAttn paper's claims at a stated budget (issue 11): the claims, the
+budgets, a learning-rate / weight-decay sweep that every model gets alike, a store of finished
+runs that makes every study resumable, and the verdict rule. The engine of
+``benchmarks/reproduce.py``. Library code: no printing.
+
+Every run (task cell, model, seed, training configuration) is written to its own JSON file when it
+finishes and is read back instead of trained when asked for again, so an interrupted reproduction
+resumes where it stopped, and a run shared by two claims or by the sweep and a claim is trained
+once. A run in progress keeps a checkpoint (under ``runs/``, not committed) that it resumes from.
+"""
+import hashlib
+import json
+import math
+import os
+import shutil
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from torch_mz._files import atomic_write
+from torch_mz.compare import run_grid
+from torch_mz.paper import TABLE1, TABLE1_STD, TABLE28, TABLE30, TABLE7, TABLE7_CELLS
+from torch_mz.train import TrainConfig
+
+VERDICTS = ('reproduced', 'direction only', 'not reproduced', 'inconclusive')
+TOL_ABS = 0.02  # R² units: how close to the paper's figure counts as the same
+TOL_REL = 0.25  # ... or this fraction of the paper's figure, whichever is larger
+
+VERDICT_RULE = f"""\
+Each claim is one number: a difference of test R² between two models, R²(A) - R²(B), positive
+when A is better (for Table 30: a cost ratio minus 1). "ours" is its mean over seeds of the
+per-seed differences (same seed index, same data), with s their standard deviation (ddof = 1)
+over n seeds; "paper" is the paper's figure p. With tol = max({TOL_ABS}, {TOL_REL:g} |p|):
+
+1. inconclusive: fewer than 2 seeds, a missing run, or a seed spread as large as the paper's
+   effect (2 s > max(|p|, tol));
+2. reproduced: |ours - p| <= tol;
+3. direction only: ours has the paper's sign and |ours| > 2 s (A beats B, by another margin);
+4. not reproduced: otherwise, when the paper's figure lies outside ours ± 2 s (the opposite
+   sign, or no resolved difference where the paper has one);
+5. inconclusive: otherwise.
+
+Exact figures (parameter counts) have no spread and skip the seed conditions."""
+
+
+def verdict(paper: float, mean: float, spread: float, seeds: Optional[int]) -> str:
+    r"""The verdict of one claim by :data:`VERDICT_RULE`: the paper's figure :obj:`paper`, ours
+    :obj:`mean` with seed standard deviation :obj:`spread` over :obj:`seeds` seeds
+    (:obj:`None` for an exact figure, e.g. a parameter count). Returns one of :data:`VERDICTS`."""
+    if not (math.isfinite(paper) and math.isfinite(mean)):
+        return 'inconclusive'
+    if seeds is None:
+        spread = 0.0
+    elif seeds < 2 or not math.isfinite(spread):
+        return 'inconclusive'
+    tol = max(TOL_ABS, TOL_REL * abs(paper))
+    if 2 * spread > max(abs(paper), tol):
+        return 'inconclusive'
+    if abs(mean - paper) <= tol:
+        return 'reproduced'
+    if np.sign(mean) == np.sign(paper) and abs(mean) > 2 * spread:
+        return 'direction only'
+    if abs(mean - paper) > 2 * spread:
+        return 'not reproduced'
+    return 'inconclusive'
+
+
+# -- budgets -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Budget:
+    r"""Set counts, seeds and training protocol of a reproduction.
+
+    Args:
+        name (str): ``'quick'``, ``'converged'``, ``'paper'`` (or a test's own).
+        n_train, n_val, n_test (int): Sets per split of the synthetic tasks.
+        qm9_sizes (tuple): Molecules per split for QM9.
+        seeds (int): Seeds per (cell, model); :obj:`None` takes each claim's paper count.
+        epochs (int): Maximum epochs. patience (int): Early-stopping patience.
+        warmup_epochs (int), batch_size (int): As in :class:`~torch_mz.train.TrainConfig`.
+        sweep (tuple): The ``(lr, weight_decay)`` grid every model is swept on (one point: no
+            sweep).
+        paper_batch (bool): Use the paper's per-task batch size (256 for geometric tasks).
+        note (str): What the budget is, for the report.
+    """
+    name: str
+    n_train: int
+    n_val: int
+    n_test: int
+    qm9_sizes: Tuple[int, int, int]
+    seeds: Optional[int]
+    epochs: int
+    patience: Optional[int]
+    warmup_epochs: int
+    batch_size: int
+    sweep: Tuple[Tuple[float, float], ...]
+    paper_batch: bool = False
+    note: str = ''
+
+    def config(self, **changes) -> TrainConfig:
+        r"""The training configuration of the budget (the first sweep point's lr and wd)."""
+        lr, wd = self.sweep[0]
+        return replace(TrainConfig(epochs=self.epochs, patience=self.patience,
+                                   warmup_epochs=self.warmup_epochs, batch_size=self.batch_size,
+                                   lr=lr, weight_decay=wd, progress=False), **changes)
+
+
+SWEEP = tuple((lr, wd) for lr in (1e-3, 3e-4) for wd in (1e-5, 1e-3))
+BUDGETS: Dict[str, Budget] = {
+    'quick': Budget('quick', 128, 64, 64, (128, 64, 64), 2, 2, None, 1, 64, SWEEP[::2],
+                    note='SMOKE RUN of the commands (128 sets, 2 epochs, lr swept over 2 '
+                    'points): not evidence'),
+    'converged': Budget('converged', 5000, 1000, 2000, (10000, 1000, 2000), 2, 200, 20, 5, 128,
+                        SWEEP, note='the paper\'s set counts, up to 200 epochs with early '
+                        'stopping (patience 20), lr x wd swept on validation for every model; '
+                        'QM9 on 10,000 molecules (not the paper\'s 40,000: CPU time)'),
+    'paper': Budget('paper', 5000, 1000, 2000, (40000, 5000, 5000), None, 200, 20, 5, 128,
+                    ((1e-4, 1e-5),), paper_batch=True,
+                    note='the paper\'s protocol (Appendix A.1): lr 1e-4, wd 1e-5, no sweep, '
+                    'batch 128 (256 for geometric tasks), up to 200 epochs with patience 20, '
+                    'the paper\'s seed counts; QM9 on 50K molecules split 80/10/10'),
+}
+
+
+# -- claims ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Comparison:
+    r"""One record of the summary: R²(:obj:`a`) minus R²(the best of :obj:`b`, by our mean) on
+    cell :obj:`cell`, against the paper's figure :obj:`paper` (from :obj:`source`, quoted in
+    :obj:`text`)."""
+    claim: str
+    cell: str
+    a: str
+    b: Tuple[str, ...]
+    paper: float
+    source: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Claim:
+    r"""A table of the paper to reproduce: run_grid cells (task arguments without set counts),
+    the models, the comparisons that become summary records, the paper's R² per (cell, model)
+    for the plot, and the paper's seed count."""
+    name: str
+    title: str
+    cells: Tuple[Dict[str, Any], ...]
+    models: Tuple[str, ...]
+    comparisons: Tuple[Comparison, ...]
+    paper_r2: Dict[Tuple[str, str], float] = field(default_factory=dict)
+    paper_seeds: int = 3
+
+
+#: The cell each task's learning rate and weight decay are swept on (per model, seed 0); the
+#: choice is reused on every cell of that task in every claim.
+SWEEP_CELLS: Dict[str, Dict[str, Any]] = {
+    'quadratic-tdof': dict(label='quad d=32 L=16 (sweep)', task='quadratic-tdof',
+                           kwargs=dict(d=32, tdof=16)),
+    'meb-radius': dict(label='MEB d=16 (sweep)', task='meb-radius', kwargs=dict(d=16)),
+    'covariance-norm': dict(label='CN d=8 (sweep)', task='covariance-norm', kwargs=dict(d=8)),
+    'qm9': dict(label='QM9 mu (sweep)', task='qm9', kwargs=dict(source='qm9pack', target='mu')),
+}
+GEOMETRIC_TASKS = ('meb-radius', )  # the paper's batch size 256 (Appendix A.1)
+
+
+def _table1() -> Claim:
+    cells = tuple(dict(label=f'L={L}', task='quadratic-tdof', kwargs=dict(d=32, tdof=L))
+                  for L in (4, 16, 32))
+    comparisons = tuple(Comparison(
+        'table1', f'L={L}', 'mz-1l', ('st-4l', ), TABLE1[L][0] - TABLE1[L][1], 'Table 1',
+        f'L = {L}: MZAttn-1L {TABLE1[L][0]} ± {TABLE1_STD[L][0]}, ST-4L {TABLE1[L][1]} ± '
+        f'{TABLE1_STD[L][1]} (MSE ratio {TABLE1[L][2]}x)') for L in (4, 16, 32))
+    paper = {(f'L={L}', m): TABLE1[L][i] for L in (4, 16, 32)
+             for i, m in enumerate(('mz-1l', 'st-4l'))}
+    return Claim('table1', 'Depth separation on quadratic TDOF (d = 32): one MZ layer against '
+                 'a four-layer Set Transformer, with Deep Sets and the mean-MLP oracle',
+                 cells, ('mz-1l', 'st-4l', 'rigid', 'deepsets', 'mean-mlp'), comparisons,
+                 paper, paper_seeds=3)
+
+
+def _table3() -> Claim:
+    from torch_mz.paper import GEOMETRY, GEOMETRY_MODELS
+    baselines = ('rigid', 'st-large', 'hypernet', 'perceiver', 'film')
+    cells = tuple(dict(label=f'MEB d={d}', task='meb-radius', kwargs=dict(d=d))
+                  for d in (8, 16, 32))
+    comparisons = []
+    for d in (8, 16, 32):
+        row = dict(zip(GEOMETRY_MODELS, GEOMETRY[('MEB', d)]))
+        best = max((m for m in row if m != 'mz'), key=row.get)
+        comparisons.append(Comparison(
+            'table3', f'MEB d={d}', 'mz', baselines, row['mz'] - row[best], 'Table 3',
+            f'd = {d}: MZAttn-Full {row["mz"]}; best PMA baseline {best} {row[best]} (every '
+            f'PMA baseline <= 0.025; FiLM not in the table)'))
+    paper = {(f'MEB d={d}', m): v for d in (8, 16, 32)
+             for m, v in zip(GEOMETRY_MODELS, GEOMETRY[('MEB', d)])}
+    return Claim('table3', 'MEB radius across dimensions: the collapse of the PMA baselines',
+                 cells, ('mz', ) + baselines + ('deepsets', ), tuple(comparisons), paper,
+                 paper_seeds=5)
+
+
+def _table7() -> Claim:
+    cells = (dict(label='quad L=8', task='quadratic-tdof', kwargs=dict(d=32, tdof=8)),
+             dict(label='MEB d=8', task='meb-radius', kwargs=dict(d=8)),
+             dict(label='CN d=8', task='covariance-norm', kwargs=dict(d=8)))
+    comparisons = []
+    paper = {}
+    for cell in cells:
+        row = {m: TABLE7[m][TABLE7_CELLS.index(cell['label'])] for m in TABLE7}
+        paper.update({(cell['label'], m): v for m, v in row.items()})
+        first, second = sorted(row, key=row.get, reverse=True)[:2]
+        text = ', '.join(f'{m} {v}' for m, v in row.items())
+        comparisons.append(Comparison('table7', cell['label'], first, (second, ),
+                                      row[first] - row[second], 'Table 7',
+                                      f"{cell['label']}: {text} (paper's best minus runner-up)"))
+    return Claim('table7', 'Equivariance against context-adaptivity: EGNN, MZ, ST-Large '
+                 '(quadratic TDOF at d = 32; the paper does not give its d)', cells,
+                 ('egnn', 'mz', 'st-large'), tuple(comparisons), paper, paper_seeds=3)
+
+
+def _table28() -> Claim:
+    attention = ('rigid', 'st-large')
+    cells = tuple(dict(label=f'QM9 {t}', task='qm9', kwargs=dict(source='qm9pack', target=t))
+                  for t in ('mu', 'alpha'))
+    comparisons = []
+    for t in ('mu', 'alpha'):
+        best = max(attention, key=lambda m: TABLE28[m][t])
+        comparisons.append(Comparison(
+            'table28', f'QM9 {t}', 'mz', attention, TABLE28['mz'][t] - TABLE28[best][t],
+            'Table 28', f'{t}: MZAttn {TABLE28["mz"][t]}, Standard {TABLE28["rigid"][t]}, '
+            f'ST-Large {TABLE28["st-large"][t]} (claim: MZ within 0.05 R² of the best attention '
+            f'baseline, leading on none)'))
+    paper = {(f'QM9 {t}', m): TABLE28[m][t] for t in ('mu', 'alpha')
+             for m in ('mz', 'rigid', 'st-large', 'deepsets') if t in TABLE28[m]}
+    return Claim('table28', 'QM9 mu and alpha (qm9pack source): MZ among the attention models',
+                 cells, ('mz', 'rigid', 'st-large', 'egnn', 'deepsets'), tuple(comparisons),
+                 paper, paper_seeds=3)
+
+
+CLAIMS: Dict[str, Claim] = {c.name: c for c in (_table1(), _table3(), _table7(), _table28())}
+#: Every claim in report order; ``table30`` reads the operator benchmark instead of training.
+CLAIM_NAMES = tuple(CLAIMS) + ('table30', )
+
+
+# -- the store of finished runs ----------------------------------------------------------------
+_KEY_CONFIG = ('epochs', 'batch_size', 'lr', 'weight_decay', 'warmup_epochs', 'schedule',
+               'grad_clip', 'patience', 'min_delta', 'restore_best', 'normalize_targets')
+
+
+def run_key(cell: Mapping[str, Any], spec: str, seed: int,
+            config: TrainConfig) -> Dict[str, Any]:
+    r"""What identifies a run: task, task arguments with set counts, model spec, seed and the
+    training configuration that changes results (not the device or where files go)."""
+    return dict(task=cell['task'], kwargs=json.loads(json.dumps(dict(cell.get('kwargs', {})),
+                                                                sort_keys=True)),
+                model=spec, seed=seed, config={k: getattr(config, k) for k in _KEY_CONFIG})
+
+
+class RunStore:
+    r"""Finished runs as one JSON file each under :obj:`root`
+    (``<task>/<model>/<task args>_lr.._wd.._s<seed>_<hash>.json``), and the checkpoints of runs in
+    progress under :obj:`checkpoints` (deleted when the run's file is written)."""
+    def __init__(self, root: str, checkpoints: str):
+        self.root = root
+        self.checkpoints = checkpoints
+        self._pending: Dict[Tuple[str, str, int], Tuple[str, Dict[str, Any], str]] = {}
+
+    def _paths(self, key: Mapping[str, Any]) -> Tuple[str, str]:
+        digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
+        args = '_'.join(f'{k}={v}' for k, v in sorted(key['kwargs'].items())
+                        if k not in ('n_train', 'n_val', 'n_test', 'source'))
+        model = key['model'].replace(':', '_').replace(',', '_').replace('=', '')
+        name = (f"{args or 'default'}_lr{key['config']['lr']:g}_wd{key['config']['weight_decay']:g}"
+                f"_s{key['seed']}_{digest}")
+        return (os.path.join(self.root, key['task'], model, name + '.json'),
+                os.path.join(self.checkpoints, digest))
+
+    def config_for(self, cell: Mapping[str, Any], spec: str, seed: int,
+                   config: TrainConfig) -> TrainConfig:
+        r""":obj:`config` for this run, checkpointing into the run's folder and resuming from
+        its checkpoint if one is there."""
+        config = replace(config, seed=seed, out_dir=None, resume=None)
+        _, ckpt = self._paths(run_key(cell, spec, seed, config))
+        resume = os.path.join(ckpt, 'checkpoint.pt')
+        return replace(config, out_dir=ckpt, resume=resume if os.path.exists(resume) else None)
+
+    def cached(self, cell: Mapping[str, Any], spec: str, seed: int,
+               config: TrainConfig) -> Optional[Dict[str, object]]:
+        r"""The finished run's record, or :obj:`None` (then the run is remembered for
+        :meth:`save`)."""
+        key = run_key(cell, spec, seed, config)
+        path, ckpt = self._paths(key)
+        if os.path.exists(path):
+            with open(path) as f:
+                record = json.load(f)
+            if record.get('key') == key:  # as this cell and spec call it (runs are shared)
+                return dict(record, cell=cell['label'], model=spec)
+        self._pending[(cell['label'], spec, seed)] = (path, key, ckpt)
+        return None
+
+    def save(self, record: Dict[str, object]) -> Optional[Dict[str, object]]:
+        r"""Writes a newly trained run (a record of :func:`~torch_mz.compare.run_grid`) with its
+        key and validation-loss curve, removes its checkpoint and returns what it wrote;
+        :obj:`None` for a run read back from the store."""
+        pending = self._pending.pop((str(record['cell']), str(record['model']),
+                                     int(record['seed'])), None)
+        if pending is None:  # a cached run
+            return None
+        path, key, ckpt = pending
+        record = dict(record, key=key, val_loss_curve=_val_curve(ckpt))
+        text = json.dumps(record, indent=1, sort_keys=True) + '\n'
+        atomic_write(path, lambda f: f.write(text), binary=False)
+        shutil.rmtree(ckpt, ignore_errors=True)
+        return record
+
+    def files(self, cell: Mapping[str, Any], spec: str, seed: int,
+              config: TrainConfig) -> str:
+        r"""The file of a run (whether it exists or not)."""
+        return self._paths(run_key(cell, spec, seed, replace(config, seed=seed)))[0]
+
+
+def _val_curve(ckpt: str) -> List[float]:
+    path = os.path.join(ckpt, 'metrics.jsonl')
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [round(json.loads(line).get('val_loss', math.nan), 6) for line in f if line.strip()]
+
+
+# -- running a claim ---------------------------------------------------------------------------
+class Reproduction:
+    r"""Runs claims at :obj:`budget`, keeping finished runs in :obj:`out`
+    (``records/<budget>/``; checkpoints of unfinished runs in ``runs/<budget>/``).
+
+    Args:
+        budget (Budget): Set counts, seeds and protocol.
+        out (str): The results folder.
+        device (str, optional): Training device. (default: :obj:`'auto'`)
+        seeds (int, optional): Seeds per (cell, model) instead of the budget's.
+            (default: :obj:`None`)
+        load (callable, optional): :func:`~torch_mz.tasks.load_task` or a stand-in (tests).
+        on_result (callable, optional): Called with every newly trained run's record (with its
+            ``key``) as it finishes (for progress output).
+        sweep_cells (dict, optional): Instead of :data:`SWEEP_CELLS`.
+    """
+    def __init__(self, budget: Budget, out: str, device: str = 'auto',
+                 seeds: Optional[int] = None, load: Optional[Callable[..., Any]] = None,
+                 on_result: Optional[Callable[[Dict[str, object]], None]] = None,
+                 sweep_cells: Optional[Mapping[str, Mapping[str, Any]]] = None):
+        self.budget = budget
+        self.out = out
+        self.device = device
+        self.seeds = seeds
+        self.on_result = on_result
+        self.sweep_cells = dict(SWEEP_CELLS if sweep_cells is None else sweep_cells)
+        self.store = RunStore(os.path.join(out, 'records', budget.name),
+                              os.path.join(out, 'runs', budget.name))
+        self._tasks: Dict[str, Any] = {}
+        if load is None:
+            from torch_mz.tasks import load_task as load
+        self._load_task = load
+        self.choices: Dict[Tuple[str, str], Tuple[float, float]] = {}
+
+    def _load(self, name: str, seed: int = 0, **kwargs):
+        # one copy of each cell's data for the sweep and all claims
+        key = json.dumps(dict(name=name, seed=seed, **kwargs), sort_keys=True, default=str)
+        if key not in self._tasks:
+            self._tasks[key] = self._load_task(name, seed=seed, **kwargs)
+        return self._tasks[key]
+
+    def sized(self, cell: Mapping[str, Any]) -> Dict[str, Any]:
+        r""":obj:`cell` with the budget's set counts."""
+        n = self.budget.qm9_sizes if cell['task'] == 'qm9' else (
+            self.budget.n_train, self.budget.n_val, self.budget.n_test)
+        return dict(cell, kwargs=dict(cell.get('kwargs', {}), n_train=n[0], n_val=n[1],
+                                      n_test=n[2]))
+
+    def base_config(self, task: str) -> TrainConfig:
+        config = self.budget.config(device=self.device)
+        if self.budget.paper_batch and task in GEOMETRIC_TASKS:
+            config = replace(config, batch_size=256)
+        return config
+
+    def _grid(self, cells, models, seeds, config_of) -> Tuple[List[Dict], List[Dict]]:
+        def on_result(record):
+            saved = self.store.save(record)
+            if saved is not None and self.on_result is not None:
+                self.on_result(saved)
+        return run_grid(
+            cells, models, seeds, self.base_config(cells[0]['task']), load=self._load,
+            on_result=on_result,
+            config_for=lambda c, s, k: self.store.config_for(c, s, k, config_of(c, s)),
+            cached=self.store.cached)
+
+    def sweep(self, task: str, models: Sequence[str]) -> Dict[str, Tuple[float, float]]:
+        r"""The ``(lr, weight_decay)`` of each model on :obj:`task`: every point of the budget's
+        grid trained with seed 0 on the task's sweep cell, the lowest best validation loss
+        chosen (the first point on a tie). A one-point grid trains nothing."""
+        grid = self.budget.sweep
+        todo = [m for m in models if (task, m) not in self.choices]
+        if len(grid) == 1:
+            self.choices.update({(task, m): grid[0] for m in todo})
+        elif todo:
+            cell = self.sized(self.sweep_cells[task])
+            losses: Dict[str, List[float]] = {m: [] for m in todo}
+            for lr, wd in grid:
+                runs, _ = self._grid([cell], todo, 1, lambda c, s, lr=lr, wd=wd: replace(
+                    self.base_config(task), lr=lr, weight_decay=wd))
+                for run in runs:
+                    losses[str(run['model'])].append(float(run['val'].get('loss', math.inf)))
+            for m in todo:
+                self.choices[(task, m)] = grid[int(np.argmin(losses[m]))]
+        return {m: self.choices[(task, m)] for m in models}
+
+    def run(self, claim: Claim) -> Tuple[List[Dict[str, object]], List[Dict[str, object]]]:
+        r"""Trains (or reads back) every run of :obj:`claim` and returns ``(records, runs)``:
+        one summary record per comparison and the run records."""
+        seeds = self.seeds or self.budget.seeds or claim.paper_seeds
+        runs: List[Dict[str, object]] = []
+        files: List[str] = []
+        for task in dict.fromkeys(c['task'] for c in claim.cells):
+            cells = [self.sized(c) for c in claim.cells if c['task'] == task]
+            chosen = self.sweep(task, claim.models)
+
+            def config_of(c, spec, task=task, chosen=chosen):
+                lr, wd = chosen[spec]
+                return replace(self.base_config(task), lr=lr, weight_decay=wd)
+            task_runs, _ = self._grid(cells, claim.models, seeds, config_of)
+            runs += task_runs
+            files += [self.store.files(c, m, k, config_of(c, m)) for c in cells
+                      for m in claim.models for k in range(seeds)]
+        sweep = {f'{m} on {t}': dict(lr=lr, weight_decay=wd)
+                 for (t, m), (lr, wd) in self.choices.items() if m in claim.models
+                 and t in {c['task'] for c in claim.cells}}
+        records = [self.record(comparison, claim, runs, seeds, sweep)
+                   for comparison in claim.comparisons]
+        for r in records:
+            r['files'] = [os.path.relpath(f, self.out) for f in files]
+        return records, runs
+
+    def record(self, comparison: Comparison, claim: Claim, runs: Sequence[Mapping[str, Any]],
+               seeds: int, sweep: Mapping[str, Any]) -> Dict[str, object]:
+        r"""The summary record of one comparison from the runs of its cell."""
+        cell_runs = [r for r in runs if r['cell'] == comparison.cell]
+        r2 = {m: {int(r['seed']): float(r['test'].get('r2', math.nan)) for r in cell_runs
+                  if r['model'] == m} for m in claim.models}
+        figures = {m: dict(r2=_mean(list(v.values())), r2_std=_std(list(v.values())),
+                           seeds=len(v)) for m, v in r2.items()}
+        b = max(comparison.b, key=lambda m: figures[m]['r2'] if math.isfinite(
+            figures[m]['r2']) else -math.inf)
+        common = sorted(set(r2[comparison.a]) & set(r2[b]))
+        diffs = [r2[comparison.a][k] - r2[b][k] for k in common]
+        mean, spread = _mean(diffs), _std(diffs, ddof=1)
+        cell = next(c for c in claim.cells if c['label'] == comparison.cell)
+        epochs = [int(r['epochs_run']) for r in cell_runs]
+        return dict(
+            claim=f'{comparison.claim} {comparison.cell}: R²({comparison.a}) - R²({b})',
+            paper=dict(value=comparison.paper, source=comparison.source, text=comparison.text),
+            ours=dict(mean=mean, std=spread, seeds=len(diffs), a=comparison.a, b=b,
+                      models=figures),
+            budget=self.budget.name, n_train=self.sized(cell)['kwargs']['n_train'],
+            epochs_run=dict(min=min(epochs, default=0), max=max(epochs, default=0),
+                            stopped_early=sum(bool(r['stopped_early']) for r in cell_runs),
+                            runs=len(cell_runs)),
+            seeds=seeds, sweep=dict(sweep),
+            verdict=verdict(comparison.paper, mean, spread, len(diffs)),
+            command=f'python benchmarks/reproduce.py --budget {self.budget.name} --claims '
+                    f'{claim.name}')
+
+
+def _mean(values: Sequence[float]) -> float:
+    return float(np.mean(values)) if len(values) else math.nan
+
+
+def _std(values: Sequence[float], ddof: int = 0) -> float:
+    return float(np.std(values, ddof=ddof)) if len(values) > ddof else math.nan
+
+
+# -- Table 30 ----------------------------------------------------------------------------------
+def overhead_records(path: str, budget: str) -> List[Dict[str, object]]:
+    r"""Table 30's claims (parameter, training-step and inference ratios ``mz`` / ``rigid``)
+    from the operator benchmark's JSON (``benchmarks/training_step.py``), compared with the
+    paper's Small configuration (d = 64, n = 30; the benchmark's sets are larger, see its
+    file). A missing file gives inconclusive records that say how to make it."""
+    small = TABLE30['Small (d=64, n=30)']
+    wanted = (('params', small[0], 'params', None), ('training step', small[2], 'step_times_s',
+                                                     'step_s'),
+              ('inference', small[1], 'infer_times_s', 'infer_s'))
+    rows = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            rows = {r['model']: r for r in json.load(f).get('rows', [])}
+    out = []
+    for what, paper, samples, median in wanted:
+        mean, spread, n = math.nan, math.nan, 0
+        if 'mz' in rows and 'rigid' in rows:
+            mz, rigid = rows['mz'], rows['rigid']
+            if median is None:
+                mean, spread, n = mz[samples] / rigid[samples], 0.0, None
+            else:
+                ratios = [a / b for a, b in zip(mz[samples], rigid[samples])]
+                mean, spread, n = mz[median] / rigid[median], _std(ratios, ddof=1), len(ratios)
+        out.append(dict(
+            claim=f'table30 {what}: mz / rigid', budget=budget,
+            paper=dict(value=paper, source='Table 30',
+                       text='Small (d=64, n=30): params 1.9x, inference 2.4x, training 2.2x; '
+                            'Medium/Large: training 3.8x/5.5x, inference 2.5x/2.7x (RTX 5090, '
+                            'batch 64)'),
+            ours=dict(mean=mean, std=spread, seeds=n, source=os.path.basename(path)
+                      if rows else f'{path} missing: run python benchmarks/training_step.py'),
+            n_train=None, epochs_run=None, seeds=n,
+            verdict=verdict(paper - 1, mean - 1, spread, n) if rows else 'inconclusive',
+            command='python benchmarks/training_step.py && python benchmarks/reproduce.py '
+                    f'--budget {budget} --claims table30'))
+    return out
+
+
+# -- the report --------------------------------------------------------------------------------
+def claim_path(out: str, claim: str, budget: str) -> str:
+    r"""Where a finished claim's records are kept."""
+    return os.path.join(out, 'claims', f'{claim}.{budget}.json')
+
+
+def save_claim(out: str, claim: str, budget: str, records: Sequence[Mapping]) -> str:
+    path = claim_path(out, claim, budget)
+    text = json.dumps(list(records), indent=1) + '\n'
+    atomic_write(path, lambda f: f.write(text), binary=False)
+    return path
+
+
+def load_claims(out: str) -> List[Dict[str, object]]:
+    r"""Every claim record kept under :obj:`out`, in :data:`CLAIM_NAMES` order, then by
+    budget."""
+    folder = os.path.join(out, 'claims')
+    if not os.path.isdir(folder):
+        return []
+    order = {n: i for i, n in enumerate(CLAIM_NAMES)}
+    names = sorted(os.listdir(folder), key=lambda n: (order.get(n.split('.')[0], 99), n))
+    records: List[Dict[str, object]] = []
+    for name in names:
+        if name.endswith('.json'):
+            with open(os.path.join(folder, name)) as f:
+                records += json.load(f)
+    return records
+
+
+def summary_table(records: Sequence[Mapping[str, Any]]) -> str:
+    r"""The summary as a Markdown table (one row per claim record)."""
+    def num(v, signed=True):
+        return 'n/a' if v is None or not math.isfinite(v) else (f'{v:+.3f}' if signed
+                                                                   else f'{v:.3f}')
+    lines = ['| claim | paper | ours (mean ± std) | verdict | budget | n_train | epochs run | '
+             'seeds |', '|---|---|---|---|---|---|---|---|']
+    for r in records:
+        ours, ep = r['ours'], r.get('epochs_run')
+        epochs = (f"{ep['min']}-{ep['max']} ({ep['stopped_early']}/{ep['runs']} stopped early)"
+                  if ep else '')
+        lines.append(f"| {r['claim']} | {num(r['paper']['value'])} ({r['paper']['source']}) | "
+                     f"{num(ours['mean'])} ± {num(ours['std'], False)} | **{r['verdict']}** | "
+                     f"{r['budget']} | {r.get('n_train') or ''} | {epochs} | "
+                     f"{r.get('seeds') or ''} |")
+    return '\n'.join(lines) + '\n'
+
+
+def models_table(records: Sequence[Mapping[str, Any]]) -> str:
+    r"""Test R² of every model in every cell behind the records (mean ± std over seeds)."""
+    lines = []
+    for r in records:
+        models = r['ours'].get('models')
+        if not models:
+            continue
+        cells = ', '.join(f"{m} {v['r2']:.3f} ± {v['r2_std']:.3f}" for m, v in models.items())
+        lines.append(f"- {r['claim'].split(':')[0]} ({r['budget']}): {cells}; paper: "
+                     f"{r['paper']['text']}")
+    return '\n'.join(lines) + '\n'
