@@ -174,3 +174,18 @@ def test_values_of_a_wrong_shape_are_refused():
     q, k, v, q_set, kv_set = _random_problem([2], [3], seed=0)
     with pytest.raises(ValueError, match='values'):
         grouped_attention(q, k, v[:2], q_set, kv_set, 1)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='CUDA not available')
+@pytest.mark.parametrize('path', ['dense', 'scatter'])
+def test_cuda_attention_matches_cpu(path):
+    q, k, v, q_set, kv_set = _random_problem([3, 0, 1, 6, 40], [2, 3, 0, 6, 35], seed=13)
+    inputs = [t.clone().requires_grad_() for t in (q, k, v)]
+    ref = grouped_attention(*inputs, q_set, kv_set, 5, path=path)
+    ref.pow(2).sum().backward()
+    cuda = [t.detach().cuda().requires_grad_() for t in (q, k, v)]
+    out = grouped_attention(*cuda, q_set.cuda(), kv_set.cuda(), 5, path=path)
+    out.pow(2).sum().backward()
+    torch.testing.assert_close(out.cpu(), ref)
+    for a, b in zip(cuda, inputs):
+        torch.testing.assert_close(a.grad.cpu(), b.grad)

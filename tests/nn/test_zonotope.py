@@ -115,3 +115,21 @@ def test_fused_layer_norm_jacobian_matches_autograd_reference(affine):
     assert torch.autograd.gradcheck(
         lambda cc, gg, w: _LayerNormJacobian.apply(cc, gg, w, 1e-5),
         (c[:3].clone().requires_grad_(), gens[:3].clone().requires_grad_(), weight))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='CUDA not available')
+def test_cuda_fused_layer_norm_jacobian_matches_cpu():
+    norm = torch.nn.LayerNorm(64).double()
+    g = torch.Generator().manual_seed(3)
+    c = torch.randn(10, 64, generator=g, dtype=torch.float64)
+    gens = torch.randn(10, 8, 64, generator=g, dtype=torch.float64)
+    results = []
+    for device in ('cpu', 'cuda'):
+        n = norm.to(device)
+        n.zero_grad()
+        cc, gg = c.to(device).requires_grad_(), gens.to(device).requires_grad_()
+        out = zonotope_layer_norm(Zonotope(cc, gg), n)
+        out.gens.pow(2).sum().backward()
+        results.append([t.detach().cpu() for t in (out.gens, cc.grad, gg.grad, n.weight.grad)])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b)

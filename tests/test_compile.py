@@ -1,0 +1,75 @@
+r"""``torch.compile`` runs every preset and MZAggregation and matches eager execution.
+
+The tests compile with the ``aot_eager`` backend: TorchDynamo traces the Python (graph
+breaks included: the size buckets are data-dependent) and AOTAutograd builds the joint forward and
+backward graphs, without generating C++ code, which takes minutes per model on a CPU. Most of them, and the
+``inductor`` test (the default ``torch.compile`` backend), are marked slow.
+"""
+import pytest
+import torch
+from torch_geometric.data import Batch, Data
+
+from torch_mz.models import build_model, list_models
+from torch_mz.nn import MZAggregation
+from tests.nn._sets import make_index
+
+
+def _batch(d_in, sizes, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return Batch.from_data_list([Data(x=torch.randn(n, d_in, generator=g)) for n in sizes])
+
+
+def _small(name):
+    kwargs = dict(pos_dim=3) if name.startswith('egnn') else {}
+    if name not in ('deepsets', ) and not name.startswith('egnn') and name != 'perceiver':
+        kwargs.update(dim=16, d_ff=16)
+    return kwargs
+
+
+def _check(model, args, backend):
+    torch.manual_seed(0)
+    model.eval()
+    eager = model(*args)
+    compiled = torch.compile(model, backend=backend, dynamic=False)
+    out = compiled(*args)
+    eager = eager if isinstance(eager, tuple) else (eager, )
+    out = out if isinstance(out, tuple) else (out, )
+    for a, b in zip(eager, out):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+    out[0].square().sum().backward()
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert any(g is not None for g in grads)
+    assert all(torch.isfinite(g).all() for g in grads if g is not None)
+
+
+# compiling takes seconds per model even without code generation: the default run covers the
+# paper's model and the equivariant baseline, the slow run every preset
+FAST = ('mz', 'egnn')
+
+
+@pytest.mark.parametrize('name', [
+    name if name in FAST else pytest.param(name, marks=pytest.mark.slow)
+    for name in sorted(list_models())])
+def test_compiled_preset_matches_eager(name):
+    torch._dynamo.reset()
+    model = build_model(name, 3, 2, **_small(name))
+    _check(model, (_batch(3, [4, 1, 6]), ), 'aot_eager')
+
+
+@pytest.mark.parametrize('kwargs', [{}, pytest.param(dict(preset='paper', dim=16, d_ff=16),
+                                                    marks=pytest.mark.slow)])
+def test_compiled_aggregation_matches_eager(kwargs):
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    aggr = MZAggregation(5, **kwargs)
+    index = make_index([3, 0, 5, 1], shuffle=True, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(index.numel(), 5)
+    _check(aggr, (x, index), 'aot_eager')
+
+
+@pytest.mark.slow
+def test_inductor_compiled_aggregation_matches_eager():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    aggr = MZAggregation(5)
+    _check(aggr, (torch.randn(9, 5), make_index([4, 5])), 'inductor')
