@@ -293,3 +293,60 @@ def test_presets_fill_only_what_is_left_unset():
     assert MZAggregation(3, preset='paper', dim=32, encoder='sab').encoder == 'sab'
     with pytest.raises(ValueError, match='preset'):
         MZAggregation(3, preset='large')
+
+
+@settings(max_examples=15, deadline=None)
+@given(sizes=st.lists(st.integers(0, 6), min_size=0, max_size=5), seed=st.integers(0, 9999),
+       dtype=st.sampled_from([torch.float32, torch.float64]),
+       scale=st.sampled_from([1e-30, 1.0, 1e6, 1e15]),
+       poison=st.sampled_from([None, 'nan', 'inf']), trailing=st.integers(0, 2),
+       value=st.sampled_from(['mz', 'rigid']), encoder=st.sampled_from(['isab', 'sab']))
+def test_fuzz_operator_contract(sizes, seed, dtype, scale, poison, trailing, value, encoder):
+    r"""Random set sizes (0 and 1 included), dtypes, magnitudes up to the documented limit, a NaN
+    or infinite entry, trailing empty sets: the output has one row per set, empty sets give
+    exactly zero, finite input gives finite output, a poisoned set leaves the others unchanged,
+    and index / ptr / unsorted index and the dense / scatter paths agree."""
+    dense = _aggr(dtype=dtype, value=value, encoder=encoder, path='dense')
+    scatter = _aggr(dtype=dtype, value=value, encoder=encoder, path='scatter')
+    scatter.load_state_dict(dense.state_dict())
+    g = torch.Generator().manual_seed(seed)
+    index = make_index(sizes)
+    B = len(sizes) + trailing
+    x = torch.randn(index.numel(), F_IN, generator=g, dtype=torch.float64)
+    if x.numel() > 0:
+        x = x / x.abs().max().clamp(min=1)
+    x = (x * scale).to(dtype)  # largest magnitude at most scale
+    out = dense(x, index, dim_size=B)
+    assert out.shape == (B, F_IN) and out.dtype == dtype
+    empty = torch.tensor(sizes + [0] * trailing) == 0
+    assert torch.equal(out[empty], torch.zeros_like(out[empty]))
+    assert torch.isfinite(out).all()
+    tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else {}
+    ptr = ptr_from_sizes(sizes + [0] * trailing)
+    torch.testing.assert_close(dense(x, ptr=ptr), out, **tol)
+    torch.testing.assert_close(scatter(x, index, dim_size=B), out, **tol)
+    perm = torch.randperm(index.numel(), generator=g)
+    torch.testing.assert_close(dense(x[perm], index[perm], dim_size=B), out, **tol)
+    if poison is not None and index.numel() > 0:
+        bad = x.clone()
+        bad[0, 0] = float(poison)
+        poisoned = dense(bad, index, dim_size=B)
+        others = torch.arange(B) != index[0]
+        torch.testing.assert_close(poisoned[others], out[others], **tol)
+
+
+@pytest.mark.parametrize('encoder', ['isab', 'sab'])
+def test_checkpointed_blocks_give_the_same_values_and_gradients(encoder):
+    aggr = _aggr(encoder=encoder, dropout=0.1).train()
+    ckpt = _aggr(encoder=encoder, dropout=0.1, checkpoint=True).train()
+    ckpt.load_state_dict(aggr.state_dict())
+    index = make_index([3, 0, 5, 1])
+    results = []
+    for module in (aggr, ckpt):
+        torch.manual_seed(4)  # same dropout masks
+        x = _x(9, 2).requires_grad_()
+        out = module(x, index)
+        out.pow(2).sum().backward()
+        results.append([out, x.grad] + [p.grad for p in module.parameters()])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b)

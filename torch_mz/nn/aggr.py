@@ -154,6 +154,10 @@ class MZAggregation(Aggregation):
             :obj:`chunk_size` elements), which bounds the memory of very large batches (e.g.
             :obj:`131072` for a million points); the result is the same as without chunking.
             :obj:`None` processes the batch at once (default: :obj:`None`).
+        checkpoint (bool): Recompute each block's activations in the backward pass instead of
+            keeping them (:func:`torch.utils.checkpoint.checkpoint`): training memory falls to
+            about one block's activations plus the block inputs, at the cost of a second forward
+            of each block; the values and gradients are the same (default: :obj:`False`).
 
     Shapes:
         - **input:** :math:`(N, F_{in})`, ``index`` :math:`(N,)` or ``ptr`` :math:`(B+1,)`
@@ -167,7 +171,8 @@ class MZAggregation(Aggregation):
                  num_encoder_blocks: Optional[int] = None, encoder: Optional[str] = None,
                  num_decoder_blocks: int = 1, d_ff: Optional[int] = None, summary: str = 'mean',
                  dropout: float = 0.0, log_n: bool = False, readout: str = 'ihw',
-                 path: str = 'auto', chunk_size: Optional[int] = None):
+                 path: str = 'auto', chunk_size: Optional[int] = None,
+                 checkpoint: bool = False):
         super().__init__()
         if in_channels <= 0 or heads <= 0:
             raise ValueError(f"'in_channels' and 'heads' must be positive (got {in_channels} "
@@ -217,6 +222,7 @@ class MZAggregation(Aggregation):
         self.readout = readout
         self.path = path
         self.chunk_size = chunk_size
+        self.checkpoint = checkpoint
 
         block_kwargs = dict(heads=heads, num_generators=num_generators, d_ff=d_ff, value=value,
                             num_matrix_generators=num_matrix_generators, rank=rank,
@@ -292,14 +298,28 @@ class MZAggregation(Aggregation):
         return Zonotope(torch.cat([p.center for p in parts], 0),
                         torch.cat([p.gens for p in parts], 0))
 
+    def _run(self, block, z: Zonotope, set_id: Tensor, num_sets: int) -> Zonotope:
+        r"""Runs one block, under activation checkpointing when :attr:`checkpoint` is set and
+        gradients are being recorded."""
+        if not (self.checkpoint and torch.is_grad_enabled()):
+            return block(z, set_id, num_sets)
+
+        def fn(center: Tensor, gens: Tensor):
+            out = block(Zonotope(center, gens), set_id, num_sets)
+            return out.center, out.gens
+
+        center, gens = torch.utils.checkpoint.checkpoint(fn, z.center, z.gens,
+                                                         use_reentrant=False)
+        return Zonotope(center, gens)
+
     def _encode(self, x: Tensor, set_id: Tensor, num_sets: int) -> Zonotope:
         z = self.input_proj(x)  # (N, d), (N, n_g, d)
         for block in self.encoders:
-            z = block(z, set_id, num_sets)  # (N, d), (N, n_g, d)
-        z = self.pma(z, set_id, num_sets)  # (B * k, d), (B * k, n_g, d)
+            z = self._run(block, z, set_id, num_sets)  # (N, d), (N, n_g, d)
+        z = self._run(self.pma, z, set_id, num_sets)  # (B * k, d), (B * k, n_g, d)
         pooled_set = torch.arange(num_sets, device=x.device).repeat_interleave(self.num_seeds)
         for block in self.decoders:
-            z = block(z, pooled_set, num_sets)  # (B * k, d), (B * k, n_g, d)
+            z = self._run(block, z, pooled_set, num_sets)  # (B * k, d), (B * k, n_g, d)
         return z
 
     def readout_features(self, z: Zonotope, counts: Tensor) -> Tensor:
