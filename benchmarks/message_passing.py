@@ -14,6 +14,8 @@ are taken between medians of the same run. Aggregations:
   layout (standard attention, no generators),
 * ``default``: ``MZAggregation(d)``: the neighbourhood preset with the matrix-zonotope value
   operator and the Slim generator budget (n_g = 2, L = 1),
+* ``default-ckpt``: the same with ``checkpoint=True`` (activations recomputed in the backward
+  pass), only on the largest graphs, where memory matters,
 * ``mz-ng8``: ``MZAggregation(d, num_generators=8, num_matrix_generators=4)``: the paper's
   generator budget in the same structure,
 * ``paper``: ``MZAggregation(d, preset='paper')``: the paper's MZ-Set Transformer body (two
@@ -35,7 +37,7 @@ import torch
 from torch_mz.benchmark import (environment, markdown_table, peak_memory_bytes, time_call,
                                 write_json)
 
-AGGRS = ('pyg', 'rigid', 'default', 'mz-ng8', 'paper')
+AGGRS = ('pyg', 'rigid', 'default', 'default-ckpt', 'mz-ng8', 'paper')
 CONVS = ('sage', 'graph')
 
 
@@ -67,6 +69,8 @@ def build_aggr(name: str, d: int):
         return MZAggregation(d, value='rigid', num_generators=0)
     if name == 'default':
         return MZAggregation(d)
+    if name == 'default-ckpt':
+        return MZAggregation(d, checkpoint=True)
     if name == 'mz-ng8':
         return MZAggregation(d, num_generators=8, num_matrix_generators=4)
     if name == 'paper':
@@ -79,17 +83,19 @@ def run_one(cfg: dict) -> dict:
     from torch_geometric.nn import GraphConv, SAGEConv
     torch.set_num_threads(cfg['threads'])
     torch.manual_seed(0)
-    edge_index = random_graph(cfg['nodes'], cfg['degrees'], seed=cfg['seed'])
-    x = torch.randn(cfg['nodes'], cfg['dim'], generator=torch.Generator().manual_seed(1))
+    device = torch.device(cfg.get('device', 'cpu'))
+    edge_index = random_graph(cfg['nodes'], cfg['degrees'], seed=cfg['seed']).to(device)
+    x = torch.randn(cfg['nodes'], cfg['dim'],
+                    generator=torch.Generator().manual_seed(1)).to(device)
     conv_cls = SAGEConv if cfg['conv'] == 'sage' else GraphConv
-    conv = conv_cls(cfg['dim'], cfg['dim'], aggr=build_aggr(cfg['aggr'], cfg['dim']))
+    conv = conv_cls(cfg['dim'], cfg['dim'], aggr=build_aggr(cfg['aggr'], cfg['dim'])).to(device)
 
     def step():
         conv.zero_grad(set_to_none=True)
         conv(x, edge_index).square().mean().backward()
 
-    peak = peak_memory_bytes(step, torch.device('cpu'))
-    times = time_call(step, repeats=cfg['repeats'], warmup=1)
+    peak = peak_memory_bytes(step, device)
+    times = time_call(step, repeats=cfg['repeats'], warmup=1, device=device)
     deg = torch.bincount(edge_index[1], minlength=cfg['nodes'])
     return dict(cfg, edges=int(edge_index.size(1)), max_degree=int(deg.max()),
                 median_ms=1000 * float(np.median(times)), times_ms=[1000 * t for t in times],
@@ -159,11 +165,17 @@ def main():
                         help='graph size at which GraphConv is also measured (0: never)')
     parser.add_argument('--paper-max-nodes', type=int, default=1000,
                         help="largest graph for the 'paper' body (16 inducing tokens per set)")
+    parser.add_argument('--ng8-max-nodes', type=int, default=10000,
+                        help="largest graph for 'mz-ng8' (the paper's generator budget)")
+    parser.add_argument('--ckpt-min-nodes', type=int, default=100000,
+                        help="smallest graph for 'default-ckpt'")
     parser.add_argument('--power-law-max-nodes', type=int, default=10000,
                         help='largest power-law graph (its hub has ~8% of all edges, and an SAB '
                              'is quadratic in it)')
     parser.add_argument('--repeats', type=int, default=5)
     parser.add_argument('--threads', type=int, default=1)
+    parser.add_argument('--device', default='cpu', help="'cpu' or 'cuda' (GPU memory is the "
+                        "allocator's peak)")
     parser.add_argument('--timeout', type=float, default=900,
                         help='seconds per configuration before it is reported as timed out')
     parser.add_argument('--quick', action='store_true',
@@ -189,11 +201,16 @@ def main():
                     for aggr in args.aggrs.split(','):
                         if aggr == 'paper' and nodes > args.paper_max_nodes:
                             continue
+                        if aggr == 'mz-ng8' and nodes > args.ng8_max_nodes:
+                            continue
+                        if aggr == 'default-ckpt' and nodes < args.ckpt_min_nodes:
+                            continue
                         if aggr == 'pyg' and degrees == 'power-law' and nodes > 1000:
                             # pads every node to the hub's degree: nodes x hub x d floats
                             continue
                         cfg = dict(aggr=aggr, conv=conv, degrees=degrees, dim=dim, nodes=nodes,
-                                   repeats=args.repeats, threads=args.threads, seed=0)
+                                   repeats=args.repeats, threads=args.threads, seed=0,
+                                   device=args.device)
                         row = run_subprocess(cfg, args.timeout)
                         rows.append(row)
                         msg = row.get('error') or (f"{row['median_ms']:10.1f} ms  "
@@ -211,7 +228,7 @@ def main():
             entry['rigid/pyg time'] = by['rigid']['median_ms'] / by['pyg']['median_ms']
             if by['rigid'].get('peak_mib') and by['pyg'].get('peak_mib'):
                 entry['rigid/pyg memory'] = by['rigid']['peak_mib'] / by['pyg']['peak_mib']
-        for aggr in ('default', 'mz-ng8', 'paper'):
+        for aggr in ('default', 'default-ckpt', 'mz-ng8', 'paper'):
             if aggr in by and 'rigid' in by:
                 entry[f'{aggr}/rigid time'] = by[aggr]['median_ms'] / by['rigid']['median_ms']
         ratios.append(entry)
@@ -234,12 +251,14 @@ def main():
     row_cols = ['degrees', 'dim', 'nodes', 'edges', 'max_degree', 'conv', 'aggr', 'median_ms',
                 'peak_mib', 'error']
     ratio_cols = ['degrees', 'dim', 'nodes', 'conv', 'rigid/pyg time', 'rigid/pyg memory',
-                  'default/rigid time', 'mz-ng8/rigid time', 'paper/rigid time']
+                  'default/rigid time', 'default-ckpt/rigid time', 'mz-ng8/rigid time',
+                  'paper/rigid time']
     with open(os.path.join(args.out, 'message_passing.md'), 'w') as f:
         f.write('# MZAggregation in message passing against PyG\'s SetTransformerAggregation\n\n'
                 f"Command: `{env['command']}`  \n"
                 f"torch {env['torch']}, torch_geometric {env['torch_geometric']}, "
-                f"{args.threads} thread(s), torch-scatter: {env['torch_scatter']}; "
+                f"{args.threads} thread(s), device {args.device}, "
+                f"torch-scatter: {env['torch_scatter']}; "
                 f"{minutes:.1f} min. Forward + backward of one convolution, median of "
                 f"{args.repeats} calls; peak memory = peak resident set of one call above the "
                 f"state before it, in a fresh process per row.\n\n"

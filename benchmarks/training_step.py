@@ -52,11 +52,14 @@ def build(name: str, radius: float):
 
 def measure(name: str, args, pos, batch, y) -> dict:
     model = build(name, args.egnn_radius)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=1e-5)
     clouds = int(batch.max()) + 1
 
-    data = Batch.from_data_list([Data(x=pos[batch == i])
-                                 for i in range(clouds)])  # x = coordinates for every model
+    device = torch.device(args.device)
+    model = model.to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=1e-5)
+    data = Batch.from_data_list([Data(x=pos[batch == i]) for i in range(clouds)]).to(
+        device)  # x = coordinates for every model
+    y = y.to(device)
 
     def forward():
         out = model(data)
@@ -73,8 +76,8 @@ def measure(name: str, args, pos, batch, y) -> dict:
         with torch.no_grad():
             forward()
 
-    step_times = time_call(train_step, repeats=args.repeats, warmup=1)
-    infer_times = time_call(infer, repeats=args.repeats, warmup=1)
+    step_times = time_call(train_step, repeats=args.repeats, warmup=1, device=device)
+    infer_times = time_call(infer, repeats=args.repeats, warmup=1, device=device)
     flops = count_flops(train_step)
     step = float(np.median(step_times))
     return dict(model=name, params=count_parameters(model), step_s=step,
@@ -113,6 +116,7 @@ def main():
     parser.add_argument('--points', type=int, default=1024)
     parser.add_argument('--repeats', type=int, default=5)
     parser.add_argument('--threads', type=int, default=1)
+    parser.add_argument('--device', default='cpu')
     parser.add_argument('--egnn-radius', type=float, default=0.25)
     parser.add_argument('--quick', action='store_true', help='8 clouds, 3 repeats')
     parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
@@ -122,7 +126,7 @@ def main():
         args.clouds, args.repeats = 8, 3
     torch.set_num_threads(args.threads)
     start = time.time()
-    peak = matmul_peak_flops() / 1e9
+    peak = matmul_peak_flops(device=torch.device(args.device)) / 1e9
     print(f'measured float32 matmul peak: {peak:.1f} GFLOP/s', flush=True)
     pos, batch, y = make_batch(args.clouds, args.points)
     rows = []
@@ -151,7 +155,8 @@ def main():
         f.write(f'# Training step and inference, {args.clouds} clouds x {args.points} points, '
                 f'40 classes\n\n'
                 f"Command: `{env['command']}`  \n"
-                f"torch {env['torch']}, {args.threads} thread(s), {minutes:.1f} min; measured "
+                f"torch {env['torch']}, {args.threads} thread(s), device {args.device}, "
+                f"{minutes:.1f} min; measured "
                 f"float32 matmul peak {peak:.1f} GFLOP/s (2048 x 2048). Medians of "
                 f"{args.repeats} calls; ratios to `rigid` from this run. EGNN on a radius graph "
                 f"(r = {args.egnn_radius}).\n\n" + markdown_table(rows, cols)
