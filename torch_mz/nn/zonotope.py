@@ -77,22 +77,65 @@ class Zonotope:
                 f'num_generators={self.num_generators})')
 
 
-# Token width and generator count from which the fused LayerNorm-Jacobian function is used.
+# Token width and generator count from which the LayerNorm-Jacobian function batches its
+# reductions as matrix products.
 FUSED_MIN_DIM = 32
 FUSED_MIN_GENERATORS = 4
+
+
+def _feature_means(t: Tensor, c_hat: Tensor, cols: Optional[Tensor]):
+    r"""The feature means of :obj:`t` :math:`(N, n_g, d)` and of :math:`\hat{c} \odot t`, each
+    :math:`(N, n_g)`: one two-column batched product when :obj:`cols` (:math:`(N, d, 2)`) is
+    given, elementwise otherwise."""
+    if cols is not None:
+        m = torch.bmm(t, cols)  # (N, n_g, 2)
+        return m[..., 0], m[..., 1]
+    return t.mean(dim=-1), (t * c_hat.unsqueeze(1)).mean(dim=-1)
+
+
+def _sub_rank_two(out: Tensor, a0: Tensor, b0: Tensor, a1: Tensor, b1: Tensor,
+                  batched: bool) -> Tensor:
+    r"""In place, :math:`out \mathrel{-}= a_0 \otimes b_0 + a_1 \otimes b_1` for :math:`a_i`
+    :math:`(N, n_g)` and :math:`b_i` :math:`(N, d)`."""
+    if batched:
+        return out.baddbmm_(torch.stack([a0, a1], dim=-1), torch.stack([b0, b1], dim=1),
+                            alpha=-1.0)
+    out.addcmul_(a0.unsqueeze(-1), b0.unsqueeze(1), value=-1.0)
+    return out.addcmul_(a1.unsqueeze(-1), b1.unsqueeze(1), value=-1.0)
+
+
+def _weighted_row_sum(t: Tensor, w: Tensor, batched: bool) -> Tensor:
+    r""":math:`\sum_g w_g t_g`, :math:`(N, d)`, for :obj:`t` :math:`(N, n_g, d)` and :obj:`w`
+    :math:`(N, n_g)`."""
+    if batched:
+        return torch.bmm(t.transpose(1, 2), w.unsqueeze(-1)).squeeze(-1)
+    return (t * w.unsqueeze(-1)).sum(dim=1)
+
+
+def _weighted_row_sums(t: Tensor, w0: Tensor, w1: Tensor, batched: bool):
+    r""":math:`\sum_g w_{0,g} t_g` and :math:`\sum_g w_{1,g} t_g`, each :math:`(N, d)`, for
+    :obj:`t` :math:`(N, n_g, d)` and weights :math:`(N, n_g)`."""
+    if batched:
+        m = torch.bmm(t.transpose(1, 2), torch.stack([w0, w1], dim=-1))  # (N, d, 2)
+        return m[..., 0], m[..., 1]
+    return (t * w0.unsqueeze(-1)).sum(dim=1), (t * w1.unsqueeze(-1)).sum(dim=1)
 
 
 class _LayerNormJacobian(torch.autograd.Function):
     r"""The generator map of :func:`zonotope_layer_norm` with a hand-written backward.
 
-    Forward and backward each take a few passes over the :math:`(N, n_g, d)` generators: the
-    feature means they need are two-column batched matrix products and the rank-two corrections
-    are one in-place :func:`torch.baddbmm`. Autograd through the elementwise reference takes
-    several times as many passes; :func:`zonotope_layer_norm_reference` is that reference, and the
-    tests check values and gradients of both against each other in float64.
+    Forward and backward each take a few passes over the :math:`(N, n_g, d)` generators and keep
+    only the generators and per-token vectors for the backward (autograd through the elementwise
+    formula keeps five tensors of the generators' size and takes several times as many passes).
+    With many wide generators (``batched``) the feature means are two-column batched matrix
+    products and the rank-two corrections one in-place :func:`torch.baddbmm`; otherwise the same
+    steps run elementwise, which is faster for few or narrow generators.
+    :func:`zonotope_layer_norm_reference` is the autograd reference; the tests check values and
+    gradients of both modes against it in float64.
     """
     @staticmethod
-    def forward(ctx, c: Tensor, g: Tensor, weight: Optional[Tensor], eps: float) -> Tensor:
+    def forward(ctx, c: Tensor, g: Tensor, weight: Optional[Tensor], eps: float,
+                batched: bool) -> Tensor:
         N, d = c.shape
         xc = c - c.mean(dim=-1, keepdim=True)  # (N, d)
         inv = torch.rsqrt(xc.pow(2).mean(dim=-1, keepdim=True) + eps)  # (N, 1)
@@ -100,40 +143,33 @@ class _LayerNormJacobian(torch.autograd.Function):
         a = c_hat.mean(dim=-1, keepdim=True)  # (N, 1), zero up to rounding
         s = inv if weight is None else inv * weight  # (N, 1) or (N, d)
         s = s.expand(N, d)  # (N, d)
-        # feature means of g and of c_hat * g in one product: (N, n_g, d) @ (N, d, 2)
-        cols = torch.stack([torch.full_like(c_hat, 1.0 / d), c_hat / d], dim=-1)  # (N, d, 2)
-        means = torch.bmm(g, cols)  # (N, n_g, 2)
-        g_bar = means[..., 0]  # (N, n_g)
-        p = means[..., 1] - g_bar * a  # (N, n_g), mean((g - g_bar) * c_hat)
-        # out = s * (g - g_bar - c_hat p) = g * s - [g_bar, p] @ [s; c_hat * s]
-        coef = torch.stack([g_bar, p], dim=-1)  # (N, n_g, 2)
-        rows = torch.stack([s, c_hat * s], dim=1)  # (N, 2, d)
-        out = (g * s.unsqueeze(1)).baddbmm_(coef, rows, alpha=-1.0)  # (N, n_g, d)
-        ctx.save_for_backward(g, xc, inv, c_hat, a, s, coef, cols, weight)
+        cols = torch.stack([torch.full_like(c_hat, 1.0 / d), c_hat / d], dim=-1) \
+            if batched else None  # (N, d, 2)
+        g_bar, m = _feature_means(g, c_hat, cols)  # (N, n_g) each
+        p = m - g_bar * a  # (N, n_g), mean((g - g_bar) * c_hat)
+        # out = s * (g - g_bar - c_hat p) = g * s - g_bar (x) s - p (x) (c_hat * s)
+        out = _sub_rank_two(g * s.unsqueeze(1), g_bar, s, p, c_hat * s, batched)
+        ctx.save_for_backward(g, xc, inv, c_hat, a, s, g_bar, p, cols, weight)
         ctx.has_weight = weight is not None
+        ctx.batched = batched
         return out
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
-        g, xc, inv, c_hat, a, s, coef, cols, weight = ctx.saved_tensors
+        g, xc, inv, c_hat, a, s, g_bar, p, cols, weight = ctx.saved_tensors
+        batched = ctx.batched
         d = xc.size(-1)
         grad_out = grad_out.contiguous()
         r = grad_out * s.unsqueeze(1)  # (N, n_g, d), dL/du
-        rmeans = torch.bmm(r, cols)  # (N, n_g, 2): mean(r), q = mean(r * c_hat)
-        r_bar, q = rmeans[..., 0], rmeans[..., 1]  # (N, n_g)
-        p = coef[..., 1]  # (N, n_g)
-        g_bar = coef[..., 0]  # (N, n_g)
+        r_bar, q = _feature_means(r, c_hat, cols)  # mean(r), q = mean(r * c_hat): (N, n_g)
         # dL/dc_hat = -sum_g r_g p_g - sum_g q_g (g_g - g_bar_g)
-        grad_c_hat = -(torch.bmm(r.transpose(1, 2), p.unsqueeze(-1)).squeeze(-1)
-                       + torch.bmm(g.transpose(1, 2), q.unsqueeze(-1)).squeeze(-1)
+        grad_c_hat = -(_weighted_row_sum(r, p, batched) + _weighted_row_sum(g, q, batched)
                        - (q * g_bar).sum(dim=-1, keepdim=True))  # (N, d)
         # dL/ds = sum_g grad_out * u, u = g - g_bar - c_hat p
-        gu = torch.bmm(grad_out.transpose(1, 2), coef)  # (N, d, 2)
-        grad_s = ((grad_out * g).sum(dim=1) - gu[..., 0]
-                  - c_hat * gu[..., 1])  # (N, d)
+        gu0, gu1 = _weighted_row_sums(grad_out, g_bar, p, batched)  # (N, d) each
+        grad_s = (grad_out * g).sum(dim=1) - gu0 - c_hat * gu1  # (N, d)
         # dL/dg = r - mean(r) - (c_hat - a) q, in place on r
-        grad_g = r.baddbmm_(rmeans, torch.stack([torch.ones_like(c_hat), c_hat - a], dim=1),
-                            alpha=-1.0)  # (N, n_g, d)
+        grad_g = _sub_rank_two(r, r_bar, torch.ones_like(c_hat), q, c_hat - a, batched)
         grad_w = None
         if ctx.has_weight:
             grad_inv = (grad_s * weight).sum(dim=-1, keepdim=True)  # (N, 1)
@@ -148,7 +184,7 @@ class _LayerNormJacobian(torch.autograd.Function):
             lam = (grad_c_hat * xc).sum(dim=-1, keepdim=True) + grad_inv  # dL/dinv, (N, 1)
             grad_c = (inv * (grad_c_hat - grad_c_hat.mean(dim=-1, keepdim=True))
                       - inv.pow(3) * lam * xc / d)  # (N, d)
-        return grad_c, grad_g, grad_w, None
+        return grad_c, grad_g, grad_w, None, None
 
 
 def zonotope_layer_norm(z: Zonotope, norm: LayerNorm) -> Zonotope:
@@ -170,13 +206,13 @@ def zonotope_layer_norm(z: Zonotope, norm: LayerNorm) -> Zonotope:
     per-token factor :math:`w / \sigma` as the center, and removes the components LayerNorm itself
     removes (the feature mean and the radial direction :math:`\hat{c}`).
 
-    For tokens of width at least :data:`FUSED_MIN_DIM` with at least
-    :data:`FUSED_MIN_GENERATORS` generators the generator map runs as one autograd function with
-    a hand-written backward (a few passes over the generators instead of the dozen that autograd
-    through the elementwise formula takes: 2.2x faster forward + backward at d = 64,
-    :math:`n_g = 8`); narrower tokens or fewer generators use
-    :func:`zonotope_layer_norm_reference`, the same map with plain autograd, which is faster there
-    (1.4x at d = 16, :math:`n_g = 8`; 1.2-1.7x at :math:`n_g = 2`; one CPU core).
+    The generator map runs as one autograd function with a hand-written backward, which keeps
+    only the generators and per-token vectors for the backward pass and takes a few passes over
+    the generators instead of the dozen that autograd through the elementwise formula takes
+    (:func:`zonotope_layer_norm_reference`, the tested reference). For tokens of width at least
+    :data:`FUSED_MIN_DIM` with at least :data:`FUSED_MIN_GENERATORS` generators its reductions are
+    batched matrix products (2.2x faster forward + backward than the reference at d = 64,
+    :math:`n_g = 8`, one CPU core), otherwise elementwise.
     """
     c = z.center
     d = c.size(-1)
@@ -186,12 +222,11 @@ def zonotope_layer_norm(z: Zonotope, norm: LayerNorm) -> Zonotope:
     out_c = norm(c)
     if z.gens.size(1) == 0:  # plain vector tokens
         return Zonotope(out_c, z.gens.to(out_c.dtype))
-    if d < FUSED_MIN_DIM or z.gens.size(1) < FUSED_MIN_GENERATORS:
-        # few or narrow generators: batched products of tiny matrices cost more
-        return zonotope_layer_norm_reference(z, norm)
+    # few or narrow generators: batched products of tiny matrices cost more than elementwise
+    batched = d >= FUSED_MIN_DIM and z.gens.size(1) >= FUSED_MIN_GENERATORS
     weight = norm.weight.to(out_c.dtype) if norm.weight is not None else None
     g = _LayerNormJacobian.apply(c.to(out_c.dtype), z.gens.to(out_c.dtype).contiguous(), weight,
-                                 norm.eps)
+                                 norm.eps, batched)
     return Zonotope(out_c, g)
 
 
