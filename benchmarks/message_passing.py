@@ -15,7 +15,7 @@ are taken between medians of the same run. Aggregations:
 * ``default``: ``MZAggregation(d)``: the neighbourhood preset with the matrix-zonotope value
   operator and the Slim generator budget (n_g = 2, L = 1),
 * ``default-ckpt``: the same with ``checkpoint=True`` (activations recomputed in the backward
-  pass), only on the largest graphs, where memory matters,
+  pass), only on the largest graphs at d = 16, where memory matters,
 * ``mz-ng8``: ``MZAggregation(d, num_generators=8, num_matrix_generators=4)``: the paper's
   generator budget in the same structure,
 * ``paper``: ``MZAggregation(d, preset='paper')``: the paper's MZ-Set Transformer body (two
@@ -94,8 +94,8 @@ def run_one(cfg: dict) -> dict:
         conv.zero_grad(set_to_none=True)
         conv(x, edge_index).square().mean().backward()
 
-    peak = peak_memory_bytes(step, device)
-    times = time_call(step, repeats=cfg['repeats'], warmup=1, device=device)
+    peak = peak_memory_bytes(step, device)  # this first call is also the warm-up
+    times = time_call(step, repeats=cfg['repeats'], warmup=0, device=device)
     deg = torch.bincount(edge_index[1], minlength=cfg['nodes'])
     return dict(cfg, edges=int(edge_index.size(1)), max_degree=int(deg.max()),
                 median_ms=1000 * float(np.median(times)), times_ms=[1000 * t for t in times],
@@ -169,6 +169,7 @@ def main():
                         help="largest graph for 'mz-ng8' (the paper's generator budget)")
     parser.add_argument('--ckpt-min-nodes', type=int, default=100000,
                         help="smallest graph for 'default-ckpt'")
+    parser.add_argument('--ckpt-dims', default='16', help="widths for 'default-ckpt'")
     parser.add_argument('--power-law-max-nodes', type=int, default=10000,
                         help='largest power-law graph (its hub has ~8% of all edges, and an SAB '
                              'is quadratic in it)')
@@ -203,7 +204,8 @@ def main():
                             continue
                         if aggr == 'mz-ng8' and nodes > args.ng8_max_nodes:
                             continue
-                        if aggr == 'default-ckpt' and nodes < args.ckpt_min_nodes:
+                        if aggr == 'default-ckpt' and (nodes < args.ckpt_min_nodes or str(dim)
+                                                       not in args.ckpt_dims.split(',')):
                             continue
                         if aggr == 'pyg' and degrees == 'power-law' and nodes > 1000:
                             # pads every node to the hub's degree: nodes x hub x d floats
