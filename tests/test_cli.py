@@ -291,3 +291,11 @@ def test_predict_bad_input_exits_2_with_one_line(tmp_path, capsys):
     assert main(['predict', best, '--task', 'max', '--n-test', '3', '--out', str(taken),
                  '--overwrite']) == 0
     assert len(_read_csv(taken)) == 3
+
+
+def test_version_is_the_package_version(capsys):
+    import torch_mz
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(['--version'])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f'torch-mz {torch_mz.__version__}'

@@ -26,10 +26,10 @@ EXIT_USAGE = 2
 
 # The demo: quadratic-TDOF task (TDOF 8) with one MZ layer against a 4-layer standard Set
 # Transformer and EGNN; every model gets the same data, budget, schedule and normalisation.
-DEMO_ARGS = ['compare', '--task', 'quadratic-tdof', '--models', 'mz-1l,st-4l,egnn',
+DEMO_ARGS = ['compare', '--task', 'quadratic-tdof', '--models', 'mz-1l,st-4l,egnn,deepsets',
              '--seeds', '2', '--epochs', '10', '--warmup-epochs', '1', '--lr', '1e-3',
              '--batch-size', '64', '--n-train', '640', '--n-val', '160', '--n-test', '320',
-             '--task-arg', 'd=16', '--task-arg', 'tdof=8', '--out', 'runs/demo']
+             '--task-arg', 'd=16', '--task-arg', 'tdof=8', '--out', 'runs/demo', '--overwrite']
 
 
 class CLIError(Exception):
@@ -381,7 +381,9 @@ def cmd_predict(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from torch_mz import __version__
     parser = argparse.ArgumentParser(prog='torch-mz', description=__doc__.split('\n')[0])
+    parser.add_argument('--version', action='version', version=f'torch-mz {__version__}')
     sub = parser.add_subparsers(dest='command', required=True)
     p = sub.add_parser('tasks', help='list the tasks')
     p.set_defaults(func=cmd_tasks)
