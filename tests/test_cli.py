@@ -186,7 +186,8 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path, capsys):
 
 def test_demo_arguments_parse():
     args = build_parser().parse_args(DEMO_ARGS)
-    assert args.models == 'mz-1l,st-4l,egnn' and args.task == 'quadratic-tdof'
+    assert args.models == 'mz-1l,st-4l,egnn,deepsets' and args.task == 'quadratic-tdof'
+    assert args.overwrite  # the demo may be run again over its own output
 
 
 # issue 13, item 6: model specs with options, read as the benchmarks read them
