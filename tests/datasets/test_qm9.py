@@ -241,7 +241,7 @@ def test_qm9pack_package_is_located_without_importing_it(monkeypatch, tmp_path):
                 for p in paths] == ['qm9_part1.csv', 'qm9_part2.csv', 'qm9_part3.csv']
         assert all(osp.isfile(p) for p in paths)
     monkeypatch.setattr(qm9_module.importlib.util, 'find_spec', lambda name, *a: None)
-    with pytest.raises(ImportError, match='pip install qm9pack'):
+    with pytest.raises(ImportError, match=r"torch_mz\[qm9\]"):
         QM9(str(tmp_path), source='qm9pack', log=False)
 
 

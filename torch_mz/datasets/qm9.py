@@ -83,7 +83,8 @@ def qm9pack_csv_paths() -> List[str]:
     if spec is None or not spec.submodule_search_locations:
         raise ImportError("The offline QM9 source (source='qm9pack') reads the CSV files of the "
                           "'qm9pack' package, which is not installed. Install it with: "
-                          "pip install qm9pack (or pass csv_path=... to a CSV of that format)")
+                          "pip install 'torch_mz[qm9]' (or pass csv_path=... to a CSV of that "
+                          "format)")
     folder = osp.join(list(spec.submodule_search_locations)[0], 'data')
     return [osp.join(folder, name) for name in QM9PACK_FILES]
 
