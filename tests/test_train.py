@@ -15,7 +15,6 @@ import torch.nn.functional as F
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch_geometric.data import Data
 
-import torch_mz.train as train_mod
 from torch_mz.train import (
     CheckpointError,
     TargetNormalizer,
@@ -449,7 +448,7 @@ def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
         f.write(b'half a checkpoint')
         raise OSError('disk full')
 
-    monkeypatch.setattr(train_mod.torch, 'save', failing_save)
+    monkeypatch.setattr(torch, 'save', failing_save)
     with pytest.raises(OSError, match='disk full'):
         save_checkpoint({'x': torch.tensor([2.0])}, path)
     with pytest.raises(OSError, match='disk full'):

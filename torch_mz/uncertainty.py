@@ -356,7 +356,8 @@ def mc_dropout_predict(model: torch.nn.Module, dataset: Sequence, passes: int = 
     """
     from torch_geometric.loader import DataLoader
 
-    from torch_mz.train import _pending_normalizer, resolve_device
+    from torch_mz.train import resolve_device
+    from torch_mz.train.normalize import _pending_normalizer
     normalizer, _ = _pending_normalizer(model, normalizer)
     if passes < 1:
         raise ValueError(f"Expected 'passes' >= 1 (got {passes})")

@@ -1,0 +1,154 @@
+r"""Checkpoints: atomic writes, weights-only loading, the random-number state a resume restores,
+and the ``run_info`` that tells which run wrote a checkpoint."""
+import json
+import os
+import random
+from typing import Any, Dict, Optional, Union
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from torch_mz._files import atomic_write
+
+__all__ = [
+    'CheckpointError',
+    'save_checkpoint',
+    'load_checkpoint',
+    'CHECKPOINT_FORMAT',
+    'CHECKPOINT_VERSION',
+]
+
+CHECKPOINT_FORMAT = 'torch_mz.train'
+CHECKPOINT_VERSION = 1
+
+
+class CheckpointError(ValueError):
+    r"""Raised when a checkpoint is missing, unreadable (corrupt or truncated), not a ``torch_mz``
+    training checkpoint, or does not fit the model it is loaded into."""
+
+
+def save_checkpoint(state: Dict[str, Any], path: Union[str, os.PathLike]) -> None:
+    r"""Writes ``state`` with :func:`torch.save` atomically: into a temporary file in the same
+    directory, flushed to disk, then moved over ``path`` with :func:`os.replace`. If anything fails
+    the temporary file is removed and an existing file at ``path`` is left untouched."""
+    atomic_write(path, lambda f: torch.save(state, f))
+
+
+def load_checkpoint(path: Union[str, os.PathLike],
+                    map_location: Union[str, torch.device] = 'cpu') -> Dict[str, Any]:
+    r"""Loads a checkpoint written by :class:`Trainer` with ``torch.load(..., weights_only=True)``.
+
+    Raises:
+        CheckpointError: If the file does not exist, cannot be read (corrupt or truncated), holds
+            objects other than tensors and plain containers, or is not a ``torch_mz`` checkpoint.
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise CheckpointError(f'Checkpoint {path!r} does not exist')
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # torch.load raises many types for bad files; report them all alike
+        raise CheckpointError(f'Checkpoint {path!r} could not be read; it is corrupt, truncated or '
+                              f'not a weights-only torch file ({type(e).__name__}: {e})') from e
+    if not isinstance(state, dict) or state.get('format') != CHECKPOINT_FORMAT:
+        raise CheckpointError(f'{path!r} is not a torch_mz training checkpoint (expected a dict '
+                              f"with format={CHECKPOINT_FORMAT!r})")
+    missing = [k for k in ('version', 'kind', 'model', 'task_type') if k not in state]
+    if missing:
+        raise CheckpointError(f'Checkpoint {path!r} is incomplete: missing {missing}')
+    if state['version'] > CHECKPOINT_VERSION:
+        raise CheckpointError(f'Checkpoint {path!r} has version {state["version"]}; this torch_mz '
+                              f'reads versions up to {CHECKPOINT_VERSION}')
+    return state
+
+
+def _rng_state() -> Dict[str, Any]:
+    version, mt, gauss = random.getstate()
+    np_state = np.random.get_state()
+    return {
+        'python': {'version': version, 'state': torch.tensor(mt, dtype=torch.int64),
+                   'gauss': gauss},
+        'numpy': {'kind': np_state[0], 'state': torch.from_numpy(np_state[1].astype(np.int64)),
+                  'pos': int(np_state[2]), 'has_gauss': int(np_state[3]),
+                  'cached_gaussian': float(np_state[4])},
+        'torch': torch.get_rng_state(),
+        'cuda': torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def _set_rng_state(state: Dict[str, Any]) -> None:
+    py = state['python']
+    random.setstate((py['version'], tuple(py['state'].tolist()), py['gauss']))
+    n = state['numpy']
+    np.random.set_state((n['kind'], n['state'].numpy().astype(np.uint32), n['pos'],
+                         n['has_gauss'], n['cached_gaussian']))
+    torch.set_rng_state(state['torch'].cpu())
+    cuda = state['cuda']
+    if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all([s.cpu() for s in cuda])
+
+
+def _json_values(value: Optional[Dict[str, Any]], name: str) -> Optional[Dict[str, Any]]:
+    r"""``value`` as plain JSON values (tuples become lists), so that what a checkpoint stores
+    loads with ``weights_only=True`` and compares equal to what the next run passes."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError(f'Expected {name} to be a dict or None (got {type(value).__name__})')
+    try:
+        return json.loads(json.dumps(value, sort_keys=True, allow_nan=False))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f'Expected {name} to hold JSON values only ({e})') from None
+
+
+def _describe_run(info: Dict[str, Any]) -> str:
+    parts = []
+    for key, value in sorted(info.items(), key=lambda kv: (kv[0] != 'task', kv[0] != 'model')):
+        if isinstance(value, dict) and 'name' in value:
+            args = ', '.join(f'{k}={v!r}' for k, v in sorted(value.get('args', {}).items()))
+            parts.append(f"{key} {value['name']!r}" + (f' ({args})' if args else ''))
+        else:
+            parts.append(f'{key} {value!r}')
+    return ', '.join(parts)
+
+
+def _same_run(saved: Dict[str, Any], current: Dict[str, Any]) -> bool:
+    r"""Whether two ``run_info`` dicts agree on every entry both record (two levels deep, so that
+    a checkpoint written before an entry was recorded still compares)."""
+    for key in saved.keys() & current.keys():
+        a, b = saved[key], current[key]
+        if isinstance(a, dict) and isinstance(b, dict):
+            if any(a[k] != b[k] for k in a.keys() & b.keys()):
+                return False
+        elif a != b:
+            return False
+    return True
+
+
+def _with_build_info(run_info: Optional[Dict[str, Any]],
+                     model: torch.nn.Module) -> Optional[Dict[str, Any]]:
+    r"""``run_info`` with ``run_info['model']`` completed from the ``build_info`` that
+    :func:`~torch_mz.models.build_model` leaves on its models (what is given wins)."""
+    built = getattr(model, 'build_info', None)
+    try:
+        json.dumps(built, allow_nan=False)
+    except (TypeError, ValueError):  # options JSON cannot hold: the model cannot be rebuilt
+        return run_info
+    if not isinstance(built, dict):
+        return run_info
+    if run_info is not None and not isinstance(run_info, dict):
+        return run_info  # _json_values names the error
+    info = dict(run_info or {})
+    given = info.get('model')
+    info['model'] = dict(built, **given) if isinstance(given, dict) else dict(built)
+    return info
+
+
+def _torch_mz_version() -> str:
+    from torch_mz import __version__  # here: torch_mz/__init__ imports this module's users
+    return __version__
+
+
+def _cpu_state_dict(module: torch.nn.Module) -> Dict[str, Tensor]:
+    return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}

@@ -1,0 +1,153 @@
+r"""What a run is told (:class:`TrainConfig`) and what it returns (:class:`TrainResult`)."""
+import copy
+import dataclasses
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+import torch
+
+from torch_mz.train.normalize import TargetNormalizer
+
+__all__ = ['TrainConfig', 'TrainResult', 'SCHEDULES']
+
+SCHEDULES = ('step', 'epoch')
+
+
+@dataclass
+class TrainConfig:
+    r"""Hyper-parameters and run settings of :class:`Trainer`; defaults follow the paper.
+
+    Args:
+        epochs (int, optional): Maximum number of epochs. (default: :obj:`100`)
+        batch_size (int, optional): Sets per batch (per process under DDP). (default: :obj:`128`)
+        eval_batch_size (int, optional): Batch size for evaluation and prediction; :obj:`None` uses
+            ``batch_size``. (default: :obj:`None`)
+        lr (float, optional): Peak learning rate of AdamW. (default: :obj:`1e-4`)
+        weight_decay (float, optional): AdamW weight decay. (default: :obj:`1e-5`)
+        warmup_epochs (int, optional): Epochs of linear warm-up from 0 to ``lr`` before the cosine
+            decay to 0 at the end of ``epochs``. (default: :obj:`5`)
+        schedule (str, optional): Advance the schedule every optimiser ``'step'`` or every
+            ``'epoch'`` (the first epoch then runs at learning rate 0 when ``warmup_epochs > 0``).
+            (default: :obj:`'step'`)
+        grad_clip (float, optional): Maximum :math:`\ell_2` norm of all gradients; :obj:`None`
+            disables clipping. (default: :obj:`1.0`)
+        patience (int, optional): Stop after this many epochs without a validation-loss
+            improvement; :obj:`None` disables early stopping. (default: :obj:`20`)
+        min_delta (float, optional): Smallest decrease of the validation loss that counts as an
+            improvement. (default: :obj:`0.0`)
+        restore_best (bool, optional): Load the weights of the best validation epoch at the end.
+            (default: :obj:`True`)
+        seed (int, optional): Seed for Python, NumPy and PyTorch (``seed + rank`` under DDP) and
+            for the shuffling of the training set. (default: :obj:`0`)
+        deterministic (bool, optional): Ask PyTorch for deterministic algorithms.
+            (default: :obj:`False`)
+        device (str, optional): ``'auto'`` (CUDA if available, else CPU), ``'cpu'``, ``'cuda'``
+            or ``'cuda:<i>'``. Under DDP a CUDA process uses ``cuda:<LOCAL_RANK>``.
+            (default: :obj:`'auto'`)
+        num_workers (int, optional): DataLoader worker processes. (default: :obj:`0`)
+        normalize_targets (bool, optional): Standardise regression targets with statistics of the
+            training split. (default: :obj:`True`)
+        out_dir (str, optional): Directory for ``metrics.jsonl``, ``metrics.csv``,
+            ``checkpoint.pt``, ``best.pt`` and ``result.json``; :obj:`None` writes nothing.
+            (default: :obj:`None`)
+        checkpoint_every (int, optional): Write ``checkpoint.pt`` every this many epochs (and after
+            the last one); 0 writes it only after the last epoch. (default: :obj:`1`)
+        resume (str, optional): Path of a ``checkpoint.pt`` to continue from at its next epoch.
+            (default: :obj:`None`)
+        progress (bool, optional): Show a :mod:`tqdm` progress bar (rank 0 only).
+            (default: :obj:`True`)
+        find_unused_parameters (bool, optional): Passed to
+            :class:`~torch.nn.parallel.DistributedDataParallel`, for models with parameters that
+            do not contribute to the loss. (default: :obj:`False`)
+    """
+    epochs: int = 100
+    batch_size: int = 128
+    eval_batch_size: Optional[int] = None
+    lr: float = 1e-4
+    weight_decay: float = 1e-5
+    warmup_epochs: int = 5
+    schedule: str = 'step'
+    grad_clip: Optional[float] = 1.0
+    patience: Optional[int] = 20
+    min_delta: float = 0.0
+    restore_best: bool = True
+    seed: int = 0
+    deterministic: bool = False
+    device: str = 'auto'
+    num_workers: int = 0
+    normalize_targets: bool = True
+    out_dir: Optional[str] = None
+    checkpoint_every: int = 1
+    resume: Optional[str] = None
+    progress: bool = True
+    find_unused_parameters: bool = False
+
+    def __post_init__(self) -> None:
+        def expect(ok: bool, what: str, value: Any) -> None:
+            if not ok:
+                raise ValueError(f'TrainConfig: expected {what} (got {value!r})')
+
+        expect(self.epochs > 0, 'epochs > 0', self.epochs)
+        expect(self.batch_size > 0, 'batch_size > 0', self.batch_size)
+        expect(self.eval_batch_size is None or self.eval_batch_size > 0,
+               'eval_batch_size > 0 or None', self.eval_batch_size)
+        expect(self.lr >= 0, 'lr >= 0', self.lr)
+        expect(self.weight_decay >= 0, 'weight_decay >= 0', self.weight_decay)
+        expect(0 <= self.warmup_epochs <= self.epochs, '0 <= warmup_epochs <= epochs',
+               self.warmup_epochs)
+        expect(self.schedule in SCHEDULES, f'schedule in {SCHEDULES}', self.schedule)
+        expect(self.grad_clip is None or self.grad_clip > 0, 'grad_clip > 0 or None',
+               self.grad_clip)
+        expect(self.patience is None or self.patience > 0, 'patience > 0 or None',
+               self.patience)
+        expect(self.min_delta >= 0, 'min_delta >= 0', self.min_delta)
+        expect(self.num_workers >= 0, 'num_workers >= 0', self.num_workers)
+        expect(self.checkpoint_every >= 0, 'checkpoint_every >= 0', self.checkpoint_every)
+        if self.out_dir is not None:
+            self.out_dir = os.fspath(self.out_dir)
+        if self.resume is not None:
+            self.resume = os.fspath(self.resume)
+        if isinstance(self.device, torch.device):
+            self.device = str(self.device)
+
+    def to_dict(self) -> Dict[str, Any]:
+        r"""The configuration as a dict of plain Python values (stored in checkpoints)."""
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class TrainResult:
+    r"""What :meth:`Trainer.fit` returns.
+
+    Attributes:
+        history: One flat dict per epoch (``epoch``, ``lr`` of the epoch's first step,
+            ``train_loss``, ``val_loss``, ``val_<metric>``, ``epoch_time``), as written to
+            ``metrics.jsonl`` and ``metrics.csv``.
+        best_epoch: 0-based epoch of the lowest validation loss (the last epoch without a
+            validation set).
+        best_val_loss: That validation loss (``nan`` without a validation set).
+        epochs_run: Number of epochs completed (including those before a resume).
+        stopped_early: Whether early stopping ended the run.
+        val_metrics: Validation metrics of the best epoch.
+        test_metrics: Metrics of the final (restored) model on the test set, if one was given.
+        wall_time: Seconds spent in :meth:`Trainer.fit` (summed over resumed runs).
+        normalizer: The target normaliser fitted on the training split (regression with
+            ``normalize_targets=True``; else :obj:`None`). The trained model carries it already
+            (see :func:`attach_normalizer`) and predicts in target units.
+    """
+    history: List[Dict[str, float]] = field(default_factory=list)
+    best_epoch: int = -1
+    best_val_loss: float = math.nan
+    epochs_run: int = 0
+    stopped_early: bool = False
+    val_metrics: Dict[str, float] = field(default_factory=dict)
+    test_metrics: Optional[Dict[str, float]] = None
+    wall_time: float = 0.0
+    normalizer: Optional[TargetNormalizer] = None
+
+    def to_dict(self) -> Dict[str, Any]:
+        r"""Every field but ``normalizer`` (which the checkpoints hold), as plain values."""
+        return {f.name: copy.deepcopy(getattr(self, f.name)) for f in dataclasses.fields(self)
+                if f.name != 'normalizer'}

@@ -1,0 +1,217 @@
+r"""Target normalisation: :class:`TargetNormalizer` (statistics of the training split) and
+:class:`TargetUnits`, which a model carries so that it predicts in target units."""
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from torch_mz.train.contract import ModelOutput
+
+__all__ = [
+    'TargetNormalizer',
+    'TargetUnits',
+    'TARGET_UNITS',
+    'attach_normalizer',
+    'detach_normalizer',
+    'carried_normalizer',
+]
+
+
+class TargetNormalizer:
+    r"""Per-target standardisation :math:`\tilde y = (y - \mu) / \sigma` with :math:`\mu, \sigma`
+    fitted on the training targets only. Targets with :math:`\sigma < \epsilon` keep
+    :math:`\sigma = 1`.
+
+    Args:
+        eps (float, optional): Smallest standard deviation treated as non-constant.
+            (default: :obj:`1e-8`)
+
+    Shapes:
+        - **fit input:** :math:`(N, t)` or :math:`(N,)`
+        - **transform / inverse_transform:** any shape whose last dimension is :math:`t` (or
+          :math:`(N,)` when :math:`t = 1`), returned unchanged in shape.
+    """
+    def __init__(self, eps: float = 1e-8):
+        self.eps = eps
+        self.mean: Optional[Tensor] = None  # (t,) float64
+        self.std: Optional[Tensor] = None  # (t,) float64
+
+    @property
+    def fitted(self) -> bool:
+        return self.mean is not None
+
+    def fit(self, y: Tensor) -> 'TargetNormalizer':
+        if not torch.is_tensor(y) or y.numel() == 0:
+            raise ValueError('Expected a non-empty tensor of targets to fit the normaliser')
+        y = y.detach().to(torch.float64)
+        y = y.view(-1, 1) if y.dim() == 1 else y.reshape(y.size(0), -1)  # (N, t)
+        self.mean = y.mean(dim=0).cpu()
+        std = y.std(dim=0, unbiased=False).cpu()
+        self.std = torch.where(std < self.eps, torch.ones_like(std), std)
+        return self
+
+    def _stats(self, y: Tensor) -> Tuple[Tensor, Tensor]:
+        if not self.fitted:
+            raise RuntimeError('TargetNormalizer is not fitted; call fit() or load_state_dict()')
+        assert self.mean is not None and self.std is not None
+        return _stats_like(y, self.mean, self.std)
+
+    def transform(self, y: Tensor) -> Tensor:
+        mean, std = self._stats(y)
+        return (y - mean) / std
+
+    def inverse_transform(self, y: Tensor) -> Tensor:
+        mean, std = self._stats(y)
+        return y * std + mean
+
+    def inverse_scale(self, s: Tensor) -> Tensor:
+        r"""Maps a scale (e.g. a predicted standard deviation) from normalised to original units:
+        multiplies by :math:`\sigma` without adding :math:`\mu`."""
+        return s * self._stats(s)[1]
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {'mean': self.mean, 'std': self.std, 'eps': self.eps}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> 'TargetNormalizer':
+        self.mean, self.std = state['mean'], state['std']
+        self.eps = float(state.get('eps', self.eps))
+        return self
+
+    def __repr__(self) -> str:
+        if not self.fitted:
+            return f'{self.__class__.__name__}(unfitted)'
+        return (f'{self.__class__.__name__}(mean={self.mean.tolist()}, '
+                f'std={self.std.tolist()})')
+
+
+def _stats_like(y: Tensor, mean: Tensor, std: Tensor) -> Tuple[Tensor, Tensor]:
+    r"""``mean`` and ``std`` (each :math:`(t,)`) on ``y``'s device and in its dtype, shaped to
+    broadcast against ``y`` (:math:`(..., t)`, or :math:`(N,)` when :math:`t = 1`)."""
+    mean = mean.to(device=y.device, dtype=y.dtype)
+    std = std.to(device=y.device, dtype=y.dtype)
+    if y.dim() == 1 and mean.numel() == 1:
+        return mean.view(()), std.view(())
+    if y.size(-1) != mean.numel():
+        raise ValueError(f'Expected targets with {mean.numel()} column(s) '
+                         f'(got shape {tuple(y.shape)})')
+    return mean, std
+
+
+class TargetUnits(torch.nn.Module):
+    r"""Maps the first output of a model trained on standardised targets back to target units,
+
+    .. math::
+        y = \tilde y \, \sigma + \mu,
+
+    the :meth:`TargetNormalizer.inverse_transform` of the normaliser it is made from. It is not
+    called directly: :func:`attach_normalizer` makes it a sub-module ``target_units`` of a model
+    and runs it on the model's output with a forward hook, so that the statistics travel with the
+    model (``.to()``, ``copy.deepcopy``, ``torch.save(model)``) as buffers. The buffers are not
+    persistent: the model's ``state_dict()`` keeps the keys of the bare model, and checkpoints
+    store the normaliser beside the weights.
+
+    Args:
+        normalizer (TargetNormalizer): A fitted normaliser.
+
+    Shapes:
+        - **input:** the model's output: a prediction :math:`(B, t)` (or :math:`(B,)` when
+          :math:`t = 1`), or a tuple or list whose first element is one (the others, e.g. an
+          uncertainty, pass unchanged).
+        - **output:** the same structure, the prediction in target units.
+    """
+    def __init__(self, normalizer: 'TargetNormalizer'):
+        super().__init__()
+        if not normalizer.fitted:
+            raise ValueError('Expected a fitted TargetNormalizer')
+        self.eps = normalizer.eps
+        self.register_buffer('mean', normalizer.mean.detach().clone(), persistent=False)  # (t,)
+        self.register_buffer('std', normalizer.std.detach().clone(), persistent=False)  # (t,)
+        self.enabled = True  # off while a Trainer needs the standardised output
+
+    def normalizer(self) -> 'TargetNormalizer':
+        r"""The statistics as a :class:`TargetNormalizer` (on the CPU, ``float64``)."""
+        return TargetNormalizer(self.eps).load_state_dict(
+            {'mean': self.mean.detach().cpu().double(), 'std': self.std.detach().cpu().double()})
+
+    def forward(self, out: ModelOutput) -> ModelOutput:
+        if isinstance(out, (tuple, list)):
+            return type(out)([self.forward(out[0]), *out[1:]])
+        mean, std = _stats_like(out, self.mean, self.std)
+        return out * std + mean
+
+    def __repr__(self) -> str:
+        return f'{self.__class__.__name__}(mean={self.mean.tolist()}, std={self.std.tolist()})'
+
+
+TARGET_UNITS = 'target_units'  # name of the TargetUnits sub-module of a model
+
+
+def _target_units_hook(module: torch.nn.Module, args: Any, out: ModelOutput) -> ModelOutput:
+    units = getattr(module, TARGET_UNITS, None)
+    return units(out) if isinstance(units, TargetUnits) and units.enabled else out
+
+
+def attach_normalizer(model: torch.nn.Module, normalizer: TargetNormalizer) -> torch.nn.Module:
+    r"""Makes ``model`` predict in target units: adds :class:`TargetUnits` of ``normalizer`` as
+    the sub-module ``model.target_units`` and a forward hook that applies it to every output (in
+    training and in eval mode). A normaliser attached before is replaced. :class:`Trainer` does
+    this at the end of :meth:`Trainer.fit` for regression with ``normalize_targets=True``;
+    :func:`detach_normalizer` undoes it. Returns ``model``."""
+    detach_normalizer(model)
+    model.add_module(TARGET_UNITS, TargetUnits(normalizer))
+    ref = next(model.parameters(), None)
+    if ref is not None:
+        getattr(model, TARGET_UNITS).to(ref.device)
+    model.register_forward_hook(_target_units_hook)
+    return model
+
+
+def detach_normalizer(model: torch.nn.Module) -> Optional[TargetNormalizer]:
+    r"""Removes what :func:`attach_normalizer` added, so that ``model`` returns standardised
+    values again; returns the normaliser it carried (:obj:`None` if none)."""
+    # as torch.nn.utils.remove_weight_norm finds its hook: by what it is
+    for key in [k for k, hook in model._forward_hooks.items() if hook is _target_units_hook]:
+        del model._forward_hooks[key]
+    units = model._modules.pop(TARGET_UNITS, None)
+    return units.normalizer() if isinstance(units, TargetUnits) else None
+
+
+def carried_normalizer(model: torch.nn.Module) -> Optional[TargetNormalizer]:
+    r"""The normaliser :func:`attach_normalizer` gave ``model`` (:obj:`None` if none), i.e.
+    whether ``model`` already predicts in target units."""
+    units = getattr(model, TARGET_UNITS, None)
+    return units.normalizer() if isinstance(units, TargetUnits) else None
+
+
+class _standardised:
+    r"""Context in which a model that carries a normaliser returns standardised values."""
+    def __init__(self, model: torch.nn.Module):
+        self.units = getattr(model, TARGET_UNITS, None)
+        self.was = getattr(self.units, 'enabled', None)
+
+    def __enter__(self) -> None:
+        if isinstance(self.units, TargetUnits):
+            self.units.enabled = False
+
+    def __exit__(self, *exc: Any) -> None:
+        if isinstance(self.units, TargetUnits):
+            self.units.enabled = self.was
+
+
+def _pending_normalizer(model: torch.nn.Module, normalizer: Optional[TargetNormalizer]
+                        ) -> Tuple[Optional[TargetNormalizer], Optional[TargetNormalizer]]:
+    r"""For prediction: ``(the normaliser still to apply to the model's outputs, the one in force
+    for scaling uncertainties)``. A model that carries its normaliser already predicts in target
+    units; a ``normalizer`` passed with it must have the same statistics (it is not applied
+    twice)."""
+    carried = carried_normalizer(model)
+    if carried is None:
+        return normalizer, normalizer
+    same = (normalizer is None or normalizer.fitted and all(  # to float32 rounding (model.float())
+        a.shape == b.shape and torch.allclose(a.cpu().double(), b, rtol=1e-6, atol=0.0)
+        for a, b in ((normalizer.mean, carried.mean), (normalizer.std, carried.std))))
+    if not same:
+        raise ValueError(f'The model carries its own target normaliser ({carried}) and already '
+                         f'predicts in target units; the normalizer passed ({normalizer}) '
+                         f'differs from it. Pass normalizer=None')
+    return None, carried

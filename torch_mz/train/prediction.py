@@ -1,0 +1,67 @@
+r"""The functional :func:`predict`: a model run over a dataset, in target units."""
+from typing import List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+from torch_geometric.loader import DataLoader
+from tqdm.auto import tqdm
+
+from torch_mz.train.contract import _first
+from torch_mz.train.normalize import TargetNormalizer, _pending_normalizer
+from torch_mz.train.runtime import resolve_device
+
+__all__ = ['predict']
+
+
+@torch.no_grad()
+def predict(model: torch.nn.Module, dataset: Sequence,
+            normalizer: Optional[TargetNormalizer] = None, batch_size: int = 128,
+            device: Union[str, torch.device] = 'auto', progress: bool = False,
+            scale_uncertainty: bool = False) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    r"""Runs ``model`` in eval mode over ``dataset`` in order.
+
+    Args:
+        model (torch.nn.Module): The model, called as ``model(batch)``.
+        dataset (Sequence): PyG dataset or list of :class:`~torch_geometric.data.Data`.
+        normalizer (TargetNormalizer, optional): If given, predictions are mapped back to
+            original units with :meth:`TargetNormalizer.inverse_transform`. Not needed for a
+            model that carries its normaliser (every model trained by :func:`train` or
+            :class:`Trainer` on normalised targets, and :func:`torch_mz.load_model`'s): it
+            predicts in target units already, and a normaliser passed with it must have the same
+            statistics (it is not applied twice). (default: :obj:`None`)
+        batch_size (int, optional): Sets per batch. (default: :obj:`128`)
+        device (str or torch.device, optional): Device to run on. (default: :obj:`'auto'`)
+        progress (bool, optional): Show a :mod:`tqdm` progress bar. (default: :obj:`False`)
+        scale_uncertainty (bool, optional): Multiply the model's second output by the target
+            standard deviation of ``normalizer`` (for a model whose uncertainty is a standard
+            deviation in normalised target units). By default it is returned as the model gives
+            it, e.g. the MZ models' interval-hull width, a per-set width in latent units.
+            (default: :obj:`False`)
+
+    Returns:
+        The predictions :math:`(N, \text{out\_dim})` (class logits for classification) on the CPU,
+        or ``(predictions, uncertainties)`` if the model returns a tuple (its first two elements).
+    """
+    normalizer, scale = _pending_normalizer(model, normalizer)
+    dev = resolve_device(device)
+    model = model.to(dev)
+    model.eval()
+    preds: List[Tensor] = []
+    uncs: List[Tensor] = []
+    returns_tuple = False
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False)
+    for batch in tqdm(loader, desc='predict', disable=not progress):
+        out = model(batch.to(dev))
+        pred = _first(out)
+        pred = pred.unsqueeze(-1) if pred.dim() == 1 else pred  # (B, out_dim)
+        if normalizer is not None:
+            pred = normalizer.inverse_transform(pred)
+        preds.append(pred.cpu())
+        if isinstance(out, (tuple, list)) and len(out) > 1 and torch.is_tensor(out[1]):
+            returns_tuple = True
+            unc = out[1]
+            if scale is not None and scale_uncertainty:
+                unc = scale.inverse_scale(unc)
+            uncs.append(unc.cpu())
+    pred_all = torch.cat(preds, dim=0)
+    return (pred_all, torch.cat(uncs, dim=0)) if returns_tuple else pred_all

@@ -1,0 +1,100 @@
+r"""Seeds, devices and the distributed set-up of a training run."""
+import logging
+import os
+import random
+from dataclasses import dataclass
+from typing import Tuple, Union
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+__all__ = ['seed_everything', 'resolve_device', 'DistInfo']
+
+log = logging.getLogger(__name__)
+
+
+def seed_everything(seed: int, deterministic: bool = False) -> None:
+    r"""Seeds Python's :mod:`random`, NumPy and PyTorch (CPU and all CUDA devices).
+
+    Args:
+        seed (int): The seed.
+        deterministic (bool, optional): If :obj:`True`, also asks PyTorch for deterministic
+            algorithms (``torch.use_deterministic_algorithms(True, warn_only=True)``) and
+            disables the cuDNN auto-tuner. (default: :obj:`False`)
+    """
+    # Not torch_geometric.seed_everything: it seeds NumPy with `seed` itself, which raises for a
+    # seed outside [0, 2**32) (a negative one, or `seed + rank` past the range), where this one
+    # wraps it; and it has no `deterministic` switch. For seeds in range both seed the same
+    # generators alike (torch.manual_seed also seeds every CUDA device).
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+    if deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+
+
+def resolve_device(device: Union[str, torch.device] = 'auto') -> torch.device:
+    r"""Turns ``'auto'`` into ``cuda`` when a GPU is available (else ``cpu``); any other value is
+    passed to :class:`torch.device`, with a :class:`ValueError` for a name it does not know or a
+    CUDA device on a machine without one."""
+    if isinstance(device, torch.device):
+        dev = device
+    elif device == 'auto':
+        dev = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
+    else:
+        try:
+            dev = torch.device(device)
+        except RuntimeError as e:
+            raise ValueError(f"Expected device 'auto', 'cpu', 'cuda' or 'cuda:<index>' "
+                             f"(got {device!r})") from e
+    if dev.type == 'cuda' and not torch.cuda.is_available():
+        raise ValueError(f"Device {str(dev)!r} was requested but CUDA is not available")
+    return dev
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    r"""Where this process stands in a (possibly) distributed run: read from the ``RANK``,
+    ``WORLD_SIZE`` and ``LOCAL_RANK`` environment variables that ``torchrun`` sets, or from an
+    already initialised process group."""
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @classmethod
+    def from_env(cls) -> 'DistInfo':
+        if dist.is_available() and dist.is_initialized():
+            return cls(dist.get_rank(), dist.get_world_size(),
+                       int(os.environ.get('LOCAL_RANK', dist.get_rank())))
+        return cls(int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1)),
+                   int(os.environ.get('LOCAL_RANK', 0)))
+
+
+def _setup_distributed(device: Union[str, torch.device]) -> Tuple[DistInfo, torch.device]:
+    r"""Resolves the device and, under ``torchrun`` with more than one process, initialises the
+    default process group (NCCL for CUDA, gloo otherwise) unless it already is."""
+    info = DistInfo.from_env()
+    dev = resolve_device(device)
+    if not info.is_distributed:
+        return info, dev
+    if dev.type == 'cuda':
+        dev = torch.device('cuda', info.local_rank)  # one GPU per process
+        torch.cuda.set_device(dev)
+    if not dist.is_initialized():
+        backend = 'nccl' if dev.type == 'cuda' else 'gloo'
+        dist.init_process_group(backend=backend, init_method='env://', rank=info.rank,
+                                world_size=info.world_size)
+        log.info('Initialised process group (%s): rank %d of %d', backend, info.rank,
+                 info.world_size)
+    return info, dev

@@ -1,0 +1,596 @@
+r"""The :class:`Trainer` (the recipe of :mod:`torch_mz.train`) and its functional shortcut
+:func:`train`."""
+import copy
+import csv
+import gc
+import io
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor
+from torch.nn.parallel import DistributedDataParallel
+from torch.optim.lr_scheduler import LambdaLR
+from torch.utils.data.distributed import DistributedSampler
+from torch_geometric.loader import DataLoader
+from tqdm.auto import tqdm
+
+from torch_mz._files import atomic_write
+from torch_mz.train.checkpoint import (CHECKPOINT_FORMAT, CHECKPOINT_VERSION, CheckpointError,
+                                       _cpu_state_dict, _describe_run, _json_values,
+                                       _rng_state, _same_run, _set_rng_state, _torch_mz_version,
+                                       _with_build_info, load_checkpoint, save_checkpoint)
+from torch_mz.train.config import TrainConfig, TrainResult
+from torch_mz.train.contract import (TASK_TYPES, LossFn, ModelOutput, _collect_targets, _first,
+                                     _match_pred, _raw_targets)
+from torch_mz.train.metrics import _r2_from_sums
+from torch_mz.train.normalize import (TargetNormalizer, _standardised, attach_normalizer,
+                                      carried_normalizer, detach_normalizer)
+from torch_mz.train.prediction import predict
+from torch_mz.train.runtime import _setup_distributed, seed_everything
+from torch_mz.train.sampling import _ShardSampler, _worker_init_fn
+from torch_mz.train.schedule import cosine_with_warmup
+
+__all__ = [
+    'Trainer',
+    'train',
+    'LAST_CHECKPOINT',
+    'BEST_CHECKPOINT',
+    'METRICS_JSONL',
+    'METRICS_CSV',
+    'RESULT_JSON',
+    'RUN_FILES',
+]
+
+log = logging.getLogger(__name__)
+
+LAST_CHECKPOINT = 'checkpoint.pt'  # full training state, written every `checkpoint_every` epochs
+BEST_CHECKPOINT = 'best.pt'  # model weights (+ normaliser) of the best validation epoch
+METRICS_JSONL = 'metrics.jsonl'
+METRICS_CSV = 'metrics.csv'
+RESULT_JSON = 'result.json'
+#: Every file a :class:`Trainer` writes into ``out_dir``.
+RUN_FILES = (LAST_CHECKPOINT, BEST_CHECKPOINT, METRICS_JSONL, METRICS_CSV, RESULT_JSON)
+
+
+@dataclass
+class _FitState:
+    r"""What :meth:`Trainer.fit` carries from epoch to epoch, and a training checkpoint stores."""
+    start: float  # time.perf_counter() when fit() was called
+    history: List[Dict[str, float]] = field(default_factory=list)
+    next_epoch: int = 0
+    best_epoch: int = -1
+    best_val: float = math.inf
+    bad_epochs: int = 0
+    prior_time: float = 0.0  # seconds spent before a resume
+    best_state: Optional[Dict[str, Tensor]] = None
+    stopped_early: bool = False
+
+    def wall_time(self) -> float:
+        return self.prior_time + time.perf_counter() - self.start
+
+
+class Trainer:
+    r"""Trains a set model with AdamW, warm-up + cosine schedule, gradient clipping and early
+    stopping (see :mod:`torch_mz.train` for the model contract).
+
+    Under ``torchrun`` (``WORLD_SIZE > 1``) the trainer initialises the default process group if
+    needed (gloo on CPU, NCCL on CUDA, one GPU per process), wraps the model in
+    :class:`~torch.nn.parallel.DistributedDataParallel`, shards the training set with a
+    :class:`~torch.utils.data.distributed.DistributedSampler` and the evaluation sets without
+    padding, all-reduces every metric (all ranks report the same global values), and writes logs
+    and checkpoints from rank 0 only. When done, the caller calls :meth:`close` and then
+    ``torch.distributed.destroy_process_group()``.
+
+    Args:
+        model (torch.nn.Module): The model, called as ``model(batch)``.
+        config (TrainConfig, optional): Settings; :obj:`None` uses the defaults.
+            (default: :obj:`None`)
+        task_type (str, optional): ``'regression'`` or ``'classification'``.
+            (default: :obj:`'regression'`)
+        loss_fn (callable, optional): ``loss_fn(output, target) -> scalar`` on the full model
+            output and the (normalised) targets, mean-reduced over the batch; :obj:`None` uses the
+            MSE (regression) or cross-entropy (classification) of the first output.
+            (default: :obj:`None`)
+        run_info (dict, optional): What is trained, as JSON values, e.g. ``{'task': {'name':
+            'max', 'args': {'d': 8}}, 'model': {'name': 'mz', 'args': {}}}`` (what
+            :func:`torch_mz.compare.train_one` records). Stored in every checkpoint; resuming from
+            a checkpoint that records different ``run_info`` raises :class:`CheckpointError`
+            (a checkpoint without it, or a trainer without it, is not compared; only the entries
+            both record are). A model made by :func:`~torch_mz.models.build_model` records how
+            (its ``build_info``: preset, arguments, in/out channels), which fills in
+            ``run_info['model']``, so that :func:`torch_mz.load_model` can rebuild it from a
+            checkpoint. (default: :obj:`None`)
+
+    After :meth:`fit` on regression targets with ``normalize_targets=True`` the model carries
+    the fitted target normaliser (:func:`attach_normalizer`) and predicts in target units;
+    during training, :meth:`evaluate` and the checkpoints it works on the standardised outputs.
+    """
+    def __init__(self, model: torch.nn.Module, config: Optional[TrainConfig] = None,
+                 task_type: str = 'regression', loss_fn: Optional[LossFn] = None,
+                 run_info: Optional[Dict[str, Any]] = None):
+        if task_type not in TASK_TYPES:
+            raise ValueError(f'Expected task_type in {TASK_TYPES} (got {task_type!r})')
+        self.config = config if config is not None else TrainConfig()
+        self.task_type = task_type
+        self.loss_fn = loss_fn
+        self.run_info = _json_values(_with_build_info(run_info, model), 'run_info')
+        self.dist, self.device = _setup_distributed(self.config.device)
+        self.model = model.to(self.device)
+        # a model that predicts in target units already (trained before, or load_model's)
+        self.normalizer = carried_normalizer(model) or TargetNormalizer()
+        self.optimizer: Optional[torch.optim.Optimizer] = None
+        self.scheduler: Optional[LambdaLR] = None
+        self._ddp: Optional[DistributedDataParallel] = None
+        self._acc_dtype = torch.float64 if self.device.type in ('cpu', 'cuda') else torch.float32
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f'{self.__class__.__name__}(task_type={self.task_type!r}, device={self.device}, '
+                f'world_size={self.dist.world_size}, epochs={c.epochs}, lr={c.lr}, '
+                f'batch_size={c.batch_size})')
+
+    def close(self) -> None:
+        r"""Releases the :class:`~torch.nn.parallel.DistributedDataParallel` wrapper (the model
+        itself is kept). Under DDP call it before ``torch.distributed.destroy_process_group()``:
+        a wrapper that outlives the process group destroys the group from its own destructor,
+        which can deadlock with gloo's worker thread at exit."""
+        if self._ddp is not None:
+            self._ddp = None
+            gc.collect()  # free the reducer now, while the process group is still registered
+
+    # -- properties ----------------------------------------------------------------------------
+    @property
+    def uses_normalizer(self) -> bool:
+        return self.task_type == 'regression' and self.config.normalize_targets
+
+    @property
+    def _show_progress(self) -> bool:
+        return self.config.progress and self.dist.is_main
+
+    # -- loaders -------------------------------------------------------------------------------
+    def _train_loader(self, dataset: Sequence) -> Tuple[DataLoader, DistributedSampler]:
+        # A DistributedSampler also in a single process: its permutation depends only on
+        # (seed, epoch), which makes shuffling reproducible across resumes and world sizes.
+        sampler = DistributedSampler(dataset, num_replicas=self.dist.world_size,
+                                     rank=self.dist.rank, shuffle=True, seed=self.config.seed)
+        loader = DataLoader(dataset, batch_size=self.config.batch_size, sampler=sampler,
+                            num_workers=self.config.num_workers, worker_init_fn=_worker_init_fn,
+                            pin_memory=self.device.type == 'cuda')
+        return loader, sampler
+
+    def _eval_loader(self, dataset: Sequence) -> DataLoader:
+        # this rank's shard, without the padding a DistributedSampler adds: exact global sums
+        sampler = _ShardSampler(len(dataset), self.dist.rank, self.dist.world_size)
+        return DataLoader(dataset, batch_size=self.config.eval_batch_size or self.config.batch_size,
+                          sampler=sampler,
+                          num_workers=self.config.num_workers, worker_init_fn=_worker_init_fn,
+                          pin_memory=self.device.type == 'cuda')
+
+    # -- pieces of a step ----------------------------------------------------------------------
+    def _targets(self, batch: Any) -> Tuple[Tensor, Tensor]:
+        r"""Returns (raw targets, targets in the units of the loss)."""
+        y = _raw_targets(batch, self.task_type)
+        return y, (self.normalizer.transform(y) if self.uses_normalizer else y)
+
+    def _loss(self, out: ModelOutput, target: Tensor) -> Tensor:
+        if self.loss_fn is not None:
+            return self.loss_fn(out, target)
+        pred = _match_pred(_first(out), target, self.task_type)
+        if self.task_type == 'regression':
+            return F.mse_loss(pred, target.to(pred.dtype))
+        return F.cross_entropy(pred, target)
+
+    def _all_reduce(self, t: Tensor) -> Tensor:
+        if self.dist.is_distributed:
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t
+
+    def _to_original(self, pred: Tensor) -> Tensor:
+        return self.normalizer.inverse_transform(pred) if self.uses_normalizer else pred
+
+    # -- evaluation ----------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self, dataset: Sequence) -> Dict[str, float]:
+        r"""Metrics of the current model on ``dataset``: ``loss`` (the training criterion, on
+        normalised targets), and ``mse``, ``mae``, ``r2`` in original units (regression) or
+        ``accuracy`` and ``cross_entropy`` (classification). Under DDP every rank evaluates a
+        disjoint shard and the sums are all-reduced, so all ranks return the same global values;
+        all ranks must call it."""
+        if len(dataset) == 0:
+            raise ValueError('Expected a non-empty dataset to evaluate')
+        if self.uses_normalizer and not self.normalizer.fitted:
+            raise RuntimeError('Targets are normalised but the normaliser is not fitted; call '
+                               'fit() or load_weights() first')
+        module = self.model  # not the DDP wrapper: shards may hold different numbers of batches
+        module.eval()
+        acc = self._acc_dtype
+        sums: Optional[Tensor] = None
+        shift: Optional[Tensor] = None
+        for batch in self._eval_loader(dataset):
+            batch = batch.to(self.device)
+            y, target = self._targets(batch)
+            with _standardised(module):
+                out = module(batch)
+            n = y.size(0)
+            loss_sum = self._loss(out, target).to(acc) * n
+            pred = _match_pred(_first(out), y, self.task_type)
+            if self.task_type == 'regression':
+                if shift is None:  # centre y with the train mean for a stable one-pass variance
+                    shift = (self.normalizer.mean.to(self.device, acc) if self.uses_normalizer
+                             else torch.zeros(y.size(1), dtype=acc, device=self.device))
+                err = self._to_original(pred).to(acc) - y.to(acc)  # (B, t)
+                yc = y.to(acc) - shift  # (B, t)
+                part = torch.cat([loss_sum.new_tensor([n]), loss_sum.view(1), err.pow(2).sum(0),
+                                  err.abs().sum(0), yc.sum(0), yc.pow(2).sum(0)])
+            else:
+                correct = (pred.argmax(dim=-1) == y).sum().to(acc)
+                ce = F.cross_entropy(pred.to(acc), y, reduction='sum')
+                part = torch.stack([loss_sum.new_tensor(n), loss_sum, correct, ce])
+            sums = part if sums is None else sums + part
+        if sums is None:  # this rank's shard is empty (fewer elements than ranks)
+            sums = self._empty_sums(dataset)
+        sums = self._all_reduce(sums)
+        return self._metrics_from_sums(sums)
+
+    def _empty_sums(self, dataset: Sequence) -> Tensor:
+        if self.task_type == 'classification':
+            return torch.zeros(4, dtype=self._acc_dtype, device=self.device)
+        t = _raw_targets(next(iter(DataLoader(dataset, batch_size=1))), 'regression').size(1)
+        return torch.zeros(2 + 4 * t, dtype=self._acc_dtype, device=self.device)
+
+    def _metrics_from_sums(self, sums: Tensor) -> Dict[str, float]:
+        n = sums[0]
+        if self.task_type == 'classification':
+            return {'loss': (sums[1] / n).item(), 'accuracy': (sums[2] / n).item(),
+                    'cross_entropy': (sums[3] / n).item()}
+        t = (sums.numel() - 2) // 4
+        sse, sae, ysum, ysq = sums[2:].view(4, t)  # each (t,)
+        ss_tot = (ysq - ysum.pow(2) / n).clamp_min(0)
+        return {'loss': (sums[1] / n).item(), 'mse': (sse.sum() / (n * t)).item(),
+                'mae': (sae.sum() / (n * t)).item(), 'r2': _r2_from_sums(sse, ss_tot).item()}
+
+    @torch.no_grad()
+    def predict(self, dataset: Sequence,
+                scale_uncertainty: bool = False) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+        r"""Predictions of the current model on the whole ``dataset`` (not sharded), in dataset
+        order and in original units; see :func:`predict`."""
+        carries = carried_normalizer(self.model) is not None
+        return predict(self.model, dataset,
+                       normalizer=self.normalizer if self.uses_normalizer and not carries else None,
+                       batch_size=self.config.eval_batch_size or self.config.batch_size,
+                       device=self.device, progress=self._show_progress,
+                       scale_uncertainty=scale_uncertainty)
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def _checkpoint_base(self, kind: str) -> Dict[str, Any]:
+        return {
+            'format': CHECKPOINT_FORMAT,
+            'version': CHECKPOINT_VERSION,
+            'kind': kind,
+            'task_type': self.task_type,
+            'run_info': self.run_info,
+            'config': self.config.to_dict(),
+            'normalizer': self.normalizer.state_dict() if self.normalizer.fitted else None,
+            'torch_mz_version': _torch_mz_version(),
+        }
+
+    def _gather_rng(self) -> List[Dict[str, Any]]:
+        state = _rng_state()
+        if not self.dist.is_distributed:
+            return [state]
+        states: List[Any] = [None] * self.dist.world_size
+        dist.all_gather_object(states, state)
+        return states
+
+    def load_weights(self, path: Union[str, os.PathLike]) -> Dict[str, Any]:
+        r"""Loads model weights (and the target normaliser) from ``best.pt`` or ``checkpoint.pt``
+        for evaluation or prediction; returns the checkpoint dict. Afterwards the model carries
+        the normaliser (when targets are normalised) and predicts in target units, as after
+        :meth:`fit`."""
+        state = load_checkpoint(path, map_location='cpu')
+        self._check_task(state, path)
+        detach_normalizer(self.model)
+        self._load_model_state(state['model'], path)
+        if state.get('normalizer') is not None:
+            self.normalizer.load_state_dict(state['normalizer'])
+        self._attach_normalizer()
+        return state
+
+    def _attach_normalizer(self) -> None:
+        if self.uses_normalizer and self.normalizer.fitted:
+            attach_normalizer(self.model, self.normalizer)
+
+    def _check_task(self, state: Dict[str, Any], path: Any) -> None:
+        if state['task_type'] != self.task_type:
+            raise CheckpointError(f'Checkpoint {os.fspath(path)!r} is for task_type '
+                                  f'{state["task_type"]!r}, not {self.task_type!r}')
+
+    def _check_run_info(self, state: Dict[str, Any], path: Any) -> None:
+        saved = state.get('run_info')
+        if saved is None or self.run_info is None or _same_run(saved, self.run_info):
+            return
+        raise CheckpointError(f'Checkpoint {os.fspath(path)!r} was written by another run '
+                              f'({_describe_run(saved)}), not by this one '
+                              f'({_describe_run(self.run_info)})')
+
+    def _load_model_state(self, model_state: Dict[str, Tensor], path: Any) -> None:
+        try:
+            self.model.load_state_dict(model_state)
+        except RuntimeError as e:
+            raise CheckpointError(f'Checkpoint {os.fspath(path)!r} does not fit this model: '
+                                  f'{e}') from e
+
+    # -- logs ----------------------------------------------------------------------------------
+    def _write_logs(self, history: List[Dict[str, float]]) -> None:
+        r"""Rewrites ``metrics.jsonl`` and ``metrics.csv`` from the full history (so the logs
+        always agree with the checkpoint, also after a resume)."""
+        out = self.config.out_dir
+        assert out is not None
+        jsonl = ''.join(json.dumps(rec) + '\n' for rec in history)
+        columns: List[str] = []
+        for rec in history:
+            columns += [k for k in rec if k not in columns]
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=columns, lineterminator='\n')
+        writer.writeheader()
+        writer.writerows(history)
+        atomic_write(os.path.join(out, METRICS_JSONL), lambda f: f.write(jsonl), binary=False)
+        atomic_write(os.path.join(out, METRICS_CSV), lambda f: f.write(buf.getvalue()),
+                      binary=False)
+
+    # -- training ------------------------------------------------------------------------------
+    def _train_epoch(self, loader: DataLoader, epoch: int) -> float:
+        assert self._ddp is not None or not self.dist.is_distributed
+        net = self._ddp if self._ddp is not None else self.model
+        net.train()
+        opt, sched, cfg = self.optimizer, self.scheduler, self.config
+        assert opt is not None and sched is not None
+        loss_sum = torch.zeros((), dtype=self._acc_dtype, device=self.device)
+        count = 0
+        batches = tqdm(loader, desc=f'epoch {epoch}', leave=False,
+                       disable=not self._show_progress)
+        for batch in batches:
+            batch = batch.to(self.device)
+            _, target = self._targets(batch)
+            opt.zero_grad(set_to_none=True)
+            loss = self._loss(net(batch), target)
+            loss.backward()
+            if cfg.grad_clip is not None:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+            opt.step()
+            if cfg.schedule == 'step':
+                sched.step()
+            loss_sum += loss.detach().to(self._acc_dtype) * target.size(0)
+            count += target.size(0)
+        if cfg.schedule == 'epoch':
+            sched.step()
+        totals = self._all_reduce(torch.stack([loss_sum, loss_sum.new_tensor(count)]))
+        train_loss = (totals[0] / totals[1]).item()
+        if not math.isfinite(train_loss):
+            raise FloatingPointError(f'Training loss is {train_loss} in epoch {epoch}; lower the '
+                                     f'learning rate or check the data for NaN/inf')
+        return train_loss
+
+    def fit(self, train_dataset: Sequence, val_dataset: Optional[Sequence] = None,
+            test_dataset: Optional[Sequence] = None) -> TrainResult:
+        r"""Trains on ``train_dataset``, early-stopping on the loss over ``val_dataset``, and
+        evaluates the final (best, restored) model on ``test_dataset`` if given. With
+        ``config.resume`` set it continues from that checkpoint at its next epoch; with the same
+        configuration and deterministic kernels the result equals that of an uninterrupted run.
+        Under DDP all ranks must call it with the same datasets."""
+        cfg = self.config
+        start = time.perf_counter()
+        for name, ds in (('train', train_dataset), ('val', val_dataset), ('test', test_dataset)):
+            if ds is not None and len(ds) == 0:
+                raise ValueError(f'Expected a non-empty {name} dataset')
+        seed_everything(cfg.seed + self.dist.rank, deterministic=cfg.deterministic)
+        detach_normalizer(self.model)  # trains on (and checkpoints) the standardised outputs
+
+        loader, sampler = self._train_loader(train_dataset)
+        self._make_optimizer(len(loader))
+        run = self._start_or_resume(train_dataset, start)
+        self._wrap_ddp()
+        if self._writes_files:
+            os.makedirs(cfg.out_dir, exist_ok=True)
+        self._run_epochs(run, loader, sampler, val_dataset)
+        return self._finish(run, val_dataset, test_dataset)
+
+    def _make_optimizer(self, batches_per_epoch: int) -> None:
+        cfg = self.config
+        steps = batches_per_epoch if cfg.schedule == 'step' else 1
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr,
+                                           weight_decay=cfg.weight_decay)
+        self.scheduler = cosine_with_warmup(self.optimizer, cfg.warmup_epochs * steps,
+                                            cfg.epochs * steps)
+
+    def _start_or_resume(self, train_dataset: Sequence, start: float) -> _FitState:
+        r"""The state of a new run (after fitting the normaliser on the training targets), or
+        that of ``config.resume`` with the model, optimiser, schedule, normaliser and random
+        streams restored."""
+        cfg = self.config
+        if cfg.resume is None:
+            if self.uses_normalizer:
+                self.normalizer.fit(_collect_targets(train_dataset, 'regression',
+                                                     cfg.eval_batch_size or cfg.batch_size,
+                                                     cfg.num_workers))
+            return _FitState(start=start)
+        ckpt = self._load_resume(cfg.resume)
+        return _FitState(start=start, history=list(ckpt['history']),
+                         next_epoch=ckpt['epoch'] + 1, best_epoch=ckpt['best_epoch'],
+                         best_val=ckpt['best_val_loss'], bad_epochs=ckpt['bad_epochs'],
+                         prior_time=ckpt['wall_time'], best_state=ckpt['best_model'])
+
+    def _wrap_ddp(self) -> None:
+        if self.dist.is_distributed and self._ddp is None:
+            self._ddp = DistributedDataParallel(
+                self.model, device_ids=[self.device.index] if self.device.type == 'cuda' else None,
+                find_unused_parameters=self.config.find_unused_parameters)
+
+    @property
+    def _writes_files(self) -> bool:
+        return self.config.out_dir is not None and self.dist.is_main
+
+    def _run_epochs(self, run: _FitState, loader: DataLoader, sampler: DistributedSampler,
+                    val_dataset: Optional[Sequence]) -> None:
+        cfg = self.config
+        assert self.optimizer is not None
+        # a resumed run that had already stopped early trains no further
+        run.stopped_early = cfg.patience is not None and run.bad_epochs >= cfg.patience
+        epochs = range(run.next_epoch, cfg.epochs if not run.stopped_early else run.next_epoch)
+        bar = tqdm(epochs, initial=run.next_epoch, total=cfg.epochs, desc='train',
+                   disable=not self._show_progress)
+        for epoch in bar:
+            t_epoch = time.perf_counter()
+            sampler.set_epoch(epoch)
+            lr = self.optimizer.param_groups[0]['lr']
+            record: Dict[str, float] = {'epoch': epoch, 'lr': lr,
+                                        'train_loss': self._train_epoch(loader, epoch)}
+            if val_dataset is not None:
+                self._validate(run, val_dataset, epoch, record)
+            else:
+                run.best_epoch = epoch
+            record['epoch_time'] = time.perf_counter() - t_epoch
+            run.history.append(record)
+            bar.set_postfix({k: f'{v:.4g}' for k, v in record.items()
+                             if k in ('train_loss', 'val_loss')})
+            self._save_epoch(run, epoch)
+            if run.stopped_early:
+                log.info('Early stopping after epoch %d; best epoch %d (val loss %.6g)', epoch,
+                         run.best_epoch, run.best_val)
+                break
+        bar.close()
+
+    def _validate(self, run: _FitState, val_dataset: Sequence, epoch: int,
+                  record: Dict[str, float]) -> None:
+        r"""Adds the validation metrics to the epoch's ``record``; keeps the weights of a new
+        best epoch (and writes ``best.pt``), else counts an epoch without improvement towards
+        early stopping."""
+        cfg = self.config
+        val = self.evaluate(val_dataset)
+        record.update({f'val_{k}': v for k, v in val.items()})
+        if val['loss'] < run.best_val - cfg.min_delta:
+            run.best_val, run.best_epoch, run.bad_epochs = val['loss'], epoch, 0
+            run.best_state = _cpu_state_dict(self.model)
+            if self._writes_files:
+                best = self._checkpoint_base('model')
+                best.update(model=run.best_state, epoch=epoch, metrics=dict(record))
+                save_checkpoint(best, os.path.join(cfg.out_dir, BEST_CHECKPOINT))
+        else:
+            run.bad_epochs += 1
+        run.stopped_early = cfg.patience is not None and run.bad_epochs >= cfg.patience
+
+    def _save_epoch(self, run: _FitState, epoch: int) -> None:
+        r"""Writes ``checkpoint.pt`` (every ``checkpoint_every`` epochs and after the last one)
+        and the metrics logs."""
+        cfg = self.config
+        last = epoch == cfg.epochs - 1 or run.stopped_early
+        periodic = cfg.checkpoint_every > 0 and (epoch + 1) % cfg.checkpoint_every == 0
+        if cfg.out_dir is not None and (last or periodic):
+            rng = self._gather_rng()  # collective: every rank takes part
+            if self.dist.is_main:
+                assert self.optimizer is not None and self.scheduler is not None
+                ckpt = self._checkpoint_base('train')
+                ckpt.update(
+                    model=_cpu_state_dict(self.model),
+                    optimizer=self.optimizer.state_dict(),
+                    scheduler=self.scheduler.state_dict(), epoch=epoch,
+                    best_epoch=run.best_epoch, best_val_loss=run.best_val,
+                    bad_epochs=run.bad_epochs, best_model=run.best_state, history=run.history,
+                    rng=rng, wall_time=run.wall_time(), world_size=self.dist.world_size)
+                save_checkpoint(ckpt, os.path.join(cfg.out_dir, LAST_CHECKPOINT))
+        if self._writes_files:
+            self._write_logs(run.history)
+
+    def _finish(self, run: _FitState, val_dataset: Optional[Sequence],
+                test_dataset: Optional[Sequence]) -> TrainResult:
+        r"""Restores the best weights, attaches the normaliser, evaluates on the test set and
+        writes ``result.json``."""
+        cfg = self.config
+        if cfg.restore_best and run.best_state is not None:
+            self.model.load_state_dict(run.best_state)
+        self._attach_normalizer()  # from here on the model predicts in target units
+        result = TrainResult(history=run.history, best_epoch=run.best_epoch,
+                             best_val_loss=run.best_val if run.best_state is not None else math.nan,
+                             epochs_run=len(run.history), stopped_early=run.stopped_early,
+                             normalizer=copy.deepcopy(self.normalizer) if self.uses_normalizer
+                             else None)
+        if 0 <= run.best_epoch and val_dataset is not None:
+            rec = next(r for r in run.history if r['epoch'] == run.best_epoch)
+            result.val_metrics = {k[4:]: v for k, v in rec.items() if k.startswith('val_')}
+        if test_dataset is not None:
+            result.test_metrics = self.evaluate(test_dataset)
+        result.wall_time = run.wall_time()
+        if self._writes_files:
+            self._write_result(result)
+        return result
+
+    def _write_result(self, result: TrainResult) -> None:
+        summary = result.to_dict()
+        summary.pop('history')
+        summary.update(config=self.config.to_dict(), task_type=self.task_type,
+                       world_size=self.dist.world_size)
+        text = json.dumps(summary, indent=2) + '\n'
+        assert self.config.out_dir is not None
+        atomic_write(os.path.join(self.config.out_dir, RESULT_JSON), lambda f: f.write(text),
+                     binary=False)
+
+    def _load_resume(self, path: str) -> Dict[str, Any]:
+        state = load_checkpoint(path, map_location='cpu')
+        if state['kind'] != 'train':
+            raise CheckpointError(f'Checkpoint {path!r} holds model weights only (kind '
+                                  f'{state["kind"]!r}); resume from {LAST_CHECKPOINT!r}')
+        missing = [k for k in ('optimizer', 'scheduler', 'epoch', 'best_epoch', 'best_val_loss',
+                               'bad_epochs', 'best_model', 'history', 'rng', 'wall_time')
+                   if k not in state]
+        if missing:
+            raise CheckpointError(f'Checkpoint {path!r} is incomplete: missing {missing}')
+        self._check_task(state, path)
+        self._check_run_info(state, path)
+        old = state.get('config', {})
+        changed = {k: (old[k], v) for k, v in self.config.to_dict().items()
+                   if k in old and old[k] != v and k not in
+                   ('resume', 'out_dir', 'progress', 'device', 'num_workers')}
+        if changed:
+            log.warning('Resuming %s with a changed configuration %s; the run will differ from '
+                        'an uninterrupted one', path, changed)
+        self._load_model_state(state['model'], path)
+        assert self.optimizer is not None and self.scheduler is not None
+        try:
+            self.optimizer.load_state_dict(state['optimizer'])
+            self.scheduler.load_state_dict(state['scheduler'])
+        except (ValueError, KeyError, RuntimeError) as e:
+            raise CheckpointError(f'Optimizer/scheduler state in {path!r} does not fit: '
+                                  f'{e}') from e
+        if state.get('normalizer') is not None:
+            self.normalizer.load_state_dict(state['normalizer'])
+        elif self.uses_normalizer:
+            raise CheckpointError(f'Checkpoint {path!r} has no target normaliser but '
+                                  f'normalize_targets=True')
+        rng = state['rng']
+        if len(rng) != self.dist.world_size:
+            log.warning('Checkpoint %s was written with %d process(es), now %d: random streams '
+                        'will differ from an uninterrupted run', path, len(rng),
+                        self.dist.world_size)
+        _set_rng_state(rng[self.dist.rank] if self.dist.rank < len(rng) else rng[0])
+        log.info('Resumed from %s at epoch %d', path, state['epoch'] + 1)
+        return state
+
+
+def train(model: torch.nn.Module, train_dataset: Sequence, val_dataset: Optional[Sequence] = None,
+          test_dataset: Optional[Sequence] = None, config: Optional[TrainConfig] = None,
+          task_type: str = 'regression', loss_fn: Optional[LossFn] = None,
+          run_info: Optional[Dict[str, Any]] = None) -> TrainResult:
+    r"""Functional shortcut for ``Trainer(model, config, task_type, loss_fn,
+    run_info).fit(train_dataset, val_dataset, test_dataset)``; the model ends up holding the best
+    weights and, for normalised regression targets, its normaliser: ``model(batch)`` and
+    :func:`predict` give target units (``TrainResult.normalizer`` holds the statistics)."""
+    return Trainer(model, config, task_type, loss_fn, run_info).fit(train_dataset, val_dataset,
+                                                                    test_dataset)
