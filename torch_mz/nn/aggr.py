@@ -28,7 +28,7 @@ def preset_defaults(preset: str, in_channels: int, heads: int) -> dict:
       Slim generator budget (:math:`n_g = 2`, :math:`L = 1`, Appendix A.1). A
       set of five neighbours does not pay for 16 inducing tokens, and every element carries two
       generator rows instead of eight (the generator channel is most of the cost: with
-      :math:`n_g = 8` a forward + backward costs 4-10x the rigid aggregation's, see
+      :math:`n_g = 8` a forward + backward costs 3.5-10x the rigid aggregation's, see
       ``benchmarks/results/message_passing``).
     * ``'paper'``, the MZ-Set Transformer of the paper (Appendix A.1): ``dim = 64``,
       ``d_ff = 128``, two ISAB encoder blocks with 16 inducing tokens, :math:`n_g = 8`,
