@@ -171,7 +171,7 @@ def main():
                         help="smallest graph for 'default-ckpt'")
     parser.add_argument('--ckpt-dims', default='16', help="widths for 'default-ckpt'")
     parser.add_argument('--power-law-max-nodes', type=int, default=10000,
-                        help='largest power-law graph (its hub has ~8% of all edges, and an SAB '
+                        help='largest power-law graph (its hub has ~8%% of all edges, and an SAB '
                              'is quadratic in it)')
     parser.add_argument('--repeats', type=int, default=5)
     parser.add_argument('--threads', type=int, default=1)

@@ -1,5 +1,9 @@
 r"""The verdict logic of the synthetic studies in ``benchmarks/`` on hand-built results (the
 real-data scripts are tested in ``test_benchmarks_real.py``)."""
+import os
+import runpy
+import sys
+
 import numpy as np
 import pytest
 
@@ -51,3 +55,22 @@ def test_equivariance_winner_uses_the_paper_table():
     assert study.verdict(row)[0] == 'tie: st-large/mz'
     assert not study.agrees(study.verdict(row)[0], 'egnn')
     assert study.PAPER[('MEB d=32', 'egnn')] == 0.78 and len(study.PAPER) == 3 * len(study.CELLS)
+
+
+BENCHMARKS = os.path.join(os.path.dirname(__file__), '..', 'benchmarks')
+
+
+@pytest.mark.parametrize('script', sorted(f[:-3] for f in os.listdir(BENCHMARKS)
+                                          if f.endswith('.py')))
+def test_every_script_prints_its_help(script, capsys):
+    r"""``--help`` of every benchmark script works (a stray ``%`` in a help string breaks it)."""
+    path = os.path.join(BENCHMARKS, f'{script}.py')
+    argv = sys.argv
+    sys.argv = [path, '--help']
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            runpy.run_path(path, run_name='__main__')
+    finally:
+        sys.argv = argv
+    assert exit_.value.code == 0
+    assert 'usage:' in capsys.readouterr().out

@@ -170,6 +170,38 @@ def test_scatter_path_chunks_pairs_exactly(monkeypatch):
             (alpha, vals.clone().requires_grad_()))
 
 
+@pytest.mark.parametrize('groups', [3, 6])
+def test_wide_values_split_into_heads_exactly(monkeypatch, groups):
+    r"""Values g times as wide as the keys are attended as g extra heads by the fused kernel
+    (linear memory in the set size) on big blocks: same values and gradients as the scatter
+    path, in float64, with masked (padded) keys and shuffled rows."""
+    g = torch.Generator().manual_seed(groups)
+    q_set = make_index([9, 0, 11, 4], generator=g)
+    kv_set = make_index([10, 3, 12, 5], generator=g)
+    H, dk = 2, 3
+    q = torch.randn(q_set.numel(), H, dk, generator=g, dtype=torch.float64)
+    k = torch.randn(kv_set.numel(), H, dk, generator=g, dtype=torch.float64)
+    v = torch.randn(kv_set.numel(), H, groups * dk, generator=g, dtype=torch.float64)
+    ref = [t.clone().requires_grad_() for t in (q, k, v)]
+    expected = grouped_attention(*ref, q_set, kv_set, 4, path='scatter')
+    expected.pow(2).sum().backward()
+    monkeypatch.setattr(functional, 'FLASH_MIN_LEN', 4)
+    monkeypatch.setattr(functional, 'FLASH_MIN_SCORES', 0)
+    calls = []
+    sdpa = functional.F.scaled_dot_product_attention
+    monkeypatch.setattr(functional.F, 'scaled_dot_product_attention',
+                        lambda q_, k_, v_, **kw: calls.append(q_.size(1)) or sdpa(q_, k_, v_, **kw))
+    split = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = grouped_attention(*split, q_set, kv_set, 4, path='dense')
+    out.pow(2).sum().backward()
+    assert H * groups in calls  # the split ran
+    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
+    for a, b in zip(split, ref):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-10, atol=1e-10)
+    assert functional._split_values(1, H, 300, 300, dk, groups * dk, p=0.1) == 1  # dropout
+    assert functional._split_values(1, H, 300, 300, dk, dk, p=0.0) == 1  # already fused
+
+
 def test_values_of_a_wrong_shape_are_refused():
     q, k, v, q_set, kv_set = _random_problem([2], [3], seed=0)
     with pytest.raises(ValueError, match='values'):
