@@ -2,6 +2,7 @@ import glob
 import os
 import os.path as osp
 import shutil
+import zlib
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from torch_mz.datasets.modelnet import (
     HDF5_FOLDER,
     MODELNET40_CLASSES,
     MODELNET40_URL,
+    Z_UP_TO_Y_UP,
     ModelNet40,
     read_off,
     sample_surface,
@@ -377,3 +379,72 @@ def test_docstring_documents_every_argument():
     import inspect
     params = [p for p in inspect.signature(ModelNet40.__init__).parameters if p != 'self']
     assert [p for p in params if f'{p} (' not in ModelNet40.__doc__] == []
+
+
+# a box 1 x 1 x 3, tall along z (the Princeton meshes' up axis)
+TALL_BOX_VERTICES = [(x, y, 3 * z) for x, y, z in CUBE_VERTICES]
+TALL_BOX = 'wardrobe/train/wardrobe_0001.off'
+
+
+def test_mesh_source_is_y_up_like_the_hdf5_release(modelnet_mesh_root):
+    write_off(osp.join(modelnet_mesh_root, 'raw', TALL_BOX), TALL_BOX_VERTICES, CUBE_QUADS)
+    ds = ModelNet40(modelnet_mesh_root, num_points=256, normalize=False, log=False)
+    data = next(d for d in ds if int(d.y) == MODELNET40_CLASSES.index('wardrobe'))
+    # exactly the file's surface samples, turned by (x, y, z) -> (x, z, -y)
+    seq = np.random.SeedSequence([0, zlib.crc32(TALL_BOX.encode())])
+    sampled = sample_surface(np.array(TALL_BOX_VERTICES, dtype=np.float64),
+                             read_off(osp.join(modelnet_mesh_root, 'raw', TALL_BOX))[1], 256, seq)
+    expected = np.stack([sampled[:, 0], sampled[:, 2], -sampled[:, 1]], axis=1)
+    assert np.allclose(data.pos.numpy(), expected, atol=1e-6)
+    assert np.allclose(Z_UP_TO_Y_UP @ Z_UP_TO_Y_UP.T, np.eye(3))
+    assert np.linalg.det(Z_UP_TO_Y_UP) == pytest.approx(1.0)
+    extent = (data.pos.max(0).values - data.pos.min(0).values).numpy()
+    assert extent == pytest.approx([1.0, 3.0, 1.0], abs=0.05)  # standing upright along y
+
+
+def test_up_axis_rotation_keeps_a_tall_box_upright(modelnet_mesh_root):
+    write_off(osp.join(modelnet_mesh_root, 'raw', TALL_BOX), TALL_BOX_VERTICES, CUBE_QUADS)
+    ds = ModelNet40(modelnet_mesh_root, num_points=256, normalize=False, log=False)
+    box = next(d for d in ds if int(d.y) == MODELNET40_CLASSES.index('wardrobe'))
+    height = float(box.pos[:, 1].max() - box.pos[:, 1].min())
+    torch.manual_seed(0)
+    widths = []
+    for _ in range(20):
+        turned = RandomRotateUp()(box.clone())
+        assert float(turned.pos[:, 1].max() - turned.pos[:, 1].min()) == pytest.approx(height,
+                                                                                       abs=1e-6)
+        assert torch.allclose(turned.pos.norm(dim=1), box.pos.norm(dim=1), atol=1e-5)
+        widths.append(float(turned.pos[:, 0].max() - turned.pos[:, 0].min()))
+    assert height == pytest.approx(3.0, abs=0.05) and max(widths) - min(widths) > 0.2
+
+
+def test_both_sources_deliver_the_same_up_axis(modelnet_mesh_root, modelnet_h5_root):
+    write_off(osp.join(modelnet_mesh_root, 'raw', TALL_BOX), TALL_BOX_VERTICES, CUBE_QUADS)
+    mesh = ModelNet40(modelnet_mesh_root, num_points=256, log=False)
+    from_mesh = next(d for d in mesh if int(d.y) == MODELNET40_CLASSES.index('wardrobe'))
+    # the same box as PointNet's release stores it: y-up, 2,048 surface points in random order
+    points = sample_surface(np.array(TALL_BOX_VERTICES, dtype=np.float64),
+                            np.array([t for a, b, c, d in CUBE_QUADS for t in ((a, b, c),
+                                                                               (a, c, d))]),
+                            2048, np.random.SeedSequence(7))
+    points = points[:, [0, 2, 1]] * np.array([1, 1, -1])  # y-up
+    root = modelnet_h5_root['root']
+    folder = modelnet_h5_root['folder']
+    write_h5(osp.join(folder, 'ply_data_train0.h5'), data=points[None].astype(np.float32),
+             label=np.array([[MODELNET40_CLASSES.index('wardrobe')]], dtype=np.uint8))
+    os.unlink(osp.join(folder, 'ply_data_train1.h5'))
+    from_h5 = ModelNet40(root, source='hdf5', num_points=128, log=False)[0]
+    for data in (from_mesh, from_h5):
+        extent = (data.pos.max(0).values - data.pos.min(0).values).numpy()
+        assert int(np.argmax(extent)) == 1 and extent[1] > 2.5 * max(extent[0], extent[2])
+
+
+def test_hdf5_without_normalize_is_the_published_input(modelnet_h5_root):
+    root, files = modelnet_h5_root['root'], modelnet_h5_root['files']
+    raw = ModelNet40(root, source='hdf5', num_points=100, normalize=False, log=False)
+    normalised = ModelNet40(root, source='hdf5', num_points=100, log=False)
+    stored = files['ply_data_train0.h5'][0]
+    for j in range(4):  # PointNet/DGCNN: data[:, 0:1024] of the file, as stored
+        assert np.array_equal(raw[j].pos.numpy(), stored[j, :100])
+    # re-normalising the first points moves them (the file normalises all of its points)
+    assert not torch.allclose(raw[0].pos, normalised[0].pos, atol=1e-3)

@@ -153,3 +153,25 @@ def test_docstring_documents_every_argument():
     import inspect
     params = [p for p in inspect.signature(ScanObjectNN.__init__).parameters if p != 'self']
     assert [p for p in params if f'{p} (' not in ScanObjectNN.__doc__] == []
+
+
+def test_resample_draws_a_new_subset_on_every_access(scanobjectnn_root):
+    root, files = scanobjectnn_root['root'], scanobjectnn_root['files']
+    raw = files[osp.join('h5_files', 'main_split', 'training_objectdataset.h5')]
+    fixed = ScanObjectNN(root, num_points=64, normalize=False, log=False)
+    assert torch.equal(fixed[0].pos, fixed[0].pos)  # one subset per object
+    ds = ScanObjectNN(root, num_points=64, normalize=False, resample=True, log=False)
+    assert ds.stored_points is None and 'resample=True' in repr(ds)
+    torch.manual_seed(0)
+    draws = [ds[0] for _ in range(3)]
+    for data in draws:  # 64 distinct points of object 0, each with its own mask entry
+        rows = point_rows(raw['data'][0], data.pos.numpy())
+        assert data.pos.shape == (64, 3) and (rows >= 0).all() and len(np.unique(rows)) == 64
+        assert torch.equal(data.mask, torch.from_numpy(raw['mask'][0, rows] != -1))
+    assert not torch.equal(draws[0].pos, draws[1].pos)
+    torch.manual_seed(0)
+    assert torch.equal(ds[0].pos, draws[0].pos)  # reproducible from torch's generator
+    # normalised as a whole object (as the authors' files), then drawn: no re-normalisation
+    whole = ScanObjectNN(root, num_points=None, log=False)
+    normalised = ScanObjectNN(root, num_points=64, resample=True, log=False)
+    assert point_rows(whole[0].pos.numpy(), normalised[0].pos.numpy()).min() >= 0

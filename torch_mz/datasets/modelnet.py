@@ -33,6 +33,10 @@ MODELNET40_CLASSES: Tuple[str, ...] = ('airplane', 'bathtub', 'bed', 'bench', 'b
 MODELNET40_URL = 'http://modelnet.cs.princeton.edu/ModelNet40.zip'
 HDF5_FOLDER = 'modelnet40_ply_hdf5_2048'
 
+#: The rotation by -90 degrees about x that turns the Princeton meshes' z-up frame into the y-up
+#: frame of PointNet's HDF5 release and of ScanObjectNN: :math:`(x, y, z) \mapsto (x, z, -y)`.
+Z_UP_TO_Y_UP = np.array([[1.0, 0.0, 0.0], [0.0, 0.0, 1.0], [0.0, -1.0, 0.0]])
+
 
 def _ints(tokens: List[str], path: str, what: str) -> np.ndarray:
     try:
@@ -162,22 +166,33 @@ class ModelNet40(TrainTestSets):
       nothing is downloaded over the files already there. Each mesh is sampled once, at
       processing time: :obj:`num_points` points drawn uniformly on the surface (area-weighted)
       with a seed fixed per file (derived from :obj:`seed` and the file name), so the cached
-      points are reproducible and training does not re-sample meshes every epoch.
+      points are reproducible and training does not re-sample meshes every epoch. The meshes
+      are z-up; their points are rotated into the y-up frame of the HDF5 release
+      (:data:`Z_UP_TO_Y_UP`, :math:`(x, y, z) \mapsto (x, z, -y)`), so both sources stand shapes
+      upright along y, the axis the training rotation turns about.
     - :obj:`'hdf5'`: PointNet's ``modelnet40_ply_hdf5_2048`` release (``ply_data_{train,test}*.h5``
       with datasets ``data`` :math:`(N, 2048, 3)` and ``label`` :math:`(N, 1)`, and
-      ``shape_names.txt``), placed by hand in ``raw/modelnet40_ply_hdf5_2048/``. The first
-      :obj:`num_points` of the 2,048 points of a shape are kept (they are stored in random order),
-      :obj:`None` keeps all.
+      ``shape_names.txt``), placed by hand in ``raw/modelnet40_ply_hdf5_2048/``, y-up as stored.
+      The first :obj:`num_points` of the 2,048 points of a shape are kept (they are stored in
+      random order, and PointNet, DGCNN and PointMLP take the same first 1,024), :obj:`None`
+      keeps all.
 
     With :obj:`normalize=True` every point set is centered at its centroid and scaled so that its
-    largest norm is 1. Labels index :data:`MODELNET40_CLASSES` (the 40 class names in sorted order).
-    Every example is a :class:`~torch_geometric.data.Data` with :obj:`pos` :math:`(n, 3)`,
-    :obj:`x = pos` (the set features) and :obj:`y` :math:`(1,)`. Shapes that processing leaves out
-    (meshes without surface area, non-finite points) are counted, reported with a warning, and
-    listed in :attr:`stats` (also saved as ``stats.json`` in the processed folder).
+    largest norm is 1. For the HDF5 source this differs from the published loaders: the release
+    is normalised per 2,048-point shape and PointNet/DGCNN/PointMLP feed the first 1,024 points
+    as stored, whereas :obj:`normalize=True` re-normalises those 1,024 points;
+    :obj:`normalize=False` gives exactly the published input. Labels index
+    :data:`MODELNET40_CLASSES` (the 40 class names in sorted order). Every example is a
+    :class:`~torch_geometric.data.Data` with :obj:`pos` :math:`(n, 3)`, :obj:`x = pos` (the set
+    features) and :obj:`y` :math:`(1,)`. Shapes that processing leaves out (meshes without
+    surface area, non-finite points) are counted, reported with a warning, and listed in
+    :attr:`stats` (also saved as ``stats.json`` in the processed folder).
 
-    Training augmentation as in the paper: :class:`~torch_mz.datasets.transforms.RandomRotateUp` and
-    :class:`~torch_mz.datasets.transforms.RandomJitter` as :obj:`transform`.
+    Training augmentation as in the paper: :class:`~torch_mz.datasets.transforms.RandomRotateUp`
+    (about y, the up axis of both sources) and :class:`~torch_mz.datasets.transforms.RandomJitter`
+    as :obj:`transform`. The train / validation split of :func:`torch_mz.tasks.load_task` holds
+    out 10% of the training files for validation; PointNet, DGCNN and PointMLP train on all
+    9,843.
 
     Args:
         root (str, optional): Root folder (``raw/`` and ``processed/`` below it).
@@ -187,8 +202,9 @@ class ModelNet40(TrainTestSets):
         source (str, optional): :obj:`'mesh'` or :obj:`'hdf5'`. (default: :obj:`'mesh'`)
         num_points (int, optional): Points per shape; :obj:`None` keeps all points of the HDF5
             source. (default: :obj:`1024`)
-        normalize (bool, optional): Center and scale every set to the unit sphere.
-            (default: :obj:`True`)
+        normalize (bool, optional): Center and scale every set to the unit sphere (after taking
+            :obj:`num_points` points); :obj:`False` keeps the HDF5 release's coordinates, as
+            PointNet and DGCNN read them. (default: :obj:`True`)
         seed (int, optional): Seed of the mesh surface sampling. (default: :obj:`0`)
         transform (callable, optional): Applied to every example on access. (default: :obj:`None`)
         pre_transform (callable, optional): Applied once before saving. (default: :obj:`None`)
@@ -199,7 +215,7 @@ class ModelNet40(TrainTestSets):
             (default: :obj:`False`)
 
     Shapes:
-        - **pos**, **x:** :math:`(n, 3)` with :math:`n` = :obj:`num_points`
+        - **pos**, **x:** :math:`(n, 3)` with :math:`n` = :obj:`num_points`, y-up
         - **y:** :math:`(1,)`, long, in :math:`[0, 40)`
     """
     url = MODELNET40_URL
@@ -248,7 +264,7 @@ class ModelNet40(TrainTestSets):
         points = 'all' if self.num_points is None else str(self.num_points)
         tag = f'{self.source}_{points}'
         if self.source == 'mesh':
-            tag += f'_seed{self.seed}'
+            tag += f'_seed{self.seed}_yup'  # '_yup': caches of the file's z-up axes are not reused
         if not self.normalize:
             tag += '_raw'
         return osp.join(self.root, 'processed', tag)
@@ -330,6 +346,7 @@ class ModelNet40(TrainTestSets):
             if points is None:
                 skipped.add('mesh_without_area', rel)
                 continue
+            points = points @ Z_UP_TO_Y_UP.T  # (n, 3), z-up -> y-up
             data_list.append(self._example(points, label))
         return data_list
 

@@ -5,6 +5,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 from torch_geometric.data import Data
+from torch_geometric.transforms import Compose, FixedPoints
 from tqdm import tqdm
 
 from torch_mz.datasets.common import (
@@ -62,6 +63,12 @@ class ScanObjectNN(TrainTestSets):
     The files are shared by the authors under their terms of use, so :meth:`download` only explains
     how to obtain them. At processing time each object keeps a random subset of :obj:`num_points` of
     its points (fixed by :obj:`seed`), centered and scaled to the unit sphere when :obj:`normalize`.
+    This one fixed subset per object differs from the authors' training code, which redraws
+    1,024 of the 2,048 points every epoch: :obj:`resample=True` does that instead (the cache keeps
+    all points, normalised as a whole, and every access draws :obj:`num_points` of them anew
+    without replacement with :class:`torch_geometric.transforms.FixedPoints`, from
+    :mod:`torch`'s global generator, before :obj:`transform`). The objects are y-up, as are
+    :class:`~torch_mz.datasets.ModelNet40`'s, and the training rotation turns about y.
     Labels index :data:`SCANOBJECTNN_CLASSES`. Every example holds :obj:`pos` :math:`(n, 3)`,
     :obj:`x = pos`, :obj:`y` :math:`(1,)` and, where the file has it, :obj:`mask` :math:`(n,)`
     (:obj:`True` for points of the object, :obj:`False` for background points). Objects with
@@ -76,6 +83,9 @@ class ScanObjectNN(TrainTestSets):
         normalize (bool, optional): Center and scale every set to the unit sphere.
             (default: :obj:`True`)
         seed (int, optional): Seed of the point subsets. (default: :obj:`0`)
+        resample (bool, optional): Draw a new subset of :obj:`num_points` points on every access
+            (the authors' training protocol) instead of one fixed subset per object.
+            (default: :obj:`False`)
         transform (callable, optional): Applied to every example on access. (default: :obj:`None`)
         pre_transform (callable, optional): Applied once before saving. (default: :obj:`None`)
         pre_filter (callable, optional): Keeps the examples for which it returns :obj:`True`.
@@ -100,6 +110,7 @@ class ScanObjectNN(TrainTestSets):
         num_points: Optional[int] = 1024,
         normalize: bool = True,
         seed: int = 0,
+        resample: bool = False,
         transform: Optional[Callable] = None,
         pre_transform: Optional[Callable] = None,
         pre_filter: Optional[Callable] = None,
@@ -115,6 +126,10 @@ class ScanObjectNN(TrainTestSets):
         self.num_points = num_points
         self.normalize = normalize
         self.seed = seed
+        self.resample = resample and num_points is not None
+        if self.resample:  # a fresh subset on every access, then the user's transform
+            draw = FixedPoints(num_points, replace=False, allow_duplicates=False)
+            transform = draw if transform is None else Compose([draw, transform])
         self._setup(root, 'ScanObjectNN', train, transform, pre_transform, pre_filter, log,
                     force_reload)
 
@@ -127,8 +142,13 @@ class ScanObjectNN(TrainTestSets):
         return [scanobjectnn_file(self.variant, True), scanobjectnn_file(self.variant, False)]
 
     @property
+    def stored_points(self) -> Optional[int]:
+        r"""Points per object in the processed cache: all of them with :obj:`resample`."""
+        return None if self.resample else self.num_points
+
+    @property
     def processed_dir(self) -> str:
-        points = 'all' if self.num_points is None else str(self.num_points)
+        points = 'all' if self.stored_points is None else str(self.stored_points)
         tag = f'{self.variant}_{points}_seed{self.seed}' + ('' if self.normalize else '_raw')
         return osp.join(self.root, 'processed', tag)
 
@@ -144,7 +164,7 @@ class ScanObjectNN(TrainTestSets):
         return f'ScanObjectNN {self.variant}'
 
     def _stats_header(self) -> Dict[str, object]:
-        return {'variant': self.variant, 'num_points': self.num_points,
+        return {'variant': self.variant, 'num_points': self.stored_points,
                 'normalize': self.normalize, 'seed': self.seed}
 
     def _split_examples(self, split: str, skipped: SkipCounter) -> List[Data]:
@@ -164,6 +184,7 @@ class ScanObjectNN(TrainTestSets):
         if len(labels) and (labels.min() < 0 or labels.max() >= len(SCANOBJECTNN_CLASSES)):
             raise CorruptRawFileError(path, f'labels outside [0, {len(SCANOBJECTNN_CLASSES)})')
         num_available = points.shape[1]
+        num_points = self.stored_points
         if self.num_points is not None and num_available < self.num_points:
             raise ValueError(f"'{path}' holds {num_available} points per object, fewer than "
                              f"num_points={self.num_points}")
@@ -171,10 +192,10 @@ class ScanObjectNN(TrainTestSets):
         data_list = []
         for j in tqdm(range(len(points)), desc=f'ScanObjectNN {self.variant} {split}',
                       disable=not self.log):
-            if self.num_points is None:
+            if num_points is None:
                 keep = np.arange(num_available)
             else:
-                keep = np.sort(rng.choice(num_available, self.num_points, replace=False))
+                keep = np.sort(rng.choice(num_available, num_points, replace=False))
             shape = points[j, keep, :3]  # (n, 3)
             if not np.isfinite(shape).all():
                 skipped.add('non_finite_points', f'{osp.basename(path)}[{j}]')
@@ -191,4 +212,4 @@ class ScanObjectNN(TrainTestSets):
     def __repr__(self) -> str:
         return (
             f'{self.__class__.__name__}({len(self)}, variant={self.variant}, split={self.split}, '
-            f'num_points={self.num_points})')
+            f'num_points={self.num_points}, resample={self.resample})')
