@@ -5,8 +5,7 @@ from dataclasses import replace
 import pytest
 
 from torch_mz.benchmark import environment, write_report
-from torch_mz.compare import (check_options, parse_key_values, parse_model_spec, plot_grid,
-                              run_grid, split_model_specs, train_one)
+from torch_mz.compare import parse_model_spec, plot_grid, run_grid, split_model_specs, train_one
 from torch_mz.tasks import load_task
 from torch_mz.train import TrainConfig
 
@@ -18,28 +17,8 @@ def test_parse_model_spec():
         'mz', {'dropout': 0.2, 'summary': 'mean+std'})
     with pytest.raises(ValueError, match='KEY=VALUE'):
         parse_model_spec('mz:rank')
-    assert parse_key_values(['set-size=[10, 30]', 'name=a,b', 'flag=true']) == {
-        'set_size': [10, 30], 'name': 'a,b', 'flag': True}
     assert split_model_specs('mz, hypernet:rank=64,dim=64,rigid,film:dropout=0.2') == [
         'mz', 'hypernet:rank=64,dim=64', 'rigid', 'film:dropout=0.2']
-    with pytest.raises(ValueError, match="got 'tdof'"):
-        parse_key_values(['tdof'])
-
-
-def test_check_options():
-    defaults = {'d': 16, 'noise': 1.0, 'mode': 'a', 'flag': False, 'sizes': (1, 2), 'any': None}
-    check_options({'d': 3, 'noise': 2, 'mode': 'b', 'flag': True, 'sizes': [3, 4], 'any': 'x'},
-                  defaults, 'thing')
-    for given, match in (({'d': 'abc'}, "thing: option 'd' expects an integer .got 'abc'."),
-                         ({'d': 1.5}, 'integer'), ({'d': True}, 'integer'),
-                         ({'noise': 'x'}, 'a number'), ({'flag': 1}, 'true or false'),
-                         ({'mode': 3}, 'a string'), ({'sizes': 3}, 'a list'),
-                         ({'d': None}, 'integer'),
-                         ({'nosuch': 1}, "thing has no option 'nosuch' .options: any, d, ")):
-        with pytest.raises(ValueError, match=match):
-            check_options(given, defaults, 'thing')
-    check_options({'nosuch': 1}, defaults, 'thing', complete=False)  # passed on, unknown here
-    check_options({'d': None}, defaults, 'thing', nullable=['d'])
 
 
 def test_train_one_records_task_and_model_in_checkpoints(tmp_path):

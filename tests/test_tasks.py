@@ -1,6 +1,11 @@
-import pytest
+import subprocess
+import sys
 
-from torch_mz.tasks import load_task, task_options
+import pytest
+import torch
+
+from torch_mz import datasets
+from torch_mz.tasks import TASKS, is_synthetic, list_tasks, load_task, task_options
 
 
 def test_task_options_follow_the_constructors():
@@ -39,3 +44,31 @@ def test_task_records_its_arguments():
                      tdof=2, noise=1)  # an int where a float is expected is fine
     assert task.args == {'d': 4, 'tdof': 2, 'noise': 1, 'set_size': [3, 4]}
     assert load_task('max', n_train=2, n_val=1, n_test=1, d=2).args == {'d': 2}
+
+
+def test_one_registry_of_every_task():
+    synthetic = list(datasets.TASKS)
+    assert list(TASKS) == synthetic + ['modelnet40', 'scanobjectnn', 'qm9']
+    descriptions = list_tasks()
+    assert list(descriptions) == list(TASKS) and all(descriptions.values())
+    # a loaded task carries the registry's description
+    task = load_task('max', n_train=2, n_val=1, n_test=1, d=2)
+    assert isinstance(task, datasets.TaskSplits) and task.description == descriptions['max']
+    assert [is_synthetic(name) for name in TASKS] == [True] * len(synthetic) + [False] * 3
+    # load_task and make_task give the same tensors from the same seed
+    made = datasets.make_task('mst', n_train=3, n_val=2, n_test=2, seed=4, d=3)
+    loaded = load_task('mst', n_train=3, n_val=2, n_test=2, seed=4, d=3)
+    for split in ('train', 'val', 'test'):
+        for a, b in zip(made[split], loaded[split]):
+            assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y)
+    assert (loaded.in_channels, loaded.out_channels, loaded.pos_dim) == (3, 1, 3)
+    with pytest.warns(DeprecationWarning, match='TaskSplits'):
+        from torch_mz.tasks import TaskData
+    assert TaskData is datasets.TaskSplits
+
+
+def test_datasets_do_not_import_the_registry():
+    # the registry imports the datasets, never the other way round (no import cycle)
+    code = ('import sys, torch_mz.datasets.real, torch_mz.datasets.synthetic; '
+            "assert 'torch_mz.tasks' not in sys.modules")
+    subprocess.run([sys.executable, '-c', code], check=True)

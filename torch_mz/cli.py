@@ -37,7 +37,7 @@ class CLIError(Exception):
 
 
 def _parse_kv(items: Optional[Sequence[str]], what: str) -> Dict[str, object]:
-    from torch_mz.compare import parse_key_values
+    from torch_mz.options import parse_key_values
     try:
         return parse_key_values(items or [])
     except ValueError as e:
@@ -151,7 +151,7 @@ def _check_model_args(args, task, models: List[ModelSpec]):
     the presets before any training: unknown options and values of the wrong type end as a
     CLIError, not as a TypeError deep inside a constructor."""
     overrides = _parse_kv(args.model_arg, '--model-arg')
-    from torch_mz.compare import check_options
+    from torch_mz.options import check_options
     from torch_mz.models import build_model
     from torch_mz.models.registry import PRESETS
     for model in models:
@@ -344,9 +344,8 @@ def cmd_predict(args) -> int:
     import io
 
     from torch_mz._files import atomic_write
-    from torch_mz.datasets.synthetic import TASKS as SYNTHETIC_TASKS
     from torch_mz.inference import load_model, prediction_columns
-    from torch_mz.tasks import load_task
+    from torch_mz.tasks import is_synthetic, load_task
     from torch_mz.train import load_checkpoint, resolve_device
     state = load_checkpoint(args.checkpoint)
     recorded = (state.get('run_info') or {}).get('task') or {}
@@ -356,7 +355,7 @@ def cmd_predict(args) -> int:
     # the task options the model was trained with, unless --task-arg says otherwise
     options = dict(recorded.get('args') or {}, **_parse_kv(args.task_arg, '--task-arg'))
     set_size = options.pop('set_size', None)
-    only_test = 0 if args.task in SYNTHETIC_TASKS else None  # synthetic splits are independent
+    only_test = 0 if is_synthetic(args.task) else None  # synthetic splits are independent
     task = load_task(args.task, seed=args.data_seed, n_train=only_test, n_val=only_test,
                      n_test=args.n_test, set_size=None if set_size is None else tuple(set_size),
                      root=args.root, **options)

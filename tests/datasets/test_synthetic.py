@@ -4,14 +4,8 @@ import torch
 from torch_geometric.loader import DataLoader
 
 from torch_mz import geometry
-from torch_mz.datasets.synthetic import (
-    SPLITS,
-    TASKS,
-    QuadraticTDOFTask,
-    SyntheticSplits,
-    list_tasks,
-    make_task,
-)
+from torch_mz.datasets import SPLITS, TaskSplits
+from torch_mz.datasets.synthetic import TASKS, QuadraticTDOFTask, make_task
 
 # Small but non-trivial instances of every task (sizes kept small for a fast test run).
 SMALL = {
@@ -42,7 +36,7 @@ def unpack(x):
     return x[flag == 0, :-1], x[flag == 1, :-1]
 
 
-def expected_target(splits: SyntheticSplits, data) -> np.ndarray:
+def expected_target(splits: TaskSplits, data) -> np.ndarray:
     r"""Recomputes a target from the stored x with the ground-truth functions, independently of
     the task classes."""
     x = data.x.double().numpy()
@@ -104,9 +98,9 @@ def small_splits():
 
 
 def test_registry():
-    assert list_tasks() == ['quadratic-tdof', 'set-regression', 'chamfer', 'rotation-matching',
-                            'mst', 'hull-volume', 'meb-radius', 'covariance-norm', 'mahalanobis',
-                            'pca-error', 'max', 'sum', 'median', 'range']
+    assert list(TASKS) == ['quadratic-tdof', 'set-regression', 'chamfer', 'rotation-matching',
+                           'mst', 'hull-volume', 'meb-radius', 'covariance-norm', 'mahalanobis',
+                           'pca-error', 'max', 'sum', 'median', 'range']
     for name, cls in TASKS.items():
         assert cls.name == name
         assert cls.description and cls.paper_ref
@@ -120,14 +114,15 @@ def test_registry():
 @pytest.mark.parametrize('name', list(SMALL))
 def test_shapes_sizes_and_targets(small_splits, name):
     splits = small_splits[name]
-    assert isinstance(splits, SyntheticSplits)
-    assert splits.task_type == 'regression'
+    assert isinstance(splits, TaskSplits)
+    assert splits.task_type == 'regression' and splits.task.name == name
+    assert (splits.in_channels, splits.out_channels) == (splits.task.d_in, splits.task.out_dim)
     for split, count in zip(SPLITS, COUNTS.values()):
         assert len(splits[split]) == count
         for data in splits[split]:
             assert data.x.dtype == torch.float32 and data.y.dtype == torch.float32
-            assert data.x.dim() == 2 and data.x.size(1) == splits.d_in
-            assert data.y.shape == (1, splits.out_dim)
+            assert data.x.dim() == 2 and data.x.size(1) == splits.in_channels
+            assert data.y.shape == (1, splits.out_channels)
             assert torch.isfinite(data.x).all() and torch.isfinite(data.y).all()
             assert 3 <= set_size(splits, data) <= 9
             np.testing.assert_allclose(data.y[0].double().numpy(), expected_target(splits, data),
@@ -152,7 +147,7 @@ def test_natural_d_in_and_defaults():
     assert len(splits.train) == 5000 and len(splits.val) == 2 and splits.test == []
     lo, hi = TASKS['sum'].default_set_size
     assert all(lo <= d.num_nodes <= hi for d in splits.train)
-    assert splits.set_sizes == {s: (lo, hi) for s in SPLITS}
+    assert splits.info['set_sizes'] == {s: (lo, hi) for s in SPLITS}
 
 
 @pytest.mark.parametrize('name', list(SMALL))
@@ -186,7 +181,7 @@ def test_splits_are_independent_streams():
 def test_set_size_generalisation_ranges():
     splits = make_task('quadratic-tdof', n_train=20, n_val=5, n_test=10, seed=0, d=4, tdof=2,
                        split_set_sizes={'train': (10, 12), 'test': (50, 60)})
-    assert splits.set_sizes == {'train': (10, 12), 'val': (10, 30), 'test': (50, 60)}
+    assert splits.info['set_sizes'] == {'train': (10, 12), 'val': (10, 30), 'test': (50, 60)}
     train_sizes = {d.num_nodes for d in splits.train}
     assert train_sizes <= {10, 11, 12} and len(train_sizes) > 1
     assert all(50 <= d.num_nodes <= 60 for d in splits.test)
@@ -349,7 +344,7 @@ def test_set_regression_modes_and_statistic_reductions():
         assert b.y.item() == pytest.approx(b.x.max(1).values.sum().item(), rel=1e-6)
     for reduce, fn in [('mean', np.mean), ('sum', np.sum)]:
         splits = make_task('range', n_train=4, n_val=0, n_test=0, d=3, reduce=reduce)
-        assert splits.out_dim == 1
+        assert splits.out_channels == 1
         for data in splits.train:
             v = data.x.double().numpy()
             assert data.y.shape == (1, 1)
@@ -374,8 +369,8 @@ def test_hull_and_meb_high_dim_options(small_splits):
 def test_pyg_batching(small_splits):
     splits = small_splits['max']
     batch = next(iter(DataLoader(splits.train, batch_size=4)))
-    assert batch.y.shape == (4, splits.out_dim)
-    assert batch.x.size(1) == splits.d_in
+    assert batch.y.shape == (4, splits.out_channels)
+    assert batch.x.size(1) == splits.in_channels
     assert batch.num_graphs == 4
 
 
@@ -415,3 +410,12 @@ def test_progress_bar_and_repr(capsys):
     assert 'train=3' in repr(splits) and 'SumTask' in repr(splits)
     with pytest.raises(KeyError):
         splits['validation']
+
+
+def test_deprecated_names_still_work():
+    with pytest.warns(DeprecationWarning, match='TaskSplits'):
+        from torch_mz.datasets import SyntheticSplits
+    assert SyntheticSplits is TaskSplits
+    with pytest.warns(DeprecationWarning, match='torch_mz.tasks.list_tasks'):
+        from torch_mz.datasets import list_tasks
+    assert list_tasks() == list(TASKS)

@@ -7,16 +7,16 @@ from torch_mz.datasets.qm9 import (HARTREE_TO_EV, QM9, QM9_PAPER_SPLIT, QM9_STAN
                                    QM9_TARGETS, QM9_UNITS)
 from torch_mz.datasets.scanobjectnn import (SCANOBJECTNN_CLASSES, SCANOBJECTNN_VARIANTS,
                                             ScanObjectNN)
-from torch_mz.datasets.synthetic import (SPLITS, TASKS, SyntheticSplits, SyntheticTask,
-                                         list_tasks, make_task)
+from torch_mz.datasets.splits import SPLITS, TaskSplits
+from torch_mz.datasets import synthetic
+from torch_mz.datasets.synthetic import TASKS, SyntheticTask, make_task
 from torch_mz.datasets.transforms import RandomJitter, RandomPointSubset, RandomRotateUp
 
 __all__ = [
     'make_task',
-    'list_tasks',
     'TASKS',
     'SPLITS',
-    'SyntheticSplits',
+    'TaskSplits',
     'SyntheticTask',
     'ModelNet40',
     'MODELNET40_CLASSES',
@@ -37,3 +37,10 @@ __all__ = [
     'CorruptRawFileError',
     'ProcessedFileError',
 ]
+
+
+def __getattr__(name: str):
+    # Deprecated names (torch_mz 0.2.0), kept importable: see torch_mz.datasets.synthetic.
+    if name in ('SyntheticSplits', 'list_tasks'):
+        return getattr(synthetic, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

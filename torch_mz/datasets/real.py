@@ -1,4 +1,5 @@
-r"""The real datasets as train / val / test splits for :func:`torch_mz.tasks.load_task`.
+r"""The real datasets as :class:`~torch_mz.datasets.TaskSplits`, for
+:func:`torch_mz.tasks.load_task`.
 
 * ``modelnet40`` / ``scanobjectnn``: the official train/test files; the validation set is a
   seeded 10% of the training files (kept out of training). Training sets get the paper's
@@ -17,6 +18,7 @@ from torch_mz.datasets.common import split_indices
 from torch_mz.datasets.modelnet import ModelNet40
 from torch_mz.datasets.qm9 import QM9, QM9_PAPER_SPLIT, QM9_TARGETS
 from torch_mz.datasets.scanobjectnn import ScanObjectNN
+from torch_mz.datasets.splits import TaskSplits
 from torch_mz.datasets.transforms import RandomJitter, RandomRotateUp
 
 # Columns of QM9's x that are invariant under rotations/translations: one-hot type and charge.
@@ -25,6 +27,14 @@ QM9_INVARIANT_COLUMNS = (0, 1, 2, 3, 4, 8)
 #: The dataset class of each real task, and the constructor arguments :func:`load_real_task` sets
 #: itself (the other arguments are the task's options).
 REAL_DATASETS = {'modelnet40': ModelNet40, 'scanobjectnn': ScanObjectNN, 'qm9': QM9}
+#: One line per real task, for :func:`torch_mz.tasks.list_tasks`.
+DESCRIPTIONS = {
+    'modelnet40': 'ModelNet40 point-cloud classification (40 classes; needs the data on disk '
+                  'or a download)',
+    'scanobjectnn': 'ScanObjectNN point-cloud classification (15 classes; data by request from '
+                    'the authors)',
+    'qm9': 'QM9 molecular property regression (offline source: the qm9pack package)',
+}
 SET_BY_LOAD = {'modelnet40': ('root', 'train', 'transform'),
                'scanobjectnn': ('root', 'train', 'transform'), 'qm9': ('root', )}
 
@@ -35,7 +45,6 @@ def _subset(dataset, index):
 
 def _point_cloud_task(name: str, cls, seed: int, n_train, n_val, n_test, root, num_classes,
                       **kwargs):
-    from torch_mz.tasks import TaskData
     augment = Compose([RandomRotateUp(), RandomJitter()])
     train_aug = cls(root=root, train=True, transform=augment, **kwargs)
     train_plain = cls(root=root, train=True, **kwargs)
@@ -48,21 +57,21 @@ def _point_cloud_task(name: str, cls, seed: int, n_train, n_val, n_test, root, n
                          f"training files")
     tr, va, _ = split_indices(n, train_size, val_size, 0, seed=seed)
     test_idx = list(range(len(test) if n_test is None else min(n_test, len(test))))
-    return TaskData(name, _subset(train_aug, tr), _subset(train_plain, va),
-                    _subset(test, test_idx), in_channels=3, out_channels=num_classes,
-                    task_type='classification', pos_dim=None,
-                    description=f'{cls.__name__} classification ({num_classes} classes)',
-                    info=dict({k: v for k, v in kwargs.items() if k != 'log'},
-                              val_fraction_of_train=val_size / n, feature_columns=[]))
+    return TaskSplits(name, _subset(train_aug, tr), _subset(train_plain, va),
+                      _subset(test, test_idx), in_channels=3, out_channels=num_classes,
+                      task_type='classification', pos_dim=None,
+                      description=f'{cls.__name__} classification ({num_classes} classes)',
+                      info=dict({k: v for k, v in kwargs.items() if k != 'log'},
+                                val_fraction_of_train=val_size / n, feature_columns=[]))
 
 
 def load_real_task(name: str, seed: int = 0, n_train: Optional[int] = None,
                    n_val: Optional[int] = None, n_test: Optional[int] = None,
                    root: Optional[str] = None, progress: bool = False, **kwargs):
-    r"""Loads a real dataset as a :class:`~torch_mz.tasks.TaskData` (see the module docstring).
-    :obj:`kwargs` go to the dataset class (e.g. ``target='alpha'`` or ``source='sdf'`` for QM9,
-    ``variant='PB_T50_RS'`` for ScanObjectNN, ``source='hdf5'`` for ModelNet40)."""
-    from torch_mz.tasks import TaskData
+    r"""Loads a real dataset as :class:`~torch_mz.datasets.TaskSplits` (see the module
+    docstring). :obj:`kwargs` go to the dataset class (e.g. ``target='alpha'`` or
+    ``source='sdf'`` for QM9, ``variant='PB_T50_RS'`` for ScanObjectNN, ``source='hdf5'`` for
+    ModelNet40)."""
     kwargs.setdefault('log', progress)  # processing progress bars follow the caller's choice
     if name == 'modelnet40':
         return _point_cloud_task(name, ModelNet40, seed, n_train, n_val, n_test, root, 40,
@@ -81,9 +90,9 @@ def load_real_task(name: str, seed: int = 0, n_train: Optional[int] = None,
         targets = kwargs['target']
         targets = [targets] if isinstance(targets, (str, int)) else list(targets)
         names = [QM9_TARGETS[t] if isinstance(t, int) else t for t in targets]
-        return TaskData(name, ds.index_select(tr), ds.index_select(va), ds.index_select(te),
-                        in_channels=9, out_channels=len(targets), task_type='regression',
-                        pos_dim=None, description=f"QM9 regression of {', '.join(names)}",
-                        info=dict({k: v for k, v in kwargs.items() if k != 'log'}, targets=names,
-                                  feature_columns=list(QM9_INVARIANT_COLUMNS)))
+        return TaskSplits(name, ds.index_select(tr), ds.index_select(va), ds.index_select(te),
+                          in_channels=9, out_channels=len(targets), task_type='regression',
+                          pos_dim=None, description=f"QM9 regression of {', '.join(names)}",
+                          info=dict({k: v for k, v in kwargs.items() if k != 'log'},
+                                    targets=names, feature_columns=list(QM9_INVARIANT_COLUMNS)))
     raise ValueError(f"Unknown real dataset '{name}'")

@@ -30,7 +30,7 @@ Example::
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import warnings
 from typing import Any, ClassVar, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Type
 
 import numpy as np
@@ -39,6 +39,7 @@ from torch_geometric.data import Data
 from tqdm.auto import tqdm
 
 from torch_mz import geometry
+from torch_mz.datasets.splits import SPLITS, TaskSplits
 
 __all__ = [
     'SPLITS',
@@ -61,12 +62,8 @@ __all__ = [
     'MedianTask',
     'RangeTask',
     'TASKS',
-    'SyntheticSplits',
-    'list_tasks',
     'make_task',
 ]
-
-SPLITS = ('train', 'val', 'test')
 
 Sample = Tuple[np.ndarray, np.ndarray, Dict[str, np.ndarray]]
 
@@ -816,61 +813,23 @@ TASKS: Dict[str, Type[SyntheticTask]] = {
 }
 
 
-def list_tasks() -> List[str]:
-    r"""Names of the registered synthetic tasks, in the order of :data:`TASKS`."""
-    return list(TASKS)
+def __getattr__(name: str) -> Any:
+    # Deprecated names (torch_mz 0.2.0): one split type and one task list for every task now.
+    if name == 'SyntheticSplits':
+        warnings.warn('SyntheticSplits is deprecated; use torch_mz.datasets.TaskSplits',
+                      DeprecationWarning, stacklevel=2)
+        return TaskSplits
+    if name == 'list_tasks':
+        warnings.warn('torch_mz.datasets.list_tasks is deprecated; use torch_mz.tasks.list_tasks '
+                      '(every task with its description) or list(TASKS)', DeprecationWarning,
+                      stacklevel=2)
+        return lambda: list(TASKS)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ---------------------------------------------------------------------------------------------
 # Generation
 # ---------------------------------------------------------------------------------------------
-@dataclass
-class SyntheticSplits:
-    r"""The train / val / test splits of a synthetic task, each a list of :class:`Data`.
-
-    Attributes:
-        name (str): Task name.
-        train, val, test (list of Data): The splits.
-        task (SyntheticTask): The task, with its hyper-parameters and task-level parameters
-            (:attr:`SyntheticTask.params`).
-        seed (int): The seed the splits were drawn from.
-        set_sizes (dict): Inclusive set-size range of each split.
-    """
-    name: str
-    train: List[Data]
-    val: List[Data]
-    test: List[Data]
-    task: SyntheticTask
-    seed: int
-    set_sizes: Dict[str, Tuple[int, int]] = field(default_factory=dict)
-
-    @property
-    def d_in(self) -> int:
-        return self.task.d_in
-
-    @property
-    def out_dim(self) -> int:
-        return self.task.out_dim
-
-    @property
-    def task_type(self) -> str:
-        return self.task.task_type
-
-    @property
-    def description(self) -> str:
-        return self.task.description
-
-    def __getitem__(self, split: str) -> List[Data]:
-        if split not in SPLITS:
-            raise KeyError(f"split must be one of {SPLITS}, got {split!r}")
-        return getattr(self, split)
-
-    def __repr__(self) -> str:
-        sizes = ', '.join(f'{s}={len(self[s])}' for s in SPLITS)
-        return (f'{self.__class__.__name__}({self.task!r}, seed={self.seed}, {sizes}, '
-                f'set_sizes={self.set_sizes})')
-
-
 def _to_data(x: np.ndarray, y: np.ndarray, extra: Mapping[str, np.ndarray]) -> Data:
     data = Data(x=torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)),
                 y=torch.from_numpy(np.asarray(y, dtype=np.float32).reshape(1, -1)))  # (1, t)
@@ -885,14 +844,13 @@ def make_task(name: str, n_train: Optional[int] = None, n_val: Optional[int] = N
               n_test: Optional[int] = None, seed: int = 0,
               set_size: Optional[Sequence[int]] = None,
               split_set_sizes: Optional[Mapping[str, Sequence[int]]] = None,
-              progress: bool = False, **task_kwargs: Any) -> SyntheticSplits:
+              progress: bool = False, **task_kwargs: Any) -> TaskSplits:
     r"""Generates the train / val / test splits of a synthetic task, deterministically from
     ``seed``.
 
     Args:
-        name (str): A task of :func:`list_tasks`: ``'quadratic-tdof'``, ``'set-regression'``,
-            ``'chamfer'``, ``'rotation-matching'``, ``'mst'``, ``'hull-volume'``, ``'meb-radius'``,
-            ``'max'``, ``'sum'``, ``'median'`` or ``'range'``.
+        name (str): A synthetic task, a key of :data:`TASKS` (``torch-mz tasks`` lists them
+            with the real datasets).
         n_train (int, optional): Number of training sets. (default: the task's
             ``default_num_sets[0]``)
         n_val (int, optional): Number of validation sets. (default: ``default_num_sets[1]``)
@@ -908,10 +866,11 @@ def make_task(name: str, n_train: Optional[int] = None, n_val: Optional[int] = N
         **task_kwargs: Hyper-parameters of the task class (e.g. ``d``, ``tdof``, ``noise``).
 
     Returns:
-        SyntheticSplits
+        TaskSplits: with the task (:attr:`TaskSplits.task`), its hyper-parameters and the
+        set-size range of each split in ``info``.
     """
     if name not in TASKS:
-        raise ValueError(f"Unknown synthetic task {name!r}; expected one of {list_tasks()}")
+        raise ValueError(f"Unknown synthetic task {name!r}; expected one of {list(TASKS)}")
     cls = TASKS[name]
     task = cls(**task_kwargs)
     counts = {split: _check_int(cls.default_num_sets[i] if given is None else given, f'n_{split}',
@@ -937,5 +896,7 @@ def make_task(name: str, n_train: Optional[int] = None, n_val: Optional[int] = N
                 data_list.append(_to_data(*sample))
                 bar.update(1)
             out[split] = data_list
-    return SyntheticSplits(name=name, train=out['train'], val=out['val'], test=out['test'],
-                           task=task, seed=seed, set_sizes=sizes)
+    return TaskSplits(name, out['train'], out['val'], out['test'], in_channels=task.d_in,
+                      out_channels=task.out_dim, task_type=task.task_type,
+                      pos_dim=getattr(task, 'd', None), description=task.description,
+                      info=dict(task.hparams(), set_sizes=sizes), task=task, seed=seed)
