@@ -21,21 +21,18 @@ from torch_mz.train import (
     TargetUnits,
     Trainer,
     TrainConfig,
-    accuracy,
     attach_normalizer,
     carried_normalizer,
     cosine_with_warmup,
     detach_normalizer,
     load_checkpoint,
-    mae,
-    mse,
     predict,
-    r2_score,
     resolve_device,
     save_checkpoint,
     seed_everything,
     train,
 )
+from torch_mz.train.metrics import r2_from_sums
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -176,28 +173,25 @@ def test_normalizer_uses_train_statistics_only(tmp_path):
 # --------------------------------------------------------------------------------------------------
 # Metrics
 # --------------------------------------------------------------------------------------------------
-def test_metrics_against_numpy():
+def np_r2(p: np.ndarray, y: np.ndarray) -> float:
+    r"""R² per column, averaged uniformly (scikit-learn's default), independently of torch_mz."""
+    p, y = p.reshape(len(y), -1), y.reshape(len(y), -1)
+    return float(np.mean(1 - ((y - p) ** 2).sum(0) / ((y - y.mean(0)) ** 2).sum(0)))
+
+
+def test_r2_from_sums():
     rng = np.random.default_rng(0)
     y = rng.normal(size=(40, 3)) * [1.0, 10.0, 0.5]
     p = y + rng.normal(size=(40, 3))
-    yt, pt = torch.from_numpy(y), torch.from_numpy(p)
-    assert mse(pt, yt).item() == pytest.approx(np.mean((p - y) ** 2))
-    assert mae(pt, yt).item() == pytest.approx(np.mean(np.abs(p - y)))
-    r2_cols = 1 - ((y - p) ** 2).sum(0) / ((y - y.mean(0)) ** 2).sum(0)
-    assert r2_score(pt, yt).item() == pytest.approx(r2_cols.mean())  # uniform average
-    assert r2_score(pt[:, 1], yt[:, 1]).item() == pytest.approx(r2_cols[1])
 
-    assert r2_score(yt, yt).item() == 1.0  # perfect prediction
-    mean_pred = yt.mean(0, keepdim=True).expand_as(yt)
-    assert r2_score(mean_pred, yt).item() == pytest.approx(0.0, abs=1e-12)  # mean predictor
-    const = torch.full((5,), 2.0)
-    assert r2_score(const, const).item() == 1.0
-    assert r2_score(const + 1, const).item() == 0.0
-
-    logits = torch.tensor([[2.0, 1.0, 0.0], [0.0, 3.0, 1.0], [0.0, 0.0, 1.0], [5.0, 0.0, 0.0]])
-    labels = torch.tensor([0, 1, 0, 0])
-    assert accuracy(logits, labels).item() == 0.75
-    assert accuracy(torch.tensor([0, 1, 2, 0]), labels).item() == 0.75
+    def r2(p, y):
+        return r2_from_sums(torch.from_numpy(((y - p) ** 2).sum(0)),
+                            torch.from_numpy(((y - y.mean(0)) ** 2).sum(0))).item()
+    assert r2(p, y) == pytest.approx(np_r2(p, y))  # uniform average over columns
+    assert r2(y, y) == 1.0  # perfect prediction
+    assert r2(np.broadcast_to(y.mean(0), y.shape), y) == pytest.approx(0.0, abs=1e-12)
+    const = np.full((5, 1), 2.0)  # a constant column: 1 if predicted exactly, else 0
+    assert r2(const, const) == 1.0 and r2(const + 1, const) == 0.0
 
 
 def test_evaluate_matches_metrics_on_predictions():
@@ -206,14 +200,15 @@ def test_evaluate_matches_metrics_on_predictions():
     metrics = trainer.evaluate(REG_VAL)
     pred, y = trainer.predict(REG_VAL), targets(REG_VAL)
     assert pred.shape == y.shape
-    # metrics are in original units: compare with the metric functions on de-normalised output
-    assert metrics['mse'] == pytest.approx(mse(pred, y).item(), rel=1e-6)
-    assert metrics['mae'] == pytest.approx(mae(pred, y).item(), rel=1e-6)
-    assert metrics['r2'] == pytest.approx(r2_score(pred, y).item(), rel=1e-6, abs=1e-9)
+    # metrics are in original units: compare with numpy on the de-normalised output
+    p, t = pred.double().numpy(), y.double().numpy()
+    assert metrics['mse'] == pytest.approx(np.mean((p - t) ** 2), rel=1e-6)
+    assert metrics['mae'] == pytest.approx(np.mean(np.abs(p - t)), rel=1e-6)
+    assert metrics['r2'] == pytest.approx(np_r2(p, t), rel=1e-6, abs=1e-9)
     # the loss is the MSE in normalised units
     z = trainer.normalizer.transform(y.double())
     zp = trainer.normalizer.transform(pred.double())
-    assert metrics['loss'] == pytest.approx(mse(zp, z).item(), rel=1e-5)
+    assert metrics['loss'] == pytest.approx((zp - z).pow(2).mean().item(), rel=1e-5)
     assert metrics['mse'] > 10 * metrics['loss']  # targets have std ~ 10: units do differ
 
 
@@ -244,7 +239,8 @@ def test_classification_learns():
     logits = trainer.predict(CLS_VAL)
     labels = torch.cat([d.y for d in CLS_VAL])
     assert logits.shape == (48, 3)
-    assert metrics['accuracy'] == pytest.approx(accuracy(logits, labels).item())
+    assert metrics['accuracy'] == pytest.approx(
+        (logits.argmax(-1) == labels).double().mean().item())
     assert metrics['cross_entropy'] == pytest.approx(
         F.cross_entropy(logits.double(), labels).item(), rel=1e-6)
     # labels stored as (1, 1) per graph (batch.y of shape (B, 1)) give the same metrics
@@ -353,7 +349,8 @@ def test_trained_model_predicts_in_target_units():
     assert out.shape == y.shape
     # the targets have means 100 and 110 and std ~ 5: standardised outputs would be near 0
     assert torch.allclose(out.mean(0), y.mean(0), atol=3.0)
-    assert mse(out, y).item() == pytest.approx(result.test_metrics['mse'], rel=1e-5)
+    assert (out.double() - y.double()).pow(2).mean().item() == pytest.approx(
+        result.test_metrics['mse'], rel=1e-5)
     # TrainResult exposes the normaliser, fitted on the training split
     assert isinstance(result.normalizer, TargetNormalizer)
     assert torch.allclose(result.normalizer.mean, targets(REG_TRAIN).double().mean(0))

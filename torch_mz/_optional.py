@@ -21,11 +21,7 @@ def _available(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
-WITH_RDKIT = _available('rdkit')
-WITH_TRIMESH = _available('trimesh')
-WITH_H5PY = _available('h5py')
-WITH_TORCH_SCATTER = _available('torch_scatter')
-WITH_MATPLOTLIB = _available('matplotlib')
+WITH_TORCH_SCATTER = _available('torch_scatter')  # recorded in every benchmark's environment
 
 
 def require(name: str) -> ModuleType:

@@ -128,7 +128,6 @@ def test_mab_post_norm_structure():
     mab = MAB(D, **KW, value='rigid').double().eval()
     index = make_index([4])
     x = _tokens(4, 6)
-    out = mab(x, x, index, index, 1)
     # post-norm: every output center is LayerNorm-normalised (mean bias, std weight)
     with torch.no_grad():
         mab.norm2.weight.fill_(1.0)

@@ -33,7 +33,6 @@ from torch_mz.train.checkpoint import (CHECKPOINT_FORMAT, CHECKPOINT_VERSION, Ch
                                        load_checkpoint, save_checkpoint)
 from torch_mz.train.config import SCHEDULES, TrainConfig, TrainResult
 from torch_mz.train.contract import TASK_TYPES, LossFn, ModelOutput
-from torch_mz.train.metrics import accuracy, mae, mse, r2_score
 from torch_mz.train.normalize import (TARGET_UNITS, TargetNormalizer, TargetUnits,
                                       attach_normalizer, carried_normalizer, detach_normalizer)
 from torch_mz.train.prediction import predict
@@ -60,10 +59,6 @@ __all__ = [
     'cosine_with_warmup',
     'save_checkpoint',
     'load_checkpoint',
-    'mse',
-    'mae',
-    'r2_score',
-    'accuracy',
     'ModelOutput',
     'LossFn',
     'TASK_TYPES',

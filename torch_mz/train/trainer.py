@@ -30,7 +30,7 @@ from torch_mz.train.checkpoint import (CHECKPOINT_FORMAT, CHECKPOINT_VERSION, Ch
 from torch_mz.train.config import TrainConfig, TrainResult
 from torch_mz.train.contract import (TASK_TYPES, LossFn, ModelOutput, _collect_targets, _first,
                                      _match_pred, _raw_targets)
-from torch_mz.train.metrics import _r2_from_sums
+from torch_mz.train.metrics import r2_from_sums
 from torch_mz.train.normalize import (TargetNormalizer, _standardised, attach_normalizer,
                                       carried_normalizer, detach_normalizer)
 from torch_mz.train.prediction import predict
@@ -255,7 +255,7 @@ class Trainer:
         sse, sae, ysum, ysq = sums[2:].view(4, t)  # each (t,)
         ss_tot = (ysq - ysum.pow(2) / n).clamp_min(0)
         return {'loss': (sums[1] / n).item(), 'mse': (sse.sum() / (n * t)).item(),
-                'mae': (sae.sum() / (n * t)).item(), 'r2': _r2_from_sums(sse, ss_tot).item()}
+                'mae': (sae.sum() / (n * t)).item(), 'r2': r2_from_sums(sse, ss_tot).item()}
 
     @torch.no_grad()
     def predict(self, dataset: Sequence,
