@@ -312,7 +312,7 @@ def test_model_equivariance(dtype, dim, options):
 
     def fn(pos, features, batch):
         h, pos_out = model.encode(features, pos, batch)
-        return h, pos_out, model(features, pos, batch)
+        return h, pos_out, model(features, pos, batch).prediction
 
     errors = assert_equivariant(fn, pos, batch, x, invariant_outputs=(0, 2),
                                 equivariant_outputs=(1, ), set_outputs=(2, ), n_trials=2,
@@ -326,30 +326,30 @@ def test_model_equivariance(dtype, dim, options):
 def test_model_sets_do_not_interact():
     model = EGNN(2, hidden_channels=16, num_layers=2).double()
     x, pos, batch = random_sets([5, 3, 4], 3, 2)
-    out = model(x, pos, batch)
+    out = model(x, pos, batch).prediction
     pos2 = pos.clone()
     pos2[batch == 1] += torch.randn(3, 3, dtype=torch.float64)  # reshape set 1 only
-    out2 = model(x, pos2, batch)
+    out2 = model(x, pos2, batch).prediction
     torch.testing.assert_close(out2[[0, 2]], out[[0, 2]])
     assert not torch.allclose(out2[1], out[1])
     # each set alone gives the same prediction as inside the batch
     for s in range(3):
         mask = batch == s
-        torch.testing.assert_close(model(x[mask], pos[mask]), out[s:s + 1])
+        torch.testing.assert_close(model(x[mask], pos[mask]).prediction, out[s:s + 1])
 
 
 def test_model_empty_and_single_element_sets():
     model = EGNN(2, hidden_channels=8, out_channels=2, num_layers=2).double()
     x, pos, batch = random_sets([3, 1, 4], 3, 2)
     batch = torch.where(batch >= 1, batch + 1, batch)  # sets 0, 2, 3: set 1 is a gap
-    out = model(x, pos, batch, num_sets=6)  # sets 4 and 5 trail empty
+    out = model(x, pos, batch, num_sets=6).prediction  # sets 4 and 5 trail empty
     assert out.shape == (6, 2) and torch.isfinite(out).all()
-    empty = model.head(torch.zeros(1, 8, dtype=torch.float64))  # an empty set pools to zero
-    for s in (1, 4, 5):
-        torch.testing.assert_close(out[s:s + 1], empty)
+    for s in (1, 4, 5):  # an empty set predicts exactly zero (the models' contract)
+        assert torch.equal(out[s], torch.zeros(2, dtype=torch.float64))
+    assert model(x, pos, batch, num_sets=6).ihw is None
     # the single-element set equals the model applied to it alone (no neighbours: h unchanged
     # by messages, coordinates unchanged)
-    torch.testing.assert_close(out[2:3], model(x[batch == 2], pos[batch == 2]))
+    torch.testing.assert_close(out[2:3], model(x[batch == 2], pos[batch == 2]).prediction)
     _, pos_out = model.encode(x, pos, batch)
     torch.testing.assert_close(pos_out[batch == 2], pos[batch == 2])
 
@@ -359,7 +359,7 @@ def test_model_empty_and_single_element_sets():
         Data(x=x[:0], pos=pos[:0]),
         Data(x=x[batch == 2], pos=pos[batch == 2]),
     ])
-    out_data = model(data)
+    out_data = model(data).prediction
     assert out_data.shape == (3, 2)
     torch.testing.assert_close(out_data, out[:3])
 
@@ -367,25 +367,25 @@ def test_model_empty_and_single_element_sets():
 def test_model_inputs():
     model = EGNN(2, hidden_channels=8, out_channels=1, num_layers=2, pos_dim=3).double()
     x, pos, batch = random_sets([4, 3], 3, 2)
-    expected = model(x, pos, batch)
+    expected = model(x, pos, batch).prediction
     # Data / Batch objects with pos, and synthetic-task layout with points in x[:, :pos_dim]
     batch_obj = Batch.from_data_list([Data(x=x[batch == s], pos=pos[batch == s]) for s in (0, 1)])
-    torch.testing.assert_close(model(batch_obj), expected)
+    torch.testing.assert_close(model(batch_obj).prediction, expected)
     packed = torch.cat([pos, x], dim=-1)  # (N, 3 + 2)
-    torch.testing.assert_close(model(packed, None, batch), expected)
-    torch.testing.assert_close(model(Data(x=packed[batch == 0])), expected[:1])
+    torch.testing.assert_close(model(packed, None, batch).prediction, expected)
+    torch.testing.assert_close(model(Data(x=packed[batch == 0])).prediction, expected[:1])
     h, pos_out = model.encode(packed, None, batch)
     assert h.shape == (7, 8) and pos_out.shape == (7, 3)
 
     # without features: a constant feature
     plain = EGNN(0, hidden_channels=8, num_layers=1).double()
-    out = plain(None, pos, batch)
+    out = plain(None, pos, batch).prediction
     assert out.shape == (2, 1)
-    torch.testing.assert_close(plain(Data(pos=pos[batch == 1])), out[1:])
+    torch.testing.assert_close(plain(Data(pos=pos[batch == 1])).prediction, out[1:])
     # points-only synthetic layout
     points = EGNN(0, hidden_channels=8, num_layers=1, pos_dim=3).double()
     points.load_state_dict(plain.state_dict())
-    torch.testing.assert_close(points(Data(x=pos[batch == 1])), out[1:])
+    torch.testing.assert_close(points(Data(x=pos[batch == 1])).prediction, out[1:])
 
     with pytest.raises(ValueError, match='coordinates'):
         EGNN(2)(x, None, batch)
@@ -411,7 +411,7 @@ def test_model_coincident_points_have_finite_gradients(normalize):
                        requires_grad=True)
     x = torch.randn(5, 1, dtype=torch.float64, requires_grad=True)
     batch = torch.tensor([0, 0, 0, 1, 1])
-    out = model(x, pos, batch)
+    out = model(x, pos, batch).prediction
     _, pos_out = model.encode(x, pos, batch)
     (out.sum() + pos_out.pow(2).sum()).backward()
     for name, tensor in [('x', x), ('pos', pos)] + list(model.named_parameters()):
@@ -424,7 +424,7 @@ def test_model_large_graph_stays_finite():
     x, pos, batch = random_sets([120, 100, 80], 8, 2, torch.float32)
     pos = 10 * pos
     pos.requires_grad_(True)
-    out = model(x, pos, batch)
+    out = model(x, pos, batch).prediction
     _, pos_out = model.encode(x, pos, batch)
     assert torch.isfinite(out).all() and torch.isfinite(pos_out).all()
     (out.sum() + pos_out.sum()).backward()
@@ -450,7 +450,7 @@ def test_model_heads_train():
         losses = []
         for _ in range(30):
             optimizer.zero_grad()
-            out = model(x, pos, batch)
+            out = model(x, pos, batch).prediction
             assert out.shape == (len(sizes), out_channels)
             loss = loss_fn(out, y)
             loss.backward()
@@ -473,7 +473,7 @@ def test_egnn_qm9_preset_is_invariant_and_keeps_coordinates():
     assert torch.equal(pos_out, pos)  # positions are never updated
 
     def fn(pos, features, batch):
-        return model(features, pos, batch)
+        return model(features, pos, batch).prediction
 
     errors = assert_equivariant(fn, pos, batch, x, invariant_outputs=(0, ), set_outputs=(0, ),
                                 n_trials=2, generator=torch.Generator().manual_seed(0))

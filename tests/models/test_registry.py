@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from torch_mz.models.base import SetPrediction
 from torch_mz.models.registry import (PRESETS, build_model, count_parameters, list_models,
                                       match_budget)
 
@@ -11,7 +12,8 @@ def test_every_preset_builds_and_runs():
     for name in list_models():
         model = build_model(name, 4, 3, pos_dim=3 if name.startswith('egnn') else None).eval()
         out = model(x, index) if not name.startswith('egnn') else model(x, None, index)
-        pred = out[0] if isinstance(out, tuple) else out
+        assert isinstance(out, SetPrediction), name
+        pred = out.prediction
         assert pred.shape == (2, 3), name
         assert torch.isfinite(pred).all(), name
 

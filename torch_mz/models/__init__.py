@@ -1,5 +1,6 @@
 r"""Models built on torch_mz: the MZ-Set Transformer, the paper's baselines (all from the same
 blocks), the E(n)-equivariant comparison model (EGNN) and named presets."""
+from torch_mz.models.base import SetModel, SetPrediction
 from torch_mz.models.egnn import (EGNN, EGNNConv, fully_connected_edge_index, radius_edge_index,
                                   split_pos_features)
 from torch_mz.models.mean_mlp import MeanMLP
@@ -8,6 +9,8 @@ from torch_mz.models.registry import (PRESETS, build_model, count_parameters, li
 from torch_mz.models.set_transformer import DeepSets, MZSetTransformer, PerceiverSet
 
 __all__ = [
+    'SetPrediction',
+    'SetModel',
     'MZSetTransformer',
     'PerceiverSet',
     'DeepSets',

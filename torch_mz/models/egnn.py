@@ -22,6 +22,7 @@ from torch_geometric.nn import MessagePassing
 from torch_geometric.nn.resolver import activation_resolver
 from torch_geometric.utils import scatter
 
+from torch_mz.models.base import SetPrediction, zero_empty_sets
 from torch_mz.nn.functional import set_pairs
 
 __all__ = [
@@ -404,7 +405,8 @@ class EGNN(Module):
     Shapes:
         - **input:** x :math:`(N, F)` or :math:`(N, D + F)` with ``pos_dim``, pos :math:`(N, D)`,
           batch :math:`(N)`
-        - **output:** :meth:`forward`: :math:`(S, \text{out\_channels})`; :meth:`encode`:
+        - **output:** :meth:`forward`: :class:`~torch_mz.models.base.SetPrediction` with
+          prediction :math:`(S, \text{out\_channels})` and ihw :obj:`None`; :meth:`encode`:
           h :math:`(N, \text{hidden\_channels})`, pos :math:`(N, D)`
     """
     def __init__(
@@ -552,15 +554,17 @@ class EGNN(Module):
         pos: Optional[Tensor] = None,
         batch: Optional[Tensor] = None,
         num_sets: Optional[int] = None,
-    ) -> Tensor:
-        r"""Predicts one output row per set.
+    ) -> SetPrediction:
+        r"""Predicts one output row per set, as a
+        :class:`~torch_mz.models.base.SetPrediction` ``(prediction, None)`` (EGNN has no
+        uncertainty output).
 
         Call it as ``model(data)`` with a PyG :class:`~torch_geometric.data.Data` or
         :class:`~torch_geometric.data.Batch` (fields ``x``, ``pos``, ``batch``; ``x`` may be absent
         when ``in_channels=0``, ``pos`` when ``pos_dim`` is set), or as ``model(x, pos, batch)``
         with tensors. ``num_sets`` defaults to ``data.num_graphs`` for a batch, otherwise to
-        ``batch.max() + 1``; pass it when trailing sets may be empty. An empty set pools to zero,
-        so its prediction is ``head(0)``.
+        ``batch.max() + 1``; pass it when trailing sets may be empty. An empty set predicts zero
+        (the contract of :mod:`torch_mz.models.base`).
 
         Args:
             x (torch_geometric.data.Data or torch.Tensor, optional): A PyG data object, or the
@@ -573,7 +577,7 @@ class EGNN(Module):
         h, _ = self._encode(x, pos, batch, num_sets)  # (N, hidden)
         h = self.node_mlp(h)  # (N, hidden)
         h = scatter(h, batch, dim=0, dim_size=num_sets, reduce=self.pool)  # (S, hidden)
-        return self.head(h)  # (S, out_channels)
+        return SetPrediction(zero_empty_sets(self.head(h), batch, num_sets))  # (S, out_channels)
 
     def __repr__(self) -> str:
         return (f'{self.__class__.__name__}({self.in_channels}, {self.out_channels}, '

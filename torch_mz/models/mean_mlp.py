@@ -1,15 +1,15 @@
 r"""An oracle reference for targets that are functions of the set mean: an MLP on the exact mean."""
-from typing import Optional, Tuple
+from typing import Tuple
 
 import torch
 from torch import Tensor
-from torch.nn import Linear, Module, Sequential
+from torch.nn import Linear, Sequential
 
-from torch_mz.models.set_transformer import unpack_batch
+from torch_mz.models.base import SetModel
 from torch_mz.nn.functional import set_mean
 
 
-class MeanMLP(Module):
+class MeanMLP(SetModel):
     r"""An MLP on the exact mean of each set,
 
     .. math::
@@ -19,7 +19,8 @@ class MeanMLP(Module):
     quadratic-TDOF target of the MZAttn paper (Eq. 4, Table 1): the model is handed the one
     statistic the target needs, so what it misses is what an MLP of this size cannot fit from the
     training sets. It is not a set model to compare with on other targets. The forward returns
-    ``(prediction, zeros)`` to match the other models.
+    ``(prediction, None)`` (the contract of :mod:`torch_mz.models.base`: an empty set predicts
+    zero).
 
     Args:
         in_channels (int): Element width.
@@ -30,8 +31,8 @@ class MeanMLP(Module):
     Shapes:
         - **input:** a PyG :class:`~torch_geometric.data.Batch` with ``x`` :math:`(N, F)`, or
           ``x`` :math:`(N, F)` and ``batch`` :math:`(N)`
-        - **output:** ``(prediction, zeros)`` of shapes :math:`(B, \text{out\_channels})` and
-          :math:`(B)`
+        - **output:** :class:`~torch_mz.models.base.SetPrediction` ``(prediction, None)``,
+          prediction :math:`(B, \text{out\_channels})`
     """
     def __init__(self, in_channels: int, out_channels: int, hidden_channels: int = 128,
                  num_layers: int = 3):
@@ -54,12 +55,9 @@ class MeanMLP(Module):
             if isinstance(m, Linear):
                 m.reset_parameters()
 
-    def forward(self, data_or_x, batch: Optional[Tensor] = None,
-                num_sets: Optional[int] = None) -> Tuple[Tensor, Tensor]:
-        x, batch, num_sets = unpack_batch(data_or_x, batch, num_sets)
+    def predict(self, x: Tensor, batch: Tensor, num_sets: int) -> Tuple[Tensor, None]:
         mean = set_mean(x, batch, num_sets)  # (B, F)
-        pred = self.rho(mean)  # (B, out_channels)
-        return pred, pred.new_zeros(num_sets)
+        return self.rho(mean), None  # (B, out_channels)
 
     def __repr__(self) -> str:
         return (f'{self.__class__.__name__}({self.in_channels}, {self.out_channels}, '

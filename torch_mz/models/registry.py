@@ -111,6 +111,11 @@ def build_model(name: str, in_channels: int, out_channels: int, pos_dim: Optiona
     :obj:`feature_columns` (if given) selects the invariant columns of ``x`` used as features.
     Other models ignore :obj:`feature_columns`.
 
+    Every preset keeps one contract (:mod:`torch_mz.models.base`): ``model(batch)`` returns a
+    :class:`~torch_mz.models.base.SetPrediction` ``(prediction, ihw)``, with ``ihw`` :obj:`None`
+    for the models without an uncertainty output (all but the MZ-Set-Transformer family), and an
+    empty set predicts zero.
+
     The model records how it was built in ``model.build_info`` (``name``, ``in_channels``,
     ``out_channels``, ``pos_dim``, ``feature_columns`` and the overrides as ``args``): the
     trainer's checkpoints store it, and :func:`torch_mz.load_model` rebuilds the model from it.

@@ -5,38 +5,16 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.nn import Linear, Module, ModuleList, Sequential
+from torch.nn import Linear, ModuleList, Sequential
 
-from torch_mz.nn.aggr import MZAggregation, preset_defaults, resolve_set_index
+from torch_mz.models.base import SetModel
+from torch_mz.nn.aggr import MZAggregation, preset_defaults
 from torch_mz.nn.blocks import MAB, PMA, SAB, LearnedTokens
 from torch_mz.nn.functional import set_counts
 from torch_mz.nn.zonotope import InputProjection
 
 
-def unpack_batch(data_or_x, batch: Optional[Tensor] = None,
-                 num_sets: Optional[int] = None) -> Tuple[Tensor, Tensor, int]:
-    r"""Accepts a PyG :class:`~torch_geometric.data.Data`/:class:`~torch_geometric.data.Batch`
-    (fields ``x`` and ``batch``) or a tensor ``x`` with a ``batch`` vector, and returns
-    ``(x, batch, num_sets)``."""
-    if isinstance(data_or_x, Tensor):
-        x = data_or_x
-        if batch is None:
-            batch = torch.zeros(x.size(0), dtype=torch.long, device=x.device)
-    else:
-        data = data_or_x
-        x = getattr(data, 'x', None)
-        if x is None:
-            raise ValueError("Expected the batch to have node features 'x'")
-        batch = getattr(data, 'batch', None)
-        if batch is None:
-            batch = torch.zeros(x.size(0), dtype=torch.long, device=x.device)
-        if num_sets is None:
-            num_sets = int(getattr(data, 'num_graphs', 1))
-    batch, num_sets = resolve_set_index(x, batch, None, num_sets)
-    return x, batch, num_sets
-
-
-class MZSetTransformer(Module):
+class MZSetTransformer(SetModel):
     r"""The MZ-Set Transformer (Section 2.4 of the MZAttn paper):
 
     .. math::
@@ -49,9 +27,11 @@ class MZSetTransformer(Module):
     value operator, so ``value='rigid', num_generators=0`` is a standard Set Transformer with the
     same routing, and ``'film'``/``'hypernet'`` are the ST + FiLM and HyperNet baselines.
 
-    The forward returns ``(prediction, ihw)``: ``ihw`` :math:`(B,)` is the summed interval-hull
-    width of the pooled output tokens, the single-pass uncertainty estimate (zero without
-    generators and for an empty set).
+    The forward returns a :class:`~torch_mz.models.base.SetPrediction` ``(prediction, ihw)``:
+    ``ihw`` :math:`(B,)` is the summed interval-hull width of the pooled output tokens, the
+    single-pass uncertainty estimate (zero without generators). An empty set predicts zero
+    (the contract of :mod:`torch_mz.models.base`); the input is validated once, by the body's
+    :meth:`~torch_mz.nn.MZAggregation.validate`.
 
     Args:
         in_channels (int): Element width :math:`F_{in}`.
@@ -68,7 +48,8 @@ class MZSetTransformer(Module):
     Shapes:
         - **input:** a PyG batch with ``x`` :math:`(N, F_{in})` and ``batch`` :math:`(N,)`, or
           ``(x, batch)``
-        - **output:** :math:`(B, F_{out})` and :math:`(B,)`
+        - **output:** :class:`~torch_mz.models.base.SetPrediction`: :math:`(B, F_{out})` and
+          :math:`(B,)`
     """
     def __init__(self, in_channels: int, out_channels: int,
                  hidden_channels: Optional[int] = None, **kwargs):
@@ -88,26 +69,26 @@ class MZSetTransformer(Module):
         torch.nn.init.xavier_uniform_(self.out.weight)
         torch.nn.init.zeros_(self.out.bias)
 
-    def forward(self, data_or_x, batch: Optional[Tensor] = None,
-                num_sets: Optional[int] = None) -> Tuple[Tensor, Tensor]:
-        x, batch, num_sets = unpack_batch(data_or_x, batch, num_sets)
-        z, counts = self.body.encode(x, batch, dim_size=num_sets)
-        hidden = F.gelu(self.body.lin(self.body.readout_features(z, counts)))  # (B, hidden)
-        ihw = z.ihw().reshape(num_sets, -1).sum(-1) * (counts > 0).to(z.center.dtype)  # (B,)
-        return self.out(hidden), ihw
+    def validate(self, x: Tensor, batch: Optional[Tensor],
+                 num_sets: Optional[int]) -> Tuple[Tensor, int]:
+        return self.body.validate(x, batch, dim_size=num_sets)
+
+    def predict(self, x: Tensor, set_id: Tensor, num_sets: int) -> Tuple[Tensor, Tensor]:
+        pooled, ihw = self.body.pool(x, set_id, num_sets)  # (B, hidden), (B,)
+        return self.out(F.gelu(pooled)), ihw
 
     def __repr__(self) -> str:
         return (f'{self.__class__.__name__}({self.in_channels}, {self.out_channels}, '
                 f'body={self.body})')
 
 
-class PerceiverSet(Module):
+class PerceiverSet(SetModel):
     r"""Perceiver-style latent cross-attention baseline (Jaegle et al., 2021) on the flat layout:
     :math:`m` learned latents per set cross-attend to the elements, then
     :obj:`num_latent_blocks` self-attention blocks refine the latents, repeated
     :obj:`num_cross` times; a PMA pools the latents and a two-layer MLP predicts. Built from the
     same MAB/SAB/PMA blocks as the Set Transformers with the ``'rigid'`` value operator and plain
-    vector tokens. The forward returns ``(prediction, zeros)`` to match the other models.
+    vector tokens. The forward returns ``(prediction, None)``: it has no uncertainty output.
 
     Args:
         in_channels (int): Element width.
@@ -147,9 +128,7 @@ class PerceiverSet(Module):
             if isinstance(m, Linear):
                 m.reset_parameters()
 
-    def forward(self, data_or_x, batch: Optional[Tensor] = None,
-                num_sets: Optional[int] = None) -> Tuple[Tensor, Tensor]:
-        x, batch, num_sets = unpack_batch(data_or_x, batch, num_sets)
+    def predict(self, x: Tensor, batch: Tensor, num_sets: int) -> Tuple[Tensor, None]:
         elements = self.input_proj(x)  # (N, d)
         lat, lat_set = self.latents(num_sets, elements.center)  # (B * m, d)
         for r, cross in enumerate(self.cross):
@@ -158,19 +137,17 @@ class PerceiverSet(Module):
                                             (r + 1) * self.num_latent_blocks]:
                 lat = block(lat, lat_set, num_sets)
         pooled = self.pma(lat, lat_set, num_sets).center  # (B, d)
-        counts = set_counts(batch, num_sets)
-        pred = self.head(pooled) * (counts > 0).to(pooled.dtype).unsqueeze(-1)
-        return pred, pred.new_zeros(num_sets)
+        return self.head(pooled), None  # empty sets: zeroed by SetModel.forward
 
     def __repr__(self) -> str:
         return (f'{self.__class__.__name__}({self.in_channels}, {self.out_channels}, '
                 f'dim={self.dim}, num_latents={self.num_latents}, num_cross={self.num_cross})')
 
 
-class DeepSets(Module):
+class DeepSets(SetModel):
     r"""Deep Sets (Zaheer et al., 2017): :math:`\rho\big(\mathrm{pool}_{i}\, \phi(x_i)\big)` with
     two-layer (or deeper) MLPs :math:`\phi, \rho` and sum or mean pooling over each set. The
-    forward returns ``(prediction, zeros)`` to match the other models.
+    forward returns ``(prediction, None)``: it has no uncertainty output.
 
     Args:
         in_channels (int): Element width.
@@ -208,15 +185,12 @@ class DeepSets(Module):
             if isinstance(m, Linear):
                 m.reset_parameters()
 
-    def forward(self, data_or_x, batch: Optional[Tensor] = None,
-                num_sets: Optional[int] = None) -> Tuple[Tensor, Tensor]:
-        x, batch, num_sets = unpack_batch(data_or_x, batch, num_sets)
+    def predict(self, x: Tensor, batch: Tensor, num_sets: int) -> Tuple[Tensor, None]:
         h = self.phi(x)  # (N, hidden)
         pooled = h.new_zeros(num_sets, h.size(-1)).index_add_(0, batch, h)  # (B, hidden)
         if self.pool == 'mean':
             pooled = pooled / set_counts(batch, num_sets).clamp(min=1).to(h.dtype).unsqueeze(-1)
-        pred = self.rho(pooled)
-        return pred, pred.new_zeros(num_sets)
+        return self.rho(pooled), None
 
     def __repr__(self) -> str:
         return (f'{self.__class__.__name__}({self.in_channels}, {self.out_channels}, '

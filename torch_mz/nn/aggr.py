@@ -82,6 +82,21 @@ def resolve_set_index(x: Tensor, index: Optional[Tensor], ptr: Optional[Tensor],
     return index, int(dim_size)
 
 
+def check_set_input(x: Tensor, in_channels: int, dtype: torch.dtype) -> None:
+    r"""Checks the element features of a set model or aggregation: a floating-point
+    :math:`(N, F_{in})` tensor of the module's :obj:`dtype` (or run under
+    :func:`torch.autocast`); raises a :class:`ValueError` saying what was expected and what came."""
+    if x.dim() != 2 or x.size(-1) != in_channels:
+        raise ValueError(f"Expected input of shape (N, {in_channels}) (got {tuple(x.shape)})")
+    if x.dtype not in FLOAT_DTYPES:
+        raise ValueError(f"Expected floating-point input (float32, float64, bfloat16 or "
+                         f"float16) (got {x.dtype}); convert it with x.float()")
+    if x.dtype != dtype and not torch.is_autocast_enabled(x.device.type):
+        raise ValueError(f"Expected input of the module's dtype {dtype} (got {x.dtype}); "
+                         f"convert the input, convert the module (e.g. .to({x.dtype})), or run "
+                         f"under torch.autocast")
+
+
 class MZAggregation(Aggregation):
     r"""Matrix Zonotopic Attention aggregation (Zhang and Alanwar, "Matrix Zonotopic Attention: A
     Context-Adaptive Value Projection for Set Transformers"): the MZ-Set Transformer as a PyG
@@ -113,6 +128,10 @@ class MZAggregation(Aggregation):
     :math:`10^{15}` in magnitude (float32; :math:`10^{150}` in float64), beyond which the
     LayerNorm statistics of the input projection overflow; NaN or infinite entries are allowed
     and stay inside their set.
+
+    Models built on it use two public methods instead of its internals: :meth:`validate` checks
+    an input (once) and resolves its sets, and :meth:`pool` aggregates a validated input and also
+    returns the interval-hull width of each set (``forward`` is ``pool(x, *validate(x, ...))[0]``).
 
     Args:
         in_channels (int): Input width :math:`F_{in}`.
@@ -246,31 +265,11 @@ class MZAggregation(Aggregation):
         torch.nn.init.xavier_uniform_(self.lin.weight)
         torch.nn.init.zeros_(self.lin.bias)
 
-    def encode(self, x: Tensor, index: Optional[Tensor] = None, ptr: Optional[Tensor] = None,
-               dim_size: Optional[int] = None) -> Tuple[Zonotope, Tensor]:
-        r"""Runs the blocks and returns the pooled zonotope tokens (:math:`k` per set, set-major:
-        centers :math:`(B k, d)`, generators :math:`(B k, n_g, d)`) and the number of elements of
-        each set :math:`(B,)`."""
-        self._check_input(x)
-        set_id, num_sets = resolve_set_index(x, index, ptr, dim_size)
-        counts = set_counts(set_id, num_sets)  # (B,)
-        if self.chunk_size is not None and x.size(0) > self.chunk_size:
-            return self._encode_chunked(x, set_id, counts), counts
-        return self._encode(x, set_id, num_sets), counts
-
-    def _check_input(self, x: Tensor) -> None:
-        r"""Validates the element features once, at the boundary (see the class docstring)."""
-        if x.dim() != 2 or x.size(-1) != self.in_channels:
-            raise ValueError(f"Expected input of shape (N, {self.in_channels}) (got "
-                             f"{tuple(x.shape)})")
-        if x.dtype not in FLOAT_DTYPES:
-            raise ValueError(f"Expected floating-point input (float32, float64, bfloat16 or "
-                             f"float16) (got {x.dtype}); convert it with x.float()")
-        param = self.lin.weight
-        if x.dtype != param.dtype and not torch.is_autocast_enabled(x.device.type):
-            raise ValueError(f"Expected input of the module's dtype {param.dtype} (got "
-                             f"{x.dtype}); convert the input, convert the module (e.g. "
-                             f".to({x.dtype})), or run under torch.autocast")
+    def validate(self, x: Tensor, index: Optional[Tensor] = None, ptr: Optional[Tensor] = None,
+                 dim_size: Optional[int] = None) -> Tuple[Tensor, int]:
+        r"""Checks an input once, at the boundary (see the class docstring), and returns the set
+        id of every row :math:`(N,)` and the number of sets :math:`B`, for :meth:`pool`."""
+        check_set_input(x, self.in_channels, self.lin.weight.dtype)
         if x.numel() > 0:
             limit = 1e15 if torch.finfo(x.dtype).max < 1e300 else 1e150
             finite = x.detach()[torch.isfinite(x.detach())]
@@ -279,6 +278,26 @@ class MZAggregation(Aggregation):
                                  f"{float(finite.abs().max()):.3g} exceed {limit:.0e}, beyond "
                                  f"which the LayerNorm statistics of the input projection "
                                  f"overflow in {x.dtype}; rescale the input")
+        return resolve_set_index(x, index, ptr, dim_size)
+
+    def pool(self, x: Tensor, set_id: Tensor, num_sets: int) -> Tuple[Tensor, Tensor]:
+        r"""The aggregation of an input that :meth:`validate` accepted, without checking it
+        again: the output :math:`(B, F_{out})` and the summed interval-hull width of each set's
+        :math:`k` pooled tokens :math:`(B,)` (the single-pass uncertainty of the MZ models; zero
+        without generators). Both are exactly zero for an empty set."""
+        counts = set_counts(set_id, num_sets)  # (B,)
+        if x.size(0) == 0:  # no elements at all: every set is empty
+            out = x.new_zeros(num_sets, self.out_channels, dtype=self.lin.weight.dtype)
+            return out + 0 * self.lin.bias.sum(), out.new_zeros(num_sets)  # keeps the graph
+        if self.chunk_size is not None and x.size(0) > self.chunk_size:
+            z = self._encode_chunked(x, set_id, counts)
+        else:
+            z = self._encode(x, set_id, num_sets)  # (B * k, d), (B * k, n_g, d)
+        nonempty = (counts > 0).to(z.center.dtype)  # (B,)
+        feats = self._readout(z, num_sets) * nonempty.unsqueeze(-1)  # (B, 2kd), 0 if empty
+        out = self.lin(feats) * nonempty.unsqueeze(-1)  # (B, F_out)
+        ihw = z.ihw().reshape(num_sets, -1).sum(-1) * nonempty  # (B,)
+        return out, ihw
 
     def _encode_chunked(self, x: Tensor, set_id: Tensor, counts: Tensor) -> Zonotope:
         r"""Encodes groups of whole sets: the sets whose first row (in set order) falls in the
@@ -322,35 +341,25 @@ class MZAggregation(Aggregation):
             z = self._run(block, z, pooled_set, num_sets)  # (B * k, d), (B * k, n_g, d)
         return z
 
-    def readout_features(self, z: Zonotope, counts: Tensor) -> Tensor:
+    def _readout(self, z: Zonotope, num_sets: int) -> Tensor:
         r"""The readout vector of each set: centers and IHW (or signed generator sums) of its
-        :math:`k` pooled tokens, :math:`(B, 2 k d)` (:math:`(B, k d)` without generators); zero
-        for an empty set."""
-        B = counts.numel()
-        feats = z.center.reshape(B, -1)  # (B, k d)
+        :math:`k` pooled tokens, :math:`(B, 2 k d)` (:math:`(B, k d)` without generators)."""
+        feats = z.center.reshape(num_sets, -1)  # (B, k d)
         if self.num_generators > 0:
             gens = z.ihw() if self.readout == 'ihw' else z.signed_sum()  # (B * k, d)
-            feats = torch.cat([feats, gens.reshape(B, -1).to(feats.dtype)], dim=-1)  # (B, 2kd)
-        return feats * (counts > 0).to(feats.dtype).unsqueeze(-1)
+            feats = torch.cat([feats, gens.reshape(num_sets, -1).to(feats.dtype)],
+                              dim=-1)  # (B, 2kd)
+        return feats
 
     def forward(self, x: Tensor, index: Optional[Tensor] = None, ptr: Optional[Tensor] = None,
                 dim_size: Optional[int] = None, dim: int = -2,
                 max_num_elements: Optional[int] = None) -> Tensor:
         r"""PyG's aggregation signature. ``max_num_elements`` (a padding hint of PyG's dense
         aggregations) is accepted and not needed: no set is padded to the largest."""
-        if x.dim() != 2:
-            raise ValueError(f"MZAggregation requires two-dimensional inputs (got {x.dim()} "
-                             f"dimensions)")
         if dim not in (0, -2):
             raise ValueError(f"MZAggregation aggregates over dimension 0 / -2 (got {dim})")
-        if x.size(0) == 0:  # no elements at all: every set is empty
-            self._check_input(x)
-            _, num_sets = resolve_set_index(x, index, ptr, dim_size)
-            return x.new_zeros(num_sets, self.out_channels, dtype=self.lin.weight.dtype) \
-                + 0 * self.lin.bias.sum()  # keeps the graph, so backward() works
-        z, counts = self.encode(x, index, ptr, dim_size)
-        out = self.lin(self.readout_features(z, counts))  # (B, F_out)
-        return out * (counts > 0).to(out.dtype).unsqueeze(-1)
+        set_id, num_sets = self.validate(x, index, ptr, dim_size)
+        return self.pool(x, set_id, num_sets)[0]
 
     def __repr__(self) -> str:
         return (f'{self.__class__.__name__}({self.in_channels}, {self.out_channels}, '

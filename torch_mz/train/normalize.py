@@ -135,7 +135,8 @@ class TargetUnits(torch.nn.Module):
 
     def forward(self, out: ModelOutput) -> ModelOutput:
         if isinstance(out, (tuple, list)):
-            return type(out)([self.forward(out[0]), *out[1:]])
+            items = [self.forward(out[0]), *out[1:]]
+            return type(out)(*items) if hasattr(out, '_fields') else type(out)(items)
         mean, std = _stats_like(out, self.mean, self.std)
         return out * std + mean
 

@@ -1,0 +1,115 @@
+import pytest
+import torch
+from torch_geometric.data import Batch, Data
+
+import torch_mz.models.base as base
+import torch_mz.nn.aggr as aggr
+from torch_mz.models import SetPrediction, build_model
+from torch_mz.models.registry import PRESETS
+from torch_mz.nn import MZAggregation
+
+#: presets whose forward returns an uncertainty (the MZ-Set-Transformer family)
+WITH_IHW = ('mz', 'mz-slim', 'mz-large', 'mz-1l', 'rigid', 'st-4l', 'st-large', 'film',
+            'hypernet')
+SMALL = dict(dim=8, heads=2, d_ff=8, num_inducing=3)
+
+
+def _model(name):
+    torch.manual_seed(0)
+    small = SMALL if name in WITH_IHW else {}
+    if name == 'perceiver':
+        small = dict(dim=8, heads=2, d_ff=8, num_latents=3)
+    if name in ('deepsets', 'mean-mlp'):
+        small = dict(hidden_channels=8)
+    if name.startswith('egnn'):
+        small = dict(hidden_channels=8, num_layers=2)
+    return build_model(name, 4, 2, pos_dim=3 if name.startswith('egnn') else None,
+                       **small).double().eval()
+
+
+def _call(model, name, x, index, num_sets=None):
+    if name.startswith('egnn'):
+        return model(x, None, index, num_sets=num_sets)
+    return model(x, index, num_sets=num_sets)
+
+
+@pytest.mark.parametrize('name', list(PRESETS))
+def test_one_return_type_and_empty_sets_predict_zero(name):
+    model = _model(name)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(8, 4, generator=g, dtype=torch.float64)
+    index = torch.tensor([0, 0, 0, 2, 2, 2, 2, 3])  # set 1 is a gap, sets 4 and 5 trail empty
+    out = _call(model, name, x, index, num_sets=6)
+    assert isinstance(out, SetPrediction) and out.prediction.shape == (6, 2)
+    assert (out.ihw is not None) == (name in WITH_IHW)
+    for s in (1, 4, 5):  # exactly zero, prediction and uncertainty alike
+        assert torch.equal(out.prediction[s], torch.zeros(2, dtype=torch.float64))
+        if out.ihw is not None:
+            assert out.ihw[s].item() == 0.0
+    for s in (0, 2, 3):  # a set inside the batch predicts what it predicts alone
+        alone = _call(model, name, x[index == s], None)
+        torch.testing.assert_close(out.prediction[s], alone.prediction[0])
+        assert not torch.equal(out.prediction[s], torch.zeros(2, dtype=torch.float64))
+    prediction, ihw = out  # unpacks as a pair
+    assert prediction is out.prediction and ihw is out.ihw
+    # a PyG batch with an empty graph
+    data = Batch.from_data_list([Data(x=x[:3]), Data(x=x[:0]), Data(x=x[3:7])])
+    out_data = model(data)
+    assert torch.equal(out_data.prediction[1], torch.zeros(2, dtype=torch.float64))
+    torch.testing.assert_close(out_data.prediction[[0, 2]], out.prediction[[0, 2]])
+
+
+@pytest.mark.parametrize('name', [n for n in PRESETS if not n.startswith('egnn')])
+def test_a_batch_is_validated_once(name, monkeypatch):
+    model = _model(name)
+    calls = {'check_set_input': 0, 'resolve_set_index': 0}
+
+    def counting(fn_name):
+        fn = getattr(aggr, fn_name)
+
+        def wrapper(*args, **kwargs):
+            calls[fn_name] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    wrappers = {fn_name: counting(fn_name) for fn_name in calls}
+    for module in (aggr, base):
+        for fn_name, wrapper in wrappers.items():
+            monkeypatch.setattr(module, fn_name, wrapper)
+    x = torch.randn(7, 4, dtype=torch.float64)
+    model(x, torch.tensor([0, 0, 1, 1, 1, 2, 2]))
+    assert calls == {'check_set_input': 1, 'resolve_set_index': 1}
+
+
+@pytest.mark.parametrize('name', [n for n in PRESETS if not n.startswith('egnn')])
+def test_bad_batches_are_refused_at_the_model_boundary(name):
+    model = _model(name)
+    with pytest.raises(ValueError, match=r'shape \(N, 4\) \(got \(5, 3\)\)'):
+        model(torch.randn(5, 3, dtype=torch.float64))
+    with pytest.raises(ValueError, match='floating-point'):
+        model(torch.ones(5, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match='dtype torch.float64'):
+        model(torch.randn(5, 4))
+    with pytest.raises(ValueError, match=r"'index' of shape \(5,\)"):
+        model(torch.randn(5, 4, dtype=torch.float64), torch.zeros(4, dtype=torch.long))
+    with pytest.raises(ValueError, match="node features 'x'"):
+        model(Data(pos=torch.randn(5, 3)))
+
+
+def test_mz_aggregation_public_api_is_what_forward_and_the_model_use():
+    torch.manual_seed(0)
+    body = MZAggregation(4, 6, preset='paper', dim=8, heads=2, d_ff=8, num_inducing=3).double()
+    x = torch.randn(9, 4, dtype=torch.float64)
+    index = torch.tensor([2, 0, 0, 2, 2, 0, 2, 2, 0])
+    set_id, num_sets = body.validate(x, index, dim_size=4)
+    assert torch.equal(set_id, index) and num_sets == 4
+    out, ihw = body.pool(x, set_id, num_sets)
+    assert torch.equal(out, body(x, index, dim_size=4))
+    assert torch.equal(out[[1, 3]], torch.zeros(2, 6, dtype=torch.float64))
+    assert bool((ihw[[0, 2]] > 0).all()) and torch.equal(ihw[[1, 3]], torch.zeros(2).double())
+    # no rows at all: zeros, with a graph for backward()
+    out0, ihw0 = body.pool(x[:0], *body.validate(x[:0], index[:0], dim_size=2))
+    assert torch.equal(out0, torch.zeros(2, 6, dtype=torch.float64)) and out0.requires_grad
+    assert torch.equal(ihw0, torch.zeros(2, dtype=torch.float64))
+    with pytest.raises(ValueError, match='exceed'):
+        body.validate(torch.full((2, 4), 1e200, dtype=torch.float64))

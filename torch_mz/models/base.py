@@ -1,0 +1,98 @@
+r"""The contract every model of :mod:`torch_mz.models` keeps: what it takes, what it returns,
+what an empty set predicts, and where its input is checked.
+
+* **Input**: a PyG :class:`~torch_geometric.data.Data`/:class:`~torch_geometric.data.Batch`, or
+  tensors ``(x, batch)`` (EGNN: ``(x, pos, batch)``), and optionally ``num_sets`` for trailing
+  empty sets.
+* **Output**: a :class:`SetPrediction` ``(prediction, ihw)``: ``prediction``
+  :math:`(B, F_{out})`, one row per set (regression targets or class logits), and ``ihw``
+  :math:`(B,)`, the MZ models' single-pass uncertainty (the summed interval-hull width of the
+  pooled tokens), or :obj:`None` for a model that has none. It unpacks as a tuple
+  (``prediction, ihw = model(batch)``) and reads by name (``model(batch).prediction``).
+* **Empty sets** predict exactly zero (``ihw`` zero too), as an empty set aggregates to zero in
+  :class:`~torch_mz.nn.MZAggregation` and PyG's sum/mean/max aggregations. A model trained on
+  standardised targets that carries its normaliser (:func:`torch_mz.train.attach_normalizer`)
+  maps that zero to the target mean.
+* **Validation** happens once, at the model's boundary (:meth:`SetModel.validate`; for the MZ
+  models :meth:`MZAggregation.validate <torch_mz.nn.MZAggregation.validate>`), with a
+  :class:`ValueError` that says what was expected and what came.
+"""
+from typing import NamedTuple, Optional, Tuple
+
+import torch
+from torch import Tensor
+from torch.nn import Module
+
+from torch_mz.nn.aggr import check_set_input, resolve_set_index
+from torch_mz.nn.functional import set_counts
+
+__all__ = ['SetPrediction', 'SetModel', 'batch_tensors', 'zero_empty_sets']
+
+
+class SetPrediction(NamedTuple):
+    r"""The output of every model: ``prediction`` :math:`(B, F_{out})` and ``ihw`` :math:`(B,)`
+    or :obj:`None` (see :mod:`torch_mz.models.base`)."""
+    prediction: Tensor
+    ihw: Optional[Tensor] = None
+
+
+def batch_tensors(data_or_x, batch: Optional[Tensor] = None,
+                  num_sets: Optional[int] = None) -> Tuple[Tensor, Optional[Tensor], Optional[int]]:
+    r"""Reads ``(x, batch, num_sets)`` from a PyG data object (fields ``x`` and ``batch``;
+    ``num_sets`` defaults to ``num_graphs``) or passes tensors through; checks nothing else (the
+    model's :meth:`~SetModel.validate` does)."""
+    if isinstance(data_or_x, Tensor):
+        return data_or_x, batch, num_sets
+    data = data_or_x
+    x = getattr(data, 'x', None)
+    if x is None:
+        raise ValueError("Expected the batch to have node features 'x'")
+    if batch is None:
+        batch = getattr(data, 'batch', None)
+    if num_sets is None:
+        num_sets = int(getattr(data, 'num_graphs', 1))
+    return x, batch, num_sets
+
+
+def zero_empty_sets(prediction: Tensor, set_id: Tensor, num_sets: int) -> Tensor:
+    r"""``prediction`` :math:`(B, F)` with the rows of empty sets set to exactly zero (the others
+    unchanged, bit for bit)."""
+    nonempty = (set_counts(set_id, num_sets) > 0).to(prediction.dtype)  # (B,)
+    return prediction * nonempty.unsqueeze(-1)
+
+
+class SetModel(Module):
+    r"""Base class of the set models on PyG's flat layout (everything but EGNN, which also takes
+    coordinates): :meth:`forward` reads the batch, validates it once (:meth:`validate`), runs
+    :meth:`predict` and zeroes the predictions of empty sets. Subclasses set
+    :attr:`in_channels` and implement :meth:`predict`.
+
+    Shapes:
+        - **input:** a PyG batch with ``x`` :math:`(N, F_{in})` and ``batch`` :math:`(N,)`, or
+          ``(x, batch)``
+        - **output:** :class:`SetPrediction`: :math:`(B, F_{out})` and :math:`(B,)` or
+          :obj:`None`
+    """
+    in_channels: int
+
+    def validate(self, x: Tensor, batch: Optional[Tensor],
+                 num_sets: Optional[int]) -> Tuple[Tensor, int]:
+        r"""Checks ``x`` (floating point, :math:`(N, F_{in})`, the model's dtype) and the set
+        index; returns the set id of every element and the number of sets."""
+        param = next(self.parameters(), None)
+        check_set_input(x, self.in_channels, torch.get_default_dtype() if param is None
+                        else param.dtype)
+        return resolve_set_index(x, batch, None, num_sets)
+
+    def predict(self, x: Tensor, set_id: Tensor, num_sets: int) -> Tuple[Tensor,
+                                                                           Optional[Tensor]]:
+        r"""The prediction :math:`(B, F_{out})` and uncertainty :math:`(B,)` (or :obj:`None`) of
+        validated input."""
+        raise NotImplementedError
+
+    def forward(self, data_or_x, batch: Optional[Tensor] = None,
+                num_sets: Optional[int] = None) -> SetPrediction:
+        x, batch, num_sets = batch_tensors(data_or_x, batch, num_sets)
+        set_id, num_sets = self.validate(x, batch, num_sets)
+        prediction, ihw = self.predict(x, set_id, num_sets)
+        return SetPrediction(zero_empty_sets(prediction, set_id, num_sets), ihw)
