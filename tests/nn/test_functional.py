@@ -170,6 +170,30 @@ def test_scatter_path_chunks_pairs_exactly(monkeypatch):
             (alpha, vals.clone().requires_grad_()))
 
 
+@pytest.mark.parametrize('path', ['dense', 'scatter'])
+def test_several_shared_values_use_one_attention(path):
+    r"""A tuple of shared values gives what one joined value tensor gives, with one dropout draw
+    for both (the same attention weights), values and gradients."""
+    q, k, v, q_set, kv_set = _random_problem([3, 0, 6, 40], [2, 3, 5, 33], seed=7)
+    v1, v2 = v[:, 0, :2].clone(), v[:, 1, :].clone()  # (Nk, 2), (Nk, 5)
+    for training in (False, True):
+        inputs = [t.clone().requires_grad_() for t in (q, k, v1, v2)]
+        torch.manual_seed(0)
+        a, b = grouped_attention(inputs[0], inputs[1], (inputs[2], inputs[3]), q_set, kv_set, 4,
+                                 dropout=0.3, training=training, path=path)
+        (a.pow(2).sum() + b.pow(3).sum()).backward()
+        joined = [t.clone().requires_grad_() for t in (q, k, v1, v2)]
+        torch.manual_seed(0)
+        ab = grouped_attention(joined[0], joined[1], torch.cat(joined[2:], -1), q_set, kv_set, 4,
+                               dropout=0.3, training=training, path=path)
+        (ab[..., :2].pow(2).sum() + ab[..., 2:].pow(3).sum()).backward()
+        torch.testing.assert_close(torch.cat([a, b], -1), ab)
+        for x, y in zip(inputs, joined):
+            torch.testing.assert_close(x.grad, y.grad)
+    with pytest.raises(ValueError, match='values'):  # per-head values cannot come as a tuple
+        grouped_attention(q, k, (v, v), q_set, kv_set, 4)
+
+
 @pytest.mark.parametrize('groups', [3, 6])
 def test_wide_values_split_into_heads_exactly(monkeypatch, groups):
     r"""Values g times as wide as the keys are attended as g extra heads by the fused kernel

@@ -203,12 +203,14 @@ class MZAttention(Module):
             # Aggregate the raw tokens once for all heads, then map them (exact: the value map is
             # linear and commutes with the attention-weighted sum). A column of ones gives the
             # attention mass of each query, which multiplies the bias (1, or 0 without keys).
+            # The generators are aggregated as they lie (no copy into a joint value tensor).
             ones = key_value.center.new_ones(Nk, 1).to(q.dtype)
-            raw = torch.cat([ones, key_value.center.to(q.dtype), gens_kv.reshape(Nk, ng * d)],
-                            dim=-1)  # (Nk, 1 + d + ng d)
-            agg = grouped_attention(q, k, raw, query_set, kv_set, num_sets, dropout=self.dropout,
-                                    training=self.training, path=self.path)  # (Nq, H, 1+d+ngd)
-            mass, c_raw, g_raw = agg.split([1, d, ng * d], dim=-1)  # (Nq, H, 1 / d / ng d)
+            raw_c = torch.cat([ones, key_value.center.to(q.dtype)], dim=-1)  # (Nk, 1 + d)
+            agg_c, g_raw = grouped_attention(
+                q, k, (raw_c, gens_kv.reshape(Nk, ng * d)), query_set, kv_set, num_sets,
+                dropout=self.dropout, training=self.training,
+                path=self.path)  # (Nq, H, 1 + d), (Nq, H, ng d): the same attention weights
+            mass, c_raw = agg_c.split([1, d], dim=-1)  # (Nq, H, 1), (Nq, H, d)
             c_hat = torch.einsum('nhd,hed->nhe', c_raw, w_v)  # (Nq, H, dk)
             if self.lin_v.bias is not None:
                 c_hat = c_hat + mass * self.lin_v.bias.to(q.dtype).view(H, dk)
@@ -225,6 +227,10 @@ class MZAttention(Module):
             g_agg = g_agg.reshape(Nq, H, ng, dk)  # (Nq, H, ng, dk)
 
         out_c = torch.einsum('nhd,hed->nhe', c_hat, weight)  # (Nq, H, dk)
+        if self.value == 'mz':
+            mu = self.set_summary(key_value.center, kv_set, num_sets)  # (B, |mu|)
+            out_g = self._mz_generators(g_agg, c_hat, mu, query_set)  # (Nq, ng, d)
+            return Zonotope(out_c.reshape(Nq, self.dim), out_g)
         if self.value == 'hypernet':
             g_hat = g_agg
             out_g = torch.einsum('nhgd,hed->nhge', g_hat, weight)  # (Nq, H, ng, dk)
@@ -255,17 +261,29 @@ class MZAttention(Module):
         pairs = int((set_counts(query_set, num_sets) * counts_k).sum())
         return (Nk - Nq) * self.dim > pairs * (self.heads - 1)
 
+    def _mz_generators(self, g_agg: Tensor, c_hat: Tensor, mu: Tensor,
+                       query_set: Tensor) -> Tensor:
+        r"""The output generators of the ``'mz'`` operator,
+        :math:`\hat{G}_i M_c^\top + W_{\mathrm{mix}} \mathrm{stack}_l[\gamma_l M_l \hat{c}_i]`,
+        in the token layout :math:`(N_q, n_g, d)` (heads concatenated in each row): one copy of
+        the aggregated generators into that layout, then the mixing term added in place as one
+        batched product of :math:`(n_g \times L)` coefficients :math:`W_{\mathrm{mix}}[g, l]
+        \gamma_l` with the :math:`(L \times d)` rows :math:`M_l \hat{c}` (no generator-sized
+        intermediate)."""
+        Nq, H, ng, dk = g_agg.shape
+        L = self.num_matrix_generators
+        gamma = torch.tanh(self.gate(mu))[query_set].to(c_hat.dtype)  # (Nq, L)
+        mc = torch.einsum('nhd,hled->nlhe', c_hat, self.matrix_gens.to(c_hat.dtype))
+        mc = mc.reshape(Nq, L, H * dk)  # (Nq, L, d): M_l c_hat, heads concatenated
+        coef = self.mix.to(c_hat.dtype) * gamma.unsqueeze(1)  # (Nq, ng, L)
+        out_g = g_agg.new_empty(Nq, ng, H * dk)  # (Nq, ng, d), a fresh tensor (never a view)
+        out_g.view(Nq, ng, H, dk).copy_(g_agg.transpose(1, 2))
+        return out_g.baddbmm_(coef, mc)
+
     def _context(self, out_c: Tensor, out_g: Tensor, c_hat: Tensor, g_hat: Tensor, mu: Tensor,
                  query_set: Tensor):
         H, dk = self.heads, self.head_dim
         Nq = out_c.size(0)
-        if self.value == 'mz':
-            gamma = torch.tanh(self.gate(mu))[query_set]  # (Nq, L)
-            mc = torch.einsum('nhd,hled->nhle', c_hat,
-                              self.matrix_gens.to(c_hat.dtype))  # (Nq, H, L, dk)
-            mc = mc * gamma.to(mc.dtype).view(Nq, 1, self.num_matrix_generators, 1)
-            out_g = out_g + torch.einsum('gl,nhle->nhge', self.mix.to(mc.dtype), mc)
-            return out_c, out_g
         if self.value == 'film':
             scale = 1.0 + self.film_scale(mu)[query_set].view(Nq, H, dk)  # (Nq, H, dk)
             shift = self.film_shift(mu)[query_set].view(Nq, H, dk)  # (Nq, H, dk)

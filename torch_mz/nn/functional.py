@@ -18,7 +18,7 @@ same result:
 
 No Python loop runs over individual sets: the only loop is over the (few) size buckets.
 """
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -149,12 +149,14 @@ def grouped_attention(q: Tensor, k: Tensor, v: Tensor, q_set: Tensor, kv_set: Te
     then every head aggregates the same rows with its own weights (one matrix product per set for
     all heads, with no copy of the values per head). Shared values are what a block needs when it
     applies its value map after the aggregation (exact, since a linear map commutes with the
-    attention-weighted sum).
+    attention-weighted sum). Several shared value tensors (a tuple) are aggregated with the same
+    attention weights (one softmax, one dropout draw) without joining them into one tensor first.
 
     Args:
         q (Tensor): Queries :math:`(N_q, H, d_k)`.
         k (Tensor): Keys :math:`(N_k, H, d_k)`.
-        v (Tensor): Values :math:`(N_k, H, w)`, or :math:`(N_k, w)` shared by the heads.
+        v (Tensor or tuple): Values :math:`(N_k, H, w)`, or :math:`(N_k, w)` shared by the
+            heads, or a tuple of shared values :math:`(N_k, w_i)`.
         q_set (Tensor): Set id of each query :math:`(N_q,)`, need not be sorted.
         kv_set (Tensor): Set id of each key :math:`(N_k,)`, need not be sorted.
         num_sets (int): Number of sets :math:`B` (ids lie in :obj:`[0, B)`).
@@ -164,15 +166,22 @@ def grouped_attention(q: Tensor, k: Tensor, v: Tensor, q_set: Tensor, kv_set: Te
             (default: :obj:`'auto'`).
 
     Shapes:
-        - **output:** :math:`(N_q, H, w)`
+        - **output:** :math:`(N_q, H, w)` (a tuple of :math:`(N_q, H, w_i)` for a tuple of values)
     """
     check_choice('attention path', path, PATHS)
-    if v.dim() not in (2, 3) or v.size(0) != k.size(0) or (v.dim() == 3 and v.size(1) != k.size(1)):
-        raise ValueError(f"Expected values of shape ({k.size(0)}, {k.size(1)}, w) or "
-                         f"({k.size(0)}, w) (got {tuple(v.shape)})")
-    if path == 'scatter':
-        return _attention_scatter(q, k, v, q_set, kv_set, num_sets, dropout, training)
-    return _attention_dense(q, k, v, q_set, kv_set, num_sets, dropout, training)
+    several = isinstance(v, (tuple, list))
+    values = tuple(v) if several else (v, )
+    for vi in values:
+        if (vi.dim() not in (2, 3) or vi.size(0) != k.size(0)
+                or (vi.dim() == 3 and (several or vi.size(1) != k.size(1)))):
+            raise ValueError(f"Expected values of shape ({k.size(0)}, {k.size(1)}, w) or "
+                             f"({k.size(0)}, w), or a tuple of ({k.size(0)}, w_i) (got "
+                             f"{[tuple(x.shape) for x in values] if several else tuple(vi.shape)})")
+    if not values:
+        raise ValueError("Expected at least one value tensor")
+    fn = _attention_scatter if path == 'scatter' else _attention_dense
+    outs = fn(q, k, values, q_set, kv_set, num_sets, dropout, training)
+    return tuple(outs) if several else outs[0]
 
 
 def set_pairs(q_set: Tensor, kv_set: Tensor, num_sets: int) -> Tuple[Tensor, Tensor]:
@@ -275,19 +284,20 @@ class _PairAggregate(torch.autograd.Function):
         return grad_alpha, grad_v, None, None, None
 
 
-def _attention_scatter(q: Tensor, k: Tensor, v: Tensor, q_set: Tensor, kv_set: Tensor,
-                       num_sets: int, dropout: float, training: bool) -> Tensor:
+def _attention_scatter(q: Tensor, k: Tensor, vs: Tuple[Tensor, ...], q_set: Tensor,
+                       kv_set: Tensor, num_sets: int, dropout: float,
+                       training: bool) -> List[Tensor]:
     Nq, H, _ = q.shape
-    w = v.size(-1)
-    out_dtype = torch.promote_types(q.dtype, v.dtype)
+    out_dtype = torch.promote_types(q.dtype, vs[0].dtype)
     iq, jk = set_pairs(q_set, kv_set, num_sets)  # (P,), (P,)
     if iq.numel() == 0:
-        return v.new_zeros(Nq, H, w, dtype=out_dtype)
+        return [v.new_zeros(Nq, H, v.size(-1), dtype=out_dtype) for v in vs]
     logits = _PairDot.apply(q, k.to(q.dtype), iq, jk)  # (P, H)
     alpha = segment_softmax(logits, iq, num_nodes=Nq)  # (P, H)
     if dropout > 0 and training:
         alpha = F.dropout(alpha, p=dropout, training=True)
-    return _PairAggregate.apply(alpha.to(out_dtype), v.to(out_dtype), iq, jk, Nq)
+    alpha = alpha.to(out_dtype)
+    return [_PairAggregate.apply(alpha, v.to(out_dtype), iq, jk, Nq) for v in vs]
 
 
 # Wide values (w = g d_k, e.g. an MZ token with its generators) keep PyTorch's fused ("flash")
@@ -312,22 +322,14 @@ def _split_values(n: int, H: int, Lq: int, Lk: int, dk: int, w: int, p: float) -
     return g if g <= FLASH_MAX_GROUPS or n * H * Lq * Lk >= FLASH_MIN_SCORES else 1
 
 
-def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], p: float) -> Tensor:
+def _attend(q: Tensor, k: Tensor, vs: List[Tensor], mask: Optional[Tensor],
+            p: float) -> List[Tensor]:
     r"""Attention on dense blocks: :obj:`q` :math:`(n, H, L_q, d_k)`, :obj:`k`
-    :math:`(n, H, L_k, d_k)`, :obj:`v` :math:`(n, H, L_k, w)` per head or :math:`(n, L_k, w)`
-    shared, :obj:`mask` :math:`(n, 1, 1, L_k)` (True = attend) or None. Returns
-    :math:`(n, H, L_q, w)`."""
-    if v.dim() == 4:
-        n, H, Lq, dk = q.shape
-        Lk, w = v.shape[-2:]
-        g = _split_values(n, H, Lq, Lk, dk, w, p)
-        if g > 1:  # g value groups as extra heads with the same queries and keys (exact)
-            qs = q.unsqueeze(2).expand(n, H, g, Lq, dk).reshape(n, H * g, Lq, dk)
-            ks = k.unsqueeze(2).expand(n, H, g, Lk, dk).reshape(n, H * g, Lk, dk)
-            vs = v.reshape(n, H, Lk, g, dk).transpose(2, 3).reshape(n, H * g, Lk, dk)
-            out = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=1.0)
-            return out.view(n, H, g, Lq, dk).transpose(2, 3).reshape(n, H, Lq, w)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=1.0)
+    :math:`(n, H, L_k, d_k)`, :obj:`vs` one value :math:`(n, H, L_k, w)` per head or values
+    :math:`(n, L_k, w_i)` shared by the heads, :obj:`mask` :math:`(n, 1, 1, L_k)` (True = attend)
+    or None. Returns a list of :math:`(n, H, L_q, w_i)`."""
+    if vs[0].dim() == 4:
+        return [_attend_per_head(q, k, vs[0], mask, p)]
     n, H, Lq, _ = q.shape
     scores = torch.matmul(q, k.transpose(-1, -2))  # (n, H, Lq, Lk)
     if mask is not None:
@@ -335,19 +337,34 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], p: float) -
     a = torch.softmax(scores, dim=-1)  # (n, H, Lq, Lk)
     if p > 0:
         a = F.dropout(a, p=p, training=True)
-    out = torch.bmm(a.reshape(n, H * Lq, -1), v)  # (n, H * Lq, w): all heads in one product
-    return out.view(n, H, Lq, -1)
+    a = a.reshape(n, H * Lq, -1)  # all heads in one product per value
+    return [torch.bmm(a, v).view(n, H, Lq, -1) for v in vs]  # (n, H, Lq, w_i)
 
 
-def _attention_dense(q: Tensor, k: Tensor, v: Tensor, q_set: Tensor, kv_set: Tensor,
-                     num_sets: int, dropout: float, training: bool) -> Tensor:
+def _attend_per_head(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], p: float) -> Tensor:
+    r""":func:`_attend` for one value tensor per head :math:`(n, H, L_k, w)`."""
+    n, H, Lq, dk = q.shape
+    Lk, w = v.shape[-2:]
+    g = _split_values(n, H, Lq, Lk, dk, w, p)
+    if g > 1:  # g value groups as extra heads with the same queries and keys (exact)
+        qs = q.unsqueeze(2).expand(n, H, g, Lq, dk).reshape(n, H * g, Lq, dk)
+        ks = k.unsqueeze(2).expand(n, H, g, Lk, dk).reshape(n, H * g, Lk, dk)
+        vs = v.reshape(n, H, Lk, g, dk).transpose(2, 3).reshape(n, H * g, Lk, dk)
+        out = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=1.0)
+        return out.view(n, H, g, Lq, dk).transpose(2, 3).reshape(n, H, Lq, w)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=1.0)
+
+
+def _attention_dense(q: Tensor, k: Tensor, vs: Tuple[Tensor, ...], q_set: Tensor,
+                     kv_set: Tensor, num_sets: int, dropout: float,
+                     training: bool) -> List[Tensor]:
     Nq, H, dk = q.shape
     Nk = k.size(0)
-    w = v.size(-1)
-    shared = v.dim() == 2
+    ws = [v.size(-1) for v in vs]
+    shared = vs[0].dim() == 2
     device = q.device
     p = dropout if training else 0.0
-    out_dtype = torch.promote_types(q.dtype, v.dtype)
+    out_dtype = torch.promote_types(q.dtype, vs[0].dtype)
     perm_q, counts_q, _, local_q = _sorted_layout(q_set, num_sets)
     perm_k, counts_k, _, local_k = _sorted_layout(kv_set, num_sets)
 
@@ -357,18 +374,19 @@ def _attention_dense(q: Tensor, k: Tensor, v: Tensor, q_set: Tensor, kv_set: Ten
             and bool((counts_q == nq0).all()) and bool((counts_k == nk0).all())):
         qd = q.view(num_sets, nq0, H, dk).transpose(1, 2)  # (B, H, nq, dk)
         kd = k.view(num_sets, nk0, H, dk).transpose(1, 2)  # (B, H, nk, dk)
-        vd = v.view(num_sets, nk0, w) if shared else \
-            v.view(num_sets, nk0, H, w).transpose(1, 2)  # (B, nk, w) or (B, H, nk, w)
-        out = _attend(qd, kd, vd.to(out_dtype), None, p)  # (B, H, nq, w)
-        return out.transpose(1, 2).reshape(Nq, H, w)
+        vds = [(v.view(num_sets, nk0, w) if shared else
+                v.view(num_sets, nk0, H, w).transpose(1, 2)).to(out_dtype)
+               for v, w in zip(vs, ws)]  # (B, nk, w) or (B, H, nk, w)
+        outs = _attend(qd, kd, vds, None, p)  # (B, H, nq, w) each
+        return [out.transpose(1, 2).reshape(Nq, H, w) for out, w in zip(outs, ws)]
 
     active = (counts_q > 0) & (counts_k > 0)  # (B,)
     sets_active = torch.nonzero(active).view(-1)  # (B',)
     if sets_active.numel() == 0:
-        return v.new_zeros(Nq, H, w, dtype=out_dtype)
+        return [v.new_zeros(Nq, H, w, dtype=out_dtype) for v, w in zip(vs, ws)]
     keys = torch.stack([_bucket_size(counts_q), _bucket_size(counts_k)], dim=1)[active]
     sizes = torch.stack([counts_q, counts_k], dim=1)[active]  # (B', 2) exact sizes
-    buckets, bucket_of = _merge_buckets(keys, sizes, pair_cost=H * (dk + w))
+    buckets, bucket_of = _merge_buckets(keys, sizes, pair_cost=H * (dk + sum(ws)))
     nb = torch.bincount(bucket_of, minlength=buckets.size(0))  # (U,) sets per bucket
     pq, pk = buckets[:, 0], buckets[:, 1]  # (U,)
     # every bucket is a block of nb * pq query rows (nb * pk key rows) in one flat buffer
@@ -394,26 +412,32 @@ def _attention_dense(q: Tensor, k: Tensor, v: Tensor, q_set: Tensor, kv_set: Ten
     tot_q, tot_k = int((nb * pq).sum()), int((nb * pk).sum())
     qbuf = q.new_zeros(tot_q, H, dk).index_copy(0, q_pos, q[q_rows])  # (tot_q, H, dk)
     kbuf = k.new_zeros(tot_k, H, dk).index_copy(0, k_pos, k[k_rows])  # (tot_k, H, dk)
-    vsrc = v[k_rows].to(out_dtype)
-    vbuf = vsrc.new_zeros((tot_k, ) + tuple(v.shape[1:])).index_copy(0, k_pos, vsrc)
+    vbufs = []
+    for v in vs:
+        vsrc = v[k_rows].to(out_dtype)
+        vbufs.append(vsrc.new_zeros((tot_k, ) + tuple(v.shape[1:])).index_copy(0, k_pos, vsrc))
     mbuf = torch.zeros(tot_k, dtype=torch.bool, device=device)
     mbuf[k_pos] = True  # (tot_k,), True = a real key
 
     # split (not slicing): autograd joins the pieces' gradients with one concatenation instead
     # of a full-size zero tensor per bucket
     q_sizes, k_sizes = (nb * pq).tolist(), (nb * pk).tolist()
-    outs = []
-    for nb_b, pq_b, pk_b, qb, kb, vb, mb in zip(nb.tolist(), pq.tolist(), pk.tolist(),
-                                                 qbuf.split(q_sizes), kbuf.split(k_sizes),
-                                                 vbuf.split(k_sizes), mbuf.split(k_sizes)):
+    vb_split = list(zip(*[vbuf.split(k_sizes) for vbuf in vbufs]))  # per bucket, per value
+    outs = [[] for _ in vs]  # per value, per bucket
+    for b, (nb_b, pq_b, pk_b, qb, kb, mb) in enumerate(zip(
+            nb.tolist(), pq.tolist(), pk.tolist(), qbuf.split(q_sizes), kbuf.split(k_sizes),
+            mbuf.split(k_sizes))):
         qd = qb.view(nb_b, pq_b, H, dk).transpose(1, 2)  # (n, H, pq, dk)
         kd = kb.view(nb_b, pk_b, H, dk).transpose(1, 2)  # (n, H, pk, dk)
-        vd = vb.view(nb_b, pk_b, w) if shared else \
-            vb.view(nb_b, pk_b, H, w).transpose(1, 2)  # (n, pk, w) or (n, H, pk, w)
+        vds = [vb.view(nb_b, pk_b, w) if shared else vb.view(nb_b, pk_b, H, w).transpose(1, 2)
+               for vb, w in zip(vb_split[b], ws)]  # (n, pk, w) or (n, H, pk, w)
         mask = mb.view(nb_b, 1, 1, pk_b)  # (n, 1, 1, pk)
-        od = _attend(qd, kd, vd, mask, p)  # (n, H, pq, w)
-        outs.append(od.transpose(1, 2).reshape(nb_b * pq_b, H, w))
-    vals = torch.cat(outs, 0)[q_pos] if len(outs) > 1 else outs[0][q_pos]  # (Nq', H, w)
-    if q_rows.numel() == Nq:  # every query has keys: q_rows is 0..Nq-1
-        return vals
-    return vals.new_zeros(Nq, H, w).index_copy(0, q_rows, vals)
+        for i, (od, w) in enumerate(zip(_attend(qd, kd, vds, mask, p), ws)):  # (n, H, pq, w)
+            outs[i].append(od.transpose(1, 2).reshape(nb_b * pq_b, H, w))
+    results = []
+    for out, w in zip(outs, ws):
+        vals = torch.cat(out, 0)[q_pos] if len(out) > 1 else out[0][q_pos]  # (Nq', H, w)
+        if q_rows.numel() != Nq:  # some queries have no keys: zero rows for them
+            vals = vals.new_zeros(Nq, H, w).index_copy(0, q_rows, vals)
+        results.append(vals)
+    return results
