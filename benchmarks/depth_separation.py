@@ -12,21 +12,20 @@ import argparse
 import os
 import time
 
-
-from torch_mz.benchmark import environment, markdown_table, write_report
-from torch_mz.compare import run_grid
 from torch_mz.paper import TABLE1
-from torch_mz.train import TrainConfig
+from torch_mz.study import environment, markdown_table, pyplot, run_grid, try_plot, write_report
+from torch_mz.study.budget import Budget, add_budget_arguments, choose_budget, study_config
 
 # Table 1 of the paper: L -> (MZAttn-1L R^2, ST-4L R^2, MSE ratio)
 PAPER = TABLE1
 MODELS = ('mz-1l', 'st-4l')
+TDOF = [4, 8, 16, 24, 32]
+QUICK = Budget(seeds=2, n_train=640, epochs=10, lr=1e-3)
+FULL = Budget(seeds=3, n_train=5000, epochs=100, lr=1e-4)
 
 
 def plot(rows, path):
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     Ls = [r['L'] for r in rows]
     for model, color in zip(MODELS, ('tab:red', 'tab:blue')):
@@ -47,32 +46,20 @@ def plot(rows, path):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--quick', action='store_true', help='2 seeds, small budget')
+    add_budget_arguments(parser, quick_help='2 seeds, small budget')
     parser.add_argument('--tdof', default=None, help='comma-separated L values')
-    parser.add_argument('--seeds', type=int, default=None)
     parser.add_argument('--d', type=int, default=32,
                         help='dimension of the elements (the task default; must be >= every L)')
-    parser.add_argument('--n-train', type=int, default=None)
-    parser.add_argument('--epochs', type=int, default=None)
-    parser.add_argument('--lr', type=float, default=None)
-    parser.add_argument('--device', default='auto')
     parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
                                                       'depth_separation'))
     args = parser.parse_args()
-    if args.quick:
-        Ls, seeds, n_train, epochs, lr = [4, 8, 16, 24, 32], 2, 640, 10, 1e-3
-    else:
-        Ls, seeds, n_train, epochs, lr = [4, 8, 16, 24, 32], 3, 5000, 100, 1e-4
-    Ls = [int(v) for v in args.tdof.split(',')] if args.tdof else Ls
+    budget = choose_budget(args, QUICK, FULL)
+    Ls = [int(v) for v in args.tdof.split(',')] if args.tdof else TDOF
     if max(Ls) > args.d:
         parser.error(f'every L must be at most --d ({args.d}), got L = {max(Ls)}')
-    seeds = args.seeds or seeds
-    n_train = args.n_train or n_train
-    epochs = args.epochs or epochs
-    lr = args.lr or lr
+    seeds, n_train, epochs, lr = budget.seeds, budget.n_train, budget.epochs, budget.lr
     n_val, n_test = max(1, n_train // 4), max(1, n_train // 2)
-    config = TrainConfig(epochs=epochs, warmup_epochs=min(5, max(1, epochs // 10)),
-                         batch_size=64, lr=lr, device=args.device, progress=False)
+    config = study_config(budget, device=args.device)
     grid = [dict(label=f'L={L}', task='quadratic-tdof',
                  kwargs=dict(d=args.d, tdof=L, n_train=n_train, n_val=n_val, n_test=n_test))
             for L in Ls]
@@ -104,10 +91,9 @@ def main():
                  'Depth separation on the quadratic-TDOF target (paper Table 1)', environment(),
                  setup, table, dict(rows=rows, runs=runs), (time.time() - start) / 60,
                  notes=notes)
-    try:
-        plot(rows, os.path.join(args.out, 'depth_separation.png'))
-    except ImportError:
-        print("matplotlib is not installed: no plot (pip install 'torch_mz[plot]')")
+    note = try_plot(plot, rows, os.path.join(args.out, 'depth_separation.png'))
+    if note:
+        print(note)
     print(table)
     print(f'wrote {args.out}/depth_separation.json, .md, .png')
 

@@ -19,10 +19,11 @@ import argparse
 import os
 import time
 
-from torch_mz.benchmark import environment, markdown_table, write_report
-from torch_mz.compare import plot_grid, run_grid, split_model_specs
 from torch_mz.paper import TABLE7, TABLE7_CELLS
-from torch_mz.train import TrainConfig
+from torch_mz.study import (environment, markdown_table, plot_grid, run_grid, split_model_specs,
+                            try_plot, write_report)
+from torch_mz.study.budget import Budget, add_budget_arguments, choose_budget, study_config
+from torch_mz.study.statistics import winner
 
 MODELS = ('mz', 'st-large', 'egnn')
 
@@ -44,6 +45,8 @@ CELLS = {
 }
 QUICK_CELLS = ('rot d=8', 'hull d=3', 'MEB d=8', 'CN d=8', 'Mah d=8', 'PCA d=16', 'quad L=4',
                'quad L=8')
+QUICK = Budget(seeds=2, n_train=640, epochs=10, lr=1e-3)
+FULL = Budget(seeds=3, n_train=5000, epochs=100, lr=1e-4)
 
 # Table 7 of the paper: R^2 per (cell, model).
 PAPER = {(cell, model): values[i] for model, values in TABLE7.items()
@@ -54,13 +57,10 @@ def verdict(row):
     r"""The cell's measured winner and the paper's. The measured winner is the model with the
     highest mean R², or ``'tie: a/b'`` (all models within the lead) when the lead over the
     runner-up is under twice the larger of their seed standard deviations."""
-    ranked = sorted(MODELS, key=lambda m: row[f'{m} r2'], reverse=True)
-    best, second = ranked[0], ranked[1]
-    spread = max(row.get(f'{best} r2 std', 0.0), row.get(f'{second} r2 std', 0.0))
-    tied = [best] + [m for m in ranked[1:] if row[f'{best} r2'] - row[f'{m} r2'] < 2 * spread]
-    ours = best if len(tied) == 1 else 'tie: ' + '/'.join(tied)
-    paper = max(MODELS, key=lambda m: PAPER[(row['cell'], m)])
-    return ours, paper
+    tied = winner({m: row[f'{m} r2'] for m in MODELS},
+                  {m: row.get(f'{m} r2 std', 0.0) for m in MODELS})
+    ours = tied[0] if len(tied) == 1 else 'tie: ' + '/'.join(tied)
+    return ours, winner({m: PAPER[(row['cell'], m)] for m in MODELS})[0]
 
 
 def agrees(ours, paper):
@@ -70,35 +70,24 @@ def agrees(ours, paper):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--quick', action='store_true', help='8 cells, 2 seeds, small budget')
+    add_budget_arguments(parser, quick_help='8 cells, 2 seeds, small budget')
     parser.add_argument('--cells', default=None,
                         help=f"comma-separated subset of: {', '.join(CELLS)}")
     parser.add_argument('--models', default=','.join(MODELS))
-    parser.add_argument('--seeds', type=int, default=None)
-    parser.add_argument('--n-train', type=int, default=None)
-    parser.add_argument('--epochs', type=int, default=None)
-    parser.add_argument('--lr', type=float, default=None)
-    parser.add_argument('--device', default='auto')
     parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
                                                       'equivariance'))
     args = parser.parse_args()
-    if args.quick:
-        cells, seeds, n_train, epochs, lr = QUICK_CELLS, 2, 640, 10, 1e-3
-    else:
-        cells, seeds, n_train, epochs, lr = tuple(CELLS), 3, 5000, 100, 1e-4
+    budget = choose_budget(args, QUICK, FULL)
+    cells = QUICK_CELLS if args.quick else tuple(CELLS)
     if args.cells:
         cells = [c.strip() for c in args.cells.split(',')]
         unknown = [c for c in cells if c not in CELLS]
         if unknown:
             parser.error(f"unknown cells {unknown}; available: {', '.join(CELLS)}")
     models = split_model_specs(args.models)
-    seeds = args.seeds or seeds
-    n_train = args.n_train or n_train
-    epochs = args.epochs or epochs
-    lr = args.lr or lr
+    seeds, n_train, epochs, lr = budget.seeds, budget.n_train, budget.epochs, budget.lr
     n_val, n_test = max(1, n_train // 4), max(1, n_train // 2)
-    config = TrainConfig(epochs=epochs, warmup_epochs=min(5, max(1, epochs // 10)),
-                         batch_size=64, lr=lr, device=args.device, progress=False)
+    config = study_config(budget, device=args.device)
     grid = [dict(label=c, task=CELLS[c][0],
                  kwargs=dict(CELLS[c][1], n_train=n_train, n_val=n_val, n_test=n_test))
             for c in cells]
@@ -134,11 +123,10 @@ def main():
     write_report(args.out, 'equivariance', 'Equivariance versus context-adaptivity (paper Table 7)',
                  env, setup, table, dict(cells={c: CELLS[c] for c in cells}, rows=rows,
                                          runs=runs), (time.time() - start) / 60, notes=notes)
-    try:
-        plot_grid(rows, models, os.path.join(args.out, 'equivariance.png'), paper=PAPER,
-                  title='Table 7: test R² (bars: measured; ticks: paper)')
-    except ImportError:
-        print("matplotlib is not installed: no plot (pip install 'torch_mz[plot]')")
+    note = try_plot(plot_grid, rows, models, os.path.join(args.out, 'equivariance.png'),
+                    paper=PAPER, title='Table 7: test R² (bars: measured; ticks: paper)')
+    if note:
+        print(note)
     print(table)
     print(f'wrote {args.out}/equivariance.json, .md, .png')
 

@@ -20,16 +20,19 @@ import argparse
 import os
 import time
 
-from torch_mz.benchmark import environment, markdown_table, write_report
-from torch_mz.compare import plot_grid, run_grid, split_model_specs
 from torch_mz.paper import GEOMETRY, GEOMETRY_MODELS
-from torch_mz.train import TrainConfig
+from torch_mz.study import (environment, markdown_table, plot_grid, run_grid, split_model_specs,
+                            try_plot, write_report)
+from torch_mz.study.budget import Budget, add_budget_arguments, choose_budget, study_config
+from torch_mz.study.statistics import lead_over_best
 
 MODELS = ('rigid', 'st-large', 'hypernet', 'perceiver', 'film', 'mz')
 TASKS = {'MEB': 'meb-radius', 'rot': 'rotation-matching', 'MST': 'mst', 'hull': 'hull-volume'}
 DIMS = {'MEB': (8, 16, 32), 'rot': (16, 32, 64, 128, 256), 'MST': (16, 32, 64, 128, 256),
         'hull': (3, 6, 9)}
 QUICK_DIMS = {'MEB': (8, 16, 32), 'rot': (16, 32), 'MST': (16, 32), 'hull': (3, 6)}
+QUICK = Budget(seeds=2, n_train=640, epochs=10, lr=1e-3)
+FULL = Budget(seeds=3, n_train=5000, epochs=100, lr=1e-4)
 
 # The paper's R^2 per (task, d) for GEOMETRY_MODELS (Tables 3, 4, 17, 18).
 PAPER = {(f'{task} d={d}', model): value for (task, d), values in GEOMETRY.items()
@@ -38,24 +41,17 @@ PAPER = {(f'{task} d={d}', model): value for (task, d), values in GEOMETRY.items
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--quick', action='store_true', help='9 cells, 2 seeds, small budget')
+    add_budget_arguments(parser, quick_help='9 cells, 2 seeds, small budget')
     parser.add_argument('--tasks', default=','.join(TASKS),
                         help=f"comma-separated subset of {', '.join(TASKS)}")
     parser.add_argument('--dims', default=None,
                         help='comma-separated dimensions (default: per task, see DIMS)')
     parser.add_argument('--models', default=','.join(MODELS))
-    parser.add_argument('--seeds', type=int, default=None)
-    parser.add_argument('--n-train', type=int, default=None)
-    parser.add_argument('--epochs', type=int, default=None)
-    parser.add_argument('--lr', type=float, default=None)
-    parser.add_argument('--device', default='auto')
     parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
                                                       'geometry'))
     args = parser.parse_args()
-    if args.quick:
-        dims, seeds, n_train, epochs, lr = QUICK_DIMS, 2, 640, 10, 1e-3
-    else:
-        dims, seeds, n_train, epochs, lr = DIMS, 3, 5000, 100, 1e-4
+    budget = choose_budget(args, QUICK, FULL)
+    dims = QUICK_DIMS if args.quick else DIMS
     tasks = [t.strip() for t in args.tasks.split(',')]
     unknown = [t for t in tasks if t not in TASKS]
     if unknown:
@@ -63,13 +59,9 @@ def main():
     if args.dims:
         dims = {t: tuple(int(v) for v in args.dims.split(',')) for t in tasks}
     models = split_model_specs(args.models)
-    seeds = args.seeds or seeds
-    n_train = args.n_train or n_train
-    epochs = args.epochs or epochs
-    lr = args.lr or lr
+    seeds, n_train, epochs, lr = budget.seeds, budget.n_train, budget.epochs, budget.lr
     n_val, n_test = max(1, n_train // 4), max(1, n_train // 2)
-    config = TrainConfig(epochs=epochs, warmup_epochs=min(5, max(1, epochs // 10)),
-                         batch_size=64, lr=lr, device=args.device, progress=False)
+    config = study_config(budget, device=args.device)
     grid = [dict(label=f'{t} d={d}', task=TASKS[t],
                  kwargs=dict(d=d, n_train=n_train, n_val=n_val, n_test=n_test))
             for t in tasks for d in dims[t]]
@@ -86,11 +78,13 @@ def main():
         ours = max(models, key=lambda m: row[f'{m} r2'])
         row['best'] = ours
         rivals = [m for m in models if not m.startswith('mz')]
-        if 'mz' in models and rivals:
-            row['mz - best baseline'] = row['mz r2'] - max(row[f'{m} r2'] for m in rivals)
-            known = [PAPER[(row['cell'], m)] for m in rivals if (row['cell'], m) in PAPER]
-            if (row['cell'], 'mz') in PAPER and known:
-                row['paper mz - best baseline'] = PAPER[(row['cell'], 'mz')] - max(known)
+        lead = lead_over_best({m: row[f'{m} r2'] for m in models}, 'mz', rivals)
+        if lead is not None:
+            row['mz - best baseline'] = lead.gap
+            paper = lead_over_best({m: PAPER[(row['cell'], m)] for m in models
+                                    if (row['cell'], m) in PAPER}, 'mz', rivals)
+            if paper is not None:
+                row['paper mz - best baseline'] = paper.gap
     env = environment()
     params = {m: rows[0][f'{m} params'] for m in models} if rows else {}
     setup = dict(seeds=seeds, n_train=n_train, n_val=n_val, n_test=n_test, epochs=epochs, lr=lr,
@@ -113,11 +107,10 @@ def main():
                  '(paper Tables 3, 4, 17, 18)', env, setup, table,
                  dict(cells=grid, rows=rows, runs=runs), (time.time() - start) / 60,
                  notes=notes)
-    try:
-        plot_grid(rows, models, os.path.join(args.out, 'geometry.png'), paper=PAPER,
-                  title='Computational geometry: test R² (bars: measured; ticks: paper)')
-    except ImportError:
-        print("matplotlib is not installed: no plot (pip install 'torch_mz[plot]')")
+    note = try_plot(plot_grid, rows, models, os.path.join(args.out, 'geometry.png'), paper=PAPER,
+                    title='Computational geometry: test R² (bars: measured; ticks: paper)')
+    if note:
+        print(note)
     print(table)
     print(f'wrote {args.out}/geometry.json, .md, .png')
 

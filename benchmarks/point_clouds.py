@@ -19,22 +19,20 @@ thread, so the quick mode takes about an hour per dataset there, and the full bu
 (``--device cuda``).
 """
 import argparse
-import os
 import os.path as osp
 import shlex
 import sys
 import time
 from typing import Dict, List, Optional, Sequence
 
-
-from torch_mz.benchmark import environment, markdown_table, write_json
-from torch_mz.compare import plot_bars, summarize, train_one
 from torch_mz.datasets.common import default_root
 from torch_mz.datasets.modelnet import HDF5_FOLDER, MODELNET40_CLASSES, MODELNET40_URL
 from torch_mz.datasets.scanobjectnn import SCANOBJECTNN_PAGE, scanobjectnn_file
 from torch_mz.models import list_models
+from torch_mz.study import (environment, markdown_table, plot_bars, summarize, train_one,
+                            try_plot, write_report)
+from torch_mz.study.budget import Budget, add_budget_arguments, choose_budget, study_config
 from torch_mz.tasks import load_task
-from torch_mz.train import TrainConfig
 
 EXIT_ERROR = 2  # missing data or impossible arguments, as the torch-mz command
 DATASETS = ('modelnet40', 'scanobjectnn')
@@ -53,6 +51,8 @@ PAPER_ACCURACY: Dict[str, Dict[str, tuple]] = {
 }
 PAPER_SETUP = ('1,024 points, all training files, 200 epochs with early stopping (patience 20), '
                'lr 1e-4, ModelNet40 5 seeds, ScanObjectNN OBJ_BG')
+QUICK = Budget(seeds=1, n_train=1000, n_test=500, epochs=5, lr=1e-3)
+FULL = Budget(seeds=3, n_train=None, n_test=None, epochs=200, lr=1e-4)  # every file
 
 
 def how_to_get(dataset: str, root: str, source: str = 'mesh', variant: str = 'OBJ_BG') -> str:
@@ -87,7 +87,7 @@ def _raw_missing(dataset: str, root: str, source: str, variant: str) -> bool:
     return not all(osp.exists(osp.join(raw, name)) for name in names)
 
 
-def load(dataset: str, args, root: str):
+def load(dataset: str, args, budget: Budget, root: str):
     r"""The task of :obj:`dataset`, or a message (str) saying why it could not be loaded."""
     kwargs = dict(num_points=args.num_points)
     if dataset == 'modelnet40':
@@ -98,8 +98,8 @@ def load(dataset: str, args, root: str):
         return (f"{FOLDERS[dataset]} is not in '{root}'.\nHow to get it: "
                 f'{how_to_get(dataset, root, args.modelnet_source, args.variant)}')
     try:
-        return load_task(dataset, seed=0, n_train=args.n_train, n_val=args.n_val,
-                         n_test=args.n_test, root=root, **kwargs)
+        return load_task(dataset, seed=0, n_train=budget.n_train, n_val=budget.n_val,
+                         n_test=budget.n_test, root=root, **kwargs)
     except (FileNotFoundError, OSError) as e:  # files absent, or the download failed
         message = f"{FOLDERS[dataset]} is not available under '{root}' ({e})"
         if SCANOBJECTNN_PAGE not in str(e):  # ScanObjectNN's own message already says how
@@ -110,20 +110,29 @@ def load(dataset: str, args, root: str):
         return f'{FOLDERS[dataset]}: {e}'
 
 
+def comparison(rows: List[Dict[str, object]], dataset: str) -> Dict[str, object]:
+    r"""The numbers the verdict on :obj:`dataset` rests on: the best measured model and its
+    accuracy (in %), and, where both ran, mz minus st-large in points next to the paper's."""
+    acc = {r['model']: r['accuracy'] for r in rows if r['dataset'] == dataset}
+    best = max(acc, key=acc.get)
+    out = dict(best=best, best_accuracy=100 * acc[best], gap=None, paper_gap=None)
+    if 'mz' in acc and 'st-large' in acc:
+        out['gap'] = 100 * (acc['mz'] - acc['st-large'])
+        out['paper_gap'] = 100 * (PAPER_ACCURACY['mz'][dataset][0]
+                                  - PAPER_ACCURACY['st-large'][dataset][0])
+    return out
+
+
 def verdict(rows: List[Dict[str, object]], datasets: Sequence[str]) -> List[str]:
     r"""Sentences that set the measured accuracies against the paper's reading of Table 2:
     ST-Large best, MZ 1-3 points behind it (78.1% / 69.4% against 79.9% / 72.9%)."""
     lines = []
     for dataset in datasets:
-        acc = {r['model']: r['accuracy'] for r in rows if r['dataset'] == dataset}
-        best = max(acc, key=acc.get)
-        what = f'best measured model {best} ({100 * acc[best]:.1f}%)'
-        what += ', as in the paper' if best == 'st-large' else ' (the paper: st-large)'
-        if 'mz' in acc and 'st-large' in acc:
-            gap = 100 * (acc['mz'] - acc['st-large'])
-            paper = 100 * (PAPER_ACCURACY['mz'][dataset][0]
-                           - PAPER_ACCURACY['st-large'][dataset][0])
-            what += f'; mz minus st-large: {gap:+.1f} points (paper: {paper:+.1f})'
+        c = comparison(rows, dataset)
+        what = f"best measured model {c['best']} ({c['best_accuracy']:.1f}%)"
+        what += ', as in the paper' if c['best'] == 'st-large' else ' (the paper: st-large)'
+        if c['gap'] is not None:
+            what += f"; mz minus st-large: {c['gap']:+.1f} points (paper: {c['paper_gap']:+.1f})"
         lines.append(f'- **{FOLDERS[dataset]}**: {what}.')
     return lines
 
@@ -142,8 +151,11 @@ def plot(rows: List[Dict[str, object]], datasets: Sequence[str], models: Sequenc
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--quick', action='store_true',
-                        help='1,000 training sets, 500 test sets, 5 epochs, 1 seed')
+    add_budget_arguments(parser, quick_help='1,000 training sets, 500 test sets, 5 epochs, 1 seed',
+                         overrides=('seeds', 'n_train', 'n_val', 'n_test', 'epochs', 'lr'),
+                         helps=dict(n_train='(default: all training files but the validation '
+                                    'ones)', n_val='(default: 10%% of training)',
+                                    n_test='(default: all test files)'))
     parser.add_argument('--dataset', default='both', choices=DATASETS + ('both', ))
     parser.add_argument('--root', default=None,
                         help="folder holding ModelNet40/ and ScanObjectNN/ (default: torch_mz's "
@@ -154,29 +166,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument('--no-download', action='store_true',
                         help='stop with a message instead of downloading ModelNet40')
     parser.add_argument('--models', default=','.join(MODELS), help='comma-separated presets')
-    parser.add_argument('--seeds', type=int, default=None)
-    parser.add_argument('--n-train', type=int, default=None, help='(default: all training files '
-                        'but the validation ones)')
-    parser.add_argument('--n-val', type=int, default=None, help='(default: 10%% of training)')
-    parser.add_argument('--n-test', type=int, default=None, help='(default: all test files)')
-    parser.add_argument('--epochs', type=int, default=None)
-    parser.add_argument('--lr', type=float, default=None)
     parser.add_argument('--batch-size', type=int, default=32)
     parser.add_argument('--patience', type=int, default=20)
-    parser.add_argument('--device', default='auto')
     parser.add_argument('--out', default=osp.join(osp.dirname(__file__), 'results',
                                                   'point_clouds'))
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
-    if args.quick:
-        seeds, n_train, n_test, epochs, lr = 1, 1000, 500, 5, 1e-3
-    else:
-        seeds, n_train, n_test, epochs, lr = 3, None, None, 200, 1e-4
-    seeds = args.seeds or seeds
-    args.n_train = args.n_train or n_train
-    args.n_test = args.n_test or n_test
-    epochs = args.epochs or epochs
-    lr = args.lr or lr
+    budget = choose_budget(args, QUICK, FULL)
     datasets = list(DATASETS) if args.dataset == 'both' else [args.dataset]
     models = [m.strip() for m in args.models.split(',') if m.strip()]
     unknown = [m for m in models if m not in list_models()]
@@ -190,7 +186,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for dataset in datasets:
         root = osp.join(args.root, FOLDERS[dataset]) if args.root else default_root(
             FOLDERS[dataset])
-        task = load(dataset, args, root)
+        task = load(dataset, args, budget, root)
         if isinstance(task, str):
             errors.append(task)
         else:
@@ -206,10 +202,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         sizes[dataset] = dict(train=len(task.train), val=len(task.val), test=len(task.test))
         dataset_runs = []
         for model in models:
-            for seed in range(seeds):
-                config = TrainConfig(epochs=epochs, warmup_epochs=min(5, max(1, epochs // 10)),
-                                     batch_size=args.batch_size, lr=lr, patience=args.patience,
-                                     seed=seed, device=args.device, progress=False)
+            for seed in range(budget.seeds):
+                config = study_config(budget, device=args.device, batch_size=args.batch_size,
+                                      patience=args.patience, seed=seed)
                 run = dict(train_one(task, model, seed, config), dataset=dataset)
                 dataset_runs.append(run)
                 print(f"{dataset:12s} {model:9s} seed {seed}: test accuracy "
@@ -226,14 +221,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     env['command'] = ' '.join(['python', 'benchmarks/point_clouds.py']
                               + [shlex.quote(a) for a in argv])
     minutes = (time.time() - start) / 60
-    setup = dict(datasets=datasets, models=models, seeds=seeds, sizes=sizes, epochs=epochs,
-                 lr=lr, batch_size=args.batch_size, patience=args.patience,
-                 num_points=args.num_points, modelnet_source=args.modelnet_source,
-                 scanobjectnn_variant=args.variant, split_seed=0)
-    os.makedirs(args.out, exist_ok=True)
-    write_json(osp.join(args.out, 'point_clouds.json'),
-               dict(environment=env, setup=setup, paper_setup=PAPER_SETUP, rows=rows, runs=runs,
-                    minutes=minutes))
+    setup = dict(datasets=datasets, models=models, seeds=budget.seeds, sizes=sizes,
+                 epochs=budget.epochs, lr=budget.lr, batch_size=args.batch_size,
+                 patience=args.patience, num_points=args.num_points,
+                 modelnet_source=args.modelnet_source, scanobjectnn_variant=args.variant,
+                 split_seed=0)
 
     def pct(mean, std):
         return '' if mean is None else f'{100 * mean:.1f} ± {100 * std:.1f}'
@@ -245,20 +237,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     table = markdown_table(cells, ['dataset', 'model', 'params', 'seeds', 'test accuracy (%)',
                                    'paper (%)', 'min/run'])
     lines = verdict(rows, list(tasks))
-    with open(osp.join(args.out, 'point_clouds.md'), 'w') as f:
-        f.write('# Point-cloud classification (paper Table 2, Tasks C and E)\n\n'
-                f"Command: `{env['command']}`  \n"
-                f'Setup: {setup}; every model gets the same sets, augmentation, budget and '
-                f"schedule; {minutes:.1f} min in all on {env['threads']} thread(s) of "
-                f"{env['cpu_count']} CPUs, GPU: {env['cuda'] or 'none'} (torch {env['torch']}).  \n"
-                f'Paper: {PAPER_SETUP}; where the budgets differ, compare the ranking of the '
-                f'models rather than the absolute accuracies.\n\n'
-                f'{table}\n![accuracy](point_clouds.png)\n\n## Against the paper\n\n'
-                + '\n'.join(lines) + '\n')
-    try:
-        plot(rows, list(tasks), models, osp.join(args.out, 'point_clouds.png'))
-    except ImportError:
-        print("matplotlib is not installed: no plot (pip install 'torch_mz[plot]')")
+    write_report(args.out, 'point_clouds', 'Point-cloud classification (paper Table 2, Tasks C '
+                 'and E)', env, setup,
+                 'Every model gets the same sets, augmentation, budget and schedule. Paper: '
+                 f'{PAPER_SETUP}; where the budgets differ, compare the ranking of the models '
+                 f'rather than the absolute accuracies.\n\n{table}',
+                 dict(paper_setup=PAPER_SETUP, rows=rows, runs=runs), minutes,
+                 notes='## Against the paper\n\n' + '\n'.join(lines))
+    note = try_plot(plot, rows, list(tasks), models, osp.join(args.out, 'point_clouds.png'))
+    if note:
+        print(note)
     print(table)
     print('\n'.join(lines))
     print(f'wrote {args.out}/point_clouds.json, .md, .png')

@@ -20,22 +20,21 @@ QM9 is read from the offline ``qm9pack`` source by default (``pip install qm9pac
 ``--source sdf`` reads (or downloads) ``gdb9.sdf``, ``gdb9.sdf.csv`` and ``uncharacterized.txt``.
 """
 import argparse
-import os
 import os.path as osp
 import shlex
 import sys
 import time
 from typing import Dict, List, Optional, Sequence
 
-
-from torch_mz.benchmark import environment, markdown_table, write_json
-from torch_mz.compare import plot_bars, summarize, train_one
 from torch_mz.datasets.common import default_root
 from torch_mz.datasets.qm9 import QM9_RAW_URL, QM9_TARGETS, QM9_UNCHARACTERIZED_URL, QM9_UNITS
 from torch_mz.models import list_models
 from torch_mz.paper import TABLE28
+from torch_mz.study import (environment, markdown_table, plot_bars, summarize, train_one,
+                            try_plot, write_report)
+from torch_mz.study.budget import Budget, add_budget_arguments, choose_budget, study_config
+from torch_mz.study.statistics import lead_over_best
 from torch_mz.tasks import load_task
-from torch_mz.train import TrainConfig
 
 EXIT_ERROR = 2  # missing data or impossible arguments, as the torch-mz command
 MODELS = ('mz', 'rigid', 'st-large', 'egnn')
@@ -47,6 +46,9 @@ PAPER_R2: Dict[str, Dict[str, float]] = TABLE28
 PAPER_SETUP = ('50K molecules split 80/10/10, 200 epochs with early stopping (patience 20), '
                'lr 1e-4, 3-5 seeds')
 MARGIN = 0.05  # the paper's "within 0.05 R^2"
+QUICK_TARGETS, FULL_TARGETS = ['mu', 'alpha', 'homo'], ['mu', 'alpha', 'homo', 'lumo', 'gap']
+QUICK = Budget(seeds=1, n_train=2000, n_val=500, n_test=1000, epochs=8, lr=1e-3)
+FULL = Budget(seeds=3, n_train=10000, n_val=1000, n_test=2000, epochs=30, lr=1e-3)
 
 
 def how_to_get_qm9(source: str, root: str) -> str:
@@ -65,12 +67,11 @@ def verdict(rows: List[Dict[str, object]], targets: Sequence[str]) -> List[str]:
     lines = []
     for target in targets:
         by_model = {r['model']: r for r in rows if r['target'] == target}
-        base = {m: r for m, r in by_model.items() if m in ATTENTION_BASELINES}
-        if 'mz' not in by_model or not base:
+        lead = lead_over_best({m: r['r2'] for m, r in by_model.items()}, 'mz',
+                              ATTENTION_BASELINES, {m: r['r2_std'] for m, r in by_model.items()})
+        if lead is None:
             continue
-        best = max(base, key=lambda m: base[m]['r2'])
-        gap = by_model['mz']['r2'] - base[best]['r2']
-        spread = max(by_model['mz']['r2_std'], base[best]['r2_std'])
+        best, gap, spread = lead.best, lead.gap, lead.spread
         if gap > 0:
             what = (f'MZ **leads** the best attention baseline ({best}) by {gap:.3f} R² '
                     f'(the paper has MZ leading on no target)')
@@ -105,35 +106,24 @@ def plot(rows: List[Dict[str, object]], targets: Sequence[str], models: Sequence
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--quick', action='store_true',
-                        help='3 targets, 2,000 molecules, 8 epochs, 1 seed (~13 min on 1 thread)')
+    add_budget_arguments(parser, quick_help='3 targets, 2,000 molecules, 8 epochs, 1 seed (~13 '
+                         'min on 1 thread)', overrides=('seeds', 'n_train', 'n_val', 'n_test',
+                                                        'epochs', 'lr'),
+                         helps=dict(lr='(default: 1e-3)'))
     parser.add_argument('--targets', default=None, help=f'comma-separated, of {QM9_TARGETS}')
     parser.add_argument('--models', default=','.join(MODELS), help='comma-separated presets')
-    parser.add_argument('--seeds', type=int, default=None)
-    parser.add_argument('--n-train', type=int, default=None)
-    parser.add_argument('--n-val', type=int, default=None)
-    parser.add_argument('--n-test', type=int, default=None)
-    parser.add_argument('--epochs', type=int, default=None)
-    parser.add_argument('--lr', type=float, default=1e-3)
     parser.add_argument('--batch-size', type=int, default=128)
     parser.add_argument('--source', default='qm9pack', choices=('qm9pack', 'sdf'))
     parser.add_argument('--root', default=None,
                         help="folder holding QM9/ (default: torch_mz's data root, datasets/)")
-    parser.add_argument('--device', default='auto')
     parser.add_argument('--out', default=osp.join(osp.dirname(__file__), 'results', 'qm9_targets'))
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
-    if args.quick:
-        targets, seeds, n_train, n_val, n_test, epochs = ['mu', 'alpha', 'homo'], 1, 2000, 500, \
-            1000, 8
-    else:
-        targets, seeds, n_train, n_val, n_test, epochs = ['mu', 'alpha', 'homo', 'lumo', 'gap'], \
-            3, 10000, 1000, 2000, 30
-    targets = args.targets.split(',') if args.targets else targets
+    budget = choose_budget(args, QUICK, FULL)
+    targets = (args.targets.split(',') if args.targets else
+               QUICK_TARGETS if args.quick else FULL_TARGETS)
     models = [m.strip() for m in args.models.split(',') if m.strip()]
-    seeds = args.seeds or seeds
-    n_train, n_val, n_test = args.n_train or n_train, args.n_val or n_val, args.n_test or n_test
-    epochs = args.epochs or epochs
+    seeds, n_train, n_val, n_test = budget.seeds, budget.n_train, budget.n_val, budget.n_test
     root = osp.join(args.root, 'QM9') if args.root else None
     unknown = [t for t in targets if t not in QM9_TARGETS]
     unknown += [m for m in models if m not in list_models()]
@@ -159,9 +149,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         target_runs = []
         for model in models:
             for seed in range(seeds):
-                config = TrainConfig(epochs=epochs, warmup_epochs=min(5, max(1, epochs // 10)),
-                                     batch_size=args.batch_size, lr=args.lr, seed=seed,
-                                     device=args.device, progress=False)
+                config = study_config(budget, device=args.device, batch_size=args.batch_size,
+                                      seed=seed)
                 run = dict(train_one(task, model, seed, config), target=target)
                 target_runs.append(run)
                 print(f"{target:6s} {model:9s} seed {seed}: test MAE {run['test']['mae']:.4g} "
@@ -176,12 +165,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     env['command'] = ' '.join(['python', 'benchmarks/qm9.py'] + [shlex.quote(a) for a in argv])
     minutes = (time.time() - start) / 60
     setup = dict(source=args.source, targets=targets, models=models, seeds=seeds,
-                 n_train=n_train, n_val=n_val, n_test=n_test, epochs=epochs, lr=args.lr,
+                 n_train=n_train, n_val=n_val, n_test=n_test, epochs=budget.epochs, lr=budget.lr,
                  batch_size=args.batch_size, split_seed=0, normalize_targets=True)
-    os.makedirs(args.out, exist_ok=True)
-    write_json(osp.join(args.out, 'qm9.json'),
-               dict(environment=env, setup=setup, paper_setup=PAPER_SETUP, rows=rows, runs=runs,
-                    minutes=minutes))
     cells = [{'target': r['target'], 'model': r['model'], 'params': f"{r['params']:,}",
               'seeds': r['seeds'], 'test MAE': f"{r['mae']:.4g} ± {r['mae_std']:.2g}",
               'unit': r['unit'], 'test R²': f"{r['r2']:.3f} ± {r['r2_std']:.3f}",
@@ -190,28 +175,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                'min/run']
     table = markdown_table(cells, columns)
     lines = verdict(rows, targets)
-    with open(osp.join(args.out, 'qm9.md'), 'w') as f:
-        f.write('# QM9 property regression, several targets (paper Table 28)\n\n'
-                f"Command: `{env['command']}`  \n"
-                f'Setup: {setup}; every model gets the same molecules (split seed 0), budget, '
-                f'cosine schedule with warm-up and target standardisation; '
-                f"{minutes:.1f} min in all on {env['threads']} thread(s) of "
-                f"{env['cpu_count']} CPUs (torch {env['torch']}).  \n"
-                f'Paper: {PAPER_SETUP}. The budgets differ, so absolute R² values are not '
-                f'comparable with the paper; the relations between models are.\n\n'
-                f'{table}\n![R² per target](qm9.png)\n\n'
-                '## Against the paper\n\n'
-                f'The paper (Table 28): MZ matches the best parameter-matched attention baseline '
-                f'within {MARGIN} R² on every target without leading on any. Here the attention '
-                f'baselines are the measured ones among {list(ATTENTION_BASELINES)}.\n\n'
-                + ('\n'.join(lines) if lines else '(no mz run or no attention baseline)')
-                + ('\n\nOne seed per model: no spread over seeds is measured, so differences of '
-                   'a few hundredths of R² may be seed noise.' if seeds == 1 else '')
-                + '\n')
-    try:
-        plot(rows, targets, models, osp.join(args.out, 'qm9.png'))
-    except ImportError:
-        print("matplotlib is not installed: no plot (pip install 'torch_mz[plot]')")
+    notes = ('## Against the paper\n\n'
+             f'The paper (Table 28): MZ matches the best parameter-matched attention baseline '
+             f'within {MARGIN} R² on every target without leading on any. Here the attention '
+             f'baselines are the measured ones among {list(ATTENTION_BASELINES)}.\n\n'
+             + ('\n'.join(lines) if lines else '(no mz run or no attention baseline)')
+             + ('\n\nOne seed per model: no spread over seeds is measured, so differences of '
+                'a few hundredths of R² may be seed noise.' if seeds == 1 else ''))
+    write_report(args.out, 'qm9', 'QM9 property regression, several targets (paper Table 28)',
+                 env, setup,
+                 'Every model gets the same molecules (split seed 0), budget, cosine schedule '
+                 f'with warm-up and target standardisation. Paper: {PAPER_SETUP}. The budgets '
+                 'differ, so absolute R² values are not comparable with the paper; the relations '
+                 f'between models are.\n\n{table}',
+                 dict(paper_setup=PAPER_SETUP, rows=rows, runs=runs), minutes, notes=notes)
+    note = try_plot(plot, rows, targets, models, osp.join(args.out, 'qm9.png'))
+    if note:
+        print(note)
     print(table)
     print('\n'.join(lines))
     print(f'wrote {args.out}/qm9.json, .md, .png')

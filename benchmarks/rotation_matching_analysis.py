@@ -31,8 +31,7 @@ import numpy as np
 import torch
 
 from torch_mz import geometry
-from torch_mz.benchmark import environment, markdown_table, write_report
-from torch_mz.compare import split_model_specs, train_one
+from torch_mz.study import environment, markdown_table, split_model_specs, train_one, write_report
 from torch_mz.tasks import load_task
 from torch_mz.train import TrainConfig
 

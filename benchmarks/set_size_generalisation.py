@@ -16,22 +16,23 @@ import time
 
 import numpy as np
 
-from torch_mz.benchmark import environment, markdown_table, write_json
 from torch_mz.models import build_model, count_parameters
+from torch_mz.study import environment, markdown_table, pyplot, try_plot, write_report
+from torch_mz.study.budget import Budget, add_budget_arguments, choose_budget, study_config
 from torch_mz.tasks import load_task
-from torch_mz.train import TrainConfig, Trainer, seed_everything
+from torch_mz.train import Trainer, seed_everything
 
 TEST_SIZES = ((10, 30), (30, 50), (50, 80), (80, 120))
 # Table 16 of the paper (its task is not named there): test range -> (ST R^2, MZ R^2)
 PAPER = {(10, 30): (0.957, 0.972), (30, 50): (0.978, 0.982), (50, 80): (0.968, 0.977),
          (80, 120): (0.969, 0.972)}
 CONFIGS = (('rigid', False), ('rigid', True), ('mz', False), ('mz', True))
+QUICK = Budget(seeds=1, n_train=640, n_test=200, epochs=10, lr=1e-3)
+FULL = Budget(seeds=3, n_train=5000, n_test=1000, epochs=100, lr=1e-4)
 
 
 def plot(rows, path):
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.8))
     labels = [f'{lo}-{hi}' for lo, hi in TEST_SIZES]
     for model, log_n in CONFIGS:
@@ -48,19 +49,15 @@ def plot(rows, path):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--quick', action='store_true', help='small data, 10 epochs, 1 seed')
-    parser.add_argument('--seeds', type=int, default=None)
+    add_budget_arguments(parser, quick_help='small data, 10 epochs, 1 seed', overrides=('seeds', ))
     parser.add_argument('--d', type=int, default=16)
     parser.add_argument('--tdof', type=int, default=8)
-    parser.add_argument('--device', default='auto')
     parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
                                                       'set_size_generalisation'))
     args = parser.parse_args()
-    if args.quick:
-        seeds, n_train, n_test, epochs, lr = 1, 640, 200, 10, 1e-3
-    else:
-        seeds, n_train, n_test, epochs, lr = 3, 5000, 1000, 100, 1e-4
-    seeds = args.seeds or seeds
+    budget = choose_budget(args, QUICK, FULL)
+    seeds, n_train, n_test, epochs, lr = (budget.seeds, budget.n_train, budget.n_test,
+                                          budget.epochs, budget.lr)
     start = time.time()
     tasks = {rng: load_task('quadratic-tdof', seed=0, n_train=n_train, n_val=n_train // 4,
                             n_test=n_test, d=args.d, tdof=args.tdof,
@@ -74,9 +71,7 @@ def main():
         for seed in range(seeds):
             seed_everything(seed)
             model = build_model(model_name, base.in_channels, base.out_channels, log_n=log_n)
-            config = TrainConfig(epochs=epochs, warmup_epochs=min(5, max(1, epochs // 10)),
-                                 batch_size=64, lr=lr, seed=seed, device=args.device,
-                                 progress=False)
+            config = study_config(budget, device=args.device, seed=seed)
             trainer = Trainer(model, config, task_type='regression')
             trainer.fit(base.train, base.val)
             for rng in TEST_SIZES:
@@ -98,23 +93,17 @@ def main():
     env = environment()
     setup = dict(task='quadratic-tdof', d=args.d, tdof=args.tdof, seeds=seeds, n_train=n_train,
                  n_test_per_range=n_test, epochs=epochs, lr=lr, train_sizes=[10, 30])
-    os.makedirs(args.out, exist_ok=True)
-    write_json(os.path.join(args.out, 'set_size_generalisation.json'),
-               dict(environment=env, setup=setup, rows=rows, runs=runs,
-                    minutes=(time.time() - start) / 60))
     columns = ['test_sizes'] + [f"{m}{' + log_n' if ln else ''}" for m, ln in CONFIGS] + \
         ['paper ST', 'paper MZ']
     table = markdown_table(rows, columns)
-    with open(os.path.join(args.out, 'set_size_generalisation.md'), 'w') as f:
-        f.write('# Set-size generalisation (paper Table 16): test R², trained on sizes 10-30\n\n'
-                f"Command: `{env['command']}`  \nSetup: {setup}; "
-                f"{(time.time() - start) / 60:.1f} min on {env['cpu_count']} CPUs.\n\n{table}\n"
-                "The paper's Table 16 does not name the task it was measured on; its ST and MZ "
-                'R² are listed for reference only.\n\n![plot](set_size_generalisation.png)\n')
-    try:
-        plot(rows, os.path.join(args.out, 'set_size_generalisation.png'))
-    except ImportError:
-        print("matplotlib is not installed: no plot (pip install 'torch_mz[plot]')")
+    write_report(args.out, 'set_size_generalisation',
+                 'Set-size generalisation (paper Table 16): test R², trained on sizes 10-30', env,
+                 setup, table, dict(rows=rows, runs=runs), (time.time() - start) / 60,
+                 notes="The paper's Table 16 does not name the task it was measured on; its ST "
+                       'and MZ R² are listed for reference only.')
+    note = try_plot(plot, rows, os.path.join(args.out, 'set_size_generalisation.png'))
+    if note:
+        print(note)
     print(table)
 
 

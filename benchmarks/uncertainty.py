@@ -34,15 +34,18 @@ Design (the paper gives the task and the methods, not the protocol):
 import argparse
 import os
 import time
+from dataclasses import replace
 
 import numpy as np
 import torch
 
-from torch_mz.benchmark import environment, markdown_table, time_call, write_json
 from torch_mz.models import build_model, count_parameters
-from torch_mz.compare import parse_key_values
+from torch_mz.options import parse_key_values
+from torch_mz.study import environment, markdown_table, pyplot, time_call, try_plot, write_report
+from torch_mz.study.budget import Budget, add_budget_arguments, choose_budget, study_config
+from torch_mz.study.statistics import mean_std, paired_gap, resolved_ordering
 from torch_mz.tasks import load_task
-from torch_mz.train import TrainConfig, Trainer, predict, resolve_device, seed_everything
+from torch_mz.train import Trainer, predict, resolve_device, seed_everything
 from torch_mz.uncertainty import (DEFAULT_LEVELS, binned_by_uncertainty, error_correlation,
                                   fit_affine_sigma, gaussian_nll, interval_coverage,
                                   mc_dropout_predict, predictive_moments, regression_ece)
@@ -60,6 +63,10 @@ PAPER_T19 = [(5.33, 1.13, 400), (5.52, 2.01, 400), (5.72, 3.15, 400), (6.03, 4.2
              (6.64, 6.81, 400)]
 NUM_BINS = 5
 BOOTSTRAP = 200  # paired bootstrap resamples of the test split
+QUICK = Budget(seeds=1, n_train=1000, n_val=500, n_test=1000, epochs=10, lr=1e-3)
+FULL = Budget(seeds=3, n_train=5000, n_val=1000, n_test=2000, epochs=100, lr=1e-4)
+MEMBERS = {'quick': 3, 'full': 5}  # ensemble size K
+PASSES = 30  # MC-Dropout passes
 
 
 def train_member(task, seed, config):
@@ -108,12 +115,13 @@ def bootstrap(inputs, y_val, y_test, resamples=BOOTSTRAP, seed=0):
     return out
 
 
-def run_seed(task, study_seed, members, passes, config_kw, timing_sets, device):
+def run_seed(task, study_seed, members, passes, budget, timing_sets, device):
     members_out, models = [], []
     for k in range(members):
         seed = 1000 * study_seed + k
         t0 = time.time()
-        model, normalizer, result = train_member(task, seed, TrainConfig(seed=seed, **config_kw))
+        model, normalizer, result = train_member(task, seed,
+                                                 study_config(budget, device=device, seed=seed))
         models.append((model, normalizer))
         test = result.test_metrics or {}
         members_out.append(dict(seed=seed, best_epoch=result.best_epoch, test=test,
@@ -179,10 +187,6 @@ def run_seed(task, study_seed, members, passes, config_kw, timing_sets, device):
                 params=count_parameters(model0))
 
 
-def mean_std(values):
-    return float(np.mean(values)), float(np.std(values))
-
-
 def fmt(values, digits=3):
     m, s = mean_std(values)
     return f'{m:.{digits}f}' if len(values) == 1 else f'{m:.{digits}f} ± {s:.{digits}f}'
@@ -204,34 +208,36 @@ def summarize(runs):
     return out
 
 
+def per_seed(runs, method, key, kind=None):
+    r"""Metric :obj:`key` (of :obj:`kind`, e.g. ``'calibrated'``) of :obj:`method`, one value
+    per study seed."""
+    return [r['methods'][method][kind][key] if kind else r['methods'][method][key] for r in runs]
+
+
+def resamples(runs, method, key):
+    r"""The paired bootstrap resamples of :obj:`key` with one study seed (else :obj:`None`: the
+    seeds give the standard errors)."""
+    return runs[0]['bootstrap'][method][key] if len(runs) == 1 else None
+
+
 def gap(runs, a, b, key, kind=None):
     r"""Mean difference of metric :obj:`key` between methods :obj:`a` and :obj:`b` and its
-    standard error: over study seeds when there are several, else from the paired bootstrap."""
-    def value(r, m):
-        return r['methods'][m][kind][key] if kind else r['methods'][m][key]
-    diffs = np.array([value(r, a) - value(r, b) for r in runs])
-    if len(runs) > 1:
-        return float(diffs.mean()), float(diffs.std(ddof=1) / np.sqrt(len(runs)))
-    boot = runs[0]['bootstrap']
-    d = np.asarray(boot[a][key]) - np.asarray(boot[b][key])
-    return float(diffs[0]), float(np.nanstd(d))
+    standard error (:func:`torch_mz.study.statistics.paired_gap`)."""
+    return paired_gap(per_seed(runs, a, key, kind), per_seed(runs, b, key, kind),
+                      resamples(runs, a, key), resamples(runs, b, key))
 
 
 def ordering(runs, key, kind=None, higher_is_better=False):
-    r"""Methods from best to worst, each adjacent gap with its standard error and whether it is
-    resolved (larger than twice its standard error)."""
-    def value(m):
-        return np.mean([r['methods'][m][kind][key] if kind else r['methods'][m][key]
-                        for r in runs])
-    names = sorted(METHODS, key=value, reverse=higher_is_better)
-    parts, resolved = [names[0]], []
-    for a, b in zip(names, names[1:]):
-        g, se = gap(runs, a, b, key, kind)
-        ok = abs(g) > 2 * se
-        resolved.append(ok)
-        parts.append(f"{'>' if higher_is_better else '<'} {b} (gap {abs(g):.3f} ± {se:.3f}"
+    r"""Methods from best to worst as text, with each adjacent gap, its standard error and
+    whether it is resolved (:func:`torch_mz.study.statistics.resolved_ordering`)."""
+    order = resolved_ordering({m: per_seed(runs, m, key, kind) for m in METHODS},
+                              None if len(runs) > 1 else
+                              {m: resamples(runs, m, key) for m in METHODS}, higher_is_better)
+    parts = [order.names[0]]
+    for b, g, se, ok in zip(order.names[1:], order.gaps, order.errors, order.resolved):
+        parts.append(f"{'>' if higher_is_better else '<'} {b} (gap {g:.3f} ± {se:.3f}"
                      f"{'' if ok else ', not resolved'})")
-    return names, ' '.join(parts), resolved
+    return order.names, ' '.join(parts), order.resolved
 
 
 def paper_names(table, idx, higher_is_better):
@@ -316,9 +322,7 @@ def verdicts(runs, summary, passes, members):
 
 
 def plot(runs, path):
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     run = runs[0]
     colors = dict(zip(METHODS, ('tab:red', 'tab:blue', 'tab:green')))
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
@@ -358,80 +362,16 @@ def plot(runs, path):
     plt.close(fig)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--quick', action='store_true',
-                        help='1 seed, K=3, 1000 training sets, 10 epochs')
-    parser.add_argument('--seeds', type=int, default=None, help='study seeds')
-    parser.add_argument('--members', type=int, default=None, help='ensemble size K')
-    parser.add_argument('--passes', type=int, default=None, help='MC-Dropout passes')
-    parser.add_argument('--n-train', type=int, default=None)
-    parser.add_argument('--epochs', type=int, default=None)
-    parser.add_argument('--lr', type=float, default=None)
-    parser.add_argument('--task', default='chamfer',
-                        help="synthetic task (default: 'chamfer', the paper's set matching)")
-    parser.add_argument('--task-arg', action='append', default=[], metavar='KEY=VALUE',
-                        help='task option, e.g. tdof=8 (repeatable; integers and floats parsed)')
-    parser.add_argument('--timing-sets', type=int, default=128,
-                        help='test sets in the timed batch')
-    parser.add_argument('--device', default='auto')
-    parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
-                                                      'uncertainty'))
-    args = parser.parse_args()
-    if args.quick:
-        seeds, members, passes, n_train, epochs, lr = 1, 3, 30, 1000, 10, 1e-3
-        n_val, n_test = 500, 1000
-    else:
-        seeds, members, passes, n_train, epochs, lr = 3, 5, 30, 5000, 100, 1e-4
-        n_val, n_test = 1000, 2000
-    seeds = args.seeds or seeds
-    members = args.members or members
-    passes = args.passes or passes
-    if args.n_train:
-        n_train = args.n_train
-        n_val, n_test = max(2, n_train // 2), max(NUM_BINS, n_train)
-    epochs = args.epochs or epochs
-    lr = args.lr or lr
-    if members < 2 or passes < 2:
-        parser.error('--members and --passes must be at least 2 (a spread needs two samples)')
-    try:
-        task_args = parse_key_values(args.task_arg)
-    except ValueError as e:
-        parser.error(f'--task-arg {e}')
-    start = time.time()
-    task = load_task(args.task, seed=0, n_train=n_train, n_val=n_val, n_test=n_test,
-                     **task_args)
-    config_kw = dict(epochs=epochs, warmup_epochs=min(5, max(1, epochs // 10)), batch_size=64,
-                     lr=lr, device=args.device, progress=False)
-    runs = [run_seed(task, s, members, passes, config_kw, args.timing_sets, args.device)
-            for s in range(seeds)]
-    summary = summarize(runs)
-    minutes = (time.time() - start) / 60
-
-    env = environment()
-    setup = dict(task=args.task, model='mz', params=runs[0]['params'],
-                 study_seeds=seeds, ensemble_members=members, mc_passes=passes,
-                 n_train=n_train, n_val=n_val, n_test=n_test, epochs=epochs, lr=lr,
-                 batch_size=64, timing_sets=args.timing_sets, device=args.device)
-    setup['task_params'] = task.info
-    os.makedirs(args.out, exist_ok=True)
-    lines = verdicts(runs, summary, passes, members)
-    write_json(os.path.join(args.out, 'uncertainty.json'),
-               dict(environment=env, setup=setup, summary=summary, runs=runs,
-                    paper=dict(table19=PAPER_T19, table20=PAPER_T20, table21=PAPER_T21),
-                    verdicts=lines, minutes=minutes))
-
-    def vals(method, key, kind=None):
-        return [(r['methods'][method][kind][key] if kind else r['methods'][method][key])
-                for r in runs]
-
+def tables(runs, summary):
+    r"""The Markdown tables of the report: Table 20 (ranking and cost), Table 21 (calibration),
+    Table 19 (bins of study seed 0), the recalibration fits and the ensemble members."""
     t_ihw = summary['MZAttn (IHW)']['inference_s'][0]
     rows20 = []
     for method in METHODS:
         p = PAPER_T20[method]
-        rows20.append({'method': method, 'Spearman': fmt(vals(method, 'spearman')),
-                       'Pearson': fmt(vals(method, 'pearson')),
-                       'inference (s)': fmt(vals(method, 'inference_s')),
+        rows20.append({'method': method, 'Spearman': fmt(per_seed(runs, method, 'spearman')),
+                       'Pearson': fmt(per_seed(runs, method, 'pearson')),
+                       'inference (s)': fmt(per_seed(runs, method, 'inference_s')),
                        'x IHW time': f"{summary[method]['inference_s'][0] / t_ihw:.1f}",
                        'passes': summary[method]['passes'],
                        'paper Spearman': p[0], 'paper Pearson': p[1],
@@ -443,9 +383,10 @@ def main():
             label = {'calibrated': 'a·s + b (val NLL fit)',
                      'raw': 'IHW as-is (latent units)' if method == 'MZAttn (IHW)'
                      else 'raw std'}[kind]
-            rows21.append({'method': method, 'sigma': label, 'MSE': fmt(vals(method, 'mse'), 4),
-                           'ECE': fmt(vals(method, 'ece', kind)),
-                           'NLL': fmt(vals(method, 'nll', kind)),
+            rows21.append({'method': method, 'sigma': label,
+                           'MSE': fmt(per_seed(runs, method, 'mse'), 4),
+                           'ECE': fmt(per_seed(runs, method, 'ece', kind)),
+                           'NLL': fmt(per_seed(runs, method, 'nll', kind)),
                            'passes': summary[method]['passes'],
                            'models': summary[method]['models'],
                            'paper MSE': f'{p[0]} ± {p[1]}', 'paper ECE': f'{p[2]} ± {p[3]}',
@@ -462,58 +403,105 @@ def main():
     members_rows = [dict(seed=mem['seed'], best_epoch=mem['best_epoch'],
                          test_mse=mem['test'].get('mse'), test_r2=mem['test'].get('r2'))
                     for r in runs for mem in r['members']]
-    t20 = markdown_table(rows20, list(rows20[0]))
-    t21 = markdown_table(rows21, list(rows21[0]))
-    with open(os.path.join(args.out, 'uncertainty.md'), 'w') as f:
-        f.write(
-            '# Uncertainty calibration on '
-            + ('set matching' if args.task == 'chamfer' else f'`{args.task}`')
-            + ' (paper Appendix D.3, Tables 19-21)\n\n'
-            f"Command: `{env['command']}`  \n"
-            f"Setup: {setup}; {minutes:.1f} min on {env['cpu_count']} CPUs, "
-            f"{env['threads']} thread(s) (torch {env['torch']}).\n\n"
-            'Methods share one architecture (`mz`) and one training budget. IHW = member 0 in '
-            f'eval mode, one pass; MC-Dropout = member 0 with dropout active, {passes} passes; '
-            f'Deep Ensemble = {members} independently seeded members. Every raw uncertainty s '
-            'is mapped to a Gaussian sigma = a·s + b fitted on the validation split (NLL); ECE '
-            '(central intervals p = 0.05..0.95) and NLL (with 0.5·log 2π) are on the test split. '
-            'Spearman/Pearson are of the raw uncertainty with |error| and do not depend on the '
-            'recalibration. Inference: median of 3 calls on one batch of '
-            f'{args.timing_sets} test sets, all passes/members included. Values are '
-            + (f'mean ± std over {seeds} study seeds' if seeds > 1 else 'one study seed') +
-            '; the paper\'s are as printed.\n\n'
-            '## Ranking quality and cost (paper Table 20)\n\n' + t20 +
-            '\n## Calibration (paper Table 21)\n\n' + t21 +
-            '\n## Test samples binned by IHW (paper Table 19; study seed 0)\n\n' +
-            markdown_table(rows19, list(rows19[0])) +
-            '\n## Where we agree and disagree with the paper\n\n'
-            'Gaps between methods are given ± their standard error: '
-            + ('over study seeds' if seeds > 1 else
-               f'from a paired bootstrap of the test split ({BOOTSTRAP} resamples, '
-               'recalibration held fixed)')
-            + '; a gap under two standard errors is called not resolved.\n\n' +
-            ''.join(f'- {line}\n' for line in lines) +
-            (('\nCaveat: the paper measures this on set matching (`chamfer`); this run uses '
-              f'`{args.task}` (target std '
-              f"{float(np.std([float(d.y) for d in task.test])):.2f}), so only the comparison "
-              'between methods and scale-free quantities (correlations, ECE, cost ratios) carry '
-              'over.\n\n') if args.task != 'chamfer' else
-             ('\nCaveat: for Task B the paper states d = 3, 10-30 points per cloud, 5K/1K/1K '
-              'sets and 200 epochs, but not the noise level, the rotation range, nor how the '
-              'IHW became a sigma; its MSE of ~50 means its targets are on another scale than '
-              'this chamfer task (target std '
-              f"{float(np.std([float(d.y) for d in task.test])):.2f}), so only orderings and "
-              'scale-free quantities (correlations, ECE, cost ratios) are comparable.\n\n')) +
-            '## Recalibration fits (sigma = a·s + b) and ensemble members\n\n' +
-            markdown_table(fits, ['method', 'study seed', 'a', 'b']) + '\n' +
-            markdown_table(members_rows, ['seed', 'best_epoch', 'test_mse', 'test_r2']) +
-            '\n![plot](uncertainty.png)\n')
+    return dict(t20=markdown_table(rows20, list(rows20[0])),
+                t21=markdown_table(rows21, list(rows21[0])),
+                t19=markdown_table(rows19, list(rows19[0])),
+                fits=markdown_table(fits, ['method', 'study seed', 'a', 'b']),
+                members=markdown_table(members_rows, ['seed', 'best_epoch', 'test_mse',
+                                                      'test_r2']))
+
+
+def report_body(t, lines, task_name, target_std, seeds, members, passes, timing_sets):
+    r"""The Markdown report below its title, command and setup lines."""
+    return (
+        'Methods share one architecture (`mz`) and one training budget. IHW = member 0 in '
+        f'eval mode, one pass; MC-Dropout = member 0 with dropout active, {passes} passes; '
+        f'Deep Ensemble = {members} independently seeded members. Every raw uncertainty s '
+        'is mapped to a Gaussian sigma = a·s + b fitted on the validation split (NLL); ECE '
+        '(central intervals p = 0.05..0.95) and NLL (with 0.5·log 2π) are on the test split. '
+        'Spearman/Pearson are of the raw uncertainty with |error| and do not depend on the '
+        'recalibration. Inference: median of 3 calls on one batch of '
+        f'{timing_sets} test sets, all passes/members included. Values are '
+        + (f'mean ± std over {seeds} study seeds' if seeds > 1 else 'one study seed') +
+        '; the paper\'s are as printed.\n\n'
+        '## Ranking quality and cost (paper Table 20)\n\n' + t['t20'] +
+        '\n## Calibration (paper Table 21)\n\n' + t['t21'] +
+        '\n## Test samples binned by IHW (paper Table 19; study seed 0)\n\n' + t['t19'] +
+        '\n## Where we agree and disagree with the paper\n\n'
+        'Gaps between methods are given ± their standard error: '
+        + ('over study seeds' if seeds > 1 else
+           f'from a paired bootstrap of the test split ({BOOTSTRAP} resamples, '
+           'recalibration held fixed)')
+        + '; a gap under two standard errors is called not resolved.\n\n' +
+        ''.join(f'- {line}\n' for line in lines) +
+        (('\nCaveat: the paper measures this on set matching (`chamfer`); this run uses '
+          f'`{task_name}` (target std {target_std:.2f}), so only the comparison '
+          'between methods and scale-free quantities (correlations, ECE, cost ratios) carry '
+          'over.\n\n') if task_name != 'chamfer' else
+         ('\nCaveat: for Task B the paper states d = 3, 10-30 points per cloud, 5K/1K/1K '
+          'sets and 200 epochs, but not the noise level, the rotation range, nor how the '
+          'IHW became a sigma; its MSE of ~50 means its targets are on another scale than '
+          f'this chamfer task (target std {target_std:.2f}), so only orderings and '
+          'scale-free quantities (correlations, ECE, cost ratios) are comparable.\n\n')) +
+        '## Recalibration fits (sigma = a·s + b) and ensemble members\n\n' +
+        t['fits'] + '\n' + t['members'])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    add_budget_arguments(parser, quick_help='1 seed, K=3, 1000 training sets, 10 epochs')
+    parser.add_argument('--members', type=int, default=None, help='ensemble size K')
+    parser.add_argument('--passes', type=int, default=None, help='MC-Dropout passes')
+    parser.add_argument('--task', default='chamfer',
+                        help="synthetic task (default: 'chamfer', the paper's set matching)")
+    parser.add_argument('--task-arg', action='append', default=[], metavar='KEY=VALUE',
+                        help='task option, e.g. tdof=8 (repeatable; integers and floats parsed)')
+    parser.add_argument('--timing-sets', type=int, default=128,
+                        help='test sets in the timed batch')
+    parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
+                                                      'uncertainty'))
+    args = parser.parse_args()
+    budget = choose_budget(args, QUICK, FULL)
+    if args.n_train:
+        budget = replace(budget, n_val=max(2, args.n_train // 2),
+                         n_test=max(NUM_BINS, args.n_train))
+    members = args.members or MEMBERS['quick' if args.quick else 'full']
+    passes = args.passes or PASSES
+    if members < 2 or passes < 2:
+        parser.error('--members and --passes must be at least 2 (a spread needs two samples)')
     try:
-        plot(runs, os.path.join(args.out, 'uncertainty.png'))
-    except ImportError:
-        print("matplotlib is not installed: no plot (pip install 'torch_mz[plot]')")
-    print(t20)
-    print(t21)
+        task_args = parse_key_values(args.task_arg)
+    except ValueError as e:
+        parser.error(f'--task-arg {e}')
+    start = time.time()
+    task = load_task(args.task, seed=0, n_train=budget.n_train, n_val=budget.n_val,
+                     n_test=budget.n_test, **task_args)
+    runs = [run_seed(task, s, members, passes, budget, args.timing_sets, args.device)
+            for s in range(budget.seeds)]
+    summary = summarize(runs)
+    minutes = (time.time() - start) / 60
+    setup = dict(task=args.task, model='mz', params=runs[0]['params'],
+                 study_seeds=budget.seeds, ensemble_members=members, mc_passes=passes,
+                 n_train=budget.n_train, n_val=budget.n_val, n_test=budget.n_test,
+                 epochs=budget.epochs, lr=budget.lr, batch_size=64,
+                 timing_sets=args.timing_sets, device=args.device, task_params=task.info)
+    lines = verdicts(runs, summary, passes, members)
+    t = tables(runs, summary)
+    target_std = float(np.std([float(d.y) for d in task.test]))
+    title = ('Uncertainty calibration on '
+             + ('set matching' if args.task == 'chamfer' else f'`{args.task}`')
+             + ' (paper Appendix D.3, Tables 19-21)')
+    write_report(args.out, 'uncertainty', title, environment(), setup,
+                 report_body(t, lines, args.task, target_std, budget.seeds, members, passes,
+                             args.timing_sets),
+                 dict(summary=summary, runs=runs,
+                      paper=dict(table19=PAPER_T19, table20=PAPER_T20, table21=PAPER_T21),
+                      verdicts=lines), minutes)
+    note = try_plot(plot, runs, os.path.join(args.out, 'uncertainty.png'))
+    if note:
+        print(note)
+    print(t['t20'])
+    print(t['t21'])
     for line in lines:
         print('-', line)
     print(f'{minutes:.1f} min; wrote {args.out}/uncertainty.json, .md, .png')

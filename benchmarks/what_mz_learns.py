@@ -20,10 +20,11 @@ import torch
 from torch_geometric.loader import DataLoader
 
 from torch_mz import analysis
-from torch_mz.benchmark import environment, markdown_table, write_json
 from torch_mz.models import build_model
+from torch_mz.study import environment, markdown_table, pyplot, try_plot, write_report
+from torch_mz.study.budget import Budget, add_budget_arguments, choose_budget, study_config
 from torch_mz.tasks import load_task
-from torch_mz.train import TrainConfig, seed_everything, train
+from torch_mz.train import seed_everything, train
 
 # Section 5.4 / Appendix D.1 of the paper (Figure 4): the one number it gives, and its claims.
 PAPER_GATE_ACTIVITY_L8 = 0.786
@@ -36,6 +37,9 @@ NEAR_ORTHOGONAL = 0.1  # mean |off-diagonal cosine| below this counts as near-or
 SATURATED = 0.9  # effective rank / L at or above this counts as saturating the budget
 STRONG_GATE = 0.5  # a second gate threshold, reported next to the main one
 BEYOND_TDOF = 1.25  # effective rank above this many TDOF at L > TDOF counts as 'beyond the TDOF'
+QUICK_L, FULL_L = [4, 8, 16], [4, 8, 16, 32]
+QUICK = Budget(seeds=1, n_train=640, epochs=10, lr=1e-3)
+FULL = Budget(seeds=3, n_train=5000, epochs=100, lr=1e-4)
 
 
 @torch.no_grad()
@@ -206,9 +210,7 @@ def verdicts(rows, tdof: int, threshold: float):
 
 
 def plot(rows, runs, tdof: int, path: str):
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.2),
                              gridspec_kw=dict(width_ratios=[1.2, 1, 1]))
     ax = axes[0]
@@ -253,30 +255,19 @@ def plot(rows, runs, tdof: int, path: str):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--quick', action='store_true', help='L in {4, 8, 16}, small budget')
+    add_budget_arguments(parser, quick_help='L in {4, 8, 16}, small budget')
     parser.add_argument('--L', default=None, help='comma-separated numbers of matrix generators')
-    parser.add_argument('--seeds', type=int, default=None)
     parser.add_argument('--d', type=int, default=16, help='dimension of the elements')
     parser.add_argument('--tdof', type=int, default=8, help='TDOF of the target')
-    parser.add_argument('--n-train', type=int, default=None)
-    parser.add_argument('--epochs', type=int, default=None)
-    parser.add_argument('--lr', type=float, default=None)
     parser.add_argument('--n-probe', type=int, default=1000, help='test sets probed per model')
     parser.add_argument('--threshold', type=float, default=0.1,
                         help='a gate counts as active when |gamma| exceeds this')
-    parser.add_argument('--device', default='auto')
     parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
                                                       'what_mz_learns'))
     args = parser.parse_args()
-    if args.quick:
-        Ls, seeds, n_train, epochs, lr = [4, 8, 16], 1, 640, 10, 1e-3
-    else:
-        Ls, seeds, n_train, epochs, lr = [4, 8, 16, 32], 3, 5000, 100, 1e-4
-    Ls = [int(v) for v in args.L.split(',')] if args.L else Ls
-    seeds = args.seeds or seeds
-    n_train = args.n_train or n_train
-    epochs = args.epochs or epochs
-    lr = args.lr or lr
+    budget = choose_budget(args, QUICK, FULL)
+    Ls = [int(v) for v in args.L.split(',')] if args.L else QUICK_L if args.quick else FULL_L
+    seeds, n_train, epochs, lr = budget.seeds, budget.n_train, budget.epochs, budget.lr
     n_val, n_test = max(1, n_train // 4), max(n_train // 2, args.n_probe)
     start = time.time()
     task = load_task('quadratic-tdof', seed=0, n_train=n_train, n_val=n_val, n_test=n_test,
@@ -292,9 +283,7 @@ def main():
                                 num_matrix_generators=L)
             runs.append(dict(L=L, seed=seed, state='init', test_r2=None,
                              layers=probe_model(model, loader, args.threshold)))
-            config = TrainConfig(epochs=epochs, warmup_epochs=min(5, max(1, epochs // 10)),
-                                 batch_size=64, lr=lr, seed=seed, device=args.device,
-                                 progress=False)
+            config = study_config(budget, device=args.device, seed=seed)
             result = train(model, task.train, task.val, task.test, config=config,
                            task_type=task.task_type)
             layers = probe_model(model, loader, args.threshold)
@@ -310,16 +299,10 @@ def main():
     notes = verdicts(rows, args.tdof, args.threshold)
     minutes = (time.time() - start) / 60
     env = environment()
-    os.makedirs(args.out, exist_ok=True)
     setup = dict(task='quadratic-tdof', d=args.d, tdof=args.tdof, model='mz', seeds=seeds,
                  n_train=n_train, n_val=n_val, n_test=n_test, n_probe=n_probe, epochs=epochs,
                  lr=lr, batch_size=64, gate_threshold=args.threshold,
                  strong_gate_threshold=STRONG_GATE)
-    write_json(os.path.join(args.out, 'what_mz_learns.json'),
-               dict(environment=env, setup=setup, paper=dict(
-                   gate_activity_L8=PAPER_GATE_ACTIVITY_L8, claims=PAPER_CLAIMS),
-                   rows=rows, per_layer=layer_rows, verdicts=notes, runs=runs,
-                   minutes=minutes))
     columns = ['L', 'state', 'test r2', 'gate_activity', 'gate_activity_strong',
                'mean_abs_offdiag_cos', 'max_abs_offdiag_cos', 'mean_generator_norm',
                'generator_norm_spread', 'generator_norm_over_center', 'effective_rank',
@@ -328,13 +311,7 @@ def main():
     layer_table = markdown_table(layer_rows, list(layer_rows[0]))
     seeds_note = (f'mean over the six MZ layers, then mean over {seeds} seeds (std over seeds)'
                   if seeds > 1 else 'mean over the six MZ layers, one seed (no std over seeds)')
-    with open(os.path.join(args.out, 'what_mz_learns.md'), 'w') as f:
-        f.write(
-            '# What the matrix zonotope learns (paper Section 5.4, Appendix D.1, Figure 4)\n\n'
-            f"Command: `{env['command']}`  \n"
-            f"Setup: {setup}; {minutes:.1f} min on {env['cpu_count']} CPUs, "
-            f"{env['threads']} thread(s) (torch {env['torch']}).\n\n"
-            f"Model: preset `mz` (d = 64, H = 4, d_k = 16, n_g = 8, 2 ISAB + PMA + 1 SAB: six "
+    body = (f"Model: preset `mz` (d = 64, H = 4, d_k = 16, n_g = 8, 2 ISAB + PMA + 1 SAB: six "
             f"`value='mz'` attention layers) with `num_matrix_generators=L`, trained on "
             f"`quadratic-tdof` with d = {args.d}, TDOF = {args.tdof}. Each model is probed with "
             f"{n_probe} test sets (`torch_mz.analysis.probe`) at initialisation (`init`, the "
@@ -362,10 +339,15 @@ def main():
             f"\nTest R² has no exact paper counterpart (Table 1 reports the one-layer `mz-1l` "
             f"at TDOF 8: 0.988; Table 8 uses TDOF 16 and 32).\n\n"
             f"## Trained models per layer (mean over seeds)\n\n{layer_table}")
-    try:
-        plot(rows, runs, args.tdof, os.path.join(args.out, 'what_mz_learns.png'))
-    except ImportError:
-        print("matplotlib is not installed: no plot (pip install 'torch_mz[plot]')")
+    write_report(args.out, 'what_mz_learns',
+                 'What the matrix zonotope learns (paper Section 5.4, Appendix D.1, Figure 4)',
+                 env, setup, body.rstrip('\n'),
+                 dict(paper=dict(gate_activity_L8=PAPER_GATE_ACTIVITY_L8, claims=PAPER_CLAIMS),
+                      rows=rows, per_layer=layer_rows, verdicts=notes, runs=runs), minutes,
+                 plot=False)
+    note = try_plot(plot, rows, runs, args.tdof, os.path.join(args.out, 'what_mz_learns.png'))
+    if note:
+        print(note)
     print(table)
     print('\n'.join(notes))
     print(f'wrote {args.out}/what_mz_learns.json, .md, .png')

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from torch_mz.study.statistics import lead_over_best
+
 # The raw-file fixtures of the dataset tests: importing them registers them for this module.
 from tests.datasets.conftest import modelnet_h5_root, qm9_root, scanobjectnn_root
 
@@ -117,11 +119,14 @@ def test_qm9_verdict(qm9):
             row('homo', 'mz', 0.50), row('homo', 'st-large', 0.60), row('homo', 'egnn', 0.99),
             row('gap', 'egnn', 0.9)]  # no mz: no sentence
     lines = qm9.verdict(rows, ['mu', 'alpha', 'homo', 'gap'])
-    assert len(lines) == 3
-    mu, alpha, homo = lines
-    assert 'within 0.05' in mu and '(st-large)' in mu and '0.020 behind' in mu
-    assert '**leads**' in alpha and 'by 0.050' in alpha
-    assert '**outside**' in homo and '0.100' in homo and 'EGNN' in homo  # EGNN is no baseline
+    assert [line.split('**')[1] for line in lines] == ['mu', 'alpha', 'homo']  # gap: no mz
+    # the numbers behind the sentences: mz against the best attention baseline (EGNN is none)
+    for target, best, gap in (('mu', 'st-large', -0.02), ('alpha', 'st-large', 0.05),
+                              ('homo', 'st-large', -0.10)):
+        lead = lead_over_best({r['model']: r['r2'] for r in rows if r['target'] == target},
+                              'mz', qm9.ATTENTION_BASELINES)
+        assert lead.best == best and lead.gap == pytest.approx(gap)
+        assert (lead.gap > 0, -qm9.MARGIN <= lead.gap <= 0) == (gap > 0, target == 'mu')
 
 
 def test_point_clouds_verdict(point_clouds):
@@ -129,8 +134,9 @@ def test_point_clouds_verdict(point_clouds):
             dict(dataset='modelnet40', model='st-large', accuracy=0.75),
             dict(dataset='scanobjectnn', model='mz', accuracy=0.60),
             dict(dataset='scanobjectnn', model='rigid', accuracy=0.50)]
-    modelnet, scan = point_clouds.verdict(rows, ['modelnet40', 'scanobjectnn'])
-    assert 'st-large (75.0%), as in the paper' in modelnet
-    assert 'mz minus st-large: -5.0 points (paper: -1.8)' in modelnet
-    assert 'best measured model mz (60.0%) (the paper: st-large)' in scan
-    assert 'minus' not in scan  # no st-large run to compare with
+    assert point_clouds.comparison(rows, 'modelnet40') == dict(
+        best='st-large', best_accuracy=pytest.approx(75.0), gap=pytest.approx(-5.0),
+        paper_gap=pytest.approx(-1.8))
+    assert point_clouds.comparison(rows, 'scanobjectnn') == dict(
+        best='mz', best_accuracy=pytest.approx(60.0), gap=None, paper_gap=None)  # no st-large
+    assert len(point_clouds.verdict(rows, ['modelnet40', 'scanobjectnn'])) == 2

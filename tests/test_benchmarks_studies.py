@@ -1,5 +1,6 @@
-r"""The verdict logic of the synthetic studies in ``benchmarks/`` on hand-built results (the
-real-data scripts are tested in ``test_benchmarks_real.py``)."""
+r"""How the synthetic studies in ``benchmarks/`` read their results into the statistics of
+:mod:`torch_mz.study.statistics` (tested there), on hand-built results (the real-data scripts are
+tested in ``test_benchmarks_real.py``)."""
 import os
 import runpy
 import sys
@@ -23,11 +24,10 @@ def test_uncertainty_ordering_and_resolution():
             uncertainty_run({ihw: 0.52, mc: 0.32, ens: 0.33})]
     g, se = study.gap(runs, ihw, mc, 'spearman')
     assert g == pytest.approx(0.20) and se == pytest.approx(0.0)
-    names, text, resolved = study.ordering(runs, 'spearman', higher_is_better=True)
+    names, _, resolved = study.ordering(runs, 'spearman', higher_is_better=True)
     assert names[0] == ihw
     assert resolved[0] is True  # 0.20 apart in both seeds
     assert resolved[1] is False  # MC-Dropout and the ensemble swap places between the seeds
-    assert 'not resolved' in text
     # One seed: the standard error comes from the paired bootstrap.
     boot = {ihw: {'spearman': [0.5, 0.6, 0.4]}, mc: {'spearman': [0.4, 0.2, 0.6]},
             ens: {'spearman': [0.1, -0.1, 0.3]}}  # moves with MC-Dropout: a tight gap
@@ -74,3 +74,25 @@ def test_every_script_prints_its_help(script, capsys):
         sys.argv = argv
     assert exit_.value.code == 0
     assert 'usage:' in capsys.readouterr().out
+
+
+def test_uncertainty_report_tables_from_hand_built_runs():
+    study = load_script('uncertainty')
+
+    def method(spearman, seconds):
+        return dict(mse=1.0, spearman=spearman, pearson=0.1, inference_s=seconds, passes=1,
+                    models=1, fit=dict(a=1.0, b=0.1), calibrated=dict(ece=0.1, nll=1.0),
+                    raw=dict(ece=0.3, nll=2.0),
+                    bins=[dict(bin=b, uncertainty=b, abs_error=b, count=10) for b in (1, 2)])
+    runs = [dict(study_seed=s, members=[dict(seed=s, best_epoch=1, test=dict(mse=1.0, r2=0.5))],
+                 methods={m: method(0.5 - 0.1 * i + 0.01 * s, 1.0 + i)
+                          for i, m in enumerate(study.METHODS)}) for s in range(2)]
+    summary = study.summarize(runs)
+    assert summary[study.METHODS[0]]['spearman'] == pytest.approx((0.505, 0.005))
+    t = study.tables(runs, summary)
+    rows20 = t['t20'].splitlines()[2:]
+    assert [row.split(' | ')[4] for row in rows20] == ['1.0', '2.0', '3.0']  # x IHW time
+    assert len(t['t21'].splitlines()) == 2 + 2 * len(study.METHODS)
+    lines = study.verdicts(runs, summary, passes=30, members=5)
+    body = study.report_body(t, lines, 'chamfer', 1.0, 2, 5, 30, 128)
+    assert body.count('\n## ') == 5 and body.endswith(t['members'])

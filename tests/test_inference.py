@@ -3,7 +3,7 @@ import torch
 from torch_geometric.data import Batch
 
 import torch_mz
-from torch_mz.compare import train_one
+from torch_mz.study import train_one
 from torch_mz.inference import load_model, prediction_columns
 from torch_mz.models import build_model
 from torch_mz.tasks import load_task

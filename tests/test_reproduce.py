@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-import torch_mz.compare as compare
+import torch_mz.study.grid as grid
 from torch_mz.reproduce import (BUDGETS, CLAIMS, Budget, Claim, Comparison, Reproduction,
                                 load_claims, overhead_records, save_claim, summary_table,
                                 verdict)
@@ -43,12 +43,12 @@ def test_verdict_rule_on_hand_made_numbers():
 
 def _counting(monkeypatch):
     calls = []
-    real = compare.train_one
+    real = grid.train_one
 
     def counted(task, name, seed, config, **overrides):
         calls.append((task.name, task.in_channels, name, seed, config.lr, config.weight_decay))
         return real(task, name, seed, config, **overrides)
-    monkeypatch.setattr(compare, 'train_one', counted)
+    monkeypatch.setattr(grid, 'train_one', counted)
     return calls
 
 

@@ -60,7 +60,7 @@ def test_one_registry_of_every_task():
     loaded = load_task('mst', n_train=3, n_val=2, n_test=2, seed=4, d=3)
     for split in ('train', 'val', 'test'):
         for a, b in zip(made[split], loaded[split]):
-            assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y)
+            assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a.keys())
     assert (loaded.in_channels, loaded.out_channels, loaded.pos_dim) == (3, 1, 3)
     with pytest.warns(DeprecationWarning, match='TaskSplits'):
         from torch_mz.tasks import TaskData

@@ -7,7 +7,7 @@ r"""The ``torch-mz`` command: train and compare set models on the paper's tasks.
     torch-mz predict runs/quadratic-tdof/mz-seed0/best.pt --task quadratic-tdof --out pred.csv
 
 A model is named by a spec, ``name`` or ``name:key=value,...`` (parsed by
-:func:`torch_mz.compare.parse_model_spec`, as in the benchmarks). Bad input (unknown task or
+:func:`torch_mz.study.parse_model_spec`, as in the benchmarks). Bad input (unknown task or
 model, unknown or mistyped options, impossible sizes, missing data, a missing, corrupt or foreign
 checkpoint, an output folder that holds an earlier run or an output file that exists, a learning
 rate that makes the loss diverge) ends with a one-line message and exit status 2, never a
@@ -124,7 +124,7 @@ class ModelSpec(NamedTuple):
 
 def _model_specs(text: str, flag: str) -> List[ModelSpec]:
     r"""The model specs of --models/--model, read as the benchmarks read them."""
-    from torch_mz.compare import parse_model_spec, split_model_specs
+    from torch_mz.study import parse_model_spec, split_model_specs
     specs = []
     for spec in split_model_specs(text):
         try:
@@ -140,7 +140,7 @@ def _model_specs(text: str, flag: str) -> List[ModelSpec]:
 
 def _run(args, task, model: ModelSpec, seed: int, out_dir: Optional[str],
          resume: Optional[str] = None) -> Dict[str, object]:
-    from torch_mz.compare import train_one
+    from torch_mz.study import train_one
     row = train_one(task, model.name, seed, _config(args, seed, out_dir, resume),
                     **dict(model.options, **_parse_kv(args.model_arg, '--model-arg')))
     return dict(row, model=model.spec)
@@ -298,17 +298,22 @@ def cmd_compare(args) -> int:
     print(f'task {task.name}: {task.description} | train/val/test = '
           f'{len(task.train)}/{len(task.val)}/{len(task.test)} | d_in={task.in_channels} | '
           f'{args.epochs} epochs, lr {args.lr}, batch {args.batch_size}, seeds {args.seeds}')
-    rows = []
+    from torch_mz.study import (environment, plot_summary, run_grid, summarize, summary_markdown,
+                                try_plot, write_json)
+    key = 'r2' if task.task_type == 'regression' else 'accuracy'
+
+    def progress(row):
+        print(f"  {row['model']:10s} seed {row['seed']}: test {key} "
+              f"{row['test'].get(key, math.nan):.4f} ({row['wall_time_s']:.0f} s)", flush=True)
+
+    folders = {model.spec: model.folder for model in models}
     start = time.time()
-    for model in models:
-        for seed in range(args.seeds):
-            row = _run(args, task, model, seed, os.path.join(out, f'{model.folder}-seed{seed}'))
-            rows.append(row)
-            key = 'r2' if task.task_type == 'regression' else 'accuracy'
-            print(f"  {model.spec:10s} seed {seed}: test {key} "
-                  f"{row['test'].get(key, math.nan):.4f} ({row['wall_time_s']:.0f} s)", flush=True)
-    from torch_mz.benchmark import environment, write_json
-    from torch_mz.compare import plot_summary, summarize, summary_markdown
+    runs, _ = run_grid([dict(label=task.name, task=task.name)], [m.spec for m in models],
+                       args.seeds, None, load=lambda name, seed: task, on_result=progress,
+                       config_for=lambda cell, spec, seed: _config(
+                           args, seed, os.path.join(out, f'{folders[spec]}-seed{seed}')),
+                       overrides=_parse_kv(args.model_arg, '--model-arg'))
+    rows = [{k: v for k, v in run.items() if k != 'cell'} for run in runs]  # one task: no cells
     summary = summarize(rows, task.task_type)
     table = summary_markdown(summary, task.task_type)
     payload = dict(task=task.name, task_info=task.info, description=task.description,
@@ -320,11 +325,10 @@ def cmd_compare(args) -> int:
     write_json(os.path.join(out, 'results.json'), payload)
     with open(os.path.join(out, 'results.md'), 'w') as f:
         f.write(f'# {task.name}: {task.description}\n\nCommand: `{args.command_line}`\n\n{table}')
-    try:
-        plot_summary(summary, task.task_type, os.path.join(out, 'results.png'),
-                     f'{task.name} ({len(task.train)} train sets, {args.epochs} epochs)')
-    except ImportError:
-        print("matplotlib is not installed: no plot (pip install 'torch_mz[plot]')")
+    note = try_plot(plot_summary, summary, task.task_type, os.path.join(out, 'results.png'),
+                    f'{task.name} ({len(task.train)} train sets, {args.epochs} epochs)')
+    if note:
+        print(note)
     print()
     print(table)
     print(f'results: {out}/results.md, results.json, results.png')

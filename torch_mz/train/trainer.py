@@ -101,7 +101,7 @@ class Trainer:
             (default: :obj:`None`)
         run_info (dict, optional): What is trained, as JSON values, e.g. ``{'task': {'name':
             'max', 'args': {'d': 8}}, 'model': {'name': 'mz', 'args': {}}}`` (what
-            :func:`torch_mz.compare.train_one` records). Stored in every checkpoint; resuming from
+            :func:`torch_mz.study.train_one` records). Stored in every checkpoint; resuming from
             a checkpoint that records different ``run_info`` raises :class:`CheckpointError`
             (a checkpoint without it, or a trainer without it, is not compared; only the entries
             both record are). A model made by :func:`~torch_mz.models.build_model` records how

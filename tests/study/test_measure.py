@@ -3,8 +3,8 @@ import sys
 import pytest
 import torch
 
-from torch_mz.benchmark import (count_flops, markdown_table, matmul_peak_flops, peak_memory_bytes,
-                                skewed_sizes, uniform_sizes)
+from torch_mz.study.measure import (count_flops, environment, matmul_peak_flops,
+                                    peak_memory_bytes, skewed_sizes, uniform_sizes)
 
 
 def test_set_size_generators():
@@ -47,6 +47,7 @@ def test_peak_memory_is_none_where_it_cannot_be_read(monkeypatch):
     assert peak_memory_bytes(lambda: None, torch.device('cpu')) is None
 
 
-def test_markdown_table():
-    text = markdown_table([dict(a=1, b=0.123456), dict(a=2)], ['a', 'b'])
-    assert text.splitlines() == ['| a | b |', '|---|---|', '| 1 | 0.1235 |', '| 2 |  |']
+def test_environment_records_versions_and_command():
+    env = environment()
+    assert {'python', 'torch', 'torch_geometric', 'cpu_count', 'threads', 'command'} <= set(env)
+    assert isinstance(env['torch_scatter'], bool)

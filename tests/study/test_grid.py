@@ -1,24 +1,11 @@
-import json
 import math
 from dataclasses import replace
 
 import pytest
 
-from torch_mz.benchmark import environment, write_report
-from torch_mz.compare import parse_model_spec, plot_grid, run_grid, split_model_specs, train_one
+from torch_mz.study.grid import run_grid, train_one
 from torch_mz.tasks import load_task
 from torch_mz.train import TrainConfig
-
-
-def test_parse_model_spec():
-    assert parse_model_spec('mz') == ('mz', {})
-    assert parse_model_spec('hypernet:rank=64,dim=64') == ('hypernet', {'rank': 64, 'dim': 64})
-    assert parse_model_spec('mz:dropout=0.2,summary=mean+std') == (
-        'mz', {'dropout': 0.2, 'summary': 'mean+std'})
-    with pytest.raises(ValueError, match='KEY=VALUE'):
-        parse_model_spec('mz:rank')
-    assert split_model_specs('mz, hypernet:rank=64,dim=64,rigid,film:dropout=0.2') == [
-        'mz', 'hypernet:rank=64,dim=64', 'rigid', 'film:dropout=0.2']
 
 
 def test_train_one_records_task_and_model_in_checkpoints(tmp_path):
@@ -34,7 +21,7 @@ def test_train_one_records_task_and_model_in_checkpoints(tmp_path):
                                            'feature_columns': None}}
 
 
-def test_run_grid_shares_data_and_seeds(tmp_path):
+def test_run_grid_shares_data_and_seeds():
     loads = []
 
     def load(name, seed, **kwargs):
@@ -67,15 +54,6 @@ def test_run_grid_shares_data_and_seeds(tmp_path):
     again, _ = run_grid(cells[:1], ['deepsets'], 1, config)
     assert again[0]['test']['r2'] == pytest.approx(runs[0]['test']['r2'])
     assert runs[0]['test']['r2'] != pytest.approx(runs[1]['test']['r2'])
-
-    plot_grid(rows, ['deepsets'], str(tmp_path / 'grid.png'), paper={('sum d=2', 'deepsets'): 0.5})
-    assert (tmp_path / 'grid.png').stat().st_size > 0
-    write_report(str(tmp_path), 'study', 'A study', environment(), {'seeds': 2}, '| t |\n',
-                 dict(rows=rows), 0.5, notes='A note.')
-    payload = json.loads((tmp_path / 'study.json').read_text())
-    assert payload['rows'][0]['cell'] == 'sum d=2' and payload['setup'] == {'seeds': 2}
-    text = (tmp_path / 'study.md').read_text()
-    assert text.startswith('# A study') and 'A note.' in text and '![plot](study.png)' in text
 
 
 def test_run_grid_config_per_run_and_cached_runs_build_no_data():
@@ -110,3 +88,13 @@ def test_run_grid_config_per_run_and_cached_runs_build_no_data():
     assert loads == ['sum'] and again == runs
     assert rows[0]['mean-mlp r2'] == pytest.approx((runs[2]['test']['r2']
                                                     + runs[3]['test']['r2']) / 2)
+
+
+def test_run_grid_overrides_apply_to_every_spec():
+    task = load_task('sum', n_train=8, n_val=4, n_test=4, d=2, set_size=(2, 3))
+    config = TrainConfig(epochs=1, warmup_epochs=0, batch_size=8, progress=False)
+    runs, _ = run_grid([dict(label='sum', task='sum')], ['deepsets', 'deepsets:hidden_channels=4'],
+                       1, config, load=lambda name, seed: task, overrides={'hidden_channels': 8})
+    # --model-arg style: the override wins over the spec's own option
+    assert runs[0]['params'] == runs[1]['params']
+    assert [r['model'] for r in runs] == ['deepsets', 'deepsets:hidden_channels=4']

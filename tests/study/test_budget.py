@@ -1,0 +1,37 @@
+import argparse
+
+import pytest
+
+from torch_mz.study.budget import Budget, add_budget_arguments, choose_budget, study_config
+
+QUICK = Budget(seeds=2, n_train=640, epochs=10, lr=1e-3)
+FULL = Budget(seeds=3, n_train=5000, epochs=100, lr=1e-4, n_test=7)
+
+
+def parse(argv, **kwargs):
+    parser = argparse.ArgumentParser()
+    add_budget_arguments(parser, quick_help='small', **kwargs)
+    return parser.parse_args(argv)
+
+
+def test_quick_full_and_overrides():
+    assert choose_budget(parse([]), QUICK, FULL) == FULL
+    assert choose_budget(parse(['--quick']), QUICK, FULL) == QUICK
+    args = parse(['--quick', '--seeds', '5', '--lr', '0.01', '--device', 'cpu'])
+    assert choose_budget(args, QUICK, FULL) == Budget(5, 640, 10, 0.01)
+    assert args.device == 'cpu'
+    # an option that is not offered keeps the budget's value; 0 counts as not given
+    args = parse(['--n-test', '3', '--epochs', '0'], overrides=('n_test', 'epochs'))
+    assert not hasattr(args, 'seeds')
+    assert choose_budget(args, QUICK, FULL) == Budget(3, 5000, 100, 1e-4, n_test=3)
+    with pytest.raises(ValueError, match="no budget option 'batch'"):
+        parse([], overrides=('batch', ))
+
+
+def test_study_config():
+    config = study_config(FULL, device='cpu', seed=4, patience=7)
+    assert (config.epochs, config.warmup_epochs, config.lr, config.batch_size) == (100, 5, 1e-4, 64)
+    assert (config.seed, config.patience, config.device, config.progress) == (4, 7, 'cpu', False)
+    assert study_config(QUICK).warmup_epochs == 1  # a tenth of the epochs, at least 1
+    assert study_config(Budget(1, 10, 3, 1e-3)).warmup_epochs == 1
+    assert study_config(Budget(1, 10, 30, 1e-3), batch_size=8).batch_size == 8

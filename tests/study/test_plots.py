@@ -1,0 +1,33 @@
+import builtins
+
+import pytest
+
+from torch_mz.study.plots import NO_MATPLOTLIB, plot_grid, plot_summary, pyplot, try_plot
+
+
+def test_plots_are_written(tmp_path):
+    pytest.importorskip('matplotlib')
+    rows = [{'cell': 'a', 'm r2': 0.5, 'm r2 std': 0.1}, {'cell': 'b', 'm r2': 0.2, 'm r2 std': 0}]
+    assert try_plot(plot_grid, rows, ['m'], str(tmp_path / 'grid.png'),
+                    paper={('a', 'm'): 0.4}) is None
+    assert (tmp_path / 'grid.png').stat().st_size > 0
+    summary = [dict(model='m', accuracy=0.8, accuracy_std=0.05)]
+    plot_summary(summary, 'classification', str(tmp_path / 'summary.png'), title='t')
+    assert (tmp_path / 'summary.png').stat().st_size > 0
+    assert pyplot().get_backend().lower() == 'agg'
+
+
+def test_without_matplotlib_there_is_a_note_and_no_file(tmp_path, monkeypatch):
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name.split('.')[0] == 'matplotlib':
+            raise ImportError(f"No module named '{name}'")
+        return real_import(name, *args, **kwargs)
+    monkeypatch.setattr(builtins, '__import__', no_matplotlib)
+    monkeypatch.setattr('importlib.import_module', lambda name: no_matplotlib(name))
+    with pytest.raises(ImportError, match=r"torch_mz\[plot\]"):
+        pyplot()
+    rows = [{'cell': 'a', 'm r2': 0.5, 'm r2 std': 0.1}]
+    assert try_plot(plot_grid, rows, ['m'], str(tmp_path / 'grid.png')) == NO_MATPLOTLIB
+    assert not (tmp_path / 'grid.png').exists()

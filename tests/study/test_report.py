@@ -1,0 +1,37 @@
+import json
+
+import pytest
+
+from torch_mz.study.report import markdown_table, summarize, summary_markdown, write_report
+
+
+def test_markdown_table():
+    text = markdown_table([dict(a=1, b=0.123456), dict(a=2)], ['a', 'b'])
+    assert text.splitlines() == ['| a | b |', '|---|---|', '| 1 | 0.1235 |', '| 2 |  |']
+
+
+def test_write_report(tmp_path):
+    env = dict(command='python study.py', cpu_count=2, torch='2.x', threads=1, cuda=None)
+    write_report(str(tmp_path), 'study', 'A study', env, {'seeds': 2}, '| t |\n',
+                 dict(rows=[{'cell': 'a'}]), 0.5, notes='A note.')
+    payload = json.loads((tmp_path / 'study.json').read_text())
+    assert list(payload) == ['environment', 'setup', 'minutes', 'rows']
+    assert payload['rows'] == [{'cell': 'a'}] and payload['setup'] == {'seeds': 2}
+    assert (tmp_path / 'study.md').read_text() == (
+        "# A study\n\nCommand: `python study.py`  \nSetup: {'seeds': 2}; 0.5 min on 2 CPUs "
+        "(torch 2.x, 1 threads).\n\n| t |\n\nA note.\n\n![plot](study.png)\n")
+    write_report(str(tmp_path), 'gpu', 'On a GPU', dict(env, cuda='H200'), {}, '', {}, 1.0,
+                 plot=False)
+    assert '1 threads, GPU: H200).' in (tmp_path / 'gpu.md').read_text()
+
+
+def test_summary_over_seeds():
+    runs = [dict(model='a', params=10, test=dict(r2=0.5, mse=1.0, mae=0.5), wall_time_s=60),
+            dict(model='a', params=10, test=dict(r2=0.7, mse=3.0, mae=1.5), wall_time_s=180),
+            dict(model='b', params=20, test=dict(r2=0.1, mse=2.0, mae=1.0), wall_time_s=60)]
+    a, b = summarize(runs, 'regression')
+    assert (a['model'], a['seeds'], a['params'], b['seeds']) == ('a', 2, 10, 1)
+    assert (a['r2'], a['r2_std'], a['mse'], a['minutes']) == pytest.approx((0.6, 0.1, 2.0, 2.0))
+    lines = summary_markdown([a, b], 'regression').splitlines()
+    assert lines[0] == '| model | params | seeds | test r2 | test mse | test mae | min/run |'
+    assert lines[2] == '| a | 10 | 2 | 0.6000 ± 0.1000 | 2.0000 ± 1.0000 | 1.0000 ± 0.5000 | 2.00 |'

@@ -1,0 +1,56 @@
+import numpy as np
+import pytest
+
+from torch_mz.study.statistics import (Lead, lead_over_best, mean_std, paired_gap,
+                                       resolved_ordering, winner)
+
+
+def test_paired_gap_over_seeds_and_from_the_bootstrap():
+    # several seeds: mean paired difference, standard error = sample std / sqrt(n)
+    g, se = paired_gap([0.5, 0.52, 0.58], [0.3, 0.32, 0.3])
+    d = np.array([0.2, 0.2, 0.28])
+    assert g == pytest.approx(d.mean()) and se == pytest.approx(d.std(ddof=1) / np.sqrt(3))
+    # one seed: the spread of the paired bootstrap differences (NaN resamples ignored)
+    g, se = paired_gap([0.5], [0.4], [0.5, 0.6, 0.4, np.nan], [0.4, 0.2, 0.6, 0.1])
+    assert g == pytest.approx(0.1) and se == pytest.approx(np.std([0.1, 0.4, -0.2]))
+    with pytest.raises(ValueError, match='bootstrap'):
+        paired_gap([0.5], [0.4])
+    assert mean_std([1.0, 3.0]) == (2.0, 1.0)
+
+
+def test_resolved_ordering():
+    # two seeds: a leads clearly in both; b and c swap places between the seeds
+    order = resolved_ordering({'b': [0.30, 0.32], 'a': [0.50, 0.52], 'c': [0.29, 0.35]},
+                              higher_is_better=True)
+    assert order.names == ['a', 'c', 'b']
+    assert order.gaps == pytest.approx([0.19, 0.01])
+    assert order.errors == pytest.approx([0.02, 0.02])
+    assert order.resolved == [True, False]
+    # lower is better; one seed: standard errors from the bootstrap resamples
+    order = resolved_ordering({'x': [0.2], 'y': [0.1]},
+                              bootstrap={'x': [0.2, 0.3, 0.1], 'y': [0.1, 0.1, 0.1]})
+    assert order.names == ['y', 'x'] and order.gaps == pytest.approx([0.1])
+    assert order.errors == pytest.approx([np.std([0.1, 0.2, 0.0])])  # 0.082: 0.1 < 2 x 0.082
+    assert order.resolved == [False]
+    assert resolved_ordering({'x': [0.2], 'y': [0.1]}, {'x': [0.2] * 3, 'y': [0.1] * 3},
+                             z=1.0).resolved == [True]
+
+
+def test_winner_and_ties():
+    assert winner({'a': 0.5, 'b': 0.6, 'c': 0.0}) == ['b']
+    # within twice the larger spread of the best two: a tie, ranked by mean
+    assert winner({'a': -0.004, 'b': -0.002, 'c': -0.009},
+                  {'a': 0.006, 'b': 0.005, 'c': 0.010}) == ['b', 'a', 'c']
+    assert winner({'a': -0.004, 'b': -0.002, 'c': -0.5},
+                  {'a': 0.006, 'b': 0.005, 'c': 0.010}) == ['b', 'a']
+    assert winner({'a': 0.3, 'b': 0.3}) == ['a']  # an exact tie without spread: the first
+    assert winner({'only': 1.0}) == ['only']
+
+
+def test_lead_over_best():
+    means = {'mz': 0.70, 'rigid': 0.60, 'st-large': 0.72, 'egnn': 0.99}
+    lead = lead_over_best(means, 'mz', ('rigid', 'st-large'), {'mz': 0.01, 'st-large': 0.03})
+    assert lead.best == 'st-large' and lead.gap == pytest.approx(-0.02) and lead.spread == 0.03
+    assert lead_over_best(means, 'mz', ('rigid', )) == Lead('rigid', pytest.approx(0.1), 0.0)
+    assert lead_over_best(means, 'mz', ('perceiver', )) is None  # no rival measured
+    assert lead_over_best({'rigid': 0.5}, 'mz', ('rigid', )) is None  # no mz

@@ -1,0 +1,47 @@
+r"""Studies: what the scripts in ``benchmarks/`` and ``torch-mz compare`` share, in one place.
+
+* :mod:`~torch_mz.study.measure`: timing (medians), peak memory, FLOP counts, set-size
+  generators, the environment a measurement ran in;
+* :mod:`~torch_mz.study.specs`: model specs (``'hypernet:rank=4'``);
+* :mod:`~torch_mz.study.grid`: training models x seeds (x tasks) with identical budgets;
+* :mod:`~torch_mz.study.budget`: the quick / full budgets of the scripts and their overrides;
+* :mod:`~torch_mz.study.report`: JSON and Markdown reports, summaries over seeds;
+* :mod:`~torch_mz.study.plots`: the plots, with matplotlib optional;
+* :mod:`~torch_mz.study.statistics`: gaps, standard errors and verdicts of the studies.
+
+Library code: nothing here prints or parses a command line.
+"""
+from torch_mz.study.grid import run_grid, train_one
+from torch_mz.study.measure import (count_flops, environment, matmul_peak_flops,
+                                    peak_memory_bytes, skewed_sizes, time_call, uniform_sizes)
+from torch_mz.study.plots import (NO_MATPLOTLIB, plot_bars, plot_grid, plot_summary, pyplot,
+                                  try_plot)
+from torch_mz.study.report import (METRICS, markdown_table, summarize, summary_markdown,
+                                   write_json, write_report)
+from torch_mz.study.specs import parse_model_spec, split_model_specs
+
+__all__ = [
+    'run_grid',
+    'train_one',
+    'count_flops',
+    'environment',
+    'matmul_peak_flops',
+    'peak_memory_bytes',
+    'skewed_sizes',
+    'time_call',
+    'uniform_sizes',
+    'NO_MATPLOTLIB',
+    'plot_bars',
+    'plot_grid',
+    'plot_summary',
+    'pyplot',
+    'try_plot',
+    'METRICS',
+    'markdown_table',
+    'summarize',
+    'summary_markdown',
+    'write_json',
+    'write_report',
+    'parse_model_spec',
+    'split_model_specs',
+]

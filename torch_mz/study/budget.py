@@ -1,0 +1,85 @@
+r"""The training budget of a study: a quick (smoke) and a full setting, each overridable from the
+script's command line, and the training configuration every run of the study shares.
+
+A script declares its two budgets and lets its parser take the overrides::
+
+    QUICK = Budget(seeds=2, n_train=640, epochs=10, lr=1e-3)
+    FULL = Budget(seeds=3, n_train=5000, epochs=100, lr=1e-4)
+
+    parser = argparse.ArgumentParser()
+    add_budget_arguments(parser, quick_help='2 seeds, small budget')
+    args = parser.parse_args()
+    budget = choose_budget(args, QUICK, FULL)       # --quick picks QUICK, --seeds etc. override
+    config = study_config(budget, device=args.device)
+
+Library code: the script owns and parses the command line; these functions only declare and read
+the budget's options.
+"""
+import argparse
+from dataclasses import dataclass, fields, replace
+from typing import Mapping, Optional, Sequence
+
+from torch_mz.train import TrainConfig
+
+__all__ = ['Budget', 'add_budget_arguments', 'choose_budget', 'study_config']
+
+
+@dataclass(frozen=True)
+class Budget:
+    r"""How much a study trains.
+
+    Args:
+        seeds (int): Training seeds per model and cell.
+        n_train (int, optional): Training sets (:obj:`None`: the task's or dataset's own).
+        epochs (int): Training epochs.
+        lr (float, optional): Peak learning rate (:obj:`None`: the script sets it otherwise).
+        n_val (int, optional): Validation sets. (default: :obj:`None`)
+        n_test (int, optional): Test sets. (default: :obj:`None`)
+    """
+    seeds: int
+    n_train: Optional[int]
+    epochs: int
+    lr: Optional[float] = None
+    n_val: Optional[int] = None
+    n_test: Optional[int] = None
+
+
+_TYPES = {'seeds': int, 'n_train': int, 'n_val': int, 'n_test': int, 'epochs': int, 'lr': float}
+
+
+def add_budget_arguments(parser: argparse.ArgumentParser, quick_help: str,
+                         overrides: Sequence[str] = ('seeds', 'n_train', 'epochs', 'lr'),
+                         device: bool = True, helps: Optional[Mapping[str, str]] = None) -> None:
+    r"""Adds ``--quick`` (help text :obj:`quick_help`), one option per name of :obj:`overrides`
+    (``--seeds``, ``--n-train``, ``--n-val``, ``--n-test``, ``--epochs``, ``--lr``, each
+    defaulting to :obj:`None`: the budget's value; :obj:`helps` gives help texts by name) and,
+    with :obj:`device`, ``--device`` (default ``'auto'``) to :obj:`parser`."""
+    parser.add_argument('--quick', action='store_true', help=quick_help)
+    helps = helps or {}
+    for name in overrides:
+        if name not in _TYPES:
+            raise ValueError(f"no budget option '{name}' (options: {', '.join(_TYPES)})")
+        parser.add_argument('--' + name.replace('_', '-'), type=_TYPES[name], default=None,
+                            help=helps.get(name))
+    if device:
+        parser.add_argument('--device', default='auto')
+
+
+def choose_budget(args: argparse.Namespace, quick: Budget, full: Budget) -> Budget:
+    r""":obj:`quick` if ``args.quick`` else :obj:`full`, with every budget option given on the
+    command line (a value other than :obj:`None` or 0) in place of the budget's own."""
+    base = quick if args.quick else full
+    given = {f.name: getattr(args, f.name) for f in fields(Budget)
+             if getattr(args, f.name, None)}
+    return replace(base, **given)
+
+
+def study_config(budget: Budget, device: str = 'auto', batch_size: int = 64,
+                 **options) -> TrainConfig:
+    r"""The training configuration shared by a study's runs: :obj:`budget`'s epochs and learning
+    rate, a linear warm-up over a tenth of the epochs (1 to 5), batch size :obj:`batch_size`, no
+    progress bars; :obj:`options` set any other :class:`~torch_mz.train.TrainConfig` field
+    (e.g. ``seed``, ``patience``)."""
+    return TrainConfig(epochs=budget.epochs, warmup_epochs=min(5, max(1, budget.epochs // 10)),
+                       batch_size=batch_size, lr=budget.lr, device=device, progress=False,
+                       **options)

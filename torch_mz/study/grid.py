@@ -1,0 +1,100 @@
+r"""Training several models on one task, or on a grid of tasks, with identical budgets: the engine
+of ``torch-mz compare`` and of the studies in ``benchmarks/``. Library code: no printing."""
+import json
+import math
+from dataclasses import replace
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from torch_mz.models import build_model, count_parameters
+from torch_mz.study.specs import parse_model_spec
+from torch_mz.tasks import load_task
+from torch_mz.train import TrainConfig, seed_everything, train
+
+__all__ = ['train_one', 'run_grid']
+
+
+def train_one(task, model_name: str, seed: int, config: TrainConfig,
+              **model_overrides) -> Dict[str, object]:
+    r"""Builds preset :obj:`model_name` for :obj:`task` (a
+    :class:`~torch_mz.datasets.TaskSplits`), trains it with :obj:`config` (seeded with
+    :obj:`seed`) and returns a flat record: model, seed, parameter count, best epoch, epochs run,
+    wall time, validation and test metrics. The checkpoints record the task (name and ``task.args``) and the model (preset name and
+    overrides), so that resuming one with another task or model is refused."""
+    seed_everything(seed)
+    model = build_model(model_name, task.in_channels, task.out_channels, pos_dim=task.pos_dim,
+                        feature_columns=task.info.get('feature_columns'), **model_overrides)
+    run_info = {'task': {'name': task.name, 'args': _json_safe(getattr(task, 'args', {}))},
+                'model': {'name': model_name, 'args': _json_safe(model_overrides)}}
+    result = train(model, task.train, task.val, task.test, config=config,
+                   task_type=task.task_type, run_info=run_info)
+    return dict(model=model_name, seed=seed, params=count_parameters(model),
+                best_epoch=result.best_epoch, epochs_run=result.epochs_run,
+                stopped_early=result.stopped_early, wall_time_s=result.wall_time,
+                val=result.val_metrics, test=result.test_metrics or {})
+
+
+def _json_safe(options: Mapping[str, Any]) -> Dict[str, Any]:
+    # objects JSON cannot hold (a transform, a callable) are recorded by their class/function name
+    return json.loads(json.dumps(dict(options), sort_keys=True, default=lambda o: getattr(
+        o, '__qualname__', type(o).__qualname__)))
+
+
+def run_grid(cells: Sequence[Mapping[str, Any]], models: Sequence[str], seeds: int,
+             config: Optional[TrainConfig], load: Optional[Callable[..., Any]] = None,
+             on_result: Optional[Callable[[Dict[str, object]], None]] = None,
+             config_for: Optional[Callable[[Mapping[str, Any], str, int], TrainConfig]] = None,
+             cached: Optional[Callable[[Mapping[str, Any], str, int, TrainConfig],
+                                       Optional[Dict[str, object]]]] = None,
+             overrides: Optional[Mapping[str, Any]] = None
+             ) -> Tuple[List[Dict[str, object]], List[Dict[str, object]]]:
+    r"""Trains every model of :obj:`models` (specs, see :func:`parse_model_spec`) with
+    :obj:`seeds` seeds on every cell of :obj:`cells`, all with the same :obj:`config` (only the
+    seed changes), and returns ``(runs, rows)``.
+
+    A cell is a dict with ``label`` (a column of the table), ``task`` (a task name) and optional
+    ``kwargs`` for :func:`~torch_mz.tasks.load_task` (sizes, task arguments); its data is built
+    once, from seed 0, and shared by all models and seeds. ``runs`` holds one record per trained
+    model (:func:`train_one`'s record plus ``cell``); ``rows`` one per cell with, for every model,
+    the mean and standard deviation over seeds of the test R² and MSE (``'<model> r2'``,
+    ``'<model> r2 std'``, ``'<model> mse'``) and its parameter count. :obj:`on_result` is called
+    with every run as it finishes (for progress output).
+
+    :obj:`config_for`, if given, replaces the shared configuration: ``config_for(cell, spec,
+    seed)`` is the configuration of that run (e.g. with a learning rate chosen per model).
+    :obj:`cached`, if given, is asked first, as ``cached(cell, spec, seed, run_config)``, for a
+    finished run's record to use instead of training (resumption); a cell whose runs are all
+    cached never builds its data. :obj:`on_result` is called for cached runs too.
+    :obj:`overrides`, if given, are model options applied on top of every spec's own (as the
+    CLI's ``--model-arg``)."""
+    load = load_task if load is None else load
+    runs: List[Dict[str, object]] = []
+    rows: List[Dict[str, object]] = []
+    for cell in cells:
+        task = None  # built on the first run that is not cached
+        row: Dict[str, object] = dict(cell=cell['label'])
+        for spec in models:
+            name, options = parse_model_spec(spec)
+            options = dict(options, **(overrides or {}))
+            results = []
+            for seed in range(seeds):
+                run_config = (replace(config, seed=seed) if config_for is None
+                              else config_for(cell, spec, seed))
+                record = None if cached is None else cached(cell, spec, seed, run_config)
+                if record is None:
+                    if task is None:
+                        task = load(cell['task'], seed=0, **dict(cell.get('kwargs', {})))
+                    record = dict(train_one(task, name, seed, run_config, **options),
+                                  model=spec, cell=cell['label'])
+                results.append(record)
+                runs.append(record)
+                if on_result is not None:
+                    on_result(record)
+            r2 = [r['test'].get('r2', math.nan) for r in results]
+            row[f'{spec} r2'] = float(np.mean(r2))
+            row[f'{spec} r2 std'] = float(np.std(r2))
+            row[f'{spec} mse'] = float(np.mean([r['test'].get('mse', math.nan) for r in results]))
+            row[f'{spec} params'] = results[0]['params']
+        rows.append(row)
+    return runs, rows

@@ -1,0 +1,150 @@
+r"""Measurement for the studies in ``benchmarks/``: timing with medians, peak memory, FLOP
+counts, set-size generators and a record of the environment. Library code: nothing here prints."""
+import ctypes
+import gc
+import os
+import platform
+import shlex
+import sys
+import time
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+import torch
+
+from torch_mz._optional import WITH_TORCH_SCATTER
+
+__all__ = ['skewed_sizes', 'uniform_sizes', 'time_call', 'peak_memory_bytes', 'count_flops',
+           'matmul_peak_flops', 'environment']
+
+
+def skewed_sizes(num_sets: int, total: int, sigma: float = 1.0, seed: int = 0) -> List[int]:
+    r"""Log-normal set sizes (each at least 1) that sum to exactly :obj:`total`."""
+    if total < num_sets:
+        raise ValueError(f"Need at least one element per set (got {total} < {num_sets})")
+    rng = np.random.default_rng(seed)
+    w = rng.lognormal(0.0, sigma, num_sets)
+    sizes = np.maximum(1, np.floor(w / w.sum() * total)).astype(int)
+    while sizes.sum() != total:  # fix rounding on the largest sets
+        i = int(np.argmax(sizes))
+        sizes[i] += 1 if sizes.sum() < total else -1
+    return sizes.tolist()
+
+
+def uniform_sizes(num_sets: int, total: int) -> List[int]:
+    r"""Sizes as equal as possible that sum to :obj:`total`."""
+    base, rest = divmod(total, num_sets)
+    return [base + (1 if i < rest else 0) for i in range(num_sets)]
+
+
+def _sync(device: torch.device):
+    if device.type == 'cuda':
+        torch.cuda.synchronize(device)
+
+
+def time_call(fn: Callable[[], None], repeats: int = 7, warmup: int = 2,
+              device: Optional[torch.device] = None) -> List[float]:
+    r"""Wall-clock seconds of :obj:`repeats` calls of :obj:`fn` after :obj:`warmup` calls."""
+    device = device or torch.device('cpu')
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        gc.collect()
+        _sync(device)
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def _proc_status_kib(field: str) -> Optional[int]:
+    try:
+        with open('/proc/self/status') as f:
+            for line in f:
+                if line.startswith(field + ':'):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _release_free_heap() -> None:
+    r"""Returns the free memory glibc's heap still holds to the system (``malloc_trim(0)``), so
+    that a later allocation shows up as new resident memory instead of silently reusing pages
+    that are resident already. Does nothing where glibc is not the C library."""
+    try:
+        ctypes.CDLL('libc.so.6').malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def peak_memory_bytes(fn: Callable[[], None], device: torch.device) -> Optional[int]:
+    r"""Peak memory of one call of :obj:`fn` above what was in use before it: CUDA's allocator
+    peak on a GPU; on Linux CPUs the resident-set high-water mark (reset through
+    ``/proc/self/clear_refs``) minus the resident set before the call, after returning the free
+    heap to the system so that the call's allocations count as new memory. ``None`` where it
+    cannot be read."""
+    if device.type == 'cuda':
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        fn()
+        torch.cuda.synchronize(device)
+        return int(torch.cuda.max_memory_allocated(device) - base)
+    if sys.platform != 'linux':
+        return None
+    gc.collect()
+    _release_free_heap()
+    try:
+        with open('/proc/self/clear_refs', 'w') as f:
+            f.write('5')  # reset the high-water mark VmHWM to the current RSS
+    except OSError:
+        return None
+    before = _proc_status_kib('VmRSS')
+    fn()
+    peak = _proc_status_kib('VmHWM')
+    if before is None or peak is None:
+        return None
+    return int(peak - before) * 1024
+
+
+def count_flops(fn: Callable[[], None]) -> int:
+    r"""Floating-point operations of one call of :obj:`fn` (forward and backward) as counted by
+    :class:`torch.utils.flop_counter.FlopCounterMode`: matrix products and attention kernels
+    only, so element-wise work is not included."""
+    from torch.utils.flop_counter import FlopCounterMode
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return int(counter.get_total_flops())
+
+
+def matmul_peak_flops(n: int = 2048, repeats: int = 5,
+                      device: Optional[torch.device] = None) -> float:
+    r"""Measured FLOP/s of a dense :math:`n \times n` float32 matrix product (median of
+    :obj:`repeats`): the practical peak that achieved FLOP/s are compared with."""
+    device = device or torch.device('cpu')
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(n, n, generator=g).to(device)
+    b = torch.randn(n, n, generator=g).to(device)
+    times = time_call(lambda: torch.mm(a, b), repeats=repeats, warmup=1, device=device)
+    return 2.0 * n**3 / float(np.median(times))
+
+
+def environment() -> Dict[str, object]:
+    r"""Versions and hardware the measurement ran on."""
+    import torch_geometric
+    info = {
+        'python': platform.python_version(),
+        'platform': platform.platform(),
+        'processor': platform.processor() or platform.machine(),
+        'cpu_count': os.cpu_count(),
+        'torch': torch.__version__,
+        'torch_geometric': torch_geometric.__version__,
+        'torch_scatter': WITH_TORCH_SCATTER,
+        'threads': torch.get_num_threads(),
+        'cuda': torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        'command': shlex.join([os.path.basename(sys.executable)] + sys.argv),
+    }
+    return info

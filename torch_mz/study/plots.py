@@ -1,0 +1,102 @@
+r"""Plots of study results, drawn off-screen (matplotlib's Agg backend) into files.
+matplotlib is optional (``pip install 'torch_mz[plot]'``): :func:`pyplot` raises an
+:class:`ImportError` naming the extra, and :func:`try_plot` turns that into a note for scripts
+to print."""
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from torch_mz._optional import require
+from torch_mz.study.report import METRICS
+
+__all__ = ['NO_MATPLOTLIB', 'pyplot', 'try_plot', 'plot_bars', 'plot_grid', 'plot_summary']
+
+#: What a study prints instead of drawing its plot when matplotlib is missing.
+NO_MATPLOTLIB = "matplotlib is not installed: no plot (pip install 'torch_mz[plot]')"
+
+
+def pyplot():
+    r"""``matplotlib.pyplot`` on the off-screen Agg backend (raises an :class:`ImportError` that
+    names the ``plot`` extra when matplotlib is missing)."""
+    require('matplotlib').use('Agg')
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def try_plot(plot: Callable[..., None], *args, **kwargs) -> Optional[str]:
+    r"""Calls ``plot(*args, **kwargs)``; returns :obj:`None`, or :data:`NO_MATPLOTLIB` when
+    matplotlib is missing (nothing is drawn then)."""
+    try:
+        plot(*args, **kwargs)
+    except ImportError:
+        return NO_MATPLOTLIB
+    return None
+
+
+def plot_bars(groups: Sequence[str], models: Sequence[str],
+              value: Callable[[str, str], float], error: Callable[[str, str], float], path: str,
+              paper: Optional[Callable[[str, str], Optional[float]]] = None,
+              ylabel: str = 'test R² (mean ± std over seeds)', title: Optional[str] = None,
+              paper_label: str = 'paper', group_labels: Optional[Sequence[str]] = None,
+              ylim: Optional[Tuple[float, float]] = None):
+    r"""Grouped bars: one group per entry of :obj:`groups`, one bar per model with height
+    ``value(group, model)`` and error bar ``error(group, model)``; where ``paper(group, model)``
+    is not :obj:`None`, the paper's value is drawn as a black dash on the bar. Saved to
+    :obj:`path` (needs matplotlib)."""
+    plt = pyplot()
+    width = 0.8 / max(1, len(models))
+    bars = len(groups) * max(1, len(models))
+    fig, ax = plt.subplots(figsize=(min(14.0, max(5.5, 2.5 + 0.2 * bars)), 4.0))
+    colors = plt.get_cmap('tab10').colors
+    labelled = False  # the paper's dashes get one legend entry
+    for j, model in enumerate(models):
+        xs = [i + (j - (len(models) - 1) / 2) * width for i in range(len(groups))]
+        ax.bar(xs, [value(g, model) for g in groups], width,
+               yerr=[error(g, model) for g in groups], capsize=2, color=colors[j % 10],
+               label=model)
+        marks = [(x, paper(g, model)) for x, g in zip(xs, groups)] if paper else []
+        marks = [(x, v) for x, v in marks if v is not None]
+        if marks:
+            ax.scatter(*zip(*marks), marker='_', s=160, color='black', zorder=3,
+                       label=None if labelled else paper_label)
+            labelled = True
+    ax.axhline(0.0, color='black', linewidth=0.8)
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels(list(group_labels or groups), rotation=30 if len(groups) > 4 else 0,
+                       ha='right' if len(groups) > 4 else 'center', fontsize=8)
+    ax.set_ylabel(ylabel)
+    if ylim is not None:
+        ax.set_ylim(*ylim)
+    if title:
+        ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, loc='center left', bbox_to_anchor=(1.0, 0.5))  # off the bars
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_grid(rows: Sequence[Mapping[str, object]], models: Sequence[str], path: str,
+              paper: Optional[Mapping[Tuple[str, str], float]] = None,
+              title: Optional[str] = None, ylim: Optional[Tuple[float, float]] = None):
+    r"""Grouped bars of the test R² of :func:`run_grid`'s rows (one group per cell, one bar per
+    model, the spread over seeds as error bars) with the paper's value, where :obj:`paper` has it
+    under ``(cell label, model)``, as a black dash on the bar (see :func:`plot_bars`)."""
+    by_cell = {str(r['cell']): r for r in rows}
+    plot_bars(list(by_cell), models, lambda c, m: by_cell[c][f'{m} r2'],
+              lambda c, m: by_cell[c][f'{m} r2 std'], path,
+              paper=(lambda c, m: paper.get((c, m))) if paper else None, title=title, ylim=ylim)
+
+
+def plot_summary(summary: List[Dict[str, object]], task_type: str, path: str,
+                 title: Optional[str] = None):
+    r"""A bar chart of the main test metric (R² or accuracy) with the spread over seeds."""
+    plt = pyplot()
+    key = METRICS[task_type][0]
+    fig, ax = plt.subplots(figsize=(1.6 + 1.2 * len(summary), 3.6))
+    ax.bar([e['model'] for e in summary], [e[key] for e in summary],
+           yerr=[e[key + '_std'] for e in summary], capsize=4, color='tab:blue')
+    ax.axhline(0.0, color='black', linewidth=0.8)
+    ax.set_ylabel(f"test {'R²' if key == 'r2' else 'accuracy'} (mean ± std over seeds)")
+    if title:
+        ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,81 @@
+r"""Writing a study's results: JSON for machines, Markdown tables for people, and the summary of
+a model x seed grid (mean and spread over seeds). Library code: nothing here prints."""
+import json
+import math
+import os
+from typing import Dict, List
+
+import numpy as np
+
+__all__ = ['METRICS', 'write_json', 'write_report', 'markdown_table', 'summarize',
+           'summary_markdown']
+
+METRICS = {'regression': ('r2', 'mse', 'mae'), 'classification': ('accuracy', 'loss')}
+
+
+def write_json(path: str, payload: Dict[str, object]):
+    r"""Writes :obj:`payload` as indented JSON (creating the folder)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, 'w') as f:
+        json.dump(payload, f, indent=2)
+        f.write('\n')
+
+
+def write_report(out: str, name: str, title: str, env: Dict[str, object],
+                 setup: Dict[str, object], table: str, payload: Dict[str, object],
+                 minutes: float, notes: str = '', plot: bool = True) -> None:
+    r"""Writes a study's results as ``<out>/<name>.json`` (:obj:`payload` plus the environment,
+    setup and run time) and ``<out>/<name>.md``: the title, the command and setup it ran with,
+    :obj:`table`, :obj:`notes` and (if :obj:`plot`) a link to ``<name>.png``."""
+    os.makedirs(out, exist_ok=True)
+    write_json(os.path.join(out, f'{name}.json'),
+               dict(environment=env, setup=setup, minutes=minutes, **payload))
+    with open(os.path.join(out, f'{name}.md'), 'w') as f:
+        f.write(f"# {title}\n\nCommand: `{env['command']}`  \n"
+                f"Setup: {setup}; {minutes:.1f} min on {env['cpu_count']} CPUs "
+                f"(torch {env['torch']}, {env['threads']} threads"
+                f"{', GPU: ' + env['cuda'] if env.get('cuda') else ''}).\n\n{table}\n")
+        if notes:
+            f.write(notes.rstrip() + '\n\n')
+        if plot:
+            f.write(f'![plot]({name}.png)\n')
+
+
+def markdown_table(rows: List[Dict[str, object]], columns: List[str]) -> str:
+    r"""A GitHub Markdown table of :obj:`rows` (dicts) in the given column order."""
+    def fmt(v):
+        if isinstance(v, float):
+            return f'{v:.4g}'
+        return '' if v is None else str(v)
+    lines = ['| ' + ' | '.join(columns) + ' |', '|' + '---|' * len(columns)]
+    lines += ['| ' + ' | '.join(fmt(r.get(c)) for c in columns) + ' |' for r in rows]
+    return '\n'.join(lines) + '\n'
+
+
+def summarize(rows: List[Dict[str, object]], task_type: str) -> List[Dict[str, object]]:
+    r"""Mean and (population) standard deviation over seeds of each model's test metrics, in the
+    order the models first appear."""
+    out = []
+    for model in dict.fromkeys(r['model'] for r in rows):
+        runs = [r for r in rows if r['model'] == model]
+        entry = dict(model=model, params=runs[0]['params'], seeds=len(runs))
+        for k in METRICS[task_type]:
+            vals = [r['test'].get(k, math.nan) for r in runs]
+            entry[k] = float(np.mean(vals))
+            entry[f'{k}_std'] = float(np.std(vals))
+        entry['minutes'] = float(np.mean([r['wall_time_s'] for r in runs]) / 60)
+        out.append(entry)
+    return out
+
+
+def summary_markdown(summary: List[Dict[str, object]], task_type: str) -> str:
+    r"""The summary as a Markdown table (mean ± std over seeds)."""
+    keys = METRICS[task_type]
+    head = ['model', 'params', 'seeds'] + [f'test {k}' for k in keys] + ['min/run']
+    lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
+    for e in summary:
+        cells = [e['model'], f"{e['params']:,}", str(e['seeds'])]
+        cells += [f"{e[k]:.4f} ± {e[k + '_std']:.4f}" for k in keys]
+        cells.append(f"{e['minutes']:.2f}")
+        lines.append('| ' + ' | '.join(cells) + ' |')
+    return '\n'.join(lines) + '\n'

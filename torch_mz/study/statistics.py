@@ -1,0 +1,99 @@
+r"""The statistics the studies' verdicts rest on: gaps between models with their standard errors,
+orderings whose adjacent gaps are resolved or not, the winner of a cell up to seed spread, and a
+model's gap to the best of its rivals. Numbers only: the scripts in ``benchmarks/`` word them.
+
+A gap counts as *resolved* when it exceeds :obj:`z` (2 by default) times its standard error, or
+twice the seed spread where only spreads are known.
+"""
+from dataclasses import dataclass
+from typing import Iterable, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+__all__ = ['mean_std', 'paired_gap', 'Ordering', 'resolved_ordering', 'winner', 'Lead',
+           'lead_over_best']
+
+
+def mean_std(values: Sequence[float]) -> Tuple[float, float]:
+    r"""Mean and population standard deviation of :obj:`values`."""
+    return float(np.mean(values)), float(np.std(values))
+
+
+def paired_gap(a: Sequence[float], b: Sequence[float],
+               boot_a: Optional[Sequence[float]] = None,
+               boot_b: Optional[Sequence[float]] = None) -> Tuple[float, float]:
+    r"""Mean of the paired differences ``a - b`` (one value per seed) and its standard error:
+    over the seeds when there are several (sample standard deviation over :math:`\sqrt{n}`), else
+    the standard deviation of the differences of the paired bootstrap resamples
+    :obj:`boot_a` - :obj:`boot_b` (resamples that are NaN are ignored)."""
+    diffs = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    if len(diffs) > 1:
+        return float(diffs.mean()), float(diffs.std(ddof=1) / np.sqrt(len(diffs)))
+    if boot_a is None or boot_b is None:
+        raise ValueError('one seed: the standard error needs the bootstrap resamples')
+    d = np.asarray(boot_a, dtype=float) - np.asarray(boot_b, dtype=float)
+    return float(diffs[0]), float(np.nanstd(d))
+
+
+@dataclass
+class Ordering:
+    r"""Names from best to worst; ``gaps[i]`` (absolute) and ``errors[i]`` are those between
+    ``names[i]`` and ``names[i + 1]``, ``resolved[i]`` whether that gap exceeds ``z`` errors."""
+    names: List[str]
+    gaps: List[float]
+    errors: List[float]
+    resolved: List[bool]
+
+
+def resolved_ordering(values: Mapping[str, Sequence[float]],
+                      bootstrap: Optional[Mapping[str, Sequence[float]]] = None,
+                      higher_is_better: bool = False, z: float = 2.0) -> Ordering:
+    r"""Orders the entries of :obj:`values` (name -> one value per seed) by their mean, best
+    first (ties keep the order of :obj:`values`), with every adjacent gap's standard error from
+    :func:`paired_gap` (:obj:`bootstrap`: name -> resamples, needed with one seed)."""
+    names = sorted(values, key=lambda k: np.mean(values[k]), reverse=higher_is_better)
+    gaps, errors, resolved = [], [], []
+    for a, b in zip(names, names[1:]):
+        boot = (None, None) if bootstrap is None else (bootstrap[a], bootstrap[b])
+        g, se = paired_gap(values[a], values[b], *boot)
+        gaps.append(abs(g))
+        errors.append(se)
+        resolved.append(abs(g) > z * se)
+    return Ordering(names, gaps, errors, resolved)
+
+
+def winner(means: Mapping[str, float], spreads: Optional[Mapping[str, float]] = None,
+           z: float = 2.0) -> List[str]:
+    r"""The best entry of :obj:`means` (highest), followed by every other entry whose mean is
+    within :obj:`z` times the larger seed spread of the best and the runner-up: one name for a
+    clear winner, several for a tie. Entries are ranked by mean, ties in the order given."""
+    ranked = sorted(means, key=lambda k: means[k], reverse=True)
+    best = ranked[0]
+    if len(ranked) == 1:
+        return [best]
+    spreads = spreads or {}
+    spread = max(spreads.get(best, 0.0), spreads.get(ranked[1], 0.0))
+    return [best] + [k for k in ranked[1:] if means[best] - means[k] < z * spread]
+
+
+@dataclass
+class Lead:
+    r"""How a model stands against the best of its rivals: ``gap`` = model - best (positive: the
+    model leads), ``spread`` the larger of the two seed spreads."""
+    best: str
+    gap: float
+    spread: float = 0.0
+
+
+def lead_over_best(means: Mapping[str, float], model: str, rivals: Iterable[str],
+                   spreads: Optional[Mapping[str, float]] = None) -> Optional[Lead]:
+    r""":obj:`model`'s :class:`Lead` over the best (highest mean) of the :obj:`rivals` present in
+    :obj:`means`; :obj:`None` when :obj:`model` or every rival is missing."""
+    rivals = set(rivals)
+    present = [k for k in means if k in rivals and k != model]  # ties: the first in means
+    if model not in means or not present:
+        return None
+    best = max(present, key=lambda r: means[r])
+    spreads = spreads or {}
+    return Lead(best, means[model] - means[best],
+                max(spreads.get(model, 0.0), spreads.get(best, 0.0)))
