@@ -5,8 +5,9 @@ forward (``eval()``, no gradients) of each preset on a batch of ``--clouds`` poi
 ``--points`` 3-D points (ModelNet40's batch shape; random points, since speed does not depend on
 them). Reported per preset: median step time, points per second, FLOPs per step (matrix products
 and attention kernels, counted by torch's FlopCounterMode), the achieved fraction of the measured
-float32 matrix-product peak, median inference time, and the ratios to ``rigid`` measured in the
-same run (the paper's Table 30 reports ``mz`` / standard at 2.2-5.5x for training and 2.4-2.7x
+float32 matrix-product peak, the bytes its operators read and write (an unfused estimate,
+:func:`torch_mz.study.traffic.count_bytes`) and the achieved fraction of the measured memory
+bandwidth, median inference time, and the ratios to ``rigid`` measured in the same run (the paper's Table 30 reports ``mz`` / standard at 2.2-5.5x for training and 2.4-2.7x
 for inference).
 
 EGNN is fully connected inside each set by default; on 1,024 points that is a million edges per
@@ -29,6 +30,7 @@ from torch_geometric.data import Batch, Data
 from torch_mz.benchmark import (count_flops, environment, markdown_table, matmul_peak_flops,
                                 time_call, write_json)
 from torch_mz.models import build_model, count_parameters
+from torch_mz.study.traffic import count_bytes, memory_bandwidth
 
 PRESETS = ('rigid', 'st-large', 'mz-slim', 'mz', 'egnn')
 
@@ -83,7 +85,9 @@ def measure(name: str, args, pos, batch, y) -> dict:
     return dict(model=name, params=count_parameters(model), step_s=step,
                 step_times_s=step_times, points_per_s=pos.size(0) / step,
                 gflop_per_step=flops / 1e9, gflop_per_s=flops / 1e9 / step,
-                infer_s=float(np.median(infer_times)), infer_times_s=infer_times)
+                gb_per_step=count_bytes(train_step) / 1e9,
+                infer_s=float(np.median(infer_times)), infer_times_s=infer_times,
+                infer_gb=count_bytes(infer) / 1e9)
 
 
 def plot(rows, path):
@@ -99,9 +103,11 @@ def plot(rows, path):
     axes[0].set_ylabel('median seconds per batch')
     axes[0].set_xticks(xs, names)
     axes[0].legend()
-    axes[1].bar(xs, [r['pct_of_peak'] for r in rows])
-    axes[1].axhline(40, color='k', ls='--', lw=1, label='40% target')
-    axes[1].set_ylabel('% of measured matmul peak (training step)')
+    axes[1].bar(xs - 0.2, [r['pct_of_peak'] for r in rows], 0.4, label='% of matmul peak')
+    axes[1].bar(xs + 0.2, [r['pct_of_bandwidth'] for r in rows], 0.4,
+                label='% of memory bandwidth')
+    axes[1].axhline(40, color='k', ls='--', lw=1, label='40% of peak: target')
+    axes[1].set_ylabel('training step')
     axes[1].set_xticks(xs, names)
     axes[1].legend()
     fig.tight_layout()
@@ -127,15 +133,20 @@ def main():
     torch.set_num_threads(args.threads)
     start = time.time()
     peak = matmul_peak_flops(device=torch.device(args.device)) / 1e9
-    print(f'measured float32 matmul peak: {peak:.1f} GFLOP/s', flush=True)
+    bandwidth = memory_bandwidth() / 1e9
+    print(f'measured float32 matmul peak: {peak:.1f} GFLOP/s, memory bandwidth '
+          f'{bandwidth:.1f} GB/s', flush=True)
     pos, batch, y = make_batch(args.clouds, args.points)
     rows = []
     for name in args.models.split(','):
         row = measure(name, args, pos, batch, y)
         row['pct_of_peak'] = 100 * row['gflop_per_s'] / peak
+        row['pct_of_bandwidth'] = 100 * row['gb_per_step'] / row['step_s'] / bandwidth
+        row['infer_pct_of_bandwidth'] = 100 * row['infer_gb'] / row['infer_s'] / bandwidth
         rows.append(row)
         print(f"{name:9s} step {row['step_s']:7.3f} s  {row['points_per_s']:9.0f} points/s  "
               f"{row['gflop_per_step']:6.1f} GFLOP  {row['pct_of_peak']:5.1f}% of peak  "
+              f"{row['gb_per_step']:6.1f} GB  {row['pct_of_bandwidth']:5.1f}% of bandwidth  "
               f"inference {row['infer_s']:6.3f} s", flush=True)
     ref = next((r for r in rows if r['model'] == 'rigid'), None)
     if ref is not None:
@@ -143,23 +154,33 @@ def main():
             r['step / rigid'] = r['step_s'] / ref['step_s']
             r['inference / rigid'] = r['infer_s'] / ref['infer_s']
             r['flops / rigid'] = r['gflop_per_step'] / ref['gflop_per_step']
+            r['bytes / rigid'] = r['gb_per_step'] / ref['gb_per_step']
+            r['infer bytes / rigid'] = r['infer_gb'] / ref['infer_gb']
     env = environment()
     minutes = (time.time() - start) / 60
     os.makedirs(args.out, exist_ok=True)
     write_json(os.path.join(args.out, 'training_step.json'),
                dict(environment=env, config=vars(args), minutes=minutes,
-                    matmul_peak_gflop_per_s=peak, rows=rows))
-    cols = ['model', 'params', 'step_s', 'points_per_s', 'gflop_per_step', 'gflop_per_s',
-            'pct_of_peak', 'infer_s', 'step / rigid', 'inference / rigid', 'flops / rigid']
+                    matmul_peak_gflop_per_s=peak, memory_bandwidth_gb_per_s=bandwidth,
+                    rows=rows))
+    cols = ['model', 'params', 'step_s', 'points_per_s', 'gflop_per_step', 'pct_of_peak',
+            'gb_per_step', 'pct_of_bandwidth', 'infer_s', 'infer_gb', 'infer_pct_of_bandwidth',
+            'step / rigid', 'inference / rigid', 'flops / rigid', 'bytes / rigid',
+            'infer bytes / rigid']
     with open(os.path.join(args.out, 'training_step.md'), 'w') as f:
         f.write(f'# Training step and inference, {args.clouds} clouds x {args.points} points, '
                 f'40 classes\n\n'
                 f"Command: `{env['command']}`  \n"
                 f"torch {env['torch']}, {args.threads} thread(s), device {args.device}, "
                 f"{minutes:.1f} min; measured "
-                f"float32 matmul peak {peak:.1f} GFLOP/s (2048 x 2048). Medians of "
+                f"float32 matmul peak {peak:.1f} GFLOP/s (2048 x 2048), memory bandwidth "
+                f"{bandwidth:.1f} GB/s (copy of 256 MiB, read + write). Medians of "
                 f"{args.repeats} calls; ratios to `rigid` from this run. EGNN on a radius graph "
-                f"(r = {args.egnn_radius}).\n\n" + markdown_table(rows, cols)
+                f"(r = {args.egnn_radius}). GB = bytes read and written by the operators of one "
+                f"step (unfused estimate, no cache reuse: an upper bound); % of bandwidth = "
+                f"GB / step time / bandwidth. Where that is high the step is bound by memory "
+                f"traffic and the time ratio follows the bytes ratio, not the FLOP ratio."
+                f"\n\n" + markdown_table(rows, cols)
                 + '\n![plot](training_step.png)\n')
     try:
         plot(rows, os.path.join(args.out, 'training_step.png'))
