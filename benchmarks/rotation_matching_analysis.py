@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from torch_mz import geometry
+from torch_mz.models.base import set_features
 from torch_mz.study import environment, markdown_table, split_model_specs, train_one, write_report
 from torch_mz.tasks import load_task
 from torch_mz.train import TrainConfig
@@ -89,7 +90,7 @@ def split_arrays(data_list, reduction):
     r"""Targets, set sizes, moment features and the Procrustes-aligned Chamfer distance."""
     y, n, feats, proc = [], [], [], []
     for data in data_list:
-        x = data.x.double().numpy()
+        x = set_features(data).double().numpy()  # the elements: [pos, x]
         a, b = unpack(x)
         y.append(data.y.item())
         n.append(len(a))

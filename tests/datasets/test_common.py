@@ -186,7 +186,7 @@ def test_stats_are_written_atomically_with_the_data_sizes_and_read_back(tmp_path
 
 
 def _cache(root):
-    folder = osp.join(root, 'processed', 'OBJ_BG_32_seed0')
+    folder = osp.join(root, 'processed', 'OBJ_BG_32_seed0_pos-only')
     return {name: osp.join(folder, name) for name in ('train.pt', 'test.pt', 'stats.json',
                                                        'pre_transform.pt', 'pre_filter.pt')}
 

@@ -32,6 +32,7 @@ from torch_mz.datasets.qm9 import (
     mol_from_xyz,
     read_uncharacterized,
 )
+from torch_mz.models.base import set_features
 
 KEPT = [k for k in range(1, len(QM9_SMILES) + 1) if k not in QM9_UNCHARACTERIZED]  # 1-based
 
@@ -60,7 +61,7 @@ def test_sdf_source_set_representation(qm9_root):
     for data in ds:
         mol = mols[int(data.gdb_idx) - 1]
         n = mol.GetNumAtoms()
-        assert data.x.shape == (n, 9) and data.pos.shape == (n, 3) and data.z.shape == (n, )
+        assert data.x.shape == (n, 6) and data.pos.shape == (n, 3) and data.z.shape == (n, )
         symbols = [a.GetSymbol() for a in mol.GetAtoms()]
         onehot = torch.zeros(n, 5)
         onehot[torch.arange(n), [QM9_ELEMENTS.index(s) for s in symbols]] = 1
@@ -69,8 +70,9 @@ def test_sdf_source_set_representation(qm9_root):
         assert torch.allclose(data.pos,
                               torch.tensor(mol.GetConformer().GetPositions(), dtype=torch.float),
                               atol=1e-4)  # the SDF stores 4 decimals
-        assert torch.equal(data.x[:, 5:8], data.pos)
-        charges = data.x[:, 8]
+        # the paper's nine atom values, as a model reads them: [pos, one-hot, charge]
+        assert torch.equal(set_features(data), torch.cat([data.pos, data.x], dim=1))
+        charges = data.x[:, 5]
         assert torch.isfinite(charges).all() and charges.abs().max() > 0.01
         assert charges.sum().abs().item() < 1e-4  # Gasteiger charges of a neutral molecule sum to 0
         assert data.y.shape == (1, 12)
@@ -98,7 +100,7 @@ def test_charges_match_a_sanitised_rdkit_molecule(qm9_root):
     mol = Chem.Mol(qm9_molecules()[4])
     rdPartialCharges.ComputeGasteigerCharges(mol)
     expected = torch.tensor([a.GetDoubleProp('_GasteigerCharge') for a in mol.GetAtoms()])
-    assert torch.allclose(acetic.x[:, 8], expected.float(), atol=1e-5)
+    assert torch.allclose(acetic.x[:, 5], expected.float(), atol=1e-5)
 
 
 def test_gasteiger_needs_sanitisation_and_falls_back():
@@ -200,7 +202,7 @@ def test_qm9pack_source_matches_sdf_source(qm9_root, qm9pack_csv):
         assert torch.allclose(a.pos, b.pos, atol=1e-4)
         assert torch.allclose(a.y, b.y, rtol=1e-6)
         # charges from bonds perceived on the coordinates equal those from the SDF's bonds
-        assert torch.allclose(a.x[:, 8], b.x[:, 8], atol=1e-3)
+        assert torch.allclose(a.x[:, 5], b.x[:, 5], atol=1e-3)
     assert pack.stats['skipped']['counts'] == {}
 
 
@@ -257,7 +259,7 @@ def test_charge_failure_policies(qm9_root, monkeypatch):
     with pytest.warns(UserWarning, match='charges_failed_set_to_zero: 1'):
         zero = QM9(qm9_root, log=False)
     assert len(zero) == len(KEPT)
-    assert torch.equal(zero[1].x[:, 8], torch.zeros(4)) and int(zero[1].gdb_idx) == 2
+    assert torch.equal(zero[1].x[:, 5], torch.zeros(4)) and int(zero[1].gdb_idx) == 2
     assert zero.stats['skipped']['examples'] == {'charges_failed_set_to_zero': ['2']}
     with pytest.warns(UserWarning, match='charges_failed_dropped: 1'):
         drop = QM9(qm9_root, charge_failure='drop', log=False)
@@ -337,7 +339,7 @@ def test_gdb_idx_is_the_qm9_index_of_the_molecule_name(tmp_path):
 
 
 def _sdf_cache(root):
-    return [osp.join(root, 'processed', 'sdf', name) for name in ('data.pt', 'stats.json')]
+    return [osp.join(root, 'processed', 'sdf_pos-only', name) for name in ('data.pt', 'stats.json')]
 
 
 def _same_dataset(a, b):
@@ -411,10 +413,10 @@ def test_processed_files_are_written_atomically(qm9_root, monkeypatch):
 def test_crafted_pickle_in_the_processed_folder_is_refused_and_never_run(qm9_root, tmp_path,
                                                                           name):
     QM9(qm9_root, log=False)
-    path = osp.join(qm9_root, 'processed', 'sdf', name)
+    path = osp.join(qm9_root, 'processed', 'sdf_pos-only', name)
     marker = str(tmp_path / 'code-ran')
     write_crafted_pickle(path, marker)
-    stats_json = osp.join(qm9_root, 'processed', 'sdf', 'stats.json')
+    stats_json = osp.join(qm9_root, 'processed', 'sdf_pos-only', 'stats.json')
     stats = json.load(open(stats_json))  # as one who replaces data.pt would make it fit
     stats['processed_files'] = {'data.pt': osp.getsize(osp.join(osp.dirname(path), 'data.pt'))}
     json.dump(stats, open(stats_json, 'w'))

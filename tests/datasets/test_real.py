@@ -22,17 +22,18 @@ def test_qm9_task_and_cli(tmp_path, qm9pack_csv):
     assert task.train[0].y.shape == (1, 2)
     ids = [int(d.gdb_idx) for split in (task.train, task.val, task.test) for d in split]
     assert len(set(ids)) == 4  # disjoint splits
-    # EGNN sees the invariant columns only: its prediction is rotation-invariant
-    model = build_model('egnn', task.in_channels, 2, pos_dim=task.pos_dim,
-                        feature_columns=task.info['feature_columns']).double().eval()
+    # coordinates in pos only, the invariant features in x: EGNN's prediction is
+    # rotation-invariant, a set model's (which reads [pos, x]) is not
+    assert task.pos_dim == 3 and task.train[0].x.shape[1] == 6
+    egnn = build_model('egnn', task.in_channels, 2, pos_dim=task.pos_dim).double().eval()
+    rigid = build_model('rigid', task.in_channels, 2, dim=8, num_inducing=2).double().eval()
     data = task.train[0].clone()
     data.x, data.pos = data.x.double(), data.pos.double()
-    data.batch = torch.zeros(data.num_nodes, dtype=torch.long)
-    pred = model(data)
+    before = egnn(data).prediction, rigid(data).prediction
     rot, _ = torch.linalg.qr(torch.randn(3, 3, dtype=torch.float64))
     data.pos = data.pos @ rot.T + 1.0
-    data.x[:, 5:8] = data.pos  # the coordinate columns move with pos
-    torch.testing.assert_close(model(data), pred)
+    torch.testing.assert_close(egnn(data).prediction, before[0])
+    assert not torch.allclose(rigid(data).prediction, before[1])
     out = str(tmp_path / 'run')
     assert main(['train', '--task', 'qm9', '--root', root, '--task-arg', f'csv_path={qm9pack_csv}',
                  '--n-train', '2', '--n-val', '1', '--n-test', '1', '--model', 'rigid', '--out',

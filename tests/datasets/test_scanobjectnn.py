@@ -53,7 +53,7 @@ def test_obj_bg_shapes_labels_subsets_and_masks(scanobjectnn_root):
     assert [int(d.y) for d in test] == raw_test['label'].tolist()
     assert train.num_classes == 15
     for j, data in enumerate(train):
-        assert data.pos.shape == (64, 3) and torch.equal(data.x, data.pos)
+        assert data.pos.shape == (64, 3) and 'x' not in data
         rows = point_rows(raw_train['data'][j], data.pos.numpy())
         assert (rows >= 0).all() and len(np.unique(rows)) == 64  # 64 distinct points of this object
         assert torch.equal(data.mask, torch.from_numpy(raw_train['mask'][j, rows] != -1))

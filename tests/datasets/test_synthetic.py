@@ -6,6 +6,7 @@ from torch_geometric.loader import DataLoader
 from torch_mz import geometry
 from torch_mz.datasets import SPLITS, TaskSplits
 from torch_mz.datasets.synthetic import TASKS, QuadraticTDOFTask, make_task
+from torch_mz.models.base import set_features
 
 # Small but non-trivial instances of every task (sizes kept small for a fast test run).
 SMALL = {
@@ -39,7 +40,7 @@ def unpack(x):
 def expected_target(splits: TaskSplits, data) -> np.ndarray:
     r"""Recomputes a target from the stored x with the ground-truth functions, independently of
     the task classes."""
-    x = data.x.double().numpy()
+    x = set_features(data).double().numpy()
     name, hp = splits.name, splits.task.hparams()
     if name == 'quadratic-tdof':
         p = splits.task.params
@@ -85,7 +86,7 @@ def expected_target(splits: TaskSplits, data) -> np.ndarray:
 def set_size(splits, data):
     r"""The set size n as drawn (for two-cloud tasks, the size of each cloud)."""
     if splits.name in ('chamfer', 'rotation-matching'):
-        a, b = unpack(data.x.numpy())
+        a, b = unpack(set_features(data).numpy())
         assert len(a) == len(b)
         return len(a)
     return data.num_nodes
@@ -120,10 +121,10 @@ def test_shapes_sizes_and_targets(small_splits, name):
     for split, count in zip(SPLITS, COUNTS.values()):
         assert len(splits[split]) == count
         for data in splits[split]:
-            assert data.x.dtype == torch.float32 and data.y.dtype == torch.float32
-            assert data.x.dim() == 2 and data.x.size(1) == splits.in_channels
+            assert set_features(data).dtype == torch.float32 and data.y.dtype == torch.float32
+            assert set_features(data).dim() == 2 and set_features(data).size(1) == splits.in_channels
             assert data.y.shape == (1, splits.out_channels)
-            assert torch.isfinite(data.x).all() and torch.isfinite(data.y).all()
+            assert torch.isfinite(set_features(data)).all() and torch.isfinite(data.y).all()
             assert 3 <= set_size(splits, data) <= 9
             np.testing.assert_allclose(data.y[0].double().numpy(), expected_target(splits, data),
                                        rtol=1e-5, atol=1e-5)
@@ -157,11 +158,11 @@ def test_deterministic_from_seed(small_splits, name):
     other = make_task(name, seed=1, set_size=(3, 9), **COUNTS, **SMALL[name])
     for split in SPLITS:
         for a, b in zip(splits[split], again[split]):
-            assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y)
-        assert any(a.x.shape != c.x.shape or not torch.equal(a.x, c.x)
+            assert torch.equal(set_features(a), set_features(b)) and torch.equal(a.y, b.y)
+        assert any(set_features(a).shape != set_features(c).shape or not torch.equal(set_features(a), set_features(c))
                    for a, c in zip(splits[split], other[split]))
     # The splits are different draws.
-    assert not torch.equal(splits.train[0].x, splits.val[0].x)
+    assert not torch.equal(set_features(splits.train[0]), set_features(splits.val[0]))
 
 
 def test_splits_are_independent_streams():
@@ -170,11 +171,11 @@ def test_splits_are_independent_streams():
     bigger_test = make_task('mst', n_train=5, n_val=3, n_test=3, seed=3, d=2,
                             split_set_sizes={'test': (40, 50)})
     for a, b in zip(base.val + base.test, more_train.val + more_train.test):
-        assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y)
+        assert torch.equal(set_features(a), set_features(b)) and torch.equal(a.y, b.y)
     for a, b in zip(base.train, more_train.train):  # a prefix of the longer stream
-        assert torch.equal(a.x, b.x)
+        assert torch.equal(set_features(a), set_features(b))
     for a, b in zip(base.train + base.val, bigger_test.train + bigger_test.val):
-        assert torch.equal(a.x, b.x)
+        assert torch.equal(set_features(a), set_features(b))
     assert all(40 <= d.num_nodes <= 50 for d in bigger_test.test)
 
 
@@ -200,11 +201,11 @@ def test_quadratic_tdof_inputs():
     mats = np.concatenate([task.params['m0'][None], task.params['ms']])
     np.testing.assert_allclose(np.einsum('aij,bij->ab', mats, mats), np.eye(4), atol=1e-12)
     # The set mean has (approximately, over 300 sets) standard-Gaussian coordinates.
-    means = np.stack([d.x.double().mean(0).numpy() for d in splits.train])
+    means = np.stack([set_features(d).double().mean(0).numpy() for d in splits.train])
     assert np.abs(means.mean(0)).max() < 0.25
     assert np.abs(means.std(0) - 1.0).max() < 0.15
     # The target depends on the fixed frame: rotating the elements changes it.
-    x = splits.train[0].x.double().numpy()
+    x = set_features(splits.train[0]).double().numpy()
     rot = np.linalg.qr(np.random.default_rng(0).standard_normal((5, 5)))[0]
     p = task.params
     y_rot = geometry.quadratic_tdof_target((x @ rot.T).mean(0), p['w'], p['m0'], p['ms'])
@@ -223,7 +224,7 @@ def test_chamfer_task_mixes_matched_and_independent():
     matched = np.array([d.matched.item() for d in splits.train])
     assert 0.25 < matched.mean() < 0.75
     for data, is_matched in zip(splits.train, matched):
-        a, b = unpack(data.x.double().numpy())
+        a, b = unpack(set_features(data).double().numpy())
         # A rotated-noisy copy keeps the pairwise distances of A up to the noise.
         gap = np.abs(_pdist(a) - _pdist(b)).max()
         if is_matched:
@@ -235,7 +236,7 @@ def test_chamfer_task_mixes_matched_and_independent():
     assert y[matched == 1].mean() < y[matched == 0].mean()
     only_matched = make_task('chamfer', n_train=5, n_val=0, n_test=0, match_prob=1.0, noise=0.0)
     for data in only_matched.train:
-        a, b = unpack(data.x.double().numpy())
+        a, b = unpack(set_features(data).double().numpy())
         np.testing.assert_allclose(_pdist(a), _pdist(b), atol=1e-5)
 
 
@@ -248,7 +249,7 @@ def test_rotation_matching_structure():
     splits = make_task('rotation-matching', n_train=8, n_val=0, n_test=0, seed=0, d=8,
                        store_rotation=True)
     for data in splits.train:
-        a, b = unpack(data.x.double().numpy())
+        a, b = unpack(set_features(data).double().numpy())
         rot = data.rotation[0].double().numpy()
         assert data.rotation.shape == (1, 8, 8)
         np.testing.assert_allclose(rot @ rot.T, np.eye(8), atol=1e-6)
@@ -261,7 +262,7 @@ def test_rotation_matching_structure():
     proc = make_task('rotation-matching', n_train=8, n_val=0, n_test=0, seed=0, d=8,
                      alignment='procrustes')
     for data, ref in zip(proc.train, splits.train):
-        assert torch.equal(data.x, ref.x)
+        assert torch.equal(set_features(data), set_features(ref))
         assert data.y.item() == pytest.approx(ref.y.item(), rel=0.3)
         assert 'rotation' not in data
     # Chunked generation equals one-set-at-a-time sampling.
@@ -284,7 +285,7 @@ def test_rotation_matching_readings():
         other = make_task('rotation-matching', n_train=6, n_val=0, n_test=0, seed=2, d=5,
                           store_rotation=True, **kw)
         for data, ref in zip(other.train, base.train):
-            assert torch.equal(data.x, ref.x) and torch.equal(data.rotation, ref.rotation)
+            assert torch.equal(set_features(data), set_features(ref)) and torch.equal(data.rotation, ref.rotation)
             np.testing.assert_allclose(data.y[0].numpy(), expected_target(other, data),
                                        rtol=1e-5)
     unaligned = make_task('rotation-matching', n_train=6, n_val=0, n_test=0, seed=2, d=5,
@@ -293,7 +294,7 @@ def test_rotation_matching_readings():
                        alignment='none', reduction='sum')
     rng = np.random.default_rng(0)
     for data, ref, tot in zip(unaligned.train, base.train, summed.train):
-        a, b = unpack(data.x.double().numpy())
+        a, b = unpack(set_features(data).double().numpy())
         # Summing over the n points of each cloud is n times the mean.
         assert tot.y.item() == pytest.approx(len(a) * data.y.item(), rel=1e-5)
         # Without alignment the rotated cloud is far; the literal target is the noise only.
@@ -321,7 +322,7 @@ def test_rotation_matching_rotation_range_and_per_set_noise():
     sigmas = []
     for data in noisy.train:
         sigma = data.noise.item()
-        a, b = unpack(data.x.double().numpy())
+        a, b = unpack(set_features(data).double().numpy())
         resid = b - a @ data.rotation[0].double().numpy().T
         assert 0.05 <= sigma <= 0.5
         assert resid.std() == pytest.approx(sigma, rel=0.15)
@@ -339,19 +340,19 @@ def test_set_regression_modes_and_statistic_reductions():
     dim = make_task('set-regression', n_train=5, n_val=0, n_test=0, d=3)
     elem = make_task('set-regression', n_train=5, n_val=0, n_test=0, d=3, mode='elementwise')
     for a, b in zip(dim.train, elem.train):
-        assert torch.equal(a.x, b.x)
-        assert a.y.item() == pytest.approx(a.x.max(0).values.sum().item(), rel=1e-6)
-        assert b.y.item() == pytest.approx(b.x.max(1).values.sum().item(), rel=1e-6)
+        assert torch.equal(set_features(a), set_features(b))
+        assert a.y.item() == pytest.approx(set_features(a).max(0).values.sum().item(), rel=1e-6)
+        assert b.y.item() == pytest.approx(set_features(b).max(1).values.sum().item(), rel=1e-6)
     for reduce, fn in [('mean', np.mean), ('sum', np.sum)]:
         splits = make_task('range', n_train=4, n_val=0, n_test=0, d=3, reduce=reduce)
         assert splits.out_channels == 1
         for data in splits.train:
-            v = data.x.double().numpy()
+            v = set_features(data).double().numpy()
             assert data.y.shape == (1, 1)
             assert data.y.item() == pytest.approx(fn(v.max(0) - v.min(0)), rel=1e-5)
     # Median of an even-sized set is the mean of the two middle values.
     med = make_task('median', n_train=1, n_val=0, n_test=0, d=2, set_size=(4, 4)).train[0]
-    v = np.sort(med.x.double().numpy(), axis=0)
+    v = np.sort(set_features(med).double().numpy(), axis=0)
     np.testing.assert_allclose(med.y[0].numpy(), (v[1] + v[2]) / 2, rtol=1e-6)
 
 
@@ -360,7 +361,7 @@ def test_hull_and_meb_high_dim_options(small_splits):
     assert all(d.y.item() == 0.0 for d in hull.train)  # too few points for an area
     meb = make_task('meb-radius', n_train=3, n_val=0, n_test=0, d=32, num_clusters=(2, 2))
     for data in meb.train:
-        x = data.x.double().numpy()
+        x = set_features(data).double().numpy()
         center, radius = geometry.min_enclosing_ball(x)
         assert data.y.item() == pytest.approx(radius, rel=1e-5)
         assert np.linalg.norm(x - center, axis=1).max() <= radius + 1e-9
@@ -370,7 +371,7 @@ def test_pyg_batching(small_splits):
     splits = small_splits['max']
     batch = next(iter(DataLoader(splits.train, batch_size=4)))
     assert batch.y.shape == (4, splits.out_channels)
-    assert batch.x.size(1) == splits.in_channels
+    assert set_features(batch).size(1) == splits.in_channels
     assert batch.num_graphs == 4
 
 
@@ -419,3 +420,18 @@ def test_deprecated_names_still_work():
     with pytest.warns(DeprecationWarning, match='torch_mz.tasks.list_tasks'):
         from torch_mz.datasets import list_tasks
     assert list_tasks() == list(TASKS)
+
+
+@pytest.mark.parametrize('name, extra', [('chamfer', 1), ('rotation-matching', 1),
+                                         ('meb-radius', 0), ('quadratic-tdof', 0)])
+def test_points_live_in_pos_and_other_columns_in_x(name, extra):
+    splits = make_task(name, n_train=2, n_val=1, n_test=1, seed=0)
+    d = splits.pos_dim
+    for data in splits.train:
+        assert data.pos.shape == (data.num_nodes, d)
+        if extra:
+            assert data.x.shape == (data.num_nodes, extra)
+        else:
+            assert 'x' not in data
+        assert set_features(data).shape == (data.num_nodes, splits.in_channels)
+        assert torch.equal(set_features(data)[:, :d], data.pos)

@@ -10,7 +10,7 @@ from torch_mz.datasets.scanobjectnn import (SCANOBJECTNN_CLASSES, SCANOBJECTNN_V
 from torch_mz.datasets.splits import SPLITS, TaskSplits
 from torch_mz.datasets import synthetic
 from torch_mz.datasets.synthetic import TASKS, SyntheticTask, make_task
-from torch_mz.datasets.transforms import RandomJitter, RandomPointSubset, RandomRotateUp
+from torch_mz.datasets.transforms import RandomJitter
 
 __all__ = [
     'make_task',
@@ -29,9 +29,7 @@ __all__ = [
     'QM9_STANDARD_SPLIT',
     'QM9_PAPER_SPLIT',
     'HARTREE_TO_EV',
-    'RandomRotateUp',
     'RandomJitter',
-    'RandomPointSubset',
     'split_indices',
     'default_root',
     'CorruptRawFileError',

@@ -183,14 +183,17 @@ class ModelNet40(TrainTestSets):
     as stored, whereas :obj:`normalize=True` re-normalises those 1,024 points;
     :obj:`normalize=False` gives exactly the published input. Labels index
     :data:`MODELNET40_CLASSES` (the 40 class names in sorted order). Every example is a
-    :class:`~torch_geometric.data.Data` with :obj:`pos` :math:`(n, 3)`, :obj:`x = pos` (the set
-    features) and :obj:`y` :math:`(1,)`. Shapes that processing leaves out (meshes without
+    :class:`~torch_geometric.data.Data` with :obj:`pos` :math:`(n, 3)`, the only copy of the
+    coordinates (there are no other point features, so no :obj:`x`: the models read
+    :obj:`pos`), and :obj:`y` :math:`(1,)`. Shapes that processing leaves out (meshes without
     surface area, non-finite points) are counted, reported with a warning, and listed in
     :attr:`stats` (also saved as ``stats.json`` in the processed folder).
 
-    Training augmentation as in the paper: :class:`~torch_mz.datasets.transforms.RandomRotateUp`
-    (about y, the up axis of both sources) and :class:`~torch_mz.datasets.transforms.RandomJitter`
-    as :obj:`transform`. The train / validation split of :func:`torch_mz.tasks.load_task` holds
+    Training augmentation as in the paper, written the PyG way as :obj:`transform`:
+    ``Compose([T.RandomRotate(180, axis=1), RandomJitter()])``, a rotation about y (the up axis of
+    both sources) and :class:`~torch_mz.datasets.transforms.RandomJitter` (PointNet's clipped
+    gaussian jitter); any :mod:`torch_geometric.transforms` pipeline acts on :obj:`pos` and so
+    reaches the model. The train / validation split of :func:`torch_mz.tasks.load_task` holds
     out 10% of the training files for validation; PointNet, DGCNN and PointMLP train on all
     9,843.
 
@@ -215,7 +218,7 @@ class ModelNet40(TrainTestSets):
             (default: :obj:`False`)
 
     Shapes:
-        - **pos**, **x:** :math:`(n, 3)` with :math:`n` = :obj:`num_points`, y-up
+        - **pos:** :math:`(n, 3)` with :math:`n` = :obj:`num_points`, y-up
         - **y:** :math:`(1,)`, long, in :math:`[0, 40)`
     """
     url = MODELNET40_URL
@@ -267,7 +270,8 @@ class ModelNet40(TrainTestSets):
             tag += f'_seed{self.seed}_yup'  # '_yup': caches of the file's z-up axes are not reused
         if not self.normalize:
             tag += '_raw'
-        return osp.join(self.root, 'processed', tag)
+        # 'pos-only': caches that also stored x = pos (torch_mz 0.2.0) are not reused
+        return osp.join(self.root, 'processed', tag + '_pos-only')
 
     def download(self) -> None:
         if self.source == 'hdf5':
@@ -326,7 +330,7 @@ class ModelNet40(TrainTestSets):
         if self.normalize:
             points = normalize_unit_sphere(points)
         pos = torch.from_numpy(np.ascontiguousarray(points, dtype=np.float32))  # (n, 3)
-        return Data(pos=pos, x=pos.clone(), y=torch.tensor([label], dtype=torch.long))
+        return Data(pos=pos, y=torch.tensor([label], dtype=torch.long))
 
     def _process_meshes(self, split: str, skipped: SkipCounter) -> List[Data]:
         files = []

@@ -282,18 +282,18 @@ def gasteiger_charges(mol: object) -> Tuple[Optional[np.ndarray], str]:
     return charges, status
 
 
-def atom_set_features(symbols: Sequence[str], pos: np.ndarray, charges: np.ndarray) -> Tensor:
-    r"""The paper's 9-dimensional atom features: one-hot element over :data:`QM9_ELEMENTS`,
-    coordinates in Angstrom, Gasteiger partial charge.
+def atom_set_features(symbols: Sequence[str], charges: np.ndarray) -> Tensor:
+    r"""The atom features of the paper's 9-dimensional atom vectors other than the coordinates
+    (which live in ``pos``): one-hot element over :data:`QM9_ELEMENTS` and Gasteiger partial
+    charge. A model reads ``[pos, x]``, the paper's nine values per atom.
 
     Shapes:
-        - **output:** :math:`(n, 9)`, float32
+        - **output:** :math:`(n, 6)`, float32
     """
     onehot = np.zeros((len(symbols), len(QM9_ELEMENTS)), dtype=np.float32)  # (n, 5)
     onehot[np.arange(len(symbols)), [QM9_ELEMENTS.index(s) for s in symbols]] = 1.0
-    x = np.concatenate([onehot, pos.astype(np.float32),
-                        charges.astype(np.float32)[:, None]], axis=1)
-    return torch.from_numpy(x)  # (n, 9)
+    x = np.concatenate([onehot, charges.astype(np.float32)[:, None]], axis=1)
+    return torch.from_numpy(x)  # (n, 6)
 
 
 def _target_columns(
@@ -327,9 +327,11 @@ class QM9(ProcessedDataset):
 
     Every molecule is a :class:`~torch_geometric.data.Data` with
 
-    - :obj:`x` :math:`(n, 9)`: one-hot element (H, C, N, O, F), coordinates in Angstrom, Gasteiger
-      partial charge (:func:`gasteiger_charges`),
-    - :obj:`pos` :math:`(n, 3)` in Angstrom, :obj:`z` :math:`(n,)` atomic numbers,
+    - :obj:`x` :math:`(n, 6)`: one-hot element (H, C, N, O, F) and Gasteiger partial charge
+      (:func:`gasteiger_charges`), the rotation-invariant features,
+    - :obj:`pos` :math:`(n, 3)` in Angstrom, the only copy of the coordinates (a model reads
+      ``[pos, x]``, the paper's nine values per atom, and PyG transforms act on ``pos``),
+      :obj:`z` :math:`(n,)` atomic numbers,
     - :obj:`y` :math:`(1, t)`: the selected targets (all 12 by default) in the units of
       :data:`QM9_UNITS`,
     - :obj:`gdb_idx` :math:`(1,)`: the molecule's 1-based index :math:`k` in QM9, read from its
@@ -409,7 +411,7 @@ class QM9(ProcessedDataset):
             (default: :obj:`False`)
 
     Shapes:
-        - **x:** :math:`(n, 9)`; **pos:** :math:`(n, 3)`; **z:** :math:`(n,)`
+        - **x:** :math:`(n, 6)`; **pos:** :math:`(n, 3)`; **z:** :math:`(n,)`
         - **y:** :math:`(1, t)` with :math:`t` the number of selected targets
     """
     targets = QM9_TARGETS
@@ -475,7 +477,8 @@ class QM9(ProcessedDataset):
             tag = 'csv-' + hashlib.sha1('\n'.join(self.csv_path).encode()).hexdigest()[:10]
         if self.charge_failure == 'drop':
             tag += '_drop'
-        return osp.join(self.root, 'processed', tag)
+        # 'pos-only': caches whose x also held the coordinates (torch_mz 0.2.0) are not reused
+        return osp.join(self.root, 'processed', tag + '_pos-only')
 
     @property
     def processed_file_names(self) -> List[str]:
@@ -564,7 +567,7 @@ class QM9(ProcessedDataset):
             skipped.add('charges_failed_set_to_zero', gdb_idx)
             charges = np.zeros(len(symbols))
         return Data(
-            x=atom_set_features(symbols, pos, charges),  # (n, 9)
+            x=atom_set_features(symbols, charges),  # (n, 6)
             pos=torch.from_numpy(pos.astype(np.float32)),  # (n, 3)
             z=torch.tensor([_ATOMIC_NUMBER[s] for s in symbols], dtype=torch.long),  # (n,)
             y=torch.from_numpy((y * _TO_UNITS).astype(np.float32)).view(1, -1),  # (1, 12)

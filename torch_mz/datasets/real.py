@@ -2,27 +2,28 @@ r"""The real datasets as :class:`~torch_mz.datasets.TaskSplits`, for
 :func:`torch_mz.tasks.load_task`.
 
 * ``modelnet40`` / ``scanobjectnn``: the official train/test files; the validation set is a
-  seeded 10% of the training files (kept out of training). Training sets get the paper's
-  augmentation (random rotation about the up axis and jitter). Elements are points, ``x = pos``;
-  EGNN takes the coordinates from ``pos`` and no features.
+  seeded 10% of the training files (kept out of training; PointNet, DGCNN and PointMLP train on
+  all of them). Training sets get the paper's augmentation, PyG's rotation about the up axis y
+  (``RandomRotate(180, axis=1)``) and clipped gaussian jitter. Elements are points in ``pos``
+  (no ``x``); EGNN takes the coordinates from ``pos`` and no features.
 * ``qm9``: by default the offline ``qm9pack`` source and the paper's protocol (50K molecules,
-  80/10/10, seeded); ``n_train``/``n_val``/``n_test`` give other sizes. ``x`` holds the one-hot
-  atom type (5), coordinates (3) and partial charge (1); EGNN reads coordinates from ``pos`` and
-  the six invariant columns as features.
+  80/10/10, seeded); ``n_train``/``n_val``/``n_test`` give other sizes. ``pos`` holds the
+  coordinates and ``x`` the one-hot atom type (5) and partial charge (1); the set models read
+  ``[pos, x]`` (9), EGNN the coordinates from ``pos`` and ``x`` as invariant features.
+
+With ``scanobjectnn``'s ``resample=True`` only the training split redraws its points on every
+access; validation and test keep one subset per object.
 """
 from typing import Optional
 
-from torch_geometric.transforms import Compose
+from torch_geometric.transforms import Compose, RandomRotate
 
 from torch_mz.datasets.common import split_indices
 from torch_mz.datasets.modelnet import ModelNet40
 from torch_mz.datasets.qm9 import QM9, QM9_PAPER_SPLIT, QM9_TARGETS
 from torch_mz.datasets.scanobjectnn import ScanObjectNN
 from torch_mz.datasets.splits import TaskSplits
-from torch_mz.datasets.transforms import RandomJitter, RandomRotateUp
-
-# Columns of QM9's x that are invariant under rotations/translations: one-hot type and charge.
-QM9_INVARIANT_COLUMNS = (0, 1, 2, 3, 4, 8)
+from torch_mz.datasets.transforms import RandomJitter
 
 #: The dataset class of each real task, and the constructor arguments :func:`load_real_task` sets
 #: itself (the other arguments are the task's options).
@@ -45,10 +46,11 @@ def _subset(dataset, index):
 
 def _point_cloud_task(name: str, cls, seed: int, n_train, n_val, n_test, root, num_classes,
                       **kwargs):
-    augment = Compose([RandomRotateUp(), RandomJitter()])
+    augment = Compose([RandomRotate(180, axis=1), RandomJitter()])  # about the up axis y
     train_aug = cls(root=root, train=True, transform=augment, **kwargs)
-    train_plain = cls(root=root, train=True, **kwargs)
-    test = cls(root=root, train=False, **kwargs)
+    fixed = {k: v for k, v in kwargs.items() if k != 'resample'}  # evaluation: fixed subsets
+    train_plain = cls(root=root, train=True, **fixed)
+    test = cls(root=root, train=False, **fixed)
     n = len(train_plain)
     val_size = n_val if n_val is not None else max(1, n // 10)
     train_size = n_train if n_train is not None else n - val_size
@@ -59,10 +61,10 @@ def _point_cloud_task(name: str, cls, seed: int, n_train, n_val, n_test, root, n
     test_idx = list(range(len(test) if n_test is None else min(n_test, len(test))))
     return TaskSplits(name, _subset(train_aug, tr), _subset(train_plain, va),
                       _subset(test, test_idx), in_channels=3, out_channels=num_classes,
-                      task_type='classification', pos_dim=None,
+                      task_type='classification', pos_dim=3,
                       description=f'{cls.__name__} classification ({num_classes} classes)',
                       info=dict({k: v for k, v in kwargs.items() if k != 'log'},
-                                val_fraction_of_train=val_size / n, feature_columns=[]))
+                                val_fraction_of_train=val_size / n))
 
 
 def load_real_task(name: str, seed: int = 0, n_train: Optional[int] = None,
@@ -92,7 +94,7 @@ def load_real_task(name: str, seed: int = 0, n_train: Optional[int] = None,
         names = [QM9_TARGETS[t] if isinstance(t, int) else t for t in targets]
         return TaskSplits(name, ds.index_select(tr), ds.index_select(va), ds.index_select(te),
                           in_channels=9, out_channels=len(targets), task_type='regression',
-                          pos_dim=None, description=f"QM9 regression of {', '.join(names)}",
+                          pos_dim=3, description=f"QM9 regression of {', '.join(names)}",
                           info=dict({k: v for k, v in kwargs.items() if k != 'log'},
-                                    targets=names, feature_columns=list(QM9_INVARIANT_COLUMNS)))
+                                    targets=names))
     raise ValueError(f"Unknown real dataset '{name}'")

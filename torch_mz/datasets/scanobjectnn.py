@@ -70,7 +70,7 @@ class ScanObjectNN(TrainTestSets):
     :mod:`torch`'s global generator, before :obj:`transform`). The objects are y-up, as are
     :class:`~torch_mz.datasets.ModelNet40`'s, and the training rotation turns about y.
     Labels index :data:`SCANOBJECTNN_CLASSES`. Every example holds :obj:`pos` :math:`(n, 3)`,
-    :obj:`x = pos`, :obj:`y` :math:`(1,)` and, where the file has it, :obj:`mask` :math:`(n,)`
+    :obj:`y` :math:`(1,)` and, where the file has it, :obj:`mask` :math:`(n,)`
     (:obj:`True` for points of the object, :obj:`False` for background points). Objects with
     non-finite coordinates are left out, counted in :attr:`stats` and reported with a warning.
 
@@ -95,7 +95,7 @@ class ScanObjectNN(TrainTestSets):
             (default: :obj:`False`)
 
     Shapes:
-        - **pos**, **x:** :math:`(n, 3)`; **mask:** :math:`(n,)`, bool
+        - **pos:** :math:`(n, 3)`, the only copy of the coordinates; **mask:** :math:`(n,)`, bool
         - **y:** :math:`(1,)`, long, in :math:`[0, 15)`
     """
     classes = SCANOBJECTNN_CLASSES
@@ -150,7 +150,8 @@ class ScanObjectNN(TrainTestSets):
     def processed_dir(self) -> str:
         points = 'all' if self.stored_points is None else str(self.stored_points)
         tag = f'{self.variant}_{points}_seed{self.seed}' + ('' if self.normalize else '_raw')
-        return osp.join(self.root, 'processed', tag)
+        # 'pos-only': caches that also stored x = pos (torch_mz 0.2.0) are not reused
+        return osp.join(self.root, 'processed', tag + '_pos-only')
 
     def download(self) -> None:
         missing = [p for p in self.raw_paths if not osp.exists(p)]
@@ -203,7 +204,7 @@ class ScanObjectNN(TrainTestSets):
             if self.normalize:
                 shape = normalize_unit_sphere(shape)
             pos = torch.from_numpy(np.ascontiguousarray(shape, dtype=np.float32))  # (n, 3)
-            data = Data(pos=pos, x=pos.clone(), y=torch.tensor([int(labels[j])], dtype=torch.long))
+            data = Data(pos=pos, y=torch.tensor([int(labels[j])], dtype=torch.long))
             if mask is not None:
                 data.mask = torch.from_numpy(mask[j, keep] != -1)  # (n,), -1 marks background
             data_list.append(data)

@@ -17,11 +17,12 @@ class TaskSplits:
     Attributes:
         name (str): Task name (a key of :func:`torch_mz.tasks.list_tasks`).
         train, val, test (sequence of Data): The splits.
-        in_channels (int): Width of ``x``.
+        in_channels (int): Width of what a model reads from an element, ``[pos, x]``
+            (:func:`torch_mz.models.base.set_features`).
         out_channels (int): Number of targets (regression) or classes (classification).
         task_type (str): ``'regression'`` or ``'classification'``.
-        pos_dim (int, optional): Number of leading columns of ``x`` that are coordinates (used by
-            EGNN); :obj:`None` when ``data.pos`` holds them.
+        pos_dim (int, optional): Width of ``pos``, the coordinates (EGNN reads them apart from
+            the features ``x``); :obj:`None` when the elements have no coordinates.
         description (str): One line.
         info (dict): Task parameters, for the results files (synthetic tasks: the task's
             hyper-parameters and ``set_sizes``, the inclusive set-size range of each split).

@@ -3,7 +3,11 @@ r"""Synthetic set tasks of the MZAttn paper (Appendix A.2 and D), as lists of Py
 Each task draws random point sets and labels them with a ground-truth function of
 :mod:`torch_mz.geometry`. A set becomes one :class:`~torch_geometric.data.Data` with
 
-* ``x``: the elements, shape :math:`(n, d_\mathrm{in})`, ``float32``;
+* ``pos``: the points, the first :math:`d` columns of the elements, shape :math:`(n, d)`,
+  ``float32``, and ``x``: the other columns where a task has them (the cloud flag of the
+  two-cloud tasks), shape :math:`(n, d_\mathrm{in} - d)`; a model reads ``[pos, x]``, the
+  elements :math:`(n, d_\mathrm{in})` (:func:`torch_mz.models.base.set_features`), and
+  :mod:`torch_geometric.transforms` act on the points;
 * ``y``: the regression target, shape :math:`(1, t)`, ``float32`` (so a PyG batch stacks it to
   :math:`(B, t)`).
 
@@ -16,7 +20,7 @@ Determinism: :func:`make_task` spawns four independent streams from
 quadratic target) and one per split. The same seed gives identical tensors; the splits are disjoint
 draws, changing one split's size or set-size range leaves the others unchanged, and a longer split
 extends a shorter one. Every target is computed from the ``float32``-rounded elements that are
-stored, so recomputing it from ``x`` agrees to round-off.
+stored, so recomputing it from the elements agrees to round-off.
 
 Example::
 
@@ -830,9 +834,20 @@ def __getattr__(name: str) -> Any:
 # ---------------------------------------------------------------------------------------------
 # Generation
 # ---------------------------------------------------------------------------------------------
-def _to_data(x: np.ndarray, y: np.ndarray, extra: Mapping[str, np.ndarray]) -> Data:
-    data = Data(x=torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)),
-                y=torch.from_numpy(np.asarray(y, dtype=np.float32).reshape(1, -1)))  # (1, t)
+def _to_data(x: np.ndarray, y: np.ndarray, extra: Mapping[str, np.ndarray],
+             pos_dim: Optional[int] = None) -> Data:
+    r"""A set as PyG data: the first :obj:`pos_dim` columns of the elements (the points) in
+    ``pos`` :math:`(n, d)`, the remaining columns (e.g. the cloud flag of two-cloud tasks), if any,
+    in ``x`` :math:`(n, d_{in} - d)`, so that :mod:`torch_geometric.transforms` act on the points
+    and the models read ``[pos, x]``, the elements as generated."""
+    elements = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))  # (n, d_in)
+    data = Data(y=torch.from_numpy(np.asarray(y, dtype=np.float32).reshape(1, -1)))  # (1, t)
+    if pos_dim is None:
+        data.x = elements
+    else:
+        data.pos = elements[:, :pos_dim].contiguous()  # (n, d)
+        if elements.size(1) > pos_dim:
+            data.x = elements[:, pos_dim:].contiguous()  # (n, d_in - d)
     for key, value in extra.items():
         value = np.asarray(value)
         dtype = np.float32 if np.issubdtype(value.dtype, np.floating) else np.int64
@@ -893,7 +908,7 @@ def make_task(name: str, n_train: Optional[int] = None, n_val: Optional[int] = N
             rng = np.random.default_rng(seq)
             data_list = []
             for sample in task.sample_many(rng, sizes[split], counts[split]):
-                data_list.append(_to_data(*sample))
+                data_list.append(_to_data(*sample, pos_dim=getattr(task, 'd', None)))
                 bar.update(1)
             out[split] = data_list
     return TaskSplits(name, out['train'], out['val'], out['test'], in_channels=task.d_in,

@@ -1,6 +1,6 @@
 r"""Models built on torch_mz: the MZ-Set Transformer, the paper's baselines (all from the same
 blocks), the E(n)-equivariant comparison model (EGNN) and named presets."""
-from torch_mz.models.base import SetModel, SetPrediction
+from torch_mz.models.base import SetModel, SetPrediction, set_features
 from torch_mz.models.egnn import (EGNN, EGNNConv, fully_connected_edge_index, radius_edge_index,
                                   split_pos_features)
 from torch_mz.models.mean_mlp import MeanMLP
@@ -11,6 +11,7 @@ from torch_mz.models.set_transformer import DeepSets, MZSetTransformer, Perceive
 __all__ = [
     'SetPrediction',
     'SetModel',
+    'set_features',
     'MZSetTransformer',
     'PerceiverSet',
     'DeepSets',

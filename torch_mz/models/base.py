@@ -3,7 +3,9 @@ what an empty set predicts, and where its input is checked.
 
 * **Input**: a PyG :class:`~torch_geometric.data.Data`/:class:`~torch_geometric.data.Batch`, or
   tensors ``(x, batch)`` (EGNN: ``(x, pos, batch)``), and optionally ``num_sets`` for trailing
-  empty sets.
+  empty sets. From a data object a model reads what a PyG model would: the coordinates ``pos``
+  and, when present, the features ``x`` (:func:`set_features`: ``[pos, x]``; EGNN keeps ``pos``
+  apart as coordinates), so PyG transforms compose with every model.
 * **Output**: a :class:`SetPrediction` ``(prediction, ihw)``: ``prediction``
   :math:`(B, F_{out})`, one row per set (regression targets or class logits), and ``ihw``
   :math:`(B,)`, the MZ models' single-pass uncertainty (the summed interval-hull width of the
@@ -26,7 +28,7 @@ from torch.nn import Module
 from torch_mz.nn.aggr import check_set_input, resolve_set_index
 from torch_mz.nn.functional import set_counts
 
-__all__ = ['SetPrediction', 'SetModel', 'batch_tensors', 'zero_empty_sets']
+__all__ = ['SetPrediction', 'SetModel', 'set_features', 'batch_tensors', 'zero_empty_sets']
 
 
 class SetPrediction(NamedTuple):
@@ -36,17 +38,35 @@ class SetPrediction(NamedTuple):
     ihw: Optional[Tensor] = None
 
 
+def set_features(data) -> Tensor:
+    r"""What a model reads from a PyG data object, as a PyG point model would: the coordinates
+    ``pos`` and the element features ``x`` side by side, ``[pos, x]`` :math:`(N, D + F)`, or
+    whichever of the two is present. Coordinates live in ``pos`` only, so
+    :mod:`torch_geometric.transforms` that act on ``pos`` (``RandomRotate``, ``RandomJitter``,
+    ``NormalizeScale``, ``FixedPoints``, ...) reach every model."""
+    pos, x = getattr(data, 'pos', None), getattr(data, 'x', None)
+    if pos is None and x is None:
+        raise ValueError("Expected the batch to have coordinates 'pos' or node features 'x' "
+                         "(got neither)")
+    if pos is None:
+        return x
+    if x is None:
+        return pos
+    if x.dim() != 2 or pos.dim() != 2 or x.size(0) != pos.size(0):
+        raise ValueError(f"Expected 'pos' (N, D) and 'x' (N, F) with the same N (got "
+                         f"{tuple(pos.shape)} and {tuple(x.shape)})")
+    return torch.cat([pos, x.to(pos.dtype)], dim=-1)  # (N, D + F)
+
+
 def batch_tensors(data_or_x, batch: Optional[Tensor] = None,
                   num_sets: Optional[int] = None) -> Tuple[Tensor, Optional[Tensor], Optional[int]]:
-    r"""Reads ``(x, batch, num_sets)`` from a PyG data object (fields ``x`` and ``batch``;
-    ``num_sets`` defaults to ``num_graphs``) or passes tensors through; checks nothing else (the
-    model's :meth:`~SetModel.validate` does)."""
+    r"""Reads ``(features, batch, num_sets)`` from a PyG data object (:func:`set_features`,
+    ``batch``; ``num_sets`` defaults to ``num_graphs``) or passes tensors through; checks nothing
+    else (the model's :meth:`~SetModel.validate` does)."""
     if isinstance(data_or_x, Tensor):
         return data_or_x, batch, num_sets
     data = data_or_x
-    x = getattr(data, 'x', None)
-    if x is None:
-        raise ValueError("Expected the batch to have node features 'x'")
+    x = set_features(data)
     if batch is None:
         batch = getattr(data, 'batch', None)
     if num_sets is None:
@@ -68,8 +88,8 @@ class SetModel(Module):
     :attr:`in_channels` and implement :meth:`predict`.
 
     Shapes:
-        - **input:** a PyG batch with ``x`` :math:`(N, F_{in})` and ``batch`` :math:`(N,)`, or
-          ``(x, batch)``
+        - **input:** a PyG batch with ``pos`` :math:`(N, D)` and/or ``x`` :math:`(N, F)`
+          (:math:`F_{in} = D + F`) and ``batch`` :math:`(N,)`, or ``(x, batch)``
         - **output:** :class:`SetPrediction`: :math:`(B, F_{out})` and :math:`(B,)` or
           :obj:`None`
     """

@@ -29,8 +29,9 @@ class MeanMLP(SetModel):
         num_layers (int, optional): Hidden layers of :math:`\rho`. (default: :obj:`3`)
 
     Shapes:
-        - **input:** a PyG :class:`~torch_geometric.data.Batch` with ``x`` :math:`(N, F)`, or
-          ``x`` :math:`(N, F)` and ``batch`` :math:`(N)`
+        - **input:** a PyG :class:`~torch_geometric.data.Batch` with ``pos`` and/or ``x``, read
+          as ``[pos, x]`` :math:`(N, F)` (:func:`~torch_mz.models.base.set_features`), or ``x``
+          :math:`(N, F)` and ``batch`` :math:`(N)`
         - **output:** :class:`~torch_mz.models.base.SetPrediction` ``(prediction, None)``,
           prediction :math:`(B, \text{out\_channels})`
     """

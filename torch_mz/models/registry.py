@@ -85,8 +85,8 @@ def count_parameters(model: Module) -> int:
 
 class SelectFeatures(Module):
     r"""Runs :obj:`model` on a batch whose ``x`` keeps only :obj:`columns` (for EGNN on data
-    whose ``x`` also holds coordinates, e.g. QM9: the invariant columns become the features and
-    the coordinates come from ``pos``)."""
+    whose ``x`` holds more than its invariant features: the selected columns become the features
+    and the coordinates come from ``pos``)."""
     def __init__(self, model: Module, columns):
         super().__init__()
         self.model = model
@@ -106,10 +106,13 @@ def build_model(name: str, in_channels: int, out_channels: int, pos_dim: Optiona
     r"""Builds preset :obj:`name` for elements of width :obj:`in_channels` and
     :obj:`out_channels` outputs; :obj:`overrides` replace preset options.
 
-    For ``egnn``, :obj:`pos_dim` is the number of leading columns of ``x`` that are coordinates
-    (the rest are invariant features); without it, ``data.pos`` must be present, and
-    :obj:`feature_columns` (if given) selects the invariant columns of ``x`` used as features.
-    Other models ignore :obj:`feature_columns`.
+    :obj:`in_channels` is the width of what the models read from an element, ``[pos, x]``
+    (:func:`~torch_mz.models.base.set_features`). For ``egnn``, :obj:`pos_dim` is the width of the
+    coordinates: EGNN reads them from ``data.pos`` (or, for data without ``pos``, from the first
+    :obj:`pos_dim` columns of ``x``) and takes the other ``in_channels - pos_dim`` values as
+    invariant features; without it, ``data.pos`` must be present and :obj:`feature_columns` (if
+    given) selects the columns of ``x`` used as features. Other models ignore
+    :obj:`feature_columns`.
 
     Every preset keeps one contract (:mod:`torch_mz.models.base`): ``model(batch)`` returns a
     :class:`~torch_mz.models.base.SetPrediction` ``(prediction, ihw)``, with ``ihw`` :obj:`None`

@@ -46,8 +46,9 @@ class MZSetTransformer(SetModel):
             ``path``).
 
     Shapes:
-        - **input:** a PyG batch with ``x`` :math:`(N, F_{in})` and ``batch`` :math:`(N,)`, or
-          ``(x, batch)``
+        - **input:** a PyG batch with ``pos`` :math:`(N, D)` and/or ``x`` :math:`(N, F)`, read
+          as ``[pos, x]`` :math:`(N, F_{in})` (:func:`~torch_mz.models.base.set_features`), and
+          ``batch`` :math:`(N,)`; or ``(x, batch)``
         - **output:** :class:`~torch_mz.models.base.SetPrediction`: :math:`(B, F_{out})` and
           :math:`(B,)`
     """
