@@ -57,8 +57,8 @@ def main():
     Ls = [int(v) for v in args.tdof.split(',')] if args.tdof else TDOF
     if max(Ls) > args.d:
         parser.error(f'every L must be at most --d ({args.d}), got L = {max(Ls)}')
-    seeds, n_train, epochs, lr = budget.seeds, budget.n_train, budget.epochs, budget.lr
-    n_val, n_test = max(1, n_train // 4), max(1, n_train // 2)
+    seeds, epochs, lr = budget.seeds, budget.epochs, budget.lr
+    n_train, n_val, n_test = budget.split_sizes()
     config = study_config(budget, device=args.device)
     grid = [dict(label=f'L={L}', task='quadratic-tdof',
                  kwargs=dict(d=args.d, tdof=L, n_train=n_train, n_val=n_val, n_test=n_test))

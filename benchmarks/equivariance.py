@@ -85,8 +85,8 @@ def main():
         if unknown:
             parser.error(f"unknown cells {unknown}; available: {', '.join(CELLS)}")
     models = split_model_specs(args.models)
-    seeds, n_train, epochs, lr = budget.seeds, budget.n_train, budget.epochs, budget.lr
-    n_val, n_test = max(1, n_train // 4), max(1, n_train // 2)
+    seeds, epochs, lr = budget.seeds, budget.epochs, budget.lr
+    n_train, n_val, n_test = budget.split_sizes()
     config = study_config(budget, device=args.device)
     grid = [dict(label=c, task=CELLS[c][0],
                  kwargs=dict(CELLS[c][1], n_train=n_train, n_val=n_val, n_test=n_test))

@@ -59,8 +59,8 @@ def main():
     if args.dims:
         dims = {t: tuple(int(v) for v in args.dims.split(',')) for t in tasks}
     models = split_model_specs(args.models)
-    seeds, n_train, epochs, lr = budget.seeds, budget.n_train, budget.epochs, budget.lr
-    n_val, n_test = max(1, n_train // 4), max(1, n_train // 2)
+    seeds, epochs, lr = budget.seeds, budget.epochs, budget.lr
+    n_train, n_val, n_test = budget.split_sizes()
     config = study_config(budget, device=args.device)
     grid = [dict(label=f'{t} d={d}', task=TASKS[t],
                  kwargs=dict(d=d, n_train=n_train, n_val=n_val, n_test=n_test))

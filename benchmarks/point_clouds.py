@@ -29,7 +29,7 @@ from torch_mz.datasets.common import default_root
 from torch_mz.datasets.modelnet import HDF5_FOLDER, MODELNET40_CLASSES, MODELNET40_URL
 from torch_mz.datasets.scanobjectnn import SCANOBJECTNN_PAGE, scanobjectnn_file
 from torch_mz.models import list_models
-from torch_mz.study import (environment, markdown_table, plot_bars, summarize, train_one,
+from torch_mz.study import (environment, markdown_table, plot_bars, summarize, train_models,
                             try_plot, write_report)
 from torch_mz.study.budget import Budget, add_budget_arguments, choose_budget, study_config
 from torch_mz.tasks import load_task
@@ -200,15 +200,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     rows, runs, sizes = [], [], {}
     for dataset, task in tasks.items():
         sizes[dataset] = dict(train=len(task.train), val=len(task.val), test=len(task.test))
-        dataset_runs = []
-        for model in models:
-            for seed in range(budget.seeds):
-                config = study_config(budget, device=args.device, batch_size=args.batch_size,
-                                      patience=args.patience, seed=seed)
-                run = dict(train_one(task, model, seed, config), dataset=dataset)
-                dataset_runs.append(run)
-                print(f"{dataset:12s} {model:9s} seed {seed}: test accuracy "
-                      f"{run['test']['accuracy']:.4f} ({run['wall_time_s']:.0f} s)", flush=True)
+        dataset_runs = train_models(
+            task, models, budget.seeds,
+            lambda spec, seed: study_config(budget, device=args.device,
+                                            batch_size=args.batch_size, patience=args.patience,
+                                            seed=seed),
+            on_result=lambda run: print(
+                f"{run['dataset']:12s} {run['model']:9s} seed {run['seed']}: test accuracy "
+                f"{run['test']['accuracy']:.4f} ({run['wall_time_s']:.0f} s)", flush=True),
+            dataset=dataset)
         runs += dataset_runs
         for entry in summarize(dataset_runs, 'classification'):
             paper = PAPER_ACCURACY.get(entry['model'], {}).get(dataset, (None, None))

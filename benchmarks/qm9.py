@@ -30,7 +30,7 @@ from torch_mz.datasets.common import default_root
 from torch_mz.datasets.qm9 import QM9_RAW_URL, QM9_TARGETS, QM9_UNCHARACTERIZED_URL, QM9_UNITS
 from torch_mz.models import list_models
 from torch_mz.paper import TABLE28
-from torch_mz.study import (environment, markdown_table, plot_bars, summarize, train_one,
+from torch_mz.study import (environment, markdown_table, plot_bars, summarize, train_models,
                             try_plot, write_report)
 from torch_mz.study.budget import Budget, add_budget_arguments, choose_budget, study_config
 from torch_mz.study.statistics import lead_over_best
@@ -146,16 +146,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except ValueError as e:  # e.g. more molecules asked for than the dataset holds
             print(f'qm9.py: error: {e}', file=sys.stderr)
             return EXIT_ERROR
-        target_runs = []
-        for model in models:
-            for seed in range(seeds):
-                config = study_config(budget, device=args.device, batch_size=args.batch_size,
-                                      seed=seed)
-                run = dict(train_one(task, model, seed, config), target=target)
-                target_runs.append(run)
-                print(f"{target:6s} {model:9s} seed {seed}: test MAE {run['test']['mae']:.4g} "
-                      f"{QM9_UNITS[target]}, R2 {run['test']['r2']:.4f} "
-                      f"({run['wall_time_s']:.0f} s)", flush=True)
+        target_runs = train_models(
+            task, models, seeds,
+            lambda spec, seed: study_config(budget, device=args.device,
+                                            batch_size=args.batch_size, seed=seed),
+            on_result=lambda run: print(
+                f"{run['target']:6s} {run['model']:9s} seed {run['seed']}: test MAE "
+                f"{run['test']['mae']:.4g} {QM9_UNITS[run['target']]}, R2 "
+                f"{run['test']['r2']:.4f} ({run['wall_time_s']:.0f} s)", flush=True),
+            target=target)
         runs += target_runs
         for entry in summarize(target_runs, 'regression'):
             rows.append(dict(target=target, unit=QM9_UNITS[target], **entry,

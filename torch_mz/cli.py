@@ -298,8 +298,8 @@ def cmd_compare(args) -> int:
     print(f'task {task.name}: {task.description} | train/val/test = '
           f'{len(task.train)}/{len(task.val)}/{len(task.test)} | d_in={task.in_channels} | '
           f'{args.epochs} epochs, lr {args.lr}, batch {args.batch_size}, seeds {args.seeds}')
-    from torch_mz.study import (environment, plot_summary, run_grid, summarize, summary_markdown,
-                                try_plot, write_json)
+    from torch_mz.study import (environment, plot_summary, summarize, summary_markdown,
+                                train_models, try_plot, write_json)
     key = 'r2' if task.task_type == 'regression' else 'accuracy'
 
     def progress(row):
@@ -307,13 +307,13 @@ def cmd_compare(args) -> int:
               f"{row['test'].get(key, math.nan):.4f} ({row['wall_time_s']:.0f} s)", flush=True)
 
     folders = {model.spec: model.folder for model in models}
+
+    def config_for(spec, seed):
+        return _config(args, seed, os.path.join(out, f'{folders[spec]}-seed{seed}'))
+
     start = time.time()
-    runs, _ = run_grid([dict(label=task.name, task=task.name)], [m.spec for m in models],
-                       args.seeds, None, load=lambda name, seed: task, on_result=progress,
-                       config_for=lambda cell, spec, seed: _config(
-                           args, seed, os.path.join(out, f'{folders[spec]}-seed{seed}')),
-                       overrides=_parse_kv(args.model_arg, '--model-arg'))
-    rows = [{k: v for k, v in run.items() if k != 'cell'} for run in runs]  # one task: no cells
+    rows = train_models(task, [m.spec for m in models], args.seeds, config_for,
+                        overrides=_parse_kv(args.model_arg, '--model-arg'), on_result=progress)
     summary = summarize(rows, task.task_type)
     table = summary_markdown(summary, task.task_type)
     payload = dict(task=task.name, task_info=task.info, description=task.description,

@@ -35,3 +35,11 @@ def test_study_config():
     assert study_config(QUICK).warmup_epochs == 1  # a tenth of the epochs, at least 1
     assert study_config(Budget(1, 10, 3, 1e-3)).warmup_epochs == 1
     assert study_config(Budget(1, 10, 30, 1e-3), batch_size=8).batch_size == 8
+
+
+def test_split_sizes():
+    assert QUICK.split_sizes() == (640, 160, 320)
+    assert FULL.split_sizes() == (5000, 1250, 7)
+    assert Budget(1, 3, 1).split_sizes() == (3, 1, 1)
+    with pytest.raises(ValueError, match='n_train'):
+        Budget(1, None, 1).split_sizes()

@@ -3,7 +3,7 @@ from dataclasses import replace
 
 import pytest
 
-from torch_mz.study.grid import run_grid, train_one
+from torch_mz.study.grid import run_grid, train_models, train_one
 from torch_mz.tasks import load_task
 from torch_mz.train import TrainConfig
 
@@ -98,3 +98,27 @@ def test_run_grid_overrides_apply_to_every_spec():
     # --model-arg style: the override wins over the spec's own option
     assert runs[0]['params'] == runs[1]['params']
     assert [r['model'] for r in runs] == ['deepsets', 'deepsets:hidden_channels=4']
+
+
+def test_train_models_on_a_built_task_or_a_builder():
+    task = load_task('sum', n_train=8, n_val=4, n_test=4, d=2, set_size=(2, 3))
+    config = TrainConfig(epochs=1, warmup_epochs=0, batch_size=8, progress=False)
+    seen = []
+    runs = train_models(task, ['deepsets', 'mean-mlp'], 2, lambda spec, seed: replace(
+        config, seed=seed), on_result=seen.append, dataset='sum')
+    assert [(r['model'], r['seed'], r['dataset']) for r in runs] == [
+        ('deepsets', 0, 'sum'), ('deepsets', 1, 'sum'), ('mean-mlp', 0, 'sum'),
+        ('mean-mlp', 1, 'sum')]
+    assert seen == runs
+    # a builder is called once, and not at all when every run is cached
+    built = []
+
+    def build():
+        built.append(1)
+        return task
+    store = {(r['model'], r['seed']): r for r in runs}
+    again = train_models(build, ['deepsets', 'mean-mlp'], 2, lambda spec, seed: config,
+                         cached=lambda spec, seed, c: store[(spec, seed)])
+    assert again == runs and built == []
+    train_models(build, ['deepsets'], 2, lambda spec, seed: config)
+    assert built == [1]

@@ -11,7 +11,7 @@ r"""Studies: what the scripts in ``benchmarks/`` and ``torch-mz compare`` share,
 
 Library code: nothing here prints or parses a command line.
 """
-from torch_mz.study.grid import run_grid, train_one
+from torch_mz.study.grid import run_grid, train_models, train_one
 from torch_mz.study.measure import (count_flops, environment, matmul_peak_flops,
                                     peak_memory_bytes, skewed_sizes, time_call, uniform_sizes)
 from torch_mz.study.plots import (NO_MATPLOTLIB, plot_bars, plot_grid, plot_summary, pyplot,
@@ -22,6 +22,7 @@ from torch_mz.study.specs import parse_model_spec, split_model_specs
 
 __all__ = [
     'run_grid',
+    'train_models',
     'train_one',
     'count_flops',
     'environment',

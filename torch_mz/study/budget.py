@@ -17,7 +17,7 @@ the budget's options.
 """
 import argparse
 from dataclasses import dataclass, fields, replace
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence, Tuple
 
 from torch_mz.train import TrainConfig
 
@@ -42,6 +42,14 @@ class Budget:
     lr: Optional[float] = None
     n_val: Optional[int] = None
     n_test: Optional[int] = None
+
+    def split_sizes(self) -> Tuple[int, int, int]:
+        r"""``(n_train, n_val, n_test)``, validation and test defaulting to a quarter and a half
+        of the training sets (at least one each)."""
+        if self.n_train is None:
+            raise ValueError('split_sizes needs n_train')
+        return (self.n_train, self.n_val or max(1, self.n_train // 4),
+                self.n_test or max(1, self.n_train // 2))
 
 
 _TYPES = {'seeds': int, 'n_train': int, 'n_val': int, 'n_test': int, 'epochs': int, 'lr': float}

@@ -12,7 +12,7 @@ from torch_mz.study.specs import parse_model_spec
 from torch_mz.tasks import load_task
 from torch_mz.train import TrainConfig, seed_everything, train
 
-__all__ = ['train_one', 'run_grid']
+__all__ = ['train_one', 'train_models', 'run_grid']
 
 
 def train_one(task, model_name: str, seed: int, config: TrainConfig,
@@ -20,8 +20,9 @@ def train_one(task, model_name: str, seed: int, config: TrainConfig,
     r"""Builds preset :obj:`model_name` for :obj:`task` (a
     :class:`~torch_mz.datasets.TaskSplits`), trains it with :obj:`config` (seeded with
     :obj:`seed`) and returns a flat record: model, seed, parameter count, best epoch, epochs run,
-    wall time, validation and test metrics. The checkpoints record the task (name and ``task.args``) and the model (preset name and
-    overrides), so that resuming one with another task or model is refused."""
+    wall time, validation and test metrics. The checkpoints record the task (name and
+    ``task.args``) and the model (preset name and overrides), so that resuming one with another
+    task or model is refused."""
     seed_everything(seed)
     model = build_model(model_name, task.in_channels, task.out_channels, pos_dim=task.pos_dim,
                         feature_columns=task.info.get('feature_columns'), **model_overrides)
@@ -39,6 +40,51 @@ def _json_safe(options: Mapping[str, Any]) -> Dict[str, Any]:
     # objects JSON cannot hold (a transform, a callable) are recorded by their class/function name
     return json.loads(json.dumps(dict(options), sort_keys=True, default=lambda o: getattr(
         o, '__qualname__', type(o).__qualname__)))
+
+
+def train_models(task: Any, models: Sequence[str], seeds: int,
+                 config_for: Callable[[str, int], TrainConfig],
+                 overrides: Optional[Mapping[str, Any]] = None,
+                 on_result: Optional[Callable[[Dict[str, object]], None]] = None,
+                 cached: Optional[Callable[[str, int, TrainConfig],
+                                           Optional[Dict[str, object]]]] = None,
+                 **labels: Any) -> List[Dict[str, object]]:
+    r"""Trains every model of :obj:`models` (specs, see :func:`parse_model_spec`) with seeds
+    ``0 .. seeds - 1`` on one task, model by model, and returns one record per run:
+    :func:`train_one`'s, with ``model`` the spec as given and :obj:`labels` added (e.g.
+    ``dataset='qm9'``).
+
+    Args:
+        task: A :class:`~torch_mz.datasets.TaskSplits`, or a function without arguments that
+            builds it (called once, before the first run that is not cached).
+        models (sequence of str): Model specs.
+        seeds (int): Seeds per model.
+        config_for (callable): ``config_for(spec, seed)``, the configuration of that run.
+        overrides (dict, optional): Model options applied on top of every spec's own (as the
+            CLI's ``--model-arg``). (default: :obj:`None`)
+        on_result (callable, optional): Called with every record as it is ready, cached ones
+            included (for progress output). (default: :obj:`None`)
+        cached (callable, optional): ``cached(spec, seed, config)``, a finished run's record to
+            use as it is instead of training (resumption), or :obj:`None`. (default: :obj:`None`)
+        **labels: Entries added to every trained run's record.
+    """
+    built = None if callable(task) else task
+    records: List[Dict[str, object]] = []
+    for spec in models:
+        name, options = parse_model_spec(spec)
+        options = dict(options, **(overrides or {}))
+        for seed in range(seeds):
+            config = config_for(spec, seed)
+            record = None if cached is None else cached(spec, seed, config)
+            if record is None:
+                if built is None:
+                    built = task()
+                record = dict(train_one(built, name, seed, config, **options), model=spec,
+                              **labels)
+            records.append(record)
+            if on_result is not None:
+                on_result(record)
+    return records
 
 
 def run_grid(cells: Sequence[Mapping[str, Any]], models: Sequence[str], seeds: int,
@@ -72,25 +118,18 @@ def run_grid(cells: Sequence[Mapping[str, Any]], models: Sequence[str], seeds: i
     runs: List[Dict[str, object]] = []
     rows: List[Dict[str, object]] = []
     for cell in cells:
-        task = None  # built on the first run that is not cached
+        records = train_models(
+            lambda: load(cell['task'], seed=0, **dict(cell.get('kwargs', {}))), models, seeds,
+            lambda spec, seed: (replace(config, seed=seed) if config_for is None
+                                else config_for(cell, spec, seed)),
+            overrides=overrides, on_result=on_result,
+            cached=None if cached is None else (
+                lambda spec, seed, run_config: cached(cell, spec, seed, run_config)),
+            cell=cell['label'])
+        runs += records
         row: Dict[str, object] = dict(cell=cell['label'])
-        for spec in models:
-            name, options = parse_model_spec(spec)
-            options = dict(options, **(overrides or {}))
-            results = []
-            for seed in range(seeds):
-                run_config = (replace(config, seed=seed) if config_for is None
-                              else config_for(cell, spec, seed))
-                record = None if cached is None else cached(cell, spec, seed, run_config)
-                if record is None:
-                    if task is None:
-                        task = load(cell['task'], seed=0, **dict(cell.get('kwargs', {})))
-                    record = dict(train_one(task, name, seed, run_config, **options),
-                                  model=spec, cell=cell['label'])
-                results.append(record)
-                runs.append(record)
-                if on_result is not None:
-                    on_result(record)
+        for i, spec in enumerate(models):
+            results = records[i * seeds:(i + 1) * seeds]  # train_models' order: model by model
             r2 = [r['test'].get('r2', math.nan) for r in results]
             row[f'{spec} r2'] = float(np.mean(r2))
             row[f'{spec} r2 std'] = float(np.std(r2))
