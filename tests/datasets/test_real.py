@@ -2,6 +2,7 @@ import json
 import os.path as osp
 import warnings
 
+import pytest
 import torch
 
 from torch_mz.cli import main
@@ -76,3 +77,31 @@ def test_missing_data_is_a_clear_cli_error(tmp_path, capsys):
                  *FAST]) == 2
     err = capsys.readouterr().err
     assert 'ScanObjectNN' in err and 'Traceback' not in err
+
+
+def test_point_cloud_validation_hold_out_is_an_option(modelnet_mesh_root, scanobjectnn_root):
+    from torch_mz.tasks import task_options
+    for name in ('modelnet40', 'scanobjectnn'):
+        assert task_options(name)[0]['val_fraction'] == 0.1
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        held_out = load_task('scanobjectnn', root=scanobjectnn_root['root'], num_points=32,
+                             val_fraction=0.4)
+        published = load_task('scanobjectnn', root=scanobjectnn_root['root'], num_points=32,
+                              val_fraction=0)
+    # 5 training objects: 40% held out; or all five train and the test split validates
+    assert (len(held_out.train), len(held_out.val), len(held_out.test)) == (3, 2, 3)
+    assert held_out.info['val_split'] == 'held-out training files'
+    assert (len(published.train), len(published.val)) == (5, 3)
+    assert published.info['val_split'] == 'test' and published.info['val_fraction'] == 0
+    assert all(torch.equal(v.pos, t.pos) for v, t in zip(published.val, published.test))
+    train_labels = sorted(int(d.y) for d in published.train)
+    assert train_labels == sorted(scanobjectnn_root['files'][
+        osp.join('h5_files', 'main_split', 'training_objectdataset.h5')]['label'].tolist())
+    with pytest.raises(ValueError, match='val_fraction'):
+        load_task('scanobjectnn', root=scanobjectnn_root['root'], num_points=32, val_fraction=1.0)
+    # the CLI takes it as a task option
+    assert main(['train', '--task', 'scanobjectnn', '--root', scanobjectnn_root['root'],
+                 '--task-arg', 'num_points=32', '--task-arg', 'val_fraction=0', '--model',
+                 'deepsets', '--out', str(modelnet_mesh_root) + '-run', '--epochs', '1',
+                 '--warmup-epochs', '0', '--batch-size', '2', '--no-progress']) == 0

@@ -194,8 +194,9 @@ class ModelNet40(TrainTestSets):
     both sources) and :class:`~torch_mz.datasets.transforms.RandomJitter` (PointNet's clipped
     gaussian jitter); any :mod:`torch_geometric.transforms` pipeline acts on :obj:`pos` and so
     reaches the model. The train / validation split of :func:`torch_mz.tasks.load_task` holds
-    out 10% of the training files for validation; PointNet, DGCNN and PointMLP train on all
-    9,843.
+    out 10% of the training files for validation (the task option ``val_fraction``); PointNet,
+    DGCNN and PointMLP train on all 9,843 (``val_fraction=0``, which validates on the test
+    split as their code does).
 
     Args:
         root (str, optional): Root folder (``raw/`` and ``processed/`` below it).
