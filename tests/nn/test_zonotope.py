@@ -118,6 +118,51 @@ def test_fused_layer_norm_jacobian_matches_autograd_reference(affine, d, ng):
         (c[:3].clone().requires_grad_(), gens[:3].clone().requires_grad_(), weight))
 
 
+@pytest.mark.parametrize('compiled', [
+    False, pytest.param(True, marks=pytest.mark.slow)])  # compiling takes about a minute
+@pytest.mark.parametrize('affine', [True, False])
+def test_compiled_layer_norm_jacobian_matches_autograd_reference(monkeypatch, affine, compiled):
+    r"""The opt-in compiled kernels (torch_mz.nn.fused) give the reference's values and gradients
+    in float64, for several token counts, and fall back to the eager function with a warning when
+    compiling fails. The default run checks the functions that are compiled, uncompiled; the slow
+    run compiles them."""
+    from torch_mz.nn import fused
+    from torch_mz.nn.zonotope import zonotope_layer_norm_reference
+    monkeypatch.setattr(fused, '_ENABLED', True)
+    if not compiled:
+        monkeypatch.setattr(fused, '_compiled', lambda name, fn: fn)
+    g = torch.Generator().manual_seed(7)
+    d, ng = 12, 3
+    norm = torch.nn.LayerNorm(d, elementwise_affine=affine).double()
+    if affine:
+        with torch.no_grad():
+            norm.weight.copy_(torch.rand(d, generator=g, dtype=torch.float64) + 0.5)
+    for n in (5, 9):
+        c = torch.randn(n, d, generator=g, dtype=torch.float64) * 3 + 1
+        gens = torch.randn(n, ng, d, generator=g, dtype=torch.float64)
+        grads = []
+        for fn in (zonotope_layer_norm, zonotope_layer_norm_reference):
+            norm.zero_grad()
+            cc, gg = c.clone().requires_grad_(), gens.clone().requires_grad_()
+            out = fn(Zonotope(cc, gg), norm)
+            (out.gens.pow(3).sum() + out.center.sin().sum()).backward()
+            grads.append([out.gens, cc.grad, gg.grad]
+                         + ([norm.weight.grad.clone()] if affine else []))
+        for a, b in zip(*grads):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    assert fused.fused_kernels_enabled()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError('no compiler here')
+    monkeypatch.setattr(fused, '_compiled', lambda name, fn: broken)
+    monkeypatch.setattr(fused, '_FAILED', False)
+    with pytest.warns(RuntimeWarning, match='no compiler here'):
+        out = fused.LayerNormJacobianFused.apply(c, gens, None, 1e-5)
+    torch.testing.assert_close(out, zonotope_layer_norm_reference(
+        Zonotope(c, gens), torch.nn.LayerNorm(d, elementwise_affine=False).double()).gens)
+    assert not fused.fused_kernels_enabled()  # the eager function from now on
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='CUDA not available')
 def test_cuda_fused_layer_norm_jacobian_matches_cpu():
     norm = torch.nn.LayerNorm(64).double()

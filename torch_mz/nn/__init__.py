@@ -4,6 +4,7 @@ from torch_mz.nn.aggr import MZAggregation
 from torch_mz.nn.attention import MZAttention
 from torch_mz.nn.blocks import ISAB, MAB, PMA, SAB, FeedForward, GeneratorFeedForward
 from torch_mz.nn.functional import grouped_attention
+from torch_mz.nn.fused import fused_kernels_enabled, set_fused_kernels
 from torch_mz.nn.zonotope import InputProjection, Zonotope, zonotope_layer_norm
 
 __all__ = [
@@ -19,4 +20,6 @@ __all__ = [
     'ISAB',
     'PMA',
     'MZAggregation',
+    'set_fused_kernels',
+    'fused_kernels_enabled',
 ]
