@@ -7,7 +7,8 @@ them). Reported per preset: median step time, points per second, FLOPs per step 
 and attention kernels, counted by torch's FlopCounterMode), the achieved fraction of the measured
 float32 matrix-product peak, the bytes its operators read and write (an unfused estimate,
 :func:`torch_mz.study.traffic.count_bytes`) and the achieved fraction of the measured memory
-bandwidth, median inference time, and the ratios to ``rigid`` measured in the same run (the paper's Table 30 reports ``mz`` / standard at 2.2-5.5x for training and 2.4-2.7x
+bandwidth, median inference time, and the ratios to ``rigid`` measured in the same run. ``+fused`` rows run the same preset with the opt-in compiled kernels
+(:func:`torch_mz.nn.set_fused_kernels`) (the paper's Table 30 reports ``mz`` / standard at 2.2-5.5x for training and 2.4-2.7x
 for inference).
 
 EGNN is fully connected inside each set by default; on 1,024 points that is a million edges per
@@ -30,9 +31,11 @@ from torch_geometric.data import Batch, Data
 from torch_mz.benchmark import (count_flops, environment, markdown_table, matmul_peak_flops,
                                 time_call, write_json)
 from torch_mz.models import build_model, count_parameters
+from torch_mz.nn import set_fused_kernels
 from torch_mz.study.traffic import count_bytes, memory_bandwidth
 
-PRESETS = ('rigid', 'st-large', 'mz-slim', 'mz', 'egnn')
+PRESETS = ('rigid', 'st-large', 'mz-slim', 'mz', 'mz-slim+fused', 'mz+fused', 'egnn')
+FUSED = '+fused'  # suffix: the preset with torch_mz.nn.set_fused_kernels(True)
 
 
 def make_batch(clouds: int, points: int, seed: int = 0):
@@ -53,7 +56,16 @@ def build(name: str, radius: float):
 
 
 def measure(name: str, args, pos, batch, y) -> dict:
-    model = build(name, args.egnn_radius)
+    fused = name.endswith(FUSED)
+    set_fused_kernels(fused)  # compiling happens in the warm-up calls, outside the timings
+    try:
+        return _measure(name, name[:-len(FUSED)] if fused else name, args, pos, batch, y)
+    finally:
+        set_fused_kernels(False)
+
+
+def _measure(name: str, preset: str, args, pos, batch, y) -> dict:
+    model = build(preset, args.egnn_radius)
     clouds = int(batch.max()) + 1
 
     device = torch.device(args.device)
@@ -179,7 +191,9 @@ def main():
                 f"(r = {args.egnn_radius}). GB = bytes read and written by the operators of one "
                 f"step (unfused estimate, no cache reuse: an upper bound); % of bandwidth = "
                 f"GB / step time / bandwidth. Where that is high the step is bound by memory "
-                f"traffic and the time ratio follows the bytes ratio, not the FLOP ratio."
+                f"traffic and the time ratio follows the bytes ratio, not the FLOP ratio. For "
+                f"`+fused` rows the counter sees the unfused operators (compiled code runs "
+                f"eagerly under it), so their GB and % of bandwidth are over-estimates."
                 f"\n\n" + markdown_table(rows, cols)
                 + '\n![plot](training_step.png)\n')
     try:
