@@ -122,7 +122,8 @@ def test_shapes_sizes_and_targets(small_splits, name):
         assert len(splits[split]) == count
         for data in splits[split]:
             assert set_features(data).dtype == torch.float32 and data.y.dtype == torch.float32
-            assert set_features(data).dim() == 2 and set_features(data).size(1) == splits.in_channels
+            elements = set_features(data)
+            assert elements.dim() == 2 and elements.size(1) == splits.in_channels
             assert data.y.shape == (1, splits.out_channels)
             assert torch.isfinite(set_features(data)).all() and torch.isfinite(data.y).all()
             assert 3 <= set_size(splits, data) <= 9
@@ -159,7 +160,8 @@ def test_deterministic_from_seed(small_splits, name):
     for split in SPLITS:
         for a, b in zip(splits[split], again[split]):
             assert torch.equal(set_features(a), set_features(b)) and torch.equal(a.y, b.y)
-        assert any(set_features(a).shape != set_features(c).shape or not torch.equal(set_features(a), set_features(c))
+        assert any(set_features(a).shape != set_features(c).shape
+                   or not torch.equal(set_features(a), set_features(c))
                    for a, c in zip(splits[split], other[split]))
     # The splits are different draws.
     assert not torch.equal(set_features(splits.train[0]), set_features(splits.val[0]))
@@ -285,7 +287,8 @@ def test_rotation_matching_readings():
         other = make_task('rotation-matching', n_train=6, n_val=0, n_test=0, seed=2, d=5,
                           store_rotation=True, **kw)
         for data, ref in zip(other.train, base.train):
-            assert torch.equal(set_features(data), set_features(ref)) and torch.equal(data.rotation, ref.rotation)
+            assert torch.equal(set_features(data), set_features(ref))
+            assert torch.equal(data.rotation, ref.rotation)
             np.testing.assert_allclose(data.y[0].numpy(), expected_target(other, data),
                                        rtol=1e-5)
     unaligned = make_task('rotation-matching', n_train=6, n_val=0, n_test=0, seed=2, d=5,

@@ -6,8 +6,9 @@ r"""The real datasets as :class:`~torch_mz.datasets.TaskSplits`, for
   PointNet, DGCNN and PointMLP train on all of them and pick their reported epoch by test
   accuracy: ``val_fraction=0`` does the same (every training file trains, and the validation
   split *is* the test split, so early stopping and the best epoch are chosen on the test set, an
-  optimistic protocol to be reported as such). Training sets get the paper's augmentation, PyG's rotation about the up axis y
-  (``RandomRotate(180, axis=1)``) and clipped gaussian jitter. Elements are points in ``pos``
+  optimistic protocol to be reported as such). Training sets get the paper's augmentation,
+  PyG's rotation about the up axis y (``RandomRotate(180, axis=1)``) and clipped gaussian
+  jitter. Elements are points in ``pos``
   (no ``x``); EGNN takes the coordinates from ``pos`` and no features.
 * ``qm9``: by default the offline ``qm9pack`` source and the paper's protocol (50K molecules,
   80/10/10, seeded); ``n_train``/``n_val``/``n_test`` give other sizes. ``pos`` holds the

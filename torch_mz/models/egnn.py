@@ -9,7 +9,8 @@ Satorras, Hoogeboom and Welling, "E(n) Equivariant Graph Neural Networks", ICML 
   pooling, MLP head) for regression and classification on PyG batches;
 - :func:`fully_connected_edge_index` and :func:`radius_edge_index`, the per-set graphs the model
   builds from the ``batch`` vector (no ``torch-cluster`` needed), and :func:`split_pos_features`,
-  which reads coordinates from the first columns of ``x`` (synthetic set tasks store points there).
+  which reads coordinates from the first columns of ``x`` (for tensors ``x = [pos, features]``,
+  such as what :func:`~torch_mz.models.base.set_features` reads from a data object).
 """
 from typing import Optional, Tuple, Union
 
@@ -127,8 +128,9 @@ def split_pos_features(x: Tensor, pos_dim: int) -> Tuple[Tensor, Optional[Tensor
     r"""Splits element features into coordinates ``x[:, :pos_dim]`` and the remaining invariant
     features ``x[:, pos_dim:]`` (:obj:`None` when there are no remaining columns).
 
-    The synthetic set tasks store each point in the first columns of ``data.x``, followed by
-    invariant attributes such as a type indicator.
+    The layout of ``[pos, x]`` that the set models read
+    (:func:`~torch_mz.models.base.set_features`): each point first, followed by invariant
+    attributes such as a type indicator.
 
     Shapes:
         - **input:** x :math:`(N, D + F)`
@@ -375,7 +377,7 @@ class EGNN(Module):
 
     Inputs: coordinates come from ``pos``; if ``pos`` is :obj:`None` and ``pos_dim`` is set, the
     first ``pos_dim`` columns of ``x`` are the coordinates and the rest are the invariant features
-    (the layout of the synthetic set tasks, see :func:`split_pos_features`). With
+    (the layout ``[pos, x]`` the set models read, see :func:`split_pos_features`). With
     ``in_channels=0`` the model takes no features and embeds a constant ``1`` for every element.
 
     Args:
