@@ -11,6 +11,7 @@ r"""Studies: what the scripts in ``benchmarks/`` and ``torch-mz compare`` share,
 
 Library code: nothing here prints or parses a command line.
 """
+from torch_mz.study.budget import Budget, add_budget_arguments, choose_budget, study_config
 from torch_mz.study.grid import run_grid, train_models, train_one
 from torch_mz.study.measure import (count_flops, environment, matmul_peak_flops,
                                     peak_memory_bytes, skewed_sizes, time_call, uniform_sizes)
@@ -19,8 +20,14 @@ from torch_mz.study.plots import (NO_MATPLOTLIB, plot_bars, plot_grid, plot_summ
 from torch_mz.study.report import (METRICS, markdown_table, summarize, summary_markdown,
                                    write_json, write_report)
 from torch_mz.study.specs import parse_model_spec, split_model_specs
+from torch_mz.study.statistics import (Lead, Ordering, lead_over_best, mean_std, paired_gap,
+                                       resolved_ordering, winner)
 
 __all__ = [
+    'Budget',
+    'add_budget_arguments',
+    'choose_budget',
+    'study_config',
     'run_grid',
     'train_models',
     'train_one',
@@ -45,4 +52,11 @@ __all__ = [
     'write_report',
     'parse_model_spec',
     'split_model_specs',
+    'Lead',
+    'Ordering',
+    'lead_over_best',
+    'mean_std',
+    'paired_gap',
+    'resolved_ordering',
+    'winner',
 ]
