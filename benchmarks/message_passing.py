@@ -14,6 +14,8 @@ are taken between medians of the same run. Aggregations:
   layout (standard attention, no generators),
 * ``default``: ``MZAggregation(d)``: the neighbourhood preset with the matrix-zonotope value
   operator and the Slim generator budget (n_g = 2, L = 1),
+* ``default-fused``: the same with the opt-in compiled kernels
+  (:func:`torch_mz.nn.set_fused_kernels`; compiled in an untimed warm-up call),
 * ``default-ckpt``: the same with ``checkpoint=True`` (activations recomputed in the backward
   pass), only on the largest graphs at d = 16, where memory matters,
 * ``mz-ng8``: ``MZAggregation(d, num_generators=8, num_matrix_generators=4)``: the paper's
@@ -37,7 +39,7 @@ import torch
 from torch_mz.benchmark import (environment, markdown_table, peak_memory_bytes, time_call,
                                 write_json)
 
-AGGRS = ('pyg', 'rigid', 'default', 'default-ckpt', 'mz-ng8', 'paper')
+AGGRS = ('pyg', 'rigid', 'default', 'default-fused', 'default-ckpt', 'mz-ng8', 'paper')
 CONVS = ('sage', 'graph')
 
 
@@ -67,7 +69,7 @@ def build_aggr(name: str, d: int):
         return SetTransformerAggregation(d, heads=4)
     if name == 'rigid':
         return MZAggregation(d, value='rigid', num_generators=0)
-    if name == 'default':
+    if name in ('default', 'default-fused'):
         return MZAggregation(d)
     if name == 'default-ckpt':
         return MZAggregation(d, checkpoint=True)
@@ -94,6 +96,10 @@ def run_one(cfg: dict) -> dict:
         conv.zero_grad(set_to_none=True)
         conv(x, edge_index).square().mean().backward()
 
+    if cfg['aggr'].endswith('-fused'):
+        from torch_mz.nn import set_fused_kernels
+        set_fused_kernels(True)
+        step()  # compiles: not part of the peak memory or the timings
     peak = peak_memory_bytes(step, device)  # this first call is also the warm-up
     times = time_call(step, repeats=cfg['repeats'], warmup=0, device=device)
     deg = torch.bincount(edge_index[1], minlength=cfg['nodes'])
@@ -217,7 +223,7 @@ def main():
                         rows.append(row)
                         msg = row.get('error') or (f"{row['median_ms']:10.1f} ms  "
                                                    f"{row['peak_mib'] or 0:9.1f} MiB")
-                        print(f'{degrees:9s} d={dim:3d} N={nodes:7d} {conv:5s} {aggr:8s} {msg}',
+                        print(f'{degrees:9s} d={dim:3d} N={nodes:7d} {conv:5s} {aggr:13s} {msg}',
                               flush=True)
     # ratios within each (degrees, dim, nodes, conv) group, from this run's medians
     ratios = []
@@ -230,7 +236,7 @@ def main():
             entry['rigid/pyg time'] = by['rigid']['median_ms'] / by['pyg']['median_ms']
             if by['rigid'].get('peak_mib') and by['pyg'].get('peak_mib'):
                 entry['rigid/pyg memory'] = by['rigid']['peak_mib'] / by['pyg']['peak_mib']
-        for aggr in ('default', 'default-ckpt', 'mz-ng8', 'paper'):
+        for aggr in ('default', 'default-fused', 'default-ckpt', 'mz-ng8', 'paper'):
             if aggr in by and 'rigid' in by:
                 entry[f'{aggr}/rigid time'] = by[aggr]['median_ms'] / by['rigid']['median_ms']
         ratios.append(entry)
@@ -253,7 +259,8 @@ def main():
     row_cols = ['degrees', 'dim', 'nodes', 'edges', 'max_degree', 'conv', 'aggr', 'median_ms',
                 'peak_mib', 'error']
     ratio_cols = ['degrees', 'dim', 'nodes', 'conv', 'rigid/pyg time', 'rigid/pyg memory',
-                  'default/rigid time', 'default-ckpt/rigid time', 'mz-ng8/rigid time',
+                  'default/rigid time', 'default-fused/rigid time', 'default-ckpt/rigid time',
+                  'mz-ng8/rigid time',
                   'paper/rigid time']
     with open(os.path.join(args.out, 'message_passing.md'), 'w') as f:
         f.write('# MZAggregation in message passing against PyG\'s SetTransformerAggregation\n\n'
