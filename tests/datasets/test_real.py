@@ -105,3 +105,18 @@ def test_point_cloud_validation_hold_out_is_an_option(modelnet_mesh_root, scanob
                  '--task-arg', 'num_points=32', '--task-arg', 'val_fraction=0', '--model',
                  'deepsets', '--out', str(modelnet_mesh_root) + '-run', '--epochs', '1',
                  '--warmup-epochs', '0', '--batch-size', '2', '--no-progress']) == 0
+
+
+def test_scanobjectnn_resample_redraws_training_points_only(scanobjectnn_root):
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        task = load_task('scanobjectnn', root=scanobjectnn_root['root'], num_points=32,
+                         resample=True, n_val=1)
+    from torch_geometric.transforms import FixedPoints
+    # training: a fresh draw of 32 of the 256 points, then the augmentation, every access
+    draw, _ = task.train.transform.transforms
+    assert isinstance(draw, FixedPoints) and draw.num == 32 and not draw.replace
+    assert task.train[0].pos.shape == (32, 3) and task.train[0].mask.shape == (32, )
+    for split in (task.val, task.test):  # evaluation keeps one subset per object
+        assert split.transform is None
+        assert torch.equal(split[0].pos, split[0].pos) and split[0].pos.shape == (32, 3)
