@@ -299,7 +299,7 @@ def cmd_compare(args) -> int:
           f'{len(task.train)}/{len(task.val)}/{len(task.test)} | d_in={task.in_channels} | '
           f'{args.epochs} epochs, lr {args.lr}, batch {args.batch_size}, seeds {args.seeds}')
     from torch_mz.study import (environment, plot_summary, summarize, summary_markdown,
-                                train_models, try_plot, write_json)
+                                train_models, try_plot, write_results)
     key = 'r2' if task.task_type == 'regression' else 'accuracy'
 
     def progress(row):
@@ -322,9 +322,8 @@ def cmd_compare(args) -> int:
                    args={k: v for k, v in vars(args).items() if k != 'func'},
                    environment=environment(), summary=summary, runs=rows,
                    total_minutes=(time.time() - start) / 60)
-    write_json(os.path.join(out, 'results.json'), payload)
-    with open(os.path.join(out, 'results.md'), 'w') as f:
-        f.write(f'# {task.name}: {task.description}\n\nCommand: `{args.command_line}`\n\n{table}')
+    write_results(out, 'results', payload,
+                  f'# {task.name}: {task.description}\n\nCommand: `{args.command_line}`\n\n{table}')
     note = try_plot(plot_summary, summary, task.task_type, os.path.join(out, 'results.png'),
                     f'{task.name} ({len(task.train)} train sets, {args.epochs} epochs)')
     if note:

@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from torch_mz.study.report import markdown_table, summarize, summary_markdown, write_report
+from torch_mz.study.report import (markdown_table, summarize, summary_markdown, write_report,
+                                   write_results)
 
 
 def test_markdown_table():
@@ -35,3 +36,9 @@ def test_summary_over_seeds():
     lines = summary_markdown([a, b], 'regression').splitlines()
     assert lines[0] == '| model | params | seeds | test r2 | test mse | test mae | min/run |'
     assert lines[2] == '| a | 10 | 2 | 0.6000 ± 0.1000 | 2.0000 ± 1.0000 | 1.0000 ± 0.5000 | 2.00 |'
+
+
+def test_write_results(tmp_path):
+    write_results(str(tmp_path / 'new'), 'results', {'b': 1, 'a': [2]}, '# t\n')
+    assert (tmp_path / 'new' / 'results.md').read_text() == '# t\n'
+    assert (tmp_path / 'new' / 'results.json').read_text() == '{\n  "b": 1,\n  "a": [\n    2\n  ]\n}\n'

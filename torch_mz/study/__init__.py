@@ -18,7 +18,7 @@ from torch_mz.study.measure import (count_flops, environment, matmul_peak_flops,
 from torch_mz.study.plots import (NO_MATPLOTLIB, plot_bars, plot_grid, plot_summary, pyplot,
                                   try_plot)
 from torch_mz.study.report import (METRICS, markdown_table, summarize, summary_markdown,
-                                   write_json, write_report)
+                                   write_json, write_report, write_results)
 from torch_mz.study.specs import parse_model_spec, split_model_specs
 from torch_mz.study.statistics import (Lead, Ordering, lead_over_best, mean_std, paired_gap,
                                        resolved_ordering, winner)
@@ -50,6 +50,7 @@ __all__ = [
     'summary_markdown',
     'write_json',
     'write_report',
+    'write_results',
     'parse_model_spec',
     'split_model_specs',
     'Lead',

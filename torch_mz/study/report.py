@@ -7,8 +7,8 @@ from typing import Dict, List
 
 import numpy as np
 
-__all__ = ['METRICS', 'write_json', 'write_report', 'markdown_table', 'summarize',
-           'summary_markdown']
+__all__ = ['METRICS', 'write_json', 'write_results', 'write_report', 'markdown_table',
+           'summarize', 'summary_markdown']
 
 METRICS = {'regression': ('r2', 'mse', 'mae'), 'classification': ('accuracy', 'loss')}
 
@@ -21,24 +21,31 @@ def write_json(path: str, payload: Dict[str, object]):
         f.write('\n')
 
 
+def write_results(out: str, name: str, payload: Dict[str, object], markdown: str) -> None:
+    r"""Writes ``<out>/<name>.json`` (:obj:`payload`, see :func:`write_json`) and
+    ``<out>/<name>.md`` (:obj:`markdown`), creating :obj:`out`."""
+    os.makedirs(out, exist_ok=True)
+    write_json(os.path.join(out, f'{name}.json'), payload)
+    with open(os.path.join(out, f'{name}.md'), 'w') as f:
+        f.write(markdown)
+
+
 def write_report(out: str, name: str, title: str, env: Dict[str, object],
                  setup: Dict[str, object], table: str, payload: Dict[str, object],
                  minutes: float, notes: str = '', plot: bool = True) -> None:
     r"""Writes a study's results as ``<out>/<name>.json`` (:obj:`payload` plus the environment,
     setup and run time) and ``<out>/<name>.md``: the title, the command and setup it ran with,
     :obj:`table`, :obj:`notes` and (if :obj:`plot`) a link to ``<name>.png``."""
-    os.makedirs(out, exist_ok=True)
-    write_json(os.path.join(out, f'{name}.json'),
-               dict(environment=env, setup=setup, minutes=minutes, **payload))
-    with open(os.path.join(out, f'{name}.md'), 'w') as f:
-        f.write(f"# {title}\n\nCommand: `{env['command']}`  \n"
+    markdown = (f"# {title}\n\nCommand: `{env['command']}`  \n"
                 f"Setup: {setup}; {minutes:.1f} min on {env['cpu_count']} CPUs "
                 f"(torch {env['torch']}, {env['threads']} threads"
                 f"{', GPU: ' + env['cuda'] if env.get('cuda') else ''}).\n\n{table}\n")
-        if notes:
-            f.write(notes.rstrip() + '\n\n')
-        if plot:
-            f.write(f'![plot]({name}.png)\n')
+    if notes:
+        markdown += notes.rstrip() + '\n\n'
+    if plot:
+        markdown += f'![plot]({name}.png)\n'
+    write_results(out, name, dict(environment=env, setup=setup, minutes=minutes, **payload),
+                  markdown)
 
 
 def markdown_table(rows: List[Dict[str, object]], columns: List[str]) -> str:
