@@ -88,6 +88,21 @@ def test_input_projection_without_generators():
         InputProjection(5, 8, num_generators=-1)
 
 
+def _assert_same_map(fn, reference, norm, c, gens):
+    r"""Two LayerNorm maps of zonotopes give the same generators and the same gradients of a
+    loss with respect to centers, generators and the LayerNorm weight (float64)."""
+    results = []
+    for f in (fn, reference):
+        norm.zero_grad()
+        cc, gg = c.clone().requires_grad_(), gens.clone().requires_grad_()
+        out = f(Zonotope(cc, gg), norm)
+        (out.gens.pow(3).sum() + out.center.sin().sum()).backward()
+        results.append([out.gens, cc.grad, gg.grad]
+                       + ([norm.weight.grad.clone()] if norm.weight is not None else []))
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
 @pytest.mark.parametrize('affine', [True, False])
 @pytest.mark.parametrize('d, ng', [(33, 4), (6, 2)])  # batched and elementwise reductions
 def test_fused_layer_norm_jacobian_matches_autograd_reference(affine, d, ng):
@@ -102,16 +117,7 @@ def test_fused_layer_norm_jacobian_matches_autograd_reference(affine, d, ng):
             norm.weight.copy_(torch.rand(d, generator=g, dtype=torch.float64) + 0.5)
     c = torch.randn(6, d, generator=g, dtype=torch.float64) * 3 + 1
     gens = torch.randn(6, ng, d, generator=g, dtype=torch.float64)
-    grads = []
-    for fn in (zonotope_layer_norm, zonotope_layer_norm_reference):
-        norm.zero_grad()
-        cc, gg = c.clone().requires_grad_(), gens.clone().requires_grad_()
-        out = fn(Zonotope(cc, gg), norm)
-        (out.gens.pow(3).sum() + out.center.sin().sum()).backward()
-        grads.append([out.gens, cc.grad, gg.grad]
-                     + ([norm.weight.grad.clone()] if affine else []))
-    for a, b in zip(*grads):
-        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    _assert_same_map(zonotope_layer_norm, zonotope_layer_norm_reference, norm, c, gens)
     weight = norm.weight.detach().clone().requires_grad_() if affine else None
     assert torch.autograd.gradcheck(
         lambda cc, gg, w: _LayerNormJacobian.apply(cc, gg, w, 1e-5, d >= 32),
@@ -140,16 +146,7 @@ def test_compiled_layer_norm_jacobian_matches_autograd_reference(monkeypatch, af
     for n in (5, 9):
         c = torch.randn(n, d, generator=g, dtype=torch.float64) * 3 + 1
         gens = torch.randn(n, ng, d, generator=g, dtype=torch.float64)
-        grads = []
-        for fn in (zonotope_layer_norm, zonotope_layer_norm_reference):
-            norm.zero_grad()
-            cc, gg = c.clone().requires_grad_(), gens.clone().requires_grad_()
-            out = fn(Zonotope(cc, gg), norm)
-            (out.gens.pow(3).sum() + out.center.sin().sum()).backward()
-            grads.append([out.gens, cc.grad, gg.grad]
-                         + ([norm.weight.grad.clone()] if affine else []))
-        for a, b in zip(*grads):
-            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+        _assert_same_map(zonotope_layer_norm, zonotope_layer_norm_reference, norm, c, gens)
     assert fused.fused_kernels_enabled()
 
     def broken(*args, **kwargs):
