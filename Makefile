@@ -39,4 +39,4 @@ test: $(VENV)/.installed-test
 	$(PY) -m pytest -q tests $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis .mypy_cache

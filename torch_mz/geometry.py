@@ -303,6 +303,7 @@ def _welzl(points: np.ndarray, tol: float) -> np.ndarray:
     # stand-in for Welzl's random order that needs fewer restarts).
     order = np.argsort(-(points ** 2).sum(axis=1), kind='stable').tolist()
     center, _ = _mtf_ball(points, order, len(order), [], tol)
+    assert center is not None  # at least one point, so the first one opens a ball
     return center
 
 

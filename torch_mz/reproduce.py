@@ -186,7 +186,7 @@ def _table3() -> Claim:
     comparisons = []
     for d in (8, 16, 32):
         row = dict(zip(GEOMETRY_MODELS, GEOMETRY[('MEB', d)]))
-        best = max((m for m in row if m != 'mz'), key=row.get)
+        best = max((m for m in row if m != 'mz'), key=row.__getitem__)
         comparisons.append(Comparison(
             'table3', f'MEB d={d}', 'mz', baselines, row['mz'] - row[best], 'Table 3',
             f'd = {d}: MZAttn-Full {row["mz"]}; best PMA baseline {best} {row[best]} (every '
@@ -199,15 +199,16 @@ def _table3() -> Claim:
 
 
 def _table7() -> Claim:
-    cells = (dict(label='quad L=8', task='quadratic-tdof', kwargs=dict(d=32, tdof=8)),
-             dict(label='MEB d=8', task='meb-radius', kwargs=dict(d=8)),
-             dict(label='CN d=8', task='covariance-norm', kwargs=dict(d=8)))
+    cells: Tuple[Dict[str, Any], ...] = (
+        dict(label='quad L=8', task='quadratic-tdof', kwargs=dict(d=32, tdof=8)),
+        dict(label='MEB d=8', task='meb-radius', kwargs=dict(d=8)),
+        dict(label='CN d=8', task='covariance-norm', kwargs=dict(d=8)))
     comparisons = []
     paper = {}
     for cell in cells:
         row = {m: TABLE7[m][TABLE7_CELLS.index(cell['label'])] for m in TABLE7}
         paper.update({(cell['label'], m): v for m, v in row.items()})
-        first, second = sorted(row, key=row.get, reverse=True)[:2]
+        first, second = sorted(row, key=row.__getitem__, reverse=True)[:2]
         text = ', '.join(f'{m} {v}' for m, v in row.items())
         comparisons.append(Comparison('table7', cell['label'], first, (second, ),
                                       row[first] - row[second], 'Table 7',
@@ -297,7 +298,7 @@ class RunStore:
         self._pending[(cell['label'], spec, seed)] = (path, key, ckpt)
         return None
 
-    def save(self, record: Dict[str, object]) -> Optional[Dict[str, object]]:
+    def save(self, record: Dict[str, Any]) -> Optional[Dict[str, object]]:
         r"""Writes a newly trained run (a record of :func:`~torch_mz.compare.run_grid`) with its
         key and validation-loss curve, removes its checkpoint and returns what it wrote;
         :obj:`None` for a run read back from the store."""
@@ -356,7 +357,8 @@ class Reproduction:
                               os.path.join(out, 'runs', budget.name))
         self._tasks: Dict[str, Any] = {}
         if load is None:
-            from torch_mz.tasks import load_task as load
+            from torch_mz.tasks import load_task
+            load = load_task
         self._load_task = load
         self.choices: Dict[Tuple[str, str], Tuple[float, float]] = {}
 
@@ -485,12 +487,13 @@ def overhead_records(path: str, budget: str) -> List[Dict[str, object]]:
     wanted = (('params', small[0], 'params', None), ('training step', small[2], 'step_times_s',
                                                      'step_s'),
               ('inference', small[1], 'infer_times_s', 'infer_s'))
-    rows = {}
+    rows: Dict[str, Dict[str, Any]] = {}
     if os.path.exists(path):
         with open(path) as f:
             rows = {r['model']: r for r in json.load(f).get('rows', [])}
-    out = []
+    out: List[Dict[str, object]] = []
     for what, paper, samples, median in wanted:
+        n: Optional[int]
         mean, spread, n = math.nan, math.nan, 0
         if 'mz' in rows and 'rigid' in rows:
             mz, rigid = rows['mz'], rows['rigid']

@@ -6,7 +6,7 @@ needs (input width, output width, task type, which columns are coordinates)."""
 import inspect
 import typing
 import warnings
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Collection, Dict, List, Optional, Tuple
 
 from torch_mz.datasets import real, synthetic
 from torch_mz.datasets.splits import TaskSplits
@@ -21,8 +21,8 @@ TASKS: Dict[str, type] = dict(synthetic.TASKS, **real.REAL_DATASETS)
 
 def list_tasks() -> Dict[str, str]:
     r"""Every task name of :data:`TASKS` with a one-line description."""
-    return {name: cls.description if is_synthetic(name) else real.DESCRIPTIONS[name]
-            for name, cls in TASKS.items()}
+    return {name: synthetic.TASKS[name].description if is_synthetic(name)
+            else real.DESCRIPTIONS[name] for name in TASKS}
 
 
 def is_synthetic(name: str) -> bool:
@@ -74,7 +74,7 @@ def task_options(name: str) -> Tuple[Dict[str, Any], List[str], bool]:
     return _constructor_options(TASKS[name], exclude=real.SET_BY_LOAD[name])
 
 
-def _constructor_options(cls: Any, exclude: Sequence[str]
+def _constructor_options(cls: Any, exclude: Collection[str]
                          ) -> Tuple[Dict[str, Any], List[str], bool]:
     r"""Keyword arguments of a class's constructor (following ``**kwargs`` up the base classes)
     or of a function, as :func:`task_options` returns them."""

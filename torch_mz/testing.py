@@ -281,6 +281,7 @@ def assert_equivariant(
                 new_pos = pos[perm]
                 new_features = features[perm] if features is not None else None
             else:
+                assert mat is not None  # set by the rotation, reflection and translation branches
                 node_shift = shift[node_set] if shift is not None else None
                 new_pos = _act(mat[node_set], node_shift, pos)  # (N, D)
                 new_features = features
@@ -295,6 +296,7 @@ def assert_equivariant(
                     if k not in set_level:
                         expected = expected[perm]
                 elif kind_of[k] != 'invariant':
+                    assert mat is not None
                     rows = (node_set if k not in set_level else
                             torch.arange(y.size(0), device=y.device))  # (R,)
                     if not independent_sets:

@@ -79,7 +79,7 @@ def _check_sigma(sigma: np.ndarray) -> None:
                          f"(smallest: {sigma.min():.4g})")
 
 
-def _check_levels(levels: Sequence[float]) -> np.ndarray:
+def _check_levels(levels: Union[Sequence[float], np.ndarray]) -> np.ndarray:
     lv = np.asarray(levels, dtype=np.float64).reshape(-1)
     if lv.size == 0 or np.any(lv <= 0) or np.any(lv >= 1):
         raise ValueError(f'Expected confidence levels in the open interval (0, 1) '
@@ -175,7 +175,7 @@ def gaussian_nll(pred: ArrayLike, target: ArrayLike, sigma: ArrayLike) -> float:
 
 
 def interval_coverage(pred: ArrayLike, target: ArrayLike, sigma: ArrayLike,
-                      levels: Sequence[float] = DEFAULT_LEVELS) -> np.ndarray:
+                      levels: Union[Sequence[float], np.ndarray] = DEFAULT_LEVELS) -> np.ndarray:
     r"""Observed coverage of the central Gaussian intervals: for each confidence level
     :math:`p`, the fraction of samples with
 
@@ -294,6 +294,7 @@ def fit_affine_sigma(pred: ArrayLike, target: ArrayLike,
         res = minimize(objective, np.array(start), jac=True, method='L-BFGS-B', bounds=bounds)
         if best is None or res.fun < best.fun:
             best = res
+    assert best is not None  # the loop ran
     a, b = best.x
     return AffineSigma(a=float(a) * r_scale / s_scale, b=float(b) * r_scale)
 

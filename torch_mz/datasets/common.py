@@ -9,7 +9,7 @@ import os.path as osp
 import pickle
 import re
 import warnings
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, Union
 
 import numpy as np
 import torch
@@ -164,7 +164,7 @@ def split_indices(
     gen = torch.Generator().manual_seed(seed)
     perm = torch.randperm(n, generator=gen)[:pool]
     parts = perm.split([n_train, n_val, n_test, pool - n_train - n_val - n_test])
-    return tuple(p.sort().values for p in parts[:3])  # type: ignore[return-value]
+    return tuple(p.sort().values for p in parts[:3])
 
 
 class SkipCounter:
@@ -218,7 +218,7 @@ def save_stats(stats: Dict[str, object], path: str, data_paths: Sequence[str] = 
     atomic_write(path, lambda f: f.write(text), binary=False)
 
 
-def load_stats(path: str) -> Dict[str, object]:
+def load_stats(path: str) -> Dict[str, Any]:
     r"""Reads a ``stats.json``; raises :class:`ProcessedFileError` naming it when it is truncated
     or not a JSON object."""
     try:
@@ -307,7 +307,7 @@ class ProcessedDataset(InMemoryDataset):
         payload = (data.to_dict(), slices, data.__class__)
         atomic_write(path, lambda f: torch.save(payload, f))
 
-    def load(self, path: str, data_cls: type = Data) -> None:
+    def load(self, path: str, data_cls: Type[Data] = Data) -> None:
         r"""Loads a file written by :meth:`save` with :func:`load_processed`."""
         out = load_processed(path)
         if not (isinstance(out, tuple) and len(out) in (2, 3) and isinstance(out[0], dict)
@@ -370,7 +370,7 @@ class ProcessedDataset(InMemoryDataset):
         os.makedirs(self.processed_dir, exist_ok=True)
         self.process()
         for path, current in self._markers():
-            atomic_write(path, lambda f, value=current: torch.save(value, f))
+            atomic_write(path, lambda f: torch.save(current, f))  # called at once
 
 
 def read_h5(path: str, keys: Sequence[str], optional: Sequence[str] = ()) -> Dict[str, np.ndarray]:
@@ -407,7 +407,7 @@ class TrainTestSets(ProcessedDataset):
 
     def read_cache(self) -> None:
         stats_path = self.processed_paths[2]
-        self.stats: Dict[str, object] = load_stats(stats_path)
+        self.stats: Dict[str, Any] = load_stats(stats_path)
         check_processed_sizes(self.stats, stats_path, self.processed_paths[:2])
         path = self.processed_paths[0] if self.train else self.processed_paths[1]
         self.load(path)

@@ -74,10 +74,10 @@ def read_off(path: str) -> Tuple[np.ndarray, np.ndarray]:
     if lines[0] == 'OFF':
         if len(lines) < 2:
             raise CorruptRawFileError(path, 'missing the vertex/face count line')
-        counts, body = lines[1].split(), lines[2:]
+        header, body = lines[1].split(), lines[2:]
     else:  # the merged header 'OFF8 6 0'
-        counts, body = lines[0][3:].split(), lines[1:]
-    counts = _ints(counts, path, 'vertex/face count line')
+        header, body = lines[0][3:].split(), lines[1:]
+    counts = _ints(header, path, 'vertex/face count line')
     if counts.size < 2 or (counts[:2] < 0).any():
         raise CorruptRawFileError(path, f'invalid vertex/face counts {counts.tolist()}')
     num_vertices, num_faces = int(counts[0]), int(counts[1])
@@ -117,7 +117,7 @@ def read_off(path: str) -> Tuple[np.ndarray, np.ndarray]:
         faces = np.stack(fan, axis=1).reshape(-1,
                                               3)  # (n_f * (k - 2), 3), a face's triangles together
     else:
-        triangles = []
+        triangles: List[tuple] = []  # (i, j, k) corner indices
         for line in face_lines:
             face = _ints(line.split(), path, 'face line')
             k = int(face[0])
@@ -342,6 +342,7 @@ class ModelNet40(TrainTestSets):
             raise FileNotFoundError(
                 f"no {split} meshes found as "
                 f"'{osp.join(self.raw_dir, '<class>', split, '<class>_NNNN.off')}'")
+        assert self.num_points is not None  # required for the mesh source (__init__)
         data_list = []
         for path, label in tqdm(files, desc=f'ModelNet40 {split} meshes', disable=not self.log):
             rel = osp.relpath(path, self.raw_dir).replace(os.sep, '/')

@@ -11,7 +11,7 @@ import shutil
 import sys
 import tempfile
 import zipfile
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 import torch
@@ -586,8 +586,11 @@ class QM9(ProcessedDataset):
                                           f"gdb_<index>")
             indices.append(k)
         if len(set(indices)) != len(indices):
-            seen = set()
-            k = next(k for k in indices if k in seen or seen.add(k))
+            seen: Set[int] = set()
+            for k in indices:  # the first index met a second time
+                if k in seen:
+                    break
+                seen.add(k)
             raise CorruptRawFileError(csv_path, f"mol_id 'gdb_{k}' appears more than once")
         uncharacterized = set(read_uncharacterized(unchar_path))
         stats['num_uncharacterized_removed'] = len(uncharacterized.intersection(indices))
@@ -692,7 +695,7 @@ _LIST_CHARS = str.maketrans({c: ' ' for c in "[],'\""})
 
 #: :func:`~torch_mz.datasets.common.split_indices` arguments of the standard QM9 split
 #: (110,000 train, 10,000 validation, the rest test).
-QM9_STANDARD_SPLIT: Dict[str, object] = {'train': 110_000, 'val': 10_000, 'test': None}
+QM9_STANDARD_SPLIT: Dict[str, Any] = {'train': 110_000, 'val': 10_000, 'test': None}
 #: :func:`~torch_mz.datasets.common.split_indices` arguments of the MZAttn paper's split: 50K
 #: molecules drawn at random, split 80/10/10 (Appendix D.5.2).
-QM9_PAPER_SPLIT: Dict[str, object] = {'train': 0.8, 'val': 0.1, 'test': 0.1, 'subsample': 50_000}
+QM9_PAPER_SPLIT: Dict[str, Any] = {'train': 0.8, 'val': 0.1, 'test': 0.1, 'subsample': 50_000}

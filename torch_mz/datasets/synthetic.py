@@ -92,7 +92,7 @@ def _check_positive(value: Any, name: str, allow_zero: bool = False) -> float:
     return val
 
 
-def _check_range(value: Any, name: str, low: float = 1, integer: bool = True) -> Tuple:
+def _check_range(value: Any, name: str, low: int = 1, integer: bool = True) -> Tuple:
     try:
         lo, hi = value
     except (TypeError, ValueError):
@@ -260,6 +260,7 @@ class QuadraticTDOFTask(SyntheticTask):
     def params(self) -> Dict[str, np.ndarray]:
         if self.w is None:
             return {}
+        assert self.m0 is not None and self.ms is not None  # set with w by setup()
         return {'w': self.w, 'm0': self.m0, 'ms': self.ms}
 
     def setup(self, rng: np.random.Generator) -> None:

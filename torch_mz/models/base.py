@@ -49,6 +49,7 @@ def set_features(data) -> Tensor:
         raise ValueError("Expected the batch to have coordinates 'pos' or node features 'x' "
                          "(got neither)")
     if pos is None:
+        assert x is not None  # one of the two is present (checked above)
         return x
     if x is None:
         return pos

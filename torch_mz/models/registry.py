@@ -124,10 +124,11 @@ def build_model(name: str, in_channels: int, out_channels: int, pos_dim: Optiona
     trainer's checkpoints store it, and :func:`torch_mz.load_model` rebuilds the model from it.
     """
     model = _build(name, in_channels, out_channels, pos_dim, feature_columns, **overrides)
-    model.build_info = dict(name=name, in_channels=in_channels, out_channels=out_channels,
-                            pos_dim=pos_dim, args=dict(overrides),
-                            feature_columns=None if feature_columns is None
-                            else list(feature_columns))
+    # Module.__setattr__ is typed for tensors and modules, but plain attributes are allowed
+    model.build_info = dict(  # type: ignore[assignment]
+        name=name, in_channels=in_channels, out_channels=out_channels, pos_dim=pos_dim,
+        args=dict(overrides),
+        feature_columns=None if feature_columns is None else list(feature_columns))
     return model
 
 
@@ -179,6 +180,8 @@ def match_budget(name: str, budget: int, in_channels: int, out_channels: int,
         gap = abs(count_parameters(model) - budget)
         if best_gap is None or gap < best_gap:
             best, best_gap = model, gap
+    if best is None:
+        raise ValueError(f"Expected at least one candidate value for '{knob}' (got none)")
     return best
 
 

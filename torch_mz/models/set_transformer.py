@@ -1,6 +1,6 @@
 r"""Set models on PyG's flat layout: the MZ-Set Transformer and the paper's baselines, all built
 from the same blocks (:mod:`torch_mz.nn.blocks`) so that they differ only where they should."""
-from typing import Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -112,7 +112,8 @@ class PerceiverSet(SetModel):
         self.num_latents = num_latents
         self.num_cross = num_cross
         self.num_latent_blocks = num_latent_blocks
-        kw = dict(heads=heads, num_generators=0, d_ff=d_ff, value='rigid', dropout=dropout)
+        kw: Dict[str, Any] = dict(heads=heads, num_generators=0, d_ff=d_ff, value='rigid',
+                                  dropout=dropout)
         self.input_proj = InputProjection(in_channels, dim, num_generators=0)
         self.latents = LearnedTokens(num_latents, dim, 0)
         self.cross = ModuleList([MAB(dim, **kw) for _ in range(num_cross)])

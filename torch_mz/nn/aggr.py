@@ -1,5 +1,5 @@
 r"""MZAggregation: a PyG aggregation built from MZ-Set-Transformer blocks."""
-from typing import Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -64,6 +64,7 @@ def resolve_set_index(x: Tensor, index: Optional[Tensor], ptr: Optional[Tensor],
         index = torch.repeat_interleave(torch.arange(ptr.numel() - 1, device=x.device), sizes)
         if dim_size is None:
             dim_size = ptr.numel() - 1
+    assert index is not None  # given, or built from ptr or for a single set above
     if given_index is not None:
         if (given_index.dim() != 1 or given_index.numel() != N
                 or not torch.equal(given_index.to(index.device).long(), index)):
@@ -243,9 +244,10 @@ class MZAggregation(Aggregation):
         self.chunk_size = chunk_size
         self.checkpoint = checkpoint
 
-        block_kwargs = dict(heads=heads, num_generators=num_generators, d_ff=d_ff, value=value,
-                            num_matrix_generators=num_matrix_generators, rank=rank,
-                            summary=summary, dropout=dropout, log_n=log_n, path=path)
+        block_kwargs: Dict[str, Any] = dict(
+            heads=heads, num_generators=num_generators, d_ff=d_ff, value=value,
+            num_matrix_generators=num_matrix_generators, rank=rank, summary=summary,
+            dropout=dropout, log_n=log_n, path=path)
         self.input_proj = InputProjection(in_channels, dim, num_generators)
         self.encoders = ModuleList([
             ISAB(dim, num_inducing=num_inducing, **block_kwargs)
@@ -304,6 +306,7 @@ class MZAggregation(Aggregation):
         same window of :attr:`chunk_size` rows form a group, so a group holds at most
         ``chunk_size`` rows plus the remainder of its last set. Sets never interact, so the result
         equals the unchunked one."""
+        assert self.chunk_size is not None  # called only when chunking is on
         starts = torch.cumsum(counts, 0) - counts  # (B,) first row of each set in set order
         group = torch.div(starts, self.chunk_size, rounding_mode='floor')  # (B,)
         _, sets_per_group = torch.unique_consecutive(group, return_counts=True)

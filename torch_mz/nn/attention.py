@@ -8,6 +8,7 @@ The value operator is pluggable, so that baselines share the routing code exactl
 * ``'hypernet'``: :math:`(W^{(h)} + U^{(h)}(\mu) V^{(h)}) \hat{c}` with a rank-:math:`r` update.
 """
 import math
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -280,8 +281,8 @@ class MZAttention(Module):
         out_g.view(Nq, ng, H, dk).copy_(g_agg.transpose(1, 2))
         return out_g.baddbmm_(coef, mc)
 
-    def _context(self, out_c: Tensor, out_g: Tensor, c_hat: Tensor, g_hat: Tensor, mu: Tensor,
-                 query_set: Tensor):
+    def _context(self, out_c: Tensor, out_g: Tensor, c_hat: Tensor, g_hat: Optional[Tensor],
+                 mu: Tensor, query_set: Tensor) -> Tuple[Tensor, Tensor]:
         H, dk = self.heads, self.head_dim
         Nq = out_c.size(0)
         if self.value == 'film':
@@ -289,6 +290,7 @@ class MZAttention(Module):
             shift = self.film_shift(mu)[query_set].view(Nq, H, dk)  # (Nq, H, dk)
             return out_c * scale + shift, out_g * scale.unsqueeze(2)
         # hypernet: (W + U(mu) V) acts on the center and, row-wise, on the generators
+        assert g_hat is not None  # the hypernet value keeps the aggregated generators
         u = self.hyper_u(mu)[query_set].view(Nq, H, dk, self.rank)  # (Nq, H, dk, r)
         hv = self.hyper_v.to(c_hat.dtype)
         u = u.to(c_hat.dtype)

@@ -18,7 +18,7 @@ same result:
 
 No Python loop runs over individual sets: the only loop is over the (few) size buckets.
 """
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple, Union, overload
 
 import torch
 import torch.nn.functional as F
@@ -115,7 +115,8 @@ def _merge_buckets(keys: Tensor, sizes: Tensor, pair_cost: int = 1) -> Tuple[Ten
     return torch.tensor(padded, dtype=torch.long, device=keys.device), group_t[inverse]
 
 
-def _sorted_layout(set_id: Tensor, num_sets: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+def _sorted_layout(set_id: Tensor,
+                   num_sets: int) -> Tuple[Optional[Tensor], Tensor, Tensor, Tensor]:
     r"""Returns (perm, counts, ptr, local): :obj:`perm` sorts rows by set (stable), :obj:`ptr` is the
     CSR offset of each set in sorted order and :obj:`local[i]` is the position of row :obj:`i`
     inside its set (in the original row order). :obj:`perm` is :obj:`None` when the rows are
@@ -134,9 +135,24 @@ def _sorted_layout(set_id: Tensor, num_sets: int) -> Tuple[Tensor, Tensor, Tenso
     return perm, counts, ptr, local
 
 
+@overload
 def grouped_attention(q: Tensor, k: Tensor, v: Tensor, q_set: Tensor, kv_set: Tensor,
-                      num_sets: int, dropout: float = 0.0, training: bool = False,
-                      path: str = 'auto') -> Tensor:
+                      num_sets: int, dropout: float = ..., training: bool = ...,
+                      path: str = ...) -> Tensor:
+    ...
+
+
+@overload
+def grouped_attention(q: Tensor, k: Tensor, v: Union[Tuple[Tensor, ...], List[Tensor]],
+                      q_set: Tensor, kv_set: Tensor, num_sets: int, dropout: float = ...,
+                      training: bool = ..., path: str = ...) -> Tuple[Tensor, ...]:
+    ...
+
+
+def grouped_attention(q: Tensor, k: Tensor, v: Union[Tensor, Sequence[Tensor]], q_set: Tensor,
+                      kv_set: Tensor, num_sets: int, dropout: float = 0.0,
+                      training: bool = False,
+                      path: str = 'auto') -> Union[Tensor, Tuple[Tensor, ...]]:
     r"""Multi-head attention from each query to the keys/values of its own set.
 
     .. math::
@@ -377,8 +393,8 @@ def _attention_dense(q: Tensor, k: Tensor, vs: Tuple[Tensor, ...], q_set: Tensor
         vds = [(v.view(num_sets, nk0, w) if shared else
                 v.view(num_sets, nk0, H, w).transpose(1, 2)).to(out_dtype)
                for v, w in zip(vs, ws)]  # (B, nk, w) or (B, H, nk, w)
-        outs = _attend(qd, kd, vds, None, p)  # (B, H, nq, w) each
-        return [out.transpose(1, 2).reshape(Nq, H, w) for out, w in zip(outs, ws)]
+        exact = _attend(qd, kd, vds, None, p)  # (B, H, nq, w) each
+        return [out.transpose(1, 2).reshape(Nq, H, w) for out, w in zip(exact, ws)]
 
     active = (counts_q > 0) & (counts_k > 0)  # (B,)
     sets_active = torch.nonzero(active).view(-1)  # (B',)
@@ -423,7 +439,7 @@ def _attention_dense(q: Tensor, k: Tensor, vs: Tuple[Tensor, ...], q_set: Tensor
     # of a full-size zero tensor per bucket
     q_sizes, k_sizes = (nb * pq).tolist(), (nb * pk).tolist()
     vb_split = list(zip(*[vbuf.split(k_sizes) for vbuf in vbufs]))  # per bucket, per value
-    outs = [[] for _ in vs]  # per value, per bucket
+    outs: List[List[Tensor]] = [[] for _ in vs]  # per value, per bucket
     for b, (nb_b, pq_b, pk_b, qb, kb, mb) in enumerate(zip(
             nb.tolist(), pq.tolist(), pk.tolist(), qbuf.split(q_sizes), kbuf.split(k_sizes),
             mbuf.split(k_sizes))):

@@ -14,13 +14,13 @@ the autograd reference in float64.
 """
 import os
 import warnings
-from typing import Optional
+from typing import Callable, Dict, Optional
 
 import torch
 from torch import Tensor
 
 _ENABLED = os.environ.get('TORCH_MZ_FUSED_KERNELS', '0') not in ('', '0', 'false', 'False')
-_COMPILED = {}
+_COMPILED: Dict[str, Callable] = {}
 _FAILED = False
 
 

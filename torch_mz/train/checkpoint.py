@@ -66,6 +66,7 @@ def load_checkpoint(path: Union[str, os.PathLike],
 def _rng_state() -> Dict[str, Any]:
     version, mt, gauss = random.getstate()
     np_state = np.random.get_state()
+    assert isinstance(np_state, tuple)  # the legacy form, the default
     return {
         'python': {'version': version, 'state': torch.tensor(mt, dtype=torch.int64),
                    'gauss': gauss},

@@ -1,6 +1,6 @@
 r"""Target normalisation: :class:`TargetNormalizer` (statistics of the training split) and
 :class:`TargetUnits`, which a model carries so that it predicts in target units."""
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -80,6 +80,7 @@ class TargetNormalizer:
     def __repr__(self) -> str:
         if not self.fitted:
             return f'{self.__class__.__name__}(unfitted)'
+        assert self.mean is not None and self.std is not None
         return (f'{self.__class__.__name__}(mean={self.mean.tolist()}, '
                 f'std={self.std.tolist()})')
 
@@ -119,10 +120,14 @@ class TargetUnits(torch.nn.Module):
           uncertainty, pass unchanged).
         - **output:** the same structure, the prediction in target units.
     """
+    mean: Tensor  # buffers, registered in __init__
+    std: Tensor
+
     def __init__(self, normalizer: 'TargetNormalizer'):
         super().__init__()
         if not normalizer.fitted:
             raise ValueError('Expected a fitted TargetNormalizer')
+        assert normalizer.mean is not None and normalizer.std is not None
         self.eps = normalizer.eps
         self.register_buffer('mean', normalizer.mean.detach().clone(), persistent=False)  # (t,)
         self.register_buffer('std', normalizer.std.detach().clone(), persistent=False)  # (t,)
@@ -135,7 +140,7 @@ class TargetUnits(torch.nn.Module):
 
     def forward(self, out: ModelOutput) -> ModelOutput:
         if isinstance(out, (tuple, list)):
-            items = [self.forward(out[0]), *out[1:]]
+            items: List[Any] = [self.forward(out[0]), *out[1:]]
             return type(out)(*items) if hasattr(out, '_fields') else type(out)(items)
         mean, std = _stats_like(out, self.mean, self.std)
         return out * std + mean
@@ -196,7 +201,18 @@ class _standardised:
 
     def __exit__(self, *exc: Any) -> None:
         if isinstance(self.units, TargetUnits):
+            assert self.was is not None  # read from the same TargetUnits
             self.units.enabled = self.was
+
+
+def _same_statistics(a: TargetNormalizer, b: TargetNormalizer) -> bool:
+    r"""Whether ``a`` is fitted and has the statistics of the fitted ``b``, to float32 rounding
+    (a model made ``.float()``)."""
+    if not a.fitted:
+        return False
+    assert a.mean is not None and a.std is not None and b.mean is not None and b.std is not None
+    return all(x.shape == y.shape and torch.allclose(x.cpu().double(), y, rtol=1e-6, atol=0.0)
+               for x, y in ((a.mean, b.mean), (a.std, b.std)))
 
 
 def _pending_normalizer(model: torch.nn.Module, normalizer: Optional[TargetNormalizer]
@@ -208,9 +224,7 @@ def _pending_normalizer(model: torch.nn.Module, normalizer: Optional[TargetNorma
     carried = carried_normalizer(model)
     if carried is None:
         return normalizer, normalizer
-    same = (normalizer is None or normalizer.fitted and all(  # to float32 rounding (model.float())
-        a.shape == b.shape and torch.allclose(a.cpu().double(), b, rtol=1e-6, atol=0.0)
-        for a, b in ((normalizer.mean, carried.mean), (normalizer.std, carried.std))))
+    same = normalizer is None or _same_statistics(normalizer, carried)
     if not same:
         raise ValueError(f'The model carries its own target normaliser ({carried}) and already '
                          f'predicts in target units; the normalizer passed ({normalizer}) '

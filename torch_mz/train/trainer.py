@@ -159,8 +159,10 @@ class Trainer:
     def _train_loader(self, dataset: Sequence) -> Tuple[DataLoader, DistributedSampler]:
         # A DistributedSampler also in a single process: its permutation depends only on
         # (seed, epoch), which makes shuffling reproducible across resumes and world sizes.
-        sampler = DistributedSampler(dataset, num_replicas=self.dist.world_size,
-                                     rank=self.dist.rank, shuffle=True, seed=self.config.seed)
+        # typed for a torch Dataset, but only len(dataset) is used: any sized sequence works
+        sampler: DistributedSampler = DistributedSampler(
+            dataset, num_replicas=self.dist.world_size,  # type: ignore[arg-type]
+            rank=self.dist.rank, shuffle=True, seed=self.config.seed)
         loader = DataLoader(dataset, batch_size=self.config.batch_size, sampler=sampler,
                             num_workers=self.config.num_workers, worker_init_fn=_worker_init_fn,
                             pin_memory=self.device.type == 'cuda')
@@ -224,8 +226,11 @@ class Trainer:
             pred = _match_pred(_first(out), y, self.task_type)
             if self.task_type == 'regression':
                 if shift is None:  # centre y with the train mean for a stable one-pass variance
-                    shift = (self.normalizer.mean.to(self.device, acc) if self.uses_normalizer
-                             else torch.zeros(y.size(1), dtype=acc, device=self.device))
+                    if self.uses_normalizer:
+                        assert self.normalizer.mean is not None  # fitted (checked above)
+                        shift = self.normalizer.mean.to(self.device, acc)
+                    else:
+                        shift = torch.zeros(y.size(1), dtype=acc, device=self.device)
                 err = self._to_original(pred).to(acc) - y.to(acc)  # (B, t)
                 yc = y.to(acc) - shift  # (B, t)
                 part = torch.cat([loss_sum.new_tensor([n]), loss_sum.view(1), err.pow(2).sum(0),
@@ -399,6 +404,7 @@ class Trainer:
         run = self._start_or_resume(train_dataset, start)
         self._wrap_ddp()
         if self._writes_files:
+            assert cfg.out_dir is not None  # _writes_files needs it
             os.makedirs(cfg.out_dir, exist_ok=True)
         self._run_epochs(run, loader, sampler, val_dataset)
         return self._finish(run, val_dataset, test_dataset)
@@ -480,6 +486,7 @@ class Trainer:
             run.best_val, run.best_epoch, run.bad_epochs = val['loss'], epoch, 0
             run.best_state = _cpu_state_dict(self.model)
             if self._writes_files:
+                assert cfg.out_dir is not None  # _writes_files needs it
                 best = self._checkpoint_base('model')
                 best.update(model=run.best_state, epoch=epoch, metrics=dict(record))
                 save_checkpoint(best, os.path.join(cfg.out_dir, BEST_CHECKPOINT))
