@@ -30,35 +30,29 @@ from torch_mz.datasets.splits import TaskSplits
 from torch_mz.datasets.transforms import RandomJitter
 
 
+class HeldOutValidation:
+    r"""The option the point-cloud tasks add to their dataset class: a mixin placed before the
+    dataset class, read by :func:`load_real_task` (see the module docstring).
 
-class ModelNet40Task(ModelNet40):
+    Args:
+        val_fraction (float, optional): Share of the training files held out for validation;
+            :obj:`0` trains on all of them and validates on the test split, as the published
+            code does. (default: :obj:`0.1`)
+        **kwargs: The arguments of the dataset class.
+    """
+    def __init__(self, val_fraction: float = 0.1, **kwargs) -> None:
+        self.val_fraction = val_fraction
+        super().__init__(**kwargs)
+
+
+class ModelNet40Task(HeldOutValidation, ModelNet40):
     r"""The class behind task ``modelnet40``: :class:`~torch_mz.datasets.ModelNet40` with the
-    task's own option, read by :func:`load_real_task` (see the module docstring).
-
-    Args:
-        val_fraction (float, optional): Share of the training files held out for validation;
-            :obj:`0` trains on all of them and validates on the test split, as the published
-            code does. (default: :obj:`0.1`)
-        **kwargs: The arguments of :class:`~torch_mz.datasets.ModelNet40`.
-    """
-    def __init__(self, val_fraction: float = 0.1, **kwargs) -> None:
-        self.val_fraction = val_fraction
-        super().__init__(**kwargs)
+    option ``val_fraction`` of :class:`HeldOutValidation`."""
 
 
-class ScanObjectNNTask(ScanObjectNN):
+class ScanObjectNNTask(HeldOutValidation, ScanObjectNN):
     r"""The class behind task ``scanobjectnn``: :class:`~torch_mz.datasets.ScanObjectNN` with
-    the task's own option, read by :func:`load_real_task` (see the module docstring).
-
-    Args:
-        val_fraction (float, optional): Share of the training files held out for validation;
-            :obj:`0` trains on all of them and validates on the test split, as the published
-            code does. (default: :obj:`0.1`)
-        **kwargs: The arguments of :class:`~torch_mz.datasets.ScanObjectNN`.
-    """
-    def __init__(self, val_fraction: float = 0.1, **kwargs) -> None:
-        self.val_fraction = val_fraction
-        super().__init__(**kwargs)
+    the option ``val_fraction`` of :class:`HeldOutValidation`."""
 
 
 #: The class of each real task (its constructor's arguments are the task's options), and the

@@ -1,5 +1,6 @@
-r"""Models built on torch_mz: the MZ-Set Transformer, the paper's baselines (all from the same
-blocks), the E(n)-equivariant comparison model (EGNN) and named presets."""
+r"""Models built on torch_mz: the MZ-Set Transformer, the paper's baselines (the attention ones
+from the same blocks, Deep Sets and the mean-MLP oracle from MLPs), the E(n)-equivariant
+comparison model (EGNN) and named presets."""
 from torch_mz.models.base import SetModel, SetPrediction, set_features
 from torch_mz.models.egnn import (EGNN, EGNNConv, fully_connected_edge_index, radius_edge_index,
                                   split_pos_features)

@@ -1,6 +1,11 @@
 r"""Named model presets (the paper's configurations and baselines), parameter counting and
-budget matching. Every preset is built from the shared blocks; models differ only in the value
-operator, the generator budget and the sizes given here.
+budget matching. The Set Transformer presets (``mz`` to ``hypernet`` below) are one
+:class:`~torch_mz.models.MZSetTransformer`, whose body is the shared blocks of
+:mod:`torch_mz.nn.blocks`; they differ only in the value operator, the generator budget and the
+sizes given here. ``perceiver`` is built from the same MAB/SAB/PMA blocks with the ``'rigid'``
+value operator but routes through learned latents. ``deepsets`` and ``mean-mlp`` are MLPs with
+pooling, and ``egnn`` and ``egnn-qm9`` pass messages on a graph of the coordinates
+(:class:`~torch_mz.models.EGNN`): none of these uses the attention blocks.
 
 Presets (paper defaults: d = 64, H = 4, d_ff = 128, 16 inducing points, dropout 0.1):
 

@@ -1,5 +1,7 @@
-r"""Set models on PyG's flat layout: the MZ-Set Transformer and the paper's baselines, all built
-from the same blocks (:mod:`torch_mz.nn.blocks`) so that they differ only where they should."""
+r"""Set models on PyG's flat layout: the MZ-Set Transformer (with its value operators also the
+standard Set Transformer, ST + FiLM and HyperNet baselines) and the Perceiver baseline, both built
+from the same blocks (:mod:`torch_mz.nn.blocks`) so that they differ only where they should, and
+Deep Sets, which uses none of them (MLPs and pooling)."""
 from typing import Any, Dict, Optional, Tuple
 
 import torch
