@@ -29,15 +29,13 @@ are taken between medians of the same run. Aggregations:
 import argparse
 import json
 import os
-import subprocess
-import sys
 import time
 
 import numpy as np
 import torch
 
-from torch_mz.benchmark import (environment, markdown_table, peak_memory_bytes, time_call,
-                                write_json)
+from torch_mz.study import (MeasurementFailed, environment, in_fresh_process, markdown_table,
+                            peak_memory_bytes, pyplot, time_call, try_plot, write_results)
 
 AGGRS = ('pyg', 'rigid', 'default', 'default-fused', 'default-ckpt', 'mz-ng8', 'paper')
 CONVS = ('sage', 'graph')
@@ -109,17 +107,11 @@ def run_one(cfg: dict) -> dict:
 
 
 def run_subprocess(cfg: dict, timeout: float) -> dict:
+    r"""One configuration in a fresh process; a failed one is a row with an ``error``."""
     try:
-        out = subprocess.run([sys.executable, os.path.abspath(__file__), '--_one',
-                              json.dumps(cfg)], capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return dict(cfg, error=f'timed out after {timeout:.0f} s')
-    if out.returncode != 0:
-        tail = (out.stderr.strip().splitlines() or ['killed'])[-1]
-        if out.returncode < 0:
-            tail = f'killed by signal {-out.returncode} (out of memory?)'
-        return dict(cfg, error=tail[:200])
-    return json.loads(out.stdout.strip().splitlines()[-1])
+        return in_fresh_process(__file__, cfg, timeout=timeout)
+    except MeasurementFailed as e:
+        return dict(cfg, error=str(e))
 
 
 def fit_slope(rows, key):
@@ -133,10 +125,7 @@ def fit_slope(rows, key):
 
 
 def plot(rows, path):
-    from torch_mz._optional import require
-    matplotlib = require('matplotlib')
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     groups = sorted({(r['degrees'], r['dim']) for r in rows if r['conv'] == 'sage'})
     fig, axes = plt.subplots(2, len(groups), figsize=(4 * len(groups), 7), squeeze=False)
     for col, (degrees, dim) in enumerate(groups):
@@ -252,18 +241,13 @@ def main():
                                        memory_slope=fit_slope(sel, 'peak_mib')))
     env = environment()
     minutes = (time.time() - start) / 60
-    os.makedirs(args.out, exist_ok=True)
-    write_json(os.path.join(args.out, 'message_passing.json'),
-               dict(environment=env, config=vars(args), minutes=minutes, rows=rows,
-                    ratios=ratios, slopes=slopes))
     row_cols = ['degrees', 'dim', 'nodes', 'edges', 'max_degree', 'conv', 'aggr', 'median_ms',
                 'peak_mib', 'error']
     ratio_cols = ['degrees', 'dim', 'nodes', 'conv', 'rigid/pyg time', 'rigid/pyg memory',
                   'default/rigid time', 'default-fused/rigid time', 'default-ckpt/rigid time',
                   'mz-ng8/rigid time',
                   'paper/rigid time']
-    with open(os.path.join(args.out, 'message_passing.md'), 'w') as f:
-        f.write('# MZAggregation in message passing against PyG\'s SetTransformerAggregation\n\n'
+    markdown = ('# MZAggregation in message passing against PyG\'s SetTransformerAggregation\n\n'
                 f"Command: `{env['command']}`  \n"
                 f"torch {env['torch']}, torch_geometric {env['torch_geometric']}, "
                 f"{args.threads} thread(s), device {args.device}, "
@@ -279,10 +263,12 @@ def main():
                                           'memory_slope'])
                 + '\n## All measurements\n\n' + markdown_table(rows, row_cols)
                 + '\n![plot](message_passing.png)\n')
-    try:
-        plot(rows, os.path.join(args.out, 'message_passing.png'))
-    except ImportError as err:
-        print(err)
+    write_results(args.out, 'message_passing',
+                  dict(environment=env, config=vars(args), minutes=minutes, rows=rows,
+                       ratios=ratios, slopes=slopes), markdown)
+    note = try_plot(plot, rows, os.path.join(args.out, 'message_passing.png'))
+    if note:
+        print(note)
     print(markdown_table(ratios, ratio_cols))
     print(f'wrote {args.out}/message_passing.json, .md, .png')
 

@@ -29,11 +29,10 @@ import os
 import sys
 import time
 
-from torch_mz.benchmark import environment, write_report
-from torch_mz.compare import plot_bars
 from torch_mz.reproduce import (BUDGETS, CLAIM_NAMES, CLAIMS, SWEEP_CELLS, VERDICT_RULE,
                                 Reproduction, load_claims, models_table, overhead_records,
                                 save_claim, summary_table)
+from torch_mz.study import environment, plot_bars, try_plot, write_report
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, 'results')
@@ -109,11 +108,10 @@ def main(argv=None):
                 print(f'reproduce.py: {name} not run: {e}', file=sys.stderr)
                 failed.append(name)
                 continue
-            try:
-                plot(CLAIMS[name], records, budget.name,
-                     os.path.join(out, f'{name}.{budget.name}.png'))
-            except ImportError:
-                print("matplotlib is not installed: no plot (pip install 'torch_mz[plot]')")
+            note = try_plot(plot, CLAIMS[name], records, budget.name,
+                            os.path.join(out, f'{name}.{budget.name}.png'))
+            if note:
+                print(note)
         path = save_claim(out, name, budget.name, records)
         write_summary(out, (time.time() - start) / 60)
         for r in records:

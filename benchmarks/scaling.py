@@ -14,14 +14,13 @@ is linear growth.
 import argparse
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import torch
 
-from torch_mz.benchmark import environment, markdown_table, peak_memory_bytes, time_call, write_json
 from torch_mz.nn import MZAggregation
+from torch_mz.study import (environment, in_fresh_process, markdown_table, peak_memory_bytes,
+                            pyplot, time_call, try_plot, write_results)
 
 
 def build(model: str, chunk_size) -> MZAggregation:
@@ -51,6 +50,25 @@ def run_one(cfg: dict) -> dict:
     return dict(points=n, sets=sets, median_s=float(np.median(times)))
 
 
+def plot(rows, model, set_size, slope, path):
+    plt = pyplot()
+    fig, ax = plt.subplots(1, 2, figsize=(9, 3.6))
+    pts = [r['points'] for r in rows]
+    ax[0].loglog(pts, [r['median_s'] for r in rows], marker='o', label='measured')
+    ax[0].loglog(pts, [rows[0]['median_s'] * p / pts[0] for p in pts], linestyle='--',
+                 label='linear')
+    ax[0].set_xlabel('points')
+    ax[0].set_ylabel('inference time, s')
+    ax[0].legend()
+    ax[1].loglog(pts, [r['peak_mib'] for r in rows], marker='o')
+    ax[1].set_xlabel('points')
+    ax[1].set_ylabel('peak memory above baseline, MiB')
+    fig.suptitle(f'MZAggregation ({model}), sets of {set_size}, slope {slope:.2f}')
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--quick', action='store_true', help='10^3 to 10^5 points')
@@ -74,11 +92,7 @@ def main():
         cfg = dict(model=args.model, points=n, set_size=args.set_size, repeats=args.repeats,
                    threads=args.threads, chunk_size=args.chunk_size or None)
         row = run_one(cfg)
-        child = subprocess.run(
-            [sys.executable, os.path.abspath(__file__), '--_one',
-             json.dumps(dict(cfg, memory_only=True))], capture_output=True, text=True,
-            check=True)
-        peak = json.loads(child.stdout.strip().splitlines()[-1])['peak_bytes']
+        peak = in_fresh_process(__file__, dict(cfg, memory_only=True))['peak_bytes']
         row['us_per_point'] = 1e6 * row['median_s'] / n
         row['peak_mib'] = None if peak is None else peak / 2**20
         rows.append(row)
@@ -87,37 +101,19 @@ def main():
     slope = float(np.polyfit(np.log([r['points'] for r in rows]),
                              np.log([r['median_s'] for r in rows]), 1)[0])
     env = environment()
-    os.makedirs(args.out, exist_ok=True)
-    write_json(os.path.join(args.out, f'scaling_{args.model}.json'),
-               dict(environment=env, config=vars(args), rows=rows, loglog_slope=slope))
     table = markdown_table(rows, ['points', 'sets', 'median_s', 'us_per_point', 'peak_mib'])
-    with open(os.path.join(args.out, f'scaling_{args.model}.md'), 'w') as f:
-        f.write(f'# Inference scaling of MZAggregation ({args.model}), sets of {args.set_size} '
-                f'3D points, chunk_size {args.chunk_size}\n\nCommand: `{env["command"]}`  \n'
-                f'{env["threads"]} threads, torch '
-                f'{env["torch"]}\n\n{table}\nSlope of log(time) against log(points): '
-                f'{slope:.3f}\n\n![plot](scaling_{args.model}.png)\n')
-    try:
-        import matplotlib
-        matplotlib.use('Agg')
-        import matplotlib.pyplot as plt
-        fig, ax = plt.subplots(1, 2, figsize=(9, 3.6))
-        pts = [r['points'] for r in rows]
-        ax[0].loglog(pts, [r['median_s'] for r in rows], marker='o', label='measured')
-        ax[0].loglog(pts, [rows[0]['median_s'] * p / pts[0] for p in pts], linestyle='--',
-                     label='linear')
-        ax[0].set_xlabel('points')
-        ax[0].set_ylabel('inference time, s')
-        ax[0].legend()
-        ax[1].loglog(pts, [r['peak_mib'] for r in rows], marker='o')
-        ax[1].set_xlabel('points')
-        ax[1].set_ylabel('peak memory above baseline, MiB')
-        fig.suptitle(f'MZAggregation ({args.model}), sets of {args.set_size}, slope {slope:.2f}')
-        fig.tight_layout()
-        fig.savefig(os.path.join(args.out, f'scaling_{args.model}.png'), dpi=120)
-        plt.close(fig)
-    except ImportError:
-        print("matplotlib is not installed: no plot (pip install 'torch_mz[plot]')")
+    name = f'scaling_{args.model}'
+    write_results(args.out, name,
+                  dict(environment=env, config=vars(args), rows=rows, loglog_slope=slope),
+                  f'# Inference scaling of MZAggregation ({args.model}), sets of {args.set_size} '
+                  f'3D points, chunk_size {args.chunk_size}\n\nCommand: `{env["command"]}`  \n'
+                  f'{env["threads"]} threads, torch '
+                  f'{env["torch"]}\n\n{table}\nSlope of log(time) against log(points): '
+                  f'{slope:.3f}\n\n![plot]({name}.png)\n')
+    note = try_plot(plot, rows, args.model, args.set_size, slope,
+                    os.path.join(args.out, f'{name}.png'))
+    if note:
+        print(note)
     print(table)
     print(f'log-log slope {slope:.3f}; wrote {args.out}/scaling_{args.model}.*')
 

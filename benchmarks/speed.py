@@ -21,16 +21,14 @@ subprocess per configuration (CPU: increase of peak RSS; CUDA: allocator peak).
 import argparse
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import torch
 
-from torch_mz.benchmark import (count_flops, environment, markdown_table, matmul_peak_flops,
-                                peak_memory_bytes, skewed_sizes, time_call, uniform_sizes,
-                                write_json)
 from torch_mz.nn import MZAggregation
+from torch_mz.study import (count_flops, environment, in_fresh_process, markdown_table,
+                            matmul_peak_flops, peak_memory_bytes, pyplot, skewed_sizes,
+                            time_call, try_plot, uniform_sizes, write_results)
 
 MODELS = ('pyg', 'rigid', 'rigid-zono', 'mz')
 BLOCKS = ('pma', 'sab')
@@ -92,16 +90,11 @@ def run_one(cfg: dict) -> dict:
 
 
 def measure_memory(cfg: dict) -> int:
-    child = dict(cfg, memory_only=True)
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), '--_one', json.dumps(child)],
-                         capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])['peak_bytes']
+    return in_fresh_process(__file__, dict(cfg, memory_only=True))['peak_bytes']
 
 
 def plot(rows, path):
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(BLOCKS), figsize=(10, 4))
     for ax, block in zip(axes, BLOCKS):
         xs = np.arange(2)
@@ -178,10 +171,6 @@ def main():
                                                / by['rigid-zono']['median_ms'])
             ratios.append(entry)
     env = environment()
-    os.makedirs(args.out, exist_ok=True)
-    write_json(os.path.join(args.out, 'speed.json'),
-               dict(environment=env, config=vars(args), matmul_peak_gflop_per_s=peak, rows=rows,
-                    ratios=ratios))
     columns = ['block', 'batch', 'model', 'max_set', 'median_ms', 'params', 'gflop',
                'gflop_per_s', 'pct_of_peak']
     if args.memory:
@@ -189,20 +178,21 @@ def main():
     ratio_cols = ['block', 'batch', 'pyg/rigid time', 'mz/rigid time', 'mz/rigid-zono time']
     if args.memory:
         ratio_cols.append('rigid/pyg memory')
-    with open(os.path.join(args.out, 'speed.md'), 'w') as f:
-        f.write(f"# Forward+backward speed, {args.sets} sets, {args.points} points, "
-                f"d={args.dim}, {args.heads} heads ({args.device})\n\n")
-        f.write(f"Command: `{env['command']}`  \n")
-        f.write(f"torch {env['torch']}, torch_geometric {env['torch_geometric']}, "
+    markdown = (f"# Forward+backward speed, {args.sets} sets, {args.points} points, "
+                f"d={args.dim}, {args.heads} heads ({args.device})\n\n"
+                f"Command: `{env['command']}`  \n"
+                f"torch {env['torch']}, torch_geometric {env['torch_geometric']}, "
                 f"{env['threads']} threads, torch-scatter: {env['torch_scatter']}; measured "
                 f"float32 matmul peak {peak:.1f} GFLOP/s (2048 x 2048). FLOPs are those of matrix "
                 f"products and attention kernels counted by torch's FlopCounterMode "
-                f"(forward + backward).\n\n")
-        f.write(markdown_table(rows, columns) + '\n' + markdown_table(ratios, ratio_cols))
-    try:
-        plot(rows, os.path.join(args.out, 'speed.png'))
-    except ImportError:
-        print('matplotlib not installed: no plot (pip install torch_mz[plot])')
+                f"(forward + backward).\n\n"
+                + markdown_table(rows, columns) + '\n' + markdown_table(ratios, ratio_cols))
+    write_results(args.out, 'speed', dict(environment=env, config=vars(args),
+                                          matmul_peak_gflop_per_s=peak, rows=rows,
+                                          ratios=ratios), markdown)
+    note = try_plot(plot, rows, os.path.join(args.out, 'speed.png'))
+    if note:
+        print(note)
     print(markdown_table(ratios, ratio_cols))
     print(f"wrote {args.out}/speed.json, speed.md, speed.png")
 

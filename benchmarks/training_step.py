@@ -7,9 +7,10 @@ them). Reported per preset: median step time, points per second, FLOPs per step 
 and attention kernels, counted by torch's FlopCounterMode), the achieved fraction of the measured
 float32 matrix-product peak, the bytes its operators read and write (an unfused estimate,
 :func:`torch_mz.study.traffic.count_bytes`) and the achieved fraction of the measured memory
-bandwidth, median inference time, and the ratios to ``rigid`` measured in the same run. ``+fused`` rows run the same preset with the opt-in compiled kernels
-(:func:`torch_mz.nn.set_fused_kernels`) (the paper's Table 30 reports ``mz`` / standard at 2.2-5.5x for training and 2.4-2.7x
-for inference).
+bandwidth, median inference time, and the ratios to ``rigid`` measured in the same run.
+``+fused`` rows run the same preset with the opt-in compiled kernels
+(:func:`torch_mz.nn.set_fused_kernels`). The paper's Table 30 reports ``mz`` / standard at
+2.2-5.5x for training and 2.4-2.7x for inference.
 
 EGNN is fully connected inside each set by default; on 1,024 points that is a million edges per
 cloud (tens of GB of edge features), so here it runs on a radius graph (``--egnn-radius``, on
@@ -28,10 +29,10 @@ import torch
 import torch.nn.functional as F
 from torch_geometric.data import Batch, Data
 
-from torch_mz.benchmark import (count_flops, environment, markdown_table, matmul_peak_flops,
-                                time_call, write_json)
 from torch_mz.models import build_model, count_parameters
 from torch_mz.nn import set_fused_kernels
+from torch_mz.study import (count_flops, environment, markdown_table, matmul_peak_flops, pyplot,
+                            time_call, try_plot, write_results)
 from torch_mz.study.traffic import count_bytes, memory_bandwidth
 
 PRESETS = ('rigid', 'st-large', 'mz-slim', 'mz', 'mz-slim+fused', 'mz+fused', 'egnn')
@@ -103,10 +104,7 @@ def _measure(name: str, preset: str, args, pos, batch, y) -> dict:
 
 
 def plot(rows, path):
-    from torch_mz._optional import require
-    matplotlib = require('matplotlib')
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     names = [r['model'] for r in rows]
     xs = np.arange(len(rows))
@@ -170,17 +168,11 @@ def main():
             r['infer bytes / rigid'] = r['infer_gb'] / ref['infer_gb']
     env = environment()
     minutes = (time.time() - start) / 60
-    os.makedirs(args.out, exist_ok=True)
-    write_json(os.path.join(args.out, 'training_step.json'),
-               dict(environment=env, config=vars(args), minutes=minutes,
-                    matmul_peak_gflop_per_s=peak, memory_bandwidth_gb_per_s=bandwidth,
-                    rows=rows))
     cols = ['model', 'params', 'step_s', 'points_per_s', 'gflop_per_step', 'pct_of_peak',
             'gb_per_step', 'pct_of_bandwidth', 'infer_s', 'infer_gb', 'infer_pct_of_bandwidth',
             'step / rigid', 'inference / rigid', 'flops / rigid', 'bytes / rigid',
             'infer bytes / rigid']
-    with open(os.path.join(args.out, 'training_step.md'), 'w') as f:
-        f.write(f'# Training step and inference, {args.clouds} clouds x {args.points} points, '
+    markdown = (f'# Training step and inference, {args.clouds} clouds x {args.points} points, '
                 f'40 classes\n\n'
                 f"Command: `{env['command']}`  \n"
                 f"torch {env['torch']}, {args.threads} thread(s), device {args.device}, "
@@ -196,10 +188,13 @@ def main():
                 f"eagerly under it), so their GB and % of bandwidth are over-estimates."
                 f"\n\n" + markdown_table(rows, cols)
                 + '\n![plot](training_step.png)\n')
-    try:
-        plot(rows, os.path.join(args.out, 'training_step.png'))
-    except ImportError as err:
-        print(err)
+    write_results(args.out, 'training_step',
+                  dict(environment=env, config=vars(args), minutes=minutes,
+                       matmul_peak_gflop_per_s=peak, memory_bandwidth_gb_per_s=bandwidth,
+                       rows=rows), markdown)
+    note = try_plot(plot, rows, os.path.join(args.out, 'training_step.png'))
+    if note:
+        print(note)
     print(f'wrote {args.out}/training_step.json, .md, .png')
 
 

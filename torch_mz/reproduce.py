@@ -19,8 +19,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from torch_mz._files import atomic_write
-from torch_mz.compare import run_grid
 from torch_mz.paper import TABLE1, TABLE1_STD, TABLE28, TABLE30, TABLE7, TABLE7_CELLS
+from torch_mz.study.grid import run_grid
 from torch_mz.train import TrainConfig
 
 VERDICTS = ('reproduced', 'direction only', 'not reproduced', 'inconclusive')
@@ -299,7 +299,7 @@ class RunStore:
         return None
 
     def save(self, record: Dict[str, Any]) -> Optional[Dict[str, object]]:
-        r"""Writes a newly trained run (a record of :func:`~torch_mz.compare.run_grid`) with its
+        r"""Writes a newly trained run (a record of :func:`~torch_mz.study.run_grid`) with its
         key and validation-loss curve, removes its checkpoint and returns what it wrote;
         :obj:`None` for a run read back from the store."""
         pending = self._pending.pop((str(record['cell']), str(record['model']),

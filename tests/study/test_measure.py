@@ -1,10 +1,13 @@
+import os
 import sys
+import textwrap
 
 import pytest
 import torch
 
-from torch_mz.study.measure import (count_flops, environment, matmul_peak_flops,
-                                    peak_memory_bytes, skewed_sizes, uniform_sizes)
+from torch_mz.study.measure import (MeasurementFailed, count_flops, environment,
+                                    in_fresh_process, matmul_peak_flops, peak_memory_bytes,
+                                    skewed_sizes, uniform_sizes)
 
 
 def test_set_size_generators():
@@ -51,3 +54,40 @@ def test_environment_records_versions_and_command():
     env = environment()
     assert {'python', 'torch', 'torch_geometric', 'cpu_count', 'threads', 'command'} <= set(env)
     assert isinstance(env['torch_scatter'], bool)
+
+
+# A script as the operator benchmarks write them: --_one measures one configuration (here it
+# doubles n, or fails as the configuration asks) and prints it as JSON on its last line.
+CHILD = textwrap.dedent("""
+    import json, os, signal, sys, time
+    cfg = json.loads(sys.argv[sys.argv.index('--_one') + 1])
+    print('a progress line first')
+    if cfg.get('fail'):
+        sys.exit('ValueError: no such configuration')
+    if cfg.get('kill'):
+        os.kill(os.getpid(), signal.SIGKILL)
+    if cfg.get('sleep'):
+        time.sleep(cfg['sleep'])
+    print(json.dumps(dict(cfg, twice=2 * cfg['n'], pid=os.getpid())))
+""")
+
+
+def test_in_fresh_process_returns_the_last_json_line(tmp_path):
+    script = tmp_path / 'child.py'
+    script.write_text(CHILD)
+    out = in_fresh_process(str(script), dict(n=21))
+    assert out['n'] == 21 and out['twice'] == 42
+    assert out['pid'] != os.getpid()
+
+
+@pytest.mark.parametrize('cfg,timeout,reason', [
+    (dict(n=1, fail=True), None, 'ValueError: no such configuration'),
+    (dict(n=1, kill=True), None, 'killed by signal 9 (out of memory?)'),
+    (dict(n=1, sleep=30), 1, 'timed out after 1 s'),
+])
+def test_in_fresh_process_says_why_a_measurement_failed(tmp_path, cfg, timeout, reason):
+    script = tmp_path / 'child.py'
+    script.write_text(CHILD)
+    with pytest.raises(MeasurementFailed) as info:
+        in_fresh_process(str(script), cfg, timeout=timeout)
+    assert str(info.value) == reason

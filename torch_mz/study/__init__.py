@@ -1,7 +1,7 @@
 r"""Studies: what the scripts in ``benchmarks/`` and ``torch-mz compare`` share, in one place.
 
 * :mod:`~torch_mz.study.measure`: timing (medians), peak memory, FLOP counts, set-size
-  generators, the environment a measurement ran in;
+  generators, measurements in a fresh process, the environment a measurement ran in;
 * :mod:`~torch_mz.study.specs`: model specs (``'hypernet:rank=4'``);
 * :mod:`~torch_mz.study.grid`: training models x seeds (x tasks) with identical budgets;
 * :mod:`~torch_mz.study.budget`: the quick / full budgets of the scripts and their overrides;
@@ -13,8 +13,9 @@ Library code: nothing here prints or parses a command line.
 """
 from torch_mz.study.budget import Budget, add_budget_arguments, choose_budget, study_config
 from torch_mz.study.grid import run_grid, train_models, train_one
-from torch_mz.study.measure import (count_flops, environment, matmul_peak_flops,
-                                    peak_memory_bytes, skewed_sizes, time_call, uniform_sizes)
+from torch_mz.study.measure import (MeasurementFailed, count_flops, environment,
+                                    in_fresh_process, matmul_peak_flops, peak_memory_bytes,
+                                    skewed_sizes, time_call, uniform_sizes)
 from torch_mz.study.plots import (NO_MATPLOTLIB, plot_bars, plot_grid, plot_summary, pyplot,
                                   try_plot)
 from torch_mz.study.report import (METRICS, markdown_table, summarize, summary_markdown,
@@ -31,8 +32,10 @@ __all__ = [
     'run_grid',
     'train_models',
     'train_one',
+    'MeasurementFailed',
     'count_flops',
     'environment',
+    'in_fresh_process',
     'matmul_peak_flops',
     'peak_memory_bytes',
     'skewed_sizes',

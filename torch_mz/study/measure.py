@@ -1,13 +1,16 @@
 r"""Measurement for the studies in ``benchmarks/``: timing with medians, peak memory, FLOP
-counts, set-size generators and a record of the environment. Library code: nothing here prints."""
+counts, set-size generators, measurements in a fresh process and a record of the environment.
+Library code: nothing here prints."""
 import ctypes
 import gc
+import json
 import os
 import platform
 import shlex
+import subprocess
 import sys
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -15,7 +18,7 @@ import torch
 from torch_mz._optional import WITH_TORCH_SCATTER
 
 __all__ = ['skewed_sizes', 'uniform_sizes', 'time_call', 'peak_memory_bytes', 'count_flops',
-           'matmul_peak_flops', 'environment']
+           'matmul_peak_flops', 'MeasurementFailed', 'in_fresh_process', 'environment']
 
 
 def skewed_sizes(num_sets: int, total: int, sigma: float = 1.0, seed: int = 0) -> List[int]:
@@ -130,6 +133,39 @@ def matmul_peak_flops(n: int = 2048, repeats: int = 5,
     b = torch.randn(n, n, generator=g).to(device)
     times = time_call(lambda: torch.mm(a, b), repeats=repeats, warmup=1, device=device)
     return 2.0 * n**3 / float(np.median(times))
+
+
+class MeasurementFailed(RuntimeError):
+    r"""A measurement in a fresh process (:func:`in_fresh_process`) gave no result; the message
+    says why in one line."""
+
+
+def in_fresh_process(script: str, config: Dict[str, Any],
+                     timeout: Optional[float] = None) -> Dict[str, Any]:
+    r"""Runs ``python <script> --_one '<config as JSON>'`` in a fresh process and returns the
+    JSON object the script prints on its last line of output: a measurement (peak memory above
+    all) that must not see what this process has allocated or compiled before.
+
+    Args:
+        script (str): The benchmark script; its ``--_one`` option measures one configuration.
+        config (dict): The configuration, passed as JSON.
+        timeout (float, optional): Seconds before the child is stopped. (default: :obj:`None`)
+
+    Raises:
+        MeasurementFailed: the child timed out, was killed by a signal (out of memory?) or
+            failed (the last line it wrote to stderr).
+    """
+    try:
+        out = subprocess.run([sys.executable, os.path.abspath(script), '--_one',
+                              json.dumps(config)], capture_output=True, text=True,
+                             timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise MeasurementFailed(f'timed out after {timeout:.0f} s') from None
+    if out.returncode < 0:
+        raise MeasurementFailed(f'killed by signal {-out.returncode} (out of memory?)')
+    if out.returncode != 0:
+        raise MeasurementFailed((out.stderr.strip().splitlines() or ['killed'])[-1][:200])
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def environment() -> Dict[str, object]:
