@@ -20,7 +20,7 @@ import re
 import shlex
 import sys
 import time
-from typing import Dict, List, NamedTuple, Optional, Sequence
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence
 
 EXIT_USAGE = 2
 
@@ -139,7 +139,7 @@ def _model_specs(text: str, flag: str) -> List[ModelSpec]:
 
 
 def _run(args, task, model: ModelSpec, seed: int, out_dir: Optional[str],
-         resume: Optional[str] = None) -> Dict[str, object]:
+         resume: Optional[str] = None) -> Dict[str, Any]:
     from torch_mz.study import train_one
     row = train_one(task, model.name, seed, _config(args, seed, out_dir, resume),
                     **dict(model.options, **_parse_kv(args.model_arg, '--model-arg')))

@@ -35,6 +35,8 @@ def test_match_budget_picks_the_closest_width():
     counts = {d: count_parameters(build_model('rigid', 3, 1, dim=d)) for d in [32, 64, 96, 128]}
     best = min(counts, key=lambda d: abs(counts[d] - 300_000))
     assert count_parameters(model) == counts[best]
+    with pytest.raises(ValueError, match="candidate value for 'dim'"):
+        match_budget('rigid', 300_000, 3, 1, candidates=[])
 
 
 def test_unknown_model_and_bad_sizes():

@@ -35,6 +35,8 @@ def test_study_config():
     assert study_config(QUICK).warmup_epochs == 1  # a tenth of the epochs, at least 1
     assert study_config(Budget(1, 10, 3, 1e-3)).warmup_epochs == 1
     assert study_config(Budget(1, 10, 30, 1e-3), batch_size=8).batch_size == 8
+    with pytest.raises(ValueError, match='lr=None'):
+        study_config(Budget(1, 10, 3))
 
 
 def test_split_sizes():

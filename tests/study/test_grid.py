@@ -122,3 +122,10 @@ def test_train_models_on_a_built_task_or_a_builder():
     assert again == runs and built == []
     train_models(build, ['deepsets'], 2, lambda spec, seed: config)
     assert built == [1]
+
+
+def test_run_grid_needs_a_config():
+    cell = dict(label='sum d=2', task='sum', kwargs=dict(d=2, reduce='sum', n_train=16, n_val=4,
+                                                        n_test=8))
+    with pytest.raises(ValueError, match="'config' or 'config_for'"):
+        run_grid([cell], ['rigid'], 1, None)

@@ -88,6 +88,8 @@ def study_config(budget: Budget, device: str = 'auto', batch_size: int = 64,
     rate, a linear warm-up over a tenth of the epochs (1 to 5), batch size :obj:`batch_size`, no
     progress bars; :obj:`options` set any other :class:`~torch_mz.train.TrainConfig` field
     (e.g. ``seed``, ``patience``)."""
+    if budget.lr is None:
+        raise ValueError("study_config needs a budget with a learning rate (got lr=None)")
     return TrainConfig(epochs=budget.epochs, warmup_epochs=min(5, max(1, budget.epochs // 10)),
                        batch_size=batch_size, lr=budget.lr, device=device, progress=False,
                        **options)

@@ -16,7 +16,7 @@ __all__ = ['train_one', 'train_models', 'run_grid']
 
 
 def train_one(task, model_name: str, seed: int, config: TrainConfig,
-              **model_overrides) -> Dict[str, object]:
+              **model_overrides) -> Dict[str, Any]:
     r"""Builds preset :obj:`model_name` for :obj:`task` (a
     :class:`~torch_mz.datasets.TaskSplits`), trains it with :obj:`config` (seeded with
     :obj:`seed`) and returns a flat record: model, seed, parameter count, best epoch, epochs run,
@@ -48,7 +48,7 @@ def train_models(task: Any, models: Sequence[str], seeds: int,
                  on_result: Optional[Callable[[Dict[str, object]], None]] = None,
                  cached: Optional[Callable[[str, int, TrainConfig],
                                            Optional[Dict[str, object]]]] = None,
-                 **labels: Any) -> List[Dict[str, object]]:
+                 **labels: Any) -> List[Dict[str, Any]]:
     r"""Trains every model of :obj:`models` (specs, see :func:`parse_model_spec`) with seeds
     ``0 .. seeds - 1`` on one task, model by model, and returns one record per run:
     :func:`train_one`'s, with ``model`` the spec as given and :obj:`labels` added (e.g.
@@ -69,7 +69,7 @@ def train_models(task: Any, models: Sequence[str], seeds: int,
         **labels: Entries added to every trained run's record.
     """
     built = None if callable(task) else task
-    records: List[Dict[str, object]] = []
+    records: List[Dict[str, Any]] = []
     for spec in models:
         name, options = parse_model_spec(spec)
         options = dict(options, **(overrides or {}))
@@ -115,13 +115,20 @@ def run_grid(cells: Sequence[Mapping[str, Any]], models: Sequence[str], seeds: i
     :obj:`overrides`, if given, are model options applied on top of every spec's own (as the
     CLI's ``--model-arg``)."""
     load = load_task if load is None else load
+
+    def run_config(cell: Mapping[str, Any], spec: str, seed: int) -> TrainConfig:
+        if config_for is not None:
+            return config_for(cell, spec, seed)
+        if config is None:
+            raise ValueError("run_grid needs 'config' or 'config_for' (got neither)")
+        return replace(config, seed=seed)
+
     runs: List[Dict[str, object]] = []
     rows: List[Dict[str, object]] = []
     for cell in cells:
         records = train_models(
             lambda: load(cell['task'], seed=0, **dict(cell.get('kwargs', {}))), models, seeds,
-            lambda spec, seed: (replace(config, seed=seed) if config_for is None
-                                else config_for(cell, spec, seed)),
+            lambda spec, seed: run_config(cell, spec, seed),
             overrides=overrides, on_result=on_result,
             cached=None if cached is None else (
                 lambda spec, seed, run_config: cached(cell, spec, seed, run_config)),

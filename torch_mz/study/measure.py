@@ -45,7 +45,7 @@ def _sync(device: torch.device):
         torch.cuda.synchronize(device)
 
 
-def time_call(fn: Callable[[], None], repeats: int = 7, warmup: int = 2,
+def time_call(fn: Callable[[], object], repeats: int = 7, warmup: int = 2,
               device: Optional[torch.device] = None) -> List[float]:
     r"""Wall-clock seconds of :obj:`repeats` calls of :obj:`fn` after :obj:`warmup` calls."""
     device = device or torch.device('cpu')

@@ -2,7 +2,7 @@ r"""Plots of study results, drawn off-screen (matplotlib's Agg backend) into fil
 matplotlib is optional (``pip install 'torch_mz[plot]'``): :func:`pyplot` raises an
 :class:`ImportError` naming the extra, and :func:`try_plot` turns that into a note for scripts
 to print."""
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from torch_mz._optional import require
 from torch_mz.study.report import METRICS
@@ -73,7 +73,7 @@ def plot_bars(groups: Sequence[str], models: Sequence[str],
     plt.close(fig)
 
 
-def plot_grid(rows: Sequence[Mapping[str, object]], models: Sequence[str], path: str,
+def plot_grid(rows: Sequence[Mapping[str, Any]], models: Sequence[str], path: str,
               paper: Optional[Mapping[Tuple[str, str], float]] = None,
               title: Optional[str] = None, ylim: Optional[Tuple[float, float]] = None):
     r"""Grouped bars of the test R² of :func:`run_grid`'s rows (one group per cell, one bar per

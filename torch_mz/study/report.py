@@ -3,7 +3,7 @@ a model x seed grid (mean and spread over seeds). Library code: nothing here pri
 import json
 import math
 import os
-from typing import Dict, List
+from typing import Any, Dict, List
 
 import numpy as np
 
@@ -30,7 +30,7 @@ def write_results(out: str, name: str, payload: Dict[str, object], markdown: str
         f.write(markdown)
 
 
-def write_report(out: str, name: str, title: str, env: Dict[str, object],
+def write_report(out: str, name: str, title: str, env: Dict[str, Any],
                  setup: Dict[str, object], table: str, payload: Dict[str, object],
                  minutes: float, notes: str = '', plot: bool = True) -> None:
     r"""Writes a study's results as ``<out>/<name>.json`` (:obj:`payload` plus the environment,
@@ -59,7 +59,7 @@ def markdown_table(rows: List[Dict[str, object]], columns: List[str]) -> str:
     return '\n'.join(lines) + '\n'
 
 
-def summarize(rows: List[Dict[str, object]], task_type: str) -> List[Dict[str, object]]:
+def summarize(rows: List[Dict[str, Any]], task_type: str) -> List[Dict[str, Any]]:
     r"""Mean and (population) standard deviation over seeds of each model's test metrics, in the
     order the models first appear."""
     out = []
@@ -75,7 +75,7 @@ def summarize(rows: List[Dict[str, object]], task_type: str) -> List[Dict[str, o
     return out
 
 
-def summary_markdown(summary: List[Dict[str, object]], task_type: str) -> str:
+def summary_markdown(summary: List[Dict[str, Any]], task_type: str) -> str:
     r"""The summary as a Markdown table (mean ± std over seeds)."""
     keys = METRICS[task_type]
     head = ['model', 'params', 'seeds'] + [f'test {k}' for k in keys] + ['min/run']
