@@ -73,11 +73,19 @@ def _compiled(name: str, fn):
     return _COMPILED[name]
 
 
+# Token counts, generator budgets and widths differ between blocks and models: each new range
+# compiles a graph (once), so the compile cache may hold more than dynamo's default of 8.
+RECOMPILE_LIMIT = 64
+
+
 def _run(name: str, fn, *args):
     global _FAILED
     if not _FAILED:
         try:
-            return _compiled(name, fn)(*args)
+            # detached inputs: the graphs do not depend on whether the caller tracks gradients
+            args = tuple(a.detach() if isinstance(a, Tensor) else a for a in args)
+            with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+                return _compiled(name, fn)(*args)
         except Exception as err:  # no compiler, unsupported device: fall back, say so once
             _FAILED = True
             warnings.warn(f"torch_mz: compiling the fused kernels failed ({type(err).__name__}: "
