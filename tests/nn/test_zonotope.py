@@ -149,6 +149,13 @@ def test_compiled_layer_norm_jacobian_matches_autograd_reference(monkeypatch, af
         _assert_same_map(zonotope_layer_norm, zonotope_layer_norm_reference, norm, c, gens)
     assert fused.fused_kernels_enabled()
 
+    calls = []
+    monkeypatch.setattr(fused, '_compiled', lambda name, fn: calls.append(name) or fn)
+    from torch.utils.flop_counter import FlopCounterMode
+    with FlopCounterMode(display=False):  # a dispatch mode: compiled graphs are not called
+        fused.LayerNormJacobianFused.apply(c, gens, None, 1e-5)
+    assert calls == []
+
     def broken(*args, **kwargs):
         raise RuntimeError('no compiler here')
     monkeypatch.setattr(fused, '_compiled', lambda name, fn: broken)
