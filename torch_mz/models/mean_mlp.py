@@ -1,11 +1,10 @@
 r"""An oracle reference for targets that are functions of the set mean: an MLP on the exact mean."""
 from typing import Tuple
 
-import torch
 from torch import Tensor
-from torch.nn import Linear, Sequential
 
 from torch_mz.models.base import SetModel
+from torch_mz.models.mlp import gelu_mlp, reset_linear_layers
 from torch_mz.nn.functional import set_mean
 
 
@@ -38,23 +37,14 @@ class MeanMLP(SetModel):
     def __init__(self, in_channels: int, out_channels: int, hidden_channels: int = 128,
                  num_layers: int = 3):
         super().__init__()
-        if num_layers < 1:
-            raise ValueError(f"'num_layers' must be at least 1 (got {num_layers})")
         self.in_channels = in_channels
         self.out_channels = out_channels
         self.hidden_channels = hidden_channels
         self.num_layers = num_layers
-        dims = [in_channels] + [hidden_channels] * num_layers
-        layers = []
-        for i in range(num_layers):
-            layers += [Linear(dims[i], dims[i + 1]), torch.nn.GELU()]
-        layers.append(Linear(hidden_channels, out_channels))
-        self.rho = Sequential(*layers)
+        self.rho = gelu_mlp(in_channels, hidden_channels, out_channels, num_layers)
 
     def reset_parameters(self):
-        for m in self.rho:
-            if isinstance(m, Linear):
-                m.reset_parameters()
+        reset_linear_layers(self.rho)
 
     def predict(self, x: Tensor, batch: Tensor, num_sets: int) -> Tuple[Tensor, None]:
         mean = set_mean(x, batch, num_sets)  # (B, F)

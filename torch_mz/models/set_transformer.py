@@ -7,9 +7,10 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.nn import Linear, ModuleList, Sequential
+from torch.nn import Linear, ModuleList
 
 from torch_mz.models.base import SetModel
+from torch_mz.models.mlp import gelu_mlp, reset_linear_layers
 from torch_mz.nn.aggr import MZAggregation, preset_defaults
 from torch_mz.nn.blocks import MAB, PMA, SAB, LearnedTokens
 from torch_mz.nn.functional import set_counts
@@ -122,15 +123,13 @@ class PerceiverSet(SetModel):
         self.latent_blocks = ModuleList(
             [SAB(dim, **kw) for _ in range(num_cross * num_latent_blocks)])
         self.pma = PMA(dim, num_seeds=1, **kw)
-        self.head = Sequential(Linear(dim, dim), torch.nn.GELU(), Linear(dim, out_channels))
+        self.head = gelu_mlp(dim, dim, out_channels, num_layers=1)
 
     def reset_parameters(self):
         for m in [self.input_proj, self.latents, self.pma] + list(self.cross) + \
                 list(self.latent_blocks):
             m.reset_parameters()
-        for m in self.head:
-            if isinstance(m, Linear):
-                m.reset_parameters()
+        reset_linear_layers(self.head)
 
     def predict(self, x: Tensor, batch: Tensor, num_sets: int) -> Tuple[Tensor, None]:
         elements = self.input_proj(x)  # (N, d)
@@ -165,29 +164,16 @@ class DeepSets(SetModel):
         super().__init__()
         if pool not in ('sum', 'mean'):
             raise ValueError(f"Unknown pooling '{pool}' (expected 'sum' or 'mean')")
-        if num_layers < 1:
-            raise ValueError(f"'num_layers' must be at least 1 (got {num_layers})")
         self.in_channels = in_channels
         self.out_channels = out_channels
         self.hidden_channels = hidden_channels
         self.num_layers = num_layers
         self.pool = pool
-
-        def mlp(first, last):
-            dims = [first] + [hidden_channels] * num_layers
-            layers = []
-            for i in range(num_layers):
-                layers += [Linear(dims[i], dims[i + 1]), torch.nn.GELU()]
-            layers.append(Linear(hidden_channels, last))
-            return Sequential(*layers)
-
-        self.phi = mlp(in_channels, hidden_channels)
-        self.rho = mlp(hidden_channels, out_channels)
+        self.phi = gelu_mlp(in_channels, hidden_channels, hidden_channels, num_layers)
+        self.rho = gelu_mlp(hidden_channels, hidden_channels, out_channels, num_layers)
 
     def reset_parameters(self):
-        for m in list(self.phi) + list(self.rho):
-            if isinstance(m, Linear):
-                m.reset_parameters()
+        reset_linear_layers(self.phi, self.rho)
 
     def predict(self, x: Tensor, batch: Tensor, num_sets: int) -> Tuple[Tensor, None]:
         h = self.phi(x)  # (N, hidden)
