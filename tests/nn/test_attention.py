@@ -60,11 +60,11 @@ def test_rigid_equals_torch_multihead_attention(path):
     attn = _attn('rigid', path=path)
     _randomise(attn, 1)
     sizes_q, sizes_k = [3, 1, 4], [5, 2, 1]
-    q_set, kv_set = make_index(sizes_q), make_index(sizes_k)
+    query_set, kv_set = make_index(sizes_q), make_index(sizes_k)
     query, key_value = _tokens(8, 2), _tokens(8, 3)
-    out = attn(query, key_value, q_set, kv_set, 3)
+    out = attn(query, key_value, query_set, kv_set, 3)
     for b in range(3):
-        qm, km = q_set == b, kv_set == b
+        qm, km = query_set == b, kv_set == b
         ref, weights = _mha_reference(attn, query[qm], key_value[km])
         torch.testing.assert_close(out.center[qm], ref)
         gens, _ = _expected_rigid_gens(attn, key_value[km], weights)
@@ -74,12 +74,12 @@ def test_rigid_equals_torch_multihead_attention(path):
 def test_mz_generators_follow_eq3():
     attn = _attn('mz', summary='mean+std')
     _randomise(attn, 4)
-    q_set, kv_set = make_index([2, 3]), make_index([4, 3])
+    query_set, kv_set = make_index([2, 3]), make_index([4, 3])
     query, key_value = _tokens(5, 5), _tokens(7, 6)
-    out = attn(query, key_value, q_set, kv_set, 2)
+    out = attn(query, key_value, query_set, kv_set, 2)
     dk = D // H
     for b in range(2):
-        qm, km = q_set == b, kv_set == b
+        qm, km = query_set == b, kv_set == b
         ref_c, weights = _mha_reference(attn, query[qm], key_value[km])
         torch.testing.assert_close(out.center[qm], ref_c)  # center path: M_c c_hat
         kc = key_value.center[km]
@@ -115,35 +115,35 @@ def test_zero_context_parameters_reduce_to_rigid(value):
             attn.hyper_u.bias.zero_()
     rigid = _attn('rigid')
     rigid.load_state_dict(attn.state_dict(), strict=False)
-    q_set = make_index([3, 2, 4])
+    query_set = make_index([3, 2, 4])
     x = _tokens(9, 8)
-    a, b = attn(x, x, q_set, q_set, 3), rigid(x, x, q_set, q_set, 3)
+    a, b = attn(x, x, query_set, query_set, 3), rigid(x, x, query_set, query_set, 3)
     torch.testing.assert_close(a.center, b.center)
     torch.testing.assert_close(a.gens, b.gens)
 
 
 def test_film_and_hypernet_formulas():
-    q_set = make_index([4, 3])
+    query_set = make_index([4, 3])
     x = _tokens(7, 9)
     rigid = _attn('rigid')
     _randomise(rigid, 10)
-    r = rigid(x, x, q_set, q_set, 2)
+    r = rigid(x, x, query_set, query_set, 2)
     dk = D // H
-    mu = torch.stack([x.center[q_set == b].mean(0) for b in range(2)])  # (2, D)
+    mu = torch.stack([x.center[query_set == b].mean(0) for b in range(2)])  # (2, D)
 
     film = _attn('film')
     _randomise(film, 11)
     film.load_state_dict(rigid.state_dict(), strict=False)
-    out = film(x, x, q_set, q_set, 2)
-    scale = (1 + film.film_scale(mu))[q_set]
-    shift = film.film_shift(mu)[q_set]
+    out = film(x, x, query_set, query_set, 2)
+    scale = (1 + film.film_scale(mu))[query_set]
+    shift = film.film_shift(mu)[query_set]
     torch.testing.assert_close(out.center, r.center * scale + shift)
     torch.testing.assert_close(out.gens, r.gens * scale.unsqueeze(1))
 
     hyper = _attn('hypernet', rank=2)
     _randomise(hyper, 12)
     hyper.load_state_dict(rigid.state_dict(), strict=False)
-    out = hyper(x, x, q_set, q_set, 2)
+    out = hyper(x, x, query_set, query_set, 2)
     # Recompute with the per-set operator M_h(mu) = W_h + U_h(mu) V_h in place of W_h.
     for b in range(2):
         u = hyper.hyper_u(mu[b]).view(H, dk, 2)
@@ -151,8 +151,8 @@ def test_film_and_hypernet_formulas():
         per_set.load_state_dict(rigid.state_dict())
         with torch.no_grad():
             per_set.weight.copy_(rigid.weight + torch.einsum('hdr,hre->hde', u, hyper.hyper_v))
-        m = q_set == b
-        ref = per_set(x[m], x[m], q_set[m] * 0, q_set[m] * 0, 1)
+        m = query_set == b
+        ref = per_set(x[m], x[m], query_set[m] * 0, query_set[m] * 0, 1)
         torch.testing.assert_close(out.center[m], ref.center)
         torch.testing.assert_close(out.gens[m], ref.gens)
 
@@ -191,7 +191,7 @@ def test_theorem8_construction_is_exact():
 
 
 def test_log_n_scaling_multiplies_logits():
-    q_set = torch.zeros(5, dtype=torch.long)
+    query_set = torch.zeros(5, dtype=torch.long)
     x = _tokens(5, 14)
     scaled = _attn('rigid', log_n=True)
     _randomise(scaled, 15)
@@ -199,8 +199,8 @@ def test_log_n_scaling_multiplies_logits():
     plain.load_state_dict(scaled.state_dict())
     with torch.no_grad():
         plain.lin_q.weight.mul_(math.log(5))
-    torch.testing.assert_close(scaled(x, x, q_set, q_set, 1).center,
-                               plain(x, x, q_set, q_set, 1).center)
+    torch.testing.assert_close(scaled(x, x, query_set, query_set, 1).center,
+                               plain(x, x, query_set, query_set, 1).center)
 
 
 def test_initialisation_policy():
@@ -240,7 +240,7 @@ def test_value_map_before_and_after_aggregation_agree(value, path, ng):
         pytest.skip("'mz' needs generators")
     q_sizes, k_sizes = [3, 1, 4, 2, 0], [5, 1, 0, 7, 2]
     g = torch.Generator().manual_seed(7)
-    q_set = make_index(q_sizes, shuffle=True, generator=g)
+    query_set = make_index(q_sizes, shuffle=True, generator=g)
     kv_set = make_index(k_sizes, shuffle=True, generator=g)
     results = []
     for order in ('before', 'after'):
@@ -248,11 +248,11 @@ def test_value_map_before_and_after_aggregation_agree(value, path, ng):
         attn = MZAttention(D, heads=H, num_generators=ng, value=value, num_matrix_generators=L,
                            log_n=True, path=path, value_order=order).double()
         _randomise(attn, 3)
-        query, kv = _tokens(q_set.numel(), 1, ng), _tokens(kv_set.numel(), 2, ng)
+        query, kv = _tokens(query_set.numel(), 1, ng), _tokens(kv_set.numel(), 2, ng)
         leaves = [query.center, query.gens, kv.center, kv.gens]
         for t in leaves:
             t.requires_grad_()
-        out = attn(query, kv, q_set, kv_set, len(q_sizes))
+        out = attn(query, kv, query_set, kv_set, len(q_sizes))
         (out.center.pow(2).sum() + out.gens.sin().sum()).backward()
         results.append([out.center, out.gens] + [t.grad for t in leaves]
                        + [p.grad for p in attn.parameters()])

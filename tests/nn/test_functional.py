@@ -8,11 +8,11 @@ from torch_mz.nn.functional import _bucket_size, grouped_attention, set_mean, se
 from tests.nn._sets import make_index
 
 
-def _reference(q, k, v, q_set, kv_set):
+def _reference(q, k, v, query_set, kv_set):
     r"""Per-query loop: softmax over the keys of the query's set."""
     out = torch.zeros(q.size(0), q.size(1), v.size(-1), dtype=v.dtype)
     for i in range(q.size(0)):
-        keys = kv_set == q_set[i]
+        keys = kv_set == query_set[i]
         if keys.any():
             a = torch.softmax(torch.einsum('hd,jhd->hj', q[i], k[keys]), dim=-1)
             out[i] = torch.einsum('hj,jhw->hw', a, v[keys])
@@ -21,24 +21,24 @@ def _reference(q, k, v, q_set, kv_set):
 
 def _random_problem(q_sizes, k_sizes, seed, shuffle=True):
     g = torch.Generator().manual_seed(seed)
-    q_set = make_index(q_sizes, shuffle=shuffle, generator=g)
+    query_set = make_index(q_sizes, shuffle=shuffle, generator=g)
     kv_set = make_index(k_sizes, shuffle=shuffle, generator=g)
     H, dk, w = 2, 3, 5
-    q = torch.randn(q_set.numel(), H, dk, generator=g, dtype=torch.float64)
+    q = torch.randn(query_set.numel(), H, dk, generator=g, dtype=torch.float64)
     k = torch.randn(kv_set.numel(), H, dk, generator=g, dtype=torch.float64)
     v = torch.randn(kv_set.numel(), H, w, generator=g, dtype=torch.float64)
-    return q, k, v, q_set, kv_set
+    return q, k, v, query_set, kv_set
 
 
 @pytest.mark.parametrize('path', ['dense', 'scatter'])
 def test_paths_match_per_query_reference(path):
     q_sizes = [3, 0, 1, 7, 2, 20, 4]
     k_sizes = [4, 2, 0, 7, 1, 19, 4]
-    q, k, v, q_set, kv_set = _random_problem(q_sizes, k_sizes, seed=0)
-    out = grouped_attention(q, k, v, q_set, kv_set, len(q_sizes), path=path)
-    torch.testing.assert_close(out, _reference(q, k, v, q_set, kv_set))
+    q, k, v, query_set, kv_set = _random_problem(q_sizes, k_sizes, seed=0)
+    out = grouped_attention(q, k, v, query_set, kv_set, len(q_sizes), path=path)
+    torch.testing.assert_close(out, _reference(q, k, v, query_set, kv_set))
     # queries of set 2 have no keys: zero output
-    assert torch.equal(out[q_set == 2], torch.zeros_like(out[q_set == 2]))
+    assert torch.equal(out[query_set == 2], torch.zeros_like(out[query_set == 2]))
 
 
 @pytest.mark.parametrize('merge', [True, False])
@@ -55,57 +55,57 @@ def test_many_buckets_match_reference(monkeypatch, merge):
         monkeypatch.setattr(functional, 'MERGE_OVERHEAD', 0)
         separate, _ = functional._merge_buckets(keys, sizes, pair_cost=2 * (3 + 5))
         assert separate.size(0) == torch.unique(keys, dim=0).size(0) > merged.size(0) > 1
-    q, k, v, q_set, kv_set = _random_problem(q_sizes, k_sizes, seed=11)
-    out = grouped_attention(q, k, v, q_set, kv_set, len(q_sizes), path='dense')
-    torch.testing.assert_close(out, _reference(q, k, v, q_set, kv_set))
+    q, k, v, query_set, kv_set = _random_problem(q_sizes, k_sizes, seed=11)
+    out = grouped_attention(q, k, v, query_set, kv_set, len(q_sizes), path='dense')
+    torch.testing.assert_close(out, _reference(q, k, v, query_set, kv_set))
 
 
 @settings(max_examples=25, deadline=None)
 @given(sizes=st.lists(st.tuples(st.integers(0, 12), st.integers(0, 12)), min_size=1, max_size=6),
        seed=st.integers(0, 1000), shuffle=st.booleans())
 def test_dense_and_scatter_paths_agree(sizes, seed, shuffle):
-    q, k, v, q_set, kv_set = _random_problem([s[0] for s in sizes], [s[1] for s in sizes], seed,
+    q, k, v, query_set, kv_set = _random_problem([s[0] for s in sizes], [s[1] for s in sizes], seed,
                                              shuffle)
-    dense = grouped_attention(q, k, v, q_set, kv_set, len(sizes), path='dense')
-    scatter = grouped_attention(q, k, v, q_set, kv_set, len(sizes), path='scatter')
+    dense = grouped_attention(q, k, v, query_set, kv_set, len(sizes), path='dense')
+    scatter = grouped_attention(q, k, v, query_set, kv_set, len(sizes), path='scatter')
     torch.testing.assert_close(dense, scatter)
 
 
 def test_exact_dense_path_for_equal_sizes():
-    q, k, v, q_set, kv_set = _random_problem([5] * 4, [5] * 4, seed=3, shuffle=False)
-    dense = grouped_attention(q, k, v, q_set, kv_set, 4, path='dense')
-    torch.testing.assert_close(dense, _reference(q, k, v, q_set, kv_set))
-    torch.testing.assert_close(dense, grouped_attention(q, k, v, q_set, kv_set, 4,
+    q, k, v, query_set, kv_set = _random_problem([5] * 4, [5] * 4, seed=3, shuffle=False)
+    dense = grouped_attention(q, k, v, query_set, kv_set, 4, path='dense')
+    torch.testing.assert_close(dense, _reference(q, k, v, query_set, kv_set))
+    torch.testing.assert_close(dense, grouped_attention(q, k, v, query_set, kv_set, 4,
                                                         path='scatter'))
 
 
 def test_attention_never_crosses_sets():
-    q, k, v, q_set, kv_set = _random_problem([3, 4, 5], [6, 2, 3], seed=4)
-    base = grouped_attention(q, k, v, q_set, kv_set, 3)
+    q, k, v, query_set, kv_set = _random_problem([3, 4, 5], [6, 2, 3], seed=4)
+    base = grouped_attention(q, k, v, query_set, kv_set, 3)
     k2, v2 = k.clone(), v.clone()
     k2[kv_set == 1] += 10.0
     v2[kv_set == 1] -= 3.0
-    out = grouped_attention(q, k2, v2, q_set, kv_set, 3)
-    other = q_set != 1
+    out = grouped_attention(q, k2, v2, query_set, kv_set, 3)
+    other = query_set != 1
     torch.testing.assert_close(out[other], base[other])
-    assert not torch.allclose(out[q_set == 1], base[q_set == 1])
+    assert not torch.allclose(out[query_set == 1], base[query_set == 1])
 
 
 def test_attention_gradients_agree_between_paths():
-    q, k, v, q_set, kv_set = _random_problem([3, 0, 6], [2, 3, 5], seed=5)
+    q, k, v, query_set, kv_set = _random_problem([3, 0, 6], [2, 3, 5], seed=5)
     grads = []
     for path in ('dense', 'scatter'):
         inputs = [t.clone().requires_grad_() for t in (q, k, v)]
-        grouped_attention(*inputs, q_set, kv_set, 3, path=path).pow(2).sum().backward()
+        grouped_attention(*inputs, query_set, kv_set, 3, path=path).pow(2).sum().backward()
         grads.append([t.grad for t in inputs])
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b)
 
 
 def test_unknown_path():
-    q, k, v, q_set, kv_set = _random_problem([2], [2], seed=0)
+    q, k, v, query_set, kv_set = _random_problem([2], [2], seed=0)
     with pytest.raises(ValueError, match='path'):
-        grouped_attention(q, k, v, q_set, kv_set, 1, path='padded')
+        grouped_attention(q, k, v, query_set, kv_set, 1, path='padded')
 
 
 def test_bucket_sizes_bound_padding():
@@ -131,35 +131,35 @@ def test_set_mean_and_std():
 @pytest.mark.parametrize('shuffle', [False, True])
 def test_shared_values_equal_per_head_copies(path, shuffle):
     r"""Values shared by the heads, (N_k, w), give what the same values copied per head give."""
-    q, k, v, q_set, kv_set = _random_problem([3, 0, 1, 6, 4], [2, 3, 0, 6, 4], seed=8,
+    q, k, v, query_set, kv_set = _random_problem([3, 0, 1, 6, 4], [2, 3, 0, 6, 4], seed=8,
                                              shuffle=shuffle)
     shared = v[:, 0]  # (N_k, w)
-    out = grouped_attention(q, k, shared, q_set, kv_set, 5, path=path)
-    expected = grouped_attention(q, k, shared.unsqueeze(1).expand_as(v).contiguous(), q_set,
+    out = grouped_attention(q, k, shared, query_set, kv_set, 5, path=path)
+    expected = grouped_attention(q, k, shared.unsqueeze(1).expand_as(v).contiguous(), query_set,
                                  kv_set, 5, path=path)
     torch.testing.assert_close(out, expected)
     # the exact dense path (equal sizes, sorted) too
-    q, k, v, q_set, kv_set = _random_problem([4] * 3, [5] * 3, seed=9, shuffle=False)
+    q, k, v, query_set, kv_set = _random_problem([4] * 3, [5] * 3, seed=9, shuffle=False)
     torch.testing.assert_close(
-        grouped_attention(q, k, v[:, 1], q_set, kv_set, 3, path=path),
-        _reference(q, k, v[:, 1:2].expand_as(v).contiguous(), q_set, kv_set))
+        grouped_attention(q, k, v[:, 1], query_set, kv_set, 3, path=path),
+        _reference(q, k, v[:, 1:2].expand_as(v).contiguous(), query_set, kv_set))
 
 
 def test_scatter_path_chunks_pairs_exactly(monkeypatch):
     r"""Pairs are processed in chunks (no (P, H, d) intermediate); small chunks give the same
     values and gradients, and the chunked products pass gradcheck."""
-    q, k, v, q_set, kv_set = _random_problem([5, 0, 9, 3], [7, 2, 8, 1], seed=12)
+    q, k, v, query_set, kv_set = _random_problem([5, 0, 9, 3], [7, 2, 8, 1], seed=12)
     inputs = [t.clone().requires_grad_() for t in (q, k, v)]
-    ref = grouped_attention(*inputs, q_set, kv_set, 4, path='dense')
+    ref = grouped_attention(*inputs, query_set, kv_set, 4, path='dense')
     ref.pow(2).sum().backward()
     monkeypatch.setattr(functional, 'PAIR_CHUNK', 7)
     chunked = [t.clone().requires_grad_() for t in (q, k, v)]
-    out = grouped_attention(*chunked, q_set, kv_set, 4, path='scatter')
+    out = grouped_attention(*chunked, query_set, kv_set, 4, path='scatter')
     out.pow(2).sum().backward()
     torch.testing.assert_close(out, ref)
     for a, b in zip(chunked, inputs):
         torch.testing.assert_close(a.grad, b.grad)
-    iq, jk = functional.set_pairs(q_set, kv_set, 4)
+    iq, jk = functional.set_pairs(query_set, kv_set, 4)
     assert torch.autograd.gradcheck(lambda a, b: functional._PairDot.apply(a, b, iq, jk),
                                     (inputs[0].detach()[:, :1].clone().requires_grad_(),
                                      inputs[1].detach()[:, :1].clone().requires_grad_()))
@@ -174,24 +174,24 @@ def test_scatter_path_chunks_pairs_exactly(monkeypatch):
 def test_several_shared_values_use_one_attention(path):
     r"""A tuple of shared values gives what one joined value tensor gives, with one dropout draw
     for both (the same attention weights), values and gradients."""
-    q, k, v, q_set, kv_set = _random_problem([3, 0, 6, 40], [2, 3, 5, 33], seed=7)
+    q, k, v, query_set, kv_set = _random_problem([3, 0, 6, 40], [2, 3, 5, 33], seed=7)
     v1, v2 = v[:, 0, :2].clone(), v[:, 1, :].clone()  # (Nk, 2), (Nk, 5)
     for training in (False, True):
         inputs = [t.clone().requires_grad_() for t in (q, k, v1, v2)]
         torch.manual_seed(0)
-        a, b = grouped_attention(inputs[0], inputs[1], (inputs[2], inputs[3]), q_set, kv_set, 4,
+        a, b = grouped_attention(inputs[0], inputs[1], (inputs[2], inputs[3]), query_set, kv_set, 4,
                                  dropout=0.3, training=training, path=path)
         (a.pow(2).sum() + b.pow(3).sum()).backward()
         joined = [t.clone().requires_grad_() for t in (q, k, v1, v2)]
         torch.manual_seed(0)
-        ab = grouped_attention(joined[0], joined[1], torch.cat(joined[2:], -1), q_set, kv_set, 4,
+        ab = grouped_attention(joined[0], joined[1], torch.cat(joined[2:], -1), query_set, kv_set, 4,
                                dropout=0.3, training=training, path=path)
         (ab[..., :2].pow(2).sum() + ab[..., 2:].pow(3).sum()).backward()
         torch.testing.assert_close(torch.cat([a, b], -1), ab)
         for x, y in zip(inputs, joined):
             torch.testing.assert_close(x.grad, y.grad)
     with pytest.raises(ValueError, match='values'):  # per-head values cannot come as a tuple
-        grouped_attention(q, k, (v, v), q_set, kv_set, 4)
+        grouped_attention(q, k, (v, v), query_set, kv_set, 4)
 
 
 @pytest.mark.parametrize('groups', [3, 6])
@@ -200,14 +200,14 @@ def test_wide_values_split_into_heads_exactly(monkeypatch, groups):
     (linear memory in the set size) on big blocks: same values and gradients as the scatter
     path, in float64, with masked (padded) keys and shuffled rows."""
     g = torch.Generator().manual_seed(groups)
-    q_set = make_index([9, 0, 11, 4], generator=g)
+    query_set = make_index([9, 0, 11, 4], generator=g)
     kv_set = make_index([10, 3, 12, 5], generator=g)
     H, dk = 2, 3
-    q = torch.randn(q_set.numel(), H, dk, generator=g, dtype=torch.float64)
+    q = torch.randn(query_set.numel(), H, dk, generator=g, dtype=torch.float64)
     k = torch.randn(kv_set.numel(), H, dk, generator=g, dtype=torch.float64)
     v = torch.randn(kv_set.numel(), H, groups * dk, generator=g, dtype=torch.float64)
     ref = [t.clone().requires_grad_() for t in (q, k, v)]
-    expected = grouped_attention(*ref, q_set, kv_set, 4, path='scatter')
+    expected = grouped_attention(*ref, query_set, kv_set, 4, path='scatter')
     expected.pow(2).sum().backward()
     monkeypatch.setattr(functional, 'FLASH_MIN_LEN', 4)
     monkeypatch.setattr(functional, 'FLASH_MIN_SCORES', 0)
@@ -216,7 +216,7 @@ def test_wide_values_split_into_heads_exactly(monkeypatch, groups):
     monkeypatch.setattr(functional.F, 'scaled_dot_product_attention',
                         lambda q_, k_, v_, **kw: calls.append(q_.size(1)) or sdpa(q_, k_, v_, **kw))
     split = [t.clone().requires_grad_() for t in (q, k, v)]
-    out = grouped_attention(*split, q_set, kv_set, 4, path='dense')
+    out = grouped_attention(*split, query_set, kv_set, 4, path='dense')
     out.pow(2).sum().backward()
     assert H * groups in calls  # the split ran
     torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
@@ -227,20 +227,20 @@ def test_wide_values_split_into_heads_exactly(monkeypatch, groups):
 
 
 def test_values_of_a_wrong_shape_are_refused():
-    q, k, v, q_set, kv_set = _random_problem([2], [3], seed=0)
+    q, k, v, query_set, kv_set = _random_problem([2], [3], seed=0)
     with pytest.raises(ValueError, match='values'):
-        grouped_attention(q, k, v[:2], q_set, kv_set, 1)
+        grouped_attention(q, k, v[:2], query_set, kv_set, 1)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='CUDA not available')
 @pytest.mark.parametrize('path', ['dense', 'scatter'])
 def test_cuda_attention_matches_cpu(path):
-    q, k, v, q_set, kv_set = _random_problem([3, 0, 1, 6, 40], [2, 3, 0, 6, 35], seed=13)
+    q, k, v, query_set, kv_set = _random_problem([3, 0, 1, 6, 40], [2, 3, 0, 6, 35], seed=13)
     inputs = [t.clone().requires_grad_() for t in (q, k, v)]
-    ref = grouped_attention(*inputs, q_set, kv_set, 5, path=path)
+    ref = grouped_attention(*inputs, query_set, kv_set, 5, path=path)
     ref.pow(2).sum().backward()
     cuda = [t.detach().cuda().requires_grad_() for t in (q, k, v)]
-    out = grouped_attention(*cuda, q_set.cuda(), kv_set.cuda(), 5, path=path)
+    out = grouped_attention(*cuda, query_set.cuda(), kv_set.cuda(), 5, path=path)
     out.pow(2).sum().backward()
     torch.testing.assert_close(out.cpu(), ref)
     for a, b in zip(cuda, inputs):

@@ -1,5 +1,10 @@
 r"""Neural-network operators of torch_mz: zonotope tokens, MZ attention, Set Transformer blocks
-and the :class:`MZAggregation` PyG aggregation."""
+and the :class:`MZAggregation` PyG aggregation.
+
+Which set each row belongs to is one vector with PyG's names at PyG's boundaries (``index`` for
+an aggregation, ``batch`` for a model's input) and, inside this package, ``set_id`` where one
+group of tokens is involved and ``query_set`` / ``kv_set`` where queries and keys/values are two
+groups (attention)."""
 from torch_mz.nn.aggr import MZAggregation
 from torch_mz.nn.attention import MZAttention
 from torch_mz.nn.blocks import ISAB, MAB, PMA, SAB, FeedForward, GeneratorFeedForward

@@ -142,6 +142,9 @@ class MZAggregation(Aggregation):
         preset (str): Where sizes left at :obj:`None` come from, :obj:`'neighbourhood'` or
             :obj:`'paper'` (default: :obj:`'neighbourhood'`).
         dim (int, optional): Token width :math:`d` (default: :obj:`None`, from the preset).
+            Not to be confused with the ``dim`` of :meth:`forward`, which is PyG's
+            aggregation axis (the name of both is fixed: ``MZAggregation(dim=...)`` is
+            public, and ``forward(..., dim=-2)`` is PyG's ``Aggregation`` signature).
         heads (int): Attention heads (default: :obj:`4`).
         num_generators (int, optional): Generator budget :math:`n_g` (default: :obj:`None`, 2
             for ``'neighbourhood'``, 8 for ``'paper'``).

@@ -136,7 +136,7 @@ def _sorted_layout(set_id: Tensor,
 
 
 @overload
-def grouped_attention(q: Tensor, k: Tensor, v: Tensor, q_set: Tensor, kv_set: Tensor,
+def grouped_attention(q: Tensor, k: Tensor, v: Tensor, query_set: Tensor, kv_set: Tensor,
                       num_sets: int, dropout: float = ..., training: bool = ...,
                       path: str = ...) -> Tensor:
     ...
@@ -144,12 +144,12 @@ def grouped_attention(q: Tensor, k: Tensor, v: Tensor, q_set: Tensor, kv_set: Te
 
 @overload
 def grouped_attention(q: Tensor, k: Tensor, v: Union[Tuple[Tensor, ...], List[Tensor]],
-                      q_set: Tensor, kv_set: Tensor, num_sets: int, dropout: float = ...,
+                      query_set: Tensor, kv_set: Tensor, num_sets: int, dropout: float = ...,
                       training: bool = ..., path: str = ...) -> Tuple[Tensor, ...]:
     ...
 
 
-def grouped_attention(q: Tensor, k: Tensor, v: Union[Tensor, Sequence[Tensor]], q_set: Tensor,
+def grouped_attention(q: Tensor, k: Tensor, v: Union[Tensor, Sequence[Tensor]], query_set: Tensor,
                       kv_set: Tensor, num_sets: int, dropout: float = 0.0,
                       training: bool = False,
                       path: str = 'auto') -> Union[Tensor, Tuple[Tensor, ...]]:
@@ -173,7 +173,7 @@ def grouped_attention(q: Tensor, k: Tensor, v: Union[Tensor, Sequence[Tensor]], 
         k (Tensor): Keys :math:`(N_k, H, d_k)`.
         v (Tensor or tuple): Values :math:`(N_k, H, w)`, or :math:`(N_k, w)` shared by the
             heads, or a tuple of shared values :math:`(N_k, w_i)`.
-        q_set (Tensor): Set id of each query :math:`(N_q,)`, need not be sorted.
+        query_set (Tensor): Set id of each query :math:`(N_q,)`, need not be sorted.
         kv_set (Tensor): Set id of each key :math:`(N_k,)`, need not be sorted.
         num_sets (int): Number of sets :math:`B` (ids lie in :obj:`[0, B)`).
         dropout (float): Dropout probability on attention weights (default: :obj:`0.0`).
@@ -196,11 +196,11 @@ def grouped_attention(q: Tensor, k: Tensor, v: Union[Tensor, Sequence[Tensor]], 
     if not values:
         raise ValueError("Expected at least one value tensor")
     fn = _attention_scatter if path == 'scatter' else _attention_dense
-    outs = fn(q, k, values, q_set, kv_set, num_sets, dropout, training)
+    outs = fn(q, k, values, query_set, kv_set, num_sets, dropout, training)
     return tuple(outs) if several else outs[0]
 
 
-def set_pairs(q_set: Tensor, kv_set: Tensor, num_sets: int) -> Tuple[Tensor, Tensor]:
+def set_pairs(query_set: Tensor, kv_set: Tensor, num_sets: int) -> Tuple[Tensor, Tensor]:
     r"""All pairs :math:`(i, j)` of a row :math:`i` of the first group and a row :math:`j` of the
     second group that belong to the same set, :math:`P = \sum_b n^q_b n^k_b` pairs, enumerated
     without a loop over sets. Pairs come grouped by set and, inside a set, by :math:`i`.
@@ -208,8 +208,8 @@ def set_pairs(q_set: Tensor, kv_set: Tensor, num_sets: int) -> Tuple[Tensor, Ten
     Returns:
         (Tensor, Tensor): row indices :math:`(P,)` into the first and the second group.
     """
-    device = q_set.device
-    perm_q, counts_q, ptr_q, _ = _sorted_layout(q_set, num_sets)
+    device = query_set.device
+    perm_q, counts_q, ptr_q, _ = _sorted_layout(query_set, num_sets)
     perm_k, counts_k, ptr_k, _ = _sorted_layout(kv_set, num_sets)
     pairs = counts_q * counts_k  # (B,)
     P = int(pairs.sum())
@@ -300,12 +300,12 @@ class _PairAggregate(torch.autograd.Function):
         return grad_alpha, grad_v, None, None, None
 
 
-def _attention_scatter(q: Tensor, k: Tensor, vs: Tuple[Tensor, ...], q_set: Tensor,
+def _attention_scatter(q: Tensor, k: Tensor, vs: Tuple[Tensor, ...], query_set: Tensor,
                        kv_set: Tensor, num_sets: int, dropout: float,
                        training: bool) -> List[Tensor]:
     Nq, H, _ = q.shape
     out_dtype = torch.promote_types(q.dtype, vs[0].dtype)
-    iq, jk = set_pairs(q_set, kv_set, num_sets)  # (P,), (P,)
+    iq, jk = set_pairs(query_set, kv_set, num_sets)  # (P,), (P,)
     if iq.numel() == 0:
         return [v.new_zeros(Nq, H, v.size(-1), dtype=out_dtype) for v in vs]
     logits = _PairDot.apply(q, k.to(q.dtype), iq, jk)  # (P, H)
@@ -371,7 +371,7 @@ def _attend_per_head(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], p:
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=1.0)
 
 
-def _attention_dense(q: Tensor, k: Tensor, vs: Tuple[Tensor, ...], q_set: Tensor,
+def _attention_dense(q: Tensor, k: Tensor, vs: Tuple[Tensor, ...], query_set: Tensor,
                      kv_set: Tensor, num_sets: int, dropout: float,
                      training: bool) -> List[Tensor]:
     Nq, H, dk = q.shape
@@ -381,7 +381,7 @@ def _attention_dense(q: Tensor, k: Tensor, vs: Tuple[Tensor, ...], q_set: Tensor
     device = q.device
     p = dropout if training else 0.0
     out_dtype = torch.promote_types(q.dtype, vs[0].dtype)
-    perm_q, counts_q, _, local_q = _sorted_layout(q_set, num_sets)
+    perm_q, counts_q, _, local_q = _sorted_layout(query_set, num_sets)
     perm_k, counts_k, _, local_k = _sorted_layout(kv_set, num_sets)
 
     # Exact dense path: rows sorted by set and all sets of one size -> a reshape, no gather.
@@ -420,9 +420,9 @@ def _attention_dense(q: Tensor, k: Tensor, vs: Tuple[Tensor, ...], q_set: Tensor
     set_start_q[sets_active] = off_q[bucket_of] + slot * pq[bucket_of]
     set_start_k[sets_active] = off_k[bucket_of] + slot * pk[bucket_of]
 
-    q_keep = set_bucket[q_set] >= 0  # (Nq,) queries whose set has keys
+    q_keep = set_bucket[query_set] >= 0  # (Nq,) queries whose set has keys
     q_rows = torch.nonzero(q_keep).view(-1)  # (Nq',)
-    q_pos = set_start_q[q_set[q_rows]] + local_q[q_rows]  # (Nq',)
+    q_pos = set_start_q[query_set[q_rows]] + local_q[q_rows]  # (Nq',)
     k_rows = torch.nonzero(set_bucket[kv_set] >= 0).view(-1)  # (Nk',)
     k_pos = set_start_k[kv_set[k_rows]] + local_k[k_rows]  # (Nk',)
     tot_q, tot_k = int((nb * pq).sum()), int((nb * pk).sum())
