@@ -321,9 +321,13 @@ def _attention_scatter(q: Tensor, k: Tensor, vs: Tuple[Tensor, ...], query_set: 
 # scores are materialised (memory quadratic in the set size: one neighbourhood of 4,000 elements
 # holds 0.8 GB at 4 heads). For large blocks the values are split into g groups of width d_k
 # that become extra heads sharing the head's queries and keys: exact, memory linear in the set
-# size, at g times the score products. Measured on one CPU core (fwd + bwd, d_k = 4 or 16):
-# at g = 3 the split is as fast from 256 x 256 blocks and 1.7-2.8x faster at 4,000; at g = 9
-# it is up to 2x slower below 2,000 x 2,000, so wide groups split only when the scores are big.
+# size, at g times the score products. Measured on one CPU core, one SDPA call fwd + bwd at 4
+# heads (a throwaway script, with a training run on the other core): g = 3 is as fast at
+# 256 x 256 blocks, 1.2-1.3x faster at 512-1,000 (d_k = 4) and 1.7x faster with 0.09 instead of
+# 0.77 GB at 4,000 (d_k = 16); g = 9 is 1.4-1.9x slower from 512 to 2,000 (with 0.11 instead of
+# 0.25 GB at 2,000), so wide groups split only when the scores are big. On a power-law graph
+# (benchmarks/message_passing.py) memory became linear in the graph; the paper's n_g = 8 there
+# trades 1.5x the time for a quarter of the memory.
 FLASH_MIN_LEN = 256  # both block lengths at least this
 FLASH_MAX_GROUPS = 4  # split at any size above FLASH_MIN_LEN up to this many value groups
 FLASH_MIN_SCORES = 1 << 24  # ... and with more groups when a block has this many scores

@@ -3,8 +3,11 @@ r"""Compiled kernels for the per-token generator work (opt-in).
 On a CPU core the MZ models' time goes into passes over the :math:`(N, n_g, d)` generators, and
 eager PyTorch makes one pass per operator. :func:`torch.compile` fuses the LayerNorm Jacobian on
 generators (:func:`~torch_mz.nn.zonotope.zonotope_layer_norm`) into about two passes forward and
-two backward. Measured on one core, :math:`N = 32768, n_g = 8, d = 64`, float32: forward 47 ms
-and backward 49 ms against 95 ms and 215 ms for the hand-written eager function.
+two backward. Measured on one core (the function alone, a throwaway script, nothing else
+running), :math:`N = 32768, n_g = 8, d = 64`, float32: forward 47 ms and backward 49 ms against
+95 ms and about 215 ms for the hand-written eager function. Whole models gain less
+(``benchmarks/training_step.py``: ``mz-slim`` step 0.77x, ``mz`` 0.97x; in message passing,
+``benchmarks/message_passing.py``, the neighbourhood aggregation 0.69-1.04x).
 
 It is off by default: the first call in a process compiles for a few seconds per dtype (and needs
 a C++ compiler on CPU, Triton on CUDA). Turn it on with :func:`set_fused_kernels` or the
