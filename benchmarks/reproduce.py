@@ -21,7 +21,8 @@ its seed counts, QM9 on 50K molecules), for a GPU. The verdict rule is written i
 Every (cell, model, seed) run is written to ``<out>/records/<budget>/`` when it finishes and is
 read back instead of trained when the command runs again, so an interrupted reproduction resumes
 where it stopped (a run cut short resumes from its checkpoint in ``<out>/runs/``, which is not
-committed). After each claim the script writes ``<out>/claims/<claim>.<budget>.json``,
+committed). Two or more copies of the same command (one per core: ``OMP_NUM_THREADS=1`` each)
+share the runs through file locks and each finishes the claims. After each claim the script writes ``<out>/claims/<claim>.<budget>.json``,
 ``summary.json``, ``summary.md`` and ``<claim>.<budget>.png`` and prints the files to commit.
 """
 import argparse
@@ -94,7 +95,12 @@ def main(argv=None):
               f"({run['wall_time_s'] / 60:.1f} min)", flush=True)
         trained.append(run)
 
-    repro = Reproduction(budget, out, device=args.device, seeds=args.seeds, on_result=report)
+    def waiting(cell, model, seed):
+        print(f'  {cell:24s} {model:9s} seed {seed}: another process is training it; waiting',
+              flush=True)
+
+    repro = Reproduction(budget, out, device=args.device, seeds=args.seeds, on_result=report,
+                         on_wait=waiting)
     start, failed = time.time(), []
     for name in claims:
         print(f'{name} ({budget.name}):', flush=True)

@@ -134,3 +134,47 @@ def test_claims_and_budgets_as_issue_11_asks():
         for cell in claim.cells:
             if cell['task'] != 'qm9':
                 load_task(cell['task'], n_train=2, n_val=1, n_test=1, **cell['kwargs'])
+
+
+def test_a_second_process_skips_a_held_run_then_waits_for_it_and_takes_it_over(tmp_path):
+    # this process holds the lock of the first sweep run, as another worker training it would;
+    # the child trains every other sweep run, then waits, and when the lock is let go without
+    # the run finished (its holder died), trains it itself and completes the claim
+    import os
+    import subprocess
+    import sys
+    from dataclasses import replace
+    from pathlib import Path
+    out = str(tmp_path)
+    repro = Reproduction(TINY, out, device='cpu', sweep_cells={'sum': SUM})
+    cell = repro.sized(SUM)
+    held = (cell, CLAIM.models[0], 0, replace(repro.base_config('sum'), lr=TINY.sweep[0][0],
+                                              weight_decay=TINY.sweep[0][1]))
+    others = [(cell, m, 0, replace(repro.base_config('sum'), lr=lr, weight_decay=wd))
+              for lr, wd in TINY.sweep for m in CLAIM.models]
+    others.remove(held)
+    child = ("import sys\nfrom tests.test_reproduce import TINY, CLAIM, SUM\n"
+             "from torch_mz.reproduce import Reproduction\n"
+             "Reproduction(TINY, sys.argv[1], device='cpu', sweep_cells={'sum': SUM}, on_wait="
+             "lambda *a: print('WAIT', *a, flush=True)).run(CLAIM)\nprint('DONE', flush=True)\n")
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, OMP_NUM_THREADS='1',
+               PYTHONPATH=os.pathsep.join([str(root), os.environ.get('PYTHONPATH', '')]))
+    with repro.store.lock(*held) as mine:
+        assert mine
+        proc = subprocess.Popen([sys.executable, '-c', child, out], cwd=root, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            line = proc.stdout.readline()
+            assert line.startswith('WAIT sum d=2'), line + proc.stdout.read()
+            assert all(repro.store.stored(*job) for job in others)
+            assert not repro.store.stored(*held)
+            with repro.store.lock(*held, wait=False) as second:
+                assert second is False  # held: a non-waiting look skips it
+        except BaseException:
+            proc.kill()
+            raise
+    rest, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0 and rest.strip().endswith('DONE'), rest
+    assert repro.store.stored(*held)
+    assert len(list(tmp_path.rglob('records/tiny/**/*.json'))) == 3 * 2 + 2 * 2 * 2 - 2

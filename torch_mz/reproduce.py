@@ -7,20 +7,33 @@ Every run (task cell, model, seed, training configuration) is written to its own
 finishes and is read back instead of trained when asked for again, so an interrupted reproduction
 resumes where it stopped, and a run shared by two claims or by the sweep and a claim is trained
 once. A run in progress keeps a checkpoint (under ``runs/``, not committed) that it resumes from.
+
+Several processes may run the same reproduction at once (one per core, say) and share its runs:
+each run is trained by the process that locks it first (an advisory file lock next to the
+checkpoints, released by the operating system when its process ends, so a killed process's run is
+taken over), and a process that needs a run another one holds waits for it.
 """
 import hashlib
 import json
 import math
 import os
 import shutil
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+try:  # POSIX: processes running the same reproduction share its runs
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: one process at a time
+    fcntl = None  # type: ignore[assignment]
+
 from torch_mz._files import atomic_write
 from torch_mz.paper import TABLE1, TABLE1_STD, TABLE28, TABLE30, TABLE7, TABLE7_CELLS
+from torch_mz.study import grid as _grid
 from torch_mz.study.grid import run_grid
+from torch_mz.study.specs import parse_model_spec
 from torch_mz.train import TrainConfig
 
 VERDICTS = ('reproduced', 'direction only', 'not reproduced', 'inconclusive')
@@ -313,6 +326,39 @@ class RunStore:
         shutil.rmtree(ckpt, ignore_errors=True)
         return record
 
+    def stored(self, cell: Mapping[str, Any], spec: str, seed: int,
+               config: TrainConfig) -> bool:
+        r"""Whether the run is finished (its file is in the store)."""
+        key = run_key(cell, spec, seed, replace(config, seed=seed))
+        path, _ = self._paths(key)
+        if not os.path.exists(path):
+            return False
+        with open(path) as f:
+            return json.load(f).get('key') == key
+
+    @contextmanager
+    def lock(self, cell: Mapping[str, Any], spec: str, seed: int, config: TrainConfig,
+             wait: bool = True) -> Iterator[bool]:
+        r"""Holds the run's lock for the ``with`` block and yields :obj:`True`; with
+        :obj:`wait` false, yields :obj:`False` at once (holding nothing) when another process
+        holds it. The lock is advisory (``fcntl.flock`` on ``<checkpoints>/<digest>.lock``) and
+        dies with its process. Where ``fcntl`` is missing (Windows) every lock is granted."""
+        _, ckpt = self._paths(run_key(cell, spec, seed, replace(config, seed=seed)))
+        if fcntl is None:  # pragma: no cover
+            yield True
+            return
+        os.makedirs(self.checkpoints, exist_ok=True)
+        fd = os.open(ckpt + '.lock', os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            except BlockingIOError:
+                yield False
+                return
+            yield True
+        finally:
+            os.close(fd)  # releases the lock
+
     def files(self, cell: Mapping[str, Any], spec: str, seed: int,
               config: TrainConfig) -> str:
         r"""The file of a run (whether it exists or not)."""
@@ -342,12 +388,20 @@ class Reproduction:
         on_result (callable, optional): Called with every newly trained run's record (with its
             ``key``) as it finishes (for progress output).
         sweep_cells (dict, optional): Instead of :data:`SWEEP_CELLS`.
+        on_wait (callable, optional): Called as ``on_wait(cell_label, spec, seed)`` before this
+            process waits for a run that another process is training (for progress output).
+
+    Each stage (a task's sweep, a claim's runs on a task) first trains its missing runs one by
+    one, skipping those another process holds and then waiting for them (see the module's
+    docstring), and then reads the whole stage back from the store.
     """
     def __init__(self, budget: Budget, out: str, device: str = 'auto',
                  seeds: Optional[int] = None, load: Optional[Callable[..., Any]] = None,
                  on_result: Optional[Callable[[Dict[str, object]], None]] = None,
-                 sweep_cells: Optional[Mapping[str, Mapping[str, Any]]] = None):
+                 sweep_cells: Optional[Mapping[str, Mapping[str, Any]]] = None,
+                 on_wait: Optional[Callable[[str, str, int], None]] = None):
         self.budget = budget
+        self.on_wait = on_wait
         self.out = out
         self.device = device
         self.seeds = seeds
@@ -393,6 +447,42 @@ class Reproduction:
             config_for=lambda c, s, k: self.store.config_for(c, s, k, config_of(c, s)),
             cached=self.store.cached)
 
+    def _train_one(self, cell: Mapping[str, Any], spec: str, seed: int,
+                   config: TrainConfig) -> None:
+        run_config = self.store.config_for(cell, spec, seed, config)
+        if self.store.cached(cell, spec, seed, run_config) is not None:
+            return
+        name, options = parse_model_spec(spec)
+        task = self._load(cell['task'], seed=0, **dict(cell.get('kwargs', {})))
+        record = dict(_grid.train_one(task, name, seed, run_config, **options), model=spec,
+                      cell=cell['label'])
+        saved = self.store.save(record)
+        if saved is not None and self.on_result is not None:
+            self.on_result(saved)
+
+    def _train_missing(self, jobs: Sequence[Tuple[Mapping[str, Any], str, int,
+                                                  TrainConfig]]) -> None:
+        r"""Trains the runs of :obj:`jobs` (``(cell, spec, seed, config)``) that are not in the
+        store: first those no other process holds, in order, then, waiting for each, those
+        that were held (a run whose holder died without finishing it is trained here)."""
+        held = []
+        for job in jobs:
+            if self.store.stored(*job):
+                continue
+            with self.store.lock(*job, wait=False) as mine:
+                if not mine:
+                    held.append(job)
+                elif not self.store.stored(*job):  # not finished while we looked
+                    self._train_one(*job)
+        for job in held:
+            if self.store.stored(*job):
+                continue
+            if self.on_wait is not None:
+                self.on_wait(str(job[0]['label']), job[1], job[2])
+            with self.store.lock(*job, wait=True):
+                if not self.store.stored(*job):
+                    self._train_one(*job)
+
     def sweep(self, task: str, models: Sequence[str]) -> Dict[str, Tuple[float, float]]:
         r"""The ``(lr, weight_decay)`` of each model on :obj:`task`: every point of the budget's
         grid trained with seed 0 on the task's sweep cell, the lowest best validation loss
@@ -403,6 +493,9 @@ class Reproduction:
             self.choices.update({(task, m): grid[0] for m in todo})
         elif todo:
             cell = self.sized(self.sweep_cells[task])
+            self._train_missing([(cell, m, 0, replace(self.base_config(task), lr=lr,
+                                                      weight_decay=wd))
+                                 for lr, wd in grid for m in todo])
             losses: Dict[str, List[float]] = {m: [] for m in todo}
             for lr, wd in grid:
                 runs, _ = self._grid([cell], todo, 1, lambda c, s, lr=lr, wd=wd: replace(
@@ -426,6 +519,8 @@ class Reproduction:
             def config_of(c, spec, task=task, chosen=chosen):
                 lr, wd = chosen[spec]
                 return replace(self.base_config(task), lr=lr, weight_decay=wd)
+            self._train_missing([(c, m, k, config_of(c, m)) for c in cells
+                                 for m in claim.models for k in range(seeds)])
             task_runs, _ = self._grid(cells, claim.models, seeds, config_of)
             runs += task_runs
             files += [self.store.files(c, m, k, config_of(c, m)) for c in cells
