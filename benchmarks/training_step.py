@@ -9,7 +9,10 @@ float32 matrix-product peak, the bytes its operators read and write (an unfused 
 :func:`torch_mz.study.traffic.count_bytes`) and the achieved fraction of the measured memory
 bandwidth, median inference time, and the ratios to ``rigid`` measured in the same run.
 ``+fused`` rows run the same preset with the opt-in compiled kernels
-(:func:`torch_mz.nn.set_fused_kernels`). The paper's Table 30 reports ``mz`` / standard at
+(:func:`torch_mz.nn.set_fused_kernels`), ``+keep`` rows with glibc's malloc keeping freed memory
+for reuse (:func:`torch_mz.runtime.keep_freed_memory`). Every row runs in a fresh process, which
+also gives its peak resident set (the process's, import of torch included, over the timed
+training steps and inference calls). The paper's Table 30 reports ``mz`` / standard at
 2.2-5.5x for training and 2.4-2.7x for inference.
 
 EGNN is fully connected inside each set by default; on 1,024 points that is a million edges per
@@ -21,6 +24,7 @@ clouds.
     python benchmarks/training_step.py
 """
 import argparse
+import json
 import os
 import time
 
@@ -31,12 +35,16 @@ from torch_geometric.data import Batch, Data
 
 from torch_mz.models import build_model, count_parameters
 from torch_mz.nn import set_fused_kernels
-from torch_mz.study import (count_flops, environment, markdown_table, matmul_peak_flops, pyplot,
+from torch_mz.runtime import keep_freed_memory
+from torch_mz.study import (MeasurementFailed, count_flops, environment, in_fresh_process,
+                            markdown_table, matmul_peak_flops, process_peak_rss_bytes, pyplot,
                             time_call, try_plot, write_results)
 from torch_mz.study.traffic import count_bytes, memory_bandwidth
 
-PRESETS = ('rigid', 'st-large', 'mz-slim', 'mz', 'mz-slim+fused', 'mz+fused', 'egnn')
+PRESETS = ('rigid', 'st-large', 'mz-slim', 'mz', 'mz-slim+fused', 'mz+fused', 'egnn',
+           'rigid+keep', 'st-large+keep', 'mz-slim+keep', 'mz+keep', 'egnn+keep')
 FUSED = '+fused'  # suffix: the preset with torch_mz.nn.set_fused_kernels(True)
+KEEP = '+keep'  # suffix: the preset with torch_mz.runtime.keep_freed_memory()
 
 
 def make_batch(clouds: int, points: int, seed: int = 0):
@@ -57,12 +65,24 @@ def build(name: str, radius: float):
 
 
 def measure(name: str, args, pos, batch, y) -> dict:
-    fused = name.endswith(FUSED)
+    r"""One row, in this process (``--_one`` runs it in a fresh one)."""
+    fused, keep = name.endswith(FUSED), name.endswith(KEEP)
+    if keep and not keep_freed_memory():
+        raise MeasurementFailed('keep_freed_memory() does not apply here (not glibc)')
     set_fused_kernels(fused)  # compiling happens in the warm-up calls, outside the timings
     try:
-        return _measure(name, name[:-len(FUSED)] if fused else name, args, pos, batch, y)
+        preset = name[:-len(FUSED)] if fused else name[:-len(KEEP)] if keep else name
+        row = _measure(name, preset, args, pos, batch, y)
     finally:
         set_fused_kernels(False)
+    return row
+
+
+def measure_one(config: dict) -> dict:
+    args = argparse.Namespace(**config['args'])
+    torch.set_num_threads(args.threads)
+    pos, batch, y = make_batch(args.clouds, args.points)
+    return measure(config['name'], args, pos, batch, y)
 
 
 def _measure(name: str, preset: str, args, pos, batch, y) -> dict:
@@ -93,6 +113,7 @@ def _measure(name: str, preset: str, args, pos, batch, y) -> dict:
 
     step_times = time_call(train_step, repeats=args.repeats, warmup=1, device=device)
     infer_times = time_call(infer, repeats=args.repeats, warmup=1, device=device)
+    peak_rss = (process_peak_rss_bytes() or float('nan')) / 2**20  # before the counters
     flops = count_flops(train_step)
     step = float(np.median(step_times))
     return dict(model=name, params=count_parameters(model), step_s=step,
@@ -100,7 +121,7 @@ def _measure(name: str, preset: str, args, pos, batch, y) -> dict:
                 gflop_per_step=flops / 1e9, gflop_per_s=flops / 1e9 / step,
                 gb_per_step=count_bytes(train_step) / 1e9,
                 infer_s=float(np.median(infer_times)), infer_times_s=infer_times,
-                infer_gb=count_bytes(infer) / 1e9)
+                infer_gb=count_bytes(infer) / 1e9, peak_rss_mib=peak_rss)
 
 
 def plot(rows, path):
@@ -137,7 +158,11 @@ def main():
     parser.add_argument('--quick', action='store_true', help='8 clouds, 3 repeats')
     parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
                                                       'training_step'))
+    parser.add_argument('--_one', help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args._one:
+        print(json.dumps(measure_one(json.loads(args._one))))
+        return
     if args.quick:
         args.clouds, args.repeats = 8, 3
     torch.set_num_threads(args.threads)
@@ -146,10 +171,14 @@ def main():
     bandwidth = memory_bandwidth() / 1e9
     print(f'measured float32 matmul peak: {peak:.1f} GFLOP/s, memory bandwidth '
           f'{bandwidth:.1f} GB/s', flush=True)
-    pos, batch, y = make_batch(args.clouds, args.points)
     rows = []
+    config = {k: v for k, v in vars(args).items() if k != '_one'}
     for name in args.models.split(','):
-        row = measure(name, args, pos, batch, y)
+        try:
+            row = in_fresh_process(__file__, dict(name=name, args=config))
+        except MeasurementFailed as e:
+            print(f'{name}: not measured: {e}', flush=True)
+            continue
         row['pct_of_peak'] = 100 * row['gflop_per_s'] / peak
         row['pct_of_bandwidth'] = 100 * row['gb_per_step'] / row['step_s'] / bandwidth
         row['infer_pct_of_bandwidth'] = 100 * row['infer_gb'] / row['infer_s'] / bandwidth
@@ -157,7 +186,8 @@ def main():
         print(f"{name:9s} step {row['step_s']:7.3f} s  {row['points_per_s']:9.0f} points/s  "
               f"{row['gflop_per_step']:6.1f} GFLOP  {row['pct_of_peak']:5.1f}% of peak  "
               f"{row['gb_per_step']:6.1f} GB  {row['pct_of_bandwidth']:5.1f}% of bandwidth  "
-              f"inference {row['infer_s']:6.3f} s", flush=True)
+              f"inference {row['infer_s']:6.3f} s  peak RSS {row['peak_rss_mib']:.0f} MiB",
+              flush=True)
     ref = next((r for r in rows if r['model'] == 'rigid'), None)
     if ref is not None:
         for r in rows:
@@ -166,11 +196,16 @@ def main():
             r['flops / rigid'] = r['gflop_per_step'] / ref['gflop_per_step']
             r['bytes / rigid'] = r['gb_per_step'] / ref['gb_per_step']
             r['infer bytes / rigid'] = r['infer_gb'] / ref['infer_gb']
+    for r in rows:  # the same ratios with the memory kept, where both rows were measured
+        base = next((b for b in rows if b['model'] == 'rigid' + KEEP), None)
+        if r['model'].endswith(KEEP) and base is not None:
+            r['step / rigid'] = r['step_s'] / base['step_s']
+            r['inference / rigid'] = r['infer_s'] / base['infer_s']
     env = environment()
     minutes = (time.time() - start) / 60
     cols = ['model', 'params', 'step_s', 'points_per_s', 'gflop_per_step', 'pct_of_peak',
             'gb_per_step', 'pct_of_bandwidth', 'infer_s', 'infer_gb', 'infer_pct_of_bandwidth',
-            'step / rigid', 'inference / rigid', 'flops / rigid', 'bytes / rigid',
+            'peak_rss_mib', 'step / rigid', 'inference / rigid', 'flops / rigid', 'bytes / rigid',
             'infer bytes / rigid']
     markdown = (f'# Training step and inference, {args.clouds} clouds x {args.points} points, '
                 f'40 classes\n\n'
@@ -185,7 +220,10 @@ def main():
                 f"GB / step time / bandwidth. Where that is high the step is bound by memory "
                 f"traffic and the time ratio follows the bytes ratio, not the FLOP ratio. For "
                 f"`+fused` rows the counter sees the unfused operators (compiled code runs "
-                f"eagerly under it), so their GB and % of bandwidth are over-estimates."
+                f"eagerly under it), so their GB and % of bandwidth are over-estimates. `+keep` rows "
+                f"keep freed memory in malloc's heap (`torch_mz.runtime.keep_freed_memory()`); "
+                f"their ratios are to `rigid+keep`. Each row ran in a fresh process; peak_rss_mib "
+                f"is that process's peak resident set."
                 f"\n\n" + markdown_table(rows, cols)
                 + '\n![plot](training_step.png)\n')
     write_results(args.out, 'training_step',

@@ -15,6 +15,7 @@ from torch_mz.study.budget import Budget, add_budget_arguments, choose_budget, s
 from torch_mz.study.grid import run_grid, train_models, train_one
 from torch_mz.study.measure import (MeasurementFailed, count_flops, environment,
                                     in_fresh_process, matmul_peak_flops, peak_memory_bytes,
+                                    process_peak_rss_bytes,
                                     skewed_sizes, time_call, uniform_sizes)
 from torch_mz.study.plots import (NO_MATPLOTLIB, plot_bars, plot_grid, plot_summary, pyplot,
                                   try_plot)
@@ -33,6 +34,7 @@ __all__ = [
     'train_models',
     'train_one',
     'MeasurementFailed',
+    'process_peak_rss_bytes',
     'count_flops',
     'environment',
     'in_fresh_process',

@@ -73,6 +73,14 @@ def _proc_status_kib(field: str) -> Optional[int]:
     return None
 
 
+def process_peak_rss_bytes() -> Optional[int]:
+    r"""This process's resident-set high-water mark (Linux ``VmHWM``), ``None`` elsewhere.
+    Unlike ``resource.getrusage(...).ru_maxrss``, which a process started by ``fork`` and
+    ``exec`` inherits from its parent, it counts this process's own memory only."""
+    kib = _proc_status_kib('VmHWM')
+    return None if kib is None else kib * 1024
+
+
 def _release_free_heap() -> None:
     r"""Returns the free memory glibc's heap still holds to the system (``malloc_trim(0)``), so
     that a later allocation shows up as new resident memory instead of silently reusing pages
