@@ -42,7 +42,8 @@ from torch_mz.study import (MeasurementFailed, count_flops, environment, in_fres
 from torch_mz.study.traffic import count_bytes, memory_bandwidth
 
 PRESETS = ('rigid', 'st-large', 'mz-slim', 'mz', 'mz-slim+fused', 'mz+fused', 'egnn',
-           'rigid+keep', 'st-large+keep', 'mz-slim+keep', 'mz+keep', 'egnn+keep')
+           'rigid+keep', 'st-large+keep', 'mz-slim+keep', 'mz+keep', 'mz-slim+fused+keep',
+           'mz+fused+keep', 'egnn+keep')
 FUSED = '+fused'  # suffix: the preset with torch_mz.nn.set_fused_kernels(True)
 KEEP = '+keep'  # suffix: the preset with torch_mz.runtime.keep_freed_memory()
 
@@ -64,18 +65,25 @@ def build(name: str, radius: float):
     return build_model(name, 3, 40)
 
 
+def split_name(name: str):
+    r"""``'mz+fused+keep'`` -> ``('mz', {'fused', 'keep'})``."""
+    preset, *flags = name.split('+')
+    unknown = set(flags) - {FUSED[1:], KEEP[1:]}
+    if unknown:
+        raise ValueError(f'unknown row suffixes {sorted(unknown)} in {name!r} (+fused, +keep)')
+    return preset, set(flags)
+
+
 def measure(name: str, args, pos, batch, y) -> dict:
     r"""One row, in this process (``--_one`` runs it in a fresh one)."""
-    fused, keep = name.endswith(FUSED), name.endswith(KEEP)
-    if keep and not keep_freed_memory():
+    preset, flags = split_name(name)
+    if 'keep' in flags and not keep_freed_memory():
         raise MeasurementFailed('keep_freed_memory() does not apply here (not glibc)')
-    set_fused_kernels(fused)  # compiling happens in the warm-up calls, outside the timings
+    set_fused_kernels('fused' in flags)  # compiling happens in the warm-up calls, untimed
     try:
-        preset = name[:-len(FUSED)] if fused else name[:-len(KEEP)] if keep else name
-        row = _measure(name, preset, args, pos, batch, y)
+        return _measure(name, preset, args, pos, batch, y)
     finally:
         set_fused_kernels(False)
-    return row
 
 
 def measure_one(config: dict) -> dict:
@@ -198,7 +206,7 @@ def main():
             r['infer bytes / rigid'] = r['infer_gb'] / ref['infer_gb']
     for r in rows:  # the same ratios with the memory kept, where both rows were measured
         base = next((b for b in rows if b['model'] == 'rigid' + KEEP), None)
-        if r['model'].endswith(KEEP) and base is not None:
+        if KEEP[1:] in split_name(r['model'])[1] and base is not None:
             r['step / rigid'] = r['step_s'] / base['step_s']
             r['inference / rigid'] = r['infer_s'] / base['infer_s']
     env = environment()
