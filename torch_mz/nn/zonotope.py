@@ -123,12 +123,28 @@ def _weighted_row_sums(t: Tensor, w0: Tensor, w1: Tensor, batched: bool):
     return (t * w0.unsqueeze(-1)).sum(dim=1), (t * w1.unsqueeze(-1)).sum(dim=1)
 
 
+def _layer_norm_stats(xc: Tensor, inv: Tensor, weight: Optional[Tensor], batched: bool):
+    r"""From the centered center :obj:`xc` :math:`(N, d)` and :math:`1/\sigma` :obj:`inv`
+    :math:`(N, 1)`: :math:`\hat{c}`, its feature mean (zero up to rounding), the scale
+    :math:`s = w / \sigma` :math:`(N, d)` and, when :obj:`batched`, the two columns
+    :math:`(1/d, \hat{c}/d)` of the batched feature means."""
+    N, d = xc.shape
+    c_hat = xc * inv  # (N, d)
+    a = c_hat.mean(dim=-1, keepdim=True)  # (N, 1)
+    s = (inv if weight is None else inv * weight).expand(N, d)  # (N, d)
+    cols = torch.stack([torch.full_like(c_hat, 1.0 / d), c_hat / d], dim=-1) \
+        if batched else None  # (N, d, 2)
+    return c_hat, a, s, cols
+
+
 class _LayerNormJacobian(torch.autograd.Function):
     r"""The generator map of :func:`zonotope_layer_norm` with a hand-written backward.
 
     Forward and backward each take a few passes over the :math:`(N, n_g, d)` generators and keep
-    only the generators and per-token vectors for the backward (autograd through the elementwise
-    formula keeps five tensors of the generators' size and takes several times as many passes).
+    only the generators, the center, :math:`1/\sigma` and two :math:`(N, n_g)` means for the
+    backward, where the other per-token vectors are recomputed (autograd through the
+    elementwise formula keeps five tensors of the generators' size and takes several times as
+    many passes).
     With many wide generators (``batched``) the feature means are two-column batched matrix
     products and the rank-two corrections one in-place :func:`torch.baddbmm`; otherwise the same
     steps run elementwise, which is faster for few or narrow generators.
@@ -138,29 +154,29 @@ class _LayerNormJacobian(torch.autograd.Function):
     @staticmethod
     def forward(ctx, c: Tensor, g: Tensor, weight: Optional[Tensor], eps: float,
                 batched: bool) -> Tensor:
-        N, d = c.shape
         xc = c - c.mean(dim=-1, keepdim=True)  # (N, d)
         inv = torch.rsqrt(xc.pow(2).mean(dim=-1, keepdim=True) + eps)  # (N, 1)
-        c_hat = xc * inv  # (N, d)
-        a = c_hat.mean(dim=-1, keepdim=True)  # (N, 1), zero up to rounding
-        s = inv if weight is None else inv * weight  # (N, 1) or (N, d)
-        s = s.expand(N, d)  # (N, d)
-        cols = torch.stack([torch.full_like(c_hat, 1.0 / d), c_hat / d], dim=-1) \
-            if batched else None  # (N, d, 2)
+        c_hat, a, s, cols = _layer_norm_stats(xc, inv, weight, batched)
         g_bar, m = _feature_means(g, c_hat, cols)  # (N, n_g) each
         p = m - g_bar * a  # (N, n_g), mean((g - g_bar) * c_hat)
         # out = s * (g - g_bar - c_hat p) = g * s - g_bar (x) s - p (x) (c_hat * s)
         out = _sub_rank_two(g * s.unsqueeze(1), g_bar, s, p, c_hat * s, batched)
-        ctx.save_for_backward(g, xc, inv, c_hat, a, s, g_bar, p, cols, weight)
+        # the per-token (N, d) tensors xc, c_hat, s and cols are recomputed in the backward
+        # pass from c (which the center's LayerNorm keeps anyway) and inv by the same
+        # operations, so they are bitwise the same: saving them would keep three to five more
+        # (N, d) tensors per LayerNorm alive until the backward pass
+        ctx.save_for_backward(g, c, inv, g_bar, p, weight)
         ctx.has_weight = weight is not None
         ctx.batched = batched
         return out
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
-        g, xc, inv, c_hat, a, s, g_bar, p, cols, weight = ctx.saved_tensors
+        g, c, inv, g_bar, p, weight = ctx.saved_tensors
         batched = ctx.batched
-        d = xc.size(-1)
+        d = c.size(-1)
+        xc = c - c.mean(dim=-1, keepdim=True)  # (N, d)
+        c_hat, a, s, cols = _layer_norm_stats(xc, inv, weight, batched)
         grad_out = grad_out.contiguous()
         r = grad_out * s.unsqueeze(1)  # (N, n_g, d), dL/du
         r_bar, q = _feature_means(r, c_hat, cols)  # mean(r), q = mean(r * c_hat): (N, n_g)
