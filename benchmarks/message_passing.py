@@ -34,6 +34,7 @@ import time
 import numpy as np
 import torch
 
+from torch_mz.runtime import keep_freed_memory
 from torch_mz.study import (MeasurementFailed, environment, in_fresh_process, markdown_table,
                             peak_memory_bytes, pyplot, time_call, try_plot, write_results)
 
@@ -82,6 +83,8 @@ def run_one(cfg: dict) -> dict:
     r"""One configuration: peak memory of one forward + backward, then the median time."""
     from torch_geometric.nn import GraphConv, SAGEConv
     torch.set_num_threads(cfg['threads'])
+    if cfg.get('keep') and not keep_freed_memory():
+        raise RuntimeError('keep_freed_memory() does not apply here (not glibc)')
     torch.manual_seed(0)
     device = torch.device(cfg.get('device', 'cpu'))
     edge_index = random_graph(cfg['nodes'], cfg['degrees'], seed=cfg['seed']).to(device)
@@ -178,6 +181,9 @@ def main():
                         help='graphs of 1,000 and 10,000 nodes, d = 16, 3 repeats')
     parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
                                                       'message_passing'))
+    parser.add_argument('--keep-freed-memory', action='store_true',
+                        help="every row with glibc's malloc keeping freed memory for reuse "
+                             '(torch_mz.runtime.keep_freed_memory)')
     parser.add_argument('--_one', help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._one:
@@ -207,7 +213,7 @@ def main():
                             continue
                         cfg = dict(aggr=aggr, conv=conv, degrees=degrees, dim=dim, nodes=nodes,
                                    repeats=args.repeats, threads=args.threads, seed=0,
-                                   device=args.device)
+                                   device=args.device, keep=args.keep_freed_memory)
                         row = run_subprocess(cfg, args.timeout)
                         rows.append(row)
                         msg = row.get('error') or (f"{row['median_ms']:10.1f} ms  "
@@ -252,7 +258,9 @@ def main():
                 f"torch {env['torch']}, torch_geometric {env['torch_geometric']}, "
                 f"{args.threads} thread(s), device {args.device}, "
                 f"torch-scatter: {env['torch_scatter']}; "
-                f"{minutes:.1f} min. Forward + backward of one convolution, median of "
+                f"{minutes:.1f} min; glibc malloc keeping freed memory "
+                f"(`keep_freed_memory()`): {args.keep_freed_memory}. Forward + backward of one "
+                f"convolution, median of "
                 f"{args.repeats} calls; peak memory = peak resident set of one call above the "
                 f"state before it, in a fresh process per row.\n\n"
                 '## Ratios (medians of this run)\n\n'
