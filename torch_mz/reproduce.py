@@ -118,7 +118,11 @@ class Budget:
                                    lr=lr, weight_decay=wd, progress=False), **changes)
 
 
-SWEEP = tuple((lr, wd) for lr in (1e-3, 3e-4) for wd in (1e-5, 1e-3))
+# AdamW's decay is decoupled: each step shrinks the weights by lr x wd, so wd must be large to
+# regularise at all. wd = 1e-3 (the first grid) changed nothing measurable (st-4l on the quadratic
+# TDOF sweep cell: test R^2 0.8280 against 0.8278 at 1e-5, the same epochs): the grid spans no
+# decay (1e-5, the paper's) to strong decay (0.1).
+SWEEP = tuple((lr, wd) for lr in (1e-3, 3e-4) for wd in (1e-5, 1e-1))
 BUDGETS: Dict[str, Budget] = {
     'quick': Budget('quick', 128, 64, 64, (128, 64, 64), 2, 2, None, 1, 64, SWEEP[::2],
                     note='SMOKE RUN of the commands (128 sets, 2 epochs, lr swept over 2 '
