@@ -4,6 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from torch_mz.nn import ISAB, MAB, PMA, SAB, GeneratorFeedForward, Zonotope
+from torch_mz.nn.blocks import FeedForward
 from torch_mz.testing import permute_within_sets
 from tests.nn._sets import make_index
 
@@ -146,3 +147,28 @@ def test_empty_sets_give_learned_constant_seeds():
     out = block(_tokens(3, 7), index, 3)
     torch.testing.assert_close(out.center[0:2], out.center[4:6])
     assert torch.isfinite(out.center).all()
+
+
+@pytest.mark.parametrize('dtype,tol', [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+def test_feed_forward_recompute_matches_autograd(dtype, tol):
+    # the training path keeps c and the pre-activation only and recomputes GELU in the backward
+    # pass: values and every gradient equal autograd through the plain three operations
+    torch.manual_seed(0)
+    ffn = FeedForward(6, 10).to(dtype)
+    c = torch.randn(37, 6, dtype=dtype, requires_grad=True)
+    probe = torch.randn(37, 6, dtype=dtype)
+    out = ffn(c)
+    assert out.grad_fn is not None and 'FeedForwardFn' in type(out.grad_fn).__name__
+    grads = torch.autograd.grad((out * probe).sum(), [c, *ffn.parameters()])
+    plain = ffn.lin2(torch.nn.functional.gelu(ffn.lin1(c)))
+    ref = torch.autograd.grad((plain * probe).sum(), [c, *ffn.parameters()])
+    torch.testing.assert_close(out, plain, rtol=tol, atol=tol)
+    for g, r in zip(grads, ref):
+        torch.testing.assert_close(g, r, rtol=tol, atol=tol)
+    # frozen parameters, input without gradient: only what is asked for is computed
+    for p in ffn.parameters():
+        p.requires_grad_(False)
+    (g_c, ) = torch.autograd.grad((ffn(c) * probe).sum(), [c])
+    torch.testing.assert_close(g_c, ref[0], rtol=tol, atol=tol)
+    with torch.no_grad():  # the plain path
+        torch.testing.assert_close(ffn(c), plain.detach(), rtol=tol, atol=tol)

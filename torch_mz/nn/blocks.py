@@ -29,8 +29,41 @@ from torch_mz.nn.functional import repeat_per_set
 from torch_mz.nn.zonotope import Zonotope, zonotope_layer_norm
 
 
+class _FeedForwardFn(torch.autograd.Function):
+    r""":math:`W_2\,\mathrm{GELU}(W_1 c + b_1) + b_2` keeping only :math:`c` and
+    :math:`h = W_1 c + b_1` for the backward pass, where :math:`\mathrm{GELU}(h)` is recomputed
+    (autograd through the three operations keeps :math:`\mathrm{GELU}(h)` too: one more
+    :math:`(N, d_{ff})` tensor per block until the backward pass). The same operations as
+    :meth:`FeedForward.forward`'s plain path, so the values are the same; the tests check values and
+    gradients against it."""
+    @staticmethod
+    def forward(ctx, c: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor) -> Tensor:
+        h = F.linear(c, w1, b1)
+        ctx.save_for_backward(c, h, w1, w2)
+        return F.linear(F.gelu(h), w2, b2)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: Tensor):
+        c, h, w1, w2 = ctx.saved_tensors
+        go = grad_out.reshape(-1, grad_out.size(-1))  # (N, d)
+        a = F.gelu(h).reshape(-1, h.size(-1))  # (N, d_ff)
+        grad_h = torch.ops.aten.gelu_backward(go @ w2, h.reshape(-1, h.size(-1)))  # (N, d_ff)
+        need = ctx.needs_input_grad
+        grad_c = (grad_h @ w1).view_as(c) if need[0] else None
+        grad_w1 = grad_h.t() @ c.reshape(-1, c.size(-1)) if need[1] else None
+        grad_b1 = grad_h.sum(dim=0) if need[2] else None
+        grad_w2 = go.t() @ a if need[3] else None
+        grad_b2 = go.sum(dim=0) if need[4] else None
+        return grad_c, grad_w1, grad_b1, grad_w2, grad_b2
+
+
 class FeedForward(Module):
-    r"""Row-wise feed-forward :math:`W_2\,\mathrm{GELU}(W_1 c + b_1) + b_2` on centers."""
+    r"""Row-wise feed-forward :math:`W_2\,\mathrm{GELU}(W_1 c + b_1) + b_2` on centers.
+
+    In training (gradients on, no :func:`torch.autocast`, not under :func:`torch.compile`) it
+    keeps only its input and the pre-activation for the backward pass and recomputes the GELU
+    there (:class:`_FeedForwardFn`); otherwise it runs the three operations as they are."""
     def __init__(self, dim: int, hidden: int):
         super().__init__()
         self.lin1 = Linear(dim, hidden)
@@ -43,6 +76,11 @@ class FeedForward(Module):
             torch.nn.init.zeros_(lin.bias)
 
     def forward(self, c: Tensor) -> Tensor:
+        if (torch.is_grad_enabled() and not torch.is_autocast_enabled(c.device.type)
+                and not torch.compiler.is_compiling()
+                and (c.requires_grad or self.lin1.weight.requires_grad)):
+            return _FeedForwardFn.apply(c, self.lin1.weight, self.lin1.bias, self.lin2.weight,
+                                        self.lin2.bias)
         return self.lin2(F.gelu(self.lin1(c)))
 
 
