@@ -2,7 +2,9 @@ r"""Reproduction of the paper's claims at a stated budget (issue 11): one comman
 
 Claims: ``table1`` (depth separation on quadratic TDOF, L in {4, 16, 32}: mz-1l, st-4l, rigid,
 deepsets and the mean-MLP oracle), ``table3`` (MEB radius at d in {8, 16, 32}: mz, rigid,
-st-large, hypernet, perceiver, film, deepsets), ``table7`` (egnn, mz, st-large on quadratic TDOF
+st-large, hypernet, perceiver, film, deepsets), ``table4`` (rotation matching at d in {8, 16},
+the literal target and the un-aligned one: mz, rigid, st-large, hypernet, perceiver, egnn,
+deepsets), ``table7`` (egnn, mz, st-large on quadratic TDOF
 L = 8, MEB d = 8, covariance norm d = 8), ``table28`` (QM9 mu and alpha from the qm9pack source:
 mz, rigid, st-large, egnn, deepsets) and ``table30`` (cost ratios mz / rigid read from
 ``benchmarks/results/training_step/training_step.json``).

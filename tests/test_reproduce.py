@@ -4,9 +4,9 @@ import math
 import pytest
 
 import torch_mz.study.grid as grid
-from torch_mz.reproduce import (BUDGETS, CLAIMS, Budget, Claim, Comparison, Reproduction,
-                                load_claims, overhead_records, save_claim, summary_table,
-                                verdict)
+from torch_mz.reproduce import (BUDGETS, CLAIMS, SWEEP_CELLS, Budget, Claim, Comparison,
+                                Reproduction, load_claims, overhead_records, save_claim,
+                                summary_table, verdict)
 from torch_mz.tasks import load_task
 
 TINY = Budget('tiny', 16, 8, 8, (16, 8, 8), 2, 1, None, 1, 8,
@@ -120,8 +120,11 @@ def test_summary_and_table30(tmp_path):
 
 
 def test_claims_and_budgets_as_issue_11_asks():
-    assert set(CLAIMS) == {'table1', 'table3', 'table7', 'table28'}
+    assert set(CLAIMS) == {'table1', 'table3', 'table4', 'table7', 'table28'}
     assert 'mean-mlp' in CLAIMS['table1'].models
+    # rotation matching in both readings (item 4), at d = 8 and 16
+    assert {(c['kwargs']['d'], c['kwargs']['alignment']) for c in CLAIMS['table4'].cells} == {
+        (d, a) for d in (8, 16) for a in ('true', 'none')}
     converged = BUDGETS['converged']
     assert (converged.n_train, converged.n_val, converged.n_test) == (5000, 1000, 2000)
     assert converged.epochs == 200 and converged.patience == 20 and converged.seeds >= 2
@@ -130,8 +133,8 @@ def test_claims_and_budgets_as_issue_11_asks():
         for c in claim.comparisons:
             assert c.a in claim.models and set(c.b) <= set(claim.models)
             assert c.cell in [cell['label'] for cell in claim.cells]
-    for claim in CLAIMS.values():  # the task arguments are valid (no data built)
-        for cell in claim.cells:
+    for cells in [claim.cells for claim in CLAIMS.values()] + [tuple(SWEEP_CELLS.values())]:  # valid task arguments
+        for cell in cells:
             if cell['task'] != 'qm9':
                 load_task(cell['task'], n_train=2, n_val=1, n_test=1, **cell['kwargs'])
 
