@@ -615,7 +615,9 @@ def overhead_records(path: str, budget: str) -> List[Dict[str, object]]:
     r"""Table 30's claims (parameter, training-step and inference ratios ``mz`` / ``rigid``)
     from the operator benchmark's JSON (``benchmarks/training_step.py``), compared with the
     paper's Small configuration (d = 64, n = 30; the benchmark's sets are larger, see its
-    file). A missing file gives inconclusive records that say how to make it."""
+    file). The rows with kept freed memory (``mz+keep`` / ``rigid+keep``, how ``torch-mz`` and
+    this reproduction train) are used where the file has them, the plain rows otherwise. A
+    missing file gives inconclusive records that say how to make it."""
     small = TABLE30['Small (d=64, n=30)']
     wanted = (('params', small[0], 'params', None), ('training step', small[2], 'step_times_s',
                                                      'step_s'),
@@ -628,8 +630,9 @@ def overhead_records(path: str, budget: str) -> List[Dict[str, object]]:
     for what, paper, samples, median in wanted:
         n: Optional[int]
         mean, spread, n = math.nan, math.nan, 0
-        if 'mz' in rows and 'rigid' in rows:
-            mz, rigid = rows['mz'], rows['rigid']
+        suffix = '+keep' if 'mz+keep' in rows and 'rigid+keep' in rows else ''
+        if 'mz' + suffix in rows and 'rigid' + suffix in rows:
+            mz, rigid = rows['mz' + suffix], rows['rigid' + suffix]
             if median is None:
                 mean, spread, n = mz[samples] / rigid[samples], 0.0, None
             else:
@@ -641,8 +644,9 @@ def overhead_records(path: str, budget: str) -> List[Dict[str, object]]:
                        text='Small (d=64, n=30): params 1.9x, inference 2.4x, training 2.2x; '
                             'Medium/Large: training 3.8x/5.5x, inference 2.5x/2.7x (RTX 5090, '
                             'batch 64)'),
-            ours=dict(mean=mean, std=spread, seeds=n, source=os.path.basename(path)
-                      if rows else f'{path} missing: run python benchmarks/training_step.py'),
+            ours=dict(mean=mean, std=spread, seeds=n, source=(
+                f"{os.path.basename(path)}, rows mz{suffix} / rigid{suffix}" if rows else
+                f'{path} missing: run python benchmarks/training_step.py')),
             n_train=None, epochs_run=None, seeds=n,
             verdict=verdict(paper - 1, mean - 1, spread, n) if rows else 'inconclusive',
             command='python benchmarks/training_step.py && python benchmarks/reproduce.py '
