@@ -172,3 +172,20 @@ def test_feed_forward_recompute_matches_autograd(dtype, tol):
     torch.testing.assert_close(g_c, ref[0], rtol=tol, atol=tol)
     with torch.no_grad():  # the plain path
         torch.testing.assert_close(ffn(c), plain.detach(), rtol=tol, atol=tol)
+
+
+def test_feed_forward_recompute_second_derivative():
+    # double backward (as when forces, -dE/dx, are trained with create_graph=True) agrees
+    torch.manual_seed(1)
+    ffn = FeedForward(5, 7).double()
+    c = torch.randn(11, 5, dtype=torch.float64, requires_grad=True)
+    probe = torch.randn(11, 5, dtype=torch.float64)
+
+    def second(f):
+        (g, ) = torch.autograd.grad((f(c) * probe).sum(), [c], create_graph=True)
+        return torch.autograd.grad(g.square().sum(), [c, *ffn.parameters()],
+                                   materialize_grads=True)  # b2 does not enter dE/dc
+    ours = second(ffn)
+    ref = second(lambda x: ffn.lin2(torch.nn.functional.gelu(ffn.lin1(x))))
+    for a, b in zip(ours, ref):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)

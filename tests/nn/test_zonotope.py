@@ -122,6 +122,10 @@ def test_fused_layer_norm_jacobian_matches_autograd_reference(affine, d, ng):
     assert torch.autograd.gradcheck(
         lambda cc, gg, w: _LayerNormJacobian.apply(cc, gg, w, 1e-5, d >= 32),
         (c[:3].clone().requires_grad_(), gens[:3].clone().requires_grad_(), weight))
+    # second derivatives too (create_graph=True: forces trained from an energy)
+    assert torch.autograd.gradgradcheck(
+        lambda cc, gg, w: _LayerNormJacobian.apply(cc, gg, w, 1e-5, d >= 32),
+        (c[:2].clone().requires_grad_(), gens[:2].clone().requires_grad_(), weight))
 
 
 @pytest.mark.parametrize('compiled', [

@@ -40,12 +40,16 @@ class _FeedForwardFn(torch.autograd.Function):
     def forward(ctx, c: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor) -> Tensor:
         h = F.linear(c, w1, b1)
         ctx.save_for_backward(c, h, w1, w2)
+        ctx.b1 = b1
         return F.linear(F.gelu(h), w2, b2)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out: Tensor):
         c, h, w1, w2 = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True (e.g. forces trained from an energy):
+            # h, made inside forward, is not connected to c, w1 and b1; recompute it so the
+            # second derivative sees every path (the operations below are differentiable)
+            h = F.linear(c, w1, ctx.b1)
         go = grad_out.reshape(-1, grad_out.size(-1))  # (N, d)
         a = F.gelu(h).reshape(-1, h.size(-1))  # (N, d_ff)
         grad_h = torch.ops.aten.gelu_backward(go @ w2, h.reshape(-1, h.size(-1)))  # (N, d_ff)

@@ -168,15 +168,29 @@ class _LayerNormJacobian(torch.autograd.Function):
         ctx.save_for_backward(g, c, inv, g_bar, p, weight)
         ctx.has_weight = weight is not None
         ctx.batched = batched
+        ctx.eps = eps
         return out
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
         g, c, inv, g_bar, p, weight = ctx.saved_tensors
+        if grad_out._is_zerotensor():  # autograd's immutable zeros (e.g. in gradgradcheck)
+            return (torch.zeros_like(c), torch.zeros_like(g),
+                    None if weight is None else torch.zeros_like(weight), None, None)
         batched = ctx.batched
         d = c.size(-1)
+        # create_graph=True (a second derivative, e.g. forces trained from an energy): inv,
+        # g_bar and p, made inside forward, are not connected to c and g, so they are
+        # recomputed from the inputs, and nothing below works in place on a tensor the graph
+        # keeps; the operations are differentiable
+        graph = torch.is_grad_enabled()
         xc = c - c.mean(dim=-1, keepdim=True)  # (N, d)
+        if graph:
+            inv = torch.rsqrt(xc.pow(2).mean(dim=-1, keepdim=True) + ctx.eps)
         c_hat, a, s, cols = _layer_norm_stats(xc, inv, weight, batched)
+        if graph:
+            g_bar, m = _feature_means(g, c_hat, cols)
+            p = m - g_bar * a
         grad_out = grad_out.contiguous()
         r = grad_out * s.unsqueeze(1)  # (N, n_g, d), dL/du
         r_bar, q = _feature_means(r, c_hat, cols)  # mean(r), q = mean(r * c_hat): (N, n_g)
@@ -187,7 +201,10 @@ class _LayerNormJacobian(torch.autograd.Function):
         gu0, gu1 = _weighted_row_sums(grad_out, g_bar, p, batched)  # (N, d) each
         grad_s = (grad_out * g).sum(dim=1) - gu0 - c_hat * gu1  # (N, d)
         # dL/dg = r - mean(r) - (c_hat - a) q, in place on r
-        grad_g = _sub_rank_two(r, r_bar, torch.ones_like(c_hat), q, c_hat - a, batched)
+        if graph:  # out of place (r may be an immutable zero tensor in a double backward)
+            grad_g = r - r_bar.unsqueeze(-1) - q.unsqueeze(-1) * (c_hat - a).unsqueeze(1)
+        else:
+            grad_g = _sub_rank_two(r, r_bar, torch.ones_like(c_hat), q, c_hat - a, batched)
         grad_w = None
         if ctx.has_weight:
             grad_inv = (grad_s * weight).sum(dim=-1, keepdim=True)  # (N, 1)
