@@ -352,12 +352,13 @@ def test_checkpointed_blocks_give_the_same_values_and_gradients(encoder):
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize('path', ['auto', 'scatter'])
 @pytest.mark.parametrize('preset', ['neighbourhood', 'paper'])
-def test_second_derivatives_through_the_aggregation(preset):
+def test_second_derivatives_through_the_aggregation(preset, path):
     # create_graph=True (forces trained from an energy, gradient penalties) goes through the
     # hand-written backward passes (LayerNorm Jacobian, feed-forward): gradgradcheck in float64
     torch.manual_seed(0)
-    aggr = MZAggregation(4, preset=preset, dim=8, d_ff=8, num_inducing=2).double()
+    aggr = MZAggregation(4, preset=preset, dim=8, d_ff=8, num_inducing=2, path=path).double()
     x = torch.randn(7, 4, dtype=torch.float64, requires_grad=True)
     index = torch.tensor([0, 0, 0, 1, 1, 1, 1])
     assert torch.autograd.gradgradcheck(lambda x: aggr(x, index), (x, ))
