@@ -10,7 +10,9 @@ float32 matrix-product peak, the bytes its operators read and write (an unfused 
 bandwidth, median inference time, and the ratios to ``rigid`` measured in the same run.
 ``+fused`` rows run the same preset with the opt-in compiled kernels
 (:func:`torch_mz.nn.set_fused_kernels`), ``+keep`` rows with glibc's malloc keeping freed memory
-for reuse (:func:`torch_mz.runtime.keep_freed_memory`). Every row runs in a fresh process, which
+for reuse (:func:`torch_mz.runtime.keep_freed_memory`), ``+compile`` rows the whole model through
+``torch.compile`` (inductor; compiling happens in the untimed first calls, reported as
+``first_calls_s``). Every row runs in a fresh process, which
 also gives its peak resident set (the process's, import of torch included, over the timed
 training steps and inference calls). The paper's Table 30 reports ``mz`` / standard at
 2.2-5.5x for training and 2.4-2.7x for inference.
@@ -43,9 +45,10 @@ from torch_mz.study.traffic import count_bytes, memory_bandwidth
 
 PRESETS = ('rigid', 'st-large', 'mz-slim', 'mz', 'mz-slim+fused', 'mz+fused', 'egnn',
            'rigid+keep', 'st-large+keep', 'mz-slim+keep', 'mz+keep', 'mz-slim+fused+keep',
-           'mz+fused+keep', 'egnn+keep')
+           'mz+fused+keep', 'rigid+compile+keep', 'mz+compile+keep', 'egnn+keep')
 FUSED = '+fused'  # suffix: the preset with torch_mz.nn.set_fused_kernels(True)
 KEEP = '+keep'  # suffix: the preset with torch_mz.runtime.keep_freed_memory()
+COMPILE = '+compile'  # suffix: the whole model through torch.compile (inductor)
 
 
 def make_batch(clouds: int, points: int, seed: int = 0):
@@ -68,9 +71,10 @@ def build(name: str, radius: float):
 def split_name(name: str):
     r"""``'mz+fused+keep'`` -> ``('mz', {'fused', 'keep'})``."""
     preset, *flags = name.split('+')
-    unknown = set(flags) - {FUSED[1:], KEEP[1:]}
+    unknown = set(flags) - {FUSED[1:], KEEP[1:], COMPILE[1:]}
     if unknown:
-        raise ValueError(f'unknown row suffixes {sorted(unknown)} in {name!r} (+fused, +keep)')
+        raise ValueError(f'unknown row suffixes {sorted(unknown)} in {name!r} (+fused, +keep, '
+                         f'+compile)')
     return preset, set(flags)
 
 
@@ -81,7 +85,7 @@ def measure(name: str, args, pos, batch, y) -> dict:
         raise MeasurementFailed('keep_freed_memory() does not apply here (not glibc)')
     set_fused_kernels('fused' in flags)  # compiling happens in the warm-up calls, untimed
     try:
-        return _measure(name, preset, args, pos, batch, y)
+        return _measure(name, preset, args, pos, batch, y, compiled='compile' in flags)
     finally:
         set_fused_kernels(False)
 
@@ -93,7 +97,7 @@ def measure_one(config: dict) -> dict:
     return measure(config['name'], args, pos, batch, y)
 
 
-def _measure(name: str, preset: str, args, pos, batch, y) -> dict:
+def _measure(name: str, preset: str, args, pos, batch, y, compiled: bool = False) -> dict:
     model = build(preset, args.egnn_radius)
     clouds = int(batch.max()) + 1
 
@@ -104,23 +108,33 @@ def _measure(name: str, preset: str, args, pos, batch, y) -> dict:
         device)  # x = coordinates for every model
     y = y.to(device)
 
-    def forward():
-        out = model(data)
+    # the timed calls run the compiled model for '+compile' rows (compiling in the warm-up
+    # calls, once for training and once for eval mode); the counters run the eager one (the
+    # same operations; compiled graphs run under a dispatch mode are not what is timed)
+    runner = torch.compile(model) if compiled else model
+
+    def forward(m=model):
+        out = m(data)
         return out[0] if isinstance(out, tuple) else out
 
-    def train_step():
+    def train_step(m=model):
         model.train()
         opt.zero_grad(set_to_none=True)
-        F.cross_entropy(forward(), y).backward()
+        F.cross_entropy(forward(m), y).backward()
         opt.step()
 
-    def infer():
+    def infer(m=model):
         model.eval()
         with torch.no_grad():
-            forward()
+            forward(m)
 
-    step_times = time_call(train_step, repeats=args.repeats, warmup=1, device=device)
-    infer_times = time_call(infer, repeats=args.repeats, warmup=1, device=device)
+    start = time.perf_counter()
+    train_step(runner)  # the first call (compiles for '+compile' rows), untimed
+    infer(runner)
+    first_call_s = time.perf_counter() - start
+    step_times = time_call(lambda: train_step(runner), repeats=args.repeats, warmup=0,
+                           device=device)
+    infer_times = time_call(lambda: infer(runner), repeats=args.repeats, warmup=0, device=device)
     peak_rss = (process_peak_rss_bytes() or float('nan')) / 2**20  # before the counters
     flops = count_flops(train_step)
     step = float(np.median(step_times))
@@ -129,7 +143,8 @@ def _measure(name: str, preset: str, args, pos, batch, y) -> dict:
                 gflop_per_step=flops / 1e9, gflop_per_s=flops / 1e9 / step,
                 gb_per_step=count_bytes(train_step) / 1e9,
                 infer_s=float(np.median(infer_times)), infer_times_s=infer_times,
-                infer_gb=count_bytes(infer) / 1e9, peak_rss_mib=peak_rss)
+                infer_gb=count_bytes(infer) / 1e9, peak_rss_mib=peak_rss,
+                first_calls_s=first_call_s)
 
 
 def plot(rows, path):
@@ -213,8 +228,8 @@ def main():
     minutes = (time.time() - start) / 60
     cols = ['model', 'params', 'step_s', 'points_per_s', 'gflop_per_step', 'pct_of_peak',
             'gb_per_step', 'pct_of_bandwidth', 'infer_s', 'infer_gb', 'infer_pct_of_bandwidth',
-            'peak_rss_mib', 'step / rigid', 'inference / rigid', 'flops / rigid', 'bytes / rigid',
-            'infer bytes / rigid']
+            'peak_rss_mib', 'first_calls_s', 'step / rigid', 'inference / rigid', 'flops / rigid',
+            'bytes / rigid', 'infer bytes / rigid']
     markdown = (f'# Training step and inference, {args.clouds} clouds x {args.points} points, '
                 f'40 classes\n\n'
                 f"Command: `{env['command']}`  \n"
@@ -228,10 +243,13 @@ def main():
                 f"GB / step time / bandwidth. Where that is high the step is bound by memory "
                 f"traffic and the time ratio follows the bytes ratio, not the FLOP ratio. For "
                 f"`+fused` rows the counter sees the unfused operators (compiled code runs "
-                f"eagerly under it), so their GB and % of bandwidth are over-estimates. `+keep` rows "
+                f"eagerly under it), so their GB and % of bandwidth are over-estimates. "
+                f"`+keep` rows "
                 f"keep freed memory in malloc's heap (`torch_mz.runtime.keep_freed_memory()`); "
-                f"their ratios are to `rigid+keep`. Each row ran in a fresh process; peak_rss_mib "
-                f"is that process's peak resident set."
+                f"their ratios are to `rigid+keep`. `+compile` rows time `torch.compile(model)` "
+                f"(inductor); first_calls_s is the first training step and inference call "
+                f"(compiling, for those rows), not timed. Each row ran in a fresh process; "
+                f"peak_rss_mib is that process's peak resident set."
                 f"\n\n" + markdown_table(rows, cols)
                 + '\n![plot](training_step.png)\n')
     write_results(args.out, 'training_step',
