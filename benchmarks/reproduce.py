@@ -24,7 +24,9 @@ Every (cell, model, seed) run is written to ``<out>/records/<budget>/`` when it 
 read back instead of trained when the command runs again, so an interrupted reproduction resumes
 where it stopped (a run cut short resumes from its checkpoint in ``<out>/runs/``, which is not
 committed). Two or more copies of the same command (one per core: ``OMP_NUM_THREADS=1`` each)
-share the runs through file locks and each finishes the claims. After each claim the script writes ``<out>/claims/<claim>.<budget>.json``,
+share the runs through file locks and each finishes the claims; a copy whose next runs another
+copy is training goes on with the other claims meanwhile, and waits only when every claim left
+is waiting. After each claim the script writes ``<out>/claims/<claim>.<budget>.json``,
 ``summary.json``, ``summary.md`` and ``<claim>.<budget>.png`` and prints the files to commit.
 """
 import argparse
@@ -34,7 +36,7 @@ import time
 
 from torch_mz.reproduce import (BUDGETS, CLAIM_NAMES, CLAIMS, SWEEP_CELLS, VERDICT_RULE,
                                 Reproduction, load_claims, models_table, overhead_records,
-                                save_claim, summary_table)
+                                run_claims, save_claim, summary_table)
 from torch_mz.runtime import keep_freed_memory
 from torch_mz.study import environment, plot_bars, try_plot, write_report
 
@@ -106,18 +108,9 @@ def main(argv=None):
     repro = Reproduction(budget, out, device=args.device, seeds=args.seeds, on_result=report,
                          on_wait=waiting)
     start, failed = time.time(), []
-    for name in claims:
-        print(f'{name} ({budget.name}):', flush=True)
-        if name == 'table30':
-            records = overhead_records(os.path.join(RESULTS, 'training_step',
-                                                    'training_step.json'), budget.name)
-        else:
-            try:
-                records, _ = repro.run(CLAIMS[name])
-            except (FileNotFoundError, ImportError, OSError, ValueError) as e:
-                print(f'reproduce.py: {name} not run: {e}', file=sys.stderr)
-                failed.append(name)
-                continue
+
+    def finish(name, records):
+        if name != 'table30':
             note = try_plot(plot, CLAIMS[name], records, budget.name,
                             os.path.join(out, f'{name}.{budget.name}.png'))
             if note:
@@ -133,6 +126,26 @@ def main(argv=None):
                    if os.path.exists(os.path.join(out, f))]
         print(f'  {name} done; to commit: git add '
               + ' '.join(os.path.relpath(p) for p in commit), flush=True)
+
+    if 'table30' in claims:  # read from the operator benchmark, nothing to train
+        print(f'table30 ({budget.name}):', flush=True)
+        finish('table30', overhead_records(os.path.join(RESULTS, 'training_step',
+                                                        'training_step.json'), budget.name))
+
+    def starting(claim):
+        print(f'{claim.name} ({budget.name}):', flush=True)
+
+    def held(claim, e):
+        print(f'  {claim.name} waits ({e}); the other claims first', flush=True)
+
+    for claim, records, error in run_claims(
+            repro, [CLAIMS[n] for n in claims if n != 'table30'], on_start=starting,
+            on_held=held, errors=(FileNotFoundError, ImportError, OSError, ValueError)):
+        if error is not None:
+            print(f'reproduce.py: {claim.name} not run: {error}', file=sys.stderr)
+            failed.append(claim.name)
+        else:
+            finish(claim.name, records)
     print(f'{len(trained)} runs trained, {(time.time() - start) / 60:.1f} min; wrote '
           f'{out}/summary.json, summary.md')
     return EXIT_ERROR if failed else 0

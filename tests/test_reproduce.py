@@ -181,3 +181,52 @@ def test_a_second_process_skips_a_held_run_then_waits_for_it_and_takes_it_over(t
     assert proc.returncode == 0 and rest.strip().endswith('DONE'), rest
     assert repro.store.stored(*held)
     assert len(list(tmp_path.rglob('records/tiny/**/*.json'))) == 3 * 2 + 2 * 2 * 2 - 2
+
+
+MAX = dict(label='max d=2', task='max', kwargs=dict(d=2))
+CLAIM2 = Claim('tiny2', 'tiny2', (MAX, ), CLAIM.models,
+               (Comparison('tiny2', 'max d=2', 'deepsets:hidden_channels=8',
+                           ('mean-mlp:hidden_channels=8', ), 0.1, 'Table 0', 'made up'), ))
+
+
+def test_a_claim_whose_runs_are_held_waits_behind_the_other_claims(tmp_path):
+    # the first sweep run of 'tiny' is held (another worker): the child goes on with 'tiny2'
+    # and finishes it before it waits for the held run, then completes 'tiny'
+    import os
+    import subprocess
+    import sys
+    from dataclasses import replace
+    from pathlib import Path
+    out = str(tmp_path)
+    repro = Reproduction(TINY, out, device='cpu', sweep_cells={'sum': SUM})
+    held = (repro.sized(SUM), CLAIM.models[0], 0,
+            replace(repro.base_config('sum'), lr=TINY.sweep[0][0], weight_decay=TINY.sweep[0][1]))
+    child = ("import sys\nfrom tests.test_reproduce import TINY, CLAIM, CLAIM2, SUM, MAX\n"
+             "from torch_mz.reproduce import Reproduction, run_claims\n"
+             "repro = Reproduction(TINY, sys.argv[1], device='cpu', sweep_cells={'sum': SUM, "
+             "'max': MAX}, on_wait=lambda *a: print('WAIT', *a, flush=True))\n"
+             "for claim, records, error in run_claims(repro, [CLAIM, CLAIM2], on_held=lambda c, "
+             "e: print('HELD', c.name, flush=True)):\n"
+             "    print('DONE', claim.name, error, flush=True)\n")
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, OMP_NUM_THREADS='1',
+               PYTHONPATH=os.pathsep.join([str(root), os.environ.get('PYTHONPATH', '')]))
+    with repro.store.lock(*held) as mine:
+        assert mine
+        proc = subprocess.Popen([sys.executable, '-c', child, out], cwd=root, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        lines = []
+        try:
+            while not lines or not lines[-1].startswith('WAIT'):
+                line = proc.stdout.readline()
+                assert line, ''.join(lines)
+                lines.append(line)
+        except BaseException:
+            proc.kill()
+            raise
+        # (after 'tiny2' it looks once more without waiting, then waits: no claim is left)
+        assert [ln.split()[:2] for ln in lines] == [['HELD', 'tiny'], ['DONE', 'tiny2'],
+                                                   ['HELD', 'tiny'], ['WAIT', 'sum']], lines
+    rest, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0 and rest.split() == ['DONE', 'tiny', 'None'], rest
+    assert repro.store.stored(*held)

@@ -20,7 +20,8 @@ import os
 import shutil
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import (Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple,
+                    Type)
 
 import numpy as np
 
@@ -412,6 +413,10 @@ def _val_curve(ckpt: str) -> List[float]:
 
 
 # -- running a claim ---------------------------------------------------------------------------
+class RunsHeld(Exception):
+    r"""A claim cannot go on now: the runs it needs next are being trained by another process
+    (raised by :meth:`Reproduction.run` with ``wait=False``)."""
+
 class Reproduction:
     r"""Runs claims at :obj:`budget`, keeping finished runs in :obj:`out`
     (``records/<budget>/``; checkpoints of unfinished runs in ``runs/<budget>/``).
@@ -499,10 +504,11 @@ class Reproduction:
             self.on_result(saved)
 
     def _train_missing(self, jobs: Sequence[Tuple[Mapping[str, Any], str, int,
-                                                  TrainConfig]]) -> None:
+                                                  TrainConfig]], wait: bool = True) -> None:
         r"""Trains the runs of :obj:`jobs` (``(cell, spec, seed, config)``) that are not in the
         store: first those no other process holds, in order, then, waiting for each, those
-        that were held (a run whose holder died without finishing it is trained here)."""
+        that were held (a run whose holder died without finishing it is trained here). With
+        :obj:`wait` false, raises :class:`RunsHeld` instead of waiting."""
         held = []
         for job in jobs:
             if self.store.stored(*job):
@@ -512,6 +518,10 @@ class Reproduction:
                     held.append(job)
                 elif not self.store.stored(*job):  # not finished while we looked
                     self._train_one(*job)
+        held = [job for job in held if not self.store.stored(*job)]
+        if held and not wait:
+            raise RunsHeld(f'{len(held)} run(s) it needs are being trained by another process, '
+                           f"first {held[0][1]} on {held[0][0]['label']} seed {held[0][2]}")
         for job in held:
             if self.store.stored(*job):
                 continue
@@ -521,10 +531,12 @@ class Reproduction:
                 if not self.store.stored(*job):
                     self._train_one(*job)
 
-    def sweep(self, task: str, models: Sequence[str]) -> Dict[str, Tuple[float, float]]:
+    def sweep(self, task: str, models: Sequence[str],
+              wait: bool = True) -> Dict[str, Tuple[float, float]]:
         r"""The ``(lr, weight_decay)`` of each model on :obj:`task`: every point of the budget's
         grid trained with seed 0 on the task's sweep cell, the lowest best validation loss
-        chosen (the first point on a tie). A one-point grid trains nothing."""
+        chosen (the first point on a tie). A one-point grid trains nothing. :obj:`wait`: see
+        :meth:`run`."""
         grid = self.budget.sweep
         todo = [m for m in models if (task, m) not in self.choices]
         if len(grid) == 1:
@@ -533,7 +545,7 @@ class Reproduction:
             cell = self.sized(self.sweep_cells[task])
             self._train_missing([(cell, m, 0, replace(self.base_config(task), lr=lr,
                                                       weight_decay=wd))
-                                 for lr, wd in grid for m in todo])
+                                 for lr, wd in grid for m in todo], wait=wait)
             losses: Dict[str, List[float]] = {m: [] for m in todo}
             for lr, wd in grid:
                 runs, _ = self._grid([cell], todo, 1, lambda c, s, lr=lr, wd=wd: replace(
@@ -544,21 +556,25 @@ class Reproduction:
                 self.choices[(task, m)] = grid[int(np.argmin(losses[m]))]
         return {m: self.choices[(task, m)] for m in models}
 
-    def run(self, claim: Claim) -> Tuple[List[Dict[str, object]], List[Dict[str, object]]]:
+    def run(self, claim: Claim,
+            wait: bool = True) -> Tuple[List[Dict[str, object]], List[Dict[str, object]]]:
         r"""Trains (or reads back) every run of :obj:`claim` and returns ``(records, runs)``:
-        one summary record per comparison and the run records."""
+        one summary record per comparison and the run records. With :obj:`wait` false, raises
+        :class:`RunsHeld` when the claim cannot go on without a run another process is
+        training (after training every run of that stage it could), so that the caller can
+        work on another claim meanwhile; the runs trained so far stay in the store."""
         seeds = self.seeds or self.budget.seeds or claim.paper_seeds
         runs: List[Dict[str, object]] = []
         files: List[str] = []
         for task in dict.fromkeys(c['task'] for c in claim.cells):
             cells = [self.sized(c) for c in claim.cells if c['task'] == task]
-            chosen = self.sweep(task, claim.models)
+            chosen = self.sweep(task, claim.models, wait=wait)
 
             def config_of(c, spec, task=task, chosen=chosen):
                 lr, wd = chosen[spec]
                 return replace(self.base_config(task), lr=lr, weight_decay=wd)
             self._train_missing([(c, m, k, config_of(c, m)) for c in cells
-                                 for m in claim.models for k in range(seeds)])
+                                 for m in claim.models for k in range(seeds)], wait=wait)
             task_runs, _ = self._grid(cells, claim.models, seeds, config_of)
             runs += task_runs
             files += [self.store.files(c, m, k, config_of(c, m)) for c in cells
@@ -652,6 +668,39 @@ def overhead_records(path: str, budget: str) -> List[Dict[str, object]]:
             command='python benchmarks/training_step.py && python benchmarks/reproduce.py '
                     f'--budget {budget} --claims table30'))
     return out
+
+
+def run_claims(repro: 'Reproduction', claims: Sequence[Claim],
+               on_start: Optional[Callable[[Claim], None]] = None,
+               on_held: Optional[Callable[[Claim, 'RunsHeld'], None]] = None,
+               errors: Tuple[Type[BaseException], ...] = ()):
+    r"""Runs :obj:`claims` with :obj:`repro` and yields ``(claim, records, error)`` as each
+    finishes (``error`` an exception of a type in :obj:`errors`, then ``records`` is
+    :obj:`None`). A claim whose next runs another process is training (:class:`RunsHeld`) goes
+    back to the end of the queue and the others are worked on meanwhile; it waits only when every
+    claim left is waiting, so that copies of one reproduction keep both cores busy across claims.
+    :obj:`on_start` is called with each claim as it is tried, :obj:`on_held` with a claim and the
+    exception when it goes back to the queue."""
+    pending, deferred = list(claims), 0
+    while pending:
+        claim = pending.pop(0)
+        if on_start is not None:
+            on_start(claim)
+        try:
+            # wait for another process's runs only when every claim left has been tried
+            records, _ = repro.run(claim, wait=deferred > len(pending))
+        except RunsHeld as e:
+            if on_held is not None:
+                on_held(claim, e)
+            pending.append(claim)
+            deferred += 1
+            continue
+        except errors as e:
+            deferred = 0
+            yield claim, None, e
+            continue
+        deferred = 0
+        yield claim, records, None
 
 
 # -- the report --------------------------------------------------------------------------------
