@@ -133,7 +133,8 @@ def test_claims_and_budgets_as_issue_11_asks():
         for c in claim.comparisons:
             assert c.a in claim.models and set(c.b) <= set(claim.models)
             assert c.cell in [cell['label'] for cell in claim.cells]
-    for cells in [claim.cells for claim in CLAIMS.values()] + [tuple(SWEEP_CELLS.values())]:  # valid task arguments
+    # the task arguments of every claim's cells and every sweep cell are valid
+    for cells in [claim.cells for claim in CLAIMS.values()] + [tuple(SWEEP_CELLS.values())]:
         for cell in cells:
             if cell['task'] != 'qm9':
                 load_task(cell['task'], n_train=2, n_val=1, n_test=1, **cell['kwargs'])

@@ -6,9 +6,9 @@ EGNN, presets), :mod:`torch_mz.datasets` (synthetic tasks, ModelNet40, ScanObjec
 :mod:`torch_mz.train` (trainer), :mod:`torch_mz.inference` (:func:`load_model`: a trained model
 from its checkpoint), :mod:`torch_mz.testing` (equivariance checks),
 :mod:`torch_mz.geometry` (ground-truth geometry), :mod:`torch_mz.analysis` (what the matrix
-zonotope learns), :mod:`torch_mz.runtime` (process-wide CPU settings: kept freed memory), :mod:`torch_mz.tasks` (every task by name), :mod:`torch_mz.study` (what the
-benchmarks and ``torch-mz compare`` share: measurement, the training grid, reports, plots,
-statistics).
+zonotope learns), :mod:`torch_mz.runtime` (process-wide CPU settings: kept freed memory),
+:mod:`torch_mz.tasks` (every task by name), :mod:`torch_mz.study` (what the benchmarks and
+``torch-mz compare`` share: measurement, the training grid, reports, plots, statistics).
 """
 from torch_mz import testing
 from torch_mz.inference import load_model

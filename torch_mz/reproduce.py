@@ -239,12 +239,13 @@ def _table4() -> Claim:
             row = {m: TABLE7[m][TABLE7_CELLS.index('rot d=8')] for m in TABLE7}
             source = 'Table 7'
         best = max((m for m in row if m in baselines), key=row.__getitem__)
+        reading = {'': 'CD(A, R^T B)', ' un-aligned': 'un-aligned CD(A, B)'}
         for a in ('', ' un-aligned'):
             paper.update({(f'rot d={d}{a}', m): v for m, v in row.items()})
             comparisons.append(Comparison(
                 'table4', f'rot d={d}{a}', 'mz', baselines, row['mz'] - row[best], source,
                 f'd = {d}: MZAttn {row["mz"]}, best PMA baseline {best} {row[best]} (the paper '
-                f'does not say which reading; ours: {"un-aligned CD(A, B)" if a else "CD(A, R^T B)"})'))
+                f'does not say which reading; ours: {reading[a]})'))
     return Claim('table4', 'Rotation matching at d = 8 and 16, the literal target and the '
                  'un-aligned one', cells, models, tuple(comparisons), paper, paper_seeds=3)
 

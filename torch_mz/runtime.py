@@ -27,19 +27,20 @@ def keep_freed_memory(max_block_bytes: int = MAX_BLOCK_BYTES,
     large intermediate tensor costs one page fault per 4 KiB page and the kernel's zeroing of
     each page, on every allocation. The MZ generator rows are such tensors: :math:`(N, n_g, d)`
     is 64 MiB for 32 clouds of 1,024 points at :math:`d = 64`, :math:`n_g = 8`, and one ``mz``
-    training step took 3.6 million page faults (14 GB of fresh pages) in one measurement. With the memory kept, a freed block is reused
-    without faults. Measured with ``python benchmarks/training_step.py`` (one thread, the
-    ``+keep`` rows of ``benchmarks/results/training_step/training_step.md``): the ``mz``
-    training step 4.58 s -> 2.80 s, EGNN 27.8 s -> 10.9 s (an earlier run: 5.45 s -> 3.21 s and
+    training step took 3.6 million page faults (14 GB of fresh pages) in one measurement. With
+    the memory kept, a freed block is reused without faults. Measured with ``python
+    benchmarks/training_step.py`` (one thread, the ``+keep`` rows of
+    ``benchmarks/results/training_step/training_step.md``): the ``mz`` training step
+    4.58 s -> 2.80 s, EGNN 27.8 s -> 10.9 s (an earlier run: 5.45 s -> 3.21 s and
     25.6 s -> 11.4 s; the times without kept memory vary between runs with the state of the
     system's memory).
 
     The cost is memory: the process keeps the heap it has used (the peak resident set rose by
-    2-17% in that benchmark, and by 26% for the default :class:`~torch_mz.nn.MZAggregation` and 86% for PyG's
-    ``SetTransformerAggregation`` on a 10^5-node message-passing graph,
-    ``benchmarks/results/message_passing_1e5_keep/``), and a freed block returns to the operating
-    system only from the top of the heap and beyond :obj:`keep_bytes`. Results do not change
-    (allocation does not touch values).
+    2-17% in that benchmark, and by 26% for the default :class:`~torch_mz.nn.MZAggregation` and
+    86% for PyG's ``SetTransformerAggregation`` on a 10^5-node message-passing graph,
+    ``benchmarks/results/message_passing_1e5_keep/``), and a freed block returns to the
+    operating system only from the top of the heap and beyond :obj:`keep_bytes`. Results do not
+    change (allocation does not touch values).
 
     Args:
         max_block_bytes (int): Largest block served from the heap (default: 1 GiB).

@@ -34,22 +34,21 @@ class _FeedForwardFn(torch.autograd.Function):
     :math:`h = W_1 c + b_1` for the backward pass, where :math:`\mathrm{GELU}(h)` is recomputed
     (autograd through the three operations keeps :math:`\mathrm{GELU}(h)` too: one more
     :math:`(N, d_{ff})` tensor per block until the backward pass). The same operations as
-    :meth:`FeedForward.forward`'s plain path, so the values are the same; the tests check values and
-    gradients against it."""
+    :meth:`FeedForward.forward`'s plain path, so the values are the same; the tests check values
+    and gradients against it."""
     @staticmethod
     def forward(ctx, c: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor) -> Tensor:
         h = F.linear(c, w1, b1)
-        ctx.save_for_backward(c, h, w1, w2)
-        ctx.b1 = b1
+        ctx.save_for_backward(c, h, w1, b1, w2)
         return F.linear(F.gelu(h), w2, b2)
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
-        c, h, w1, w2 = ctx.saved_tensors
+        c, h, w1, b1, w2 = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True (e.g. forces trained from an energy):
             # h, made inside forward, is not connected to c, w1 and b1; recompute it so the
             # second derivative sees every path (the operations below are differentiable)
-            h = F.linear(c, w1, ctx.b1)
+            h = F.linear(c, w1, b1)
         go = grad_out.reshape(-1, grad_out.size(-1))  # (N, d)
         a = F.gelu(h).reshape(-1, h.size(-1))  # (N, d_ff)
         grad_h = torch.ops.aten.gelu_backward(go @ w2, h.reshape(-1, h.size(-1)))  # (N, d_ff)
