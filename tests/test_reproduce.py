@@ -140,15 +140,25 @@ def test_claims_and_budgets_as_issue_11_asks():
                 load_task(cell['task'], n_train=2, n_val=1, n_test=1, **cell['kwargs'])
 
 
+def _start_child(code, out):
+    r"""``python -c code out`` in the repository root (so that it imports these tests), one
+    thread, stdout and stderr together as text."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, OMP_NUM_THREADS='1',
+               PYTHONPATH=os.pathsep.join([str(root), os.environ.get('PYTHONPATH', '')]))
+    return subprocess.Popen([sys.executable, '-c', code, out], cwd=root, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
 def test_a_second_process_skips_a_held_run_then_waits_for_it_and_takes_it_over(tmp_path):
     # this process holds the lock of the first sweep run, as another worker training it would;
     # the child trains every other sweep run, then waits, and when the lock is let go without
     # the run finished (its holder died), trains it itself and completes the claim
-    import os
-    import subprocess
-    import sys
     from dataclasses import replace
-    from pathlib import Path
     out = str(tmp_path)
     repro = Reproduction(TINY, out, device='cpu', sweep_cells={'sum': SUM})
     cell = repro.sized(SUM)
@@ -161,13 +171,9 @@ def test_a_second_process_skips_a_held_run_then_waits_for_it_and_takes_it_over(t
              "from torch_mz.reproduce import Reproduction\n"
              "Reproduction(TINY, sys.argv[1], device='cpu', sweep_cells={'sum': SUM}, on_wait="
              "lambda *a: print('WAIT', *a, flush=True)).run(CLAIM)\nprint('DONE', flush=True)\n")
-    root = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, OMP_NUM_THREADS='1',
-               PYTHONPATH=os.pathsep.join([str(root), os.environ.get('PYTHONPATH', '')]))
     with repro.store.lock(*held) as mine:
         assert mine
-        proc = subprocess.Popen([sys.executable, '-c', child, out], cwd=root, env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        proc = _start_child(child, out)
         try:
             line = proc.stdout.readline()
             assert line.startswith('WAIT sum d=2'), line + proc.stdout.read()
@@ -193,11 +199,7 @@ CLAIM2 = Claim('tiny2', 'tiny2', (MAX, ), CLAIM.models,
 def test_a_claim_whose_runs_are_held_waits_behind_the_other_claims(tmp_path):
     # the first sweep run of 'tiny' is held (another worker): the child goes on with 'tiny2'
     # and finishes it before it waits for the held run, then completes 'tiny'
-    import os
-    import subprocess
-    import sys
     from dataclasses import replace
-    from pathlib import Path
     out = str(tmp_path)
     repro = Reproduction(TINY, out, device='cpu', sweep_cells={'sum': SUM})
     held = (repro.sized(SUM), CLAIM.models[0], 0,
@@ -209,13 +211,9 @@ def test_a_claim_whose_runs_are_held_waits_behind_the_other_claims(tmp_path):
              "for claim, records, error in run_claims(repro, [CLAIM, CLAIM2], on_held=lambda c, "
              "e: print('HELD', c.name, flush=True)):\n"
              "    print('DONE', claim.name, error, flush=True)\n")
-    root = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, OMP_NUM_THREADS='1',
-               PYTHONPATH=os.pathsep.join([str(root), os.environ.get('PYTHONPATH', '')]))
     with repro.store.lock(*held) as mine:
         assert mine
-        proc = subprocess.Popen([sys.executable, '-c', child, out], cwd=root, env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        proc = _start_child(child, out)
         lines = []
         try:
             while not lines or not lines[-1].startswith('WAIT'):
