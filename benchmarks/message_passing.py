@@ -18,6 +18,9 @@ are taken between medians of the same run. Aggregations:
   (:func:`torch_mz.nn.set_fused_kernels`; compiled in an untimed warm-up call),
 * ``default-ckpt``: the same with ``checkpoint=True`` (activations recomputed in the backward
   pass), only on the largest graphs at d = 16, where memory matters,
+* ``default-ckpt-attn`` and ``rigid-ckpt-attn``: ``default`` and ``rigid`` with
+  ``checkpoint='attention'`` (each attention's projections, packing and kernel recomputed in the
+  backward pass), on the same graphs as ``default-ckpt``,
 * ``mz-ng8``: ``MZAggregation(d, num_generators=8, num_matrix_generators=4)``: the paper's
   generator budget in the same structure,
 * ``paper``: ``MZAggregation(d, preset='paper')``: the paper's MZ-Set Transformer body (two
@@ -38,7 +41,9 @@ from torch_mz.runtime import keep_freed_memory
 from torch_mz.study import (MeasurementFailed, environment, in_fresh_process, markdown_table,
                             peak_memory_bytes, pyplot, time_call, try_plot, write_results)
 
-AGGRS = ('pyg', 'rigid', 'default', 'default-fused', 'default-ckpt', 'mz-ng8', 'paper')
+AGGRS = ('pyg', 'rigid', 'rigid-ckpt-attn', 'default', 'default-fused', 'default-ckpt',
+         'default-ckpt-attn', 'mz-ng8', 'paper')
+CKPT_AGGRS = ('default-ckpt', 'default-ckpt-attn', 'rigid-ckpt-attn')
 CONVS = ('sage', 'graph')
 
 
@@ -72,6 +77,10 @@ def build_aggr(name: str, d: int):
         return MZAggregation(d)
     if name == 'default-ckpt':
         return MZAggregation(d, checkpoint=True)
+    if name == 'default-ckpt-attn':
+        return MZAggregation(d, checkpoint='attention')
+    if name == 'rigid-ckpt-attn':
+        return MZAggregation(d, value='rigid', num_generators=0, checkpoint='attention')
     if name == 'mz-ng8':
         return MZAggregation(d, num_generators=8, num_matrix_generators=4)
     if name == 'paper':
@@ -166,8 +175,8 @@ def main():
     parser.add_argument('--ng8-max-nodes', type=int, default=10000,
                         help="largest graph for 'mz-ng8' (the paper's generator budget)")
     parser.add_argument('--ckpt-min-nodes', type=int, default=100000,
-                        help="smallest graph for 'default-ckpt'")
-    parser.add_argument('--ckpt-dims', default='16', help="widths for 'default-ckpt'")
+                        help="smallest graph for the checkpointed rows (*-ckpt*)")
+    parser.add_argument('--ckpt-dims', default='16', help="widths for the checkpointed rows (*-ckpt*)")
     parser.add_argument('--power-law-max-nodes', type=int, default=10000,
                         help='largest power-law graph (its hub has ~8%% of all edges, and an SAB '
                              'is quadratic in it)')
@@ -205,7 +214,7 @@ def main():
                             continue
                         if aggr == 'mz-ng8' and nodes > args.ng8_max_nodes:
                             continue
-                        if aggr == 'default-ckpt' and (nodes < args.ckpt_min_nodes or str(dim)
+                        if aggr in CKPT_AGGRS and (nodes < args.ckpt_min_nodes or str(dim)
                                                        not in args.ckpt_dims.split(',')):
                             continue
                         if aggr == 'pyg' and degrees == 'power-law' and nodes > 1000:
@@ -231,7 +240,13 @@ def main():
             entry['rigid/pyg time'] = by['rigid']['median_ms'] / by['pyg']['median_ms']
             if by['rigid'].get('peak_mib') and by['pyg'].get('peak_mib'):
                 entry['rigid/pyg memory'] = by['rigid']['peak_mib'] / by['pyg']['peak_mib']
-        for aggr in ('default', 'default-fused', 'default-ckpt', 'mz-ng8', 'paper'):
+        if 'rigid-ckpt-attn' in by and 'pyg' in by:
+            mine, theirs = by['rigid-ckpt-attn'], by['pyg']
+            entry['rigid-ckpt-attn/pyg time'] = mine['median_ms'] / theirs['median_ms']
+            if mine.get('peak_mib') and theirs.get('peak_mib'):
+                entry['rigid-ckpt-attn/pyg memory'] = mine['peak_mib'] / theirs['peak_mib']
+        for aggr in ('default', 'default-fused', 'default-ckpt', 'default-ckpt-attn', 'mz-ng8',
+                     'paper'):
             if aggr in by and 'rigid' in by:
                 entry[f'{aggr}/rigid time'] = by[aggr]['median_ms'] / by['rigid']['median_ms']
         ratios.append(entry)
@@ -250,8 +265,9 @@ def main():
     row_cols = ['degrees', 'dim', 'nodes', 'edges', 'max_degree', 'conv', 'aggr', 'median_ms',
                 'peak_mib', 'error']
     ratio_cols = ['degrees', 'dim', 'nodes', 'conv', 'rigid/pyg time', 'rigid/pyg memory',
+                  'rigid-ckpt-attn/pyg time', 'rigid-ckpt-attn/pyg memory',
                   'default/rigid time', 'default-fused/rigid time', 'default-ckpt/rigid time',
-                  'mz-ng8/rigid time',
+                  'default-ckpt-attn/rigid time', 'mz-ng8/rigid time',
                   'paper/rigid time']
     markdown = ('# MZAggregation in message passing against PyG\'s SetTransformerAggregation\n\n'
                 f"Command: `{env['command']}`  \n"

@@ -11,6 +11,7 @@ from torch_geometric.nn import SAGEConv
 from torch_geometric.nn.aggr import MultiAggregation
 
 from torch_mz.nn import MZAggregation
+from torch_mz.nn.aggr import largest_finite_magnitude
 from torch_mz.testing import permute_within_sets
 from tests.nn._sets import make_index, ptr_from_sizes
 
@@ -225,6 +226,8 @@ def test_repr_reset_and_documented_arguments():
         MZAggregation(3, readout='max')
     with pytest.raises(ValueError, match='encoder'):
         MZAggregation(3, encoder='mlp')
+    with pytest.raises(ValueError, match="'checkpoint' must be one of"):
+        MZAggregation(4, checkpoint='block')
 
 
 def test_no_rows_gives_zeros_for_every_set():
@@ -277,6 +280,22 @@ def test_largest_accepted_magnitude_gives_finite_output():
         x[1, 1] = float('nan')
         out = aggr(x, torch.tensor([0, 0, 1, 1, 1]))
         assert torch.isfinite(out[1]).all()
+
+
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_largest_finite_magnitude_ignores_nan_and_infinities(dtype):
+    # the one-pass check (minimum and maximum) and the masked one agree; a too-large finite entry
+    # next to NaN or an infinity is still found, and NaN/infinity alone read as 0
+    x = torch.tensor([1.0, -3.0, 2.0], dtype=dtype)
+    assert largest_finite_magnitude(x) == 3.0
+    for poison in (float('nan'), float('inf'), -float('inf')):
+        y = torch.tensor([poison, -5.0, 2.0], dtype=dtype)
+        assert largest_finite_magnitude(y) == 5.0
+        assert largest_finite_magnitude(torch.tensor([poison], dtype=dtype)) == 0.0
+    x = torch.randn(2, F_IN)
+    x[0, 1], x[1, 0] = float('nan'), -1e31
+    with pytest.raises(ValueError, match=r'1e\+31 exceed'):
+        _aggr(dtype=torch.float32).validate(x)
 
 
 def test_presets_fill_only_what_is_left_unset():
@@ -336,9 +355,10 @@ def test_fuzz_operator_contract(sizes, seed, dtype, scale, poison, trailing, val
 
 
 @pytest.mark.parametrize('encoder', ['isab', 'sab'])
-def test_checkpointed_blocks_give_the_same_values_and_gradients(encoder):
+@pytest.mark.parametrize('checkpoint', [True, 'attention'])
+def test_checkpointed_blocks_give_the_same_values_and_gradients(encoder, checkpoint):
     aggr = _aggr(encoder=encoder, dropout=0.1).train()
-    ckpt = _aggr(encoder=encoder, dropout=0.1, checkpoint=True).train()
+    ckpt = _aggr(encoder=encoder, dropout=0.1, checkpoint=checkpoint).train()
     ckpt.load_state_dict(aggr.state_dict())
     index = make_index([3, 0, 5, 1])
     results = []
@@ -352,13 +372,15 @@ def test_checkpointed_blocks_give_the_same_values_and_gradients(encoder):
         torch.testing.assert_close(a, b)
 
 
-@pytest.mark.parametrize('path', ['auto', 'scatter'])
+@pytest.mark.parametrize('path, checkpoint', [('auto', False), ('scatter', False),
+                                              ('auto', 'attention')])
 @pytest.mark.parametrize('preset', ['neighbourhood', 'paper'])
-def test_second_derivatives_through_the_aggregation(preset, path):
+def test_second_derivatives_through_the_aggregation(preset, path, checkpoint):
     # create_graph=True (forces trained from an energy, gradient penalties) goes through the
     # hand-written backward passes (LayerNorm Jacobian, feed-forward): gradgradcheck in float64
     torch.manual_seed(0)
-    aggr = MZAggregation(4, preset=preset, dim=8, d_ff=8, num_inducing=2, path=path).double()
+    aggr = MZAggregation(4, preset=preset, dim=8, d_ff=8, num_inducing=2, path=path,
+                         checkpoint=checkpoint).double()
     x = torch.randn(7, 4, dtype=torch.float64, requires_grad=True)
     index = torch.tensor([0, 0, 0, 1, 1, 1, 1])
     assert torch.autograd.gradgradcheck(lambda x: aggr(x, index), (x, ))

@@ -1,5 +1,6 @@
 r"""MZAggregation: a PyG aggregation built from MZ-Set-Transformer blocks."""
-from typing import Any, Dict, Optional, Tuple
+import math
+from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -14,6 +15,7 @@ from torch_mz.nn.zonotope import InputProjection, Zonotope
 READOUTS = ('ihw', 'signed')
 ENCODERS = ('isab', 'sab')
 PRESETS = ('neighbourhood', 'paper')
+CHECKPOINTS = (False, True, 'blocks', 'attention')
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
@@ -81,6 +83,18 @@ def resolve_set_index(x: Tensor, index: Optional[Tensor], ptr: Optional[Tensor],
         raise ValueError(f"Expected 'index' values in [0, {dim_size}) (got range "
                          f"[{int(index.min())}, {int(index.max())}])")
     return index, int(dim_size)
+
+
+def largest_finite_magnitude(x: Tensor) -> float:
+    r"""The largest magnitude among the finite entries of a non-empty floating-point tensor
+    (0 if none is finite). One pass and no allocation when every entry is finite (the minimum and
+    maximum together); only an input with NaN or infinite entries pays for masking them out."""
+    lo, hi = torch.aminmax(x)
+    largest = max(-float(lo), float(hi))
+    if math.isfinite(largest):
+        return largest
+    finite = x[torch.isfinite(x)]
+    return float(finite.abs().max()) if finite.numel() > 0 else 0.0
 
 
 def check_set_input(x: Tensor, in_channels: int, dtype: torch.dtype) -> None:
@@ -177,10 +191,16 @@ class MZAggregation(Aggregation):
             :obj:`chunk_size` elements), which bounds the memory of very large batches (e.g.
             :obj:`131072` for a million points); the result is the same as without chunking.
             :obj:`None` processes the batch at once (default: :obj:`None`).
-        checkpoint (bool): Recompute each block's activations in the backward pass instead of
-            keeping them (:func:`torch.utils.checkpoint.checkpoint`): training memory falls to
-            about one block's activations plus the block inputs, at the cost of a second forward
-            of each block; the values and gradients are the same (default: :obj:`False`).
+        checkpoint (bool or str): Activation checkpointing for training memory, with the same
+            values and gradients. :obj:`'attention'`: every attention keeps only its inputs and
+            runs its query/key/value maps, the packing of sets into blocks and the attention
+            kernel again in the backward pass (one more forward of the attention); in message
+            passing this takes less memory and less time than checkpointing whole blocks
+            (``benchmarks/results/message_passing_checkpoint``). :obj:`True` (or
+            :obj:`'blocks'`): recompute each block's activations in the backward pass
+            (:func:`torch.utils.checkpoint.checkpoint`): memory falls to about one block's
+            activations plus the block inputs, at the cost of a second forward of each block.
+            :obj:`False`: keep everything (default: :obj:`False`).
 
     Shapes:
         - **input:** :math:`(N, F_{in})`, ``index`` :math:`(N,)` or ``ptr`` :math:`(B+1,)`
@@ -195,7 +215,7 @@ class MZAggregation(Aggregation):
                  num_decoder_blocks: int = 1, d_ff: Optional[int] = None, summary: str = 'mean',
                  dropout: float = 0.0, log_n: bool = False, readout: str = 'ihw',
                  path: str = 'auto', chunk_size: Optional[int] = None,
-                 checkpoint: bool = False):
+                 checkpoint: Union[bool, str] = False):
         super().__init__()
         if in_channels <= 0 or heads <= 0:
             raise ValueError(f"'in_channels' and 'heads' must be positive (got {in_channels} "
@@ -212,6 +232,8 @@ class MZAggregation(Aggregation):
         if num_matrix_generators is None:
             num_matrix_generators = defaults['num_matrix_generators']
         self.preset = preset
+        if checkpoint not in CHECKPOINTS:
+            raise ValueError(f"'checkpoint' must be one of {CHECKPOINTS} (got {checkpoint!r})")
         if chunk_size is not None and chunk_size < 1:
             raise ValueError(f"'chunk_size' must be positive or None (got {chunk_size})")
         check_choice('value operator', value, VALUE_OPERATORS)
@@ -250,7 +272,7 @@ class MZAggregation(Aggregation):
         block_kwargs: Dict[str, Any] = dict(
             heads=heads, num_generators=num_generators, d_ff=d_ff, value=value,
             num_matrix_generators=num_matrix_generators, rank=rank, summary=summary,
-            dropout=dropout, log_n=log_n, path=path)
+            dropout=dropout, log_n=log_n, path=path, recompute=checkpoint == 'attention')
         self.input_proj = InputProjection(in_channels, dim, num_generators)
         self.encoders = ModuleList([
             ISAB(dim, num_inducing=num_inducing, **block_kwargs)
@@ -277,10 +299,10 @@ class MZAggregation(Aggregation):
         check_set_input(x, self.in_channels, self.lin.weight.dtype)
         if x.numel() > 0:
             limit = 1e15 if torch.finfo(x.dtype).max < 1e300 else 1e150
-            finite = x.detach()[torch.isfinite(x.detach())]
-            if finite.numel() > 0 and float(finite.abs().max()) > limit:
+            largest = largest_finite_magnitude(x.detach())
+            if largest > limit:
                 raise ValueError(f"Input entries of magnitude up to "
-                                 f"{float(finite.abs().max()):.3g} exceed {limit:.0e}, beyond "
+                                 f"{largest:.3g} exceed {limit:.0e}, beyond "
                                  f"which the LayerNorm statistics of the input projection "
                                  f"overflow in {x.dtype}; rescale the input")
         return resolve_set_index(x, index, ptr, dim_size)
@@ -326,7 +348,7 @@ class MZAggregation(Aggregation):
     def _run(self, block, z: Zonotope, set_id: Tensor, num_sets: int) -> Zonotope:
         r"""Runs one block, under activation checkpointing when :attr:`checkpoint` is set and
         gradients are being recorded."""
-        if not (self.checkpoint and torch.is_grad_enabled()):
+        if self.checkpoint not in (True, 'blocks') or not torch.is_grad_enabled():
             return block(z, set_id, num_sets)
 
         def fn(center: Tensor, gens: Tensor):

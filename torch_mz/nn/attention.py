@@ -11,6 +11,7 @@ import math
 from typing import Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torch.nn import Linear, Module, Parameter
 
@@ -66,6 +67,12 @@ class MZAttention(Module):
 
     A query whose set has no keys receives a zero aggregate (:math:`\hat{c} = 0, \hat{G} = 0`).
 
+    Computed exactly, in a cheaper order: :math:`1/\sqrt{d_k}` is folded into :math:`W_Q`, and for
+    ``'rigid'`` and ``'film'`` (whose output needs :math:`W^{(h)} \hat{c}`, not :math:`\hat{c}`)
+    :math:`W^{(h)}` is folded into the value map, :math:`W^{(h)}(W_V c + b_V) = (W^{(h)} W_V) c +
+    W^{(h)} b_V`; both are :math:`d \times d` products on the weights instead of passes over the
+    tokens. The results agree with the literal order up to rounding (tests compare them).
+
     Args:
         dim (int): Token width :math:`d`.
         heads (int): Number of heads :math:`H`; must divide :obj:`dim` (default: :obj:`4`).
@@ -86,6 +93,11 @@ class MZAttention(Module):
             the two by a count of multiply-adds (the first MAB of an ISAB and the PMA usually
             have fewer queries than keys). The result is the same up to rounding
             (default: :obj:`'auto'`).
+        recompute (bool): Keep only the inputs of the aggregation for the backward pass and
+            run the query/key/value maps, the packing of sets into blocks and the attention
+            kernel again there (non-reentrant :func:`torch.utils.checkpoint.checkpoint`), instead
+            of keeping the packed queries, keys and values: less training memory for one more
+            forward of the attention; the same values and gradients (default: :obj:`False`).
 
     Shapes:
         - **input:** queries :class:`Zonotope` :math:`(N_q, d), (N_q, n_g, d)`, keys/values
@@ -96,7 +108,7 @@ class MZAttention(Module):
     def __init__(self, dim: int, heads: int = 4, num_generators: int = 8, value: str = 'mz',
                  num_matrix_generators: int = 4, rank: int = 8, summary: str = 'mean',
                  dropout: float = 0.0, log_n: bool = False, path: str = 'auto',
-                 value_order: str = 'auto'):
+                 value_order: str = 'auto', recompute: bool = False):
         super().__init__()
         if dim <= 0 or heads <= 0 or dim % heads != 0:
             raise ValueError(f"'heads' ({heads}) must be positive and divide 'dim' ({dim})")
@@ -125,6 +137,7 @@ class MZAttention(Module):
         self.log_n = log_n
         self.path = path
         self.value_order = value_order
+        self.recompute = recompute
 
         H, dk = heads, self.head_dim
         summary_dim = dim * (2 if summary == 'mean+std' else 1)
@@ -187,47 +200,18 @@ class MZAttention(Module):
         H, dk, ng, d = self.heads, self.head_dim, self.num_generators, self.dim
         Nq, Nk = query.num_tokens, key_value.num_tokens
 
-        q = self.lin_q(query.center).view(Nq, H, dk) / math.sqrt(dk)  # (Nq, H, dk)
-        counts_k = set_counts(kv_set, num_sets)  # (B,)
-        if self.log_n:
-            n = counts_k.clamp(min=1).to(q.dtype)  # (B,)
-            q = q * torch.log(n)[query_set].view(Nq, 1, 1)
-        k = self.lin_k(key_value.center).view(Nk, H, dk)  # (Nk, H, dk)
-        weight = self.weight.to(q.dtype)  # (H, dk, dk), M_c or W
-        w_v = self.lin_v.weight.to(q.dtype).view(H, dk, d)  # per-head rows of W_V
-        # Generators only ever meet M_c W_V (or W_V, for 'hypernet', which needs G_hat itself),
-        # so one per-head matrix maps them: (H, dk, d).
-        gen_map = w_v if self.value == 'hypernet' else torch.matmul(weight, w_v)
-        gens_kv = key_value.gens.to(q.dtype)  # (Nk, ng, d)
-
-        if self._values_after(query_set, counts_k, Nq, Nk, num_sets):
-            # Aggregate the raw tokens once for all heads, then map them (exact: the value map is
-            # linear and commutes with the attention-weighted sum). A column of ones gives the
-            # attention mass of each query, which multiplies the bias (1, or 0 without keys).
-            # The generators are aggregated as they lie (no copy into a joint value tensor).
-            ones = key_value.center.new_ones(Nk, 1).to(q.dtype)
-            raw_c = torch.cat([ones, key_value.center.to(q.dtype)], dim=-1)  # (Nk, 1 + d)
-            agg_c, g_raw = grouped_attention(
-                q, k, (raw_c, gens_kv.reshape(Nk, ng * d)), query_set, kv_set, num_sets,
-                dropout=self.dropout, training=self.training,
-                path=self.path)  # (Nq, H, 1 + d), (Nq, H, ng d): the same attention weights
-            mass, c_raw = agg_c.split([1, d], dim=-1)  # (Nq, H, 1), (Nq, H, d)
-            c_hat = torch.einsum('nhd,hed->nhe', c_raw, w_v)  # (Nq, H, dk)
-            if self.lin_v.bias is not None:
-                c_hat = c_hat + mass * self.lin_v.bias.to(q.dtype).view(H, dk)
-            g_agg = torch.einsum('nhgd,hed->nhge', g_raw.reshape(Nq, H, ng, d),
-                                 gen_map)  # (Nq, H, ng, dk)
+        if self.recompute and torch.is_grad_enabled():
+            # keep only the inputs; projections, packing and the attention kernel run again in
+            # the backward pass (the same operations, so the same values and gradients)
+            c_hat, g_agg = torch.utils.checkpoint.checkpoint(
+                self._aggregate, query, key_value, query_set, kv_set, num_sets,
+                use_reentrant=False)
         else:
-            vc = self.lin_v(key_value.center.to(q.dtype)).view(Nk, H, dk)  # (Nk, H, dk)
-            vg = torch.einsum('ngd,hed->nhge', gens_kv, gen_map)  # (Nk, H, ng, dk)
-            values = torch.cat([vc, vg.reshape(Nk, H, ng * dk)], dim=-1) if ng > 0 else vc
-            agg = grouped_attention(q, k, values, query_set, kv_set, num_sets,
-                                    dropout=self.dropout, training=self.training,
-                                    path=self.path)  # (Nq, H, (1 + ng) * dk)
-            c_hat, g_agg = agg.split([dk, ng * dk], dim=-1)  # (Nq, H, dk), (Nq, H, ng dk)
-            g_agg = g_agg.reshape(Nq, H, ng, dk)  # (Nq, H, ng, dk)
-
-        out_c = torch.einsum('nhd,hed->nhe', c_hat, weight)  # (Nq, H, dk)
+            c_hat, g_agg = self._aggregate(query, key_value, query_set, kv_set, num_sets)
+        weight = self.weight.to(c_hat.dtype)  # (H, dk, dk), M_c or W
+        fold = self.value in ('rigid', 'film')
+        # (Nq, H, dk): W c_hat (already applied when folded, see above)
+        out_c = c_hat if fold else torch.einsum('nhd,hed->nhe', c_hat, weight)
         if self.value == 'mz':
             mu = self.set_summary(key_value.center, kv_set, num_sets)  # (B, |mu|)
             out_g = self._mz_generators(g_agg, c_hat, mu, query_set)  # (Nq, ng, d)
@@ -244,6 +228,66 @@ class MZAttention(Module):
         out_c = out_c.reshape(Nq, self.dim)  # (Nq, d)
         out_g = out_g.permute(0, 2, 1, 3).reshape(Nq, ng, self.dim)  # (Nq, ng, d)
         return Zonotope(out_c, out_g)
+
+    def _aggregate(self, query: Zonotope, key_value: Zonotope, query_set: Tensor,
+                   kv_set: Tensor, num_sets: int) -> Tuple[Tensor, Tensor]:
+        H, dk, ng, d = self.heads, self.head_dim, self.num_generators, self.dim
+        Nq, Nk = query.num_tokens, key_value.num_tokens
+        # the score scale 1/sqrt(d_k) is folded into W_Q (a (d, d) product instead of a pass
+        # over the (N_q, d) queries)
+        q = F.linear(query.center, self.lin_q.weight * (1.0 / math.sqrt(dk))).view(
+            Nq, H, dk)  # (Nq, H, dk)
+        counts_k = set_counts(kv_set, num_sets)  # (B,)
+        if self.log_n:
+            n = counts_k.clamp(min=1).to(q.dtype)  # (B,)
+            q = q * torch.log(n)[query_set].view(Nq, 1, 1)
+        k = self.lin_k(key_value.center).view(Nk, H, dk)  # (Nk, H, dk)
+        weight = self.weight.to(q.dtype)  # (H, dk, dk), M_c or W
+        w_v = self.lin_v.weight.to(q.dtype).view(H, dk, d)  # per-head rows of W_V
+        # Generators only ever meet M_c W_V (or W_V, for 'hypernet', which needs G_hat itself),
+        # so one per-head matrix maps them: (H, dk, d).
+        gen_map = w_v if self.value == 'hypernet' else torch.matmul(weight, w_v)
+        gens_kv = key_value.gens.to(q.dtype)  # (Nk, ng, d)
+        bias_v = (self.lin_v.bias.to(q.dtype).view(H, dk) if self.lin_v.bias is not None
+                  else None)  # (H, dk)
+        # Operators whose output center needs only W c_hat (not c_hat itself) fold the per-head
+        # map W into the value map: W (W_V c + b_V) = (W W_V) c + W b_V, one (d, d) product on
+        # the keys (or the aggregated rows) and no second pass over the queries.
+        fold = self.value in ('rigid', 'film')
+        center_map = gen_map if fold else w_v  # (H, dk, d)
+        if fold and bias_v is not None:
+            bias_v = torch.einsum('hed,hd->he', weight, bias_v)  # (H, dk)
+
+        if self._values_after(query_set, counts_k, Nq, Nk, num_sets):
+            # Aggregate the raw tokens once for all heads, then map them (exact: the value map is
+            # linear and commutes with the attention-weighted sum). A column of ones gives the
+            # attention mass of each query, which multiplies the bias (1, or 0 without keys).
+            # The generators are aggregated as they lie (no copy into a joint value tensor).
+            ones = key_value.center.new_ones(Nk, 1).to(q.dtype)
+            raw_c = torch.cat([ones, key_value.center.to(q.dtype)], dim=-1)  # (Nk, 1 + d)
+            agg_c, g_raw = grouped_attention(
+                q, k, (raw_c, gens_kv.reshape(Nk, ng * d)), query_set, kv_set, num_sets,
+                dropout=self.dropout, training=self.training,
+                path=self.path)  # (Nq, H, 1 + d), (Nq, H, ng d): the same attention weights
+            mass, c_raw = agg_c.split([1, d], dim=-1)  # (Nq, H, 1), (Nq, H, d)
+            c_hat = torch.einsum('nhd,hed->nhe', c_raw, center_map)  # (Nq, H, dk)
+            if bias_v is not None:
+                c_hat = c_hat + mass * bias_v
+            g_agg = torch.einsum('nhgd,hed->nhge', g_raw.reshape(Nq, H, ng, d),
+                                 gen_map)  # (Nq, H, ng, dk)
+        else:
+            vc = F.linear(key_value.center.to(q.dtype), center_map.reshape(d, d),
+                          None if bias_v is None else bias_v.reshape(d)).view(
+                              Nk, H, dk)  # (Nk, H, dk)
+            vg = torch.einsum('ngd,hed->nhge', gens_kv, gen_map)  # (Nk, H, ng, dk)
+            values = torch.cat([vc, vg.reshape(Nk, H, ng * dk)], dim=-1) if ng > 0 else vc
+            agg = grouped_attention(q, k, values, query_set, kv_set, num_sets,
+                                    dropout=self.dropout, training=self.training,
+                                    path=self.path)  # (Nq, H, (1 + ng) * dk)
+            c_hat, g_agg = agg.split([dk, ng * dk], dim=-1)  # (Nq, H, dk), (Nq, H, ng dk)
+            g_agg = g_agg.reshape(Nq, H, ng, dk)  # (Nq, H, ng, dk)
+
+        return c_hat, g_agg
 
     def _values_after(self, query_set: Tensor, counts_k: Tensor, Nq: int, Nk: int,
                       num_sets: int) -> bool:

@@ -151,6 +151,8 @@ class MAB(Module):
             :obj:`0.0`).
         log_n (bool): :math:`\log n` logit scaling (default: :obj:`False`).
         path (str): Attention kernel (default: :obj:`'auto'`).
+        recompute (bool): Recompute the attention's projections and kernel in the backward
+            pass (see :class:`~torch_mz.nn.attention.MZAttention`) (default: :obj:`False`).
 
     Shapes:
         - **input:** queries :math:`(N_q, d), (N_q, n_g, d)`; keys/values
@@ -160,7 +162,7 @@ class MAB(Module):
     def __init__(self, dim: int, heads: int = 4, num_generators: int = 8, d_ff: int = 128,
                  value: str = 'mz', num_matrix_generators: int = 4, rank: int = 8,
                  summary: str = 'mean', dropout: float = 0.0, log_n: bool = False,
-                 path: str = 'auto'):
+                 path: str = 'auto', recompute: bool = False):
         super().__init__()
         if d_ff <= 0:
             raise ValueError(f"'d_ff' must be positive (got {d_ff})")
@@ -168,7 +170,7 @@ class MAB(Module):
         self.d_ff = d_ff
         self.dropout = dropout
         self.attn = MZAttention(dim, heads, num_generators, value, num_matrix_generators, rank,
-                                summary, dropout, log_n, path)
+                                summary, dropout, log_n, path, recompute=recompute)
         self.norm1 = LayerNorm(dim)
         self.norm2 = LayerNorm(dim)
         self.ffn = FeedForward(dim, d_ff)
