@@ -1,7 +1,8 @@
 r"""How MZAggregation scales with the number of points (inference).
 
-Forward passes of ``MZAggregation`` (ISAB encoders + PMA, the paper's defaults; ``--model rigid``
-for plain vector tokens) under ``torch.inference_mode`` on batches of 3D points with a fixed set
+Forward passes of ``MZAggregation`` (``--model mz``: the paper's preset, ISAB encoders + PMA;
+``--model rigid``: the same with plain vector tokens; ``--model default``: the aggregation's own
+default, the neighbourhood preset) under ``torch.inference_mode`` on batches of 3D points with a fixed set
 size, from 10^3 to 10^6 points, processed in groups of whole sets of about ``--chunk-size``
 points (``chunk_size`` of ``MZAggregation``; the result does not depend on it). Reports the
 median time, time per point and peak memory above the resident set before the call (measured in
@@ -10,6 +11,8 @@ is linear growth.
 
     python benchmarks/scaling.py --quick                  # 10^3 .. 10^5 points
     python benchmarks/scaling.py                          # 10^3 .. 10^6 points
+    python benchmarks/scaling.py --model default --in-channels 8 --set-size 1 --quick
+                                                          # up to 10^5 sets of one element
 """
 import argparse
 import json
@@ -23,22 +26,25 @@ from torch_mz.study import (environment, in_fresh_process, markdown_table, peak_
                             pyplot, time_call, try_plot, write_results)
 
 
-def build(model: str, chunk_size) -> MZAggregation:
+def build(model: str, chunk_size, in_channels: int = 3) -> MZAggregation:
     torch.manual_seed(0)
+    if model == 'default':
+        return MZAggregation(in_channels, chunk_size=chunk_size).eval()
     if model == 'rigid':
-        return MZAggregation(3, 64, preset='paper', value='rigid', num_generators=0,
+        return MZAggregation(in_channels, 64, preset='paper', value='rigid', num_generators=0,
                              chunk_size=chunk_size).eval()
-    return MZAggregation(3, 64, preset='paper', value='mz', chunk_size=chunk_size).eval()
+    return MZAggregation(in_channels, 64, preset='paper', value='mz',
+                         chunk_size=chunk_size).eval()
 
 
 def run_one(cfg: dict) -> dict:
     torch.set_num_threads(cfg['threads'])
-    module = build(cfg['model'], cfg['chunk_size'])
+    module = build(cfg['model'], cfg['chunk_size'], cfg.get('in_channels', 3))
     n, set_size = cfg['points'], cfg['set_size']
     sets = max(1, n // set_size)
     index = torch.arange(n) // set_size
     index = index.clamp(max=sets - 1)
-    x = torch.randn(n, 3, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(n, cfg.get('in_channels', 3), generator=torch.Generator().manual_seed(0))
 
     def step():
         with torch.inference_mode():
@@ -72,7 +78,8 @@ def plot(rows, model, set_size, slope, path):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--quick', action='store_true', help='10^3 to 10^5 points')
-    parser.add_argument('--model', default='mz', choices=['mz', 'rigid'])
+    parser.add_argument('--model', default='mz', choices=['mz', 'rigid', 'default'])
+    parser.add_argument('--in-channels', type=int, default=3, help='input width')
     parser.add_argument('--set-size', type=int, default=1024)
     parser.add_argument('--chunk-size', type=int, default=131072,
                         help="MZAggregation's chunk_size (0: no chunking)")
@@ -90,7 +97,8 @@ def main():
     rows = []
     for n in sizes:
         cfg = dict(model=args.model, points=n, set_size=args.set_size, repeats=args.repeats,
-                   threads=args.threads, chunk_size=args.chunk_size or None)
+                   threads=args.threads, chunk_size=args.chunk_size or None,
+                   in_channels=args.in_channels)
         row = run_one(cfg)
         peak = in_fresh_process(__file__, dict(cfg, memory_only=True))['peak_bytes']
         row['us_per_point'] = 1e6 * row['median_s'] / n
@@ -102,11 +110,11 @@ def main():
                              np.log([r['median_s'] for r in rows]), 1)[0])
     env = environment()
     table = markdown_table(rows, ['points', 'sets', 'median_s', 'us_per_point', 'peak_mib'])
-    name = f'scaling_{args.model}'
+    name = f'scaling_{args.model}' + ('' if args.set_size == 1024 else f'_sets_of_{args.set_size}')
     write_results(args.out, name,
                   dict(environment=env, config=vars(args), rows=rows, loglog_slope=slope),
                   f'# Inference scaling of MZAggregation ({args.model}), sets of {args.set_size} '
-                  f'3D points, chunk_size {args.chunk_size}\n\nCommand: `{env["command"]}`  \n'
+                  f'points of width {args.in_channels}, chunk_size {args.chunk_size}\n\nCommand: `{env["command"]}`  \n'
                   f'{env["threads"]} threads, torch '
                   f'{env["torch"]}\n\n{table}\nSlope of log(time) against log(points): '
                   f'{slope:.3f}\n\n![plot]({name}.png)\n')
@@ -115,7 +123,7 @@ def main():
     if note:
         print(note)
     print(table)
-    print(f'log-log slope {slope:.3f}; wrote {args.out}/scaling_{args.model}.*')
+    print(f'log-log slope {slope:.3f}; wrote {args.out}/{name}.*')
 
 
 if __name__ == '__main__':
