@@ -285,6 +285,9 @@ class MZAttention(Module):
                                     dropout=self.dropout, training=self.training,
                                     path=self.path)  # (Nq, H, (1 + ng) * dk)
             c_hat, g_agg = agg.split([dk, ng * dk], dim=-1)  # (Nq, H, dk), (Nq, H, ng dk)
+            if ng > 0:  # c_hat alone (a copy), so that the backward pass does not keep all of
+                # agg alive through views of it: (1 + ng) times the memory of c_hat
+                c_hat = c_hat.contiguous()
             g_agg = g_agg.reshape(Nq, H, ng, dk)  # (Nq, H, ng, dk)
 
         return c_hat, g_agg
