@@ -176,7 +176,8 @@ def main():
                         help="largest graph for 'mz-ng8' (the paper's generator budget)")
     parser.add_argument('--ckpt-min-nodes', type=int, default=100000,
                         help="smallest graph for the checkpointed rows (*-ckpt*)")
-    parser.add_argument('--ckpt-dims', default='16', help="widths for the checkpointed rows (*-ckpt*)")
+    parser.add_argument('--ckpt-dims', default='16',
+                        help="widths for the checkpointed rows (*-ckpt*)")
     parser.add_argument('--power-law-max-nodes', type=int, default=10000,
                         help='largest power-law graph (its hub has ~8%% of all edges, and an SAB '
                              'is quadratic in it)')

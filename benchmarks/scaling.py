@@ -2,9 +2,10 @@ r"""How MZAggregation scales with the number of points (inference).
 
 Forward passes of ``MZAggregation`` (``--model mz``: the paper's preset, ISAB encoders + PMA;
 ``--model rigid``: the same with plain vector tokens; ``--model default``: the aggregation's own
-default, the neighbourhood preset) under ``torch.inference_mode`` on batches of 3D points with a fixed set
-size, from 10^3 to 10^6 points, processed in groups of whole sets of about ``--chunk-size``
-points (``chunk_size`` of ``MZAggregation``; the result does not depend on it). Reports the
+default, the neighbourhood preset) under ``torch.inference_mode`` on batches of points (3D by
+default, ``--in-channels``) with a fixed set size, from 10^3 to 10^6 points, processed in
+groups of whole sets of about ``--chunk-size`` points (``chunk_size`` of ``MZAggregation``; the
+result does not depend on it). Reports the
 median time, time per point and peak memory above the resident set before the call (measured in
 a fresh subprocess per size), and fits the slope of log(time) against log(points): a slope near 1
 is linear growth.
@@ -114,7 +115,8 @@ def main():
     write_results(args.out, name,
                   dict(environment=env, config=vars(args), rows=rows, loglog_slope=slope),
                   f'# Inference scaling of MZAggregation ({args.model}), sets of {args.set_size} '
-                  f'points of width {args.in_channels}, chunk_size {args.chunk_size}\n\nCommand: `{env["command"]}`  \n'
+                  f'points of width {args.in_channels}, chunk_size {args.chunk_size}\n\n'
+                  f'Command: `{env["command"]}`  \n'
                   f'{env["threads"]} threads, torch '
                   f'{env["torch"]}\n\n{table}\nSlope of log(time) against log(points): '
                   f'{slope:.3f}\n\n![plot]({name}.png)\n')

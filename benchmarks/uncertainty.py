@@ -46,11 +46,10 @@ from torch_mz.study.budget import Budget, add_budget_arguments, choose_budget, s
 from torch_mz.study.statistics import mean_std, paired_gap, resolved_ordering
 from torch_mz.tasks import load_task
 from torch_mz.train import Trainer, predict, resolve_device, seed_everything
-from torch_mz.uncertainty import (DEFAULT_LEVELS, binned_by_uncertainty, error_correlation,
-                                  fit_affine_sigma, gaussian_nll, interval_coverage,
-                                  mc_dropout_predict, predictive_moments, regression_ece)
-
-METHODS = ('MZAttn (IHW)', 'MC-Dropout', 'Deep Ensemble')
+from torch_mz.uncertainty import (DEFAULT_LEVELS, METHODS, binned_by_uncertainty,
+                                  error_correlation, fit_affine_sigma, gaussian_nll,
+                                  interval_coverage, mc_dropout_predict, method_predictions,
+                                  regression_ece)
 # Table 20: method -> (Spearman, Pearson, inference seconds, passes)
 PAPER_T20 = {'MZAttn (IHW)': (0.513, 0.442, 0.10, 1), 'MC-Dropout': (0.553, 0.547, 0.37, 10),
              'Deep Ensemble': (0.470, 0.542, 0.40, 5)}
@@ -135,27 +134,16 @@ def run_seed(task, study_seed, members, passes, budget, timing_sets, device):
 
     y_val, y_test = targets(task.val), targets(task.test)
     batch = 256
-    # per split, one (prediction (N, 1) in original units, IHW (N,)) pair per member
-    preds = {}
-    for split, ds in (('val', task.val), ('test', task.test)):
-        preds[split] = [predict(m, ds, normalizer=nz, batch_size=batch, device=device)
-                        for m, nz in models]
-    inputs = {}
-    ihw = {s: preds[s][0][1].double().numpy() for s in preds}
-    inputs['MZAttn (IHW)'] = {s: (preds[s][0][0].double().numpy()[:, 0], ihw[s]) for s in preds}
-    model0, norm0 = models[0]
+    # per method and split: (prediction in original units, raw uncertainty)
     t0 = time.time()
-    inputs['MC-Dropout'] = {}
-    for split, ds in (('val', task.val), ('test', task.test)):
-        mean, std = mc_dropout_predict(model0, ds, passes, normalizer=norm0, batch_size=batch,
-                                       device=device, seed=study_seed)
-        inputs['MC-Dropout'][split] = (mean.numpy()[:, 0], std.numpy()[:, 0])
-    print(f"study seed {study_seed}: MC-Dropout, {passes} passes over val + test "
-          f"({time.time() - t0:.0f} s)", flush=True)
-    inputs['Deep Ensemble'] = {}
-    for split in preds:
-        mean, std = predictive_moments([p for p, _ in preds[split]])
-        inputs['Deep Ensemble'][split] = (mean.numpy()[:, 0], std.numpy()[:, 0])
+    inputs = method_predictions([m for m, _ in models], {'val': task.val, 'test': task.test},
+                                passes=passes, seed=study_seed,
+                                normalizers=[nz for _, nz in models], batch_size=batch,
+                                device=device)
+    ihw = {s: inputs['MZAttn (IHW)'][s][1] for s in ('val', 'test')}
+    model0, norm0 = models[0]
+    print(f"study seed {study_seed}: predictions, MC-Dropout ({passes} passes) and the ensemble "
+          f"over val + test ({time.time() - t0:.0f} s)", flush=True)
 
     results = {}
     for method in METHODS:

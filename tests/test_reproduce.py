@@ -7,7 +7,9 @@ import torch_mz.study.grid as grid
 from torch_mz.reproduce import (BUDGETS, CLAIMS, SWEEP_CELLS, Budget, Claim, Comparison,
                                 Reproduction, load_claims, overhead_records, save_claim,
                                 summary_table, verdict)
+from torch_mz.reproduce import d3_records
 from torch_mz.tasks import load_task
+from torch_mz.uncertainty import METHODS
 
 TINY = Budget('tiny', 16, 8, 8, (16, 8, 8), 2, 1, None, 1, 8,
               ((1e-3, 1e-5), (3e-4, 1e-5), (1e-3, 1e-3)))
@@ -120,7 +122,7 @@ def test_summary_and_table30(tmp_path):
 
 
 def test_claims_and_budgets_as_issue_11_asks():
-    assert set(CLAIMS) == {'table1', 'table3', 'table4', 'table7', 'table28'}
+    assert set(CLAIMS) == {'table1', 'table3', 'table4', 'table7', 'table28', 'd3'}
     assert 'mean-mlp' in CLAIMS['table1'].models
     # rotation matching in both readings (item 4), at d = 8 and 16
     assert {(c['kwargs']['d'], c['kwargs']['alignment']) for c in CLAIMS['table4'].cells} == {
@@ -131,8 +133,14 @@ def test_claims_and_budgets_as_issue_11_asks():
     assert len(converged.sweep) == 4 and BUDGETS['paper'].sweep == ((1e-4, 1e-5), )
     for claim in CLAIMS.values():  # every comparison names models the claim trains
         for c in claim.comparisons:
-            assert c.a in claim.models and set(c.b) <= set(claim.models)
+            if claim.evaluate is None:
+                assert c.a in claim.models and set(c.b) <= set(claim.models)
+            else:  # D.3: (metric, method A, method B)
+                assert c.b[0] in ('spearman', 'ece') and set(c.b[1:]) <= set(METHODS)
             assert c.cell in [cell['label'] for cell in claim.cells]
+    # Appendix D.3: a 5-model ensemble of the mz preset, on Table 7's cell
+    d3 = CLAIMS['d3']
+    assert d3.members == 5 and d3.models == ('mz', ) and d3.cells[0] in CLAIMS['table7'].cells
     # the task arguments of every claim's cells and every sweep cell are valid
     for cells in [claim.cells for claim in CLAIMS.values()] + [tuple(SWEEP_CELLS.values())]:
         for cell in cells:
@@ -229,3 +237,48 @@ def test_a_claim_whose_runs_are_held_waits_behind_the_other_claims(tmp_path):
     rest, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0 and rest.split() == ['DONE', 'tiny', 'None'], rest
     assert repro.store.stored(*held)
+
+
+def test_d3_scores_the_kept_members_and_resumes(tmp_path, monkeypatch):
+    # a tiny Appendix D.3: 2 study seeds x 2 members of a small MZ model on a sum task
+    spec = 'mz:dim=8,num_inducing=2,d_ff=8'
+    claim = Claim('d3', 'tiny D.3', (SUM, ), (spec, ), CLAIMS['d3'].comparisons, members=2,
+                  evaluate=d3_records)
+    out = str(tmp_path)
+    budget = Budget('tiny', 16, 8, 8, (16, 8, 8), 2, 1, None, 1, 8, ((1e-3, 1e-5), ))
+    records, runs = Reproduction(budget, out, device='cpu', sweep_cells={'sum': SUM}).run(claim)
+    assert len(runs) == 4 and sorted(r['seed'] for r in runs) == [0, 1, 2, 3]
+    assert len(list(tmp_path.rglob('runs/tiny/weights/*.pt'))) == 4  # every member kept
+    assert len(records) == len(claim.comparisons)
+    for r, c in zip(records, claim.comparisons):
+        metric, a, b = c.b
+        methods = r['ours']['methods']
+        assert set(methods) == set(METHODS) and r['ours']['seeds'] == 2
+        assert all(math.isfinite(methods[m][k]) for m in METHODS for k in methods[m])
+        assert 0.0 <= methods[a]['ece'] <= 0.5 and -1.0 <= methods[a]['spearman'] <= 1.0
+        assert r['verdict'] in ('reproduced', 'direction only', 'not reproduced', 'inconclusive')
+    # the difference is of the two methods' metric, per seed (its mean over seeds of a
+    # difference equals the difference of the means)
+    first = records[0]
+    m = first['ours']['methods']
+    metric, a, b = claim.comparisons[0].b
+    assert first['ours']['mean'] == pytest.approx(m[a][metric] - m[b][metric])
+
+    # read back: nothing trained, the same records (MC-Dropout masks are seeded)
+    calls = _counting(monkeypatch)
+    again, _ = Reproduction(budget, out, device='cpu', sweep_cells={'sum': SUM}).run(claim)
+    assert calls == [] and again == records
+
+    # a member without weights (finished before they were kept) leaves its study seed out
+    weights = sorted(tmp_path.rglob('runs/tiny/weights/*.pt'))
+    repro = Reproduction(budget, out, device='cpu', sweep_cells={'sum': SUM})
+    repro.sweep('sum', claim.models)
+    cell = repro.sized(SUM)
+    config = repro.base_config('sum')
+    gone = repro.store.weights(cell, spec, 3, config)
+    assert gone is not None and gone in [str(w) for w in weights]
+    import os
+    os.remove(gone)
+    fewer, _ = repro.run(claim)
+    assert fewer[0]['ours']['seeds'] == 1 and 'seeds [3]' in fewer[0]['ours']['note']
+    assert fewer[0]['verdict'] == 'inconclusive'

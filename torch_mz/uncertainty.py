@@ -15,7 +15,7 @@ Every function takes predictions, targets and uncertainties as tensors or arrays
 """
 import math
 from dataclasses import dataclass
-from typing import Dict, List, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -33,6 +33,8 @@ __all__ = [
     'fit_affine_sigma',
     'predictive_moments',
     'mc_dropout_predict',
+    'METHODS',
+    'method_predictions',
 ]
 
 ArrayLike = Union[Tensor, np.ndarray, Sequence[float]]
@@ -388,3 +390,47 @@ def mc_dropout_predict(model: torch.nn.Module, dataset: Sequence, passes: int = 
     finally:
         model.train(was_training)
     return predictive_moments(runs)
+
+
+#: The three uncertainty estimators of Appendix D.3, in report order.
+METHODS: Tuple[str, ...] = ('MZAttn (IHW)', 'MC-Dropout', 'Deep Ensemble')
+
+
+def method_predictions(members: Sequence[torch.nn.Module], splits: Dict[str, Sequence],
+                       passes: int = 30, seed: int = 0,
+                       normalizers: Optional[Sequence] = None, batch_size: int = 256,
+                       device: Union[str, torch.device] = 'cpu'
+                       ) -> Dict[str, Dict[str, Tuple[np.ndarray, np.ndarray]]]:
+    r"""Predictions and raw uncertainties of the three estimators of :data:`METHODS` on every
+    split of :obj:`splits` (name -> dataset), from :obj:`members`, independently trained MZ models
+    of one architecture (their first output the prediction, their second the IHW):
+
+    * ``'MZAttn (IHW)'``: member 0 in eval mode, one pass; uncertainty = its IHW;
+    * ``'MC-Dropout'``: member 0 with dropout active, :obj:`passes` passes
+      (:func:`mc_dropout_predict`, masks seeded with :obj:`seed`); uncertainty = the standard
+      deviation of the passes;
+    * ``'Deep Ensemble'``: every member in eval mode; uncertainty = the standard deviation of
+      their predictions (:func:`predictive_moments`).
+
+    Predictions are in target units (trained models carry their normaliser; :obj:`normalizers`,
+    one per member, are for models that do not). Returns ``{method: {split: (prediction (N,),
+    uncertainty (N,))}}`` as ``float64`` arrays (single-target regression)."""
+    from torch_mz.train import predict
+    if not members:
+        raise ValueError('Expected at least one trained member')
+    norms = list(normalizers) if normalizers is not None else [None] * len(members)
+    preds = {split: [predict(m, ds, normalizer=nz, batch_size=batch_size, device=device)
+                     for m, nz in zip(members, norms)] for split, ds in splits.items()}
+    out: Dict[str, Dict[str, Tuple[np.ndarray, np.ndarray]]] = {m: {} for m in METHODS}
+    for split, ds in splits.items():
+        first = preds[split][0]
+        out['MZAttn (IHW)'][split] = (first[0].double().numpy()[:, 0],
+                                      first[1].double().numpy())
+    for split, ds in splits.items():
+        mean, std = mc_dropout_predict(members[0], ds, passes, normalizer=norms[0],
+                                       batch_size=batch_size, device=device, seed=seed)
+        out['MC-Dropout'][split] = (mean.numpy()[:, 0], std.numpy()[:, 0])
+    for split in splits:
+        mean, std = predictive_moments([p for p, _ in preds[split]])
+        out['Deep Ensemble'][split] = (mean.numpy()[:, 0], std.numpy()[:, 0])
+    return out
