@@ -79,7 +79,8 @@ def main(argv=None):
     parser.add_argument('--claims', default=','.join(CLAIM_NAMES),
                         help=f"comma-separated subset of {', '.join(CLAIM_NAMES)}")
     parser.add_argument('--seeds', type=int, default=None,
-                        help="seeds per (cell, model) instead of the budget's")
+                        help="seeds per (cell, model) instead of the budget's (for d3: study "
+                             "seeds, each of 5 ensemble members)")
     parser.add_argument('--device', default='auto')
     parser.add_argument('--out', default=None,
                         help='results folder (default: benchmarks/results/reproduction, and '

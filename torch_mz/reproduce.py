@@ -483,7 +483,8 @@ class Reproduction:
         budget (Budget): Set counts, seeds and protocol.
         out (str): The results folder.
         device (str, optional): Training device. (default: :obj:`'auto'`)
-        seeds (int, optional): Seeds per (cell, model) instead of the budget's.
+        seeds (int, optional): Seeds per (cell, model) instead of the budget's (study seeds
+            for a claim with ensemble members, e.g. ``d3``: each has ``members`` runs).
             (default: :obj:`None`)
         load (callable, optional): :func:`~torch_mz.tasks.load_task` or a stand-in (tests).
         on_result (callable, optional): Called with every newly trained run's record (with its
@@ -701,7 +702,8 @@ def d3_records(repro: 'Reproduction', claim: Claim, runs: Sequence[Mapping[str, 
     difference of one metric between two methods, judged by the verdict rule like the R²
     differences (the same units: a correlation or an ECE in [0, 0.5]). The members' weights come
     from the store (:meth:`RunStore.weights`); a run finished without them (before they were
-    kept) leaves its study seed out, and the record says which."""
+    kept, say) leaves its study seed out, and the record says which; the members' R² in the
+    record is of the scored members."""
     import torch
 
     from torch_mz.inference import load_model
@@ -709,13 +711,14 @@ def d3_records(repro: 'Reproduction', claim: Claim, runs: Sequence[Mapping[str, 
                                       method_predictions, regression_ece)
     cell = repro.sized(claim.cells[0])
     spec = claim.models[0]
-    lr, wd = repro.choices[(cell['task'], spec)]
+    lr, wd = repro.sweep(cell['task'], [spec])[spec]  # what run() trained the members with
     config = replace(repro.base_config(cell['task']), lr=lr, weight_decay=wd)
     task = repro._load(cell['task'], seed=0, **dict(cell['kwargs']))
     y = {split: torch.cat([d.y.view(-1) for d in ds]).double().numpy()
          for split, ds in (('val', task.val), ('test', task.test))}
     per_seed: List[Dict[str, Dict[str, float]]] = []
     missing: List[int] = []
+    scored: List[int] = []  # the seeds of the members that were scored
     for s in range(study_seeds):
         seeds = list(range(s * claim.members, (s + 1) * claim.members))
         paths = [repro.store.weights(cell, spec, k, config) for k in seeds]
@@ -723,6 +726,7 @@ def d3_records(repro: 'Reproduction', claim: Claim, runs: Sequence[Mapping[str, 
         if len(found) < len(paths):
             missing += [k for k, p in zip(seeds, paths) if p is None]
             continue
+        scored += seeds
         inputs = method_predictions([load_model(p) for p in found],
                                     {'val': task.val, 'test': task.test}, passes=D3_PASSES,
                                     seed=s, device=repro.device)
@@ -735,7 +739,8 @@ def d3_records(repro: 'Reproduction', claim: Claim, runs: Sequence[Mapping[str, 
                 ece=regression_ece(tp, y['test'], sigma), nll=gaussian_nll(tp, y['test'], sigma),
                 mse=float(np.mean((tp - y['test']) ** 2)))
         per_seed.append(metrics)
-    member_r2 = [float(r['test'].get('r2', math.nan)) for r in runs if r['model'] == spec]
+    member_r2 = [float(r['test'].get('r2', math.nan)) for r in runs
+                 if r['model'] == spec and int(r['seed']) in scored]
     members = {spec: dict(r2=_mean(member_r2), r2_std=_std(member_r2), seeds=len(member_r2))}
     methods = {m: {k: _mean([p[m][k] for p in per_seed]) for k in ('spearman', 'ece', 'nll',
                                                                    'mse')} for m in METHODS}
@@ -743,9 +748,9 @@ def d3_records(repro: 'Reproduction', claim: Claim, runs: Sequence[Mapping[str, 
     enough = 'at least' if members[spec]['r2'] >= 0.8 else 'below'
     note = (f"members' test R² {members[spec]['r2']:.3f} ({enough} the 0.8 the comparison "
             f"asks for)"
-            + (f'; weights missing for seeds {missing} (trained before weights were kept: delete '
-               f'their records to train them again), their study seeds left out' if missing
-               else ''))
+            + (f'; no best-validation weights kept for seeds {missing} (finished before weights '
+               f'were kept, in another clone, or without a best epoch): their study seeds are '
+               f'left out; delete their records to train them again' if missing else ''))
     out: List[Dict[str, object]] = []
     for comparison in claim.comparisons:
         metric, a, b = comparison.b
