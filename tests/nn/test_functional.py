@@ -226,6 +226,26 @@ def test_wide_values_split_into_heads_exactly(monkeypatch, groups):
     assert functional._split_values(1, H, 300, 300, dk, dk, p=0.0) == 1  # already fused
 
 
+def test_per_head_dropout_is_softmax_dropout_product():
+    # with dropout on the CPU the per-head path writes out softmax -> F.dropout -> product: the
+    # same seed gives exactly that (mask included), and the expected output over many draws is
+    # the output without dropout (inverted dropout is unbiased)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(3, 2, 5, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    mask = torch.ones(3, 1, 1, 5, dtype=torch.bool)
+    mask[1, ..., 3:] = False  # padded keys of the second set
+    torch.manual_seed(7)
+    out = functional._attend_per_head(q, k, v, mask, 0.3)
+    torch.manual_seed(7)
+    a = torch.softmax((q @ k.transpose(-1, -2)).masked_fill(~mask, float('-inf')), dim=-1)
+    assert torch.equal(out, torch.nn.functional.dropout(a, p=0.3, training=True) @ v)
+    assert torch.isfinite(out).all()  # padded keys are never attended
+    mean = torch.stack([functional._attend_per_head(q, k, v, mask, 0.3)
+                        for _ in range(4000)]).mean(0)
+    torch.testing.assert_close(mean, functional._attend_per_head(q, k, v, mask, 0.0),
+                               atol=0.1, rtol=0.0)
+
+
 def test_values_of_a_wrong_shape_are_refused():
     q, k, v, query_set, kv_set = _random_problem([2], [3], seed=0)
     with pytest.raises(ValueError, match='values'):
