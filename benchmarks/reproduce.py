@@ -82,6 +82,9 @@ def main(argv=None):
                         help="seeds per (cell, model) instead of the budget's (for d3: study "
                              "seeds, each of 5 ensemble members)")
     parser.add_argument('--device', default='auto')
+    parser.add_argument('--progress', action='store_true',
+                        help="a progress bar for every run (epochs and the latest metrics; runs "
+                             "of the converged budget take up to an hour each on one core)")
     parser.add_argument('--out', default=None,
                         help='results folder (default: benchmarks/results/reproduction, and '
                              'benchmarks/results/reproduction/quick for --budget quick)')
@@ -108,7 +111,7 @@ def main(argv=None):
 
     keep_freed_memory()  # this process is ours: faster large CPU batches, same results
     repro = Reproduction(budget, out, device=args.device, seeds=args.seeds, on_result=report,
-                         on_wait=waiting)
+                         on_wait=waiting, progress=args.progress)
     start, failed = time.time(), []
 
     def finish(name, records):

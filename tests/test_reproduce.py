@@ -86,11 +86,12 @@ def test_interrupted_reproduction_resumes_and_a_second_run_trains_nothing(tmp_pa
     assert len(files) == len(calls)
     assert not any(tmp_path.rglob('runs/tiny/*/checkpoint.pt'))  # removed when finished
 
-    # a second invocation trains nothing and builds no data
+    # a second invocation trains nothing and builds no data (a progress bar is not part of
+    # what identifies a run)
     calls.clear()
     loads = []
     again, runs2 = Reproduction(TINY, out, device='cpu', sweep_cells={'sum': SUM},
-                                load=lambda *a, **k: loads.append(a)).run(CLAIM)
+                                load=lambda *a, **k: loads.append(a), progress=True).run(CLAIM)
     assert calls == [] and loads == []
     assert again == records
 

@@ -492,6 +492,8 @@ class Reproduction:
         sweep_cells (dict, optional): Instead of :data:`SWEEP_CELLS`.
         on_wait (callable, optional): Called as ``on_wait(cell_label, spec, seed)`` before this
             process waits for a run that another process is training (for progress output).
+        progress (bool, optional): Show the trainer's progress bar (epochs, with the latest
+            metrics) for every run; not part of what identifies a run. (default: :obj:`False`)
 
     Each stage (a task's sweep, a claim's runs on a task) first trains its missing runs one by
     one, skipping those another process holds and then waiting for them (see the module's
@@ -501,8 +503,10 @@ class Reproduction:
                  seeds: Optional[int] = None, load: Optional[Callable[..., Any]] = None,
                  on_result: Optional[Callable[[Dict[str, object]], None]] = None,
                  sweep_cells: Optional[Mapping[str, Mapping[str, Any]]] = None,
-                 on_wait: Optional[Callable[[str, str, int], None]] = None):
+                 on_wait: Optional[Callable[[str, str, int], None]] = None,
+                 progress: bool = False):
         self.budget = budget
+        self.progress = progress
         self.on_wait = on_wait
         self.out = out
         self.device = device
@@ -533,7 +537,7 @@ class Reproduction:
                                       n_test=n[2]))
 
     def base_config(self, task: str) -> TrainConfig:
-        config = self.budget.config(device=self.device)
+        config = self.budget.config(device=self.device, progress=self.progress)
         if self.budget.paper_batch and task in GEOMETRIC_TASKS:
             config = replace(config, batch_size=256)
         return config
