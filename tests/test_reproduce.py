@@ -1,5 +1,6 @@
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -7,7 +8,7 @@ import torch_mz.study.grid as grid
 from torch_mz.reproduce import (BUDGETS, CLAIMS, SWEEP_CELLS, Budget, Claim, Comparison,
                                 Reproduction, load_claims, overhead_records, save_claim,
                                 summary_table, verdict)
-from torch_mz.reproduce import d3_records
+from torch_mz.reproduce import d3_records, sweep_extension
 from torch_mz.tasks import load_task
 from torch_mz.uncertainty import METHODS
 
@@ -69,6 +70,32 @@ def test_sweep_gives_every_model_the_same_grid(tmp_path, monkeypatch):
         runs = [r for r in records if r['model'] == model]
         best = min(runs, key=lambda r: r['val']['loss'])['key']['config']
         assert chosen[model] == (best['lr'], best['weight_decay'])
+
+
+def test_sweep_extension_steps_beyond_the_edge_alike_for_every_model(tmp_path, monkeypatch):
+    grid = ((1e-3, 1e-5), (1e-3, 0.1), (3e-4, 1e-5), (3e-4, 0.1))
+    assert sweep_extension(grid, (1e-3, 0.1)) == [(3e-3, 0.1), (1e-3, 0.3)]
+    assert sweep_extension(grid, (3e-4, 1e-5)) == [(1e-4, 1e-5)]
+    assert sweep_extension(((1e-3, 1e-5), ), (1e-3, 1e-5)) == []  # nothing varies
+    # a reproduction with the extension: each model trains the grid, then the points beyond the
+    # edge its best grid point lies on, and takes the lowest validation loss of all
+    calls = _counting(monkeypatch)
+    budget = replace(TINY, sweep=((1e-3, 1e-5), (3e-4, 1e-5)), extend_sweep=True)
+    repro = Reproduction(budget, str(tmp_path), device='cpu', sweep_cells={'sum': SUM})
+    chosen = repro.sweep('sum', CLAIM.models)
+    records = [json.loads(p.read_text()) for p in tmp_path.rglob('records/tiny/**/*.json')]
+    for model in CLAIM.models:
+        runs = {(r['key']['config']['lr'], r['key']['config']['weight_decay']): r['val']['loss']
+                for r in records if r['model'] == model}
+        base = {p: runs[p] for p in budget.sweep}
+        best_base = min(base, key=base.__getitem__)
+        assert set(runs) == set(budget.sweep) | set(sweep_extension(budget.sweep, best_base))
+        assert chosen[model] == min(runs, key=runs.__getitem__)
+    assert len(calls) == len(records) == 2 * 3  # 2 grid points + 1 step beyond, per model
+    # read back: nothing trained again
+    calls.clear()
+    again = Reproduction(budget, str(tmp_path), device='cpu', sweep_cells={'sum': SUM})
+    assert again.sweep('sum', CLAIM.models) == chosen and calls == []
 
 
 def test_interrupted_reproduction_resumes_and_a_second_run_trains_nothing(tmp_path,
