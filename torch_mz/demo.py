@@ -17,8 +17,11 @@ from torch_mz.cli import DEMO_ARGS, main
 SMOKE_NOTE = ('Smoke run: 640 training sets and 10 epochs, far from convergence; for the '
               'converged comparison run: python benchmarks/reproduce.py --budget converged '
               '--claims table1')
+CHANGED_NOTE = ('Smoke run of the demo command with your extra arguments ({}); for the converged '
+                'comparison run: python benchmarks/reproduce.py --budget converged --claims '
+                'table1')
 
 if __name__ == '__main__':
     status = main(DEMO_ARGS + sys.argv[1:])
-    print(SMOKE_NOTE)
+    print(CHANGED_NOTE.format(' '.join(sys.argv[1:])) if sys.argv[1:] else SMOKE_NOTE)
     sys.exit(status)
