@@ -71,7 +71,10 @@ class MZAttention(Module):
     ``'rigid'`` and ``'film'`` (whose output needs :math:`W^{(h)} \hat{c}`, not :math:`\hat{c}`)
     :math:`W^{(h)}` is folded into the value map, :math:`W^{(h)}(W_V c + b_V) = (W^{(h)} W_V) c +
     W^{(h)} b_V`; both are :math:`d \times d` products on the weights instead of passes over the
-    tokens. The results agree with the literal order up to rounding (tests compare them).
+    tokens. The results agree with the literal order up to rounding (tests compare them). The
+    weights of :obj:`lin_q` and :obj:`lin_v` are read directly, so forward hooks on those layers
+    do not run (e.g. :mod:`torch.nn.utils.prune`'s; :mod:`torch.nn.utils.parametrize` works,
+    since a parametrised weight is computed when it is read).
 
     Args:
         dim (int): Token width :math:`d`.
