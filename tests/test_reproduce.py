@@ -1,5 +1,6 @@
 import json
 import math
+from contextlib import contextmanager
 from dataclasses import replace
 
 import pytest
@@ -190,11 +191,24 @@ def _start_child(code, out):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+@contextmanager
+def _child_while_held(repro, held, code, out):
+    r"""Holds the lock of run :obj:`held` (as another worker training it would) and starts the
+    child ``python -c code out`` under it; the child is killed if the block fails."""
+    with repro.store.lock(*held) as mine:
+        assert mine
+        proc = _start_child(code, out)
+        try:
+            yield proc
+        except BaseException:
+            proc.kill()
+            raise
+
+
 def test_a_second_process_skips_a_held_run_then_waits_for_it_and_takes_it_over(tmp_path):
     # this process holds the lock of the first sweep run, as another worker training it would;
     # the child trains every other sweep run, then waits, and when the lock is let go without
     # the run finished (its holder died), trains it itself and completes the claim
-    from dataclasses import replace
     out = str(tmp_path)
     repro = Reproduction(TINY, out, device='cpu', sweep_cells={'sum': SUM})
     cell = repro.sized(SUM)
@@ -207,19 +221,13 @@ def test_a_second_process_skips_a_held_run_then_waits_for_it_and_takes_it_over(t
              "from torch_mz.reproduce import Reproduction\n"
              "Reproduction(TINY, sys.argv[1], device='cpu', sweep_cells={'sum': SUM}, on_wait="
              "lambda *a: print('WAIT', *a, flush=True)).run(CLAIM)\nprint('DONE', flush=True)\n")
-    with repro.store.lock(*held) as mine:
-        assert mine
-        proc = _start_child(child, out)
-        try:
-            line = proc.stdout.readline()
-            assert line.startswith('WAIT sum d=2'), line + proc.stdout.read()
-            assert all(repro.store.stored(*job) for job in others)
-            assert not repro.store.stored(*held)
-            with repro.store.lock(*held, wait=False) as second:
-                assert second is False  # held: a non-waiting look skips it
-        except BaseException:
-            proc.kill()
-            raise
+    with _child_while_held(repro, held, child, out) as proc:
+        line = proc.stdout.readline()
+        assert line.startswith('WAIT sum d=2'), line + proc.stdout.read()
+        assert all(repro.store.stored(*job) for job in others)
+        assert not repro.store.stored(*held)
+        with repro.store.lock(*held, wait=False) as second:
+            assert second is False  # held: a non-waiting look skips it
     rest, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0 and rest.strip().endswith('DONE'), rest
     assert repro.store.stored(*held)
@@ -235,7 +243,6 @@ CLAIM2 = Claim('tiny2', 'tiny2', (MAX, ), CLAIM.models,
 def test_a_claim_whose_runs_are_held_waits_behind_the_other_claims(tmp_path):
     # the first sweep run of 'tiny' is held (another worker): the child goes on with 'tiny2'
     # and finishes it before it waits for the held run, then completes 'tiny'
-    from dataclasses import replace
     out = str(tmp_path)
     repro = Reproduction(TINY, out, device='cpu', sweep_cells={'sum': SUM})
     held = (repro.sized(SUM), CLAIM.models[0], 0,
@@ -247,18 +254,12 @@ def test_a_claim_whose_runs_are_held_waits_behind_the_other_claims(tmp_path):
              "for claim, records, error in run_claims(repro, [CLAIM, CLAIM2], on_held=lambda c, "
              "e: print('HELD', c.name, flush=True)):\n"
              "    print('DONE', claim.name, error, flush=True)\n")
-    with repro.store.lock(*held) as mine:
-        assert mine
-        proc = _start_child(child, out)
+    with _child_while_held(repro, held, child, out) as proc:
         lines = []
-        try:
-            while not lines or not lines[-1].startswith('WAIT'):
-                line = proc.stdout.readline()
-                assert line, ''.join(lines)
-                lines.append(line)
-        except BaseException:
-            proc.kill()
-            raise
+        while not lines or not lines[-1].startswith('WAIT'):
+            line = proc.stdout.readline()
+            assert line, ''.join(lines)
+            lines.append(line)
         # (after 'tiny2' it looks once more without waiting, then waits: no claim is left)
         assert [ln.split()[:2] for ln in lines] == [['HELD', 'tiny'], ['DONE', 'tiny2'],
                                                    ['HELD', 'tiny'], ['WAIT', 'sum']], lines

@@ -342,6 +342,16 @@ def _split_values(n: int, H: int, Lq: int, Lk: int, dk: int, w: int, p: float) -
     return g if g <= FLASH_MAX_GROUPS or n * H * Lq * Lk >= FLASH_MIN_SCORES else 1
 
 
+def _attention_weights(q: Tensor, k: Tensor, mask: Optional[Tensor], p: float) -> Tensor:
+    r"""Softmax attention weights :math:`(n, H, L_q, L_k)` of dense blocks (keys where
+    :obj:`mask` is False get none), with dropout :obj:`p` applied as :func:`F.dropout` does."""
+    scores = torch.matmul(q, k.transpose(-1, -2))  # (n, H, Lq, Lk)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float('-inf'))
+    a = torch.softmax(scores, dim=-1)
+    return F.dropout(a, p=p, training=True) if p > 0 else a
+
+
 def _attend(q: Tensor, k: Tensor, vs: List[Tensor], mask: Optional[Tensor],
             p: float) -> List[Tensor]:
     r"""Attention on dense blocks: :obj:`q` :math:`(n, H, L_q, d_k)`, :obj:`k`
@@ -351,13 +361,7 @@ def _attend(q: Tensor, k: Tensor, vs: List[Tensor], mask: Optional[Tensor],
     if vs[0].dim() == 4:
         return [_attend_per_head(q, k, vs[0], mask, p)]
     n, H, Lq, _ = q.shape
-    scores = torch.matmul(q, k.transpose(-1, -2))  # (n, H, Lq, Lk)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float('-inf'))
-    a = torch.softmax(scores, dim=-1)  # (n, H, Lq, Lk)
-    if p > 0:
-        a = F.dropout(a, p=p, training=True)
-    a = a.reshape(n, H * Lq, -1)  # all heads in one product per value
+    a = _attention_weights(q, k, mask, p).reshape(n, H * Lq, -1)  # all heads in one product
     return [torch.bmm(a, v).view(n, H, Lq, -1) for v in vs]  # (n, H, Lq, w_i)
 
 
@@ -377,10 +381,7 @@ def _attend_per_head(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], p:
         # products written out are faster on CPU (e.g. 33 against 41 ms forward + backward for
         # 32 x 4 blocks of 1024 x 16) and draw the mask as F.dropout does (on GPUs the fused
         # kernels take dropout themselves)
-        scores = torch.matmul(q, k.transpose(-1, -2))  # (n, H, Lq, Lk)
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float('-inf'))
-        return torch.matmul(F.dropout(torch.softmax(scores, dim=-1), p=p, training=True), v)
+        return torch.matmul(_attention_weights(q, k, mask, p), v)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
 
 
