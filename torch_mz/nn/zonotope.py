@@ -81,60 +81,34 @@ class Zonotope:
 
 # Token width and generator count from which the LayerNorm-Jacobian function batches its
 # reductions as matrix products.
-FUSED_MIN_DIM = 32
-FUSED_MIN_GENERATORS = 4
-
-
-def _feature_means(t: Tensor, c_hat: Tensor, cols: Optional[Tensor]):
+def _feature_means(t: Tensor, c_hat: Tensor):
     r"""The feature means of :obj:`t` :math:`(N, n_g, d)` and of :math:`\hat{c} \odot t`, each
-    :math:`(N, n_g)`: one two-column batched product when :obj:`cols` (:math:`(N, d, 2)`) is
-    given, elementwise otherwise."""
-    if cols is not None:
-        m = torch.bmm(t, cols)  # (N, n_g, 2)
-        return m[..., 0], m[..., 1]
+    :math:`(N, n_g)`."""
     return t.mean(dim=-1), (t * c_hat.unsqueeze(1)).mean(dim=-1)
 
 
-def _sub_rank_two(out: Tensor, a0: Tensor, b0: Tensor, a1: Tensor, b1: Tensor,
-                  batched: bool) -> Tensor:
+def _sub_rank_two(out: Tensor, a0: Tensor, b0: Tensor, a1: Tensor, b1: Tensor) -> Tensor:
     r"""In place, :math:`out \mathrel{-}= a_0 \otimes b_0 + a_1 \otimes b_1` for :math:`a_i`
     :math:`(N, n_g)` and :math:`b_i` :math:`(N, d)`."""
-    if batched:
-        return out.baddbmm_(torch.stack([a0, a1], dim=-1), torch.stack([b0, b1], dim=1),
-                            alpha=-1.0)
     out.addcmul_(a0.unsqueeze(-1), b0.unsqueeze(1), value=-1.0)
     return out.addcmul_(a1.unsqueeze(-1), b1.unsqueeze(1), value=-1.0)
 
 
-def _weighted_row_sum(t: Tensor, w: Tensor, batched: bool) -> Tensor:
+def _weighted_row_sum(t: Tensor, w: Tensor) -> Tensor:
     r""":math:`\sum_g w_g t_g`, :math:`(N, d)`, for :obj:`t` :math:`(N, n_g, d)` and :obj:`w`
     :math:`(N, n_g)`."""
-    if batched:
-        return torch.bmm(t.transpose(1, 2), w.unsqueeze(-1)).squeeze(-1)
     return (t * w.unsqueeze(-1)).sum(dim=1)
 
 
-def _weighted_row_sums(t: Tensor, w0: Tensor, w1: Tensor, batched: bool):
-    r""":math:`\sum_g w_{0,g} t_g` and :math:`\sum_g w_{1,g} t_g`, each :math:`(N, d)`, for
-    :obj:`t` :math:`(N, n_g, d)` and weights :math:`(N, n_g)`."""
-    if batched:
-        m = torch.bmm(t.transpose(1, 2), torch.stack([w0, w1], dim=-1))  # (N, d, 2)
-        return m[..., 0], m[..., 1]
-    return (t * w0.unsqueeze(-1)).sum(dim=1), (t * w1.unsqueeze(-1)).sum(dim=1)
-
-
-def _layer_norm_stats(xc: Tensor, inv: Tensor, weight: Optional[Tensor], batched: bool):
+def _layer_norm_stats(xc: Tensor, inv: Tensor, weight: Optional[Tensor]):
     r"""From the centered center :obj:`xc` :math:`(N, d)` and :math:`1/\sigma` :obj:`inv`
-    :math:`(N, 1)`: :math:`\hat{c}`, its feature mean (zero up to rounding), the scale
-    :math:`s = w / \sigma` :math:`(N, d)` and, when :obj:`batched`, the two columns
-    :math:`(1/d, \hat{c}/d)` of the batched feature means."""
+    :math:`(N, 1)`: :math:`\hat{c}`, its feature mean (zero up to rounding) and the scale
+    :math:`s = w / \sigma` :math:`(N, d)`."""
     N, d = xc.shape
     c_hat = xc * inv  # (N, d)
     a = c_hat.mean(dim=-1, keepdim=True)  # (N, 1)
     s = (inv if weight is None else inv * weight).expand(N, d)  # (N, d)
-    cols = torch.stack([torch.full_like(c_hat, 1.0 / d), c_hat / d], dim=-1) \
-        if batched else None  # (N, d, 2)
-    return c_hat, a, s, cols
+    return c_hat, a, s
 
 
 class _LayerNormJacobian(torch.autograd.Function):
@@ -145,29 +119,28 @@ class _LayerNormJacobian(torch.autograd.Function):
     backward, where the other per-token vectors are recomputed (autograd through the
     elementwise formula keeps five tensors of the generators' size and takes several times as
     many passes).
-    With many wide generators (``batched``) the feature means are two-column batched matrix
-    products and the rank-two corrections one in-place :func:`torch.baddbmm`; otherwise the same
-    steps run elementwise, which is faster for few or narrow generators.
+    The reductions and rank-two corrections run elementwise. (Earlier versions used two-column
+    batched matrix products and an in-place :func:`torch.baddbmm` for :math:`n_g \ge 4`,
+    :math:`d \ge 32`; on the AMD EPYC host of 2026-12-01 those were 1.3-2.0x slower forward +
+    backward in every measured shape, (32768, 2-16, 64) and (10^5, 4-8, 16-32).)
     :func:`zonotope_layer_norm_reference` is the autograd reference; the tests check values and
     gradients of both modes against it in float64.
     """
     @staticmethod
-    def forward(ctx, c: Tensor, g: Tensor, weight: Optional[Tensor], eps: float,
-                batched: bool) -> Tensor:
+    def forward(ctx, c: Tensor, g: Tensor, weight: Optional[Tensor], eps: float) -> Tensor:
         xc = c - c.mean(dim=-1, keepdim=True)  # (N, d)
         inv = torch.rsqrt(xc.pow(2).mean(dim=-1, keepdim=True) + eps)  # (N, 1)
-        c_hat, a, s, cols = _layer_norm_stats(xc, inv, weight, batched)
-        g_bar, m = _feature_means(g, c_hat, cols)  # (N, n_g) each
+        c_hat, a, s = _layer_norm_stats(xc, inv, weight)
+        g_bar, m = _feature_means(g, c_hat)  # (N, n_g) each
         p = m - g_bar * a  # (N, n_g), mean((g - g_bar) * c_hat)
         # out = s * (g - g_bar - c_hat p) = g * s - g_bar (x) s - p (x) (c_hat * s)
-        out = _sub_rank_two(g * s.unsqueeze(1), g_bar, s, p, c_hat * s, batched)
-        # the per-token (N, d) tensors xc, c_hat, s and cols are recomputed in the backward
+        out = _sub_rank_two(g * s.unsqueeze(1), g_bar, s, p, c_hat * s)
+        # the per-token (N, d) tensors xc, c_hat and s are recomputed in the backward
         # pass from c (which the center's LayerNorm keeps anyway) and inv by the same
         # operations, so they are bitwise the same: saving them would keep three to five more
         # (N, d) tensors per LayerNorm alive until the backward pass
         ctx.save_for_backward(g, c, inv, g_bar, p, weight)
         ctx.has_weight = weight is not None
-        ctx.batched = batched
         ctx.eps = eps
         return out
 
@@ -176,8 +149,7 @@ class _LayerNormJacobian(torch.autograd.Function):
         g, c, inv, g_bar, p, weight = ctx.saved_tensors
         if grad_out._is_zerotensor():  # autograd's immutable zeros (e.g. in gradgradcheck)
             return (torch.zeros_like(c), torch.zeros_like(g),
-                    None if weight is None else torch.zeros_like(weight), None, None)
-        batched = ctx.batched
+                    None if weight is None else torch.zeros_like(weight), None)
         d = c.size(-1)
         # create_graph=True (a second derivative, e.g. forces trained from an energy): inv,
         # g_bar and p, made inside forward, are not connected to c and g, so they are
@@ -187,24 +159,26 @@ class _LayerNormJacobian(torch.autograd.Function):
         xc = c - c.mean(dim=-1, keepdim=True)  # (N, d)
         if graph:
             inv = torch.rsqrt(xc.pow(2).mean(dim=-1, keepdim=True) + ctx.eps)
-        c_hat, a, s, cols = _layer_norm_stats(xc, inv, weight, batched)
+        c_hat, a, s = _layer_norm_stats(xc, inv, weight)
         if graph:
-            g_bar, m = _feature_means(g, c_hat, cols)
+            g_bar, m = _feature_means(g, c_hat)
             p = m - g_bar * a
         grad_out = grad_out.contiguous()
         r = grad_out * s.unsqueeze(1)  # (N, n_g, d), dL/du
-        r_bar, q = _feature_means(r, c_hat, cols)  # mean(r), q = mean(r * c_hat): (N, n_g)
-        # dL/dc_hat = -sum_g r_g p_g - sum_g q_g (g_g - g_bar_g)
-        grad_c_hat = -(_weighted_row_sum(r, p, batched) + _weighted_row_sum(g, q, batched)
-                       - (q * g_bar).sum(dim=-1, keepdim=True))  # (N, d)
+        r_bar, q = _feature_means(r, c_hat)  # mean(r), q = mean(r * c_hat): (N, n_g)
         # dL/ds = sum_g grad_out * u, u = g - g_bar - c_hat p
-        gu0, gu1 = _weighted_row_sums(grad_out, g_bar, p, batched)  # (N, d) each
+        gu0 = _weighted_row_sum(grad_out, g_bar)  # (N, d)
+        gu1 = _weighted_row_sum(grad_out, p)  # (N, d)
         grad_s = (grad_out * g).sum(dim=1) - gu0 - c_hat * gu1  # (N, d)
+        # dL/dc_hat = -sum_g r_g p_g - sum_g q_g (g_g - g_bar_g), where sum_g r_g p_g = s * gu1
+        # (r = grad_out * s): a per-token product instead of a pass over the generators
+        grad_c_hat = -(s * gu1 + _weighted_row_sum(g, q)
+                       - (q * g_bar).sum(dim=-1, keepdim=True))  # (N, d)
         # dL/dg = r - mean(r) - (c_hat - a) q, in place on r
         if graph:  # out of place (r may be an immutable zero tensor in a double backward)
             grad_g = r - r_bar.unsqueeze(-1) - q.unsqueeze(-1) * (c_hat - a).unsqueeze(1)
         else:
-            grad_g = _sub_rank_two(r, r_bar, torch.ones_like(c_hat), q, c_hat - a, batched)
+            grad_g = _sub_rank_two(r, r_bar, torch.ones_like(c_hat), q, c_hat - a)
         grad_w = None
         if ctx.has_weight:
             grad_inv = (grad_s * weight).sum(dim=-1, keepdim=True)  # (N, 1)
@@ -219,7 +193,7 @@ class _LayerNormJacobian(torch.autograd.Function):
             lam = (grad_c_hat * xc).sum(dim=-1, keepdim=True) + grad_inv  # dL/dinv, (N, 1)
             grad_c = (inv * (grad_c_hat - grad_c_hat.mean(dim=-1, keepdim=True))
                       - inv.pow(3) * lam * xc / d)  # (N, d)
-        return grad_c, grad_g, grad_w, None, None
+        return grad_c, grad_g, grad_w, None
 
 
 def zonotope_layer_norm(z: Zonotope, norm: LayerNorm) -> Zonotope:
@@ -244,10 +218,7 @@ def zonotope_layer_norm(z: Zonotope, norm: LayerNorm) -> Zonotope:
     The generator map runs as one autograd function with a hand-written backward, which keeps
     only the generators and per-token vectors for the backward pass and takes a few passes over
     the generators instead of the dozen that autograd through the elementwise formula takes
-    (:func:`zonotope_layer_norm_reference`, the tested reference). For tokens of width at least
-    :data:`FUSED_MIN_DIM` with at least :data:`FUSED_MIN_GENERATORS` generators its reductions are
-    batched matrix products (2.2x faster forward + backward than the reference at d = 64,
-    :math:`n_g = 8`, one CPU core), otherwise elementwise. With
+    (:func:`zonotope_layer_norm_reference`, the tested reference). With
     :func:`torch_mz.nn.set_fused_kernels` the map runs as compiled kernels instead
     (:mod:`torch_mz.nn.fused`, opt-in).
     """
@@ -264,10 +235,8 @@ def zonotope_layer_norm(z: Zonotope, norm: LayerNorm) -> Zonotope:
         g = LayerNormJacobianFused.apply(c.to(out_c.dtype), z.gens.to(out_c.dtype).contiguous(),
                                          weight, norm.eps)
         return Zonotope(out_c, g)
-    # few or narrow generators: batched products of tiny matrices cost more than elementwise
-    batched = d >= FUSED_MIN_DIM and z.gens.size(1) >= FUSED_MIN_GENERATORS
     g = _LayerNormJacobian.apply(c.to(out_c.dtype), z.gens.to(out_c.dtype).contiguous(), weight,
-                                 norm.eps, batched)
+                                 norm.eps)
     return Zonotope(out_c, g)
 
 
