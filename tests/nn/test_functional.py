@@ -265,3 +265,35 @@ def test_cuda_attention_matches_cpu(path):
     torch.testing.assert_close(out.cpu(), ref)
     for a, b in zip(cuda, inputs):
         torch.testing.assert_close(a.grad.cpu(), b.grad)
+
+
+@pytest.mark.parametrize('path', ['dense', 'scatter'])
+@pytest.mark.parametrize('q_sizes, k_sizes, shuffle', [
+    ([3, 0, 1, 7, 2, 20, 4], [4, 2, 0, 7, 1, 19, 4], True),  # buckets, queries without keys
+    ([5] * 4, [6] * 4, False),  # the exact dense path (a reshape, no gather)
+    ([2, 3], [0, 0], False),  # no set has keys
+])
+def test_chunked_layout_is_a_permutation_of_the_rows(path, q_sizes, k_sizes, shuffle):
+    r"""``chunk=c`` returns the same numbers as the (N_q, H, w) layout, cut into pieces of c
+    features with the heads interleaved piece by piece, and the same gradients."""
+    q, k, v, query_set, kv_set = _random_problem(q_sizes, k_sizes, seed=4, shuffle=shuffle)
+    v = torch.randn(v.size(0), v.size(1), 6, dtype=v.dtype)  # w = 6 = 3 pieces of 2
+    B = len(q_sizes)
+    plain = grouped_attention(q, k, v, query_set, kv_set, B, path=path)  # (Nq, H, 6)
+    chunked = grouped_attention(q, k, v, query_set, kv_set, B, path=path, chunk=2)
+    assert chunked.shape == (q.size(0), 3, q.size(1), 2) and chunked.is_contiguous()
+    torch.testing.assert_close(chunked, plain.view(-1, q.size(1), 3, 2).transpose(1, 2),
+                               rtol=0, atol=0)
+    # tuples of shared values, and gradients through the permuted copy
+    vs = tuple(torch.randn(k.size(0), w, dtype=q.dtype, requires_grad=True) for w in (4, 2))
+    outs = grouped_attention(q, k, vs, query_set, kv_set, B, path=path, chunk=2)
+    refs = grouped_attention(q, k, vs, query_set, kv_set, B, path=path)
+    for out, ref in zip(outs, refs):
+        torch.testing.assert_close(out.transpose(1, 2).reshape(ref.shape), ref, rtol=0, atol=0)
+    if k.size(0):
+        gv = torch.autograd.grad(sum((o * o).sum() for o in outs), vs)
+        gr = torch.autograd.grad(sum((o * o).sum() for o in refs), vs)
+        for a, b in zip(gv, gr):
+            torch.testing.assert_close(a, b)
+    with pytest.raises(ValueError, match="'chunk' must divide"):
+        grouped_attention(q, k, v, query_set, kv_set, B, path=path, chunk=4)

@@ -283,15 +283,24 @@ class MZAttention(Module):
                           None if bias_v is None else bias_v.reshape(d)).view(
                               Nk, H, dk)  # (Nk, H, dk)
             vg = torch.einsum('ngd,hed->nhge', gens_kv, gen_map)  # (Nk, H, ng, dk)
-            values = torch.cat([vc, vg.reshape(Nk, H, ng * dk)], dim=-1) if ng > 0 else vc
+            if ng == 0:
+                c_hat = grouped_attention(q, k, vc, query_set, kv_set, num_sets,
+                                          dropout=self.dropout, training=self.training,
+                                          path=self.path)  # (Nq, H, dk)
+                return c_hat, c_hat.new_empty(Nq, H, 0, dk)
+            values = torch.cat([vc, vg.reshape(Nk, H, ng * dk)], dim=-1)  # (Nk, H, (1+ng) dk)
+            # returned in the token layout (Nq, 1 + ng, H, dk): the copy into query order also
+            # interleaves the heads, so the generators need no second, transposing copy
             agg = grouped_attention(q, k, values, query_set, kv_set, num_sets,
                                     dropout=self.dropout, training=self.training,
-                                    path=self.path)  # (Nq, H, (1 + ng) * dk)
-            c_hat, g_agg = agg.split([dk, ng * dk], dim=-1)  # (Nq, H, dk), (Nq, H, ng dk)
-            if ng > 0:  # c_hat alone (a copy), so that the backward pass does not keep all of
-                # agg alive through views of it: (1 + ng) times the memory of c_hat
-                c_hat = c_hat.contiguous()
-            g_agg = g_agg.reshape(Nq, H, ng, dk)  # (Nq, H, ng, dk)
+                                    path=self.path, chunk=dk)  # (Nq, 1 + ng, H, dk)
+            # split, not sliced: the backward pass joins the two gradients with one
+            # concatenation instead of a zero-filled full-size tensor per slice
+            c_part, g_part = agg.split([1, ng], dim=1)  # (Nq, 1, H, dk), (Nq, ng, H, dk)
+            # c_hat alone (a copy), so that the backward pass does not keep all of agg alive
+            # through a view of it: (1 + ng) times the memory of c_hat
+            c_hat = c_part.squeeze(1).contiguous()  # (Nq, H, dk)
+            g_agg = g_part.transpose(1, 2)  # (Nq, H, ng, dk), a view of the token layout
 
         return c_hat, g_agg
 
@@ -316,20 +325,20 @@ class MZAttention(Module):
                        query_set: Tensor) -> Tensor:
         r"""The output generators of the ``'mz'`` operator,
         :math:`\hat{G}_i M_c^\top + W_{\mathrm{mix}} \mathrm{stack}_l[\gamma_l M_l \hat{c}_i]`,
-        in the token layout :math:`(N_q, n_g, d)` (heads concatenated in each row): one copy of
-        the aggregated generators into that layout, then the mixing term added in place as one
-        batched product of :math:`(n_g \times L)` coefficients :math:`W_{\mathrm{mix}}[g, l]
-        \gamma_l` with the :math:`(L \times d)` rows :math:`M_l \hat{c}` (no generator-sized
-        intermediate)."""
+        in the token layout :math:`(N_q, n_g, d)` (heads concatenated in each row): the mixing
+        term added to the aggregated generators (already in that layout when the values were
+        mapped before the aggregation) as one batched product of :math:`(n_g \times L)`
+        coefficients :math:`W_{\mathrm{mix}}[g, l] \gamma_l` with the :math:`(L \times d)` rows
+        :math:`M_l \hat{c}` (no generator-sized intermediate)."""
         Nq, H, ng, dk = g_agg.shape
         L = self.num_matrix_generators
         gamma = torch.tanh(self.gate(mu))[query_set].to(c_hat.dtype)  # (Nq, L)
         mc = torch.einsum('nhd,hled->nlhe', c_hat, self.matrix_gens.to(c_hat.dtype))
         mc = mc.reshape(Nq, L, H * dk)  # (Nq, L, d): M_l c_hat, heads concatenated
         coef = self.mix.to(c_hat.dtype) * gamma.unsqueeze(1)  # (Nq, ng, L)
-        out_g = g_agg.new_empty(Nq, ng, H * dk)  # (Nq, ng, d), a fresh tensor (never a view)
-        out_g.view(Nq, ng, H, dk).copy_(g_agg.transpose(1, 2))
-        return out_g.baddbmm_(coef, mc)
+        # (Nq, ng, d): a view when g_agg is a view of the token layout, a copy otherwise
+        g_tok = g_agg.transpose(1, 2).reshape(Nq, ng, H * dk)
+        return torch.baddbmm(g_tok, coef, mc)  # a fresh tensor (never a view)
 
     def _context(self, out_c: Tensor, out_g: Tensor, c_hat: Tensor, g_hat: Optional[Tensor],
                  mu: Tensor, query_set: Tensor) -> Tuple[Tensor, Tensor]:

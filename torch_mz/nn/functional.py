@@ -138,21 +138,22 @@ def _sorted_layout(set_id: Tensor,
 @overload
 def grouped_attention(q: Tensor, k: Tensor, v: Tensor, query_set: Tensor, kv_set: Tensor,
                       num_sets: int, dropout: float = ..., training: bool = ...,
-                      path: str = ...) -> Tensor:
+                      path: str = ..., chunk: Optional[int] = ...) -> Tensor:
     ...
 
 
 @overload
 def grouped_attention(q: Tensor, k: Tensor, v: Union[Tuple[Tensor, ...], List[Tensor]],
                       query_set: Tensor, kv_set: Tensor, num_sets: int, dropout: float = ...,
-                      training: bool = ..., path: str = ...) -> Tuple[Tensor, ...]:
+                      training: bool = ..., path: str = ...,
+                      chunk: Optional[int] = ...) -> Tuple[Tensor, ...]:
     ...
 
 
 def grouped_attention(q: Tensor, k: Tensor, v: Union[Tensor, Sequence[Tensor]], query_set: Tensor,
                       kv_set: Tensor, num_sets: int, dropout: float = 0.0,
-                      training: bool = False,
-                      path: str = 'auto') -> Union[Tensor, Tuple[Tensor, ...]]:
+                      training: bool = False, path: str = 'auto',
+                      chunk: Optional[int] = None) -> Union[Tensor, Tuple[Tensor, ...]]:
     r"""Multi-head attention from each query to the keys/values of its own set.
 
     .. math::
@@ -180,9 +181,17 @@ def grouped_attention(q: Tensor, k: Tensor, v: Union[Tensor, Sequence[Tensor]], 
         training (bool): Whether dropout is active (default: :obj:`False`).
         path (str): :obj:`'dense'` (bucketed), :obj:`'scatter'`, or :obj:`'auto'` (dense)
             (default: :obj:`'auto'`).
+        chunk (int, optional): If set (a divisor :math:`c` of every value width), each output is
+            returned as :math:`(N_q, w / c, H, c)`: every head's row cut into pieces of
+            :math:`c` features, the heads interleaved piece by piece, in the same copy that
+            brings the outputs into query order. With :math:`c = d_k` and values
+            :math:`[v^c \,|\, V^g]` this is the token layout :math:`(1 + n_g, H d_k)` of a
+            zonotope's center and generators (no second, transposing copy).
+            (default: :obj:`None`, the :math:`(N_q, H, w)` layout)
 
     Shapes:
-        - **output:** :math:`(N_q, H, w)` (a tuple of :math:`(N_q, H, w_i)` for a tuple of values)
+        - **output:** :math:`(N_q, H, w)` (a tuple of :math:`(N_q, H, w_i)` for a tuple of
+          values), or :math:`(N_q, w / c, H, c)` with :obj:`chunk`
     """
     check_choice('attention path', path, PATHS)
     several = isinstance(v, (tuple, list))
@@ -195,9 +204,28 @@ def grouped_attention(q: Tensor, k: Tensor, v: Union[Tensor, Sequence[Tensor]], 
                              f"{[tuple(x.shape) for x in values] if several else tuple(vi.shape)})")
     if not values:
         raise ValueError("Expected at least one value tensor")
+    if chunk is not None and (chunk <= 0 or any(vi.size(-1) % chunk for vi in values)):
+        raise ValueError(f"'chunk' must divide every value width (got {chunk} for widths "
+                         f"{[vi.size(-1) for vi in values]})")
     fn = _attention_scatter if path == 'scatter' else _attention_dense
-    outs = fn(q, k, values, query_set, kv_set, num_sets, dropout, training)
+    outs = fn(q, k, values, query_set, kv_set, num_sets, dropout, training, chunk)
     return tuple(outs) if several else outs[0]
+
+
+def _to_rows(out: Tensor, chunk: Optional[int]) -> Tensor:
+    r"""Per-set outputs :math:`(n, H, L_q, w)` as query rows: :math:`(n L_q, H, w)`, or
+    :math:`(n L_q, w / c, H, c)` with :obj:`chunk` :math:`c` (one copy either way)."""
+    n, H, Lq, w = out.shape
+    if chunk is None:
+        return out.transpose(1, 2).reshape(n * Lq, H, w)
+    return out.view(n, H, Lq, w // chunk, chunk).permute(0, 2, 3, 1, 4).reshape(
+        n * Lq, w // chunk, H, chunk)
+
+
+def _zero_rows(v: Tensor, Nq: int, H: int, w: int, dtype: torch.dtype,
+               chunk: Optional[int]) -> Tensor:
+    shape = (Nq, H, w) if chunk is None else (Nq, w // chunk, H, chunk)
+    return v.new_zeros(shape, dtype=dtype)
 
 
 def set_pairs(query_set: Tensor, kv_set: Tensor, num_sets: int) -> Tuple[Tensor, Tensor]:
@@ -302,18 +330,21 @@ class _PairAggregate(torch.autograd.Function):
 
 def _attention_scatter(q: Tensor, k: Tensor, vs: Tuple[Tensor, ...], query_set: Tensor,
                        kv_set: Tensor, num_sets: int, dropout: float,
-                       training: bool) -> List[Tensor]:
+                       training: bool, chunk: Optional[int] = None) -> List[Tensor]:
     Nq, H, _ = q.shape
     out_dtype = torch.promote_types(q.dtype, vs[0].dtype)
     iq, jk = set_pairs(query_set, kv_set, num_sets)  # (P,), (P,)
     if iq.numel() == 0:
-        return [v.new_zeros(Nq, H, v.size(-1), dtype=out_dtype) for v in vs]
+        return [_zero_rows(v, Nq, H, v.size(-1), out_dtype, chunk) for v in vs]
     logits = _PairDot.apply(q, k.to(q.dtype), iq, jk)  # (P, H)
     alpha = segment_softmax(logits, iq, num_nodes=Nq)  # (P, H)
     if dropout > 0 and training:
         alpha = F.dropout(alpha, p=dropout, training=True)
     alpha = alpha.to(out_dtype)
-    return [_PairAggregate.apply(alpha, v.to(out_dtype), iq, jk, Nq) for v in vs]
+    outs = [_PairAggregate.apply(alpha, v.to(out_dtype), iq, jk, Nq) for v in vs]  # (Nq, H, w)
+    if chunk is None:
+        return outs
+    return [o.view(Nq, H, -1, chunk).transpose(1, 2).contiguous() for o in outs]
 
 
 # Wide values (w = g d_k, e.g. an MZ token with its generators) keep PyTorch's fused ("flash")
@@ -387,7 +418,7 @@ def _attend_per_head(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], p:
 
 def _attention_dense(q: Tensor, k: Tensor, vs: Tuple[Tensor, ...], query_set: Tensor,
                      kv_set: Tensor, num_sets: int, dropout: float,
-                     training: bool) -> List[Tensor]:
+                     training: bool, chunk: Optional[int] = None) -> List[Tensor]:
     Nq, H, dk = q.shape
     Nk = k.size(0)
     ws = [v.size(-1) for v in vs]
@@ -408,12 +439,12 @@ def _attention_dense(q: Tensor, k: Tensor, vs: Tuple[Tensor, ...], query_set: Te
                 v.view(num_sets, nk0, H, w).transpose(1, 2)).to(out_dtype)
                for v, w in zip(vs, ws)]  # (B, nk, w) or (B, H, nk, w)
         exact = _attend(qd, kd, vds, None, p)  # (B, H, nq, w) each
-        return [out.transpose(1, 2).reshape(Nq, H, w) for out, w in zip(exact, ws)]
+        return [_to_rows(out, chunk) for out in exact]
 
     active = (counts_q > 0) & (counts_k > 0)  # (B,)
     sets_active = torch.nonzero(active).view(-1)  # (B',)
     if sets_active.numel() == 0:
-        return [v.new_zeros(Nq, H, w, dtype=out_dtype) for v, w in zip(vs, ws)]
+        return [_zero_rows(v, Nq, H, w, out_dtype, chunk) for v, w in zip(vs, ws)]
     keys = torch.stack([_bucket_size(counts_q), _bucket_size(counts_k)], dim=1)[active]
     sizes = torch.stack([counts_q, counts_k], dim=1)[active]  # (B', 2) exact sizes
     buckets, bucket_of = _merge_buckets(keys, sizes, pair_cost=H * (dk + sum(ws)))
@@ -462,12 +493,12 @@ def _attention_dense(q: Tensor, k: Tensor, vs: Tuple[Tensor, ...], query_set: Te
         vds = [vb.view(nb_b, pk_b, w) if shared else vb.view(nb_b, pk_b, H, w).transpose(1, 2)
                for vb, w in zip(vb_split[b], ws)]  # (n, pk, w) or (n, H, pk, w)
         mask = mb.view(nb_b, 1, 1, pk_b)  # (n, 1, 1, pk)
-        for i, (od, w) in enumerate(zip(_attend(qd, kd, vds, mask, p), ws)):  # (n, H, pq, w)
-            outs[i].append(od.transpose(1, 2).reshape(nb_b * pq_b, H, w))
+        for i, od in enumerate(_attend(qd, kd, vds, mask, p)):  # (n, H, pq, w)
+            outs[i].append(_to_rows(od, chunk))
     results = []
     for out, w in zip(outs, ws):
-        vals = torch.cat(out, 0)[q_pos] if len(out) > 1 else out[0][q_pos]  # (Nq', H, w)
+        vals = torch.cat(out, 0)[q_pos] if len(out) > 1 else out[0][q_pos]  # (Nq', ...)
         if q_rows.numel() != Nq:  # some queries have no keys: zero rows for them
-            vals = vals.new_zeros(Nq, H, w).index_copy(0, q_rows, vals)
+            vals = _zero_rows(vals, Nq, H, w, vals.dtype, chunk).index_copy(0, q_rows, vals)
         results.append(vals)
     return results
