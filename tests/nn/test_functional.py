@@ -297,3 +297,39 @@ def test_chunked_layout_is_a_permutation_of_the_rows(path, q_sizes, k_sizes, shu
             torch.testing.assert_close(a, b)
     with pytest.raises(ValueError, match="'chunk' must divide"):
         grouped_attention(q, k, v, query_set, kv_set, B, path=path, chunk=4)
+
+
+def test_dense_layout_is_reused_only_for_the_same_unchanged_set_ids(monkeypatch):
+    r"""Blocks attending over the same set-id tensors share one layout; a changed (in place) or
+    another tensor gets its own, and a freed tensor's entry is dropped; results equal those
+    computed without the cache."""
+    import gc
+    calls = []
+    compute = functional._compute_dense_layout
+    monkeypatch.setattr(functional, '_compute_dense_layout',
+                        lambda *a: calls.append(1) or compute(*a))
+    monkeypatch.setattr(functional, '_layout_cache', type(functional._layout_cache)())
+    q, k, v, query_set, kv_set = _random_problem([3, 0, 5, 2], [4, 2, 0, 6], seed=7)
+    first = grouped_attention(q, k, v, query_set, kv_set, 4)
+    again = grouped_attention(q, k, v, query_set, kv_set, 4)
+    assert len(calls) == 1 and torch.equal(first, again)
+    torch.testing.assert_close(first, _reference(q, k, v, query_set, kv_set))
+    # the same ids in another tensor: a new layout, the same numbers
+    other = grouped_attention(q, k, v, query_set.clone(), kv_set, 4)
+    assert len(calls) == 2 and torch.equal(first, other)
+    # changed in place: recomputed, and right for the new sets
+    query_set[:2] = 3
+    changed = grouped_attention(q, k, v, query_set, kv_set, 4)
+    assert len(calls) == 3
+    torch.testing.assert_close(changed, _reference(q, k, v, query_set, kv_set))
+    # without the cache: the same numbers
+    monkeypatch.setattr(functional, 'LAYOUT_CACHE_SIZE', 0)
+    assert torch.equal(grouped_attention(q, k, v, query_set, kv_set, 4), changed)
+    # an entry goes when its set ids are freed
+    monkeypatch.setattr(functional, 'LAYOUT_CACHE_SIZE', 4)
+    ids = query_set.clone()
+    grouped_attention(q, k, v, ids, kv_set, 4)
+    n = len(functional._layout_cache)
+    del ids
+    gc.collect()
+    assert len(functional._layout_cache) == n - 1

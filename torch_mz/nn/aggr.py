@@ -9,7 +9,7 @@ from torch_geometric.nn.aggr import Aggregation
 
 from torch_mz.nn.attention import SUMMARIES, VALUE_OPERATORS
 from torch_mz.nn.blocks import ISAB, PMA, SAB
-from torch_mz.nn.functional import PATHS, check_choice, set_counts
+from torch_mz.nn.functional import PATHS, check_choice, repeat_per_set, set_counts
 from torch_mz.nn.zonotope import InputProjection, Zonotope
 
 READOUTS = ('ihw', 'signed')
@@ -366,7 +366,7 @@ class MZAggregation(Aggregation):
         for block in self.encoders:
             z = self._run(block, z, set_id, num_sets)  # (N, d), (N, n_g, d)
         z = self._run(self.pma, z, set_id, num_sets)  # (B * k, d), (B * k, n_g, d)
-        pooled_set = torch.arange(num_sets, device=x.device).repeat_interleave(self.num_seeds)
+        pooled_set = repeat_per_set(num_sets, self.num_seeds, x.device)  # the seeds' set ids
         for block in self.decoders:
             z = self._run(block, z, pooled_set, num_sets)  # (B * k, d), (B * k, n_g, d)
         return z

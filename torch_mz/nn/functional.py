@@ -18,7 +18,9 @@ same result:
 
 No Python loop runs over individual sets: the only loop is over the (few) size buckets.
 """
-from typing import List, Optional, Sequence, Tuple, Union, overload
+import weakref
+from collections import OrderedDict
+from typing import Any, List, NamedTuple, Optional, Sequence, Tuple, Union, overload
 
 import torch
 import torch.nn.functional as F
@@ -40,9 +42,28 @@ def set_counts(set_id: Tensor, num_sets: int) -> Tensor:
     return torch.bincount(set_id, minlength=num_sets)
 
 
+_repeat_cache: 'OrderedDict[tuple, Tensor]' = OrderedDict()
+
+
 def repeat_per_set(num_sets: int, k: int, device: torch.device) -> Tensor:
-    r"""Set ids of :obj:`k` tokens per set: :obj:`[0]*k + [1]*k + ...`, shape :obj:`(num_sets*k,)`."""
-    return torch.arange(num_sets, device=device).repeat_interleave(k)
+    r"""Set ids of :obj:`k` tokens per set: :obj:`[0]*k + [1]*k + ...`, shape :obj:`(num_sets*k,)`.
+
+    The same tensor is returned again for the same arguments (the last few are kept, unless it
+    was changed in place), so that every block of a model that attends over learned tokens
+    (inducing points, seeds) passes the same set ids and shares one attention layout (see
+    :func:`grouped_attention`). Do not modify it in place."""
+    if torch.compiler.is_compiling():
+        return torch.arange(num_sets, device=device).repeat_interleave(k)
+    key = (num_sets, k, str(device))
+    ids = _repeat_cache.get(key)
+    if ids is None or ids._version != 0:
+        ids = torch.arange(num_sets, device=device).repeat_interleave(k)
+        _repeat_cache[key] = ids
+        while len(_repeat_cache) > 8:
+            _repeat_cache.popitem(last=False)
+    else:
+        _repeat_cache.move_to_end(key)
+    return ids
 
 
 def set_mean(x: Tensor, set_id: Tensor, num_sets: int) -> Tensor:
@@ -416,38 +437,44 @@ def _attend_per_head(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], p:
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
 
 
-def _attention_dense(q: Tensor, k: Tensor, vs: Tuple[Tensor, ...], query_set: Tensor,
-                     kv_set: Tensor, num_sets: int, dropout: float,
-                     training: bool, chunk: Optional[int] = None) -> List[Tensor]:
-    Nq, H, dk = q.shape
-    Nk = k.size(0)
-    ws = [v.size(-1) for v in vs]
-    shared = vs[0].dim() == 2
-    device = q.device
-    p = dropout if training else 0.0
-    out_dtype = torch.promote_types(q.dtype, vs[0].dtype)
+class _DenseLayout(NamedTuple):
+    r"""Where every query and key row goes in the padded blocks of :func:`_attention_dense`: a
+    function of the set ids alone (and of the bucket-merge cost), so blocks that attend over the
+    same sets share it (:func:`_dense_layout`)."""
+    uniform: bool  # sorted rows, all sets of one size: a reshape, no gather
+    nq0: int
+    nk0: int
+    empty: bool  # no set has both queries and keys
+    q_rows: Tensor  # (Nq',) queries whose set has keys
+    q_pos: Tensor  # (Nq',) their row in the flat padded query buffer
+    k_rows: Tensor  # (Nk',)
+    k_pos: Tensor  # (Nk',)
+    tot_q: int
+    tot_k: int
+    key_mask: Tensor  # (tot_k,), True = a real key
+    blocks: List[Tuple[int, int, int]]  # per bucket: (sets, padded queries, padded keys)
+
+
+def _compute_dense_layout(query_set: Tensor, kv_set: Tensor, num_sets: int,
+                          pair_cost: int) -> _DenseLayout:
+    device = query_set.device
+    empty_long = torch.empty(0, dtype=torch.long, device=device)
+    empty_bool = torch.empty(0, dtype=torch.bool, device=device)
     perm_q, counts_q, _, local_q = _sorted_layout(query_set, num_sets)
     perm_k, counts_k, _, local_k = _sorted_layout(kv_set, num_sets)
-
-    # Exact dense path: rows sorted by set and all sets of one size -> a reshape, no gather.
     nq0, nk0 = (int(counts_q[0]), int(counts_k[0])) if num_sets > 0 else (0, 0)
     if (num_sets > 0 and nq0 > 0 and nk0 > 0 and perm_q is None and perm_k is None
             and bool((counts_q == nq0).all()) and bool((counts_k == nk0).all())):
-        qd = q.view(num_sets, nq0, H, dk).transpose(1, 2)  # (B, H, nq, dk)
-        kd = k.view(num_sets, nk0, H, dk).transpose(1, 2)  # (B, H, nk, dk)
-        vds = [(v.view(num_sets, nk0, w) if shared else
-                v.view(num_sets, nk0, H, w).transpose(1, 2)).to(out_dtype)
-               for v, w in zip(vs, ws)]  # (B, nk, w) or (B, H, nk, w)
-        exact = _attend(qd, kd, vds, None, p)  # (B, H, nq, w) each
-        return [_to_rows(out, chunk) for out in exact]
-
+        return _DenseLayout(True, nq0, nk0, False, empty_long, empty_long, empty_long,
+                            empty_long, 0, 0, empty_bool, [])
     active = (counts_q > 0) & (counts_k > 0)  # (B,)
     sets_active = torch.nonzero(active).view(-1)  # (B',)
     if sets_active.numel() == 0:
-        return [_zero_rows(v, Nq, H, w, out_dtype, chunk) for v, w in zip(vs, ws)]
+        return _DenseLayout(False, 0, 0, True, empty_long, empty_long, empty_long, empty_long,
+                            0, 0, empty_bool, [])
     keys = torch.stack([_bucket_size(counts_q), _bucket_size(counts_k)], dim=1)[active]
     sizes = torch.stack([counts_q, counts_k], dim=1)[active]  # (B', 2) exact sizes
-    buckets, bucket_of = _merge_buckets(keys, sizes, pair_cost=H * (dk + sum(ws)))
+    buckets, bucket_of = _merge_buckets(keys, sizes, pair_cost=pair_cost)
     nb = torch.bincount(bucket_of, minlength=buckets.size(0))  # (U,) sets per bucket
     pq, pk = buckets[:, 0], buckets[:, 1]  # (U,)
     # every bucket is a block of nb * pq query rows (nb * pk key rows) in one flat buffer
@@ -471,23 +498,85 @@ def _attention_dense(q: Tensor, k: Tensor, vs: Tuple[Tensor, ...], query_set: Te
     k_rows = torch.nonzero(set_bucket[kv_set] >= 0).view(-1)  # (Nk',)
     k_pos = set_start_k[kv_set[k_rows]] + local_k[k_rows]  # (Nk',)
     tot_q, tot_k = int((nb * pq).sum()), int((nb * pk).sum())
-    qbuf = q.new_zeros(tot_q, H, dk).index_copy(0, q_pos, q[q_rows])  # (tot_q, H, dk)
-    kbuf = k.new_zeros(tot_k, H, dk).index_copy(0, k_pos, k[k_rows])  # (tot_k, H, dk)
+    key_mask = torch.zeros(tot_k, dtype=torch.bool, device=device)
+    key_mask[k_pos] = True  # (tot_k,), True = a real key
+    blocks = list(zip(nb.tolist(), pq.tolist(), pk.tolist()))
+    return _DenseLayout(False, 0, 0, False, q_rows, q_pos, k_rows, k_pos, tot_q, tot_k, key_mask,
+                        blocks)
+
+
+# The layouts of the last few (query_set, kv_set) pairs: the blocks of a model attend over the
+# same sets again and again in one forward pass (every SAB of a Set Transformer, the SAB, PMA and
+# SAB of a neighbourhood aggregation), and finding the layout (sorting, bucketing, a dozen small
+# operations and host synchronisations) costs as much as a small block's attention. An entry is
+# used only for the very same set-id tensors (weak references, so no entry keeps them alive, and
+# an entry is dropped when either of them is freed), unchanged since (their version counters) and
+# the same merge settings.
+LAYOUT_CACHE_SIZE = 4
+_layout_cache: 'OrderedDict[tuple, Tuple[Any, Any, _DenseLayout]]' = OrderedDict()
+
+
+def _dense_layout(query_set: Tensor, kv_set: Tensor, num_sets: int,
+                  pair_cost: int) -> _DenseLayout:
+    if LAYOUT_CACHE_SIZE <= 0 or torch.compiler.is_compiling():
+        return _compute_dense_layout(query_set, kv_set, num_sets, pair_cost)
+    key = (id(query_set), id(kv_set), query_set._version, kv_set._version, num_sets,
+           pair_cost, MERGE_RATIO, MERGE_OVERHEAD)
+    hit = _layout_cache.get(key)
+    if hit is not None and hit[0]() is query_set and hit[1]() is kv_set:
+        _layout_cache.move_to_end(key)
+        return hit[2]
+    layout = _compute_dense_layout(query_set, kv_set, num_sets, pair_cost)
+
+    def drop(_ref, key=key):
+        _layout_cache.pop(key, None)
+
+    _layout_cache[key] = (weakref.ref(query_set, drop), weakref.ref(kv_set, drop), layout)
+    while len(_layout_cache) > LAYOUT_CACHE_SIZE:
+        _layout_cache.popitem(last=False)
+    return layout
+
+
+def _attention_dense(q: Tensor, k: Tensor, vs: Tuple[Tensor, ...], query_set: Tensor,
+                     kv_set: Tensor, num_sets: int, dropout: float,
+                     training: bool, chunk: Optional[int] = None) -> List[Tensor]:
+    Nq, H, dk = q.shape
+    ws = [v.size(-1) for v in vs]
+    shared = vs[0].dim() == 2
+    p = dropout if training else 0.0
+    out_dtype = torch.promote_types(q.dtype, vs[0].dtype)
+    lay = _dense_layout(query_set, kv_set, num_sets, H * (dk + sum(ws)))
+
+    # Exact dense path: rows sorted by set and all sets of one size -> a reshape, no gather.
+    if lay.uniform:
+        nq0, nk0 = lay.nq0, lay.nk0
+        qd = q.view(num_sets, nq0, H, dk).transpose(1, 2)  # (B, H, nq, dk)
+        kd = k.view(num_sets, nk0, H, dk).transpose(1, 2)  # (B, H, nk, dk)
+        vds = [(v.view(num_sets, nk0, w) if shared else
+                v.view(num_sets, nk0, H, w).transpose(1, 2)).to(out_dtype)
+               for v, w in zip(vs, ws)]  # (B, nk, w) or (B, H, nk, w)
+        exact = _attend(qd, kd, vds, None, p)  # (B, H, nq, w) each
+        return [_to_rows(out, chunk) for out in exact]
+    if lay.empty:
+        return [_zero_rows(v, Nq, H, w, out_dtype, chunk) for v, w in zip(vs, ws)]
+
+    q_rows, q_pos, k_rows, k_pos = lay.q_rows, lay.q_pos, lay.k_rows, lay.k_pos
+    qbuf = q.new_zeros(lay.tot_q, H, dk).index_copy(0, q_pos, q[q_rows])  # (tot_q, H, dk)
+    kbuf = k.new_zeros(lay.tot_k, H, dk).index_copy(0, k_pos, k[k_rows])  # (tot_k, H, dk)
     vbufs = []
     for v in vs:
         vsrc = v[k_rows].to(out_dtype)
-        vbufs.append(vsrc.new_zeros((tot_k, ) + tuple(v.shape[1:])).index_copy(0, k_pos, vsrc))
-    mbuf = torch.zeros(tot_k, dtype=torch.bool, device=device)
-    mbuf[k_pos] = True  # (tot_k,), True = a real key
+        vbufs.append(vsrc.new_zeros((lay.tot_k, ) + tuple(v.shape[1:])).index_copy(0, k_pos,
+                                                                                   vsrc))
 
     # split (not slicing): autograd joins the pieces' gradients with one concatenation instead
     # of a full-size zero tensor per bucket
-    q_sizes, k_sizes = (nb * pq).tolist(), (nb * pk).tolist()
+    q_sizes = [nb_b * pq_b for nb_b, pq_b, _ in lay.blocks]
+    k_sizes = [nb_b * pk_b for nb_b, _, pk_b in lay.blocks]
     vb_split = list(zip(*[vbuf.split(k_sizes) for vbuf in vbufs]))  # per bucket, per value
     outs: List[List[Tensor]] = [[] for _ in vs]  # per value, per bucket
-    for b, (nb_b, pq_b, pk_b, qb, kb, mb) in enumerate(zip(
-            nb.tolist(), pq.tolist(), pk.tolist(), qbuf.split(q_sizes), kbuf.split(k_sizes),
-            mbuf.split(k_sizes))):
+    for b, ((nb_b, pq_b, pk_b), qb, kb, mb) in enumerate(zip(
+            lay.blocks, qbuf.split(q_sizes), kbuf.split(k_sizes), lay.key_mask.split(k_sizes))):
         qd = qb.view(nb_b, pq_b, H, dk).transpose(1, 2)  # (n, H, pq, dk)
         kd = kb.view(nb_b, pk_b, H, dk).transpose(1, 2)  # (n, H, pk, dk)
         vds = [vb.view(nb_b, pk_b, w) if shared else vb.view(nb_b, pk_b, H, w).transpose(1, 2)
