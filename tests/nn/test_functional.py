@@ -333,3 +333,32 @@ def test_dense_layout_is_reused_only_for_the_same_unchanged_set_ids(monkeypatch)
     del ids
     gc.collect()
     assert len(functional._layout_cache) == n - 1
+
+
+def test_dense_layout_sees_writes_that_leave_the_version_alone():
+    r"""Set ids refilled through ``.data`` (or a NumPy array sharing their memory) keep their
+    version counter; the layout is still the one of the new ids."""
+    q, k, v, query_set, kv_set = _random_problem([3, 4, 5], [4, 2, 6], seed=9)
+    grouped_attention(q, k, v, query_set, kv_set, 3)
+    query_set.data[:3] = 2 - query_set.data[:3]  # a write autograd does not count
+    torch.testing.assert_close(grouped_attention(q, k, v, query_set, kv_set, 3),
+                               _reference(q, k, v, query_set, kv_set))
+
+
+def test_caches_stay_out_of_inference_mode():
+    r"""Under :func:`torch.inference_mode` nothing is cached (its tensors have no version counter
+    and must not reach later calls), and later calls with gradients still work."""
+    from torch_mz.nn import MZAggregation
+    from torch_mz.nn.functional import repeat_per_set
+    aggr = MZAggregation(3, 2, dim=8)
+    x, index = torch.randn(5, 3), torch.tensor([0, 0, 1, 1, 1])
+    with torch.inference_mode():
+        ids = repeat_per_set(2, 3, torch.device('cpu'))
+        assert torch.equal(repeat_per_set(2, 3, torch.device('cpu')), ids)
+        out = aggr(x, index)
+        q, k, v, query_set, kv_set = _random_problem([3, 4], [4, 2], seed=1)
+        grouped_attention(q, k, v, query_set, kv_set, 2)
+    again = aggr(x, index)
+    again.sum().backward()
+    torch.testing.assert_close(again.detach(), out)
+    assert not repeat_per_set(2, 3, torch.device('cpu')).is_inference()

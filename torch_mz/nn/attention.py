@@ -336,9 +336,13 @@ class MZAttention(Module):
         mc = torch.einsum('nhd,hled->nlhe', c_hat, self.matrix_gens.to(c_hat.dtype))
         mc = mc.reshape(Nq, L, H * dk)  # (Nq, L, d): M_l c_hat, heads concatenated
         coef = self.mix.to(c_hat.dtype) * gamma.unsqueeze(1)  # (Nq, ng, L)
-        # (Nq, ng, d): a view when g_agg is a view of the token layout, a copy otherwise
-        g_tok = g_agg.transpose(1, 2).reshape(Nq, ng, H * dk)
-        return torch.baddbmm(g_tok, coef, mc)  # a fresh tensor (never a view)
+        g_t = g_agg.transpose(1, 2)  # (Nq, ng, H, dk)
+        if g_t.stride(2) == dk * g_t.stride(3):  # a view of the token layout (values before)
+            # out of place: reads the view once and writes a fresh tensor (never a view)
+            return torch.baddbmm(g_t.reshape(Nq, ng, H * dk), coef, mc)
+        out_g = g_agg.new_empty(Nq, ng, H * dk)  # (Nq, ng, d), one copy into the layout
+        out_g.view(Nq, ng, H, dk).copy_(g_t)
+        return out_g.baddbmm_(coef, mc)
 
     def _context(self, out_c: Tensor, out_g: Tensor, c_hat: Tensor, g_hat: Optional[Tensor],
                  mu: Tensor, query_set: Tensor) -> Tuple[Tensor, Tensor]:

@@ -18,6 +18,7 @@ same result:
 
 No Python loop runs over individual sets: the only loop is over the (few) size buckets.
 """
+import threading
 import weakref
 from collections import OrderedDict
 from typing import Any, List, NamedTuple, Optional, Sequence, Tuple, Union, overload
@@ -43,26 +44,37 @@ def set_counts(set_id: Tensor, num_sets: int) -> Tensor:
 
 
 _repeat_cache: 'OrderedDict[tuple, Tensor]' = OrderedDict()
+_cache_lock = threading.RLock()  # re-entrant: a weakref callback may run while it is held
+
+
+def _caching() -> bool:
+    r"""Whether the small caches of this module may be used: not while compiling (dynamo traces
+    plain tensor code) and not in :func:`torch.inference_mode` (its tensors must not outlive
+    it in a cache, and they have no version counter)."""
+    return not (torch.compiler.is_compiling() or torch.is_inference_mode_enabled())
 
 
 def repeat_per_set(num_sets: int, k: int, device: torch.device) -> Tensor:
     r"""Set ids of :obj:`k` tokens per set: :obj:`[0]*k + [1]*k + ...`, shape :obj:`(num_sets*k,)`.
 
     The same tensor is returned again for the same arguments (the last few are kept, unless it
-    was changed in place), so that every block of a model that attends over learned tokens
-    (inducing points, seeds) passes the same set ids and shares one attention layout (see
+    was changed), so that every block of a model that attends over learned tokens (inducing
+    points, seeds) passes the same set ids and shares one attention layout (see
     :func:`grouped_attention`). Do not modify it in place."""
-    if torch.compiler.is_compiling():
+    device = torch.device(device)
+    if not _caching() or (device.type != 'cpu' and device.index is None):
         return torch.arange(num_sets, device=device).repeat_interleave(k)
-    key = (num_sets, k, str(device))
-    ids = _repeat_cache.get(key)
-    if ids is None or ids._version != 0:
-        ids = torch.arange(num_sets, device=device).repeat_interleave(k)
+    key = (num_sets, k, device)
+    with _cache_lock:
+        ids = _repeat_cache.get(key)
+        if ids is not None and ids._version == 0:
+            _repeat_cache.move_to_end(key)
+            return ids
+    ids = torch.arange(num_sets, device=device).repeat_interleave(k)
+    with _cache_lock:
         _repeat_cache[key] = ids
         while len(_repeat_cache) > 8:
             _repeat_cache.popitem(last=False)
-    else:
-        _repeat_cache.move_to_end(key)
     return ids
 
 
@@ -225,7 +237,8 @@ def grouped_attention(q: Tensor, k: Tensor, v: Union[Tensor, Sequence[Tensor]], 
                              f"{[tuple(x.shape) for x in values] if several else tuple(vi.shape)})")
     if not values:
         raise ValueError("Expected at least one value tensor")
-    if chunk is not None and (chunk <= 0 or any(vi.size(-1) % chunk for vi in values)):
+    if chunk is not None and (not isinstance(chunk, int) or isinstance(chunk, bool) or chunk <= 0
+                              or any(vi.size(-1) % chunk for vi in values)):
         raise ValueError(f"'chunk' must divide every value width (got {chunk} for widths "
                          f"{[vi.size(-1) for vi in values]})")
     fn = _attention_scatter if path == 'scatter' else _attention_dense
@@ -510,30 +523,40 @@ def _compute_dense_layout(query_set: Tensor, kv_set: Tensor, num_sets: int,
 # SAB of a neighbourhood aggregation), and finding the layout (sorting, bucketing, a dozen small
 # operations and host synchronisations) costs as much as a small block's attention. An entry is
 # used only for the very same set-id tensors (weak references, so no entry keeps them alive, and
-# an entry is dropped when either of them is freed), unchanged since (their version counters) and
-# the same merge settings.
+# an entry is dropped when either of them is freed) whose values are still those the layout was
+# computed from (compared with a copy: writes that leave the version counter alone, through
+# `.data` or a NumPy array sharing the memory, are caught too), with the same merge settings.
 LAYOUT_CACHE_SIZE = 4
-_layout_cache: 'OrderedDict[tuple, Tuple[Any, Any, _DenseLayout]]' = OrderedDict()
+_layout_cache: 'OrderedDict[tuple, Tuple[Any, Any, Tensor, Tensor, _DenseLayout]]' = \
+    OrderedDict()
 
 
 def _dense_layout(query_set: Tensor, kv_set: Tensor, num_sets: int,
                   pair_cost: int) -> _DenseLayout:
-    if LAYOUT_CACHE_SIZE <= 0 or torch.compiler.is_compiling():
+    if (LAYOUT_CACHE_SIZE <= 0 or not _caching() or query_set.is_inference()
+            or kv_set.is_inference()):
         return _compute_dense_layout(query_set, kv_set, num_sets, pair_cost)
-    key = (id(query_set), id(kv_set), query_set._version, kv_set._version, num_sets,
-           pair_cost, MERGE_RATIO, MERGE_OVERHEAD)
-    hit = _layout_cache.get(key)
-    if hit is not None and hit[0]() is query_set and hit[1]() is kv_set:
-        _layout_cache.move_to_end(key)
-        return hit[2]
+    key = (id(query_set), id(kv_set), num_sets, pair_cost, MERGE_RATIO, MERGE_OVERHEAD)
+    with _cache_lock:
+        hit = _layout_cache.get(key)
+    if (hit is not None and hit[0]() is query_set and hit[1]() is kv_set
+            and torch.equal(hit[2], query_set) and torch.equal(hit[3], kv_set)):
+        with _cache_lock:
+            if key in _layout_cache:
+                _layout_cache.move_to_end(key)
+        return hit[4]
     layout = _compute_dense_layout(query_set, kv_set, num_sets, pair_cost)
 
     def drop(_ref, key=key):
-        _layout_cache.pop(key, None)
+        with _cache_lock:
+            _layout_cache.pop(key, None)
 
-    _layout_cache[key] = (weakref.ref(query_set, drop), weakref.ref(kv_set, drop), layout)
-    while len(_layout_cache) > LAYOUT_CACHE_SIZE:
-        _layout_cache.popitem(last=False)
+    entry = (weakref.ref(query_set, drop), weakref.ref(kv_set, drop), query_set.clone(),
+             kv_set.clone(), layout)
+    with _cache_lock:
+        _layout_cache[key] = entry
+        while len(_layout_cache) > LAYOUT_CACHE_SIZE:
+            _layout_cache.popitem(last=False)
     return layout
 
 

@@ -79,8 +79,6 @@ class Zonotope:
                 f'num_generators={self.num_generators})')
 
 
-# Token width and generator count from which the LayerNorm-Jacobian function batches its
-# reductions as matrix products.
 def _feature_means(t: Tensor, c_hat: Tensor):
     r"""The feature means of :obj:`t` :math:`(N, n_g, d)` and of :math:`\hat{c} \odot t`, each
     :math:`(N, n_g)`."""
@@ -124,7 +122,7 @@ class _LayerNormJacobian(torch.autograd.Function):
     :math:`d \ge 32`; on the AMD EPYC host of 2026-12-01 those were 1.3-2.0x slower forward +
     backward in every measured shape, (32768, 2-16, 64) and (10^5, 4-8, 16-32).)
     :func:`zonotope_layer_norm_reference` is the autograd reference; the tests check values and
-    gradients of both modes against it in float64.
+    gradients (first and second order) against it in float64.
     """
     @staticmethod
     def forward(ctx, c: Tensor, g: Tensor, weight: Optional[Tensor], eps: float) -> Tensor:
