@@ -13,8 +13,8 @@ against MC-Dropout and a 5-model deep ensemble of it, on quadratic TDOF L = 8) a
 Budgets: ``quick`` is a smoke run of the commands (128 sets, 2 epochs; not evidence);
 ``converged`` is the CPU budget (the paper's 5,000 / 1,000 / 2,000 sets, up to 200 epochs with
 early stopping at patience 20, 2 seeds, every model swept alike over lr in {1e-3, 3e-4} x AdamW
-wd in {1e-5, 0.1} on one cell per task, and one step beyond the grid (lr x 3 or / 3, wd x 3)
-where a model's best point lies on its edge); ``paper`` follows the paper's protocol (lr 1e-4, wd 1e-5,
+wd in {1e-5, 0.1} on one cell per task, then steps beyond the grid (lr x 3 or / 3, wd x 3)
+while a model's best point lies on the edge of the points tried, up to 3 rounds); ``paper`` follows the paper's protocol (lr 1e-4, wd 1e-5,
 its seed counts, QM9 on 50K molecules), for a GPU. The verdict rule is written in
 ``summary.md`` (see :data:`torch_mz.reproduce.VERDICT_RULE`).
 

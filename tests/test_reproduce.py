@@ -5,6 +5,7 @@ from dataclasses import replace
 
 import pytest
 
+import torch_mz.reproduce as reproduce
 import torch_mz.study.grid as grid
 from torch_mz.reproduce import (BUDGETS, CLAIMS, SWEEP_CELLS, Budget, Claim, Comparison,
                                 Reproduction, load_claims, overhead_records, save_claim,
@@ -78,8 +79,13 @@ def test_sweep_extension_steps_beyond_the_edge_alike_for_every_model(tmp_path, m
     assert sweep_extension(grid, (1e-3, 0.1)) == [(3e-3, 0.1), (1e-3, 0.3)]
     assert sweep_extension(grid, (3e-4, 1e-5)) == [(1e-4, 1e-5)]
     assert sweep_extension(((1e-3, 1e-5), ), (1e-3, 1e-5)) == []  # nothing varies
+    # beyond the points tried so far (not only the first grid)
+    tried = list(grid) + [(3e-3, 0.1), (1e-3, 0.3)]
+    assert sweep_extension(tried, (1e-3, 0.3)) == [(1e-3, 0.9)]
+    assert sweep_extension(tried, (1e-3, 0.1)) == []  # interior now
     # a reproduction with the extension: each model trains the grid, then the points beyond the
-    # edge its best grid point lies on, and takes the lowest validation loss of all
+    # edge its best point lies on, again while the best stays on the edge (at most
+    # SWEEP_MAX_STEPS rounds), and takes the lowest validation loss of all
     calls = _counting(monkeypatch)
     budget = replace(TINY, sweep=((1e-3, 1e-5), (3e-4, 1e-5)), extend_sweep=True)
     repro = Reproduction(budget, str(tmp_path), device='cpu', sweep_cells={'sum': SUM})
@@ -88,11 +94,17 @@ def test_sweep_extension_steps_beyond_the_edge_alike_for_every_model(tmp_path, m
     for model in CLAIM.models:
         runs = {(r['key']['config']['lr'], r['key']['config']['weight_decay']): r['val']['loss']
                 for r in records if r['model'] == model}
-        base = {p: runs[p] for p in budget.sweep}
-        best_base = min(base, key=base.__getitem__)
-        assert set(runs) == set(budget.sweep) | set(sweep_extension(budget.sweep, best_base))
+        # replay the rule on the recorded losses: the same points, round by round
+        points = list(budget.sweep)
+        for _ in range(reproduce.SWEEP_MAX_STEPS):
+            best = min(points, key=runs.__getitem__)
+            extra = [p for p in sweep_extension(points, best) if p not in points]
+            if not extra:
+                break
+            points += extra
+        assert set(runs) == set(points)
         assert chosen[model] == min(runs, key=runs.__getitem__)
-    assert len(calls) == len(records) == 2 * 3  # 2 grid points + 1 step beyond, per model
+    assert len(calls) == len(records)  # every run trained once
     # read back: nothing trained again
     calls.clear()
     again = Reproduction(budget, str(tmp_path), device='cpu', sweep_cells={'sum': SUM})
