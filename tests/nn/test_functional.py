@@ -227,7 +227,7 @@ def test_wide_values_split_into_heads_exactly(monkeypatch, groups):
 
 
 def test_per_head_dropout_is_softmax_dropout_product():
-    # with dropout on the CPU the per-head path writes out softmax -> F.dropout -> product: the
+    # with dropout on the CPU the per-head path writes out softmax -> dropout -> product: the
     # same seed gives exactly that (mask included), and the expected output over many draws is
     # the output without dropout (inverted dropout is unbiased)
     g = torch.Generator().manual_seed(0)
@@ -238,12 +238,43 @@ def test_per_head_dropout_is_softmax_dropout_product():
     out = functional._attend_per_head(q, k, v, mask, 0.3)
     torch.manual_seed(7)
     a = torch.softmax((q @ k.transpose(-1, -2)).masked_fill(~mask, float('-inf')), dim=-1)
-    assert torch.equal(out, torch.nn.functional.dropout(a, p=0.3, training=True) @ v)
+    assert torch.equal(out, functional.dropout(a, 0.3) @ v)
     assert torch.isfinite(out).all()  # padded keys are never attended
     mean = torch.stack([functional._attend_per_head(q, k, v, mask, 0.3)
                         for _ in range(4000)]).mean(0)
     torch.testing.assert_close(mean, functional._attend_per_head(q, k, v, mask, 0.0),
                                atol=0.1, rtol=0.0)
+
+
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float64, torch.bfloat16])
+def test_dropout_keeps_each_entry_with_probability_one_minus_p_and_rescales(dtype):
+    # inverted dropout: entries kept with probability 1 - p (binomial, 6 standard deviations),
+    # kept entries are x / (1 - p) exactly as the mask's rounding gives it, the others zero; the
+    # gradient is the same mask; the same seed draws the same mask
+    p, n = 0.3, 200_000
+    x = (torch.rand(n, dtype=torch.float64) + 0.5).to(dtype).requires_grad_()
+    torch.manual_seed(3)
+    y = functional.dropout(x, p)
+    kept = y != 0
+    frac = kept.double().mean().item()
+    assert abs(frac - (1 - p)) < 6 * (p * (1 - p) / n) ** 0.5
+    scale = torch.ones((), dtype=dtype).div(1 - p)
+    assert torch.equal(y[kept], x.detach()[kept] * scale)
+    g = torch.randn(n, dtype=dtype)
+    y.backward(g)
+    assert torch.equal(x.grad, g * kept.to(dtype) * scale)
+    torch.manual_seed(3)
+    assert torch.equal(functional.dropout(x, p), y)
+    assert y.dtype == dtype
+
+
+def test_dropout_off_and_elsewhere():
+    x = torch.randn(5, 4, requires_grad=True)
+    assert functional.dropout(x, 0.5, training=False) is x
+    assert functional.dropout(x, 0.0) is x
+    assert torch.equal(functional.dropout(x, 1.0), torch.zeros(5, 4))  # as F.dropout
+    torch.autograd.gradcheck(lambda t: (torch.manual_seed(0), functional.dropout(t, 0.4))[1],
+                             (torch.randn(6, 3, dtype=torch.float64, requires_grad=True), ))
 
 
 def test_values_of_a_wrong_shape_are_refused():

@@ -25,7 +25,7 @@ from torch import Tensor
 from torch.nn import LayerNorm, Linear, Module, Parameter
 
 from torch_mz.nn.attention import MZAttention
-from torch_mz.nn.functional import repeat_per_set
+from torch_mz.nn.functional import dropout, repeat_per_set
 from torch_mz.nn.zonotope import Zonotope, zonotope_layer_norm
 
 
@@ -187,7 +187,7 @@ class MAB(Module):
                 num_sets: int) -> Zonotope:
         h = zonotope_layer_norm(query + self.attn(query, key_value, query_set, kv_set, num_sets),
                                 self.norm1)
-        f_c = F.dropout(self.ffn(h.center), p=self.dropout, training=self.training)
+        f_c = dropout(self.ffn(h.center), self.dropout, self.training)
         f_g = self.ffn_gens(h.gens) if self.ffn_gens is not None else h.gens
         f = Zonotope(f_c, f_g)
         return zonotope_layer_norm(h + f, self.norm2)
