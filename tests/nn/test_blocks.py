@@ -5,6 +5,7 @@ from hypothesis import strategies as st
 
 from torch_mz.nn import ISAB, MAB, PMA, SAB, GeneratorFeedForward, Zonotope
 from torch_mz.nn.blocks import FeedForward
+from torch_mz.nn.zonotope import MappedZonotope
 from torch_mz.testing import permute_within_sets
 from tests.nn._sets import make_index
 
@@ -123,6 +124,60 @@ def test_generator_ffn_is_odd_and_pma_maps_generators_with_it():
     out = block(x, index, 1)
     torch.testing.assert_close(out.center, expected.center)
     torch.testing.assert_close(out.gens, expected.gens)
+
+
+@pytest.mark.parametrize('value', ['mz', 'rigid', 'film', 'hypernet'])
+@pytest.mark.parametrize('order', ['before', 'after'])
+@pytest.mark.parametrize('path', ['dense', 'scatter'])
+def test_pma_generator_ffn_last_map_after_the_aggregation_is_exact(value, order, path):
+    # the PMA hands the attention its generator FFN's hidden rows and W_2 (MappedZonotope), and
+    # W_2 joins the value map: the literal order (W_2 on every generator row, then the MAB) gives
+    # the same values and gradients (inputs and every parameter) to float64 rounding, with the
+    # value map before and after the aggregation, a set without elements and dropout off
+    block = _block('pma', value, seed=3, path=path)
+    block.mab.attn.value_order = order
+    index = make_index([5, 0, 3, 1])
+    x = _tokens(index.numel(), 4)
+    for name, p in block.named_parameters():  # non-zero context-dependent parameters
+        if 'gens' in name or p.abs().sum() == 0:
+            with torch.no_grad():
+                p.copy_(torch.randn_like(p) * 0.3)
+
+    def literal(c, g):
+        seeds, seed_set = block.seeds(4, c)
+        kv = Zonotope(block.rff(c), block.rff_gens(g))
+        return block.mab(seeds, kv, seed_set, index, 4)
+
+    c = x.center.clone().requires_grad_()
+    g = x.gens.clone().requires_grad_()
+    params = [p for p in block.parameters()]
+    outs = []
+    for fn in (lambda c, g: block(Zonotope(c, g), index, 4), literal):
+        out = fn(c, g)
+        loss = (out.center.sin().sum() + out.gens.cos().sum())
+        outs.append((out, torch.autograd.grad(loss, [c, g] + params, allow_unused=True)))
+    (fast, fast_grads), (ref, ref_grads) = outs
+    torch.testing.assert_close(fast.center, ref.center, atol=1e-10, rtol=0)
+    torch.testing.assert_close(fast.gens, ref.gens, atol=1e-10, rtol=0)
+    for a, b in zip(fast_grads, ref_grads):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
+
+
+def test_mapped_zonotope_shapes_and_materialize():
+    c, h, w = torch.randn(4, 6), torch.randn(4, 2, 3), torch.randn(6, 3)
+    z = MappedZonotope(c, h, w)
+    assert (z.num_tokens, z.dim, z.num_generators) == (4, 6, 2)
+    m = z.materialize()
+    torch.testing.assert_close(m.gens, torch.einsum('ngh,dh->ngd', h, w))
+    assert m.center is c
+    with pytest.raises(ValueError, match='do not match'):
+        MappedZonotope(c, h, torch.randn(5, 3))
+    with pytest.raises(ValueError, match='do not match'):
+        MappedZonotope(c, torch.randn(3, 2, 3), w)
+    with pytest.raises(ValueError, match='Expected'):
+        MappedZonotope(c, h[0], w)
 
 
 def test_mab_post_norm_structure():

@@ -8,7 +8,7 @@ The value operator is pluggable, so that baselines share the routing code exactl
 * ``'hypernet'``: :math:`(W^{(h)} + U^{(h)}(\mu) V^{(h)}) \hat{c}` with a rank-:math:`r` update.
 """
 import math
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -17,7 +17,7 @@ from torch.nn import Linear, Module, Parameter
 
 from torch_mz.nn.functional import (PATHS, check_choice, grouped_attention, set_counts, set_mean,
                                     set_std)
-from torch_mz.nn.zonotope import Zonotope
+from torch_mz.nn.zonotope import MappedZonotope, Zonotope
 
 VALUE_OPERATORS = ('rigid', 'mz', 'film', 'hypernet')
 SUMMARIES = ('mean', 'mean+std')
@@ -104,8 +104,9 @@ class MZAttention(Module):
 
     Shapes:
         - **input:** queries :class:`Zonotope` :math:`(N_q, d), (N_q, n_g, d)`, keys/values
-          :class:`Zonotope` :math:`(N_k, d), (N_k, n_g, d)`, set ids :math:`(N_q,)` and
-          :math:`(N_k,)`
+          :class:`Zonotope` :math:`(N_k, d), (N_k, n_g, d)` or
+          :class:`~torch_mz.nn.zonotope.MappedZonotope` (generators before a last linear map,
+          which joins the value map), set ids :math:`(N_q,)` and :math:`(N_k,)`
         - **output:** :class:`Zonotope` :math:`(N_q, d), (N_q, n_g, d)`
     """
     def __init__(self, dim: int, heads: int = 4, num_generators: int = 8, value: str = 'mz',
@@ -192,8 +193,8 @@ class MZAttention(Module):
             return mean
         return torch.cat([mean, set_std(center, set_id, num_sets, mean)], dim=-1)  # (B, 2d)
 
-    def forward(self, query: Zonotope, key_value: Zonotope, query_set: Tensor, kv_set: Tensor,
-                num_sets: int) -> Zonotope:
+    def forward(self, query: Zonotope, key_value: Union[Zonotope, MappedZonotope],
+                query_set: Tensor, kv_set: Tensor, num_sets: int) -> Zonotope:
         if query.dim != self.dim or key_value.dim != self.dim:
             raise ValueError(f"Expected tokens of width {self.dim} (got {query.dim} and "
                              f"{key_value.dim})")
@@ -232,8 +233,8 @@ class MZAttention(Module):
         out_g = out_g.permute(0, 2, 1, 3).reshape(Nq, ng, self.dim)  # (Nq, ng, d)
         return Zonotope(out_c, out_g)
 
-    def _aggregate(self, query: Zonotope, key_value: Zonotope, query_set: Tensor,
-                   kv_set: Tensor, num_sets: int) -> Tuple[Tensor, Tensor]:
+    def _aggregate(self, query: Zonotope, key_value: Union[Zonotope, MappedZonotope],
+                   query_set: Tensor, kv_set: Tensor, num_sets: int) -> Tuple[Tensor, Tensor]:
         H, dk, ng, d = self.heads, self.head_dim, self.num_generators, self.dim
         Nq, Nk = query.num_tokens, key_value.num_tokens
         # the score scale 1/sqrt(d_k) is folded into W_Q (a (d, d) product instead of a pass
@@ -250,7 +251,15 @@ class MZAttention(Module):
         # Generators only ever meet M_c W_V (or W_V, for 'hypernet', which needs G_hat itself),
         # so one per-head matrix maps them: (H, dk, d).
         gen_map = w_v if self.value == 'hypernet' else torch.matmul(weight, w_v)
-        gens_kv = key_value.gens.to(q.dtype)  # (Nk, ng, d)
+        if isinstance(key_value, MappedZonotope):
+            # generators H W^T given by their hidden rows H (Nk, ng, h): W joins the map,
+            # (M_c W_V) (W h) = (M_c W_V W) h, a product on the weights
+            gens_kv = key_value.hidden.to(q.dtype)  # (Nk, ng, h)
+            gens_map = torch.matmul(gen_map, key_value.weight.to(q.dtype))  # (H, dk, h)
+        else:
+            gens_kv = key_value.gens.to(q.dtype)  # (Nk, ng, d)
+            gens_map = gen_map
+        w_g = gens_kv.size(-1)  # d, or h
         bias_v = (self.lin_v.bias.to(q.dtype).view(H, dk) if self.lin_v.bias is not None
                   else None)  # (H, dk)
         # Operators whose output center needs only W c_hat (not c_hat itself) fold the per-head
@@ -269,20 +278,20 @@ class MZAttention(Module):
             ones = key_value.center.new_ones(Nk, 1).to(q.dtype)
             raw_c = torch.cat([ones, key_value.center.to(q.dtype)], dim=-1)  # (Nk, 1 + d)
             agg_c, g_raw = grouped_attention(
-                q, k, (raw_c, gens_kv.reshape(Nk, ng * d)), query_set, kv_set, num_sets,
+                q, k, (raw_c, gens_kv.reshape(Nk, ng * w_g)), query_set, kv_set, num_sets,
                 dropout=self.dropout, training=self.training,
                 path=self.path)  # (Nq, H, 1 + d), (Nq, H, ng d): the same attention weights
             mass, c_raw = agg_c.split([1, d], dim=-1)  # (Nq, H, 1), (Nq, H, d)
             c_hat = torch.einsum('nhd,hed->nhe', c_raw, center_map)  # (Nq, H, dk)
             if bias_v is not None:
                 c_hat = c_hat + mass * bias_v
-            g_agg = torch.einsum('nhgd,hed->nhge', g_raw.reshape(Nq, H, ng, d),
-                                 gen_map)  # (Nq, H, ng, dk)
+            g_agg = torch.einsum('nhgd,hed->nhge', g_raw.reshape(Nq, H, ng, w_g),
+                                 gens_map)  # (Nq, H, ng, dk)
         else:
             vc = F.linear(key_value.center.to(q.dtype), center_map.reshape(d, d),
                           None if bias_v is None else bias_v.reshape(d)).view(
                               Nk, H, dk)  # (Nk, H, dk)
-            vg = torch.einsum('ngd,hed->nhge', gens_kv, gen_map)  # (Nk, H, ng, dk)
+            vg = torch.einsum('ngd,hed->nhge', gens_kv, gens_map)  # (Nk, H, ng, dk)
             if ng == 0:
                 c_hat = grouped_attention(q, k, vc, query_set, kv_set, num_sets,
                                           dropout=self.dropout, training=self.training,

@@ -19,6 +19,8 @@ Post-norm as in the Set Transformer. For the generators:
   paired, as everywhere in the paper (Appendix A.1), with the lighter generator feed-forward on
   the generator rows: :math:`G \mapsto \tanh(G W_1^\top) W_2^\top`.
 """
+from typing import Union
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -26,7 +28,7 @@ from torch.nn import LayerNorm, Linear, Module, Parameter
 
 from torch_mz.nn.attention import MZAttention
 from torch_mz.nn.functional import dropout, repeat_per_set
-from torch_mz.nn.zonotope import Zonotope, zonotope_layer_norm
+from torch_mz.nn.zonotope import MappedZonotope, Zonotope, zonotope_layer_norm
 
 
 class _FeedForwardFn(torch.autograd.Function):
@@ -101,7 +103,11 @@ class GeneratorFeedForward(Module):
             torch.nn.init.xavier_uniform_(lin.weight)
 
     def forward(self, gens: Tensor) -> Tensor:
-        return self.lin2(torch.tanh(self.lin1(gens)))
+        return self.lin2(self.hidden(gens))
+
+    def hidden(self, gens: Tensor) -> Tensor:
+        r"""The hidden layer :math:`\tanh(G W_1^\top)`, before the last map :math:`W_2`."""
+        return torch.tanh(self.lin1(gens))
 
 
 class LearnedTokens(Module):
@@ -183,8 +189,8 @@ class MAB(Module):
             if module is not None:
                 module.reset_parameters()
 
-    def forward(self, query: Zonotope, key_value: Zonotope, query_set: Tensor, kv_set: Tensor,
-                num_sets: int) -> Zonotope:
+    def forward(self, query: Zonotope, key_value: Union[Zonotope, MappedZonotope],
+                query_set: Tensor, kv_set: Tensor, num_sets: int) -> Zonotope:
         h = zonotope_layer_norm(query + self.attn(query, key_value, query_set, kv_set, num_sets),
                                 self.norm1)
         f_c = dropout(self.ffn(h.center), self.dropout, self.training)
@@ -243,7 +249,15 @@ class PMA(Module):
     with :obj:`num_seeds` learned seed tokens :math:`S` per set; permutation-invariant inside each
     set; cost :math:`O(k N)`. The output holds :math:`k` tokens per set, set-major (row
     :obj:`b * k + s`), also for empty sets (whose seeds attend to nothing). Other arguments as
-    :class:`MAB`."""
+    :class:`MAB`.
+
+    Computed in a cheaper, exact order: the generator rFF's last linear map acts after the
+    attention-weighted sum, on the :math:`B k` pooled rows, instead of on all :math:`N n_g`
+    generator rows (:class:`~torch_mz.nn.zonotope.MappedZonotope`). Measured (one core, forward
+    + backward, in-process alternation, medians of 8): 32 sets of 1,024 tokens, :math:`d = 64`,
+    :math:`n_g = 8`, :math:`d_{ff} = 128`: 530 -> 371 ms (inference 213 -> 148 ms); 10,000 sets of
+    10, :math:`d = 16`, :math:`n_g = 2`, :math:`d_{ff} = 16`: 162 -> 122 ms (inference 56 -> 53 ms).
+    """
     def __init__(self, dim: int, num_seeds: int = 1, num_generators: int = 8,
                  d_ff: int = 128, **kwargs):
         super().__init__()
@@ -261,9 +275,15 @@ class PMA(Module):
 
     def forward(self, x: Zonotope, set_id: Tensor, num_sets: int) -> Zonotope:
         seeds, seed_set = self.seeds(num_sets, x.center)  # (B * k, d)
-        gens = self.rff_gens(x.gens) if self.rff_gens is not None else x.gens
-        x = Zonotope(self.rff(x.center), gens)  # rFF(X): (N, d), (N, n_g, d)
-        return self.mab(seeds, x, seed_set, set_id, num_sets)
+        center = self.rff(x.center)  # rFF(X) centers: (N, d)
+        if self.rff_gens is None:
+            return self.mab(seeds, Zonotope(center, x.gens), seed_set, set_id, num_sets)
+        # The generator rFF's last map W_2 is linear, and the attention uses the key/value
+        # generators only through the attention-weighted sum and the value map: W_2 joins the
+        # value map and acts on the B k pooled rows, not on all N n_g generator rows (exact up
+        # to rounding; rff_gens.lin2's weight is read directly, so its forward hooks do not run)
+        kv = MappedZonotope(center, self.rff_gens.hidden(x.gens), self.rff_gens.lin2.weight)
+        return self.mab(seeds, kv, seed_set, set_id, num_sets)
 
     def __repr__(self) -> str:
         return f'{self.__class__.__name__}(num_seeds={self.num_seeds}, {self.mab.attn})'

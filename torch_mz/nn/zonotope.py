@@ -79,6 +79,57 @@ class Zonotope:
                 f'num_generators={self.num_generators})')
 
 
+
+class MappedZonotope:
+    r"""Zonotope tokens whose generators are given before a last linear map (no bias): centers
+    :obj:`center` :math:`(N, d)`, :obj:`hidden` :math:`(N, n_g, h)` and :obj:`weight`
+    :math:`(d, h)` stand for ``Zonotope(center, hidden @ weight.T)`` without forming the
+    :math:`(N, n_g, d)` product.
+
+    Only an operator that uses the generators linearly can take it: the key/value side of
+    :class:`~torch_mz.nn.attention.MZAttention`, where generators meet only the
+    attention-weighted sum and the value map, so the map joins the value map and acts on the
+    aggregated rows (or on the keys' hidden rows), exactly up to rounding. The PMA passes the
+    hidden layer of its generator feed-forward this way (:class:`~torch_mz.nn.blocks.PMA`).
+    :meth:`materialize` gives the plain :class:`Zonotope`.
+    """
+    __slots__ = ('center', 'hidden', 'weight')
+
+    def __init__(self, center: Tensor, hidden: Tensor, weight: Tensor):
+        if center.dim() != 2 or hidden.dim() != 3 or weight.dim() != 2:
+            raise ValueError(f"Expected 'center' (N, d), 'hidden' (N, n_g, h) and 'weight' "
+                             f"(d, h) (got {tuple(center.shape)}, {tuple(hidden.shape)} and "
+                             f"{tuple(weight.shape)})")
+        if (hidden.size(0) != center.size(0) or weight.size(0) != center.size(1)
+                or weight.size(1) != hidden.size(2)):
+            raise ValueError(f"Shapes of 'center' {tuple(center.shape)}, 'hidden' "
+                             f"{tuple(hidden.shape)} and 'weight' {tuple(weight.shape)} do not "
+                             f"match")
+        self.center = center
+        self.hidden = hidden
+        self.weight = weight
+
+    @property
+    def num_tokens(self) -> int:
+        return self.center.size(0)
+
+    @property
+    def dim(self) -> int:
+        return self.center.size(1)
+
+    @property
+    def num_generators(self) -> int:
+        return self.hidden.size(1)
+
+    def materialize(self) -> Zonotope:
+        r"""The tokens as a :class:`Zonotope`, :math:`(c, H W^\top)`."""
+        return Zonotope(self.center, F.linear(self.hidden, self.weight))
+
+    def __repr__(self) -> str:
+        return (f'MappedZonotope(num_tokens={self.num_tokens}, dim={self.dim}, '
+                f'num_generators={self.num_generators}, hidden={self.hidden.size(-1)})')
+
+
 def _feature_means(t: Tensor, c_hat: Tensor):
     r"""The feature means of :obj:`t` :math:`(N, n_g, d)` and of :math:`\hat{c} \odot t`, each
     :math:`(N, n_g)`."""
