@@ -71,8 +71,10 @@ def test_rigid_equals_torch_multihead_attention(path):
         torch.testing.assert_close(out.gens[qm], gens.permute(0, 2, 1, 3).reshape(-1, NG, D))
 
 
-def test_mz_generators_follow_eq3():
-    attn = _attn('mz', summary='mean+std')
+@pytest.mark.parametrize('order', ['before', 'after'])
+def test_mz_generators_follow_eq3(order):
+    # 'before': the mixing term joins the values of the keys; 'after': it is formed on the queries
+    attn = _attn('mz', summary='mean+std', value_order=order)
     _randomise(attn, 4)
     query_set, kv_set = make_index([2, 3]), make_index([4, 3])
     query, key_value = _tokens(5, 5), _tokens(7, 6)

@@ -203,22 +203,34 @@ class MZAttention(Module):
                              f"{key_value.num_generators})")
         H, dk, ng, d = self.heads, self.head_dim, self.num_generators, self.dim
         Nq, Nk = query.num_tokens, key_value.num_tokens
+        counts_k = set_counts(kv_set, num_sets)  # (B,)
+        after = self._values_after(query_set, counts_k, Nq, Nk, num_sets)
+        gamma = None
+        if self.value == 'mz':
+            mu = self.set_summary(key_value.center, kv_set, num_sets)  # (B, |mu|)
+            gamma = torch.tanh(self.gate(mu))  # (B, L): the gates of each set
+        # 'mz' with the value map before the aggregation: the mixing term joins the values
+        # (see _aggregate), so the aggregated generators are the output generators
+        mix_in_values = gamma is not None and not after
 
         if self.recompute and torch.is_grad_enabled():
             # keep only the inputs; projections, packing and the attention kernel run again in
             # the backward pass (the same operations, so the same values and gradients)
             c_hat, g_agg = torch.utils.checkpoint.checkpoint(
-                self._aggregate, query, key_value, query_set, kv_set, num_sets,
-                use_reentrant=False)
+                self._aggregate, query, key_value, query_set, kv_set, num_sets, counts_k,
+                after, gamma if mix_in_values else None, use_reentrant=False)
         else:
-            c_hat, g_agg = self._aggregate(query, key_value, query_set, kv_set, num_sets)
+            c_hat, g_agg = self._aggregate(query, key_value, query_set, kv_set, num_sets,
+                                           counts_k, after, gamma if mix_in_values else None)
         weight = self.weight.to(c_hat.dtype)  # (H, dk, dk), M_c or W
         fold = self.value in ('rigid', 'film')
         # (Nq, H, dk): W c_hat (already applied when folded, see above)
         out_c = c_hat if fold else torch.einsum('nhd,hed->nhe', c_hat, weight)
-        if self.value == 'mz':
-            mu = self.set_summary(key_value.center, kv_set, num_sets)  # (B, |mu|)
-            out_g = self._mz_generators(g_agg, c_hat, mu, query_set)  # (Nq, ng, d)
+        if gamma is not None:  # 'mz'
+            if mix_in_values:  # (Nq, ng, d), a view of the aggregate's token layout
+                out_g = g_agg.transpose(1, 2).reshape(Nq, ng, self.dim)
+            else:
+                out_g = self._mz_generators(g_agg, c_hat, gamma[query_set])  # (Nq, ng, d)
             return Zonotope(out_c.reshape(Nq, self.dim), out_g)
         if self.value == 'hypernet':
             g_hat = g_agg
@@ -234,14 +246,17 @@ class MZAttention(Module):
         return Zonotope(out_c, out_g)
 
     def _aggregate(self, query: Zonotope, key_value: Union[Zonotope, MappedZonotope],
-                   query_set: Tensor, kv_set: Tensor, num_sets: int) -> Tuple[Tensor, Tensor]:
+                   query_set: Tensor, kv_set: Tensor, num_sets: int, counts_k: Tensor,
+                   after: bool, gamma: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+        r"""The aggregated centers and generators. With the gates :obj:`gamma` (``'mz'``, values
+        mapped before the aggregation), the mixing term is added to the values, so that the
+        aggregated generators are the output generators (see :meth:`_mix_terms`)."""
         H, dk, ng, d = self.heads, self.head_dim, self.num_generators, self.dim
         Nq, Nk = query.num_tokens, key_value.num_tokens
         # the score scale 1/sqrt(d_k) is folded into W_Q (a (d, d) product instead of a pass
         # over the (N_q, d) queries)
         q = F.linear(query.center, self.lin_q.weight * (1.0 / math.sqrt(dk))).view(
             Nq, H, dk)  # (Nq, H, dk)
-        counts_k = set_counts(kv_set, num_sets)  # (B,)
         if self.log_n:
             n = counts_k.clamp(min=1).to(q.dtype)  # (B,)
             q = q * torch.log(n)[query_set].view(Nq, 1, 1)
@@ -270,7 +285,7 @@ class MZAttention(Module):
         if fold and bias_v is not None:
             bias_v = torch.einsum('hed,hd->he', weight, bias_v)  # (H, dk)
 
-        if self._values_after(query_set, counts_k, Nq, Nk, num_sets):
+        if after:
             # Aggregate the raw tokens once for all heads, then map them (exact: the value map is
             # linear and commutes with the attention-weighted sum). A column of ones gives the
             # attention mass of each query, which multiplies the bias (1, or 0 without keys).
@@ -292,6 +307,14 @@ class MZAttention(Module):
                           None if bias_v is None else bias_v.reshape(d)).view(
                               Nk, H, dk)  # (Nk, H, dk)
             vg = torch.einsum('ngd,hed->nhge', gens_kv, gens_map)  # (Nk, H, ng, dk)
+            if gamma is not None:
+                # The mixing term W_mix stack_l[gamma_l M_l c_hat_i] is linear in c_hat_i =
+                # sum_j a_ij v_j, and the gates are those of the set, which query i and its
+                # keys j share: it is sum_j a_ij W_mix stack_l[gamma_l M_l v_j], so it joins
+                # the values of the keys (N_k rows: the inducing tokens of an ISAB's MAB(X, H))
+                # instead of being formed on every query (exact up to rounding)
+                coef, mv = self._mix_terms(vc, gamma[kv_set])
+                vg = vg + torch.bmm(coef, mv).view(Nk, ng, H, dk).transpose(1, 2)
             if ng == 0:
                 c_hat = grouped_attention(q, k, vc, query_set, kv_set, num_sets,
                                           dropout=self.dropout, training=self.training,
@@ -330,21 +353,29 @@ class MZAttention(Module):
         pairs = int((set_counts(query_set, num_sets) * counts_k).sum())
         return (Nk - Nq) * self.dim > pairs * (self.heads - 1)
 
-    def _mz_generators(self, g_agg: Tensor, c_hat: Tensor, mu: Tensor,
-                       query_set: Tensor) -> Tensor:
+    def _mix_terms(self, c_hat: Tensor, gamma: Tensor) -> Tuple[Tensor, Tensor]:
+        r"""The factors of the mixing term :math:`W_{\mathrm{mix}} \mathrm{stack}_l[\gamma_l M_l
+        \hat{c}]` of rows :obj:`c_hat` :math:`(N, H, d_k)` with gates :obj:`gamma`
+        :math:`(N, L)`: the coefficients :math:`W_{\mathrm{mix}}[g, l] \gamma_l`
+        :math:`(N, n_g, L)` and the rows :math:`M_l \hat{c}` :math:`(N, L, d)` (heads
+        concatenated), whose batched product is the term."""
+        N, H, dk = c_hat.shape
+        L = self.num_matrix_generators
+        mc = torch.einsum('nhd,hled->nlhe', c_hat, self.matrix_gens.to(c_hat.dtype))
+        coef = self.mix.to(c_hat.dtype) * gamma.to(c_hat.dtype).unsqueeze(1)  # (N, ng, L)
+        return coef, mc.reshape(N, L, H * dk)
+
+    def _mz_generators(self, g_agg: Tensor, c_hat: Tensor, gamma: Tensor) -> Tensor:
         r"""The output generators of the ``'mz'`` operator,
         :math:`\hat{G}_i M_c^\top + W_{\mathrm{mix}} \mathrm{stack}_l[\gamma_l M_l \hat{c}_i]`,
-        in the token layout :math:`(N_q, n_g, d)` (heads concatenated in each row): the mixing
-        term added to the aggregated generators (already in that layout when the values were
-        mapped before the aggregation) as one batched product of :math:`(n_g \times L)`
-        coefficients :math:`W_{\mathrm{mix}}[g, l] \gamma_l` with the :math:`(L \times d)` rows
-        :math:`M_l \hat{c}` (no generator-sized intermediate)."""
+        in the token layout :math:`(N_q, n_g, d)` (heads concatenated in each row), with the
+        gates :obj:`gamma` :math:`(N_q, L)` of each query's set: the mixing term added to the
+        aggregated generators as one batched product of :math:`(n_g \times L)` coefficients
+        :math:`W_{\mathrm{mix}}[g, l] \gamma_l` with the :math:`(L \times d)` rows
+        :math:`M_l \hat{c}` (no generator-sized intermediate). Used when the value map acts
+        after the aggregation; before it, the term joins the values (:meth:`_aggregate`)."""
         Nq, H, ng, dk = g_agg.shape
-        L = self.num_matrix_generators
-        gamma = torch.tanh(self.gate(mu))[query_set].to(c_hat.dtype)  # (Nq, L)
-        mc = torch.einsum('nhd,hled->nlhe', c_hat, self.matrix_gens.to(c_hat.dtype))
-        mc = mc.reshape(Nq, L, H * dk)  # (Nq, L, d): M_l c_hat, heads concatenated
-        coef = self.mix.to(c_hat.dtype) * gamma.unsqueeze(1)  # (Nq, ng, L)
+        coef, mc = self._mix_terms(c_hat, gamma)  # (Nq, ng, L), (Nq, L, d)
         g_t = g_agg.transpose(1, 2)  # (Nq, ng, H, dk)
         if g_t.stride(2) == dk * g_t.stride(3):  # a view of the token layout (values before)
             # out of place: reads the view once and writes a fresh tensor (never a view)
