@@ -224,8 +224,10 @@ class MZAttention(Module):
                                            counts_k, after, gamma if mix_in_values else None)
         weight = self.weight.to(c_hat.dtype)  # (H, dk, dk), M_c or W
         fold = self.value in ('rigid', 'film')
-        # (Nq, H, dk): W c_hat (already applied when folded, see above)
-        out_c = c_hat if fold else torch.einsum('nhd,hed->nhe', c_hat, weight)
+        # (Nq, H, dk): W c_hat (already applied when folded, see above, or with the mixing
+        # term in the values)
+        out_c = (c_hat if fold or mix_in_values
+                 else torch.einsum('nhd,hed->nhe', c_hat, weight))
         if gamma is not None:  # 'mz'
             if mix_in_values:  # (Nq, ng, d), a view of the aggregate's token layout
                 out_g = g_agg.transpose(1, 2).reshape(Nq, ng, self.dim)
@@ -249,8 +251,8 @@ class MZAttention(Module):
                    query_set: Tensor, kv_set: Tensor, num_sets: int, counts_k: Tensor,
                    after: bool, gamma: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
         r"""The aggregated centers and generators. With the gates :obj:`gamma` (``'mz'``, values
-        mapped before the aggregation), the mixing term is added to the values, so that the
-        aggregated generators are the output generators (see :meth:`_mix_terms`)."""
+        mapped before the aggregation), the mixing term is added to the values and :math:`M_c`
+        maps the center values, so that the aggregate is the output (see :meth:`_mix_terms`)."""
         H, dk, ng, d = self.heads, self.head_dim, self.num_generators, self.dim
         Nq, Nk = query.num_tokens, key_value.num_tokens
         # the score scale 1/sqrt(d_k) is folded into W_Q (a (d, d) product instead of a pass
@@ -315,6 +317,8 @@ class MZAttention(Module):
                 # instead of being formed on every query (exact up to rounding)
                 coef, mv = self._mix_terms(vc, gamma[kv_set])
                 vg = vg + torch.bmm(coef, mv).view(Nk, ng, H, dk).transpose(1, 2)
+                # c_hat itself is then needed no more: M_c joins the center values too
+                vc = torch.einsum('nhd,hed->nhe', vc, weight)  # (Nk, H, dk), M_c v_j
             if ng == 0:
                 c_hat = grouped_attention(q, k, vc, query_set, kv_set, num_sets,
                                           dropout=self.dropout, training=self.training,
