@@ -106,8 +106,10 @@ class GeneratorFeedForward(Module):
         return self.lin2(self.hidden(gens))
 
     def hidden(self, gens: Tensor) -> Tensor:
-        r"""The hidden layer :math:`\tanh(G W_1^\top)`, before the last map :math:`W_2`."""
-        return torch.tanh(self.lin1(gens))
+        r"""The hidden layer :math:`\tanh(G W_1^\top)`, before the last map :math:`W_2` (the
+        tanh in place on the product, whose backward pass keeps its inputs, not it: one
+        generator-sized allocation fewer, the same values)."""
+        return torch.tanh_(self.lin1(gens))
 
 
 class LearnedTokens(Module):
@@ -194,9 +196,14 @@ class MAB(Module):
         h = zonotope_layer_norm(query + self.attn(query, key_value, query_set, kv_set, num_sets),
                                 self.norm1)
         f_c = dropout(self.ffn(h.center), self.dropout, self.training)
-        f_g = self.ffn_gens(h.gens) if self.ffn_gens is not None else h.gens
-        f = Zonotope(f_c, f_g)
-        return zonotope_layer_norm(h + f, self.norm2)
+        if self.ffn_gens is not None:
+            # the residual joins the generator FFN's output in place (a fresh tensor, which
+            # the backward pass of its last product does not keep): one (N, n_g, d) allocation
+            # fewer; the same sum
+            gens = self.ffn_gens(h.gens).add_(h.gens)
+        else:
+            gens = h.gens + h.gens
+        return zonotope_layer_norm(Zonotope(h.center + f_c, gens), self.norm2)
 
     def __repr__(self) -> str:
         return f'{self.__class__.__name__}({self.attn}, d_ff={self.d_ff})'
