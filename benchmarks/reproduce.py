@@ -21,6 +21,11 @@ its seed counts, QM9 on 50K molecules), for a GPU. The verdict rule is written i
     python benchmarks/reproduce.py --budget quick --claims table1
     python benchmarks/reproduce.py --budget converged                   # hours on one core
     python benchmarks/reproduce.py --budget paper --device cuda
+    python benchmarks/reproduce.py --budget converged --status          # trains nothing
+
+``--status`` prints, per claim and stage (each task's sweep, then the claim's runs), how many
+runs are done, being trained by another process, started (a checkpoint to resume) or pending,
+and an estimate of the training time left from the mean time of the finished runs.
 
 The MZ models train with the compiled LayerNorm-Jacobian kernels
 (:func:`torch_mz.nn.set_fused_kernels`, the same map up to float rounding; ``--no-fused-kernels``
@@ -80,6 +85,34 @@ def write_summary(out, minutes):
                  notes=notes, plot=False)
 
 
+def print_status(repro, claims):
+    r"""Where each claim stands (:meth:`~torch_mz.reproduce.Reproduction.status`)."""
+    total, unknown, unestimated = 0.0, 0, False
+    for claim in claims:
+        print(f'{claim.name} ({repro.budget.name}):')
+        for st in repro.status(claim):
+            runs = st['done'] + st['training'] + st['started'] + st['pending']
+            parts = [f"{st['done']} of {runs} done"] if runs else []
+            parts += [f'{st[k]} {k}' for k in ('training', 'started', 'pending') if st[k]]
+            if st['epochs']:
+                parts.append(f"{st['epochs']} epochs into the unfinished ones")
+            if st['unknown']:
+                parts.append(f"{st['unknown']} {'more ' if runs else ''}runs {st['note']}"
+                             if st['note'] == 'after the sweep' else
+                             f"{st['note']} ({st['unknown']} model(s))")
+            left = st['left_s']
+            if runs > st['done']:
+                parts.append('time left unknown (a model with no finished run)' if left is None
+                             else f'about {left / 3600:.1f} h of training left')
+            total += left or 0.0
+            unknown += st['unknown']
+            unestimated |= left is None and runs > st['done']
+            print(f"  {st['stage']}: " + '; '.join(parts or ['nothing to train']))
+    print(f'known runs: about {total / 3600:.1f} h of training left (one process; divide by '
+          f'the processes running)' + (', more for runs not counted above' if unknown
+                                       or unestimated else ''))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--budget', choices=tuple(BUDGETS), default='converged')
@@ -97,6 +130,10 @@ def main(argv=None):
     parser.add_argument('--progress', action='store_true',
                         help="a progress bar for every run (epochs and the latest metrics; runs "
                              "of the converged budget take up to an hour each on one core)")
+    parser.add_argument('--status', action='store_true',
+                        help="print where each claim stands (runs done, being trained by "
+                             "another process, started, pending) and an estimate of the "
+                             "training time left, from the finished runs; trains nothing")
     parser.add_argument('--out', default=None,
                         help='results folder (default: benchmarks/results/reproduction, and '
                              'benchmarks/results/reproduction/quick for --budget quick)')
@@ -108,6 +145,10 @@ def main(argv=None):
     out = args.out or os.path.join(RESULTS, 'reproduction', *(
         ('quick', ) if args.budget == 'quick' else ()))
     budget = BUDGETS[args.budget]
+    if args.status:
+        repro = Reproduction(budget, out, device=args.device, seeds=args.seeds)
+        print_status(repro, [CLAIMS[n] for n in claims if n != 'table30'])
+        return 0
     trained = []
 
     def report(run):

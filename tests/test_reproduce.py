@@ -323,3 +323,41 @@ def test_d3_scores_the_kept_members_and_resumes(tmp_path, monkeypatch):
     fewer, _ = repro.run(claim)
     assert fewer[0]['ours']['seeds'] == 1 and 'seeds [3]' in fewer[0]['ours']['note']
     assert fewer[0]['verdict'] == 'inconclusive'
+
+
+def test_status_counts_runs_and_estimates_the_time_left(tmp_path):
+    out = str(tmp_path)
+    repro = Reproduction(TINY, out, device='cpu', sweep_cells={'sum': SUM})
+    # nothing trained: the sweep's 3 points x 2 models pending, the claim's 2 cells x 2 models
+    # x 2 seeds unknown until the sweep has chosen; no finished run to estimate from
+    before = repro.status(CLAIM)
+    assert [(s['done'], s['pending'], s['unknown']) for s in before] == [(0, 6, 0), (0, 0, 8)]
+    assert before[0]['left_s'] is None and before[1]['note'] == 'after the sweep'
+    assert not list(tmp_path.rglob('records/tiny/**/*.json'))  # status trains nothing
+
+    repro.run(CLAIM)
+    after = repro.status(CLAIM)
+    assert [(s['done'], s['pending'], s['training'], s['unknown']) for s in after] == [
+        (6, 0, 0, 0), (8, 0, 0, 0)]
+    assert after[1]['left_s'] == 0.0
+
+    # one claim run lost: pending, and its estimate is the mean time of the model's runs
+    lost = next(p for p in tmp_path.rglob('records/tiny/**/*.json') if '_s1_' in p.name)
+    model = json.loads(lost.read_text())['model']
+    lost.unlink()
+    st = repro.status(CLAIM)[1]
+    assert (st['done'], st['pending']) == (7, 1)
+    mean_wall, _ = repro.store.mean_time('sum', model)
+    assert st['left_s'] == pytest.approx(mean_wall)
+    # held by another process: training; a checkpoint with one epoch and no holder: started
+    lr, wd = repro.sweep('sum', CLAIM.models)[model]
+    config = replace(repro.base_config('sum'), lr=lr, weight_decay=wd)
+    job = next((c, model, 1, config) for c in map(repro.sized, CLAIM.cells)
+               if not repro.store.stored(c, model, 1, config))
+    with repro.store.lock(*job):  # another open file: as another process's lock
+        assert repro.status(CLAIM)[1]['training'] == 1
+    ckpt = tmp_path / repro.store.config_for(*job).out_dir
+    ckpt.mkdir(parents=True, exist_ok=True)
+    (ckpt / 'metrics.jsonl').write_text(json.dumps({'epoch': 0, 'val_loss': 1.0}) + '\n')
+    st = repro.status(CLAIM)[1]
+    assert (st['started'], st['epochs'], st['left_s']) == (1, 1, 0.0)  # 1 of 1 epoch run

@@ -494,6 +494,44 @@ class RunStore:
         finally:
             os.close(fd)  # releases the lock
 
+    def state(self, cell: Mapping[str, Any], spec: str, seed: int,
+              config: TrainConfig) -> Tuple[str, int]:
+        r"""Where a run stands, without training or waiting: ``('done', epochs)`` (its file is
+        in the store), ``('training', epochs)`` (another process holds its lock),
+        ``('started', epochs)`` (a checkpoint of an unfinished run, no holder: the next process
+        resumes it) or ``('pending', 0)``; epochs run so far from its checkpoint's metrics
+        (for a finished run, from its record)."""
+        key = run_key(cell, spec, seed, replace(config, seed=seed))
+        path, ckpt = self._paths(key)
+        if os.path.exists(path):
+            with open(path) as f:
+                record = json.load(f)
+            if record.get('key') == key:
+                return 'done', int(record.get('epochs_run', 0))
+        epochs = len(_val_curve(ckpt))
+        with self.lock(cell, spec, seed, config, wait=False) as free:
+            if not free:
+                return 'training', epochs
+        return ('started' if epochs else 'pending'), epochs
+
+    def mean_time(self, task: str, spec: str) -> Optional[Tuple[float, float]]:
+        r"""Mean wall time (s) and mean epochs of the finished runs of :obj:`spec` on
+        :obj:`task` in the store (any cell, seed or configuration), or :obj:`None`."""
+        key = run_key(dict(task=task), spec, 0, TrainConfig())
+        folder = os.path.dirname(self._paths(key)[0])
+        times, epochs = [], []
+        if os.path.isdir(folder):
+            for name in sorted(os.listdir(folder)):
+                if name.endswith('.json'):
+                    with open(os.path.join(folder, name)) as f:
+                        record = json.load(f)
+                    if 'wall_time_s' in record:
+                        times.append(float(record['wall_time_s']))
+                        epochs.append(float(record.get('epochs_run', 0)))
+        if not times:
+            return None
+        return _mean(times), _mean(epochs)
+
     def files(self, cell: Mapping[str, Any], spec: str, seed: int,
               config: TrainConfig) -> str:
         r"""The file of a run (whether it exists or not)."""
@@ -714,6 +752,99 @@ class Reproduction:
         for r in records:
             r['files'] = [os.path.relpath(f, self.out) for f in files]
         return records, runs
+
+    def status(self, claim: Claim) -> List[Dict[str, Any]]:
+        r"""Where :obj:`claim` stands, without training or waiting: one entry per stage (each
+        task's sweep, then the claim's runs on that task), with the number of runs ``done``,
+        ``training`` (held by another process), ``started`` (a checkpoint to resume) and
+        ``pending``, the epochs run by unfinished runs, and ``left_s``, an estimate of the
+        training time still needed by the stage's known runs (each run not done counts the
+        mean wall time of the finished runs of its model on its task, less the share of its
+        epochs already run; :obj:`None` when a model has no finished run to go by). A sweep
+        that may still step beyond its grid, and the runs of a claim whose sweep is not
+        chosen yet, are ``unknown`` (counted, not estimated)."""
+        study_seeds = self.seeds or self.budget.seeds or claim.paper_seeds
+        seeds = study_seeds * claim.members
+        stages = []
+        for task in dict.fromkeys(c['task'] for c in claim.cells):
+            chosen, jobs, open_sweep = self._sweep_status(task, claim.models)
+            if jobs:
+                stages.append(self._stage_status(
+                    f"sweep on {task} ({self.sweep_cells[task]['label']})", task, jobs,
+                    unknown=len(open_sweep), note=', '.join(open_sweep)))
+            cells = [self.sized(c) for c in claim.cells if c['task'] == task]
+            label = f"{claim.name} runs on {task}"
+            if any(chosen[m] is None for m in claim.models):
+                stages.append(dict(stage=label, task=task, done=0, training=0, started=0,
+                                   pending=0, epochs=0, left_s=None,
+                                   unknown=len(cells) * len(claim.models) * seeds,
+                                   note='after the sweep'))
+                continue
+
+            def config_of(spec: str, task=task) -> TrainConfig:
+                lr, wd = chosen[spec]
+                return replace(self.base_config(task), lr=lr, weight_decay=wd)
+            stages.append(self._stage_status(label, task, [
+                (c, m, k, config_of(m)) for c in cells for m in claim.models
+                for k in range(seeds)]))
+        return stages
+
+    def _sweep_status(self, task: str, models: Sequence[str]):
+        r"""The sweep of :meth:`sweep` as far as the store has it: each model's chosen point
+        (:obj:`None` while open), the runs known so far, and the models whose sweep may still
+        add points (an extension waits for the runs before it)."""
+        grid = self.budget.sweep
+        if len(grid) == 1:
+            return {m: grid[0] for m in models}, [], []
+        cell = self.sized(self.sweep_cells[task])
+
+        def config(lr: float, wd: float) -> TrainConfig:
+            return replace(self.base_config(task), lr=lr, weight_decay=wd)
+        chosen: Dict[str, Optional[Tuple[float, float]]] = {}
+        jobs, open_models = [], []
+        rounds = SWEEP_MAX_STEPS if self.budget.extend_sweep else 0
+        for m in models:
+            points, todo = list(grid), list(grid)
+            chosen[m] = None
+            for extension in range(rounds + 1):
+                stage = [(cell, m, 0, config(lr, wd)) for lr, wd in todo]
+                jobs += stage
+                if not all(self.store.stored(*job) for job in stage):
+                    if extension < rounds:
+                        open_models.append(m)
+                    break
+                losses = []
+                for lr, wd in points:
+                    record = self.store.cached(cell, m, 0, replace(config(lr, wd), seed=0))
+                    losses.append(math.inf if record is None else float(
+                        dict(record['val']).get('loss', math.inf)))  # type: ignore[call-overload]
+                best = points[int(np.argmin(losses))]
+                todo = [p for p in sweep_extension(points, best) if p not in points]
+                if extension == rounds or not todo:
+                    chosen[m] = best
+                    break
+                points += todo
+        return chosen, jobs, open_models
+
+    def _stage_status(self, label: str, task: str, jobs, unknown: int = 0,
+                      note: str = '') -> Dict[str, Any]:
+        counts = dict(done=0, training=0, started=0, pending=0)
+        epochs, left, known = 0, 0.0, True
+        for cell, spec, seed, config in jobs:
+            state, run_epochs = self.store.state(cell, spec, seed, config)
+            counts[state] += 1
+            if state == 'done':
+                continue
+            epochs += run_epochs
+            mean = self.store.mean_time(task, spec)
+            if mean is None:
+                known = False
+                continue
+            wall, mean_epochs = mean
+            left += wall * max(0.0, 1.0 - run_epochs / max(mean_epochs, 1.0))
+        return dict(stage=label, task=task, **counts, epochs=epochs,
+                    left_s=left if known else None, unknown=unknown,
+                    note=f'may step beyond the grid: {note}' if note else '')
 
     def record(self, comparison: Comparison, claim: Claim, runs: Sequence[Mapping[str, Any]],
                seeds: int, sweep: Mapping[str, Any]) -> Dict[str, object]:
