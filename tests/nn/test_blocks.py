@@ -244,3 +244,33 @@ def test_feed_forward_recompute_second_derivative():
     ref = second(lambda x: ffn.lin2(torch.nn.functional.gelu(ffn.lin1(x))))
     for a, b in zip(ours, ref):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_mab_generator_path_is_the_literal_formula_and_leaves_inputs_alone():
+    # the generator FFN (tanh in place on its first product) and the second residual (added in
+    # place into the FFN's output) against the formulas written out; the inputs stay as they were
+    from torch_mz.nn.zonotope import zonotope_layer_norm
+    mab = MAB(D, **KW, value='mz').double().eval()
+    index = make_index([4, 3])
+    q, kv = _tokens(7, 8), _tokens(7, 9)
+    q_copy, kv_copy = (q.center.clone(), q.gens.clone()), (kv.center.clone(), kv.gens.clone())
+    out = mab(q, kv, index, index, 2)
+    h = zonotope_layer_norm(q + mab.attn(q, kv, index, index, 2), mab.norm1)
+    f_g = torch.tanh(h.gens @ mab.ffn_gens.lin1.weight.T) @ mab.ffn_gens.lin2.weight.T
+    ref = zonotope_layer_norm(Zonotope(h.center + mab.ffn(h.center), h.gens + f_g), mab.norm2)
+    assert torch.equal(out.center, ref.center) and torch.equal(out.gens, ref.gens)
+    for a, b in ((q.center, q_copy[0]), (q.gens, q_copy[1]), (kv.center, kv_copy[0]),
+                 (kv.gens, kv_copy[1])):
+        assert torch.equal(a, b)
+    # under autocast the residual sum keeps the generators' precision (float32), not the
+    # bfloat16 of the FFN's output: the same as the sum written out of place
+    mab32 = MAB(D, **KW, value='mz').eval()
+    q32 = Zonotope(q.center.float(), q.gens.float())
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        out = mab32(q32, q32, index, index, 2)
+        h = zonotope_layer_norm(q32 + mab32.attn(q32, q32, index, index, 2), mab32.norm1)
+        f_g = mab32.ffn_gens(h.gens)
+        assert f_g.dtype == torch.bfloat16 and h.gens.dtype == torch.float32
+        ref = zonotope_layer_norm(Zonotope(h.center + mab32.ffn(h.center), h.gens + f_g),
+                                  mab32.norm2)
+    assert torch.equal(out.gens, ref.gens) and torch.equal(out.center, ref.center)

@@ -393,3 +393,22 @@ def test_caches_stay_out_of_inference_mode():
     again.sum().backward()
     torch.testing.assert_close(again.detach(), out)
     assert not repeat_per_set(2, 3, torch.device('cpu')).is_inference()
+
+
+def test_dropout_under_forward_mode_ad_and_torch_func():
+    x = torch.randn(50, 4, dtype=torch.float64)
+    t = torch.randn(50, 4, dtype=torch.float64)
+    import torch.autograd.forward_ad as fwAD
+    torch.manual_seed(5)
+    with fwAD.dual_level():
+        y = functional.dropout(fwAD.make_dual(x, t), 0.4)
+        primal, tangent = fwAD.unpack_dual(y)
+    scale = primal / x  # the mask: 0 or 1 / (1 - p), up to the rounding of the division
+
+    def is_mask(m):
+        return bool(((m == 0) | torch.isclose(m, torch.full_like(m, 1 / 0.6))).all())
+    assert is_mask(scale) and (scale == 0).any() and (scale != 0).any()
+    torch.testing.assert_close(tangent, t * scale)
+    # torch.func transforms take F.dropout (the same distribution): gradients are the mask
+    g = torch.func.grad(lambda z: functional.dropout(z, 0.4).sum())(x)
+    assert is_mask(g) and (g == 0).any()

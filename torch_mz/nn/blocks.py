@@ -197,10 +197,11 @@ class MAB(Module):
                                 self.norm1)
         f_c = dropout(self.ffn(h.center), self.dropout, self.training)
         if self.ffn_gens is not None:
+            f_g = self.ffn_gens(h.gens)
             # the residual joins the generator FFN's output in place (a fresh tensor, which
             # the backward pass of its last product does not keep): one (N, n_g, d) allocation
-            # fewer; the same sum
-            gens = self.ffn_gens(h.gens).add_(h.gens)
+            # fewer, the same sum; out of place where autocast gave the output a lower precision
+            gens = f_g.add_(h.gens) if f_g.dtype == h.gens.dtype else h.gens + f_g
         else:
             gens = h.gens + h.gens
         return zonotope_layer_norm(Zonotope(h.center + f_c, gens), self.norm2)

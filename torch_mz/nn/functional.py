@@ -373,12 +373,18 @@ class _Dropout(torch.autograd.Function):
         mask = torch.empty(x.shape, dtype=draw, device=x.device).uniform_().ge_(p)
         mask = mask.to(x.dtype).div_(1.0 - p)  # 0 or 1 / (1 - p), in place
         ctx.save_for_backward(mask)
+        ctx.save_for_forward(mask)
         return x * mask
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
         mask, = ctx.saved_tensors
         return grad_out * mask, None
+
+    @staticmethod
+    def jvp(ctx, x_tangent: Tensor, p_tangent: Any) -> Tensor:  # forward-mode AD
+        mask, = ctx.saved_tensors
+        return x_tangent * mask
 
 
 def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
@@ -391,12 +397,12 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     backward than :func:`F.dropout`'s Bernoulli draws on the shapes measured ((524288,),
     (32768, 128), (32, 4, 1024, 16); 1 and 2 threads, ``benchmarks`` host of 2026-12-01). It
     draws a different random stream from :func:`F.dropout`, so results under the same seed
-    differ from it (not in distribution). Elsewhere (GPUs, whose dropout is fused, and under
-    :func:`torch.compile`) it is :func:`F.dropout` itself."""
+    differ from it (not in distribution). Elsewhere (GPUs, whose dropout is fused, under
+    :func:`torch.compile` and :mod:`torch.func` transforms) it is :func:`F.dropout` itself."""
     if not training or p == 0.0:
         return x
     if (x.device.type != 'cpu' or not 0.0 < p < 1.0 or torch.compiler.is_compiling()
-            or not x.is_floating_point()):
+            or not x.is_floating_point() or torch._C._are_functorch_transforms_active()):
         return F.dropout(x, p=p, training=True)
     return _Dropout.apply(x, p)
 
@@ -435,6 +441,7 @@ def _attention_scatter(q: Tensor, k: Tensor, vs: Tuple[Tensor, ...], query_set: 
 # 0.25 GB at 2,000), so wide groups split only when the scores are big. On a power-law graph
 # (benchmarks/message_passing.py) memory became linear in the graph; the paper's n_g = 8 there
 # trades 1.5x the time for a quarter of the memory.
+FULL_PRECISION = (torch.float32, torch.float64)
 FLASH_MIN_LEN = 256  # both block lengths at least this
 FLASH_MAX_GROUPS = 4  # split at any size above FLASH_MIN_LEN up to this many value groups
 FLASH_MIN_SCORES = 1 << 24  # ... and with more groups when a block has this many scores
@@ -483,11 +490,12 @@ def _attend_per_head(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], p:
         vs = v.reshape(n, H, Lk, g, dk).transpose(2, 3).reshape(n, H * g, Lk, dk)
         out = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=1.0)
         return out.view(n, H, g, Lq, dk).transpose(2, 3).reshape(n, H, Lq, w)
-    if q.device.type == 'cpu' and (p > 0 or w != dk):
+    if q.device.type == 'cpu' and (p > 0 or (w != dk and q.dtype in FULL_PRECISION)):
         # with dropout, or values wider than the keys, PyTorch's CPU kernel falls back to a
         # composite path of its own (whose softmax also tests every row for being fully
         # masked: two more passes over the scores; no row here is, as only sets with keys are
-        # packed); the three operations written out are faster with dropout (e.g. 33 against
+        # packed; in half precision PyTorch's path computes the scores in float32, so it is
+        # kept there); the three operations written out are faster with dropout (e.g. 33 against
         # 41 ms forward + backward for 32 x 4 blocks of 1024 x 16), within the noise without it
         # (one ISAB of 32 x 1,024 tokens, n_g = 8: inference min 315-324 against 327-338 ms),
         # and draw the mask with :func:`dropout` (on GPUs the fused kernels take dropout)
