@@ -274,3 +274,21 @@ def test_mab_generator_path_is_the_literal_formula_and_leaves_inputs_alone():
         ref = zonotope_layer_norm(Zonotope(h.center + mab32.ffn(h.center), h.gens + f_g),
                                   mab32.norm2)
     assert torch.equal(out.gens, ref.gens) and torch.equal(out.center, ref.center)
+
+
+def test_pma_with_a_pruned_generator_ffn_runs_the_pruned_layer():
+    # pruning re-computes lin2.weight in a forward pre-hook: the PMA then runs the layer itself
+    # (not the folded weight), so the pruned weights are used
+    import torch.nn.utils.prune as prune
+    block = _block('pma', seed=5)
+    index = make_index([4, 2])
+    x = _tokens(6, 11)
+    prune.l1_unstructured(block.rff_gens.lin2, 'weight', amount=0.5)
+    with torch.no_grad():  # as an optimizer step: lin2.weight is recomputed at its next call
+        block.rff_gens.lin2.weight_orig.mul_(2.0)
+    out = block(x, index, 2)
+    seeds, seed_set = block.seeds(2, x.center)
+    ref = block.mab(seeds, Zonotope(block.rff(x.center), block.rff_gens(x.gens)), seed_set,
+                    index, 2)
+    assert torch.equal(out.gens, ref.gens) and torch.equal(out.center, ref.center)
+    assert (block.rff_gens.lin2.weight == 0).sum() >= block.rff_gens.lin2.weight.numel() // 2

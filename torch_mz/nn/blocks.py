@@ -284,13 +284,16 @@ class PMA(Module):
     def forward(self, x: Zonotope, set_id: Tensor, num_sets: int) -> Zonotope:
         seeds, seed_set = self.seeds(num_sets, x.center)  # (B * k, d)
         center = self.rff(x.center)  # rFF(X) centers: (N, d)
-        if self.rff_gens is None:
-            return self.mab(seeds, Zonotope(center, x.gens), seed_set, set_id, num_sets)
+        ffn = self.rff_gens
+        if ffn is None or ffn.lin2._forward_hooks or ffn.lin2._forward_pre_hooks:
+            # no generators, or hooks on W_2 (e.g. torch.nn.utils.prune's): the layer itself
+            gens = x.gens if ffn is None else ffn(x.gens)
+            return self.mab(seeds, Zonotope(center, gens), seed_set, set_id, num_sets)
         # The generator rFF's last map W_2 is linear, and the attention uses the key/value
         # generators only through the attention-weighted sum and the value map: W_2 joins the
         # value map and acts on the B k pooled rows, not on all N n_g generator rows (exact up
-        # to rounding; rff_gens.lin2's weight is read directly, so its forward hooks do not run)
-        kv = MappedZonotope(center, self.rff_gens.hidden(x.gens), self.rff_gens.lin2.weight)
+        # to rounding)
+        kv = MappedZonotope(center, ffn.hidden(x.gens), ffn.lin2.weight)
         return self.mab(seeds, kv, seed_set, set_id, num_sets)
 
     def __repr__(self) -> str:
