@@ -354,12 +354,23 @@ class InputProjection(Module):
         self.norm.reset_parameters()
 
     def forward(self, x: Tensor) -> Zonotope:
-        center = self.norm(F.gelu(self.lin_c(x)))  # (N, d)
+        h = self.lin_c(x)  # (N, d)
+        if torch.is_grad_enabled() and h.requires_grad and not torch.compiler.is_compiling():
+            # keep only the pre-activation for the backward pass and run the GELU and the
+            # LayerNorm again there (the same operations: the same values and gradients): one
+            # (N, d) tensor fewer kept, the GELU's output (in message passing N is the number
+            # of edges)
+            center = torch.utils.checkpoint.checkpoint(self._activate, h, use_reentrant=False)
+        else:
+            center = self._activate(h)  # (N, d)
         if self.lin_g is None:
             return Zonotope(center, center.new_zeros(x.size(0), 0, self.dim))
         gens = self.lin_g(x) / math.sqrt(self.num_generators * self.dim)  # (N, n_g * d)
         gens = gens.view(x.size(0), self.num_generators, self.dim)  # (N, n_g, d)
         return Zonotope(center, gens)
+
+    def _activate(self, h: Tensor) -> Tensor:
+        return self.norm(F.gelu(h))
 
     def __repr__(self) -> str:
         return (f'{self.__class__.__name__}({self.in_channels}, {self.dim}, '
