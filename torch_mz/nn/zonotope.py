@@ -319,7 +319,9 @@ class InputProjection(Module):
         c_i = \mathrm{LayerNorm}(\mathrm{GELU}(W_c x_i + b_c)), \qquad
         G_i = \frac{1}{\sqrt{n_g d}}\,(W_g x_i + b_g) \in \mathbb{R}^{n_g \times d}.
 
-    The factor :math:`1/\sqrt{n_g d}` makes generators start as small perturbations.
+    The factor :math:`1/\sqrt{n_g d}` makes generators start as small perturbations. In
+    training, the GELU and the LayerNorm run again in the backward pass, so that only the
+    pre-activation is kept for it (forward hooks on :obj:`norm` then run twice).
 
     Args:
         in_channels (int): Input width :math:`d_{in}`.
