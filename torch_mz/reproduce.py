@@ -679,31 +679,14 @@ class Reproduction:
         (:func:`sweep_extension` of the points it has tried), again while its best point is on
         the edge, up to :data:`SWEEP_MAX_STEPS` rounds, and the lowest of all is chosen. A
         one-point grid trains nothing. :obj:`wait`: see :meth:`run`."""
-        grid = self.budget.sweep
         todo = [m for m in models if (task, m) not in self.choices]
-        if len(grid) == 1:
-            self.choices.update({(task, m): grid[0] for m in todo})
-        elif todo:
-            cell = self.sized(self.sweep_cells[task])
-
-            def config(lr: float, wd: float) -> TrainConfig:
-                return replace(self.base_config(task), lr=lr, weight_decay=wd)
-            points = {m: list(grid) for m in todo}
-            jobs = [(cell, m, 0, config(lr, wd)) for lr, wd in grid for m in todo]
-            rounds = SWEEP_MAX_STEPS if self.budget.extend_sweep else 0
-            for extension in range(rounds + 1):
-                self._train_missing(jobs, wait=wait)
-                best = {m: self._best_point(cell, m, points[m], config) for m in todo}
-                if extension == rounds:
-                    break
-                extra = {m: [p for p in sweep_extension(points[m], best[m])
-                             if p not in points[m]] for m in todo}
-                jobs = [(cell, m, 0, config(lr, wd)) for m in todo for lr, wd in extra[m]]
-                if not jobs:
-                    break
-                for m in todo:
-                    points[m] += extra[m]
-            self.choices.update({(task, m): best[m] for m in todo})
+        if todo:
+            chosen, _, _ = self._sweep_rounds(
+                task, todo, lambda jobs: self._train_missing(jobs, wait=wait))
+            for m in todo:  # every run trained (or RunsHeld raised): every model chosen
+                point = chosen[m]
+                assert point is not None, f'sweep of {m} on {task} left open'
+                self.choices[(task, m)] = point
         return {m: self.choices[(task, m)] for m in models}
 
     def _best_point(self, cell: Mapping[str, Any], spec: str,
@@ -767,7 +750,8 @@ class Reproduction:
         seeds = study_seeds * claim.members
         stages = []
         for task in dict.fromkeys(c['task'] for c in claim.cells):
-            chosen, jobs, open_sweep = self._sweep_status(task, claim.models)
+            chosen, jobs, open_sweep = self._sweep_rounds(task, claim.models,
+                                                          lambda jobs: None)
             if jobs:
                 stages.append(self._stage_status(
                     f"sweep on {task} ({self.sweep_cells[task]['label']})", task, jobs,
@@ -789,10 +773,15 @@ class Reproduction:
                 for k in range(seeds)]))
         return stages
 
-    def _sweep_status(self, task: str, models: Sequence[str]):
-        r"""The sweep of :meth:`sweep` as far as the store has it: each model's chosen point
-        (:obj:`None` while open), the runs known so far, and the models whose sweep may still
-        add points (an extension waits for the runs before it)."""
+    def _sweep_rounds(self, task: str, models: Sequence[str],
+                      settle: Callable[[List[Tuple]], None]):
+        r"""The rounds of :meth:`sweep`: the grid, then, with the budget's ``extend_sweep``, the
+        points :func:`sweep_extension` adds while a model's best point lies on the edge of the
+        points it has tried. :obj:`settle` is called with each round's runs (the sweep trains
+        them; :meth:`status` does nothing); a model whose runs of a round are not all in the
+        store after it stops there. Returns each model's chosen point (:obj:`None` while
+        open), every run of the rounds reached, and the models that stopped before their last
+        possible round (whose sweep may still add points)."""
         grid = self.budget.sweep
         if len(grid) == 1:
             return {m: grid[0] for m in models}, [], []
@@ -800,31 +789,32 @@ class Reproduction:
 
         def config(lr: float, wd: float) -> TrainConfig:
             return replace(self.base_config(task), lr=lr, weight_decay=wd)
-        chosen: Dict[str, Optional[Tuple[float, float]]] = {}
-        jobs, open_models = [], []
+        chosen: Dict[str, Optional[Tuple[float, float]]] = {m: None for m in models}
+        points = {m: list(grid) for m in models}
+        todo = {m: list(grid) for m in models}
+        active, stopped, every = list(models), [], []
         rounds = SWEEP_MAX_STEPS if self.budget.extend_sweep else 0
-        for m in models:
-            points, todo = list(grid), list(grid)
-            chosen[m] = None
-            for extension in range(rounds + 1):
-                stage = [(cell, m, 0, config(lr, wd)) for lr, wd in todo]
-                jobs += stage
-                if not all(self.store.stored(*job) for job in stage):
-                    if extension < rounds:
-                        open_models.append(m)
-                    break
-                losses = []
-                for lr, wd in points:
-                    record = self.store.cached(cell, m, 0, replace(config(lr, wd), seed=0))
-                    losses.append(math.inf if record is None else float(
-                        dict(record['val']).get('loss', math.inf)))  # type: ignore[call-overload]
-                best = points[int(np.argmin(losses))]
-                todo = [p for p in sweep_extension(points, best) if p not in points]
-                if extension == rounds or not todo:
+        for extension in range(rounds + 1):
+            jobs = ([(cell, m, 0, config(lr, wd)) for lr, wd in grid for m in active]
+                    if extension == 0 else  # the grid point by point, then model by model
+                    [(cell, m, 0, config(lr, wd)) for m in active for lr, wd in todo[m]])
+            every += jobs
+            settle(jobs)
+            ready = [m for m in active if all(self.store.stored(*job) for job in jobs
+                                              if job[1] == m)]
+            stopped += [m for m in active if m not in ready and extension < rounds]
+            active = []
+            for m in ready:
+                best = self._best_point(cell, m, points[m], config)
+                todo[m] = [p for p in sweep_extension(points[m], best) if p not in points[m]]
+                if extension == rounds or not todo[m]:
                     chosen[m] = best
-                    break
-                points += todo
-        return chosen, jobs, open_models
+                else:
+                    points[m] += todo[m]
+                    active.append(m)
+            if not active:
+                break
+        return chosen, every, stopped
 
     def _stage_status(self, label: str, task: str, jobs, unknown: int = 0,
                       note: str = '') -> Dict[str, Any]:

@@ -274,8 +274,10 @@ def _place(src: Tensor, pos: Tensor, rows: int) -> Tensor:
     r"""A zero tensor of :obj:`rows` rows with the rows of :obj:`src` at positions :obj:`pos`
     (distinct). Its backward pass keeps only :obj:`pos`, not a copy of :obj:`src` as
     ``index_copy`` does: on the packed queries, keys and values of the dense attention path
-    that was a fifth of the tensors a ``rigid`` aggregation keeps for backward in message
-    passing (``SAGEConv``, 10^4 nodes, 10^5 edges)."""
+    that was about a quarter of the tensors a ``rigid`` aggregation keeps for backward in
+    message passing (135.8 -> 103.0 MB, ``SAGEConv``, 10^4 nodes, 10^5 edges). Forward +
+    backward on its own: 9.9 against 7.8 ms for ``index_copy`` at (100433, 4, 4), 4.5 against
+    6.1 ms at (32768, 4, 16), 43 against 59 ms at (32768, 4, 144) (one core, one run)."""
     return _Place.apply(src, pos, rows)
 
 

@@ -14,7 +14,21 @@ from torch.nn import LayerNorm, Linear, Module
 from torch_mz.nn.fused import LayerNormJacobianFused, fused_kernels_enabled
 
 
-class Zonotope:
+class _Tokens:
+    r"""What token batches with a center :math:`(N, d)` share."""
+    __slots__ = ('center', )
+    center: Tensor
+
+    @property
+    def num_tokens(self) -> int:
+        return self.center.size(0)
+
+    @property
+    def dim(self) -> int:
+        return self.center.size(1)
+
+
+class Zonotope(_Tokens):
     r"""A batch of zonotope tokens: centers :obj:`center` of shape :obj:`(N, d)` and generators
     :obj:`gens` of shape :obj:`(N, n_g, d)` (row :obj:`g` of token :obj:`i` is generator :obj:`g`).
 
@@ -27,7 +41,7 @@ class Zonotope:
     * the interval-hull width :math:`\mathrm{IHW} = \sum_g |G_g|` is a vector in
       :math:`\mathbb{R}^d` (:meth:`ihw`); :meth:`signed_sum` is :math:`\sum_g G_g`.
     """
-    __slots__ = ('center', 'gens')
+    __slots__ = ('gens', )
 
     def __init__(self, center: Tensor, gens: Tensor):
         if center.dim() != 2 or gens.dim() != 3:
@@ -38,14 +52,6 @@ class Zonotope:
                              f"{tuple(gens.shape)} do not match")
         self.center = center
         self.gens = gens
-
-    @property
-    def num_tokens(self) -> int:
-        return self.center.size(0)
-
-    @property
-    def dim(self) -> int:
-        return self.center.size(1)
 
     @property
     def num_generators(self) -> int:
@@ -80,7 +86,7 @@ class Zonotope:
 
 
 
-class MappedZonotope:
+class MappedZonotope(_Tokens):
     r"""Zonotope tokens whose generators are given before a last linear map (no bias): centers
     :obj:`center` :math:`(N, d)`, :obj:`hidden` :math:`(N, n_g, h)` and :obj:`weight`
     :math:`(d, h)` stand for ``Zonotope(center, hidden @ weight.T)`` without forming the
@@ -93,7 +99,7 @@ class MappedZonotope:
     hidden layer of its generator feed-forward this way (:class:`~torch_mz.nn.blocks.PMA`).
     :meth:`materialize` gives the plain :class:`Zonotope`.
     """
-    __slots__ = ('center', 'hidden', 'weight')
+    __slots__ = ('hidden', 'weight')
 
     def __init__(self, center: Tensor, hidden: Tensor, weight: Tensor):
         if center.dim() != 2 or hidden.dim() != 3 or weight.dim() != 2:
@@ -108,14 +114,6 @@ class MappedZonotope:
         self.center = center
         self.hidden = hidden
         self.weight = weight
-
-    @property
-    def num_tokens(self) -> int:
-        return self.center.size(0)
-
-    @property
-    def dim(self) -> int:
-        return self.center.size(1)
 
     @property
     def num_generators(self) -> int:
