@@ -8,8 +8,11 @@ and attention kernels, counted by torch's FlopCounterMode), the achieved fractio
 float32 matrix-product peak, the bytes its operators read and write (an unfused estimate,
 :func:`torch_mz.study.traffic.count_bytes`) and the achieved fraction of the measured memory
 bandwidth, median inference time, and the ratios to ``rigid`` measured in the same run.
-``+fused`` rows run the same preset with the opt-in compiled kernels
-(:func:`torch_mz.nn.set_fused_kernels`), ``+keep`` rows with glibc's malloc keeping freed memory
+Plain rows run the library's defaults: for the MZ presets at this size, the LayerNorm Jacobian
+on generators switches to compiled kernels after a few eager calls (:mod:`torch_mz.nn.fused`,
+auto mode; the switch happens in the untimed first calls). ``+eager`` rows keep the eager
+function (``set_fused_kernels(False)``), ``+fused`` rows compile it from the first call
+(``set_fused_kernels(True)``), ``+keep`` rows with glibc's malloc keeping freed memory
 for reuse (:func:`torch_mz.runtime.keep_freed_memory`), ``+compile`` rows the whole model through
 ``torch.compile`` (inductor; compiling happens in the untimed first calls, reported as
 ``first_calls_s``). Every row runs in a fresh process, which
@@ -36,17 +39,18 @@ import torch.nn.functional as F
 from torch_geometric.data import Batch, Data
 
 from torch_mz.models import build_model, count_parameters
-from torch_mz.nn import set_fused_kernels
+from torch_mz.nn import fused, set_fused_kernels
 from torch_mz.runtime import keep_freed_memory
 from torch_mz.study import (MeasurementFailed, count_flops, environment, in_fresh_process,
                             markdown_table, matmul_peak_flops, process_peak_rss_bytes, pyplot,
                             time_call, try_plot, write_results)
 from torch_mz.study.traffic import count_bytes, memory_bandwidth
 
-PRESETS = ('rigid', 'st-large', 'mz-slim', 'mz', 'mz-slim+fused', 'mz+fused', 'egnn',
-           'rigid+keep', 'st-large+keep', 'mz-slim+keep', 'mz+keep', 'mz-slim+fused+keep',
-           'mz+fused+keep', 'rigid+compile+keep', 'mz+compile+keep', 'egnn+keep')
+PRESETS = ('rigid', 'st-large', 'mz-slim', 'mz', 'mz-slim+eager', 'mz+eager', 'egnn',
+           'rigid+keep', 'st-large+keep', 'mz-slim+keep', 'mz+keep', 'mz-slim+eager+keep',
+           'mz+eager+keep', 'rigid+compile+keep', 'mz+compile+keep', 'egnn+keep')
 FUSED = '+fused'  # suffix: the preset with torch_mz.nn.set_fused_kernels(True)
+EAGER = '+eager'  # suffix: the preset with torch_mz.nn.set_fused_kernels(False)
 KEEP = '+keep'  # suffix: the preset with torch_mz.runtime.keep_freed_memory()
 COMPILE = '+compile'  # suffix: the whole model through torch.compile (inductor)
 
@@ -71,10 +75,12 @@ def build(name: str, radius: float):
 def split_name(name: str):
     r"""``'mz+fused+keep'`` -> ``('mz', {'fused', 'keep'})``."""
     preset, *flags = name.split('+')
-    unknown = set(flags) - {FUSED[1:], KEEP[1:], COMPILE[1:]}
+    unknown = set(flags) - {FUSED[1:], EAGER[1:], KEEP[1:], COMPILE[1:]}
     if unknown:
-        raise ValueError(f'unknown row suffixes {sorted(unknown)} in {name!r} (+fused, +keep, '
-                         f'+compile)')
+        raise ValueError(f'unknown row suffixes {sorted(unknown)} in {name!r} (+fused, +eager, '
+                         f'+keep, +compile)')
+    if {FUSED[1:], EAGER[1:]} <= set(flags):
+        raise ValueError(f'{name!r}: +fused and +eager exclude each other')
     return preset, set(flags)
 
 
@@ -83,11 +89,12 @@ def measure(name: str, args, pos, batch, y) -> dict:
     preset, flags = split_name(name)
     if 'keep' in flags and not keep_freed_memory():
         raise MeasurementFailed('keep_freed_memory() does not apply here (not glibc)')
-    set_fused_kernels('fused' in flags)  # compiling happens in the warm-up calls, untimed
+    # compiling happens in the untimed first calls
+    set_fused_kernels(True if 'fused' in flags else False if 'eager' in flags else None)
     try:
         return _measure(name, preset, args, pos, batch, y, compiled='compile' in flags)
     finally:
-        set_fused_kernels(False)
+        set_fused_kernels(None)  # the default
 
 
 def measure_one(config: dict) -> dict:
@@ -130,6 +137,10 @@ def _measure(name: str, preset: str, args, pos, batch, y, compiled: bool = False
 
     start = time.perf_counter()
     train_step(runner)  # the first call (compiles for '+compile' rows), untimed
+    for _ in range(32):  # auto mode's eager calls and its switch to compiled kernels, untimed
+        if not fused.warming_up():
+            break
+        train_step(runner)
     infer(runner)
     first_call_s = time.perf_counter() - start
     step_times = time_call(lambda: train_step(runner), repeats=args.repeats, warmup=0,

@@ -187,3 +187,83 @@ def test_cuda_fused_layer_norm_jacobian_matches_cpu():
         results.append([t.detach().cpu() for t in (out.gens, cc.grad, gg.grad, n.weight.grad)])
     for a, b in zip(*results):
         torch.testing.assert_close(a, b)
+
+
+def test_auto_mode_compiles_only_large_cpu_float32_calls_after_its_warm_up(monkeypatch):
+    r"""The default (auto) mode maps generators with the compiled kernels only for CPU float32
+    inputs of at least AUTO_MIN_ELEMENTS elements, and only after AUTO_WARMUP_CALLS such calls
+    ran eagerly; the values agree with the reference either way. (Compiling is replaced by the
+    uncompiled function here; the slow test above compiles.)"""
+    from torch_mz.nn import fused
+    from torch_mz.nn.zonotope import zonotope_layer_norm_reference
+    compiled = []
+    monkeypatch.setattr(fused, '_ENABLED', None)
+    monkeypatch.setattr(fused, '_FAILED', False)
+    monkeypatch.setattr(fused, '_AUTO_SEEN', 0)
+    monkeypatch.setattr(fused, 'AUTO_MIN_ELEMENTS', 200)
+    monkeypatch.setattr(fused, 'AUTO_WARMUP_CALLS', 2)
+    monkeypatch.setattr(fused, '_compiled', lambda name, fn: compiled.append(name) or fn)
+    g = torch.Generator().manual_seed(11)
+    norm = torch.nn.LayerNorm(12)
+    big = (torch.randn(6, 12, generator=g), torch.randn(6, 3, 12, generator=g))  # 216 elements
+    small = (big[0][:5], big[1][:5])  # 180 elements
+    assert not fused.warming_up()
+
+    def call(c, gens):
+        n = norm.to(c.dtype)
+        cc, gg = c.clone().requires_grad_(), gens.clone().requires_grad_()
+        out = zonotope_layer_norm(Zonotope(cc, gg), n)
+        out.gens.square().sum().backward()
+        ref = zonotope_layer_norm_reference(Zonotope(c, gens), n)
+        torch.testing.assert_close(out.gens, ref.gens)
+        return gg.grad
+
+    call(*small)
+    call(big[0].double(), big[1].double())
+    assert compiled == [] and not fused.warming_up()  # neither counts
+    call(*big)
+    assert compiled == [] and fused.warming_up()  # the first of two eager calls
+    call(*big)
+    assert compiled == [] and fused.warming_up()
+    grad = call(*big)  # the third large call: compiled forward and backward
+    assert compiled == ['ln_forward', 'ln_backward'] and not fused.warming_up()
+    call(*small)  # small inputs stay eager
+    assert compiled == ['ln_forward', 'ln_backward']
+    # the same gradients as the eager function (up to float rounding)
+    fused.set_fused_kernels(False)
+    torch.testing.assert_close(call(*big), grad)
+
+
+def test_fused_kernels_give_second_derivatives(monkeypatch):
+    r"""A second derivative through the compiled function (create_graph=True) runs its backward
+    formula uncompiled, so autograd differentiates it: gradgradcheck in float64. (Before, the
+    backward ran on detached inputs and second derivatives came out silently wrong.)"""
+    from torch_mz.nn import fused
+    monkeypatch.setattr(fused, '_FAILED', False)
+    monkeypatch.setattr(fused, '_compiled', lambda name, fn: fn)
+    g = torch.Generator().manual_seed(12)
+    c = torch.randn(3, 7, generator=g, dtype=torch.float64, requires_grad=True)
+    gens = torch.randn(3, 2, 7, generator=g, dtype=torch.float64, requires_grad=True)
+    w = (torch.rand(7, generator=g, dtype=torch.float64) + 0.5).requires_grad_()
+    fn = lambda cc, gg, ww: fused.LayerNormJacobianFused.apply(cc, gg, ww, 1e-5)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (c, gens, w))
+    assert torch.autograd.gradgradcheck(fn, (c, gens, w))
+
+
+@pytest.mark.parametrize('value, mode', [(None, None), ('auto', None), ('1', True),
+                                         ('on', True), ('0', False), ('', False),
+                                         ('false', False)])
+def test_fused_kernel_mode_from_the_environment(monkeypatch, value, mode):
+    from torch_mz.nn import fused
+    if value is None:
+        monkeypatch.delenv('TORCH_MZ_FUSED_KERNELS', raising=False)
+    else:
+        monkeypatch.setenv('TORCH_MZ_FUSED_KERNELS', value)
+    assert fused._mode_from_environment() is mode
+
+
+def test_a_mistyped_fused_kernel_mode_is_refused(monkeypatch):
+    from torch_mz.nn import fused
+    monkeypatch.setenv('TORCH_MZ_FUSED_KERNELS', 'yes please')
+    with pytest.raises(ValueError, match="'auto', '1' or '0'"):
+        fused._mode_from_environment()

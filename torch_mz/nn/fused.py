@@ -1,19 +1,37 @@
-r"""Compiled kernels for the per-token generator work (opt-in).
+r"""Compiled kernels for the per-token generator work.
 
 On a CPU core the MZ models' time goes into passes over the :math:`(N, n_g, d)` generators, and
 eager PyTorch makes one pass per operator. :func:`torch.compile` fuses the LayerNorm Jacobian on
 generators (:func:`~torch_mz.nn.zonotope.zonotope_layer_norm`) into about two passes forward and
 two backward. Measured on one core (the function alone, a throwaway script, nothing else
 running), :math:`N = 32768, n_g = 8, d = 64`, float32: forward 47 ms and backward 49 ms against
-95 ms and about 215 ms for the hand-written eager function. Whole models gain less
-(``benchmarks/training_step.py``: ``mz-slim`` step 0.77x, ``mz`` 0.97x; in message passing,
-``benchmarks/message_passing.py``, the neighbourhood aggregation 0.69-1.04x).
+95 ms and about 215 ms for the hand-written eager function. Whole models gain less: the ``mz``
+training step on 32 clouds of 1,024 points 1.86-1.97 s against 2.24-2.52 s eager, inference
+0.71-0.84 s against 0.74-0.91 s (one process alternating the two, four rounds, min of 2 calls
+each; ``benchmarks/training_step.py`` for the committed figures); in message passing
+(``benchmarks/message_passing.py``) the neighbourhood aggregation 0.69-1.04x the eager time.
 
-It is off by default: the first call in a process compiles for a few seconds per dtype (and needs
-a C++ compiler on CPU, Triton on CUDA). Turn it on with :func:`set_fused_kernels` or the
-environment variable ``TORCH_MZ_FUSED_KERNELS=1``; if compiling fails, the eager function is used
-and a warning says why. Both compute the same map; the tests check values and gradients against
-the autograd reference in float64.
+Three modes, set by :func:`set_fused_kernels` or the environment variable
+``TORCH_MZ_FUSED_KERNELS``:
+
+* **auto** (the default; ``set_fused_kernels(None)``, the variable unset or ``auto``): the
+  compiled kernels run on CPU float32 generators of at least :data:`AUTO_MIN_ELEMENTS` elements
+  once :data:`AUTO_WARMUP_CALLS` such calls have run eagerly in this process. Compiling takes a
+  few seconds once per process (and needs a C++ compiler), so one call on a large batch does not
+  pay for it and training loops and large message-passing workloads do. Small inputs (sets of a
+  few tokens, the test suite), other dtypes and devices, code under ``torch.compile`` (which
+  fuses on its own), ``torch.func`` transforms and dispatch modes run the eager function. A
+  training run therefore switches from the eager to the compiled function after its first few
+  steps; the two agree up to float rounding, and the switch happens at the same call in every
+  run with the same shapes, so seeded runs stay reproducible.
+* **on** (``set_fused_kernels(True)``, ``TORCH_MZ_FUSED_KERNELS=1``): compiled for every input
+  (also CUDA, through Triton, not measured here).
+* **off** (``set_fused_kernels(False)``, ``TORCH_MZ_FUSED_KERNELS=0``): the eager function.
+
+If compiling fails, the eager function runs from then on and a warning says why. Both compute
+the same map; the tests check values and first and second derivatives against the autograd
+reference in float64. A second derivative (``create_graph=True``) runs the backward formula
+uncompiled, so that autograd can differentiate it.
 """
 import os
 import warnings
@@ -23,21 +41,72 @@ import torch
 from torch import Tensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-_ENABLED = os.environ.get('TORCH_MZ_FUSED_KERNELS', '0') not in ('', '0', 'false', 'False')
+
+
+def _mode_from_environment() -> Optional[bool]:
+    value = os.environ.get('TORCH_MZ_FUSED_KERNELS')
+    if value is None or value.strip().lower() == 'auto':
+        return None
+    if value.strip().lower() in ('', '0', 'false', 'off', 'no'):
+        return False
+    if value.strip().lower() in ('1', 'true', 'on', 'yes'):
+        return True
+    raise ValueError(f"TORCH_MZ_FUSED_KERNELS must be 'auto', '1' or '0' (got {value!r})")
+
+
+# True: always, False: never, None: auto (large CPU float32 inputs after a warm-up)
+_ENABLED: Optional[bool] = _mode_from_environment()
 _COMPILED: Dict[str, Callable] = {}
 _FAILED = False
+#: auto mode: the fewest generator elements (N n_g d) that use the compiled kernels (2^20: e.g.
+#: a batch of 128 sets of 16 tokens with 8 generators of width 64, or 32,768 edges of a
+#: message-passing layer with 2 generators of width 16)
+AUTO_MIN_ELEMENTS = 2 ** 20
+#: auto mode: how many calls of that size run eagerly before the first compiled one
+AUTO_WARMUP_CALLS = 8
+_AUTO_SEEN = 0
 
 
-def set_fused_kernels(enabled: bool = True) -> None:
-    r"""Use compiled (fused) kernels for the LayerNorm Jacobian on generators (see the module
-    docstring)."""
+def set_fused_kernels(enabled: Optional[bool] = True) -> None:
+    r"""Compiled (fused) kernels for the LayerNorm Jacobian on generators: :obj:`True` always,
+    :obj:`False` never, :obj:`None` auto, the default (see the module docstring)."""
     global _ENABLED
-    _ENABLED = bool(enabled)
+    _ENABLED = None if enabled is None else bool(enabled)
 
 
 def fused_kernels_enabled() -> bool:
-    r"""Whether the compiled kernels are on (and have not failed to compile)."""
-    return _ENABLED and not _FAILED
+    r"""Whether the compiled kernels are on for every input (mode on, and they have not failed
+    to compile)."""
+    return _ENABLED is True and not _FAILED
+
+
+def _functorch_wrapped(t: Tensor) -> bool:
+    try:
+        return torch._C._functorch.is_functorch_wrapped_tensor(t)
+    except AttributeError:  # pragma: no cover (older torch)
+        return False
+
+
+def use_fused_kernels(gens: Tensor) -> bool:
+    r"""Whether :func:`~torch_mz.nn.zonotope.zonotope_layer_norm` maps these generators with
+    the compiled kernels (the mode, and in auto mode the input and the calls so far)."""
+    global _AUTO_SEEN
+    if _FAILED or _ENABLED is False:
+        return False
+    if _ENABLED:
+        return True
+    if (gens.device.type != 'cpu' or gens.dtype != torch.float32
+            or gens.numel() < AUTO_MIN_ELEMENTS or torch.compiler.is_compiling()
+            or _get_current_dispatch_mode() is not None or _functorch_wrapped(gens)):
+        return False
+    _AUTO_SEEN += 1
+    return _AUTO_SEEN > AUTO_WARMUP_CALLS
+
+
+def warming_up() -> bool:
+    r"""Auto mode has seen large inputs but not yet switched to the compiled kernels (for
+    benchmarks: call until this is :obj:`False` before timing)."""
+    return _ENABLED is None and not _FAILED and 0 < _AUTO_SEEN <= AUTO_WARMUP_CALLS
 
 
 def _ln_jacobian_forward(c: Tensor, g: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -97,7 +166,7 @@ def _run(name: str, fn, *args):
             _FAILED = True
             warnings.warn(f"torch_mz: compiling the fused kernels failed ({type(err).__name__}: "
                           f"{str(err).splitlines()[0] if str(err) else ''}); using the eager "
-                          f"functions", RuntimeWarning)
+                          f"functions (TORCH_MZ_FUSED_KERNELS=0 does not try)", RuntimeWarning)
     return fn(*args)
 
 
@@ -116,7 +185,10 @@ class LayerNormJacobianFused(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out: Tensor):
         c, g, w = ctx.saved_tensors
-        grad_c, grad_g, grad_w = _run('ln_backward', _ln_jacobian_backward,
-                                      grad_out.contiguous(), c, g, w, ctx.eps)
+        if torch.is_grad_enabled():  # create_graph=True: the formula uncompiled, differentiable
+            grad_c, grad_g, grad_w = _ln_jacobian_backward(grad_out, c, g, w, ctx.eps)
+        else:
+            grad_c, grad_g, grad_w = _run('ln_backward', _ln_jacobian_backward,
+                                          grad_out.contiguous(), c, g, w, ctx.eps)
         return (grad_c if ctx.needs_input_grad[0] else None, grad_g,
                 grad_w if ctx.has_weight and ctx.needs_input_grad[2] else None, None)

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn import LayerNorm, Linear, Module
 
-from torch_mz.nn.fused import LayerNormJacobianFused, fused_kernels_enabled
+from torch_mz.nn.fused import LayerNormJacobianFused, use_fused_kernels
 
 
 class _Tokens:
@@ -265,9 +265,9 @@ def zonotope_layer_norm(z: Zonotope, norm: LayerNorm) -> Zonotope:
     The generator map runs as one autograd function with a hand-written backward, which keeps
     only the generators and per-token vectors for the backward pass and takes a few passes over
     the generators instead of the dozen that autograd through the elementwise formula takes
-    (:func:`zonotope_layer_norm_reference`, the tested reference). With
-    :func:`torch_mz.nn.set_fused_kernels` the map runs as compiled kernels instead
-    (:mod:`torch_mz.nn.fused`, opt-in).
+    (:func:`zonotope_layer_norm_reference`, the tested reference). On large CPU float32 inputs
+    (by default, after a few eager calls) or wherever :func:`torch_mz.nn.set_fused_kernels`
+    turns them on, the map runs as compiled kernels instead (:mod:`torch_mz.nn.fused`).
     """
     c = z.center
     d = c.size(-1)
@@ -278,12 +278,11 @@ def zonotope_layer_norm(z: Zonotope, norm: LayerNorm) -> Zonotope:
     if z.gens.size(1) == 0:  # plain vector tokens
         return Zonotope(out_c, z.gens.to(out_c.dtype))
     weight = norm.weight.to(out_c.dtype) if norm.weight is not None else None
-    if fused_kernels_enabled():  # opt-in compiled kernels (torch_mz.nn.fused)
-        g = LayerNormJacobianFused.apply(c.to(out_c.dtype), z.gens.to(out_c.dtype).contiguous(),
-                                         weight, norm.eps)
+    gens = z.gens.to(out_c.dtype)
+    if use_fused_kernels(gens):  # compiled kernels (torch_mz.nn.fused)
+        g = LayerNormJacobianFused.apply(c.to(out_c.dtype), gens.contiguous(), weight, norm.eps)
         return Zonotope(out_c, g)
-    g = _LayerNormJacobian.apply(c.to(out_c.dtype), z.gens.to(out_c.dtype).contiguous(), weight,
-                                 norm.eps)
+    g = _LayerNormJacobian.apply(c.to(out_c.dtype), gens.contiguous(), weight, norm.eps)
     return Zonotope(out_c, g)
 
 
