@@ -105,7 +105,7 @@ def collect_summaries(model: Module, batches: Iterable) -> Dict[str, Tensor]:
     for name, module in found.items():
         def hook(mod, inputs, output, name=name):
             _, key_value, _, kv_set, num_sets = inputs
-            store[name].append(mod.set_summary(key_value.center, kv_set, num_sets))
+            store[name].append(mod.key_value_summary(key_value, kv_set, num_sets))
         handles.append(module.register_forward_hook(hook))
     was_training = model.training
     model.eval()

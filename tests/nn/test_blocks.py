@@ -129,13 +129,19 @@ def test_generator_ffn_is_odd_and_pma_maps_generators_with_it():
 @pytest.mark.parametrize('value', ['mz', 'rigid', 'film', 'hypernet'])
 @pytest.mark.parametrize('order', ['before', 'after'])
 @pytest.mark.parametrize('path', ['dense', 'scatter'])
-def test_pma_generator_ffn_last_map_after_the_aggregation_is_exact(value, order, path):
+@pytest.mark.parametrize('d_ff, summary', [(16, 'mean'), (8, 'mean'), (4, 'mean+std')])
+def test_pma_generator_ffn_last_map_after_the_aggregation_is_exact(value, order, path, d_ff,
+                                                                  summary):
     # the PMA hands the attention its generator FFN's hidden rows and W_2 (MappedZonotope), and
-    # W_2 joins the value map: the literal order (W_2 on every generator row, then the MAB) gives
-    # the same values and gradients (inputs and every parameter) to float64 rounding, with the
-    # value map before and after the aggregation, a set without elements and dropout off
-    block = _block('pma', value, seed=3, path=path)
+    # W_2 joins the value map; where d_ff <= d the center rFF's W_2 and bias join the key and
+    # value maps and the gates' set mean too: the literal order (W_2 on every row, then the MAB)
+    # gives the same values and gradients (inputs and every parameter) to float64 rounding,
+    # with the value map before and after the aggregation, a set without elements and dropout
+    # off
+    block = _block('pma', value, seed=3, path=path, d_ff=d_ff, summary=summary)
     block.mab.attn.value_order = order
+    seen = []
+    block.mab.register_forward_pre_hook(lambda m, args: seen.append(args[1]))
     index = make_index([5, 0, 3, 1])
     x = _tokens(index.numel(), 4)
     for name, p in block.named_parameters():  # non-zero context-dependent parameters
@@ -157,9 +163,37 @@ def test_pma_generator_ffn_last_map_after_the_aggregation_is_exact(value, order,
         loss = (out.center.sin().sum() + out.gens.cos().sum())
         outs.append((out, torch.autograd.grad(loss, [c, g] + params, allow_unused=True)))
     (fast, fast_grads), (ref, ref_grads) = outs
+    assert isinstance(seen[0], MappedZonotope)
+    assert (seen[0].center_weight is not None) == (d_ff <= D)  # the center folded
     torch.testing.assert_close(fast.center, ref.center, atol=1e-10, rtol=0)
     torch.testing.assert_close(fast.gens, ref.gens, atol=1e-10, rtol=0)
     for a, b in zip(fast_grads, ref_grads):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize('value', ['rigid', 'film'])
+def test_pma_without_generators_folds_the_center_map_exactly(value):
+    # a plain Set Transformer PMA (no generators) with d_ff <= d: the center rFF's W_2 joins the
+    # key and value maps; values and gradients as in the literal order
+    torch.manual_seed(4)
+    block = PMA(D, num_seeds=2, heads=2, num_generators=0, d_ff=D, value=value).double().eval()
+    index = make_index([3, 0, 4])
+    c = torch.randn(index.numel(), D, dtype=torch.float64, requires_grad=True)
+    g = torch.zeros(index.numel(), 0, D, dtype=torch.float64)
+    params = list(block.parameters())
+
+    def literal(c):
+        seeds, seed_set = block.seeds(3, c)
+        return block.mab(seeds, Zonotope(block.rff(c), g), seed_set, index, 3)
+    outs = []
+    for fn in (lambda c: block(Zonotope(c, g), index, 3), literal):
+        out = fn(c)
+        outs.append((out.center, torch.autograd.grad(out.center.sin().sum(), [c] + params,
+                                                     allow_unused=True)))
+    torch.testing.assert_close(outs[0][0], outs[1][0], atol=1e-10, rtol=0)
+    for a, b in zip(outs[0][1], outs[1][1]):
         assert (a is None) == (b is None)
         if a is not None:
             torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
@@ -178,6 +212,16 @@ def test_mapped_zonotope_shapes_and_materialize():
         MappedZonotope(c, torch.randn(3, 2, 3), w)
     with pytest.raises(ValueError, match='Expected'):
         MappedZonotope(c, h[0], w)
+    # centers given by hidden rows (4, 5) and their map (6, 5) with a bias
+    ch, cw, cb = torch.randn(4, 5), torch.randn(6, 5), torch.randn(6)
+    z = MappedZonotope(ch, h, w, cw, cb)
+    assert (z.num_tokens, z.dim, z.num_generators) == (4, 6, 2)
+    torch.testing.assert_close(z.materialize().center, ch @ cw.T + cb)
+    assert 'center_hidden=5' in repr(z)
+    with pytest.raises(ValueError, match='do not match'):
+        MappedZonotope(ch, h, w, torch.randn(6, 4))
+    with pytest.raises(ValueError, match='do not match'):
+        MappedZonotope(c, h, w, None, cb)  # a bias without a map
 
 
 def test_mab_post_norm_structure():

@@ -193,6 +193,23 @@ class MZAttention(Module):
             return mean
         return torch.cat([mean, set_std(center, set_id, num_sets, mean)], dim=-1)  # (B, 2d)
 
+    def key_value_summary(self, key_value: Union[Zonotope, MappedZonotope], kv_set: Tensor,
+                          num_sets: int) -> Tensor:
+        r"""The set summary :math:`\mu(S)` (:meth:`set_summary`) of the key/value tokens'
+        centers, also for :class:`~torch_mz.nn.zonotope.MappedZonotope` tokens: from the hidden
+        rows of mapped centers (the mean commutes with the linear map; the bias counts only for
+        sets with elements), and from the centers themselves for the std."""
+        if not isinstance(key_value, MappedZonotope) or key_value.center_weight is None:
+            return self.set_summary(key_value.center, kv_set, num_sets)
+        if self.summary != 'mean':
+            return self.set_summary(key_value.centers(), kv_set, num_sets)
+        rows, weight, bias = key_value.center_rows()
+        mean = F.linear(set_mean(rows, kv_set, num_sets), weight)  # (B, d)
+        if bias is None:
+            return mean
+        nonempty = (set_counts(kv_set, num_sets) > 0).to(mean.dtype).unsqueeze(-1)  # (B, 1)
+        return mean.addcmul(nonempty, bias.to(mean.dtype))
+
     def forward(self, query: Zonotope, key_value: Union[Zonotope, MappedZonotope],
                 query_set: Tensor, kv_set: Tensor, num_sets: int) -> Zonotope:
         if query.dim != self.dim or key_value.dim != self.dim:
@@ -207,7 +224,7 @@ class MZAttention(Module):
         after = self._values_after(query_set, counts_k, Nq, Nk, num_sets)
         gamma = None
         if self.value == 'mz':
-            mu = self.set_summary(key_value.center, kv_set, num_sets)  # (B, |mu|)
+            mu = self.key_value_summary(key_value, kv_set, num_sets)  # (B, |mu|)
             gamma = torch.tanh(self.gate(mu))  # (B, L): the gates of each set
         # 'mz' with the value map before the aggregation: the mixing term joins the values
         # (see _aggregate), so the aggregated generators are the output generators
@@ -240,7 +257,7 @@ class MZAttention(Module):
         else:
             g_hat, out_g = None, g_agg  # already G_hat M_c^T
         if self.value != 'rigid':
-            mu = self.set_summary(key_value.center, kv_set, num_sets)  # (B, |mu|)
+            mu = self.key_value_summary(key_value, kv_set, num_sets)  # (B, |mu|)
             out_c, out_g = self._context(out_c, out_g, c_hat, g_hat, mu, query_set)
 
         out_c = out_c.reshape(Nq, self.dim)  # (Nq, d)
@@ -262,7 +279,19 @@ class MZAttention(Module):
         if self.log_n:
             n = counts_k.clamp(min=1).to(q.dtype)  # (B,)
             q = q * torch.log(n)[query_set].view(Nq, 1, 1)
-        k = self.lin_k(key_value.center).view(Nk, H, dk)  # (Nk, H, dk)
+        if isinstance(key_value, MappedZonotope):
+            rows, c_weight, c_bias = key_value.center_rows()
+        else:
+            rows, c_weight, c_bias = key_value.center, None, None
+        if c_weight is None:
+            k = self.lin_k(rows).view(Nk, H, dk)  # (Nk, H, dk)
+        else:
+            # centers C W_c^T + b_c given by their hidden rows C (Nk, h_c): W_c joins the key
+            # map, W_K (W_c h + b_c) = (W_K W_c) h + W_K b_c, and the value map below
+            c_weight = c_weight.to(q.dtype)
+            w_k = self.lin_k.weight.to(q.dtype)
+            k = F.linear(rows.to(q.dtype), w_k @ c_weight,
+                         None if c_bias is None else w_k @ c_bias.to(q.dtype)).view(Nk, H, dk)
         weight = self.weight.to(q.dtype)  # (H, dk, dk), M_c or W
         w_v = self.lin_v.weight.to(q.dtype).view(H, dk, d)  # per-head rows of W_V
         # Generators only ever meet M_c W_V (or W_V, for 'hypernet', which needs G_hat itself),
@@ -286,26 +315,32 @@ class MZAttention(Module):
         center_map = gen_map if fold else w_v  # (H, dk, d)
         if fold and bias_v is not None:
             bias_v = torch.einsum('hed,hd->he', weight, bias_v)  # (H, dk)
+        if c_weight is not None:  # mapped centers: the center map joins the value map too
+            if c_bias is not None:
+                b_c = torch.einsum('hed,d->he', center_map, c_bias.to(q.dtype))  # (H, dk)
+                bias_v = b_c if bias_v is None else bias_v + b_c
+            center_map = torch.matmul(center_map, c_weight)  # (H, dk, h_c)
+        w_c = rows.size(-1)  # d, or h_c
 
         if after:
             # Aggregate the raw tokens once for all heads, then map them (exact: the value map is
             # linear and commutes with the attention-weighted sum). A column of ones gives the
             # attention mass of each query, which multiplies the bias (1, or 0 without keys).
             # The generators are aggregated as they lie (no copy into a joint value tensor).
-            ones = key_value.center.new_ones(Nk, 1).to(q.dtype)
-            raw_c = torch.cat([ones, key_value.center.to(q.dtype)], dim=-1)  # (Nk, 1 + d)
+            ones = rows.new_ones(Nk, 1).to(q.dtype)
+            raw_c = torch.cat([ones, rows.to(q.dtype)], dim=-1)  # (Nk, 1 + d)
             agg_c, g_raw = grouped_attention(
                 q, k, (raw_c, gens_kv.reshape(Nk, ng * w_g)), query_set, kv_set, num_sets,
                 dropout=self.dropout, training=self.training,
                 path=self.path)  # (Nq, H, 1 + d), (Nq, H, ng d): the same attention weights
-            mass, c_raw = agg_c.split([1, d], dim=-1)  # (Nq, H, 1), (Nq, H, d)
+            mass, c_raw = agg_c.split([1, w_c], dim=-1)  # (Nq, H, 1), (Nq, H, d)
             c_hat = torch.einsum('nhd,hed->nhe', c_raw, center_map)  # (Nq, H, dk)
             if bias_v is not None:
                 c_hat = c_hat + mass * bias_v
             g_agg = torch.einsum('nhgd,hed->nhge', g_raw.reshape(Nq, H, ng, w_g),
                                  gens_map)  # (Nq, H, ng, dk)
         else:
-            vc = F.linear(key_value.center.to(q.dtype), center_map.reshape(d, d),
+            vc = F.linear(rows.to(q.dtype), center_map.reshape(d, w_c),
                           None if bias_v is None else bias_v.reshape(d)).view(
                               Nk, H, dk)  # (Nk, H, dk)
             vg = torch.einsum('ngd,hed->nhge', gens_kv, gens_map)  # (Nk, H, ng, dk)

@@ -87,45 +87,74 @@ class Zonotope(_Tokens):
 
 
 class MappedZonotope(_Tokens):
-    r"""Zonotope tokens whose generators are given before a last linear map (no bias): centers
-    :obj:`center` :math:`(N, d)`, :obj:`hidden` :math:`(N, n_g, h)` and :obj:`weight`
-    :math:`(d, h)` stand for ``Zonotope(center, hidden @ weight.T)`` without forming the
-    :math:`(N, n_g, d)` product.
+    r"""Zonotope tokens whose generators (and optionally centers) are given before a last linear
+    map: :obj:`hidden` :math:`(N, n_g, h)` and :obj:`weight` :math:`(d, h)` (no bias) stand for
+    the generators ``hidden @ weight.T`` without forming the :math:`(N, n_g, d)` product. Centers
+    are :obj:`center` :math:`(N, d)`, or, with :obj:`center_weight` :math:`(d, h_c)` (and
+    optionally :obj:`center_bias` :math:`(d,)`), :obj:`center` holds their hidden rows
+    :math:`(N, h_c)` and the centers are ``center @ center_weight.T + center_bias``
+    (:meth:`center_rows`).
 
-    Only an operator that uses the generators linearly can take it: the key/value side of
+    Only an operator that uses the tokens linearly can take it: the key/value side of
     :class:`~torch_mz.nn.attention.MZAttention`, where generators meet only the
-    attention-weighted sum and the value map, so the map joins the value map and acts on the
-    aggregated rows (or on the keys' hidden rows), exactly up to rounding. The PMA passes the
-    hidden layer of its generator feed-forward this way (:class:`~torch_mz.nn.blocks.PMA`).
+    attention-weighted sum and the value map, and centers only the key map, the value map and
+    the set mean, so each map joins the one it meets, exactly up to rounding. The PMA passes the
+    hidden layers of its feed-forwards this way (:class:`~torch_mz.nn.blocks.PMA`).
     :meth:`materialize` gives the plain :class:`Zonotope`.
     """
-    __slots__ = ('hidden', 'weight')
+    __slots__ = ('hidden', 'weight', 'center_weight', 'center_bias')
 
-    def __init__(self, center: Tensor, hidden: Tensor, weight: Tensor):
-        if center.dim() != 2 or hidden.dim() != 3 or weight.dim() != 2:
-            raise ValueError(f"Expected 'center' (N, d), 'hidden' (N, n_g, h) and 'weight' "
-                             f"(d, h) (got {tuple(center.shape)}, {tuple(hidden.shape)} and "
+    def __init__(self, center: Tensor, hidden: Tensor, weight: Tensor,
+                 center_weight: Optional[Tensor] = None, center_bias: Optional[Tensor] = None):
+        if (center.dim() != 2 or hidden.dim() != 3 or weight.dim() != 2
+                or (center_weight is not None and center_weight.dim() != 2)):
+            raise ValueError(f"Expected 'center' (N, d) or (N, h_c), 'hidden' (N, n_g, h), "
+                             f"'weight' (d, h) and 'center_weight' (d, h_c) (got "
+                             f"{tuple(center.shape)}, {tuple(hidden.shape)} and "
                              f"{tuple(weight.shape)})")
-        if (hidden.size(0) != center.size(0) or weight.size(0) != center.size(1)
-                or weight.size(1) != hidden.size(2)):
+        d = weight.size(0)
+        width = center.size(1) if center_weight is None else center_weight.size(0)
+        if (hidden.size(0) != center.size(0) or width != d or weight.size(1) != hidden.size(2)
+                or (center_weight is not None and center_weight.size(1) != center.size(1))
+                or (center_bias is not None and (center_weight is None
+                                                 or tuple(center_bias.shape) != (d, )))):
             raise ValueError(f"Shapes of 'center' {tuple(center.shape)}, 'hidden' "
-                             f"{tuple(hidden.shape)} and 'weight' {tuple(weight.shape)} do not "
-                             f"match")
+                             f"{tuple(hidden.shape)}, 'weight' {tuple(weight.shape)} and the "
+                             f"center's map do not match")
         self.center = center
         self.hidden = hidden
         self.weight = weight
+        self.center_weight = center_weight
+        self.center_bias = center_bias
+
+    @property
+    def dim(self) -> int:
+        return self.weight.size(0)
 
     @property
     def num_generators(self) -> int:
         return self.hidden.size(1)
 
+    def center_rows(self):
+        r"""``(rows, weight, bias)`` with centers ``rows @ weight.T + bias``; :obj:`weight` and
+        :obj:`bias` are :obj:`None` where the centers are given as they are."""
+        return self.center, self.center_weight, self.center_bias
+
+    def centers(self) -> Tensor:
+        r"""The centers :math:`(N, d)`."""
+        if self.center_weight is None:
+            return self.center
+        return F.linear(self.center, self.center_weight, self.center_bias)
+
     def materialize(self) -> Zonotope:
         r"""The tokens as a :class:`Zonotope`, :math:`(c, H W^\top)`."""
-        return Zonotope(self.center, F.linear(self.hidden, self.weight))
+        return Zonotope(self.centers(), F.linear(self.hidden, self.weight))
 
     def __repr__(self) -> str:
         return (f'MappedZonotope(num_tokens={self.num_tokens}, dim={self.dim}, '
-                f'num_generators={self.num_generators}, hidden={self.hidden.size(-1)})')
+                f'num_generators={self.num_generators}, hidden={self.hidden.size(-1)}'
+                + ('' if self.center_weight is None else
+                   f', center_hidden={self.center.size(-1)}') + ')')
 
 
 def _feature_means(t: Tensor, c_hat: Tensor):
