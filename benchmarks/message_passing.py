@@ -4,8 +4,9 @@ SetTransformerAggregation with the same block structure.
 One forward + backward of ``SAGEConv(d, d, aggr=...)`` (and ``GraphConv``) on random graphs with
 average in-degree 10, in-degrees Poisson or power law (``deg_i ~ 1 / rank_i``, scaled to the same
 number of edges), ``edge_index`` sorted by destination (PyG's aggregation requires it). Each
-configuration runs in a fresh subprocess, which measures the peak memory of one call first (peak
-resident set above the state before it) and then the median time of ``--repeats`` calls. Ratios
+configuration runs in a fresh subprocess, which makes one untimed call (compiling, where the
+compiled kernels run), measures the peak memory of the next call (peak resident set above the
+state before it) and then the median time of ``--repeats`` calls. Ratios
 are taken between medians of the same run. Aggregations:
 
 * ``pyg``: ``SetTransformerAggregation(d, heads=4)`` (one SAB encoder block, PMA, one SAB decoder
@@ -15,12 +16,10 @@ are taken between medians of the same run. Aggregations:
 * ``default``: ``MZAggregation(d)``: the neighbourhood preset with the matrix-zonotope value
   operator and the Slim generator budget (n_g = 2, L = 1), with the library's defaults: on graphs
   with at least 2^20 generator elements per LayerNorm (32,768 edges at d = 16) the LayerNorm
-  Jacobian switches to compiled kernels after a few eager calls (:mod:`torch_mz.nn.fused`, auto
-  mode; the peak memory is that of the first call, eager, and the further eager calls and the
-  switch run untimed before the timed ones),
+  Jacobian runs as compiled kernels (:mod:`torch_mz.nn.fused`, auto mode),
 * ``default-eager``: the same with the eager functions only (``set_fused_kernels(False)``),
 * ``default-fused``: the same with the compiled kernels for every input
-  (``set_fused_kernels(True)``; compiled in an untimed warm-up call),
+  (``set_fused_kernels(True)``),
 * ``default-ckpt``: the same with ``checkpoint=True`` (activations recomputed in the backward
   pass), only on the largest graphs at d = 16, where memory matters,
 * ``default-ckpt-attn`` and ``rigid-ckpt-attn``: ``default`` and ``rigid`` with
@@ -114,11 +113,10 @@ def run_one(cfg: dict) -> dict:
     from torch_mz.nn import set_fused_kernels
     if cfg['aggr'].endswith('-fused'):
         set_fused_kernels(True)
-        step()  # compiles: not part of the peak memory or the timings
     elif cfg['aggr'].endswith('-eager'):
         set_fused_kernels(False)
-    peak = peak_memory_bytes(step, device)  # this first call is also the warm-up
-    # (time_call runs auto mode's further eager calls and its switch untimed)
+    step()  # compiles where the compiled kernels run: not part of the peak memory or timings
+    peak = peak_memory_bytes(step, device)
     times = time_call(step, repeats=cfg['repeats'], warmup=0, device=device)
     deg = torch.bincount(edge_index[1], minlength=cfg['nodes'])
     return dict(cfg, edges=int(edge_index.size(1)), max_degree=int(deg.max()),
@@ -288,7 +286,8 @@ def main():
                 f"(`keep_freed_memory()`): {args.keep_freed_memory}. Forward + backward of one "
                 f"convolution, median of "
                 f"{args.repeats} calls; peak memory = peak resident set of one call above the "
-                f"state before it, in a fresh process per row.\n\n"
+                f"state before it, in a fresh process per row, after one untimed call (which "
+                f"compiles where the compiled kernels run).\n\n"
                 '## Ratios (medians of this run)\n\n'
                 + markdown_table(ratios, ratio_cols)
                 + '\n## Growth with the graph (slope of log time / log memory against '

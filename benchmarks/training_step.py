@@ -9,8 +9,8 @@ float32 matrix-product peak, the bytes its operators read and write (an unfused 
 :func:`torch_mz.study.traffic.count_bytes`) and the achieved fraction of the measured memory
 bandwidth, median inference time, and the ratios to ``rigid`` measured in the same run.
 Plain rows run the library's defaults: for the MZ presets at this size, the LayerNorm Jacobian
-on generators switches to compiled kernels after a few eager calls (:mod:`torch_mz.nn.fused`,
-auto mode; the switch happens in the untimed first calls). ``+eager`` rows keep the eager
+on generators runs as compiled kernels (:mod:`torch_mz.nn.fused`, auto mode; compiled in the
+untimed first calls). ``+eager`` rows keep the eager
 function (``set_fused_kernels(False)``), ``+fused`` rows compile it from the first call
 (``set_fused_kernels(True)``), ``+keep`` rows with glibc's malloc keeping freed memory
 for reuse (:func:`torch_mz.runtime.keep_freed_memory`), ``+compile`` rows the whole model through
@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch_geometric.data import Batch, Data
 
 from torch_mz.models import build_model, count_parameters
-from torch_mz.nn import fused, set_fused_kernels
+from torch_mz.nn import set_fused_kernels
 from torch_mz.runtime import keep_freed_memory
 from torch_mz.study import (MeasurementFailed, count_flops, environment, in_fresh_process,
                             markdown_table, matmul_peak_flops, process_peak_rss_bytes, pyplot,
@@ -136,11 +136,7 @@ def _measure(name: str, preset: str, args, pos, batch, y, compiled: bool = False
             forward(m)
 
     start = time.perf_counter()
-    train_step(runner)  # the first call (compiles for '+compile' rows), untimed
-    for _ in range(32):  # auto mode's eager calls and its switch to compiled kernels, untimed
-        if not fused.warming_up():
-            break
-        train_step(runner)
+    train_step(runner)  # the first call (compiles for '+compile' and auto rows), untimed
     infer(runner)
     first_call_s = time.perf_counter() - start
     step_times = time_call(lambda: train_step(runner), repeats=args.repeats, warmup=0,
@@ -252,9 +248,12 @@ def main():
                 f"(r = {args.egnn_radius}). GB = bytes read and written by the operators of one "
                 f"step (unfused estimate, no cache reuse: an upper bound); % of bandwidth = "
                 f"GB / step time / bandwidth. Where that is high the step is bound by memory "
-                f"traffic and the time ratio follows the bytes ratio, not the FLOP ratio. For "
-                f"`+fused` rows the counter sees the unfused operators (compiled code runs "
-                f"eagerly under it), so their GB and % of bandwidth are over-estimates. "
+                f"traffic and the time ratio follows the bytes ratio, not the FLOP ratio. Plain "
+                f"rows run the library's defaults (for the MZ presets here: the compiled "
+                f"LayerNorm-Jacobian kernels), `+eager` rows the eager functions, `+fused` rows "
+                f"the compiled kernels for every input. Where the kernels are compiled the "
+                f"counter sees the unfused operators (compiled code runs eagerly under it), so "
+                f"the GB and % of bandwidth of those rows are over-estimates. "
                 f"`+keep` rows "
                 f"keep freed memory in malloc's heap (`torch_mz.runtime.keep_freed_memory()`); "
                 f"their ratios are to `rigid+keep`. `+compile` rows time `torch.compile(model)` "

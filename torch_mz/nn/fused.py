@@ -15,15 +15,16 @@ Three modes, set by :func:`set_fused_kernels` or the environment variable
 ``TORCH_MZ_FUSED_KERNELS``:
 
 * **auto** (the default; ``set_fused_kernels(None)``, the variable unset or ``auto``): the
-  compiled kernels run on CPU float32 generators of at least :data:`AUTO_MIN_ELEMENTS` elements
-  once :data:`AUTO_WARMUP_CALLS` such calls have run eagerly in this process. Compiling takes a
-  few seconds once per process (and needs a C++ compiler), so one call on a large batch does not
-  pay for it and training loops and large message-passing workloads do. Small inputs (sets of a
-  few tokens, the test suite), other dtypes and devices, code under ``torch.compile`` (which
-  fuses on its own), ``torch.func`` transforms and dispatch modes run the eager function. A
-  training run therefore switches from the eager to the compiled function after its first few
-  steps; the two agree up to float rounding, and the switch happens at the same call in every
-  run with the same shapes, so seeded runs stay reproducible.
+  compiled kernels run on CPU float32 generators of at least :data:`AUTO_MIN_ELEMENTS` elements,
+  where a call takes tens of milliseconds eagerly; compiling takes a few seconds, once per
+  process (the first such call; it needs a C++ compiler), which a training loop or a large
+  message-passing workload repays. Small inputs (sets of a few tokens, the test suite), other
+  dtypes and devices, code under ``torch.compile`` (which fuses on its own), ``torch.func``
+  transforms and dispatch modes run the eager function. The choice depends on the input alone,
+  never on earlier calls, so a checkpointed block recomputes with the function it ran (a
+  choice by call count once switched between a forward pass and its recomputation, which
+  :func:`torch.utils.checkpoint.checkpoint` refuses), and seeded runs stay reproducible; the two
+  functions agree up to float rounding.
 * **on** (``set_fused_kernels(True)``, ``TORCH_MZ_FUSED_KERNELS=1``): compiled for every input
   (also CUDA, through Triton, not measured here).
 * **off** (``set_fused_kernels(False)``, ``TORCH_MZ_FUSED_KERNELS=0``): the eager function.
@@ -62,9 +63,6 @@ _FAILED = False
 #: a batch of 128 sets of 16 tokens with 8 generators of width 64, or 32,768 edges of a
 #: message-passing layer with 2 generators of width 16)
 AUTO_MIN_ELEMENTS = 2 ** 20
-#: auto mode: how many calls of that size run eagerly before the first compiled one
-AUTO_WARMUP_CALLS = 8
-_AUTO_SEEN = 0
 
 
 def set_fused_kernels(enabled: Optional[bool] = True) -> None:
@@ -89,24 +87,14 @@ def _functorch_wrapped(t: Tensor) -> bool:
 
 def use_fused_kernels(gens: Tensor) -> bool:
     r"""Whether :func:`~torch_mz.nn.zonotope.zonotope_layer_norm` maps these generators with
-    the compiled kernels (the mode, and in auto mode the input and the calls so far)."""
-    global _AUTO_SEEN
+    the compiled kernels (the mode, and in auto mode the input)."""
     if _FAILED or _ENABLED is False:
         return False
     if _ENABLED:
         return True
-    if (gens.device.type != 'cpu' or gens.dtype != torch.float32
-            or gens.numel() < AUTO_MIN_ELEMENTS or torch.compiler.is_compiling()
-            or _get_current_dispatch_mode() is not None or _functorch_wrapped(gens)):
-        return False
-    _AUTO_SEEN += 1
-    return _AUTO_SEEN > AUTO_WARMUP_CALLS
-
-
-def warming_up() -> bool:
-    r"""Auto mode has seen large inputs but not yet switched to the compiled kernels (for
-    benchmarks: call until this is :obj:`False` before timing)."""
-    return _ENABLED is None and not _FAILED and 0 < _AUTO_SEEN <= AUTO_WARMUP_CALLS
+    return (gens.device.type == 'cpu' and gens.dtype == torch.float32
+            and gens.numel() >= AUTO_MIN_ELEMENTS and not torch.compiler.is_compiling()
+            and _get_current_dispatch_mode() is None and not _functorch_wrapped(gens))
 
 
 def _ln_jacobian_forward(c: Tensor, g: Tensor, weight: Tensor, eps: float) -> Tensor:

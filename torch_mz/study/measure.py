@@ -47,17 +47,9 @@ def _sync(device: torch.device):
 
 def time_call(fn: Callable[[], object], repeats: int = 7, warmup: int = 2,
               device: Optional[torch.device] = None) -> List[float]:
-    r"""Wall-clock seconds of :obj:`repeats` calls of :obj:`fn` after :obj:`warmup` calls, and
-    after any further calls that the compiled kernels' auto mode needs to switch (its eager
-    warm-up calls and the compiling call: :func:`torch_mz.nn.fused.warming_up`), so that no timed
-    call compiles or runs a different function from the others."""
-    from torch_mz.nn import fused
+    r"""Wall-clock seconds of :obj:`repeats` calls of :obj:`fn` after :obj:`warmup` calls."""
     device = device or torch.device('cpu')
     for _ in range(warmup):
-        fn()
-    for _ in range(64):
-        if not fused.warming_up():
-            break
         fn()
     times = []
     for _ in range(repeats):
