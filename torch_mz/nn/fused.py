@@ -55,7 +55,7 @@ def _mode_from_environment() -> Optional[bool]:
     raise ValueError(f"TORCH_MZ_FUSED_KERNELS must be 'auto', '1' or '0' (got {value!r})")
 
 
-# True: always, False: never, None: auto (large CPU float32 inputs after a warm-up)
+# True: always, False: never, None: auto (large CPU float32 inputs)
 _ENABLED: Optional[bool] = _mode_from_environment()
 _COMPILED: Dict[str, Callable] = {}
 _FAILED = False
