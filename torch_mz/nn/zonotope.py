@@ -295,8 +295,9 @@ def zonotope_layer_norm(z: Zonotope, norm: LayerNorm) -> Zonotope:
     only the generators and per-token vectors for the backward pass and takes a few passes over
     the generators instead of the dozen that autograd through the elementwise formula takes
     (:func:`zonotope_layer_norm_reference`, the tested reference). On large CPU float32 inputs
-    (by default, after a few eager calls) or wherever :func:`torch_mz.nn.set_fused_kernels`
-    turns them on, the map runs as compiled kernels instead (:mod:`torch_mz.nn.fused`).
+    (by default: at least 2^20 generator elements) or wherever
+    :func:`torch_mz.nn.set_fused_kernels` turns them on, the map runs as compiled kernels
+    instead (:mod:`torch_mz.nn.fused`).
     """
     c = z.center
     d = c.size(-1)
