@@ -25,8 +25,13 @@ cloud (tens of GB of edge features), so here it runs on a radius graph (``--egnn
 points uniform in the unit ball: about 16 neighbours per point), as EGNN is used on point
 clouds.
 
+With ``--flops-only`` it only counts the FLOPs of one training step and one inference call of
+each preset (no timing, so it need not run on a quiet machine) and writes
+``training_step_flops.{json,md}``.
+
     python benchmarks/training_step.py --quick
     python benchmarks/training_step.py
+    python benchmarks/training_step.py --flops-only --models rigid,st-large,mz-slim,mz,egnn
 """
 import argparse
 import json
@@ -144,14 +149,69 @@ def _measure(name: str, preset: str, args, pos, batch, y, compiled: bool = False
     infer_times = time_call(lambda: infer(runner), repeats=args.repeats, warmup=0, device=device)
     peak_rss = (process_peak_rss_bytes() or float('nan')) / 2**20  # before the counters
     flops = count_flops(train_step)
+    infer_flops = count_flops(infer)
     step = float(np.median(step_times))
     return dict(model=name, params=count_parameters(model), step_s=step,
                 step_times_s=step_times, points_per_s=pos.size(0) / step,
                 gflop_per_step=flops / 1e9, gflop_per_s=flops / 1e9 / step,
                 gb_per_step=count_bytes(train_step) / 1e9,
                 infer_s=float(np.median(infer_times)), infer_times_s=infer_times,
+                infer_gflop=infer_flops / 1e9,
                 infer_gb=count_bytes(infer) / 1e9, peak_rss_mib=peak_rss,
                 first_calls_s=first_call_s)
+
+
+def count_preset_flops(name: str, args, pos, batch, y) -> dict:
+    r"""FLOPs of one training step (forward, loss, backward) and one inference call of a
+    preset (flags ignored: the counter runs the eager operators either way)."""
+    preset, _ = split_name(name)
+    model = build(preset, args.egnn_radius)
+    clouds = int(batch.max()) + 1
+    data = Batch.from_data_list([Data(x=pos[batch == i]) for i in range(clouds)])
+
+    def forward():
+        out = model(data)
+        return out[0] if isinstance(out, tuple) else out
+
+    def train_step():
+        model.train()
+        F.cross_entropy(forward(), y).backward()
+
+    def infer():
+        model.eval()
+        with torch.no_grad():
+            forward()
+
+    return dict(model=preset, params=count_parameters(model),
+                gflop_per_step=count_flops(train_step) / 1e9, infer_gflop=count_flops(infer) / 1e9)
+
+
+def flops_only(args) -> None:
+    pos, batch, y = make_batch(args.clouds, args.points)
+    rows = []
+    for name in args.models.split(','):
+        rows.append(count_preset_flops(name, args, pos, batch, y))
+        print(f"{name:9s} step {rows[-1]['gflop_per_step']:6.2f} GFLOP  inference "
+              f"{rows[-1]['infer_gflop']:6.2f} GFLOP", flush=True)
+    ref = next((r for r in rows if r['model'] == 'rigid'), None)
+    for r in rows:
+        if ref is not None:
+            r['flops / rigid'] = r['gflop_per_step'] / ref['gflop_per_step']
+            r['infer flops / rigid'] = r['infer_gflop'] / ref['infer_gflop']
+    env = environment()
+    cols = ['model', 'params', 'gflop_per_step', 'infer_gflop', 'flops / rigid',
+            'infer flops / rigid']
+    markdown = (f'# FLOPs of a training step and of inference, {args.clouds} clouds x '
+                f'{args.points} points, 40 classes\n\n'
+                f"Command: `{env['command']}`  \n"
+                f"torch {env['torch']}. Matrix products and attention kernels, counted by "
+                f"`torch_mz.study.count_flops` (torch's FlopCounterMode, plus the CPU "
+                f"attention kernels it skips); element-wise work not included. The training "
+                f"step is forward, cross-entropy and backward (no optimizer update); inference "
+                f"is one `eval()` forward without gradients.\n\n" + markdown_table(rows, cols))
+    write_results(args.out, 'training_step_flops',
+                  dict(environment=env, config=vars(args), rows=rows), markdown)
+    print(f'wrote {args.out}/training_step_flops.json, .md')
 
 
 def plot(rows, path):
@@ -188,6 +248,9 @@ def main():
     parser.add_argument('--quick', action='store_true', help='8 clouds, 3 repeats')
     parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
                                                       'training_step'))
+    parser.add_argument('--flops-only', action='store_true',
+                        help='only count the FLOPs of a training step and of inference (no '
+                             'timing) and write training_step_flops.{json,md}')
     parser.add_argument('--_one', help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._one:
@@ -196,6 +259,9 @@ def main():
     if args.quick:
         args.clouds, args.repeats = 8, 3
     torch.set_num_threads(args.threads)
+    if args.flops_only:
+        flops_only(args)
+        return
     start = time.time()
     peak = matmul_peak_flops(device=torch.device(args.device)) / 1e9
     bandwidth = memory_bandwidth() / 1e9
@@ -224,6 +290,7 @@ def main():
             r['step / rigid'] = r['step_s'] / ref['step_s']
             r['inference / rigid'] = r['infer_s'] / ref['infer_s']
             r['flops / rigid'] = r['gflop_per_step'] / ref['gflop_per_step']
+            r['infer flops / rigid'] = r['infer_gflop'] / ref['infer_gflop']
             r['bytes / rigid'] = r['gb_per_step'] / ref['gb_per_step']
             r['infer bytes / rigid'] = r['infer_gb'] / ref['infer_gb']
     for r in rows:  # the same ratios with the memory kept, where both rows were measured
@@ -234,9 +301,10 @@ def main():
     env = environment()
     minutes = (time.time() - start) / 60
     cols = ['model', 'params', 'step_s', 'points_per_s', 'gflop_per_step', 'pct_of_peak',
-            'gb_per_step', 'pct_of_bandwidth', 'infer_s', 'infer_gb', 'infer_pct_of_bandwidth',
+            'gb_per_step', 'pct_of_bandwidth', 'infer_s', 'infer_gflop', 'infer_gb',
+            'infer_pct_of_bandwidth',
             'peak_rss_mib', 'first_calls_s', 'step / rigid', 'inference / rigid', 'flops / rigid',
-            'bytes / rigid', 'infer bytes / rigid']
+            'infer flops / rigid', 'bytes / rigid', 'infer bytes / rigid']
     markdown = (f'# Training step and inference, {args.clouds} clouds x {args.points} points, '
                 f'40 classes\n\n'
                 f"Command: `{env['command']}`  \n"

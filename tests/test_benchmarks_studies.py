@@ -1,6 +1,7 @@
 r"""How the synthetic studies in ``benchmarks/`` read their results into the statistics of
 :mod:`torch_mz.study.statistics` (tested there), on hand-built results (the real-data scripts are
 tested in ``test_benchmarks_real.py``)."""
+import json
 import os
 import runpy
 import sys
@@ -96,3 +97,21 @@ def test_uncertainty_report_tables_from_hand_built_runs():
     lines = study.verdicts(runs, summary, passes=30, members=5)
     body = study.report_body(t, lines, 'chamfer', 1.0, 2, 5, 30, 128)
     assert body.count('\n## ') == 5 and body.endswith(t['members'])
+
+
+def test_training_step_flop_counts(tmp_path, monkeypatch):
+    # --flops-only counts without timing; inference is the eval forward alone, so it counts
+    # less than the training step (forward + backward)
+    script = load_script('training_step')
+    monkeypatch.setattr(sys, 'argv', ['training_step.py', '--flops-only', '--clouds', '2',
+                                      '--points', '64', '--models', 'rigid,mz-slim',
+                                      '--out', str(tmp_path)])
+    script.main()
+    with open(tmp_path / 'training_step_flops.json') as f:
+        rows = {r['model']: r for r in json.load(f)['rows']}
+    assert set(rows) == {'rigid', 'mz-slim'}
+    for r in rows.values():
+        assert 0 < r['infer_gflop'] < r['gflop_per_step']
+    assert rows['rigid']['flops / rigid'] == 1.0
+    assert rows['mz-slim']['infer flops / rigid'] > 1.0
+    assert (tmp_path / 'training_step_flops.md').read_text().count('| rigid |') == 1

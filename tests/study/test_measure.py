@@ -26,6 +26,34 @@ def test_flop_count_of_a_matrix_product():
     assert matmul_peak_flops(n=128, repeats=2) > 0
 
 
+@pytest.mark.parametrize('masked', [False, True])
+def test_attention_counts_alike_on_every_kernel(masked):
+    # torch's counter skips the CPU flash-attention kernels; ours counts them with its CUDA
+    # formulas: forward 4 B H L S E, backward twice that, as the math path's products count
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    B, H, L, S, E = 3, 2, 5, 7, 4
+    q = torch.randn(B, H, L, E, requires_grad=True)
+    k = torch.randn(B, H, S, E, requires_grad=True)
+    v = torch.randn(B, H, S, E, requires_grad=True)
+    mask = torch.rand(B, 1, L, S) > 0.3 if masked else None
+    mask = None if mask is None else mask | torch.eye(L, S, dtype=torch.bool)
+
+    def forward():
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    counts = {}
+    for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.MATH):
+        with sdpa_kernel(backend):
+            counts[backend, 'forward'] = count_flops(lambda: forward())
+            counts[backend, 'both'] = count_flops(lambda: forward().sum().backward())
+    expected = 4 * B * H * L * S * E
+    assert counts[SDPBackend.FLASH_ATTENTION, 'forward'] == expected
+    assert counts[SDPBackend.FLASH_ATTENTION, 'both'] == 3 * expected
+    assert counts[SDPBackend.MATH, 'forward'] == expected
+    assert counts[SDPBackend.MATH, 'both'] == 3 * expected
+
+
 def _can_reset_peak_rss() -> bool:
     try:
         with open('/proc/self/clear_refs', 'w') as f:

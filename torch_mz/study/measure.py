@@ -121,12 +121,44 @@ def peak_memory_bytes(fn: Callable[[], None], device: torch.device) -> Optional[
     return int(peak - before) * 1024
 
 
+def _cpu_attention_flops() -> dict:
+    r"""Flop formulas for the CPU kernels of ``scaled_dot_product_attention``, which
+    :class:`~torch.utils.flop_counter.FlopCounterMode` (torch 2.13) does not count (it counts the
+    CUDA kernels and the math path's matrix products). Counted as the math path's products
+    count, :math:`4 B H L S E` forward and twice that backward, so that a call counts alike on
+    either CPU path (torch's formula for the CUDA flash backward also counts its recomputation
+    of the scores, 2.5 times the forward)."""
+    from torch.utils import flop_counter as fc
+    aten = torch.ops.aten
+    mapping = {}
+    forward = getattr(aten, '_scaled_dot_product_flash_attention_for_cpu', None)
+    backward = getattr(aten, '_scaled_dot_product_flash_attention_for_cpu_backward', None)
+    if forward is not None and forward not in fc.flop_registry:
+
+        def forward_flops(query_shape, key_shape, value_shape, *args, out_shape=None,
+                          **kwargs) -> int:
+            return fc.sdpa_flop_count(query_shape, key_shape, value_shape)
+
+        mapping[forward] = forward_flops
+    if backward is not None and backward not in fc.flop_registry:
+
+        def backward_flops(grad_out_shape, query_shape, key_shape, value_shape, *args,
+                           out_shape=None, **kwargs) -> int:
+            return 2 * fc.sdpa_flop_count(query_shape, key_shape, value_shape)
+
+        mapping[backward] = backward_flops
+    return mapping
+
+
 def count_flops(fn: Callable[[], None]) -> int:
     r"""Floating-point operations of one call of :obj:`fn` (forward and backward) as counted by
     :class:`torch.utils.flop_counter.FlopCounterMode`: matrix products and attention kernels
-    only, so element-wise work is not included."""
+    only, so element-wise work is not included. Torch's counter skips the CPU kernels of
+    ``scaled_dot_product_attention``; they are counted here as the math path's products count
+    (:math:`4 B H L S E` forward, twice that backward), so attention counts alike on either
+    CPU path."""
     from torch.utils.flop_counter import FlopCounterMode
-    with FlopCounterMode(display=False) as counter:
+    with FlopCounterMode(display=False, custom_mapping=_cpu_attention_flops()) as counter:
         fn()
     return int(counter.get_total_flops())
 
