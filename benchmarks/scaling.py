@@ -7,7 +7,7 @@ default, ``--in-channels``) with a fixed set size, from 10^3 to 10^6 points, pro
 groups of whole sets of about ``--chunk-size`` points (``chunk_size`` of ``MZAggregation``; the
 result does not depend on it). Reports the
 median time, time per point and peak memory above the resident set before the call (measured in
-a fresh subprocess per size), and fits the slope of log(time) against log(points): a slope near 1
+a fresh subprocess per size, on the second call: the first may compile kernels), and fits the slope of log(time) against log(points): a slope near 1
 is linear growth.
 
     python benchmarks/scaling.py --quick                  # 10^3 .. 10^5 points
@@ -52,6 +52,9 @@ def run_one(cfg: dict) -> dict:
             module(x, index, dim_size=sets)
 
     if cfg.get('memory_only'):
+        # one call first: where the compiled LayerNorm-Jacobian kernels run (auto mode, large
+        # inputs), it compiles them, which is not the call's memory
+        step()
         return dict(peak_bytes=peak_memory_bytes(step, torch.device('cpu')))
     times = time_call(step, repeats=cfg['repeats'], warmup=1)
     return dict(points=n, sets=sets, median_s=float(np.median(times)))
