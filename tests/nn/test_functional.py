@@ -429,3 +429,32 @@ def test_dense_packing_keeps_positions_not_copies_and_has_second_derivatives():
     inputs = tuple(t.clone().requires_grad_() for t in (q, k, v))
     torch.autograd.gradcheck(f, inputs)
     torch.autograd.gradgradcheck(f, inputs)
+
+
+@pytest.mark.parametrize('shuffle', [False, True])
+def test_rows_are_placed_without_a_gather_when_all_take_part(monkeypatch, shuffle):
+    # every set has queries and keys (the usual case): the rows are placed as they lie; the
+    # values and gradients are bitwise those of the gathered rows, and match the reference
+    q, k, v, query_set, kv_set = _random_problem([3, 5, 2, 9], [4, 1, 6, 8], seed=5,
+                                                 shuffle=shuffle)
+    lay = functional._compute_dense_layout(query_set, kv_set, 4, pair_cost=2 * (3 + 5))
+    assert lay.q_all and lay.k_all and not lay.uniform
+    partial = functional._compute_dense_layout(*_random_problem([3, 0, 2], [4, 1, 0], 5)[3:],
+                                               3, pair_cost=2 * (3 + 5))
+    assert not partial.q_all and not partial.k_all
+
+    def run():
+        inputs = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = grouped_attention(*inputs, query_set, kv_set, 4, path='dense')
+        out.backward(torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out))
+        return out.detach(), [t.grad for t in inputs]
+
+    out, grads = run()
+    torch.testing.assert_close(out, _reference(q, k, v, query_set, kv_set))
+    original = functional._compute_dense_layout
+    monkeypatch.setattr(functional, 'LAYOUT_CACHE_SIZE', 0)
+    monkeypatch.setattr(functional, '_compute_dense_layout', lambda *a: original(*a)._replace(
+        q_all=False, k_all=False))  # the gathered rows
+    gathered, gathered_grads = run()
+    assert torch.equal(out, gathered)
+    assert all(torch.equal(a, b) for a, b in zip(grads, gathered_grads))

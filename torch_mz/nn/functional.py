@@ -544,6 +544,8 @@ class _DenseLayout(NamedTuple):
     tot_k: int
     key_mask: Tensor  # (tot_k,), True = a real key
     blocks: List[Tuple[int, int, int]]  # per bucket: (sets, padded queries, padded keys)
+    q_all: bool = False  # q_rows is every query row, in order (no gather needed)
+    k_all: bool = False  # k_rows is every key row, in order
 
 
 def _compute_dense_layout(query_set: Tensor, kv_set: Tensor, num_sets: int,
@@ -593,7 +595,8 @@ def _compute_dense_layout(query_set: Tensor, kv_set: Tensor, num_sets: int,
     key_mask[k_pos] = True  # (tot_k,), True = a real key
     blocks = list(zip(nb.tolist(), pq.tolist(), pk.tolist()))
     return _DenseLayout(False, 0, 0, False, q_rows, q_pos, k_rows, k_pos, tot_q, tot_k, key_mask,
-                        blocks)
+                        blocks, q_all=q_rows.numel() == query_set.numel(),
+                        k_all=k_rows.numel() == kv_set.numel())
 
 
 # The layouts of the last few (query_set, kv_set) pairs: the blocks of a model attend over the
@@ -662,9 +665,12 @@ def _attention_dense(q: Tensor, k: Tensor, vs: Tuple[Tensor, ...], query_set: Te
         return [_zero_rows(v, Nq, H, w, out_dtype, chunk) for v, w in zip(vs, ws)]
 
     q_rows, q_pos, k_rows, k_pos = lay.q_rows, lay.q_pos, lay.k_rows, lay.k_pos
-    qbuf = _place(q[q_rows], q_pos, lay.tot_q)  # (tot_q, H, dk)
-    kbuf = _place(k[k_rows], k_pos, lay.tot_k)  # (tot_k, H, dk)
-    vbufs = [_place(v[k_rows].to(out_dtype), k_pos, lay.tot_k) for v in vs]
+    # where every row takes part (the usual case) the rows are placed as they lie: no gathered
+    # copy (one (N, H, d_k) temporary fewer per buffer; the same values)
+    qbuf = _place(q if lay.q_all else q[q_rows], q_pos, lay.tot_q)  # (tot_q, H, dk)
+    kbuf = _place(k if lay.k_all else k[k_rows], k_pos, lay.tot_k)  # (tot_k, H, dk)
+    vbufs = [_place((v if lay.k_all else v[k_rows]).to(out_dtype), k_pos, lay.tot_k)
+             for v in vs]
 
     # split (not slicing): autograd joins the pieces' gradients with one concatenation instead
     # of a full-size zero tensor per bucket
