@@ -7,8 +7,8 @@ default, ``--in-channels``) with a fixed set size, from 10^3 to 10^6 points, pro
 groups of whole sets of about ``--chunk-size`` points (``chunk_size`` of ``MZAggregation``; the
 result does not depend on it). Reports the
 median time, time per point and peak memory above the resident set before the call (measured in
-a fresh subprocess per size, on the second call: the first may compile kernels), and fits the slope of log(time) against log(points): a slope near 1
-is linear growth.
+a fresh subprocess per size, on the second call: the first may compile kernels), and fits the
+slope of log(time) against log(points): a slope near 1 is linear growth.
 
     python benchmarks/scaling.py --quick                  # 10^3 .. 10^5 points
     python benchmarks/scaling.py                          # 10^3 .. 10^6 points
