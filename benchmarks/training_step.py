@@ -284,7 +284,8 @@ def main():
               f"{row['gb_per_step']:6.1f} GB  {row['pct_of_bandwidth']:5.1f}% of bandwidth  "
               f"inference {row['infer_s']:6.3f} s  peak RSS {row['peak_rss_mib']:.0f} MiB",
               flush=True)
-    ref = next((r for r in rows if r['model'] == 'rigid'), None)
+    ref = next((r for r in rows if r['model'] == 'rigid'),
+               next((r for r in rows if r['model'] == 'rigid' + KEEP), None))
     if ref is not None:
         for r in rows:
             r['step / rigid'] = r['step_s'] / ref['step_s']
