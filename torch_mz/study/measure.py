@@ -121,7 +121,7 @@ def peak_memory_bytes(fn: Callable[[], None], device: torch.device) -> Optional[
     return int(peak - before) * 1024
 
 
-def _cpu_attention_flops() -> dict:
+def _cpu_attention_flops() -> Dict[Any, Callable[..., int]]:
     r"""Flop formulas for the CPU kernels of ``scaled_dot_product_attention``, which
     :class:`~torch.utils.flop_counter.FlopCounterMode` (torch 2.13) does not count (it counts the
     CUDA kernels and the math path's matrix products). Counted as the math path's products
@@ -130,7 +130,7 @@ def _cpu_attention_flops() -> dict:
     of the scores, 2.5 times the forward)."""
     from torch.utils import flop_counter as fc
     aten = torch.ops.aten
-    mapping = {}
+    mapping: Dict[Any, Callable[..., int]] = {}
     forward = getattr(aten, '_scaled_dot_product_flash_attention_for_cpu', None)
     backward = getattr(aten, '_scaled_dot_product_flash_attention_for_cpu_backward', None)
     if forward is not None and forward not in fc.flop_registry:
