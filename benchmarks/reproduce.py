@@ -22,10 +22,14 @@ its seed counts, QM9 on 50K molecules), for a GPU. The verdict rule is written i
     python benchmarks/reproduce.py --budget converged                   # hours on one core
     python benchmarks/reproduce.py --budget paper --device cuda
     python benchmarks/reproduce.py --budget converged --status          # trains nothing
+    python benchmarks/reproduce.py --budget converged --runs-table      # trains nothing
 
 ``--status`` prints, per claim and stage (each task's sweep, then the claim's runs), how many
 runs are done, being trained by another process, started (a checkpoint to resume) or pending,
 and an estimate of the training time left from the mean time of the finished runs.
+``--runs-table`` writes ``<out>/finished_runs.<budget>.{md,json}``: every finished run of the
+claims (at its model's chosen sweep point) with its test R² beside the paper's figure, while
+a claim is still incomplete.
 
 The MZ models train with the compiled LayerNorm-Jacobian kernels
 (:func:`torch_mz.nn.set_fused_kernels`, the same map up to float rounding; ``--no-fused-kernels``
@@ -42,6 +46,7 @@ is waiting. After each claim the script writes ``<out>/claims/<claim>.<budget>.j
 ``summary.json``, ``summary.md`` and ``<claim>.<budget>.png`` and prints the files to commit.
 """
 import argparse
+import json
 import os
 import sys
 import time
@@ -51,7 +56,8 @@ from torch_mz.reproduce import (BUDGETS, CLAIM_NAMES, CLAIMS, SWEEP_CELLS, VERDI
                                 run_claims, save_claim, summary_table)
 from torch_mz.nn import set_fused_kernels
 from torch_mz.runtime import keep_freed_memory
-from torch_mz.study import environment, plot_bars, try_plot, write_report
+from torch_mz._files import atomic_write
+from torch_mz.study import environment, markdown_table, plot_bars, try_plot, write_report
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, 'results')
@@ -83,6 +89,55 @@ def write_summary(out, minutes):
     write_report(out, 'summary', "Reproduction of the paper's claims (issue 11)", env,
                  dict(budgets=budgets), summary_table(records), dict(records=records), minutes,
                  notes=notes, plot=False)
+
+
+def write_runs_table(repro, claims, out):
+    r"""``finished_runs.<budget>.{json,md}``: every finished run of :obj:`claims` at its model's
+    chosen sweep point (:meth:`~torch_mz.reproduce.Reproduction.finished_runs`), one row per
+    cell and model with each seed's test R² beside the paper's figure. Trains nothing."""
+    budget = repro.budget.name
+    env = environment()
+    stamp = time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())
+    parts = [f"# Finished runs of the claims ({budget} budget)\n\n"
+             f"Command: `{env['command']}`  \n"
+             f"Written {stamp} from the run records in `records/{budget}/` (nothing trained). "
+             f"One row per claim cell and model: the test R² of each finished seed at the "
+             f"model's swept lr / wd, their mean, the paper's figure where the claim quotes "
+             f"one, and each seed's epochs run with its best epoch in brackets (* = stopped "
+             f"early by the patience rule; otherwise at the epoch cap). Claims get a verdict "
+             f"only in `summary.md`, once all their runs are in.\n"]
+    every = []
+    for claim in claims:
+        rows = repro.finished_runs(claim)
+        every += rows
+        parts.append(f"\n## {claim.name}: {claim.title}\n\n")
+        if not rows:
+            parts.append('No finished run yet.\n')
+            continue
+        groups = {}
+        for r in rows:
+            groups.setdefault((r['cell'], r['model']), []).append(r)
+        table = []
+        for (cell, model), runs in groups.items():
+            r2 = [r['r2'] for r in runs]
+            table.append(dict(
+                cell=cell, model=model, lr=f"{runs[0]['lr']:g}",
+                wd=f"{runs[0]['weight_decay']:g}",
+                seeds=' '.join(str(r['seed']) for r in runs),
+                r2=' / '.join(f'{v:.4f}' for v in r2), mean=f'{sum(r2) / len(r2):.4f}',
+                paper='' if runs[0]['paper'] is None else f"{runs[0]['paper']:.3f}",
+                epochs=', '.join(f"{r['epochs_run']}{'*' if r['stopped_early'] else ''} "
+                                 f"({r['best_epoch']})" for r in runs)))
+        parts.append(markdown_table(table, ['cell', 'model', 'lr', 'wd', 'seeds', 'r2', 'mean',
+                                            'paper', 'epochs']))
+    path = os.path.join(out, f'finished_runs.{budget}')
+    os.makedirs(out, exist_ok=True)
+    text = ''.join(parts)
+    atomic_write(path + '.md', lambda f: f.write(text), binary=False)
+    payload = json.dumps(dict(environment=env, budget=budget, written=stamp, rows=every),
+                         indent=1) + '\n'
+    atomic_write(path + '.json', lambda f: f.write(payload), binary=False)
+    return path
 
 
 def print_status(repro, claims):
@@ -134,6 +189,9 @@ def main(argv=None):
                         help="print where each claim stands (runs done, being trained by "
                              "another process, started, pending) and an estimate of the "
                              "training time left, from the finished runs; trains nothing")
+    parser.add_argument('--runs-table', action='store_true',
+                        help="write finished_runs.<budget>.md and .json: every finished run of "
+                             "the claims, its test R² beside the paper's; trains nothing")
     parser.add_argument('--out', default=None,
                         help='results folder (default: benchmarks/results/reproduction, and '
                              'benchmarks/results/reproduction/quick for --budget quick)')
@@ -145,9 +203,13 @@ def main(argv=None):
     out = args.out or os.path.join(RESULTS, 'reproduction', *(
         ('quick', ) if args.budget == 'quick' else ()))
     budget = BUDGETS[args.budget]
-    if args.status:
+    if args.status or args.runs_table:
         repro = Reproduction(budget, out, device=args.device, seeds=args.seeds)
-        print_status(repro, [CLAIMS[n] for n in claims if n != 'table30'])
+        if args.status:
+            print_status(repro, [CLAIMS[n] for n in claims if n != 'table30'])
+        if args.runs_table:
+            path = write_runs_table(repro, [CLAIMS[n] for n in claims if n != 'table30'], out)
+            print(f'wrote {path}.md, .json')
         return 0
     trained = []
 

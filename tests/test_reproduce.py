@@ -361,3 +361,35 @@ def test_status_counts_runs_and_estimates_the_time_left(tmp_path):
     (ckpt / 'metrics.jsonl').write_text(json.dumps({'epoch': 0, 'val_loss': 1.0}) + '\n')
     st = repro.status(CLAIM)[1]
     assert (st['started'], st['epochs'], st['left_s']) == (1, 1, 0.0)  # 1 of 1 epoch run
+
+
+def test_finished_runs_table_lists_each_run_beside_the_paper(tmp_path):
+    from tests.test_benchmarks_real import load_script
+    out = str(tmp_path)
+    claim = replace(CLAIM, paper_r2={('sum d=3', 'deepsets:hidden_channels=8'): 0.9})
+    repro = Reproduction(TINY, out, device='cpu', sweep_cells={'sum': SUM})
+    assert repro.finished_runs(claim) == []  # nothing trained, and it trains nothing
+    assert not list(tmp_path.rglob('records/tiny/**/*.json'))
+    records, _ = repro.run(claim)
+    rows = repro.finished_runs(claim)
+    # 2 cells x 2 models x 2 seeds, each at its model's chosen point, with the stored R²
+    assert len(rows) == 8
+    chosen = repro.sweep('sum', claim.models)
+    for r in rows:
+        assert (r['lr'], r['weight_decay']) == chosen[r['model']]
+        config = replace(repro.base_config('sum'), lr=r['lr'], weight_decay=r['weight_decay'])
+        cell = next(repro.sized(c) for c in claim.cells if c['label'] == r['cell'])
+        assert r['r2'] == repro.store.read(cell, r['model'], r['seed'], config)['test']['r2']
+        assert r['paper'] == (0.9 if (r['cell'], r['model']) == (
+            'sum d=3', 'deepsets:hidden_channels=8') else None)
+    # one run lost: one row fewer
+    lost = next(p for p in tmp_path.rglob('records/tiny/**/*.json') if '_s1_' in p.name)
+    lost.unlink()
+    assert len(repro.finished_runs(claim)) == 7
+    script = load_script('reproduce')
+    path = script.write_runs_table(repro, [claim], out)
+    text = open(path + '.md').read()
+    assert text.count('| sum d=') == 4  # one row per cell and model
+    assert '| 0.900 |' in text  # the paper's figure beside ours
+    with open(path + '.json') as f:
+        assert len(json.load(f)['rows']) == 7

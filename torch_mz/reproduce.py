@@ -461,6 +461,18 @@ class RunStore:
         path = self._weights(ckpt)
         return path if os.path.exists(path) else None
 
+    def read(self, cell: Mapping[str, Any], spec: str, seed: int,
+             config: TrainConfig) -> Optional[Dict[str, Any]]:
+        r"""The finished run's record as stored, or :obj:`None`; unlike :meth:`cached` it
+        remembers nothing (for reports)."""
+        key = run_key(cell, spec, seed, replace(config, seed=seed))
+        path, _ = self._paths(key)
+        if not os.path.exists(path):
+            return None
+        with open(path) as f:
+            record = json.load(f)
+        return record if record.get('key') == key else None
+
     def stored(self, cell: Mapping[str, Any], spec: str, seed: int,
                config: TrainConfig) -> bool:
         r"""Whether the run is finished (its file is in the store)."""
@@ -772,6 +784,40 @@ class Reproduction:
                 (c, m, k, config_of(m)) for c in cells for m in claim.models
                 for k in range(seeds)]))
         return stages
+
+    def finished_runs(self, claim: Claim) -> List[Dict[str, Any]]:
+        r"""The claim's finished runs (cells x models x seeds at each model's chosen sweep
+        point), one row each: cell, model, seed, the chosen ``lr`` and ``weight_decay``, test
+        R², epochs run, best epoch, whether it stopped early, and the paper's R² for the cell
+        and model where the claim quotes one. Models whose sweep has not chosen yet have no
+        rows. Trains nothing (the runs :meth:`status` counts as done, with their figures)."""
+        seeds = (self.seeds or self.budget.seeds or claim.paper_seeds) * claim.members
+        rows: List[Dict[str, Any]] = []
+        for task in dict.fromkeys(c['task'] for c in claim.cells):
+            chosen, _, _ = self._sweep_rounds(task, claim.models, lambda jobs: None)
+            for cell in claim.cells:
+                if cell['task'] != task:
+                    continue
+                sized = self.sized(cell)
+                for spec in claim.models:
+                    point = chosen[spec]
+                    if point is None:
+                        continue
+                    config = replace(self.base_config(task), lr=point[0],
+                                     weight_decay=point[1])
+                    for seed in range(seeds):
+                        record = self.store.read(sized, spec, seed, config)
+                        if record is None:
+                            continue
+                        rows.append(dict(
+                            claim=claim.name, cell=cell['label'], model=spec, seed=seed,
+                            lr=point[0], weight_decay=point[1],
+                            r2=float(record['test']['r2']),
+                            epochs_run=int(record.get('epochs_run', 0)),
+                            best_epoch=record.get('best_epoch'),
+                            stopped_early=bool(record.get('stopped_early', False)),
+                            paper=claim.paper_r2.get((cell['label'], spec))))
+        return rows
 
     def _sweep_rounds(self, task: str, models: Sequence[str],
                       settle: Callable[[List[Tuple]], None]):
