@@ -91,6 +91,22 @@ def write_summary(out, minutes):
                  notes=notes, plot=False)
 
 
+def plot_finished(claim, groups, budget, path):
+    r"""Bars of the finished runs' mean test R² per cell and model (error bars: the spread of
+    the finished seeds), the paper's figures as dashes; cells and models without a finished
+    run are left out."""
+    import numpy as np
+    cells = [c['label'] for c in claim.cells if any(k[0] == c['label'] for k in groups)]
+    models = [m for m in claim.models if any(k[1] == m for k in groups)]
+
+    def r2(cell, model):
+        return [r['r2'] for r in groups.get((cell, model), [])]
+    plot_bars(cells, models, lambda c, m: float(np.mean(r2(c, m))) if r2(c, m) else np.nan,
+              lambda c, m: float(np.std(r2(c, m), ddof=1)) if len(r2(c, m)) > 1 else 0.0, path,
+              paper=lambda c, m: claim.paper_r2.get((c, m)),
+              title=f'{claim.name} ({budget}, finished runs so far): test R² (dashes: paper)')
+
+
 def write_runs_table(repro, claims, out):
     r"""``finished_runs.<budget>.{json,md}``: every finished run of :obj:`claims` at its model's
     chosen sweep point (:meth:`~torch_mz.reproduce.Reproduction.finished_runs`), one row per
@@ -130,6 +146,9 @@ def write_runs_table(repro, claims, out):
                                  f"({r['best_epoch']})" for r in runs)))
         parts.append(markdown_table(table, ['cell', 'model', 'lr', 'wd', 'seeds', 'r2', 'mean',
                                             'paper', 'epochs']))
+        png = f'finished_runs.{budget}.{claim.name}.png'
+        note = try_plot(plot_finished, claim, groups, budget, os.path.join(out, png))
+        parts.append(f'\n{note}\n' if note else f'\n![{claim.name}]({png})\n')
     path = os.path.join(out, f'finished_runs.{budget}')
     os.makedirs(out, exist_ok=True)
     text = ''.join(parts)

@@ -391,5 +391,8 @@ def test_finished_runs_table_lists_each_run_beside_the_paper(tmp_path):
     text = open(path + '.md').read()
     assert text.count('| sum d=') == 4  # one row per cell and model
     assert '| 0.900 |' in text  # the paper's figure beside ours
+    png = tmp_path / 'finished_runs.tiny.tiny.png'  # the bars, where matplotlib is installed
+    assert (png.exists() and '![tiny](finished_runs.tiny.tiny.png)' in text) or (
+        not png.exists() and 'finished_runs.tiny.tiny.png' not in text)
     with open(path + '.json') as f:
         assert len(json.load(f)['rows']) == 7
