@@ -142,8 +142,9 @@ def write_runs_table(repro, claims, out):
                 seeds=' '.join(str(r['seed']) for r in runs),
                 r2=' / '.join(f'{v:.4f}' for v in r2), mean=f'{sum(r2) / len(r2):.4f}',
                 paper='' if runs[0]['paper'] is None else f"{runs[0]['paper']:.3f}",
-                epochs=', '.join(f"{r['epochs_run']}{'*' if r['stopped_early'] else ''} "
-                                 f"({r['best_epoch']})" for r in runs)))
+                epochs=', '.join(f"{r['epochs_run']}{'*' if r['stopped_early'] else ''}"
+                                 + ('' if r['best_epoch'] is None else f" ({r['best_epoch']})")
+                                 for r in runs)))
         parts.append(markdown_table(table, ['cell', 'model', 'lr', 'wd', 'seeds', 'r2', 'mean',
                                             'paper', 'epochs']))
         png = f'finished_runs.{budget}.{claim.name}.png'

@@ -182,7 +182,7 @@ def count_preset_flops(name: str, args, pos, batch, y) -> dict:
         with torch.no_grad():
             forward()
 
-    return dict(model=preset, params=count_parameters(model),
+    return dict(model=name, params=count_parameters(model),
                 gflop_per_step=count_flops(train_step) / 1e9, infer_gflop=count_flops(infer) / 1e9)
 
 
@@ -193,7 +193,8 @@ def flops_only(args) -> None:
         rows.append(count_preset_flops(name, args, pos, batch, y))
         print(f"{name:9s} step {rows[-1]['gflop_per_step']:6.2f} GFLOP  inference "
               f"{rows[-1]['infer_gflop']:6.2f} GFLOP", flush=True)
-    ref = next((r for r in rows if r['model'] == 'rigid'), None)
+    ref = next((r for r in rows if r['model'] == 'rigid'),
+               next((r for r in rows if r['model'] == 'rigid' + KEEP), None))
     for r in rows:
         if ref is not None:
             r['flops / rigid'] = r['gflop_per_step'] / ref['gflop_per_step']
@@ -313,7 +314,8 @@ def main():
                 f"{minutes:.1f} min; measured "
                 f"float32 matmul peak {peak:.1f} GFLOP/s (2048 x 2048), memory bandwidth "
                 f"{bandwidth:.1f} GB/s (copy of 256 MiB, read + write). Medians of "
-                f"{args.repeats} calls; ratios to `rigid` from this run. EGNN on a radius graph "
+                f"{args.repeats} calls; ratios to `rigid` from this run (to `rigid+keep` "
+                f"where no plain `rigid` row ran). EGNN on a radius graph "
                 f"(r = {args.egnn_radius}). GB = bytes read and written by the operators of one "
                 f"step (unfused estimate, no cache reuse: an upper bound); % of bandwidth = "
                 f"GB / step time / bandwidth. Where that is high the step is bound by memory "

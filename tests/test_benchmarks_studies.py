@@ -101,17 +101,18 @@ def test_uncertainty_report_tables_from_hand_built_runs():
 
 def test_training_step_flop_counts(tmp_path, monkeypatch):
     # --flops-only counts without timing; inference is the eval forward alone, so it counts
-    # less than the training step (forward + backward)
+    # less than the training step (forward + backward); rows keep their names, and the
+    # ratios go to rigid+keep where no plain rigid row ran
     script = load_script('training_step')
     monkeypatch.setattr(sys, 'argv', ['training_step.py', '--flops-only', '--clouds', '2',
-                                      '--points', '64', '--models', 'rigid,mz-slim',
+                                      '--points', '64', '--models', 'rigid+keep,mz-slim',
                                       '--out', str(tmp_path)])
     script.main()
     with open(tmp_path / 'training_step_flops.json') as f:
         rows = {r['model']: r for r in json.load(f)['rows']}
-    assert set(rows) == {'rigid', 'mz-slim'}
+    assert set(rows) == {'rigid+keep', 'mz-slim'}
     for r in rows.values():
         assert 0 < r['infer_gflop'] < r['gflop_per_step']
-    assert rows['rigid']['flops / rigid'] == 1.0
+    assert rows['rigid+keep']['flops / rigid'] == 1.0
     assert rows['mz-slim']['infer flops / rigid'] > 1.0
-    assert (tmp_path / 'training_step_flops.md').read_text().count('| rigid |') == 1
+    assert (tmp_path / 'training_step_flops.md').read_text().count('| rigid+keep |') == 1

@@ -812,7 +812,7 @@ class Reproduction:
                         rows.append(dict(
                             claim=claim.name, cell=cell['label'], model=spec, seed=seed,
                             lr=point[0], weight_decay=point[1],
-                            r2=float(record['test']['r2']),
+                            r2=float(record.get('test', {}).get('r2', math.nan)),
                             epochs_run=int(record.get('epochs_run', 0)),
                             best_epoch=record.get('best_epoch'),
                             stopped_early=bool(record.get('stopped_early', False)),
