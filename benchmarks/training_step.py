@@ -109,7 +109,10 @@ def measure_one(config: dict) -> dict:
     return measure(config['name'], args, pos, batch, y)
 
 
-def _measure(name: str, preset: str, args, pos, batch, y, compiled: bool = False) -> dict:
+def _calls(preset: str, args, pos, batch, y):
+    r"""The preset's model and its two measured calls: ``train_step(m)`` (forward, cross-entropy,
+    backward, AdamW update) and ``infer(m)`` (an ``eval()`` forward without gradients), each
+    running :obj:`m` (the model, or its compiled form) on the whole batch."""
     model = build(preset, args.egnn_radius)
     clouds = int(batch.max()) + 1
 
@@ -120,12 +123,7 @@ def _measure(name: str, preset: str, args, pos, batch, y, compiled: bool = False
         device)  # x = coordinates for every model
     y = y.to(device)
 
-    # the timed calls run the compiled model for '+compile' rows (compiling in the warm-up
-    # calls, once for training and once for eval mode); the counters run the eager one (the
-    # same operations; compiled graphs run under a dispatch mode are not what is timed)
-    runner = torch.compile(model) if compiled else model
-
-    def forward(m=model):
+    def forward(m):
         out = m(data)
         return out[0] if isinstance(out, tuple) else out
 
@@ -139,6 +137,17 @@ def _measure(name: str, preset: str, args, pos, batch, y, compiled: bool = False
         model.eval()
         with torch.no_grad():
             forward(m)
+
+    return model, train_step, infer
+
+
+def _measure(name: str, preset: str, args, pos, batch, y, compiled: bool = False) -> dict:
+    device = torch.device(args.device)
+    model, train_step, infer = _calls(preset, args, pos, batch, y)
+    # the timed calls run the compiled model for '+compile' rows (compiling in the warm-up
+    # calls, once for training and once for eval mode); the counters run the eager one (the
+    # same operations; compiled graphs run under a dispatch mode are not what is timed)
+    runner = torch.compile(model) if compiled else model
 
     start = time.perf_counter()
     train_step(runner)  # the first call (compiles for '+compile' and auto rows), untimed
@@ -162,26 +171,10 @@ def _measure(name: str, preset: str, args, pos, batch, y, compiled: bool = False
 
 
 def count_preset_flops(name: str, args, pos, batch, y) -> dict:
-    r"""FLOPs of one training step (forward, loss, backward) and one inference call of a
-    preset (flags ignored: the counter runs the eager operators either way)."""
+    r"""FLOPs of one training step and one inference call of a preset, the calls the timed rows
+    make (flags ignored: the counter runs the eager operators either way)."""
     preset, _ = split_name(name)
-    model = build(preset, args.egnn_radius)
-    clouds = int(batch.max()) + 1
-    data = Batch.from_data_list([Data(x=pos[batch == i]) for i in range(clouds)])
-
-    def forward():
-        out = model(data)
-        return out[0] if isinstance(out, tuple) else out
-
-    def train_step():
-        model.train()
-        F.cross_entropy(forward(), y).backward()
-
-    def infer():
-        model.eval()
-        with torch.no_grad():
-            forward()
-
+    model, train_step, infer = _calls(preset, args, pos, batch, y)
     return dict(model=name, params=count_parameters(model),
                 gflop_per_step=count_flops(train_step) / 1e9, infer_gflop=count_flops(infer) / 1e9)
 
@@ -208,8 +201,9 @@ def flops_only(args) -> None:
                 f"torch {env['torch']}. Matrix products and attention kernels, counted by "
                 f"`torch_mz.study.count_flops` (torch's FlopCounterMode, plus the CPU "
                 f"attention kernels it skips); element-wise work not included. The training "
-                f"step is forward, cross-entropy and backward (no optimizer update); inference "
-                f"is one `eval()` forward without gradients.\n\n" + markdown_table(rows, cols))
+                f"step is forward, cross-entropy, backward and the AdamW update (which has no "
+                f"matrix products), as in the timed rows; inference is one `eval()` forward "
+                f"without gradients.\n\n" + markdown_table(rows, cols))
     write_results(args.out, 'training_step_flops',
                   dict(environment=env, config=vars(args), rows=rows), markdown)
     print(f'wrote {args.out}/training_step_flops.json, .md')

@@ -132,10 +132,10 @@ def test_fused_layer_norm_jacobian_matches_autograd_reference(affine, d, ng):
     False, pytest.param(True, marks=pytest.mark.slow)])  # compiling takes about a minute
 @pytest.mark.parametrize('affine', [True, False])
 def test_compiled_layer_norm_jacobian_matches_autograd_reference(monkeypatch, affine, compiled):
-    r"""The compiled kernels (torch_mz.nn.fused), forced on, give the reference's values and gradients
-    in float64, for several token counts, and fall back to the eager function with a warning when
-    compiling fails. The default run checks the functions that are compiled, uncompiled; the slow
-    run compiles them."""
+    r"""The compiled kernels (torch_mz.nn.fused), forced on, give the reference's values and
+    gradients in float64, for several token counts, and fall back to the eager function with a
+    warning when compiling fails. The default run checks the functions that are compiled,
+    uncompiled; the slow run compiles them."""
     from torch_mz.nn import fused
     from torch_mz.nn.zonotope import zonotope_layer_norm_reference
     monkeypatch.setattr(fused, '_ENABLED', True)
