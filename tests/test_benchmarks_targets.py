@@ -1,0 +1,78 @@
+r"""``benchmarks/targets.py``: issue 10's targets read from results files, on hand-built results
+(every status and both directions of a threshold) and on the committed files."""
+import json
+
+import pytest
+
+from tests.test_benchmarks_real import load_script
+
+
+def mp_file(time, memory, default, slope, peak_1e5):
+    ratios = [dict(degrees='poisson', dim=16, nodes=1000, conv='sage',
+                   **{'rigid/pyg time': time, 'rigid/pyg memory': memory,
+                      'default/rigid time': default}),
+              dict(degrees='power-law', dim=16, nodes=1000, conv='sage',
+                   **{'rigid/pyg time': 0.005})]
+    rows = [dict(aggr='default', degrees='poisson', dim=16, nodes=100000, edges=10**6,
+                 conv='sage', peak_mib=peak_1e5),
+            dict(aggr='rigid', degrees='poisson', dim=16, nodes=100000, edges=10**6,
+                 conv='sage', peak_mib=1.0)]  # not the default: not read for that target
+    slopes = [dict(aggr='default', degrees='poisson', dim=16, memory_slope=slope),
+              dict(aggr='pyg', degrees='poisson', dim=16, memory_slope=3.0)]  # not ours
+    return dict(ratios=ratios, rows=rows, slopes=slopes)
+
+
+def step_file(rigid, mz, pct):
+    return dict(rows=[dict(model='rigid', step_s=rigid, infer_s=rigid / 4, pct_of_peak=pct[0]),
+                      dict(model='mz', step_s=mz, infer_s=mz / 4, pct_of_peak=pct[1]),
+                      dict(model='mz+keep', step_s=mz, infer_s=mz, pct_of_peak=50.0)])
+
+
+def by_key(records):
+    return {r['key']: r for r in records}
+
+
+def test_statuses_and_thresholds():
+    targets = load_script('targets')
+    data = {'message_passing': mp_file(0.9, 0.6, 2.0, 0.95, 3000.0),
+            'message_passing_small': mp_file(1.1, 0.4, 3.5, 1.2, 5000.0),
+            'training_step': step_file(1.0, 3.0, (30.0, 45.0)),
+            'speed': dict(ratios=[dict(block='sab', batch='uniform', **{'pyg/rigid time': 1.25}),
+                                  dict(block='sab', batch='skewed', **{'pyg/rigid time': 8.0})]),
+            'scaling_sets_of_1': dict(rows=[dict(points=10**3, sets=10**3, peak_mib=2.0),
+                                            dict(points=10**5, sets=10**5, peak_mib=200.0)])}
+    r = by_key(targets.evaluate(data))
+    assert r['mp-time']['status'] == 'mixed' and r['mp-time']['met'] == 1  # 0.9 yes, 1.1 no
+    assert r['mp-memory']['status'] == 'mixed'  # 0.6 no, 0.4 yes
+    assert r['mp-power-law']['status'] == 'met'  # 1 / 0.005 = 200x in both files
+    assert [m['value'] for m in r['mp-power-law']['measurements']] == pytest.approx([200, 200])
+    assert r['mp-default']['met'] == 1
+    assert r['mp-1e5-memory']['measured'] == 2  # the default's rows only
+    assert r['mp-1e5-memory']['met'] == 1  # 3000 MiB within 4 GB, 5000 MiB not
+    # slopes: 0.95 and 1.2 from the files (not PyG's), and 1.0 fitted from the scaling rows
+    lin = r['mp-linear']['measurements']
+    assert [m['value'] for m in lin] == pytest.approx([0.95, 1.2, 1.0])
+    assert r['singletons']['status'] == 'met'
+    # mz / rigid pairs with the same options only: the plain pair (step 3.0 <= 4, inference
+    # 0.75 / 0.25 = 3.0 <= 3, a threshold met exactly); no pair for mz+keep (no rigid+keep)
+    assert [m['value'] for m in r['step']['measurements']] == pytest.approx([3.0])
+    assert r['step']['status'] == 'met' and r['inference']['status'] == 'met'
+    assert r['mz-peak-fraction']['measurements'][0]['value'] == pytest.approx(15.0)
+    # every preset row, options included: 30 no, 45 yes, 50 yes
+    assert (r['preset-peak']['met'], r['preset-peak']['measured']) == (2, 3)
+    assert r['speed-sab-uniform']['measurements'][0]['value'] == pytest.approx(0.8)
+    assert r['speed-sab-uniform']['status'] == 'met'
+    assert r['speed-sab-skewed']['status'] == 'not met'  # 8x < 10x
+    assert r['speed-pma-uniform']['status'] == 'not measured'
+
+
+def test_committed_results(tmp_path):
+    targets = load_script('targets')
+    targets.main(['--out', str(tmp_path)])
+    saved = json.loads((tmp_path / 'targets.json').read_text())
+    assert [r['key'] for r in saved['targets']] == [t[0] for t in targets.TARGETS]
+    text = (tmp_path / 'targets.md').read_text()
+    for key, label, *_ in targets.TARGETS:
+        assert label in text
+    for rec in saved['targets']:
+        assert rec['met'] == sum(m['meets'] for m in rec['measurements'])
