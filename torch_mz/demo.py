@@ -8,7 +8,8 @@ Extra arguments are appended to the command (e.g. ``--epochs 50``).
 
 The budget (640 training sets, 10 epochs) shows the command working in a few minutes; no model
 is near its validation plateau, so the table is a smoke run, not evidence about the paper (the
-converged comparison is ``benchmarks/reproduce.py --budget converged``).
+converged comparison is ``benchmarks/reproduce.py --budget converged``; its Table 1 result is in
+``benchmarks/results/reproduction/summary.md``).
 """
 import sys
 
@@ -16,7 +17,8 @@ from torch_mz.cli import DEMO_ARGS, main
 
 SMOKE_NOTE = ('Smoke run: 640 training sets and 10 epochs, far from convergence; for the '
               'converged comparison run: python benchmarks/reproduce.py --budget converged '
-              '--claims table1')
+              '--claims table1 (its result, 5,000 sets and 2 seeds trained to the plateau: '
+              'benchmarks/results/reproduction/summary.md)')
 CHANGED_NOTE = ('Smoke run of the demo command with your extra arguments ({}); for the converged '
                 'comparison run: python benchmarks/reproduce.py --budget converged --claims '
                 'table1')
