@@ -143,6 +143,30 @@ def test_interrupted_reproduction_resumes_and_a_second_run_trains_nothing(tmp_pa
     assert lost.exists()
 
 
+def test_a_fixed_protocol_trains_every_model_there_without_a_sweep(tmp_path, monkeypatch):
+    calls = _counting(monkeypatch)
+    fixed = replace(CLAIM, name='fixed', protocol=(2e-3, 0.05))
+    repro = Reproduction(TINY, str(tmp_path), device='cpu', sweep_cells={'sum': SUM})
+    # before training: no sweep stage, every run of the claim pending at the fixed point
+    stages = repro.status(fixed)
+    assert [s['stage'] for s in stages] == ['fixed runs on sum']
+    assert stages[0]['pending'] == 2 * 2 * 2 and stages[0]['unknown'] == 0
+    records, runs = repro.run(fixed)
+    # 2 cells x 2 models x 2 seeds, all at the fixed point: no sweep run at all
+    assert len(calls) == 2 * 2 * 2
+    assert {(lr, wd) for *_, lr, wd in calls} == {(2e-3, 0.05)}
+    assert all(r['key']['config']['lr'] == 2e-3 for r in runs)
+    assert records[0]['sweep'] == {f'{m} on sum': dict(lr=2e-3, weight_decay=0.05, fixed=True)
+                                   for m in CLAIM.models}
+    assert repro.status(fixed)[0]['done'] == 8
+    rows = repro.finished_runs(fixed)
+    assert len(rows) == 8 and {(r['lr'], r['weight_decay']) for r in rows} == {(2e-3, 0.05)}
+    # the same claim with the sweep trains the grid on top (the fixed runs are not its points)
+    calls.clear()
+    repro.run(CLAIM)
+    assert {(lr, wd) for *_, lr, wd in calls} <= set(TINY.sweep)
+
+
 def test_summary_and_table30(tmp_path):
     step = tmp_path / 'training_step.json'
     step.write_text(json.dumps(dict(rows=[
@@ -163,8 +187,13 @@ def test_summary_and_table30(tmp_path):
 
 
 def test_claims_and_budgets_as_issue_11_asks():
-    assert set(CLAIMS) == {'table1', 'table3', 'table4', 'table7', 'table28', 'd3'}
+    assert set(CLAIMS) == {'table1', 'table1-protocol', 'table3', 'table4', 'table7', 'table28',
+                           'd3'}
     assert 'mean-mlp' in CLAIMS['table1'].models
+    # the paper's optimiser settings on Table 1's L = 16 cell, both models, no sweep
+    protocol = CLAIMS['table1-protocol']
+    assert protocol.protocol == (1e-4, 1e-5) == BUDGETS['paper'].sweep[0]
+    assert protocol.cells[0] in CLAIMS['table1'].cells and protocol.models == ('mz-1l', 'st-4l')
     # rotation matching in both readings (item 4), at d = 8 and 16
     assert {(c['kwargs']['d'], c['kwargs']['alignment']) for c in CLAIMS['table4'].cells} == {
         (d, a) for d in (8, 16) for a in ('true', 'none')}
