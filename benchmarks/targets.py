@@ -42,13 +42,15 @@ SOURCES = {
     'message_passing': 'message_passing/message_passing.json',
     'message_passing_small': 'message_passing_small/message_passing.json',
     'message_passing_checkpoint': 'message_passing_checkpoint/message_passing.json',
+    'message_passing_ckpt_d64': 'message_passing_ckpt_d64/message_passing.json',
     'speed': 'speed/speed.json',
     'training_step': 'training_step/training_step.json',
     'training_step_small_sets': 'training_step_small_sets/training_step.json',
     'scaling_sets_of_1': 'scaling/scaling_default_sets_of_1.json',
     'scaling_mz': 'scaling/scaling_mz.json',
 }
-MESSAGE_PASSING = ('message_passing', 'message_passing_small', 'message_passing_checkpoint')
+MESSAGE_PASSING = ('message_passing', 'message_passing_small', 'message_passing_checkpoint',
+                   'message_passing_ckpt_d64')
 TRAINING_STEP = ('training_step', 'training_step_small_sets')
 GB = 1e9 / 2**20  # MiB in one (decimal) gigabyte
 LINEAR_SLOPE = 1.1
