@@ -24,7 +24,7 @@ The targets (issue 10, "What to build", item 2):
 * ``speed.py``: ``rigid`` at <= 1.0x PyG's time on the uniform batches (SAB and PMA), >= 10x
   faster on the skewed SAB batch.
 
-Run: ``python benchmarks/targets.py`` (writes ``benchmarks/results/targets/targets.{json,md}``).
+Run: ``python benchmarks/targets.py`` (writes ``benchmarks/results/targets/targets.{json,md,png}``).
 """
 import argparse
 import json
@@ -246,6 +246,36 @@ def markdown(records: Sequence[Mapping[str, Any]], data: Mapping[str, Mapping],
     return '\n'.join(lines) + '\n'
 
 
+def plot(records: Sequence[Mapping[str, Any]], path: str) -> None:
+    r"""One row per target: each measurement as its distance from the threshold, as a factor
+    (value / threshold for '<=' targets, threshold / value for '>=' ones; a difference in
+    points for the fraction-of-peak comparison), so that every target reads alike: left of
+    the line meets it."""
+    from torch_mz.study.plots import pyplot
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(records) + 1.2))
+    for i, r in enumerate(records):
+        for m in r['measurements']:
+            v, t = m['value'], r['threshold']
+            if t == 0.0:  # a difference (points of %): shown as a factor around 1
+                x = 2.0 ** (-v / 10.0)
+            else:
+                x = v / t if r['kind'] == 'max' else t / max(v, 1e-12)
+            ax.scatter(x, i, color='tab:green' if m['meets'] else 'tab:red', s=18, alpha=0.8)
+    ax.axvline(1.0, color='black', lw=1)
+    ax.set_xscale('log')
+    ax.set_yticks(range(len(records)))
+    ax.set_yticklabels([f"{r['key']} ({r['status']})" for r in records], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel('measurement against the target (1 = at the threshold; left meets it; the '
+                  'peak-fraction difference as 2^(-points / 10))', fontsize=8)
+    ax.set_title("Issue 10's targets, from the committed results files (green: meets, red: "
+                 'misses)', fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--results', default=RESULTS, help='folder of the results files')
@@ -263,6 +293,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     text = markdown(records, data, command, args.results)
     rel = os.path.relpath(args.results, args.out)
     text = text.replace('](', f']({rel}/') if rel != '.' else text
+    from torch_mz.study.plots import try_plot
+    note = try_plot(plot, records, os.path.join(args.out, 'targets.png'))
+    if note is None:
+        text += '\n![targets](targets.png)\n'
+    else:
+        print(note)
     with open(os.path.join(args.out, 'targets.md'), 'w') as f:
         f.write(text)
     for r in records:
