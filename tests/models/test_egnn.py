@@ -499,3 +499,42 @@ def test_documented_arguments_match_signature(cls):
             assert default is None, name
         else:
             assert default is not None and eval(default.group(1)) == params[name].default, name
+
+
+@pytest.mark.parametrize('dtype,tol', [(torch.float64, 1e-10), (torch.float32, 1e-5)])
+@pytest.mark.parametrize('edge_dim', [0, 2])
+def test_conv_first_edge_layer_per_node_equals_the_concatenation(dtype, tol, edge_dim):
+    # phi_e's first layer is applied to the node blocks once per node (the default) or to the
+    # per-edge concatenation [h_i, h_j, d^2, a] (the path taken when the layer has hooks):
+    # the same values and gradients
+    torch.manual_seed(0)
+    conv = EGNNConv(4, hidden_channels=6, edge_dim=edge_dim, edge_gate=True).to(dtype)
+    torch.nn.init.normal_(conv.coord_mlp[-1].weight)
+    x, pos, batch = random_sets([5, 1, 3, 4], 3, 4, dtype=dtype)
+    edge_index = fully_connected_edge_index(batch)
+    attr = torch.randn(edge_index.size(1), edge_dim, dtype=dtype) if edge_dim else None
+    w_h, w_p = torch.randn(x.shape, dtype=dtype), torch.randn(pos.shape, dtype=dtype)
+
+    def run(hooked):
+        conv.zero_grad()
+        handle = conv.edge_mlp[0].register_forward_hook(lambda *args: None) if hooked else None
+        h_in, p_in = x.clone().requires_grad_(), pos.clone().requires_grad_()
+        a_in = None if attr is None else attr.clone().requires_grad_()
+        h, p = conv(h_in, p_in, edge_index, a_in)
+        ((h * w_h).sum() + (p * w_p).sum()).backward()  # gradients of order one
+        if handle is not None:
+            handle.remove()
+        grads = [h_in.grad, p_in.grad] + ([a_in.grad] if a_in is not None else [])
+        return [h, p] + grads + [w.grad.clone() for w in conv.parameters()]
+
+    for per_node, cat in zip(run(False), run(True)):
+        torch.testing.assert_close(per_node, cat, rtol=tol, atol=tol)
+    # fewer edges than nodes: the concatenation, as with hooks
+    sparse = edge_index[:, :x.size(0) - 1]
+    plain = conv(x, pos, sparse, None if attr is None else attr[:x.size(0) - 1])
+    with torch.no_grad():
+        handle = conv.edge_mlp[0].register_forward_hook(lambda *args: None)
+        hooked = conv(x, pos, sparse, None if attr is None else attr[:x.size(0) - 1])
+        handle.remove()
+    for u, v in zip(plain, hooked):
+        torch.testing.assert_close(u, v, rtol=0, atol=0)
