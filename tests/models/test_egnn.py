@@ -93,6 +93,36 @@ def test_radius_graph_matches_brute_force():
                                                      (2, 1)}
 
 
+def pairwise_radius_reference(pos, r, batch, num_sets=None):
+    # every pair of fully_connected_edge_index kept by its own squared distance, pair by pair
+    # (the earlier implementation of radius_edge_index)
+    edge_index = fully_connected_edge_index(batch, num_sets)
+    j, i = edge_index
+    keep = (pos[i] - pos[j]).pow(2).sum(dim=-1) <= r * r
+    return edge_index[:, keep]
+
+
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float64])
+def test_radius_graph_blocks_equal_the_pairwise_filter_exactly(dtype):
+    # the same edges in the same order, kept by bitwise the same squared distances: skewed and
+    # empty sets, one-element sets, unsorted ids, points on the cut-off, several chunk sizes
+    g = torch.Generator().manual_seed(1)
+    sizes = [0, 1, 2, 7, 30, 3, 0, 64, 5, 1, 17]
+    batch = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
+    batch = batch[torch.randperm(batch.numel(), generator=g)]
+    for dim in (2, 3):
+        pos = torch.randint(-3, 4, (batch.numel(), dim), generator=g).to(dtype)  # a lattice
+        pos[::3] += 0.1 * torch.randn(pos[::3].shape, generator=g, dtype=torch.float64).to(dtype)
+        for r in (0.0, 1.0, 2.0, 2.5, 100.0):  # 1 and 2 lie on lattice distances
+            ref = pairwise_radius_reference(pos, r, batch, num_sets=len(sizes) + 2)
+            for chunk in (1, 37, 5000, 2**20):
+                out = radius_edge_index(pos, r, batch, num_sets=len(sizes) + 2, chunk_size=chunk)
+                assert torch.equal(out, ref), (dim, r, chunk)
+    # sorted ids and no pair at all
+    assert torch.equal(radius_edge_index(torch.zeros(3, 2), 1.0, torch.arange(3)),
+                       torch.empty(2, 0, dtype=torch.long))
+
+
 def test_split_pos_features():
     x = torch.arange(12.0).view(3, 4)
     pos, features = split_pos_features(x, 3)

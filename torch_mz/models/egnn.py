@@ -24,7 +24,7 @@ from torch_geometric.nn.resolver import activation_resolver
 from torch_geometric.utils import scatter
 
 from torch_mz.models.base import SetPrediction, zero_empty_sets
-from torch_mz.nn.functional import set_pairs
+from torch_mz.nn.functional import _sorted_layout, set_pairs
 
 __all__ = [
     'EGNNConv',
@@ -88,17 +88,20 @@ def radius_edge_index(pos: Tensor, r: float, batch: Optional[Tensor] = None,
     :math:`\|x_i - x_j\| \le r`.
 
     A replacement for ``torch_cluster.radius_graph`` (without its neighbour cap) that needs no
-    compiled extension: the candidate pairs are those of :func:`fully_connected_edge_index`, and
-    their distances are computed ``chunk_size`` pairs at a time. Time and index memory are
-    :math:`O(\sum_s n_s^2)`, which suits sets of up to a few thousand elements.
+    compiled extension: the distances of every pair of a set are computed as a dense
+    :math:`(n_s, n_s)` block, sets of similar size together, at most ``chunk_size`` pairs at a
+    time. The pairs, their order and the squared distances they are kept by are those of
+    :func:`fully_connected_edge_index` filtered pair by pair (the same arithmetic). Time and
+    work memory are :math:`O(\sum_s n_s^2)`, which suits sets of up to a few thousand elements.
 
     Args:
         pos (torch.Tensor): Coordinates.
         r (float): Cut-off distance (inclusive).
         batch (torch.Tensor, optional): Set id of every element. (default: :obj:`None`, one set)
         num_sets (int, optional): Number of sets. (default: :obj:`None`, i.e. ``batch.max() + 1``)
-        chunk_size (int, optional): Number of candidate pairs whose distances are computed at once,
-            which bounds the floating-point work memory to ``chunk_size * D``. (default: :obj:`2**20`)
+        chunk_size (int, optional): Number of pairs whose distances are computed at once (at
+            least one set's), which bounds the floating-point work memory to about
+            ``chunk_size * D``. (default: :obj:`2**20`)
 
     Shapes:
         - **input:** pos :math:`(N, D)`, batch :math:`(N)`
@@ -114,14 +117,48 @@ def radius_edge_index(pos: Tensor, r: float, batch: Optional[Tensor] = None,
         batch = pos.new_zeros(pos.size(0), dtype=torch.long)
     if batch.numel() != pos.size(0):
         raise ValueError(f"'batch' has {batch.numel()} entries but 'pos' has {pos.size(0)} rows")
-    edge_index = fully_connected_edge_index(batch, num_sets)  # (2, P)
-    keep = torch.empty(edge_index.size(1), dtype=torch.bool, device=pos.device)  # (P,)
+    num_sets = _check_batch(batch, num_sets)
+    device = pos.device
+    perm, counts, ptr, _ = _sorted_layout(batch, num_sets)
+    sorted_pos = pos if perm is None else pos.index_select(0, perm)  # (N, D), set by set
+    # sets by size, so that a block pads each set to a similar size
+    by_size = torch.argsort(counts, stable=True)  # (B,)
+    sizes = counts[by_size].tolist()
+    src_parts, dst_parts = [], []
     with torch.no_grad():
-        for start in range(0, edge_index.size(1), chunk_size):
-            j, i = edge_index[:, start:start + chunk_size]  # (C,), (C,)
-            sq_dist = (pos[i] - pos[j]).pow(2).sum(dim=-1)  # (C,)
-            keep[start:start + chunk_size] = sq_dist <= r * r
-    return edge_index[:, keep]  # (2, E)
+        start = 0
+        while start < num_sets:
+            if sizes[start] < 2:  # no pair
+                start += 1
+                continue
+            # the sets [start, stop) in size order, padded to the largest, <= chunk_size pairs
+            stop = start + 1
+            while stop < num_sets and (stop + 1 - start) * sizes[stop] ** 2 <= chunk_size:
+                stop += 1
+            n = sizes[stop - 1]
+            sets = by_size[start:stop]  # (g,)
+            slot = torch.arange(n, device=device)  # (n,)
+            valid = slot < counts[sets].unsqueeze(1)  # (g, n)
+            rows = (ptr[sets].unsqueeze(1) + slot).masked_fill(~valid, 0)  # (g, n)
+            block = sorted_pos[rows]  # (g, n, D)
+            # (g, s, t): pos[t] - pos[s] of source s and target t, as fully_connected's pairs
+            sq_dist = (block.unsqueeze(1) - block.unsqueeze(2)).pow(2).sum(dim=-1)
+            keep = (sq_dist <= r * r) & valid.unsqueeze(2) & valid.unsqueeze(1)
+            keep &= ~torch.eye(n, dtype=torch.bool, device=device)
+            g, s, t = keep.nonzero(as_tuple=True)
+            src_parts.append(rows[g, s])
+            dst_parts.append(rows[g, t])
+            start = stop
+    if not src_parts:
+        return torch.empty(2, 0, dtype=torch.long, device=device)
+    src, dst = torch.cat(src_parts), torch.cat(dst_parts)  # sorted positions
+    # the order of fully_connected_edge_index: by set, then source, then target (sorted
+    # positions increase with the set)
+    order = torch.argsort(src * max(pos.size(0), 1) + dst)
+    src, dst = src[order], dst[order]
+    if perm is not None:
+        src, dst = perm[src], perm[dst]
+    return torch.stack([src, dst], dim=0)  # (2, E)
 
 
 def split_pos_features(x: Tensor, pos_dim: int) -> Tuple[Tensor, Optional[Tensor]]:
