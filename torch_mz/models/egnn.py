@@ -90,9 +90,10 @@ def radius_edge_index(pos: Tensor, r: float, batch: Optional[Tensor] = None,
     A replacement for ``torch_cluster.radius_graph`` (without its neighbour cap) that needs no
     compiled extension: the distances of every pair of a set are computed as a dense
     :math:`(n_s, n_s)` block, sets of similar size together, at most ``chunk_size`` pairs at a
-    time. The pairs, their order and the squared distances they are kept by are those of
-    :func:`fully_connected_edge_index` filtered pair by pair (the same arithmetic). Time and
-    work memory are :math:`O(\sum_s n_s^2)`, which suits sets of up to a few thousand elements.
+    time (a larger set a slice of its rows at a time). The pairs, their order and the squared
+    distances they are kept by are those of :func:`fully_connected_edge_index` filtered pair by
+    pair (the same arithmetic). Time is :math:`O(\sum_s n_s^2)`, which suits sets of up to a
+    few thousand elements; work memory is bounded by ``chunk_size``.
 
     Args:
         pos (torch.Tensor): Coordinates.
@@ -100,7 +101,7 @@ def radius_edge_index(pos: Tensor, r: float, batch: Optional[Tensor] = None,
         batch (torch.Tensor, optional): Set id of every element. (default: :obj:`None`, one set)
         num_sets (int, optional): Number of sets. (default: :obj:`None`, i.e. ``batch.max() + 1``)
         chunk_size (int, optional): Number of pairs whose distances are computed at once (at
-            least one set's), which bounds the floating-point work memory to about
+            least one row of a set), which bounds the floating-point work memory to about
             ``chunk_size * D``. (default: :obj:`2**20`)
 
     Shapes:
@@ -141,13 +142,18 @@ def radius_edge_index(pos: Tensor, r: float, batch: Optional[Tensor] = None,
             valid = slot < counts[sets].unsqueeze(1)  # (g, n)
             rows = (ptr[sets].unsqueeze(1) + slot).masked_fill(~valid, 0)  # (g, n)
             block = sorted_pos[rows]  # (g, n, D)
-            # (g, s, t): pos[t] - pos[s] of source s and target t, as fully_connected's pairs
-            sq_dist = (block.unsqueeze(1) - block.unsqueeze(2)).pow(2).sum(dim=-1)
-            keep = (sq_dist <= r * r) & valid.unsqueeze(2) & valid.unsqueeze(1)
-            keep &= ~torch.eye(n, dtype=torch.bool, device=device)
-            g, s, t = keep.nonzero(as_tuple=True)
-            src_parts.append(rows[g, s])
-            dst_parts.append(rows[g, t])
+            # source rows a slice at a time: a set larger than the chunk is split too
+            step = max(1, chunk_size // (len(sets) * n))
+            for lo in range(0, n, step):
+                hi = min(lo + step, n)
+                # (g, s, t): pos[t] - pos[s] of source s and target t, the arithmetic of the
+                # pair-by-pair filter
+                sq_dist = (block.unsqueeze(1) - block[:, lo:hi].unsqueeze(2)).pow(2).sum(dim=-1)
+                keep = (sq_dist <= r * r) & valid[:, lo:hi].unsqueeze(2) & valid.unsqueeze(1)
+                keep &= (torch.arange(lo, hi, device=device).unsqueeze(1) != slot)  # no self
+                g, s, t = keep.nonzero(as_tuple=True)
+                src_parts.append(rows[g, s + lo])
+                dst_parts.append(rows[g, t])
             start = stop
     if not src_parts:
         return torch.empty(2, 0, dtype=torch.long, device=device)
