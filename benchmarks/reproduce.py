@@ -81,6 +81,10 @@ def write_summary(out, minutes):
              + '\n\nThe sweep cell of each task (the lr / wd chosen there, per model by the '
              'lowest validation loss, is used on every cell of that task): '
              + '; '.join(f"{t}: {c['label']}" for t, c in SWEEP_CELLS.items())
+             + '. Claims with a fixed protocol train every model at its lr / wd instead, with '
+             'no sweep: ' + ', '.join(f'{c.name} (lr {c.protocol[0]:g}, weight decay '
+                                      f'{c.protocol[1]:g})' for c in CLAIMS.values()
+                                      if c.protocol is not None)
              + '\n\n## Every model, every cell\n\n' + models_table(records) + '\n'
              + '\n'.join(f'![{n}]({n}.png)' for n in sorted(
                  os.path.splitext(f)[0] for f in os.listdir(out) if f.endswith('.png')))
@@ -118,7 +122,8 @@ def write_runs_table(repro, claims, out):
              f"Command: `{env['command']}`  \n"
              f"Written {stamp} from the run records in `records/{budget}/` (nothing trained). "
              f"One row per claim cell and model: the test R² of each finished seed at the "
-             f"model's swept lr / wd, their mean, the paper's figure where the claim quotes "
+             f"model's swept lr / wd (a claim's fixed lr / wd where it has one, with no sweep), "
+             f"their mean, the paper's figure where the claim quotes "
              f"one, and each seed's epochs run with its best epoch in brackets (* = stopped "
              f"early by the patience rule; otherwise at the epoch cap). Claims get a verdict "
              f"only in `summary.md`, once all their runs are in.\n"]

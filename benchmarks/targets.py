@@ -30,7 +30,6 @@ import argparse
 import json
 import math
 import os
-import subprocess
 import sys
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
@@ -49,6 +48,13 @@ SOURCES = {
     'training_step_egnn': 'training_step_egnn/training_step.json',
     'scaling_sets_of_1': 'scaling/scaling_default_sets_of_1.json',
     'scaling_mz': 'scaling/scaling_mz.json',
+}
+#: Rows of a results file measured before a change that a newer file measures again:
+#: (source label, row name) -> the reason. They are listed, not counted.
+SUPERSEDED = {
+    ('training_step', 'egnn'): 'EGNN measured again in training_step_egnn (per-node first edge '
+                               'layer, dense radius blocks)',
+    ('training_step', 'egnn+keep'): 'EGNN measured again in training_step_egnn',
 }
 MESSAGE_PASSING = ('message_passing', 'message_passing_small', 'message_passing_checkpoint',
                    'message_passing_ckpt_d64')
@@ -121,6 +127,8 @@ def _step_pairs(data: Mapping[str, Mapping], column: str, ratio: bool = True,
             if not a or not b or a.get(column) is None or b.get(column) is None:
                 continue
             if ratio:
+                if (label, over + suffix) in SUPERSEDED:
+                    continue
                 yield label, f'{over}{suffix} / rigid{suffix}', a[column] / b[column]
             else:  # a difference of percentages
                 yield (label, f'{over}{suffix} - rigid{suffix} (points of %)',
@@ -131,7 +139,8 @@ def _preset_peak(data: Mapping[str, Mapping]) -> Iterator[Measurement]:
     for label in TRAINING_STEP:
         for r in data.get(label, {}).get('rows', []):
             base = r['model'].split('+')[0]
-            if base in PRESETS and r.get('pct_of_peak') is not None:
+            if (base in PRESETS and r.get('pct_of_peak') is not None
+                    and (label, r['model']) not in SUPERSEDED):
                 yield label, r['model'], float(r['pct_of_peak'])
 
 
@@ -209,21 +218,8 @@ def evaluate(data: Mapping[str, Mapping]) -> List[Dict[str, Any]]:
     return out
 
 
-def committed(path: str) -> Optional[str]:
-    r"""The UTC date of the last commit that changed :obj:`path`, or :obj:`None` (no git, or
-    not committed)."""
-    try:
-        out = subprocess.run(['git', 'log', '-1', '--date=format-local:%Y-%m-%d %H:%M UTC',
-                              '--format=%cd', '--', os.path.basename(path)],
-                             cwd=os.path.dirname(path), capture_output=True, text=True,
-                             timeout=30, env=dict(os.environ, TZ='UTC'))
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
-
-
 def markdown(records: Sequence[Mapping[str, Any]], data: Mapping[str, Mapping],
-             command: str, root: str = RESULTS) -> str:
+             command: str) -> str:
     lines = ["# Issue 10's operator-cost targets, read from the committed benchmark results", '',
              f'Command: `{command}` (reads results files, times nothing). A target is met when '
              'every measurement meets it, mixed when some do. Measurements marked * miss the '
@@ -235,15 +231,14 @@ def markdown(records: Sequence[Mapping[str, Any]], data: Mapping[str, Mapping],
                           f"{m['where']})" for m in r['measurements'])
         lines.append(f"| {r['target']} | {sign} {r['threshold']:.4g} | **{r['status']}** "
                      f"({r['met']} of {r['measured']}) | {cells} |")
-    lines += ['', '## Sources', '',
-              'Each file as committed (the date of the commit that last changed it, where git '
-              'can tell), with the command that produced it:', '']
+    lines += ['', '## Sources', '', 'Each file with the command that produced it (its Markdown '
+              'file and `git log` tell when):', '']
     for label, rel in SOURCES.items():
         cmd = data.get(label, {}).get('environment', {}).get('command')
-        when = committed(os.path.join(root, rel))
         lines.append(f'- `{label}`: [`{rel}`]({rel.replace(".json", ".md")})'
-                     + (f' ({when})' if when else '')
                      + (f', produced by `{cmd}`' if cmd else ' (missing)'))
+    lines += ['', 'Rows left out, measured again in a newer file:', '']
+    lines += [f'- `{label}`, `{row}`: {why}' for (label, row), why in SUPERSEDED.items()]
     return '\n'.join(lines) + '\n'
 
 
@@ -291,7 +286,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         json.dump(dict(command=command, sources=SOURCES, targets=records), f, indent=2)
         f.write('\n')
     # links in the Markdown file are relative to the results folder
-    text = markdown(records, data, command, args.results)
+    text = markdown(records, data, command)
     rel = os.path.relpath(args.results, args.out)
     text = text.replace('](', f']({rel}/') if rel != '.' else text
     from torch_mz.study.plots import try_plot

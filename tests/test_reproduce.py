@@ -161,10 +161,11 @@ def test_a_fixed_protocol_trains_every_model_there_without_a_sweep(tmp_path, mon
     assert repro.status(fixed)[0]['done'] == 8
     rows = repro.finished_runs(fixed)
     assert len(rows) == 8 and {(r['lr'], r['weight_decay']) for r in rows} == {(2e-3, 0.05)}
-    # the same claim with the sweep trains the grid on top (the fixed runs are not its points)
+    # the same claim with the sweep trains the whole grid on top (the fixed runs are not its
+    # points)
     calls.clear()
     repro.run(CLAIM)
-    assert {(lr, wd) for *_, lr, wd in calls} <= set(TINY.sweep)
+    assert calls and {(lr, wd) for *_, lr, wd in calls} == set(TINY.sweep)
 
 
 def test_summary_and_table30(tmp_path):

@@ -118,7 +118,14 @@ def test_radius_graph_blocks_equal_the_pairwise_filter_exactly(dtype):
             for chunk in (1, 37, 5000, 2**20):
                 out = radius_edge_index(pos, r, batch, num_sets=len(sizes) + 2, chunk_size=chunk)
                 assert torch.equal(out, ref), (dim, r, chunk)
-    # sorted ids and no pair at all
+    # sorted ids, with edges
+    batch_sorted, _ = torch.sort(batch)
+    pos = torch.randn(batch.numel(), 3, generator=g, dtype=torch.float64).to(dtype)
+    ref = pairwise_radius_reference(pos, 1.5, batch_sorted)
+    assert ref.size(1) > 0
+    for chunk in (1, 37, 2**20):
+        assert torch.equal(radius_edge_index(pos, 1.5, batch_sorted, chunk_size=chunk), ref)
+    # no pair at all
     assert torch.equal(radius_edge_index(torch.zeros(3, 2), 1.0, torch.arange(3)),
                        torch.empty(2, 0, dtype=torch.long))
 
@@ -559,12 +566,46 @@ def test_conv_first_edge_layer_per_node_equals_the_concatenation(dtype, tol, edg
 
     for per_node, cat in zip(run(False), run(True)):
         torch.testing.assert_close(per_node, cat, rtol=tol, atol=tol)
-    # fewer edges than nodes: the concatenation, as with hooks
-    sparse = edge_index[:, :x.size(0) - 1]
-    plain = conv(x, pos, sparse, None if attr is None else attr[:x.size(0) - 1])
-    with torch.no_grad():
-        handle = conv.edge_mlp[0].register_forward_hook(lambda *args: None)
-        hooked = conv(x, pos, sparse, None if attr is None else attr[:x.size(0) - 1])
-        handle.remove()
-    for u, v in zip(plain, hooked):
-        torch.testing.assert_close(u, v, rtol=0, atol=0)
+
+
+def _concatenations(conv, *args):
+    # how many per-edge concatenations [h_i, h_j, d^2, (a)] one call makes
+    real, count = torch.cat, []
+
+    def counting(tensors, *a, **k):
+        count.append(len(tensors) >= 3)
+        return real(tensors, *a, **k)
+    with torch.no_grad(), pytest.MonkeyPatch.context() as m:
+        m.setattr(torch, 'cat', counting)
+        conv(*args)
+    return sum(count)
+
+
+def test_conv_first_edge_layer_path_choice():
+    torch.manual_seed(0)
+    conv = EGNNConv(4, hidden_channels=6, edge_dim=2).double()
+    x, pos, batch = random_sets([5, 4], 3, 4)
+    dense = fully_connected_edge_index(batch)  # 32 edges, 9 nodes
+    attr = torch.randn(dense.size(1), 2, dtype=torch.float64)
+    assert _concatenations(conv, x, pos, dense, attr) == 0  # per node
+    # fewer edges than nodes: per edge
+    assert _concatenations(conv, x, pos, dense[:, :8], attr[:8]) == 1
+    # a hook, or a first layer that is not a plain Linear (e.g. quantized), sees phi_e as it is
+    handle = conv.edge_mlp.register_full_backward_hook(lambda *args: None)
+    assert _concatenations(conv, x, pos, dense, attr) == 1
+    handle.remove()
+
+    class Scaled(torch.nn.Linear):
+        def forward(self, input):
+            return 2 * super().forward(input)
+    plain = conv(x, pos, dense, attr)
+    first = conv.edge_mlp[0]
+    scaled = Scaled(first.in_features, first.out_features).double()
+    scaled.load_state_dict(first.state_dict())
+    conv.edge_mlp[0] = scaled
+    assert _concatenations(conv, x, pos, dense, attr) == 1
+    assert not torch.allclose(conv(x, pos, dense, attr)[0], plain[0])  # its forward ran
+    conv.edge_mlp[0] = first
+    # integer edge attributes are promoted as the concatenation promotes them
+    h_int, _ = conv(x, pos, dense, attr.round().long())
+    torch.testing.assert_close(h_int, conv(x, pos, dense, attr.round())[0])

@@ -92,7 +92,7 @@ def radius_edge_index(pos: Tensor, r: float, batch: Optional[Tensor] = None,
     :math:`(n_s, n_s)` block, sets of similar size together, at most ``chunk_size`` pairs at a
     time (a larger set a slice of its rows at a time). The pairs, their order and the squared
     distances they are kept by are those of :func:`fully_connected_edge_index` filtered pair by
-    pair (the same arithmetic). Time is :math:`O(\sum_s n_s^2)`, which suits sets of up to a
+    pair (the same arithmetic; equal bitwise on the CPU, by test). Time is :math:`O(\sum_s n_s^2)`, which suits sets of up to a
     few thousand elements; work memory is bounded by ``chunk_size``.
 
     Args:
@@ -121,12 +121,12 @@ def radius_edge_index(pos: Tensor, r: float, batch: Optional[Tensor] = None,
     num_sets = _check_batch(batch, num_sets)
     device = pos.device
     perm, counts, ptr, _ = _sorted_layout(batch, num_sets)
-    sorted_pos = pos if perm is None else pos.index_select(0, perm)  # (N, D), set by set
     # sets by size, so that a block pads each set to a similar size
     by_size = torch.argsort(counts, stable=True)  # (B,)
     sizes = counts[by_size].tolist()
     src_parts, dst_parts = [], []
     with torch.no_grad():
+        sorted_pos = pos if perm is None else pos.index_select(0, perm)  # (N, D), set by set
         start = 0
         while start < num_sets:
             if sizes[start] < 2:  # no pair
@@ -189,8 +189,14 @@ def split_pos_features(x: Tensor, pos_dim: int) -> Tuple[Tensor, Optional[Tensor
 # --------------------------------------------------------------------------------------------------
 # Layer
 # --------------------------------------------------------------------------------------------------
-def _hooked(module: Module) -> bool:
-    return bool(module._forward_hooks or module._forward_pre_hooks)
+def _called_as_is(module: Module) -> bool:
+    # a module whose call does more than its plain forward: hooks of its own (forward or
+    # backward, e.g. pruning's) or global module hooks
+    from torch.nn.modules import module as mod
+    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+                or module._backward_pre_hooks or mod._global_forward_hooks
+                or mod._global_forward_pre_hooks or mod._global_backward_hooks
+                or mod._global_backward_pre_hooks)
 
 
 def _safe_norm(sq_norm: Tensor, eps: float) -> Tensor:
@@ -345,17 +351,16 @@ class EGNNConv(MessagePassing):
             raise ValueError("'edge_attr' was given but the layer was built with edge_dim=0")
 
         first = self.edge_mlp[0]
-        assert isinstance(first, Linear)
-        if (edge_index.size(1) < h.size(0) or _hooked(first) or _hooked(self.edge_mlp)):
-            # fewer edges than nodes (mapping each edge's inputs is cheaper), or hooks (e.g.
-            # pruning's), which see the layer as it is
+        if (edge_index.size(1) < h.size(0) or type(first) is not Linear
+                or _called_as_is(first) or _called_as_is(self.edge_mlp)):
+            # fewer edges than nodes (mapping each edge's inputs is cheaper), a replaced first
+            # layer (e.g. quantized), or hooks (e.g. pruning's): phi_e runs as it is
             a, b, rest = h, h, None
         else:
             # phi_e's first layer on [h_i, h_j, d_ij^2, a_ij] split by its input blocks:
             # W [h_i; h_j; d^2; a] + c = (W_i h + c)_i + (W_j h)_j + w_d d^2 + W_a a, so the two
             # node blocks are mapped once per node, not once per edge (exact up to rounding;
-            # no (E, 2F + 1) concatenation). Point clouds with ~14 neighbours per point, one
-            # core: a training step 28% faster, inference 16%
+            # no (E, 2F + 1) concatenation; benchmarks/results/training_step_egnn*)
             F_ = self.channels
             a = torch.nn.functional.linear(h, first.weight[:, :F_], first.bias)  # (N, H)
             b = torch.nn.functional.linear(h, first.weight[:, F_:2 * F_])  # (N, H)
@@ -378,8 +383,8 @@ class EGNNConv(MessagePassing):
             m = self.edge_mlp(torch.cat(inputs, dim=-1))  # (E, H)
         else:  # a, b are the node blocks of phi_e's first layer (see forward)
             pre = torch.addcmul(a_i + b_j, sq_dist, rest[:, 0])  # (E, H)
-            if edge_attr is not None:
-                pre = pre + torch.nn.functional.linear(edge_attr, rest[:, 1:])
+            if edge_attr is not None:  # in phi_e's dtype, as the concatenation promotes it
+                pre = pre + torch.nn.functional.linear(edge_attr.to(rest.dtype), rest[:, 1:])
             m = pre
             for layer in list(self.edge_mlp.children())[1:]:
                 m = layer(m)  # (E, H)
