@@ -28,10 +28,11 @@ Run: ``python benchmarks/targets.py`` (writes ``benchmarks/results/targets/targe
 """
 import argparse
 import json
-import math
 import os
 import sys
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, 'results')
@@ -106,10 +107,7 @@ def _mp_slopes(data: Mapping[str, Mapping]) -> Iterator[Measurement]:
 
 
 def _slope(x: Sequence[float], y: Sequence[float]) -> float:
-    lx, ly = [math.log(v) for v in x], [math.log(v) for v in y]
-    mx, my = sum(lx) / len(lx), sum(ly) / len(ly)
-    return (sum((a - mx) * (b - my) for a, b in zip(lx, ly))
-            / sum((a - mx) ** 2 for a in lx))
+    return float(np.polyfit(np.log(x), np.log(y), 1)[0])  # as scaling.py fits its time slope
 
 
 def _singletons(data: Mapping[str, Mapping]) -> Iterator[Measurement]:
@@ -124,11 +122,10 @@ def _step_pairs(data: Mapping[str, Mapping], column: str, ratio: bool = True,
         rows = {r['model']: r for r in data.get(label, {}).get('rows', [])}
         for suffix in ('', '+keep'):
             a, b = rows.get(over + suffix), rows.get('rigid' + suffix)
-            if not a or not b or a.get(column) is None or b.get(column) is None:
+            if (not a or not b or a.get(column) is None or b.get(column) is None
+                    or (label, over + suffix) in SUPERSEDED):
                 continue
             if ratio:
-                if (label, over + suffix) in SUPERSEDED:
-                    continue
                 yield label, f'{over}{suffix} / rigid{suffix}', a[column] / b[column]
             else:  # a difference of percentages
                 yield (label, f'{over}{suffix} - rigid{suffix} (points of %)',

@@ -1,5 +1,6 @@
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -336,3 +337,40 @@ def test_pma_with_a_pruned_generator_ffn_runs_the_pruned_layer():
                     index, 2)
     assert torch.equal(out.gens, ref.gens) and torch.equal(out.center, ref.center)
     assert (block.rff_gens.lin2.weight == 0).sum() >= block.rff_gens.lin2.weight.numel() // 2
+
+
+def test_pma_with_backward_hooks_runs_the_layers_and_calls_the_hooks():
+    # a backward hook fires only when its module is called: the PMA then runs the feed-forward
+    # layers as they are (not folded into the attention's maps), the hooks see their gradients,
+    # and the values agree with the folded computation
+    block = _block('pma', seed=5)
+    index = make_index([4, 2])
+    x = _tokens(6, 11)
+    folded = block(x, index, 2)
+    calls = []
+    handles = [layer.register_full_backward_hook(lambda m, gi, go, name=name: calls.append(name))
+               for name, layer in (('center', block.rff.lin2), ('gens', block.rff_gens.lin2))]
+    out = block(x, index, 2)
+    (out.center.sum() + out.gens.sum()).backward()
+    for handle in handles:
+        handle.remove()
+    assert sorted(calls) == ['center', 'gens']
+    torch.testing.assert_close(out.center, folded.center)
+    torch.testing.assert_close(out.gens, folded.gens)
+
+
+def test_feed_forward_with_a_pruned_layer_uses_the_pruned_weight_in_training():
+    # pruning recomputes lin1.weight in a forward pre-hook: the training path (which otherwise
+    # reads the weights directly) calls the layers, so the pruned weight is used
+    import torch.nn.utils.prune as prune
+    torch.manual_seed(0)
+    ffn = FeedForward(6, 8)
+    prune.l1_unstructured(ffn.lin1, 'weight', amount=0.5)
+    with torch.no_grad():  # as an optimizer step: lin1.weight is recomputed at its next call
+        ffn.lin1.weight_orig.mul_(2.0)
+    c = torch.randn(5, 6, requires_grad=True)
+    out = ffn(c)
+    mask = ffn.lin1.weight_mask
+    ref = F.linear(F.gelu(F.linear(c, ffn.lin1.weight_orig * mask, ffn.lin1.bias)),
+                   ffn.lin2.weight, ffn.lin2.bias)
+    torch.testing.assert_close(out, ref)

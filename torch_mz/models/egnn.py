@@ -24,6 +24,7 @@ from torch_geometric.nn.resolver import activation_resolver
 from torch_geometric.utils import scatter
 
 from torch_mz.models.base import SetPrediction, zero_empty_sets
+from torch_mz.nn.blocks import _hooked
 from torch_mz.nn.functional import _sorted_layout, set_pairs
 
 __all__ = [
@@ -189,16 +190,6 @@ def split_pos_features(x: Tensor, pos_dim: int) -> Tuple[Tensor, Optional[Tensor
 # --------------------------------------------------------------------------------------------------
 # Layer
 # --------------------------------------------------------------------------------------------------
-def _called_as_is(module: Module) -> bool:
-    # a module whose call does more than its plain forward: hooks of its own (forward or
-    # backward, e.g. pruning's) or global module hooks
-    from torch.nn.modules import module as mod
-    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
-                or module._backward_pre_hooks or mod._global_forward_hooks
-                or mod._global_forward_pre_hooks or mod._global_backward_hooks
-                or mod._global_backward_pre_hooks)
-
-
 def _safe_norm(sq_norm: Tensor, eps: float) -> Tensor:
     # sqrt has an infinite derivative at 0, and 0 * inf = NaN for coincident points. Below eps^2 the
     # clamp passes a zero gradient, so the norm is differentiable everywhere.
@@ -352,7 +343,7 @@ class EGNNConv(MessagePassing):
 
         first = self.edge_mlp[0]
         if (edge_index.size(1) < h.size(0) or type(first) is not Linear
-                or _called_as_is(first) or _called_as_is(self.edge_mlp)):
+                or _hooked(first) or _hooked(self.edge_mlp)):
             # fewer edges than nodes (mapping each edge's inputs is cheaper), a replaced first
             # layer (e.g. quantized), or hooks (e.g. pruning's): phi_e runs as it is
             a, b, rest = h, h, None

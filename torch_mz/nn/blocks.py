@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.nn import LayerNorm, Linear, Module, Parameter
+from torch.nn.modules import module as _module
 
 from torch_mz.nn.attention import MZAttention
 from torch_mz.nn.functional import dropout, repeat_per_set
@@ -66,7 +67,8 @@ class _FeedForwardFn(torch.autograd.Function):
 class FeedForward(Module):
     r"""Row-wise feed-forward :math:`W_2\,\mathrm{GELU}(W_1 c + b_1) + b_2` on centers.
 
-    In training (gradients on, no :func:`torch.autocast`, not under :func:`torch.compile`) it
+    In training (gradients on, no :func:`torch.autocast`, not under :func:`torch.compile`, no
+    hooks on its layers, which must see their own calls, see :func:`_hooked`) it
     keeps only its input and the pre-activation for the backward pass and recomputes the GELU
     there (:class:`_FeedForwardFn`); otherwise it runs the three operations as they are."""
     def __init__(self, dim: int, hidden: int):
@@ -83,7 +85,8 @@ class FeedForward(Module):
     def forward(self, c: Tensor) -> Tensor:
         if (torch.is_grad_enabled() and not torch.is_autocast_enabled(c.device.type)
                 and not torch.compiler.is_compiling()
-                and (c.requires_grad or self.lin1.weight.requires_grad)):
+                and (c.requires_grad or self.lin1.weight.requires_grad)
+                and not (_hooked(self.lin1) or _hooked(self.lin2))):
             return _FeedForwardFn.apply(c, self.lin1.weight, self.lin1.bias, self.lin2.weight,
                                         self.lin2.bias)
         return self.lin2(F.gelu(self.lin1(c)))
@@ -94,7 +97,14 @@ class FeedForward(Module):
 
 
 def _hooked(module: Module) -> bool:
-    return bool(module._forward_hooks or module._forward_pre_hooks)
+    r"""Whether calling :obj:`module` does more than its plain forward: hooks of its own
+    (forward or backward, e.g. :mod:`torch.nn.utils.prune`'s) or global module hooks. Exact
+    reorderings that use a layer's weights directly (PMA's folded maps, EGNN's per-node first
+    edge layer) run the layer as it is then."""
+    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+                or module._backward_pre_hooks or _module._global_forward_hooks
+                or _module._global_forward_pre_hooks or _module._global_backward_hooks
+                or _module._global_backward_pre_hooks)
 
 
 class GeneratorFeedForward(Module):
