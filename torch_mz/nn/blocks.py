@@ -29,6 +29,7 @@ from torch.nn.modules import module as _module
 
 from torch_mz.nn.attention import MZAttention
 from torch_mz.nn.functional import dropout, repeat_per_set
+from torch_mz.nn.fused import odd_tanh_
 from torch_mz.nn.zonotope import MappedZonotope, Zonotope, zonotope_layer_norm
 
 
@@ -126,8 +127,11 @@ class GeneratorFeedForward(Module):
     def hidden(self, gens: Tensor) -> Tensor:
         r"""The hidden layer :math:`\tanh(G W_1^\top)`, before the last map :math:`W_2` (the
         tanh in place on the product, whose backward pass keeps its inputs, not it: one
-        generator-sized allocation fewer, the same values)."""
-        return torch.tanh_(self.lin1(gens))
+        generator-sized allocation fewer, the same values). Large CPU float32 inputs take the
+        compiled, exactly odd kernel of :class:`~torch_mz.nn.fused.OddTanhFused` (within 4
+        units in the last place of :func:`torch.tanh`; the mode of
+        :func:`~torch_mz.nn.fused.set_fused_kernels` decides)."""
+        return odd_tanh_(self.lin1(gens))
 
 
 class LearnedTokens(Module):

@@ -1,0 +1,94 @@
+r"""The compiled tanh of the generator feed-forward (torch_mz.nn.fused.OddTanhFused). The
+LayerNorm-Jacobian kernels are tested with the zonotope LayerNorm (test_zonotope.py)."""
+import pytest
+import torch
+
+from torch_mz.nn import fused
+from torch_mz.nn.blocks import GeneratorFeedForward
+
+EPS32 = torch.finfo(torch.float32).eps
+
+
+def _grid() -> torch.Tensor:
+    r"""Float32 points across the whole range: a fine linear grid over [-12, 12] (beyond the
+    clamp at 9 too) and magnitudes from 1e-30 to 10 on a log grid, both signs, and zero."""
+    tiny = torch.logspace(-30, 1, 20001, dtype=torch.float64)
+    return torch.cat([torch.linspace(-12, 12, 1_000_001, dtype=torch.float64), tiny, -tiny,
+                      torch.zeros(1, dtype=torch.float64)]).float()
+
+
+def test_rational_tanh_is_within_4_ulp_of_tanh_odd_and_bounded():
+    r"""The rational approximation evaluated in float32 is within 4 units in the last place of
+    the exact tanh (float64) relative to the value, everywhere on the grid; exactly odd, bit for
+    bit; never beyond +-1; exactly +-1 far out and exactly 0 at 0."""
+    x = _grid()
+    y = fused._rational_tanh(x)
+    ref = torch.tanh(x.double())
+    ulps = (y.double() - ref).abs() / (EPS32 * ref.abs().clamp(min=1e-300))
+    ulps[ref == 0] = 0.0
+    assert float(ulps.max()) <= 4.0
+    assert float(y[x == 0].abs().max()) == 0.0
+    assert torch.equal(fused._rational_tanh(-x), -y)
+    assert float(y.abs().max()) <= 1.0
+    far = torch.tensor([9.5, 50.0, 1e30, float('inf')])
+    assert torch.equal(fused._rational_tanh(far), torch.ones(4))
+    assert torch.equal(fused._rational_tanh(-far), -torch.ones(4))
+    # much closer than the float32 tolerance the fast paths are held to (1e-5)
+    torch.testing.assert_close(y, torch.tanh(x), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize('compiled', [
+    False, pytest.param(True, marks=pytest.mark.slow)])  # compiling takes tens of seconds
+def test_odd_tanh_kernel_values_gradients_and_second_derivatives(monkeypatch, compiled):
+    r"""The kernel forced on: float64 runs torch.tanh (gradcheck and gradgradcheck pass; the
+    backward is (1 - y^2) times the incoming gradient, from the saved output), float32 the
+    rational function (values and gradients within 1e-6 of torch.tanh); in place on its input,
+    as torch.tanh_. The default run checks the function that is compiled, uncompiled."""
+    monkeypatch.setattr(fused, '_ENABLED', True)
+    monkeypatch.setattr(fused, '_FAILED', False)
+    if not compiled:
+        monkeypatch.setattr(fused, '_compiled', lambda name, fn: fn)
+    g = torch.Generator().manual_seed(0)
+    x64 = torch.randn(4, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a: fused.odd_tanh_(a * 1.0), (x64,))
+    assert torch.autograd.gradgradcheck(lambda a: fused.odd_tanh_(a * 1.0), (x64,))
+    torch.testing.assert_close(fused.odd_tanh_(x64.detach() * 1.0), torch.tanh(x64.detach()),
+                               rtol=0, atol=0)
+
+    x = (torch.randn(300, 7, generator=g) * 3).requires_grad_()
+    h = x * 1.0
+    y = fused.odd_tanh_(h)
+    assert y.data_ptr() == h.data_ptr()  # in place
+    torch.testing.assert_close(y, torch.tanh(x), rtol=1e-6, atol=1e-6)
+    w = torch.randn(300, 7, generator=g)
+    (grad,) = torch.autograd.grad((y * w).sum(), x)
+    torch.testing.assert_close(grad, w * (1 - torch.tanh(x.detach()) ** 2), rtol=1e-5,
+                               atol=1e-6)
+
+
+def test_generator_feed_forward_takes_the_kernel_in_auto_mode_and_stays_odd(monkeypatch):
+    r"""In auto mode the generator feed-forward takes the kernel for large CPU float32 inputs
+    only; it agrees with torch.tanh's result to float32 rounding, and flipping the sign of a
+    generator flips its image bit for bit (the zonotope is unchanged by the flip)."""
+    calls = []
+    monkeypatch.setattr(fused, '_ENABLED', None)
+    monkeypatch.setattr(fused, '_FAILED', False)
+    monkeypatch.setattr(fused, 'AUTO_MIN_ELEMENTS', 1000)
+    monkeypatch.setattr(fused, '_compiled', lambda name, fn: calls.append(name) or fn)
+    torch.manual_seed(0)
+    ffn = GeneratorFeedForward(8, 16)
+    gens = torch.randn(40, 3, 8) * 2
+    out = ffn(gens)  # 40 * 3 * 16 hidden elements: the kernel
+    assert calls == ['tanh_in_place']
+    ref = torch.tanh(gens @ ffn.lin1.weight.T) @ ffn.lin2.weight.T
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+    assert torch.equal(ffn(-gens), -out)
+    flipped = gens.clone()
+    flipped[:, 1] = -flipped[:, 1]
+    out_flipped = ffn(flipped)
+    assert torch.equal(out_flipped[:, 1], -out[:, 1])
+    assert torch.equal(out_flipped[:, [0, 2]], out[:, [0, 2]])
+    assert calls == ['tanh_in_place'] * 3
+    ffn(gens[:5])  # 240 hidden elements: torch.tanh_
+    ffn.double()(gens.double())  # float64: torch.tanh_
+    assert calls == ['tanh_in_place'] * 3
