@@ -12,7 +12,9 @@ sizes and one with skewed (log-normal) set sizes of the same total, for
 * ``mz``: ``MZAggregation(value='mz')`` at the paper's defaults (n_g = 8, L = 4),
 
 each with PMA only (no encoder, no decoder) and with one SAB encoder block. Ratios are computed
-from medians measured in the same run. Peak memory (``--memory``) is measured in a fresh
+from medians measured in the same run, with the models of one (block, batch) pair timed in
+interleaved rounds (each round runs every model once, the order rotated by one per round).
+Peak memory (``--memory``) is measured in a fresh
 subprocess per configuration (CPU: increase of peak RSS; CUDA: allocator peak).
 
     python benchmarks/speed.py --quick
@@ -21,6 +23,7 @@ subprocess per configuration (CPU: increase of peak RSS; CUDA: allocator peak).
 import argparse
 import json
 import os
+from typing import List
 
 import numpy as np
 import torch
@@ -28,7 +31,7 @@ import torch
 from torch_mz.nn import MZAggregation
 from torch_mz.study import (count_flops, environment, in_fresh_process, markdown_table,
                             matmul_peak_flops, peak_memory_bytes, pyplot, skewed_sizes,
-                            time_call, try_plot, uniform_sizes, write_results)
+                            time_interleaved, try_plot, uniform_sizes, write_results)
 
 MODELS = ('pyg', 'rigid', 'rigid-zono', 'mz')
 BLOCKS = ('pma', 'sab')
@@ -67,26 +70,44 @@ def step_fn(module, x, index, sets):
     return step
 
 
-def run_one(cfg: dict) -> dict:
-    r"""Measures one (model, block, batch) configuration; used in-process and by --_one."""
+def prepare(cfg: dict):
+    r"""The module of one (model, block, batch) configuration, its forward + backward step and
+    the row describing it."""
     torch.manual_seed(0)
     device = torch.device(cfg['device'])
     module = build(cfg['model'], cfg['block'], cfg['dim'], cfg['heads']).to(device)
     x, index, sizes = make_batch(cfg['batch'], cfg['sets'], cfg['points'], cfg['dim'], device,
                                  sigma=cfg.get('sigma', 1.0))
     step = step_fn(module, x, index, cfg['sets'])
-    result = dict(model=cfg['model'], block=cfg['block'], batch=cfg['batch'],
-                  max_set=max(sizes), min_set=min(sizes))
-    if cfg.get('memory_only'):
-        result['peak_bytes'] = peak_memory_bytes(step, device)
-        return result
-    times = time_call(step, repeats=cfg['repeats'], warmup=1, device=device)
-    median = float(np.median(times))
-    flops = count_flops(step)
-    result.update(median_ms=1000 * median, times_ms=[1000 * t for t in times],
-                  params=sum(p.numel() for p in module.parameters()), gflop=flops / 1e9,
-                  gflop_per_s=flops / 1e9 / median)
-    return result
+    row = dict(model=cfg['model'], block=cfg['block'], batch=cfg['batch'],
+               max_set=max(sizes), min_set=min(sizes),
+               params=sum(p.numel() for p in module.parameters()))
+    return step, row
+
+
+def run_one(cfg: dict) -> dict:
+    r"""Peak memory of one configuration (``--_one``, in a fresh process)."""
+    step, row = prepare(cfg)
+    row['peak_bytes'] = peak_memory_bytes(step, torch.device(cfg['device']))
+    return row
+
+
+def run_interleaved(cfgs: List[dict]) -> List[dict]:
+    r"""Times the configurations of one (block, batch) pair together: every round runs each
+    model's step once (:func:`~torch_mz.study.time_interleaved`), so the ratios between them
+    come from the same spells of a shared machine; then counts each step's FLOPs."""
+    prepared = {cfg['model']: prepare(cfg) for cfg in cfgs}
+    times = time_interleaved({name: step for name, (step, _) in prepared.items()},
+                             repeats=cfgs[0]['repeats'], warmup=1,
+                             device=torch.device(cfgs[0]['device']))
+    rows = []
+    for name, (step, row) in prepared.items():
+        median = float(np.median(times[name]))
+        flops = count_flops(step)
+        row.update(median_ms=1000 * median, times_ms=[1000 * t for t in times[name]],
+                   gflop=flops / 1e9, gflop_per_s=flops / 1e9 / median)
+        rows.append(row)
+    return rows
 
 
 def measure_memory(cfg: dict) -> int:
@@ -141,16 +162,16 @@ def main():
     rows = []
     for block in args.blocks.split(','):
         for batch in ('uniform', 'skewed'):
-            for model in args.models.split(','):
-                cfg = dict(model=model, block=block, batch=batch, sets=args.sets,
-                           points=args.points, dim=args.dim, heads=args.heads,
-                           repeats=repeats, device=args.device, sigma=args.sigma)
-                row = run_one(cfg)
+            cfgs = [dict(model=model, block=block, batch=batch, sets=args.sets,
+                         points=args.points, dim=args.dim, heads=args.heads, repeats=repeats,
+                         device=args.device, sigma=args.sigma)
+                    for model in args.models.split(',')]
+            for cfg, row in zip(cfgs, run_interleaved(cfgs)):
                 if args.memory:
                     row['peak_mib'] = measure_memory(cfg) / 2**20
                 row['pct_of_peak'] = 100 * row['gflop_per_s'] / peak
                 rows.append(row)
-                print(f"{block:4s} {batch:8s} {model:6s} median {row['median_ms']:9.1f} ms"
+                print(f"{block:4s} {batch:8s} {cfg['model']:6s} median {row['median_ms']:9.1f} ms"
                       f"  {row['gflop_per_s']:6.1f} GFLOP/s"
                       + (f"  peak {row['peak_mib']:8.1f} MiB" if args.memory else ''),
                       flush=True)

@@ -119,3 +119,16 @@ def test_in_fresh_process_says_why_a_measurement_failed(tmp_path, cfg, timeout, 
     with pytest.raises(MeasurementFailed) as info:
         in_fresh_process(str(script), cfg, timeout=timeout)
     assert str(info.value) == reason
+
+
+def test_time_interleaved_runs_every_function_once_per_round_in_rotated_order():
+    r"""Warm-up calls first; then each round calls every function once, the starting one moving
+    by one place per round, and each function gets one time per round."""
+    from torch_mz.study import time_interleaved
+    calls = []
+    fns = {name: (lambda name=name: calls.append(name)) for name in 'abc'}
+    times = time_interleaved(fns, repeats=4, warmup=1)
+    assert calls[:3] == ['a', 'b', 'c']  # warm-up
+    assert calls[3:] == ['a', 'b', 'c', 'b', 'c', 'a', 'c', 'a', 'b', 'a', 'b', 'c']
+    assert set(times) == {'a', 'b', 'c'}
+    assert all(len(t) == 4 and min(t) >= 0 for t in times.values())

@@ -16,7 +16,8 @@ from torch_mz.study.grid import run_grid, train_models, train_one
 from torch_mz.study.measure import (MeasurementFailed, count_flops, environment,
                                     in_fresh_process, matmul_peak_flops, peak_memory_bytes,
                                     process_peak_rss_bytes,
-                                    skewed_sizes, time_call, uniform_sizes)
+                                    skewed_sizes, time_call, time_interleaved,
+                                    uniform_sizes)
 from torch_mz.study.plots import (NO_MATPLOTLIB, plot_bars, plot_grid, plot_summary, pyplot,
                                   try_plot)
 from torch_mz.study.report import (METRICS, markdown_table, summarize, summary_markdown,
@@ -42,6 +43,7 @@ __all__ = [
     'peak_memory_bytes',
     'skewed_sizes',
     'time_call',
+    'time_interleaved',
     'uniform_sizes',
     'NO_MATPLOTLIB',
     'plot_bars',

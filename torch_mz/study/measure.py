@@ -17,8 +17,9 @@ import torch
 
 from torch_mz._optional import WITH_TORCH_SCATTER
 
-__all__ = ['skewed_sizes', 'uniform_sizes', 'time_call', 'peak_memory_bytes', 'count_flops',
-           'matmul_peak_flops', 'MeasurementFailed', 'in_fresh_process', 'environment']
+__all__ = ['skewed_sizes', 'uniform_sizes', 'time_call', 'time_interleaved', 'peak_memory_bytes',
+           'count_flops', 'matmul_peak_flops', 'MeasurementFailed', 'in_fresh_process',
+           'environment']
 
 
 def skewed_sizes(num_sets: int, total: int, sigma: float = 1.0, seed: int = 0) -> List[int]:
@@ -59,6 +60,31 @@ def time_call(fn: Callable[[], object], repeats: int = 7, warmup: int = 2,
         fn()
         _sync(device)
         times.append(time.perf_counter() - start)
+    return times
+
+
+def time_interleaved(fns: Dict[str, Callable[[], object]], repeats: int = 7, warmup: int = 1,
+                     device: Optional[torch.device] = None) -> Dict[str, List[float]]:
+    r"""Wall-clock seconds of :obj:`repeats` calls of each of :obj:`fns`, interleaved: round
+    :math:`r` calls every function once, in an order rotated by one place per round, so that a
+    slow spell of a shared machine falls on every function alike instead of on whichever was
+    measured then (:func:`time_call` measures one function after another). :obj:`warmup` untimed
+    calls of each first."""
+    device = device or torch.device('cpu')
+    names = list(fns)
+    for _ in range(warmup):
+        for name in names:
+            fns[name]()
+    times: Dict[str, List[float]] = {name: [] for name in names}
+    for r in range(repeats):
+        shift = r % len(names) if names else 0
+        for name in names[shift:] + names[:shift]:
+            gc.collect()
+            _sync(device)
+            start = time.perf_counter()
+            fns[name]()
+            _sync(device)
+            times[name].append(time.perf_counter() - start)
     return times
 
 
