@@ -26,6 +26,34 @@ def test_flop_count_of_a_matrix_product():
     assert matmul_peak_flops(n=128, repeats=2) > 0
 
 
+def test_flop_count_runs_the_model_as_it_is_timed():
+    r"""Counting installs no global module hooks (torch's counter tracks modules with them, and
+    with them torch_mz's exact fast paths step aside for plain calls): a PMA with a folded
+    feed-forward counts the same FLOPs as the computation that runs without the counter, fewer
+    than with a global hook installed."""
+    from torch.nn.modules import module as module_state
+
+    from torch_mz.nn import MZAggregation
+    seen = []
+
+    def probe():
+        seen.append(bool(module_state._global_forward_hooks
+                         or module_state._global_forward_pre_hooks))
+    count_flops(probe)
+    assert seen == [False]
+    torch.manual_seed(0)
+    aggr = MZAggregation(8, value='rigid', num_generators=0, num_encoder_blocks=0,
+                         num_decoder_blocks=0, d_ff=8)
+    x, index = torch.randn(40, 8), torch.arange(4).repeat_interleave(10)
+    plain = count_flops(lambda: aggr(x, index))
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda *args: None)
+    try:
+        hooked = count_flops(lambda: aggr(x, index))
+    finally:
+        handle.remove()
+    assert plain < hooked
+
+
 @pytest.mark.parametrize('masked', [False, True])
 def test_attention_counts_alike_on_every_kernel(masked):
     # torch's counter skips the CPU flash-attention kernels; ours counts them with its CUDA
