@@ -168,6 +168,22 @@ def test_a_fixed_protocol_trains_every_model_there_without_a_sweep(tmp_path, mon
     assert calls and {(lr, wd) for *_, lr, wd in calls} == set(TINY.sweep)
 
 
+def test_a_protocol_claim_takes_the_papers_batch_on_geometric_tasks(tmp_path):
+    r"""A claim at the paper's fixed protocol trains geometric tasks (MEB) with the paper's
+    batch of 256, as the ``paper`` budget does; the same task swept, and a protocol claim on
+    another task, keep the budget's batch."""
+    repro = Reproduction(BUDGETS['converged'], str(tmp_path), device='cpu')
+    base = repro.base_config('meb-radius').batch_size
+    assert base == 128
+    fixed = repro.claim_config(CLAIMS['table3-protocol'], 'meb-radius', 1e-4, 1e-5)
+    assert (fixed.batch_size, fixed.lr, fixed.weight_decay) == (256, 1e-4, 1e-5)
+    assert repro.claim_config(CLAIMS['table3'], 'meb-radius', 1e-3, 0.1).batch_size == 128
+    assert repro.claim_config(CLAIMS['table1-protocol'], 'quadratic-tdof', 1e-4,
+                              1e-5).batch_size == 128
+    paper = Reproduction(BUDGETS['paper'], str(tmp_path), device='cpu')
+    assert paper.base_config('meb-radius').batch_size == 256
+
+
 def test_summary_and_table30(tmp_path):
     step = tmp_path / 'training_step.json'
     step.write_text(json.dumps(dict(rows=[
@@ -188,13 +204,18 @@ def test_summary_and_table30(tmp_path):
 
 
 def test_claims_and_budgets_as_issue_11_asks():
-    assert set(CLAIMS) == {'table1', 'table1-protocol', 'table3', 'table4', 'table7', 'table28',
-                           'd3'}
+    assert set(CLAIMS) == {'table1', 'table1-protocol', 'table3', 'table3-protocol', 'table4',
+                           'table7', 'table28', 'd3'}
     assert 'mean-mlp' in CLAIMS['table1'].models
     # the paper's optimiser settings on Table 1's L = 16 cell, both models, no sweep
     protocol = CLAIMS['table1-protocol']
     assert protocol.protocol == (1e-4, 1e-5) == BUDGETS['paper'].sweep[0]
     assert protocol.cells[0] in CLAIMS['table1'].cells and protocol.models == ('mz-1l', 'st-4l')
+    # and on Table 3's d = 16 cell, every model of Table 3, with the paper's batch of 256 there
+    protocol3 = CLAIMS['table3-protocol']
+    assert protocol3.protocol == (1e-4, 1e-5) and protocol3.models == CLAIMS['table3'].models
+    assert [c['label'] for c in protocol3.cells] == ['MEB d=16']
+    assert protocol3.cells[0] in CLAIMS['table3'].cells
     # rotation matching in both readings (item 4), at d = 8 and 16
     assert {(c['kwargs']['d'], c['kwargs']['alignment']) for c in CLAIMS['table4'].cells} == {
         (d, a) for d in (8, 16) for a in ('true', 'none')}
