@@ -25,6 +25,10 @@ cloud (tens of GB of edge features), so here it runs on a radius graph (``--egnn
 points uniform in the unit ball: about 16 neighbours per point), as EGNN is used on point
 clouds.
 
+With ``--rounds R`` every row runs R times, round by round (all rows once per round), and each
+row pools its calls of all rounds; the ratios to ``rigid`` within each round are reported too,
+so that a slow spell of a shared host shows as spread instead of as a ratio.
+
 With ``--flops-only`` it only counts the FLOPs of one training step and one inference call of
 each preset (no timing, so it need not run on a quiet machine) and writes
 ``training_step_flops.{json,md}``.
@@ -32,11 +36,13 @@ each preset (no timing, so it need not run on a quiet machine) and writes
     python benchmarks/training_step.py --quick
     python benchmarks/training_step.py
     python benchmarks/training_step.py --flops-only --models rigid,st-large,mz-slim,mz,egnn
+    python benchmarks/training_step.py --rounds 3 --models rigid,mz,rigid+keep,mz+keep
 """
 import argparse
 import json
 import os
 import time
+from typing import Dict, List
 
 import numpy as np
 import torch
@@ -170,6 +176,23 @@ def _measure(name: str, preset: str, args, pos, batch, y, compiled: bool = False
                 first_calls_s=first_call_s)
 
 
+def combine_rounds(measured: List[dict], points: int) -> dict:
+    r"""One row from the measurements of one preset in several rounds: the medians of all their
+    calls, each round's own median (``step_s_rounds``, ``infer_s_rounds``), the largest peak
+    resident set and the first round's first calls."""
+    row = dict(measured[0])
+    step_times = [t for m in measured for t in m['step_times_s']]
+    infer_times = [t for m in measured for t in m['infer_times_s']]
+    step = float(np.median(step_times))
+    row.update(step_s=step, step_times_s=step_times, points_per_s=points / step,
+               gflop_per_s=row['gflop_per_step'] / step,
+               infer_s=float(np.median(infer_times)), infer_times_s=infer_times,
+               step_s_rounds=[m['step_s'] for m in measured],
+               infer_s_rounds=[m['infer_s'] for m in measured],
+               peak_rss_mib=max(m['peak_rss_mib'] for m in measured), rounds=len(measured))
+    return row
+
+
 def count_preset_flops(name: str, args, pos, batch, y) -> dict:
     r"""FLOPs of one training step and one inference call of a preset, the calls the timed rows
     make (flags ignored: the counter runs the eager operators either way)."""
@@ -237,6 +260,10 @@ def main():
     parser.add_argument('--clouds', type=int, default=32)
     parser.add_argument('--points', type=int, default=1024)
     parser.add_argument('--repeats', type=int, default=5)
+    parser.add_argument('--rounds', type=int, default=1,
+                        help='run every row this many times, round by round (each in a fresh '
+                             'process), and pool the calls: ratios less at the mercy of a slow '
+                             'spell of a shared host')
     parser.add_argument('--threads', type=int, default=1)
     parser.add_argument('--device', default='cpu')
     parser.add_argument('--egnn-radius', type=float, default=0.25)
@@ -262,14 +289,18 @@ def main():
     bandwidth = memory_bandwidth() / 1e9
     print(f'measured float32 matmul peak: {peak:.1f} GFLOP/s, memory bandwidth '
           f'{bandwidth:.1f} GB/s', flush=True)
-    rows = []
     config = {k: v for k, v in vars(args).items() if k != '_one'}
-    for name in args.models.split(','):
-        try:
-            row = in_fresh_process(__file__, dict(name=name, args=config))
-        except MeasurementFailed as e:
-            print(f'{name}: not measured: {e}', flush=True)
-            continue
+    runs: Dict[str, List[dict]] = {}
+    for round_ in range(args.rounds):
+        for name in args.models.split(','):
+            try:
+                runs.setdefault(name, []).append(
+                    in_fresh_process(__file__, dict(name=name, args=config)))
+            except MeasurementFailed as e:
+                print(f'{name}: not measured in round {round_ + 1}: {e}', flush=True)
+    rows = []
+    for name, measured in runs.items():
+        row = combine_rounds(measured, args.points * args.clouds)
         row['pct_of_peak'] = 100 * row['gflop_per_s'] / peak
         row['pct_of_bandwidth'] = 100 * row['gb_per_step'] / row['step_s'] / bandwidth
         row['infer_pct_of_bandwidth'] = 100 * row['infer_gb'] / row['infer_s'] / bandwidth
@@ -294,6 +325,13 @@ def main():
         if KEEP[1:] in split_name(r['model'])[1] and base is not None:
             r['step / rigid'] = r['step_s'] / base['step_s']
             r['inference / rigid'] = r['infer_s'] / base['infer_s']
+        else:
+            base = ref
+        if base is not None and args.rounds > 1:  # the ratio within each round: its spread
+            r['step / rigid by round'] = [a / b for a, b in zip(r['step_s_rounds'],
+                                                                base['step_s_rounds'])]
+            r['inference / rigid by round'] = [a / b for a, b in zip(r['infer_s_rounds'],
+                                                                     base['infer_s_rounds'])]
     env = environment()
     minutes = (time.time() - start) / 60
     cols = ['model', 'params', 'step_s', 'points_per_s', 'gflop_per_step', 'pct_of_peak',
@@ -301,6 +339,18 @@ def main():
             'infer_pct_of_bandwidth',
             'peak_rss_mib', 'first_calls_s', 'step / rigid', 'inference / rigid', 'flops / rigid',
             'infer flops / rigid', 'bytes / rigid', 'infer bytes / rigid']
+    rounds_text = ''
+    if args.rounds > 1:
+        cols += ['step / rigid by round', 'inference / rigid by round']
+        for r in rows:
+            for key in ('step / rigid by round', 'inference / rigid by round'):
+                if key in r:
+                    r[key] = ', '.join(f'{v:.2f}' for v in r[key])
+        rounds_text = (f' {args.rounds} rounds: each round ran every row once, in order, '
+                       f'each in a fresh process; a row\'s times are the medians of all its '
+                       f'{args.rounds * args.repeats} calls, and the last columns give its '
+                       f'ratio to `rigid` (`rigid+keep`) within each round, the spread a slow '
+                       f'spell of the host leaves.')
     markdown = (f'# Training step and inference, {args.clouds} clouds x {args.points} points, '
                 f'40 classes\n\n'
                 f"Command: `{env['command']}`  \n"
@@ -309,7 +359,7 @@ def main():
                 f"float32 matmul peak {peak:.1f} GFLOP/s (2048 x 2048), memory bandwidth "
                 f"{bandwidth:.1f} GB/s (copy of 256 MiB, read + write). Medians of "
                 f"{args.repeats} calls; ratios to `rigid` from this run (to `rigid+keep` "
-                f"where no plain `rigid` row ran). EGNN on a radius graph "
+                f"where no plain `rigid` row ran).{rounds_text} EGNN on a radius graph "
                 f"(r = {args.egnn_radius}). GB = bytes read and written by the operators of one "
                 f"step (unfused estimate, no cache reuse: an upper bound); % of bandwidth = "
                 f"GB / step time / bandwidth. Where that is high the step is bound by memory "
