@@ -47,19 +47,17 @@ SOURCES = {
     'training_step': 'training_step/training_step.json',
     'training_step_small_sets': 'training_step_small_sets/training_step.json',
     'training_step_egnn': 'training_step_egnn/training_step.json',
+    'training_step_rounds': 'training_step_rounds/training_step.json',
     'scaling_sets_of_1': 'scaling/scaling_default_sets_of_1.json',
     'scaling_mz': 'scaling/scaling_mz.json',
 }
 #: Rows of a results file measured before a change that a newer file measures again:
 #: (source label, row name) -> the reason. They are listed, not counted.
-SUPERSEDED = {
-    ('training_step', 'egnn'): 'EGNN measured again in training_step_egnn (per-node first edge '
-                               'layer, dense radius blocks)',
-    ('training_step', 'egnn+keep'): 'EGNN measured again in training_step_egnn',
-}
+SUPERSEDED: Dict[Tuple[str, str], str] = {}  # none now: training_step was run again in full
 MESSAGE_PASSING = ('message_passing', 'message_passing_small', 'message_passing_checkpoint',
                    'message_passing_ckpt_d64')
-TRAINING_STEP = ('training_step', 'training_step_small_sets', 'training_step_egnn')
+TRAINING_STEP = ('training_step', 'training_step_small_sets', 'training_step_egnn',
+                 'training_step_rounds')
 GB = 1e9 / 2**20  # MiB in one (decimal) gigabyte
 LINEAR_SLOPE = 1.1
 PRESETS = ('rigid', 'st-large', 'mz-slim', 'mz', 'egnn')
@@ -234,8 +232,9 @@ def markdown(records: Sequence[Mapping[str, Any]], data: Mapping[str, Mapping],
         cmd = data.get(label, {}).get('environment', {}).get('command')
         lines.append(f'- `{label}`: [`{rel}`]({rel.replace(".json", ".md")})'
                      + (f', produced by `{cmd}`' if cmd else ' (missing)'))
-    lines += ['', 'Rows left out, measured again in a newer file:', '']
-    lines += [f'- `{label}`, `{row}`: {why}' for (label, row), why in SUPERSEDED.items()]
+    if SUPERSEDED:
+        lines += ['', 'Rows left out, measured again in a newer file:', '']
+        lines += [f'- `{label}`, `{row}`: {why}' for (label, row), why in SUPERSEDED.items()]
     return '\n'.join(lines) + '\n'
 
 

@@ -34,8 +34,9 @@ def by_key(records):
     return {r['key']: r for r in records}
 
 
-def test_statuses_and_thresholds():
+def test_statuses_and_thresholds(monkeypatch):
     targets = load_script('targets')
+    monkeypatch.setattr(targets, 'SUPERSEDED', {('training_step', 'egnn'): 'measured again'})
     data = {'message_passing': mp_file(0.9, 0.6, 2.0, 0.95, 3000.0),
             'message_passing_small': mp_file(1.1, 0.4, 3.5, 1.2, 5000.0),
             'training_step': step_file(1.0, 3.0, (30.0, 45.0)),
