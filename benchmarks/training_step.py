@@ -42,7 +42,7 @@ import argparse
 import json
 import os
 import time
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import numpy as np
 import torch
@@ -176,10 +176,12 @@ def _measure(name: str, preset: str, args, pos, batch, y, compiled: bool = False
                 first_calls_s=first_call_s)
 
 
-def combine_rounds(measured: List[dict], points: int) -> dict:
-    r"""One row from the measurements of one preset in several rounds: the medians of all their
-    calls, each round's own median (``step_s_rounds``, ``infer_s_rounds``), the largest peak
-    resident set and the first round's first calls."""
+def combine_rounds(by_round: List[Optional[dict]], points: int) -> dict:
+    r"""One row from the measurements of one preset in several rounds (:obj:`None` for a round
+    where it failed): the medians of all their calls, each round's own median
+    (``step_s_rounds``, ``infer_s_rounds``; :obj:`None` for a failed round), the largest peak
+    resident set and the first measured round's first calls."""
+    measured = [m for m in by_round if m is not None]
     row = dict(measured[0])
     step_times = [t for m in measured for t in m['step_times_s']]
     infer_times = [t for m in measured for t in m['infer_times_s']]
@@ -187,8 +189,8 @@ def combine_rounds(measured: List[dict], points: int) -> dict:
     row.update(step_s=step, step_times_s=step_times, points_per_s=points / step,
                gflop_per_s=row['gflop_per_step'] / step,
                infer_s=float(np.median(infer_times)), infer_times_s=infer_times,
-               step_s_rounds=[m['step_s'] for m in measured],
-               infer_s_rounds=[m['infer_s'] for m in measured],
+               step_s_rounds=[None if m is None else m['step_s'] for m in by_round],
+               infer_s_rounds=[None if m is None else m['infer_s'] for m in by_round],
                peak_rss_mib=max(m['peak_rss_mib'] for m in measured), rounds=len(measured))
     return row
 
@@ -290,17 +292,21 @@ def main():
     print(f'measured float32 matmul peak: {peak:.1f} GFLOP/s, memory bandwidth '
           f'{bandwidth:.1f} GB/s', flush=True)
     config = {k: v for k, v in vars(args).items() if k != '_one'}
-    runs: Dict[str, List[dict]] = {}
+    # each row's measurement in every round, None where it failed there
+    runs: Dict[str, List[Optional[dict]]] = {name: [] for name in args.models.split(',')}
     for round_ in range(args.rounds):
-        for name in args.models.split(','):
+        for name in runs:
+            measured: Optional[dict] = None
             try:
-                runs.setdefault(name, []).append(
-                    in_fresh_process(__file__, dict(name=name, args=config)))
+                measured = in_fresh_process(__file__, dict(name=name, args=config))
             except MeasurementFailed as e:
                 print(f'{name}: not measured in round {round_ + 1}: {e}', flush=True)
+            runs[name].append(measured)
     rows = []
-    for name, measured in runs.items():
-        row = combine_rounds(measured, args.points * args.clouds)
+    for name, by_round in runs.items():
+        if all(m is None for m in by_round):
+            continue
+        row = combine_rounds(by_round, args.points * args.clouds)
         row['pct_of_peak'] = 100 * row['gflop_per_s'] / peak
         row['pct_of_bandwidth'] = 100 * row['gb_per_step'] / row['step_s'] / bandwidth
         row['infer_pct_of_bandwidth'] = 100 * row['infer_gb'] / row['infer_s'] / bandwidth
@@ -328,10 +334,10 @@ def main():
         else:
             base = ref
         if base is not None and args.rounds > 1:  # the ratio within each round: its spread
-            r['step / rigid by round'] = [a / b for a, b in zip(r['step_s_rounds'],
-                                                                base['step_s_rounds'])]
-            r['inference / rigid by round'] = [a / b for a, b in zip(r['infer_s_rounds'],
-                                                                     base['infer_s_rounds'])]
+            for key, of in (('step / rigid by round', 'step_s_rounds'),
+                            ('inference / rigid by round', 'infer_s_rounds')):
+                r[key] = [None if a is None or b is None else a / b
+                          for a, b in zip(r[of], base[of])]  # None: a round without both
     env = environment()
     minutes = (time.time() - start) / 60
     cols = ['model', 'params', 'step_s', 'points_per_s', 'gflop_per_step', 'pct_of_peak',
@@ -340,12 +346,14 @@ def main():
             'peak_rss_mib', 'first_calls_s', 'step / rigid', 'inference / rigid', 'flops / rigid',
             'infer flops / rigid', 'bytes / rigid', 'infer bytes / rigid']
     rounds_text = ''
+    shown = rows
     if args.rounds > 1:
         cols += ['step / rigid by round', 'inference / rigid by round']
-        for r in rows:
+        shown = [dict(r) for r in rows]  # the table shows the lists as text, the JSON keeps them
+        for r in shown:
             for key in ('step / rigid by round', 'inference / rigid by round'):
                 if key in r:
-                    r[key] = ', '.join(f'{v:.2f}' for v in r[key])
+                    r[key] = ', '.join('-' if v is None else f'{v:.2f}' for v in r[key])
         rounds_text = (f' {args.rounds} rounds: each round ran every row once, in order, '
                        f'each in a fresh process; a row\'s times are the medians of all its '
                        f'{args.rounds * args.repeats} calls, and the last columns give its '
@@ -375,7 +383,7 @@ def main():
                 f"(inductor); first_calls_s is the first training step and inference call "
                 f"(compiling, for those rows), not timed. Each row ran in a fresh process; "
                 f"peak_rss_mib is that process's peak resident set."
-                f"\n\n" + markdown_table(rows, cols)
+                f"\n\n" + markdown_table(shown, cols)
                 + '\n![plot](training_step.png)\n')
     write_results(args.out, 'training_step',
                   dict(environment=env, config=vars(args), minutes=minutes,

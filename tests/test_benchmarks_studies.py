@@ -116,3 +116,39 @@ def test_training_step_flop_counts(tmp_path, monkeypatch):
     assert rows['rigid+keep']['flops / rigid'] == 1.0
     assert rows['mz-slim']['infer flops / rigid'] > 1.0
     assert (tmp_path / 'training_step_flops.md').read_text().count('| rigid+keep |') == 1
+
+
+def test_training_step_rounds_pool_calls_and_pair_ratios_by_round(tmp_path, monkeypatch):
+    r"""--rounds: every row once per round; a row's times pool its calls of all rounds; the
+    ratio to rigid is taken within each round, and a round where a row failed gives no ratio
+    (not one against another round); a row that failed in every round is left out."""
+    script = load_script('training_step')
+    seen = []
+
+    def fake(path, config):
+        name = config['name']
+        seen.append(name)
+        round_ = seen.count(name)
+        if name == 'st-large' or (name == 'mz' and round_ == 2):
+            raise script.MeasurementFailed('out of memory')
+        step = {'rigid': 1.0, 'mz': 3.0}[name] * round_  # each round slower: the host
+        return dict(model=name, params=1, step_s=step, step_times_s=[step, step],
+                    points_per_s=1.0, gflop_per_step=2.0, gflop_per_s=2.0 / step,
+                    gb_per_step=1.0, infer_s=step / 2, infer_times_s=[step / 2] * 2,
+                    infer_gflop=1.0, infer_gb=0.5, peak_rss_mib=100.0 * round_,
+                    first_calls_s=0.1)
+    monkeypatch.setattr(script, 'in_fresh_process', fake)
+    monkeypatch.setattr(script, 'matmul_peak_flops', lambda device=None: 1e10)
+    monkeypatch.setattr(script, 'memory_bandwidth', lambda: 1e10)
+    monkeypatch.setattr(sys, 'argv', ['training_step.py', '--rounds', '3', '--models',
+                                      'rigid,mz,st-large', '--out', str(tmp_path)])
+    script.main()
+    assert seen == ['rigid', 'mz', 'st-large'] * 3
+    with open(tmp_path / 'training_step.json') as f:
+        rows = {r['model']: r for r in json.load(f)['rows']}
+    assert set(rows) == {'rigid', 'mz'}  # st-large failed in every round
+    assert rows['mz']['step_s_rounds'] == [3.0, None, 9.0]
+    assert rows['mz']['step / rigid by round'] == [3.0, None, 3.0]
+    assert rows['mz']['step_s'] == 6.0  # median of the pooled calls 3, 3, 9, 9
+    assert rows['rigid']['peak_rss_mib'] == 300.0
+    assert '3.00, -, 3.00' in (tmp_path / 'training_step.md').read_text()

@@ -1108,7 +1108,8 @@ def overhead_records(path: str, budget: str) -> List[Dict[str, object]]:
                             'Medium/Large: training 3.8x/5.5x, inference 2.5x/2.7x (RTX 5090, '
                             'batch 64)'),
             ours=dict(mean=mean, std=spread, seeds=n, source=(
-                f"{os.path.basename(path)}, rows mz{suffix} / rigid{suffix}" if rows else
+                f"{os.path.join(os.path.basename(os.path.dirname(path)), os.path.basename(path))}"
+                f", rows mz{suffix} / rigid{suffix}" if rows else
                 f'{path} missing: run python benchmarks/training_step.py')),
             n_train=None, epochs_run=None, seeds=n,
             verdict=verdict(paper - 1, mean - 1, spread, n) if rows else 'inconclusive',

@@ -92,3 +92,24 @@ def test_generator_feed_forward_takes_the_kernel_in_auto_mode_and_stays_odd(monk
     ffn(gens[:5])  # 240 hidden elements: torch.tanh_
     ffn.double()(gens.double())  # float64: torch.tanh_
     assert calls == ['tanh_in_place'] * 3
+
+
+def test_forward_mode_ad_runs_the_eager_functions(monkeypatch):
+    r"""Dual tensors (torch.autograd.forward_ad) take the eager functions in auto mode, whose
+    forward derivatives torch has: the Jacobian-vector product of the generator feed-forward
+    agrees with the reverse-mode one."""
+    from torch.autograd import forward_ad as fwAD
+    calls = []
+    monkeypatch.setattr(fused, '_ENABLED', None)
+    monkeypatch.setattr(fused, '_FAILED', False)
+    monkeypatch.setattr(fused, 'AUTO_MIN_ELEMENTS', 100)
+    monkeypatch.setattr(fused, '_compiled', lambda name, fn: calls.append(name) or fn)
+    torch.manual_seed(1)
+    ffn = GeneratorFeedForward(6, 12)
+    gens, tangent = torch.randn(10, 2, 6), torch.randn(10, 2, 6)
+    with fwAD.dual_level():
+        out = fwAD.unpack_dual(ffn(fwAD.make_dual(gens, tangent)))
+    assert calls == []
+    torch.testing.assert_close(out.primal, ffn(gens))
+    _, jvp = torch.autograd.functional.jvp(ffn, gens, tangent)
+    torch.testing.assert_close(out.tangent, jvp)

@@ -1,7 +1,9 @@
 r"""Compiled kernels for the per-token generator work.
 
 On a CPU core the MZ models' time goes into passes over the :math:`(N, n_g, d)` generators, and
-eager PyTorch makes one pass per operator. :func:`torch.compile` fuses the LayerNorm Jacobian on
+eager PyTorch makes one pass per operator. Two maps run as compiled kernels: the tanh of the
+generator feed-forward (:class:`OddTanhFused`) and the LayerNorm Jacobian on generators.
+:func:`torch.compile` fuses the LayerNorm Jacobian on
 generators (:func:`~torch_mz.nn.zonotope.zonotope_layer_norm`) into about two passes forward and
 two backward. Measured on one core (the function alone, a throwaway script, nothing else
 running), :math:`N = 32768, n_g = 8, d = 64`, float32: forward 47 ms and backward 49 ms against
@@ -20,11 +22,11 @@ Three modes, set by :func:`set_fused_kernels` or the environment variable
   process (the first such call; it needs a C++ compiler), which a training loop or a large
   message-passing workload repays. Small inputs (sets of a few tokens, the test suite), other
   dtypes and devices, code under ``torch.compile`` (which fuses on its own), ``torch.func``
-  transforms and dispatch modes run the eager function. The choice depends on the input alone,
-  never on earlier calls, so a checkpointed block recomputes with the function it ran (a
-  choice by call count once switched between a forward pass and its recomputation, which
-  :func:`torch.utils.checkpoint.checkpoint` refuses), and seeded runs stay reproducible; the two
-  functions agree up to float rounding.
+  transforms, forward-mode AD (dual tensors) and dispatch modes run the eager function. The
+  choice depends on the input alone, never on earlier calls, so a checkpointed block
+  recomputes with the function it ran (a choice by call count once switched between a forward
+  pass and its recomputation, which :func:`torch.utils.checkpoint.checkpoint` refuses), and
+  seeded runs stay reproducible; the two functions agree up to float rounding.
 * **on** (``set_fused_kernels(True)``, ``TORCH_MZ_FUSED_KERNELS=1``): compiled for every input
   (also CUDA, through Triton, not measured here).
 * **off** (``set_fused_kernels(False)``, ``TORCH_MZ_FUSED_KERNELS=0``): the eager function.
@@ -40,6 +42,7 @@ from typing import Callable, Dict, Optional
 
 import torch
 from torch import Tensor
+from torch.autograd import forward_ad
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 
@@ -66,8 +69,9 @@ AUTO_MIN_ELEMENTS = 2 ** 20
 
 
 def set_fused_kernels(enabled: Optional[bool] = True) -> None:
-    r"""Compiled (fused) kernels for the LayerNorm Jacobian on generators: :obj:`True` always,
-    :obj:`False` never, :obj:`None` auto, the default (see the module docstring)."""
+    r"""Compiled (fused) kernels for the LayerNorm Jacobian on generators and the generator
+    feed-forward's tanh: :obj:`True` always, :obj:`False` never, :obj:`None` auto, the default
+    (see the module docstring)."""
     global _ENABLED
     _ENABLED = None if enabled is None else bool(enabled)
 
@@ -86,15 +90,17 @@ def _functorch_wrapped(t: Tensor) -> bool:
 
 
 def use_fused_kernels(gens: Tensor) -> bool:
-    r"""Whether :func:`~torch_mz.nn.zonotope.zonotope_layer_norm` maps these generators with
-    the compiled kernels (the mode, and in auto mode the input)."""
+    r"""Whether :func:`~torch_mz.nn.zonotope.zonotope_layer_norm` maps these generators (and
+    :func:`odd_tanh_` this hidden layer) with the compiled kernels (the mode, and in auto mode
+    the input)."""
     if _FAILED or _ENABLED is False:
         return False
     if _ENABLED:
         return True
     return (gens.device.type == 'cpu' and gens.dtype == torch.float32
             and gens.numel() >= AUTO_MIN_ELEMENTS and not torch.compiler.is_compiling()
-            and _get_current_dispatch_mode() is None and not _functorch_wrapped(gens))
+            and _get_current_dispatch_mode() is None and not _functorch_wrapped(gens)
+            and forward_ad.unpack_dual(gens).tangent is None)  # forward-mode AD: eager
 
 
 def _ln_jacobian_forward(c: Tensor, g: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -160,7 +166,7 @@ def _run(name: str, fn, *args):
 
 # tanh(x) ~ x P(x^2) / Q(x^2) on [-9, 9] (clamped outside, where float32 tanh is +-1): a
 # rational function fitted to relative error (Sanathanan-Koerner iterations in float64, degrees
-# 5 and 3 in x^2), within 4 units in the last place of float32 tanh (tests/nn/test_zonotope.py
+# 5 and 3 in x^2), within 4 units in the last place of float32 tanh (tests/nn/test_fused.py
 # checks it on a fine grid) and exactly odd: x^2 is the same for x and -x, the clamps symmetric.
 _TANH_CLAMP = 9.0
 _TANH_P = (0.9999999748137831, 0.12933943275877616, 0.002936400642897618,
