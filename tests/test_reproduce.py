@@ -202,6 +202,18 @@ def test_summary_and_table30(tmp_path):
     table = summary_table(loaded)
     assert table.count('\n') == 2 + len(records) and '**reproduced**' in table
 
+    # a run in rounds: the spread is over the rounds' own ratios (a failed round skipped), not
+    # over the pooled calls
+    rows = json.loads(step.read_text())['rows']
+    rows[0].update(step_s_rounds=[1.0, None, 1.2], infer_s_rounds=[1.0, 1.0, 1.0])
+    rows[1].update(step_s_rounds=[2.0, 2.5, 3.0], infer_s_rounds=[4.0, 5.0, 6.0])
+    step.write_text(json.dumps(dict(rows=rows)))
+    records = overhead_records(str(step), 'converged')
+    assert records[1]['ours']['seeds'] == 2  # the rounds with both rows: 2.0 and 2.5
+    assert records[1]['ours']['std'] == pytest.approx(math.sqrt(0.125))
+    assert records[2]['ours']['seeds'] == 3 and records[2]['ours']['std'] == pytest.approx(1.0)
+    assert records[1]['ours']['mean'] == pytest.approx(2.2)  # the medians' ratio, as before
+
 
 def test_claims_and_budgets_as_issue_11_asks():
     assert set(CLAIMS) == {'table1', 'table1-protocol', 'table3', 'table3-protocol', 'table4',

@@ -1079,8 +1079,10 @@ def overhead_records(path: str, budget: str) -> List[Dict[str, object]]:
     from the operator benchmark's JSON (``benchmarks/training_step.py``), compared with the
     paper's Small configuration (d = 64, n = 30; the benchmark's sets are larger, see its
     file). The rows with kept freed memory (``mz+keep`` / ``rigid+keep``, how ``torch-mz`` and
-    this reproduction train) are used where the file has them, the plain rows otherwise. A
-    missing file gives inconclusive records that say how to make it."""
+    this reproduction train) are used where the file has them, the plain rows otherwise. The
+    ratio is of the medians; its spread is over the calls, paired in order, or, for a run in
+    rounds (``training_step.py --rounds``), over the ratios within each round, the independent
+    samples there. A missing file gives inconclusive records that say how to make it."""
     small = TABLE30['Small (d=64, n=30)']
     wanted = (('params', small[0], 'params', None), ('training step', small[2], 'step_times_s',
                                                      'step_s'),
@@ -1099,7 +1101,12 @@ def overhead_records(path: str, budget: str) -> List[Dict[str, object]]:
             if median is None:
                 mean, spread, n = mz[samples] / rigid[samples], 0.0, None
             else:
-                ratios = [a / b for a, b in zip(mz[samples], rigid[samples])]
+                rounds = median + '_rounds'  # a run in rounds: the rounds are the samples
+                if rounds in mz and rounds in rigid:
+                    ratios = [a / b for a, b in zip(mz[rounds], rigid[rounds])
+                              if a is not None and b is not None]
+                else:
+                    ratios = [a / b for a, b in zip(mz[samples], rigid[samples])]
                 mean, spread, n = mz[median] / rigid[median], _std(ratios, ddof=1), len(ratios)
         out.append(dict(
             claim=f'table30 {what}: mz / rigid', budget=budget,
