@@ -128,8 +128,8 @@ class GeneratorFeedForward(Module):
         r"""The hidden layer :math:`\tanh(G W_1^\top)`, before the last map :math:`W_2` (the
         tanh in place on the product, whose backward pass keeps its inputs, not it: one
         generator-sized allocation fewer, the same values). Large CPU float32 inputs take the
-        compiled, exactly odd kernel of :class:`~torch_mz.nn.fused.OddTanhFused` (within 4
-        units in the last place of :func:`torch.tanh`; the mode of
+        compiled, exactly odd kernel of :class:`~torch_mz.nn.fused.OddTanhFused` (relative
+        error within 4 float32 epsilons of :func:`torch.tanh`; the mode of
         :func:`~torch_mz.nn.fused.set_fused_kernels` decides)."""
         return odd_tanh_(self.lin1(gens))
 
