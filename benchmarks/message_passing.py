@@ -25,6 +25,10 @@ are taken between medians of the same run. Aggregations:
 * ``default-ckpt-attn`` and ``rigid-ckpt-attn``: ``default`` and ``rigid`` with
   ``checkpoint='attention'`` (each attention's projections, packing and kernel recomputed in the
   backward pass), on the same graphs as ``default-ckpt``,
+* ``default-chunks`` and ``rigid-chunks``: ``default`` and ``rigid`` with
+  ``chunk_size=131072, checkpoint='chunks'`` (groups of neighbourhoods of about 2^17 edges, each
+  keeping only its input rows and run again in the backward pass), on the same graphs as
+  ``default-ckpt``,
 * ``mz-ng8``: ``MZAggregation(d, num_generators=8, num_matrix_generators=4)``: the paper's
   generator budget in the same structure,
 * ``paper``: ``MZAggregation(d, preset='paper')``: the paper's MZ-Set Transformer body (two
@@ -45,9 +49,12 @@ from torch_mz.runtime import keep_freed_memory
 from torch_mz.study import (MeasurementFailed, environment, in_fresh_process, markdown_table,
                             peak_memory_bytes, pyplot, time_call, try_plot, write_results)
 
-AGGRS = ('pyg', 'rigid', 'rigid-ckpt-attn', 'default', 'default-eager', 'default-fused',
-         'default-ckpt', 'default-ckpt-attn', 'mz-ng8', 'paper')
-CKPT_AGGRS = ('default-ckpt', 'default-ckpt-attn', 'rigid-ckpt-attn')
+AGGRS = ('pyg', 'rigid', 'rigid-ckpt-attn', 'rigid-chunks', 'default', 'default-eager',
+         'default-fused', 'default-ckpt', 'default-ckpt-attn', 'default-chunks', 'mz-ng8',
+         'paper')
+CKPT_AGGRS = ('default-ckpt', 'default-ckpt-attn', 'rigid-ckpt-attn', 'default-chunks',
+              'rigid-chunks')
+CHUNK_ROWS = 131072  # edges per recomputed group of neighbourhoods (*-chunks)
 CONVS = ('sage', 'graph')
 
 
@@ -85,6 +92,11 @@ def build_aggr(name: str, d: int):
         return MZAggregation(d, checkpoint='attention')
     if name == 'rigid-ckpt-attn':
         return MZAggregation(d, value='rigid', num_generators=0, checkpoint='attention')
+    if name == 'default-chunks':
+        return MZAggregation(d, chunk_size=CHUNK_ROWS, checkpoint='chunks')
+    if name == 'rigid-chunks':
+        return MZAggregation(d, value='rigid', num_generators=0, chunk_size=CHUNK_ROWS,
+                             checkpoint='chunks')
     if name == 'mz-ng8':
         return MZAggregation(d, num_generators=8, num_matrix_generators=4)
     if name == 'paper':
@@ -145,6 +157,8 @@ def fit_slope(rows, key):
 def plot(rows, path):
     plt = pyplot()
     groups = sorted({(r['degrees'], r['dim']) for r in rows if r['conv'] == 'sage'})
+    if not groups:  # nothing measured with SAGEConv (e.g. every row filtered out)
+        return
     fig, axes = plt.subplots(2, len(groups), figsize=(4 * len(groups), 7), squeeze=False)
     for col, (degrees, dim) in enumerate(groups):
         for row, (key, label) in enumerate((('median_ms', 'forward+backward, median ms'),
@@ -247,13 +261,14 @@ def main():
             entry['rigid/pyg time'] = by['rigid']['median_ms'] / by['pyg']['median_ms']
             if by['rigid'].get('peak_mib') and by['pyg'].get('peak_mib'):
                 entry['rigid/pyg memory'] = by['rigid']['peak_mib'] / by['pyg']['peak_mib']
-        if 'rigid-ckpt-attn' in by and 'pyg' in by:
-            mine, theirs = by['rigid-ckpt-attn'], by['pyg']
-            entry['rigid-ckpt-attn/pyg time'] = mine['median_ms'] / theirs['median_ms']
-            if mine.get('peak_mib') and theirs.get('peak_mib'):
-                entry['rigid-ckpt-attn/pyg memory'] = mine['peak_mib'] / theirs['peak_mib']
+        for aggr in ('rigid-ckpt-attn', 'rigid-chunks'):
+            if aggr in by and 'pyg' in by:
+                mine, theirs = by[aggr], by['pyg']
+                entry[f'{aggr}/pyg time'] = mine['median_ms'] / theirs['median_ms']
+                if mine.get('peak_mib') and theirs.get('peak_mib'):
+                    entry[f'{aggr}/pyg memory'] = mine['peak_mib'] / theirs['peak_mib']
         for aggr in ('default', 'default-eager', 'default-fused', 'default-ckpt',
-                     'default-ckpt-attn', 'mz-ng8', 'paper'):
+                     'default-ckpt-attn', 'default-chunks', 'mz-ng8', 'paper'):
             if aggr in by and 'rigid' in by:
                 entry[f'{aggr}/rigid time'] = by[aggr]['median_ms'] / by['rigid']['median_ms']
         ratios.append(entry)
@@ -273,9 +288,11 @@ def main():
                 'peak_mib', 'error']
     ratio_cols = ['degrees', 'dim', 'nodes', 'conv', 'rigid/pyg time', 'rigid/pyg memory',
                   'rigid-ckpt-attn/pyg time', 'rigid-ckpt-attn/pyg memory',
+                  'rigid-chunks/pyg time', 'rigid-chunks/pyg memory',
                   'default/rigid time', 'default-eager/rigid time', 'default-fused/rigid time',
                   'default-ckpt/rigid time',
-                  'default-ckpt-attn/rigid time', 'mz-ng8/rigid time',
+                  'default-ckpt-attn/rigid time', 'default-chunks/rigid time',
+                  'mz-ng8/rigid time',
                   'paper/rigid time']
     markdown = ('# MZAggregation in message passing against PyG\'s SetTransformerAggregation\n\n'
                 f"Command: `{env['command']}`  \n"

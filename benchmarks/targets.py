@@ -81,10 +81,11 @@ def _mp_speedup(data: Mapping[str, Mapping]) -> Iterator[Measurement]:
         yield label, where, 1.0 / v
 
 
-def _mp_memory_1e5(data: Mapping[str, Mapping]) -> Iterator[Measurement]:
+def _mp_memory_1e5(data: Mapping[str, Mapping],
+                   aggr: str = 'default') -> Iterator[Measurement]:
     for label in MESSAGE_PASSING:
         for r in data.get(label, {}).get('rows', []):
-            if (r['aggr'] == 'default' and r['nodes'] >= 100000 and r.get('peak_mib') is not None
+            if (r['aggr'] == aggr and r['nodes'] >= 100000 and r.get('peak_mib') is not None
                     and r['degrees'] == 'poisson'):
                 yield (label, f"d={r['dim']}, {r['nodes']} nodes, {r['edges']} edges, "
                        f"{r['conv']} (MiB)", float(r['peak_mib']))
@@ -159,6 +160,12 @@ TARGETS: Sequence[Tuple[str, str, float, str, Callable[[Mapping], Iterator[Measu
      lambda d: _mp_ratios(d, 'default/rigid time')),
     ('mp-1e5-memory', 'message passing: default forward + backward peak on 10^5 nodes '
      '(MiB; 4 GB)', 4 * GB, 'max', _mp_memory_1e5),
+    ('mp-1e5-memory-chunks', "message passing: the same with `chunk_size=131072, "
+     "checkpoint='chunks'` (MiB; 4 GB)", 4 * GB, 'max',
+     lambda d: _mp_memory_1e5(d, 'default-chunks')),
+    ('mp-memory-chunks', "message passing: `rigid` with `checkpoint='chunks'` / PyG peak "
+     "memory, Poisson degrees", 0.5, 'max',
+     lambda d: _mp_ratios(d, 'rigid-chunks/pyg memory', 'poisson')),
     ('mp-linear', f'memory linear in N + E (log-log slope; tolerance {LINEAR_SLOPE})',
      LINEAR_SLOPE, 'max', _mp_slopes),
     ('singletons', '10^5 singleton sets, default aggregation, inference peak (MiB; 1 GB)',

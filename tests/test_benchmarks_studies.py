@@ -152,3 +152,24 @@ def test_training_step_rounds_pool_calls_and_pair_ratios_by_round(tmp_path, monk
     assert rows['mz']['step_s'] == 6.0  # median of the pooled calls 3, 3, 9, 9
     assert rows['rigid']['peak_rss_mib'] == 300.0
     assert '3.00, -, 3.00' in (tmp_path / 'training_step.md').read_text()
+
+
+def test_message_passing_aggregations_build_and_agree(monkeypatch):
+    r"""Every aggregation ``message_passing.py`` names builds and runs; the checkpointed and
+    chunked variants (groups of 4 rows here) give the plain ones' values with the same weights."""
+    import torch
+    mp = load_script('message_passing')
+    monkeypatch.setattr(mp, 'CHUNK_ROWS', 4)
+    x = torch.randn(12, 16, generator=torch.Generator().manual_seed(0))
+    index = torch.tensor([0] * 5 + [1] * 2 + [3] * 5)
+    plain = {}
+    for name in mp.AGGRS:
+        torch.manual_seed(0)
+        aggr = mp.build_aggr(name, 16)
+        base = name.split('-')[0]
+        if base in plain and name.endswith(('-ckpt', '-ckpt-attn', '-chunks')):
+            aggr.load_state_dict(plain[base].state_dict())
+            torch.testing.assert_close(aggr(x, index, dim_size=4),
+                                       plain[base](x, index, dim_size=4))
+        plain.setdefault(base, aggr)
+        assert aggr(x, index, dim_size=4).shape == (4, 16)

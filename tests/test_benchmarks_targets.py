@@ -16,7 +16,9 @@ def mp_file(time, memory, default, slope, peak_1e5):
     rows = [dict(aggr='default', degrees='poisson', dim=16, nodes=100000, edges=10**6,
                  conv='sage', peak_mib=peak_1e5),
             dict(aggr='rigid', degrees='poisson', dim=16, nodes=100000, edges=10**6,
-                 conv='sage', peak_mib=1.0)]  # not the default: not read for that target
+                 conv='sage', peak_mib=1.0),  # not the default: not read for that target
+            dict(aggr='default-chunks', degrees='poisson', dim=64, nodes=100000, edges=10**6,
+                 conv='sage', peak_mib=peak_1e5 / 2)]  # its own target
     slopes = [dict(aggr='default', degrees='poisson', dim=16, memory_slope=slope),
               dict(aggr='pyg', degrees='poisson', dim=16, memory_slope=3.0)]  # not ours
     return dict(ratios=ratios, rows=rows, slopes=slopes)
@@ -52,6 +54,9 @@ def test_statuses_and_thresholds(monkeypatch):
     assert r['mp-default']['met'] == 1
     assert r['mp-1e5-memory']['measured'] == 2  # the default's rows only
     assert r['mp-1e5-memory']['met'] == 1  # 3000 MiB within 4 GB, 5000 MiB not
+    chunks = r['mp-1e5-memory-chunks']  # 1500 and 2500 MiB, from the chunked rows only
+    assert [m['value'] for m in chunks['measurements']] == pytest.approx([1500, 2500])
+    assert chunks['status'] == 'met' and r['mp-memory-chunks']['status'] == 'not measured'
     # slopes: 0.95 and 1.2 from the files (not PyG's), and 1.0 fitted from the scaling rows
     lin = r['mp-linear']['measurements']
     assert [m['value'] for m in lin] == pytest.approx([0.95, 1.2, 1.0])

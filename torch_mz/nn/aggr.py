@@ -15,7 +15,7 @@ from torch_mz.nn.zonotope import InputProjection, Zonotope
 READOUTS = ('ihw', 'signed')
 ENCODERS = ('isab', 'sab')
 PRESETS = ('neighbourhood', 'paper')
-CHECKPOINTS = (False, True, 'blocks', 'attention')
+CHECKPOINTS = (False, True, 'blocks', 'attention', 'chunks')
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
@@ -188,8 +188,10 @@ class MZAggregation(Aggregation):
             (default: :obj:`'auto'`).
         chunk_size (int, optional): Process groups of whole sets of about this many elements
             at a time (the sets whose first element falls in the same window of
-            :obj:`chunk_size` elements), which bounds the memory of very large batches (e.g.
-            :obj:`131072` for a million points); the result is the same as without chunking.
+            :obj:`chunk_size` elements), which bounds the inference memory of very large
+            batches (e.g. :obj:`131072` for a million points; for training, add
+            ``checkpoint='chunks'``). The result is the same as without chunking, up to
+            rounding (the fused kernels' automatic choice depends on the size of a group).
             :obj:`None` processes the batch at once (default: :obj:`None`).
         checkpoint (bool or str): Activation checkpointing for training memory, with the same
             values and gradients. :obj:`'attention'`: every attention keeps only its inputs and
@@ -202,6 +204,11 @@ class MZAggregation(Aggregation):
             pass
             (:func:`torch.utils.checkpoint.checkpoint`): memory falls to about one block's
             activations plus the block inputs, at the cost of a second forward of each block.
+            :obj:`'chunks'` (with :obj:`chunk_size`): each group of sets of
+            :obj:`chunk_size` rows keeps only its input rows and runs its whole forward again in
+            the backward pass, so the training memory of the aggregation is about one group's
+            activations plus its input, whatever the number of rows (the bound for the largest
+            graphs; one more forward of the whole aggregation).
             :obj:`False`: keep everything (default: :obj:`False`).
 
     Shapes:
@@ -238,6 +245,9 @@ class MZAggregation(Aggregation):
             raise ValueError(f"'checkpoint' must be one of {CHECKPOINTS} (got {checkpoint!r})")
         if chunk_size is not None and chunk_size < 1:
             raise ValueError(f"'chunk_size' must be positive or None (got {chunk_size})")
+        if checkpoint == 'chunks' and chunk_size is None:
+            raise ValueError("checkpoint='chunks' recomputes groups of sets of 'chunk_size' "
+                             "rows: set 'chunk_size' too (e.g. chunk_size=131072)")
         check_choice('value operator', value, VALUE_OPERATORS)
         check_choice('summary', summary, SUMMARIES)
         check_choice('encoder block', encoder, ENCODERS)
@@ -332,20 +342,38 @@ class MZAggregation(Aggregation):
         r"""Encodes groups of whole sets: the sets whose first row (in set order) falls in the
         same window of :attr:`chunk_size` rows form a group, so a group holds at most
         ``chunk_size`` rows plus the remainder of its last set. Sets never interact, so the result
-        equals the unchunked one."""
+        equals the unchunked one. With ``checkpoint='chunks'`` each group keeps only its input
+        rows for the backward pass and runs its forward again there."""
         assert self.chunk_size is not None  # called only when chunking is on
         starts = torch.cumsum(counts, 0) - counts  # (B,) first row of each set in set order
         group = torch.div(starts, self.chunk_size, rounding_mode='floor')  # (B,)
         _, sets_per_group = torch.unique_consecutive(group, return_counts=True)
         set_bounds = [0] + torch.cumsum(sets_per_group, 0).tolist()
         row_bounds = [0] + torch.cumsum(counts, 0).tolist()
-        order = torch.argsort(set_id, stable=True)  # rows in set order
-        parts = []
-        for b_lo, b_hi in zip(set_bounds[:-1], set_bounds[1:]):
-            rows = order[row_bounds[b_lo]:row_bounds[b_hi]]  # (n_group,)
-            parts.append(self._encode(x[rows], set_id[rows] - b_lo, b_hi - b_lo))
-        return Zonotope(torch.cat([p.center for p in parts], 0),
-                        torch.cat([p.gens for p in parts], 0))
+        if bool((set_id[1:] >= set_id[:-1]).all()):  # already in set order (e.g. sorted edges)
+            x_sorted, id_sorted = x, set_id
+        else:
+            order = torch.argsort(set_id, stable=True)  # rows in set order
+            x_sorted, id_sorted = x[order], set_id[order]
+        rows = [row_bounds[hi] - row_bounds[lo]
+                for lo, hi in zip(set_bounds[:-1], set_bounds[1:])]
+        # views of one tensor: the backward pass joins the groups' gradients in one allocation
+        x_parts, id_parts = x_sorted.split(rows), id_sorted.split(rows)
+        recompute = self.checkpoint == 'chunks' and torch.is_grad_enabled()
+        centers, gens = [], []
+        for x_g, id_g, b_lo, b_hi in zip(x_parts, id_parts, set_bounds[:-1], set_bounds[1:]):
+            if recompute:
+                c, g = torch.utils.checkpoint.checkpoint(
+                    self._encode_group, x_g, id_g - b_lo, b_hi - b_lo, use_reentrant=False)
+            else:
+                c, g = self._encode_group(x_g, id_g - b_lo, b_hi - b_lo)
+            centers.append(c)
+            gens.append(g)
+        return Zonotope(torch.cat(centers, 0), torch.cat(gens, 0))
+
+    def _encode_group(self, x: Tensor, set_id: Tensor, num_sets: int) -> Tuple[Tensor, Tensor]:
+        z = self._encode(x, set_id, num_sets)
+        return z.center, z.gens
 
     def _run(self, block, z: Zonotope, set_id: Tensor, num_sets: int) -> Zonotope:
         r"""Runs one block, under activation checkpointing when :attr:`checkpoint` is set and
