@@ -16,7 +16,13 @@ are taken between medians of the same run. Aggregations:
 * ``default``: ``MZAggregation(d)``: the neighbourhood preset with the matrix-zonotope value
   operator and the Slim generator budget (n_g = 2, L = 1), with the library's defaults: on graphs
   with at least 2^20 generator elements per LayerNorm (32,768 edges at d = 16) the LayerNorm
-  Jacobian runs as compiled kernels (:mod:`torch_mz.nn.fused`, auto mode),
+  Jacobian runs as compiled kernels (:mod:`torch_mz.nn.fused`, auto mode), and (since
+  ``chunk_size='auto'`` became the default) graphs of more than 262,144 edges are encoded in
+  groups of 131,072 recomputed in the backward pass, the configuration of ``default-chunks``;
+  rows of ``default`` on such graphs in results files written before that change measured the
+  whole input at once (``benchmarks/targets.py`` lists them as superseded),
+* ``default-whole``: ``MZAggregation(d, chunk_size=None)``: the whole input at once, on the same
+  graphs as ``default-ckpt``,
 * ``default-eager``: the same with the eager functions only (``set_fused_kernels(False)``),
 * ``default-fused``: the same with the compiled kernels for every input
   (``set_fused_kernels(True)``),
@@ -50,10 +56,10 @@ from torch_mz.study import (MeasurementFailed, environment, in_fresh_process, ma
                             peak_memory_bytes, pyplot, time_call, try_plot, write_results)
 
 AGGRS = ('pyg', 'rigid', 'rigid-ckpt-attn', 'rigid-chunks', 'default', 'default-eager',
-         'default-fused', 'default-ckpt', 'default-ckpt-attn', 'default-chunks', 'mz-ng8',
-         'paper')
+         'default-fused', 'default-ckpt', 'default-ckpt-attn', 'default-chunks', 'default-whole',
+         'mz-ng8', 'paper')
 CKPT_AGGRS = ('default-ckpt', 'default-ckpt-attn', 'rigid-ckpt-attn', 'default-chunks',
-              'rigid-chunks')
+              'rigid-chunks', 'default-whole')
 CHUNK_ROWS = 131072  # edges per recomputed group of neighbourhoods (*-chunks)
 CONVS = ('sage', 'graph')
 
@@ -92,6 +98,8 @@ def build_aggr(name: str, d: int):
         return MZAggregation(d, checkpoint='attention')
     if name == 'rigid-ckpt-attn':
         return MZAggregation(d, value='rigid', num_generators=0, checkpoint='attention')
+    if name == 'default-whole':
+        return MZAggregation(d, chunk_size=None)
     if name == 'default-chunks':
         return MZAggregation(d, chunk_size=CHUNK_ROWS, checkpoint='chunks')
     if name == 'rigid-chunks':
@@ -268,7 +276,8 @@ def main():
                 if mine.get('peak_mib') and theirs.get('peak_mib'):
                     entry[f'{aggr}/pyg memory'] = mine['peak_mib'] / theirs['peak_mib']
         for aggr in ('default', 'default-eager', 'default-fused', 'default-ckpt',
-                     'default-ckpt-attn', 'default-chunks', 'mz-ng8', 'paper'):
+                     'default-ckpt-attn', 'default-chunks', 'default-whole', 'mz-ng8',
+                     'paper'):
             if aggr in by and 'rigid' in by:
                 entry[f'{aggr}/rigid time'] = by[aggr]['median_ms'] / by['rigid']['median_ms']
         ratios.append(entry)
@@ -292,6 +301,7 @@ def main():
                   'default/rigid time', 'default-eager/rigid time', 'default-fused/rigid time',
                   'default-ckpt/rigid time',
                   'default-ckpt-attn/rigid time', 'default-chunks/rigid time',
+                  'default-whole/rigid time',
                   'mz-ng8/rigid time',
                   'paper/rigid time']
     markdown = ('# MZAggregation in message passing against PyG\'s SetTransformerAggregation\n\n'

@@ -167,7 +167,7 @@ def test_message_passing_aggregations_build_and_agree(monkeypatch):
         torch.manual_seed(0)
         aggr = mp.build_aggr(name, 16)
         base = name.split('-')[0]
-        if base in plain and name.endswith(('-ckpt', '-ckpt-attn', '-chunks')):
+        if base in plain and name.endswith(('-ckpt', '-ckpt-attn', '-chunks', '-whole')):
             aggr.load_state_dict(plain[base].state_dict())
             torch.testing.assert_close(aggr(x, index, dim_size=4),
                                        plain[base](x, index, dim_size=4))

@@ -427,4 +427,45 @@ def test_checkpointed_chunks_give_the_same_values_and_gradients(chunk_size, shuf
         sets = torch.tensor([2, 0, 0, 1, 2, 2])
         assert torch.autograd.gradgradcheck(lambda t: small(t, sets), (x, ))
     with pytest.raises(ValueError, match="set 'chunk_size' too"):
-        MZAggregation(4, checkpoint='chunks')
+        MZAggregation(4, checkpoint='chunks', chunk_size=None)
+
+
+def test_auto_chunking_of_large_inputs(monkeypatch):
+    r"""``chunk_size='auto'`` (the default) encodes inputs of more than twice
+    ``AUTO_CHUNK_ROWS`` rows in groups, each run again in the backward pass, and gives the
+    values and gradients of ``chunk_size=None``; smaller inputs take the unchunked path."""
+    import torch_mz.nn.aggr as aggr_module
+    monkeypatch.setattr(aggr_module, 'AUTO_CHUNK_ROWS', 4)
+    plain = _aggr(chunk_size=None)
+    auto = _aggr()
+    assert auto.chunk_size == 'auto'
+    auto.load_state_dict(plain.state_dict())
+    calls = []
+    encode_group = auto._encode_group
+    monkeypatch.setattr(auto, '_encode_group', lambda *a: calls.append(a[0].size(0))
+                        or encode_group(*a))
+    index = make_index([3, 0, 7, 1, 4, 0, 2], shuffle=True,
+                       generator=torch.Generator().manual_seed(5))
+    results = []
+    for module in (plain, auto):
+        x = _x(index.numel(), 2).requires_grad_()
+        out = module(x, index, dim_size=9)
+        out.pow(2).sum().backward()
+        results.append([out, x.grad] + [p.grad for p in module.parameters()])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    # 17 rows > 8: whole sets grouped by the window (of 4 rows) of their first row: sizes
+    # 3 + 0 + 7, 1 + 4, 0 + 2, and the two trailing empty sets; each group runs twice (forward,
+    # and again, last group first, in the backward pass)
+    assert calls == [10, 5, 2, 0] + [0, 2, 5, 10]
+    calls.clear()
+    with torch.no_grad():  # inference: chunked, nothing to recompute
+        auto(_x(index.numel(), 2), index, dim_size=9)
+    assert calls == [10, 5, 2, 0]
+    calls.clear()
+    small = make_index([3, 5])
+    auto(_x(8, 3), small)  # 8 rows: at once
+    assert calls == []
+    for bad in (0, -3, 'big', True, 2.5):
+        with pytest.raises(ValueError, match="'chunk_size' must be"):
+            MZAggregation(4, chunk_size=bad)
