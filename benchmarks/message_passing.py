@@ -20,7 +20,8 @@ are taken between medians of the same run. Aggregations:
   ``chunk_size='auto'`` became the default) graphs of more than 262,144 edges are encoded in
   groups of 131,072 recomputed in the backward pass, the configuration of ``default-chunks``;
   rows of ``default`` on such graphs in results files written before that change measured the
-  whole input at once (``benchmarks/targets.py`` lists them as superseded),
+  whole input at once (``benchmarks/targets.py`` lists them as superseded; the same holds for
+  ``rigid``, whose configuration there is ``rigid-chunks``),
 * ``default-whole``: ``MZAggregation(d, chunk_size=None)``: the whole input at once, on the same
   graphs as ``default-ckpt``,
 * ``default-eager``: the same with the eager functions only (``set_fused_kernels(False)``),

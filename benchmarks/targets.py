@@ -44,6 +44,7 @@ SOURCES = {
     'message_passing_checkpoint': 'message_passing_checkpoint/message_passing.json',
     'message_passing_ckpt_d64': 'message_passing_ckpt_d64/message_passing.json',
     'message_passing_chunks': 'message_passing_chunks/message_passing.json',
+    'message_passing_chunks_keep': 'message_passing_chunks_keep/message_passing.json',
     'speed': 'speed/speed.json',
     'training_step': 'training_step/training_step.json',
     'training_step_small_sets': 'training_step_small_sets/training_step.json',
@@ -56,13 +57,18 @@ SOURCES = {
 #: (source label, row name) -> the reason. They are listed, not counted.
 _AUTO_CHUNKS = ("measured before `chunk_size='auto'` became the default (inputs of more than "
                 "262,144 rows, here the 10^6 edges, are now encoded in groups of 131,072 rows "
-                "recomputed in the backward pass); the current default's configuration is the "
-                "`default-chunks` row of `message_passing_chunks`")
+                "recomputed in the backward pass); the current configuration is the `-chunks` row "
+                "of `message_passing_chunks`")
 SUPERSEDED: Dict[Tuple[str, str], str] = {
-    (label, 'default, 100000 nodes'): _AUTO_CHUNKS
-    for label in ('message_passing', 'message_passing_checkpoint', 'message_passing_chunks')}
+    (label, f'{aggr}, 100000 nodes'): _AUTO_CHUNKS
+    for label in ('message_passing', 'message_passing_checkpoint', 'message_passing_chunks')
+    for aggr in ('rigid', 'default')}
 MESSAGE_PASSING = ('message_passing', 'message_passing_small', 'message_passing_checkpoint',
-                   'message_passing_ckpt_d64', 'message_passing_chunks')
+                   'message_passing_ckpt_d64', 'message_passing_chunks',
+                   'message_passing_chunks_keep')
+#: Message-passing rows read as ``rigid`` and the default: the aggregations of that name, and
+#: their ``-chunks`` rows (their configuration on the largest graphs since ``chunk_size='auto'``).
+AS_RIGID, AS_DEFAULT = ('rigid', 'rigid-chunks'), ('default', 'default-chunks')
 TRAINING_STEP = ('training_step', 'training_step_small_sets', 'training_step_egnn',
                  'training_step_rounds')
 GB = 1e9 / 2**20  # MiB in one (decimal) gigabyte
@@ -73,36 +79,36 @@ PRESETS = ('rigid', 'st-large', 'mz-slim', 'mz', 'egnn')
 Measurement = Tuple[str, str, float]
 
 
-def _mp_ratios(data: Mapping[str, Mapping], column: str,
-               degrees: Optional[str] = None) -> Iterator[Measurement]:
-    aggr = column.split('/')[0]
+def _mp_pairs(data: Mapping[str, Mapping], mine: Sequence[str], other: Sequence[str],
+              key: str, degrees: Optional[str] = None) -> Iterator[Measurement]:
+    r"""The ratio ``key`` of a row of ``mine[i]`` to the row of ``other[i]`` on the same graph
+    and convolution of the same file (medians of one run), for each ``i``; rows measured before
+    a change of the code (:data:`SUPERSEDED`) are left out."""
     for label in MESSAGE_PASSING:
-        for r in data.get(label, {}).get('ratios', []):
-            if (r.get(column) is None or (degrees is not None and r['degrees'] != degrees)
-                    or (label, f"{aggr}, {r['nodes']} nodes") in SUPERSEDED):
-                continue
-            where = f"{r['degrees']}, d={r['dim']}, {r['nodes']} nodes, {r['conv']}"
-            if aggr not in ('rigid', 'default'):
-                where += f', {aggr}'
-            yield label, where, float(r[column])
-
-
-def _mp_default_ratios(data: Mapping[str, Mapping]) -> Iterator[Measurement]:
-    yield from _mp_ratios(data, 'default/rigid time')
-    yield from _mp_ratios(data, 'default-chunks/rigid time')  # the default on large graphs
+        rows = [r for r in data.get(label, {}).get('rows', []) if 'error' not in r
+                and (degrees is None or r['degrees'] == degrees)
+                and (label, f"{r['aggr']}, {r['nodes']} nodes") not in SUPERSEDED]
+        for a_name, b_name in zip(mine, other):
+            for a in (r for r in rows if r['aggr'] == a_name and r.get(key)):
+                same = [r for r in rows if r['aggr'] == b_name and r.get(key) and all(
+                    r[k] == a[k] for k in ('degrees', 'dim', 'nodes', 'conv'))]
+                if same:
+                    where = f"{a['degrees']}, d={a['dim']}, {a['nodes']} nodes, {a['conv']}"
+                    if a_name not in ('rigid', 'default'):
+                        where += f', {a_name}'
+                    yield label, where, float(a[key]) / float(same[0][key])
 
 
 def _mp_speedup(data: Mapping[str, Mapping]) -> Iterator[Measurement]:
-    for label, where, v in _mp_ratios(data, 'rigid/pyg time', 'power-law'):
+    for label, where, v in _mp_pairs(data, AS_RIGID, ('pyg', 'pyg'), 'median_ms', 'power-law'):
         yield label, where, 1.0 / v
 
 
 def _mp_memory_1e5(data: Mapping[str, Mapping]) -> Iterator[Measurement]:
-    r"""The default aggregation's peak on the largest graphs: its ``default`` rows, and the
-    ``default-chunks`` rows, which are its configuration there since ``chunk_size='auto'``."""
+    r"""The default aggregation's peak on the largest graphs."""
     for label in MESSAGE_PASSING:
         for r in data.get(label, {}).get('rows', []):
-            if (r['aggr'] in ('default', 'default-chunks') and r['nodes'] >= 100000
+            if (r['aggr'] in AS_DEFAULT and r['nodes'] >= 100000
                     and r.get('peak_mib') is not None and r['degrees'] == 'poisson'
                     and (label, f"{r['aggr']}, {r['nodes']} nodes") not in SUPERSEDED):
                 yield (label, f"d={r['dim']}, {r['nodes']} nodes, {r['edges']} edges, "
@@ -169,18 +175,15 @@ def _speed(data: Mapping[str, Mapping], block: str, batch: str,
 #: (key, target, threshold, 'max' (value <= threshold) or 'min' (value >= threshold), measure)
 TARGETS: Sequence[Tuple[str, str, float, str, Callable[[Mapping], Iterator[Measurement]]]] = (
     ('mp-time', "message passing: `rigid` / PyG time, Poisson degrees", 1.0, 'max',
-     lambda d: _mp_ratios(d, 'rigid/pyg time', 'poisson')),
+     lambda d: _mp_pairs(d, AS_RIGID, ('pyg', 'pyg'), 'median_ms', 'poisson')),
     ('mp-power-law', 'message passing: PyG / `rigid` time (speed-up), power-law degrees', 100.0,
      'min', _mp_speedup),
     ('mp-memory', 'message passing: `rigid` / PyG peak memory, Poisson degrees', 0.5, 'max',
-     lambda d: _mp_ratios(d, 'rigid/pyg memory', 'poisson')),
+     lambda d: _mp_pairs(d, AS_RIGID, ('pyg', 'pyg'), 'peak_mib', 'poisson')),
     ('mp-default', 'message passing: default `MZAggregation` / `rigid` time', 3.0, 'max',
-     _mp_default_ratios),
+     lambda d: _mp_pairs(d, AS_DEFAULT, AS_RIGID, 'median_ms')),
     ('mp-1e5-memory', 'message passing: default forward + backward peak on 10^5 nodes '
      '(MiB; 4 GB)', 4 * GB, 'max', _mp_memory_1e5),
-    ('mp-memory-chunks', "message passing: `rigid` with `checkpoint='chunks'` / PyG peak "
-     "memory, Poisson degrees", 0.5, 'max',
-     lambda d: _mp_ratios(d, 'rigid-chunks/pyg memory', 'poisson')),
     ('mp-linear', f'memory linear in N + E (log-log slope; tolerance {LINEAR_SLOPE})',
      LINEAR_SLOPE, 'max', _mp_slopes),
     ('singletons', '10^5 singleton sets, default aggregation, inference peak (MiB; 1 GB)',
