@@ -21,17 +21,20 @@ are taken between medians of the same run. Aggregations:
   groups of 131,072 recomputed in the backward pass, the configuration of ``default-chunks``;
   rows of ``default`` on such graphs in results files written before that change measured the
   whole input at once (``benchmarks/targets.py`` lists them as superseded; the same holds for
-  ``rigid``, whose configuration there is ``rigid-chunks``),
+  ``rigid``, whose configuration there is ``rigid-chunks``); every row of an ``MZAggregation``
+  now records ``chunk_rows``, the rows per group (0: the whole input at once); ``-eager`` and
+  ``-fused`` rows are the default's configuration, chunked where it is,
 * ``default-whole``: ``MZAggregation(d, chunk_size=None)``: the whole input at once, on the same
   graphs as ``default-ckpt``,
 * ``default-eager``: the same with the eager functions only (``set_fused_kernels(False)``),
 * ``default-fused``: the same with the compiled kernels for every input
   (``set_fused_kernels(True)``),
 * ``default-ckpt``: the same with ``checkpoint=True`` (activations recomputed in the backward
-  pass), only on the largest graphs at d = 16, where memory matters,
+  pass) on the whole input (``chunk_size=None``), only on the largest graphs at d = 16, where
+  memory matters,
 * ``default-ckpt-attn`` and ``rigid-ckpt-attn``: ``default`` and ``rigid`` with
   ``checkpoint='attention'`` (each attention's projections, packing and kernel recomputed in the
-  backward pass), on the same graphs as ``default-ckpt``,
+  backward pass) on the whole input, on the same graphs as ``default-ckpt``,
 * ``default-chunks`` and ``rigid-chunks``: ``default`` and ``rigid`` with
   ``chunk_size=131072, checkpoint='chunks'`` (groups of neighbourhoods of about 2^17 edges, each
   keeping only its input rows and run again in the backward pass), on the same graphs as
@@ -93,12 +96,14 @@ def build_aggr(name: str, d: int):
         return MZAggregation(d, value='rigid', num_generators=0)
     if name in ('default', 'default-eager', 'default-fused'):
         return MZAggregation(d)
+    # the checkpointed variants keep their meaning: the whole input, with their checkpointing
     if name == 'default-ckpt':
-        return MZAggregation(d, checkpoint=True)
+        return MZAggregation(d, checkpoint=True, chunk_size=None)
     if name == 'default-ckpt-attn':
-        return MZAggregation(d, checkpoint='attention')
+        return MZAggregation(d, checkpoint='attention', chunk_size=None)
     if name == 'rigid-ckpt-attn':
-        return MZAggregation(d, value='rigid', num_generators=0, checkpoint='attention')
+        return MZAggregation(d, value='rigid', num_generators=0, checkpoint='attention',
+                             chunk_size=None)
     if name == 'default-whole':
         return MZAggregation(d, chunk_size=None)
     if name == 'default-chunks':
@@ -140,7 +145,12 @@ def run_one(cfg: dict) -> dict:
     peak = peak_memory_bytes(step, device)
     times = time_call(step, repeats=cfg['repeats'], warmup=0, device=device)
     deg = torch.bincount(edge_index[1], minlength=cfg['nodes'])
+    aggr = conv.aggr_module
+    chunk_rows = None
+    if hasattr(aggr, '_chunk_rows'):  # MZAggregation: rows per group, 0 for the whole input
+        chunk_rows = aggr._chunk_rows(edge_index.size(1)) or 0
     return dict(cfg, edges=int(edge_index.size(1)), max_degree=int(deg.max()),
+                chunk_rows=chunk_rows,
                 median_ms=1000 * float(np.median(times)), times_ms=[1000 * t for t in times],
                 peak_mib=None if peak is None else peak / 2**20)
 

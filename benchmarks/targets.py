@@ -55,20 +55,54 @@ SOURCES = {
 }
 #: Rows of a results file measured before a change that a newer file measures again:
 #: (source label, row name) -> the reason. They are listed, not counted.
-_AUTO_CHUNKS = ("measured before `chunk_size='auto'` became the default (inputs of more than "
-                "262,144 rows, here the 10^6 edges, are now encoded in groups of 131,072 rows "
-                "recomputed in the backward pass); the current configuration is the `-chunks` row "
-                "of `message_passing_chunks`")
-SUPERSEDED: Dict[Tuple[str, str], str] = {
-    (label, f'{aggr}, 100000 nodes'): _AUTO_CHUNKS
-    for label in ('message_passing', 'message_passing_checkpoint', 'message_passing_chunks')
-    for aggr in ('rigid', 'default')}
+SUPERSEDED: Dict[Tuple[str, str], str] = {}  # none now: training_step was run again in full
 MESSAGE_PASSING = ('message_passing', 'message_passing_small', 'message_passing_checkpoint',
                    'message_passing_ckpt_d64', 'message_passing_chunks',
                    'message_passing_chunks_keep')
-#: Message-passing rows read as ``rigid`` and the default: the aggregations of that name, and
-#: their ``-chunks`` rows (their configuration on the largest graphs since ``chunk_size='auto'``).
-AS_RIGID, AS_DEFAULT = ('rigid', 'rigid-chunks'), ('default', 'default-chunks')
+#: ``MZAggregation(chunk_size='auto')`` (the default) encodes inputs of more than this many rows
+#: in recomputed groups (``2 * torch_mz.nn.aggr.AUTO_CHUNK_ROWS``; a test checks they agree).
+AUTO_ROWS = 2 * 131072
+_WHOLE = ("measured before `chunk_size='auto'` became the default: the whole input at once "
+          "(rows without `chunk_rows`); the default's configuration on this graph is the "
+          "`-chunks` row")
+
+
+def _mp_stale(r: Mapping[str, Any]) -> bool:
+    r"""A ``rigid`` or ``default`` row on a graph with more than :data:`AUTO_ROWS` messages,
+    measured before those names chunked such inputs (its file has no ``chunk_rows``)."""
+    return (r['aggr'] in ('rigid', 'default') and 'chunk_rows' not in r
+            and r.get('edges', 0) > AUTO_ROWS)
+
+
+def superseded(data: Mapping[str, Mapping]) -> Dict[Tuple[str, str], str]:
+    r"""Every row listed and not counted: :data:`SUPERSEDED` and the stale message-passing
+    rows."""
+    out = dict(SUPERSEDED)
+    for label in MESSAGE_PASSING:
+        for r in data.get(label, {}).get('rows', []):
+            if _mp_stale(r):
+                out[(label, f"{r['aggr']}, {r['degrees']}, d={r['dim']}, {r['nodes']} nodes, "
+                     f"{r['conv']}")] = _WHOLE
+    return out
+
+
+def _mp_as(rows: Sequence[Mapping[str, Any]], name: str,
+           graph: Mapping[str, Any]) -> Optional[Mapping[str, Any]]:
+    r"""The row measuring :obj:`name` (``pyg``, ``rigid`` or ``default``) on :obj:`graph`: the
+    row of that name unless stale, else, on a graph the default chunks, its ``-chunks`` row
+    (the same configuration, measured under its own name before ``'auto'``)."""
+    same = [r for r in rows if all(r.get(k) == graph[k]
+                                   for k in ('degrees', 'dim', 'nodes', 'conv'))]
+    for r in same:
+        if r['aggr'] == name and not _mp_stale(r):
+            return r
+    if name != 'pyg' and graph.get('edges', 0) > AUTO_ROWS:
+        for r in same:
+            if r['aggr'] == f'{name}-chunks':
+                return r
+    return None
+
+
 TRAINING_STEP = ('training_step', 'training_step_small_sets', 'training_step_egnn',
                  'training_step_rounds')
 GB = 1e9 / 2**20  # MiB in one (decimal) gigabyte
@@ -79,47 +113,57 @@ PRESETS = ('rigid', 'st-large', 'mz-slim', 'mz', 'egnn')
 Measurement = Tuple[str, str, float]
 
 
-def _mp_pairs(data: Mapping[str, Mapping], mine: Sequence[str], other: Sequence[str],
-              key: str, degrees: Optional[str] = None) -> Iterator[Measurement]:
-    r"""The ratio ``key`` of a row of ``mine[i]`` to the row of ``other[i]`` on the same graph
-    and convolution of the same file (medians of one run), for each ``i``; rows measured before
-    a change of the code (:data:`SUPERSEDED`) are left out."""
+def _mp_graphs(rows: Sequence[Mapping[str, Any]],
+              degrees: Optional[str] = None) -> List[Mapping[str, Any]]:
+    keys = ('degrees', 'dim', 'nodes', 'conv', 'edges')
+    graphs = {tuple(r.get(k) for k in keys): r for r in rows
+              if degrees is None or r['degrees'] == degrees}
+    return [dict(zip(keys, g)) for g in graphs]
+
+
+def _mp_pairs(data: Mapping[str, Mapping], mine: str, other: str, key: str,
+              degrees: Optional[str] = None) -> Iterator[Measurement]:
+    r"""The ratio ``key`` of :obj:`mine`'s row to :obj:`other`'s on each graph and convolution
+    of one file (medians of one run), the rows chosen by :func:`_mp_as`."""
     for label in MESSAGE_PASSING:
-        rows = [r for r in data.get(label, {}).get('rows', []) if 'error' not in r
-                and (degrees is None or r['degrees'] == degrees)
-                and (label, f"{r['aggr']}, {r['nodes']} nodes") not in SUPERSEDED]
-        for a_name, b_name in zip(mine, other):
-            for a in (r for r in rows if r['aggr'] == a_name and r.get(key)):
-                same = [r for r in rows if r['aggr'] == b_name and r.get(key) and all(
-                    r[k] == a[k] for k in ('degrees', 'dim', 'nodes', 'conv'))]
-                if same:
-                    where = f"{a['degrees']}, d={a['dim']}, {a['nodes']} nodes, {a['conv']}"
-                    if a_name not in ('rigid', 'default'):
-                        where += f', {a_name}'
-                    yield label, where, float(a[key]) / float(same[0][key])
+        rows = [r for r in data.get(label, {}).get('rows', []) if 'error' not in r]
+        for graph in _mp_graphs(rows, degrees):
+            a, b = _mp_as(rows, mine, graph), _mp_as(rows, other, graph)
+            if a is None or b is None or not a.get(key) or not b.get(key):
+                continue
+            where = f"{graph['degrees']}, d={graph['dim']}, {graph['nodes']} nodes, " \
+                    f"{graph['conv']}"
+            names = [r['aggr'] for r in (a, b) if r['aggr'] not in (mine, other)]
+            if names:
+                where += ' (' + ' / '.join(names) + ')'
+            yield label, where, float(a[key]) / float(b[key])
 
 
 def _mp_speedup(data: Mapping[str, Mapping]) -> Iterator[Measurement]:
-    for label, where, v in _mp_pairs(data, AS_RIGID, ('pyg', 'pyg'), 'median_ms', 'power-law'):
+    for label, where, v in _mp_pairs(data, 'rigid', 'pyg', 'median_ms', 'power-law'):
         yield label, where, 1.0 / v
 
 
 def _mp_memory_1e5(data: Mapping[str, Mapping]) -> Iterator[Measurement]:
     r"""The default aggregation's peak on the largest graphs."""
     for label in MESSAGE_PASSING:
-        for r in data.get(label, {}).get('rows', []):
-            if (r['aggr'] in AS_DEFAULT and r['nodes'] >= 100000
-                    and r.get('peak_mib') is not None and r['degrees'] == 'poisson'
-                    and (label, f"{r['aggr']}, {r['nodes']} nodes") not in SUPERSEDED):
+        rows = [r for r in data.get(label, {}).get('rows', []) if 'error' not in r]
+        for graph in _mp_graphs(rows, 'poisson'):
+            r = _mp_as(rows, 'default', graph) if graph['nodes'] >= 100000 else None
+            if r is not None and r.get('peak_mib') is not None:
                 yield (label, f"d={r['dim']}, {r['nodes']} nodes, {r['edges']} edges, "
                        f"{r['conv']}, {r['aggr']} (MiB)", float(r['peak_mib']))
 
 
 def _mp_slopes(data: Mapping[str, Mapping]) -> Iterator[Measurement]:
     for label in MESSAGE_PASSING:
+        rows = data.get(label, {}).get('rows', [])
         for r in data.get(label, {}).get('slopes', []):
             if r['aggr'] in ('rigid', 'default') and r.get('memory_slope') is not None:
-                yield (label, f"{r['aggr']}, {r['degrees']}, d={r['dim']}",
+                whole = any(_mp_stale(q) for q in rows if (q['aggr'], q['degrees'], q['dim'])
+                            == (r['aggr'], r['degrees'], r['dim']))
+                yield (label, f"{r['aggr']}, {r['degrees']}, d={r['dim']}"
+                       + (' (whole input on the largest graph)' if whole else ''),
                        float(r['memory_slope']))
     for label, where in (('scaling_mz', 'paper configuration, sets of 1,024, inference'),
                          ('scaling_sets_of_1', 'default, sets of 1, inference')):
@@ -175,13 +219,13 @@ def _speed(data: Mapping[str, Mapping], block: str, batch: str,
 #: (key, target, threshold, 'max' (value <= threshold) or 'min' (value >= threshold), measure)
 TARGETS: Sequence[Tuple[str, str, float, str, Callable[[Mapping], Iterator[Measurement]]]] = (
     ('mp-time', "message passing: `rigid` / PyG time, Poisson degrees", 1.0, 'max',
-     lambda d: _mp_pairs(d, AS_RIGID, ('pyg', 'pyg'), 'median_ms', 'poisson')),
+     lambda d: _mp_pairs(d, 'rigid', 'pyg', 'median_ms', 'poisson')),
     ('mp-power-law', 'message passing: PyG / `rigid` time (speed-up), power-law degrees', 100.0,
      'min', _mp_speedup),
     ('mp-memory', 'message passing: `rigid` / PyG peak memory, Poisson degrees', 0.5, 'max',
-     lambda d: _mp_pairs(d, AS_RIGID, ('pyg', 'pyg'), 'peak_mib', 'poisson')),
+     lambda d: _mp_pairs(d, 'rigid', 'pyg', 'peak_mib', 'poisson')),
     ('mp-default', 'message passing: default `MZAggregation` / `rigid` time', 3.0, 'max',
-     lambda d: _mp_pairs(d, AS_DEFAULT, AS_RIGID, 'median_ms')),
+     lambda d: _mp_pairs(d, 'default', 'rigid', 'median_ms')),
     ('mp-1e5-memory', 'message passing: default forward + backward peak on 10^5 nodes '
      '(MiB; 4 GB)', 4 * GB, 'max', _mp_memory_1e5),
     ('mp-linear', f'memory linear in N + E (log-log slope; tolerance {LINEAR_SLOPE})',
@@ -257,10 +301,11 @@ def markdown(records: Sequence[Mapping[str, Any]], data: Mapping[str, Mapping],
         cmd = data.get(label, {}).get('environment', {}).get('command')
         lines.append(f'- `{label}`: [`{rel}`]({rel.replace(".json", ".md")})'
                      + (f', produced by `{cmd}`' if cmd else ' (missing)'))
-    if SUPERSEDED:
+    left_out = superseded(data)
+    if left_out:
         lines += ['', 'Rows left out (measured again, or measured before a change of the '
                   'code they describe):', '']
-        lines += [f'- `{label}`, `{row}`: {why}' for (label, row), why in SUPERSEDED.items()]
+        lines += [f'- `{label}`, `{row}`: {why}' for (label, row), why in left_out.items()]
     return '\n'.join(lines) + '\n'
 
 

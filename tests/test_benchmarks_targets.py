@@ -11,14 +11,17 @@ def mp_file(time, memory, default, slope, peak_1e5):
     r"""A message-passing results file whose rows give these ratios (``rigid`` / PyG time and
     memory, default / ``rigid`` time on a Poisson graph; a 200x speed-up on a power-law one) and
     the default's peak on the largest graph (whole, and half that in chunks)."""
-    def row(aggr, degrees='poisson', nodes=1000, ms=1.0, mib=1.0, dim=16):
+    def row(aggr, degrees='poisson', nodes=1000, ms=1.0, mib=1.0, dim=16, **extra):
         return dict(aggr=aggr, degrees=degrees, dim=dim, nodes=nodes, edges=10 * nodes,
-                    conv='sage', median_ms=ms, peak_mib=mib)
+                    conv='sage', median_ms=ms, peak_mib=mib, **extra)
     rows = [row('pyg', ms=10.0, mib=100.0), row('rigid', ms=10.0 * time, mib=100.0 * memory),
             row('default', ms=10.0 * time * default),
             row('pyg', 'power-law', ms=200.0), row('rigid', 'power-law', ms=1.0),
-            row('default', nodes=100000, mib=peak_1e5),
-            row('rigid', nodes=100000),  # not the default: not read for the 10^5 target
+            row('default', nodes=100000, mib=peak_1e5, chunk_rows=131072),
+            row('rigid', nodes=100000, chunk_rows=131072),  # not read for the 10^5 target
+            # measured before chunk_size='auto' (no chunk_rows): left out, and the -chunks row
+            # on the same graph read in its place
+            row('default', nodes=100000, mib=1e9, dim=64),
             row('default-chunks', nodes=100000, mib=peak_1e5 / 2, dim=64)]
     slopes = [dict(aggr='default', degrees='poisson', dim=16, memory_slope=slope),
               dict(aggr='pyg', degrees='poisson', dim=16, memory_slope=3.0)]  # not ours
@@ -53,18 +56,19 @@ def test_statuses_and_thresholds(monkeypatch):
     assert r['mp-power-law']['status'] == 'met'  # 1 / 0.005 = 200x in both files
     assert [m['value'] for m in r['mp-power-law']['measurements']] == pytest.approx([200, 200])
     # default / rigid on the same graph: 2.0 and 3.5 on the small graphs, 1.0 on the largest
+    # (no rigid row at d = 64)
     assert sorted(m['value'] for m in r['mp-default']['measurements']) == pytest.approx(
         [1.0, 1.0, 2.0, 3.5])
+    left_out = targets.superseded(data)
+    assert ('message_passing', 'default, poisson, d=64, 100000 nodes, sage') in left_out
+    assert sum(label.startswith('message_passing') for label, _ in left_out) == 2
     assert r['mp-default']['met'] == 3
     # the default's rows and the default-chunks rows (its configuration on large graphs):
     # 3000 and 1500 MiB within 4 GB, 5000 MiB not, 2500 MiB within
     memory = r['mp-1e5-memory']['measurements']
     assert [m['value'] for m in memory] == pytest.approx([3000, 1500, 5000, 2500])
     assert r['mp-1e5-memory']['met'] == 3
-    # a row measured before a change of the code is listed, not counted
-    monkeypatch.setitem(targets.SUPERSEDED, ('message_passing', 'default, 100000 nodes'), 'old')
-    memory = by_key(targets.evaluate(data))['mp-1e5-memory']['measurements']
-    assert [m['value'] for m in memory] == pytest.approx([1500, 5000, 2500])
+    assert [m['where'].endswith('default-chunks (MiB)') for m in memory] == [False, True] * 2
     # slopes: 0.95 and 1.2 from the files (not PyG's), and 1.0 fitted from the scaling rows
     lin = r['mp-linear']['measurements']
     assert [m['value'] for m in lin] == pytest.approx([0.95, 1.2, 1.0])
@@ -92,3 +96,8 @@ def test_committed_results(tmp_path):
         assert label in text
     for rec in saved['targets']:
         assert rec['met'] == sum(m['meets'] for m in rec['measurements'])
+
+
+def test_auto_rows_agree_with_the_library():
+    from torch_mz.nn.aggr import AUTO_CHUNK_ROWS
+    assert load_script('targets').AUTO_ROWS == 2 * AUTO_CHUNK_ROWS

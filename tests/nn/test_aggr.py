@@ -1,6 +1,7 @@
 import inspect
 import re
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -399,6 +400,9 @@ def test_checkpointed_chunks_give_the_same_values_and_gradients(chunk_size, shuf
     chunked.load_state_dict(aggr.state_dict())
     index = make_index([3, 0, 7, 1, 4, 0, 2], shuffle=shuffle,
                        generator=torch.Generator().manual_seed(5))
+    calls = []  # rows of each group encoded by the checkpointed module
+    encode_group = ckpt._encode_group
+    ckpt._encode_group = lambda *a: calls.append(a[0].size(0)) or encode_group(*a)
     results = []
     for module in (chunked, ckpt) + ((aggr, ) if chunk_size == 1000 else ()):
         torch.manual_seed(4)  # the recomputation must draw the forward's dropout masks again
@@ -409,6 +413,10 @@ def test_checkpointed_chunks_give_the_same_values_and_gradients(chunk_size, shuf
     for other in results[1:]:  # same operations in the same order (one group: as unchunked)
         for a, b in zip(results[0], other):
             assert torch.equal(a, b)
+    # each group ran in the forward pass and again, last group first, in the backward pass
+    groups = {1: [3, 7, 1, 4, 2, 0], 6: [10, 5, 2], 1000: []}[chunk_size]  # sizes in set order
+    assert calls == groups + groups[::-1]
+    calls.clear()
     aggr.eval().zero_grad()
     ckpt.eval().zero_grad()
     ref, got = [], []
@@ -466,6 +474,14 @@ def test_auto_chunking_of_large_inputs(monkeypatch):
     small = make_index([3, 5])
     auto(_x(8, 3), small)  # 8 rows: at once
     assert calls == []
+    one_set = torch.zeros(20, dtype=torch.long)  # one group (a set larger than a group): no rerun
+    x = _x(20, 4).requires_grad_()
+    out = auto(x, one_set)
+    out.sum().backward()
+    assert calls == []
+    torch.testing.assert_close(out, plain(x, one_set))
+    assert MZAggregation(4, chunk_size=np.int64(5)).chunk_size == 5
+    assert 'chunk_size=auto, checkpoint=False' in repr(auto)
     for bad in (0, -3, 'big', True, 2.5):
         with pytest.raises(ValueError, match="'chunk_size' must be"):
             MZAggregation(4, chunk_size=bad)

@@ -1,5 +1,6 @@
 r"""MZAggregation: a PyG aggregation built from MZ-Set-Transformer blocks."""
 import math
+import numbers
 from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
@@ -220,8 +221,9 @@ class MZAggregation(Aggregation):
             :obj:`'chunks'` (with :obj:`chunk_size`): each group of sets of
             :obj:`chunk_size` rows keeps only its input rows and runs its whole forward again in
             the backward pass, so the training memory of the aggregation is about one group's
-            activations plus its input, whatever the number of rows (the bound for the largest
-            graphs; one more forward of the whole aggregation).
+            activations plus its input, whatever the number of rows, as long as no set is
+            larger than :obj:`chunk_size` (groups hold whole sets; one group is not rerun);
+            one more forward of the whole aggregation.
             :obj:`False`: keep everything (default: :obj:`False`).
 
     Shapes:
@@ -256,11 +258,12 @@ class MZAggregation(Aggregation):
         self.preset = preset
         if checkpoint not in CHECKPOINTS:
             raise ValueError(f"'checkpoint' must be one of {CHECKPOINTS} (got {checkpoint!r})")
-        if chunk_size is not None and chunk_size != 'auto' and (
-                isinstance(chunk_size, (str, bool)) or not isinstance(chunk_size, int)
-                or chunk_size < 1):
-            raise ValueError(f"'chunk_size' must be a positive integer, 'auto' or None (got "
-                             f"{chunk_size!r})")
+        if chunk_size is not None and chunk_size != 'auto':
+            if (not isinstance(chunk_size, numbers.Integral) or isinstance(chunk_size, bool)
+                    or chunk_size < 1):
+                raise ValueError(f"'chunk_size' must be a positive integer, 'auto' or None "
+                                 f"(got {chunk_size!r})")
+            chunk_size = int(chunk_size)
         if checkpoint == 'chunks' and chunk_size is None:
             raise ValueError("checkpoint='chunks' recomputes groups of sets of 'chunk_size' "
                              "rows: set 'chunk_size' too (e.g. 131072, or 'auto')")
@@ -359,7 +362,8 @@ class MZAggregation(Aggregation):
         r"""The group size for an input of :obj:`rows` rows, or :obj:`None` to encode it at
         once (see :attr:`chunk_size`)."""
         if self.chunk_size == 'auto':
-            if rows <= 2 * AUTO_CHUNK_ROWS or torch.compiler.is_compiling():
+            # compiling first: a size test before it would add a shape guard to a compiled graph
+            if torch.compiler.is_compiling() or rows <= 2 * AUTO_CHUNK_ROWS:
                 return None
             return AUTO_CHUNK_ROWS
         if not isinstance(self.chunk_size, int) or rows <= self.chunk_size:
@@ -378,6 +382,8 @@ class MZAggregation(Aggregation):
         group = torch.div(starts, chunk_rows, rounding_mode='floor')  # (B,)
         _, sets_per_group = torch.unique_consecutive(group, return_counts=True)
         set_bounds = [0] + torch.cumsum(sets_per_group, 0).tolist()
+        if len(set_bounds) == 2:  # one group (e.g. one large set): nothing to bound, no rerun
+            return self._encode(x, set_id, counts.numel())
         row_bounds = [0] + torch.cumsum(counts, 0).tolist()
         if bool((set_id[1:] >= set_id[:-1]).all()):  # already in set order (e.g. sorted edges)
             x_sorted, id_sorted = x, set_id
@@ -456,4 +462,5 @@ class MZAggregation(Aggregation):
                 f'num_inducing={self.num_inducing}, num_seeds={self.num_seeds}, '
                 f'encoder={self.num_encoder_blocks}x{self.encoder}, '
                 f'decoder={self.num_decoder_blocks}, '
-                f'readout={self.readout}, summary={self.summary}, log_n={self.log_n})')
+                f'readout={self.readout}, summary={self.summary}, log_n={self.log_n}, '
+                f'chunk_size={self.chunk_size}, checkpoint={self.checkpoint})')
