@@ -205,8 +205,8 @@ class MZAggregation(Aggregation):
             peak memory from 3,086 to 1,151 MiB at d = 16 and from 10,506 to 3,280 MiB at d = 64,
             with times within the run's noise (10.7 -> 11.1 s and 46.0 -> 42.0 s;
             ``benchmarks/results/message_passing_chunks``); with glibc keeping freed memory
-            (:func:`torch_mz.runtime.keep_freed_memory`) the recomputation showed: 6.95 s
-            whole, 10.2 s in chunks at d = 16 (``message_passing_chunks_keep``).
+            (:func:`torch_mz.runtime.keep_freed_memory`) the recomputation showed: 7.75 s
+            whole, 10.1 s in chunks at d = 16 (``message_passing_chunks_keep``).
         checkpoint (bool or str): Activation checkpointing for training memory, with the same
             values and gradients. :obj:`'attention'`: every attention keeps only its inputs and
             runs its query/key/value maps, the packing of sets into blocks and the attention
