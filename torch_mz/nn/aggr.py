@@ -206,7 +206,10 @@ class MZAggregation(Aggregation):
             with times within the run's noise (10.7 -> 11.1 s and 46.0 -> 42.0 s;
             ``benchmarks/results/message_passing_chunks``); with glibc keeping freed memory
             (:func:`torch_mz.runtime.keep_freed_memory`) the recomputation showed: 7.75 s
-            whole, 10.1 s in chunks at d = 16 (``message_passing_chunks_keep``).
+            whole, 10.1 s in chunks at d = 16 (``message_passing_chunks_keep``). While grouped,
+            forward hooks on submodules run once per group, and again in the backward pass
+            where groups are recomputed; a :func:`torch.jit.trace` of a grouped input keeps
+            that input's group bounds (trace with ``chunk_size=None``).
         checkpoint (bool or str): Activation checkpointing for training memory, with the same
             values and gradients. :obj:`'attention'`: every attention keeps only its inputs and
             runs its query/key/value maps, the packing of sets into blocks and the attention
