@@ -4,8 +4,12 @@ Forward + backward of one batch of sets, median over repeated runs, on a batch w
 sizes and one with skewed (log-normal) set sizes of the same total, for
 
 * ``pyg``: ``torch_geometric.nn.aggr.SetTransformerAggregation`` (pads every set to the largest),
+* ``pyg-flat``: ``torch_mz.nn.FlatSetTransformerAggregation``, PyG's aggregation itself (its
+  blocks and parameters, equal values and gradients) on the flat layout: the cost of the
+  flat-layout attention alone, at PyG's FLOPs,
 * ``rigid``: ``MZAggregation(value='rigid', num_generators=0)``, a standard Set Transformer on
-  the flat layout,
+  the flat layout with the paper's blocks (a two-layer feed-forward and rFF where PyG has one
+  layer, an input projection, LayerNorms, a readout: more FLOPs than PyG's),
 * ``rigid-zono``: ``MZAggregation(value='rigid', num_generators=8)``, standard attention on the
   same zonotope tokens as ``mz`` (separates the cost of the generator channel from that of the
   matrix-zonotope value operator),
@@ -28,12 +32,12 @@ from typing import List
 import numpy as np
 import torch
 
-from torch_mz.nn import MZAggregation
+from torch_mz.nn import FlatSetTransformerAggregation, MZAggregation
 from torch_mz.study import (count_flops, environment, in_fresh_process, markdown_table,
                             matmul_peak_flops, peak_memory_bytes, pyplot, skewed_sizes,
                             time_interleaved, try_plot, uniform_sizes, write_results)
 
-MODELS = ('pyg', 'rigid', 'rigid-zono', 'mz')
+MODELS = ('pyg', 'pyg-flat', 'rigid', 'rigid-zono', 'mz')
 BLOCKS = ('pma', 'sab')
 
 
@@ -43,6 +47,9 @@ def build(model: str, block: str, dim: int, heads: int) -> torch.nn.Module:
         from torch_geometric.nn.aggr import SetTransformerAggregation
         return SetTransformerAggregation(dim, num_seed_points=1, num_encoder_blocks=enc,
                                          num_decoder_blocks=0, heads=heads)
+    if model == 'pyg-flat':
+        return FlatSetTransformerAggregation(dim, num_seed_points=1, num_encoder_blocks=enc,
+                                             num_decoder_blocks=0, heads=heads)
     kwargs = dict(dim=dim, heads=heads, num_encoder_blocks=enc, encoder='sab',
                   num_decoder_blocks=0, num_seeds=1)
     if model == 'rigid':
@@ -185,6 +192,11 @@ def main():
                 if args.memory:
                     entry['rigid/pyg memory'] = by['rigid']['peak_mib'] / max(
                         by['pyg']['peak_mib'], 1e-9)
+            if 'pyg' in by and 'pyg-flat' in by:
+                entry['pyg/pyg-flat time'] = by['pyg']['median_ms'] / by['pyg-flat']['median_ms']
+                if args.memory:
+                    entry['pyg-flat/pyg memory'] = by['pyg-flat']['peak_mib'] / max(
+                        by['pyg']['peak_mib'], 1e-9)
             if 'mz' in by and 'rigid' in by:
                 entry['mz/rigid time'] = by['mz']['median_ms'] / by['rigid']['median_ms']
             if 'mz' in by and 'rigid-zono' in by:
@@ -196,9 +208,10 @@ def main():
                'gflop_per_s', 'pct_of_peak']
     if args.memory:
         columns.append('peak_mib')
-    ratio_cols = ['block', 'batch', 'pyg/rigid time', 'mz/rigid time', 'mz/rigid-zono time']
+    ratio_cols = ['block', 'batch', 'pyg/pyg-flat time', 'pyg/rigid time', 'mz/rigid time',
+                  'mz/rigid-zono time']
     if args.memory:
-        ratio_cols.append('rigid/pyg memory')
+        ratio_cols += ['pyg-flat/pyg memory', 'rigid/pyg memory']
     markdown = (f"# Forward+backward speed, {args.sets} sets, {args.points} points, "
                 f"d={args.dim}, {args.heads} heads ({args.device})\n\n"
                 f"Command: `{env['command']}`  \n"

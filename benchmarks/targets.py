@@ -208,11 +208,11 @@ def _preset_peak(data: Mapping[str, Mapping]) -> Iterator[Measurement]:
                 yield label, r['model'], float(r['pct_of_peak'])
 
 
-def _speed(data: Mapping[str, Mapping], block: str, batch: str,
-           speedup: bool) -> Iterator[Measurement]:
+def _speed(data: Mapping[str, Mapping], block: str, batch: str, speedup: bool,
+           mine: str = 'rigid') -> Iterator[Measurement]:
     for r in data.get('speed', {}).get('ratios', []):
-        if r['block'] == block and r['batch'] == batch and r.get('pyg/rigid time'):
-            v = float(r['pyg/rigid time'])
+        if r['block'] == block and r['batch'] == batch and r.get(f'pyg/{mine} time'):
+            v = float(r[f'pyg/{mine} time'])
             yield 'speed', f'{block}, {batch}', v if speedup else 1.0 / v
 
 
@@ -246,6 +246,20 @@ TARGETS: Sequence[Tuple[str, str, float, str, Callable[[Mapping], Iterator[Measu
      lambda d: _speed(d, 'pma', 'uniform', False)),
     ('speed-sab-skewed', '`speed.py`: PyG / `rigid` time (speed-up), one SAB, skewed batch',
      10.0, 'min', lambda d: _speed(d, 'sab', 'skewed', True)),
+    # companions of the targets above: PyG's own blocks on the flat layout
+    # (FlatSetTransformerAggregation, `pyg-flat`), the same FLOPs as PyG's padded aggregation,
+    # so that the flat layout's cost is seen apart from that of the paper's larger blocks
+    ('mp-time-flat', "message passing: `pyg-flat` (PyG's blocks, flat layout) / PyG time, "
+     "Poisson degrees", 1.0, 'max',
+     lambda d: _mp_pairs(d, 'pyg-flat', 'pyg', 'median_ms', 'poisson')),
+    ('mp-memory-flat', "message passing: `pyg-flat` / PyG peak memory, Poisson degrees", 0.5,
+     'max', lambda d: _mp_pairs(d, 'pyg-flat', 'pyg', 'peak_mib', 'poisson')),
+    ('speed-sab-uniform-flat', "`speed.py`: `pyg-flat` / PyG time, one SAB, uniform batch", 1.0,
+     'max', lambda d: _speed(d, 'sab', 'uniform', False, 'pyg-flat')),
+    ('speed-pma-uniform-flat', "`speed.py`: `pyg-flat` / PyG time, PMA, uniform batch", 1.0,
+     'max', lambda d: _speed(d, 'pma', 'uniform', False, 'pyg-flat')),
+    ('speed-sab-skewed-flat', "`speed.py`: PyG / `pyg-flat` time (speed-up), one SAB, skewed "
+     "batch", 10.0, 'min', lambda d: _speed(d, 'sab', 'skewed', True, 'pyg-flat')),
 )
 
 

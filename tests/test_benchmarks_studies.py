@@ -156,7 +156,8 @@ def test_training_step_rounds_pool_calls_and_pair_ratios_by_round(tmp_path, monk
 
 def test_message_passing_aggregations_build_and_agree(monkeypatch):
     r"""Every aggregation ``message_passing.py`` names builds and runs; the checkpointed and
-    chunked variants (groups of 4 rows here) give the plain ones' values with the same weights."""
+    chunked variants (groups of 4 rows here) give the plain ones' values with the same weights,
+    and ``pyg-flat`` PyG's."""
     import torch
     mp = load_script('message_passing')
     monkeypatch.setattr(mp, 'CHUNK_ROWS', 4)
@@ -176,5 +177,9 @@ def test_message_passing_aggregations_build_and_agree(monkeypatch):
                 out.square().sum().backward()
                 grads.append((out, xg.grad))
             torch.testing.assert_close(grads[0], grads[1])
+        if name == 'pyg-flat':  # PyG's aggregation on the flat layout: PyG's values
+            aggr.load_state_dict(plain['pyg'].state_dict())
+            torch.testing.assert_close(aggr(x, index, dim_size=4),
+                                       plain['pyg'](x, index, dim_size=4))
         plain.setdefault(base, aggr)
         assert aggr(x, index, dim_size=4).shape == (4, 16)

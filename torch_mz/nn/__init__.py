@@ -1,5 +1,6 @@
-r"""Neural-network operators of torch_mz: zonotope tokens, MZ attention, Set Transformer blocks
-and the :class:`MZAggregation` PyG aggregation.
+r"""Neural-network operators of torch_mz: zonotope tokens, MZ attention, Set Transformer blocks,
+the :class:`MZAggregation` PyG aggregation, and PyG's Set Transformer aggregation on the flat
+layout (:class:`FlatSetTransformerAggregation`).
 
 Which set each row belongs to is one vector with PyG's names at PyG's boundaries (``index`` for
 an aggregation, ``batch`` for a model's input) and, inside this package, ``set_id`` where one
@@ -10,6 +11,7 @@ from torch_mz.nn.attention import MZAttention
 from torch_mz.nn.blocks import ISAB, MAB, PMA, SAB, FeedForward, GeneratorFeedForward
 from torch_mz.nn.functional import grouped_attention
 from torch_mz.nn.fused import fused_kernels_enabled, set_fused_kernels
+from torch_mz.nn.set_transformer_aggr import FlatSetTransformerAggregation
 from torch_mz.nn.zonotope import InputProjection, Zonotope, zonotope_layer_norm
 
 __all__ = [
@@ -25,6 +27,7 @@ __all__ = [
     'ISAB',
     'PMA',
     'MZAggregation',
+    'FlatSetTransformerAggregation',
     'set_fused_kernels',
     'fused_kernels_enabled',
 ]

@@ -1,0 +1,133 @@
+r"""PyG's :class:`~torch_geometric.nn.aggr.SetTransformerAggregation` on the flat layout: the
+same blocks and parameters, without padding every set to the largest."""
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch_geometric.nn.aggr import SetTransformerAggregation
+
+from torch_mz.nn.aggr import check_set_input, resolve_set_index
+from torch_mz.nn.functional import PATHS, check_choice, grouped_attention, repeat_per_set
+
+
+class FlatSetTransformerAggregation(SetTransformerAggregation):
+    r"""PyG's :class:`~torch_geometric.nn.aggr.SetTransformerAggregation` (Lee et al., 2019, "Set
+    Transformer") computed on PyG's flat layout of variable-size sets.
+
+    A subclass with PyG's constructor, sub-modules, initialisation and ``state_dict`` (so
+    ``flat.load_state_dict(pyg_aggr.state_dict())`` copies a trained PyG aggregation, and the other
+    way round); only the forward pass differs. PyG pads every set to the largest one
+    (:meth:`~torch_geometric.nn.aggr.Aggregation.to_dense_batch`) and attends over the padded
+    block; here every block attends within each set with
+    :func:`~torch_mz.nn.functional.grouped_attention` (sets bucketed by size, or one reshape when
+    all sets have the same size and the rows are sorted), so a batch of one large and many small
+    sets costs :math:`O(\sum_b n_b^2)` instead of :math:`O(B\, n_{\max}^2)`. The blocks are PyG's:
+
+    .. math::
+        \mathrm{MAB}(X, Y) = h + \mathrm{ReLU}(W h + b), \quad
+        h = X + \mathrm{Multihead}(X, Y, Y)
+
+    (each sum followed by a LayerNorm with ``layer_norm=True``), SAB encoders, PMA
+    :math:`\mathrm{MAB}(S, \mathrm{ReLU}(W x + b))` with :obj:`num_seed_points` seeds, SAB
+    decoders on the seeds of each set; the :math:`k` pooled rows are concatenated
+    (``concat=True``) or averaged. The multi-head attention is
+    :class:`torch.nn.MultiheadAttention`'s (its packed input projection with biases, scores
+    scaled by :math:`1/\sqrt{d/H}`, dropout on the attention weights, output projection).
+
+    Values and gradients equal PyG's to rounding (tested in float64, with and without LayerNorm,
+    several seeds, decoders, unsorted ``index``, ``ptr``, empty sets). An empty set's output is
+    PyG's too: its seeds with a zero attention output, passed through the blocks. One documented
+    difference: PyG passes the output through :meth:`~torch.Tensor.nan_to_num`, which turns NaN
+    into 0 and infinities into the largest finite numbers; here non-finite values are left as
+    they are, so that a diverging model is seen, not hidden.
+
+    With dropout in training the two draw different masks (same probability).
+
+    Args:
+        channels (int): Size of each input sample.
+        num_seed_points (int, optional): Number of seed points :math:`k`. (default: :obj:`1`)
+        num_encoder_blocks (int, optional): Number of SAB encoder blocks. (default: :obj:`1`)
+        num_decoder_blocks (int, optional): Number of SAB decoder blocks. (default: :obj:`1`)
+        heads (int, optional): Number of attention heads. (default: :obj:`1`)
+        concat (bool, optional): Concatenate the :math:`k` pooled rows (else average them).
+            (default: :obj:`True`)
+        layer_norm (bool, optional): LayerNorm after each residual sum. (default: :obj:`False`)
+        dropout (float, optional): Dropout probability of the attention weights.
+            (default: :obj:`0`)
+        path (str, optional): Attention kernel of
+            :func:`~torch_mz.nn.functional.grouped_attention`, :obj:`'auto'`, :obj:`'dense'` or
+            :obj:`'scatter'`. (default: :obj:`'auto'`)
+
+    Shapes:
+        - **input:** node features :math:`(N, F)`, set ids ``index`` :math:`(N,)` (need not be
+          sorted) or ``ptr`` :math:`(B + 1,)`
+        - **output:** :math:`(B, k F)` with ``concat=True``, else :math:`(B, F)`
+    """
+    def __init__(self, channels: int, num_seed_points: int = 1, num_encoder_blocks: int = 1,
+                 num_decoder_blocks: int = 1, heads: int = 1, concat: bool = True,
+                 layer_norm: bool = False, dropout: float = 0.0, path: str = 'auto'):
+        if channels <= 0 or heads <= 0 or channels % heads:
+            raise ValueError(f"'channels' must be a positive multiple of 'heads' (got {channels} "
+                             f"and {heads})")
+        if num_seed_points <= 0 or num_encoder_blocks < 0 or num_decoder_blocks < 0:
+            raise ValueError(f"Expected num_seed_points >= 1 and non-negative block counts (got "
+                             f"{num_seed_points}, {num_encoder_blocks}, {num_decoder_blocks})")
+        check_choice('attention path', path, PATHS)
+        super().__init__(channels, num_seed_points, num_encoder_blocks, num_decoder_blocks,
+                         heads, concat, layer_norm, dropout)
+        self.path = path
+
+    def _mab(self, mab, x: Tensor, y: Tensor, x_set: Tensor, y_set: Tensor,
+             num_sets: int) -> Tensor:
+        r"""PyG's :class:`~torch_geometric.nn.aggr.utils.MultiheadAttentionBlock` with queries
+        :obj:`x` :math:`(N_x, F)` attending to the rows of :obj:`y` :math:`(N_y, F)` of their
+        own set."""
+        attn = mab.attn
+        Nx, Ny, F_ = x.size(0), y.size(0), x.size(-1)
+        H = attn.num_heads
+        dk = F_ // H
+        w_q, w_k, w_v = attn.in_proj_weight.chunk(3)  # (F, F) each
+        b_q, b_k, b_v = ((None, None, None) if attn.in_proj_bias is None
+                         else attn.in_proj_bias.chunk(3))
+        q = F.linear(x, w_q, b_q).mul(1.0 / math.sqrt(dk)).view(Nx, H, dk)  # (Nx, H, dk)
+        k = F.linear(y, w_k, b_k).view(Ny, H, dk)  # (Ny, H, dk)
+        v = F.linear(y, w_v, b_v).view(Ny, H, dk)  # (Ny, H, dk)
+        o = grouped_attention(q, k, v, x_set, y_set, num_sets, dropout=attn.dropout,
+                              training=self.training, path=self.path)  # (Nx, H, dk)
+        out = attn.out_proj(o.reshape(Nx, F_)) + x  # (Nx, F)
+        if mab.layer_norm1 is not None:
+            out = mab.layer_norm1(out)
+        out = out + mab.lin(out).relu()
+        if mab.layer_norm2 is not None:
+            out = mab.layer_norm2(out)
+        return out
+
+    def forward(self, x: Tensor, index: Optional[Tensor] = None, ptr: Optional[Tensor] = None,
+                dim_size: Optional[int] = None, dim: int = -2,
+                max_num_elements: Optional[int] = None) -> Tensor:
+        r"""PyG's aggregation signature; ``max_num_elements`` (PyG's padding hint) is accepted and
+        not needed."""
+        if dim not in (0, -2):
+            raise ValueError(f"FlatSetTransformerAggregation aggregates over dimension 0 / -2 "
+                             f"(got {dim})")
+        check_set_input(x, self.channels, self.pma.lin.weight.dtype)
+        set_id, B = resolve_set_index(x, index, ptr, dim_size)
+        for encoder in self.encoders:
+            x = self._mab(encoder.mab, x, x, set_id, set_id, B)
+        pma = self.pma
+        h = pma.lin(x).relu()  # (N, F)
+        k = pma.seed.size(1)
+        seed_set = repeat_per_set(B, k, x.device)  # (B k,), set-major
+        seeds = pma.seed[0].repeat(B, 1)  # (B k, F)
+        out = self._mab(pma.mab, seeds, h, seed_set, set_id, B)  # (B k, F)
+        for decoder in self.decoders:
+            out = self._mab(decoder.mab, out, out, seed_set, seed_set, B)
+        out = out.view(B, k, self.channels)  # (B, k, F)
+        return out.flatten(1, 2) if self.concat else out.mean(dim=1)
+
+    def __repr__(self) -> str:
+        return (f'{self.__class__.__name__}({self.channels}, '
+                f'num_seed_points={self.num_seed_points}, heads={self.heads}, '
+                f'layer_norm={self.layer_norm}, dropout={self.dropout}, path={self.path})')
