@@ -45,6 +45,7 @@ SOURCES = {
     'message_passing_ckpt_d64': 'message_passing_ckpt_d64/message_passing.json',
     'message_passing_chunks': 'message_passing_chunks/message_passing.json',
     'message_passing_chunks_keep': 'message_passing_chunks_keep/message_passing.json',
+    'message_passing_flat': 'message_passing_flat/message_passing.json',
     'speed': 'speed/speed.json',
     'training_step': 'training_step/training_step.json',
     'training_step_small_sets': 'training_step_small_sets/training_step.json',
@@ -58,7 +59,7 @@ SOURCES = {
 SUPERSEDED: Dict[Tuple[str, str], str] = {}  # none now: training_step was run again in full
 MESSAGE_PASSING = ('message_passing', 'message_passing_small', 'message_passing_checkpoint',
                    'message_passing_ckpt_d64', 'message_passing_chunks',
-                   'message_passing_chunks_keep')
+                   'message_passing_chunks_keep', 'message_passing_flat')
 #: ``MZAggregation(chunk_size='auto')`` (the default) encodes inputs of more than this many rows
 #: in recomputed groups (``2 * torch_mz.nn.aggr.AUTO_CHUNK_ROWS``; a test checks they agree).
 AUTO_ROWS = 2 * 131072
