@@ -274,3 +274,44 @@ def test_value_order_auto_picks_after_for_few_queries():
     assert not rigid._values_after(torch.tensor([0, 1]), counts, 2, 100, 2)
     with pytest.raises(ValueError, match='value order'):
         _attn('mz', value_order='sideways')
+
+
+@pytest.mark.parametrize('value', ['rigid', 'mz', 'film', 'hypernet'])
+@pytest.mark.parametrize('path', ['dense', 'scatter'])
+@pytest.mark.parametrize('bias', [True, False])
+def test_affine_generators_equal_the_formed_ones(value, path, bias):
+    r"""Keys whose generators are affine in narrow inputs (:class:`AffineZonotope`, as the
+    input projection makes them) are aggregated through the inputs where the value map acts
+    after the aggregation: the same values and gradients (of the outputs, the queries, the
+    key centers, the inputs and the affine map) as with the generators formed, with empty sets,
+    unsorted rows and the log-n scaling."""
+    from torch_mz.nn.zonotope import AffineZonotope
+    q_sizes, k_sizes = [2, 1, 3, 2, 0], [5, 1, 0, 7, 2]
+    g = torch.Generator().manual_seed(11)
+    query_set = make_index(q_sizes, shuffle=True, generator=g)
+    kv_set = make_index(k_sizes, shuffle=True, generator=g)
+    p = 3
+    results = []
+    for affine in (True, False):
+        torch.manual_seed(0)
+        attn = MZAttention(D, heads=H, num_generators=NG, value=value, num_matrix_generators=L,
+                           log_n=True, path=path, value_order='after').double()
+        _randomise(attn, 3)
+        query = _tokens(query_set.numel(), 1)
+        center = _tokens(kv_set.numel(), 2).center
+        u = torch.randn(kv_set.numel(), p, generator=torch.Generator().manual_seed(4),
+                        dtype=torch.float64)
+        a = torch.randn(NG, D, p, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+        b = torch.randn(NG, D, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+        leaves = [query.center, query.gens, center, u, a] + ([b] if bias else [])
+        for t in leaves:
+            t.requires_grad_()
+        gens = torch.einsum('gdp,np->ngd', a, u) + (b if bias else 0)  # (Nk, ng, d)
+        kv = (AffineZonotope(center, gens, u, a, b if bias else None) if affine
+              else Zonotope(center, gens))
+        out = attn(query, kv, query_set, kv_set, len(q_sizes))
+        (out.center.pow(2).sum() + out.gens.sin().sum()).backward()
+        results.append([out.center, out.gens] + [t.grad for t in leaves]
+                       + [q.grad for q in attn.parameters()])
+    for x, y in zip(*results):
+        torch.testing.assert_close(x, y, rtol=1e-10, atol=1e-10)

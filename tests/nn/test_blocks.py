@@ -374,3 +374,34 @@ def test_feed_forward_with_a_pruned_layer_uses_the_pruned_weight_in_training():
     ref = F.linear(F.gelu(F.linear(c, ffn.lin1.weight_orig * mask, ffn.lin1.bias)),
                    ffn.lin2.weight, ffn.lin2.bias)
     torch.testing.assert_close(out, ref)
+
+
+@pytest.mark.parametrize('value', ['mz', 'rigid', 'hypernet'])
+def test_isab_on_input_tokens_aggregates_the_inputs_exactly(value):
+    # the input projection describes its generators as affine in the inputs (AffineZonotope);
+    # the ISAB's first attention (3 inducing tokens per set: fewer queries than keys, the value
+    # map after the aggregation) then aggregates the 3 input columns instead of the generators:
+    # the same values and gradients as with the generators formed (a hook on the generator
+    # layer turns the description off)
+    from torch_mz.nn import InputProjection
+    from torch_mz.nn.zonotope import AffineZonotope
+    block = _block('isab', value, seed=5)
+    block.mab1.attn.value_order = 'after'
+    torch.manual_seed(6)
+    proj = InputProjection(3, D, num_generators=KW['num_generators']).double()
+    seen = []
+    block.mab1.register_forward_pre_hook(lambda m, args: seen.append(args[1]))
+    index = make_index([6, 0, 9, 1])
+    x = torch.randn(index.numel(), 3, dtype=torch.float64, requires_grad=True)
+    params = list(proj.parameters()) + list(block.parameters())
+    results = []
+    for affine in (True, False):
+        handle = None if affine else proj.lin_g.register_forward_hook(lambda *args: None)
+        out = block(proj(x), index, 4)
+        loss = out.center.sin().sum() + out.gens.cos().sum()
+        results.append([out.center, out.gens] + list(torch.autograd.grad(loss, [x] + params)))
+        if handle is not None:
+            handle.remove()
+    assert isinstance(seen[0], AffineZonotope) and type(seen[1]) is Zonotope
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=0)

@@ -80,6 +80,27 @@ def test_input_projection_matches_eq2():
     assert 'num_generators=3' in repr(proj)
 
 
+def test_input_projection_describes_its_generators_affinely():
+    from torch_mz.nn.zonotope import AffineZonotope
+    proj = InputProjection(5, 8, num_generators=3).double()
+    x = torch.randn(7, 5, dtype=torch.float64)
+    z = proj(x)
+    assert isinstance(z, AffineZonotope) and z.inputs is x
+    torch.testing.assert_close(torch.einsum('gdp,np->ngd', z.gen_weight, z.inputs) + z.gen_bias,
+                               z.gens, rtol=0, atol=1e-14)
+    # operations give plain zonotopes (the description holds for these generators only)
+    assert type(z + z) is Zonotope and type(z[:3]) is Zonotope
+    handle = proj.lin_g.register_forward_hook(lambda *args: None)  # the hook sees its call
+    assert type(proj(x)) is Zonotope
+    handle.remove()
+    wide = InputProjection(40, 4, num_generators=2).double()  # d_in >= n_g d: nothing to gain
+    assert type(wide(torch.randn(3, 40, dtype=torch.float64))) is Zonotope
+    with pytest.raises(ValueError, match="'gen_weight'"):
+        AffineZonotope(z.center, z.gens, x, z.gen_weight[:, :, :4], z.gen_bias)
+    with pytest.raises(ValueError, match="'gen_bias'"):
+        AffineZonotope(z.center, z.gens, x, z.gen_weight, z.gen_bias[:2])
+
+
 def test_input_projection_without_generators():
     proj = InputProjection(5, 8, num_generators=0)
     z = proj(torch.randn(4, 5))

@@ -17,7 +17,7 @@ from torch.nn import Linear, Module, Parameter
 
 from torch_mz.nn.functional import (PATHS, check_choice, grouped_attention, set_counts, set_mean,
                                     set_std)
-from torch_mz.nn.zonotope import MappedZonotope, Zonotope
+from torch_mz.nn.zonotope import AffineZonotope, MappedZonotope, Zonotope
 
 VALUE_OPERATORS = ('rigid', 'mz', 'film', 'hypernet')
 SUMMARIES = ('mean', 'mean+std')
@@ -329,16 +329,31 @@ class MZAttention(Module):
             # The generators are aggregated as they lie (no copy into a joint value tensor).
             ones = rows.new_ones(Nk, 1).to(q.dtype)
             raw_c = torch.cat([ones, rows.to(q.dtype)], dim=-1)  # (Nk, 1 + d)
+            # Generators affine in narrow inputs (the input projection's, AffineZonotope):
+            # sum_j a_ij (A_g u_j + b_g) = A_g (sum_j a_ij u_j) + b_g (sum_j a_ij), so the p input
+            # columns are aggregated instead of the n_g d generator columns
+            g_rows = (key_value.inputs.to(q.dtype) if isinstance(key_value, AffineZonotope)
+                      else gens_kv.reshape(Nk, ng * w_g))  # (Nk, p) or (Nk, ng w_g)
             agg_c, g_raw = grouped_attention(
-                q, k, (raw_c, gens_kv.reshape(Nk, ng * w_g)), query_set, kv_set, num_sets,
+                q, k, (raw_c, g_rows), query_set, kv_set, num_sets,
                 dropout=self.dropout, training=self.training,
-                path=self.path)  # (Nq, H, 1 + d), (Nq, H, ng d): the same attention weights
+                path=self.path)  # (Nq, H, 1 + d), (Nq, H, p or ng w_g): the same weights
             mass, c_raw = agg_c.split([1, w_c], dim=-1)  # (Nq, H, 1), (Nq, H, d)
             c_hat = torch.einsum('nhd,hed->nhe', c_raw, center_map)  # (Nq, H, dk)
             if bias_v is not None:
                 c_hat = c_hat + mass * bias_v
-            g_agg = torch.einsum('nhgd,hed->nhge', g_raw.reshape(Nq, H, ng, w_g),
-                                 gens_map)  # (Nq, H, ng, dk)
+            if isinstance(key_value, AffineZonotope):
+                # per head and generator, the value map joins A_g: (H, ng, dk, p)
+                a_map = torch.einsum('hed,gdp->hgep', gens_map,
+                                     key_value.gen_weight.to(q.dtype))
+                g_agg = torch.einsum('nhp,hgep->nhge', g_raw, a_map)  # (Nq, H, ng, dk)
+                if key_value.gen_bias is not None:
+                    b_map = torch.einsum('hed,gd->hge', gens_map,
+                                         key_value.gen_bias.to(q.dtype))  # (H, ng, dk)
+                    g_agg = g_agg + mass.unsqueeze(-1) * b_map
+            else:
+                g_agg = torch.einsum('nhgd,hed->nhge', g_raw.reshape(Nq, H, ng, w_g),
+                                     gens_map)  # (Nq, H, ng, dk)
         else:
             vc = F.linear(rows.to(q.dtype), center_map.reshape(d, w_c),
                           None if bias_v is None else bias_v.reshape(d)).view(

@@ -25,10 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.nn import LayerNorm, Linear, Module, Parameter
-from torch.nn.modules import module as _module
 
 from torch_mz.nn.attention import MZAttention
-from torch_mz.nn.functional import dropout, repeat_per_set
+from torch_mz.nn.functional import _hooked, dropout, repeat_per_set
 from torch_mz.nn.fused import odd_tanh_
 from torch_mz.nn.zonotope import MappedZonotope, Zonotope, zonotope_layer_norm
 
@@ -95,17 +94,6 @@ class FeedForward(Module):
     def hidden(self, c: Tensor) -> Tensor:
         r"""The hidden layer :math:`\mathrm{GELU}(W_1 c + b_1)`, before the last map."""
         return F.gelu(self.lin1(c))
-
-
-def _hooked(module: Module) -> bool:
-    r"""Whether calling :obj:`module` does more than its plain forward: hooks of its own
-    (forward or backward, e.g. :mod:`torch.nn.utils.prune`'s) or global module hooks. Exact
-    reorderings that use a layer's weights directly (PMA's folded maps, EGNN's per-node first
-    edge layer) run the layer as it is then."""
-    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
-                or module._backward_pre_hooks or _module._global_forward_hooks
-                or _module._global_forward_pre_hooks or _module._global_backward_hooks
-                or _module._global_backward_pre_hooks)
 
 
 class GeneratorFeedForward(Module):

@@ -26,6 +26,8 @@ from typing import Any, List, NamedTuple, Optional, Sequence, Tuple, Union, over
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn import Module
+from torch.nn.modules import module as _module
 from torch_geometric.utils import softmax as segment_softmax
 
 PATHS = ('auto', 'dense', 'scatter')
@@ -36,6 +38,17 @@ def check_choice(what: str, value: str, choices) -> None:
     :obj:`choices`."""
     if value not in choices:
         raise ValueError(f"Unknown {what} '{value}' (expected one of {tuple(choices)})")
+
+
+def _hooked(module: Module) -> bool:
+    r"""Whether calling :obj:`module` does more than its plain forward: hooks of its own
+    (forward or backward, e.g. :mod:`torch.nn.utils.prune`'s) or global module hooks. Exact
+    reorderings that use a layer's weights directly (PMA's folded maps, EGNN's per-node first
+    edge layer, the input projection's affine generators) run the layer as it is then."""
+    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+                or module._backward_pre_hooks or _module._global_forward_hooks
+                or _module._global_forward_pre_hooks or _module._global_backward_hooks
+                or _module._global_backward_pre_hooks)
 
 
 def set_counts(set_id: Tensor, num_sets: int) -> Tensor:
