@@ -21,7 +21,7 @@ def _batch(d_in, sizes, seed=0):
 
 def _small(name):
     kwargs = dict(pos_dim=3) if name.startswith('egnn') else {}
-    if name not in ('deepsets', ) and not name.startswith('egnn') and name != 'perceiver':
+    if name not in ('deepsets', 'mean-mlp', 'perceiver') and not name.startswith('egnn'):
         kwargs.update(dim=16, d_ff=16)
     return kwargs
 
