@@ -46,6 +46,8 @@ SOURCES = {
     'message_passing_chunks': 'message_passing_chunks/message_passing.json',
     'message_passing_chunks_keep': 'message_passing_chunks_keep/message_passing.json',
     'message_passing_flat': 'message_passing_flat/message_passing.json',
+    'message_passing_flat_1e5': 'message_passing_flat_1e5/message_passing.json',
+    'message_passing_flat_power_law': 'message_passing_flat_power_law/message_passing.json',
     'speed': 'speed/speed.json',
     'training_step': 'training_step/training_step.json',
     'training_step_small_sets': 'training_step_small_sets/training_step.json',
@@ -59,7 +61,8 @@ SOURCES = {
 SUPERSEDED: Dict[Tuple[str, str], str] = {}  # none now: training_step was run again in full
 MESSAGE_PASSING = ('message_passing', 'message_passing_small', 'message_passing_checkpoint',
                    'message_passing_ckpt_d64', 'message_passing_chunks',
-                   'message_passing_chunks_keep', 'message_passing_flat')
+                   'message_passing_chunks_keep', 'message_passing_flat',
+                   'message_passing_flat_1e5', 'message_passing_flat_power_law')
 #: ``MZAggregation(chunk_size='auto')`` (the default) encodes inputs of more than this many rows
 #: in recomputed groups (``2 * torch_mz.nn.aggr.AUTO_CHUNK_ROWS``; a test checks they agree).
 AUTO_ROWS = 2 * 131072
@@ -140,8 +143,8 @@ def _mp_pairs(data: Mapping[str, Mapping], mine: str, other: str, key: str,
             yield label, where, float(a[key]) / float(b[key])
 
 
-def _mp_speedup(data: Mapping[str, Mapping]) -> Iterator[Measurement]:
-    for label, where, v in _mp_pairs(data, 'rigid', 'pyg', 'median_ms', 'power-law'):
+def _mp_speedup(data: Mapping[str, Mapping], mine: str = 'rigid') -> Iterator[Measurement]:
+    for label, where, v in _mp_pairs(data, mine, 'pyg', 'median_ms', 'power-law'):
         yield label, where, 1.0 / v
 
 
@@ -253,6 +256,8 @@ TARGETS: Sequence[Tuple[str, str, float, str, Callable[[Mapping], Iterator[Measu
     ('mp-time-flat', "message passing: `pyg-flat` (PyG's blocks, flat layout) / PyG time, "
      "Poisson degrees", 1.0, 'max',
      lambda d: _mp_pairs(d, 'pyg-flat', 'pyg', 'median_ms', 'poisson')),
+    ('mp-power-law-flat', 'message passing: PyG / `pyg-flat` time (speed-up), power-law '
+     'degrees', 100.0, 'min', lambda d: _mp_speedup(d, 'pyg-flat')),
     ('mp-memory-flat', "message passing: `pyg-flat` / PyG peak memory, Poisson degrees", 0.5,
      'max', lambda d: _mp_pairs(d, 'pyg-flat', 'pyg', 'peak_mib', 'poisson')),
     ('speed-sab-uniform-flat', "`speed.py`: `pyg-flat` / PyG time, one SAB, uniform batch", 1.0,
