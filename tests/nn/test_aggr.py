@@ -485,3 +485,28 @@ def test_auto_chunking_of_large_inputs(monkeypatch):
     for bad in (0, -3, 'big', True, 2.5):
         with pytest.raises(ValueError, match="'chunk_size' must be"):
             MZAggregation(4, chunk_size=bad)
+
+
+@pytest.mark.parametrize('checkpoint', [False, True, 'attention'])
+def test_checkpointed_blocks_keep_the_affine_generators(checkpoint):
+    # checkpoint=True recomputes each block from its center and generators; the input
+    # projection's affine description goes with them, so the first ISAB still aggregates the
+    # input columns, and the values and gradients are the plain run's
+    from torch_mz.nn.zonotope import AffineZonotope
+    torch.manual_seed(0)
+    aggr = MZAggregation(3, preset='paper', dim=16, d_ff=16, chunk_size=None,
+                         checkpoint=checkpoint).double()
+    plain = MZAggregation(3, preset='paper', dim=16, d_ff=16, chunk_size=None).double()
+    plain.load_state_dict(aggr.state_dict())
+    seen = []
+    aggr.encoders[0].mab1.register_forward_pre_hook(lambda m, args: seen.append(args[1]))
+    index = torch.tensor([0] * 40 + [1] * 25 + [2] * 3)
+    x = torch.randn(index.numel(), 3, dtype=torch.float64)
+    grads = []
+    for module in (aggr, plain):
+        out = module(x, index)
+        grads.append([out] + list(torch.autograd.grad(out.square().sum(),
+                                                      list(module.parameters()))))
+    assert isinstance(seen[0], AffineZonotope) and seen[0].describes_gens()
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)

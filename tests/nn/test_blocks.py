@@ -405,3 +405,41 @@ def test_isab_on_input_tokens_aggregates_the_inputs_exactly(value):
     assert isinstance(seen[0], AffineZonotope) and type(seen[1]) is Zonotope
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
+
+
+def test_changed_affine_generators_are_used_as_they_are():
+    # an AffineZonotope whose generators were replaced or changed in place (an ablation) no
+    # longer describes them: attention aggregates the generators themselves
+    from torch_mz.nn import InputProjection
+    block = _block('isab', 'mz', seed=5)
+    block.mab1.attn.value_order = 'after'
+    torch.manual_seed(6)
+    proj = InputProjection(3, D, num_generators=NG).double()
+    index = make_index([6, 9, 1])
+    x = torch.randn(index.numel(), 3, dtype=torch.float64)
+    z = proj(x)
+    assert z.describes_gens()
+    z.gens.mul_(0.5)  # in place
+    assert not z.describes_gens()
+    expected = block(Zonotope(z.center, z.gens), index, 3)
+    got = block(z, index, 3)
+    torch.testing.assert_close(got.gens, expected.gens, atol=1e-12, rtol=0)
+    z = proj(x)
+    z.gens = z.gens * 0  # replaced
+    assert not z.describes_gens()
+    torch.testing.assert_close(block(z, index, 3).center,
+                               block(Zonotope(z.center, z.gens), index, 3).center)
+    handle = proj.register_forward_hook(lambda m, args, out: Zonotope(out.center, out.gens * 0))
+    assert type(proj(x)) is Zonotope  # a hook on the projection itself: no description
+    handle.remove()
+
+
+def test_affine_cost_model_prefers_aggregating_the_inputs():
+    from torch_mz.nn import MZAttention
+    attn = MZAttention(64, heads=4, num_generators=8, value='mz', num_matrix_generators=4)
+    # 32 inducing tokens per set of 1,024: with formed generators 'before' is cheaper, with 3
+    # input columns 'after'
+    counts = torch.tensor([1024, 1024])
+    query_set = make_index([32, 32])
+    assert not attn._values_after(query_set, counts, 64, 2048, 2)
+    assert attn._values_after(query_set, counts, 64, 2048, 2, affine_width=3)

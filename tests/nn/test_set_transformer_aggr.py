@@ -85,6 +85,7 @@ def test_dropout_only_in_training():
     flat.train()
     x.requires_grad_(True)
     out = flat(x, index)
+    assert not torch.allclose(out, pyg(x, index))  # half the attention weights dropped
     out.sum().backward()
     assert torch.isfinite(x.grad).all()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in flat.parameters())
@@ -121,3 +122,28 @@ def test_no_rows_gives_the_empty_set_output():
     assert out.shape == (3, 32)
     one = flat(torch.randn(2, 16, dtype=torch.float64), torch.tensor([1, 1]), dim_size=3)
     torch.testing.assert_close(out, one[[0, 0, 2]])  # every empty set alike
+
+
+def test_hooks_and_pruning_run_pygs_forward():
+    import torch.nn.utils.prune as prune
+    pyg, flat = pair(k=2)
+    index = torch.tensor([0, 0, 1, 1, 1, 1])
+    x = torch.randn(6, 16, dtype=torch.float64)
+    calls = []
+    handle = flat.pma.mab.attn.register_forward_hook(lambda *args: calls.append(1))
+    perm = torch.tensor([3, 0, 4, 1, 2, 5])  # unsorted rows: sorted for PyG's forward
+    torch.testing.assert_close(flat(x[perm], index[perm]), pyg(x, index), rtol=0, atol=1e-12)
+    assert calls == [1]  # the hook saw its module's call
+    handle.remove()
+    prune.l1_unstructured(flat.pma.mab.attn, 'in_proj_weight', amount=0.5)
+    for _ in range(2):  # the pruned weight is recomputed on every call
+        flat(x, index).square().sum().backward()
+
+
+def test_max_num_elements_is_checked_not_applied():
+    pyg, flat = pair()
+    index = torch.tensor([0, 0, 0, 1])
+    x = torch.randn(4, 16, dtype=torch.float64)
+    torch.testing.assert_close(flat(x, index, max_num_elements=3), pyg(x, index))
+    with pytest.raises(ValueError, match='max_num_elements=2'):
+        flat(x, index, max_num_elements=2)

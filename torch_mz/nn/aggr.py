@@ -11,7 +11,7 @@ from torch_geometric.nn.aggr import Aggregation
 from torch_mz.nn.attention import SUMMARIES, VALUE_OPERATORS
 from torch_mz.nn.blocks import ISAB, PMA, SAB
 from torch_mz.nn.functional import PATHS, check_choice, repeat_per_set, set_counts
-from torch_mz.nn.zonotope import InputProjection, Zonotope
+from torch_mz.nn.zonotope import AffineZonotope, InputProjection, Zonotope
 
 READOUTS = ('ihw', 'signed')
 ENCODERS = ('isab', 'sab')
@@ -420,11 +420,16 @@ class MZAggregation(Aggregation):
         if self.checkpoint not in (True, 'blocks') or not torch.is_grad_enabled():
             return block(z, set_id, num_sets)
 
-        def fn(center: Tensor, gens: Tensor):
-            out = block(Zonotope(center, gens), set_id, num_sets)
+        def fn(center: Tensor, gens: Tensor, *affine: Optional[Tensor]):
+            # the input projection's affine description of its generators, kept (AffineZonotope)
+            tokens = (AffineZonotope(center, gens, *affine)  # type: ignore[arg-type]
+                      if affine else Zonotope(center, gens))
+            out = block(tokens, set_id, num_sets)
             return out.center, out.gens
 
-        center, gens = torch.utils.checkpoint.checkpoint(fn, z.center, z.gens,
+        affine = ((z.inputs, z.gen_weight, z.gen_bias)
+                  if isinstance(z, AffineZonotope) and z.describes_gens() else ())
+        center, gens = torch.utils.checkpoint.checkpoint(fn, z.center, z.gens, *affine,
                                                          use_reentrant=False)
         return Zonotope(center, gens)
 

@@ -221,7 +221,9 @@ class MZAttention(Module):
         H, dk, ng, d = self.heads, self.head_dim, self.num_generators, self.dim
         Nq, Nk = query.num_tokens, key_value.num_tokens
         counts_k = set_counts(kv_set, num_sets)  # (B,)
-        after = self._values_after(query_set, counts_k, Nq, Nk, num_sets)
+        affine_width = (key_value.inputs.size(1) if isinstance(key_value, AffineZonotope)
+                        and key_value.describes_gens() else None)
+        after = self._values_after(query_set, counts_k, Nq, Nk, num_sets, affine_width)
         gamma = None
         if self.value == 'mz':
             mu = self.key_value_summary(key_value, kv_set, num_sets)  # (B, |mu|)
@@ -332,8 +334,9 @@ class MZAttention(Module):
             # Generators affine in narrow inputs (the input projection's, AffineZonotope):
             # sum_j a_ij (A_g u_j + b_g) = A_g (sum_j a_ij u_j) + b_g (sum_j a_ij), so the p input
             # columns are aggregated instead of the n_g d generator columns
+            affine = isinstance(key_value, AffineZonotope) and key_value.describes_gens()
             g_rows = (key_value.inputs.to(q.dtype) if isinstance(key_value, AffineZonotope)
-                      else gens_kv.reshape(Nk, ng * w_g))  # (Nk, p) or (Nk, ng w_g)
+                      and affine else gens_kv.reshape(Nk, ng * w_g))  # (Nk, p) or (Nk, ng w_g)
             agg_c, g_raw = grouped_attention(
                 q, k, (raw_c, g_rows), query_set, kv_set, num_sets,
                 dropout=self.dropout, training=self.training,
@@ -342,7 +345,7 @@ class MZAttention(Module):
             c_hat = torch.einsum('nhd,hed->nhe', c_raw, center_map)  # (Nq, H, dk)
             if bias_v is not None:
                 c_hat = c_hat + mass * bias_v
-            if isinstance(key_value, AffineZonotope):
+            if isinstance(key_value, AffineZonotope) and affine:
                 # per head and generator, the value map joins A_g: (H, ng, dk, p)
                 a_map = torch.einsum('hed,gdp->hgep', gens_map,
                                      key_value.gen_weight.to(q.dtype))
@@ -391,7 +394,7 @@ class MZAttention(Module):
         return c_hat, g_agg
 
     def _values_after(self, query_set: Tensor, counts_k: Tensor, Nq: int, Nk: int,
-                      num_sets: int) -> bool:
+                      num_sets: int, affine_width: Optional[int] = None) -> bool:
         r"""Whether to apply the value map after the aggregation. Before: the map costs
         :math:`N_k (1 + n_g) d^2` and the aggregation :math:`P (1 + n_g) d` for :math:`P` query-key
         pairs; after: :math:`N_q (1 + n_g) d^2` and :math:`P H (1 + n_g) d`. Both are exact; with
@@ -405,6 +408,13 @@ class MZAttention(Module):
             # per-head values keep the fused attention kernel: measured faster either way
             return False
         pairs = int((set_counts(query_set, num_sets) * counts_k).sum())
+        if affine_width is not None:
+            # generators affine in p inputs (AffineZonotope): after, the p input columns are
+            # aggregated per head and mapped per generator on the queries
+            d, H, ng, p = self.dim, self.heads, self.num_generators, affine_width
+            before = Nk * (1 + ng) * d * d + pairs * (1 + ng) * d
+            after = Nq * d * d + pairs * H * (1 + d + p) + Nq * ng * d * p
+            return after < before
         return (Nk - Nq) * self.dim > pairs * (self.heads - 1)
 
     def _mix_terms(self, c_hat: Tensor, gamma: Tensor) -> Tuple[Tensor, Tensor]:

@@ -9,7 +9,8 @@ from torch import Tensor
 from torch_geometric.nn.aggr import SetTransformerAggregation
 
 from torch_mz.nn.aggr import check_set_input, resolve_set_index
-from torch_mz.nn.functional import PATHS, check_choice, grouped_attention, repeat_per_set
+from torch_mz.nn.functional import (PATHS, _hooked, check_choice, grouped_attention,
+                                    repeat_per_set)
 
 
 class FlatSetTransformerAggregation(SetTransformerAggregation):
@@ -38,10 +39,20 @@ class FlatSetTransformerAggregation(SetTransformerAggregation):
 
     Values and gradients equal PyG's to rounding (tested in float64, with and without LayerNorm,
     several seeds, decoders, unsorted ``index``, ``ptr``, empty sets). An empty set's output is
-    PyG's too: its seeds with a zero attention output, passed through the blocks. One documented
-    difference: PyG passes the output through :meth:`~torch.Tensor.nan_to_num`, which turns NaN
-    into 0 and infinities into the largest finite numbers; here non-finite values are left as
-    they are, so that a diverging model is seen, not hidden.
+    its seeds with a zero attention output, passed through the blocks, which is PyG's on the
+    torch this project uses (2.13; older torch gave PyG NaN there, which its
+    :meth:`~torch.Tensor.nan_to_num` turned into 0). Documented differences:
+
+    * PyG passes the output through :meth:`~torch.Tensor.nan_to_num`, which turns NaN into 0 and
+      infinities into the largest finite numbers; here non-finite values are left as they are,
+      so that a diverging model is seen, not hidden;
+    * PyG's ``max_num_elements`` keeps only the first rows of a larger set and drops the rest
+      without a word; here a set larger than ``max_num_elements`` raises a
+      :class:`ValueError` (no row is dropped), and a bound that every set meets changes nothing;
+    * the flat computation reads the blocks' weights directly; where a sub-module has hooks
+      (e.g. :mod:`torch.nn.utils.prune`'s) or the attention options PyG does not set
+      (``add_bias_kv``, ``add_zero_attn``), PyG's padded forward runs instead, on the rows
+      sorted by set, so the hooks see their modules' calls.
 
     With dropout in training the two draw different masks (same probability).
 
@@ -95,7 +106,7 @@ class FlatSetTransformerAggregation(SetTransformerAggregation):
         k = F.linear(y, w_k, b_k).view(Ny, H, dk)  # (Ny, H, dk)
         v = F.linear(y, w_v, b_v).view(Ny, H, dk)  # (Ny, H, dk)
         o = grouped_attention(q, k, v, x_set, y_set, num_sets, dropout=attn.dropout,
-                              training=self.training, path=self.path)  # (Nx, H, dk)
+                              training=attn.training, path=self.path)  # (Nx, H, dk)
         out = attn.out_proj(o.reshape(Nx, F_)) + x  # (Nx, F)
         if mab.layer_norm1 is not None:
             out = mab.layer_norm1(out)
@@ -107,13 +118,23 @@ class FlatSetTransformerAggregation(SetTransformerAggregation):
     def forward(self, x: Tensor, index: Optional[Tensor] = None, ptr: Optional[Tensor] = None,
                 dim_size: Optional[int] = None, dim: int = -2,
                 max_num_elements: Optional[int] = None) -> Tensor:
-        r"""PyG's aggregation signature; ``max_num_elements`` (PyG's padding hint) is accepted and
-        not needed."""
+        r"""PyG's aggregation signature; ``max_num_elements`` (PyG's padding bound) is checked,
+        not applied: a larger set raises a :class:`ValueError` (see the class docstring)."""
         if dim not in (0, -2):
             raise ValueError(f"FlatSetTransformerAggregation aggregates over dimension 0 / -2 "
                              f"(got {dim})")
         check_set_input(x, self.channels, self.pma.lin.weight.dtype)
         set_id, B = resolve_set_index(x, index, ptr, dim_size)
+        if max_num_elements is not None and x.size(0) > 0:
+            largest = int(torch.bincount(set_id, minlength=B).max())
+            if largest > max_num_elements:
+                raise ValueError(f"A set has {largest} elements, more than max_num_elements="
+                                 f"{max_num_elements} (PyG's aggregation would drop the rows "
+                                 f"beyond it; this one drops none): raise the bound or leave "
+                                 f"it unset")
+        if self._runs_as_pyg():
+            order = torch.sort(set_id, stable=True).indices  # PyG needs rows sorted by set
+            return super().forward(x[order], set_id[order], dim_size=B)
         for encoder in self.encoders:
             x = self._mab(encoder.mab, x, x, set_id, set_id, B)
         pma = self.pma
@@ -126,6 +147,18 @@ class FlatSetTransformerAggregation(SetTransformerAggregation):
             out = self._mab(decoder.mab, out, out, seed_set, seed_set, B)
         out = out.view(B, k, self.channels)  # (B, k, F)
         return out.flatten(1, 2) if self.concat else out.mean(dim=1)
+
+    def _runs_as_pyg(self) -> bool:
+        r"""Whether PyG's padded forward must run: hooks on a sub-module (which must see its
+        call) or attention options the flat computation does not read."""
+        for module in self.modules():
+            if module is not self and _hooked(module):
+                return True
+            if isinstance(module, torch.nn.MultiheadAttention) and (
+                    module.bias_k is not None or module.add_zero_attn
+                    or not module._qkv_same_embed_dim):
+                return True
+        return False
 
     def __repr__(self) -> str:
         return (f'{self.__class__.__name__}({self.channels}, '

@@ -101,9 +101,11 @@ class AffineZonotope(Zonotope):
     :math:`n_g d` generator columns, and map the result after:
     :math:`\sum_j a_{ij} G_j[g] = A_g \sum_j a_{ij} u_j + b_g \sum_j a_{ij}`, exact up to
     rounding. With point coordinates (:math:`p = 3`) and the paper's :math:`n_g d = 512` this is
-    most of the first inducing-point attention of an ISAB encoder.
+    most of the first inducing-point attention of an ISAB encoder. The description holds for the
+    generators it was made with: once :obj:`gens` is replaced or changed in place
+    (:meth:`describes_gens` is then :obj:`False`), attention uses the generators themselves.
     """
-    __slots__ = ('inputs', 'gen_weight', 'gen_bias')
+    __slots__ = ('inputs', 'gen_weight', 'gen_bias', '_formed')
 
     def __init__(self, center: Tensor, gens: Tensor, inputs: Tensor, gen_weight: Tensor,
                  gen_bias: Optional[Tensor] = None):
@@ -119,6 +121,15 @@ class AffineZonotope(Zonotope):
         self.inputs = inputs
         self.gen_weight = gen_weight
         self.gen_bias = gen_bias
+        # (inference tensors, made under torch.inference_mode, keep no version counter)
+        self._formed = (gens, None if gens.is_inference() else gens._version)
+
+    def describes_gens(self) -> bool:
+        r"""Whether :obj:`gens` is still the tensor the description was made with, unchanged
+        (an in-place change of an inference tensor, which keeps no version counter, is not
+        seen)."""
+        gens, version = self._formed
+        return self.gens is gens and (version is None or gens._version == version)
 
 
 class MappedZonotope(_Tokens):
@@ -383,10 +394,11 @@ class InputProjection(Module):
 
     The factor :math:`1/\sqrt{n_g d}` makes generators start as small perturbations. The tokens
     come as an :class:`AffineZonotope` (the generators with their affine description in the
-    inputs, where :math:`d_{in} < n_g d` and :obj:`lin_g` has no hooks), so that the first
-    inducing-point attention of an ISAB aggregates the :math:`d_{in}` input columns instead of
-    the :math:`n_g d` generator columns (exact up to rounding; with 3-D points and the paper's
-    :math:`n_g d = 512`, 9.8% fewer FLOPs in an ``mz`` training step). In
+    inputs, where :math:`d_{in} < n_g d` and neither this module nor :obj:`lin_g` has hooks), so
+    that the first inducing-point attention of an ISAB, where it maps values after the
+    aggregation, aggregates the :math:`d_{in}` input columns instead of the :math:`n_g d`
+    generator columns (exact up to rounding; with 3-D points and the paper's configuration, 9.8%
+    fewer FLOPs in an ``mz`` training step). In
     training, the GELU and the LayerNorm run again in the backward pass, so that only the
     pre-activation is kept for it (forward hooks on :obj:`norm` then run twice).
 
@@ -437,7 +449,8 @@ class InputProjection(Module):
         scale = math.sqrt(self.num_generators * self.dim)
         gens = self.lin_g(x) / scale  # (N, n_g * d)
         gens = gens.view(x.size(0), self.num_generators, self.dim)  # (N, n_g, d)
-        if _hooked(self.lin_g) or x.size(1) >= self.num_generators * self.dim:
+        if (_hooked(self.lin_g) or _hooked(self)
+                or x.size(1) >= self.num_generators * self.dim):
             return Zonotope(center, gens)  # hooks see their layer's call; nothing to gain
         # the generators' affine description, for attention that aggregates them
         # (AffineZonotope): the scale joins the (n_g d, d_in) weights
