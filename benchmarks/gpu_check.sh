@@ -17,7 +17,7 @@ echo '== CUDA tests'
 $PY -m pytest -q tests -k cuda -p no:cacheprovider 2>&1 | tee "$OUT/cuda_tests.txt" || status=1
 echo '== message passing'
 timeout 150 $PY benchmarks/message_passing.py --device cuda --nodes 1000,10000,100000 --dims 64 \
-  --degrees poisson --aggrs pyg,rigid,default --graphconv-nodes 0 --repeats 5 --timeout 60 \
+  --degrees poisson --aggrs pyg,pyg-flat,rigid,default --graphconv-nodes 0 --repeats 5 --timeout 60 \
   --out "$OUT/message_passing" || status=1
 echo '== point-cloud training step'
 # the presets only: the +keep rows are about the CPU's malloc, the +compile rows compile for
