@@ -73,3 +73,13 @@ def test_inductor_compiled_aggregation_matches_eager():
     torch.manual_seed(0)
     aggr = MZAggregation(5)
     _check(aggr, (torch.randn(9, 5), make_index([4, 5])), 'inductor')
+
+
+def test_compiled_flat_set_transformer_matches_eager():
+    from torch_mz.nn import FlatSetTransformerAggregation
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    aggr = FlatSetTransformerAggregation(8, heads=2, layer_norm=True)
+    index = make_index([3, 0, 5, 1], shuffle=True, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(index.numel(), 8)
+    _check(aggr, (x, index), 'aot_eager')
