@@ -86,6 +86,11 @@ def test_dropout_only_in_training():
     x.requires_grad_(True)
     out = flat(x, index)
     assert not torch.allclose(out, pyg(x, index))  # half the attention weights dropped
+    for module in (flat, pyg):  # dropout follows each attention's own training flag
+        for m in module.modules():
+            if isinstance(m, torch.nn.MultiheadAttention):
+                m.eval()
+    torch.testing.assert_close(flat(x, index), pyg(x, index), rtol=0, atol=1e-12)
     out.sum().backward()
     assert torch.isfinite(x.grad).all()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in flat.parameters())
@@ -138,6 +143,8 @@ def test_hooks_and_pruning_run_pygs_forward():
     prune.l1_unstructured(flat.pma.mab.attn, 'in_proj_weight', amount=0.5)
     for _ in range(2):  # the pruned weight is recomputed on every call
         flat(x, index).square().sum().backward()
+    empty = flat(x[:0], index[:0], dim_size=2)  # no rows: the flat path (PyG's cannot)
+    assert empty.shape == (2, 32) and torch.isfinite(empty).all()
 
 
 def test_max_num_elements_is_checked_not_applied():

@@ -50,9 +50,13 @@ class FlatSetTransformerAggregation(SetTransformerAggregation):
       without a word; here a set larger than ``max_num_elements`` raises a
       :class:`ValueError` (no row is dropped), and a bound that every set meets changes nothing;
     * the flat computation reads the blocks' weights directly; where a sub-module has hooks
-      (e.g. :mod:`torch.nn.utils.prune`'s) or the attention options PyG does not set
-      (``add_bias_kv``, ``add_zero_attn``), PyG's padded forward runs instead, on the rows
-      sorted by set, so the hooks see their modules' calls.
+      (e.g. :mod:`torch.nn.utils.prune`'s), global module hooks are installed (e.g. by
+      :class:`torch.utils.flop_counter.FlopCounterMode`, whose module tracker registers them;
+      :func:`torch_mz.study.count_flops` counts without) or the attention options PyG does not
+      set (``add_bias_kv``, ``add_zero_attn``), PyG's padded forward runs instead, on the rows
+      sorted by set, so the hooks see their modules' calls: with PyG's cost, and with its
+      output through :meth:`~torch.Tensor.nan_to_num` (an input without rows, which PyG's
+      forward cannot take, stays on the flat path).
 
     With dropout in training the two draw different masks (same probability).
 
@@ -132,7 +136,7 @@ class FlatSetTransformerAggregation(SetTransformerAggregation):
                                  f"{max_num_elements} (PyG's aggregation would drop the rows "
                                  f"beyond it; this one drops none): raise the bound or leave "
                                  f"it unset")
-        if self._runs_as_pyg():
+        if x.size(0) > 0 and self._runs_as_pyg():  # (PyG's forward cannot take no rows)
             order = torch.sort(set_id, stable=True).indices  # PyG needs rows sorted by set
             return super().forward(x[order], set_id[order], dim_size=B)
         for encoder in self.encoders:

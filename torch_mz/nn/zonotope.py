@@ -87,6 +87,15 @@ class Zonotope(_Tokens):
 
 
 
+def _version(t: Tensor) -> Optional[int]:
+    r"""The version counter of :obj:`t` (:obj:`None` for an inference tensor, made under
+    :func:`torch.inference_mode`, which keeps none; not asked under :func:`torch.compile`, where
+    the question breaks the graph and no inference tensor is traced)."""
+    if not torch.compiler.is_compiling() and t.is_inference():
+        return None
+    return t._version
+
+
 class AffineZonotope(Zonotope):
     r"""Zonotope tokens whose generators are an affine function of narrow input rows, as the
     input projection makes them: :math:`G_i[g] = A_g u_i + b_g` with :obj:`inputs` :math:`u`
@@ -121,15 +130,15 @@ class AffineZonotope(Zonotope):
         self.inputs = inputs
         self.gen_weight = gen_weight
         self.gen_bias = gen_bias
-        # (inference tensors, made under torch.inference_mode, keep no version counter)
-        self._formed = (gens, None if gens.is_inference() else gens._version)
+        self._formed = (gens, _version(gens), _version(inputs))
 
     def describes_gens(self) -> bool:
-        r"""Whether :obj:`gens` is still the tensor the description was made with, unchanged
-        (an in-place change of an inference tensor, which keeps no version counter, is not
-        seen)."""
-        gens, version = self._formed
-        return self.gens is gens and (version is None or gens._version == version)
+        r"""Whether :obj:`gens` and :obj:`inputs` are still the tensors the description was made
+        with, unchanged (an in-place change of an inference tensor, which keeps no version
+        counter, is not seen)."""
+        gens, version, inputs_version = self._formed
+        return (self.gens is gens and (version is None or gens._version == version)
+                and (inputs_version is None or self.inputs._version == inputs_version))
 
 
 class MappedZonotope(_Tokens):
