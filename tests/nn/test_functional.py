@@ -458,3 +458,30 @@ def test_rows_are_placed_without_a_gather_when_all_take_part(monkeypatch, shuffl
     gathered, gathered_grads = run()
     assert torch.equal(out, gathered)
     assert all(torch.equal(a, b) for a, b in zip(grads, gathered_grads))
+
+
+@pytest.mark.parametrize('path', ['dense', 'scatter'])
+@pytest.mark.parametrize('preset', ['neighbourhood', 'paper'])
+def test_torch_func_grad_matches_autograd(path, preset):
+    # torch.func transforms take neither hand-written autograd functions without setup_context
+    # nor checkpointing: the fast paths run as the plain operations they stand for, with the
+    # same gradients (inputs and parameters)
+    from torch.func import functional_call, grad
+
+    from torch_mz.nn import MZAggregation
+    torch.manual_seed(0)
+    extra = dict(dim=16, d_ff=16) if preset == 'paper' else {}
+    aggr = MZAggregation(3, preset=preset, path=path, **extra).double()
+    index = torch.tensor([0] * 9 + [2] * 8 + [3])
+    x = torch.randn(index.numel(), 3, dtype=torch.float64)
+    params = {k: v.detach() for k, v in aggr.named_parameters()}
+
+    def loss(p, xx):
+        return functional_call(aggr, p, (xx, index), {'dim_size': 4}).square().sum()
+
+    g_params, g_x = grad(loss, argnums=(0, 1))(params, x)
+    xr = x.clone().requires_grad_()
+    loss(dict(aggr.named_parameters()), xr).backward()
+    torch.testing.assert_close(g_x, xr.grad, rtol=1e-10, atol=1e-12)
+    for name, p in aggr.named_parameters():
+        torch.testing.assert_close(g_params[name], p.grad, rtol=1e-10, atol=1e-12)

@@ -10,7 +10,8 @@ from torch_geometric.nn.aggr import Aggregation
 
 from torch_mz.nn.attention import SUMMARIES, VALUE_OPERATORS
 from torch_mz.nn.blocks import ISAB, PMA, SAB
-from torch_mz.nn.functional import PATHS, check_choice, repeat_per_set, set_counts
+from torch_mz.nn.functional import (PATHS, _functorch_active, check_choice, repeat_per_set,
+                                    set_counts)
 from torch_mz.nn.zonotope import AffineZonotope, InputProjection, Zonotope
 
 READOUTS = ('ihw', 'signed')
@@ -397,8 +398,11 @@ class MZAggregation(Aggregation):
                 for lo, hi in zip(set_bounds[:-1], set_bounds[1:])]
         # views of one tensor: the backward pass joins the groups' gradients in one allocation
         x_parts, id_parts = x_sorted.split(rows), id_sorted.split(rows)
+        # (the default's recomputation steps aside under torch.func transforms, which take no
+        # checkpointing; checkpoint='chunks' asked for by name is kept)
         recompute = torch.is_grad_enabled() and (
-            self.checkpoint == 'chunks' or (self.chunk_size == 'auto' and not self.checkpoint))
+            self.checkpoint == 'chunks' or (self.chunk_size == 'auto' and not self.checkpoint
+                                            and not _functorch_active()))
         centers, gens = [], []
         for x_g, id_g, b_lo, b_hi in zip(x_parts, id_parts, set_bounds[:-1], set_bounds[1:]):
             if recompute:

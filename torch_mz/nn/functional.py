@@ -51,6 +51,14 @@ def _hooked(module: Module) -> bool:
                 or _module._global_backward_pre_hooks)
 
 
+def _functorch_active() -> bool:
+    r"""Whether a :mod:`torch.func` transform (``grad``, ``vjp``, ``jacrev``, ``vmap``...) is
+    running. Its transforms take neither this package's hand-written autograd functions (which
+    define no ``setup_context``) nor saved-tensor hooks (activation checkpointing): the exact
+    fast paths then run as the plain operations they stand for."""
+    return torch._C._are_functorch_transforms_active()
+
+
 def set_counts(set_id: Tensor, num_sets: int) -> Tensor:
     r"""Number of rows per set, shape :obj:`(num_sets,)`."""
     return torch.bincount(set_id, minlength=num_sets)
@@ -292,6 +300,8 @@ def _place(src: Tensor, pos: Tensor, rows: int) -> Tensor:
     message passing (135.8 -> 103.0 MB, ``SAGEConv``, 10^4 nodes, 10^5 edges). Forward +
     backward on its own: 9.9 against 7.8 ms for ``index_copy`` at (100433, 4, 4), 4.5 against
     6.1 ms at (32768, 4, 16), 43 against 59 ms at (32768, 4, 144) (one core, one run)."""
+    if _functorch_active():  # the plain operation (see _functorch_active)
+        return src.new_zeros((rows, ) + tuple(src.shape[1:])).index_copy(0, pos, src)
     return _Place.apply(src, pos, rows)
 
 
@@ -363,6 +373,14 @@ class _PairDot(torch.autograd.Function):
             if grad_k is not None:
                 grad_k.index_add_(0, jk[lo:hi], g * q[iq[lo:hi]])
         return grad_q, grad_k, None, None
+
+
+def _pair_aggregate_plain(alpha: Tensor, v: Tensor, iq: Tensor, jk: Tensor, Nq: int) -> Tensor:
+    r""":class:`_PairAggregate` as plain operations, in one piece (for :mod:`torch.func`)."""
+    vj = v[jk]  # (P, H, w) or (P, w)
+    vj = vj.unsqueeze(1) if vj.dim() == 2 else vj  # (P, H or 1, w)
+    return v.new_zeros(Nq, alpha.size(1), v.size(-1)).index_add(
+        0, iq, alpha.unsqueeze(-1) * vj)  # (Nq, H, w)
 
 
 class _PairAggregate(torch.autograd.Function):
@@ -457,12 +475,16 @@ def _attention_scatter(q: Tensor, k: Tensor, vs: Tuple[Tensor, ...], query_set: 
     iq, jk = set_pairs(query_set, kv_set, num_sets)  # (P,), (P,)
     if iq.numel() == 0:
         return [_zero_rows(v, Nq, H, v.size(-1), out_dtype, chunk) for v in vs]
-    logits = _PairDot.apply(q, k.to(q.dtype), iq, jk)  # (P, H)
+    plain = _functorch_active()  # the plain operations (see _functorch_active)
+    logits = ((q[iq] * k.to(q.dtype)[jk]).sum(dim=-1) if plain
+              else _PairDot.apply(q, k.to(q.dtype), iq, jk))  # (P, H)
     alpha = segment_softmax(logits, iq, num_nodes=Nq)  # (P, H)
     if dropout > 0 and training:
         alpha = _dropout(alpha, dropout)  # the function; 'dropout' is the rate here
     alpha = alpha.to(out_dtype)
-    outs = [_PairAggregate.apply(alpha, v.to(out_dtype), iq, jk, Nq) for v in vs]  # (Nq, H, w)
+    outs = [_pair_aggregate_plain(alpha, v.to(out_dtype), iq, jk, Nq) if plain
+            else _PairAggregate.apply(alpha, v.to(out_dtype), iq, jk, Nq)
+            for v in vs]  # (Nq, H, w)
     if chunk is None:
         return outs
     return [o.view(Nq, H, -1, chunk).transpose(1, 2).contiguous() for o in outs]

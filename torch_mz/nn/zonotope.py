@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn import LayerNorm, Linear, Module
 
-from torch_mz.nn.functional import _hooked
+from torch_mz.nn.functional import _functorch_active, _hooked
 from torch_mz.nn.fused import LayerNormJacobianFused, use_fused_kernels
 
 
@@ -362,6 +362,8 @@ def zonotope_layer_norm(z: Zonotope, norm: LayerNorm) -> Zonotope:
     out_c = norm(c)
     if z.gens.size(1) == 0:  # plain vector tokens
         return Zonotope(out_c, z.gens.to(out_c.dtype))
+    if _functorch_active():  # the plain operations (see torch_mz.nn.functional._functorch_active)
+        return zonotope_layer_norm_reference(z, norm)
     weight = norm.weight.to(out_c.dtype) if norm.weight is not None else None
     gens = z.gens.to(out_c.dtype)
     if use_fused_kernels(gens):  # compiled kernels (torch_mz.nn.fused)
@@ -445,7 +447,8 @@ class InputProjection(Module):
 
     def forward(self, x: Tensor) -> Zonotope:
         h = self.lin_c(x)  # (N, d)
-        if torch.is_grad_enabled() and h.requires_grad and not torch.compiler.is_compiling():
+        if (torch.is_grad_enabled() and h.requires_grad and not torch.compiler.is_compiling()
+                and not _functorch_active()):
             # keep only the pre-activation for the backward pass and run the GELU and the
             # LayerNorm again there (the same operations: the same values and gradients): one
             # (N, d) tensor fewer kept, the GELU's output (in message passing N is the number
