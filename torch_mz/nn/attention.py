@@ -400,7 +400,11 @@ class MZAttention(Module):
         pairs; after: :math:`N_q (1 + n_g) d^2` and :math:`P H (1 + n_g) d`. Both are exact; with
         ``value_order='auto'`` the cheaper one is taken when tokens carry generators (without
         them the value map is a single fast product and 'before' keeps the fused attention
-        kernel), otherwise the one :attr:`value_order` names."""
+        kernel), otherwise the one :attr:`value_order` names. Where the keys' generators are
+        affine in :obj:`affine_width` :math:`= p` input columns
+        (:class:`~torch_mz.nn.zonotope.AffineZonotope`), 'after' aggregates those instead:
+        :math:`N_q d^2 + P H (1 + d + p) + N_q n_g d p` (keys with fewer queries than keys
+        only, as for the formed generators)."""
         if self.value_order != 'auto':
             return self.value_order == 'after'
         if Nq >= Nk or self.num_generators == 0:
