@@ -403,7 +403,7 @@ class MZAttention(Module):
         kernel), otherwise the one :attr:`value_order` names. Where the keys' generators are
         affine in :obj:`affine_width` :math:`= p` input columns
         (:class:`~torch_mz.nn.zonotope.AffineZonotope`), 'after' aggregates those instead:
-        :math:`N_q d^2 + P H (1 + d + p) + N_q n_g d p` (keys with fewer queries than keys
+        :math:`N_q d^2 + P H (1 + d + p) + N_q n_g d p` (in blocks with fewer queries than keys
         only, as for the formed generators)."""
         if self.value_order != 'auto':
             return self.value_order == 'after'
