@@ -10,7 +10,7 @@ from torch_geometric.nn.aggr import SetTransformerAggregation
 
 from torch_mz.nn.aggr import check_set_input, resolve_set_index
 from torch_mz.nn.functional import (PATHS, _hooked, check_choice, grouped_attention,
-                                    repeat_per_set)
+                                    repeat_per_set, set_counts)
 
 
 class FlatSetTransformerAggregation(SetTransformerAggregation):
@@ -130,7 +130,7 @@ class FlatSetTransformerAggregation(SetTransformerAggregation):
         check_set_input(x, self.channels, self.pma.lin.weight.dtype)
         set_id, B = resolve_set_index(x, index, ptr, dim_size)
         if max_num_elements is not None and x.size(0) > 0:
-            largest = int(torch.bincount(set_id, minlength=B).max())
+            largest = int(set_counts(set_id, B).max())
             if largest > max_num_elements:
                 raise ValueError(f"A set has {largest} elements, more than max_num_elements="
                                  f"{max_num_elements} (PyG's aggregation would drop the rows "
