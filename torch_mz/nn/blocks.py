@@ -212,8 +212,8 @@ class MAB(Module):
             # the backward pass of its last product does not keep): one (N, n_g, d) allocation
             # fewer, the same sum; out of place where autocast gave the output a lower precision
             gens = f_g.add_(h.gens) if f_g.dtype == h.gens.dtype else h.gens + f_g
-        else:
-            gens = h.gens + h.gens
+        else:  # no generators (n_g = 0): nothing to map
+            gens = h.gens
         return zonotope_layer_norm(Zonotope(h.center + f_c, gens), self.norm2)
 
     def __repr__(self) -> str:
