@@ -35,9 +35,10 @@ def keep_freed_memory(max_block_bytes: int = MAX_BLOCK_BYTES,
     25.6 s -> 11.4 s; the times without kept memory vary between runs with the state of the
     system's memory).
 
-    The cost is memory: the process keeps the heap it has used (the peak resident set rose by
-    2-17% in that benchmark, and by 26% for the default :class:`~torch_mz.nn.MZAggregation` and
-    86% for PyG's ``SetTransformerAggregation`` on a 10^5-node message-passing graph,
+    The cost is memory: the process keeps the heap it has used (the peak resident set changed by
+    -14% to +19% in that benchmark's latest run, rising for ``mz`` and EGNN, and rose by 26%
+    for the default :class:`~torch_mz.nn.MZAggregation` and 86% for PyG's
+    ``SetTransformerAggregation`` on a 10^5-node message-passing graph,
     ``benchmarks/results/message_passing_1e5_keep/``), and a freed block returns to the
     operating system only from the top of the heap and beyond :obj:`keep_bytes`. Results do not
     change (allocation does not touch values).
