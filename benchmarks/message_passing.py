@@ -42,8 +42,8 @@ are taken between medians of the same run. Aggregations:
   backward pass) on the whole input, on the same graphs as ``default-ckpt``,
 * ``default-chunks`` and ``rigid-chunks``: ``default`` and ``rigid`` with
   ``chunk_size=131072, checkpoint='chunks'`` (groups of neighbourhoods of about 2^17 edges, each
-  keeping only its input rows and run again in the backward pass), on the same graphs as
-  ``default-ckpt``,
+  keeping only its input rows and run again in the backward pass; ``--chunk-rows`` sets another
+  group size), on the same graphs as ``default-ckpt``,
 * ``mz-ng8``: ``MZAggregation(d, num_generators=8, num_matrix_generators=4)``: the paper's
   generator budget in the same structure,
 * ``paper``: ``MZAggregation(d, preset='paper')``: the paper's MZ-Set Transformer body (two
@@ -56,6 +56,7 @@ import argparse
 import json
 import os
 import time
+from typing import Optional
 
 import numpy as np
 import torch
@@ -91,10 +92,11 @@ def random_graph(num_nodes: int, degrees: str, avg_degree: int = 10, seed: int =
     return torch.from_numpy(np.stack([src, dst])).long()
 
 
-def build_aggr(name: str, d: int):
+def build_aggr(name: str, d: int, group_rows: Optional[int] = None):
     from torch_geometric.nn.aggr import SetTransformerAggregation
 
     from torch_mz.nn import FlatSetTransformerAggregation, MZAggregation
+    group_rows = CHUNK_ROWS if group_rows is None else group_rows  # rows per group (*-chunks)
     if name == 'pyg':
         return SetTransformerAggregation(d, heads=4)
     if name == 'pyg-flat':
@@ -114,9 +116,9 @@ def build_aggr(name: str, d: int):
     if name == 'default-whole':
         return MZAggregation(d, chunk_size=None)
     if name == 'default-chunks':
-        return MZAggregation(d, chunk_size=CHUNK_ROWS, checkpoint='chunks')
+        return MZAggregation(d, chunk_size=group_rows, checkpoint='chunks')
     if name == 'rigid-chunks':
-        return MZAggregation(d, value='rigid', num_generators=0, chunk_size=CHUNK_ROWS,
+        return MZAggregation(d, value='rigid', num_generators=0, chunk_size=group_rows,
                              checkpoint='chunks')
     if name == 'mz-ng8':
         return MZAggregation(d, num_generators=8, num_matrix_generators=4)
@@ -137,7 +139,8 @@ def run_one(cfg: dict) -> dict:
     x = torch.randn(cfg['nodes'], cfg['dim'],
                     generator=torch.Generator().manual_seed(1)).to(device)
     conv_cls = SAGEConv if cfg['conv'] == 'sage' else GraphConv
-    conv = conv_cls(cfg['dim'], cfg['dim'], aggr=build_aggr(cfg['aggr'], cfg['dim'])).to(device)
+    conv = conv_cls(cfg['dim'], cfg['dim'], aggr=build_aggr(cfg['aggr'], cfg['dim'],
+                                                    cfg.get('group_rows'))).to(device)
 
     def step():
         conv.zero_grad(set_to_none=True)
@@ -227,6 +230,8 @@ def main():
     parser.add_argument('--power-law-max-nodes', type=int, default=10000,
                         help='largest power-law graph (its hub has ~8%% of all edges, and an SAB '
                              'is quadratic in it)')
+    parser.add_argument('--chunk-rows', type=int, default=CHUNK_ROWS,
+                        help='rows per recomputed group of the *-chunks aggregations')
     parser.add_argument('--repeats', type=int, default=5)
     parser.add_argument('--threads', type=int, default=1)
     parser.add_argument('--device', default='cpu', help="'cpu' or 'cuda' (GPU memory is the "
@@ -270,6 +275,8 @@ def main():
                         cfg = dict(aggr=aggr, conv=conv, degrees=degrees, dim=dim, nodes=nodes,
                                    repeats=args.repeats, threads=args.threads, seed=0,
                                    device=args.device, keep=args.keep_freed_memory)
+                        if aggr.endswith('-chunks'):
+                            cfg['group_rows'] = args.chunk_rows
                         row = run_subprocess(cfg, args.timeout)
                         rows.append(row)
                         msg = row.get('error') or (f"{row['median_ms']:10.1f} ms  "

@@ -48,6 +48,7 @@ SOURCES = {
     'message_passing_flat': 'message_passing_flat/message_passing.json',
     'message_passing_flat_1e5': 'message_passing_flat_1e5/message_passing.json',
     'message_passing_flat_power_law': 'message_passing_flat_power_law/message_passing.json',
+    'message_passing_chunks_1e4': 'message_passing_chunks_1e4/message_passing.json',
     'speed': 'speed/speed.json',
     'training_step': 'training_step/training_step.json',
     'training_step_small_sets': 'training_step_small_sets/training_step.json',
@@ -62,7 +63,8 @@ SUPERSEDED: Dict[Tuple[str, str], str] = {}  # none now: training_step was run a
 MESSAGE_PASSING = ('message_passing', 'message_passing_small', 'message_passing_checkpoint',
                    'message_passing_ckpt_d64', 'message_passing_chunks',
                    'message_passing_chunks_keep', 'message_passing_flat',
-                   'message_passing_flat_1e5', 'message_passing_flat_power_law')
+                   'message_passing_flat_1e5', 'message_passing_flat_power_law',
+                   'message_passing_chunks_1e4')
 #: ``MZAggregation(chunk_size='auto')`` (the default) encodes inputs of more than this many rows
 #: in recomputed groups (``2 * torch_mz.nn.aggr.AUTO_CHUNK_ROWS``; a test checks they agree).
 AUTO_ROWS = 2 * 131072
@@ -266,6 +268,16 @@ TARGETS: Sequence[Tuple[str, str, float, str, Callable[[Mapping], Iterator[Measu
      'max', lambda d: _speed(d, 'pma', 'uniform', False, 'pyg-flat')),
     ('speed-sab-skewed-flat', "`speed.py`: PyG / `pyg-flat` time (speed-up), one SAB, skewed "
      "batch", 10.0, 'min', lambda d: _speed(d, 'sab', 'skewed', True, 'pyg-flat')),
+    # companions of the message-passing targets: `rigid` with the option that bounds its
+    # training memory, recomputed groups of whole neighbourhoods (`checkpoint='chunks'`; the
+    # group size, `--chunk-rows`, is in each file's command and each row's `group_rows`; the
+    # default does this only above 262,144 messages)
+    ('mp-time-chunks', "message passing: `rigid` in recomputed groups (`checkpoint='chunks'`) / "
+     "PyG time, Poisson degrees", 1.0, 'max',
+     lambda d: _mp_pairs(d, 'rigid-chunks', 'pyg', 'median_ms', 'poisson')),
+    ('mp-memory-chunks', "message passing: `rigid` in recomputed groups (`checkpoint='chunks'`) "
+     "/ PyG peak memory, Poisson degrees", 0.5, 'max',
+     lambda d: _mp_pairs(d, 'rigid-chunks', 'pyg', 'peak_mib', 'poisson')),
 )
 
 
