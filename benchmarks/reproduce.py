@@ -34,7 +34,9 @@ runs are done, being trained by another process, started (a checkpoint to resume
 and an estimate of the training time left from the mean time of the finished runs.
 ``--runs-table`` writes ``<out>/finished_runs.<budget>.{md,json}``: every finished run of the
 claims (at its model's chosen sweep point) with its test R² beside the paper's figure, while
-a claim is still incomplete.
+a claim is still incomplete, and per claim two figures: the test R² bars and every run's
+validation loss by epoch (``finished_runs.<budget>.<claim>.curves.png``), which shows whether
+each run reached its plateau.
 
 The MZ models train with the compiled LayerNorm-Jacobian kernels
 (:func:`torch_mz.nn.set_fused_kernels`, the same map up to float rounding; ``--no-fused-kernels``
@@ -62,7 +64,8 @@ from torch_mz.reproduce import (BUDGETS, CLAIM_NAMES, CLAIMS, SWEEP_CELLS, VERDI
 from torch_mz.nn import set_fused_kernels
 from torch_mz.runtime import keep_freed_memory
 from torch_mz._files import atomic_write
-from torch_mz.study import environment, markdown_table, plot_bars, try_plot, write_report
+from torch_mz.study import (environment, markdown_table, plot_bars, pyplot, try_plot,
+                            write_report)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, 'results')
@@ -116,6 +119,41 @@ def plot_finished(claim, groups, budget, path):
               title=f'{claim.name} ({budget}, finished runs so far): test R² (dashes: paper)')
 
 
+def plot_curves(claim, groups, budget, path):
+    r"""The validation loss of every finished run against its epoch, one panel per cell (the
+    same normalised targets for every model of a cell, so the curves compare), one colour per
+    model, one line style per seed, a dot at the epoch whose weights were kept: where a curve
+    has flattened before its last epoch the run reached its plateau."""
+    plt = pyplot()
+    cells = [c['label'] for c in claim.cells if any(k[0] == c['label'] for k in groups)]
+    models = [m for m in claim.models if any(k[1] == m for k in groups)]
+    colours = {m: f'C{i % 10}' for i, m in enumerate(models)}
+    styles = ('-', '--', ':', '-.')
+    fig, axes = plt.subplots(1, len(cells), figsize=(5 * len(cells), 4), squeeze=False)
+    for ax, cell in zip(axes[0], cells):
+        for model in models:
+            for i, run in enumerate(groups.get((cell, model), [])):
+                curve = run.get('val_loss_curve') or []
+                if not curve:
+                    continue
+                label = model if i == 0 else None
+                ax.plot(range(len(curve)), curve, styles[run['seed'] % len(styles)],
+                        color=colours[model], lw=1, label=label)
+                best = run.get('best_epoch')
+                if best is not None and 0 <= best < len(curve):
+                    ax.plot([best], [curve[best]], 'o', color=colours[model], ms=3)
+        ax.set_yscale('log')
+        ax.set_xlabel('epoch')
+        ax.set_ylabel('validation loss (normalised targets)')
+        ax.set_title(cell, fontsize=9)
+        ax.legend(fontsize=7)
+    fig.suptitle(f'{claim.name} ({budget}, finished runs): validation loss by epoch '
+                 f'(line style: seed; dot: kept epoch)', fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def write_runs_table(repro, claims, out):
     r"""``finished_runs.<budget>.{json,md}``: every finished run of :obj:`claims` at its model's
     chosen sweep point (:meth:`~torch_mz.reproduce.Reproduction.finished_runs`), one row per
@@ -160,11 +198,15 @@ def write_runs_table(repro, claims, out):
         png = f'finished_runs.{budget}.{claim.name}.png'
         note = try_plot(plot_finished, claim, groups, budget, os.path.join(out, png))
         parts.append(f'\n{note}\n' if note else f'\n![{claim.name}]({png})\n')
+        curves = f'finished_runs.{budget}.{claim.name}.curves.png'
+        note = try_plot(plot_curves, claim, groups, budget, os.path.join(out, curves))
+        parts.append('' if note else f'\n![{claim.name}: validation curves]({curves})\n')
     path = os.path.join(out, f'finished_runs.{budget}')
     os.makedirs(out, exist_ok=True)
     text = ''.join(parts)
     atomic_write(path + '.md', lambda f: f.write(text), binary=False)
-    payload = json.dumps(dict(environment=env, budget=budget, written=stamp, rows=every),
+    lean = [{k: v for k, v in r.items() if k != 'val_loss_curve'} for r in every]  # in records/
+    payload = json.dumps(dict(environment=env, budget=budget, written=stamp, rows=lean),
                          indent=1) + '\n'
     atomic_write(path + '.json', lambda f: f.write(payload), binary=False)
     return path

@@ -445,6 +445,9 @@ def test_finished_runs_table_lists_each_run_beside_the_paper(tmp_path):
         assert r['r2'] == repro.store.read(cell, r['model'], r['seed'], config)['test']['r2']
         assert r['paper'] == (0.9 if (r['cell'], r['model']) == (
             'sum d=3', 'deepsets:hidden_channels=8') else None)
+        # the validation curve of the run, one loss per epoch run, the kept epoch its minimum
+        curve = r['val_loss_curve']
+        assert len(curve) == r['epochs_run'] and curve[r['best_epoch']] == min(curve)
     # one run lost: one row fewer
     lost = next(p for p in tmp_path.rglob('records/tiny/**/*.json') if '_s1_' in p.name)
     lost.unlink()
@@ -457,5 +460,9 @@ def test_finished_runs_table_lists_each_run_beside_the_paper(tmp_path):
     png = tmp_path / 'finished_runs.tiny.tiny.png'  # the bars, where matplotlib is installed
     assert (png.exists() and '![tiny](finished_runs.tiny.tiny.png)' in text) or (
         not png.exists() and 'finished_runs.tiny.tiny.png' not in text)
+    curves = tmp_path / 'finished_runs.tiny.tiny.curves.png'  # validation loss by epoch
+    assert curves.exists() == png.exists()
+    assert curves.exists() == ('finished_runs.tiny.tiny.curves.png' in text)
     with open(path + '.json') as f:
-        assert len(json.load(f)['rows']) == 7
+        rows = json.load(f)['rows']
+        assert len(rows) == 7 and not any('val_loss_curve' in r for r in rows)  # in records/

@@ -850,8 +850,9 @@ class Reproduction:
     def finished_runs(self, claim: Claim) -> List[Dict[str, Any]]:
         r"""The claim's finished runs (cells x models x seeds at each model's chosen sweep
         point), one row each: cell, model, seed, the chosen ``lr`` and ``weight_decay``, test
-        R², epochs run, best epoch, whether it stopped early, and the paper's R² for the cell
-        and model where the claim quotes one. Models whose sweep has not chosen yet have no
+        R², epochs run, best epoch, whether it stopped early, the paper's R² for the cell
+        and model where the claim quotes one, and the validation loss of every epoch
+        (``val_loss_curve``). Models whose sweep has not chosen yet have no
         rows. Trains nothing (the runs :meth:`status` counts as done, with their figures)."""
         seeds = (self.seeds or self.budget.seeds or claim.paper_seeds) * claim.members
         rows: List[Dict[str, Any]] = []
@@ -877,7 +878,8 @@ class Reproduction:
                             epochs_run=int(record.get('epochs_run', 0)),
                             best_epoch=record.get('best_epoch'),
                             stopped_early=bool(record.get('stopped_early', False)),
-                            paper=claim.paper_r2.get((cell['label'], spec))))
+                            paper=claim.paper_r2.get((cell['label'], spec)),
+                            val_loss_curve=list(record.get('val_loss_curve') or [])))
         return rows
 
     def _claim_points(self, claim: Claim, task: str):
