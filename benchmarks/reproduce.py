@@ -129,7 +129,8 @@ def plot_curves(claim, groups, budget, path):
     models = [m for m in claim.models if any(k[1] == m for k in groups)]
     colours = {m: f'C{i % 10}' for i, m in enumerate(models)}
     styles = ('-', '--', ':', '-.')
-    fig, axes = plt.subplots(1, len(cells), figsize=(5 * len(cells), 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(cells), figsize=(max(7, 5 * len(cells)), 4.4),
+                             squeeze=False)
     for ax, cell in zip(axes[0], cells):
         for model in models:
             for i, run in enumerate(groups.get((cell, model), [])):
@@ -147,7 +148,7 @@ def plot_curves(claim, groups, budget, path):
         ax.set_ylabel('validation loss (normalised targets)')
         ax.set_title(cell, fontsize=9)
         ax.legend(fontsize=7)
-    fig.suptitle(f'{claim.name} ({budget}, finished runs): validation loss by epoch '
+    fig.suptitle(f'{claim.name} ({budget}, finished runs): validation loss by epoch\n'
                  f'(line style: seed; dot: kept epoch)', fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
