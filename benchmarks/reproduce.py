@@ -6,8 +6,9 @@ st-large, hypernet, perceiver, film, deepsets), ``table4`` (rotation matching at
 the literal target and the un-aligned one: mz, rigid, st-large, hypernet, perceiver, egnn,
 deepsets), ``table7`` (egnn, mz, st-large, and deepsets, which the paper leaves out, on
 quadratic TDOF L = 8, MEB d = 8, covariance norm d = 8), ``table28`` (QM9 mu and alpha from
-the qm9pack source: mz, rigid, st-large, egnn, deepsets), ``d3`` (Appendix D.3: the mz model's single-pass IHW
-against MC-Dropout and a 5-model deep ensemble of it, on quadratic TDOF L = 8) and ``table30``
+the qm9pack source: mz, rigid, st-large, egnn, deepsets), ``d3`` (Appendix D.3: the mz
+model's single-pass IHW against MC-Dropout and a 5-model deep ensemble of it, on quadratic TDOF
+L = 8) and ``table30``
 (cost ratios mz / rigid read from
 ``benchmarks/results/training_step_rounds/training_step.json``, ``training_step.py --rounds
 3``, or from ``training_step/training_step.json`` where that is missing). ``table1-protocol``
@@ -133,13 +134,14 @@ def plot_curves(claim, groups, budget, path):
                              squeeze=False)
     for ax, cell in zip(axes[0], cells):
         for model in models:
-            for i, run in enumerate(groups.get((cell, model), [])):
+            label = model  # on the model's first drawn curve
+            for run in groups.get((cell, model), []):
                 curve = run.get('val_loss_curve') or []
                 if not curve:
                     continue
-                label = model if i == 0 else None
                 ax.plot(range(len(curve)), curve, styles[run['seed'] % len(styles)],
                         color=colours[model], lw=1, label=label)
+                label = None
                 best = run.get('best_epoch')
                 if best is not None and 0 <= best < len(curve):
                     ax.plot([best], [curve[best]], 'o', color=colours[model], ms=3)

@@ -68,6 +68,7 @@ MESSAGE_PASSING = ('message_passing', 'message_passing_small', 'message_passing_
 #: ``MZAggregation(chunk_size='auto')`` (the default) encodes inputs of more than this many rows
 #: in recomputed groups (``2 * torch_mz.nn.aggr.AUTO_CHUNK_ROWS``; a test checks they agree).
 AUTO_ROWS = 2 * 131072
+AUTO_GROUP = AUTO_ROWS // 2  # the rows of each of its groups
 _WHOLE = ("measured before `chunk_size='auto'` became the default: the whole input at once "
           "(rows without `chunk_rows`); the default's configuration on this graph is the "
           "`-chunks` row")
@@ -103,8 +104,8 @@ def _mp_as(rows: Sequence[Mapping[str, Any]], name: str,
         if r['aggr'] == name and not _mp_stale(r):
             return r
     if name != 'pyg' and graph.get('edges', 0) > AUTO_ROWS:
-        for r in same:
-            if r['aggr'] == f'{name}-chunks':
+        for r in same:  # only groups of the default's size (`--chunk-rows` may choose others)
+            if r['aggr'] == f'{name}-chunks' and r.get('chunk_rows', AUTO_GROUP) == AUTO_GROUP:
                 return r
     return None
 

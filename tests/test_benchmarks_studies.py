@@ -183,3 +183,6 @@ def test_message_passing_aggregations_build_and_agree(monkeypatch):
                                        plain['pyg'](x, index, dim_size=4))
         plain.setdefault(base, aggr)
         assert aggr(x, index, dim_size=4).shape == (4, 16)
+    # --chunk-rows: the group size of the *-chunks rows, read when the aggregation is built
+    assert mp.build_aggr('rigid-chunks', 16, 3).chunk_size == 3
+    assert mp.build_aggr('default-chunks', 16).chunk_size == 4  # CHUNK_ROWS, patched above

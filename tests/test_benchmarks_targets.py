@@ -22,6 +22,8 @@ def mp_file(time, memory, default, slope, peak_1e5):
             # measured before chunk_size='auto' (no chunk_rows): left out, and the -chunks row
             # on the same graph read in its place
             row('default', nodes=100000, mib=1e9, dim=64),
+            # groups of another size than the default's (--chunk-rows): never read in its place
+            row('default-chunks', nodes=100000, mib=1.0, dim=64, chunk_rows=32768),
             row('default-chunks', nodes=100000, mib=peak_1e5 / 2, dim=64)]
     slopes = [dict(aggr='default', degrees='poisson', dim=16, memory_slope=slope),
               dict(aggr='pyg', degrees='poisson', dim=16, memory_slope=3.0)]  # not ours
@@ -100,4 +102,5 @@ def test_committed_results(tmp_path):
 
 def test_auto_rows_agree_with_the_library():
     from torch_mz.nn.aggr import AUTO_CHUNK_ROWS
-    assert load_script('targets').AUTO_ROWS == 2 * AUTO_CHUNK_ROWS
+    targets = load_script('targets')
+    assert targets.AUTO_ROWS == 2 * AUTO_CHUNK_ROWS and targets.AUTO_GROUP == AUTO_CHUNK_ROWS

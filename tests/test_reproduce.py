@@ -242,6 +242,11 @@ def test_claims_and_budgets_as_issue_11_asks():
             else:  # D.3: (metric, method A, method B)
                 assert c.b[0] in ('spearman', 'ece') and set(c.b[1:]) <= set(METHODS)
             assert c.cell in [cell['label'] for cell in claim.cells]
+    # Table 7 trains Deep Sets beside the paper's three models; its verdicts compare those only
+    from torch_mz.paper import TABLE7
+    table7 = CLAIMS['table7']
+    assert set(table7.models) == set(TABLE7) | {'deepsets'}
+    assert all({c.a, *c.b} <= set(TABLE7) for c in table7.comparisons)
     # Appendix D.3: a 5-model ensemble of the mz preset, on Table 7's cell
     d3 = CLAIMS['d3']
     assert d3.members == 5 and d3.models == ('mz', ) and d3.cells[0] in CLAIMS['table7'].cells

@@ -357,8 +357,8 @@ def _table7() -> Claim:
         comparisons.append(Comparison('table7', cell['label'], first, (second, ),
                                       row[first] - row[second], 'Table 7',
                                       f"{cell['label']}: {text} (paper's best minus runner-up)"))
-    # Deep Sets, which the paper does not report here, as the non-attention reference (it is
-    # in every other claim); the verdicts compare the paper's models only
+    # Deep Sets, which the paper does not report here, as the non-attention reference (as in
+    # Tables 1, 3, 4 and 28); the verdicts compare the paper's models only
     return Claim('table7', 'Equivariance against context-adaptivity: EGNN, MZ, ST-Large, and '
                  'Deep Sets, which the paper leaves out (quadratic TDOF at d = 32; the paper '
                  'does not give its d)', cells,
