@@ -52,6 +52,13 @@ share the runs through file locks and each finishes the claims; a copy whose nex
 copy is training goes on with the other claims meanwhile, and waits only when every claim left
 is waiting. After each claim the script writes ``<out>/claims/<claim>.<budget>.json``,
 ``summary.json``, ``summary.md`` and ``<claim>.<budget>.png`` and prints the files to commit.
+
+In a job with a time limit (a cluster's, or a session's whose unfinished checkpoints will not
+survive it), ``--time-limit 2:50`` (or ``170``, minutes) starts or resumes a run only when 1.25
+times its estimated time fits in what is left, trains the shorter runs meanwhile, and exits with
+status 3 when runs are left for the next invocation, so no run is cut short at the limit
+(estimates: the mean time of the finished runs of the same model on the same task; see
+:meth:`torch_mz.reproduce.Reproduction.fits`).
 """
 import argparse
 import json
@@ -60,8 +67,8 @@ import sys
 import time
 
 from torch_mz.reproduce import (BUDGETS, CLAIM_NAMES, CLAIMS, SWEEP_CELLS, VERDICT_RULE,
-                                Reproduction, load_claims, models_table, overhead_records,
-                                run_claims, save_claim, summary_table)
+                                Reproduction, TimeLimit, load_claims, models_table,
+                                overhead_records, run_claims, save_claim, summary_table)
 from torch_mz.nn import set_fused_kernels
 from torch_mz.runtime import keep_freed_memory
 from torch_mz._files import atomic_write
@@ -71,6 +78,29 @@ from torch_mz.study import (environment, markdown_table, plot_bars, pyplot, try_
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, 'results')
 EXIT_ERROR = 2
+EXIT_TIME_LIMIT = 3  # stopped at --time-limit with runs left: run the same command again
+
+
+def duration(text):
+    r"""Seconds of a ``--time-limit``: minutes (``90``, ``7.5``) or ``H:MM`` / ``H:MM:SS``
+    (as a cluster job's time limit is written)."""
+    parts = text.strip().split(':')
+    try:
+        if len(parts) == 1:
+            seconds = float(parts[0]) * 60
+        elif len(parts) in (2, 3):
+            values = [int(p) for p in parts] + [0] * (3 - len(parts))
+            if not all(0 <= v < 60 for v in values[1:]):
+                raise ValueError(text)
+            seconds = float(values[0] * 3600 + values[1] * 60 + values[2])
+        else:
+            raise ValueError(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f'{text!r} is not a duration: minutes (e.g. 90) or H:MM[:SS] (e.g. 1:30)') from None
+    if not seconds > 0 or seconds == float('inf'):
+        raise argparse.ArgumentTypeError(f'the time limit must be positive, got {text!r}')
+    return seconds
 
 
 def plot(claim, records, budget, path):
@@ -267,6 +297,13 @@ def main(argv=None):
     parser.add_argument('--runs-table', action='store_true',
                         help="write finished_runs.<budget>.md and .json: every finished run of "
                              "the claims, its test R² beside the paper's; trains nothing")
+    parser.add_argument('--time-limit', type=duration, default=None, metavar='DURATION',
+                        help="stop within this time (minutes, or H:MM[:SS]), e.g. a cluster "
+                             "job's limit less a few minutes: a run starts (or resumes) only "
+                             "when 1.25 times its estimated time (the mean of the finished runs "
+                             "of its model on its task) fits in what is left, shorter runs are "
+                             "trained meanwhile, and the command exits with status 3 when runs "
+                             "are left for the next invocation. A started run is not stopped")
     parser.add_argument('--out', default=None,
                         help='results folder (default: benchmarks/results/reproduction, and '
                              'benchmarks/results/reproduction/quick for --budget quick)')
@@ -301,9 +338,10 @@ def main(argv=None):
 
     keep_freed_memory()  # this process is ours: faster large CPU batches, same results
     set_fused_kernels(args.fused_kernels)  # runs are long: compiling once pays off
+    start, failed, later = time.time(), [], []
     repro = Reproduction(budget, out, device=args.device, seeds=args.seeds, on_result=report,
-                         on_wait=waiting, progress=args.progress)
-    start, failed = time.time(), []
+                         on_wait=waiting, progress=args.progress,
+                         deadline=None if args.time_limit is None else start + args.time_limit)
 
     def finish(name, records):
         if name != 'table30' and CLAIMS[name].evaluate is None:  # bars of test R²
@@ -342,14 +380,20 @@ def main(argv=None):
     for claim, records, error in run_claims(
             repro, [CLAIMS[n] for n in claims if n != 'table30'], on_start=starting,
             on_held=held, errors=(FileNotFoundError, ImportError, OSError, ValueError)):
-        if error is not None:
+        if isinstance(error, TimeLimit):
+            print(f'  {claim.name} stops at the time limit: {error}', flush=True)
+            later.append(claim.name)
+        elif error is not None:
             print(f'reproduce.py: {claim.name} not run: {error}', file=sys.stderr)
             failed.append(claim.name)
         else:
             finish(claim.name, records)
     print(f'{len(trained)} runs trained, {(time.time() - start) / 60:.1f} min; wrote '
           f'{out}/summary.json, summary.md')
-    return EXIT_ERROR if failed else 0
+    if later:
+        print(f"left for the next invocation (the time limit): {', '.join(later)}; run the same "
+              f'command again to go on', flush=True)
+    return EXIT_ERROR if failed else EXIT_TIME_LIMIT if later else 0
 
 
 if __name__ == '__main__':

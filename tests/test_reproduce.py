@@ -471,3 +471,83 @@ def test_finished_runs_table_lists_each_run_beside_the_paper(tmp_path):
     with open(path + '.json') as f:
         rows = json.load(f)['rows']
         assert len(rows) == 7 and not any('val_loss_curve' in r for r in rows)  # in records/
+
+
+def test_a_time_limit_trains_the_runs_that_fit_and_leaves_the_rest(tmp_path, monkeypatch):
+    out = str(tmp_path)
+    cells = {'sum': SUM, 'max': MAX}
+    Reproduction(TINY, out, device='cpu', sweep_cells=cells).run(CLAIM)
+    Reproduction(TINY, out, device='cpu', sweep_cells=cells).run(CLAIM2)
+    # the runs on 'sum' took 100 s (deepsets) and 10 s (mean-mlp), as far as the store knows
+    for p in tmp_path.rglob('records/tiny/sum/**/*.json'):
+        r = json.loads(p.read_text())
+        p.write_text(json.dumps(dict(r, wall_time_s=100.0 if r['model'].startswith('deepsets')
+                                     else 10.0)))
+    # one claim run of each model is lost
+    lost = {}
+    for p in sorted(tmp_path.rglob('records/tiny/sum/**/*_s1_*.json')):
+        lost.setdefault(json.loads(p.read_text())['model'].split(':')[0], p)
+    assert sorted(lost) == ['deepsets', 'mean-mlp']
+    for p in lost.values():
+        p.unlink()
+    calls = _counting(monkeypatch)
+    now = 1000.0
+    repro = Reproduction(TINY, out, device='cpu', sweep_cells=cells, deadline=now + 50.0,
+                         clock=lambda: now)
+    chosen = repro.sweep('sum', CLAIM.models)
+    jobs = {}
+    for spec in CLAIM.models:
+        config = replace(repro.base_config('sum'), lr=chosen[spec][0],
+                         weight_decay=chosen[spec][1])
+        jobs[spec.split(':')[0]] = next((c, spec, 1, config) for c in map(repro.sized,
+                                                                          CLAIM.cells)
+                                        if not repro.store.stored(c, spec, 1, config))
+    assert repro.time_needed(*jobs['deepsets']) == pytest.approx(100.0)
+    assert repro.time_needed(*jobs['mean-mlp']) == pytest.approx(10.0)
+    # a run with epochs run needs the share left; a model with no finished run on the task is
+    # estimated at the longest mean in the store
+    _, mean_epochs = repro.store.mean_time('sum', jobs['deepsets'][1])
+    ckpt = tmp_path / repro.store.config_for(*jobs['deepsets']).out_dir
+    ckpt.mkdir(parents=True, exist_ok=True)
+    (ckpt / 'metrics.jsonl').write_text(json.dumps({'epoch': 0, 'val_loss': 1.0}) + '\n')
+    assert repro.time_needed(*jobs['deepsets']) == pytest.approx(
+        100.0 * max(0.0, 1.0 - 1.0 / mean_epochs))
+    (ckpt / 'metrics.jsonl').unlink()
+    other = (repro.sized(MAX), 'deepsets:hidden_channels=16', 0, repro.base_config('max'))
+    assert repro.time_needed(*other) == pytest.approx(100.0)
+
+    # 50 s left: the mean-mlp run (1.25 x 10 s) is trained, the deepsets one (1.25 x 100 s) is
+    # left, and the claim stops at the limit; the next claim (read back) is still done
+    results = list(reproduce.run_claims(repro, [CLAIM, CLAIM2]))
+    assert [(c.name, type(e).__name__) for c, _, e in results] == [('tiny', 'TimeLimit'),
+                                                                  ('tiny2', 'NoneType')]
+    assert 'would not finish before the time limit' in str(results[0][2])
+    assert [c[2] for c in calls] == ['mean-mlp']
+    assert lost['mean-mlp'].exists() and not lost['deepsets'].exists()
+    # 100 s left: 1.25 x 100 s does not fit either; 125 s does, and the claim completes
+    repro.deadline = now + 100.0
+    with pytest.raises(reproduce.TimeLimit):
+        repro.run(CLAIM)
+    assert len(calls) == 1
+    repro.deadline = now + 125.0
+    records, _ = repro.run(CLAIM)
+    assert [c[2] for c in calls] == ['mean-mlp', 'deepsets'] and lost['deepsets'].exists()
+    # past the deadline nothing starts, not even a run that cannot be estimated
+    empty = Reproduction(TINY, str(tmp_path / 'empty'), device='cpu', sweep_cells=cells,
+                         deadline=now, clock=lambda: now)
+    with pytest.raises(reproduce.TimeLimit):
+        empty.run(CLAIM)
+    assert len(calls) == 2
+    # without a limit it is the same claim
+    assert Reproduction(TINY, out, device='cpu', sweep_cells=cells).run(CLAIM)[0] == records
+
+
+def test_time_limit_option_reads_minutes_or_hours_and_minutes():
+    import argparse
+    from tests.test_benchmarks_real import load_script
+    duration = load_script('reproduce').duration
+    assert duration('90') == 5400.0 and duration('7.5') == 450.0
+    assert duration('1:30') == 5400.0 and duration('2:50:15') == 10215.0
+    for bad in ('', 'abc', '1:75', '1:2:3:4', '0', '-5', 'inf', '1:-1'):
+        with pytest.raises(argparse.ArgumentTypeError):
+            duration(bad)

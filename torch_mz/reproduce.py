@@ -18,6 +18,7 @@ import json
 import math
 import os
 import shutil
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import (Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple,
@@ -154,6 +155,10 @@ SWEEP_STEP = 3.0  # one step beyond the grid: lr x 3 or / 3, weight decay x 3
 # mz-1l and st-4l both chose wd 0.3, the new edge, with validation losses 0.026 and 0.038
 # against 0.052 and 0.101 at the grid's best point (wd 0.1).
 SWEEP_MAX_STEPS = 3
+#: With a time limit (:class:`Reproduction`'s ``deadline``) a run is started or resumed only
+#: when this multiple of its estimated time left fits before the deadline (runs of a model on a
+#: task vary in length: early stopping ends some sooner than others).
+TIME_MARGIN = 1.25
 
 
 def sweep_extension(grid: Sequence[Tuple[float, float]],
@@ -597,6 +602,33 @@ class RunStore:
             return None
         return _mean(times), _mean(epochs)
 
+    def longest_mean_time(self) -> Optional[float]:
+        r"""The largest :meth:`mean_time` wall time over every (task, model) in the store, or
+        :obj:`None` when no run is finished (the estimate for a model with no finished run)."""
+        longest = None
+        tasks = sorted(os.listdir(self.root)) if os.path.isdir(self.root) else []
+        for task in tasks:
+            folder = os.path.join(self.root, task)
+            models = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+            for model in models:
+                times = []
+                for name in sorted(os.listdir(os.path.join(folder, model))):
+                    if name.endswith('.json'):
+                        with open(os.path.join(folder, model, name)) as f:
+                            record = json.load(f)
+                        if 'wall_time_s' in record:
+                            times.append(float(record['wall_time_s']))
+                if times and (longest is None or _mean(times) > longest):
+                    longest = _mean(times)
+        return longest
+
+    def epochs_run(self, cell: Mapping[str, Any], spec: str, seed: int,
+                   config: TrainConfig) -> int:
+        r"""Epochs an unfinished run has run so far (from its checkpoint's metrics; 0 when it
+        has none)."""
+        _, ckpt = self._paths(run_key(cell, spec, seed, replace(config, seed=seed)))
+        return len(_val_curve(ckpt))
+
     def files(self, cell: Mapping[str, Any], spec: str, seed: int,
               config: TrainConfig) -> str:
         r"""The file of a run (whether it exists or not)."""
@@ -615,6 +647,12 @@ def _val_curve(ckpt: str) -> List[float]:
 class RunsHeld(Exception):
     r"""A claim cannot go on now: the runs it needs next are being trained by another process
     (raised by :meth:`Reproduction.run` with ``wait=False``)."""
+
+
+class TimeLimit(Exception):
+    r"""A claim cannot go on before :class:`Reproduction`'s ``deadline``: the runs it needs
+    next are not expected to finish in the time left (raised by :meth:`Reproduction.run` after
+    training every run of the stage that fits; those left are for a later invocation)."""
 
 class Reproduction:
     r"""Runs claims at :obj:`budget`, keeping finished runs in :obj:`out`
@@ -635,6 +673,15 @@ class Reproduction:
             process waits for a run that another process is training (for progress output).
         progress (bool, optional): Show the trainer's progress bar (epochs, with the latest
             metrics) for every run; not part of what identifies a run. (default: :obj:`False`)
+        deadline (float, optional): A time (:func:`time.time` seconds) by which this process
+            should be done, e.g. a cluster job's end: a run is started or resumed only when
+            :data:`TIME_MARGIN` times its estimated time left (:meth:`time_needed`) fits before
+            it; runs that do not fit are left for a later invocation (:class:`TimeLimit`) and
+            the stage's runs that fit are trained meanwhile. A started run is not stopped: one
+            that outlasts the deadline resumes from its last epoch's checkpoint when the
+            process is killed and the command runs again. (default: :obj:`None`, no limit)
+        clock (callable, optional): The clock :obj:`deadline` is read against (tests).
+            (default: :func:`time.time`)
 
     Each stage (a task's sweep, a claim's runs on a task) first trains its missing runs one by
     one, skipping those another process holds and then waiting for them (see the module's
@@ -645,8 +692,11 @@ class Reproduction:
                  on_result: Optional[Callable[[Dict[str, object]], None]] = None,
                  sweep_cells: Optional[Mapping[str, Mapping[str, Any]]] = None,
                  on_wait: Optional[Callable[[str, str, int], None]] = None,
-                 progress: bool = False):
+                 progress: bool = False, deadline: Optional[float] = None,
+                 clock: Callable[[], float] = time.time):
         self.budget = budget
+        self.deadline = deadline
+        self.clock = clock
         self.progress = progress
         self.on_wait = on_wait
         self.out = out
@@ -716,13 +766,41 @@ class Reproduction:
         if saved is not None and self.on_result is not None:
             self.on_result(saved)
 
+    def time_needed(self, cell: Mapping[str, Any], spec: str, seed: int,
+                    config: TrainConfig) -> Optional[float]:
+        r"""Estimated training time (s) a run still needs: the mean wall time of the finished
+        runs of its model on its task, less the share of their mean epochs that it has already
+        run (from its checkpoint); for a model with no finished run on the task, the longest
+        such mean in the store (:obj:`None` when no run is finished at all); 0 for a finished
+        run."""
+        if self.store.stored(cell, spec, seed, config):
+            return 0.0
+        mean = self.store.mean_time(cell['task'], spec)
+        if mean is None:
+            return self.store.longest_mean_time()
+        wall, mean_epochs = mean
+        epochs = self.store.epochs_run(cell, spec, seed, config)
+        return wall * max(0.0, 1.0 - epochs / max(mean_epochs, 1.0))
+
+    def fits(self, cell: Mapping[str, Any], spec: str, seed: int, config: TrainConfig) -> bool:
+        r"""Whether the run may start (or resume) before the :obj:`deadline`: always without
+        one; with one, when :data:`TIME_MARGIN` x :meth:`time_needed` is at most the time left
+        (a run with no estimate at all: while any time is left)."""
+        if self.deadline is None:
+            return True
+        left = self.deadline - self.clock()
+        needed = self.time_needed(cell, spec, seed, config)
+        return left > 0 and (needed is None or TIME_MARGIN * needed <= left)
+
     def _train_missing(self, jobs: Sequence[Tuple[Mapping[str, Any], str, int,
                                                   TrainConfig]], wait: bool = True) -> None:
         r"""Trains the runs of :obj:`jobs` (``(cell, spec, seed, config)``) that are not in the
         store: first those no other process holds, in order, then, waiting for each, those
         that were held (a run whose holder died without finishing it is trained here). With
-        :obj:`wait` false, raises :class:`RunsHeld` instead of waiting."""
-        held = []
+        :obj:`wait` false, raises :class:`RunsHeld` instead of waiting. With a
+        :obj:`deadline`, the runs that do not :meth:`fit <fits>` are passed over (the others
+        are trained) and then :class:`TimeLimit` is raised."""
+        held, later = [], []
         for job in jobs:
             if self.store.stored(*job):
                 continue
@@ -730,7 +808,14 @@ class Reproduction:
                 if not mine:
                     held.append(job)
                 elif not self.store.stored(*job):  # not finished while we looked
-                    self._train_one(*job)
+                    if self.fits(*job):
+                        self._train_one(*job)
+                    else:
+                        later.append(job)
+        if later:
+            raise TimeLimit(f'{len(later)} run(s) it needs would not finish before the time '
+                            f"limit, first {later[0][1]} on {later[0][0]['label']} seed "
+                            f'{later[0][2]}')
         held = [job for job in held if not self.store.stored(*job)]
         if held and not wait:
             raise RunsHeld(f'{len(held)} run(s) it needs are being trained by another process, '
@@ -738,6 +823,10 @@ class Reproduction:
         for job in held:
             if self.store.stored(*job):
                 continue
+            if not self.fits(*job):  # its holder may not finish it in time (or may have died)
+                raise TimeLimit(f'a run it needs is being trained by another process and may '
+                                f"not finish before the time limit: {job[1]} on "
+                                f"{job[0]['label']} seed {job[2]}")
             if self.on_wait is not None:
                 self.on_wait(str(job[0]['label']), job[1], job[2])
             with self.store.lock(*job, wait=True):
@@ -1141,7 +1230,9 @@ def run_claims(repro: 'Reproduction', claims: Sequence[Claim],
     back to the end of the queue and the others are worked on meanwhile; it waits only when every
     claim left is waiting, so that copies of one reproduction keep both cores busy across claims.
     :obj:`on_start` is called with each claim as it is tried, :obj:`on_held` with a claim and the
-    exception when it goes back to the queue."""
+    exception when it goes back to the queue. A claim that reaches :obj:`repro`'s time limit
+    (:class:`TimeLimit`) is yielded with that exception as its ``error`` and not tried again;
+    the claims after it are (their runs may be shorter)."""
     pending, deferred = list(claims), 0
     while pending:
         claim = pending.pop(0)
@@ -1155,6 +1246,9 @@ def run_claims(repro: 'Reproduction', claims: Sequence[Claim],
                 on_held(claim, e)
             pending.append(claim)
             deferred += 1
+            continue
+        except TimeLimit as e:
+            yield claim, None, e
             continue
         except errors as e:
             deferred = 0
