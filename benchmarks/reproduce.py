@@ -55,16 +55,22 @@ is waiting. After each claim the script writes ``<out>/claims/<claim>.<budget>.j
 
 In a job with a time limit (a cluster's, or a session's whose unfinished checkpoints will not
 survive it), ``--time-limit 2:50`` (or ``170``, minutes) starts or resumes a run only when 1.25
-times its estimated time fits in what is left, trains the shorter runs meanwhile, and exits with
-status 3 when runs are left for the next invocation, so no run is cut short at the limit
-(estimates: the mean time of the finished runs of the same model on the same task; see
-:meth:`torch_mz.reproduce.Reproduction.fits`).
+times the longest it may take fits in what is left (every epoch it has left up to the budget's
+maximum, at the mean time per epoch of the finished runs of its model on its task), trains the
+runs that fit meanwhile, and exits with status 3 when runs are left for the next invocation,
+so no run is cut short at the limit unless its epochs run far slower than before (see
+:meth:`torch_mz.reproduce.Reproduction.fits`). A run that could not fit even in the whole
+limit is an error (status 2): give it a longer limit. A claim's evaluation after its last run
+is not part of the estimate.
 """
+import time
+
+STARTED = time.time()  # --time-limit counts from here, before the imports below
+
 import argparse
 import json
 import os
 import sys
-import time
 
 from torch_mz.reproduce import (BUDGETS, CLAIM_NAMES, CLAIMS, SWEEP_CELLS, VERDICT_RULE,
                                 Reproduction, TimeLimit, load_claims, models_table,
@@ -254,6 +260,9 @@ def print_status(repro, claims):
             runs = st['done'] + st['training'] + st['started'] + st['pending']
             parts = [f"{st['done']} of {runs} done"] if runs else []
             parts += [f'{st[k]} {k}' for k in ('training', 'started', 'pending') if st[k]]
+            if st.get('again'):
+                parts.append(f"{st['again']} of them finished runs to train again (the claim "
+                             f"scores their models, whose weights are not here)")
             if st['epochs']:
                 parts.append(f"{st['epochs']} epochs into the unfinished ones")
             if st['unknown']:
@@ -300,10 +309,13 @@ def main(argv=None):
     parser.add_argument('--time-limit', type=duration, default=None, metavar='DURATION',
                         help="stop within this time (minutes, or H:MM[:SS]), e.g. a cluster "
                              "job's limit less a few minutes: a run starts (or resumes) only "
-                             "when 1.25 times its estimated time (the mean of the finished runs "
-                             "of its model on its task) fits in what is left, shorter runs are "
-                             "trained meanwhile, and the command exits with status 3 when runs "
-                             "are left for the next invocation. A started run is not stopped")
+                             "when 1.25 times the longest it may take (its epochs left up to "
+                             "the maximum, at the mean time per epoch of the finished runs of "
+                             "its model on its task) fits in what is left, the runs that fit "
+                             "are trained meanwhile, and the command exits with status 3 when "
+                             "runs are left for the next invocation (2 if a claim failed, or a "
+                             "run could not fit even in the whole limit). A started run is not "
+                             "stopped")
     parser.add_argument('--out', default=None,
                         help='results folder (default: benchmarks/results/reproduction, and '
                              'benchmarks/results/reproduction/quick for --budget quick)')
@@ -341,7 +353,8 @@ def main(argv=None):
     start, failed, later = time.time(), [], []
     repro = Reproduction(budget, out, device=args.device, seeds=args.seeds, on_result=report,
                          on_wait=waiting, progress=args.progress,
-                         deadline=None if args.time_limit is None else start + args.time_limit)
+                         deadline=None if args.time_limit is None else STARTED + args.time_limit)
+    repro.started = STARTED
 
     def finish(name, records):
         if name != 'table30' and CLAIMS[name].evaluate is None:  # bars of test R²
@@ -380,7 +393,10 @@ def main(argv=None):
     for claim, records, error in run_claims(
             repro, [CLAIMS[n] for n in claims if n != 'table30'], on_start=starting,
             on_held=held, errors=(FileNotFoundError, ImportError, OSError, ValueError)):
-        if isinstance(error, TimeLimit):
+        if isinstance(error, TimeLimit) and error.never:
+            print(f'reproduce.py: {claim.name} stops: {error}', file=sys.stderr)
+            failed.append(claim.name)
+        elif isinstance(error, TimeLimit):
             print(f'  {claim.name} stops at the time limit: {error}', flush=True)
             later.append(claim.name)
         elif error is not None:

@@ -352,7 +352,8 @@ def test_d3_scores_the_kept_members_and_resumes(tmp_path, monkeypatch):
     # a tiny Appendix D.3: 2 study seeds x 2 members of a small MZ model on a sum task
     spec = 'mz:dim=8,num_inducing=2,d_ff=8'
     claim = Claim('d3', 'tiny D.3', (SUM, ), (spec, ), CLAIMS['d3'].comparisons, members=2,
-                  evaluate=d3_records)
+                  evaluate=d3_records, keep_weights=CLAIMS['d3'].keep_weights)
+    assert claim.keep_weights
     out = str(tmp_path)
     budget = Budget('tiny', 16, 8, 8, (16, 8, 8), 2, 1, None, 1, 8, ((1e-3, 1e-5), ))
     records, runs = Reproduction(budget, out, device='cpu', sweep_cells={'sum': SUM}).run(claim)
@@ -378,17 +379,40 @@ def test_d3_scores_the_kept_members_and_resumes(tmp_path, monkeypatch):
     again, _ = Reproduction(budget, out, device='cpu', sweep_cells={'sum': SUM}).run(claim)
     assert calls == [] and again == records
 
-    # a member without weights (finished before they were kept) leaves its study seed out
-    weights = sorted(tmp_path.rglob('runs/tiny/weights/*.pt'))
+    # every member's weights are kept with the results too (weights/, committed), one file
+    # beside each run's record
+    kept = sorted(tmp_path.rglob('weights/tiny/**/*.pt'))
+    records_files = sorted(tmp_path.rglob('records/tiny/**/*.json'))
+    assert len(kept) == 4
+    assert {k.stem for k in kept} <= {r.stem for r in records_files}
+
+    # a member whose weights are lost (a clone without the untracked runs/, before they were
+    # kept) is trained again, its file replaced, and its study seed scored as before
+    import os
     repro = Reproduction(budget, out, device='cpu', sweep_cells={'sum': SUM})
     repro.sweep('sum', claim.models)
     cell = repro.sized(SUM)
     config = repro.base_config('sum')
-    gone = repro.store.weights(cell, spec, 3, config)
-    assert gone is not None and gone in [str(w) for w in weights]
-    import os
-    os.remove(gone)
-    fewer, _ = repro.run(claim)
+    for _ in range(2):  # the committed copy, then the one in runs/
+        gone = repro.store.weights(cell, spec, 3, config)
+        assert gone is not None
+        os.remove(gone)
+    assert repro.store.weights(cell, spec, 3, config) is None
+    stage = repro.status(claim)[-1]
+    assert (stage['done'], stage['pending'], stage['again']) == (3, 1, 1)
+    assert stage['left_s'] > 0
+    redone, runs = repro.run(claim)
+    assert [c[3] for c in calls] == [3]
+    assert repro.store.weights(cell, spec, 3, config) is not None
+    assert len(list(tmp_path.rglob('weights/tiny/**/*.pt'))) == 4
+    assert redone[0]['ours']['seeds'] == 2
+    assert [r['ours']['mean'] for r in redone] == pytest.approx(
+        [r['ours']['mean'] for r in records], abs=1e-6)  # seeded: the same members
+
+    # scored without a member's weights (d3_records alone), its study seed is left out
+    for _ in range(2):
+        os.remove(repro.store.weights(cell, spec, 3, config))
+    fewer = d3_records(repro, claim, runs, 2, {})
     assert fewer[0]['ours']['seeds'] == 1 and 'seeds [3]' in fewer[0]['ours']['note']
     assert fewer[0]['verdict'] == 'inconclusive'
 
@@ -476,70 +500,113 @@ def test_finished_runs_table_lists_each_run_beside_the_paper(tmp_path):
 def test_a_time_limit_trains_the_runs_that_fit_and_leaves_the_rest(tmp_path, monkeypatch):
     out = str(tmp_path)
     cells = {'sum': SUM, 'max': MAX}
-    Reproduction(TINY, out, device='cpu', sweep_cells=cells).run(CLAIM)
-    Reproduction(TINY, out, device='cpu', sweep_cells=cells).run(CLAIM2)
+    budget = replace(TINY, epochs=3)  # no early stopping (patience None): 3 epochs a run
+    Reproduction(budget, out, device='cpu', sweep_cells=cells).run(CLAIM)
+    Reproduction(budget, out, device='cpu', sweep_cells=cells).run(CLAIM2)
     # the runs on 'sum' took 100 s (deepsets) and 10 s (mean-mlp), as far as the store knows
+    wall = {'deepsets': 100.0, 'mean-mlp': 10.0}
     for p in tmp_path.rglob('records/tiny/sum/**/*.json'):
         r = json.loads(p.read_text())
-        p.write_text(json.dumps(dict(r, wall_time_s=100.0 if r['model'].startswith('deepsets')
-                                     else 10.0)))
-    # one claim run of each model is lost
-    lost = {}
-    for p in sorted(tmp_path.rglob('records/tiny/sum/**/*_s1_*.json')):
-        lost.setdefault(json.loads(p.read_text())['model'].split(':')[0], p)
-    assert sorted(lost) == ['deepsets', 'mean-mlp']
-    for p in lost.values():
+        assert r['epochs_run'] == 3
+        p.write_text(json.dumps(dict(r, wall_time_s=wall[r['model'].split(':')[0]])))
+    # three claim runs are lost: deepsets and mean-mlp on 'sum d=2', mean-mlp on 'sum d=3'
+    lost = sorted(p for p in tmp_path.rglob('records/tiny/sum/**/*_s1_*.json')
+                  if 'mean-mlp' in str(p) or 'd=2' in p.name)
+    assert len(lost) == 3
+    for p in lost:
         p.unlink()
     calls = _counting(monkeypatch)
-    now = 1000.0
-    repro = Reproduction(TINY, out, device='cpu', sweep_cells=cells, deadline=now + 50.0,
-                         clock=lambda: now)
+    counted = grid.train_one
+    now = [1000.0]
+
+    def ticking(task, name, seed, config, **overrides):  # each run takes its time on the clock
+        now[0] += wall[name]
+        return dict(counted(task, name, seed, config, **overrides), wall_time_s=wall[name])
+    monkeypatch.setattr(grid, 'train_one', ticking)
+    repro = Reproduction(budget, out, device='cpu', sweep_cells=cells, deadline=now[0] + 22.0,
+                         clock=lambda: now[0])
+    repro.started = now[0] - 1000.0  # a job of about 1,000 s, near its end
     chosen = repro.sweep('sum', CLAIM.models)
-    jobs = {}
-    for spec in CLAIM.models:
-        config = replace(repro.base_config('sum'), lr=chosen[spec][0],
-                         weight_decay=chosen[spec][1])
-        jobs[spec.split(':')[0]] = next((c, spec, 1, config) for c in map(repro.sized,
-                                                                          CLAIM.cells)
-                                        if not repro.store.stored(c, spec, 1, config))
-    assert repro.time_needed(*jobs['deepsets']) == pytest.approx(100.0)
-    assert repro.time_needed(*jobs['mean-mlp']) == pytest.approx(10.0)
-    # a run with epochs run needs the share left; a model with no finished run on the task is
-    # estimated at the longest mean in the store
-    _, mean_epochs = repro.store.mean_time('sum', jobs['deepsets'][1])
-    ckpt = tmp_path / repro.store.config_for(*jobs['deepsets']).out_dir
+    config = {m: replace(repro.base_config('sum'), lr=chosen[m][0], weight_decay=chosen[m][1])
+              for m in CLAIM.models}
+    deepsets, mlp = CLAIM.models
+    d2, d3 = map(repro.sized, CLAIM.cells)
+    # the longest time a run may take: its epochs left at the mean time per epoch; the status's
+    # estimate: the mean time of a run, less the share already run
+    assert repro.time_bound(d2, deepsets, 1, config[deepsets]) == pytest.approx(100.0)
+    assert repro.time_bound(d2, mlp, 1, config[mlp]) == pytest.approx(10.0)
+    ckpt = tmp_path / repro.store.config_for(d2, deepsets, 1, config[deepsets]).out_dir
     ckpt.mkdir(parents=True, exist_ok=True)
     (ckpt / 'metrics.jsonl').write_text(json.dumps({'epoch': 0, 'val_loss': 1.0}) + '\n')
-    assert repro.time_needed(*jobs['deepsets']) == pytest.approx(
-        100.0 * max(0.0, 1.0 - 1.0 / mean_epochs))
+    assert repro.time_bound(d2, deepsets, 1, config[deepsets]) == pytest.approx(100.0 * 2 / 3)
+    assert repro.time_needed(d2, deepsets, 1, config[deepsets]) == pytest.approx(100.0 * 2 / 3)
     (ckpt / 'metrics.jsonl').unlink()
+    # a model with no finished run on the task: the largest time per epoch in the store
     other = (repro.sized(MAX), 'deepsets:hidden_channels=16', 0, repro.base_config('max'))
-    assert repro.time_needed(*other) == pytest.approx(100.0)
+    assert repro.time_bound(*other) == pytest.approx(100.0)
+    assert repro.time_needed(*other) is None
 
-    # 50 s left: the mean-mlp run (1.25 x 10 s) is trained, the deepsets one (1.25 x 100 s) is
-    # left, and the claim stops at the limit; the next claim (read back) is still done
+    # 22 s left: the deepsets run (1.25 x 100 s) is passed over, the first mean-mlp run
+    # (1.25 x 10 s) trained; 12 s are left then, too few for the second; the claim stops at the
+    # limit, and the next claim (read back) is still done
     results = list(reproduce.run_claims(repro, [CLAIM, CLAIM2]))
     assert [(c.name, type(e).__name__) for c, _, e in results] == [('tiny', 'TimeLimit'),
                                                                   ('tiny2', 'NoneType')]
     assert 'would not finish before the time limit' in str(results[0][2])
-    assert [c[2] for c in calls] == ['mean-mlp']
-    assert lost['mean-mlp'].exists() and not lost['deepsets'].exists()
-    # 100 s left: 1.25 x 100 s does not fit either; 125 s does, and the claim completes
-    repro.deadline = now + 100.0
+    assert not results[0][2].never
+    assert [(c[2], c[1]) for c in calls] == [('mean-mlp', 2)]
+    assert [p.exists() for p in lost] == [False, True, False]  # d=2 deepsets, mlp; d=3 mlp
+    # with 13 s more the second mean-mlp run fits; then 125 s for the deepsets one
+    repro.deadline = now[0] + 13.0
     with pytest.raises(reproduce.TimeLimit):
         repro.run(CLAIM)
-    assert len(calls) == 1
-    repro.deadline = now + 125.0
+    assert [c[2] for c in calls] == ['mean-mlp', 'mean-mlp']
+    repro.deadline = now[0] + 125.0
     records, _ = repro.run(CLAIM)
-    assert [c[2] for c in calls] == ['mean-mlp', 'deepsets'] and lost['deepsets'].exists()
+    assert [c[2] for c in calls] == ['mean-mlp', 'mean-mlp', 'deepsets']
+    assert all(p.exists() for p in lost)
     # past the deadline nothing starts, not even a run that cannot be estimated
-    empty = Reproduction(TINY, str(tmp_path / 'empty'), device='cpu', sweep_cells=cells,
-                         deadline=now, clock=lambda: now)
+    empty = Reproduction(budget, str(tmp_path / 'empty'), device='cpu', sweep_cells=cells,
+                         deadline=now[0], clock=lambda: now[0])
     with pytest.raises(reproduce.TimeLimit):
         empty.run(CLAIM)
-    assert len(calls) == 2
+    assert len(calls) == 3
+    # a run longer than the whole limit can never fit: an error that says so
+    short = Reproduction(budget, out, device='cpu', sweep_cells=cells, deadline=now[0] + 60.0,
+                         clock=lambda: now[0])
+    with pytest.raises(reproduce.TimeLimit, match='more than the whole time limit') as e:
+        short.fits(*other)
+    assert e.value.never
+    # a run another process holds is not waited for when it would not fit
+    p = next(tmp_path.rglob('records/tiny/sum/**/*_s1_*.json'))
+    job = next(j for j in [(c, m, 1, config[m]) for c in (d2, d3) for m in CLAIM.models]
+               if repro.store.files(*j) == str(p))
+    p.unlink()
+    repro.deadline = now[0] + 1.0
+    with repro.store.lock(*job):  # another open file: as another process's lock
+        with pytest.raises(reproduce.TimeLimit, match='being trained by another process'):
+            repro._train_missing([job], wait=True)
+    assert len(calls) == 3
+    # ... nor resumed when its holder lets it go unfinished after the deadline (it died)
+    import threading
+    repro.deadline = now[0] + 1000.0
+    acquired, release = threading.Event(), threading.Event()
+
+    def holder():
+        with repro.store.lock(*job):
+            acquired.set()
+            release.wait(30)
+            now[0] += 2000.0  # it held the run past the deadline
+    thread = threading.Thread(target=holder)
+    thread.start()
+    assert acquired.wait(30)
+    threading.Timer(0.3, release.set).start()
+    with pytest.raises(reproduce.TimeLimit, match='too late to resume'):
+        repro._train_missing([job], wait=True)
+    thread.join(30)
+    assert len(calls) == 3 and not repro.store.stored(*job)
     # without a limit it is the same claim
-    assert Reproduction(TINY, out, device='cpu', sweep_cells=cells).run(CLAIM)[0] == records
+    assert Reproduction(budget, out, device='cpu', sweep_cells=cells).run(CLAIM)[0] == records
 
 
 def test_time_limit_option_reads_minutes_or_hours_and_minutes():

@@ -156,8 +156,9 @@ SWEEP_STEP = 3.0  # one step beyond the grid: lr x 3 or / 3, weight decay x 3
 # against 0.052 and 0.101 at the grid's best point (wd 0.1).
 SWEEP_MAX_STEPS = 3
 #: With a time limit (:class:`Reproduction`'s ``deadline``) a run is started or resumed only
-#: when this multiple of its estimated time left fits before the deadline (runs of a model on a
-#: task vary in length: early stopping ends some sooner than others).
+#: when this multiple of its longest time left (:meth:`Reproduction.time_bound`: every epoch up
+#: to the budget's maximum, at the mean time per epoch) fits before the deadline: the margin is
+#: for epochs slower than the mean (the host's load, a slower cell of the task).
 TIME_MARGIN = 1.25
 
 
@@ -219,6 +220,10 @@ class Claim:
     #: ``(lr, weight_decay)`` for every model instead of the task's sweep (no sweep): a claim
     #: that asks what a fixed protocol, e.g. the paper's, gives
     protocol: Optional[Tuple[float, float]] = None
+    #: the claim scores its trained models (:attr:`evaluate`), so their weights are part of its
+    #: results: kept in the store's committed folder (:meth:`RunStore.keep`), and a run whose
+    #: weights are lost (a clone without the untracked ``runs/`` folder) is trained again
+    keep_weights: bool = False
 
 
 #: The cell each task's learning rate and weight decay are swept on (per model, seed 0); the
@@ -421,7 +426,7 @@ def _d3() -> Claim:
     return Claim('d3', "Uncertainty (Appendix D.3): the MZ model's single-pass IHW against "
                  'MC-Dropout and a 5-model deep ensemble of the same model', (cell, ), ('mz', ),
                  comparisons, paper_seeds=3, members=D3_MEMBERS,
-                 evaluate=lambda *args: d3_records(*args))
+                 evaluate=lambda *args: d3_records(*args), keep_weights=True)
 
 
 CLAIMS: Dict[str, Claim] = {c.name: c for c in (_table1(), _table1_protocol(), _table3(),
@@ -449,10 +454,14 @@ class RunStore:
     r"""Finished runs as one JSON file each under :obj:`root`
     (``<task>/<model>/<task args>_lr.._wd.._s<seed>_<hash>.json``), and the checkpoints of runs in
     progress under :obj:`checkpoints` (deleted when the run's file is written; the weights of the
-    best validation epoch are kept as ``<checkpoints>/weights/<hash>.pt``)."""
-    def __init__(self, root: str, checkpoints: str):
+    best validation epoch are kept as ``<checkpoints>/weights/<hash>.pt``, which is not
+    committed, and for the runs a claim scores also under :obj:`kept`, as
+    ``<task>/<model>/<name>.pt`` beside the name of the run's file, which is:
+    :meth:`keep`)."""
+    def __init__(self, root: str, checkpoints: str, kept: Optional[str] = None):
         self.root = root
         self.checkpoints = checkpoints
+        self.kept = kept
         self._pending: Dict[Tuple[str, str, int], Tuple[str, Dict[str, Any], str]] = {}
 
     def _paths(self, key: Mapping[str, Any]) -> Tuple[str, str]:
@@ -488,6 +497,14 @@ class RunStore:
         self._pending[(cell['label'], spec, seed)] = (path, key, ckpt)
         return None
 
+    def expect(self, cell: Mapping[str, Any], spec: str, seed: int,
+               config: TrainConfig) -> None:
+        r"""Remembers the run for :meth:`save` although its file may be in the store (a run
+        trained again, whose file is then replaced)."""
+        key = run_key(cell, spec, seed, config)
+        path, ckpt = self._paths(key)
+        self._pending[(cell['label'], spec, seed)] = (path, key, ckpt)
+
     def save(self, record: Dict[str, Any]) -> Optional[Dict[str, object]]:
         r"""Writes a newly trained run (a record of :func:`~torch_mz.study.run_grid`) with its
         key and validation-loss curve, removes its checkpoint and returns what it wrote;
@@ -510,14 +527,40 @@ class RunStore:
     def _weights(self, ckpt: str) -> str:
         return os.path.join(self.checkpoints, 'weights', os.path.basename(ckpt) + '.pt')
 
+    def _kept(self, path: str) -> Optional[str]:
+        if self.kept is None:
+            return None
+        return os.path.join(self.kept, os.path.splitext(os.path.relpath(path, self.root))[0]
+                            + '.pt')
+
     def weights(self, cell: Mapping[str, Any], spec: str, seed: int,
                 config: TrainConfig) -> Optional[str]:
-        r"""The best-validation checkpoint of a finished run (``<checkpoints>/weights/``, not
-        committed; :func:`torch_mz.load_model` rebuilds the model from it), or :obj:`None` if it
-        is not there (a run finished before weights were kept, or in another clone)."""
-        _, ckpt = self._paths(run_key(cell, spec, seed, replace(config, seed=seed)))
-        path = self._weights(ckpt)
-        return path if os.path.exists(path) else None
+        r"""The best-validation checkpoint of a finished run (:func:`torch_mz.load_model`
+        rebuilds the model from it): the committed copy (:meth:`keep`) where there is one, else
+        ``<checkpoints>/weights/`` (not committed), or :obj:`None` if neither is there (a run
+        finished before weights were kept, or in another clone)."""
+        path, ckpt = self._paths(run_key(cell, spec, seed, replace(config, seed=seed)))
+        for found in (self._kept(path), self._weights(ckpt)):
+            if found is not None and os.path.exists(found):
+                return found
+        return None
+
+    def keep(self, cell: Mapping[str, Any], spec: str, seed: int,
+             config: TrainConfig) -> Optional[str]:
+        r"""Copies a finished run's weights into the committed folder :obj:`kept` (once; a
+        claim that scores its models keeps them with its results) and returns that copy, or
+        :obj:`None` when the run has no weights here or the store has no such folder."""
+        path, ckpt = self._paths(run_key(cell, spec, seed, replace(config, seed=seed)))
+        kept = self._kept(path)
+        if kept is None or not self.stored(cell, spec, seed, config):
+            return None
+        if not os.path.exists(kept):
+            if not os.path.exists(self._weights(ckpt)):
+                return None
+            with open(self._weights(ckpt), 'rb') as f:
+                data = f.read()
+            atomic_write(kept, lambda out: out.write(data))
+        return kept
 
     def read(self, cell: Mapping[str, Any], spec: str, seed: int,
              config: TrainConfig) -> Optional[Dict[str, Any]]:
@@ -588,7 +631,12 @@ class RunStore:
         r"""Mean wall time (s) and mean epochs of the finished runs of :obj:`spec` on
         :obj:`task` in the store (any cell, seed or configuration), or :obj:`None`."""
         key = run_key(dict(task=task), spec, 0, TrainConfig())
-        folder = os.path.dirname(self._paths(key)[0])
+        times, epochs = self._times(os.path.dirname(self._paths(key)[0]))
+        if not times:
+            return None
+        return _mean(times), _mean(epochs)
+
+    def _times(self, folder: str) -> Tuple[List[float], List[float]]:
         times, epochs = [], []
         if os.path.isdir(folder):
             for name in sorted(os.listdir(folder)):
@@ -598,28 +646,26 @@ class RunStore:
                     if 'wall_time_s' in record:
                         times.append(float(record['wall_time_s']))
                         epochs.append(float(record.get('epochs_run', 0)))
-        if not times:
-            return None
-        return _mean(times), _mean(epochs)
+        return times, epochs
 
-    def longest_mean_time(self) -> Optional[float]:
-        r"""The largest :meth:`mean_time` wall time over every (task, model) in the store, or
-        :obj:`None` when no run is finished (the estimate for a model with no finished run)."""
+    def epoch_time(self, task: Optional[str] = None,
+                   spec: Optional[str] = None) -> Optional[float]:
+        r"""Mean wall time (s) per epoch of the finished runs of :obj:`spec` on :obj:`task`
+        (their total time over their total epochs), or with neither given the largest such
+        figure over every (task, model) in the store; :obj:`None` without finished runs."""
+        if task is not None and spec is not None:
+            key = run_key(dict(task=task), spec, 0, TrainConfig())
+            times, epochs = self._times(os.path.dirname(self._paths(key)[0]))
+            return sum(times) / sum(epochs) if times and sum(epochs) > 0 else None
         longest = None
         tasks = sorted(os.listdir(self.root)) if os.path.isdir(self.root) else []
-        for task in tasks:
-            folder = os.path.join(self.root, task)
-            models = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
-            for model in models:
-                times = []
-                for name in sorted(os.listdir(os.path.join(folder, model))):
-                    if name.endswith('.json'):
-                        with open(os.path.join(folder, model, name)) as f:
-                            record = json.load(f)
-                        if 'wall_time_s' in record:
-                            times.append(float(record['wall_time_s']))
-                if times and (longest is None or _mean(times) > longest):
-                    longest = _mean(times)
+        for name in tasks:
+            folder = os.path.join(self.root, name)
+            for model in (sorted(os.listdir(folder)) if os.path.isdir(folder) else []):
+                times, epochs = self._times(os.path.join(folder, model))
+                if times and sum(epochs) > 0:
+                    per_epoch = sum(times) / sum(epochs)
+                    longest = per_epoch if longest is None else max(longest, per_epoch)
         return longest
 
     def epochs_run(self, cell: Mapping[str, Any], spec: str, seed: int,
@@ -637,10 +683,12 @@ class RunStore:
 
 def _val_curve(ckpt: str) -> List[float]:
     path = os.path.join(ckpt, 'metrics.jsonl')
-    if not os.path.exists(path):
+    try:  # (a run finishing in another process removes its folder at any time)
+        with open(path) as f:
+            return [round(json.loads(line).get('val_loss', math.nan), 6) for line in f
+                    if line.strip()]
+    except FileNotFoundError:
         return []
-    with open(path) as f:
-        return [round(json.loads(line).get('val_loss', math.nan), 6) for line in f if line.strip()]
 
 
 # -- running a claim ---------------------------------------------------------------------------
@@ -651,8 +699,12 @@ class RunsHeld(Exception):
 
 class TimeLimit(Exception):
     r"""A claim cannot go on before :class:`Reproduction`'s ``deadline``: the runs it needs
-    next are not expected to finish in the time left (raised by :meth:`Reproduction.run` after
-    training every run of the stage that fits; those left are for a later invocation)."""
+    next may not finish in the time left (raised by :meth:`Reproduction.run` after training
+    every run of the claim that fits; those left are for a later invocation), or, with
+    :attr:`never` set, one of them may not finish even in the whole time limit."""
+    def __init__(self, message: str, never: bool = False):
+        super().__init__(message)
+        self.never = never
 
 class Reproduction:
     r"""Runs claims at :obj:`budget`, keeping finished runs in :obj:`out`
@@ -675,11 +727,13 @@ class Reproduction:
             metrics) for every run; not part of what identifies a run. (default: :obj:`False`)
         deadline (float, optional): A time (:func:`time.time` seconds) by which this process
             should be done, e.g. a cluster job's end: a run is started or resumed only when
-            :data:`TIME_MARGIN` times its estimated time left (:meth:`time_needed`) fits before
-            it; runs that do not fit are left for a later invocation (:class:`TimeLimit`) and
-            the stage's runs that fit are trained meanwhile. A started run is not stopped: one
-            that outlasts the deadline resumes from its last epoch's checkpoint when the
-            process is killed and the command runs again. (default: :obj:`None`, no limit)
+            :data:`TIME_MARGIN` times the longest time it may still need (:meth:`time_bound`)
+            fits before it; runs that do not fit are left for a later invocation
+            (:class:`TimeLimit`, raised when the claim's other runs that fit, on every task,
+            are trained). A started run is not stopped (one that outlasts the deadline resumes
+            from its last epoch's checkpoint when the process is killed and the command runs
+            again), and a claim's evaluation after its last run is not part of the estimate.
+            (default: :obj:`None`, no limit)
         clock (callable, optional): The clock :obj:`deadline` is read against (tests).
             (default: :func:`time.time`)
 
@@ -697,6 +751,7 @@ class Reproduction:
         self.budget = budget
         self.deadline = deadline
         self.clock = clock
+        self.started = clock()  # the whole limit is deadline - started
         self.progress = progress
         self.on_wait = on_wait
         self.out = out
@@ -705,7 +760,8 @@ class Reproduction:
         self.on_result = on_result
         self.sweep_cells = dict(SWEEP_CELLS if sweep_cells is None else sweep_cells)
         self.store = RunStore(os.path.join(out, 'records', budget.name),
-                              os.path.join(out, 'runs', budget.name))
+                              os.path.join(out, 'runs', budget.name),
+                              os.path.join(out, 'weights', budget.name))
         self._tasks: Dict[str, Any] = {}
         if load is None:
             from torch_mz.tasks import load_task
@@ -754,9 +810,11 @@ class Reproduction:
             cached=self.store.cached)
 
     def _train_one(self, cell: Mapping[str, Any], spec: str, seed: int,
-                   config: TrainConfig) -> None:
+                   config: TrainConfig, again: bool = False) -> None:
         run_config = self.store.config_for(cell, spec, seed, config)
-        if self.store.cached(cell, spec, seed, run_config) is not None:
+        if again:  # its file is in the store, its weights are not: trained again, replaced
+            self.store.expect(cell, spec, seed, run_config)
+        elif self.store.cached(cell, spec, seed, run_config) is not None:
             return
         name, options = parse_model_spec(spec)
         task = self._load(cell['task'], seed=0, **dict(cell.get('kwargs', {})))
@@ -767,71 +825,111 @@ class Reproduction:
             self.on_result(saved)
 
     def time_needed(self, cell: Mapping[str, Any], spec: str, seed: int,
-                    config: TrainConfig) -> Optional[float]:
-        r"""Estimated training time (s) a run still needs: the mean wall time of the finished
-        runs of its model on its task, less the share of their mean epochs that it has already
-        run (from its checkpoint); for a model with no finished run on the task, the longest
-        such mean in the store (:obj:`None` when no run is finished at all); 0 for a finished
-        run."""
-        if self.store.stored(cell, spec, seed, config):
+                    config: TrainConfig, again: bool = False) -> Optional[float]:
+        r"""Expected training time (s) a run still needs (for :meth:`status`): the mean wall
+        time of the finished runs of its model on its task, less the share of their mean epochs
+        that it has already run (from its checkpoint); :obj:`None` for a model with no
+        finished run on the task; 0 for a finished run unless it is to be trained
+        :obj:`again`."""
+        if not again and self.store.stored(cell, spec, seed, config):
             return 0.0
         mean = self.store.mean_time(cell['task'], spec)
         if mean is None:
-            return self.store.longest_mean_time()
+            return None
         wall, mean_epochs = mean
         epochs = self.store.epochs_run(cell, spec, seed, config)
         return wall * max(0.0, 1.0 - epochs / max(mean_epochs, 1.0))
 
-    def fits(self, cell: Mapping[str, Any], spec: str, seed: int, config: TrainConfig) -> bool:
+    def time_bound(self, cell: Mapping[str, Any], spec: str, seed: int,
+                   config: TrainConfig, again: bool = False) -> Optional[float]:
+        r"""The longest training time (s) a run may still need (for :meth:`fits`): every epoch
+        it has left up to :obj:`config.epochs <TrainConfig.epochs>` (early stopping can only
+        end it sooner) at the mean time per epoch of the finished runs of its model on its
+        task (:meth:`RunStore.epoch_time`), or for a model with no finished run there the
+        largest such mean in the store; :obj:`None` when no run is finished at all; 0 for a
+        finished run unless it is to be trained :obj:`again`."""
+        if not again and self.store.stored(cell, spec, seed, config):
+            return 0.0
+        per_epoch = self.store.epoch_time(cell['task'], spec)
+        if per_epoch is None:
+            per_epoch = self.store.epoch_time()
+        if per_epoch is None:
+            return None
+        epochs = self.store.epochs_run(cell, spec, seed, config)
+        return per_epoch * max(0, config.epochs - epochs)
+
+    def fits(self, cell: Mapping[str, Any], spec: str, seed: int, config: TrainConfig,
+             again: bool = False) -> bool:
         r"""Whether the run may start (or resume) before the :obj:`deadline`: always without
-        one; with one, when :data:`TIME_MARGIN` x :meth:`time_needed` is at most the time left
-        (a run with no estimate at all: while any time is left)."""
+        one; with one, when :data:`TIME_MARGIN` x :meth:`time_bound` is at most the time left
+        (a run with no estimate at all: while any time is left). Raises :class:`TimeLimit`
+        (``never`` set) for a run that would not fit even in the whole limit."""
         if self.deadline is None:
             return True
         left = self.deadline - self.clock()
-        needed = self.time_needed(cell, spec, seed, config)
+        needed = self.time_bound(cell, spec, seed, config, again)
+        if needed is not None and TIME_MARGIN * needed > self.deadline - self.started:
+            raise TimeLimit(f"{spec} on {cell['label']} seed {seed} may need up to "
+                            f'{TIME_MARGIN * needed / 3600:.2f} h (with the margin), more than '
+                            f'the whole time limit of {(self.deadline - self.started) / 3600:.2f}'
+                            f' h: give it a longer limit, or none', never=True)
         return left > 0 and (needed is None or TIME_MARGIN * needed <= left)
 
     def _train_missing(self, jobs: Sequence[Tuple[Mapping[str, Any], str, int,
-                                                  TrainConfig]], wait: bool = True) -> None:
+                                                  TrainConfig]], wait: bool = True,
+                       need_weights: bool = False) -> None:
         r"""Trains the runs of :obj:`jobs` (``(cell, spec, seed, config)``) that are not in the
         store: first those no other process holds, in order, then, waiting for each, those
         that were held (a run whose holder died without finishing it is trained here). With
         :obj:`wait` false, raises :class:`RunsHeld` instead of waiting. With a
         :obj:`deadline`, the runs that do not :meth:`fit <fits>` are passed over (the others
-        are trained) and then :class:`TimeLimit` is raised."""
+        are trained) and then :class:`TimeLimit` is raised. With :obj:`need_weights`, a run
+        in the store whose weights are not here (:meth:`RunStore.weights`) is trained again."""
+        def done(job) -> bool:
+            return self.store.stored(*job) and (not need_weights
+                                                or self.store.weights(*job) is not None)
+
+        def train(job) -> None:
+            cell, spec, seed, config = job
+            self._train_one(cell, spec, seed, config, again=self.store.stored(*job))
+
         held, later = [], []
         for job in jobs:
-            if self.store.stored(*job):
+            if done(job):
                 continue
             with self.store.lock(*job, wait=False) as mine:
                 if not mine:
                     held.append(job)
-                elif not self.store.stored(*job):  # not finished while we looked
-                    if self.fits(*job):
-                        self._train_one(*job)
+                elif not done(job):  # not finished while we looked
+                    if self.fits(*job, again=self.store.stored(*job)):
+                        train(job)
                     else:
                         later.append(job)
         if later:
             raise TimeLimit(f'{len(later)} run(s) it needs would not finish before the time '
                             f"limit, first {later[0][1]} on {later[0][0]['label']} seed "
                             f'{later[0][2]}')
-        held = [job for job in held if not self.store.stored(*job)]
+        held = [job for job in held if not done(job)]
         if held and not wait:
             raise RunsHeld(f'{len(held)} run(s) it needs are being trained by another process, '
                            f"first {held[0][1]} on {held[0][0]['label']} seed {held[0][2]}")
         for job in held:
-            if self.store.stored(*job):
+            if done(job):
                 continue
-            if not self.fits(*job):  # its holder may not finish it in time (or may have died)
+            # its holder may not finish it in time (or may have died)
+            if not self.fits(*job, again=self.store.stored(*job)):
                 raise TimeLimit(f'a run it needs is being trained by another process and may '
                                 f"not finish before the time limit: {job[1]} on "
                                 f"{job[0]['label']} seed {job[2]}")
             if self.on_wait is not None:
                 self.on_wait(str(job[0]['label']), job[1], job[2])
             with self.store.lock(*job, wait=True):
-                if not self.store.stored(*job):
-                    self._train_one(*job)
+                if not done(job):
+                    if not self.fits(*job, again=self.store.stored(*job)):  # its holder died
+                        raise TimeLimit(f'a run it waited for was left unfinished by another '
+                                        f"process, too late to resume: {job[1]} on "
+                                        f"{job[0]['label']} seed {job[2]}")
+                    train(job)
 
     def sweep(self, task: str, models: Sequence[str],
               wait: bool = True) -> Dict[str, Tuple[float, float]]:
@@ -874,20 +972,14 @@ class Reproduction:
         seeds = study_seeds * claim.members
         runs: List[Dict[str, object]] = []
         files: List[str] = []
+        late: List[TimeLimit] = []  # tasks whose runs did not fit: the others go on meanwhile
         for task in dict.fromkeys(c['task'] for c in claim.cells):
-            cells = [self.sized(c) for c in claim.cells if c['task'] == task]
-            chosen = (self.sweep(task, claim.models, wait=wait) if claim.protocol is None
-                      else {m: claim.protocol for m in claim.models})
-
-            def config_of(c, spec, task=task, chosen=chosen):
-                lr, wd = chosen[spec]
-                return self.claim_config(claim, task, lr, wd)
-            self._train_missing([(c, m, k, config_of(c, m)) for c in cells
-                                 for m in claim.models for k in range(seeds)], wait=wait)
-            task_runs, _ = self._grid(cells, claim.models, seeds, config_of)
-            runs += task_runs
-            files += [self.store.files(c, m, k, config_of(c, m)) for c in cells
-                      for m in claim.models for k in range(seeds)]
+            try:
+                self._run_task(claim, task, seeds, runs, files, wait)
+            except TimeLimit as e:
+                late.append(e)
+        if late:
+            raise next((e for e in late if e.never), late[0])
         sweep = {f'{m} on {t}': dict(lr=lr, weight_decay=wd)
                  for (t, m), (lr, wd) in self.choices.items() if m in claim.models
                  and t in {c['task'] for c in claim.cells}}
@@ -904,11 +996,34 @@ class Reproduction:
             r['files'] = [os.path.relpath(f, self.out) for f in files]
         return records, runs
 
+    def _run_task(self, claim: Claim, task: str, seeds: int, runs: List[Dict[str, object]],
+                  files: List[str], wait: bool) -> None:
+        r"""The part of :meth:`run` on one task: its sweep, its runs (added to :obj:`runs` and
+        their files to :obj:`files`)."""
+        cells = [self.sized(c) for c in claim.cells if c['task'] == task]
+        chosen = (self.sweep(task, claim.models, wait=wait) if claim.protocol is None
+                  else {m: claim.protocol for m in claim.models})
+
+        def config_of(c, spec):
+            lr, wd = chosen[spec]
+            return self.claim_config(claim, task, lr, wd)
+        jobs = [(c, m, k, config_of(c, m)) for c in cells for m in claim.models
+                for k in range(seeds)]
+        self._train_missing(jobs, wait=wait, need_weights=claim.keep_weights)
+        if claim.keep_weights:  # with the claim's results (runs trained for another claim
+            for job in jobs:  # first, e.g. Table 7's, have theirs in runs/ only)
+                self.store.keep(*job)
+        task_runs, _ = self._grid(cells, claim.models, seeds, config_of)
+        runs += task_runs
+        files += [self.store.files(*job) for job in jobs]
+
     def status(self, claim: Claim) -> List[Dict[str, Any]]:
         r"""Where :obj:`claim` stands, without training or waiting: one entry per stage (each
         task's sweep, then the claim's runs on that task), with the number of runs ``done``,
         ``training`` (held by another process), ``started`` (a checkpoint to resume) and
-        ``pending``, the epochs run by unfinished runs, and ``left_s``, an estimate of the
+        ``pending`` (with ``again``, how many of those are finished runs to be trained again:
+        a claim that scores its models and whose weights are not here), the epochs run by
+        unfinished runs, and ``left_s``, an estimate of the
         training time still needed by the stage's known runs (each run not done counts the
         mean wall time of the finished runs of its model on its task, less the share of its
         epochs already run; :obj:`None` when a model has no finished run to go by). A sweep
@@ -927,7 +1042,7 @@ class Reproduction:
             label = f"{claim.name} runs on {task}"
             if any(chosen[m] is None for m in claim.models):
                 stages.append(dict(stage=label, task=task, done=0, training=0, started=0,
-                                   pending=0, epochs=0, left_s=None,
+                                   pending=0, epochs=0, left_s=None, again=0,
                                    unknown=len(cells) * len(claim.models) * seeds,
                                    note='after the sweep'))
                 continue
@@ -937,7 +1052,7 @@ class Reproduction:
                 return self.claim_config(claim, task, lr, wd)
             stages.append(self._stage_status(label, task, [
                 (c, m, k, config_of(m)) for c in cells for m in claim.models
-                for k in range(seeds)]))
+                for k in range(seeds)], need_weights=claim.keep_weights))
         return stages
 
     def finished_runs(self, claim: Claim) -> List[Dict[str, Any]]:
@@ -1029,11 +1144,18 @@ class Reproduction:
         return chosen, every, stopped
 
     def _stage_status(self, label: str, task: str, jobs, unknown: int = 0,
-                      note: str = '') -> Dict[str, Any]:
+                      note: str = '', need_weights: bool = False) -> Dict[str, Any]:
         counts = dict(done=0, training=0, started=0, pending=0)
-        epochs, left, known = 0, 0.0, True
+        epochs, left, known, again = 0, 0.0, True, 0
         for cell, spec, seed, config in jobs:
             state, run_epochs = self.store.state(cell, spec, seed, config)
+            redo = (state == 'done' and need_weights
+                    and self.store.weights(cell, spec, seed, config) is None)
+            if redo:  # to be trained again (see _train_missing)
+                again += 1
+                run_epochs = self.store.epochs_run(cell, spec, seed, config)
+                with self.store.lock(cell, spec, seed, config, wait=False) as free:
+                    state = ('started' if run_epochs else 'pending') if free else 'training'
             counts[state] += 1
             if state == 'done':
                 continue
@@ -1042,10 +1164,9 @@ class Reproduction:
             if mean is None:
                 known = False
                 continue
-            wall, mean_epochs = mean
-            left += wall * max(0.0, 1.0 - run_epochs / max(mean_epochs, 1.0))
+            left += self.time_needed(cell, spec, seed, config, again=redo) or 0.0
         return dict(stage=label, task=task, **counts, epochs=epochs,
-                    left_s=left if known else None, unknown=unknown,
+                    left_s=left if known else None, unknown=unknown, again=again,
                     note=f'may step beyond the grid: {note}' if note else '')
 
     def record(self, comparison: Comparison, claim: Claim, runs: Sequence[Mapping[str, Any]],
