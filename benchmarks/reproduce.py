@@ -369,7 +369,8 @@ def main(argv=None):
                   f"{r['ours']['mean']:+.3f} ± {r['ours']['std']:.3f} -> {r['verdict']}")
         commit = [path, os.path.join(out, 'summary.json'), os.path.join(out, 'summary.md')]
         commit += [os.path.join(out, f) for f in (f'{name}.{budget.name}.png',
-                                                  os.path.join('records', budget.name))
+                                                  os.path.join('records', budget.name),
+                                                  os.path.join('weights', budget.name))
                    if os.path.exists(os.path.join(out, f))]
         print(f'  {name} done; to commit: git add '
               + ' '.join(os.path.relpath(p) for p in commit), flush=True)
@@ -407,8 +408,11 @@ def main(argv=None):
     print(f'{len(trained)} runs trained, {(time.time() - start) / 60:.1f} min; wrote '
           f'{out}/summary.json, summary.md')
     if later:
+        done = [p for p in (os.path.join(out, 'records', budget.name),
+                            os.path.join(out, 'weights', budget.name)) if os.path.exists(p)]
         print(f"left for the next invocation (the time limit): {', '.join(later)}; run the same "
-              f'command again to go on', flush=True)
+              f'command again to go on (the runs finished so far: git add '
+              f"{' '.join(os.path.relpath(p) for p in done)})", flush=True)
     return EXIT_ERROR if failed else EXIT_TIME_LIMIT if later else 0
 
 

@@ -407,7 +407,7 @@ def test_d3_scores_the_kept_members_and_resumes(tmp_path, monkeypatch):
     assert len(list(tmp_path.rglob('weights/tiny/**/*.pt'))) == 4
     assert redone[0]['ours']['seeds'] == 2
     assert [r['ours']['mean'] for r in redone] == pytest.approx(
-        [r['ours']['mean'] for r in records], abs=1e-6)  # seeded: the same members
+        [r['ours']['mean'] for r in records], abs=1e-6)  # (this tiny run is deterministic)
 
     # scored without a member's weights (d3_records alone), its study seed is left out
     for _ in range(2):
@@ -498,6 +498,7 @@ def test_finished_runs_table_lists_each_run_beside_the_paper(tmp_path):
 
 
 def test_a_time_limit_trains_the_runs_that_fit_and_leaves_the_rest(tmp_path, monkeypatch):
+    import os
     out = str(tmp_path)
     cells = {'sum': SUM, 'max': MAX}
     budget = replace(TINY, epochs=3)  # no early stopping (patience None): 3 epochs a run
@@ -543,6 +544,11 @@ def test_a_time_limit_trains_the_runs_that_fit_and_leaves_the_rest(tmp_path, mon
     (ckpt / 'metrics.jsonl').unlink()
     # a model with no finished run on the task: the largest time per epoch in the store
     other = (repro.sized(MAX), 'deepsets:hidden_channels=16', 0, repro.base_config('max'))
+
+    def jobs_of(r, task):  # the finished sweep runs of a task
+        return [(r.sized(cells[task]), m, 0, replace(r.base_config(task), lr=lr,
+                                                        weight_decay=wd))
+                for lr, wd in budget.sweep for m in CLAIM.models]
     assert repro.time_bound(*other) == pytest.approx(100.0)
     assert repro.time_needed(*other) is None
 
@@ -574,9 +580,11 @@ def test_a_time_limit_trains_the_runs_that_fit_and_leaves_the_rest(tmp_path, mon
     # a run longer than the whole limit can never fit: an error that says so
     short = Reproduction(budget, out, device='cpu', sweep_cells=cells, deadline=now[0] + 60.0,
                          clock=lambda: now[0])
+    assert short.too_long(*jobs_of(short, 'max')[0]) is None  # (those have a time: 10 s)
+    assert 'more than the whole time limit' in short.too_long(*other)
     with pytest.raises(reproduce.TimeLimit, match='more than the whole time limit') as e:
-        short.fits(*other)
-    assert e.value.never
+        short._train_missing([other])
+    assert e.value.never and len(calls) == 3
     # a run another process holds is not waited for when it would not fit
     p = next(tmp_path.rglob('records/tiny/sum/**/*_s1_*.json'))
     job = next(j for j in [(c, m, 1, config[m]) for c in (d2, d3) for m in CLAIM.models]
@@ -607,6 +615,24 @@ def test_a_time_limit_trains_the_runs_that_fit_and_leaves_the_rest(tmp_path, mon
     assert len(calls) == 3 and not repro.store.stored(*job)
     # without a limit it is the same claim
     assert Reproduction(budget, out, device='cpu', sweep_cells=cells).run(CLAIM)[0] == records
+
+    # a claim that keeps its runs' weights, stopped by the limit, keeps those it trained: two
+    # runs' weights lost (a new clone), time for the mean-mlp one only
+    keeping = replace(CLAIM, keep_weights=True)
+    repro = Reproduction(budget, out, device='cpu', sweep_cells=cells, clock=lambda: now[0])
+    repro.run(keeping)  # copies every run's weights into weights/ (committed)
+    assert len(list(tmp_path.glob('weights/tiny/sum/*/*.pt'))) == 8
+    for spec in CLAIM.models:
+        for _ in range(2):  # the committed copy, then the one in runs/
+            os.remove(repro.store.weights(d2, spec, 0, config[spec]))
+    before = len(calls)
+    repro.deadline, repro.started = now[0] + 20.0, now[0] - 1000.0
+    with pytest.raises(reproduce.TimeLimit):
+        repro.run(keeping)
+    assert [c[2] for c in calls[before:]] == ['mean-mlp']
+    kept = repro.store.weights(d2, mlp, 0, config[mlp])
+    assert kept is not None and kept.startswith(str(tmp_path / 'weights'))
+    assert repro.store.weights(d2, deepsets, 0, config[deepsets]) is None
 
 
 def test_time_limit_option_reads_minutes_or_hours_and_minutes():

@@ -515,12 +515,17 @@ class RunStore:
             return None
         path, key, ckpt = pending
         record = dict(record, key=key, val_loss_curve=_val_curve(ckpt))
+        kept = self._kept(path)
+        if kept is not None and os.path.exists(kept):  # of an earlier run of this key
+            os.remove(kept)
+        # the record first: a run whose record is here and weights are not is trained again
+        # where a claim needs them, never scored with another run's weights
+        text = json.dumps(record, indent=1, sort_keys=True) + '\n'
+        atomic_write(path, lambda f: f.write(text), binary=False)
         best = os.path.join(ckpt, 'best.pt')
         if os.path.exists(best):  # the trained model, for claims that use it (Appendix D.3)
             os.makedirs(os.path.dirname(self._weights(ckpt)), exist_ok=True)
             os.replace(best, self._weights(ckpt))
-        text = json.dumps(record, indent=1, sort_keys=True) + '\n'
-        atomic_write(path, lambda f: f.write(text), binary=False)
         shutil.rmtree(ckpt, ignore_errors=True)
         return record
 
@@ -862,18 +867,26 @@ class Reproduction:
              again: bool = False) -> bool:
         r"""Whether the run may start (or resume) before the :obj:`deadline`: always without
         one; with one, when :data:`TIME_MARGIN` x :meth:`time_bound` is at most the time left
-        (a run with no estimate at all: while any time is left). Raises :class:`TimeLimit`
-        (``never`` set) for a run that would not fit even in the whole limit."""
+        (a run with no estimate at all: while any time is left)."""
         if self.deadline is None:
             return True
         left = self.deadline - self.clock()
         needed = self.time_bound(cell, spec, seed, config, again)
-        if needed is not None and TIME_MARGIN * needed > self.deadline - self.started:
-            raise TimeLimit(f"{spec} on {cell['label']} seed {seed} may need up to "
-                            f'{TIME_MARGIN * needed / 3600:.2f} h (with the margin), more than '
-                            f'the whole time limit of {(self.deadline - self.started) / 3600:.2f}'
-                            f' h: give it a longer limit, or none', never=True)
         return left > 0 and (needed is None or TIME_MARGIN * needed <= left)
+
+    def too_long(self, cell: Mapping[str, Any], spec: str, seed: int, config: TrainConfig,
+                 again: bool = False) -> Optional[str]:
+        r"""Why the run could not fit even in the whole time limit (``deadline`` less the
+        time this object was made), or :obj:`None` (also without a deadline)."""
+        if self.deadline is None:
+            return None
+        needed = self.time_bound(cell, spec, seed, config, again)
+        whole = self.deadline - self.started
+        if needed is None or TIME_MARGIN * needed <= whole:
+            return None
+        return (f"{spec} on {cell['label']} seed {seed} may need up to "
+                f'{TIME_MARGIN * needed / 3600:.2f} h (with the margin), more than the whole '
+                f'time limit of {whole / 3600:.2f} h: give it a longer limit, or none')
 
     def _train_missing(self, jobs: Sequence[Tuple[Mapping[str, Any], str, int,
                                                   TrainConfig]], wait: bool = True,
@@ -892,8 +905,10 @@ class Reproduction:
         def train(job) -> None:
             cell, spec, seed, config = job
             self._train_one(cell, spec, seed, config, again=self.store.stored(*job))
+            if need_weights:  # at once: a later TimeLimit must not leave them in runs/ only
+                self.store.keep(*job)
 
-        held, later = [], []
+        held, later, never = [], [], []
         for job in jobs:
             if done(job):
                 continue
@@ -901,10 +916,16 @@ class Reproduction:
                 if not mine:
                     held.append(job)
                 elif not done(job):  # not finished while we looked
-                    if self.fits(*job, again=self.store.stored(*job)):
+                    again = self.store.stored(*job)
+                    if self.fits(*job, again=again):
                         train(job)
                     else:
                         later.append(job)
+                        why = self.too_long(*job, again=again)
+                        if why is not None:
+                            never.append(why)
+        if never:
+            raise TimeLimit(never[0], never=True)
         if later:
             raise TimeLimit(f'{len(later)} run(s) it needs would not finish before the time '
                             f"limit, first {later[0][1]} on {later[0][0]['label']} seed "
@@ -1009,10 +1030,12 @@ class Reproduction:
             return self.claim_config(claim, task, lr, wd)
         jobs = [(c, m, k, config_of(c, m)) for c in cells for m in claim.models
                 for k in range(seeds)]
-        self._train_missing(jobs, wait=wait, need_weights=claim.keep_weights)
-        if claim.keep_weights:  # with the claim's results (runs trained for another claim
-            for job in jobs:  # first, e.g. Table 7's, have theirs in runs/ only)
-                self.store.keep(*job)
+        try:
+            self._train_missing(jobs, wait=wait, need_weights=claim.keep_weights)
+        finally:
+            if claim.keep_weights:  # with the claim's results (runs trained for another claim
+                for job in jobs:  # first, e.g. Table 7's, have theirs in runs/ only)
+                    self.store.keep(*job)
         task_runs, _ = self._grid(cells, claim.models, seeds, config_of)
         runs += task_runs
         files += [self.store.files(*job) for job in jobs]
@@ -1219,9 +1242,10 @@ def d3_records(repro: 'Reproduction', claim: Claim, runs: Sequence[Mapping[str, 
     the absolute error), ECE and NLL are on the test split. Each comparison is a per-seed
     difference of one metric between two methods, judged by the verdict rule like the R²
     differences (the same units: a correlation or an ECE in [0, 0.5]). The members' weights come
-    from the store (:meth:`RunStore.weights`); a run finished without them (before they were
-    kept, say) leaves its study seed out, and the record says which; the members' R² in the
-    record is of the scored members."""
+    from the store (:meth:`RunStore.weights`; :meth:`Reproduction.run` trains a member whose
+    weights are lost again first); a run still without them (no best epoch) leaves its study
+    seed out, and the record says which; the members' R² in the record is of the scored
+    members."""
     import torch
 
     from torch_mz.inference import load_model
@@ -1266,9 +1290,9 @@ def d3_records(repro: 'Reproduction', claim: Claim, runs: Sequence[Mapping[str, 
     enough = 'at least' if members[spec]['r2'] >= 0.8 else 'below'
     note = (f"members' test R² {members[spec]['r2']:.3f} ({enough} the 0.8 the comparison "
             f"asks for)"
-            + (f'; no best-validation weights kept for seeds {missing} (finished before weights '
-               f'were kept, in another clone, or without a best epoch): their study seeds are '
-               f'left out; delete their records to train them again' if missing else ''))
+            + (f'; no best-validation weights for seeds {missing} (a run without a best epoch, '
+               f'or scored without the claim: Reproduction.run trains a member with lost '
+               f'weights again): their study seeds are left out' if missing else ''))
     out: List[Dict[str, object]] = []
     for comparison in claim.comparisons:
         metric, a, b = comparison.b
