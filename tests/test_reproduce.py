@@ -644,3 +644,16 @@ def test_time_limit_option_reads_minutes_or_hours_and_minutes():
     for bad in ('', 'abc', '1:75', '1:2:3:4', '0', '-5', 'inf', '1:-1'):
         with pytest.raises(argparse.ArgumentTypeError):
             duration(bad)
+
+
+def test_a_run_record_names_the_code_that_trained_it(tmp_path):
+    from torch_mz.study.measure import code_version
+    Reproduction(TINY, str(tmp_path), device='cpu', sweep_cells={'sum': SUM}).sweep(
+        'sum', CLAIM.models[:1])
+    records = [json.loads(p.read_text()) for p in tmp_path.rglob('records/tiny/**/*.json')]
+    assert len(records) == len(TINY.sweep)
+    version = code_version()  # this checkout's commit (None in an installed copy)
+    assert all(r['code'] == version for r in records)
+    if version is not None:
+        commit = version.split('-')[0]
+        assert len(commit) == 10 and int(commit, 16) >= 0

@@ -35,6 +35,7 @@ from torch_mz._files import atomic_write
 from torch_mz.paper import TABLE1, TABLE1_STD, TABLE28, TABLE30, TABLE7, TABLE7_CELLS
 from torch_mz.study import grid as _grid
 from torch_mz.study.grid import run_grid
+from torch_mz.study.measure import code_version
 from torch_mz.study.specs import parse_model_spec
 from torch_mz.train import TrainConfig
 
@@ -514,7 +515,9 @@ class RunStore:
         if pending is None:  # a cached run
             return None
         path, key, ckpt = pending
-        record = dict(record, key=key, val_loss_curve=_val_curve(ckpt))
+        # the code that finished it (its float rounding is part of a run: exact rewrites of
+        # the operator change a run's trajectory; a run resumed across commits names the last)
+        record = dict(record, key=key, val_loss_curve=_val_curve(ckpt), code=code_version())
         kept = self._kept(path)
         if kept is not None and os.path.exists(kept):  # of an earlier run of this key
             os.remove(kept)

@@ -257,6 +257,23 @@ def in_fresh_process(script: str, config: Dict[str, Any],
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def code_version() -> Optional[str]:
+    r"""The git commit of the ``torch_mz`` package being run (``'<hash>-dirty'`` when its files
+    differ from that commit), or :obj:`None` outside a git checkout (an installed package)."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        head = subprocess.run(['git', '-C', here, 'rev-parse', '--short=10', 'HEAD'],
+                              capture_output=True, text=True, timeout=30)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(['git', '-C', here, 'status', '--porcelain',
+                                '--untracked-files=no', '--', '.'],
+                               capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ('-dirty' if dirty.stdout.strip() else '')
+
+
 def environment() -> Dict[str, object]:
     r"""Versions and hardware the measurement ran on."""
     import torch_geometric
@@ -266,6 +283,7 @@ def environment() -> Dict[str, object]:
         'processor': platform.processor() or platform.machine(),
         'cpu_count': os.cpu_count(),
         'torch': torch.__version__,
+        'torch_mz_commit': code_version(),
         'torch_geometric': torch_geometric.__version__,
         'torch_scatter': WITH_TORCH_SCATTER,
         'threads': torch.get_num_threads(),
