@@ -455,11 +455,11 @@ def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
     assert torch.equal(torch.load(path, weights_only=True)['x'], torch.tensor([1.0]))
 
 
-def _resume_run(out_dir, crash_at=None, resume=None, init_seed=0):
+def _resume_run(out_dir, crash_at=None, resume=None, init_seed=0, device='cpu'):
     seed_everything(init_seed)
     model = H.ToyDeepSets(3, 2, dropout=0.3)  # dropout: the random streams must be restored too
     cfg = config(epochs=5, warmup_epochs=1, patience=10, restore_best=False,
-                 out_dir=str(out_dir), resume=resume)
+                 out_dir=str(out_dir), resume=resume, device=device)
     trainer = Trainer(model, cfg)
     ran = []
     original = trainer._train_epoch
@@ -474,16 +474,20 @@ def _resume_run(out_dir, crash_at=None, resume=None, init_seed=0):
     return trainer, trainer.fit(REG_TRAIN[:48], REG_VAL[:16]), ran
 
 
-def test_resume_matches_uninterrupted_run(tmp_path):
-    full, full_result, _ = _resume_run(tmp_path / 'full')
+@pytest.mark.parametrize('device', ['cpu', pytest.param('cuda', marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason='CUDA not available'))])
+def test_resume_matches_uninterrupted_run(tmp_path, device):
+    # (on CUDA: pinned loaders, and the CUDA random streams saved and restored with the run)
+    full, full_result, _ = _resume_run(tmp_path / 'full', device=device)
 
     with pytest.raises(RuntimeError, match='simulated crash'):
-        _resume_run(tmp_path / 'crashed', crash_at=3)
+        _resume_run(tmp_path / 'crashed', crash_at=3, device=device)
     checkpoint = tmp_path / 'crashed' / 'checkpoint.pt'
     assert load_checkpoint(checkpoint)['epoch'] == 2
 
     resumed, resumed_result, ran = _resume_run(tmp_path / 'crashed', resume=str(checkpoint),
-                                               init_seed=123)  # different init: weights loaded
+                                               init_seed=123,  # different init: weights loaded
+                                               device=device)
     assert ran == [3, 4]  # continues at the next epoch
     assert_same_params(params(resumed.model), params(full.model))
 

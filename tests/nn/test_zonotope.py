@@ -193,19 +193,32 @@ def test_compiled_layer_norm_jacobian_matches_autograd_reference(monkeypatch, af
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='CUDA not available')
-def test_cuda_fused_layer_norm_jacobian_matches_cpu():
+@pytest.mark.parametrize('fused_on_cuda', [False, True])
+def test_cuda_fused_layer_norm_jacobian_matches_cpu(monkeypatch, fused_on_cuda):
+    r"""The LayerNorm Jacobian on CUDA equals the CPU's (eager there), values and gradients: the
+    eager functions, and the compiled kernels forced on for the CUDA leg (compiled by Triton;
+    a compile failure, which would fall back to the eager functions with a warning, fails)."""
+    import warnings
+
+    from torch_mz.nn import fused
     norm = torch.nn.LayerNorm(64).double()
     g = torch.Generator().manual_seed(3)
     c = torch.randn(10, 64, generator=g, dtype=torch.float64)
     gens = torch.randn(10, 8, 64, generator=g, dtype=torch.float64)
     results = []
     for device in ('cpu', 'cuda'):
+        monkeypatch.setattr(fused, '_ENABLED', fused_on_cuda and device == 'cuda')
+        monkeypatch.setattr(fused, '_FAILED', False)
         n = norm.to(device)
         n.zero_grad()
         cc, gg = c.to(device).requires_grad_(), gens.to(device).requires_grad_()
-        out = zonotope_layer_norm(Zonotope(cc, gg), n)
-        out.gens.pow(2).sum().backward()
+        with warnings.catch_warnings():
+            warnings.simplefilter('error', RuntimeWarning)  # no silent fallback
+            out = zonotope_layer_norm(Zonotope(cc, gg), n)
+            out.gens.pow(2).sum().backward()
+        assert fused.use_fused_kernels(gg) == (fused_on_cuda and device == 'cuda')
         results.append([t.detach().cpu() for t in (out.gens, cc.grad, gg.grad, n.weight.grad)])
+    assert not fused._FAILED
     for a, b in zip(*results):
         torch.testing.assert_close(a, b)
 
