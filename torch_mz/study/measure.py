@@ -259,9 +259,14 @@ def in_fresh_process(script: str, config: Dict[str, Any],
 
 def code_version() -> Optional[str]:
     r"""The git commit of the ``torch_mz`` package being run (``'<hash>-dirty'`` when its files
-    differ from that commit), or :obj:`None` outside a git checkout (an installed package)."""
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    differ from that commit), or :obj:`None` where the package is not a tracked folder of a git
+    checkout (an installed copy, also one in a virtual environment inside a checkout)."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the torch_mz folder
     try:
+        tracked = subprocess.run(['git', '-C', here, 'ls-files', '--error-unmatch',
+                                  '__init__.py'], capture_output=True, text=True, timeout=30)
+        if tracked.returncode != 0:
+            return None
         head = subprocess.run(['git', '-C', here, 'rev-parse', '--short=10', 'HEAD'],
                               capture_output=True, text=True, timeout=30)
         if head.returncode != 0:
