@@ -62,6 +62,14 @@ so no run is cut short at the limit unless its epochs run far slower than before
 :meth:`torch_mz.reproduce.Reproduction.fits`). A run that could not fit even in the whole
 limit is an error (status 2): give it a longer limit. A claim's evaluation after its last run
 is not part of the estimate.
+
+``--time-limit 2:50 --carry`` uses the whole limit instead: any run may start while time is
+left, and the run in progress stops after the epoch that ends past the limit, its checkpoint
+(``<out>/runs/<budget>/<run>/checkpoint.pt`` and ``best.pt``) written for the next invocation,
+which resumes it exactly (status 3). The checkpoints of runs in progress in this repository's
+results folder are committed (``.gitignore``), so a run longer than a session goes on in the
+next session's clone: commit ``<out>/runs/<budget>`` with the records (``git add -A``, so that the
+checkpoints of runs finished since are removed too).
 """
 import time
 
@@ -315,7 +323,13 @@ def main(argv=None):
                              "are trained meanwhile, and the command exits with status 3 when "
                              "runs are left for the next invocation (2 if a claim failed, or a "
                              "run could not fit even in the whole limit). A started run is not "
-                             "stopped")
+                             "stopped, except with --carry")
+    parser.add_argument('--carry', action='store_true',
+                        help="with --time-limit: use the whole limit; any run may start while "
+                             "time is left, and the run in progress stops after the epoch that "
+                             "ends past the limit, its checkpoint kept for the next invocation "
+                             "to resume from exactly (commit <out>/runs/<budget> to carry it "
+                             "to another clone)")
     parser.add_argument('--out', default=None,
                         help='results folder (default: benchmarks/results/reproduction, and '
                              'benchmarks/results/reproduction/quick for --budget quick)')
@@ -324,6 +338,8 @@ def main(argv=None):
     unknown = [c for c in claims if c not in CLAIM_NAMES]
     if unknown:
         parser.error(f"unknown claims {unknown}; available: {', '.join(CLAIM_NAMES)}")
+    if args.carry and args.time_limit is None:
+        parser.error('--carry needs --time-limit (it says what to do at the limit)')
     out = args.out or os.path.join(RESULTS, 'reproduction', *(
         ('quick', ) if args.budget == 'quick' else ()))
     budget = BUDGETS[args.budget]
@@ -353,7 +369,8 @@ def main(argv=None):
     start, failed, later = time.time(), [], []
     repro = Reproduction(budget, out, device=args.device, seeds=args.seeds, on_result=report,
                          on_wait=waiting, progress=args.progress,
-                         deadline=None if args.time_limit is None else STARTED + args.time_limit)
+                         deadline=None if args.time_limit is None else STARTED + args.time_limit,
+                         carry=args.carry)
     repro.started = STARTED
 
     def finish(name, records):
@@ -409,9 +426,12 @@ def main(argv=None):
           f'{out}/summary.json, summary.md')
     if later:
         done = [p for p in (os.path.join(out, 'records', budget.name),
-                            os.path.join(out, 'weights', budget.name)) if os.path.exists(p)]
+                            os.path.join(out, 'weights', budget.name),
+                            os.path.join(out, 'runs', budget.name) if args.carry else '')
+                if p and os.path.exists(p)]
         print(f"left for the next invocation (the time limit): {', '.join(later)}; run the same "
-              f'command again to go on (the runs finished so far: git add '
+              f'command again to go on (the runs finished so far'
+              f"{' and the checkpoints of those in progress' if args.carry else ''}: git add -A "
               f"{' '.join(os.path.relpath(p) for p in done)})", flush=True)
     return EXIT_ERROR if failed else EXIT_TIME_LIMIT if later else 0
 

@@ -635,6 +635,86 @@ def test_a_time_limit_trains_the_runs_that_fit_and_leaves_the_rest(tmp_path, mon
     assert repro.store.weights(d2, deepsets, 0, config[deepsets]) is None
 
 
+def test_carry_stops_a_run_at_the_limit_and_a_clone_resumes_it_exactly(tmp_path, monkeypatch):
+    import shutil
+    from torch_mz.train import Trainer, load_checkpoint
+    budget = replace(TINY, epochs=4)  # no early stopping: 4 epochs a run
+    fixed = replace(CLAIM, name='fixed', protocol=(2e-3, 0.05))  # 8 runs, no sweep
+    cells = {'sum': SUM}
+    whole, whole_runs = Reproduction(budget, str(tmp_path / 'whole'), device='cpu',
+                                     sweep_cells=cells).run(fixed)
+    now = [1000.0]
+    original = Trainer._train_epoch
+
+    def ticking(self, loader, epoch):  # each epoch takes 10 s on the clock
+        now[0] += 10.0
+        return original(self, loader, epoch)
+    monkeypatch.setattr(Trainer, '_train_epoch', ticking)
+    calls = _counting(monkeypatch)
+    cut = tmp_path / 'cut'
+    # 45 s: the first run (40 s) finishes, and the second starts though it cannot finish (no
+    # time bound with carry) and stops after the epoch that ends past the limit, at 50 s
+    repro = Reproduction(budget, str(cut), device='cpu', sweep_cells=cells,
+                         deadline=now[0] + 45.0, clock=lambda: now[0], carry=True)
+    assert repro.too_long(repro.sized(SUM), fixed.models[0], 0,
+                          repro.claim_config(fixed, 'sum', 2e-3, 0.05)) is None
+    with pytest.raises(reproduce.TimeLimit) as e:
+        repro.run(fixed)
+    assert not e.value.never and len(calls) == 2
+    assert len(list(cut.rglob('records/tiny/**/*.json'))) == 1
+    stopped = list(cut.glob('runs/tiny/*/checkpoint.pt'))
+    assert len(stopped) == 1 and load_checkpoint(stopped[0])['epoch'] == 0
+    # another clone gets what the repository commits (.gitignore): the records, the kept
+    # weights and each run in progress's checkpoint.pt and best.pt, no lock, log or weights
+    # of finished runs
+    clone = tmp_path / 'clone'
+    for path in cut.rglob('*'):
+        rel = path.relative_to(cut)
+        carried = (rel.parts[0] in ('records', 'weights') or len(rel.parts) == 4
+                   and rel.parts[0] == 'runs' and rel.parts[2] != 'weights'
+                   and rel.name in ('checkpoint.pt', 'best.pt'))
+        if path.is_file() and carried:
+            (clone / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(path, clone / rel)
+    # without a limit there: the stopped run resumes at its second epoch, the others start;
+    # every run as the uninterrupted reproduction's
+    epochs = []
+    monkeypatch.setattr(Trainer, '_train_epoch',
+                        lambda self, loader, epoch: epochs.append(epoch) or
+                        original(self, loader, epoch))
+    again, again_runs = Reproduction(budget, str(clone), device='cpu',
+                                     sweep_cells=cells).run(fixed)
+    assert len(calls) == 2 + 7 and epochs.count(0) == 6 and epochs.count(1) == 7
+    assert not list(clone.glob('runs/tiny/*/checkpoint.pt'))  # removed when finished
+
+    def same(run):
+        return (run['cell'], run['model'], run['seed'], run['epochs_run'], run['test'],
+                run['val'], run['val_loss_curve'])
+    assert sorted(map(same, again_runs)) == sorted(map(same, whole_runs))
+    assert again == whole
+
+
+def test_the_repository_commits_the_checkpoints_of_runs_in_progress():
+    import shutil
+    import subprocess
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    if shutil.which('git') is None or not (root / '.git').exists():
+        pytest.skip('not a git checkout')
+    runs = 'benchmarks/results/reproduction/runs/converged'
+    ignored = {f'{runs}/0123456789/checkpoint.pt': False, f'{runs}/0123456789/best.pt': False,
+               'benchmarks/results/reproduction/weights/converged/t/m/r_s0.pt': False,
+               f'{runs}/0123456789/metrics.jsonl': True, f'{runs}/0123456789.lock': True,
+               f'{runs}/weights/0123456789.pt': True,
+               f'{runs}/0123456789/.checkpoint.pt.0a1b2c.tmp': True,
+               'benchmarks/results/speed/checkpoint.pt': True, 'runs/x/checkpoint.pt': True}
+    out = subprocess.run(['git', 'check-ignore', '--no-index', '--stdin'], cwd=root, text=True,
+                         input='\n'.join(ignored) + '\n', capture_output=True)
+    assert out.returncode in (0, 1), out.stderr
+    found = set(out.stdout.split())
+    assert {p: p in found for p in ignored} == ignored
+
+
 def test_time_limit_option_reads_minutes_or_hours_and_minutes():
     import argparse
     from tests.test_benchmarks_real import load_script
@@ -644,6 +724,13 @@ def test_time_limit_option_reads_minutes_or_hours_and_minutes():
     for bad in ('', 'abc', '1:75', '1:2:3:4', '0', '-5', 'inf', '1:-1'):
         with pytest.raises(argparse.ArgumentTypeError):
             duration(bad)
+
+
+def test_carry_needs_a_time_limit(tmp_path, capsys):
+    from tests.test_benchmarks_real import load_script
+    with pytest.raises(SystemExit) as e:
+        load_script('reproduce').main(['--carry', '--out', str(tmp_path)])
+    assert e.value.code == 2 and '--carry needs --time-limit' in capsys.readouterr().err
 
 
 def test_a_run_record_names_the_code_that_trained_it(tmp_path):

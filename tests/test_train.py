@@ -3,6 +3,7 @@ import importlib.util
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -455,11 +456,13 @@ def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
     assert torch.equal(torch.load(path, weights_only=True)['x'], torch.tensor([1.0]))
 
 
-def _resume_run(out_dir, crash_at=None, resume=None, init_seed=0, device='cpu'):
+def _resume_run(out_dir, crash_at=None, resume=None, init_seed=0, device='cpu',
+                on_epoch=None, **options):
     seed_everything(init_seed)
     model = H.ToyDeepSets(3, 2, dropout=0.3)  # dropout: the random streams must be restored too
-    cfg = config(epochs=5, warmup_epochs=1, patience=10, restore_best=False,
-                 out_dir=str(out_dir), resume=resume, device=device)
+    cfg = config(**dict(dict(epochs=5, warmup_epochs=1, patience=10, restore_best=False,
+                             out_dir=None if out_dir is None else str(out_dir), resume=resume,
+                             device=device), **options))
     trainer = Trainer(model, cfg)
     ran = []
     original = trainer._train_epoch
@@ -468,6 +471,8 @@ def _resume_run(out_dir, crash_at=None, resume=None, init_seed=0, device='cpu'):
         if epoch == crash_at:
             raise RuntimeError('simulated crash')
         ran.append(epoch)
+        if on_epoch is not None:
+            on_epoch(epoch)
         return original(loader, epoch)
 
     trainer._train_epoch = train_epoch
@@ -495,6 +500,52 @@ def test_resume_matches_uninterrupted_run(tmp_path, device):
     assert resumed_result.best_epoch == full_result.best_epoch
     lines = (tmp_path / 'crashed' / 'metrics.jsonl').read_text().splitlines()
     assert [json.loads(line)['epoch'] for line in lines] == [0, 1, 2, 3, 4]
+
+
+def test_stop_by_stops_between_epochs_and_the_run_resumes_exactly(tmp_path):
+    from torch_mz.train import TrainingStopped, stop_by
+    # checkpoints every 3 epochs: the stop writes its own
+    full, full_result, _ = _resume_run(tmp_path / 'full', checkpoint_every=3)
+    now = [0.0]
+
+    def tick(epoch):  # each epoch takes 10 s on this clock
+        now[0] += 10.0
+    # the deadline falls inside epoch 1: the run stops when it ends, not before, not later
+    with stop_by(15.0, clock=lambda: now[0]):
+        with pytest.raises(TrainingStopped) as stopped:
+            _resume_run(tmp_path / 'cut', on_epoch=tick, checkpoint_every=3)
+    assert stopped.value.epoch == 1
+    checkpoint = tmp_path / 'cut' / 'checkpoint.pt'
+    assert stopped.value.checkpoint == str(checkpoint)
+    assert load_checkpoint(checkpoint)['epoch'] == 1
+    # the stop ends with the block: resumed elsewhere (only the checkpoint and best.pt, as a
+    # clone carries them), the run continues at epoch 2 and ends as the uninterrupted one
+    clone = tmp_path / 'clone'
+    clone.mkdir()
+    for name in ('checkpoint.pt', 'best.pt'):
+        shutil.copy(tmp_path / 'cut' / name, clone / name)
+    resumed, resumed_result, ran = _resume_run(clone, resume=str(clone / 'checkpoint.pt'),
+                                               init_seed=123, checkpoint_every=3)
+    assert ran == [2, 3, 4]
+    assert_same_params(params(resumed.model), params(full.model))
+    assert strip_times(resumed_result.history) == strip_times(full_result.history)
+    assert [json.loads(line)['epoch'] for line in
+            (clone / 'metrics.jsonl').read_text().splitlines()] == [0, 1, 2, 3, 4]
+
+    # past the deadline at the last epoch there is nothing to stop: the run finishes
+    now[0] = 0.0
+    with stop_by(1.0, clock=lambda: now[0]):
+        _, last, ran = _resume_run(tmp_path / 'late', on_epoch=tick, epochs=1)
+    assert ran == [0] and last.epochs_run == 1
+    # a run with nowhere to write a checkpoint is not stopped (that would only lose it)
+    now[0] = 0.0
+    with stop_by(1.0, clock=lambda: now[0]):
+        _, kept_on, ran = _resume_run(None, on_epoch=tick)
+    assert ran == [0, 1, 2, 3, 4] and kept_on.epochs_run == 5
+    # stop_by(None) sets no deadline
+    with stop_by(None):
+        _, whole, _ = _resume_run(tmp_path / 'none', epochs=2)
+    assert whole.epochs_run == 2
 
 
 def test_missing_or_corrupt_checkpoint_raises_clear_error(tmp_path):

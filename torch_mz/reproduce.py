@@ -6,7 +6,10 @@ runs that makes every study resumable, and the verdict rule. The engine of
 Every run (task cell, model, seed, training configuration) is written to its own JSON file when it
 finishes and is read back instead of trained when asked for again, so an interrupted reproduction
 resumes where it stopped, and a run shared by two claims or by the sweep and a claim is trained
-once. A run in progress keeps a checkpoint (under ``runs/``, not committed) that it resumes from.
+once. A run in progress keeps a checkpoint (under ``runs/``) that it resumes from, exactly; in the
+repository's own results folder the checkpoints of runs in progress are committed (see
+``.gitignore``), so that with ``carry`` (:class:`Reproduction`) a run longer than one job goes on
+in the next one, in another clone.
 
 Several processes may run the same reproduction at once (one per core, say) and share its runs:
 each run is trained by the process that locks it first (an advisory file lock next to the
@@ -37,7 +40,7 @@ from torch_mz.study import grid as _grid
 from torch_mz.study.grid import run_grid
 from torch_mz.study.measure import code_version
 from torch_mz.study.specs import parse_model_spec
-from torch_mz.train import TrainConfig
+from torch_mz.train import TrainConfig, TrainingStopped, stop_by
 
 VERDICTS = ('reproduced', 'direction only', 'not reproduced', 'inconclusive')
 TOL_ABS = 0.02  # R² units: how close to the paper's figure counts as the same
@@ -742,6 +745,13 @@ class Reproduction:
             from its last epoch's checkpoint when the process is killed and the command runs
             again), and a claim's evaluation after its last run is not part of the estimate.
             (default: :obj:`None`, no limit)
+        carry (bool, optional): With a :obj:`deadline`, start any run while time is left and
+            stop the run in progress after the epoch that ends past the deadline
+            (:func:`torch_mz.train.stop_by`), its checkpoint written for the next invocation to
+            resume from (exactly), instead of passing over the runs that may not finish: no
+            time is left idle, and a run may be longer than one job when its checkpoint is
+            carried to the next (committed, as this repository's results folder does).
+            (default: :obj:`False`)
         clock (callable, optional): The clock :obj:`deadline` is read against (tests).
             (default: :func:`time.time`)
 
@@ -755,9 +765,10 @@ class Reproduction:
                  sweep_cells: Optional[Mapping[str, Mapping[str, Any]]] = None,
                  on_wait: Optional[Callable[[str, str, int], None]] = None,
                  progress: bool = False, deadline: Optional[float] = None,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, carry: bool = False):
         self.budget = budget
         self.deadline = deadline
+        self.carry = carry
         self.clock = clock
         self.started = clock()  # the whole limit is deadline - started
         self.progress = progress
@@ -826,8 +837,9 @@ class Reproduction:
             return
         name, options = parse_model_spec(spec)
         task = self._load(cell['task'], seed=0, **dict(cell.get('kwargs', {})))
-        record = dict(_grid.train_one(task, name, seed, run_config, **options), model=spec,
-                      cell=cell['label'])
+        with stop_by(self.deadline if self.carry else None, self.clock):  # TrainingStopped
+            trained = _grid.train_one(task, name, seed, run_config, **options)
+        record = dict(trained, model=spec, cell=cell['label'])
         saved = self.store.save(record)
         if saved is not None and self.on_result is not None:
             self.on_result(saved)
@@ -870,18 +882,22 @@ class Reproduction:
              again: bool = False) -> bool:
         r"""Whether the run may start (or resume) before the :obj:`deadline`: always without
         one; with one, when :data:`TIME_MARGIN` x :meth:`time_bound` is at most the time left
-        (a run with no estimate at all: while any time is left)."""
+        (a run with no estimate at all, or any run with :obj:`carry`: while any time is
+        left)."""
         if self.deadline is None:
             return True
         left = self.deadline - self.clock()
+        if self.carry:
+            return left > 0
         needed = self.time_bound(cell, spec, seed, config, again)
         return left > 0 and (needed is None or TIME_MARGIN * needed <= left)
 
     def too_long(self, cell: Mapping[str, Any], spec: str, seed: int, config: TrainConfig,
                  again: bool = False) -> Optional[str]:
         r"""Why the run could not fit even in the whole time limit (``deadline`` less the
-        time this object was made), or :obj:`None` (also without a deadline)."""
-        if self.deadline is None:
+        time this object was made), or :obj:`None` (also without a deadline, and with
+        :obj:`carry`, where a run may span invocations)."""
+        if self.deadline is None or self.carry:
             return None
         needed = self.time_bound(cell, spec, seed, config, again)
         whole = self.deadline - self.started
@@ -899,17 +915,22 @@ class Reproduction:
         that were held (a run whose holder died without finishing it is trained here). With
         :obj:`wait` false, raises :class:`RunsHeld` instead of waiting. With a
         :obj:`deadline`, the runs that do not :meth:`fit <fits>` are passed over (the others
-        are trained) and then :class:`TimeLimit` is raised. With :obj:`need_weights`, a run
+        are trained; with :obj:`carry`, a run stopped at the deadline too) and then
+        :class:`TimeLimit` is raised. With :obj:`need_weights`, a run
         in the store whose weights are not here (:meth:`RunStore.weights`) is trained again."""
         def done(job) -> bool:
             return self.store.stored(*job) and (not need_weights
                                                 or self.store.weights(*job) is not None)
 
-        def train(job) -> None:
+        def train(job) -> bool:
             cell, spec, seed, config = job
-            self._train_one(cell, spec, seed, config, again=self.store.stored(*job))
+            try:
+                self._train_one(cell, spec, seed, config, again=self.store.stored(*job))
+            except TrainingStopped:  # carry: its checkpoint is for the next invocation
+                return False
             if need_weights:  # at once: a later TimeLimit must not leave them in runs/ only
                 self.store.keep(*job)
+            return True
 
         held, later, never = [], [], []
         for job in jobs:
@@ -921,7 +942,8 @@ class Reproduction:
                 elif not done(job):  # not finished while we looked
                     again = self.store.stored(*job)
                     if self.fits(*job, again=again):
-                        train(job)
+                        if not train(job):
+                            later.append(job)
                     else:
                         later.append(job)
                         why = self.too_long(*job, again=again)
@@ -953,7 +975,10 @@ class Reproduction:
                         raise TimeLimit(f'a run it waited for was left unfinished by another '
                                         f"process, too late to resume: {job[1]} on "
                                         f"{job[0]['label']} seed {job[2]}")
-                    train(job)
+                    if not train(job):
+                        raise TimeLimit(f'time was up while training {job[1]} on '
+                                        f"{job[0]['label']} seed {job[2]}, a run it waited "
+                                        f'for: its checkpoint is kept')
 
     def sweep(self, task: str, models: Sequence[str],
               wait: bool = True) -> Dict[str, Tuple[float, float]]:

@@ -25,7 +25,8 @@ One module per concern: :mod:`~torch_mz.train.runtime` (seeds, device, process g
 outputs and targets), :mod:`~torch_mz.train.normalize` (target normaliser),
 :mod:`~torch_mz.train.metrics`, :mod:`~torch_mz.train.config` (:class:`TrainConfig`,
 :class:`TrainResult`), :mod:`~torch_mz.train.checkpoint`, :mod:`~torch_mz.train.sampling`
-(evaluation shards, worker seeds), :mod:`~torch_mz.train.prediction` (:func:`predict`) and
+(evaluation shards, worker seeds), :mod:`~torch_mz.train.prediction` (:func:`predict`),
+:mod:`~torch_mz.train.stopping` (:func:`stop_by`: stop between epochs at a deadline) and
 :mod:`~torch_mz.train.trainer` (:class:`Trainer`, :func:`train`). Every public name is
 importable from :mod:`torch_mz.train` itself.
 """
@@ -38,11 +39,14 @@ from torch_mz.train.normalize import (TARGET_UNITS, TargetNormalizer, TargetUnit
 from torch_mz.train.prediction import predict
 from torch_mz.train.runtime import DistInfo, resolve_device, seed_everything
 from torch_mz.train.schedule import cosine_with_warmup
+from torch_mz.train.stopping import TrainingStopped, stop_by
 from torch_mz.train.trainer import (BEST_CHECKPOINT, LAST_CHECKPOINT, METRICS_CSV, METRICS_JSONL,
                                     RESULT_JSON, RUN_FILES, Trainer, train)
 
 __all__ = [
     'CheckpointError',
+    'TrainingStopped',
+    'stop_by',
     'TrainConfig',
     'TrainResult',
     'Trainer',

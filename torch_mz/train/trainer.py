@@ -37,6 +37,7 @@ from torch_mz.train.prediction import predict
 from torch_mz.train.runtime import _setup_distributed, seed_everything
 from torch_mz.train.sampling import _ShardSampler, _worker_init_fn
 from torch_mz.train.schedule import cosine_with_warmup
+from torch_mz.train.stopping import TrainingStopped, _stop_due, _stop_requested
 
 __all__ = [
     'Trainer',
@@ -390,8 +391,15 @@ class Trainer:
         evaluates the final (best, restored) model on ``test_dataset`` if given. With
         ``config.resume`` set it continues from that checkpoint at its next epoch; with the same
         configuration and deterministic kernels the result equals that of an uninterrupted run.
-        Under DDP all ranks must call it with the same datasets."""
+        Inside :func:`~torch_mz.train.stop_by` it stops after the epoch that ends past the
+        deadline, writes that epoch's checkpoint and raises
+        :class:`~torch_mz.train.TrainingStopped` (with ``out_dir`` set; a run with nowhere to
+        write one trains on). Under DDP all ranks must call it with the same datasets."""
         cfg = self.config
+        if _stop_requested() and self.dist.is_distributed:
+            raise ValueError('torch_mz.train.stop_by is not for distributed training (its '
+                             'processes could disagree on the time): give the job its time '
+                             'limit and resume from the last checkpoint instead')
         start = time.perf_counter()
         for name, ds in (('train', train_dataset), ('val', val_dataset), ('test', test_dataset)):
             if ds is not None and len(ds) == 0:
@@ -467,7 +475,13 @@ class Trainer:
             run.history.append(record)
             bar.set_postfix({k: f'{v:.4g}' for k, v in record.items()
                              if k in ('train_loss', 'val_loss')})
-            self._save_epoch(run, epoch)
+            more = epoch < cfg.epochs - 1 and not run.stopped_early
+            stop = more and cfg.out_dir is not None and _stop_due()  # torch_mz.train.stop_by
+            self._save_epoch(run, epoch, force=stop)
+            if stop:
+                bar.close()
+                log.info('Stopped at the deadline after epoch %d', epoch)
+                raise TrainingStopped(epoch, os.path.join(cfg.out_dir, LAST_CHECKPOINT))
             if run.stopped_early:
                 log.info('Early stopping after epoch %d; best epoch %d (val loss %.6g)', epoch,
                          run.best_epoch, run.best_val)
@@ -494,11 +508,11 @@ class Trainer:
             run.bad_epochs += 1
         run.stopped_early = cfg.patience is not None and run.bad_epochs >= cfg.patience
 
-    def _save_epoch(self, run: _FitState, epoch: int) -> None:
-        r"""Writes ``checkpoint.pt`` (every ``checkpoint_every`` epochs and after the last one)
-        and the metrics logs."""
+    def _save_epoch(self, run: _FitState, epoch: int, force: bool = False) -> None:
+        r"""Writes ``checkpoint.pt`` (every ``checkpoint_every`` epochs, after the last one and
+        when :obj:`force`\ d) and the metrics logs."""
         cfg = self.config
-        last = epoch == cfg.epochs - 1 or run.stopped_early
+        last = epoch == cfg.epochs - 1 or run.stopped_early or force
         periodic = cfg.checkpoint_every > 0 and (epoch + 1) % cfg.checkpoint_every == 0
         if cfg.out_dir is not None and (last or periodic):
             rng = self._gather_rng()  # collective: every rank takes part

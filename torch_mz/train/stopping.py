@@ -1,0 +1,58 @@
+r"""Stopping training at a time, between epochs, so that a run can go on elsewhere.
+
+A job with a time limit (a cluster allocation, a CI session) that is killed loses the epoch in
+progress and, if the kill lands in the middle of writing, leaves nothing to clean up only because
+checkpoints are written atomically. :func:`stop_by` does better: inside its ``with`` block a
+:class:`~torch_mz.train.Trainer` that writes files (``out_dir`` set) checks the time after every
+epoch and, once it is past the deadline with epochs left, writes ``checkpoint.pt`` (whatever
+``checkpoint_every`` says) and raises :class:`TrainingStopped`. Resuming from that checkpoint
+(``TrainConfig(resume=...)``) continues exactly as the uninterrupted run would have (the
+trainer's resumption is exact), so a run may span several jobs. A run that has nowhere to write a
+checkpoint is not stopped (stopping it would only lose it).
+"""
+import contextvars
+import time
+from contextlib import contextmanager
+from typing import Callable, Iterator, Optional, Tuple
+
+__all__ = ['TrainingStopped', 'stop_by']
+
+_DEADLINE: contextvars.ContextVar[Optional[Tuple[float, Callable[[], float]]]] = \
+    contextvars.ContextVar('torch_mz_train_deadline', default=None)
+
+
+class TrainingStopped(RuntimeError):
+    r"""Raised by :meth:`Trainer.fit <torch_mz.train.Trainer.fit>` inside :func:`stop_by` when
+    the deadline has passed: the checkpoint of the last finished epoch (:attr:`epoch`) is at
+    :attr:`checkpoint`, ready to resume from."""
+    def __init__(self, epoch: int, checkpoint: str):
+        super().__init__(f'training stopped at its deadline after epoch {epoch}; resume from '
+                         f'{checkpoint!r}')
+        self.epoch = epoch
+        self.checkpoint = checkpoint
+
+
+@contextmanager
+def stop_by(deadline: Optional[float],
+            clock: Callable[[], float] = time.time) -> Iterator[None]:
+    r"""Within the block, training stops after the first epoch that ends at or past
+    :obj:`deadline` (read against :obj:`clock`, :func:`time.time` seconds by default) and
+    raises :class:`TrainingStopped` once the epoch's checkpoint is written. :obj:`None` sets no
+    deadline. Not for distributed training (its processes could disagree on the time): a
+    :class:`~torch_mz.train.Trainer` launched with ``torchrun`` refuses it."""
+    token = _DEADLINE.set(None if deadline is None else (float(deadline), clock))
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
+
+
+def _stop_due() -> bool:
+    r"""Whether a :func:`stop_by` deadline is set and has passed."""
+    limit = _DEADLINE.get()
+    return limit is not None and limit[1]() >= limit[0]
+
+
+def _stop_requested() -> bool:
+    r"""Whether a :func:`stop_by` deadline is set at all."""
+    return _DEADLINE.get() is not None
