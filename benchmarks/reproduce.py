@@ -66,10 +66,13 @@ is not part of the estimate.
 ``--time-limit 2:50 --carry`` uses the whole limit instead: any run may start while time is
 left, and the run in progress stops after the epoch that ends past the limit, its checkpoint
 (``<out>/runs/<budget>/<run>/checkpoint.pt`` and ``best.pt``) written for the next invocation,
-which resumes it exactly (status 3). The checkpoints of runs in progress in this repository's
-results folder are committed (``.gitignore``), so a run longer than a session goes on in the
-next session's clone: commit ``<out>/runs/<budget>`` with the records (``git add -A``, so that the
-checkpoints of runs finished since are removed too).
+which resumes it exactly (status 3) with the same torch build, thread count and hardware (the
+float rounding is part of a run). The checkpoints of runs in progress in this repository's
+results folder are committed (``.gitignore``; the ``quick`` budget's folder is not), so a run
+longer than a session goes on in the next session's clone: commit ``<out>/runs/<budget>`` with
+the records (``git add -A``, so that the checkpoints of runs finished since are removed too).
+The command ends up to one epoch after the limit, plus the evaluation of the claims it then
+reads back: give it a limit that leaves that much.
 """
 import time
 
@@ -387,9 +390,11 @@ def main(argv=None):
         commit = [path, os.path.join(out, 'summary.json'), os.path.join(out, 'summary.md')]
         commit += [os.path.join(out, f) for f in (f'{name}.{budget.name}.png',
                                                   os.path.join('records', budget.name),
-                                                  os.path.join('weights', budget.name))
+                                                  os.path.join('weights', budget.name),
+                                                  os.path.join('runs', budget.name))
                    if os.path.exists(os.path.join(out, f))]
-        print(f'  {name} done; to commit: git add '
+        # -A: the checkpoints of runs finished since (committed while in progress) go too
+        print(f'  {name} done; to commit: git add -A '
               + ' '.join(os.path.relpath(p) for p in commit), flush=True)
 
     if 'table30' in claims:  # read from the operator benchmark, nothing to train
@@ -427,12 +432,12 @@ def main(argv=None):
     if later:
         done = [p for p in (os.path.join(out, 'records', budget.name),
                             os.path.join(out, 'weights', budget.name),
-                            os.path.join(out, 'runs', budget.name) if args.carry else '')
-                if p and os.path.exists(p)]
+                            os.path.join(out, 'runs', budget.name))
+                if os.path.exists(p)]
         print(f"left for the next invocation (the time limit): {', '.join(later)}; run the same "
-              f'command again to go on (the runs finished so far'
-              f"{' and the checkpoints of those in progress' if args.carry else ''}: git add -A "
-              f"{' '.join(os.path.relpath(p) for p in done)})", flush=True)
+              f'command again to go on (the runs finished so far and the checkpoints of those '
+              f"in progress: git add -A {' '.join(os.path.relpath(p) for p in done)})",
+              flush=True)
     return EXIT_ERROR if failed else EXIT_TIME_LIMIT if later else 0
 
 

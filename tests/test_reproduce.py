@@ -665,17 +665,19 @@ def test_carry_stops_a_run_at_the_limit_and_a_clone_resumes_it_exactly(tmp_path,
     stopped = list(cut.glob('runs/tiny/*/checkpoint.pt'))
     assert len(stopped) == 1 and load_checkpoint(stopped[0])['epoch'] == 0
     # another clone gets what the repository commits (.gitignore): the records, the kept
-    # weights and each run in progress's checkpoint.pt and best.pt, no lock, log or weights
-    # of finished runs
+    # weights and each run in progress's checkpoint.pt, best.pt and metrics.jsonl, no lock,
+    # CSV log or weights of finished runs
     clone = tmp_path / 'clone'
     for path in cut.rglob('*'):
         rel = path.relative_to(cut)
         carried = (rel.parts[0] in ('records', 'weights') or len(rel.parts) == 4
                    and rel.parts[0] == 'runs' and rel.parts[2] != 'weights'
-                   and rel.name in ('checkpoint.pt', 'best.pt'))
+                   and rel.name in ('checkpoint.pt', 'best.pt', 'metrics.jsonl'))
         if path.is_file() and carried:
             (clone / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(path, clone / rel)
+    stage, = Reproduction(budget, str(clone), device='cpu', sweep_cells=cells).status(fixed)
+    assert (stage['done'], stage['started'], stage['pending'], stage['epochs']) == (1, 1, 6, 1)
     # without a limit there: the stopped run resumes at its second epoch, the others start;
     # every run as the uninterrupted reproduction's
     epochs = []
@@ -694,6 +696,46 @@ def test_carry_stops_a_run_at_the_limit_and_a_clone_resumes_it_exactly(tmp_path,
     assert again == whole
 
 
+def test_a_stopped_run_is_not_taken_for_a_finished_one_of_the_same_cell_model_and_seed(
+        tmp_path, monkeypatch):
+    from torch_mz.train import Trainer
+    budget = replace(TINY, epochs=4)
+    cells = {'sum': SUM}
+    # two claims on the same cells, models and seeds at two points (as table3 and
+    # table3-protocol): the second's runs are finished
+    first = replace(CLAIM, name='first', protocol=(2e-3, 0.05))
+    second = replace(CLAIM, name='second', protocol=(1e-3, 1e-5))
+    Reproduction(budget, str(tmp_path), device='cpu', sweep_cells=cells).run(second)
+    before = {p: p.read_text() for p in tmp_path.rglob('records/tiny/**/*.json')}
+    assert len(before) == 8
+    now = [0.0]
+    original = Trainer._train_epoch
+
+    def ticking(self, loader, epoch):
+        now[0] += 10.0
+        return original(self, loader, epoch)
+    monkeypatch.setattr(Trainer, '_train_epoch', ticking)
+    repro = Reproduction(budget, str(tmp_path), device='cpu', sweep_cells=cells,
+                         deadline=5.0, clock=lambda: now[0], carry=True)
+    # the first claim's first run stops after one epoch; the second claim is read back (each
+    # of its runs handed to the store as the trainer hands a finished one)
+    results = list(reproduce.run_claims(repro, [first, second]))
+    assert [(c.name, type(e).__name__) for c, _, e in results] == [('first', 'TimeLimit'),
+                                                                  ('second', 'NoneType')]
+    after = {p: p.read_text() for p in tmp_path.rglob('records/tiny/**/*.json')}
+    assert after == before  # no record written for the stopped run, none changed
+    assert len(list(tmp_path.glob('runs/tiny/*/checkpoint.pt'))) == 1  # it resumes later
+    # a record read back from the store is never saved as a newly trained run
+    d2 = repro.sized(SUM)
+    config = repro.claim_config(first, 'sum', 2e-3, 0.05)
+    run_config = repro.store.config_for(d2, CLAIM.models[0], 0, config)
+    assert repro.store.cached(d2, CLAIM.models[0], 0, run_config) is None  # pending now
+    stored = json.loads(next(iter(before.values())))
+    assert repro.store.save(dict(stored, cell=d2['label'], model=CLAIM.models[0],
+                                 seed=0)) is None
+    assert {p: p.read_text() for p in tmp_path.rglob('records/tiny/**/*.json')} == before
+
+
 def test_the_repository_commits_the_checkpoints_of_runs_in_progress():
     import shutil
     import subprocess
@@ -704,7 +746,8 @@ def test_the_repository_commits_the_checkpoints_of_runs_in_progress():
     runs = 'benchmarks/results/reproduction/runs/converged'
     ignored = {f'{runs}/0123456789/checkpoint.pt': False, f'{runs}/0123456789/best.pt': False,
                'benchmarks/results/reproduction/weights/converged/t/m/r_s0.pt': False,
-               f'{runs}/0123456789/metrics.jsonl': True, f'{runs}/0123456789.lock': True,
+               f'{runs}/0123456789/metrics.jsonl': False,
+               f'{runs}/0123456789/metrics.csv': True, f'{runs}/0123456789.lock': True,
                f'{runs}/weights/0123456789.pt': True,
                f'{runs}/0123456789/.checkpoint.pt.0a1b2c.tmp': True,
                'benchmarks/results/speed/checkpoint.pt': True, 'runs/x/checkpoint.pt': True}

@@ -501,6 +501,12 @@ class RunStore:
         self._pending[(cell['label'], spec, seed)] = (path, key, ckpt)
         return None
 
+    def forget(self, cell: Mapping[str, Any], spec: str, seed: int) -> None:
+        r"""Drops the run remembered for :meth:`save` (one that did not finish here: stopped at
+        a deadline, or failed), so that a finished run read back later under the same cell
+        label, model and seed is never taken for it."""
+        self._pending.pop((str(cell['label']), str(spec), int(seed)), None)
+
     def expect(self, cell: Mapping[str, Any], spec: str, seed: int,
                config: TrainConfig) -> None:
         r"""Remembers the run for :meth:`save` although its file may be in the store (a run
@@ -515,7 +521,7 @@ class RunStore:
         :obj:`None` for a run read back from the store."""
         pending = self._pending.pop((str(record['cell']), str(record['model']),
                                      int(record['seed'])), None)
-        if pending is None:  # a cached run
+        if pending is None or 'key' in record:  # a cached run (read back: it has its key)
             return None
         path, key, ckpt = pending
         # the code that finished it (its float rounding is part of a run: exact rewrites of
@@ -711,7 +717,8 @@ class RunsHeld(Exception):
 class TimeLimit(Exception):
     r"""A claim cannot go on before :class:`Reproduction`'s ``deadline``: the runs it needs
     next may not finish in the time left (raised by :meth:`Reproduction.run` after training
-    every run of the claim that fits; those left are for a later invocation), or, with
+    every run of the claim that fits, and with ``carry`` stopping the run in progress at the
+    deadline; those left are for a later invocation), or, with
     :attr:`never` set, one of them may not finish even in the whole time limit."""
     def __init__(self, message: str, never: bool = False):
         super().__init__(message)
@@ -741,9 +748,10 @@ class Reproduction:
             :data:`TIME_MARGIN` times the longest time it may still need (:meth:`time_bound`)
             fits before it; runs that do not fit are left for a later invocation
             (:class:`TimeLimit`, raised when the claim's other runs that fit, on every task,
-            are trained). A started run is not stopped (one that outlasts the deadline resumes
-            from its last epoch's checkpoint when the process is killed and the command runs
-            again), and a claim's evaluation after its last run is not part of the estimate.
+            are trained). A started run is not stopped, unless with :obj:`carry` (one that
+            outlasts the deadline resumes from its last epoch's checkpoint when the process is
+            killed and the command runs again), and a claim's evaluation after its last run is
+            not part of the estimate.
             (default: :obj:`None`, no limit)
         carry (bool, optional): With a :obj:`deadline`, start any run while time is left and
             stop the run in progress after the epoch that ends past the deadline
@@ -837,8 +845,12 @@ class Reproduction:
             return
         name, options = parse_model_spec(spec)
         task = self._load(cell['task'], seed=0, **dict(cell.get('kwargs', {})))
-        with stop_by(self.deadline if self.carry else None, self.clock):  # TrainingStopped
-            trained = _grid.train_one(task, name, seed, run_config, **options)
+        try:
+            with stop_by(self.deadline if self.carry else None, self.clock):  # TrainingStopped
+                trained = _grid.train_one(task, name, seed, run_config, **options)
+        except BaseException:  # not finished: its checkpoint stays, nothing is saved for it
+            self.store.forget(cell, spec, seed)
+            raise
         record = dict(trained, model=spec, cell=cell['label'])
         saved = self.store.save(record)
         if saved is not None and self.on_result is not None:
@@ -973,8 +985,9 @@ class Reproduction:
                 if not done(job):
                     if not self.fits(*job, again=self.store.stored(*job)):  # its holder died
                         raise TimeLimit(f'a run it waited for was left unfinished by another '
-                                        f"process, too late to resume: {job[1]} on "
-                                        f"{job[0]['label']} seed {job[2]}")
+                                        f"process (stopped at its time limit, or died), too "
+                                        f"late to resume: {job[1]} on {job[0]['label']} seed "
+                                        f'{job[2]}')
                     if not train(job):
                         raise TimeLimit(f'time was up while training {job[1]} on '
                                         f"{job[0]['label']} seed {job[2]}, a run it waited "
