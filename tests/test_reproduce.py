@@ -694,6 +694,13 @@ def test_carry_stops_a_run_at_the_limit_and_a_clone_resumes_it_exactly(tmp_path,
                 run['val'], run['val_loss_curve'])
     assert sorted(map(same, again_runs)) == sorted(map(same, whole_runs))
     assert again == whole
+    # the best weights of every run trained there, the resumed one's from its carried best.pt
+    # (those of the run finished in the first clone stayed there: this claim keeps none)
+    there = Reproduction(budget, str(clone), device='cpu', sweep_cells=cells)
+    config = there.claim_config(fixed, 'sum', 2e-3, 0.05)
+    assert sum(there.store.weights(there.sized(c), m, k, config) is not None
+               for c in fixed.cells for m in fixed.models for k in range(2)) == 7
+    assert (clone / 'runs' / 'tiny' / 'weights' / (stopped[0].parent.name + '.pt')).exists()
 
 
 def test_a_stopped_run_is_not_taken_for_a_finished_one_of_the_same_cell_model_and_seed(

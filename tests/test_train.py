@@ -503,7 +503,7 @@ def test_resume_matches_uninterrupted_run(tmp_path, device):
 
 
 def test_stop_by_stops_between_epochs_and_the_run_resumes_exactly(tmp_path):
-    from torch_mz.train import TrainingStopped, stop_by
+    from torch_mz.train import DistInfo, TrainingStopped, stop_by
     # checkpoints every 3 epochs: the stop writes its own
     full, full_result, _ = _resume_run(tmp_path / 'full', checkpoint_every=3)
     now = [0.0]
@@ -542,6 +542,12 @@ def test_stop_by_stops_between_epochs_and_the_run_resumes_exactly(tmp_path):
     with stop_by(1.0, clock=lambda: now[0]):
         _, kept_on, ran = _resume_run(None, on_epoch=tick)
     assert ran == [0, 1, 2, 3, 4] and kept_on.epochs_run == 5
+    # not under DDP: its processes could disagree on the time
+    trainer = Trainer(H.ToyDeepSets(3, 2), config(epochs=1))
+    trainer.dist = DistInfo(rank=0, world_size=2)
+    with stop_by(1.0, clock=lambda: 0.0):
+        with pytest.raises(ValueError, match='not for distributed training'):
+            trainer.fit(REG_TRAIN[:16], REG_VAL[:8])
     # stop_by(None) sets no deadline
     with stop_by(None):
         _, whole, _ = _resume_run(tmp_path / 'none', epochs=2)
