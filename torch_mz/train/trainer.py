@@ -479,6 +479,7 @@ class Trainer:
             stop = more and cfg.out_dir is not None and _stop_due()  # torch_mz.train.stop_by
             self._save_epoch(run, epoch, force=stop)
             if stop:
+                assert cfg.out_dir is not None  # only a run that checkpoints is stopped
                 bar.close()
                 log.info('Stopped at the deadline after epoch %d', epoch)
                 raise TrainingStopped(epoch, os.path.join(cfg.out_dir, LAST_CHECKPOINT))
