@@ -338,12 +338,14 @@ def _table4() -> Claim:
     paper: Dict[Tuple[str, str], float] = {}
     comparisons = []
     for d in (8, 16):
-        if d == 16:  # Table 4
-            row = dict(zip(GEOMETRY_MODELS, GEOMETRY[('rot', 16)]))
+        row = dict(zip(GEOMETRY_MODELS, GEOMETRY[('rot', d)]))
+        if d == 16:
             source = 'Table 4'
-        else:  # Table 4 starts at d = 16; Table 7 has d = 8 for mz, st-large and egnn
-            row = {m: TABLE7[m][TABLE7_CELLS.index('rot d=8')] for m in TABLE7}
-            source = 'Table 7'
+        else:
+            # Table 4 starts at d = 16; d = 8 is Table 2's Task F, EGNN's figure is Table 7's
+            # (whose mz and st-large figures are Table 2's rounded to two decimals)
+            row['egnn'] = TABLE7['egnn'][TABLE7_CELLS.index('rot d=8')]
+            source = 'Table 2 (Task F)'
         best = max((m for m in row if m in baselines), key=row.__getitem__)
         reading = {'': 'CD(A, R^T B)', ' un-aligned': 'un-aligned CD(A, B)'}
         for a in ('', ' un-aligned'):
@@ -381,6 +383,10 @@ def _table7() -> Claim:
 
 
 def _table28() -> Claim:
+    # EGNN (not in the paper's Table 28) is the parameter-matched `egnn` (289K against mz's 315K,
+    # as in Table 7), not the authors' QM9 model `egnn-qm9` (744K, about 3x the time per epoch):
+    # every model of the claim has about the same parameters; `benchmarks/qm9.py --models
+    # ...,egnn-qm9` trains the authors' configuration
     attention = ('rigid', 'st-large')
     cells = tuple(dict(label=f'QM9 {t}', task='qm9', kwargs=dict(source='qm9pack', target=t))
                   for t in ('mu', 'alpha'))
