@@ -348,6 +348,24 @@ def test_a_claim_whose_runs_are_held_waits_behind_the_other_claims(tmp_path):
     assert repro.store.stored(*held)
 
 
+def test_a_run_held_on_one_task_does_not_hold_up_the_claims_other_tasks(tmp_path):
+    both = replace(CLAIM2, name='both', cells=(SUM, MAX))
+    repro = Reproduction(TINY, str(tmp_path), device='cpu',
+                         sweep_cells={'sum': SUM, 'max': MAX})
+    held = (repro.sized(SUM), CLAIM.models[0], 0,
+            replace(repro.base_config('sum'), lr=TINY.sweep[0][0], weight_decay=TINY.sweep[0][1]))
+    with repro.store.lock(*held):  # another open file: as another process's lock
+        with pytest.raises(reproduce.RunsHeld):
+            repro.run(both, wait=False)
+    stages = {s['stage']: s for s in repro.status(both)}
+    # 'sum' waits for its held sweep run (its other sweep runs trained); 'max' is finished
+    assert stages['sweep on sum (sum d=2)']['done'] == 2 * len(TINY.sweep) - 1
+    assert stages['sweep on max (max d=2)']['pending'] == 0
+    assert stages['both runs on max']['done'] == 2 * 2 and stages['both runs on max']['pending'] == 0
+    records, _ = repro.run(both)  # the held run trained now
+    assert repro.store.stored(*held) and records[0]['ours']['seeds'] == 2
+
+
 def test_d3_scores_the_kept_members_and_resumes(tmp_path, monkeypatch):
     # a tiny Appendix D.3: 2 study seeds x 2 members of a small MZ model on a sum task
     spec = 'mz:dim=8,num_inducing=2,d_ff=8'

@@ -1034,20 +1034,26 @@ class Reproduction:
         r"""Trains (or reads back) every run of :obj:`claim` and returns ``(records, runs)``:
         one summary record per comparison and the run records. With :obj:`wait` false, raises
         :class:`RunsHeld` when the claim cannot go on without a run another process is
-        training (after training every run of that stage it could), so that the caller can
-        work on another claim meanwhile; the runs trained so far stay in the store."""
+        training (after training every run of that stage it could, and the runs of the
+        claim's other tasks), so that the caller can work on another claim meanwhile; the runs
+        trained so far stay in the store."""
         study_seeds = self.seeds or self.budget.seeds or claim.paper_seeds
         seeds = study_seeds * claim.members
         runs: List[Dict[str, object]] = []
         files: List[str] = []
         late: List[TimeLimit] = []  # tasks whose runs did not fit: the others go on meanwhile
+        held: List[RunsHeld] = []  # tasks waiting for another process: the others go on too
         for task in dict.fromkeys(c['task'] for c in claim.cells):
             try:
                 self._run_task(claim, task, seeds, runs, files, wait)
             except TimeLimit as e:
                 late.append(e)
+            except RunsHeld as e:
+                held.append(e)
         if late:
             raise next((e for e in late if e.never), late[0])
+        if held:
+            raise held[0]
         sweep = {f'{m} on {t}': dict(lr=lr, weight_decay=wd)
                  for (t, m), (lr, wd) in self.choices.items() if m in claim.models
                  and t in {c['task'] for c in claim.cells}}
