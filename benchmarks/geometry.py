@@ -34,7 +34,8 @@ QUICK_DIMS = {'MEB': (8, 16, 32), 'rot': (16, 32), 'MST': (16, 32), 'hull': (3, 
 QUICK = Budget(seeds=2, n_train=640, epochs=10, lr=1e-3)
 FULL = Budget(seeds=3, n_train=5000, epochs=100, lr=1e-4)
 
-# The paper's R^2 per (task, d) for GEOMETRY_MODELS (Tables 3, 4, 17, 18).
+# The paper's R^2 per (task, d) for GEOMETRY_MODELS (Tables 3, 4, 17, 18; rotation matching at
+# d = 8: Table 2's Task F).
 PAPER = {(f'{task} d={d}', model): value for (task, d), values in GEOMETRY.items()
          for model, value in zip(GEOMETRY_MODELS, values)}
 

@@ -392,7 +392,8 @@ def main(argv=None):
                                                   os.path.join('records', budget.name),
                                                   os.path.join('weights', budget.name),
                                                   os.path.join('runs', budget.name))
-                   if os.path.exists(os.path.join(out, f))]
+                   if os.path.exists(os.path.join(out, f)) and not (
+                       f.startswith('runs') and budget.name == 'quick')]  # (not committed)
         # -A: the checkpoints of runs finished since (committed while in progress) go too
         print(f'  {name} done; to commit: git add -A '
               + ' '.join(os.path.relpath(p) for p in commit), flush=True)
@@ -433,7 +434,7 @@ def main(argv=None):
         done = [p for p in (os.path.join(out, 'records', budget.name),
                             os.path.join(out, 'weights', budget.name),
                             os.path.join(out, 'runs', budget.name))
-                if os.path.exists(p)]
+                if os.path.exists(p) and not (p.endswith(os.path.join('runs', 'quick')))]
         print(f"left for the next invocation (the time limit): {', '.join(later)}; run the same "
               f'command again to go on (the runs finished so far and the checkpoints of those '
               f"in progress: git add -A {' '.join(os.path.relpath(p) for p in done)})",

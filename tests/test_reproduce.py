@@ -366,6 +366,38 @@ def test_a_run_held_on_one_task_does_not_hold_up_the_claims_other_tasks(tmp_path
     assert repro.store.stored(*held) and records[0]['ours']['seeds'] == 2
 
 
+def test_a_held_task_is_retried_before_the_claim_stops_at_the_time_limit(tmp_path,
+                                                                          monkeypatch):
+    # one task waits for another process's run, another does not fit the time limit: the
+    # claim goes back to the queue (RunsHeld), and the retry, which waits, trains the held
+    # task before the claim stops at the limit
+    both = replace(CLAIM2, name='both', cells=(SUM, MAX))
+    repro = Reproduction(TINY, str(tmp_path), device='cpu', sweep_cells={'sum': SUM, 'max': MAX})
+    done = []
+
+    def run_task(claim, task, seeds, runs, files, wait):
+        if task == 'max':
+            raise reproduce.TimeLimit('max does not fit')
+        if not wait:
+            raise reproduce.RunsHeld('sum is held')
+        done.append(task)
+    monkeypatch.setattr(repro, '_run_task', run_task)
+    with pytest.raises(reproduce.RunsHeld):
+        repro.run(both, wait=False)
+    results = list(reproduce.run_claims(repro, [both]))
+    assert [(c.name, type(e).__name__) for c, _, e in results] == [('both', 'TimeLimit')]
+    assert done == ['sum']
+
+
+def test_table4_compares_with_table2_at_d8_and_table4_at_d16():
+    from torch_mz.paper import GEOMETRY
+    assert GEOMETRY[('rot', 8)] == (0.904, 0.917, 0.730, 0.829, 0.953)  # Table 2, Task F
+    gaps = {c.cell: round(c.paper, 3) for c in CLAIMS['table4'].comparisons}
+    assert gaps == {'rot d=8': 0.036, 'rot d=8 un-aligned': 0.036, 'rot d=16': 0.541,
+                    'rot d=16 un-aligned': 0.541}
+    assert CLAIMS['table4'].paper_r2[('rot d=8', 'egnn')] == 0.99  # Table 7
+
+
 def test_d3_scores_the_kept_members_and_resumes(tmp_path, monkeypatch):
     # a tiny Appendix D.3: 2 study seeds x 2 members of a small MZ model on a sum task
     spec = 'mz:dim=8,num_inducing=2,d_ff=8'

@@ -345,7 +345,7 @@ def _table4() -> Claim:
             # Table 4 starts at d = 16; d = 8 is Table 2's Task F, EGNN's figure is Table 7's
             # (whose mz and st-large figures are Table 2's rounded to two decimals)
             row['egnn'] = TABLE7['egnn'][TABLE7_CELLS.index('rot d=8')]
-            source = 'Table 2 (Task F)'
+            source = 'Table 2 (Task F); EGNN: Table 7'
         best = max((m for m in row if m in baselines), key=row.__getitem__)
         reading = {'': 'CD(A, R^T B)', ' un-aligned': 'un-aligned CD(A, B)'}
         for a in ('', ' un-aligned'):
@@ -504,7 +504,7 @@ class RunStore:
                 record = json.load(f)
             if record.get('key') == key:  # as this cell and spec call it (runs are shared)
                 return dict(record, cell=cell['label'], model=spec)
-        self._pending[(cell['label'], spec, seed)] = (path, key, ckpt)
+        self._pending[(str(cell['label']), str(spec), int(seed))] = (path, key, ckpt)
         return None
 
     def forget(self, cell: Mapping[str, Any], spec: str, seed: int) -> None:
@@ -519,7 +519,7 @@ class RunStore:
         trained again, whose file is then replaced)."""
         key = run_key(cell, spec, seed, config)
         path, ckpt = self._paths(key)
-        self._pending[(cell['label'], spec, seed)] = (path, key, ckpt)
+        self._pending[(str(cell['label']), str(spec), int(seed))] = (path, key, ckpt)
 
     def save(self, record: Dict[str, Any]) -> Optional[Dict[str, object]]:
         r"""Writes a newly trained run (a record of :func:`~torch_mz.study.run_grid`) with its
@@ -849,9 +849,9 @@ class Reproduction:
             self.store.expect(cell, spec, seed, run_config)
         elif self.store.cached(cell, spec, seed, run_config) is not None:
             return
-        name, options = parse_model_spec(spec)
-        task = self._load(cell['task'], seed=0, **dict(cell.get('kwargs', {})))
         try:
+            name, options = parse_model_spec(spec)
+            task = self._load(cell['task'], seed=0, **dict(cell.get('kwargs', {})))
             with stop_by(self.deadline if self.carry else None, self.clock):  # TrainingStopped
                 trained = _grid.train_one(task, name, seed, run_config, **options)
         except BaseException:  # not finished: its checkpoint stays, nothing is saved for it
@@ -1050,10 +1050,13 @@ class Reproduction:
                 late.append(e)
             except RunsHeld as e:
                 held.append(e)
-        if late:
-            raise next((e for e in late if e.never), late[0])
-        if held:
+        never = next((e for e in late if e.never), None)
+        if never is not None:
+            raise never
+        if held:  # retried with wait=True (RunsHeld never then): the late tasks raise again
             raise held[0]
+        if late:
+            raise late[0]
         sweep = {f'{m} on {t}': dict(lr=lr, weight_decay=wd)
                  for (t, m), (lr, wd) in self.choices.items() if m in claim.models
                  and t in {c['task'] for c in claim.cells}}
