@@ -609,3 +609,53 @@ def test_conv_first_edge_layer_path_choice():
     # integer edge attributes are promoted as the concatenation promotes them
     h_int, _ = conv(x, pos, dense, attr.round().long())
     torch.testing.assert_close(h_int, conv(x, pos, dense, attr.round())[0])
+
+
+@pytest.mark.parametrize('dtype,tol', [(torch.float64, 1e-10), (torch.float32, 1e-5)])
+@pytest.mark.parametrize('coord_aggr', ['mean', 'sum'])
+def test_conv_sum_of_messages_equals_pyg_aggregation(dtype, tol, coord_aggr, monkeypatch):
+    # the messages are summed with index_add_ (the default 'add'); PyG's SumAggregation module
+    # (the path a hook on it takes) gives the same values and gradients, and the coordinate
+    # update equals PyG's scatter of the per-edge updates
+    torch.manual_seed(0)
+    conv = EGNNConv(4, hidden_channels=6, coord_aggr=coord_aggr).to(dtype)
+    torch.nn.init.normal_(conv.coord_mlp[-1].weight)
+    x, pos, batch = random_sets([5, 1, 3, 4], 3, 4, dtype=dtype)
+    edge_index = fully_connected_edge_index(batch)[:, 3:]  # node 0 of set 0 loses some edges
+    w_h, w_p = torch.randn(x.shape, dtype=dtype), torch.randn(pos.shape, dtype=dtype)
+
+    def run(hooked):
+        conv.zero_grad()
+        handle = conv.aggr_module.register_forward_hook(lambda *a: None) if hooked else None
+        h_in, p_in = x.clone().requires_grad_(), pos.clone().requires_grad_()
+        h, p = conv(h_in, p_in, edge_index)
+        ((h * w_h).sum() + (p * w_p).sum()).backward()
+        if handle is not None:
+            handle.remove()
+        return [h, p, h_in.grad, p_in.grad] + [w.grad.clone() for w in conv.parameters()]
+
+    called = []
+    real = type(conv.aggr_module).forward
+    monkeypatch.setattr(type(conv.aggr_module), 'forward',
+                        lambda self, *a, **k: called.append(1) or real(self, *a, **k))
+    fast = run(False)
+    assert not called  # the default does not go through the module
+    reference = run(True)
+    assert called
+    for a, b in zip(fast, reference):
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+
+    # the coordinate update against PyG's scatter of (x_i - x_j) phi_x(m_ij)
+    with torch.no_grad():
+        j, i = edge_index
+        a = F.linear(x, conv.edge_mlp[0].weight[:, :4], conv.edge_mlp[0].bias)
+        b = F.linear(x, conv.edge_mlp[0].weight[:, 4:8])
+        diff = pos[i] - pos[j]
+        m = a[i] + b[j] + diff.pow(2).sum(-1, keepdim=True) * conv.edge_mlp[0].weight[:, 8]
+        m = conv.edge_mlp[1:](m)
+        expected = pos + scatter(diff * conv.coord_mlp(m), i, 0, dim_size=x.size(0),
+                                 reduce=coord_aggr)
+        torch.testing.assert_close(conv(x, pos, edge_index)[1], expected, rtol=tol, atol=tol)
+        # a node without incoming edges keeps its position
+        lone = int(batch.tolist().index(1))
+        torch.testing.assert_close(conv(x, pos, edge_index)[1][lone], pos[lone])

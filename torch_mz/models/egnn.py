@@ -20,6 +20,7 @@ from torch.nn import Linear, Module, ModuleList, Sequential
 from torch_geometric.data import Batch
 from torch_geometric.data.data import BaseData
 from torch_geometric.nn import MessagePassing
+from torch_geometric.nn.aggr import SumAggregation
 from torch_geometric.nn.resolver import activation_resolver
 from torch_geometric.utils import scatter
 
@@ -373,10 +374,13 @@ class EGNNConv(MessagePassing):
             inputs = [a_i, b_j, sq_dist] + ([edge_attr] if edge_attr is not None else [])
             m = self.edge_mlp(torch.cat(inputs, dim=-1))  # (E, H)
         else:  # a, b are the node blocks of phi_e's first layer (see forward)
-            pre = torch.addcmul(a_i + b_j, sq_dist, rest[:, 0])  # (E, H)
-            if edge_attr is not None:  # in phi_e's dtype, as the concatenation promotes it
-                pre = pre + torch.nn.functional.linear(edge_attr.to(rest.dtype), rest[:, 1:])
-            m = pre
+            # the per-edge columns [d^2, a] meet their weight columns in one matrix product
+            # added to a_i + b_j (edge attributes in phi_e's dtype, as the concatenation
+            # promotes them): its backward pass is two matrix products, where an elementwise
+            # d^2 * w had broadcast products over (E, H) and their sums
+            per_edge = sq_dist if edge_attr is None else torch.cat(
+                [sq_dist, edge_attr.to(rest.dtype)], dim=-1)  # (E, 1 + F_e)
+            m = torch.addmm(a_i + b_j, per_edge, rest.t())  # (E, H)
             for layer in list(self.edge_mlp.children())[1:]:
                 m = layer(m)  # (E, H)
         if self.gate_lin is not None:
@@ -397,8 +401,19 @@ class EGNNConv(MessagePassing):
     def aggregate(self, inputs: Tuple[Tensor, Tensor], index: Tensor, ptr: Optional[Tensor] = None,
                   dim_size: Optional[int] = None) -> Tuple[Tensor, Tensor]:
         m, delta = inputs
-        m_aggr = self.aggr_module(m, index, ptr=ptr, dim_size=dim_size)  # (N, H)
-        delta = scatter(delta, index, dim=0, dim_size=dim_size, reduce=self.coord_aggr)  # (N, D)
+        if dim_size is None:
+            dim_size = int(index.max()) + 1 if index.numel() else 0
+        if type(self.aggr_module) is SumAggregation and not _hooked(self.aggr_module):
+            # the sum of the messages as an index_add_ (backward: an index_select), the same
+            # sum as PyG's scatter_add_ over a broadcast index (backward: a gather) up to the
+            # order of the additions
+            m_aggr = _index_sum(m, index, dim_size)  # (N, H)
+        else:
+            m_aggr = self.aggr_module(m, index, ptr=ptr, dim_size=dim_size)  # (N, H)
+        delta = _index_sum(delta, index, dim_size)  # (N, D)
+        if self.coord_aggr == 'mean':  # as PyG's scatter mean: the sum over max(1, degree)
+            degree = torch.bincount(index, minlength=dim_size).clamp_(min=1)  # (N,)
+            delta = delta / degree.unsqueeze(-1).to(delta.dtype)
         return m_aggr, delta
 
     def __repr__(self) -> str:
@@ -407,6 +422,11 @@ class EGNNConv(MessagePassing):
                 f'edge_gate={self.edge_gate}, normalize={self.normalize}, '
                 f'detach_norm={self.detach_norm}, tanh={self.tanh}, '
                 f'update_coords={self.update_coords})')
+
+
+def _index_sum(src: Tensor, index: Tensor, dim_size: int) -> Tensor:
+    r"""The rows of :obj:`src` summed into :obj:`dim_size` rows by :obj:`index`."""
+    return src.new_zeros(dim_size, src.size(1)).index_add_(0, index, src)  # (N, C)
 
 
 # --------------------------------------------------------------------------------------------------
