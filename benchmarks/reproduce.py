@@ -262,12 +262,15 @@ def write_runs_table(repro, claims, out):
     return path
 
 
-def print_status(repro, claims):
-    r"""Where each claim stands (:meth:`~torch_mz.reproduce.Reproduction.status`)."""
+def print_status(repro, claims, calibrate=False):
+    r"""Where each claim stands (:meth:`~torch_mz.reproduce.Reproduction.status`); with
+    :obj:`calibrate`, the models without a finished run on a task are timed now and the
+    training left is estimated with them."""
     total, unknown, unestimated = 0.0, 0, False
+    estimated, timed, open_sweeps = 0.0, set(), 0
     for claim in claims:
         print(f'{claim.name} ({repro.budget.name}):')
-        for st in repro.status(claim):
+        for st in repro.status(claim, calibrate=calibrate):
             runs = st['done'] + st['training'] + st['started'] + st['pending']
             parts = [f"{st['done']} of {runs} done"] if runs else []
             parts += [f'{st[k]} {k}' for k in ('training', 'started', 'pending') if st[k]]
@@ -284,6 +287,14 @@ def print_status(repro, claims):
             if runs > st['done']:
                 parts.append('time left unknown (a model with no finished run)' if left is None
                              else f'about {left / 3600:.1f} h of training left')
+            if calibrate and (left is None and runs > st['done']
+                              or st['note'] == 'after the sweep'):
+                parts.append(f"estimated {st['estimated_s'] / 3600:.1f} h with "
+                             f"{', '.join(st['timed']) or 'no model'} timed now")
+            if calibrate:
+                estimated += st['estimated_s']
+                timed |= {(st['task'], m) for m in st['timed']}
+                open_sweeps += st['unknown'] if st['note'] != 'after the sweep' else 0
             total += left or 0.0
             unknown += st['unknown']
             unestimated |= left is None and runs > st['done']
@@ -291,6 +302,25 @@ def print_status(repro, claims):
     print(f'known runs: about {total / 3600:.1f} h of training left (one process; divide by '
           f'the processes running)' + (', more for runs not counted above' if unknown
                                        or unestimated else ''))
+    if calibrate:
+        per_epoch = ', '.join(f'{m} on {t} {repro.timed_epoch(t, m):.1f} s'
+                              for t, m in sorted(timed))
+        print(f'with the models timed now: about {estimated / 3600:.1f} h of training left '
+              f'(one process; a timed model counts {repro._expected_epochs():.0f} epochs a run, '
+              f"the store's mean; per epoch now: {per_epoch or 'none'}"
+              + (f'; not counted: the points {open_sweeps} model sweep(s) may add beyond '
+                 f'their grids' if open_sweeps else '') + ')')
+        # a model with finished runs timed the same way: how the timing compares with the
+        # epochs the runs took (their validation, checkpoints and the machine's load then)
+        pairs = {(c['task'], m) for claim in claims for c in claim.cells for m in claim.models}
+        known = sorted((repro.store.epoch_time(t, m), t, m) for t, m in pairs
+                       if repro.store.epoch_time(t, m) is not None)
+        if known:
+            recorded, task, model = known[-1]
+            now = repro.timed_epoch(task, model)
+            print(f'check: {model} on {task} timed now at {now:.1f} s per epoch, against '
+                  f'{recorded:.1f} s per epoch in its finished runs ({recorded / now:.2f}x): '
+                  f'read the timed estimates with that factor')
 
 
 def main(argv=None):
@@ -310,6 +340,10 @@ def main(argv=None):
     parser.add_argument('--progress', action='store_true',
                         help="a progress bar for every run (epochs and the latest metrics; runs "
                              "of the converged budget take up to an hour each on one core)")
+    parser.add_argument('--calibrate', action='store_true',
+                        help='with --status: time a few training steps of each model that has '
+                             'no finished run on its task, and estimate the training left with '
+                             'them (under the current load: a figure for planning)')
     parser.add_argument('--status', action='store_true',
                         help="print where each claim stands (runs done, being trained by "
                              "another process, started, pending) and an estimate of the "
@@ -341,6 +375,8 @@ def main(argv=None):
     unknown = [c for c in claims if c not in CLAIM_NAMES]
     if unknown:
         parser.error(f"unknown claims {unknown}; available: {', '.join(CLAIM_NAMES)}")
+    if args.calibrate and not args.status:
+        parser.error("--calibrate goes with --status (it estimates the training left)")
     if args.carry and args.time_limit is None:
         parser.error('--carry needs --time-limit (it says what to do at the limit)')
     out = args.out or os.path.join(RESULTS, 'reproduction', *(
@@ -349,7 +385,8 @@ def main(argv=None):
     if args.status or args.runs_table:
         repro = Reproduction(budget, out, device=args.device, seeds=args.seeds)
         if args.status:
-            print_status(repro, [CLAIMS[n] for n in claims if n != 'table30'])
+            print_status(repro, [CLAIMS[n] for n in claims if n != 'table30'],
+                         calibrate=args.calibrate)
         if args.runs_table:
             path = write_runs_table(repro, [CLAIMS[n] for n in claims if n != 'table30'], out)
             print(f'wrote {path}.md, .json')

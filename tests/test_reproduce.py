@@ -1,5 +1,6 @@
 import json
 import math
+import re
 from contextlib import contextmanager
 from dataclasses import replace
 
@@ -844,3 +845,44 @@ def test_a_run_record_names_the_code_that_trained_it(tmp_path):
     if version is not None:
         commit = version.split('-')[0]
         assert len(commit) == 10 and int(commit, 16) >= 0
+
+
+def test_status_calibrate_times_the_models_without_runs(tmp_path, monkeypatch, capsys):
+    from tests.test_benchmarks_real import load_script
+    repro = Reproduction(TINY, str(tmp_path), device='cpu', sweep_cells={'sum': SUM})
+    deepsets, mlp = CLAIM.models
+    # a real timing: a positive figure, cached, and nothing stored by it
+    seconds = repro.timed_epoch('sum', deepsets, steps=1)
+    assert seconds > 0 and repro.timed_epoch('sum', deepsets) == seconds
+    assert not list(tmp_path.rglob('*.json')) and not list(tmp_path.rglob('*.pt'))
+    with pytest.raises(ValueError, match='steps'):
+        repro.timed_epoch('sum', mlp, steps=0)
+
+    # the estimate's arithmetic, with made-up times per epoch: no finished run anywhere, so a
+    # run counts the budget's maximum of epochs
+    per_epoch = {deepsets: 2.0, mlp: 3.0}
+    monkeypatch.setattr(Reproduction, 'timed_epoch',
+                        lambda self, task, spec, steps=3: per_epoch[spec])
+    assert repro.status(CLAIM)[0].get('estimated_s') is None  # only when asked
+    sweep, after = repro.status(CLAIM, calibrate=True)
+    assert sweep['left_s'] is None and sweep['timed'] == sorted(CLAIM.models)
+    assert sweep['estimated_s'] == pytest.approx(3 * (2.0 + 3.0) * TINY.epochs)  # 3 points
+    assert after['note'] == 'after the sweep' and after['timed'] == sorted(CLAIM.models)
+    assert after['estimated_s'] == pytest.approx((2.0 + 3.0) * TINY.epochs * 2 * 2)  # cells, seeds
+
+    # after the sweep: its models' finished runs give their times, nothing is timed, and the
+    # estimate is the plain one
+    repro.sweep('sum', CLAIM.models)
+    sweep, runs = repro.status(CLAIM, calibrate=True)
+    assert sweep['estimated_s'] == 0.0 and runs['timed'] == []
+    assert runs['estimated_s'] == pytest.approx(runs['left_s']) and runs['left_s'] > 0
+    assert repro.store.mean_epochs() == pytest.approx(TINY.epochs)
+
+    script = load_script('reproduce')
+    script.print_status(repro, [CLAIM], calibrate=True)
+    printed = capsys.readouterr().out
+    assert 'with the models timed now: about' in printed
+    # the model whose finished runs took longest per epoch, timed (made-up figures here)
+    assert re.search(r'check: \S+ on sum timed now at [23]\.0 s per epoch, against', printed)
+    with pytest.raises(SystemExit):
+        script.main(['--calibrate', '--out', str(tmp_path)])

@@ -691,6 +691,17 @@ class RunStore:
                     longest = per_epoch if longest is None else max(longest, per_epoch)
         return longest
 
+    def mean_epochs(self) -> Optional[float]:
+        r"""Mean epochs run by the finished runs in the store (every task and model), or
+        :obj:`None` without any."""
+        epochs: List[float] = []
+        tasks = sorted(os.listdir(self.root)) if os.path.isdir(self.root) else []
+        for name in tasks:
+            folder = os.path.join(self.root, name)
+            for model in (sorted(os.listdir(folder)) if os.path.isdir(folder) else []):
+                epochs += self._times(os.path.join(folder, model))[1]
+        return _mean(epochs) if epochs else None
+
     def epochs_run(self, cell: Mapping[str, Any], spec: str, seed: int,
                    config: TrainConfig) -> int:
         r"""Epochs an unfinished run has run so far (from its checkpoint's metrics; 0 when it
@@ -796,6 +807,7 @@ class Reproduction:
                               os.path.join(out, 'runs', budget.name),
                               os.path.join(out, 'weights', budget.name))
         self._tasks: Dict[str, Any] = {}
+        self._timed: Dict[Tuple[str, str], float] = {}  # timed_epoch, per (task, model)
         if load is None:
             from torch_mz.tasks import load_task
             load = load_task
@@ -895,6 +907,51 @@ class Reproduction:
             return None
         epochs = self.store.epochs_run(cell, spec, seed, config)
         return per_epoch * max(0, config.epochs - epochs)
+
+    def timed_epoch(self, task: str, spec: str, steps: int = 3) -> float:
+        r"""Seconds one epoch of :obj:`spec` on :obj:`task` takes on this machine now, timed
+        (for :meth:`status` with ``calibrate``, where no finished run of the model on the task
+        gives a time): a one-epoch fit on one batch first (untimed: it compiles what the model
+        compiles and sets up the trainer), then :obj:`steps` training steps of the
+        :class:`~torch_mz.train.Trainer` (forward, loss, backward, clipping, AdamW) on batches
+        of the budget's size from the task's sweep cell, scaled to the training split's
+        batches, plus the evaluation of one validation batch scaled to the validation split's.
+        It runs under whatever else the machine runs (e.g. other reproduction processes): a
+        figure for planning, not a benchmark. Cached per (task, model) for the object's life."""
+        import torch
+
+        from torch_mz.models import build_model
+        from torch_mz.train import Trainer
+        key = (task, spec)
+        if key in self._timed:
+            return self._timed[key]
+        if steps < 1:
+            raise ValueError(f"'steps' must be positive (got {steps})")
+        cell = self.sized(self.sweep_cells[task])
+        data = self._load(task, seed=0, **dict(cell['kwargs']))
+        config = replace(self.base_config(task), epochs=1, warmup_epochs=0, patience=None,
+                         out_dir=None, resume=None, progress=False)
+        bs = config.batch_size
+        train = [data.train[i] for i in range(min(len(data.train), steps * bs))]
+        val = [data.val[i] for i in range(min(len(data.val), bs))]
+        name, options = parse_model_spec(spec)
+        torch.manual_seed(0)
+        model = build_model(name, data.in_channels, data.out_channels, pos_dim=data.pos_dim,
+                            feature_columns=data.info.get('feature_columns'), **options)
+        trainer = Trainer(model, config, task_type=data.task_type)
+        trainer.fit(train[:bs], val)  # untimed: compiling, the optimiser, the normaliser
+        loader, _ = trainer._train_loader(train)
+        start = time.perf_counter()
+        trainer._train_epoch(loader, 1)
+        per_batch = (time.perf_counter() - start) / len(loader)
+        start = time.perf_counter()
+        trainer.evaluate(val)
+        per_val_batch = time.perf_counter() - start
+        n = cell['kwargs']
+        seconds = (per_batch * math.ceil(n['n_train'] / bs)
+                   + per_val_batch * math.ceil(n['n_val'] / bs))
+        self._timed[key] = seconds
+        return seconds
 
     def fits(self, cell: Mapping[str, Any], spec: str, seed: int, config: TrainConfig,
              again: bool = False) -> bool:
@@ -1096,7 +1153,7 @@ class Reproduction:
         runs += task_runs
         files += [self.store.files(*job) for job in jobs]
 
-    def status(self, claim: Claim) -> List[Dict[str, Any]]:
+    def status(self, claim: Claim, calibrate: bool = False) -> List[Dict[str, Any]]:
         r"""Where :obj:`claim` stands, without training or waiting: one entry per stage (each
         task's sweep, then the claim's runs on that task), with the number of runs ``done``,
         ``training`` (held by another process), ``started`` (a checkpoint to resume) and
@@ -1107,7 +1164,14 @@ class Reproduction:
         mean wall time of the finished runs of its model on its task, less the share of its
         epochs already run; :obj:`None` when a model has no finished run to go by). A sweep
         that may still step beyond its grid, and the runs of a claim whose sweep is not
-        chosen yet, are ``unknown`` (counted, not estimated)."""
+        chosen yet, are ``unknown`` (counted, not estimated).
+
+        With :obj:`calibrate`, a model with no finished run on its task is timed now
+        (:meth:`timed_epoch`) and counted at that time per epoch for the store's mean epochs
+        per finished run (:meth:`RunStore.mean_epochs`; the budget's maximum without any); the
+        runs after a sweep not chosen yet are estimated the same way (each model's mean wall
+        time where it has finished runs), in ``estimated_s``; ``timed`` lists the models
+        timed. Points a sweep may still add beyond its grid stay unestimated."""
         study_seeds = self.seeds or self.budget.seeds or claim.paper_seeds
         seeds = study_seeds * claim.members
         stages = []
@@ -1116,14 +1180,20 @@ class Reproduction:
             if jobs:
                 stages.append(self._stage_status(
                     f"sweep on {task} ({self.sweep_cells[task]['label']})", task, jobs,
-                    unknown=len(open_sweep), note=', '.join(open_sweep)))
+                    unknown=len(open_sweep), note=', '.join(open_sweep), calibrate=calibrate))
             cells = [self.sized(c) for c in claim.cells if c['task'] == task]
             label = f"{claim.name} runs on {task}"
             if any(chosen[m] is None for m in claim.models):
-                stages.append(dict(stage=label, task=task, done=0, training=0, started=0,
-                                   pending=0, epochs=0, left_s=None, again=0,
-                                   unknown=len(cells) * len(claim.models) * seeds,
-                                   note='after the sweep'))
+                entry: Dict[str, Any] = dict(
+                    stage=label, task=task, done=0, training=0, started=0, pending=0, epochs=0,
+                    left_s=None, again=0, unknown=len(cells) * len(claim.models) * seeds,
+                    note='after the sweep')
+                if calibrate:
+                    per_run = {m: self._run_seconds(task, m) for m in claim.models}
+                    entry.update(estimated_s=sum(per_run.values()) * len(cells) * seeds,
+                                 timed=sorted(m for m in claim.models
+                                              if self.store.mean_time(task, m) is None))
+                stages.append(entry)
                 continue
 
             def config_of(spec: str, task=task) -> TrainConfig:
@@ -1131,8 +1201,20 @@ class Reproduction:
                 return self.claim_config(claim, task, lr, wd)
             stages.append(self._stage_status(label, task, [
                 (c, m, k, config_of(m)) for c in cells for m in claim.models
-                for k in range(seeds)], need_weights=claim.keep_weights))
+                for k in range(seeds)], need_weights=claim.keep_weights, calibrate=calibrate))
         return stages
+
+    def _expected_epochs(self) -> float:
+        mean = self.store.mean_epochs()
+        return float(self.budget.epochs) if mean is None else mean
+
+    def _run_seconds(self, task: str, spec: str) -> float:
+        r"""A whole run's expected time (s): the mean wall time of the finished runs of
+        :obj:`spec` on :obj:`task`, or :meth:`timed_epoch` x the store's mean epochs."""
+        mean = self.store.mean_time(task, spec)
+        if mean is not None:
+            return mean[0]
+        return self.timed_epoch(task, spec) * self._expected_epochs()
 
     def finished_runs(self, claim: Claim) -> List[Dict[str, Any]]:
         r"""The claim's finished runs (cells x models x seeds at each model's chosen sweep
@@ -1223,9 +1305,11 @@ class Reproduction:
         return chosen, every, stopped
 
     def _stage_status(self, label: str, task: str, jobs, unknown: int = 0,
-                      note: str = '', need_weights: bool = False) -> Dict[str, Any]:
+                      note: str = '', need_weights: bool = False,
+                      calibrate: bool = False) -> Dict[str, Any]:
         counts = dict(done=0, training=0, started=0, pending=0)
         epochs, left, known, again = 0, 0.0, True, 0
+        estimated, timed = 0.0, set()
         for cell, spec, seed, config in jobs:
             state, run_epochs = self.store.state(cell, spec, seed, config)
             redo = (state == 'done' and need_weights
@@ -1242,11 +1326,21 @@ class Reproduction:
             mean = self.store.mean_time(task, spec)
             if mean is None:
                 known = False
+                if calibrate:
+                    timed.add(spec)
+                    estimated += self.timed_epoch(task, spec) * max(
+                        0.0, self._expected_epochs() - run_epochs)
                 continue
-            left += self.time_needed(cell, spec, seed, config, again=redo) or 0.0
-        return dict(stage=label, task=task, **counts, epochs=epochs,
-                    left_s=left if known else None, unknown=unknown, again=again,
-                    note=f'may step beyond the grid: {note}' if note else '')
+            needed = self.time_needed(cell, spec, seed, config, again=redo) or 0.0
+            left += needed
+            estimated += needed
+        entry: Dict[str, Any] = dict(
+            stage=label, task=task, **counts, epochs=epochs, left_s=left if known else None,
+            unknown=unknown, again=again,
+            note=f'may step beyond the grid: {note}' if note else '')
+        if calibrate:
+            entry.update(estimated_s=estimated, timed=sorted(timed))
+        return entry
 
     def record(self, comparison: Comparison, claim: Claim, runs: Sequence[Mapping[str, Any]],
                seeds: int, sweep: Mapping[str, Any]) -> Dict[str, object]:
