@@ -7,7 +7,7 @@ the literal target and the un-aligned one: mz, rigid, st-large, hypernet, percei
 deepsets), ``table7`` (egnn, mz, st-large, and deepsets, which the paper leaves out, on
 quadratic TDOF L = 8, MEB d = 8, covariance norm d = 8), ``table7-rot`` (Table 7's rotation
 column: egnn, mz, st-large, deepsets on Table 4's d = 8 cells, sharing Table 4's runs; EGNN on
-every pair of 20-60 points costs 20 h or more a run on one core), ``table28`` (QM9 mu and alpha from
+every pair of 20-60 points costs 5-8 h a run on one core), ``table28`` (QM9 mu and alpha from
 the qm9pack source: mz, rigid, st-large, egnn, deepsets), ``d3`` (Appendix D.3: the mz
 model's single-pass IHW against MC-Dropout and a 5-model deep ensemble of it, on quadratic TDOF
 L = 8) and ``table30``
@@ -267,14 +267,14 @@ def write_runs_table(repro, claims, out):
 def print_status(repro, claims, calibrate=False):
     r"""Where each claim stands (:meth:`~torch_mz.reproduce.Reproduction.status`); with
     :obj:`calibrate`, the models without a finished run on a task are timed now and the
-    training left is estimated with them."""
-    total, unknown, unestimated = 0.0, 0, False
-    estimated, timed, open_sweeps = 0.0, set(), 0
+    training left is estimated with them. The totals count a run that several claims share
+    (a sweep, Table 4's cells in ``table7-rot``) once."""
+    runs, open_sweeps = {}, set()
     for claim in claims:
         print(f'{claim.name} ({repro.budget.name}):')
         for st in repro.status(claim, calibrate=calibrate):
-            runs = st['done'] + st['training'] + st['started'] + st['pending']
-            parts = [f"{st['done']} of {runs} done"] if runs else []
+            total_runs = st['done'] + st['training'] + st['started'] + st['pending']
+            parts = [f"{st['done']} of {total_runs} done"] if total_runs else []
             parts += [f'{st[k]} {k}' for k in ('training', 'started', 'pending') if st[k]]
             if st.get('again'):
                 parts.append(f"{st['again']} of them finished runs to train again (the claim "
@@ -282,47 +282,55 @@ def print_status(repro, claims, calibrate=False):
             if st['epochs']:
                 parts.append(f"{st['epochs']} epochs into the unfinished ones")
             if st['unknown']:
-                parts.append(f"{st['unknown']} {'more ' if runs else ''}runs {st['note']}"
-                             if st['note'] == 'after the sweep' else
+                parts.append(f"{st['unknown']} {'more ' if total_runs else ''}runs "
+                             f"{st['note']}" if st['note'] == 'after the sweep' else
                              f"{st['note']} ({st['unknown']} model(s))")
             left = st['left_s']
-            if runs > st['done']:
+            if total_runs > st['done']:
                 parts.append('time left unknown (a model with no finished run)' if left is None
                              else f'about {left / 3600:.1f} h of training left')
-            if calibrate and (left is None and runs > st['done']
+            if calibrate and (left is None and total_runs > st['done']
                               or st['note'] == 'after the sweep'):
                 parts.append(f"estimated {st['estimated_s'] / 3600:.1f} h with "
                              f"{', '.join(st['timed']) or 'no model'} timed now")
-            if calibrate:
-                estimated += st['estimated_s']
-                timed |= {(st['task'], m) for m in st['timed']}
-                open_sweeps += st['unknown'] if st['note'] != 'after the sweep' else 0
-            total += left or 0.0
-            unknown += st['unknown']
-            unestimated |= left is None and runs > st['done']
+            runs.update(st['runs'])
+            if st['unknown'] and st['note'] != 'after the sweep':
+                open_sweeps |= {(st['task'], m.strip())
+                                for m in st['note'].split(':', 1)[1].split(',')}
             print(f"  {st['stage']}: " + '; '.join(parts or ['nothing to train']))
-    print(f'known runs: about {total / 3600:.1f} h of training left (one process; divide by '
-          f'the processes running)' + (', more for runs not counted above' if unknown
-                                       or unestimated else ''))
+    known = [k for k, _ in runs.values() if k is not None]
+    print(f'known runs: about {sum(known) / 3600:.1f} h of training left (one process; divide '
+          f'by the processes running; a run that claims share counted once)'
+          + (', more for runs not counted above' if len(known) < len(runs) or open_sweeps
+             else ''))
     if calibrate:
-        per_epoch = ', '.join(f'{m} on {t} {repro.timed_epoch(t, m):.1f} s'
-                              for t, m in sorted(timed))
-        print(f'with the models timed now: about {estimated / 3600:.1f} h of training left '
-              f'(one process; a timed model counts {repro._expected_epochs():.0f} epochs a run, '
-              f"the store's mean; per epoch now: {per_epoch or 'none'}"
-              + (f'; not counted: the points {open_sweeps} model sweep(s) may add beyond '
+        estimated = [e for _, e in runs.values() if e is not None]
+        per_epoch = ', '.join(f'{m} on {t} {s:.1f} s'
+                              for (t, m), s in sorted(repro._timed.items()))
+        epochs = repro.store.mean_epochs()
+        print(f'with the models timed now: about {sum(estimated) / 3600:.1f} h of training left '
+              f'(one process; a timed model counts '
+              + (f"{epochs:.0f} epochs a run, the store's mean" if epochs is not None else
+                 f"{repro.budget.epochs} epochs a run, the budget's maximum")
+              + f"; per epoch now: {per_epoch or 'none'}"
+              + (f'; not counted: {len(runs) - len(estimated)} run(s) whose model could not be '
+                 f'timed' if len(estimated) < len(runs) else '')
+              + (f'; not counted: the points {len(open_sweeps)} model sweep(s) may add beyond '
                  f'their grids' if open_sweeps else '') + ')')
+        for (task, model), error in sorted(repro.timing_errors.items()):
+            print(f'could not time {model} on {task}: {error}')
         # a model with finished runs timed the same way: how the timing compares with the
         # epochs the runs took (their validation, checkpoints and the machine's load then)
         pairs = {(c['task'], m) for claim in claims for c in claim.cells for m in claim.models}
-        known = sorted((repro.store.epoch_time(t, m), t, m) for t, m in pairs
-                       if repro.store.epoch_time(t, m) is not None)
-        if known:
-            recorded, task, model = known[-1]
-            now = repro.timed_epoch(task, model)
-            print(f'check: {model} on {task} timed now at {now:.1f} s per epoch, against '
-                  f'{recorded:.1f} s per epoch in its finished runs ({recorded / now:.2f}x): '
-                  f'read the timed estimates with that factor')
+        with_runs = sorted((repro.store.epoch_time(t, m), t, m) for t, m in pairs
+                           if repro.store.epoch_time(t, m) is not None)
+        if with_runs:
+            recorded, task, model = with_runs[-1]
+            now = repro._timed_or_none(task, model)
+            if now is not None:
+                print(f'check: {model} on {task} timed now at {now:.1f} s per epoch (its sweep '
+                      f'cell), against {recorded:.1f} s per epoch in its finished runs (every '
+                      f'cell; {recorded / now:.2f}x): read the timed estimates with that factor')
 
 
 def main(argv=None):
@@ -385,6 +393,9 @@ def main(argv=None):
         ('quick', ) if args.budget == 'quick' else ()))
     budget = BUDGETS[args.budget]
     if args.status or args.runs_table:
+        if args.calibrate:  # time as training runs (below)
+            keep_freed_memory()
+            set_fused_kernels(args.fused_kernels)
         repro = Reproduction(budget, out, device=args.device, seeds=args.seeds)
         if args.status:
             print_status(repro, [CLAIMS[n] for n in claims if n != 'table30'],

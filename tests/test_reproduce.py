@@ -5,6 +5,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 
 import pytest
+import torch
 
 import torch_mz.reproduce as reproduce
 import torch_mz.study.grid as grid
@@ -858,40 +859,68 @@ def test_a_run_record_names_the_code_that_trained_it(tmp_path):
 
 def test_status_calibrate_times_the_models_without_runs(tmp_path, monkeypatch, capsys):
     from tests.test_benchmarks_real import load_script
+    script = load_script('reproduce')
     repro = Reproduction(TINY, str(tmp_path), device='cpu', sweep_cells={'sum': SUM})
     deepsets, mlp = CLAIM.models
-    # a real timing: a positive figure, cached, and nothing stored by it
+    # a real timing: a positive figure, cached, on one thread, and nothing stored by it
+    threads = torch.get_num_threads()
     seconds = repro.timed_epoch('sum', deepsets, steps=1)
     assert seconds > 0 and repro.timed_epoch('sum', deepsets) == seconds
+    assert torch.get_num_threads() == threads  # restored
     assert not list(tmp_path.rglob('*.json')) and not list(tmp_path.rglob('*.pt'))
     with pytest.raises(ValueError, match='steps'):
         repro.timed_epoch('sum', mlp, steps=0)
 
-    # the estimate's arithmetic, with made-up times per epoch: no finished run anywhere, so a
-    # run counts the budget's maximum of epochs
-    per_epoch = {deepsets: 2.0, mlp: 3.0}
+    # the estimate's arithmetic, with made-up times per epoch (an hour and two): no finished
+    # run anywhere, so a run counts the budget's maximum of epochs
+    per_epoch = {deepsets: 3600.0, mlp: 7200.0}
     monkeypatch.setattr(Reproduction, 'timed_epoch',
                         lambda self, task, spec, steps=3: per_epoch[spec])
     assert repro.status(CLAIM)[0].get('estimated_s') is None  # only when asked
     sweep, after = repro.status(CLAIM, calibrate=True)
     assert sweep['left_s'] is None and sweep['timed'] == sorted(CLAIM.models)
-    assert sweep['estimated_s'] == pytest.approx(3 * (2.0 + 3.0) * TINY.epochs)  # 3 points
+    assert sweep['estimated_s'] == pytest.approx(3 * 3 * 3600 * TINY.epochs)  # 3 grid points
     assert after['note'] == 'after the sweep' and after['timed'] == sorted(CLAIM.models)
-    assert after['estimated_s'] == pytest.approx((2.0 + 3.0) * TINY.epochs * 2 * 2)  # cells, seeds
+    assert after['estimated_s'] == pytest.approx(3 * 3600 * TINY.epochs * 2 * 2)  # cells, seeds
+    # two claims with the same runs: the totals count each run once (9 + 12 h)
+    twin = replace(CLAIM, name='twin')
+    for claims in ([CLAIM], [CLAIM, twin]):
+        script.print_status(repro, claims, calibrate=True)
+        assert 'with the models timed now: about 21.0 h' in capsys.readouterr().out
 
-    # after the sweep: its models' finished runs give their times, nothing is timed, and the
-    # estimate is the plain one
-    repro.sweep('sum', CLAIM.models)
-    sweep, runs = repro.status(CLAIM, calibrate=True)
-    assert sweep['estimated_s'] == 0.0 and runs['timed'] == []
-    assert runs['estimated_s'] == pytest.approx(runs['left_s']) and runs['left_s'] > 0
+    # one model's sweep done: its runs counted as they stand (known times), the other's
+    # unknown and estimated
+    repro.sweep('sum', [deepsets])
+    sweep, after = repro.status(CLAIM, calibrate=True)
+    assert sweep['timed'] == [mlp] and sweep['estimated_s'] == pytest.approx(3 * 7200)
+    # (its seed-0 run on the sweep cell at the chosen point is the sweep's own run: done)
+    assert (after['done'], after['pending'], after['unknown']) == (1, 3, 4)
+    assert after['note'] == 'after the sweep'
+    mean_wall, _ = repro.store.mean_time('sum', deepsets)
+    assert after['left_s'] == pytest.approx(3 * mean_wall)
+    assert after['estimated_s'] == pytest.approx(3 * mean_wall + 4 * 7200 * 1.0)
     assert repro.store.mean_epochs() == pytest.approx(TINY.epochs)
 
-    script = load_script('reproduce')
+    # every sweep done: the finished runs give the times, nothing is timed, the estimate is
+    # the plain one
+    repro.sweep('sum', CLAIM.models)
+    sweep, runs = repro.status(CLAIM, calibrate=True)
+    assert sweep['estimated_s'] == 0.0 and runs['timed'] == [] and runs['unknown'] == 0
+    assert runs['estimated_s'] == pytest.approx(runs['left_s']) and runs['left_s'] > 0
     script.print_status(repro, [CLAIM], calibrate=True)
     printed = capsys.readouterr().out
     assert 'with the models timed now: about' in printed
     # the model whose finished runs took longest per epoch, timed (made-up figures here)
-    assert re.search(r'check: \S+ on sum timed now at [23]\.0 s per epoch, against', printed)
+    assert re.search(r'check: \S+ on sum timed now at (3600|7200)\.0 s per epoch', printed)
+
+    # a model that cannot be timed: said, left out of the estimate, the status goes on
+    def failing(self, task, spec, steps=3):
+        raise RuntimeError('no data here')
+    monkeypatch.setattr(Reproduction, 'timed_epoch', failing)
+    fresh = Reproduction(TINY, str(tmp_path / 'other'), device='cpu', sweep_cells={'sum': SUM})
+    script.print_status(fresh, [CLAIM], calibrate=True)
+    printed = capsys.readouterr().out
+    assert 'could not time deepsets:hidden_channels=8 on sum: RuntimeError: no data' in printed
+    assert 'run(s) whose model could not be timed' in printed
     with pytest.raises(SystemExit):
         script.main(['--calibrate', '--out', str(tmp_path)])

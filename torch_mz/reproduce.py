@@ -336,9 +336,11 @@ def _rotation_cells(dims: Sequence[int]) -> Tuple[Dict[str, Any], ...]:
 
 def _table4() -> Claim:
     # EGNN, which the paper's Table 4 does not have, is Table 7's rotation column
-    # (`table7-rot`): on sets of 20-60 points with every pair an edge it costs about 13x the
-    # MZ model per epoch here (527 against 40 s, `reproduce.py --status --calibrate`), 20 h or
-    # more a run on one core, so it is a claim of its own that Table 4 does not wait for
+    # (`table7-rot`): on sets of 20-60 points with every pair an edge it costs about 4.6x the
+    # MZ model per epoch here (138 against 30 s timed on one thread, kept memory, with both
+    # reproduction processes running: `reproduce.py --status --calibrate`), 5-8 h a run on
+    # one core and some 65-100 h for its sweep and runs, so it is a claim of its own that
+    # Table 4 does not wait for
     from torch_mz.paper import GEOMETRY, GEOMETRY_MODELS
     baselines = ('rigid', 'st-large', 'hypernet', 'perceiver')
     models = ('mz', ) + baselines + ('deepsets', )
@@ -467,7 +469,7 @@ def _d3() -> Claim:
 
 CLAIMS: Dict[str, Claim] = {c.name: c for c in (_table1(), _table1_protocol(), _table3(),
                                                  _table3_protocol(), _table4(), _table7(),
-                                                 _table7_rot(), _table28(), _d3())}
+                                                 _table28(), _d3(), _table7_rot())}
 #: Every claim in report order; ``table30`` reads the operator benchmark instead of training.
 CLAIM_NAMES = tuple(CLAIMS) + ('table30', )
 
@@ -834,6 +836,8 @@ class Reproduction:
                               os.path.join(out, 'weights', budget.name))
         self._tasks: Dict[str, Any] = {}
         self._timed: Dict[Tuple[str, str], float] = {}  # timed_epoch, per (task, model)
+        #: Why :meth:`timed_epoch` failed, per (task, model), in :meth:`status`.
+        self.timing_errors: Dict[Tuple[str, str], str] = {}
         if load is None:
             from torch_mz.tasks import load_task
             load = load_task
@@ -942,8 +946,10 @@ class Reproduction:
         :class:`~torch_mz.train.Trainer` (forward, loss, backward, clipping, AdamW) on batches
         of the budget's size from the task's sweep cell, scaled to the training split's
         batches, plus the evaluation of one validation batch scaled to the validation split's.
-        It runs under whatever else the machine runs (e.g. other reproduction processes): a
-        figure for planning, not a benchmark. Cached per (task, model) for the object's life."""
+        One thread, as the reproduction's processes run; the process's memory and kernel
+        settings as they are (``reproduce.py`` sets those of training first). It runs under
+        whatever else the machine runs (e.g. other reproduction processes): a figure for
+        planning, not a benchmark. Cached per (task, model) for the object's life."""
         import torch
 
         from torch_mz.models import build_model
@@ -958,24 +964,30 @@ class Reproduction:
         config = replace(self.base_config(task), epochs=1, warmup_epochs=0, patience=None,
                          out_dir=None, resume=None, progress=False)
         bs = config.batch_size
+        eval_bs = config.eval_batch_size or bs
         train = [data.train[i] for i in range(min(len(data.train), steps * bs))]
-        val = [data.val[i] for i in range(min(len(data.val), bs))]
+        val = [data.val[i] for i in range(min(len(data.val), eval_bs))]
         name, options = parse_model_spec(spec)
         torch.manual_seed(0)
         model = build_model(name, data.in_channels, data.out_channels, pos_dim=data.pos_dim,
                             feature_columns=data.info.get('feature_columns'), **options)
-        trainer = Trainer(model, config, task_type=data.task_type)
-        trainer.fit(train[:bs], val)  # untimed: compiling, the optimiser, the normaliser
-        loader, _ = trainer._train_loader(train)
-        start = time.perf_counter()
-        trainer._train_epoch(loader, 1)
-        per_batch = (time.perf_counter() - start) / len(loader)
-        start = time.perf_counter()
-        trainer.evaluate(val)
-        per_val_batch = time.perf_counter() - start
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # as a reproduction process runs (OMP_NUM_THREADS=1)
+        try:
+            trainer = Trainer(model, config, task_type=data.task_type)
+            trainer.fit(train[:bs], val)  # untimed: compiling, the optimiser, the normaliser
+            loader, _ = trainer._train_loader(train)
+            start = time.perf_counter()
+            trainer._train_epoch(loader, 1)
+            per_batch = (time.perf_counter() - start) / len(loader)
+            start = time.perf_counter()
+            trainer.evaluate(val)
+            per_val_batch = time.perf_counter() - start
+        finally:
+            torch.set_num_threads(threads)
         n = cell['kwargs']
         seconds = (per_batch * math.ceil(n['n_train'] / bs)
-                   + per_val_batch * math.ceil(n['n_val'] / bs))
+                   + per_val_batch * math.ceil(n['n_val'] / eval_bs))
         self._timed[key] = seconds
         return seconds
 
@@ -1192,12 +1204,19 @@ class Reproduction:
         that may still step beyond its grid, and the runs of a claim whose sweep is not
         chosen yet, are ``unknown`` (counted, not estimated).
 
+        The claim's runs of a model whose sweep has chosen are counted as they stand; those of
+        a model whose sweep has not are ``unknown`` (note ``'after the sweep'``). ``runs``
+        maps an id of every run not done to ``(seconds known, seconds estimated)`` (either
+        :obj:`None`), so that runs two claims share (a sweep, Table 4's cells in
+        ``table7-rot``) can be counted once across claims.
+
         With :obj:`calibrate`, a model with no finished run on its task is timed now
         (:meth:`timed_epoch`) and counted at that time per epoch for the store's mean epochs
         per finished run (:meth:`RunStore.mean_epochs`; the budget's maximum without any); the
         runs after a sweep not chosen yet are estimated the same way (each model's mean wall
         time where it has finished runs), in ``estimated_s``; ``timed`` lists the models
-        timed. Points a sweep may still add beyond its grid stay unestimated."""
+        timed (a model whose timing fails is left out, its error in :attr:`timing_errors`).
+        Points a sweep may still add beyond its grid stay unestimated."""
         study_seeds = self.seeds or self.budget.seeds or claim.paper_seeds
         seeds = study_seeds * claim.members
         stages = []
@@ -1209,38 +1228,42 @@ class Reproduction:
                     unknown=len(open_sweep), note=', '.join(open_sweep), calibrate=calibrate))
             cells = [self.sized(c) for c in claim.cells if c['task'] == task]
             label = f"{claim.name} runs on {task}"
-            if any(chosen[m] is None for m in claim.models):
-                entry: Dict[str, Any] = dict(
-                    stage=label, task=task, done=0, training=0, started=0, pending=0, epochs=0,
-                    left_s=None, again=0, unknown=len(cells) * len(claim.models) * seeds,
-                    note='after the sweep')
-                if calibrate:
-                    per_run = {m: self._run_seconds(task, m) for m in claim.models}
-                    entry.update(estimated_s=sum(per_run.values()) * len(cells) * seeds,
-                                 timed=sorted(m for m in claim.models
-                                              if self.store.mean_time(task, m) is None))
-                stages.append(entry)
-                continue
+            ready = [m for m in claim.models if chosen[m] is not None]
+            waiting = [m for m in claim.models if chosen[m] is None]
 
             def config_of(spec: str, task=task) -> TrainConfig:
                 lr, wd = chosen[spec]
                 return self.claim_config(claim, task, lr, wd)
-            stages.append(self._stage_status(label, task, [
-                (c, m, k, config_of(m)) for c in cells for m in claim.models
-                for k in range(seeds)], need_weights=claim.keep_weights, calibrate=calibrate))
+            entry = self._stage_status(label, task, [
+                (c, m, k, config_of(m)) for c in cells for m in ready
+                for k in range(seeds)], need_weights=claim.keep_weights, calibrate=calibrate)
+            if waiting:  # their runs' configuration is not known before their sweep chooses
+                entry.update(unknown=len(cells) * len(waiting) * seeds, note='after the sweep')
+                for m in waiting:
+                    whole = self._run_seconds(task, m) if calibrate else None
+                    if calibrate and whole is not None:
+                        entry['estimated_s'] += whole * len(cells) * seeds
+                        if self.store.mean_time(task, m) is None:
+                            entry['timed'] = sorted(set(entry['timed']) | {m})
+                    entry['runs'].update({json.dumps([c['label'], c['kwargs'], m, k],
+                                                     sort_keys=True, default=str): (None, whole)
+                                          for c in cells for k in range(seeds)})
+            stages.append(entry)
         return stages
 
     def _expected_epochs(self) -> float:
         mean = self.store.mean_epochs()
         return float(self.budget.epochs) if mean is None else mean
 
-    def _run_seconds(self, task: str, spec: str) -> float:
+    def _run_seconds(self, task: str, spec: str) -> Optional[float]:
         r"""A whole run's expected time (s): the mean wall time of the finished runs of
-        :obj:`spec` on :obj:`task`, or :meth:`timed_epoch` x the store's mean epochs."""
+        :obj:`spec` on :obj:`task`, or :meth:`timed_epoch` x the store's mean epochs
+        (:obj:`None` where timing fails)."""
         mean = self.store.mean_time(task, spec)
         if mean is not None:
             return mean[0]
-        return self.timed_epoch(task, spec) * self._expected_epochs()
+        per_epoch = self._timed_or_none(task, spec)
+        return None if per_epoch is None else per_epoch * self._expected_epochs()
 
     def finished_runs(self, claim: Claim) -> List[Dict[str, Any]]:
         r"""The claim's finished runs (cells x models x seeds at each model's chosen sweep
@@ -1336,6 +1359,7 @@ class Reproduction:
         counts = dict(done=0, training=0, started=0, pending=0)
         epochs, left, known, again = 0, 0.0, True, 0
         estimated, timed = 0.0, set()
+        runs: Dict[str, Tuple[Optional[float], Optional[float]]] = {}
         for cell, spec, seed, config in jobs:
             state, run_epochs = self.store.state(cell, spec, seed, config)
             redo = (state == 'done' and need_weights
@@ -1349,24 +1373,39 @@ class Reproduction:
             if state == 'done':
                 continue
             epochs += run_epochs
+            run = json.dumps(run_key(cell, spec, seed, config), sort_keys=True, default=str)
             mean = self.store.mean_time(task, spec)
             if mean is None:
                 known = False
+                guess = None
                 if calibrate:
-                    timed.add(spec)
-                    estimated += self.timed_epoch(task, spec) * max(
-                        0.0, self._expected_epochs() - run_epochs)
+                    per_epoch = self._timed_or_none(task, spec)
+                    if per_epoch is not None:
+                        timed.add(spec)
+                        guess = per_epoch * max(0.0, self._expected_epochs() - run_epochs)
+                        estimated += guess
+                runs[run] = (None, guess)
                 continue
             needed = self.time_needed(cell, spec, seed, config, again=redo) or 0.0
             left += needed
             estimated += needed
+            runs[run] = (needed, needed)
         entry: Dict[str, Any] = dict(
             stage=label, task=task, **counts, epochs=epochs, left_s=left if known else None,
-            unknown=unknown, again=again,
+            unknown=unknown, again=again, runs=runs,
             note=f'may step beyond the grid: {note}' if note else '')
         if calibrate:
             entry.update(estimated_s=estimated, timed=sorted(timed))
         return entry
+
+    def _timed_or_none(self, task: str, spec: str) -> Optional[float]:
+        r""":meth:`timed_epoch`, or :obj:`None` where timing fails (the error is kept in
+        :attr:`timing_errors`: one model that cannot run here does not end the status)."""
+        try:
+            return self.timed_epoch(task, spec)
+        except Exception as e:  # e.g. missing data or an optional package
+            self.timing_errors[(task, spec)] = f'{type(e).__name__}: {e}'
+            return None
 
     def record(self, comparison: Comparison, claim: Claim, runs: Sequence[Mapping[str, Any]],
                seeds: int, sweep: Mapping[str, Any]) -> Dict[str, object]:

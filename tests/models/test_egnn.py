@@ -645,17 +645,53 @@ def test_conv_sum_of_messages_equals_pyg_aggregation(dtype, tol, coord_aggr, mon
     for a, b in zip(fast, reference):
         torch.testing.assert_close(a, b, rtol=tol, atol=tol)
 
-    # the coordinate update against PyG's scatter of (x_i - x_j) phi_x(m_ij)
-    with torch.no_grad():
-        j, i = edge_index
-        a = F.linear(x, conv.edge_mlp[0].weight[:, :4], conv.edge_mlp[0].bias)
-        b = F.linear(x, conv.edge_mlp[0].weight[:, 4:8])
-        diff = pos[i] - pos[j]
-        m = a[i] + b[j] + diff.pow(2).sum(-1, keepdim=True) * conv.edge_mlp[0].weight[:, 8]
-        m = conv.edge_mlp[1:](m)
-        expected = pos + scatter(diff * conv.coord_mlp(m), i, 0, dim_size=x.size(0),
+    # the coordinate update and its gradients against PyG's scatter of (x_i - x_j) phi_x(m_ij),
+    # written out here
+    def coordinates(reference):
+        conv.zero_grad()
+        h_in, p_in = x.clone().requires_grad_(), pos.clone().requires_grad_()
+        if reference:
+            j, i = edge_index
+            a = F.linear(h_in, conv.edge_mlp[0].weight[:, :4], conv.edge_mlp[0].bias)
+            b = F.linear(h_in, conv.edge_mlp[0].weight[:, 4:8])
+            diff = p_in[i] - p_in[j]
+            m = a[i] + b[j] + diff.pow(2).sum(-1, keepdim=True) * conv.edge_mlp[0].weight[:, 8]
+            m = conv.edge_mlp[1:](m)
+            out = p_in + scatter(diff * conv.coord_mlp(m), i, 0, dim_size=x.size(0),
                                  reduce=coord_aggr)
-        torch.testing.assert_close(conv(x, pos, edge_index)[1], expected, rtol=tol, atol=tol)
-        # a node without incoming edges keeps its position
-        lone = int(batch.tolist().index(1))
+        else:
+            out = conv(h_in, p_in, edge_index)[1]
+        (out * w_p).sum().backward()
+        grads = [w.grad.clone() for w in (*conv.edge_mlp.parameters(),
+                                          *conv.coord_mlp.parameters())]
+        return [out, h_in.grad, p_in.grad] + grads
+
+    for a, b in zip(coordinates(False), coordinates(True)):
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+    # a node without incoming edges keeps its position
+    lone = int(batch.tolist().index(1))
+    with torch.no_grad():
         torch.testing.assert_close(conv(x, pos, edge_index)[1][lone], pos[lone])
+
+
+@pytest.mark.parametrize('weights,coordinates', [(torch.float64, torch.float32),
+                                                 (torch.float32, torch.float16),
+                                                 (torch.float32, torch.bfloat16)])
+@pytest.mark.parametrize('edge_dim', [0, 2])
+def test_conv_coordinates_in_another_dtype_than_the_weights(weights, coordinates, edge_dim):
+    # the per-node first edge layer promotes the squared distances (and edge attributes) as
+    # the per-edge concatenation does
+    torch.manual_seed(0)
+    conv = EGNNConv(4, hidden_channels=6, edge_dim=edge_dim).to(weights)
+    x, pos, batch = random_sets([5, 3, 4], 3, 4, dtype=weights)
+    pos = pos.to(coordinates)
+    edge_index = fully_connected_edge_index(batch)
+    attr = torch.randn(edge_index.size(1), edge_dim).to(coordinates) if edge_dim else None
+    with torch.no_grad():
+        fast = conv(x, pos, edge_index, attr)
+        handle = conv.edge_mlp[0].register_forward_hook(lambda *args: None)
+        concatenated = conv(x, pos, edge_index, attr)
+        handle.remove()
+    for a, b in zip(fast, concatenated):
+        assert a.dtype == b.dtype
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

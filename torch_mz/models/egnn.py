@@ -378,9 +378,13 @@ class EGNNConv(MessagePassing):
             # added to a_i + b_j (edge attributes in phi_e's dtype, as the concatenation
             # promotes them): its backward pass is two matrix products, where an elementwise
             # d^2 * w had broadcast products over (E, H) and their sums
+            # (in the dtype the concatenation and addcmul promote to: pos may be wider or
+            # narrower than the weights, and addmm does not promote)
+            dtype = torch.promote_types(sq_dist.dtype, rest.dtype)
             per_edge = sq_dist if edge_attr is None else torch.cat(
                 [sq_dist, edge_attr.to(rest.dtype)], dim=-1)  # (E, 1 + F_e)
-            m = torch.addmm(a_i + b_j, per_edge, rest.t())  # (E, H)
+            m = torch.addmm((a_i + b_j).to(dtype), per_edge.to(dtype),
+                            rest.t().to(dtype))  # (E, H)
             for layer in list(self.edge_mlp.children())[1:]:
                 m = layer(m)  # (E, H)
         if self.gate_lin is not None:
@@ -411,7 +415,7 @@ class EGNNConv(MessagePassing):
         else:
             m_aggr = self.aggr_module(m, index, ptr=ptr, dim_size=dim_size)  # (N, H)
         delta = _index_sum(delta, index, dim_size)  # (N, D)
-        if self.coord_aggr == 'mean':  # as PyG's scatter mean: the sum over max(1, degree)
+        if self.coord_aggr == 'mean' and delta.size(1):  # PyG's scatter mean: sum / max(1, deg)
             degree = torch.bincount(index, minlength=dim_size).clamp_(min=1)  # (N,)
             delta = delta / degree.unsqueeze(-1).to(delta.dtype)
         return m_aggr, delta
