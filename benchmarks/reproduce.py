@@ -294,9 +294,7 @@ def print_status(repro, claims, calibrate=False):
                 parts.append(f"estimated {st['estimated_s'] / 3600:.1f} h with "
                              f"{', '.join(st['timed']) or 'no model'} timed now")
             runs.update(st['runs'])
-            if st['unknown'] and st['note'] != 'after the sweep':
-                open_sweeps |= {(st['task'], m.strip())
-                                for m in st['note'].split(':', 1)[1].split(',')}
+            open_sweeps |= {(st['task'], m) for m in st['open']}
             print(f"  {st['stage']}: " + '; '.join(parts or ['nothing to train']))
     known = [k for k, _ in runs.values() if k is not None]
     print(f'known runs: about {sum(known) / 3600:.1f} h of training left (one process; divide '

@@ -709,25 +709,24 @@ class RunStore:
             times, epochs = self._times(os.path.dirname(self._paths(key)[0]))
             return sum(times) / sum(epochs) if times and sum(epochs) > 0 else None
         longest = None
+        for times, epochs in self._every_model():
+            if times and sum(epochs) > 0:
+                per_epoch = sum(times) / sum(epochs)
+                longest = per_epoch if longest is None else max(longest, per_epoch)
+        return longest
+
+    def _every_model(self) -> Iterator[Tuple[List[float], List[float]]]:
+        r""":meth:`_times` of every (task, model) folder in the store."""
         tasks = sorted(os.listdir(self.root)) if os.path.isdir(self.root) else []
         for name in tasks:
             folder = os.path.join(self.root, name)
             for model in (sorted(os.listdir(folder)) if os.path.isdir(folder) else []):
-                times, epochs = self._times(os.path.join(folder, model))
-                if times and sum(epochs) > 0:
-                    per_epoch = sum(times) / sum(epochs)
-                    longest = per_epoch if longest is None else max(longest, per_epoch)
-        return longest
+                yield self._times(os.path.join(folder, model))
 
     def mean_epochs(self) -> Optional[float]:
         r"""Mean epochs run by the finished runs in the store (every task and model), or
         :obj:`None` without any."""
-        epochs: List[float] = []
-        tasks = sorted(os.listdir(self.root)) if os.path.isdir(self.root) else []
-        for name in tasks:
-            folder = os.path.join(self.root, name)
-            for model in (sorted(os.listdir(folder)) if os.path.isdir(folder) else []):
-                epochs += self._times(os.path.join(folder, model))[1]
+        epochs = [e for _, model_epochs in self._every_model() for e in model_epochs]
         return _mean(epochs) if epochs else None
 
     def epochs_run(self, cell: Mapping[str, Any], spec: str, seed: int,
@@ -1225,7 +1224,8 @@ class Reproduction:
             if jobs:
                 stages.append(self._stage_status(
                     f"sweep on {task} ({self.sweep_cells[task]['label']})", task, jobs,
-                    unknown=len(open_sweep), note=', '.join(open_sweep), calibrate=calibrate))
+                    unknown=len(open_sweep), note=', '.join(open_sweep), calibrate=calibrate,
+                    open_models=open_sweep))
             cells = [self.sized(c) for c in claim.cells if c['task'] == task]
             label = f"{claim.name} runs on {task}"
             ready = [m for m in claim.models if chosen[m] is not None]
@@ -1354,8 +1354,8 @@ class Reproduction:
         return chosen, every, stopped
 
     def _stage_status(self, label: str, task: str, jobs, unknown: int = 0,
-                      note: str = '', need_weights: bool = False,
-                      calibrate: bool = False) -> Dict[str, Any]:
+                      note: str = '', need_weights: bool = False, calibrate: bool = False,
+                      open_models: Sequence[str] = ()) -> Dict[str, Any]:
         counts = dict(done=0, training=0, started=0, pending=0)
         epochs, left, known, again = 0, 0.0, True, 0
         estimated, timed = 0.0, set()
@@ -1392,7 +1392,7 @@ class Reproduction:
             runs[run] = (needed, needed)
         entry: Dict[str, Any] = dict(
             stage=label, task=task, **counts, epochs=epochs, left_s=left if known else None,
-            unknown=unknown, again=again, runs=runs,
+            unknown=unknown, again=again, runs=runs, open=list(open_models),
             note=f'may step beyond the grid: {note}' if note else '')
         if calibrate:
             entry.update(estimated_s=estimated, timed=sorted(timed))
