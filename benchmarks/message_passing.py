@@ -22,10 +22,13 @@ are taken between medians of the same run. Aggregations:
   operator and the Slim generator budget (n_g = 2, L = 1), with the library's defaults: on graphs
   with at least 2^20 generator elements per LayerNorm (32,768 edges at d = 16) the LayerNorm
   Jacobian runs as compiled kernels (:mod:`torch_mz.nn.fused`, auto mode), and (since
-  ``chunk_size='auto'`` became the default) graphs of more than 262,144 edges are encoded in
-  groups of 131,072 recomputed in the backward pass, the configuration of ``default-chunks``;
-  rows of ``default`` on such graphs in results files written before that change measured the
-  whole input at once (``benchmarks/targets.py`` lists them as superseded; the same holds for
+  ``chunk_size='auto'`` became the default) graphs of more than two groups of 2^21 / d edges
+  (262,144 at d = 16, 65,536 at d = 64; ``torch_mz.nn.aggr.auto_chunk_rows``) are encoded in
+  groups of 2^21 / d recomputed in the backward pass, the configuration of ``default-chunks``
+  with ``--chunk-rows`` set to that group; rows of ``default`` on such graphs in results files
+  written before that change measured the whole input at once, and rows at d = 64 written
+  before 2026-12-03 (when the groups were 131,072 rows at every width) the whole input or
+  groups of 131,072 (``benchmarks/targets.py`` lists them as superseded; the same holds for
   ``rigid``, whose configuration there is ``rigid-chunks``); every row of an ``MZAggregation``
   now records ``chunk_rows``, the rows per group (0: the whole input at once); ``-eager`` and
   ``-fused`` rows are the default's configuration, chunked where it is,

@@ -49,6 +49,7 @@ SOURCES = {
     'message_passing_flat_1e5': 'message_passing_flat_1e5/message_passing.json',
     'message_passing_flat_power_law': 'message_passing_flat_power_law/message_passing.json',
     'message_passing_chunks_1e4': 'message_passing_chunks_1e4/message_passing.json',
+    'message_passing_auto_1e5': 'message_passing_auto_1e5/message_passing.json',
     'speed': 'speed/speed.json',
     'training_step': 'training_step/training_step.json',
     'training_step_small_sets': 'training_step_small_sets/training_step.json',
@@ -64,21 +65,50 @@ MESSAGE_PASSING = ('message_passing', 'message_passing_small', 'message_passing_
                    'message_passing_ckpt_d64', 'message_passing_chunks',
                    'message_passing_chunks_keep', 'message_passing_flat',
                    'message_passing_flat_1e5', 'message_passing_flat_power_law',
-                   'message_passing_chunks_1e4')
-#: ``MZAggregation(chunk_size='auto')`` (the default) encodes inputs of more than this many rows
-#: in recomputed groups (``2 * torch_mz.nn.aggr.AUTO_CHUNK_ROWS``; a test checks they agree).
-AUTO_ROWS = 2 * 131072
-AUTO_GROUP = AUTO_ROWS // 2  # the rows of each of its groups
+                   'message_passing_chunks_1e4', 'message_passing_auto_1e5')
+#: ``MZAggregation(chunk_size='auto')`` (the default) encodes inputs of more than two groups of
+#: ``AUTO_ELEMENTS // d`` rows in recomputed groups of that many rows
+#: (``torch_mz.nn.aggr.AUTO_CHUNK_ELEMENTS`` and ``auto_chunk_rows``; a test checks they agree).
+AUTO_ELEMENTS = 2 ** 21
+#: The rows of a ``-chunks`` row's groups where its file does not say (the script's default then).
+OLD_CHUNK_ROWS = 131072
 _WHOLE = ("measured before `chunk_size='auto'` became the default: the whole input at once "
           "(rows without `chunk_rows`); the default's configuration on this graph is the "
           "`-chunks` row")
+_BY_WIDTH = ("measured before `chunk_size='auto'` sized its groups by the token width (2^21 / d "
+             "rows, 2026-12-03): {then}; the default's configuration on this graph is "
+             "{now}")
+
+
+def auto_group(dim: int) -> int:
+    r"""The rows of one group of ``chunk_size='auto'`` at token width :obj:`dim`."""
+    return max(1, AUTO_ELEMENTS // dim)
+
+
+def auto_chunk(edges: int, dim: int) -> int:
+    r"""The group rows ``chunk_size='auto'`` takes for :obj:`edges` messages of width
+    :obj:`dim`, 0 for the whole input."""
+    group = auto_group(dim)
+    return group if edges > 2 * group else 0
 
 
 def _mp_stale(r: Mapping[str, Any]) -> bool:
-    r"""A ``rigid`` or ``default`` row on a graph with more than :data:`AUTO_ROWS` messages,
-    measured before those names chunked such inputs (its file has no ``chunk_rows``)."""
-    return (r['aggr'] in ('rigid', 'default') and 'chunk_rows' not in r
-            and r.get('edges', 0) > AUTO_ROWS)
+    r"""A ``rigid`` or ``default`` row measured in another configuration than the one these
+    names run now (the whole input where the default now takes groups, or groups of another
+    size; a file without ``chunk_rows`` measured the whole input)."""
+    return (r['aggr'] in ('rigid', 'default')
+            and r.get('chunk_rows', 0) != auto_chunk(r.get('edges', 0), r['dim']))
+
+
+def _stale_reason(r: Mapping[str, Any]) -> str:
+    if 'chunk_rows' not in r and r.get('edges', 0) > 2 * OLD_CHUNK_ROWS:
+        return _WHOLE
+    then = (f"groups of {r['chunk_rows']:,} rows" if r.get('chunk_rows')
+            else 'the whole input at once')
+    group = auto_chunk(r.get('edges', 0), r['dim'])
+    now = (f"groups of {group:,} rows (a `-chunks` row with `chunk_rows` {group}, or a newer "
+           f"file)" if group else 'the whole input (a newer file)')
+    return _BY_WIDTH.format(then=then, now=now)
 
 
 def superseded(data: Mapping[str, Mapping]) -> Dict[Tuple[str, str], str]:
@@ -89,7 +119,7 @@ def superseded(data: Mapping[str, Mapping]) -> Dict[Tuple[str, str], str]:
         for r in data.get(label, {}).get('rows', []):
             if _mp_stale(r):
                 out[(label, f"{r['aggr']}, {r['degrees']}, d={r['dim']}, {r['nodes']} nodes, "
-                     f"{r['conv']}")] = _WHOLE
+                     f"{r['conv']}")] = _stale_reason(r)
     return out
 
 
@@ -103,9 +133,10 @@ def _mp_as(rows: Sequence[Mapping[str, Any]], name: str,
     for r in same:
         if r['aggr'] == name and not _mp_stale(r):
             return r
-    if name != 'pyg' and graph.get('edges', 0) > AUTO_ROWS:
+    group = auto_chunk(graph.get('edges', 0), graph['dim'])
+    if name != 'pyg' and group:
         for r in same:  # only groups of the default's size (`--chunk-rows` may choose others)
-            if r['aggr'] == f'{name}-chunks' and r.get('chunk_rows', AUTO_GROUP) == AUTO_GROUP:
+            if r['aggr'] == f'{name}-chunks' and r.get('chunk_rows', OLD_CHUNK_ROWS) == group:
                 return r
     return None
 
@@ -272,7 +303,7 @@ TARGETS: Sequence[Tuple[str, str, float, str, Callable[[Mapping], Iterator[Measu
     # companions of the message-passing targets: `rigid` with the option that bounds its
     # training memory, recomputed groups of whole neighbourhoods (`checkpoint='chunks'`; the
     # group size, `--chunk-rows`, is in each file's command and each row's `group_rows`; the
-    # default does this only above 262,144 messages)
+    # default does this only above 2^22 / d messages: 262,144 at d = 16, 65,536 at d = 64)
     ('mp-time-chunks', "message passing: `rigid` in recomputed groups (`checkpoint='chunks'`) / "
      "PyG time, Poisson degrees", 1.0, 'max',
      lambda d: _mp_pairs(d, 'rigid-chunks', 'pyg', 'median_ms', 'poisson')),

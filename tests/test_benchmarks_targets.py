@@ -22,9 +22,13 @@ def mp_file(time, memory, default, slope, peak_1e5):
             # measured before chunk_size='auto' (no chunk_rows): left out, and the -chunks row
             # on the same graph read in its place
             row('default', nodes=100000, mib=1e9, dim=64),
-            # groups of another size than the default's (--chunk-rows): never read in its place
-            row('default-chunks', nodes=100000, mib=1.0, dim=64, chunk_rows=32768),
-            row('default-chunks', nodes=100000, mib=peak_1e5 / 2, dim=64)]
+            # measured in groups of 131,072 rows, before 'auto' sized its groups by the width
+            # (2^21 / 64 = 32,768 rows at d = 64): left out too
+            row('rigid', nodes=100000, ms=1e9, dim=64, chunk_rows=131072),
+            # groups of another size than the default's (here the script's old default of
+            # 131,072 rows, a file without chunk_rows): never read in its place
+            row('default-chunks', nodes=100000, mib=1.0, dim=64),
+            row('default-chunks', nodes=100000, mib=peak_1e5 / 2, dim=64, chunk_rows=32768)]
     slopes = [dict(aggr='default', degrees='poisson', dim=16, memory_slope=slope),
               dict(aggr='pyg', degrees='poisson', dim=16, memory_slope=3.0)]  # not ours
     return dict(rows=rows, slopes=slopes)
@@ -63,7 +67,9 @@ def test_statuses_and_thresholds(monkeypatch):
         [1.0, 1.0, 2.0, 3.5])
     left_out = targets.superseded(data)
     assert ('message_passing', 'default, poisson, d=64, 100000 nodes, sage') in left_out
-    assert sum(label.startswith('message_passing') for label, _ in left_out) == 2
+    assert 'groups of 131,072 rows' in left_out[
+        ('message_passing', 'rigid, poisson, d=64, 100000 nodes, sage')]
+    assert sum(label.startswith('message_passing') for label, _ in left_out) == 4
     assert r['mp-default']['met'] == 3
     # the default's rows and the default-chunks rows (its configuration on large graphs):
     # 3000 and 1500 MiB within 4 GB, 5000 MiB not, 2500 MiB within
@@ -101,6 +107,11 @@ def test_committed_results(tmp_path):
 
 
 def test_auto_rows_agree_with_the_library():
-    from torch_mz.nn.aggr import AUTO_CHUNK_ROWS
+    from torch_mz.nn.aggr import AUTO_CHUNK_ELEMENTS, MZAggregation, auto_chunk_rows
     targets = load_script('targets')
-    assert targets.AUTO_ROWS == 2 * AUTO_CHUNK_ROWS and targets.AUTO_GROUP == AUTO_CHUNK_ROWS
+    assert targets.AUTO_ELEMENTS == AUTO_CHUNK_ELEMENTS
+    for dim in (1, 8, 16, 48, 64, 3000):
+        assert targets.auto_group(dim) == auto_chunk_rows(dim)
+        aggr = MZAggregation(4, dim=dim, heads=1, num_generators=0, value='rigid')
+        for edges in (2 * auto_chunk_rows(dim), 2 * auto_chunk_rows(dim) + 1):
+            assert targets.auto_chunk(edges, dim) == (aggr._chunk_rows(edges) or 0)

@@ -440,13 +440,15 @@ def test_checkpointed_chunks_give_the_same_values_and_gradients(chunk_size, shuf
 
 def test_auto_chunking_of_large_inputs(monkeypatch):
     r"""``chunk_size='auto'`` (the default) encodes inputs of more than twice
-    ``AUTO_CHUNK_ROWS`` rows in groups, each run again in the backward pass, and gives the
+    ``auto_chunk_rows(d)`` rows in groups, each run again in the backward pass, and gives the
     values and gradients of ``chunk_size=None``; smaller inputs take the unchunked path."""
     import torch_mz.nn.aggr as aggr_module
-    monkeypatch.setattr(aggr_module, 'AUTO_CHUNK_ROWS', 4)
     plain = _aggr(chunk_size=None)
     auto = _aggr()
     assert auto.chunk_size == 'auto'
+    # a budget of row elements: groups of 4 rows at this width
+    monkeypatch.setattr(aggr_module, 'AUTO_CHUNK_ELEMENTS', 4 * auto.dim)
+    assert aggr_module.auto_chunk_rows(auto.dim) == 4
     auto.load_state_dict(plain.state_dict())
     calls = []
     encode_group = auto._encode_group
@@ -482,6 +484,20 @@ def test_auto_chunking_of_large_inputs(monkeypatch):
     torch.testing.assert_close(out, plain(x, one_set))
     assert MZAggregation(4, chunk_size=np.int64(5)).chunk_size == 5
     assert 'chunk_size=auto, checkpoint=False' in repr(auto)
+    # twice as wide tokens: groups of half as many rows (17 rows > 2 * 2: whole sets grouped by
+    # the window of 2 rows of their first row: 3, 0 + 7, 1 + 4, 0 + 2 and the two trailing empty
+    # sets)
+    wide = _aggr(dim=2 * auto.dim, chunk_size=None)
+    auto_wide = _aggr(dim=2 * auto.dim)
+    auto_wide.load_state_dict(wide.state_dict())
+    assert auto_wide._chunk_rows(17) == 2 and auto_wide._chunk_rows(4) is None
+    encode_wide = auto_wide._encode_group
+    monkeypatch.setattr(auto_wide, '_encode_group', lambda *a: calls.append(a[0].size(0))
+                        or encode_wide(*a))
+    with torch.no_grad():
+        torch.testing.assert_close(auto_wide(_x(index.numel(), 2), index, dim_size=9),
+                                   wide(_x(index.numel(), 2), index, dim_size=9))
+    assert calls == [3, 7, 5, 2, 0]
     for bad in (0, -3, 'big', True, 2.5):
         with pytest.raises(ValueError, match="'chunk_size' must be"):
             MZAggregation(4, chunk_size=bad)

@@ -19,8 +19,17 @@ ENCODERS = ('isab', 'sab')
 PRESETS = ('neighbourhood', 'paper')
 CHECKPOINTS = (False, True, 'blocks', 'attention', 'chunks')
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-#: ``chunk_size='auto'``: inputs of more than twice this many rows are encoded in groups of it.
-AUTO_CHUNK_ROWS = 131072
+#: ``chunk_size='auto'``: the rows of one group times the token width :math:`d` (131,072 rows at
+#: :math:`d = 16`, 32,768 at :math:`d = 64`; see :func:`auto_chunk_rows`).
+AUTO_CHUNK_ELEMENTS = 2 ** 21
+
+
+def auto_chunk_rows(dim: int) -> int:
+    r"""The rows of one group of ``chunk_size='auto'`` for tokens of width :obj:`dim`:
+    :data:`AUTO_CHUNK_ELEMENTS` :math:`/ d` (at least 1). Inputs of more than twice as many rows
+    are encoded in such groups; the activations of a row grow with :math:`d`, so the group is
+    a budget of row elements, not of rows."""
+    return max(1, AUTO_CHUNK_ELEMENTS // dim)
 
 
 def preset_defaults(preset: str, in_channels: int, heads: int) -> dict:
@@ -197,14 +206,18 @@ class MZAggregation(Aggregation):
             ``checkpoint='chunks'``). The result is the same as without chunking, up to
             rounding (the fused kernels' automatic choice depends on the size of a group; in
             training, dropout masks are drawn group by group). :obj:`None` processes the batch
-            at once. :obj:`'auto'` (default): inputs of more than 262,144 rows (e.g. the
-            messages of a graph with that many edges) are processed in groups of
-            :data:`AUTO_CHUNK_ROWS` = 131,072 rows, each recomputed in the backward pass
+            at once. :obj:`'auto'` (default): inputs of more than twice
+            :func:`auto_chunk_rows` rows (:math:`2^{21} / d` per group: groups of 131,072 rows
+            at :math:`d = 16`, so inputs of more than 262,144 rows; of 32,768 at
+            :math:`d = 64`, so more than 65,536: the messages of a graph with that many edges)
+            are processed in such groups, each recomputed in the backward pass
             (``checkpoint='chunks'``) unless :obj:`checkpoint` chooses another mode; smaller
-            inputs, and inputs under :func:`torch.compile`, at once. Smaller groups lower the
-            peak of smaller inputs too: on 10^4 nodes and 10^5 edges at d = 64,
+            inputs, and inputs under :func:`torch.compile`, at once. The group is a budget of
+            row elements because a row's activations grow with :math:`d`: on 10^4 nodes and
+            10^5 edges at d = 64,
             ``value='rigid', num_generators=0`` took 869 ms / 706 MiB whole and 1,144 ms /
-            315 MiB with ``chunk_size=32768, checkpoint='chunks'``, against PyG's 4.04 s /
+            315 MiB with ``chunk_size=32768, checkpoint='chunks'`` (what ``'auto'`` does there
+            now), against PyG's 4.04 s /
             1,211 MiB (``benchmarks/results/message_passing_chunks_1e4``). On 10^5 nodes and 10^6
             Poisson edges (``SAGEConv``, forward + backward) this took the default aggregation's
             peak memory from 3,086 to 1,151 MiB at d = 16 and from 10,506 to 3,280 MiB at d = 64,
@@ -371,9 +384,10 @@ class MZAggregation(Aggregation):
         once (see :attr:`chunk_size`)."""
         if self.chunk_size == 'auto':
             # compiling first: a size test before it would add a shape guard to a compiled graph
-            if torch.compiler.is_compiling() or rows <= 2 * AUTO_CHUNK_ROWS:
+            if torch.compiler.is_compiling():
                 return None
-            return AUTO_CHUNK_ROWS
+            group = auto_chunk_rows(self.dim)
+            return None if rows <= 2 * group else group
         if not isinstance(self.chunk_size, int) or rows <= self.chunk_size:
             return None  # None: at once
         return self.chunk_size
