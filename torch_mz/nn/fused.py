@@ -134,9 +134,22 @@ def _ln_jacobian_backward(grad_out: Tensor, c: Tensor, g: Tensor, weight: Tensor
     return grad_c, grad_g, grad_w
 
 
+#: Kernels compiled for each width: every size static but the first (token) dimension of their
+#: tensor arguments of two or more dimensions, which is marked dynamic. Knowing :math:`n_g` and
+#: :math:`d`, the compiler vectorises the LayerNorm Jacobian's reductions over the features:
+#: measured in one process on one core (:math:`N = 32768, n_g = 8, d = 64`, medians of 7),
+#: forward 11.6 ms and backward 44 ms against 17.9 and 50.6 ms with every size dynamic; the tanh
+#: kernel on the :math:`(32768, 8, 64)` hidden layer 9.8 against 11.6 ms (medians of 9). Each
+#: generator budget and width compiles its own graphs (once); token counts of 0 and 1 are
+#: specialised by the compiler. In the ``mz`` preset's training step on 32 clouds of 1,024
+#: points (the LayerNorm kernels alone static): 1.82-2.12 s against 2.24-2.48 s, inference
+#: 0.60-0.69 against 0.67-0.77 s (fresh processes alternating, three rounds, medians of 5 calls).
+STATIC_WIDTHS = ('ln_forward', 'ln_backward', 'tanh_in_place')
+
+
 def _compiled(name: str, fn):
     if name not in _COMPILED:
-        _COMPILED[name] = torch.compile(fn, dynamic=True)
+        _COMPILED[name] = torch.compile(fn, dynamic=name not in STATIC_WIDTHS)
     return _COMPILED[name]
 
 
@@ -154,6 +167,10 @@ def _run(name: str, fn, *args):
         try:
             # detached inputs: the graphs do not depend on whether the caller tracks gradients
             args = tuple(a.detach() if isinstance(a, Tensor) else a for a in args)
+            if name in STATIC_WIDTHS:  # the token count varies from call to call
+                for a in args:
+                    if isinstance(a, Tensor) and a.dim() >= 2:
+                        torch._dynamo.maybe_mark_dynamic(a, 0)
             with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
                 return _compiled(name, fn)(*args)
         except Exception as err:  # no compiler, unsupported device: fall back, say so once
