@@ -44,9 +44,10 @@ are taken between medians of the same run. Aggregations:
   ``checkpoint='attention'`` (each attention's projections, packing and kernel recomputed in the
   backward pass) on the whole input, on the same graphs as ``default-ckpt``,
 * ``default-chunks`` and ``rigid-chunks``: ``default`` and ``rigid`` with
-  ``chunk_size=131072, checkpoint='chunks'`` (groups of neighbourhoods of about 2^17 edges, each
-  keeping only its input rows and run again in the backward pass; ``--chunk-rows`` sets another
-  group size), on the same graphs as ``default-ckpt``,
+  ``chunk_size=2^21 / d, checkpoint='chunks'`` (the groups of ``chunk_size='auto'`` at that
+  width, 131,072 edges at d = 16 and 32,768 at d = 64, each keeping only its input rows and run
+  again in the backward pass; ``--chunk-rows`` sets another group size; before 2026-12-03 the
+  groups were 131,072 edges at every width), on the same graphs as ``default-ckpt``,
 * ``mz-ng8``: ``MZAggregation(d, num_generators=8, num_matrix_generators=4)``: the paper's
   generator budget in the same structure,
 * ``paper``: ``MZAggregation(d, preset='paper')``: the paper's MZ-Set Transformer body (two
@@ -73,7 +74,6 @@ AGGRS = ('pyg', 'pyg-flat', 'rigid', 'rigid-ckpt-attn', 'rigid-chunks', 'default
          'mz-ng8', 'paper')
 CKPT_AGGRS = ('default-ckpt', 'default-ckpt-attn', 'rigid-ckpt-attn', 'default-chunks',
               'rigid-chunks', 'default-whole')
-CHUNK_ROWS = 131072  # edges per recomputed group of neighbourhoods (*-chunks)
 CONVS = ('sage', 'graph')
 
 
@@ -99,7 +99,9 @@ def build_aggr(name: str, d: int, group_rows: Optional[int] = None):
     from torch_geometric.nn.aggr import SetTransformerAggregation
 
     from torch_mz.nn import FlatSetTransformerAggregation, MZAggregation
-    group_rows = CHUNK_ROWS if group_rows is None else group_rows  # rows per group (*-chunks)
+    from torch_mz.nn.aggr import auto_chunk_rows
+    # rows per group (*-chunks): by default the groups 'auto' takes at this width
+    group_rows = auto_chunk_rows(d) if group_rows is None else group_rows
     if name == 'pyg':
         return SetTransformerAggregation(d, heads=4)
     if name == 'pyg-flat':
@@ -233,8 +235,9 @@ def main():
     parser.add_argument('--power-law-max-nodes', type=int, default=10000,
                         help='largest power-law graph (its hub has ~8%% of all edges, and an SAB '
                              'is quadratic in it)')
-    parser.add_argument('--chunk-rows', type=int, default=CHUNK_ROWS,
-                        help='rows per recomputed group of the *-chunks aggregations')
+    parser.add_argument('--chunk-rows', type=int, default=None,
+                        help="rows per recomputed group of the *-chunks aggregations (default: "
+                             "the groups of chunk_size='auto' at each width, 2^21 / d)")
     parser.add_argument('--repeats', type=int, default=5)
     parser.add_argument('--threads', type=int, default=1)
     parser.add_argument('--device', default='cpu', help="'cpu' or 'cuda' (GPU memory is the "
@@ -278,7 +281,7 @@ def main():
                         cfg = dict(aggr=aggr, conv=conv, degrees=degrees, dim=dim, nodes=nodes,
                                    repeats=args.repeats, threads=args.threads, seed=0,
                                    device=args.device, keep=args.keep_freed_memory)
-                        if aggr.endswith('-chunks'):
+                        if aggr.endswith('-chunks') and args.chunk_rows is not None:
                             cfg['group_rows'] = args.chunk_rows
                         row = run_subprocess(cfg, args.timeout)
                         rows.append(row)

@@ -101,11 +101,11 @@ def _mp_stale(r: Mapping[str, Any]) -> bool:
 
 
 def _stale_reason(r: Mapping[str, Any]) -> str:
-    if 'chunk_rows' not in r and r.get('edges', 0) > 2 * OLD_CHUNK_ROWS:
+    group = auto_chunk(r.get('edges', 0), r['dim'])
+    if 'chunk_rows' not in r and group == OLD_CHUNK_ROWS:  # the `-chunks` row is the default's
         return _WHOLE
     then = (f"groups of {r['chunk_rows']:,} rows" if r.get('chunk_rows')
             else 'the whole input at once')
-    group = auto_chunk(r.get('edges', 0), r['dim'])
     now = (f"groups of {group:,} rows (a `-chunks` row with `chunk_rows` {group}, or a newer "
            f"file)" if group else 'the whole input (a newer file)')
     return _BY_WIDTH.format(then=then, now=now)
@@ -136,7 +136,8 @@ def _mp_as(rows: Sequence[Mapping[str, Any]], name: str,
     group = auto_chunk(graph.get('edges', 0), graph['dim'])
     if name != 'pyg' and group:
         for r in same:  # only groups of the default's size (`--chunk-rows` may choose others)
-            if r['aggr'] == f'{name}-chunks' and r.get('chunk_rows', OLD_CHUNK_ROWS) == group:
+            if r['aggr'] == f'{name}-chunks' and r.get(
+                    'chunk_rows', r.get('group_rows', OLD_CHUNK_ROWS)) == group:
                 return r
     return None
 
@@ -198,10 +199,14 @@ def _mp_slopes(data: Mapping[str, Mapping]) -> Iterator[Measurement]:
         rows = data.get(label, {}).get('rows', [])
         for r in data.get(label, {}).get('slopes', []):
             if r['aggr'] in ('rigid', 'default') and r.get('memory_slope') is not None:
-                whole = any(_mp_stale(q) for q in rows if (q['aggr'], q['degrees'], q['dim'])
-                            == (r['aggr'], r['degrees'], r['dim']))
-                yield (label, f"{r['aggr']}, {r['degrees']}, d={r['dim']}"
-                       + (' (whole input on the largest graph)' if whole else ''),
+                stale = [q for q in rows if _mp_stale(q) and (q['aggr'], q['degrees'], q['dim'])
+                         == (r['aggr'], r['degrees'], r['dim'])]
+                note = ''
+                if stale:  # the fit includes a configuration the default no longer runs
+                    note = (' (groups of another size on the largest graph)'
+                            if any(q.get('chunk_rows') for q in stale)
+                            else ' (whole input on the largest graph)')
+                yield (label, f"{r['aggr']}, {r['degrees']}, d={r['dim']}" + note,
                        float(r['memory_slope']))
     for label, where in (('scaling_mz', 'paper configuration, sets of 1,024, inference'),
                          ('scaling_sets_of_1', 'default, sets of 1, inference')):

@@ -69,6 +69,13 @@ def test_statuses_and_thresholds(monkeypatch):
     assert ('message_passing', 'default, poisson, d=64, 100000 nodes, sage') in left_out
     assert 'groups of 131,072 rows' in left_out[
         ('message_passing', 'rigid, poisson, d=64, 100000 nodes, sage')]
+    # a row measured whole before 'auto' existed: at d = 16 the old -chunks rows are the
+    # default's configuration, at d = 64 no longer (groups of 32,768 rows now)
+    reason_64 = left_out[('message_passing', 'default, poisson, d=64, 100000 nodes, sage')]
+    assert 'the whole input at once' in reason_64 and 'groups of 32,768 rows' in reason_64
+    whole_16 = dict(aggr='default', degrees='poisson', dim=16, nodes=100000, edges=10**6,
+                    conv='sage')
+    assert targets._mp_stale(whole_16) and targets._stale_reason(whole_16) == targets._WHOLE
     assert sum(label.startswith('message_passing') for label, _ in left_out) == 4
     assert r['mp-default']['met'] == 3
     # the default's rows and the default-chunks rows (its configuration on large graphs):

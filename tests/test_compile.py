@@ -90,3 +90,21 @@ def test_compiled_flat_set_transformer_matches_eager():
         grads.append([p.grad.clone() for p in aggr.parameters()])
     for a, b in zip(*grads):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+
+
+def test_compiled_aggregation_with_the_fused_kernels_on(monkeypatch):
+    r"""With the compiled kernels on for every input (``set_fused_kernels(True)``), an outer
+    ``torch.compile`` traces the kernels' formulas into its own graph (the kernels' graphs and
+    their dynamic-size marks are for eager callers): the same values and finite gradients as
+    eager. (The kernels' own compiling is replaced by the plain formula here, so the eager
+    reference takes seconds; it runs the formula the kernels compile.)"""
+    from torch_mz.nn import fused
+    monkeypatch.setattr(fused, '_FAILED', False)
+    monkeypatch.setattr(fused, '_ENABLED', True)
+    monkeypatch.setattr(fused, '_compiled', lambda name, fn: fn)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    aggr = MZAggregation(5, num_generators=2)
+    index = make_index([3, 0, 5, 1], shuffle=True, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(index.numel(), 5)
+    _check(aggr, (x, index), 'aot_eager')

@@ -7,7 +7,9 @@ generator feed-forward (:class:`OddTanhFused`) and the LayerNorm Jacobian on gen
 generators (:func:`~torch_mz.nn.zonotope.zonotope_layer_norm`) into about two passes forward and
 two backward. Measured on one core (the function alone, a throwaway script, nothing else
 running), :math:`N = 32768, n_g = 8, d = 64`, float32: forward 47 ms and backward 49 ms against
-95 ms and about 215 ms for the hand-written eager function. Whole models gain less: the ``mz``
+95 ms and about 215 ms for the hand-written eager function (compiled with every size dynamic, on
+an earlier day; compiled per width, see :data:`STATIC_WIDTHS`, 11.6 and 44 ms against 17.9 and
+50.6 ms with every size dynamic in one later process). Whole models gain less: the ``mz``
 training step on 32 clouds of 1,024 points 1.86-1.97 s against 2.24-2.52 s eager, inference
 0.71-0.84 s against 0.74-0.91 s (one process alternating the two, four rounds, min of 2 calls
 each; ``benchmarks/training_step.py`` for the committed figures); in message passing
@@ -142,7 +144,8 @@ def _ln_jacobian_backward(grad_out: Tensor, c: Tensor, g: Tensor, weight: Tensor
 #: kernel on the :math:`(32768, 8, 64)` hidden layer 9.8 against 11.6 ms (medians of 9). Each
 #: generator budget and width compiles its own graphs (once); token counts of 0 and 1 are
 #: specialised by the compiler. In the ``mz`` preset's training step on 32 clouds of 1,024
-#: points (the LayerNorm kernels alone static): 1.82-2.12 s against 2.24-2.48 s, inference
+#: points (measured with the LayerNorm kernels static and the tanh dynamic; the tanh was made
+#: static after this measurement): 1.82-2.12 s against 2.24-2.48 s, inference
 #: 0.60-0.69 against 0.67-0.77 s (fresh processes alternating, three rounds, medians of 5 calls).
 STATIC_WIDTHS = ('ln_forward', 'ln_backward', 'tanh_in_place')
 
@@ -163,6 +166,11 @@ def _run(name: str, fn, *args):
     # Under a dispatch mode (FlopCounterMode, a profiler's counters) dynamo cannot use the
     # compiled graphs and calling them there leaves them unusable afterwards (measured: 4x slower
     # for the rest of the process): the eager formula runs instead.
+    # Under an outer torch.compile the formula is traced into the caller's graph (which fuses
+    # it on its own); the kernels' compiled graphs and their dynamic-size marks are for eager
+    # callers (the mode 'on' reaches here under compile too).
+    if torch.compiler.is_compiling():
+        return fn(*args)
     if not _FAILED and _get_current_dispatch_mode() is None:
         try:
             # detached inputs: the graphs do not depend on whether the caller tracks gradients
