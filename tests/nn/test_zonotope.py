@@ -192,6 +192,60 @@ def test_compiled_layer_norm_jacobian_matches_autograd_reference(monkeypatch, af
     assert not fused.fused_kernels_enabled()  # the eager function from now on
 
 
+@pytest.mark.parametrize('compiled', [
+    False, pytest.param(True, marks=pytest.mark.slow)])  # compiling takes about a minute
+def test_layer_norm_of_a_residual_sum_matches_the_written_out_sum(monkeypatch, compiled):
+    r"""``zonotope_layer_norm(z, norm, add=r)``, whose compiled kernels form the generators' sum
+    themselves (:class:`~torch_mz.nn.fused.LayerNormJacobianSumFused`), equals the map of the
+    written-out ``z + r`` and the autograd reference in float64, values and gradients of both
+    summands, the center and the weight (first and second order), also for a strided summand
+    (a view of a wider layout, as the attention returns); the kernels' names are the sum's."""
+    from torch_mz.nn import fused
+    from torch_mz.nn.zonotope import zonotope_layer_norm_reference
+    calls = []
+    monkeypatch.setattr(fused, '_ENABLED', True)
+    monkeypatch.setattr(fused, '_FAILED', False)
+    if not compiled:
+        monkeypatch.setattr(fused, '_compiled', lambda name, fn: calls.append(name) or fn)
+    g = torch.Generator().manual_seed(5)
+    d, ng, n = 12, 3, 7
+    norm = torch.nn.LayerNorm(d).double()
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(d, generator=g, dtype=torch.float64) + 0.5)
+    c1 = (torch.randn(n, d, generator=g, dtype=torch.float64) * 3 + 1).requires_grad_()
+    c2 = torch.randn(n, d, generator=g, dtype=torch.float64).requires_grad_()
+    g1 = torch.randn(n, ng, d, generator=g, dtype=torch.float64).requires_grad_()
+    wide = torch.randn(n, ng + 1, d, generator=g, dtype=torch.float64).requires_grad_()
+    g2 = wide[:, 1:]  # strided: a view of a wider layout
+    assert not g2.is_contiguous()
+    w = torch.randn(n, ng, d, generator=g, dtype=torch.float64)
+    results = []
+    for fn in ('sum', 'written', 'reference'):
+        norm.zero_grad()
+        leaves = (c1, c2, g1, wide)
+        for t in leaves:
+            t.grad = None
+        if fn == 'sum':
+            out = zonotope_layer_norm(Zonotope(c1, g1), norm, add=Zonotope(c2, g2))
+        elif fn == 'written':
+            out = zonotope_layer_norm(Zonotope(c1, g1) + Zonotope(c2, g2), norm)
+        else:
+            out = zonotope_layer_norm_reference(Zonotope(c1, g1) + Zonotope(c2, g2), norm)
+        ((out.gens * w).sum() + out.center.pow(2).sum()).backward()
+        results.append([out.center.detach(), out.gens.detach()]
+                       + [t.grad.clone() for t in leaves] + [norm.weight.grad.clone()])
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    if not compiled:
+        assert 'ln_sum_forward' in calls and 'ln_sum_backward' in calls
+        # second order (create_graph=True runs the formula uncompiled)
+        small = [t.detach()[:3].requires_grad_() for t in (c1, c2, g1, wide)]
+        assert torch.autograd.gradgradcheck(
+            lambda a, b, x, y: fused.LayerNormJacobianSumFused.apply(
+                a + b, x, y[:, 1:], None, 1e-5), small)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='CUDA not available')
 @pytest.mark.parametrize('fused_on_cuda', [False, True])
 def test_cuda_fused_layer_norm_jacobian_matches_cpu(monkeypatch, fused_on_cuda):

@@ -28,7 +28,7 @@ from torch.nn import LayerNorm, Linear, Module, Parameter
 
 from torch_mz.nn.attention import MZAttention
 from torch_mz.nn.functional import _functorch_active, _hooked, dropout, repeat_per_set
-from torch_mz.nn.fused import odd_tanh_
+from torch_mz.nn.fused import odd_tanh_, use_fused_kernels
 from torch_mz.nn.zonotope import MappedZonotope, Zonotope, zonotope_layer_norm
 
 
@@ -203,11 +203,14 @@ class MAB(Module):
 
     def forward(self, query: Zonotope, key_value: Union[Zonotope, MappedZonotope],
                 query_set: Tensor, kv_set: Tensor, num_sets: int) -> Zonotope:
-        h = zonotope_layer_norm(query + self.attn(query, key_value, query_set, kv_set, num_sets),
-                                self.norm1)
+        h = zonotope_layer_norm(query, self.norm1,
+                                add=self.attn(query, key_value, query_set, kv_set, num_sets))
         f_c = dropout(self.ffn(h.center), self.dropout, self.training)
         if self.ffn_gens is not None:
             f_g = self.ffn_gens(h.gens)
+            if use_fused_kernels(h.gens) and f_g.dtype == h.gens.dtype:
+                # the residual sum is formed inside the compiled LayerNorm kernels
+                return zonotope_layer_norm(h, self.norm2, add=Zonotope(f_c, f_g))
             # the residual joins the generator FFN's output in place (a fresh tensor, which
             # the backward pass of its last product does not keep): one (N, n_g, d) allocation
             # fewer, the same sum; out of place where autocast gave the output a lower precision

@@ -147,7 +147,18 @@ def _ln_jacobian_backward(grad_out: Tensor, c: Tensor, g: Tensor, weight: Tensor
 #: points (measured with the LayerNorm kernels static and the tanh dynamic; the tanh was made
 #: static after this measurement): 1.82-2.12 s against 2.24-2.48 s, inference
 #: 0.60-0.69 against 0.67-0.77 s (fresh processes alternating, three rounds, medians of 5 calls).
-STATIC_WIDTHS = ('ln_forward', 'ln_backward', 'tanh_in_place')
+STATIC_WIDTHS = ('ln_forward', 'ln_backward', 'ln_sum_forward', 'ln_sum_backward',
+                 'tanh_in_place')
+
+
+def _ln_jacobian_sum_forward(c: Tensor, g1: Tensor, g2: Tensor, weight: Tensor,
+                             eps: float) -> Tensor:
+    return _ln_jacobian_forward(c, g1 + g2, weight, eps)  # the sum fused into the kernel
+
+
+def _ln_jacobian_sum_backward(grad_out: Tensor, c: Tensor, g1: Tensor, g2: Tensor,
+                              weight: Tensor, eps: float):
+    return _ln_jacobian_backward(grad_out, c, g1 + g2, weight, eps)
 
 
 def _compiled(name: str, fn):
@@ -275,3 +286,32 @@ class LayerNormJacobianFused(torch.autograd.Function):
                                           grad_out.contiguous(), c, g, w, ctx.eps)
         return (grad_c if ctx.needs_input_grad[0] else None, grad_g,
                 grad_w if ctx.has_weight and ctx.needs_input_grad[2] else None, None)
+
+
+class LayerNormJacobianSumFused(torch.autograd.Function):
+    r""":class:`LayerNormJacobianFused` of the sum of two generator tensors (a residual
+    connection, :math:`G_1 + G_2`), the sum computed inside the compiled kernels, forward and
+    backward, instead of written out and read back: one pass over the generators fewer each
+    way, and no generator-sized allocation for the sum. The same values as the map of the
+    written-out sum (the same float additions); both summands receive its gradient."""
+    @staticmethod
+    def forward(ctx, c: Tensor, g1: Tensor, g2: Tensor, weight: Optional[Tensor],
+                eps: float) -> Tensor:
+        w = weight if weight is not None else c.new_ones(c.size(-1))
+        ctx.save_for_backward(c, g1, g2, w)
+        ctx.eps = eps
+        ctx.has_weight = weight is not None
+        return _run('ln_sum_forward', _ln_jacobian_sum_forward, c, g1, g2, w, eps)
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        c, g1, g2, w = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: the formula uncompiled, differentiable
+            grad_c, grad_g, grad_w = _ln_jacobian_backward(grad_out, c, g1 + g2, w, ctx.eps)
+        else:
+            grad_c, grad_g, grad_w = _run('ln_sum_backward', _ln_jacobian_sum_backward,
+                                          grad_out.contiguous(), c, g1, g2, w, ctx.eps)
+        return (grad_c if ctx.needs_input_grad[0] else None,
+                grad_g if ctx.needs_input_grad[1] else None,
+                grad_g if ctx.needs_input_grad[2] else None,
+                grad_w if ctx.has_weight and ctx.needs_input_grad[3] else None, None)

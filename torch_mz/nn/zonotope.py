@@ -12,7 +12,8 @@ from torch import Tensor
 from torch.nn import LayerNorm, Linear, Module
 
 from torch_mz.nn.functional import _functorch_active, _hooked
-from torch_mz.nn.fused import LayerNormJacobianFused, use_fused_kernels
+from torch_mz.nn.fused import (LayerNormJacobianFused, LayerNormJacobianSumFused,
+                               use_fused_kernels)
 
 
 class _Tokens:
@@ -327,8 +328,10 @@ class _LayerNormJacobian(torch.autograd.Function):
         return grad_c, grad_g, grad_w, None
 
 
-def zonotope_layer_norm(z: Zonotope, norm: LayerNorm) -> Zonotope:
-    r"""Applies :class:`~torch.nn.LayerNorm` to a zonotope token.
+def zonotope_layer_norm(z: Zonotope, norm: LayerNorm, add: Optional[Zonotope] = None) -> Zonotope:
+    r"""Applies :class:`~torch.nn.LayerNorm` to a zonotope token (to :obj:`z` + :obj:`add` where
+    :obj:`add` is given: a residual connection; where the compiled kernels run, the generators'
+    sum is formed inside them instead of written out, with the same values).
 
     The center is normalised as usual. Each generator row is mapped by the Jacobian of the
     LayerNorm at the center (first-order propagation of the zonotope through the normalisation):
@@ -354,6 +357,17 @@ def zonotope_layer_norm(z: Zonotope, norm: LayerNorm) -> Zonotope:
     :func:`torch_mz.nn.set_fused_kernels` turns them on, the map runs as compiled kernels
     instead (:mod:`torch_mz.nn.fused`).
     """
+    if add is not None:
+        if (add.gens.shape == z.gens.shape and add.gens.dtype == z.gens.dtype
+                and z.gens.size(1) > 0 and norm.normalized_shape == (z.center.size(-1), )
+                and not _functorch_active() and use_fused_kernels(z.gens)):
+            c = z.center + add.center
+            out_c = norm(c)
+            weight = norm.weight.to(out_c.dtype) if norm.weight is not None else None
+            g = LayerNormJacobianSumFused.apply(c.to(out_c.dtype), z.gens.to(out_c.dtype),
+                                                add.gens.to(out_c.dtype), weight, norm.eps)
+            return Zonotope(out_c, g)
+        z = z + add
     c = z.center
     d = c.size(-1)
     if norm.normalized_shape != (d, ):
