@@ -159,8 +159,10 @@ def test_message_passing_aggregations_build_and_agree(monkeypatch):
     chunked variants (groups of 4 rows here) give the plain ones' values with the same weights,
     and ``pyg-flat`` PyG's."""
     import torch
+    import torch_mz.nn.aggr as aggr_module
     mp = load_script('message_passing')
-    monkeypatch.setattr(mp, 'CHUNK_ROWS', 4)
+    # the *-chunks rows take the groups of chunk_size='auto' at their width: 4 rows at d = 16
+    monkeypatch.setattr(aggr_module, 'AUTO_CHUNK_ELEMENTS', 4 * 16)
     x = torch.randn(12, 16, generator=torch.Generator().manual_seed(0))
     index = torch.tensor([0] * 5 + [1] * 2 + [3] * 5)
     plain = {}
@@ -185,4 +187,5 @@ def test_message_passing_aggregations_build_and_agree(monkeypatch):
         assert aggr(x, index, dim_size=4).shape == (4, 16)
     # --chunk-rows: the group size of the *-chunks rows, read when the aggregation is built
     assert mp.build_aggr('rigid-chunks', 16, 3).chunk_size == 3
-    assert mp.build_aggr('default-chunks', 16).chunk_size == 4  # CHUNK_ROWS, patched above
+    assert mp.build_aggr('default-chunks', 16).chunk_size == 4  # auto_chunk_rows(16), patched
+    assert mp.build_aggr('default-chunks', 32).chunk_size == 2  # half as many at twice the width

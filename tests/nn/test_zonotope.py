@@ -377,3 +377,48 @@ def test_a_mistyped_fused_kernel_mode_is_refused(monkeypatch):
     monkeypatch.setenv('TORCH_MZ_FUSED_KERNELS', 'yes please')
     with pytest.raises(ValueError, match="'auto', '1' or '0'"):
         fused._mode_from_environment()
+
+
+def test_mab_with_the_kernels_on_equals_the_eager_block(monkeypatch):
+    r"""An ISAB (the first MAB's query an input projection's tokens, the second's keys the
+    inducing tokens) and a PMA with the kernels forced on equal the eager blocks in float64,
+    values and gradients, in training and in inference; the LayerNorms of the residual sums take
+    the sum kernels where they should (in inference both, in training the second only: the
+    first would keep both summands for the backward pass)."""
+    from torch_mz.nn import fused
+    from torch_mz.nn.blocks import ISAB, PMA
+    from torch_mz.nn.functional import repeat_per_set
+    from torch_mz.nn.zonotope import InputProjection
+    calls = []
+    monkeypatch.setattr(fused, '_FAILED', False)
+    monkeypatch.setattr(fused, '_compiled', lambda name, fn: calls.append(name) or fn)
+    torch.manual_seed(0)
+    proj = InputProjection(3, 8, 2).double()
+    isab = ISAB(8, num_inducing=3, num_generators=2, heads=2, d_ff=8).double()
+    pma = PMA(8, num_seeds=1, num_generators=2, heads=2, d_ff=8).double()
+    x = torch.randn(12, 3, dtype=torch.float64)
+    set_id = repeat_per_set(3, 4, x.device)
+
+    def run(train):
+        for m in (proj, isab, pma):
+            m.zero_grad()
+        with torch.set_grad_enabled(train):
+            z = pma(isab(proj(x), set_id, 3), set_id, 3)
+            if train:
+                (z.center.square().sum() + z.gens.square().sum()).backward()
+        return [z.center.detach(), z.gens.detach()] + (
+            [p.grad.clone() for m in (proj, isab, pma) for p in m.parameters()
+             if p.grad is not None] if train else [])
+
+    for train in (True, False):
+        monkeypatch.setattr(fused, '_ENABLED', False)
+        eager = run(train)
+        calls.clear()
+        monkeypatch.setattr(fused, '_ENABLED', True)
+        on = run(train)
+        assert len(on) == len(eager) > (2 if train else 1)  # gradients in training
+        for a, b in zip(on, eager):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+        # 3 MABs with 2 LayerNorms each: the second always as a sum, the first in inference
+        assert calls.count('ln_sum_forward') == (6 if not train else 3)
+        assert calls.count('ln_forward') == (0 if not train else 3)

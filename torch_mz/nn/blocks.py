@@ -203,8 +203,13 @@ class MAB(Module):
 
     def forward(self, query: Zonotope, key_value: Union[Zonotope, MappedZonotope],
                 query_set: Tensor, kv_set: Tensor, num_sets: int) -> Zonotope:
-        h = zonotope_layer_norm(query, self.norm1,
-                                add=self.attn(query, key_value, query_set, kv_set, num_sets))
+        attended = self.attn(query, key_value, query_set, kv_set, num_sets)
+        # In inference the residual sum is formed inside the compiled LayerNorm kernels; in
+        # training it is written out, as the kernels would keep both summands for the backward
+        # pass (the attention's generators can be a view of its wider output, and the first
+        # block's query generators are otherwise freed): more memory for no measured gain
+        h = (zonotope_layer_norm(query, self.norm1, add=attended) if not torch.is_grad_enabled()
+             else zonotope_layer_norm(query + attended, self.norm1))
         f_c = dropout(self.ffn(h.center), self.dropout, self.training)
         if self.ffn_gens is not None:
             f_g = self.ffn_gens(h.gens)

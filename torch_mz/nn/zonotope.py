@@ -363,6 +363,8 @@ def zonotope_layer_norm(z: Zonotope, norm: LayerNorm, add: Optional[Zonotope] = 
                 and not _functorch_active() and use_fused_kernels(z.gens)):
             c = z.center + add.center
             out_c = norm(c)
+            if out_c.dtype != z.gens.dtype:  # (autocast) the sum in the generators' precision
+                return zonotope_layer_norm(Zonotope(c, z.gens + add.gens), norm)
             weight = norm.weight.to(out_c.dtype) if norm.weight is not None else None
             g = LayerNormJacobianSumFused.apply(c.to(out_c.dtype), z.gens.to(out_c.dtype),
                                                 add.gens.to(out_c.dtype), weight, norm.eps)
