@@ -2,8 +2,9 @@ r"""Compiled kernels for the per-token generator work.
 
 On a CPU core the MZ models' time goes into passes over the :math:`(N, n_g, d)` generators, and
 eager PyTorch makes one pass per operator. Two maps run as compiled kernels: the tanh of the
-generator feed-forward (:class:`OddTanhFused`) and the LayerNorm Jacobian on generators.
-:func:`torch.compile` fuses the LayerNorm Jacobian on
+generator feed-forward (:class:`OddTanhFused`) and the LayerNorm Jacobian on generators
+(:class:`LayerNormJacobianFused`; :class:`LayerNormJacobianSumFused` for the LayerNorm of a
+residual sum, which forms the sum inside the kernels). :func:`torch.compile` fuses the LayerNorm Jacobian on
 generators (:func:`~torch_mz.nn.zonotope.zonotope_layer_norm`) into about two passes forward and
 two backward. Measured on one core (the function alone, a throwaway script, nothing else
 running), :math:`N = 32768, n_g = 8, d = 64`, float32: forward 47 ms and backward 49 ms against
