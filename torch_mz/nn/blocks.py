@@ -216,8 +216,9 @@ class MAB(Module):
         f_c = dropout(self.ffn(h.center), self.dropout, self.training)
         if self.ffn_gens is not None:
             f_g = self.ffn_gens(h.gens)
-            if fuse_sums and use_fused_kernels(h.gens) and f_g.dtype == h.gens.dtype:
-                # the residual sum is formed inside the compiled LayerNorm kernels
+            if fuse_sums and use_fused_kernels(h.gens):
+                # the residual sum formed inside the compiled LayerNorm kernels (other dtypes
+                # fall back to the written-out sum there)
                 return zonotope_layer_norm(h, self.norm2, add=Zonotope(f_c, f_g))
             # the residual joins the generator FFN's output in place (a fresh tensor, which
             # the backward pass of its last product does not keep): one (N, n_g, d) allocation

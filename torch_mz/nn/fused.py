@@ -9,8 +9,7 @@ generators (:func:`~torch_mz.nn.zonotope.zonotope_layer_norm`) into about two pa
 two backward. Measured on one core (the function alone, a throwaway script, nothing else
 running), :math:`N = 32768, n_g = 8, d = 64`, float32: forward 47 ms and backward 49 ms against
 95 ms and about 215 ms for the hand-written eager function (compiled with every size dynamic, on
-an earlier day; compiled per width, see :data:`STATIC_WIDTHS`, 11.6 and 44 ms against 17.9 and
-50.6 ms with every size dynamic in one later process). Whole models gain less: the ``mz``
+an earlier day; for the kernels compiled per width see :data:`STATIC_WIDTHS`). Whole models gain less: the ``mz``
 training step on 32 clouds of 1,024 points 1.86-1.97 s against 2.24-2.52 s eager, inference
 0.71-0.84 s against 0.74-0.91 s (one process alternating the two, four rounds, min of 2 calls
 each; ``benchmarks/training_step.py`` for the committed figures); in message passing
@@ -140,9 +139,11 @@ def _ln_jacobian_backward(grad_out: Tensor, c: Tensor, g: Tensor, weight: Tensor
 #: Kernels compiled for each width: every size static but the first (token) dimension of their
 #: tensor arguments of two or more dimensions, which is marked dynamic. Knowing :math:`n_g` and
 #: :math:`d`, the compiler vectorises the LayerNorm Jacobian's reductions over the features:
-#: measured in one process on one core (:math:`N = 32768, n_g = 8, d = 64`, medians of 7),
-#: forward 11.6 ms and backward 44 ms against 17.9 and 50.6 ms with every size dynamic; the tanh
-#: kernel on the :math:`(32768, 8, 64)` hidden layer 9.8 against 11.6 ms (medians of 9). Each
+#: measured on one core with nothing else running (:math:`N = 32768, n_g = 8, d = 64`, the two
+#: compiled forms alternating, medians of 9, two processes), forward 10.1-13.4 ms and backward
+#: 34.7-47.2 ms against 17.5-25.4 and 44.2-57.7 ms with every size dynamic; the tanh kernel on
+#: the :math:`(32768, 8, 64)` hidden layer 10.1 against 12.2 ms (the message-passing shapes,
+#: :math:`n_g = 2, d = 16`, are not measured). Each
 #: generator budget and width compiles its own graphs (once); token counts of 0 and 1 are
 #: specialised by the compiler. In the ``mz`` preset's training step on 32 clouds of 1,024
 #: points (measured with the LayerNorm kernels static and the tanh dynamic; the tanh was made
@@ -175,14 +176,14 @@ RECOMPILE_LIMIT = 64
 
 def _run(name: str, fn, *args):
     global _FAILED
-    # Under a dispatch mode (FlopCounterMode, a profiler's counters) dynamo cannot use the
-    # compiled graphs and calling them there leaves them unusable afterwards (measured: 4x slower
-    # for the rest of the process): the eager formula runs instead.
     # Under an outer torch.compile the formula is traced into the caller's graph (which fuses
     # it on its own); the kernels' compiled graphs and their dynamic-size marks are for eager
     # callers (the mode 'on' reaches here under compile too).
     if torch.compiler.is_compiling():
         return fn(*args)
+    # Under a dispatch mode (FlopCounterMode, a profiler's counters) dynamo cannot use the
+    # compiled graphs and calling them there leaves them unusable afterwards (measured: 4x slower
+    # for the rest of the process): the eager formula runs instead.
     if not _FAILED and _get_current_dispatch_mode() is None:
         try:
             # detached inputs: the graphs do not depend on whether the caller tracks gradients
@@ -293,8 +294,9 @@ class LayerNormJacobianSumFused(torch.autograd.Function):
     r""":class:`LayerNormJacobianFused` of the sum of two generator tensors (a residual
     connection, :math:`G_1 + G_2`), the sum computed inside the compiled kernels, forward and
     backward, instead of written out and read back: one pass over the generators fewer each
-    way, and no generator-sized allocation for the sum. The same values as the map of the
-    written-out sum (the same float additions); both summands receive its gradient."""
+    way, and no generator-sized allocation for the sum. The sum is the same float addition; the
+    map of it agrees with that of the written-out sum up to float rounding (another compiled
+    graph); both summands receive its gradient."""
     @staticmethod
     def forward(ctx, c: Tensor, g1: Tensor, g2: Tensor, weight: Optional[Tensor],
                 eps: float) -> Tensor:

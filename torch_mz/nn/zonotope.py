@@ -331,7 +331,8 @@ class _LayerNormJacobian(torch.autograd.Function):
 def zonotope_layer_norm(z: Zonotope, norm: LayerNorm, add: Optional[Zonotope] = None) -> Zonotope:
     r"""Applies :class:`~torch.nn.LayerNorm` to a zonotope token (to :obj:`z` + :obj:`add` where
     :obj:`add` is given: a residual connection; where the compiled kernels run, the generators'
-    sum is formed inside them instead of written out, with the same values).
+    sum is formed inside them instead of written out: the same sum, its map equal up to float
+    rounding).
 
     The center is normalised as usual. Each generator row is mapped by the Jacobian of the
     LayerNorm at the center (first-order propagation of the zonotope through the normalisation):
@@ -366,8 +367,8 @@ def zonotope_layer_norm(z: Zonotope, norm: LayerNorm, add: Optional[Zonotope] = 
             if out_c.dtype != z.gens.dtype:  # (autocast) the sum in the generators' precision
                 return zonotope_layer_norm(Zonotope(c, z.gens + add.gens), norm)
             weight = norm.weight.to(out_c.dtype) if norm.weight is not None else None
-            g = LayerNormJacobianSumFused.apply(c.to(out_c.dtype), z.gens.to(out_c.dtype),
-                                                add.gens.to(out_c.dtype), weight, norm.eps)
+            g = LayerNormJacobianSumFused.apply(c.to(out_c.dtype), z.gens, add.gens, weight,
+                                                norm.eps)
             return Zonotope(out_c, g)
         z = z + add
     c = z.center
