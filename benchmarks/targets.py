@@ -17,9 +17,11 @@ The targets (issue 10, "What to build", item 2):
 * 10^5 singleton sets through the default aggregation in inference within 1 GB (1e9 bytes,
   ``scaling.py --set-size 1``);
 * point-cloud training (``training_step.py``, 32 x 1,024 points; the small-set run of 128 x 20
-  points is listed too, a regime beyond the issue's batch): ``mz`` training step <= 4x ``rigid``'s,
+  points and the large-batch run of 128 x 1,024 points are listed too, regimes beyond the
+  issue's batch): ``mz`` training step <= 4x ``rigid``'s,
   inference <= 3x, the ``mz`` path at no lower a fraction of the matmul peak than ``rigid``'s
-  (each pair with the same options: plain, or both with kept memory), every preset at >= 40% of
+  (each pair with the same options: plain, or both with kept memory, or both with the whole
+  batch at once), every preset at >= 40% of
   the measured matmul peak;
 * ``speed.py``: ``rigid`` at <= 1.0x PyG's time on the uniform batches (SAB and PMA), >= 10x
   faster on the skewed SAB batch.
@@ -55,12 +57,18 @@ SOURCES = {
     'training_step_small_sets': 'training_step_small_sets/training_step.json',
     'training_step_egnn': 'training_step_egnn/training_step.json',
     'training_step_rounds': 'training_step_rounds/training_step.json',
+    'training_step_large_batch': 'training_step_large_batch/training_step.json',
     'scaling_sets_of_1': 'scaling/scaling_default_sets_of_1.json',
     'scaling_mz': 'scaling/scaling_mz.json',
 }
 #: Rows of a results file measured before a change that a newer file measures again:
 #: (source label, row name) -> the reason. They are listed, not counted.
-SUPERSEDED: Dict[Tuple[str, str], str] = {}  # none now: training_step was run again in full
+_GROUPED = ("the recomputed groups of `checkpoint='auto'` on 131,072 points; the model presets "
+            "train a batch at once since 2026-12-03 (`checkpoint=False`): the `+whole` rows")
+SUPERSEDED: Dict[Tuple[str, str], str] = {
+    ('training_step_large_batch', 'rigid+keep'): _GROUPED,
+    ('training_step_large_batch', 'mz+keep'): _GROUPED,
+}
 MESSAGE_PASSING = ('message_passing', 'message_passing_small', 'message_passing_checkpoint',
                    'message_passing_ckpt_d64', 'message_passing_chunks',
                    'message_passing_chunks_keep', 'message_passing_flat',
@@ -143,7 +151,7 @@ def _mp_as(rows: Sequence[Mapping[str, Any]], name: str,
 
 
 TRAINING_STEP = ('training_step', 'training_step_small_sets', 'training_step_egnn',
-                 'training_step_rounds')
+                 'training_step_rounds', 'training_step_large_batch')
 GB = 1e9 / 2**20  # MiB in one (decimal) gigabyte
 LINEAR_SLOPE = 1.1
 PRESETS = ('rigid', 'st-large', 'mz-slim', 'mz', 'egnn')
@@ -230,7 +238,7 @@ def _step_pairs(data: Mapping[str, Mapping], column: str, ratio: bool = True,
                 over: str = 'mz') -> Iterator[Measurement]:
     for label in TRAINING_STEP:
         rows = {r['model']: r for r in data.get(label, {}).get('rows', [])}
-        for suffix in ('', '+keep'):
+        for suffix in ('', '+keep', '+whole', '+whole+keep'):
             a, b = rows.get(over + suffix), rows.get('rigid' + suffix)
             if (not a or not b or a.get(column) is None or b.get(column) is None
                     or (label, over + suffix) in SUPERSEDED):

@@ -15,7 +15,10 @@ function (``set_fused_kernels(False)``), ``+fused`` rows compile it from the fir
 (``set_fused_kernels(True)``), ``+keep`` rows with glibc's malloc keeping freed memory
 for reuse (:func:`torch_mz.runtime.keep_freed_memory`), ``+compile`` rows the whole model through
 ``torch.compile`` (inductor; compiling happens in the untimed first calls, reported as
-``first_calls_s``). Every row runs in a fresh process, which
+``first_calls_s``), ``+whole`` rows an MZ-Set-Transformer preset with ``chunk_size=None`` (the
+whole batch at once: by default, batches of more than 65,536 points at ``dim = 64`` are encoded in
+groups recomputed in the backward pass, :class:`~torch_mz.nn.MZAggregation`'s
+``chunk_size='auto'``). Every row runs in a fresh process, which
 also gives its peak resident set (the process's, import of torch included, over the timed
 training steps and inference calls). The paper's Table 30 reports ``mz`` / standard at
 2.2-5.5x for training and 2.4-2.7x for inference.
@@ -64,6 +67,7 @@ FUSED = '+fused'  # suffix: the preset with torch_mz.nn.set_fused_kernels(True)
 EAGER = '+eager'  # suffix: the preset with torch_mz.nn.set_fused_kernels(False)
 KEEP = '+keep'  # suffix: the preset with torch_mz.runtime.keep_freed_memory()
 COMPILE = '+compile'  # suffix: the whole model through torch.compile (inductor)
+WHOLE = '+whole'  # suffix: an MZ-Set-Transformer preset with chunk_size=None (no groups)
 
 
 def make_batch(clouds: int, points: int, seed: int = 0):
@@ -76,20 +80,22 @@ def make_batch(clouds: int, points: int, seed: int = 0):
     return pos, batch, y
 
 
-def build(name: str, radius: float):
+def build(name: str, radius: float, whole: bool = False):
     torch.manual_seed(0)
     if name == 'egnn':
+        if whole:
+            raise ValueError("+whole applies to the MZ-Set-Transformer presets, not to 'egnn'")
         return build_model('egnn', 3, 40, pos_dim=3, radius=radius)
-    return build_model(name, 3, 40)
+    return build_model(name, 3, 40, **(dict(chunk_size=None) if whole else {}))
 
 
 def split_name(name: str):
     r"""``'mz+fused+keep'`` -> ``('mz', {'fused', 'keep'})``."""
     preset, *flags = name.split('+')
-    unknown = set(flags) - {FUSED[1:], EAGER[1:], KEEP[1:], COMPILE[1:]}
+    unknown = set(flags) - {FUSED[1:], EAGER[1:], KEEP[1:], COMPILE[1:], WHOLE[1:]}
     if unknown:
         raise ValueError(f'unknown row suffixes {sorted(unknown)} in {name!r} (+fused, +eager, '
-                         f'+keep, +compile)')
+                         f'+keep, +compile, +whole)')
     if {FUSED[1:], EAGER[1:]} <= set(flags):
         raise ValueError(f'{name!r}: +fused and +eager exclude each other')
     return preset, set(flags)
@@ -103,7 +109,8 @@ def measure(name: str, args, pos, batch, y) -> dict:
     # compiling happens in the untimed first calls
     set_fused_kernels(True if 'fused' in flags else False if 'eager' in flags else None)
     try:
-        return _measure(name, preset, args, pos, batch, y, compiled='compile' in flags)
+        return _measure(name, preset, args, pos, batch, y, compiled='compile' in flags,
+                        whole='whole' in flags)
     finally:
         set_fused_kernels(None)  # the default
 
@@ -115,11 +122,11 @@ def measure_one(config: dict) -> dict:
     return measure(config['name'], args, pos, batch, y)
 
 
-def _calls(preset: str, args, pos, batch, y):
+def _calls(preset: str, args, pos, batch, y, whole: bool = False):
     r"""The preset's model and its two measured calls: ``train_step(m)`` (forward, cross-entropy,
     backward, AdamW update) and ``infer(m)`` (an ``eval()`` forward without gradients), each
     running :obj:`m` (the model, or its compiled form) on the whole batch."""
-    model = build(preset, args.egnn_radius)
+    model = build(preset, args.egnn_radius, whole=whole)
     clouds = int(batch.max()) + 1
 
     device = torch.device(args.device)
@@ -147,9 +154,10 @@ def _calls(preset: str, args, pos, batch, y):
     return model, train_step, infer
 
 
-def _measure(name: str, preset: str, args, pos, batch, y, compiled: bool = False) -> dict:
+def _measure(name: str, preset: str, args, pos, batch, y, compiled: bool = False,
+             whole: bool = False) -> dict:
     device = torch.device(args.device)
-    model, train_step, infer = _calls(preset, args, pos, batch, y)
+    model, train_step, infer = _calls(preset, args, pos, batch, y, whole=whole)
     # the timed calls run the compiled model for '+compile' rows (compiling in the warm-up
     # calls, once for training and once for eval mode); the counters run the eager one (the
     # same operations; compiled graphs run under a dispatch mode are not what is timed)
@@ -326,11 +334,17 @@ def main():
             r['infer flops / rigid'] = r['infer_gflop'] / ref['infer_gflop']
             r['bytes / rigid'] = r['gb_per_step'] / ref['gb_per_step']
             r['infer bytes / rigid'] = r['infer_gb'] / ref['infer_gb']
-    for r in rows:  # the same ratios with the memory kept, where both rows were measured
-        base = next((b for b in rows if b['model'] == 'rigid' + KEEP), None)
-        if KEEP[1:] in split_name(r['model'])[1] and base is not None:
+    for r in rows:  # the same ratios to the rigid row run alike (memory kept, whole batch)
+        alike = split_name(r['model'])[1] & {KEEP[1:], WHOLE[1:]}
+        base = next((b for b in rows if split_name(b['model']) == ('rigid', alike)), None)
+        if alike and base is not None:
             r['step / rigid'] = r['step_s'] / base['step_s']
             r['inference / rigid'] = r['infer_s'] / base['infer_s']
+            if WHOLE[1:] in alike:  # the whole batch's FLOPs and bytes (no recomputation)
+                r['flops / rigid'] = r['gflop_per_step'] / base['gflop_per_step']
+                r['infer flops / rigid'] = r['infer_gflop'] / base['infer_gflop']
+                r['bytes / rigid'] = r['gb_per_step'] / base['gb_per_step']
+                r['infer bytes / rigid'] = r['infer_gb'] / base['infer_gb']
         else:
             base = ref
         if base is not None and args.rounds > 1:  # the ratio within each round: its spread
@@ -379,9 +393,13 @@ def main():
                 f"the GB and % of bandwidth of those rows are over-estimates. "
                 f"`+keep` rows "
                 f"keep freed memory in malloc's heap (`torch_mz.runtime.keep_freed_memory()`); "
-                f"their ratios are to `rigid+keep`. `+compile` rows time `torch.compile(model)` "
+                f"their ratios are to `rigid+keep` (those of `+whole` rows to `rigid+whole`, "
+                f"`rigid+whole+keep`). `+compile` rows time `torch.compile(model)` "
                 f"(inductor); first_calls_s is the first training step and inference call "
-                f"(compiling, for those rows), not timed. Each row ran in a fresh process; "
+                f"(compiling, for those rows), not timed. `+whole` rows encode the whole batch "
+                f"at once (`chunk_size=None`); the other MZ-Set-Transformer rows run the "
+                f"default `chunk_size='auto'`, which encodes batches of more than 65,536 points "
+                f"(at dim 64) in groups recomputed in the backward pass. Each row ran in a fresh process; "
                 f"peak_rss_mib is that process's peak resident set."
                 f"\n\n" + markdown_table(shown, cols)
                 + '\n![plot](training_step.png)\n')

@@ -154,6 +154,39 @@ def test_training_step_rounds_pool_calls_and_pair_ratios_by_round(tmp_path, monk
     assert '3.00, -, 3.00' in (tmp_path / 'training_step.md').read_text()
 
 
+def test_training_step_ratios_pair_rows_run_alike(tmp_path, monkeypatch):
+    r"""A row's ratios are to the ``rigid`` row with the same options: ``+whole+keep`` to
+    ``rigid+whole+keep`` (time, FLOPs and bytes: the whole batch has no recomputation),
+    ``+keep`` to ``rigid+keep``; the ``+whole`` suffix builds the preset with
+    ``chunk_size=None``."""
+    script = load_script('training_step')
+    cost = {'rigid+keep': 4.0, 'rigid+whole+keep': 2.0, 'mz+keep': 12.0, 'mz+whole+keep': 8.0}
+
+    def fake(path, config):
+        step = cost[config['name']]
+        return dict(model=config['name'], params=1, step_s=step, step_times_s=[step],
+                    points_per_s=1.0, gflop_per_step=step, gflop_per_s=1.0, gb_per_step=step,
+                    infer_s=1.0, infer_times_s=[1.0], infer_gflop=1.0, infer_gb=1.0,
+                    peak_rss_mib=1.0, first_calls_s=0.1)
+    monkeypatch.setattr(script, 'in_fresh_process', fake)
+    monkeypatch.setattr(script, 'matmul_peak_flops', lambda device=None: 1e10)
+    monkeypatch.setattr(script, 'memory_bandwidth', lambda: 1e10)
+    monkeypatch.setattr(sys, 'argv', ['training_step.py', '--models', ','.join(cost),
+                                      '--out', str(tmp_path)])
+    script.main()
+    with open(tmp_path / 'training_step.json') as f:
+        rows = {r['model']: r for r in json.load(f)['rows']}
+    assert rows['mz+keep']['step / rigid'] == 3.0
+    assert rows['mz+whole+keep']['step / rigid'] == 4.0
+    assert rows['mz+whole+keep']['flops / rigid'] == 4.0
+    assert rows['mz+whole+keep']['bytes / rigid'] == 4.0
+    assert rows['rigid+whole+keep']['step / rigid'] == 1.0
+    whole = script.build('mz', 0.25, whole=True)
+    assert whole.body.chunk_size is None and script.build('mz', 0.25).body.chunk_size == 'auto'
+    with pytest.raises(ValueError, match='MZ-Set-Transformer presets'):
+        script.build('egnn', 0.25, whole=True)
+
+
 def test_message_passing_aggregations_build_and_agree(monkeypatch):
     r"""Every aggregation ``message_passing.py`` names builds and runs; the checkpointed and
     chunked variants (groups of 4 rows here) give the plain ones' values with the same weights,

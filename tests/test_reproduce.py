@@ -924,3 +924,17 @@ def test_status_calibrate_times_the_models_without_runs(tmp_path, monkeypatch, c
     assert 'run(s) whose model could not be timed' in printed
     with pytest.raises(SystemExit):
         script.main(['--calibrate', '--out', str(tmp_path)])
+
+
+def test_models_table_writes_each_cell_once():
+    # the four D.3 claims read one cell: its line appears once
+    cell = dict(r2=0.98, r2_std=0.001)
+    records = [dict(claim=f'd3 quad L=8: comparison {i}', budget='converged',
+                    ours=dict(models=dict(mz=cell)), paper=dict(text='Tables 20-21'))
+               for i in range(4)]
+    records.append(dict(claim='table1 L=4: x', budget='converged',
+                        ours=dict(models=dict(mz=dict(r2=0.5, r2_std=0.1))),
+                        paper=dict(text='Table 1')))
+    lines = reproduce.models_table(records).strip().split('\n')
+    assert lines == ['- d3 quad L=8 (converged): mz 0.980 ± 0.001; paper: Tables 20-21',
+                     '- table1 L=4 (converged): mz 0.500 ± 0.100; paper: Table 1']

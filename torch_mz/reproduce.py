@@ -1666,13 +1666,16 @@ def summary_table(records: Sequence[Mapping[str, Any]]) -> str:
 
 
 def models_table(records: Sequence[Mapping[str, Any]]) -> str:
-    r"""Test R² of every model in every cell behind the records (mean ± std over seeds)."""
-    lines = []
+    r"""Test R² of every model in every cell behind the records (mean ± std over seeds), one
+    line per cell (several claims read the same cell, e.g. the uncertainty comparisons of D.3)."""
+    lines: List[str] = []
     for r in records:
         models = r['ours'].get('models')
         if not models:
             continue
         cells = ', '.join(f"{m} {v['r2']:.3f} ± {v['r2_std']:.3f}" for m, v in models.items())
-        lines.append(f"- {r['claim'].split(':')[0]} ({r['budget']}): {cells}; paper: "
-                     f"{r['paper']['text']}")
+        line = (f"- {r['claim'].split(':')[0]} ({r['budget']}): {cells}; paper: "
+                f"{r['paper']['text']}")
+        if line not in lines:
+            lines.append(line)
     return '\n'.join(lines) + '\n'

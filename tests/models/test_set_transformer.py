@@ -87,3 +87,38 @@ def test_deepsets_sum_pooling_is_exact():
     torch.testing.assert_close(pred, model.rho(pooled))
     with pytest.raises(ValueError, match='pooling'):
         DeepSets(2, 1, pool='max')
+
+
+def test_the_model_trains_a_batch_at_once_and_groups_large_inputs_in_inference(monkeypatch):
+    # MZSetTransformer takes checkpoint=False: chunk_size='auto' groups large inputs in inference
+    # only, with the values of the whole input; a training batch is never recomputed in groups
+    import torch_mz.nn.aggr as aggr_module
+    torch.manual_seed(0)
+    model = MZSetTransformer(3, 2, dim=8, heads=2, num_inducing=2, d_ff=8).double()
+    assert model.body.checkpoint is False and model.body.chunk_size == 'auto'
+    whole = MZSetTransformer(3, 2, dim=8, heads=2, num_inducing=2, d_ff=8,
+                             chunk_size=None).double()
+    whole.load_state_dict(model.state_dict())
+    monkeypatch.setattr(aggr_module, 'AUTO_CHUNK_ELEMENTS', 4 * 8)  # groups of 4 rows
+    groups = []
+    encode = model.body._encode_group
+    monkeypatch.setattr(model.body, '_encode_group',
+                        lambda *a: groups.append(a[0].size(0)) or encode(*a))
+    x = torch.randn(15, 3, dtype=torch.float64)
+    batch = torch.tensor([0] * 5 + [1] * 6 + [2] * 4)
+    model.train()
+    whole.train()
+    out = model(x, batch)[0]
+    out.sum().backward()
+    assert groups == []  # 15 rows > 8, trained at once
+    ref = whole(x, batch)[0]
+    ref.sum().backward()
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    model.eval()
+    whole.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model(x, batch)[0], whole(x, batch)[0], rtol=1e-10,
+                                   atol=1e-10)
+    assert groups == [5, 6, 4]  # in inference: whole sets by the window of their first row
+    aggr = MZSetTransformer(3, 2, checkpoint='auto')  # the recomputed groups, asked for
+    assert aggr.body.checkpoint == 'auto'

@@ -483,7 +483,24 @@ def test_auto_chunking_of_large_inputs(monkeypatch):
     assert calls == []
     torch.testing.assert_close(out, plain(x, one_set))
     assert MZAggregation(4, chunk_size=np.int64(5)).chunk_size == 5
-    assert 'chunk_size=auto, checkpoint=False' in repr(auto)
+    assert 'chunk_size=auto, checkpoint=auto' in repr(auto)
+    # checkpoint=False: the same groups in inference, the whole input at once in training
+    kept = _aggr(checkpoint=False)
+    kept.load_state_dict(plain.state_dict())
+    encode_kept = kept._encode_group
+    monkeypatch.setattr(kept, '_encode_group', lambda *a: calls.append(a[0].size(0))
+                        or encode_kept(*a))
+    x = _x(index.numel(), 2).requires_grad_()
+    out = kept(x, index, dim_size=9)
+    assert calls == []
+    out.pow(2).sum().backward()
+    assert calls == []
+    torch.testing.assert_close(x.grad, results[0][1], rtol=1e-10, atol=1e-10)
+    with torch.no_grad():
+        torch.testing.assert_close(kept(_x(index.numel(), 2), index, dim_size=9),
+                                   results[0][0], rtol=1e-10, atol=1e-10)
+    assert calls == [10, 5, 2, 0]
+    calls.clear()
     # twice as wide tokens: groups of half as many rows (17 rows > 2 * 2: whole sets grouped by
     # the window of 2 rows of their first row: 3, 0 + 7, 1 + 4, 0 + 2 and the two trailing empty
     # sets)

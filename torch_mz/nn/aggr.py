@@ -17,7 +17,7 @@ from torch_mz.nn.zonotope import AffineZonotope, InputProjection, Zonotope
 READOUTS = ('ihw', 'signed')
 ENCODERS = ('isab', 'sab')
 PRESETS = ('neighbourhood', 'paper')
-CHECKPOINTS = (False, True, 'blocks', 'attention', 'chunks')
+CHECKPOINTS = ('auto', False, True, 'blocks', 'attention', 'chunks')
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 #: ``chunk_size='auto'``: the rows of one group times the token width :math:`d` (131,072 rows at
 #: :math:`d = 16`, 32,768 at :math:`d = 64`; see :func:`auto_chunk_rows`).
@@ -211,8 +211,10 @@ class MZAggregation(Aggregation):
             at :math:`d = 16`, so inputs of more than 262,144 rows; of 32,768 at
             :math:`d = 64`, so more than 65,536: the messages of a graph with that many edges)
             are processed in such groups, each recomputed in the backward pass
-            (``checkpoint='chunks'``) unless :obj:`checkpoint` chooses another mode; smaller
-            inputs, and inputs under :func:`torch.compile`, at once. The group is a budget of
+            (``checkpoint='chunks'``) unless :obj:`checkpoint` chooses another mode
+            (``checkpoint=False``: groups in inference only, the whole input at once when
+            gradients are recorded); smaller inputs, and inputs under :func:`torch.compile`, at
+            once. The group is a budget of
             row elements because a row's activations grow with :math:`d`: on 10^4 nodes and
             10^5 edges at d = 64,
             ``value='rigid', num_generators=0`` took 869 ms / 706 MiB whole and 1,144 ms /
@@ -245,7 +247,17 @@ class MZAggregation(Aggregation):
             activations plus its input, whatever the number of rows, as long as no set is
             larger than :obj:`chunk_size` (groups hold whole sets; one group is not rerun);
             one more forward of the whole aggregation.
-            :obj:`False`: keep everything (default: :obj:`False`).
+            :obj:`False`: keep everything: with ``chunk_size='auto'``, inputs are grouped in
+            inference only and trained at once (what
+            :class:`~torch_mz.models.MZSetTransformer` takes by default: there the batch size
+            is the user's memory knob, and the recomputation costs time; on 128 clouds of 1,024
+            points one training step took 1.37x (``mz``) and 1.57x (``rigid``) the time of the
+            whole batch at once, for 0.62x the peak memory,
+            ``benchmarks/results/training_step_large_batch``).
+            :obj:`'auto'` (default): :obj:`False`, except that the groups of
+            ``chunk_size='auto'`` are recomputed in training as with :obj:`'chunks'` (a graph's
+            number of edges is not the user's to choose, and the memory of its messages is
+            bounded this way).
 
     Shapes:
         - **input:** :math:`(N, F_{in})`, ``index`` :math:`(N,)` or ``ptr`` :math:`(B+1,)`
@@ -260,7 +272,7 @@ class MZAggregation(Aggregation):
                  num_decoder_blocks: int = 1, d_ff: Optional[int] = None, summary: str = 'mean',
                  dropout: float = 0.0, log_n: bool = False, readout: str = 'ihw',
                  path: str = 'auto', chunk_size: Union[int, str, None] = 'auto',
-                 checkpoint: Union[bool, str] = False):
+                 checkpoint: Union[bool, str] = 'auto'):
         super().__init__()
         if in_channels <= 0 or heads <= 0:
             raise ValueError(f"'in_channels' and 'heads' must be positive (got {in_channels} "
@@ -386,6 +398,8 @@ class MZAggregation(Aggregation):
             # compiling first: a size test before it would add a shape guard to a compiled graph
             if torch.compiler.is_compiling():
                 return None
+            if self.checkpoint is False and torch.is_grad_enabled():
+                return None  # kept whole in training: groups would keep every activation anyway
             group = auto_chunk_rows(self.dim)
             return None if rows <= 2 * group else group
         if not isinstance(self.chunk_size, int) or rows <= self.chunk_size:
@@ -397,8 +411,8 @@ class MZAggregation(Aggregation):
         r"""Encodes groups of whole sets: the sets whose first row (in set order) falls in the
         same window of :obj:`chunk_rows` rows form a group, so a group holds at most
         ``chunk_rows`` rows plus the remainder of its last set. Sets never interact, so the result
-        equals the unchunked one. With ``checkpoint='chunks'`` (or ``chunk_size='auto'`` and no
-        other checkpointing) each group keeps only its input rows for the backward pass and runs
+        equals the unchunked one. With ``checkpoint='chunks'`` (or ``chunk_size='auto'`` and
+        ``checkpoint='auto'``) each group keeps only its input rows for the backward pass and runs
         its forward again there."""
         starts = torch.cumsum(counts, 0) - counts  # (B,) first row of each set in set order
         group = torch.div(starts, chunk_rows, rounding_mode='floor')  # (B,)
@@ -419,7 +433,8 @@ class MZAggregation(Aggregation):
         # (the default's recomputation steps aside under torch.func transforms, which take no
         # checkpointing; checkpoint='chunks' asked for by name is kept)
         recompute = torch.is_grad_enabled() and (
-            self.checkpoint == 'chunks' or (self.chunk_size == 'auto' and not self.checkpoint
+            self.checkpoint == 'chunks' or (self.chunk_size == 'auto'
+                                            and self.checkpoint == 'auto'
                                             and not _functorch_active()))
         centers, gens = [], []
         for x_g, id_g, b_lo, b_hi in zip(x_parts, id_parts, set_bounds[:-1], set_bounds[1:]):
