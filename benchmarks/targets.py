@@ -20,8 +20,7 @@ The targets (issue 10, "What to build", item 2):
   points and the large-batch run of 128 x 1,024 points are listed too, regimes beyond the
   issue's batch): ``mz`` training step <= 4x ``rigid``'s,
   inference <= 3x, the ``mz`` path at no lower a fraction of the matmul peak than ``rigid``'s
-  (each pair with the same options: plain, or both with kept memory, or both with the whole
-  batch at once), every preset at >= 40% of
+  (each pair with the same options: plain, or both with kept memory), every preset at >= 40% of
   the measured matmul peak;
 * ``speed.py``: ``rigid`` at <= 1.0x PyG's time on the uniform batches (SAB and PMA), >= 10x
   faster on the skewed SAB batch.
@@ -52,6 +51,7 @@ SOURCES = {
     'message_passing_flat_power_law': 'message_passing_flat_power_law/message_passing.json',
     'message_passing_chunks_1e4': 'message_passing_chunks_1e4/message_passing.json',
     'message_passing_auto_1e5': 'message_passing_auto_1e5/message_passing.json',
+    'message_passing_kernels': 'message_passing_kernels/message_passing.json',
     'speed': 'speed/speed.json',
     'training_step': 'training_step/training_step.json',
     'training_step_small_sets': 'training_step_small_sets/training_step.json',
@@ -63,17 +63,13 @@ SOURCES = {
 }
 #: Rows of a results file measured before a change that a newer file measures again:
 #: (source label, row name) -> the reason. They are listed, not counted.
-_GROUPED = ("the recomputed groups of `checkpoint='auto'` on 131,072 points; the model presets "
-            "train a batch at once since 2026-12-03 (`checkpoint=False`): the `+whole` rows")
-SUPERSEDED: Dict[Tuple[str, str], str] = {
-    ('training_step_large_batch', 'rigid+keep'): _GROUPED,
-    ('training_step_large_batch', 'mz+keep'): _GROUPED,
-}
+SUPERSEDED: Dict[Tuple[str, str], str] = {}  # none now: training_step was run again in full
 MESSAGE_PASSING = ('message_passing', 'message_passing_small', 'message_passing_checkpoint',
                    'message_passing_ckpt_d64', 'message_passing_chunks',
                    'message_passing_chunks_keep', 'message_passing_flat',
                    'message_passing_flat_1e5', 'message_passing_flat_power_law',
-                   'message_passing_chunks_1e4', 'message_passing_auto_1e5')
+                   'message_passing_chunks_1e4', 'message_passing_auto_1e5',
+                   'message_passing_kernels')
 #: ``MZAggregation(chunk_size='auto')`` (the default) encodes inputs of more than two groups of
 #: ``AUTO_ELEMENTS // d`` rows in recomputed groups of that many rows
 #: (``torch_mz.nn.aggr.AUTO_CHUNK_ELEMENTS`` and ``auto_chunk_rows``; a test checks they agree).
@@ -238,7 +234,7 @@ def _step_pairs(data: Mapping[str, Mapping], column: str, ratio: bool = True,
                 over: str = 'mz') -> Iterator[Measurement]:
     for label in TRAINING_STEP:
         rows = {r['model']: r for r in data.get(label, {}).get('rows', [])}
-        for suffix in ('', '+keep', '+whole', '+whole+keep'):
+        for suffix in ('', '+keep'):  # the defaults (+whole, +groups: other configurations)
             a, b = rows.get(over + suffix), rows.get('rigid' + suffix)
             if (not a or not b or a.get(column) is None or b.get(column) is None
                     or (label, over + suffix) in SUPERSEDED):

@@ -15,10 +15,11 @@ function (``set_fused_kernels(False)``), ``+fused`` rows compile it from the fir
 (``set_fused_kernels(True)``), ``+keep`` rows with glibc's malloc keeping freed memory
 for reuse (:func:`torch_mz.runtime.keep_freed_memory`), ``+compile`` rows the whole model through
 ``torch.compile`` (inductor; compiling happens in the untimed first calls, reported as
-``first_calls_s``), ``+whole`` rows an MZ-Set-Transformer preset with ``chunk_size=None`` (the
-whole batch at once: by default, batches of more than 65,536 points at ``dim = 64`` are encoded in
-groups recomputed in the backward pass, :class:`~torch_mz.nn.MZAggregation`'s
-``chunk_size='auto'``). Every row runs in a fresh process, which
+``first_calls_s``), ``+groups`` rows an MZ-Set-Transformer preset with ``checkpoint='auto'``
+(the aggregation's default, not the models': batches of more than 65,536 points at ``dim = 64``
+are encoded in groups of whole sets recomputed in the backward pass), ``+whole`` rows one with
+``chunk_size=None`` (no groups in inference either; the presets train a batch at once and group
+large inputs only when no gradients are recorded). Every row runs in a fresh process, which
 also gives its peak resident set (the process's, import of torch included, over the timed
 training steps and inference calls). The paper's Table 30 reports ``mz`` / standard at
 2.2-5.5x for training and 2.4-2.7x for inference.
@@ -52,7 +53,7 @@ import torch
 import torch.nn.functional as F
 from torch_geometric.data import Batch, Data
 
-from torch_mz.models import build_model, count_parameters
+from torch_mz.models import MZSetTransformer, build_model, count_parameters
 from torch_mz.nn import set_fused_kernels
 from torch_mz.runtime import keep_freed_memory
 from torch_mz.study import (MeasurementFailed, count_flops, environment, in_fresh_process,
@@ -68,6 +69,9 @@ EAGER = '+eager'  # suffix: the preset with torch_mz.nn.set_fused_kernels(False)
 KEEP = '+keep'  # suffix: the preset with torch_mz.runtime.keep_freed_memory()
 COMPILE = '+compile'  # suffix: the whole model through torch.compile (inductor)
 WHOLE = '+whole'  # suffix: an MZ-Set-Transformer preset with chunk_size=None (no groups)
+GROUPS = '+groups'  # suffix: an MZ-Set-Transformer preset with checkpoint='auto' (recomputed)
+#: The options of the MZ-Set-Transformer body each suffix sets.
+BODY_OPTIONS = {WHOLE[1:]: dict(chunk_size=None), GROUPS[1:]: dict(checkpoint='auto')}
 
 
 def make_batch(clouds: int, points: int, seed: int = 0):
@@ -80,22 +84,29 @@ def make_batch(clouds: int, points: int, seed: int = 0):
     return pos, batch, y
 
 
-def build(name: str, radius: float, whole: bool = False):
+def build(name: str, radius: float, body: Optional[dict] = None):
+    r"""The preset :obj:`name`; :obj:`body` (the options of a row's ``+whole`` / ``+groups``
+    suffix) goes to the MZ-Set-Transformer's aggregation and is refused for other presets."""
     torch.manual_seed(0)
-    if name == 'egnn':
-        if whole:
-            raise ValueError("+whole applies to the MZ-Set-Transformer presets, not to 'egnn'")
+    if name == 'egnn' and not body:
         return build_model('egnn', 3, 40, pos_dim=3, radius=radius)
-    return build_model(name, 3, 40, **(dict(chunk_size=None) if whole else {}))
+    if body:
+        if name == 'egnn' or not isinstance(build_model(name, 3, 40), MZSetTransformer):
+            raise ValueError(f"+whole and +groups apply to the MZ-Set-Transformer presets, not "
+                             f"to {name!r}")
+        torch.manual_seed(0)
+    return build_model(name, 3, 40, **(body or {}))
 
 
 def split_name(name: str):
     r"""``'mz+fused+keep'`` -> ``('mz', {'fused', 'keep'})``."""
     preset, *flags = name.split('+')
-    unknown = set(flags) - {FUSED[1:], EAGER[1:], KEEP[1:], COMPILE[1:], WHOLE[1:]}
+    unknown = set(flags) - {FUSED[1:], EAGER[1:], KEEP[1:], COMPILE[1:], WHOLE[1:], GROUPS[1:]}
     if unknown:
         raise ValueError(f'unknown row suffixes {sorted(unknown)} in {name!r} (+fused, +eager, '
-                         f'+keep, +compile, +whole)')
+                         f'+keep, +compile, +whole, +groups)')
+    if {WHOLE[1:], GROUPS[1:]} <= set(flags):
+        raise ValueError(f'{name!r}: +whole and +groups exclude each other')
     if {FUSED[1:], EAGER[1:]} <= set(flags):
         raise ValueError(f'{name!r}: +fused and +eager exclude each other')
     return preset, set(flags)
@@ -110,7 +121,7 @@ def measure(name: str, args, pos, batch, y) -> dict:
     set_fused_kernels(True if 'fused' in flags else False if 'eager' in flags else None)
     try:
         return _measure(name, preset, args, pos, batch, y, compiled='compile' in flags,
-                        whole='whole' in flags)
+                        body=body_options(flags))
     finally:
         set_fused_kernels(None)  # the default
 
@@ -122,11 +133,16 @@ def measure_one(config: dict) -> dict:
     return measure(config['name'], args, pos, batch, y)
 
 
-def _calls(preset: str, args, pos, batch, y, whole: bool = False):
+def body_options(flags) -> dict:
+    r"""The aggregation options a row's suffixes set (``+whole``, ``+groups``)."""
+    return {k: v for flag in sorted(flags) for k, v in BODY_OPTIONS.get(flag, {}).items()}
+
+
+def _calls(preset: str, args, pos, batch, y, body: Optional[dict] = None):
     r"""The preset's model and its two measured calls: ``train_step(m)`` (forward, cross-entropy,
     backward, AdamW update) and ``infer(m)`` (an ``eval()`` forward without gradients), each
     running :obj:`m` (the model, or its compiled form) on the whole batch."""
-    model = build(preset, args.egnn_radius, whole=whole)
+    model = build(preset, args.egnn_radius, body)
     clouds = int(batch.max()) + 1
 
     device = torch.device(args.device)
@@ -155,9 +171,9 @@ def _calls(preset: str, args, pos, batch, y, whole: bool = False):
 
 
 def _measure(name: str, preset: str, args, pos, batch, y, compiled: bool = False,
-             whole: bool = False) -> dict:
+             body: Optional[dict] = None) -> dict:
     device = torch.device(args.device)
-    model, train_step, infer = _calls(preset, args, pos, batch, y, whole=whole)
+    model, train_step, infer = _calls(preset, args, pos, batch, y, body)
     # the timed calls run the compiled model for '+compile' rows (compiling in the warm-up
     # calls, once for training and once for eval mode); the counters run the eager one (the
     # same operations; compiled graphs run under a dispatch mode are not what is timed)
@@ -334,13 +350,17 @@ def main():
             r['infer flops / rigid'] = r['infer_gflop'] / ref['infer_gflop']
             r['bytes / rigid'] = r['gb_per_step'] / ref['gb_per_step']
             r['infer bytes / rigid'] = r['infer_gb'] / ref['infer_gb']
-    for r in rows:  # the same ratios to the rigid row run alike (memory kept, whole batch)
-        alike = split_name(r['model'])[1] & {KEEP[1:], WHOLE[1:]}
-        base = next((b for b in rows if split_name(b['model']) == ('rigid', alike)), None)
-        if alike and base is not None:
+    for r in rows:  # the same ratios to the rigid row run alike (memory kept, body options)
+        flags = split_name(r['model'])[1]
+        base, alike = None, set()
+        for alike in (flags & {KEEP[1:], WHOLE[1:], GROUPS[1:]}, flags & {KEEP[1:]}):
+            base = next((b for b in rows if split_name(b['model']) == ('rigid', alike)), None)
+            if alike and base is not None:
+                break
+        if base is not None and alike:
             r['step / rigid'] = r['step_s'] / base['step_s']
             r['inference / rigid'] = r['infer_s'] / base['infer_s']
-            if WHOLE[1:] in alike:  # the whole batch's FLOPs and bytes (no recomputation)
+            if alike & set(BODY_OPTIONS):  # FLOPs and bytes of the same grouping
                 r['flops / rigid'] = r['gflop_per_step'] / base['gflop_per_step']
                 r['infer flops / rigid'] = r['infer_gflop'] / base['infer_gflop']
                 r['bytes / rigid'] = r['gb_per_step'] / base['gb_per_step']
@@ -393,13 +413,15 @@ def main():
                 f"the GB and % of bandwidth of those rows are over-estimates. "
                 f"`+keep` rows "
                 f"keep freed memory in malloc's heap (`torch_mz.runtime.keep_freed_memory()`); "
-                f"their ratios are to `rigid+keep` (those of `+whole` rows to `rigid+whole`, "
-                f"`rigid+whole+keep`). `+compile` rows time `torch.compile(model)` "
+                f"their ratios are to `rigid+keep` (those of `+whole` and `+groups` rows to "
+                f"the `rigid` row with the same suffixes, where it ran). `+compile` rows time `torch.compile(model)` "
                 f"(inductor); first_calls_s is the first training step and inference call "
-                f"(compiling, for those rows), not timed. `+whole` rows encode the whole batch "
-                f"at once (`chunk_size=None`); the other MZ-Set-Transformer rows run the "
-                f"default `chunk_size='auto'`, which encodes batches of more than 65,536 points "
-                f"(at dim 64) in groups recomputed in the backward pass. Each row ran in a fresh process; "
+                f"(compiling, for those rows), not timed. The MZ-Set-Transformer presets train "
+                f"a batch at once and, by their default `chunk_size='auto'`, encode inputs of "
+                f"more than 65,536 points (at dim 64) in groups when no gradients are recorded; "
+                f"`+groups` rows (`checkpoint='auto'`) also train such batches in groups "
+                f"recomputed in the backward pass, `+whole` rows (`chunk_size=None`) group "
+                f"nothing. Each row ran in a fresh process; "
                 f"peak_rss_mib is that process's peak resident set."
                 f"\n\n" + markdown_table(shown, cols)
                 + '\n![plot](training_step.png)\n')

@@ -156,11 +156,13 @@ def test_training_step_rounds_pool_calls_and_pair_ratios_by_round(tmp_path, monk
 
 def test_training_step_ratios_pair_rows_run_alike(tmp_path, monkeypatch):
     r"""A row's ratios are to the ``rigid`` row with the same options: ``+whole+keep`` to
-    ``rigid+whole+keep`` (time, FLOPs and bytes: the whole batch has no recomputation),
-    ``+keep`` to ``rigid+keep``; the ``+whole`` suffix builds the preset with
-    ``chunk_size=None``."""
+    ``rigid+whole+keep`` (time, FLOPs and bytes of the same grouping), ``+keep`` to
+    ``rigid+keep``, and a row whose like is missing to the row with the memory option alone;
+    ``+whole`` builds the preset with ``chunk_size=None``, ``+groups`` with
+    ``checkpoint='auto'``."""
     script = load_script('training_step')
-    cost = {'rigid+keep': 4.0, 'rigid+whole+keep': 2.0, 'mz+keep': 12.0, 'mz+whole+keep': 8.0}
+    cost = {'rigid+keep': 4.0, 'rigid+whole+keep': 2.0, 'mz+keep': 12.0, 'mz+whole+keep': 8.0,
+            'mz+groups+keep': 10.0}  # no rigid+groups+keep row: to rigid+keep
 
     def fake(path, config):
         step = cost[config['name']]
@@ -181,10 +183,18 @@ def test_training_step_ratios_pair_rows_run_alike(tmp_path, monkeypatch):
     assert rows['mz+whole+keep']['flops / rigid'] == 4.0
     assert rows['mz+whole+keep']['bytes / rigid'] == 4.0
     assert rows['rigid+whole+keep']['step / rigid'] == 1.0
-    whole = script.build('mz', 0.25, whole=True)
-    assert whole.body.chunk_size is None and script.build('mz', 0.25).body.chunk_size == 'auto'
-    with pytest.raises(ValueError, match='MZ-Set-Transformer presets'):
-        script.build('egnn', 0.25, whole=True)
+    assert rows['mz+groups+keep']['step / rigid'] == 2.5
+    plain = script.build('mz', 0.25)
+    assert plain.body.chunk_size == 'auto' and plain.body.checkpoint is False
+    whole = script.build('mz', 0.25, script.body_options({'whole', 'keep'}))
+    assert whole.body.chunk_size is None and whole.body.checkpoint is False
+    grouped = script.build('rigid', 0.25, script.body_options({'groups'}))
+    assert grouped.body.chunk_size == 'auto' and grouped.body.checkpoint == 'auto'
+    for other in ('egnn', 'deepsets'):
+        with pytest.raises(ValueError, match='MZ-Set-Transformer presets'):
+            script.build(other, 0.25, dict(chunk_size=None))
+    with pytest.raises(ValueError, match='exclude each other'):
+        script.split_name('mz+whole+groups')
 
 
 def test_message_passing_aggregations_build_and_agree(monkeypatch):

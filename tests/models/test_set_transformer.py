@@ -120,5 +120,21 @@ def test_the_model_trains_a_batch_at_once_and_groups_large_inputs_in_inference(m
         torch.testing.assert_close(model(x, batch)[0], whole(x, batch)[0], rtol=1e-10,
                                    atol=1e-10)
     assert groups == [5, 6, 4]  # in inference: whole sets by the window of their first row
-    aggr = MZSetTransformer(3, 2, checkpoint='auto')  # the recomputed groups, asked for
-    assert aggr.body.checkpoint == 'auto'
+    # checkpoint='auto', asked for: the groups in training too, each run again in the backward
+    grouped = MZSetTransformer(3, 2, dim=8, heads=2, num_inducing=2, d_ff=8,
+                               checkpoint='auto').double().train()
+    grouped.load_state_dict(model.state_dict())
+    assert grouped.body.checkpoint == 'auto'
+    encode_grouped = grouped.body._encode_group
+    monkeypatch.setattr(grouped.body, '_encode_group',
+                        lambda *a: groups.append(a[0].size(0)) or encode_grouped(*a))
+    groups.clear()
+    xg = x.clone().requires_grad_()
+    xw = x.clone().requires_grad_()
+    out = grouped(xg, batch)[0]
+    out.sum().backward()
+    assert groups == [5, 6, 4] + [4, 6, 5]
+    ref = whole(xw, batch)[0]
+    ref.sum().backward()
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(xg.grad, xw.grad, rtol=1e-10, atol=1e-10)

@@ -501,6 +501,10 @@ def test_auto_chunking_of_large_inputs(monkeypatch):
                                    results[0][0], rtol=1e-10, atol=1e-10)
     assert calls == [10, 5, 2, 0]
     calls.clear()
+    # integers and numpy booleans take the modes of the booleans they equal
+    for value, mode in ((0, False), (np.False_, False), (1, True), (np.True_, True)):
+        assert MZAggregation(4, checkpoint=value).checkpoint is mode
+    assert 'checkpoint=False' in repr(MZAggregation(4, checkpoint=0))
     # twice as wide tokens: groups of half as many rows (17 rows > 2 * 2: whole sets grouped by
     # the window of 2 rows of their first row: 3, 0 + 7, 1 + 4, 0 + 2 and the two trailing empty
     # sets)

@@ -247,13 +247,15 @@ class MZAggregation(Aggregation):
             activations plus its input, whatever the number of rows, as long as no set is
             larger than :obj:`chunk_size` (groups hold whole sets; one group is not rerun);
             one more forward of the whole aggregation.
-            :obj:`False`: keep everything: with ``chunk_size='auto'``, inputs are grouped in
-            inference only and trained at once (what
+            :obj:`False`: keep everything: with ``chunk_size='auto'``, large inputs are
+            grouped only where no gradients are recorded (inference) and run at once where
+            they are (what
             :class:`~torch_mz.models.MZSetTransformer` takes by default: there the batch size
             is the user's memory knob, and the recomputation costs time; on 128 clouds of 1,024
-            points one training step took 1.37x (``mz``) and 1.57x (``rigid``) the time of the
-            whole batch at once, for 0.62x the peak memory,
-            ``benchmarks/results/training_step_large_batch``).
+            points one training step in recomputed groups took 1.50x (``mz``) and 1.07x
+            (``rigid``) the time of the whole batch at once, for 0.59x and 0.47x its peak
+            memory, ``benchmarks/results/training_step_large_batch``; an earlier run of the
+            same comparison, not kept, gave 1.37x and 1.57x).
             :obj:`'auto'` (default): :obj:`False`, except that the groups of
             ``chunk_size='auto'`` are recomputed in training as with :obj:`'chunks'` (a graph's
             number of edges is not the user's to choose, and the memory of its messages is
@@ -291,6 +293,8 @@ class MZAggregation(Aggregation):
         self.preset = preset
         if checkpoint not in CHECKPOINTS:
             raise ValueError(f"'checkpoint' must be one of {CHECKPOINTS} (got {checkpoint!r})")
+        if not isinstance(checkpoint, str):  # 0, 1, numpy booleans: the modes of False, True
+            checkpoint = bool(checkpoint)
         if chunk_size is not None and chunk_size != 'auto':
             if (not isinstance(chunk_size, numbers.Integral) or isinstance(chunk_size, bool)
                     or chunk_size < 1):
