@@ -58,6 +58,7 @@ SOURCES = {
     'training_step_egnn': 'training_step_egnn/training_step.json',
     'training_step_rounds': 'training_step_rounds/training_step.json',
     'training_step_large_batch': 'training_step_large_batch/training_step.json',
+    'training_step_thp': 'training_step_thp/training_step.json',
     'scaling_sets_of_1': 'scaling/scaling_default_sets_of_1.json',
     'scaling_mz': 'scaling/scaling_mz.json',
 }
@@ -147,7 +148,7 @@ def _mp_as(rows: Sequence[Mapping[str, Any]], name: str,
 
 
 TRAINING_STEP = ('training_step', 'training_step_small_sets', 'training_step_egnn',
-                 'training_step_rounds', 'training_step_large_batch')
+                 'training_step_rounds', 'training_step_large_batch', 'training_step_thp')
 GB = 1e9 / 2**20  # MiB in one (decimal) gigabyte
 LINEAR_SLOPE = 1.1
 PRESETS = ('rigid', 'st-large', 'mz-slim', 'mz', 'egnn')

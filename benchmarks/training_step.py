@@ -19,7 +19,9 @@ for reuse (:func:`torch_mz.runtime.keep_freed_memory`), ``+compile`` rows the wh
 (the aggregation's default, not the models': batches of more than 65,536 points at ``dim = 64``
 are encoded in groups of whole sets recomputed in the backward pass), ``+whole`` rows one with
 ``chunk_size=None`` (no groups in inference either; the presets train a batch at once and group
-large inputs only when no gradients are recorded). Every row runs in a fresh process, which
+large inputs only when no gradients are recorded), ``+thp`` rows a process started with
+``THP_MEM_ALLOC_ENABLE=1`` (PyTorch's switch, read once at import, for 2 MiB pages on blocks of
+2 MiB and more; every other row runs with it set to 0). Every row runs in a fresh process, which
 also gives its peak resident set (the process's, import of torch included, over the timed
 training steps and inference calls). The paper's Table 30 reports ``mz`` / standard at
 2.2-5.5x for training and 2.4-2.7x for inference.
@@ -70,6 +72,7 @@ KEEP = '+keep'  # suffix: the preset with torch_mz.runtime.keep_freed_memory()
 COMPILE = '+compile'  # suffix: the whole model through torch.compile (inductor)
 WHOLE = '+whole'  # suffix: an MZ-Set-Transformer preset with chunk_size=None (no groups)
 GROUPS = '+groups'  # suffix: an MZ-Set-Transformer preset with checkpoint='auto' (recomputed)
+THP = '+thp'  # suffix: the row's process started with THP_MEM_ALLOC_ENABLE=1 (2 MiB pages)
 #: The options of the MZ-Set-Transformer body each suffix sets.
 BODY_OPTIONS = {WHOLE[1:]: dict(chunk_size=None), GROUPS[1:]: dict(checkpoint='auto')}
 
@@ -101,10 +104,11 @@ def build(name: str, radius: float, body: Optional[dict] = None):
 def split_name(name: str):
     r"""``'mz+fused+keep'`` -> ``('mz', {'fused', 'keep'})``."""
     preset, *flags = name.split('+')
-    unknown = set(flags) - {FUSED[1:], EAGER[1:], KEEP[1:], COMPILE[1:], WHOLE[1:], GROUPS[1:]}
+    unknown = set(flags) - {FUSED[1:], EAGER[1:], KEEP[1:], COMPILE[1:], WHOLE[1:], GROUPS[1:],
+                            THP[1:]}
     if unknown:
         raise ValueError(f'unknown row suffixes {sorted(unknown)} in {name!r} (+fused, +eager, '
-                         f'+keep, +compile, +whole, +groups)')
+                         f'+keep, +compile, +whole, +groups, +thp)')
     if {WHOLE[1:], GROUPS[1:]} <= set(flags):
         raise ValueError(f'{name!r}: +whole and +groups exclude each other')
     if {FUSED[1:], EAGER[1:]} <= set(flags):
@@ -117,6 +121,9 @@ def measure(name: str, args, pos, batch, y) -> dict:
     preset, flags = split_name(name)
     if 'keep' in flags and not keep_freed_memory():
         raise MeasurementFailed('keep_freed_memory() does not apply here (not glibc)')
+    if THP[1:] in flags and os.environ.get('THP_MEM_ALLOC_ENABLE') != '1':
+        raise MeasurementFailed('a +thp row runs in a process started with '
+                                'THP_MEM_ALLOC_ENABLE=1 (PyTorch reads it once, at import)')
     # compiling happens in the untimed first calls
     set_fused_kernels(True if 'fused' in flags else False if 'eager' in flags else None)
     try:
@@ -322,7 +329,10 @@ def main():
         for name in runs:
             measured: Optional[dict] = None
             try:
-                measured = in_fresh_process(__file__, dict(name=name, args=config))
+                # PyTorch reads THP_MEM_ALLOC_ENABLE once, at import: set for +thp rows only
+                thp = '1' if THP[1:] in split_name(name)[1] else '0'
+                measured = in_fresh_process(__file__, dict(name=name, args=config),
+                                            env=dict(THP_MEM_ALLOC_ENABLE=thp))
             except MeasurementFailed as e:
                 print(f'{name}: not measured in round {round_ + 1}: {e}', flush=True)
             runs[name].append(measured)
@@ -353,7 +363,7 @@ def main():
     for r in rows:  # the same ratios to the rigid row run alike (memory kept, body options)
         flags = split_name(r['model'])[1]
         base, alike = None, set()
-        for alike in (flags & {KEEP[1:], WHOLE[1:], GROUPS[1:]}, flags & {KEEP[1:]}):
+        for alike in (flags & {KEEP[1:], WHOLE[1:], GROUPS[1:], THP[1:]}, flags & {KEEP[1:]}):
             base = next((b for b in rows if split_name(b['model']) == ('rigid', alike)), None)
             if alike and base is not None:
                 break
@@ -413,8 +423,11 @@ def main():
                 f"the GB and % of bandwidth of those rows are over-estimates. "
                 f"`+keep` rows "
                 f"keep freed memory in malloc's heap (`torch_mz.runtime.keep_freed_memory()`); "
-                f"their ratios are to `rigid+keep` (those of `+whole` and `+groups` rows to "
-                f"the `rigid` row with the same suffixes, where it ran). `+compile` rows time `torch.compile(model)` "
+                f"their ratios are to `rigid+keep` (those of `+whole`, `+groups` and `+thp` "
+                f"rows to the `rigid` row with the same suffixes, where it ran). `+thp` rows "
+                f"run in a process started with `THP_MEM_ALLOC_ENABLE=1` (PyTorch asks Linux "
+                f"for 2 MiB pages for blocks of 2 MiB and more; the other rows with it set to "
+                f"0). `+compile` rows time `torch.compile(model)` "
                 f"(inductor); first_calls_s is the first training step and inference call "
                 f"(compiling, for those rows), not timed. The MZ-Set-Transformer presets train "
                 f"a batch at once and, by their default `chunk_size='auto'`, encode inputs of "

@@ -125,7 +125,7 @@ def test_training_step_rounds_pool_calls_and_pair_ratios_by_round(tmp_path, monk
     script = load_script('training_step')
     seen = []
 
-    def fake(path, config):
+    def fake(path, config, env=None):
         name = config['name']
         seen.append(name)
         round_ = seen.count(name)
@@ -164,7 +164,7 @@ def test_training_step_ratios_pair_rows_run_alike(tmp_path, monkeypatch):
     cost = {'rigid+keep': 4.0, 'rigid+whole+keep': 2.0, 'mz+keep': 12.0, 'mz+whole+keep': 8.0,
             'mz+groups+keep': 10.0}  # no rigid+groups+keep row: to rigid+keep
 
-    def fake(path, config):
+    def fake(path, config, env=None):
         step = cost[config['name']]
         return dict(model=config['name'], params=1, step_s=step, step_times_s=[step],
                     points_per_s=1.0, gflop_per_step=step, gflop_per_s=1.0, gb_per_step=step,
@@ -232,3 +232,34 @@ def test_message_passing_aggregations_build_and_agree(monkeypatch):
     assert mp.build_aggr('rigid-chunks', 16, 3).chunk_size == 3
     assert mp.build_aggr('default-chunks', 16).chunk_size == 4  # auto_chunk_rows(16), patched
     assert mp.build_aggr('default-chunks', 32).chunk_size == 2  # half as many at twice the width
+
+
+def test_training_step_thp_rows_start_their_process_with_the_switch(tmp_path, monkeypatch):
+    # +thp rows: THP_MEM_ALLOC_ENABLE=1 in the child's environment (PyTorch reads it at import),
+    # every other row 0; ratios pair +thp rows with rigid+thp; a +thp row measured in a process
+    # without the switch is refused
+    script = load_script('training_step')
+    envs = {}
+
+    def fake(path, config, env=None):
+        envs[config['name']] = env
+        step = {'rigid': 1.0, 'rigid+thp': 0.5, 'mz+thp': 2.0}[config['name']]
+        return dict(model=config['name'], params=1, step_s=step, step_times_s=[step],
+                    points_per_s=1.0, gflop_per_step=1.0, gflop_per_s=1.0, gb_per_step=1.0,
+                    infer_s=1.0, infer_times_s=[1.0], infer_gflop=1.0, infer_gb=1.0,
+                    peak_rss_mib=1.0, first_calls_s=0.1)
+    monkeypatch.setattr(script, 'in_fresh_process', fake)
+    monkeypatch.setattr(script, 'matmul_peak_flops', lambda device=None: 1e10)
+    monkeypatch.setattr(script, 'memory_bandwidth', lambda: 1e10)
+    monkeypatch.setattr(sys, 'argv', ['training_step.py', '--models', 'rigid,rigid+thp,mz+thp',
+                                      '--out', str(tmp_path)])
+    script.main()
+    assert envs == {'rigid': {'THP_MEM_ALLOC_ENABLE': '0'},
+                    'rigid+thp': {'THP_MEM_ALLOC_ENABLE': '1'},
+                    'mz+thp': {'THP_MEM_ALLOC_ENABLE': '1'}}
+    with open(tmp_path / 'training_step.json') as f:
+        rows = {r['model']: r for r in json.load(f)['rows']}
+    assert rows['mz+thp']['step / rigid'] == 4.0
+    monkeypatch.delenv('THP_MEM_ALLOC_ENABLE', raising=False)
+    with pytest.raises(script.MeasurementFailed, match='THP_MEM_ALLOC_ENABLE=1'):
+        script.measure('rigid+thp', None, None, None, None)

@@ -124,7 +124,8 @@ CHILD = textwrap.dedent("""
         os.kill(os.getpid(), signal.SIGKILL)
     if cfg.get('sleep'):
         time.sleep(cfg['sleep'])
-    print(json.dumps(dict(cfg, twice=2 * cfg['n'], pid=os.getpid())))
+    print(json.dumps(dict(cfg, twice=2 * cfg['n'], pid=os.getpid(),
+                          extra=os.environ.get('TORCH_MZ_TEST_EXTRA'))))
 """)
 
 
@@ -134,6 +135,10 @@ def test_in_fresh_process_returns_the_last_json_line(tmp_path):
     out = in_fresh_process(str(script), dict(n=21))
     assert out['n'] == 21 and out['twice'] == 42
     assert out['pid'] != os.getpid()
+    assert out['extra'] is None
+    # env: variables set for the child on top of this process's
+    out = in_fresh_process(str(script), dict(n=1), env=dict(TORCH_MZ_TEST_EXTRA='yes'))
+    assert out['extra'] == 'yes' and 'TORCH_MZ_TEST_EXTRA' not in os.environ
 
 
 @pytest.mark.parametrize('cfg,timeout,reason', [

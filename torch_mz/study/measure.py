@@ -230,7 +230,8 @@ class MeasurementFailed(RuntimeError):
 
 
 def in_fresh_process(script: str, config: Dict[str, Any],
-                     timeout: Optional[float] = None) -> Dict[str, Any]:
+                     timeout: Optional[float] = None,
+                     env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
     r"""Runs ``python <script> --_one '<config as JSON>'`` in a fresh process and returns the
     JSON object the script prints on its last line of output: a measurement (peak memory above
     all) that must not see what this process has allocated or compiled before.
@@ -239,6 +240,8 @@ def in_fresh_process(script: str, config: Dict[str, Any],
         script (str): The benchmark script; its ``--_one`` option measures one configuration.
         config (dict): The configuration, passed as JSON.
         timeout (float, optional): Seconds before the child is stopped. (default: :obj:`None`)
+        env (dict, optional): Environment variables set for the child on top of this
+            process's (e.g. ones PyTorch reads once, at import). (default: :obj:`None`)
 
     Raises:
         MeasurementFailed: the child timed out, was killed by a signal (out of memory?) or
@@ -247,7 +250,8 @@ def in_fresh_process(script: str, config: Dict[str, Any],
     try:
         out = subprocess.run([sys.executable, os.path.abspath(script), '--_one',
                               json.dumps(config)], capture_output=True, text=True,
-                             timeout=timeout)
+                             timeout=timeout,
+                             env=None if env is None else dict(os.environ, **env))
     except subprocess.TimeoutExpired:
         raise MeasurementFailed(f'timed out after {timeout:.0f} s') from None
     if out.returncode < 0:
