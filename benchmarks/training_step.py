@@ -119,11 +119,11 @@ def split_name(name: str):
 def measure(name: str, args, pos, batch, y) -> dict:
     r"""One row, in this process (``--_one`` runs it in a fresh one)."""
     preset, flags = split_name(name)
-    if 'keep' in flags and not keep_freed_memory():
-        raise MeasurementFailed('keep_freed_memory() does not apply here (not glibc)')
     if THP[1:] in flags and os.environ.get('THP_MEM_ALLOC_ENABLE') != '1':
         raise MeasurementFailed('a +thp row runs in a process started with '
                                 'THP_MEM_ALLOC_ENABLE=1 (PyTorch reads it once, at import)')
+    if 'keep' in flags and not keep_freed_memory():
+        raise MeasurementFailed('keep_freed_memory() does not apply here (not glibc)')
     # compiling happens in the untimed first calls
     set_fused_kernels(True if 'fused' in flags else False if 'eager' in flags else None)
     try:
@@ -138,6 +138,33 @@ def measure_one(config: dict) -> dict:
     torch.set_num_threads(args.threads)
     pos, batch, y = make_batch(args.clouds, args.points)
     return measure(config['name'], args, pos, batch, y)
+
+
+def transparent_hugepages() -> Optional[str]:
+    r"""Linux's transparent-huge-page mode (``'always'``, ``'madvise'`` or ``'never'``), on which
+    ``THP_MEM_ALLOC_ENABLE`` depends (PyTorch asks for such pages with ``madvise``); :obj:`None`
+    where it cannot be read (not Linux)."""
+    try:
+        with open('/sys/kernel/mm/transparent_hugepage/enabled') as f:
+            text = f.read()
+    except OSError:
+        return None
+    chosen = [w[1:-1] for w in text.split() if w.startswith('[') and w.endswith(']')]
+    return chosen[0] if chosen else None
+
+
+def check_rows(names: List[str], radius: float) -> None:
+    r"""Refuses, before anything is measured, a row name with unknown or conflicting suffixes,
+    ``+whole`` / ``+groups`` on a preset that is not an MZ-Set-Transformer, and ``+thp`` where
+    Linux gives no transparent huge pages on request (``madvise``: the only mode in which the
+    switch changes anything)."""
+    for name in names:
+        preset, flags = split_name(name)
+        if body_options(flags):
+            build(preset, radius, body_options(flags))
+        if THP[1:] in flags and transparent_hugepages() != 'madvise':
+            raise ValueError(f"{name!r}: +thp needs Linux's transparent huge pages in 'madvise' "
+                             f"mode (here: {transparent_hugepages()!r})")
 
 
 def body_options(flags) -> dict:
@@ -228,9 +255,10 @@ def combine_rounds(by_round: List[Optional[dict]], points: int) -> dict:
 
 def count_preset_flops(name: str, args, pos, batch, y) -> dict:
     r"""FLOPs of one training step and one inference call of a preset, the calls the timed rows
-    make (flags ignored: the counter runs the eager operators either way)."""
-    preset, _ = split_name(name)
-    model, train_step, infer = _calls(preset, args, pos, batch, y)
+    make (the kernel and memory flags do not change them: the counter runs the eager operators
+    either way; ``+groups`` and ``+whole`` do, and are applied)."""
+    preset, flags = split_name(name)
+    model, train_step, infer = _calls(preset, args, pos, batch, y, body_options(flags))
     return dict(model=name, params=count_parameters(model),
                 gflop_per_step=count_flops(train_step) / 1e9, infer_gflop=count_flops(infer) / 1e9)
 
@@ -314,6 +342,7 @@ def main():
     if args.quick:
         args.clouds, args.repeats = 8, 3
     torch.set_num_threads(args.threads)
+    check_rows(args.models.split(','), args.egnn_radius)  # before minutes of measurements
     if args.flops_only:
         flops_only(args)
         return
@@ -401,8 +430,9 @@ def main():
         rounds_text = (f' {args.rounds} rounds: each round ran every row once, in order, '
                        f'each in a fresh process; a row\'s times are the medians of all its '
                        f'{args.rounds * args.repeats} calls, and the last columns give its '
-                       f'ratio to `rigid` (`rigid+keep`) within each round, the spread a slow '
-                       f'spell of the host leaves.')
+                       f'ratio to `rigid` (`rigid+keep`, or the `rigid` row with the same '
+                       f'suffixes) within each round, the spread a slow spell of the host '
+                       f'leaves.')
     markdown = (f'# Training step and inference, {args.clouds} clouds x {args.points} points, '
                 f'40 classes\n\n'
                 f"Command: `{env['command']}`  \n"
@@ -427,7 +457,8 @@ def main():
                 f"rows to the `rigid` row with the same suffixes, where it ran). `+thp` rows "
                 f"run in a process started with `THP_MEM_ALLOC_ENABLE=1` (PyTorch asks Linux "
                 f"for 2 MiB pages for blocks of 2 MiB and more; the other rows with it set to "
-                f"0). `+compile` rows time `torch.compile(model)` "
+                f"0; transparent huge pages here: {transparent_hugepages()}). `+compile` rows "
+                f"time `torch.compile(model)` "
                 f"(inductor); first_calls_s is the first training step and inference call "
                 f"(compiling, for those rows), not timed. The MZ-Set-Transformer presets train "
                 f"a batch at once and, by their default `chunk_size='auto'`, encode inputs of "

@@ -161,8 +161,9 @@ def test_training_step_ratios_pair_rows_run_alike(tmp_path, monkeypatch):
     ``+whole`` builds the preset with ``chunk_size=None``, ``+groups`` with
     ``checkpoint='auto'``."""
     script = load_script('training_step')
-    cost = {'rigid+keep': 4.0, 'rigid+whole+keep': 2.0, 'mz+keep': 12.0, 'mz+whole+keep': 8.0,
-            'mz+groups+keep': 10.0}  # no rigid+groups+keep row: to rigid+keep
+    cost = {'rigid': 5.0, 'rigid+keep': 4.0, 'rigid+whole+keep': 2.0, 'mz+keep': 12.0,
+            'mz+whole+keep': 8.0, 'mz+groups+keep': 10.0,  # no rigid+groups+keep: to rigid+keep
+            'mz+whole': 10.0}  # no rigid+whole: to plain rigid
 
     def fake(path, config, env=None):
         step = cost[config['name']]
@@ -184,6 +185,7 @@ def test_training_step_ratios_pair_rows_run_alike(tmp_path, monkeypatch):
     assert rows['mz+whole+keep']['bytes / rigid'] == 4.0
     assert rows['rigid+whole+keep']['step / rigid'] == 1.0
     assert rows['mz+groups+keep']['step / rigid'] == 2.5
+    assert rows['mz+whole']['step / rigid'] == 2.0
     plain = script.build('mz', 0.25)
     assert plain.body.chunk_size == 'auto' and plain.body.checkpoint is False
     whole = script.build('mz', 0.25, script.body_options({'whole', 'keep'}))
@@ -195,6 +197,13 @@ def test_training_step_ratios_pair_rows_run_alike(tmp_path, monkeypatch):
             script.build(other, 0.25, dict(chunk_size=None))
     with pytest.raises(ValueError, match='exclude each other'):
         script.split_name('mz+whole+groups')
+    # bad rows are refused before anything is measured
+    for bad in ('mz+foo', 'deepsets+whole', 'mz+whole+groups'):
+        monkeypatch.setattr(sys, 'argv', ['training_step.py', '--models', f'rigid+keep,{bad}',
+                                          '--out', str(tmp_path / 'bad')])
+        with pytest.raises(ValueError):
+            script.main()
+    assert not (tmp_path / 'bad').exists()
 
 
 def test_message_passing_aggregations_build_and_agree(monkeypatch):
@@ -253,6 +262,12 @@ def test_training_step_thp_rows_start_their_process_with_the_switch(tmp_path, mo
     monkeypatch.setattr(script, 'memory_bandwidth', lambda: 1e10)
     monkeypatch.setattr(sys, 'argv', ['training_step.py', '--models', 'rigid,rigid+thp,mz+thp',
                                       '--out', str(tmp_path)])
+    for mode in ('never', 'always', None):  # the switch changes nothing there: refused at once
+        monkeypatch.setattr(script, 'transparent_hugepages', lambda: mode)
+        with pytest.raises(ValueError, match="'madvise' mode"):
+            script.main()
+        assert envs == {}
+    monkeypatch.setattr(script, 'transparent_hugepages', lambda: 'madvise')
     script.main()
     assert envs == {'rigid': {'THP_MEM_ALLOC_ENABLE': '0'},
                     'rigid+thp': {'THP_MEM_ALLOC_ENABLE': '1'},

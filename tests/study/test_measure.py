@@ -125,20 +125,23 @@ CHILD = textwrap.dedent("""
     if cfg.get('sleep'):
         time.sleep(cfg['sleep'])
     print(json.dumps(dict(cfg, twice=2 * cfg['n'], pid=os.getpid(),
-                          extra=os.environ.get('TORCH_MZ_TEST_EXTRA'))))
+                          extra=os.environ.get('TORCH_MZ_TEST_EXTRA'),
+                          path=os.environ.get('PATH'))))
 """)
 
 
-def test_in_fresh_process_returns_the_last_json_line(tmp_path):
+def test_in_fresh_process_returns_the_last_json_line(tmp_path, monkeypatch):
     script = tmp_path / 'child.py'
     script.write_text(CHILD)
     out = in_fresh_process(str(script), dict(n=21))
     assert out['n'] == 21 and out['twice'] == 42
     assert out['pid'] != os.getpid()
-    assert out['extra'] is None
-    # env: variables set for the child on top of this process's
-    out = in_fresh_process(str(script), dict(n=1), env=dict(TORCH_MZ_TEST_EXTRA='yes'))
-    assert out['extra'] == 'yes' and 'TORCH_MZ_TEST_EXTRA' not in os.environ
+    # env: variables set for the child on top of this process's (which it still sees)
+    monkeypatch.setenv('TORCH_MZ_TEST_EXTRA', 'parent')
+    assert in_fresh_process(str(script), dict(n=1))['extra'] == 'parent'
+    out = in_fresh_process(str(script), dict(n=1), env=dict(TORCH_MZ_TEST_EXTRA='child'))
+    assert out['extra'] == 'child' and os.environ['TORCH_MZ_TEST_EXTRA'] == 'parent'
+    assert out['path'] == os.environ.get('PATH')
 
 
 @pytest.mark.parametrize('cfg,timeout,reason', [

@@ -49,7 +49,8 @@ class MZSetTransformer(SetModel):
             ``path``, ``chunk_size``, ``checkpoint``). ``checkpoint`` defaults to :obj:`False`
             here, not to the aggregation's :obj:`'auto'`: a training batch is encoded at once
             (the batch size is the memory knob), and ``chunk_size='auto'`` groups large inputs
-            in inference only. On 128 clouds of 1,024 points (131,072 rows, above the automatic
+            in inference only. On 128 clouds of 1,024 points (131,072 rows, kept memory, one
+            thread; above the automatic
             grouping's 65,536 at ``dim = 64``) the recomputed groups took one training step of
             ``mz`` from 7.5 to 11.3 s and its peak from 7,270 to 4,294 MiB (``rigid``: 2.8 to
             3.0 s, 3,319 to 1,557 MiB; ``benchmarks/results/training_step_large_batch``):

@@ -252,7 +252,8 @@ class MZAggregation(Aggregation):
             they are (what
             :class:`~torch_mz.models.MZSetTransformer` takes by default: there the batch size
             is the user's memory knob, and the recomputation costs time; on 128 clouds of 1,024
-            points one training step in recomputed groups took 1.50x (``mz``) and 1.07x
+            points (kept memory, one thread) one training step in recomputed groups took 1.50x
+            (``mz``) and 1.07x
             (``rigid``) the time of the whole batch at once, for 0.59x and 0.47x its peak
             memory, ``benchmarks/results/training_step_large_batch``; an earlier run of the
             same comparison, not kept, gave 1.37x and 1.57x).
