@@ -53,6 +53,7 @@ SOURCES = {
     'message_passing_auto_1e5': 'message_passing_auto_1e5/message_passing.json',
     'message_passing_kernels': 'message_passing_kernels/message_passing.json',
     'speed': 'speed/speed.json',
+    'speed_rerun': 'speed_rerun/speed.json',
     'training_step': 'training_step/training_step.json',
     'training_step_small_sets': 'training_step_small_sets/training_step.json',
     'training_step_egnn': 'training_step_egnn/training_step.json',
@@ -147,6 +148,7 @@ def _mp_as(rows: Sequence[Mapping[str, Any]], name: str,
     return None
 
 
+SPEED = ('speed', 'speed_rerun')  # speed.py's runs (the same command, another day)
 TRAINING_STEP = ('training_step', 'training_step_small_sets', 'training_step_egnn',
                  'training_step_rounds', 'training_step_large_batch', 'training_step_thp')
 GB = 1e9 / 2**20  # MiB in one (decimal) gigabyte
@@ -258,10 +260,11 @@ def _preset_peak(data: Mapping[str, Mapping]) -> Iterator[Measurement]:
 
 def _speed(data: Mapping[str, Mapping], block: str, batch: str, speedup: bool,
            mine: str = 'rigid') -> Iterator[Measurement]:
-    for r in data.get('speed', {}).get('ratios', []):
+    for label, r in ((label, r) for label in SPEED
+                     for r in data.get(label, {}).get('ratios', [])):
         if r['block'] == block and r['batch'] == batch and r.get(f'pyg/{mine} time'):
             v = float(r[f'pyg/{mine} time'])
-            yield 'speed', f'{block}, {batch}', v if speedup else 1.0 / v
+            yield label, f'{block}, {batch}', v if speedup else 1.0 / v
 
 
 #: (key, target, threshold, 'max' (value <= threshold) or 'min' (value >= threshold), measure)
