@@ -14,6 +14,9 @@ sizes and one with skewed (log-normal) set sizes of the same total, for
   same zonotope tokens as ``mz`` (separates the cost of the generator channel from that of the
   matrix-zonotope value operator),
 * ``mz``: ``MZAggregation(value='mz')`` at the paper's defaults (n_g = 8, L = 4),
+* ``rigid-unfolded``, ``mz-unfolded`` (not run by default): ``rigid`` and ``mz`` with the key map
+  kept on the keys (``MZAttention(fold_keys=False)``; by default it joins the queries of blocks
+  with few queries per set, such as the PMA),
 
 each with PMA only (no encoder, no decoder) and with one SAB encoder block. Ratios are computed
 from medians measured in the same run, with the models of one (block, batch) pair timed in
@@ -32,16 +35,23 @@ from typing import List
 import numpy as np
 import torch
 
-from torch_mz.nn import FlatSetTransformerAggregation, MZAggregation
+from torch_mz.nn import FlatSetTransformerAggregation, MZAggregation, MZAttention
 from torch_mz.study import (count_flops, environment, in_fresh_process, markdown_table,
                             matmul_peak_flops, peak_memory_bytes, pyplot, skewed_sizes,
                             time_interleaved, try_plot, uniform_sizes, write_results)
 
 MODELS = ('pyg', 'pyg-flat', 'rigid', 'rigid-zono', 'mz')
+UNFOLDED = '-unfolded'  # suffix: the model with MZAttention(fold_keys=False) everywhere
 BLOCKS = ('pma', 'sab')
 
 
 def build(model: str, block: str, dim: int, heads: int) -> torch.nn.Module:
+    if model.endswith(UNFOLDED):
+        module = build(model[:-len(UNFOLDED)], block, dim, heads)
+        for m in module.modules():
+            if isinstance(m, MZAttention):
+                m.fold_keys = False
+        return module
     enc = 1 if block == 'sab' else 0
     if model == 'pyg':
         from torch_geometric.nn.aggr import SetTransformerAggregation
@@ -199,6 +209,10 @@ def main():
                         by['pyg']['peak_mib'], 1e-9)
             if 'mz' in by and 'rigid' in by:
                 entry['mz/rigid time'] = by['mz']['median_ms'] / by['rigid']['median_ms']
+            for m in ('rigid', 'mz'):
+                if m in by and m + UNFOLDED in by:
+                    entry[f'{m}/{m}{UNFOLDED} time'] = (by[m]['median_ms']
+                                                       / by[m + UNFOLDED]['median_ms'])
             if 'mz' in by and 'rigid-zono' in by:
                 entry['mz/rigid-zono time'] = (by['mz']['median_ms']
                                                / by['rigid-zono']['median_ms'])
@@ -210,6 +224,8 @@ def main():
         columns.append('peak_mib')
     ratio_cols = ['block', 'batch', 'pyg/pyg-flat time', 'pyg/rigid time', 'mz/rigid time',
                   'mz/rigid-zono time']
+    ratio_cols += [c for c in (f'rigid/rigid{UNFOLDED} time', f'mz/mz{UNFOLDED} time')
+                   if any(c in r for r in ratios)]
     if args.memory:
         ratio_cols += ['pyg-flat/pyg memory', 'rigid/pyg memory']
     markdown = (f"# Forward+backward speed, {args.sets} sets, {args.points} points, "

@@ -265,6 +265,81 @@ def test_value_map_before_and_after_aggregation_agree(value, path, ng):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize('value', ['rigid', 'mz', 'film', 'hypernet'])
+@pytest.mark.parametrize('path', ['dense', 'scatter'])
+@pytest.mark.parametrize('ng', [0, NG])
+@pytest.mark.parametrize('mapped', [False, True])
+def test_keys_folded_into_few_queries_agree(value, path, ng, mapped, monkeypatch):
+    r"""With one or two queries per set (a PMA's seeds) the key map joins the queries and the
+    heads attend to the raw tokens: the same values and gradients as the unfolded order, with
+    empty sets, unsorted rows, the log-n scaling and keys whose centers are given by hidden rows
+    and a map with a bias (MappedZonotope: that bias shifts all scores of a query alike)."""
+    import torch_mz.nn.attention as attention
+    from torch_mz.nn.zonotope import MappedZonotope
+    monkeypatch.setattr(attention, 'FOLD_MARGIN', 1)  # fold these small sets
+    if value == 'mz' and ng == 0:
+        pytest.skip("'mz' needs generators")
+    q_sizes, k_sizes = [1, 2, 1, 0, 1], [9, 0, 12, 3, 15]
+    g = torch.Generator().manual_seed(7)
+    query_set = make_index(q_sizes, shuffle=True, generator=g)
+    kv_set = make_index(k_sizes, shuffle=True, generator=g)
+    results = []
+    for fold in (False, True):
+        torch.manual_seed(0)
+        attn = MZAttention(D, heads=H, num_generators=ng, value=value, num_matrix_generators=L,
+                           log_n=True, path=path, fold_keys=fold).double()
+        _randomise(attn, 3)
+        query, kv = _tokens(query_set.numel(), 1, ng), _tokens(kv_set.numel(), 2, ng)
+        leaves = [query.center, query.gens, kv.center, kv.gens]
+        if mapped:  # centers hidden @ W_c^T + b_c of width 5, generators hidden @ W^T
+            gm = torch.Generator().manual_seed(11)
+            w_c, b_c, w_g = (torch.randn(D, 5, generator=gm, dtype=torch.float64),
+                             torch.randn(D, generator=gm, dtype=torch.float64),
+                             torch.randn(D, D, generator=gm, dtype=torch.float64))
+            leaves += [w_c, b_c]
+        for t in leaves:
+            t.requires_grad_()
+        if mapped:
+            hidden_c = kv.center[:, :5]
+            kv = MappedZonotope(hidden_c, kv.gens, w_g, center_weight=w_c, center_bias=b_c)
+        counts_k = torch.bincount(kv_set, minlength=len(q_sizes))
+        assert attn._keys_folded(query_set, counts_k, query_set.numel(), kv_set.numel(),
+                                 len(q_sizes), kv.center.size(-1), ng > 0) == fold
+        out = attn(query, kv, query_set, kv_set, len(q_sizes))
+        (out.center.pow(2).sum() + out.gens.sin().sum()).backward()
+        results.append([out.center, out.gens] + [t.grad for t in leaves]
+                       + [p.grad for p in attn.parameters()])
+    for a, b in zip(*results):
+        if a is None or b is None:  # an empty generator tensor may get an empty gradient
+            assert (a if a is not None else b) is None or (a if a is not None else b).numel() == 0
+            continue
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_keys_are_not_folded_for_many_queries_before_values_or_under_dropout():
+    # one query per set of 500 keys of width 64 (d = 64, H = 4, d_k = 16): the key map saves
+    # 998 * 64 * 64 multiply-adds, the wider scores cost 1000 * 4 * 48, 21x less (margin 8);
+    # at d = 8, H = 2 the saving is at most 8x the cost (64 / (2 * 4)): never folded
+    def attn(**kwargs):
+        return MZAttention(64, heads=4, num_generators=2, value='mz', **kwargs)
+    counts = torch.tensor([500, 500])
+    one_each = torch.tensor([0, 1])
+    assert attn()._keys_folded(one_each, counts, 2, 1000, 2, 64)
+    assert not _attn('mz')._keys_folded(one_each, counts, 2, 1000, 2, D)
+    assert not attn()._keys_folded(make_index([500, 500]), counts, 1000, 1000, 2, 64)
+    assert not attn(value_order='before')._keys_folded(one_each, counts, 2, 1000, 2, 64)
+    assert not attn(fold_keys=False)._keys_folded(one_each, counts, 2, 1000, 2, 64)
+    dropped = attn(dropout=0.1)
+    assert not dropped.train()._keys_folded(one_each, counts, 2, 1000, 2, 64)
+    assert dropped.eval()._keys_folded(one_each, counts, 2, 1000, 2, 64)
+    # 16 queries per set (an ISAB's inducing tokens): 16,000 pairs, not folded
+    sixteen = make_index([16, 16])
+    assert not attn()._keys_folded(sixteen, counts, 32, 1000, 2, 64)
+    # values otherwise mapped on the keys (after=False): twice the saving against the cost of
+    # aggregating the raw rows too: 2 * 998 * 4096 > 8 * 1000 * 4 * (48 + 49)
+    assert attn()._keys_folded(one_each, counts, 2, 1000, 2, 64, after=False)
+
+
 def test_value_order_auto_picks_after_for_few_queries():
     attn = _attn('mz')
     counts = torch.tensor([50, 50])

@@ -24,6 +24,11 @@ SUMMARIES = ('mean', 'mean+std')
 VALUE_ORDERS = ('auto', 'before', 'after')
 
 
+#: How many times the cost of its wider scores the saving of a folded key map must exceed
+#: (:meth:`MZAttention._keys_folded`).
+FOLD_MARGIN = 8
+
+
 class MZAttention(Module):
     r"""Multi-head attention from query zonotope tokens to the key/value zonotope tokens of the same
     set, with a context-adaptive value operator (Eq. 3 of the paper).
@@ -71,7 +76,11 @@ class MZAttention(Module):
     ``'rigid'`` and ``'film'`` (whose output needs :math:`W^{(h)} \hat{c}`, not :math:`\hat{c}`)
     :math:`W^{(h)}` is folded into the value map, :math:`W^{(h)}(W_V c + b_V) = (W^{(h)} W_V) c +
     W^{(h)} b_V`; both are :math:`d \times d` products on the weights instead of passes over the
-    tokens. The results agree with the literal order up to rounding (tests compare them). The
+    tokens. In a block with few queries per set (the PMA's seeds, see :attr:`fold_keys`) the key
+    map joins the queries instead, :math:`q^\top (W_K c) = (W_K^\top q)^\top c`, and every head
+    attends to the raw tokens: the heads become queries of one attention over keys and values
+    shared by all, and no map passes over the keys (the part of a mapped center's bias that only
+    shifts all scores of a query is dropped, as the softmax ignores it). The results agree with the literal order up to rounding (tests compare them). The
     weights of :obj:`lin_q` and :obj:`lin_v` are read directly, so forward hooks on those layers
     do not run (e.g. :mod:`torch.nn.utils.prune`'s; :mod:`torch.nn.utils.parametrize` works,
     since a parametrised weight is computed when it is read).
@@ -101,6 +110,11 @@ class MZAttention(Module):
             kernel again there (non-reentrant :func:`torch.utils.checkpoint.checkpoint`), instead
             of keeping the packed queries, keys and values: less training memory for one more
             forward of the attention; the same values and gradients (default: :obj:`False`).
+        fold_keys (bool): Fold the key map into the queries where that is cheaper by a count of
+            multiply-adds (blocks with few queries per set, such as the PMA's seeds; never with
+            ``value_order='before'`` or while dropout on the attention weights is active, whose
+            draws would be laid out differently). The same values and gradients up to rounding
+            (default: :obj:`True`).
 
     Shapes:
         - **input:** queries :class:`Zonotope` :math:`(N_q, d), (N_q, n_g, d)`, keys/values
@@ -112,7 +126,7 @@ class MZAttention(Module):
     def __init__(self, dim: int, heads: int = 4, num_generators: int = 8, value: str = 'mz',
                  num_matrix_generators: int = 4, rank: int = 8, summary: str = 'mean',
                  dropout: float = 0.0, log_n: bool = False, path: str = 'auto',
-                 value_order: str = 'auto', recompute: bool = False):
+                 value_order: str = 'auto', recompute: bool = False, fold_keys: bool = True):
         super().__init__()
         if dim <= 0 or heads <= 0 or dim % heads != 0:
             raise ValueError(f"'heads' ({heads}) must be positive and divide 'dim' ({dim})")
@@ -142,6 +156,7 @@ class MZAttention(Module):
         self.path = path
         self.value_order = value_order
         self.recompute = recompute
+        self.fold_keys = bool(fold_keys)
 
         H, dk = heads, self.head_dim
         summary_dim = dim * (2 if summary == 'mean+std' else 1)
@@ -224,6 +239,9 @@ class MZAttention(Module):
         affine_width = (key_value.inputs.size(1) if isinstance(key_value, AffineZonotope)
                         and key_value.describes_gens() else None)
         after = self._values_after(query_set, counts_k, Nq, Nk, num_sets, affine_width)
+        merged = self._keys_folded(query_set, counts_k, Nq, Nk, num_sets,
+                                   key_value.center.size(-1), after)
+        after = after or merged  # the folded keys take the raw tokens as values
         gamma = None
         if self.value == 'mz':
             mu = self.key_value_summary(key_value, kv_set, num_sets)  # (B, |mu|)
@@ -237,10 +255,11 @@ class MZAttention(Module):
             # the backward pass (the same operations, so the same values and gradients)
             c_hat, g_agg = torch.utils.checkpoint.checkpoint(
                 self._aggregate, query, key_value, query_set, kv_set, num_sets, counts_k,
-                after, gamma if mix_in_values else None, use_reentrant=False)
+                after, gamma if mix_in_values else None, merged, use_reentrant=False)
         else:
             c_hat, g_agg = self._aggregate(query, key_value, query_set, kv_set, num_sets,
-                                           counts_k, after, gamma if mix_in_values else None)
+                                           counts_k, after, gamma if mix_in_values else None,
+                                           merged)
         weight = self.weight.to(c_hat.dtype)  # (H, dk, dk), M_c or W
         fold = self.value in ('rigid', 'film')
         # (Nq, H, dk): W c_hat (already applied when folded, see above, or with the mixing
@@ -268,7 +287,8 @@ class MZAttention(Module):
 
     def _aggregate(self, query: Zonotope, key_value: Union[Zonotope, MappedZonotope],
                    query_set: Tensor, kv_set: Tensor, num_sets: int, counts_k: Tensor,
-                   after: bool, gamma: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+                   after: bool, gamma: Optional[Tensor] = None,
+                   merged: bool = False) -> Tuple[Tensor, Tensor]:
         r"""The aggregated centers and generators. With the gates :obj:`gamma` (``'mz'``, values
         mapped before the aggregation), the mixing term is added to the values and :math:`M_c`
         maps the center values, so that the aggregate is the output (see :meth:`_mix_terms`)."""
@@ -285,7 +305,17 @@ class MZAttention(Module):
             rows, c_weight, c_bias = key_value.center_rows()
         else:
             rows, c_weight, c_bias = key_value.center, None, None
-        if c_weight is None:
+        if merged:
+            # the key map joins the queries: q^T (W_K c) = (W_K^T q)^T c per head, and the heads
+            # become queries of one attention over the raw rows (a mapped center's bias adds
+            # the same q^T W_K b_c to every score of a query, which the softmax ignores)
+            w_key = self.lin_k.weight.to(q.dtype)  # (d, w_c)
+            if c_weight is not None:
+                w_key = w_key @ c_weight.to(q.dtype)
+            q = torch.einsum('nhe,hew->nhw', q, w_key.view(H, dk, -1)).reshape(
+                Nq * H, 1, -1)  # (Nq H, 1, w_c): query i, head h at row i H + h
+            k = rows.to(q.dtype).unsqueeze(1)  # (Nk, 1, w_c)
+        elif c_weight is None:
             k = self.lin_k(rows).view(Nk, H, dk)  # (Nk, H, dk)
         else:
             # centers C W_c^T + b_c given by their hidden rows C (Nk, h_c): W_c joins the key
@@ -337,10 +367,15 @@ class MZAttention(Module):
             affine = isinstance(key_value, AffineZonotope) and key_value.describes_gens()
             g_rows = (key_value.inputs.to(q.dtype) if isinstance(key_value, AffineZonotope)
                       and affine else gens_kv.reshape(Nk, ng * w_g))  # (Nk, p) or (Nk, ng w_g)
-            agg_c, g_raw = grouped_attention(
-                q, k, (raw_c, g_rows), query_set, kv_set, num_sets,
-                dropout=self.dropout, training=self.training,
+            shared = (raw_c, g_rows) if g_rows.size(-1) > 0 else (raw_c, )
+            outs = grouped_attention(
+                q, k, shared, query_set.repeat_interleave(H) if merged else query_set, kv_set,
+                num_sets, dropout=self.dropout, training=self.training,
                 path=self.path)  # (Nq, H, 1 + d), (Nq, H, p or ng w_g): the same weights
+            if merged:  # (Nq H, 1, w) -> (Nq, H, w)
+                outs = tuple(o.view(Nq, H, o.size(-1)) for o in outs)
+            agg_c = outs[0]
+            g_raw = outs[1] if len(outs) > 1 else agg_c.new_zeros(Nq, H, 0)
             mass, c_raw = agg_c.split([1, w_c], dim=-1)  # (Nq, H, 1), (Nq, H, d)
             c_hat = torch.einsum('nhd,hed->nhe', c_raw, center_map)  # (Nq, H, dk)
             if bias_v is not None:
@@ -392,6 +427,26 @@ class MZAttention(Module):
             g_agg = g_part.transpose(1, 2)  # (Nq, H, ng, dk), a view of the token layout
 
         return c_hat, g_agg
+
+    def _keys_folded(self, query_set: Tensor, counts_k: Tensor, Nq: int, Nk: int,
+                     num_sets: int, key_width: int, after: bool = True) -> bool:
+        r"""Whether the key map joins the queries (:attr:`fold_keys`). For keys of width
+        :math:`w` it saves the key map, :math:`(N_k - N_q) w d` multiply-adds net of the queries'
+        map (twice that where the values would otherwise be mapped on the keys, :obj:`after`
+        false), and costs wider scores, :math:`P H (w - d_k)` for :math:`P` query-key pairs
+        (plus :math:`P H (1 + w - d_k)` for values aggregated raw instead of per head). The
+        scores run as many small per-set products, slower per multiply-add than the one large
+        product of the key map, so the saving must exceed :data:`FOLD_MARGIN` times the cost
+        (measured: the PMA of 64 sets of 128 elements at d = 64 folds, the neighbourhoods of
+        message passing at d = 16 do not)."""
+        if (not self.fold_keys or self.value_order == 'before' or Nq >= Nk
+                or (self.training and self.dropout > 0)):
+            return False
+        pairs = int((set_counts(query_set, num_sets) * counts_k).sum())
+        d, H, dk, w = self.dim, self.heads, self.head_dim, key_width
+        saved = (Nk - Nq) * w * d * (1 if after else 2)
+        cost = pairs * H * (w - dk) + (0 if after else pairs * H * (1 + w - dk))
+        return saved > FOLD_MARGIN * cost
 
     def _values_after(self, query_set: Tensor, counts_k: Tensor, Nq: int, Nk: int,
                       num_sets: int, affine_width: Optional[int] = None) -> bool:
