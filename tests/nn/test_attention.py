@@ -316,6 +316,41 @@ def test_keys_folded_into_few_queries_agree(value, path, ng, mapped, monkeypatch
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize('uniform', [False, True])
+@pytest.mark.parametrize('recompute', [False, True])
+def test_folded_keys_on_uniform_sets_with_recomputation_and_without_queries(uniform, recompute,
+                                                                          monkeypatch):
+    # the dense path's reshape (all sets of one size, rows sorted) and the recomputed
+    # attention take the folded keys too; a block without queries gives an empty output; a
+    # hooked key map is not folded (its hooks see its input)
+    import torch_mz.nn.attention as attention
+    monkeypatch.setattr(attention, 'FOLD_MARGIN', 1)
+    sizes = [12, 12, 12] if uniform else [12, 3, 20]
+    kv_set = make_index(sizes)
+    query_set = make_index([1, 1, 1])
+    results = []
+    for fold in (False, True):
+        attn = _attn('rigid', fold_keys=fold, recompute=recompute)
+        _randomise(attn, 3)
+        query, kv = _tokens(3, 1), _tokens(kv_set.numel(), 2)
+        kv.center.requires_grad_()
+        out = attn(query, kv, query_set, kv_set, 3)
+        out.center.pow(2).sum().backward()
+        results.append([out.center, out.gens, kv.center.grad]
+                       + [p.grad for p in attn.parameters() if p.grad is not None])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    attn = _attn('mz')
+    empty = attn(_tokens(0, 1), _tokens(kv_set.numel(), 2), query_set[:0], kv_set, 3)
+    assert empty.center.shape == (0, D) and empty.gens.shape == (0, NG, D)
+    counts = torch.tensor(sizes)
+    assert attn._keys_folded(query_set, counts, 3, kv_set.numel(), 3, D)
+    assert not attn._keys_folded(query_set[:0], counts, 0, kv_set.numel(), 3, D)
+    handle = attn.lin_k.register_forward_hook(lambda *a: None)
+    assert not attn._keys_folded(query_set, counts, 3, kv_set.numel(), 3, D)
+    handle.remove()
+
+
 def test_keys_are_not_folded_for_many_queries_before_values_or_under_dropout():
     # one query per set of 500 keys of width 64 (d = 64, H = 4, d_k = 16): the key map saves
     # 998 * 64 * 64 multiply-adds, the wider scores cost 1000 * 4 * 48, 21x less (margin 8);

@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn import Linear, Module, Parameter
 
-from torch_mz.nn.functional import (PATHS, check_choice, grouped_attention, set_counts, set_mean,
-                                    set_std)
+from torch_mz.nn.functional import (PATHS, _hooked, check_choice, grouped_attention, set_counts,
+                                    set_mean, set_std)
 from torch_mz.nn.zonotope import AffineZonotope, MappedZonotope, Zonotope
 
 VALUE_OPERATORS = ('rigid', 'mz', 'film', 'hypernet')
@@ -80,9 +80,10 @@ class MZAttention(Module):
     map joins the queries instead, :math:`q^\top (W_K c) = (W_K^\top q)^\top c`, and every head
     attends to the raw tokens: the heads become queries of one attention over keys and values
     shared by all, and no map passes over the keys (the part of a mapped center's bias that only
-    shifts all scores of a query is dropped, as the softmax ignores it). The results agree with the literal order up to rounding (tests compare them). The
-    weights of :obj:`lin_q` and :obj:`lin_v` are read directly, so forward hooks on those layers
-    do not run (e.g. :mod:`torch.nn.utils.prune`'s; :mod:`torch.nn.utils.parametrize` works,
+    shifts all scores of a query is dropped, as the softmax ignores it). The results agree with
+    the literal order up to rounding (tests compare them). The weights of :obj:`lin_q`,
+    :obj:`lin_v` (and :obj:`lin_k` where the keys are folded, unless it is hooked) are read
+    directly, so forward hooks on those layers do not run (e.g. :mod:`torch.nn.utils.prune`'s; :mod:`torch.nn.utils.parametrize` works,
     since a parametrised weight is computed when it is read).
 
     Args:
@@ -313,7 +314,7 @@ class MZAttention(Module):
             if c_weight is not None:
                 w_key = w_key @ c_weight.to(q.dtype)
             q = torch.einsum('nhe,hew->nhw', q, w_key.view(H, dk, -1)).reshape(
-                Nq * H, 1, -1)  # (Nq H, 1, w_c): query i, head h at row i H + h
+                Nq * H, 1, w_key.size(-1))  # (Nq H, 1, w_c): query i, head h at row i H + h
             k = rows.to(q.dtype).unsqueeze(1)  # (Nk, 1, w_c)
         elif c_weight is None:
             k = self.lin_k(rows).view(Nk, H, dk)  # (Nk, H, dk)
@@ -369,7 +370,7 @@ class MZAttention(Module):
                       and affine else gens_kv.reshape(Nk, ng * w_g))  # (Nk, p) or (Nk, ng w_g)
             shared = (raw_c, g_rows) if g_rows.size(-1) > 0 else (raw_c, )
             outs = grouped_attention(
-                q, k, shared, query_set.repeat_interleave(H) if merged else query_set, kv_set,
+                q, k, shared, self._per_head(query_set) if merged else query_set, kv_set,
                 num_sets, dropout=self.dropout, training=self.training,
                 path=self.path)  # (Nq, H, 1 + d), (Nq, H, p or ng w_g): the same weights
             if merged:  # (Nq H, 1, w) -> (Nq, H, w)
@@ -428,6 +429,18 @@ class MZAttention(Module):
 
         return c_hat, g_agg
 
+    def _per_head(self, query_set: Tensor) -> Tensor:
+        r""":obj:`query_set` with each id repeated once per head (the folded queries' rows), kept
+        for the next call with the same tensor (a PMA's seed ids are one cached tensor), so that
+        the dense path's layout cache, keyed by the tensor, finds it again."""
+        cached = getattr(self, '_per_head_ids', None)
+        if cached is not None and cached[0] is query_set:
+            return cached[1]
+        ids = query_set.repeat_interleave(self.heads)
+        if not torch.compiler.is_compiling():
+            self._per_head_ids = (query_set, ids)
+        return ids
+
     def _keys_folded(self, query_set: Tensor, counts_k: Tensor, Nq: int, Nk: int,
                      num_sets: int, key_width: int, after: bool = True) -> bool:
         r"""Whether the key map joins the queries (:attr:`fold_keys`). For keys of width
@@ -439,10 +452,12 @@ class MZAttention(Module):
         product of the key map, so the saving must exceed :data:`FOLD_MARGIN` times the cost
         (measured: the PMA of 64 sets of 128 elements at d = 64 folds, the neighbourhoods of
         message passing at d = 16 do not)."""
-        if (not self.fold_keys or self.value_order == 'before' or Nq >= Nk
-                or (self.training and self.dropout > 0)):
-            return False
+        if (not getattr(self, 'fold_keys', True) or self.value_order == 'before' or Nq >= Nk
+                or Nq == 0 or (self.training and self.dropout > 0) or _hooked(self.lin_k)):
+            return False  # (a hooked key map runs as a layer: its hooks see its input)
         pairs = int((set_counts(query_set, num_sets) * counts_k).sum())
+        if pairs == 0:
+            return False
         d, H, dk, w = self.dim, self.heads, self.head_dim, key_width
         saved = (Nk - Nq) * w * d * (1 if after else 2)
         cost = pairs * H * (w - dk) + (0 if after else pairs * H * (1 + w - dk))
