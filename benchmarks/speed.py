@@ -134,19 +134,21 @@ def measure_memory(cfg: dict) -> int:
 def plot(rows, path):
     plt = pyplot()
     fig, axes = plt.subplots(1, len(BLOCKS), figsize=(10, 4))
+    # every model of the run, in the order first met (the -unfolded rows too)
+    models = list(dict.fromkeys(r['model'] for r in rows))
     for ax, block in zip(axes, BLOCKS):
         xs = np.arange(2)
-        for i, model in enumerate(MODELS):
+        for i, model in enumerate(models):
             vals = [next((r['median_ms'] for r in rows if r['model'] == model
                           and r['block'] == block and r['batch'] == b), np.nan)
                     for b in ('uniform', 'skewed')]
-            width = 0.8 / len(MODELS)
-            ax.bar(xs + (i - (len(MODELS) - 1) / 2) * width, vals, width=width, label=model)
+            width = 0.8 / len(models)
+            ax.bar(xs + (i - (len(models) - 1) / 2) * width, vals, width=width, label=model)
         ax.set_xticks(xs, ['uniform', 'skewed'])
         ax.set_yscale('log')
         ax.set_ylabel('forward+backward, median ms')
         ax.set_title('PMA only' if block == 'pma' else 'one SAB encoder + PMA')
-        ax.legend()
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

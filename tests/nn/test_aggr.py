@@ -231,6 +231,35 @@ def test_repr_reset_and_documented_arguments():
         MZAggregation(4, checkpoint='block')
 
 
+def test_fold_keys_reaches_every_attention_and_changes_only_rounding():
+    # d = 64, one seed per set of 40 elements: the PMA folds its key map into the seed (see
+    # MZAttention._keys_folded); fold_keys=False keeps it on the keys, with the same values
+    # and gradients in float64
+    from torch_mz.nn.attention import MZAttention
+    sizes = [40, 25, 33]
+    index = make_index(sizes)
+    results = []
+    for fold in (True, False):
+        torch.manual_seed(0)
+        aggr = MZAggregation(64, value='rigid', num_generators=0, fold_keys=fold).double()
+        attns = [m for m in aggr.modules() if isinstance(m, MZAttention)]
+        assert attns and all(m.fold_keys is fold for m in attns)
+        assert ('fold_keys=False' in repr(aggr)) is (not fold)
+        assert ('fold_keys=False' in repr(attns[0])) is (not fold)
+        pma = aggr.pma.mab.attn
+        merged = []
+        original = type(pma)._keys_folded
+        pma._keys_folded = lambda *a, **k: merged.append(original(pma, *a, **k)) or merged[-1]
+        torch.manual_seed(1)
+        x = torch.randn(index.numel(), 64, dtype=torch.float64, requires_grad=True)
+        out = aggr(x, index, dim_size=len(sizes))
+        out.pow(2).sum().backward()
+        assert merged == [fold]
+        results.append([out, x.grad] + [p.grad for p in aggr.parameters()])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
 def test_no_rows_gives_zeros_for_every_set():
     aggr = _aggr()
     out = aggr(torch.zeros(0, F_IN, dtype=torch.float64), torch.zeros(0, dtype=torch.long),

@@ -378,6 +378,17 @@ def test_keys_are_not_folded_for_many_queries_before_values_or_under_dropout():
     # values otherwise mapped on the keys (after=False): twice the saving against the cost of
     # aggregating the raw rows too: 2 * 998 * 4096 > 8 * 1000 * 4 * (48 + 49)
     assert attn()._keys_folded(one_each, counts, 2, 1000, 2, 64, after=False)
+    # ... and every head's aggregating the raw generator columns c_g, (H - 1) P c_g more:
+    # n_g = 2 generators of width 64 still fold (8 * (388,000 + 384,000) < 8,175,616), eight
+    # do not (8 * (388,000 + 1,536,000) > 8,175,616); with values after, they cost nothing more
+    assert attn()._keys_folded(one_each, counts, 2, 1000, 2, 64, after=False, gen_columns=128)
+    assert not attn()._keys_folded(one_each, counts, 2, 1000, 2, 64, after=False,
+                                   gen_columns=512)
+    assert attn()._keys_folded(one_each, counts, 2, 1000, 2, 64, gen_columns=512)
+    # a pair count the caller gives is the one used (forward counts it once for both choices)
+    assert not attn()._keys_folded(one_each, counts, 2, 1000, 2, 64, pairs=10 ** 6)
+    assert not attn()._values_after(one_each, counts, 2, 1000, 2, pairs=10 ** 6)
+    assert attn()._values_after(one_each, counts, 2, 1000, 2, pairs=1000)
 
 
 def test_value_order_auto_picks_after_for_few_queries():

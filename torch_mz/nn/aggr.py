@@ -261,6 +261,11 @@ class MZAggregation(Aggregation):
             ``chunk_size='auto'`` are recomputed in training as with :obj:`'chunks'` (a graph's
             number of edges is not the user's to choose, and the memory of its messages is
             bounded this way).
+        fold_keys (bool): Let every attention fold its key map into its queries where a count
+            of multiply-adds says that is cheaper (the PMA's seeds at :math:`d = 64`; see
+            :class:`~torch_mz.nn.attention.MZAttention`). The same values and gradients up to
+            rounding; :obj:`False` keeps the key map on the keys, e.g. to compare the two
+            (``benchmarks/speed.py``'s ``-unfolded`` rows) (default: :obj:`True`).
 
     Shapes:
         - **input:** :math:`(N, F_{in})`, ``index`` :math:`(N,)` or ``ptr`` :math:`(B+1,)`
@@ -275,7 +280,7 @@ class MZAggregation(Aggregation):
                  num_decoder_blocks: int = 1, d_ff: Optional[int] = None, summary: str = 'mean',
                  dropout: float = 0.0, log_n: bool = False, readout: str = 'ihw',
                  path: str = 'auto', chunk_size: Union[int, str, None] = 'auto',
-                 checkpoint: Union[bool, str] = 'auto'):
+                 checkpoint: Union[bool, str] = 'auto', fold_keys: bool = True):
         super().__init__()
         if in_channels <= 0 or heads <= 0:
             raise ValueError(f"'in_channels' and 'heads' must be positive (got {in_channels} "
@@ -337,11 +342,13 @@ class MZAggregation(Aggregation):
         self.path = path
         self.chunk_size = chunk_size
         self.checkpoint = checkpoint
+        self.fold_keys = bool(fold_keys)
 
         block_kwargs: Dict[str, Any] = dict(
             heads=heads, num_generators=num_generators, d_ff=d_ff, value=value,
             num_matrix_generators=num_matrix_generators, rank=rank, summary=summary,
-            dropout=dropout, log_n=log_n, path=path, recompute=checkpoint == 'attention')
+            dropout=dropout, log_n=log_n, path=path, recompute=checkpoint == 'attention',
+            fold_keys=self.fold_keys)
         self.input_proj = InputProjection(in_channels, dim, num_generators)
         self.encoders = ModuleList([
             ISAB(dim, num_inducing=num_inducing, **block_kwargs)
@@ -513,4 +520,5 @@ class MZAggregation(Aggregation):
                 f'encoder={self.num_encoder_blocks}x{self.encoder}, '
                 f'decoder={self.num_decoder_blocks}, '
                 f'readout={self.readout}, summary={self.summary}, log_n={self.log_n}, '
-                f'chunk_size={self.chunk_size}, checkpoint={self.checkpoint})')
+                f'chunk_size={self.chunk_size}, checkpoint={self.checkpoint}'
+                f'{"" if getattr(self, "fold_keys", True) else ", fold_keys=False"})')

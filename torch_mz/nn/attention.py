@@ -29,6 +29,22 @@ VALUE_ORDERS = ('auto', 'before', 'after')
 FOLD_MARGIN = 8
 
 
+def _pair_count(query_set: Tensor, counts_k: Tensor, num_sets: int) -> int:
+    r"""The number of query-key pairs :math:`P = \sum_b n^q_b n^k_b` (a host sync)."""
+    return int((set_counts(query_set, num_sets) * counts_k).sum())
+
+
+def _raw_generator_columns(key_value: Union[Zonotope, MappedZonotope],
+                           affine_width: Optional[int]) -> int:
+    r"""The generator columns of one key that the values-after order aggregates raw: the
+    :math:`p` inputs of affine generators, else :math:`n_g` times the width of a generator row
+    (a mapped zonotope's hidden width)."""
+    if affine_width is not None:
+        return affine_width
+    gens = key_value.hidden if isinstance(key_value, MappedZonotope) else key_value.gens
+    return gens.size(1) * gens.size(2)
+
+
 class MZAttention(Module):
     r"""Multi-head attention from query zonotope tokens to the key/value zonotope tokens of the same
     set, with a context-adaptive value operator (Eq. 3 of the paper).
@@ -239,9 +255,14 @@ class MZAttention(Module):
         counts_k = set_counts(kv_set, num_sets)  # (B,)
         affine_width = (key_value.inputs.size(1) if isinstance(key_value, AffineZonotope)
                         and key_value.describes_gens() else None)
-        after = self._values_after(query_set, counts_k, Nq, Nk, num_sets, affine_width)
+        # the query-key pair count (one host sync), counted once for both decisions
+        pairs = (_pair_count(query_set, counts_k, num_sets)
+                 if Nq < Nk and (self.value_order == 'auto' or getattr(self, 'fold_keys', True))
+                 else None)
+        after = self._values_after(query_set, counts_k, Nq, Nk, num_sets, affine_width, pairs)
         merged = self._keys_folded(query_set, counts_k, Nq, Nk, num_sets,
-                                   key_value.center.size(-1), after)
+                                   key_value.center.size(-1), after, pairs,
+                                   _raw_generator_columns(key_value, affine_width))
         after = after or merged  # the folded keys take the raw tokens as values
         gamma = None
         if self.value == 'mz':
@@ -442,12 +463,17 @@ class MZAttention(Module):
         return ids
 
     def _keys_folded(self, query_set: Tensor, counts_k: Tensor, Nq: int, Nk: int,
-                     num_sets: int, key_width: int, after: bool = True) -> bool:
+                     num_sets: int, key_width: int, after: bool = True,
+                     pairs: Optional[int] = None, gen_columns: int = 0) -> bool:
         r"""Whether the key map joins the queries (:attr:`fold_keys`). For keys of width
         :math:`w` it saves the key map, :math:`(N_k - N_q) w d` multiply-adds net of the queries'
         map (twice that where the values would otherwise be mapped on the keys, :obj:`after`
         false), and costs wider scores, :math:`P H (w - d_k)` for :math:`P` query-key pairs
-        (plus :math:`P H (1 + w - d_k)` for values aggregated raw instead of per head). The
+        (:obj:`pairs`, counted here where not given), plus, where :obj:`after` is false, the
+        values aggregated raw by every head instead of per head: :math:`P H (1 + w - d_k)` for
+        the centers and :math:`P (H - 1) c_g` for the :math:`c_g` raw generator columns
+        (:obj:`gen_columns`, e.g. :math:`n_g d`; the per-head values hold :math:`c_g / H` of
+        them on average). The
         scores run as many small per-set products, slower per multiply-add than the one large
         product of the key map, so the saving must exceed :data:`FOLD_MARGIN` times the cost
         (measured: the PMA of 64 sets of 128 elements at d = 64 folds, the neighbourhoods of
@@ -455,16 +481,19 @@ class MZAttention(Module):
         if (not getattr(self, 'fold_keys', True) or self.value_order == 'before' or Nq >= Nk
                 or Nq == 0 or (self.training and self.dropout > 0) or _hooked(self.lin_k)):
             return False  # (a hooked key map runs as a layer: its hooks see its input)
-        pairs = int((set_counts(query_set, num_sets) * counts_k).sum())
+        if pairs is None:
+            pairs = _pair_count(query_set, counts_k, num_sets)
         if pairs == 0:
             return False
         d, H, dk, w = self.dim, self.heads, self.head_dim, key_width
         saved = (Nk - Nq) * w * d * (1 if after else 2)
-        cost = pairs * H * (w - dk) + (0 if after else pairs * H * (1 + w - dk))
+        cost = pairs * H * (w - dk) + (
+            0 if after else pairs * H * (1 + w - dk) + pairs * (H - 1) * gen_columns)
         return saved > FOLD_MARGIN * cost
 
     def _values_after(self, query_set: Tensor, counts_k: Tensor, Nq: int, Nk: int,
-                      num_sets: int, affine_width: Optional[int] = None) -> bool:
+                      num_sets: int, affine_width: Optional[int] = None,
+                      pairs: Optional[int] = None) -> bool:
         r"""Whether to apply the value map after the aggregation. Before: the map costs
         :math:`N_k (1 + n_g) d^2` and the aggregation :math:`P (1 + n_g) d` for :math:`P` query-key
         pairs; after: :math:`N_q (1 + n_g) d^2` and :math:`P H (1 + n_g) d`. Both are exact; with
@@ -474,14 +503,16 @@ class MZAttention(Module):
         affine in :obj:`affine_width` :math:`= p` input columns
         (:class:`~torch_mz.nn.zonotope.AffineZonotope`), 'after' aggregates those instead:
         :math:`N_q d^2 + P H (1 + d + p) + N_q n_g d p` (in blocks with fewer queries than keys
-        only, as for the formed generators)."""
+        only, as for the formed generators). :obj:`pairs` is :math:`P` where the caller has
+        counted it."""
         if self.value_order != 'auto':
             return self.value_order == 'after'
         if Nq >= Nk or self.num_generators == 0:
             # without generators the value map is one fast matrix product on the keys, and the
             # per-head values keep the fused attention kernel: measured faster either way
             return False
-        pairs = int((set_counts(query_set, num_sets) * counts_k).sum())
+        if pairs is None:
+            pairs = _pair_count(query_set, counts_k, num_sets)
         if affine_width is not None:
             # generators affine in p inputs (AffineZonotope): after, the p input columns are
             # aggregated per head and mapped per generator on the queries
@@ -551,4 +582,5 @@ class MZAttention(Module):
             extra = f', summary={self.summary}'
         return (f'{self.__class__.__name__}({self.dim}, heads={self.heads}, '
                 f'num_generators={self.num_generators}, value={self.value}{extra}, '
-                f'dropout={self.dropout}, log_n={self.log_n})')
+                f'dropout={self.dropout}, log_n={self.log_n}'
+                f'{"" if getattr(self, "fold_keys", True) else ", fold_keys=False"})')

@@ -171,6 +171,9 @@ class MAB(Module):
         path (str): Attention kernel (default: :obj:`'auto'`).
         recompute (bool): Recompute the attention's projections and kernel in the backward
             pass (see :class:`~torch_mz.nn.attention.MZAttention`) (default: :obj:`False`).
+        fold_keys (bool): Let the attention fold its key map into the queries where that is
+            cheaper (see :class:`~torch_mz.nn.attention.MZAttention`; the same values up to
+            rounding) (default: :obj:`True`).
 
     Shapes:
         - **input:** queries :math:`(N_q, d), (N_q, n_g, d)`; keys/values
@@ -180,7 +183,7 @@ class MAB(Module):
     def __init__(self, dim: int, heads: int = 4, num_generators: int = 8, d_ff: int = 128,
                  value: str = 'mz', num_matrix_generators: int = 4, rank: int = 8,
                  summary: str = 'mean', dropout: float = 0.0, log_n: bool = False,
-                 path: str = 'auto', recompute: bool = False):
+                 path: str = 'auto', recompute: bool = False, fold_keys: bool = True):
         super().__init__()
         if d_ff <= 0:
             raise ValueError(f"'d_ff' must be positive (got {d_ff})")
@@ -188,7 +191,8 @@ class MAB(Module):
         self.d_ff = d_ff
         self.dropout = dropout
         self.attn = MZAttention(dim, heads, num_generators, value, num_matrix_generators, rank,
-                                summary, dropout, log_n, path, recompute=recompute)
+                                summary, dropout, log_n, path, recompute=recompute,
+                                fold_keys=fold_keys)
         self.norm1 = LayerNorm(dim)
         self.norm2 = LayerNorm(dim)
         self.ffn = FeedForward(dim, d_ff)
