@@ -48,6 +48,10 @@ are taken between medians of the same run. Aggregations:
   width, 131,072 edges at d = 16 and 32,768 at d = 64, each keeping only its input rows and run
   again in the backward pass; ``--chunk-rows`` sets another group size; before 2026-12-03 the
   groups were 131,072 edges at every width), on the same graphs as ``default-ckpt``,
+* ``rigid-unfolded`` and ``default-unfolded``: ``rigid`` and ``default`` with
+  ``fold_keys=False`` (the key map kept on the keys in every block; by default the PMA folds it
+  into its seed at d = 64, see :class:`~torch_mz.nn.attention.MZAttention`), for the ratio of
+  the two forms on the same graphs,
 * ``mz-ng8``: ``MZAggregation(d, num_generators=8, num_matrix_generators=4)``: the paper's
   generator budget in the same structure,
 * ``paper``: ``MZAggregation(d, preset='paper')``: the paper's MZ-Set Transformer body (two
@@ -71,7 +75,7 @@ from torch_mz.study import (MeasurementFailed, environment, in_fresh_process, ma
 
 AGGRS = ('pyg', 'pyg-flat', 'rigid', 'rigid-ckpt-attn', 'rigid-chunks', 'default', 'default-eager',
          'default-fused', 'default-ckpt', 'default-ckpt-attn', 'default-chunks', 'default-whole',
-         'mz-ng8', 'paper')
+         'mz-ng8', 'paper', 'rigid-unfolded', 'default-unfolded')
 CKPT_AGGRS = ('default-ckpt', 'default-ckpt-attn', 'rigid-ckpt-attn', 'default-chunks',
               'rigid-chunks', 'default-whole')
 CONVS = ('sage', 'graph')
@@ -125,6 +129,10 @@ def build_aggr(name: str, d: int, group_rows: Optional[int] = None):
     if name == 'rigid-chunks':
         return MZAggregation(d, value='rigid', num_generators=0, chunk_size=group_rows,
                              checkpoint='chunks')
+    if name == 'rigid-unfolded':
+        return MZAggregation(d, value='rigid', num_generators=0, fold_keys=False)
+    if name == 'default-unfolded':
+        return MZAggregation(d, fold_keys=False)
     if name == 'mz-ng8':
         return MZAggregation(d, num_generators=8, num_matrix_generators=4)
     if name == 'paper':
@@ -311,6 +319,10 @@ def main():
                      'paper'):
             if aggr in by and 'rigid' in by:
                 entry[f'{aggr}/rigid time'] = by[aggr]['median_ms'] / by['rigid']['median_ms']
+        for aggr in ('rigid', 'default'):  # the folded key maps against the unfolded ones
+            if aggr in by and f'{aggr}-unfolded' in by:
+                entry[f'{aggr}/{aggr}-unfolded time'] = (by[aggr]['median_ms']
+                                                         / by[f'{aggr}-unfolded']['median_ms'])
         ratios.append(entry)
     slopes = []
     for degrees in args.degrees.split(','):
@@ -335,7 +347,8 @@ def main():
                   'default-ckpt-attn/rigid time', 'default-chunks/rigid time',
                   'default-whole/rigid time',
                   'mz-ng8/rigid time',
-                  'paper/rigid time']
+                  'paper/rigid time', 'rigid/rigid-unfolded time',
+                  'default/default-unfolded time']
     markdown = ('# MZAggregation in message passing against PyG\'s SetTransformerAggregation\n\n'
                 f"Command: `{env['command']}`  \n"
                 f"torch {env['torch']}, torch_geometric {env['torch_geometric']}, "

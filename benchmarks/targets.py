@@ -25,6 +25,12 @@ The targets (issue 10, "What to build", item 2):
 * ``speed.py``: ``rigid`` at <= 1.0x PyG's time on the uniform batches (SAB and PMA), >= 10x
   faster on the skewed SAB batch.
 
+Companion rows (not targets of the issue) put some of these beside what bounds them: PyG's own
+blocks on the flat layout (``pyg-flat``), ``rigid`` in recomputed groups, and the inference
+FLOP ratio of ``mz`` to ``rigid``, the time ratio both would have at the same FLOP rate (fixed
+by the paper's architecture: more than half of ``mz``'s inference products are the generator
+feed-forward on every generator row).
+
 Run: ``python benchmarks/targets.py`` (writes ``benchmarks/results/targets/targets.{json,md,png}``).
 """
 import argparse
@@ -52,6 +58,7 @@ SOURCES = {
     'message_passing_chunks_1e4': 'message_passing_chunks_1e4/message_passing.json',
     'message_passing_auto_1e5': 'message_passing_auto_1e5/message_passing.json',
     'message_passing_kernels': 'message_passing_kernels/message_passing.json',
+    'message_passing_fold': 'message_passing_fold/message_passing.json',
     'speed': 'speed/speed.json',
     'speed_rerun': 'speed_rerun/speed.json',
     'speed_fold': 'speed_fold/speed.json',
@@ -61,6 +68,7 @@ SOURCES = {
     'training_step_rounds': 'training_step_rounds/training_step.json',
     'training_step_large_batch': 'training_step_large_batch/training_step.json',
     'training_step_thp': 'training_step_thp/training_step.json',
+    'training_step_fold': 'training_step_fold/training_step.json',
     'scaling_sets_of_1': 'scaling/scaling_default_sets_of_1.json',
     'scaling_mz': 'scaling/scaling_mz.json',
 }
@@ -78,7 +86,7 @@ MESSAGE_PASSING = ('message_passing', 'message_passing_small', 'message_passing_
                    'message_passing_chunks_keep', 'message_passing_flat',
                    'message_passing_flat_1e5', 'message_passing_flat_power_law',
                    'message_passing_chunks_1e4', 'message_passing_auto_1e5',
-                   'message_passing_kernels')
+                   'message_passing_kernels', 'message_passing_fold')
 #: ``MZAggregation(chunk_size='auto')`` (the default) encodes inputs of more than two groups of
 #: ``AUTO_ELEMENTS // d`` rows in recomputed groups of that many rows
 #: (``torch_mz.nn.aggr.AUTO_CHUNK_ELEMENTS`` and ``auto_chunk_rows``; a test checks they agree).
@@ -157,7 +165,8 @@ def _mp_as(rows: Sequence[Mapping[str, Any]], name: str,
 
 SPEED = ('speed', 'speed_rerun', 'speed_fold')  # speed.py's runs (speed_fold: folded key map)
 TRAINING_STEP = ('training_step', 'training_step_small_sets', 'training_step_egnn',
-                 'training_step_rounds', 'training_step_large_batch', 'training_step_thp')
+                 'training_step_rounds', 'training_step_large_batch', 'training_step_thp',
+                 'training_step_fold')
 GB = 1e9 / 2**20  # MiB in one (decimal) gigabyte
 LINEAR_SLOPE = 1.1
 PRESETS = ('rigid', 'st-large', 'mz-slim', 'mz', 'egnn')
@@ -295,6 +304,11 @@ TARGETS: Sequence[Tuple[str, str, float, str, Callable[[Mapping], Iterator[Measu
      lambda d: _step_pairs(d, 'step_s')),
     ('inference', 'inference: `mz` / `rigid` time', 3.0, 'max',
      lambda d: _step_pairs(d, 'infer_s')),
+    # its floor: the ratio of the two presets' inference FLOPs (matrix products), which the
+    # time ratio reaches where both run at the same FLOP rate; below it only if `mz` ran its
+    # products faster than `rigid` does
+    ('inference-flops', 'inference: `mz` / `rigid` FLOPs (the time ratio at equal FLOP rates)',
+     3.0, 'max', lambda d: _step_pairs(d, 'infer_gflop')),
     ('mz-peak-fraction', 'training step: `mz` minus `rigid` fraction of the matmul peak', 0.0,
      'min', lambda d: _step_pairs(d, 'pct_of_peak', ratio=False)),
     ('preset-peak', 'training step: fraction of the measured matmul peak (%), every preset',

@@ -222,7 +222,8 @@ def test_message_passing_aggregations_build_and_agree(monkeypatch):
         torch.manual_seed(0)
         aggr = mp.build_aggr(name, 16)
         base = name.split('-')[0]
-        if base in plain and name.endswith(('-ckpt', '-ckpt-attn', '-chunks', '-whole')):
+        if base in plain and name.endswith(('-ckpt', '-ckpt-attn', '-chunks', '-whole',
+                                            '-unfolded')):
             aggr.load_state_dict(plain[base].state_dict())
             grads = []
             for module in (aggr, plain[base]):  # values and input gradients (recomputed groups)
@@ -237,6 +238,8 @@ def test_message_passing_aggregations_build_and_agree(monkeypatch):
                                        plain['pyg'](x, index, dim_size=4))
         plain.setdefault(base, aggr)
         assert aggr(x, index, dim_size=4).shape == (4, 16)
+    assert not mp.build_aggr('rigid-unfolded', 16).fold_keys
+    assert mp.build_aggr('rigid', 16).fold_keys
     # --chunk-rows: the group size of the *-chunks rows, read when the aggregation is built
     assert mp.build_aggr('rigid-chunks', 16, 3).chunk_size == 3
     assert mp.build_aggr('default-chunks', 16).chunk_size == 4  # auto_chunk_rows(16), patched
