@@ -27,7 +27,11 @@ def keep_freed_memory(max_block_bytes: int = MAX_BLOCK_BYTES,
     large intermediate tensor costs one page fault per 4 KiB page and the kernel's zeroing of
     each page, on every allocation. The MZ generator rows are such tensors: :math:`(N, n_g, d)`
     is 64 MiB for 32 clouds of 1,024 points at :math:`d = 64`, :math:`n_g = 8`, and one ``mz``
-    training step took 3.6 million page faults (14 GB of fresh pages) in one measurement. With
+    training step took 3.6 million page faults (14 GB of fresh pages) in one measurement. A
+    fault's cost depends on the host: on the 2-core sandbox this project is measured on, one
+    permuting copy of a 72 MiB tensor in the ``mz`` training step's backward pass took 304 ms
+    with 18,432 faults (16 us each) and 10-14 ms into reused memory, and the same copy into
+    fresh memory in an otherwise idle process 44-55 ms (a throwaway probe, 2026-12-03). With
     the memory kept, a freed block is reused without faults. Measured with ``python
     benchmarks/training_step.py`` (one thread, the ``+keep`` rows of
     ``benchmarks/results/training_step/training_step.md``): the ``mz`` training step
