@@ -59,6 +59,8 @@ SOURCES = {
     'message_passing_auto_1e5': 'message_passing_auto_1e5/message_passing.json',
     'message_passing_kernels': 'message_passing_kernels/message_passing.json',
     'message_passing_fold': 'message_passing_fold/message_passing.json',
+    'message_passing_fold_power_law': 'message_passing_fold_power_law/message_passing.json',
+    'message_passing_fold_1e5': 'message_passing_fold_1e5/message_passing.json',
     'speed': 'speed/speed.json',
     'speed_rerun': 'speed_rerun/speed.json',
     'speed_fold': 'speed_fold/speed.json',
@@ -86,7 +88,19 @@ MESSAGE_PASSING = ('message_passing', 'message_passing_small', 'message_passing_
                    'message_passing_chunks_keep', 'message_passing_flat',
                    'message_passing_flat_1e5', 'message_passing_flat_power_law',
                    'message_passing_chunks_1e4', 'message_passing_auto_1e5',
-                   'message_passing_kernels', 'message_passing_fold')
+                   'message_passing_kernels', 'message_passing_fold',
+                   'message_passing_fold_power_law', 'message_passing_fold_1e5')
+#: Message-passing files measured after the PMA's key map joined its seed
+#: (``MZAttention(fold_keys=True)``, 2026-12-03). At d = 64 the default configurations fold it
+#: (at d = 16 they do not), so ``rigid`` and ``default`` rows at d = 64 in the other files
+#: measured another computation: they are listed, not counted (the ``-chunks`` rows too where
+#: they stand for them; the recomputed-group companions still count those as themselves).
+FOLDED_MP = ('message_passing_fold', 'message_passing_fold_power_law',
+             'message_passing_fold_1e5')
+FOLD_MIN_DIM = 64
+_UNFOLDED_MP = ("measured before the PMA's key map joined its seed (`fold_keys=True`, "
+                "2026-12-03), which the default configurations do at d = 64; this graph's "
+                "current configuration is in `message_passing_fold*` where measured again")
 #: ``MZAggregation(chunk_size='auto')`` (the default) encodes inputs of more than two groups of
 #: ``AUTO_ELEMENTS // d`` rows in recomputed groups of that many rows
 #: (``torch_mz.nn.aggr.AUTO_CHUNK_ELEMENTS`` and ``auto_chunk_rows``; a test checks they agree).
@@ -132,23 +146,40 @@ def _stale_reason(r: Mapping[str, Any]) -> str:
     return _BY_WIDTH.format(then=then, now=now)
 
 
+def _mp_unfolded(label: Optional[str], name: str, dim: int) -> bool:
+    r"""Whether :obj:`label`'s rows of :obj:`name` (``rigid`` or ``default``) at width
+    :obj:`dim` were measured before the fold (see :data:`FOLDED_MP`)."""
+    return (label is not None and label not in FOLDED_MP and name in ('rigid', 'default')
+            and dim >= FOLD_MIN_DIM)
+
+
 def superseded(data: Mapping[str, Mapping]) -> Dict[Tuple[str, str], str]:
     r"""Every row listed and not counted: :data:`SUPERSEDED` and the stale message-passing
     rows."""
     out = dict(SUPERSEDED)
     for label in MESSAGE_PASSING:
         for r in data.get(label, {}).get('rows', []):
+            where = (f"{r['aggr']}, {r['degrees']}, d={r['dim']}, {r['nodes']} nodes, "
+                     f"{r['conv']}")
             if _mp_stale(r):
-                out[(label, f"{r['aggr']}, {r['degrees']}, d={r['dim']}, {r['nodes']} nodes, "
-                     f"{r['conv']}")] = _stale_reason(r)
+                out[(label, where)] = _stale_reason(r)
+            elif _mp_unfolded(label, r['aggr'], r['dim']):
+                out[(label, where)] = _UNFOLDED_MP
+            elif (r['aggr'] in ('rigid-chunks', 'default-chunks')
+                  and _mp_unfolded(label, r['aggr'][:-len('-chunks')], r['dim'])):
+                out[(label, where)] = _UNFOLDED_MP + (' (not counted as `rigid` or the default; '
+                                                      'the recomputed-group companions count it)')
     return out
 
 
 def _mp_as(rows: Sequence[Mapping[str, Any]], name: str,
-           graph: Mapping[str, Any]) -> Optional[Mapping[str, Any]]:
+           graph: Mapping[str, Any], label: Optional[str] = None) -> Optional[Mapping[str, Any]]:
     r"""The row measuring :obj:`name` (``pyg``, ``rigid`` or ``default``) on :obj:`graph`: the
     row of that name unless stale, else, on a graph the default chunks, its ``-chunks`` row
-    (the same configuration, measured under its own name before ``'auto'``)."""
+    (the same configuration, measured under its own name before ``'auto'``); none from a file
+    (:obj:`label`) measured before the fold at this width."""
+    if _mp_unfolded(label, name, graph['dim']):
+        return None
     same = [r for r in rows if all(r.get(k) == graph[k]
                                    for k in ('degrees', 'dim', 'nodes', 'conv'))]
     for r in same:
@@ -190,7 +221,7 @@ def _mp_pairs(data: Mapping[str, Mapping], mine: str, other: str, key: str,
     for label in MESSAGE_PASSING:
         rows = [r for r in data.get(label, {}).get('rows', []) if 'error' not in r]
         for graph in _mp_graphs(rows, degrees):
-            a, b = _mp_as(rows, mine, graph), _mp_as(rows, other, graph)
+            a, b = _mp_as(rows, mine, graph, label), _mp_as(rows, other, graph, label)
             if a is None or b is None or not a.get(key) or not b.get(key):
                 continue
             where = f"{graph['degrees']}, d={graph['dim']}, {graph['nodes']} nodes, " \
@@ -211,7 +242,7 @@ def _mp_memory_1e5(data: Mapping[str, Mapping]) -> Iterator[Measurement]:
     for label in MESSAGE_PASSING:
         rows = [r for r in data.get(label, {}).get('rows', []) if 'error' not in r]
         for graph in _mp_graphs(rows, 'poisson'):
-            r = _mp_as(rows, 'default', graph) if graph['nodes'] >= 100000 else None
+            r = _mp_as(rows, 'default', graph, label) if graph['nodes'] >= 100000 else None
             if r is not None and r.get('peak_mib') is not None:
                 yield (label, f"d={r['dim']}, {r['nodes']} nodes, {r['edges']} edges, "
                        f"{r['conv']}, {r['aggr']} (MiB)", float(r['peak_mib']))

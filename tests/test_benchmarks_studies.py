@@ -212,9 +212,18 @@ def test_message_passing_aggregations_build_and_agree(monkeypatch):
     and ``pyg-flat`` PyG's."""
     import torch
     import torch_mz.nn.aggr as aggr_module
+    import torch_mz.nn.attention as attention
     mp = load_script('message_passing')
     # the *-chunks rows take the groups of chunk_size='auto' at their width: 4 rows at d = 16
     monkeypatch.setattr(aggr_module, 'AUTO_CHUNK_ELEMENTS', 4 * 16)
+    # the PMA folds its key map at this size with a margin of 1 (so that the -unfolded rows
+    # compare two computations here), and the -unfolded rows never fold
+    monkeypatch.setattr(attention, 'FOLD_MARGIN', 1)
+    folded = []
+    decide = attention.MZAttention._keys_folded
+    monkeypatch.setattr(attention.MZAttention, '_keys_folded',
+                        lambda self, *a, **k: folded.append(
+                            (self.fold_keys, decide(self, *a, **k))) or folded[-1][1])
     x = torch.randn(12, 16, generator=torch.Generator().manual_seed(0))
     index = torch.tensor([0] * 5 + [1] * 2 + [3] * 5)
     plain = {}
@@ -238,7 +247,10 @@ def test_message_passing_aggregations_build_and_agree(monkeypatch):
                                        plain['pyg'](x, index, dim_size=4))
         plain.setdefault(base, aggr)
         assert aggr(x, index, dim_size=4).shape == (4, 16)
+    assert (True, True) in folded  # the folded forms folded somewhere
+    assert not any(merged for fold_keys, merged in folded if not fold_keys)
     assert not mp.build_aggr('rigid-unfolded', 16).fold_keys
+    assert not mp.build_aggr('default-unfolded', 16).fold_keys
     assert mp.build_aggr('rigid', 16).fold_keys
     # --chunk-rows: the group size of the *-chunks rows, read when the aggregation is built
     assert mp.build_aggr('rigid-chunks', 16, 3).chunk_size == 3

@@ -49,6 +49,8 @@ def by_key(records):
 def test_statuses_and_thresholds(monkeypatch):
     targets = load_script('targets')
     monkeypatch.setattr(targets, 'SUPERSEDED', {('training_step', 'egnn'): 'measured again'})
+    # these files stand for runs after the fold (test_rows_measured_before_the_fold_... below)
+    monkeypatch.setattr(targets, 'FOLDED_MP', ('message_passing', 'message_passing_small'))
     data = {'message_passing': mp_file(0.9, 0.6, 2.0, 0.95, 3000.0),
             'message_passing_small': mp_file(1.1, 0.4, 3.5, 1.2, 5000.0),
             'training_step': step_file(1.0, 3.0, (30.0, 45.0)),
@@ -99,6 +101,36 @@ def test_statuses_and_thresholds(monkeypatch):
     assert r['speed-sab-uniform']['status'] == 'met'
     assert r['speed-sab-skewed']['status'] == 'not met'  # 8x < 10x
     assert r['speed-pma-uniform']['status'] == 'not measured'
+
+
+def test_rows_measured_before_the_fold_are_left_out():
+    # at d = 64 the default configurations fold the PMA's key map: `rigid` and `default` rows
+    # at d = 64 from files measured before it are listed and not counted (d = 16 rows are);
+    # a -chunks row there is not read as them, but its companion target still counts it
+    targets = load_script('targets')
+
+    def row(aggr, dim, ms, mib=1.0, nodes=1000):
+        return dict(aggr=aggr, degrees='poisson', dim=dim, nodes=nodes, edges=10 * nodes,
+                    conv='sage', median_ms=ms, peak_mib=mib, chunk_rows=0)
+    old = [row('pyg', 16, 10.0), row('rigid', 16, 5.0), row('pyg', 64, 10.0),
+           row('rigid', 64, 2.0), row('default', 64, 4.0),
+           row('pyg', 64, 10.0, nodes=10000), dict(row('rigid-chunks', 64, 3.0, nodes=10000),
+                                                   chunk_rows=32768)]
+    new = [row('pyg', 64, 10.0), row('rigid', 64, 8.0), row('default', 64, 20.0)]
+    data = {'message_passing': dict(rows=old), 'message_passing_fold': dict(rows=new)}
+    r = by_key(targets.evaluate(data))
+    assert sorted(m['value'] for m in r['mp-time']['measurements']) == pytest.approx([0.5, 0.8])
+    assert [m['source'] for m in r['mp-default']['measurements']] == ['message_passing_fold']
+    assert [m['value'] for m in r['mp-default']['measurements']] == pytest.approx([2.5])
+    assert [m['value'] for m in r['mp-time-chunks']['measurements']] == pytest.approx([0.3])
+    left_out = targets.superseded(data)
+    for name in ('rigid', 'default'):
+        assert left_out[('message_passing', f'{name}, poisson, d=64, 1000 nodes, sage')] \
+            == targets._UNFOLDED_MP
+    assert 'companions count it' in left_out[
+        ('message_passing', 'rigid-chunks, poisson, d=64, 10000 nodes, sage')]
+    assert not any(label == 'message_passing_fold' for label, _ in left_out)
+    assert ('message_passing', 'rigid, poisson, d=16, 1000 nodes, sage') not in left_out
 
 
 def test_committed_results(tmp_path):

@@ -378,17 +378,65 @@ def test_keys_are_not_folded_for_many_queries_before_values_or_under_dropout():
     # values otherwise mapped on the keys (after=False): twice the saving against the cost of
     # aggregating the raw rows too: 2 * 998 * 4096 > 8 * 1000 * 4 * (48 + 49)
     assert attn()._keys_folded(one_each, counts, 2, 1000, 2, 64, after=False)
-    # ... and every head's aggregating the raw generator columns c_g, (H - 1) P c_g more:
-    # n_g = 2 generators of width 64 still fold (8 * (388,000 + 384,000) < 8,175,616), eight
-    # do not (8 * (388,000 + 1,536,000) > 8,175,616); with values after, they cost nothing more
-    assert attn()._keys_folded(one_each, counts, 2, 1000, 2, 64, after=False, gen_columns=128)
+    # ... and the generator channel's change of order, (before, after) multiply-adds: a
+    # dearer after order counts as cost (3,104,000 + 10^6 > 8,175,616 / 8), a cheaper one as
+    # saved (a block that would not fold otherwise: 16 queries per set, 16,000 pairs); with
+    # values after already, nothing changes order
     assert not attn()._keys_folded(one_each, counts, 2, 1000, 2, 64, after=False,
-                                   gen_columns=512)
-    assert attn()._keys_folded(one_each, counts, 2, 1000, 2, 64, gen_columns=512)
+                                   gen_costs=(0, 10 ** 6))
+    assert not attn()._keys_folded(sixteen, counts, 32, 1000, 2, 64, after=False)
+    assert attn()._keys_folded(sixteen, counts, 32, 1000, 2, 64, after=False,
+                               gen_costs=(10 ** 9, 0))
+    assert attn()._keys_folded(one_each, counts, 2, 1000, 2, 64, gen_costs=(0, 10 ** 9))
     # a pair count the caller gives is the one used (forward counts it once for both choices)
     assert not attn()._keys_folded(one_each, counts, 2, 1000, 2, 64, pairs=10 ** 6)
     assert not attn()._values_after(one_each, counts, 2, 1000, 2, pairs=10 ** 6)
     assert attn()._values_after(one_each, counts, 2, 1000, 2, pairs=1000)
+
+
+def test_generator_order_costs_count_both_orders():
+    from torch_mz.nn.attention import _generator_order_costs
+    from torch_mz.nn.zonotope import AffineZonotope, MappedZonotope
+    Nq, Nk, P, H, d = 2, 1000, 1000, 4, 64
+    z = Zonotope(torch.zeros(Nk, d), torch.zeros(Nk, 2, d))
+    # before: 1000 * 2 * 64 * 64 + 1000 * 2 * 64; after: 1000 * 4 * 128 + 2 * 2 * 64 * 64
+    assert _generator_order_costs(z, None, Nq, Nk, P, H, d) == (8_320_000, 528_384)
+    mapped = MappedZonotope(torch.zeros(Nk, d), torch.zeros(Nk, 2, 32), torch.zeros(d, 32))
+    assert _generator_order_costs(mapped, None, Nq, Nk, P, H, d) == (
+        1000 * 2 * 32 * 64 + 1000 * 2 * 64, 1000 * 4 * 64 + 2 * 2 * 32 * 64)
+    affine = AffineZonotope(torch.zeros(Nk, d), torch.zeros(Nk, 2, d), torch.zeros(Nk, 3),
+                            torch.zeros(2, d, 3), None)
+    assert _generator_order_costs(affine, 3, Nq, Nk, P, H, d) == (
+        8_320_000, 1000 * 4 * 3 + 2 * 2 * 64 * 3)
+    assert _generator_order_costs(Zonotope(torch.zeros(Nk, d), torch.zeros(Nk, 0, d)), None,
+                                  Nq, Nk, P, H, d) == (0, 0)
+
+
+@pytest.mark.parametrize('case', ['folds', 'unfolded', 'before', 'many-queries'])
+def test_forward_counts_pairs_once_and_only_where_needed(case, monkeypatch):
+    # the query-key pair count is a host sync: one per call where an order choice needs it,
+    # none where neither can use it
+    import torch_mz.nn.attention as attention
+    calls = []
+    counting = attention._pair_count
+    monkeypatch.setattr(attention, '_pair_count', lambda *a: calls.append(1) or counting(*a))
+    sizes = [12, 3, 20]
+    kv_set, query_set = make_index(sizes), make_index([1, 1, 1])
+    kwargs = dict(value='rigid', num_generators=0)
+    if case == 'unfolded':
+        kwargs['fold_keys'] = False
+    elif case == 'before':
+        kwargs['value_order'] = 'before'
+    attn = MZAttention(D, heads=H, **kwargs).double()
+    if case == 'many-queries':
+        query_set = kv_set
+    attn(_tokens(query_set.numel(), 1, ng=0), _tokens(kv_set.numel(), 2, ng=0), query_set,
+         kv_set, 3)
+    assert len(calls) == (1 if case == 'folds' else 0)
+    mz = _attn('mz')  # generators: the value order needs the count too, still once
+    calls.clear()
+    mz(_tokens(3, 1), _tokens(kv_set.numel(), 2), make_index([1, 1, 1]), kv_set, 3)
+    assert len(calls) == 1
 
 
 def test_value_order_auto_picks_after_for_few_queries():

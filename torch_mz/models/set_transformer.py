@@ -46,8 +46,9 @@ class MZSetTransformer(SetModel):
             ``num_generators``, ``value``, ``num_matrix_generators``, ``rank``,
             ``num_inducing``, ``num_seeds``, ``num_encoder_blocks``, ``encoder``,
             ``num_decoder_blocks``, ``d_ff``, ``summary``, ``dropout``, ``log_n``, ``readout``,
-            ``path``, ``chunk_size``, ``checkpoint``, ``fold_keys``). ``checkpoint`` defaults to :obj:`False`
-            here, not to the aggregation's :obj:`'auto'`: a training batch is encoded at once
+            ``path``, ``chunk_size``, ``checkpoint``, ``fold_keys``). ``checkpoint`` defaults
+            to :obj:`False` here, not to the aggregation's :obj:`'auto'`: a training batch is
+            encoded at once
             (the batch size is the memory knob), and ``chunk_size='auto'`` groups large inputs
             in inference only. On 128 clouds of 1,024 points (131,072 rows, kept memory, one
             thread; above the automatic

@@ -8,7 +8,7 @@ from torch import Tensor
 from torch.nn import Linear, ModuleList
 from torch_geometric.nn.aggr import Aggregation
 
-from torch_mz.nn.attention import SUMMARIES, VALUE_OPERATORS
+from torch_mz.nn.attention import SUMMARIES, VALUE_OPERATORS, MZAttention
 from torch_mz.nn.blocks import ISAB, PMA, SAB
 from torch_mz.nn.functional import (PATHS, _functorch_active, check_choice, repeat_per_set,
                                     set_counts)
@@ -265,7 +265,9 @@ class MZAggregation(Aggregation):
             of multiply-adds says that is cheaper (the PMA's seeds at :math:`d = 64`; see
             :class:`~torch_mz.nn.attention.MZAttention`). The same values and gradients up to
             rounding; :obj:`False` keeps the key map on the keys, e.g. to compare the two
-            (``benchmarks/speed.py``'s ``-unfolded`` rows) (default: :obj:`True`).
+            (the ``-unfolded`` rows of ``benchmarks/message_passing.py`` and
+            ``benchmarks/speed.py``); the attribute of that name reads and sets it for every
+            attention after construction too (default: :obj:`True`).
 
     Shapes:
         - **input:** :math:`(N, F_{in})`, ``index`` :math:`(N,)` or ``ptr`` :math:`(B+1,)`
@@ -342,13 +344,12 @@ class MZAggregation(Aggregation):
         self.path = path
         self.chunk_size = chunk_size
         self.checkpoint = checkpoint
-        self.fold_keys = bool(fold_keys)
 
         block_kwargs: Dict[str, Any] = dict(
             heads=heads, num_generators=num_generators, d_ff=d_ff, value=value,
             num_matrix_generators=num_matrix_generators, rank=rank, summary=summary,
             dropout=dropout, log_n=log_n, path=path, recompute=checkpoint == 'attention',
-            fold_keys=self.fold_keys)
+            fold_keys=bool(fold_keys))
         self.input_proj = InputProjection(in_channels, dim, num_generators)
         self.encoders = ModuleList([
             ISAB(dim, num_inducing=num_inducing, **block_kwargs)
@@ -512,6 +513,19 @@ class MZAggregation(Aggregation):
         set_id, num_sets = self.validate(x, index, ptr, dim_size)
         return self.pool(x, set_id, num_sets)[0]
 
+    @property
+    def fold_keys(self) -> bool:
+        r"""Whether the attentions may fold their key maps into their queries (all of them;
+        setting it sets every attention's :attr:`~torch_mz.nn.attention.MZAttention.fold_keys`)."""
+        return all(getattr(m, 'fold_keys', True) for m in self.modules()
+                   if isinstance(m, MZAttention))
+
+    @fold_keys.setter
+    def fold_keys(self, value: bool) -> None:
+        for m in self.modules():
+            if isinstance(m, MZAttention):
+                m.fold_keys = bool(value)
+
     def __repr__(self) -> str:
         return (f'{self.__class__.__name__}({self.in_channels}, {self.out_channels}, '
                 f'preset={self.preset}, dim={self.dim}, heads={self.heads}, value={self.value}, '
@@ -521,4 +535,4 @@ class MZAggregation(Aggregation):
                 f'decoder={self.num_decoder_blocks}, '
                 f'readout={self.readout}, summary={self.summary}, log_n={self.log_n}, '
                 f'chunk_size={self.chunk_size}, checkpoint={self.checkpoint}'
-                f'{"" if getattr(self, "fold_keys", True) else ", fold_keys=False"})')
+                f'{"" if self.fold_keys else ", fold_keys=False"})')

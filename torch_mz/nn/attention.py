@@ -34,15 +34,26 @@ def _pair_count(query_set: Tensor, counts_k: Tensor, num_sets: int) -> int:
     return int((set_counts(query_set, num_sets) * counts_k).sum())
 
 
-def _raw_generator_columns(key_value: Union[Zonotope, MappedZonotope],
-                           affine_width: Optional[int]) -> int:
-    r"""The generator columns of one key that the values-after order aggregates raw: the
-    :math:`p` inputs of affine generators, else :math:`n_g` times the width of a generator row
-    (a mapped zonotope's hidden width)."""
-    if affine_width is not None:
-        return affine_width
-    gens = key_value.hidden if isinstance(key_value, MappedZonotope) else key_value.gens
-    return gens.size(1) * gens.size(2)
+def _generator_order_costs(key_value: Union[Zonotope, MappedZonotope],
+                           affine_width: Optional[int], Nq: int, Nk: int, pairs: int,
+                           heads: int, dim: int) -> Tuple[int, int]:
+    r"""Multiply-adds of the generator channel in the two value orders, ``(before, after)``:
+    before, the value map on every key's :math:`n_g` generator rows of width :math:`w_g`
+    (:math:`d`, or a mapped zonotope's hidden width :math:`h`) and the per-head aggregation of
+    the mapped rows, :math:`N_k n_g w_g d + P n_g d`; after, every head aggregates the
+    :math:`c_g` raw columns (:math:`n_g w_g`, or the :math:`p` inputs of affine generators)
+    and the map acts on the queries, :math:`P H c_g + N_q n_g w_g d` (affine:
+    :math:`N_q n_g d p`)."""
+    ng = key_value.num_generators
+    if ng == 0:
+        return 0, 0
+    if affine_width is not None:  # the formed (N_k, n_g, d) rows, or the p inputs
+        w_g, raw, after_map = dim, affine_width, Nq * ng * dim * affine_width
+    else:
+        gens = key_value.hidden if isinstance(key_value, MappedZonotope) else key_value.gens
+        w_g = gens.size(2)
+        raw, after_map = ng * w_g, Nq * ng * w_g * dim
+    return Nk * ng * w_g * dim + pairs * ng * dim, pairs * heads * raw + after_map
 
 
 class MZAttention(Module):
@@ -255,14 +266,16 @@ class MZAttention(Module):
         counts_k = set_counts(kv_set, num_sets)  # (B,)
         affine_width = (key_value.inputs.size(1) if isinstance(key_value, AffineZonotope)
                         and key_value.describes_gens() else None)
-        # the query-key pair count (one host sync), counted once for both decisions
+        # the query-key pair count (one host sync), taken once where either order choice
+        # needs it
         pairs = (_pair_count(query_set, counts_k, num_sets)
-                 if Nq < Nk and (self.value_order == 'auto' or getattr(self, 'fold_keys', True))
-                 else None)
+                 if Nq < Nk and ((self.value_order == 'auto' and self.num_generators > 0)
+                                 or self._may_fold(Nq, Nk)) else None)
         after = self._values_after(query_set, counts_k, Nq, Nk, num_sets, affine_width, pairs)
-        merged = self._keys_folded(query_set, counts_k, Nq, Nk, num_sets,
-                                   key_value.center.size(-1), after, pairs,
-                                   _raw_generator_columns(key_value, affine_width))
+        merged = (self._may_fold(Nq, Nk) and self._keys_folded(
+            query_set, counts_k, Nq, Nk, num_sets, key_value.center.size(-1), after, pairs,
+            None if after else _generator_order_costs(key_value, affine_width, Nq, Nk, pairs,
+                                                      self.heads, self.dim)))
         after = after or merged  # the folded keys take the raw tokens as values
         gamma = None
         if self.value == 'mz':
@@ -462,33 +475,47 @@ class MZAttention(Module):
             self._per_head_ids = (query_set, ids)
         return ids
 
+    def _may_fold(self, Nq: int, Nk: int) -> bool:
+        r"""Whether the key map may join the queries at all (:attr:`fold_keys` on, fewer queries
+        than keys and at least one, values not fixed before the aggregation, no active
+        attention dropout, whose draws would be laid out differently, and no hooks on
+        :obj:`lin_k`, whose hooks must see its input)."""
+        return (getattr(self, 'fold_keys', True) and self.value_order != 'before'
+                and 0 < Nq < Nk and not (self.training and self.dropout > 0)
+                and not _hooked(self.lin_k))
+
     def _keys_folded(self, query_set: Tensor, counts_k: Tensor, Nq: int, Nk: int,
                      num_sets: int, key_width: int, after: bool = True,
-                     pairs: Optional[int] = None, gen_columns: int = 0) -> bool:
-        r"""Whether the key map joins the queries (:attr:`fold_keys`). For keys of width
-        :math:`w` it saves the key map, :math:`(N_k - N_q) w d` multiply-adds net of the queries'
-        map (twice that where the values would otherwise be mapped on the keys, :obj:`after`
-        false), and costs wider scores, :math:`P H (w - d_k)` for :math:`P` query-key pairs
-        (:obj:`pairs`, counted here where not given), plus, where :obj:`after` is false, the
-        values aggregated raw by every head instead of per head: :math:`P H (1 + w - d_k)` for
-        the centers and :math:`P (H - 1) c_g` for the :math:`c_g` raw generator columns
-        (:obj:`gen_columns`, e.g. :math:`n_g d`; the per-head values hold :math:`c_g / H` of
-        them on average). The
-        scores run as many small per-set products, slower per multiply-add than the one large
-        product of the key map, so the saving must exceed :data:`FOLD_MARGIN` times the cost
-        (measured: the PMA of 64 sets of 128 elements at d = 64 folds, the neighbourhoods of
-        message passing at d = 16 do not)."""
-        if (not getattr(self, 'fold_keys', True) or self.value_order == 'before' or Nq >= Nk
-                or Nq == 0 or (self.training and self.dropout > 0) or _hooked(self.lin_k)):
-            return False  # (a hooked key map runs as a layer: its hooks see its input)
+                     pairs: Optional[int] = None,
+                     gen_costs: Optional[Tuple[int, int]] = None) -> bool:
+        r"""Whether the key map joins the queries (:attr:`fold_keys`; see :meth:`_may_fold`).
+        For keys of width :math:`w` it saves the key map, :math:`(N_k - N_q) w d`
+        multiply-adds net of the queries' map (twice that where the values would otherwise be
+        mapped on the keys, :obj:`after` false), and costs wider scores, :math:`P H (w - d_k)`
+        for :math:`P` query-key pairs (:obj:`pairs`, counted here where not given), plus, where
+        :obj:`after` is false, the center values aggregated raw by every head instead of per
+        head, :math:`P H (1 + w - d_k)`, and the generator channel's change of order:
+        :obj:`gen_costs` = (before, after) from :func:`_generator_order_costs` (where the
+        after order is cheaper the difference counts as saved, otherwise as cost; none given:
+        no generators). The scores run as many small per-set products, slower per multiply-add
+        than the one large product of the key map, so the saving must exceed
+        :data:`FOLD_MARGIN` times the cost (measured: the PMA of 64 sets of 128 elements at
+        d = 64 folds, the neighbourhoods of message passing at d = 16 do not)."""
+        if not self._may_fold(Nq, Nk):
+            return False
         if pairs is None:
             pairs = _pair_count(query_set, counts_k, num_sets)
         if pairs == 0:
             return False
         d, H, dk, w = self.dim, self.heads, self.head_dim, key_width
         saved = (Nk - Nq) * w * d * (1 if after else 2)
-        cost = pairs * H * (w - dk) + (
-            0 if after else pairs * H * (1 + w - dk) + pairs * (H - 1) * gen_columns)
+        cost = pairs * H * (w - dk) + (0 if after else pairs * H * (1 + w - dk))
+        if not after and gen_costs is not None:
+            g_before, g_after = gen_costs
+            if g_after > g_before:
+                cost += g_after - g_before
+            else:
+                saved += g_before - g_after
         return saved > FOLD_MARGIN * cost
 
     def _values_after(self, query_set: Tensor, counts_k: Tensor, Nq: int, Nk: int,
