@@ -64,6 +64,7 @@ SOURCES = {
     'speed': 'speed/speed.json',
     'speed_rerun': 'speed_rerun/speed.json',
     'speed_fold': 'speed_fold/speed.json',
+    'speed_fold_rerun': 'speed_fold_rerun/speed.json',
     'training_step': 'training_step/training_step.json',
     'training_step_small_sets': 'training_step_small_sets/training_step.json',
     'training_step_egnn': 'training_step_egnn/training_step.json',
@@ -194,7 +195,8 @@ def _mp_as(rows: Sequence[Mapping[str, Any]], name: str,
     return None
 
 
-SPEED = ('speed', 'speed_rerun', 'speed_fold')  # speed.py's runs (speed_fold: folded key map)
+# speed.py's runs (speed_fold and speed_fold_rerun: after the key map joined the PMA's seed)
+SPEED = ('speed', 'speed_rerun', 'speed_fold', 'speed_fold_rerun')
 TRAINING_STEP = ('training_step', 'training_step_small_sets', 'training_step_egnn',
                  'training_step_rounds', 'training_step_large_batch', 'training_step_thp',
                  'training_step_fold')
@@ -335,7 +337,7 @@ TARGETS: Sequence[Tuple[str, str, float, str, Callable[[Mapping], Iterator[Measu
      lambda d: _step_pairs(d, 'step_s')),
     ('inference', 'inference: `mz` / `rigid` time', 3.0, 'max',
      lambda d: _step_pairs(d, 'infer_s')),
-    # its floor: the ratio of the two presets' inference FLOPs (matrix products), which the
+    # beside it: the ratio of the two presets' inference FLOPs (matrix products), which the
     # time ratio reaches where both run at the same FLOP rate; below it only if `mz` ran its
     # products faster than `rigid` does
     ('inference-flops', 'inference: `mz` / `rigid` FLOPs (the time ratio at equal FLOP rates)',
