@@ -347,8 +347,10 @@ class MZAttention(Module):
             w_key = self.lin_k.weight.to(q.dtype)  # (d, w_c)
             if c_weight is not None:
                 w_key = w_key @ c_weight.to(q.dtype)
-            q = torch.einsum('nhe,hew->nhw', q, w_key.view(H, dk, -1)).reshape(
-                Nq * H, 1, w_key.size(-1))  # (Nq H, 1, w_c): query i, head h at row i H + h
+            # per head (H, Nq, dk) @ (H, dk, w_c), then query-major: query i, head h at row
+            # i H + h of (Nq H, 1, w_c)
+            q = torch.matmul(q.transpose(0, 1), w_key.view(H, dk, -1)).transpose(0, 1).reshape(
+                Nq * H, 1, w_key.size(-1))
             k = rows.to(q.dtype).unsqueeze(1)  # (Nk, 1, w_c)
         elif c_weight is None:
             k = self.lin_k(rows).view(Nk, H, dk)  # (Nk, H, dk)
@@ -368,7 +370,8 @@ class MZAttention(Module):
             # generators H W^T given by their hidden rows H (Nk, ng, h): W joins the map,
             # (M_c W_V) (W h) = (M_c W_V W) h, a product on the weights
             gens_kv = key_value.hidden.to(q.dtype)  # (Nk, ng, h)
-            gens_map = torch.matmul(gen_map, key_value.weight.to(q.dtype))  # (H, dk, h)
+            gens_map = (torch.matmul(gen_map, key_value.weight.to(q.dtype)) if ng > 0
+                        else gen_map)  # (H, dk, h); unused without generators
         else:
             gens_kv = key_value.gens.to(q.dtype)  # (Nk, ng, d)
             gens_map = gen_map
@@ -381,10 +384,10 @@ class MZAttention(Module):
         fold = self.value in ('rigid', 'film')
         center_map = gen_map if fold else w_v  # (H, dk, d)
         if fold and bias_v is not None:
-            bias_v = torch.einsum('hed,hd->he', weight, bias_v)  # (H, dk)
+            bias_v = (weight * bias_v.unsqueeze(1)).sum(-1)  # (H, dk): W b_V per head
         if c_weight is not None:  # mapped centers: the center map joins the value map too
             if c_bias is not None:
-                b_c = torch.einsum('hed,d->he', center_map, c_bias.to(q.dtype))  # (H, dk)
+                b_c = torch.matmul(center_map, c_bias.to(q.dtype))  # (H, dk)
                 bias_v = b_c if bias_v is None else bias_v + b_c
             center_map = torch.matmul(center_map, c_weight)  # (H, dk, h_c)
         w_c = rows.size(-1)  # d, or h_c
@@ -412,7 +415,9 @@ class MZAttention(Module):
             agg_c = outs[0]
             g_raw = outs[1] if len(outs) > 1 else agg_c.new_zeros(Nq, H, 0)
             mass, c_raw = agg_c.split([1, w_c], dim=-1)  # (Nq, H, 1), (Nq, H, d)
-            c_hat = torch.einsum('nhd,hed->nhe', c_raw, center_map)  # (Nq, H, dk)
+            # per head (H, Nq, w) @ (H, w, dk), as a view in query order (Nq, H, dk)
+            c_hat = torch.matmul(c_raw.transpose(0, 1),
+                                 center_map.transpose(1, 2)).transpose(0, 1)
             if bias_v is not None:
                 c_hat = c_hat + mass * bias_v
             if isinstance(key_value, AffineZonotope) and affine:
@@ -424,6 +429,8 @@ class MZAttention(Module):
                     b_map = torch.einsum('hed,gd->hge', gens_map,
                                          key_value.gen_bias.to(q.dtype))  # (H, ng, dk)
                     g_agg = g_agg + mass.unsqueeze(-1) * b_map
+            elif ng == 0:  # nothing to map
+                g_agg = c_hat.new_zeros(Nq, H, 0, dk)
             else:
                 g_agg = torch.einsum('nhgd,hed->nhge', g_raw.reshape(Nq, H, ng, w_g),
                                      gens_map)  # (Nq, H, ng, dk)
