@@ -272,10 +272,12 @@ class MZAttention(Module):
                  if Nq < Nk and ((self.value_order == 'auto' and self.num_generators > 0)
                                  or self._may_fold(Nq, Nk)) else None)
         after = self._values_after(query_set, counts_k, Nq, Nk, num_sets, affine_width, pairs)
-        merged = (self._may_fold(Nq, Nk) and self._keys_folded(
-            query_set, counts_k, Nq, Nk, num_sets, key_value.center.size(-1), after, pairs,
-            None if after else _generator_order_costs(key_value, affine_width, Nq, Nk, pairs,
-                                                      self.heads, self.dim)))
+        merged = False
+        if pairs is not None and self._may_fold(Nq, Nk):  # (pairs is counted where it may)
+            merged = self._keys_folded(
+                query_set, counts_k, Nq, Nk, num_sets, key_value.center.size(-1), after, pairs,
+                None if after else _generator_order_costs(key_value, affine_width, Nq, Nk,
+                                                          pairs, self.heads, self.dim))
         after = after or merged  # the folded keys take the raw tokens as values
         gamma = None
         if self.value == 'mz':
