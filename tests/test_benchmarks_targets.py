@@ -117,17 +117,23 @@ def test_rows_measured_before_the_fold_are_left_out():
            row('pyg', 64, 10.0, nodes=10000), dict(row('rigid-chunks', 64, 3.0, nodes=10000),
                                                    chunk_rows=32768)]
     new = [row('pyg', 64, 10.0), row('rigid', 64, 8.0), row('default', 64, 20.0)]
-    data = {'message_passing': dict(rows=old), 'message_passing_fold': dict(rows=new)}
+    slopes = [dict(aggr='rigid', degrees='poisson', dim=d, memory_slope=v)
+              for d, v in ((16, 0.9), (64, 0.95))]
+    data = {'message_passing': dict(rows=old, slopes=slopes),
+            'message_passing_fold': dict(rows=new, slopes=[dict(
+                aggr='default', degrees='poisson', dim=64, memory_slope=1.05)])}
     r = by_key(targets.evaluate(data))
     assert sorted(m['value'] for m in r['mp-time']['measurements']) == pytest.approx([0.5, 0.8])
     assert [m['source'] for m in r['mp-default']['measurements']] == ['message_passing_fold']
     assert [m['value'] for m in r['mp-default']['measurements']] == pytest.approx([2.5])
     assert [m['value'] for m in r['mp-time-chunks']['measurements']] == pytest.approx([0.3])
+    # memory slopes: d = 16 of the old file and the fold file's, not the old one at d = 64
+    assert [m['value'] for m in r['mp-linear']['measurements']] == pytest.approx([0.9, 1.05])
     left_out = targets.superseded(data)
     for name in ('rigid', 'default'):
         assert left_out[('message_passing', f'{name}, poisson, d=64, 1000 nodes, sage')] \
             == targets._UNFOLDED_MP
-    assert 'companions count it' in left_out[
+    assert 'companion rows' in left_out[
         ('message_passing', 'rigid-chunks, poisson, d=64, 10000 nodes, sage')]
     assert not any(label == 'message_passing_fold' for label, _ in left_out)
     assert ('message_passing', 'rigid, poisson, d=16, 1000 nodes, sage') not in left_out

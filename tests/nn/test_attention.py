@@ -489,3 +489,46 @@ def test_affine_generators_equal_the_formed_ones(value, path, bias):
                        + [q.grad for q in attn.parameters()])
     for x, y in zip(*results):
         torch.testing.assert_close(x, y, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize('value', ['rigid', 'film', 'hypernet'])
+def test_mapped_keys_without_generators_of_another_hidden_width(value):
+    # n_g = 0 with mapped keys whose (empty) generator rows have a hidden width h != d: every
+    # value order gives the same values (the generator map, of width h, is never needed)
+    from torch_mz.nn.zonotope import MappedZonotope
+    h, hc = 12, 5
+    kv_set, query_set = make_index([4, 3]), make_index([2, 2])
+    g = torch.Generator().manual_seed(0)
+    kv = MappedZonotope(torch.randn(7, hc, generator=g, dtype=torch.float64),
+                        torch.zeros(7, 0, h, dtype=torch.float64),
+                        torch.randn(D, h, generator=g, dtype=torch.float64),
+                        torch.randn(D, hc, generator=g, dtype=torch.float64),
+                        torch.randn(D, generator=g, dtype=torch.float64))
+    outs = []
+    for order in ('auto', 'before', 'after'):
+        attn = MZAttention(D, heads=H, num_generators=0, value=value, value_order=order)
+        _randomise(attn, 1)
+        out = attn.double()(_tokens(4, 2, ng=0), kv, query_set, kv_set, 2)
+        assert out.gens.shape == (4, 0, D)
+        outs.append(out.center)
+    for other in outs[1:]:
+        torch.testing.assert_close(other, outs[0], rtol=1e-10, atol=1e-10)
+
+
+def test_folded_mapped_keys_take_the_queries_precision(monkeypatch):
+    # float64 queries with float32 mapped-center weights: the folded key map casts them as
+    # the unfolded one does
+    import torch_mz.nn.attention as attention
+    from torch_mz.nn.zonotope import MappedZonotope
+    monkeypatch.setattr(attention, 'FOLD_MARGIN', 0)
+    kv_set, query_set = make_index([6, 5]), make_index([1, 1])
+    g = torch.Generator().manual_seed(0)
+    kv = MappedZonotope(torch.randn(11, D, generator=g, dtype=torch.float64),
+                        torch.zeros(11, 0, D, dtype=torch.float64), torch.eye(D),
+                        torch.randn(D, D, generator=g), torch.randn(D, generator=g))
+    outs = []
+    for fold in (True, False):
+        attn = MZAttention(D, heads=H, num_generators=0, value='rigid', fold_keys=fold).double()
+        _randomise(attn, 1)
+        outs.append(attn(_tokens(2, 2, ng=0), kv, query_set, kv_set, 2).center)
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-6, atol=1e-6)

@@ -340,6 +340,8 @@ class MZAttention(Module):
             q = q * torch.log(n)[query_set].view(Nq, 1, 1)
         if isinstance(key_value, MappedZonotope):
             rows, c_weight, c_bias = key_value.center_rows()
+            if c_weight is not None:  # in the queries' precision (the folded keys meet it)
+                c_weight = c_weight.to(q.dtype)
         else:
             rows, c_weight, c_bias = key_value.center, None, None
         if merged:
@@ -440,6 +442,11 @@ class MZAttention(Module):
             vc = F.linear(rows.to(q.dtype), center_map.reshape(d, w_c),
                           None if bias_v is None else bias_v.reshape(d)).view(
                               Nk, H, dk)  # (Nk, H, dk)
+            if ng == 0:  # no generators to map ('mz' needs them, so no mixing term either)
+                c_hat = grouped_attention(q, k, vc, query_set, kv_set, num_sets,
+                                          dropout=self.dropout, training=self.training,
+                                          path=self.path)  # (Nq, H, dk)
+                return c_hat, c_hat.new_empty(Nq, H, 0, dk)
             vg = torch.einsum('ngd,hed->nhge', gens_kv, gens_map)  # (Nk, H, ng, dk)
             if gamma is not None:
                 # The mixing term W_mix stack_l[gamma_l M_l c_hat_i] is linear in c_hat_i =
@@ -451,11 +458,6 @@ class MZAttention(Module):
                 vg = vg + torch.bmm(coef, mv).view(Nk, ng, H, dk).transpose(1, 2)
                 # c_hat itself is then needed no more: M_c joins the center values too
                 vc = torch.einsum('nhd,hed->nhe', vc, weight)  # (Nk, H, dk), M_c v_j
-            if ng == 0:
-                c_hat = grouped_attention(q, k, vc, query_set, kv_set, num_sets,
-                                          dropout=self.dropout, training=self.training,
-                                          path=self.path)  # (Nq, H, dk)
-                return c_hat, c_hat.new_empty(Nq, H, 0, dk)
             values = torch.cat([vc, vg.reshape(Nk, H, ng * dk)], dim=-1)  # (Nk, H, (1+ng) dk)
             # returned in the token layout (Nq, 1 + ng, H, dk): the copy into query order also
             # interleaves the heads, so the generators need no second, transposing copy
