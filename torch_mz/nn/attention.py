@@ -340,7 +340,7 @@ class MZAttention(Module):
             q = q * torch.log(n)[query_set].view(Nq, 1, 1)
         if isinstance(key_value, MappedZonotope):
             rows, c_weight, c_bias = key_value.center_rows()
-            if c_weight is not None:  # in the queries' precision (the folded keys meet it)
+            if c_weight is not None:  # in the queries' precision, for every map it joins
                 c_weight = c_weight.to(q.dtype)
         else:
             rows, c_weight, c_bias = key_value.center, None, None
@@ -350,7 +350,7 @@ class MZAttention(Module):
             # the same q^T W_K b_c to every score of a query, which the softmax ignores)
             w_key = self.lin_k.weight.to(q.dtype)  # (d, w_c)
             if c_weight is not None:
-                w_key = w_key @ c_weight.to(q.dtype)
+                w_key = w_key @ c_weight
             # per head (H, Nq, dk) @ (H, dk, w_c), then query-major: query i, head h at row
             # i H + h of (Nq H, 1, w_c)
             q = torch.matmul(q.transpose(0, 1), w_key.view(H, dk, -1)).transpose(0, 1).reshape(
@@ -361,7 +361,6 @@ class MZAttention(Module):
         else:
             # centers C W_c^T + b_c given by their hidden rows C (Nk, h_c): W_c joins the key
             # map, W_K (W_c h + b_c) = (W_K W_c) h + W_K b_c, and the value map below
-            c_weight = c_weight.to(q.dtype)
             w_k = self.lin_k.weight.to(q.dtype)
             k = F.linear(rows.to(q.dtype), w_k @ c_weight,
                          None if c_bias is None else w_k @ c_bias.to(q.dtype)).view(Nk, H, dk)
