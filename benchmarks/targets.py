@@ -29,7 +29,9 @@ Companion rows (not targets of the issue) put some of these beside what bounds t
 blocks on the flat layout (``pyg-flat``), ``rigid`` in recomputed groups, and the inference
 FLOP ratio of ``mz`` to ``rigid``, the time ratio both would have at the same FLOP rate (fixed
 by the paper's architecture: more than half of ``mz``'s inference products are the generator
-feed-forward on every generator row).
+feed-forward on every generator row), and PyG's FLOPs over ``rigid``'s on the skewed SAB batch,
+the speed-up both would have at the same FLOP rate (``rigid`` computes exactly the
+:math:`\sum_i n_i^2` scores of its sets; PyG pads every set to the largest).
 
 Run: ``python benchmarks/targets.py`` (writes ``benchmarks/results/targets/targets.{json,md,png}``).
 """
@@ -315,6 +317,19 @@ def _preset_peak(data: Mapping[str, Mapping]) -> Iterator[Measurement]:
                 yield label, r['model'], float(r['pct_of_peak'])
 
 
+def _speed_flops(data: Mapping[str, Mapping], block: str, batch: str,
+                 mine: str = 'rigid') -> Iterator[Measurement]:
+    r"""PyG's FLOPs over :obj:`mine`'s in one ``speed.py`` run: the speed-up both would have at
+    the same FLOP rate."""
+    for label in SPEED:
+        if (label, mine) in SUPERSEDED:
+            continue
+        by = {r['model']: r for r in data.get(label, {}).get('rows', [])
+              if r.get('block') == block and r.get('batch') == batch and r.get('gflop')}
+        if 'pyg' in by and mine in by:
+            yield label, f'{block}, {batch}', float(by['pyg']['gflop']) / float(by[mine]['gflop'])
+
+
 def _speed(data: Mapping[str, Mapping], block: str, batch: str, speedup: bool,
            mine: str = 'rigid') -> Iterator[Measurement]:
     for label, r in ((label, r) for label in SPEED
@@ -360,6 +375,12 @@ TARGETS: Sequence[Tuple[str, str, float, str, Callable[[Mapping], Iterator[Measu
      lambda d: _speed(d, 'pma', 'uniform', False)),
     ('speed-sab-skewed', '`speed.py`: PyG / `rigid` time (speed-up), one SAB, skewed batch',
      10.0, 'min', lambda d: _speed(d, 'sab', 'skewed', True)),
+    # beside it: PyG's FLOPs over `rigid`'s on that batch (PyG pads every set to the largest;
+    # `rigid` does the sum of n_i^2 score products, PyG's own blocks on the flat layout as
+    # many), the speed-up at equal FLOP rates: above it only if `rigid` ran its products faster
+    # than PyG runs its padded ones
+    ('speed-sab-skewed-flops', '`speed.py`: PyG / `rigid` FLOPs, one SAB, skewed batch (the '
+     'speed-up at equal FLOP rates)', 10.0, 'min', lambda d: _speed_flops(d, 'sab', 'skewed')),
     # companions of the targets above: PyG's own blocks on the flat layout
     # (FlatSetTransformerAggregation, `pyg-flat`), the same FLOPs as PyG's padded aggregation,
     # so that the flat layout's cost is seen apart from that of the paper's larger blocks

@@ -55,7 +55,12 @@ def test_statuses_and_thresholds(monkeypatch):
             'message_passing_small': mp_file(1.1, 0.4, 3.5, 1.2, 5000.0),
             'training_step': step_file(1.0, 3.0, (30.0, 45.0)),
             'speed': dict(ratios=[dict(block='sab', batch='uniform', **{'pyg/rigid time': 1.25}),
-                                  dict(block='sab', batch='skewed', **{'pyg/rigid time': 8.0})]),
+                                  dict(block='sab', batch='skewed', **{'pyg/rigid time': 8.0})],
+                          rows=[dict(model=m, block='sab', batch=b, gflop=g)
+                                for m, b, g in (('pyg', 'skewed', 24.0), ('rigid', 'skewed', 3.0),
+                                                ('mz', 'skewed', 15.0),
+                                                ('pyg', 'uniform', 2.0),
+                                                ('rigid', 'uniform', 2.0))]),
             'scaling_sets_of_1': dict(rows=[dict(points=10**3, sets=10**3, peak_mib=2.0),
                                             dict(points=10**5, sets=10**5, peak_mib=200.0)])}
     r = by_key(targets.evaluate(data))
@@ -100,6 +105,9 @@ def test_statuses_and_thresholds(monkeypatch):
     assert r['speed-sab-uniform']['measurements'][0]['value'] == pytest.approx(0.8)
     assert r['speed-sab-uniform']['status'] == 'met'
     assert r['speed-sab-skewed']['status'] == 'not met'  # 8x < 10x
+    # PyG's FLOPs over rigid's on the skewed batch only (not mz's, not the uniform batch)
+    assert [m['value'] for m in r['speed-sab-skewed-flops']['measurements']] == \
+        pytest.approx([8.0])
     assert r['speed-pma-uniform']['status'] == 'not measured'
 
 
