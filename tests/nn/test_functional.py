@@ -59,6 +59,44 @@ def test_many_buckets_match_reference(monkeypatch, merge):
     out = grouped_attention(q, k, v, query_set, kv_set, len(q_sizes), path='dense')
     torch.testing.assert_close(out, _reference(q, k, v, query_set, kv_set))
 
+def test_merged_buckets_bound_the_padded_rows():
+    r"""One query per set (a PMA's seed) and key sets of 1-21 rows, as in message passing on a
+    10^3-node graph: the launch allowance alone pads them all to the largest (2.1x the rows);
+    the row bound keeps every merged bucket within MERGE_ROWS_RATIO times its rows plus
+    MERGE_ROWS_OVERHEAD, and the attention stays exact."""
+    gen = torch.Generator().manual_seed(0)
+    k_sizes = (torch.poisson(torch.full((1000, ), 10.0), generator=gen).long().clamp(1, 21))
+    k_sizes[0] = 21
+    q_sizes = torch.ones_like(k_sizes)
+    keys = torch.stack([_bucket_size(q_sizes), _bucket_size(k_sizes)], dim=1)
+    sizes = torch.stack([q_sizes, k_sizes], dim=1)
+    buckets, bucket_of = functional._merge_buckets(keys, sizes, pair_cost=4 * (4 + 4))
+    rows = int(buckets[bucket_of, 1].sum())
+    assert buckets.size(0) > 1 and rows < 1.5 * int(k_sizes.sum())
+    # the same rule in every bucket: padded key rows against the rows of its size classes
+    rounded = torch.zeros(buckets.size(0), dtype=torch.long).index_add_(
+        0, bucket_of, _max_per_class(keys, k_sizes))
+    padded = torch.bincount(bucket_of) * buckets[:, 1]
+    assert bool((padded <= functional.MERGE_ROWS_RATIO * rounded
+                 + functional.MERGE_ROWS_OVERHEAD).all())
+    # without the row bound (the old rule) one bucket holds them all
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(functional, 'MERGE_ROWS_RATIO', float('inf'))
+        assert functional._merge_buckets(keys, sizes, pair_cost=4 * (4 + 4))[0].size(0) == 1
+    q, k, v, query_set, kv_set = _random_problem(q_sizes.tolist(), k_sizes.tolist(), seed=2)
+    out = grouped_attention(q, k, v, query_set, kv_set, len(k_sizes), path='dense')
+    torch.testing.assert_close(out, grouped_attention(q, k, v, query_set, kv_set, len(k_sizes),
+                                                      path='scatter'))
+
+
+def _max_per_class(keys: torch.Tensor, k_sizes: torch.Tensor) -> torch.Tensor:
+    r"""Each set's key rows as its size class counts them (the largest set of its class)."""
+    _, inverse = torch.unique(keys[:, 1], return_inverse=True)
+    top = torch.zeros(int(inverse.max()) + 1, dtype=torch.long).scatter_reduce_(
+        0, inverse, k_sizes, reduce='amax')
+    return top[inverse]
+
+
 
 @settings(max_examples=25, deadline=None)
 @given(sizes=st.lists(st.tuples(st.integers(0, 12), st.integers(0, 12)), min_size=1, max_size=6),

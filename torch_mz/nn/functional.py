@@ -131,6 +131,15 @@ def _bucket_size(n: Tensor) -> Tensor:
 # MERGE_OVERHEAD is about what one bucket's launches cost on a CPU core, in the same unit.
 MERGE_RATIO = 1.0
 MERGE_OVERHEAD = 400_000
+# ... and only while the merged bucket's padded query rows and key rows stay within
+# MERGE_ROWS_RATIO times the rows of the buckets merged, plus MERGE_ROWS_OVERHEAD rows. The
+# padded query, key and value buffers and their gradients are rows, not pairs: with one query per
+# set (a PMA with one seed) the work of a bucket is its key rows, and the launch allowance alone
+# let every neighbourhood of a 10^3-node graph (10^4 Poisson edges, degrees 1-21) be padded to
+# the largest, 2.1x the rows (the four PMA key / value buffers and gradients then held a third
+# of a `rigid` aggregation's peak).
+MERGE_ROWS_RATIO = 1.25
+MERGE_ROWS_OVERHEAD = 1024
 
 
 def _merge_buckets(keys: Tensor, sizes: Tensor, pair_cost: int = 1) -> Tuple[Tensor, Tensor]:
@@ -154,15 +163,19 @@ def _merge_buckets(keys: Tensor, sizes: Tensor, pair_cost: int = 1) -> Tuple[Ten
     group = [0] * U
     padded = []
     cur_q = cur_k = cur_n = 0
-    cur_sep = 0
+    cur_sep = cur_rq = cur_rk = 0  # separate work, query rows, key rows of the current bucket
     for i in order:
-        new_q, new_k = max(cur_q, mq[i]), max(cur_k, mk[i])
+        new_q, new_k, n = max(cur_q, mq[i]), max(cur_k, mk[i]), cur_n + cnt[i]
         sep = cur_sep + cnt[i] * mq[i] * mk[i]
-        if cur_n == 0 or (cur_n + cnt[i]) * new_q * new_k <= MERGE_RATIO * sep + overhead:
-            cur_q, cur_k, cur_n, cur_sep = new_q, new_k, cur_n + cnt[i], sep
+        rq, rk = cur_rq + cnt[i] * mq[i], cur_rk + cnt[i] * mk[i]
+        if cur_n == 0 or (n * new_q * new_k <= MERGE_RATIO * sep + overhead
+                          and n * new_q <= MERGE_ROWS_RATIO * rq + MERGE_ROWS_OVERHEAD
+                          and n * new_k <= MERGE_ROWS_RATIO * rk + MERGE_ROWS_OVERHEAD):
+            cur_q, cur_k, cur_n, cur_sep, cur_rq, cur_rk = new_q, new_k, n, sep, rq, rk
         else:
             padded.append((cur_q, cur_k))
-            cur_q, cur_k, cur_n, cur_sep = mq[i], mk[i], cnt[i], cnt[i] * mq[i] * mk[i]
+            cur_q, cur_k, cur_n = mq[i], mk[i], cnt[i]
+            cur_sep, cur_rq, cur_rk = cnt[i] * mq[i] * mk[i], cnt[i] * mq[i], cnt[i] * mk[i]
         group[i] = len(padded)
     padded.append((cur_q, cur_k))
     group_t = torch.tensor(group, dtype=torch.long, device=keys.device)
@@ -660,7 +673,8 @@ def _dense_layout(query_set: Tensor, kv_set: Tensor, num_sets: int,
     if (LAYOUT_CACHE_SIZE <= 0 or not _caching() or query_set.is_inference()
             or kv_set.is_inference()):
         return _compute_dense_layout(query_set, kv_set, num_sets, pair_cost)
-    key = (id(query_set), id(kv_set), num_sets, pair_cost, MERGE_RATIO, MERGE_OVERHEAD)
+    key = (id(query_set), id(kv_set), num_sets, pair_cost, MERGE_RATIO, MERGE_OVERHEAD,
+           MERGE_ROWS_RATIO, MERGE_ROWS_OVERHEAD)
     with _cache_lock:
         hit = _layout_cache.get(key)
     if (hit is not None and hit[0]() is query_set and hit[1]() is kv_set
