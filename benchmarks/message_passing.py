@@ -6,8 +6,12 @@ average in-degree 10, in-degrees Poisson or power law (``deg_i ~ 1 / rank_i``, s
 number of edges), ``edge_index`` sorted by destination (PyG's aggregation requires it). Each
 configuration runs in a fresh subprocess, which makes one untimed call (compiling, where the
 compiled kernels run), measures the peak memory of the next call (peak resident set above the
-state before it) and then the median time of ``--repeats`` calls. Ratios
-are taken between medians of the same run. Aggregations:
+state before it), then the median time of ``--repeats`` calls, then the tensor memory one more
+call holds at once (``alloc_mib``: PyTorch's CPU allocator total under the profiler,
+:func:`torch_mz.study.allocator_peak_bytes`; rows written before 2026-12-03 19:00 UTC lack it).
+The two memory figures differ where the C allocator reuses freed blocks or maps fresh pages for
+large ones: the resident set counts the pages touched, the allocator figure what the tensors
+hold. Ratios are taken between medians of the same run. Aggregations:
 
 * ``pyg``: ``SetTransformerAggregation(d, heads=4)`` (one SAB encoder block, PMA, one SAB decoder
   block; pads every neighbourhood to the largest in the batch),
@@ -72,6 +76,7 @@ import torch
 from torch_mz.runtime import keep_freed_memory
 from torch_mz.study import (MeasurementFailed, environment, in_fresh_process, markdown_table,
                             peak_memory_bytes, pyplot, time_call, try_plot, write_results)
+from torch_mz.study.measure import allocator_peak_bytes
 
 AGGRS = ('pyg', 'pyg-flat', 'rigid', 'rigid-ckpt-attn', 'rigid-chunks', 'default', 'default-eager',
          'default-fused', 'default-ckpt', 'default-ckpt-attn', 'default-chunks', 'default-whole',
@@ -167,6 +172,7 @@ def run_one(cfg: dict) -> dict:
     step()  # compiles where the compiled kernels run: not part of the peak memory or timings
     peak = peak_memory_bytes(step, device)
     times = time_call(step, repeats=cfg['repeats'], warmup=0, device=device)
+    alloc = allocator_peak_bytes(step, device)  # under the profiler: after the timings
     deg = torch.bincount(edge_index[1], minlength=cfg['nodes'])
     aggr = conv.aggr_module
     chunk_rows = None
@@ -175,7 +181,8 @@ def run_one(cfg: dict) -> dict:
     return dict(cfg, edges=int(edge_index.size(1)), max_degree=int(deg.max()),
                 chunk_rows=chunk_rows,
                 median_ms=1000 * float(np.median(times)), times_ms=[1000 * t for t in times],
-                peak_mib=None if peak is None else peak / 2**20)
+                peak_mib=None if peak is None else peak / 2**20,
+                alloc_mib=None if alloc is None else alloc / 2**20)
 
 
 def run_subprocess(cfg: dict, timeout: float) -> dict:
@@ -308,12 +315,16 @@ def main():
             entry['rigid/pyg time'] = by['rigid']['median_ms'] / by['pyg']['median_ms']
             if by['rigid'].get('peak_mib') and by['pyg'].get('peak_mib'):
                 entry['rigid/pyg memory'] = by['rigid']['peak_mib'] / by['pyg']['peak_mib']
+            if by['rigid'].get('alloc_mib') and by['pyg'].get('alloc_mib'):
+                entry['rigid/pyg allocated'] = by['rigid']['alloc_mib'] / by['pyg']['alloc_mib']
         for aggr in ('pyg-flat', 'rigid-ckpt-attn', 'rigid-chunks'):
             if aggr in by and 'pyg' in by:
                 mine, theirs = by[aggr], by['pyg']
                 entry[f'{aggr}/pyg time'] = mine['median_ms'] / theirs['median_ms']
                 if mine.get('peak_mib') and theirs.get('peak_mib'):
                     entry[f'{aggr}/pyg memory'] = mine['peak_mib'] / theirs['peak_mib']
+                if mine.get('alloc_mib') and theirs.get('alloc_mib'):
+                    entry[f'{aggr}/pyg allocated'] = mine['alloc_mib'] / theirs['alloc_mib']
         for aggr in ('default', 'default-eager', 'default-fused', 'default-ckpt',
                      'default-ckpt-attn', 'default-chunks', 'default-whole', 'mz-ng8',
                      'paper'):
@@ -337,9 +348,10 @@ def main():
     env = environment()
     minutes = (time.time() - start) / 60
     row_cols = ['degrees', 'dim', 'nodes', 'edges', 'max_degree', 'conv', 'aggr', 'median_ms',
-                'peak_mib', 'error']
+                'peak_mib', 'alloc_mib', 'error']
     ratio_cols = ['degrees', 'dim', 'nodes', 'conv', 'pyg-flat/pyg time', 'pyg-flat/pyg memory',
-                  'rigid/pyg time', 'rigid/pyg memory',
+                  'pyg-flat/pyg allocated', 'rigid/pyg time', 'rigid/pyg memory',
+                  'rigid/pyg allocated',
                   'rigid-ckpt-attn/pyg time', 'rigid-ckpt-attn/pyg memory',
                   'rigid-chunks/pyg time', 'rigid-chunks/pyg memory',
                   'default/rigid time', 'default-eager/rigid time', 'default-fused/rigid time',
@@ -359,7 +371,10 @@ def main():
                 f"convolution, median of "
                 f"{args.repeats} calls; peak memory = peak resident set of one call above the "
                 f"state before it, in a fresh process per row, after one untimed call (which "
-                f"compiles where the compiled kernels run).\n\n"
+                f"compiles where the compiled kernels run); allocated = the most tensor memory "
+                f"one more call holds at once (PyTorch's allocator total under the profiler; "
+                f"pages the C allocator reuses or maps fresh are in the first figure, not in "
+                f"this one).\n\n"
                 '## Ratios (medians of this run)\n\n'
                 + markdown_table(ratios, ratio_cols)
                 + '\n## Growth with the graph (slope of log time / log memory against '

@@ -31,7 +31,9 @@ FLOP ratio of ``mz`` to ``rigid``, the time ratio both would have at the same FL
 by the paper's architecture: more than half of ``mz``'s inference products are the generator
 feed-forward on every generator row), and PyG's FLOPs over ``rigid``'s on the skewed SAB batch,
 the speed-up both would have at the same FLOP rate (``rigid`` computes exactly the
-:math:`\sum_i n_i^2` scores of its sets; PyG pads every set to the largest).
+:math:`\sum_i n_i^2` scores of its sets; PyG pads every set to the largest), and the message-passing
+memory ratio read as the tensor memory held at once (the allocator's peak) where the runs record
+it, beside the resident-set ratio of the target.
 
 Run: ``python benchmarks/targets.py`` (writes ``benchmarks/results/targets/targets.{json,md,png}``).
 """
@@ -63,6 +65,7 @@ SOURCES = {
     'message_passing_fold': 'message_passing_fold/message_passing.json',
     'message_passing_fold_power_law': 'message_passing_fold_power_law/message_passing.json',
     'message_passing_fold_1e5': 'message_passing_fold_1e5/message_passing.json',
+    'message_passing_rows': 'message_passing_rows/message_passing.json',
     'speed': 'speed/speed.json',
     'speed_rerun': 'speed_rerun/speed.json',
     'speed_fold': 'speed_fold/speed.json',
@@ -92,7 +95,8 @@ MESSAGE_PASSING = ('message_passing', 'message_passing_small', 'message_passing_
                    'message_passing_flat_1e5', 'message_passing_flat_power_law',
                    'message_passing_chunks_1e4', 'message_passing_auto_1e5',
                    'message_passing_kernels', 'message_passing_fold',
-                   'message_passing_fold_power_law', 'message_passing_fold_1e5')
+                   'message_passing_fold_power_law', 'message_passing_fold_1e5',
+                   'message_passing_rows')
 #: Message-passing files measured after the PMA's key map joined its seed
 #: (``MZAttention(fold_keys=True)``, 2026-12-03). At d = 64 the default configurations fold it
 #: (at d = 16 they do not), so ``rigid`` and ``default`` rows at d = 64 in the other files
@@ -104,7 +108,7 @@ MESSAGE_PASSING = ('message_passing', 'message_passing_small', 'message_passing_
 #: ``rigid`` unfolded (5.99 instead of 5.48 GFLOP), which if anything lowers those ``mz`` /
 #: ``rigid`` inference ratios.
 FOLDED_MP = ('message_passing_fold', 'message_passing_fold_power_law',
-             'message_passing_fold_1e5')
+             'message_passing_fold_1e5', 'message_passing_rows')
 FOLD_MIN_DIM = 64
 _UNFOLDED_MP = ("measured before the PMA's key map joined its seed (`fold_keys=True`, "
                 "2026-12-03), which the default configurations do at d = 64; this graph's "
@@ -348,6 +352,13 @@ TARGETS: Sequence[Tuple[str, str, float, str, Callable[[Mapping], Iterator[Measu
      'min', _mp_speedup),
     ('mp-memory', 'message passing: `rigid` / PyG peak memory, Poisson degrees', 0.5, 'max',
      lambda d: _mp_pairs(d, 'rigid', 'pyg', 'peak_mib', 'poisson')),
+    # beside it: the same ratio of the tensor memory held at once (PyTorch's allocator total
+    # under the profiler, `alloc_mib`, in the runs that record it): the resident set above
+    # counts the pages a call touches, which favours many reused blocks over a few large
+    # freshly mapped ones
+    ('mp-memory-allocated', 'message passing: `rigid` / PyG tensor memory held at once '
+     "(allocator's peak), Poisson degrees", 0.5, 'max',
+     lambda d: _mp_pairs(d, 'rigid', 'pyg', 'alloc_mib', 'poisson')),
     ('mp-default', 'message passing: default `MZAggregation` / `rigid` time', 3.0, 'max',
      lambda d: _mp_pairs(d, 'default', 'rigid', 'median_ms')),
     ('mp-1e5-memory', 'message passing: default forward + backward peak on 10^5 nodes '

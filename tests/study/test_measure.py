@@ -5,9 +5,9 @@ import textwrap
 import pytest
 import torch
 
-from torch_mz.study.measure import (MeasurementFailed, count_flops, environment,
-                                    in_fresh_process, matmul_peak_flops, peak_memory_bytes,
-                                    skewed_sizes, uniform_sizes)
+from torch_mz.study.measure import (MeasurementFailed, allocator_peak_bytes, count_flops,
+                                    environment, in_fresh_process, matmul_peak_flops,
+                                    peak_memory_bytes, skewed_sizes, uniform_sizes)
 
 
 def test_set_size_generators():
@@ -99,6 +99,23 @@ def test_peak_memory_sees_a_large_temporary():
         t.add_(1)
     peak = peak_memory_bytes(allocate, torch.device('cpu'))
     assert peak is not None and peak >= 48 * 2**20
+
+def test_allocator_peak_counts_what_is_held_at_once():
+    r"""Two 8 MiB tensors held together, then a third after both are freed: 16 MiB at once,
+    whatever pages the C allocator maps; nothing held gives 0."""
+    def allocate():
+        a = torch.ones(2 * 2**20)  # 8 MiB
+        b = torch.ones(2 * 2**20)
+        a.add_(b)
+        del a, b
+        c = torch.ones(2 * 2**20)
+        c.add_(1)
+    peak = allocator_peak_bytes(allocate, torch.device('cpu'))
+    if peak is None:
+        pytest.skip("this torch's profiler reports no allocator totals")
+    assert 16 * 2**20 <= peak < 17 * 2**20
+    assert allocator_peak_bytes(lambda: None, torch.device('cpu')) == 0
+
 
 
 def test_peak_memory_is_none_where_it_cannot_be_read(monkeypatch):

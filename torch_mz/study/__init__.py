@@ -13,7 +13,8 @@ Library code: nothing here prints or parses a command line.
 """
 from torch_mz.study.budget import Budget, add_budget_arguments, choose_budget, study_config
 from torch_mz.study.grid import run_grid, train_models, train_one
-from torch_mz.study.measure import (MeasurementFailed, count_flops, environment,
+from torch_mz.study.measure import (MeasurementFailed, allocator_peak_bytes, count_flops,
+                                    environment,
                                     in_fresh_process, matmul_peak_flops, peak_memory_bytes,
                                     process_peak_rss_bytes,
                                     skewed_sizes, time_call, time_interleaved,
@@ -41,6 +42,7 @@ __all__ = [
     'in_fresh_process',
     'matmul_peak_flops',
     'peak_memory_bytes',
+    'allocator_peak_bytes',
     'skewed_sizes',
     'time_call',
     'time_interleaved',

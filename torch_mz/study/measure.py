@@ -18,6 +18,7 @@ import torch
 from torch_mz._optional import WITH_TORCH_SCATTER
 
 __all__ = ['skewed_sizes', 'uniform_sizes', 'time_call', 'time_interleaved', 'peak_memory_bytes',
+           'allocator_peak_bytes',
            'count_flops', 'matmul_peak_flops', 'MeasurementFailed', 'in_fresh_process',
            'environment']
 
@@ -145,6 +146,45 @@ def peak_memory_bytes(fn: Callable[[], None], device: torch.device) -> Optional[
     if before is None or peak is None:
         return None
     return int(peak - before) * 1024
+
+def allocator_peak_bytes(fn: Callable[[], None], device: torch.device) -> Optional[int]:
+    r"""The most tensor memory one call of :obj:`fn` holds at once above what was held before
+    it: CUDA's allocator peak on a GPU; on a CPU the peak of PyTorch's CPU allocator total as
+    the profiler's memory events report it (``profile_memory=True``; one call under the
+    profiler, so time it apart).
+
+    Where :func:`peak_memory_bytes` reads the pages the process touched (the resident set, what
+    the operating system has to give), this reads what the tensors hold, whichever pages the C
+    allocator puts them in: the two differ where freed blocks are reused or fresh pages are
+    mapped for large blocks (PyG's aggregation on a 10^3-node graph, 10^4 edges, d = 16:
+    20.7 MiB of tensors at once against 42 MiB of touched pages). Memory the kernels take
+    outside PyTorch's allocator (BLAS packing buffers) is not in it; a block allocated before
+    the call and freed during it (the previous step's gradients) is not subtracted, so the
+    figure can exceed the truth by that much. ``None`` where the profiler cannot say."""
+    if device.type == 'cuda':
+        return peak_memory_bytes(fn, device)
+    try:
+        from torch._C._profiler import _EventType
+        from torch.profiler import ProfilerActivity, profile
+        gc.collect()
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            fn()
+        events = []
+        stack = list(prof.profiler.kineto_results.experimental_event_tree())
+        while stack:
+            ev = stack.pop()
+            if ev.tag == _EventType.Allocation and ev.extra_fields.device.type == 'cpu':
+                events.append((ev.start_time_ns, ev.extra_fields.alloc_size,
+                               ev.extra_fields.total_allocated))
+            stack.extend(ev.children)
+    except Exception:  # a private profiler interface: absent or changed in this torch
+        return None
+    if not events:
+        return 0
+    events.sort(key=lambda e: e[0])
+    base = events[0][2] - events[0][1]  # the total before the first event
+    return max(0, max(total for _, _, total in events) - base)
+
 
 
 def _cpu_attention_flops() -> Dict[Any, Callable[..., int]]:
