@@ -8,7 +8,8 @@ configuration runs in a fresh subprocess, which makes one untimed call (compilin
 compiled kernels run), measures the peak memory of the next call (peak resident set above the
 state before it), then the median time of ``--repeats`` calls, then the tensor memory one more
 call holds at once (``alloc_mib``: PyTorch's CPU allocator total under the profiler,
-:func:`torch_mz.study.allocator_peak_bytes`; rows written before 2026-12-03 19:00 UTC lack it).
+:func:`torch_mz.study.allocator_peak_bytes`, which runs two calls and reads the second; the
+results files before ``message_passing_rows`` lack it).
 The two memory figures differ where the C allocator reuses freed blocks or maps fresh pages for
 large ones: the resident set counts the pages touched, the allocator figure what the tensors
 hold. Ratios are taken between medians of the same run. Aggregations:

@@ -14,7 +14,8 @@ def mp_file(time, memory, default, slope, peak_1e5):
     def row(aggr, degrees='poisson', nodes=1000, ms=1.0, mib=1.0, dim=16, **extra):
         return dict(aggr=aggr, degrees=degrees, dim=dim, nodes=nodes, edges=10 * nodes,
                     conv='sage', median_ms=ms, peak_mib=mib, **extra)
-    rows = [row('pyg', ms=10.0, mib=100.0), row('rigid', ms=10.0 * time, mib=100.0 * memory),
+    rows = [row('pyg', ms=10.0, mib=100.0, alloc_mib=50.0),
+            row('rigid', ms=10.0 * time, mib=100.0 * memory, alloc_mib=50.0 * memory * 1.2),
             row('default', ms=10.0 * time * default),
             row('pyg', 'power-law', ms=200.0), row('rigid', 'power-law', ms=1.0),
             row('default', nodes=100000, mib=peak_1e5, chunk_rows=131072),
@@ -66,6 +67,10 @@ def test_statuses_and_thresholds(monkeypatch):
     r = by_key(targets.evaluate(data))
     assert r['mp-time']['status'] == 'mixed' and r['mp-time']['met'] == 1  # 0.9 yes, 1.1 no
     assert r['mp-memory']['status'] == 'mixed'  # 0.6 no, 0.4 yes
+    # the tensor memory held at once, where the rows record it: 0.72 no, 0.48 yes
+    assert [m['value'] for m in r['mp-memory-allocated']['measurements']] == pytest.approx(
+        [0.72, 0.48])
+    assert r['mp-memory-allocated']['met'] == 1
     assert r['mp-power-law']['status'] == 'met'  # 1 / 0.005 = 200x in both files
     assert [m['value'] for m in r['mp-power-law']['measurements']] == pytest.approx([200, 200])
     # default / rigid on the same graph: 2.0 and 3.5 on the small graphs, 1.0 on the largest

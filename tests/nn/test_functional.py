@@ -90,7 +90,8 @@ def test_merged_buckets_bound_the_padded_rows():
 
 
 def _max_per_class(keys: torch.Tensor, k_sizes: torch.Tensor) -> torch.Tensor:
-    r"""Each set's key rows as its size class counts them (the largest set of its class)."""
+    r"""Each set's key rows as its size class counts them (the largest set of its class); the
+    classes are read from the key sizes alone, which holds here because every query size is 1."""
     _, inverse = torch.unique(keys[:, 1], return_inverse=True)
     top = torch.zeros(int(inverse.max()) + 1, dtype=torch.long).scatter_reduce_(
         0, inverse, k_sizes, reduce='amax')

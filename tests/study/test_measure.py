@@ -111,10 +111,27 @@ def test_allocator_peak_counts_what_is_held_at_once():
         c = torch.ones(2 * 2**20)
         c.add_(1)
     peak = allocator_peak_bytes(allocate, torch.device('cpu'))
-    if peak is None:
-        pytest.skip("this torch's profiler reports no allocator totals")
-    assert 16 * 2**20 <= peak < 17 * 2**20
+    assert peak is not None and 16 * 2**20 <= peak < 17 * 2**20
     assert allocator_peak_bytes(lambda: None, torch.device('cpu')) == 0
+    assert allocator_peak_bytes(allocate, torch.device('meta')) is None  # no such figure
+
+
+def test_allocator_peak_subtracts_blocks_freed_from_an_earlier_call():
+    r"""A step that frees what the previous step left (as ``zero_grad(set_to_none=True)`` frees
+    the gradients) and allocates as much again holds no more than before it."""
+    kept = [torch.ones(4 * 2**20)]  # 16 MiB from before the measurement
+
+    def step():
+        kept.pop()  # frees the previous block
+        kept.append(torch.ones(4 * 2**20))
+    assert allocator_peak_bytes(step, torch.device('cpu')) == 0
+
+
+def test_allocator_peak_lets_errors_of_the_call_through():
+    def fail():
+        raise RuntimeError('boom')
+    with pytest.raises(RuntimeError, match='boom'):
+        allocator_peak_bytes(fail, torch.device('cpu'))
 
 
 

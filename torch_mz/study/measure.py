@@ -150,26 +150,36 @@ def peak_memory_bytes(fn: Callable[[], None], device: torch.device) -> Optional[
 def allocator_peak_bytes(fn: Callable[[], None], device: torch.device) -> Optional[int]:
     r"""The most tensor memory one call of :obj:`fn` holds at once above what was held before
     it: CUDA's allocator peak on a GPU; on a CPU the peak of PyTorch's CPU allocator total as
-    the profiler's memory events report it (``profile_memory=True``; one call under the
-    profiler, so time it apart).
+    the profiler's memory events report it (``profile_memory=True``). :obj:`fn` runs twice under
+    the profiler and the second call is read: the profiler knows the size of a block only if it
+    saw it allocated, so a block from before it started (the previous step's gradients, freed
+    by the next step) would not be subtracted when freed. Time the calls apart.
 
     Where :func:`peak_memory_bytes` reads the pages the process touched (the resident set, what
     the operating system has to give), this reads what the tensors hold, whichever pages the C
     allocator puts them in: the two differ where freed blocks are reused or fresh pages are
-    mapped for large blocks (PyG's aggregation on a 10^3-node graph, 10^4 edges, d = 16:
-    20.7 MiB of tensors at once against 42 MiB of touched pages). Memory the kernels take
-    outside PyTorch's allocator (BLAS packing buffers) is not in it; a block allocated before
-    the call and freed during it (the previous step's gradients) is not subtracted, so the
-    figure can exceed the truth by that much. ``None`` where the profiler cannot say."""
+    mapped for large blocks (PyG's aggregation on a 10^3-node graph, 10^4 edges, d = 16, in one
+    run: 20.7 MiB of tensors at once against 33.1 MiB of touched pages). Memory the kernels take
+    outside PyTorch's allocator (BLAS packing buffers) is not in it. ``None`` on other devices,
+    or where this torch's profiler does not report allocator totals (a private interface);
+    errors of :obj:`fn` itself propagate."""
     if device.type == 'cuda':
         return peak_memory_bytes(fn, device)
+    if device.type != 'cpu':
+        return None
     try:
         from torch._C._profiler import _EventType
         from torch.profiler import ProfilerActivity, profile
-        gc.collect()
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            fn()
-        events = []
+    except ImportError:
+        return None
+    gc.collect()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True):
+        fn()  # the profiler learns the sizes of the blocks this call leaves behind
+    gc.collect()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = []
+    try:
         stack = list(prof.profiler.kineto_results.experimental_event_tree())
         while stack:
             ev = stack.pop()
@@ -177,14 +187,13 @@ def allocator_peak_bytes(fn: Callable[[], None], device: torch.device) -> Option
                 events.append((ev.start_time_ns, ev.extra_fields.alloc_size,
                                ev.extra_fields.total_allocated))
             stack.extend(ev.children)
-    except Exception:  # a private profiler interface: absent or changed in this torch
+    except AttributeError:  # the private event tree changed in this torch
         return None
     if not events:
         return 0
     events.sort(key=lambda e: e[0])
     base = events[0][2] - events[0][1]  # the total before the first event
     return max(0, max(total for _, _, total in events) - base)
-
 
 
 def _cpu_attention_flops() -> Dict[Any, Callable[..., int]]:
