@@ -158,8 +158,9 @@ def allocator_peak_bytes(fn: Callable[[], None], device: torch.device) -> Option
     Where :func:`peak_memory_bytes` reads the pages the process touched (the resident set, what
     the operating system has to give), this reads what the tensors hold, whichever pages the C
     allocator puts them in: the two differ where freed blocks are reused or fresh pages are
-    mapped for large blocks (PyG's aggregation on a 10^3-node graph, 10^4 edges, d = 16, in one
-    run: 20.7 MiB of tensors at once against 33.1 MiB of touched pages). Memory the kernels take
+    mapped for large blocks (PyG's aggregation on a 10^3-node graph, 10^4 edges, d = 16, in
+    ``benchmarks/results/message_passing_rows``: 20.7 MiB of tensors at once against 43.8 MiB
+    of touched pages). Memory the kernels take
     outside PyTorch's allocator (BLAS packing buffers) is not in it. ``None`` on other devices,
     or where this torch's profiler does not report allocator totals (a private interface);
     errors of :obj:`fn` itself propagate."""
