@@ -147,7 +147,10 @@ def build_aggr(name: str, d: int, group_rows: Optional[int] = None):
 
 
 def run_one(cfg: dict) -> dict:
-    r"""One configuration: peak memory of one forward + backward, then the median time."""
+    r"""One configuration: peak memory (resident set) of one forward + backward, the median
+    time, then (unless ``allocated`` is off) the tensor memory held at once, under the profiler
+    (:func:`~torch_mz.study.allocator_peak_bytes`: two more calls). A failure of that last
+    figure alone leaves the row's other figures and records ``alloc_error``."""
     from torch_geometric.nn import GraphConv, SAGEConv
     torch.set_num_threads(cfg['threads'])
     if cfg.get('keep') and not keep_freed_memory():
@@ -173,7 +176,12 @@ def run_one(cfg: dict) -> dict:
     step()  # compiles where the compiled kernels run: not part of the peak memory or timings
     peak = peak_memory_bytes(step, device)
     times = time_call(step, repeats=cfg['repeats'], warmup=0, device=device)
-    alloc = allocator_peak_bytes(step, device)  # under the profiler: after the timings
+    alloc, alloc_error = None, None
+    if cfg.get('allocated', True):
+        try:  # under the profiler: after the timings
+            alloc = allocator_peak_bytes(step, device)
+        except Exception as e:  # e.g. another profiler active: keep the figures measured
+            alloc_error = f'{type(e).__name__}: {e}'
     deg = torch.bincount(edge_index[1], minlength=cfg['nodes'])
     aggr = conv.aggr_module
     chunk_rows = None
@@ -183,7 +191,8 @@ def run_one(cfg: dict) -> dict:
                 chunk_rows=chunk_rows,
                 median_ms=1000 * float(np.median(times)), times_ms=[1000 * t for t in times],
                 peak_mib=None if peak is None else peak / 2**20,
-                alloc_mib=None if alloc is None else alloc / 2**20)
+                alloc_mib=None if alloc is None else alloc / 2**20,
+                **({} if alloc_error is None else dict(alloc_error=alloc_error)))
 
 
 def run_subprocess(cfg: dict, timeout: float) -> dict:
@@ -267,6 +276,9 @@ def main():
     parser.add_argument('--keep-freed-memory', action='store_true',
                         help="every row with glibc's malloc keeping freed memory for reuse "
                              '(torch_mz.runtime.keep_freed_memory)')
+    parser.add_argument('--no-allocated', dest='allocated', action='store_false',
+                        help='skip the tensor memory held at once (two more profiled calls per '
+                             'row; the resident-set peak and the times are measured either way)')
     parser.add_argument('--_one', help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._one:
@@ -296,7 +308,8 @@ def main():
                             continue
                         cfg = dict(aggr=aggr, conv=conv, degrees=degrees, dim=dim, nodes=nodes,
                                    repeats=args.repeats, threads=args.threads, seed=0,
-                                   device=args.device, keep=args.keep_freed_memory)
+                                   device=args.device, keep=args.keep_freed_memory,
+                                   allocated=args.allocated)
                         if aggr.endswith('-chunks') and args.chunk_rows is not None:
                             cfg['group_rows'] = args.chunk_rows
                         row = run_subprocess(cfg, args.timeout)
@@ -354,7 +367,8 @@ def main():
                   'pyg-flat/pyg allocated', 'rigid/pyg time', 'rigid/pyg memory',
                   'rigid/pyg allocated',
                   'rigid-ckpt-attn/pyg time', 'rigid-ckpt-attn/pyg memory',
-                  'rigid-chunks/pyg time', 'rigid-chunks/pyg memory',
+                  'rigid-ckpt-attn/pyg allocated',
+                  'rigid-chunks/pyg time', 'rigid-chunks/pyg memory', 'rigid-chunks/pyg allocated',
                   'default/rigid time', 'default-eager/rigid time', 'default-fused/rigid time',
                   'default-ckpt/rigid time',
                   'default-ckpt-attn/rigid time', 'default-chunks/rigid time',

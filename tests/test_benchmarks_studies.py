@@ -293,3 +293,23 @@ def test_training_step_thp_rows_start_their_process_with_the_switch(tmp_path, mo
     monkeypatch.delenv('THP_MEM_ALLOC_ENABLE', raising=False)
     with pytest.raises(script.MeasurementFailed, match='THP_MEM_ALLOC_ENABLE=1'):
         script.measure('rigid+thp', None, None, None, None)
+
+
+def test_message_passing_row_keeps_its_figures_when_the_allocator_figure_fails(monkeypatch):
+    r"""A failure of the profiled allocator figure alone (another profiler active, say) leaves
+    the row's time and resident-set peak and records why; ``allocated=False`` skips it."""
+    mp = load_script('message_passing')
+    calls = []
+
+    def boom(step, device):
+        calls.append(device)
+        raise RuntimeError('a profiler is already running')
+    monkeypatch.setattr(mp, 'allocator_peak_bytes', boom)
+    cfg = dict(aggr='rigid', conv='sage', degrees='poisson', dim=16, nodes=60, repeats=1,
+               threads=1, seed=0, device='cpu', keep=False)
+    row = mp.run_one(cfg)
+    assert row['median_ms'] > 0 and row['alloc_mib'] is None
+    assert row['alloc_error'] == 'RuntimeError: a profiler is already running'
+    assert len(calls) == 1
+    row = mp.run_one(dict(cfg, allocated=False))
+    assert row['alloc_mib'] is None and 'alloc_error' not in row and len(calls) == 1

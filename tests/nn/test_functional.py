@@ -59,43 +59,112 @@ def test_many_buckets_match_reference(monkeypatch, merge):
     out = grouped_attention(q, k, v, query_set, kv_set, len(q_sizes), path='dense')
     torch.testing.assert_close(out, _reference(q, k, v, query_set, kv_set))
 
-def test_merged_buckets_bound_the_padded_rows():
-    r"""One query per set (a PMA's seed) and key sets of 1-21 rows, as in message passing on a
-    10^3-node graph: the launch allowance alone pads them all to the largest (2.1x the rows);
-    the row bound keeps every merged bucket within MERGE_ROWS_RATIO times its rows plus
-    MERGE_ROWS_OVERHEAD, and the attention stays exact."""
+def _class_stats(keys: torch.Tensor, sizes: torch.Tensor):
+    r"""The size classes of :func:`functional._merge_buckets` (sets with equal rounded
+    ``(n_q, n_k)``): the class of each set, and each class's largest query and key sizes and
+    set count."""
+    flat = keys[:, 0] * (int(keys[:, 1].max()) + 1) + keys[:, 1]
+    _, inverse, counts = torch.unique(flat, return_inverse=True, return_counts=True)
+    top_q = torch.zeros(counts.numel(), dtype=torch.long).scatter_reduce_(
+        0, inverse, sizes[:, 0], reduce='amax')
+    top_k = torch.zeros(counts.numel(), dtype=torch.long).scatter_reduce_(
+        0, inverse, sizes[:, 1], reduce='amax')
+    return inverse, top_q, top_k, counts
+
+
+def _check_buckets(keys: torch.Tensor, sizes: torch.Tensor, pair_cost: int):
+    r"""Checks the buckets of :func:`functional._merge_buckets` against its rule from the
+    outside: every bucket pads its sets to its largest query and key sizes, keeps its padded
+    pairs within MERGE_RATIO times its classes' pairs plus the launch allowance and its padded
+    query rows and key rows within MERGE_ROWS_RATIO times its classes' rows plus
+    MERGE_ROWS_OVERHEAD; buckets are runs of classes in the order of their padded pairs; and every
+    split between two neighbouring buckets is forced (the next class would break one of the
+    three bounds). Returns the buckets' padded ``(n_q, n_k)`` and the bucket of each set."""
+    buckets, bucket_of = functional._merge_buckets(keys, sizes, pair_cost=pair_cost)
+    inverse, top_q, top_k, counts = _class_stats(keys, sizes)
+    U = counts.numel()
+    bucket_of_class = torch.zeros(U, dtype=torch.long).scatter_(0, inverse, bucket_of)
+    # every set of a class in one bucket
+    assert torch.equal(bucket_of_class[inverse], bucket_of)
+    overhead = functional.MERGE_OVERHEAD / max(pair_cost, 1)
+
+    def fits(members):
+        idx = torch.tensor(members)
+        n = int(counts[idx].sum())
+        new_q, new_k = int(top_q[idx].max()), int(top_k[idx].max())
+        sep = int((counts[idx] * top_q[idx] * top_k[idx]).sum())
+        rq, rk = int((counts[idx] * top_q[idx]).sum()), int((counts[idx] * top_k[idx]).sum())
+        return (n * new_q * new_k <= functional.MERGE_RATIO * sep + overhead
+                and n * new_q <= functional.MERGE_ROWS_RATIO * rq + functional.MERGE_ROWS_OVERHEAD
+                and n * new_k <= functional.MERGE_ROWS_RATIO * rk + functional.MERGE_ROWS_OVERHEAD)
+
+    order = torch.argsort(top_q * top_k).tolist()
+    runs = [[order[0]]]
+    for c in order[1:]:
+        if int(bucket_of_class[c]) == int(bucket_of_class[runs[-1][-1]]):
+            runs[-1].append(c)
+        else:
+            # a split is forced: this class would have broken a bound of the run before it
+            assert not fits(runs[-1] + [c])
+            runs.append([c])
+    assert len(runs) == buckets.size(0)  # buckets are contiguous runs of the order
+    for b, members in enumerate(runs):
+        assert int(bucket_of_class[members[0]]) == b
+        assert len(members) == 1 or fits(members)
+        idx = torch.tensor(members)
+        assert buckets[b].tolist() == [int(top_q[idx].max()), int(top_k[idx].max())]
+    return buckets, bucket_of
+
+
+@pytest.mark.parametrize('shape', ['pma', 'self'])
+def test_merged_buckets_bound_the_padded_rows(shape):
+    r"""Key sets of 1-21 rows, as in message passing on a 10^3-node graph, with one query per
+    set (a PMA's seed) or as many queries as keys (self-attention): every bucket keeps its padded
+    query and key rows within MERGE_ROWS_RATIO times its rows plus MERGE_ROWS_OVERHEAD, every
+    split between buckets is forced, some size classes do merge, and the attention stays exact.
+    With one query per set the launch allowance alone pads every set to the largest (2.1x the
+    rows): the old rule gives one bucket."""
     gen = torch.Generator().manual_seed(0)
     k_sizes = (torch.poisson(torch.full((1000, ), 10.0), generator=gen).long().clamp(1, 21))
     k_sizes[0] = 21
-    q_sizes = torch.ones_like(k_sizes)
+    q_sizes = torch.ones_like(k_sizes) if shape == 'pma' else k_sizes.clone()
     keys = torch.stack([_bucket_size(q_sizes), _bucket_size(k_sizes)], dim=1)
     sizes = torch.stack([q_sizes, k_sizes], dim=1)
-    buckets, bucket_of = functional._merge_buckets(keys, sizes, pair_cost=4 * (4 + 4))
-    rows = int(buckets[bucket_of, 1].sum())
-    assert buckets.size(0) > 1 and rows < 1.5 * int(k_sizes.sum())
-    # the same rule in every bucket: padded key rows against the rows of its size classes
-    rounded = torch.zeros(buckets.size(0), dtype=torch.long).index_add_(
-        0, bucket_of, _max_per_class(keys, k_sizes))
-    padded = torch.bincount(bucket_of) * buckets[:, 1]
-    assert bool((padded <= functional.MERGE_ROWS_RATIO * rounded
-                 + functional.MERGE_ROWS_OVERHEAD).all())
-    # without the row bound (the old rule) one bucket holds them all
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(functional, 'MERGE_ROWS_RATIO', float('inf'))
-        assert functional._merge_buckets(keys, sizes, pair_cost=4 * (4 + 4))[0].size(0) == 1
+    pair_cost = 4 * (4 + 4)
+    buckets, bucket_of = _check_buckets(keys, sizes, pair_cost)
+    classes = _class_stats(keys, sizes)[3].numel()
+    assert 1 < buckets.size(0) < classes  # merged, but not into one
+    rows_k = int(buckets[bucket_of, 1].sum())
+    assert rows_k < 1.5 * int(k_sizes.sum())
+    if shape == 'pma':
+        assert buckets.size(0) == 2
+        # without the row bound (the old rule) one bucket holds them all
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(functional, 'MERGE_ROWS_RATIO', float('inf'))
+            assert functional._merge_buckets(keys, sizes, pair_cost=pair_cost)[0].size(0) == 1
+    else:
+        assert int(buckets[bucket_of, 0].sum()) < 1.5 * int(q_sizes.sum())
     q, k, v, query_set, kv_set = _random_problem(q_sizes.tolist(), k_sizes.tolist(), seed=2)
     out = grouped_attention(q, k, v, query_set, kv_set, len(k_sizes), path='dense')
     torch.testing.assert_close(out, grouped_attention(q, k, v, query_set, kv_set, len(k_sizes),
                                                       path='scatter'))
 
 
-def _max_per_class(keys: torch.Tensor, k_sizes: torch.Tensor) -> torch.Tensor:
-    r"""Each set's key rows as its size class counts them (the largest set of its class); the
-    classes are read from the key sizes alone, which holds here because every query size is 1."""
-    _, inverse = torch.unique(keys[:, 1], return_inverse=True)
-    top = torch.zeros(int(inverse.max()) + 1, dtype=torch.long).scatter_reduce_(
-        0, inverse, k_sizes, reduce='amax')
-    return top[inverse]
+@pytest.mark.parametrize('ratio, rows_ratio', [(1.0, 1.25), (0.0, 1.25), (1.0, 1.0),
+                                               (4.0, 2.0)])
+@pytest.mark.parametrize('q_high, k_high', [(40, 60), (60, 3), (3, 60)])
+def test_merge_rule_checked_from_outside(monkeypatch, ratio, rows_ratio, q_high, k_high):
+    r"""The bucket checks above hold for other settings of the rule too (so they do not pass by
+    construction at one setting), on mixed query and key sizes: many queries and few keys per
+    set, where the query rows bind, and the reverse, where the key rows do."""
+    monkeypatch.setattr(functional, 'MERGE_RATIO', ratio)
+    monkeypatch.setattr(functional, 'MERGE_ROWS_RATIO', rows_ratio)
+    gen = torch.Generator().manual_seed(3)
+    q_sizes = torch.randint(1, q_high, (2000, ), generator=gen)
+    k_sizes = torch.randint(1, k_high, (2000, ), generator=gen)
+    keys = torch.stack([_bucket_size(q_sizes), _bucket_size(k_sizes)], dim=1)
+    sizes = torch.stack([q_sizes, k_sizes], dim=1)
+    _check_buckets(keys, sizes, pair_cost=16)
 
 
 

@@ -127,6 +127,23 @@ def test_allocator_peak_subtracts_blocks_freed_from_an_earlier_call():
     assert allocator_peak_bytes(step, torch.device('cpu')) == 0
 
 
+def test_allocator_peak_is_none_where_the_profiler_reports_no_allocations(monkeypatch):
+    r"""A profiler that records no allocation events (or a torch whose private event tree is
+    gone) gives None, unknown, not 0 (a call that held nothing): the warm-up call allocates a
+    probe block, which a reporting profiler always sees."""
+    from torch_mz.study import measure
+    seen = []
+
+    def no_events(prof, event_type):
+        seen.append(prof)
+        return []
+    monkeypatch.setattr(measure, '_cpu_allocation_events', no_events)
+    assert allocator_peak_bytes(lambda: torch.ones(2**20), torch.device('cpu')) is None
+    assert len(seen) == 1  # read the warm-up profile, then stopped
+    monkeypatch.setattr(measure, '_cpu_allocation_events', lambda prof, event_type: None)
+    assert allocator_peak_bytes(lambda: torch.ones(2**20), torch.device('cpu')) is None
+
+
 def test_allocator_peak_lets_errors_of_the_call_through():
     def fail():
         raise RuntimeError('boom')

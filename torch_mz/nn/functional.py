@@ -137,7 +137,9 @@ MERGE_OVERHEAD = 400_000
 # set (a PMA with one seed) the work of a bucket is its key rows, and the launch allowance alone
 # let every neighbourhood of a 10^3-node graph (10^4 Poisson edges, degrees 1-21) be padded to
 # the largest, 2.1x the rows (the four PMA key / value buffers and gradients then held a third
-# of a `rigid` aggregation's peak).
+# of a `rigid` aggregation's peak). The rows of the buckets merged are counted as each size class
+# pads them (to the largest set of the class, which _bucket_size rounds to within 25%), so
+# against the sets' real rows the bound is about 1.25 x 1.25 = 1.56x plus MERGE_ROWS_OVERHEAD.
 MERGE_ROWS_RATIO = 1.25
 MERGE_ROWS_OVERHEAD = 1024
 

@@ -10,7 +10,7 @@ import shlex
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -174,27 +174,43 @@ def allocator_peak_bytes(fn: Callable[[], None], device: torch.device) -> Option
     except ImportError:
         return None
     gc.collect()
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True):
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as warm:
+        # a probe block, so that a profiler which reports no allocations reads as None below
+        # (not as a call that held nothing)
+        probe = torch.empty(256)
+        del probe
         fn()  # the profiler learns the sizes of the blocks this call leaves behind
+    if not _cpu_allocation_events(warm, _EventType):
+        return None  # no events, or the private event tree changed in this torch
     gc.collect()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
+    events = _cpu_allocation_events(prof, _EventType)
+    if events is None:  # pragma: no cover - the same tree read a moment ago
+        return None
+    if not events:
+        return 0  # fn allocated nothing
+    events.sort(key=lambda e: e[0])
+    base = events[0][2] - events[0][1]  # the total before the first event
+    return max(0, max(total for _, _, total in events) - base)
+
+
+def _cpu_allocation_events(prof: Any, event_type: Any) -> Optional[List[Tuple[int, int, int]]]:
+    r"""``(time, size, allocator total)`` of each CPU allocation event a memory profile recorded
+    (frees are events of negative size), from the profiler's private event tree; ``None`` where
+    that tree is not there in this torch."""
     events = []
     try:
         stack = list(prof.profiler.kineto_results.experimental_event_tree())
         while stack:
             ev = stack.pop()
-            if ev.tag == _EventType.Allocation and ev.extra_fields.device.type == 'cpu':
+            if ev.tag == event_type.Allocation and ev.extra_fields.device.type == 'cpu':
                 events.append((ev.start_time_ns, ev.extra_fields.alloc_size,
                                ev.extra_fields.total_allocated))
             stack.extend(ev.children)
-    except AttributeError:  # the private event tree changed in this torch
+    except AttributeError:
         return None
-    if not events:
-        return 0
-    events.sort(key=lambda e: e[0])
-    base = events[0][2] - events[0][1]  # the total before the first event
-    return max(0, max(total for _, _, total in events) - base)
+    return events
 
 
 def _cpu_attention_flops() -> Dict[Any, Callable[..., int]]:
