@@ -1,0 +1,94 @@
+r"""Appendix D.3's claim: the IHW against MC-Dropout and a deep ensemble."""
+import math
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Sequence
+
+import numpy as np
+
+from torch_mz.reproduce.claims import Claim, D3_PASSES
+from torch_mz.reproduce.verdict import _mean, _std, verdict
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch_mz.reproduce.runner import Reproduction
+
+
+def d3_records(repro: 'Reproduction', claim: Claim, runs: Sequence[Mapping[str, Any]],
+               study_seeds: int, sweep: Mapping[str, Any]) -> List[Dict[str, object]]:
+    r"""Appendix D.3's records: for each study seed :math:`s`, the :data:`D3_MEMBERS` runs of
+    seeds :math:`5s .. 5s + 4` are the members; member 0 gives the IHW (one pass) and, with
+    dropout active, MC-Dropout (:data:`D3_PASSES` passes), all five the deep ensemble
+    (:func:`torch_mz.uncertainty.method_predictions`). Every raw uncertainty is mapped to a
+    Gaussian sigma by the affine map fitted on the validation split
+    (:func:`~torch_mz.uncertainty.fit_affine_sigma`); Spearman (of the raw uncertainty with
+    the absolute error), ECE and NLL are on the test split. Each comparison is a per-seed
+    difference of one metric between two methods, judged by the verdict rule like the R²
+    differences (the same units: a correlation or an ECE in [0, 0.5]). The members' weights come
+    from the store (:meth:`RunStore.weights`; :meth:`Reproduction.run` trains a member whose
+    weights are lost again first); a run still without them (no best epoch) leaves its study
+    seed out, and the record says which; the members' R² in the record is of the scored
+    members."""
+    import torch
+
+    from torch_mz.inference import load_model
+    from torch_mz.uncertainty import (METHODS, error_correlation, fit_affine_sigma, gaussian_nll,
+                                      method_predictions, regression_ece)
+    cell = repro.sized(claim.cells[0])
+    spec = claim.models[0]
+    lr, wd = repro.sweep(cell['task'], [spec])[spec]  # what run() trained the members with
+    config = replace(repro.base_config(cell['task']), lr=lr, weight_decay=wd)
+    task = repro._load(cell['task'], seed=0, **dict(cell['kwargs']))
+    y = {split: torch.cat([d.y.view(-1) for d in ds]).double().numpy()
+         for split, ds in (('val', task.val), ('test', task.test))}
+    per_seed: List[Dict[str, Dict[str, float]]] = []
+    missing: List[int] = []
+    scored: List[int] = []  # the seeds of the members that were scored
+    for s in range(study_seeds):
+        seeds = list(range(s * claim.members, (s + 1) * claim.members))
+        paths = [repro.store.weights(cell, spec, k, config) for k in seeds]
+        found = [p for p in paths if p is not None]
+        if len(found) < len(paths):
+            missing += [k for k, p in zip(seeds, paths) if p is None]
+            continue
+        scored += seeds
+        inputs = method_predictions([load_model(p) for p in found],
+                                    {'val': task.val, 'test': task.test}, passes=D3_PASSES,
+                                    seed=s, device=repro.device)
+        metrics = {}
+        for method in METHODS:
+            (vp, vs), (tp, ts) = inputs[method]['val'], inputs[method]['test']
+            sigma = fit_affine_sigma(vp, y['val'], vs)(ts)
+            metrics[method] = dict(
+                spearman=float(error_correlation(tp, y['test'], ts)['spearman']),
+                ece=regression_ece(tp, y['test'], sigma), nll=gaussian_nll(tp, y['test'], sigma),
+                mse=float(np.mean((tp - y['test']) ** 2)))
+        per_seed.append(metrics)
+    member_r2 = [float(r['test'].get('r2', math.nan)) for r in runs
+                 if r['model'] == spec and int(r['seed']) in scored]
+    members = {spec: dict(r2=_mean(member_r2), r2_std=_std(member_r2), seeds=len(member_r2))}
+    methods = {m: {k: _mean([p[m][k] for p in per_seed]) for k in ('spearman', 'ece', 'nll',
+                                                                   'mse')} for m in METHODS}
+    epochs = [int(r['epochs_run']) for r in runs]
+    enough = 'at least' if members[spec]['r2'] >= 0.8 else 'below'
+    note = (f"members' test R² {members[spec]['r2']:.3f} ({enough} the 0.8 the comparison "
+            f"asks for)"
+            + (f'; no best-validation weights for seeds {missing} (a run without a best epoch, '
+               f'or scored without the claim: Reproduction.run trains a member with lost '
+               f'weights again): their study seeds are left out' if missing else ''))
+    out: List[Dict[str, object]] = []
+    for comparison in claim.comparisons:
+        metric, a, b = comparison.b
+        diffs = [p[a][metric] - p[b][metric] for p in per_seed]
+        mean, spread = _mean(diffs), _std(diffs, ddof=1)
+        out.append(dict(
+            claim=f'd3 {comparison.cell}: {comparison.a}',
+            paper=dict(value=comparison.paper, source=comparison.source, text=comparison.text),
+            ours=dict(mean=mean, std=spread, seeds=len(diffs), a=a, b=b, metric=metric,
+                      models=members, methods=methods, note=note),
+            budget=repro.budget.name, n_train=cell['kwargs']['n_train'],
+            epochs_run=dict(min=min(epochs, default=0), max=max(epochs, default=0),
+                            stopped_early=sum(bool(r['stopped_early']) for r in runs),
+                            runs=len(runs)),
+            seeds=study_seeds, sweep=dict(sweep),
+            verdict=verdict(comparison.paper, mean, spread, len(diffs)),
+            command=f'python benchmarks/reproduce.py --budget {repro.budget.name} --claims d3'))
+    return out

@@ -1,0 +1,297 @@
+r"""The store of finished runs: one JSON file per run, checkpoints of runs in progress, and the file
+locks that let several processes share them."""
+import hashlib
+import json
+import math
+import os
+import shutil
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+
+try:  # POSIX: processes running the same reproduction share its runs
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: one process at a time
+    fcntl = None  # type: ignore[assignment]
+
+from torch_mz._files import atomic_write
+from torch_mz.study.measure import code_version
+from torch_mz.train import TrainConfig
+from torch_mz.reproduce.verdict import _mean
+
+
+_KEY_CONFIG = ('epochs', 'batch_size', 'lr', 'weight_decay', 'warmup_epochs', 'schedule',
+               'grad_clip', 'patience', 'min_delta', 'restore_best', 'normalize_targets')
+
+
+def run_key(cell: Mapping[str, Any], spec: str, seed: int,
+            config: TrainConfig) -> Dict[str, Any]:
+    r"""What identifies a run: task, task arguments with set counts, model spec, seed and the
+    training configuration that changes results (not the device or where files go)."""
+    return dict(task=cell['task'], kwargs=json.loads(json.dumps(dict(cell.get('kwargs', {})),
+                                                                sort_keys=True)),
+                model=spec, seed=seed, config={k: getattr(config, k) for k in _KEY_CONFIG})
+
+
+class RunStore:
+    r"""Finished runs as one JSON file each under :obj:`root`
+    (``<task>/<model>/<task args>_lr.._wd.._s<seed>_<hash>.json``), and the checkpoints of runs in
+    progress under :obj:`checkpoints` (deleted when the run's file is written; the weights of the
+    best validation epoch are kept as ``<checkpoints>/weights/<hash>.pt``, which is not
+    committed, and for the runs a claim scores also under :obj:`kept`, as
+    ``<task>/<model>/<name>.pt`` beside the name of the run's file, which is:
+    :meth:`keep`)."""
+    def __init__(self, root: str, checkpoints: str, kept: Optional[str] = None):
+        self.root = root
+        self.checkpoints = checkpoints
+        self.kept = kept
+        self._pending: Dict[Tuple[str, str, int], Tuple[str, Dict[str, Any], str]] = {}
+
+    def _paths(self, key: Mapping[str, Any]) -> Tuple[str, str]:
+        digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
+        args = '_'.join(f'{k}={v}' for k, v in sorted(key['kwargs'].items())
+                        if k not in ('n_train', 'n_val', 'n_test', 'source'))
+        model = key['model'].replace(':', '_').replace(',', '_').replace('=', '')
+        name = (f"{args or 'default'}_lr{key['config']['lr']:g}_wd{key['config']['weight_decay']:g}"
+                f"_s{key['seed']}_{digest}")
+        return (os.path.join(self.root, key['task'], model, name + '.json'),
+                os.path.join(self.checkpoints, digest))
+
+    def config_for(self, cell: Mapping[str, Any], spec: str, seed: int,
+                   config: TrainConfig) -> TrainConfig:
+        r""":obj:`config` for this run, checkpointing into the run's folder and resuming from
+        its checkpoint if one is there."""
+        config = replace(config, seed=seed, out_dir=None, resume=None)
+        _, ckpt = self._paths(run_key(cell, spec, seed, config))
+        resume = os.path.join(ckpt, 'checkpoint.pt')
+        return replace(config, out_dir=ckpt, resume=resume if os.path.exists(resume) else None)
+
+    def cached(self, cell: Mapping[str, Any], spec: str, seed: int,
+               config: TrainConfig) -> Optional[Dict[str, object]]:
+        r"""The finished run's record, or :obj:`None` (then the run is remembered for
+        :meth:`save`)."""
+        key = run_key(cell, spec, seed, config)
+        path, ckpt = self._paths(key)
+        if os.path.exists(path):
+            with open(path) as f:
+                record = json.load(f)
+            if record.get('key') == key:  # as this cell and spec call it (runs are shared)
+                return dict(record, cell=cell['label'], model=spec)
+        self._pending[(str(cell['label']), str(spec), int(seed))] = (path, key, ckpt)
+        return None
+
+    def forget(self, cell: Mapping[str, Any], spec: str, seed: int) -> None:
+        r"""Drops the run remembered for :meth:`save` (one that did not finish here: stopped at
+        a deadline, or failed), so that a finished run read back later under the same cell
+        label, model and seed is never taken for it."""
+        self._pending.pop((str(cell['label']), str(spec), int(seed)), None)
+
+    def expect(self, cell: Mapping[str, Any], spec: str, seed: int,
+               config: TrainConfig) -> None:
+        r"""Remembers the run for :meth:`save` although its file may be in the store (a run
+        trained again, whose file is then replaced)."""
+        key = run_key(cell, spec, seed, config)
+        path, ckpt = self._paths(key)
+        self._pending[(str(cell['label']), str(spec), int(seed))] = (path, key, ckpt)
+
+    def save(self, record: Dict[str, Any]) -> Optional[Dict[str, object]]:
+        r"""Writes a newly trained run (a record of :func:`~torch_mz.study.run_grid`) with its
+        key and validation-loss curve, removes its checkpoint and returns what it wrote;
+        :obj:`None` for a run read back from the store."""
+        pending = self._pending.pop((str(record['cell']), str(record['model']),
+                                     int(record['seed'])), None)
+        if pending is None or 'key' in record:  # a cached run (read back: it has its key)
+            return None
+        path, key, ckpt = pending
+        # the code that finished it (its float rounding is part of a run: exact rewrites of
+        # the operator change a run's trajectory; a run resumed across commits names the last)
+        record = dict(record, key=key, val_loss_curve=_val_curve(ckpt), code=code_version())
+        kept = self._kept(path)
+        if kept is not None and os.path.exists(kept):  # of an earlier run of this key
+            os.remove(kept)
+        # the record first: a run whose record is here and weights are not is trained again
+        # where a claim needs them, never scored with another run's weights
+        text = json.dumps(record, indent=1, sort_keys=True) + '\n'
+        atomic_write(path, lambda f: f.write(text), binary=False)
+        best = os.path.join(ckpt, 'best.pt')
+        if os.path.exists(best):  # the trained model, for claims that use it (Appendix D.3)
+            os.makedirs(os.path.dirname(self._weights(ckpt)), exist_ok=True)
+            os.replace(best, self._weights(ckpt))
+        shutil.rmtree(ckpt, ignore_errors=True)
+        return record
+
+    def _weights(self, ckpt: str) -> str:
+        return os.path.join(self.checkpoints, 'weights', os.path.basename(ckpt) + '.pt')
+
+    def _kept(self, path: str) -> Optional[str]:
+        if self.kept is None:
+            return None
+        return os.path.join(self.kept, os.path.splitext(os.path.relpath(path, self.root))[0]
+                            + '.pt')
+
+    def weights(self, cell: Mapping[str, Any], spec: str, seed: int,
+                config: TrainConfig) -> Optional[str]:
+        r"""The best-validation checkpoint of a finished run (:func:`torch_mz.load_model`
+        rebuilds the model from it): the committed copy (:meth:`keep`) where there is one, else
+        ``<checkpoints>/weights/`` (not committed), or :obj:`None` if neither is there (a run
+        finished before weights were kept, or in another clone)."""
+        path, ckpt = self._paths(run_key(cell, spec, seed, replace(config, seed=seed)))
+        for found in (self._kept(path), self._weights(ckpt)):
+            if found is not None and os.path.exists(found):
+                return found
+        return None
+
+    def keep(self, cell: Mapping[str, Any], spec: str, seed: int,
+             config: TrainConfig) -> Optional[str]:
+        r"""Copies a finished run's weights into the committed folder :obj:`kept` (once; a
+        claim that scores its models keeps them with its results) and returns that copy, or
+        :obj:`None` when the run has no weights here or the store has no such folder."""
+        path, ckpt = self._paths(run_key(cell, spec, seed, replace(config, seed=seed)))
+        kept = self._kept(path)
+        if kept is None or not self.stored(cell, spec, seed, config):
+            return None
+        if not os.path.exists(kept):
+            if not os.path.exists(self._weights(ckpt)):
+                return None
+            with open(self._weights(ckpt), 'rb') as f:
+                data = f.read()
+            atomic_write(kept, lambda out: out.write(data))
+        return kept
+
+    def read(self, cell: Mapping[str, Any], spec: str, seed: int,
+             config: TrainConfig) -> Optional[Dict[str, Any]]:
+        r"""The finished run's record as stored, or :obj:`None`; unlike :meth:`cached` it
+        remembers nothing (for reports)."""
+        key = run_key(cell, spec, seed, replace(config, seed=seed))
+        path, _ = self._paths(key)
+        if not os.path.exists(path):
+            return None
+        with open(path) as f:
+            record = json.load(f)
+        return record if record.get('key') == key else None
+
+    def stored(self, cell: Mapping[str, Any], spec: str, seed: int,
+               config: TrainConfig) -> bool:
+        r"""Whether the run is finished (its file is in the store)."""
+        key = run_key(cell, spec, seed, replace(config, seed=seed))
+        path, _ = self._paths(key)
+        if not os.path.exists(path):
+            return False
+        with open(path) as f:
+            return json.load(f).get('key') == key
+
+    @contextmanager
+    def lock(self, cell: Mapping[str, Any], spec: str, seed: int, config: TrainConfig,
+             wait: bool = True) -> Iterator[bool]:
+        r"""Holds the run's lock for the ``with`` block and yields :obj:`True`; with
+        :obj:`wait` false, yields :obj:`False` at once (holding nothing) when another process
+        holds it. The lock is advisory (``fcntl.flock`` on ``<checkpoints>/<digest>.lock``) and
+        dies with its process. Where ``fcntl`` is missing (Windows) every lock is granted."""
+        _, ckpt = self._paths(run_key(cell, spec, seed, replace(config, seed=seed)))
+        if fcntl is None:  # pragma: no cover
+            yield True
+            return
+        os.makedirs(self.checkpoints, exist_ok=True)
+        fd = os.open(ckpt + '.lock', os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            except BlockingIOError:
+                yield False
+                return
+            yield True
+        finally:
+            os.close(fd)  # releases the lock
+
+    def state(self, cell: Mapping[str, Any], spec: str, seed: int,
+              config: TrainConfig) -> Tuple[str, int]:
+        r"""Where a run stands, without training or waiting: ``('done', epochs)`` (its file is
+        in the store), ``('training', epochs)`` (another process holds its lock),
+        ``('started', epochs)`` (a checkpoint of an unfinished run, no holder: the next process
+        resumes it) or ``('pending', 0)``; epochs run so far from its checkpoint's metrics
+        (for a finished run, from its record)."""
+        key = run_key(cell, spec, seed, replace(config, seed=seed))
+        path, ckpt = self._paths(key)
+        if os.path.exists(path):
+            with open(path) as f:
+                record = json.load(f)
+            if record.get('key') == key:
+                return 'done', int(record.get('epochs_run', 0))
+        epochs = len(_val_curve(ckpt))
+        with self.lock(cell, spec, seed, config, wait=False) as free:
+            if not free:
+                return 'training', epochs
+        return ('started' if epochs else 'pending'), epochs
+
+    def mean_time(self, task: str, spec: str) -> Optional[Tuple[float, float]]:
+        r"""Mean wall time (s) and mean epochs of the finished runs of :obj:`spec` on
+        :obj:`task` in the store (any cell, seed or configuration), or :obj:`None`."""
+        key = run_key(dict(task=task), spec, 0, TrainConfig())
+        times, epochs = self._times(os.path.dirname(self._paths(key)[0]))
+        if not times:
+            return None
+        return _mean(times), _mean(epochs)
+
+    def _times(self, folder: str) -> Tuple[List[float], List[float]]:
+        times, epochs = [], []
+        if os.path.isdir(folder):
+            for name in sorted(os.listdir(folder)):
+                if name.endswith('.json'):
+                    with open(os.path.join(folder, name)) as f:
+                        record = json.load(f)
+                    if 'wall_time_s' in record:
+                        times.append(float(record['wall_time_s']))
+                        epochs.append(float(record.get('epochs_run', 0)))
+        return times, epochs
+
+    def epoch_time(self, task: Optional[str] = None,
+                   spec: Optional[str] = None) -> Optional[float]:
+        r"""Mean wall time (s) per epoch of the finished runs of :obj:`spec` on :obj:`task`
+        (their total time over their total epochs), or with neither given the largest such
+        figure over every (task, model) in the store; :obj:`None` without finished runs."""
+        if task is not None and spec is not None:
+            key = run_key(dict(task=task), spec, 0, TrainConfig())
+            times, epochs = self._times(os.path.dirname(self._paths(key)[0]))
+            return sum(times) / sum(epochs) if times and sum(epochs) > 0 else None
+        longest = None
+        for times, epochs in self._every_model():
+            if times and sum(epochs) > 0:
+                per_epoch = sum(times) / sum(epochs)
+                longest = per_epoch if longest is None else max(longest, per_epoch)
+        return longest
+
+    def _every_model(self) -> Iterator[Tuple[List[float], List[float]]]:
+        r""":meth:`_times` of every (task, model) folder in the store."""
+        tasks = sorted(os.listdir(self.root)) if os.path.isdir(self.root) else []
+        for name in tasks:
+            folder = os.path.join(self.root, name)
+            for model in (sorted(os.listdir(folder)) if os.path.isdir(folder) else []):
+                yield self._times(os.path.join(folder, model))
+
+    def mean_epochs(self) -> Optional[float]:
+        r"""Mean epochs run by the finished runs in the store (every task and model), or
+        :obj:`None` without any."""
+        epochs = [e for _, model_epochs in self._every_model() for e in model_epochs]
+        return _mean(epochs) if epochs else None
+
+    def epochs_run(self, cell: Mapping[str, Any], spec: str, seed: int,
+                   config: TrainConfig) -> int:
+        r"""Epochs an unfinished run has run so far (from its checkpoint's metrics; 0 when it
+        has none)."""
+        _, ckpt = self._paths(run_key(cell, spec, seed, replace(config, seed=seed)))
+        return len(_val_curve(ckpt))
+
+    def files(self, cell: Mapping[str, Any], spec: str, seed: int,
+              config: TrainConfig) -> str:
+        r"""The file of a run (whether it exists or not)."""
+        return self._paths(run_key(cell, spec, seed, replace(config, seed=seed)))[0]
+
+
+def _val_curve(ckpt: str) -> List[float]:
+    path = os.path.join(ckpt, 'metrics.jsonl')
+    try:  # (a run finishing in another process removes its folder at any time)
+        with open(path) as f:
+            return [round(json.loads(line).get('val_loss', math.nan), 6) for line in f
+                    if line.strip()]
+    except FileNotFoundError:
+        return []

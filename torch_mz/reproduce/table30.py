@@ -1,0 +1,59 @@
+r"""Table 30's claim: parameter and time ratios read from the operator benchmarks."""
+import json
+import math
+import os
+from typing import Any, Dict, List, Optional
+
+from torch_mz.paper import TABLE30
+from torch_mz.reproduce.verdict import _std, verdict
+
+
+def overhead_records(path: str, budget: str) -> List[Dict[str, object]]:
+    r"""Table 30's claims (parameter, training-step and inference ratios ``mz`` / ``rigid``)
+    from the operator benchmark's JSON (``benchmarks/training_step.py``), compared with the
+    paper's Small configuration (d = 64, n = 30; the benchmark's sets are larger, see its
+    file). The rows with kept freed memory (``mz+keep`` / ``rigid+keep``, how ``torch-mz`` and
+    this reproduction train) are used where the file has them, the plain rows otherwise. The
+    ratio is of the medians; its spread is over the calls, paired in order, or, for a run in
+    rounds (``training_step.py --rounds``), over the ratios within each round, the independent
+    samples there. A missing file gives inconclusive records that say how to make it."""
+    small = TABLE30['Small (d=64, n=30)']
+    wanted = (('params', small[0], 'params', None), ('training step', small[2], 'step_times_s',
+                                                     'step_s'),
+              ('inference', small[1], 'infer_times_s', 'infer_s'))
+    rows: Dict[str, Dict[str, Any]] = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            rows = {r['model']: r for r in json.load(f).get('rows', [])}
+    out: List[Dict[str, object]] = []
+    for what, paper, samples, median in wanted:
+        n: Optional[int]
+        mean, spread, n = math.nan, math.nan, 0
+        suffix = '+keep' if 'mz+keep' in rows and 'rigid+keep' in rows else ''
+        if 'mz' + suffix in rows and 'rigid' + suffix in rows:
+            mz, rigid = rows['mz' + suffix], rows['rigid' + suffix]
+            if median is None:
+                mean, spread, n = mz[samples] / rigid[samples], 0.0, None
+            else:
+                rounds = median + '_rounds'  # a run in rounds: the rounds are the samples
+                if rounds in mz and rounds in rigid:
+                    ratios = [a / b for a, b in zip(mz[rounds], rigid[rounds])
+                              if a is not None and b is not None]
+                else:
+                    ratios = [a / b for a, b in zip(mz[samples], rigid[samples])]
+                mean, spread, n = mz[median] / rigid[median], _std(ratios, ddof=1), len(ratios)
+        out.append(dict(
+            claim=f'table30 {what}: mz / rigid', budget=budget,
+            paper=dict(value=paper, source='Table 30',
+                       text='Small (d=64, n=30): params 1.9x, inference 2.4x, training 2.2x; '
+                            'Medium/Large: training 3.8x/5.5x, inference 2.5x/2.7x (RTX 5090, '
+                            'batch 64)'),
+            ours=dict(mean=mean, std=spread, seeds=n, source=(
+                f"{os.path.join(os.path.basename(os.path.dirname(path)), os.path.basename(path))}"
+                f", rows mz{suffix} / rigid{suffix}" if rows else
+                f'{path} missing: run python benchmarks/training_step.py')),
+            n_train=None, epochs_run=None, seeds=n,
+            verdict=verdict(paper - 1, mean - 1, spread, n) if rows else 'inconclusive',
+            command='python benchmarks/training_step.py && python benchmarks/reproduce.py '
+                    f'--budget {budget} --claims table30'))
+    return out

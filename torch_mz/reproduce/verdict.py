@@ -1,0 +1,59 @@
+r"""The verdict rule of a claim, and the mean and spread it reads."""
+import math
+from typing import Optional, Sequence
+
+import numpy as np
+
+
+
+
+VERDICTS = ('reproduced', 'direction only', 'not reproduced', 'inconclusive')
+TOL_ABS = 0.02  # R² units: how close to the paper's figure counts as the same
+TOL_REL = 0.25  # ... or this fraction of the paper's figure, whichever is larger
+
+VERDICT_RULE = f"""\
+Each claim is one number: a difference of test R² between two models, R²(A) - R²(B), positive
+when A is better (Table 30's rows show a cost ratio r, mz / rigid, and the rule below reads
+r - 1, the paper's figure likewise). "ours" is its mean over seeds of the
+per-seed differences (same seed index, same data), with s their standard deviation (ddof = 1)
+over n seeds; "paper" is the paper's figure p. With tol = max({TOL_ABS}, {TOL_REL:g} |p|):
+
+1. inconclusive: fewer than 2 seeds, a missing run, or a seed spread as large as the paper's
+   effect (2 s > max(|p|, tol));
+2. reproduced: |ours - p| <= tol;
+3. direction only: ours has the paper's sign and |ours| > 2 s (A beats B, by another margin);
+4. not reproduced: otherwise, when the paper's figure lies outside ours ± 2 s (the opposite
+   sign, or no resolved difference where the paper has one);
+5. inconclusive: otherwise.
+
+Exact figures (parameter counts) have no spread and skip the seed conditions."""
+
+
+def verdict(paper: float, mean: float, spread: float, seeds: Optional[int]) -> str:
+    r"""The verdict of one claim by :data:`VERDICT_RULE`: the paper's figure :obj:`paper`, ours
+    :obj:`mean` with seed standard deviation :obj:`spread` over :obj:`seeds` seeds
+    (:obj:`None` for an exact figure, e.g. a parameter count). Returns one of :data:`VERDICTS`."""
+    if not (math.isfinite(paper) and math.isfinite(mean)):
+        return 'inconclusive'
+    if seeds is None:
+        spread = 0.0
+    elif seeds < 2 or not math.isfinite(spread):
+        return 'inconclusive'
+    tol = max(TOL_ABS, TOL_REL * abs(paper))
+    if 2 * spread > max(abs(paper), tol):
+        return 'inconclusive'
+    if abs(mean - paper) <= tol:
+        return 'reproduced'
+    if np.sign(mean) == np.sign(paper) and abs(mean) > 2 * spread:
+        return 'direction only'
+    if abs(mean - paper) > 2 * spread:
+        return 'not reproduced'
+    return 'inconclusive'
+
+
+def _mean(values: Sequence[float]) -> float:
+    return float(np.mean(values)) if len(values) else math.nan
+
+
+def _std(values: Sequence[float], ddof: int = 0) -> float:
+    return float(np.std(values, ddof=ddof)) if len(values) > ddof else math.nan
