@@ -40,7 +40,10 @@ and an estimate of the training time left from the mean time of the finished run
 claims (at its model's chosen sweep point) with its test R² beside the paper's figure, while
 a claim is still incomplete, and per claim two figures: the test R² bars and every run's
 validation loss by epoch (``finished_runs.<budget>.<claim>.curves.png``), which shows whether
-each run reached its plateau.
+each run reached its plateau; and per task swept, every lr / weight-decay point each model
+tried with its validation loss and test R², and whether the chosen point lies inside the points
+tried or on their edge (``finished_runs.<budget>.sweep.<task>.png``), which shows whether every
+model was tuned to an optimum of the same search.
 
 The MZ models train with the compiled LayerNorm-Jacobian kernels
 (:func:`torch_mz.nn.set_fused_kernels`, the same map up to float rounding; ``--no-fused-kernels``
@@ -88,7 +91,8 @@ import sys
 
 from torch_mz.reproduce import (BUDGETS, CLAIM_NAMES, CLAIMS, SWEEP_CELLS, VERDICT_RULE,
                                 Reproduction, TimeLimit, load_claims, models_table,
-                                overhead_records, run_claims, save_claim, summary_table)
+                                overhead_records, run_claims, save_claim, summary_table,
+                                sweep_extension)
 from torch_mz.nn import set_fused_kernels
 from torch_mz.runtime import keep_freed_memory
 from torch_mz._files import atomic_write
@@ -209,6 +213,131 @@ def plot_curves(claim, groups, budget, path):
     plt.close(fig)
 
 
+def sweep_tables(repro, claims):
+    r"""The sweep of every task the :obj:`claims` sweep on
+    (:meth:`~torch_mz.reproduce.Reproduction.sweep_landscape`), each model with every point it
+    reached: ``{task: rows}``, tasks in the claims' order, each task's models in the order the
+    claims name them."""
+    models = {}
+    for claim in claims:
+        if claim.protocol is not None:
+            continue
+        for cell in claim.cells:
+            models.setdefault(cell['task'], [])
+            models[cell['task']] += [m for m in claim.models if m not in models[cell['task']]]
+    return {task: repro.sweep_landscape(task, ms) for task, ms in models.items()}
+
+
+def sweep_verdicts(rows):
+    r"""Per model of one task's sweep rows: its chosen point, and where that point lies among
+    the points tried: ``'inside'`` (no step beyond it is left untried), ``'on the edge'``
+    (steps beyond it untried: the sweep stopped at its last round there) or ``'open'`` (the
+    sweep has not chosen yet)."""
+    out = {}
+    for model in dict.fromkeys(r['model'] for r in rows):
+        mine = [r for r in rows if r['model'] == model]
+        chosen = [(r['lr'], r['weight_decay']) for r in mine if r['chosen']]
+        if not chosen:
+            out[model] = (None, 'open')
+            continue
+        tried = [(r['lr'], r['weight_decay']) for r in mine]
+        beyond = [p for p in sweep_extension(tried, chosen[0]) if p not in tried]
+        out[model] = (chosen[0], 'on the edge' if beyond else 'inside')
+    return out
+
+
+def plot_sweep(task, rows, budget, path):
+    r"""One panel per model: the sweep points it tried in the (lr, weight decay) plane, coloured
+    by the best validation loss over the model's lowest (1 = its chosen point), labelled with
+    the test R² and that ratio; the chosen point ringed, unfinished points hollow."""
+    import numpy as np
+    plt = pyplot()
+    models = list(dict.fromkeys(r['model'] for r in rows))
+    cols = min(4, len(models))
+    nrows = (len(models) + cols - 1) // cols
+    fig, axes = plt.subplots(nrows, cols, figsize=(3.6 * cols, 3.2 * nrows), squeeze=False)
+    cmap = plt.get_cmap('viridis_r')
+    for ax, model in zip(axes.flat, models):
+        mine = [r for r in rows if r['model'] == model]
+        done = [r for r in mine if r['done'] and np.isfinite(r['val_loss'])]
+        best = min((r['val_loss'] for r in done), default=None)
+        for r in mine:
+            x, y = np.log10(r['lr']), np.log10(r['weight_decay'])
+            if r in done and best:
+                rel = r['val_loss'] / best
+                ax.scatter([x], [y], s=160, color=cmap(min(1.0, (rel - 1) / 1.0)),
+                           edgecolors='red' if r['chosen'] else 'black',
+                           linewidths=2.5 if r['chosen'] else 0.5, zorder=3)
+                ax.annotate(f"{r['r2']:.3f} ({rel:.2f})", (x, y), fontsize=6, ha='left',
+                            va='center', xytext=(7, 0), textcoords='offset points')
+            else:
+                ax.scatter([x], [y], s=160, facecolors='none', edgecolors='grey', zorder=3)
+        ax.set_title(model, fontsize=9)
+        ax.set_xlabel('log10 lr', fontsize=8)
+        ax.set_ylabel('log10 weight decay', fontsize=8)
+        ax.margins(0.25)
+        ax.tick_params(labelsize=7)
+    for ax in list(axes.flat)[len(models):]:
+        ax.axis('off')
+    cell = next((r['cell'] for r in rows if r.get('cell')), task)
+    fig.suptitle(f'{task} sweep on {cell} ({budget}): each point labelled "test R² (validation '
+                 f'loss over the model\'s best)"\n(colour: that ratio, yellow = best, dark = 2x '
+                 f'or more; red ring: chosen; hollow: not finished)', fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def sweep_section(repro, claims, out, budget):
+    r"""The ``## Sweeps`` section of ``finished_runs.<budget>.md`` (its tables and plots) and its
+    rows for the JSON."""
+    parts, every = [], []
+    tables = sweep_tables(repro, claims)
+    if not tables:
+        return '', every
+    parts.append('\n## Sweeps\n\nEvery lr / weight-decay point each model tried on each task\'s '
+                 'sweep cell (seed 0), with its best validation loss (normalised targets: '
+                 'the criterion), that loss over the model\'s lowest, its test R² and epochs '
+                 'run. "where" says whether the chosen point lies inside the points tried '
+                 '(every step the sweep\'s rule takes beyond it tried, and worse) or on their '
+                 'edge (a step beyond it untried: the sweep stopped at its last round there), '
+                 'that is, whether each model was tuned to an optimum of the same search.\n')
+    for task, rows in tables.items():
+        if not rows:  # a one-point grid: nothing swept
+            continue
+        every += rows
+        verdicts = sweep_verdicts(rows)
+        cell = next((r['cell'] for r in rows if r.get('cell')), task)
+        parts.append(f'\n### {task} ({cell})\n\n')
+        parts.append(markdown_table([dict(
+            model=m, chosen='' if p is None else f'lr {p[0]:g}, wd {p[1]:g}', where=w,
+            points=sum(1 for r in rows if r['model'] == m),
+            finished=sum(1 for r in rows if r['model'] == m and r['done']))
+            for m, (p, w) in verdicts.items()],
+            ['model', 'chosen', 'where', 'points', 'finished']) + '\n')
+        best = {}
+        for r in rows:
+            if r['done'] and r['val_loss'] is not None:
+                best[r['model']] = min(best.get(r['model'], r['val_loss']), r['val_loss'])
+        table = []
+        for r in sorted(rows, key=lambda r: (list(verdicts).index(r['model']), -r['lr'],
+                                              r['weight_decay'])):
+            table.append(dict(
+                model=r['model'], lr=f"{r['lr']:g}", wd=f"{r['weight_decay']:g}",
+                val_loss='' if not r['done'] else f"{r['val_loss']:.4f}",
+                over_best=('' if not r['done'] or not best.get(r['model'])
+                           else f"{r['val_loss'] / best[r['model']]:.2f}"),
+                r2='' if not r['done'] else f"{r['r2']:.4f}",
+                epochs='' if not r['done'] else str(r['epochs_run']),
+                chosen='**chosen**' if r['chosen'] else ''))
+        parts.append('\n' + markdown_table(table, ['model', 'lr', 'wd', 'val_loss', 'over_best',
+                                                   'r2', 'epochs', 'chosen']) + '\n')
+        png = f'finished_runs.{budget}.sweep.{task}.png'
+        note = try_plot(plot_sweep, task, rows, budget, os.path.join(out, png))
+        parts.append(f'\n{note}\n' if note else f'\n![{task} sweep]({png})\n')
+    return ''.join(parts), every
+
+
 def write_runs_table(repro, claims, out):
     r"""``finished_runs.<budget>.{json,md}``: every finished run of :obj:`claims` at its model's
     chosen sweep point (:meth:`~torch_mz.reproduce.Reproduction.finished_runs`), one row per
@@ -258,11 +387,13 @@ def write_runs_table(repro, claims, out):
         parts.append('' if note else f'\n![{claim.name}: validation curves]({curves})\n')
     path = os.path.join(out, f'finished_runs.{budget}')
     os.makedirs(out, exist_ok=True)
+    sweeps, sweep_rows = sweep_section(repro, claims, out, budget)
+    parts.append(sweeps)
     text = ''.join(parts)
     atomic_write(path + '.md', lambda f: f.write(text), binary=False)
     lean = [{k: v for k, v in r.items() if k != 'val_loss_curve'} for r in every]  # in records/
-    payload = json.dumps(dict(environment=env, budget=budget, written=stamp, rows=lean),
-                         indent=1) + '\n'
+    payload = json.dumps(dict(environment=env, budget=budget, written=stamp, rows=lean,
+                              sweeps=sweep_rows), indent=1) + '\n'
     atomic_write(path + '.json', lambda f: f.write(payload), binary=False)
     return path
 

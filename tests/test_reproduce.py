@@ -554,8 +554,31 @@ def test_finished_runs_table_lists_each_run_beside_the_paper(tmp_path):
     assert curves.exists() == png.exists()
     assert curves.exists() == ('finished_runs.tiny.tiny.curves.png' in text)
     with open(path + '.json') as f:
-        rows = json.load(f)['rows']
+        payload = json.load(f)
+        rows = payload['rows']
         assert len(rows) == 7 and not any('val_loss_curve' in r for r in rows)  # in records/
+    # the sweep of each model: every grid point with its stored figures, the chosen one marked
+    sweep = payload['sweeps']
+    assert len(sweep) == len(TINY.sweep) * len(claim.models)
+    sweep_cell = repro.sized(SUM)
+    for r in sweep:
+        config = replace(repro.base_config('sum'), lr=r['lr'], weight_decay=r['weight_decay'])
+        record = repro.store.read(sweep_cell, r['model'], 0, config)
+        assert r['done'] and r['val_loss'] == record['val']['loss']
+        assert r['r2'] == record['test']['r2'] and r['epochs_run'] == record['epochs_run']
+        assert r['chosen'] == ((r['lr'], r['weight_decay']) == chosen[r['model']])
+    assert '## Sweeps' in text and text.count('**chosen**') == len(claim.models)
+    where = script.sweep_verdicts(sweep)
+    assert all(w in ('inside', 'on the edge') and p == chosen[m] for m, (p, w) in where.items())
+    # a model whose chosen point has an untried step beyond it is on the edge; an open one open
+    edge = [dict(r, chosen=None) if r['model'] == claim.models[0] else r for r in sweep]
+    assert script.sweep_verdicts(edge)[claim.models[0]] == (None, 'open')
+    grid = [dict(model='m', lr=lr, weight_decay=wd, chosen=(lr, wd) == (1e-3, 0.1))
+            for lr, wd in ((1e-3, 1e-5), (1e-3, 0.1), (3e-4, 1e-5), (3e-4, 0.1))]
+    assert script.sweep_verdicts(grid)['m'] == ((1e-3, 0.1), 'on the edge')
+    grid += [dict(model='m', lr=3e-3, weight_decay=0.1, chosen=False),
+             dict(model='m', lr=1e-3, weight_decay=0.3, chosen=False)]
+    assert script.sweep_verdicts(grid)['m'] == ((1e-3, 0.1), 'inside')
 
 
 def test_a_time_limit_trains_the_runs_that_fit_and_leaves_the_rest(tmp_path, monkeypatch):

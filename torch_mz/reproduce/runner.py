@@ -565,6 +565,30 @@ class Reproduction:
                             val_loss_curve=list(record.get('val_loss_curve') or [])))
         return rows
 
+    def sweep_landscape(self, task: str, models: Sequence[str]) -> List[Dict[str, Any]]:
+        r"""Every sweep point of :obj:`models` on :obj:`task` reached so far (the grid and the
+        steps beyond it, as :meth:`sweep` takes them), one row each: model, ``lr``,
+        ``weight_decay``, whether its seed-0 run on the sweep cell is finished, its best
+        validation loss (the sweep's criterion) and test R², epochs run, and whether it is the
+        model's chosen point (:obj:`None` while the model's sweep is open). Shows whether each
+        model's choice lies inside the points tried, so that every model was tuned to an
+        optimum of the same search. Trains nothing."""
+        chosen, jobs, _ = self._sweep_rounds(task, models, lambda jobs: None)
+        rows: List[Dict[str, Any]] = []
+        for cell, spec, seed, config in jobs:
+            record = self.store.read(cell, spec, seed, config)
+            point = (config.lr, config.weight_decay)
+            rows.append(dict(
+                task=task, cell=cell.get('label'), model=spec, lr=config.lr,
+                weight_decay=config.weight_decay, done=record is not None,
+                val_loss=(None if record is None
+                          else float(record.get('val', {}).get('loss', math.inf))),
+                r2=(None if record is None
+                    else float(record.get('test', {}).get('r2', math.nan))),
+                epochs_run=None if record is None else int(record.get('epochs_run', 0)),
+                chosen=None if chosen[spec] is None else chosen[spec] == point))
+        return rows
+
     def _claim_points(self, claim: Claim, task: str):
         r"""Each model's ``(lr, weight_decay)`` on :obj:`task` for :obj:`claim` as far as the
         store tells (:meth:`_sweep_rounds` without training), or the claim's fixed
