@@ -362,7 +362,7 @@ def main():
     env = environment()
     minutes = (time.time() - start) / 60
     row_cols = ['degrees', 'dim', 'nodes', 'edges', 'max_degree', 'conv', 'aggr', 'median_ms',
-                'peak_mib', 'alloc_mib', 'error']
+                'peak_mib', 'alloc_mib', 'alloc_error', 'error']
     ratio_cols = ['degrees', 'dim', 'nodes', 'conv', 'pyg-flat/pyg time', 'pyg-flat/pyg memory',
                   'pyg-flat/pyg allocated', 'rigid/pyg time', 'rigid/pyg memory',
                   'rigid/pyg allocated',
@@ -386,11 +386,14 @@ def main():
                 f"convolution, median of "
                 f"{args.repeats} calls; peak memory = peak resident set of one call above the "
                 f"state before it, in a fresh process per row, after one untimed call (which "
-                f"compiles where the compiled kernels run); allocated = the most tensor memory "
-                f"one more call holds at once (PyTorch's allocator total under the profiler; "
-                f"pages the C allocator reuses or maps fresh are in the first figure, not in "
-                f"this one).\n\n"
-                '## Ratios (medians of this run)\n\n'
+                f"compiles where the compiled kernels run); "
+                + ("allocated = the most tensor memory "
+                   "one more call holds at once (PyTorch's allocator total under the profiler; "
+                   "pages the C allocator reuses or maps fresh are in the first figure, not in "
+                   "this one; `alloc_error` where that figure alone failed).\n\n"
+                   if args.allocated else
+                   "the tensor memory held at once was not measured (`--no-allocated`).\n\n")
+                + '## Ratios (medians of this run)\n\n'
                 + markdown_table(ratios, ratio_cols)
                 + '\n## Growth with the graph (slope of log time / log memory against '
                   'log(nodes + edges), SAGEConv)\n\n'

@@ -86,6 +86,7 @@ STARTED = time.time()  # --time-limit counts from here, before the imports below
 
 import argparse
 import json
+import math
 import os
 import sys
 
@@ -292,8 +293,8 @@ def sweep_section(repro, claims, out, budget):
     r"""The ``## Sweeps`` section of ``finished_runs.<budget>.md`` (its tables and plots) and its
     rows for the JSON."""
     parts, every = [], []
-    tables = sweep_tables(repro, claims)
-    if not tables:
+    tables = {t: rows for t, rows in sweep_tables(repro, claims).items() if rows}
+    if not tables:  # nothing swept (a one-point grid, or fixed protocols only)
         return '', every
     parts.append('\n## Sweeps\n\nEvery lr / weight-decay point each model tried on each task\'s '
                  'sweep cell (seed 0), with its best validation loss (normalised targets: '
@@ -303,8 +304,6 @@ def sweep_section(repro, claims, out, budget):
                  'edge (a step beyond it untried: the sweep stopped at its last round there), '
                  'that is, whether each model was tuned to an optimum of the same search.\n')
     for task, rows in tables.items():
-        if not rows:  # a one-point grid: nothing swept
-            continue
         every += rows
         verdicts = sweep_verdicts(rows)
         cell = next((r['cell'] for r in rows if r.get('cell')), task)
@@ -317,14 +316,14 @@ def sweep_section(repro, claims, out, budget):
             ['model', 'chosen', 'where', 'points', 'finished']) + '\n')
         best = {}
         for r in rows:
-            if r['done'] and r['val_loss'] is not None:
+            if r['done'] and r['val_loss'] is not None and math.isfinite(r['val_loss']):
                 best[r['model']] = min(best.get(r['model'], r['val_loss']), r['val_loss'])
         table = []
         for r in sorted(rows, key=lambda r: (list(verdicts).index(r['model']), -r['lr'],
                                               r['weight_decay'])):
             table.append(dict(
                 model=r['model'], lr=f"{r['lr']:g}", wd=f"{r['weight_decay']:g}",
-                val_loss='' if not r['done'] else f"{r['val_loss']:.4f}",
+                val_loss='' if not r['done'] else f"{r['val_loss']:.4g}",
                 over_best=('' if not r['done'] or not best.get(r['model'])
                            else f"{r['val_loss'] / best[r['model']]:.2f}"),
                 r2='' if not r['done'] else f"{r['r2']:.4f}",

@@ -579,6 +579,23 @@ def test_finished_runs_table_lists_each_run_beside_the_paper(tmp_path):
     grid += [dict(model='m', lr=3e-3, weight_decay=0.1, chosen=False),
              dict(model='m', lr=1e-3, weight_decay=0.3, chosen=False)]
     assert script.sweep_verdicts(grid)['m'] == ((1e-3, 0.1), 'inside')
+    # tasks and models: a model two claims share on a task is listed once, a claim with a fixed
+    # protocol adds none (its models train at the protocol, not swept), each task its own
+    other = replace(claim, name='other', models=(claim.models[1], 'deepsets:hidden_channels=4'))
+    fixed = replace(claim, name='fixed', models=('mean-mlp:hidden_channels=4', ),
+                    protocol=(1e-3, 1e-5))
+    elsewhere = replace(CLAIM2, name='elsewhere', models=(claim.models[0], ))
+    repro2 = Reproduction(TINY, out, device='cpu', sweep_cells={'sum': SUM, 'max': MAX})
+    tables = script.sweep_tables(repro2, [claim, other, fixed, elsewhere])
+    assert list(tables) == ['sum', 'max']
+    assert list(dict.fromkeys(r['model'] for r in tables['sum'])) == list(claim.models) + [
+        'deepsets:hidden_channels=4']
+    assert {r['model'] for r in tables['max']} == {claim.models[0]}
+    assert not any(r['done'] for r in tables['max'])  # listed, not trained
+    assert script.sweep_tables(repro2, [fixed]) == {}
+    one_point = Reproduction(replace(TINY, sweep=((1e-3, 1e-5), )), out, device='cpu',
+                             sweep_cells={'sum': SUM})
+    assert script.sweep_section(one_point, [claim], out, 'tiny') == ('', [])  # no empty section
 
 
 def test_a_time_limit_trains_the_runs_that_fit_and_leaves_the_rest(tmp_path, monkeypatch):
