@@ -94,6 +94,7 @@ from torch_mz.reproduce import (BUDGETS, CLAIM_NAMES, CLAIMS, SWEEP_CELLS, VERDI
                                 Reproduction, TimeLimit, load_claims, models_table,
                                 overhead_records, run_claims, save_claim, summary_table,
                                 sweep_extension)
+from torch_mz.reproduce.budgets import SWEEP_STEP
 from torch_mz.nn import set_fused_kernels
 from torch_mz.runtime import keep_freed_memory
 from torch_mz._files import atomic_write
@@ -247,6 +248,30 @@ def sweep_verdicts(rows):
     return out
 
 
+def untried_neighbours(rows, model):
+    r"""The points one step of the sweep's rule away from :obj:`model`'s chosen point in
+    :obj:`rows` (learning rate times and divided by ``SWEEP_STEP``, weight decay times it, or
+    from the grid's smallest to its next) that it has not tried. The rule steps beyond the edges of the box of points tried, so a
+    chosen point ``'inside'`` that box may still have such a neighbour untried: this lists
+    them, so a reader sees how local the optimum is. Empty for an open model."""
+    mine = [r for r in rows if r['model'] == model]
+    chosen = next(((r['lr'], r['weight_decay']) for r in mine if r['chosen']), None)
+    if chosen is None:
+        return []
+    tried = [(r['lr'], r['weight_decay']) for r in mine]
+    lr, wd = chosen
+    wds = sorted({p[1] for p in tried})
+    # weight decay one step up: x SWEEP_STEP, or from the grid's smallest (close to no decay)
+    # to its next value, as the grid itself steps
+    up = wds[1] if wd == wds[0] and len(wds) > 1 else wd * SWEEP_STEP
+    near = [(lr * SWEEP_STEP, wd), (lr / SWEEP_STEP, wd), (lr, up)]
+
+    def close(a, b):  # the grid's 3e-4 is one step below 1e-3: equal within 20%
+        return abs(math.log(a / b)) < math.log(1.2)
+    return [(float(f'{a:.3g}'), float(f'{b:.3g}')) for a, b in near
+            if not any(close(a, x) and close(b, y) for x, y in tried)]
+
+
 def plot_sweep(task, rows, budget, path):
     r"""One panel per model: the sweep points it tried in the (lr, weight decay) plane, coloured
     by the best validation loss over the model's lowest (1 = its chosen point), labelled with
@@ -302,18 +327,30 @@ def sweep_section(repro, claims, out, budget):
                  'run. "where" says whether the chosen point lies inside the points tried '
                  '(every step the sweep\'s rule takes beyond it tried, and worse) or on their '
                  'edge (a step beyond it untried: the sweep stopped at its last round there), '
-                 'that is, whether each model was tuned to an optimum of the same search.\n')
+                 'that is, whether each model was tuned to an optimum of the same search. '
+                 'The rule steps beyond the edges of the box of points tried, not around '
+                 'each chosen point, so "untried" lists the chosen point\'s neighbours one '
+                 f'step away (lr x {SWEEP_STEP:g} and / {SWEEP_STEP:g}, weight decay x '
+                 f'{SWEEP_STEP:g}) that no run tried: where it is not empty, the chosen point '
+                 'is the best of the points tried, not shown to be a local optimum.\n')
+    waiting = []
     for task, rows in tables.items():
         every += rows
+        if not any(r['done'] for r in rows):  # no point finished: one line, no table or plot
+            cell = next((r['cell'] for r in rows if r.get('cell')), task)
+            models = list(dict.fromkeys(r['model'] for r in rows))
+            waiting.append(f'{task} ({cell}: {len(models)} models, {len(rows)} points)')
+            continue
         verdicts = sweep_verdicts(rows)
         cell = next((r['cell'] for r in rows if r.get('cell')), task)
         parts.append(f'\n### {task} ({cell})\n\n')
         parts.append(markdown_table([dict(
             model=m, chosen='' if p is None else f'lr {p[0]:g}, wd {p[1]:g}', where=w,
             points=sum(1 for r in rows if r['model'] == m),
-            finished=sum(1 for r in rows if r['model'] == m and r['done']))
+            finished=sum(1 for r in rows if r['model'] == m and r['done']),
+            untried=', '.join(f'lr {a:g} wd {b:g}' for a, b in untried_neighbours(rows, m)))
             for m, (p, w) in verdicts.items()],
-            ['model', 'chosen', 'where', 'points', 'finished']) + '\n')
+            ['model', 'chosen', 'where', 'points', 'finished', 'untried']) + '\n')
         best = {}
         for r in rows:
             if r['done'] and r['val_loss'] is not None and math.isfinite(r['val_loss']):
@@ -334,6 +371,9 @@ def sweep_section(repro, claims, out, budget):
         png = f'finished_runs.{budget}.sweep.{task}.png'
         note = try_plot(plot_sweep, task, rows, budget, os.path.join(out, png))
         parts.append(f'\n{note}\n' if note else f'\n![{task} sweep]({png})\n')
+    if waiting:
+        parts.append('\nNo point finished yet (the grids, in the JSON): ' + '; '.join(waiting)
+                     + '.\n')
     return ''.join(parts), every
 
 

@@ -579,6 +579,15 @@ def test_finished_runs_table_lists_each_run_beside_the_paper(tmp_path):
     grid += [dict(model='m', lr=3e-3, weight_decay=0.1, chosen=False),
              dict(model='m', lr=1e-3, weight_decay=0.3, chosen=False)]
     assert script.sweep_verdicts(grid)['m'] == ((1e-3, 0.1), 'inside')
+    # inside the box yet one step from an untried point: lr 1e-3 at weight decay 0.3 tried,
+    # lr 3e-3 at 0.1 tried, lr 3e-4 at 0.1 tried (the grid's 3e-4 is 1e-3 / 3)
+    assert script.untried_neighbours(grid, 'm') == []
+    moved = [dict(r, chosen=(r['lr'], r['weight_decay']) == (3e-3, 0.1)) for r in grid]
+    assert script.sweep_verdicts(moved)['m'] == ((3e-3, 0.1), 'on the edge')
+    assert script.untried_neighbours(moved, 'm') == [(9e-3, 0.1), (3e-3, 0.3)]
+    low = [dict(r, chosen=(r['lr'], r['weight_decay']) == (3e-4, 1e-5)) for r in grid]
+    assert script.untried_neighbours(low, 'm') == [(1e-4, 1e-5)]  # 1e-5 steps to 0.1: tried
+    assert script.untried_neighbours(edge, claim.models[0]) == []  # open: none
     # tasks and models: a model two claims share on a task is listed once, a claim with a fixed
     # protocol adds none (its models train at the protocol, not swept), each task its own
     other = replace(claim, name='other', models=(claim.models[1], 'deepsets:hidden_channels=4'))
@@ -593,6 +602,12 @@ def test_finished_runs_table_lists_each_run_beside_the_paper(tmp_path):
     assert {r['model'] for r in tables['max']} == {claim.models[0]}
     assert not any(r['done'] for r in tables['max'])  # listed, not trained
     assert script.sweep_tables(repro2, [fixed]) == {}
+    # a task with no finished point gets one line, neither a table nor a plot
+    text2, rows2 = script.sweep_section(repro2, [claim, elsewhere], out, 'tiny')
+    assert '### sum' in text2 and '### max' not in text2 and 'sweep.max.png' not in text2
+    assert 'No point finished yet' in text2 and 'max (' in text2.split('No point finished')[1]
+    assert not (tmp_path / 'finished_runs.tiny.sweep.max.png').exists()
+    assert {r['model'] for r in rows2 if r['task'] == 'max'} == {claim.models[0]}
     one_point = Reproduction(replace(TINY, sweep=((1e-3, 1e-5), )), out, device='cpu',
                              sweep_cells={'sum': SUM})
     assert script.sweep_section(one_point, [claim], out, 'tiny') == ('', [])  # no empty section
