@@ -14,7 +14,10 @@ TOL_REL = 0.25  # ... or this fraction of the paper's figure, whichever is large
 VERDICT_RULE = f"""\
 Each claim is one number: a difference of test R² between two models, R²(A) - R²(B), positive
 when A is better (Table 30's rows show a cost ratio r, mz / rigid, and the rule below reads
-r - 1, the paper's figure likewise). "ours" is its mean over seeds of the
+r - 1, the paper's figure likewise; there "ours" is the ratio of the medians over all the
+benchmark's calls and s the standard deviation of the ratios within each of its rounds, the
+independent samples, or of its calls paired in order). Otherwise "ours" is the mean over seeds
+of the
 per-seed differences (same seed index, same data), with s their standard deviation (ddof = 1)
 over n seeds; "paper" is the paper's figure p. With tol = max({TOL_ABS}, {TOL_REL:g} |p|):
 
