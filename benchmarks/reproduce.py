@@ -578,8 +578,10 @@ def main(argv=None):
     trained = []
 
     def report(run):
-        print(f"  {run['cell']:24s} {run['model']:9s} seed {run['seed']}: test r2 "
-              f"{run['test'].get('r2', float('nan')):.4f}, {run['epochs_run']} epochs, "
+        print(f"  {run['cell']:24s} {run['model']:9s} seed {run['seed']}: "
+              + (f"diverged ({run['diverged']}), " if 'diverged' in run else
+                 f"test r2 {run['test'].get('r2', float('nan')):.4f}, ")
+              + f"{run['epochs_run']} epochs, "
               f"lr {run['key']['config']['lr']:g} wd {run['key']['config']['weight_decay']:g} "
               f"({run['wall_time_s'] / 60:.1f} min)", flush=True)
         trained.append(run)

@@ -993,3 +993,35 @@ def test_models_table_writes_each_cell_once():
     lines = reproduce.models_table(records).strip().split('\n')
     assert lines == ['- d3 quad L=8 (converged): mz 0.980 ± 0.001; paper: Tables 20-21',
                      '- table1 L=4 (converged): mz 0.500 ± 0.100; paper: Table 1']
+
+
+def test_a_diverging_run_is_stored_as_failed_and_not_trained_again(tmp_path, monkeypatch):
+    # lr 1e30 overflows the model in its first epoch: the trainer raises TrainingDiverged (a
+    # FloatingPointError). The runner stores the run as finished and failed (no validation
+    # loss, no test figures) instead of dying and leaving a checkpoint that would diverge
+    # again in every process and session; the sweep reads it as the worst point
+    from torch_mz.train import TrainingDiverged
+    assert issubclass(TrainingDiverged, FloatingPointError)
+    budget = replace(TINY, epochs=3, sweep=((1e-3, 1e-5), (1e30, 1e-5)))
+    calls = _counting(monkeypatch)
+    repro = Reproduction(budget, str(tmp_path), device='cpu', sweep_cells={'sum': SUM})
+    model = 'deepsets:hidden_channels=8'
+    chosen = repro.sweep('sum', [model])
+    assert chosen[model] == (1e-3, 1e-5)
+    records = {json.loads(p.read_text())['key']['config']['lr']: json.loads(p.read_text())
+               for p in tmp_path.rglob('records/tiny/**/*.json')}
+    bad = records[1e30]
+    # the epoch that diverged is the last it ran; the finished epochs' curve is kept
+    assert 'diverged' in bad and f"in epoch {bad['epochs_run'] - 1};" in bad['diverged']
+    assert len(bad['val_loss_curve']) == bad['epochs_run'] - 1 < budget.epochs
+    assert bad['val'] == {} and bad['test'] == {} and bad['wall_time_s'] >= 0
+    assert math.isfinite(records[1e-3]['val']['loss'])
+    assert not list(tmp_path.rglob('runs/tiny/*/checkpoint.pt'))  # nothing left to resume
+    rows = repro.sweep_landscape('sum', [model])
+    row = next(r for r in rows if r['lr'] == 1e30)
+    assert row['done'] and row['val_loss'] == math.inf and math.isnan(row['r2'])
+    # a second process reads both back and trains nothing
+    n = len(calls)
+    assert Reproduction(budget, str(tmp_path), device='cpu',
+                        sweep_cells={'sum': SUM}).sweep('sum', [model]) == chosen
+    assert len(calls) == n

@@ -11,7 +11,7 @@ import numpy as np
 from torch_mz.study import grid as _grid
 from torch_mz.study.grid import run_grid
 from torch_mz.study.specs import parse_model_spec
-from torch_mz.train import TrainConfig, TrainingStopped, stop_by
+from torch_mz.train import TrainConfig, TrainingDiverged, TrainingStopped, stop_by
 from torch_mz.reproduce.budgets import Budget, SWEEP_MAX_STEPS, TIME_MARGIN, sweep_extension
 from torch_mz.reproduce.claims import Claim, Comparison, GEOMETRIC_TASKS, SWEEP_CELLS
 from torch_mz.reproduce.store import RunStore, run_key
@@ -160,6 +160,17 @@ class Reproduction:
             task = self._load(cell['task'], seed=0, **dict(cell.get('kwargs', {})))
             with stop_by(self.deadline if self.carry else None, self.clock):  # TrainingStopped
                 trained = _grid.train_one(task, name, seed, run_config, **options)
+        except TrainingDiverged as e:
+            # finished, and failed: resuming would diverge again at the same epoch (resumption
+            # is exact), in every process and session, and a sweep point with no record would
+            # leave its model's sweep open for good. So the run is stored with no validation
+            # loss (the sweep reads inf: the worst point) and no test figures (R² NaN: a claim
+            # with such a run is inconclusive), for every model alike
+            epochs = self.store.metrics(cell, spec, seed, run_config)
+            trained = dict(model=name, seed=seed, params=None, best_epoch=None,
+                           epochs_run=e.epoch + 1, stopped_early=True, diverged=str(e),
+                           wall_time_s=sum(float(m.get('epoch_time', 0.0)) for m in epochs),
+                           val={}, test={})
         except BaseException:  # not finished: its checkpoint stays, nothing is saved for it
             self.store.forget(cell, spec, seed)
             raise
@@ -297,7 +308,8 @@ class Reproduction:
         in the store whose weights are not here (:meth:`RunStore.weights`) is trained again."""
         def done(job) -> bool:
             return self.store.stored(*job) and (not need_weights
-                                                or self.store.weights(*job) is not None)
+                                                or self.store.weights(*job) is not None
+                                                or 'diverged' in (self.store.read(*job) or {}))
 
         def train(job) -> bool:
             cell, spec, seed, config = job

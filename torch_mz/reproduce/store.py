@@ -281,17 +281,27 @@ class RunStore:
         _, ckpt = self._paths(run_key(cell, spec, seed, replace(config, seed=seed)))
         return len(_val_curve(ckpt))
 
+    def metrics(self, cell: Mapping[str, Any], spec: str, seed: int,
+                config: TrainConfig) -> List[Dict[str, Any]]:
+        r"""The metrics of the epochs an unfinished run has finished (its checkpoint folder's
+        ``metrics.jsonl``, one dict per epoch; empty when there is none)."""
+        _, ckpt = self._paths(run_key(cell, spec, seed, replace(config, seed=seed)))
+        return _metrics(ckpt)
+
     def files(self, cell: Mapping[str, Any], spec: str, seed: int,
               config: TrainConfig) -> str:
         r"""The file of a run (whether it exists or not)."""
         return self._paths(run_key(cell, spec, seed, replace(config, seed=seed)))[0]
 
 
-def _val_curve(ckpt: str) -> List[float]:
+def _metrics(ckpt: str) -> List[Dict[str, Any]]:
     path = os.path.join(ckpt, 'metrics.jsonl')
     try:  # (a run finishing in another process removes its folder at any time)
         with open(path) as f:
-            return [round(json.loads(line).get('val_loss', math.nan), 6) for line in f
-                    if line.strip()]
+            return [json.loads(line) for line in f if line.strip()]
     except FileNotFoundError:
         return []
+
+
+def _val_curve(ckpt: str) -> List[float]:
+    return [round(m.get('val_loss', math.nan), 6) for m in _metrics(ckpt)]

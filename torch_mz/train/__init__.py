@@ -39,12 +39,13 @@ from torch_mz.train.normalize import (TARGET_UNITS, TargetNormalizer, TargetUnit
 from torch_mz.train.prediction import predict
 from torch_mz.train.runtime import DistInfo, resolve_device, seed_everything
 from torch_mz.train.schedule import cosine_with_warmup
-from torch_mz.train.stopping import TrainingStopped, stop_by
+from torch_mz.train.stopping import TrainingDiverged, TrainingStopped, stop_by
 from torch_mz.train.trainer import (BEST_CHECKPOINT, LAST_CHECKPOINT, METRICS_CSV, METRICS_JSONL,
                                     RESULT_JSON, RUN_FILES, Trainer, train)
 
 __all__ = [
     'CheckpointError',
+    'TrainingDiverged',
     'TrainingStopped',
     'stop_by',
     'TrainConfig',

@@ -15,7 +15,7 @@ import time
 from contextlib import contextmanager
 from typing import Callable, Iterator, Optional, Tuple
 
-__all__ = ['TrainingStopped', 'stop_by']
+__all__ = ['TrainingDiverged', 'TrainingStopped', 'stop_by']
 
 _DEADLINE: contextvars.ContextVar[Optional[Tuple[float, Callable[[], float]]]] = \
     contextvars.ContextVar('torch_mz_train_deadline', default=None)
@@ -30,6 +30,19 @@ class TrainingStopped(RuntimeError):
                          f'{checkpoint!r}')
         self.epoch = epoch
         self.checkpoint = checkpoint
+
+
+class TrainingDiverged(FloatingPointError):
+    r"""Raised by :meth:`Trainer.fit <torch_mz.train.Trainer.fit>` when an epoch's training loss
+    is not finite (NaN or inf): the run cannot go on, and resuming it from its last checkpoint
+    would diverge again at the same epoch (resumption is exact). :attr:`epoch` is the epoch
+    (0-based) whose loss was :attr:`train_loss`; the checkpoint and metrics of the epochs before
+    it are left as they were. A :class:`FloatingPointError`, as before it had a name."""
+    def __init__(self, epoch: int, train_loss: float):
+        super().__init__(f'Training loss is {train_loss} in epoch {epoch}; lower the learning '
+                         f'rate or check the data for NaN/inf')
+        self.epoch = epoch
+        self.train_loss = train_loss
 
 
 @contextmanager

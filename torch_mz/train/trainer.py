@@ -37,7 +37,8 @@ from torch_mz.train.prediction import predict
 from torch_mz.train.runtime import _setup_distributed, seed_everything
 from torch_mz.train.sampling import _ShardSampler, _worker_init_fn
 from torch_mz.train.schedule import cosine_with_warmup
-from torch_mz.train.stopping import TrainingStopped, _stop_due, _stop_requested
+from torch_mz.train.stopping import (TrainingDiverged, TrainingStopped, _stop_due,
+                                     _stop_requested)
 
 __all__ = [
     'Trainer',
@@ -381,8 +382,7 @@ class Trainer:
         totals = self._all_reduce(torch.stack([loss_sum, loss_sum.new_tensor(count)]))
         train_loss = (totals[0] / totals[1]).item()
         if not math.isfinite(train_loss):
-            raise FloatingPointError(f'Training loss is {train_loss} in epoch {epoch}; lower the '
-                                     f'learning rate or check the data for NaN/inf')
+            raise TrainingDiverged(epoch, train_loss)
         return train_loss
 
     def fit(self, train_dataset: Sequence, val_dataset: Optional[Sequence] = None,
