@@ -1025,3 +1025,36 @@ def test_a_diverging_run_is_stored_as_failed_and_not_trained_again(tmp_path, mon
     assert Reproduction(budget, str(tmp_path), device='cpu',
                         sweep_cells={'sum': SUM}).sweep('sum', [model]) == chosen
     assert len(calls) == n
+
+
+def test_a_held_sweep_run_holds_up_only_its_own_model(tmp_path, monkeypatch):
+    # another process trains one of the first model's sweep runs: the second model's sweep
+    # goes on to its next round (a point one step beyond its grid) and its claim runs are
+    # trained meanwhile; the first model waits (RunsHeld), and the retry finishes it
+    import torch_mz.reproduce.runner as runner
+    beyond = (1e-2, 1e-5)
+    monkeypatch.setattr(runner, 'sweep_extension',
+                        lambda points, best: [] if beyond in points else [beyond])
+    budget = replace(TINY, extend_sweep=True)
+    repro = Reproduction(budget, str(tmp_path), device='cpu', sweep_cells={'sum': SUM})
+    first, second = CLAIM.models
+    base = repro.base_config('sum')
+
+    def sweep_job(model, point):
+        return (repro.sized(SUM), model, 0, replace(base, lr=point[0], weight_decay=point[1]))
+    held = sweep_job(first, TINY.sweep[0])
+    with repro.store.lock(*held):  # another open file: as another process's lock
+        with pytest.raises(reproduce.RunsHeld):
+            repro.run(CLAIM, wait=False)
+        assert not repro.store.stored(*held)
+        assert all(repro.store.stored(*sweep_job(first, p)) for p in TINY.sweep[1:])
+        assert not repro.store.stored(*sweep_job(first, beyond))  # its rounds wait
+        assert all(repro.store.stored(*sweep_job(second, p)) for p in TINY.sweep + (beyond, ))
+        stages = {s['stage']: s for s in repro.status(CLAIM)}
+        runs = stages['tiny runs on sum']
+        assert runs['done'] == 2 * budget.seeds  # the second model's, on both cells
+        assert runs['pending'] == 0  # the first model's wait for its sweep
+    records, _ = Reproduction(budget, str(tmp_path), device='cpu',
+                              sweep_cells={'sum': SUM}).run(CLAIM)
+    assert repro.store.stored(*held) and repro.store.stored(*sweep_job(first, beyond))
+    assert records[0]['ours']['seeds'] == budget.seeds

@@ -379,15 +379,39 @@ class Reproduction:
         (:func:`sweep_extension` of the points it has tried), again while its best point is on
         the edge, up to :data:`SWEEP_MAX_STEPS` rounds, and the lowest of all is chosen. A
         one-point grid trains nothing. :obj:`wait`: see :meth:`run`."""
+        chosen, held = self._sweep_some(task, models, wait)
+        if held is not None:
+            raise held
+        return chosen
+
+    def _sweep_some(self, task: str, models: Sequence[str],
+                    wait: bool) -> Tuple[Dict[str, Tuple[float, float]], Optional[RunsHeld]]:
+        r"""What :meth:`sweep` can do now: every run of the rounds that no other process holds
+        is trained, and each model's point is returned where its sweep is finished, with the
+        :class:`RunsHeld` that keeps the others open (:obj:`None` when none is; with
+        :obj:`wait` it then waits for the held runs, so none is). A model's rounds read only
+        its own runs, so a run another process holds stops that model's sweep alone: the other
+        models go on to their next rounds meanwhile."""
         todo = [m for m in models if (task, m) not in self.choices]
+        held: List[RunsHeld] = []
         if todo:
-            chosen, _, _ = self._sweep_rounds(
-                task, todo, lambda jobs: self._train_missing(jobs, wait=wait))
-            for m in todo:  # every run trained (or RunsHeld raised): every model chosen
-                point = chosen[m]
-                assert point is not None, f'sweep of {m} on {task} left open'
-                self.choices[(task, m)] = point
-        return {m: self.choices[(task, m)] for m in models}
+            def settle(jobs):  # train what is free; a held run stops only its own model
+                try:
+                    self._train_missing(jobs, wait=False)
+                except RunsHeld as e:
+                    held.append(e)
+            chosen, _, _ = self._sweep_rounds(task, todo, settle)
+            if held and wait:  # all that was free is trained: now wait for the held runs
+                held.clear()
+                chosen, _, _ = self._sweep_rounds(
+                    task, todo, lambda jobs: self._train_missing(jobs, wait=True))
+            for m in todo:
+                if chosen[m] is not None:
+                    self.choices[(task, m)] = chosen[m]
+                else:  # every run trained (or RunsHeld raised): every model chosen
+                    assert held, f'sweep of {m} on {task} left open'
+        return ({m: self.choices[(task, m)] for m in models if (task, m) in self.choices},
+                held[0] if held else None)
 
     def _best_point(self, cell: Mapping[str, Any], spec: str,
                     points: Sequence[Tuple[float, float]],
@@ -449,20 +473,29 @@ class Reproduction:
         r"""The part of :meth:`run` on one task: its sweep, its runs (added to :obj:`runs` and
         their files to :obj:`files`)."""
         cells = [self.sized(c) for c in claim.cells if c['task'] == task]
-        chosen = (self.sweep(task, claim.models, wait=wait) if claim.protocol is None
-                  else {m: claim.protocol for m in claim.models})
+        held: Optional[RunsHeld] = None
+        if claim.protocol is None:  # a model whose sweep another process holds up waits;
+            chosen, held = self._sweep_some(task, claim.models, wait)  # the others train
+        else:
+            chosen = {m: claim.protocol for m in claim.models}
 
         def config_of(c, spec):
             lr, wd = chosen[spec]
             return self.claim_config(claim, task, lr, wd)
         jobs = [(c, m, k, config_of(c, m)) for c in cells for m in claim.models
-                for k in range(seeds)]
+                if m in chosen for k in range(seeds)]
         try:
             self._train_missing(jobs, wait=wait, need_weights=claim.keep_weights)
+        except TimeLimit as e:  # the held sweep first, as when it held up every model's runs
+            if held is None or e.never:
+                raise
+            raise held from e
         finally:
             if claim.keep_weights:  # with the claim's results (runs trained for another claim
                 for job in jobs:  # first, e.g. Table 7's, have theirs in runs/ only)
                     self.store.keep(*job)
+        if held is not None:
+            raise held
         task_runs, _ = self._grid(cells, claim.models, seeds, config_of)
         runs += task_runs
         files += [self.store.files(*job) for job in jobs]
