@@ -1,6 +1,8 @@
 import json
 import math
+import os
 import re
+import shutil
 from contextlib import contextmanager
 from dataclasses import replace
 
@@ -1058,3 +1060,22 @@ def test_a_held_sweep_run_holds_up_only_its_own_model(tmp_path, monkeypatch):
                               sweep_cells={'sum': SUM}).run(CLAIM)
     assert repro.store.stored(*held) and repro.store.stored(*sweep_job(first, beyond))
     assert records[0]['ours']['seeds'] == budget.seeds
+
+
+def test_a_checkpoint_that_cannot_be_resumed_is_kept_and_the_way_out_named(tmp_path):
+    from torch_mz.train import CheckpointError
+    repro = Reproduction(TINY, str(tmp_path), device='cpu', sweep_cells={'sum': SUM})
+    job = (repro.sized(SUM), CLAIM.models[0], 0, replace(repro.base_config('sum'),
+                                                          lr=TINY.sweep[0][0],
+                                                          weight_decay=TINY.sweep[0][1]))
+    folder = repro.store.config_for(*job).out_dir
+    os.makedirs(folder)
+    with open(os.path.join(folder, 'checkpoint.pt'), 'wb') as f:
+        f.write(b'not a checkpoint')  # damaged, or written by code with other shapes
+    with pytest.raises(CheckpointError, match='to train it from the start, remove'):
+        repro.sweep('sum', CLAIM.models[:1])
+    assert os.path.exists(os.path.join(folder, 'checkpoint.pt'))  # nothing discarded unasked
+    assert not repro.store.stored(*job)
+    shutil.rmtree(folder)  # as the message says: the run trains from the start
+    repro.sweep('sum', CLAIM.models[:1])
+    assert repro.store.stored(*job)

@@ -11,7 +11,8 @@ import numpy as np
 from torch_mz.study import grid as _grid
 from torch_mz.study.grid import run_grid
 from torch_mz.study.specs import parse_model_spec
-from torch_mz.train import TrainConfig, TrainingDiverged, TrainingStopped, stop_by
+from torch_mz.train import (CheckpointError, TrainConfig, TrainingDiverged, TrainingStopped,
+                            stop_by)
 from torch_mz.reproduce.budgets import Budget, SWEEP_MAX_STEPS, TIME_MARGIN, sweep_extension
 from torch_mz.reproduce.claims import Claim, Comparison, GEOMETRIC_TASKS, SWEEP_CELLS
 from torch_mz.reproduce.store import RunStore, run_key
@@ -171,6 +172,16 @@ class Reproduction:
                            epochs_run=e.epoch + 1, stopped_early=True, diverged=str(e),
                            wall_time_s=sum(float(m.get('epoch_time', 0.0)) for m in epochs),
                            val={}, test={})
+        except CheckpointError as e:  # a checkpoint this code cannot resume (another preset's
+            # shapes, a damaged file): kept as it is, and the way out named, since every later
+            # process would refuse it the same way
+            self.store.forget(cell, spec, seed)
+            if run_config.resume is None:
+                raise
+            raise CheckpointError(
+                f'{e}. The run {spec} on {cell["label"]} seed {seed} cannot go on from it; to '
+                f'train it from the start, remove {os.path.dirname(run_config.resume)!r} (its '
+                f'epochs so far are lost)') from e
         except BaseException:  # not finished: its checkpoint stays, nothing is saved for it
             self.store.forget(cell, spec, seed)
             raise
