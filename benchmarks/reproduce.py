@@ -391,7 +391,8 @@ def write_runs_table(repro, claims, out):
              f"model's swept lr / wd (a claim's fixed lr / wd where it has one, with no sweep), "
              f"their mean, the paper's figure where the claim quotes "
              f"one, and each seed's epochs run with its best epoch in brackets (* = stopped "
-             f"early by the patience rule; otherwise at the epoch cap). Claims get a verdict "
+             f"early by the patience rule; 'diverged' = training stopped on a non-finite loss, "
+             f"the run stored as failed; otherwise at the epoch cap). Claims get a verdict "
              f"only in `summary.md`, once all their runs are in.\n"]
     every = []
     for claim in claims:
@@ -414,6 +415,7 @@ def write_runs_table(repro, claims, out):
                 r2=' / '.join(f'{v:.4f}' for v in r2), mean=f'{sum(r2) / len(r2):.4f}',
                 paper='' if runs[0]['paper'] is None else f"{runs[0]['paper']:.3f}",
                 epochs=', '.join(f"{r['epochs_run']}{'*' if r['stopped_early'] else ''}"
+                                 + (' diverged' if r.get('diverged') else '')
                                  + ('' if r['best_epoch'] is None else f" ({r['best_epoch']})")
                                  for r in runs)))
         parts.append(markdown_table(table, ['cell', 'model', 'lr', 'wd', 'seeds', 'r2', 'mean',

@@ -1017,6 +1017,7 @@ def test_a_diverging_run_is_stored_as_failed_and_not_trained_again(tmp_path, mon
     assert 'diverged' in bad and f"in epoch {bad['epochs_run'] - 1};" in bad['diverged']
     assert len(bad['val_loss_curve']) == bad['epochs_run'] - 1 < budget.epochs
     assert bad['val'] == {} and bad['test'] == {} and bad['wall_time_s'] >= 0
+    assert bad['stopped_early'] is False  # it failed; early stopping did not end it
     assert math.isfinite(records[1e-3]['val']['loss'])
     assert not list(tmp_path.rglob('runs/tiny/*/checkpoint.pt'))  # nothing left to resume
     rows = repro.sweep_landscape('sum', [model])
@@ -1027,6 +1028,18 @@ def test_a_diverging_run_is_stored_as_failed_and_not_trained_again(tmp_path, mon
     assert Reproduction(budget, str(tmp_path), device='cpu',
                         sweep_cells={'sum': SUM}).sweep('sum', [model]) == chosen
     assert len(calls) == n
+
+
+def test_summary_table_counts_diverged_runs_apart_from_early_stopped_ones():
+    from torch_mz.reproduce.report import summary_table
+    record = dict(claim='c', paper=dict(value=0.5, source='Table 1'),
+                  ours=dict(mean=0.1, std=0.02), verdict='inconclusive', budget='converged',
+                  n_train=5000, seeds=2,
+                  epochs_run=dict(min=3, max=80, stopped_early=2, diverged=1, runs=4))
+    row = summary_table([record]).strip().split('\n')[-1]
+    assert '| 3-80 (2/4 stopped early, 1 diverged) |' in row
+    record['epochs_run'] = dict(min=50, max=80, stopped_early=4, runs=4)  # older records
+    assert '| 50-80 (4/4 stopped early) |' in summary_table([record])
 
 
 def test_a_held_sweep_run_holds_up_only_its_own_model(tmp_path, monkeypatch):

@@ -45,7 +45,8 @@ def summary_table(records: Sequence[Mapping[str, Any]]) -> str:
              'seeds |', '|---|---|---|---|---|---|---|---|']
     for r in records:
         ours, ep = r['ours'], r.get('epochs_run')
-        epochs = (f"{ep['min']}-{ep['max']} ({ep['stopped_early']}/{ep['runs']} stopped early)"
+        epochs = (f"{ep['min']}-{ep['max']} ({ep['stopped_early']}/{ep['runs']} stopped early"
+                  + (f", {ep['diverged']} diverged" if ep.get('diverged') else '') + ')'
                   if ep else '')
         lines.append(f"| {r['claim']} | {num(r['paper']['value'])} ({r['paper']['source']}) | "
                      f"{num(ours['mean'])} ± {num(ours['std'], False)} | **{r['verdict']}** | "

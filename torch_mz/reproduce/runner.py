@@ -169,7 +169,7 @@ class Reproduction:
             # with such a run is inconclusive), for every model alike
             epochs = self.store.metrics(cell, spec, seed, run_config)
             trained = dict(model=name, seed=seed, params=None, best_epoch=None,
-                           epochs_run=e.epoch + 1, stopped_early=True, diverged=str(e),
+                           epochs_run=e.epoch + 1, stopped_early=False, diverged=str(e),
                            wall_time_s=sum(float(m.get('epoch_time', 0.0)) for m in epochs),
                            val={}, test={})
         except CheckpointError as e:  # a checkpoint this code cannot resume (another preset's
@@ -617,6 +617,7 @@ class Reproduction:
                             epochs_run=int(record.get('epochs_run', 0)),
                             best_epoch=record.get('best_epoch'),
                             stopped_early=bool(record.get('stopped_early', False)),
+                            diverged='diverged' in record,
                             paper=claim.paper_r2.get((cell['label'], spec)),
                             val_loss_curve=list(record.get('val_loss_curve') or [])))
         return rows
@@ -775,6 +776,7 @@ class Reproduction:
             budget=self.budget.name, n_train=self.sized(cell)['kwargs']['n_train'],
             epochs_run=dict(min=min(epochs, default=0), max=max(epochs, default=0),
                             stopped_early=sum(bool(r['stopped_early']) for r in cell_runs),
+                            diverged=sum(bool(r.get('diverged')) for r in cell_runs),
                             runs=len(cell_runs)),
             seeds=seeds, sweep=dict(sweep),
             verdict=verdict(comparison.paper, mean, spread, len(diffs)),
