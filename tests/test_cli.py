@@ -300,3 +300,145 @@ def test_version_is_the_package_version(capsys):
         build_parser().parse_args(['--version'])
     assert exit_info.value.code == 0
     assert capsys.readouterr().out.strip() == f'torch-mz {torch_mz.__version__}'
+
+
+# review of 2026-12-04: predict and resume see the training run's data
+def _mse(rows):
+    return sum((float(r['prediction']) - float(r['target'])) ** 2 for r in rows) / len(rows)
+
+
+def test_predict_uses_the_data_seed_and_sizes_the_checkpoint_records(tmp_path, capsys):
+    run = str(tmp_path / 'run')
+    assert main(['train', *TINY, '--data-seed', '3', '--model', 'rigid', *SMALL,
+                 '--out', run]) == 0
+    best = os.path.join(run, 'best.pt')
+    assert torch.load(best, weights_only=True)['run_info']['task']['split'] == dict(
+        seed=3, n_train=48, n_val=16, n_test=16)
+    result = json.load(open(os.path.join(run, 'result.json')))
+    out = str(tmp_path / 'p.csv')
+    # no --data-seed, no --n-test: the training run's test split, so its test MSE
+    assert main(['predict', best, '--task', 'quadratic-tdof', '--out', out]) == 0
+    rows = _read_csv(out)
+    assert len(rows) == 16
+    assert _mse(rows) == pytest.approx(result['test_metrics']['mse'], rel=1e-5)
+    capsys.readouterr()
+    # another seed draws other data: refused, where it used to predict on it silently
+    assert main(['predict', best, '--task', 'quadratic-tdof', '--data-seed', '0', '--out',
+                 out, '--overwrite']) == 2
+    err = capsys.readouterr().err
+    assert 'trained on data seed 3' in err and err.count('\n') == 1
+    # the same seed given, and more test sets (a synthetic test split is drawn on its own)
+    assert main(['predict', best, '--task', 'quadratic-tdof', '--data-seed', '3', '--n-test',
+                 '40', '--out', out, '--overwrite']) == 0
+    assert [r['target'] for r in _read_csv(out)[:16]] == [r['target'] for r in rows]
+    # resuming with data drawn from another seed is refused
+    capsys.readouterr()
+    assert main(['train', *[a if a != '2' else '3' for a in TINY], '--model', 'rigid', *SMALL,
+                 '--out', run, '--resume', os.path.join(run, 'checkpoint.pt')]) == 2
+    err = capsys.readouterr().err
+    assert 'was written by another run' in err and 'seed=3' in err and 'seed=0' in err
+
+
+def test_predict_on_qm9_takes_the_training_runs_test_molecules(tmp_path, capsys):
+    # the bug: predict --n-test 1 split QM9 as (0, 0, 1) and took a training molecule
+    from tests.datasets.raw_formats import write_qm9pack_csv
+    from torch_mz.tasks import load_task
+    csv_path = write_qm9pack_csv(str(tmp_path / 'pack' / 'qm9_part1.csv'))  # 4 molecules
+    data = ['--task', 'qm9', '--root', str(tmp_path / 'QM9'), '--task-arg',
+            f'csv_path={csv_path}', '--n-train', '2', '--n-val', '1', '--n-test', '1']
+    run = str(tmp_path / 'run')
+    assert main(['train', *data, '--model', 'deepsets', '--epochs', '1', '--warmup-epochs', '0',
+                 '--batch-size', '2', '--no-progress', '--out', run]) == 0
+    task = load_task('qm9', n_train=2, n_val=1, n_test=1, root=str(tmp_path / 'QM9'),
+                     csv_path=csv_path)
+    out = str(tmp_path / 'p.csv')
+    best = os.path.join(run, 'best.pt')
+    assert main(['predict', best, '--task', 'qm9', '--root', str(tmp_path / 'QM9'), '--n-test',
+                 '1', '--out', out]) == 0
+    rows = _read_csv(out)
+    assert [float(r['target']) for r in rows] == pytest.approx([task.test[0].y.item()])
+    assert all(abs(float(rows[0]['target']) - d.y.item()) > 1e-6 for d in task.train)
+    capsys.readouterr()
+    assert main(['predict', best, '--task', 'qm9', '--root', str(tmp_path / 'QM9'), '--n-test',
+                 '2', '--out', out, '--overwrite']) == 2
+    assert 'holds 1 sets' in capsys.readouterr().err
+
+
+def test_predict_refuses_another_number_of_outputs_and_warns_on_changed_options(tmp_path,
+                                                                                capsys):
+    run = str(tmp_path / 'run')
+    assert main(['train', '--task', 'max', '--task-arg', 'd=4', *T, *SMALL, '--model', 'rigid',
+                 '--out', run]) == 0  # four targets: the maximum of each coordinate
+    best, out = os.path.join(run, 'best.pt'), str(tmp_path / 'p.csv')
+    capsys.readouterr()
+    assert main(['predict', best, '--task', 'max', '--task-arg', 'reduce=mean', '--out',
+                 out]) == 2  # one target
+    err = capsys.readouterr().err
+    assert 'predicts 4 output(s)' in err and err.count('\n') == 1
+    assert not os.path.exists(out)
+    run2 = str(tmp_path / 'run2')
+    assert main(['train', *TINY, '--model', 'deepsets', '--out', run2]) == 0  # tdof=2
+    capsys.readouterr()
+    assert main(['predict', os.path.join(run2, 'best.pt'), '--task', 'quadratic-tdof',
+                 '--task-arg', 'tdof=3', '--out', out]) == 0
+    err = capsys.readouterr().err
+    assert "warning: --task-arg tdof=3 differs from the training run's tdof=2" in err
+
+
+def test_compare_resume_continues_an_interrupted_comparison_exactly(tmp_path, capsys):
+    from torch_mz.train import TrainingStopped, stop_by
+    argv = ['compare', '--task', 'max', *T[:-1], '2', '--seeds', '1', '--models',
+            'deepsets,rigid:dim=8,num_inducing=2,d_ff=8']
+    whole = str(tmp_path / 'whole')
+    assert main([*argv, '--out', whole]) == 0
+    cut = str(tmp_path / 'cut')
+    with pytest.raises(TrainingStopped), stop_by(0.0):  # stops after the first epoch
+        main([*argv, '--out', cut])
+    assert sorted(os.listdir(cut)) == ['deepsets-seed0']
+    capsys.readouterr()
+    assert main([*argv, '--out', cut]) == 2
+    assert '--resume to continue it' in capsys.readouterr().err
+    assert main([*argv, '--out', cut, '--resume', '--lr', '3e-3']) == 2  # other settings
+    assert "lr 0.0001, now 0.003" in capsys.readouterr().err
+    assert main([*argv, '--out', cut, '--resume']) == 0
+    assert 'resuming 1 of 2 runs' in capsys.readouterr().out
+    runs = {tag: json.load(open(os.path.join(tag, 'results.json')))['runs']
+            for tag in (whole, cut)}
+    for a, b in zip(runs[whole], runs[cut]):
+        assert a['model'] == b['model'] and a['epochs_run'] == b['epochs_run'] == 2
+        assert a['test'] == pytest.approx(b['test'], rel=1e-6)
+    # a finished comparison resumed trains nothing more and gives the same table
+    assert main([*argv, '--out', cut, '--resume']) == 0
+    assert 'resuming 2 of 2 runs' in capsys.readouterr().out
+    again = json.load(open(os.path.join(cut, 'results.json')))['runs']
+    assert [r['test'] for r in again] == pytest.approx([r['test'] for r in runs[cut]])
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['compare', '--models', 'deepsets,rigid,deepsets', '--seeds', '1'],
+     "'deepsets' is given twice"),
+    (['compare', '--models', 'rigid:dim=8 ,rigid:dim=8', '--seeds', '1'], 'given twice'),
+    (['train', '--model', 'rigid', '--epochs', '3', '--warmup-epochs', '5'], 'warmup'),
+])
+def test_duplicate_models_and_bad_settings_exit_2_before_any_data(argv, message, tmp_path,
+                                                                  capsys):
+    # qm9 from a folder with no data: the settings are refused before loading is tried
+    assert main([argv[0], '--task', 'qm9', '--root', str(tmp_path / 'none'), '--no-progress',
+                 *argv[1:], '--out', str(tmp_path / 'o')]) == 2
+    err = capsys.readouterr().err
+    assert message in err and 'Traceback' not in err and err.count('\n') == 1, err
+
+
+def test_an_out_path_of_the_wrong_kind_exits_2(tmp_path, capsys):
+    a_file = tmp_path / 'a_file'
+    a_file.write_text('mine')
+    assert main(['train', '--task', 'max', *T, '--model', 'deepsets', '--out',
+                 str(a_file)]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
+    run = str(tmp_path / 'run')
+    assert main(['train', '--task', 'max', *T, '--model', 'deepsets', '--out', run]) == 0
+    capsys.readouterr()
+    assert main(['predict', os.path.join(run, 'best.pt'), '--task', 'max', '--out',
+                 str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert 'is a folder' in err and 'Traceback' not in err and a_file.read_text() == 'mine'

@@ -37,7 +37,9 @@ def test_checkpoint_is_self_describing(task, tmp_path):
         raw = torch.load(tmp_path / name, weights_only=True)  # plain values only
         assert raw['torch_mz_version'] == torch_mz.__version__
         assert raw['task_type'] == 'regression'
-        assert raw['run_info']['task'] == {'name': 'max', 'args': {'d': 3, 'set_size': [2, 5]}}
+        assert raw['run_info']['task'] == {
+            'name': 'max', 'args': {'d': 3, 'set_size': [2, 5]},
+            'split': {'seed': 0, 'n_train': 32, 'n_val': 8, 'n_test': 8}}
         assert raw['run_info']['model'] == {
             'name': 'mz-slim', 'args': SMALL, 'in_channels': 3, 'out_channels': 3,
             'pos_dim': 3, 'feature_columns': None}

@@ -755,3 +755,21 @@ def test_ddp_two_processes_on_cpu(tmp_path):
         assert torch.allclose(v, r0['params'][k], atol=1e-5), k
     assert [r['val_loss'] for r in ref_result.history] == pytest.approx(
         [r['val_loss'] for r in r0['history']], rel=1e-4)
+
+
+def test_a_non_finite_validation_loss_stops_training_as_diverged(tmp_path):
+    # a validation set with an infinite input: the training loss stays finite, the validation
+    # loss is not; before, such a run trained on for its patience with no best epoch and
+    # reported success with NaN test figures
+    from torch_mz.train import TrainingDiverged
+    bad_val = [d.clone() for d in REG_VAL]
+    bad_val[3].x = bad_val[3].x.clone()
+    bad_val[3].x[0, 0] = float('inf')
+    seed_everything(0)
+    with pytest.raises(TrainingDiverged) as info:
+        train(H.ToyDeepSets(3, 2), REG_TRAIN, bad_val, config=config(out_dir=str(tmp_path)),
+              task_type='regression')
+    assert info.value.split == 'validation' and info.value.epoch == 0
+    assert not math.isfinite(info.value.loss)
+    assert str(info.value).startswith('Validation loss is ') and 'in epoch 0;' in str(info.value)
+    assert isinstance(info.value, FloatingPointError)

@@ -134,6 +134,14 @@ def _model_specs(text: str, flag: str) -> List[ModelSpec]:
         specs.append(ModelSpec(spec, name, options))
     if not specs:
         raise CLIError(f'{flag} needs at least one model name')
+    folders: Dict[str, str] = {}
+    for model in specs:  # one run folder per spec and seed: a repeated spec would share them
+        if model.folder in folders:
+            same = ('is given twice' if folders[model.folder] == model.spec else
+                    f"and '{folders[model.folder]}' name the same run folders")
+            raise CLIError(f"{flag}: '{model.spec}' {same}; use --seeds for more runs of a "
+                           f"model")
+        folders[model.folder] = model.spec
     _check_models([s.name for s in specs])
     return specs
 
@@ -201,6 +209,21 @@ def _compare_outputs(out: str) -> List[str]:
     return found
 
 
+def _warn(message: str):
+    print(f'torch-mz: warning: {message}', file=sys.stderr)
+
+
+def _check_out_folder(out: str):
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise CLIError(f"--out '{out}' is a file, not a folder: choose another --out")
+
+
+def _check_training_args(args):
+    r"""The training settings, checked before any data is loaded (a bad --epochs should not
+    wait for a dataset to be processed)."""
+    _config(args, 0, None)  # TrainConfig's own checks raise ValueError, one line in main
+
+
 def _same_path(a: str, b: str) -> bool:
     return os.path.realpath(a) == os.path.realpath(b)
 
@@ -253,6 +276,8 @@ def cmd_train(args) -> int:
     if args.resume is not None and args.overwrite:
         raise CLIError('--resume continues a run and --overwrite starts a new one: pass one')
     out = args.out or os.path.join('runs', args.task, f'{model.folder}-seed{args.seed}')
+    _check_out_folder(out)
+    _check_training_args(args)
     existing = _run_files(out)
     resumes_here = args.resume is not None and _same_path(os.path.dirname(args.resume) or '.',
                                                           out)
@@ -280,15 +305,45 @@ def cmd_compare(args) -> int:
     models = _model_specs(args.models, '--models')
     if args.seeds < 1:
         raise CLIError(f'--seeds must be at least 1 (got {args.seeds})')
+    if args.resume and args.overwrite:
+        raise CLIError('--resume continues a comparison and --overwrite starts a new one: pass '
+                       'one')
     out = args.out or os.path.join('runs', args.task, 'compare')
+    _check_out_folder(out)
+    _check_training_args(args)
     stale = _compare_outputs(out)
-    if stale and not args.overwrite:
+    if stale and not args.overwrite and not args.resume:
         raise CLIError(f"'{out}' already holds the results of a comparison "
-                       f"({', '.join(stale)}); pass --overwrite to replace them (the old model "
-                       f"folders are removed), or choose another --out")
+                       f"({', '.join(stale)}); pass --resume to continue it (finished runs "
+                       f"are read back, interrupted ones continue from their last "
+                       f"checkpoint), --overwrite to replace it (the old model folders are "
+                       f"removed), or choose another --out")
+    folders = {model.spec: model.folder for model in models}
+
+    def folder_of(spec, seed):
+        return os.path.join(out, f'{folders[spec]}-seed{seed}')
+
+    resume_from = {}
+    if args.resume:  # every run with a checkpoint continues from it, with the same settings
+        from torch_mz.train import LAST_CHECKPOINT, load_checkpoint
+        from torch_mz.train.checkpoint import _config_changes
+        for model in models:
+            for seed in range(args.seeds):
+                path = os.path.join(folder_of(model.spec, seed), LAST_CHECKPOINT)
+                if not os.path.isfile(path):
+                    continue
+                changed = _config_changes(load_checkpoint(path).get('config') or {},
+                                          _config(args, seed, None).to_dict())
+                if changed:
+                    raise CLIError(
+                        f"--resume: '{path}' was trained with other settings ("
+                        + ', '.join(f'{k} {a!r}, now {b!r}' for k, (a, b) in changed.items())
+                        + '); a comparison gives every run the same: pass the original '
+                        'options, or choose another --out')
+                resume_from[(model.spec, seed)] = path
     task = _load(args, progress=not args.no_progress)
     _check_model_args(args, task, models)
-    for name in stale:
+    for name in stale if not args.resume else ():
         path = os.path.join(out, name)
         if os.path.isdir(path):
             _remove_run_files(path)
@@ -306,10 +361,12 @@ def cmd_compare(args) -> int:
         print(f"  {row['model']:10s} seed {row['seed']}: test {key} "
               f"{row['test'].get(key, math.nan):.4f} ({row['wall_time_s']:.0f} s)", flush=True)
 
-    folders = {model.spec: model.folder for model in models}
+    if resume_from:
+        print(f'resuming {len(resume_from)} of {len(models) * args.seeds} runs from their '
+              f'checkpoints in {out}')
 
     def config_for(spec, seed):
-        return _config(args, seed, os.path.join(out, f'{folders[spec]}-seed{seed}'))
+        return _config(args, seed, folder_of(spec, seed), resume_from.get((spec, seed)))
 
     start = time.time()
     rows = train_models(task, [m.spec for m in models], args.seeds, config_for,
@@ -338,6 +395,9 @@ def cmd_predict(args) -> int:
     _check_task(args.task)
     if not os.path.isfile(args.checkpoint):
         raise CLIError(f"checkpoint '{args.checkpoint}' does not exist")
+    if os.path.isdir(args.out):
+        raise CLIError(f"--out '{args.out}' is a folder; predict writes one CSV file: name it, "
+                       f"e.g. {os.path.join(args.out, 'predictions.csv')}")
     if os.path.exists(args.out) and not args.overwrite:
         raise CLIError(f"'{args.out}' already exists; pass --overwrite to replace it, or choose "
                        f"another --out")
@@ -348,7 +408,7 @@ def cmd_predict(args) -> int:
 
     from torch_mz._files import atomic_write
     from torch_mz.inference import load_model, prediction_columns
-    from torch_mz.tasks import is_synthetic, load_task
+    from torch_mz.tasks import is_synthetic, load_task, task_options
     from torch_mz.train import load_checkpoint, resolve_device
     state = load_checkpoint(args.checkpoint)
     recorded = (state.get('run_info') or {}).get('task') or {}
@@ -356,12 +416,49 @@ def cmd_predict(args) -> int:
         raise CLIError(f"checkpoint '{args.checkpoint}' was trained on task "
                        f"'{recorded['name']}', not '{args.task}'")
     # the task options the model was trained with, unless --task-arg says otherwise
-    options = dict(recorded.get('args') or {}, **_parse_kv(args.task_arg, '--task-arg'))
+    trained_with = dict(recorded.get('args') or {})
+    given = _parse_kv(args.task_arg, '--task-arg')
+    warnings = []  # printed once the checks below have passed
+    defaults = task_options(args.task)[0]
+    for key, value in given.items():
+        before = trained_with.get(key, defaults.get(key))  # an option not given was its default
+        if key != 'set_size' and before != value:
+            warnings.append(f"--task-arg {key}={value!r} differs from the training run's "
+                            f"{key}={before!r}: the predictions are scored on another task")
+    options = dict(trained_with, **given)
     set_size = options.pop('set_size', None)
-    only_test = 0 if is_synthetic(args.task) else None  # synthetic splits are independent
-    task = load_task(args.task, seed=args.data_seed, n_train=only_test, n_val=only_test,
-                     n_test=args.n_test, set_size=None if set_size is None else tuple(set_size),
-                     root=args.root, **options)
+    set_size = None if set_size is None else tuple(set_size)
+    synthetic = is_synthetic(args.task)
+    split = recorded.get('split') or {}
+    if split:  # the data seed and split sizes of the training run
+        seed = split.get('seed', 0)
+        if args.data_seed is not None and args.data_seed != seed:
+            drawn = ('draws other data (a synthetic task draws its own parameters, where it '
+                     'has any, from the seed; --n-test gives more test sets)' if synthetic else 'draws another split, whose test sets hold '
+                     'the model\'s training data')
+            raise CLIError(f"'{args.checkpoint}' was trained on data seed {seed}; --data-seed "
+                           f"{args.data_seed} {drawn}: leave --data-seed out")
+    else:
+        seed = 0 if args.data_seed is None else args.data_seed
+        warnings.append(
+            f"'{args.checkpoint}' does not record the data seed and split sizes of its "
+            f"training run (written by an earlier torch-mz): predicting on the "
+            f"{'sets drawn from' if synthetic else 'default split of'} data seed {seed}; pass "
+            f"the run's --data-seed" + ('' if synthetic else
+                                        ', and check that its split was the default'))
+    if synthetic:  # the test split is drawn apart from the others: any number of test sets
+        n_test = args.n_test if args.n_test is not None else split.get('n_test')
+        task = load_task(args.task, seed=seed, n_train=0, n_val=0, n_test=n_test,
+                         set_size=set_size, root=args.root, **options)
+    else:  # the training run's split, so that its test sets are the held-out ones
+        task = load_task(args.task, seed=seed, n_train=split.get('n_train'),
+                         n_val=split.get('n_val'), n_test=split.get('n_test'),
+                         set_size=set_size, root=args.root, **options)
+        if args.n_test is not None:
+            if args.n_test > len(task.test):
+                raise CLIError(f"--n-test {args.n_test}: the test split of '{args.checkpoint}'"
+                               f"'s training run holds {len(task.test)} sets")
+            task.test = task.test[:args.n_test]
     if task.task_type != state['task_type']:
         raise CLIError(f"checkpoint '{args.checkpoint}' is a {state['task_type']} model and task "
                        f"'{args.task}' a {task.task_type} task")
@@ -370,6 +467,12 @@ def cmd_predict(args) -> int:
         raise CLIError(f"the model of '{args.checkpoint}' takes {built['in_channels']} input "
                        f"channels, task '{args.task}' with these options gives "
                        f"{task.in_channels}")
+    if built.get('out_channels', task.out_channels) != task.out_channels:
+        raise CLIError(f"the model of '{args.checkpoint}' predicts {built['out_channels']} "
+                       f"output(s), task '{args.task}' with these options has "
+                       f"{task.out_channels}")
+    for message in warnings:
+        _warn(message)
     model = load_model(args.checkpoint)
     columns = prediction_columns(model, task.test, task.task_type, batch_size=args.batch_size,
                                  device=resolve_device(args.device))
@@ -410,6 +513,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--models', required=True,
                    help='comma-separated model specs, e.g. mz,hypernet:rank=4,dim=64')
     p.add_argument('--seeds', type=int, default=3)
+    p.add_argument('--resume', action='store_true',
+                   help='continue an interrupted comparison in --out with the same options: '
+                   'finished runs are read back, the others continue from their last '
+                   'checkpoint')
     p.set_defaults(func=cmd_compare)
     p = sub.add_parser('predict', help="write a trained model's predictions on a task's test "
                        'split to CSV')
@@ -418,9 +525,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--task-arg', action='append', metavar='KEY=VALUE',
                    help='task option (default: those the checkpoint records; repeatable)')
     p.add_argument('--root', help='folder of the real dataset itself, e.g. datasets/QM9')
-    p.add_argument('--n-test', type=int, help='test sets (default: the task\'s)')
-    p.add_argument('--data-seed', type=int, default=0,
-                   help='seed of the synthetic data / real split, as in training (default: 0)')
+    p.add_argument('--n-test', type=int,
+                   help="test sets (default: the training run's; a real dataset's first N "
+                   "test sets of the training run's split)")
+    p.add_argument('--data-seed', type=int,
+                   help='seed of the synthetic data / real split (default: the one the '
+                   'checkpoint records; 0 for a checkpoint that records none)')
     p.add_argument('--batch-size', type=int, default=128)
     p.add_argument('--device', default='auto', help="'auto', 'cpu', 'cuda' or 'cuda:N'")
     p.add_argument('--out', required=True, help='CSV file: one row per set, columns prediction '
@@ -442,7 +552,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from torch_mz.train import CheckpointError
     try:
         return args.func(args)
-    except (CLIError, CheckpointError, ValueError, FileNotFoundError, ImportError,
+    except (CLIError, CheckpointError, ValueError, OSError, ImportError,
             FloatingPointError) as e:
         if os.environ.get('TORCH_MZ_DEBUG'):
             raise

@@ -56,6 +56,7 @@ def load_task(name: str, seed: int = 0, n_train: Optional[int] = None,
         splits = real.load_real_task(name, seed=seed, n_train=n_train, n_val=n_val,
                                      n_test=n_test, root=root, progress=progress, **task_kwargs)
     splits.args = args
+    splits.split = dict(seed=seed, n_train=n_train, n_val=n_val, n_test=n_test)
     return splits
 
 

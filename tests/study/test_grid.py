@@ -15,7 +15,9 @@ def test_train_one_records_task_and_model_in_checkpoints(tmp_path):
                          out_dir=str(tmp_path))
     train_one(task, 'deepsets', 0, config, hidden_channels=8)
     state = torch.load(tmp_path / 'checkpoint.pt', weights_only=True)
-    assert state['run_info'] == {'task': {'name': 'max', 'args': {'d': 2, 'set_size': [2, 3]}},
+    assert state['run_info'] == {'task': {'name': 'max', 'args': {'d': 2, 'set_size': [2, 3]},
+                                          'split': {'seed': 0, 'n_train': 8, 'n_val': 4,
+                                                    'n_test': 4}},
                                  'model': {'name': 'deepsets', 'args': {'hidden_channels': 8},
                                            'in_channels': 2, 'out_channels': 2, 'pos_dim': 2,
                                            'feature_columns': None}}

@@ -32,6 +32,12 @@ class TaskSplits:
             hyper-parameters and task-level parameters; :obj:`None` for a real dataset.
         seed (int, optional): The seed the synthetic splits were drawn from (:obj:`None` for a
             real dataset).
+        split (dict): How :func:`~torch_mz.tasks.load_task` drew the splits: ``seed`` and the
+            sizes asked for, ``n_train``, ``n_val``, ``n_test`` (:obj:`None` for the task's
+            default), which checkpoints record so that ``torch-mz predict`` and a resumed run
+            see the same data (for a synthetic task the seed also draws the task's own
+            parameters; for QM9 it draws the split, so another seed's test split holds
+            training molecules).
     """
     name: str
     train: Sequence[Any]
@@ -46,6 +52,7 @@ class TaskSplits:
     args: Dict[str, Any] = field(default_factory=dict)
     task: Optional[Any] = None
     seed: Optional[int] = None
+    split: Dict[str, Any] = field(default_factory=dict)
 
     def __getitem__(self, split: str) -> Sequence[Any]:
         if split not in SPLITS:

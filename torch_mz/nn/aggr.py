@@ -68,8 +68,8 @@ def resolve_set_index(x: Tensor, index: Optional[Tensor], ptr: Optional[Tensor],
         index = torch.zeros(N, dtype=torch.long, device=x.device)
     given_index = index if ptr is not None else None
     if ptr is not None:  # as in PyG, ptr takes precedence; a disagreeing index is refused below
-        if ptr.dim() != 1 or ptr.numel() < 1 or ptr.dtype in (torch.float16, torch.bfloat16,
-                                                               torch.float32, torch.float64):
+        if (ptr.dim() != 1 or ptr.numel() < 1 or ptr.is_floating_point()
+                or ptr.is_complex() or ptr.dtype == torch.bool):
             raise ValueError(f"Expected 'ptr' to be a 1-D integer tensor (got shape "
                              f"{tuple(ptr.shape)} and dtype {ptr.dtype})")
         sizes = ptr[1:] - ptr[:-1]
@@ -80,6 +80,9 @@ def resolve_set_index(x: Tensor, index: Optional[Tensor], ptr: Optional[Tensor],
         if dim_size is None:
             dim_size = ptr.numel() - 1
     assert index is not None  # given, or built from ptr or for a single set above
+    if dim_size is not None and (isinstance(dim_size, bool) or int(dim_size) != dim_size
+                                 or dim_size < 0):
+        raise ValueError(f"Expected 'dim_size' to be a non-negative integer (got {dim_size!r})")
     if given_index is not None:
         if (given_index.dim() != 1 or given_index.numel() != N
                 or not torch.equal(given_index.to(index.device).long(), index)):

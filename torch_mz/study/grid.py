@@ -22,12 +22,16 @@ def train_one(task, model_name: str, seed: int, config: TrainConfig,
     :obj:`seed`) and returns a flat record: model, seed, parameter count, best epoch, epochs run,
     wall time, validation and test metrics. The checkpoints record the task (name and
     ``task.args``) and the model (preset name and overrides), so that resuming one with another
-    task or model is refused."""
+    task or model is refused, and so is resuming one with data drawn with another seed or other
+    split sizes (``task.split``, recorded where :func:`~torch_mz.tasks.load_task` built the
+    task)."""
     seed_everything(seed)
     model = build_model(model_name, task.in_channels, task.out_channels, pos_dim=task.pos_dim,
                         feature_columns=task.info.get('feature_columns'), **model_overrides)
     run_info = {'task': {'name': task.name, 'args': _json_safe(getattr(task, 'args', {}))},
                 'model': {'name': model_name, 'args': _json_safe(model_overrides)}}
+    if getattr(task, 'split', None):  # seed and sizes (load_task): predict and resume check them
+        run_info['task']['split'] = _json_safe(task.split)
     result = train(model, task.train, task.val, task.test, config=config,
                    task_type=task.task_type, run_info=run_info)
     return dict(model=model_name, seed=seed, params=count_parameters(model),

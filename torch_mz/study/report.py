@@ -7,6 +7,8 @@ from typing import Any, Dict, List
 
 import numpy as np
 
+from torch_mz._files import atomic_write
+
 __all__ = ['METRICS', 'write_json', 'write_results', 'write_report', 'markdown_table',
            'summarize', 'summary_markdown']
 
@@ -14,11 +16,11 @@ METRICS = {'regression': ('r2', 'mse', 'mae'), 'classification': ('accuracy', 'l
 
 
 def write_json(path: str, payload: Dict[str, object]):
-    r"""Writes :obj:`payload` as indented JSON (creating the folder)."""
+    r"""Writes :obj:`payload` as indented JSON (creating the folder), atomically: an interrupted
+    write leaves the earlier file whole."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, 'w') as f:
-        json.dump(payload, f, indent=2)
-        f.write('\n')
+    text = json.dumps(payload, indent=2) + '\n'  # serialised first: a failure writes nothing
+    atomic_write(path, lambda f: f.write(text), binary=False)
 
 
 def write_results(out: str, name: str, payload: Dict[str, object], markdown: str) -> None:
@@ -26,8 +28,7 @@ def write_results(out: str, name: str, payload: Dict[str, object], markdown: str
     ``<out>/<name>.md`` (:obj:`markdown`), creating :obj:`out`."""
     os.makedirs(out, exist_ok=True)
     write_json(os.path.join(out, f'{name}.json'), payload)
-    with open(os.path.join(out, f'{name}.md'), 'w') as f:
-        f.write(markdown)
+    atomic_write(os.path.join(out, f'{name}.md'), lambda f: f.write(markdown), binary=False)
 
 
 def write_report(out: str, name: str, title: str, env: Dict[str, Any],

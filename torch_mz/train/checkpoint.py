@@ -108,7 +108,9 @@ def _describe_run(info: Dict[str, Any]) -> str:
     for key, value in sorted(info.items(), key=lambda kv: (kv[0] != 'task', kv[0] != 'model')):
         if isinstance(value, dict) and 'name' in value:
             args = ', '.join(f'{k}={v!r}' for k, v in sorted(value.get('args', {}).items()))
-            parts.append(f"{key} {value['name']!r}" + (f' ({args})' if args else ''))
+            split = ', '.join(f'{k}={v!r}' for k, v in sorted((value.get('split') or {}).items()))
+            parts.append(f"{key} {value['name']!r}" + (f' ({args})' if args else '')
+                         + (f' [data: {split}]' if split else ''))
         else:
             parts.append(f'{key} {value!r}')
     return ', '.join(parts)
@@ -125,6 +127,19 @@ def _same_run(saved: Dict[str, Any], current: Dict[str, Any]) -> bool:
         elif a != b:
             return False
     return True
+
+
+#: Configuration entries that may change when a run is resumed without changing its result
+#: (where it writes, how it shows progress, where it runs).
+RESUMABLE_CONFIG_CHANGES = ('resume', 'out_dir', 'progress', 'device', 'num_workers')
+
+
+def _config_changes(saved: Dict[str, Any], current: Dict[str, Any]) -> Dict[str, Any]:
+    r"""The entries of a checkpoint's configuration (``config.to_dict()``) that
+    :obj:`current` sets otherwise, ``{key: (saved, current)}``, but for
+    :data:`RESUMABLE_CONFIG_CHANGES`."""
+    return {k: (saved[k], v) for k, v in current.items()
+            if k in saved and saved[k] != v and k not in RESUMABLE_CONFIG_CHANGES}
 
 
 def _with_build_info(run_info: Optional[Dict[str, Any]],

@@ -34,15 +34,20 @@ class TrainingStopped(RuntimeError):
 
 class TrainingDiverged(FloatingPointError):
     r"""Raised by :meth:`Trainer.fit <torch_mz.train.Trainer.fit>` when an epoch's training loss
-    is not finite (NaN or inf): the run cannot go on, and resuming it from its last checkpoint
-    would diverge again at the same epoch (resumption is exact). :attr:`epoch` is the epoch
-    (0-based) whose loss was :attr:`train_loss`; the checkpoint and metrics of the epochs before
-    it are left as they were. A :class:`FloatingPointError`, as before it had a name."""
-    def __init__(self, epoch: int, train_loss: float):
-        super().__init__(f'Training loss is {train_loss} in epoch {epoch}; lower the learning '
-                         f'rate or check the data for NaN/inf')
+    or validation loss is not finite (NaN or inf): the run cannot go on (weights that give a
+    NaN validation loss are never the best, and early stopping would only wait out the
+    patience), and resuming it from its last checkpoint would diverge again at the same epoch
+    (resumption is exact). :attr:`epoch` is the epoch (0-based) whose loss was :attr:`loss`, on
+    the split :attr:`split` (``'training'`` or ``'validation'``); the checkpoint and metrics of
+    the epochs before it are left as they were. A :class:`FloatingPointError`, as before it had a
+    name. :attr:`train_loss` is :attr:`loss` (its name before validation losses were checked)."""
+    def __init__(self, epoch: int, loss: float, split: str = 'training'):
+        hint = ('lower the learning rate or check the data for NaN/inf' if split == 'training'
+                else 'the weights overflowed, or the validation data holds NaN/inf')
+        super().__init__(f'{split.capitalize()} loss is {loss} in epoch {epoch}; {hint}')
         self.epoch = epoch
-        self.train_loss = train_loss
+        self.loss = self.train_loss = loss
+        self.split = split
 
 
 @contextmanager

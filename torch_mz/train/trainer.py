@@ -24,9 +24,10 @@ from tqdm.auto import tqdm
 
 from torch_mz._files import atomic_write
 from torch_mz.train.checkpoint import (CHECKPOINT_FORMAT, CHECKPOINT_VERSION, CheckpointError,
-                                       _cpu_state_dict, _describe_run, _json_values,
-                                       _rng_state, _same_run, _set_rng_state, _torch_mz_version,
-                                       _with_build_info, load_checkpoint, save_checkpoint)
+                                       _config_changes, _cpu_state_dict, _describe_run,
+                                       _json_values, _rng_state, _same_run, _set_rng_state,
+                                       _torch_mz_version, _with_build_info, load_checkpoint,
+                                       save_checkpoint)
 from torch_mz.train.config import TrainConfig, TrainResult
 from torch_mz.train.contract import (TASK_TYPES, LossFn, ModelOutput, _collect_targets, _first,
                                      _match_pred, _raw_targets)
@@ -496,6 +497,8 @@ class Trainer:
         early stopping."""
         cfg = self.config
         val = self.evaluate(val_dataset)
+        if not math.isfinite(val['loss']):
+            raise TrainingDiverged(epoch, val['loss'], split='validation')
         record.update({f'val_{k}': v for k, v in val.items()})
         if val['loss'] < run.best_val - cfg.min_delta:
             run.best_val, run.best_epoch, run.bad_epochs = val['loss'], epoch, 0
@@ -577,9 +580,7 @@ class Trainer:
         self._check_task(state, path)
         self._check_run_info(state, path)
         old = state.get('config', {})
-        changed = {k: (old[k], v) for k, v in self.config.to_dict().items()
-                   if k in old and old[k] != v and k not in
-                   ('resume', 'out_dir', 'progress', 'device', 'num_workers')}
+        changed = _config_changes(old, self.config.to_dict())
         if changed:
             log.warning('Resuming %s with a changed configuration %s; the run will differ from '
                         'an uninterrupted one', path, changed)
