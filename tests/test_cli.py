@@ -442,3 +442,49 @@ def test_an_out_path_of_the_wrong_kind_exits_2(tmp_path, capsys):
                  str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert 'is a folder' in err and 'Traceback' not in err and a_file.read_text() == 'mine'
+
+
+def test_compare_resume_refuses_runs_outside_the_comparison_and_other_data(tmp_path, capsys):
+    out = str(tmp_path / 'cmp')
+    argv = ['compare', '--task', 'max', *T, '--out', out]
+    assert main([*argv, '--models', 'deepsets', '--seeds', '2']) == 0
+    capsys.readouterr()
+    assert main([*argv, '--models', 'deepsets', '--seeds', '1', '--resume']) == 2
+    err = capsys.readouterr().err
+    assert 'not in this comparison (deepsets-seed1)' in err and err.count('\n') == 1
+    # more models may be added; other data is refused before anything trains
+    assert main([*argv, '--models', 'mean-mlp,deepsets', '--seeds', '2', '--resume',
+                 '--data-seed', '1']) == 2
+    err = capsys.readouterr().err
+    assert 'seed=0' in err and 'seed=1' in err and err.count('\n') == 1
+    assert not os.path.exists(os.path.join(out, 'mean-mlp-seed0'))
+    assert main([*argv, '--models', 'deepsets,mean-mlp', '--seeds', '2', '--resume']) == 0
+    runs = json.load(open(os.path.join(out, 'results.json')))['runs']
+    assert [(r['model'], r['seed']) for r in runs] == [('deepsets', 0), ('deepsets', 1),
+                                                      ('mean-mlp', 0), ('mean-mlp', 1)]
+
+
+def test_set_size_belongs_to_its_flag_and_an_old_checkpoint_warns_before_loading(tmp_path,
+                                                                                 capsys):
+    assert main(['train', '--task', 'max', *T, '--task-arg', 'set_size=[2,5]', '--model',
+                 'deepsets', '--out', str(tmp_path / 'o')]) == 2
+    assert 'is --set-size LOW,HIGH' in capsys.readouterr().err
+    run = str(tmp_path / 'run')
+    assert main(['train', *TINY, '--model', 'deepsets', '--out', run]) == 0
+    best, out = os.path.join(run, 'best.pt'), str(tmp_path / 'p.csv')
+    capsys.readouterr()
+    assert main(['predict', best, '--task', 'quadratic-tdof', '--task-arg', 'set_size=5',
+                 '--out', out]) == 2
+    err = capsys.readouterr().err
+    assert 'set_size must be a pair [LOW, HIGH]' in err and err.count('\n') == 1
+    # set-size generalisation: another range, no warning
+    assert main(['predict', best, '--task', 'quadratic-tdof', '--task-arg', 'set_size=[8,12]',
+                 '--out', out]) == 0
+    assert 'warning' not in capsys.readouterr().err and len(_read_csv(out)) == 16
+    # a checkpoint without the split (an earlier torch-mz): seed from --data-seed, a warning
+    state = torch.load(best, weights_only=True)
+    del state['run_info']['task']['split']
+    old = str(tmp_path / 'old.pt')
+    torch.save(state, old)
+    assert main(['predict', old, '--task', 'quadratic-tdof', '--out', out, '--overwrite']) == 0
+    assert 'does not record the data seed' in capsys.readouterr().err

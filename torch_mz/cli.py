@@ -44,6 +44,19 @@ def _parse_kv(items: Optional[Sequence[str]], what: str) -> Dict[str, object]:
         raise CLIError(f'{what} {e}') from None
 
 
+#: Task options that do not change the data (a changed one is not warned about in predict;
+#: ``set_size`` is changed on purpose to test set-size generalisation).
+_NOT_DATA_OPTIONS = ('log', 'force_reload', 'set_size')
+
+
+def _check_set_size(value: object, what: str):
+    if (not isinstance(value, (list, tuple)) or len(value) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+            or not 1 <= value[0] <= value[1]):
+        raise CLIError(f'{what} must be a pair [LOW, HIGH] with 1 <= LOW <= HIGH (got '
+                       f'{value!r})')
+
+
 def _parse_range(text: Optional[str]):
     if text is None:
         return None
@@ -96,9 +109,12 @@ def _load(args, progress: bool):
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise CLIError(f"--{flag.replace('_', '-')} must be at least 1 (got {value})")
+    options = _parse_kv(args.task_arg, '--task-arg')
+    if 'set_size' in options:
+        raise CLIError('the set-size range is --set-size LOW,HIGH, not a --task-arg')
     return load_task(args.task, seed=args.data_seed, n_train=args.n_train, n_val=args.n_val,
                      n_test=args.n_test, set_size=_parse_range(args.set_size), root=args.root,
-                     progress=progress, **_parse_kv(args.task_arg, '--task-arg'))
+                     progress=progress, **options)
 
 
 def _config(args, seed: int, out_dir: Optional[str], resume: Optional[str] = None):
@@ -324,6 +340,14 @@ def cmd_compare(args) -> int:
         return os.path.join(out, f'{folders[spec]}-seed{seed}')
 
     resume_from = {}
+    if args.resume and stale:  # the runs there are this comparison's, or some would be lost
+        wanted = {os.path.basename(folder_of(m.spec, k)) for m in models
+                  for k in range(args.seeds)}
+        other = [name for name in stale if name not in _COMPARE_RESULTS and name not in wanted]
+        if other:
+            raise CLIError(f"--resume: '{out}' holds runs that are not in this comparison "
+                           f"({', '.join(other)}): pass the original --models and --seeds "
+                           f"(more models may be added), or choose another --out")
     if args.resume:  # every run with a checkpoint continues from it, with the same settings
         from torch_mz.train import LAST_CHECKPOINT, load_checkpoint
         from torch_mz.train.checkpoint import _config_changes
@@ -343,6 +367,20 @@ def cmd_compare(args) -> int:
                 resume_from[(model.spec, seed)] = path
     task = _load(args, progress=not args.no_progress)
     _check_model_args(args, task, models)
+    if resume_from:  # the same task, data and model as each checkpoint, before any training
+        from torch_mz.study import run_info_for
+        from torch_mz.train import load_checkpoint
+        from torch_mz.train.checkpoint import _describe_run, _same_run
+        overrides = _parse_kv(args.model_arg, '--model-arg')
+        for model in models:
+            current = run_info_for(task, model.name, dict(model.options, **overrides))
+            for seed in range(args.seeds):
+                path = resume_from.get((model.spec, seed))
+                saved = None if path is None else load_checkpoint(path).get('run_info')
+                if saved is not None and not _same_run(saved, current):
+                    raise CLIError(f"--resume: '{path}' was trained on {_describe_run(saved)}, "
+                                   f"not {_describe_run(current)}: pass the original options, "
+                                   f"or choose another --out")
     for name in stale if not args.resume else ():
         path = os.path.join(out, name)
         if os.path.isdir(path):
@@ -401,8 +439,11 @@ def cmd_predict(args) -> int:
     if os.path.exists(args.out) and not args.overwrite:
         raise CLIError(f"'{args.out}' already exists; pass --overwrite to replace it, or choose "
                        f"another --out")
-    if args.n_test is not None and args.n_test < 1:
-        raise CLIError(f'--n-test must be at least 1 (got {args.n_test})')
+    for flag in ('n_train', 'n_val', 'n_test'):
+        value = getattr(args, flag)
+        if value is not None and value < (1 if flag == 'n_test' else 0):
+            raise CLIError(f"--{flag.replace('_', '-')} must be at least "
+                           f"{1 if flag == 'n_test' else 0} (got {value})")
     import csv
     import io
 
@@ -416,45 +457,65 @@ def cmd_predict(args) -> int:
         raise CLIError(f"checkpoint '{args.checkpoint}' was trained on task "
                        f"'{recorded['name']}', not '{args.task}'")
     # the task options the model was trained with, unless --task-arg says otherwise
+    from torch_mz.datasets.real import LOAD_DEFAULTS, OFFICIAL_TEST_SPLIT
     trained_with = dict(recorded.get('args') or {})
     given = _parse_kv(args.task_arg, '--task-arg')
+    if 'set_size' in given:
+        _check_set_size(given['set_size'], '--task-arg set_size')
     warnings = []  # printed once the checks below have passed
-    defaults = task_options(args.task)[0]
+    defaults = dict(task_options(args.task)[0], **LOAD_DEFAULTS.get(args.task, {}))
     for key, value in given.items():
         before = trained_with.get(key, defaults.get(key))  # an option not given was its default
-        if key != 'set_size' and before != value:
+        if key not in _NOT_DATA_OPTIONS and before != value:
             warnings.append(f"--task-arg {key}={value!r} differs from the training run's "
                             f"{key}={before!r}: the predictions are scored on another task")
     options = dict(trained_with, **given)
     set_size = options.pop('set_size', None)
     set_size = None if set_size is None else tuple(set_size)
     synthetic = is_synthetic(args.task)
+    official = args.task in OFFICIAL_TEST_SPLIT  # the seed does not draw the test split
     split = recorded.get('split') or {}
     if split:  # the data seed and split sizes of the training run
         seed = split.get('seed', 0)
-        if args.data_seed is not None and args.data_seed != seed:
+        for flag in ('n_train', 'n_val'):
+            value = getattr(args, flag)
+            if value is not None and value != split.get(flag):
+                raise CLIError(f"'{args.checkpoint}' records its training run's split "
+                               f"({flag.replace('_', '-')} {split.get(flag)}): leave "
+                               f"--{flag.replace('_', '-')} out")
+        if args.data_seed is not None and args.data_seed != seed and not official:
             drawn = ('draws other data (a synthetic task draws its own parameters, where it '
-                     'has any, from the seed; --n-test gives more test sets)' if synthetic else 'draws another split, whose test sets hold '
-                     'the model\'s training data')
+                     'has any, from the seed; --n-test gives more test sets)' if synthetic else
+                     'draws another split, whose test sets hold the model\'s training data')
             raise CLIError(f"'{args.checkpoint}' was trained on data seed {seed}; --data-seed "
                            f"{args.data_seed} {drawn}: leave --data-seed out")
-    else:
+    else:  # a checkpoint that records none: the flags, as the training run was given them
         seed = 0 if args.data_seed is None else args.data_seed
-        warnings.append(
-            f"'{args.checkpoint}' does not record the data seed and split sizes of its "
-            f"training run (written by an earlier torch-mz): predicting on the "
-            f"{'sets drawn from' if synthetic else 'default split of'} data seed {seed}; pass "
-            f"the run's --data-seed" + ('' if synthetic else
-                                        ', and check that its split was the default'))
+        sized = args.n_train is not None or args.n_val is not None
+        # with sizes given, the run's split is rebuilt from them and --n-test; with none, the
+        # default split, whose test split --n-test cuts (QM9's (0, 0, N) would hold training
+        # molecules)
+        split = dict(n_train=args.n_train, n_val=args.n_val,
+                     n_test=args.n_test if sized else None)
+        _warn(f"'{args.checkpoint}' does not record the data seed and split sizes of its "
+              f"training run (an earlier torch-mz, or train() called without them): predicting "
+              f"on data seed {seed}" + ('' if synthetic or official else
+                                        ' with --n-train / --n-val as given (pass those of '
+                                        'the training run, or its test split is not held out)'))
     if synthetic:  # the test split is drawn apart from the others: any number of test sets
         n_test = args.n_test if args.n_test is not None else split.get('n_test')
         task = load_task(args.task, seed=seed, n_train=0, n_val=0, n_test=n_test,
                          set_size=set_size, root=args.root, **options)
+    elif official:  # the first N of the official test files
+        task = load_task(args.task, seed=seed, n_train=split.get('n_train'),
+                         n_val=split.get('n_val'),
+                         n_test=args.n_test if args.n_test is not None else split.get('n_test'),
+                         root=args.root, **options)
     else:  # the training run's split, so that its test sets are the held-out ones
         task = load_task(args.task, seed=seed, n_train=split.get('n_train'),
                          n_val=split.get('n_val'), n_test=split.get('n_test'),
-                         set_size=set_size, root=args.root, **options)
-        if args.n_test is not None:
+                         root=args.root, **options)
+        if args.n_test is not None and args.n_test != len(task.test):
             if args.n_test > len(task.test):
                 raise CLIError(f"--n-test {args.n_test}: the test split of '{args.checkpoint}'"
                                f"'s training run holds {len(task.test)} sets")
@@ -531,6 +592,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--data-seed', type=int,
                    help='seed of the synthetic data / real split (default: the one the '
                    'checkpoint records; 0 for a checkpoint that records none)')
+    p.add_argument('--n-train', type=int, help="for a checkpoint that records no split: the "
+                   "training run's --n-train (a real dataset's test split depends on it)")
+    p.add_argument('--n-val', type=int, help="for a checkpoint that records no split: the "
+                   "training run's --n-val")
     p.add_argument('--batch-size', type=int, default=128)
     p.add_argument('--device', default='auto', help="'auto', 'cpu', 'cuda' or 'cuda:N'")
     p.add_argument('--out', required=True, help='CSV file: one row per set, columns prediction '

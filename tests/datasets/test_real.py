@@ -120,3 +120,39 @@ def test_scanobjectnn_resample_redraws_training_points_only(scanobjectnn_root):
     for split in (task.val, task.test):  # evaluation keeps one subset per object
         assert split.transform is None
         assert torch.equal(split[0].pos, split[0].pos) and split[0].pos.shape == (32, 3)
+
+
+def test_predict_on_the_official_test_split_takes_any_seed_and_size(tmp_path, scanobjectnn_root,
+                                                                    capsys):
+    # ScanObjectNN's test split is the official test file: the data seed draws only the
+    # validation sets, so predict neither refuses another seed nor caps --n-test at the run's
+    root = scanobjectnn_root['root']
+    run = str(tmp_path / 'run')
+    assert main(['train', '--task', 'scanobjectnn', '--root', root, '--task-arg',
+                 'num_points=64', '--data-seed', '1', '--n-test', '2', '--model', 'rigid',
+                 '--out', run, *FAST]) == 0
+    best, out = osp.join(run, 'best.pt'), str(tmp_path / 'p.csv')
+    labels = scanobjectnn_root['files']['h5_files/main_split/test_objectdataset.h5']['label']
+    for seed in ('0', '1'):
+        assert main(['predict', best, '--task', 'scanobjectnn', '--root', root, '--data-seed',
+                     seed, '--n-test', '3', '--out', out, '--overwrite']) == 0
+        with open(out) as f:
+            rows = f.read().strip().split('\n')[1:]
+        assert [int(r.split(',')[1]) for r in rows] == labels.tolist()
+
+
+def test_predict_warns_only_on_a_changed_qm9_option(tmp_path, qm9pack_csv, capsys):
+    root = str(tmp_path / 'QM9')
+    run = str(tmp_path / 'run')
+    data = ['--task', 'qm9', '--root', root, '--task-arg', f'csv_path={qm9pack_csv}']
+    assert main(['train', *data, '--n-train', '2', '--n-val', '1', '--n-test', '1', '--model',
+                 'deepsets', '--out', run, *FAST[:-6]]) == 0
+    out = str(tmp_path / 'p.csv')
+    capsys.readouterr()
+    assert main(['predict', osp.join(run, 'best.pt'), *data, '--task-arg', 'target=mu',
+                 '--task-arg', 'source=qm9pack', '--out', out]) == 0
+    assert 'warning' not in capsys.readouterr().err  # the defaults the run used
+    assert main(['predict', osp.join(run, 'best.pt'), *data, '--task-arg', 'target=alpha',
+                 '--out', out, '--overwrite']) == 0
+    assert "--task-arg target='alpha' differs from the training run's target='mu'" in (
+        capsys.readouterr().err)

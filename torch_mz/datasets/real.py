@@ -68,6 +68,11 @@ DESCRIPTIONS = {
 }
 SET_BY_LOAD = {'modelnet40': ('root', 'train', 'transform'),
                'scanobjectnn': ('root', 'train', 'transform'), 'qm9': ('root', )}
+#: Options :func:`load_real_task` sets where they are not given, over the class's defaults.
+LOAD_DEFAULTS = {'qm9': {'source': 'qm9pack', 'target': 'mu'}}
+#: Real tasks whose test split is the official test files, drawn with no seed (the seed draws the
+#: validation sets from the training files only).
+OFFICIAL_TEST_SPLIT = ('modelnet40', 'scanobjectnn')
 
 
 def _subset(dataset, index):
@@ -119,8 +124,8 @@ def load_real_task(name: str, seed: int = 0, n_train: Optional[int] = None,
         return _point_cloud_task(name, ScanObjectNN, seed, n_train, n_val, n_test, root, 15,
                                  **kwargs)
     if name == 'qm9':
-        kwargs.setdefault('source', 'qm9pack')
-        kwargs.setdefault('target', 'mu')
+        for key, value in LOAD_DEFAULTS['qm9'].items():
+            kwargs.setdefault(key, value)
         ds = QM9(root=root, **kwargs)
         if n_train is None and n_val is None and n_test is None:
             tr, va, te = split_indices(len(ds), **QM9_PAPER_SPLIT, seed=seed)

@@ -616,7 +616,8 @@ class Reproduction:
                             r2=float(record.get('test', {}).get('r2', math.nan)),
                             epochs_run=int(record.get('epochs_run', 0)),
                             best_epoch=record.get('best_epoch'),
-                            stopped_early=bool(record.get('stopped_early', False)),
+                            stopped_early=bool(record.get('stopped_early', False))
+                            and 'diverged' not in record,  # (stored True before 2026-12-04)
                             diverged='diverged' in record,
                             paper=claim.paper_r2.get((cell['label'], spec)),
                             val_loss_curve=list(record.get('val_loss_curve') or [])))
@@ -775,7 +776,8 @@ class Reproduction:
                       models=figures),
             budget=self.budget.name, n_train=self.sized(cell)['kwargs']['n_train'],
             epochs_run=dict(min=min(epochs, default=0), max=max(epochs, default=0),
-                            stopped_early=sum(bool(r['stopped_early']) for r in cell_runs),
+                            stopped_early=sum(bool(r['stopped_early']) and 'diverged' not in r
+                                              for r in cell_runs),
                             diverged=sum(bool(r.get('diverged')) for r in cell_runs),
                             runs=len(cell_runs)),
             seeds=seeds, sweep=dict(sweep),

@@ -12,7 +12,7 @@ r"""Studies: what the scripts in ``benchmarks/`` and ``torch-mz compare`` share,
 Library code: nothing here prints or parses a command line.
 """
 from torch_mz.study.budget import Budget, add_budget_arguments, choose_budget, study_config
-from torch_mz.study.grid import run_grid, train_models, train_one
+from torch_mz.study.grid import run_grid, run_info_for, train_models, train_one
 from torch_mz.study.measure import (MeasurementFailed, allocator_peak_bytes, count_flops,
                                     environment,
                                     in_fresh_process, matmul_peak_flops, peak_memory_bytes,
@@ -35,6 +35,7 @@ __all__ = [
     'run_grid',
     'train_models',
     'train_one',
+    'run_info_for',
     'MeasurementFailed',
     'process_peak_rss_bytes',
     'count_flops',

@@ -12,7 +12,7 @@ from torch_mz.study.specs import parse_model_spec
 from torch_mz.tasks import load_task
 from torch_mz.train import TrainConfig, seed_everything, train
 
-__all__ = ['train_one', 'train_models', 'run_grid']
+__all__ = ['train_one', 'train_models', 'run_grid', 'run_info_for']
 
 
 def train_one(task, model_name: str, seed: int, config: TrainConfig,
@@ -28,16 +28,24 @@ def train_one(task, model_name: str, seed: int, config: TrainConfig,
     seed_everything(seed)
     model = build_model(model_name, task.in_channels, task.out_channels, pos_dim=task.pos_dim,
                         feature_columns=task.info.get('feature_columns'), **model_overrides)
-    run_info = {'task': {'name': task.name, 'args': _json_safe(getattr(task, 'args', {}))},
-                'model': {'name': model_name, 'args': _json_safe(model_overrides)}}
-    if getattr(task, 'split', None):  # seed and sizes (load_task): predict and resume check them
-        run_info['task']['split'] = _json_safe(task.split)
+    run_info = run_info_for(task, model_name, model_overrides)
     result = train(model, task.train, task.val, task.test, config=config,
                    task_type=task.task_type, run_info=run_info)
     return dict(model=model_name, seed=seed, params=count_parameters(model),
                 best_epoch=result.best_epoch, epochs_run=result.epochs_run,
                 stopped_early=result.stopped_early, wall_time_s=result.wall_time,
                 val=result.val_metrics, test=result.test_metrics or {})
+
+
+def run_info_for(task, model_name: str, model_overrides: Mapping[str, Any]) -> Dict[str, Any]:
+    r"""What :func:`train_one` records in its checkpoints about the run (``run_info``): the task
+    (name, options and, where :func:`~torch_mz.tasks.load_task` built it, the data seed and
+    split sizes) and the model (preset and options); a resume is refused where they differ."""
+    run_info = {'task': {'name': task.name, 'args': _json_safe(getattr(task, 'args', {}))},
+                'model': {'name': model_name, 'args': _json_safe(model_overrides)}}
+    if getattr(task, 'split', None):  # seed and sizes (load_task): predict and resume check them
+        run_info['task']['split'] = _json_safe(task.split)
+    return run_info
 
 
 def _json_safe(options: Mapping[str, Any]) -> Dict[str, Any]:
