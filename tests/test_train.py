@@ -773,3 +773,8 @@ def test_a_non_finite_validation_loss_stops_training_as_diverged(tmp_path):
     assert not math.isfinite(info.value.loss)
     assert str(info.value).startswith('Validation loss is ') and 'in epoch 0;' in str(info.value)
     assert isinstance(info.value, FloatingPointError)
+
+
+def test_class_labels_trained_as_regression_name_task_type():
+    with pytest.raises(ValueError, match="task_type='classification'"):
+        train(H.ToyDeepSets(3, 3), CLS_TRAIN, config=config(epochs=1), task_type='regression')

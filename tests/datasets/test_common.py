@@ -220,3 +220,33 @@ def test_train_test_sets_refuse_a_crafted_split_file(scanobjectnn_root, tmp_path
     with pytest.raises(ProcessedFileError, match="train.pt' holds objects other"):
         ScanObjectNN(root, num_points=32, log=False)
     assert not osp.exists(marker)
+
+
+class _MyData(__import__('torch_geometric.data', fromlist=['Data']).Data):
+    pass
+
+
+@pytest.mark.parametrize('make', ['subclass', 'numpy'])
+def test_a_pre_transform_making_unloadable_files_is_named_not_rebuilt_forever(
+        make, scanobjectnn_root):
+    # what pre_transform returns is saved, then loaded weights-only: a Data subclass or a numpy
+    # attribute is refused. Before, the message said "delete it to rebuild", which wrote the
+    # same file again; now it says what to change, and the file is gone
+    def pre_transform(data):
+        if make == 'subclass':
+            return _MyData(**data.to_dict())
+        data.meta = np.zeros(2)
+        return data
+
+    root = scanobjectnn_root['root']
+    with pytest.raises(ProcessedFileError, match='was just written from the raw files') as info:
+        ScanObjectNN(root, num_points=16, pre_transform=pre_transform, log=False)
+    message = str(info.value)
+    assert 'add_safe_globals' in message and 'Delete it' not in message and info.value.unsafe
+    assert not osp.exists(info.value.path)
+    if make == 'subclass':  # allowed as the message says, the same dataset builds and loads
+        with torch.serialization.safe_globals([_MyData]):
+            ds = ScanObjectNN(root, num_points=16, pre_transform=pre_transform, log=False)
+        assert len(ds) == 5 and type(ds[0]) is _MyData and ds[0].pos.shape == (16, 3)
+    # without pre_transform: the default cache, no error
+    assert len(ScanObjectNN(root, num_points=16, log=False, force_reload=True)) == 5

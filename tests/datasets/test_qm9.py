@@ -136,6 +136,12 @@ def test_target_selection(qm9_root):
             __import__('torch_geometric.loader',
                        fromlist=['DataLoader']).DataLoader(two, batch_size=len(two))))
     assert batch.y.shape == (len(two), 2) and batch.gdb_idx.tolist() == KEPT
+    # every way PyG reads y gives the selected columns: the dataset's attribute (a fast path
+    # that skips get()), a slice, a subset's, the batch (before, two.y held all 12 columns)
+    every = torch.cat([a.y for a in full])  # (N, 12)
+    for y in (two.y, two[:].y, two[torch.tensor([0, 1, 2, 3])].y, batch.y):
+        assert torch.equal(y, every[:, [4, 0]])
+    assert torch.equal(one.y, every[:, [1]]) and torch.equal(full.y, every)
     with pytest.raises(ValueError, match='unknown QM9 target'):
         QM9(qm9_root, target='energy')
     with pytest.raises(ValueError, match='index'):

@@ -114,9 +114,10 @@ def test_scanobjectnn_resample_redraws_training_points_only(scanobjectnn_root):
                          resample=True, n_val=1)
     from torch_geometric.transforms import FixedPoints
     # training: a fresh draw of 32 of the 256 points, then the augmentation, every access
-    draw, _ = task.train.transform.transforms
+    draw = task.train._draw  # in get(), before the augmentation (the dataset's transform)
     assert isinstance(draw, FixedPoints) and draw.num == 32 and not draw.replace
     assert task.train[0].pos.shape == (32, 3) and task.train[0].mask.shape == (32, )
+    assert not torch.equal(task.train[0].pos, task.train[0].pos)
     for split in (task.val, task.test):  # evaluation keeps one subset per object
         assert split.transform is None
         assert torch.equal(split[0].pos, split[0].pos) and split[0].pos.shape == (32, 3)

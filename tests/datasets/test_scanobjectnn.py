@@ -175,3 +175,21 @@ def test_resample_draws_a_new_subset_on_every_access(scanobjectnn_root):
     whole = ScanObjectNN(root, num_points=None, log=False)
     normalised = ScanObjectNN(root, num_points=64, resample=True, log=False)
     assert point_rows(whole[0].pos.numpy(), normalised[0].pos.numpy()).min() >= 0
+
+
+def test_resample_survives_a_transform_set_later(scanobjectnn_root):
+    # PyG users set ds.transform after construction: the draw must not live in it
+    from torch_geometric.transforms import NormalizeScale
+    root = scanobjectnn_root['root']
+    ds = ScanObjectNN(root, num_points=64, resample=True, log=False)
+    assert ds.transform is None
+    ds.transform = NormalizeScale()
+    torch.manual_seed(0)
+    data = ds[0]
+    assert data.pos.shape == (64, 3)
+    assert float(data.pos.abs().max()) == pytest.approx(1.0, abs=1e-5)  # the user's, after
+    ds.transform = None
+    whole = ScanObjectNN(root, num_points=None, log=False)
+    a, b = ds[0].pos, ds[0].pos  # still drawn on every access, from the object's points
+    assert a.shape == (64, 3) and not torch.equal(a, b)
+    assert point_rows(whole[0].pos.numpy(), a.numpy()).min() >= 0

@@ -113,3 +113,23 @@ def test_mz_aggregation_public_api_is_what_forward_and_the_model_use():
     assert torch.equal(ihw0, torch.zeros(2, dtype=torch.float64))
     with pytest.raises(ValueError, match='exceed'):
         body.validate(torch.full((2, 4), 1e200, dtype=torch.float64))
+
+
+@pytest.mark.parametrize('name', list(PRESETS))
+def test_a_plain_data_object_with_a_batch_vector_is_several_sets(name):
+    # a Data (not a Batch) that carries 'batch': the sets it names, as PyG's pooling counts
+    # them, where before it was read as one set and refused with an index error
+    model = _model(name)
+    g = torch.Generator().manual_seed(2)
+    pos = torch.randn(7, 3, generator=g, dtype=torch.float64)
+    feat = torch.randn(7, 1, generator=g, dtype=torch.float64)
+    batch = torch.tensor([0, 0, 1, 1, 1, 2, 2])
+    plain = Data(x=feat, pos=pos, batch=batch)
+    parts = Batch.from_data_list([Data(x=feat[batch == k], pos=pos[batch == k])
+                                  for k in range(3)])
+    expected = model(parts).prediction
+    assert expected.shape == (3, 2)
+    torch.testing.assert_close(model(plain).prediction, expected, rtol=1e-12, atol=1e-12)
+    # one set without 'batch', as before
+    single = model(Data(x=feat[:2], pos=pos[:2])).prediction
+    torch.testing.assert_close(single, expected[:1])

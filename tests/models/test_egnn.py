@@ -695,3 +695,18 @@ def test_conv_coordinates_in_another_dtype_than_the_weights(weights, coordinates
     for a, b in zip(fast, concatenated):
         assert a.dtype == b.dtype
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_egnn_names_a_missing_x_and_a_dtype_mismatch():
+    import torch
+    from torch_geometric.data import Data
+
+    from torch_mz.models import build_model
+    pos = torch.randn(4, 3)
+    with pytest.raises(ValueError, match="no features 'x'.*in_channels=0"):
+        build_model('egnn', 3, 2)(Data(pos=pos))  # three feature channels, none given
+    model = build_model('egnn', 3, 2, pos_dim=3)  # [pos] is the whole element
+    assert model(Data(pos=pos)).prediction.shape == (1, 2)
+    with pytest.raises(ValueError, match="model's dtype torch.float32 .got torch.float64"):
+        model(Data(pos=pos.double()))  # was a RuntimeError from inside a matrix product
+    assert model.double()(Data(pos=pos.double())).prediction.dtype == torch.float64

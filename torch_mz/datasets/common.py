@@ -58,18 +58,23 @@ class ProcessedFileError(ValueError):
         reason (str): What is wrong with it.
         unsafe (bool, optional): Whether the file was refused rather than found broken.
             (default: :obj:`False`)
+        hint (str, optional): What to do, in place of the default (for a refused file: delete
+            it to rebuild the cache). (default: :obj:`None`)
     """
 
-    def __init__(self, path: str, reason: str, unsafe: bool = False) -> None:
+    def __init__(self, path: str, reason: str, unsafe: bool = False,
+                 hint: Optional[str] = None) -> None:
         self.path = str(path)
         self.reason = reason
         self.unsafe = unsafe
-        hint = ('; it was not loaded (nothing in it ran). Delete it to rebuild the processed files '
-                'from the raw files' if unsafe else '')
+        self.hint = hint
+        if hint is None:
+            hint = ('; it was not loaded (nothing in it ran). Delete it to rebuild the processed '
+                    'files from the raw files' if unsafe else '')
         super().__init__(f"Processed file '{self.path}' {reason}{hint}")
 
     def __reduce__(self):
-        return (self.__class__, (self.path, self.reason, self.unsafe))
+        return (self.__class__, (self.path, self.reason, self.unsafe, self.hint))
 
 
 def default_root(name: str) -> str:
@@ -327,14 +332,33 @@ class ProcessedDataset(InMemoryDataset):
         r"""Runs :meth:`read_cache`; when a processed file is broken, warns (naming it), rebuilds
         the cache from the raw files and reads it again."""
         try:
-            self.read_cache()
+            self._read_cache()
         except ProcessedFileError as e:
             if e.unsafe:
                 raise
             warnings.warn(f"{e}; rebuilding the processed files in '{self.processed_dir}' from "
                           f"the raw files", stacklevel=3)
             self._rebuild()
+            self._read_cache()
+
+    def _read_cache(self) -> None:
+        try:
             self.read_cache()
+        except ProcessedFileError as e:
+            if not (e.unsafe and getattr(self, '_rebuilt_now', False)):
+                raise
+            # written by this process from the raw files, yet refused: what pre_transform made
+            # (a Data subclass, a numpy array or another object in an attribute) is more than a
+            # weights-only load allows. Deleting it and rebuilding would write it again
+            if osp.abspath(e.path) in map(osp.abspath, self.processed_paths):
+                os.unlink(e.path)
+            raise ProcessedFileError(
+                e.path, f'was just written from the raw files, and {e.reason}', unsafe=True,
+                hint='. Processed files are loaded weights-only, so that no code runs from data '
+                'files: let pre_transform return torch_geometric.data.Data objects whose '
+                'attributes are tensors (no numpy arrays or other objects, no Data subclass), '
+                'or allow the global named above with torch.serialization.add_safe_globals '
+                'before building the dataset. The file was removed') from e
 
     def _markers(self) -> List[Tuple[str, str]]:
         return [(osp.join(self.processed_dir, 'pre_transform.pt'), _describe(self.pre_transform)),
@@ -367,6 +391,7 @@ class ProcessedDataset(InMemoryDataset):
         self._rebuild()
 
     def _rebuild(self) -> None:
+        self._rebuilt_now = True  # a refused file is then this process's own (_read_cache)
         os.makedirs(self.processed_dir, exist_ok=True)
         self.process()
         for path, current in self._markers():

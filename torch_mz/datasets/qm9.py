@@ -403,9 +403,11 @@ class QM9(ProcessedDataset):
         charge_failure (str, optional): :obj:`'zero'` or :obj:`'drop'`, see above.
             (default: :obj:`'zero'`)
         transform (callable, optional): Applied to every example on access. (default: :obj:`None`)
-        pre_transform (callable, optional): Applied once before saving. (default: :obj:`None`)
-        pre_filter (callable, optional): Keeps the examples for which it returns :obj:`True`.
+        pre_transform (callable, optional): Applied once before saving; it sees :obj:`y` with
+            all 12 targets (the cache holds them all, :obj:`target` selects on loading).
             (default: :obj:`None`)
+        pre_filter (callable, optional): Keeps the examples for which it returns :obj:`True`
+            (it too sees all 12 targets). (default: :obj:`None`)
         log (bool, optional): Show progress bars while processing. (default: :obj:`True`)
         force_reload (bool, optional): Re-process even if a processed cache exists.
             (default: :obj:`False`)
@@ -457,6 +459,12 @@ class QM9(ProcessedDataset):
         if expected is not None and expected != len(self):
             raise ProcessedFileError(data_path, f"holds {len(self)} molecules but "
                                      f"'{stats_path}' records {expected}")
+        # the selected targets in the collated y itself, so that every way PyG reads it
+        # (ds[i].y, ds.y, ds[:].y, a DataLoader) gives the same columns; all 12 kept for
+        # target_stats (before, get() selected them and PyG's ds.y read all 12 unselected)
+        self._all_targets = self._data.y.view(-1, len(QM9_TARGETS))  # (N, 12)
+        if self.target_columns is not None:
+            self._data.y = self._all_targets[:, self.target_columns].contiguous()  # (N, t)
 
     @property
     def target_names(self) -> List[str]:
@@ -659,12 +667,6 @@ class QM9(ProcessedDataset):
                     data_list.append(data)
         return data_list
 
-    def get(self, idx: int) -> Data:
-        data = super().get(idx)
-        if self.target_columns is not None:
-            data.y = data.y[:, self.target_columns]  # (1, t)
-        return data
-
     def target_stats(self, index: Optional[IndexLike] = None) -> Tuple[Tensor, Tensor]:
         r"""Mean and standard deviation of the selected targets over the molecules :obj:`index`
         (positions in this dataset, e.g. the training indices of
@@ -674,7 +676,7 @@ class QM9(ProcessedDataset):
         Shapes:
             - **mean**, **std:** :math:`(t,)`
         """
-        y = self._data.y.view(-1, len(QM9_TARGETS))  # (N, 12), every stored molecule
+        y = self._all_targets  # (N, 12), every stored molecule
         rows = torch.as_tensor(list(self.indices()), dtype=torch.long)
         if index is not None:
             rows = rows[torch.as_tensor(index, dtype=torch.long)]

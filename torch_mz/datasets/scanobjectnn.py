@@ -5,7 +5,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 from torch_geometric.data import Data
-from torch_geometric.transforms import Compose, FixedPoints
+from torch_geometric.transforms import FixedPoints
 from tqdm import tqdm
 
 from torch_mz.datasets.common import (
@@ -127,15 +127,20 @@ class ScanObjectNN(TrainTestSets):
         self.normalize = normalize
         self.seed = seed
         self.resample = resample and num_points is not None
-        if self.resample:  # a fresh subset on every access, then the user's transform
-            draw = FixedPoints(num_points, replace=False, allow_duplicates=False)
-            transform = draw if transform is None else Compose([draw, transform])
+        # a fresh subset on every access (in get(), before the user's transform, which stays
+        # theirs alone: setting ds.transform later keeps the draw)
+        self._draw = (FixedPoints(num_points, replace=False, allow_duplicates=False)
+                      if self.resample else None)
         self._setup(root, 'ScanObjectNN', train, transform, pre_transform, pre_filter, log,
                     force_reload)
 
     @property
     def num_classes(self) -> int:
         return len(SCANOBJECTNN_CLASSES)
+
+    def get(self, idx: int) -> Data:
+        data = super().get(idx)  # a copy: drawing from it leaves the cached object whole
+        return data if self._draw is None else self._draw(data)
 
     @property
     def raw_file_names(self) -> List[str]:

@@ -62,8 +62,10 @@ def set_features(data) -> Tensor:
 def batch_tensors(data_or_x, batch: Optional[Tensor] = None,
                   num_sets: Optional[int] = None) -> Tuple[Tensor, Optional[Tensor], Optional[int]]:
     r"""Reads ``(features, batch, num_sets)`` from a PyG data object (:func:`set_features`,
-    ``batch``; ``num_sets`` defaults to ``num_graphs``) or passes tensors through; checks nothing
-    else (the model's :meth:`~SetModel.validate` does)."""
+    ``batch``; ``num_sets`` defaults to ``num_graphs`` of a :class:`~torch_geometric.data.Batch`,
+    to one set for an object without ``batch``, and for a plain data object that carries a
+    ``batch`` vector to :obj:`None`, i.e. the largest id plus one, as PyG's pooling counts) or
+    passes tensors through; checks nothing else (the model's :meth:`~SetModel.validate` does)."""
     if isinstance(data_or_x, Tensor):
         return data_or_x, batch, num_sets
     data = data_or_x
@@ -71,7 +73,11 @@ def batch_tensors(data_or_x, batch: Optional[Tensor] = None,
     if batch is None:
         batch = getattr(data, 'batch', None)
     if num_sets is None:
-        num_sets = int(getattr(data, 'num_graphs', 1))
+        num_graphs = getattr(data, 'num_graphs', None)  # a Batch's (a plain Data has none)
+        if num_graphs is not None:
+            num_sets = int(num_graphs)
+        elif batch is None:
+            num_sets = 1
     return x, batch, num_sets
 
 

@@ -583,8 +583,9 @@ class EGNN(Module):
                 raise ValueError("Pass either a Data/Batch object or tensors (x, pos, batch), "
                                  "not both")
             x, pos, batch = data.x, data.pos, data.batch
-            if num_sets is None:
+            if num_sets is None and (isinstance(data, Batch) or batch is None):
                 num_sets = data.num_graphs if isinstance(data, Batch) else 1
+            # (a plain Data carrying 'batch': its largest id plus one, as PyG's pooling counts)
         if pos is None:
             if self.pos_dim is None or x is None:
                 raise ValueError("EGNN needs coordinates: pass 'pos' (or 'data.pos'), or build the "
@@ -603,8 +604,18 @@ class EGNN(Module):
             x = pos.new_ones(num_nodes, 1)  # (N, 1) constant feature
         elif x is None or x.dim() != 2 or x.shape != (num_nodes, self.in_channels):
             got = None if x is None else tuple(x.shape)
+            hint = ('' if x is not None else
+                    ": the input has no features 'x'; for coordinates alone build EGNN with "
+                    "in_channels=0 (build_model('egnn', in_channels, ..., pos_dim=D) counts "
+                    "[pos, x], so in_channels=D there)")
             raise ValueError(f"Expected features of shape ({num_nodes}, {self.in_channels}), "
-                             f"got {got}")
+                             f"got {got}{hint}")
+        param = next(self.parameters(), None)
+        if (param is not None and pos.dtype != param.dtype
+                and not torch.is_autocast_enabled(pos.device.type)):
+            raise ValueError(f"Expected 'pos' of the model's dtype {param.dtype} (got "
+                             f"{pos.dtype}); convert the input, convert the model (e.g. "
+                             f".to({pos.dtype})), or run under torch.autocast")
         if batch is None:
             batch = torch.zeros(num_nodes, dtype=torch.long, device=pos.device)
             num_sets = 1 if num_sets is None else num_sets

@@ -47,8 +47,11 @@ def _match_pred(pred: Tensor, target: Tensor, task_type: str) -> Tensor:
         if pred.dim() == 1:
             pred = pred.unsqueeze(-1)  # (B, 1)
         if pred.shape != target.shape:
+            hint = ("; for class labels in y, train with task_type='classification'"
+                    if target.dim() == 2 and target.size(1) == 1 and pred.dim() == 2
+                    and pred.size(1) > 1 else '')
             raise ValueError(f'Expected a regression prediction of shape {tuple(target.shape)} '
-                             f'(B, t) (got {tuple(pred.shape)})')
+                             f'(B, t) (got {tuple(pred.shape)}){hint}')
     elif pred.dim() != 2 or pred.size(0) != target.size(0):
         raise ValueError(f'Expected class logits of shape (B={target.size(0)}, n_classes) '
                          f'(got {tuple(pred.shape)})')
