@@ -375,10 +375,10 @@ def cmd_compare(args) -> int:
         for model in models:
             current = run_info_for(task, model.name, dict(model.options, **overrides))
             for seed in range(args.seeds):
-                path = resume_from.get((model.spec, seed))
-                saved = None if path is None else load_checkpoint(path).get('run_info')
+                ckpt = resume_from.get((model.spec, seed))
+                saved = None if ckpt is None else load_checkpoint(ckpt).get('run_info')
                 if saved is not None and not _same_run(saved, current):
-                    raise CLIError(f"--resume: '{path}' was trained on {_describe_run(saved)}, "
+                    raise CLIError(f"--resume: '{ckpt}' was trained on {_describe_run(saved)}, "
                                    f"not {_describe_run(current)}: pass the original options, "
                                    f"or choose another --out")
     for name in stale if not args.resume else ():
