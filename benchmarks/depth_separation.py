@@ -13,7 +13,8 @@ import os
 import time
 
 from torch_mz.paper import TABLE1
-from torch_mz.study import environment, markdown_table, pyplot, run_grid, try_plot, write_report
+from torch_mz.study import (RunStore, check_grid, environment, int_list, markdown_table,
+                            positive_int, pyplot, run_grid, try_plot, write_report)
 from torch_mz.study.budget import Budget, add_budget_arguments, choose_budget, study_config
 
 # Table 1 of the paper: L -> (MZAttn-1L R^2, ST-4L R^2, MSE ratio)
@@ -47,14 +48,18 @@ def plot(rows, path):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     add_budget_arguments(parser, quick_help='2 seeds, small budget')
-    parser.add_argument('--tdof', default=None, help='comma-separated L values')
-    parser.add_argument('--d', type=int, default=32,
+    parser.add_argument('--tdof', type=int_list(low=1), default=None,
+                        help='comma-separated L values')
+    parser.add_argument('--d', type=positive_int, default=32,
                         help='dimension of the elements (the task default; must be >= every L)')
     parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
                                                       'depth_separation'))
+    parser.add_argument('--resume', action='store_true',
+                        help='keep the runs an interrupted call with the same settings finished '
+                        '(kept one file each in <out>/runs) instead of training them again')
     args = parser.parse_args()
     budget = choose_budget(args, QUICK, FULL)
-    Ls = [int(v) for v in args.tdof.split(',')] if args.tdof else TDOF
+    Ls = args.tdof or TDOF
     if max(Ls) > args.d:
         parser.error(f'every L must be at most --d ({args.d}), got L = {max(Ls)}')
     seeds, epochs, lr = budget.seeds, budget.epochs, budget.lr
@@ -63,13 +68,19 @@ def main():
     grid = [dict(label=f'L={L}', task='quadratic-tdof',
                  kwargs=dict(d=args.d, tdof=L, n_train=n_train, n_val=n_val, n_test=n_test))
             for L in Ls]
+    try:  # every cell and model checked before the first one trains
+        check_grid(grid, MODELS)
+    except ValueError as e:
+        parser.error(str(e))
+    store = RunStore.for_study(args.out, args.resume)
     start = time.time()
 
     def report(run):
         print(f"{run['cell']:5s} {run['model']:6s} seed {run['seed']}: test r2 "
               f"{run['test']['r2']:.4f}", flush=True)
 
-    runs, rows = run_grid(grid, MODELS, seeds, config, on_result=report)
+    runs, rows = run_grid(grid, MODELS, seeds, config, on_result=report,
+                          store=store)
     for L, row in zip(Ls, rows):
         row['L'] = L
         row['MSE ratio'] = row['st-4l mse'] / row['mz-1l mse']

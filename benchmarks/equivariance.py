@@ -20,8 +20,8 @@ import os
 import time
 
 from torch_mz.paper import TABLE7, TABLE7_CELLS
-from torch_mz.study import (environment, markdown_table, plot_grid, run_grid, split_model_specs,
-                            try_plot, write_report)
+from torch_mz.study import (RunStore, check_grid, choice_list, environment, markdown_table,
+                            plot_grid, run_grid, split_model_specs, try_plot, write_report)
 from torch_mz.study.budget import Budget, add_budget_arguments, choose_budget, study_config
 from torch_mz.study.statistics import winner
 
@@ -71,19 +71,19 @@ def agrees(ours, paper):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     add_budget_arguments(parser, quick_help='8 cells, 2 seeds, small budget')
-    parser.add_argument('--cells', default=None,
+    parser.add_argument('--cells', type=choice_list(tuple(CELLS)), default=None,
                         help=f"comma-separated subset of: {', '.join(CELLS)}")
     parser.add_argument('--models', default=','.join(MODELS))
     parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
                                                       'equivariance'))
+    parser.add_argument('--resume', action='store_true',
+                        help='keep the runs an interrupted call with the same settings finished '
+                        '(kept one file each in <out>/runs) instead of training them again')
     args = parser.parse_args()
     budget = choose_budget(args, QUICK, FULL)
     cells = QUICK_CELLS if args.quick else tuple(CELLS)
     if args.cells:
-        cells = [c.strip() for c in args.cells.split(',')]
-        unknown = [c for c in cells if c not in CELLS]
-        if unknown:
-            parser.error(f"unknown cells {unknown}; available: {', '.join(CELLS)}")
+        cells = args.cells
     models = split_model_specs(args.models)
     seeds, epochs, lr = budget.seeds, budget.epochs, budget.lr
     n_train, n_val, n_test = budget.split_sizes()
@@ -91,13 +91,19 @@ def main():
     grid = [dict(label=c, task=CELLS[c][0],
                  kwargs=dict(CELLS[c][1], n_train=n_train, n_val=n_val, n_test=n_test))
             for c in cells]
+    try:  # every cell and model checked before the first one trains
+        check_grid(grid, models)
+    except ValueError as e:
+        parser.error(str(e))
+    store = RunStore.for_study(args.out, args.resume)
     start = time.time()
 
     def report(run):
         print(f"{run['cell']:10s} {run['model']:9s} seed {run['seed']}: test r2 "
               f"{run['test']['r2']:.4f} ({run['wall_time_s'] / 60:.1f} min)", flush=True)
 
-    runs, rows = run_grid(grid, models, seeds, config, on_result=report)
+    runs, rows = run_grid(grid, models, seeds, config, on_result=report,
+                          store=store)
     for row in rows:
         for m in models:
             row[f'paper {m}'] = PAPER.get((row['cell'], m))

@@ -21,8 +21,9 @@ import os
 import time
 
 from torch_mz.paper import GEOMETRY, GEOMETRY_MODELS
-from torch_mz.study import (environment, markdown_table, plot_grid, run_grid, split_model_specs,
-                            try_plot, write_report)
+from torch_mz.study import (RunStore, check_grid, choice_list, environment, int_list,
+                            markdown_table, plot_grid, run_grid, split_model_specs, try_plot,
+                            write_report)
 from torch_mz.study.budget import Budget, add_budget_arguments, choose_budget, study_config
 from torch_mz.study.statistics import lead_over_best
 
@@ -43,22 +44,22 @@ PAPER = {(f'{task} d={d}', model): value for (task, d), values in GEOMETRY.items
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     add_budget_arguments(parser, quick_help='9 cells, 2 seeds, small budget')
-    parser.add_argument('--tasks', default=','.join(TASKS),
+    parser.add_argument('--tasks', type=choice_list(tuple(TASKS)), default=','.join(TASKS),
                         help=f"comma-separated subset of {', '.join(TASKS)}")
-    parser.add_argument('--dims', default=None,
+    parser.add_argument('--dims', type=int_list(low=1), default=None,
                         help='comma-separated dimensions (default: per task, see DIMS)')
     parser.add_argument('--models', default=','.join(MODELS))
     parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
                                                       'geometry'))
+    parser.add_argument('--resume', action='store_true',
+                        help='keep the runs an interrupted call with the same settings finished '
+                        '(kept one file each in <out>/runs) instead of training them again')
     args = parser.parse_args()
     budget = choose_budget(args, QUICK, FULL)
     dims = QUICK_DIMS if args.quick else DIMS
-    tasks = [t.strip() for t in args.tasks.split(',')]
-    unknown = [t for t in tasks if t not in TASKS]
-    if unknown:
-        parser.error(f"unknown tasks {unknown}; available: {', '.join(TASKS)}")
+    tasks = args.tasks
     if args.dims:
-        dims = {t: tuple(int(v) for v in args.dims.split(',')) for t in tasks}
+        dims = {t: tuple(args.dims) for t in tasks}
     models = split_model_specs(args.models)
     seeds, epochs, lr = budget.seeds, budget.epochs, budget.lr
     n_train, n_val, n_test = budget.split_sizes()
@@ -66,13 +67,19 @@ def main():
     grid = [dict(label=f'{t} d={d}', task=TASKS[t],
                  kwargs=dict(d=d, n_train=n_train, n_val=n_val, n_test=n_test))
             for t in tasks for d in dims[t]]
+    try:  # every cell and model checked before the first one trains
+        check_grid(grid, models)
+    except ValueError as e:
+        parser.error(str(e))
+    store = RunStore.for_study(args.out, args.resume)
     start = time.time()
 
     def report(run):
         print(f"{run['cell']:11s} {run['model']:10s} seed {run['seed']}: test r2 "
               f"{run['test']['r2']:.4f} ({run['wall_time_s'] / 60:.1f} min)", flush=True)
 
-    runs, rows = run_grid(grid, models, seeds, config, on_result=report)
+    runs, rows = run_grid(grid, models, seeds, config, on_result=report,
+                          store=store)
     for row in rows:
         for m in models:
             row[f'paper {m}'] = PAPER.get((row['cell'], m))

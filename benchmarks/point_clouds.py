@@ -28,9 +28,8 @@ from typing import Dict, List, Optional, Sequence
 from torch_mz.datasets.common import default_root
 from torch_mz.datasets.modelnet import HDF5_FOLDER, MODELNET40_CLASSES, MODELNET40_URL
 from torch_mz.datasets.scanobjectnn import SCANOBJECTNN_PAGE, scanobjectnn_file
-from torch_mz.models import list_models
-from torch_mz.study import (environment, markdown_table, plot_bars, summarize, train_models,
-                            try_plot, write_report)
+from torch_mz.study import (RunStore, check_models, environment, markdown_table, plot_bars,
+                            positive_int, summarize, train_models, try_plot, write_report)
 from torch_mz.study.budget import Budget, add_budget_arguments, choose_budget, study_config
 from torch_mz.tasks import load_task
 
@@ -162,12 +161,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         "data root, datasets/)")
     parser.add_argument('--modelnet-source', default='mesh', choices=('mesh', 'hdf5'))
     parser.add_argument('--variant', default='OBJ_BG', help='ScanObjectNN variant (paper: OBJ_BG)')
-    parser.add_argument('--num-points', type=int, default=1024)
+    parser.add_argument('--num-points', type=positive_int, default=1024)
     parser.add_argument('--no-download', action='store_true',
                         help='stop with a message instead of downloading ModelNet40')
     parser.add_argument('--models', default=','.join(MODELS), help='comma-separated presets')
-    parser.add_argument('--batch-size', type=int, default=32)
-    parser.add_argument('--patience', type=int, default=20)
+    parser.add_argument('--resume', action='store_true',
+                        help='keep the runs an interrupted call with the same settings finished '
+                        '(kept one file each in <out>/runs) instead of training them again')
+    parser.add_argument('--batch-size', type=positive_int, default=32)
+    parser.add_argument('--patience', type=positive_int, default=20)
     parser.add_argument('--out', default=osp.join(osp.dirname(__file__), 'results',
                                                   'point_clouds'))
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -175,10 +177,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     budget = choose_budget(args, QUICK, FULL)
     datasets = list(DATASETS) if args.dataset == 'both' else [args.dataset]
     models = [m.strip() for m in args.models.split(',') if m.strip()]
-    unknown = [m for m in models if m not in list_models()]
-    if unknown or not models:
-        print(f'point_clouds.py: error: unknown models {unknown} (available: '
-              f'{list(list_models())})', file=sys.stderr)
+    if not models:
+        print('point_clouds.py: error: --models names no model', file=sys.stderr)
+        return EXIT_ERROR
+    try:  # unknown presets and repeated ones (read as more seeds) before any data is read
+        check_models(models)
+    except ValueError as e:
+        print(f'point_clouds.py: error: {e}', file=sys.stderr)
         return EXIT_ERROR
 
     # every dataset is loaded before any training, so a missing one stops the run at once
@@ -196,6 +201,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f'point_clouds.py: error: {message}', file=sys.stderr)
         return EXIT_ERROR
 
+    store = RunStore.for_study(args.out, args.resume)
     start = time.time()
     rows, runs, sizes = [], [], {}
     for dataset, task in tasks.items():
@@ -208,6 +214,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             on_result=lambda run: print(
                 f"{run['dataset']:12s} {run['model']:9s} seed {run['seed']}: test accuracy "
                 f"{run['test']['accuracy']:.4f} ({run['wall_time_s']:.0f} s)", flush=True),
+            store=store, data=dict(dataset=dataset, root=args.root, num_points=args.num_points,
+                                   source=args.modelnet_source, variant=args.variant,
+                                   sizes=sizes[dataset]),
             dataset=dataset)
         runs += dataset_runs
         for entry in summarize(dataset_runs, 'classification'):

@@ -28,10 +28,9 @@ from typing import Dict, List, Optional, Sequence
 
 from torch_mz.datasets.common import default_root
 from torch_mz.datasets.qm9 import QM9_RAW_URL, QM9_TARGETS, QM9_UNCHARACTERIZED_URL, QM9_UNITS
-from torch_mz.models import list_models
 from torch_mz.paper import TABLE28
-from torch_mz.study import (environment, markdown_table, plot_bars, summarize, train_models,
-                            try_plot, write_report)
+from torch_mz.study import (RunStore, check_models, environment, markdown_table, plot_bars,
+                            positive_int, summarize, train_models, try_plot, write_report)
 from torch_mz.study.budget import Budget, add_budget_arguments, choose_budget, study_config
 from torch_mz.study.statistics import lead_over_best
 from torch_mz.tasks import load_task
@@ -112,7 +111,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          helps=dict(lr='(default: 1e-3)'))
     parser.add_argument('--targets', default=None, help=f'comma-separated, of {QM9_TARGETS}')
     parser.add_argument('--models', default=','.join(MODELS), help='comma-separated presets')
-    parser.add_argument('--batch-size', type=int, default=128)
+    parser.add_argument('--resume', action='store_true',
+                        help='keep the runs an interrupted call with the same settings finished '
+                        '(kept one file each in <out>/runs) instead of training them again')
+    parser.add_argument('--batch-size', type=positive_int, default=128)
     parser.add_argument('--source', default='qm9pack', choices=('qm9pack', 'sdf'))
     parser.add_argument('--root', default=None,
                         help="folder holding QM9/ (default: torch_mz's data root, datasets/)")
@@ -126,12 +128,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     seeds, n_train, n_val, n_test = budget.seeds, budget.n_train, budget.n_val, budget.n_test
     root = osp.join(args.root, 'QM9') if args.root else None
     unknown = [t for t in targets if t not in QM9_TARGETS]
-    unknown += [m for m in models if m not in list_models()]
-    if unknown or not models:
-        print(f'qm9.py: error: unknown targets or models {unknown} (targets: {list(QM9_TARGETS)}; '
-              f'models: {list(list_models())})', file=sys.stderr)
+    if unknown or not models or not targets:
+        print(f'qm9.py: error: unknown targets {unknown} or no model (targets: '
+              f'{list(QM9_TARGETS)})', file=sys.stderr)
+        return EXIT_ERROR
+    if len(set(targets)) != len(targets):
+        print(f'qm9.py: error: --targets names a target twice ({args.targets})', file=sys.stderr)
+        return EXIT_ERROR
+    try:  # unknown presets and repeated ones (read as more seeds) before any data is read
+        check_models(models)
+    except ValueError as e:
+        print(f'qm9.py: error: {e}', file=sys.stderr)
         return EXIT_ERROR
 
+    store = RunStore.for_study(args.out, args.resume)
     start = time.time()
     rows, runs = [], []
     for target in targets:
@@ -154,6 +164,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 f"{run['target']:6s} {run['model']:9s} seed {run['seed']}: test MAE "
                 f"{run['test']['mae']:.4g} {QM9_UNITS[run['target']]}, R2 "
                 f"{run['test']['r2']:.4f} ({run['wall_time_s']:.0f} s)", flush=True),
+            store=store, data=dict(source=args.source, root=args.root, n_train=n_train,
+                                   n_val=n_val, n_test=n_test, split_seed=0),
             target=target)
         runs += target_runs
         for entry in summarize(target_runs, 'regression'):

@@ -140,3 +140,41 @@ def test_point_clouds_verdict(point_clouds):
     assert point_clouds.comparison(rows, 'scanobjectnn') == dict(
         best='mz', best_accuracy=pytest.approx(60.0), gap=None, paper_gap=None)  # no st-large
     assert len(point_clouds.verdict(rows, ['modelnet40', 'scanobjectnn'])) == 2
+
+
+def test_qm9_resume_reads_the_finished_runs(qm9, qm9_root, tmp_path, monkeypatch):
+    import torch_mz.study.grid as grid
+    out = tmp_path / 'results'
+    argv = ['--source', 'sdf', '--root', str(tmp_path), '--targets', 'mu', '--models',
+            'deepsets,mz-slim', '--n-train', '2', '--n-val', '1', '--n-test', '1',
+            '--batch-size', '2', '--out', str(out)] + TINY
+    assert qm9.main(argv) == 0
+    first = json.loads((out / 'qm9.json').read_text())
+    assert len(list((out / 'runs').iterdir())) == 2  # one file per finished run
+
+    def no_training(*args, **kwargs):
+        raise AssertionError('a finished run was trained again')
+
+    monkeypatch.setattr(grid, 'train_one', no_training)
+    assert qm9.main(argv + ['--resume']) == 0
+    again = json.loads((out / 'qm9.json').read_text())
+    assert again['rows'] == first['rows']
+    # without --resume the study starts afresh (and another budget never reads the runs)
+    with pytest.raises(AssertionError, match='trained again'):
+        qm9.main(argv + ['--resume', '--epochs', '2'])
+    with pytest.raises(AssertionError, match='trained again'):
+        qm9.main(argv)
+
+
+@pytest.mark.parametrize('models, message', [('mz,deepsets,mz', "'mz' is given twice"),
+                                             ('mz,nope', "unknown model 'nope'")])
+def test_benchmarks_refuse_models_before_reading_data(qm9, point_clouds, tmp_path, capsys,
+                                                      models, message):
+    # a repeated model was counted as more seeds of one model in the table
+    for script, name in ((qm9, 'qm9.py'), (point_clouds, 'point_clouds.py')):
+        status = script.main(['--models', models, '--root', str(tmp_path / 'empty'), '--out',
+                              str(tmp_path / 'out')] + TINY)
+        err = capsys.readouterr().err
+        assert status == script.EXIT_ERROR != 0
+        assert err.startswith(f'{name}: error: ') and message in err
+        assert not (tmp_path / 'out').exists()

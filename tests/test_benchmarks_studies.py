@@ -313,3 +313,67 @@ def test_message_passing_row_keeps_its_figures_when_the_allocator_figure_fails(m
     assert len(calls) == 1
     row = mp.run_one(dict(cfg, allocated=False))
     assert row['alloc_mib'] is None and 'alloc_error' not in row and len(calls) == 1
+
+
+def run_script(name, argv):
+    path = os.path.join(BENCHMARKS, f'{name}.py')
+    saved = sys.argv
+    sys.argv = [path] + list(argv)
+    try:
+        runpy.run_path(path, run_name='__main__')
+    finally:
+        sys.argv = saved
+
+
+def test_depth_separation_resumes_an_interrupted_grid(tmp_path, monkeypatch):
+    import torch_mz.study.grid as grid
+    out = tmp_path / 'depth'
+    argv = ['--tdof', '1,2', '--d', '2', '--seeds', '1', '--n-train', '8', '--epochs', '1',
+            '--device', 'cpu', '--out', str(out)]
+    real, calls = grid.train_one, []
+
+    def stops_at_the_third(*args, **kwargs):
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        calls.append(args[1])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(grid, 'train_one', stops_at_the_third)
+    with pytest.raises(KeyboardInterrupt):
+        run_script('depth_separation', argv)
+    assert len(list((out / 'runs').iterdir())) == 2  # the finished runs are kept
+
+    def counts(*args, **kwargs):
+        calls.append(args[1])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(grid, 'train_one', counts)
+    run_script('depth_separation', argv + ['--resume'])
+    assert len(calls) == 4  # the two unfinished runs only
+    resumed = json.loads((out / 'depth_separation.json').read_text())
+    monkeypatch.setattr(grid, 'train_one', real)
+    run_script('depth_separation', argv + ['--out', str(tmp_path / 'whole')])
+    whole = json.loads((tmp_path / 'whole' / 'depth_separation.json').read_text())
+    for a, b in zip(resumed['rows'], whole['rows']):
+        assert a['mz-1l r2'] == pytest.approx(b['mz-1l r2'], abs=1e-6)
+        assert a['st-4l r2'] == pytest.approx(b['st-4l r2'], abs=1e-6)
+
+
+@pytest.mark.parametrize('script, argv, message', [
+    ('depth_separation', ['--tdof', '4,x'], "argument --tdof: expected an integer, got 'x'"),
+    ('depth_separation', ['--epochs', '0'], 'argument --epochs: expected an integer >= 1'),
+    ('equivariance', ['--models', 'mz,st-large,mz'], "'mz' is given twice"),
+    ('equivariance', ['--cells', 'nope'], "argument --cells: unknown 'nope'"),
+    ('geometry', ['--tasks', 'MEB,foo'], "argument --tasks: unknown 'foo'"),
+    ('geometry', ['--models', 'mz,bogus'], "unknown model 'bogus'"),
+    ('geometry', ['--dims', '8,0'], 'argument --dims: expected an integer >= 1'),
+])
+def test_study_scripts_refuse_mistakes_before_training(script, argv, message, tmp_path,
+                                                       monkeypatch, capsys):
+    import torch_mz.study.grid as grid
+    monkeypatch.setattr(grid, 'train_one', lambda *a, **k: pytest.fail('trained'))
+    with pytest.raises(SystemExit) as exit_:
+        run_script(script, argv + ['--out', str(tmp_path / 'out')])
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / 'out').exists()

@@ -12,7 +12,7 @@ from torch_mz.datasets import real, synthetic
 from torch_mz.datasets.splits import TaskSplits
 from torch_mz.options import check_options
 
-__all__ = ['TASKS', 'list_tasks', 'load_task', 'task_options', 'is_synthetic']
+__all__ = ['TASKS', 'list_tasks', 'load_task', 'check_task', 'task_options', 'is_synthetic']
 
 #: Every task by name, with the class that generates it (a
 #: :class:`~torch_mz.datasets.SyntheticTask`) or reads it (a dataset class).
@@ -63,6 +63,31 @@ def load_task(name: str, seed: int = 0, n_train: Optional[int] = None,
         # paper protocol subsamples 50K molecules first)
         splits.split = dict(seed=seed, n_train=n_train, n_val=n_val, n_test=n_test)
     return splits
+
+
+def check_task(name: str, seed: int = 0, n_train: Optional[int] = None,
+               n_val: Optional[int] = None, n_test: Optional[int] = None,
+               set_size: Optional[Tuple[int, int]] = None, root: Optional[str] = None,
+               progress: bool = False, **task_kwargs) -> Optional[TaskSplits]:
+    r"""Checks what :func:`load_task` would be given, with the same arguments, without
+    generating or reading any data: the task name, its options (:func:`task_options`), and for a
+    synthetic task also the values the task itself checks (e.g. ``tdof <= d``), the set counts
+    and the set-size range. Raises the :class:`ValueError` :func:`load_task` would raise, so
+    that a study with many cells can refuse a mistaken cell before training the first. Returns,
+    for a synthetic task, its splits with no sets (their ``in_channels``, ``out_channels`` and
+    ``pos_dim`` are those of the real ones: a model can be built for them); for a real dataset,
+    whose files are only read by :func:`load_task`, :obj:`None`."""
+    _check_name(name)
+    defaults, nullable, complete = task_options(name)
+    check_options(task_kwargs, defaults, f"task '{name}'", complete=complete, nullable=nullable)
+    for what, count in (('n_train', n_train), ('n_val', n_val), ('n_test', n_test)):
+        if count is not None and (isinstance(count, bool) or not isinstance(count, int)
+                                  or count < 0):
+            raise ValueError(f"'{what}' must be an integer >= 0, got {count!r}")
+    if not is_synthetic(name):
+        return None
+    return synthetic.make_task(name, n_train=0, n_val=0, n_test=0, seed=seed,
+                               set_size=set_size, **task_kwargs)
 
 
 def task_options(name: str) -> Tuple[Dict[str, Any], List[str], bool]:

@@ -20,12 +20,34 @@ def test_quick_full_and_overrides():
     args = parse(['--quick', '--seeds', '5', '--lr', '0.01', '--device', 'cpu'])
     assert choose_budget(args, QUICK, FULL) == Budget(5, 640, 10, 0.01)
     assert args.device == 'cpu'
-    # an option that is not offered keeps the budget's value; 0 counts as not given
-    args = parse(['--n-test', '3', '--epochs', '0'], overrides=('n_test', 'epochs'))
+    # an option that is not offered keeps the budget's value
+    args = parse(['--n-test', '3'], overrides=('n_test', 'epochs'))
     assert not hasattr(args, 'seeds')
     assert choose_budget(args, QUICK, FULL) == Budget(3, 5000, 100, 1e-4, n_test=3)
     with pytest.raises(ValueError, match="no budget option 'batch'"):
         parse([], overrides=('batch', ))
+
+
+@pytest.mark.parametrize('argv', [['--epochs', '0'], ['--seeds', '0'], ['--n-train', '-5'],
+                                  ['--lr', '0'], ['--lr', 'nan'], ['--seeds', '1.5']])
+def test_a_budget_option_that_is_no_count_is_a_usage_error(argv, capsys):
+    # a 0 was read as 'not given' and silently ignored: --epochs 0 trained the full 100 epochs
+    with pytest.raises(SystemExit) as exit_:
+        parse(argv)
+    assert exit_.value.code == 2
+    assert f'argument {argv[0]}' in capsys.readouterr().err
+
+
+def test_choose_budget_refuses_a_value_that_is_no_count():
+    # the same rule for a namespace built without the parser's types
+    args = argparse.Namespace(quick=False, seeds=None, n_train=None, epochs=0, lr=None)
+    with pytest.raises(ValueError, match='--epochs must be a count of at least 1, got 0'):
+        choose_budget(args, QUICK, FULL)
+    args = argparse.Namespace(quick=True, seeds=2, n_train=None, epochs=None, lr=-1e-3)
+    with pytest.raises(ValueError, match='--lr must be a positive learning rate'):
+        choose_budget(args, QUICK, FULL)
+    args = argparse.Namespace(quick=True, seeds=2, n_train=None, epochs=3, lr=None)
+    assert choose_budget(args, QUICK, FULL) == Budget(2, 640, 3, 1e-3)
 
 
 def test_study_config():

@@ -131,3 +131,114 @@ def test_run_grid_needs_a_config():
                                                         n_test=8))
     with pytest.raises(ValueError, match="'config' or 'config_for'"):
         run_grid([cell], ['rigid'], 1, None)
+
+
+SMALL = dict(n_train=16, n_val=4, n_test=8)
+QUICK_CONFIG = TrainConfig(epochs=1, warmup_epochs=1, batch_size=8, lr=1e-3, progress=False)
+
+
+@pytest.mark.parametrize('cells, models, message', [
+    # the mistake is in the last cell: nothing may train before it is found
+    ([dict(label='a', task='max', kwargs=dict(d=2, **SMALL)),
+      dict(label='b', task='quadratic-tdof', kwargs=dict(d=4, tdof=8, **SMALL))],
+     ['deepsets'], "'tdof'"),
+    ([dict(label='a', task='max', kwargs=dict(d=2, **SMALL)),
+      dict(label='b', task='max', kwargs=dict(d=2, colour=3, **SMALL))],
+     ['deepsets'], "no option 'colour'"),
+    ([dict(label='a', task='max', kwargs=dict(d=2, **SMALL)),
+      dict(label='b', task='nope', kwargs={})], ['deepsets'], "Unknown task 'nope'"),
+    ([dict(label='a', task='max', kwargs=dict(d=2, **SMALL))], ['deepsets', 'mz-foo'],
+     "unknown model 'mz-foo'"),
+    ([dict(label='a', task='max', kwargs=dict(d=2, **SMALL))], ['deepsets', 'deepsets'],
+     "given twice"),
+    ([dict(label='a', task='max', kwargs=dict(d=2, **SMALL))],
+     ['deepsets', 'deepsets:hidden_channels=x'], "hidden_channels"),
+    ([dict(label='a', task='max', kwargs=dict(d=2, n_train=-3, n_val=4, n_test=8))],
+     ['deepsets'], "'n_train' must be an integer >= 0"),
+])
+def test_run_grid_refuses_a_mistake_before_training_anything(cells, models, message,
+                                                             monkeypatch):
+    import torch_mz.study.grid as grid
+    trained = []
+    monkeypatch.setattr(grid, 'train_one', lambda *a, **k: trained.append(a) or {})
+    with pytest.raises(ValueError, match=message):
+        run_grid(cells, models, 1, QUICK_CONFIG)
+    assert trained == []
+
+
+def test_train_models_refuses_a_repeated_spec_before_building_data():
+    built = []
+    with pytest.raises(ValueError, match="'deepsets' is given twice"):
+        train_models(lambda: built.append(1), ['deepsets', 'mz', 'deepsets'], 1,
+                     lambda spec, seed: QUICK_CONFIG)
+    assert built == []
+
+
+def test_an_interrupted_grid_resumes_from_its_store(tmp_path, monkeypatch):
+    from torch_mz.study import RunStore
+    import torch_mz.study.grid as grid
+    cells = [dict(label='max d=2', task='max', kwargs=dict(d=2, **SMALL)),
+             dict(label='sum d=2', task='sum', kwargs=dict(d=2, **SMALL))]
+    models = ['deepsets', 'deepsets:hidden_channels=8']
+    store = RunStore(str(tmp_path / 'runs'))
+    real_train_one = grid.train_one
+    calls = []
+    stop_at = [5]
+
+    def train_one(task, name, seed, config, **options):
+        if len(calls) == stop_at[0]:
+            raise KeyboardInterrupt  # stopped while training the sixth run
+        calls.append((task.name, name, seed, options))
+        return real_train_one(task, name, seed, config, **options)
+
+    monkeypatch.setattr(grid, 'train_one', train_one)
+    with pytest.raises(KeyboardInterrupt):
+        run_grid(cells, models, 2, QUICK_CONFIG, store=store)
+    assert len(list((tmp_path / 'runs').iterdir())) == 5  # each finished run kept at once
+    first = list(calls)
+    stop_at[0] = None
+    runs, rows = run_grid(cells, models, 2, QUICK_CONFIG, store=store)
+    assert len(calls) == 5 + 3  # only the three runs that had not finished trained again
+    assert calls[:5] == first
+    monkeypatch.setattr(grid, 'train_one', real_train_one)
+    fresh, fresh_rows = run_grid(cells, models, 2, QUICK_CONFIG)
+    # the resumed table is the table of an uninterrupted run (training is deterministic)
+    for resumed, whole in zip(runs, fresh):
+        assert (resumed['cell'], resumed['model'], resumed['seed']) == (
+            whole['cell'], whole['model'], whole['seed'])
+        assert resumed['test']['r2'] == pytest.approx(whole['test']['r2'], abs=1e-6)
+    assert rows[1]['deepsets r2'] == pytest.approx(fresh_rows[1]['deepsets r2'], abs=1e-6)
+    # another configuration, other data or another seed count never read a stored run
+    calls.clear()
+    monkeypatch.setattr(grid, 'train_one', train_one)
+    run_grid(cells[:1], models[:1], 1, replace(QUICK_CONFIG, lr=2e-3), store=store)
+    more = dict(cells[0], kwargs=dict(cells[0]['kwargs'], n_train=12))
+    run_grid([more], models[:1], 1, QUICK_CONFIG, store=store)
+    assert len(calls) == 2
+    # settings that change no result (progress bars, device) do not retrain (the lr=2e-3 run
+    # replaced the stored one: a store keeps the latest run of each cell, model and seed)
+    run_grid(cells[:1], models[:1], 1,
+             replace(QUICK_CONFIG, lr=2e-3, progress=True, device='cpu'), store=store)
+    assert len(calls) == 2
+
+
+def test_a_store_ignores_a_file_it_cannot_read(tmp_path):
+    from torch_mz.study import RunStore
+    store = RunStore(str(tmp_path))
+    key = dict(cell='a', model='mz', seed=0, data=dict(task='max'))
+    path = store.put(key, QUICK_CONFIG, dict(model='mz', test=dict(r2=0.5)))
+    assert store.get(key, QUICK_CONFIG) == dict(model='mz', test=dict(r2=0.5))
+    with open(path, 'w') as f:
+        f.write('{"identity": ')  # cut short
+    assert store.get(key, QUICK_CONFIG) is None
+
+
+def test_a_study_store_starts_empty_unless_it_resumes(tmp_path):
+    from torch_mz.study import RunStore
+    key = dict(cell='a', model='mz', seed=0, data=dict(task='max'))
+    RunStore.for_study(str(tmp_path), resume=False).put(key, QUICK_CONFIG, dict(model='mz'))
+    (tmp_path / 'runs' / 'notes.txt').write_text('kept')
+    assert RunStore.for_study(str(tmp_path), resume=True).get(key, QUICK_CONFIG) == dict(
+        model='mz')
+    assert RunStore.for_study(str(tmp_path), resume=False).get(key, QUICK_CONFIG) is None
+    assert [p.name for p in (tmp_path / 'runs').iterdir()] == ['notes.txt']

@@ -4,15 +4,20 @@ r"""Studies: what the scripts in ``benchmarks/`` and ``torch-mz compare`` share,
   generators, measurements in a fresh process, the environment a measurement ran in;
 * :mod:`~torch_mz.study.specs`: model specs (``'hypernet:rank=4'``);
 * :mod:`~torch_mz.study.grid`: training models x seeds (x tasks) with identical budgets;
+* :mod:`~torch_mz.study.resume`: finished runs kept one file each, so a stopped study resumes;
 * :mod:`~torch_mz.study.budget`: the quick / full budgets of the scripts and their overrides;
+* :mod:`~torch_mz.study.arguments`: argument types of the scripts' options (checked lists, counts);
 * :mod:`~torch_mz.study.report`: JSON and Markdown reports, summaries over seeds;
 * :mod:`~torch_mz.study.plots`: the plots, with matplotlib optional;
 * :mod:`~torch_mz.study.statistics`: gaps, standard errors and verdicts of the studies.
 
 Library code: nothing here prints or parses a command line.
 """
+from torch_mz.study.arguments import (choice_list, float_list, int_list, nonnegative_float,
+                                      nonnegative_int, positive_float, positive_int)
 from torch_mz.study.budget import Budget, add_budget_arguments, choose_budget, study_config
-from torch_mz.study.grid import run_grid, run_info_for, train_models, train_one
+from torch_mz.study.grid import (check_grid, check_models, run_grid, run_info_for, train_models,
+                                 train_one)
 from torch_mz.study.measure import (MeasurementFailed, allocator_peak_bytes, count_flops,
                                     environment,
                                     in_fresh_process, matmul_peak_flops, peak_memory_bytes,
@@ -21,6 +26,7 @@ from torch_mz.study.measure import (MeasurementFailed, allocator_peak_bytes, cou
                                     uniform_sizes)
 from torch_mz.study.plots import (NO_MATPLOTLIB, plot_bars, plot_grid, plot_summary, pyplot,
                                   try_plot)
+from torch_mz.study.resume import RunStore
 from torch_mz.study.report import (METRICS, markdown_table, summarize, summary_markdown,
                                    write_json, write_report, write_results)
 from torch_mz.study.specs import parse_model_spec, split_model_specs
@@ -28,11 +34,21 @@ from torch_mz.study.statistics import (Lead, Ordering, lead_over_best, mean_std,
                                        resolved_ordering, winner)
 
 __all__ = [
+    'positive_int',
+    'nonnegative_int',
+    'positive_float',
+    'nonnegative_float',
+    'int_list',
+    'float_list',
+    'choice_list',
     'Budget',
     'add_budget_arguments',
     'choose_budget',
     'study_config',
     'run_grid',
+    'check_models',
+    'check_grid',
+    'RunStore',
     'train_models',
     'train_one',
     'run_info_for',

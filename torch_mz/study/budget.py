@@ -19,6 +19,7 @@ import argparse
 from dataclasses import dataclass, fields, replace
 from typing import Mapping, Optional, Sequence, Tuple
 
+from torch_mz.study.arguments import positive_float, positive_int
 from torch_mz.train import TrainConfig
 
 __all__ = ['Budget', 'add_budget_arguments', 'choose_budget', 'study_config']
@@ -52,7 +53,10 @@ class Budget:
                 self.n_test or max(1, self.n_train // 2))
 
 
-_TYPES = {'seeds': int, 'n_train': int, 'n_val': int, 'n_test': int, 'epochs': int, 'lr': float}
+# every budget option is a count of at least one or a positive learning rate: a 0 or a negative
+# value is argparse's usage error (it used to be read as 'not given' and silently ignored)
+_TYPES = {'seeds': positive_int, 'n_train': positive_int, 'n_val': positive_int,
+          'n_test': positive_int, 'epochs': positive_int, 'lr': positive_float}
 
 
 def add_budget_arguments(parser: argparse.ArgumentParser, quick_help: str,
@@ -60,7 +64,8 @@ def add_budget_arguments(parser: argparse.ArgumentParser, quick_help: str,
                          device: bool = True, helps: Optional[Mapping[str, str]] = None) -> None:
     r"""Adds ``--quick`` (help text :obj:`quick_help`), one option per name of :obj:`overrides`
     (``--seeds``, ``--n-train``, ``--n-val``, ``--n-test``, ``--epochs``, ``--lr``, each
-    defaulting to :obj:`None`: the budget's value; :obj:`helps` gives help texts by name) and,
+    defaulting to :obj:`None`: the budget's value; a count below 1 or a learning rate that is not
+    positive is a usage error; :obj:`helps` gives help texts by name) and,
     with :obj:`device`, ``--device`` (default ``'auto'``) to :obj:`parser`."""
     parser.add_argument('--quick', action='store_true', help=quick_help)
     helps = helps or {}
@@ -75,10 +80,17 @@ def add_budget_arguments(parser: argparse.ArgumentParser, quick_help: str,
 
 def choose_budget(args: argparse.Namespace, quick: Budget, full: Budget) -> Budget:
     r""":obj:`quick` if ``args.quick`` else :obj:`full`, with every budget option given on the
-    command line (a value other than :obj:`None` or 0) in place of the budget's own."""
+    command line (a value other than :obj:`None`) in place of the budget's own. A value that is
+    not a positive count (learning rate) raises a :class:`ValueError` naming the option (the
+    parser's types refuse it first, from the command line)."""
     base = quick if args.quick else full
     given = {f.name: getattr(args, f.name) for f in fields(Budget)
-             if getattr(args, f.name, None)}
+             if getattr(args, f.name, None) is not None}
+    for name, value in given.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or (
+                name != 'lr' and value != int(value)):
+            what = 'a positive learning rate' if name == 'lr' else 'a count of at least 1'
+            raise ValueError(f"--{name.replace('_', '-')} must be {what}, got {value!r}")
     return replace(base, **given)
 
 

@@ -8,11 +8,15 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from torch_mz.models import build_model, count_parameters
+from torch_mz.models.registry import PRESETS
+from torch_mz.options import check_options
+from torch_mz.study.resume import RunStore
 from torch_mz.study.specs import parse_model_spec
-from torch_mz.tasks import load_task
+from torch_mz.tasks import check_task, load_task
 from torch_mz.train import TrainConfig, seed_everything, train
 
-__all__ = ['train_one', 'train_models', 'run_grid', 'run_info_for']
+__all__ = ['train_one', 'train_models', 'run_grid', 'run_info_for', 'check_models',
+           'check_grid']
 
 
 def train_one(task, model_name: str, seed: int, config: TrainConfig,
@@ -54,12 +58,62 @@ def _json_safe(options: Mapping[str, Any]) -> Dict[str, Any]:
         o, '__qualname__', type(o).__qualname__)))
 
 
+def check_models(models: Sequence[str], overrides: Optional[Mapping[str, Any]] = None,
+                 task: Any = None) -> None:
+    r"""Checks model specs before anything is trained: every preset is known, no spec is given
+    twice (its runs would be read as more seeds of one model), and every option (the spec's,
+    then :obj:`overrides` on top) is one the preset takes, with a value of the right type. With
+    :obj:`task` (splits, possibly without sets: :func:`~torch_mz.tasks.check_task`), every
+    model is also built for it, which checks the options a preset passes on to its blocks.
+    Raises a :class:`ValueError` naming the spec."""
+    seen = set()
+    for spec in models:
+        if spec in seen:
+            raise ValueError(f"model spec '{spec}' is given twice (each model once; --seeds sets "
+                             "how many runs it gets)")
+        seen.add(spec)
+        name, options = parse_model_spec(spec)
+        if name not in PRESETS:
+            raise ValueError(f"unknown model '{name}' in spec '{spec}' (available: "
+                             f"{', '.join(PRESETS)})")
+        options = dict(options, **(overrides or {}))
+        check_options(options, PRESETS[name], f"model spec '{spec}'", complete=False)
+        if task is not None:
+            try:
+                build_model(name, task.in_channels, task.out_channels, pos_dim=task.pos_dim,
+                            feature_columns=task.info.get('feature_columns'), **options)
+            except TypeError as e:  # an option unknown to the blocks the preset builds
+                raise ValueError(f"model spec '{spec}': {e}") from None
+
+
+def check_grid(cells: Sequence[Mapping[str, Any]], models: Sequence[str],
+               overrides: Optional[Mapping[str, Any]] = None) -> None:
+    r"""Checks a grid for :func:`run_grid` before anything is trained or generated: every cell's
+    task and options (:func:`~torch_mz.tasks.check_task`: a synthetic task's values too) and
+    every model spec (:func:`check_models`, building each model for every input / output shape
+    of a synthetic cell). Raises the first mistake's :class:`ValueError` (a script turns it
+    into its usage error)."""
+    checked = set()
+    for cell in cells:
+        for field in ('label', 'task'):
+            if field not in cell:
+                raise ValueError(f"a run_grid cell needs '{field}', got {dict(cell)}")
+        preview = check_task(cell['task'], seed=0, **dict(cell.get('kwargs', {})))
+        shape = None if preview is None else (preview.in_channels, preview.out_channels,
+                                              preview.pos_dim)
+        if shape not in checked:  # models are built once per input / output shape
+            check_models(models, overrides, task=preview)
+            checked.add(shape)
+
+
 def train_models(task: Any, models: Sequence[str], seeds: int,
                  config_for: Callable[[str, int], TrainConfig],
                  overrides: Optional[Mapping[str, Any]] = None,
                  on_result: Optional[Callable[[Dict[str, object]], None]] = None,
                  cached: Optional[Callable[[str, int, TrainConfig],
                                            Optional[Dict[str, object]]]] = None,
+                 store: Optional[RunStore] = None,
+                 data: Optional[Mapping[str, Any]] = None,
                  **labels: Any) -> List[Dict[str, Any]]:
     r"""Trains every model of :obj:`models` (specs, see :func:`parse_model_spec`) with seeds
     ``0 .. seeds - 1`` on one task, model by model, and returns one record per run:
@@ -78,9 +132,21 @@ def train_models(task: Any, models: Sequence[str], seeds: int,
             included (for progress output). (default: :obj:`None`)
         cached (callable, optional): ``cached(spec, seed, config)``, a finished run's record to
             use as it is instead of training (resumption), or :obj:`None`. (default: :obj:`None`)
+        store (RunStore, optional): Where every finished run is kept, and read back instead of
+            trained again when the same run (same :obj:`data`, :obj:`labels`, spec, options,
+            seed and configuration) is asked for: an interrupted call resumes. Asked after
+            :obj:`cached`. (default: :obj:`None`)
+        data (dict, optional): What identifies the task's data in :obj:`store` (e.g. the task
+            name, options and set counts); required with :obj:`store`. (default: :obj:`None`)
         **labels: Entries added to every trained run's record.
+
+    The specs are checked first (:func:`check_models`), before any data is built: an unknown
+    preset, an unknown option or a spec given twice raises a :class:`ValueError`.
     """
+    if store is not None and data is None:
+        raise ValueError("train_models: a 'store' needs 'data', what identifies the task's data")
     built = None if callable(task) else task
+    check_models(models, overrides, task=built)
     records: List[Dict[str, Any]] = []
     for spec in models:
         name, options = parse_model_spec(spec)
@@ -88,11 +154,16 @@ def train_models(task: Any, models: Sequence[str], seeds: int,
         for seed in range(seeds):
             config = config_for(spec, seed)
             record = None if cached is None else cached(spec, seed, config)
+            key = dict(labels, data=data, model=spec, options=options, seed=seed)
+            if record is None and store is not None:
+                record = store.get(key, config)
             if record is None:
                 if built is None:
                     built = task()
                 record = dict(train_one(built, name, seed, config, **options), model=spec,
                               **labels)
+                if store is not None:
+                    store.put(key, config, record)
             records.append(record)
             if on_result is not None:
                 on_result(record)
@@ -105,7 +176,8 @@ def run_grid(cells: Sequence[Mapping[str, Any]], models: Sequence[str], seeds: i
              config_for: Optional[Callable[[Mapping[str, Any], str, int], TrainConfig]] = None,
              cached: Optional[Callable[[Mapping[str, Any], str, int, TrainConfig],
                                        Optional[Dict[str, object]]]] = None,
-             overrides: Optional[Mapping[str, Any]] = None
+             overrides: Optional[Mapping[str, Any]] = None,
+             store: Optional[RunStore] = None
              ) -> Tuple[List[Dict[str, object]], List[Dict[str, object]]]:
     r"""Trains every model of :obj:`models` (specs, see :func:`parse_model_spec`) with
     :obj:`seeds` seeds on every cell of :obj:`cells`, all with the same :obj:`config` (only the
@@ -125,7 +197,19 @@ def run_grid(cells: Sequence[Mapping[str, Any]], models: Sequence[str], seeds: i
     finished run's record to use instead of training (resumption); a cell whose runs are all
     cached never builds its data. :obj:`on_result` is called for cached runs too.
     :obj:`overrides`, if given, are model options applied on top of every spec's own (as the
-    CLI's ``--model-arg``)."""
+    CLI's ``--model-arg``). :obj:`store`, if given, keeps every finished run and reads it back
+    when the same run is asked for again (:class:`~torch_mz.study.RunStore`): a grid stopped
+    midway resumes where it stopped.
+
+    Before anything is trained, every cell's task and options are checked
+    (:func:`~torch_mz.tasks.check_task`, with the default :obj:`load`; synthetic tasks also have
+    their values checked and every model built for them) and so is every model spec
+    (:func:`check_models`): a mistake in the last cell raises its :class:`ValueError` before
+    the first cell trains."""
+    if load is None:
+        check_grid(cells, models, overrides)
+    else:  # a loader of the caller's: its cells may not be load_task's
+        check_models(models, overrides)
     load = load_task if load is None else load
 
     def run_config(cell: Mapping[str, Any], spec: str, seed: int) -> TrainConfig:
@@ -144,6 +228,7 @@ def run_grid(cells: Sequence[Mapping[str, Any]], models: Sequence[str], seeds: i
             overrides=overrides, on_result=on_result,
             cached=None if cached is None else (
                 lambda spec, seed, run_config: cached(cell, spec, seed, run_config)),
+            store=store, data=dict(task=cell['task'], kwargs=dict(cell.get('kwargs', {}))),
             cell=cell['label'])
         runs += records
         row: Dict[str, object] = dict(cell=cell['label'])

@@ -1,0 +1,99 @@
+r"""Resuming an interrupted study: every finished run's record kept as one JSON file, so that a
+study stopped after hours (a closed session, a crash, Ctrl-C) trains only the runs it had not
+finished when it is started again. Library code: nothing here prints."""
+import hashlib
+import json
+import os
+import re
+from typing import Any, Dict, Mapping, Optional
+
+from torch_mz.study.report import write_json
+from torch_mz.train import TrainConfig
+from torch_mz.train.checkpoint import RESUMABLE_CONFIG_CHANGES
+
+__all__ = ['RunStore']
+
+_FORMAT = 1
+
+
+def _plain(value: Any) -> Any:
+    # JSON's own values, as a file read back holds them (tuples as lists, keys as strings)
+    return json.loads(json.dumps(value, sort_keys=True, default=str))
+
+
+def _slug(text: str) -> str:
+    return re.sub(r'[^A-Za-z0-9_.=+-]+', '_', text)[:60]
+
+
+class RunStore:
+    r"""The finished runs of a study, one JSON file per run in :obj:`folder`
+    (``<cell>--<model>--seed<k>-<hash>.json``), given to :func:`~torch_mz.study.run_grid` or
+    :func:`~torch_mz.study.train_models` as ``store=``: a run whose file is there is read
+    instead of trained, a run trained is written as soon as it finishes.
+
+    A file is used only for the same run: the same data (task, its options and set counts,
+    or the caller's description of its data), model spec and options, seed, and training
+    configuration (all but the settings that do not change a result: device, progress bars,
+    checkpoint folders). A run asked for with anything else is trained again and its file
+    replaced, so a store never mixes runs of two configurations into one table.
+
+    Args:
+        folder (str): Where the files are kept (created when the first run finishes).
+    """
+
+    def __init__(self, folder: str):
+        self.folder = folder
+
+    @classmethod
+    def for_study(cls, out: str, resume: bool) -> 'RunStore':
+        r"""The store of a study writing its results to :obj:`out`: ``<out>/runs``. Without
+        :obj:`resume` (a fresh run) the runs kept there are removed first, so that a later
+        ``--resume`` never mixes runs of an older code version into this run's table; with
+        it, they are read back where they match."""
+        store = cls(os.path.join(out, 'runs'))
+        if not resume:
+            store.clear()
+        return store
+
+    def clear(self) -> None:
+        r"""Removes every run kept in the folder (its JSON files; nothing else)."""
+        if os.path.isdir(self.folder):
+            for name in os.listdir(self.folder):
+                if name.endswith('.json'):
+                    os.remove(os.path.join(self.folder, name))
+
+    @staticmethod
+    def _identity(key: Mapping[str, Any], config: TrainConfig) -> Dict[str, Any]:
+        settings = {k: v for k, v in config.to_dict().items()
+                    if k not in RESUMABLE_CONFIG_CHANGES}
+        return _plain(dict(format=_FORMAT, run=dict(key), config=settings))
+
+    def _path(self, key: Mapping[str, Any]) -> str:
+        where = dict(key)
+        name = '--'.join(_slug(str(where.get(k, ''))) for k in ('cell', 'model'))
+        digest = hashlib.sha1(json.dumps(_plain(where), sort_keys=True).encode()).hexdigest()
+        return os.path.join(self.folder, f"{name}--seed{where.get('seed', 0)}-{digest[:10]}.json")
+
+    def get(self, key: Mapping[str, Any], config: TrainConfig) -> Optional[Dict[str, Any]]:
+        r"""The record of the finished run :obj:`key` (a dict naming it: ``cell``, ``model``,
+        ``seed`` and whatever identifies its data) trained with :obj:`config`, or :obj:`None`
+        (no such file, or one of a run with another configuration, or one that cannot be read:
+        the run is then trained again)."""
+        path = self._path(key)
+        try:
+            with open(path) as f:
+                stored = json.load(f)
+        except (OSError, ValueError):  # missing, or cut short by a crash (writes are atomic)
+            return None
+        if not isinstance(stored, dict) or stored.get('identity') != self._identity(key, config):
+            return None
+        record = stored.get('record')
+        return record if isinstance(record, dict) else None
+
+    def put(self, key: Mapping[str, Any], config: TrainConfig,
+            record: Mapping[str, Any]) -> str:
+        r"""Keeps :obj:`record`, the finished run :obj:`key` trained with :obj:`config`
+        (atomically: an interrupted write leaves no half file); returns the file's path."""
+        path = self._path(key)
+        write_json(path, dict(identity=self._identity(key, config), record=_plain(record)))
+        return path
