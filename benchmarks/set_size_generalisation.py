@@ -7,18 +7,21 @@ training data are identical for all models). Models: the standard Set Transforme
 and MZAttn (``mz``), each with ``log_n=False`` and ``log_n=True`` (logits multiplied by the log of
 the key-set size), same budget, schedule and target normalisation.
 
-    python benchmarks/set_size_generalisation.py --quick
-    python benchmarks/set_size_generalisation.py
+    python benchmarks/set_size_generalisation.py --quick   # 1 seed, 640 training sets, 10 epochs
+    python benchmarks/set_size_generalisation.py           # 3 seeds, 5000 sets, 100 epochs
+    python benchmarks/set_size_generalisation.py --quick --seeds 2 --n-train 64 --n-test 32 \
+        --epochs 2                                         # a smoke run (under a minute)
+
+With several seeds the table gives the mean ± std over seeds (one seed: the value alone).
 """
 import argparse
 import os
 import time
 
-import numpy as np
-
 from torch_mz.models import build_model, count_parameters
-from torch_mz.study import environment, markdown_table, pyplot, try_plot, write_report
+from torch_mz.study import environment, markdown_table, positive_int, pyplot, try_plot, write_report
 from torch_mz.study.budget import Budget, add_budget_arguments, choose_budget, study_config
+from torch_mz.study.statistics import mean_std
 from torch_mz.tasks import load_task
 from torch_mz.train import Trainer, seed_everything
 
@@ -36,7 +39,7 @@ def plot(rows, path):
     fig, ax = plt.subplots(figsize=(6, 3.8))
     labels = [f'{lo}-{hi}' for lo, hi in TEST_SIZES]
     for model, log_n in CONFIGS:
-        name = f"{model}{' + log_n' if log_n else ''}"
+        name = name_of(model, log_n)
         ax.plot(labels, [r[name] for r in rows], marker='o', label=name,
                 linestyle='--' if log_n else '-')
     ax.set_xlabel('test set size (trained on 10-30)')
@@ -47,27 +50,76 @@ def plot(rows, path):
     plt.close(fig)
 
 
+def name_of(model, log_n):
+    r"""The column name of a configuration of :data:`CONFIGS` (``'mz + log_n'``)."""
+    return f"{model}{' + log_n' if log_n else ''}"
+
+
+def table_rows(results, seeds):
+    r"""One row per test range of :data:`TEST_SIZES`: each configuration's mean test R² over
+    seeds (:obj:`results` maps ``(name, range)`` to the seeds' R²), with several seeds also its
+    standard deviation (``'<name> std'``), and the paper's figures."""
+    rows = []
+    for rng in TEST_SIZES:
+        row = dict(test_sizes=f'{rng[0]}-{rng[1]}')
+        for model_name, log_n in CONFIGS:
+            name = name_of(model_name, log_n)
+            mean, std = mean_std(results[(name, rng)])
+            row[name] = mean
+            if seeds > 1:
+                row[f'{name} std'] = std
+        row['paper ST'], row['paper MZ'] = PAPER[rng]
+        rows.append(row)
+    return rows
+
+
+def shown(rows, seeds):
+    r""":obj:`rows` as the Markdown table shows them: with several seeds each configuration's
+    cell reads ``mean ± std`` (4 significant digits), with one the value alone."""
+    if seeds == 1:
+        return rows
+    out = []
+    for row in rows:
+        row = dict(row)
+        for model_name, log_n in CONFIGS:
+            name = name_of(model_name, log_n)
+            row[name] = f'{row[name]:.4g} ± {row.pop(name + " std"):.4g}'
+        out.append(row)
+    return out
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    add_budget_arguments(parser, quick_help='small data, 10 epochs, 1 seed', overrides=('seeds', ))
-    parser.add_argument('--d', type=int, default=16)
-    parser.add_argument('--tdof', type=int, default=8)
+    add_budget_arguments(parser, quick_help='small data, 10 epochs, 1 seed',
+                         overrides=('seeds', 'n_train', 'n_test', 'epochs', 'lr'),
+                         helps=dict(n_test='test sets per test-size range'))
+    parser.add_argument('--d', type=positive_int, default=16)
+    parser.add_argument('--tdof', type=positive_int, default=8, help='at most --d')
     parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
                                                       'set_size_generalisation'))
     args = parser.parse_args()
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        parser.error(f'--out {args.out!r} is a file, not a folder')
     budget = choose_budget(args, QUICK, FULL)
     seeds, n_train, n_test, epochs, lr = (budget.seeds, budget.n_train, budget.n_test,
                                           budget.epochs, budget.lr)
+    if n_test < 2:
+        parser.error(f'--n-test {n_test} is too few: at least 2 test sets per range (an R² needs '
+                     'a spread of targets)')
     start = time.time()
-    tasks = {rng: load_task('quadratic-tdof', seed=0, n_train=n_train, n_val=n_train // 4,
-                            n_test=n_test, d=args.d, tdof=args.tdof,
-                            split_set_sizes={'train': (10, 30), 'val': (10, 30), 'test': rng})
-             for rng in TEST_SIZES}
+    try:  # the task checks its options (tdof <= d) before generating anything
+        tasks = {rng: load_task('quadratic-tdof', seed=0, n_train=n_train,
+                                n_val=max(1, n_train // 4), n_test=n_test, d=args.d,
+                                tdof=args.tdof, split_set_sizes={'train': (10, 30),
+                                                                 'val': (10, 30), 'test': rng})
+                 for rng in TEST_SIZES}
+    except ValueError as e:
+        parser.error(f'--d {args.d} --tdof {args.tdof}: {e}')
     base = tasks[TEST_SIZES[0]]
     results = {}
     runs = []
     for model_name, log_n in CONFIGS:
-        name = f"{model_name}{' + log_n' if log_n else ''}"
+        name = name_of(model_name, log_n)
         for seed in range(seeds):
             seed_everything(seed)
             model = build_model(model_name, base.in_channels, base.out_channels, log_n=log_n)
@@ -82,25 +134,19 @@ def main():
             print(f'{name:14s} seed {seed}: ' + ', '.join(
                 f'{lo}-{hi}: {results[(name, (lo, hi))][-1]:.3f}' for lo, hi in TEST_SIZES),
                 flush=True)
-    rows = []
-    for rng in TEST_SIZES:
-        row = dict(test_sizes=f'{rng[0]}-{rng[1]}')
-        for model_name, log_n in CONFIGS:
-            name = f"{model_name}{' + log_n' if log_n else ''}"
-            row[name] = float(np.mean(results[(name, rng)]))
-        row['paper ST'], row['paper MZ'] = PAPER[rng]
-        rows.append(row)
+    rows = table_rows(results, seeds)
     env = environment()
     setup = dict(task='quadratic-tdof', d=args.d, tdof=args.tdof, seeds=seeds, n_train=n_train,
                  n_test_per_range=n_test, epochs=epochs, lr=lr, train_sizes=[10, 30])
-    columns = ['test_sizes'] + [f"{m}{' + log_n' if ln else ''}" for m, ln in CONFIGS] + \
-        ['paper ST', 'paper MZ']
-    table = markdown_table(rows, columns)
+    columns = ['test_sizes'] + [name_of(m, ln) for m, ln in CONFIGS] + ['paper ST', 'paper MZ']
+    table = markdown_table(shown(rows, seeds), columns)
+    spread = (f'Values: mean ± std (population) of the test R² over {seeds} seeds. '
+              if seeds > 1 else '')
     write_report(args.out, 'set_size_generalisation',
                  'Set-size generalisation (paper Table 16): test R², trained on sizes 10-30', env,
                  setup, table, dict(rows=rows, runs=runs), (time.time() - start) / 60,
-                 notes="The paper's Table 16 does not name the task it was measured on; its ST "
-                       'and MZ R² are listed for reference only.')
+                 notes=spread + "The paper's Table 16 does not name the task it was measured "
+                       'on; its ST and MZ R² are listed for reference only.')
     note = try_plot(plot, rows, os.path.join(args.out, 'set_size_generalisation.png'))
     if note:
         print(note)

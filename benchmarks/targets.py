@@ -421,15 +421,37 @@ TARGETS: Sequence[Tuple[str, str, float, str, Callable[[Mapping], Iterator[Measu
 )
 
 
+class ResultsError(ValueError):
+    r"""A results folder or file :func:`load_sources` cannot read (the message names it)."""
+
+
 def load_sources(root: str = RESULTS,
                  sources: Mapping[str, str] = SOURCES) -> Dict[str, Dict[str, Any]]:
-    r"""The results files that exist under :obj:`root`, by label."""
+    r"""The results files that exist under :obj:`root`, by label. Raises a
+    :class:`ResultsError` naming the path when :obj:`root` is not a folder, when it holds none
+    of :obj:`sources` (every target would silently read as not measured), or when a file is not
+    a JSON object (a truncated or corrupt file)."""
+    if not os.path.isdir(root):
+        what = 'is a file, not a folder' if os.path.exists(root) else 'does not exist'
+        raise ResultsError(f'results folder {root!r} {what}')
     data = {}
     for label, rel in sources.items():
         path = os.path.join(root, rel)
         if os.path.exists(path):
-            with open(path) as f:
-                data[label] = json.load(f)
+            try:
+                with open(path) as f:
+                    loaded = json.load(f)
+            except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                raise ResultsError(f'results file {path!r} is not valid JSON ({e}); '
+                                   'restore it (git checkout) or run its benchmark again') \
+                    from None
+            if not isinstance(loaded, dict):
+                raise ResultsError(f'results file {path!r} holds a JSON '
+                                   f'{type(loaded).__name__}, not an object')
+            data[label] = loaded
+    if sources and not data:
+        raise ResultsError(f'results folder {root!r} holds none of the results files '
+                           f"({', '.join(sorted(sources.values()))})")
     return data
 
 
@@ -507,8 +529,15 @@ def plot(records: Sequence[Mapping[str, Any]], path: str) -> None:
     ax.set_title("Issue 10's targets, from the committed results files (green: meets, red: "
                  'misses)', fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    tmp = os.path.join(os.path.dirname(os.path.abspath(path)),
+                       f'.{os.path.basename(path)}.{os.getpid()}.tmp')
+    try:  # atomically, as the JSON and Markdown files: an interrupted save keeps the earlier plot
+        fig.savefig(tmp, dpi=110, format='png')
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
@@ -516,26 +545,31 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument('--results', default=RESULTS, help='folder of the results files')
     parser.add_argument('--out', default=os.path.join(RESULTS, 'targets'))
     args = parser.parse_args(argv)
-    data = load_sources(args.results)
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        parser.error(f'--out {args.out!r} is a file, not a folder')
+    try:
+        data = load_sources(args.results)
+    except ResultsError as e:
+        parser.error(f'--results: {e}')
     records = evaluate(data)
     command = 'python benchmarks/targets.py' + (' ' + ' '.join(sys.argv[1:])
                                                 if argv is None and sys.argv[1:] else '')
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, 'targets.json'), 'w') as f:
-        json.dump(dict(command=command, sources=SOURCES, targets=records), f, indent=2)
-        f.write('\n')
     # links in the Markdown file are relative to the results folder
     text = markdown(records, data, command)
     rel = os.path.relpath(args.results, args.out)
     text = text.replace('](', f']({rel}/') if rel != '.' else text
     from torch_mz.study.plots import try_plot
+    from torch_mz.study.report import write_results
     note = try_plot(plot, records, os.path.join(args.out, 'targets.png'))
     if note is None:
         text += '\n![targets](targets.png)\n'
     else:
         print(note)
-    with open(os.path.join(args.out, 'targets.md'), 'w') as f:
-        f.write(text)
+    # both files atomically (a temporary file moved into place): an interrupted or failed write
+    # leaves the earlier ones whole, and the JSON is serialised before either is touched
+    write_results(args.out, 'targets', dict(command=command, sources=SOURCES, targets=records),
+                  text)
     for r in records:
         print(f"{r['status']:>12}  {r['met']}/{r['measured']}  {r['target']}")
     print(f"wrote {os.path.join(args.out, 'targets.json')}, .md")

@@ -39,9 +39,11 @@ from dataclasses import replace
 import numpy as np
 import torch
 
+from torch_mz.datasets import TASKS as SYNTHETIC_TASKS
 from torch_mz.models import build_model, count_parameters
 from torch_mz.options import parse_key_values
-from torch_mz.study import environment, markdown_table, pyplot, time_call, try_plot, write_report
+from torch_mz.study import (environment, markdown_table, positive_int, pyplot, time_call,
+                            try_plot, write_report)
 from torch_mz.study.budget import Budget, add_budget_arguments, choose_budget, study_config
 from torch_mz.study.statistics import mean_std, paired_gap, resolved_ordering
 from torch_mz.tasks import load_task
@@ -66,6 +68,7 @@ QUICK = Budget(seeds=1, n_train=1000, n_val=500, n_test=1000, epochs=10, lr=1e-3
 FULL = Budget(seeds=3, n_train=5000, n_val=1000, n_test=2000, epochs=100, lr=1e-4)
 MEMBERS = {'quick': 3, 'full': 5}  # ensemble size K
 PASSES = 30  # MC-Dropout passes
+TIMING_SETS = 128  # test sets in the timed batch
 
 
 def train_member(task, seed, config):
@@ -435,35 +438,60 @@ def report_body(t, lines, task_name, target_std, seeds, members, passes, timing_
         t['fits'] + '\n' + t['members'])
 
 
+def at_least_two(text):
+    r"""An integer >= 2 (a spread needs two samples)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'expected an integer, got {text!r}') from None
+    if value < 2:
+        raise argparse.ArgumentTypeError(f'expected an integer >= 2 (a spread needs two '
+                                         f'samples), got {text!r}')
+    return value
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     add_budget_arguments(parser, quick_help='1 seed, K=3, 1000 training sets, 10 epochs')
-    parser.add_argument('--members', type=int, default=None, help='ensemble size K')
-    parser.add_argument('--passes', type=int, default=None, help='MC-Dropout passes')
-    parser.add_argument('--task', default='chamfer',
-                        help="synthetic task (default: 'chamfer', the paper's set matching)")
+    parser.add_argument('--members', type=at_least_two, default=None, help='ensemble size K')
+    parser.add_argument('--passes', type=at_least_two, default=None, help='MC-Dropout passes')
+    parser.add_argument('--task', default='chamfer', choices=sorted(SYNTHETIC_TASKS),
+                        metavar='TASK',
+                        help="synthetic task (default: 'chamfer', the paper's set matching; "
+                             f"one of {', '.join(sorted(SYNTHETIC_TASKS))})")
     parser.add_argument('--task-arg', action='append', default=[], metavar='KEY=VALUE',
                         help='task option, e.g. tdof=8 (repeatable; integers and floats parsed)')
-    parser.add_argument('--timing-sets', type=int, default=128,
-                        help='test sets in the timed batch')
+    parser.add_argument('--timing-sets', type=positive_int, default=None,
+                        help=f'test sets in the timed batch (default: {TIMING_SETS}, or all the '
+                             'test sets where there are fewer; at most the test sets)')
     parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
                                                       'uncertainty'))
     args = parser.parse_args()
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        parser.error(f'--out {args.out!r} is a file, not a folder')
     budget = choose_budget(args, QUICK, FULL)
     if args.n_train:
         budget = replace(budget, n_val=max(2, args.n_train // 2),
                          n_test=max(NUM_BINS, args.n_train))
-    members = args.members or MEMBERS['quick' if args.quick else 'full']
-    passes = args.passes or PASSES
-    if members < 2 or passes < 2:
-        parser.error('--members and --passes must be at least 2 (a spread needs two samples)')
+    members = args.members if args.members is not None else MEMBERS[
+        'quick' if args.quick else 'full']
+    passes = args.passes if args.passes is not None else PASSES
+    if args.timing_sets is None:
+        args.timing_sets = min(TIMING_SETS, budget.n_test)
+    elif args.timing_sets > budget.n_test:
+        parser.error(f'--timing-sets {args.timing_sets} is more than the {budget.n_test} test '
+                     'sets (the timed batch is taken from them)')
     try:
         task_args = parse_key_values(args.task_arg)
     except ValueError as e:
         parser.error(f'--task-arg {e}')
     start = time.time()
-    task = load_task(args.task, seed=0, n_train=budget.n_train, n_val=budget.n_val,
-                     n_test=budget.n_test, **task_args)
+    try:  # the task checks its options before generating anything
+        task = load_task(args.task, seed=0, n_train=budget.n_train, n_val=budget.n_val,
+                         n_test=budget.n_test, **task_args)
+    except ValueError as e:
+        given = ' '.join([f'--task {args.task}'] + [f'--task-arg {a}' for a in args.task_arg])
+        parser.error(f'{given}: {e}')
     runs = [run_seed(task, s, members, passes, budget, args.timing_sets, args.device)
             for s in range(budget.seeds)]
     summary = summarize(runs)

@@ -21,7 +21,8 @@ from torch_geometric.loader import DataLoader
 
 from torch_mz import analysis
 from torch_mz.models import build_model
-from torch_mz.study import environment, markdown_table, pyplot, try_plot, write_report
+from torch_mz.study import (environment, int_list, markdown_table, nonnegative_float,
+                            positive_int, pyplot, try_plot, write_report)
 from torch_mz.study.budget import Budget, add_budget_arguments, choose_budget, study_config
 from torch_mz.tasks import load_task
 from torch_mz.train import seed_everything, train
@@ -256,22 +257,33 @@ def plot(rows, runs, tdof: int, path: str):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     add_budget_arguments(parser, quick_help='L in {4, 8, 16}, small budget')
-    parser.add_argument('--L', default=None, help='comma-separated numbers of matrix generators')
-    parser.add_argument('--d', type=int, default=16, help='dimension of the elements')
-    parser.add_argument('--tdof', type=int, default=8, help='TDOF of the target')
-    parser.add_argument('--n-probe', type=int, default=1000, help='test sets probed per model')
-    parser.add_argument('--threshold', type=float, default=0.1,
+    parser.add_argument('--L', type=int_list(low=1), default=None,
+                        help='comma-separated distinct numbers of matrix generators (each >= 1)')
+    parser.add_argument('--d', type=positive_int, default=16, help='dimension of the elements')
+    parser.add_argument('--tdof', type=positive_int, default=8,
+                        help='TDOF of the target (at most --d)')
+    parser.add_argument('--n-probe', type=positive_int, default=1000,
+                        help='test sets probed per model (at least 2)')
+    parser.add_argument('--threshold', type=nonnegative_float, default=0.1,
                         help='a gate counts as active when |gamma| exceeds this')
     parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
                                                       'what_mz_learns'))
     args = parser.parse_args()
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        parser.error(f'--out {args.out!r} is a file, not a folder')
     budget = choose_budget(args, QUICK, FULL)
-    Ls = [int(v) for v in args.L.split(',')] if args.L else QUICK_L if args.quick else FULL_L
+    Ls = args.L or (QUICK_L if args.quick else FULL_L)
+    if args.n_probe < 2:
+        parser.error(f'--n-probe {args.n_probe} is too few: at least 2 sets (the effective rank '
+                     'is of the operators\' variation over them)')
     seeds, n_train, epochs, lr = budget.seeds, budget.n_train, budget.epochs, budget.lr
     n_val, n_test = max(1, n_train // 4), max(n_train // 2, args.n_probe)
     start = time.time()
-    task = load_task('quadratic-tdof', seed=0, n_train=n_train, n_val=n_val, n_test=n_test,
-                     d=args.d, tdof=args.tdof)
+    try:  # the task checks its options (tdof <= d) before generating anything
+        task = load_task('quadratic-tdof', seed=0, n_train=n_train, n_val=n_val, n_test=n_test,
+                         d=args.d, tdof=args.tdof)
+    except ValueError as e:
+        parser.error(f'--d {args.d} --tdof {args.tdof}: {e}')
     n_probe = min(args.n_probe, len(task.test))
     loader = DataLoader(list(task.test[:n_probe]), batch_size=250, shuffle=False)
     runs = []

@@ -261,7 +261,7 @@ class MZAttention(Module):
         if key_value.num_generators != self.num_generators:
             raise ValueError(f"Expected {self.num_generators} generators per token (got "
                              f"{key_value.num_generators})")
-        H, dk, ng, d = self.heads, self.head_dim, self.num_generators, self.dim
+        ng = self.num_generators
         Nq, Nk = query.num_tokens, key_value.num_tokens
         counts_k = set_counts(kv_set, num_sets)  # (B,)
         affine_width = (key_value.inputs.size(1) if isinstance(key_value, AffineZonotope)

@@ -1,0 +1,288 @@
+r"""The command lines of the analysis studies in ``benchmarks/`` (``targets.py``,
+``rotation_matching_analysis.py``, ``uncertainty.py``, ``what_mz_learns.py``,
+``set_size_generalisation.py``): a mistaken option ends as argparse's usage error (exit status 2,
+naming the option) before any model is trained, and nothing is written half or from another
+run's figures. Training is replaced by a function that fails the test, so a check that comes
+only after training shows as that failure."""
+import json
+import os
+import runpy
+import shutil
+import sys
+
+import numpy as np
+import pytest
+
+from tests.test_benchmarks_real import load_script
+
+BENCHMARKS = os.path.join(os.path.dirname(__file__), '..', 'benchmarks')
+RESULTS = os.path.join(BENCHMARKS, 'results')
+
+
+@pytest.fixture
+def no_training(monkeypatch):
+    r"""Every training run (``Trainer.fit``, which ``train``, ``train_one`` and the scripts' own
+    loops call) fails the test: the option must be refused before."""
+    from torch_mz.train.trainer import Trainer
+
+    def fit(*args, **kwargs):
+        raise AssertionError('a model was trained before the command line was checked')
+    monkeypatch.setattr(Trainer, 'fit', fit)
+
+
+def run_script(name, argv, monkeypatch):
+    r"""Runs ``benchmarks/<name>.py`` as ``__main__`` with :obj:`argv`; its exit status (0 when
+    it returns)."""
+    path = os.path.join(BENCHMARKS, f'{name}.py')
+    monkeypatch.setattr(sys, 'argv', [path] + list(argv))
+    try:
+        runpy.run_path(path, run_name='__main__')
+    except SystemExit as e:
+        return e.code
+    return 0
+
+
+def usage_error(name, argv, monkeypatch, capsys, *needles):
+    r"""Asserts that :obj:`argv` is a usage error of script :obj:`name` whose message holds each
+    of :obj:`needles`."""
+    code = run_script(name, argv, monkeypatch)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert 'usage:' in err
+    for needle in needles:
+        assert needle in err, err
+    return err
+
+
+# --- targets.py ------------------------------------------------------------------------------
+
+def test_targets_missing_results_folder_is_an_error(tmp_path, capsys):
+    targets = load_script('targets')
+    missing = str(tmp_path / 'nowhere')
+    with pytest.raises(SystemExit) as exit_:
+        targets.main(['--results', missing, '--out', str(tmp_path / 'out')])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert '--results' in err and missing in err and 'does not exist' in err
+    assert not (tmp_path / 'out').exists()
+
+
+def test_targets_results_file_or_empty_folder_is_an_error(tmp_path, capsys):
+    targets = load_script('targets')
+    (tmp_path / 'file.json').write_text('{}')
+    (tmp_path / 'empty').mkdir()
+    for path, why in ((tmp_path / 'file.json', 'not a folder'),
+                      (tmp_path / 'empty', 'holds none of the results files')):
+        with pytest.raises(SystemExit) as exit_:
+            targets.main(['--results', str(path), '--out', str(tmp_path / 'out')])
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err
+        assert str(path) in err and why in err
+
+
+@pytest.mark.parametrize('text', ['{"rows": [', '[1, 2]', '\xff\xfe'])
+def test_targets_corrupt_results_file_names_it(tmp_path, capsys, text):
+    targets = load_script('targets')
+    bad = tmp_path / 'speed' / 'speed.json'
+    bad.parent.mkdir()
+    bad.write_bytes(text.encode('latin-1'))
+    with pytest.raises(SystemExit) as exit_:
+        targets.main(['--results', str(tmp_path), '--out', str(tmp_path / 'out')])
+    assert exit_.value.code == 2
+    assert str(bad) in capsys.readouterr().err
+    with pytest.raises(targets.ResultsError, match='speed.json'):
+        targets.load_sources(str(tmp_path))
+
+
+def test_targets_failed_write_keeps_the_earlier_files(tmp_path, monkeypatch):
+    # A record JSON cannot serialise (a numpy float) fails json.dump partway through the file:
+    # the earlier targets.json and targets.md must stay whole, with no temporary file left.
+    targets = load_script('targets')
+    results, out = tmp_path / 'results', tmp_path / 'out'
+    (results / 'speed_fold').mkdir(parents=True)
+    shutil.copy(os.path.join(RESULTS, 'speed_fold', 'speed.json'), results / 'speed_fold')
+    monkeypatch.setattr(targets, 'plot', lambda records, path: None)
+    argv = ['--results', str(results), '--out', str(out)]
+    targets.main(argv)
+    before = {name: (out / name).read_text() for name in ('targets.json', 'targets.md')}
+    json.loads(before['targets.json'])
+    evaluate = targets.evaluate
+
+    def unserialisable(data):
+        records = evaluate(data)
+        records[-1]['threshold'] = np.float32(records[-1]['threshold'])
+        return records
+    monkeypatch.setattr(targets, 'evaluate', unserialisable)
+    with pytest.raises(TypeError, match='float32'):
+        targets.main(argv)
+    assert {name: (out / name).read_text() for name in before} == before
+    assert sorted(os.listdir(out)) == ['targets.json', 'targets.md']
+
+
+# --- rotation_matching_analysis.py -----------------------------------------------------------
+
+SMALL_ROTATION = ['--quick', '--n-train', '10', '--epochs', '1']
+
+
+@pytest.mark.parametrize('argv, needles', [
+    (['--models', 'deepsets,deepsets'], ('argument --models', 'deepsets given twice')),
+    (['--models', 'deepsets,nosuchmodel'], ('argument --models', "unknown model 'nosuchmodel'")),
+    (['--models', 'deepsets:nosuchoption=1'], ('argument --models', 'nosuchoption')),
+    (['--n-train', '0'], ('argument --n-train', "'0'")),
+    (['--n-train', '4'], ('--n-train 4 is too few', )),
+    (['--epochs', '0'], ('argument --epochs', "'0'")),
+    (['--lr', '-1'], ('argument --lr', "'-1'")),
+    (['--d', '1'], ('argument --d', "'1'")),
+    (['--sweep-dims', '16,x'], ('argument --sweep-dims', "'x'")),
+    (['--sweep-dims', '16,16'], ('argument --sweep-dims', 'given twice')),
+    (['--sweep-dims', '8'], ('--sweep-dims 8 repeats --d 8', )),
+    (['--threads', '0'], ('argument --threads', "'0'")),
+])
+def test_rotation_matching_refuses_bad_options(argv, needles, tmp_path, monkeypatch, capsys,
+                                               no_training):
+    usage_error('rotation_matching_analysis',
+                SMALL_ROTATION + ['--out', str(tmp_path)] + argv, monkeypatch, capsys, *needles)
+    assert not os.listdir(tmp_path)
+
+
+def test_rotation_matching_notes_are_not_another_runs(tmp_path, monkeypatch, no_training):
+    # A small run, no model: its notes carry none of the reference run's figures.
+    argv = SMALL_ROTATION + ['--models', '', '--sweep-dims', '', '--out', str(tmp_path)]
+    assert run_script('rotation_matching_analysis', argv, monkeypatch) == 0
+    text = (tmp_path / 'analysis.md').read_text()
+    assert 'Findings: none are written for this configuration' in text
+    for figure in ('seven orders', '3,478', '52%', '0.82 / 0.84 / 0.84', 'deepsets r2'):
+        assert figure not in text
+
+
+def test_rotation_matching_reference_findings_read_the_rows():
+    study = load_script('rotation_matching_analysis')
+    with open(os.path.join(RESULTS, 'rotation_matching', 'analysis.json')) as f:
+        saved = json.load(f)
+    setup = saved['setup']
+    assert {k: setup[k] for k in ('n_train', 'epochs', 'lr', 'models')} == {
+        k: study.REFERENCE[k] for k in ('n_train', 'epochs', 'lr', 'models')}
+    paper_var = [mse / (1.0 - r) for _, mse, r in study.PAPER_TABLE2]
+    rows = saved['rows']
+    text = study.notes_for(rows, ['deepsets'], paper_var, reference=True)
+    for figure in ('(3.4e-4) is seven\n  orders', 'explains\n  52% (11% at d = 16, 2% at d = 32)',
+                   '0.82 / 0.84 / 0.84', 'variance, 3,478,', '(scale 1.1)', 'about six times',
+                   'is 74% set size', 'moments 0.47, Deep Sets 0.46', study.REFERENCE_COMMAND):
+        assert figure in text
+    # other figures, other sentences: nothing in them is fixed text
+    changed = [dict(r, var=r['var'] * 100.0) if r['reading'] == 'literal' and r['d'] == 8
+               else dict(r, **{'deepsets r2': 0.5}) if r['reading'] == 'unaligned' else r
+               for r in rows]
+    text = study.notes_for(changed, ['deepsets'], paper_var, reference=True)
+    assert '(3.4e-2) is five\n  orders' in text and '0.50 / 0.50 / 0.50' in text
+    other = study.notes_for(rows, ['deepsets', 'mz'], paper_var, reference=False)
+    assert 'seven' not in other and '`mz r2` a short `mz` run (one seed)' in other
+
+
+# --- uncertainty.py --------------------------------------------------------------------------
+
+SMALL_UNCERTAINTY = ['--quick', '--n-train', '8', '--epochs', '1']
+
+
+@pytest.mark.parametrize('argv, needles', [
+    (['--task', 'foo'], ('argument --task', "'foo'")),
+    (['--timing-sets', '0'], ('argument --timing-sets', "'0'")),
+    (['--timing-sets', '100'], ('--timing-sets 100', 'more than the 8 test sets')),
+    (['--members', '0'], ('argument --members', "'0'")),
+    (['--members', '1'], ('argument --members', "'1'")),
+    (['--passes', '1'], ('argument --passes', "'1'")),
+    (['--passes', 'x'], ('argument --passes', "'x'")),
+    (['--task-arg', 'nosuchoption=1'], ('--task chamfer --task-arg nosuchoption=1', )),
+    (['--task', 'quadratic-tdof', '--task-arg', 'tdof=99'], ('--task-arg tdof=99', 'tdof')),
+    (['--seeds', '0'], ('argument --seeds', "'0'")),
+])
+def test_uncertainty_refuses_bad_options(argv, needles, tmp_path, monkeypatch, capsys,
+                                         no_training):
+    usage_error('uncertainty', SMALL_UNCERTAINTY + ['--out', str(tmp_path)] + argv,
+                monkeypatch, capsys, *needles)
+    assert not os.listdir(tmp_path)
+
+
+# --- what_mz_learns.py -----------------------------------------------------------------------
+
+SMALL_WHAT = ['--quick', '--n-train', '16', '--epochs', '1', '--n-probe', '8']
+
+
+@pytest.mark.parametrize('argv, needles', [
+    (['--L', '4,0'], ('argument --L', "'0'")),
+    (['--L', '4,4'], ('argument --L', 'given twice')),
+    (['--L', 'four'], ('argument --L', "'four'")),
+    (['--L', ''], ('argument --L', )),
+    (['--tdof', '20'], ('--d 16 --tdof 20', 'tdof')),
+    (['--d', '0'], ('argument --d', "'0'")),
+    (['--n-probe', '0'], ('argument --n-probe', "'0'")),
+    (['--n-probe', '1'], ('--n-probe 1 is too few', )),
+    (['--threshold', '-0.1'], ('argument --threshold', "'-0.1'")),
+    (['--seeds', '0'], ('argument --seeds', "'0'")),
+])
+def test_what_mz_learns_refuses_bad_options(argv, needles, tmp_path, monkeypatch, capsys,
+                                            no_training):
+    usage_error('what_mz_learns', SMALL_WHAT + ['--out', str(tmp_path)] + argv, monkeypatch,
+                capsys, *needles)
+    assert not os.listdir(tmp_path)
+
+
+# --- set_size_generalisation.py --------------------------------------------------------------
+
+@pytest.mark.parametrize('argv, needles', [
+    (['--n-train', '0'], ('argument --n-train', "'0'")),
+    (['--n-test', '0'], ('argument --n-test', "'0'")),
+    (['--n-test', '1'], ('--n-test 1 is too few', )),
+    (['--epochs', '0'], ('argument --epochs', "'0'")),
+    (['--lr', '0'], ('argument --lr', "'0'")),
+    (['--seeds', '0'], ('argument --seeds', "'0'")),
+    (['--tdof', '20'], ('--d 16 --tdof 20', 'tdof')),
+    (['--d', 'x'], ('argument --d', "'x'")),
+])
+def test_set_size_generalisation_refuses_bad_options(argv, needles, tmp_path, monkeypatch,
+                                                     capsys, no_training):
+    usage_error('set_size_generalisation', ['--quick', '--out', str(tmp_path)] + argv,
+                monkeypatch, capsys, *needles)
+    assert not os.listdir(tmp_path)
+
+
+def test_set_size_generalisation_table_spread_over_seeds():
+    study = load_script('set_size_generalisation')
+    names = [study.name_of(m, ln) for m, ln in study.CONFIGS]
+    assert names == ['rigid', 'rigid + log_n', 'mz', 'mz + log_n']
+    results = {(name, rng): [0.5 + 0.1 * i, 0.7 + 0.1 * i] for i, name in enumerate(names)
+               for rng in study.TEST_SIZES}
+    rows = study.table_rows(results, seeds=2)
+    assert rows[0]['rigid'] == pytest.approx(0.6) and rows[0]['rigid std'] == pytest.approx(0.1)
+    assert rows[0]['mz + log_n'] == pytest.approx(0.9)
+    shown = study.shown(rows, seeds=2)
+    assert shown[0]['rigid'] == '0.6 ± 0.1' and 'rigid std' not in shown[0]
+    assert rows[0]['rigid'] == pytest.approx(0.6)  # the rows themselves unchanged
+    # one seed: the value alone, as the committed (quick) results show it
+    one = study.table_rows({k: v[:1] for k, v in results.items()}, seeds=1)
+    assert study.shown(one, seeds=1) == one and 'rigid std' not in one[0]
+    assert one[0]['rigid'] == pytest.approx(0.5) and one[0]['paper ST'] == 0.957
+
+
+def test_set_size_generalisation_runs_small(tmp_path, monkeypatch):
+    argv = ['--quick', '--seeds', '2', '--n-train', '8', '--n-test', '4', '--epochs', '1',
+            '--d', '4', '--tdof', '2', '--out', str(tmp_path)]
+    assert run_script('set_size_generalisation', argv, monkeypatch) == 0
+    saved = json.loads((tmp_path / 'set_size_generalisation.json').read_text())
+    assert saved['setup']['seeds'] == 2 and saved['setup']['n_train'] == 8
+    assert len(saved['runs']) == 2 * len(saved['rows']) * 4
+    assert all('rigid std' in row for row in saved['rows'])
+    text = (tmp_path / 'set_size_generalisation.md').read_text()
+    assert text.count(' ± ') >= 4 * 4 and 'over 2 seeds' in text
+
+
+@pytest.mark.parametrize('script, argv', [
+    ('targets', []), ('rotation_matching_analysis', SMALL_ROTATION),
+    ('uncertainty', SMALL_UNCERTAINTY), ('what_mz_learns', SMALL_WHAT),
+    ('set_size_generalisation', ['--quick'])])
+def test_out_that_is_a_file_is_refused_first(script, argv, tmp_path, monkeypatch, capsys,
+                                             no_training):
+    out = tmp_path / 'results.md'
+    out.write_text('not a folder')
+    usage_error(script, argv + ['--out', str(out)], monkeypatch, capsys, '--out', str(out))
+    assert out.read_text() == 'not a folder'
