@@ -72,7 +72,10 @@ def main():
         check_grid(grid, MODELS)
     except ValueError as e:
         parser.error(str(e))
-    store = RunStore.for_study(args.out, args.resume)
+    try:  # an --out that cannot hold the runs' folder fails here, not after the first run
+        store = RunStore.for_study(args.out, args.resume)
+    except OSError as e:
+        parser.error(f'--out {args.out}: {e}')
     start = time.time()
 
     def report(run):
@@ -80,7 +83,7 @@ def main():
               f"{run['test']['r2']:.4f}", flush=True)
 
     runs, rows = run_grid(grid, MODELS, seeds, config, on_result=report,
-                          store=store)
+                          store=store, check=False)
     for L, row in zip(Ls, rows):
         row['L'] = L
         row['MSE ratio'] = row['st-4l mse'] / row['mz-1l mse']

@@ -182,6 +182,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_ERROR
     try:  # unknown presets and repeated ones (read as more seeds) before any data is read
         check_models(models)
+        if osp.exists(args.out) and not osp.isdir(args.out):
+            raise ValueError(f"--out '{args.out}' is a file, not a folder")
     except ValueError as e:
         print(f'point_clouds.py: error: {e}', file=sys.stderr)
         return EXIT_ERROR
@@ -201,7 +203,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f'point_clouds.py: error: {message}', file=sys.stderr)
         return EXIT_ERROR
 
-    store = RunStore.for_study(args.out, args.resume)
+    try:  # the models' block options for these datasets' shapes, and the runs' folder
+        for task in tasks.values():
+            check_models(models, task=task)
+        store = RunStore.for_study(args.out, args.resume)
+    except (ValueError, OSError) as e:
+        print(f'point_clouds.py: error: {e}', file=sys.stderr)
+        return EXIT_ERROR
     start = time.time()
     rows, runs, sizes = [], [], {}
     for dataset, task in tasks.items():
@@ -215,8 +223,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 f"{run['dataset']:12s} {run['model']:9s} seed {run['seed']}: test accuracy "
                 f"{run['test']['accuracy']:.4f} ({run['wall_time_s']:.0f} s)", flush=True),
             store=store, data=dict(dataset=dataset, root=args.root, num_points=args.num_points,
-                                   source=args.modelnet_source, variant=args.variant,
-                                   sizes=sizes[dataset]),
+                                   sizes=sizes[dataset], **({'source': args.modelnet_source}
+                                                            if dataset == 'modelnet40' else
+                                                            {'variant': args.variant})),
             dataset=dataset)
         runs += dataset_runs
         for entry in summarize(dataset_runs, 'classification'):

@@ -127,23 +127,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     models = [m.strip() for m in args.models.split(',') if m.strip()]
     seeds, n_train, n_val, n_test = budget.seeds, budget.n_train, budget.n_val, budget.n_test
     root = osp.join(args.root, 'QM9') if args.root else None
+    targets = [t.strip() for t in targets]
     unknown = [t for t in targets if t not in QM9_TARGETS]
-    if unknown or not models or not targets:
-        print(f'qm9.py: error: unknown targets {unknown} or no model (targets: '
-              f'{list(QM9_TARGETS)})', file=sys.stderr)
-        return EXIT_ERROR
-    if len(set(targets)) != len(targets):
-        print(f'qm9.py: error: --targets names a target twice ({args.targets})', file=sys.stderr)
+    mistake = (f'unknown targets {unknown} (targets: {list(QM9_TARGETS)})' if unknown else
+               '--models names no model' if not models else
+               f'--targets names a target twice ({args.targets})'
+               if len(set(targets)) != len(targets) else None)
+    if mistake:
+        print(f'qm9.py: error: {mistake}', file=sys.stderr)
         return EXIT_ERROR
     try:  # unknown presets and repeated ones (read as more seeds) before any data is read
         check_models(models)
+        if osp.exists(args.out) and not osp.isdir(args.out):
+            raise ValueError(f"--out '{args.out}' is a file, not a folder")
     except ValueError as e:
         print(f'qm9.py: error: {e}', file=sys.stderr)
         return EXIT_ERROR
 
-    store = RunStore.for_study(args.out, args.resume)
     start = time.time()
     rows, runs = [], []
+    store = None
     for target in targets:
         try:
             task = load_task('qm9', seed=0, n_train=n_train, n_val=n_val, n_test=n_test,
@@ -154,6 +157,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   f'{how_to_get_qm9(args.source, where)}.', file=sys.stderr)
             return EXIT_ERROR
         except ValueError as e:  # e.g. more molecules asked for than the dataset holds
+            print(f'qm9.py: error: {e}', file=sys.stderr)
+            return EXIT_ERROR
+        try:  # options the presets pass on to their blocks, for this task's shapes
+            check_models(models, task=task)
+            if store is None:  # created once the data is there: nothing written before
+                store = RunStore.for_study(args.out, args.resume)
+        except (ValueError, OSError) as e:
             print(f'qm9.py: error: {e}', file=sys.stderr)
             return EXIT_ERROR
         target_runs = train_models(

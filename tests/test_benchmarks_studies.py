@@ -367,6 +367,8 @@ def test_depth_separation_resumes_an_interrupted_grid(tmp_path, monkeypatch):
     ('geometry', ['--tasks', 'MEB,foo'], "argument --tasks: unknown 'foo'"),
     ('geometry', ['--models', 'mz,bogus'], "unknown model 'bogus'"),
     ('geometry', ['--dims', '8,0'], 'argument --dims: expected an integer >= 1'),
+    ('geometry', ['--tasks', 'rot', '--dims', '1'], "cell 'rot d=1'"),
+    ('geometry', ['--models', 'mz,mz:'], 'given twice'),
 ])
 def test_study_scripts_refuse_mistakes_before_training(script, argv, message, tmp_path,
                                                        monkeypatch, capsys):
@@ -377,3 +379,13 @@ def test_study_scripts_refuse_mistakes_before_training(script, argv, message, tm
     assert exit_.value.code == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / 'out').exists()
+
+
+def test_a_study_refuses_an_out_file_before_training(tmp_path, monkeypatch, capsys):
+    import torch_mz.study.grid as grid
+    monkeypatch.setattr(grid, 'train_one', lambda *a, **k: pytest.fail('trained'))
+    (tmp_path / 'file').write_text('x')
+    with pytest.raises(SystemExit) as exit_:
+        run_script('depth_separation', ['--tdof', '2', '--d', '2', '--out',
+                                        str(tmp_path / 'file')])
+    assert exit_.value.code == 2 and '--out' in capsys.readouterr().err

@@ -1,4 +1,5 @@
 import math
+import os
 from dataclasses import replace
 
 import pytest
@@ -242,3 +243,34 @@ def test_a_study_store_starts_empty_unless_it_resumes(tmp_path):
         model='mz')
     assert RunStore.for_study(str(tmp_path), resume=False).get(key, QUICK_CONFIG) is None
     assert [p.name for p in (tmp_path / 'runs').iterdir()] == ['notes.txt']
+
+
+def test_a_study_store_cannot_live_in_a_file_and_keeps_other_entries(tmp_path):
+    from torch_mz.study import RunStore
+    (tmp_path / 'file').write_text('x')
+    with pytest.raises(OSError):  # raised before anything trains, not after the first run
+        RunStore.for_study(str(tmp_path / 'file'), resume=False)
+    (tmp_path / 'out' / 'runs' / 'odd.json').mkdir(parents=True)  # a folder with a .json name
+    store = RunStore.for_study(str(tmp_path / 'out'), resume=False)
+    assert (tmp_path / 'out' / 'runs' / 'odd.json').is_dir()
+    # a key without a cell (train_models' labels, e.g. a QM9 target) names the file
+    path = store.put(dict(target='mu', data={}, model='mz', options={}, seed=1), QUICK_CONFIG,
+                     dict(model='mz'))
+    assert os.path.basename(path).startswith('mu--mz--seed1-')
+
+
+def test_check_models_reads_specs_not_strings():
+    from torch_mz.study import check_models
+    for models in (['mz', 'mz:'], ['deepsets:hidden_channels=8,dropout=0.1',
+                                   'deepsets:dropout=0.1,hidden_channels=8']):
+        with pytest.raises(ValueError, match='given twice'):
+            check_models(models)
+    check_models(['deepsets', 'deepsets:hidden_channels=8'])  # two models
+
+
+def test_check_grid_names_the_cell_it_refuses():
+    from torch_mz.study import check_grid
+    cells = [dict(label='MEB d=8', task='meb-radius', kwargs=dict(d=8)),
+             dict(label='rot d=1', task='rotation-matching', kwargs=dict(d=1))]
+    with pytest.raises(ValueError, match=r"cell 'rot d=1' \(task 'rotation-matching'\): 'd'"):
+        check_grid(cells, ['deepsets'])

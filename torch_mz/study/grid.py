@@ -66,19 +66,21 @@ def check_models(models: Sequence[str], overrides: Optional[Mapping[str, Any]] =
     :obj:`task` (splits, possibly without sets: :func:`~torch_mz.tasks.check_task`), every
     model is also built for it, which checks the options a preset passes on to its blocks.
     Raises a :class:`ValueError` naming the spec."""
-    seen = set()
+    seen: Dict[str, str] = {}
     for spec in models:
-        if spec in seen:
-            raise ValueError(f"model spec '{spec}' is given twice (each model once; --seeds sets "
-                             "how many runs it gets)")
-        seen.add(spec)
         name, options = parse_model_spec(spec)
+        same = json.dumps([name, options], sort_keys=True, default=str)  # 'mz' == 'mz:'
+        if same in seen:
+            given = f"'{spec}'" if seen[same] == spec else f"'{seen[same]}' and '{spec}'"
+            raise ValueError(f"model spec {given} {'is' if seen[same] == spec else 'are'} given "
+                             "twice (the same model and options: each model once)")
+        seen[same] = spec
         if name not in PRESETS:
             raise ValueError(f"unknown model '{name}' in spec '{spec}' (available: "
                              f"{', '.join(PRESETS)})")
         options = dict(options, **(overrides or {}))
         check_options(options, PRESETS[name], f"model spec '{spec}'", complete=False)
-        if task is not None:
+        if task is not None and options:  # a preset without options builds for any task
             try:
                 build_model(name, task.in_channels, task.out_channels, pos_dim=task.pos_dim,
                             feature_columns=task.info.get('feature_columns'), **options)
@@ -98,7 +100,10 @@ def check_grid(cells: Sequence[Mapping[str, Any]], models: Sequence[str],
         for field in ('label', 'task'):
             if field not in cell:
                 raise ValueError(f"a run_grid cell needs '{field}', got {dict(cell)}")
-        preview = check_task(cell['task'], seed=0, **dict(cell.get('kwargs', {})))
+        try:
+            preview = check_task(cell['task'], seed=0, **dict(cell.get('kwargs', {})))
+        except ValueError as e:
+            raise ValueError(f"cell '{cell['label']}' (task '{cell['task']}'): {e}") from None
         shape = None if preview is None else (preview.in_channels, preview.out_channels,
                                               preview.pos_dim)
         if shape not in checked:  # models are built once per input / output shape
@@ -177,7 +182,7 @@ def run_grid(cells: Sequence[Mapping[str, Any]], models: Sequence[str], seeds: i
              cached: Optional[Callable[[Mapping[str, Any], str, int, TrainConfig],
                                        Optional[Dict[str, object]]]] = None,
              overrides: Optional[Mapping[str, Any]] = None,
-             store: Optional[RunStore] = None
+             store: Optional[RunStore] = None, check: bool = True
              ) -> Tuple[List[Dict[str, object]], List[Dict[str, object]]]:
     r"""Trains every model of :obj:`models` (specs, see :func:`parse_model_spec`) with
     :obj:`seeds` seeds on every cell of :obj:`cells`, all with the same :obj:`config` (only the
@@ -205,8 +210,11 @@ def run_grid(cells: Sequence[Mapping[str, Any]], models: Sequence[str], seeds: i
     (:func:`~torch_mz.tasks.check_task`, with the default :obj:`load`; synthetic tasks also have
     their values checked and every model built for them) and so is every model spec
     (:func:`check_models`): a mistake in the last cell raises its :class:`ValueError` before
-    the first cell trains."""
-    if load is None:
+    the first cell trains. ``check=False`` skips that (a caller that ran
+    :func:`check_grid` itself)."""
+    if not check:
+        pass
+    elif load is None:
         check_grid(cells, models, overrides)
     else:  # a loader of the caller's: its cells may not be load_task's
         check_models(models, overrides)

@@ -14,6 +14,10 @@ from torch_mz.train.checkpoint import RESUMABLE_CONFIG_CHANGES
 __all__ = ['RunStore']
 
 _FORMAT = 1
+#: Training settings that change no figure of a finished run (besides
+#: :data:`~torch_mz.train.checkpoint.RESUMABLE_CONFIG_CHANGES`): a stored run is read back
+#: whatever they were.
+NO_RESULT_SETTINGS = ('checkpoint_every', 'eval_batch_size')
 
 
 def _plain(value: Any) -> Any:
@@ -49,8 +53,11 @@ class RunStore:
         r"""The store of a study writing its results to :obj:`out`: ``<out>/runs``. Without
         :obj:`resume` (a fresh run) the runs kept there are removed first, so that a later
         ``--resume`` never mixes runs of an older code version into this run's table; with
-        it, they are read back where they match."""
+        it, they are read back where they match. The folder is created here, so that an
+        :obj:`out` that cannot hold it (a file) raises its :class:`OSError` before any run
+        trains."""
         store = cls(os.path.join(out, 'runs'))
+        os.makedirs(store.folder, exist_ok=True)  # an OSError here, before anything trains
         if not resume:
             store.clear()
         return store
@@ -59,18 +66,24 @@ class RunStore:
         r"""Removes every run kept in the folder (its JSON files; nothing else)."""
         if os.path.isdir(self.folder):
             for name in os.listdir(self.folder):
-                if name.endswith('.json'):
-                    os.remove(os.path.join(self.folder, name))
+                path = os.path.join(self.folder, name)
+                if name.endswith('.json') and os.path.isfile(path):
+                    os.remove(path)
 
     @staticmethod
     def _identity(key: Mapping[str, Any], config: TrainConfig) -> Dict[str, Any]:
         settings = {k: v for k, v in config.to_dict().items()
-                    if k not in RESUMABLE_CONFIG_CHANGES}
+                    if k not in RESUMABLE_CONFIG_CHANGES and k not in NO_RESULT_SETTINGS}
         return _plain(dict(format=_FORMAT, run=dict(key), config=settings))
 
     def _path(self, key: Mapping[str, Any]) -> str:
         where = dict(key)
-        name = '--'.join(_slug(str(where.get(k, ''))) for k in ('cell', 'model'))
+        # named by the cell (run_grid) or the caller's labels (train_models: 'target', ...)
+        labels = ([where['cell']] if 'cell' in where else
+                  [v for k, v in sorted(where.items())
+                   if k not in ('data', 'model', 'options', 'seed')])
+        name = '--'.join(_slug(str(part)) for part in labels + [where.get('model', '')])
+        name = name.lstrip('-_') or 'run'
         digest = hashlib.sha1(json.dumps(_plain(where), sort_keys=True).encode()).hexdigest()
         return os.path.join(self.folder, f"{name}--seed{where.get('seed', 0)}-{digest[:10]}.json")
 
