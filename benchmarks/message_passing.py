@@ -64,19 +64,31 @@ hold. Ratios are taken between medians of the same run. Aggregations:
 
     python benchmarks/message_passing.py --quick
     python benchmarks/message_passing.py
+    python benchmarks/message_passing.py --resume   # after a stop: only the rows not yet measured
+
+Until its last row, the run writes its report after every row as
+``message_passing.partial.json`` / ``.md`` (``"complete": false``, a line ``partial: N of M rows
+measured``), so that a stopped run loses nothing and leaves an earlier complete report as it
+was; the last row writes ``message_passing.json`` / ``.md`` and removes the partial files, and
+the plot is drawn at the end. ``--resume`` keeps the rows of the partial report at ``--out`` (or,
+if there is none, of the complete one) that measured one of this run's configurations with the
+same settings (repeats, threads, device, keep-freed-memory, allocated, chunk rows) and
+measures the others (failed rows again).
 """
 import argparse
 import json
 import os
 import time
-from typing import Optional
+from typing import List, Optional, Tuple
 
 import numpy as np
 import torch
 
 from torch_mz.runtime import keep_freed_memory
-from torch_mz.study import (MeasurementFailed, environment, in_fresh_process, markdown_table,
-                            peak_memory_bytes, pyplot, time_call, try_plot, write_results)
+from torch_mz.study import (MeasurementFailed, choice_list, environment, in_fresh_process,
+                            int_list, markdown_table, nonnegative_int, peak_memory_bytes,
+                            positive_float, positive_int, pyplot, time_call, try_plot,
+                            write_results)
 from torch_mz.study.measure import allocator_peak_bytes
 
 AGGRS = ('pyg', 'pyg-flat', 'rigid', 'rigid-ckpt-attn', 'rigid-chunks', 'default', 'default-eager',
@@ -85,6 +97,13 @@ AGGRS = ('pyg', 'pyg-flat', 'rigid', 'rigid-ckpt-attn', 'rigid-chunks', 'default
 CKPT_AGGRS = ('default-ckpt', 'default-ckpt-attn', 'rigid-ckpt-attn', 'default-chunks',
               'rigid-chunks', 'default-whole')
 CONVS = ('sage', 'graph')
+DEGREES = ('poisson', 'power-law')
+PYG_AGGRS, PYG_HEADS = ('pyg', 'pyg-flat'), 4  # PyG's blocks: the width a multiple of the heads
+#: The run's settings (``vars(args)``) besides a row's own configuration that change its figures:
+#: ``--resume`` reuses no row of a report written with other ones.
+FIGURE_SETTINGS = ('repeats', 'threads', 'device', 'keep_freed_memory', 'allocated', 'chunk_rows')
+NAME = 'message_passing'  # <out>/message_passing.{json,md,png}
+PARTIAL = NAME + '.partial'  # <out>/message_passing.partial.{json,md}: a run not yet complete
 
 
 def random_graph(num_nodes: int, degrees: str, avg_degree: int = 10, seed: int = 0):
@@ -240,68 +259,26 @@ def plot(rows, path):
     plt.close(fig)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--nodes', default='1000,10000,100000',
-                        help='comma-separated graph sizes (average in-degree 10)')
-    parser.add_argument('--dims', default='16,64')
-    parser.add_argument('--degrees', default='poisson,power-law')
-    parser.add_argument('--aggrs', default=','.join(AGGRS))
-    parser.add_argument('--graphconv-nodes', type=int, default=10000,
-                        help='graph size at which GraphConv is also measured (0: never)')
-    parser.add_argument('--paper-max-nodes', type=int, default=1000,
-                        help="largest graph for the 'paper' body (16 inducing tokens per set)")
-    parser.add_argument('--ng8-max-nodes', type=int, default=10000,
-                        help="largest graph for 'mz-ng8' (the paper's generator budget)")
-    parser.add_argument('--ckpt-min-nodes', type=int, default=100000,
-                        help="smallest graph for the checkpointed rows (*-ckpt*)")
-    parser.add_argument('--ckpt-dims', default='16',
-                        help="widths for the checkpointed rows (*-ckpt*)")
-    parser.add_argument('--power-law-max-nodes', type=int, default=10000,
-                        help='largest power-law graph (its hub has ~8%% of all edges, and an SAB '
-                             'is quadratic in it)')
-    parser.add_argument('--chunk-rows', type=int, default=None,
-                        help="rows per recomputed group of the *-chunks aggregations (default: "
-                             "the groups of chunk_size='auto' at each width, 2^21 / d)")
-    parser.add_argument('--repeats', type=int, default=5)
-    parser.add_argument('--threads', type=int, default=1)
-    parser.add_argument('--device', default='cpu', help="'cpu' or 'cuda' (GPU memory is the "
-                        "allocator's peak)")
-    parser.add_argument('--timeout', type=float, default=900,
-                        help='seconds per configuration before it is reported as timed out')
-    parser.add_argument('--quick', action='store_true',
-                        help='graphs of 1,000 and 10,000 nodes, d = 16, 3 repeats')
-    parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
-                                                      'message_passing'))
-    parser.add_argument('--keep-freed-memory', action='store_true',
-                        help="every row with glibc's malloc keeping freed memory for reuse "
-                             '(torch_mz.runtime.keep_freed_memory)')
-    parser.add_argument('--no-allocated', dest='allocated', action='store_false',
-                        help='skip the tensor memory held at once (two more profiled calls per '
-                             'row; the resident-set peak and the times are measured either way)')
-    parser.add_argument('--_one', help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args._one:
-        print(json.dumps(run_one(json.loads(args._one))))
-        return
-    if args.quick:
-        args.nodes, args.dims, args.repeats = '1000,10000', '16', 3
-    start = time.time()
-    rows = []
-    for degrees in args.degrees.split(','):
-        for dim in map(int, args.dims.split(',')):
-            for nodes in map(int, args.nodes.split(',')):
+def plan(args: argparse.Namespace) -> List[dict]:
+    r"""The configurations a run measures, in order (degree distribution, width, graph size,
+    convolution, aggregation), each as the ``cfg`` of :func:`run_one`, after the run's filters
+    (largest graphs of ``paper``, ``mz-ng8`` and power-law degrees, the checkpointed rows' sizes
+    and widths, padded ``pyg`` on power-law graphs)."""
+    cfgs = []
+    for degrees in args.degrees:
+        for dim in args.dims:
+            for nodes in args.nodes:
                 if degrees == 'power-law' and nodes > args.power_law_max_nodes:
                     continue
                 convs = CONVS if nodes == args.graphconv_nodes else ('sage', )
                 for conv in convs:
-                    for aggr in args.aggrs.split(','):
+                    for aggr in args.aggrs:
                         if aggr == 'paper' and nodes > args.paper_max_nodes:
                             continue
                         if aggr == 'mz-ng8' and nodes > args.ng8_max_nodes:
                             continue
-                        if aggr in CKPT_AGGRS and (nodes < args.ckpt_min_nodes or str(dim)
-                                                       not in args.ckpt_dims.split(',')):
+                        if aggr in CKPT_AGGRS and (nodes < args.ckpt_min_nodes
+                                                   or dim not in args.ckpt_dims):
                             continue
                         if aggr == 'pyg' and degrees == 'power-law' and nodes > 1000:
                             # pads every node to the hub's degree: nodes x hub x d floats
@@ -312,13 +289,51 @@ def main():
                                    allocated=args.allocated)
                         if aggr.endswith('-chunks') and args.chunk_rows is not None:
                             cfg['group_rows'] = args.chunk_rows
-                        row = run_subprocess(cfg, args.timeout)
-                        rows.append(row)
-                        msg = row.get('error') or (f"{row['median_ms']:10.1f} ms  "
-                                                   f"{row['peak_mib'] or 0:9.1f} MiB")
-                        print(f'{degrees:9s} d={dim:3d} N={nodes:7d} {conv:5s} {aggr:13s} {msg}',
-                              flush=True)
-    # ratios within each (degrees, dim, nodes, conv) group, from this run's medians
+                        cfgs.append(cfg)
+    return cfgs
+
+
+def measured(row: dict, cfg: dict) -> bool:
+    r"""Whether :obj:`row` (of a results file) is a measurement of configuration :obj:`cfg`:
+    every entry of :obj:`cfg` equal (aggregation, convolution, degrees, width, graph size,
+    repeats, threads, seed, device, keep, allocated, and the group size of ``*-chunks`` rows,
+    present in both or in neither), and not a failure."""
+    return 'error' not in row and all(row.get(key) == cfg.get(key)
+                                      for key in set(cfg) | {'group_rows'})
+
+
+def earlier_rows(path: str, args: argparse.Namespace) -> Tuple[List[dict], float, str]:
+    r"""The rows of the report :obj:`path` that a resumed run may keep, the minutes that report
+    took, and a sentence on what was found: no rows where the file is missing or unreadable, or
+    was written with other :data:`FIGURE_SETTINGS` than :obj:`args`."""
+    if not os.path.exists(path):
+        return [], 0.0, f'nothing to resume: no {path}; measuring every row'
+    try:
+        with open(path) as f:
+            earlier = json.load(f)
+        config, rows = earlier['config'], earlier['rows']
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return [], 0.0, f'not resuming from {path} (unreadable: {e}); measuring every row'
+    differ = [f'{key} {config.get(key)!r} there, {getattr(args, key)!r} here'
+              for key in FIGURE_SETTINGS if config.get(key) != getattr(args, key)]
+    if differ:
+        return [], 0.0, (f"not resuming from {path}: written with other settings "
+                         f"({'; '.join(differ)}); measuring every row")
+    return rows, float(earlier.get('minutes') or 0.0), f'resuming from {path}'
+
+
+def row_line(row: dict, kept: bool = False) -> str:
+    r"""The line printed for a row."""
+    msg = row.get('error') or (f"{row['median_ms']:10.1f} ms  "
+                               f"{row['peak_mib'] or 0:9.1f} MiB")
+    return (f"{row['degrees']:9s} d={row['dim']:3d} N={row['nodes']:7d} {row['conv']:5s} "
+            f"{row['aggr']:13s} {msg}" + ('  (kept)' if kept else ''))
+
+
+def summarise(rows: List[dict], args: argparse.Namespace) -> Tuple[List[dict], List[dict]]:
+    r"""The ratios within each (degrees, dim, nodes, conv) group, from the medians of
+    :obj:`rows`, and the slopes of log time and log memory against log(nodes + edges) of each
+    (degrees, dim, aggregation) with SAGEConv."""
     ratios = []
     keys = sorted({(r['degrees'], r['dim'], r['nodes'], r['conv']) for r in rows})
     for degrees, dim, nodes, conv in keys:
@@ -350,38 +365,55 @@ def main():
                                                          / by[f'{aggr}-unfolded']['median_ms'])
         ratios.append(entry)
     slopes = []
-    for degrees in args.degrees.split(','):
-        for dim in map(int, args.dims.split(',')):
-            for aggr in args.aggrs.split(','):
+    for degrees in args.degrees:
+        for dim in args.dims:
+            for aggr in args.aggrs:
                 sel = [r for r in rows if r['degrees'] == degrees and r['dim'] == dim
                        and r['aggr'] == aggr and r['conv'] == 'sage']
                 if len(sel) >= 2:
                     slopes.append(dict(degrees=degrees, dim=dim, aggr=aggr,
                                        time_slope=fit_slope(sel, 'median_ms'),
                                        memory_slope=fit_slope(sel, 'peak_mib')))
-    env = environment()
-    minutes = (time.time() - start) / 60
-    row_cols = ['degrees', 'dim', 'nodes', 'edges', 'max_degree', 'conv', 'aggr', 'median_ms',
-                'peak_mib', 'alloc_mib', 'alloc_error', 'error']
-    ratio_cols = ['degrees', 'dim', 'nodes', 'conv', 'pyg-flat/pyg time', 'pyg-flat/pyg memory',
-                  'pyg-flat/pyg allocated', 'rigid/pyg time', 'rigid/pyg memory',
-                  'rigid/pyg allocated',
-                  'rigid-ckpt-attn/pyg time', 'rigid-ckpt-attn/pyg memory',
-                  'rigid-ckpt-attn/pyg allocated',
-                  'rigid-chunks/pyg time', 'rigid-chunks/pyg memory', 'rigid-chunks/pyg allocated',
-                  'default/rigid time', 'default-eager/rigid time', 'default-fused/rigid time',
-                  'default-ckpt/rigid time',
-                  'default-ckpt-attn/rigid time', 'default-chunks/rigid time',
-                  'default-whole/rigid time',
-                  'mz-ng8/rigid time',
-                  'paper/rigid time', 'rigid/rigid-unfolded time',
-                  'default/default-unfolded time']
+    return ratios, slopes
+
+
+RATIO_COLS = ['degrees', 'dim', 'nodes', 'conv', 'pyg-flat/pyg time', 'pyg-flat/pyg memory',
+              'pyg-flat/pyg allocated', 'rigid/pyg time', 'rigid/pyg memory',
+              'rigid/pyg allocated',
+              'rigid-ckpt-attn/pyg time', 'rigid-ckpt-attn/pyg memory',
+              'rigid-ckpt-attn/pyg allocated',
+              'rigid-chunks/pyg time', 'rigid-chunks/pyg memory', 'rigid-chunks/pyg allocated',
+              'default/rigid time', 'default-eager/rigid time', 'default-fused/rigid time',
+              'default-ckpt/rigid time',
+              'default-ckpt-attn/rigid time', 'default-chunks/rigid time',
+              'default-whole/rigid time',
+              'mz-ng8/rigid time',
+              'paper/rigid time', 'rigid/rigid-unfolded time',
+              'default/default-unfolded time']
+ROW_COLS = ['degrees', 'dim', 'nodes', 'edges', 'max_degree', 'conv', 'aggr', 'median_ms',
+            'peak_mib', 'alloc_mib', 'alloc_error', 'error']
+
+
+def write_report(args: argparse.Namespace, env: dict, rows: List[dict], planned: int,
+                 minutes: float, earlier_minutes: float = 0.0) -> List[dict]:
+    r"""Writes ``<out>/message_passing.{json,md}`` from :obj:`rows` (of :obj:`planned`);
+    while fewer, ``<out>/message_passing.partial.{json,md}`` instead, marked partial
+    (``complete: false``, a line ``partial: N of M rows measured``), which the complete report
+    removes; :obj:`minutes` in all, :obj:`earlier_minutes` of them in the run resumed. Returns
+    the ratios."""
+    ratios, slopes = summarise(rows, args)
+    complete = len(rows) >= planned
+    partial = '' if complete else (
+        f'partial: {len(rows)} of {planned} rows measured (the run stopped or is still '
+        f'running; `--resume` measures the rest)\n\n')
+    resumed = f' ({earlier_minutes:.1f} of them in the run resumed)' if earlier_minutes else ''
     markdown = ('# MZAggregation in message passing against PyG\'s SetTransformerAggregation\n\n'
+                + partial +
                 f"Command: `{env['command']}`  \n"
                 f"torch {env['torch']}, torch_geometric {env['torch_geometric']}, "
                 f"{args.threads} thread(s), device {args.device}, "
                 f"torch-scatter: {env['torch_scatter']}; "
-                f"{minutes:.1f} min; glibc malloc keeping freed memory "
+                f"{minutes:.1f} min{resumed}; glibc malloc keeping freed memory "
                 f"(`keep_freed_memory()`): {args.keep_freed_memory}. Forward + backward of one "
                 f"convolution, median of "
                 f"{args.repeats} calls; peak memory = peak resident set of one call above the "
@@ -394,21 +426,120 @@ def main():
                    if args.allocated else
                    "the tensor memory held at once was not measured (`--no-allocated`).\n\n")
                 + '## Ratios (medians of this run)\n\n'
-                + markdown_table(ratios, ratio_cols)
+                + markdown_table(ratios, RATIO_COLS)
                 + '\n## Growth with the graph (slope of log time / log memory against '
                   'log(nodes + edges), SAGEConv)\n\n'
                 + markdown_table(slopes, ['degrees', 'dim', 'aggr', 'time_slope',
                                           'memory_slope'])
-                + '\n## All measurements\n\n' + markdown_table(rows, row_cols)
-                + '\n![plot](message_passing.png)\n')
-    write_results(args.out, 'message_passing',
-                  dict(environment=env, config=vars(args), minutes=minutes, rows=rows,
-                       ratios=ratios, slopes=slopes), markdown)
-    note = try_plot(plot, rows, os.path.join(args.out, 'message_passing.png'))
+                + '\n## All measurements\n\n' + markdown_table(rows, ROW_COLS)
+                + f'\n![plot]({NAME}.png)\n')
+    write_results(args.out, NAME if complete else PARTIAL,
+                  dict(environment=env, config=vars(args), minutes=minutes, complete=complete,
+                       planned_rows=planned, rows=rows, ratios=ratios, slopes=slopes),
+                  markdown)
+    if complete:  # the complete report replaces the partial one
+        for ext in ('json', 'md'):
+            path = os.path.join(args.out, f'{PARTIAL}.{ext}')
+            if os.path.isfile(path):
+                os.remove(path)
+    return ratios
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> List[dict]:
+    r"""Refuses (argparse's usage error) what the types alone cannot: PyG's aggregations at a
+    width that is not a multiple of their heads, ``cuda`` where there is none, a run whose
+    filters leave nothing to measure. Returns the run's configurations (:func:`plan`)."""
+    if args.quick:
+        args.nodes, args.dims, args.repeats = [1000, 10000], [16], 3
+    pyg = [aggr for aggr in args.aggrs if aggr in PYG_AGGRS]
+    odd = [dim for dim in args.dims if dim % PYG_HEADS]
+    if pyg and odd:
+        parser.error(f"argument --dims: {', '.join(map(str, odd))} not a multiple of the "
+                     f"{PYG_HEADS} heads of {', '.join(pyg)} (in --aggrs)")
+    if args.device == 'cuda' and not torch.cuda.is_available():
+        parser.error("argument --device: 'cuda' is not available here")
+    cfgs = plan(args)
+    if not cfgs:
+        parser.error('nothing to measure: every configuration of --degrees, --dims, --nodes '
+                     'and --aggrs is left out by the size and width limits (--power-law-max-'
+                     'nodes, --paper-max-nodes, --ng8-max-nodes, --ckpt-min-nodes, --ckpt-dims)')
+    return cfgs
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--nodes', type=int_list(), default='1000,10000,100000',
+                        help='comma-separated graph sizes (average in-degree 10)')
+    parser.add_argument('--dims', type=int_list(), default='16,64')
+    parser.add_argument('--degrees', type=choice_list(DEGREES), default=','.join(DEGREES))
+    parser.add_argument('--aggrs', type=choice_list(AGGRS), default=','.join(AGGRS))
+    parser.add_argument('--graphconv-nodes', type=nonnegative_int, default=10000,
+                        help='graph size at which GraphConv is also measured (0: never)')
+    parser.add_argument('--paper-max-nodes', type=nonnegative_int, default=1000,
+                        help="largest graph for the 'paper' body (16 inducing tokens per set)")
+    parser.add_argument('--ng8-max-nodes', type=nonnegative_int, default=10000,
+                        help="largest graph for 'mz-ng8' (the paper's generator budget)")
+    parser.add_argument('--ckpt-min-nodes', type=nonnegative_int, default=100000,
+                        help="smallest graph for the checkpointed rows (*-ckpt*)")
+    parser.add_argument('--ckpt-dims', type=int_list(), default='16',
+                        help="widths for the checkpointed rows (*-ckpt*)")
+    parser.add_argument('--power-law-max-nodes', type=nonnegative_int, default=10000,
+                        help='largest power-law graph (its hub has ~8%% of all edges, and an SAB '
+                             'is quadratic in it)')
+    parser.add_argument('--chunk-rows', type=positive_int, default=None,
+                        help="rows per recomputed group of the *-chunks aggregations (default: "
+                             "the groups of chunk_size='auto' at each width, 2^21 / d)")
+    parser.add_argument('--repeats', type=positive_int, default=5)
+    parser.add_argument('--threads', type=positive_int, default=1)
+    parser.add_argument('--device', choices=('cpu', 'cuda'), default='cpu',
+                        help="GPU memory is the allocator's peak")
+    parser.add_argument('--timeout', type=positive_float, default=900,
+                        help='seconds per configuration before it is reported as timed out')
+    parser.add_argument('--quick', action='store_true',
+                        help='graphs of 1,000 and 10,000 nodes, d = 16, 3 repeats')
+    parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
+                                                      NAME))
+    parser.add_argument('--resume', action='store_true',
+                        help=f'keep the rows of <out>/{NAME}.json measured with the same '
+                             'configuration and settings; measure only the others')
+    parser.add_argument('--keep-freed-memory', action='store_true',
+                        help="every row with glibc's malloc keeping freed memory for reuse "
+                             '(torch_mz.runtime.keep_freed_memory)')
+    parser.add_argument('--no-allocated', dest='allocated', action='store_false',
+                        help='skip the tensor memory held at once (two more profiled calls per '
+                             'row; the resident-set peak and the times are measured either way)')
+    parser.add_argument('--_one', help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args._one:
+        print(json.dumps(run_one(json.loads(args._one))))
+        return
+    cfgs = check_args(parser, args)  # before any measurement
+    kept, earlier_minutes = [], 0.0
+    if args.resume:
+        partial = os.path.join(args.out, f'{PARTIAL}.json')
+        kept, earlier_minutes, note = earlier_rows(
+            partial if os.path.exists(partial) else os.path.join(args.out, f'{NAME}.json'), args)
+        print(note, flush=True)
+    start = time.time()
+    env = environment()
+    rows, reused = [], 0
+    for cfg in cfgs:
+        earlier_row = next((r for r in kept if measured(r, cfg)), None)
+        reused += earlier_row is not None
+        row = run_subprocess(cfg, args.timeout) if earlier_row is None else earlier_row
+        rows.append(row)
+        print(row_line(row, kept=earlier_row is not None), flush=True)
+        earlier = earlier_minutes if reused else 0.0
+        ratios = write_report(args, env, rows, len(cfgs),
+                              earlier + (time.time() - start) / 60, earlier)
+    if args.resume:
+        print(f'{reused} of {len(cfgs)} rows kept from the earlier report, '
+              f'{len(cfgs) - reused} measured', flush=True)
+    note = try_plot(plot, rows, os.path.join(args.out, f'{NAME}.png'))
     if note:
         print(note)
-    print(markdown_table(ratios, ratio_cols))
-    print(f'wrote {args.out}/message_passing.json, .md, .png')
+    print(markdown_table(ratios, RATIO_COLS))
+    print(f'wrote {args.out}/{NAME}.json, .md, .png')
 
 
 if __name__ == '__main__':

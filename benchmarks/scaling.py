@@ -14,6 +14,9 @@ slope of log(time) against log(points): a slope near 1 is linear growth.
     python benchmarks/scaling.py                          # 10^3 .. 10^6 points
     python benchmarks/scaling.py --model default --in-channels 8 --set-size 1 --quick
                                                           # up to 10^5 sets of one element
+
+Results go to ``<out>/scaling_<model>[_sets_of_<k>][_in<c>][_quick|_full].*``
+(:func:`results_name`), so that a run with other settings leaves the other runs' files alone.
 """
 import argparse
 import json
@@ -23,8 +26,30 @@ import numpy as np
 import torch
 
 from torch_mz.nn import MZAggregation
-from torch_mz.study import (environment, in_fresh_process, markdown_table, peak_memory_bytes,
-                            pyplot, time_call, try_plot, write_results)
+from torch_mz.study import (environment, in_fresh_process, markdown_table, nonnegative_int,
+                            peak_memory_bytes, positive_int, pyplot, time_call, try_plot,
+                            write_results)
+
+SET_SIZE, IN_CHANNELS = 1024, 3  # the defaults: the paper's configuration
+#: Runs whose results are referred to (README.md, benchmarks/README.md, benchmarks/targets.py)
+#: under a name without these settings: ``--model default --set-size 1 --in-channels 8 --quick``
+#: writes ``scaling_default_sets_of_1.*``.
+REFERENCE = {'scaling_default_sets_of_1': dict(in_channels=8, quick=True)}
+
+
+def results_name(model: str, set_size: int, in_channels: int, quick: bool) -> str:
+    r"""The results' file name (without extension) of a run: ``scaling_<model>``, then the
+    settings that differ from the reference run of that model and set size (the defaults,
+    in_channels 3 and the full range of sizes, unless :data:`REFERENCE` names other ones):
+    ``_sets_of_<k>``, ``_in<c>``, ``_quick`` (or ``_full`` where the reference is quick).
+    Runs that differ in any of these settings get different names."""
+    name = f'scaling_{model}' + ('' if set_size == SET_SIZE else f'_sets_of_{set_size}')
+    reference = REFERENCE.get(name, dict(in_channels=IN_CHANNELS, quick=False))
+    if in_channels != reference['in_channels']:
+        name += f'_in{in_channels}'
+    if quick != reference['quick']:
+        name += '_quick' if quick else '_full'
+    return name
 
 
 def build(model: str, chunk_size, in_channels: int = 3) -> MZAggregation:
@@ -83,12 +108,13 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--quick', action='store_true', help='10^3 to 10^5 points')
     parser.add_argument('--model', default='mz', choices=['mz', 'rigid', 'default'])
-    parser.add_argument('--in-channels', type=int, default=3, help='input width')
-    parser.add_argument('--set-size', type=int, default=1024)
-    parser.add_argument('--chunk-size', type=int, default=131072,
+    parser.add_argument('--in-channels', type=positive_int, default=IN_CHANNELS,
+                        help='input width')
+    parser.add_argument('--set-size', type=positive_int, default=SET_SIZE)
+    parser.add_argument('--chunk-size', type=nonnegative_int, default=131072,
                         help="MZAggregation's chunk_size (0: no chunking)")
-    parser.add_argument('--repeats', type=int, default=3)
-    parser.add_argument('--threads', type=int, default=torch.get_num_threads())
+    parser.add_argument('--repeats', type=positive_int, default=3)
+    parser.add_argument('--threads', type=positive_int, default=torch.get_num_threads())
     parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
                                                       'scaling'))
     parser.add_argument('--_one', help=argparse.SUPPRESS)
@@ -114,7 +140,7 @@ def main():
                              np.log([r['median_s'] for r in rows]), 1)[0])
     env = environment()
     table = markdown_table(rows, ['points', 'sets', 'median_s', 'us_per_point', 'peak_mib'])
-    name = f'scaling_{args.model}' + ('' if args.set_size == 1024 else f'_sets_of_{args.set_size}')
+    name = results_name(args.model, args.set_size, args.in_channels, args.quick)
     write_results(args.out, name,
                   dict(environment=env, config=vars(args), rows=rows, loglog_slope=slope),
                   f'# Inference scaling of MZAggregation ({args.model}), sets of {args.set_size} '

@@ -36,16 +36,27 @@ import numpy as np
 import torch
 
 from torch_mz.nn import FlatSetTransformerAggregation, MZAggregation, MZAttention
-from torch_mz.study import (count_flops, environment, in_fresh_process, markdown_table,
-                            matmul_peak_flops, peak_memory_bytes, pyplot, skewed_sizes,
+from torch_mz.study import (choice_list, count_flops, environment, in_fresh_process,
+                            markdown_table, matmul_peak_flops, nonnegative_float,
+                            peak_memory_bytes, positive_int, pyplot, skewed_sizes,
                             time_interleaved, try_plot, uniform_sizes, write_results)
 
 MODELS = ('pyg', 'pyg-flat', 'rigid', 'rigid-zono', 'mz')
 UNFOLDED = '-unfolded'  # suffix: the model with MZAttention(fold_keys=False) everywhere
+#: Every model ``--models`` takes: the default ones and the MZAggregation ones with ``-unfolded``
+#: (PyG's have no MZAttention, whose key map the suffix keeps on the keys).
+ALL_MODELS = MODELS + tuple(m + UNFOLDED for m in ('rigid', 'rigid-zono', 'mz'))
 BLOCKS = ('pma', 'sab')
+DEVICES = ('auto', 'cpu', 'cuda')  # auto: cuda where available, else cpu
 
 
 def build(model: str, block: str, dim: int, heads: int) -> torch.nn.Module:
+    r"""The aggregation :obj:`model` (one of :data:`ALL_MODELS`) with PMA only
+    (:obj:`block` ``'pma'``) or one SAB encoder block first (``'sab'``)."""
+    if model not in ALL_MODELS:
+        raise ValueError(f"Unknown model {model!r} (available: {', '.join(ALL_MODELS)})")
+    if block not in BLOCKS:
+        raise ValueError(f"Unknown block {block!r} (available: {', '.join(BLOCKS)})")
     if model.endswith(UNFOLDED):
         module = build(model[:-len(UNFOLDED)], block, dim, heads)
         for m in module.modules():
@@ -66,6 +77,7 @@ def build(model: str, block: str, dim: int, heads: int) -> torch.nn.Module:
         return MZAggregation(dim, value='rigid', num_generators=0, **kwargs)
     if model == 'rigid-zono':
         return MZAggregation(dim, value='rigid', num_generators=8, **kwargs)
+    assert model == 'mz'
     return MZAggregation(dim, value='mz', num_generators=8, num_matrix_generators=4, **kwargs)
 
 
@@ -132,11 +144,15 @@ def measure_memory(cfg: dict) -> int:
 
 
 def plot(rows, path):
+    r"""Bars of the median times, one panel per block of the run (both by default)."""
     plt = pyplot()
-    fig, axes = plt.subplots(1, len(BLOCKS), figsize=(10, 4))
+    blocks = [b for b in BLOCKS if any(r['block'] == b for r in rows)]
+    if not blocks:
+        return
+    fig, axes = plt.subplots(1, len(blocks), figsize=(5 * len(blocks), 4), squeeze=False)
     # every model of the run, in the order first met (the -unfolded rows too)
     models = list(dict.fromkeys(r['model'] for r in rows))
-    for ax, block in zip(axes, BLOCKS):
+    for ax, block in zip(axes[0], blocks):
         xs = np.arange(2)
         for i, model in enumerate(models):
             vals = [next((r['median_ms'] for r in rows if r['model'] == model
@@ -154,18 +170,36 @@ def plot(rows, path):
     plt.close(fig)
 
 
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    r"""Refuses (argparse's usage error) what the types alone cannot: heads that do not divide
+    the width, fewer points than sets, ``cuda`` where there is none; resolves ``--device auto``."""
+    if args.dim % args.heads:
+        parser.error(f'argument --heads: {args.heads} heads do not divide --dim {args.dim} '
+                     f'(every head takes dim / heads channels)')
+    if args.points < args.sets:
+        parser.error(f'argument --points: {args.points} points cannot fill --sets {args.sets} '
+                     f'sets (at least one point per set)')
+    if args.device == 'auto':
+        args.device = 'cuda' if torch.cuda.is_available() else 'cpu'
+    elif args.device == 'cuda' and not torch.cuda.is_available():
+        parser.error("argument --device: 'cuda' is not available here (use cpu or auto)")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--sets', type=int, default=64)
-    parser.add_argument('--points', type=int, default=8192)
-    parser.add_argument('--dim', type=int, default=64)
-    parser.add_argument('--heads', type=int, default=4)
-    parser.add_argument('--repeats', type=int, default=7)
-    parser.add_argument('--sigma', type=float, default=1.0,
+    parser.add_argument('--sets', type=positive_int, default=64)
+    parser.add_argument('--points', type=positive_int, default=8192,
+                        help='points in all (at least one per set)')
+    parser.add_argument('--dim', type=positive_int, default=64)
+    parser.add_argument('--heads', type=positive_int, default=4, help='must divide --dim')
+    parser.add_argument('--repeats', type=positive_int, default=7)
+    parser.add_argument('--sigma', type=nonnegative_float, default=1.0,
                         help='log-normal sigma of the skewed set sizes')
-    parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
-    parser.add_argument('--models', default=','.join(MODELS))
-    parser.add_argument('--blocks', default=','.join(BLOCKS))
+    parser.add_argument('--device', choices=DEVICES, default='auto',
+                        help='auto: cuda where available, else cpu')
+    parser.add_argument('--models', type=choice_list(ALL_MODELS), default=','.join(MODELS),
+                        help=f"comma-separated, of {', '.join(ALL_MODELS)}")
+    parser.add_argument('--blocks', type=choice_list(BLOCKS), default=','.join(BLOCKS))
     parser.add_argument('--memory', action='store_true', help='also measure peak memory')
     parser.add_argument('--quick', action='store_true', help='fewer repeats (3)')
     parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
@@ -175,16 +209,17 @@ def main():
     if args._one:
         print(json.dumps(run_one(json.loads(args._one))))
         return
+    check_args(parser, args)  # before any measurement
     repeats = 3 if args.quick else args.repeats
     peak = matmul_peak_flops(device=torch.device(args.device)) / 1e9
     print(f'measured float32 matmul peak: {peak:.1f} GFLOP/s', flush=True)
     rows = []
-    for block in args.blocks.split(','):
+    for block in args.blocks:
         for batch in ('uniform', 'skewed'):
             cfgs = [dict(model=model, block=block, batch=batch, sets=args.sets,
                          points=args.points, dim=args.dim, heads=args.heads, repeats=repeats,
                          device=args.device, sigma=args.sigma)
-                    for model in args.models.split(',')]
+                    for model in args.models]
             for cfg, row in zip(cfgs, run_interleaved(cfgs)):
                 if args.memory:
                     row['peak_mib'] = measure_memory(cfg) / 2**20
@@ -195,7 +230,7 @@ def main():
                       + (f"  peak {row['peak_mib']:8.1f} MiB" if args.memory else ''),
                       flush=True)
     ratios = []
-    for block in args.blocks.split(','):
+    for block in args.blocks:
         for batch in ('uniform', 'skewed'):
             by = {r['model']: r for r in rows if r['block'] == block and r['batch'] == batch}
             entry = dict(block=block, batch=batch)

@@ -55,12 +55,13 @@ import torch
 import torch.nn.functional as F
 from torch_geometric.data import Batch, Data
 
+from torch_mz.models import PRESETS as MODEL_PRESETS
 from torch_mz.models import MZSetTransformer, build_model, count_parameters
 from torch_mz.nn import set_fused_kernels
 from torch_mz.runtime import keep_freed_memory
 from torch_mz.study import (MeasurementFailed, count_flops, environment, in_fresh_process,
-                            markdown_table, matmul_peak_flops, process_peak_rss_bytes, pyplot,
-                            time_call, try_plot, write_results)
+                            markdown_table, matmul_peak_flops, positive_float, positive_int,
+                            process_peak_rss_bytes, pyplot, time_call, try_plot, write_results)
 from torch_mz.study.traffic import count_bytes, memory_bandwidth
 
 PRESETS = ('rigid', 'st-large', 'mz-slim', 'mz', 'mz-slim+eager', 'mz+eager', 'egnn',
@@ -114,6 +115,26 @@ def split_name(name: str):
     if {FUSED[1:], EAGER[1:]} <= set(flags):
         raise ValueError(f'{name!r}: +fused and +eager exclude each other')
     return preset, set(flags)
+
+
+def row_names(text: str) -> List[str]:
+    r"""``--models``: a comma-separated list of distinct row names, each a preset of
+    :func:`torch_mz.models.build_model` with optional suffixes (``'rigid,mz+keep'``). An unknown
+    preset is refused here (argparse's usage error); unknown or conflicting suffixes by
+    :func:`check_rows`."""
+    names = [name.strip() for name in text.split(',')]
+    if not text.strip() or not all(names):
+        raise argparse.ArgumentTypeError(f'expected a comma-separated list, got {text!r}')
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise argparse.ArgumentTypeError(f"{', '.join(repeated)} given twice in {text!r}")
+    unknown = [name for name in names if name.split('+')[0] not in MODEL_PRESETS]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown preset in {', '.join(map(repr, unknown))} (choose from "
+            f"{', '.join(MODEL_PRESETS)}, each with optional suffixes +fused, +eager, +keep, "
+            f"+compile, +whole, +groups, +thp)")
+    return names
 
 
 def measure(name: str, args, pos, batch, y) -> dict:
@@ -266,7 +287,7 @@ def count_preset_flops(name: str, args, pos, batch, y) -> dict:
 def flops_only(args) -> None:
     pos, batch, y = make_batch(args.clouds, args.points)
     rows = []
-    for name in args.models.split(','):
+    for name in args.models:
         rows.append(count_preset_flops(name, args, pos, batch, y))
         print(f"{name:9s} step {rows[-1]['gflop_per_step']:6.2f} GFLOP  inference "
               f"{rows[-1]['infer_gflop']:6.2f} GFLOP", flush=True)
@@ -317,17 +338,18 @@ def plot(rows, path):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--models', default=','.join(PRESETS))
-    parser.add_argument('--clouds', type=int, default=32)
-    parser.add_argument('--points', type=int, default=1024)
-    parser.add_argument('--repeats', type=int, default=5)
-    parser.add_argument('--rounds', type=int, default=1,
+    parser.add_argument('--models', type=row_names, default=','.join(PRESETS),
+                        help='comma-separated row names: presets with optional suffixes')
+    parser.add_argument('--clouds', type=positive_int, default=32)
+    parser.add_argument('--points', type=positive_int, default=1024)
+    parser.add_argument('--repeats', type=positive_int, default=5)
+    parser.add_argument('--rounds', type=positive_int, default=1,
                         help='run every row this many times, round by round (each in a fresh '
                              'process), and pool the calls: ratios less at the mercy of a slow '
                              'spell of a shared host')
-    parser.add_argument('--threads', type=int, default=1)
-    parser.add_argument('--device', default='cpu')
-    parser.add_argument('--egnn-radius', type=float, default=0.25)
+    parser.add_argument('--threads', type=positive_int, default=1)
+    parser.add_argument('--device', choices=('cpu', 'cuda'), default='cpu')
+    parser.add_argument('--egnn-radius', type=positive_float, default=0.25)
     parser.add_argument('--quick', action='store_true', help='8 clouds, 3 repeats')
     parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
                                                       'training_step'))
@@ -339,10 +361,12 @@ def main():
     if args._one:
         print(json.dumps(measure_one(json.loads(args._one))))
         return
+    if args.device == 'cuda' and not torch.cuda.is_available():
+        parser.error("argument --device: 'cuda' is not available here")
     if args.quick:
         args.clouds, args.repeats = 8, 3
     torch.set_num_threads(args.threads)
-    check_rows(args.models.split(','), args.egnn_radius)  # before minutes of measurements
+    check_rows(args.models, args.egnn_radius)  # before minutes of measurements
     if args.flops_only:
         flops_only(args)
         return
@@ -353,7 +377,7 @@ def main():
           f'{bandwidth:.1f} GB/s', flush=True)
     config = {k: v for k, v in vars(args).items() if k != '_one'}
     # each row's measurement in every round, None where it failed there
-    runs: Dict[str, List[Optional[dict]]] = {name: [] for name in args.models.split(',')}
+    runs: Dict[str, List[Optional[dict]]] = {name: [] for name in args.models}
     for round_ in range(args.rounds):
         for name in runs:
             measured: Optional[dict] = None
@@ -379,6 +403,9 @@ def main():
               f"{row['gb_per_step']:6.1f} GB  {row['pct_of_bandwidth']:5.1f}% of bandwidth  "
               f"inference {row['infer_s']:6.3f} s  peak RSS {row['peak_rss_mib']:.0f} MiB",
               flush=True)
+    if not rows:  # keep the results of an earlier run rather than write an empty table
+        raise SystemExit(f'no row was measured (see the messages above); nothing written to '
+                         f'{args.out}')
     ref = next((r for r in rows if r['model'] == 'rigid'),
                next((r for r in rows if r['model'] == 'rigid' + KEEP), None))
     if ref is not None:

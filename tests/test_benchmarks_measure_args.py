@@ -1,0 +1,332 @@
+r"""The command lines of the measuring scripts in ``benchmarks/`` (``speed.py``,
+``training_step.py``, ``scaling.py``, ``message_passing.py``): a mistaken option ends as argparse's
+usage error (exit status 2, naming the option) before anything is measured, and nothing is
+written empty or under another run's name; ``message_passing.py`` writes its report after every
+row and resumes an interrupted run. Every measurement is replaced by a function that fails the
+test (or by fake rows), so nothing here times anything."""
+import json
+import os
+import runpy
+import sys
+
+import pytest
+
+from tests.test_benchmarks_real import load_script
+
+BENCHMARKS = os.path.join(os.path.dirname(__file__), '..', 'benchmarks')
+ROOT = os.path.join(BENCHMARKS, '..')
+
+
+def refuse(*args, **kwargs):
+    raise AssertionError('measured before the command line was checked')
+
+
+@pytest.fixture
+def no_measuring(monkeypatch):
+    r"""Every measurement the scripts import from :mod:`torch_mz.study` fails the test (the
+    scripts run through :func:`runpy.run_path` import them afresh, so they get these)."""
+    import torch_mz.study
+    import torch_mz.study.traffic
+    for name in ('in_fresh_process', 'matmul_peak_flops', 'time_call', 'time_interleaved',
+                 'peak_memory_bytes', 'count_flops'):
+        monkeypatch.setattr(torch_mz.study, name, refuse)
+    monkeypatch.setattr(torch_mz.study.traffic, 'memory_bandwidth', refuse)
+
+
+def usage_error(script, argv, monkeypatch, capsys, *needles):
+    r"""Runs ``benchmarks/<script>.py`` with :obj:`argv` and asserts argparse's usage error whose
+    message holds each of :obj:`needles`."""
+    path = os.path.join(BENCHMARKS, f'{script}.py')
+    monkeypatch.setattr(sys, 'argv', [path] + list(argv))
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_path(path, run_name='__main__')
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2, err
+    assert 'usage:' in err
+    for needle in needles:
+        assert needle in err, err
+    return err
+
+
+# --- speed.py --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize('argv, needles', [
+    (['--models', 'rigid,foo'], ['--models', "'foo'"]),
+    (['--blocks', 'pma,xyz'], ['--blocks', "'xyz'"]),
+    (['--repeats', '0'], ['--repeats', "'0'"]),
+    (['--sets', '0'], ['--sets', "'0'"]),
+    (['--heads', '3'], ['--heads', '3 heads do not divide --dim 64']),
+    (['--dim', '8', '--heads', '16'], ['--heads', '16 heads do not divide --dim 8']),
+    (['--device', 'gpu'], ['--device', "'gpu'"]),
+    (['--sigma', '-1'], ['--sigma', "'-1'"]),
+    (['--points', '8', '--sets', '16'], ['--points', '8 points', '--sets 16']),
+])
+def test_speed_refuses_mistakes_before_measuring(argv, needles, tmp_path, monkeypatch, capsys,
+                                                 no_measuring):
+    out = tmp_path / 'speed'
+    usage_error('speed', argv + ['--out', str(out)], monkeypatch, capsys, *needles)
+    assert not out.exists()
+
+
+def test_speed_builds_no_unknown_model():
+    speed = load_script('speed')
+    with pytest.raises(ValueError, match="Unknown model 'foo'"):
+        speed.build('foo', 'pma', 8, 2)
+    with pytest.raises(ValueError, match="Unknown block 'isab'"):
+        speed.build('rigid', 'isab', 8, 2)
+    assert speed.build('mz-unfolded', 'pma', 8, 2) is not None
+
+
+def test_speed_plots_a_run_of_one_block(tmp_path):
+    pytest.importorskip('matplotlib')
+    speed = load_script('speed')
+    rows = [dict(model=model, block='pma', batch=batch, median_ms=ms)
+            for model, ms in (('rigid', 1.0), ('mz', 3.0)) for batch in ('uniform', 'skewed')]
+    speed.plot(rows, str(tmp_path / 'speed.png'))
+    assert (tmp_path / 'speed.png').stat().st_size > 0
+
+
+# --- training_step.py ------------------------------------------------------------------------
+
+@pytest.mark.parametrize('argv, needles', [
+    (['--models', 'foo'], ['--models', "'foo'", 'unknown preset']),
+    (['--models', 'rigid,foo+keep'], ['--models', "'foo+keep'"]),
+    (['--models', 'rigid,rigid'], ['--models', 'rigid given twice']),
+    (['--models', ''], ['--models']),
+    (['--rounds', '0'], ['--rounds', "'0'"]),
+    (['--clouds', '0'], ['--clouds', "'0'"]),
+    (['--points', '-4'], ['--points', "'-4'"]),
+    (['--repeats', '0'], ['--repeats', "'0'"]),
+    (['--threads', '0'], ['--threads', "'0'"]),
+    (['--egnn-radius', '0'], ['--egnn-radius', "'0'"]),
+    (['--device', 'gpu'], ['--device', "'gpu'"]),
+])
+def test_training_step_refuses_mistakes_before_measuring(argv, needles, tmp_path, monkeypatch,
+                                                         capsys, no_measuring):
+    out = tmp_path / 'training_step'
+    usage_error('training_step', argv + ['--out', str(out)], monkeypatch, capsys, *needles)
+    usage_error('training_step', argv + ['--flops-only', '--out', str(out)], monkeypatch,
+                capsys, *needles)
+    assert not out.exists()
+
+
+def test_training_step_writes_nothing_when_no_row_was_measured(tmp_path, monkeypatch):
+    script = load_script('training_step')
+
+    def fails(path, config, env=None):
+        raise script.MeasurementFailed('out of memory')
+    monkeypatch.setattr(script, 'in_fresh_process', fails)
+    monkeypatch.setattr(script, 'matmul_peak_flops', lambda device=None: 1e10)
+    monkeypatch.setattr(script, 'memory_bandwidth', lambda: 1e10)
+    out = tmp_path / 'training_step'
+    monkeypatch.setattr(sys, 'argv', ['training_step.py', '--models', 'rigid,mz',
+                                      '--out', str(out)])
+    with pytest.raises(SystemExit) as exit_:
+        script.main()
+    assert 'no row was measured' in str(exit_.value.code)
+    assert not out.exists()
+
+
+# --- scaling.py ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize('argv, needles', [
+    (['--set-size', '0'], ['--set-size', "'0'"]),
+    (['--threads', '0'], ['--threads', "'0'"]),
+    (['--in-channels', '0'], ['--in-channels', "'0'"]),
+    (['--repeats', '0'], ['--repeats', "'0'"]),
+    (['--chunk-size', '-1'], ['--chunk-size', "'-1'"]),
+])
+def test_scaling_refuses_mistakes_before_measuring(argv, needles, tmp_path, monkeypatch, capsys,
+                                                   no_measuring):
+    out = tmp_path / 'scaling'
+    usage_error('scaling', argv + ['--out', str(out)], monkeypatch, capsys, *needles)
+    assert not out.exists()
+
+
+def test_scaling_results_names_tell_runs_apart():
+    r"""Every setting in the name differs between runs that differ in it; the default run and
+    the README's sets-of-one run keep the names the READMEs and targets.py refer to."""
+    scaling = load_script('scaling')
+    name = scaling.results_name
+    assert name('mz', 1024, 3, False) == 'scaling_mz'
+    assert name('default', 1, 8, True) == 'scaling_default_sets_of_1'
+    for readme in ('README.md', os.path.join('benchmarks', 'README.md')):
+        with open(os.path.join(ROOT, readme)) as f:
+            text = f.read()
+        assert 'scaling/scaling_mz.md' in text and 'scaling/scaling_default_sets_of_1.md' in text
+    names = {(model, size, width, quick): name(model, size, width, quick)
+             for model in ('mz', 'rigid', 'default') for size in (1, 1024, 64)
+             for width in (3, 8) for quick in (False, True)}
+    assert len(set(names.values())) == len(names)
+    assert name('mz', 1024, 3, True) == 'scaling_mz_quick'
+    assert name('mz', 1024, 8, False) == 'scaling_mz_in8'
+    assert name('default', 1, 3, False) == 'scaling_default_sets_of_1_in3_full'
+
+
+def test_scaling_quick_run_leaves_the_main_results_alone(tmp_path, monkeypatch):
+    scaling = load_script('scaling')
+    monkeypatch.setattr(scaling, 'run_one', lambda cfg: dict(points=cfg['points'], sets=1,
+                                                             median_s=cfg['points'] * 1e-6))
+    monkeypatch.setattr(scaling, 'in_fresh_process', lambda path, cfg: dict(peak_bytes=2**20))
+    monkeypatch.setattr(scaling, 'plot', lambda *args: None)
+    for argv, written in ((['--quick'], 'scaling_mz_quick'),
+                          (['--in-channels', '8'], 'scaling_mz_in8'),
+                          (['--model', 'default', '--in-channels', '8', '--set-size', '1',
+                            '--quick'], 'scaling_default_sets_of_1')):
+        monkeypatch.setattr(sys, 'argv', ['scaling.py', '--out', str(tmp_path)] + argv)
+        scaling.main()
+        assert (tmp_path / f'{written}.json').exists() and (tmp_path / f'{written}.md').exists()
+    assert not (tmp_path / 'scaling_mz.json').exists()
+
+
+# --- message_passing.py ----------------------------------------------------------------------
+
+@pytest.mark.parametrize('argv, needles', [
+    (['--aggrs', 'rigid,foo'], ['--aggrs', "'foo'"]),
+    (['--degrees', 'poisson,uniform'], ['--degrees', "'uniform'"]),
+    (['--dims', 'x'], ['--dims', "'x'"]),
+    (['--dims', '16,16'], ['--dims', 'given twice']),
+    (['--nodes', '0'], ['--nodes', "'0'"]),
+    (['--nodes', '1000,ten'], ['--nodes', "'ten'"]),
+    (['--dims', '6'], ['--dims', '6 not a multiple of the 4 heads of pyg, pyg-flat']),
+    (['--ckpt-dims', 'y'], ['--ckpt-dims', "'y'"]),
+    (['--repeats', '0'], ['--repeats', "'0'"]),
+    (['--threads', '0'], ['--threads', "'0'"]),
+    (['--timeout', '0'], ['--timeout', "'0'"]),
+    (['--chunk-rows', '0'], ['--chunk-rows', "'0'"]),
+    (['--device', 'gpu'], ['--device', "'gpu'"]),
+    (['--degrees', 'power-law', '--nodes', '100000'], ['nothing to measure']),
+])
+def test_message_passing_refuses_mistakes_before_measuring(argv, needles, tmp_path, monkeypatch,
+                                                           capsys, no_measuring):
+    out = tmp_path / 'message_passing'
+    usage_error('message_passing', argv + ['--out', str(out)], monkeypatch, capsys, *needles)
+    assert not out.exists()
+
+
+MP_ARGV = ['--aggrs', 'pyg,rigid', '--degrees', 'poisson', '--dims', '16',
+           '--nodes', '1000,10000', '--graphconv-nodes', '0']  # four rows
+
+
+def fake_row(cfg: dict) -> dict:
+    r"""A row as :func:`run_one` returns it, with figures that depend on the configuration."""
+    per_node = {'pyg': 0.3, 'rigid': 0.1}[cfg['aggr']]
+    return dict(cfg, edges=10 * cfg['nodes'], max_degree=20, chunk_rows=None,
+                median_ms=per_node * cfg['nodes'] ** 1.1, times_ms=[1.0],
+                peak_mib=per_node * cfg['nodes'] / 100, alloc_mib=None)
+
+
+def run_message_passing(mp, argv, monkeypatch, measure):
+    monkeypatch.setattr(mp, 'run_subprocess', lambda cfg, timeout: measure(cfg))
+    monkeypatch.setattr(mp, 'plot', lambda rows, path: None)
+    monkeypatch.setattr(sys, 'argv', ['message_passing.py'] + argv)
+    mp.main()
+
+
+def report(out, name='message_passing'):
+    with open(out / f'{name}.json') as f:
+        return json.load(f), (out / f'{name}.md').read_text()
+
+
+def test_message_passing_writes_each_row_and_resumes(tmp_path, monkeypatch, capsys):
+    r"""The report is written after every row, marked partial until the last; an interrupted
+    run's rows are kept by ``--resume`` (not measured again), and the figures are those of an
+    uninterrupted run."""
+    mp = load_script('message_passing')
+    out, whole = tmp_path / 'stopped', tmp_path / 'whole'
+    measured = []
+
+    def stops_at_the_third(cfg):
+        if len(measured) == 2:
+            raise KeyboardInterrupt
+        measured.append((cfg['aggr'], cfg['nodes']))
+        return fake_row(cfg)
+    out.mkdir()
+    (out / 'message_passing.json').write_text('{"an earlier": "complete report"}')
+    with pytest.raises(KeyboardInterrupt):
+        run_message_passing(mp, MP_ARGV + ['--out', str(out)], monkeypatch, stops_at_the_third)
+    # a stopped run leaves the earlier complete report as it was, its rows in the partial one
+    assert (out / 'message_passing.json').read_text() == '{"an earlier": "complete report"}'
+    data, markdown = report(out, 'message_passing.partial')
+    assert data['complete'] is False and data['planned_rows'] == 4
+    assert [(r['aggr'], r['nodes']) for r in data['rows']] == measured
+    assert 'partial: 2 of 4 rows measured' in markdown
+    first = list(measured)
+
+    measured.clear()
+    capsys.readouterr()
+    run_message_passing(mp, MP_ARGV + ['--out', str(out), '--resume'], monkeypatch,
+                        lambda cfg: measured.append((cfg['aggr'], cfg['nodes']))
+                        or fake_row(cfg))
+    assert len(measured) == 2 and not set(measured) & set(first)
+    printed = capsys.readouterr().out
+    assert 'resuming from' in printed and printed.count('(kept)') == 2
+    data, markdown = report(out)
+    assert data['complete'] is True and len(data['rows']) == 4
+    assert 'partial:' not in markdown
+    assert not (out / 'message_passing.partial.json').exists()
+    assert not (out / 'message_passing.partial.md').exists()
+
+    run_message_passing(mp, MP_ARGV + ['--out', str(whole)], monkeypatch, fake_row)
+    reference, reference_md = report(whole)
+    assert data['rows'] == reference['rows']
+    assert data['ratios'] == reference['ratios'] and data['slopes'] == reference['slopes']
+    assert data['ratios'][0]['rigid/pyg time'] == pytest.approx(1 / 3)
+    tables = markdown.split('## Ratios')[1]
+    assert tables == reference_md.split('## Ratios')[1]
+
+
+def test_message_passing_resumes_nothing_measured_otherwise(tmp_path, monkeypatch, capsys):
+    r"""``--resume`` measures again every row of a report written with other settings (and
+    says so), and failed rows; without ``--resume`` every row is measured."""
+    mp = load_script('message_passing')
+    out = tmp_path / 'mp'
+    measured = []
+
+    def counts(cfg):
+        measured.append(cfg['aggr'])
+        row = fake_row(cfg)
+        if cfg['aggr'] == 'pyg' and cfg['nodes'] == 10000 and len(measured) <= 4:
+            return dict(cfg, error='timed out')  # fails in the first run only
+        return row
+    run_message_passing(mp, MP_ARGV + ['--out', str(out)], monkeypatch, counts)
+    assert len(measured) == 4
+    run_message_passing(mp, MP_ARGV + ['--out', str(out), '--resume'], monkeypatch, counts)
+    assert measured[4:] == ['pyg']  # the failed row only
+    data, _ = report(out)
+    assert not any('error' in r for r in data['rows'])
+    capsys.readouterr()
+    for other in (['--repeats', '2'], ['--threads', '2'], ['--no-allocated'],
+                  ['--keep-freed-memory'], ['--chunk-rows', '64']):
+        measured.clear()
+        run_message_passing(mp, MP_ARGV + ['--out', str(tmp_path / 'other'), '--resume'],
+                            monkeypatch, counts)  # the reference, with the default settings
+        measured.clear()
+        capsys.readouterr()
+        run_message_passing(mp, MP_ARGV + other + ['--out', str(tmp_path / 'other'),
+                                                   '--resume'], monkeypatch, counts)
+        assert len(measured) == 4, other
+        printed = capsys.readouterr().out
+        assert 'not resuming' in printed and 'other settings' in printed, printed
+    measured.clear()
+    run_message_passing(mp, MP_ARGV + ['--out', str(out)], monkeypatch, counts)
+    assert len(measured) == 4
+
+
+def test_message_passing_resume_matches_rows_by_configuration():
+    r"""A kept row measured the configuration: every entry of it, the group size of the
+    ``*-chunks`` rows included, and it did not fail."""
+    mp = load_script('message_passing')
+    cfg = dict(aggr='rigid-chunks', conv='sage', degrees='poisson', dim=16, nodes=1000,
+               repeats=5, threads=1, seed=0, device='cpu', keep=False, allocated=True)
+    row = fake_row(dict(cfg, aggr='rigid'))
+    row['aggr'] = 'rigid-chunks'
+    assert mp.measured(row, cfg)
+    assert not mp.measured(dict(row, error='timed out'), cfg)
+    assert not mp.measured(dict(row, group_rows=64), cfg)
+    assert not mp.measured(row, dict(cfg, group_rows=64))
+    assert mp.measured(dict(row, group_rows=64), dict(cfg, group_rows=64))
+    for key, other in (('aggr', 'rigid'), ('conv', 'graph'), ('degrees', 'power-law'),
+                       ('dim', 64), ('nodes', 10000), ('repeats', 3), ('threads', 2),
+                       ('device', 'cuda'), ('keep', True), ('allocated', False)):
+        assert not mp.measured(row, dict(cfg, **{key: other})), key
