@@ -3,8 +3,8 @@
 #   make test   -- creates .venv, installs torch_mz with its test extras, runs the test suite
 #
 # The virtual environment sees the system site-packages, so a torch that is already installed
-# (CPU or CUDA, any supported version) is used as it is. Only when no torch can be imported is
-# $(TORCH_SPEC) installed (a CPU build where one is available locally). Override, e.g.
+# (CPU or CUDA, 2.5 or later: setup.cfg's floor) is used as it is. Only when no such torch can be
+# imported is $(TORCH_SPEC) installed (a CPU build where one is available locally). Override, e.g.
 #   make test TORCH_SPEC='torch==2.5.1'
 PYTHON ?= python3
 VENV ?= .venv
@@ -18,7 +18,7 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv --system-site-packages $(VENV)
 
 $(VENV)/.torch: | $(VENV)/bin/python
-	$(PY) -c "import torch" 2>/dev/null || $(PIP) install "$(TORCH_SPEC)"
+	$(PY) -c "import sys, torch; sys.exit(tuple(int(v) for v in torch.__version__.split('+')[0].split('.')[:2]) < (2, 5))" 2>/dev/null || $(PIP) install "$(TORCH_SPEC)"
 	touch $@
 
 $(VENV)/.installed: setup.cfg pyproject.toml $(VENV)/.torch

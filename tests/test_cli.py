@@ -488,3 +488,24 @@ def test_set_size_belongs_to_its_flag_and_an_old_checkpoint_warns_before_loading
     torch.save(state, old)
     assert main(['predict', old, '--task', 'quadratic-tdof', '--out', out, '--overwrite']) == 0
     assert 'does not record the data seed' in capsys.readouterr().err
+
+
+def test_a_one_epoch_run_needs_no_warmup_option(tmp_path):
+    # the warm-up defaults to 5 epochs, or fewer where --epochs is smaller (it was refused)
+    argv = [a for a in TINY if a not in ('--warmup-epochs', '1')]
+    argv[argv.index('--epochs') + 1] = '1'
+    out = str(tmp_path / 'run')
+    assert main(['train', *argv, '--model', 'deepsets', '--out', out]) == 0
+    state = torch.load(os.path.join(out, 'checkpoint.pt'), weights_only=False)
+    assert state['config']['warmup_epochs'] == 1
+
+
+def test_compare_names_only_the_files_it_wrote(tmp_path, capsys, monkeypatch):
+    import torch_mz.study.plots as plots
+    monkeypatch.setattr(plots, 'pyplot', lambda: (_ for _ in ()).throw(
+        ImportError('no matplotlib')))
+    out = str(tmp_path / 'cmp')
+    assert main(['compare', *TINY, '--models', 'deepsets', '--seeds', '1', '--out', out]) == 0
+    printed = capsys.readouterr().out
+    assert not os.path.exists(os.path.join(out, 'results.png'))
+    assert 'results.json' in printed and 'results.png' not in printed.splitlines()[-1]

@@ -87,7 +87,8 @@ def _add_training_args(p: argparse.ArgumentParser):
     t.add_argument('--batch-size', type=int, default=128)
     t.add_argument('--lr', type=float, default=1e-4)
     t.add_argument('--weight-decay', type=float, default=1e-5)
-    t.add_argument('--warmup-epochs', type=int, default=5)
+    t.add_argument('--warmup-epochs', type=int, default=None,
+                   help='linear warm-up epochs (default: 5, or --epochs where fewer)')
     t.add_argument('--grad-clip', type=float, default=1.0)
     t.add_argument('--patience', type=int, default=20)
     t.add_argument('--no-normalize', action='store_true',
@@ -120,7 +121,9 @@ def _load(args, progress: bool):
 def _config(args, seed: int, out_dir: Optional[str], resume: Optional[str] = None):
     from torch_mz.train import TrainConfig
     return TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-                       weight_decay=args.weight_decay, warmup_epochs=args.warmup_epochs,
+                       weight_decay=args.weight_decay,
+                       warmup_epochs=(min(5, max(args.epochs, 0)) if args.warmup_epochs is None
+                                      else args.warmup_epochs),
                        grad_clip=args.grad_clip if args.grad_clip > 0 else None,
                        patience=args.patience if args.patience > 0 else None, seed=seed,
                        device=args.device, normalize_targets=not args.no_normalize,
@@ -425,7 +428,7 @@ def cmd_compare(args) -> int:
         print(note)
     print()
     print(table)
-    print(f'results: {out}/results.md, results.json, results.png')
+    print(f"results: {out}/results.md, results.json{'' if note else ', results.png'}")
     return 0
 
 
