@@ -551,7 +551,8 @@ def cmd_predict(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from torch_mz import __version__
-    parser = argparse.ArgumentParser(prog='torch-mz', description=__doc__.split('\n')[0])
+    parser = argparse.ArgumentParser(  # the docstring's first line, without its RST markup
+        prog='torch-mz', description=__doc__.split('\n')[0].replace('``', ''))
     parser.add_argument('--version', action='version', version=f'torch-mz {__version__}')
     parser.add_argument('--no-keep-freed-memory', dest='keep_freed_memory',
                         action='store_false',
