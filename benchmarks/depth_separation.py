@@ -15,7 +15,8 @@ import time
 from torch_mz.paper import TABLE1
 from torch_mz.study import (RunStore, check_grid, environment, int_list, markdown_table,
                             positive_int, pyplot, run_grid, try_plot, write_report)
-from torch_mz.study.budget import Budget, add_budget_arguments, choose_budget, study_config
+from torch_mz.study.budget import (Budget, add_budget_arguments, add_resume_argument,
+                                   choose_budget, study_config)
 
 # Table 1 of the paper: L -> (MZAttn-1L R^2, ST-4L R^2, MSE ratio)
 PAPER = TABLE1
@@ -54,9 +55,7 @@ def main():
                         help='dimension of the elements (the task default; must be >= every L)')
     parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
                                                       'depth_separation'))
-    parser.add_argument('--resume', action='store_true',
-                        help='keep the runs an interrupted call with the same settings finished '
-                        '(kept one file each in <out>/runs) instead of training them again')
+    add_resume_argument(parser)
     args = parser.parse_args()
     budget = choose_budget(args, QUICK, FULL)
     Ls = args.tdof or TDOF
@@ -68,14 +67,11 @@ def main():
     grid = [dict(label=f'L={L}', task='quadratic-tdof',
                  kwargs=dict(d=args.d, tdof=L, n_train=n_train, n_val=n_val, n_test=n_test))
             for L in Ls]
-    try:  # every cell and model checked before the first one trains
+    try:  # every cell and model, and the runs' folder, before the first run trains
         check_grid(grid, MODELS)
-    except ValueError as e:
-        parser.error(str(e))
-    try:  # an --out that cannot hold the runs' folder fails here, not after the first run
         store = RunStore.for_study(args.out, args.resume)
-    except OSError as e:
-        parser.error(f'--out {args.out}: {e}')
+    except (ValueError, OSError) as e:
+        parser.error(str(e))
     start = time.time()
 
     def report(run):

@@ -24,7 +24,8 @@ from torch_mz.paper import GEOMETRY, GEOMETRY_MODELS
 from torch_mz.study import (RunStore, check_grid, choice_list, environment, int_list,
                             markdown_table, plot_grid, run_grid, split_model_specs, try_plot,
                             write_report)
-from torch_mz.study.budget import Budget, add_budget_arguments, choose_budget, study_config
+from torch_mz.study.budget import (Budget, add_budget_arguments, add_resume_argument,
+                                   choose_budget, study_config)
 from torch_mz.study.statistics import lead_over_best
 
 MODELS = ('rigid', 'st-large', 'hypernet', 'perceiver', 'film', 'mz')
@@ -51,9 +52,7 @@ def main():
     parser.add_argument('--models', default=','.join(MODELS))
     parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
                                                       'geometry'))
-    parser.add_argument('--resume', action='store_true',
-                        help='keep the runs an interrupted call with the same settings finished '
-                        '(kept one file each in <out>/runs) instead of training them again')
+    add_resume_argument(parser)
     args = parser.parse_args()
     budget = choose_budget(args, QUICK, FULL)
     dims = QUICK_DIMS if args.quick else DIMS
@@ -67,14 +66,11 @@ def main():
     grid = [dict(label=f'{t} d={d}', task=TASKS[t],
                  kwargs=dict(d=d, n_train=n_train, n_val=n_val, n_test=n_test))
             for t in tasks for d in dims[t]]
-    try:  # every cell and model checked before the first one trains
+    try:  # every cell and model, and the runs' folder, before the first run trains
         check_grid(grid, models)
-    except ValueError as e:
-        parser.error(str(e))
-    try:  # an --out that cannot hold the runs' folder fails here, not after the first run
         store = RunStore.for_study(args.out, args.resume)
-    except OSError as e:
-        parser.error(f'--out {args.out}: {e}')
+    except (ValueError, OSError) as e:
+        parser.error(str(e))
     start = time.time()
 
     def report(run):

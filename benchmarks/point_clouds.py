@@ -30,7 +30,8 @@ from torch_mz.datasets.modelnet import HDF5_FOLDER, MODELNET40_CLASSES, MODELNET
 from torch_mz.datasets.scanobjectnn import SCANOBJECTNN_PAGE, scanobjectnn_file
 from torch_mz.study import (RunStore, check_models, environment, markdown_table, plot_bars,
                             positive_int, summarize, train_models, try_plot, write_report)
-from torch_mz.study.budget import Budget, add_budget_arguments, choose_budget, study_config
+from torch_mz.study.budget import (Budget, add_budget_arguments, add_resume_argument,
+                                   choose_budget, study_config)
 from torch_mz.tasks import load_task
 
 EXIT_ERROR = 2  # missing data or impossible arguments, as the torch-mz command
@@ -165,9 +166,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument('--no-download', action='store_true',
                         help='stop with a message instead of downloading ModelNet40')
     parser.add_argument('--models', default=','.join(MODELS), help='comma-separated presets')
-    parser.add_argument('--resume', action='store_true',
-                        help='keep the runs an interrupted call with the same settings finished '
-                        '(kept one file each in <out>/runs) instead of training them again')
+    add_resume_argument(parser)
     parser.add_argument('--batch-size', type=positive_int, default=32)
     parser.add_argument('--patience', type=positive_int, default=20)
     parser.add_argument('--out', default=osp.join(osp.dirname(__file__), 'results',

@@ -31,7 +31,8 @@ from torch_mz.datasets.qm9 import QM9_RAW_URL, QM9_TARGETS, QM9_UNCHARACTERIZED_
 from torch_mz.paper import TABLE28
 from torch_mz.study import (RunStore, check_models, environment, markdown_table, plot_bars,
                             positive_int, summarize, train_models, try_plot, write_report)
-from torch_mz.study.budget import Budget, add_budget_arguments, choose_budget, study_config
+from torch_mz.study.budget import (Budget, add_budget_arguments, add_resume_argument,
+                                   choose_budget, study_config)
 from torch_mz.study.statistics import lead_over_best
 from torch_mz.tasks import load_task
 
@@ -111,9 +112,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          helps=dict(lr='(default: 1e-3)'))
     parser.add_argument('--targets', default=None, help=f'comma-separated, of {QM9_TARGETS}')
     parser.add_argument('--models', default=','.join(MODELS), help='comma-separated presets')
-    parser.add_argument('--resume', action='store_true',
-                        help='keep the runs an interrupted call with the same settings finished '
-                        '(kept one file each in <out>/runs) instead of training them again')
+    add_resume_argument(parser)
     parser.add_argument('--batch-size', type=positive_int, default=128)
     parser.add_argument('--source', default='qm9pack', choices=('qm9pack', 'sdf'))
     parser.add_argument('--root', default=None,

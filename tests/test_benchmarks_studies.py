@@ -388,4 +388,4 @@ def test_a_study_refuses_an_out_file_before_training(tmp_path, monkeypatch, caps
     with pytest.raises(SystemExit) as exit_:
         run_script('depth_separation', ['--tdof', '2', '--d', '2', '--out',
                                         str(tmp_path / 'file')])
-    assert exit_.value.code == 2 and '--out' in capsys.readouterr().err
+    assert exit_.value.code == 2 and "cannot make the runs' folder" in capsys.readouterr().err

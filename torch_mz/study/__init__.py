@@ -15,7 +15,8 @@ Library code: nothing here prints or parses a command line.
 """
 from torch_mz.study.arguments import (choice_list, float_list, int_list, nonnegative_float,
                                       nonnegative_int, positive_float, positive_int)
-from torch_mz.study.budget import Budget, add_budget_arguments, choose_budget, study_config
+from torch_mz.study.budget import (Budget, add_budget_arguments, add_resume_argument, choose_budget,
+                                  study_config)
 from torch_mz.study.grid import (check_grid, check_models, run_grid, run_info_for, train_models,
                                  train_one)
 from torch_mz.study.measure import (MeasurementFailed, allocator_peak_bytes, count_flops,
@@ -43,6 +44,7 @@ __all__ = [
     'choice_list',
     'Budget',
     'add_budget_arguments',
+    'add_resume_argument',
     'choose_budget',
     'study_config',
     'run_grid',

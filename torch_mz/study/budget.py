@@ -22,7 +22,8 @@ from typing import Mapping, Optional, Sequence, Tuple
 from torch_mz.study.arguments import positive_float, positive_int
 from torch_mz.train import TrainConfig
 
-__all__ = ['Budget', 'add_budget_arguments', 'choose_budget', 'study_config']
+__all__ = ['Budget', 'add_budget_arguments', 'add_resume_argument', 'choose_budget',
+           'study_config']
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,14 @@ def add_budget_arguments(parser: argparse.ArgumentParser, quick_help: str,
                             help=helps.get(name))
     if device:
         parser.add_argument('--device', default='auto')
+
+
+def add_resume_argument(parser: argparse.ArgumentParser) -> None:
+    r"""Adds ``--resume`` to :obj:`parser`: the study reads back the runs an interrupted call
+    with the same settings finished (:meth:`~torch_mz.study.RunStore.for_study`)."""
+    parser.add_argument('--resume', action='store_true',
+                        help='keep the runs an interrupted call with the same settings finished '
+                        '(kept one file each in <out>/runs) instead of training them again')
 
 
 def choose_budget(args: argparse.Namespace, quick: Budget, full: Budget) -> Budget:

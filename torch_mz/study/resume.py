@@ -57,7 +57,11 @@ class RunStore:
         :obj:`out` that cannot hold it (a file) raises its :class:`OSError` before any run
         trains."""
         store = cls(os.path.join(out, 'runs'))
-        os.makedirs(store.folder, exist_ok=True)  # an OSError here, before anything trains
+        try:  # an OSError here, before anything trains
+            os.makedirs(store.folder, exist_ok=True)
+        except OSError as e:
+            raise OSError(e.errno, f"cannot make the runs' folder '{store.folder}' ({e.strerror}"
+                          f"; is the output folder '{out}' a file?)") from None
         if not resume:
             store.clear()
         return store
