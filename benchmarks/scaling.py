@@ -31,24 +31,38 @@ from torch_mz.study import (environment, in_fresh_process, markdown_table, nonne
                             write_results)
 
 SET_SIZE, IN_CHANNELS = 1024, 3  # the defaults: the paper's configuration
+#: The measurement settings of the committed runs (``--chunk-size``, ``--repeats``; ``--threads``
+#: defaults to this machine's thread count, 2 where they ran)
+CHUNK_SIZE, REPEATS, THREADS = 131072, 3, 2
 #: Runs whose results are referred to (README.md, benchmarks/README.md, benchmarks/targets.py)
 #: under a name without these settings: ``--model default --set-size 1 --in-channels 8 --quick``
 #: writes ``scaling_default_sets_of_1.*``.
 REFERENCE = {'scaling_default_sets_of_1': dict(in_channels=8, quick=True)}
 
 
-def results_name(model: str, set_size: int, in_channels: int, quick: bool) -> str:
+def results_name(model: str, set_size: int, in_channels: int, quick: bool,
+                 chunk_size: int = CHUNK_SIZE, repeats: int = REPEATS,
+                 threads: int = THREADS) -> str:
     r"""The results' file name (without extension) of a run: ``scaling_<model>``, then the
     settings that differ from the reference run of that model and set size (the defaults,
     in_channels 3 and the full range of sizes, unless :data:`REFERENCE` names other ones):
-    ``_sets_of_<k>``, ``_in<c>``, ``_quick`` (or ``_full`` where the reference is quick).
-    Runs that differ in any of these settings get different names."""
+    ``_sets_of_<k>``, ``_in<c>``, ``_quick`` (or ``_full`` where the reference is quick),
+    ``_chunk<c>`` (``--chunk-size``; ``_chunk0`` for no chunking), ``_r<n>`` (``--repeats``) and
+    ``_t<n>`` (``--threads``; the committed runs used 2 threads, so a run on a machine with
+    another default gets its own name). Runs that differ in any of these settings get different
+    names."""
     name = f'scaling_{model}' + ('' if set_size == SET_SIZE else f'_sets_of_{set_size}')
     reference = REFERENCE.get(name, dict(in_channels=IN_CHANNELS, quick=False))
     if in_channels != reference['in_channels']:
         name += f'_in{in_channels}'
     if quick != reference['quick']:
         name += '_quick' if quick else '_full'
+    if chunk_size != CHUNK_SIZE:
+        name += f'_chunk{chunk_size}'
+    if repeats != REPEATS:
+        name += f'_r{repeats}'
+    if threads != THREADS:
+        name += f'_t{threads}'
     return name
 
 
@@ -111,9 +125,9 @@ def main():
     parser.add_argument('--in-channels', type=positive_int, default=IN_CHANNELS,
                         help='input width')
     parser.add_argument('--set-size', type=positive_int, default=SET_SIZE)
-    parser.add_argument('--chunk-size', type=nonnegative_int, default=131072,
+    parser.add_argument('--chunk-size', type=nonnegative_int, default=CHUNK_SIZE,
                         help="MZAggregation's chunk_size (0: no chunking)")
-    parser.add_argument('--repeats', type=positive_int, default=3)
+    parser.add_argument('--repeats', type=positive_int, default=REPEATS)
     parser.add_argument('--threads', type=positive_int, default=torch.get_num_threads())
     parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
                                                       'scaling'))
@@ -140,7 +154,8 @@ def main():
                              np.log([r['median_s'] for r in rows]), 1)[0])
     env = environment()
     table = markdown_table(rows, ['points', 'sets', 'median_s', 'us_per_point', 'peak_mib'])
-    name = results_name(args.model, args.set_size, args.in_channels, args.quick)
+    name = results_name(args.model, args.set_size, args.in_channels, args.quick,
+                        chunk_size=args.chunk_size, repeats=args.repeats, threads=args.threads)
     write_results(args.out, name,
                   dict(environment=env, config=vars(args), rows=rows, loglog_slope=slope),
                   f'# Inference scaling of MZAggregation ({args.model}), sets of {args.set_size} '

@@ -161,6 +161,14 @@ def test_scaling_results_names_tell_runs_apart():
     assert name('mz', 1024, 3, True) == 'scaling_mz_quick'
     assert name('mz', 1024, 8, False) == 'scaling_mz_in8'
     assert name('default', 1, 3, False) == 'scaling_default_sets_of_1_in3_full'
+    # the measurement settings: chunking, repeats and threads other than the committed runs'
+    assert name('mz', 1024, 3, False, chunk_size=0) == 'scaling_mz_chunk0'
+    assert name('mz', 1024, 3, False, chunk_size=65536) == 'scaling_mz_chunk65536'
+    assert name('mz', 1024, 3, False, repeats=5) == 'scaling_mz_r5'
+    assert name('mz', 1024, 3, False, threads=16) == 'scaling_mz_t16'
+    assert name('default', 1, 8, True, threads=1, repeats=1) == 'scaling_default_sets_of_1_r1_t1'
+    assert name('mz', 1024, 3, False, chunk_size=scaling.CHUNK_SIZE, repeats=scaling.REPEATS,
+                threads=scaling.THREADS) == 'scaling_mz'
 
 
 def test_scaling_quick_run_leaves_the_main_results_alone(tmp_path, monkeypatch):
@@ -173,9 +181,18 @@ def test_scaling_quick_run_leaves_the_main_results_alone(tmp_path, monkeypatch):
                           (['--in-channels', '8'], 'scaling_mz_in8'),
                           (['--model', 'default', '--in-channels', '8', '--set-size', '1',
                             '--quick'], 'scaling_default_sets_of_1')):
-        monkeypatch.setattr(sys, 'argv', ['scaling.py', '--out', str(tmp_path)] + argv)
+        monkeypatch.setattr(sys, 'argv', ['scaling.py', '--out', str(tmp_path), '--threads',
+                                          str(scaling.THREADS)] + argv)
         scaling.main()
         assert (tmp_path / f'{written}.json').exists() and (tmp_path / f'{written}.md').exists()
+    assert not (tmp_path / 'scaling_mz.json').exists()
+    # another chunk size or thread count does not overwrite the committed runs either
+    for argv, written in ((['--chunk-size', '0', '--threads', str(scaling.THREADS)],
+                           'scaling_mz_chunk0'),
+                          (['--threads', '1'], 'scaling_mz_t1')):
+        monkeypatch.setattr(sys, 'argv', ['scaling.py', '--out', str(tmp_path)] + argv)
+        scaling.main()
+        assert (tmp_path / f'{written}.json').exists()
     assert not (tmp_path / 'scaling_mz.json').exists()
 
 
