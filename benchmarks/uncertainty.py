@@ -464,6 +464,9 @@ def main():
     parser.add_argument('--timing-sets', type=positive_int, default=None,
                         help=f'test sets in the timed batch (default: {TIMING_SETS}, or all the '
                              'test sets where there are fewer; at most the test sets)')
+    parser.add_argument('--n-test', type=positive_int, default=None,
+                        help=f'test sets (default: the budget\'s, or as many as --n-train where '
+                             f'that is given; at least {NUM_BINS}, one per uncertainty bin)')
     parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
                                                       'uncertainty'))
     args = parser.parse_args()
@@ -473,6 +476,11 @@ def main():
     if args.n_train:
         budget = replace(budget, n_val=max(2, args.n_train // 2),
                          n_test=max(NUM_BINS, args.n_train))
+    if args.n_test is not None:
+        if args.n_test < NUM_BINS:
+            parser.error(f'--n-test {args.n_test} is too few: the calibration table has '
+                         f'{NUM_BINS} bins of test sets')
+        budget = replace(budget, n_test=args.n_test)
     members = args.members if args.members is not None else MEMBERS[
         'quick' if args.quick else 'full']
     passes = args.passes if args.passes is not None else PASSES

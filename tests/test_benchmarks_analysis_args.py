@@ -195,12 +195,34 @@ SMALL_UNCERTAINTY = ['--quick', '--n-train', '8', '--epochs', '1']
     (['--task-arg', 'nosuchoption=1'], ('--task chamfer --task-arg nosuchoption=1', )),
     (['--task', 'quadratic-tdof', '--task-arg', 'tdof=99'], ('--task-arg tdof=99', 'tdof')),
     (['--seeds', '0'], ('argument --seeds', "'0'")),
+    (['--n-test', '0'], ('argument --n-test', "'0'")),
+    (['--n-test', '4'], ('--n-test 4 is too few', '5 bins')),
+    (['--n-test', '20', '--timing-sets', '30'], ('--timing-sets 30', 'more than the 20 test')),
 ])
 def test_uncertainty_refuses_bad_options(argv, needles, tmp_path, monkeypatch, capsys,
                                          no_training):
     usage_error('uncertainty', SMALL_UNCERTAINTY + ['--out', str(tmp_path)] + argv,
                 monkeypatch, capsys, *needles)
     assert not os.listdir(tmp_path)
+
+
+def test_uncertainty_n_test_sets_the_test_sets(tmp_path, monkeypatch, no_training):
+    import torch_mz.tasks
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def load_task(name, **kwargs):
+        seen.update(kwargs)
+        raise Stop
+    monkeypatch.setattr(torch_mz.tasks, 'load_task', load_task)
+    for argv, n_test in (([], 8), (['--n-test', '40'], 40), (['--n-test', '5'], 5)):
+        seen.clear()
+        with pytest.raises(Stop):
+            run_script('uncertainty', SMALL_UNCERTAINTY + ['--out', str(tmp_path)] + argv,
+                       monkeypatch)
+        assert seen['n_test'] == n_test and seen['n_train'] == 8
 
 
 # --- what_mz_learns.py -----------------------------------------------------------------------
