@@ -274,3 +274,16 @@ def test_check_grid_names_the_cell_it_refuses():
              dict(label='rot d=1', task='rotation-matching', kwargs=dict(d=1))]
     with pytest.raises(ValueError, match=r"cell 'rot d=1' \(task 'rotation-matching'\): 'd'"):
         check_grid(cells, ['deepsets'])
+
+
+def test_a_store_reads_an_option_written_as_an_integer_or_a_float_alike(tmp_path):
+    from torch_mz.study import RunStore
+    store = RunStore(str(tmp_path))
+    key = dict(cell='a', model='mz', seed=0, data=dict(task='max', noise=0, scale=2),
+               options=dict(dropout=0.0))
+    store.put(key, QUICK_CONFIG, dict(model='mz'))
+    same = dict(key, data=dict(task='max', noise=0.0, scale=2.0), options=dict(dropout=0))
+    assert store.get(same, QUICK_CONFIG) == dict(model='mz')
+    # another value is another run
+    assert store.get(dict(key, data=dict(task='max', noise=0.5, scale=2)), QUICK_CONFIG) is None
+    assert len(list(tmp_path.iterdir())) == 1

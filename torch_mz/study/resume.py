@@ -25,6 +25,18 @@ def _plain(value: Any) -> Any:
     return json.loads(json.dumps(value, sort_keys=True, default=str))
 
 
+def _canonical(value: Any) -> Any:
+    # a float with an integral value as that integer, so that options written 0 and 0.0 (equal,
+    # and equal in the identity a file is checked against) name the same file
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _canonical(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_canonical(v) for v in value]
+    return value
+
+
 def _slug(text: str) -> str:
     return re.sub(r'[^A-Za-z0-9_.=+-]+', '_', text)[:60]
 
@@ -88,7 +100,8 @@ class RunStore:
                    if k not in ('data', 'model', 'options', 'seed')])
         name = '--'.join(_slug(str(part)) for part in labels + [where.get('model', '')])
         name = name.lstrip('-_') or 'run'
-        digest = hashlib.sha1(json.dumps(_plain(where), sort_keys=True).encode()).hexdigest()
+        digest = hashlib.sha1(json.dumps(_canonical(_plain(where)),
+                                         sort_keys=True).encode()).hexdigest()
         return os.path.join(self.folder, f"{name}--seed{where.get('seed', 0)}-{digest[:10]}.json")
 
     def get(self, key: Mapping[str, Any], config: TrainConfig) -> Optional[Dict[str, Any]]:
