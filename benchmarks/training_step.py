@@ -366,7 +366,10 @@ def main():
     if args.quick:
         args.clouds, args.repeats = 8, 3
     torch.set_num_threads(args.threads)
-    check_rows(args.models, args.egnn_radius)  # before minutes of measurements
+    try:  # before minutes of measurements
+        check_rows(args.models, args.egnn_radius)
+    except ValueError as e:
+        parser.error(f'argument --models: {e}')
     if args.flops_only:
         flops_only(args)
         return

@@ -154,7 +154,7 @@ def test_training_step_rounds_pool_calls_and_pair_ratios_by_round(tmp_path, monk
     assert '3.00, -, 3.00' in (tmp_path / 'training_step.md').read_text()
 
 
-def test_training_step_ratios_pair_rows_run_alike(tmp_path, monkeypatch):
+def test_training_step_ratios_pair_rows_run_alike(tmp_path, monkeypatch, capsys):
     r"""A row's ratios are to the ``rigid`` row with the same options: ``+whole+keep`` to
     ``rigid+whole+keep`` (time, FLOPs and bytes of the same grouping), ``+keep`` to
     ``rigid+keep``, and a row whose like is missing to the row with the memory option alone;
@@ -198,11 +198,18 @@ def test_training_step_ratios_pair_rows_run_alike(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match='exclude each other'):
         script.split_name('mz+whole+groups')
     # bad rows are refused before anything is measured
-    for bad in ('mz+foo', 'deepsets+whole', 'mz+whole+groups'):
+    # (argparse's usage error, exit status 2, naming the row and the option)
+    for bad, needle in (('mz+foo', 'unknown row suffixes'),
+                        ('deepsets+whole', 'MZ-Set-Transformer presets'),
+                        ('mz+whole+groups', 'exclude each other'),
+                        ('mz+fused+eager', 'exclude each other')):
         monkeypatch.setattr(sys, 'argv', ['training_step.py', '--models', f'rigid+keep,{bad}',
                                           '--out', str(tmp_path / 'bad')])
-        with pytest.raises(ValueError):
+        with pytest.raises(SystemExit) as stop:
             script.main()
+        assert stop.value.code == 2
+        err = capsys.readouterr().err
+        assert 'usage:' in err and 'argument --models' in err and needle in err, err
     assert not (tmp_path / 'bad').exists()
 
 
@@ -258,7 +265,7 @@ def test_message_passing_aggregations_build_and_agree(monkeypatch):
     assert mp.build_aggr('default-chunks', 32).chunk_size == 2  # half as many at twice the width
 
 
-def test_training_step_thp_rows_start_their_process_with_the_switch(tmp_path, monkeypatch):
+def test_training_step_thp_rows_start_their_process_with_the_switch(tmp_path, monkeypatch, capsys):
     # +thp rows: THP_MEM_ALLOC_ENABLE=1 in the child's environment (PyTorch reads it at import),
     # every other row 0; ratios pair +thp rows with rigid+thp; a +thp row measured in a process
     # without the switch is refused
@@ -279,8 +286,9 @@ def test_training_step_thp_rows_start_their_process_with_the_switch(tmp_path, mo
                                       '--out', str(tmp_path)])
     for mode in ('never', 'always', None):  # the switch changes nothing there: refused at once
         monkeypatch.setattr(script, 'transparent_hugepages', lambda: mode)
-        with pytest.raises(ValueError, match="'madvise' mode"):
+        with pytest.raises(SystemExit) as stop:  # argparse's usage error
             script.main()
+        assert stop.value.code == 2 and "'madvise' mode" in capsys.readouterr().err
         assert envs == {}
     monkeypatch.setattr(script, 'transparent_hugepages', lambda: 'madvise')
     script.main()
