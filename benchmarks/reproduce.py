@@ -439,14 +439,15 @@ def write_runs_table(repro, claims, out):
     return path
 
 
-def print_status(repro, claims, calibrate=False):
+def print_status(repro, claims, calibrate=False, say=print):
     r"""Where each claim stands (:meth:`~torch_mz.reproduce.Reproduction.status`); with
     :obj:`calibrate`, the models without a finished run on a task are timed now and the
     training left is estimated with them. The totals count a run that several claims share
-    (a sweep, Table 4's cells in ``table7-rot``) once."""
+    (a sweep, Table 4's cells in ``table7-rot``) once. Each line goes to :obj:`say`
+    (:func:`print`, or a collector that also prints it)."""
     runs, open_sweeps = {}, set()
     for claim in claims:
-        print(f'{claim.name} ({repro.budget.name}):')
+        say(f'{claim.name} ({repro.budget.name}):')
         for st in repro.status(claim, calibrate=calibrate):
             total_runs = st['done'] + st['training'] + st['started'] + st['pending']
             parts = [f"{st['done']} of {total_runs} done"] if total_runs else []
@@ -470,9 +471,9 @@ def print_status(repro, claims, calibrate=False):
                              f"{', '.join(st['timed']) or 'no model'} timed now")
             runs.update(st['runs'])
             open_sweeps |= {(st['task'], m) for m in st['open']}
-            print(f"  {st['stage']}: " + '; '.join(parts or ['nothing to train']))
+            say(f"  {st['stage']}: " + '; '.join(parts or ['nothing to train']))
     known = [k for k, _ in runs.values() if k is not None]
-    print(f'known runs: about {sum(known) / 3600:.1f} h of training left (one process; divide '
+    say(f'known runs: about {sum(known) / 3600:.1f} h of training left (one process; divide '
           f'by the processes running; a run that claims share counted once)'
           + (', more for runs not counted above' if len(known) < len(runs) or open_sweeps
              else ''))
@@ -481,7 +482,7 @@ def print_status(repro, claims, calibrate=False):
         per_epoch = ', '.join(f'{m} on {t} {s:.1f} s'
                               for (t, m), s in sorted(repro._timed.items()))
         epochs = repro.store.mean_epochs()
-        print(f'with the models timed now: about {sum(estimated) / 3600:.1f} h of training left '
+        say(f'with the models timed now: about {sum(estimated) / 3600:.1f} h of training left '
               f'(one process; a timed model counts '
               + (f"{epochs:.0f} epochs a run, the store's mean" if epochs is not None else
                  f"{repro.budget.epochs} epochs a run, the budget's maximum")
@@ -491,7 +492,7 @@ def print_status(repro, claims, calibrate=False):
               + (f'; not counted: the points {len(open_sweeps)} model sweep(s) may add beyond '
                  f'their grids' if open_sweeps else '') + ')')
         for (task, model), error in sorted(repro.timing_errors.items()):
-            print(f'could not time {model} on {task}: {error}')
+            say(f'could not time {model} on {task}: {error}')
         # a model with finished runs timed the same way: how the timing compares with the
         # epochs the runs took (their validation, checkpoints and the machine's load then)
         pairs = {(c['task'], m) for claim in claims for c in claim.cells for m in claim.models}
@@ -501,7 +502,7 @@ def print_status(repro, claims, calibrate=False):
             recorded, task, model = with_runs[-1]
             now = repro._timed_or_none(task, model)
             if now is not None:
-                print(f'check: {model} on {task} timed now at {now:.1f} s per epoch (its sweep '
+                say(f'check: {model} on {task} timed now at {now:.1f} s per epoch (its sweep '
                       f'cell), against {recorded:.1f} s per epoch in its finished runs (every '
                       f'cell; {recorded / now:.2f}x): read the timed estimates with that factor')
 
@@ -531,6 +532,11 @@ def main(argv=None):
                         help="print where each claim stands (runs done, being trained by "
                              "another process, started, pending) and an estimate of the "
                              "training time left, from the finished runs; trains nothing")
+    parser.add_argument('--status-file', default=None, metavar='PATH',
+                        help="with --status: also write what it prints to PATH (Markdown: the "
+                             "command and the time first), e.g. "
+                             "benchmarks/results/reproduction/status.converged.md, so that the "
+                             "estimates quoted elsewhere stay traceable")
     parser.add_argument('--runs-table', action='store_true',
                         help="write finished_runs.<budget>.md and .json: every finished run of "
                              "the claims, its test R² beside the paper's; trains nothing")
@@ -560,6 +566,10 @@ def main(argv=None):
         parser.error(f"unknown claims {unknown}; available: {', '.join(CLAIM_NAMES)}")
     if args.calibrate and not args.status:
         parser.error("--calibrate goes with --status (it estimates the training left)")
+    if args.status_file is not None and not args.status:
+        parser.error("--status-file goes with --status (it writes what --status prints)")
+    if args.status_file is not None and os.path.isdir(args.status_file):
+        parser.error(f"--status-file {args.status_file!r} is a folder, not a file")
     if args.carry and args.time_limit is None:
         parser.error('--carry needs --time-limit (it says what to do at the limit)')
     out = args.out or os.path.join(RESULTS, 'reproduction', *(
@@ -571,8 +581,25 @@ def main(argv=None):
             set_fused_kernels(args.fused_kernels)
         repro = Reproduction(budget, out, device=args.device, seeds=args.seeds)
         if args.status:
+            lines = []
+
+            def say(text):
+                print(text, flush=True)
+                lines.append(text)
             print_status(repro, [CLAIMS[n] for n in claims if n != 'table30'],
-                         calibrate=args.calibrate)
+                         calibrate=args.calibrate, say=say)
+            if args.status_file is not None:
+                env = environment()
+                stamp = time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())
+                text = (f"# Where the claims stand ({budget.name} budget), {stamp}\n\n"
+                        f"Command: `{env['command']}` (trains nothing"
+                        + ('; the models without a finished run were timed under the load of '
+                           'the moment, a figure for planning' if args.calibrate else '')
+                        + ')\n\n```\n' + '\n'.join(lines) + '\n```\n')
+                folder = os.path.dirname(os.path.abspath(args.status_file))
+                os.makedirs(folder, exist_ok=True)
+                atomic_write(args.status_file, lambda f: f.write(text), binary=False)
+                print(f'wrote {args.status_file}')
         if args.runs_table:
             path = write_runs_table(repro, [CLAIMS[n] for n in claims if n != 'table30'], out)
             print(f'wrote {path}.md, .json')

@@ -3,6 +3,7 @@ import math
 import os
 import re
 import shutil
+import sys
 from contextlib import contextmanager
 from dataclasses import replace
 
@@ -981,6 +982,31 @@ def test_status_calibrate_times_the_models_without_runs(tmp_path, monkeypatch, c
     assert 'run(s) whose model could not be timed' in printed
     with pytest.raises(SystemExit):
         script.main(['--calibrate', '--out', str(tmp_path)])
+
+
+def test_status_file_holds_what_status_prints(tmp_path, monkeypatch, capsys):
+    from tests.test_benchmarks_real import load_script
+    script = load_script('reproduce')
+    path = tmp_path / 'notes' / 'status.md'
+    argv = ['--budget', 'quick', '--claims', 'table1', '--out', str(tmp_path / 'out'),
+            '--status']
+    monkeypatch.setattr(sys, 'argv', ['benchmarks/reproduce.py'] + argv
+                        + ['--status-file', str(path)])  # as the command line gives them
+    assert script.main(argv + ['--status-file', str(path)]) == 0
+    printed = capsys.readouterr().out
+    text = path.read_text()
+    assert text.startswith('# Where the claims stand (quick budget), ')
+    assert 'Command: `' in text and '--status-file' in text
+    body = text.split('```\n')[1]
+    assert 'table1 (quick):' in body and 'known runs: about' in body
+    assert printed.startswith(body.rstrip('\n'))  # the same lines, the path after them
+    assert not (tmp_path / 'out').exists() or not list((tmp_path / 'out').rglob('*.json'))
+    for bad, needle in ((['--status-file', str(path)], '--status-file goes with --status'),
+                        (['--status', '--status-file', str(tmp_path)], 'is a folder')):
+        with pytest.raises(SystemExit) as stop:
+            script.main(['--budget', 'quick', '--claims', 'table1', '--out',
+                         str(tmp_path / 'out')] + bad)
+        assert stop.value.code == 2 and needle in capsys.readouterr().err
 
 
 def test_models_table_writes_each_cell_once():
