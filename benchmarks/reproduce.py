@@ -89,6 +89,7 @@ import json
 import math
 import os
 import sys
+from typing import Dict, List
 
 from torch_mz.reproduce import (BUDGETS, CLAIM_NAMES, CLAIMS, SWEEP_CELLS, VERDICT_RULE,
                                 Reproduction, TimeLimit, load_claims, models_table,
@@ -143,7 +144,20 @@ def plot(claim, records, budget, path):
 def write_summary(out, minutes):
     records = load_claims(out)
     budgets = sorted({r['budget'] for r in records})
-    notes = ('## Verdict rule\n\n' + VERDICT_RULE + '\n\n## Budgets\n\n'
+    # each claim's rows come from its own command; the Command line above the table is only
+    # the invocation that last rewrote this file
+    commands: Dict[str, List[str]] = {}
+    for r in records:
+        names = commands.setdefault(r.get('command') or '(not recorded)', [])
+        name = str(r['claim']).split()[0]
+        if name not in names:
+            names.append(name)
+    notes = ('## Commands\n\nThe `Command` line above is the invocation that last rewrote '
+             'this file; each claim\'s rows come from its own command (also in '
+             '`summary.json`, field `command`):\n\n'
+             + '\n'.join(f"- {', '.join(names)}: `{command}`"
+                          for command, names in commands.items())
+             + '\n\n## Verdict rule\n\n' + VERDICT_RULE + '\n\n## Budgets\n\n'
              + '\n'.join(f'- `{b}`: {BUDGETS[b].note}' for b in budgets if b in BUDGETS)
              + '\n\nThe sweep cell of each task (the lr / wd chosen there, per model by the '
              'lowest validation loss, is used on every cell of that task): '

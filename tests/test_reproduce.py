@@ -201,6 +201,16 @@ def test_summary_and_table30(tmp_path):
     assert records[0]['ours']['mean'] == pytest.approx(1.9)
     missing = overhead_records(str(tmp_path / 'none.json'), 'converged')
     assert {r['verdict'] for r in missing} == {'inconclusive'}
+    # the command: the benchmark's plain one where the file records none, else the file's own
+    assert records[0]['command'] == ('python benchmarks/training_step.py && python '
+                                     'benchmarks/reproduce.py --budget converged --claims table30')
+    made = json.loads(step.read_text())
+    made['environment'] = dict(command='python benchmarks/training_step.py --rounds 3 --out x')
+    recorded = tmp_path / 'recorded.json'
+    recorded.write_text(json.dumps(made))
+    assert {r['command'] for r in overhead_records(str(recorded), 'converged')} == {
+        'python benchmarks/training_step.py --rounds 3 --out x && python '
+        'benchmarks/reproduce.py --budget converged --claims table30'}
     save_claim(str(tmp_path), 'table30', 'converged', records)
     loaded = load_claims(str(tmp_path))
     assert loaded == records
@@ -1118,3 +1128,27 @@ def test_a_checkpoint_that_cannot_be_resumed_is_kept_and_the_way_out_named(tmp_p
     shutil.rmtree(folder)  # as the message says: the run trains from the start
     repro.sweep('sum', CLAIM.models[:1])
     assert repro.store.stored(*job)
+
+
+def test_summary_names_each_claims_command(tmp_path):
+    from tests.test_benchmarks_real import load_script
+    script = load_script('reproduce')
+    step = tmp_path / 'training_step.json'
+    step.write_text(json.dumps(dict(
+        environment=dict(command='python benchmarks/training_step.py --rounds 3'),
+        rows=[dict(model='rigid', params=100, step_s=1.0, step_times_s=[1.0, 1.1],
+                   infer_s=1.0, infer_times_s=[1.0, 1.0]),
+              dict(model='mz', params=190, step_s=2.2, step_times_s=[2.2, 2.3],
+                   infer_s=5.0, infer_times_s=[5.0, 5.1])])))
+    out = tmp_path / 'out'
+    save_claim(str(out), 'table30', 'converged', overhead_records(str(step), 'converged'))
+    other = dict(overhead_records(str(step), 'converged')[0], claim='table1 L=4: a gap',
+                 command='python benchmarks/reproduce.py --budget converged --claims table1')
+    save_claim(str(out), 'table1', 'converged', [other])
+    script.write_summary(str(out), 0.1)
+    text = (out / 'summary.md').read_text()
+    commands = text.split('## Commands')[1].split('## Verdict rule')[0]
+    assert ('- table30: `python benchmarks/training_step.py --rounds 3 && python '
+            'benchmarks/reproduce.py --budget converged --claims table30`') in commands
+    assert ('- table1: `python benchmarks/reproduce.py --budget converged --claims table1`'
+            in commands)

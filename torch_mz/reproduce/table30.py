@@ -16,15 +16,23 @@ def overhead_records(path: str, budget: str) -> List[Dict[str, object]]:
     this reproduction train) are used where the file has them, the plain rows otherwise. The
     ratio is of the medians; its spread is over the calls, paired in order, or, for a run in
     rounds (``training_step.py --rounds``), over the ratios within each round, the independent
-    samples there. A missing file gives inconclusive records that say how to make it."""
+    samples there. Each record's command is the one the file records (its
+    ``environment.command``), then ``reproduce.py --claims table30``. A missing file gives
+    inconclusive records that say how to make it."""
     small = TABLE30['Small (d=64, n=30)']
     wanted = (('params', small[0], 'params', None), ('training step', small[2], 'step_times_s',
                                                      'step_s'),
               ('inference', small[1], 'infer_times_s', 'infer_s'))
     rows: Dict[str, Dict[str, Any]] = {}
+    # the command that wrote the file (its own record), else the benchmark's plain one
+    made_by = 'python benchmarks/training_step.py'
     if os.path.exists(path):
         with open(path) as f:
-            rows = {r['model']: r for r in json.load(f).get('rows', [])}
+            results = json.load(f)
+        rows = {r['model']: r for r in results.get('rows', [])}
+        recorded = (results.get('environment') or {}).get('command')
+        if isinstance(recorded, str) and recorded.strip():
+            made_by = recorded.strip()
     out: List[Dict[str, object]] = []
     for what, paper, samples, median in wanted:
         n: Optional[int]
@@ -54,6 +62,6 @@ def overhead_records(path: str, budget: str) -> List[Dict[str, object]]:
                 f'{path} missing: run python benchmarks/training_step.py')),
             n_train=None, epochs_run=None, seeds=n,
             verdict=verdict(paper - 1, mean - 1, spread, n) if rows else 'inconclusive',
-            command='python benchmarks/training_step.py && python benchmarks/reproduce.py '
+            command=f'{made_by} && python benchmarks/reproduce.py '
                     f'--budget {budget} --claims table30'))
     return out
