@@ -152,12 +152,11 @@ def _rotation_cells(dims: Sequence[int]) -> Tuple[Dict[str, Any], ...]:
 
 def _table4() -> Claim:
     # EGNN, which the paper's Table 4 does not have, is Table 7's rotation column
-    # (`table7-rot`): on sets of 20-60 points with every pair an edge it costs 4.6-7.9x the
-    # MZ model per epoch here (138 against 30 s, and later 197 against 25-30 s, timed on one
-    # thread, kept memory, with both reproduction processes running: `reproduce.py --status
-    # --calibrate`), 5-8 h a run on
-    # one core and some 65-100 h for its sweep and runs, so it is a claim of its own that
-    # Table 4 does not wait for
+    # (`table7-rot`): on sets of 20-60 points with every pair an edge it costs about 4x the
+    # MZ model per epoch here (200 against 51 s, timed on one thread, kept memory, with both
+    # reproduction processes running: benchmarks/results/reproduction/status.converged.md),
+    # 5-7 h a run on one core and some 40-60 h for its sweep and runs, so it is a claim of its
+    # own that Table 4 does not wait for
     from torch_mz.paper import GEOMETRY, GEOMETRY_MODELS
     baselines = ('rigid', 'st-large', 'hypernet', 'perceiver')
     models = ('mz', ) + baselines + ('deepsets', )
