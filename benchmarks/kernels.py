@@ -1,0 +1,193 @@
+r"""The compiled generator kernels of :mod:`torch_mz.nn.fused` against the eager functions they
+replace, each alone, on the shapes of the ``mz`` preset's training step (32 clouds of 1,024
+points: 32,768 tokens, 8 generators, width 64):
+
+* ``tanh`` of the generator feed-forward's hidden layer, a :math:`(32768 \cdot 8, 64)` float32
+  tensor, in place: ATen's :func:`torch.tanh_` (``eager``), :func:`torch.tanh` under
+  :func:`torch.compile` (``compiled``), and the kernel :class:`~torch_mz.nn.fused.OddTanhFused`
+  runs (``fused``: an exactly odd rational approximation, compiled). Each call first copies the
+  same input into the buffer (the ``copy`` row times that copy alone), so every call sees the
+  same values;
+* the LayerNorm Jacobian on generators (:func:`~torch_mz.nn.zonotope.zonotope_layer_norm`'s
+  generator map) on centers :math:`(32768, 64)` and generators :math:`(32768, 8, 64)`: the
+  hand-written eager function (``eager``) and the compiled one (``fused``), forward alone
+  (no gradients) and forward + backward.
+
+Every variant of one operation is timed in interleaved rounds (each round calls each once, the
+order rotated), medians of ``--repeats``, on ``--threads`` threads (1 by default: the
+reproduction trains on one thread per process); the first calls, which compile, are not timed.
+Each row also gives the largest difference of its output (and, with backward, of its input
+gradients) from the eager function's, relative to the largest magnitude there, so a fast row
+that computes something else shows. Run it
+on a quiet machine: pause training processes while it runs.
+
+    python benchmarks/kernels.py
+    python benchmarks/kernels.py --tokens 4096 --repeats 3   # a quick look
+"""
+import argparse
+import os
+import time
+from typing import Callable, Dict, List
+
+import torch
+
+from torch_mz.nn import fused
+from torch_mz.nn.zonotope import _LayerNormJacobian
+from torch_mz.study import (environment, markdown_table, positive_int, pyplot, time_interleaved,
+                            try_plot, write_results)
+
+TOKENS, GENERATORS, WIDTH, TANH_HIDDEN = 32768, 8, 64, 64
+
+
+def tanh_variants(rows: int, width: int) -> Dict[str, Callable[[], torch.Tensor]]:
+    r"""The in-place tanh variants on a :math:`(rows, width)` float32 buffer, each call
+    starting from the same input (copied in first), and the copy alone."""
+    g = torch.Generator().manual_seed(0)
+    x = 2.0 * torch.randn(rows, width, generator=g)  # pre-activations of the hidden layer
+    buffers = {name: torch.empty_like(x) for name in ('copy', 'eager', 'compiled', 'fused')}
+    compiled_tanh = torch.compile(lambda t: t.copy_(torch.tanh(t)), dynamic=False)
+
+    def copy():
+        return buffers['copy'].copy_(x)
+
+    def eager():
+        return torch.tanh_(buffers['eager'].copy_(x))
+
+    def compiled():
+        return compiled_tanh(buffers['compiled'].copy_(x))
+
+    def fused_tanh():
+        with torch.no_grad():
+            return fused.OddTanhFused.apply(buffers['fused'].copy_(x))
+    return dict(copy=copy, eager=eager, compiled=compiled, fused=fused_tanh)
+
+
+def layer_norm_variants(tokens: int, generators: int, width: int, backward: bool
+                        ) -> Dict[str, Callable[[], object]]:
+    r"""The LayerNorm Jacobian on generators, eager (hand-written backward) and compiled, forward
+    alone or forward + backward (returning the output and the gradients of the center, the
+    generators and the weight)."""
+    g = torch.Generator().manual_seed(1)
+    c = torch.randn(tokens, width, generator=g)
+    gens = 0.1 * torch.randn(tokens, generators, width, generator=g)
+    weight = 1.0 + 0.1 * torch.randn(width, generator=g)
+    grad = torch.randn(tokens, generators, width, generator=g)
+    functions = dict(eager=_LayerNormJacobian.apply, fused=fused.LayerNormJacobianFused.apply)
+
+    def make(apply):
+        if not backward:
+            def forward():
+                with torch.no_grad():
+                    return apply(c, gens, weight, 1e-5)
+            return forward
+
+        def forward_backward():
+            ci, gi, wi = (t.detach().requires_grad_() for t in (c, gens, weight))
+            out = apply(ci, gi, wi, 1e-5)
+            out.backward(grad)
+            return out.detach(), ci.grad, gi.grad, wi.grad
+        return forward_backward
+    return {name: make(apply) for name, apply in functions.items()}
+
+
+def max_relative_difference(a, b) -> float:
+    r"""The largest difference between :obj:`a` and :obj:`b` (tensors, or tuples of them,
+    compared one by one) relative to the largest magnitude in :obj:`b`."""
+    if isinstance(a, torch.Tensor):
+        return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+    return max(max_relative_difference(x, y) for x, y in zip(a, b))
+
+
+def measure(name: str, variants: Dict[str, Callable[[], object]], repeats: int,
+            reference: str = 'eager') -> List[dict]:
+    r"""One row per variant of operation :obj:`name`: the median and spread of its calls, its
+    ratio to :obj:`reference`, and the largest difference of its result from the reference's
+    (:func:`max_relative_difference`; none for the ``copy`` row)."""
+    times = time_interleaved(variants, repeats=repeats, warmup=2)
+    expected = variants[reference]()
+    rows = []
+    for variant, fn in variants.items():
+        seconds = sorted(times[variant])
+        median = seconds[len(seconds) // 2]
+        diff = None if variant == 'copy' else max_relative_difference(fn(), expected)
+        rows.append(dict(operation=name, variant=variant, median_ms=1e3 * median,
+                         min_ms=1e3 * seconds[0], max_ms=1e3 * seconds[-1], times_s=seconds,
+                         max_rel_diff=diff))
+    base = next(r['median_ms'] for r in rows if r['variant'] == reference)
+    for row in rows:
+        row['/ eager'] = row['median_ms'] / base
+    return rows
+
+
+def plot(rows: List[dict], path: str) -> None:
+    plt = pyplot()
+    operations = list(dict.fromkeys(r['operation'] for r in rows))
+    fig, axes = plt.subplots(1, len(operations), figsize=(4.2 * len(operations), 3.6),
+                             squeeze=False)
+    for ax, operation in zip(axes[0], operations):
+        mine = [r for r in rows if r['operation'] == operation]
+        ax.bar(range(len(mine)), [r['median_ms'] for r in mine],
+               yerr=[[r['median_ms'] - r['min_ms'] for r in mine],
+                     [r['max_ms'] - r['median_ms'] for r in mine]],
+               color=[f'C{i}' for i in range(len(mine))], capsize=3)
+        ax.set_xticks(range(len(mine)))
+        ax.set_xticklabels([r['variant'] for r in mine])
+        ax.set_title(operation, fontsize=9)
+        ax.set_ylabel('ms per call (median; bars: min-max)')
+    fig.suptitle('Generator kernels: eager against compiled (torch_mz.nn.fused)', fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--tokens', type=positive_int, default=TOKENS,
+                        help='tokens (32 clouds x 1,024 points by default)')
+    parser.add_argument('--generators', type=positive_int, default=GENERATORS)
+    parser.add_argument('--width', type=positive_int, default=WIDTH,
+                        help='token width d (and the tanh hidden layer\'s width)')
+    parser.add_argument('--repeats', type=positive_int, default=7)
+    parser.add_argument('--threads', type=positive_int, default=1)
+    parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
+                                                      'kernels'))
+    args = parser.parse_args(argv)
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        parser.error(f'--out {args.out!r} is a file, not a folder')
+    torch.set_num_threads(args.threads)
+    start = time.time()
+    rows = []
+    tanh_name = f'tanh in place, ({args.tokens * args.generators}, {args.width})'
+    rows += measure(tanh_name, tanh_variants(args.tokens * args.generators, args.width),
+                    args.repeats)
+    shape = f'({args.tokens}, {args.generators}, {args.width})'
+    for backward in (False, True):
+        name = f"LayerNorm Jacobian {shape}, {'forward + backward' if backward else 'forward'}"
+        rows += measure(name, layer_norm_variants(args.tokens, args.generators, args.width,
+                                                  backward), args.repeats)
+    for row in rows:
+        print(f"{row['operation']:60s} {row['variant']:9s} {row['median_ms']:8.1f} ms "
+              f"({row['/ eager']:.2f}x eager)", flush=True)
+    env = environment()
+    table = markdown_table(rows, ['operation', 'variant', 'median_ms', 'min_ms', 'max_ms',
+                                  '/ eager', 'max_rel_diff'])
+    name = 'kernels'
+    text = (f"# Generator kernels: eager against compiled\n\n"
+            f"Command: `{env['command']}`  \n"
+            f"{args.threads} thread(s), torch {env['torch']}, medians of {args.repeats} "
+            f"interleaved calls after 2 untimed ones (which compile), "
+            f"{(time.time() - start) / 60:.1f} min.\n\n{table}\n"
+            f"`max_rel_diff`: the largest difference from the eager row's output (with "
+            f"backward, also from each of its gradients), relative to the largest magnitude "
+            f"there; the `copy` row is the copy of the input that "
+            f"every tanh call makes first.\n\n![plot]({name}.png)\n")
+    write_results(args.out, name, dict(environment=env, config=vars(args), rows=rows), text)
+    note = try_plot(plot, rows, os.path.join(args.out, f'{name}.png'))
+    if note:
+        print(note)
+    print(f'wrote {args.out}/{name}.*')
+    return 0
+
+
+if __name__ == '__main__':
+    raise SystemExit(main())

@@ -1,0 +1,66 @@
+r"""``benchmarks/kernels.py``: the rows it reports (timing itself is the benchmark's business,
+not a test's), and options refused before anything compiles."""
+
+import pytest
+import torch
+
+from tests.test_benchmarks_real import load_script
+
+
+def test_rows_give_medians_ratios_and_the_difference_from_the_reference():
+    script = load_script('kernels')
+    x = torch.linspace(-3, 3, 1000)
+    variants = dict(copy=lambda: x.clone(), eager=lambda: torch.tanh(x),
+                    other=lambda: torch.tanh(x) * (1 + 1e-3),  # a different function shows
+                    pair=lambda: (torch.tanh(x), x * 2))
+    rows = {r['variant']: r for r in script.measure('tanh', variants, repeats=3)}
+    assert rows['eager']['/ eager'] == 1.0 and rows['eager']['max_rel_diff'] == 0.0
+    assert rows['copy']['max_rel_diff'] is None
+    assert rows['other']['max_rel_diff'] == pytest.approx(1e-3, rel=1e-2)
+    for row in rows.values():
+        assert row['min_ms'] <= row['median_ms'] <= row['max_ms'] and len(row['times_s']) == 3
+        assert row['/ eager'] == pytest.approx(row['median_ms'] / rows['eager']['median_ms'])
+    # tuples (an output and its gradients) compare element by element
+    assert script.max_relative_difference((x, 2 * x), (x, x)) == pytest.approx(1.0)
+
+
+def test_the_eager_layer_norm_variants_agree_with_the_reference():
+    r"""Forward and forward + backward variants return what the reference autograd formula
+    gives (the compiled ones are checked against these by tests/nn/test_fused.py)."""
+    from torch_mz.nn.zonotope import Zonotope, zonotope_layer_norm_reference
+    script = load_script('kernels')
+    for backward in (False, True):
+        eager = script.layer_norm_variants(16, 3, 8, backward)['eager']()
+        g = torch.Generator().manual_seed(1)
+        c = torch.randn(16, 8, generator=g)
+        gens = 0.1 * torch.randn(16, 3, 8, generator=g)
+        weight = 1.0 + 0.1 * torch.randn(8, generator=g)
+        grad = torch.randn(16, 3, 8, generator=g)
+        norm = torch.nn.LayerNorm(8, eps=1e-5)
+        with torch.no_grad():
+            norm.weight.copy_(weight)
+        gens.requires_grad_()
+        out = zonotope_layer_norm_reference(Zonotope(c, gens), norm).gens
+        if backward:
+            out.backward(grad)
+            assert torch.allclose(eager[0], out.detach(), atol=1e-6)
+            assert torch.allclose(eager[2], gens.grad, atol=1e-5)
+        else:
+            assert torch.allclose(eager, out.detach(), atol=1e-6)
+
+
+@pytest.mark.parametrize('argv, needle', [
+    (['--tokens', '0'], "argument --tokens: expected an integer >= 1, got '0'"),
+    (['--repeats', 'x'], "argument --repeats: expected an integer, got 'x'"),
+    (['--threads', '0'], "argument --threads: expected an integer >= 1, got '0'"),
+])
+def test_bad_options_are_usage_errors(argv, needle, tmp_path, capsys):
+    script = load_script('kernels')
+    with pytest.raises(SystemExit) as stop:
+        script.main(argv + ['--out', str(tmp_path / 'k')])
+    assert stop.value.code == 2 and needle in capsys.readouterr().err
+    (tmp_path / 'file').write_text('x')
+    with pytest.raises(SystemExit) as stop:
+        script.main(['--out', str(tmp_path / 'file')])
+    assert stop.value.code == 2 and 'is a file' in capsys.readouterr().err
+    assert not (tmp_path / 'k').exists()
