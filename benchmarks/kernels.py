@@ -25,7 +25,10 @@ on a quiet machine: pause training processes while it runs.
     python benchmarks/kernels.py --tokens 4096 --repeats 3   # a quick look
 """
 import argparse
+import math
 import os
+import statistics
+import sys
 import time
 from typing import Callable, Dict, List
 
@@ -91,11 +94,24 @@ def layer_norm_variants(tokens: int, generators: int, width: int, backward: bool
 
 
 def max_relative_difference(a, b) -> float:
-    r"""The largest difference between :obj:`a` and :obj:`b` (tensors, or tuples of them,
-    compared one by one) relative to the largest magnitude in :obj:`b`."""
+    r"""The largest difference between :obj:`a` and :obj:`b` (tensors of one shape, or tuples of
+    them of one length, compared one by one) relative to the largest magnitude in :obj:`b`: the
+    absolute difference where :obj:`b` is all zeros, NaN where either holds a NaN or an
+    infinity (a broken result shows, whichever element it is in)."""
+    if isinstance(a, torch.Tensor) != isinstance(b, torch.Tensor):
+        raise ValueError('cannot compare a tensor with a tuple')
     if isinstance(a, torch.Tensor):
-        return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
-    return max(max_relative_difference(x, y) for x, y in zip(a, b))
+        if a.shape != b.shape:
+            raise ValueError(f'shapes differ: {tuple(a.shape)} and {tuple(b.shape)}')
+        if not (bool(torch.isfinite(a).all()) and bool(torch.isfinite(b).all())):
+            return math.nan
+        scale = float(b.abs().max()) if b.numel() else 0.0
+        diff = float((a - b).abs().max()) if a.numel() else 0.0
+        return diff / scale if scale > 0 else diff
+    if len(a) != len(b):
+        raise ValueError(f'{len(a)} results against {len(b)}')
+    diffs = [max_relative_difference(x, y) for x, y in zip(a, b)]
+    return math.nan if any(math.isnan(d) for d in diffs) else max(diffs, default=0.0)
 
 
 def measure(name: str, variants: Dict[str, Callable[[], object]], repeats: int,
@@ -108,14 +124,17 @@ def measure(name: str, variants: Dict[str, Callable[[], object]], repeats: int,
     rows = []
     for variant, fn in variants.items():
         seconds = sorted(times[variant])
-        median = seconds[len(seconds) // 2]
+        median = statistics.median(seconds)
         diff = None if variant == 'copy' else max_relative_difference(fn(), expected)
         rows.append(dict(operation=name, variant=variant, median_ms=1e3 * median,
                          min_ms=1e3 * seconds[0], max_ms=1e3 * seconds[-1], times_s=seconds,
                          max_rel_diff=diff))
     base = next(r['median_ms'] for r in rows if r['variant'] == reference)
+    copy = next((r['median_ms'] for r in rows if r['variant'] == 'copy'), None)
     for row in rows:
         row['/ eager'] = row['median_ms'] / base
+        if copy is not None and row['variant'] != 'copy':  # the operation less its input copy
+            row['less copy_ms'] = row['median_ms'] - copy
     return rows
 
 
@@ -165,12 +184,16 @@ def main(argv=None):
         name = f"LayerNorm Jacobian {shape}, {'forward + backward' if backward else 'forward'}"
         rows += measure(name, layer_norm_variants(args.tokens, args.generators, args.width,
                                                   backward), args.repeats)
+    if fused._FAILED:  # the 'fused' rows ran the eager formula: they would be mislabelled
+        print('kernels.py: compiling the fused kernels failed here (see the warning above), so '
+              'the fused rows timed the eager functions; nothing written', file=sys.stderr)
+        return 1
     for row in rows:
         print(f"{row['operation']:60s} {row['variant']:9s} {row['median_ms']:8.1f} ms "
               f"({row['/ eager']:.2f}x eager)", flush=True)
     env = environment()
     table = markdown_table(rows, ['operation', 'variant', 'median_ms', 'min_ms', 'max_ms',
-                                  '/ eager', 'max_rel_diff'])
+                                  '/ eager', 'less copy_ms', 'max_rel_diff'])
     name = 'kernels'
     text = (f"# Generator kernels: eager against compiled\n\n"
             f"Command: `{env['command']}`  \n"
@@ -180,7 +203,7 @@ def main(argv=None):
             f"`max_rel_diff`: the largest difference from the eager row's output (with "
             f"backward, also from each of its gradients), relative to the largest magnitude "
             f"there; the `copy` row is the copy of the input that "
-            f"every tanh call makes first.\n\n![plot]({name}.png)\n")
+            f"every tanh call makes first, and `less copy_ms` each tanh row's median less it.\n\n![plot]({name}.png)\n")
     write_results(args.out, name, dict(environment=env, config=vars(args), rows=rows), text)
     note = try_plot(plot, rows, os.path.join(args.out, f'{name}.png'))
     if note:

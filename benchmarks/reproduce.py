@@ -582,8 +582,17 @@ def main(argv=None):
         parser.error("--calibrate goes with --status (it estimates the training left)")
     if args.status_file is not None and not args.status:
         parser.error("--status-file goes with --status (it writes what --status prints)")
-    if args.status_file is not None and os.path.isdir(args.status_file):
-        parser.error(f"--status-file {args.status_file!r} is a folder, not a file")
+    if args.status_file is not None:  # before minutes of timing with --calibrate
+        if not args.status_file.strip():
+            parser.error('--status-file needs a path')
+        if os.path.isdir(args.status_file):
+            parser.error(f"--status-file {args.status_file!r} is a folder, not a file")
+        folder = os.path.dirname(os.path.abspath(args.status_file))
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except OSError as e:
+            parser.error(f"--status-file {args.status_file!r}: cannot make its folder "
+                         f"({e.strerror})")
     if args.carry and args.time_limit is None:
         parser.error('--carry needs --time-limit (it says what to do at the limit)')
     out = args.out or os.path.join(RESULTS, 'reproduction', *(
@@ -610,8 +619,6 @@ def main(argv=None):
                         + ('; the models without a finished run were timed under the load of '
                            'the moment, a figure for planning' if args.calibrate else '')
                         + ')\n\n```\n' + '\n'.join(lines) + '\n```\n')
-                folder = os.path.dirname(os.path.abspath(args.status_file))
-                os.makedirs(folder, exist_ok=True)
                 atomic_write(args.status_file, lambda f: f.write(text), binary=False)
                 print(f'wrote {args.status_file}')
         if args.runs_table:

@@ -1,6 +1,8 @@
 r"""``benchmarks/kernels.py``: the rows it reports (timing itself is the benchmark's business,
 not a test's), and options refused before anything compiles."""
 
+import math
+
 import pytest
 import torch
 
@@ -11,17 +13,51 @@ def test_rows_give_medians_ratios_and_the_difference_from_the_reference():
     script = load_script('kernels')
     x = torch.linspace(-3, 3, 1000)
     variants = dict(copy=lambda: x.clone(), eager=lambda: torch.tanh(x),
-                    other=lambda: torch.tanh(x) * (1 + 1e-3),  # a different function shows
-                    pair=lambda: (torch.tanh(x), x * 2))
-    rows = {r['variant']: r for r in script.measure('tanh', variants, repeats=3)}
+                    other=lambda: torch.tanh(x) * (1 + 1e-3))  # a different function shows
+    rows = {r['variant']: r for r in script.measure('tanh', variants, repeats=4)}
     assert rows['eager']['/ eager'] == 1.0 and rows['eager']['max_rel_diff'] == 0.0
-    assert rows['copy']['max_rel_diff'] is None
+    assert rows['copy']['max_rel_diff'] is None and 'less copy_ms' not in rows['copy']
     assert rows['other']['max_rel_diff'] == pytest.approx(1e-3, rel=1e-2)
     for row in rows.values():
-        assert row['min_ms'] <= row['median_ms'] <= row['max_ms'] and len(row['times_s']) == 3
+        t = row['times_s']
+        assert len(t) == 4 and row['median_ms'] == pytest.approx(1e3 * (t[1] + t[2]) / 2)
+        assert row['min_ms'] <= row['median_ms'] <= row['max_ms']
         assert row['/ eager'] == pytest.approx(row['median_ms'] / rows['eager']['median_ms'])
-    # tuples (an output and its gradients) compare element by element
-    assert script.max_relative_difference((x, 2 * x), (x, x)) == pytest.approx(1.0)
+    assert rows['eager']['less copy_ms'] == pytest.approx(
+        rows['eager']['median_ms'] - rows['copy']['median_ms'])
+
+
+def test_the_difference_shows_every_broken_result():
+    script = load_script('kernels')
+    diff = script.max_relative_difference
+    x = torch.tensor([1.0, -2.0, 4.0])
+    # tuples (an output and its gradients) compare element by element, the worst counts
+    assert diff((x, 2 * x), (x, x)) == pytest.approx(1.0)
+    # a NaN or an infinity in any element, first or not, is NaN
+    for broken in (torch.tensor([1.0, float('nan'), 4.0]), torch.tensor([float('inf'), 0, 0])):
+        assert math.isnan(diff((x, broken), (x, x))) and math.isnan(diff((broken, x), (x, x)))
+    # an all-zero reference: the absolute difference, not a ratio to a tiny number
+    assert diff(torch.full((3, ), 1e-3), torch.zeros(3)) == pytest.approx(1e-3)
+    assert diff(torch.zeros(3), torch.zeros(3)) == 0.0
+    # results that do not pair up are an error, not a silent truncation
+    with pytest.raises(ValueError, match='2 results against 1'):
+        diff((x, x), (x, ))
+    with pytest.raises(ValueError, match='shapes differ'):
+        diff(x, x[:2])
+    with pytest.raises(ValueError, match='tensor with a tuple'):
+        diff((x, ), x)
+
+
+def test_the_tanh_variants_compute_tanh_from_the_same_input_every_call():
+    script = load_script('kernels')
+    variants = script.tanh_variants(64, 8)
+    g = torch.Generator().manual_seed(0)
+    x = 2.0 * torch.randn(64, 8, generator=g)
+    assert torch.equal(variants['copy'](), x)
+    for name in ('eager', 'compiled', 'fused'):
+        first = variants[name]().clone()
+        assert torch.equal(variants[name](), first)  # in place, but from the same input
+        assert script.max_relative_difference(first, torch.tanh(x)) < 1e-6, name
 
 
 def test_the_eager_layer_norm_variants_agree_with_the_reference():
@@ -42,9 +78,14 @@ def test_the_eager_layer_norm_variants_agree_with_the_reference():
         gens.requires_grad_()
         out = zonotope_layer_norm_reference(Zonotope(c, gens), norm).gens
         if backward:
+            c.requires_grad_()
+            gens.grad = None
+            out = zonotope_layer_norm_reference(Zonotope(c, gens), norm).gens
             out.backward(grad)
             assert torch.allclose(eager[0], out.detach(), atol=1e-6)
+            assert torch.allclose(eager[1], c.grad, atol=1e-5)
             assert torch.allclose(eager[2], gens.grad, atol=1e-5)
+            assert torch.allclose(eager[3], norm.weight.grad, atol=1e-4)
         else:
             assert torch.allclose(eager, out.detach(), atol=1e-6)
 

@@ -1011,8 +1011,12 @@ def test_status_file_holds_what_status_prints(tmp_path, monkeypatch, capsys):
     assert 'table1 (quick):' in body and 'known runs: about' in body
     assert printed.startswith(body.rstrip('\n'))  # the same lines, the path after them
     assert not (tmp_path / 'out').exists() or not list((tmp_path / 'out').rglob('*.json'))
+    (tmp_path / 'afile').write_text('x')
     for bad, needle in ((['--status-file', str(path)], '--status-file goes with --status'),
-                        (['--status', '--status-file', str(tmp_path)], 'is a folder')):
+                        (['--status', '--status-file', str(tmp_path)], 'is a folder'),
+                        (['--status', '--status-file', ''], 'needs a path'),
+                        (['--status', '--status-file', str(tmp_path / 'afile' / 's.md')],
+                         'cannot make its folder')):
         with pytest.raises(SystemExit) as stop:
             script.main(['--budget', 'quick', '--claims', 'table1', '--out',
                          str(tmp_path / 'out')] + bad)

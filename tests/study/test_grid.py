@@ -287,3 +287,8 @@ def test_a_store_reads_an_option_written_as_an_integer_or_a_float_alike(tmp_path
     # another value is another run
     assert store.get(dict(key, data=dict(task='max', noise=0.5, scale=2)), QUICK_CONFIG) is None
     assert len(list(tmp_path.iterdir())) == 1
+    # the labels and the seed that name the file, too (train_models' keys have no cell)
+    labelled = dict(target=1, data={}, model='mz', options={}, seed=0)
+    path = store.put(labelled, QUICK_CONFIG, dict(model='mz'))
+    assert os.path.basename(path).startswith('1--mz--seed0-')
+    assert store.get(dict(labelled, target=1.0, seed=0.0), QUICK_CONFIG) == dict(model='mz')

@@ -93,15 +93,15 @@ class RunStore:
         return _plain(dict(format=_FORMAT, run=dict(key), config=settings))
 
     def _path(self, key: Mapping[str, Any]) -> str:
-        where = dict(key)
+        # canonical values throughout (an option, label or seed written 1 or 1.0 names one file)
+        where = _canonical(_plain(dict(key)))
         # named by the cell (run_grid) or the caller's labels (train_models: 'target', ...)
         labels = ([where['cell']] if 'cell' in where else
                   [v for k, v in sorted(where.items())
                    if k not in ('data', 'model', 'options', 'seed')])
         name = '--'.join(_slug(str(part)) for part in labels + [where.get('model', '')])
         name = name.lstrip('-_') or 'run'
-        digest = hashlib.sha1(json.dumps(_canonical(_plain(where)),
-                                         sort_keys=True).encode()).hexdigest()
+        digest = hashlib.sha1(json.dumps(where, sort_keys=True).encode()).hexdigest()
         return os.path.join(self.folder, f"{name}--seed{where.get('seed', 0)}-{digest[:10]}.json")
 
     def get(self, key: Mapping[str, Any], config: TrainConfig) -> Optional[Dict[str, Any]]:
