@@ -6,10 +6,11 @@ generator feed-forward (:class:`OddTanhFused`) and the LayerNorm Jacobian on gen
 (:class:`LayerNormJacobianFused`; :class:`LayerNormJacobianSumFused` for the LayerNorm of a
 residual sum, which forms the sum inside the kernels). :func:`torch.compile` fuses the LayerNorm Jacobian on
 generators (:func:`~torch_mz.nn.zonotope.zonotope_layer_norm`) into about two passes forward and
-two backward. Measured on one core (each function alone, ``python benchmarks/kernels.py``, run of
-2026-12-04 with the training processes paused, ``benchmarks/results/kernels/``),
-:math:`N = 32768, n_g = 8, d = 64`, float32: forward 47 ms and forward + backward 62 ms against
-115 ms and 323 ms for the hand-written eager function. Whole models gain less: the ``mz``
+two backward. Measured on one core (each function alone, ``python benchmarks/kernels.py
+--repeats 11``, 2026-12-04, the training processes paused, ``benchmarks/results/kernels/``),
+:math:`N = 32768, n_g = 8, d = 64`, float32: forward 48 ms and forward + backward 80 ms (medians;
+the calls 64-90 ms, and 62 ms in the run before) against 121 ms and 354 ms for the hand-written
+eager function. Whole models gain less: the ``mz``
 training step on 32 clouds of 1,024 points 1.86-1.97 s against 2.24-2.52 s eager, inference
 0.71-0.84 s against 0.74-0.91 s (one process alternating the two, four rounds, min of 2 calls
 each; ``benchmarks/training_step.py`` for the committed figures); in message passing
@@ -240,9 +241,9 @@ class OddTanhFused(torch.autograd.Function):
 
     ATen's vectorised float32 :math:`\tanh` is slow on CPU: on one core, on the
     :math:`(32768 \cdot 8, 64)` hidden layer of the ``mz`` preset (32 clouds of 1,024 points),
-    59 ms, against 27 ms for :func:`torch.tanh` compiled and 11 ms for this kernel
-    (``python benchmarks/kernels.py``: the three alternating, medians of 7, less the 5.5 ms copy
-    of the input each call makes first; ``benchmarks/results/kernels/``). For float32 (and lower precisions) the kernel
+    53 ms, against 29 ms for :func:`torch.tanh` compiled and 10 ms for this kernel
+    (``python benchmarks/kernels.py --repeats 11``: the three alternating, medians, each less the
+    5.4 ms copy of the input every call makes first; ``benchmarks/results/kernels/``). For float32 (and lower precisions) the kernel
     evaluates a rational approximation :math:`x P(x^2) / Q(x^2)` on :math:`[-9, 9]` (clamped
     beyond, where float32 :math:`\tanh` rounds to :math:`\pm 1`), within a relative error of
     4 float32 epsilons of :math:`\tanh` (at most 6 units in the last place; ATen's is within 1)
