@@ -11,9 +11,11 @@ two backward. Measured on one core (each function alone, ``python benchmarks/ker
 :math:`N = 32768, n_g = 8, d = 64`, float32: forward 48 ms and forward + backward 80 ms (medians;
 the calls 64-90 ms, and 62 ms in the run before) against 121 ms and 354 ms for the hand-written
 eager function. Whole models gain less: the ``mz``
-training step on 32 clouds of 1,024 points 1.86-1.97 s against 2.24-2.52 s eager, inference
-0.71-0.84 s against 0.74-0.91 s (one process alternating the two, four rounds, min of 2 calls
-each; ``benchmarks/training_step.py`` for the committed figures); in message passing
+training step on 32 clouds of 1,024 points 2.45 s against 3.07 s eager, inference 0.84 s against
+1.11 s, with kept freed memory (``python benchmarks/training_step.py``, rows ``mz+keep`` and
+``mz+eager+keep`` of ``benchmarks/results/training_step/``; each row in its own process: the
+two alternating in one process, a throwaway script, gave 1.86-1.97 s against 2.24-2.52 s and
+0.71-0.84 s against 0.74-0.91 s); in message passing
 (``benchmarks/message_passing.py``) the neighbourhood aggregation 0.69-1.04x the eager time
 (every size dynamic), 0.86-0.92x with the kernels compiled per width (``message_passing_kernels``).
 
