@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from tests.test_benchmarks_analysis_args import usage_error
 from tests.test_benchmarks_real import load_script
 
 
@@ -95,13 +96,8 @@ def test_the_eager_layer_norm_variants_agree_with_the_reference():
     (['--repeats', 'x'], "argument --repeats: expected an integer, got 'x'"),
     (['--threads', '0'], "argument --threads: expected an integer >= 1, got '0'"),
 ])
-def test_bad_options_are_usage_errors(argv, needle, tmp_path, capsys):
-    script = load_script('kernels')
-    with pytest.raises(SystemExit) as stop:
-        script.main(argv + ['--out', str(tmp_path / 'k')])
-    assert stop.value.code == 2 and needle in capsys.readouterr().err
+def test_bad_options_are_usage_errors(argv, needle, tmp_path, monkeypatch, capsys):
+    usage_error('kernels', argv + ['--out', str(tmp_path / 'k')], monkeypatch, capsys, needle)
     (tmp_path / 'file').write_text('x')
-    with pytest.raises(SystemExit) as stop:
-        script.main(['--out', str(tmp_path / 'file')])
-    assert stop.value.code == 2 and 'is a file' in capsys.readouterr().err
+    usage_error('kernels', ['--out', str(tmp_path / 'file')], monkeypatch, capsys, 'is a file')
     assert not (tmp_path / 'k').exists()
