@@ -1,18 +1,25 @@
 #!/usr/bin/env bash
 # One command for a machine with an NVIDIA GPU: the CUDA tests and the three operator benchmarks
-# on the GPU, in about five minutes (each step under its own time limit, at most about 8.5
-# minutes in all), results under $OUT (default benchmarks/results/gpu/): gpu_check.log (all
-# output), cuda_tests.txt, and JSON + Markdown + PNG per benchmark.
+# on the GPU, each step under its own time limit (8.5 minutes in all; on one H200, 2026-12-04,
+# the tests took 0.4 minutes, 12 message-passing rows with the allocator figure 3.4 minutes over
+# two calls, the training step 1.1 with --repeats 3; this configuration, with three more
+# message-passing rows, has not run yet), results under $OUT (default
+# benchmarks/results/gpu/): gpu_check.log (all output), cuda_tests.txt, and JSON + Markdown +
+# PNG per benchmark. benchmarks/results/gpu/README.md says what the last run found.
 #
 #   bash benchmarks/gpu_check.sh            # uses .venv/bin/python if present, else python3
 #
 # Runs from the source tree (PYTHONPATH is the repository root: no install needed, only torch,
-# torch_geometric, numpy and matplotlib). Where only 8 files come back from a lent machine, add
-# `NO_PNG=1`: the figures are left out (the Markdown files hold the same tables).
+# torch_geometric, numpy, scipy, tqdm, hypothesis, pytest and matplotlib). Where only 8 files
+# come back from a lent machine, add `NO_PNG=1` (the figures are left out; the Markdown files
+# hold the same tables), or pack $OUT into one archive afterwards.
 #
-# Sizes are cut to fit the time: message passing up to 10^5 nodes at d = 64 (Poisson degrees),
-# the point-cloud training step of the presets at 32 x 1,024 points, and speed.py's batches.
-# A step cut off by its time limit writes nothing (each benchmark writes its files at its end).
+# Sizes are cut to fit the time: message passing up to 10^5 nodes at d = 64 (Poisson degrees;
+# rigid-whole beside rigid: the whole graph at once against chunk_size='auto''s recomputed
+# groups), the point-cloud training step of the presets at 32 x 1,024 points, and speed.py's
+# batches. The message-passing step writes a partial report as it goes (complete it with the
+# same command plus --resume); the other steps write their files at their end, so one cut off
+# by its time limit writes nothing.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -26,18 +33,21 @@ print(torch.cuda.get_device_name(0), 'torch', torch.__version__, 'torch_geometri
       torch_geometric.__version__)" || exit 2
 echo '== CUDA tests'
 # the tests that run on CUDA: attention kernels, the LayerNorm Jacobian (eager and compiled
-# with Triton), MZAggregation, device resolution and a training run resumed on CUDA
-timeout 120 $PY -m pytest -q -p no:cacheprovider tests/nn/test_functional.py \
-  tests/nn/test_zonotope.py tests/nn/test_aggr.py tests/test_train.py -k 'cuda or resolve_device' \
+# with Triton), MZAggregation, device resolution, a training run resumed on CUDA, and the
+# memory bandwidth measured on the GPU
+timeout 60 $PY -m pytest -q -p no:cacheprovider -p no:logging tests/nn/test_functional.py \
+  tests/nn/test_zonotope.py tests/nn/test_aggr.py tests/test_train.py tests/study/test_traffic.py \
+  -k 'cuda or resolve_device' \
   -rs 2>&1 | tee "$OUT/cuda_tests.txt" || status=1
 echo '== message passing'
-timeout 150 $PY benchmarks/message_passing.py --device cuda --nodes 1000,10000,100000 --dims 64 \
-  --degrees poisson --aggrs pyg,pyg-flat,rigid,default --graphconv-nodes 0 --repeats 5 --timeout 60 \
-  --out "$OUT/message_passing" || status=1
+# (--no-allocated: on a GPU the peak is the allocator's already; a fresh process per row)
+timeout 270 $PY benchmarks/message_passing.py --device cuda --nodes 1000,10000,100000 --dims 64 \
+  --degrees poisson --aggrs pyg,pyg-flat,rigid,rigid-whole,default --graphconv-nodes 0 \
+  --repeats 5 --timeout 60 --no-allocated --out "$OUT/message_passing" || status=1
 echo '== point-cloud training step'
 # the presets only: the +keep rows are about the CPU's malloc, the +compile rows compile for
 # a minute or more each
-timeout 150 $PY benchmarks/training_step.py --device cuda --repeats 5 \
+timeout 90 $PY benchmarks/training_step.py --device cuda --repeats 3 \
   --models rigid,st-large,mz-slim,mz,egnn --out "$OUT/training_step" || status=1
 echo '== speed.py batches'
 # without --memory: that measures each configuration in a fresh process (20 of them); the

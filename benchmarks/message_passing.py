@@ -39,6 +39,10 @@ hold. Ratios are taken between medians of the same run. Aggregations:
   ``-fused`` rows are the default's configuration, chunked where it is,
 * ``default-whole``: ``MZAggregation(d, chunk_size=None)``: the whole input at once, on the same
   graphs as ``default-ckpt``,
+* ``rigid-whole``: ``rigid`` with ``chunk_size=None``, the whole input at once, on every graph:
+  against ``rigid`` the cost of the recomputed groups that ``chunk_size='auto'`` takes on graphs
+  of more than 2 x 2^21 / d edges (on a GPU, where each group's few hundred kernel launches
+  weigh more than on a CPU core, and memory is rarely what binds),
 * ``default-eager``: the same with the eager functions only (``set_fused_kernels(False)``),
 * ``default-fused``: the same with the compiled kernels for every input
   (``set_fused_kernels(True)``),
@@ -91,9 +95,9 @@ from torch_mz.study import (MeasurementFailed, choice_list, environment, in_fres
                             write_results)
 from torch_mz.study.measure import allocator_peak_bytes
 
-AGGRS = ('pyg', 'pyg-flat', 'rigid', 'rigid-ckpt-attn', 'rigid-chunks', 'default', 'default-eager',
-         'default-fused', 'default-ckpt', 'default-ckpt-attn', 'default-chunks', 'default-whole',
-         'mz-ng8', 'paper', 'rigid-unfolded', 'default-unfolded')
+AGGRS = ('pyg', 'pyg-flat', 'rigid', 'rigid-ckpt-attn', 'rigid-chunks', 'rigid-whole', 'default',
+         'default-eager', 'default-fused', 'default-ckpt', 'default-ckpt-attn', 'default-chunks',
+         'default-whole', 'mz-ng8', 'paper', 'rigid-unfolded', 'default-unfolded')
 CKPT_AGGRS = ('default-ckpt', 'default-ckpt-attn', 'rigid-ckpt-attn', 'default-chunks',
               'rigid-chunks', 'default-whole')
 CONVS = ('sage', 'graph')
@@ -149,6 +153,8 @@ def build_aggr(name: str, d: int, group_rows: Optional[int] = None):
                              chunk_size=None)
     if name == 'default-whole':
         return MZAggregation(d, chunk_size=None)
+    if name == 'rigid-whole':
+        return MZAggregation(d, value='rigid', num_generators=0, chunk_size=None)
     if name == 'default-chunks':
         return MZAggregation(d, chunk_size=group_rows, checkpoint='chunks')
     if name == 'rigid-chunks':
@@ -346,7 +352,7 @@ def summarise(rows: List[dict], args: argparse.Namespace) -> Tuple[List[dict], L
                 entry['rigid/pyg memory'] = by['rigid']['peak_mib'] / by['pyg']['peak_mib']
             if by['rigid'].get('alloc_mib') and by['pyg'].get('alloc_mib'):
                 entry['rigid/pyg allocated'] = by['rigid']['alloc_mib'] / by['pyg']['alloc_mib']
-        for aggr in ('pyg-flat', 'rigid-ckpt-attn', 'rigid-chunks'):
+        for aggr in ('pyg-flat', 'rigid-ckpt-attn', 'rigid-chunks', 'rigid-whole'):
             if aggr in by and 'pyg' in by:
                 mine, theirs = by[aggr], by['pyg']
                 entry[f'{aggr}/pyg time'] = mine['median_ms'] / theirs['median_ms']
@@ -359,6 +365,9 @@ def summarise(rows: List[dict], args: argparse.Namespace) -> Tuple[List[dict], L
                      'paper'):
             if aggr in by and 'rigid' in by:
                 entry[f'{aggr}/rigid time'] = by[aggr]['median_ms'] / by['rigid']['median_ms']
+        if 'rigid-whole' in by and 'rigid' in by:  # the whole input against the default's
+            entry['rigid-whole/rigid time'] = (by['rigid-whole']['median_ms']
+                                               / by['rigid']['median_ms'])
         for aggr in ('rigid', 'default'):  # the folded key maps against the unfolded ones
             if aggr in by and f'{aggr}-unfolded' in by:
                 entry[f'{aggr}/{aggr}-unfolded time'] = (by[aggr]['median_ms']
@@ -383,6 +392,8 @@ RATIO_COLS = ['degrees', 'dim', 'nodes', 'conv', 'pyg-flat/pyg time', 'pyg-flat/
               'rigid-ckpt-attn/pyg time', 'rigid-ckpt-attn/pyg memory',
               'rigid-ckpt-attn/pyg allocated',
               'rigid-chunks/pyg time', 'rigid-chunks/pyg memory', 'rigid-chunks/pyg allocated',
+              'rigid-whole/pyg time', 'rigid-whole/pyg memory', 'rigid-whole/pyg allocated',
+              'rigid-whole/rigid time',
               'default/rigid time', 'default-eager/rigid time', 'default-fused/rigid time',
               'default-ckpt/rigid time',
               'default-ckpt-attn/rigid time', 'default-chunks/rigid time',
@@ -416,7 +427,10 @@ def write_report(args: argparse.Namespace, env: dict, rows: List[dict], planned:
                 f"{minutes:.1f} min{resumed}; glibc malloc keeping freed memory "
                 f"(`keep_freed_memory()`): {args.keep_freed_memory}. Forward + backward of one "
                 f"convolution, median of "
-                f"{args.repeats} calls; peak memory = peak resident set of one call above the "
+                f"{args.repeats} calls; peak memory = "
+                + ("the CUDA allocator's peak (the tensor memory held at once)"
+                   if args.device == 'cuda' else 'the peak resident set')
+                + " of one call above the "
                 f"state before it, in a fresh process per row, after one untimed call (which "
                 f"compiles where the compiled kernels run); "
                 + ("allocated = the most tensor memory "

@@ -77,6 +77,10 @@ SOURCES = {
     'training_step_large_batch': 'training_step_large_batch/training_step.json',
     'training_step_thp': 'training_step_thp/training_step.json',
     'training_step_fold': 'training_step_fold/training_step.json',
+    # on a GPU (one NVIDIA H200, benchmarks/gpu_check.sh; see benchmarks/results/gpu/README.md)
+    'gpu_message_passing': 'gpu/message_passing/message_passing.json',
+    'gpu_speed': 'gpu/speed/speed.json',
+    'gpu_training_step': 'gpu/training_step/training_step.json',
     'scaling_sets_of_1': 'scaling/scaling_default_sets_of_1.json',
     'scaling_mz': 'scaling/scaling_mz.json',
 }
@@ -96,7 +100,7 @@ MESSAGE_PASSING = ('message_passing', 'message_passing_small', 'message_passing_
                    'message_passing_chunks_1e4', 'message_passing_auto_1e5',
                    'message_passing_kernels', 'message_passing_fold',
                    'message_passing_fold_power_law', 'message_passing_fold_1e5',
-                   'message_passing_rows')
+                   'message_passing_rows', 'gpu_message_passing')
 #: Message-passing files measured after the PMA's key map joined its seed
 #: (``MZAttention(fold_keys=True)``, 2026-12-03). At d = 64 the default configurations fold it
 #: (at d = 16 they do not), so ``rigid`` and ``default`` rows at d = 64 in the other files
@@ -108,7 +112,7 @@ MESSAGE_PASSING = ('message_passing', 'message_passing_small', 'message_passing_
 #: ``rigid`` unfolded (5.99 instead of 5.48 GFLOP), which if anything lowers those ``mz`` /
 #: ``rigid`` inference ratios.
 FOLDED_MP = ('message_passing_fold', 'message_passing_fold_power_law',
-             'message_passing_fold_1e5', 'message_passing_rows')
+             'message_passing_fold_1e5', 'message_passing_rows', 'gpu_message_passing')
 FOLD_MIN_DIM = 64
 _UNFOLDED_MP = ("measured before the PMA's key map joined its seed (`fold_keys=True`, "
                 "2026-12-03), which the default configurations do at d = 64; this graph's "
@@ -209,10 +213,10 @@ def _mp_as(rows: Sequence[Mapping[str, Any]], name: str,
 
 
 # speed.py's runs (speed_fold and speed_fold_rerun: after the key map joined the PMA's seed)
-SPEED = ('speed', 'speed_rerun', 'speed_fold', 'speed_fold_rerun')
+SPEED = ('speed', 'speed_rerun', 'speed_fold', 'speed_fold_rerun', 'gpu_speed')
 TRAINING_STEP = ('training_step', 'training_step_small_sets', 'training_step_egnn',
                  'training_step_rounds', 'training_step_large_batch', 'training_step_thp',
-                 'training_step_fold')
+                 'training_step_fold', 'gpu_training_step')
 GB = 1e9 / 2**20  # MiB in one (decimal) gigabyte
 LINEAR_SLOPE = 1.1
 PRESETS = ('rigid', 'st-large', 'mz-slim', 'mz', 'egnn')

@@ -375,7 +375,7 @@ def main():
         return
     start = time.time()
     peak = matmul_peak_flops(device=torch.device(args.device)) / 1e9
-    bandwidth = memory_bandwidth() / 1e9
+    bandwidth = memory_bandwidth(device=torch.device(args.device)) / 1e9
     print(f'measured float32 matmul peak: {peak:.1f} GFLOP/s, memory bandwidth '
           f'{bandwidth:.1f} GB/s', flush=True)
     config = {k: v for k, v in vars(args).items() if k != '_one'}

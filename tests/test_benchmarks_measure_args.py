@@ -117,7 +117,7 @@ def test_training_step_writes_nothing_when_no_row_was_measured(tmp_path, monkeyp
         raise script.MeasurementFailed('out of memory')
     monkeypatch.setattr(script, 'in_fresh_process', fails)
     monkeypatch.setattr(script, 'matmul_peak_flops', lambda device=None: 1e10)
-    monkeypatch.setattr(script, 'memory_bandwidth', lambda: 1e10)
+    monkeypatch.setattr(script, 'memory_bandwidth', lambda *a, **k: 1e10)
     out = tmp_path / 'training_step'
     monkeypatch.setattr(sys, 'argv', ['training_step.py', '--models', 'rigid,mz',
                                       '--out', str(out)])

@@ -139,7 +139,7 @@ def test_training_step_rounds_pool_calls_and_pair_ratios_by_round(tmp_path, monk
                     first_calls_s=0.1)
     monkeypatch.setattr(script, 'in_fresh_process', fake)
     monkeypatch.setattr(script, 'matmul_peak_flops', lambda device=None: 1e10)
-    monkeypatch.setattr(script, 'memory_bandwidth', lambda: 1e10)
+    monkeypatch.setattr(script, 'memory_bandwidth', lambda *a, **k: 1e10)
     monkeypatch.setattr(sys, 'argv', ['training_step.py', '--rounds', '3', '--models',
                                       'rigid,mz,st-large', '--out', str(tmp_path)])
     script.main()
@@ -173,7 +173,7 @@ def test_training_step_ratios_pair_rows_run_alike(tmp_path, monkeypatch, capsys)
                     peak_rss_mib=1.0, first_calls_s=0.1)
     monkeypatch.setattr(script, 'in_fresh_process', fake)
     monkeypatch.setattr(script, 'matmul_peak_flops', lambda device=None: 1e10)
-    monkeypatch.setattr(script, 'memory_bandwidth', lambda: 1e10)
+    monkeypatch.setattr(script, 'memory_bandwidth', lambda *a, **k: 1e10)
     monkeypatch.setattr(sys, 'argv', ['training_step.py', '--models', ','.join(cost),
                                       '--out', str(tmp_path)])
     script.main()
@@ -263,6 +263,23 @@ def test_message_passing_aggregations_build_and_agree(monkeypatch):
     assert mp.build_aggr('rigid-chunks', 16, 3).chunk_size == 3
     assert mp.build_aggr('default-chunks', 16).chunk_size == 4  # auto_chunk_rows(16), patched
     assert mp.build_aggr('default-chunks', 32).chunk_size == 2  # half as many at twice the width
+    whole = mp.build_aggr('rigid-whole', 16)  # rigid, the whole input at once
+    assert whole.chunk_size is None and whole.value == 'rigid' and whole.num_generators == 0
+
+
+def test_message_passing_ratios_put_the_whole_input_beside_the_groups():
+    import argparse
+    mp = load_script('message_passing')
+    graph = dict(degrees='poisson', dim=64, nodes=1000, edges=10000, conv='sage')
+    rows = [dict(graph, aggr='pyg', median_ms=10.0, peak_mib=100.0),
+            dict(graph, aggr='rigid', median_ms=40.0, peak_mib=30.0),
+            dict(graph, aggr='rigid-whole', median_ms=8.0, peak_mib=60.0)]
+    args = argparse.Namespace(degrees=['poisson'], dims=[64], aggrs=['pyg', 'rigid', 'rigid-whole'])
+    (entry,), _ = mp.summarise(rows, args)
+    assert entry['rigid-whole/rigid time'] == pytest.approx(0.2)
+    assert entry['rigid-whole/pyg time'] == pytest.approx(0.8)
+    assert entry['rigid-whole/pyg memory'] == pytest.approx(0.6)
+    assert 'rigid-whole/rigid time' in mp.RATIO_COLS
 
 
 def test_training_step_thp_rows_start_their_process_with_the_switch(tmp_path, monkeypatch, capsys):
@@ -281,7 +298,7 @@ def test_training_step_thp_rows_start_their_process_with_the_switch(tmp_path, mo
                     peak_rss_mib=1.0, first_calls_s=0.1)
     monkeypatch.setattr(script, 'in_fresh_process', fake)
     monkeypatch.setattr(script, 'matmul_peak_flops', lambda device=None: 1e10)
-    monkeypatch.setattr(script, 'memory_bandwidth', lambda: 1e10)
+    monkeypatch.setattr(script, 'memory_bandwidth', lambda *a, **k: 1e10)
     monkeypatch.setattr(sys, 'argv', ['training_step.py', '--models', 'rigid,rigid+thp,mz+thp',
                                       '--out', str(tmp_path)])
     for mode in ('never', 'always', None):  # the switch changes nothing there: refused at once

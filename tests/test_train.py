@@ -494,9 +494,24 @@ def test_resume_matches_uninterrupted_run(tmp_path, device):
                                                init_seed=123,  # different init: weights loaded
                                                device=device)
     assert ran == [3, 4]  # continues at the next epoch
-    assert_same_params(params(resumed.model), params(full.model))
-
-    assert strip_times(resumed_result.history) == strip_times(full_result.history)
+    if device == 'cpu':
+        assert_same_params(params(resumed.model), params(full.model))
+        assert strip_times(resumed_result.history) == strip_times(full_result.history)
+    else:
+        # CUDA sums scattered rows with atomic adds, whose order varies from run to run, so
+        # even two uninterrupted runs differ in the last bits; a random stream not restored
+        # (other dropout masks) would move the weights by orders of magnitude more than this
+        a, b = params(resumed.model), params(full.model)
+        assert a.keys() == b.keys()
+        for k in a:
+            torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=lambda m, k=k: (
+                f'{k}: largest difference {(a[k] - b[k]).abs().max().item():.3g}; {m}'))
+        assert len(resumed_result.history) == len(full_result.history)
+        for got, want in zip(strip_times(resumed_result.history),
+                             strip_times(full_result.history)):
+            assert got.keys() == want.keys()
+            for key in got:
+                assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), key
     assert resumed_result.best_epoch == full_result.best_epoch
     lines = (tmp_path / 'crashed' / 'metrics.jsonl').read_text().splitlines()
     assert [json.loads(line)['epoch'] for line in lines] == [0, 1, 2, 3, 4]

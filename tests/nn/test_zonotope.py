@@ -265,7 +265,10 @@ def test_cuda_fused_layer_norm_jacobian_matches_cpu(monkeypatch, fused_on_cuda):
         monkeypatch.setattr(fused, '_FAILED', False)
         n = norm.to(device)
         n.zero_grad()
-        cc, gg = c.to(device).requires_grad_(), gens.to(device).requires_grad_()
+        # fresh leaves on each device (.to('cpu') would return c itself, leaving it requiring
+        # grad, and c.to('cuda') would then be a non-leaf without .grad)
+        cc = c.detach().clone().to(device).requires_grad_()
+        gg = gens.detach().clone().to(device).requires_grad_()
         with warnings.catch_warnings():
             warnings.simplefilter('error', RuntimeWarning)  # no silent fallback
             out = zonotope_layer_norm(Zonotope(cc, gg), n)

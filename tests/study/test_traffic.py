@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from torch_mz.study.traffic import count_bytes, memory_bandwidth, tensor_bytes
@@ -27,3 +28,19 @@ def test_bytes_of_a_matrix_product_and_of_a_model_step():
 def test_memory_bandwidth_is_a_rate():
     bw = memory_bandwidth(mib=8, repeats=2)
     assert 1e8 < bw < 1e13  # between 0.1 GB/s and 10 TB/s
+
+
+@pytest.mark.parametrize('device', ['cpu', pytest.param('cuda', marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason='CUDA not available'))])
+def test_memory_bandwidth_measures_the_device_asked_for(device, monkeypatch):
+    # the copy runs on that device (a GPU's copy timed between synchronisations, not the host's)
+    seen = []
+    copy = torch.Tensor.copy_
+
+    def spy(self, src, *args, **kwargs):
+        seen.append(self.device.type)
+        return copy(self, src, *args, **kwargs)
+    monkeypatch.setattr(torch.Tensor, 'copy_', spy)
+    bw = memory_bandwidth(mib=8, repeats=2, device=torch.device(device))
+    assert seen and set(seen) == {device}
+    assert 1e8 < bw < 1e14

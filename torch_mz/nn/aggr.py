@@ -232,7 +232,13 @@ class MZAggregation(Aggregation):
             whole, 10.1 s in chunks at d = 16 (``message_passing_chunks_keep``). While grouped,
             forward hooks on submodules run once per group, and again in the backward pass
             where groups are recomputed; a :func:`torch.jit.trace` of a grouped input keeps
-            that input's group bounds (trace with ``chunk_size=None``).
+            that input's group bounds (trace with ``chunk_size=None``). The group budget is
+            sized for a CPU's memory: on a GPU each group adds a few hundred kernel launches
+            and host synchronisations (``benchmarks/launches.py``: ``value='rigid',
+            num_generators=0`` dispatches 33,696 kernels on 10^5 nodes and 10^6 edges at
+            d = 64 in groups, 726 at once), which made it 7.5x PyG's time there on one H200
+            (``benchmarks/results/gpu``); where the graph fits in the GPU's memory, pass
+            ``chunk_size=None`` (that configuration is not yet timed on a GPU).
         checkpoint (bool or str): Activation checkpointing for training memory, with the same
             values and gradients. :obj:`'attention'`: every attention keeps only its inputs and
             runs its query/key/value maps, the packing of sets into blocks and the attention

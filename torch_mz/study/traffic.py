@@ -10,7 +10,7 @@ so it is an upper estimate of the traffic (an unfused estimate: what eager PyTor
 """
 import math
 import time
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -53,15 +53,23 @@ def count_bytes(fn: Callable[[], None]) -> int:
     return counter.bytes
 
 
-def memory_bandwidth(mib: int = 256, repeats: int = 5) -> float:
+def memory_bandwidth(mib: int = 256, repeats: int = 5,
+                     device: Optional[torch.device] = None) -> float:
     r"""Measured bytes per second of one copy of a :obj:`mib` MiB float32 tensor into another
-    (bytes read plus bytes written, the best of :obj:`repeats`) on the CPU: the practical
+    (bytes read plus bytes written, the best of :obj:`repeats`) on :obj:`device` (the CPU by
+    default; on a GPU the copy is timed between synchronisations of the device): the practical
     bandwidth that :func:`count_bytes` traffic is compared with."""
-    a = torch.empty(mib * 2**20 // 4).uniform_()
+    device = torch.device(device or 'cpu')
+    a = torch.empty(mib * 2**20 // 4, device=device).uniform_()
     b = torch.empty_like(a)
+    sync = ((lambda: torch.cuda.synchronize(device)) if device.type == 'cuda'
+            else (lambda: None))
+    b.copy_(a)  # first touch and, on a GPU, the kernel's first launch
     best = math.inf
     for _ in range(repeats):
+        sync()
         start = time.perf_counter()
         b.copy_(a)
+        sync()
         best = min(best, time.perf_counter() - start)
     return 2 * a.numel() * a.element_size() / best

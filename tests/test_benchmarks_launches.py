@@ -1,0 +1,73 @@
+r"""``benchmarks/launches.py``: the operation counter counts what runs (views apart), and the
+rows show what grows with the graph: the recomputed groups of ``chunk_size='auto'``."""
+import json
+
+import pytest
+import torch
+
+from tests.test_benchmarks_analysis_args import usage_error
+from tests.test_benchmarks_real import load_script
+
+
+@pytest.fixture(scope='module')
+def launches():
+    return load_script('launches')
+
+
+def test_counter_counts_each_operation_once_and_views_as_no_kernel(launches):
+    a, b = torch.randn(4, 3), torch.randn(4, 3)
+    counter = launches.count_ops(lambda: (a + b).view(-1).t().sum())
+    # add, sum: kernels; view and t: views (no kernel)
+    assert (counter.ops, counter.kernels) == (4, 2)
+    assert counter.by_name == {'add': 1, 'sum': 1}
+    x = torch.randn(5, requires_grad=True)
+    both = launches.count_ops(lambda: (x * 2).sum().backward())
+    forward = launches.count_ops(lambda: (x * 2).sum())
+    assert both.kernels > forward.kernels  # the backward pass is counted too
+    assert launches._is_view(torch.ops.aten.transpose.int)
+    assert launches._is_view(torch.ops.aten._unsafe_view.default)  # unannotated, still a view
+    assert not launches._is_view(torch.ops.aten.add_.Tensor)  # writes its input: a kernel
+    assert launches.count_ops(lambda: torch.empty(3)).kernels == 0  # an allocation only
+    t = torch.tensor([0, 3, 0, 2])
+    syncs = launches.count_ops(lambda: (int(t.sum()), t.nonzero(), bool((t > 1).any()),
+                                        torch.bincount(t)))
+    assert syncs.syncs == 4 and syncs.by_name['_local_scalar_dense'] == 2
+    # repeat_interleave reads its output size on the host unless it is given
+    assert launches.count_ops(lambda: torch.repeat_interleave(t)).syncs == 1
+    assert launches.count_ops(lambda: torch.repeat_interleave(t, output_size=5)).syncs == 0
+
+
+def test_recomputed_groups_multiply_the_kernels_and_the_whole_input_does_not(launches,
+                                                                             monkeypatch):
+    from torch_mz.nn import aggr as aggr_module
+    monkeypatch.setattr(aggr_module, 'AUTO_CHUNK_ELEMENTS', 64 * 16)  # groups of 64 rows, d = 16
+    small = {a: launches.count_one(10, a, 16, 'poisson') for a in ('rigid', 'rigid-whole')}
+    large = {a: launches.count_one(60, a, 16, 'poisson') for a in ('rigid', 'rigid-whole')}
+    assert small['rigid']['edges'] <= 128 < large['rigid']['edges']  # one group, then several
+    assert small['rigid']['chunk_rows'] == 0 and large['rigid']['chunk_rows'] == 64
+    assert large['rigid-whole']['chunk_rows'] == 0
+    # the same computation where nothing is grouped, the same operations
+    assert small['rigid']['kernels'] == small['rigid-whole']['kernels']
+    groups = -(-large['rigid']['edges'] // 64)
+    assert large['rigid']['kernels'] > (groups - 1) * small['rigid']['kernels']
+    assert large['rigid-whole']['kernels'] < 2 * small['rigid-whole']['kernels']
+
+
+def test_run_writes_counts_and_slopes_and_leaves_pyg_out_above_its_limit(launches, tmp_path):
+    launches.main(['--nodes', '10,40', '--dim', '8', '--aggrs', 'pyg,rigid',
+                   '--pyg-max-nodes', '10', '--out', str(tmp_path)])
+    data = json.loads((tmp_path / 'launches.json').read_text())
+    assert [(r['nodes'], r['aggr']) for r in data['rows']] == [(10, 'pyg'), (10, 'rigid'),
+                                                                 (40, 'rigid')]
+    assert [s['aggr'] for s in data['slopes']] == ['rigid']  # pyg: one graph, no slope
+    rigid = [r for r in data['rows'] if r['aggr'] == 'rigid']
+    assert data['slopes'][0]['largest_over_smallest'] == pytest.approx(
+        rigid[1]['kernels'] / rigid[0]['kernels'])
+    assert 'Command:' in (tmp_path / 'launches.md').read_text()
+
+
+@pytest.mark.parametrize('argv, needle', [(['--nodes', '0'], '--nodes'),
+                                          (['--aggrs', 'nonsense'], '--aggrs'),
+                                          (['--dim', '-1'], '--dim')])
+def test_options_are_checked(argv, needle, monkeypatch, capsys):
+    usage_error('launches', argv, monkeypatch, capsys, needle)
