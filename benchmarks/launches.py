@@ -27,14 +27,21 @@ had torch 2.11, and a GPU takes other attention kernels for some calls):
   grows in proportion.
 
 The aggregations are those of ``benchmarks/message_passing.py`` (``pyg``, ``pyg-flat``, ``rigid``,
-``rigid-whole``, ``default``, ...), built the same way. The compiled generator kernels are off
+``rigid-whole``, ``default``, ...), built the same way. With ``--presets`` the script counts the
+point-cloud presets of ``benchmarks/training_step.py`` instead (``launches_presets.{json,md}``):
+one training step without the optimizer (forward, cross-entropy, backward; AdamW runs other
+kernels on a GPU, where it takes its ``foreach`` form) and one inference call, on ``--clouds`` x
+``--points`` points, beside the GPU inference times of ``benchmarks/results/gpu/training_step``
+where that file exists (microseconds per inference kernel). The compiled generator kernels are off
 (``set_fused_kernels(False)``): their automatic mode runs them for large CPU float32 inputs only,
 so the eager operations are what a GPU runs, and what is counted here.
 
     python benchmarks/launches.py
     python benchmarks/launches.py --nodes 1000,10000 --aggrs rigid,rigid-whole   # a quick look
+    python benchmarks/launches.py --presets rigid,st-large,mz-slim,mz,egnn
 """
 import argparse
+import json
 import os
 import sys
 import time
@@ -47,13 +54,18 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import message_passing as mp  # noqa: E402  (the graphs and aggregations of that benchmark)
+import training_step as ts  # noqa: E402  (the point-cloud batch and presets of that benchmark)
 
+from torch_mz.models import PRESETS as MODEL_PRESETS  # noqa: E402
 from torch_mz.nn import set_fused_kernels  # noqa: E402
 from torch_mz.study import (choice_list, environment, int_list, markdown_table,  # noqa: E402
                             positive_int, pyplot, try_plot, write_results)
 
 NAME = 'launches'
+PRESETS_NAME = 'launches_presets'
 DEFAULT_AGGRS = ('pyg', 'pyg-flat', 'rigid', 'rigid-whole', 'default')
+GPU_TRAINING_STEP = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'results', 'gpu',
+                                 'training_step', 'training_step.json')
 
 
 #: Operations that return a view without saying so in their schema.
@@ -136,6 +148,103 @@ def count_one(nodes: int, aggr: str, dim: int, degrees: str, seed: int = 0) -> D
                 seconds=seconds)
 
 
+def count_preset(name: str, clouds: int, points: int, radius: float = 0.25) -> Dict:
+    r"""One row of ``--presets``: the operations of one training step of preset :obj:`name`
+    without the optimizer (forward, cross-entropy, backward) and of one inference call, on the
+    batch of ``training_step.make_batch(clouds, points)``, each after one uncounted call."""
+    import torch.nn.functional as F
+    from torch_geometric.data import Batch, Data
+    pos, batch, y = ts.make_batch(clouds, points)
+    model = ts.build(name, radius)
+    data = Batch.from_data_list([Data(x=pos[batch == i]) for i in range(clouds)])
+
+    def forward():
+        out = model(data)
+        return out[0] if isinstance(out, tuple) else out
+
+    def train():
+        model.train()
+        model.zero_grad(set_to_none=True)
+        F.cross_entropy(forward(), y).backward()
+
+    def infer():
+        model.eval()
+        with torch.no_grad():
+            forward()
+
+    row = dict(model=name, clouds=clouds, points=points)
+    for label, fn in (('train', train), ('infer', infer)):
+        fn()
+        counter = count_ops(fn)
+        row.update({f'{label}_ops': counter.ops, f'{label}_kernels': counter.kernels,
+                    f'{label}_syncs': counter.syncs})
+    return row
+
+
+def join_gpu_inference(rows: List[Dict], path: str) -> Optional[str]:
+    r"""Adds to each row of ``--presets`` the GPU inference time of the same preset and batch
+    from the ``training_step.py`` results at :obj:`path` (``gpu_infer_ms``) and the microseconds
+    per inference kernel; returns the file's command, or :obj:`None` where there is no such
+    file or it measured another batch."""
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        data = json.load(f)
+    config = data.get('config', {})
+    if (config.get('clouds'), config.get('points')) != (rows[0]['clouds'], rows[0]['points']):
+        return None
+    by = {r['model']: r for r in data['rows']}
+    for row in rows:
+        gpu = by.get(row['model'])
+        if gpu and gpu.get('infer_s'):
+            row['gpu_infer_ms'] = 1e3 * gpu['infer_s']
+            row['gpu_us_per_infer_kernel'] = 1e6 * gpu['infer_s'] / row['infer_kernels']
+    base = next((r for r in rows if r['model'] == 'rigid'), None)
+    for row in rows:
+        if base is not None and row.get('gpu_infer_ms') and base.get('gpu_infer_ms'):
+            row['gpu infer / rigid'] = row['gpu_infer_ms'] / base['gpu_infer_ms']
+    return data.get('environment', {}).get('command')
+
+
+def run_presets(args: argparse.Namespace) -> None:
+    start = time.time()
+    rows = []
+    for name in args.presets:
+        row = count_preset(name, args.clouds, args.points)
+        rows.append(row)
+        print(f"{name:9s} train {row['train_kernels']:6d} kernels {row['train_syncs']:4d} "
+              f"syncs  inference {row['infer_kernels']:6d} kernels {row['infer_syncs']:4d} "
+              f"syncs", flush=True)
+    base = next((r for r in rows if r['model'] == 'rigid'), None)
+    if base is not None:
+        for row in rows:
+            row['infer kernels / rigid'] = row['infer_kernels'] / base['infer_kernels']
+    gpu_command = join_gpu_inference(rows, args.gpu_results)
+    env = environment()
+    minutes = (time.time() - start) / 60
+    cols = ['model', 'train_ops', 'train_kernels', 'train_syncs', 'infer_ops', 'infer_kernels',
+            'infer_syncs', 'infer kernels / rigid', 'gpu_infer_ms', 'gpu infer / rigid',
+            'gpu_us_per_infer_kernel']
+    gpu_note = (f"`gpu_infer_ms`: the median inference call on the GPU from "
+                f"`{os.path.relpath(args.gpu_results, os.path.dirname(args.out))}`, measured "
+                f"by `{gpu_command}`; per kernel: that time over the inference kernels counted "
+                f"here (torch and the GPU's attention kernels differ there; a ratio, not a "
+                f"profile)." if gpu_command else 'No GPU results for this batch were found.')
+    markdown = (f'# Operations dispatched by the point-cloud presets, {args.clouds} clouds x '
+                f'{args.points} points\n\n'
+                f"Command: `{env['command']}`  \n"
+                f"torch {env['torch']}; {minutes:.1f} min. Counted on the CPU with the compiled "
+                f"generator kernels off (what a GPU runs): `train` = forward, cross-entropy and "
+                f"backward (the optimizer left out), `infer` = one `eval()` forward without "
+                f"gradients; kernels = operations that are neither views nor bare allocations; "
+                f"syncs = host reads of a device result (a lower bound). {gpu_note}\n\n"
+                + markdown_table(rows, cols))
+    write_results(args.out, PRESETS_NAME, dict(environment=env, config=vars(args),
+                                               minutes=minutes, rows=rows), markdown)
+    print(markdown_table(rows, cols))
+    print(f'wrote {args.out}/{PRESETS_NAME}.json, .md')
+
+
 def slopes(rows: List[Dict]) -> List[Dict]:
     r"""Per aggregation: the least-squares slope of log(kernels) against log(nodes + edges), and
     the kernels on the largest graph over those on the smallest."""
@@ -179,11 +288,23 @@ def main(argv: Optional[List[str]] = None) -> None:
                              'every neighbourhood to the largest (16,383 MiB of tensors at 10^5 '
                              'nodes, d = 64, on the GPU run), and its count does not depend on '
                              'the graph')
+    parser.add_argument('--presets', type=choice_list(MODEL_PRESETS),
+                        help='count the training step (without the optimizer) and inference of '
+                             f'these presets on --clouds x --points points instead, into '
+                             f'<out>/{PRESETS_NAME}.json, .md')
+    parser.add_argument('--clouds', type=positive_int, default=32)
+    parser.add_argument('--points', type=positive_int, default=1024)
+    parser.add_argument('--gpu-results', default=GPU_TRAINING_STEP,
+                        help="training_step.py's results on a GPU, for the inference times "
+                             'beside the counts of --presets (default: %(default)s)')
     parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
                                                       NAME))
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     set_fused_kernels(False)  # what a GPU runs (see the module's docstring)
+    if args.presets:
+        run_presets(args)
+        return
     start = time.time()
     rows = []
     for nodes in args.nodes:
@@ -203,10 +324,11 @@ def main(argv: Optional[List[str]] = None) -> None:
                 f"torch {env['torch']}, torch_geometric {env['torch_geometric']}; "
                 f"{minutes:.1f} min. {args.degrees} in-degrees (mean 10), d = {args.dim}; "
                 f"counted on the CPU with the compiled generator kernels off (what a GPU "
-                f"runs); `kernels` = operations whose output is not a view (each a launch on a "
-                f"GPU); `syncs` = those that read a result on the host (each drains a GPU's "
-                f"queue); `chunk_rows` = rows per recomputed group of `chunk_size='auto'` (0: "
-                f"the whole input at once). See `benchmarks/launches.py` for what is counted.\n\n"
+                f"runs); `kernels` = operations that are neither views nor bare allocations "
+                f"(each a launch on a GPU); `syncs` = those that read a result on the host "
+                f"(each drains a GPU's queue); `chunk_rows` = rows per recomputed group of "
+                f"`chunk_size='auto'` (0: the whole input at once). See "
+                f"`benchmarks/launches.py` for what is counted.\n\n"
                 f'## Growth with the graph\n\n'
                 + markdown_table(fits, ['aggr', 'kernel_slope', 'largest_over_smallest'])
                 + '\n## All counts\n\n'

@@ -71,3 +71,30 @@ def test_run_writes_counts_and_slopes_and_leaves_pyg_out_above_its_limit(launche
                                           (['--dim', '-1'], '--dim')])
 def test_options_are_checked(argv, needle, monkeypatch, capsys):
     usage_error('launches', argv, monkeypatch, capsys, needle)
+
+
+def test_presets_are_counted_and_joined_to_the_gpu_times_of_the_same_batch(launches, tmp_path):
+    gpu = tmp_path / 'gpu.json'
+    gpu.write_text(json.dumps(dict(
+        environment=dict(command='python benchmarks/training_step.py --device cuda'),
+        config=dict(clouds=2, points=16),
+        rows=[dict(model='rigid', infer_s=0.002), dict(model='mz', infer_s=0.006)])))
+    launches.main(['--presets', 'rigid,mz', '--clouds', '2', '--points', '16',
+                   '--gpu-results', str(gpu), '--out', str(tmp_path / 'out')])
+    data = json.loads((tmp_path / 'out' / 'launches_presets.json').read_text())
+    rigid, mz = data['rows']
+    for row in (rigid, mz):
+        assert 0 < row['infer_kernels'] < row['train_kernels'] <= row['train_ops']
+        assert row['gpu_us_per_infer_kernel'] == pytest.approx(
+            1e3 * row['gpu_infer_ms'] / row['infer_kernels'])
+    assert mz['infer_kernels'] > rigid['infer_kernels']  # the generator channel's work
+    assert mz['infer kernels / rigid'] == pytest.approx(
+        mz['infer_kernels'] / rigid['infer_kernels'])
+    assert mz['gpu infer / rigid'] == pytest.approx(3.0)
+    markdown = (tmp_path / 'out' / 'launches_presets.md').read_text()
+    assert 'training_step.py --device cuda' in markdown
+    # another batch on the GPU: no times joined
+    launches.main(['--presets', 'rigid', '--clouds', '3', '--points', '16',
+                   '--gpu-results', str(gpu), '--out', str(tmp_path / 'other')])
+    (row,) = json.loads((tmp_path / 'other' / 'launches_presets.json').read_text())['rows']
+    assert 'gpu_infer_ms' not in row and row['infer kernels / rigid'] == 1.0
