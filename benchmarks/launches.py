@@ -188,12 +188,16 @@ def join_gpu_inference(rows: List[Dict], path: str) -> Optional[str]:
     file or it measured another batch."""
     if not os.path.exists(path):
         return None
-    with open(path) as f:
-        data = json.load(f)
-    config = data.get('config', {})
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        config = data['config']
+        by = {r['model']: r for r in data['rows']}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f'not reading GPU times from {path} (unreadable: {type(e).__name__}: {e})')
+        return None
     if (config.get('clouds'), config.get('points')) != (rows[0]['clouds'], rows[0]['points']):
         return None
-    by = {r['model']: r for r in data['rows']}
     for row in rows:
         gpu = by.get(row['model'])
         if gpu and gpu.get('infer_s'):

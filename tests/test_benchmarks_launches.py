@@ -98,3 +98,13 @@ def test_presets_are_counted_and_joined_to_the_gpu_times_of_the_same_batch(launc
                    '--gpu-results', str(gpu), '--out', str(tmp_path / 'other')])
     (row,) = json.loads((tmp_path / 'other' / 'launches_presets.json').read_text())['rows']
     assert 'gpu_infer_ms' not in row and row['infer kernels / rigid'] == 1.0
+
+
+def test_an_unreadable_gpu_file_leaves_the_counts_alone(launches, tmp_path, capsys):
+    rows = [dict(model='rigid', clouds=2, points=16, infer_kernels=10)]
+    for text in ('{not json', '{"rows": []}', '[1, 2]'):
+        bad = tmp_path / 'gpu.json'
+        bad.write_text(text)
+        assert launches.join_gpu_inference(rows, str(bad)) is None
+        assert 'unreadable' in capsys.readouterr().out
+    assert rows == [dict(model='rigid', clouds=2, points=16, infer_kernels=10)]
