@@ -42,8 +42,9 @@ timeout 60 $PY -m pytest -q -p no:cacheprovider -p no:logging tests/nn/test_func
   -rs 2>&1 | tee "$OUT/cuda_tests.txt" || status=1
 echo '== message passing'
 # (--no-allocated: on a GPU the peak is the allocator's already; a fresh process per row;
-# rigid-whole and default-whole, on 10^4 and 10^5 nodes, time the whole graph at once against
-# chunk_size='auto''s recomputed groups, which multiply the kernel launches: launches.py)
+# rigid-whole on every graph and default-whole on 10^4 and 10^5 nodes time the whole graph at
+# once against chunk_size='auto''s recomputed groups, which multiply the kernel launches:
+# launches.py)
 timeout 270 $PY benchmarks/message_passing.py --device cuda --nodes 1000,10000,100000 --dims 64 \
   --degrees poisson --aggrs pyg,rigid,rigid-whole,default,default-whole --ckpt-dims 64 \
   --ckpt-min-nodes 10000 --graphconv-nodes 0 --repeats 5 --timeout 60 --no-allocated \

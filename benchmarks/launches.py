@@ -59,7 +59,7 @@ import training_step as ts  # noqa: E402  (the point-cloud batch and presets of 
 from torch_mz.models import PRESETS as MODEL_PRESETS  # noqa: E402
 from torch_mz.nn import set_fused_kernels  # noqa: E402
 from torch_mz.study import (choice_list, environment, int_list, markdown_table,  # noqa: E402
-                            positive_int, pyplot, try_plot, write_results)
+                            positive_float, positive_int, pyplot, try_plot, write_results)
 
 NAME = 'launches'
 PRESETS_NAME = 'launches_presets'
@@ -151,9 +151,13 @@ def count_one(nodes: int, aggr: str, dim: int, degrees: str, seed: int = 0) -> D
 def count_preset(name: str, clouds: int, points: int, radius: float = 0.25) -> Dict:
     r"""One row of ``--presets``: the operations of one training step of preset :obj:`name`
     without the optimizer (forward, cross-entropy, backward) and of one inference call, on the
-    batch of ``training_step.make_batch(clouds, points)``, each after one uncounted call."""
+    batch of ``training_step.make_batch(clouds, points)`` (EGNN on a radius graph of
+    :obj:`radius`), each after one uncounted call, on one thread with the compiled generator
+    kernels off (what a GPU runs)."""
     import torch.nn.functional as F
     from torch_geometric.data import Batch, Data
+    torch.set_num_threads(1)
+    set_fused_kernels(False)
     pos, batch, y = ts.make_batch(clouds, points)
     model = ts.build(name, radius)
     data = Batch.from_data_list([Data(x=pos[batch == i]) for i in range(clouds)])
@@ -172,7 +176,7 @@ def count_preset(name: str, clouds: int, points: int, radius: float = 0.25) -> D
         with torch.no_grad():
             forward()
 
-    row = dict(model=name, clouds=clouds, points=points)
+    row = dict(model=name, clouds=clouds, points=points, egnn_radius=radius)
     for label, fn in (('train', train), ('infer', infer)):
         fn()
         counter = count_ops(fn)
@@ -181,40 +185,58 @@ def count_preset(name: str, clouds: int, points: int, radius: float = 0.25) -> D
     return row
 
 
-def join_gpu_inference(rows: List[Dict], path: str) -> Optional[str]:
-    r"""Adds to each row of ``--presets`` the GPU inference time of the same preset and batch
-    from the ``training_step.py`` results at :obj:`path` (``gpu_infer_ms``) and the microseconds
-    per inference kernel; returns the file's command, or :obj:`None` where there is no such
-    file or it measured another batch."""
+def join_gpu_inference(rows: List[Dict], path: str, counted_with: str = '') -> str:
+    r"""Adds to each row of ``--presets`` the GPU inference time of the same preset, batch and
+    EGNN radius from the ``training_step.py`` results at :obj:`path` (``gpu_infer_ms``), the
+    microseconds per inference kernel counted here (a ratio of a GPU time to a CPU count, not
+    a profile) and the ratio to ``rigid``. Returns a sentence for the report: which file and
+    command were joined (with the code each was measured with, and :obj:`counted_with`, the
+    code of the counts), or why none was (no file, unreadable, not a GPU run, another batch)."""
+    shown = os.path.relpath(path)
     if not os.path.exists(path):
-        return None
+        return f'No GPU results joined: no {shown}.'
     try:
         with open(path) as f:
             data = json.load(f)
-        config = data['config']
+        config, environment = data['config'], data.get('environment') or {}
+        if not isinstance(config, dict) or not isinstance(environment, dict):
+            raise TypeError('config and environment must be objects')
         by = {r['model']: r for r in data['rows']}
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        print(f'not reading GPU times from {path} (unreadable: {type(e).__name__}: {e})')
-        return None
-    if (config.get('clouds'), config.get('points')) != (rows[0]['clouds'], rows[0]['points']):
-        return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        print(f'not reading GPU times from {shown} (unreadable: {type(e).__name__}: {e})')
+        return f'No GPU results joined: {shown} is unreadable.'
+    if config.get('device') != 'cuda':
+        return f"No GPU results joined: {shown} was measured on {config.get('device')!r}."
+    ours = (rows[0]['clouds'], rows[0]['points'], rows[0]['egnn_radius'])
+    theirs = (config.get('clouds'), config.get('points'), config.get('egnn_radius'))
+    if theirs != ours:
+        return (f'No GPU results joined: {shown} measured (clouds, points, EGNN radius) '
+                f'{theirs}, these counts {ours}.')
+    joined = 0
     for row in rows:
-        gpu = by.get(row['model'])
-        if gpu and gpu.get('infer_s'):
-            row['gpu_infer_ms'] = 1e3 * gpu['infer_s']
-            row['gpu_us_per_infer_kernel'] = 1e6 * gpu['infer_s'] / row['infer_kernels']
+        infer_s = (by.get(row['model']) or {}).get('infer_s')
+        if isinstance(infer_s, (int, float)) and infer_s > 0:
+            row['gpu_infer_ms'] = 1e3 * infer_s
+            row['gpu_us_per_infer_kernel'] = 1e6 * infer_s / row['infer_kernels']
+            joined += 1
     base = next((r for r in rows if r['model'] == 'rigid'), None)
     for row in rows:
         if base is not None and row.get('gpu_infer_ms') and base.get('gpu_infer_ms'):
             row['gpu infer / rigid'] = row['gpu_infer_ms'] / base['gpu_infer_ms']
-    return data.get('environment', {}).get('command')
+    if not joined:
+        return f'No GPU results joined: {shown} has no inference time of these presets.'
+    return (f"`gpu_infer_ms`: the median inference call on the GPU from `{shown}` (torch "
+            f"{environment.get('torch')}, torch_mz {environment.get('torch_mz_commit')}), "
+            f"measured by `{environment.get('command')}`; these counts: {counted_with}. Per "
+            f"kernel: that time over the inference kernels counted here (a ratio, not a "
+            f"profile; the GPU's attention kernels differ from the CPU's).")
 
 
 def run_presets(args: argparse.Namespace) -> None:
     start = time.time()
     rows = []
     for name in args.presets:
-        row = count_preset(name, args.clouds, args.points)
+        row = count_preset(name, args.clouds, args.points, args.egnn_radius)
         rows.append(row)
         print(f"{name:9s} train {row['train_kernels']:6d} kernels {row['train_syncs']:4d} "
               f"syncs  inference {row['infer_kernels']:6d} kernels {row['infer_syncs']:4d} "
@@ -223,17 +245,13 @@ def run_presets(args: argparse.Namespace) -> None:
     if base is not None:
         for row in rows:
             row['infer kernels / rigid'] = row['infer_kernels'] / base['infer_kernels']
-    gpu_command = join_gpu_inference(rows, args.gpu_results)
     env = environment()
+    gpu_note = join_gpu_inference(
+        rows, args.gpu_results, f"torch {env['torch']}, torch_mz {env.get('torch_mz_commit')}")
     minutes = (time.time() - start) / 60
     cols = ['model', 'train_ops', 'train_kernels', 'train_syncs', 'infer_ops', 'infer_kernels',
             'infer_syncs', 'infer kernels / rigid', 'gpu_infer_ms', 'gpu infer / rigid',
             'gpu_us_per_infer_kernel']
-    gpu_note = (f"`gpu_infer_ms`: the median inference call on the GPU from "
-                f"`{os.path.relpath(args.gpu_results, os.path.dirname(args.out))}`, measured "
-                f"by `{gpu_command}`; per kernel: that time over the inference kernels counted "
-                f"here (torch and the GPU's attention kernels differ there; a ratio, not a "
-                f"profile)." if gpu_command else 'No GPU results for this batch were found.')
     markdown = (f'# Operations dispatched by the point-cloud presets, {args.clouds} clouds x '
                 f'{args.points} points\n\n'
                 f"Command: `{env['command']}`  \n"
@@ -244,8 +262,10 @@ def run_presets(args: argparse.Namespace) -> None:
                 f"syncs = host reads of a device result (a lower bound). {gpu_note}\n\n"
                 + markdown_table(rows, cols))
     write_results(args.out, PRESETS_NAME, dict(environment=env, config=vars(args),
-                                               minutes=minutes, rows=rows), markdown)
+                                               minutes=minutes, rows=rows,
+                                               gpu_note=gpu_note), markdown)
     print(markdown_table(rows, cols))
+    print(gpu_note)
     print(f'wrote {args.out}/{PRESETS_NAME}.json, .md')
 
 
@@ -298,6 +318,8 @@ def main(argv: Optional[List[str]] = None) -> None:
                              f'<out>/{PRESETS_NAME}.json, .md')
     parser.add_argument('--clouds', type=positive_int, default=32)
     parser.add_argument('--points', type=positive_int, default=1024)
+    parser.add_argument('--egnn-radius', type=positive_float, default=0.25,
+                        help="EGNN's radius graph in --presets (training_step.py's default)")
     parser.add_argument('--gpu-results', default=GPU_TRAINING_STEP,
                         help="training_step.py's results on a GPU, for the inference times "
                              'beside the counts of --presets (default: %(default)s)')

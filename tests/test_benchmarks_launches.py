@@ -73,38 +73,59 @@ def test_options_are_checked(argv, needle, monkeypatch, capsys):
     usage_error('launches', argv, monkeypatch, capsys, needle)
 
 
-def test_presets_are_counted_and_joined_to_the_gpu_times_of_the_same_batch(launches, tmp_path):
-    gpu = tmp_path / 'gpu.json'
-    gpu.write_text(json.dumps(dict(
-        environment=dict(command='python benchmarks/training_step.py --device cuda'),
-        config=dict(clouds=2, points=16),
+def _gpu_file(path, **config):
+    path.write_text(json.dumps(dict(
+        environment=dict(command='python benchmarks/training_step.py --device cuda',
+                         torch='2.11.0+cu130', torch_mz_commit='abc'),
+        config=dict(dict(clouds=2, points=16, egnn_radius=0.25, device='cuda'), **config),
         rows=[dict(model='rigid', infer_s=0.002), dict(model='mz', infer_s=0.006)])))
+    return path
+
+
+def test_presets_are_counted_and_joined_to_the_gpu_times_of_the_same_batch(launches, tmp_path):
+    gpu = _gpu_file(tmp_path / 'gpu.json')
     launches.main(['--presets', 'rigid,mz', '--clouds', '2', '--points', '16',
                    '--gpu-results', str(gpu), '--out', str(tmp_path / 'out')])
     data = json.loads((tmp_path / 'out' / 'launches_presets.json').read_text())
     rigid, mz = data['rows']
-    for row in (rigid, mz):
+    for row, ms in ((rigid, 2.0), (mz, 6.0)):
         assert 0 < row['infer_kernels'] < row['train_kernels'] <= row['train_ops']
-        assert row['gpu_us_per_infer_kernel'] == pytest.approx(
-            1e3 * row['gpu_infer_ms'] / row['infer_kernels'])
+        assert row['gpu_infer_ms'] == pytest.approx(ms)
+        assert row['gpu_us_per_infer_kernel'] == pytest.approx(1e3 * ms / row['infer_kernels'])
     assert mz['infer_kernels'] > rigid['infer_kernels']  # the generator channel's work
     assert mz['infer kernels / rigid'] == pytest.approx(
         mz['infer_kernels'] / rigid['infer_kernels'])
     assert mz['gpu infer / rigid'] == pytest.approx(3.0)
     markdown = (tmp_path / 'out' / 'launches_presets.md').read_text()
-    assert 'training_step.py --device cuda' in markdown
-    # another batch on the GPU: no times joined
-    launches.main(['--presets', 'rigid', '--clouds', '3', '--points', '16',
-                   '--gpu-results', str(gpu), '--out', str(tmp_path / 'other')])
-    (row,) = json.loads((tmp_path / 'other' / 'launches_presets.json').read_text())['rows']
-    assert 'gpu_infer_ms' not in row and row['infer kernels / rigid'] == 1.0
+    assert 'training_step.py --device cuda' in markdown and 'torch_mz abc' in markdown
+    # the counts do not depend on what ran before (compiled kernels, threads: set inside)
+    assert launches.count_preset('rigid', 2, 16) == {
+        k: v for k, v in rigid.items() if not k.startswith(('gpu', 'infer kernels'))}
+
+
+@pytest.mark.parametrize('config, why', [(dict(clouds=3), 'measured (clouds, points'),
+                                         (dict(egnn_radius=0.5), 'EGNN radius'),
+                                         (dict(device='cpu'), "measured on 'cpu'")])
+def test_gpu_times_of_another_batch_or_device_are_not_joined(launches, tmp_path, config, why):
+    gpu = _gpu_file(tmp_path / 'gpu.json', **config)
+    rows = [dict(model='rigid', clouds=2, points=16, egnn_radius=0.25, infer_kernels=10)]
+    note = launches.join_gpu_inference(rows, str(gpu))
+    assert note.startswith('No GPU results joined') and why in note
+    assert 'gpu_infer_ms' not in rows[0]
 
 
 def test_an_unreadable_gpu_file_leaves_the_counts_alone(launches, tmp_path, capsys):
-    rows = [dict(model='rigid', clouds=2, points=16, infer_kernels=10)]
-    for text in ('{not json', '{"rows": []}', '[1, 2]'):
+    rows = [dict(model='rigid', clouds=2, points=16, egnn_radius=0.25, infer_kernels=10)]
+    for text in ('{not json', '{"rows": []}', '[1, 2]', '{"config": null, "rows": []}',
+                 '{"config": {}, "environment": null, "rows": [1]}'):
         bad = tmp_path / 'gpu.json'
         bad.write_text(text)
-        assert launches.join_gpu_inference(rows, str(bad)) is None
+        assert 'unreadable' in launches.join_gpu_inference(rows, str(bad))
         assert 'unreadable' in capsys.readouterr().out
-    assert rows == [dict(model='rigid', clouds=2, points=16, infer_kernels=10)]
+    bad.write_text(json.dumps(dict(config=dict(clouds=2, points=16, egnn_radius=0.25,
+                                               device='cuda'),
+                                   rows=[dict(model='rigid', infer_s='fast')])))
+    assert 'no inference time' in launches.join_gpu_inference(rows, str(bad))
+    assert 'no ' in launches.join_gpu_inference(rows, str(tmp_path / 'missing.json'))
+    assert rows == [dict(model='rigid', clouds=2, points=16, egnn_radius=0.25,
+                         infer_kernels=10)]

@@ -233,7 +233,7 @@ class MZAggregation(Aggregation):
             forward hooks on submodules run once per group, and again in the backward pass
             where groups are recomputed; a :func:`torch.jit.trace` of a grouped input keeps
             that input's group bounds (trace with ``chunk_size=None``). The group budget is
-            sized for a CPU's memory: on a GPU each group adds a few hundred kernel launches
+            sized for a CPU's memory: on a GPU each group adds about a thousand kernel launches
             and host synchronisations (``benchmarks/launches.py``: ``value='rigid',
             num_generators=0`` dispatches 33,696 kernels on 10^5 nodes and 10^6 edges at
             d = 64 in groups, 726 at once), which made it 7.5x PyG's time there on one H200
