@@ -6,9 +6,10 @@ On one H200 (``benchmarks/results/gpu/``) PyG's ``SetTransformerAggregation`` to
 149 ms on Poisson graphs of 10^3, 10^4 and 10^5 nodes (d = 64) and ``rigid`` 27, 164 and 1,117
 ms, about 33-57 us per kernel counted here across a 200-fold range of counts (an observation
 from the two files, not a profile). This script counts, on the CPU, the ATen operations one
-``SAGEConv`` call and its backward pass dispatch. The count depends on the graph, the code and
-the library versions, not on the clock (the committed run: torch 2.13 on the CPU; the GPU run
-had torch 2.11, and a GPU takes other attention kernels for some calls):
+``SAGEConv`` call and its backward pass dispatch (:func:`torch_mz.study.traffic.count_ops`).
+The count depends on the graph, the code and the library versions, not on the clock (the
+committed run: torch 2.13 on the CPU; the GPU run had torch 2.11, and a GPU takes other
+attention kernels for some calls):
 
 * ``ops``: every ATen operation (``TorchDispatchMode`` sees each once; composite operations are
   counted as the operations they decompose into);
@@ -45,12 +46,9 @@ import json
 import os
 import sys
 import time
-from collections import Counter
-from typing import Callable, Dict, List, Optional
+from typing import Dict, List, Optional
 
-import numpy as np
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import message_passing as mp  # noqa: E402  (the graphs and aggregations of that benchmark)
@@ -60,63 +58,13 @@ from torch_mz.models import PRESETS as MODEL_PRESETS  # noqa: E402
 from torch_mz.nn import set_fused_kernels  # noqa: E402
 from torch_mz.study import (choice_list, environment, int_list, markdown_table,  # noqa: E402
                             positive_float, positive_int, pyplot, try_plot, write_results)
+from torch_mz.study.traffic import count_ops  # noqa: E402
 
 NAME = 'launches'
 PRESETS_NAME = 'launches_presets'
 DEFAULT_AGGRS = ('pyg', 'pyg-flat', 'rigid', 'rigid-whole', 'default')
 GPU_TRAINING_STEP = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'results', 'gpu',
                                  'training_step', 'training_step.json')
-
-
-#: Operations that return a view without saying so in their schema.
-UNANNOTATED_VIEWS = frozenset({'_unsafe_view'})
-#: Operations that only reserve memory (no kernel).
-ALLOCATIONS = frozenset({'empty', 'empty_like', 'new_empty', 'empty_strided'})
-#: Operations that read a device result on the host (see the module's docstring;
-#: ``repeat_interleave`` only without ``output_size``).
-SYNC_OPS = frozenset({'_local_scalar_dense', 'nonzero', '_unique2', 'unique_consecutive',
-                      'unique_dim', 'bincount', 'repeat_interleave'})
-
-
-def _is_view(func) -> bool:
-    r"""Whether the ATen operation :obj:`func` returns a view of an input (an alias that is not
-    written to): such operations only make a new tensor header and launch no kernel."""
-    if func.overloadpacket.__name__ in UNANNOTATED_VIEWS:
-        return True
-    returns = func._schema.returns
-    return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write
-                                 for r in returns)
-
-
-class OpCounter(TorchDispatchMode):
-    r"""Counts the ATen operations dispatched while it is active, each once: :attr:`ops` all of
-    them, :attr:`kernels` those that are neither views nor bare allocations, :attr:`syncs`
-    those that read a result on the host (:data:`SYNC_OPS`), :attr:`by_name` the kernels by
-    name."""
-    def __init__(self):
-        super().__init__()
-        self.ops = 0
-        self.kernels = 0
-        self.syncs = 0
-        self.by_name: Counter = Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops += 1
-        name = func.overloadpacket.__name__
-        if not _is_view(func) and name not in ALLOCATIONS:
-            self.kernels += 1
-            self.syncs += name in SYNC_OPS and not (
-                name == 'repeat_interleave' and (kwargs or {}).get('output_size') is not None)
-            self.by_name[name] += 1
-        return func(*args, **(kwargs or {}))
-
-
-def count_ops(fn: Callable[[], None]) -> OpCounter:
-    r"""The operations one call of :obj:`fn` dispatches (the backward pass included when
-    :obj:`fn` runs it: autograd's engine dispatches under the same mode)."""
-    with OpCounter() as counter:
-        fn()
-    return counter
 
 
 def count_one(nodes: int, aggr: str, dim: int, degrees: str, seed: int = 0) -> Dict:
@@ -270,16 +218,15 @@ def run_presets(args: argparse.Namespace) -> None:
 
 
 def slopes(rows: List[Dict]) -> List[Dict]:
-    r"""Per aggregation: the least-squares slope of log(kernels) against log(nodes + edges), and
-    the kernels on the largest graph over those on the smallest."""
+    r"""Per aggregation: the least-squares slope of log(kernels) against log(nodes + edges)
+    (``message_passing.fit_slope``), and the kernels on the largest graph over those on the
+    smallest."""
     out = []
     for aggr in dict.fromkeys(r['aggr'] for r in rows):
         sel = sorted((r for r in rows if r['aggr'] == aggr), key=lambda r: r['nodes'])
         if len(sel) < 2:
             continue
-        xs = np.log([r['nodes'] + r['edges'] for r in sel])
-        ys = np.log([r['kernels'] for r in sel])
-        out.append(dict(aggr=aggr, kernel_slope=float(np.polyfit(xs, ys, 1)[0]),
+        out.append(dict(aggr=aggr, kernel_slope=mp.fit_slope(sel, 'kernels'),
                         largest_over_smallest=sel[-1]['kernels'] / sel[0]['kernels']))
     return out
 

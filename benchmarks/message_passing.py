@@ -41,8 +41,8 @@ hold. Ratios are taken between medians of the same run. Aggregations:
   graphs as ``default-ckpt``,
 * ``rigid-whole``: ``rigid`` with ``chunk_size=None``, the whole input at once, on every graph:
   against ``rigid`` the cost of the recomputed groups that ``chunk_size='auto'`` takes on graphs
-  of more than 2 x 2^21 / d edges (on a GPU, where each group's thousand or so kernel launches
-  weigh more than on a CPU core, and memory is rarely what binds),
+  of more than 2 x 2^21 / d edges (on a GPU each group adds about a thousand kernel launches,
+  ``benchmarks/launches.py``, and the groups are small against its memory),
 * ``default-eager``: the same with the eager functions only (``set_fused_kernels(False)``),
 * ``default-fused``: the same with the compiled kernels for every input
   (``set_fused_kernels(True)``),

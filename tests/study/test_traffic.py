@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from torch_mz.study.traffic import count_bytes, memory_bandwidth, tensor_bytes
+from torch_mz.study.traffic import (_is_view, count_bytes, count_ops, memory_bandwidth,
+                                    tensor_bytes)
 
 
 def test_bytes_of_elementwise_views_and_in_place_ops():
@@ -44,3 +45,26 @@ def test_memory_bandwidth_measures_the_device_asked_for(device, monkeypatch):
     bw = memory_bandwidth(mib=8, repeats=2, device=torch.device(device))
     assert seen and set(seen) == {device}
     assert 1e8 < bw < 1e14
+
+
+def test_counter_counts_each_operation_once_and_views_as_no_kernel():
+    a, b = torch.randn(4, 3), torch.randn(4, 3)
+    counter = count_ops(lambda: (a + b).view(-1).t().sum())
+    # add, sum: kernels; view and t: views (no kernel)
+    assert (counter.ops, counter.kernels) == (4, 2)
+    assert counter.by_name == {'add': 1, 'sum': 1}
+    x = torch.randn(5, requires_grad=True)
+    both = count_ops(lambda: (x * 2).sum().backward())
+    forward = count_ops(lambda: (x * 2).sum())
+    assert both.kernels > forward.kernels  # the backward pass is counted too
+    assert _is_view(torch.ops.aten.transpose.int)
+    assert _is_view(torch.ops.aten._unsafe_view.default)  # unannotated, still a view
+    assert not _is_view(torch.ops.aten.add_.Tensor)  # writes its input: a kernel
+    assert count_ops(lambda: torch.empty(3)).kernels == 0  # an allocation only
+    t = torch.tensor([0, 3, 0, 2])
+    syncs = count_ops(lambda: (int(t.sum()), t.nonzero(), bool((t > 1).any()),
+                                        torch.bincount(t)))
+    assert syncs.syncs == 4 and syncs.by_name['_local_scalar_dense'] == 2
+    # repeat_interleave reads its output size on the host unless it is given
+    assert count_ops(lambda: torch.repeat_interleave(t)).syncs == 1
+    assert count_ops(lambda: torch.repeat_interleave(t, output_size=5)).syncs == 0

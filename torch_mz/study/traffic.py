@@ -7,9 +7,16 @@ matmul peak (:func:`~torch_mz.study.measure.matmul_peak_flops`) and the bytes it
 in-place update), the bytes of its tensor inputs and outputs; views cost nothing, a broadcast
 (stride 0) input counts its distinct elements once. It assumes no cache reuse between operators,
 so it is an upper estimate of the traffic (an unfused estimate: what eager PyTorch moves).
+
+:func:`count_ops` counts the operations themselves (:class:`OpCounter`): every ATen operation,
+the kernels among them (neither views nor bare allocations: each a launch on a GPU, where a
+launch has a cost of its own whatever the size of its tensors) and the host synchronisations
+(reads of a device result), the floor under the time of small work on a GPU
+(``benchmarks/launches.py``).
 """
 import math
 import time
+from collections import Counter
 from typing import Callable, Optional
 
 import torch
@@ -73,3 +80,56 @@ def memory_bandwidth(mib: int = 256, repeats: int = 5,
         sync()
         best = min(best, time.perf_counter() - start)
     return 2 * a.numel() * a.element_size() / best
+
+
+#: Operations that return a view without saying so in their schema.
+UNANNOTATED_VIEWS = frozenset({'_unsafe_view'})
+#: Operations that only reserve memory (no kernel).
+ALLOCATIONS = frozenset({'empty', 'empty_like', 'new_empty', 'empty_strided'})
+#: Operations that read a device result on the host (``int(t)``, ``bool(t)``, ``t.item()``;
+#: output sizes the host must know; ``repeat_interleave`` only without ``output_size``).
+#: ``.tolist()`` of a CPU tensor dispatches nothing (on a GPU it is one more copy to the host), so
+#: the count is a lower bound.
+SYNC_OPS = frozenset({'_local_scalar_dense', 'nonzero', '_unique2', 'unique_consecutive',
+                      'unique_dim', 'bincount', 'repeat_interleave'})
+
+
+def _is_view(func) -> bool:
+    r"""Whether the ATen operation :obj:`func` returns a view of an input (an alias that is not
+    written to): such operations only make a new tensor header and launch no kernel."""
+    if func.overloadpacket.__name__ in UNANNOTATED_VIEWS:
+        return True
+    returns = func._schema.returns
+    return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write
+                                 for r in returns)
+
+
+class OpCounter(TorchDispatchMode):
+    r"""Counts the ATen operations dispatched while it is active, each once: :attr:`ops` all of
+    them, :attr:`kernels` those that are neither views nor bare allocations, :attr:`syncs`
+    those that read a result on the host (:data:`SYNC_OPS`), :attr:`by_name` the kernels by
+    name."""
+    def __init__(self):
+        super().__init__()
+        self.ops = 0
+        self.kernels = 0
+        self.syncs = 0
+        self.by_name: Counter = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        name = func.overloadpacket.__name__
+        if not _is_view(func) and name not in ALLOCATIONS:
+            self.kernels += 1
+            self.syncs += name in SYNC_OPS and not (
+                name == 'repeat_interleave' and (kwargs or {}).get('output_size') is not None)
+            self.by_name[name] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count_ops(fn: Callable[[], None]) -> OpCounter:
+    r"""The operations one call of :obj:`fn` dispatches (the backward pass included when
+    :obj:`fn` runs it: autograd's engine dispatches under the same mode)."""
+    with OpCounter() as counter:
+        fn()
+    return counter
