@@ -2,7 +2,7 @@
 # One command for a machine with an NVIDIA GPU: the CUDA tests and the three operator benchmarks
 # on the GPU, each step under its own time limit (8.5 minutes in all; on one H200, 2026-12-04,
 # the tests took 0.4 minutes, 12 message-passing rows with the allocator figure 3.4 minutes over
-# two calls, the training step 1.1 with --repeats 3; this configuration, with 14
+# two calls, the training step 1.1 with --repeats 3; this configuration, with 13
 # message-passing rows, has not run yet), results under $OUT (default
 # benchmarks/results/gpu/): gpu_check.log (all output), cuda_tests.txt, and JSON + Markdown +
 # PNG per benchmark. benchmarks/results/gpu/README.md says what the last run found.
@@ -15,9 +15,10 @@
 # hold the same tables), or pack $OUT into one archive afterwards.
 #
 # Sizes are cut to fit the time: message passing up to 10^5 nodes at d = 64 (Poisson degrees;
-# rigid-whole and default-whole beside rigid and the default: the whole graph at once against
-# chunk_size='auto''s recomputed groups; PyG's blocks on the flat layout, pyg-flat, ran in the
-# first check), the point-cloud training step of the presets at 32 x 1,024 points, and speed.py's
+# rigid-chunks and default-chunks beside rigid and the default: chunk_size='auto' on a GPU takes
+# groups sized by its memory, the whole graph on one H200, against the CPU's recomputed groups of
+# 32,768 rows that it took in the first check; PyG's blocks on the flat layout, pyg-flat, ran in
+# the first check), the point-cloud training step of the presets at 32 x 1,024 points, and speed.py's
 # batches. The message-passing step writes a partial report as it goes (complete it with the
 # same command plus --resume); the other steps write their files at their end, so one cut off
 # by its time limit writes nothing.
@@ -42,11 +43,10 @@ timeout 60 $PY -m pytest -q -p no:cacheprovider -p no:logging tests/nn/test_func
   -rs 2>&1 | tee "$OUT/cuda_tests.txt" || status=1
 echo '== message passing'
 # (--no-allocated: on a GPU the peak is the allocator's already; a fresh process per row;
-# rigid-whole on every graph and default-whole on 10^4 and 10^5 nodes time the whole graph at
-# once against chunk_size='auto''s recomputed groups, which multiply the kernel launches:
-# launches.py)
+# rigid-chunks and default-chunks on 10^4 and 10^5 nodes time the CPU's recomputed groups,
+# which multiply the kernel launches (launches.py), against chunk_size='auto' on this GPU)
 timeout 270 $PY benchmarks/message_passing.py --device cuda --nodes 1000,10000,100000 --dims 64 \
-  --degrees poisson --aggrs pyg,rigid,rigid-whole,default,default-whole --ckpt-dims 64 \
+  --degrees poisson --aggrs pyg,rigid,rigid-chunks,default,default-chunks --ckpt-dims 64 \
   --ckpt-min-nodes 10000 --graphconv-nodes 0 --repeats 5 --timeout 60 --no-allocated \
   --out "$OUT/message_passing" || status=1
 echo '== point-cloud training step'

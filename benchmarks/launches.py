@@ -19,10 +19,16 @@ attention kernels for some calls):
   nothing on a GPU;
 * ``syncs``: the operations among them that read a device result on the host
   (``_local_scalar_dense``, which ``int(t)``, ``bool(t)`` and ``t.item()`` dispatch;
-  ``nonzero``, ``unique``, ``bincount`` and ``repeat_interleave`` without ``output_size``, whose
-  output size the host must know): on a GPU each drains the queue of launched kernels before
-  the host can go on. ``.tolist()`` of a CPU tensor dispatches nothing (on a GPU it is a copy to
-  the host, one more sync), so this is a lower bound;
+  ``equal``, ``torch.equal``'s Python bool; ``nonzero``, ``unique``, ``bincount`` and
+  ``repeat_interleave`` without ``output_size``, whose output size the host must know): on a
+  GPU each drains the queue of launched kernels before the host can go on. ``.tolist()`` of a
+  CPU tensor dispatches nothing (on a GPU it is a copy to the host, one more sync), so this is
+  a lower bound;
+* ``ops_new_graph``, ``kernels_new_graph``, ``syncs_new_graph``: the same on a graph seen for the
+  first time (the attention layouts cleared first,
+  :func:`torch_mz.nn.functional.clear_layout_cache`): the other columns count a call on the
+  graph of the call before (full-batch training; PyG passes a new view of ``edge_index[1]``
+  each time, and the layouts are found by value), these a new graph every step (mini-batches);
 * ``kernels_per_1k_edges`` and, per aggregation, the slope of log(kernels) against
   log(nodes + edges): 0 where the number of launches does not grow with the graph, 1 where it
   grows in proportion.
@@ -56,6 +62,7 @@ import training_step as ts  # noqa: E402  (the point-cloud batch and presets of 
 
 from torch_mz.models import PRESETS as MODEL_PRESETS  # noqa: E402
 from torch_mz.nn import set_fused_kernels  # noqa: E402
+from torch_mz.nn.functional import clear_layout_cache  # noqa: E402
 from torch_mz.study import (choice_list, environment, int_list, markdown_table,  # noqa: E402
                             positive_float, positive_int, pyplot, try_plot, write_results)
 from torch_mz.study.traffic import count_ops  # noqa: E402
@@ -83,14 +90,21 @@ def count_one(nodes: int, aggr: str, dim: int, degrees: str, seed: int = 0) -> D
 
     step()  # first call: caches and lazily built state, as in the timed benchmarks
     start = time.perf_counter()
-    counter = count_ops(step)
+    counter = count_ops(step)  # the same graph again: its attention layouts cached
     seconds = time.perf_counter() - start
+
+    def new_graph():  # a graph seen for the first time: every layout computed
+        clear_layout_cache()
+        step()
+
+    fresh = count_ops(new_graph)
     edges = int(edge_index.size(1))
     module = conv.aggr_module
     chunk_rows = (module._chunk_rows(edges) or 0) if hasattr(module, '_chunk_rows') else None
     return dict(degrees=degrees, dim=dim, nodes=nodes, edges=edges, aggr=aggr,
                 chunk_rows=chunk_rows, ops=counter.ops, kernels=counter.kernels,
-                syncs=counter.syncs,
+                syncs=counter.syncs, ops_new_graph=fresh.ops, kernels_new_graph=fresh.kernels,
+                syncs_new_graph=fresh.syncs,
                 kernels_per_1k_edges=1000 * counter.kernels / max(edges, 1),
                 top_kernels=', '.join(f'{n} {c}' for n, c in counter.by_name.most_common(5)),
                 seconds=seconds)
@@ -300,14 +314,17 @@ def main(argv: Optional[List[str]] = None) -> None:
                 f"runs); `kernels` = operations that are neither views nor bare allocations "
                 f"(each a launch on a GPU); `syncs` = those that read a result on the host "
                 f"(each drains a GPU's queue); `chunk_rows` = rows per recomputed group of "
-                f"`chunk_size='auto'` (0: the whole input at once). See "
+                f"`chunk_size='auto'` on the CPU (0: the whole input at once; on a CUDA device "
+                f"`'auto'` sizes its groups by the device's memory, and on one H200 every graph "
+                f"here runs at once, as `rigid-whole`). See "
                 f"`benchmarks/launches.py` for what is counted.\n\n"
                 f'## Growth with the graph\n\n'
                 + markdown_table(fits, ['aggr', 'kernel_slope', 'largest_over_smallest'])
                 + '\n## All counts\n\n'
                 + markdown_table(rows, ['degrees', 'dim', 'nodes', 'edges', 'aggr', 'chunk_rows',
-                                        'ops', 'kernels', 'syncs', 'kernels_per_1k_edges',
-                                        'top_kernels'])
+                                        'ops', 'kernels', 'syncs', 'ops_new_graph',
+                                        'kernels_new_graph', 'syncs_new_graph',
+                                        'kernels_per_1k_edges', 'top_kernels'])
                 + f'\n![plot]({NAME}.png)\n')
     write_results(args.out, NAME, dict(environment=env, config=vars(args), minutes=minutes,
                                        rows=rows, slopes=fits), markdown)

@@ -30,7 +30,10 @@ hold. Ratios are taken between medians of the same run. Aggregations:
   ``chunk_size='auto'`` became the default) graphs of more than two groups of 2^21 / d edges
   (262,144 at d = 16, 65,536 at d = 64; ``torch_mz.nn.aggr.auto_chunk_rows``) are encoded in
   groups of 2^21 / d recomputed in the backward pass, the configuration of ``default-chunks``
-  with ``--chunk-rows`` set to that group; rows of ``default`` on such graphs in results files
+  with ``--chunk-rows`` set to that group (on a CUDA device the groups scale with its memory,
+  ``auto_chunk_rows(d, device_memory)``: on one H200 every graph here runs at once; each row
+  records ``device_memory``, the device's bytes, null on the CPU; GPU rows written before
+  2026-12-04 took the CPU's groups); rows of ``default`` on such graphs in results files
   written before that change measured the whole input at once, and rows at d = 64 written
   before 2026-12-03 (when the groups were 131,072 rows at every width) the whole input or
   groups of 131,072 (``benchmarks/targets.py`` lists them as superseded; the same holds for
@@ -41,8 +44,9 @@ hold. Ratios are taken between medians of the same run. Aggregations:
   graphs as ``default-ckpt``,
 * ``rigid-whole``: ``rigid`` with ``chunk_size=None``, the whole input at once, on every graph:
   against ``rigid`` the cost of the recomputed groups that ``chunk_size='auto'`` takes on graphs
-  of more than 2 x 2^21 / d edges (on a GPU each group adds about a thousand kernel launches,
-  ``benchmarks/launches.py``, and the groups are small against its memory),
+  of more than 2 x 2^21 / d edges on the CPU (on a GPU each group adds about a thousand kernel
+  launches, ``benchmarks/launches.py``; there ``'auto'`` takes groups sized by the device's
+  memory, and ``rigid-chunks`` times the CPU's groups),
 * ``default-eager``: the same with the eager functions only (``set_fused_kernels(False)``),
 * ``default-fused``: the same with the compiled kernels for every input
   (``set_fused_kernels(True)``),
@@ -54,7 +58,8 @@ hold. Ratios are taken between medians of the same run. Aggregations:
   backward pass) on the whole input, on the same graphs as ``default-ckpt``,
 * ``default-chunks`` and ``rigid-chunks``: ``default`` and ``rigid`` with
   ``chunk_size=2^21 / d, checkpoint='chunks'`` (the groups of ``chunk_size='auto'`` at that
-  width, 131,072 edges at d = 16 and 32,768 at d = 64, each keeping only its input rows and run
+  width on the CPU, on any device, 131,072 edges at d = 16 and 32,768 at d = 64, each keeping
+  only its input rows and run
   again in the backward pass; ``--chunk-rows`` sets another group size; before 2026-12-03 the
   groups were 131,072 edges at every width), on the same graphs as ``default-ckpt``,
 * ``rigid-unfolded`` and ``default-unfolded``: ``rigid`` and ``default`` with
@@ -211,9 +216,10 @@ def run_one(cfg: dict) -> dict:
     aggr = conv.aggr_module
     chunk_rows = None
     if hasattr(aggr, '_chunk_rows'):  # MZAggregation: rows per group, 0 for the whole input
-        chunk_rows = aggr._chunk_rows(edge_index.size(1)) or 0
+        chunk_rows = aggr._chunk_rows(edge_index.size(1), device) or 0
+    from torch_mz.nn.aggr import device_memory
     return dict(cfg, edges=int(edge_index.size(1)), max_degree=int(deg.max()),
-                chunk_rows=chunk_rows,
+                chunk_rows=chunk_rows, device_memory=device_memory(device),
                 median_ms=1000 * float(np.median(times)), times_ms=[1000 * t for t in times],
                 peak_mib=None if peak is None else peak / 2**20,
                 alloc_mib=None if alloc is None else alloc / 2**20,

@@ -131,28 +131,64 @@ _BY_WIDTH = ("measured before `chunk_size='auto'` sized its groups by the token 
              "{now}")
 
 
-def auto_group(dim: int) -> int:
-    r"""The rows of one group of ``chunk_size='auto'`` at token width :obj:`dim`."""
-    return max(1, AUTO_ELEMENTS // dim)
+#: On a CUDA device of ``M`` bytes the group is ``M // (AUTO_GPU_BYTES * d)`` rows, no fewer
+#: than the CPU's (``torch_mz.nn.aggr.AUTO_GPU_BYTES_PER_ELEMENT``; the same test checks it).
+AUTO_GPU_BYTES = 2048
+_CPU_GROUPS_ON_GPU = ("measured on a GPU in the CPU's groups of {then:,} rows, before "
+                      "`chunk_size='auto'` scaled its groups with a CUDA device's memory "
+                      "(2026-12-04; the file does not record the device's memory): on a GPU of "
+                      "more than 4 GiB the default's groups are now larger (on one H200 this "
+                      "graph runs at once, the `rigid-whole` / `default-whole` configuration)")
 
 
-def auto_chunk(edges: int, dim: int) -> int:
+def auto_group(dim: int, device_memory: Optional[int] = None) -> int:
+    r"""The rows of one group of ``chunk_size='auto'`` at token width :obj:`dim`, on the CPU
+    or on a CUDA device of :obj:`device_memory` bytes."""
+    rows = max(1, AUTO_ELEMENTS // dim)
+    if device_memory is not None:
+        rows = max(rows, device_memory // (AUTO_GPU_BYTES * dim))
+    return rows
+
+
+def auto_chunk(edges: int, dim: int, device_memory: Optional[int] = None) -> int:
     r"""The group rows ``chunk_size='auto'`` takes for :obj:`edges` messages of width
-    :obj:`dim`, 0 for the whole input."""
-    group = auto_group(dim)
+    :obj:`dim` (on a CUDA device of :obj:`device_memory` bytes), 0 for the whole input."""
+    group = auto_group(dim, device_memory)
     return group if edges > 2 * group else 0
+
+
+def _on_gpu(r: Mapping[str, Any]) -> bool:
+    return str(r.get('device') or 'cpu').startswith('cuda')
+
+
+def auto_chunk_of(r: Mapping[str, Any]) -> Optional[int]:
+    r"""The group rows ``chunk_size='auto'`` now takes on the graph and device of row
+    :obj:`r` (0: at once), :obj:`None` where that is unknown: a GPU row that does not record
+    its device's memory (written before the groups scaled with it)."""
+    if _on_gpu(r) and r.get('device_memory') is None:
+        return None
+    return auto_chunk(r.get('edges', 0), r['dim'],
+                      r.get('device_memory') if _on_gpu(r) else None)
 
 
 def _mp_stale(r: Mapping[str, Any]) -> bool:
     r"""A ``rigid`` or ``default`` row measured in another configuration than the one these
     names run now (the whole input where the default now takes groups, or groups of another
-    size; a file without ``chunk_rows`` measured the whole input)."""
-    return (r['aggr'] in ('rigid', 'default')
-            and r.get('chunk_rows', 0) != auto_chunk(r.get('edges', 0), r['dim']))
+    size; a file without ``chunk_rows`` measured the whole input). A GPU row that does not
+    record its device's memory is stale where it took groups: they were the CPU's, smaller than
+    those of any GPU of more than 4 GiB."""
+    if r['aggr'] not in ('rigid', 'default'):
+        return False
+    group = auto_chunk_of(r)
+    if group is None:
+        return bool(r.get('chunk_rows', 0))
+    return r.get('chunk_rows', 0) != group
 
 
 def _stale_reason(r: Mapping[str, Any]) -> str:
-    group = auto_chunk(r.get('edges', 0), r['dim'])
+    group = auto_chunk_of(r)
+    if group is None:
+        return _CPU_GROUPS_ON_GPU.format(then=r['chunk_rows'])
     if 'chunk_rows' not in r and group == OLD_CHUNK_ROWS:  # the `-chunks` row is the default's
         return _WHOLE
     then = (f"groups of {r['chunk_rows']:,} rows" if r.get('chunk_rows')
@@ -203,7 +239,7 @@ def _mp_as(rows: Sequence[Mapping[str, Any]], name: str,
     for r in same:
         if r['aggr'] == name and not _mp_stale(r):
             return r
-    group = auto_chunk(graph.get('edges', 0), graph['dim'])
+    group = auto_chunk_of(same[0]) if same else None
     if name != 'pyg' and group:
         for r in same:  # only groups of the default's size (`--chunk-rows` may choose others)
             if r['aggr'] == f'{name}-chunks' and r.get(

@@ -173,3 +173,38 @@ def test_auto_rows_agree_with_the_library():
         aggr = MZAggregation(4, dim=dim, heads=1, num_generators=0, value='rigid')
         for edges in (2 * auto_chunk_rows(dim), 2 * auto_chunk_rows(dim) + 1):
             assert targets.auto_chunk(edges, dim) == (aggr._chunk_rows(edges) or 0)
+    # on a CUDA device the groups scale with its memory, as in the library
+    for memory in (2 ** 30, 2 ** 34, 141 * 2 ** 30):
+        for dim in (16, 64):
+            assert targets.auto_group(dim, memory) == auto_chunk_rows(dim, memory)
+
+
+def test_gpu_rows_in_the_cpus_groups_are_stale():
+    # a GPU row that took groups before they scaled with the device's memory (no
+    # `device_memory` in the row) is listed, not counted; one measured at once still counts,
+    # and a row that records its device's memory is judged by that device's groups
+    targets = load_script('targets')
+
+    def row(aggr, nodes, chunk_rows, **extra):
+        return dict(aggr=aggr, degrees='poisson', dim=64, nodes=nodes, edges=10 * nodes,
+                    conv='sage', device='cuda', chunk_rows=chunk_rows, **extra)
+    grouped = row('rigid', 10 ** 5, 32768)
+    assert targets._mp_stale(grouped)
+    assert "the CPU's groups of 32,768 rows" in targets._stale_reason(grouped)
+    assert not targets._mp_stale(row('rigid', 1000, 0))
+    assert not targets._mp_stale(row('rigid-chunks', 10 ** 5, 32768))  # asked for by name
+    h200 = 141 * 2 ** 30
+    assert not targets._mp_stale(row('default', 10 ** 5, 0, device_memory=h200))
+    assert targets._mp_stale(row('default', 10 ** 5, 32768, device_memory=h200))
+    small = 2 ** 34  # 16 GiB: groups of 131,072 rows at d = 64
+    assert not targets._mp_stale(row('default', 10 ** 5, 131072, device_memory=small))
+    assert targets.auto_chunk_of(row('default', 10 ** 5, 0)) is None
+    assert targets.auto_chunk_of(dict(row('default', 10 ** 5, 0), device='cpu')) == 32768
+    data = {'gpu_message_passing': dict(rows=[
+        dict(row('pyg', 10 ** 5, None), median_ms=100.0, peak_mib=1000.0),
+        dict(grouped, median_ms=700.0, peak_mib=50.0),
+        dict(row('rigid-chunks', 10 ** 5, 32768), median_ms=700.0, peak_mib=50.0)])}
+    left_out = targets.superseded(data)
+    assert ('gpu_message_passing', 'rigid, poisson, d=64, 100000 nodes, sage') in left_out
+    r = {t['key']: t for t in targets.evaluate(data)}
+    assert r['mp-time']['measured'] == 0  # neither the stale row nor the CPU's groups stand in

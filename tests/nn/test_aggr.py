@@ -581,3 +581,39 @@ def test_checkpointed_blocks_keep_the_affine_generators(checkpoint):
     assert isinstance(seen[0], AffineZonotope) and seen[0].describes_gens()
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_auto_chunking_scales_with_the_gpu_memory(monkeypatch):
+    r"""On a CUDA device ``chunk_size='auto'`` takes groups of the device's memory over
+    ``AUTO_GPU_BYTES_PER_ELEMENT * d`` rows (never fewer than the CPU's), so a graph that
+    fits runs at once there: the rule is checked with a stand-in for the device's memory (the
+    CUDA path itself runs in ``benchmarks/gpu_check.sh``)."""
+    import torch_mz.nn.aggr as aggr_module
+    assert aggr_module.device_memory('cpu') is None and aggr_module.device_memory(None) is None
+    assert aggr_module.auto_chunk_rows(64) == 2 ** 21 // 64
+    assert aggr_module.auto_chunk_rows(64, 2 ** 34) == 2 ** 34 // (2048 * 64) == 131072
+    assert aggr_module.auto_chunk_rows(16, 2 ** 34) == 4 * 131072
+    # a small device never takes smaller groups than the CPU
+    assert aggr_module.auto_chunk_rows(64, 2 ** 30) == aggr_module.auto_chunk_rows(64)
+    seen = []
+
+    def fake_memory(device):
+        kind = None if device is None else torch.device(device).type
+        seen.append(kind)
+        return 2 ** 34 if kind == 'cuda' else None
+
+    monkeypatch.setattr(aggr_module, 'device_memory', fake_memory)
+    auto = MZAggregation(64)
+    edges = 10 ** 6  # the messages of a graph of 10^5 nodes, average in-degree 10
+    assert auto._chunk_rows(edges) == 32768  # the CPU's groups
+    assert auto._chunk_rows(edges, 'cpu') == 32768
+    assert auto._chunk_rows(edges, torch.device('cuda', 0)) == 131072  # 16 GiB
+    assert auto._chunk_rows(2 * 131072, 'cuda') is None  # at most two groups: at once
+    monkeypatch.setattr(aggr_module, 'device_memory', lambda device: 141 * 2 ** 30)  # one H200
+    assert auto._chunk_rows(edges, 'cuda') is None
+    assert MZAggregation(64, chunk_size=32768)._chunk_rows(edges, 'cuda') == 32768  # asked for
+    # the forward pass asks for the input's device
+    monkeypatch.setattr(aggr_module, 'device_memory', fake_memory)
+    seen.clear()
+    MZAggregation(4)(torch.randn(5, 4), torch.tensor([0, 0, 1, 1, 1]))
+    assert seen == ['cpu']

@@ -439,9 +439,10 @@ def test_chunked_layout_is_a_permutation_of_the_rows(path, q_sizes, k_sizes, shu
 
 
 def test_dense_layout_is_reused_only_for_the_same_unchanged_set_ids(monkeypatch):
-    r"""Blocks attending over the same set-id tensors share one layout; a changed (in place) or
-    another tensor gets its own, and a freed tensor's entry is dropped; results equal those
-    computed without the cache."""
+    r"""Blocks attending over set ids of the same values share one layout, whatever tensor holds
+    them (PyG passes a new view of ``edge_index[1]`` at every call); changed values (in place
+    or in another tensor) get their own; a small entry outlives its tensors, a large one is
+    dropped when they are freed; results equal those computed without the cache."""
     import gc
     calls = []
     compute = functional._compute_dense_layout
@@ -453,25 +454,86 @@ def test_dense_layout_is_reused_only_for_the_same_unchanged_set_ids(monkeypatch)
     again = grouped_attention(q, k, v, query_set, kv_set, 4)
     assert len(calls) == 1 and torch.equal(first, again)
     torch.testing.assert_close(first, _reference(q, k, v, query_set, kv_set))
-    # the same ids in another tensor: a new layout, the same numbers
-    other = grouped_attention(q, k, v, query_set.clone(), kv_set, 4)
-    assert len(calls) == 2 and torch.equal(first, other)
+    # the same ids in another tensor (a view of a larger one, as PyG passes them): reused
+    both = torch.stack([query_set, query_set])
+    other = grouped_attention(q, k, v, both[1], kv_set.clone(), 4)
+    assert len(calls) == 1 and torch.equal(first, other)
+    # another number of sets, or other merge settings: a layout of their own
+    grouped_attention(q, k, v, query_set, kv_set, 5)
+    assert len(calls) == 2
+    monkeypatch.setattr(functional, 'MERGE_OVERHEAD', 0)
+    grouped_attention(q, k, v, query_set, kv_set, 4)
+    assert len(calls) == 3
+    monkeypatch.undo()
+    monkeypatch.setattr(functional, '_compute_dense_layout',
+                        lambda *a: calls.append(1) or compute(*a))
+    monkeypatch.setattr(functional, '_layout_cache', type(functional._layout_cache)())
+    calls.clear()
+    grouped_attention(q, k, v, query_set, kv_set, 4)
     # changed in place: recomputed, and right for the new sets
     query_set[:2] = 3
     changed = grouped_attention(q, k, v, query_set, kv_set, 4)
-    assert len(calls) == 3
+    assert len(calls) == 2
     torch.testing.assert_close(changed, _reference(q, k, v, query_set, kv_set))
+    # the same values in a new tensor after the change: the new layout, not the old one
+    torch.testing.assert_close(grouped_attention(q, k, v, query_set.clone(), kv_set, 4), changed)
+    assert len(calls) == 2
     # without the cache: the same numbers
     monkeypatch.setattr(functional, 'LAYOUT_CACHE_SIZE', 0)
     assert torch.equal(grouped_attention(q, k, v, query_set, kv_set, 4), changed)
-    # an entry goes when its set ids are freed
     monkeypatch.setattr(functional, 'LAYOUT_CACHE_SIZE', 4)
+    # a small entry outlives its set ids; a large one goes when they are freed
     ids = query_set.clone()
+    ids[0] = 0
     grouped_attention(q, k, v, ids, kv_set, 4)
     n = len(functional._layout_cache)
     del ids
     gc.collect()
+    assert len(functional._layout_cache) == n
+    monkeypatch.setattr(functional, 'LAYOUT_KEEP_ROWS', 0)
+    ids = query_set.clone()
+    ids[0] = 1
+    grouped_attention(q, k, v, ids, kv_set, 4)
+    assert len(functional._layout_cache) == min(n + 1, functional.LAYOUT_CACHE_SIZE)
+    n = len(functional._layout_cache)
+    del ids
+    gc.collect()
     assert len(functional._layout_cache) == n - 1
+    functional.clear_layout_cache()
+    assert len(functional._layout_cache) == 0
+
+
+def test_a_graph_aggregated_again_reuses_its_layouts(monkeypatch):
+    r"""A PyG convolution called again on the same graph finds every attention layout of its
+    ``MZAggregation`` in the cache (no layout is computed), with the values and gradients of a
+    call without the cache."""
+    from torch_geometric.nn import SAGEConv
+
+    from torch_mz.nn import MZAggregation
+    calls = []
+    compute = functional._compute_dense_layout
+    monkeypatch.setattr(functional, '_compute_dense_layout',
+                        lambda *a: calls.append(1) or compute(*a))
+    functional.clear_layout_cache()
+    torch.manual_seed(0)
+    edge_index = torch.stack([torch.randint(0, 30, (120, )),
+                              torch.arange(30).repeat_interleave(4)])
+    x = torch.randn(30, 8, dtype=torch.double)
+    conv = SAGEConv(8, 8, aggr=MZAggregation(8)).double()
+    grads = []
+    for cache in (4, 4, 0):
+        monkeypatch.setattr(functional, 'LAYOUT_CACHE_SIZE', cache)
+        calls.clear()
+        conv.zero_grad()
+        out = conv(x, edge_index)
+        out.square().sum().backward()
+        grads.append((out, [p.grad.clone() for p in conv.parameters()], len(calls)))
+    assert grads[0][2] == 3  # SAB, PMA and the decoder's SAB over the seeds
+    assert grads[1][2] == 0 and grads[2][2] == 3
+    for out, gs, _ in grads[1:]:
+        torch.testing.assert_close(out, grads[0][0], rtol=0, atol=0)
+        for a, b in zip(gs, grads[0][1]):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 def test_dense_layout_sees_writes_that_leave_the_version_alone():

@@ -22,14 +22,43 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 #: ``chunk_size='auto'``: the rows of one group times the token width :math:`d` (131,072 rows at
 #: :math:`d = 16`, 32,768 at :math:`d = 64`; see :func:`auto_chunk_rows`).
 AUTO_CHUNK_ELEMENTS = 2 ** 21
+#: ``chunk_size='auto'`` on a CUDA device: one group's row elements (rows times :math:`d`) are
+#: the device's total memory in bytes over this (see :func:`auto_chunk_rows`).
+AUTO_GPU_BYTES_PER_ELEMENT = 2048
 
 
-def auto_chunk_rows(dim: int) -> int:
-    r"""The rows of one group of ``chunk_size='auto'`` for tokens of width :obj:`dim`:
-    :data:`AUTO_CHUNK_ELEMENTS` :math:`/ d` (at least 1). Inputs of more than twice as many rows
-    are encoded in such groups; the activations of a row grow with :math:`d`, so the group is
-    a budget of row elements, not of rows."""
-    return max(1, AUTO_CHUNK_ELEMENTS // dim)
+def device_memory(device: Union[torch.device, str, None]) -> Optional[int]:
+    r"""The total memory in bytes of :obj:`device` when it is a CUDA device (ROCm's included),
+    else :obj:`None` (the CPU and every other device)."""
+    if device is None:
+        return None
+    device = torch.device(device)
+    if device.type != 'cuda':
+        return None
+    return int(torch.cuda.get_device_properties(device).total_memory)
+
+
+def auto_chunk_rows(dim: int, device_memory: Optional[int] = None) -> int:
+    r"""The rows of one group of ``chunk_size='auto'`` for tokens of width :obj:`dim`; inputs
+    of more than twice as many rows are encoded in such groups. The activations of a row grow
+    with :math:`d`, so the group is a budget of row elements, not of rows:
+
+    * on the CPU (:obj:`device_memory` :obj:`None`): :data:`AUTO_CHUNK_ELEMENTS` :math:`/ d`
+      (at least 1): it bounds memory, and on the CPU smaller groups cost little time;
+    * on a CUDA device of :obj:`device_memory` bytes: that over
+      :data:`AUTO_GPU_BYTES_PER_ELEMENT` :math:`\cdot d`, and no fewer rows than on the CPU.
+      On a GPU every group is a forward (and in training a recomputation) of its own, about a
+      thousand kernel launches and host synchronisations each whatever its size
+      (``benchmarks/launches.py``), so the groups are as large as the memory allows: the
+      default aggregation's activations took about 170 bytes per row element on the CPU
+      (10,506 MiB on :math:`10^6` rows at :math:`d = 64`,
+      ``benchmarks/results/message_passing_chunks``), so a group takes about a twelfth of the
+      device's memory (one H200: about 1.1 million rows at :math:`d = 64`, so a graph of
+      :math:`10^6` edges is encoded at once; 16 GiB: 131,072 rows)."""
+    rows = max(1, AUTO_CHUNK_ELEMENTS // dim)
+    if device_memory is not None:
+        rows = max(rows, device_memory // (AUTO_GPU_BYTES_PER_ELEMENT * dim))
+    return rows
 
 
 def preset_defaults(preset: str, in_channels: int, heads: int) -> dict:
@@ -232,13 +261,17 @@ class MZAggregation(Aggregation):
             whole, 10.1 s in chunks at d = 16 (``message_passing_chunks_keep``). While grouped,
             forward hooks on submodules run once per group, and again in the backward pass
             where groups are recomputed; a :func:`torch.jit.trace` of a grouped input keeps
-            that input's group bounds (trace with ``chunk_size=None``). The group budget is
-            sized for a CPU's memory: on a GPU each group adds about a thousand kernel launches
-            and host synchronisations (``benchmarks/launches.py``: ``value='rigid',
-            num_generators=0`` dispatches 33,696 kernels on 10^5 nodes and 10^6 edges at
-            d = 64 in groups, 726 at once), which made it 7.5x PyG's time there on one H200
-            (``benchmarks/results/gpu``); where the graph fits in the GPU's memory, pass
-            ``chunk_size=None`` (that configuration is not yet timed on a GPU).
+            that input's group bounds (trace with ``chunk_size=None``). Those sizes are the
+            CPU's; on a CUDA device the group scales with the device's memory
+            (:func:`auto_chunk_rows`: about 1.1 million rows at d = 64 on one H200, so that
+            graph runs at once there), because on a GPU each group adds about a thousand
+            kernel launches and host synchronisations (``benchmarks/launches.py``:
+            ``value='rigid', num_generators=0`` dispatches 33,696 kernels on 10^5 nodes and
+            10^6 edges at d = 64 in the CPU's groups, 726 at once), which made it 7.5x PyG's
+            time there on one H200 (``benchmarks/results/gpu``, measured in the CPU's groups;
+            the whole graph at once is not yet timed on a GPU). The default aggregation's
+            memory there is then about that of the whole graph (10.5 GB on the CPU at
+            d = 64); pass an integer (e.g. ``chunk_size=32768``) to bound it.
         checkpoint (bool or str): Activation checkpointing for training memory, with the same
             values and gradients. :obj:`'attention'`: every attention keeps only its inputs and
             runs its query/key/value maps, the packing of sets into blocks and the attention
@@ -402,7 +435,7 @@ class MZAggregation(Aggregation):
         if x.size(0) == 0:  # no elements at all: every set is empty
             out = x.new_zeros(num_sets, self.out_channels, dtype=self.lin.weight.dtype)
             return out + 0 * self.lin.bias.sum(), out.new_zeros(num_sets)  # keeps the graph
-        chunk_rows = self._chunk_rows(x.size(0))
+        chunk_rows = self._chunk_rows(x.size(0), x.device)
         if chunk_rows is not None:
             z = self._encode_chunked(x, set_id, counts, chunk_rows)
         else:
@@ -413,16 +446,17 @@ class MZAggregation(Aggregation):
         ihw = z.ihw().reshape(num_sets, -1).sum(-1) * nonempty  # (B,)
         return out, ihw
 
-    def _chunk_rows(self, rows: int) -> Optional[int]:
-        r"""The group size for an input of :obj:`rows` rows, or :obj:`None` to encode it at
-        once (see :attr:`chunk_size`)."""
+    def _chunk_rows(self, rows: int,
+                    device: Union[torch.device, str, None] = None) -> Optional[int]:
+        r"""The group size for an input of :obj:`rows` rows on :obj:`device` (:obj:`None`: the
+        CPU's rule), or :obj:`None` to encode it at once (see :attr:`chunk_size`)."""
         if self.chunk_size == 'auto':
             # compiling first: a size test before it would add a shape guard to a compiled graph
             if torch.compiler.is_compiling():
                 return None
             if self.checkpoint is False and torch.is_grad_enabled():
                 return None  # kept whole in training: groups would keep every activation anyway
-            group = auto_chunk_rows(self.dim)
+            group = auto_chunk_rows(self.dim, device_memory(device))
             return None if rows <= 2 * group else group
         if not isinstance(self.chunk_size, int) or rows <= self.chunk_size:
             return None  # None: at once

@@ -605,7 +605,8 @@ def _compute_dense_layout(query_set: Tensor, kv_set: Tensor, num_sets: int,
     empty_long = torch.empty(0, dtype=torch.long, device=device)
     empty_bool = torch.empty(0, dtype=torch.bool, device=device)
     perm_q, counts_q, _, local_q = _sorted_layout(query_set, num_sets)
-    perm_k, counts_k, _, local_k = _sorted_layout(kv_set, num_sets)
+    perm_k, counts_k, _, local_k = ((perm_q, counts_q, None, local_q) if kv_set is query_set
+                                    else _sorted_layout(kv_set, num_sets))  # self-attention
     nq0, nk0 = (int(counts_q[0]), int(counts_k[0])) if num_sets > 0 else (0, 0)
     if (num_sets > 0 and nq0 > 0 and nk0 > 0 and perm_q is None and perm_k is None
             and bool((counts_q == nq0).all()) and bool((counts_k == nk0).all())):
@@ -658,16 +659,36 @@ def _compute_dense_layout(query_set: Tensor, kv_set: Tensor, num_sets: int,
 
 
 # The layouts of the last few (query_set, kv_set) pairs: the blocks of a model attend over the
-# same sets again and again in one forward pass (every SAB of a Set Transformer, the SAB, PMA and
-# SAB of a neighbourhood aggregation), and finding the layout (sorting, bucketing, a dozen small
-# operations and host synchronisations) costs as much as a small block's attention. An entry is
-# used only for the very same set-id tensors (weak references, so no entry keeps them alive, and
-# an entry is dropped when either of them is freed) whose values are still those the layout was
-# computed from (compared with a copy: writes that leave the version counter alone, through
-# `.data` or a NumPy array sharing the memory, are caught too), with the same merge settings.
+# same sets again and again in one forward pass (every SAB of a Set Transformer, the two MABs of
+# each ISAB), and every call of a PyG aggregation on one graph attends over the same
+# neighbourhoods (PyG passes a new view of `edge_index[1]` each time); finding the layout
+# (sorting, bucketing, about 275 of the 1,235 operations of a `rigid` SAGEConv step on 10^3 nodes,
+# a third of them host synchronisations: `benchmarks/launches.py`) costs as much as a small
+# block's attention, and on a GPU each operation is a launch. An entry is used for set ids of the
+# same values, compared with a copy kept in the entry (whatever tensor holds them: writes that
+# leave the version counter alone, through `.data` or a NumPy array sharing the memory, are
+# caught too), on the same device, with the same merge settings. Entries of at most
+# LAYOUT_KEEP_ROWS set ids (queries plus keys) outlive their tensors (their copies and layouts
+# hold about 50 bytes per row: at most ~4 x 50 MiB); larger ones are dropped when either tensor
+# is freed (weak references), so that no large layout outlives its input.
 LAYOUT_CACHE_SIZE = 4
-_layout_cache: 'OrderedDict[tuple, Tuple[Any, Any, Tensor, Tensor, _DenseLayout]]' = \
+LAYOUT_KEEP_ROWS = 2 ** 20
+_layout_cache: 'OrderedDict[int, Tuple[tuple, Tensor, Tensor, _DenseLayout, Any]]' = \
     OrderedDict()
+_layout_serial = [0]
+
+
+def clear_layout_cache() -> None:
+    r"""Forgets every cached attention layout (see :func:`_dense_layout`): e.g. to release their
+    memory, or to count or time the operations of a first call on a graph."""
+    with _cache_lock:
+        _layout_cache.clear()
+
+
+def _layout_settings(query_set: Tensor, kv_set: Tensor, num_sets: int, pair_cost: int) -> tuple:
+    return (num_sets, pair_cost, MERGE_RATIO, MERGE_OVERHEAD, MERGE_ROWS_RATIO,
+            MERGE_ROWS_OVERHEAD, query_set.device, kv_set.device, query_set.dtype, kv_set.dtype,
+            tuple(query_set.shape), tuple(kv_set.shape))
 
 
 def _dense_layout(query_set: Tensor, kv_set: Tensor, num_sets: int,
@@ -675,24 +696,31 @@ def _dense_layout(query_set: Tensor, kv_set: Tensor, num_sets: int,
     if (LAYOUT_CACHE_SIZE <= 0 or not _caching() or query_set.is_inference()
             or kv_set.is_inference()):
         return _compute_dense_layout(query_set, kv_set, num_sets, pair_cost)
-    key = (id(query_set), id(kv_set), num_sets, pair_cost, MERGE_RATIO, MERGE_OVERHEAD,
-           MERGE_ROWS_RATIO, MERGE_ROWS_OVERHEAD)
-    with _cache_lock:
-        hit = _layout_cache.get(key)
-    if (hit is not None and hit[0]() is query_set and hit[1]() is kv_set
-            and torch.equal(hit[2], query_set) and torch.equal(hit[3], kv_set)):
-        with _cache_lock:
-            if key in _layout_cache:
-                _layout_cache.move_to_end(key)
-        return hit[4]
+    settings = _layout_settings(query_set, kv_set, num_sets, pair_cost)
+    with _cache_lock:  # the most recent first
+        candidates = [(key, e) for key, e in reversed(_layout_cache.items())
+                      if e[0] == settings]
+    for key, (_, q_copy, kv_copy, layout, _refs) in candidates:
+        if torch.equal(q_copy, query_set) and (
+                kv_copy is q_copy and kv_set is query_set or torch.equal(kv_copy, kv_set)):
+            with _cache_lock:
+                if key in _layout_cache:
+                    _layout_cache.move_to_end(key)
+            return layout
     layout = _compute_dense_layout(query_set, kv_set, num_sets, pair_cost)
+    with _cache_lock:
+        _layout_serial[0] += 1
+        key = _layout_serial[0]
+    refs: Any = None
+    if query_set.numel() + kv_set.numel() > LAYOUT_KEEP_ROWS:
 
-    def drop(_ref, key=key):
-        with _cache_lock:
-            _layout_cache.pop(key, None)
+        def drop(_ref, key=key):
+            with _cache_lock:
+                _layout_cache.pop(key, None)
 
-    entry = (weakref.ref(query_set, drop), weakref.ref(kv_set, drop), query_set.clone(),
-             kv_set.clone(), layout)
+        refs = (weakref.ref(query_set, drop), weakref.ref(kv_set, drop))
+    q_copy = query_set.clone()
+    entry = (settings, q_copy, q_copy if kv_set is query_set else kv_set.clone(), layout, refs)
     with _cache_lock:
         _layout_cache[key] = entry
         while len(_layout_cache) > LAYOUT_CACHE_SIZE:

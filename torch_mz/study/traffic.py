@@ -87,11 +87,12 @@ UNANNOTATED_VIEWS = frozenset({'_unsafe_view'})
 #: Operations that only reserve memory (no kernel).
 ALLOCATIONS = frozenset({'empty', 'empty_like', 'new_empty', 'empty_strided'})
 #: Operations that read a device result on the host (``int(t)``, ``bool(t)``, ``t.item()``;
-#: output sizes the host must know; ``repeat_interleave`` only without ``output_size``).
+#: ``torch.equal``, which returns a Python bool; output sizes the host must know;
+#: ``repeat_interleave`` only without ``output_size``).
 #: ``.tolist()`` of a CPU tensor dispatches nothing (on a GPU it is one more copy to the host), so
 #: the count is a lower bound.
-SYNC_OPS = frozenset({'_local_scalar_dense', 'nonzero', '_unique2', 'unique_consecutive',
-                      'unique_dim', 'bincount', 'repeat_interleave'})
+SYNC_OPS = frozenset({'_local_scalar_dense', 'equal', 'nonzero', '_unique2',
+                      'unique_consecutive', 'unique_dim', 'bincount', 'repeat_interleave'})
 
 
 def _is_view(func) -> bool:
