@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One command for a machine with an NVIDIA GPU: the CUDA tests and the three operator benchmarks
-# on the GPU, each step under its own time limit (8.5 minutes in all; on one H200, 2026-12-04,
+# on the GPU, each step under its own time limit (9.5 minutes in all; on one H200, 2026-12-04,
 # the tests took 0.4 minutes, 12 message-passing rows with the allocator figure 3.4 minutes over
 # two calls, the training step 1.1 with --repeats 3; this configuration, with 13
-# message-passing rows, has not run yet), results under $OUT (default
+# message-passing rows and 4 more on a new graph every call, has not run yet), results under $OUT (default
 # benchmarks/results/gpu/): gpu_check.log (all output), cuda_tests.txt, and JSON + Markdown +
 # PNG per benchmark. benchmarks/results/gpu/README.md says what the last run found.
 #
@@ -49,6 +49,12 @@ timeout 270 $PY benchmarks/message_passing.py --device cuda --nodes 1000,10000,1
   --degrees poisson --aggrs pyg,rigid,rigid-chunks,default,default-chunks --ckpt-dims 64 \
   --ckpt-min-nodes 10000 --graphconv-nodes 0 --repeats 5 --timeout 60 --no-allocated \
   --out "$OUT/message_passing" || status=1
+echo '== message passing, a new graph every call'
+# (the rows above run every call on the graph of the call before, as full-batch training does,
+# and find their attention layouts again; a new mini-batch each step computes them every call)
+timeout 60 $PY benchmarks/message_passing.py --device cuda --nodes 1000,10000 --dims 64 \
+  --degrees poisson --aggrs pyg,rigid --graphconv-nodes 0 --repeats 5 --timeout 30 \
+  --no-allocated --new-graph --out "$OUT/message_passing_new_graph" || status=1
 echo '== point-cloud training step'
 # the presets only: the +keep rows are about the CPU's malloc, the +compile rows compile for
 # a minute or more each

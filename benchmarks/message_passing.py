@@ -75,6 +75,11 @@ hold. Ratios are taken between medians of the same run. Aggregations:
     python benchmarks/message_passing.py
     python benchmarks/message_passing.py --resume   # after a stop: only the rows not yet measured
 
+Every timed call runs on the graph of the call before, as in full-batch training: since
+2026-12-04 ``MZAggregation`` then finds its attention layouts again (by the values of the set
+ids), and rows written before measured every call computing them. ``--new-graph`` clears them
+before every call, as a new mini-batch each step would (rows record ``new_graph``).
+
 Until its last row, the run writes its report after every row as
 ``message_passing.partial.json`` / ``.md`` (``"complete": false``, a line ``partial: N of M rows
 measured``), so that a stopped run loses nothing and leaves an earlier complete report as it
@@ -195,10 +200,13 @@ def run_one(cfg: dict) -> dict:
                                                     cfg.get('group_rows'))).to(device)
 
     def step():
+        if cfg.get('new_graph'):  # mini-batches: every call on a graph not seen before
+            clear_layout_cache()
         conv.zero_grad(set_to_none=True)
         conv(x, edge_index).square().mean().backward()
 
     from torch_mz.nn import set_fused_kernels
+    from torch_mz.nn.functional import clear_layout_cache
     if cfg['aggr'].endswith('-fused'):
         set_fused_kernels(True)
     elif cfg['aggr'].endswith('-eager'):
@@ -299,6 +307,8 @@ def plan(args: argparse.Namespace) -> List[dict]:
                                    repeats=args.repeats, threads=args.threads, seed=0,
                                    device=args.device, keep=args.keep_freed_memory,
                                    allocated=args.allocated)
+                        if getattr(args, 'new_graph', False):  # (absent otherwise: old rows match)
+                            cfg['new_graph'] = True
                         if aggr.endswith('-chunks') and args.chunk_rows is not None:
                             cfg['group_rows'] = args.chunk_rows
                         cfgs.append(cfg)
@@ -433,7 +443,14 @@ def write_report(args: argparse.Namespace, env: dict, rows: List[dict], planned:
                 f"{minutes:.1f} min{resumed}; glibc malloc keeping freed memory "
                 f"(`keep_freed_memory()`): {args.keep_freed_memory}. Forward + backward of one "
                 f"convolution, median of "
-                f"{args.repeats} calls; peak memory = "
+                f"{args.repeats} calls, "
+                + ("each on a graph seen for the first time (`--new-graph`: the attention "
+                   "layouts cleared before every call, as with a new mini-batch every step)"
+                   if getattr(args, 'new_graph', False) else
+                   "each on the graph of the call before (as in full-batch training: "
+                   "`MZAggregation` finds its attention layouts again; `--new-graph` clears "
+                   "them before every call)")
+                + "; peak memory = "
                 + ("the CUDA allocator's peak (the tensor memory held at once)"
                    if args.device == 'cuda' else 'the peak resident set')
                 + " of one call above the state before it, in a fresh process per row, after "
@@ -527,6 +544,10 @@ def main():
     parser.add_argument('--no-allocated', dest='allocated', action='store_false',
                         help='skip the tensor memory held at once (two more profiled calls per '
                              'row; the resident-set peak and the times are measured either way)')
+    parser.add_argument('--new-graph', action='store_true',
+                        help='clear the attention layouts before every call (a new graph each '
+                             'step, as with mini-batches; otherwise every call after the first '
+                             'finds the layouts of the graph again, as in full-batch training)')
     parser.add_argument('--_one', help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._one:

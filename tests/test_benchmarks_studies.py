@@ -340,6 +340,38 @@ def test_message_passing_row_keeps_its_figures_when_the_allocator_figure_fails(m
     assert row['alloc_mib'] is None and 'alloc_error' not in row and len(calls) == 1
 
 
+def test_message_passing_new_graph_computes_the_layouts_every_call(monkeypatch):
+    r"""``--new-graph`` rows clear the attention layouts before every call (each computes its
+    three layouts: SAB, PMA, the decoder's SAB); plain rows find them again after the first."""
+    import argparse
+
+    from torch_mz.nn import functional
+    mp = load_script('message_passing')
+    computed = []
+    compute = functional._compute_dense_layout
+    monkeypatch.setattr(functional, '_compute_dense_layout',
+                        lambda *a: computed.append(1) or compute(*a))
+    cfg = dict(aggr='rigid', conv='sage', degrees='poisson', dim=16, nodes=60, repeats=2,
+               threads=1, seed=0, device='cpu', keep=False, allocated=False)
+    counts = []
+    for new_graph in (False, True):
+        functional.clear_layout_cache()
+        computed.clear()
+        row = mp.run_one(dict(cfg, new_graph=True) if new_graph else cfg)
+        counts.append(len(computed))
+        assert row.get('new_graph', False) is new_graph
+    # untimed call, peak-memory call, 2 timed calls: 3 layouts in the first call only, or in all
+    assert counts == [3, 12]
+    args = argparse.Namespace(nodes=[60], dims=[16], degrees=['poisson'], aggrs=['rigid'],
+                              graphconv_nodes=0, paper_max_nodes=0, ng8_max_nodes=0,
+                              ckpt_min_nodes=10**9, ckpt_dims=[], power_law_max_nodes=0,
+                              chunk_rows=None, repeats=1, threads=1, device='cpu',
+                              keep_freed_memory=False, allocated=False, new_graph=True)
+    assert all(c['new_graph'] for c in mp.plan(args))
+    assert not any('new_graph' in c for c in mp.plan(argparse.Namespace(
+        **dict(vars(args), new_graph=False))))
+
+
 def run_script(name, argv):
     path = os.path.join(BENCHMARKS, f'{name}.py')
     saved = sys.argv

@@ -534,6 +534,59 @@ def test_a_graph_aggregated_again_reuses_its_layouts(monkeypatch):
         torch.testing.assert_close(out, grads[0][0], rtol=0, atol=0)
         for a, b in zip(gs, grads[0][1]):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
+    # two layers of different widths (a layout per width): six layouts, all found again
+    monkeypatch.setattr(functional, 'LAYOUT_CACHE_SIZE', 12)
+    functional.clear_layout_cache()
+    wide = SAGEConv(8, 8, aggr=MZAggregation(8, dim=32)).double()
+    counts = []
+    for _ in range(2):
+        calls.clear()
+        wide(conv(x, edge_index), edge_index).sum().backward()
+        counts.append(len(calls))
+    assert counts == [6, 0]
+
+
+def test_layout_cache_edge_cases(monkeypatch):
+    r"""A self-attention entry does not serve cross-attention over other ids of the same shape;
+    a weak reference's callback that fires while the cache is held (the cyclic garbage
+    collector) queues its key, which leaves when the cache is let go; the layouts kept beyond
+    their tensors are bounded in rows; nothing is taken from the cache while
+    :func:`torch.jit.trace` records."""
+    import warnings
+    monkeypatch.setattr(functional, '_layout_cache', type(functional._layout_cache)())
+    torch.manual_seed(0)
+    a = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3])[torch.randperm(12)]
+    b = torch.tensor([0, 0, 1, 1, 1, 1, 1, 2, 2, 3, 3, 3])[torch.randperm(12)]
+    q, k, v = (torch.randn(12, 2, 3, dtype=torch.double) for _ in range(3))
+    grouped_attention(q, k, v, a, a, 4)  # a self-attention entry on a
+    torch.testing.assert_close(grouped_attention(q, k, v, a, b, 4),
+                               _reference(q, k, v, a, b))
+    torch.testing.assert_close(grouped_attention(q, k, v, b, a, 4),
+                               _reference(q, k, v, b, a))
+    # a callback inside the cache: queued, then applied
+    key = next(iter(functional._layout_cache))
+    with functional._layout_cache_held():
+        functional._drop_layout(key)
+        assert key in functional._layout_cache and functional._layout_dropped == [key]
+    assert key not in functional._layout_cache and functional._layout_dropped == []
+    # at most LAYOUT_KEEP_TOTAL_ROWS rows kept beyond their tensors (the newest entry stays)
+    monkeypatch.setattr(functional, 'LAYOUT_KEEP_TOTAL_ROWS', 50)
+    for shift in range(4):  # 24 rows each: other values, other entries
+        grouped_attention(q, k, v, (a + shift) % 4, (a + shift) % 4, 4)
+    assert sum(e[5] for e in functional._layout_cache.values()) <= 50
+    assert len(functional._layout_cache) == 2
+    # tracing: a layout cached from the same ids before must not become the trace's constants
+    functional.clear_layout_cache()
+    c = a[torch.randperm(12)]  # the same set sizes, rows in another order
+
+    def f(q, k, v, ids):
+        return grouped_attention(q, k, v, ids, ids, 4)
+
+    f(q, k, v, a.clone())
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        traced = torch.jit.trace(f, (q, k, v, a.clone()), check_trace=False)
+    torch.testing.assert_close(traced(q, k, v, c), _reference(q, k, v, c, c))
 
 
 def test_dense_layout_sees_writes_that_leave_the_version_alone():

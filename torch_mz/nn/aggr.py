@@ -270,7 +270,7 @@ class MZAggregation(Aggregation):
             10^6 edges at d = 64 in the CPU's groups, 726 at once), which made it 7.5x PyG's
             time there on one H200 (``benchmarks/results/gpu``, measured in the CPU's groups;
             the whole graph at once is not yet timed on a GPU). The default aggregation's
-            memory there is then about that of the whole graph (10.5 GB on the CPU at
+            memory there is then about that of the whole graph (10,506 MiB on the CPU at
             d = 64); pass an integer (e.g. ``chunk_size=32768``) to bound it.
         checkpoint (bool or str): Activation checkpointing for training memory, with the same
             values and gradients. :obj:`'attention'`: every attention keeps only its inputs and

@@ -475,8 +475,9 @@ class MZAttention(Module):
 
     def _per_head(self, query_set: Tensor) -> Tensor:
         r""":obj:`query_set` with each id repeated once per head (the folded queries' rows), kept
-        for the next call with the same tensor (a PMA's seed ids are one cached tensor), so that
-        the dense path's layout cache, keyed by the tensor, finds it again."""
+        for the next call with the same tensor (a PMA's seed ids are one cached tensor): one
+        ``repeat_interleave`` fewer per call (the dense path's layout cache compares values, so
+        it would find the layout of a new tensor of the same ids too)."""
         cached = getattr(self, '_per_head_ids', None)
         if cached is not None and cached[0] is query_set:
             return cached[1]

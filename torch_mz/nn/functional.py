@@ -18,10 +18,12 @@ same result:
 
 No Python loop runs over individual sets: the only loop is over the (few) size buckets.
 """
+import contextlib
 import threading
 import weakref
 from collections import OrderedDict
-from typing import Any, List, NamedTuple, Optional, Sequence, Tuple, Union, overload
+from typing import (Any, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union,
+                    overload)
 
 import torch
 import torch.nn.functional as F
@@ -70,9 +72,11 @@ _cache_lock = threading.RLock()  # re-entrant: a weakref callback may run while 
 
 def _caching() -> bool:
     r"""Whether the small caches of this module may be used: not while compiling (dynamo traces
-    plain tensor code) and not in :func:`torch.inference_mode` (its tensors must not outlive
-    it in a cache, and they have no version counter)."""
-    return not (torch.compiler.is_compiling() or torch.is_inference_mode_enabled())
+    plain tensor code), not while :func:`torch.jit.trace` records (a cached layout would enter
+    the trace as constants of another call's set ids) and not in :func:`torch.inference_mode`
+    (its tensors must not outlive it in a cache, and they have no version counter)."""
+    return not (torch.compiler.is_compiling() or torch.jit.is_tracing()
+                or torch.is_inference_mode_enabled())
 
 
 def repeat_per_set(num_sets: int, k: int, device: torch.device) -> Tensor:
@@ -668,20 +672,51 @@ def _compute_dense_layout(query_set: Tensor, kv_set: Tensor, num_sets: int,
 # same values, compared with a copy kept in the entry (whatever tensor holds them: writes that
 # leave the version counter alone, through `.data` or a NumPy array sharing the memory, are
 # caught too), on the same device, with the same merge settings. Entries of at most
-# LAYOUT_KEEP_ROWS set ids (queries plus keys) outlive their tensors (their copies and layouts
-# hold about 50 bytes per row: at most ~4 x 50 MiB); larger ones are dropped when either tensor
-# is freed (weak references), so that no large layout outlives its input.
-LAYOUT_CACHE_SIZE = 4
+# LAYOUT_KEEP_ROWS set ids (queries plus keys) outlive their tensors, up to LAYOUT_KEEP_TOTAL_ROWS
+# in all (their copies and layouts hold about 20-25 bytes per row: about 100 MiB at most); larger
+# ones are dropped when either tensor is freed (weak references), so that no large layout
+# outlives its input. LAYOUT_CACHE_SIZE entries hold the layouts of a few differently sized
+# layers (each width and head count is a layout of its own: three per neighbourhood
+# aggregation).
+LAYOUT_CACHE_SIZE = 12
 LAYOUT_KEEP_ROWS = 2 ** 20
-_layout_cache: 'OrderedDict[int, Tuple[tuple, Tensor, Tensor, _DenseLayout, Any]]' = \
+LAYOUT_KEEP_TOTAL_ROWS = 2 ** 22
+#: key -> (settings, query-id copy, key-id copy, layout, weak references or None, rows kept)
+_layout_cache: 'OrderedDict[int, Tuple[tuple, Tensor, Tensor, _DenseLayout, Any, int]]' = \
     OrderedDict()
 _layout_serial = [0]
+# A weak reference's callback may run on this thread while the cache is being read or changed
+# (the cyclic garbage collector frees set ids at any allocation): it then only queues its key,
+# and the key leaves the cache when the outermost holder lets go (_layout_cache_held).
+_layout_busy = [0]
+_layout_dropped: List[int] = []
+
+
+@contextlib.contextmanager
+def _layout_cache_held() -> Iterator[None]:
+    with _cache_lock:
+        _layout_busy[0] += 1
+        try:
+            yield
+        finally:
+            _layout_busy[0] -= 1
+            if not _layout_busy[0]:
+                while _layout_dropped:
+                    _layout_cache.pop(_layout_dropped.pop(), None)
+
+
+def _drop_layout(key: int) -> None:
+    with _cache_lock:
+        if _layout_busy[0]:  # this thread is inside the cache: leave it to the holder
+            _layout_dropped.append(key)
+        else:
+            _layout_cache.pop(key, None)
 
 
 def clear_layout_cache() -> None:
     r"""Forgets every cached attention layout (see :func:`_dense_layout`): e.g. to release their
     memory, or to count or time the operations of a first call on a graph."""
-    with _cache_lock:
+    with _layout_cache_held():
         _layout_cache.clear()
 
 
@@ -697,13 +732,14 @@ def _dense_layout(query_set: Tensor, kv_set: Tensor, num_sets: int,
             or kv_set.is_inference()):
         return _compute_dense_layout(query_set, kv_set, num_sets, pair_cost)
     settings = _layout_settings(query_set, kv_set, num_sets, pair_cost)
-    with _cache_lock:  # the most recent first
+    with _layout_cache_held():  # the most recent first
         candidates = [(key, e) for key, e in reversed(_layout_cache.items())
                       if e[0] == settings]
-    for key, (_, q_copy, kv_copy, layout, _refs) in candidates:
+    for key, (_, q_copy, kv_copy, layout, _refs, _rows) in candidates:
+        # (a self-attention entry serves a self-attention call with one comparison)
         if torch.equal(q_copy, query_set) and (
-                kv_copy is q_copy and kv_set is query_set or torch.equal(kv_copy, kv_set)):
-            with _cache_lock:
+                (kv_copy is q_copy and kv_set is query_set) or torch.equal(kv_copy, kv_set)):
+            with _layout_cache_held():
                 if key in _layout_cache:
                     _layout_cache.move_to_end(key)
             return layout
@@ -711,20 +747,23 @@ def _dense_layout(query_set: Tensor, kv_set: Tensor, num_sets: int,
     with _cache_lock:
         _layout_serial[0] += 1
         key = _layout_serial[0]
+    rows = query_set.numel() + kv_set.numel()
     refs: Any = None
-    if query_set.numel() + kv_set.numel() > LAYOUT_KEEP_ROWS:
-
-        def drop(_ref, key=key):
-            with _cache_lock:
-                _layout_cache.pop(key, None)
+    if rows > LAYOUT_KEEP_ROWS:  # kept only while its set ids live
+        def drop(_ref: Any, key: int = key) -> None:
+            _drop_layout(key)
 
         refs = (weakref.ref(query_set, drop), weakref.ref(kv_set, drop))
+        rows = 0
     q_copy = query_set.clone()
-    entry = (settings, q_copy, q_copy if kv_set is query_set else kv_set.clone(), layout, refs)
-    with _cache_lock:
+    entry = (settings, q_copy, q_copy if kv_set is query_set else kv_set.clone(), layout, refs,
+             rows)
+    with _layout_cache_held():
         _layout_cache[key] = entry
-        while len(_layout_cache) > LAYOUT_CACHE_SIZE:
-            _layout_cache.popitem(last=False)
+        while len(_layout_cache) > 1 and (
+                len(_layout_cache) > LAYOUT_CACHE_SIZE
+                or sum(e[5] for e in _layout_cache.values()) > LAYOUT_KEEP_TOTAL_ROWS):
+            _layout_cache.popitem(last=False)  # the least recently used
     return layout
 
 
