@@ -79,6 +79,8 @@ SOURCES = {
     'training_step_fold': 'training_step_fold/training_step.json',
     # on a GPU (one NVIDIA H200, benchmarks/gpu_check.sh; see benchmarks/results/gpu/README.md)
     'gpu_message_passing': 'gpu/message_passing/message_passing.json',
+    # (`--new-graph`: the attention layouts computed in every call, as with mini-batches)
+    'gpu_message_passing_new_graph': 'gpu/message_passing_new_graph/message_passing.json',
     'gpu_speed': 'gpu/speed/speed.json',
     'gpu_training_step': 'gpu/training_step/training_step.json',
     'scaling_sets_of_1': 'scaling/scaling_default_sets_of_1.json',
@@ -100,7 +102,8 @@ MESSAGE_PASSING = ('message_passing', 'message_passing_small', 'message_passing_
                    'message_passing_chunks_1e4', 'message_passing_auto_1e5',
                    'message_passing_kernels', 'message_passing_fold',
                    'message_passing_fold_power_law', 'message_passing_fold_1e5',
-                   'message_passing_rows', 'gpu_message_passing')
+                   'message_passing_rows', 'gpu_message_passing',
+                   'gpu_message_passing_new_graph')
 #: Message-passing files measured after the PMA's key map joined its seed
 #: (``MZAttention(fold_keys=True)``, 2026-12-03). At d = 64 the default configurations fold it
 #: (at d = 16 they do not), so ``rigid`` and ``default`` rows at d = 64 in the other files
@@ -112,7 +115,8 @@ MESSAGE_PASSING = ('message_passing', 'message_passing_small', 'message_passing_
 #: ``rigid`` unfolded (5.99 instead of 5.48 GFLOP), which if anything lowers those ``mz`` /
 #: ``rigid`` inference ratios.
 FOLDED_MP = ('message_passing_fold', 'message_passing_fold_power_law',
-             'message_passing_fold_1e5', 'message_passing_rows', 'gpu_message_passing')
+             'message_passing_fold_1e5', 'message_passing_rows', 'gpu_message_passing',
+             'gpu_message_passing_new_graph')
 FOLD_MIN_DIM = 64
 _UNFOLDED_MP = ("measured before the PMA's key map joined its seed (`fold_keys=True`, "
                 "2026-12-03), which the default configurations do at d = 64; this graph's "
