@@ -266,7 +266,7 @@ class MZAggregation(Aggregation):
             (:func:`auto_chunk_rows`: about 1.1 million rows at d = 64 on one H200, so that
             graph runs at once there), because on a GPU each group adds about a thousand
             kernel launches and host synchronisations (``benchmarks/launches.py``:
-            ``value='rigid', num_generators=0`` dispatches 33,696 kernels on 10^5 nodes and
+            ``value='rigid', num_generators=0`` dispatched 33,696 kernels on 10^5 nodes and
             10^6 edges at d = 64 in the CPU's groups, 726 at once), which made it 7.5x PyG's
             time there on one H200 (``benchmarks/results/gpu``, measured in the CPU's groups;
             the whole graph at once is not yet timed on a GPU). The default aggregation's
