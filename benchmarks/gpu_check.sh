@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One command for a machine with an NVIDIA GPU: the CUDA tests and the three operator benchmarks
-# on the GPU, each step under its own time limit (9.5 minutes in all; on one H200, 2026-12-04,
+# on the GPU, each step under its own time limit (10 minutes in all; on one H200, 2026-12-04,
 # the tests took 0.4 minutes, 12 message-passing rows with the allocator figure 3.4 minutes over
-# two calls, the training step 1.1 with --repeats 3; this configuration, with 13
+# two calls, the training step 1.1 with --repeats 3; this configuration, with 16
 # message-passing rows and 4 more on a new graph every call, has not run yet), results under $OUT (default
 # benchmarks/results/gpu/): gpu_check.log (all output), cuda_tests.txt, and JSON + Markdown +
 # PNG per benchmark. benchmarks/results/gpu/README.md says what the last run found.
@@ -44,9 +44,11 @@ timeout 60 $PY -m pytest -q -p no:cacheprovider -p no:logging tests/nn/test_func
 echo '== message passing'
 # (--no-allocated: on a GPU the peak is the allocator's already; a fresh process per row;
 # rigid-chunks and default-chunks on 10^4 and 10^5 nodes time the CPU's recomputed groups,
-# which multiply the kernel launches (launches.py), against chunk_size='auto' on this GPU)
-timeout 270 $PY benchmarks/message_passing.py --device cuda --nodes 1000,10000,100000 --dims 64 \
-  --degrees poisson --aggrs pyg,rigid,rigid-chunks,default,default-chunks --ckpt-dims 64 \
+# which multiply the kernel launches (launches.py), against chunk_size='auto' on this GPU;
+# rigid-merged: fewer attention buckets, fewer launches, more padding)
+timeout 300 $PY benchmarks/message_passing.py --device cuda --nodes 1000,10000,100000 --dims 64 \
+  --degrees poisson --aggrs pyg,rigid,rigid-chunks,rigid-merged,default,default-chunks \
+  --ckpt-dims 64 \
   --ckpt-min-nodes 10000 --graphconv-nodes 0 --repeats 5 --timeout 60 --no-allocated \
   --out "$OUT/message_passing" || status=1
 echo '== message passing, a new graph every call'

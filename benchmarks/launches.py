@@ -62,6 +62,7 @@ import training_step as ts  # noqa: E402  (the point-cloud batch and presets of 
 
 from torch_mz.models import PRESETS as MODEL_PRESETS  # noqa: E402
 from torch_mz.nn import set_fused_kernels  # noqa: E402
+from torch_mz.nn import functional  # noqa: E402
 from torch_mz.nn.functional import clear_layout_cache  # noqa: E402
 from torch_mz.study import (choice_list, environment, int_list, markdown_table,  # noqa: E402
                             positive_float, positive_int, pyplot, try_plot, write_results)
@@ -83,7 +84,22 @@ def count_one(nodes: int, aggr: str, dim: int, degrees: str, seed: int = 0) -> D
     edge_index = mp.random_graph(nodes, degrees, seed=seed)
     x = torch.randn(nodes, dim, generator=torch.Generator().manual_seed(1))
     conv = SAGEConv(dim, dim, aggr=mp.build_aggr(aggr, dim))
+    merged = aggr == 'rigid-merged'  # message_passing.MERGED, for this row only
+    saved = {k: getattr(functional, k) for k in mp.MERGED}
+    if merged:
+        for k, v in mp.MERGED.items():
+            setattr(functional, k, v)
+        clear_layout_cache()
+    try:
+        return _count_conv(conv, x, edge_index, degrees, dim, nodes, aggr)
+    finally:
+        if merged:
+            for k, v in saved.items():
+                setattr(functional, k, v)
+            clear_layout_cache()
 
+
+def _count_conv(conv, x, edge_index, degrees: str, dim: int, nodes: int, aggr: str) -> Dict:
     def step():
         conv.zero_grad(set_to_none=True)
         conv(x, edge_index).square().mean().backward()

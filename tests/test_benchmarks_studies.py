@@ -372,6 +372,28 @@ def test_message_passing_new_graph_computes_the_layouts_every_call(monkeypatch):
         **dict(vars(args), new_graph=False))))
 
 
+def test_rigid_merged_merges_in_its_own_row_only(monkeypatch):
+    r"""``rigid-merged`` runs with :data:`message_passing.MERGED`'s bucket-merge settings while
+    its row is measured or counted, and leaves the module's settings as they were; it merges
+    buckets (fewer kernels than ``rigid`` on the same graph)."""
+    from torch_mz.nn import functional
+    mp = load_script('message_passing')
+    launches = load_script('launches')
+    before = (functional.MERGE_OVERHEAD, functional.MERGE_ROWS_RATIO)
+    seen = []
+    compute = functional._compute_dense_layout
+    monkeypatch.setattr(functional, '_compute_dense_layout', lambda *a: seen.append(
+        (functional.MERGE_OVERHEAD, functional.MERGE_ROWS_RATIO)) or compute(*a))
+    cfg = dict(aggr='rigid-merged', conv='sage', degrees='poisson', dim=16, nodes=300,
+               repeats=1, threads=1, seed=0, device='cpu', keep=False, allocated=False)
+    mp.run_one(cfg)
+    assert seen and set(seen) == {(4_000_000, 2.0)}
+    assert (functional.MERGE_OVERHEAD, functional.MERGE_ROWS_RATIO) == before
+    rows = {a: launches.count_one(300, a, 16, 'poisson') for a in ('rigid', 'rigid-merged')}
+    assert (functional.MERGE_OVERHEAD, functional.MERGE_ROWS_RATIO) == before
+    assert rows['rigid-merged']['kernels_new_graph'] < rows['rigid']['kernels_new_graph']
+
+
 def run_script(name, argv):
     path = os.path.join(BENCHMARKS, f'{name}.py')
     saved = sys.argv
