@@ -68,9 +68,10 @@ hold. Ratios are taken between medians of the same run. Aggregations:
   the two forms on the same graphs,
 * ``rigid-merged``: ``rigid`` with the dense attention's size buckets merged more freely
   (``torch_mz.nn.functional.MERGE_OVERHEAD = 4e6``, ``MERGE_ROWS_RATIO = 2.0``, set in that
-  row's process only: :data:`MERGED`): fewer buckets, so fewer kernel launches (992 against
-  1,332 operations on 10^4 nodes at d = 64, counted ad hoc), at up to twice the padded attention
-  rows; a candidate for a GPU, where each launch costs more than the padding,
+  row's process only: :data:`MERGED`): fewer buckets, so fewer kernel launches (the whole graph
+  with these settings: 992 against 1,332 operations on 10^4 nodes at d = 64, counted ad hoc; on
+  the CPU this row takes ``chunk_size='auto'``'s groups there, on one H200 the whole graph), at
+  up to twice the padded attention rows; a candidate for a GPU, where each launch costs more than the padding,
 * ``mz-ng8``: ``MZAggregation(d, num_generators=8, num_matrix_generators=4)``: the paper's
   generator budget in the same structure,
 * ``paper``: ``MZAggregation(d, preset='paper')``: the paper's MZ-Set Transformer body (two

@@ -666,8 +666,8 @@ def _compute_dense_layout(query_set: Tensor, kv_set: Tensor, num_sets: int,
 # same sets again and again in one forward pass (every SAB of a Set Transformer, the two MABs of
 # each ISAB), and every call of a PyG aggregation on one graph attends over the same
 # neighbourhoods (PyG passes a new view of `edge_index[1]` each time); finding the layout
-# (sorting, bucketing, about 275 of the 1,235 operations of a `rigid` SAGEConv step on 10^3 nodes,
-# a third of them host synchronisations: `benchmarks/launches.py`) costs as much as a small
+# (sorting, bucketing, about 275 of the 1,235 operations of a `rigid` SAGEConv step on 10^3 nodes
+# and most of its host synchronisations: `benchmarks/launches.py`) costs as much as a small
 # block's attention, and on a GPU each operation is a launch. An entry is used for set ids of the
 # same values, compared with a copy kept in the entry (whatever tensor holds them: writes that
 # leave the version counter alone, through `.data` or a NumPy array sharing the memory, are
