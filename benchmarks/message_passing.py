@@ -86,6 +86,14 @@ Every timed call runs on the graph of the call before, as in full-batch training
 ids), and rows written before measured every call computing them. ``--new-graph`` clears them
 before every call, as a new mini-batch each step would (rows record ``new_graph``).
 
+``--inference`` times the forward pass alone instead, in ``eval()`` mode under
+``torch.no_grad()``, as full-graph inference after training runs (rows record ``inference``; the
+peak and allocated figures are then those of one forward pass). Without gradients
+``chunk_size='auto'`` encodes large inputs in groups without recomputation, so the default's
+memory is bounded by the groups there; rows record the groups taken without gradients.
+
+    python benchmarks/message_passing.py --inference --aggrs pyg,pyg-flat,rigid,default
+
 Until its last row, the run writes its report after every row as
 ``message_passing.partial.json`` / ``.md`` (``"complete": false``, a line ``partial: N of M rows
 measured``), so that a stopped run loses nothing and leaves an earlier complete report as it
@@ -193,8 +201,9 @@ def build_aggr(name: str, d: int, group_rows: Optional[int] = None):
 
 
 def run_one(cfg: dict) -> dict:
-    r"""One configuration: peak memory (resident set) of one forward + backward, the median
-    time, then (unless ``allocated`` is off) the tensor memory held at once, under the profiler
+    r"""One configuration: peak memory (resident set) of one forward + backward (with
+    ``inference``: one forward in ``eval()`` mode without gradients), the median time, then
+    (unless ``allocated`` is off) the tensor memory held at once, under the profiler
     (:func:`~torch_mz.study.allocator_peak_bytes`: two more calls). A failure of that last
     figure alone leaves the row's other figures and records ``alloc_error``."""
     from torch_geometric.nn import GraphConv, SAGEConv
@@ -209,10 +218,17 @@ def run_one(cfg: dict) -> dict:
     conv_cls = SAGEConv if cfg['conv'] == 'sage' else GraphConv
     conv = conv_cls(cfg['dim'], cfg['dim'], aggr=build_aggr(cfg['aggr'], cfg['dim'],
                                                     cfg.get('group_rows'))).to(device)
+    inference = bool(cfg.get('inference'))
+    if inference:
+        conv.eval()
 
     def step():
         if cfg.get('new_graph'):  # mini-batches: every call on a graph not seen before
             clear_layout_cache()
+        if inference:
+            with torch.no_grad():
+                conv(x, edge_index)
+            return
         conv.zero_grad(set_to_none=True)
         conv(x, edge_index).square().mean().backward()
 
@@ -246,7 +262,8 @@ def run_one(cfg: dict) -> dict:
     aggr = conv.aggr_module
     chunk_rows = None
     if hasattr(aggr, '_chunk_rows'):  # MZAggregation: rows per group, 0 for the whole input
-        chunk_rows = aggr._chunk_rows(edge_index.size(1), device) or 0
+        with torch.set_grad_enabled(not inference):  # (the groups depend on gradients)
+            chunk_rows = aggr._chunk_rows(edge_index.size(1), device) or 0
     from torch_mz.nn.aggr import device_memory
     return dict(cfg, edges=int(edge_index.size(1)), max_degree=int(deg.max()),
                 chunk_rows=chunk_rows, device_memory=device_memory(device),
@@ -281,7 +298,8 @@ def plot(rows, path):
         return
     fig, axes = plt.subplots(2, len(groups), figsize=(4 * len(groups), 7), squeeze=False)
     for col, (degrees, dim) in enumerate(groups):
-        for row, (key, label) in enumerate((('median_ms', 'forward+backward, median ms'),
+        step = 'inference' if any(r.get('inference') for r in rows) else 'forward+backward'
+        for row, (key, label) in enumerate((('median_ms', f'{step}, median ms'),
                                             ('peak_mib', 'peak memory, MiB'))):
             ax = axes[row][col]
             for aggr in AGGRS:
@@ -331,6 +349,8 @@ def plan(args: argparse.Namespace) -> List[dict]:
                                    allocated=args.allocated)
                         if getattr(args, 'new_graph', False):  # (absent otherwise: old rows match)
                             cfg['new_graph'] = True
+                        if getattr(args, 'inference', False):  # (the same)
+                            cfg['inference'] = True
                         if aggr.endswith('-chunks') and args.chunk_rows is not None:
                             cfg['group_rows'] = args.chunk_rows
                         cfgs.append(cfg)
@@ -466,9 +486,12 @@ def write_report(args: argparse.Namespace, env: dict, rows: List[dict], planned:
                 f"{args.threads} thread(s), device {args.device}, "
                 f"torch-scatter: {env['torch_scatter']}; "
                 f"{minutes:.1f} min{resumed}; glibc malloc keeping freed memory "
-                f"(`keep_freed_memory()`): {args.keep_freed_memory}. Forward + backward of one "
-                f"convolution, median of "
-                f"{args.repeats} calls, "
+                f"(`keep_freed_memory()`): {args.keep_freed_memory}. "
+                + ("Inference: one forward pass of one convolution in `eval()` mode under "
+                   "`torch.no_grad()` (`--inference`), median of "
+                   if getattr(args, 'inference', False) else
+                   "Forward + backward of one convolution, median of ")
+                + f"{args.repeats} calls, "
                 + ("each on a graph seen for the first time (`--new-graph`: the attention "
                    "layouts cleared before every call, as with a new mini-batch every step)"
                    if getattr(args, 'new_graph', False) else
@@ -573,6 +596,9 @@ def main():
                         help='clear the attention layouts before every call (a new graph each '
                              'step, as with mini-batches; otherwise every call after the first '
                              'finds the layouts of the graph again, as in full-batch training)')
+    parser.add_argument('--inference', action='store_true',
+                        help='time one forward pass in eval() mode without gradients (full-'
+                             'graph inference) instead of forward + backward')
     parser.add_argument('--_one', help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._one:

@@ -33,7 +33,10 @@ feed-forward on every generator row), and PyG's FLOPs over ``rigid``'s on the sk
 the speed-up both would have at the same FLOP rate (``rigid`` computes exactly the
 :math:`\sum_i n_i^2` scores of its sets; PyG pads every set to the largest), and the message-passing
 memory ratio read as the tensor memory held at once (the allocator's peak) where the runs record
-it, beside the resident-set ratio of the target.
+it, beside the resident-set ratio of the target. Full-graph inference (``message_passing.py
+--inference``: one forward pass in ``eval()`` mode without gradients, a regime the issue does not
+name) gets the message-passing time and memory thresholds as companion rows of its own; its
+memory slopes count in the linear-memory target.
 
 Run: ``python benchmarks/targets.py`` (writes ``benchmarks/results/targets/targets.{json,md,png}``).
 """
@@ -81,6 +84,7 @@ SOURCES = {
     'gpu_message_passing': 'gpu/message_passing/message_passing.json',
     # (`--new-graph`: the attention layouts computed in every call, as with mini-batches)
     'gpu_message_passing_new_graph': 'gpu/message_passing_new_graph/message_passing.json',
+    'message_passing_inference': 'message_passing_inference/message_passing.json',
     'gpu_speed': 'gpu/speed/speed.json',
     'gpu_training_step': 'gpu/training_step/training_step.json',
     'scaling_sets_of_1': 'scaling/scaling_default_sets_of_1.json',
@@ -104,6 +108,9 @@ MESSAGE_PASSING = ('message_passing', 'message_passing_small', 'message_passing_
                    'message_passing_fold_power_law', 'message_passing_fold_1e5',
                    'message_passing_rows', 'gpu_message_passing',
                    'gpu_message_passing_new_graph')
+#: Message-passing files of full-graph inference (``--inference``: forward only, no gradients):
+#: read by their own companion rows, never as the training step of the targets above.
+MP_INFERENCE = ('message_passing_inference', )
 #: Message-passing files measured after the PMA's key map joined its seed
 #: (``MZAttention(fold_keys=True)``, 2026-12-03). At d = 64 the default configurations fold it
 #: (at d = 16 they do not), so ``rigid`` and ``default`` rows at d = 64 in the other files
@@ -116,7 +123,7 @@ MESSAGE_PASSING = ('message_passing', 'message_passing_small', 'message_passing_
 #: ``rigid`` inference ratios.
 FOLDED_MP = ('message_passing_fold', 'message_passing_fold_power_law',
              'message_passing_fold_1e5', 'message_passing_rows', 'gpu_message_passing',
-             'gpu_message_passing_new_graph')
+             'gpu_message_passing_new_graph') + MP_INFERENCE
 FOLD_MIN_DIM = 64
 _UNFOLDED_MP = ("measured before the PMA's key map joined its seed (`fold_keys=True`, "
                 "2026-12-03), which the default configurations do at d = 64; this graph's "
@@ -213,7 +220,7 @@ def superseded(data: Mapping[str, Mapping]) -> Dict[Tuple[str, str], str]:
     r"""Every row listed and not counted: :data:`SUPERSEDED` and the stale message-passing
     rows."""
     out = dict(SUPERSEDED)
-    for label in MESSAGE_PASSING:
+    for label in MESSAGE_PASSING + MP_INFERENCE:
         for r in data.get(label, {}).get('rows', []):
             where = (f"{r['aggr']}, {r['degrees']}, d={r['dim']}, {r['nodes']} nodes, "
                      f"{r['conv']}")
@@ -274,10 +281,12 @@ def _mp_graphs(rows: Sequence[Mapping[str, Any]],
 
 
 def _mp_pairs(data: Mapping[str, Mapping], mine: str, other: str, key: str,
-              degrees: Optional[str] = None) -> Iterator[Measurement]:
+              degrees: Optional[str] = None,
+              labels: Sequence[str] = MESSAGE_PASSING) -> Iterator[Measurement]:
     r"""The ratio ``key`` of :obj:`mine`'s row to :obj:`other`'s on each graph and convolution
-    of one file (medians of one run), the rows chosen by :func:`_mp_as`."""
-    for label in MESSAGE_PASSING:
+    of one file (medians of one run) of :obj:`labels` (the training files by default), the rows
+    chosen by :func:`_mp_as`."""
+    for label in labels:
         rows = [r for r in data.get(label, {}).get('rows', []) if 'error' not in r]
         for graph in _mp_graphs(rows, degrees):
             a, b = _mp_as(rows, mine, graph, label), _mp_as(rows, other, graph, label)
@@ -291,8 +300,9 @@ def _mp_pairs(data: Mapping[str, Mapping], mine: str, other: str, key: str,
             yield label, where, float(a[key]) / float(b[key])
 
 
-def _mp_speedup(data: Mapping[str, Mapping], mine: str = 'rigid') -> Iterator[Measurement]:
-    for label, where, v in _mp_pairs(data, mine, 'pyg', 'median_ms', 'power-law'):
+def _mp_speedup(data: Mapping[str, Mapping], mine: str = 'rigid',
+                labels: Sequence[str] = MESSAGE_PASSING) -> Iterator[Measurement]:
+    for label, where, v in _mp_pairs(data, mine, 'pyg', 'median_ms', 'power-law', labels):
         yield label, where, 1.0 / v
 
 
@@ -308,7 +318,7 @@ def _mp_memory_1e5(data: Mapping[str, Mapping]) -> Iterator[Measurement]:
 
 
 def _mp_slopes(data: Mapping[str, Mapping]) -> Iterator[Measurement]:
-    for label in MESSAGE_PASSING:
+    for label in MESSAGE_PASSING + MP_INFERENCE:
         rows = data.get(label, {}).get('rows', [])
         for r in data.get(label, {}).get('slopes', []):
             if (r['aggr'] in ('rigid', 'default') and r.get('memory_slope') is not None
@@ -462,6 +472,18 @@ TARGETS: Sequence[Tuple[str, str, float, str, Callable[[Mapping], Iterator[Measu
     ('mp-memory-chunks', "message passing: `rigid` in recomputed groups (`checkpoint='chunks'`) "
      "/ PyG peak memory, Poisson degrees", 0.5, 'max',
      lambda d: _mp_pairs(d, 'rigid-chunks', 'pyg', 'peak_mib', 'poisson')),
+    # companions in a regime the issue does not name: full-graph inference (one forward pass,
+    # eval() mode, no gradients: `message_passing.py --inference`), with the thresholds of the
+    # training targets
+    ('mp-infer-time', 'message passing inference (forward, no gradients): `rigid` / PyG time, '
+     'Poisson degrees', 1.0, 'max',
+     lambda d: _mp_pairs(d, 'rigid', 'pyg', 'median_ms', 'poisson', MP_INFERENCE)),
+    ('mp-infer-power-law', 'message passing inference: PyG / `rigid` time (speed-up), power-law '
+     'degrees', 100.0, 'min', lambda d: _mp_speedup(d, 'rigid', MP_INFERENCE)),
+    ('mp-infer-memory', 'message passing inference: `rigid` / PyG peak memory, Poisson degrees',
+     0.5, 'max', lambda d: _mp_pairs(d, 'rigid', 'pyg', 'peak_mib', 'poisson', MP_INFERENCE)),
+    ('mp-infer-default', 'message passing inference: default `MZAggregation` / `rigid` time',
+     3.0, 'max', lambda d: _mp_pairs(d, 'default', 'rigid', 'median_ms', None, MP_INFERENCE)),
 )
 
 

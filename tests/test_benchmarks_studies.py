@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 from tests.test_benchmarks_real import load_script
 
@@ -370,6 +371,39 @@ def test_message_passing_new_graph_computes_the_layouts_every_call(monkeypatch):
     assert all(c['new_graph'] for c in mp.plan(args))
     assert not any('new_graph' in c for c in mp.plan(argparse.Namespace(
         **dict(vars(args), new_graph=False))))
+
+
+def test_message_passing_inference_rows_run_the_forward_pass_alone(monkeypatch):
+    r"""``--inference`` rows call the aggregation in ``eval()`` mode without gradients (every
+    call); plain rows in training mode with them. Only such runs' configurations carry
+    ``inference`` (rows of earlier files still match theirs)."""
+    import argparse
+    mp = load_script('message_passing')
+    seen = []
+    build = mp.build_aggr
+
+    def spy(name, d, group_rows=None):
+        aggr = build(name, d, group_rows)
+        aggr.register_forward_pre_hook(
+            lambda m, a: seen.append((torch.is_grad_enabled(), m.training)))
+        return aggr
+    monkeypatch.setattr(mp, 'build_aggr', spy)
+    cfg = dict(aggr='rigid', conv='sage', degrees='poisson', dim=16, nodes=60, repeats=2,
+               threads=1, seed=0, device='cpu', keep=False, allocated=False)
+    for inference in (False, True):
+        seen.clear()
+        row = mp.run_one(dict(cfg, inference=True) if inference else cfg)
+        assert row.get('inference', False) is inference and row['median_ms'] > 0
+        # untimed call, peak-memory call, 2 timed calls
+        assert seen == [(not inference, not inference)] * 4
+    args = argparse.Namespace(nodes=[60], dims=[16], degrees=['poisson'], aggrs=['pyg', 'rigid'],
+                              graphconv_nodes=0, paper_max_nodes=0, ng8_max_nodes=0,
+                              ckpt_min_nodes=10**9, ckpt_dims=[], power_law_max_nodes=0,
+                              chunk_rows=None, repeats=1, threads=1, device='cpu',
+                              keep_freed_memory=False, allocated=False, inference=True)
+    assert [c['inference'] for c in mp.plan(args)] == [True, True]
+    assert not any('inference' in c for c in mp.plan(argparse.Namespace(
+        **dict(vars(args), inference=False))))
 
 
 def test_rigid_merged_merges_in_its_own_row_only(monkeypatch):

@@ -152,6 +152,31 @@ def test_rows_measured_before_the_fold_are_left_out():
     assert ('message_passing', 'rigid, poisson, d=16, 1000 nodes, sage') not in left_out
 
 
+def test_inference_files_count_in_their_own_rows_only():
+    # a full-graph inference file (message_passing.py --inference) is read by the mp-infer-*
+    # companion rows and the memory slopes, never as the training targets' forward + backward
+    targets = load_script('targets')
+    data = {'message_passing_rows': mp_file(0.9, 0.4, 2.0, 0.95, 3000.0),
+            'message_passing_inference': mp_file(0.5, 0.3, 1.5, 0.8, 1000.0)}
+    r = by_key(targets.evaluate(data))
+    assert [m['source'] for m in r['mp-time']['measurements']] == ['message_passing_rows']
+    assert [m['value'] for m in r['mp-infer-time']['measurements']] == pytest.approx([0.5])
+    assert [m['source'] for m in r['mp-infer-time']['measurements']] == [
+        'message_passing_inference']
+    assert [m['value'] for m in r['mp-infer-memory']['measurements']] == pytest.approx([0.3])
+    assert [m['value'] for m in r['mp-infer-power-law']['measurements']] == pytest.approx([200])
+    assert 1.5 in [pytest.approx(m['value']) for m in r['mp-infer-default']['measurements']]
+    assert all(m['source'] == 'message_passing_inference'
+               for key in ('mp-infer-time', 'mp-infer-memory', 'mp-infer-power-law',
+                           'mp-infer-default') for m in r[key]['measurements'])
+    assert not any(m['source'] == 'message_passing_inference'
+                   for key in ('mp-time', 'mp-memory', 'mp-power-law', 'mp-default',
+                               'mp-1e5-memory') for m in r[key]['measurements'])
+    assert [m['value'] for m in r['mp-linear']['measurements']] == pytest.approx([0.95, 0.8])
+    # its stale rows are listed as those of the training files are
+    assert any(label == 'message_passing_inference' for label, _ in targets.superseded(data))
+
+
 def test_committed_results(tmp_path):
     targets = load_script('targets')
     targets.main(['--out', str(tmp_path)])

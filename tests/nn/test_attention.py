@@ -72,9 +72,11 @@ def test_rigid_equals_torch_multihead_attention(path):
 
 
 @pytest.mark.parametrize('order', ['before', 'after'])
-def test_mz_generators_follow_eq3(order):
+@pytest.mark.parametrize('num_l', [1, L])
+def test_mz_generators_follow_eq3(order, num_l):
     # 'before': the mixing term joins the values of the keys; 'after': it is formed on the queries
-    attn = _attn('mz', summary='mean+std', value_order=order)
+    # (L = 1, the neighbourhood preset's, forms the mixing product by broadcasting)
+    attn = _attn('mz', summary='mean+std', value_order=order, num_matrix_generators=num_l)
     _randomise(attn, 4)
     query_set, kv_set = make_index([2, 3]), make_index([4, 3])
     query, key_value = _tokens(5, 5), _tokens(7, 6)
@@ -92,7 +94,7 @@ def test_mz_generators_follow_eq3(order):
         c_hat = torch.einsum('hqk,khd->qhd', weights, v.view(-1, H, dk))  # (nq, H, dk)
         extra = torch.zeros_like(rigid_g)
         for h in range(H):
-            for l in range(L):
+            for l in range(num_l):
                 ml_c = c_hat[:, h] @ attn.matrix_gens[h, l].T  # (nq, dk)
                 for g in range(NG):
                     extra[:, h, g] += attn.mix[g, l] * gamma[l] * ml_c
@@ -250,7 +252,8 @@ def _assert_same(results, others):
 @pytest.mark.parametrize('value', ['rigid', 'mz', 'film', 'hypernet'])
 @pytest.mark.parametrize('path', ['dense', 'scatter'])
 @pytest.mark.parametrize('ng', [0, NG])
-def test_value_map_before_and_after_aggregation_agree(value, path, ng):
+@pytest.mark.parametrize('num_l', [1, L])
+def test_value_map_before_and_after_aggregation_agree(value, path, ng, num_l):
     r"""The value map applied to every key ('before') or to every aggregated query ('after', all
     heads on the raw tokens) gives the same values and gradients, with empty sets, a one-element
     set, unsorted rows and the log-n scaling."""
@@ -263,8 +266,9 @@ def test_value_map_before_and_after_aggregation_agree(value, path, ng):
     results = []
     for order in ('before', 'after'):
         torch.manual_seed(0)
-        attn = MZAttention(D, heads=H, num_generators=ng, value=value, num_matrix_generators=L,
-                           log_n=True, path=path, value_order=order).double()
+        attn = MZAttention(D, heads=H, num_generators=ng, value=value,
+                           num_matrix_generators=num_l, log_n=True, path=path,
+                           value_order=order).double()
         _randomise(attn, 3)
         query, kv = _tokens(query_set.numel(), 1, ng), _tokens(kv_set.numel(), 2, ng)
         leaves = [query.center, query.gens, kv.center, kv.gens]

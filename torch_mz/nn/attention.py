@@ -56,6 +56,24 @@ def _generator_order_costs(key_value: Union[Zonotope, MappedZonotope],
     return Nk * ng * w_g * dim + pairs * ng * dim, pairs * heads * raw + after_map
 
 
+def _mix_product(coef: Tensor, rows: Tensor, add: Optional[Tensor] = None,
+                 inplace: bool = False) -> Tensor:
+    r"""The batched product of the mixing coefficients :obj:`coef` :math:`(N, n_g, L)` with the
+    rows :obj:`rows` :math:`(N, L, d)`, plus :obj:`add` :math:`(N, n_g, d)` where given (into
+    :obj:`add` itself with :obj:`inplace`). With :math:`L = 1` (the neighbourhood preset's
+    budget) the product is an outer product and is formed by broadcasting: the same products,
+    with no sum to take; a batched matrix product of inner size 1 runs one tiny product per row
+    (2.6 against 0.24 ms at :math:`(10017, 2, 1) \times (10017, 1, 64)`, one CPU core, equal
+    values)."""
+    if coef.size(-1) == 1:
+        if add is None:
+            return coef * rows
+        return add.addcmul_(coef, rows) if inplace else torch.addcmul(add, coef, rows)
+    if add is None:
+        return torch.bmm(coef, rows)
+    return add.baddbmm_(coef, rows) if inplace else torch.baddbmm(add, coef, rows)
+
+
 class MZAttention(Module):
     r"""Multi-head attention from query zonotope tokens to the key/value zonotope tokens of the same
     set, with a context-adaptive value operator (Eq. 3 of the paper).
@@ -454,7 +472,7 @@ class MZAttention(Module):
                 # the values of the keys (N_k rows: the inducing tokens of an ISAB's MAB(X, H))
                 # instead of being formed on every query (exact up to rounding)
                 coef, mv = self._mix_terms(vc, gamma[kv_set])
-                vg = vg + torch.bmm(coef, mv).view(Nk, ng, H, dk).transpose(1, 2)
+                vg = vg + _mix_product(coef, mv).view(Nk, ng, H, dk).transpose(1, 2)
                 # c_hat itself is then needed no more: M_c joins the center values too
                 vc = torch.einsum('nhd,hed->nhe', vc, weight)  # (Nk, H, dk), M_c v_j
             values = torch.cat([vc, vg.reshape(Nk, H, ng * dk)], dim=-1)  # (Nk, H, (1+ng) dk)
@@ -586,10 +604,10 @@ class MZAttention(Module):
         g_t = g_agg.transpose(1, 2)  # (Nq, ng, H, dk)
         if g_t.stride(2) == dk * g_t.stride(3):  # a view of the token layout (values before)
             # out of place: reads the view once and writes a fresh tensor (never a view)
-            return torch.baddbmm(g_t.reshape(Nq, ng, H * dk), coef, mc)
+            return _mix_product(coef, mc, add=g_t.reshape(Nq, ng, H * dk))
         out_g = g_agg.new_empty(Nq, ng, H * dk)  # (Nq, ng, d), one copy into the layout
         out_g.view(Nq, ng, H, dk).copy_(g_t)
-        return out_g.baddbmm_(coef, mc)
+        return _mix_product(coef, mc, add=out_g, inplace=True)
 
     def _context(self, out_c: Tensor, out_g: Tensor, c_hat: Tensor, g_hat: Optional[Tensor],
                  mu: Tensor, query_set: Tensor) -> Tuple[Tensor, Tensor]:
