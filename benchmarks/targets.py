@@ -566,7 +566,26 @@ def markdown(records: Sequence[Mapping[str, Any]], data: Mapping[str, Mapping],
         lines += ['', 'Rows left out (measured again, or measured before a change of the '
                   'code they describe):', '']
         lines += [f'- `{label}`, `{row}`: {why}' for (label, row), why in left_out.items()]
+    failed = failed_rows(data)
+    if failed:
+        lines += ['', 'Message-passing rows that failed (no figure; a ratio to such a row is '
+                  'not measured):', '']
+        lines += [f'- `{label}`, `{row}`: {error}' for label, row, error in failed]
     return '\n'.join(lines) + '\n'
+
+
+def failed_rows(data: Mapping[str, Mapping]) -> List[Tuple[str, str, str]]:
+    r"""``(label, row, error)`` of every message-passing row that recorded an error (its
+    first 200 characters)."""
+    out = []
+    for label in MESSAGE_PASSING + MP_INFERENCE:
+        for r in data.get(label, {}).get('rows', []):
+            if r.get('error'):
+                error = ' '.join(str(r['error']).split())
+                out.append((label, f"{r['aggr']}, {r['degrees']}, d={r['dim']}, "
+                           f"{r['nodes']} nodes, {r['conv']}",
+                           error[:200] + ('...' if len(error) > 200 else '')))
+    return out
 
 
 def plot(records: Sequence[Mapping[str, Any]], path: str) -> None:

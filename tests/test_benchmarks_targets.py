@@ -175,6 +175,17 @@ def test_inference_files_count_in_their_own_rows_only():
     assert [m['value'] for m in r['mp-linear']['measurements']] == pytest.approx([0.95, 0.8])
     # its stale rows are listed as those of the training files are
     assert any(label == 'message_passing_inference' for label, _ in targets.superseded(data))
+    # a failed row (PyG out of memory, say) gives no ratio and is listed with its error
+    data['message_passing_inference']['rows'].append(dict(
+        aggr='pyg', degrees='power-law', dim=64, nodes=1000, conv='sage',
+        error='RuntimeError: can\'t allocate\n memory'))
+    r = by_key(targets.evaluate(data))
+    assert [m['value'] for m in r['mp-infer-power-law']['measurements']] == pytest.approx([200])
+    assert targets.failed_rows(data) == [('message_passing_inference',
+                                          'pyg, power-law, d=64, 1000 nodes, sage',
+                                          "RuntimeError: can't allocate memory")]
+    assert "`pyg, power-law, d=64, 1000 nodes, sage`: RuntimeError: can't allocate memory" in \
+        targets.markdown(targets.evaluate(data), data, 'cmd')
 
 
 def test_committed_results(tmp_path):
