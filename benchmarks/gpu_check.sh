@@ -2,8 +2,9 @@
 # One command for a machine with an NVIDIA GPU: the CUDA tests and the three operator benchmarks
 # on the GPU, each step under its own time limit (10 minutes in all; on one H200, 2026-12-04,
 # the tests took 0.4 minutes, 12 message-passing rows with the allocator figure 3.4 minutes over
-# two calls, the training step 1.1 with --repeats 3; this configuration, with 16
-# message-passing rows and 4 more on a new graph every call, has not run yet), results under $OUT (default
+# two calls, each row in a process of its own, the training step 1.1 with --repeats 3; this
+# configuration, with 16 message-passing rows, 4 more on a new graph every call and 6 of
+# inference, all in one process each (--same-process), has not run yet), results under $OUT (default
 # benchmarks/results/gpu/): gpu_check.log (all output), cuda_tests.txt, and JSON + Markdown +
 # PNG per benchmark. benchmarks/results/gpu/README.md says what the last run found.
 #
@@ -46,17 +47,24 @@ echo '== message passing'
 # rigid-chunks and default-chunks on 10^4 and 10^5 nodes time the CPU's recomputed groups,
 # which multiply the kernel launches (launches.py), against chunk_size='auto' on this GPU;
 # rigid-merged: fewer attention buckets, fewer launches, more padding)
-timeout 300 $PY benchmarks/message_passing.py --device cuda --nodes 1000,10000,100000 --dims 64 \
+# --same-process: the rows in this one process (the GPU's peak is the allocator's, reset per
+# row), without a CUDA start-up per row
+timeout 240 $PY benchmarks/message_passing.py --device cuda --nodes 1000,10000,100000 --dims 64 \
   --degrees poisson --aggrs pyg,rigid,rigid-chunks,rigid-merged,default,default-chunks \
   --ckpt-dims 64 \
-  --ckpt-min-nodes 10000 --graphconv-nodes 0 --repeats 5 --timeout 60 --no-allocated \
+  --ckpt-min-nodes 10000 --graphconv-nodes 0 --repeats 5 --no-allocated --same-process \
   --out "$OUT/message_passing" || status=1
 echo '== message passing, a new graph every call'
 # (the rows above run every call on the graph of the call before, as full-batch training does,
 # and find their attention layouts again; a new mini-batch each step computes them every call)
 timeout 60 $PY benchmarks/message_passing.py --device cuda --nodes 1000,10000 --dims 64 \
-  --degrees poisson --aggrs pyg,rigid --graphconv-nodes 0 --repeats 5 --timeout 30 \
+  --degrees poisson --aggrs pyg,rigid --graphconv-nodes 0 --repeats 5 --same-process \
   --no-allocated --new-graph --out "$OUT/message_passing_new_graph" || status=1
+echo '== message passing, inference'
+# (one forward pass in eval() mode without gradients, full-graph inference after training)
+timeout 60 $PY benchmarks/message_passing.py --device cuda --nodes 1000,10000,100000 --dims 64 \
+  --degrees poisson --aggrs pyg,rigid --graphconv-nodes 0 --repeats 5 --same-process \
+  --no-allocated --inference --out "$OUT/message_passing_inference" || status=1
 echo '== point-cloud training step'
 # the presets only: the +keep rows are about the CPU's malloc, the +compile rows compile for
 # a minute or more each

@@ -86,6 +86,13 @@ Every timed call runs on the graph of the call before, as in full-batch training
 ids), and rows written before measured every call computing them. ``--new-graph`` clears them
 before every call, as a new mini-batch each step would (rows record ``new_graph``).
 
+``--same-process`` (with ``--device cuda`` only) runs every row in the calling process instead
+of a fresh one: the GPU's peak is the allocator's, reset for every row, so a row needs no
+process of its own, and a row then costs no start-up of its own (the first GPU check measured
+8 rows in 150 s, each in its own process; how much of that was start-up was not measured); each
+row still drops the layouts and compiled graphs of the rows before it,
+and ``--timeout`` does not apply (rows record ``same_process``).
+
 ``--inference`` times the forward pass alone instead, in ``eval()`` mode under
 ``torch.no_grad()``, as full-graph inference after training runs (rows record ``inference``; the
 peak and allocated figures are then those of one forward pass). Without gradients
@@ -234,7 +241,9 @@ def run_one(cfg: dict) -> dict:
 
     from torch_mz.nn import functional, set_fused_kernels
     from torch_mz.nn.functional import clear_layout_cache
+    from torch_mz.nn.fused import fused_kernels_mode
     saved = {k: getattr(functional, k) for k in MERGED}
+    saved_mode = fused_kernels_mode()  # (restored below, for rows run in one process)
     if cfg['aggr'] == 'rigid-merged':  # (restored below: run_one also runs in-process in tests)
         for k, v in MERGED.items():
             setattr(functional, k, v)
@@ -254,6 +263,7 @@ def run_one(cfg: dict) -> dict:
             except Exception as e:  # e.g. another profiler active: keep the figures measured
                 alloc_error = f'{type(e).__name__}: {e}'
     finally:
+        set_fused_kernels(saved_mode)
         if cfg['aggr'] == 'rigid-merged':
             for k, v in saved.items():
                 setattr(functional, k, v)
@@ -271,6 +281,27 @@ def run_one(cfg: dict) -> dict:
                 peak_mib=None if peak is None else peak / 2**20,
                 alloc_mib=None if alloc is None else alloc / 2**20,
                 **({} if alloc_error is None else dict(alloc_error=alloc_error)))
+
+
+def run_in_process(cfg: dict) -> dict:
+    r"""One configuration in this process (``--same-process``, CUDA only, where the peak is the
+    allocator's, reset for every row): the attention layouts and the compiled graphs of the rows
+    before are dropped first (each row compiles again in its untimed first call, from the
+    compiler's cache on disk), and its tensors and the allocator's cache after it; a failure
+    (CUDA out of memory, say) is a row with an ``error``, as in a fresh process."""
+    import gc
+
+    from torch_mz.nn.functional import clear_layout_cache
+    clear_layout_cache()
+    torch._dynamo.reset()
+    try:
+        return run_one(cfg)
+    except Exception as e:  # noqa: BLE001 - the row records it; the run goes on
+        return dict(cfg, error=f'{type(e).__name__}: {e}'[:300])
+    finally:
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
 
 def run_subprocess(cfg: dict, timeout: float) -> dict:
@@ -351,6 +382,8 @@ def plan(args: argparse.Namespace) -> List[dict]:
                             cfg['new_graph'] = True
                         if getattr(args, 'inference', False):  # (the same)
                             cfg['inference'] = True
+                        if getattr(args, 'same_process', False):  # (the same)
+                            cfg['same_process'] = True
                         if aggr.endswith('-chunks') and args.chunk_rows is not None:
                             cfg['group_rows'] = args.chunk_rows
                         cfgs.append(cfg)
@@ -542,6 +575,9 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Lis
                      f"{PYG_HEADS} heads of {', '.join(pyg)} (in --aggrs)")
     if args.device == 'cuda' and not torch.cuda.is_available():
         parser.error("argument --device: 'cuda' is not available here")
+    if getattr(args, 'same_process', False) and args.device != 'cuda':
+        parser.error('argument --same-process: only with --device cuda (on the CPU the peak '
+                     'is the resident set, which needs a fresh process per row)')
     cfgs = plan(args)
     if not cfgs:
         parser.error('nothing to measure: every configuration of --degrees, --dims, --nodes '
@@ -599,6 +635,10 @@ def main():
     parser.add_argument('--inference', action='store_true',
                         help='time one forward pass in eval() mode without gradients (full-'
                              'graph inference) instead of forward + backward')
+    parser.add_argument('--same-process', action='store_true',
+                        help='with --device cuda: every row in this process (no CUDA start-up '
+                             "per row; the peak is the allocator's, reset per row; --timeout "
+                             'does not apply)')
     parser.add_argument('--_one', help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._one:
@@ -617,7 +657,12 @@ def main():
     for cfg in cfgs:
         earlier_row = next((r for r in kept if measured(r, cfg)), None)
         reused += earlier_row is not None
-        row = run_subprocess(cfg, args.timeout) if earlier_row is None else earlier_row
+        if earlier_row is not None:
+            row = earlier_row
+        elif args.same_process:
+            row = run_in_process(cfg)
+        else:
+            row = run_subprocess(cfg, args.timeout)
         rows.append(row)
         print(row_line(row, kept=earlier_row is not None), flush=True)
         earlier = earlier_minutes if reused else 0.0

@@ -85,6 +85,7 @@ SOURCES = {
     # (`--new-graph`: the attention layouts computed in every call, as with mini-batches)
     'gpu_message_passing_new_graph': 'gpu/message_passing_new_graph/message_passing.json',
     'message_passing_inference': 'message_passing_inference/message_passing.json',
+    'gpu_message_passing_inference': 'gpu/message_passing_inference/message_passing.json',
     'gpu_speed': 'gpu/speed/speed.json',
     'gpu_training_step': 'gpu/training_step/training_step.json',
     'scaling_sets_of_1': 'scaling/scaling_default_sets_of_1.json',
@@ -110,7 +111,7 @@ MESSAGE_PASSING = ('message_passing', 'message_passing_small', 'message_passing_
                    'gpu_message_passing_new_graph')
 #: Message-passing files of full-graph inference (``--inference``: forward only, no gradients):
 #: read by their own companion rows, never as the training step of the targets above.
-MP_INFERENCE = ('message_passing_inference', )
+MP_INFERENCE = ('message_passing_inference', 'gpu_message_passing_inference')
 #: Message-passing files measured after the PMA's key map joined its seed
 #: (``MZAttention(fold_keys=True)``, 2026-12-03). At d = 64 the default configurations fold it
 #: (at d = 16 they do not), so ``rigid`` and ``default`` rows at d = 64 in the other files

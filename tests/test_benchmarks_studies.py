@@ -406,6 +406,40 @@ def test_message_passing_inference_rows_run_the_forward_pass_alone(monkeypatch):
         **dict(vars(args), inference=False))))
 
 
+def test_message_passing_rows_in_one_process(monkeypatch, capsys):
+    r"""``--same-process`` (CUDA only: refused on the CPU) runs rows in the calling process: a
+    row leaves the compiled-kernel mode as it found it, a failure is a row with its error, and
+    the configurations record it."""
+    import argparse
+
+    from torch_mz.nn.fused import fused_kernels_mode, set_fused_kernels
+    mp = load_script('message_passing')
+    cfg = dict(aggr='default-eager', conv='sage', degrees='poisson', dim=16, nodes=40,
+               repeats=1, threads=1, seed=0, device='cpu', keep=False, allocated=False)
+    set_fused_kernels(None)
+    try:
+        row = mp.run_in_process(cfg)
+        assert row['median_ms'] > 0 and 'error' not in row
+        assert fused_kernels_mode() is None  # the -eager row turned them off for itself only
+
+        def boom(cfg):
+            raise RuntimeError('CUDA out of memory')
+        monkeypatch.setattr(mp, 'run_one', boom)
+        assert mp.run_in_process(cfg)['error'] == 'RuntimeError: CUDA out of memory'
+    finally:
+        set_fused_kernels(None)
+    args = argparse.Namespace(nodes=[40], dims=[16], degrees=['poisson'], aggrs=['rigid'],
+                              graphconv_nodes=0, paper_max_nodes=0, ng8_max_nodes=0,
+                              ckpt_min_nodes=10**9, ckpt_dims=[], power_law_max_nodes=0,
+                              chunk_rows=None, repeats=1, threads=1, device='cpu',
+                              keep_freed_memory=False, allocated=False, same_process=True,
+                              quick=False)
+    assert [c['same_process'] for c in mp.plan(args)] == [True]
+    with pytest.raises(SystemExit):
+        mp.check_args(argparse.ArgumentParser(), args)
+    assert 'only with --device cuda' in capsys.readouterr().err
+
+
 def test_rigid_merged_merges_in_its_own_row_only(monkeypatch):
     r"""``rigid-merged`` runs with :data:`message_passing.MERGED`'s bucket-merge settings while
     its row is measured or counted, and leaves the module's settings as they were; it merges

@@ -82,6 +82,12 @@ def set_fused_kernels(enabled: Optional[bool] = True) -> None:
     _ENABLED = None if enabled is None else bool(enabled)
 
 
+def fused_kernels_mode() -> Optional[bool]:
+    r"""The mode :func:`set_fused_kernels` set: :obj:`True`, :obj:`False` or :obj:`None` (auto),
+    so that a caller can restore it."""
+    return _ENABLED
+
+
 def fused_kernels_enabled() -> bool:
     r"""Whether the compiled kernels are on for every input (mode on, and they have not failed
     to compile)."""
