@@ -394,9 +394,16 @@ def measured(row: dict, cfg: dict) -> bool:
     r"""Whether :obj:`row` (of a results file) is a measurement of configuration :obj:`cfg`:
     every entry of :obj:`cfg` equal (aggregation, convolution, degrees, width, graph size,
     repeats, threads, seed, device, keep, allocated, and the group size of ``*-chunks`` rows,
-    present in both or in neither), and not a failure."""
+    present in both or in neither; the switches :data:`ROW_FLAGS` alike, absent read as off),
+    and not a failure."""
     return 'error' not in row and all(row.get(key) == cfg.get(key)
-                                      for key in set(cfg) | {'group_rows'})
+                                      for key in (set(cfg) | {'group_rows'}) - set(ROW_FLAGS)) \
+        and all(bool(row.get(key)) == bool(cfg.get(key)) for key in ROW_FLAGS)
+
+
+#: Switches a configuration carries only when on (so that the rows of files written before them
+#: still match): a row measured with one is never kept for a run without it, nor the reverse.
+ROW_FLAGS = ('new_graph', 'inference', 'same_process')
 
 
 def earlier_rows(path: str, args: argparse.Namespace) -> Tuple[List[dict], float, str]:
@@ -528,9 +535,11 @@ def write_report(args: argparse.Namespace, env: dict, rows: List[dict], planned:
                 + ("each on a graph seen for the first time (`--new-graph`: the attention "
                    "layouts cleared before every call, as with a new mini-batch every step)"
                    if getattr(args, 'new_graph', False) else
-                   "each on the graph of the call before (as in full-batch training: "
-                   "`MZAggregation` finds its attention layouts again; `--new-graph` clears "
-                   "them before every call)")
+                   "each on the graph of the call before (as in "
+                   + ("full-graph inference" if getattr(args, 'inference', False)
+                      else "full-batch training")
+                   + ": `MZAggregation` finds its attention layouts again; `--new-graph` "
+                   "clears them before every call)")
                 + "; peak memory = "
                 + ("the CUDA allocator's peak (the tensor memory held at once)"
                    if args.device == 'cuda' else 'the peak resident set')
@@ -617,8 +626,9 @@ def main():
                         help='seconds per configuration before it is reported as timed out')
     parser.add_argument('--quick', action='store_true',
                         help='graphs of 1,000 and 10,000 nodes, d = 16, 3 repeats')
-    parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
-                                                      NAME))
+    parser.add_argument('--out', default=None,
+                        help=f'results folder (default: benchmarks/results/{NAME}, with '
+                             f'--inference benchmarks/results/{NAME}_inference)')
     parser.add_argument('--resume', action='store_true',
                         help=f'keep the rows of <out>/{NAME}.json measured with the same '
                              'configuration and settings; measure only the others')
@@ -641,6 +651,9 @@ def main():
                              'does not apply)')
     parser.add_argument('--_one', help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.out is None:  # inference rows never land among the training runs' files
+        args.out = os.path.join(os.path.dirname(__file__), 'results',
+                                NAME + ('_inference' if args.inference else ''))
     if args._one:
         print(json.dumps(run_one(json.loads(args._one))))
         return

@@ -281,6 +281,15 @@ def _mp_graphs(rows: Sequence[Mapping[str, Any]],
     return [dict(zip(keys, g)) for g in graphs]
 
 
+def _mp_rows(data: Mapping[str, Mapping], label: str) -> List[Mapping[str, Any]]:
+    r"""The rows of :obj:`label` that did not fail and measured what its kind of file holds:
+    the forward pass alone in the inference files (:data:`MP_INFERENCE`), forward + backward
+    in the others (a row with ``inference`` in a training file is never read as training)."""
+    inference = label in MP_INFERENCE
+    return [r for r in data.get(label, {}).get('rows', [])
+            if 'error' not in r and bool(r.get('inference')) == inference]
+
+
 def _mp_pairs(data: Mapping[str, Mapping], mine: str, other: str, key: str,
               degrees: Optional[str] = None,
               labels: Sequence[str] = MESSAGE_PASSING) -> Iterator[Measurement]:
@@ -288,7 +297,7 @@ def _mp_pairs(data: Mapping[str, Mapping], mine: str, other: str, key: str,
     of one file (medians of one run) of :obj:`labels` (the training files by default), the rows
     chosen by :func:`_mp_as`."""
     for label in labels:
-        rows = [r for r in data.get(label, {}).get('rows', []) if 'error' not in r]
+        rows = _mp_rows(data, label)
         for graph in _mp_graphs(rows, degrees):
             a, b = _mp_as(rows, mine, graph, label), _mp_as(rows, other, graph, label)
             if a is None or b is None or not a.get(key) or not b.get(key):
@@ -310,7 +319,7 @@ def _mp_speedup(data: Mapping[str, Mapping], mine: str = 'rigid',
 def _mp_memory_1e5(data: Mapping[str, Mapping]) -> Iterator[Measurement]:
     r"""The default aggregation's peak on the largest graphs."""
     for label in MESSAGE_PASSING:
-        rows = [r for r in data.get(label, {}).get('rows', []) if 'error' not in r]
+        rows = _mp_rows(data, label)
         for graph in _mp_graphs(rows, 'poisson'):
             r = _mp_as(rows, 'default', graph, label) if graph['nodes'] >= 100000 else None
             if r is not None and r.get('peak_mib') is not None:

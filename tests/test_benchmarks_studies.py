@@ -404,6 +404,13 @@ def test_message_passing_inference_rows_run_the_forward_pass_alone(monkeypatch):
     assert [c['inference'] for c in mp.plan(args)] == [True, True]
     assert not any('inference' in c for c in mp.plan(argparse.Namespace(
         **dict(vars(args), inference=False))))
+    # --resume keeps a row only for a run with the same switches (absent: off)
+    base = dict(cfg, edges=1, median_ms=1.0)
+    assert mp.measured(base, cfg) and mp.measured(dict(base, inference=False), cfg)
+    assert not mp.measured(dict(base, inference=True), cfg)
+    assert not mp.measured(base, dict(cfg, inference=True))
+    assert not mp.measured(dict(base, new_graph=True), dict(cfg, inference=True))
+    assert mp.measured(dict(base, inference=True), dict(cfg, inference=True))
 
 
 def test_message_passing_rows_in_one_process(monkeypatch, capsys):

@@ -156,10 +156,17 @@ def test_inference_files_count_in_their_own_rows_only():
     # a full-graph inference file (message_passing.py --inference) is read by the mp-infer-*
     # companion rows and the memory slopes, never as the training targets' forward + backward
     targets = load_script('targets')
-    data = {'message_passing_rows': mp_file(0.9, 0.4, 2.0, 0.95, 3000.0),
-            'message_passing_inference': mp_file(0.5, 0.3, 1.5, 0.8, 1000.0)}
+    inference = mp_file(0.5, 0.3, 1.5, 0.8, 1000.0)
+    for row in inference['rows']:
+        row['inference'] = True
+    training = mp_file(0.9, 0.4, 2.0, 0.95, 3000.0)
+    # an inference row in a training file (a run with --inference and --out of a training
+    # file) is not read there: were it read, rigid / PyG on this graph would be 0.01
+    training['rows'].insert(0, dict(training['rows'][1], median_ms=0.1, inference=True))
+    data = {'message_passing_rows': training, 'message_passing_inference': inference}
     r = by_key(targets.evaluate(data))
     assert [m['source'] for m in r['mp-time']['measurements']] == ['message_passing_rows']
+    assert [m['value'] for m in r['mp-time']['measurements']] == pytest.approx([0.9])
     assert [m['value'] for m in r['mp-infer-time']['measurements']] == pytest.approx([0.5])
     assert [m['source'] for m in r['mp-infer-time']['measurements']] == [
         'message_passing_inference']
@@ -177,7 +184,7 @@ def test_inference_files_count_in_their_own_rows_only():
     assert any(label == 'message_passing_inference' for label, _ in targets.superseded(data))
     # a failed row (PyG out of memory, say) gives no ratio and is listed with its error
     data['message_passing_inference']['rows'].append(dict(
-        aggr='pyg', degrees='power-law', dim=64, nodes=1000, conv='sage',
+        aggr='pyg', degrees='power-law', dim=64, nodes=1000, conv='sage', inference=True,
         error='RuntimeError: can\'t allocate\n memory'))
     r = by_key(targets.evaluate(data))
     assert [m['value'] for m in r['mp-infer-power-law']['measurements']] == pytest.approx([200])

@@ -71,6 +71,29 @@ def test_rigid_equals_torch_multihead_attention(path):
         torch.testing.assert_close(out.gens[qm], gens.permute(0, 2, 1, 3).reshape(-1, NG, D))
 
 
+@pytest.mark.parametrize('num_l', [1, 3])
+def test_mix_product_equals_the_batched_products(num_l):
+    r""":func:`~torch_mz.nn.attention._mix_product` against ``bmm`` / ``baddbmm`` (values and
+    gradients, float64), with ``add`` absent, a fresh tensor, a transposed view and in place; at
+    L = 1 it broadcasts instead."""
+    from torch_mz.nn.attention import _mix_product
+    g = torch.Generator().manual_seed(3)
+    coef = torch.randn(5, 2, num_l, generator=g, dtype=torch.float64, requires_grad=True)
+    rows = torch.randn(5, num_l, 6, generator=g, dtype=torch.float64, requires_grad=True)
+    base = torch.randn(5, 6, 2, generator=g, dtype=torch.float64, requires_grad=True)
+    torch.testing.assert_close(_mix_product(coef, rows), torch.bmm(coef, rows), rtol=0, atol=0)
+    add = base.transpose(1, 2)  # (5, 2, 6), a view
+    torch.testing.assert_close(_mix_product(coef, rows, add=add),
+                               torch.baddbmm(add, coef, rows))
+    assert torch.autograd.gradcheck(lambda c, r, b: _mix_product(c, r, add=b.transpose(1, 2)),
+                                    (coef, rows, base))
+    assert torch.autograd.gradcheck(
+        lambda c, r, b: _mix_product(c, r, add=b.transpose(1, 2).clone(), inplace=True),
+        (coef, rows, base))
+    out = base.transpose(1, 2).clone()
+    assert _mix_product(coef.detach(), rows.detach(), add=out, inplace=True) is out
+
+
 @pytest.mark.parametrize('order', ['before', 'after'])
 @pytest.mark.parametrize('num_l', [1, L])
 def test_mz_generators_follow_eq3(order, num_l):
