@@ -29,6 +29,8 @@ attention kernels for some calls):
   :func:`torch_mz.nn.functional.clear_layout_cache`): the other columns count a call on the
   graph of the call before (full-batch training; PyG passes a new view of ``edge_index[1]``
   each time, and the layouts are found by value), these a new graph every step (mini-batches);
+* ``ops_infer``, ``kernels_infer``, ``syncs_infer``: one forward pass alone in ``eval()`` mode
+  without gradients on the same graph (full-graph inference; the layouts found again);
 * ``kernels_per_1k_edges`` and, per aggregation, the slope of log(kernels) against
   log(nodes + edges): 0 where the number of launches does not grow with the graph, 1 where it
   grows in proportion.
@@ -114,13 +116,25 @@ def _count_conv(conv, x, edge_index, degrees: str, dim: int, nodes: int, aggr: s
         step()
 
     fresh = count_ops(new_graph)
+
+    def infer():  # full-graph inference on the same graph
+        conv.eval()
+        try:
+            with torch.no_grad():
+                conv(x, edge_index)
+        finally:
+            conv.train()
+
+    infer()  # first call in eval() mode: not counted, as above
+    inference = count_ops(infer)
     edges = int(edge_index.size(1))
     module = conv.aggr_module
     chunk_rows = (module._chunk_rows(edges) or 0) if hasattr(module, '_chunk_rows') else None
     return dict(degrees=degrees, dim=dim, nodes=nodes, edges=edges, aggr=aggr,
                 chunk_rows=chunk_rows, ops=counter.ops, kernels=counter.kernels,
                 syncs=counter.syncs, ops_new_graph=fresh.ops, kernels_new_graph=fresh.kernels,
-                syncs_new_graph=fresh.syncs,
+                syncs_new_graph=fresh.syncs, ops_infer=inference.ops,
+                kernels_infer=inference.kernels, syncs_infer=inference.syncs,
                 kernels_per_1k_edges=1000 * counter.kernels / max(edges, 1),
                 top_kernels=', '.join(f'{n} {c}' for n, c in counter.by_name.most_common(5)),
                 seconds=seconds)
@@ -340,6 +354,7 @@ def main(argv: Optional[List[str]] = None) -> None:
                 + markdown_table(rows, ['degrees', 'dim', 'nodes', 'edges', 'aggr', 'chunk_rows',
                                         'ops', 'kernels', 'syncs', 'ops_new_graph',
                                         'kernels_new_graph', 'syncs_new_graph',
+                                        'ops_infer', 'kernels_infer', 'syncs_infer',
                                         'kernels_per_1k_edges', 'top_kernels'])
                 + f'\n![plot]({NAME}.png)\n')
     write_results(args.out, NAME, dict(environment=env, config=vars(args), minutes=minutes,

@@ -28,6 +28,12 @@ def test_recomputed_groups_multiply_the_kernels_and_the_whole_input_does_not(lau
     groups = -(-large['rigid']['edges'] // 64)
     assert large['rigid']['kernels'] > (groups - 1) * small['rigid']['kernels']
     assert large['rigid-whole']['kernels'] < 2 * small['rigid-whole']['kernels']
+    # inference: the forward pass alone, fewer operations than forward + backward, and in
+    # groups (without gradients the groups are not recomputed) more than the whole input
+    for row in (*small.values(), *large.values()):
+        assert 0 < row['kernels_infer'] < row['kernels'] and row['syncs_infer'] <= row['syncs']
+    assert small['rigid']['kernels_infer'] == small['rigid-whole']['kernels_infer']
+    assert large['rigid']['kernels_infer'] > large['rigid-whole']['kernels_infer']
 
 
 def test_run_writes_counts_and_slopes_and_leaves_pyg_out_above_its_limit(launches, tmp_path):
