@@ -84,6 +84,8 @@ SOURCES = {
     'gpu_message_passing': 'gpu/message_passing/message_passing.json',
     # (`--new-graph`: the attention layouts computed in every call, as with mini-batches)
     'gpu_message_passing_new_graph': 'gpu/message_passing_new_graph/message_passing.json',
+    'message_passing_cached': 'message_passing_cached/message_passing.json',
+    'message_passing_new_graph': 'message_passing_new_graph/message_passing.json',
     'message_passing_inference': 'message_passing_inference/message_passing.json',
     'gpu_message_passing_inference': 'gpu/message_passing_inference/message_passing.json',
     'gpu_speed': 'gpu/speed/speed.json',
@@ -108,7 +110,8 @@ MESSAGE_PASSING = ('message_passing', 'message_passing_small', 'message_passing_
                    'message_passing_kernels', 'message_passing_fold',
                    'message_passing_fold_power_law', 'message_passing_fold_1e5',
                    'message_passing_rows', 'gpu_message_passing',
-                   'gpu_message_passing_new_graph')
+                   'gpu_message_passing_new_graph', 'message_passing_cached',
+                   'message_passing_new_graph')
 #: Message-passing files of full-graph inference (``--inference``: forward only, no gradients):
 #: read by their own companion rows, never as the training step of the targets above.
 MP_INFERENCE = ('message_passing_inference', 'gpu_message_passing_inference')
@@ -124,7 +127,8 @@ MP_INFERENCE = ('message_passing_inference', 'gpu_message_passing_inference')
 #: ``rigid`` inference ratios.
 FOLDED_MP = ('message_passing_fold', 'message_passing_fold_power_law',
              'message_passing_fold_1e5', 'message_passing_rows', 'gpu_message_passing',
-             'gpu_message_passing_new_graph') + MP_INFERENCE
+             'gpu_message_passing_new_graph', 'message_passing_cached',
+             'message_passing_new_graph') + MP_INFERENCE
 FOLD_MIN_DIM = 64
 _UNFOLDED_MP = ("measured before the PMA's key map joined its seed (`fold_keys=True`, "
                 "2026-12-03), which the default configurations do at d = 64; this graph's "
