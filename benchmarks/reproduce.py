@@ -12,9 +12,10 @@ the qm9pack source: mz, rigid, st-large, egnn, deepsets), ``d3`` (Appendix D.3: 
 model's single-pass IHW against MC-Dropout and a 5-model deep ensemble of it, on quadratic TDOF
 L = 8) and ``table30``
 (cost ratios mz / rigid read from
-``benchmarks/results/training_step_fold/training_step.json``, ``training_step.py --rounds 3``
-after the PMA's key map joined its seeds, or where that is missing from the run with rounds
-before it, ``training_step_rounds/``, or the single run ``training_step/``). ``table1-protocol``
+``benchmarks/results/training_step_current/training_step.json``, the latest ``training_step.py
+--rounds 3`` run, or where that is missing from the one after the PMA's key map joined its seeds,
+``training_step_fold/``, the run with rounds before it, ``training_step_rounds/``, or the single
+run ``training_step/``). ``table1-protocol``
 and ``table3-protocol`` train Table 1's L = 16 cell and Table 3's d = 16 cell at the paper's lr
 1e-4 and weight decay 1e-5 (batch 256 on MEB), no sweep.
 
@@ -105,7 +106,8 @@ from torch_mz.study import (environment, markdown_table, plot_bars, pyplot, try_
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, 'results')
 #: the training-step runs Table 30's ratios are read from, the first that exists
-TABLE30_SOURCES = ('training_step_fold', 'training_step_rounds', 'training_step')
+TABLE30_SOURCES = ('training_step_current', 'training_step_fold', 'training_step_rounds',
+                   'training_step')
 EXIT_ERROR = 2
 EXIT_TIME_LIMIT = 3  # stopped at --time-limit with runs left: run the same command again
 
@@ -674,8 +676,8 @@ def main(argv=None):
     if 'table30' in claims:  # read from the operator benchmark, nothing to train
         print(f'table30 ({budget.name}):', flush=True)
         # the latest run with rounds where there is one (its ratios pool three rounds of the
-        # host's spells): the one after the PMA's key map joined its seeds (fold_keys), the one
-        # before it, else the single run
+        # host's spells): the current one, the one after the PMA's key map joined its seeds
+        # (fold_keys), the one before it, else the single run
         candidates = [os.path.join(RESULTS, name, 'training_step.json')
                       for name in TABLE30_SOURCES]
         finish('table30', overhead_records(
