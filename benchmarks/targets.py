@@ -73,6 +73,7 @@ SOURCES = {
     'speed_rerun': 'speed_rerun/speed.json',
     'speed_fold': 'speed_fold/speed.json',
     'speed_fold_rerun': 'speed_fold_rerun/speed.json',
+    'speed_current': 'speed_current/speed.json',
     'training_step': 'training_step/training_step.json',
     'training_step_small_sets': 'training_step_small_sets/training_step.json',
     'training_step_egnn': 'training_step_egnn/training_step.json',
@@ -265,8 +266,9 @@ def _mp_as(rows: Sequence[Mapping[str, Any]], name: str,
     return None
 
 
-# speed.py's runs (speed_fold and speed_fold_rerun: after the key map joined the PMA's seed)
-SPEED = ('speed', 'speed_rerun', 'speed_fold', 'speed_fold_rerun', 'gpu_speed')
+# speed.py's runs (speed_fold, speed_fold_rerun and speed_current: after the key map joined the
+# PMA's seed)
+SPEED = ('speed', 'speed_rerun', 'speed_fold', 'speed_fold_rerun', 'speed_current', 'gpu_speed')
 TRAINING_STEP = ('training_step', 'training_step_small_sets', 'training_step_egnn',
                  'training_step_rounds', 'training_step_large_batch', 'training_step_thp',
                  'training_step_fold', 'training_step_current', 'gpu_training_step')
