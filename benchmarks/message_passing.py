@@ -328,8 +328,8 @@ def plot(rows, path):
     if not groups:  # nothing measured with SAGEConv (e.g. every row filtered out)
         return
     fig, axes = plt.subplots(2, len(groups), figsize=(4 * len(groups), 7), squeeze=False)
+    step = 'inference' if any(r.get('inference') for r in rows) else 'forward+backward'
     for col, (degrees, dim) in enumerate(groups):
-        step = 'inference' if any(r.get('inference') for r in rows) else 'forward+backward'
         for row, (key, label) in enumerate((('median_ms', f'{step}, median ms'),
                                             ('peak_mib', 'peak memory, MiB'))):
             ax = axes[row][col]

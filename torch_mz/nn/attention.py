@@ -63,8 +63,8 @@ def _mix_product(coef: Tensor, rows: Tensor, add: Optional[Tensor] = None,
     :obj:`add` itself with :obj:`inplace`). With :math:`L = 1` (the neighbourhood preset's
     budget) the product is an outer product and is formed by broadcasting: the same products,
     with no sum to take; a batched matrix product of inner size 1 runs one tiny product per row
-    (2.6 against 0.24 ms at :math:`(10017, 2, 1) \times (10017, 1, 64)`, one CPU core, equal
-    values)."""
+    (2.4 against 0.27 ms at :math:`(10017, 2, 1) \times (10017, 1, 64)`, one CPU core on an
+    otherwise idle host, equal values)."""
     if coef.size(-1) == 1:
         if add is None:
             return coef * rows
