@@ -16,6 +16,13 @@ hold. Ratios are taken between medians of the same run. Aggregations:
 
 * ``pyg``: ``SetTransformerAggregation(d, heads=4)`` (one SAB encoder block, PMA, one SAB decoder
   block; pads every neighbourhood to the largest in the batch),
+* ``pyg-nofast`` (with ``--inference`` only, and only when named in ``--aggrs``): ``pyg`` with
+  PyTorch's ``MultiheadAttention`` fast path off (``torch.backends.mha.set_fastpath_enabled(False)``
+  in that row's process): the same module and values. The fast path runs only without
+  gradients in ``eval()`` mode, so in training ``pyg`` never takes it; in inference on the
+  power-law graph of 10^3 nodes ``pyg`` asked for 28.6 GB there and failed
+  (``message_passing_inference``), and this row measures PyG's aggregation on that graph as a
+  user who turns the fast path off would run it,
 * ``pyg-flat``: ``FlatSetTransformerAggregation(d, heads=4)``: PyG's aggregation itself (its
   blocks and parameters, equal values and gradients) on the flat layout, without padding: the
   cost of the flat-layout attention alone, at PyG's FLOPs,
@@ -71,7 +78,8 @@ hold. Ratios are taken between medians of the same run. Aggregations:
   row's process only: :data:`MERGED`): fewer buckets, so fewer kernel launches (the whole graph
   with these settings: 992 against 1,332 operations on 10^4 nodes at d = 64, counted ad hoc; on
   the CPU this row takes ``chunk_size='auto'``'s groups there, on one H200 the whole graph), at
-  up to twice the padded attention rows; a candidate for a GPU, where each launch costs more than the padding,
+  up to twice the padded attention rows; a candidate for a GPU, where each launch costs more
+  than the padding,
 * ``mz-ng8``: ``MZAggregation(d, num_generators=8, num_matrix_generators=4)``: the paper's
   generator budget in the same structure,
 * ``paper``: ``MZAggregation(d, preset='paper')``: the paper's MZ-Set Transformer body (two
@@ -128,7 +136,10 @@ from torch_mz.study.measure import allocator_peak_bytes
 
 AGGRS = ('pyg', 'pyg-flat', 'rigid', 'rigid-ckpt-attn', 'rigid-chunks', 'rigid-whole', 'default',
          'default-eager', 'default-fused', 'default-ckpt', 'default-ckpt-attn', 'default-chunks',
-         'default-whole', 'mz-ng8', 'paper', 'rigid-unfolded', 'default-unfolded', 'rigid-merged')
+         'default-whole', 'mz-ng8', 'paper', 'rigid-unfolded', 'default-unfolded', 'rigid-merged',
+         'pyg-nofast')
+#: Measured only when named in ``--aggrs`` (not in its default), and only with ``--inference``
+INFERENCE_ONLY = ('pyg-nofast', )
 #: ``rigid-merged``: the dense attention's size buckets merged more freely (module settings of
 #: :mod:`torch_mz.nn.functional`, set in that row's own process only)
 MERGED = dict(MERGE_OVERHEAD=4_000_000, MERGE_ROWS_RATIO=2.0)
@@ -136,7 +147,8 @@ CKPT_AGGRS = ('default-ckpt', 'default-ckpt-attn', 'rigid-ckpt-attn', 'default-c
               'rigid-chunks', 'default-whole')
 CONVS = ('sage', 'graph')
 DEGREES = ('poisson', 'power-law')
-PYG_AGGRS, PYG_HEADS = ('pyg', 'pyg-flat'), 4  # PyG's blocks: the width a multiple of the heads
+#: PyG's blocks: the width a multiple of the heads
+PYG_AGGRS, PYG_HEADS = ('pyg', 'pyg-flat', 'pyg-nofast'), 4
 #: The run's settings (``vars(args)``) besides a row's own configuration that change its figures:
 #: ``--resume`` reuses no row of a report written with other ones.
 FIGURE_SETTINGS = ('repeats', 'threads', 'device', 'keep_freed_memory', 'allocated', 'chunk_rows')
@@ -169,7 +181,7 @@ def build_aggr(name: str, d: int, group_rows: Optional[int] = None):
     from torch_mz.nn.aggr import auto_chunk_rows
     # rows per group (*-chunks): by default the groups 'auto' takes at this width
     group_rows = auto_chunk_rows(d) if group_rows is None else group_rows
-    if name == 'pyg':
+    if name in ('pyg', 'pyg-nofast'):  # pyg-nofast: run_one turns the fast path off
         return SetTransformerAggregation(d, heads=4)
     if name == 'pyg-flat':
         return FlatSetTransformerAggregation(d, heads=4)
@@ -244,6 +256,9 @@ def run_one(cfg: dict) -> dict:
     from torch_mz.nn.fused import fused_kernels_mode
     saved = {k: getattr(functional, k) for k in MERGED}
     saved_mode = fused_kernels_mode()  # (restored below, for rows run in one process)
+    saved_fastpath = torch.backends.mha.get_fastpath_enabled()
+    if cfg['aggr'] == 'pyg-nofast':
+        torch.backends.mha.set_fastpath_enabled(False)
     if cfg['aggr'] == 'rigid-merged':  # (restored below: run_one also runs in-process in tests)
         for k, v in MERGED.items():
             setattr(functional, k, v)
@@ -264,6 +279,7 @@ def run_one(cfg: dict) -> dict:
                 alloc_error = f'{type(e).__name__}: {e}'
     finally:
         set_fused_kernels(saved_mode)
+        torch.backends.mha.set_fastpath_enabled(saved_fastpath)
         if cfg['aggr'] == 'rigid-merged':
             for k, v in saved.items():
                 setattr(functional, k, v)
@@ -371,7 +387,8 @@ def plan(args: argparse.Namespace) -> List[dict]:
                         if aggr in CKPT_AGGRS and (nodes < args.ckpt_min_nodes
                                                    or dim not in args.ckpt_dims):
                             continue
-                        if aggr == 'pyg' and degrees == 'power-law' and nodes > 1000:
+                        if (aggr in ('pyg', 'pyg-nofast') and degrees == 'power-law'
+                                and nodes > 1000):
                             # pads every node to the hub's degree: nodes x hub x d floats
                             continue
                         cfg = dict(aggr=aggr, conv=conv, degrees=degrees, dim=dim, nodes=nodes,
@@ -450,6 +467,13 @@ def summarise(rows: List[dict], args: argparse.Namespace) -> Tuple[List[dict], L
                 entry['rigid/pyg memory'] = by['rigid']['peak_mib'] / by['pyg']['peak_mib']
             if by['rigid'].get('alloc_mib') and by['pyg'].get('alloc_mib'):
                 entry['rigid/pyg allocated'] = by['rigid']['alloc_mib'] / by['pyg']['alloc_mib']
+        if 'rigid' in by and 'pyg-nofast' in by:  # PyG with the fast path off
+            mine, theirs = by['rigid'], by['pyg-nofast']
+            entry['rigid/pyg-nofast time'] = mine['median_ms'] / theirs['median_ms']
+            if mine.get('peak_mib') and theirs.get('peak_mib'):
+                entry['rigid/pyg-nofast memory'] = mine['peak_mib'] / theirs['peak_mib']
+        if 'pyg-nofast' in by and 'pyg' in by:
+            entry['pyg-nofast/pyg time'] = by['pyg-nofast']['median_ms'] / by['pyg']['median_ms']
         for aggr in ('pyg-flat', 'rigid-ckpt-attn', 'rigid-chunks', 'rigid-whole',
                      'rigid-merged'):
             if aggr in by and 'pyg' in by:
@@ -487,7 +511,8 @@ def summarise(rows: List[dict], args: argparse.Namespace) -> Tuple[List[dict], L
 
 RATIO_COLS = ['degrees', 'dim', 'nodes', 'conv', 'pyg-flat/pyg time', 'pyg-flat/pyg memory',
               'pyg-flat/pyg allocated', 'rigid/pyg time', 'rigid/pyg memory',
-              'rigid/pyg allocated',
+              'rigid/pyg allocated', 'rigid/pyg-nofast time', 'rigid/pyg-nofast memory',
+              'pyg-nofast/pyg time',
               'rigid-ckpt-attn/pyg time', 'rigid-ckpt-attn/pyg memory',
               'rigid-ckpt-attn/pyg allocated',
               'rigid-chunks/pyg time', 'rigid-chunks/pyg memory', 'rigid-chunks/pyg allocated',
@@ -584,6 +609,10 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Lis
                      f"{PYG_HEADS} heads of {', '.join(pyg)} (in --aggrs)")
     if args.device == 'cuda' and not torch.cuda.is_available():
         parser.error("argument --device: 'cuda' is not available here")
+    only = [aggr for aggr in args.aggrs if aggr in INFERENCE_ONLY]
+    if only and not getattr(args, 'inference', False):
+        parser.error(f"argument --aggrs: {', '.join(only)} only with --inference (PyTorch's "
+                     'attention fast path runs only without gradients: in training it is pyg)')
     if getattr(args, 'same_process', False) and args.device != 'cuda':
         parser.error('argument --same-process: only with --device cuda (on the CPU the peak '
                      'is the resident set, which needs a fresh process per row)')
@@ -601,7 +630,10 @@ def main():
                         help='comma-separated graph sizes (average in-degree 10)')
     parser.add_argument('--dims', type=int_list(), default='16,64')
     parser.add_argument('--degrees', type=choice_list(DEGREES), default=','.join(DEGREES))
-    parser.add_argument('--aggrs', type=choice_list(AGGRS), default=','.join(AGGRS))
+    parser.add_argument('--aggrs', type=choice_list(AGGRS),
+                        default=','.join(a for a in AGGRS if a not in INFERENCE_ONLY),
+                        help=f"comma-separated aggregations (default: all but "
+                             f"{', '.join(INFERENCE_ONLY)}, which run with --inference only)")
     parser.add_argument('--graphconv-nodes', type=nonnegative_int, default=10000,
                         help='graph size at which GraphConv is also measured (0: never)')
     parser.add_argument('--paper-max-nodes', type=nonnegative_int, default=1000,

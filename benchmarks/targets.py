@@ -90,6 +90,10 @@ SOURCES = {
     'message_passing_new_graph': 'message_passing_new_graph/message_passing.json',
     'message_passing_inference': 'message_passing_inference/message_passing.json',
     'gpu_message_passing_inference': 'gpu/message_passing_inference/message_passing.json',
+    # (`pyg-nofast`: PyG's aggregation with PyTorch's attention fast path off, beside `pyg`)
+    'message_passing_inference_nofast': 'message_passing_inference_nofast/message_passing.json',
+    # (the 10^3-node Poisson graphs of that run again, 9 calls per row)
+    'message_passing_inference_small': 'message_passing_inference_small/message_passing.json',
     'gpu_speed': 'gpu/speed/speed.json',
     'gpu_training_step': 'gpu/training_step/training_step.json',
     'scaling_sets_of_1': 'scaling/scaling_default_sets_of_1.json',
@@ -116,7 +120,8 @@ MESSAGE_PASSING = ('message_passing', 'message_passing_small', 'message_passing_
                    'message_passing_new_graph')
 #: Message-passing files of full-graph inference (``--inference``: forward only, no gradients):
 #: read by their own companion rows, never as the training step of the targets above.
-MP_INFERENCE = ('message_passing_inference', 'gpu_message_passing_inference')
+MP_INFERENCE = ('message_passing_inference', 'gpu_message_passing_inference',
+                'message_passing_inference_nofast', 'message_passing_inference_small')
 #: Message-passing files measured after the PMA's key map joined its seed
 #: (``MZAttention(fold_keys=True)``, 2026-12-03). At d = 64 the default configurations fold it
 #: (at d = 16 they do not), so ``rigid`` and ``default`` rows at d = 64 in the other files
@@ -318,8 +323,9 @@ def _mp_pairs(data: Mapping[str, Mapping], mine: str, other: str, key: str,
 
 
 def _mp_speedup(data: Mapping[str, Mapping], mine: str = 'rigid',
-                labels: Sequence[str] = MESSAGE_PASSING) -> Iterator[Measurement]:
-    for label, where, v in _mp_pairs(data, mine, 'pyg', 'median_ms', 'power-law', labels):
+                labels: Sequence[str] = MESSAGE_PASSING,
+                other: str = 'pyg') -> Iterator[Measurement]:
+    for label, where, v in _mp_pairs(data, mine, other, 'median_ms', 'power-law', labels):
         yield label, where, 1.0 / v
 
 
@@ -501,6 +507,18 @@ TARGETS: Sequence[Tuple[str, str, float, str, Callable[[Mapping], Iterator[Measu
      0.5, 'max', lambda d: _mp_pairs(d, 'rigid', 'pyg', 'peak_mib', 'poisson', MP_INFERENCE)),
     ('mp-infer-default', 'message passing inference: default `MZAggregation` / `rigid` time',
      3.0, 'max', lambda d: _mp_pairs(d, 'default', 'rigid', 'median_ms', None, MP_INFERENCE)),
+    # the same against PyG's aggregation with PyTorch's MultiheadAttention fast path off
+    # (`pyg-nofast`, `torch.backends.mha.set_fastpath_enabled(False)`): in inference the fast
+    # path is PyG's default, and on the power-law graph it asked for 28.6 GB and failed
+    ('mp-infer-time-nofast', 'message passing inference: `rigid` / PyG with the attention fast '
+     'path off (`pyg-nofast`) time, Poisson degrees', 1.0, 'max',
+     lambda d: _mp_pairs(d, 'rigid', 'pyg-nofast', 'median_ms', 'poisson', MP_INFERENCE)),
+    ('mp-infer-power-law-nofast', 'message passing inference: PyG with the attention fast path '
+     'off (`pyg-nofast`) / `rigid` time (speed-up), power-law degrees', 100.0, 'min',
+     lambda d: _mp_speedup(d, 'rigid', MP_INFERENCE, 'pyg-nofast')),
+    ('mp-infer-memory-nofast', 'message passing inference: `rigid` / PyG with the attention '
+     'fast path off (`pyg-nofast`) peak memory, Poisson degrees', 0.5, 'max',
+     lambda d: _mp_pairs(d, 'rigid', 'pyg-nofast', 'peak_mib', 'poisson', MP_INFERENCE)),
 )
 
 

@@ -206,6 +206,8 @@ def test_scaling_quick_run_leaves_the_main_results_alone(tmp_path, monkeypatch):
     (['--nodes', '0'], ['--nodes', "'0'"]),
     (['--nodes', '1000,ten'], ['--nodes', "'ten'"]),
     (['--dims', '6'], ['--dims', '6 not a multiple of the 4 heads of pyg, pyg-flat']),
+    (['--dims', '6', '--inference', '--aggrs', 'pyg-nofast'],
+     ['--dims', '6 not a multiple of the 4 heads of pyg-nofast']),
     (['--ckpt-dims', 'y'], ['--ckpt-dims', "'y'"]),
     (['--repeats', '0'], ['--repeats', "'0'"]),
     (['--threads', '0'], ['--threads', "'0'"]),
@@ -213,6 +215,7 @@ def test_scaling_quick_run_leaves_the_main_results_alone(tmp_path, monkeypatch):
     (['--chunk-rows', '0'], ['--chunk-rows', "'0'"]),
     (['--device', 'gpu'], ['--device', "'gpu'"]),
     (['--degrees', 'power-law', '--nodes', '100000'], ['nothing to measure']),
+    (['--aggrs', 'pyg,pyg-nofast'], ['--aggrs', 'pyg-nofast only with --inference']),
 ])
 def test_message_passing_refuses_mistakes_before_measuring(argv, needles, tmp_path, monkeypatch,
                                                            capsys, no_measuring):

@@ -413,6 +413,67 @@ def test_message_passing_inference_rows_run_the_forward_pass_alone(monkeypatch):
     assert mp.measured(dict(base, inference=True), dict(cfg, inference=True))
 
 
+def test_pyg_nofast_turns_the_attention_fast_path_off_for_its_row_only(monkeypatch, capsys):
+    r"""``pyg-nofast`` is PyG's aggregation with PyTorch's ``MultiheadAttention`` fast path off
+    while its row is measured (the same values as ``pyg``: the fast path is an implementation
+    of the same attention), the setting restored after; it is refused without ``--inference``
+    (in training the fast path never runs) and left out of ``--aggrs``' default."""
+    import argparse
+
+    from torch_geometric.nn import SAGEConv
+    mp = load_script('message_passing')
+    seen = []
+    build = mp.build_aggr
+
+    def spy(name, d, group_rows=None):
+        aggr = build(name, d, group_rows)
+        aggr.register_forward_pre_hook(
+            lambda m, a: seen.append(torch.backends.mha.get_fastpath_enabled()))
+        return aggr
+    monkeypatch.setattr(mp, 'build_aggr', spy)
+    assert torch.backends.mha.get_fastpath_enabled()
+    cfg = dict(aggr='pyg-nofast', conv='sage', degrees='power-law', dim=16, nodes=60,
+               repeats=1, threads=1, seed=0, device='cpu', keep=False, allocated=False,
+               inference=True)
+    row = mp.run_one(cfg)
+    assert row['median_ms'] > 0 and seen and not any(seen)
+    assert torch.backends.mha.get_fastpath_enabled()  # restored
+    seen.clear()
+    mp.run_one(dict(cfg, aggr='pyg'))
+    assert seen and all(seen)
+    # the same outputs with and without the fast path (eval mode, no gradients)
+    edge_index = mp.random_graph(60, 'power-law', seed=0)
+    x = torch.randn(60, 16, generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(0)
+    conv = SAGEConv(16, 16, aggr=build('pyg', 16)).eval()
+    with torch.no_grad():
+        fast = conv(x, edge_index)
+        torch.backends.mha.set_fastpath_enabled(False)
+        try:
+            slow = conv(x, edge_index)
+        finally:
+            torch.backends.mha.set_fastpath_enabled(True)
+    torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
+    args = argparse.Namespace(nodes=[60], dims=[16], degrees=['poisson'], aggrs=['pyg-nofast'],
+                              graphconv_nodes=0, paper_max_nodes=0, ng8_max_nodes=0,
+                              ckpt_min_nodes=10**9, ckpt_dims=[], power_law_max_nodes=0,
+                              chunk_rows=None, repeats=1, threads=1, device='cpu',
+                              keep_freed_memory=False, allocated=False, inference=False,
+                              quick=False)
+    with pytest.raises(SystemExit):
+        mp.check_args(argparse.ArgumentParser(), args)
+    assert 'pyg-nofast only with --inference' in capsys.readouterr().err
+    assert mp.check_args(argparse.ArgumentParser(), argparse.Namespace(
+        **dict(vars(args), inference=True)))
+    ratios, _ = mp.summarise([dict(cfg, aggr=a, edges=600, median_ms=t, peak_mib=m)
+                              for a, t, m in (('pyg', 2.0, 8.0), ('pyg-nofast', 4.0, 4.0),
+                                              ('rigid', 1.0, 1.0))],
+                             argparse.Namespace(degrees=['power-law'], dims=[16], aggrs=[]))
+    assert ratios[0]['rigid/pyg-nofast time'] == 0.25
+    assert ratios[0]['rigid/pyg-nofast memory'] == 0.25
+    assert ratios[0]['pyg-nofast/pyg time'] == 2.0
+
+
 def test_message_passing_rows_in_one_process(monkeypatch, capsys):
     r"""``--same-process`` (CUDA only: refused on the CPU) runs rows in the calling process: a
     row leaves the compiled-kernel mode as it found it, a failure is a row with its error, and

@@ -195,6 +195,31 @@ def test_inference_files_count_in_their_own_rows_only():
         targets.markdown(targets.evaluate(data), data, 'cmd')
 
 
+def test_pyg_without_its_fast_path_has_companion_rows_of_its_own():
+    # `pyg-nofast` rows (PyG with PyTorch's attention fast path off) give the mp-infer-*-nofast
+    # rows, where the `pyg` row failed too; the rigid / pyg rows stay read from `pyg` alone
+    targets = load_script('targets')
+    rows = [dict(aggr=a, degrees=deg, dim=16, nodes=1000, edges=10000, conv='sage',
+                 median_ms=ms, peak_mib=mib, inference=True)
+            for a, deg, ms, mib in (('pyg-nofast', 'poisson', 20.0, 40.0),
+                                    ('pyg', 'poisson', 10.0, 100.0),
+                                    ('rigid', 'poisson', 5.0, 10.0),
+                                    ('pyg-nofast', 'power-law', 5000.0, 900.0),
+                                    ('rigid', 'power-law', 10.0, 9.0))]
+    rows.append(dict(aggr='pyg', degrees='power-law', dim=16, nodes=1000, conv='sage',
+                     inference=True, error='RuntimeError: can\'t allocate memory'))
+    r = by_key(targets.evaluate({'message_passing_inference_nofast': dict(rows=rows)}))
+    assert [m['value'] for m in r['mp-infer-time-nofast']['measurements']] == \
+        pytest.approx([0.25])
+    assert [m['value'] for m in r['mp-infer-memory-nofast']['measurements']] == \
+        pytest.approx([0.25])
+    assert [m['value'] for m in r['mp-infer-power-law-nofast']['measurements']] == \
+        pytest.approx([500])
+    assert [m['value'] for m in r['mp-infer-time']['measurements']] == pytest.approx([0.5])
+    assert r['mp-infer-power-law']['measurements'] == []
+    assert r['mp-infer-power-law-nofast']['status'] == 'met'
+
+
 def test_committed_results(tmp_path):
     targets = load_script('targets')
     targets.main(['--out', str(tmp_path)])
