@@ -708,3 +708,42 @@ def test_torch_func_grad_matches_autograd(path, preset):
     torch.testing.assert_close(g_x, xr.grad, rtol=1e-10, atol=1e-12)
     for name, p in aggr.named_parameters():
         torch.testing.assert_close(g_params[name], p.grad, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize('several', [False, True])
+def test_inference_drops_the_packed_buffers_before_the_outputs_are_reordered(several):
+    # without gradients the packed queries, keys and values, and the buckets' own outputs, are
+    # freed before the joined outputs are reordered into query order (the last gather), so
+    # the peak of inference does not hold them beside both copies of the outputs; the values
+    # are those of the reference
+    import weakref
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+    q, k, v, query_set, kv_set = _random_problem([3, 5, 2, 9, 4], [4, 1, 6, 8, 2], seed=7)
+    values = (v[:, 0], v[:, 1]) if several else v
+    created, alive_at_reorder = [], []
+
+    class Track(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten.index_select.default and args[0].size(0) > q.size(0):
+                # the reorder of the joined outputs (tot_q padded rows into N_q): what is alive
+                alive_at_reorder.append([name for name, ref in created if ref() is not None])
+            out = func(*args, **(kwargs or {}))
+            if func in (torch.ops.aten.new_zeros.default,
+                        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+                        torch.ops.aten.bmm.default, torch.ops.aten.matmul.default):
+                first = out[0] if isinstance(out, tuple) else out
+                created.append((str(func), weakref.ref(first)))
+            return out
+
+    with torch.no_grad(), Track():
+        out = grouped_attention(q, k, values, query_set, kv_set, 5, path='dense')
+    assert len(alive_at_reorder) == (2 if several else 1)
+    assert created and all(not names for names in alive_at_reorder), alive_at_reorder
+    outs = out if several else (out, )
+    expected = _reference(q, k, v, query_set, kv_set)
+    for i, o in enumerate(outs):
+        if several:  # values shared by the heads: every head aggregates the same rows
+            expected = _reference(q, k, v[:, i:i + 1].expand(-1, q.size(1), -1), query_set,
+                                  kv_set)
+        torch.testing.assert_close(o, expected)

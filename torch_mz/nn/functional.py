@@ -798,14 +798,39 @@ def _attention_dense(q: Tensor, k: Tensor, vs: Tuple[Tensor, ...], query_set: Te
     vbufs = [_place((v if lay.k_all else v[k_rows]).to(out_dtype), k_pos, lay.tot_k)
              for v in vs]
 
+    outs = _attend_buckets(qbuf, kbuf, vbufs, lay.key_mask, lay.blocks, ws, shared, p, chunk)
+    # the packed buffers are dropped before the outputs are joined and reordered: without
+    # gradients nothing else holds them, so the peak of inference no longer counts them beside
+    # the joined and reordered outputs (with gradients the kernel keeps what its backward needs)
+    del qbuf, kbuf, vbufs
+    results = []
+    for out in outs:
+        # index_select: the positions are distinct, so its backward (index_add_ onto zeros)
+        # gives the gradients of indexing exactly, and it is several times faster on a CPU
+        joined = torch.cat(out, 0) if len(out) > 1 else out[0]  # (tot_q, ...)
+        out.clear()  # the buckets' outputs, joined (without gradients, freed here)
+        vals = joined.index_select(0, q_pos)  # (Nq', ...)
+        del joined
+        if q_rows.numel() != Nq:  # some queries have no keys: zero rows for them
+            vals = _place(vals, q_rows, Nq)
+        results.append(vals)
+    return results
+
+
+def _attend_buckets(qbuf: Tensor, kbuf: Tensor, vbufs: List[Tensor], key_mask: Tensor,
+                    blocks: Sequence[Tuple[int, int, int]], ws: List[int], shared: bool,
+                    p: float, chunk: Optional[int]) -> List[List[Tensor]]:
+    r"""The attention of each size bucket of the packed buffers of :func:`_attention_dense`:
+    per value, the buckets' outputs as query rows (their views of the buffers end here)."""
+    H, dk = qbuf.shape[1:]
     # split (not slicing): autograd joins the pieces' gradients with one concatenation instead
     # of a full-size zero tensor per bucket
-    q_sizes = [nb_b * pq_b for nb_b, pq_b, _ in lay.blocks]
-    k_sizes = [nb_b * pk_b for nb_b, _, pk_b in lay.blocks]
+    q_sizes = [nb_b * pq_b for nb_b, pq_b, _ in blocks]
+    k_sizes = [nb_b * pk_b for nb_b, _, pk_b in blocks]
     vb_split = list(zip(*[vbuf.split(k_sizes) for vbuf in vbufs]))  # per bucket, per value
-    outs: List[List[Tensor]] = [[] for _ in vs]  # per value, per bucket
+    outs: List[List[Tensor]] = [[] for _ in vbufs]  # per value, per bucket
     for b, ((nb_b, pq_b, pk_b), qb, kb, mb) in enumerate(zip(
-            lay.blocks, qbuf.split(q_sizes), kbuf.split(k_sizes), lay.key_mask.split(k_sizes))):
+            blocks, qbuf.split(q_sizes), kbuf.split(k_sizes), key_mask.split(k_sizes))):
         qd = qb.view(nb_b, pq_b, H, dk).transpose(1, 2)  # (n, H, pq, dk)
         kd = kb.view(nb_b, pk_b, H, dk).transpose(1, 2)  # (n, H, pk, dk)
         vds = [vb.view(nb_b, pk_b, w) if shared else vb.view(nb_b, pk_b, H, w).transpose(1, 2)
@@ -813,13 +838,4 @@ def _attention_dense(q: Tensor, k: Tensor, vs: Tuple[Tensor, ...], query_set: Te
         mask = mb.view(nb_b, 1, 1, pk_b)  # (n, 1, 1, pk)
         for i, od in enumerate(_attend(qd, kd, vds, mask, p)):  # (n, H, pq, w)
             outs[i].append(_to_rows(od, chunk))
-    results = []
-    for out, w in zip(outs, ws):
-        # index_select: the positions are distinct, so its backward (index_add_ onto zeros)
-        # gives the gradients of indexing exactly, and it is several times faster on a CPU
-        vals = (torch.cat(out, 0) if len(out) > 1 else out[0]).index_select(
-            0, q_pos)  # (Nq', ...)
-        if q_rows.numel() != Nq:  # some queries have no keys: zero rows for them
-            vals = _place(vals, q_rows, Nq)
-        results.append(vals)
-    return results
+    return outs
