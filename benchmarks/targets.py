@@ -94,6 +94,8 @@ SOURCES = {
     'message_passing_inference_nofast': 'message_passing_inference_nofast/message_passing.json',
     # (the 10^3-node Poisson graphs of that run again, 9 calls per row)
     'message_passing_inference_small': 'message_passing_inference_small/message_passing.json',
+    # (after the dense attention dropped its packed buffers before reordering its outputs)
+    'message_passing_inference_freed': 'message_passing_inference_freed/message_passing.json',
     'gpu_speed': 'gpu/speed/speed.json',
     'gpu_training_step': 'gpu/training_step/training_step.json',
     'scaling_sets_of_1': 'scaling/scaling_default_sets_of_1.json',
@@ -121,7 +123,8 @@ MESSAGE_PASSING = ('message_passing', 'message_passing_small', 'message_passing_
 #: Message-passing files of full-graph inference (``--inference``: forward only, no gradients):
 #: read by their own companion rows, never as the training step of the targets above.
 MP_INFERENCE = ('message_passing_inference', 'gpu_message_passing_inference',
-                'message_passing_inference_nofast', 'message_passing_inference_small')
+                'message_passing_inference_nofast', 'message_passing_inference_small',
+                'message_passing_inference_freed')
 #: Message-passing files measured after the PMA's key map joined its seed
 #: (``MZAttention(fold_keys=True)``, 2026-12-03). At d = 64 the default configurations fold it
 #: (at d = 16 they do not), so ``rigid`` and ``default`` rows at d = 64 in the other files
