@@ -19,7 +19,9 @@ for reuse (:func:`torch_mz.runtime.keep_freed_memory`), ``+compile`` rows the wh
 (the aggregation's default, not the models': batches of more than 65,536 points at ``dim = 64``
 are encoded in groups of whole sets recomputed in the backward pass), ``+whole`` rows one with
 ``chunk_size=None`` (no groups in inference either; the presets train a batch at once and group
-large inputs only when no gradients are recorded), ``+thp`` rows a process started with
+large inputs only when no gradients are recorded), ``+kept`` rows one with ``chunk_size=4096,
+checkpoint=False`` (groups of whole sets of 4,096 rows, every activation kept, nothing
+recomputed: the same computation in smaller tensors, in training and inference), ``+thp`` rows a process started with
 ``THP_MEM_ALLOC_ENABLE=1`` (PyTorch's switch, read once at import, for 2 MiB pages on blocks of
 2 MiB and more; every other row runs with it set to 0). Every row runs in a fresh process, which
 also gives its peak resident set (the process's, import of torch included, over the timed
@@ -73,9 +75,13 @@ KEEP = '+keep'  # suffix: the preset with torch_mz.runtime.keep_freed_memory()
 COMPILE = '+compile'  # suffix: the whole model through torch.compile (inductor)
 WHOLE = '+whole'  # suffix: an MZ-Set-Transformer preset with chunk_size=None (no groups)
 GROUPS = '+groups'  # suffix: an MZ-Set-Transformer preset with checkpoint='auto' (recomputed)
+KEPT = '+kept'  # suffix: an MZ-Set-Transformer preset encoding groups of KEPT_ROWS rows, kept
+#: Rows per group of the ``+kept`` rows (whole sets; four clouds of 1,024 points)
+KEPT_ROWS = 4096
 THP = '+thp'  # suffix: the row's process started with THP_MEM_ALLOC_ENABLE=1 (2 MiB pages)
 #: The options of the MZ-Set-Transformer body each suffix sets.
-BODY_OPTIONS = {WHOLE[1:]: dict(chunk_size=None), GROUPS[1:]: dict(checkpoint='auto')}
+BODY_OPTIONS = {WHOLE[1:]: dict(chunk_size=None), GROUPS[1:]: dict(checkpoint='auto'),
+                KEPT[1:]: dict(chunk_size=KEPT_ROWS, checkpoint=False)}
 
 
 def make_batch(clouds: int, points: int, seed: int = 0):
@@ -89,15 +95,15 @@ def make_batch(clouds: int, points: int, seed: int = 0):
 
 
 def build(name: str, radius: float, body: Optional[dict] = None):
-    r"""The preset :obj:`name`; :obj:`body` (the options of a row's ``+whole`` / ``+groups``
-    suffix) goes to the MZ-Set-Transformer's aggregation and is refused for other presets."""
+    r"""The preset :obj:`name`; :obj:`body` (the options of a row's ``+whole`` / ``+groups`` /
+    ``+kept`` suffix) goes to the MZ-Set-Transformer's aggregation and is refused for other presets."""
     torch.manual_seed(0)
     if name == 'egnn' and not body:
         return build_model('egnn', 3, 40, pos_dim=3, radius=radius)
     if body:
         if name == 'egnn' or not isinstance(build_model(name, 3, 40), MZSetTransformer):
-            raise ValueError(f"+whole and +groups apply to the MZ-Set-Transformer presets, not "
-                             f"to {name!r}")
+            raise ValueError(f"+whole, +groups and +kept apply to the MZ-Set-Transformer "
+                             f"presets, not to {name!r}")
         torch.manual_seed(0)
     return build_model(name, 3, 40, **(body or {}))
 
@@ -106,12 +112,12 @@ def split_name(name: str):
     r"""``'mz+fused+keep'`` -> ``('mz', {'fused', 'keep'})``."""
     preset, *flags = name.split('+')
     unknown = set(flags) - {FUSED[1:], EAGER[1:], KEEP[1:], COMPILE[1:], WHOLE[1:], GROUPS[1:],
-                            THP[1:]}
+                            KEPT[1:], THP[1:]}
     if unknown:
         raise ValueError(f'unknown row suffixes {sorted(unknown)} in {name!r} (+fused, +eager, '
-                         f'+keep, +compile, +whole, +groups, +thp)')
-    if {WHOLE[1:], GROUPS[1:]} <= set(flags):
-        raise ValueError(f'{name!r}: +whole and +groups exclude each other')
+                         f'+keep, +compile, +whole, +groups, +kept, +thp)')
+    if len({WHOLE[1:], GROUPS[1:], KEPT[1:]} & set(flags)) > 1:
+        raise ValueError(f'{name!r}: +whole, +groups and +kept exclude each other')
     if {FUSED[1:], EAGER[1:]} <= set(flags):
         raise ValueError(f'{name!r}: +fused and +eager exclude each other')
     return preset, set(flags)
@@ -133,7 +139,7 @@ def row_names(text: str) -> List[str]:
         raise argparse.ArgumentTypeError(
             f"unknown preset in {', '.join(map(repr, unknown))} (choose from "
             f"{', '.join(MODEL_PRESETS)}, each with optional suffixes +fused, +eager, +keep, "
-            f"+compile, +whole, +groups, +thp)")
+            f"+compile, +whole, +groups, +kept, +thp)")
     return names
 
 
@@ -189,7 +195,7 @@ def check_rows(names: List[str], radius: float) -> None:
 
 
 def body_options(flags) -> dict:
-    r"""The aggregation options a row's suffixes set (``+whole``, ``+groups``)."""
+    r"""The aggregation options a row's suffixes set (``+whole``, ``+groups``, ``+kept``)."""
     return {k: v for flag in sorted(flags) for k, v in BODY_OPTIONS.get(flag, {}).items()}
 
 
@@ -422,7 +428,8 @@ def main():
     for r in rows:  # the same ratios to the rigid row run alike (memory kept, body options)
         flags = split_name(r['model'])[1]
         base, alike = None, set()
-        for alike in (flags & {KEEP[1:], WHOLE[1:], GROUPS[1:], THP[1:]}, flags & {KEEP[1:]}):
+        for alike in (flags & {KEEP[1:], WHOLE[1:], GROUPS[1:], KEPT[1:], THP[1:]},
+                      flags & {KEEP[1:]}):
             base = next((b for b in rows if split_name(b['model']) == ('rigid', alike)), None)
             if alike and base is not None:
                 break
@@ -483,8 +490,10 @@ def main():
                 f"the GB and % of bandwidth of those rows are over-estimates. "
                 f"`+keep` rows "
                 f"keep freed memory in malloc's heap (`torch_mz.runtime.keep_freed_memory()`); "
-                f"their ratios are to `rigid+keep` (those of `+whole`, `+groups` and `+thp` "
-                f"rows to the `rigid` row with the same suffixes, where it ran). `+thp` rows "
+                f"their ratios are to `rigid+keep` (those of `+whole`, `+groups`, `+kept` and "
+                f"`+thp` rows to the `rigid` row with the same suffixes, where it ran). `+kept` "
+                f"rows encode groups of whole sets of {KEPT_ROWS} rows, every activation kept "
+                f"(`chunk_size={KEPT_ROWS}, checkpoint=False`). `+thp` rows "
                 f"run in a process started with `THP_MEM_ALLOC_ENABLE=1` (PyTorch asks Linux "
                 f"for 2 MiB pages for blocks of 2 MiB and more; the other rows with it set to "
                 f"0; transparent huge pages here: {transparent_hugepages()}). `+compile` rows "

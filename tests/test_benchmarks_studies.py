@@ -160,11 +160,12 @@ def test_training_step_ratios_pair_rows_run_alike(tmp_path, monkeypatch, capsys)
     ``rigid+whole+keep`` (time, FLOPs and bytes of the same grouping), ``+keep`` to
     ``rigid+keep``, and a row whose like is missing to the row with the memory option alone;
     ``+whole`` builds the preset with ``chunk_size=None``, ``+groups`` with
-    ``checkpoint='auto'``."""
+    ``checkpoint='auto'``, ``+kept`` with ``chunk_size=KEPT_ROWS, checkpoint=False``."""
     script = load_script('training_step')
     cost = {'rigid': 5.0, 'rigid+keep': 4.0, 'rigid+whole+keep': 2.0, 'mz+keep': 12.0,
             'mz+whole+keep': 8.0, 'mz+groups+keep': 10.0,  # no rigid+groups+keep: to rigid+keep
-            'mz+whole': 10.0}  # no rigid+whole: to plain rigid
+            'mz+whole': 10.0,  # no rigid+whole: to plain rigid
+            'rigid+kept': 2.5, 'mz+kept': 7.5}
 
     def fake(path, config, env=None):
         step = cost[config['name']]
@@ -187,17 +188,21 @@ def test_training_step_ratios_pair_rows_run_alike(tmp_path, monkeypatch, capsys)
     assert rows['rigid+whole+keep']['step / rigid'] == 1.0
     assert rows['mz+groups+keep']['step / rigid'] == 2.5
     assert rows['mz+whole']['step / rigid'] == 2.0
+    assert rows['mz+kept']['step / rigid'] == 3.0 and rows['mz+kept']['flops / rigid'] == 3.0
     plain = script.build('mz', 0.25)
     assert plain.body.chunk_size == 'auto' and plain.body.checkpoint is False
     whole = script.build('mz', 0.25, script.body_options({'whole', 'keep'}))
     assert whole.body.chunk_size is None and whole.body.checkpoint is False
     grouped = script.build('rigid', 0.25, script.body_options({'groups'}))
+    kept = script.build('mz', 0.25, script.body_options({'kept'}))
+    assert kept.body.chunk_size == script.KEPT_ROWS and kept.body.checkpoint is False
     assert grouped.body.chunk_size == 'auto' and grouped.body.checkpoint == 'auto'
     for other in ('egnn', 'deepsets'):
         with pytest.raises(ValueError, match='MZ-Set-Transformer presets'):
             script.build(other, 0.25, dict(chunk_size=None))
-    with pytest.raises(ValueError, match='exclude each other'):
-        script.split_name('mz+whole+groups')
+    for both in ('mz+whole+groups', 'mz+kept+whole', 'rigid+groups+kept'):
+        with pytest.raises(ValueError, match='exclude each other'):
+            script.split_name(both)
     # bad rows are refused before anything is measured
     # (argparse's usage error, exit status 2, naming the row and the option)
     for bad, needle in (('mz+foo', 'unknown row suffixes'),
