@@ -21,7 +21,8 @@ are encoded in groups of whole sets recomputed in the backward pass), ``+whole``
 ``chunk_size=None`` (no groups in inference either; the presets train a batch at once and group
 large inputs only when no gradients are recorded), ``+kept`` rows one with ``chunk_size=4096,
 checkpoint=False`` (groups of whole sets of 4,096 rows, every activation kept, nothing
-recomputed: the same computation in smaller tensors, in training and inference), ``+thp`` rows a process started with
+recomputed: the same computation in smaller tensors, in training and inference), ``+thp``
+rows a process started with
 ``THP_MEM_ALLOC_ENABLE=1`` (PyTorch's switch, read once at import, for 2 MiB pages on blocks of
 2 MiB and more; every other row runs with it set to 0). Every row runs in a fresh process, which
 also gives its peak resident set (the process's, import of torch included, over the timed
@@ -96,7 +97,8 @@ def make_batch(clouds: int, points: int, seed: int = 0):
 
 def build(name: str, radius: float, body: Optional[dict] = None):
     r"""The preset :obj:`name`; :obj:`body` (the options of a row's ``+whole`` / ``+groups`` /
-    ``+kept`` suffix) goes to the MZ-Set-Transformer's aggregation and is refused for other presets."""
+    ``+kept`` suffix) goes to the MZ-Set-Transformer's aggregation and is refused for other
+    presets."""
     torch.manual_seed(0)
     if name == 'egnn' and not body:
         return build_model('egnn', 3, 40, pos_dim=3, radius=radius)
