@@ -84,6 +84,7 @@ SOURCES = {
     'training_step_current': 'training_step_current/training_step.json',
     # (`+kept` rows beside the defaults: the MZ body in groups of 4,096 rows, all kept)
     'training_step_kept': 'training_step_kept/training_step.json',
+    'training_step_kept_presets': 'training_step_kept_presets/training_step.json',
     # on a GPU (one NVIDIA H200, benchmarks/gpu_check.sh; see benchmarks/results/gpu/README.md)
     'gpu_message_passing': 'gpu/message_passing/message_passing.json',
     # (`--new-graph`: the attention layouts computed in every call, as with mini-batches)
@@ -282,7 +283,7 @@ SPEED = ('speed', 'speed_rerun', 'speed_fold', 'speed_fold_rerun', 'speed_curren
 TRAINING_STEP = ('training_step', 'training_step_small_sets', 'training_step_egnn',
                  'training_step_rounds', 'training_step_large_batch', 'training_step_thp',
                  'training_step_fold', 'training_step_current', 'training_step_kept',
-                 'gpu_training_step')
+                 'training_step_kept_presets', 'gpu_training_step')
 GB = 1e9 / 2**20  # MiB in one (decimal) gigabyte
 LINEAR_SLOPE = 1.1
 PRESETS = ('rigid', 'st-large', 'mz-slim', 'mz', 'egnn')
