@@ -446,16 +446,30 @@ def test_pyg_nofast_turns_the_attention_fast_path_off_for_its_row_only(monkeypat
     seen.clear()
     mp.run_one(dict(cfg, aggr='pyg'))
     assert seen and all(seen)
-    # the same outputs with and without the fast path (eval mode, no gradients)
+    # the same outputs with and without the fast path (eval mode, no gradients), which the
+    # first call takes (PyTorch's fused attention operator) and the second does not
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            ops.append(str(func))
+            return func(*args, **(kwargs or {}))
     edge_index = mp.random_graph(60, 'power-law', seed=0)
     x = torch.randn(60, 16, generator=torch.Generator().manual_seed(1))
     torch.manual_seed(0)
     conv = SAGEConv(16, 16, aggr=build('pyg', 16)).eval()
+    fused = 'aten._native_multi_head_attention.default'
     with torch.no_grad():
-        fast = conv(x, edge_index)
+        ops: list = []
+        with Ops():
+            fast = conv(x, edge_index)
+        assert fused in ops
         torch.backends.mha.set_fastpath_enabled(False)
         try:
-            slow = conv(x, edge_index)
+            ops = []
+            with Ops():
+                slow = conv(x, edge_index)
+            assert ops and fused not in ops
         finally:
             torch.backends.mha.set_fastpath_enabled(True)
     torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)

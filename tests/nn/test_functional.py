@@ -724,22 +724,35 @@ def test_inference_drops_the_packed_buffers_before_the_outputs_are_reordered(sev
     created, alive_at_reorder = [], []
 
     class Track(TorchDispatchMode):
+        # the packed buffers (new_zeros), the attention kernels' outputs, the copies that
+        # bring them into query rows (clone) and the views of all these, created during the
+        # call (the layout's cached 1-D positions are not followed)
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             if func is torch.ops.aten.index_select.default and args[0].size(0) > q.size(0):
                 # the reorder of the joined outputs (tot_q padded rows into N_q): what is alive
-                alive_at_reorder.append([name for name, ref in created if ref() is not None])
+                # besides the joined outputs themselves
+                alive_at_reorder.append([name for name, ref in created
+                                         if ref() is not None and ref() is not args[0]])
             out = func(*args, **(kwargs or {}))
-            if func in (torch.ops.aten.new_zeros.default,
-                        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
-                        torch.ops.aten.bmm.default, torch.ops.aten.matmul.default):
-                first = out[0] if isinstance(out, tuple) else out
-                created.append((str(func), weakref.ref(first)))
+            name = str(func)
+            first = out[0] if isinstance(out, tuple) else out
+            if ((func in (torch.ops.aten.new_zeros.default, torch.ops.aten.bmm.default,
+                          torch.ops.aten.clone.default, torch.ops.aten._unsafe_view.default,
+                          torch.ops.aten.view.default)
+                 or name.startswith('aten._scaled_dot_product'))
+                    and first.dim() >= 3):  # rows of tokens, not the layout's positions
+                created.append((name, weakref.ref(first)))
             return out
 
     with torch.no_grad(), Track():
         out = grouped_attention(q, k, values, query_set, kv_set, 5, path='dense')
     assert len(alive_at_reorder) == (2 if several else 1)
-    assert created and all(not names for names in alive_at_reorder), alive_at_reorder
+    assert any(name == 'aten.new_zeros.default' for name, _ in created)
+    # no packed buffer at any reorder; at the last one nothing else either (the outputs of a
+    # value still to be joined are alive while an earlier value's are reordered)
+    assert not any('new_zeros' in name for names in alive_at_reorder for name in names), \
+        alive_at_reorder
+    assert not alive_at_reorder[-1], alive_at_reorder
     outs = out if several else (out, )
     expected = _reference(q, k, v, query_set, kv_set)
     for i, o in enumerate(outs):
