@@ -21,7 +21,8 @@ are encoded in groups of whole sets recomputed in the backward pass), ``+whole``
 ``chunk_size=None`` (no groups in inference either; the presets train a batch at once and group
 large inputs only when no gradients are recorded), ``+kept`` rows one with ``chunk_size=4096,
 checkpoint=False`` (groups of whole sets of 4,096 rows, every activation kept, nothing
-recomputed: the same computation in smaller tensors, in training and inference), ``+thp``
+recomputed: the same computation in smaller tensors, in training and inference, but for the
+order in which dropout masks are drawn), ``+thp``
 rows a process started with
 ``THP_MEM_ALLOC_ENABLE=1`` (PyTorch's switch, read once at import, for 2 MiB pages on blocks of
 2 MiB and more; every other row runs with it set to 0). Every row runs in a fresh process, which

@@ -205,7 +205,8 @@ def test_scaling_quick_run_leaves_the_main_results_alone(tmp_path, monkeypatch):
     (['--dims', '16,16'], ['--dims', 'given twice']),
     (['--nodes', '0'], ['--nodes', "'0'"]),
     (['--nodes', '1000,ten'], ['--nodes', "'ten'"]),
-    (['--dims', '6'], ['--dims', '6 not a multiple of the 4 heads of pyg, pyg-flat']),
+    # (the default --aggrs: PyG's two aggregations, not the inference-only pyg-nofast)
+    (['--dims', '6'], ['--dims', '6 not a multiple of the 4 heads of pyg, pyg-flat (in --aggrs)']),
     (['--dims', '6', '--inference', '--aggrs', 'pyg-nofast'],
      ['--dims', '6 not a multiple of the 4 heads of pyg-nofast']),
     (['--ckpt-dims', 'y'], ['--ckpt-dims', "'y'"]),

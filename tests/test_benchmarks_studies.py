@@ -346,6 +346,32 @@ def test_message_passing_row_keeps_its_figures_when_the_allocator_figure_fails(m
     assert row['alloc_mib'] is None and 'alloc_error' not in row and len(calls) == 1
 
 
+def _mp_plan_args(**overrides):
+    r"""``message_passing.py``'s parsed arguments for :func:`plan` / :func:`check_args` on one
+    small Poisson graph (60 nodes, d = 16, ``rigid``), with :obj:`overrides`."""
+    import argparse
+    args = dict(nodes=[60], dims=[16], degrees=['poisson'], aggrs=['rigid'], graphconv_nodes=0,
+                paper_max_nodes=0, ng8_max_nodes=0, ckpt_min_nodes=10**9, ckpt_dims=[],
+                power_law_max_nodes=0, chunk_rows=None, repeats=1, threads=1, device='cpu',
+                keep_freed_memory=False, allocated=False, quick=False)
+    return argparse.Namespace(**dict(args, **overrides))
+
+
+def _spy_on_aggregations(mp, monkeypatch, record):
+    r"""Makes ``message_passing.build_aggr`` hook every aggregation it builds: before each
+    forward call ``record(module)`` is appended to the returned list. Returns the list and the
+    original ``build_aggr``."""
+    seen = []
+    build = mp.build_aggr
+
+    def spy(name, d, group_rows=None):
+        aggr = build(name, d, group_rows)
+        aggr.register_forward_pre_hook(lambda m, a: seen.append(record(m)))
+        return aggr
+    monkeypatch.setattr(mp, 'build_aggr', spy)
+    return seen, build
+
+
 def test_message_passing_new_graph_computes_the_layouts_every_call(monkeypatch):
     r"""``--new-graph`` rows clear the attention layouts before every call (each computes its
     three layouts: SAB, PMA, the decoder's SAB); plain rows find them again after the first."""
@@ -368,11 +394,7 @@ def test_message_passing_new_graph_computes_the_layouts_every_call(monkeypatch):
         assert row.get('new_graph', False) is new_graph
     # untimed call, peak-memory call, 2 timed calls: 3 layouts in the first call only, or in all
     assert counts == [3, 12]
-    args = argparse.Namespace(nodes=[60], dims=[16], degrees=['poisson'], aggrs=['rigid'],
-                              graphconv_nodes=0, paper_max_nodes=0, ng8_max_nodes=0,
-                              ckpt_min_nodes=10**9, ckpt_dims=[], power_law_max_nodes=0,
-                              chunk_rows=None, repeats=1, threads=1, device='cpu',
-                              keep_freed_memory=False, allocated=False, new_graph=True)
+    args = _mp_plan_args(new_graph=True)
     assert all(c['new_graph'] for c in mp.plan(args))
     assert not any('new_graph' in c for c in mp.plan(argparse.Namespace(
         **dict(vars(args), new_graph=False))))
@@ -384,15 +406,8 @@ def test_message_passing_inference_rows_run_the_forward_pass_alone(monkeypatch):
     ``inference`` (rows of earlier files still match theirs)."""
     import argparse
     mp = load_script('message_passing')
-    seen = []
-    build = mp.build_aggr
-
-    def spy(name, d, group_rows=None):
-        aggr = build(name, d, group_rows)
-        aggr.register_forward_pre_hook(
-            lambda m, a: seen.append((torch.is_grad_enabled(), m.training)))
-        return aggr
-    monkeypatch.setattr(mp, 'build_aggr', spy)
+    seen, _ = _spy_on_aggregations(mp, monkeypatch, lambda m: (torch.is_grad_enabled(),
+                                                               m.training))
     cfg = dict(aggr='rigid', conv='sage', degrees='poisson', dim=16, nodes=60, repeats=2,
                threads=1, seed=0, device='cpu', keep=False, allocated=False)
     for inference in (False, True):
@@ -401,11 +416,7 @@ def test_message_passing_inference_rows_run_the_forward_pass_alone(monkeypatch):
         assert row.get('inference', False) is inference and row['median_ms'] > 0
         # untimed call, peak-memory call, 2 timed calls
         assert seen == [(not inference, not inference)] * 4
-    args = argparse.Namespace(nodes=[60], dims=[16], degrees=['poisson'], aggrs=['pyg', 'rigid'],
-                              graphconv_nodes=0, paper_max_nodes=0, ng8_max_nodes=0,
-                              ckpt_min_nodes=10**9, ckpt_dims=[], power_law_max_nodes=0,
-                              chunk_rows=None, repeats=1, threads=1, device='cpu',
-                              keep_freed_memory=False, allocated=False, inference=True)
+    args = _mp_plan_args(aggrs=['pyg', 'rigid'], inference=True)
     assert [c['inference'] for c in mp.plan(args)] == [True, True]
     assert not any('inference' in c for c in mp.plan(argparse.Namespace(
         **dict(vars(args), inference=False))))
@@ -422,20 +433,14 @@ def test_pyg_nofast_turns_the_attention_fast_path_off_for_its_row_only(monkeypat
     r"""``pyg-nofast`` is PyG's aggregation with PyTorch's ``MultiheadAttention`` fast path off
     while its row is measured (the same values as ``pyg``: the fast path is an implementation
     of the same attention), the setting restored after; it is refused without ``--inference``
-    (in training the fast path never runs) and left out of ``--aggrs``' default."""
+    (in training the fast path never runs; its absence from ``--aggrs``' default is checked in
+    ``test_benchmarks_measure_args``)."""
     import argparse
 
     from torch_geometric.nn import SAGEConv
     mp = load_script('message_passing')
-    seen = []
-    build = mp.build_aggr
-
-    def spy(name, d, group_rows=None):
-        aggr = build(name, d, group_rows)
-        aggr.register_forward_pre_hook(
-            lambda m, a: seen.append(torch.backends.mha.get_fastpath_enabled()))
-        return aggr
-    monkeypatch.setattr(mp, 'build_aggr', spy)
+    seen, build = _spy_on_aggregations(mp, monkeypatch,
+                                       lambda m: torch.backends.mha.get_fastpath_enabled())
     assert torch.backends.mha.get_fastpath_enabled()
     cfg = dict(aggr='pyg-nofast', conv='sage', degrees='power-law', dim=16, nodes=60,
                repeats=1, threads=1, seed=0, device='cpu', keep=False, allocated=False,
@@ -473,12 +478,7 @@ def test_pyg_nofast_turns_the_attention_fast_path_off_for_its_row_only(monkeypat
         finally:
             torch.backends.mha.set_fastpath_enabled(True)
     torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
-    args = argparse.Namespace(nodes=[60], dims=[16], degrees=['poisson'], aggrs=['pyg-nofast'],
-                              graphconv_nodes=0, paper_max_nodes=0, ng8_max_nodes=0,
-                              ckpt_min_nodes=10**9, ckpt_dims=[], power_law_max_nodes=0,
-                              chunk_rows=None, repeats=1, threads=1, device='cpu',
-                              keep_freed_memory=False, allocated=False, inference=False,
-                              quick=False)
+    args = _mp_plan_args(aggrs=['pyg-nofast'], inference=False)
     with pytest.raises(SystemExit):
         mp.check_args(argparse.ArgumentParser(), args)
     assert 'pyg-nofast only with --inference' in capsys.readouterr().err
@@ -515,12 +515,7 @@ def test_message_passing_rows_in_one_process(monkeypatch, capsys):
         assert mp.run_in_process(cfg)['error'] == 'RuntimeError: CUDA out of memory'
     finally:
         set_fused_kernels(None)
-    args = argparse.Namespace(nodes=[40], dims=[16], degrees=['poisson'], aggrs=['rigid'],
-                              graphconv_nodes=0, paper_max_nodes=0, ng8_max_nodes=0,
-                              ckpt_min_nodes=10**9, ckpt_dims=[], power_law_max_nodes=0,
-                              chunk_rows=None, repeats=1, threads=1, device='cpu',
-                              keep_freed_memory=False, allocated=False, same_process=True,
-                              quick=False)
+    args = _mp_plan_args(nodes=[40], same_process=True)
     assert [c['same_process'] for c in mp.plan(args)] == [True]
     with pytest.raises(SystemExit):
         mp.check_args(argparse.ArgumentParser(), args)
