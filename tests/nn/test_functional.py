@@ -760,3 +760,60 @@ def test_inference_drops_the_packed_buffers_before_the_outputs_are_reordered(sev
             expected = _reference(q, k, v[:, i:i + 1].expand(-1, q.size(1), -1), query_set,
                                   kv_set)
         torch.testing.assert_close(o, expected)
+
+
+@pytest.mark.parametrize('path', ['dense', 'scatter'])
+@pytest.mark.parametrize('uniform', [False, True])
+def test_keys_that_are_columns_of_the_values_are_packed_once(path, uniform):
+    # folded keys (one head) that are a view of the shared values' columns (the raw rows beside a
+    # column of ones, as MZAttention passes them): the same values and gradients as the same
+    # keys in a tensor of their own, and on the dense path the key buffer is a view of the
+    # values' buffer, so the tensors kept for the backward pass hold one packed buffer fewer
+    from torch_mz.nn.functional import _key_columns
+    q_sizes, k_sizes = ([3] * 4, [5] * 4) if uniform else ([3, 1, 2, 4], [6, 0, 9, 2])
+    g = torch.Generator().manual_seed(3)
+    query_set = make_index(q_sizes, shuffle=not uniform, generator=g)
+    kv_set = make_index(k_sizes, shuffle=not uniform, generator=g)
+    dk = 4
+    q0 = torch.randn(query_set.numel(), 1, dk, generator=g, dtype=torch.float64)
+    rows0 = torch.randn(kv_set.numel(), dk, generator=g, dtype=torch.float64)
+    gens0 = torch.randn(kv_set.numel(), 6, generator=g, dtype=torch.float64)
+
+    def run(as_view):
+        q, rows, gens = (t.clone().requires_grad_() for t in (q0, rows0, gens0))
+        raw = torch.cat([rows.new_ones(rows.size(0), 1), rows], dim=-1)  # (Nk, 1 + dk)
+        k = raw[:, 1:].unsqueeze(1) if as_view else rows.unsqueeze(1)
+        assert (_key_columns(k, raw) == 1) == as_view
+        saved = []
+
+        def pack(t):
+            saved.append((t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()))
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            outs = grouped_attention(q, k, (raw, gens), query_set, kv_set, len(q_sizes),
+                                     path=path)
+        loss = sum((o * torch.linspace(-1, 1, o.numel(), dtype=o.dtype).view_as(o)).sum()
+                   for o in outs)
+        loss.backward()
+        return outs, (q.grad, rows.grad, gens.grad), sum(dict(saved).values())
+
+    outs_v, grads_v, kept_v = run(True)
+    outs_c, grads_c, kept_c = run(False)
+    for a, b in zip(outs_v + grads_v, outs_c + grads_c):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    if path == 'dense' and not uniform:  # the packed keys: one (tot_k, 1, dk) buffer
+        assert kept_c - kept_v >= kv_set.numel() * dk * 8
+    else:  # the uniform path and the scatter path pack nothing: nothing changes
+        assert kept_v <= kept_c
+
+
+def test_key_columns_only_for_views_of_the_values_columns():
+    from torch_mz.nn.functional import _key_columns
+    raw = torch.randn(5, 7)
+    assert _key_columns(raw[:, 2:6].unsqueeze(1), raw) == 2
+    assert _key_columns(raw[:, 1:].clone().unsqueeze(1), raw) is None  # a copy
+    assert _key_columns(raw[::2, 1:].unsqueeze(1), raw[::2]) == 1  # a view of a view
+    assert _key_columns(raw[:4, 1:].unsqueeze(1), raw) is None  # other rows
+    assert _key_columns(raw[:, 1:].reshape(5, 2, 3), raw) is None  # two heads
+    assert _key_columns(raw.t()[:5, :, None].transpose(1, 2), raw) is None  # other strides
+    assert _key_columns(raw[:, 1:].unsqueeze(1).double(), raw) is None  # another dtype

@@ -420,6 +420,9 @@ class MZAttention(Module):
             # The generators are aggregated as they lie (no copy into a joint value tensor).
             ones = rows.new_ones(Nk, 1).to(q.dtype)
             raw_c = torch.cat([ones, rows.to(q.dtype)], dim=-1)  # (Nk, 1 + d)
+            if merged:  # the folded keys as a view of the raw rows beside the ones: the dense
+                # path packs them once, in the values' buffer (functional._key_columns)
+                k = raw_c[:, 1:].unsqueeze(1)  # (Nk, 1, w_c)
             # Generators affine in narrow inputs (the input projection's, AffineZonotope):
             # sum_j a_ij (A_g u_j + b_g) = A_g (sum_j a_ij u_j) + b_g (sum_j a_ij), so the p input
             # columns are aggregated instead of the n_g d generator columns

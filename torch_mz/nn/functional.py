@@ -794,9 +794,13 @@ def _attention_dense(q: Tensor, k: Tensor, vs: Tuple[Tensor, ...], query_set: Te
     # where every row takes part (the usual case) the rows are placed as they lie: no gathered
     # copy (one (N, H, d_k) temporary fewer per buffer; the same values)
     qbuf = _place(q if lay.q_all else q[q_rows], q_pos, lay.tot_q)  # (tot_q, H, dk)
-    kbuf = _place(k if lay.k_all else k[k_rows], k_pos, lay.tot_k)  # (tot_k, H, dk)
     vbufs = [_place((v if lay.k_all else v[k_rows]).to(out_dtype), k_pos, lay.tot_k)
              for v in vs]
+    col = _key_columns(k, vs[0]) if shared and k.dtype == out_dtype else None
+    if col is not None:  # keys that are columns of the first values: a view of their buffer
+        kbuf = vbufs[0][:, col:col + dk].unsqueeze(1)  # (tot_k, 1, dk)
+    else:
+        kbuf = _place(k if lay.k_all else k[k_rows], k_pos, lay.tot_k)  # (tot_k, H, dk)
 
     outs = _attend_buckets(qbuf, kbuf, vbufs, lay.key_mask, lay.blocks, ws, shared, p, chunk)
     # the packed buffers are dropped before the outputs are joined and reordered: without
@@ -815,6 +819,21 @@ def _attention_dense(q: Tensor, k: Tensor, vs: Tuple[Tensor, ...], query_set: Te
             vals = _place(vals, q_rows, Nq)
         results.append(vals)
     return results
+
+
+def _key_columns(k: Tensor, v: Tensor) -> Optional[int]:
+    r"""The first column of the shared values :obj:`v` :math:`(N_k, w)` that the keys :obj:`k`
+    :math:`(N_k, 1, d_k)` are a view of (one head: folded keys, whose values are the raw rows
+    beside a column of ones, :meth:`~torch_mz.nn.MZAttention._aggregate`), else :obj:`None`.
+    Such keys are read from the values' packed buffer instead of a packed copy of their own: a
+    buffer fewer to fill and to keep for the backward pass (the same numbers)."""
+    if (k.dim() != 3 or k.size(1) != 1 or v.dim() != 2 or k.size(0) != v.size(0)
+            or k.size(0) < 2 or k.dtype != v.dtype or k.device != v.device
+            or k.stride(0) != v.stride(0) or k.stride(2) != 1 or v.stride(1) != 1
+            or k.untyped_storage().data_ptr() != v.untyped_storage().data_ptr()):
+        return None
+    col = int(k.storage_offset() - v.storage_offset())
+    return col if 0 <= col and col + k.size(2) <= v.size(1) else None
 
 
 def _attend_buckets(qbuf: Tensor, kbuf: Tensor, vbufs: List[Tensor], key_mask: Tensor,
