@@ -74,6 +74,8 @@ SOURCES = {
     'speed_fold': 'speed_fold/speed.json',
     'speed_fold_rerun': 'speed_fold_rerun/speed.json',
     'speed_current': 'speed_current/speed.json',
+    # (the input projection's activation recomputed by a function of its own, no checkpoint)
+    'speed_projection': 'speed_projection/speed.json',
     'training_step': 'training_step/training_step.json',
     'training_step_small_sets': 'training_step_small_sets/training_step.json',
     'training_step_egnn': 'training_step_egnn/training_step.json',
@@ -279,9 +281,10 @@ def _mp_as(rows: Sequence[Mapping[str, Any]], name: str,
     return None
 
 
-# speed.py's runs (speed_fold, speed_fold_rerun and speed_current: after the key map joined the
-# PMA's seed)
-SPEED = ('speed', 'speed_rerun', 'speed_fold', 'speed_fold_rerun', 'speed_current', 'gpu_speed')
+# speed.py's runs (speed_fold, speed_fold_rerun, speed_current and speed_projection: after the
+# key map joined the PMA's seed)
+SPEED = ('speed', 'speed_rerun', 'speed_fold', 'speed_fold_rerun', 'speed_current',
+         'speed_projection', 'gpu_speed')
 TRAINING_STEP = ('training_step', 'training_step_small_sets', 'training_step_egnn',
                  'training_step_rounds', 'training_step_large_batch', 'training_step_thp',
                  'training_step_fold', 'training_step_current', 'training_step_kept',

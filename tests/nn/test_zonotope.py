@@ -425,3 +425,50 @@ def test_mab_with_the_kernels_on_equals_the_eager_block(monkeypatch):
         # 3 MABs with 2 LayerNorms each: as sums in inference, written out in training
         assert calls.count('ln_sum_forward') == (0 if train else 6)
         assert calls.count('ln_forward') == (6 if train else 0)
+
+
+def test_input_projection_recomputes_its_activation_without_checkpointing(monkeypatch):
+    # in training the center's GELU and LayerNorm run again in the backward pass from the kept
+    # pre-activation, by a function of their own (no torch.utils.checkpoint): the same values
+    # and gradients as the plain operations, bit for bit; second derivatives too; a hooked
+    # LayerNorm is checkpointed instead (its hook sees the forward call)
+    import torch.utils.checkpoint as ckpt
+    calls = []
+    real = ckpt.checkpoint
+    monkeypatch.setattr(ckpt, 'checkpoint', lambda *a, **k: calls.append(1) or real(*a, **k))
+    torch.manual_seed(0)
+    proj = InputProjection(5, 8, num_generators=3)
+    torch.nn.init.normal_(proj.norm.weight)
+    torch.nn.init.normal_(proj.norm.bias)
+    x = torch.randn(11, 5, requires_grad=True)
+    params = [x, proj.lin_c.weight, proj.lin_c.bias, proj.norm.weight, proj.norm.bias]
+    g = torch.randn(11, 8)
+
+    def plain():
+        return F.layer_norm(F.gelu(F.linear(x, proj.lin_c.weight, proj.lin_c.bias)), (8, ),
+                            proj.norm.weight, proj.norm.bias, proj.norm.eps)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t,
+                                                  lambda t: t):
+        center = proj(x).center
+    assert not calls
+    assert sum(1 for s in saved if tuple(s) == (11, 8)) == 1  # the pre-activation only
+    expected = plain()
+    assert torch.equal(center, expected)
+    for a, b in zip(torch.autograd.grad(center, params, g),
+                    torch.autograd.grad(expected, params, g)):
+        assert torch.equal(a, b)
+    # second derivatives (create_graph) through the recomputation, in float64
+    proj64 = InputProjection(5, 8, num_generators=0).double()
+    torch.nn.init.normal_(proj64.norm.weight)
+    x64 = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradgradcheck(lambda t: proj64(t).center, (x64, ))
+    # a hooked LayerNorm: checkpointed, as its own call, which its hook sees (the
+    # recomputation stops once the LayerNorm's saved tensors are made, before the hook)
+    seen = []
+    handle = proj.norm.register_forward_hook(lambda m, args, out: seen.append(1))
+    center = proj(x).center
+    center.backward(g)
+    handle.remove()
+    assert calls and len(seen) == 1
+    assert torch.equal(center, expected)

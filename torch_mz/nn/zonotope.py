@@ -412,6 +412,41 @@ def zonotope_layer_norm_reference(z: Zonotope, norm: LayerNorm) -> Zonotope:
     return Zonotope(out_c, g)
 
 
+class _GeluLayerNormFn(torch.autograd.Function):
+    r""":math:`\mathrm{LayerNorm}(\mathrm{GELU}(h))` keeping only :math:`h` (and the
+    LayerNorm's per-row mean and inverse deviation, :math:`(N, 1)` each) for the backward pass,
+    where the GELU runs again: the same kernels autograd runs for the two operations
+    (``gelu_backward``, ``native_layer_norm_backward``) on the same inputs, so the same values
+    and gradients, without :func:`torch.utils.checkpoint.checkpoint`'s machinery (its hooks
+    and wrappers cost about 0.6 ms a call: a third of the fixed cost of a small PMA
+    aggregation's forward + backward, ``benchmarks/README.md``)."""
+    @staticmethod
+    def forward(ctx, h: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
+                eps: float) -> Tensor:
+        a = F.gelu(h)
+        out, mean, rstd = torch.native_layer_norm(a, (h.size(-1), ), weight, bias, eps)
+        ctx.eps = eps
+        ctx.save_for_backward(h, weight, bias, mean, rstd)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        h, weight, bias, mean, rstd = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        if torch.is_grad_enabled():  # create_graph=True: differentiate the plain operations
+            inputs = [t for t, n in zip((h, weight, bias), need[:3]) if n]
+            with torch.enable_grad():
+                out = F.layer_norm(F.gelu(h), (h.size(-1), ), weight, bias, ctx.eps)
+            grads = iter(torch.autograd.grad(out, inputs, grad_out, create_graph=True))
+            return tuple(next(grads) if n else None for n in need[:3]) + (None, )
+        a = F.gelu(h)
+        grad_a, grad_w, grad_b = torch.ops.aten.native_layer_norm_backward(
+            grad_out, a, (h.size(-1), ), mean, rstd, weight, bias,
+            [need[0], need[1] and weight is not None, need[2] and bias is not None])
+        grad_h = torch.ops.aten.gelu_backward(grad_a, h) if need[0] else None
+        return grad_h, grad_w, grad_b, None
+
+
 class InputProjection(Module):
     r"""Projects set elements :math:`x_i \in \mathbb{R}^{d_{in}}` to zonotope tokens (Eq. 2 of
     the paper):
@@ -428,7 +463,8 @@ class InputProjection(Module):
     generator columns (exact up to rounding; with 3-D points and the paper's configuration, 9.8%
     fewer FLOPs in an ``mz`` training step). In
     training, the GELU and the LayerNorm run again in the backward pass, so that only the
-    pre-activation is kept for it (forward hooks on :obj:`norm` then run twice).
+    pre-activation is kept for it (a hooked :obj:`norm` runs as its own call, which its hooks
+    see, in a checkpoint).
 
     Args:
         in_channels (int): Input width :math:`d_{in}`.
@@ -469,8 +505,15 @@ class InputProjection(Module):
             # keep only the pre-activation for the backward pass and run the GELU and the
             # LayerNorm again there (the same operations: the same values and gradients): one
             # (N, d) tensor fewer kept, the GELU's output (in message passing N is the number
-            # of edges)
-            center = torch.utils.checkpoint.checkpoint(self._activate, h, use_reentrant=False)
+            # of edges); a hooked or replaced LayerNorm, or autocast, in a checkpoint (the
+            # norm's own call, which its hooks see)
+            norm = self.norm
+            if (type(norm) is LayerNorm and not _hooked(norm) and len(norm.normalized_shape) == 1
+                    and not torch.is_autocast_enabled(h.device.type)):
+                center = _GeluLayerNormFn.apply(h, norm.weight, norm.bias, norm.eps)
+            else:
+                center = torch.utils.checkpoint.checkpoint(self._activate, h,
+                                                           use_reentrant=False)
         else:
             center = self._activate(h)  # (N, d)
         if self.lin_g is None:
