@@ -103,6 +103,8 @@ SOURCES = {
     'message_passing_inference_freed': 'message_passing_inference_freed/message_passing.json',
     # (the folded keys read from the packed values' buffer, functional._key_columns)
     'message_passing_shared_keys': 'message_passing_shared_keys/message_passing.json',
+    # (d = 16, after the input projection's activation left torch.utils.checkpoint)
+    'message_passing_projection': 'message_passing_projection/message_passing.json',
     'gpu_speed': 'gpu/speed/speed.json',
     'gpu_training_step': 'gpu/training_step/training_step.json',
     'scaling_sets_of_1': 'scaling/scaling_default_sets_of_1.json',
@@ -126,7 +128,8 @@ MESSAGE_PASSING = ('message_passing', 'message_passing_small', 'message_passing_
                    'message_passing_fold_power_law', 'message_passing_fold_1e5',
                    'message_passing_rows', 'gpu_message_passing',
                    'gpu_message_passing_new_graph', 'message_passing_cached',
-                   'message_passing_new_graph', 'message_passing_shared_keys')
+                   'message_passing_new_graph', 'message_passing_shared_keys',
+                   'message_passing_projection')
 #: Message-passing files of full-graph inference (``--inference``: forward only, no gradients):
 #: read by their own companion rows, never as the training step of the targets above.
 MP_INFERENCE = ('message_passing_inference', 'gpu_message_passing_inference',
@@ -145,7 +148,8 @@ MP_INFERENCE = ('message_passing_inference', 'gpu_message_passing_inference',
 FOLDED_MP = ('message_passing_fold', 'message_passing_fold_power_law',
              'message_passing_fold_1e5', 'message_passing_rows', 'gpu_message_passing',
              'gpu_message_passing_new_graph', 'message_passing_cached',
-             'message_passing_new_graph', 'message_passing_shared_keys') + MP_INFERENCE
+             'message_passing_new_graph', 'message_passing_shared_keys',
+             'message_passing_projection') + MP_INFERENCE
 FOLD_MIN_DIM = 64
 _UNFOLDED_MP = ("measured before the PMA's key map joined its seed (`fold_keys=True`, "
                 "2026-12-03), which the default configurations do at d = 64; this graph's "
