@@ -101,7 +101,7 @@ SOURCES = {
     'message_passing_inference_small': 'message_passing_inference_small/message_passing.json',
     # (after the dense attention dropped its packed buffers before reordering its outputs)
     'message_passing_inference_freed': 'message_passing_inference_freed/message_passing.json',
-    # (the folded keys read from the packed values' buffer, functional._key_columns)
+    # (the folded keys read from the packed values' buffer, grouped_attention(_key_col=...))
     'message_passing_shared_keys': 'message_passing_shared_keys/message_passing.json',
     # (d = 16, after the input projection's activation left torch.utils.checkpoint)
     'message_passing_projection': 'message_passing_projection/message_passing.json',

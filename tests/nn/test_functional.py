@@ -765,11 +765,10 @@ def test_inference_drops_the_packed_buffers_before_the_outputs_are_reordered(sev
 @pytest.mark.parametrize('path', ['dense', 'scatter'])
 @pytest.mark.parametrize('uniform', [False, True])
 def test_keys_that_are_columns_of_the_values_are_packed_once(path, uniform):
-    # folded keys (one head) that are a view of the shared values' columns (the raw rows beside a
-    # column of ones, as MZAttention passes them): the same values and gradients as the same
-    # keys in a tensor of their own, and on the dense path the key buffer is a view of the
-    # values' buffer, so the tensors kept for the backward pass hold one packed buffer fewer
-    from torch_mz.nn.functional import _key_columns
+    # folded keys (one head) stated to be columns of the shared values (the raw rows beside a
+    # column of ones, as MZAttention passes them, `_key_col`): the same values and gradients as
+    # the same keys in a tensor of their own, and on the dense path the key buffer is a view of
+    # the values' buffer, so the tensors kept for the backward pass hold one packed buffer fewer
     q_sizes, k_sizes = ([3] * 4, [5] * 4) if uniform else ([3, 1, 2, 4], [6, 0, 9, 2])
     g = torch.Generator().manual_seed(3)
     query_set = make_index(q_sizes, shuffle=not uniform, generator=g)
@@ -779,11 +778,10 @@ def test_keys_that_are_columns_of_the_values_are_packed_once(path, uniform):
     rows0 = torch.randn(kv_set.numel(), dk, generator=g, dtype=torch.float64)
     gens0 = torch.randn(kv_set.numel(), 6, generator=g, dtype=torch.float64)
 
-    def run(as_view):
+    def run(stated):
         q, rows, gens = (t.clone().requires_grad_() for t in (q0, rows0, gens0))
         raw = torch.cat([rows.new_ones(rows.size(0), 1), rows], dim=-1)  # (Nk, 1 + dk)
-        k = raw[:, 1:].unsqueeze(1) if as_view else rows.unsqueeze(1)
-        assert (_key_columns(k, raw) == 1) == as_view
+        k = raw[:, 1:].unsqueeze(1) if stated else rows.unsqueeze(1)
         saved = []
 
         def pack(t):
@@ -791,7 +789,7 @@ def test_keys_that_are_columns_of_the_values_are_packed_once(path, uniform):
             return t
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             outs = grouped_attention(q, k, (raw, gens), query_set, kv_set, len(q_sizes),
-                                     path=path)
+                                     path=path, _key_col=1 if stated else None)
         loss = sum((o * torch.linspace(-1, 1, o.numel(), dtype=o.dtype).view_as(o)).sum()
                    for o in outs)
         loss.backward()
@@ -807,13 +805,54 @@ def test_keys_that_are_columns_of_the_values_are_packed_once(path, uniform):
         assert kept_v <= kept_c
 
 
-def test_key_columns_only_for_views_of_the_values_columns():
-    from torch_mz.nn.functional import _key_columns
-    raw = torch.randn(5, 7)
-    assert _key_columns(raw[:, 2:6].unsqueeze(1), raw) == 2
-    assert _key_columns(raw[:, 1:].clone().unsqueeze(1), raw) is None  # a copy
-    assert _key_columns(raw[::2, 1:].unsqueeze(1), raw[::2]) == 1  # a view of a view
-    assert _key_columns(raw[:4, 1:].unsqueeze(1), raw) is None  # other rows
-    assert _key_columns(raw[:, 1:].reshape(5, 2, 3), raw) is None  # two heads
-    assert _key_columns(raw.t()[:5, :, None].transpose(1, 2), raw) is None  # other strides
-    assert _key_columns(raw[:, 1:].unsqueeze(1).double(), raw) is None  # another dtype
+def test_keys_sharing_the_values_memory_are_read_as_given_unless_stated():
+    # sharing memory is not inferred: detached keys that view the values' columns keep their
+    # own (absent) gradients, as a copy of them does; a wrong statement is refused
+    query_set, kv_set = make_index([2, 3]), make_index([4, 5])
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(5, 1, 3, generator=g, dtype=torch.float64)
+    rows = torch.randn(9, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    raw = torch.cat([rows.new_ones(9, 1), rows], dim=-1)
+    grads = []
+    for k in (raw[:, 1:].detach().unsqueeze(1), rows.detach().clone().unsqueeze(1)):
+        out = grouped_attention(q, k, raw, query_set, kv_set, 2, path='dense')
+        grads.append(torch.autograd.grad(out.sin().sum(), rows)[0])
+    torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=0)
+    k = raw[:, 1:].unsqueeze(1)
+    for bad, keys, values in ((2, k, raw),  # beyond the values' columns
+                              (1, raw[:, :3].reshape(9, 1, 3)[:, :, :2], raw),  # width != q's
+                              (1, k.expand(9, 2, 3), raw),  # two heads
+                              (1, k, raw.unsqueeze(1))):  # values per head
+        with pytest.raises(ValueError, match="'_key_col'"):
+            grouped_attention(q, keys, values, query_set, kv_set, 2, _key_col=bad)
+
+
+def test_torch_func_grad_matches_autograd_with_folded_keys(monkeypatch):
+    # the folded keys read from the values' buffer (grouped_attention's _key_col) under
+    # torch.func.grad, on uneven sets (the packed dense path): the gradients of autograd
+    from torch.func import functional_call, grad
+
+    from torch_mz.nn import MZAggregation, attention
+    monkeypatch.setattr(attention, 'FOLD_MARGIN', 1e-3)  # fold these small sets
+    torch.manual_seed(0)
+    aggr = MZAggregation(3, dim=16, heads=2, value='rigid', num_generators=0,
+                         num_encoder_blocks=0, path='dense').double()
+    stated = []
+    real = functional.grouped_attention
+    monkeypatch.setattr(attention, 'grouped_attention',
+                        lambda *a, **k: stated.append(k.get('_key_col')) or real(*a, **k))
+    index = torch.tensor([0] * 9 + [2] * 8 + [3] * 3)
+    x = torch.randn(index.numel(), 3, dtype=torch.float64)
+    params = {k: v.detach() for k, v in aggr.named_parameters()}
+
+    def loss(p, xx):
+        return functional_call(aggr, p, (xx, index), {'dim_size': 4}).square().sum()
+
+    g_params, g_x = grad(loss, argnums=(0, 1))(params, x)
+    assert 1 in stated
+    xr = x.clone().requires_grad_()
+    loss(dict(aggr.named_parameters()), xr).backward()
+    torch.testing.assert_close(g_x, xr.grad, rtol=1e-10, atol=1e-12)
+    for name, p in aggr.named_parameters():
+        if p.numel():  # (an empty parameter gets no autograd gradient)
+            torch.testing.assert_close(g_params[name], p.grad, rtol=1e-10, atol=1e-12)

@@ -472,3 +472,46 @@ def test_input_projection_recomputes_its_activation_without_checkpointing(monkey
     handle.remove()
     assert calls and len(seen) == 1
     assert torch.equal(center, expected)
+
+
+def test_input_projection_under_forward_mode_ad_and_tracing():
+    # forward-mode AD (dual tensors, gradients on) and torch.jit.trace take the plain
+    # operations, which serve them: the tangent of the plain operations; a trace that saves and
+    # loads and gives the eager values
+    import io
+
+    import torch.autograd.forward_ad as fwAD
+    from torch_mz.nn.blocks import FeedForward
+    torch.manual_seed(1)
+    proj = InputProjection(5, 8, num_generators=2).double()
+    x = torch.randn(6, 5, dtype=torch.float64)
+    t = torch.randn_like(x)
+
+    def plain(x):
+        return F.layer_norm(F.gelu(F.linear(x, proj.lin_c.weight, proj.lin_c.bias)), (8, ),
+                            proj.norm.weight, proj.norm.bias, proj.norm.eps)
+    with fwAD.dual_level():
+        got = fwAD.unpack_dual(proj(fwAD.make_dual(x, t)).center).tangent
+        expected = fwAD.unpack_dual(plain(fwAD.make_dual(x, t))).tangent
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-14)
+    ff = FeedForward(8, 16).double()  # its own recomputing function steps aside the same way
+    c = torch.randn(6, 8, dtype=torch.float64)
+    with fwAD.dual_level():
+        got = fwAD.unpack_dual(ff(fwAD.make_dual(c, t[:, :1].expand(6, 8)))).tangent
+        expected = fwAD.unpack_dual(ff.lin2(F.gelu(ff.lin1(
+            fwAD.make_dual(c, t[:, :1].expand(6, 8)))))).tangent
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-14)
+
+    class Center(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = proj
+
+        def forward(self, x):
+            return self.proj(x).center
+    traced = torch.jit.trace(Center(), (x.clone().requires_grad_(), ))
+    buffer = io.BytesIO()
+    torch.jit.save(traced, buffer)
+    buffer.seek(0)
+    loaded = torch.jit.load(buffer)
+    torch.testing.assert_close(loaded(x), proj(x).center, rtol=0, atol=0)

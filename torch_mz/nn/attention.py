@@ -373,7 +373,7 @@ class MZAttention(Module):
             # i H + h of (Nq H, 1, w_c)
             q = torch.matmul(q.transpose(0, 1), w_key.view(H, dk, -1)).transpose(0, 1).reshape(
                 Nq * H, 1, w_key.size(-1))
-            k = rows.to(q.dtype).unsqueeze(1)  # (Nk, 1, w_c)
+            k = rows.unsqueeze(1)  # (Nk, 1, w_c), replaced below: a view of the raw values
         elif c_weight is None:
             k = self.lin_k(rows).view(Nk, H, dk)  # (Nk, H, dk)
         else:
@@ -421,7 +421,7 @@ class MZAttention(Module):
             ones = rows.new_ones(Nk, 1).to(q.dtype)
             raw_c = torch.cat([ones, rows.to(q.dtype)], dim=-1)  # (Nk, 1 + d)
             if merged:  # the folded keys as a view of the raw rows beside the ones: the dense
-                # path packs them once, in the values' buffer (functional._key_columns)
+                # path packs them once, in the values' buffer (grouped_attention's _key_col)
                 k = raw_c[:, 1:].unsqueeze(1)  # (Nk, 1, w_c)
             # Generators affine in narrow inputs (the input projection's, AffineZonotope):
             # sum_j a_ij (A_g u_j + b_g) = A_g (sum_j a_ij u_j) + b_g (sum_j a_ij), so the p input
@@ -432,8 +432,8 @@ class MZAttention(Module):
             shared = (raw_c, g_rows) if g_rows.size(-1) > 0 else (raw_c, )
             outs = grouped_attention(
                 q, k, shared, self._per_head(query_set) if merged else query_set, kv_set,
-                num_sets, dropout=self.dropout, training=self.training,
-                path=self.path)  # (Nq, H, 1 + d), (Nq, H, p or ng w_g): the same weights
+                num_sets, dropout=self.dropout, training=self.training, path=self.path,
+                _key_col=1 if merged else None)  # (Nq, H, 1 + d), (Nq, H, p or ng w_g)
             if merged:  # (Nq H, 1, w) -> (Nq, H, w)
                 outs = tuple(o.view(Nq, H, o.size(-1)) for o in outs)
             agg_c = outs[0]

@@ -212,7 +212,8 @@ def _sorted_layout(set_id: Tensor,
 @overload
 def grouped_attention(q: Tensor, k: Tensor, v: Tensor, query_set: Tensor, kv_set: Tensor,
                       num_sets: int, dropout: float = ..., training: bool = ...,
-                      path: str = ..., chunk: Optional[int] = ...) -> Tensor:
+                      path: str = ..., chunk: Optional[int] = ...,
+                      _key_col: Optional[int] = ...) -> Tensor:
     ...
 
 
@@ -220,14 +221,16 @@ def grouped_attention(q: Tensor, k: Tensor, v: Tensor, query_set: Tensor, kv_set
 def grouped_attention(q: Tensor, k: Tensor, v: Union[Tuple[Tensor, ...], List[Tensor]],
                       query_set: Tensor, kv_set: Tensor, num_sets: int, dropout: float = ...,
                       training: bool = ..., path: str = ...,
-                      chunk: Optional[int] = ...) -> Tuple[Tensor, ...]:
+                      chunk: Optional[int] = ...,
+                      _key_col: Optional[int] = ...) -> Tuple[Tensor, ...]:
     ...
 
 
 def grouped_attention(q: Tensor, k: Tensor, v: Union[Tensor, Sequence[Tensor]], query_set: Tensor,
                       kv_set: Tensor, num_sets: int, dropout: float = 0.0,
                       training: bool = False, path: str = 'auto',
-                      chunk: Optional[int] = None) -> Union[Tensor, Tuple[Tensor, ...]]:
+                      chunk: Optional[int] = None,
+                      _key_col: Optional[int] = None) -> Union[Tensor, Tuple[Tensor, ...]]:
     r"""Multi-head attention from each query to the keys/values of its own set.
 
     .. math::
@@ -262,6 +265,14 @@ def grouped_attention(q: Tensor, k: Tensor, v: Union[Tensor, Sequence[Tensor]], 
             :math:`[v^c \,|\, V^g]` this is the token layout :math:`(1 + n_g, H d_k)` of a
             zonotope's center and generators (no second, transposing copy).
             (default: :obj:`None`, the :math:`(N_q, H, w)` layout)
+        _key_col (int, optional): Private: the caller's statement that the keys (one head,
+            :math:`(N_k, 1, d_k)`) are the columns ``_key_col`` to ``_key_col + d_k`` of the
+            first shared value, a view of them (:class:`~torch_mz.nn.MZAttention`'s folded
+            keys beside a column of ones). The dense path then reads the keys from the values'
+            packed buffer instead of packing them too: one buffer fewer to fill and to keep for
+            the backward pass, the same numbers. Stated, not inferred from the memory: keys
+            that share the values' memory but not their gradients (a detached view) must be
+            packed as they are. (default: :obj:`None`)
 
     Shapes:
         - **output:** :math:`(N_q, H, w)` (a tuple of :math:`(N_q, H, w_i)` for a tuple of
@@ -282,8 +293,15 @@ def grouped_attention(q: Tensor, k: Tensor, v: Union[Tensor, Sequence[Tensor]], 
                               or any(vi.size(-1) % chunk for vi in values)):
         raise ValueError(f"'chunk' must divide every value width (got {chunk} for widths "
                          f"{[vi.size(-1) for vi in values]})")
+    if _key_col is not None and (
+            not isinstance(_key_col, int) or k.dim() != 3 or k.size(1) != 1
+            or k.size(2) != q.size(2) or values[0].dim() != 2 or k.dtype != values[0].dtype
+            or not 0 <= _key_col <= values[0].size(1) - k.size(2)):
+        raise ValueError(f"'_key_col' names the first shared value's columns that the keys "
+                         f"(N_k, 1, d_k) are: got {_key_col!r} for keys {tuple(k.shape)} and "
+                         f"values {tuple(values[0].shape)}")
     fn = _attention_scatter if path == 'scatter' else _attention_dense
-    outs = fn(q, k, values, query_set, kv_set, num_sets, dropout, training, chunk)
+    outs = fn(q, k, values, query_set, kv_set, num_sets, dropout, training, chunk, _key_col)
     return tuple(outs) if several else outs[0]
 
 
@@ -488,7 +506,9 @@ _dropout = dropout  # for functions whose argument 'dropout' (the rate) hides th
 
 def _attention_scatter(q: Tensor, k: Tensor, vs: Tuple[Tensor, ...], query_set: Tensor,
                        kv_set: Tensor, num_sets: int, dropout: float,
-                       training: bool, chunk: Optional[int] = None) -> List[Tensor]:
+                       training: bool, chunk: Optional[int] = None,
+                       key_col: Optional[int] = None) -> List[Tensor]:
+    # (key_col: the keys are read as given; see grouped_attention)
     Nq, H, _ = q.shape
     out_dtype = torch.promote_types(q.dtype, vs[0].dtype)
     iq, jk = set_pairs(query_set, kv_set, num_sets)  # (P,), (P,)
@@ -769,7 +789,8 @@ def _dense_layout(query_set: Tensor, kv_set: Tensor, num_sets: int,
 
 def _attention_dense(q: Tensor, k: Tensor, vs: Tuple[Tensor, ...], query_set: Tensor,
                      kv_set: Tensor, num_sets: int, dropout: float,
-                     training: bool, chunk: Optional[int] = None) -> List[Tensor]:
+                     training: bool, chunk: Optional[int] = None,
+                     key_col: Optional[int] = None) -> List[Tensor]:
     Nq, H, dk = q.shape
     ws = [v.size(-1) for v in vs]
     shared = vs[0].dim() == 2
@@ -796,9 +817,8 @@ def _attention_dense(q: Tensor, k: Tensor, vs: Tuple[Tensor, ...], query_set: Te
     qbuf = _place(q if lay.q_all else q[q_rows], q_pos, lay.tot_q)  # (tot_q, H, dk)
     vbufs = [_place((v if lay.k_all else v[k_rows]).to(out_dtype), k_pos, lay.tot_k)
              for v in vs]
-    col = _key_columns(k, vs[0]) if shared and k.dtype == out_dtype else None
-    if col is not None:  # keys that are columns of the first values: a view of their buffer
-        kbuf = vbufs[0][:, col:col + dk].unsqueeze(1)  # (tot_k, 1, dk)
+    if key_col is not None:  # the keys are columns of the first values: a view of their buffer
+        kbuf = vbufs[0][:, key_col:key_col + dk].unsqueeze(1)  # (tot_k, 1, dk)
     else:
         kbuf = _place(k if lay.k_all else k[k_rows], k_pos, lay.tot_k)  # (tot_k, H, dk)
 
@@ -819,21 +839,6 @@ def _attention_dense(q: Tensor, k: Tensor, vs: Tuple[Tensor, ...], query_set: Te
             vals = _place(vals, q_rows, Nq)
         results.append(vals)
     return results
-
-
-def _key_columns(k: Tensor, v: Tensor) -> Optional[int]:
-    r"""The first column of the shared values :obj:`v` :math:`(N_k, w)` that the keys :obj:`k`
-    :math:`(N_k, 1, d_k)` are a view of (one head: folded keys, whose values are the raw rows
-    beside a column of ones, :meth:`~torch_mz.nn.MZAttention._aggregate`), else :obj:`None`.
-    Such keys are read from the values' packed buffer instead of a packed copy of their own: a
-    buffer fewer to fill and to keep for the backward pass (the same numbers)."""
-    if (k.dim() != 3 or k.size(1) != 1 or v.dim() != 2 or k.size(0) != v.size(0)
-            or k.size(0) < 2 or k.dtype != v.dtype or k.device != v.device
-            or k.stride(0) != v.stride(0) or k.stride(2) != 1 or v.stride(1) != 1
-            or k.untyped_storage().data_ptr() != v.untyped_storage().data_ptr()):
-        return None
-    col = int(k.storage_offset() - v.storage_offset())
-    return col if 0 <= col and col + k.size(2) <= v.size(1) else None
 
 
 def _attend_buckets(qbuf: Tensor, kbuf: Tensor, vbufs: List[Tensor], key_mask: Tensor,

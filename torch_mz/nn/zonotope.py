@@ -4,11 +4,12 @@ A token is a zonotope :math:`\mathcal{Z} = \{c + \sum_g \alpha_g G_g : \alpha_g 
 center :math:`c \in \mathbb{R}^d` and :math:`n_g` generator rows :math:`G_g \in \mathbb{R}^d`.
 """
 import math
-from typing import Optional, Union
+from typing import Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd import forward_ad
 from torch.nn import LayerNorm, Linear, Module
 
 from torch_mz.nn.functional import _functorch_active, _hooked
@@ -422,10 +423,10 @@ class _GeluLayerNormFn(torch.autograd.Function):
     aggregation's forward + backward, ``benchmarks/README.md``)."""
     @staticmethod
     def forward(ctx, h: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
-                eps: float) -> Tensor:
+                eps: float, shape: Tuple[int, ...]) -> Tensor:
         a = F.gelu(h)
-        out, mean, rstd = torch.native_layer_norm(a, (h.size(-1), ), weight, bias, eps)
-        ctx.eps = eps
+        out, mean, rstd = torch.native_layer_norm(a, shape, weight, bias, eps)
+        ctx.eps, ctx.shape = eps, shape
         ctx.save_for_backward(h, weight, bias, mean, rstd)
         return out
 
@@ -436,15 +437,15 @@ class _GeluLayerNormFn(torch.autograd.Function):
         if torch.is_grad_enabled():  # create_graph=True: differentiate the plain operations
             inputs = [t for t, n in zip((h, weight, bias), need[:3]) if n]
             with torch.enable_grad():
-                out = F.layer_norm(F.gelu(h), (h.size(-1), ), weight, bias, ctx.eps)
+                out = F.layer_norm(F.gelu(h), ctx.shape, weight, bias, ctx.eps)
             grads = iter(torch.autograd.grad(out, inputs, grad_out, create_graph=True))
-            return tuple(next(grads) if n else None for n in need[:3]) + (None, )
+            return tuple(next(grads) if n else None for n in need[:3]) + (None, None)
         a = F.gelu(h)
         grad_a, grad_w, grad_b = torch.ops.aten.native_layer_norm_backward(
-            grad_out, a, (h.size(-1), ), mean, rstd, weight, bias,
+            grad_out, a, ctx.shape, mean, rstd, weight, bias,
             [need[0], need[1] and weight is not None, need[2] and bias is not None])
         grad_h = torch.ops.aten.gelu_backward(grad_a, h) if need[0] else None
-        return grad_h, grad_w, grad_b, None
+        return grad_h, grad_w, grad_b, None, None
 
 
 class InputProjection(Module):
@@ -507,10 +508,14 @@ class InputProjection(Module):
             # (N, d) tensor fewer kept, the GELU's output (in message passing N is the number
             # of edges); a hooked or replaced LayerNorm, or autocast, in a checkpoint (the
             # norm's own call, which its hooks see)
+            # (forward-mode AD and tracing, which the function does not serve, too)
             norm = self.norm
             if (type(norm) is LayerNorm and not _hooked(norm) and len(norm.normalized_shape) == 1
-                    and not torch.is_autocast_enabled(h.device.type)):
-                center = _GeluLayerNormFn.apply(h, norm.weight, norm.bias, norm.eps)
+                    and not torch.is_autocast_enabled(h.device.type)
+                    and not torch.jit.is_tracing()
+                    and forward_ad.unpack_dual(h).tangent is None):
+                center = _GeluLayerNormFn.apply(h, norm.weight, norm.bias, norm.eps,
+                                                tuple(norm.normalized_shape))
             else:
                 center = torch.utils.checkpoint.checkpoint(self._activate, h,
                                                            use_reentrant=False)
