@@ -474,6 +474,8 @@ def test_input_projection_recomputes_its_activation_without_checkpointing(monkey
     assert torch.equal(center, expected)
 
 
+@pytest.mark.filterwarnings('ignore::DeprecationWarning')  # torch.jit's, in torch 2.13
+@pytest.mark.filterwarnings('ignore::torch.jit.TracerWarning')  # the shape checks, traced
 def test_input_projection_under_forward_mode_ad_and_tracing():
     # forward-mode AD (dual tensors, gradients on) and torch.jit.trace take the plain
     # operations, which serve them: the tangent of the plain operations; a trace that saves and
