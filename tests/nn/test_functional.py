@@ -822,7 +822,10 @@ def test_keys_sharing_the_values_memory_are_read_as_given_unless_stated():
     for bad, keys, values in ((2, k, raw),  # beyond the values' columns
                               (1, raw[:, :3].reshape(9, 1, 3)[:, :, :2], raw),  # width != q's
                               (1, k.expand(9, 2, 3), raw),  # two heads
-                              (1, k, raw.unsqueeze(1))):  # values per head
+                              (1, k, raw.unsqueeze(1)),  # values per head
+                              (0, k, raw),  # not the columns the keys are a view of
+                              (True, k, raw),  # not an int
+                              (1, k.clone(), raw)):  # a copy, not a view
         with pytest.raises(ValueError, match="'_key_col'"):
             grouped_attention(q, keys, values, query_set, kv_set, 2, _key_col=bad)
 

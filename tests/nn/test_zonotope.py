@@ -477,9 +477,10 @@ def test_input_projection_recomputes_its_activation_without_checkpointing(monkey
 @pytest.mark.filterwarnings('ignore::DeprecationWarning')  # torch.jit's, in torch 2.13
 @pytest.mark.filterwarnings('ignore::torch.jit.TracerWarning')  # the shape checks, traced
 def test_input_projection_under_forward_mode_ad_and_tracing():
-    # forward-mode AD (dual tensors, gradients on) and torch.jit.trace take the plain
-    # operations, which serve them: the tangent of the plain operations; a trace that saves and
-    # loads and gives the eager values
+    # forward-mode AD (dual tensors, gradients on; tangents on the input or on the weights)
+    # and torch.jit.trace step aside from the hand-written functions, which serve neither (the
+    # projection into its checkpoint, the feed-forward to its plain operations): the tangents
+    # of the plain operations; traces that save and load and give the eager values
     import io
 
     import torch.autograd.forward_ad as fwAD
@@ -503,6 +504,26 @@ def test_input_projection_under_forward_mode_ad_and_tracing():
         expected = fwAD.unpack_dual(ff.lin2(F.gelu(ff.lin1(
             fwAD.make_dual(c, t[:, :1].expand(6, 8)))))).tangent
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-14)
+    # tangents on the weights only (the LayerNorm's, the feed-forward's last layer)
+    from torch.func import functional_call
+    w_t = torch.randn_like(proj.norm.weight)
+    with fwAD.dual_level():
+        params = dict(proj.named_parameters())
+        params['norm.weight'] = fwAD.make_dual(params['norm.weight'], w_t)
+        got = fwAD.unpack_dual(functional_call(proj, params, (x, )).center).tangent
+        expected = fwAD.unpack_dual(F.layer_norm(
+            F.gelu(F.linear(x, proj.lin_c.weight, proj.lin_c.bias)), (8, ),
+            params['norm.weight'], proj.norm.bias, proj.norm.eps)).tangent
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-14)
+    c.requires_grad_()
+    with fwAD.dual_level():
+        params = dict(ff.named_parameters())
+        params['lin2.weight'] = fwAD.make_dual(params['lin2.weight'],
+                                               torch.randn_like(ff.lin2.weight))
+        got = fwAD.unpack_dual(functional_call(ff, params, (c, ))).tangent
+        expected = fwAD.unpack_dual(F.linear(F.gelu(ff.lin1(c)), params['lin2.weight'],
+                                             ff.lin2.bias)).tangent
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-14)
 
     class Center(torch.nn.Module):
         def __init__(self):
@@ -517,3 +538,5 @@ def test_input_projection_under_forward_mode_ad_and_tracing():
     buffer.seek(0)
     loaded = torch.jit.load(buffer)
     torch.testing.assert_close(loaded(x), proj(x).center, rtol=0, atol=0)
+    traced_ff = torch.jit.trace(ff, (c, ))  # c requires gradients: the training branch
+    torch.testing.assert_close(traced_ff(c), ff(c), rtol=0, atol=0)

@@ -373,7 +373,8 @@ class MZAttention(Module):
             # i H + h of (Nq H, 1, w_c)
             q = torch.matmul(q.transpose(0, 1), w_key.view(H, dk, -1)).transpose(0, 1).reshape(
                 Nq * H, 1, w_key.size(-1))
-            k = rows.unsqueeze(1)  # (Nk, 1, w_c), replaced below: a view of the raw values
+            k = rows.to(q.dtype).unsqueeze(1)  # (Nk, 1, w_c); where the values are mapped
+            # after the aggregation (always, when merged) a view of the raw values instead
         elif c_weight is None:
             k = self.lin_k(rows).view(Nk, H, dk)  # (Nk, H, dk)
         else:

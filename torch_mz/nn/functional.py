@@ -28,6 +28,7 @@ from typing import (Any, Iterator, List, NamedTuple, Optional, Sequence, Tuple, 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd import forward_ad
 from torch.nn import Module
 from torch.nn.modules import module as _module
 from torch_geometric.utils import softmax as segment_softmax
@@ -59,6 +60,14 @@ def _functorch_active() -> bool:
     define no ``setup_context``) nor saved-tensor hooks (activation checkpointing): the exact
     fast paths then run as the plain operations they stand for."""
     return torch._C._are_functorch_transforms_active()
+
+
+def _has_tangent(*tensors: Optional[Tensor]) -> bool:
+    r"""Whether any of :obj:`tensors` carries a forward-mode AD tangent
+    (:mod:`torch.autograd.forward_ad`): this package's hand-written autograd functions define
+    no ``jvp``, so they step aside for the plain operations then."""
+    return any(t is not None and forward_ad.unpack_dual(t).tangent is not None
+               for t in tensors)
 
 
 def set_counts(set_id: Tensor, num_sets: int) -> Tensor:
@@ -266,13 +275,15 @@ def grouped_attention(q: Tensor, k: Tensor, v: Union[Tensor, Sequence[Tensor]], 
             zonotope's center and generators (no second, transposing copy).
             (default: :obj:`None`, the :math:`(N_q, H, w)` layout)
         _key_col (int, optional): Private: the caller's statement that the keys (one head,
-            :math:`(N_k, 1, d_k)`) are the columns ``_key_col`` to ``_key_col + d_k`` of the
-            first shared value, a view of them (:class:`~torch_mz.nn.MZAttention`'s folded
-            keys beside a column of ones). The dense path then reads the keys from the values'
-            packed buffer instead of packing them too: one buffer fewer to fill and to keep for
-            the backward pass, the same numbers. Stated, not inferred from the memory: keys
-            that share the values' memory but not their gradients (a detached view) must be
-            packed as they are. (default: :obj:`None`)
+            :math:`(N_k, 1, d_k)`) are a view of the columns ``_key_col`` up to (not including)
+            ``_key_col + d_k`` of the first shared value, with their gradients
+            (:class:`~torch_mz.nn.MZAttention`'s folded keys beside a column of ones). The
+            dense path's packed layout (sets of different sizes) then reads the keys from the
+            values' packed buffer instead of packing them too: one buffer fewer to fill and to
+            keep for the backward pass, the same numbers; the uniform layout and the scatter
+            path read the keys as given. Stated, not inferred from the memory: keys that share
+            the values' memory but not their gradients (a detached view) must be packed as they
+            are; the memory is checked where it can be read. (default: :obj:`None`)
 
     Shapes:
         - **output:** :math:`(N_q, H, w)` (a tuple of :math:`(N_q, H, w_i)` for a tuple of
@@ -293,13 +304,20 @@ def grouped_attention(q: Tensor, k: Tensor, v: Union[Tensor, Sequence[Tensor]], 
                               or any(vi.size(-1) % chunk for vi in values)):
         raise ValueError(f"'chunk' must divide every value width (got {chunk} for widths "
                          f"{[vi.size(-1) for vi in values]})")
-    if _key_col is not None and (
-            not isinstance(_key_col, int) or k.dim() != 3 or k.size(1) != 1
-            or k.size(2) != q.size(2) or values[0].dim() != 2 or k.dtype != values[0].dtype
-            or not 0 <= _key_col <= values[0].size(1) - k.size(2)):
-        raise ValueError(f"'_key_col' names the first shared value's columns that the keys "
-                         f"(N_k, 1, d_k) are: got {_key_col!r} for keys {tuple(k.shape)} and "
-                         f"values {tuple(values[0].shape)}")
+    if _key_col is not None:
+        v0 = values[0]
+        if (not isinstance(_key_col, int) or isinstance(_key_col, bool) or k.dim() != 3
+                or k.size(1) != 1 or k.size(2) != q.size(2) or v0.dim() != 2
+                or k.dtype != v0.dtype or k.dtype != q.dtype
+                or not 0 <= _key_col <= v0.size(1) - k.size(2)
+                # where the memory can be read (not under torch.func): a view of those columns
+                or (not _functorch_active() and k.numel() > 0 and (
+                    k.untyped_storage().data_ptr() != v0.untyped_storage().data_ptr()
+                    or k.storage_offset() != v0.storage_offset() + _key_col * v0.stride(1)
+                    or k.stride(0) != v0.stride(0) or k.stride(2) != v0.stride(1)))):
+            raise ValueError(f"'_key_col' names the first shared value's columns that the keys "
+                             f"(N_k, 1, d_k) are a view of: got {_key_col!r} for keys "
+                             f"{tuple(k.shape)} and values {tuple(v0.shape)}")
     fn = _attention_scatter if path == 'scatter' else _attention_dense
     outs = fn(q, k, values, query_set, kv_set, num_sets, dropout, training, chunk, _key_col)
     return tuple(outs) if several else outs[0]

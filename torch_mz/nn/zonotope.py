@@ -9,10 +9,9 @@ from typing import Optional, Tuple, Union
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.autograd import forward_ad
 from torch.nn import LayerNorm, Linear, Module
 
-from torch_mz.nn.functional import _functorch_active, _hooked
+from torch_mz.nn.functional import _functorch_active, _has_tangent, _hooked
 from torch_mz.nn.fused import (LayerNormJacobianFused, LayerNormJacobianSumFused,
                                use_fused_kernels)
 
@@ -508,12 +507,12 @@ class InputProjection(Module):
             # (N, d) tensor fewer kept, the GELU's output (in message passing N is the number
             # of edges); a hooked or replaced LayerNorm, or autocast, in a checkpoint (the
             # norm's own call, which its hooks see)
-            # (forward-mode AD and tracing, which the function does not serve, too)
+            # (forward-mode AD tangents and tracing, which the function does not serve, too)
             norm = self.norm
             if (type(norm) is LayerNorm and not _hooked(norm) and len(norm.normalized_shape) == 1
                     and not torch.is_autocast_enabled(h.device.type)
                     and not torch.jit.is_tracing()
-                    and forward_ad.unpack_dual(h).tangent is None):
+                    and not _has_tangent(h, norm.weight, norm.bias)):
                 center = _GeluLayerNormFn.apply(h, norm.weight, norm.bias, norm.eps,
                                                 tuple(norm.normalized_shape))
             else:
