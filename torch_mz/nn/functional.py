@@ -310,8 +310,10 @@ def grouped_attention(q: Tensor, k: Tensor, v: Union[Tensor, Sequence[Tensor]], 
                 or k.size(1) != 1 or k.size(2) != q.size(2) or v0.dim() != 2
                 or k.dtype != v0.dtype or k.dtype != q.dtype
                 or not 0 <= _key_col <= v0.size(1) - k.size(2)
-                # where the memory can be read (not under torch.func): a view of those columns
-                or (not _functorch_active() and k.numel() > 0 and (
+                # where the memory can be read (not under torch.func, nor compiling): a view of
+                # those columns
+                or (not _functorch_active() and not torch.compiler.is_compiling()
+                    and k.numel() > 0 and (
                     k.untyped_storage().data_ptr() != v0.untyped_storage().data_ptr()
                     or k.storage_offset() != v0.storage_offset() + _key_col * v0.stride(1)
                     or k.stride(0) != v0.stride(0) or k.stride(2) != v0.stride(1)))):
