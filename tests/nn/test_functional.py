@@ -320,9 +320,9 @@ def test_wide_values_split_into_heads_exactly(monkeypatch, groups):
     monkeypatch.setattr(functional, 'FLASH_MIN_LEN', 4)
     monkeypatch.setattr(functional, 'FLASH_MIN_SCORES', 0)
     calls = []
-    sdpa = functional.F.scaled_dot_product_attention
-    monkeypatch.setattr(functional.F, 'scaled_dot_product_attention',
-                        lambda q_, k_, v_, **kw: calls.append(q_.size(1)) or sdpa(q_, k_, v_, **kw))
+    sdpa = functional._sdpa
+    monkeypatch.setattr(functional, '_sdpa',
+                        lambda q_, k_, v_, m: calls.append(q_.size(1)) or sdpa(q_, k_, v_, m))
     split = [t.clone().requires_grad_() for t in (q, k, v)]
     out = grouped_attention(*split, query_set, kv_set, 4, path='dense')
     out.pow(2).sum().backward()
@@ -859,3 +859,138 @@ def test_torch_func_grad_matches_autograd_with_folded_keys(monkeypatch):
     for name, p in aggr.named_parameters():
         if p.numel():  # (an empty parameter gets no autograd gradient)
             torch.testing.assert_close(g_params[name], p.grad, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize('path', ['dense', 'scatter'])
+@pytest.mark.parametrize('preset', ['neighbourhood', 'paper', 'rigid'])
+def test_forward_mode_ad_matches_reverse_mode(path, preset):
+    # forward-mode AD (dual tensors, torch.func.jvp / jacfwd, tangents on inputs and on
+    # parameters) runs the fast paths as their plain operations (no hand-written function has
+    # a jvp, PyTorch's fused CPU attention kernel no forward derivative): its Jacobian-vector
+    # products equal the reverse-mode Jacobian (the fast paths) times the tangent, on uneven
+    # sets with an empty one (packed buckets), a one-element set and a fully-padded bucket
+    import torch.autograd.forward_ad as fwAD
+    from torch.func import functional_call, jacfwd, jvp
+
+    from torch_mz.nn import MZAggregation
+    torch.manual_seed(0)
+    kwargs = (dict(value='rigid', num_generators=0) if preset == 'rigid'
+              else dict(preset=preset))
+    extra = dict(dim=16, d_ff=16) if preset == 'paper' else {}
+    aggr = MZAggregation(3, path=path, **kwargs, **extra).double().eval()
+    index = torch.tensor([0] * 9 + [2] * 5 + [3] + [4] * 7)
+    x = torch.randn(index.numel(), 3, dtype=torch.float64)
+    t = torch.randn_like(x)
+
+    def f(xx):
+        return aggr(xx, index, dim_size=5)
+
+    jac = torch.autograd.functional.jacobian(f, x)  # (5, d, N, 3), reverse mode
+    expected = torch.einsum('abnf,nf->ab', jac, t)
+    with fwAD.dual_level():
+        out = fwAD.unpack_dual(f(fwAD.make_dual(x, t)))
+    torch.testing.assert_close(out.primal, f(x), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(out.tangent, expected, rtol=1e-9, atol=1e-11)
+    _, tangent = jvp(f, (x, ), (t, ))
+    torch.testing.assert_close(tangent, expected, rtol=1e-9, atol=1e-11)
+    torch.testing.assert_close(jacfwd(f)(x), jac, rtol=1e-9, atol=1e-11)
+    # a tangent on every parameter at once against the reverse-mode parameter Jacobians
+    params = {k: v.detach() for k, v in aggr.named_parameters()}
+    p_t = {k: torch.randn_like(v) for k, v in params.items()}
+    _, tangent = jvp(lambda p: functional_call(aggr, p, (x, index), {'dim_size': 5}),
+                     (params, ), (p_t, ))
+    names = list(params)
+    jacs = torch.autograd.functional.jacobian(
+        lambda *ps: functional_call(aggr, dict(zip(names, ps)), (x, index), {'dim_size': 5}),
+        tuple(params[n] for n in names))
+    expected = sum((j * p_t[n]).flatten(2).sum(-1) for n, j in zip(names, jacs))
+    torch.testing.assert_close(tangent, expected, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize('value', ['mz', 'rigid'])
+def test_hessian_of_an_aggregation_by_forward_over_reverse(value):
+    # torch.func.hessian (forward-mode over reverse-mode) of a loss through the default
+    # aggregation and its rigid form equals the reverse-over-reverse Hessian of autograd
+    from torch.func import hessian
+
+    from torch_mz.nn import MZAggregation
+    torch.manual_seed(2)
+    aggr = MZAggregation(3, value=value, **({} if value == 'mz' else dict(
+        num_generators=0))).double().eval()
+    index = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, 2])
+    x = torch.randn(index.numel(), 3, dtype=torch.float64)
+
+    def loss(xx):
+        return aggr(xx, index, dim_size=3).square().sum()
+
+    expected = torch.autograd.functional.hessian(loss, x)
+    torch.testing.assert_close(hessian(loss)(x), expected, rtol=1e-9, atol=1e-11)
+
+
+def test_forward_mode_ad_takes_no_compiled_kernel_in_any_mode(monkeypatch):
+    # with the compiled kernels forced on, a dual level (any tensor may carry a tangent) and
+    # torch.func transforms take the eager formulas, whose derivatives torch has
+    import torch.autograd.forward_ad as fwAD
+
+    from torch_mz.nn import MZAggregation, fused
+    monkeypatch.setattr(fused, '_ENABLED', True)
+    monkeypatch.setattr(fused, '_FAILED', False)
+    calls: list = []
+    monkeypatch.setattr(fused, '_run', lambda name, fn, *args: calls.append(name) or fn(*args))
+    torch.manual_seed(3)
+    aggr = MZAggregation(3).double().eval()
+    index = torch.tensor([0, 0, 1, 1, 1])
+    x, t = torch.randn(5, 3, dtype=torch.float64), torch.randn(5, 3, dtype=torch.float64)
+    aggr(x, index)
+    assert calls  # the mode is on: without forward AD the kernels run
+    calls.clear()
+    with fwAD.dual_level():
+        got = fwAD.unpack_dual(aggr(fwAD.make_dual(x, t), index)).tangent
+    _, expected = torch.func.jvp(lambda xx: aggr(xx, index), (x, ), (t, ))
+    assert calls == []
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float64])
+@pytest.mark.parametrize('masked', [False, True])
+def test_flash_attention_function_equals_sdpa_and_has_second_derivatives(dtype, masked):
+    # the fused CPU kernel through _FlashAttentionCPU: bit for bit SDPA's values and gradients
+    # (the same kernels), and gradients of gradients (which SDPA's fused kernel lacks) that
+    # agree with finite differences
+    import torch.nn.functional as F
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(3, 2, L, 4, generator=g, dtype=dtype) for L in (5, 6, 6))
+    mask = None
+    if masked:
+        mask = torch.rand(3, 1, 1, 6, generator=g) > 0.4
+        mask[..., 0] = True  # every row keeps a key, as in the packed buckets
+    grad_out = torch.randn(3, 2, 5, 4, generator=g, dtype=dtype)
+
+    def run(fn):
+        qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+        out = fn(qq, kk, vv)
+        out.backward(grad_out)
+        return [out.detach(), qq.grad, kk.grad, vv.grad]
+
+    mine = run(lambda a, b, c: functional._FlashAttentionCPU.apply(a, b, c, mask))
+    theirs = run(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, attn_mask=mask,
+                                                                scale=1.0))
+    assert all(torch.equal(a, b) for a, b in zip(mine, theirs))
+    # with gradients recorded on a CPU in full precision the attention takes the function
+    grad_fn = functional._sdpa(q.clone().requires_grad_(), k, v, mask).grad_fn
+    assert type(grad_fn).__name__ == '_FlashAttentionCPUBackward'
+    if dtype == torch.float64:
+        inputs = tuple(t.clone().requires_grad_() for t in (q, k, v))
+        assert torch.autograd.gradgradcheck(
+            lambda a, b, c: functional._FlashAttentionCPU.apply(a, b, c, mask), inputs)
+
+
+def test_second_derivatives_through_a_rigid_aggregation():
+    # forces as gradients of an energy (create_graph=True), trained: gradients of the input
+    # gradients through the fused attention kernel's blocks agree with finite differences
+    from torch_mz.nn import MZAggregation
+    torch.manual_seed(6)
+    aggr = MZAggregation(3, value='rigid', num_generators=0).double()
+    index = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, 2])
+    x = torch.randn(index.numel(), 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradgradcheck(lambda xx: aggr(xx, index, dim_size=3), (x, ))

@@ -27,7 +27,7 @@ from torch import Tensor
 from torch.nn import LayerNorm, Linear, Module, Parameter
 
 from torch_mz.nn.attention import MZAttention
-from torch_mz.nn.functional import (_functorch_active, _has_tangent, _hooked, dropout,
+from torch_mz.nn.functional import (_has_tangent, _hooked, _plain_ops, dropout,
                                     repeat_per_set)
 from torch_mz.nn.fused import odd_tanh_, use_fused_kernels
 from torch_mz.nn.zonotope import MappedZonotope, Zonotope, zonotope_layer_norm
@@ -88,7 +88,7 @@ class FeedForward(Module):
         if (torch.is_grad_enabled() and not torch.is_autocast_enabled(c.device.type)
                 and not torch.compiler.is_compiling()
                 and (c.requires_grad or self.lin1.weight.requires_grad)
-                and not (_hooked(self.lin1) or _hooked(self.lin2)) and not _functorch_active()
+                and not (_hooked(self.lin1) or _hooked(self.lin2)) and not _plain_ops()
                 and not torch.jit.is_tracing()
                 and not _has_tangent(c, self.lin1.weight, self.lin1.bias, self.lin2.weight,
                                      self.lin2.bias)):  # forward-mode AD: plain

@@ -22,7 +22,7 @@ import contextlib
 import threading
 import weakref
 from collections import OrderedDict
-from typing import (Any, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union,
+from typing import (Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union,
                     overload)
 
 import torch
@@ -60,6 +60,22 @@ def _functorch_active() -> bool:
     define no ``setup_context``) nor saved-tensor hooks (activation checkpointing): the exact
     fast paths then run as the plain operations they stand for."""
     return torch._C._are_functorch_transforms_active()
+
+
+def _forward_ad_active() -> bool:
+    r"""Whether a forward-mode AD level is open (:func:`torch.autograd.forward_ad.dual_level`):
+    tensors may then carry tangents, which neither this package's hand-written autograd
+    functions (no ``jvp``) nor PyTorch's fused CPU attention kernel (no forward derivative)
+    serve."""
+    return getattr(forward_ad, '_current_level', -1) >= 0
+
+
+def _plain_ops() -> bool:
+    r"""Whether the exact fast paths run as the plain operations they stand for: under
+    :mod:`torch.func` transforms (:func:`_functorch_active`) and while forward-mode AD is
+    open (:func:`_forward_ad_active`), so that ``torch.func.jvp``, ``jacfwd``, ``hessian`` and
+    dual tensors differentiate them. The values are the same up to rounding."""
+    return _functorch_active() or _forward_ad_active()
 
 
 def _has_tangent(*tensors: Optional[Tensor]) -> bool:
@@ -357,7 +373,7 @@ def _place(src: Tensor, pos: Tensor, rows: int) -> Tensor:
     message passing (135.8 -> 103.0 MB, ``SAGEConv``, 10^4 nodes, 10^5 edges). Forward +
     backward on its own: 9.9 against 7.8 ms for ``index_copy`` at (100433, 4, 4), 4.5 against
     6.1 ms at (32768, 4, 16), 43 against 59 ms at (32768, 4, 144) (one core, one run)."""
-    if _functorch_active():  # the plain operation (see _functorch_active)
+    if _plain_ops():  # the plain operation (see _plain_ops)
         return src.new_zeros((rows, ) + tuple(src.shape[1:])).index_copy(0, pos, src)
     return _Place.apply(src, pos, rows)
 
@@ -534,7 +550,7 @@ def _attention_scatter(q: Tensor, k: Tensor, vs: Tuple[Tensor, ...], query_set: 
     iq, jk = set_pairs(query_set, kv_set, num_sets)  # (P,), (P,)
     if iq.numel() == 0:
         return [_zero_rows(v, Nq, H, v.size(-1), out_dtype, chunk) for v in vs]
-    plain = _functorch_active()  # the plain operations (see _functorch_active)
+    plain = _plain_ops()  # the plain operations (see _plain_ops)
     logits = ((q[iq] * k.to(q.dtype)[jk]).sum(dim=-1) if plain
               else _PairDot.apply(q, k.to(q.dtype), iq, jk))  # (P, H)
     alpha = segment_softmax(logits, iq, num_nodes=Nq)  # (P, H)
@@ -599,16 +615,84 @@ def _attend(q: Tensor, k: Tensor, vs: List[Tensor], mask: Optional[Tensor],
     return [torch.bmm(a, v).view(n, H, Lq, -1) for v in vs]  # (n, H, Lq, w_i)
 
 
+_FLASH_CPU: Any = getattr(torch.ops.aten, '_scaled_dot_product_flash_attention_for_cpu', None)
+_FLASH_CPU_BACKWARD: Any = getattr(torch.ops.aten,
+                              '_scaled_dot_product_flash_attention_for_cpu_backward', None)
+
+
+#: per dtype, the 0 and -inf that an additive attention mask is filled with (made once)
+_MASK_FILL: Dict[torch.dtype, Tuple[Tensor, Tensor]] = {}
+
+
+class _FlashAttentionCPU(torch.autograd.Function):
+    r""":func:`F.scaled_dot_product_attention` (scale 1, no dropout) as PyTorch's fused CPU
+    kernel, forward and backward, the same kernels SDPA runs on a CPU (the same values and
+    gradients), with a backward pass that can itself be differentiated: PyTorch's fused
+    kernel has no second derivative, so gradients of gradients (``create_graph=True``: force
+    fields as gradients of an energy, gradient penalties, Hessians) failed through every block
+    whose values are as wide as its keys. Under ``create_graph`` the backward pass runs the
+    attention's gradients written out (:math:`A = \mathrm{softmax}(Q K^\top + M)`,
+    :math:`dV = A^\top G`, :math:`dS = A \odot (G V^\top - \mathrm{rowsum}(A \odot G
+    V^\top))`, :math:`dQ = dS\, K`, :math:`dK = dS^\top Q`), which autograd differentiates
+    (its scores are materialised there: memory quadratic in the set size, for second
+    derivatives only); otherwise the fused backward kernel. A boolean mask becomes the
+    additive mask SDPA makes of it (0 where True, :math:`-\infty` elsewhere)."""
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor]) -> Tensor:
+        if mask is not None and mask.dtype == torch.bool:  # as SDPA converts it
+            fill = _MASK_FILL.get(q.dtype)
+            if fill is None:
+                fill = _MASK_FILL[q.dtype] = (torch.scalar_tensor(0.0, dtype=q.dtype),
+                                              torch.scalar_tensor(float('-inf'), dtype=q.dtype))
+            mask = torch.where(mask, *fill)
+        out, lse = _FLASH_CPU(q, k, v, 0.0, False, attn_mask=mask, scale=1.0)
+        ctx.save_for_backward(q, k, v, out, lse, mask)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        q, k, v, out, lse, mask = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: differentiable operations
+            scores = torch.matmul(q, k.transpose(-1, -2))  # (n, H, Lq, Lk)
+            if mask is not None:
+                scores = scores + mask
+            a = torch.softmax(scores, dim=-1)
+            da = torch.matmul(grad, v.transpose(-1, -2))  # (n, H, Lq, Lk)
+            ds = a * (da - (da * a).sum(dim=-1, keepdim=True))
+            return (torch.matmul(ds, k), torch.matmul(ds.transpose(-1, -2), q),
+                    torch.matmul(a.transpose(-1, -2), grad), None)
+        grad_q, grad_k, grad_v = _FLASH_CPU_BACKWARD(grad, q, k, v, out, lse, 0.0,
+                                                     False, attn_mask=mask, scale=1.0)
+        return grad_q, grad_k, grad_v, None
+
+
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor]) -> Tensor:
+    r""":func:`F.scaled_dot_product_attention` with scale 1; where gradients are recorded on a
+    CPU in full precision (no autocast, which SDPA's own call would follow, not compiling),
+    through :class:`_FlashAttentionCPU` (second derivatives)."""
+    if (q.device.type == 'cpu' and q.dtype in FULL_PRECISION and _FLASH_CPU_BACKWARD is not None
+            and not torch.is_autocast_enabled('cpu')
+            and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
+                                             or v.requires_grad)
+            and k.dtype == q.dtype and v.dtype == q.dtype and q.size(-1) == v.size(-1)
+            and (mask is None or mask.dtype == torch.bool)
+            and not torch.compiler.is_compiling()):
+        return _FlashAttentionCPU.apply(q, k, v, mask)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
+
+
 def _attend_per_head(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], p: float) -> Tensor:
     r""":func:`_attend` for one value tensor per head :math:`(n, H, L_k, w)`."""
     n, H, Lq, dk = q.shape
     Lk, w = v.shape[-2:]
+    if _plain_ops():  # the fused kernel has no forward derivative: the operations written out
+        return torch.matmul(_attention_weights(q, k, mask, p), v)
     g = _split_values(n, H, Lq, Lk, dk, w, p)
     if g > 1:  # g value groups as extra heads with the same queries and keys (exact)
         qs = q.unsqueeze(2).expand(n, H, g, Lq, dk).reshape(n, H * g, Lq, dk)
         ks = k.unsqueeze(2).expand(n, H, g, Lk, dk).reshape(n, H * g, Lk, dk)
         vs = v.reshape(n, H, Lk, g, dk).transpose(2, 3).reshape(n, H * g, Lk, dk)
-        out = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=1.0)
+        out = _sdpa(qs, ks, vs, mask)
         return out.view(n, H, g, Lq, dk).transpose(2, 3).reshape(n, H, Lq, w)
     if q.device.type == 'cpu' and (p > 0 or (w != dk and q.dtype in FULL_PRECISION)):
         # with dropout, or values wider than the keys, PyTorch's CPU kernel falls back to a
@@ -620,7 +704,7 @@ def _attend_per_head(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], p:
         # (one ISAB of 32 x 1,024 tokens, n_g = 8: inference min 315-324 against 327-338 ms),
         # and draw the mask with :func:`dropout` (on GPUs the fused kernels take dropout)
         return torch.matmul(_attention_weights(q, k, mask, p), v)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
+    return _sdpa(q, k, v, mask)
 
 
 class _DenseLayout(NamedTuple):

@@ -48,8 +48,9 @@ from typing import Callable, Dict, Optional
 
 import torch
 from torch import Tensor
-from torch.autograd import forward_ad
 from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+from torch_mz.nn.functional import _forward_ad_active
 
 
 
@@ -107,12 +108,15 @@ def use_fused_kernels(gens: Tensor) -> bool:
     the input)."""
     if _FAILED or _ENABLED is False:
         return False
+    # forward-mode AD (a dual level open: any tensor may carry a tangent) and torch.func
+    # transforms take neither function, in any mode: the eager formula (torch differentiates it)
+    if _forward_ad_active() or torch._C._are_functorch_transforms_active():
+        return False
     if _ENABLED:
         return True
     return (gens.device.type == 'cpu' and gens.dtype == torch.float32
             and gens.numel() >= AUTO_MIN_ELEMENTS and not torch.compiler.is_compiling()
-            and _get_current_dispatch_mode() is None and not _functorch_wrapped(gens)
-            and forward_ad.unpack_dual(gens).tangent is None)  # forward-mode AD: eager
+            and _get_current_dispatch_mode() is None and not _functorch_wrapped(gens))
 
 
 def _ln_jacobian_forward(c: Tensor, g: Tensor, weight: Tensor, eps: float) -> Tensor:

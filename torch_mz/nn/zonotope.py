@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn import LayerNorm, Linear, Module
 
-from torch_mz.nn.functional import _functorch_active, _has_tangent, _hooked
+from torch_mz.nn.functional import _has_tangent, _hooked, _plain_ops
 from torch_mz.nn.fused import (LayerNormJacobianFused, LayerNormJacobianSumFused,
                                use_fused_kernels)
 
@@ -361,7 +361,7 @@ def zonotope_layer_norm(z: Zonotope, norm: LayerNorm, add: Optional[Zonotope] = 
     if add is not None:
         if (add.gens.shape == z.gens.shape and add.gens.dtype == z.gens.dtype
                 and z.gens.size(1) > 0 and norm.normalized_shape == (z.center.size(-1), )
-                and not _functorch_active() and use_fused_kernels(z.gens)):
+                and not _plain_ops() and use_fused_kernels(z.gens)):
             c = z.center + add.center
             out_c = norm(c)
             if out_c.dtype != z.gens.dtype:  # (autocast) the sum in the generators' precision
@@ -379,7 +379,7 @@ def zonotope_layer_norm(z: Zonotope, norm: LayerNorm, add: Optional[Zonotope] = 
     out_c = norm(c)
     if z.gens.size(1) == 0:  # plain vector tokens
         return Zonotope(out_c, z.gens.to(out_c.dtype))
-    if _functorch_active():  # the plain operations (see torch_mz.nn.functional._functorch_active)
+    if _plain_ops():  # the plain operations (see torch_mz.nn.functional._plain_ops)
         return zonotope_layer_norm_reference(z, norm)
     weight = norm.weight.to(out_c.dtype) if norm.weight is not None else None
     gens = z.gens.to(out_c.dtype)
@@ -501,7 +501,7 @@ class InputProjection(Module):
     def forward(self, x: Tensor) -> Zonotope:
         h = self.lin_c(x)  # (N, d)
         if (torch.is_grad_enabled() and h.requires_grad and not torch.compiler.is_compiling()
-                and not _functorch_active()):
+                and not _plain_ops()):
             # keep only the pre-activation for the backward pass and run the GELU and the
             # LayerNorm again there (the same operations: the same values and gradients): one
             # (N, d) tensor fewer kept, the GELU's output (in message passing N is the number
