@@ -994,3 +994,112 @@ def test_second_derivatives_through_a_rigid_aggregation():
     index = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, 2])
     x = torch.randn(index.numel(), 3, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradgradcheck(lambda xx: aggr(xx, index, dim_size=3), (x, ))
+
+
+def test_sdpa_gives_the_function_only_what_sdpa_gives_its_fused_kernel():
+    # inputs SDPA sends down its math path (a last dimension of stride > 1, an empty sequence,
+    # fewer key heads) reach SDPA itself: the same values as on contiguous copies; the fused
+    # kernel's own inputs take the function
+    import torch.nn.functional as F
+    g = torch.Generator().manual_seed(8)
+    s = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    q = torch.randn(8, 4, 2, generator=g).transpose(1, 2)  # (N, H, d_k), stride(-1) = 2
+    k, v = torch.randn(8, 2, 4, generator=g), torch.randn(8, 2, 4, generator=g)
+    expected = grouped_attention(q.contiguous(), k, v, s, s, 2, path='dense')
+    got = grouped_attention(q.detach().requires_grad_(), k, v, s, s, 2, path='dense')
+    torch.testing.assert_close(got, expected)
+    q4 = torch.randn(2, 3, 0, 4, requires_grad=True)  # no queries
+    k4, v4 = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 5, 4)
+    assert functional._sdpa(q4, k4, v4, None).shape == (2, 3, 0, 4)
+    q5 = torch.randn(2, 4, 3, 4, requires_grad=True)  # keys and values of one head, broadcast
+    k5, v5 = torch.randn(2, 1, 5, 4), torch.randn(2, 1, 5, 4)
+    torch.testing.assert_close(functional._sdpa(q5, k5, v5, None),
+                               F.scaled_dot_product_attention(q5, k5, v5, scale=1.0))
+    assert type(functional._sdpa(q5, k5.expand(2, 4, 5, 4), v5.expand(2, 4, 5, 4),
+                                 None).grad_fn).__name__ == '_FlashAttentionCPUBackward'
+    assert type(functional._sdpa(q5, k5, v5, None).grad_fn).__name__ != \
+        '_FlashAttentionCPUBackward'
+
+
+def test_second_derivatives_give_zero_for_rows_without_keys():
+    # under create_graph the written-out backward pass gives the kernel's gradients, 0 and no
+    # NaN for a query row whose keys are all masked (a set masked whole)
+    g = torch.Generator().manual_seed(9)
+    q, k, v = (torch.randn(3, 2, L, 4, generator=g, dtype=torch.float64) for L in (4, 5, 5))
+    mask = torch.ones(3, 1, 1, 5, dtype=torch.bool)
+    mask[1] = False  # the second set: no key
+    mask[2, ..., 3:] = False
+    grad_out = torch.randn(3, 2, 4, 4, generator=g, dtype=torch.float64)
+
+    def grads(create_graph):
+        ins = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = functional._FlashAttentionCPU.apply(*ins, mask)
+        return torch.autograd.grad(out, ins, grad_out, create_graph=create_graph)
+
+    first, written = grads(False), grads(True)
+    for a, b in zip(first, written):
+        assert torch.isfinite(b).all()
+        torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-12)
+    assert not first[0][1].any() and not first[2][1].any()
+
+
+@pytest.mark.filterwarnings('ignore::DeprecationWarning')  # torch.jit's, in torch 2.13
+@pytest.mark.filterwarnings('ignore::torch.jit.TracerWarning')  # the shape checks, traced
+def test_traces_record_the_attention_kernel_itself():
+    # tracing with inputs that require gradients records SDPA, not the function: on sets of
+    # one size the trace checks (traced twice, compared), saves and loads; two masked
+    # attentions in a row on uneven sets trace and give the eager values (a trace of the
+    # packed path holds the layout of its sets and its Python functions, and is not saved)
+    import io
+    g = torch.Generator().manual_seed(10)
+    q, k, v = (torch.randn(8, 2, 4, generator=g, requires_grad=True) for _ in range(3))
+    s = torch.tensor([0] * 4 + [1] * 4)
+    traced = torch.jit.trace(lambda a, b, c: grouped_attention(a, b, c, s, s, 2, path='dense'),
+                             (q, k, v))
+    buf = io.BytesIO()
+    torch.jit.save(traced, buf)
+    buf.seek(0)
+    torch.testing.assert_close(torch.jit.load(buf)(q, k, v),
+                               grouped_attention(q, k, v, s, s, 2, path='dense'))
+    u = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2])
+
+    def twice(a, b, c):
+        return grouped_attention(grouped_attention(a, b, c, u, u, 3, path='dense'), b, c, u, u,
+                                 3, path='dense')
+    traced = torch.jit.trace(twice, (q, k, v), check_trace=False)
+    torch.testing.assert_close(traced(q, k, v), twice(q, k, v))
+
+
+def test_reverse_mode_torch_func_keeps_the_fused_kernel(monkeypatch):
+    # torch.func.grad (reverse mode) keeps SDPA's fused kernel (linear memory in the set size);
+    # only forward-mode transforms (jvp, jacfwd, hessian) and dual levels write the attention out
+    import torch.autograd.forward_ad as fwAD
+
+    from torch_mz.nn import MZAggregation
+    calls: list = []
+    sdpa = functional.F.scaled_dot_product_attention
+    monkeypatch.setattr(functional.F, 'scaled_dot_product_attention',
+                        lambda *a, **kw: calls.append(1) or sdpa(*a, **kw))
+    torch.manual_seed(11)
+    aggr = MZAggregation(3, value='rigid', num_generators=0).double()
+    index = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, 2])
+    x = torch.randn(index.numel(), 3, dtype=torch.float64)
+    torch.func.grad(lambda xx: aggr(xx, index, dim_size=3).sum())(x)
+    assert calls
+    calls.clear()
+    torch.func.jvp(lambda xx: aggr(xx, index, dim_size=3), (x, ), (x, ))
+    assert not calls
+    assert not functional._forward_ad_active()
+    with fwAD.dual_level():  # (torch's private level counter, read by the guard)
+        assert functional._forward_ad_active() and functional._forward_transform_active()
+
+
+def test_per_head_attention_passes_dropout_to_the_kernels_off_the_cpu(monkeypatch):
+    # off the CPU (here the meta device) the fused kernels take the dropout (it was dropped)
+    seen: list = []
+    monkeypatch.setattr(functional.F, 'scaled_dot_product_attention',
+                        lambda q, k, v, **kw: seen.append(kw.get('dropout_p')) or q)
+    q = torch.empty(2, 3, 4, 5, device='meta')
+    functional._attend_per_head(q, q, q, None, 0.3)
+    functional._attend_per_head(q, q, q, None, 0.0)
+    assert seen == [0.3, 0.0]

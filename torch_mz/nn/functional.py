@@ -22,7 +22,7 @@ import contextlib
 import threading
 import weakref
 from collections import OrderedDict
-from typing import (Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union,
+from typing import (Any, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union,
                     overload)
 
 import torch
@@ -65,9 +65,28 @@ def _functorch_active() -> bool:
 def _forward_ad_active() -> bool:
     r"""Whether a forward-mode AD level is open (:func:`torch.autograd.forward_ad.dual_level`):
     tensors may then carry tangents, which neither this package's hand-written autograd
-    functions (no ``jvp``) nor PyTorch's fused CPU attention kernel (no forward derivative)
-    serve."""
+    functions (all but :class:`_Dropout` define no ``jvp``) nor PyTorch's fused CPU attention
+    kernel (no forward derivative) serve. The level is torch's, one for the process (a level
+    open in one thread sends every thread's calls to the plain operations: the same values,
+    more time and memory)."""
     return getattr(forward_ad, '_current_level', -1) >= 0
+
+
+def _forward_transform_active() -> bool:
+    r"""Whether forward-mode derivatives may be taken: a forward-mode AD level open, or a
+    ``jvp`` among the running :mod:`torch.func` transforms (``jvp``, ``jacfwd``, ``hessian``),
+    where the fused attention kernel, which has no forward derivative, must not run (reverse-mode
+    transforms keep it)."""
+    if _forward_ad_active():
+        return True
+    if not _functorch_active():
+        return False
+    try:
+        from torch._C._functorch import TransformType
+        from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
+    except ImportError:  # pragma: no cover (another torch): assume a forward transform
+        return True
+    return any(i.key() == TransformType.Jvp for i in retrieve_all_functorch_interpreters())
 
 
 def _plain_ops() -> bool:
@@ -615,19 +634,18 @@ def _attend(q: Tensor, k: Tensor, vs: List[Tensor], mask: Optional[Tensor],
     return [torch.bmm(a, v).view(n, H, Lq, -1) for v in vs]  # (n, H, Lq, w_i)
 
 
-_FLASH_CPU: Any = getattr(torch.ops.aten, '_scaled_dot_product_flash_attention_for_cpu', None)
-_FLASH_CPU_BACKWARD: Any = getattr(torch.ops.aten,
-                              '_scaled_dot_product_flash_attention_for_cpu_backward', None)
-
-
-#: per dtype, the 0 and -inf that an additive attention mask is filled with (made once)
-_MASK_FILL: Dict[torch.dtype, Tuple[Tensor, Tensor]] = {}
+# (torch's own binding of the forward, and the backward's overload: 20-40 us a call faster
+# than the op packets, measured on (20, 4, 8, 4) blocks)
+_FLASH_CPU: Any = getattr(torch, '_scaled_dot_product_flash_attention_for_cpu', None)
+_FLASH_CPU_BACKWARD: Any = getattr(getattr(
+    torch.ops.aten, '_scaled_dot_product_flash_attention_for_cpu_backward', None), 'default', None)
 
 
 class _FlashAttentionCPU(torch.autograd.Function):
     r""":func:`F.scaled_dot_product_attention` (scale 1, no dropout) as PyTorch's fused CPU
-    kernel, forward and backward, the same kernels SDPA runs on a CPU (the same values and
-    gradients), with a backward pass that can itself be differentiated: PyTorch's fused
+    kernel, forward and backward: on the inputs SDPA itself gives that kernel (:func:`_sdpa`
+    checks them) the same kernels, so the same values and first derivatives bit for bit,
+    with a backward pass that can itself be differentiated: PyTorch's fused
     kernel has no second derivative, so gradients of gradients (``create_graph=True``: force
     fields as gradients of an energy, gradient penalties, Hessians) failed through every block
     whose values are as wide as its keys. Under ``create_graph`` the backward pass runs the
@@ -635,16 +653,13 @@ class _FlashAttentionCPU(torch.autograd.Function):
     :math:`dV = A^\top G`, :math:`dS = A \odot (G V^\top - \mathrm{rowsum}(A \odot G
     V^\top))`, :math:`dQ = dS\, K`, :math:`dK = dS^\top Q`), which autograd differentiates
     (its scores are materialised there: memory quadratic in the set size, for second
-    derivatives only); otherwise the fused backward kernel. A boolean mask becomes the
-    additive mask SDPA makes of it (0 where True, :math:`-\infty` elsewhere)."""
+    derivatives only; the same derivatives up to rounding, and rows whose keys are all masked
+    give 0, as the kernel's do); otherwise the fused backward kernel. A boolean mask becomes
+    the additive mask SDPA makes of it (0 where True, :math:`-\infty` elsewhere)."""
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor]) -> Tensor:
-        if mask is not None and mask.dtype == torch.bool:  # as SDPA converts it
-            fill = _MASK_FILL.get(q.dtype)
-            if fill is None:
-                fill = _MASK_FILL[q.dtype] = (torch.scalar_tensor(0.0, dtype=q.dtype),
-                                              torch.scalar_tensor(float('-inf'), dtype=q.dtype))
-            mask = torch.where(mask, *fill)
+        if mask is not None:  # as SDPA converts it: 0 where True, -inf elsewhere
+            mask = torch.where(mask, 0.0, float('-inf')).to(q.dtype)  # (one operation)
         out, lse = _FLASH_CPU(q, k, v, 0.0, False, attn_mask=mask, scale=1.0)
         ctx.save_for_backward(q, k, v, out, lse, mask)
         return out
@@ -654,9 +669,16 @@ class _FlashAttentionCPU(torch.autograd.Function):
         q, k, v, out, lse, mask = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: differentiable operations
             scores = torch.matmul(q, k.transpose(-1, -2))  # (n, H, Lq, Lk)
+            valid = None
             if mask is not None:
-                scores = scores + mask
+                # a row with every key masked attends to nothing (the kernel's output and
+                # gradients are 0 there): softmax of the unmasked scores, then zeroed, so that
+                # no NaN of an all -inf softmax reaches the gradients
+                valid = torch.isfinite(mask).any(dim=-1, keepdim=True)  # (.., Lq or 1, 1)
+                scores = scores + mask.masked_fill(~valid, 0.0)
             a = torch.softmax(scores, dim=-1)
+            if valid is not None:
+                a = a * valid
             da = torch.matmul(grad, v.transpose(-1, -2))  # (n, H, Lq, Lk)
             ds = a * (da - (da * a).sum(dim=-1, keepdim=True))
             return (torch.matmul(ds, k), torch.matmul(ds.transpose(-1, -2), q),
@@ -666,33 +688,43 @@ class _FlashAttentionCPU(torch.autograd.Function):
         return grad_q, grad_k, grad_v, None
 
 
-def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor]) -> Tensor:
-    r""":func:`F.scaled_dot_product_attention` with scale 1; where gradients are recorded on a
-    CPU in full precision (no autocast, which SDPA's own call would follow, not compiling),
-    through :class:`_FlashAttentionCPU` (second derivatives)."""
-    if (q.device.type == 'cpu' and q.dtype in FULL_PRECISION and _FLASH_CPU_BACKWARD is not None
-            and not torch.is_autocast_enabled('cpu')
-            and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
-                                             or v.requires_grad)
-            and k.dtype == q.dtype and v.dtype == q.dtype and q.size(-1) == v.size(-1)
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], p: float = 0.0) -> Tensor:
+    r""":func:`F.scaled_dot_product_attention` with scale 1 and dropout :obj:`p`; where gradients
+    are recorded on a CPU in full precision, without dropout, through
+    :class:`_FlashAttentionCPU` (second derivatives), on the inputs SDPA itself gives the fused
+    kernel (4-D, unit stride in the last dimension, as many batches and heads in q, k and v,
+    no empty sequence, a boolean or no mask), and not under autocast (which SDPA's own call
+    follows), compiling, tracing (which records the kernel itself) or :mod:`torch.func`
+    transforms (which take no function without ``setup_context``)."""
+    if (p == 0.0 and q.device.type == 'cpu' and q.dtype in FULL_PRECISION
+            and _FLASH_CPU is not None and _FLASH_CPU_BACKWARD is not None
+            and torch.is_grad_enabled()
+            and (q.requires_grad or k.requires_grad or v.requires_grad)
+            and k.dtype == q.dtype and v.dtype == q.dtype
+            and q.dim() == 4 and k.dim() == 4 and v.dim() == 4
+            and q.shape[:2] == k.shape[:2] == v.shape[:2] and k.size(2) == v.size(2)
+            and q.size(-1) == k.size(-1) == v.size(-1) and q.size(2) > 0 and k.size(2) > 0
+            and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1
             and (mask is None or mask.dtype == torch.bool)
-            and not torch.compiler.is_compiling()):
+            and not torch.is_autocast_enabled('cpu') and not torch.compiler.is_compiling()
+            and not torch.jit.is_tracing() and not _functorch_active()):
         return _FlashAttentionCPU.apply(q, k, v, mask)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=1.0)
 
 
 def _attend_per_head(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], p: float) -> Tensor:
     r""":func:`_attend` for one value tensor per head :math:`(n, H, L_k, w)`."""
     n, H, Lq, dk = q.shape
     Lk, w = v.shape[-2:]
-    if _plain_ops():  # the fused kernel has no forward derivative: the operations written out
+    if _forward_transform_active():  # the fused kernel has no forward derivative: the
+        # operations written out
         return torch.matmul(_attention_weights(q, k, mask, p), v)
     g = _split_values(n, H, Lq, Lk, dk, w, p)
     if g > 1:  # g value groups as extra heads with the same queries and keys (exact)
         qs = q.unsqueeze(2).expand(n, H, g, Lq, dk).reshape(n, H * g, Lq, dk)
         ks = k.unsqueeze(2).expand(n, H, g, Lk, dk).reshape(n, H * g, Lk, dk)
         vs = v.reshape(n, H, Lk, g, dk).transpose(2, 3).reshape(n, H * g, Lk, dk)
-        out = _sdpa(qs, ks, vs, mask)
+        out = _sdpa(qs, ks, vs, mask)  # (no dropout here: _split_values)
         return out.view(n, H, g, Lq, dk).transpose(2, 3).reshape(n, H, Lq, w)
     if q.device.type == 'cpu' and (p > 0 or (w != dk and q.dtype in FULL_PRECISION)):
         # with dropout, or values wider than the keys, PyTorch's CPU kernel falls back to a
@@ -704,7 +736,7 @@ def _attend_per_head(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], p:
         # (one ISAB of 32 x 1,024 tokens, n_g = 8: inference min 315-324 against 327-338 ms),
         # and draw the mask with :func:`dropout` (on GPUs the fused kernels take dropout)
         return torch.matmul(_attention_weights(q, k, mask, p), v)
-    return _sdpa(q, k, v, mask)
+    return _sdpa(q, k, v, mask, p)  # (elsewhere, e.g. on a GPU, the kernels take the dropout)
 
 
 class _DenseLayout(NamedTuple):
