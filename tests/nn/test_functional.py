@@ -1070,10 +1070,15 @@ def test_traces_record_the_attention_kernel_itself():
     torch.testing.assert_close(traced(q, k, v), twice(q, k, v))
 
 
+@pytest.mark.filterwarnings('ignore:There is a performance drop')  # (vmap of its backward)
 def test_reverse_mode_torch_func_keeps_the_fused_kernel(monkeypatch):
-    # torch.func.grad (reverse mode) keeps SDPA's fused kernel (linear memory in the set size);
-    # only forward-mode transforms (jvp, jacfwd, hessian) and dual levels write the attention out
+    # one reverse-mode derivative under torch.func (grad, and jacrev with its vmap) keeps SDPA's
+    # fused kernel (linear memory in the set size), with the parameters passed detached as
+    # torch.func does (parameters that require gradients record autograd through the
+    # transform: a second derivative may follow, so the attention is written out); forward-mode
+    # transforms (jvp, jacfwd, hessian) and dual levels write the attention out
     import torch.autograd.forward_ad as fwAD
+    from torch.func import functional_call, grad, jacrev
 
     from torch_mz.nn import MZAggregation
     calls: list = []
@@ -1084,14 +1089,22 @@ def test_reverse_mode_torch_func_keeps_the_fused_kernel(monkeypatch):
     aggr = MZAggregation(3, value='rigid', num_generators=0).double()
     index = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, 2])
     x = torch.randn(index.numel(), 3, dtype=torch.float64)
-    torch.func.grad(lambda xx: aggr(xx, index, dim_size=3).sum())(x)
+    params = {k: v.detach() for k, v in aggr.named_parameters()}
+
+    def f(p, xx):
+        return functional_call(aggr, p, (xx, index), {'dim_size': 3})
+
+    grad(lambda p: f(p, x).sum())(params)
+    jacrev(f, argnums=1)(params, x)
     assert calls
     calls.clear()
+    grad(lambda xx: aggr(xx, index, dim_size=3).sum())(x)  # parameters requiring gradients
+    assert not calls
     torch.func.jvp(lambda xx: aggr(xx, index, dim_size=3), (x, ), (x, ))
     assert not calls
     assert not functional._forward_ad_active()
     with fwAD.dual_level():  # (torch's private level counter, read by the guard)
-        assert functional._forward_ad_active() and functional._forward_transform_active()
+        assert functional._forward_ad_active() and functional._attention_written_out()
 
 
 def test_per_head_attention_passes_dropout_to_the_kernels_off_the_cpu(monkeypatch):
@@ -1103,3 +1116,52 @@ def test_per_head_attention_passes_dropout_to_the_kernels_off_the_cpu(monkeypatc
     functional._attend_per_head(q, q, q, None, 0.3)
     functional._attend_per_head(q, q, q, None, 0.0)
     assert seen == [0.3, 0.0]
+
+
+def test_nested_reverse_mode_torch_func_through_a_rigid_aggregation():
+    # more than one reverse-mode derivative under torch.func (jacrev of jacrev, autograd
+    # through grad: forces from torch.func.grad, trained) writes the attention out, which has
+    # second derivatives; each equals autograd's own (create_graph through the function)
+    from torch.func import grad, jacrev
+
+    from torch_mz.nn import MZAggregation
+    torch.manual_seed(12)
+    aggr = MZAggregation(3, value='rigid', num_generators=0).double()
+    index = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, 2])
+    x = torch.randn(index.numel(), 3, dtype=torch.float64)
+
+    def energy(xx):
+        return aggr(xx, index, dim_size=3).square().sum()
+
+    expected = torch.autograd.functional.hessian(energy, x)  # create_graph, the function
+    torch.testing.assert_close(jacrev(jacrev(energy))(x), expected, rtol=1e-9, atol=1e-11)
+    xr = x.clone().requires_grad_()
+    grad(energy)(xr).square().sum().backward()  # autograd through torch.func.grad
+    xa = x.clone().requires_grad_()
+    forces, = torch.autograd.grad(energy(xa), xa, create_graph=True)
+    expected_grad, = torch.autograd.grad(forces.square().sum(), xa)
+    torch.testing.assert_close(xr.grad, expected_grad, rtol=1e-9, atol=1e-11)
+    # a layout found under one transform is not kept for the next (its tensors are wrapped)
+    torch.func.hessian(energy)(x)
+    torch.testing.assert_close(grad(energy)(x), torch.autograd.grad(energy(xa), xa)[0])
+
+
+def test_sdpa_leaves_other_inputs_and_switches_to_sdpa(monkeypatch):
+    # no heads, masks of other ranks, and the flash kernel switched off reach SDPA itself
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    q0 = torch.randn(2, 0, 3, 4, requires_grad=True)
+    assert functional._sdpa(q0, q0, q0, None).shape == (2, 0, 3, 4)
+    q = torch.randn(2, 3, 5, 4, requires_grad=True)
+    k, v = torch.randn(2, 3, 6, 4), torch.randn(2, 3, 6, 4)
+    mask3 = torch.ones(3, 5, 6, dtype=torch.bool)
+    torch.testing.assert_close(functional._sdpa(q, k, v, mask3),
+                               F.scaled_dot_product_attention(q, k, v, attn_mask=mask3,
+                                                              scale=1.0))
+    assert type(functional._sdpa(q, k, v, mask3).grad_fn).__name__ != \
+        '_FlashAttentionCPUBackward'
+    with sdpa_kernel([SDPBackend.MATH]):
+        assert type(functional._sdpa(q, k, v, None).grad_fn).__name__ != \
+            '_FlashAttentionCPUBackward'
+    assert type(functional._sdpa(q, k, v, None).grad_fn).__name__ == \
+        '_FlashAttentionCPUBackward'

@@ -72,21 +72,43 @@ def _forward_ad_active() -> bool:
     return getattr(forward_ad, '_current_level', -1) >= 0
 
 
-def _forward_transform_active() -> bool:
-    r"""Whether forward-mode derivatives may be taken: a forward-mode AD level open, or a
-    ``jvp`` among the running :mod:`torch.func` transforms (``jvp``, ``jacfwd``, ``hessian``),
-    where the fused attention kernel, which has no forward derivative, must not run (reverse-mode
-    transforms keep it)."""
+try:  # torch.func's transform stack (private; without it every transform writes attention out)
+    from torch._C._functorch import TransformType as _TransformType
+    from torch._C._functorch import get_unwrapped as _get_unwrapped
+    from torch._C._functorch import is_functorch_wrapped_tensor as _is_wrapped
+    from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
+    _functorch_interpreters: Any = retrieve_all_functorch_interpreters
+except ImportError:  # pragma: no cover (another torch)
+    _functorch_interpreters = None
+
+
+def _attention_written_out(*tensors: Tensor) -> bool:
+    r"""Whether the attention of :obj:`tensors` (its queries, keys and values) must run as its
+    operations written out rather than as PyTorch's fused kernel, which has neither a forward
+    derivative nor a second derivative: while a forward-mode AD level is open, and under
+    :mod:`torch.func` transforms that take a forward derivative (``jvp``, ``jacfwd``,
+    ``hessian``) or more than one reverse-mode derivative (``jacrev(jacrev(f))``,
+    ``grad(grad(f))``, or autograd recording through ``grad(f)``: inputs that require gradients
+    beneath the transform's wrappers). A single reverse-mode transform (``grad``, ``vjp``,
+    ``jacrev``, with ``vmap``) keeps the kernel."""
     if _forward_ad_active():
         return True
     if not _functorch_active():
         return False
-    try:
-        from torch._C._functorch import TransformType
-        from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
-    except ImportError:  # pragma: no cover (another torch): assume a forward transform
+    if _functorch_interpreters is None:  # pragma: no cover (another torch)
         return True
-    return any(i.key() == TransformType.Jvp for i in retrieve_all_functorch_interpreters())
+    keys = [i.key() for i in _functorch_interpreters()]
+    if _TransformType.Jvp in keys:
+        return True
+    levels = sum(k == _TransformType.Grad for k in keys)
+    if levels != 1:
+        return levels > 1
+    for t in tensors:  # autograd outside the transform: a second reverse-mode derivative
+        while _is_wrapped(t):
+            t = _get_unwrapped(t)
+        if t.requires_grad:
+            return True
+    return False
 
 
 def _plain_ops() -> bool:
@@ -117,10 +139,12 @@ _cache_lock = threading.RLock()  # re-entrant: a weakref callback may run while 
 def _caching() -> bool:
     r"""Whether the small caches of this module may be used: not while compiling (dynamo traces
     plain tensor code), not while :func:`torch.jit.trace` records (a cached layout would enter
-    the trace as constants of another call's set ids) and not in :func:`torch.inference_mode`
-    (its tensors must not outlive it in a cache, and they have no version counter)."""
+    the trace as constants of another call's set ids), not in :func:`torch.inference_mode`
+    (its tensors must not outlive it in a cache, and they have no version counter) and not
+    under :mod:`torch.func` transforms (whose wrapped tensors must not outlive them: a layout
+    cached under ``hessian`` failed a later ``grad`` on the same sets)."""
     return not (torch.compiler.is_compiling() or torch.jit.is_tracing()
-                or torch.is_inference_mode_enabled())
+                or torch.is_inference_mode_enabled() or _functorch_active())
 
 
 def repeat_per_set(num_sets: int, k: int, device: torch.device) -> Tensor:
@@ -659,7 +683,7 @@ class _FlashAttentionCPU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor]) -> Tensor:
         if mask is not None:  # as SDPA converts it: 0 where True, -inf elsewhere
-            mask = torch.where(mask, 0.0, float('-inf')).to(q.dtype)  # (one operation)
+            mask = torch.where(mask, 0.0, float('-inf')).to(q.dtype)
         out, lse = _FLASH_CPU(q, k, v, 0.0, False, attn_mask=mask, scale=1.0)
         ctx.save_for_backward(q, k, v, out, lse, mask)
         return out
@@ -693,9 +717,10 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], p: float = 0.
     are recorded on a CPU in full precision, without dropout, through
     :class:`_FlashAttentionCPU` (second derivatives), on the inputs SDPA itself gives the fused
     kernel (4-D, unit stride in the last dimension, as many batches and heads in q, k and v,
-    no empty sequence, a boolean or no mask), and not under autocast (which SDPA's own call
-    follows), compiling, tracing (which records the kernel itself) or :mod:`torch.func`
-    transforms (which take no function without ``setup_context``)."""
+    no empty sequence and heads, a 2-D or 4-D boolean mask or none, the flash kernel not
+    switched off), and not under autocast (which SDPA's own call follows), compiling, tracing
+    (which records the kernel itself) or :mod:`torch.func` transforms (which take no function
+    without ``setup_context``)."""
     if (p == 0.0 and q.device.type == 'cpu' and q.dtype in FULL_PRECISION
             and _FLASH_CPU is not None and _FLASH_CPU_BACKWARD is not None
             and torch.is_grad_enabled()
@@ -704,8 +729,9 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], p: float = 0.
             and q.dim() == 4 and k.dim() == 4 and v.dim() == 4
             and q.shape[:2] == k.shape[:2] == v.shape[:2] and k.size(2) == v.size(2)
             and q.size(-1) == k.size(-1) == v.size(-1) and q.size(2) > 0 and k.size(2) > 0
-            and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1
-            and (mask is None or mask.dtype == torch.bool)
+            and q.size(1) > 0 and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1
+            and (mask is None or (mask.dtype == torch.bool and mask.dim() in (2, 4)))
+            and torch.backends.cuda.flash_sdp_enabled()  # (SDPA's switch of this kernel too)
             and not torch.is_autocast_enabled('cpu') and not torch.compiler.is_compiling()
             and not torch.jit.is_tracing() and not _functorch_active()):
         return _FlashAttentionCPU.apply(q, k, v, mask)
@@ -716,8 +742,7 @@ def _attend_per_head(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], p:
     r""":func:`_attend` for one value tensor per head :math:`(n, H, L_k, w)`."""
     n, H, Lq, dk = q.shape
     Lk, w = v.shape[-2:]
-    if _forward_transform_active():  # the fused kernel has no forward derivative: the
-        # operations written out
+    if _attention_written_out(q, k, v):  # forward-mode or nested derivatives (see there)
         return torch.matmul(_attention_weights(q, k, mask, p), v)
     g = _split_values(n, H, Lq, Lk, dk, w, p)
     if g > 1:  # g value groups as extra heads with the same queries and keys (exact)
