@@ -35,9 +35,9 @@ $PY -c "import torch, torch_geometric, torch_mz; assert torch.cuda.is_available(
 print(torch.cuda.get_device_name(0), 'torch', torch.__version__, 'torch_geometric',
       torch_geometric.__version__)" || exit 2
 echo '== CUDA tests'
-# the tests that run on CUDA: attention kernels, the LayerNorm Jacobian (eager and compiled
-# with Triton), MZAggregation, device resolution, a training run resumed on CUDA, and the
-# memory bandwidth measured on the GPU
+# the tests that run on CUDA: attention kernels, forward-mode AD and the per-head attention's
+# dropout, the LayerNorm Jacobian (eager and compiled with Triton), MZAggregation, device
+# resolution, a training run resumed on CUDA, and the memory bandwidth measured on the GPU
 timeout 60 $PY -m pytest -q -p no:cacheprovider -p no:logging tests/nn/test_functional.py \
   tests/nn/test_zonotope.py tests/nn/test_aggr.py tests/test_train.py tests/study/test_traffic.py \
   -k 'cuda or resolve_device' \

@@ -1165,3 +1165,28 @@ def test_sdpa_leaves_other_inputs_and_switches_to_sdpa(monkeypatch):
             '_FlashAttentionCPUBackward'
     assert type(functional._sdpa(q, k, v, None).grad_fn).__name__ == \
         '_FlashAttentionCPUBackward'
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='CUDA not available')
+def test_cuda_forward_mode_ad_and_per_head_dropout():
+    # on a GPU: dual tensors through a rigid aggregation (its fused kernels have no forward
+    # derivative) equal the CPU's, and the per-head attention's dropout reaches the kernels
+    # (training draws differ call to call; eval does not)
+    import torch.autograd.forward_ad as fwAD
+
+    from torch_mz.nn import MZAggregation
+    torch.manual_seed(14)
+    aggr = MZAggregation(3, value='rigid', num_generators=0).double().eval()
+    index = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, 2])
+    x = torch.randn(index.numel(), 3, dtype=torch.float64)
+    t = torch.randn_like(x)
+    with fwAD.dual_level():
+        cpu = fwAD.unpack_dual(aggr(fwAD.make_dual(x, t), index)).tangent
+        aggr.cuda()
+        gpu = fwAD.unpack_dual(aggr(fwAD.make_dual(x.cuda(), t.cuda()), index.cuda())).tangent
+    torch.testing.assert_close(gpu.cpu(), cpu, rtol=1e-9, atol=1e-11)
+    q = torch.randn(4, 2, 8, 16, device='cuda')
+    a, b = (functional._attend_per_head(q, q, q, None, 0.5) for _ in range(2))
+    assert not torch.equal(a, b)
+    assert torch.equal(functional._attend_per_head(q, q, q, None, 0.0),
+                       functional._attend_per_head(q, q, q, None, 0.0))
