@@ -479,7 +479,8 @@ def test_input_projection_recomputes_its_activation_without_checkpointing(monkey
 def test_input_projection_under_forward_mode_ad_and_tracing():
     # forward-mode AD (dual tensors, gradients on; tangents on the input or on the weights)
     # and torch.jit.trace step aside from the hand-written functions, which serve neither (the
-    # projection into its checkpoint, the feed-forward to its plain operations): the tangents
+    # projection into its plain operations under forward-mode AD and into its checkpoint
+    # while tracing, the feed-forward to its plain operations): the tangents
     # of the plain operations; traces that save and load and give the eager values
     import io
 

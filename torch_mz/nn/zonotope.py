@@ -506,8 +506,8 @@ class InputProjection(Module):
             # LayerNorm again there (the same operations: the same values and gradients): one
             # (N, d) tensor fewer kept, the GELU's output (in message passing N is the number
             # of edges); a hooked or replaced LayerNorm, or autocast, in a checkpoint (the
-            # norm's own call, which its hooks see)
-            # (forward-mode AD tangents and tracing, which the function does not serve, too)
+            # norm's own call, which its hooks see), and while tracing, which the function does
+            # not serve (under forward-mode AD and torch.func, _plain_ops: the plain operations)
             norm = self.norm
             if (type(norm) is LayerNorm and not _hooked(norm) and len(norm.normalized_shape) == 1
                     and not torch.is_autocast_enabled(h.device.type)
