@@ -89,8 +89,9 @@ def _attention_written_out(*tensors: Tensor) -> bool:
     :mod:`torch.func` transforms that take a forward derivative (``jvp``, ``jacfwd``,
     ``hessian``) or more than one reverse-mode derivative (``jacrev(jacrev(f))``,
     ``grad(grad(f))``, or autograd recording through ``grad(f)``: inputs that require gradients
-    beneath the transform's wrappers). A single reverse-mode transform (``grad``, ``vjp``,
-    ``jacrev``, with ``vmap``) keeps the kernel."""
+    beneath the transform's wrappers, also under ``vmap`` alone). A single reverse-mode
+    transform (``grad``, ``vjp``, ``jacrev``, with ``vmap``) over inputs and parameters that do
+    not otherwise require gradients keeps the kernel."""
     if _forward_ad_active():
         return True
     if not _functorch_active():
@@ -100,10 +101,11 @@ def _attention_written_out(*tensors: Tensor) -> bool:
     keys = [i.key() for i in _functorch_interpreters()]
     if _TransformType.Jvp in keys:
         return True
-    levels = sum(k == _TransformType.Grad for k in keys)
-    if levels != 1:
-        return levels > 1
-    for t in tensors:  # autograd outside the transform: a second reverse-mode derivative
+    if sum(k == _TransformType.Grad for k in keys) > 1:
+        return True
+    # autograd recording outside the transforms (inputs that require gradients beneath their
+    # wrappers): a further derivative may follow, which the kernel under a transform lacks
+    for t in tensors:
         while _is_wrapped(t):
             t = _get_unwrapped(t)
         if t.requires_grad:
