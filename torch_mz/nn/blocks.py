@@ -27,8 +27,7 @@ from torch import Tensor
 from torch.nn import LayerNorm, Linear, Module, Parameter
 
 from torch_mz.nn.attention import MZAttention
-from torch_mz.nn.functional import (_has_tangent, _hooked, _plain_ops, dropout,
-                                    repeat_per_set)
+from torch_mz.nn.functional import _hooked, _plain_ops, dropout, repeat_per_set
 from torch_mz.nn.fused import odd_tanh_, use_fused_kernels
 from torch_mz.nn.zonotope import MappedZonotope, Zonotope, zonotope_layer_norm
 
@@ -69,10 +68,10 @@ class FeedForward(Module):
     r"""Row-wise feed-forward :math:`W_2\,\mathrm{GELU}(W_1 c + b_1) + b_2` on centers.
 
     In training (gradients on, no :func:`torch.autocast`, not under :func:`torch.compile`,
-    :mod:`torch.func` transforms, tracing or forward-mode AD tangents on the input or the
-    weights, no hooks on its layers, which must see their own calls, see :func:`_hooked`) it
-    keeps only its input and the pre-activation for the backward pass and recomputes the GELU
-    there (:class:`_FeedForwardFn`); otherwise it runs the three operations as they are."""
+    :mod:`torch.func` transforms, tracing or an open forward-mode AD level, no hooks on its
+    layers, which must see their own calls, see :func:`_hooked`) it keeps only its input and
+    the pre-activation for the backward pass and recomputes the GELU there
+    (:class:`_FeedForwardFn`); otherwise it runs the three operations as they are."""
     def __init__(self, dim: int, hidden: int):
         super().__init__()
         self.lin1 = Linear(dim, hidden)
@@ -88,10 +87,9 @@ class FeedForward(Module):
         if (torch.is_grad_enabled() and not torch.is_autocast_enabled(c.device.type)
                 and not torch.compiler.is_compiling()
                 and (c.requires_grad or self.lin1.weight.requires_grad)
-                and not (_hooked(self.lin1) or _hooked(self.lin2)) and not _plain_ops()
-                and not torch.jit.is_tracing()
-                and not _has_tangent(c, self.lin1.weight, self.lin1.bias, self.lin2.weight,
-                                     self.lin2.bias)):  # forward-mode AD: plain
+                and not (_hooked(self.lin1) or _hooked(self.lin2))
+                and not _plain_ops()  # torch.func, forward-mode AD: the plain operations
+                and not torch.jit.is_tracing()):
             return _FeedForwardFn.apply(c, self.lin1.weight, self.lin1.bias, self.lin2.weight,
                                         self.lin2.bias)
         return self.lin2(F.gelu(self.lin1(c)))

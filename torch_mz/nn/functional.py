@@ -121,14 +121,6 @@ def _plain_ops() -> bool:
     return _functorch_active() or _forward_ad_active()
 
 
-def _has_tangent(*tensors: Optional[Tensor]) -> bool:
-    r"""Whether any of :obj:`tensors` carries a forward-mode AD tangent
-    (:mod:`torch.autograd.forward_ad`): this package's hand-written autograd functions define
-    no ``jvp``, so they step aside for the plain operations then."""
-    return any(t is not None and forward_ad.unpack_dual(t).tangent is not None
-               for t in tensors)
-
-
 def set_counts(set_id: Tensor, num_sets: int) -> Tensor:
     r"""Number of rows per set, shape :obj:`(num_sets,)`."""
     return torch.bincount(set_id, minlength=num_sets)

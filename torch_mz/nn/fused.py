@@ -50,7 +50,7 @@ import torch
 from torch import Tensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from torch_mz.nn.functional import _forward_ad_active
+from torch_mz.nn.functional import _plain_ops
 
 
 
@@ -110,7 +110,7 @@ def use_fused_kernels(gens: Tensor) -> bool:
         return False
     # forward-mode AD (a dual level open: any tensor may carry a tangent) and torch.func
     # transforms take neither function, in any mode: the eager formula (torch differentiates it)
-    if _forward_ad_active() or torch._C._are_functorch_transforms_active():
+    if _plain_ops():
         return False
     if _ENABLED:
         return True

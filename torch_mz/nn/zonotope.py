@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn import LayerNorm, Linear, Module
 
-from torch_mz.nn.functional import _has_tangent, _hooked, _plain_ops
+from torch_mz.nn.functional import _hooked, _plain_ops
 from torch_mz.nn.fused import (LayerNormJacobianFused, LayerNormJacobianSumFused,
                                use_fused_kernels)
 
@@ -511,8 +511,7 @@ class InputProjection(Module):
             norm = self.norm
             if (type(norm) is LayerNorm and not _hooked(norm) and len(norm.normalized_shape) == 1
                     and not torch.is_autocast_enabled(h.device.type)
-                    and not torch.jit.is_tracing()
-                    and not _has_tangent(h, norm.weight, norm.bias)):
+                    and not torch.jit.is_tracing()):
                 center = _GeluLayerNormFn.apply(h, norm.weight, norm.bias, norm.eps,
                                                 tuple(norm.normalized_shape))
             else:
