@@ -87,6 +87,10 @@ SOURCES = {
     # (`+kept` rows beside the defaults: the MZ body in groups of 4,096 rows, all kept)
     'training_step_kept': 'training_step_kept/training_step.json',
     'training_step_kept_presets': 'training_step_kept_presets/training_step.json',
+    # (the presets' default trains large batches in kept groups without kept memory; `+whole`
+    # rows: the whole batch, the default before)
+    'training_step_groups': 'training_step_groups/training_step.json',
+    'training_step_groups_large_batch': 'training_step_groups_large_batch/training_step.json',
     # on a GPU (one NVIDIA H200, benchmarks/gpu_check.sh; see benchmarks/results/gpu/README.md)
     'gpu_message_passing': 'gpu/message_passing/message_passing.json',
     # (`--new-graph`: the attention layouts computed in every call, as with mini-batches)
@@ -115,9 +119,21 @@ SOURCES = {
 _UNFOLDED = ("measured before the key map joined the queries of blocks with few queries per set "
              "(`MZAttention(fold_keys=True)`, 2026-12-03); the default's configuration is measured "
              "in `speed_fold` (its `-unfolded` rows are the earlier one)")
+_WHOLE = ("measured before the presets' default trained (and inferred) large batches in kept "
+          "groups where glibc's malloc does not keep freed memory (`malloc_chunk_rows`, "
+          "2026-12-05): this row trained the whole batch, now the `+whole` rows of "
+          "`training_step_groups`")
 SUPERSEDED: Dict[Tuple[str, str], str] = {
     ('speed', 'rigid'): _UNFOLDED,
     ('speed_rerun', 'rigid'): _UNFOLDED,
+    **{(label, model): _WHOLE
+       for label, models in (('training_step', ('mz', 'mz+eager')),
+                             ('training_step_rounds', ('mz', )),
+                             ('training_step_thp', ('mz', 'mz+thp')),
+                             ('training_step_fold', ('mz', )),
+                             ('training_step_current', ('mz', )),
+                             ('training_step_kept', ('mz', )))
+       for model in models},
 }
 MESSAGE_PASSING = ('message_passing', 'message_passing_small', 'message_passing_checkpoint',
                    'message_passing_ckpt_d64', 'message_passing_chunks',
@@ -292,7 +308,8 @@ SPEED = ('speed', 'speed_rerun', 'speed_fold', 'speed_fold_rerun', 'speed_curren
 TRAINING_STEP = ('training_step', 'training_step_small_sets', 'training_step_egnn',
                  'training_step_rounds', 'training_step_large_batch', 'training_step_thp',
                  'training_step_fold', 'training_step_current', 'training_step_kept',
-                 'training_step_kept_presets', 'gpu_training_step')
+                 'training_step_kept_presets', 'training_step_groups',
+                 'training_step_groups_large_batch', 'gpu_training_step')
 GB = 1e9 / 2**20  # MiB in one (decimal) gigabyte
 LINEAR_SLOPE = 1.1
 PRESETS = ('rigid', 'st-large', 'mz-slim', 'mz', 'egnn')

@@ -18,8 +18,11 @@ for reuse (:func:`torch_mz.runtime.keep_freed_memory`), ``+compile`` rows the wh
 ``first_calls_s``), ``+groups`` rows an MZ-Set-Transformer preset with ``checkpoint='auto'``
 (the aggregation's default, not the models': batches of more than 65,536 points at ``dim = 64``
 are encoded in groups of whole sets recomputed in the backward pass), ``+whole`` rows one with
-``chunk_size=None`` (no groups in inference either; the presets train a batch at once and group
-large inputs only when no gradients are recorded), ``+kept`` rows one with ``chunk_size=4096,
+``chunk_size=None`` (the whole batch at once in training and inference: the presets group
+large inputs when no gradients are recorded, and in training where glibc's ``malloc`` does not
+keep freed memory, :func:`torch_mz.nn.aggr.malloc_chunk_rows`: ``mz`` at 32 x 1,024 points in
+groups of 8,192 rows, since 2026-12-05; the plain rows of earlier runs trained the whole
+batch), ``+kept`` rows one with ``chunk_size=4096,
 checkpoint=False`` (groups of whole sets of 4,096 rows, every activation kept, nothing
 recomputed: the same computation in smaller tensors, in training and inference, but for the
 order in which dropout masks are drawn), ``+thp``
@@ -502,9 +505,14 @@ def main():
                 f"0; transparent huge pages here: {transparent_hugepages()}). `+compile` rows "
                 f"time `torch.compile(model)` "
                 f"(inductor); first_calls_s is the first training step and inference call "
-                f"(compiling, for those rows), not timed. The MZ-Set-Transformer presets train "
-                f"a batch at once and, by their default `chunk_size='auto'`, encode inputs of "
-                f"more than 65,536 points (at dim 64) in groups when no gradients are recorded; "
+                f"(compiling, for those rows), not timed. The MZ-Set-Transformer presets, by "
+                f"their default `chunk_size='auto'`, train a batch at once, except in rows "
+                f"without kept memory, where a batch whose widest activation exceeds 32 MiB "
+                f"(`mz`: more than 16,384 points) is trained in groups of whole sets, every "
+                f"activation kept (`torch_mz.nn.aggr.malloc_chunk_rows`; since 2026-12-05; "
+                f"not under `+compile`, which encodes the whole batch), and encode inputs of "
+                f"more than 65,536 points (at dim 64; without kept memory `mz` more than 16,384) "
+                f"in groups when no gradients are recorded; "
                 f"`+groups` rows (`checkpoint='auto'`) also train such batches in groups "
                 f"recomputed in the backward pass, `+whole` rows (`chunk_size=None`) group "
                 f"nothing. Each row ran in a fresh process; "

@@ -47,3 +47,50 @@ def test_bad_arguments():
         keep_freed_memory(0)
     with pytest.raises(ValueError, match='up to'):
         keep_freed_memory(1 << 40)
+
+
+
+KEPT = """
+import sys
+from torch_mz import runtime
+before = runtime.freed_memory_kept()
+small = runtime.keep_freed_memory(1 << 20)  # applied, but blocks above 1 MiB are still mapped
+after_small = runtime.freed_memory_kept()
+applied = runtime.keep_freed_memory()
+print(before, small, after_small, applied, runtime.freed_memory_kept(), runtime.glibc())
+"""
+MALLOC_NAMES = ('MALLOC_MMAP_THRESHOLD_', 'MALLOC_TRIM_THRESHOLD_', 'GLIBC_TUNABLES')
+
+
+@pytest.mark.parametrize('env, kept_at_start', [
+    ({}, False),
+    ({'MALLOC_MMAP_THRESHOLD_': '1073741824'}, True),
+    ({'GLIBC_TUNABLES': 'glibc.malloc.mmap_threshold=1073741824'}, True),
+    ({'MALLOC_MMAP_THRESHOLD_': '131072'}, False),  # a lower fixed threshold maps more
+    ({'MALLOC_TRIM_THRESHOLD_': '2147483647'}, False),  # fixes the mmap threshold at 128 KiB
+])
+def test_freed_memory_kept_says_what_the_process_asked_for(env, kept_at_start):
+    # in a fresh process (the flag is process-wide): not kept until keep_freed_memory() applies
+    # a threshold of 32 MiB or more (with glibc), or from the start where the environment sets
+    # such a threshold
+    import os
+    clean = {k: v for k, v in os.environ.items() if k not in MALLOC_NAMES}
+    out = subprocess.run([sys.executable, '-c', KEPT], capture_output=True, text=True,
+                         timeout=120, env=dict(clean, **env))
+    assert out.returncode == 0, out.stderr
+    before, small, after_small, applied, after, glibc = out.stdout.split()
+    assert glibc == str(GLIBC) and applied == str(GLIBC) and small == str(GLIBC)
+    assert before == str(kept_at_start) and after_small == str(kept_at_start)
+    assert after == str(kept_at_start or GLIBC)
+
+
+def test_the_environment_threshold_is_read_as_glibc_reads_it():
+    from torch_mz.runtime import _environment_mmap_threshold as read
+    assert read({}) is None
+    assert read({'MALLOC_MMAP_THRESHOLD_': '33554432'}) == 32 << 20
+    assert read({'MALLOC_MMAP_THRESHOLD_': '0x2000000'}) == 32 << 20
+    assert read({'MALLOC_MMAP_THRESHOLD_': 'big'}) is None
+    tunables = 'glibc.malloc.trim_threshold=1:glibc.malloc.mmap_threshold=1073741824'
+    assert read({'GLIBC_TUNABLES': tunables, 'MALLOC_MMAP_THRESHOLD_': '1'}) == 1 << 30
+    assert read({'GLIBC_TUNABLES': 'glibc.malloc.trim_threshold=1',
+                 'MALLOC_MMAP_THRESHOLD_': '4096'}) == 4096

@@ -559,7 +559,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="leave glibc's malloc as it is; by default train, compare and "
                              'predict keep freed memory for reuse, which makes large CPU '
                              'batches faster for more resident memory '
-                             '(torch_mz.runtime.keep_freed_memory)')
+                             '(torch_mz.runtime.keep_freed_memory); without it the model '
+                             'presets encode large batches in groups of whole sets, whose '
+                             'dropout masks are drawn group by group')
     sub = parser.add_subparsers(dest='command', required=True)
     p = sub.add_parser('tasks', help='list the tasks')
     p.set_defaults(func=cmd_tasks)

@@ -5,9 +5,12 @@ commands turn :func:`keep_freed_memory` on for their own process (``--no-keep-fr
 turns it off), and the operator benchmarks measure with and without it.
 """
 import ctypes
+import functools
+import os
 import platform
+from typing import Optional
 
-__all__ = ['keep_freed_memory', 'MAX_BLOCK_BYTES', 'KEEP_BYTES']
+__all__ = ['keep_freed_memory', 'freed_memory_kept', 'glibc', 'MAX_BLOCK_BYTES', 'KEEP_BYTES']
 
 M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters (malloc.h)
 M_MMAP_THRESHOLD = -3
@@ -15,6 +18,31 @@ M_MMAP_THRESHOLD = -3
 MAX_BLOCK_BYTES = 1 << 30
 #: Freed memory at the top of the heap kept for reuse (the largest value mallopt takes).
 KEEP_BYTES = (1 << 31) - 1
+#: glibc's largest dynamic mmap threshold: blocks above it are always mapped afresh, unless the
+#: process sets a higher fixed threshold (what :func:`keep_freed_memory` does).
+DYNAMIC_MMAP_MAX = 32 << 20
+_KEPT = False  # keep_freed_memory() applied in this process, with a threshold of 32 MiB or more
+
+
+def _environment_mmap_threshold(environ) -> Optional[int]:
+    r"""The fixed mmap threshold glibc takes from the environment when the process starts
+    (``GLIBC_TUNABLES``' ``glibc.malloc.mmap_threshold``, else ``MALLOC_MMAP_THRESHOLD_``), or
+    :obj:`None` where none is set or it cannot be read."""
+    for item in environ.get('GLIBC_TUNABLES', '').split(':'):
+        name, _, value = item.partition('=')
+        if name.strip() == 'glibc.malloc.mmap_threshold':
+            try:
+                return int(value, 0)
+            except ValueError:
+                return None
+    try:
+        return int(environ['MALLOC_MMAP_THRESHOLD_'], 0)
+    except (KeyError, ValueError):
+        return None
+
+
+# read once, as glibc does when the process starts (later changes of os.environ change nothing)
+_ENVIRONMENT_THRESHOLD = _environment_mmap_threshold(os.environ)
 
 
 def keep_freed_memory(max_block_bytes: int = MAX_BLOCK_BYTES,
@@ -62,7 +90,7 @@ def keep_freed_memory(max_block_bytes: int = MAX_BLOCK_BYTES,
     if max_block_bytes > KEEP_BYTES or keep_bytes > KEEP_BYTES:
         raise ValueError(f"mallopt takes values up to {KEEP_BYTES} (got {max_block_bytes} and "
                          f"{keep_bytes})")
-    if platform.system() != 'Linux' or platform.libc_ver()[0] != 'glibc':
+    if not glibc():
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt
@@ -70,5 +98,30 @@ def keep_freed_memory(max_block_bytes: int = MAX_BLOCK_BYTES,
         return False
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int
-    return bool(mallopt(M_MMAP_THRESHOLD, max_block_bytes)) and bool(
+    applied = bool(mallopt(M_MMAP_THRESHOLD, max_block_bytes)) and bool(
         mallopt(M_TRIM_THRESHOLD, keep_bytes))
+    global _KEPT
+    _KEPT = _KEPT or (applied and max_block_bytes >= DYNAMIC_MMAP_MAX)
+    return applied
+
+
+@functools.lru_cache(maxsize=None)
+def glibc() -> bool:
+    r"""Whether this process runs on Linux with glibc (whose ``malloc`` :func:`keep_freed_memory`
+    tunes; asked once, as :func:`platform.libc_ver` reads the interpreter's binary)."""
+    return platform.system() == 'Linux' and platform.libc_ver()[0] == 'glibc'
+
+
+def freed_memory_kept() -> bool:
+    r"""Whether this process has told glibc's ``malloc`` to serve blocks above its largest dynamic
+    mmap threshold (:data:`DYNAMIC_MMAP_MAX`, 32 MiB) from its heap, so that freed large blocks
+    are reused: :func:`keep_freed_memory` with ``max_block_bytes`` of at least 32 MiB, or a fixed
+    mmap threshold of at least 32 MiB in the environment the process started with
+    (``GLIBC_TUNABLES=glibc.malloc.mmap_threshold=...`` or ``MALLOC_MMAP_THRESHOLD_``). Otherwise,
+    with glibc, every block above the mmap threshold (at most 32 MiB; a fixed lower threshold,
+    or a trim threshold alone, which fixes it at 128 KiB, only lowers it) is mapped afresh at
+    each allocation. :class:`~torch_mz.nn.MZAggregation`'s ``chunk_size='auto'`` encodes large
+    inputs in smaller groups (:func:`~torch_mz.nn.aggr.malloc_chunk_rows`) only with glibc and
+    where this is :obj:`False`."""
+    return _KEPT or (_ENVIRONMENT_THRESHOLD is not None
+                     and _ENVIRONMENT_THRESHOLD >= DYNAMIC_MMAP_MAX)

@@ -112,8 +112,10 @@ def test_deepsets_sum_pooling_is_exact():
 
 
 def test_the_model_trains_a_batch_at_once_and_groups_large_inputs_in_inference(monkeypatch):
-    # MZSetTransformer takes checkpoint=False: chunk_size='auto' groups large inputs in inference
-    # only, with the values of the whole input; a training batch is never recomputed in groups
+    # MZSetTransformer takes checkpoint=False: chunk_size='auto' groups large inputs in inference,
+    # with the values of the whole input; a training batch is never recomputed in groups (where
+    # glibc's malloc maps large blocks afresh, inputs with activations above 32 MiB are trained
+    # in groups, every activation kept: tests/nn/test_aggr.py)
     import torch_mz.nn.aggr as aggr_module
     torch.manual_seed(0)
     model = MZSetTransformer(3, 2, dim=8, heads=2, num_inducing=2, d_ff=8).double()

@@ -617,3 +617,91 @@ def test_auto_chunking_scales_with_the_gpu_memory(monkeypatch):
     seen.clear()
     MZAggregation(4)(torch.randn(5, 4), torch.tensor([0, 0, 1, 1, 1]))
     assert seen == ['cpu']
+
+
+def test_training_groups_where_glibc_maps_large_blocks_afresh(monkeypatch):
+    r"""``chunk_size='auto'`` with ``checkpoint=False`` trains an input whose widest activation
+    exceeds twice ``MALLOC_GROUP_BYTES`` in groups of whole sets of ``malloc_chunk_rows`` rows,
+    every activation kept (each group runs once), with the values and gradients of the whole
+    input, only on the CPU with glibc not keeping freed memory; never where freed memory is
+    kept (by ``keep_freed_memory`` or glibc's environment), off the CPU, on another C library
+    or under forward-mode AD."""
+    import torch_mz.nn.aggr as aggr_module
+    from torch_mz import runtime
+    # the sizes of the paper's presets (d = 64, d_ff = 128; float32)
+    assert aggr_module.malloc_chunk_rows(64, 8, 128) == 8192  # mz
+    assert aggr_module.malloc_chunk_rows(64, 2, 128) == 32768  # mz-slim
+    assert aggr_module.malloc_chunk_rows(64, 0, 128) == 32768  # rigid: the FFN's hidden layer
+    assert aggr_module.malloc_chunk_rows(64, 8, 128, itemsize=8) == 4096
+    # never below the compiled kernels' 2^20 generator elements: 2^24 bytes of a feed-forward
+    # of 128 floats a row are 32,768 rows, which hold only 2^19 of them (the group's 32 MiB)
+    assert aggr_module.malloc_chunk_rows(16, 1, 128) == 2 ** 20 // 16
+    # and no groups where that floor makes them larger than 32 MiB (4,096 floats a row)
+    assert aggr_module.malloc_chunk_rows(16, 1, 4096) is None
+    monkeypatch.setattr(runtime, '_KEPT', False)
+    monkeypatch.setattr(runtime, '_ENVIRONMENT_THRESHOLD', None)
+    monkeypatch.setattr(runtime, 'glibc', lambda: True)
+    whole = _aggr(chunk_size=None, checkpoint=False).train()
+    auto = _aggr(checkpoint=False).train()
+    auto.load_state_dict(whole.state_dict())
+    # tiny groups: the widest activation of a row of this module takes 16 * 8 bytes (float64),
+    # so groups of 4 rows; the compiled kernels' floor lowered with it
+    width = max(auto.d_ff, auto.num_generators * max(auto.dim, auto.d_ff // 2))
+    monkeypatch.setattr(aggr_module, 'MALLOC_GROUP_BYTES', 4 * width * 8)
+    monkeypatch.setattr(aggr_module, 'AUTO_MIN_ELEMENTS', 1)
+    assert auto._malloc_group_rows() == 4 and auto._chunk_rows(17) == 4
+    assert auto._chunk_rows(8) is None  # at most two groups: at once
+    calls = []
+    encode_group = auto._encode_group
+    monkeypatch.setattr(auto, '_encode_group', lambda *a: calls.append(a[0].size(0))
+                        or encode_group(*a))
+    index = make_index([3, 0, 7, 1, 4, 0, 2], shuffle=True,
+                       generator=torch.Generator().manual_seed(5))
+    results = []
+    for module in (whole, auto):
+        x = _x(index.numel(), 2).requires_grad_()
+        out = module(x, index, dim_size=9)
+        out.pow(2).sum().backward()
+        results.append([out, x.grad] + [p.grad for p in module.parameters()])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    assert calls == [10, 5, 2, 0]  # each group once: kept, not recomputed
+    # where the groups do not apply: the whole input
+    for device in ('cuda', torch.device('meta')):
+        assert auto._malloc_group_rows(device) is None
+    assert auto._malloc_group_rows('cpu') == 4
+    with torch.autograd.forward_ad.dual_level():
+        assert auto._malloc_group_rows() is None
+    monkeypatch.setattr(runtime, '_ENVIRONMENT_THRESHOLD', 1 << 30)  # glibc's, set at start
+    assert runtime.freed_memory_kept() and auto._chunk_rows(17) is None
+    monkeypatch.setattr(runtime, '_ENVIRONMENT_THRESHOLD', 1 << 20)  # lower: blocks still mapped
+    assert not runtime.freed_memory_kept() and auto._chunk_rows(17) == 4
+    monkeypatch.setattr(runtime, '_ENVIRONMENT_THRESHOLD', None)
+    monkeypatch.setattr(runtime, '_KEPT', True)  # keep_freed_memory() applied
+    assert runtime.freed_memory_kept() and auto._chunk_rows(17) is None
+    monkeypatch.setattr(runtime, '_KEPT', False)
+    monkeypatch.setattr(runtime, 'glibc', lambda: False)
+    assert auto._chunk_rows(17) is None
+    monkeypatch.setattr(runtime, 'glibc', lambda: True)
+    # other modes: the aggregation's default (recomputed groups) and an integer size unchanged
+    assert _aggr()._chunk_rows(17) is None  # 17 <= 2 * auto_chunk_rows(d)
+    assert _aggr(chunk_size=5, checkpoint=False)._chunk_rows(17) == 5
+    # inference: the smaller of these groups and those of auto_chunk_rows, also for the
+    # aggregation's default checkpoint='auto' (whose training groups stay auto_chunk_rows')
+    calls.clear()
+    recomputed = _aggr()
+    recomputed.load_state_dict(whole.state_dict())
+    with torch.no_grad():
+        assert auto._chunk_rows(17) == 4 and recomputed._chunk_rows(17) == 4
+        assert auto._chunk_rows(8) is None
+        torch.testing.assert_close(auto(_x(index.numel(), 2), index, dim_size=9),
+                                   whole(_x(index.numel(), 2), index, dim_size=9),
+                                   rtol=1e-10, atol=1e-10)
+        monkeypatch.setattr(aggr_module, 'AUTO_CHUNK_ELEMENTS', 3 * auto.dim)
+        assert auto._chunk_rows(17) == 3  # auto_chunk_rows' groups, where smaller
+        monkeypatch.setattr(runtime, '_KEPT', True)
+        assert auto._chunk_rows(17) == 3
+        monkeypatch.setattr(aggr_module, 'AUTO_CHUNK_ELEMENTS', 2 ** 21)
+        assert auto._chunk_rows(17) is None  # kept memory: auto_chunk_rows' groups alone
+    assert calls == [10, 5, 2, 0]
+    assert recomputed._chunk_rows(17) is None  # training, checkpoint='auto': unchanged

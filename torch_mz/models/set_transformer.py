@@ -50,7 +50,13 @@ class MZSetTransformer(SetModel):
             to :obj:`False` here, not to the aggregation's :obj:`'auto'`: a training batch is
             encoded at once
             (the batch size is the memory knob), and ``chunk_size='auto'`` groups large inputs
-            in inference only. On 128 clouds of 1,024 points (131,072 rows, kept memory, one
+            in inference, and in training only where glibc's ``malloc`` maps large blocks
+            afresh (no :func:`torch_mz.runtime.keep_freed_memory`): there a batch whose widest
+            activation exceeds 32 MiB (``mz``: more than 16,384 points) is trained (and
+            inferred) in groups of whole sets, every activation kept and nothing recomputed
+            (:func:`~torch_mz.nn.aggr.malloc_chunk_rows`; the same values and gradients up to
+            rounding, but dropout masks drawn group by group; ``chunk_size=None`` trains the
+            whole batch). On 128 clouds of 1,024 points (131,072 rows, kept memory, one
             thread; above the automatic
             grouping's 65,536 at ``dim = 64``) the recomputed groups took one training step of
             ``mz`` from 7.5 to 11.3 s and its peak from 7,270 to 4,294 MiB (``rigid``: 2.8 to

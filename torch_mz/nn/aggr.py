@@ -10,8 +10,9 @@ from torch_geometric.nn.aggr import Aggregation
 
 from torch_mz.nn.attention import SUMMARIES, VALUE_OPERATORS, MZAttention
 from torch_mz.nn.blocks import ISAB, PMA, SAB
-from torch_mz.nn.functional import (PATHS, _functorch_active, check_choice, repeat_per_set,
-                                    set_counts)
+from torch_mz.nn.functional import (PATHS, _functorch_active, _plain_ops, check_choice,
+                                    repeat_per_set, set_counts)
+from torch_mz.nn.fused import AUTO_MIN_ELEMENTS
 from torch_mz.nn.zonotope import AffineZonotope, InputProjection, Zonotope
 
 READOUTS = ('ihw', 'signed')
@@ -25,6 +26,11 @@ AUTO_CHUNK_ELEMENTS = 2 ** 21
 #: ``chunk_size='auto'`` on a CUDA device: one group's row elements (rows times :math:`d`) are
 #: the device's total memory in bytes over this (see :func:`auto_chunk_rows`).
 AUTO_GPU_BYTES_PER_ELEMENT = 2048
+#: ``chunk_size='auto'`` on the CPU with glibc's ``malloc`` not keeping freed memory, in inference
+#: and in training with ``checkpoint=False``: the bytes of the widest activation of one group
+#: (see :func:`malloc_chunk_rows`); inputs whose widest activation exceeds twice this (32 MiB,
+#: glibc's largest mmap threshold) are encoded in such groups.
+MALLOC_GROUP_BYTES = 2 ** 24
 
 
 def device_memory(device: Union[torch.device, str, None]) -> Optional[int]:
@@ -58,6 +64,54 @@ def auto_chunk_rows(dim: int, device_memory: Optional[int] = None) -> int:
     rows = max(1, AUTO_CHUNK_ELEMENTS // dim)
     if device_memory is not None:
         rows = max(rows, device_memory // (AUTO_GPU_BYTES_PER_ELEMENT * dim))
+    return rows
+
+
+def malloc_chunk_rows(dim: int, num_generators: int, d_ff: int,
+                      itemsize: int = 4) -> Optional[int]:
+    r"""The rows of one group of ``chunk_size='auto'`` on the CPU where glibc's ``malloc`` does
+    not keep freed memory (:func:`torch_mz.runtime.freed_memory_kept`): inputs of more than twice
+    as many rows are encoded in such groups, in training with ``checkpoint=False`` every
+    activation kept (nothing recomputed), and in inference where these groups are smaller than
+    those of :func:`auto_chunk_rows` (which bound memory, and stay the groups recomputed in
+    training with ``checkpoint='auto'``).
+
+    A group's widest activation, :math:`\max(d_{ff}, n_g \max(d, d_{ff}/2))` elements per row
+    (the center feed-forward's hidden layer; the generators and the generator feed-forward's
+    hidden layer) of :obj:`itemsize` bytes, takes :data:`MALLOC_GROUP_BYTES` (16 MiB), and the
+    group has at least the :math:`2^{20} / (n_g d)` rows at which the LayerNorm Jacobian runs
+    as compiled kernels (:data:`torch_mz.nn.fused.AUTO_MIN_ELEMENTS`), so that a group takes the
+    kernels the whole input would; where that floor would make a group's widest activation
+    larger than 32 MiB (a feed-forward much wider than :math:`n_g d`), :obj:`None`: no groups,
+    which would be mapped afresh too. ``mz`` (:math:`d = 64, n_g = 8, d_{ff} = 128`): groups of
+    8,192 rows, inputs of more than 16,384; ``mz-slim`` (:math:`n_g = 2`) and ``rigid``: 32,768
+    and 65,536.
+
+    Why: glibc serves each block above its mmap threshold (at most 32 MiB) with fresh pages,
+    mapped and faulted in at every allocation, and unmaps it when freed; a training step of the
+    whole input allocates such blocks by the dozen. Measured on one core, the workers paused,
+    the whole batch and the groups alternating in one process (throwaway A/B, medians of 5
+    AdamW steps, 2026-12-05): ``mz`` 32 clouds of 1,024 points 2.48 -> 1.60 s (0.65x; groups of
+    4,096: 0.47x), 128 clouds of 1,024 16.0 -> 6.5 s, 256 of 128 3.09 -> 1.98 s, 1,024 of 32
+    4.18 -> 2.82 s, 2,048 of 16 7.06 -> 3.83 s; at 32 x 1,024 groups of 8,192 rows also took
+    ``rigid`` 0.47 -> 0.43 s, ``mz-slim`` 0.80 -> 0.74 s and ``st-large`` 0.70 -> 0.61 s (below
+    this rule's size for them). With freed memory kept (:func:`torch_mz.runtime.keep_freed_memory`,
+    which the ``torch-mz`` commands and the reproduction turn on) the groups gained nothing
+    (``benchmarks/results/training_step_kept``), so they are not used there. In inference
+    (``eval()``, no gradients; the same throwaway A/B, medians of 7 calls): ``mz`` on 32 clouds
+    of 1,024 points 0.91 s whole, 0.63 s in groups of 8,192 (0.51 s in groups of 4,096), on 128
+    clouds 3.55 s in :func:`auto_chunk_rows`' groups of 32,768, 2.59 s in groups of 8,192; the
+    paper-preset aggregation in ``SAGEConv`` on :math:`10^4` nodes and :math:`10^5` Poisson
+    edges at :math:`d = 64` 18.4 s whole, 11.3 s in groups of 32,768 and 7.5 s in groups of
+    8,192. The default (neighbourhood) aggregation's groups do not change in float32: at
+    :math:`d = 16` and :math:`d = 64` its :math:`n_g = 2` and :math:`d_{ff} = d` give the rows of
+    :func:`auto_chunk_rows` (in float64 half of them)."""
+    width = max(d_ff, num_generators * max(dim, max(1, d_ff // 2)))
+    rows = max(1, MALLOC_GROUP_BYTES // (width * itemsize))
+    if num_generators > 0:  # the compiled kernels' threshold, rounded up to whole rows
+        rows = max(rows, -(-AUTO_MIN_ELEMENTS // (num_generators * dim)))
+        if rows * width * itemsize > 2 * MALLOC_GROUP_BYTES:
+            return None
     return rows
 
 
@@ -244,9 +298,18 @@ class MZAggregation(Aggregation):
             :math:`d = 64`, so more than 65,536: the messages of a graph with that many edges)
             are processed in such groups, each recomputed in the backward pass
             (``checkpoint='chunks'``) unless :obj:`checkpoint` chooses another mode
-            (``checkpoint=False``: groups in inference only, the whole input at once when
-            gradients are recorded); smaller inputs, and inputs under :func:`torch.compile`, at
-            once. The group is a budget of
+            (``checkpoint=False``: those groups in inference only; when gradients are recorded
+            the whole input at once); smaller inputs, and inputs under :func:`torch.compile`, at
+            once. On the CPU where glibc's ``malloc`` does not keep freed memory
+            (:func:`torch_mz.runtime.freed_memory_kept`), inputs whose widest activation exceeds
+            32 MiB are encoded in groups of 16 MiB (:func:`malloc_chunk_rows`: 8,192 rows for
+            ``d = 64, n_g = 8``) in inference, where these are smaller, and in training with
+            ``checkpoint=False``, every activation kept: 0.4-0.73x the time of a ``mz``
+            training step or inference call (the default, neighbourhood, aggregation's groups
+            are the same either way in float32; in float64 they halve). Where this groups a
+            training batch, its dropout masks are drawn group by group, so a seeded run trains
+            differently with freed memory kept (whole, as ``torch-mz train`` and the
+            reproduction run) and without (groups). The group is a budget of
             row elements because a row's activations grow with :math:`d`: on 10^4 nodes and
             10^5 edges at d = 64,
             ``value='rigid', num_generators=0`` took 869 ms / 706 MiB whole and 1,144 ms /
@@ -290,8 +353,9 @@ class MZAggregation(Aggregation):
             larger than :obj:`chunk_size` (groups hold whole sets; one group is not rerun);
             one more forward of the whole aggregation.
             :obj:`False`: keep everything: with ``chunk_size='auto'``, large inputs are
-            grouped only where no gradients are recorded (inference) and run at once where
-            they are (what
+            grouped where no gradients are recorded (inference) and run at once where
+            they are, but for the kept groups of :func:`malloc_chunk_rows` where glibc maps
+            large blocks afresh (what
             :class:`~torch_mz.models.MZSetTransformer` takes by default: there the batch size
             is the user's memory knob, and the recomputation costs time; on 128 clouds of 1,024
             points (kept memory, one thread) one training step in recomputed groups took 1.50x
@@ -455,12 +519,31 @@ class MZAggregation(Aggregation):
             if torch.compiler.is_compiling():
                 return None
             if self.checkpoint is False and torch.is_grad_enabled():
-                return None  # kept whole in training: groups would keep every activation anyway
+                # kept whole in training, but where glibc maps large blocks afresh (see
+                # malloc_chunk_rows): groups of smaller blocks, every activation kept
+                group = self._malloc_group_rows(device)
+                return None if group is None or rows <= 2 * group else group
             group = auto_chunk_rows(self.dim, device_memory(device))
+            if not torch.is_grad_enabled():  # inference: smaller where malloc maps afresh
+                small = self._malloc_group_rows(device)
+                group = group if small is None else min(group, small)
             return None if rows <= 2 * group else group
         if not isinstance(self.chunk_size, int) or rows <= self.chunk_size:
             return None  # None: at once
         return self.chunk_size
+
+    def _malloc_group_rows(self, device: Union[torch.device, str, None] = None) -> Optional[int]:
+        r"""The group of :func:`malloc_chunk_rows` where it applies: on the CPU (:obj:`device`
+        :obj:`None` or a CPU device) with glibc not keeping freed memory
+        (:func:`torch_mz.runtime.freed_memory_kept`), outside :mod:`torch.func` transforms and
+        forward-mode AD; otherwise :obj:`None` (the whole input)."""
+        from torch_mz import runtime  # the process's allocator settings, read at each call
+        if device is not None and torch.device(device).type != 'cpu':
+            return None
+        if not runtime.glibc() or runtime.freed_memory_kept() or _plain_ops():
+            return None
+        return malloc_chunk_rows(self.dim, self.num_generators, self.d_ff,
+                                self.lin.weight.element_size())
 
     def _encode_chunked(self, x: Tensor, set_id: Tensor, counts: Tensor,
                         chunk_rows: int) -> Zonotope:
