@@ -633,6 +633,11 @@ def test_training_groups_where_glibc_maps_large_blocks_afresh(monkeypatch):
     assert aggr_module.malloc_chunk_rows(64, 2, 128) == 32768  # mz-slim
     assert aggr_module.malloc_chunk_rows(64, 0, 128) == 32768  # rigid: the FFN's hidden layer
     assert aggr_module.malloc_chunk_rows(64, 8, 128, itemsize=8) == 4096
+    # the default (neighbourhood) aggregation's groups are auto_chunk_rows' in float32
+    for d in (16, 64):
+        sizes = aggr_module.preset_defaults('neighbourhood', d, 4)
+        assert aggr_module.malloc_chunk_rows(
+            sizes['dim'], sizes['num_generators'], sizes['d_ff']) == aggr_module.auto_chunk_rows(d)
     # never below the compiled kernels' 2^20 generator elements: 2^24 bytes of a feed-forward
     # of 128 floats a row are 32,768 rows, which hold only 2^19 of them (the group's 32 MiB)
     assert aggr_module.malloc_chunk_rows(16, 1, 128) == 2 ** 20 // 16
