@@ -472,6 +472,37 @@ def test_checkpointed_chunks_give_the_same_values_and_gradients(chunk_size, shuf
         MZAggregation(4, checkpoint='chunks', chunk_size=None)
 
 
+def _spy_on_groups(monkeypatch, module, calls=None):
+    r"""Records the row count of every group :obj:`module` encodes (in the returned list)."""
+    calls = [] if calls is None else calls
+    encode_group = module._encode_group
+    monkeypatch.setattr(module, '_encode_group', lambda *a: calls.append(a[0].size(0))
+                        or encode_group(*a))
+    return calls
+
+
+def _grouped_index():
+    r"""Sets of 3, 0, 7, 1, 4, 0 and 2 rows, shuffled (17 rows; with ``dim_size=9`` two trailing
+    empty sets)."""
+    return make_index([3, 0, 7, 1, 4, 0, 2], shuffle=True,
+                      generator=torch.Generator().manual_seed(5))
+
+
+def _same_training(a, b, index, dim_size=9):
+    r"""Checks that :obj:`a` and :obj:`b` give the same outputs and gradients (input and
+    parameters) on one forward + backward pass; returns them, ``[out, x.grad, *param grads]``
+    for each."""
+    results = []
+    for module in (a, b):
+        x = _x(index.numel(), 2).requires_grad_()
+        out = module(x, index, dim_size=dim_size)
+        out.pow(2).sum().backward()
+        results.append([out, x.grad] + [p.grad for p in module.parameters()])
+    for u, v in zip(*results):
+        torch.testing.assert_close(u, v, rtol=1e-10, atol=1e-10)
+    return results
+
+
 def test_auto_chunking_of_large_inputs(monkeypatch):
     r"""``chunk_size='auto'`` (the default) encodes inputs of more than twice
     ``auto_chunk_rows(d)`` rows in groups, each run again in the backward pass, and gives the
@@ -484,20 +515,9 @@ def test_auto_chunking_of_large_inputs(monkeypatch):
     monkeypatch.setattr(aggr_module, 'AUTO_CHUNK_ELEMENTS', 4 * auto.dim)
     assert aggr_module.auto_chunk_rows(auto.dim) == 4
     auto.load_state_dict(plain.state_dict())
-    calls = []
-    encode_group = auto._encode_group
-    monkeypatch.setattr(auto, '_encode_group', lambda *a: calls.append(a[0].size(0))
-                        or encode_group(*a))
-    index = make_index([3, 0, 7, 1, 4, 0, 2], shuffle=True,
-                       generator=torch.Generator().manual_seed(5))
-    results = []
-    for module in (plain, auto):
-        x = _x(index.numel(), 2).requires_grad_()
-        out = module(x, index, dim_size=9)
-        out.pow(2).sum().backward()
-        results.append([out, x.grad] + [p.grad for p in module.parameters()])
-    for a, b in zip(*results):
-        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    calls = _spy_on_groups(monkeypatch, auto)
+    index = _grouped_index()
+    results = _same_training(plain, auto, index)
     # 17 rows > 8: whole sets grouped by the window (of 4 rows) of their first row: sizes
     # 3 + 0 + 7, 1 + 4, 0 + 2, and the two trailing empty sets; each group runs twice (forward,
     # and again, last group first, in the backward pass)
@@ -656,20 +676,9 @@ def test_training_groups_where_glibc_maps_large_blocks_afresh(monkeypatch):
     monkeypatch.setattr(aggr_module, 'AUTO_MIN_ELEMENTS', 1)
     assert auto._malloc_group_rows() == 4 and auto._chunk_rows(17) == 4
     assert auto._chunk_rows(8) is None  # at most two groups: at once
-    calls = []
-    encode_group = auto._encode_group
-    monkeypatch.setattr(auto, '_encode_group', lambda *a: calls.append(a[0].size(0))
-                        or encode_group(*a))
-    index = make_index([3, 0, 7, 1, 4, 0, 2], shuffle=True,
-                       generator=torch.Generator().manual_seed(5))
-    results = []
-    for module in (whole, auto):
-        x = _x(index.numel(), 2).requires_grad_()
-        out = module(x, index, dim_size=9)
-        out.pow(2).sum().backward()
-        results.append([out, x.grad] + [p.grad for p in module.parameters()])
-    for a, b in zip(*results):
-        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    calls = _spy_on_groups(monkeypatch, auto)
+    index = _grouped_index()
+    results = _same_training(whole, auto, index)
     assert calls == [10, 5, 2, 0]  # each group once: kept, not recomputed
     # where the groups do not apply: the whole input
     for device in ('cuda', torch.device('meta')):
