@@ -121,8 +121,8 @@ _UNFOLDED = ("measured before the key map joined the queries of blocks with few 
              "in `speed_fold` (its `-unfolded` rows are the earlier one)")
 _WHOLE = ("measured before the presets' default trained (and inferred) large batches in kept "
           "groups where glibc's malloc does not keep freed memory (`malloc_chunk_rows`, "
-          "2026-12-05): this row trained the whole batch, now the `+whole` rows of "
-          "`training_step_groups`")
+          "2026-12-05): this row trained the whole batch without kept memory, what the "
+          "`+whole` rows of `training_step_groups` (listed too) measure")
 SUPERSEDED: Dict[Tuple[str, str], str] = {
     ('speed', 'rigid'): _UNFOLDED,
     ('speed_rerun', 'rigid'): _UNFOLDED,
@@ -132,7 +132,9 @@ SUPERSEDED: Dict[Tuple[str, str], str] = {
                              ('training_step_thp', ('mz', 'mz+thp')),
                              ('training_step_fold', ('mz', )),
                              ('training_step_current', ('mz', )),
-                             ('training_step_kept', ('mz', )))
+                             ('training_step_kept', ('mz', )),
+                             ('training_step_groups', ('mz+whole', 'rigid+whole')),
+                             ('training_step_groups_large_batch', ('mz+whole', 'rigid+whole')))
        for model in models},
 }
 MESSAGE_PASSING = ('message_passing', 'message_passing_small', 'message_passing_checkpoint',

@@ -18,31 +18,56 @@ M_MMAP_THRESHOLD = -3
 MAX_BLOCK_BYTES = 1 << 30
 #: Freed memory at the top of the heap kept for reuse (the largest value mallopt takes).
 KEEP_BYTES = (1 << 31) - 1
-#: glibc's largest dynamic mmap threshold: blocks above it are always mapped afresh, unless the
-#: process sets a higher fixed threshold (what :func:`keep_freed_memory` does).
+#: glibc's largest dynamic mmap threshold: blocks of this size and more are mapped afresh at
+#: every allocation, unless the process fixes a higher threshold (what
+#: :func:`keep_freed_memory` does) or turns mapping off (``MALLOC_MMAP_MAX_=0``).
 DYNAMIC_MMAP_MAX = 32 << 20
-_KEPT = False  # keep_freed_memory() applied in this process, with a threshold of 32 MiB or more
 
 
-def _environment_mmap_threshold(environ) -> Optional[int]:
-    r"""The fixed mmap threshold glibc takes from the environment when the process starts
-    (``GLIBC_TUNABLES``' ``glibc.malloc.mmap_threshold``, else ``MALLOC_MMAP_THRESHOLD_``), or
-    :obj:`None` where none is set or it cannot be read."""
+def _strtoul(text: str) -> Optional[int]:
+    r"""``text`` read as glibc reads a number from the environment (``strtoul`` with base 0):
+    leading blanks, an optional sign, ``0x`` hexadecimal, a leading ``0`` octal, otherwise
+    decimal, up to the first character that is not a digit; a negative value wraps modulo
+    :math:`2^{64}`. :obj:`None` where no digit is read."""
+    text = text.lstrip(' \t')
+    sign = -1 if text[:1] == '-' else 1
+    text = text[1:] if text[:1] in '+-' else text
+    base, digits = 10, '0123456789'
+    if text[:2].lower() == '0x' and text[2:3].lower() in '0123456789abcdef' and text[2:3]:
+        base, digits, text = 16, '0123456789abcdef', text[2:]
+    elif text[:1] == '0':
+        base, digits = 8, '01234567'
+    n = 0
+    read = 0
+    for ch in text.lower():
+        if ch not in digits:
+            break
+        n, read = n * base + digits.index(ch), read + 1
+    if not read:
+        return None
+    return (sign * n) % (1 << 64)
+
+
+def _environment_threshold(environ) -> Optional[float]:
+    r"""The mmap threshold glibc takes from the environment when the process starts: the last
+    ``glibc.malloc.mmap_threshold`` in ``GLIBC_TUNABLES``, else ``MALLOC_MMAP_THRESHOLD_``;
+    infinite where ``MALLOC_MMAP_MAX_`` (or the tunable ``glibc.malloc.mmap_max``) is 0 (no
+    block is mapped); :obj:`None` where none is set (the dynamic threshold). On older glibc
+    releases a fixed threshold above 32 MiB may be refused, which this does not see."""
+    tunables = {}
     for item in environ.get('GLIBC_TUNABLES', '').split(':'):
         name, _, value = item.partition('=')
-        if name.strip() == 'glibc.malloc.mmap_threshold':
-            try:
-                return int(value, 0)
-            except ValueError:
-                return None
-    try:
-        return int(environ['MALLOC_MMAP_THRESHOLD_'], 0)
-    except (KeyError, ValueError):
-        return None
+        tunables[name.strip()] = value  # the last of a name counts
+    mmap_max = tunables.get('glibc.malloc.mmap_max', environ.get('MALLOC_MMAP_MAX_'))
+    if mmap_max is not None and _strtoul(mmap_max) == 0:
+        return float('inf')
+    value = tunables.get('glibc.malloc.mmap_threshold', environ.get('MALLOC_MMAP_THRESHOLD_'))
+    return None if value is None else _strtoul(value)
 
 
-# read once, as glibc does when the process starts (later changes of os.environ change nothing)
-_ENVIRONMENT_THRESHOLD = _environment_mmap_threshold(os.environ)
+# read once, as glibc does when the process starts (later changes of os.environ change nothing);
+# keep_freed_memory() replaces it with the threshold it sets
+_THRESHOLD: Optional[float] = _environment_threshold(os.environ)
 
 
 def keep_freed_memory(max_block_bytes: int = MAX_BLOCK_BYTES,
@@ -100,8 +125,9 @@ def keep_freed_memory(max_block_bytes: int = MAX_BLOCK_BYTES,
     mallopt.restype = ctypes.c_int
     applied = bool(mallopt(M_MMAP_THRESHOLD, max_block_bytes)) and bool(
         mallopt(M_TRIM_THRESHOLD, keep_bytes))
-    global _KEPT
-    _KEPT = _KEPT or (applied and max_block_bytes >= DYNAMIC_MMAP_MAX)
+    if applied:
+        global _THRESHOLD
+        _THRESHOLD = max_block_bytes
     return applied
 
 
@@ -113,15 +139,17 @@ def glibc() -> bool:
 
 
 def freed_memory_kept() -> bool:
-    r"""Whether this process has told glibc's ``malloc`` to serve blocks above its largest dynamic
-    mmap threshold (:data:`DYNAMIC_MMAP_MAX`, 32 MiB) from its heap, so that freed large blocks
-    are reused: :func:`keep_freed_memory` with ``max_block_bytes`` of at least 32 MiB, or a fixed
-    mmap threshold of at least 32 MiB in the environment the process started with
-    (``GLIBC_TUNABLES=glibc.malloc.mmap_threshold=...`` or ``MALLOC_MMAP_THRESHOLD_``). Otherwise,
-    with glibc, every block above the mmap threshold (at most 32 MiB; a fixed lower threshold,
+    r"""Whether this process has told glibc's ``malloc`` to serve blocks of 32 MiB and more (its
+    largest dynamic mmap threshold, :data:`DYNAMIC_MMAP_MAX`) from its heap, so that freed large
+    blocks are reused: the last :func:`keep_freed_memory` set a ``max_block_bytes`` above 32 MiB,
+    or, before any such call, the environment the process started with fixed an mmap threshold
+    above 32 MiB (``GLIBC_TUNABLES=glibc.malloc.mmap_threshold=...`` or
+    ``MALLOC_MMAP_THRESHOLD_``) or turned mapping off (``MALLOC_MMAP_MAX_=0``). Otherwise, with
+    glibc, every block at or above the mmap threshold (at most 32 MiB; a fixed lower threshold,
     or a trim threshold alone, which fixes it at 128 KiB, only lowers it) is mapped afresh at
-    each allocation. :class:`~torch_mz.nn.MZAggregation`'s ``chunk_size='auto'`` encodes large
-    inputs in smaller groups (:func:`~torch_mz.nn.aggr.malloc_chunk_rows`) only with glibc and
-    where this is :obj:`False`."""
-    return _KEPT or (_ENVIRONMENT_THRESHOLD is not None
-                     and _ENVIRONMENT_THRESHOLD >= DYNAMIC_MMAP_MAX)
+    each allocation. A threshold above 32 MiB but below a large input's widest activation
+    (e.g. ``keep_freed_memory(64 << 20)`` and 256 MiB tensors) counts as kept too.
+    :class:`~torch_mz.nn.MZAggregation`'s ``chunk_size='auto'`` encodes large inputs in smaller
+    groups (:func:`~torch_mz.nn.aggr.malloc_chunk_rows`) only with glibc and where this is
+    :obj:`False`."""
+    return _THRESHOLD is not None and _THRESHOLD > DYNAMIC_MMAP_MAX

@@ -663,8 +663,7 @@ def test_training_groups_where_glibc_maps_large_blocks_afresh(monkeypatch):
     assert aggr_module.malloc_chunk_rows(16, 1, 128) == 2 ** 20 // 16
     # and no groups where that floor makes them larger than 32 MiB (4,096 floats a row)
     assert aggr_module.malloc_chunk_rows(16, 1, 4096) is None
-    monkeypatch.setattr(runtime, '_KEPT', False)
-    monkeypatch.setattr(runtime, '_ENVIRONMENT_THRESHOLD', None)
+    monkeypatch.setattr(runtime, '_THRESHOLD', None)  # glibc's dynamic threshold
     monkeypatch.setattr(runtime, 'glibc', lambda: True)
     whole = _aggr(chunk_size=None, checkpoint=False).train()
     auto = _aggr(checkpoint=False).train()
@@ -686,14 +685,11 @@ def test_training_groups_where_glibc_maps_large_blocks_afresh(monkeypatch):
     assert auto._malloc_group_rows('cpu') == 4
     with torch.autograd.forward_ad.dual_level():
         assert auto._malloc_group_rows() is None
-    monkeypatch.setattr(runtime, '_ENVIRONMENT_THRESHOLD', 1 << 30)  # glibc's, set at start
+    monkeypatch.setattr(runtime, '_THRESHOLD', 1 << 30)  # keep_freed_memory()'s, or glibc's
     assert runtime.freed_memory_kept() and auto._chunk_rows(17) is None
-    monkeypatch.setattr(runtime, '_ENVIRONMENT_THRESHOLD', 1 << 20)  # lower: blocks still mapped
+    monkeypatch.setattr(runtime, '_THRESHOLD', 32 << 20)  # not above 32 MiB: blocks still mapped
     assert not runtime.freed_memory_kept() and auto._chunk_rows(17) == 4
-    monkeypatch.setattr(runtime, '_ENVIRONMENT_THRESHOLD', None)
-    monkeypatch.setattr(runtime, '_KEPT', True)  # keep_freed_memory() applied
-    assert runtime.freed_memory_kept() and auto._chunk_rows(17) is None
-    monkeypatch.setattr(runtime, '_KEPT', False)
+    monkeypatch.setattr(runtime, '_THRESHOLD', None)
     monkeypatch.setattr(runtime, 'glibc', lambda: False)
     assert auto._chunk_rows(17) is None
     monkeypatch.setattr(runtime, 'glibc', lambda: True)
@@ -713,7 +709,7 @@ def test_training_groups_where_glibc_maps_large_blocks_afresh(monkeypatch):
                                    rtol=1e-10, atol=1e-10)
         monkeypatch.setattr(aggr_module, 'AUTO_CHUNK_ELEMENTS', 3 * auto.dim)
         assert auto._chunk_rows(17) == 3  # auto_chunk_rows' groups, where smaller
-        monkeypatch.setattr(runtime, '_KEPT', True)
+        monkeypatch.setattr(runtime, '_THRESHOLD', 1 << 30)
         assert auto._chunk_rows(17) == 3
         monkeypatch.setattr(aggr_module, 'AUTO_CHUNK_ELEMENTS', 2 ** 21)
         assert auto._chunk_rows(17) is None  # kept memory: auto_chunk_rows' groups alone

@@ -94,7 +94,7 @@ def malloc_chunk_rows(dim: int, num_generators: int, d_ff: int,
     AdamW steps, 2026-12-05): ``mz`` 32 clouds of 1,024 points 2.48 -> 1.60 s (0.65x; groups of
     4,096: 0.47x), 128 clouds of 1,024 16.0 -> 6.5 s, 256 of 128 3.09 -> 1.98 s, 1,024 of 32
     4.18 -> 2.82 s, 2,048 of 16 7.06 -> 3.83 s; at 32 x 1,024 groups of 8,192 rows also took
-    ``rigid`` 0.47 -> 0.43 s, ``mz-slim`` 0.80 -> 0.74 s and ``st-large`` 0.70 -> 0.61 s (below
+    ``rigid`` 0.47 -> 0.43 s, ``mz-slim`` 0.80 -> 0.74 s and ``st-large`` 0.702 -> 0.605 s (below
     this rule's size for them). With freed memory kept (:func:`torch_mz.runtime.keep_freed_memory`,
     which the ``torch-mz`` commands and the reproduction turn on) the groups gained nothing
     (``benchmarks/results/training_step_kept``), so they are not used there. In inference
