@@ -19,11 +19,11 @@ for reuse (:func:`torch_mz.runtime.keep_freed_memory`), ``+compile`` rows the wh
 (the aggregation's default, not the models': batches of more than 65,536 points at ``dim = 64``
 are encoded in groups of whole sets recomputed in the backward pass), ``+whole`` rows one with
 ``chunk_size=None`` (the whole batch at once in training and inference: the presets group
-large inputs when no gradients are recorded, and in training where glibc's ``malloc`` does not
-keep freed memory, :func:`torch_mz.nn.aggr.malloc_chunk_rows`: ``mz`` at 32 x 1,024 points in
-groups of 8,192 rows, since 2026-12-05; the plain rows of earlier runs trained the whole
-batch), ``+kept`` rows one with ``chunk_size=4096,
-checkpoint=False`` (groups of whole sets of 4,096 rows, every activation kept, nothing
+large inputs when no gradients are recorded, and, where glibc's ``malloc`` does not keep freed
+memory, in training too and in smaller groups in inference,
+:func:`torch_mz.nn.aggr.malloc_chunk_rows`: ``mz`` at 32 x 1,024 points in groups of 8,192
+rows, since 2026-12-05; the plain rows of earlier runs trained the whole batch), ``+kept``
+rows one with ``chunk_size=4096, checkpoint=False`` (groups of whole sets of 4,096 rows, every activation kept, nothing
 recomputed: the same computation in smaller tensors, in training and inference, but for the
 order in which dropout masks are drawn), ``+thp``
 rows a process started with

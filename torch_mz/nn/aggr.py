@@ -8,6 +8,7 @@ from torch import Tensor
 from torch.nn import Linear, ModuleList
 from torch_geometric.nn.aggr import Aggregation
 
+from torch_mz import runtime
 from torch_mz.nn.attention import SUMMARIES, VALUE_OPERATORS, MZAttention
 from torch_mz.nn.blocks import ISAB, PMA, SAB
 from torch_mz.nn.functional import (PATHS, _functorch_active, _plain_ops, check_choice,
@@ -537,7 +538,6 @@ class MZAggregation(Aggregation):
         :obj:`None` or a CPU device) with glibc not keeping freed memory
         (:func:`torch_mz.runtime.freed_memory_kept`), outside :mod:`torch.func` transforms and
         forward-mode AD; otherwise :obj:`None` (the whole input)."""
-        from torch_mz import runtime  # the process's allocator settings, read at each call
         if device is not None and torch.device(device).type != 'cpu':
             return None
         if not runtime.glibc() or runtime.freed_memory_kept() or _plain_ops():
