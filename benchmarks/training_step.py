@@ -23,9 +23,9 @@ large inputs when no gradients are recorded, and, where glibc's ``malloc`` does 
 memory, in training too and in smaller groups in inference,
 :func:`torch_mz.nn.aggr.malloc_chunk_rows`: ``mz`` at 32 x 1,024 points in groups of 8,192
 rows, since 2026-12-05; the plain rows of earlier runs trained the whole batch), ``+kept``
-rows one with ``chunk_size=4096, checkpoint=False`` (groups of whole sets of 4,096 rows, every activation kept, nothing
-recomputed: the same computation in smaller tensors, in training and inference, but for the
-order in which dropout masks are drawn), ``+thp``
+rows one with ``chunk_size=4096, checkpoint=False`` (groups of whole sets of 4,096 rows,
+every activation kept, nothing recomputed: the same computation in smaller tensors, in
+training and inference, but for the order in which dropout masks are drawn), ``+thp``
 rows a process started with
 ``THP_MEM_ALLOC_ENABLE=1`` (PyTorch's switch, read once at import, for 2 MiB pages on blocks of
 2 MiB and more; every other row runs with it set to 0). Every row runs in a fresh process, which
