@@ -188,6 +188,9 @@ def main(argv=None):
         print('kernels.py: compiling the fused kernels failed here (see the warning above), so '
               'the fused rows timed the eager functions; nothing written', file=sys.stderr)
         return 1
+    # auto mode's own measurement on this host (torch_mz.nn.fused.tanh_kernel_faster), made the
+    # way a model's first large call makes it
+    auto_tanh = fused._tanh_kernel_pays((args.width, ))
     for row in rows:
         print(f"{row['operation']:60s} {row['variant']:9s} {row['median_ms']:8.1f} ms "
               f"({row['/ eager']:.2f}x eager)", flush=True)
@@ -203,11 +206,16 @@ def main(argv=None):
             f"`max_rel_diff`: the largest difference from the eager row's output (with "
             f"backward, also from each of its gradients), relative to the largest magnitude "
             f"there; the `copy` row is the copy of the input that "
-            f"every tanh call makes first, and `less copy_ms` each tanh row's median less it.\n\n![plot]({name}.png)\n")
-    write_results(args.out, name, dict(environment=env, config=vars(args), rows=rows), text)
+            f"every tanh call makes first, and `less copy_ms` each tanh row's median less it.\n\n"
+            f"Auto mode on this host (`torch_mz.nn.fused.tanh_kernel_faster()`, its own "
+            f"measurement once per process): the generator feed-forward's tanh runs "
+            f"{'the compiled kernel' if auto_tanh else 'ATen'}'s.\n\n![plot]({name}.png)\n")
+    write_results(args.out, name, dict(environment=env, config=vars(args), rows=rows,
+                                       auto_tanh_kernel=auto_tanh), text)
     note = try_plot(plot, rows, os.path.join(args.out, f'{name}.png'))
     if note:
         print(note)
+    print(f"auto mode's tanh here: {'compiled kernel' if auto_tanh else 'ATen'}")
     print(f'wrote {args.out}/{name}.*')
     return 0
 

@@ -78,6 +78,7 @@ def _auto_mode(monkeypatch, min_elements: int) -> list:
     monkeypatch.setattr(fused, '_FAILED', False)
     monkeypatch.setattr(fused, 'AUTO_MIN_ELEMENTS', min_elements)
     monkeypatch.setattr(fused, '_compiled', lambda name, fn: calls.append(name) or fn)
+    monkeypatch.setattr(fused, '_TANH_FASTER', True)  # as if measured faster on this host
     return calls
 
 
@@ -120,3 +121,58 @@ def test_forward_mode_ad_runs_the_eager_functions(monkeypatch):
     torch.testing.assert_close(out.primal, ffn(gens))
     _, jvp = torch.autograd.functional.jvp(ffn, gens, tangent)
     torch.testing.assert_close(out.tangent, jvp)
+
+
+def test_auto_mode_takes_the_tanh_kernel_only_where_measured_faster(monkeypatch):
+    r"""Auto mode measures the two tanh functions once per process, at the first call that
+    would take the kernel, and runs the kernel only where it was the faster: measured slower,
+    the generator feed-forward runs torch.tanh_ (no kernel call; the LayerNorm kernels do not
+    depend on it); mode on runs the kernel whatever was measured; the result agrees with
+    torch.tanh either way and stays exactly odd."""
+    calls = _auto_mode(monkeypatch, 1000)
+    monkeypatch.setattr(fused, '_TANH_FASTER', None)  # not yet measured in this "process"
+    measured: list = []
+
+    def slower(row_shape):
+        measured.append(row_shape)
+        return False
+    monkeypatch.setattr(fused, '_measure_tanh', slower)
+    torch.manual_seed(0)
+    ffn = GeneratorFeedForward(8, 16)
+    gens = torch.randn(40, 3, 8) * 2
+    assert fused.tanh_kernel_faster() is None
+    out = ffn(gens)
+    ffn(gens)
+    assert measured == [(3, 16)]  # once, on the caller's row shape
+    assert fused.tanh_kernel_faster() is False
+    assert calls == []  # ATen's tanh
+    torch.testing.assert_close(out, torch.tanh(gens @ ffn.lin1.weight.T) @ ffn.lin2.weight.T,
+                               rtol=1e-5, atol=1e-6)
+    assert torch.equal(ffn(-gens), -out)
+    ffn(gens[:5])  # below the auto range: not measured again
+    assert measured == [(3, 16)]
+    monkeypatch.setattr(fused, '_ENABLED', True)  # mode on: the kernel, whatever was measured
+    ffn(gens)
+    assert calls == ['tanh_in_place']
+    assert measured == [(3, 16)]
+
+
+def test_tanh_measurement_times_both_on_the_row_shape_and_keeps_the_global_random_state(
+        monkeypatch):
+    r"""The host measurement itself: it compiles (here: returns) the kernel for the caller's
+    row shape, times it against torch.tanh_ and returns whether it took at most TANH_MARGIN
+    of ATen's time; it draws from a private generator, so the global random state is the same
+    after it; where compiling failed it answers no."""
+    calls = _auto_mode(monkeypatch, 1000)
+    monkeypatch.setattr(fused, 'TANH_PROBE_ELEMENTS', 2 ** 12)
+    ticks = iter(range(10 ** 6))
+    monkeypatch.setattr(fused, '_clock', lambda: float(next(ticks)))
+    state = torch.get_rng_state()
+    # every call "takes" one tick: equal times, and 1 > 0.8 * 1
+    assert fused._measure_tanh((5, 7)) is False
+    assert calls == ['tanh_in_place'] * 4  # the untimed first call, then three timed
+    assert torch.equal(torch.get_rng_state(), state)
+    monkeypatch.setattr(fused, 'TANH_MARGIN', 1.0)  # a tie passes at a margin of 1
+    assert fused._measure_tanh((5, 7)) is True
+    monkeypatch.setattr(fused, '_FAILED', True)
+    assert fused._measure_tanh((5, 7)) is False

@@ -24,12 +24,15 @@ Three modes, set by :func:`set_fused_kernels` or the environment variable
 
 * **auto** (the default; ``set_fused_kernels(None)``, the variable unset or ``auto``): the
   compiled kernels run on CPU float32 generators of at least :data:`AUTO_MIN_ELEMENTS` elements,
-  where a call takes tens of milliseconds eagerly; compiling takes a few seconds, once per
+  where a call takes tens of milliseconds eagerly; the tanh kernel only where it was measured
+  faster than ATen's tanh on this host (:func:`tanh_kernel_faster`: once per process, at the
+  first such call); compiling takes a few seconds, once per
   process (the first such call; it needs a C++ compiler), which a training loop or a large
   message-passing workload repays. Small inputs (sets of a few tokens, the test suite), other
   dtypes and devices, code under ``torch.compile`` (which fuses on its own), ``torch.func``
   transforms, forward-mode AD (dual tensors) and dispatch modes run the eager function. The
-  choice depends on the input alone, never on earlier calls, so a checkpointed block
+  choice depends on the input alone (and, for the tanh, on the host measurement made once
+  before the process's first such call), never on earlier calls, so a checkpointed block
   recomputes with the function it ran (a choice by call count once switched between a forward
   pass and its recomputation, which :func:`torch.utils.checkpoint.checkpoint` refuses), and
   seeded runs stay reproducible; the two functions agree up to float rounding.
@@ -42,9 +45,11 @@ the same map; the tests check values and first and second derivatives against th
 reference in float64. A second derivative (``create_graph=True``) runs the backward formula
 uncompiled, so that autograd can differentiate it.
 """
+import math
 import os
+import time
 import warnings
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -69,6 +74,14 @@ def _mode_from_environment() -> Optional[bool]:
 _ENABLED: Optional[bool] = _mode_from_environment()
 _COMPILED: Dict[str, Callable] = {}
 _FAILED = False
+#: auto mode: the tanh kernel runs only where its measured time on this host was at most this
+#: fraction of ATen's (:func:`tanh_kernel_faster`; a near tie goes to ATen's tanh, the more
+#: accurate of the two: within 1 ulp against 6)
+TANH_MARGIN = 0.8
+#: elements of the float32 buffer (16 MiB) on which that measurement times the two
+TANH_PROBE_ELEMENTS = 2 ** 22
+_TANH_FASTER: Optional[bool] = None  # that measurement, once per process
+_clock = time.perf_counter
 #: auto mode: the fewest generator elements (N n_g d) that use the compiled kernels (2^20: e.g.
 #: a batch of 128 sets of 16 tokens with 8 generators of width 64, or 32,768 edges of a
 #: message-passing layer with 2 generators of width 16)
@@ -251,11 +264,14 @@ class OddTanhFused(torch.autograd.Function):
     r""":math:`\tanh` in place on the generator feed-forward's hidden layer
     (:meth:`~torch_mz.nn.blocks.GeneratorFeedForward.hidden`), as one compiled pass.
 
-    ATen's vectorised float32 :math:`\tanh` is slow on CPU: on one core, on the
-    :math:`(32768 \cdot 8, 64)` hidden layer of the ``mz`` preset (32 clouds of 1,024 points),
-    53 ms, against 29 ms for :func:`torch.tanh` compiled and 10 ms for this kernel
+    ATen's vectorised float32 :math:`\tanh` was slow on the CPU of 2026-12-04: on one core, on
+    the :math:`(32768 \cdot 8, 64)` hidden layer of the ``mz`` preset (32 clouds of 1,024
+    points), 53 ms, against 29 ms for :func:`torch.tanh` compiled and 10 ms for this kernel
     (``python benchmarks/kernels.py --repeats 11``: the three alternating, medians, each less the
-    5.4 ms copy of the input every call makes first; ``benchmarks/results/kernels/``). For float32 (and lower precisions) the kernel
+    5.4 ms copy of the input every call makes first; ``benchmarks/results/kernels/``). Hosts
+    differ: on that of 2026-12-05 ATen's took 10 ms and this kernel 32 ms
+    (``benchmarks/results/kernels_20261205``), so auto mode measures the two once per process
+    (:func:`tanh_kernel_faster`). For float32 (and lower precisions) the kernel
     evaluates a rational approximation :math:`x P(x^2) / Q(x^2)` on :math:`[-9, 9]` (clamped
     beyond, where float32 :math:`\tanh` rounds to :math:`\pm 1`), within a relative error of
     4 float32 epsilons of :math:`\tanh` (at most 6 units in the last place; ATen's is within 1)
@@ -277,10 +293,61 @@ class OddTanhFused(torch.autograd.Function):
 
 def odd_tanh_(h: Tensor) -> Tensor:
     r""":math:`\tanh` of :obj:`h` in place: the compiled kernel of :class:`OddTanhFused` where
-    :func:`use_fused_kernels` says so, :func:`torch.tanh_` otherwise."""
-    if use_fused_kernels(h):
+    :func:`use_fused_kernels` says so (in auto mode, only where :func:`tanh_kernel_faster`
+    measured it faster on this host), :func:`torch.tanh_` otherwise."""
+    if use_fused_kernels(h) and (_ENABLED is True or _tanh_kernel_pays(h.shape[1:])):
         return OddTanhFused.apply(h)
     return torch.tanh_(h)
+
+
+def tanh_kernel_faster() -> Optional[bool]:
+    r"""Whether auto mode runs the compiled tanh (:class:`OddTanhFused`) on this host: the
+    measurement made once per process, at the first call of :func:`odd_tanh_` that would take
+    the kernel (:obj:`None` before it). The two tanh functions' speeds differ by host, and
+    either way round: on one core of the host these figures come from, the kernel took 10 ms
+    against ATen's 53 ms on the ``mz`` preset's hidden layer of 32 clouds of 1,024 points
+    (``benchmarks/results/kernels``, 2026-12-04), and 32 ms against 10 ms on the host of
+    2026-12-05 (``benchmarks/results/kernels_20261205``), each less the copy of its input.
+    The measurement times each on one buffer of :data:`TANH_PROBE_ELEMENTS` elements of the
+    caller's row shape, three times in alternation, and takes the kernel where its fastest
+    call took at most :data:`TANH_MARGIN` times ATen's (about 20 ms, after the kernel's
+    compilation, which the call would have made anyway). The two agree to within 4 float32
+    epsilons of relative error, so the choice changes results by float rounding only; both
+    are exactly odd."""
+    return _TANH_FASTER
+
+
+def _tanh_kernel_pays(row_shape: Sequence[int]) -> bool:
+    global _TANH_FASTER
+    if _TANH_FASTER is None:
+        _TANH_FASTER = _measure_tanh(tuple(int(s) for s in row_shape))
+    return _TANH_FASTER
+
+
+def _measure_tanh(row_shape: tuple) -> bool:
+    r"""Whether the compiled tanh is faster than ATen's here (see :func:`tanh_kernel_faster`):
+    both in place on a copy of one float32 buffer of rows of :obj:`row_shape`, 2 N(0, 1)
+    entries (pre-activations of the hidden layer), from a private generator (the global random
+    state is untouched)."""
+    rows = max(2, TANH_PROBE_ELEMENTS // max(1, math.prod(row_shape)))
+    x = 2.0 * torch.randn((rows, ) + row_shape, generator=torch.Generator().manual_seed(0))
+    buf = torch.empty_like(x)
+
+    def kernel(b: Tensor) -> None:
+        _run('tanh_in_place', _tanh_in_place, b)
+
+    best = {kernel: math.inf, torch.tanh_: math.inf}
+    with torch.no_grad():
+        kernel(buf.copy_(x))  # compiles this row shape's graph (the caller's next call uses it)
+        if _FAILED:  # compiling failed: the eager function runs from now on anyway
+            return False
+        for _ in range(3):
+            for fn in best:
+                buf.copy_(x)
+                start = _clock()
+                fn(buf)
+                best[fn] = min(best[fn], _clock() - start)
+    return best[kernel] <= TANH_MARGIN * best[torch.tanh_]
 
 
 class LayerNormJacobianFused(torch.autograd.Function):

@@ -349,6 +349,26 @@ def code_version() -> Optional[str]:
     return head.stdout.strip() + ('-dirty' if dirty.stdout.strip() else '')
 
 
+def _cpu_model() -> Optional[str]:
+    r"""The CPU's model name as Linux reports it (``/proc/cpuinfo``), or :obj:`None`."""
+    try:
+        with open('/proc/cpuinfo') as f:
+            for line in f:
+                if line.startswith('model name'):
+                    return line.split(':', 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def _cpu_capability() -> Optional[str]:
+    r"""The vector instruction set ATen's CPU kernels dispatch to (e.g. ``'AVX512'``)."""
+    try:
+        return str(torch.backends.cpu.get_cpu_capability())
+    except (AttributeError, RuntimeError):  # pragma: no cover (older torch)
+        return None
+
+
 def environment() -> Dict[str, object]:
     r"""Versions and hardware the measurement ran on."""
     import torch_geometric
@@ -357,6 +377,8 @@ def environment() -> Dict[str, object]:
         'platform': platform.platform(),
         'processor': platform.processor() or platform.machine(),
         'cpu_count': os.cpu_count(),
+        'cpu_model': _cpu_model(),
+        'cpu_capability': _cpu_capability(),
         'torch': torch.__version__,
         'torch_mz_commit': code_version(),
         'torch_geometric': torch_geometric.__version__,
