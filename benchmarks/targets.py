@@ -91,6 +91,8 @@ SOURCES = {
     # rows: the whole batch, the default before)
     'training_step_groups': 'training_step_groups/training_step.json',
     'training_step_groups_large_batch': 'training_step_groups_large_batch/training_step.json',
+    # (auto mode's tanh measured on the host, ATen's here; `+fused` rows: every kernel compiled)
+    'training_step_tanh': 'training_step_tanh/training_step.json',
     # on a GPU (one NVIDIA H200, benchmarks/gpu_check.sh; see benchmarks/results/gpu/README.md)
     'gpu_message_passing': 'gpu/message_passing/message_passing.json',
     # (`--new-graph`: the attention layouts computed in every call, as with mini-batches)
@@ -311,7 +313,7 @@ TRAINING_STEP = ('training_step', 'training_step_small_sets', 'training_step_egn
                  'training_step_rounds', 'training_step_large_batch', 'training_step_thp',
                  'training_step_fold', 'training_step_current', 'training_step_kept',
                  'training_step_kept_presets', 'training_step_groups',
-                 'training_step_groups_large_batch', 'gpu_training_step')
+                 'training_step_groups_large_batch', 'training_step_tanh', 'gpu_training_step')
 GB = 1e9 / 2**20  # MiB in one (decimal) gigabyte
 LINEAR_SLOPE = 1.1
 PRESETS = ('rigid', 'st-large', 'mz-slim', 'mz', 'egnn')
