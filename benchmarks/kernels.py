@@ -188,9 +188,9 @@ def main(argv=None):
         print('kernels.py: compiling the fused kernels failed here (see the warning above), so '
               'the fused rows timed the eager functions; nothing written', file=sys.stderr)
         return 1
-    # auto mode's own measurement on this host (torch_mz.nn.fused.tanh_kernel_faster), made the
-    # way a model's first large call makes it
-    auto_tanh = fused._tanh_kernel_pays((args.width, ))
+    # auto mode's own measurement on this host (torch_mz.nn.fused.tanh_kernel_faster), on the
+    # row shape of the mz preset's generator feed-forward, (n_g, d_ff / 2), as its first call
+    auto_tanh = fused._tanh_kernel_pays((args.generators, args.width)) and not fused._FAILED
     for row in rows:
         print(f"{row['operation']:60s} {row['variant']:9s} {row['median_ms']:8.1f} ms "
               f"({row['/ eager']:.2f}x eager)", flush=True)
@@ -208,8 +208,11 @@ def main(argv=None):
             f"there; the `copy` row is the copy of the input that "
             f"every tanh call makes first, and `less copy_ms` each tanh row's median less it.\n\n"
             f"Auto mode on this host (`torch_mz.nn.fused.tanh_kernel_faster()`, its own "
-            f"measurement once per process): the generator feed-forward's tanh runs "
-            f"{'the compiled kernel' if auto_tanh else 'ATen'}'s.\n\n![plot]({name}.png)\n")
+            f"measurement once per process on rows of ({args.generators}, {args.width}), unless "
+            f"`TORCH_MZ_TANH_KERNEL` fixed it: "
+            f"{os.environ.get('TORCH_MZ_TANH_KERNEL', 'unset')}): the generator "
+            f"feed-forward's tanh runs {'the compiled kernel' if auto_tanh else 'ATen'}'s."
+            f"\n\n![plot]({name}.png)\n")
     write_results(args.out, name, dict(environment=env, config=vars(args), rows=rows,
                                        auto_tanh_kernel=auto_tanh), text)
     note = try_plot(plot, rows, os.path.join(args.out, f'{name}.png'))

@@ -290,9 +290,11 @@ def run_one(cfg: dict) -> dict:
     if hasattr(aggr, '_chunk_rows'):  # MZAggregation: rows per group, 0 for the whole input
         with torch.set_grad_enabled(not inference):  # (the groups depend on gradients)
             chunk_rows = aggr._chunk_rows(edge_index.size(1), device) or 0
+    from torch_mz.nn import tanh_kernel_faster
     from torch_mz.nn.aggr import device_memory
     return dict(cfg, edges=int(edge_index.size(1)), max_degree=int(deg.max()),
                 chunk_rows=chunk_rows, device_memory=device_memory(device),
+                tanh_kernel_faster=tanh_kernel_faster(),  # auto mode's tanh, None if unmeasured
                 median_ms=1000 * float(np.median(times)), times_ms=[1000 * t for t in times],
                 peak_mib=None if peak is None else peak / 2**20,
                 alloc_mib=None if alloc is None else alloc / 2**20,

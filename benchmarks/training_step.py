@@ -64,7 +64,7 @@ from torch_geometric.data import Batch, Data
 
 from torch_mz.models import PRESETS as MODEL_PRESETS
 from torch_mz.models import MZSetTransformer, build_model, count_parameters
-from torch_mz.nn import set_fused_kernels
+from torch_mz.nn import set_fused_kernels, tanh_kernel_faster
 from torch_mz.runtime import keep_freed_memory
 from torch_mz.study import (MeasurementFailed, count_flops, environment, in_fresh_process,
                             markdown_table, matmul_peak_flops, positive_float, positive_int,
@@ -264,7 +264,10 @@ def _measure(name: str, preset: str, args, pos, batch, y, compiled: bool = False
                 infer_s=float(np.median(infer_times)), infer_times_s=infer_times,
                 infer_gflop=infer_flops / 1e9,
                 infer_gb=count_bytes(infer) / 1e9, peak_rss_mib=peak_rss,
-                first_calls_s=first_call_s)
+                first_calls_s=first_call_s,
+                # auto mode's tanh in this row's process (None: never measured, e.g. no
+                # generators, small inputs or mode on/off; torch_mz.nn.fused.tanh_kernel_faster)
+                tanh_kernel_faster=tanh_kernel_faster())
 
 
 def combine_rounds(by_round: List[Optional[dict]], points: int) -> dict:

@@ -652,6 +652,27 @@ def test_checkpoint_without_run_info_still_resumes(tmp_path):
     assert result.epochs_run == 2
 
 
+def test_resume_computes_with_the_tanh_the_run_chose(tmp_path, monkeypatch, caplog):
+    r"""A checkpoint records auto mode's tanh choice (torch_mz.nn.fused.tanh_kernel_faster),
+    and a resumed run in a process that has not chosen takes it over, so that it computes with
+    the same function; a process that has chosen otherwise keeps its choice and warns."""
+    from torch_mz.nn import fused
+    out = tmp_path / 'run'
+    monkeypatch.setattr(fused, '_TANH_FASTER', False)  # as measured in the first process
+    Trainer(H.ToyDeepSets(3, 2), config(epochs=1, out_dir=str(out))).fit(REG_TRAIN[:16],
+                                                                         REG_VAL[:8])
+    assert load_checkpoint(out / 'checkpoint.pt')['tanh_kernel'] is False
+    resume = config(epochs=2, resume=str(out / 'checkpoint.pt'))
+    monkeypatch.setattr(fused, '_TANH_FASTER', None)  # a new process, nothing chosen yet
+    Trainer(H.ToyDeepSets(3, 2), resume).fit(REG_TRAIN[:16], REG_VAL[:8])
+    assert fused.tanh_kernel_faster() is False
+    monkeypatch.setattr(fused, '_TANH_FASTER', True)  # chosen otherwise (e.g. by the variable)
+    with caplog.at_level('WARNING'):
+        Trainer(H.ToyDeepSets(3, 2), resume).fit(REG_TRAIN[:16], REG_VAL[:8])
+    assert fused.tanh_kernel_faster() is True
+    assert "trained with ATen's tanh, this process runs the compiled" in caplog.text
+
+
 @pytest.mark.parametrize('info', [{'task': object()}, {'lr': math.nan}, ['task']])
 def test_run_info_must_be_json_values(info):
     with pytest.raises(ValueError, match='run_info'):

@@ -157,22 +157,81 @@ def test_auto_mode_takes_the_tanh_kernel_only_where_measured_faster(monkeypatch)
     assert measured == [(3, 16)]
 
 
-def test_tanh_measurement_times_both_on_the_row_shape_and_keeps_the_global_random_state(
-        monkeypatch):
-    r"""The host measurement itself: it compiles (here: returns) the kernel for the caller's
-    row shape, times it against torch.tanh_ and returns whether it took at most TANH_MARGIN
-    of ATen's time; it draws from a private generator, so the global random state is the same
-    after it; where compiling failed it answers no."""
-    calls = _auto_mode(monkeypatch, 1000)
+def test_tanh_measurement_times_both_on_the_row_shape(monkeypatch):
+    r"""The host measurement itself: it compiles (here: returns) the kernel for a float32 CPU
+    buffer of rows of the caller's row shape, whatever the default dtype, times it against
+    torch.tanh_ in alternation and takes the kernel only where its fastest call took at most
+    TANH_MARGIN of ATen's; the global random state is the same after it; where compiling
+    fails, then or before, it answers no. A fake clock: each function call advances it by its
+    cost."""
+    probes: list = []
+    now = [0.0]
+    cost = {'kernel': 1.0, 'aten': 3.0}
+
+    def compiled(name, fn):
+        def timed_kernel(b):
+            probes.append((tuple(b.shape), b.dtype, b.device.type))
+            now[0] += cost['kernel']
+            return fn(b)
+        return timed_kernel
+
+    aten_tanh_ = torch.tanh_
+
+    def timed_aten(b):
+        now[0] += cost['aten']
+        return aten_tanh_(b)
+
+    _auto_mode(monkeypatch, 1000)
+    monkeypatch.setattr(fused, '_compiled', compiled)
+    monkeypatch.setattr(fused, '_clock', lambda: now[0])
+    monkeypatch.setattr(torch, 'tanh_', timed_aten)
     monkeypatch.setattr(fused, 'TANH_PROBE_ELEMENTS', 2 ** 12)
-    ticks = iter(range(10 ** 6))
-    monkeypatch.setattr(fused, '_clock', lambda: float(next(ticks)))
     state = torch.get_rng_state()
-    # every call "takes" one tick: equal times, and 1 > 0.8 * 1
-    assert fused._measure_tanh((5, 7)) is False
-    assert calls == ['tanh_in_place'] * 4  # the untimed first call, then three timed
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        assert fused._measure_tanh((5, 7)) is True  # 1 <= 0.8 * 3
+    finally:
+        torch.set_default_dtype(default)
+    # the untimed first call, then three timed: rows of the row shape, float32 on the CPU
+    assert probes == [((2 ** 12 // 35, 5, 7), torch.float32, 'cpu')] * 4
     assert torch.equal(torch.get_rng_state(), state)
-    monkeypatch.setattr(fused, 'TANH_MARGIN', 1.0)  # a tie passes at a margin of 1
-    assert fused._measure_tanh((5, 7)) is True
-    monkeypatch.setattr(fused, '_FAILED', True)
+    cost.update(kernel=3.0, aten=1.0)  # the other way round: ATen's
     assert fused._measure_tanh((5, 7)) is False
+    cost.update(kernel=1.0, aten=1.0)
+    assert fused._measure_tanh((5, 7)) is False  # a tie goes to ATen's at the margin of 0.8
+    monkeypatch.setattr(fused, 'TANH_MARGIN', 1.0)
+    assert fused._measure_tanh((5, 7)) is True
+
+    def failing(name, fn):
+        raise RuntimeError('no compiler')
+    monkeypatch.setattr(fused, '_compiled', failing)
+    with pytest.warns(RuntimeWarning, match='compiling the fused kernels failed'):
+        assert fused._measure_tanh((5, 7)) is False  # the failure in the measurement itself
+    assert fused._FAILED
+    assert fused._measure_tanh((5, 7)) is False  # and after it
+
+
+def test_the_tanh_choice_can_be_fixed(monkeypatch):
+    r"""set_tanh_kernel fixes auto mode's tanh without a measurement (and None measures
+    again); the environment variable TORCH_MZ_TANH_KERNEL fixes it at import."""
+    import subprocess
+    import sys
+    from torch_mz.nn import set_tanh_kernel, tanh_kernel_faster
+    calls = _auto_mode(monkeypatch, 1000)
+    monkeypatch.setattr(fused, '_measure_tanh', lambda row_shape: pytest.fail('measured'))
+    ffn = GeneratorFeedForward(8, 16)
+    gens = torch.randn(40, 3, 8)
+    set_tanh_kernel(False)
+    ffn(gens)
+    assert calls == [] and tanh_kernel_faster() is False
+    set_tanh_kernel(True)
+    ffn(gens)
+    assert calls == ['tanh_in_place'] and tanh_kernel_faster() is True
+    set_tanh_kernel(None)
+    assert tanh_kernel_faster() is None
+    code = 'from torch_mz.nn import tanh_kernel_faster; print(tanh_kernel_faster())'
+    for value, expected in (('0', 'False'), ('1', 'True'), ('auto', 'None')):
+        out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                             env={**__import__('os').environ, 'TORCH_MZ_TANH_KERNEL': value})
+        assert out.stdout.strip().splitlines()[-1] == expected, out.stderr

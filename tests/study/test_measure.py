@@ -161,6 +161,10 @@ def test_environment_records_versions_and_command():
     env = environment()
     assert {'python', 'torch', 'torch_geometric', 'cpu_count', 'threads', 'command'} <= set(env)
     assert isinstance(env['torch_scatter'], bool)
+    # the hardware the figures depend on: the CPU (where Linux or the platform names it) and
+    # the vector instruction set ATen dispatches to
+    assert env['cpu_capability'] == str(torch.backends.cpu.get_cpu_capability())
+    assert env['cpu_model'] is None or (isinstance(env['cpu_model'], str) and env['cpu_model'])
 
 
 # A script as the operator benchmarks write them: --_one measures one configuration (here it

@@ -10,7 +10,8 @@ from torch_mz.nn.aggr import MZAggregation
 from torch_mz.nn.attention import MZAttention
 from torch_mz.nn.blocks import ISAB, MAB, PMA, SAB, FeedForward, GeneratorFeedForward
 from torch_mz.nn.functional import grouped_attention
-from torch_mz.nn.fused import fused_kernels_enabled, set_fused_kernels
+from torch_mz.nn.fused import (fused_kernels_enabled, set_fused_kernels, set_tanh_kernel,
+                               tanh_kernel_faster)
 from torch_mz.nn.set_transformer_aggr import FlatSetTransformerAggregation
 from torch_mz.nn.zonotope import InputProjection, Zonotope, zonotope_layer_norm
 
@@ -30,4 +31,6 @@ __all__ = [
     'FlatSetTransformerAggregation',
     'set_fused_kernels',
     'fused_kernels_enabled',
+    'set_tanh_kernel',
+    'tanh_kernel_faster',
 ]

@@ -121,7 +121,9 @@ class GeneratorFeedForward(Module):
         generator-sized allocation fewer, the same values). Large CPU float32 inputs take the
         compiled, exactly odd kernel of :class:`~torch_mz.nn.fused.OddTanhFused` (relative
         error within 4 float32 epsilons of :func:`torch.tanh`; the mode of
-        :func:`~torch_mz.nn.fused.set_fused_kernels` decides)."""
+        :func:`~torch_mz.nn.fused.set_fused_kernels` decides, and in auto mode only where
+        :func:`~torch_mz.nn.fused.tanh_kernel_faster` measured the kernel faster on the
+        host)."""
         return odd_tanh_(self.lin1(gens))
 
 

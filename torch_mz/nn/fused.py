@@ -32,10 +32,13 @@ Three modes, set by :func:`set_fused_kernels` or the environment variable
   dtypes and devices, code under ``torch.compile`` (which fuses on its own), ``torch.func``
   transforms, forward-mode AD (dual tensors) and dispatch modes run the eager function. The
   choice depends on the input alone (and, for the tanh, on the host measurement made once
-  before the process's first such call), never on earlier calls, so a checkpointed block
+  before the process's first such call, which ``TORCH_MZ_TANH_KERNEL=1`` or ``0`` or
+  :func:`set_tanh_kernel` fixes instead), never on earlier calls, so a checkpointed block
   recomputes with the function it ran (a choice by call count once switched between a forward
   pass and its recomputation, which :func:`torch.utils.checkpoint.checkpoint` refuses), and
-  seeded runs stay reproducible; the two functions agree up to float rounding.
+  seeded runs stay reproducible (across processes, fix the tanh's choice for bitwise equal
+  results: a measurement near its margin may choose either); the two functions agree up to
+  float rounding.
 * **on** (``set_fused_kernels(True)``, ``TORCH_MZ_FUSED_KERNELS=1``): compiled for every input
   (also CUDA, through Triton, not measured here).
 * **off** (``set_fused_kernels(False)``, ``TORCH_MZ_FUSED_KERNELS=0``): the eager function.
@@ -59,15 +62,15 @@ from torch_mz.nn.functional import _plain_ops
 
 
 
-def _mode_from_environment() -> Optional[bool]:
-    value = os.environ.get('TORCH_MZ_FUSED_KERNELS')
+def _mode_from_environment(name: str = 'TORCH_MZ_FUSED_KERNELS') -> Optional[bool]:
+    value = os.environ.get(name)
     if value is None or value.strip().lower() == 'auto':
         return None
     if value.strip().lower() in ('', '0', 'false', 'off', 'no'):
         return False
     if value.strip().lower() in ('1', 'true', 'on', 'yes'):
         return True
-    raise ValueError(f"TORCH_MZ_FUSED_KERNELS must be 'auto', '1' or '0' (got {value!r})")
+    raise ValueError(f"{name} must be 'auto', '1' or '0' (got {value!r})")
 
 
 # True: always, False: never, None: auto (large CPU float32 inputs)
@@ -80,7 +83,8 @@ _FAILED = False
 TANH_MARGIN = 0.8
 #: elements of the float32 buffer (16 MiB) on which that measurement times the two
 TANH_PROBE_ELEMENTS = 2 ** 22
-_TANH_FASTER: Optional[bool] = None  # that measurement, once per process
+# that measurement, once per process; TORCH_MZ_TANH_KERNEL=1 or 0 (or set_tanh_kernel) fixes it
+_TANH_FASTER: Optional[bool] = _mode_from_environment('TORCH_MZ_TANH_KERNEL')
 _clock = time.perf_counter
 #: auto mode: the fewest generator elements (N n_g d) that use the compiled kernels (2^20: e.g.
 #: a batch of 128 sets of 16 tokens with 8 generators of width 64, or 32,768 edges of a
@@ -308,13 +312,25 @@ def tanh_kernel_faster() -> Optional[bool]:
     against ATen's 53 ms on the ``mz`` preset's hidden layer of 32 clouds of 1,024 points
     (``benchmarks/results/kernels``, 2026-12-04), and 32 ms against 10 ms on the host of
     2026-12-05 (``benchmarks/results/kernels_20261205``), each less the copy of its input.
-    The measurement times each on one buffer of :data:`TANH_PROBE_ELEMENTS` elements of the
-    caller's row shape, three times in alternation, and takes the kernel where its fastest
-    call took at most :data:`TANH_MARGIN` times ATen's (about 20 ms, after the kernel's
-    compilation, which the call would have made anyway). The two agree to within 4 float32
-    epsilons of relative error, so the choice changes results by float rounding only; both
-    are exactly odd."""
+    The measurement times each on one float32 CPU buffer of about :data:`TANH_PROBE_ELEMENTS`
+    elements in rows of the caller's row shape (at least two rows), three times in
+    alternation, and takes the kernel where its fastest call took at most :data:`TANH_MARGIN`
+    times ATen's (0.15 s on one core of the host of 2026-12-05, with the kernel's compilation,
+    which the call would have made anyway, once per process). The two agree to within 4 float32 epsilons of relative error, so
+    the choice changes results by float rounding only; both are exactly odd. A choice made
+    with :func:`set_tanh_kernel` or the environment variable ``TORCH_MZ_TANH_KERNEL`` (``1``:
+    the kernel, ``0``: ATen's, read at import) is returned as it is, and nothing is
+    measured."""
     return _TANH_FASTER
+
+
+def set_tanh_kernel(faster: Optional[bool]) -> None:
+    r"""Fix auto mode's tanh: :obj:`True` the compiled kernel, :obj:`False` ATen's, instead of
+    the measurement of :func:`tanh_kernel_faster` (for results equal bit for bit across
+    processes); :obj:`None` measures again at the next large call. Mode on
+    (:func:`set_fused_kernels`) runs the kernel whatever is set here."""
+    global _TANH_FASTER
+    _TANH_FASTER = None if faster is None else bool(faster)
 
 
 def _tanh_kernel_pays(row_shape: Sequence[int]) -> bool:
@@ -326,11 +342,13 @@ def _tanh_kernel_pays(row_shape: Sequence[int]) -> bool:
 
 def _measure_tanh(row_shape: tuple) -> bool:
     r"""Whether the compiled tanh is faster than ATen's here (see :func:`tanh_kernel_faster`):
-    both in place on a copy of one float32 buffer of rows of :obj:`row_shape`, 2 N(0, 1)
-    entries (pre-activations of the hidden layer), from a private generator (the global random
-    state is untouched)."""
+    both in place on a copy of one float32 CPU buffer of rows of :obj:`row_shape`, filled with
+    values spread evenly over [-6, 6] (pre-activations of the hidden layer; no random draw, so
+    the random state is untouched and the fill costs one pass). Auto mode reaches here for CPU
+    float32 inputs only, whatever the default dtype and device."""
     rows = max(2, TANH_PROBE_ELEMENTS // max(1, math.prod(row_shape)))
-    x = 2.0 * torch.randn((rows, ) + row_shape, generator=torch.Generator().manual_seed(0))
+    x = torch.linspace(-6.0, 6.0, rows * max(1, math.prod(row_shape)), dtype=torch.float32,
+                       device='cpu').view((rows, ) + row_shape)
     buf = torch.empty_like(x)
 
     def kernel(b: Tensor) -> None:

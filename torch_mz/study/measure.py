@@ -350,15 +350,16 @@ def code_version() -> Optional[str]:
 
 
 def _cpu_model() -> Optional[str]:
-    r"""The CPU's model name as Linux reports it (``/proc/cpuinfo``), or :obj:`None`."""
+    r"""The CPU's model name as Linux reports it (``/proc/cpuinfo``), else the platform's
+    processor name, or :obj:`None`."""
     try:
         with open('/proc/cpuinfo') as f:
             for line in f:
                 if line.startswith('model name'):
-                    return line.split(':', 1)[1].strip()
+                    return line.split(':', 1)[1].strip() or None
     except OSError:
         pass
-    return None
+    return platform.processor() or None
 
 
 def _cpu_capability() -> Optional[str]:

@@ -23,6 +23,7 @@ from torch_geometric.loader import DataLoader
 from tqdm.auto import tqdm
 
 from torch_mz._files import atomic_write
+from torch_mz.nn.fused import set_tanh_kernel, tanh_kernel_faster
 from torch_mz.train.checkpoint import (CHECKPOINT_FORMAT, CHECKPOINT_VERSION, CheckpointError,
                                        _config_changes, _cpu_state_dict, _describe_run,
                                        _json_values, _rng_state, _same_run, _set_rng_state,
@@ -529,7 +530,10 @@ class Trainer:
                     scheduler=self.scheduler.state_dict(), epoch=epoch,
                     best_epoch=run.best_epoch, best_val_loss=run.best_val,
                     bad_epochs=run.bad_epochs, best_model=run.best_state, history=run.history,
-                    rng=rng, wall_time=run.wall_time(), world_size=self.dist.world_size)
+                    rng=rng, wall_time=run.wall_time(), world_size=self.dist.world_size,
+                    # the generator feed-forward's tanh as this process chose it (None: never
+                    # chosen), so that a resumed run computes with the same function
+                    tanh_kernel=tanh_kernel_faster())
                 save_checkpoint(ckpt, os.path.join(cfg.out_dir, LAST_CHECKPOINT))
         if self._writes_files:
             self._write_logs(run.history)
@@ -603,6 +607,17 @@ class Trainer:
                         'will differ from an uninterrupted run', path, len(rng),
                         self.dist.world_size)
         _set_rng_state(rng[self.dist.rank] if self.dist.rank < len(rng) else rng[0])
+        saved_tanh = state.get('tanh_kernel')
+        if saved_tanh is not None:
+            # the tanh the run computed with (torch_mz.nn.fused.tanh_kernel_faster), unless
+            # this process has chosen already (TORCH_MZ_TANH_KERNEL, set_tanh_kernel, a call)
+            if tanh_kernel_faster() is None:
+                set_tanh_kernel(bool(saved_tanh))
+            elif tanh_kernel_faster() != bool(saved_tanh):
+                log.warning('Checkpoint %s was trained with %s tanh, this process runs %s: '
+                            'the run will differ from an uninterrupted one by float rounding',
+                            path, *('the compiled' if k else "ATen's"
+                                    for k in (saved_tanh, tanh_kernel_faster())))
         log.info('Resumed from %s at epoch %d', path, state['epoch'] + 1)
         return state
 
