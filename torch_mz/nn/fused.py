@@ -315,9 +315,10 @@ def tanh_kernel_faster() -> Optional[bool]:
     The measurement times each on one float32 CPU buffer of about :data:`TANH_PROBE_ELEMENTS`
     elements in rows of the caller's row shape (at least two rows), three times in
     alternation, and takes the kernel where its fastest call took at most :data:`TANH_MARGIN`
-    times ATen's (0.15 s on one core of the host of 2026-12-05, with the kernel's compilation,
-    which the call would have made anyway, once per process). The two agree to within 4 float32 epsilons of relative error, so
-    the choice changes results by float rounding only; both are exactly odd. A choice made
+    times ATen's (0.15 s on one core of the host of 2026-12-05, with the kernel's
+    compilation, which the call would have made anyway, once per process). The two agree to
+    within 4 float32 epsilons of relative error, so the choice changes results by float
+    rounding only; both are exactly odd. A choice made
     with :func:`set_tanh_kernel` or the environment variable ``TORCH_MZ_TANH_KERNEL`` (``1``:
     the kernel, ``0``: ATen's, read at import) is returned as it is, and nothing is
     measured."""
