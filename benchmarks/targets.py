@@ -111,6 +111,14 @@ SOURCES = {
     'message_passing_shared_keys': 'message_passing_shared_keys/message_passing.json',
     # (d = 16, after the input projection's activation left torch.utils.checkpoint)
     'message_passing_projection': 'message_passing_projection/message_passing.json',
+    # (the power-law graph of 10^4 nodes before and after wide values took the fused kernel
+    # with padded keys, and the 10^3-node one after)
+    'message_passing_power_law_1e4': 'message_passing_power_law_1e4/message_passing.json',
+    'message_passing_power_law_1e4_padded':
+        'message_passing_power_law_1e4_padded/message_passing.json',
+    'message_passing_power_law_padded': 'message_passing_power_law_padded/message_passing.json',
+    'message_passing_inference_power_law_padded':
+        'message_passing_inference_power_law_padded/message_passing.json',
     'gpu_speed': 'gpu/speed/speed.json',
     'gpu_training_step': 'gpu/training_step/training_step.json',
     'scaling_sets_of_1': 'scaling/scaling_default_sets_of_1.json',
@@ -149,12 +157,13 @@ MESSAGE_PASSING = ('message_passing', 'message_passing_small', 'message_passing_
                    'message_passing_rows', 'gpu_message_passing',
                    'gpu_message_passing_new_graph', 'message_passing_cached',
                    'message_passing_new_graph', 'message_passing_shared_keys',
-                   'message_passing_projection')
+                   'message_passing_projection', 'message_passing_power_law_1e4',
+                   'message_passing_power_law_1e4_padded', 'message_passing_power_law_padded')
 #: Message-passing files of full-graph inference (``--inference``: forward only, no gradients):
 #: read by their own companion rows, never as the training step of the targets above.
 MP_INFERENCE = ('message_passing_inference', 'gpu_message_passing_inference',
                 'message_passing_inference_nofast', 'message_passing_inference_small',
-                'message_passing_inference_freed')
+                'message_passing_inference_freed', 'message_passing_inference_power_law_padded')
 #: Message-passing files measured after the PMA's key map joined its seed
 #: (``MZAttention(fold_keys=True)``, 2026-12-03). At d = 64 the default configurations fold it
 #: (at d = 16 they do not), so ``rigid`` and ``default`` rows at d = 64 in the other files
@@ -169,8 +178,21 @@ FOLDED_MP = ('message_passing_fold', 'message_passing_fold_power_law',
              'message_passing_fold_1e5', 'message_passing_rows', 'gpu_message_passing',
              'gpu_message_passing_new_graph', 'message_passing_cached',
              'message_passing_new_graph', 'message_passing_shared_keys',
-             'message_passing_projection') + MP_INFERENCE
+             'message_passing_projection', 'message_passing_power_law_1e4',
+             'message_passing_power_law_1e4_padded',
+             'message_passing_power_law_padded') + MP_INFERENCE
 FOLD_MIN_DIM = 64
+#: Message-passing files measured after values wider than the keys took the fused attention
+#: kernel with the queries and keys padded with zeros (2026-12-05) instead of split into extra
+#: heads: it changed the default aggregation's time on power-law graphs (hubs of more than 256
+#: neighbours; no Poisson graph here has a set that large), so its rows there in the other
+#: files are listed, not counted
+PADDED_MP = ('message_passing_power_law_1e4_padded', 'message_passing_power_law_padded',
+             'message_passing_inference_power_law_padded')
+_UNPADDED_MP = ("measured before values wider than the keys took the fused attention kernel "
+                "with padded queries and keys (2026-12-05; split into extra heads before), "
+                "which the default aggregation does on this graph's hubs; measured again in "
+                "`message_passing_power_law*_padded`")
 _UNFOLDED_MP = ("measured before the PMA's key map joined its seed (`fold_keys=True`, "
                 "2026-12-03), which the default configurations do at d = 64; this graph's "
                 "current configuration is in `message_passing_fold*` where measured again")
@@ -255,6 +277,13 @@ def _stale_reason(r: Mapping[str, Any]) -> str:
     return _BY_WIDTH.format(then=then, now=now)
 
 
+def _mp_unpadded(label: Optional[str], name: str, degrees: str) -> bool:
+    r"""Whether :obj:`label`'s ``default`` rows on a power-law graph were measured before the
+    padded keys (see :data:`PADDED_MP`)."""
+    return (label is not None and label not in PADDED_MP and name == 'default'
+            and degrees == 'power-law')
+
+
 def _mp_unfolded(label: Optional[str], name: str, dim: int) -> bool:
     r"""Whether :obj:`label`'s rows of :obj:`name` (``rigid`` or ``default``) at width
     :obj:`dim` were measured before the fold (see :data:`FOLDED_MP`)."""
@@ -274,6 +303,8 @@ def superseded(data: Mapping[str, Mapping]) -> Dict[Tuple[str, str], str]:
                 out[(label, where)] = _stale_reason(r)
             elif _mp_unfolded(label, r['aggr'], r['dim']):
                 out[(label, where)] = _UNFOLDED_MP
+            elif _mp_unpadded(label, r['aggr'], r['degrees']):
+                out[(label, where)] = _UNPADDED_MP
             elif r['aggr'] == 'rigid-chunks' and _mp_unfolded(label, 'rigid', r['dim']):
                 out[(label, where)] = _UNFOLDED_MP + (' (not counted as `rigid`; the '
                                                       'recomputed-group companion rows, which '
@@ -289,7 +320,7 @@ def _mp_as(rows: Sequence[Mapping[str, Any]], name: str,
     row of that name unless stale, else, on a graph the default chunks, its ``-chunks`` row
     (the same configuration, measured under its own name before ``'auto'``); none from a file
     (:obj:`label`) measured before the fold at this width."""
-    if _mp_unfolded(label, name, graph['dim']):
+    if _mp_unfolded(label, name, graph['dim']) or _mp_unpadded(label, name, graph['degrees']):
         return None
     same = [r for r in rows if all(r.get(k) == graph[k]
                                    for k in ('degrees', 'dim', 'nodes', 'conv'))]

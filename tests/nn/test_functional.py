@@ -303,10 +303,11 @@ def test_several_shared_values_use_one_attention(path):
 
 
 @pytest.mark.parametrize('groups', [3, 6])
-def test_wide_values_split_into_heads_exactly(monkeypatch, groups):
-    r"""Values g times as wide as the keys are attended as g extra heads by the fused kernel
-    (linear memory in the set size) on big blocks: same values and gradients as the scatter
-    path, in float64, with masked (padded) keys and shuffled rows."""
+def test_wide_values_take_the_fused_kernel_with_padded_keys_exactly(monkeypatch, groups):
+    r"""Values g times as wide as the keys go to the fused kernel on big blocks with the queries
+    and keys padded with zeros to their width (linear memory in the set size): same values and
+    gradients as the scatter path, in float64, with masked (padded) keys and shuffled rows; not
+    with dropout, nor where the values are as wide as the keys already."""
     g = torch.Generator().manual_seed(groups)
     query_set = make_index([9, 0, 11, 4], generator=g)
     kv_set = make_index([10, 3, 12, 5], generator=g)
@@ -321,17 +322,20 @@ def test_wide_values_split_into_heads_exactly(monkeypatch, groups):
     monkeypatch.setattr(functional, 'FLASH_MIN_SCORES', 0)
     calls = []
     sdpa = functional._sdpa
-    monkeypatch.setattr(functional, '_sdpa',
-                        lambda q_, k_, v_, m: calls.append(q_.size(1)) or sdpa(q_, k_, v_, m))
-    split = [t.clone().requires_grad_() for t in (q, k, v)]
-    out = grouped_attention(*split, query_set, kv_set, 4, path='dense')
+    monkeypatch.setattr(functional, '_sdpa', lambda q_, k_, v_, m: calls.append(
+        (q_.shape[1:], k_.size(-1), v_.size(-1))) or sdpa(q_, k_, v_, m))
+    padded = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = grouped_attention(*padded, query_set, kv_set, 4, path='dense')
     out.pow(2).sum().backward()
-    assert H * groups in calls  # the split ran
+    # the kernel ran with H heads and queries and keys as wide as the values
+    assert calls and all(c[0][0] == H and c[0][-1] == c[1] == c[2] == groups * dk
+                         for c in calls)
     torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
-    for a, b in zip(split, ref):
+    for a, b in zip(padded, ref):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-10, atol=1e-10)
-    assert functional._split_values(1, H, 300, 300, dk, groups * dk, p=0.1) == 1  # dropout
-    assert functional._split_values(1, H, 300, 300, dk, dk, p=0.0) == 1  # already fused
+    assert not functional._pad_keys(1, H, 300, 300, dk, groups * dk, p=0.1)  # dropout
+    assert not functional._pad_keys(1, H, 300, 300, dk, dk, p=0.0)  # already fused
+    assert not functional._pad_keys(1, H, 3, 300, dk, groups * dk, p=0.0)  # a small block
 
 
 def test_per_head_dropout_is_softmax_dropout_product():

@@ -605,28 +605,33 @@ def _attention_scatter(q: Tensor, k: Tensor, vs: Tuple[Tensor, ...], query_set: 
 # Wide values (w = g d_k, e.g. an MZ token with its generators) keep PyTorch's fused ("flash")
 # SDPA kernel from running: it needs values as wide as the keys. Without it the L_q x L_k
 # scores are materialised (memory quadratic in the set size: one neighbourhood of 4,000 elements
-# holds 0.8 GB at 4 heads). For large blocks the values are split into g groups of width d_k
-# that become extra heads sharing the head's queries and keys: exact, memory linear in the set
-# size, at g times the score products. Measured on one CPU core, one SDPA call fwd + bwd at 4
-# heads (a throwaway script, with a training run on the other core): g = 3 is as fast at
-# 256 x 256 blocks, 1.2-1.3x faster at 512-1,000 (d_k = 4) and 1.7x faster with 0.09 instead of
-# 0.77 GB at 4,000 (d_k = 16); g = 9 is 1.4-1.9x slower from 512 to 2,000 (with 0.11 instead of
-# 0.25 GB at 2,000), so wide groups split only when the scores are big. On a power-law graph
-# (benchmarks/message_passing.py) memory became linear in the graph; the paper's n_g = 8 there
-# trades 1.5x the time for a quarter of the memory.
+# holds 0.8 GB at 4 heads). For large blocks the queries and keys are padded with zeros to the
+# values' width instead: the zeros add nothing to a score (the same scores, up to the order of
+# the sum), and the kernel runs once per head, memory linear in the set size, at w / d_k times
+# the multiply-adds of each score but one exponential per score. Until 2026-12-05 the values
+# were split into g groups of width d_k that became extra heads sharing the head's queries and
+# keys (g exponentials per score); padding took 0.26-0.92x that time, forward + backward on one
+# set, one core, in-process alternation (the default MZAggregation, n_g = 2, g = 3, at d = 16:
+# 0.88x on 260 elements, 0.66x on 600, 0.44x on 2,000 and 0.37x on 10,218, the hub of
+# benchmarks/message_passing.py's power-law graph of 10^4 nodes; at d = 64 0.71-0.92x on
+# 260-3,000; n_g = 8, g = 9, on 3,000: 0.26x at d = 16 and 0.60x at d = 64). Against the materialised scores (a throwaway script
+# before: g = 3 as fast at 256 x 256 blocks, 1.2-1.3x faster at 512-1,000 (d_k = 4), 1.7x
+# faster with 0.09 instead of 0.77 GB at 4,000 (d_k = 16)) the split took 1.4-1.9x the time
+# for g = 9 from 512 to 2,000 elements, and padding still 1.26-1.29x at d = 64 from 700 to
+# 1,500 (0.93x at d = 16 on 1,000): such wide values take the kernel only where the scores are
+# big.
 FULL_PRECISION = (torch.float32, torch.float64)
 FLASH_MIN_LEN = 256  # both block lengths at least this
-FLASH_MAX_GROUPS = 4  # split at any size above FLASH_MIN_LEN up to this many value groups
-FLASH_MIN_SCORES = 1 << 24  # ... and with more groups when a block has this many scores
+FLASH_MAX_GROUPS = 4  # the kernel at any size above FLASH_MIN_LEN for values this many times
+FLASH_MIN_SCORES = 1 << 24  # ... as wide as the keys, and wider where a block has this many
 
 
-def _split_values(n: int, H: int, Lq: int, Lk: int, dk: int, w: int, p: float) -> int:
-    r"""How many groups of width :math:`d_k` the values of one block are split into for the
-    fused kernel (1: no split)."""
+def _pad_keys(n: int, H: int, Lq: int, Lk: int, dk: int, w: int, p: float) -> bool:
+    r"""Whether the values of one block, :math:`g = w / d_k` times as wide as its keys, go to the
+    fused kernel with the queries and keys padded with zeros to their width (see above)."""
     if p > 0 or w == dk or w % dk != 0 or min(Lq, Lk) < FLASH_MIN_LEN:
-        return 1
-    g = w // dk
-    return g if g <= FLASH_MAX_GROUPS or n * H * Lq * Lk >= FLASH_MIN_SCORES else 1
+        return False
+    return w // dk <= FLASH_MAX_GROUPS or n * H * Lq * Lk >= FLASH_MIN_SCORES
 
 
 def _attention_weights(q: Tensor, k: Tensor, mask: Optional[Tensor], p: float) -> Tensor:
@@ -738,13 +743,8 @@ def _attend_per_head(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], p:
     Lk, w = v.shape[-2:]
     if _attention_written_out(q, k, v):  # forward-mode or nested derivatives (see there)
         return torch.matmul(_attention_weights(q, k, mask, p), v)
-    g = _split_values(n, H, Lq, Lk, dk, w, p)
-    if g > 1:  # g value groups as extra heads with the same queries and keys (exact)
-        qs = q.unsqueeze(2).expand(n, H, g, Lq, dk).reshape(n, H * g, Lq, dk)
-        ks = k.unsqueeze(2).expand(n, H, g, Lk, dk).reshape(n, H * g, Lk, dk)
-        vs = v.reshape(n, H, Lk, g, dk).transpose(2, 3).reshape(n, H * g, Lk, dk)
-        out = _sdpa(qs, ks, vs, mask)  # (no dropout here: _split_values)
-        return out.view(n, H, g, Lq, dk).transpose(2, 3).reshape(n, H, Lq, w)
+    if _pad_keys(n, H, Lq, Lk, dk, w, p):  # zero columns: the same scores (no dropout here)
+        return _sdpa(F.pad(q, (0, w - dk)), F.pad(k, (0, w - dk)), v, mask)
     if q.device.type == 'cpu' and (p > 0 or (w != dk and q.dtype in FULL_PRECISION)):
         # with dropout, or values wider than the keys, PyTorch's CPU kernel falls back to a
         # composite path of its own (whose softmax also tests every row for being fully
