@@ -117,6 +117,8 @@ SOURCES = {
     'message_passing_power_law_1e4_padded':
         'message_passing_power_law_1e4_padded/message_passing.json',
     'message_passing_power_law_padded': 'message_passing_power_law_padded/message_passing.json',
+    'message_passing_power_law_1e4_d64_padded':
+        'message_passing_power_law_1e4_d64_padded/message_passing.json',
     'message_passing_inference_power_law_padded':
         'message_passing_inference_power_law_padded/message_passing.json',
     'gpu_speed': 'gpu/speed/speed.json',
@@ -158,7 +160,8 @@ MESSAGE_PASSING = ('message_passing', 'message_passing_small', 'message_passing_
                    'gpu_message_passing_new_graph', 'message_passing_cached',
                    'message_passing_new_graph', 'message_passing_shared_keys',
                    'message_passing_projection', 'message_passing_power_law_1e4',
-                   'message_passing_power_law_1e4_padded', 'message_passing_power_law_padded')
+                   'message_passing_power_law_1e4_padded', 'message_passing_power_law_padded',
+                   'message_passing_power_law_1e4_d64_padded')
 #: Message-passing files of full-graph inference (``--inference``: forward only, no gradients):
 #: read by their own companion rows, never as the training step of the targets above.
 MP_INFERENCE = ('message_passing_inference', 'gpu_message_passing_inference',
@@ -180,7 +183,8 @@ FOLDED_MP = ('message_passing_fold', 'message_passing_fold_power_law',
              'message_passing_new_graph', 'message_passing_shared_keys',
              'message_passing_projection', 'message_passing_power_law_1e4',
              'message_passing_power_law_1e4_padded',
-             'message_passing_power_law_padded') + MP_INFERENCE
+             'message_passing_power_law_padded',
+             'message_passing_power_law_1e4_d64_padded') + MP_INFERENCE
 FOLD_MIN_DIM = 64
 #: Message-passing files measured after values wider than the keys took the fused attention
 #: kernel with the queries and keys padded with zeros (2026-12-05) instead of split into extra
@@ -188,11 +192,12 @@ FOLD_MIN_DIM = 64
 #: neighbours; no Poisson graph here has a set that large), so its rows there in the other
 #: files are listed, not counted
 PADDED_MP = ('message_passing_power_law_1e4_padded', 'message_passing_power_law_padded',
+             'message_passing_power_law_1e4_d64_padded',
              'message_passing_inference_power_law_padded')
 _UNPADDED_MP = ("measured before values wider than the keys took the fused attention kernel "
                 "with padded queries and keys (2026-12-05; split into extra heads before), "
                 "which the default aggregation does on this graph's hubs; measured again in "
-                "`message_passing_power_law*_padded`")
+                "`message_passing*power_law*_padded` where that was done")
 _UNFOLDED_MP = ("measured before the PMA's key map joined its seed (`fold_keys=True`, "
                 "2026-12-03), which the default configurations do at d = 64; this graph's "
                 "current configuration is in `message_passing_fold*` where measured again")
@@ -413,7 +418,8 @@ def _mp_slopes(data: Mapping[str, Mapping]) -> Iterator[Measurement]:
         rows = data.get(label, {}).get('rows', [])
         for r in data.get(label, {}).get('slopes', []):
             if (r['aggr'] in ('rigid', 'default') and r.get('memory_slope') is not None
-                    and not _mp_unfolded(label, r['aggr'], r['dim'])):
+                    and not _mp_unfolded(label, r['aggr'], r['dim'])
+                    and not _mp_unpadded(label, r['aggr'], r['degrees'])):
                 stale = [q for q in rows if _mp_stale(q) and (q['aggr'], q['degrees'], q['dim'])
                          == (r['aggr'], r['degrees'], r['dim'])]
                 note = ''

@@ -152,6 +152,37 @@ def test_rows_measured_before_the_fold_are_left_out():
     assert ('message_passing', 'rigid, poisson, d=16, 1000 nodes, sage') not in left_out
 
 
+def test_default_rows_on_power_law_graphs_before_the_padded_keys_are_left_out():
+    # the default aggregation's rows on power-law graphs (hubs: wide values in big blocks)
+    # from files measured before the queries and keys were padded are listed and not counted,
+    # nor their memory slopes; rigid rows, Poisson rows and the padded files' rows count
+    targets = load_script('targets')
+
+    def row(aggr, degrees, ms):
+        return dict(aggr=aggr, degrees=degrees, dim=16, nodes=1000, edges=10000, conv='sage',
+                    median_ms=ms, peak_mib=1.0, chunk_rows=0)
+    old = [row('rigid', 'power-law', 10.0), row('default', 'power-law', 35.0),
+           row('rigid', 'poisson', 10.0), row('default', 'poisson', 20.0)]
+    padded = [row('rigid', 'power-law', 10.0), row('default', 'power-law', 13.0)]
+    slopes = [dict(aggr=a, degrees=g, dim=16, memory_slope=v)
+              for a, g, v in (('default', 'power-law', 0.5), ('rigid', 'power-law', 0.9),
+                              ('default', 'poisson', 1.0))]
+    data = {'message_passing': dict(rows=old, slopes=slopes),
+            'message_passing_power_law_padded': dict(rows=padded)}
+    r = by_key(targets.evaluate(data))
+    assert sorted((m['source'], m['value']) for m in r['mp-default']['measurements']) == [
+        ('message_passing', pytest.approx(2.0)),
+        ('message_passing_power_law_padded', pytest.approx(1.3))]
+    assert r['mp-default']['status'] == 'met'
+    assert sorted(m['value'] for m in r['mp-linear']['measurements']) == pytest.approx([0.9, 1.0])
+    left_out = targets.superseded(data)
+    assert left_out[('message_passing', 'default, power-law, d=16, 1000 nodes, sage')] \
+        == targets._UNPADDED_MP
+    assert not any(label == 'message_passing_power_law_padded' for label, _ in left_out)
+    assert ('message_passing', 'rigid, power-law, d=16, 1000 nodes, sage') not in left_out
+    assert ('message_passing', 'default, poisson, d=16, 1000 nodes, sage') not in left_out
+
+
 def test_inference_files_count_in_their_own_rows_only():
     # a full-graph inference file (message_passing.py --inference) is read by the mp-infer-*
     # companion rows and the memory slopes, never as the training targets' forward + backward

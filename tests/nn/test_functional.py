@@ -320,19 +320,32 @@ def test_wide_values_take_the_fused_kernel_with_padded_keys_exactly(monkeypatch,
     expected.pow(2).sum().backward()
     monkeypatch.setattr(functional, 'FLASH_MIN_LEN', 4)
     monkeypatch.setattr(functional, 'FLASH_MIN_SCORES', 0)
-    calls = []
-    sdpa = functional._sdpa
+    calls, flash = [], []
+    sdpa, flash_cpu = functional._sdpa, functional._FLASH_CPU
     monkeypatch.setattr(functional, '_sdpa', lambda q_, k_, v_, m: calls.append(
         (q_.shape[1:], k_.size(-1), v_.size(-1))) or sdpa(q_, k_, v_, m))
+    monkeypatch.setattr(functional, '_FLASH_CPU', lambda *a, **kw: flash.append(
+        a[0].size(-1)) or flash_cpu(*a, **kw))
     padded = [t.clone().requires_grad_() for t in (q, k, v)]
     out = grouped_attention(*padded, query_set, kv_set, 4, path='dense')
     out.pow(2).sum().backward()
-    # the kernel ran with H heads and queries and keys as wide as the values
+    # the kernel ran with H heads and queries and keys as wide as the values: PyTorch's fused
+    # CPU kernel (where this torch has it) with gradients
     assert calls and all(c[0][0] == H and c[0][-1] == c[1] == c[2] == groups * dk
                          for c in calls)
+    if flash_cpu is not None:
+        assert flash and set(flash) == {groups * dk}
     torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
     for a, b in zip(padded, ref):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-10, atol=1e-10)
+    # without gradients SDPA itself runs on the padded inputs: the same values (its scale, 1,
+    # set explicitly: its default would be that of the padded width)
+    calls.clear()
+    with torch.no_grad():
+        torch.testing.assert_close(grouped_attention(q, k, v, query_set, kv_set, 4,
+                                                     path='dense'), expected.detach(),
+                                   rtol=1e-10, atol=1e-10)
+    assert calls and all(c[1] == groups * dk for c in calls)
     assert not functional._pad_keys(1, H, 300, 300, dk, groups * dk, p=0.1)  # dropout
     assert not functional._pad_keys(1, H, 300, 300, dk, dk, p=0.0)  # already fused
     assert not functional._pad_keys(1, H, 3, 300, dk, groups * dk, p=0.0)  # a small block

@@ -610,16 +610,18 @@ def _attention_scatter(q: Tensor, k: Tensor, vs: Tuple[Tensor, ...], query_set: 
 # the sum), and the kernel runs once per head, memory linear in the set size, at w / d_k times
 # the multiply-adds of each score but one exponential per score. Until 2026-12-05 the values
 # were split into g groups of width d_k that became extra heads sharing the head's queries and
-# keys (g exponentials per score); padding took 0.26-0.92x that time, forward + backward on one
-# set, one core, in-process alternation (the default MZAggregation, n_g = 2, g = 3, at d = 16:
-# 0.88x on 260 elements, 0.66x on 600, 0.44x on 2,000 and 0.37x on 10,218, the hub of
+# keys (g exponentials per score). Padding took 0.26-0.92x the split's time (a throwaway
+# script, not committed, 2026-12-05: forward + backward on one set, one core, the two
+# alternating in one process; the default MZAggregation, n_g = 2, g = 3, at d = 16: 0.88x on
+# 260 elements, 0.66x on 600, 0.44x on 2,000 and 0.37x on 10,218, the hub of
 # benchmarks/message_passing.py's power-law graph of 10^4 nodes; at d = 64 0.71-0.92x on
-# 260-3,000; n_g = 8, g = 9, on 3,000: 0.26x at d = 16 and 0.60x at d = 64). Against the materialised scores (a throwaway script
-# before: g = 3 as fast at 256 x 256 blocks, 1.2-1.3x faster at 512-1,000 (d_k = 4), 1.7x
-# faster with 0.09 instead of 0.77 GB at 4,000 (d_k = 16)) the split took 1.4-1.9x the time
-# for g = 9 from 512 to 2,000 elements, and padding still 1.26-1.29x at d = 64 from 700 to
-# 1,500 (0.93x at d = 16 on 1,000): such wide values take the kernel only where the scores are
-# big.
+# 260-3,000; n_g = 8, g = 9, on 3,000: 0.26x at d = 16 and 0.60x at d = 64). The materialised
+# scores, against which an earlier throwaway script measured the split (g = 3 as fast at
+# 256 x 256 blocks, 1.2-1.3x faster at 512-1,000 (d_k = 4), 1.7x faster with 0.09 instead of
+# 0.77 GB at 4,000 (d_k = 16); g = 9 1.4-1.9x slower from 512 to 2,000 elements), are still
+# faster for g = 9 on mid-size blocks (padding 1.26-1.29x their time at d = 64 from 700 to 1,500
+# elements, 0.93x at d = 16 on 1,000, in the throwaway script of 2026-12-05): such wide values
+# take the kernel only where the scores are big.
 FULL_PRECISION = (torch.float32, torch.float64)
 FLASH_MIN_LEN = 256  # both block lengths at least this
 FLASH_MAX_GROUPS = 4  # the kernel at any size above FLASH_MIN_LEN for values this many times
