@@ -91,7 +91,8 @@ SOURCES = {
     # rows: the whole batch, the default before)
     'training_step_groups': 'training_step_groups/training_step.json',
     'training_step_groups_large_batch': 'training_step_groups_large_batch/training_step.json',
-    # (auto mode's tanh measured on the host, ATen's here; `+fused` rows: every kernel compiled)
+    # (auto mode's tanh measured per process, unrecorded in this run's rows: ATen's by
+    # kernels_20261205's measurement on that host; `+fused` rows: every kernel compiled)
     'training_step_tanh': 'training_step_tanh/training_step.json',
     # on a GPU (one NVIDIA H200, benchmarks/gpu_check.sh; see benchmarks/results/gpu/README.md)
     'gpu_message_passing': 'gpu/message_passing/message_passing.json',

@@ -315,8 +315,9 @@ def tanh_kernel_faster() -> Optional[bool]:
     The measurement times each on one float32 CPU buffer of about :data:`TANH_PROBE_ELEMENTS`
     elements in rows of the caller's row shape (at least two rows), three times in
     alternation, and takes the kernel where its fastest call took at most :data:`TANH_MARGIN`
-    times ATen's (0.15 s on one core of the host of 2026-12-05, with the kernel's
-    compilation, which the call would have made anyway, once per process). The two agree to
+    times ATen's (0.15 s on one core of the host of 2026-12-05 once the kernel's graph for
+    that row shape is compiled; compiling it, which the call would do anyway, takes seconds
+    more in a fresh process without the compiler's cache). The two agree to
     within 4 float32 epsilons of relative error, so the choice changes results by float
     rounding only; both are exactly odd. A choice made
     with :func:`set_tanh_kernel` or the environment variable ``TORCH_MZ_TANH_KERNEL`` (``1``:
