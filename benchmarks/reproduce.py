@@ -99,7 +99,7 @@ from torch_mz.reproduce import (BUDGETS, CLAIM_NAMES, CLAIMS, SWEEP_CELLS, VERDI
 from torch_mz.reproduce.budgets import SWEEP_STEP
 from torch_mz.nn import set_fused_kernels
 from torch_mz.runtime import keep_freed_memory
-from torch_mz._files import atomic_write
+from torch_mz._files import atomic_write, file_lock
 from torch_mz.study import (environment, markdown_table, plot_bars, pyplot, try_plot,
                             write_report)
 
@@ -659,8 +659,11 @@ def main(argv=None):
                             os.path.join(out, f'{name}.{budget.name}.png'))
             if note:
                 print(note)
-        path = save_claim(out, name, budget.name, records)
-        write_summary(out, (time.time() - start) / 60)
+        # under a lock: two processes finishing claims at once would otherwise write
+        # summaries each missing the other's claim (read all claims, then write)
+        with file_lock(os.path.join(out, 'claims', '.summary.lock')):
+            path = save_claim(out, name, budget.name, records)
+            write_summary(out, (time.time() - start) / 60)
         for r in records:
             print(f"  {r['claim']}: paper {r['paper']['value']:+.3f}, ours "
                   f"{r['ours']['mean']:+.3f} ± {r['ours']['std']:.3f} -> {r['verdict']}")

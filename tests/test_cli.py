@@ -496,7 +496,7 @@ def test_a_one_epoch_run_needs_no_warmup_option(tmp_path):
     argv[argv.index('--epochs') + 1] = '1'
     out = str(tmp_path / 'run')
     assert main(['train', *argv, '--model', 'deepsets', '--out', out]) == 0
-    state = torch.load(os.path.join(out, 'checkpoint.pt'), weights_only=False)
+    state = torch.load(os.path.join(out, 'checkpoint.pt'), weights_only=True)
     assert state['config']['warmup_epochs'] == 1
 
 

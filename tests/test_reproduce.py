@@ -230,6 +230,28 @@ def test_summary_and_table30(tmp_path):
     assert records[1]['ours']['mean'] == pytest.approx(2.2)  # the medians' ratio, as before
 
 
+def test_table30_and_claim_files_refuse_mismatched_or_malformed_input(tmp_path):
+    # rows with different sample counts: an error, not ratios of the shorter row's samples
+    step = tmp_path / 'training_step.json'
+    step.write_text(json.dumps(dict(rows=[
+        dict(model='rigid', params=100, step_s=1.0, step_times_s=[1.0, 1.1, 0.9],
+             infer_s=1.0, infer_times_s=[1.0, 1.0, 1.0]),
+        dict(model='mz', params=190, step_s=2.2, step_times_s=[2.2, 2.3],
+             infer_s=5.0, infer_times_s=[5.0, 5.1, 4.9])])))
+    with pytest.raises(ValueError, match="'mz' and 'rigid' rows have 2 and 3 'step_times_s'"):
+        overhead_records(str(step), 'converged')
+    # a claim file that is not a list of records, or not JSON: named, not added key by key
+    folder = tmp_path / 'out' / 'claims'
+    folder.mkdir(parents=True)
+    bad = folder / 'table1.converged.json'
+    bad.write_text(json.dumps(dict(claim='table1')))
+    with pytest.raises(ValueError, match='table1.converged.json. does not hold a list'):
+        load_claims(str(tmp_path / 'out'))
+    bad.write_text('[{"claim": "table1"')
+    with pytest.raises(ValueError, match='table1.converged.json. is not valid JSON'):
+        load_claims(str(tmp_path / 'out'))
+
+
 def test_claims_and_budgets_as_issue_11_asks():
     assert set(CLAIMS) == {'table1', 'table1-protocol', 'table3', 'table3-protocol', 'table4',
                            'table7', 'table7-rot', 'table28', 'd3'}
@@ -923,6 +945,19 @@ def test_a_run_record_names_the_code_that_trained_it(tmp_path):
     if version is not None:
         commit = version.split('-')[0]
         assert len(commit) == 10 and int(commit, 16) >= 0
+
+
+def test_an_unreadable_run_record_is_named_not_a_bare_json_error(tmp_path):
+    from torch_mz.reproduce.store import RecordError
+    repro = Reproduction(TINY, str(tmp_path), device='cpu', sweep_cells={'sum': SUM})
+    repro.sweep('sum', CLAIM.models[:1])
+    path = sorted(tmp_path.rglob('records/tiny/**/*.json'))[0]
+    for text, match in (('{"key": ', 'cannot be read'), ('[1, 2]', 'holds a list, not a JSON')):
+        path.write_text(text)  # cut short, or not an object (e.g. a bad merge)
+        with pytest.raises(RecordError, match=f"run record '{re.escape(str(path))}' {match}"):
+            Reproduction(TINY, str(tmp_path), device='cpu',
+                         sweep_cells={'sum': SUM}).sweep('sum', CLAIM.models[:1])
+    assert issubclass(RecordError, ValueError)
 
 
 def test_status_calibrate_times_the_models_without_runs(tmp_path, monkeypatch, capsys):

@@ -517,6 +517,29 @@ def test_resume_matches_uninterrupted_run(tmp_path, device):
     assert [json.loads(line)['epoch'] for line in lines] == [0, 1, 2, 3, 4]
 
 
+def test_a_resumed_run_rewrites_its_logs_and_best_weights_from_the_checkpoint(tmp_path):
+    # each epoch writes best.pt, checkpoint.pt, then the logs: a kill between them leaves the
+    # logs an epoch behind (a run resumed with no epoch left never rewrote them) or best.pt of
+    # an epoch the resumed run trains again
+    _, full_result, _ = _resume_run(tmp_path / 'run', epochs=3)
+    out = tmp_path / 'run'
+    checkpoint = load_checkpoint(out / 'checkpoint.pt')
+    want_best = torch.load(out / 'best.pt', weights_only=True)
+    lines = (out / 'metrics.jsonl').read_text().splitlines()
+    (out / 'metrics.jsonl').write_text('\n'.join(lines[:2]) + '\n')  # the last epoch's lost
+    stale = dict(want_best, model={k: torch.zeros_like(v) for k, v in want_best['model'].items()})
+    torch.save(stale, out / 'best.pt')  # ahead of the checkpoint
+    _, resumed, ran = _resume_run(out, resume=str(out / 'checkpoint.pt'), epochs=3)
+    assert ran == []  # nothing left to train
+    assert [json.loads(line)['epoch'] for line in
+            (out / 'metrics.jsonl').read_text().splitlines()] == [0, 1, 2]
+    best = torch.load(out / 'best.pt', weights_only=True)
+    assert best['epoch'] == checkpoint['best_epoch'] == want_best['epoch']
+    assert_same_params(best['model'], checkpoint['best_model'])
+    assert best['metrics'] == want_best['metrics']  # as the epoch's validation wrote them
+    assert resumed.best_epoch == full_result.best_epoch
+
+
 def test_stop_by_stops_between_epochs_and_the_run_resumes_exactly(tmp_path):
     from torch_mz.train import DistInfo, TrainingStopped, stop_by
     # checkpoints every 3 epochs: the stop writes its own
@@ -586,6 +609,13 @@ def test_missing_or_corrupt_checkpoint_raises_clear_error(tmp_path):
     truncated.write_bytes(good[:len(good) // 2])
     with pytest.raises(CheckpointError, match='could not be read'):
         load_checkpoint(truncated)
+
+    state = torch.load(tmp_path / 'run' / 'checkpoint.pt', weights_only=True)
+    for version in ('2', 1.5, None):  # a version that is not an integer: named, not a TypeError
+        odd = tmp_path / 'odd_version.pt'
+        torch.save(dict(state, version=version), odd)
+        with pytest.raises(CheckpointError, match=f'has version {version!r}; expected an int'):
+            load_checkpoint(odd)
 
     foreign = tmp_path / 'foreign.pt'
     torch.save({'weights': torch.zeros(2)}, foreign)

@@ -1,12 +1,47 @@
 r"""Writing files so that an interrupted write never leaves a partial file behind: the one helper
-that checkpoints, training logs and processed dataset caches are written with."""
+that checkpoints, training logs and processed dataset caches are written with; and the lock that
+lets processes sharing files take turns."""
 import os
 import secrets
-from typing import Any, Callable, Union
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Optional, Union
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
+
+@contextmanager
+def file_lock(path: Union[str, os.PathLike]) -> Iterator[None]:
+    r"""Holds an exclusive advisory lock (``fcntl.flock``) on the file :obj:`path` (created if
+    missing, never removed) for the ``with`` block, waiting for another process that holds it.
+    The lock dies with its process. Where no lock can be had, the block runs unlocked: without
+    ``fcntl`` (Windows), where the file cannot be created (a read-only folder, e.g. a dataset
+    cache shared read-only) or the file system refuses locks."""
+    fd = None
+    if fcntl is not None:
+        try:
+            path = os.fspath(path)
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except BaseException as e:  # (also an interrupt while waiting: no file left open)
+            if fd is not None:
+                os.close(fd)
+            fd = None
+            if not isinstance(e, OSError):
+                raise
+    try:
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)  # releases the lock
 
 
 def atomic_write(path: Union[str, os.PathLike], write: Callable[[Any], None],
-                 binary: bool = True) -> None:
+                 binary: bool = True,
+                 before_replace: Optional[Callable[[], None]] = None) -> None:
     r"""Calls ``write(file)`` on a new temporary file next to ``path`` (created with the usual
     permissions, i.e. subject to the umask), flushes it to disk and moves it over ``path`` with
     :func:`os.replace`. On any failure (also :class:`KeyboardInterrupt`) the temporary file is
@@ -17,6 +52,8 @@ def atomic_write(path: Union[str, os.PathLike], write: Callable[[Any], None],
         write (callable): Called once with the open temporary file.
         binary (bool, optional): Open the file in binary mode, else as UTF-8 text.
             (default: :obj:`True`)
+        before_replace (callable, optional): Called with no arguments once the temporary file
+            is complete, just before it replaces ``path``. (default: :obj:`None`)
     """
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
@@ -29,6 +66,8 @@ def atomic_write(path: Union[str, os.PathLike], write: Callable[[Any], None],
             write(f)
             f.flush()
             os.fsync(f.fileno())
+        if before_replace is not None:
+            before_replace()
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -15,6 +15,7 @@ from torch_mz.datasets.common import (
     CorruptRawFileError,
     ProcessedFileError,
     SkipCounter,
+    TrainTestSets,
     default_root,
     load_processed,
     load_stats,
@@ -164,6 +165,34 @@ def test_load_processed_reads_weights_only_and_never_runs_code(tmp_path):
     assert Data in torch.serialization.get_safe_globals()
 
 
+def test_processed_file_must_name_a_data_class(tmp_path):
+    # the weights-only allow-list is process-wide (PyG registers dict, list, HeteroData, ...):
+    # a file naming another class as its data class is refused with its name, not an
+    # AttributeError from that class
+    from torch_geometric.data import Data, InMemoryDataset
+    from torch_mz.datasets.common import ProcessedDataset
+    data, slices = InMemoryDataset.collate([Data(x=torch.ones(2, 1)), Data(x=torch.zeros(3, 1))])
+    for i, cls in enumerate((dict, list)):
+        path = str(tmp_path / f'odd{i}.pt')
+        torch.save((data.to_dict(), slices, cls), path)
+        dataset = ProcessedDataset.__new__(ProcessedDataset)
+        with pytest.raises(ProcessedFileError, match=f'odd{i}.pt. names .* as its data class'):
+            dataset.load(path)
+    good = str(tmp_path / 'good.pt')
+    torch.save((data.to_dict(), slices, Data), good)
+    dataset = ProcessedDataset.__new__(ProcessedDataset)
+    dataset.load(good)
+    assert torch.equal(dataset._data.x, data.x)
+
+
+def test_integer_valued_labels():
+    from torch_mz.datasets.common import integer_valued
+    assert integer_valued(np.array([0, 3], dtype=np.uint8))
+    assert integer_valued(np.array([0.0, 3.0])) and integer_valued(np.zeros(0))
+    assert not integer_valued(np.array([0.0, 3.7]))
+    assert not integer_valued(np.array([np.nan])) and not integer_valued(np.array(['a']))
+
+
 def test_stats_are_written_atomically_with_the_data_sizes_and_read_back(tmp_path):
     data = tmp_path / 'data.pt'
     data.write_bytes(b'x' * 10)
@@ -208,6 +237,54 @@ def test_train_test_sets_rebuild_a_broken_cache(scanobjectnn_root, damage, match
         ScanObjectNN(root, train=False, num_points=32, log=False)
 
 
+def test_an_interrupted_rebuild_is_redone_not_read_as_a_mixed_cache(scanobjectnn_root,
+                                                                   monkeypatch):
+    # a rebuild writes train.pt, test.pt, then stats.json and the markers: stopped after
+    # train.pt, the next start must not take the new train.pt and the old test.pt for one cache
+    root = scanobjectnn_root['root']
+    first = ScanObjectNN(root, train=False, num_points=32, log=False)
+    cache = _cache(root)
+    original = ScanObjectNN.save
+
+    def save_then_stop(data_list, path, **kwargs):
+        original(data_list, path, **kwargs)
+        if path.endswith('train.pt'):
+            raise KeyboardInterrupt  # the session ends here
+
+    monkeypatch.setattr(ScanObjectNN, 'save', staticmethod(save_then_stop))
+    with pytest.raises(KeyboardInterrupt):
+        ScanObjectNN(root, train=False, num_points=32, log=False, force_reload=True)
+    monkeypatch.undo()
+    assert osp.exists(cache['train.pt']) and osp.exists(cache['test.pt'])
+    assert not osp.exists(cache['stats.json'])  # (written last: the cache is incomplete)
+    calls = []
+    monkeypatch.setattr(ScanObjectNN, 'process', lambda self: (calls.append(1),
+                                                               original_process(self)))
+    original_process = TrainTestSets.process
+    again = ScanObjectNN(root, train=False, num_points=32, log=False)
+    assert calls == [1]  # rebuilt
+    assert len(again) == len(first) and all(torch.equal(a.pos, b.pos) for a, b in zip(first, again))
+    assert osp.exists(cache['stats.json'])
+
+
+def test_file_lock_excludes_another_holder(tmp_path):
+    import fcntl
+    from torch_mz._files import file_lock
+    path = tmp_path / 'sub' / '.lock'
+    with file_lock(path):
+        fd = os.open(path, os.O_RDWR)
+        try:
+            with pytest.raises(BlockingIOError):  # held: another open file cannot take it
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released with the block
+    finally:
+        os.close(fd)
+
+
 def test_train_test_sets_refuse_a_crafted_split_file(scanobjectnn_root, tmp_path):
     root = scanobjectnn_root['root']
     ScanObjectNN(root, num_points=32, log=False)
@@ -250,3 +327,45 @@ def test_a_pre_transform_making_unloadable_files_is_named_not_rebuilt_forever(
         assert len(ds) == 5 and type(ds[0]) is _MyData and ds[0].pos.shape == (16, 3)
     # without pre_transform: the default cache, no error
     assert len(ScanObjectNN(root, num_points=16, log=False, force_reload=True)) == 5
+
+
+def test_a_rebuild_holds_the_cache_lock(scanobjectnn_root, monkeypatch):
+    # two processes opening one dataset at once take turns: the one building holds
+    # <processed_dir>.lock, which the other waits for before it checks the cache
+    import fcntl
+    root = scanobjectnn_root['root']
+    first = ScanObjectNN(root, train=False, num_points=32, log=False)
+    lock = first.processed_dir.rstrip(os.sep) + '.lock'
+    held = []
+    original = TrainTestSets.process
+
+    def process(self):
+        fd = os.open(lock, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held.append(False)
+        except BlockingIOError:
+            held.append(True)
+        finally:
+            os.close(fd)
+        original(self)
+
+    monkeypatch.setattr(ScanObjectNN, 'process', process)
+    ScanObjectNN(root, train=False, num_points=32, log=False, force_reload=True)
+    assert held == [True]
+    assert not osp.exists(osp.join(first.processed_dir, osp.basename(lock)))  # beside, not in
+
+
+def test_file_lock_in_a_folder_that_cannot_be_written_runs_unlocked(tmp_path):
+    from torch_mz._files import file_lock
+    folder = tmp_path / 'read-only'
+    folder.mkdir()
+    folder.chmod(0o500)
+    try:
+        if os.access(folder, os.W_OK):  # (root may write anyway)
+            pytest.skip('the folder is writable for this user')
+        with file_lock(folder / '.lock'):
+            ran = True
+        assert ran and not (folder / '.lock').exists()
+    finally:
+        folder.chmod(0o700)

@@ -317,6 +317,11 @@ def test_hdf5_source_errors(modelnet_h5_root, tmp_path):
     write_h5(osp.join(folder, 'ply_data_test0.h5'), data=np.zeros((2, 32, 3), dtype=np.float32))
     with pytest.raises(CorruptRawFileError, match="ply_data_test0.h5.*'label'"):
         ModelNet40(root, source='hdf5', num_points=16, log=False)
+    # float labels must be whole numbers (int() would read 3.7 as class 3)
+    write_h5(osp.join(folder, 'ply_data_test0.h5'), data=np.zeros((2, 32, 3), dtype=np.float32),
+             label=np.array([[1.0], [3.7]]))
+    with pytest.raises(CorruptRawFileError, match='ply_data_test0.h5.*not whole numbers'):
+        ModelNet40(root, source='hdf5', num_points=16, log=False)
     with pytest.raises(FileNotFoundError, match=HDF5_FOLDER):
         ModelNet40(str(tmp_path / 'empty'), source='hdf5', log=False)
 

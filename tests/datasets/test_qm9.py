@@ -2,6 +2,7 @@ import csv
 import json
 import os
 import os.path as osp
+import re
 import shutil
 import warnings
 
@@ -309,6 +310,8 @@ def test_corrupt_sdf_source_files_are_named(qm9_root, name, edit, match):
     (lambda t: t.replace('"InChI=1S/x",5,', '"InChI=1S/x",6,', 1), 'line 2 .*N_atoms=6'),
     (lambda t: t.rsplit(',', 5)[0] + '\n', 'line 5 is truncated'),
     (lambda t: t.rstrip('\n')[:-2], 'does not end with a line break'),  # cut in the last column
+    # a coordinate that is not finite: named as a coordinate (it was 'non-finite target value')
+    (lambda t: re.sub(r'\[\[[^,\]]+', '[[nan', t, count=1), 'line 2: non-finite coordinate'),
 ])
 def test_corrupt_qm9pack_csv_is_named(qm9pack_csv, tmp_path, edit, match):
     corrupt(qm9pack_csv, edit)

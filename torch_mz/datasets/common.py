@@ -9,14 +9,15 @@ import os.path as osp
 import pickle
 import re
 import warnings
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, Union
+from typing import (Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple, Type,
+                    Union)
 
 import numpy as np
 import torch
 from torch import Tensor
 from torch_geometric.data import Data, InMemoryDataset
 
-from torch_mz._files import atomic_write
+from torch_mz._files import atomic_write, file_lock
 from torch_mz._optional import require
 
 ENV_DATA_ROOT = 'TORCH_MZ_DATA'
@@ -305,12 +306,29 @@ class ProcessedDataset(InMemoryDataset):
     :meth:`read_cache`, which loads the processed files into the dataset.
     """
 
+    # the old cache's stats file and markers, removed just before a rebuild replaces its first
+    # data file (_rebuild)
+    _stale_on_write: List[str]
+
     @classmethod
-    def save(cls, data_list: Sequence[Any], path: str) -> None:
-        r"""Collates :obj:`data_list` and writes it to :obj:`path` atomically."""
+    def save(cls, data_list: Sequence[Any], path: str,
+             before_replace: Optional[Callable[[], None]] = None) -> None:
+        r"""Collates :obj:`data_list` and writes it to :obj:`path` atomically
+        (:obj:`before_replace`: see :func:`~torch_mz._files.atomic_write`)."""
         data, slices = cls.collate(data_list)
         payload = (data.to_dict(), slices, data.__class__)
-        atomic_write(path, lambda f: torch.save(payload, f))
+        atomic_write(path, lambda f: torch.save(payload, f), before_replace=before_replace)
+
+    def _save_processed(self, data_list: Sequence[Any], path: str) -> None:
+        r""":meth:`save` for :meth:`process`: in a rebuild, the old cache's stats file and
+        markers go just before its first data file is replaced (see :meth:`_rebuild`)."""
+        self.save(data_list, path, before_replace=self._invalidate_old_cache)
+
+    def _invalidate_old_cache(self) -> None:
+        for path in getattr(self, '_stale_on_write', []):
+            if osp.exists(path):
+                os.unlink(path)
+        self._stale_on_write = []
 
     def load(self, path: str, data_cls: Type[Data] = Data) -> None:
         r"""Loads a file written by :meth:`save` with :func:`load_processed`."""
@@ -318,6 +336,10 @@ class ProcessedDataset(InMemoryDataset):
         if not (isinstance(out, tuple) and len(out) in (2, 3) and isinstance(out[0], dict)
                 and (out[1] is None or isinstance(out[1], dict))):
             raise ProcessedFileError(path, 'does not hold a collated dataset')
+        if len(out) == 3 and not (isinstance(out[2], type) and issubclass(out[2], Data)):
+            # (the weights-only allow-list is process-wide: other classes may be allowed)
+            raise ProcessedFileError(path, f'names {out[2]!r} as its data class, not a '
+                                     f'torch_geometric.data.Data class')
         data, self.slices = out[0], out[1]
         if len(out) == 3:
             data_cls = out[2]
@@ -331,15 +353,16 @@ class ProcessedDataset(InMemoryDataset):
     def open_cache(self) -> None:
         r"""Runs :meth:`read_cache`; when a processed file is broken, warns (naming it), rebuilds
         the cache from the raw files and reads it again."""
-        try:
-            self._read_cache()
-        except ProcessedFileError as e:
-            if e.unsafe:
-                raise
-            warnings.warn(f"{e}; rebuilding the processed files in '{self.processed_dir}' from "
-                          f"the raw files", stacklevel=3)
-            self._rebuild()
-            self._read_cache()
+        with self._build_lock():  # one process builds or rebuilds the cache at once
+            try:
+                self._read_cache()
+            except ProcessedFileError as e:
+                if e.unsafe:
+                    raise
+                warnings.warn(f"{e}; rebuilding the processed files in "
+                              f"'{self.processed_dir}' from the raw files", stacklevel=3)
+                self._rebuild()
+                self._read_cache()
 
     def _read_cache(self) -> None:
         try:
@@ -360,42 +383,72 @@ class ProcessedDataset(InMemoryDataset):
                 'or allow the global named above with torch.serialization.add_safe_globals '
                 'before building the dataset. The file was removed') from e
 
+    def _build_lock(self) -> ContextManager[None]:
+        r"""An exclusive lock (:func:`~torch_mz._files.file_lock`) on ``<processed_dir>.lock``,
+        held while a process checks the cache and builds or rebuilds it, and while it reads
+        it: two processes opening the same dataset at once (e.g. two training jobs started
+        together) take turns, and the second finds the cache the first has built."""
+        return file_lock(self.processed_dir.rstrip(os.sep) + '.lock')
+
     def _markers(self) -> List[Tuple[str, str]]:
         return [(osp.join(self.processed_dir, 'pre_transform.pt'), _describe(self.pre_transform)),
                 (osp.join(self.processed_dir, 'pre_filter.pt'), _describe(self.pre_filter))]
 
     def _process(self) -> None:
-        # PyG's Dataset._process, with the markers read by load_processed (PyG unpickles them
-        # with weights_only=False) and a broken marker treated as a stale cache
-        stale = self.force_reload
-        for path, current in self._markers():
-            if stale or not osp.exists(path):
-                continue
-            try:
-                saved = load_processed(path)
-            except ProcessedFileError as e:
-                if e.unsafe:
-                    raise
-                warnings.warn(f'{e}; rebuilding the processed files', stacklevel=2)
-                stale = True
-                continue
-            if saved != current:
-                what = osp.basename(path)[:-3]
-                warnings.warn(
-                    f"The `{what}` argument differs from the one used in the pre-processed version "
-                    f"of this dataset. If you want to make use of another pre-processing "
-                    f"technique, pass `force_reload=True` explicitly to reload the dataset.",
-                    stacklevel=2)
-        if not stale and all(osp.exists(p) for p in self.processed_paths):
-            return
-        self._rebuild()
+        with self._build_lock():  # one process builds or rebuilds the cache at once
+            # PyG's Dataset._process, with the markers read by load_processed (PyG unpickles them
+            # with weights_only=False) and a broken marker treated as a stale cache
+            stale = self.force_reload
+            for path, current in self._markers():
+                if stale or not osp.exists(path):
+                    continue
+                try:
+                    saved = load_processed(path)
+                except ProcessedFileError as e:
+                    if e.unsafe:
+                        raise
+                    warnings.warn(f'{e}; rebuilding the processed files', stacklevel=2)
+                    stale = True
+                    continue
+                if saved != current:
+                    what = osp.basename(path)[:-3]
+                    warnings.warn(
+                        f"The `{what}` argument differs from the one used in the pre-processed "
+                        f"version of this dataset. If you want to make use of another "
+                        f"pre-processing technique, pass `force_reload=True` explicitly to "
+                        f"reload the dataset.", stacklevel=2)
+            if not stale and all(osp.exists(p) for p in self.processed_paths):
+                return
+            self._rebuild()
 
     def _rebuild(self) -> None:
         self._rebuilt_now = True  # a refused file is then this process's own (_read_cache)
         os.makedirs(self.processed_dir, exist_ok=True)
-        self.process()
+        # the stats file is written last: removed just before the first new
+        # data file replaces an old one (_save_processed), a rebuild stopped half way leaves a
+        # cache that is incomplete (rebuilt at the next start), never new data files beside
+        # old ones that the checks could take for one cache; stopped before that, the old
+        # cache is left as it was, and used
+        self._stale_on_write = [p for p in self.processed_paths
+                                if osp.basename(p) == 'stats.json']
+        try:
+            self.process()
+        finally:
+            self._stale_on_write = []
         for path, current in self._markers():
             atomic_write(path, lambda f: torch.save(current, f))  # called at once
+
+
+def integer_valued(values: np.ndarray) -> bool:
+    r"""Whether every entry of :obj:`values` is a whole number (class labels stored as
+    integers, or as floats such as ``3.0``): a label like ``3.7`` is a corrupt file, which
+    ``int()`` would silently read as class 3."""
+    values = np.asarray(values)
+    if values.dtype.kind in 'iub':
+        return True
+    if values.dtype.kind != 'f':
+        return False
+    return bool(np.all(np.isfinite(values)) and np.all(values == np.round(values)))
 
 
 def read_h5(path: str, keys: Sequence[str], optional: Sequence[str] = ()) -> Dict[str, np.ndarray]:
@@ -471,7 +524,7 @@ class TrainTestSets(ProcessedDataset):
             if not data_list:
                 raise RuntimeError(f'{self._label()}: no {split} {self.item_name} left to save '
                                    f'(skipped: {skipped.counts})')
-            self.save(data_list, path)
+            self._save_processed(data_list, path)
             stats[split] = {f'num_{self.item_name}s': len(data_list),
                             'skipped': skipped.as_dict()}
             skipped.report(f'{self._label()} {split}')

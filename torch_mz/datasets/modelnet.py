@@ -18,6 +18,7 @@ from torch_mz.datasets.common import (
     CorruptRawFileError,
     SkipCounter,
     TrainTestSets,
+    integer_valued,
     normalize_unit_sphere,
     read_h5,
 )
@@ -378,6 +379,8 @@ class ModelNet40(TrainTestSets):
                     f"got {points.shape} and {arrays['label'].shape}")
             if len(labels) and (labels.min() < 0 or labels.max() >= len(MODELNET40_CLASSES)):
                 raise CorruptRawFileError(path, 'labels outside [0, 40)')
+            if not integer_valued(labels):  # (int() would truncate 3.7 to class 3)
+                raise CorruptRawFileError(path, 'labels that are not whole numbers')
             if self.num_points is not None and points.shape[1] < self.num_points:
                 raise ValueError(f"'{path}' holds {points.shape[1]} points per shape, fewer than "
                                  f"num_points={self.num_points}")

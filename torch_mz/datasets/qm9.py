@@ -146,13 +146,14 @@ def _first_non_utf8_line(path: str) -> str:
     return 'a line'
 
 
-def _floats(values: Sequence[str], path: str, row_number: int) -> np.ndarray:
+def _floats(values: Sequence[str], path: str, row_number: int,
+            what: str = 'target value') -> np.ndarray:
     try:
         out = np.array([float(v) for v in values], dtype=np.float64)
     except ValueError as e:
         raise CorruptRawFileError(path, f'line {row_number}: malformed number ({e})') from e
     if not np.isfinite(out).all():
-        raise CorruptRawFileError(path, f'line {row_number}: non-finite target value')
+        raise CorruptRawFileError(path, f'line {row_number}: non-finite {what}')
     return out
 
 
@@ -557,7 +558,7 @@ class QM9(ProcessedDataset):
         if not data_list:
             raise RuntimeError(
                 f'QM9 ({self.source}): no molecule left to save (skipped: {skipped.counts})')
-        self.save(data_list, self.processed_paths[0])
+        self._save_processed(data_list, self.processed_paths[0])
         stats['num_molecules'] = len(data_list)
         stats['skipped'] = skipped.as_dict()
         save_stats(stats, self.processed_paths[1], self.processed_paths[:1])
@@ -646,7 +647,8 @@ class QM9(ProcessedDataset):
                     raise CorruptRawFileError(path,
                                               f'line {row_number}: malformed Index/N_atoms') from e
                 symbols = row['Elements'].translate(_LIST_CHARS).split()
-                pos = _floats(row['XYZ_Ang'].translate(_LIST_CHARS).split(), path, row_number)
+                pos = _floats(row['XYZ_Ang'].translate(_LIST_CHARS).split(), path, row_number,
+                              'coordinate')
                 if len(symbols) != num_atoms or pos.size != 3 * num_atoms:
                     raise CorruptRawFileError(
                         path, f'line {row_number} (Index {gdb_idx}): N_atoms={num_atoms} but '

@@ -12,6 +12,7 @@ from torch_mz.datasets.common import (
     CorruptRawFileError,
     SkipCounter,
     TrainTestSets,
+    integer_valued,
     normalize_unit_sphere,
     read_h5,
 )
@@ -189,6 +190,8 @@ class ScanObjectNN(TrainTestSets):
                 path, f"expected 'mask' of shape {points.shape[:2]}, got {mask.shape}")
         if len(labels) and (labels.min() < 0 or labels.max() >= len(SCANOBJECTNN_CLASSES)):
             raise CorruptRawFileError(path, f'labels outside [0, {len(SCANOBJECTNN_CLASSES)})')
+        if not integer_valued(labels):  # (int() would truncate 3.7 to class 3)
+            raise CorruptRawFileError(path, 'labels that are not whole numbers')
         num_available = points.shape[1]
         num_points = self.stored_points
         if self.num_points is not None and num_available < self.num_points:

@@ -31,8 +31,17 @@ def load_claims(out: str) -> List[Dict[str, object]]:
     records: List[Dict[str, object]] = []
     for name in names:
         if name.endswith('.json'):
-            with open(os.path.join(folder, name)) as f:
-                records += json.load(f)
+            path = os.path.join(folder, name)
+            try:
+                with open(path) as f:
+                    got = json.load(f)
+            except ValueError as e:
+                raise ValueError(f"claim file '{path}' is not valid JSON ({e}); restore it "
+                                 f"(e.g. with git) or delete it to rebuild the claim") from e
+            if not (isinstance(got, list) and all(isinstance(r, dict) for r in got)):
+                raise ValueError(f"claim file '{path}' does not hold a list of claim records; "
+                                 f"restore it (e.g. with git) or delete it to rebuild the claim")
+            records += got
     return records
 
 

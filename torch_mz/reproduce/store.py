@@ -73,8 +73,7 @@ class RunStore:
         key = run_key(cell, spec, seed, config)
         path, ckpt = self._paths(key)
         if os.path.exists(path):
-            with open(path) as f:
-                record = json.load(f)
+            record = read_record(path)
             if record.get('key') == key:  # as this cell and spec call it (runs are shared)
                 return dict(record, cell=cell['label'], model=spec)
         self._pending[(str(cell['label']), str(spec), int(seed))] = (path, key, ckpt)
@@ -166,8 +165,7 @@ class RunStore:
         path, _ = self._paths(key)
         if not os.path.exists(path):
             return None
-        with open(path) as f:
-            record = json.load(f)
+        record = read_record(path)
         return record if record.get('key') == key else None
 
     def stored(self, cell: Mapping[str, Any], spec: str, seed: int,
@@ -177,8 +175,7 @@ class RunStore:
         path, _ = self._paths(key)
         if not os.path.exists(path):
             return False
-        with open(path) as f:
-            return json.load(f).get('key') == key
+        return read_record(path).get('key') == key
 
     @contextmanager
     def lock(self, cell: Mapping[str, Any], spec: str, seed: int, config: TrainConfig,
@@ -213,8 +210,7 @@ class RunStore:
         key = run_key(cell, spec, seed, replace(config, seed=seed))
         path, ckpt = self._paths(key)
         if os.path.exists(path):
-            with open(path) as f:
-                record = json.load(f)
+            record = read_record(path)
             if record.get('key') == key:
                 return 'done', int(record.get('epochs_run', 0))
         epochs = len(_val_curve(ckpt))
@@ -237,8 +233,7 @@ class RunStore:
         if os.path.isdir(folder):
             for name in sorted(os.listdir(folder)):
                 if name.endswith('.json'):
-                    with open(os.path.join(folder, name)) as f:
-                        record = json.load(f)
+                    record = read_record(os.path.join(folder, name))
                     if 'wall_time_s' in record:
                         times.append(float(record['wall_time_s']))
                         epochs.append(float(record.get('epochs_run', 0)))
@@ -292,6 +287,27 @@ class RunStore:
               config: TrainConfig) -> str:
         r"""The file of a run (whether it exists or not)."""
         return self._paths(run_key(cell, spec, seed, replace(config, seed=seed)))[0]
+
+
+class RecordError(ValueError):
+    r"""A run's record file in the store that cannot be read (not JSON, or not a JSON object:
+    e.g. cut short, or left with a merge conflict)."""
+
+
+def read_record(path: str) -> Dict[str, Any]:
+    r"""The run record stored at :obj:`path`; :class:`RecordError` naming the file (and what
+    to do) for one that is not a JSON object."""
+    try:
+        with open(path) as f:
+            record = json.load(f)
+    except ValueError as e:  # (json's JSONDecodeError, and UnicodeDecodeError)
+        raise RecordError(f"run record '{path}' cannot be read ({e}): restore it (e.g. with "
+                          f"git) or delete it to train that run again") from e
+    if not isinstance(record, dict):
+        raise RecordError(f"run record '{path}' holds a {type(record).__name__}, not a JSON "
+                          f"object: restore it (e.g. with git) or delete it to train that run "
+                          f"again")
+    return record
 
 
 def _metrics(ckpt: str) -> List[Dict[str, Any]]:

@@ -8,6 +8,15 @@ from torch_mz.paper import TABLE30
 from torch_mz.reproduce.verdict import _std, verdict
 
 
+def _pairs(a: List[Any], b: List[Any], what: str, names: str) -> List[Any]:
+    r"""The samples of two rows side by side; rows with different counts are an error (a zip
+    would drop the longer row's last samples without a word)."""
+    if len(a) != len(b):
+        raise ValueError(f"the {names} rows have {len(a)} and {len(b)} '{what}' samples: the "
+                         f"ratios need one of each per sample")
+    return list(zip(a, b))
+
+
 def overhead_records(path: str, budget: str) -> List[Dict[str, object]]:
     r"""Table 30's claims (parameter, training-step and inference ratios ``mz`` / ``rigid``)
     from the operator benchmark's JSON (``benchmarks/training_step.py``), compared with the
@@ -44,11 +53,13 @@ def overhead_records(path: str, budget: str) -> List[Dict[str, object]]:
                 mean, spread, n = mz[samples] / rigid[samples], 0.0, None
             else:
                 rounds = median + '_rounds'  # a run in rounds: the rounds are the samples
+                names = f"'mz{suffix}' and 'rigid{suffix}'"
                 if rounds in mz and rounds in rigid:
-                    ratios = [a / b for a, b in zip(mz[rounds], rigid[rounds])
+                    ratios = [a / b for a, b in _pairs(mz[rounds], rigid[rounds], rounds, names)
                               if a is not None and b is not None]
                 else:
-                    ratios = [a / b for a, b in zip(mz[samples], rigid[samples])]
+                    ratios = [a / b for a, b in _pairs(mz[samples], rigid[samples], samples,
+                                                       names)]
                 mean, spread, n = mz[median] / rigid[median], _std(ratios, ddof=1), len(ratios)
         out.append(dict(
             claim=f'table30 {what}: mz / rigid', budget=budget,

@@ -57,6 +57,9 @@ def load_checkpoint(path: Union[str, os.PathLike],
     missing = [k for k in ('version', 'kind', 'model', 'task_type') if k not in state]
     if missing:
         raise CheckpointError(f'Checkpoint {path!r} is incomplete: missing {missing}')
+    if not isinstance(state['version'], int) or isinstance(state['version'], bool):
+        raise CheckpointError(f'Checkpoint {path!r} has version {state["version"]!r}; expected '
+                              f'an integer')
     if state['version'] > CHECKPOINT_VERSION:
         raise CheckpointError(f'Checkpoint {path!r} has version {state["version"]}; this torch_mz '
                               f'reads versions up to {CHECKPOINT_VERSION}')

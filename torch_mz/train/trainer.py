@@ -416,6 +416,8 @@ class Trainer:
         if self._writes_files:
             assert cfg.out_dir is not None  # _writes_files needs it
             os.makedirs(cfg.out_dir, exist_ok=True)
+            if cfg.resume is not None:
+                self._resync_files(run)
         self._run_epochs(run, loader, sampler, val_dataset)
         return self._finish(run, val_dataset, test_dataset)
 
@@ -443,6 +445,27 @@ class Trainer:
                          next_epoch=ckpt['epoch'] + 1, best_epoch=ckpt['best_epoch'],
                          best_val=ckpt['best_val_loss'], bad_epochs=ckpt['bad_epochs'],
                          prior_time=ckpt['wall_time'], best_state=ckpt['best_model'])
+
+    def _resync_files(self, run: _FitState) -> None:
+        r"""Rewrites the logs and ``best.pt`` of a resumed run from its checkpoint. Each epoch
+        writes ``best.pt`` (on a new best), then ``checkpoint.pt``, then the logs: a process
+        killed between them leaves logs one epoch behind (which a run resumed with no epoch
+        left would never rewrite) or a ``best.pt`` of an epoch the resumed run trains again."""
+        cfg = self.config
+        assert cfg.out_dir is not None
+        self._write_logs(run.history)
+        if run.best_state is None:
+            return
+        record = next((r for r in run.history if r['epoch'] == run.best_epoch), None)
+        if record is None:  # (not written by this trainer): best.pt is left as it is
+            log.warning('The checkpoint has no history of its best epoch %d; best.pt is not '
+                        'rewritten', run.best_epoch)
+            return
+        best = self._checkpoint_base('model')
+        best.update(model=run.best_state, epoch=run.best_epoch,
+                    # the record as _validate saw it (before the epoch's time was added)
+                    metrics={k: v for k, v in record.items() if k != 'epoch_time'})
+        save_checkpoint(best, os.path.join(cfg.out_dir, BEST_CHECKPOINT))
 
     def _wrap_ddp(self) -> None:
         if self.dist.is_distributed and self._ddp is None:
