@@ -15,6 +15,7 @@ import time
 from torch_mz.paper import TABLE1
 from torch_mz.study import (RunStore, check_grid, environment, int_list, markdown_table,
                             positive_int, pyplot, run_grid, try_plot, write_report)
+from torch_mz.study.plots import save_figure
 from torch_mz.study.budget import (Budget, add_budget_arguments, add_resume_argument,
                                    choose_budget, study_config)
 
@@ -42,7 +43,7 @@ def plot(rows, path):
     ax.set_xticks(Ls)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 

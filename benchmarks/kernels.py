@@ -38,6 +38,7 @@ from torch_mz.nn import fused
 from torch_mz.nn.zonotope import _LayerNormJacobian
 from torch_mz.study import (environment, markdown_table, positive_int, pyplot, time_interleaved,
                             try_plot, write_results)
+from torch_mz.study.plots import save_figure
 
 TOKENS, GENERATORS, WIDTH, TANH_HIDDEN = 32768, 8, 64, 64
 
@@ -155,7 +156,7 @@ def plot(rows: List[dict], path: str) -> None:
         ax.set_ylabel('ms per call (median; bars: min-max)')
     fig.suptitle('Generator kernels: eager against compiled (torch_mz.nn.fused)', fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 

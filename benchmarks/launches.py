@@ -68,6 +68,7 @@ from torch_mz.nn import functional  # noqa: E402
 from torch_mz.nn.functional import clear_layout_cache  # noqa: E402
 from torch_mz.study import (choice_list, environment, int_list, markdown_table,  # noqa: E402
                             positive_float, positive_int, pyplot, try_plot, write_results)
+from torch_mz.study.plots import save_figure  # noqa: E402
 from torch_mz.study.traffic import count_ops  # noqa: E402
 
 NAME = 'launches'
@@ -288,7 +289,7 @@ def plot(rows: List[Dict], path: str) -> None:
     ax.set_title(f"SAGEConv, {rows[0]['degrees']} in-degrees, d = {rows[0]['dim']}")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
 
 

@@ -132,6 +132,7 @@ from torch_mz.study import (MeasurementFailed, choice_list, environment, in_fres
                             int_list, markdown_table, nonnegative_int, peak_memory_bytes,
                             positive_float, positive_int, pyplot, time_call, try_plot,
                             write_results)
+from torch_mz.study.plots import save_figure
 from torch_mz.study.measure import allocator_peak_bytes
 
 AGGRS = ('pyg', 'pyg-flat', 'rigid', 'rigid-ckpt-attn', 'rigid-chunks', 'rigid-whole', 'default',
@@ -364,7 +365,7 @@ def plot(rows, path):
             ax.set_title(f'SAGEConv, {degrees} in-degrees, d = {dim}')
             ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
 
 

@@ -102,6 +102,7 @@ from torch_mz.runtime import keep_freed_memory
 from torch_mz._files import atomic_write, file_lock
 from torch_mz.study import (environment, markdown_table, plot_bars, pyplot, try_plot,
                             write_report)
+from torch_mz.study.plots import save_figure
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, 'results')
@@ -227,7 +228,7 @@ def plot_curves(claim, groups, budget, path):
     fig.suptitle(f'{claim.name} ({budget}, finished runs): validation loss by epoch\n'
                  f'(line style: seed; dot: kept epoch)', fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    save_figure(fig, path, dpi=100)
     plt.close(fig)
 
 
@@ -326,7 +327,7 @@ def plot_sweep(task, rows, budget, path):
                  f'loss over the model\'s best)"\n(colour: that ratio, yellow = best, dark = 2x '
                  f'or more; red ring: chosen; hollow: not finished)', fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    save_figure(fig, path, dpi=100)
     plt.close(fig)
 
 

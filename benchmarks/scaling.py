@@ -29,6 +29,7 @@ from torch_mz.nn import MZAggregation
 from torch_mz.study import (environment, in_fresh_process, markdown_table, nonnegative_int,
                             peak_memory_bytes, positive_int, pyplot, time_call, try_plot,
                             write_results)
+from torch_mz.study.plots import save_figure
 
 SET_SIZE, IN_CHANNELS = 1024, 3  # the defaults: the paper's configuration
 #: The measurement settings of the committed runs (``--chunk-size``, ``--repeats``; ``--threads``
@@ -114,7 +115,7 @@ def plot(rows, model, set_size, slope, path):
     ax[1].set_ylabel('peak memory above baseline, MiB')
     fig.suptitle(f'MZAggregation ({model}), sets of {set_size}, slope {slope:.2f}')
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 

@@ -20,6 +20,7 @@ import time
 
 from torch_mz.models import build_model, count_parameters
 from torch_mz.study import environment, markdown_table, positive_int, pyplot, try_plot, write_report
+from torch_mz.study.plots import save_figure
 from torch_mz.study.budget import Budget, add_budget_arguments, choose_budget, study_config
 from torch_mz.study.statistics import mean_std
 from torch_mz.tasks import load_task
@@ -46,7 +47,7 @@ def plot(rows, path):
     ax.set_ylabel('test R²')
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 

@@ -40,6 +40,7 @@ from torch_mz.study import (choice_list, count_flops, environment, in_fresh_proc
                             markdown_table, matmul_peak_flops, nonnegative_float,
                             peak_memory_bytes, positive_int, pyplot, skewed_sizes,
                             time_interleaved, try_plot, uniform_sizes, write_results)
+from torch_mz.study.plots import save_figure
 
 MODELS = ('pyg', 'pyg-flat', 'rigid', 'rigid-zono', 'mz')
 UNFOLDED = '-unfolded'  # suffix: the model with MZAttention(fold_keys=False) everywhere
@@ -166,7 +167,7 @@ def plot(rows, path):
         ax.set_title('PMA only' if block == 'pma' else 'one SAB encoder + PMA')
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 

@@ -69,6 +69,7 @@ from torch_mz.runtime import keep_freed_memory
 from torch_mz.study import (MeasurementFailed, count_flops, environment, in_fresh_process,
                             markdown_table, matmul_peak_flops, positive_float, positive_int,
                             process_peak_rss_bytes, pyplot, time_call, try_plot, write_results)
+from torch_mz.study.plots import save_figure
 from torch_mz.study.traffic import count_bytes, memory_bandwidth
 
 PRESETS = ('rigid', 'st-large', 'mz-slim', 'mz', 'mz-slim+eager', 'mz+eager', 'egnn',
@@ -347,7 +348,7 @@ def plot(rows, path):
     axes[1].set_xticks(xs, names)
     axes[1].legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
 
 

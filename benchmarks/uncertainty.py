@@ -44,6 +44,7 @@ from torch_mz.models import build_model, count_parameters
 from torch_mz.options import parse_key_values
 from torch_mz.study import (environment, markdown_table, positive_int, pyplot, time_call,
                             try_plot, write_report)
+from torch_mz.study.plots import save_figure
 from torch_mz.study.budget import Budget, add_budget_arguments, choose_budget, study_config
 from torch_mz.study.statistics import mean_std, paired_gap, resolved_ordering
 from torch_mz.tasks import load_task
@@ -349,7 +350,7 @@ def plot(runs, path):
     ax.set_title('Reliability (ECE = mean gap to the diagonal)', fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 

@@ -23,6 +23,7 @@ from torch_mz import analysis
 from torch_mz.models import build_model
 from torch_mz.study import (environment, int_list, markdown_table, nonnegative_float,
                             positive_int, pyplot, try_plot, write_report)
+from torch_mz.study.plots import save_figure
 from torch_mz.study.budget import Budget, add_budget_arguments, choose_budget, study_config
 from torch_mz.tasks import load_task
 from torch_mz.train import seed_everything, train
@@ -250,7 +251,7 @@ def plot(rows, runs, tdof: int, path: str):
         ax.set_ylabel("generator l'")
         fig.colorbar(im, ax=ax, fraction=0.046)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 

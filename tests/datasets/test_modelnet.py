@@ -375,6 +375,34 @@ def test_download_extracts_the_archive_into_raw(modelnet_mesh_root, tmp_path, mo
     assert len(ds) == 3 and sorted(os.listdir(root)) == ['processed', 'raw']
     assert osp.isfile(osp.join(root, 'raw', 'chair', 'test', 'chair_0002.off'))
 
+    # a download stopped half way leaves nothing that looks like the archive: the next start
+    # downloads again
+    def stopped_download(url, folder, log=True):
+        with open(osp.join(folder, 'ModelNet40.zip'), 'wb') as f:
+            f.write(open(archive, 'rb').read()[:100])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(modelnet, 'download_url', stopped_download)
+    again = str(tmp_path / 'again')
+    with pytest.raises(KeyboardInterrupt):
+        ModelNet40(again, num_points=16, log=False)
+    # no archive, no staging folder (it went with the interruption), an empty raw/
+    assert os.listdir(again) == ['raw'] and os.listdir(osp.join(again, 'raw')) == []
+    monkeypatch.setattr(modelnet, 'download_url', fake_download_url)
+    assert len(ModelNet40(again, num_points=16, log=False)) == 3
+
+    # an extraction stopped after some class folders: the archive is still at root, and the
+    # next start extracts the missing folders from it (keeping those there) and removes it
+    monkeypatch.setattr(modelnet, 'download_url',
+                        lambda *args, **kwargs: pytest.fail('nothing may be downloaded'))
+    resumed = tmp_path / 'resumed'
+    os.makedirs(resumed / 'raw')
+    shutil.copy(archive, resumed / 'ModelNet40.zip')
+    shutil.copytree(osp.join(root, 'raw', 'airplane'), resumed / 'raw' / 'airplane')
+    ds = ModelNet40(str(resumed), num_points=16, log=False)
+    assert len(ds) == 3 and not (resumed / 'ModelNet40.zip').exists()
+    assert sorted(os.listdir(resumed / 'raw')) == sorted(os.listdir(osp.join(root, 'raw')))
+
 
 def test_missing_trimesh_names_the_pip_extra(modelnet_mesh_root, monkeypatch):
     import sys

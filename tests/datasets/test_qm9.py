@@ -500,6 +500,21 @@ def test_download_fetches_archive_and_uncharacterized_list(tmp_path, monkeypatch
         root, 'raw'))) == ['gdb9.sdf', 'gdb9.sdf.csv', 'uncharacterized.txt']
     assert [int(d.gdb_idx) for d in ds] == KEPT
 
+    # a download stopped half way leaves no qm9.zip in raw/ (it would be taken for a placed
+    # archive): the next start downloads again
+    def stopped_download(url, folder, log=True):
+        with open(osp.join(folder, 'qm9.zip'), 'wb') as f:
+            f.write(b'PK half an archive')
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(qm9_module, 'download_url', stopped_download)
+    again = str(tmp_path / 'again')
+    with pytest.raises(KeyboardInterrupt):
+        QM9(again, log=False)
+    assert os.listdir(osp.join(again, 'raw')) == []
+    monkeypatch.setattr(qm9_module, 'download_url', fake_download_url)
+    assert [int(d.gdb_idx) for d in QM9(again, log=False)] == KEPT
+
 
 def test_missing_uncharacterized_list_is_fetched_alone(qm9_root, tmp_path, monkeypatch):
     raw = osp.join(qm9_root, 'raw')

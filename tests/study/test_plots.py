@@ -31,3 +31,30 @@ def test_without_matplotlib_there_is_a_note_and_no_file(tmp_path, monkeypatch):
     rows = [{'cell': 'a', 'm r2': 0.5, 'm r2 std': 0.1}]
     assert try_plot(plot_grid, rows, ['m'], str(tmp_path / 'grid.png')) == NO_MATPLOTLIB
     assert not (tmp_path / 'grid.png').exists()
+
+
+def test_a_figure_is_saved_atomically(tmp_path):
+    # an interrupted save leaves the earlier image (a report links to it), and no temporary file
+    pytest.importorskip('matplotlib')
+    from torch_mz.study.plots import save_figure
+    plt = pyplot()
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    path = str(tmp_path / 'plot.png')
+    save_figure(fig, path, dpi=50)
+    before = open(path, 'rb').read()
+    assert before.startswith(b'\x89PNG')
+
+    class Interrupted(Exception):
+        pass
+
+    def stop(*args, **kwargs):
+        args[0].write(b'\x89PNG half an image')
+        raise Interrupted
+
+    fig.savefig = stop
+    with pytest.raises(Interrupted):
+        save_figure(fig, path, dpi=50)
+    assert open(path, 'rb').read() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['plot.png']
+    plt.close(fig)

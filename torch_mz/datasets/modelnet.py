@@ -283,7 +283,8 @@ class ModelNet40(TrainTestSets):
                 f"ply_data_test*.h5, shape_names.txt) in '{osp.join(self.raw_dir, HDF5_FOLDER)}', "
                 f"or use source='mesh'.")
         present = [c for c in MODELNET40_CLASSES if osp.isdir(osp.join(self.raw_dir, c))]
-        if present:  # never download over meshes the user placed
+        archive = osp.join(self.root, 'ModelNet40.zip')  # complete: downloads land in staging
+        if present and not osp.isfile(archive):  # never download over meshes the user placed
             missing = [c for c in MODELNET40_CLASSES if c not in present]
             raise FileNotFoundError(
                 f"ModelNet40 (source='mesh'): {len(missing)} of the 40 class folders are missing "
@@ -291,21 +292,17 @@ class ModelNet40(TrainTestSets):
                 f"{len(present)} already there: place the missing ones as "
                 f"'{osp.join(self.raw_dir, '<class>', '{train,test}', '<class>_NNNN.off')}' "
                 f"(from {self.url}), or empty '{self.raw_dir}' to download the whole archive.")
-        try:
-            path = download_url(self.url, self.root, log=self.log)
-        except OSError as e:  # URLError and HTTPError are OSErrors
-            raise FileNotFoundError(
-                f"ModelNet40 (source='mesh'): the meshes are missing from '{self.raw_dir}' and "
-                f"downloading {self.url} failed ({getattr(e, 'reason', e)}). Download "
-                f"ModelNet40.zip yourself and extract its 40 class folders into '{self.raw_dir}' "
-                f"(as '{osp.join(self.raw_dir, '<class>', '{train,test}', '<class>_NNNN.off')}'), "
-                f"or place PointNet's HDF5 release and use source='hdf5'.") from e
+        # an archive at root is complete (placed there, or an extraction that was stopped:
+        # the missing folders are extracted from it, the others kept); a download goes to a
+        # staging folder and joins root only once complete, so a stopped download leaves nothing
+        if not osp.isfile(archive):
+            self._fetch(archive)
         staging = tempfile.mkdtemp(prefix='.extract-', dir=self.root)
         try:
             try:
-                extract_zip(path, staging, log=self.log)
+                extract_zip(archive, staging, log=self.log)
             except zipfile.BadZipFile as e:
-                raise CorruptRawFileError(path, f'not a complete zip archive ({e})') from e
+                raise CorruptRawFileError(archive, f'not a complete zip archive ({e})') from e
             folder = osp.join(staging, 'ModelNet40')
             os.makedirs(self.raw_dir, exist_ok=True)
             for name in os.listdir(folder):  # into raw/, next to e.g. an HDF5 folder there
@@ -314,7 +311,27 @@ class ModelNet40(TrainTestSets):
                     shutil.move(osp.join(folder, name), target)
         finally:
             shutil.rmtree(staging)
-        os.unlink(path)
+        os.unlink(archive)
+
+    def _fetch(self, archive: str) -> None:
+        r"""Downloads the archive into a staging folder under ``root``, then moves it to
+        :obj:`archive` (the same file system: one rename)."""
+        os.makedirs(self.root, exist_ok=True)
+        staging = tempfile.mkdtemp(prefix='.download-', dir=self.root)
+        try:
+            try:
+                path = download_url(self.url, staging, log=self.log)
+            except OSError as e:  # URLError and HTTPError are OSErrors
+                raise FileNotFoundError(
+                    f"ModelNet40 (source='mesh'): the meshes are missing from '{self.raw_dir}' "
+                    f"and downloading {self.url} failed ({getattr(e, 'reason', e)}). Download "
+                    f"ModelNet40.zip yourself and extract its 40 class folders into "
+                    f"'{self.raw_dir}' (as "
+                    f"'{osp.join(self.raw_dir, '<class>', '{train,test}', '<class>_NNNN.off')}'), "
+                    f"or place PointNet's HDF5 release and use source='hdf5'.") from e
+            os.replace(path, archive)
+        finally:
+            shutil.rmtree(staging)
 
     def _label(self) -> str:
         return f'ModelNet40 ({self.source})'

@@ -510,7 +510,9 @@ class QM9(ProcessedDataset):
         staging = tempfile.mkdtemp(prefix='.download-', dir=self.raw_dir)
         try:
             if not present:  # a qm9.zip already in raw/ is used as it is
-                path = self._fetch(self.raw_url, self.raw_dir, missing)
+                path = osp.join(self.raw_dir, 'qm9.zip')
+                if not osp.isfile(path):  # downloaded into staging: in raw/ only once complete
+                    os.replace(self._fetch(self.raw_url, staging, missing), path)
                 try:
                     extract_zip(path, staging, log=self.log)
                 except zipfile.BadZipFile as e:

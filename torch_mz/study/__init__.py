@@ -26,7 +26,7 @@ from torch_mz.study.measure import (MeasurementFailed, allocator_peak_bytes, cou
                                     skewed_sizes, time_call, time_interleaved,
                                     uniform_sizes)
 from torch_mz.study.plots import (NO_MATPLOTLIB, plot_bars, plot_grid, plot_summary, pyplot,
-                                  try_plot)
+                                  save_figure, try_plot)
 from torch_mz.study.resume import RunStore
 from torch_mz.study.report import (METRICS, markdown_table, summarize, summary_markdown,
                                    write_json, write_report, write_results)
@@ -72,6 +72,7 @@ __all__ = [
     'plot_summary',
     'pyplot',
     'try_plot',
+    'save_figure',
     'METRICS',
     'markdown_table',
     'summarize',

@@ -2,12 +2,15 @@ r"""Plots of study results, drawn off-screen (matplotlib's Agg backend) into fil
 matplotlib is optional (``pip install 'torch_mz[plot]'``): :func:`pyplot` raises an
 :class:`ImportError` naming the extra, and :func:`try_plot` turns that into a note for scripts
 to print."""
+import os
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from torch_mz._files import atomic_write
 from torch_mz._optional import require
 from torch_mz.study.report import METRICS
 
-__all__ = ['NO_MATPLOTLIB', 'pyplot', 'try_plot', 'plot_bars', 'plot_grid', 'plot_summary']
+__all__ = ['NO_MATPLOTLIB', 'pyplot', 'try_plot', 'save_figure', 'plot_bars', 'plot_grid',
+           'plot_summary']
 
 #: What a study prints instead of drawing its plot when matplotlib is missing.
 NO_MATPLOTLIB = "matplotlib is not installed: no plot (pip install 'torch_mz[plot]')"
@@ -19,6 +22,14 @@ def pyplot():
     require('matplotlib').use('Agg')
     import matplotlib.pyplot as plt
     return plt
+
+
+def save_figure(fig: Any, path: str, **kwargs: Any) -> None:
+    r"""``fig.savefig(path, **kwargs)``, atomically (:func:`~torch_mz._files.atomic_write`): an
+    interrupted save leaves the earlier file, never a truncated image that a report links to.
+    The format is the path's extension (``png`` where it has none) unless ``format`` is given."""
+    fmt = kwargs.pop('format', None) or os.path.splitext(path)[1][1:].lower() or 'png'
+    atomic_write(path, lambda f: fig.savefig(f, format=fmt, **kwargs))
 
 
 def try_plot(plot: Callable[..., None], *args, **kwargs) -> Optional[str]:
@@ -69,7 +80,7 @@ def plot_bars(groups: Sequence[str], models: Sequence[str],
         ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7, loc='center left', bbox_to_anchor=(1.0, 0.5))  # off the bars
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 
@@ -98,5 +109,5 @@ def plot_summary(summary: List[Dict[str, object]], task_type: str, path: str,
     if title:
         ax.set_title(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
