@@ -364,6 +364,27 @@ def test_trained_model_predicts_in_target_units():
     assert 'normalizer' not in result.to_dict()  # result.json is unchanged
 
 
+def test_fit_and_load_weights_leave_the_model_in_eval_mode_and_predict_restores_the_mode(tmp_path):
+    # model(batch) right after fit (here without a validation or test set, which used to leave
+    # the model in train mode) or load_weights draws no dropout masks
+    from torch_geometric.data import Batch
+    batch = Batch.from_data_list(REG_VAL[:8])
+    model = H.ToyDeepSets(3, 2, dropout=0.5)
+    train(model, REG_TRAIN[:32], config=config(epochs=1, out_dir=str(tmp_path / 'run')))
+    assert not model.training
+    with torch.no_grad():
+        assert torch.equal(model(batch), model(batch))
+    again = H.ToyDeepSets(3, 2, dropout=0.5)
+    Trainer(again, config()).load_weights(tmp_path / 'run' / 'checkpoint.pt')
+    assert not again.training
+    with torch.no_grad():
+        assert torch.equal(again(batch), model(batch))
+    # predict() runs in eval mode and puts the model back in the mode it found
+    again.train()
+    out = predict(again, REG_VAL[:8], device='cpu')
+    assert again.training and torch.allclose(out, model(batch).detach(), atol=1e-6)
+
+
 def test_training_again_and_evaluate_use_standardised_outputs():
     seed_everything(0)
     trainer = Trainer(H.ToyDeepSets(3, 2), config(epochs=2))

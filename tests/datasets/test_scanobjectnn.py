@@ -105,6 +105,14 @@ def test_download_explains_terms_and_location(tmp_path):
     assert 'training_objectdataset_augmentedrot_scale75.h5' in message
 
 
+def test_a_pre_filter_that_keeps_nothing_is_named(scanobjectnn_root):
+    # both splits are processed together: the message says the filter emptied one
+    with pytest.raises(RuntimeError, match=r'no train object left to save \(pre_filter kept none '
+                       r'of the \d+ read\); the train and test splits are processed together'):
+        ScanObjectNN(scanobjectnn_root['root'], log=False, num_points=16,
+                     pre_filter=lambda d: False)
+
+
 def test_corrupt_files_are_named(scanobjectnn_root):
     root = scanobjectnn_root['root']
     path = osp.join(root, 'raw', 'h5_files', 'main_split', 'test_objectdataset.h5')

@@ -130,6 +130,16 @@ def test_radius_graph_blocks_equal_the_pairwise_filter_exactly(dtype):
                        torch.empty(2, 0, dtype=torch.long))
 
 
+def test_in_channels_counting_the_coordinates_is_explained():
+    # a task's in_channels counts [pos, x]: built without pos_dim, EGNN reads data.pos and the
+    # features x, one column short per coordinate; the error says to pass pos_dim
+    data = Batch.from_data_list([Data(x=torch.ones(5, 1), pos=torch.randn(5, 3))])
+    model = EGNN(4, 1)
+    with pytest.raises(ValueError, match=r"in_channels=4 counts the 3 coordinate columns too.*"
+                       r"pos_dim=3"):
+        model(data)
+
+
 def test_split_pos_features():
     x = torch.arange(12.0).view(3, 4)
     pos, features = split_pos_features(x, 3)

@@ -517,13 +517,19 @@ class TrainTestSets(ProcessedDataset):
         for split, path in zip(('train', 'test'), self.processed_paths[:2]):
             skipped = SkipCounter()
             data_list = self._split_examples(split, skipped)
+            read = len(data_list)
             if self.pre_filter is not None:
                 data_list = [d for d in data_list if self.pre_filter(d)]
             if self.pre_transform is not None:
                 data_list = [self.pre_transform(d) for d in data_list]
             if not data_list:
+                # (both splits are processed together, whichever one was asked for)
+                why = (f'pre_filter kept none of the {read} read'
+                       if self.pre_filter is not None and read else
+                       f'skipped: {skipped.counts}')
                 raise RuntimeError(f'{self._label()}: no {split} {self.item_name} left to save '
-                                   f'(skipped: {skipped.counts})')
+                                   f'({why}); the train and test splits are processed '
+                                   f'together, so each needs one')
             self._save_processed(data_list, path)
             stats[split] = {f'num_{self.item_name}s': len(data_list),
                             'skipped': skipped.as_dict()}

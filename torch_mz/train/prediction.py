@@ -1,5 +1,5 @@
 r"""The functional :func:`predict`: a model run over a dataset, in target units."""
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -18,7 +18,8 @@ def predict(model: torch.nn.Module, dataset: Sequence,
             normalizer: Optional[TargetNormalizer] = None, batch_size: int = 128,
             device: Union[str, torch.device] = 'auto', progress: bool = False,
             scale_uncertainty: bool = False) -> Union[Tensor, Tuple[Tensor, Tensor]]:
-    r"""Runs ``model`` in eval mode over ``dataset`` in order.
+    r"""Runs ``model`` in eval mode over ``dataset`` in order (the model is moved to
+    :obj:`device` and, afterwards, put back in the mode it was in).
 
     Args:
         model (torch.nn.Module): The model, called as ``model(batch)``.
@@ -45,7 +46,17 @@ def predict(model: torch.nn.Module, dataset: Sequence,
     normalizer, scale = _pending_normalizer(model, normalizer)
     dev = resolve_device(device)
     model = model.to(dev)
+    was_training = model.training
     model.eval()
+    try:
+        return _predict(model, dataset, dev, normalizer, scale, scale_uncertainty, batch_size,
+                        progress)
+    finally:
+        model.train(was_training)  # the caller's mode, as it was (the device stays)
+
+
+def _predict(model: torch.nn.Module, dataset: Sequence, dev: torch.device, normalizer: Any, scale: Any,
+             scale_uncertainty: bool, batch_size: int, progress: bool) -> Any:
     preds: List[Tensor] = []
     uncs: List[Tensor] = []
     returns_tuple = False

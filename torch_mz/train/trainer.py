@@ -302,8 +302,8 @@ class Trainer:
     def load_weights(self, path: Union[str, os.PathLike]) -> Dict[str, Any]:
         r"""Loads model weights (and the target normaliser) from ``best.pt`` or ``checkpoint.pt``
         for evaluation or prediction; returns the checkpoint dict. Afterwards the model carries
-        the normaliser (when targets are normalised) and predicts in target units, as after
-        :meth:`fit`."""
+        the normaliser (when targets are normalised), is in ``eval()`` mode and predicts in
+        target units, as after :meth:`fit`."""
         state = load_checkpoint(path, map_location='cpu')
         self._check_task(state, path)
         detach_normalizer(self.model)
@@ -311,6 +311,7 @@ class Trainer:
         if state.get('normalizer') is not None:
             self.normalizer.load_state_dict(state['normalizer'])
         self._attach_normalizer()
+        self.model.eval()  # for evaluation or prediction: no dropout draws in model(batch)
         return state
 
     def _attach_normalizer(self) -> None:
@@ -390,7 +391,8 @@ class Trainer:
     def fit(self, train_dataset: Sequence, val_dataset: Optional[Sequence] = None,
             test_dataset: Optional[Sequence] = None) -> TrainResult:
         r"""Trains on ``train_dataset``, early-stopping on the loss over ``val_dataset``, and
-        evaluates the final (best, restored) model on ``test_dataset`` if given. With
+        evaluates the final (best, restored) model on ``test_dataset`` if given; the model is
+        left in ``eval()`` mode, predicting in target units. With
         ``config.resume`` set it continues from that checkpoint at its next epoch; with the same
         configuration and deterministic kernels the result equals that of an uninterrupted run.
         Inside :func:`~torch_mz.train.stop_by` it stops after the epoch that ends past the
@@ -569,6 +571,9 @@ class Trainer:
         if cfg.restore_best and run.best_state is not None:
             self.model.load_state_dict(run.best_state)
         self._attach_normalizer()  # from here on the model predicts in target units
+        # ... in eval() mode, without or with a test set (model(batch) drew dropout masks
+        # after a fit without one)
+        self.model.eval()
         result = TrainResult(history=run.history, best_epoch=run.best_epoch,
                              best_val_loss=run.best_val if run.best_state is not None else math.nan,
                              epochs_run=len(run.history), stopped_early=run.stopped_early,
