@@ -55,8 +55,8 @@ def predict(model: torch.nn.Module, dataset: Sequence,
         model.train(was_training)  # the caller's mode, as it was (the device stays)
 
 
-def _predict(model: torch.nn.Module, dataset: Sequence, dev: torch.device, normalizer: Any, scale: Any,
-             scale_uncertainty: bool, batch_size: int, progress: bool) -> Any:
+def _predict(model: torch.nn.Module, dataset: Sequence, dev: torch.device, normalizer: Any,
+             scale: Any, scale_uncertainty: bool, batch_size: int, progress: bool) -> Any:
     preds: List[Tensor] = []
     uncs: List[Tensor] = []
     returns_tuple = False
