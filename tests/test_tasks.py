@@ -31,6 +31,9 @@ def test_task_options_follow_the_constructors():
     ('quadratic-tdof', dict(noise='loud'), "option 'noise' expects a number"),
     ('modelnet40', dict(num_points='all'), "option 'num_points' expects an integer"),
     ('qm9', dict(charge_failure=0), "option 'charge_failure' expects a string"),
+    # a synthetic task is lists of Data: a PyG transform is refused with what to do instead
+    ('meb-radius', dict(transform=abs), r"task 'meb-radius' is synthetic: .* takes no "
+     r"'transform'; apply a transform to the sets, e.g. splits.train = \[transform\(d\)"),
 ])
 def test_unknown_or_mistyped_task_options_are_refused_before_any_work(name, kwargs, match,
                                                                       tmp_path):

@@ -45,6 +45,13 @@ def load_task(name: str, seed: int = 0, n_train: Optional[int] = None,
     :obj:`task_kwargs` are checked against :func:`task_options` first: an unknown option or a
     value of the wrong type raises a :class:`ValueError` naming it."""
     _check_name(name)
+    given = [k for k in ('transform', 'pre_transform', 'pre_filter') if k in task_kwargs]
+    if is_synthetic(name) and given:
+        raise ValueError(
+            f"task '{name}' is synthetic: its splits are lists of Data generated from the seed, "
+            f"not a PyG dataset, so it takes no {', '.join(repr(k) for k in given)}; apply a "
+            f"transform to the sets, e.g. splits.train = [transform(d) for d in splits.train] "
+            f"(once), or per access in your own Dataset")
     defaults, nullable, complete = task_options(name)
     check_options(task_kwargs, defaults, f"task '{name}'", complete=complete, nullable=nullable)
     args = dict(task_kwargs, **({} if set_size is None else {'set_size': list(set_size)}))
