@@ -561,6 +561,22 @@ def test_a_resumed_run_rewrites_its_logs_and_best_weights_from_the_checkpoint(tm
     assert resumed.best_epoch == full_result.best_epoch
 
 
+def test_a_finished_run_extended_on_resume_takes_the_new_schedules_rate(tmp_path):
+    # a finished run's optimiser holds the cosine's last rate, 0: resumed with more epochs, its
+    # next epoch trains at the new schedule's rate for that step, as an uninterrupted run of
+    # the new length does (it trained a first extended epoch at 0)
+    data, val = REG_TRAIN[:32], REG_VAL[:8]
+    Trainer(H.ToyDeepSets(3, 2), config(epochs=2, warmup_epochs=1,
+                                        out_dir=str(tmp_path / 'run'))).fit(data, val)
+    extended = Trainer(H.ToyDeepSets(3, 2), config(
+        epochs=4, warmup_epochs=1, out_dir=str(tmp_path / 'run'),
+        resume=str(tmp_path / 'run' / 'checkpoint.pt'))).fit(data, val)
+    longer = Trainer(H.ToyDeepSets(3, 2), config(epochs=4, warmup_epochs=1)).fit(data, val)
+    assert [r['epoch'] for r in extended.history] == [0, 1, 2, 3]
+    got = [r['lr'] for r in extended.history[2:]]
+    assert got[0] > 0 and got == pytest.approx([r['lr'] for r in longer.history[2:]])
+
+
 def test_stop_by_stops_between_epochs_and_the_run_resumes_exactly(tmp_path):
     from torch_mz.train import DistInfo, TrainingStopped, stop_by
     # checkpoints every 3 epochs: the stop writes its own

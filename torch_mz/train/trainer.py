@@ -624,6 +624,14 @@ class Trainer:
         except (ValueError, KeyError, RuntimeError) as e:
             raise CheckpointError(f'Optimizer/scheduler state in {path!r} does not fit: '
                                   f'{e}') from e
+        if {'epochs', 'warmup_epochs'} & set(changed):
+            # the optimiser holds the learning rate of the saved schedule's last step (0 at the
+            # end of a finished run's cosine): the next epoch takes the new schedule's, from the
+            # same step, rather than training a first extended epoch at that rate
+            for group, base, factor in zip(self.optimizer.param_groups, self.scheduler.base_lrs,
+                                           self.scheduler.lr_lambdas):
+                group['lr'] = base * factor(self.scheduler.last_epoch)
+            self.scheduler._last_lr = [g['lr'] for g in self.optimizer.param_groups]
         if state.get('normalizer') is not None:
             self.normalizer.load_state_dict(state['normalizer'])
         elif self.uses_normalizer:
