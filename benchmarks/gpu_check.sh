@@ -49,7 +49,7 @@ echo '== point-cloud training step'
 # the presets only: the +keep rows are about the CPU's malloc, the +compile rows compile for
 # a minute or more each (1.1 minutes with --repeats 3 on one H200, each preset in a process
 # of its own)
-timeout 70 $PY benchmarks/training_step.py --device cuda --repeats 2 \
+timeout 90 $PY benchmarks/training_step.py --device cuda --repeats 2 \
   --models rigid,st-large,mz-slim,mz,egnn --out "$OUT/training_step" || status=1
 echo '== speed.py batches'
 # without --memory: that measures each configuration in a fresh process (20 of them); the
@@ -62,7 +62,7 @@ echo '== message passing'
 # --same-process: the rows in this one process (the GPU's peak is the allocator's, reset per
 # row), without a CUDA start-up per row; cut off by its limit, the rows measured so far are in
 # message_passing.partial.* (the same command with --resume completes it)
-timeout 100 $PY benchmarks/message_passing.py --device cuda --nodes 1000,10000,100000 --dims 64 \
+timeout 80 $PY benchmarks/message_passing.py --device cuda --nodes 1000,10000,100000 --dims 64 \
   --degrees poisson --aggrs pyg,rigid,rigid-chunks,default,default-chunks \
   --ckpt-dims 64 \
   --ckpt-min-nodes 10000 --graphconv-nodes 0 --repeats 3 --no-allocated --same-process \

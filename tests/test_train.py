@@ -575,6 +575,17 @@ def test_a_finished_run_extended_on_resume_takes_the_new_schedules_rate(tmp_path
     assert [r['epoch'] for r in extended.history] == [0, 1, 2, 3]
     got = [r['lr'] for r in extended.history[2:]]
     assert got[0] > 0 and got == pytest.approx([r['lr'] for r in longer.history[2:]])
+    # a changed base rate and weight decay are taken too (the optimiser state held the saved)
+    base = config(epochs=4, warmup_epochs=1).lr
+    trainer = Trainer(H.ToyDeepSets(3, 2), config(
+        epochs=6, warmup_epochs=1, lr=2 * base, weight_decay=0.5, out_dir=str(tmp_path / 'run'),
+        resume=str(tmp_path / 'run' / 'checkpoint.pt')))
+    again = trainer.fit(data, val)
+    doubled = Trainer(H.ToyDeepSets(3, 2), config(epochs=6, warmup_epochs=1,
+                                                  lr=2 * base)).fit(data, val)
+    assert [r['lr'] for r in again.history[4:]] == pytest.approx(
+        [r['lr'] for r in doubled.history[4:]])
+    assert trainer.optimizer.param_groups[0]['weight_decay'] == 0.5
 
 
 def test_stop_by_stops_between_epochs_and_the_run_resumes_exactly(tmp_path):

@@ -387,7 +387,8 @@ def test_download_extracts_the_archive_into_raw(modelnet_mesh_root, tmp_path, mo
     with pytest.raises(KeyboardInterrupt):
         ModelNet40(again, num_points=16, log=False)
     # no archive, no staging folder (it went with the interruption), an empty raw/
-    assert os.listdir(again) == ['raw'] and os.listdir(osp.join(again, 'raw')) == []
+    assert sorted(os.listdir(again)) == ['processed', 'raw']
+    assert os.listdir(osp.join(again, 'raw')) == []
     monkeypatch.setattr(modelnet, 'download_url', fake_download_url)
     assert len(ModelNet40(again, num_points=16, log=False)) == 3
 
@@ -402,6 +403,19 @@ def test_download_extracts_the_archive_into_raw(modelnet_mesh_root, tmp_path, mo
     ds = ModelNet40(str(resumed), num_points=16, log=False)
     assert len(ds) == 3 and not (resumed / 'ModelNet40.zip').exists()
     assert sorted(os.listdir(resumed / 'raw')) == sorted(os.listdir(osp.join(root, 'raw')))
+
+    # staging folders a killed download or extraction left behind go at the next download;
+    # an archive without the ModelNet40/ folder is named
+    killed = tmp_path / 'killed'
+    os.makedirs(killed / '.download-abc')
+    (killed / '.download-abc' / 'ModelNet40.zip').write_bytes(b'PK partial')
+    os.makedirs(killed / '.extract-def' / 'ModelNet40')
+    with zipfile.ZipFile(killed / 'ModelNet40.zip', 'w') as z:
+        z.writestr('Other/readme.txt', b'not ModelNet40')
+    with pytest.raises(CorruptRawFileError, match="ModelNet40.zip': the archive holds no "
+                       "ModelNet40/ folder"):
+        ModelNet40(str(killed), num_points=16, log=False)
+    assert sorted(os.listdir(killed)) == ['ModelNet40.zip', 'processed', 'raw']
 
 
 def test_missing_trimesh_names_the_pip_extra(modelnet_mesh_root, monkeypatch):

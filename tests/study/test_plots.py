@@ -57,4 +57,8 @@ def test_a_figure_is_saved_atomically(tmp_path):
         save_figure(fig, path, dpi=50)
     assert open(path, 'rb').read() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ['plot.png']
+    del fig.savefig
+    # a path without an extension gets matplotlib's format and its extension, as savefig does
+    save_figure(fig, str(tmp_path / 'bare'), dpi=50)
+    assert (tmp_path / 'bare.png').read_bytes().startswith(b'\x89PNG')
     plt.close(fig)

@@ -3,11 +3,13 @@ point normalisation, train/val/test index splits, bookkeeping of skipped raw rec
 raised for a corrupt raw or processed file, and :class:`ProcessedDataset`, the base class whose
 processed cache is written atomically, loaded without running code, and rebuilt when broken."""
 import contextlib
+import glob
 import json
 import os
 import os.path as osp
 import pickle
 import re
+import shutil
 import warnings
 from typing import (Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple, Type,
                     Union)
@@ -437,6 +439,23 @@ class ProcessedDataset(InMemoryDataset):
             self._stale_on_write = []
         for path, current in self._markers():
             atomic_write(path, lambda f: torch.save(current, f))  # called at once
+
+
+def download_lock(root: str) -> ContextManager[None]:
+    r"""The lock a dataset's download holds (:func:`~torch_mz._files.file_lock`), so that
+    processes opening it at once take turns: ``<root>/processed/.download.lock``, beside the
+    processed caches' locks (``root`` and ``raw/`` hold only the data)."""
+    return file_lock(osp.join(root, 'processed', '.download.lock'))
+
+
+def clear_staging(folder: str) -> None:
+    r"""Removes the staging folders (``.download-*``, ``.extract-*``) that a download or an
+    extraction killed without its clean-up (SIGTERM, SIGKILL) left in :obj:`folder`: only their
+    own process ever reads them. Call it holding the folder's download lock."""
+    for path in glob.glob(osp.join(folder, '.download-*')) + glob.glob(
+            osp.join(folder, '.extract-*')):
+        if osp.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def integer_valued(values: np.ndarray) -> bool:

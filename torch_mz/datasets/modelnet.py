@@ -18,6 +18,8 @@ from torch_mz.datasets.common import (
     CorruptRawFileError,
     SkipCounter,
     TrainTestSets,
+    clear_staging,
+    download_lock,
     integer_valued,
     normalize_unit_sphere,
     read_h5,
@@ -276,6 +278,17 @@ class ModelNet40(TrainTestSets):
         return osp.join(self.root, 'processed', tag + '_pos-only')
 
     def download(self) -> None:
+        if self.source == 'mesh':
+            # one process downloads at a time; the next finds the meshes the first placed
+            with download_lock(self.root):
+                if all(osp.exists(p) for p in self.raw_paths):
+                    return
+                clear_staging(self.root)
+                self._download_raw()
+            return
+        self._download_raw()
+
+    def _download_raw(self) -> None:
         if self.source == 'hdf5':
             raise FileNotFoundError(
                 f"ModelNet40 (source='hdf5') needs PointNet's '{HDF5_FOLDER}' release, which is "
@@ -304,6 +317,8 @@ class ModelNet40(TrainTestSets):
             except zipfile.BadZipFile as e:
                 raise CorruptRawFileError(archive, f'not a complete zip archive ({e})') from e
             folder = osp.join(staging, 'ModelNet40')
+            if not osp.isdir(folder):
+                raise CorruptRawFileError(archive, 'the archive holds no ModelNet40/ folder')
             os.makedirs(self.raw_dir, exist_ok=True)
             for name in os.listdir(folder):  # into raw/, next to e.g. an HDF5 folder there
                 target = osp.join(self.raw_dir, name)

@@ -608,8 +608,8 @@ class EGNN(Module):
                     ": the input has no features 'x'; for coordinates alone build EGNN with "
                     "in_channels=0 (build_model('egnn', in_channels, ..., pos_dim=D) counts "
                     "[pos, x], so in_channels=D there)")
-            if (x is not None and x.dim() == 2 and x.size(0) == num_nodes
-                    and x.size(1) + pos.size(1) == self.in_channels):
+            if (self.pos_dim is None and x is not None and x.dim() == 2
+                    and x.size(0) == num_nodes and x.size(1) + pos.size(1) == self.in_channels):
                 hint = (f": in_channels={self.in_channels} counts the {pos.size(1)} coordinate "
                         f"columns too (a task's in_channels does): build the model with "
                         f"pos_dim={pos.size(1)} (build_model('egnn', task.in_channels, "

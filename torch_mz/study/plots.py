@@ -27,8 +27,13 @@ def pyplot():
 def save_figure(fig: Any, path: str, **kwargs: Any) -> None:
     r"""``fig.savefig(path, **kwargs)``, atomically (:func:`~torch_mz._files.atomic_write`): an
     interrupted save leaves the earlier file, never a truncated image that a report links to.
-    The format is the path's extension (``png`` where it has none) unless ``format`` is given."""
-    fmt = kwargs.pop('format', None) or os.path.splitext(path)[1][1:].lower() or 'png'
+    The format is ``format`` if given, else the path's extension; a path without one gets
+    matplotlib's ``savefig.format`` and its extension appended, as ``savefig`` does."""
+    path = os.fspath(path)
+    fmt = kwargs.pop('format', None) or os.path.splitext(path)[1][1:].lower()
+    if not fmt:
+        fmt = str(pyplot().rcParams['savefig.format'])
+        path = f'{path}.{fmt}'
     atomic_write(path, lambda f: fig.savefig(f, format=fmt, **kwargs))
 
 

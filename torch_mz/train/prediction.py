@@ -46,13 +46,14 @@ def predict(model: torch.nn.Module, dataset: Sequence,
     normalizer, scale = _pending_normalizer(model, normalizer)
     dev = resolve_device(device)
     model = model.to(dev)
-    was_training = model.training
+    modes = [(m, m.training) for m in model.modules()]  # (a BatchNorm frozen in eval() stays so)
     model.eval()
     try:
         return _predict(model, dataset, dev, normalizer, scale, scale_uncertainty, batch_size,
                         progress)
     finally:
-        model.train(was_training)  # the caller's mode, as it was (the device stays)
+        for module, training in modes:  # the caller's modes, as they were (the device stays)
+            module.training = training
 
 
 def _predict(model: torch.nn.Module, dataset: Sequence, dev: torch.device, normalizer: Any,

@@ -624,10 +624,19 @@ class Trainer:
         except (ValueError, KeyError, RuntimeError) as e:
             raise CheckpointError(f'Optimizer/scheduler state in {path!r} does not fit: '
                                   f'{e}') from e
-        if {'epochs', 'warmup_epochs'} & set(changed):
+        if 'weight_decay' in changed:  # (the loaded optimiser state holds the saved one)
+            for group in self.optimizer.param_groups:
+                group['weight_decay'] = self.config.weight_decay
+        if {'epochs', 'warmup_epochs', 'lr'} & set(changed):
             # the optimiser holds the learning rate of the saved schedule's last step (0 at the
-            # end of a finished run's cosine): the next epoch takes the new schedule's, from the
-            # same step, rather than training a first extended epoch at that rate
+            # end of a finished run's cosine) and the schedule its saved base rate: the next
+            # epoch takes the new schedule's rate for the same step, from the configured base
+            # rate, rather than training a first extended epoch at the saved one (a change of
+            # 'schedule' or of the steps per epoch is only warned about)
+            if 'lr' in changed:
+                self.scheduler.base_lrs = [self.config.lr for _ in self.optimizer.param_groups]
+                for group in self.optimizer.param_groups:
+                    group['initial_lr'] = self.config.lr
             for group, base, factor in zip(self.optimizer.param_groups, self.scheduler.base_lrs,
                                            self.scheduler.lr_lambdas):
                 group['lr'] = base * factor(self.scheduler.last_epoch)
