@@ -392,6 +392,21 @@ class ProcessedDataset(InMemoryDataset):
         together) take turns, and the second finds the cache the first has built."""
         return file_lock(self.processed_dir.rstrip(os.sep) + '.lock')
 
+    def _download_once(self, staging: str) -> None:
+        r""":meth:`_download_raw` under the dataset's download lock (:func:`download_lock`):
+        one process downloads at a time, and the next finds the raw files the first placed.
+        What killed downloads left in :obj:`staging` is cleared first (:func:`clear_staging`).
+        """
+        with download_lock(self.root):
+            if all(osp.exists(p) for p in self.raw_paths):
+                return
+            clear_staging(staging)
+            self._download_raw()
+
+    def _download_raw(self) -> None:
+        r"""Fetches the raw files (subclasses that download)."""
+        raise NotImplementedError
+
     def _markers(self) -> List[Tuple[str, str]]:
         return [(osp.join(self.processed_dir, 'pre_transform.pt'), _describe(self.pre_transform)),
                 (osp.join(self.processed_dir, 'pre_filter.pt'), _describe(self.pre_filter))]

@@ -18,8 +18,6 @@ from torch_mz.datasets.common import (
     CorruptRawFileError,
     SkipCounter,
     TrainTestSets,
-    clear_staging,
-    download_lock,
     integer_valued,
     normalize_unit_sphere,
     read_h5,
@@ -279,14 +277,9 @@ class ModelNet40(TrainTestSets):
 
     def download(self) -> None:
         if self.source == 'mesh':
-            # one process downloads at a time; the next finds the meshes the first placed
-            with download_lock(self.root):
-                if all(osp.exists(p) for p in self.raw_paths):
-                    return
-                clear_staging(self.root)
-                self._download_raw()
-            return
-        self._download_raw()
+            self._download_once(staging=self.root)
+        else:
+            self._download_raw()
 
     def _download_raw(self) -> None:
         if self.source == 'hdf5':

@@ -26,8 +26,7 @@ from torch_mz.datasets.common import (
     ProcessedFileError,
     SkipCounter,
     check_processed_sizes,
-    clear_staging,
-    download_lock,
+
     default_root,
     load_stats,
     save_stats,
@@ -497,14 +496,9 @@ class QM9(ProcessedDataset):
 
     def download(self) -> None:
         if self.source == 'sdf':
-            # one process downloads at a time; the next finds the files the first placed
-            with download_lock(self.root):
-                if all(osp.exists(p) for p in self.raw_paths):
-                    return
-                clear_staging(self.raw_dir)
-                self._download_raw()
-            return
-        self._download_raw()
+            self._download_once(staging=self.raw_dir)
+        else:
+            self._download_raw()
 
     def _download_raw(self) -> None:
         if self.source == 'qm9pack':
