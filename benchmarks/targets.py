@@ -703,7 +703,7 @@ def plot(records: Sequence[Mapping[str, Any]], path: str) -> None:
     (value / threshold for '<=' targets, threshold / value for '>=' ones; a difference in
     points for the fraction-of-peak comparison), so that every target reads alike: left of
     the line meets it."""
-    from torch_mz.study.plots import pyplot
+    from torch_mz.study.plots import pyplot, save_figure
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(9, 0.45 * len(records) + 1.2))
     for i, r in enumerate(records):
@@ -724,15 +724,10 @@ def plot(records: Sequence[Mapping[str, Any]], path: str) -> None:
     ax.set_title("Issue 10's targets, from the committed results files (green: meets, red: "
                  'misses)', fontsize=9)
     fig.tight_layout()
-    tmp = os.path.join(os.path.dirname(os.path.abspath(path)),
-                       f'.{os.path.basename(path)}.{os.getpid()}.tmp')
     try:  # atomically, as the JSON and Markdown files: an interrupted save keeps the earlier plot
-        fig.savefig(tmp, dpi=110, format='png')
-        os.replace(tmp, path)
+        save_figure(fig, path, dpi=110, format='png')
     finally:
         plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
