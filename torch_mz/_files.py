@@ -13,27 +13,34 @@ except ImportError:  # pragma: no cover - Windows
 
 
 @contextmanager
-def file_lock(path: Union[str, os.PathLike]) -> Iterator[None]:
+def file_lock(path: Union[str, os.PathLike], wait: bool = True) -> Iterator[bool]:
     r"""Holds an exclusive advisory lock (``fcntl.flock``) on the file :obj:`path` (created if
-    missing, never removed) for the ``with`` block, waiting for another process that holds it.
-    The lock dies with its process. Where no lock can be had, the block runs unlocked: without
-    ``fcntl`` (Windows), where the file cannot be created (a read-only folder, e.g. a dataset
-    cache shared read-only) or the file system refuses locks."""
+    missing, never removed) for the ``with`` block and yields :obj:`True`, waiting for another
+    process that holds it; with :obj:`wait` false, yields :obj:`False` at once (holding
+    nothing) when another process holds it. The lock dies with its process. Where no lock can
+    be had, the block runs unlocked (and :obj:`True` is yielded): without ``fcntl`` (Windows),
+    where the file cannot be created (a read-only folder, e.g. a dataset cache shared
+    read-only) or the file system refuses locks."""
     fd = None
+    busy = False
     if fcntl is not None:
         try:
             path = os.fspath(path)
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BaseException as e:  # (also an interrupt while waiting: no file left open)
             if fd is not None:
                 os.close(fd)
             fd = None
+            busy = isinstance(e, BlockingIOError)  # another process holds it; not waiting
             if not isinstance(e, OSError):
                 raise
+    if busy:
+        yield False
+        return
     try:
-        yield
+        yield True
     finally:
         if fd is not None:
             os.close(fd)  # releases the lock

@@ -285,6 +285,19 @@ def test_file_lock_excludes_another_holder(tmp_path):
         os.close(fd)
 
 
+def test_file_lock_without_waiting_reports_another_holder(tmp_path):
+    from torch_mz._files import file_lock
+    path = tmp_path / '.lock'
+    with file_lock(path) as held:
+        assert held is True
+        with file_lock(path, wait=False) as second:  # another open file: as another process
+            assert second is False
+    with file_lock(path, wait=False) as free:  # released with the first block
+        assert free is True
+        with file_lock(path, wait=False) as second:
+            assert second is False
+
+
 def test_train_test_sets_refuse_a_crafted_split_file(scanobjectnn_root, tmp_path):
     root = scanobjectnn_root['root']
     ScanObjectNN(root, num_points=32, log=False)

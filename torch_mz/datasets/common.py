@@ -385,7 +385,7 @@ class ProcessedDataset(InMemoryDataset):
                 'or allow the global named above with torch.serialization.add_safe_globals '
                 'before building the dataset. The file was removed') from e
 
-    def _build_lock(self) -> ContextManager[None]:
+    def _build_lock(self) -> ContextManager[bool]:
         r"""An exclusive lock (:func:`~torch_mz._files.file_lock`) on ``<processed_dir>.lock``,
         held while a process checks the cache and builds or rebuilds it, and while it reads
         it: two processes opening the same dataset at once (e.g. two training jobs started
@@ -456,7 +456,7 @@ class ProcessedDataset(InMemoryDataset):
             atomic_write(path, lambda f: torch.save(current, f))  # called at once
 
 
-def download_lock(root: str) -> ContextManager[None]:
+def download_lock(root: str) -> ContextManager[bool]:
     r"""The lock a dataset's download holds (:func:`~torch_mz._files.file_lock`), so that
     processes opening it at once take turns: ``<root>/processed/.download.lock``, beside the
     processed caches' locks (``root`` and ``raw/`` hold only the data)."""

@@ -9,12 +9,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
-try:  # POSIX: processes running the same reproduction share its runs
-    import fcntl
-except ImportError:  # pragma: no cover - Windows: one process at a time
-    fcntl = None  # type: ignore[assignment]
-
-from torch_mz._files import atomic_write
+from torch_mz._files import atomic_write, file_lock
 from torch_mz.study.measure import code_version
 from torch_mz.train import TrainConfig
 from torch_mz.reproduce.verdict import _mean
@@ -182,23 +177,12 @@ class RunStore:
              wait: bool = True) -> Iterator[bool]:
         r"""Holds the run's lock for the ``with`` block and yields :obj:`True`; with
         :obj:`wait` false, yields :obj:`False` at once (holding nothing) when another process
-        holds it. The lock is advisory (``fcntl.flock`` on ``<checkpoints>/<digest>.lock``) and
-        dies with its process. Where ``fcntl`` is missing (Windows) every lock is granted."""
+        holds it. The lock is :func:`~torch_mz._files.file_lock` on
+        ``<checkpoints>/<digest>.lock``: advisory, it dies with its process, and where no lock
+        can be had (no ``fcntl``, as on Windows: one process at a time) every lock is granted."""
         _, ckpt = self._paths(run_key(cell, spec, seed, replace(config, seed=seed)))
-        if fcntl is None:  # pragma: no cover
-            yield True
-            return
-        os.makedirs(self.checkpoints, exist_ok=True)
-        fd = os.open(ckpt + '.lock', os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-            except BlockingIOError:
-                yield False
-                return
-            yield True
-        finally:
-            os.close(fd)  # releases the lock
+        with file_lock(ckpt + '.lock', wait=wait) as held:
+            yield held
 
     def state(self, cell: Mapping[str, Any], spec: str, seed: int,
               config: TrainConfig) -> Tuple[str, int]:
