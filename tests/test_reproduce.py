@@ -49,6 +49,14 @@ def test_verdict_rule_on_hand_made_numbers():
     # exact figures (no seeds)
     assert verdict(0.9, 0.95, 0.0, None) == 'reproduced'
     assert verdict(0.9, 0.3, 0.0, None) == 'direction only'
+    # rule 0: a difference at the paper's size between two models that learn nothing, where
+    # the paper's model A learns the task, is not the paper's result
+    assert verdict(0.036, 0.03, 0.005, 2) == 'reproduced'
+    assert verdict(0.036, 0.03, 0.005, 2, levels=(0.02, -0.01, 0.904)) == 'not reproduced'
+    # ... but it applies only where neither of ours learns and the paper's A does
+    assert verdict(0.036, 0.03, 0.005, 2, levels=(0.32, 0.29, 0.904)) == 'reproduced'
+    assert verdict(0.036, 0.03, 0.005, 2, levels=(0.02, -0.01, 0.3)) == 'reproduced'
+    assert verdict(0.036, 0.03, 0.005, 2, levels=(0.02, -0.01, math.nan)) == 'reproduced'
 
 
 def _counting(monkeypatch):
@@ -442,6 +450,23 @@ def test_table4_compares_with_table2_at_d8_and_table4_at_d16():
     assert rot.paper_r2[('rot d=8', 'egnn')] == 0.99 and rot.paper_r2[('rot d=8', 'mz')] == 0.95
     assert {(c.cell, c.a, c.b, round(c.paper, 3)) for c in rot.comparisons} == {
         ('rot d=8', 'egnn', ('mz', ), 0.04), ('rot d=8 un-aligned', 'egnn', ('mz', ), 0.04)}
+
+
+def test_a_cell_no_model_learns_is_not_reproduced_whatever_the_difference(tmp_path):
+    # the literal rotation target: every model near R² 0, where the paper has 0.9; two seeds
+    # whose differences happen to match the paper's gap of 0.036 must not read as reproduced
+    claim = CLAIMS['table4']
+    comparison = next(c for c in claim.comparisons if c.cell == 'rot d=8')
+    repro = Reproduction(BUDGETS['converged'], str(tmp_path), device='cpu')
+    fits = dict(mz=(0.031, 0.029), rigid=(-0.004, -0.006), **{
+        m: (-0.01, -0.02) for m in claim.models if m not in ('mz', 'rigid')})
+    runs = [dict(cell='rot d=8', model=m, seed=k, test=dict(r2=r2), epochs_run=30,
+                 stopped_early=True) for m, pair in fits.items() for k, r2 in enumerate(pair)]
+    record = repro.record(comparison, claim, runs, 2, {})
+    assert record['ours']['b'] == 'rigid' and abs(record['ours']['mean'] - 0.035) < 1e-12
+    assert record['verdict'] == 'not reproduced'
+    learned = [dict(r, test=dict(r2=r['test']['r2'] + 0.8)) for r in runs]
+    assert repro.record(comparison, claim, learned, 2, {})['verdict'] == 'reproduced'
 
 
 def test_d3_scores_the_kept_members_and_resumes(tmp_path, monkeypatch):

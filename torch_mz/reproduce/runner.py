@@ -781,7 +781,10 @@ class Reproduction:
                             diverged=sum(bool(r.get('diverged')) for r in cell_runs),
                             runs=len(cell_runs)),
             seeds=seeds, sweep=dict(sweep),
-            verdict=verdict(comparison.paper, mean, spread, len(diffs)),
+            verdict=verdict(comparison.paper, mean, spread, len(diffs),
+                            levels=(figures[comparison.a]['r2'], figures[b]['r2'],
+                                    claim.paper_r2.get((comparison.cell, comparison.a),
+                                                       math.nan))),
             command=f'python benchmarks/reproduce.py --budget {self.budget.name} --claims '
                     f'{claim.name}')
 

@@ -1,6 +1,6 @@
 r"""The verdict rule of a claim, and the mean and spread it reads."""
 import math
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -10,6 +10,8 @@ import numpy as np
 VERDICTS = ('reproduced', 'direction only', 'not reproduced', 'inconclusive')
 TOL_ABS = 0.02  # R² units: how close to the paper's figure counts as the same
 TOL_REL = 0.25  # ... or this fraction of the paper's figure, whichever is larger
+NOT_LEARNED = 0.1  # R²: below this a model has not learned the task ...
+LEARNED_IN_PAPER = 0.5  # ... where the paper's model A reaches at least this
 
 VERDICT_RULE = f"""\
 Each claim is one number: a difference of test R² between two models, R²(A) - R²(B), positive
@@ -21,6 +23,9 @@ of the
 per-seed differences (same seed index, same data), with s their standard deviation (ddof = 1)
 over n seeds; "paper" is the paper's figure p. With tol = max({TOL_ABS}, {TOL_REL:g} |p|):
 
+0. not reproduced: where the paper gives model A an R² of at least {LEARNED_IN_PAPER} and our
+   mean R² of both A and B is below {NOT_LEARNED}: neither model learns the task here, and a
+   difference between two fits at the noise level says nothing about the paper's difference;
 1. inconclusive: fewer than 2 seeds, a missing run, or a seed spread as large as the paper's
    effect (2 s > max(|p|, tol));
 2. reproduced: |ours - p| <= tol;
@@ -32,10 +37,19 @@ over n seeds; "paper" is the paper's figure p. With tol = max({TOL_ABS}, {TOL_RE
 Exact figures (parameter counts) have no spread and skip the seed conditions."""
 
 
-def verdict(paper: float, mean: float, spread: float, seeds: Optional[int]) -> str:
+def verdict(paper: float, mean: float, spread: float, seeds: Optional[int],
+            levels: Optional[Tuple[float, float, float]] = None) -> str:
     r"""The verdict of one claim by :data:`VERDICT_RULE`: the paper's figure :obj:`paper`, ours
     :obj:`mean` with seed standard deviation :obj:`spread` over :obj:`seeds` seeds
-    (:obj:`None` for an exact figure, e.g. a parameter count). Returns one of :data:`VERDICTS`."""
+    (:obj:`None` for an exact figure, e.g. a parameter count). :obj:`levels`, for a difference
+    of R², is ``(ours A, ours B, paper's A)``, the mean R² of the two models and the paper's R²
+    of A (:obj:`nan` where the paper has none), for rule 0. Returns one of
+    :data:`VERDICTS`."""
+    if levels is not None:
+        ours_a, ours_b, paper_a = levels
+        if (paper_a >= LEARNED_IN_PAPER and ours_a < NOT_LEARNED
+                and ours_b < NOT_LEARNED):  # (False for nan)
+            return 'not reproduced'
     if not (math.isfinite(paper) and math.isfinite(mean)):
         return 'inconclusive'
     if seeds is None:
