@@ -469,6 +469,34 @@ def test_a_cell_no_model_learns_is_not_reproduced_whatever_the_difference(tmp_pa
     assert repro.record(comparison, claim, learned, 2, {})['verdict'] == 'reproduced'
 
 
+def test_the_defaults_of_the_claims_tasks_are_pinned():
+    # a run's key (and so the store's reuse of it) holds only the task arguments a claim's cell
+    # passes; a changed default would silently reuse finished runs for another task. Where this
+    # fails: pass the old value in the claims' cells (and SWEEP_CELLS), or retrain
+    from torch_mz.datasets import synthetic
+    from torch_mz.tasks import task_options
+    pinned = {
+        'quadratic-tdof': ({'split_set_sizes': None, 'd': 32, 'tdof': 8, 'noise': 1.0,
+                            'with_m0': True}, (10, 30)),
+        'meb-radius': ({'split_set_sizes': None, 'd': None, 'num_clusters': (1, 3),
+                        'center_std': 2.0, 'spread': (0.3, 1.0)}, (10, 30)),
+        'covariance-norm': ({'split_set_sizes': None, 'd': None, 'scales': (0.3, 2.0),
+                             'center_std': 1.0}, (10, 30)),
+        'rotation-matching': ({'split_set_sizes': None, 'd': 8, 'noise': 0.1,
+                               'noise_range': None, 'alignment': 'true', 'max_angle': math.pi,
+                               'reduction': 'mean', 'store_rotation': False}, (10, 30)),
+        'qm9': ({'source': 'sdf', 'target': None, 'csv_path': None, 'charge_failure': 'zero',
+                 'transform': None, 'pre_transform': None, 'pre_filter': None, 'log': True,
+                 'force_reload': False}, None)}
+    used = {cell['task'] for claim in CLAIMS.values() for cell in claim.cells}
+    used |= {cell['task'] for cell in SWEEP_CELLS.values()}
+    assert used == set(pinned)
+    for task, (defaults, set_size) in pinned.items():
+        assert task_options(task)[0] == defaults, task
+        if set_size is not None:
+            assert synthetic.TASKS[task].default_set_size == set_size, task
+
+
 def test_d3_scores_the_kept_members_and_resumes(tmp_path, monkeypatch):
     # a tiny Appendix D.3: 2 study seeds x 2 members of a small MZ model on a sum task
     spec = 'mz:dim=8,num_inducing=2,d_ff=8'
