@@ -443,6 +443,10 @@ def test_table4_compares_with_table2_at_d8_and_table4_at_d16():
     # EGNN (not in the paper's Table 4) is Table 7's rotation column, a claim of its own on
     # Table 4's d = 8 cells, so that Table 4 does not wait for its runs
     assert 'egnn' not in CLAIMS['table4'].models
+    # FiLM, the paper's headline comparison on this task ("51% over FiLM"), from Table 2 at d = 8
+    assert all('film' in c.b for c in CLAIMS['table4'].comparisons)
+    assert CLAIMS['table4'].paper_r2[('rot d=8', 'film')] == 0.904
+    assert ('rot d=16', 'film') not in CLAIMS['table4'].paper_r2  # no FiLM row in Table 4
     assert all(m in CLAIMS['table4'].models for _, m in CLAIMS['table4'].paper_r2)
     rot = CLAIMS['table7-rot']
     assert rot.models == ('egnn', 'mz', 'st-large', 'deepsets')

@@ -41,6 +41,11 @@ GEOMETRY: Dict[Tuple[str, int], Tuple[float, ...]] = {
     ('hull', 9): (0.138, 0.160, 0.108, 0.119, 0.123),
 }
 
+#: Table 2's Task F (rotation matching in R^8): R² of ST + FiLM (225K parameters, a
+#: "smaller-budget baseline reported for reference"), the model of the paper's headline there
+#: ("51% over FiLM"); Table 4 (d >= 16) has no FiLM row.
+FILM_ROT8 = 0.904
+
 #: Table 7 (MZAttn vs EGNN, 3 seeds): the cells in the paper's order, and R² per model.
 TABLE7_CELLS = ('rot d=8', 'rot d=32', 'rot d=64', 'hull d=3', 'hull d=9', 'MEB d=8', 'MEB d=32',
                 'CN d=8', 'Mah d=8', 'PCA d=16', 'quad L=4', 'quad L=8', 'quad L=16')
