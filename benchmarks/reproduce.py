@@ -100,8 +100,8 @@ from torch_mz.reproduce.budgets import SWEEP_STEP
 from torch_mz.nn import set_fused_kernels
 from torch_mz.runtime import keep_freed_memory
 from torch_mz._files import atomic_write, file_lock
-from torch_mz.study import (environment, markdown_table, plot_bars, pyplot, try_plot,
-                            write_report)
+from torch_mz.study import (environment, markdown_table, plot_bars, positive_int, pyplot,
+                            try_plot, write_report)
 from torch_mz.study.plots import save_figure
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -529,7 +529,7 @@ def main(argv=None):
     parser.add_argument('--budget', choices=tuple(BUDGETS), default='converged')
     parser.add_argument('--claims', default=','.join(CLAIM_NAMES),
                         help=f"comma-separated subset of {', '.join(CLAIM_NAMES)}")
-    parser.add_argument('--seeds', type=int, default=None,
+    parser.add_argument('--seeds', type=positive_int, default=None,
                         help="seeds per (cell, model) instead of the budget's (for d3: study "
                              "seeds, each of 5 ensemble members)")
     parser.add_argument('--device', default='auto')

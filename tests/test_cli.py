@@ -217,6 +217,15 @@ def test_compare_and_train_take_model_specs_with_options(tmp_path, capsys):
     (['compare', '--models', 'mz,nope:rank=4', '--seeds', '1'], "unknown model 'nope'"),
     (['train', '--model', 'rigid:nosuch=1'], "model spec 'rigid:nosuch=1': "),
     (['train', '--model', 'mz,rigid'], '--model takes one model'),
+    # a flag given as text other than true/false, a width or count out of range, an option
+    # the model would ignore: refused, never a traceback or a silently different model
+    (['train', '--model', 'mz:log_n=abc'], "'log_n' must be True or False (got 'abc')"),
+    (['train', '--model', 'egnn:edge_gate=abc'], "'edge_gate' must be True or False"),
+    (['train', '--model', 'mz:hidden_channels=-5'], "'hidden_channels' must be an integer"),
+    (['train', '--model', 'deepsets:hidden_channels=0'], "'hidden_channels' must be an int"),
+    (['train', '--model', 'perceiver:num_cross=-1'], "'num_cross' must be an integer >= 1"),
+    (['train', '--model', 'rigid:num_matrix_generators=-3'], "'num_matrix_generators' must"),
+    (['train', '--model', 'mz:rank=4'], "'rank' is the rank of the HyperNet value operator"),
 ])
 def test_bad_model_specs_exit_2_with_one_line(argv, message, tmp_path, capsys):
     assert main([argv[0], '--task', 'max', *T, *argv[1:], '--out', str(tmp_path / 'o')]) == 2
@@ -427,6 +436,63 @@ def test_duplicate_models_and_bad_settings_exit_2_before_any_data(argv, message,
                  *argv[1:], '--out', str(tmp_path / 'o')]) == 2
     err = capsys.readouterr().err
     assert message in err and 'Traceback' not in err and err.count('\n') == 1, err
+
+
+def test_python_spellings_of_flags_are_the_flags():
+    # 'False' is not JSON: read as text it was a true flag ('mz:log_n=False' switched it on)
+    from torch_mz.options import parse_key_values
+    assert parse_key_values(['log_n=False', 'a=True', 'b=None', 'c=false', 'd=Falsy']) == dict(
+        log_n=False, a=True, b=None, c=False, d='Falsy')
+
+
+@pytest.mark.parametrize('extra, message', [
+    (['--device', 'gpu'], "Expected device 'auto', 'cpu', 'cuda' or 'cuda:<index>'"),
+    (['--seed', '99999999999999999999'], '--seed must be in [0, 2**32)'),
+    (['--seed', '-1'], '--seed must be in [0, 2**32)'),
+    (['--grad-clip', '-5'], '--grad-clip must be a positive norm, or 0 for no clipping'),
+    (['--grad-clip', 'nan'], '--grad-clip must be a positive norm'),
+    (['--patience', '-3'], '--patience must be a number of epochs, or 0'),
+])
+def test_a_bad_setting_with_overwrite_exits_before_the_old_run_is_removed(extra, message,
+                                                                          tmp_path, capsys):
+    run = str(tmp_path / 'run')
+    assert main(['train', '--task', 'max', *T, '--model', 'deepsets', '--out', run]) == 0
+    before = sorted(os.listdir(run))
+    capsys.readouterr()
+    assert main(['train', '--task', 'max', *T, '--model', 'deepsets', '--out', run,
+                 '--overwrite', *extra]) == 2
+    err = capsys.readouterr().err
+    assert message in err and 'Traceback' not in err and err.count('\n') == 1, err
+    assert sorted(os.listdir(run)) == before  # nothing lost
+
+
+def test_zero_turns_clipping_and_early_stopping_off(tmp_path):
+    run = str(tmp_path / 'run')
+    assert main(['train', '--task', 'max', *T, '--model', 'deepsets', '--out', run,
+                 '--grad-clip', '0', '--patience', '0']) == 0
+    config = json.load(open(os.path.join(run, 'result.json')))['config']
+    assert config['grad_clip'] is None and config['patience'] is None
+
+
+def test_paths_and_options_that_cannot_work_exit_2_before_any_data(tmp_path, capsys):
+    a_file = tmp_path / 'a_file'
+    a_file.write_text('mine')
+    for argv, message in [
+            (['--task', 'max', '--out', str(a_file / 'sub')], 'is a file, not a folder'),
+            (['--task', 'qm9', '--set-size', '5,10'], "--set-size draws the sets of a "
+                                                      "synthetic task; 'qm9' is a real"),
+            (['--task', 'qm9', '--root', str(a_file)], 'is a file, not a dataset folder')]:
+        assert main(['train', *T, '--model', 'deepsets', *argv]) == 2
+        err = capsys.readouterr().err
+        assert message in err and 'Traceback' not in err and err.count('\n') == 1, err
+    assert a_file.read_text() == 'mine'
+    assert main(['predict', str(a_file), '--task', 'max', '--out', '']) == 2
+    assert '--out is empty' in capsys.readouterr().err
+    assert main(['predict', str(a_file), '--task', 'max', '--out',
+                 str(a_file / 'p.csv')]) == 2
+    assert 'is a file, not a folder' in capsys.readouterr().err
+    assert main(['models', '--in-channels', '0']) == 2
+    assert '--in-channels must be at least 1' in capsys.readouterr().err
 
 
 def test_an_out_path_of_the_wrong_kind_exits_2(tmp_path, capsys):

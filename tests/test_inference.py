@@ -128,3 +128,8 @@ def test_old_or_foreign_checkpoints(task, tmp_path):
         load_model(tmp_path / 'old.pt', model=build_model('rigid', 3, 3, dim=16))
     with pytest.raises(CheckpointError, match='does not exist'):
         load_model(tmp_path / 'missing.pt')
+
+
+def test_load_model_names_an_argument_that_is_no_checkpoint():
+    with pytest.raises(TypeError, match='takes the path of a checkpoint or the dict'):
+        load_model(None)

@@ -991,6 +991,17 @@ def test_carry_needs_a_time_limit(tmp_path, capsys):
     assert e.value.code == 2 and '--carry needs --time-limit' in capsys.readouterr().err
 
 
+def test_a_seed_count_below_one_is_refused_not_replaced(tmp_path, capsys):
+    # --seeds -1 counted negative runs in --status; --seeds 0 fell back to the budget's count
+    from tests.test_benchmarks_real import load_script
+    for bad in ('-1', '0'):
+        with pytest.raises(SystemExit) as e:
+            load_script('reproduce').main(['--status', '--seeds', bad, '--out', str(tmp_path)])
+        assert e.value.code == 2 and 'expected an integer >= 1' in capsys.readouterr().err
+    with pytest.raises(ValueError, match="'seeds' must be an integer >= 1 or None"):
+        Reproduction(TINY, str(tmp_path), device='cpu', seeds=0)
+
+
 def test_a_run_record_names_the_code_that_trained_it(tmp_path):
     from torch_mz.study.measure import code_version
     Reproduction(TINY, str(tmp_path), device='cpu', sweep_cells={'sum': SUM}).sweep(

@@ -75,3 +75,15 @@ def test_datasets_do_not_import_the_registry():
     code = ('import sys, torch_mz.datasets.real, torch_mz.datasets.synthetic; '
             "assert 'torch_mz.tasks' not in sys.modules")
     subprocess.run([sys.executable, '-c', code], check=True)
+
+
+def test_task_options_of_the_wrong_kind_are_refused_before_any_data():
+    with pytest.raises(ValueError, match="'split_set_sizes' must map splits"):
+        load_task('quadratic-tdof', n_train=2, n_val=2, n_test=2, split_set_sizes=[1, 2])
+    for key in ('transform', 'pre_filter'):  # text, e.g. from the CLI: not a callable
+        with pytest.raises(ValueError, match=f"'{key}' must be a callable"):
+            load_task('qm9', root='/nonexistent/qm9', **{key: 'x'})
+    # k = d keeps every direction: the target would be 0 for every set
+    with pytest.raises(ValueError, match="'k' must be below d = 4"):
+        load_task('pca-error', n_train=2, n_val=2, n_test=2, d=4, k=4)
+    assert len(load_task('pca-error', n_train=2, n_val=2, n_test=2, d=4, k=3).train) == 2

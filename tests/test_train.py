@@ -672,8 +672,13 @@ def test_missing_or_corrupt_checkpoint_raises_clear_error(tmp_path):
 
     unsafe = tmp_path / 'unsafe.pt'
     torch.save({'format': 'torch_mz.train', 'obj': torch.nn.Linear(1, 1)}, unsafe)  # a module
-    with pytest.raises(CheckpointError, match='weights-only'):
+    with pytest.raises(CheckpointError, match='weights-only') as info:
         load_checkpoint(unsafe)
+    # one line, which names the object and does not pass on torch's advice to load the file
+    # with weights_only=False (which would run code from it)
+    message = str(info.value)
+    assert '\n' not in message and 'weights_only' not in message
+    assert 'holds objects other than tensors' in message and 'Linear' in message
 
     # resuming needs the full training state, not the model-only best.pt
     with pytest.raises(CheckpointError, match='model weights only'):
@@ -774,6 +779,21 @@ def test_seed_everything_reproduces_all_generators():
     assert draw()[0] != first[0]
 
 
+def test_predict_and_train_name_what_is_wrong_with_their_data():
+    model = H.ToyDeepSets(3, 2)
+    with pytest.raises(ValueError, match='empty dataset'):
+        predict(model, [])
+    with pytest.raises(ValueError, match=r'for a single set pass \[data\]'):
+        predict(model, REG_TRAIN[0])
+    labels = [Data(x=torch.randn(4, 3), y=torch.tensor([k % 5])) for k in range(16)]
+    with pytest.raises(ValueError, match=r'Class labels must be in \[0, 3\) for a model with 3 '
+                                         r'outputs; the batch holds labels from 0 to 4'):
+        Trainer(H.ToyDeepSets(3, 3), config(epochs=1), 'classification').fit(labels)
+    labels = [Data(x=torch.randn(4, 3), y=torch.tensor([k % 3 - 1])) for k in range(16)]
+    with pytest.raises(ValueError, match='labels from -1 to 1'):
+        Trainer(H.ToyDeepSets(3, 3), config(epochs=1), 'classification').fit(labels)
+
+
 def test_resolve_device():
     expected = 'cuda' if torch.cuda.is_available() else 'cpu'
     assert resolve_device('auto').type == expected
@@ -788,6 +808,10 @@ def test_resolve_device():
 @pytest.mark.parametrize('kwargs', [
     {'epochs': 0}, {'batch_size': 0}, {'lr': -1.0}, {'warmup_epochs': 200},
     {'schedule': 'linear'}, {'grad_clip': 0.0}, {'patience': 0}, {'checkpoint_every': -1},
+    # types: a string or a fraction where a count belongs, a non-finite rate, a bool
+    {'epochs': '2'}, {'lr': '1e-3'}, {'epochs': 1.5}, {'warmup_epochs': 0.5},
+    {'epochs': True}, {'grad_clip': float('nan')}, {'weight_decay': float('inf')},
+    {'patience': -3}, {'seed': -1}, {'seed': 2 ** 32},
 ])
 def test_config_validation(kwargs):
     with pytest.raises(ValueError, match='TrainConfig'):

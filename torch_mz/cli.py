@@ -89,8 +89,11 @@ def _add_training_args(p: argparse.ArgumentParser):
     t.add_argument('--weight-decay', type=float, default=1e-5)
     t.add_argument('--warmup-epochs', type=int, default=None,
                    help='linear warm-up epochs (default: 5, or --epochs where fewer)')
-    t.add_argument('--grad-clip', type=float, default=1.0)
-    t.add_argument('--patience', type=int, default=20)
+    t.add_argument('--grad-clip', type=float, default=1.0,
+                   help='largest gradient norm; 0 turns clipping off (default: 1.0)')
+    t.add_argument('--patience', type=int, default=20,
+                   help='epochs without a better validation loss before stopping; 0 turns '
+                   'early stopping off (default: 20)')
     t.add_argument('--no-normalize', action='store_true',
                    help='train on raw regression targets')
     t.add_argument('--device', default='auto', help="'auto', 'cpu', 'cuda' or 'cuda:N'")
@@ -105,7 +108,7 @@ def _add_training_args(p: argparse.ArgumentParser):
 
 
 def _load(args, progress: bool):
-    from torch_mz.tasks import load_task
+    from torch_mz.tasks import is_synthetic, load_task
     for flag in ('n_train', 'n_val', 'n_test'):
         value = getattr(args, flag)
         if value is not None and value < 1:
@@ -113,6 +116,11 @@ def _load(args, progress: bool):
     options = _parse_kv(args.task_arg, '--task-arg')
     if 'set_size' in options:
         raise CLIError('the set-size range is --set-size LOW,HIGH, not a --task-arg')
+    if args.set_size is not None and not is_synthetic(args.task):
+        raise CLIError(f"--set-size draws the sets of a synthetic task; '{args.task}' is a "
+                       f"real dataset, whose sets are what they are")
+    if args.root is not None and os.path.exists(args.root) and not os.path.isdir(args.root):
+        raise CLIError(f"--root '{args.root}' is a file, not a dataset folder")
     return load_task(args.task, seed=args.data_seed, n_train=args.n_train, n_val=args.n_val,
                      n_test=args.n_test, set_size=_parse_range(args.set_size), root=args.root,
                      progress=progress, **options)
@@ -124,8 +132,8 @@ def _config(args, seed: int, out_dir: Optional[str], resume: Optional[str] = Non
                        weight_decay=args.weight_decay,
                        warmup_epochs=(min(5, max(args.epochs, 0)) if args.warmup_epochs is None
                                       else args.warmup_epochs),
-                       grad_clip=args.grad_clip if args.grad_clip > 0 else None,
-                       patience=args.patience if args.patience > 0 else None, seed=seed,
+                       grad_clip=args.grad_clip if args.grad_clip != 0 else None,
+                       patience=args.patience if args.patience != 0 else None, seed=seed,
                        device=args.device, normalize_targets=not args.no_normalize,
                        out_dir=out_dir, resume=resume, progress=not args.no_progress)
 
@@ -195,7 +203,7 @@ def _check_model_args(args, task, models: List[ModelSpec]):
                 build_model(model.name, task.in_channels, task.out_channels,
                             pos_dim=task.pos_dim,
                             feature_columns=task.info.get('feature_columns'), **options)
-            except TypeError as e:
+            except (TypeError, ValueError) as e:
                 raise CLIError(f'{what}: {e}') from None
 
 
@@ -232,15 +240,38 @@ def _warn(message: str):
     print(f'torch-mz: warning: {message}', file=sys.stderr)
 
 
+def _check_path(path: str, flag: str, folder: bool):
+    r"""An output path that can be made: not empty, and no part of it (the path itself for a
+    folder, else its parent folders) an existing file."""
+    if not path:
+        raise CLIError(f'{flag} is empty: name a {"folder" if folder else "file"}')
+    part = os.path.abspath(path if folder else os.path.dirname(os.path.abspath(path)))
+    while not os.path.exists(part) and os.path.dirname(part) != part:
+        part = os.path.dirname(part)
+    if not os.path.isdir(part):
+        raise CLIError(f"{flag} '{path}': '{part}' is a file, not a folder: choose another "
+                       f"{flag}")
+
+
 def _check_out_folder(out: str):
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise CLIError(f"--out '{out}' is a file, not a folder: choose another --out")
+    _check_path(out, '--out', folder=True)
 
 
 def _check_training_args(args):
-    r"""The training settings, checked before any data is loaded (a bad --epochs should not
-    wait for a dataset to be processed)."""
-    _config(args, 0, None)  # TrainConfig's own checks raise ValueError, one line in main
+    r"""The training settings and the device, checked before any data is loaded (a bad --epochs
+    should not wait for a dataset to be processed) and before --overwrite removes anything."""
+    from torch_mz.train import resolve_device
+    if math.isnan(args.grad_clip) or args.grad_clip < 0:
+        raise CLIError(f'--grad-clip must be a positive norm, or 0 for no clipping (got '
+                       f'{args.grad_clip})')
+    if args.patience < 0:
+        raise CLIError(f'--patience must be a number of epochs, or 0 for no early stopping '
+                       f'(got {args.patience})')
+    seed = getattr(args, 'seed', 0)
+    if not 0 <= seed < 2 ** 32:
+        raise CLIError(f'--seed must be in [0, 2**32) (got {seed})')
+    _config(args, seed, None)  # TrainConfig's own checks raise ValueError, one line in main
+    resolve_device(args.device)  # ValueError: an unknown device, or CUDA where there is none
 
 
 def _same_path(a: str, b: str) -> bool:
@@ -258,6 +289,8 @@ def cmd_tasks(args) -> int:
 
 def cmd_models(args) -> int:
     from torch_mz.models import build_model, count_parameters, list_models
+    if args.in_channels < 1:
+        raise CLIError(f'--in-channels must be at least 1 (got {args.in_channels})')
     models = list_models()
     width = max(map(len, models))
     print(f"{'model':{width}s}  {'params*':>8s}  description")
@@ -439,6 +472,9 @@ def cmd_predict(args) -> int:
     if os.path.isdir(args.out):
         raise CLIError(f"--out '{args.out}' is a folder; predict writes one CSV file: name it, "
                        f"e.g. {os.path.join(args.out, 'predictions.csv')}")
+    _check_path(args.out, '--out', folder=False)
+    if args.root is not None and os.path.exists(args.root) and not os.path.isdir(args.root):
+        raise CLIError(f"--root '{args.root}' is a file, not a dataset folder")
     if os.path.exists(args.out) and not args.overwrite:
         raise CLIError(f"'{args.out}' already exists; pass --overwrite to replace it, or choose "
                        f"another --out")

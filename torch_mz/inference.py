@@ -40,6 +40,9 @@ def load_model(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
     """
     if isinstance(checkpoint, Mapping):
         state, where = dict(checkpoint), 'The checkpoint'
+    elif not isinstance(checkpoint, (str, os.PathLike)):
+        raise TypeError(f'load_model() takes the path of a checkpoint or the dict '
+                        f'load_checkpoint() returned, got {type(checkpoint).__name__}')
     else:
         state, where = load_checkpoint(checkpoint), f'Checkpoint {os.fspath(checkpoint)!r}'
     if model is None:

@@ -7,10 +7,14 @@ from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Tuple
 __all__ = ['parse_key_values', 'check_options']
 
 
+_PYTHON_CONSTANTS = {'True': True, 'False': False, 'None': None}
+
+
 def parse_key_values(items: Iterable[str]) -> Dict[str, Any]:
     r"""Reads ``KEY=VALUE`` strings into a dict: each value as JSON where it parses (``8``,
-    ``0.2``, ``true``, ``[10, 30]``), else as the string itself; dashes in keys become
-    underscores. Raises :class:`ValueError` on an item without ``=``."""
+    ``0.2``, ``true``, ``[10, 30]``), Python's ``True``, ``False`` and ``None`` as those (not as
+    the text ``'False'``, which a flag would take for true), else as the string itself; dashes
+    in keys become underscores. Raises :class:`ValueError` on an item without ``=``."""
     out: Dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition('=')
@@ -19,7 +23,7 @@ def parse_key_values(items: Iterable[str]) -> Dict[str, Any]:
         try:
             out[key.strip().replace('-', '_')] = json.loads(value)
         except json.JSONDecodeError:
-            out[key.strip().replace('-', '_')] = value
+            out[key.strip().replace('-', '_')] = _PYTHON_CONSTANTS.get(value.strip(), value)
     return out
 
 

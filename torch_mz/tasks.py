@@ -52,6 +52,10 @@ def load_task(name: str, seed: int = 0, n_train: Optional[int] = None,
             f"not a PyG dataset, so it takes no {', '.join(repr(k) for k in given)}; apply a "
             f"transform to the sets, e.g. splits.train = [transform(d) for d in splits.train] "
             f"(once), or per access in your own Dataset")
+    for key in given:  # text from the CLI, or a typo: refused before a dataset is processed
+        if task_kwargs[key] is not None and not callable(task_kwargs[key]):
+            raise ValueError(f"'{key}' must be a callable (a PyG transform or filter), got "
+                             f"{task_kwargs[key]!r}")
     defaults, nullable, complete = task_options(name)
     check_options(task_kwargs, defaults, f"task '{name}'", complete=complete, nullable=nullable)
     args = dict(task_kwargs, **({} if set_size is None else {'set_size': list(set_size)}))

@@ -720,3 +720,21 @@ def test_egnn_names_a_missing_x_and_a_dtype_mismatch():
     with pytest.raises(ValueError, match="model's dtype torch.float32 .got torch.float64"):
         model(Data(pos=pos.double()))  # was a RuntimeError from inside a matrix product
     assert model.double()(Data(pos=pos.double())).prediction.dtype == torch.float64
+
+
+def test_coordinates_of_another_width_than_pos_dim_are_refused():
+    from torch_mz.models import build_model
+    model = build_model('egnn', 4, 1, pos_dim=3)
+    batch = torch.zeros(5, dtype=torch.long)
+    model(torch.randn(5, 1), torch.randn(5, 3), batch)  # the width it was built for
+    for width in (1, 2, 5):
+        with pytest.raises(ValueError, match=f'built with pos_dim=3 but received coordinates '
+                                             f'of width {width}'):
+            model(torch.randn(5, 1), torch.randn(5, width), batch)
+    # x alone, all of it read as coordinates: the error says so, not that x is missing
+    with pytest.raises(ValueError, match="'x' has 3 columns, and the first pos_dim=3 are read "
+                                         "as the coordinates"):
+        model(torch.randn(3, 3))
+    for flag in ('edge_gate', 'normalize', 'update_coords'):
+        with pytest.raises(ValueError, match=f"'{flag}' must be True or False"):
+            build_model('egnn', 4, 1, pos_dim=3, **{flag: 'False'})

@@ -715,3 +715,30 @@ def test_training_groups_where_glibc_maps_large_blocks_afresh(monkeypatch):
         assert auto._chunk_rows(17) is None  # kept memory: auto_chunk_rows' groups alone
     assert calls == [10, 5, 2, 0]
     assert recomputed._chunk_rows(17) is None  # training, checkpoint='auto': unchanged
+
+
+@pytest.mark.parametrize('kwargs, message', [
+    (dict(log_n='False'), "'log_n' must be True or False (got 'False')"),
+    (dict(fold_keys='no'), "'fold_keys' must be True or False"),
+    (dict(out_channels=0), "'out_channels' must be an integer >= 1 or None"),
+    (dict(out_channels=-1), "'out_channels' must be an integer >= 1 or None"),
+    (dict(dim=8.5), "'dim' must be an integer >= 1"),
+    (dict(num_generators=-1), "'num_generators' must be an integer >= 0"),
+    (dict(num_matrix_generators=-3), "'num_matrix_generators' must be an integer >= 0"),
+    (dict(num_seeds=True), "'num_seeds' must be an integer >= 1"),
+    (dict(dropout=1.0), "'dropout' must be a number in [0, 1)"),
+    (dict(rank=4), "'rank' is the rank of the HyperNet value operator"),
+    (dict(value='hypernet', rank=-3), "'rank' must be an integer >= 1"),
+    (dict(num_generators=0, readout='signed'), "readout='signed' reads the generators"),
+])
+def test_constructor_arguments_that_would_be_misread_or_ignored_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        MZAggregation(4, **kwargs)
+
+
+def test_an_input_that_is_not_a_matrix_is_named_as_such():
+    with pytest.raises(ValueError, match=re.escape('Expected input of shape (N, 4) (got (6,))')):
+        MZAggregation(4)(torch.randn(6), torch.zeros(6, dtype=torch.long))
+    from torch_mz.nn.zonotope import InputProjection
+    with pytest.raises(ValueError, match=re.escape('Expected input of shape (N, 4), got (5, 3)')):
+        InputProjection(4, 8, 2)(torch.randn(5, 3))

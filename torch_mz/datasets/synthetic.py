@@ -700,7 +700,7 @@ class PCAErrorTask(CorrelatedGaussianTask):
 
     Args:
         d (int, optional): Point dimension. (default: :obj:`16`)
-        k (int, optional): Principal components kept. (default: :obj:`2`)
+        k (int, optional): Principal components kept, below :obj:`d`. (default: :obj:`2`)
         **kwargs: The other arguments of :class:`CorrelatedGaussianTask`.
     """
     name = 'pca-error'
@@ -710,8 +710,9 @@ class PCAErrorTask(CorrelatedGaussianTask):
     def __init__(self, d: Optional[int] = None, k: int = 2, **kwargs) -> None:
         super().__init__(d, **kwargs)
         self.k = _check_int(k, 'k', low=0)
-        if self.k > self.d:
-            raise ValueError(f"'k' must be at most d = {self.d}, got {k}")
+        if self.k >= self.d:  # k = d keeps every direction: the target is 0 for every set
+            raise ValueError(f"'k' must be below d = {self.d} (k = d leaves no residual: the "
+                             f"target would be 0 for every set), got {k}")
 
     def target(self, points: np.ndarray) -> float:
         return geometry.pca_residual(points, self.k)
@@ -895,6 +896,9 @@ def make_task(name: str, n_train: Optional[int] = None, n_val: Optional[int] = N
     default_range = _check_range(cls.default_set_size if set_size is None else set_size,
                                  'set_size')
     sizes = {split: default_range for split in SPLITS}
+    if split_set_sizes is not None and not isinstance(split_set_sizes, Mapping):
+        raise ValueError(f"'split_set_sizes' must map splits among {SPLITS} to (low, high) "
+                         f"ranges, e.g. {{'test': (50, 200)}}, got {split_set_sizes!r}")
     for split, rng_range in (split_set_sizes or {}).items():
         if split not in SPLITS:
             raise ValueError(f"'split_set_sizes' keys must be among {SPLITS}, got {split!r}")

@@ -24,6 +24,7 @@ from torch_geometric.nn.aggr import SumAggregation
 from torch_geometric.nn.resolver import activation_resolver
 from torch_geometric.utils import scatter
 
+from torch_mz._checks import check_count, check_flag
 from torch_mz.models.base import SetPrediction, zero_empty_sets
 from torch_mz.nn.blocks import _hooked
 from torch_mz.nn.functional import _sorted_layout, set_pairs
@@ -521,6 +522,13 @@ class EGNN(Module):
         act: str = 'silu',
     ):
         super().__init__()
+        in_channels = check_count('in_channels', in_channels, low=0)
+        hidden_channels = check_count('hidden_channels', hidden_channels)
+        num_layers = check_count('num_layers', num_layers, low=0)
+        edge_gate, normalize, detach_norm, tanh, update_coords = (
+            check_flag(k, v) for k, v in (('edge_gate', edge_gate), ('normalize', normalize),
+                                          ('detach_norm', detach_norm), ('tanh', tanh),
+                                          ('update_coords', update_coords)))
         if in_channels < 0 or hidden_channels < 1 or out_channels < 1 or num_layers < 0:
             raise ValueError(f"Expected in_channels >= 0, hidden_channels >= 1, out_channels >= 1 "
                              f"and num_layers >= 0, got {in_channels}, {hidden_channels}, "
@@ -590,10 +598,17 @@ class EGNN(Module):
             if self.pos_dim is None or x is None:
                 raise ValueError("EGNN needs coordinates: pass 'pos' (or 'data.pos'), or build the "
                                  "model with 'pos_dim' to read them from the first columns of 'x'")
+            width = x.size(-1) if x.dim() == 2 else None
             pos, x = split_pos_features(x, self.pos_dim)
+            split_from = width
+        else:
+            split_from = None
         if pos.dim() != 2 or not pos.is_floating_point():
             raise ValueError(f"Expected floating 'pos' of shape (N, D), got {tuple(pos.shape)} "
                              f"and dtype {pos.dtype}")
+        if self.pos_dim is not None and pos.size(1) != self.pos_dim:
+            raise ValueError(f"The model was built with pos_dim={self.pos_dim} but received "
+                             f"coordinates of width {pos.size(1)}")
         num_nodes = pos.size(0)
         if x is not None and x.dim() == 2 and x.size(1) == 0:
             x = None
@@ -608,6 +623,10 @@ class EGNN(Module):
                     ": the input has no features 'x'; for coordinates alone build EGNN with "
                     "in_channels=0 (build_model('egnn', in_channels, ..., pos_dim=D) counts "
                     "[pos, x], so in_channels=D there)")
+            if x is None and split_from is not None and self.pos_dim is not None:
+                hint = (f": 'x' has {split_from} columns, and the first pos_dim={self.pos_dim} "
+                        f"are read as the coordinates (there is no 'pos'), which leaves "
+                        f"{split_from - self.pos_dim} features")
             if (self.pos_dim is None and x is not None and x.dim() == 2
                     and x.size(0) == num_nodes and x.size(1) + pos.size(1) == self.in_channels):
                 hint = (f": in_channels={self.in_channels} counts the {pos.size(1)} coordinate "

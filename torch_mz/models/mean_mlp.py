@@ -3,6 +3,7 @@ from typing import Tuple
 
 from torch import Tensor
 
+from torch_mz._checks import check_count
 from torch_mz.models.base import SetModel
 from torch_mz.models.mlp import gelu_mlp, reset_linear_layers
 from torch_mz.nn.functional import set_mean
@@ -37,6 +38,8 @@ class MeanMLP(SetModel):
     def __init__(self, in_channels: int, out_channels: int, hidden_channels: int = 128,
                  num_layers: int = 3):
         super().__init__()
+        hidden_channels = check_count('hidden_channels', hidden_channels)
+        num_layers = check_count('num_layers', num_layers)
         self.in_channels = in_channels
         self.out_channels = out_channels
         self.hidden_channels = hidden_channels

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn import Linear, ModuleList
 
+from torch_mz._checks import check_count, check_optional_count, check_rate
 from torch_mz.models.base import SetModel
 from torch_mz.models.mlp import gelu_mlp, reset_linear_layers
 from torch_mz.nn.aggr import MZAggregation, preset_defaults
@@ -73,6 +74,7 @@ class MZSetTransformer(SetModel):
     def __init__(self, in_channels: int, out_channels: int,
                  hidden_channels: Optional[int] = None, **kwargs):
         super().__init__()
+        hidden_channels = check_optional_count('hidden_channels', hidden_channels)
         kwargs.setdefault('preset', 'paper')  # the paper's body unless sizes are given
         kwargs.setdefault('checkpoint', False)  # a training batch at once (see above)
         dim = kwargs.get('dim') or preset_defaults(kwargs['preset'], in_channels,
@@ -125,6 +127,12 @@ class PerceiverSet(SetModel):
                  num_latents: int = 16, num_cross: int = 2, num_latent_blocks: int = 1,
                  d_ff: int = 128, dropout: float = 0.0):
         super().__init__()
+        dim, heads, d_ff = (check_count(k, v) for k, v in
+                            (('dim', dim), ('heads', heads), ('d_ff', d_ff)))
+        num_latents = check_count('num_latents', num_latents)
+        num_cross = check_count('num_cross', num_cross)  # the latents' only view of the set
+        num_latent_blocks = check_count('num_latent_blocks', num_latent_blocks, low=0)
+        dropout = check_rate('dropout', dropout)
         self.in_channels = in_channels
         self.out_channels = out_channels
         self.dim = dim
@@ -180,6 +188,8 @@ class DeepSets(SetModel):
         super().__init__()
         if pool not in ('sum', 'mean'):
             raise ValueError(f"Unknown pooling '{pool}' (expected 'sum' or 'mean')")
+        hidden_channels = check_count('hidden_channels', hidden_channels)
+        num_layers = check_count('num_layers', num_layers)
         self.in_channels = in_channels
         self.out_channels = out_channels
         self.hidden_channels = hidden_channels

@@ -9,6 +9,7 @@ from torch.nn import Linear, ModuleList
 from torch_geometric.nn.aggr import Aggregation
 
 from torch_mz import runtime
+from torch_mz._checks import check_count, check_optional_count, check_flag, check_rate
 from torch_mz.nn.attention import SUMMARIES, VALUE_OPERATORS, MZAttention
 from torch_mz.nn.blocks import ISAB, PMA, SAB
 from torch_mz.nn.functional import (PATHS, _functorch_active, _plain_ops, check_choice,
@@ -266,7 +267,8 @@ class MZAggregation(Aggregation):
             :obj:`'hypernet'` (default: :obj:`'mz'`).
         num_matrix_generators (int, optional): :math:`L` (default: :obj:`None`, 1 for
             ``'neighbourhood'``, 4 for ``'paper'``).
-        rank (int): HyperNet rank (default: :obj:`8`).
+        rank (int, optional): HyperNet rank, for ``value='hypernet'`` only (default:
+            :obj:`None`, i.e. 8).
         num_inducing (int, optional): Inducing tokens :math:`m` per set in each ISAB
             (default: :obj:`None`, 16 in both presets).
         num_seeds (int): Seeds :math:`k` of the PMA (default: :obj:`1`).
@@ -384,16 +386,22 @@ class MZAggregation(Aggregation):
                  preset: str = 'neighbourhood', dim: Optional[int] = None, heads: int = 4,
                  num_generators: Optional[int] = None, value: str = 'mz',
                  num_matrix_generators: Optional[int] = None,
-                 rank: int = 8, num_inducing: Optional[int] = None, num_seeds: int = 1,
+                 rank: Optional[int] = None, num_inducing: Optional[int] = None,
+                 num_seeds: int = 1,
                  num_encoder_blocks: Optional[int] = None, encoder: Optional[str] = None,
                  num_decoder_blocks: int = 1, d_ff: Optional[int] = None, summary: str = 'mean',
                  dropout: float = 0.0, log_n: bool = False, readout: str = 'ihw',
                  path: str = 'auto', chunk_size: Union[int, str, None] = 'auto',
                  checkpoint: Union[bool, str] = 'auto', fold_keys: bool = True):
         super().__init__()
-        if in_channels <= 0 or heads <= 0:
-            raise ValueError(f"'in_channels' and 'heads' must be positive (got {in_channels} "
-                             f"and {heads})")
+        in_channels, heads = check_count('in_channels', in_channels), check_count('heads', heads)
+        out_channels = check_optional_count('out_channels', out_channels)
+        if rank is not None and value != 'hypernet':
+            raise ValueError(f"'rank' is the rank of the HyperNet value operator "
+                             f"(value='hypernet'); value={value!r} has none: leave it out")
+        rank = 8 if rank is None else check_count('rank', rank)
+        log_n, fold_keys = check_flag('log_n', log_n), check_flag('fold_keys', fold_keys)
+        dropout = check_rate('dropout', dropout)
         defaults = preset_defaults(preset, in_channels, heads)
         dim = defaults['dim'] if dim is None else dim
         d_ff = defaults['d_ff'] if d_ff is None else d_ff
@@ -405,6 +413,13 @@ class MZAggregation(Aggregation):
             num_generators = defaults['num_generators']
         if num_matrix_generators is None:
             num_matrix_generators = defaults['num_matrix_generators']
+        dim, d_ff = check_count('dim', dim), check_count('d_ff', d_ff)
+        num_generators = check_count('num_generators', num_generators, low=0)
+        num_matrix_generators = check_count('num_matrix_generators', num_matrix_generators,
+                                            low=0)
+        if readout == 'signed' and num_generators == 0:
+            raise ValueError("readout='signed' reads the generators, and num_generators=0 "
+                             "gives the tokens none: leave readout out, or give generators")
         self.preset = preset
         if checkpoint not in CHECKPOINTS:
             raise ValueError(f"'checkpoint' must be one of {CHECKPOINTS} (got {checkpoint!r})")
@@ -424,12 +439,10 @@ class MZAggregation(Aggregation):
         check_choice('encoder block', encoder, ENCODERS)
         check_choice('readout', readout, READOUTS)
         check_choice('attention path', path, PATHS)
-        if num_encoder_blocks < 0 or num_decoder_blocks < 0:
-            raise ValueError(f"Block counts must be non-negative (got {num_encoder_blocks} and "
-                             f"{num_decoder_blocks})")
-        if num_seeds <= 0 or num_inducing <= 0:
-            raise ValueError(f"'num_seeds' and 'num_inducing' must be positive (got "
-                             f"{num_seeds} and {num_inducing})")
+        num_encoder_blocks = check_count('num_encoder_blocks', num_encoder_blocks, low=0)
+        num_decoder_blocks = check_count('num_decoder_blocks', num_decoder_blocks, low=0)
+        num_seeds = check_count('num_seeds', num_seeds)
+        num_inducing = check_count('num_inducing', num_inducing)
         self.in_channels = in_channels
         self.out_channels = in_channels if out_channels is None else out_channels
         self.dim = dim
@@ -628,6 +641,13 @@ class MZAggregation(Aggregation):
             feats = torch.cat([feats, gens.reshape(num_sets, -1).to(feats.dtype)],
                               dim=-1)  # (B, 2kd)
         return feats
+
+    def __call__(self, x: Tensor, *args, **kwargs) -> Tensor:
+        # the input's shape first: PyG's Aggregation.__call__ would name only the axis ('-2')
+        if isinstance(x, Tensor) and x.dim() != 2:
+            raise ValueError(f"Expected input of shape (N, {self.in_channels}) (got "
+                             f"{tuple(x.shape)})")
+        return super().__call__(x, *args, **kwargs)
 
     def forward(self, x: Tensor, index: Optional[Tensor] = None, ptr: Optional[Tensor] = None,
                 dim_size: Optional[int] = None, dim: int = -2,

@@ -16,6 +16,7 @@ from torch_mz.train import (CheckpointError, TrainConfig, TrainingDiverged, Trai
 from torch_mz.reproduce.budgets import Budget, SWEEP_MAX_STEPS, TIME_MARGIN, sweep_extension
 from torch_mz.reproduce.claims import Claim, Comparison, GEOMETRIC_TASKS, SWEEP_CELLS
 from torch_mz.reproduce.store import RunStore, run_key
+from torch_mz._checks import check_optional_count
 from torch_mz.reproduce.verdict import _mean, _std, verdict
 
 
@@ -93,7 +94,7 @@ class Reproduction:
         self.on_wait = on_wait
         self.out = out
         self.device = device
-        self.seeds = seeds
+        self.seeds = check_optional_count('seeds', seeds)
         self.on_result = on_result
         self.sweep_cells = dict(SWEEP_CELLS if sweep_cells is None else sweep_cells)
         self.store = RunStore(os.path.join(out, 'records', budget.name),

@@ -50,7 +50,7 @@ def load_checkpoint(path: Union[str, os.PathLike],
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # torch.load raises many types for bad files; report them all alike
         raise CheckpointError(f'Checkpoint {path!r} could not be read; it is corrupt, truncated or '
-                              f'not a weights-only torch file ({type(e).__name__}: {e})') from e
+                              f'not a weights-only torch file ({_load_failure(e)})') from e
     if not isinstance(state, dict) or state.get('format') != CHECKPOINT_FORMAT:
         raise CheckpointError(f'{path!r} is not a torch_mz training checkpoint (expected a dict '
                               f"with format={CHECKPOINT_FORMAT!r})")
@@ -64,6 +64,25 @@ def load_checkpoint(path: Union[str, os.PathLike],
         raise CheckpointError(f'Checkpoint {path!r} has version {state["version"]}; this torch_mz '
                               f'reads versions up to {CHECKPOINT_VERSION}')
     return state
+
+
+def _load_failure(e: Exception) -> str:
+    r"""One line for why ``torch.load(..., weights_only=True)`` failed: for a file that holds
+    objects other than tensors and plain containers, which object (torch's own message goes on
+    to suggest ``weights_only=False``, which would run code from the file: not advice to pass
+    on for a file of unknown origin)."""
+    text = str(e)
+    if text.startswith('Weights only load failed'):
+        # the line that names the object, without torch's advice around it (its wording
+        # differs between torch versions)
+        lines = [line.strip() for line in text.splitlines()[1:]]
+        why = next((line for line in lines if line and 'weights_only' not in line
+                    and 'safe_globals' not in line.split('.')[0]
+                    and not line.startswith(('Check the documentation', '(2)'))), '')
+        why = why.replace('WeightsUnpickler error: ', '').split('. Please use')[0]
+        return (f'it holds objects other than tensors and plain containers, which this '
+                f'package never writes: {why}'.rstrip(': '))
+    return f'{type(e).__name__}: {text}'.replace('\n', ' ')
 
 
 def _rng_state() -> Dict[str, Any]:

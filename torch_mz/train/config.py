@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+import numpy as np
 import torch
 
 from torch_mz.train.normalize import TargetNormalizer
@@ -89,6 +90,27 @@ class TrainConfig:
             if not ok:
                 raise ValueError(f'TrainConfig: expected {what} (got {value!r})')
 
+        def integer(value: Any) -> bool:
+            return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+        def real(value: Any) -> bool:
+            return (isinstance(value, (int, float, np.integer, np.floating))
+                    and not isinstance(value, (bool, np.bool_)) and math.isfinite(value))
+
+        # types first: a string or float where a count belongs ('2', 1.5) fails here, not as a
+        # TypeError in a comparison or deep inside the trainer
+        for name in ('epochs', 'batch_size', 'warmup_epochs', 'seed', 'num_workers',
+                     'checkpoint_every'):
+            expect(integer(getattr(self, name)), f'an integer {name}', getattr(self, name))
+        for name in ('eval_batch_size', 'patience'):
+            value = getattr(self, name)
+            expect(value is None or integer(value), f'an integer {name} or None', value)
+        for name in ('lr', 'weight_decay', 'min_delta'):
+            expect(real(getattr(self, name)), f'a finite number {name}', getattr(self, name))
+        expect(self.grad_clip is None or real(self.grad_clip), 'a finite number grad_clip or None',
+               self.grad_clip)
+        expect(0 <= self.seed < 2 ** 32, '0 <= seed < 2**32 (the range NumPy seeds take)',
+               self.seed)
         expect(self.epochs > 0, 'epochs > 0', self.epochs)
         expect(self.batch_size > 0, 'batch_size > 0', self.batch_size)
         expect(self.eval_batch_size is None or self.eval_batch_size > 0,

@@ -3,6 +3,7 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
+from torch_geometric.data.data import BaseData
 from torch_geometric.loader import DataLoader
 from tqdm.auto import tqdm
 
@@ -43,6 +44,12 @@ def predict(model: torch.nn.Module, dataset: Sequence,
         The predictions :math:`(N, \text{out\_dim})` (class logits for classification) on the CPU,
         or ``(predictions, uncertainties)`` if the model returns a tuple (its first two elements).
     """
+    if isinstance(dataset, BaseData):
+        raise ValueError('predict() takes a dataset or a list of Data (one prediction per '
+                         'Data); for a single set pass [data], for a Batch '
+                         'batch.to_data_list()')
+    if len(dataset) == 0:
+        raise ValueError('predict() got an empty dataset: there is nothing to predict')
     normalizer, scale = _pending_normalizer(model, normalizer)
     dev = resolve_device(device)
     model = model.to(dev)

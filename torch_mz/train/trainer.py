@@ -81,6 +81,21 @@ class _FitState:
         return self.prior_time + time.perf_counter() - self.start
 
 
+def _cross_entropy(pred: Tensor, target: Tensor, **kwargs) -> Tensor:
+    r""":func:`torch.nn.functional.cross_entropy`, with a label outside the model's classes
+    named as such (torch's CPU kernel says only "Target 4 is out of bounds")."""
+    try:
+        return F.cross_entropy(pred, target, **kwargs)
+    except IndexError:
+        low, high = int(target.min()), int(target.max())
+        if low >= 0 and high < pred.size(-1):
+            raise
+        raise ValueError(f'Class labels must be in [0, {pred.size(-1)}) for a model with '
+                         f'{pred.size(-1)} outputs; the batch holds labels from {low} to '
+                         f'{high}: build the model with out_channels = the number of classes, '
+                         f'and number the classes from 0') from None
+
+
 class Trainer:
     r"""Trains a set model with AdamW, warm-up + cosine schedule, gradient clipping and early
     stopping (see :mod:`torch_mz.train` for the model contract).
@@ -192,7 +207,7 @@ class Trainer:
         pred = _match_pred(_first(out), target, self.task_type)
         if self.task_type == 'regression':
             return F.mse_loss(pred, target.to(pred.dtype))
-        return F.cross_entropy(pred, target)
+        return _cross_entropy(pred, target)
 
     def _all_reduce(self, t: Tensor) -> Tensor:
         if self.dist.is_distributed:
@@ -241,7 +256,7 @@ class Trainer:
                                   err.abs().sum(0), yc.sum(0), yc.pow(2).sum(0)])
             else:
                 correct = (pred.argmax(dim=-1) == y).sum().to(acc)
-                ce = F.cross_entropy(pred.to(acc), y, reduction='sum')
+                ce = _cross_entropy(pred.to(acc), y, reduction='sum')
                 part = torch.stack([loss_sum.new_tensor(n), loss_sum, correct, ce])
             sums = part if sums is None else sums + part
         if sums is None:  # this rank's shard is empty (fewer elements than ranks)
