@@ -869,6 +869,8 @@ def test_carry_stops_a_run_at_the_limit_and_a_clone_resumes_it_exactly(tmp_path,
     with pytest.raises(reproduce.TimeLimit) as e:
         repro.run(fixed)
     assert not e.value.never and len(calls) == 2
+    # past the limit, the message says so (not that the runs "would not finish")
+    assert str(e.value).startswith('the time limit is reached: 7 run(s) it needs are left')
     assert len(list(cut.rglob('records/tiny/**/*.json'))) == 1
     stopped = list(cut.glob('runs/tiny/*/checkpoint.pt'))
     assert len(stopped) == 1 and load_checkpoint(stopped[0])['epoch'] == 0

@@ -353,9 +353,12 @@ class Reproduction:
         if never:
             raise TimeLimit(never[0], never=True)
         if later:
+            first = f"first {later[0][1]} on {later[0][0]['label']} seed {later[0][2]}"
+            if self.deadline is not None and self.clock() >= self.deadline:
+                raise TimeLimit(f'the time limit is reached: {len(later)} run(s) it needs are '
+                                f'left for the next invocation, {first}')
             raise TimeLimit(f'{len(later)} run(s) it needs would not finish before the time '
-                            f"limit, first {later[0][1]} on {later[0][0]['label']} seed "
-                            f'{later[0][2]}')
+                            f'limit, {first}')
         held = [job for job in held if not done(job)]
         if held and not wait:
             raise RunsHeld(f'{len(held)} run(s) it needs are being trained by another process, '
