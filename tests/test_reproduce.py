@@ -501,6 +501,26 @@ def test_the_defaults_of_the_claims_tasks_are_pinned():
             assert synthetic.TASKS[task].default_set_size == set_size, task
 
 
+def test_the_committed_runs_are_found_by_this_code(tmp_path):
+    # the store finds a finished run by a digest of its key (task arguments, model, seed and the
+    # training configuration that changes results): a change to the key, the digest, the
+    # budget or a default of TrainConfig would make every committed run look missing and
+    # retrain it for hours, silently. The finished claims must stay finished (a copy of the
+    # records: looking up a run takes a lock file beside its checkpoint)
+    committed = os.path.join(os.path.dirname(__file__), '..', 'benchmarks', 'results',
+                             'reproduction', 'records', 'converged')
+    shutil.copytree(committed, tmp_path / 'records' / 'converged')
+    repro = Reproduction(BUDGETS['converged'], str(tmp_path), device='cpu')
+    for name in ('table1', 'table1-protocol', 'table3', 'table3-protocol', 'table7', 'table28'):
+        stages = repro.status(CLAIMS[name])
+        if name == 'table28':  # in training; its sweep is finished
+            stages = [s for s in stages if s['stage'].startswith('sweep')]
+        assert stages
+        for stage in stages:
+            assert stage['done'] > 0 and stage['pending'] == stage['started'] == 0, (name, stage)
+            assert stage['unknown'] == stage['training'] == 0, (name, stage)
+
+
 def test_d3_scores_the_kept_members_and_resumes(tmp_path, monkeypatch):
     # a tiny Appendix D.3: 2 study seeds x 2 members of a small MZ model on a sum task
     spec = 'mz:dim=8,num_inducing=2,d_ff=8'
