@@ -4,9 +4,10 @@ taken as something else (the text ``'False'`` as a true flag, ``-1`` layers as n
 deep inside a layer."""
 import math
 import numbers
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
-__all__ = ['check_count', 'check_optional_count', 'check_flag', 'check_rate']
+__all__ = ['check_count', 'check_optional_count', 'check_flag', 'check_number',
+           'check_range', 'check_rate']
 
 
 def check_count(name: str, value: Any, low: int = 1) -> int:
@@ -47,3 +48,31 @@ def check_rate(name: str, value: Any, low: float = 0.0, high: float = 1.0,
         raise ValueError(f"'{name}' must be a number in [{low:g}, {high:g}"
                          f"{']' if high_inclusive else ')'} (got {value!r})")
     return number
+
+
+def check_number(name: str, value: Any, allow_zero: bool = False) -> float:
+    r"""A finite real number above 0 (at least 0 with :obj:`allow_zero`; not a bool or a
+    string), returned as a Python :obj:`float`."""
+    number = (float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool)
+              else math.nan)
+    if not math.isfinite(number) or number < 0.0 or (number == 0.0 and not allow_zero):
+        raise ValueError(f"'{name}' must be a finite number {'>= 0' if allow_zero else '> 0'} "
+                         f"(got {value!r})")
+    return number
+
+
+def check_range(name: str, value: Any, low: int = 1, integer: bool = True) -> Tuple:
+    r"""A pair ``(low, high)`` with ``low <= high``: integers of at least :obj:`low`
+    (:func:`check_count`), or with :obj:`integer` false numbers above 0
+    (:func:`check_number`)."""
+    try:
+        lo, hi = value
+    except (TypeError, ValueError):
+        raise ValueError(f"'{name}' must be a pair (low, high) (got {value!r})") from None
+    if integer:
+        lo, hi = check_count(f'{name}[0]', lo, low), check_count(f'{name}[1]', hi, low)
+    else:
+        lo, hi = check_number(f'{name}[0]', lo), check_number(f'{name}[1]', hi)
+    if lo > hi:
+        raise ValueError(f"'{name}' must satisfy low <= high (got {value!r})")
+    return lo, hi

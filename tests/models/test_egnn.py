@@ -73,8 +73,14 @@ def test_fully_connected_degenerate():
     assert fully_connected_edge_index(torch.tensor([0, 1, 2])).shape == (2, 0)
     with pytest.raises(ValueError, match='num_sets'):
         fully_connected_edge_index(torch.tensor([0, 3]), num_sets=2)
-    with pytest.raises(ValueError, match='long'):
+    with pytest.raises(ValueError, match="Expected an integer 'batch'"):
         fully_connected_edge_index(torch.tensor([0.0, 1.0]))
+    with pytest.raises(ValueError, match=r"Expected 'batch' values in \[0, 1\) \(got range "
+                                         r"\[-1, 0\]\)"):
+        fully_connected_edge_index(torch.tensor([0, -1]))
+    # any integer dtype, as the set models and MZAggregation take it (int64 was required)
+    assert torch.equal(fully_connected_edge_index(torch.tensor([0, 0, 1], dtype=torch.int32)),
+                       fully_connected_edge_index(torch.tensor([0, 0, 1])))
 
 
 def test_radius_graph_matches_brute_force():

@@ -43,6 +43,7 @@ from torch_geometric.data import Data
 from tqdm.auto import tqdm
 
 from torch_mz import geometry
+from torch_mz._checks import check_count, check_number, check_range
 from torch_mz.datasets.splits import SPLITS, TaskSplits
 
 __all__ = [
@@ -73,39 +74,8 @@ Sample = Tuple[np.ndarray, np.ndarray, Dict[str, np.ndarray]]
 
 
 # ---------------------------------------------------------------------------------------------
-# Validation and sampling helpers
+# Sampling helpers (arguments are checked with torch_mz._checks)
 # ---------------------------------------------------------------------------------------------
-def _check_int(value: Any, name: str, low: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise ValueError(f"'{name}' must be an integer >= {low}, got {value!r}")
-    return int(value)
-
-
-def _check_positive(value: Any, name: str, allow_zero: bool = False) -> float:
-    try:
-        val = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"'{name}' must be a number, got {value!r}") from None
-    if not np.isfinite(val) or val < 0.0 or (val == 0.0 and not allow_zero):
-        bound = '>= 0' if allow_zero else '> 0'
-        raise ValueError(f"'{name}' must be a finite number {bound}, got {value!r}")
-    return val
-
-
-def _check_range(value: Any, name: str, low: int = 1, integer: bool = True) -> Tuple:
-    try:
-        lo, hi = value
-    except (TypeError, ValueError):
-        raise ValueError(f"'{name}' must be a pair (low, high), got {value!r}") from None
-    if integer:
-        lo, hi = _check_int(lo, f'{name}[0]', low), _check_int(hi, f'{name}[1]', low)
-    else:
-        lo, hi = _check_positive(lo, f'{name}[0]'), _check_positive(hi, f'{name}[1]')
-    if lo > hi:
-        raise ValueError(f"'{name}' must satisfy low <= high, got {value!r}")
-    return lo, hi
-
-
 def _draw_size(rng: np.random.Generator, set_size: Tuple[int, int]) -> int:
     r"""A set size uniform in the inclusive range ``set_size``."""
     return int(rng.integers(set_size[0], set_size[1] + 1))
@@ -241,12 +211,12 @@ class QuadraticTDOFTask(SyntheticTask):
 
     def __init__(self, d: int = 32, tdof: int = 8, noise: float = 1.0,
                  with_m0: bool = True) -> None:
-        self.d = _check_int(d, 'd')
-        self.tdof = _check_int(tdof, 'tdof')
+        self.d = check_count('d', d)
+        self.tdof = check_count('tdof', tdof)
         if self.tdof > self.d:
             raise ValueError(f"'tdof' (L) must be <= d since the generators are gated by the first "
                              f"L coordinates of the mean, got tdof={tdof} > d={d}")
-        self.noise = _check_positive(noise, 'noise', allow_zero=True)
+        self.noise = check_number('noise', noise, allow_zero=True)
         self.with_m0 = bool(with_m0)
         self.w: Optional[np.ndarray] = None
         self.m0: Optional[np.ndarray] = None
@@ -305,7 +275,7 @@ class SetRegressionTask(SyntheticTask):
     default_set_size = (10, 100)
 
     def __init__(self, d: int = 16, mode: str = 'dimwise') -> None:
-        self.d = _check_int(d, 'd')
+        self.d = check_count('d', d)
         if mode not in ('dimwise', 'elementwise'):
             raise ValueError(f"'mode' must be 'dimwise' or 'elementwise', got {mode!r}")
         self.mode = mode
@@ -361,12 +331,12 @@ class ChamferTask(SyntheticTask):
 
     def __init__(self, d: int = 3, match_prob: float = 0.5, noise: float = 0.1,
                  max_angle: float = np.pi / 6) -> None:
-        self.d = _check_int(d, 'd')
-        self.match_prob = _check_positive(match_prob, 'match_prob', allow_zero=True)
+        self.d = check_count('d', d)
+        self.match_prob = check_number('match_prob', match_prob, allow_zero=True)
         if self.match_prob > 1.0:
             raise ValueError(f"'match_prob' must lie in [0, 1], got {match_prob!r}")
-        self.noise = _check_positive(noise, 'noise', allow_zero=True)
-        self.max_angle = _check_positive(max_angle, 'max_angle', allow_zero=True)
+        self.noise = check_number('noise', noise, allow_zero=True)
+        self.max_angle = check_number('max_angle', max_angle, allow_zero=True)
 
     @property
     def d_in(self) -> int:
@@ -456,14 +426,14 @@ class RotationMatchingTask(SyntheticTask):
                  noise_range: Optional[Tuple[float, float]] = None, alignment: str = 'true',
                  max_angle: float = np.pi, reduction: str = 'mean',
                  store_rotation: bool = False) -> None:
-        self.d = _check_int(d, 'd', low=2)
-        self.noise = _check_positive(noise, 'noise', allow_zero=True)
+        self.d = check_count('d', d, low=2)
+        self.noise = check_number('noise', noise, allow_zero=True)
         self.noise_range = (None if noise_range is None else
-                            _check_range(noise_range, 'noise_range', integer=False))
+                            check_range('noise_range', noise_range, integer=False))
         if alignment not in self.ALIGNMENTS:
             raise ValueError(f"'alignment' must be one of {self.ALIGNMENTS}, got {alignment!r}")
         self.alignment = alignment
-        self.max_angle = _check_positive(max_angle, 'max_angle', allow_zero=True)
+        self.max_angle = check_number('max_angle', max_angle, allow_zero=True)
         if reduction not in ('mean', 'sum'):
             raise ValueError(f"'reduction' must be 'mean' or 'sum', got {reduction!r}")
         self.reduction = reduction
@@ -538,10 +508,10 @@ class GaussianMixtureTask(SyntheticTask):
 
     def __init__(self, d: Optional[int] = None, num_clusters: Tuple[int, int] = (1, 3),
                  center_std: float = 2.0, spread: Tuple[float, float] = (0.3, 1.0)) -> None:
-        self.d = _check_int(self.default_d if d is None else d, 'd')
-        self.num_clusters = _check_range(num_clusters, 'num_clusters')
-        self.center_std = _check_positive(center_std, 'center_std', allow_zero=True)
-        self.spread = _check_range(spread, 'spread', integer=False)
+        self.d = check_count('d', self.default_d if d is None else d)
+        self.num_clusters = check_range('num_clusters', num_clusters)
+        self.center_std = check_number('center_std', center_std, allow_zero=True)
+        self.spread = check_range('spread', spread, integer=False)
 
     @property
     def d_in(self) -> int:
@@ -635,11 +605,11 @@ class CorrelatedGaussianTask(SyntheticTask):
 
     def __init__(self, d: Optional[int] = None, scales: Tuple[float, float] = (0.3, 2.0),
                  center_std: float = 1.0) -> None:
-        self.d = _check_int(self.default_d if d is None else d, 'd')
-        self.scales = _check_range(scales, 'scales', integer=False)
+        self.d = check_count('d', self.default_d if d is None else d)
+        self.scales = check_range('scales', scales, integer=False)
         if self.scales[0] <= 0:
             raise ValueError(f"'scales' must be positive, got {scales!r}")
-        self.center_std = _check_positive(center_std, 'center_std', allow_zero=True)
+        self.center_std = check_number('center_std', center_std, allow_zero=True)
 
     @property
     def d_in(self) -> int:
@@ -709,7 +679,7 @@ class PCAErrorTask(CorrelatedGaussianTask):
 
     def __init__(self, d: Optional[int] = None, k: int = 2, **kwargs) -> None:
         super().__init__(d, **kwargs)
-        self.k = _check_int(k, 'k', low=0)
+        self.k = check_count('k', k, low=0)
         if self.k >= self.d:  # k = d keeps every direction: the target is 0 for every set
             raise ValueError(f"'k' must be below d = {self.d} (k = d leaves no residual: the "
                              f"target would be 0 for every set), got {k}")
@@ -738,7 +708,7 @@ class SetStatisticTask(SyntheticTask):
     paper_ref = 'Appendix D.4.6 (Table 25) and D.5.3 (Table 29)'
 
     def __init__(self, d: int = 16, reduce: Optional[str] = None) -> None:
-        self.d = _check_int(d, 'd')
+        self.d = check_count('d', d)
         if reduce not in (None, 'mean', 'sum'):
             raise ValueError(f"'reduce' must be None, 'mean' or 'sum', got {reduce!r}")
         self.reduce = reduce
@@ -890,11 +860,11 @@ def make_task(name: str, n_train: Optional[int] = None, n_val: Optional[int] = N
         raise ValueError(f"Unknown synthetic task {name!r}; expected one of {list(TASKS)}")
     cls = TASKS[name]
     task = cls(**task_kwargs)
-    counts = {split: _check_int(cls.default_num_sets[i] if given is None else given, f'n_{split}',
-                                low=0)
+    counts = {split: check_count(f'n_{split}',
+                                 cls.default_num_sets[i] if given is None else given, low=0)
               for i, (split, given) in enumerate(zip(SPLITS, (n_train, n_val, n_test)))}
-    default_range = _check_range(cls.default_set_size if set_size is None else set_size,
-                                 'set_size')
+    default_range = check_range('set_size',
+                                cls.default_set_size if set_size is None else set_size)
     sizes = {split: default_range for split in SPLITS}
     if split_set_sizes is not None and not isinstance(split_set_sizes, Mapping):
         raise ValueError(f"'split_set_sizes' must map splits among {SPLITS} to (low, high) "
@@ -902,8 +872,8 @@ def make_task(name: str, n_train: Optional[int] = None, n_val: Optional[int] = N
     for split, rng_range in (split_set_sizes or {}).items():
         if split not in SPLITS:
             raise ValueError(f"'split_set_sizes' keys must be among {SPLITS}, got {split!r}")
-        sizes[split] = _check_range(rng_range, f"split_set_sizes['{split}']")
-    seed = _check_int(seed, 'seed', low=0)
+        sizes[split] = check_range(f"split_set_sizes['{split}']", rng_range)
+    seed = check_count('seed', seed, low=0)
 
     task_seq, *split_seqs = np.random.SeedSequence(seed).spawn(1 + len(SPLITS))
     task.setup(np.random.default_rng(task_seq))

@@ -26,6 +26,7 @@ from torch_geometric.utils import scatter
 
 from torch_mz._checks import check_count, check_flag
 from torch_mz.models.base import SetPrediction, zero_empty_sets
+from torch_mz.nn.aggr import check_set_ids
 from torch_mz.nn.blocks import _hooked
 from torch_mz.nn.functional import _sorted_layout, set_pairs
 
@@ -44,21 +45,6 @@ _POOLS = ('sum', 'mean')
 # --------------------------------------------------------------------------------------------------
 # Per-set graphs
 # --------------------------------------------------------------------------------------------------
-def _check_batch(batch: Tensor, num_sets: Optional[int]) -> int:
-    if batch.dim() != 1 or batch.dtype != torch.long:
-        raise ValueError(f"'batch' must be a 1-D long tensor of set ids, got shape "
-                         f"{tuple(batch.shape)} and dtype {batch.dtype}")
-    if batch.numel() > 0 and int(batch.min()) < 0:
-        raise ValueError(f"'batch' must hold non-negative set ids, got {int(batch.min())}")
-    needed = int(batch.max()) + 1 if batch.numel() > 0 else 0
-    if num_sets is None:
-        return needed
-    if num_sets < needed:
-        raise ValueError(f"'num_sets' ({num_sets}) is smaller than the number of sets in 'batch' "
-                         f"({needed})")
-    return num_sets
-
-
 def fully_connected_edge_index(batch: Tensor, num_sets: Optional[int] = None) -> Tensor:
     r"""All ordered pairs :math:`(j, i)`, :math:`i \neq j`, of elements of the same set.
 
@@ -79,7 +65,7 @@ def fully_connected_edge_index(batch: Tensor, num_sets: Optional[int] = None) ->
         - **input:** batch :math:`(N)`
         - **output:** edge_index :math:`(2, \sum_s n_s (n_s - 1))`
     """
-    num_sets = _check_batch(batch, num_sets)
+    batch, num_sets = check_set_ids(batch, batch.numel(), num_sets, 'batch')
     src, dst = set_pairs(batch, batch, num_sets)  # (sum_s n_s^2,) each, self-pairs included
     keep = src != dst
     return torch.stack([src[keep], dst[keep]], dim=0)  # (2, sum_s n_s (n_s - 1))
@@ -121,7 +107,7 @@ def radius_edge_index(pos: Tensor, r: float, batch: Optional[Tensor] = None,
         batch = pos.new_zeros(pos.size(0), dtype=torch.long)
     if batch.numel() != pos.size(0):
         raise ValueError(f"'batch' has {batch.numel()} entries but 'pos' has {pos.size(0)} rows")
-    num_sets = _check_batch(batch, num_sets)
+    batch, num_sets = check_set_ids(batch, batch.numel(), num_sets, 'batch')
     device = pos.device
     perm, counts, ptr, _ = _sorted_layout(batch, num_sets)
     # sets by size, so that a block pads each set to a similar size
@@ -648,7 +634,7 @@ class EGNN(Module):
         elif batch.numel() != num_nodes:
             raise ValueError(f"'batch' has {batch.numel()} entries but there are {num_nodes} "
                              f"elements")
-        num_sets = _check_batch(batch, num_sets)
+        batch, num_sets = check_set_ids(batch, batch.numel(), num_sets, 'batch')
         return x.to(pos.dtype), pos, batch, num_sets
 
     def build_edge_index(self, pos: Tensor, batch: Tensor,

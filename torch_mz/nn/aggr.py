@@ -165,25 +165,37 @@ def resolve_set_index(x: Tensor, index: Optional[Tensor], ptr: Optional[Tensor],
         if dim_size is None:
             dim_size = ptr.numel() - 1
     assert index is not None  # given, or built from ptr or for a single set above
-    if dim_size is not None and (isinstance(dim_size, bool) or int(dim_size) != dim_size
-                                 or dim_size < 0):
-        raise ValueError(f"Expected 'dim_size' to be a non-negative integer (got {dim_size!r})")
     if given_index is not None:
         if (given_index.dim() != 1 or given_index.numel() != N
                 or not torch.equal(given_index.to(index.device).long(), index)):
             raise ValueError("'index' and 'ptr' were both given and describe different sets "
                              "(give one of them, or make them agree)")
-    if index.dim() != 1 or index.numel() != N:
-        raise ValueError(f"Expected 'index' of shape ({N},) (got {tuple(index.shape)})")
-    if index.is_floating_point() or index.dtype == torch.bool:
-        raise ValueError(f"Expected an integer 'index' (got dtype {index.dtype})")
-    index = index.long()
-    if dim_size is None:
-        dim_size = int(index.max()) + 1 if N > 0 else 0
-    if N > 0 and (int(index.min()) < 0 or int(index.max()) >= dim_size):
-        raise ValueError(f"Expected 'index' values in [0, {dim_size}) (got range "
-                         f"[{int(index.min())}, {int(index.max())}])")
-    return index, int(dim_size)
+    return check_set_ids(index, N, dim_size, 'index', 'dim_size')
+
+
+def check_set_ids(ids: Tensor, num_rows: int, num_sets: Optional[int], name: str = 'index',
+                  sets_name: str = 'num_sets') -> Tuple[Tensor, int]:
+    r"""Validates a set id per row (PyG's ``index``/``batch``): a 1-D integer tensor of
+    :obj:`num_rows` entries in ``[0, num_sets)``; :obj:`num_sets` (named :obj:`sets_name` in
+    messages) is a non-negative integer, or :obj:`None` for the largest id plus one. Returns the
+    ids as a long tensor and the number of sets; a :class:`ValueError` names :obj:`name` and
+    what was expected."""
+    if num_sets is not None and (isinstance(num_sets, bool) or int(num_sets) != num_sets
+                                 or num_sets < 0):
+        raise ValueError(f"Expected '{sets_name}' to be a non-negative integer (got "
+                         f"{num_sets!r})")
+    if ids.dim() != 1 or ids.numel() != num_rows:
+        raise ValueError(f"Expected '{name}' of shape ({num_rows},) (got {tuple(ids.shape)})")
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise ValueError(f"Expected an integer '{name}' (got dtype {ids.dtype})")
+    ids = ids.long()
+    given = '' if num_sets is None else f", with '{sets_name}' {num_sets}"
+    if num_sets is None:
+        num_sets = int(ids.max()) + 1 if num_rows > 0 else 0
+    if num_rows > 0 and (int(ids.min()) < 0 or int(ids.max()) >= num_sets):
+        raise ValueError(f"Expected '{name}' values in [0, {num_sets}) (got range "
+                         f"[{int(ids.min())}, {int(ids.max())}]{given})")
+    return ids, int(num_sets)
 
 
 def largest_finite_magnitude(x: Tensor) -> float:
