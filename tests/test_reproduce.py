@@ -11,6 +11,8 @@ import pytest
 import torch
 
 import torch_mz.reproduce as reproduce
+import torch_mz.reproduce.budgets as budgets
+import torch_mz.reproduce.report as report
 import torch_mz.study.grid as grid
 from torch_mz.reproduce import (BUDGETS, CLAIMS, SWEEP_CELLS, Budget, Claim, Comparison,
                                 Reproduction, load_claims, overhead_records, save_claim,
@@ -629,7 +631,6 @@ def test_status_counts_runs_and_estimates_the_time_left(tmp_path):
 
 
 def test_finished_runs_table_lists_each_run_beside_the_paper(tmp_path):
-    from tests.test_benchmarks_real import load_script
     out = str(tmp_path)
     claim = replace(CLAIM, paper_r2={('sum d=3', 'deepsets:hidden_channels=8'): 0.9})
     repro = Reproduction(TINY, out, device='cpu', sweep_cells={'sum': SUM})
@@ -654,8 +655,7 @@ def test_finished_runs_table_lists_each_run_beside_the_paper(tmp_path):
     lost = next(p for p in tmp_path.rglob('records/tiny/**/*.json') if '_s1_' in p.name)
     lost.unlink()
     assert len(repro.finished_runs(claim)) == 7
-    script = load_script('reproduce')
-    path = script.write_runs_table(repro, [claim], out)
+    path = report.write_runs_table(repro, [claim], out)
     text = open(path + '.md').read()
     assert text.count('| sum d=') == 4  # one row per cell and model
     assert '| 0.900 |' in text  # the paper's figure beside ours
@@ -680,26 +680,26 @@ def test_finished_runs_table_lists_each_run_beside_the_paper(tmp_path):
         assert r['r2'] == record['test']['r2'] and r['epochs_run'] == record['epochs_run']
         assert r['chosen'] == ((r['lr'], r['weight_decay']) == chosen[r['model']])
     assert '## Sweeps' in text and text.count('**chosen**') == len(claim.models)
-    where = script.sweep_verdicts(sweep)
+    where = budgets.sweep_verdicts(sweep)
     assert all(w in ('inside', 'on the edge') and p == chosen[m] for m, (p, w) in where.items())
     # a model whose chosen point has an untried step beyond it is on the edge; an open one open
     edge = [dict(r, chosen=None) if r['model'] == claim.models[0] else r for r in sweep]
-    assert script.sweep_verdicts(edge)[claim.models[0]] == (None, 'open')
+    assert budgets.sweep_verdicts(edge)[claim.models[0]] == (None, 'open')
     grid = [dict(model='m', lr=lr, weight_decay=wd, chosen=(lr, wd) == (1e-3, 0.1))
             for lr, wd in ((1e-3, 1e-5), (1e-3, 0.1), (3e-4, 1e-5), (3e-4, 0.1))]
-    assert script.sweep_verdicts(grid)['m'] == ((1e-3, 0.1), 'on the edge')
+    assert budgets.sweep_verdicts(grid)['m'] == ((1e-3, 0.1), 'on the edge')
     grid += [dict(model='m', lr=3e-3, weight_decay=0.1, chosen=False),
              dict(model='m', lr=1e-3, weight_decay=0.3, chosen=False)]
-    assert script.sweep_verdicts(grid)['m'] == ((1e-3, 0.1), 'inside')
+    assert budgets.sweep_verdicts(grid)['m'] == ((1e-3, 0.1), 'inside')
     # inside the box yet one step from an untried point: lr 1e-3 at weight decay 0.3 tried,
     # lr 3e-3 at 0.1 tried, lr 3e-4 at 0.1 tried (the grid's 3e-4 is 1e-3 / 3)
-    assert script.untried_neighbours(grid, 'm') == []
+    assert budgets.untried_neighbours(grid, 'm') == []
     moved = [dict(r, chosen=(r['lr'], r['weight_decay']) == (3e-3, 0.1)) for r in grid]
-    assert script.sweep_verdicts(moved)['m'] == ((3e-3, 0.1), 'on the edge')
-    assert script.untried_neighbours(moved, 'm') == [(9e-3, 0.1), (3e-3, 0.3)]
+    assert budgets.sweep_verdicts(moved)['m'] == ((3e-3, 0.1), 'on the edge')
+    assert budgets.untried_neighbours(moved, 'm') == [(9e-3, 0.1), (3e-3, 0.3)]
     low = [dict(r, chosen=(r['lr'], r['weight_decay']) == (3e-4, 1e-5)) for r in grid]
-    assert script.untried_neighbours(low, 'm') == [(1e-4, 1e-5)]  # 1e-5 steps to 0.1: tried
-    assert script.untried_neighbours(edge, claim.models[0]) == []  # open: none
+    assert budgets.untried_neighbours(low, 'm') == [(1e-4, 1e-5)]  # 1e-5 steps to 0.1: tried
+    assert budgets.untried_neighbours(edge, claim.models[0]) == []  # open: none
     # tasks and models: a model two claims share on a task is listed once, a claim with a fixed
     # protocol adds none (its models train at the protocol, not swept), each task its own
     other = replace(claim, name='other', models=(claim.models[1], 'deepsets:hidden_channels=4'))
@@ -707,22 +707,22 @@ def test_finished_runs_table_lists_each_run_beside_the_paper(tmp_path):
                     protocol=(1e-3, 1e-5))
     elsewhere = replace(CLAIM2, name='elsewhere', models=(claim.models[0], ))
     repro2 = Reproduction(TINY, out, device='cpu', sweep_cells={'sum': SUM, 'max': MAX})
-    tables = script.sweep_tables(repro2, [claim, other, fixed, elsewhere])
+    tables = report.sweep_tables(repro2, [claim, other, fixed, elsewhere])
     assert list(tables) == ['sum', 'max']
     assert list(dict.fromkeys(r['model'] for r in tables['sum'])) == list(claim.models) + [
         'deepsets:hidden_channels=4']
     assert {r['model'] for r in tables['max']} == {claim.models[0]}
     assert not any(r['done'] for r in tables['max'])  # listed, not trained
-    assert script.sweep_tables(repro2, [fixed]) == {}
+    assert report.sweep_tables(repro2, [fixed]) == {}
     # a task with no finished point gets one line, neither a table nor a plot
-    text2, rows2 = script.sweep_section(repro2, [claim, elsewhere], out, 'tiny')
+    text2, rows2 = report.sweep_section(repro2, [claim, elsewhere], out, 'tiny')
     assert '### sum' in text2 and '### max' not in text2 and 'sweep.max.png' not in text2
     assert 'No point finished yet' in text2 and 'max (' in text2.split('No point finished')[1]
     assert not (tmp_path / 'finished_runs.tiny.sweep.max.png').exists()
     assert {r['model'] for r in rows2 if r['task'] == 'max'} == {claim.models[0]}
     one_point = Reproduction(replace(TINY, sweep=((1e-3, 1e-5), )), out, device='cpu',
                              sweep_cells={'sum': SUM})
-    assert script.sweep_section(one_point, [claim], out, 'tiny') == ('', [])  # no empty section
+    assert report.sweep_section(one_point, [claim], out, 'tiny') == ('', [])  # no empty section
 
 
 def test_a_time_limit_trains_the_runs_that_fit_and_leaves_the_rest(tmp_path, monkeypatch):
@@ -1260,8 +1260,6 @@ def test_a_checkpoint_that_cannot_be_resumed_is_kept_and_the_way_out_named(tmp_p
 
 
 def test_summary_names_each_claims_command(tmp_path):
-    from tests.test_benchmarks_real import load_script
-    script = load_script('reproduce')
     step = tmp_path / 'training_step.json'
     step.write_text(json.dumps(dict(
         environment=dict(command='python benchmarks/training_step.py --rounds 3'),
@@ -1274,7 +1272,7 @@ def test_summary_names_each_claims_command(tmp_path):
     other = dict(overhead_records(str(step), 'converged')[0], claim='table1 L=4: a gap',
                  command='python benchmarks/reproduce.py --budget converged --claims table1')
     save_claim(str(out), 'table1', 'converged', [other])
-    script.write_summary(str(out), 0.1)
+    report.write_summary(str(out), 0.1)
     text = (out / 'summary.md').read_text()
     commands = text.split('## Commands')[1].split('## Verdict rule')[0]
     assert ('- table30: `python benchmarks/training_step.py --rounds 3 && python '

@@ -1,5 +1,6 @@
 r"""The budgets (quick, converged, paper) and the learning-rate / weight-decay sweep every model
 gets alike, with its steps beyond the grid."""
+import math
 from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -105,3 +106,45 @@ def sweep_extension(grid: Sequence[Tuple[float, float]],
     if len(wds) > 1 and wd == wds[-1]:
         out.append((lr, step(wd * SWEEP_STEP)))
     return out
+
+
+def sweep_verdicts(rows):
+    r"""Per model of one task's sweep rows: its chosen point, and where that point lies among
+    the points tried: ``'inside'`` (no step beyond it is left untried), ``'on the edge'``
+    (steps beyond it untried: the sweep stopped at its last round there) or ``'open'`` (the
+    sweep has not chosen yet)."""
+    out = {}
+    for model in dict.fromkeys(r['model'] for r in rows):
+        mine = [r for r in rows if r['model'] == model]
+        chosen = [(r['lr'], r['weight_decay']) for r in mine if r['chosen']]
+        if not chosen:
+            out[model] = (None, 'open')
+            continue
+        tried = [(r['lr'], r['weight_decay']) for r in mine]
+        beyond = [p for p in sweep_extension(tried, chosen[0]) if p not in tried]
+        out[model] = (chosen[0], 'on the edge' if beyond else 'inside')
+    return out
+
+
+def untried_neighbours(rows, model):
+    r"""The points one step of the sweep's rule away from :obj:`model`'s chosen point in
+    :obj:`rows` (learning rate times and divided by ``SWEEP_STEP``, weight decay times it, or
+    from the grid's smallest to its next) that it has not tried. The rule steps beyond the edges of the box of points tried, so a
+    chosen point ``'inside'`` that box may still have such a neighbour untried: this lists
+    them, so a reader sees how local the optimum is. Empty for an open model."""
+    mine = [r for r in rows if r['model'] == model]
+    chosen = next(((r['lr'], r['weight_decay']) for r in mine if r['chosen']), None)
+    if chosen is None:
+        return []
+    tried = [(r['lr'], r['weight_decay']) for r in mine]
+    lr, wd = chosen
+    wds = sorted({p[1] for p in tried})
+    # weight decay one step up: x SWEEP_STEP, or from the grid's smallest (close to no decay)
+    # to its next value, as the grid itself steps
+    up = wds[1] if wd == wds[0] and len(wds) > 1 else wd * SWEEP_STEP
+    near = [(lr * SWEEP_STEP, wd), (lr / SWEEP_STEP, wd), (lr, up)]
+
+    def close(a, b):  # the grid's 3e-4 is one step below 1e-3: equal within 20%
+        return abs(math.log(a / b)) < math.log(1.2)
+    return [(float(f'{a:.3g}'), float(f'{b:.3g}')) for a, b in near
+            if not any(close(a, x) and close(b, y) for x, y in tried)]

@@ -1,11 +1,19 @@
-r"""The report: finished claims on disk and the tables of ``summary.md``."""
+r"""The report: finished claims on disk, ``summary.{md,json}`` with its tables and plots, and
+``finished_runs.<budget>.{md,json}`` (every finished run, the sweeps) that
+``benchmarks/reproduce.py`` writes. Trains nothing, prints nothing."""
 import json
 import math
 import os
+import time
 from typing import Any, Dict, List, Mapping, Sequence
 
 from torch_mz._files import atomic_write
-from torch_mz.reproduce.claims import CLAIM_NAMES
+from torch_mz.reproduce.budgets import BUDGETS, SWEEP_STEP, sweep_verdicts, untried_neighbours
+from torch_mz.reproduce.claims import CLAIM_NAMES, CLAIMS, SWEEP_CELLS
+from torch_mz.reproduce.verdict import VERDICT_RULE
+from torch_mz.study import (environment, markdown_table, plot_bars, pyplot, try_plot,
+                            write_report)
+from torch_mz.study.plots import save_figure
 
 
 def claim_path(out: str, claim: str, budget: str) -> str:
@@ -78,3 +86,282 @@ def models_table(records: Sequence[Mapping[str, Any]]) -> str:
         if line not in lines:
             lines.append(line)
     return '\n'.join(lines) + '\n'
+
+
+def plot(claim, records, budget, path):
+    cells = [c['label'] for c in claim.cells]
+    figures = {r['claim'].split(':')[0].split(' ', 1)[1]: r['ours']['models'] for r in records}
+    plot_bars(cells, list(claim.models), lambda c, m: figures[c][m]['r2'],
+              lambda c, m: figures[c][m]['r2_std'], path,
+              paper=lambda c, m: claim.paper_r2.get((c, m)),
+              title=f'{claim.name} ({budget}): test R² (bars: ours; dashes: paper)')
+
+
+def write_summary(out, minutes):
+    records = load_claims(out)
+    budgets = sorted({r['budget'] for r in records})
+    # each claim's rows come from its own command; the Command line above the table is only
+    # the invocation that last rewrote this file
+    commands: Dict[str, List[str]] = {}
+    for r in records:
+        names = commands.setdefault(r.get('command') or '(not recorded)', [])
+        name = str(r['claim']).split()[0]
+        if name not in names:
+            names.append(name)
+    notes = ('## Commands\n\nThe `Command` line above is the invocation that last rewrote '
+             'this file; each claim\'s rows come from its own command (also in '
+             '`summary.json`, field `command`):\n\n'
+             + '\n'.join(f"- {', '.join(names)}: `{command}`"
+                          for command, names in commands.items())
+             + '\n\n## Verdict rule\n\n' + VERDICT_RULE + '\n\n## Budgets\n\n'
+             + '\n'.join(f'- `{b}`: {BUDGETS[b].note}' for b in budgets if b in BUDGETS)
+             + '\n\nThe sweep cell of each task (the lr / wd chosen there, per model by the '
+             'lowest validation loss, is used on every cell of that task): '
+             + '; '.join(f"{t}: {c['label']}" for t, c in SWEEP_CELLS.items())
+             + '. Claims with a fixed protocol train every model at its lr / wd instead, with '
+             'no sweep: ' + ', '.join(f'{c.name} (lr {c.protocol[0]:g}, weight decay '
+                                      f'{c.protocol[1]:g})' for c in CLAIMS.values()
+                                      if c.protocol is not None)
+             + '\n\n## Every model, every cell\n\n' + models_table(records) + '\n'
+             + '\n'.join(f'![{n}]({n}.png)' for n in sorted(
+                 os.path.splitext(f)[0] for f in os.listdir(out) if f.endswith('.png')))
+             + '\n')
+    env = environment()
+    write_report(out, 'summary', "Reproduction of the paper's claims (issue 11)", env,
+                 dict(budgets=budgets), summary_table(records), dict(records=records), minutes,
+                 notes=notes, plot=False)
+
+
+def plot_finished(claim, groups, budget, path):
+    r"""Bars of the finished runs' mean test R² per cell and model (error bars: the spread of
+    the finished seeds), the paper's figures as dashes; cells and models without a finished
+    run are left out."""
+    import numpy as np
+    cells = [c['label'] for c in claim.cells if any(k[0] == c['label'] for k in groups)]
+    models = [m for m in claim.models if any(k[1] == m for k in groups)]
+
+    def r2(cell, model):
+        return [r['r2'] for r in groups.get((cell, model), [])]
+    plot_bars(cells, models, lambda c, m: float(np.mean(r2(c, m))) if r2(c, m) else np.nan,
+              lambda c, m: float(np.std(r2(c, m), ddof=1)) if len(r2(c, m)) > 1 else 0.0, path,
+              paper=lambda c, m: claim.paper_r2.get((c, m)),
+              title=f'{claim.name} ({budget}, finished runs so far): test R² (dashes: paper)')
+
+
+def plot_curves(claim, groups, budget, path):
+    r"""The validation loss of every finished run against its epoch, one panel per cell (the
+    same normalised targets for every model of a cell, so the curves compare), one colour per
+    model, one line style per seed, a dot at the epoch whose weights were kept: where a curve
+    has flattened before its last epoch the run reached its plateau."""
+    plt = pyplot()
+    cells = [c['label'] for c in claim.cells if any(k[0] == c['label'] for k in groups)]
+    models = [m for m in claim.models if any(k[1] == m for k in groups)]
+    colours = {m: f'C{i % 10}' for i, m in enumerate(models)}
+    styles = ('-', '--', ':', '-.')
+    fig, axes = plt.subplots(1, len(cells), figsize=(max(7, 5 * len(cells)), 4.4),
+                             squeeze=False)
+    for ax, cell in zip(axes[0], cells):
+        for model in models:
+            label = model  # on the model's first drawn curve
+            for run in groups.get((cell, model), []):
+                curve = run.get('val_loss_curve') or []
+                if not curve:
+                    continue
+                ax.plot(range(len(curve)), curve, styles[run['seed'] % len(styles)],
+                        color=colours[model], lw=1, label=label)
+                label = None
+                best = run.get('best_epoch')
+                if best is not None and 0 <= best < len(curve):
+                    ax.plot([best], [curve[best]], 'o', color=colours[model], ms=3)
+        ax.set_yscale('log')
+        ax.set_xlabel('epoch')
+        ax.set_ylabel('validation loss (normalised targets)')
+        ax.set_title(cell, fontsize=9)
+        ax.legend(fontsize=7)
+    fig.suptitle(f'{claim.name} ({budget}, finished runs): validation loss by epoch\n'
+                 f'(line style: seed; dot: kept epoch)', fontsize=9)
+    fig.tight_layout()
+    save_figure(fig, path, dpi=100)
+    plt.close(fig)
+
+
+def sweep_tables(repro, claims):
+    r"""The sweep of every task the :obj:`claims` sweep on
+    (:meth:`~torch_mz.reproduce.Reproduction.sweep_landscape`), each model with every point it
+    reached: ``{task: rows}``, tasks in the claims' order, each task's models in the order the
+    claims name them."""
+    models = {}
+    for claim in claims:
+        if claim.protocol is not None:
+            continue
+        for cell in claim.cells:
+            models.setdefault(cell['task'], [])
+            models[cell['task']] += [m for m in claim.models if m not in models[cell['task']]]
+    return {task: repro.sweep_landscape(task, ms) for task, ms in models.items()}
+
+
+def plot_sweep(task, rows, budget, path):
+    r"""One panel per model: the sweep points it tried in the (lr, weight decay) plane, coloured
+    by the best validation loss over the model's lowest (1 = its chosen point), labelled with
+    the test R² and that ratio; the chosen point ringed, unfinished points hollow."""
+    import numpy as np
+    plt = pyplot()
+    models = list(dict.fromkeys(r['model'] for r in rows))
+    cols = min(4, len(models))
+    nrows = (len(models) + cols - 1) // cols
+    fig, axes = plt.subplots(nrows, cols, figsize=(3.6 * cols, 3.2 * nrows), squeeze=False)
+    cmap = plt.get_cmap('viridis_r')
+    for ax, model in zip(axes.flat, models):
+        mine = [r for r in rows if r['model'] == model]
+        done = [r for r in mine if r['done'] and np.isfinite(r['val_loss'])]
+        best = min((r['val_loss'] for r in done), default=None)
+        for r in mine:
+            x, y = np.log10(r['lr']), np.log10(r['weight_decay'])
+            if r in done and best:
+                rel = r['val_loss'] / best
+                ax.scatter([x], [y], s=160, color=cmap(min(1.0, (rel - 1) / 1.0)),
+                           edgecolors='red' if r['chosen'] else 'black',
+                           linewidths=2.5 if r['chosen'] else 0.5, zorder=3)
+                ax.annotate(f"{r['r2']:.3f} ({rel:.2f})", (x, y), fontsize=6, ha='left',
+                            va='center', xytext=(7, 0), textcoords='offset points')
+            else:
+                ax.scatter([x], [y], s=160, facecolors='none', edgecolors='grey', zorder=3)
+        ax.set_title(model, fontsize=9)
+        ax.set_xlabel('log10 lr', fontsize=8)
+        ax.set_ylabel('log10 weight decay', fontsize=8)
+        ax.margins(0.25)
+        ax.tick_params(labelsize=7)
+    for ax in list(axes.flat)[len(models):]:
+        ax.axis('off')
+    cell = next((r['cell'] for r in rows if r.get('cell')), task)
+    fig.suptitle(f'{task} sweep on {cell} ({budget}): each point labelled "test R² (validation '
+                 f'loss over the model\'s best)"\n(colour: that ratio, yellow = best, dark = 2x '
+                 f'or more; red ring: chosen; hollow: not finished)', fontsize=9)
+    fig.tight_layout()
+    save_figure(fig, path, dpi=100)
+    plt.close(fig)
+
+
+def sweep_section(repro, claims, out, budget):
+    r"""The ``## Sweeps`` section of ``finished_runs.<budget>.md`` (its tables and plots) and its
+    rows for the JSON."""
+    parts, every = [], []
+    tables = {t: rows for t, rows in sweep_tables(repro, claims).items() if rows}
+    if not tables:  # nothing swept (a one-point grid, or fixed protocols only)
+        return '', every
+    parts.append('\n## Sweeps\n\nEvery lr / weight-decay point each model tried on each task\'s '
+                 'sweep cell (seed 0), with its best validation loss (normalised targets: '
+                 'the criterion), that loss over the model\'s lowest, its test R² and epochs '
+                 'run. "where" says whether the chosen point lies inside the points tried '
+                 '(every step the sweep\'s rule takes beyond it tried, and worse) or on their '
+                 'edge (a step beyond it untried: the sweep stopped at its last round there), '
+                 'that is, whether each model was tuned to an optimum of the same search. '
+                 'The rule steps beyond the edges of the box of points tried, not around '
+                 'each chosen point, so "untried" lists the chosen point\'s neighbours one '
+                 f'step away (lr x {SWEEP_STEP:g} and / {SWEEP_STEP:g}, weight decay x '
+                 f'{SWEEP_STEP:g}) that no run tried: where it is not empty, the chosen point '
+                 'is the best of the points tried, not shown to be a local optimum.\n')
+    waiting = []
+    for task, rows in tables.items():
+        every += rows
+        if not any(r['done'] for r in rows):  # no point finished: one line, no table or plot
+            cell = next((r['cell'] for r in rows if r.get('cell')), task)
+            models = list(dict.fromkeys(r['model'] for r in rows))
+            waiting.append(f'{task} ({cell}: {len(models)} models, {len(rows)} points)')
+            continue
+        verdicts = sweep_verdicts(rows)
+        cell = next((r['cell'] for r in rows if r.get('cell')), task)
+        parts.append(f'\n### {task} ({cell})\n\n')
+        parts.append(markdown_table([dict(
+            model=m, chosen='' if p is None else f'lr {p[0]:g}, wd {p[1]:g}', where=w,
+            points=sum(1 for r in rows if r['model'] == m),
+            finished=sum(1 for r in rows if r['model'] == m and r['done']),
+            untried=', '.join(f'lr {a:g} wd {b:g}' for a, b in untried_neighbours(rows, m)))
+            for m, (p, w) in verdicts.items()],
+            ['model', 'chosen', 'where', 'points', 'finished', 'untried']) + '\n')
+        best = {}
+        for r in rows:
+            if r['done'] and r['val_loss'] is not None and math.isfinite(r['val_loss']):
+                best[r['model']] = min(best.get(r['model'], r['val_loss']), r['val_loss'])
+        table = []
+        for r in sorted(rows, key=lambda r: (list(verdicts).index(r['model']), -r['lr'],
+                                              r['weight_decay'])):
+            table.append(dict(
+                model=r['model'], lr=f"{r['lr']:g}", wd=f"{r['weight_decay']:g}",
+                val_loss='' if not r['done'] else f"{r['val_loss']:.4g}",
+                over_best=('' if not r['done'] or not best.get(r['model'])
+                           else f"{r['val_loss'] / best[r['model']]:.2f}"),
+                r2='' if not r['done'] else f"{r['r2']:.4f}",
+                epochs='' if not r['done'] else str(r['epochs_run']),
+                chosen='**chosen**' if r['chosen'] else ''))
+        parts.append('\n' + markdown_table(table, ['model', 'lr', 'wd', 'val_loss', 'over_best',
+                                                   'r2', 'epochs', 'chosen']) + '\n')
+        png = f'finished_runs.{budget}.sweep.{task}.png'
+        note = try_plot(plot_sweep, task, rows, budget, os.path.join(out, png))
+        parts.append(f'\n{note}\n' if note else f'\n![{task} sweep]({png})\n')
+    if waiting:
+        parts.append('\nNo point finished yet (the grids, in the JSON): ' + '; '.join(waiting)
+                     + '.\n')
+    return ''.join(parts), every
+
+
+def write_runs_table(repro, claims, out):
+    r"""``finished_runs.<budget>.{json,md}``: every finished run of :obj:`claims` at its model's
+    chosen sweep point (:meth:`~torch_mz.reproduce.Reproduction.finished_runs`), one row per
+    cell and model with each seed's test R² beside the paper's figure. Trains nothing."""
+    budget = repro.budget.name
+    env = environment()
+    stamp = time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())
+    parts = [f"# Finished runs of the claims ({budget} budget)\n\n"
+             f"Command: `{env['command']}`  \n"
+             f"Written {stamp} from the run records in `records/{budget}/` (nothing trained). "
+             f"One row per claim cell and model: the test R² of each finished seed at the "
+             f"model's swept lr / wd (a claim's fixed lr / wd where it has one, with no sweep), "
+             f"their mean, the paper's figure where the claim quotes "
+             f"one, and each seed's epochs run with its best epoch in brackets (* = stopped "
+             f"early by the patience rule; 'diverged' = training stopped on a non-finite loss, "
+             f"the run stored as failed; otherwise at the epoch cap). Claims get a verdict "
+             f"only in `summary.md`, once all their runs are in.\n"]
+    every = []
+    for claim in claims:
+        rows = repro.finished_runs(claim)
+        every += rows
+        parts.append(f"\n## {claim.name}: {claim.title}\n\n")
+        if not rows:
+            parts.append('No finished run yet.\n')
+            continue
+        groups = {}
+        for r in rows:
+            groups.setdefault((r['cell'], r['model']), []).append(r)
+        table = []
+        for (cell, model), runs in groups.items():
+            r2 = [r['r2'] for r in runs]
+            table.append(dict(
+                cell=cell, model=model, lr=f"{runs[0]['lr']:g}",
+                wd=f"{runs[0]['weight_decay']:g}",
+                seeds=' '.join(str(r['seed']) for r in runs),
+                r2=' / '.join(f'{v:.4f}' for v in r2), mean=f'{sum(r2) / len(r2):.4f}',
+                paper='' if runs[0]['paper'] is None else f"{runs[0]['paper']:.3f}",
+                epochs=', '.join(f"{r['epochs_run']}{'*' if r['stopped_early'] else ''}"
+                                 + (' diverged' if r.get('diverged') else '')
+                                 + ('' if r['best_epoch'] is None else f" ({r['best_epoch']})")
+                                 for r in runs)))
+        parts.append(markdown_table(table, ['cell', 'model', 'lr', 'wd', 'seeds', 'r2', 'mean',
+                                            'paper', 'epochs']))
+        png = f'finished_runs.{budget}.{claim.name}.png'
+        note = try_plot(plot_finished, claim, groups, budget, os.path.join(out, png))
+        parts.append(f'\n{note}\n' if note else f'\n![{claim.name}]({png})\n')
+        curves = f'finished_runs.{budget}.{claim.name}.curves.png'
+        note = try_plot(plot_curves, claim, groups, budget, os.path.join(out, curves))
+        parts.append('' if note else f'\n![{claim.name}: validation curves]({curves})\n')
+    path = os.path.join(out, f'finished_runs.{budget}')
+    os.makedirs(out, exist_ok=True)
+    sweeps, sweep_rows = sweep_section(repro, claims, out, budget)
+    parts.append(sweeps)
+    text = ''.join(parts)
+    atomic_write(path + '.md', lambda f: f.write(text), binary=False)
+    lean = [{k: v for k, v in r.items() if k != 'val_loss_curve'} for r in every]  # in records/
+    payload = json.dumps(dict(environment=env, budget=budget, written=stamp, rows=lean,
+                              sweeps=sweep_rows), indent=1) + '\n'
+    atomic_write(path + '.json', lambda f: f.write(payload), binary=False)
+    return path
