@@ -447,8 +447,7 @@ def test_python_spellings_of_flags_are_the_flags():
 
 @pytest.mark.parametrize('extra, message', [
     (['--device', 'gpu'], "Expected device 'auto', 'cpu', 'cuda' or 'cuda:<index>'"),
-    (['--seed', '99999999999999999999'], '--seed must be in [0, 2**32)'),
-    (['--seed', '-1'], '--seed must be in [0, 2**32)'),
+    (['--seed', '99999999999999999999'], '--seed must be in [-2**63, 2**63)'),
     (['--grad-clip', '-5'], '--grad-clip must be a positive norm, or 0 for no clipping'),
     (['--grad-clip', 'nan'], '--grad-clip must be a positive norm'),
     (['--patience', '-3'], '--patience must be a number of epochs, or 0'),

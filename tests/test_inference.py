@@ -133,3 +133,35 @@ def test_old_or_foreign_checkpoints(task, tmp_path):
 def test_load_model_names_an_argument_that_is_no_checkpoint():
     with pytest.raises(TypeError, match='takes the path of a checkpoint or the dict'):
         load_model(None)
+
+
+def test_a_checkpoint_of_an_unchecked_flag_or_rank_rebuilds_the_model_it_trained(task,
+                                                                                 tmp_path):
+    # before the argument checks, 'mz:log_n=False' recorded the text 'False', which the model
+    # took as a true flag, and 'mz:rank=4' was ignored: such a checkpoint rebuilds what was
+    # trained (log-n on, no rank), with a warning, instead of failing the new checks
+    torch.manual_seed(0)
+    model = build_model('mz-slim', task.in_channels, task.out_channels, log_n=True, **SMALL)
+    train(model, task.train, task.val, task.test, config=config(tmp_path))
+    state = load_checkpoint(tmp_path / 'best.pt')
+    state['run_info']['model']['args'] = dict(SMALL, log_n='False', rank=4)
+    with pytest.warns(UserWarning) as caught:
+        loaded = load_model(state)
+    text = ' '.join(str(w.message) for w in caught)
+    assert "log_n='False'" in text and 'rebuilt with log_n=True' in text
+    assert 'rank=4' in text and 'rebuilt without it' in text
+    assert loaded.body.log_n is True
+    assert torch.equal(outputs(loaded, task.test)[0], outputs(model.eval(), task.test)[0])
+
+
+def test_predict_takes_a_dataset_without_a_length(task, tmp_path):
+    from torch.utils.data import IterableDataset
+    from torch_mz.train import predict
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(task.test)
+
+    torch.manual_seed(0)
+    model = build_model('deepsets', task.in_channels, task.out_channels, hidden_channels=8)
+    assert torch.equal(predict(model, Stream()), predict(model, task.test))

@@ -679,6 +679,11 @@ def test_missing_or_corrupt_checkpoint_raises_clear_error(tmp_path):
     message = str(info.value)
     assert '\n' not in message and 'weights_only' not in message
     assert 'holds objects other than tensors' in message and 'Linear' in message
+    garbage = tmp_path / 'pickled_garbage.pt'
+    garbage.write_bytes(b'garbage')  # the weights-only unpickler refuses it: said so, plainly
+    with pytest.raises(CheckpointError, match='the weights-only unpickler refused it') as info:
+        load_checkpoint(garbage)
+    assert 'weights_only' not in str(info.value) and 'holds objects' not in str(info.value)
 
     # resuming needs the full training state, not the model-only best.pt
     with pytest.raises(CheckpointError, match='model weights only'):
@@ -811,7 +816,7 @@ def test_resolve_device():
     # types: a string or a fraction where a count belongs, a non-finite rate, a bool
     {'epochs': '2'}, {'lr': '1e-3'}, {'epochs': 1.5}, {'warmup_epochs': 0.5},
     {'epochs': True}, {'grad_clip': float('nan')}, {'weight_decay': float('inf')},
-    {'patience': -3}, {'seed': -1}, {'seed': 2 ** 32},
+    {'patience': -3}, {'seed': 2 ** 63}, {'seed': -2 ** 63 - 1},
 ])
 def test_config_validation(kwargs):
     with pytest.raises(ValueError, match='TrainConfig'):

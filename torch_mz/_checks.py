@@ -29,9 +29,10 @@ def check_optional_count(name: str, value: Any, low: int = 1) -> Optional[int]:
 
 
 def check_flag(name: str, value: Any) -> bool:
-    r"""A bool (or NumPy bool), returned as a Python :obj:`bool`; anything else, e.g. the text
-    ``'False'`` (which is true), raises."""
-    if type(value).__name__ not in ('bool', 'bool_'):
+    r"""A bool (or NumPy bool, or the integer 0 or 1), returned as a Python :obj:`bool`;
+    anything else, e.g. the text ``'False'`` (which is true), raises."""
+    if type(value).__name__ not in ('bool', 'bool_') and not (
+            isinstance(value, numbers.Integral) and value in (0, 1)):
         raise ValueError(f"'{name}' must be True or False (got {value!r})")
     return bool(value)
 

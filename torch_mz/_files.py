@@ -13,14 +13,16 @@ except ImportError:  # pragma: no cover - Windows
 
 
 @contextmanager
-def file_lock(path: Union[str, os.PathLike], wait: bool = True) -> Iterator[bool]:
+def file_lock(path: Union[str, os.PathLike], wait: bool = True,
+              strict: bool = False) -> Iterator[bool]:
     r"""Holds an exclusive advisory lock (``fcntl.flock``) on the file :obj:`path` (created if
     missing, never removed) for the ``with`` block and yields :obj:`True`, waiting for another
     process that holds it; with :obj:`wait` false, yields :obj:`False` at once (holding
     nothing) when another process holds it. The lock dies with its process. Where no lock can
     be had, the block runs unlocked (and :obj:`True` is yielded): without ``fcntl`` (Windows),
     where the file cannot be created (a read-only folder, e.g. a dataset cache shared
-    read-only) or the file system refuses locks."""
+    read-only) or the file system refuses locks; with :obj:`strict`, those last two raise the
+    :class:`OSError` instead (where two processes must not share the work the lock guards)."""
     fd = None
     busy = False
     if fcntl is not None:
@@ -34,7 +36,7 @@ def file_lock(path: Union[str, os.PathLike], wait: bool = True) -> Iterator[bool
                 os.close(fd)
             fd = None
             busy = isinstance(e, BlockingIOError)  # another process holds it; not waiting
-            if not isinstance(e, OSError):
+            if not isinstance(e, OSError) or (strict and not busy):
                 raise
     if busy:
         yield False

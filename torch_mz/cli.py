@@ -268,8 +268,8 @@ def _check_training_args(args):
         raise CLIError(f'--patience must be a number of epochs, or 0 for no early stopping '
                        f'(got {args.patience})')
     seed = getattr(args, 'seed', 0)
-    if not 0 <= seed < 2 ** 32:
-        raise CLIError(f'--seed must be in [0, 2**32) (got {seed})')
+    if not -2 ** 63 <= seed < 2 ** 63:
+        raise CLIError(f'--seed must be in [-2**63, 2**63) (got {seed})')
     _config(args, seed, None)  # TrainConfig's own checks raise ValueError, one line in main
     resolve_device(args.device)  # ValueError: an unknown device, or CUDA where there is none
 

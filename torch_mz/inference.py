@@ -3,6 +3,7 @@ r"""Using a trained model: :func:`load_model` rebuilds a model from a checkpoint
 units, and :func:`prediction_columns` tabulates its predictions on a dataset (what
 ``torch-mz predict`` writes). Library code: no printing."""
 import os
+import warnings
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import torch
@@ -62,6 +63,7 @@ def load_model(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
 
 def _rebuild(state: Mapping[str, Any], where: str) -> torch.nn.Module:
     from torch_mz.models import build_model
+    from torch_mz.models.registry import PRESETS
     spec = (state.get('run_info') or {}).get('model') or {}
     missing = [k for k in BUILD_KEYS if k not in spec]
     if missing:
@@ -69,15 +71,35 @@ def _rebuild(state: Mapping[str, Any], where: str) -> torch.nn.Module:
                               f"['model'] lacks {', '.join(missing)}: it was written before "
                               f'torch_mz recorded it, or for a model not made by build_model); '
                               f'build the model and pass it as load_model(path, model=...)')
+    args = dict(spec.get('args', {}))
+    for key, value in args.items():
+        if key in _FLAGS and isinstance(value, str):
+            # torch_mz before 0.2.0's checks took a flag given as text ('mz:log_n=False') by its
+            # truth, so the model was trained with the flag on: rebuilt so, with a warning
+            args[key] = bool(value)
+            warnings.warn(f'{where} records {key}={value!r}, a text that torch_mz before its '
+                          f'argument checks took as {bool(value)}: rebuilt with '
+                          f'{key}={bool(value)}, as the model was trained')
+    value = args.get('value', PRESETS.get(spec['name'], {}).get('value'))
+    if 'rank' in args and value != 'hypernet':  # ignored before the checks: left out now
+        warnings.warn(f"{where} records rank={args['rank']!r} for the value operator "
+                      f"{value!r}, which has no rank (torch_mz before its argument checks "
+                      f"ignored it): rebuilt without it, as the model was trained")
+        del args['rank']
     with torch.random.fork_rng(devices=[]):  # the throw-away initialisation leaves no trace
         try:
             return build_model(spec['name'], spec['in_channels'], spec['out_channels'],
                                pos_dim=spec.get('pos_dim'),
-                               feature_columns=spec.get('feature_columns'),
-                               **spec.get('args', {}))
+                               feature_columns=spec.get('feature_columns'), **args)
         except (TypeError, ValueError) as e:
             raise CheckpointError(f"{where}: model {spec['name']!r} cannot be rebuilt with the "
-                                  f'recorded arguments ({e})') from e
+                                  f'recorded arguments ({e}); build the model and pass it as '
+                                  f'load_model(path, model=...)') from e
+
+
+#: The boolean options of the presets' modules (MZAggregation, EGNN).
+_FLAGS = ('log_n', 'fold_keys', 'edge_gate', 'normalize', 'detach_norm', 'tanh',
+          'update_coords')
 
 
 def prediction_columns(model: torch.nn.Module, dataset: Sequence, task_type: str,

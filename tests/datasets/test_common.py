@@ -382,3 +382,20 @@ def test_file_lock_in_a_folder_that_cannot_be_written_runs_unlocked(tmp_path):
         assert ran and not (folder / '.lock').exists()
     finally:
         folder.chmod(0o700)
+
+
+def test_a_strict_file_lock_raises_where_no_lock_can_be_had(tmp_path, monkeypatch):
+    # a file system that refuses locks: a dataset cache runs unlocked; a lock that keeps two
+    # processes off the same training run (strict) raises instead
+    import errno
+    import fcntl
+    from torch_mz import _files
+
+    def refuse(fd, op):
+        raise OSError(errno.ENOLCK, 'No locks available')
+    monkeypatch.setattr(fcntl, 'flock', refuse)
+    with _files.file_lock(tmp_path / '.lock') as held:
+        assert held is True
+    with pytest.raises(OSError, match='No locks available'):
+        with _files.file_lock(tmp_path / '.lock', strict=True):
+            pass

@@ -736,9 +736,15 @@ def test_constructor_arguments_that_would_be_misread_or_ignored_are_refused(kwar
         MZAggregation(4, **kwargs)
 
 
+def test_flags_take_bools_and_0_or_1_and_an_unknown_operator_is_named_first():
+    assert MZAggregation(4, log_n=1).log_n is True and MZAggregation(4, log_n=0).log_n is False
+    with pytest.raises(ValueError, match="Unknown value operator 'hyper-net'"):
+        MZAggregation(4, value='hyper-net', rank=4)
+
+
 def test_an_input_that_is_not_a_matrix_is_named_as_such():
     with pytest.raises(ValueError, match=re.escape('Expected input of shape (N, 4) (got (6,))')):
         MZAggregation(4)(torch.randn(6), torch.zeros(6, dtype=torch.long))
     from torch_mz.nn.zonotope import InputProjection
-    with pytest.raises(ValueError, match=re.escape('Expected input of shape (N, 4), got (5, 3)')):
+    with pytest.raises(ValueError, match=re.escape('Expected input of shape (N, 4) (got (5, 3))')):
         InputProjection(4, 8, 2)(torch.randn(5, 3))

@@ -408,9 +408,11 @@ class MZAggregation(Aggregation):
         super().__init__()
         in_channels, heads = check_count('in_channels', in_channels), check_count('heads', heads)
         out_channels = check_optional_count('out_channels', out_channels)
+        check_choice('value operator', value, VALUE_OPERATORS)
         if rank is not None and value != 'hypernet':
             raise ValueError(f"'rank' is the rank of the HyperNet value operator "
-                             f"(value='hypernet'); value={value!r} has none: leave it out")
+                             f"(value='hypernet'); value={value!r} has none: leave it out (or "
+                             f"start from a preset of that operator)")
         rank = 8 if rank is None else check_count('rank', rank)
         log_n, fold_keys = check_flag('log_n', log_n), check_flag('fold_keys', fold_keys)
         dropout = check_rate('dropout', dropout)

@@ -500,8 +500,8 @@ class InputProjection(Module):
 
     def forward(self, x: Tensor) -> Zonotope:
         if x.dim() != 2 or x.size(1) != self.lin_c.in_features:
-            raise ValueError(f'Expected input of shape (N, {self.lin_c.in_features}), got '
-                             f'{tuple(x.shape)}')
+            raise ValueError(f'Expected input of shape (N, {self.lin_c.in_features}) (got '
+                             f'{tuple(x.shape)})')
         h = self.lin_c(x)  # (N, d)
         if (torch.is_grad_enabled() and h.requires_grad and not torch.compiler.is_compiling()
                 and not _plain_ops()):

@@ -176,11 +176,11 @@ def _table4() -> Claim:
         if d == 16:
             source = 'Table 4'
         else:
+            # Table 4 starts at d = 16; d = 8 is Table 2's Task F (Table 7's rot d=8 column
+            # rounds its mz and st-large figures to two decimals; its EGNN: table7-rot), which
+            # has FiLM (0.904, as its Set Transformer)
             row['film'] = FILM_ROT8
             film = f'FiLM {FILM_ROT8}'
-
-            # Table 4 starts at d = 16; d = 8 is Table 2's Task F (Table 7's rot d=8 column
-            # rounds its mz and st-large figures to two decimals; its EGNN: table7-rot)
             source = 'Table 2 (Task F)'
         best = max((m for m in row if m in baselines), key=row.__getitem__)
         reading = {'': f'CD(A, R^T B), {_ROT_TERMS}',

@@ -178,10 +178,13 @@ class RunStore:
         r"""Holds the run's lock for the ``with`` block and yields :obj:`True`; with
         :obj:`wait` false, yields :obj:`False` at once (holding nothing) when another process
         holds it. The lock is :func:`~torch_mz._files.file_lock` on
-        ``<checkpoints>/<digest>.lock``: advisory, it dies with its process, and where no lock
-        can be had (no ``fcntl``, as on Windows: one process at a time) every lock is granted."""
+        ``<checkpoints>/<digest>.lock``: advisory, it dies with its process; without ``fcntl``
+        (Windows: one process at a time) every lock is granted, and a lock file that cannot be
+        made or locked (a read-only folder, a file system without locks) raises the
+        :class:`OSError`, since two processes would otherwise train the same run into the same
+        checkpoint."""
         _, ckpt = self._paths(run_key(cell, spec, seed, replace(config, seed=seed)))
-        with file_lock(ckpt + '.lock', wait=wait) as held:
+        with file_lock(ckpt + '.lock', wait=wait, strict=True) as held:
             yield held
 
     def state(self, cell: Mapping[str, Any], spec: str, seed: int,

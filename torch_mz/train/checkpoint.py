@@ -67,22 +67,27 @@ def load_checkpoint(path: Union[str, os.PathLike],
 
 
 def _load_failure(e: Exception) -> str:
-    r"""One line for why ``torch.load(..., weights_only=True)`` failed: for a file that holds
-    objects other than tensors and plain containers, which object (torch's own message goes on
-    to suggest ``weights_only=False``, which would run code from the file: not advice to pass
-    on for a file of unknown origin)."""
+    r"""One line for why ``torch.load(..., weights_only=True)`` failed, without torch's advice to
+    load the file with ``weights_only=False`` (which would run code from a file of unknown
+    origin): for a file that holds objects other than tensors and plain containers, which
+    object; for another file the weights-only unpickler refused, its reason."""
     text = str(e)
-    if text.startswith('Weights only load failed'):
-        # the line that names the object, without torch's advice around it (its wording
-        # differs between torch versions)
-        lines = [line.strip() for line in text.splitlines()[1:]]
-        why = next((line for line in lines if line and 'weights_only' not in line
-                    and 'safe_globals' not in line.split('.')[0]
-                    and not line.startswith(('Check the documentation', '(2)'))), '')
-        why = why.replace('WeightsUnpickler error: ', '').split('. Please use')[0]
+    if not text.startswith('Weights only load failed'):
+        return ' '.join(f'{type(e).__name__}: {text}'.split())
+    # the line that says why, without torch's advice around it (its wording differs between
+    # torch versions)
+    lines = [' '.join(line.split()) for line in text.splitlines()[1:]]
+    why = next((line for line in lines if line and 'weights_only' not in line
+                and 'safe_globals' not in line.split('.')[0]
+                and not line.startswith(('Check the documentation', '(2)'))), '')
+    why = why.replace('WeightsUnpickler error: ', '').split('. Please use')[0]
+    if 'unsupported global' in text.lower():
         return (f'it holds objects other than tensors and plain containers, which this '
                 f'package never writes: {why}'.rstrip(': '))
-    return f'{type(e).__name__}: {text}'.replace('\n', ' ')
+    if not why:  # e.g. the message on a single line
+        why = text.split('WeightsUnpickler error:')[-1].split('Check the documentation')[0]
+        why = ' '.join(why.split()) if 'WeightsUnpickler error:' in text else ''
+    return f'the weights-only unpickler refused it: {why or type(e).__name__}'
 
 
 def _rng_state() -> Dict[str, Any]:

@@ -109,8 +109,9 @@ class TrainConfig:
             expect(real(getattr(self, name)), f'a finite number {name}', getattr(self, name))
         expect(self.grad_clip is None or real(self.grad_clip), 'a finite number grad_clip or None',
                self.grad_clip)
-        expect(0 <= self.seed < 2 ** 32, '0 <= seed < 2**32 (the range NumPy seeds take)',
-               self.seed)
+        # torch.manual_seed takes [-2**63, 2**64); NumPy's seed wraps (seed_everything), and
+        # the trainer adds the rank and the epoch to it
+        expect(-2 ** 63 <= self.seed < 2 ** 63, '-2**63 <= seed < 2**63', self.seed)
         expect(self.epochs > 0, 'epochs > 0', self.epochs)
         expect(self.batch_size > 0, 'batch_size > 0', self.batch_size)
         expect(self.eval_batch_size is None or self.eval_batch_size > 0,

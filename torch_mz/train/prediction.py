@@ -48,7 +48,7 @@ def predict(model: torch.nn.Module, dataset: Sequence,
         raise ValueError('predict() takes a dataset or a list of Data (one prediction per '
                          'Data); for a single set pass [data], for a Batch '
                          'batch.to_data_list()')
-    if len(dataset) == 0:
+    if hasattr(dataset, '__len__') and len(dataset) == 0:  # (an IterableDataset has none)
         raise ValueError('predict() got an empty dataset: there is nothing to predict')
     normalizer, scale = _pending_normalizer(model, normalizer)
     dev = resolve_device(device)
