@@ -1,5 +1,6 @@
-r"""Toy set data and a tiny Deep-Sets model for ``tests/test_train.py``, and the worker script that
-the distributed test launches with ``python -m torch.distributed.run --nproc_per_node=2``.
+r"""Toy set data and a tiny Deep-Sets model for the tests in ``tests/train/``, and the worker
+script that the distributed test launches with ``python -m torch.distributed.run
+--nproc_per_node=2``.
 
 As a script: ``_ddp_worker.py OUT_DIR`` trains the toy regression problem with DDP (gloo on CPU)
 and writes ``OUT_DIR/rank<r>.pt`` with the final parameters, the all-reduced validation metrics and

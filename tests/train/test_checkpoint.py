@@ -1,0 +1,321 @@
+import json
+import math
+import os
+import shutil
+
+import pytest
+import torch
+
+from torch_mz.train import (CheckpointError, Trainer, load_checkpoint, save_checkpoint,
+                            seed_everything)
+
+from tests.train._common import (H, REG_TRAIN, REG_VAL, config, params, strip_times,
+                                 assert_same_params)
+
+
+def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
+    path = tmp_path / 'ckpt.pt'
+    save_checkpoint({'x': torch.tensor([1.0])}, path)
+
+    def failing_save(obj, f, *args, **kwargs):
+        f.write(b'half a checkpoint')
+        raise OSError('disk full')
+
+    monkeypatch.setattr(torch, 'save', failing_save)
+    with pytest.raises(OSError, match='disk full'):
+        save_checkpoint({'x': torch.tensor([2.0])}, path)
+    with pytest.raises(OSError, match='disk full'):
+        save_checkpoint({'x': torch.tensor([3.0])}, tmp_path / 'new.pt')
+    monkeypatch.undo()
+    assert os.listdir(tmp_path) == ['ckpt.pt']  # no partial file, no temp file left behind
+    assert torch.equal(torch.load(path, weights_only=True)['x'], torch.tensor([1.0]))
+
+
+def _resume_run(out_dir, crash_at=None, resume=None, init_seed=0, device='cpu',
+                on_epoch=None, **options):
+    seed_everything(init_seed)
+    model = H.ToyDeepSets(3, 2, dropout=0.3)  # dropout: the random streams must be restored too
+    cfg = config(**dict(dict(epochs=5, warmup_epochs=1, patience=10, restore_best=False,
+                             out_dir=None if out_dir is None else str(out_dir), resume=resume,
+                             device=device), **options))
+    trainer = Trainer(model, cfg)
+    ran = []
+    original = trainer._train_epoch
+
+    def train_epoch(loader, epoch):
+        if epoch == crash_at:
+            raise RuntimeError('simulated crash')
+        ran.append(epoch)
+        if on_epoch is not None:
+            on_epoch(epoch)
+        return original(loader, epoch)
+
+    trainer._train_epoch = train_epoch
+    return trainer, trainer.fit(REG_TRAIN[:48], REG_VAL[:16]), ran
+
+
+@pytest.mark.parametrize('device', ['cpu', pytest.param('cuda', marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason='CUDA not available'))])
+def test_resume_matches_uninterrupted_run(tmp_path, device):
+    # (on CUDA: pinned loaders, and the CUDA random streams saved and restored with the run)
+    full, full_result, _ = _resume_run(tmp_path / 'full', device=device)
+
+    with pytest.raises(RuntimeError, match='simulated crash'):
+        _resume_run(tmp_path / 'crashed', crash_at=3, device=device)
+    checkpoint = tmp_path / 'crashed' / 'checkpoint.pt'
+    assert load_checkpoint(checkpoint)['epoch'] == 2
+
+    resumed, resumed_result, ran = _resume_run(tmp_path / 'crashed', resume=str(checkpoint),
+                                               init_seed=123,  # different init: weights loaded
+                                               device=device)
+    assert ran == [3, 4]  # continues at the next epoch
+    if device == 'cpu':
+        assert_same_params(params(resumed.model), params(full.model))
+        assert strip_times(resumed_result.history) == strip_times(full_result.history)
+    else:
+        # CUDA sums scattered rows with atomic adds, whose order varies from run to run, so
+        # even two uninterrupted runs differ in the last bits; a random stream not restored
+        # (other dropout masks) would move the weights by orders of magnitude more than this
+        a, b = params(resumed.model), params(full.model)
+        assert a.keys() == b.keys()
+        for k in a:
+            torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=lambda m, k=k: (
+                f'{k}: largest difference {(a[k] - b[k]).abs().max().item():.3g}; {m}'))
+        assert len(resumed_result.history) == len(full_result.history)
+        for got, want in zip(strip_times(resumed_result.history),
+                             strip_times(full_result.history)):
+            assert got.keys() == want.keys()
+            for key in got:
+                assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), key
+    assert resumed_result.best_epoch == full_result.best_epoch
+    lines = (tmp_path / 'crashed' / 'metrics.jsonl').read_text().splitlines()
+    assert [json.loads(line)['epoch'] for line in lines] == [0, 1, 2, 3, 4]
+
+
+def test_a_resumed_run_rewrites_its_logs_and_best_weights_from_the_checkpoint(tmp_path):
+    # each epoch writes best.pt, checkpoint.pt, then the logs: a kill between them leaves the
+    # logs an epoch behind (a run resumed with no epoch left never rewrote them) or best.pt of
+    # an epoch the resumed run trains again
+    _, full_result, _ = _resume_run(tmp_path / 'run', epochs=3)
+    out = tmp_path / 'run'
+    checkpoint = load_checkpoint(out / 'checkpoint.pt')
+    want_best = torch.load(out / 'best.pt', weights_only=True)
+    lines = (out / 'metrics.jsonl').read_text().splitlines()
+    (out / 'metrics.jsonl').write_text('\n'.join(lines[:2]) + '\n')  # the last epoch's lost
+    stale = dict(want_best, model={k: torch.zeros_like(v) for k, v in want_best['model'].items()})
+    torch.save(stale, out / 'best.pt')  # ahead of the checkpoint
+    _, resumed, ran = _resume_run(out, resume=str(out / 'checkpoint.pt'), epochs=3)
+    assert ran == []  # nothing left to train
+    assert [json.loads(line)['epoch'] for line in
+            (out / 'metrics.jsonl').read_text().splitlines()] == [0, 1, 2]
+    best = torch.load(out / 'best.pt', weights_only=True)
+    assert best['epoch'] == checkpoint['best_epoch'] == want_best['epoch']
+    assert_same_params(best['model'], checkpoint['best_model'])
+    assert best['metrics'] == want_best['metrics']  # as the epoch's validation wrote them
+    assert resumed.best_epoch == full_result.best_epoch
+
+
+def test_a_finished_run_extended_on_resume_takes_the_new_schedules_rate(tmp_path):
+    # a finished run's optimiser holds the cosine's last rate, 0: resumed with more epochs, its
+    # next epoch trains at the new schedule's rate for that step, as an uninterrupted run of
+    # the new length does (it trained a first extended epoch at 0)
+    data, val = REG_TRAIN[:32], REG_VAL[:8]
+    Trainer(H.ToyDeepSets(3, 2), config(epochs=2, warmup_epochs=1,
+                                        out_dir=str(tmp_path / 'run'))).fit(data, val)
+    extended = Trainer(H.ToyDeepSets(3, 2), config(
+        epochs=4, warmup_epochs=1, out_dir=str(tmp_path / 'run'),
+        resume=str(tmp_path / 'run' / 'checkpoint.pt'))).fit(data, val)
+    longer = Trainer(H.ToyDeepSets(3, 2), config(epochs=4, warmup_epochs=1)).fit(data, val)
+    assert [r['epoch'] for r in extended.history] == [0, 1, 2, 3]
+    got = [r['lr'] for r in extended.history[2:]]
+    assert got[0] > 0 and got == pytest.approx([r['lr'] for r in longer.history[2:]])
+    # a changed base rate and weight decay are taken too (the optimiser state held the saved)
+    base = config(epochs=4, warmup_epochs=1).lr
+    trainer = Trainer(H.ToyDeepSets(3, 2), config(
+        epochs=6, warmup_epochs=1, lr=2 * base, weight_decay=0.5, out_dir=str(tmp_path / 'run'),
+        resume=str(tmp_path / 'run' / 'checkpoint.pt')))
+    again = trainer.fit(data, val)
+    doubled = Trainer(H.ToyDeepSets(3, 2), config(epochs=6, warmup_epochs=1,
+                                                  lr=2 * base)).fit(data, val)
+    assert [r['lr'] for r in again.history[4:]] == pytest.approx(
+        [r['lr'] for r in doubled.history[4:]])
+    assert trainer.optimizer.param_groups[0]['weight_decay'] == 0.5
+
+
+def test_stop_by_stops_between_epochs_and_the_run_resumes_exactly(tmp_path):
+    from torch_mz.train import DistInfo, TrainingStopped, stop_by
+    # checkpoints every 3 epochs: the stop writes its own
+    full, full_result, _ = _resume_run(tmp_path / 'full', checkpoint_every=3)
+    now = [0.0]
+
+    def tick(epoch):  # each epoch takes 10 s on this clock
+        now[0] += 10.0
+    # the deadline falls inside epoch 1: the run stops when it ends, not before, not later
+    with stop_by(15.0, clock=lambda: now[0]):
+        with pytest.raises(TrainingStopped) as stopped:
+            _resume_run(tmp_path / 'cut', on_epoch=tick, checkpoint_every=3)
+    assert stopped.value.epoch == 1
+    checkpoint = tmp_path / 'cut' / 'checkpoint.pt'
+    assert stopped.value.checkpoint == str(checkpoint)
+    assert load_checkpoint(checkpoint)['epoch'] == 1
+    # the stop ends with the block: resumed elsewhere (only the checkpoint and best.pt, as a
+    # clone carries them), the run continues at epoch 2 and ends as the uninterrupted one
+    clone = tmp_path / 'clone'
+    clone.mkdir()
+    for name in ('checkpoint.pt', 'best.pt'):
+        shutil.copy(tmp_path / 'cut' / name, clone / name)
+    resumed, resumed_result, ran = _resume_run(clone, resume=str(clone / 'checkpoint.pt'),
+                                               init_seed=123, checkpoint_every=3)
+    assert ran == [2, 3, 4]
+    assert_same_params(params(resumed.model), params(full.model))
+    assert strip_times(resumed_result.history) == strip_times(full_result.history)
+    assert [json.loads(line)['epoch'] for line in
+            (clone / 'metrics.jsonl').read_text().splitlines()] == [0, 1, 2, 3, 4]
+
+    # past the deadline at the last epoch there is nothing to stop: the run finishes
+    now[0] = 0.0
+    with stop_by(1.0, clock=lambda: now[0]):
+        _, last, ran = _resume_run(tmp_path / 'late', on_epoch=tick, epochs=1)
+    assert ran == [0] and last.epochs_run == 1
+    # a run with nowhere to write a checkpoint is not stopped (that would only lose it)
+    now[0] = 0.0
+    with stop_by(1.0, clock=lambda: now[0]):
+        _, kept_on, ran = _resume_run(None, on_epoch=tick)
+    assert ran == [0, 1, 2, 3, 4] and kept_on.epochs_run == 5
+    # not under DDP: its processes could disagree on the time
+    trainer = Trainer(H.ToyDeepSets(3, 2), config(epochs=1))
+    trainer.dist = DistInfo(rank=0, world_size=2)
+    with stop_by(1.0, clock=lambda: 0.0):
+        with pytest.raises(ValueError, match='not for distributed training'):
+            trainer.fit(REG_TRAIN[:16], REG_VAL[:8])
+    # stop_by(None) sets no deadline
+    with stop_by(None):
+        _, whole, _ = _resume_run(tmp_path / 'none', epochs=2)
+    assert whole.epochs_run == 2
+
+
+def test_missing_or_corrupt_checkpoint_raises_clear_error(tmp_path):
+    with pytest.raises(CheckpointError, match='does not exist'):
+        load_checkpoint(tmp_path / 'nope.pt')
+    assert issubclass(CheckpointError, ValueError)
+
+    garbage = tmp_path / 'garbage.pt'
+    garbage.write_bytes(b'\x00not a checkpoint' * 10)
+    with pytest.raises(CheckpointError, match='could not be read'):
+        load_checkpoint(garbage)
+
+    trainer = Trainer(H.ToyDeepSets(3, 2), config(epochs=1, out_dir=str(tmp_path / 'run')))
+    trainer.fit(REG_TRAIN[:16], REG_VAL[:8])
+    good = (tmp_path / 'run' / 'checkpoint.pt').read_bytes()
+    truncated = tmp_path / 'truncated.pt'
+    truncated.write_bytes(good[:len(good) // 2])
+    with pytest.raises(CheckpointError, match='could not be read'):
+        load_checkpoint(truncated)
+
+    state = torch.load(tmp_path / 'run' / 'checkpoint.pt', weights_only=True)
+    for version in ('2', 1.5, None):  # a version that is not an integer: named, not a TypeError
+        odd = tmp_path / 'odd_version.pt'
+        torch.save(dict(state, version=version), odd)
+        with pytest.raises(CheckpointError, match=f'has version {version!r}; expected an int'):
+            load_checkpoint(odd)
+
+    foreign = tmp_path / 'foreign.pt'
+    torch.save({'weights': torch.zeros(2)}, foreign)
+    with pytest.raises(CheckpointError, match='not a torch_mz training checkpoint'):
+        load_checkpoint(foreign)
+
+    unsafe = tmp_path / 'unsafe.pt'
+    torch.save({'format': 'torch_mz.train', 'obj': torch.nn.Linear(1, 1)}, unsafe)  # a module
+    with pytest.raises(CheckpointError, match='weights-only') as info:
+        load_checkpoint(unsafe)
+    # one line, which names the object and does not pass on torch's advice to load the file
+    # with weights_only=False (which would run code from it)
+    message = str(info.value)
+    assert '\n' not in message and 'weights_only' not in message
+    assert 'holds objects other than tensors' in message and 'Linear' in message
+    garbage = tmp_path / 'pickled_garbage.pt'
+    garbage.write_bytes(b'garbage')  # the weights-only unpickler refuses it: said so, plainly
+    with pytest.raises(CheckpointError, match='the weights-only unpickler refused it') as info:
+        load_checkpoint(garbage)
+    assert 'weights_only' not in str(info.value) and 'holds objects' not in str(info.value)
+
+    # resuming needs the full training state, not the model-only best.pt
+    with pytest.raises(CheckpointError, match='model weights only'):
+        Trainer(H.ToyDeepSets(3, 2), config(resume=str(tmp_path / 'run' / 'best.pt'))).fit(
+            REG_TRAIN[:16])
+    with pytest.raises(CheckpointError, match='does not fit this model'):
+        Trainer(H.ToyDeepSets(3, 2, hidden=8), config()).load_weights(tmp_path / 'run/best.pt')
+    with pytest.raises(CheckpointError, match='task_type'):
+        Trainer(H.ToyDeepSets(3, 2), config(), 'classification').load_weights(
+            tmp_path / 'run' / 'best.pt')
+    with pytest.raises(CheckpointError, match='does not exist'):
+        Trainer(H.ToyDeepSets(3, 2), config(resume=str(tmp_path / 'nope.pt'))).fit(REG_TRAIN)
+
+
+def test_checkpoint_records_run_info_and_refuses_another_run(tmp_path):
+    run = {'task': {'name': 'max', 'args': {'d': 3, 'set_size': (2, 5)}},
+           'model': {'name': 'toy', 'args': {}}}
+    out = tmp_path / 'run'
+    Trainer(H.ToyDeepSets(3, 2), config(epochs=1, out_dir=str(out)), run_info=run).fit(
+        REG_TRAIN[:16], REG_VAL[:8])
+    stored = {'task': {'name': 'max', 'args': {'d': 3, 'set_size': [2, 5]}},
+              'model': {'name': 'toy', 'args': {}}}  # JSON values: the tuple became a list
+    for name in ('checkpoint.pt', 'best.pt'):
+        assert torch.load(out / name, weights_only=True)['run_info'] == stored
+    resume = str(out / 'checkpoint.pt')
+
+    # another task (same shapes, so the weights would load) or other model options: refused
+    other_task = dict(run, task={'name': 'sum', 'args': {'d': 3, 'set_size': (2, 5)}})
+    other_model = dict(run, model={'name': 'toy', 'args': {'dropout': 0.0}})
+    for info, match in ((other_task, "task 'max'.*not by this one.*task 'sum'"),
+                        (other_model, "dropout=0.0")):
+        with pytest.raises(CheckpointError, match=match):
+            Trainer(H.ToyDeepSets(3, 2), config(epochs=2, resume=resume), run_info=info).fit(
+                REG_TRAIN[:16], REG_VAL[:8])
+    # the same run (a tuple or a list alike) continues
+    result = Trainer(H.ToyDeepSets(3, 2), config(epochs=2, resume=resume),
+                     run_info=stored).fit(REG_TRAIN[:16], REG_VAL[:8])
+    assert result.epochs_run == 2
+    # a trainer that does not say what it trains is not compared
+    assert Trainer(H.ToyDeepSets(3, 2), config(epochs=2, resume=resume)).fit(
+        REG_TRAIN[:16], REG_VAL[:8]).epochs_run == 2
+
+
+def test_checkpoint_without_run_info_still_resumes(tmp_path):
+    out = tmp_path / 'old'
+    Trainer(H.ToyDeepSets(3, 2), config(epochs=1, out_dir=str(out))).fit(REG_TRAIN[:16],
+                                                                         REG_VAL[:8])
+    state = torch.load(out / 'checkpoint.pt', weights_only=True)
+    del state['run_info']  # as written before checkpoints recorded it
+    save_checkpoint(state, out / 'checkpoint.pt')
+    run = {'task': {'name': 'max', 'args': {}}, 'model': {'name': 'toy', 'args': {}}}
+    result = Trainer(H.ToyDeepSets(3, 2), config(epochs=2, resume=str(out / 'checkpoint.pt')),
+                     run_info=run).fit(REG_TRAIN[:16], REG_VAL[:8])
+    assert result.epochs_run == 2
+
+
+def test_resume_computes_with_the_tanh_the_run_chose(tmp_path, monkeypatch, caplog):
+    r"""A checkpoint records auto mode's tanh choice (torch_mz.nn.fused.tanh_kernel_faster),
+    and a resumed run in a process that has not chosen takes it over, so that it computes with
+    the same function; a process that has chosen otherwise keeps its choice and warns."""
+    from torch_mz.nn import fused
+    out = tmp_path / 'run'
+    monkeypatch.setattr(fused, '_TANH_FASTER', False)  # as measured in the first process
+    Trainer(H.ToyDeepSets(3, 2), config(epochs=1, out_dir=str(out))).fit(REG_TRAIN[:16],
+                                                                         REG_VAL[:8])
+    assert load_checkpoint(out / 'checkpoint.pt')['tanh_kernel'] is False
+    resume = config(epochs=2, resume=str(out / 'checkpoint.pt'))
+    monkeypatch.setattr(fused, '_TANH_FASTER', None)  # a new process, nothing chosen yet
+    Trainer(H.ToyDeepSets(3, 2), resume).fit(REG_TRAIN[:16], REG_VAL[:8])
+    assert fused.tanh_kernel_faster() is False
+    monkeypatch.setattr(fused, '_TANH_FASTER', True)  # chosen otherwise (e.g. by the variable)
+    with caplog.at_level('WARNING'):
+        Trainer(H.ToyDeepSets(3, 2), resume).fit(REG_TRAIN[:16], REG_VAL[:8])
+    assert fused.tanh_kernel_faster() is True
+    assert "trained with ATen's tanh, this process runs the compiled" in caplog.text
+
+
+@pytest.mark.parametrize('info', [{'task': object()}, {'lr': math.nan}, ['task']])
+def test_run_info_must_be_json_values(info):
+    with pytest.raises(ValueError, match='run_info'):
+        Trainer(H.ToyDeepSets(3, 2), config(), run_info=info)

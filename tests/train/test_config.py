@@ -1,0 +1,43 @@
+
+import pytest
+
+from torch_mz.train import (TargetNormalizer, Trainer, TrainConfig, cosine_with_warmup, predict,
+                            seed_everything)
+
+from tests.train._common import H, config
+
+
+@pytest.mark.parametrize('kwargs', [
+    {'epochs': 0}, {'batch_size': 0}, {'lr': -1.0}, {'warmup_epochs': 200},
+    {'schedule': 'linear'}, {'grad_clip': 0.0}, {'patience': 0}, {'checkpoint_every': -1},
+    # types: a string or a fraction where a count belongs, a non-finite rate, a bool
+    {'epochs': '2'}, {'lr': '1e-3'}, {'epochs': 1.5}, {'warmup_epochs': 0.5},
+    {'epochs': True}, {'grad_clip': float('nan')}, {'weight_decay': float('inf')},
+    {'patience': -3}, {'seed': 2 ** 63}, {'seed': -2 ** 63 - 1},
+])
+def test_config_validation(kwargs):
+    with pytest.raises(ValueError, match='TrainConfig'):
+        TrainConfig(**kwargs)
+
+
+@pytest.mark.parametrize('obj,params_of', [
+    (TrainConfig, TrainConfig), (Trainer, Trainer.__init__), (predict, predict),
+    (cosine_with_warmup, cosine_with_warmup), (seed_everything, seed_everything),
+    (TargetNormalizer, TargetNormalizer.__init__),
+])
+def test_documented_arguments_match_signature(obj, params_of):
+    import inspect
+    import re
+    documented = re.findall(r'^\s{8}(\w+) \(', obj.__doc__.split('Args:')[1].split('Returns:')[0]
+                            .split('Shapes:')[0], flags=re.M)
+    actual = [p for p in inspect.signature(params_of).parameters if p != 'self']
+    assert documented == actual
+
+
+def test_config_defaults_follow_the_paper():
+    c = TrainConfig()
+    assert (c.lr, c.weight_decay, c.warmup_epochs, c.grad_clip, c.patience, c.batch_size) == (
+        1e-4, 1e-5, 5, 1.0, 20, 128)
+    assert c.device == 'auto'
+    with pytest.raises(ValueError, match='task_type'):
+        Trainer(H.ToyDeepSets(3, 2), config(), task_type='ranking')

@@ -1,0 +1,48 @@
+
+import pytest
+import torch
+
+from torch_mz.train import TargetNormalizer, Trainer, load_checkpoint
+
+from tests.train._common import H, REG_TRAIN, config, targets
+
+
+def test_target_normalizer_round_trip_and_state_dict():
+    g = torch.Generator().manual_seed(0)
+    y = torch.randn(50, 3, generator=g) * torch.tensor([5.0, 0.1, 1.0]) + torch.tensor([7, -3, 0])
+    y[:, 2] = 4.0  # a constant column keeps std 1 instead of dividing by zero
+    norm = TargetNormalizer().fit(y)
+    z = norm.transform(y)
+    assert torch.allclose(z[:, :2].mean(0), torch.zeros(2), atol=1e-5)
+    assert torch.allclose(z[:, :2].std(0, unbiased=False), torch.ones(2), atol=1e-5)
+    assert torch.equal(z[:, 2], torch.zeros(50))
+    assert torch.allclose(norm.inverse_transform(z), y, atol=1e-5)
+    assert torch.allclose(norm.inverse_scale(torch.ones(1, 3)),
+                          torch.tensor([[y[:, 0].std(unbiased=False), y[:, 1].std(unbiased=False),
+                                         1.0]]), atol=1e-5)
+
+    state = norm.state_dict()
+    assert all(torch.is_tensor(state[k]) for k in ('mean', 'std'))
+    other = TargetNormalizer().load_state_dict(state)
+    assert torch.equal(other.transform(y), z)
+
+    one = TargetNormalizer().fit(torch.tensor([1.0, 2.0, 3.0]))  # 1-D targets: one column
+    assert torch.allclose(one.inverse_transform(one.transform(torch.tensor([5.0]))),
+                          torch.tensor([5.0]))
+    with pytest.raises(ValueError, match='3 column'):
+        norm.transform(torch.zeros(4, 2))
+    with pytest.raises(RuntimeError, match='not fitted'):
+        TargetNormalizer().transform(y)
+
+
+def test_normalizer_uses_train_statistics_only(tmp_path):
+    val = H.make_regression_sets(48, seed=11, offset=1000.0, scale=50.0)  # very different
+    trainer = Trainer(H.ToyDeepSets(3, 2), config(epochs=1, out_dir=str(tmp_path)))
+    trainer.fit(REG_TRAIN, val)
+    y = targets(REG_TRAIN).double()
+    assert torch.allclose(trainer.normalizer.mean, y.mean(0))
+    assert torch.allclose(trainer.normalizer.std, y.std(0, unbiased=False))
+    # ... and it is stored in the checkpoint
+    ckpt = load_checkpoint(tmp_path / 'checkpoint.pt')
+    assert torch.equal(ckpt['normalizer']['mean'], trainer.normalizer.mean)
+    assert torch.equal(ckpt['normalizer']['std'], trainer.normalizer.std)

@@ -1,0 +1,295 @@
+import copy
+import json
+import math
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch_geometric.data import Data
+
+from torch_mz.train import (TargetNormalizer, TargetUnits, Trainer, attach_normalizer,
+                            carried_normalizer, detach_normalizer, load_checkpoint, predict,
+                            seed_everything, train)
+
+from tests.train._common import (H, REG_TRAIN, REG_VAL, CLS_TRAIN, CLS_VAL, config, targets, params,
+                                 strip_times, assert_same_params)
+
+
+def test_regression_learns():
+    seed_everything(0)
+    result = train(H.ToyDeepSets(3, 2), REG_TRAIN, REG_VAL, REG_VAL[:20],
+                   config=config(epochs=12), task_type='regression')
+    losses = [r['val_loss'] for r in result.history]
+    assert losses[-1] < 0.2 * losses[0]
+    assert result.val_metrics['r2'] > 0.9
+    assert result.test_metrics is not None and result.test_metrics['r2'] > 0.85
+    assert result.best_val_loss == min(losses)
+    assert result.history[result.best_epoch]['val_loss'] == result.best_val_loss
+
+
+def test_classification_learns():
+    seed_everything(0)
+    trainer = Trainer(H.ToyDeepSets(3, 3), config(epochs=10), task_type='classification')
+    result = trainer.fit(CLS_TRAIN, CLS_VAL)
+    assert set(result.val_metrics) == {'loss', 'accuracy', 'cross_entropy'}
+    assert result.val_metrics['accuracy'] > 0.8  # chance is ~1/3
+    assert not trainer.normalizer.fitted  # class labels are never normalised
+
+    metrics = trainer.evaluate(CLS_VAL)
+    logits = trainer.predict(CLS_VAL)
+    labels = torch.cat([d.y for d in CLS_VAL])
+    assert logits.shape == (48, 3)
+    assert metrics['accuracy'] == pytest.approx(
+        (logits.argmax(-1) == labels).double().mean().item())
+    assert metrics['cross_entropy'] == pytest.approx(
+        F.cross_entropy(logits.double(), labels).item(), rel=1e-6)
+    # labels stored as (1, 1) per graph (batch.y of shape (B, 1)) give the same metrics
+    as_column = [Data(x=d.x, y=d.y.view(1, 1)) for d in CLS_VAL]
+    assert trainer.evaluate(as_column) == pytest.approx(metrics)
+
+
+def test_predict_with_an_uncertainty_output():
+    model = H.ToyDeepSets(3, 2, with_uncertainty=True)
+    trainer = Trainer(model, config(epochs=1))
+    trainer.fit(REG_TRAIN, REG_VAL)
+    pred, width = trainer.predict(REG_VAL)  # the second output is returned as the model gives it
+    _, sigma = trainer.predict(REG_VAL, scale_uncertainty=True)  # ... or read as a std
+    assert pred.shape == sigma.shape == width.shape == (48, 2)
+    from torch_geometric.data import Batch
+    bare = copy.deepcopy(model).eval()
+    assert detach_normalizer(bare) is not None
+    with torch.no_grad():
+        raw_pred, raw_sigma = bare(Batch.from_data_list(REG_VAL))  # standardised
+    mean, std = trainer.normalizer.mean.float(), trainer.normalizer.std.float()
+    assert torch.allclose(pred, raw_pred * std + mean, atol=1e-4)
+    assert torch.allclose(width, raw_sigma, atol=1e-6)
+    assert torch.allclose(sigma, raw_sigma * std, atol=1e-5)
+    # the functional form gives target units too: the trained model carries its normaliser
+    p, s = predict(model, REG_VAL, device='cpu', batch_size=5)
+    assert torch.allclose(p, pred, atol=1e-5) and torch.allclose(s, raw_sigma, atol=1e-6)
+    _, s = predict(model, REG_VAL, device='cpu', scale_uncertainty=True)
+    assert torch.allclose(s, sigma, atol=1e-6)
+    # the same normaliser passed again is not applied twice; another one is refused
+    assert torch.equal(predict(model, REG_VAL, normalizer=trainer.normalizer, device='cpu')[0],
+                       predict(model, REG_VAL, device='cpu')[0])
+    other = TargetNormalizer().fit(targets(REG_VAL))
+    with pytest.raises(ValueError, match='carries its own target normaliser'):
+        predict(model, REG_VAL, normalizer=other, device='cpu')
+    model.float()  # casts the float64 statistics too: they still match to float32 rounding
+    assert torch.allclose(predict(model, REG_VAL, normalizer=trainer.normalizer, device='cpu')[0],
+                          pred, atol=1e-4)
+
+
+@pytest.mark.parametrize('grad_clip', [None, 0.01])
+def test_gradients_are_clipped_before_each_step(grad_clip):
+    norms = []
+
+    def record(optimizer, args, kwargs):
+        grads = [p.grad for g in optimizer.param_groups for p in g['params'] if p.grad is not None]
+        norms.append(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])).item())
+
+    handle = register_optimizer_step_pre_hook(record)
+    try:
+        seed_everything(0)
+        Trainer(H.ToyDeepSets(3, 2), config(epochs=2, grad_clip=grad_clip)).fit(REG_TRAIN[:64])
+    finally:
+        handle.remove()
+    assert len(norms) == 2 * 4
+    if grad_clip is None:
+        assert max(norms) > 0.05  # the unclipped gradients are larger than the clip below
+    else:
+        assert max(norms) <= grad_clip * (1 + 1e-4)
+
+
+def test_wrong_output_shape_is_a_clear_error():
+    with pytest.raises(ValueError, match=r'regression prediction of shape \(16, 2\)'):
+        Trainer(H.ToyDeepSets(3, 3), config(epochs=1)).fit(REG_TRAIN)
+
+
+def test_early_stopping_stops_at_patience_and_restores_best(tmp_path):
+    curve = [5.0, 4.0, 3.0, 2.0, 2.5, 2.6, 2.7, 1.0, 0.5, 0.1]  # best at epoch 3
+    seed_everything(0)
+    trainer = Trainer(H.ToyDeepSets(3, 2),
+                      config(epochs=10, patience=3, out_dir=str(tmp_path), lr=1e-2))
+    snapshots = []
+
+    def scripted_evaluate(dataset):  # called once after each training epoch
+        snapshots.append(params(trainer.model))
+        return {'loss': curve[len(snapshots) - 1]}
+
+    trainer.evaluate = scripted_evaluate
+    result = trainer.fit(REG_TRAIN[:32], REG_VAL)
+    # 3 epochs without improvement after epoch 3: stops after epoch 6
+    assert [r['epoch'] for r in result.history] == list(range(7))
+    assert result.stopped_early and result.best_epoch == 3 and result.best_val_loss == 2.0
+    assert_same_params(params(trainer.model), snapshots[3])  # best weights restored
+    assert any(not torch.equal(snapshots[3][k], snapshots[6][k]) for k in snapshots[3])
+    best = load_checkpoint(tmp_path / 'best.pt')
+    assert best['epoch'] == 3 and best['kind'] == 'model'
+    assert_same_params(best['model'], snapshots[3])
+    assert load_checkpoint(tmp_path / 'checkpoint.pt')['epoch'] == 6
+
+    # resuming a run that already stopped early trains no further and restores the same weights
+    resumed = Trainer(H.ToyDeepSets(3, 2), config(epochs=10, patience=3, lr=1e-2,
+                                                  resume=str(tmp_path / 'checkpoint.pt')))
+    again = resumed.fit(REG_TRAIN[:32], REG_VAL)
+    assert again.stopped_early and strip_times(again.history) == strip_times(result.history)
+    assert_same_params(params(resumed.model), snapshots[3])
+
+
+def test_trained_model_predicts_in_target_units():
+    # issue 13, item 2: after train() the model itself answers in target units
+    model = H.ToyDeepSets(3, 2)
+    result = train(model, REG_TRAIN, REG_VAL, REG_VAL, config=config(epochs=4))
+    y = targets(REG_VAL)
+    from torch_geometric.data import Batch
+    model.eval()
+    with torch.no_grad():
+        out = model(Batch.from_data_list(REG_VAL))
+    assert out.shape == y.shape
+    # the targets have means 100 and 110 and std ~ 5: standardised outputs would be near 0
+    assert torch.allclose(out.mean(0), y.mean(0), atol=3.0)
+    assert (out.double() - y.double()).pow(2).mean().item() == pytest.approx(
+        result.test_metrics['mse'], rel=1e-5)
+    # TrainResult exposes the normaliser, fitted on the training split
+    assert isinstance(result.normalizer, TargetNormalizer)
+    assert torch.allclose(result.normalizer.mean, targets(REG_TRAIN).double().mean(0))
+    assert torch.equal(carried_normalizer(model).mean, result.normalizer.mean)
+    # ... and predict() returns the same target units
+    assert torch.allclose(predict(model, REG_VAL, device='cpu'), out, atol=1e-5)
+    # the bare weights stay as they were: the normaliser's buffers are not in the state_dict
+    assert set(model.state_dict()) == set(H.ToyDeepSets(3, 2).state_dict())
+    assert isinstance(model.target_units, TargetUnits) and 'TargetUnits' in repr(model)
+    assert 'normalizer' not in result.to_dict()  # result.json is unchanged
+
+
+def test_fit_and_load_weights_leave_the_model_in_eval_mode_and_predict_restores_the_mode(tmp_path):
+    # model(batch) right after fit (here without a validation or test set, which used to leave
+    # the model in train mode) or load_weights draws no dropout masks
+    from torch_geometric.data import Batch
+    batch = Batch.from_data_list(REG_VAL[:8])
+    model = H.ToyDeepSets(3, 2, dropout=0.5)
+    train(model, REG_TRAIN[:32], config=config(epochs=1, out_dir=str(tmp_path / 'run')))
+    assert not model.training
+    with torch.no_grad():
+        assert torch.equal(model(batch), model(batch))
+    again = H.ToyDeepSets(3, 2, dropout=0.5)
+    Trainer(again, config()).load_weights(tmp_path / 'run' / 'checkpoint.pt')
+    assert not again.training
+    with torch.no_grad():
+        assert torch.equal(again(batch), model(batch))
+    # predict() runs in eval mode and puts the model back in the mode it found
+    again.train()
+    out = predict(again, REG_VAL[:8], device='cpu')
+    assert again.training and torch.allclose(out, model(batch).detach(), atol=1e-6)
+
+
+def test_training_again_and_evaluate_use_standardised_outputs():
+    seed_everything(0)
+    trainer = Trainer(H.ToyDeepSets(3, 2), config(epochs=2))
+    first = trainer.fit(REG_TRAIN, REG_VAL)
+    # evaluate() on a model that carries its normaliser reports the same metrics as in training
+    assert trainer.evaluate(REG_VAL) == pytest.approx(first.val_metrics, rel=1e-6)
+    # a second fit starts from standardised outputs again and ends with one normaliser attached
+    second = trainer.fit(REG_TRAIN, REG_VAL)
+    assert second.history[0]['val_loss'] < 2 * first.history[-1]['val_loss']
+    hooks = list(trainer.model._forward_hooks.values())
+    assert len(hooks) == 1
+    # a new Trainer on a trained model picks its normaliser up
+    fresh = Trainer(trainer.model, config())
+    assert fresh.evaluate(REG_VAL) == pytest.approx(trainer.evaluate(REG_VAL), rel=1e-6)
+
+
+def test_attach_and_detach_normalizer():
+    model = H.ToyDeepSets(3, 2, with_uncertainty=True).eval()
+    from torch_geometric.data import Batch
+    batch = Batch.from_data_list(REG_VAL[:5])
+    with torch.no_grad():
+        z, w = model(batch)
+    norm = TargetNormalizer().fit(targets(REG_TRAIN))
+    assert attach_normalizer(model, norm) is model
+    attach_normalizer(model, norm)  # replaces, never stacks
+    with torch.no_grad():
+        y, w2 = model(batch)
+    assert torch.equal(y, norm.inverse_transform(z)) and torch.equal(w2, w)
+    back = detach_normalizer(model)
+    assert torch.equal(back.mean, norm.mean) and torch.equal(back.std, norm.std)
+    assert carried_normalizer(model) is None and detach_normalizer(model) is None
+    with torch.no_grad():
+        assert torch.equal(model(batch)[0], z)
+    with pytest.raises(ValueError, match='fitted'):
+        TargetUnits(TargetNormalizer())
+
+
+def test_classification_model_is_not_normalised():
+    trainer = Trainer(H.ToyDeepSets(3, 3), config(epochs=1), task_type='classification')
+    result = trainer.fit(CLS_TRAIN, CLS_VAL)
+    assert result.normalizer is None and carried_normalizer(trainer.model) is None
+
+
+def test_logs_and_checkpoint_contents(tmp_path):
+    trainer = Trainer(H.ToyDeepSets(3, 2), config(epochs=3, out_dir=str(tmp_path)))
+    result = trainer.fit(REG_TRAIN[:32], REG_VAL)
+    lines = (tmp_path / 'metrics.jsonl').read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert [r['epoch'] for r in records] == [0, 1, 2]
+    assert records == result.history
+    csv_rows = (tmp_path / 'metrics.csv').read_text().splitlines()
+    assert csv_rows[0].split(',') == list(records[0])
+    assert len(csv_rows) == 4
+    summary = json.loads((tmp_path / 'result.json').read_text())
+    assert summary['best_epoch'] == result.best_epoch and summary['config']['epochs'] == 3
+
+    raw = torch.load(tmp_path / 'checkpoint.pt', weights_only=True)  # plain tensors/containers
+    assert raw['kind'] == 'train' and raw['epoch'] == 2 and raw['task_type'] == 'regression'
+    assert {'model', 'optimizer', 'scheduler', 'normalizer', 'config', 'rng', 'best_model',
+            'history'} <= set(raw)
+    assert raw['scheduler']['last_epoch'] == 3 * 2  # 2 steps per epoch
+    assert raw['config'] == trainer.config.to_dict()
+    torch.load(tmp_path / 'best.pt', weights_only=True)
+    assert sorted(os.listdir(tmp_path)) == ['best.pt', 'checkpoint.pt', 'metrics.csv',
+                                           'metrics.jsonl', 'result.json']  # no temp files
+
+    fresh = Trainer(H.ToyDeepSets(3, 2), config())
+    fresh.load_weights(tmp_path / 'best.pt')
+    assert fresh.evaluate(REG_VAL) == pytest.approx(trainer.evaluate(REG_VAL))
+
+
+def test_predict_and_train_name_what_is_wrong_with_their_data():
+    model = H.ToyDeepSets(3, 2)
+    with pytest.raises(ValueError, match='empty dataset'):
+        predict(model, [])
+    with pytest.raises(ValueError, match=r'for a single set pass \[data\]'):
+        predict(model, REG_TRAIN[0])
+    labels = [Data(x=torch.randn(4, 3), y=torch.tensor([k % 5])) for k in range(16)]
+    with pytest.raises(ValueError, match=r'Class labels must be in \[0, 3\) for a model with 3 '
+                                         r'outputs; the batch holds labels from 0 to 4'):
+        Trainer(H.ToyDeepSets(3, 3), config(epochs=1), 'classification').fit(labels)
+    labels = [Data(x=torch.randn(4, 3), y=torch.tensor([k % 3 - 1])) for k in range(16)]
+    with pytest.raises(ValueError, match='labels from -1 to 1'):
+        Trainer(H.ToyDeepSets(3, 3), config(epochs=1), 'classification').fit(labels)
+
+
+def test_a_non_finite_validation_loss_stops_training_as_diverged(tmp_path):
+    # a validation set with an infinite input: the training loss stays finite, the validation
+    # loss is not; before, such a run trained on for its patience with no best epoch and
+    # reported success with NaN test figures
+    from torch_mz.train import TrainingDiverged
+    bad_val = [d.clone() for d in REG_VAL]
+    bad_val[3].x = bad_val[3].x.clone()
+    bad_val[3].x[0, 0] = float('inf')
+    seed_everything(0)
+    with pytest.raises(TrainingDiverged) as info:
+        train(H.ToyDeepSets(3, 2), REG_TRAIN, bad_val, config=config(out_dir=str(tmp_path)),
+              task_type='regression')
+    assert info.value.split == 'validation' and info.value.epoch == 0
+    assert not math.isfinite(info.value.loss)
+    assert str(info.value).startswith('Validation loss is ') and 'in epoch 0;' in str(info.value)
+    assert isinstance(info.value, FloatingPointError)
+
+
+def test_class_labels_trained_as_regression_name_task_type():
+    with pytest.raises(ValueError, match="task_type='classification'"):
+        train(H.ToyDeepSets(3, 3), CLS_TRAIN, config=config(epochs=1), task_type='regression')
