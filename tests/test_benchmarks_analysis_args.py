@@ -6,16 +6,13 @@ run's figures. Training is replaced by a function that fails the test, so a chec
 only after training shows as that failure."""
 import json
 import os
-import runpy
 import shutil
-import sys
 
 import numpy as np
 import pytest
 
-from tests.test_benchmarks_real import load_script
+from tests._scripts import BENCHMARKS, load_script, run_script, usage_error
 
-BENCHMARKS = os.path.join(os.path.dirname(__file__), '..', 'benchmarks')
 RESULTS = os.path.join(BENCHMARKS, 'results')
 
 
@@ -28,30 +25,6 @@ def no_training(monkeypatch):
     def fit(*args, **kwargs):
         raise AssertionError('a model was trained before the command line was checked')
     monkeypatch.setattr(Trainer, 'fit', fit)
-
-
-def run_script(name, argv, monkeypatch):
-    r"""Runs ``benchmarks/<name>.py`` as ``__main__`` with :obj:`argv`; its exit status (0 when
-    it returns)."""
-    path = os.path.join(BENCHMARKS, f'{name}.py')
-    monkeypatch.setattr(sys, 'argv', [path] + list(argv))
-    try:
-        runpy.run_path(path, run_name='__main__')
-    except SystemExit as e:
-        return e.code
-    return 0
-
-
-def usage_error(name, argv, monkeypatch, capsys, *needles):
-    r"""Asserts that :obj:`argv` is a usage error of script :obj:`name` whose message holds each
-    of :obj:`needles`."""
-    code = run_script(name, argv, monkeypatch)
-    err = capsys.readouterr().err
-    assert code == 2, err
-    assert 'usage:' in err
-    for needle in needles:
-        assert needle in err, err
-    return err
 
 
 # --- targets.py ------------------------------------------------------------------------------

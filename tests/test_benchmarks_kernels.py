@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from tests.test_benchmarks_analysis_args import usage_error
-from tests.test_benchmarks_real import load_script
+from tests._scripts import usage_error
+from tests._scripts import load_script
 
 
 def test_rows_give_medians_ratios_and_the_difference_from_the_reference():

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from tests.test_benchmarks_analysis_args import usage_error
-from tests.test_benchmarks_real import load_script
+from tests._scripts import usage_error
+from tests._scripts import load_script
 
 
 @pytest.fixture(scope='module')

@@ -6,14 +6,12 @@ row and resumes an interrupted run. Every measurement is replaced by a function 
 test (or by fake rows), so nothing here times anything."""
 import json
 import os
-import runpy
 import sys
 
 import pytest
 
-from tests.test_benchmarks_real import load_script
+from tests._scripts import BENCHMARKS, load_script, usage_error
 
-BENCHMARKS = os.path.join(os.path.dirname(__file__), '..', 'benchmarks')
 ROOT = os.path.join(BENCHMARKS, '..')
 
 
@@ -31,21 +29,6 @@ def no_measuring(monkeypatch):
                  'peak_memory_bytes', 'count_flops'):
         monkeypatch.setattr(torch_mz.study, name, refuse)
     monkeypatch.setattr(torch_mz.study.traffic, 'memory_bandwidth', refuse)
-
-
-def usage_error(script, argv, monkeypatch, capsys, *needles):
-    r"""Runs ``benchmarks/<script>.py`` with :obj:`argv` and asserts argparse's usage error whose
-    message holds each of :obj:`needles`."""
-    path = os.path.join(BENCHMARKS, f'{script}.py')
-    monkeypatch.setattr(sys, 'argv', [path] + list(argv))
-    with pytest.raises(SystemExit) as exit_:
-        runpy.run_path(path, run_name='__main__')
-    err = capsys.readouterr().err
-    assert exit_.value.code == 2, err
-    assert 'usage:' in err
-    for needle in needles:
-        assert needle in err, err
-    return err
 
 
 # --- speed.py --------------------------------------------------------------------------------

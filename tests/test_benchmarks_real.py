@@ -1,29 +1,20 @@
 r"""The real-data benchmark scripts ``benchmarks/point_clouds.py`` and ``benchmarks/qm9.py``: their
 ``main()`` end to end on tiny raw files in the real formats (the fixtures of ``tests/datasets``)
 with a budget of one epoch, and the message and exit status when the data is missing."""
-import importlib.util
 import json
 import math
 import os.path as osp
-from pathlib import Path
 
 import pytest
 
 from torch_mz.study.statistics import lead_over_best
 
+from tests._scripts import load_script
 # The raw-file fixtures of the dataset tests: importing them registers them for this module.
 from tests.datasets.conftest import modelnet_h5_root, qm9_root, scanobjectnn_root
 
 FIXTURES = (modelnet_h5_root, qm9_root, scanobjectnn_root)  # used by name, as test arguments
-BENCHMARKS = Path(__file__).resolve().parents[1] / 'benchmarks'
 TINY = ['--seeds', '1', '--epochs', '1', '--device', 'cpu']
-
-
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(f'_benchmark_{name}', BENCHMARKS / f'{name}.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope='module')

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.test_benchmarks_real import load_script
+from tests._scripts import BENCHMARKS, load_script, run_main
 
 
 def uncertainty_run(spearman, boot=None):
@@ -59,7 +59,6 @@ def test_equivariance_winner_uses_the_paper_table():
     assert study.PAPER[('MEB d=32', 'egnn')] == 0.78 and len(study.PAPER) == 3 * len(study.CELLS)
 
 
-BENCHMARKS = os.path.join(os.path.dirname(__file__), '..', 'benchmarks')
 
 
 @pytest.mark.parametrize('script', sorted(f[:-3] for f in os.listdir(BENCHMARKS)
@@ -544,16 +543,6 @@ def test_rigid_merged_merges_in_its_own_row_only(monkeypatch):
     assert rows['rigid-merged']['kernels_new_graph'] < rows['rigid']['kernels_new_graph']
 
 
-def run_script(name, argv):
-    path = os.path.join(BENCHMARKS, f'{name}.py')
-    saved = sys.argv
-    sys.argv = [path] + list(argv)
-    try:
-        runpy.run_path(path, run_name='__main__')
-    finally:
-        sys.argv = saved
-
-
 def test_depth_separation_resumes_an_interrupted_grid(tmp_path, monkeypatch):
     import torch_mz.study.grid as grid
     out = tmp_path / 'depth'
@@ -569,7 +558,7 @@ def test_depth_separation_resumes_an_interrupted_grid(tmp_path, monkeypatch):
 
     monkeypatch.setattr(grid, 'train_one', stops_at_the_third)
     with pytest.raises(KeyboardInterrupt):
-        run_script('depth_separation', argv)
+        run_main('depth_separation', argv)
     assert len(list((out / 'runs').iterdir())) == 2  # the finished runs are kept
 
     def counts(*args, **kwargs):
@@ -577,11 +566,11 @@ def test_depth_separation_resumes_an_interrupted_grid(tmp_path, monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(grid, 'train_one', counts)
-    run_script('depth_separation', argv + ['--resume'])
+    run_main('depth_separation', argv + ['--resume'])
     assert len(calls) == 4  # the two unfinished runs only
     resumed = json.loads((out / 'depth_separation.json').read_text())
     monkeypatch.setattr(grid, 'train_one', real)
-    run_script('depth_separation', argv + ['--out', str(tmp_path / 'whole')])
+    run_main('depth_separation', argv + ['--out', str(tmp_path / 'whole')])
     whole = json.loads((tmp_path / 'whole' / 'depth_separation.json').read_text())
     for a, b in zip(resumed['rows'], whole['rows']):
         assert a['mz-1l r2'] == pytest.approx(b['mz-1l r2'], abs=1e-6)
@@ -604,7 +593,7 @@ def test_study_scripts_refuse_mistakes_before_training(script, argv, message, tm
     import torch_mz.study.grid as grid
     monkeypatch.setattr(grid, 'train_one', lambda *a, **k: pytest.fail('trained'))
     with pytest.raises(SystemExit) as exit_:
-        run_script(script, argv + ['--out', str(tmp_path / 'out')])
+        run_main(script, argv + ['--out', str(tmp_path / 'out')])
     assert exit_.value.code == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / 'out').exists()
@@ -615,6 +604,6 @@ def test_a_study_refuses_an_out_file_before_training(tmp_path, monkeypatch, caps
     monkeypatch.setattr(grid, 'train_one', lambda *a, **k: pytest.fail('trained'))
     (tmp_path / 'file').write_text('x')
     with pytest.raises(SystemExit) as exit_:
-        run_script('depth_separation', ['--tdof', '2', '--d', '2', '--out',
+        run_main('depth_separation', ['--tdof', '2', '--d', '2', '--out',
                                         str(tmp_path / 'file')])
     assert exit_.value.code == 2 and "cannot make the runs' folder" in capsys.readouterr().err

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tests.test_benchmarks_real import load_script
+from tests._scripts import load_script
 
 
 def mp_file(time, memory, default, slope, peak_1e5):

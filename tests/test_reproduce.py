@@ -997,7 +997,7 @@ def test_the_repository_commits_the_checkpoints_of_runs_in_progress():
 
 def test_time_limit_option_reads_minutes_or_hours_and_minutes():
     import argparse
-    from tests.test_benchmarks_real import load_script
+    from tests._scripts import load_script
     duration = load_script('reproduce').duration
     assert duration('90') == 5400.0 and duration('7.5') == 450.0
     assert duration('1:30') == 5400.0 and duration('2:50:15') == 10215.0
@@ -1007,7 +1007,7 @@ def test_time_limit_option_reads_minutes_or_hours_and_minutes():
 
 
 def test_carry_needs_a_time_limit(tmp_path, capsys):
-    from tests.test_benchmarks_real import load_script
+    from tests._scripts import load_script
     with pytest.raises(SystemExit) as e:
         load_script('reproduce').main(['--carry', '--out', str(tmp_path)])
     assert e.value.code == 2 and '--carry needs --time-limit' in capsys.readouterr().err
@@ -1015,7 +1015,7 @@ def test_carry_needs_a_time_limit(tmp_path, capsys):
 
 def test_a_seed_count_below_one_is_refused_not_replaced(tmp_path, capsys):
     # --seeds -1 counted negative runs in --status; --seeds 0 fell back to the budget's count
-    from tests.test_benchmarks_real import load_script
+    from tests._scripts import load_script
     for bad in ('-1', '0'):
         with pytest.raises(SystemExit) as e:
             load_script('reproduce').main(['--status', '--seeds', bad, '--out', str(tmp_path)])
@@ -1051,7 +1051,7 @@ def test_an_unreadable_run_record_is_named_not_a_bare_json_error(tmp_path):
 
 
 def test_status_calibrate_times_the_models_without_runs(tmp_path, monkeypatch, capsys):
-    from tests.test_benchmarks_real import load_script
+    from tests._scripts import load_script
     script = load_script('reproduce')
     repro = Reproduction(TINY, str(tmp_path), device='cpu', sweep_cells={'sum': SUM})
     deepsets, mlp = CLAIM.models
@@ -1120,7 +1120,7 @@ def test_status_calibrate_times_the_models_without_runs(tmp_path, monkeypatch, c
 
 
 def test_status_file_holds_what_status_prints(tmp_path, monkeypatch, capsys):
-    from tests.test_benchmarks_real import load_script
+    from tests._scripts import load_script
     script = load_script('reproduce')
     path = tmp_path / 'notes' / 'status.md'
     argv = ['--budget', 'quick', '--claims', 'table1', '--out', str(tmp_path / 'out'),

@@ -1,0 +1,52 @@
+r"""Running the scripts of ``benchmarks/`` from the tests: loaded as modules, or run as
+``__main__`` with an argument list (the scripts are not a package)."""
+import importlib.util
+import runpy
+import sys
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / 'benchmarks'
+
+
+def load_script(name: str):
+    r"""``benchmarks/<name>.py`` as a module (its ``main`` not run)."""
+    spec = importlib.util.spec_from_file_location(f'_benchmark_{name}', BENCHMARKS / f'{name}.py')
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_main(name: str, argv):
+    r"""Runs ``benchmarks/<name>.py`` as ``__main__`` with :obj:`argv` (``sys.argv`` restored
+    after); its ``SystemExit`` and errors propagate."""
+    path = str(BENCHMARKS / f'{name}.py')
+    saved = sys.argv
+    sys.argv = [path] + list(argv)
+    try:
+        runpy.run_path(path, run_name='__main__')
+    finally:
+        sys.argv = saved
+
+
+def run_script(name: str, argv, monkeypatch) -> int:
+    r"""Runs ``benchmarks/<name>.py`` as ``__main__`` with :obj:`argv`; its exit status (0 when
+    it returns)."""
+    path = str(BENCHMARKS / f'{name}.py')
+    monkeypatch.setattr(sys, 'argv', [path] + list(argv))
+    try:
+        runpy.run_path(path, run_name='__main__')
+    except SystemExit as e:
+        return e.code
+    return 0
+
+
+def usage_error(name: str, argv, monkeypatch, capsys, *needles) -> str:
+    r"""Asserts that :obj:`argv` is a usage error of script :obj:`name` (argparse's exit status
+    2 and usage line) whose message holds each of :obj:`needles`; returns the message."""
+    code = run_script(name, argv, monkeypatch)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert 'usage:' in err
+    for needle in needles:
+        assert needle in err, err
+    return err
