@@ -1,0 +1,63 @@
+r"""The store of finished study runs (:mod:`torch_mz.study.resume`) that lets an interrupted
+study resume."""
+import os
+
+import pytest
+
+from torch_mz.train import TrainConfig
+
+QUICK_CONFIG = TrainConfig(epochs=1, warmup_epochs=1, batch_size=8, lr=1e-3, progress=False)
+
+
+def test_a_store_ignores_a_file_it_cannot_read(tmp_path):
+    from torch_mz.study import RunStore
+    store = RunStore(str(tmp_path))
+    key = dict(cell='a', model='mz', seed=0, data=dict(task='max'))
+    path = store.put(key, QUICK_CONFIG, dict(model='mz', test=dict(r2=0.5)))
+    assert store.get(key, QUICK_CONFIG) == dict(model='mz', test=dict(r2=0.5))
+    with open(path, 'w') as f:
+        f.write('{"identity": ')  # cut short
+    assert store.get(key, QUICK_CONFIG) is None
+
+
+def test_a_study_store_starts_empty_unless_it_resumes(tmp_path):
+    from torch_mz.study import RunStore
+    key = dict(cell='a', model='mz', seed=0, data=dict(task='max'))
+    RunStore.for_study(str(tmp_path), resume=False).put(key, QUICK_CONFIG, dict(model='mz'))
+    (tmp_path / 'runs' / 'notes.txt').write_text('kept')
+    assert RunStore.for_study(str(tmp_path), resume=True).get(key, QUICK_CONFIG) == dict(
+        model='mz')
+    assert RunStore.for_study(str(tmp_path), resume=False).get(key, QUICK_CONFIG) is None
+    assert [p.name for p in (tmp_path / 'runs').iterdir()] == ['notes.txt']
+
+
+def test_a_study_store_cannot_live_in_a_file_and_keeps_other_entries(tmp_path):
+    from torch_mz.study import RunStore
+    (tmp_path / 'file').write_text('x')
+    with pytest.raises(OSError):  # raised before anything trains, not after the first run
+        RunStore.for_study(str(tmp_path / 'file'), resume=False)
+    (tmp_path / 'out' / 'runs' / 'odd.json').mkdir(parents=True)  # a folder with a .json name
+    store = RunStore.for_study(str(tmp_path / 'out'), resume=False)
+    assert (tmp_path / 'out' / 'runs' / 'odd.json').is_dir()
+    # a key without a cell (train_models' labels, e.g. a QM9 target) names the file
+    path = store.put(dict(target='mu', data={}, model='mz', options={}, seed=1), QUICK_CONFIG,
+                     dict(model='mz'))
+    assert os.path.basename(path).startswith('mu--mz--seed1-')
+
+
+def test_a_store_reads_an_option_written_as_an_integer_or_a_float_alike(tmp_path):
+    from torch_mz.study import RunStore
+    store = RunStore(str(tmp_path))
+    key = dict(cell='a', model='mz', seed=0, data=dict(task='max', noise=0, scale=2),
+               options=dict(dropout=0.0))
+    store.put(key, QUICK_CONFIG, dict(model='mz'))
+    same = dict(key, data=dict(task='max', noise=0.0, scale=2.0), options=dict(dropout=0))
+    assert store.get(same, QUICK_CONFIG) == dict(model='mz')
+    # another value is another run
+    assert store.get(dict(key, data=dict(task='max', noise=0.5, scale=2)), QUICK_CONFIG) is None
+    assert len(list(tmp_path.iterdir())) == 1
+    # the labels and the seed that name the file, too (train_models' keys have no cell)
+    labelled = dict(target=1, data={}, model='mz', options={}, seed=0)
+    path = store.put(labelled, QUICK_CONFIG, dict(model='mz'))
+    assert os.path.basename(path).startswith('1--mz--seed0-')
+    assert store.get(dict(labelled, target=1.0, seed=0.0), QUICK_CONFIG) == dict(model='mz')
