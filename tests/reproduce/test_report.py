@@ -1,0 +1,219 @@
+import json
+import math
+from dataclasses import replace
+
+import pytest
+
+import torch_mz.reproduce as reproduce
+import torch_mz.reproduce.budgets as budgets
+import torch_mz.reproduce.report as report
+from torch_mz.reproduce import (Reproduction, load_claims, overhead_records, save_claim,
+                                summary_table)
+
+from tests.reproduce._common import TINY, SUM, CLAIM, MAX, CLAIM2
+
+
+def test_summary_and_table30(tmp_path):
+    step = tmp_path / 'training_step.json'
+    step.write_text(json.dumps(dict(rows=[
+        dict(model='rigid', params=100, step_s=1.0, step_times_s=[1.0, 1.1, 0.9],
+             infer_s=1.0, infer_times_s=[1.0, 1.0, 1.0]),
+        dict(model='mz', params=190, step_s=2.2, step_times_s=[2.2, 2.3, 2.1],
+             infer_s=5.0, infer_times_s=[5.0, 5.1, 4.9])])))
+    records = overhead_records(str(step), 'converged')
+    assert [r['verdict'] for r in records] == ['reproduced', 'reproduced', 'direction only']
+    assert records[0]['ours']['mean'] == pytest.approx(1.9)
+    missing = overhead_records(str(tmp_path / 'none.json'), 'converged')
+    assert {r['verdict'] for r in missing} == {'inconclusive'}
+    # the command: the benchmark's plain one where the file records none, else the file's own
+    assert records[0]['command'] == ('python benchmarks/training_step.py && python '
+                                     'benchmarks/reproduce.py --budget converged --claims table30')
+    made = json.loads(step.read_text())
+    made['environment'] = dict(command='python benchmarks/training_step.py --rounds 3 --out x')
+    recorded = tmp_path / 'recorded.json'
+    recorded.write_text(json.dumps(made))
+    assert {r['command'] for r in overhead_records(str(recorded), 'converged')} == {
+        'python benchmarks/training_step.py --rounds 3 --out x && python '
+        'benchmarks/reproduce.py --budget converged --claims table30'}
+    save_claim(str(tmp_path), 'table30', 'converged', records)
+    loaded = load_claims(str(tmp_path))
+    assert loaded == records
+    table = summary_table(loaded)
+    assert table.count('\n') == 2 + len(records) and '**reproduced**' in table
+
+    # a run in rounds: the spread is over the rounds' own ratios (a failed round skipped), not
+    # over the pooled calls
+    rows = json.loads(step.read_text())['rows']
+    rows[0].update(step_s_rounds=[1.0, None, 1.2], infer_s_rounds=[1.0, 1.0, 1.0])
+    rows[1].update(step_s_rounds=[2.0, 2.5, 3.0], infer_s_rounds=[4.0, 5.0, 6.0])
+    step.write_text(json.dumps(dict(rows=rows)))
+    records = overhead_records(str(step), 'converged')
+    assert records[1]['ours']['seeds'] == 2  # the rounds with both rows: 2.0 and 2.5
+    assert records[1]['ours']['std'] == pytest.approx(math.sqrt(0.125))
+    assert records[2]['ours']['seeds'] == 3 and records[2]['ours']['std'] == pytest.approx(1.0)
+    assert records[1]['ours']['mean'] == pytest.approx(2.2)  # the medians' ratio, as before
+
+
+def test_table30_and_claim_files_refuse_mismatched_or_malformed_input(tmp_path):
+    # rows with different sample counts: an error, not ratios of the shorter row's samples
+    step = tmp_path / 'training_step.json'
+    step.write_text(json.dumps(dict(rows=[
+        dict(model='rigid', params=100, step_s=1.0, step_times_s=[1.0, 1.1, 0.9],
+             infer_s=1.0, infer_times_s=[1.0, 1.0, 1.0]),
+        dict(model='mz', params=190, step_s=2.2, step_times_s=[2.2, 2.3],
+             infer_s=5.0, infer_times_s=[5.0, 5.1, 4.9])])))
+    with pytest.raises(ValueError, match="'mz' and 'rigid' rows have 2 and 3 'step_times_s'"):
+        overhead_records(str(step), 'converged')
+    # a claim file that is not a list of records, or not JSON: named, not added key by key
+    folder = tmp_path / 'out' / 'claims'
+    folder.mkdir(parents=True)
+    bad = folder / 'table1.converged.json'
+    bad.write_text(json.dumps(dict(claim='table1')))
+    with pytest.raises(ValueError, match='table1.converged.json. does not hold a list'):
+        load_claims(str(tmp_path / 'out'))
+    bad.write_text('[{"claim": "table1"')
+    with pytest.raises(ValueError, match='table1.converged.json. is not valid JSON'):
+        load_claims(str(tmp_path / 'out'))
+
+
+def test_finished_runs_table_lists_each_run_beside_the_paper(tmp_path):
+    out = str(tmp_path)
+    claim = replace(CLAIM, paper_r2={('sum d=3', 'deepsets:hidden_channels=8'): 0.9})
+    repro = Reproduction(TINY, out, device='cpu', sweep_cells={'sum': SUM})
+    assert repro.finished_runs(claim) == []  # nothing trained, and it trains nothing
+    assert not list(tmp_path.rglob('records/tiny/**/*.json'))
+    records, _ = repro.run(claim)
+    rows = repro.finished_runs(claim)
+    # 2 cells x 2 models x 2 seeds, each at its model's chosen point, with the stored R²
+    assert len(rows) == 8
+    chosen = repro.sweep('sum', claim.models)
+    for r in rows:
+        assert (r['lr'], r['weight_decay']) == chosen[r['model']]
+        config = replace(repro.base_config('sum'), lr=r['lr'], weight_decay=r['weight_decay'])
+        cell = next(repro.sized(c) for c in claim.cells if c['label'] == r['cell'])
+        assert r['r2'] == repro.store.read(cell, r['model'], r['seed'], config)['test']['r2']
+        assert r['paper'] == (0.9 if (r['cell'], r['model']) == (
+            'sum d=3', 'deepsets:hidden_channels=8') else None)
+        # the validation curve of the run, one loss per epoch run, the kept epoch its minimum
+        curve = r['val_loss_curve']
+        assert len(curve) == r['epochs_run'] and curve[r['best_epoch']] == min(curve)
+    # one run lost: one row fewer
+    lost = next(p for p in tmp_path.rglob('records/tiny/**/*.json') if '_s1_' in p.name)
+    lost.unlink()
+    assert len(repro.finished_runs(claim)) == 7
+    path = report.write_runs_table(repro, [claim], out)
+    text = open(path + '.md').read()
+    assert text.count('| sum d=') == 4  # one row per cell and model
+    assert '| 0.900 |' in text  # the paper's figure beside ours
+    png = tmp_path / 'finished_runs.tiny.tiny.png'  # the bars, where matplotlib is installed
+    assert (png.exists() and '![tiny](finished_runs.tiny.tiny.png)' in text) or (
+        not png.exists() and 'finished_runs.tiny.tiny.png' not in text)
+    curves = tmp_path / 'finished_runs.tiny.tiny.curves.png'  # validation loss by epoch
+    assert curves.exists() == png.exists()
+    assert curves.exists() == ('finished_runs.tiny.tiny.curves.png' in text)
+    with open(path + '.json') as f:
+        payload = json.load(f)
+        rows = payload['rows']
+        assert len(rows) == 7 and not any('val_loss_curve' in r for r in rows)  # in records/
+    # the sweep of each model: every grid point with its stored figures, the chosen one marked
+    sweep = payload['sweeps']
+    assert len(sweep) == len(TINY.sweep) * len(claim.models)
+    sweep_cell = repro.sized(SUM)
+    for r in sweep:
+        config = replace(repro.base_config('sum'), lr=r['lr'], weight_decay=r['weight_decay'])
+        record = repro.store.read(sweep_cell, r['model'], 0, config)
+        assert r['done'] and r['val_loss'] == record['val']['loss']
+        assert r['r2'] == record['test']['r2'] and r['epochs_run'] == record['epochs_run']
+        assert r['chosen'] == ((r['lr'], r['weight_decay']) == chosen[r['model']])
+    assert '## Sweeps' in text and text.count('**chosen**') == len(claim.models)
+    where = budgets.sweep_verdicts(sweep)
+    assert all(w in ('inside', 'on the edge') and p == chosen[m] for m, (p, w) in where.items())
+    # a model whose chosen point has an untried step beyond it is on the edge; an open one open
+    edge = [dict(r, chosen=None) if r['model'] == claim.models[0] else r for r in sweep]
+    assert budgets.sweep_verdicts(edge)[claim.models[0]] == (None, 'open')
+    grid = [dict(model='m', lr=lr, weight_decay=wd, chosen=(lr, wd) == (1e-3, 0.1))
+            for lr, wd in ((1e-3, 1e-5), (1e-3, 0.1), (3e-4, 1e-5), (3e-4, 0.1))]
+    assert budgets.sweep_verdicts(grid)['m'] == ((1e-3, 0.1), 'on the edge')
+    grid += [dict(model='m', lr=3e-3, weight_decay=0.1, chosen=False),
+             dict(model='m', lr=1e-3, weight_decay=0.3, chosen=False)]
+    assert budgets.sweep_verdicts(grid)['m'] == ((1e-3, 0.1), 'inside')
+    # inside the box yet one step from an untried point: lr 1e-3 at weight decay 0.3 tried,
+    # lr 3e-3 at 0.1 tried, lr 3e-4 at 0.1 tried (the grid's 3e-4 is 1e-3 / 3)
+    assert budgets.untried_neighbours(grid, 'm') == []
+    moved = [dict(r, chosen=(r['lr'], r['weight_decay']) == (3e-3, 0.1)) for r in grid]
+    assert budgets.sweep_verdicts(moved)['m'] == ((3e-3, 0.1), 'on the edge')
+    assert budgets.untried_neighbours(moved, 'm') == [(9e-3, 0.1), (3e-3, 0.3)]
+    low = [dict(r, chosen=(r['lr'], r['weight_decay']) == (3e-4, 1e-5)) for r in grid]
+    assert budgets.untried_neighbours(low, 'm') == [(1e-4, 1e-5)]  # 1e-5 steps to 0.1: tried
+    assert budgets.untried_neighbours(edge, claim.models[0]) == []  # open: none
+    # tasks and models: a model two claims share on a task is listed once, a claim with a fixed
+    # protocol adds none (its models train at the protocol, not swept), each task its own
+    other = replace(claim, name='other', models=(claim.models[1], 'deepsets:hidden_channels=4'))
+    fixed = replace(claim, name='fixed', models=('mean-mlp:hidden_channels=4', ),
+                    protocol=(1e-3, 1e-5))
+    elsewhere = replace(CLAIM2, name='elsewhere', models=(claim.models[0], ))
+    repro2 = Reproduction(TINY, out, device='cpu', sweep_cells={'sum': SUM, 'max': MAX})
+    tables = report.sweep_tables(repro2, [claim, other, fixed, elsewhere])
+    assert list(tables) == ['sum', 'max']
+    assert list(dict.fromkeys(r['model'] for r in tables['sum'])) == list(claim.models) + [
+        'deepsets:hidden_channels=4']
+    assert {r['model'] for r in tables['max']} == {claim.models[0]}
+    assert not any(r['done'] for r in tables['max'])  # listed, not trained
+    assert report.sweep_tables(repro2, [fixed]) == {}
+    # a task with no finished point gets one line, neither a table nor a plot
+    text2, rows2 = report.sweep_section(repro2, [claim, elsewhere], out, 'tiny')
+    assert '### sum' in text2 and '### max' not in text2 and 'sweep.max.png' not in text2
+    assert 'No point finished yet' in text2 and 'max (' in text2.split('No point finished')[1]
+    assert not (tmp_path / 'finished_runs.tiny.sweep.max.png').exists()
+    assert {r['model'] for r in rows2 if r['task'] == 'max'} == {claim.models[0]}
+    one_point = Reproduction(replace(TINY, sweep=((1e-3, 1e-5), )), out, device='cpu',
+                             sweep_cells={'sum': SUM})
+    assert report.sweep_section(one_point, [claim], out, 'tiny') == ('', [])  # no empty section
+
+
+def test_models_table_writes_each_cell_once():
+    # the four D.3 claims read one cell: its line appears once
+    cell = dict(r2=0.98, r2_std=0.001)
+    records = [dict(claim=f'd3 quad L=8: comparison {i}', budget='converged',
+                    ours=dict(models=dict(mz=cell)), paper=dict(text='Tables 20-21'))
+               for i in range(4)]
+    records.append(dict(claim='table1 L=4: x', budget='converged',
+                        ours=dict(models=dict(mz=dict(r2=0.5, r2_std=0.1))),
+                        paper=dict(text='Table 1')))
+    lines = reproduce.models_table(records).strip().split('\n')
+    assert lines == ['- d3 quad L=8 (converged): mz 0.980 ± 0.001; paper: Tables 20-21',
+                     '- table1 L=4 (converged): mz 0.500 ± 0.100; paper: Table 1']
+
+
+def test_summary_table_counts_diverged_runs_apart_from_early_stopped_ones():
+    from torch_mz.reproduce.report import summary_table
+    record = dict(claim='c', paper=dict(value=0.5, source='Table 1'),
+                  ours=dict(mean=0.1, std=0.02), verdict='inconclusive', budget='converged',
+                  n_train=5000, seeds=2,
+                  epochs_run=dict(min=3, max=80, stopped_early=2, diverged=1, runs=4))
+    row = summary_table([record]).strip().split('\n')[-1]
+    assert '| 3-80 (2/4 stopped early, 1 diverged) |' in row
+    record['epochs_run'] = dict(min=50, max=80, stopped_early=4, runs=4)  # older records
+    assert '| 50-80 (4/4 stopped early) |' in summary_table([record])
+
+
+def test_summary_names_each_claims_command(tmp_path):
+    step = tmp_path / 'training_step.json'
+    step.write_text(json.dumps(dict(
+        environment=dict(command='python benchmarks/training_step.py --rounds 3'),
+        rows=[dict(model='rigid', params=100, step_s=1.0, step_times_s=[1.0, 1.1],
+                   infer_s=1.0, infer_times_s=[1.0, 1.0]),
+              dict(model='mz', params=190, step_s=2.2, step_times_s=[2.2, 2.3],
+                   infer_s=5.0, infer_times_s=[5.0, 5.1])])))
+    out = tmp_path / 'out'
+    save_claim(str(out), 'table30', 'converged', overhead_records(str(step), 'converged'))
+    other = dict(overhead_records(str(step), 'converged')[0], claim='table1 L=4: a gap',
+                 command='python benchmarks/reproduce.py --budget converged --claims table1')
+    save_claim(str(out), 'table1', 'converged', [other])
+    report.write_summary(str(out), 0.1)
+    text = (out / 'summary.md').read_text()
+    commands = text.split('## Commands')[1].split('## Verdict rule')[0]
+    assert ('- table30: `python benchmarks/training_step.py --rounds 3 && python '
+            'benchmarks/reproduce.py --budget converged --claims table30`') in commands
+    assert ('- table1: `python benchmarks/reproduce.py --budget converged --claims table1`'
+            in commands)

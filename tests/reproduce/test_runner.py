@@ -1,0 +1,550 @@
+import json
+import math
+import os
+import shutil
+from dataclasses import replace
+
+import pytest
+
+import torch_mz.reproduce as reproduce
+import torch_mz.study.grid as grid
+from torch_mz.reproduce import BUDGETS, CLAIMS, Reproduction
+
+from tests.reproduce._common import TINY, SUM, CLAIM, MAX, CLAIM2, _counting, _child_while_held
+
+
+def test_sweep_gives_every_model_the_same_grid(tmp_path, monkeypatch):
+    calls = _counting(monkeypatch)
+    repro = Reproduction(TINY, str(tmp_path), device='cpu', sweep_cells={'sum': SUM})
+    chosen = repro.sweep('sum', CLAIM.models)
+    for model in CLAIM.models:
+        tried = [(lr, wd) for _, _, name, seed, lr, wd in calls if name == model.split(':')[0]]
+        assert tried == list(TINY.sweep)  # the identical grid, seed 0 only
+        assert chosen[model] in TINY.sweep
+    assert {c[3] for c in calls} == {0}
+    # the choice is the lowest validation loss of the model's sweep runs
+    records = [json.loads(p.read_text()) for p in tmp_path.rglob('records/tiny/**/*.json')]
+    for model in CLAIM.models:
+        runs = [r for r in records if r['model'] == model]
+        best = min(runs, key=lambda r: r['val']['loss'])['key']['config']
+        assert chosen[model] == (best['lr'], best['weight_decay'])
+
+
+def test_interrupted_reproduction_resumes_and_a_second_run_trains_nothing(tmp_path,
+                                                                          monkeypatch):
+    calls = _counting(monkeypatch)
+    out = str(tmp_path)
+    records, runs = Reproduction(TINY, out, device='cpu', sweep_cells={'sum': SUM}).run(CLAIM)
+    # 3 sweep points x 2 models on the sweep cell (seed 0 of the chosen point is reused on
+    # that cell), then 2 cells x 2 models x 2 seeds
+    assert len(calls) == 3 * 2 + 2 * 2 * 2 - 2
+    assert len(runs) == 8 and records[0]['ours']['seeds'] == 2
+    assert records[0]['verdict'] in ('reproduced', 'direction only', 'not reproduced',
+                                     'inconclusive')
+    files = sorted(tmp_path.rglob('records/tiny/**/*.json'))
+    assert len(files) == len(calls)
+    assert not any(tmp_path.rglob('runs/tiny/*/checkpoint.pt'))  # removed when finished
+
+    # a second invocation trains nothing and builds no data (a progress bar is not part of
+    # what identifies a run)
+    calls.clear()
+    loads = []
+    again, runs2 = Reproduction(TINY, out, device='cpu', sweep_cells={'sum': SUM},
+                                load=lambda *a, **k: loads.append(a), progress=True).run(CLAIM)
+    assert calls == [] and loads == []
+    assert again == records
+
+    # an interrupted one (one run's file lost) trains exactly that run
+    lost = next(p for p in files if '_s1_' in p.name)
+    lost.unlink()
+    again, _ = Reproduction(TINY, out, device='cpu', sweep_cells={'sum': SUM}).run(CLAIM)
+    assert len(calls) == 1 and calls[0][3] == 1
+    assert lost.exists()
+
+
+def test_a_fixed_protocol_trains_every_model_there_without_a_sweep(tmp_path, monkeypatch):
+    calls = _counting(monkeypatch)
+    fixed = replace(CLAIM, name='fixed', protocol=(2e-3, 0.05))
+    repro = Reproduction(TINY, str(tmp_path), device='cpu', sweep_cells={'sum': SUM})
+    # before training: no sweep stage, every run of the claim pending at the fixed point
+    stages = repro.status(fixed)
+    assert [s['stage'] for s in stages] == ['fixed runs on sum']
+    assert stages[0]['pending'] == 2 * 2 * 2 and stages[0]['unknown'] == 0
+    records, runs = repro.run(fixed)
+    # 2 cells x 2 models x 2 seeds, all at the fixed point: no sweep run at all
+    assert len(calls) == 2 * 2 * 2
+    assert {(lr, wd) for *_, lr, wd in calls} == {(2e-3, 0.05)}
+    assert all(r['key']['config']['lr'] == 2e-3 for r in runs)
+    assert records[0]['sweep'] == {f'{m} on sum': dict(lr=2e-3, weight_decay=0.05, fixed=True)
+                                   for m in CLAIM.models}
+    assert repro.status(fixed)[0]['done'] == 8
+    rows = repro.finished_runs(fixed)
+    assert len(rows) == 8 and {(r['lr'], r['weight_decay']) for r in rows} == {(2e-3, 0.05)}
+    # the same claim with the sweep trains the whole grid on top (the fixed runs are not its
+    # points)
+    calls.clear()
+    repro.run(CLAIM)
+    assert calls and {(lr, wd) for *_, lr, wd in calls} == set(TINY.sweep)
+
+
+def test_a_protocol_claim_takes_the_papers_batch_on_geometric_tasks(tmp_path):
+    r"""A claim at the paper's fixed protocol trains geometric tasks (MEB) with the paper's
+    batch of 256, as the ``paper`` budget does; the same task swept, and a protocol claim on
+    another task, keep the budget's batch."""
+    repro = Reproduction(BUDGETS['converged'], str(tmp_path), device='cpu')
+    base = repro.base_config('meb-radius').batch_size
+    assert base == 128
+    fixed = repro.claim_config(CLAIMS['table3-protocol'], 'meb-radius', 1e-4, 1e-5)
+    assert (fixed.batch_size, fixed.lr, fixed.weight_decay) == (256, 1e-4, 1e-5)
+    assert repro.claim_config(CLAIMS['table3'], 'meb-radius', 1e-3, 0.1).batch_size == 128
+    assert repro.claim_config(CLAIMS['table1-protocol'], 'quadratic-tdof', 1e-4,
+                              1e-5).batch_size == 128
+    paper = Reproduction(BUDGETS['paper'], str(tmp_path), device='cpu')
+    assert paper.base_config('meb-radius').batch_size == 256
+
+
+def test_a_second_process_skips_a_held_run_then_waits_for_it_and_takes_it_over(tmp_path):
+    # this process holds the lock of the first sweep run, as another worker training it would;
+    # the child trains every other sweep run, then waits, and when the lock is let go without
+    # the run finished (its holder died), trains it itself and completes the claim
+    out = str(tmp_path)
+    repro = Reproduction(TINY, out, device='cpu', sweep_cells={'sum': SUM})
+    cell = repro.sized(SUM)
+    held = (cell, CLAIM.models[0], 0, replace(repro.base_config('sum'), lr=TINY.sweep[0][0],
+                                              weight_decay=TINY.sweep[0][1]))
+    others = [(cell, m, 0, replace(repro.base_config('sum'), lr=lr, weight_decay=wd))
+              for lr, wd in TINY.sweep for m in CLAIM.models]
+    others.remove(held)
+    child = ("import sys\nfrom tests.reproduce._common import TINY, CLAIM, SUM\n"
+             "from torch_mz.reproduce import Reproduction\n"
+             "Reproduction(TINY, sys.argv[1], device='cpu', sweep_cells={'sum': SUM}, on_wait="
+             "lambda *a: print('WAIT', *a, flush=True)).run(CLAIM)\nprint('DONE', flush=True)\n")
+    with _child_while_held(repro, held, child, out) as proc:
+        line = proc.stdout.readline()
+        assert line.startswith('WAIT sum d=2'), line + proc.stdout.read()
+        assert all(repro.store.stored(*job) for job in others)
+        assert not repro.store.stored(*held)
+        with repro.store.lock(*held, wait=False) as second:
+            assert second is False  # held: a non-waiting look skips it
+    rest, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0 and rest.strip().endswith('DONE'), rest
+    assert repro.store.stored(*held)
+    assert len(list(tmp_path.rglob('records/tiny/**/*.json'))) == 3 * 2 + 2 * 2 * 2 - 2
+
+
+def test_a_claim_whose_runs_are_held_waits_behind_the_other_claims(tmp_path):
+    # the first sweep run of 'tiny' is held (another worker): the child goes on with 'tiny2'
+    # and finishes it before it waits for the held run, then completes 'tiny'
+    out = str(tmp_path)
+    repro = Reproduction(TINY, out, device='cpu', sweep_cells={'sum': SUM})
+    held = (repro.sized(SUM), CLAIM.models[0], 0,
+            replace(repro.base_config('sum'), lr=TINY.sweep[0][0], weight_decay=TINY.sweep[0][1]))
+    child = ("import sys\nfrom tests.reproduce._common import TINY, CLAIM, CLAIM2, SUM, MAX\n"
+             "from torch_mz.reproduce import Reproduction, run_claims\n"
+             "repro = Reproduction(TINY, sys.argv[1], device='cpu', sweep_cells={'sum': SUM, "
+             "'max': MAX}, on_wait=lambda *a: print('WAIT', *a, flush=True))\n"
+             "for claim, records, error in run_claims(repro, [CLAIM, CLAIM2], on_held=lambda c, "
+             "e: print('HELD', c.name, flush=True)):\n"
+             "    print('DONE', claim.name, error, flush=True)\n")
+    with _child_while_held(repro, held, child, out) as proc:
+        lines = []
+        while not lines or not lines[-1].startswith('WAIT'):
+            line = proc.stdout.readline()
+            assert line, ''.join(lines)
+            lines.append(line)
+        # (after 'tiny2' it looks once more without waiting, then waits: no claim is left)
+        assert [ln.split()[:2] for ln in lines] == [['HELD', 'tiny'], ['DONE', 'tiny2'],
+                                                   ['HELD', 'tiny'], ['WAIT', 'sum']], lines
+    rest, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0 and rest.split() == ['DONE', 'tiny', 'None'], rest
+    assert repro.store.stored(*held)
+
+
+def test_a_run_held_on_one_task_does_not_hold_up_the_claims_other_tasks(tmp_path):
+    both = replace(CLAIM2, name='both', cells=(SUM, MAX))
+    repro = Reproduction(TINY, str(tmp_path), device='cpu',
+                         sweep_cells={'sum': SUM, 'max': MAX})
+    held = (repro.sized(SUM), CLAIM.models[0], 0,
+            replace(repro.base_config('sum'), lr=TINY.sweep[0][0], weight_decay=TINY.sweep[0][1]))
+    with repro.store.lock(*held):  # another open file: as another process's lock
+        with pytest.raises(reproduce.RunsHeld):
+            repro.run(both, wait=False)
+    stages = {s['stage']: s for s in repro.status(both)}
+    # 'sum' waits for its held sweep run (its other sweep runs trained); 'max' is finished
+    assert stages['sweep on sum (sum d=2)']['done'] == 2 * len(TINY.sweep) - 1
+    assert stages['sweep on max (max d=2)']['pending'] == 0
+    on_max = stages['both runs on max']
+    assert on_max['done'] == 2 * 2 and on_max['pending'] == 0
+    records, _ = repro.run(both)  # the held run trained now
+    assert repro.store.stored(*held) and records[0]['ours']['seeds'] == 2
+
+
+def test_a_held_task_is_retried_before_the_claim_stops_at_the_time_limit(tmp_path,
+                                                                          monkeypatch):
+    # one task waits for another process's run, another does not fit the time limit: the
+    # claim goes back to the queue (RunsHeld), and the retry, which waits, trains the held
+    # task before the claim stops at the limit
+    both = replace(CLAIM2, name='both', cells=(SUM, MAX))
+    repro = Reproduction(TINY, str(tmp_path), device='cpu', sweep_cells={'sum': SUM, 'max': MAX})
+    done = []
+
+    def run_task(claim, task, seeds, runs, files, wait):
+        if task == 'max':
+            raise reproduce.TimeLimit('max does not fit')
+        if not wait:
+            raise reproduce.RunsHeld('sum is held')
+        done.append(task)
+    monkeypatch.setattr(repro, '_run_task', run_task)
+    with pytest.raises(reproduce.RunsHeld):
+        repro.run(both, wait=False)
+    results = list(reproduce.run_claims(repro, [both]))
+    assert [(c.name, type(e).__name__) for c, _, e in results] == [('both', 'TimeLimit')]
+    assert done == ['sum']
+
+
+def test_a_cell_no_model_learns_is_not_reproduced_whatever_the_difference(tmp_path):
+    # the literal rotation target: every model near R² 0, where the paper has 0.9; two seeds
+    # whose differences happen to match the paper's gap of 0.036 must not read as reproduced
+    claim = CLAIMS['table4']
+    comparison = next(c for c in claim.comparisons if c.cell == 'rot d=8')
+    repro = Reproduction(BUDGETS['converged'], str(tmp_path), device='cpu')
+    fits = dict(mz=(0.031, 0.029), rigid=(-0.004, -0.006), **{
+        m: (-0.01, -0.02) for m in claim.models if m not in ('mz', 'rigid')})
+    runs = [dict(cell='rot d=8', model=m, seed=k, test=dict(r2=r2), epochs_run=30,
+                 stopped_early=True) for m, pair in fits.items() for k, r2 in enumerate(pair)]
+    record = repro.record(comparison, claim, runs, 2, {})
+    assert record['ours']['b'] == 'rigid' and abs(record['ours']['mean'] - 0.035) < 1e-12
+    assert record['verdict'] == 'not reproduced'
+    learned = [dict(r, test=dict(r2=r['test']['r2'] + 0.8)) for r in runs]
+    assert repro.record(comparison, claim, learned, 2, {})['verdict'] == 'reproduced'
+
+
+def test_status_counts_runs_and_estimates_the_time_left(tmp_path):
+    out = str(tmp_path)
+    repro = Reproduction(TINY, out, device='cpu', sweep_cells={'sum': SUM})
+    # nothing trained: the sweep's 3 points x 2 models pending, the claim's 2 cells x 2 models
+    # x 2 seeds unknown until the sweep has chosen; no finished run to estimate from
+    before = repro.status(CLAIM)
+    assert [(s['done'], s['pending'], s['unknown']) for s in before] == [(0, 6, 0), (0, 0, 8)]
+    assert before[0]['left_s'] is None and before[1]['note'] == 'after the sweep'
+    assert not list(tmp_path.rglob('records/tiny/**/*.json'))  # status trains nothing
+
+    repro.run(CLAIM)
+    after = repro.status(CLAIM)
+    assert [(s['done'], s['pending'], s['training'], s['unknown']) for s in after] == [
+        (6, 0, 0, 0), (8, 0, 0, 0)]
+    assert after[1]['left_s'] == 0.0
+
+    # one claim run lost: pending, and its estimate is the mean time of the model's runs
+    lost = next(p for p in tmp_path.rglob('records/tiny/**/*.json') if '_s1_' in p.name)
+    model = json.loads(lost.read_text())['model']
+    lost.unlink()
+    st = repro.status(CLAIM)[1]
+    assert (st['done'], st['pending']) == (7, 1)
+    mean_wall, _ = repro.store.mean_time('sum', model)
+    assert st['left_s'] == pytest.approx(mean_wall)
+    # held by another process: training; a checkpoint with one epoch and no holder: started
+    lr, wd = repro.sweep('sum', CLAIM.models)[model]
+    config = replace(repro.base_config('sum'), lr=lr, weight_decay=wd)
+    job = next((c, model, 1, config) for c in map(repro.sized, CLAIM.cells)
+               if not repro.store.stored(c, model, 1, config))
+    with repro.store.lock(*job):  # another open file: as another process's lock
+        assert repro.status(CLAIM)[1]['training'] == 1
+    ckpt = tmp_path / repro.store.config_for(*job).out_dir
+    ckpt.mkdir(parents=True, exist_ok=True)
+    (ckpt / 'metrics.jsonl').write_text(json.dumps({'epoch': 0, 'val_loss': 1.0}) + '\n')
+    st = repro.status(CLAIM)[1]
+    assert (st['started'], st['epochs'], st['left_s']) == (1, 1, 0.0)  # 1 of 1 epoch run
+
+
+def test_a_time_limit_trains_the_runs_that_fit_and_leaves_the_rest(tmp_path, monkeypatch):
+    import os
+    out = str(tmp_path)
+    cells = {'sum': SUM, 'max': MAX}
+    budget = replace(TINY, epochs=3)  # no early stopping (patience None): 3 epochs a run
+    Reproduction(budget, out, device='cpu', sweep_cells=cells).run(CLAIM)
+    Reproduction(budget, out, device='cpu', sweep_cells=cells).run(CLAIM2)
+    # the runs on 'sum' took 100 s (deepsets) and 10 s (mean-mlp), as far as the store knows
+    wall = {'deepsets': 100.0, 'mean-mlp': 10.0}
+    for p in tmp_path.rglob('records/tiny/sum/**/*.json'):
+        r = json.loads(p.read_text())
+        assert r['epochs_run'] == 3
+        p.write_text(json.dumps(dict(r, wall_time_s=wall[r['model'].split(':')[0]])))
+    # three claim runs are lost: deepsets and mean-mlp on 'sum d=2', mean-mlp on 'sum d=3'
+    lost = sorted(p for p in tmp_path.rglob('records/tiny/sum/**/*_s1_*.json')
+                  if 'mean-mlp' in str(p) or 'd=2' in p.name)
+    assert len(lost) == 3
+    for p in lost:
+        p.unlink()
+    calls = _counting(monkeypatch)
+    counted = grid.train_one
+    now = [1000.0]
+
+    def ticking(task, name, seed, config, **overrides):  # each run takes its time on the clock
+        now[0] += wall[name]
+        return dict(counted(task, name, seed, config, **overrides), wall_time_s=wall[name])
+    monkeypatch.setattr(grid, 'train_one', ticking)
+    repro = Reproduction(budget, out, device='cpu', sweep_cells=cells, deadline=now[0] + 22.0,
+                         clock=lambda: now[0])
+    repro.started = now[0] - 1000.0  # a job of about 1,000 s, near its end
+    chosen = repro.sweep('sum', CLAIM.models)
+    config = {m: replace(repro.base_config('sum'), lr=chosen[m][0], weight_decay=chosen[m][1])
+              for m in CLAIM.models}
+    deepsets, mlp = CLAIM.models
+    d2, d3 = map(repro.sized, CLAIM.cells)
+    # the longest time a run may take: its epochs left at the mean time per epoch; the status's
+    # estimate: the mean time of a run, less the share already run
+    assert repro.time_bound(d2, deepsets, 1, config[deepsets]) == pytest.approx(100.0)
+    assert repro.time_bound(d2, mlp, 1, config[mlp]) == pytest.approx(10.0)
+    ckpt = tmp_path / repro.store.config_for(d2, deepsets, 1, config[deepsets]).out_dir
+    ckpt.mkdir(parents=True, exist_ok=True)
+    (ckpt / 'metrics.jsonl').write_text(json.dumps({'epoch': 0, 'val_loss': 1.0}) + '\n')
+    assert repro.time_bound(d2, deepsets, 1, config[deepsets]) == pytest.approx(100.0 * 2 / 3)
+    assert repro.time_needed(d2, deepsets, 1, config[deepsets]) == pytest.approx(100.0 * 2 / 3)
+    (ckpt / 'metrics.jsonl').unlink()
+    # a model with no finished run on the task: the largest time per epoch in the store
+    other = (repro.sized(MAX), 'deepsets:hidden_channels=16', 0, repro.base_config('max'))
+
+    def jobs_of(r, task):  # the finished sweep runs of a task
+        return [(r.sized(cells[task]), m, 0, replace(r.base_config(task), lr=lr,
+                                                        weight_decay=wd))
+                for lr, wd in budget.sweep for m in CLAIM.models]
+    assert repro.time_bound(*other) == pytest.approx(100.0)
+    assert repro.time_needed(*other) is None
+
+    # 22 s left: the deepsets run (1.25 x 100 s) is passed over, the first mean-mlp run
+    # (1.25 x 10 s) trained; 12 s are left then, too few for the second; the claim stops at the
+    # limit, and the next claim (read back) is still done
+    results = list(reproduce.run_claims(repro, [CLAIM, CLAIM2]))
+    assert [(c.name, type(e).__name__) for c, _, e in results] == [('tiny', 'TimeLimit'),
+                                                                  ('tiny2', 'NoneType')]
+    assert 'would not finish before the time limit' in str(results[0][2])
+    assert not results[0][2].never
+    assert [(c[2], c[1]) for c in calls] == [('mean-mlp', 2)]
+    assert [p.exists() for p in lost] == [False, True, False]  # d=2 deepsets, mlp; d=3 mlp
+    # with 13 s more the second mean-mlp run fits; then 125 s for the deepsets one
+    repro.deadline = now[0] + 13.0
+    with pytest.raises(reproduce.TimeLimit):
+        repro.run(CLAIM)
+    assert [c[2] for c in calls] == ['mean-mlp', 'mean-mlp']
+    repro.deadline = now[0] + 125.0
+    records, _ = repro.run(CLAIM)
+    assert [c[2] for c in calls] == ['mean-mlp', 'mean-mlp', 'deepsets']
+    assert all(p.exists() for p in lost)
+    # past the deadline nothing starts, not even a run that cannot be estimated
+    empty = Reproduction(budget, str(tmp_path / 'empty'), device='cpu', sweep_cells=cells,
+                         deadline=now[0], clock=lambda: now[0])
+    with pytest.raises(reproduce.TimeLimit):
+        empty.run(CLAIM)
+    assert len(calls) == 3
+    # a run longer than the whole limit can never fit: an error that says so
+    short = Reproduction(budget, out, device='cpu', sweep_cells=cells, deadline=now[0] + 60.0,
+                         clock=lambda: now[0])
+    assert short.too_long(*jobs_of(short, 'max')[0]) is None  # (those have a time: 10 s)
+    assert 'more than the whole time limit' in short.too_long(*other)
+    with pytest.raises(reproduce.TimeLimit, match='more than the whole time limit') as e:
+        short._train_missing([other])
+    assert e.value.never and len(calls) == 3
+    # a run another process holds is not waited for when it would not fit
+    p = next(tmp_path.rglob('records/tiny/sum/**/*_s1_*.json'))
+    job = next(j for j in [(c, m, 1, config[m]) for c in (d2, d3) for m in CLAIM.models]
+               if repro.store.files(*j) == str(p))
+    p.unlink()
+    repro.deadline = now[0] + 1.0
+    with repro.store.lock(*job):  # another open file: as another process's lock
+        with pytest.raises(reproduce.TimeLimit, match='being trained by another process'):
+            repro._train_missing([job], wait=True)
+    assert len(calls) == 3
+    # ... nor resumed when its holder lets it go unfinished after the deadline (it died)
+    import threading
+    repro.deadline = now[0] + 1000.0
+    acquired, release = threading.Event(), threading.Event()
+
+    def holder():
+        with repro.store.lock(*job):
+            acquired.set()
+            release.wait(30)
+            now[0] += 2000.0  # it held the run past the deadline
+    thread = threading.Thread(target=holder)
+    thread.start()
+    assert acquired.wait(30)
+    threading.Timer(0.3, release.set).start()
+    with pytest.raises(reproduce.TimeLimit, match='too late to resume'):
+        repro._train_missing([job], wait=True)
+    thread.join(30)
+    assert len(calls) == 3 and not repro.store.stored(*job)
+    # without a limit it is the same claim
+    assert Reproduction(budget, out, device='cpu', sweep_cells=cells).run(CLAIM)[0] == records
+
+    # a claim that keeps its runs' weights, stopped by the limit, keeps those it trained: two
+    # runs' weights lost (a new clone), time for the mean-mlp one only
+    keeping = replace(CLAIM, keep_weights=True)
+    repro = Reproduction(budget, out, device='cpu', sweep_cells=cells, clock=lambda: now[0])
+    repro.run(keeping)  # copies every run's weights into weights/ (committed)
+    assert len(list(tmp_path.glob('weights/tiny/sum/*/*.pt'))) == 8
+    for spec in CLAIM.models:
+        for _ in range(2):  # the committed copy, then the one in runs/
+            os.remove(repro.store.weights(d2, spec, 0, config[spec]))
+    before = len(calls)
+    repro.deadline, repro.started = now[0] + 20.0, now[0] - 1000.0
+    with pytest.raises(reproduce.TimeLimit):
+        repro.run(keeping)
+    assert [c[2] for c in calls[before:]] == ['mean-mlp']
+    kept = repro.store.weights(d2, mlp, 0, config[mlp])
+    assert kept is not None and kept.startswith(str(tmp_path / 'weights'))
+    assert repro.store.weights(d2, deepsets, 0, config[deepsets]) is None
+
+
+def test_carry_stops_a_run_at_the_limit_and_a_clone_resumes_it_exactly(tmp_path, monkeypatch):
+    import shutil
+    from torch_mz.train import Trainer, load_checkpoint
+    budget = replace(TINY, epochs=4)  # no early stopping: 4 epochs a run
+    fixed = replace(CLAIM, name='fixed', protocol=(2e-3, 0.05))  # 8 runs, no sweep
+    cells = {'sum': SUM}
+    whole, whole_runs = Reproduction(budget, str(tmp_path / 'whole'), device='cpu',
+                                     sweep_cells=cells).run(fixed)
+    now = [1000.0]
+    original = Trainer._train_epoch
+
+    def ticking(self, loader, epoch):  # each epoch takes 10 s on the clock
+        now[0] += 10.0
+        return original(self, loader, epoch)
+    monkeypatch.setattr(Trainer, '_train_epoch', ticking)
+    calls = _counting(monkeypatch)
+    cut = tmp_path / 'cut'
+    # 45 s: the first run (40 s) finishes, and the second starts though it cannot finish (no
+    # time bound with carry) and stops after the epoch that ends past the limit, at 50 s
+    repro = Reproduction(budget, str(cut), device='cpu', sweep_cells=cells,
+                         deadline=now[0] + 45.0, clock=lambda: now[0], carry=True)
+    assert repro.too_long(repro.sized(SUM), fixed.models[0], 0,
+                          repro.claim_config(fixed, 'sum', 2e-3, 0.05)) is None
+    with pytest.raises(reproduce.TimeLimit) as e:
+        repro.run(fixed)
+    assert not e.value.never and len(calls) == 2
+    # past the limit, the message says so (not that the runs "would not finish")
+    assert str(e.value).startswith('the time limit is reached: 7 run(s) it needs are left')
+    assert len(list(cut.rglob('records/tiny/**/*.json'))) == 1
+    stopped = list(cut.glob('runs/tiny/*/checkpoint.pt'))
+    assert len(stopped) == 1 and load_checkpoint(stopped[0])['epoch'] == 0
+    # another clone gets what the repository commits (.gitignore): the records, the kept
+    # weights and each run in progress's checkpoint.pt, best.pt and metrics.jsonl, no lock,
+    # CSV log or weights of finished runs
+    clone = tmp_path / 'clone'
+    for path in cut.rglob('*'):
+        rel = path.relative_to(cut)
+        carried = (rel.parts[0] in ('records', 'weights') or len(rel.parts) == 4
+                   and rel.parts[0] == 'runs' and rel.parts[2] != 'weights'
+                   and rel.name in ('checkpoint.pt', 'best.pt', 'metrics.jsonl'))
+        if path.is_file() and carried:
+            (clone / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(path, clone / rel)
+    stage, = Reproduction(budget, str(clone), device='cpu', sweep_cells=cells).status(fixed)
+    assert (stage['done'], stage['started'], stage['pending'], stage['epochs']) == (1, 1, 6, 1)
+    # without a limit there: the stopped run resumes at its second epoch, the others start;
+    # every run as the uninterrupted reproduction's
+    epochs = []
+    monkeypatch.setattr(Trainer, '_train_epoch',
+                        lambda self, loader, epoch: epochs.append(epoch) or
+                        original(self, loader, epoch))
+    again, again_runs = Reproduction(budget, str(clone), device='cpu',
+                                     sweep_cells=cells).run(fixed)
+    assert len(calls) == 2 + 7 and epochs.count(0) == 6 and epochs.count(1) == 7
+    assert not list(clone.glob('runs/tiny/*/checkpoint.pt'))  # removed when finished
+
+    def same(run):
+        return (run['cell'], run['model'], run['seed'], run['epochs_run'], run['test'],
+                run['val'], run['val_loss_curve'])
+    assert sorted(map(same, again_runs)) == sorted(map(same, whole_runs))
+    assert again == whole
+    # the best weights of every run trained there, the resumed one's from its carried best.pt
+    # (those of the run finished in the first clone stayed there: this claim keeps none)
+    there = Reproduction(budget, str(clone), device='cpu', sweep_cells=cells)
+    config = there.claim_config(fixed, 'sum', 2e-3, 0.05)
+    assert sum(there.store.weights(there.sized(c), m, k, config) is not None
+               for c in fixed.cells for m in fixed.models for k in range(2)) == 7
+    assert (clone / 'runs' / 'tiny' / 'weights' / (stopped[0].parent.name + '.pt')).exists()
+
+
+def test_a_diverging_run_is_stored_as_failed_and_not_trained_again(tmp_path, monkeypatch):
+    # lr 1e30 overflows the model in its first epoch: the trainer raises TrainingDiverged (a
+    # FloatingPointError). The runner stores the run as finished and failed (no validation
+    # loss, no test figures) instead of dying and leaving a checkpoint that would diverge
+    # again in every process and session; the sweep reads it as the worst point
+    from torch_mz.train import TrainingDiverged
+    assert issubclass(TrainingDiverged, FloatingPointError)
+    budget = replace(TINY, epochs=3, sweep=((1e-3, 1e-5), (1e30, 1e-5)))
+    calls = _counting(monkeypatch)
+    repro = Reproduction(budget, str(tmp_path), device='cpu', sweep_cells={'sum': SUM})
+    model = 'deepsets:hidden_channels=8'
+    chosen = repro.sweep('sum', [model])
+    assert chosen[model] == (1e-3, 1e-5)
+    records = {json.loads(p.read_text())['key']['config']['lr']: json.loads(p.read_text())
+               for p in tmp_path.rglob('records/tiny/**/*.json')}
+    bad = records[1e30]
+    # the epoch that diverged is the last it ran; the finished epochs' curve is kept
+    assert 'diverged' in bad and f"in epoch {bad['epochs_run'] - 1};" in bad['diverged']
+    assert len(bad['val_loss_curve']) == bad['epochs_run'] - 1 < budget.epochs
+    assert bad['val'] == {} and bad['test'] == {} and bad['wall_time_s'] >= 0
+    assert bad['stopped_early'] is False  # it failed; early stopping did not end it
+    assert math.isfinite(records[1e-3]['val']['loss'])
+    assert not list(tmp_path.rglob('runs/tiny/*/checkpoint.pt'))  # nothing left to resume
+    rows = repro.sweep_landscape('sum', [model])
+    row = next(r for r in rows if r['lr'] == 1e30)
+    assert row['done'] and row['val_loss'] == math.inf and math.isnan(row['r2'])
+    # a second process reads both back and trains nothing
+    n = len(calls)
+    assert Reproduction(budget, str(tmp_path), device='cpu',
+                        sweep_cells={'sum': SUM}).sweep('sum', [model]) == chosen
+    assert len(calls) == n
+
+
+def test_a_held_sweep_run_holds_up_only_its_own_model(tmp_path, monkeypatch):
+    # another process trains one of the first model's sweep runs: the second model's sweep
+    # goes on to its next round (a point one step beyond its grid) and its claim runs are
+    # trained meanwhile; the first model waits (RunsHeld), and the retry finishes it
+    import torch_mz.reproduce.runner as runner
+    beyond = (1e-2, 1e-5)
+    monkeypatch.setattr(runner, 'sweep_extension',
+                        lambda points, best: [] if beyond in points else [beyond])
+    budget = replace(TINY, extend_sweep=True)
+    repro = Reproduction(budget, str(tmp_path), device='cpu', sweep_cells={'sum': SUM})
+    first, second = CLAIM.models
+    base = repro.base_config('sum')
+
+    def sweep_job(model, point):
+        return (repro.sized(SUM), model, 0, replace(base, lr=point[0], weight_decay=point[1]))
+    held = sweep_job(first, TINY.sweep[0])
+    with repro.store.lock(*held):  # another open file: as another process's lock
+        with pytest.raises(reproduce.RunsHeld):
+            repro.run(CLAIM, wait=False)
+        assert not repro.store.stored(*held)
+        assert all(repro.store.stored(*sweep_job(first, p)) for p in TINY.sweep[1:])
+        assert not repro.store.stored(*sweep_job(first, beyond))  # its rounds wait
+        assert all(repro.store.stored(*sweep_job(second, p)) for p in TINY.sweep + (beyond, ))
+        stages = {s['stage']: s for s in repro.status(CLAIM)}
+        runs = stages['tiny runs on sum']
+        assert runs['done'] == 2 * budget.seeds  # the second model's, on both cells
+        assert runs['pending'] == 0  # the first model's wait for its sweep
+    records, _ = Reproduction(budget, str(tmp_path), device='cpu',
+                              sweep_cells={'sum': SUM}).run(CLAIM)
+    assert repro.store.stored(*held) and repro.store.stored(*sweep_job(first, beyond))
+    assert records[0]['ours']['seeds'] == budget.seeds
+
+
+def test_a_checkpoint_that_cannot_be_resumed_is_kept_and_the_way_out_named(tmp_path):
+    from torch_mz.train import CheckpointError
+    repro = Reproduction(TINY, str(tmp_path), device='cpu', sweep_cells={'sum': SUM})
+    job = (repro.sized(SUM), CLAIM.models[0], 0, replace(repro.base_config('sum'),
+                                                          lr=TINY.sweep[0][0],
+                                                          weight_decay=TINY.sweep[0][1]))
+    folder = repro.store.config_for(*job).out_dir
+    os.makedirs(folder)
+    with open(os.path.join(folder, 'checkpoint.pt'), 'wb') as f:
+        f.write(b'not a checkpoint')  # damaged, or written by code with other shapes
+    with pytest.raises(CheckpointError, match='to train it from the start, remove'):
+        repro.sweep('sum', CLAIM.models[:1])
+    assert os.path.exists(os.path.join(folder, 'checkpoint.pt'))  # nothing discarded unasked
+    assert not repro.store.stored(*job)
+    shutil.rmtree(folder)  # as the message says: the run trains from the start
+    repro.sweep('sum', CLAIM.models[:1])
+    assert repro.store.stored(*job)

@@ -1,0 +1,120 @@
+import json
+import os
+import re
+import shutil
+from dataclasses import replace
+
+import pytest
+
+import torch_mz.reproduce as reproduce
+from torch_mz.reproduce import BUDGETS, CLAIMS, Reproduction
+
+from tests.reproduce._common import TINY, SUM, CLAIM
+
+
+def test_the_committed_runs_are_found_by_this_code(tmp_path):
+    # the store finds a finished run by a digest of its key (task arguments, model, seed and the
+    # training configuration that changes results): a change to the key, the digest, the
+    # budget or a default of TrainConfig would make every committed run look missing and
+    # retrain it for hours, silently. The finished claims must stay finished (a copy of the
+    # records: looking up a run takes a lock file beside its checkpoint)
+    committed = os.path.join(os.path.dirname(__file__), '..', '..', 'benchmarks', 'results',
+                             'reproduction', 'records', 'converged')
+    shutil.copytree(committed, tmp_path / 'records' / 'converged')
+    repro = Reproduction(BUDGETS['converged'], str(tmp_path), device='cpu')
+    for name in ('table1', 'table1-protocol', 'table3', 'table3-protocol', 'table7', 'table28'):
+        stages = repro.status(CLAIMS[name])
+        if name == 'table28':  # in training; its sweep is finished
+            stages = [s for s in stages if s['stage'].startswith('sweep')]
+        assert stages
+        for stage in stages:
+            assert stage['done'] > 0 and stage['pending'] == stage['started'] == 0, (name, stage)
+            assert stage['unknown'] == stage['training'] == 0, (name, stage)
+
+
+def test_a_stopped_run_is_not_taken_for_a_finished_one_of_the_same_cell_model_and_seed(
+        tmp_path, monkeypatch):
+    from torch_mz.train import Trainer
+    budget = replace(TINY, epochs=4)
+    cells = {'sum': SUM}
+    # two claims on the same cells, models and seeds at two points (as table3 and
+    # table3-protocol): the second's runs are finished
+    first = replace(CLAIM, name='first', protocol=(2e-3, 0.05))
+    second = replace(CLAIM, name='second', protocol=(1e-3, 1e-5))
+    Reproduction(budget, str(tmp_path), device='cpu', sweep_cells=cells).run(second)
+    before = {p: p.read_text() for p in tmp_path.rglob('records/tiny/**/*.json')}
+    assert len(before) == 8
+    now = [0.0]
+    original = Trainer._train_epoch
+
+    def ticking(self, loader, epoch):
+        now[0] += 10.0
+        return original(self, loader, epoch)
+    monkeypatch.setattr(Trainer, '_train_epoch', ticking)
+    repro = Reproduction(budget, str(tmp_path), device='cpu', sweep_cells=cells,
+                         deadline=5.0, clock=lambda: now[0], carry=True)
+    # the first claim's first run stops after one epoch; the second claim is read back (each
+    # of its runs handed to the store as the trainer hands a finished one)
+    results = list(reproduce.run_claims(repro, [first, second]))
+    assert [(c.name, type(e).__name__) for c, _, e in results] == [('first', 'TimeLimit'),
+                                                                  ('second', 'NoneType')]
+    after = {p: p.read_text() for p in tmp_path.rglob('records/tiny/**/*.json')}
+    assert after == before  # no record written for the stopped run, none changed
+    assert len(list(tmp_path.glob('runs/tiny/*/checkpoint.pt'))) == 1  # it resumes later
+    # a record read back from the store is never saved as a newly trained run
+    d2 = repro.sized(SUM)
+    config = repro.claim_config(first, 'sum', 2e-3, 0.05)
+    run_config = repro.store.config_for(d2, CLAIM.models[0], 0, config)
+    assert repro.store.cached(d2, CLAIM.models[0], 0, run_config) is None  # pending now
+    stored = json.loads(next(iter(before.values())))
+    assert repro.store.save(dict(stored, cell=d2['label'], model=CLAIM.models[0],
+                                 seed=0)) is None
+    assert {p: p.read_text() for p in tmp_path.rglob('records/tiny/**/*.json')} == before
+
+
+def test_the_repository_commits_the_checkpoints_of_runs_in_progress():
+    import shutil
+    import subprocess
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    if shutil.which('git') is None or not (root / '.git').exists():
+        pytest.skip('not a git checkout')
+    runs = 'benchmarks/results/reproduction/runs/converged'
+    ignored = {f'{runs}/0123456789/checkpoint.pt': False, f'{runs}/0123456789/best.pt': False,
+               'benchmarks/results/reproduction/weights/converged/t/m/r_s0.pt': False,
+               f'{runs}/0123456789/metrics.jsonl': False,
+               f'{runs}/0123456789/metrics.csv': True, f'{runs}/0123456789.lock': True,
+               f'{runs}/weights/0123456789.pt': True,
+               f'{runs}/0123456789/.checkpoint.pt.0a1b2c.tmp': True,
+               'benchmarks/results/speed/checkpoint.pt': True, 'runs/x/checkpoint.pt': True}
+    out = subprocess.run(['git', 'check-ignore', '--no-index', '--stdin'], cwd=root, text=True,
+                         input='\n'.join(ignored) + '\n', capture_output=True)
+    assert out.returncode in (0, 1), out.stderr
+    found = set(out.stdout.split())
+    assert {p: p in found for p in ignored} == ignored
+
+
+def test_a_run_record_names_the_code_that_trained_it(tmp_path):
+    from torch_mz.study.measure import code_version
+    Reproduction(TINY, str(tmp_path), device='cpu', sweep_cells={'sum': SUM}).sweep(
+        'sum', CLAIM.models[:1])
+    records = [json.loads(p.read_text()) for p in tmp_path.rglob('records/tiny/**/*.json')]
+    assert len(records) == len(TINY.sweep)
+    version = code_version()  # this checkout's commit (None in an installed copy)
+    assert all(r['code'] == version for r in records)
+    if version is not None:
+        commit = version.split('-')[0]
+        assert len(commit) == 10 and int(commit, 16) >= 0
+
+
+def test_an_unreadable_run_record_is_named_not_a_bare_json_error(tmp_path):
+    from torch_mz.reproduce.store import RecordError
+    repro = Reproduction(TINY, str(tmp_path), device='cpu', sweep_cells={'sum': SUM})
+    repro.sweep('sum', CLAIM.models[:1])
+    path = sorted(tmp_path.rglob('records/tiny/**/*.json'))[0]
+    for text, match in (('{"key": ', 'cannot be read'), ('[1, 2]', 'holds a list, not a JSON')):
+        path.write_text(text)  # cut short, or not an object (e.g. a bad merge)
+        with pytest.raises(RecordError, match=f"run record '{re.escape(str(path))}' {match}"):
+            Reproduction(TINY, str(tmp_path), device='cpu',
+                         sweep_cells={'sum': SUM}).sweep('sum', CLAIM.models[:1])
+    assert issubclass(RecordError, ValueError)

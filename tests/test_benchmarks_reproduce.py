@@ -1,0 +1,137 @@
+import re
+import sys
+from dataclasses import replace
+
+import pytest
+import torch
+
+from torch_mz.reproduce import Reproduction
+
+from tests.reproduce._common import TINY, SUM, CLAIM
+
+
+def test_time_limit_option_reads_minutes_or_hours_and_minutes():
+    import argparse
+    from tests._scripts import load_script
+    duration = load_script('reproduce').duration
+    assert duration('90') == 5400.0 and duration('7.5') == 450.0
+    assert duration('1:30') == 5400.0 and duration('2:50:15') == 10215.0
+    for bad in ('', 'abc', '1:75', '1:2:3:4', '0', '-5', 'inf', '1:-1'):
+        with pytest.raises(argparse.ArgumentTypeError):
+            duration(bad)
+
+
+def test_carry_needs_a_time_limit(tmp_path, capsys):
+    from tests._scripts import load_script
+    with pytest.raises(SystemExit) as e:
+        load_script('reproduce').main(['--carry', '--out', str(tmp_path)])
+    assert e.value.code == 2 and '--carry needs --time-limit' in capsys.readouterr().err
+
+
+def test_a_seed_count_below_one_is_refused_not_replaced(tmp_path, capsys):
+    # --seeds -1 counted negative runs in --status; --seeds 0 fell back to the budget's count
+    from tests._scripts import load_script
+    for bad in ('-1', '0'):
+        with pytest.raises(SystemExit) as e:
+            load_script('reproduce').main(['--status', '--seeds', bad, '--out', str(tmp_path)])
+        assert e.value.code == 2 and 'expected an integer >= 1' in capsys.readouterr().err
+    with pytest.raises(ValueError, match="'seeds' must be an integer >= 1 or None"):
+        Reproduction(TINY, str(tmp_path), device='cpu', seeds=0)
+
+
+def test_status_calibrate_times_the_models_without_runs(tmp_path, monkeypatch, capsys):
+    from tests._scripts import load_script
+    script = load_script('reproduce')
+    repro = Reproduction(TINY, str(tmp_path), device='cpu', sweep_cells={'sum': SUM})
+    deepsets, mlp = CLAIM.models
+    # a real timing: a positive figure, cached, on one thread, and nothing stored by it
+    threads = torch.get_num_threads()
+    seconds = repro.timed_epoch('sum', deepsets, steps=1)
+    assert seconds > 0 and repro.timed_epoch('sum', deepsets) == seconds
+    assert torch.get_num_threads() == threads  # restored
+    assert not list(tmp_path.rglob('*.json')) and not list(tmp_path.rglob('*.pt'))
+    with pytest.raises(ValueError, match='steps'):
+        repro.timed_epoch('sum', mlp, steps=0)
+
+    # the estimate's arithmetic, with made-up times per epoch (an hour and two): no finished
+    # run anywhere, so a run counts the budget's maximum of epochs
+    per_epoch = {deepsets: 3600.0, mlp: 7200.0}
+    monkeypatch.setattr(Reproduction, 'timed_epoch',
+                        lambda self, task, spec, steps=3: per_epoch[spec])
+    assert repro.status(CLAIM)[0].get('estimated_s') is None  # only when asked
+    sweep, after = repro.status(CLAIM, calibrate=True)
+    assert sweep['left_s'] is None and sweep['timed'] == sorted(CLAIM.models)
+    assert sweep['estimated_s'] == pytest.approx(3 * 3 * 3600 * TINY.epochs)  # 3 grid points
+    assert after['note'] == 'after the sweep' and after['timed'] == sorted(CLAIM.models)
+    assert after['estimated_s'] == pytest.approx(3 * 3600 * TINY.epochs * 2 * 2)  # cells, seeds
+    # two claims with the same runs: the totals count each run once (9 + 12 h)
+    twin = replace(CLAIM, name='twin')
+    for claims in ([CLAIM], [CLAIM, twin]):
+        script.print_status(repro, claims, calibrate=True)
+        assert 'with the models timed now: about 21.0 h' in capsys.readouterr().out
+
+    # one model's sweep done: its runs counted as they stand (known times), the other's
+    # unknown and estimated
+    repro.sweep('sum', [deepsets])
+    sweep, after = repro.status(CLAIM, calibrate=True)
+    assert sweep['timed'] == [mlp] and sweep['estimated_s'] == pytest.approx(3 * 7200)
+    # (its seed-0 run on the sweep cell at the chosen point is the sweep's own run: done)
+    assert (after['done'], after['pending'], after['unknown']) == (1, 3, 4)
+    assert after['note'] == 'after the sweep'
+    mean_wall, _ = repro.store.mean_time('sum', deepsets)
+    assert after['left_s'] == pytest.approx(3 * mean_wall)
+    assert after['estimated_s'] == pytest.approx(3 * mean_wall + 4 * 7200 * 1.0)
+    assert repro.store.mean_epochs() == pytest.approx(TINY.epochs)
+
+    # every sweep done: the finished runs give the times, nothing is timed, the estimate is
+    # the plain one
+    repro.sweep('sum', CLAIM.models)
+    sweep, runs = repro.status(CLAIM, calibrate=True)
+    assert sweep['estimated_s'] == 0.0 and runs['timed'] == [] and runs['unknown'] == 0
+    assert runs['estimated_s'] == pytest.approx(runs['left_s']) and runs['left_s'] > 0
+    script.print_status(repro, [CLAIM], calibrate=True)
+    printed = capsys.readouterr().out
+    assert 'with the models timed now: about' in printed
+    # the model whose finished runs took longest per epoch, timed (made-up figures here)
+    assert re.search(r'check: \S+ on sum timed now at (3600|7200)\.0 s per epoch', printed)
+
+    # a model that cannot be timed: said, left out of the estimate, the status goes on
+    def failing(self, task, spec, steps=3):
+        raise RuntimeError('no data here')
+    monkeypatch.setattr(Reproduction, 'timed_epoch', failing)
+    fresh = Reproduction(TINY, str(tmp_path / 'other'), device='cpu', sweep_cells={'sum': SUM})
+    script.print_status(fresh, [CLAIM], calibrate=True)
+    printed = capsys.readouterr().out
+    assert 'could not time deepsets:hidden_channels=8 on sum: RuntimeError: no data' in printed
+    assert 'run(s) whose model could not be timed' in printed
+    with pytest.raises(SystemExit):
+        script.main(['--calibrate', '--out', str(tmp_path)])
+
+
+def test_status_file_holds_what_status_prints(tmp_path, monkeypatch, capsys):
+    from tests._scripts import load_script
+    script = load_script('reproduce')
+    path = tmp_path / 'notes' / 'status.md'
+    argv = ['--budget', 'quick', '--claims', 'table1', '--out', str(tmp_path / 'out'),
+            '--status']
+    monkeypatch.setattr(sys, 'argv', ['benchmarks/reproduce.py'] + argv
+                        + ['--status-file', str(path)])  # as the command line gives them
+    assert script.main(argv + ['--status-file', str(path)]) == 0
+    printed = capsys.readouterr().out
+    text = path.read_text()
+    assert text.startswith('# Where the claims stand (quick budget), ')
+    assert 'Command: `' in text and '--status-file' in text
+    body = text.split('```\n')[1]
+    assert 'table1 (quick):' in body and 'known runs: about' in body
+    assert printed.startswith(body.rstrip('\n'))  # the same lines, the path after them
+    assert not (tmp_path / 'out').exists() or not list((tmp_path / 'out').rglob('*.json'))
+    (tmp_path / 'afile').write_text('x')
+    for bad, needle in ((['--status-file', str(path)], '--status-file goes with --status'),
+                        (['--status', '--status-file', str(tmp_path)], 'is a folder'),
+                        (['--status', '--status-file', ''], 'needs a path'),
+                        (['--status', '--status-file', str(tmp_path / 'afile' / 's.md')],
+                         'cannot make its folder')):
+        with pytest.raises(SystemExit) as stop:
+            script.main(['--budget', 'quick', '--claims', 'table1', '--out',
+                         str(tmp_path / 'out')] + bad)
+        assert stop.value.code == 2 and needle in capsys.readouterr().err
