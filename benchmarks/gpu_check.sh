@@ -40,7 +40,7 @@ echo '== CUDA tests'
 # dropout, the LayerNorm Jacobian (eager and compiled with Triton), MZAggregation, device
 # resolution, a training run resumed on CUDA, and the memory bandwidth measured on the GPU
 timeout 40 $PY -m pytest -q -p no:cacheprovider -p no:logging tests/nn/test_functional.py \
-  tests/nn/test_zonotope.py tests/nn/test_aggr.py tests/test_train.py tests/study/test_traffic.py \
+  tests/nn/test_zonotope.py tests/nn/test_aggr.py tests/train/ tests/study/test_traffic.py \
   -k 'cuda or resolve_device' \
   -rs 2>&1 | tee "$OUT/cuda_tests.txt" || status=1
 # The steps that write their files only at their end run first, each with room to finish; the
