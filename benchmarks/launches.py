@@ -36,7 +36,8 @@ attention kernels for some calls):
   grows in proportion.
 
 The aggregations are those of ``benchmarks/message_passing.py`` (``pyg``, ``pyg-flat``, ``rigid``,
-``rigid-whole``, ``default``, ...), built the same way. With ``--presets`` the script counts the
+``rigid-whole``, ``default``, ...), built the same way (both scripts take their workloads from
+``torch_mz.study.workloads``). With ``--presets`` the script counts the
 point-cloud presets of ``benchmarks/training_step.py`` instead (``launches_presets.{json,md}``):
 one training step without the optimizer (forward, cross-entropy, backward; AdamW runs other
 kernels on a GPU, where it takes its ``foreach`` form) and one inference call, on ``--clouds`` x
@@ -52,24 +53,21 @@ so the eager operations are what a GPU runs, and what is counted here.
 import argparse
 import json
 import os
-import sys
 import time
 from typing import Dict, List, Optional
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import message_passing as mp  # noqa: E402  (the graphs and aggregations of that benchmark)
-import training_step as ts  # noqa: E402  (the point-cloud batch and presets of that benchmark)
-
-from torch_mz.models import PRESETS as MODEL_PRESETS  # noqa: E402
-from torch_mz.nn import set_fused_kernels  # noqa: E402
-from torch_mz.nn import functional  # noqa: E402
-from torch_mz.nn.functional import clear_layout_cache  # noqa: E402
-from torch_mz.study import (choice_list, environment, int_list, markdown_table,  # noqa: E402
-                            positive_float, positive_int, pyplot, try_plot, write_results)
-from torch_mz.study.plots import save_figure  # noqa: E402
-from torch_mz.study.traffic import count_ops  # noqa: E402
+from torch_mz.models import PRESETS as MODEL_PRESETS
+from torch_mz.nn import set_fused_kernels
+from torch_mz.nn import functional
+from torch_mz.nn.functional import clear_layout_cache
+from torch_mz.study import (choice_list, environment, int_list, markdown_table, positive_float,
+                            positive_int, pyplot, try_plot, write_results)
+# the graphs and aggregations of message_passing.py, the batch and presets of training_step.py
+from torch_mz.study import workloads
+from torch_mz.study.plots import save_figure
+from torch_mz.study.traffic import count_ops
 
 NAME = 'launches'
 PRESETS_NAME = 'launches_presets'
@@ -84,13 +82,13 @@ def count_one(nodes: int, aggr: str, dim: int, degrees: str, seed: int = 0) -> D
     uncounted call."""
     from torch_geometric.nn import SAGEConv
     torch.manual_seed(0)
-    edge_index = mp.random_graph(nodes, degrees, seed=seed)
+    edge_index = workloads.random_graph(nodes, degrees, seed=seed)
     x = torch.randn(nodes, dim, generator=torch.Generator().manual_seed(1))
-    conv = SAGEConv(dim, dim, aggr=mp.build_aggr(aggr, dim))
+    conv = SAGEConv(dim, dim, aggr=workloads.build_aggr(aggr, dim))
     merged = aggr == 'rigid-merged'  # message_passing.MERGED, for this row only
-    saved = {k: getattr(functional, k) for k in mp.MERGED}
+    saved = {k: getattr(functional, k) for k in workloads.MERGED}
     if merged:
-        for k, v in mp.MERGED.items():
+        for k, v in workloads.MERGED.items():
             setattr(functional, k, v)
         clear_layout_cache()
     try:
@@ -151,8 +149,8 @@ def count_preset(name: str, clouds: int, points: int, radius: float = 0.25) -> D
     from torch_geometric.data import Batch, Data
     torch.set_num_threads(1)
     set_fused_kernels(False)
-    pos, batch, y = ts.make_batch(clouds, points)
-    model = ts.build(name, radius)
+    pos, batch, y = workloads.make_batch(clouds, points)
+    model = workloads.build(name, radius)
     data = Batch.from_data_list([Data(x=pos[batch == i]) for i in range(clouds)])
 
     def forward():
@@ -271,7 +269,7 @@ def slopes(rows: List[Dict]) -> List[Dict]:
         sel = sorted((r for r in rows if r['aggr'] == aggr), key=lambda r: r['nodes'])
         if len(sel) < 2:
             continue
-        out.append(dict(aggr=aggr, kernel_slope=mp.fit_slope(sel, 'kernels'),
+        out.append(dict(aggr=aggr, kernel_slope=workloads.fit_slope(sel, 'kernels'),
                         largest_over_smallest=sel[-1]['kernels'] / sel[0]['kernels']))
     return out
 
@@ -297,8 +295,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--nodes', type=int_list(), default=[1000, 10000, 100000])
     parser.add_argument('--dim', type=positive_int, default=64)
-    parser.add_argument('--degrees', choices=mp.DEGREES, default='poisson')
-    parser.add_argument('--aggrs', type=choice_list(mp.AGGRS), default=list(DEFAULT_AGGRS))
+    parser.add_argument('--degrees', choices=workloads.DEGREES, default='poisson')
+    parser.add_argument('--aggrs', type=choice_list(workloads.AGGRS), default=list(DEFAULT_AGGRS))
     parser.add_argument('--pyg-max-nodes', type=positive_int, default=10000,
                         help="count 'pyg' only on graphs of at most this many nodes: it pads "
                              'every neighbourhood to the largest (16,383 MiB of tensors at 10^5 '

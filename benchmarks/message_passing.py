@@ -122,7 +122,7 @@ import argparse
 import json
 import os
 import time
-from typing import List, Optional, Tuple
+from typing import List, Tuple
 
 import numpy as np
 import torch
@@ -133,21 +133,15 @@ from torch_mz.study import (MeasurementFailed, choice_list, environment, in_fres
                             positive_float, positive_int, pyplot, time_call, try_plot,
                             write_results)
 from torch_mz.study.plots import save_figure
+from torch_mz.study.workloads import (AGGRS, DEGREES, MERGED, build_aggr, fit_slope,
+                                      random_graph)
 from torch_mz.study.measure import allocator_peak_bytes
 
-AGGRS = ('pyg', 'pyg-flat', 'rigid', 'rigid-ckpt-attn', 'rigid-chunks', 'rigid-whole', 'default',
-         'default-eager', 'default-fused', 'default-ckpt', 'default-ckpt-attn', 'default-chunks',
-         'default-whole', 'mz-ng8', 'paper', 'rigid-unfolded', 'default-unfolded', 'rigid-merged',
-         'pyg-nofast')
 #: Measured only when named in ``--aggrs`` (not in its default), and only with ``--inference``
 INFERENCE_ONLY = ('pyg-nofast', )
-#: ``rigid-merged``: the dense attention's size buckets merged more freely (module settings of
-#: :mod:`torch_mz.nn.functional`, set in that row's own process only)
-MERGED = dict(MERGE_OVERHEAD=4_000_000, MERGE_ROWS_RATIO=2.0)
 CKPT_AGGRS = ('default-ckpt', 'default-ckpt-attn', 'rigid-ckpt-attn', 'default-chunks',
               'rigid-chunks', 'default-whole')
 CONVS = ('sage', 'graph')
-DEGREES = ('poisson', 'power-law')
 #: PyG's blocks: the width a multiple of the heads
 PYG_AGGRS, PYG_HEADS = ('pyg', 'pyg-flat', 'pyg-nofast'), 4
 #: The run's settings (``vars(args)``) besides a row's own configuration that change its figures:
@@ -155,69 +149,6 @@ PYG_AGGRS, PYG_HEADS = ('pyg', 'pyg-flat', 'pyg-nofast'), 4
 FIGURE_SETTINGS = ('repeats', 'threads', 'device', 'keep_freed_memory', 'allocated', 'chunk_rows')
 NAME = 'message_passing'  # <out>/message_passing.{json,md,png}
 PARTIAL = NAME + '.partial'  # <out>/message_passing.partial.{json,md}: a run not yet complete
-
-
-def random_graph(num_nodes: int, degrees: str, avg_degree: int = 10, seed: int = 0):
-    r"""``edge_index`` of a random directed graph sorted by destination, with Poisson or
-    power-law in-degrees of mean :obj:`avg_degree`; sources are uniform."""
-    rng = np.random.default_rng(seed)
-    if degrees == 'poisson':
-        deg = rng.poisson(avg_degree, num_nodes)
-    elif degrees == 'power-law':
-        w = 1.0 / np.arange(1, num_nodes + 1)
-        deg = np.floor(w / w.sum() * avg_degree * num_nodes).astype(np.int64)
-        deg[: avg_degree * num_nodes - deg.sum()] += 1  # exactly avg_degree * num_nodes edges
-        deg = rng.permutation(deg)
-    else:
-        raise ValueError(f"Unknown degree distribution '{degrees}'")
-    dst = np.repeat(np.arange(num_nodes), deg)
-    src = rng.integers(0, num_nodes, dst.size)
-    return torch.from_numpy(np.stack([src, dst])).long()
-
-
-def build_aggr(name: str, d: int, group_rows: Optional[int] = None):
-    from torch_geometric.nn.aggr import SetTransformerAggregation
-
-    from torch_mz.nn import FlatSetTransformerAggregation, MZAggregation
-    from torch_mz.nn.aggr import auto_chunk_rows
-    # rows per group (*-chunks): by default the groups 'auto' takes at this width
-    group_rows = auto_chunk_rows(d) if group_rows is None else group_rows
-    if name in ('pyg', 'pyg-nofast'):  # pyg-nofast: run_one turns the fast path off
-        return SetTransformerAggregation(d, heads=4)
-    if name == 'pyg-flat':
-        return FlatSetTransformerAggregation(d, heads=4)
-    if name == 'rigid':
-        return MZAggregation(d, value='rigid', num_generators=0)
-    if name in ('default', 'default-eager', 'default-fused'):
-        return MZAggregation(d)
-    # the checkpointed variants keep their meaning: the whole input, with their checkpointing
-    if name == 'default-ckpt':
-        return MZAggregation(d, checkpoint=True, chunk_size=None)
-    if name == 'default-ckpt-attn':
-        return MZAggregation(d, checkpoint='attention', chunk_size=None)
-    if name == 'rigid-ckpt-attn':
-        return MZAggregation(d, value='rigid', num_generators=0, checkpoint='attention',
-                             chunk_size=None)
-    if name == 'default-whole':
-        return MZAggregation(d, chunk_size=None)
-    if name == 'rigid-whole':
-        return MZAggregation(d, value='rigid', num_generators=0, chunk_size=None)
-    if name == 'default-chunks':
-        return MZAggregation(d, chunk_size=group_rows, checkpoint='chunks')
-    if name == 'rigid-chunks':
-        return MZAggregation(d, value='rigid', num_generators=0, chunk_size=group_rows,
-                             checkpoint='chunks')
-    if name == 'rigid-unfolded':
-        return MZAggregation(d, value='rigid', num_generators=0, fold_keys=False)
-    if name == 'rigid-merged':  # the same module; run_one merges the buckets more freely
-        return MZAggregation(d, value='rigid', num_generators=0)
-    if name == 'default-unfolded':
-        return MZAggregation(d, fold_keys=False)
-    if name == 'mz-ng8':
-        return MZAggregation(d, num_generators=8, num_matrix_generators=4)
-    if name == 'paper':
-        return MZAggregation(d, preset='paper')
-    raise ValueError(f"Unknown aggregation '{name}'")
 
 
 def run_one(cfg: dict) -> dict:
@@ -329,16 +260,6 @@ def run_subprocess(cfg: dict, timeout: float) -> dict:
         return in_fresh_process(__file__, cfg, timeout=timeout)
     except MeasurementFailed as e:
         return dict(cfg, error=str(e))
-
-
-def fit_slope(rows, key):
-    r"""Least-squares slope of log(key) against log(nodes + edges)."""
-    pts = [(np.log(r['nodes'] + r['edges']), np.log(r[key])) for r in rows
-           if r.get(key) and 'error' not in r]
-    if len(pts) < 2:
-        return None
-    xs, ys = zip(*pts)
-    return float(np.polyfit(xs, ys, 1)[0])
 
 
 def plot(rows, path):

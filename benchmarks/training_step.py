@@ -63,7 +63,7 @@ import torch.nn.functional as F
 from torch_geometric.data import Batch, Data
 
 from torch_mz.models import PRESETS as MODEL_PRESETS
-from torch_mz.models import MZSetTransformer, build_model, count_parameters
+from torch_mz.models import count_parameters
 from torch_mz.nn import set_fused_kernels, tanh_kernel_faster
 from torch_mz.runtime import keep_freed_memory
 from torch_mz.study import (MeasurementFailed, count_flops, environment, in_fresh_process,
@@ -71,6 +71,7 @@ from torch_mz.study import (MeasurementFailed, count_flops, environment, in_fres
                             process_peak_rss_bytes, pyplot, time_call, try_plot, write_results)
 from torch_mz.study.plots import save_figure
 from torch_mz.study.traffic import count_bytes, memory_bandwidth
+from torch_mz.study.workloads import build, make_batch
 
 PRESETS = ('rigid', 'st-large', 'mz-slim', 'mz', 'mz-slim+eager', 'mz+eager', 'egnn',
            'rigid+keep', 'st-large+keep', 'mz-slim+keep', 'mz+keep', 'mz-slim+eager+keep',
@@ -88,31 +89,6 @@ THP = '+thp'  # suffix: the row's process started with THP_MEM_ALLOC_ENABLE=1 (2
 #: The options of the MZ-Set-Transformer body each suffix sets.
 BODY_OPTIONS = {WHOLE[1:]: dict(chunk_size=None), GROUPS[1:]: dict(checkpoint='auto'),
                 KEPT[1:]: dict(chunk_size=KEPT_ROWS, checkpoint=False)}
-
-
-def make_batch(clouds: int, points: int, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    pos = torch.randn(clouds * points, 3, generator=g)
-    pos = pos / pos.norm(dim=-1, keepdim=True).clamp(min=1e-6) * torch.rand(
-        clouds * points, 1, generator=g).pow(1 / 3)  # uniform in the unit ball
-    batch = torch.arange(clouds).repeat_interleave(points)
-    y = torch.randint(0, 40, (clouds, ), generator=g)
-    return pos, batch, y
-
-
-def build(name: str, radius: float, body: Optional[dict] = None):
-    r"""The preset :obj:`name`; :obj:`body` (the options of a row's ``+whole`` / ``+groups`` /
-    ``+kept`` suffix) goes to the MZ-Set-Transformer's aggregation and is refused for other
-    presets."""
-    torch.manual_seed(0)
-    if name == 'egnn' and not body:
-        return build_model('egnn', 3, 40, pos_dim=3, radius=radius)
-    if body:
-        if name == 'egnn' or not isinstance(build_model(name, 3, 40), MZSetTransformer):
-            raise ValueError(f"+whole, +groups and +kept apply to the MZ-Set-Transformer "
-                             f"presets, not to {name!r}")
-        torch.manual_seed(0)
-    return build_model(name, 3, 40, **(body or {}))
 
 
 def split_name(name: str):
