@@ -26,8 +26,9 @@ import time
 from typing import Dict, List, Optional, Sequence
 
 from torch_mz.datasets.common import default_root
-from torch_mz.datasets.modelnet import HDF5_FOLDER, MODELNET40_CLASSES, MODELNET40_URL
-from torch_mz.datasets.scanobjectnn import SCANOBJECTNN_PAGE, scanobjectnn_file
+from torch_mz.datasets.modelnet import HDF5_FOLDER, MODELNET40_URL, modelnet40_raw_files
+from torch_mz.datasets.scanobjectnn import (SCANOBJECTNN_PAGE, scanobjectnn_file,
+                                           scanobjectnn_raw_files)
 from torch_mz.study import (RunStore, check_models, environment, markdown_table, plot_bars,
                             positive_int, summarize, train_models, try_plot, write_report)
 from torch_mz.study.budget import (Budget, add_budget_arguments, add_resume_argument,
@@ -79,11 +80,8 @@ def _raw_missing(dataset: str, root: str, source: str, variant: str) -> bool:
     r"""Whether the raw files the dataset class looks for are absent (what
     :class:`~torch_geometric.data.Dataset` checks before it downloads)."""
     raw = osp.join(root, 'raw')
-    if dataset == 'modelnet40':
-        names = MODELNET40_CLASSES if source == 'mesh' else [osp.join(HDF5_FOLDER,
-                                                                      'shape_names.txt')]
-    else:
-        names = [scanobjectnn_file(variant, True), scanobjectnn_file(variant, False)]
+    names = (modelnet40_raw_files(source) if dataset == 'modelnet40'
+             else scanobjectnn_raw_files(variant))
     return not all(osp.exists(osp.join(raw, name)) for name in names)
 
 

@@ -152,6 +152,15 @@ def sample_surface(vertices: np.ndarray, faces: np.ndarray, num: int,
     return np.asarray(points, dtype=np.float64)
 
 
+def modelnet40_raw_files(source: str) -> List[str]:
+    r"""The raw files (relative to ``<root>/raw``) whose presence tells :class:`ModelNet40` that
+    the raw data of :obj:`source` is there: the 40 class folders of the meshes, or the HDF5
+    release's ``shape_names.txt``."""
+    if source == 'mesh':
+        return list(MODELNET40_CLASSES)
+    return [osp.join(HDF5_FOLDER, 'shape_names.txt')]
+
+
 class ModelNet40(TrainTestSets):
     r"""ModelNet40 (Wu et al., `"3D ShapeNets" <https://arxiv.org/abs/1406.5670>`_) as point sets,
     the point-cloud classification task of the MZAttn paper (Appendix A.2, Task C): 40 classes,
@@ -260,9 +269,7 @@ class ModelNet40(TrainTestSets):
 
     @property
     def raw_file_names(self) -> List[str]:
-        if self.source == 'mesh':
-            return list(MODELNET40_CLASSES)
-        return [osp.join(HDF5_FOLDER, 'shape_names.txt')]
+        return modelnet40_raw_files(self.source)
 
     @property
     def processed_dir(self) -> str:

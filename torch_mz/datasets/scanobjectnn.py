@@ -43,6 +43,12 @@ def scanobjectnn_file(variant: str, train: bool) -> str:
     return osp.join('h5_files', folder, f'{split}_objectdataset{suffix}.h5')
 
 
+def scanobjectnn_raw_files(variant: str) -> List[str]:
+    r"""The raw files (relative to ``<root>/raw``) of :obj:`variant` that :class:`ScanObjectNN`
+    reads: its training and test HDF5 files."""
+    return [scanobjectnn_file(variant, True), scanobjectnn_file(variant, False)]
+
+
 class ScanObjectNN(TrainTestSets):
     r"""ScanObjectNN (Uy et al., `"Revisiting Point Cloud Classification: A New Benchmark Dataset
     and Classification Model on Real-World Data" <https://arxiv.org/abs/1908.04616>`_): 15 classes
@@ -145,7 +151,7 @@ class ScanObjectNN(TrainTestSets):
 
     @property
     def raw_file_names(self) -> List[str]:
-        return [scanobjectnn_file(self.variant, True), scanobjectnn_file(self.variant, False)]
+        return scanobjectnn_raw_files(self.variant)
 
     @property
     def stored_points(self) -> Optional[int]:
