@@ -386,13 +386,13 @@ def cmd_compare(args) -> int:
                            f"(more models may be added), or choose another --out")
     if args.resume:  # every run with a checkpoint continues from it, with the same settings
         from torch_mz.train import LAST_CHECKPOINT, load_checkpoint
-        from torch_mz.train.checkpoint import _config_changes
+        from torch_mz.train.checkpoint import config_changes
         for model in models:
             for seed in range(args.seeds):
                 path = os.path.join(folder_of(model.spec, seed), LAST_CHECKPOINT)
                 if not os.path.isfile(path):
                     continue
-                changed = _config_changes(load_checkpoint(path).get('config') or {},
+                changed = config_changes(load_checkpoint(path).get('config') or {},
                                           _config(args, seed, None).to_dict())
                 if changed:
                     raise CLIError(
@@ -406,16 +406,16 @@ def cmd_compare(args) -> int:
     if resume_from:  # the same task, data and model as each checkpoint, before any training
         from torch_mz.study import run_info_for
         from torch_mz.train import load_checkpoint
-        from torch_mz.train.checkpoint import _describe_run, _same_run
+        from torch_mz.train.checkpoint import describe_run, same_run
         overrides = _parse_kv(args.model_arg, '--model-arg')
         for model in models:
             current = run_info_for(task, model.name, dict(model.options, **overrides))
             for seed in range(args.seeds):
                 ckpt = resume_from.get((model.spec, seed))
                 saved = None if ckpt is None else load_checkpoint(ckpt).get('run_info')
-                if saved is not None and not _same_run(saved, current):
-                    raise CLIError(f"--resume: '{ckpt}' was trained on {_describe_run(saved)}, "
-                                   f"not {_describe_run(current)}: pass the original options, "
+                if saved is not None and not same_run(saved, current):
+                    raise CLIError(f"--resume: '{ckpt}' was trained on {describe_run(saved)}, "
+                                   f"not {describe_run(current)}: pass the original options, "
                                    f"or choose another --out")
     for name in stale if not args.resume else ():
         path = os.path.join(out, name)

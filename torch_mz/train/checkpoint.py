@@ -17,6 +17,9 @@ __all__ = [
     'load_checkpoint',
     'CHECKPOINT_FORMAT',
     'CHECKPOINT_VERSION',
+    'config_changes',
+    'describe_run',
+    'same_run',
 ]
 
 CHECKPOINT_FORMAT = 'torch_mz.train'
@@ -130,7 +133,8 @@ def _json_values(value: Optional[Dict[str, Any]], name: str) -> Optional[Dict[st
         raise ValueError(f'Expected {name} to hold JSON values only ({e})') from None
 
 
-def _describe_run(info: Dict[str, Any]) -> str:
+def describe_run(info: Dict[str, Any]) -> str:
+    r"""A ``run_info`` dict (task, model, ...) as one line for messages."""
     parts = []
     for key, value in sorted(info.items(), key=lambda kv: (kv[0] != 'task', kv[0] != 'model')):
         if isinstance(value, dict) and 'name' in value:
@@ -143,7 +147,7 @@ def _describe_run(info: Dict[str, Any]) -> str:
     return ', '.join(parts)
 
 
-def _same_run(saved: Dict[str, Any], current: Dict[str, Any]) -> bool:
+def same_run(saved: Dict[str, Any], current: Dict[str, Any]) -> bool:
     r"""Whether two ``run_info`` dicts agree on every entry both record (two levels deep, so that
     a checkpoint written before an entry was recorded still compares)."""
     for key in saved.keys() & current.keys():
@@ -161,7 +165,7 @@ def _same_run(saved: Dict[str, Any], current: Dict[str, Any]) -> bool:
 RESUMABLE_CONFIG_CHANGES = ('resume', 'out_dir', 'progress', 'device', 'num_workers')
 
 
-def _config_changes(saved: Dict[str, Any], current: Dict[str, Any]) -> Dict[str, Any]:
+def config_changes(saved: Dict[str, Any], current: Dict[str, Any]) -> Dict[str, Any]:
     r"""The entries of a checkpoint's configuration (``config.to_dict()``) that
     :obj:`current` sets otherwise, ``{key: (saved, current)}``, but for
     :data:`RESUMABLE_CONFIG_CHANGES`."""

@@ -25,10 +25,10 @@ from tqdm.auto import tqdm
 from torch_mz._files import atomic_write
 from torch_mz.nn.fused import set_tanh_kernel, tanh_kernel_faster
 from torch_mz.train.checkpoint import (CHECKPOINT_FORMAT, CHECKPOINT_VERSION, CheckpointError,
-                                       _config_changes, _cpu_state_dict, _describe_run,
-                                       _json_values, _rng_state, _same_run, _set_rng_state,
-                                       _torch_mz_version, _with_build_info, load_checkpoint,
-                                       save_checkpoint)
+                                       _cpu_state_dict, _json_values, _rng_state,
+                                       _set_rng_state, _torch_mz_version, _with_build_info,
+                                       config_changes, describe_run, load_checkpoint,
+                                       same_run, save_checkpoint)
 from torch_mz.train.config import TrainConfig, TrainResult
 from torch_mz.train.contract import (TASK_TYPES, LossFn, ModelOutput, _collect_targets, _first,
                                      _match_pred, _raw_targets)
@@ -340,11 +340,11 @@ class Trainer:
 
     def _check_run_info(self, state: Dict[str, Any], path: Any) -> None:
         saved = state.get('run_info')
-        if saved is None or self.run_info is None or _same_run(saved, self.run_info):
+        if saved is None or self.run_info is None or same_run(saved, self.run_info):
             return
         raise CheckpointError(f'Checkpoint {os.fspath(path)!r} was written by another run '
-                              f'({_describe_run(saved)}), not by this one '
-                              f'({_describe_run(self.run_info)})')
+                              f'({describe_run(saved)}), not by this one '
+                              f'({describe_run(self.run_info)})')
 
     def _load_model_state(self, model_state: Dict[str, Tensor], path: Any) -> None:
         try:
@@ -627,7 +627,7 @@ class Trainer:
         self._check_task(state, path)
         self._check_run_info(state, path)
         old = state.get('config', {})
-        changed = _config_changes(old, self.config.to_dict())
+        changed = config_changes(old, self.config.to_dict())
         if changed:
             log.warning('Resuming %s with a changed configuration %s; the run will differ from '
                         'an uninterrupted one', path, changed)
