@@ -6,7 +6,8 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Sequence
 import numpy as np
 
 from torch_mz.reproduce.claims import Claim, D3_PASSES
-from torch_mz.reproduce.verdict import _mean, _std, verdict
+from torch_mz.study.statistics import mean_or_nan, std_or_nan
+from torch_mz.reproduce.verdict import verdict
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch_mz.reproduce.runner import Reproduction
@@ -64,8 +65,8 @@ def d3_records(repro: 'Reproduction', claim: Claim, runs: Sequence[Mapping[str, 
         per_seed.append(metrics)
     member_r2 = [float(r['test'].get('r2', math.nan)) for r in runs
                  if r['model'] == spec and int(r['seed']) in scored]
-    members = {spec: dict(r2=_mean(member_r2), r2_std=_std(member_r2), seeds=len(member_r2))}
-    methods = {m: {k: _mean([p[m][k] for p in per_seed]) for k in ('spearman', 'ece', 'nll',
+    members = {spec: dict(r2=mean_or_nan(member_r2), r2_std=std_or_nan(member_r2), seeds=len(member_r2))}
+    methods = {m: {k: mean_or_nan([p[m][k] for p in per_seed]) for k in ('spearman', 'ece', 'nll',
                                                                    'mse')} for m in METHODS}
     epochs = [int(r['epochs_run']) for r in runs]
     enough = 'at least' if members[spec]['r2'] >= 0.8 else 'below'
@@ -78,7 +79,7 @@ def d3_records(repro: 'Reproduction', claim: Claim, runs: Sequence[Mapping[str, 
     for comparison in claim.comparisons:
         metric, a, b = comparison.b
         diffs = [p[a][metric] - p[b][metric] for p in per_seed]
-        mean, spread = _mean(diffs), _std(diffs, ddof=1)
+        mean, spread = mean_or_nan(diffs), std_or_nan(diffs, ddof=1)
         out.append(dict(
             claim=f'd3 {comparison.cell}: {comparison.a}',
             paper=dict(value=comparison.paper, source=comparison.source, text=comparison.text),

@@ -17,7 +17,8 @@ from torch_mz.reproduce.budgets import Budget, SWEEP_MAX_STEPS, TIME_MARGIN, swe
 from torch_mz.reproduce.claims import Claim, Comparison, GEOMETRIC_TASKS, SWEEP_CELLS
 from torch_mz.reproduce.store import RunStore, run_key
 from torch_mz._checks import check_optional_count
-from torch_mz.reproduce.verdict import _mean, _std, verdict
+from torch_mz.study.statistics import mean_or_nan, std_or_nan
+from torch_mz.reproduce.verdict import verdict
 
 
 class RunsHeld(Exception):
@@ -764,13 +765,13 @@ class Reproduction:
         cell_runs = [r for r in runs if r['cell'] == comparison.cell]
         r2 = {m: {int(r['seed']): float(r['test'].get('r2', math.nan)) for r in cell_runs
                   if r['model'] == m} for m in claim.models}
-        figures = {m: dict(r2=_mean(list(v.values())), r2_std=_std(list(v.values())),
+        figures = {m: dict(r2=mean_or_nan(list(v.values())), r2_std=std_or_nan(list(v.values())),
                            seeds=len(v)) for m, v in r2.items()}
         b = max(comparison.b, key=lambda m: figures[m]['r2'] if math.isfinite(
             figures[m]['r2']) else -math.inf)
         common = sorted(set(r2[comparison.a]) & set(r2[b]))
         diffs = [r2[comparison.a][k] - r2[b][k] for k in common]
-        mean, spread = _mean(diffs), _std(diffs, ddof=1)
+        mean, spread = mean_or_nan(diffs), std_or_nan(diffs, ddof=1)
         cell = next(c for c in claim.cells if c['label'] == comparison.cell)
         epochs = [int(r['epochs_run']) for r in cell_runs]
         return dict(

@@ -12,7 +12,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 from torch_mz._files import atomic_write, file_lock
 from torch_mz.study.measure import code_version
 from torch_mz.train import TrainConfig
-from torch_mz.reproduce.verdict import _mean
+from torch_mz.study.statistics import mean_or_nan
 
 
 _KEY_CONFIG = ('epochs', 'batch_size', 'lr', 'weight_decay', 'warmup_epochs', 'schedule',
@@ -213,7 +213,7 @@ class RunStore:
         times, epochs = self._times(os.path.dirname(self._paths(key)[0]))
         if not times:
             return None
-        return _mean(times), _mean(epochs)
+        return mean_or_nan(times), mean_or_nan(epochs)
 
     def _times(self, folder: str) -> Tuple[List[float], List[float]]:
         times, epochs = [], []
@@ -254,7 +254,7 @@ class RunStore:
         r"""Mean epochs run by the finished runs in the store (every task and model), or
         :obj:`None` without any."""
         epochs = [e for _, model_epochs in self._every_model() for e in model_epochs]
-        return _mean(epochs) if epochs else None
+        return mean_or_nan(epochs) if epochs else None
 
     def epochs_run(self, cell: Mapping[str, Any], spec: str, seed: int,
                    config: TrainConfig) -> int:

@@ -5,7 +5,8 @@ import os
 from typing import Any, Dict, List, Optional
 
 from torch_mz.paper import TABLE30
-from torch_mz.reproduce.verdict import _std, verdict
+from torch_mz.study.statistics import std_or_nan
+from torch_mz.reproduce.verdict import verdict
 
 
 def _pairs(a: List[Any], b: List[Any], what: str, names: str) -> List[Any]:
@@ -60,7 +61,7 @@ def overhead_records(path: str, budget: str) -> List[Dict[str, object]]:
                 else:
                     ratios = [a / b for a, b in _pairs(mz[samples], rigid[samples], samples,
                                                        names)]
-                mean, spread, n = mz[median] / rigid[median], _std(ratios, ddof=1), len(ratios)
+                mean, spread, n = mz[median] / rigid[median], std_or_nan(ratios, ddof=1), len(ratios)
         out.append(dict(
             claim=f'table30 {what}: mz / rigid', budget=budget,
             paper=dict(value=paper, source='Table 30',

@@ -1,11 +1,8 @@
-r"""The verdict rule of a claim, and the mean and spread it reads."""
+r"""The verdict rule of a claim."""
 import math
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Tuple
 
 import numpy as np
-
-
-
 
 VERDICTS = ('reproduced', 'direction only', 'not reproduced', 'inconclusive')
 TOL_ABS = 0.02  # R² units: how close to the paper's figure counts as the same
@@ -66,11 +63,3 @@ def verdict(paper: float, mean: float, spread: float, seeds: Optional[int],
     if abs(mean - paper) > 2 * spread:
         return 'not reproduced'
     return 'inconclusive'
-
-
-def _mean(values: Sequence[float]) -> float:
-    return float(np.mean(values)) if len(values) else math.nan
-
-
-def _std(values: Sequence[float], ddof: int = 0) -> float:
-    return float(np.std(values, ddof=ddof)) if len(values) > ddof else math.nan

@@ -5,18 +5,29 @@ model's gap to the best of its rivals. Numbers only: the scripts in ``benchmarks
 A gap counts as *resolved* when it exceeds :obj:`z` (2 by default) times its standard error, or
 twice the seed spread where only spreads are known.
 """
+import math
 from dataclasses import dataclass
 from typing import Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ['mean_std', 'paired_gap', 'Ordering', 'resolved_ordering', 'winner', 'Lead',
-           'lead_over_best']
+__all__ = ['mean_std', 'mean_or_nan', 'std_or_nan', 'paired_gap', 'Ordering',
+           'resolved_ordering', 'winner', 'Lead', 'lead_over_best']
 
 
 def mean_std(values: Sequence[float]) -> Tuple[float, float]:
     r"""Mean and population standard deviation of :obj:`values`."""
     return float(np.mean(values)), float(np.std(values))
+
+
+def mean_or_nan(values: Sequence[float]) -> float:
+    r"""The mean of :obj:`values`, or NaN for none."""
+    return float(np.mean(values)) if len(values) else math.nan
+
+
+def std_or_nan(values: Sequence[float], ddof: int = 0) -> float:
+    r"""The standard deviation of :obj:`values` with :obj:`ddof`, or NaN for too few."""
+    return float(np.std(values, ddof=ddof)) if len(values) > ddof else math.nan
 
 
 def paired_gap(a: Sequence[float], b: Sequence[float],
