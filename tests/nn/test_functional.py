@@ -1119,9 +1119,10 @@ def test_reverse_mode_torch_func_keeps_the_fused_kernel(monkeypatch):
     assert not calls
     torch.func.jvp(lambda xx: aggr(xx, index, dim_size=3), (x, ), (x, ))
     assert not calls
-    assert not functional._forward_ad_active()
+    from torch_mz.nn import _context
+    assert not _context._forward_ad_active()
     with fwAD.dual_level():  # (torch's private level counter, read by the guard)
-        assert functional._forward_ad_active() and functional._attention_written_out()
+        assert _context._forward_ad_active() and _context._attention_written_out()
 
 
 def test_per_head_attention_passes_dropout_to_the_kernels_off_the_cpu(monkeypatch):

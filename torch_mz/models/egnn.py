@@ -27,7 +27,7 @@ from torch_geometric.utils import scatter
 from torch_mz._checks import check_count, check_flag
 from torch_mz.models.base import SetPrediction, zero_empty_sets
 from torch_mz.nn.aggr import check_set_ids
-from torch_mz.nn.blocks import _hooked
+from torch_mz.nn._context import _hooked
 from torch_mz.nn.functional import _sorted_layout, set_pairs
 
 __all__ = [

@@ -12,8 +12,8 @@ from torch_mz import runtime
 from torch_mz._checks import check_count, check_optional_count, check_flag, check_rate
 from torch_mz.nn.attention import SUMMARIES, VALUE_OPERATORS, MZAttention
 from torch_mz.nn.blocks import ISAB, PMA, SAB
-from torch_mz.nn.functional import (PATHS, _functorch_active, _plain_ops, check_choice,
-                                    repeat_per_set, set_counts)
+from torch_mz.nn._context import _functorch_active, _plain_ops
+from torch_mz.nn.functional import PATHS, check_choice, repeat_per_set, set_counts
 from torch_mz.nn.fused import AUTO_MIN_ELEMENTS
 from torch_mz.nn.zonotope import AffineZonotope, InputProjection, Zonotope
 

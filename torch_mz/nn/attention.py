@@ -15,8 +15,9 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn import Linear, Module, Parameter
 
-from torch_mz.nn.functional import (PATHS, _hooked, check_choice, grouped_attention, set_counts,
-                                    set_mean, set_std)
+from torch_mz.nn._context import _hooked
+from torch_mz.nn.functional import (PATHS, check_choice, grouped_attention, set_counts, set_mean,
+                                    set_std)
 from torch_mz.nn.zonotope import AffineZonotope, MappedZonotope, Zonotope
 
 VALUE_OPERATORS = ('rigid', 'mz', 'film', 'hypernet')

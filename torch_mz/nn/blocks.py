@@ -27,7 +27,8 @@ from torch import Tensor
 from torch.nn import LayerNorm, Linear, Module, Parameter
 
 from torch_mz.nn.attention import MZAttention
-from torch_mz.nn.functional import _hooked, _plain_ops, dropout, repeat_per_set
+from torch_mz.nn._context import _hooked, _plain_ops
+from torch_mz.nn.functional import dropout, repeat_per_set
 from torch_mz.nn.fused import odd_tanh_, use_fused_kernels
 from torch_mz.nn.zonotope import MappedZonotope, Zonotope, zonotope_layer_norm
 

@@ -58,7 +58,7 @@ import torch
 from torch import Tensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from torch_mz.nn.functional import _plain_ops
+from torch_mz.nn._context import _plain_ops
 
 
 

@@ -9,8 +9,9 @@ from torch import Tensor
 from torch_geometric.nn.aggr import SetTransformerAggregation
 
 from torch_mz.nn.aggr import check_set_input, resolve_set_index
-from torch_mz.nn.functional import (PATHS, _hooked, check_choice, grouped_attention,
-                                    repeat_per_set, set_counts)
+from torch_mz.nn._context import _hooked
+from torch_mz.nn.functional import (PATHS, check_choice, grouped_attention, repeat_per_set,
+                                    set_counts)
 
 
 class FlatSetTransformerAggregation(SetTransformerAggregation):

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn import LayerNorm, Linear, Module
 
-from torch_mz.nn.functional import _hooked, _plain_ops
+from torch_mz.nn._context import _hooked, _plain_ops
 from torch_mz.nn.fused import (LayerNormJacobianFused, LayerNormJacobianSumFused,
                                use_fused_kernels)
 
@@ -379,7 +379,7 @@ def zonotope_layer_norm(z: Zonotope, norm: LayerNorm, add: Optional[Zonotope] = 
     out_c = norm(c)
     if z.gens.size(1) == 0:  # plain vector tokens
         return Zonotope(out_c, z.gens.to(out_c.dtype))
-    if _plain_ops():  # the plain operations (see torch_mz.nn.functional._plain_ops)
+    if _plain_ops():  # the plain operations (see torch_mz.nn._context._plain_ops)
         return zonotope_layer_norm_reference(z, norm)
     weight = norm.weight.to(out_c.dtype) if norm.weight is not None else None
     gens = z.gens.to(out_c.dtype)

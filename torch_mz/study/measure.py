@@ -254,7 +254,7 @@ def count_flops(fn: Callable[[], None]) -> int:
     torch_mz's exact fast paths that read a layer's weights directly (PMA's folded maps,
     :class:`~torch_mz.nn.blocks.FeedForward`'s training path, EGNN's per-node first layer, the
     input projection's affine generators) step aside for the plain calls, so that hooks see them
-    (:func:`torch_mz.nn.functional._hooked`): the
+    (:func:`torch_mz.nn._context._hooked`): the
     count would be of another computation than the one timed (the ``mz`` training step counted
     73.1 GFLOP instead of 66.7). The module tracker is left out here: every FLOP is counted
     under ``'Global'`` alone, and the model runs as it does when it is timed."""
