@@ -78,14 +78,14 @@ GPU_TRAINING_STEP = os.path.join(os.path.dirname(os.path.abspath(__file__)), 're
 
 def count_one(nodes: int, aggr: str, dim: int, degrees: str, seed: int = 0) -> Dict:
     r"""One row: the operations of one ``SAGEConv(dim, dim, aggr=...)`` forward + backward on
-    the graph of ``message_passing.random_graph(nodes, degrees, seed=seed)``, after one
+    the graph of ``torch_mz.study.workloads.random_graph(nodes, degrees, seed=seed)``, after one
     uncounted call."""
     from torch_geometric.nn import SAGEConv
     torch.manual_seed(0)
     edge_index = workloads.random_graph(nodes, degrees, seed=seed)
     x = torch.randn(nodes, dim, generator=torch.Generator().manual_seed(1))
     conv = SAGEConv(dim, dim, aggr=workloads.build_aggr(aggr, dim))
-    merged = aggr == 'rigid-merged'  # message_passing.MERGED, for this row only
+    merged = aggr == 'rigid-merged'  # workloads.MERGED, for this row only
     saved = {k: getattr(functional, k) for k in workloads.MERGED}
     if merged:
         for k, v in workloads.MERGED.items():
@@ -142,7 +142,7 @@ def _count_conv(conv, x, edge_index, degrees: str, dim: int, nodes: int, aggr: s
 def count_preset(name: str, clouds: int, points: int, radius: float = 0.25) -> Dict:
     r"""One row of ``--presets``: the operations of one training step of preset :obj:`name`
     without the optimizer (forward, cross-entropy, backward) and of one inference call, on the
-    batch of ``training_step.make_batch(clouds, points)`` (EGNN on a radius graph of
+    batch of ``torch_mz.study.workloads.make_batch(clouds, points)`` (EGNN on a radius graph of
     :obj:`radius`), each after one uncounted call, on one thread with the compiled generator
     kernels off (what a GPU runs)."""
     import torch.nn.functional as F
@@ -262,7 +262,7 @@ def run_presets(args: argparse.Namespace) -> None:
 
 def slopes(rows: List[Dict]) -> List[Dict]:
     r"""Per aggregation: the least-squares slope of log(kernels) against log(nodes + edges)
-    (``message_passing.fit_slope``), and the kernels on the largest graph over those on the
+    (``torch_mz.study.workloads.fit_slope``), and the kernels on the largest graph over those on the
     smallest."""
     out = []
     for aggr in dict.fromkeys(r['aggr'] for r in rows):

@@ -6,8 +6,7 @@ import math
 import pytest
 import torch
 
-from tests._scripts import usage_error
-from tests._scripts import load_script
+from tests._scripts import load_script, usage_error
 
 
 def test_rows_give_medians_ratios_and_the_difference_from_the_reference():

@@ -5,8 +5,7 @@ import json
 
 import pytest
 
-from tests._scripts import usage_error
-from tests._scripts import load_script
+from tests._scripts import load_script, usage_error
 
 
 @pytest.fixture(scope='module')

@@ -59,8 +59,6 @@ def test_equivariance_winner_uses_the_paper_table():
     assert study.PAPER[('MEB d=32', 'egnn')] == 0.78 and len(study.PAPER) == 3 * len(study.CELLS)
 
 
-
-
 @pytest.mark.parametrize('script', sorted(f[:-3] for f in os.listdir(BENCHMARKS)
                                           if f.endswith('.py')))
 def test_every_script_prints_its_help(script, capsys):

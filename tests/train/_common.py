@@ -13,7 +13,7 @@ ROOT = HERE.parent.parent  # the repository
 
 
 def _load_helpers():
-    # Loaded by path: the helpers double as the torchrun worker script, and tests/ is no package.
+    # Loaded by path: the helpers double as the torchrun worker script (run as a file).
     spec = importlib.util.spec_from_file_location('_train_helpers', HERE / '_ddp_worker.py')
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -129,9 +129,10 @@ def sweep_verdicts(rows):
 def untried_neighbours(rows, model):
     r"""The points one step of the sweep's rule away from :obj:`model`'s chosen point in
     :obj:`rows` (learning rate times and divided by ``SWEEP_STEP``, weight decay times it, or
-    from the grid's smallest to its next) that it has not tried. The rule steps beyond the edges of the box of points tried, so a
-    chosen point ``'inside'`` that box may still have such a neighbour untried: this lists
-    them, so a reader sees how local the optimum is. Empty for an open model."""
+    from the grid's smallest to its next) that it has not tried. The rule steps beyond the
+    edges of the box of points tried, so a chosen point ``'inside'`` that box may still have
+    such a neighbour untried: this lists them, so a reader sees how local the optimum is.
+    Empty for an open model."""
     mine = [r for r in rows if r['model'] == model]
     chosen = next(((r['lr'], r['weight_decay']) for r in mine if r['chosen']), None)
     if chosen is None:

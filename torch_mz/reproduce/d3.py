@@ -65,9 +65,10 @@ def d3_records(repro: 'Reproduction', claim: Claim, runs: Sequence[Mapping[str, 
         per_seed.append(metrics)
     member_r2 = [float(r['test'].get('r2', math.nan)) for r in runs
                  if r['model'] == spec and int(r['seed']) in scored]
-    members = {spec: dict(r2=mean_or_nan(member_r2), r2_std=std_or_nan(member_r2), seeds=len(member_r2))}
-    methods = {m: {k: mean_or_nan([p[m][k] for p in per_seed]) for k in ('spearman', 'ece', 'nll',
-                                                                   'mse')} for m in METHODS}
+    members = {spec: dict(r2=mean_or_nan(member_r2), r2_std=std_or_nan(member_r2),
+                          seeds=len(member_r2))}
+    methods = {m: {k: mean_or_nan([p[m][k] for p in per_seed])
+                   for k in ('spearman', 'ece', 'nll', 'mse')} for m in METHODS}
     epochs = [int(r['epochs_run']) for r in runs]
     enough = 'at least' if members[spec]['r2'] >= 0.8 else 'below'
     note = (f"members' test R² {members[spec]['r2']:.3f} ({enough} the 0.8 the comparison "

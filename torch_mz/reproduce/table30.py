@@ -61,7 +61,8 @@ def overhead_records(path: str, budget: str) -> List[Dict[str, object]]:
                 else:
                     ratios = [a / b for a, b in _pairs(mz[samples], rigid[samples], samples,
                                                        names)]
-                mean, spread, n = mz[median] / rigid[median], std_or_nan(ratios, ddof=1), len(ratios)
+                mean, spread = mz[median] / rigid[median], std_or_nan(ratios, ddof=1)
+                n = len(ratios)
         out.append(dict(
             claim=f'table30 {what}: mz / rigid', budget=budget,
             paper=dict(value=paper, source='Table 30',

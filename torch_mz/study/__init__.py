@@ -9,7 +9,9 @@ r"""Studies: what the scripts in ``benchmarks/`` and ``torch-mz compare`` share,
 * :mod:`~torch_mz.study.arguments`: argument types of the scripts' options (checked lists, counts);
 * :mod:`~torch_mz.study.report`: JSON and Markdown reports, summaries over seeds;
 * :mod:`~torch_mz.study.plots`: the plots, with matplotlib optional;
-* :mod:`~torch_mz.study.statistics`: gaps, standard errors and verdicts of the studies.
+* :mod:`~torch_mz.study.statistics`: gaps, standard errors and verdicts of the studies;
+* :mod:`~torch_mz.study.workloads`: the graphs, aggregations, point-cloud batch and presets the
+  speed benchmarks share.
 
 Library code: nothing here prints or parses a command line.
 """

@@ -28,7 +28,9 @@ outputs and targets), :mod:`~torch_mz.train.normalize` (target normaliser),
 (evaluation shards, worker seeds), :mod:`~torch_mz.train.prediction` (:func:`predict`),
 :mod:`~torch_mz.train.stopping` (:func:`stop_by`: stop between epochs at a deadline) and
 :mod:`~torch_mz.train.trainer` (:class:`Trainer`, :func:`train`). Every public name is
-importable from :mod:`torch_mz.train` itself.
+importable from :mod:`torch_mz.train` itself, but the checkpoint module's comparisons of runs
+(:func:`~torch_mz.train.checkpoint.same_run`, ``describe_run``, ``config_changes``), which
+:mod:`torch_mz.cli` uses, stay in that module.
 """
 from torch_mz.train.checkpoint import (CHECKPOINT_FORMAT, CHECKPOINT_VERSION, CheckpointError,
                                        load_checkpoint, save_checkpoint)
