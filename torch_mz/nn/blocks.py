@@ -2,7 +2,11 @@ r"""Set Transformer blocks on zonotope tokens in PyG's flat layout: MAB, SAB, IS
 (Lee et al., 2019, with the MZ value operator of Section 2.4 of the MZAttn paper).
 
 Every block takes a :class:`~torch_mz.nn.zonotope.Zonotope` of tokens, the set id of each token
-(``set_id``, PyG's ``batch``/``index`` vector, need not be sorted) and the number of sets.
+(``set_id``, PyG's ``batch``/``index`` vector, need not be sorted) and the number of sets. The
+blocks are the inner loop and do not check the set ids (a check of their values would cost a
+host synchronisation per block): pass ids that :func:`~torch_mz.nn.aggr.resolve_set_index`
+(or :meth:`MZAggregation.validate <torch_mz.nn.MZAggregation.validate>`) returned, a long
+tensor with one id in ``[0, num_sets)`` per token; other ids fail inside PyTorch's kernels.
 Learned inducing points (ISAB) and seeds (PMA) are replicated per set, so ISAB costs
 :math:`O(m N)` and PMA :math:`O(k N)`; SAB costs :math:`O(\sum_b n_b^2)`.
 
