@@ -48,6 +48,9 @@ def modelnet_h5_root(tmp_path) -> Dict[str, object]:
     os.makedirs(folder, exist_ok=True)
     with open(osp.join(folder, 'shape_names.txt'), 'w') as f:
         f.write('\n'.join(MODELNET40_CLASSES) + '\n')
+    for split in ('train', 'test'):  # the release's lists of its files, in its own form
+        with open(osp.join(folder, f'{split}_files.txt'), 'w') as f:
+            f.writelines(f'data/{HDF5_FOLDER}/{name}\n' for name in files if f'_{split}' in name)
     return {'root': root, 'folder': folder, 'files': files}
 
 

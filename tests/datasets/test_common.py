@@ -60,6 +60,12 @@ def test_normalize_unit_sphere():
     assert d_out == pytest.approx(d_in, rel=1e-5)
     assert np.array_equal(normalize_unit_sphere(np.ones((4, 3))), np.zeros((4, 3),
                                                                            dtype=np.float32))
+    # finite coordinates whose squared norms overflow float64: the same set as at a sane scale
+    # (it was every point at the origin)
+    huge = normalize_unit_sphere(pos * 1e200)
+    assert np.isfinite(huge).all()
+    assert np.allclose(huge, out, atol=1e-6)
+    assert np.linalg.norm(huge, axis=1).max() == pytest.approx(1.0, abs=1e-6)
 
 
 def test_split_indices_counts_disjoint_and_deterministic():

@@ -326,6 +326,28 @@ def test_hdf5_source_errors(modelnet_h5_root, tmp_path):
         ModelNet40(str(tmp_path / 'empty'), source='hdf5', log=False)
 
 
+def test_hdf5_release_files_are_checked_against_its_lists(modelnet_h5_root):
+    root, folder = modelnet_h5_root['root'], modelnet_h5_root['folder']
+    os.unlink(osp.join(folder, 'ply_data_train1.h5'))  # e.g. a copy stopped part way
+    with pytest.raises(CorruptRawFileError, match=r"train_files.txt.*\['ply_data_train1.h5'\], "
+                       r"missing"):
+        ModelNet40(root, source='hdf5', num_points=100, log=False)  # not 4 shapes of 6
+    # without the lists every file found is read, with a warning that says so
+    os.unlink(osp.join(folder, 'train_files.txt'))
+    with pytest.warns(UserWarning, match=r"no '.*train_files.txt'.*cannot be checked.*1 file"):
+        train = ModelNet40(root, source='hdf5', num_points=100, log=False)
+    assert [int(d.y) for d in train] == [0, 8, 39, 8]
+
+
+def test_hdf5_datasets_that_are_not_numbers_are_named(modelnet_h5_root):
+    root, folder = modelnet_h5_root['root'], modelnet_h5_root['folder']
+    path = osp.join(folder, 'ply_data_test0.h5')
+    write_h5(path, data=np.zeros((2, 32, 3), dtype=np.float32), label=np.array([b'1', b'2']))
+    with pytest.raises(CorruptRawFileError, match=r"ply_data_test0.h5.*'label' holds \|S1, not "
+                       r"numbers"):
+        ModelNet40(root, train=False, source='hdf5', num_points=16, log=False)
+
+
 def test_invalid_arguments(tmp_path):
     with pytest.raises(ValueError, match='source'):
         ModelNet40(str(tmp_path), source='ply')
@@ -483,6 +505,8 @@ def test_both_sources_deliver_the_same_up_axis(modelnet_mesh_root, modelnet_h5_r
     write_h5(osp.join(folder, 'ply_data_train0.h5'), data=points[None].astype(np.float32),
              label=np.array([[MODELNET40_CLASSES.index('wardrobe')]], dtype=np.uint8))
     os.unlink(osp.join(folder, 'ply_data_train1.h5'))
+    with open(osp.join(folder, 'train_files.txt'), 'w') as f:
+        f.write(f'data/{HDF5_FOLDER}/ply_data_train0.h5\n')
     from_h5 = ModelNet40(root, source='hdf5', num_points=128, log=False)[0]
     for data in (from_mesh, from_h5):
         extent = (data.pos.max(0).values - data.pos.min(0).values).numpy()

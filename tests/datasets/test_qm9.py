@@ -587,3 +587,53 @@ def test_docstring_documents_every_argument():
     import inspect
     params = [p for p in inspect.signature(QM9.__init__).parameters if p != 'self']
     assert [p for p in params if f'{p} (' not in QM9.__doc__] == []
+
+
+@pytest.mark.parametrize('cut, match', [
+    # cut after an entry: the closing rule is missing (a download cut short arrives without
+    # an error: http.client returns the bytes it got)
+    (lambda lines: lines[:-1], 'no closing rule'),
+    # cut inside the index of the last entry ('3' of ' 37 ...' would remove molecule 3)
+    (lambda lines: lines[:-2] + [lines[-2][:7]], 'line 10 is not a complete entry'),
+])
+def test_a_truncated_uncharacterized_list_is_refused(qm9_root, cut, match):
+    from tests.datasets.raw_formats import write_uncharacterized
+    path = write_uncharacterized(osp.join(qm9_root, 'raw', 'uncharacterized.txt'), [37])
+    assert read_uncharacterized(path) == [37]
+    with open(path) as f:
+        lines = f.read().split('\n')[:-1]  # the file ends with a line break
+    with open(path, 'w') as f:
+        f.write('\n'.join(cut(lines)))
+    with pytest.raises(CorruptRawFileError, match=match) as info:
+        read_uncharacterized(path)
+    assert info.value.path == path
+    with pytest.raises(CorruptRawFileError, match=match):
+        QM9(qm9_root, log=False)  # not a dataset that keeps molecules it should remove
+
+
+def test_a_qm9pack_molecule_without_atoms_is_refused(qm9pack_csv, tmp_path):
+    with open(qm9pack_csv, newline='') as f:
+        rows = list(csv.reader(f))
+    n_atoms = rows[0].index('N_atoms')
+    rows[2][n_atoms: n_atoms + 3] = ['0', '[]', '[]']  # N_atoms, Stoichiometry, Elements
+    rows[2][rows[0].index('XYZ_Ang')] = '[]'
+    with open(qm9pack_csv, 'w', newline='') as f:
+        csv.writer(f, lineterminator='\n').writerows(rows)
+    with pytest.raises(CorruptRawFileError, match=r'line 3 \(Index 2\): N_atoms=0'):
+        QM9(str(tmp_path / 'root'), source='qm9pack', csv_path=qm9pack_csv, log=False)
+
+
+def test_an_extraction_stopped_between_its_moves_is_done_again(qm9_root, tmp_path):
+    import zipfile
+    raw = str(tmp_path / 'stopped' / 'raw')
+    os.makedirs(raw)
+    with zipfile.ZipFile(osp.join(raw, 'qm9.zip'), 'w') as z:
+        for name in ('gdb9.sdf', 'gdb9.sdf.csv'):
+            z.write(osp.join(qm9_root, 'raw', name), name)
+    shutil.copy(osp.join(qm9_root, 'raw', 'uncharacterized.txt'), raw)
+    # what _download_raw leaves when stopped after moving gdb9.sdf out of its staging folder
+    # (the archive is removed only after both moves)
+    shutil.copy(osp.join(qm9_root, 'raw', 'gdb9.sdf'), raw)
+    ds = QM9(osp.dirname(raw), log=False)
+    assert [int(d.gdb_idx) for d in ds] == KEPT
+    assert sorted(os.listdir(raw)) == ['gdb9.sdf', 'gdb9.sdf.csv', 'uncharacterized.txt']

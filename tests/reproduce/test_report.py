@@ -1,5 +1,6 @@
 import json
 import math
+import re
 from dataclasses import replace
 
 import pytest
@@ -35,6 +36,13 @@ def test_summary_and_table30(tmp_path):
     assert {r['command'] for r in overhead_records(str(recorded), 'converged')} == {
         'python benchmarks/training_step.py --rounds 3 --out x && python '
         'benchmarks/reproduce.py --budget converged --claims table30'}
+    # a damaged results file is named (it was a bare JSONDecodeError, or an AttributeError)
+    for text, match in (('{"rows": [', 'are not valid JSON'),
+                        ('[1, 2]', "are not a JSON object with a list of 'rows'"),
+                        ('{"rows": [{"params": 1}]}', ".* naming their 'model'")):
+        recorded.write_text(text)
+        with pytest.raises(ValueError, match=f"results '{re.escape(str(recorded))}' {match}"):
+            overhead_records(str(recorded), 'converged')
     save_claim(str(tmp_path), 'table30', 'converged', records)
     loaded = load_claims(str(tmp_path))
     assert loaded == records

@@ -118,3 +118,33 @@ def test_an_unreadable_run_record_is_named_not_a_bare_json_error(tmp_path):
             Reproduction(TINY, str(tmp_path), device='cpu',
                          sweep_cells={'sum': SUM}).sweep('sum', CLAIM.models[:1])
     assert issubclass(RecordError, ValueError)
+
+
+def test_a_damaged_log_of_a_run_in_training_is_named(tmp_path):
+    # metrics.jsonl of a run in progress is committed (--carry), so a merge can damage it; it
+    # was a bare JSONDecodeError from --status and the scheduler
+    from torch_mz.reproduce.store import RecordError, _metrics
+    folder = tmp_path / 'run'
+    folder.mkdir()
+    log = folder / 'metrics.jsonl'
+    assert _metrics(str(folder)) == []  # none yet
+    log.write_text('{"epoch": 0, "val_loss": 0.5}\n{"epoch": 1, "val_loss": 0.4}\n')
+    assert [m['epoch'] for m in _metrics(str(folder))] == [0, 1]
+    for text, line in (('<<<<<<< HEAD\n{"epoch": 0}\n', 1), ('{"epoch": 0}\n{"epoch": 1, "va', 2),
+                       ('{"epoch": 0}\n[1]\n', 2)):
+        log.write_text(text)
+        with pytest.raises(RecordError, match=f"run in training '{re.escape(str(log))}' cannot "
+                           f"be read \\(line {line}: .*delete it: resuming the run writes it"):
+            _metrics(str(folder))
+
+
+def test_a_record_without_a_numeric_wall_time_is_named(tmp_path):
+    from torch_mz.reproduce.store import RecordError
+    repro = Reproduction(TINY, str(tmp_path), device='cpu', sweep_cells={'sum': SUM})
+    repro.sweep('sum', CLAIM.models[:1])
+    assert repro.store.mean_time('sum', CLAIM.models[0]) is not None
+    path = sorted(tmp_path.rglob('records/tiny/**/*.json'))[0]
+    path.write_text(json.dumps(dict(json.loads(path.read_text()), wall_time_s=None)))
+    with pytest.raises(RecordError, match=f"run record '{re.escape(str(path))}' holds "
+                       f"wall_time_s=None"):
+        repro.store.mean_time('sum', CLAIM.models[0])

@@ -239,6 +239,17 @@ def test_missing_or_corrupt_checkpoint_raises_clear_error(tmp_path):
         load_checkpoint(garbage)
     assert 'weights_only' not in str(info.value) and 'holds objects' not in str(info.value)
 
+    # fields of the wrong type (a crafted or foreign file): CheckpointError, not a TypeError
+    for field, value, match in (('history', None, r'history \(NoneType\) of the wrong type'),
+                                ('epoch', 'x', r'epoch \(str\) of the wrong type'),
+                                ('rng', [{}], 'Random-number state .* cannot be restored'),
+                                ('rng', [], 'rng or history')):
+        damaged = tmp_path / 'damaged.pt'
+        torch.save(dict(state, **{field: value}), damaged)
+        with pytest.raises(CheckpointError, match=match):
+            Trainer(H.ToyDeepSets(3, 2), config(epochs=1, resume=str(damaged))).fit(
+                REG_TRAIN[:16], REG_VAL[:8])
+
     # resuming needs the full training state, not the model-only best.pt
     with pytest.raises(CheckpointError, match='model weights only'):
         Trainer(H.ToyDeepSets(3, 2), config(resume=str(tmp_path / 'run' / 'best.pt'))).fit(

@@ -290,6 +290,30 @@ def test_a_non_finite_validation_loss_stops_training_as_diverged(tmp_path):
     assert isinstance(info.value, FloatingPointError)
 
 
+def test_a_test_set_with_nan_is_refused_before_training(tmp_path):
+    # the test loss is computed only after training, so a NaN target there gave NaN test
+    # figures for a run that otherwise succeeded; it is refused before the first epoch now
+    for key in ('y', 'x'):
+        bad_test = [d.clone() for d in REG_VAL[:8]]
+        value = getattr(bad_test[5], key).clone()
+        value.view(-1)[0] = float('nan')
+        setattr(bad_test[5], key, value)
+        with pytest.raises(ValueError, match=f"test dataset's example 5 holds NaN or inf in "
+                           f"'{key}'"):
+            train(H.ToyDeepSets(3, 2), REG_TRAIN, REG_VAL, bad_test,
+                  config=config(out_dir=str(tmp_path / key)), task_type='regression')
+        assert not os.path.exists(tmp_path / key)  # before training: nothing written
+    # the pass over the test set comes before the seeding: results are unchanged by it
+    seed_everything(1)
+    with_test = train(H.ToyDeepSets(3, 2), REG_TRAIN, REG_VAL, REG_VAL[:8], config=config(),
+                      task_type='regression')
+    seed_everything(1)
+    without = train(H.ToyDeepSets(3, 2), REG_TRAIN, REG_VAL, config=config(),
+                    task_type='regression')
+    assert strip_times(with_test.history) == strip_times(without.history)
+    assert math.isfinite(with_test.test_metrics['loss'])
+
+
 def test_class_labels_trained_as_regression_name_task_type():
     with pytest.raises(ValueError, match="task_type='classification'"):
         train(H.ToyDeepSets(3, 3), CLS_TRAIN, config=config(epochs=1), task_type='regression')

@@ -107,11 +107,21 @@ def normalize_unit_sphere(pos: np.ndarray) -> np.ndarray:
         - **output:** :math:`(n, 3)`, float32
     """
     pos = np.asarray(pos, dtype=np.float64)
-    pos = pos - pos.mean(axis=0, keepdims=True)  # (n, 3)
-    scale = np.sqrt((pos**2).sum(axis=1)).max() if len(pos) > 0 else 0.0
+    with np.errstate(over='ignore', invalid='ignore'):
+        centered, scale = _centered(pos)
+    if not np.isfinite(scale) and len(pos) > 0 and np.isfinite(pos).all():
+        # finite coordinates so large that their sum or squared norms overflow float64 (the
+        # scale would be inf and every point 0): the same normalisation of pos / max|pos|
+        centered, scale = _centered(pos / np.abs(pos).max())
     if scale > 0:
-        pos = pos / scale
-    return pos.astype(np.float32)
+        centered = centered / scale
+    return centered.astype(np.float32)
+
+
+def _centered(pos: np.ndarray) -> Tuple[np.ndarray, float]:
+    r"""The set centred at its centroid, and its largest norm (0 for an empty set)."""
+    pos = pos - pos.mean(axis=0, keepdims=True)  # (n, 3)
+    return pos, (np.sqrt((pos**2).sum(axis=1)).max() if len(pos) > 0 else 0.0)
 
 
 def _count(size: Union[int, float], n: int, name: str) -> int:
@@ -488,7 +498,7 @@ def integer_valued(values: np.ndarray) -> bool:
 def read_h5(path: str, keys: Sequence[str], optional: Sequence[str] = ()) -> Dict[str, np.ndarray]:
     r"""Reads the arrays :obj:`keys` (and, where present, :obj:`optional`) from the HDF5 file
     :obj:`path`; raises :class:`CorruptRawFileError` naming the file when it is not a readable HDF5
-    file or lacks a key."""
+    file, lacks a key, or holds anything but numbers (booleans, integers or floats) under one."""
     h5py = require('h5py')
     try:
         with h5py.File(path, 'r') as f:
@@ -496,7 +506,15 @@ def read_h5(path: str, keys: Sequence[str], optional: Sequence[str] = ()) -> Dic
             if missing:
                 raise CorruptRawFileError(
                     path, f"missing dataset(s) {missing} (found {sorted(f.keys())})")
-            return {k: np.asarray(f[k][()]) for k in list(keys) + [k for k in optional if k in f]}
+            arrays = {}
+            for k in list(keys) + [k for k in optional if k in f]:
+                if not isinstance(f[k], h5py.Dataset):
+                    raise CorruptRawFileError(path, f"'{k}' is a group, not a dataset")
+                if f[k].dtype.kind not in 'biuf':  # (strings, bytes, compound, object types)
+                    raise CorruptRawFileError(
+                        path, f"dataset '{k}' holds {f[k].dtype}, not numbers")
+                arrays[k] = np.asarray(f[k][()])
+            return arrays
     except FileNotFoundError:
         raise
     except OSError as e:  # h5py reports unreadable and truncated files as OSError

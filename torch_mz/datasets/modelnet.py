@@ -4,6 +4,7 @@ import os
 import os.path as osp
 import shutil
 import tempfile
+import warnings
 import zipfile
 import zlib
 from typing import Callable, Dict, List, Optional, Tuple
@@ -182,7 +183,10 @@ class ModelNet40(TrainTestSets):
       upright along y, the axis the training rotation turns about.
     - :obj:`'hdf5'`: PointNet's ``modelnet40_ply_hdf5_2048`` release (``ply_data_{train,test}*.h5``
       with datasets ``data`` :math:`(N, 2048, 3)` and ``label`` :math:`(N, 1)`, and
-      ``shape_names.txt``), placed by hand in ``raw/modelnet40_ply_hdf5_2048/``, y-up as stored.
+      ``shape_names.txt``, and ``train_files.txt`` / ``test_files.txt``, which list the HDF5
+      files: a listed file that is missing raises an error, and without the lists every
+      ``ply_data_*.h5`` found is read, with a warning), placed by hand in
+      ``raw/modelnet40_ply_hdf5_2048/``, y-up as stored.
       The first :obj:`num_points` of the 2,048 points of a shape are kept (they are stored in
       random order, and PointNet, DGCNN and PointMLP take the same first 1,024), :obj:`None`
       keeps all.
@@ -293,8 +297,8 @@ class ModelNet40(TrainTestSets):
             raise FileNotFoundError(
                 f"ModelNet40 (source='hdf5') needs PointNet's '{HDF5_FOLDER}' release, which is "
                 f"not downloaded automatically. Place its files (ply_data_train*.h5, "
-                f"ply_data_test*.h5, shape_names.txt) in '{osp.join(self.raw_dir, HDF5_FOLDER)}', "
-                f"or use source='mesh'.")
+                f"ply_data_test*.h5, shape_names.txt, train_files.txt, test_files.txt) in "
+                f"'{osp.join(self.raw_dir, HDF5_FOLDER)}', or use source='mesh'.")
         present = [c for c in MODELNET40_CLASSES if osp.isdir(osp.join(self.raw_dir, c))]
         archive = osp.join(self.root, 'ModelNet40.zip')  # complete: downloads land in staging
         if present and not osp.isfile(archive):  # never download over meshes the user placed
@@ -398,9 +402,7 @@ class ModelNet40(TrainTestSets):
             raise CorruptRawFileError(
                 names_path, 'expected the 40 ModelNet40 class names in sorted '
                 'order, one per line')
-        files = sorted(glob.glob(osp.join(folder, f'ply_data_{split}*.h5')))
-        if not files:
-            raise FileNotFoundError(f"no '{osp.join(folder, f'ply_data_{split}*.h5')}' files")
+        files = self._hdf5_files(folder, split)
         data_list = []
         for path in files:
             arrays = read_h5(path, ('data', 'label'))
@@ -424,6 +426,32 @@ class ModelNet40(TrainTestSets):
                     continue
                 data_list.append(self._example(shape, int(labels[j])))
         return data_list
+
+    @staticmethod
+    def _hdf5_files(folder: str, split: str) -> List[str]:
+        r"""The release's HDF5 files of :obj:`split`: those its ``<split>_files.txt`` lists (a
+        listed file that is missing, e.g. a copy stopped part way, raises
+        :class:`CorruptRawFileError` rather than giving fewer shapes), else, with a warning that
+        their completeness cannot be checked, every ``ply_data_<split>*.h5`` in :obj:`folder`."""
+        pattern = osp.join(folder, f'ply_data_{split}*.h5')
+        listing = osp.join(folder, f'{split}_files.txt')
+        if not osp.isfile(listing):
+            files = sorted(glob.glob(pattern))
+            if not files:
+                raise FileNotFoundError(f"no '{pattern}' files")
+            warnings.warn(f"ModelNet40 (source='hdf5'): no '{listing}' (the release lists its "
+                          f"files there), so it cannot be checked that every {split} file is "
+                          f"present; reading the {len(files)} file(s) matching '{pattern}'")
+            return files
+        with open(listing) as f:  # lines such as data/modelnet40_ply_hdf5_2048/ply_data_train0.h5
+            names = [osp.basename(line.strip()) for line in f if line.strip()]
+        if not names:
+            raise CorruptRawFileError(listing, 'lists no file')
+        absent = [n for n in names if not osp.isfile(osp.join(folder, n))]
+        if absent:
+            raise CorruptRawFileError(listing, f"lists {absent}, missing from '{folder}': copy "
+                                      f"the release's files again")
+        return [osp.join(folder, n) for n in names]
 
     def __repr__(self) -> str:
         return (f'{self.__class__.__name__}({len(self)}, split={self.split}, source={self.source}, '

@@ -93,16 +93,42 @@ def qm9pack_csv_paths() -> List[str]:
 def read_uncharacterized(path: str) -> List[int]:
     r"""The 1-based QM9 indices listed in ``uncharacterized.txt`` (molecules whose relaxed geometry
     no longer matches their SMILES). Every line whose first field is an integer is an entry; the
-    header, the separator lines and the footer are skipped."""
+    header, the separator lines and the footer are skipped.
+
+    The file is checked for completeness, since a download cut short can still arrive without an
+    error (an HTTP body that ends early): every entry must end in its number (the Coulomb-matrix
+    distance D_IJ, so an entry cut inside its index is caught), and a closing rule of ``=``
+    characters must follow the last entry. Otherwise :class:`CorruptRawFileError` names the
+    file: a truncated list would keep molecules that should be removed, or remove the wrong
+    one."""
     indices = []
+    closed = False  # a rule line after the last entry
     with open(path, encoding='latin-1') as f:
-        for line in f:
+        for number, line in enumerate(f, start=1):
             fields = line.split()
             if fields and fields[0].isdigit():
+                if len(fields) < 2 or not _is_number(fields[-1]):
+                    raise CorruptRawFileError(
+                        path, f'line {number} is not a complete entry (index, SMILES strings and '
+                        f'D_IJ): the file is cut short or damaged')
                 indices.append(int(fields[0]))
+                closed = False
+            elif indices and line.strip().startswith('='):
+                closed = True
     if not indices:
         raise CorruptRawFileError(path, 'no molecule index found')
+    if not closed:
+        raise CorruptRawFileError(path, 'no closing rule (a line of "=") after the last entry: '
+                                  'the file is cut short')
     return indices
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _csv_rows(path: str, required: Sequence[str]) -> Iterator[Tuple[int, Dict[str, str]]]:
@@ -507,6 +533,11 @@ class QM9(ProcessedDataset):
         pair = ('gdb9.sdf', 'gdb9.sdf.csv')
         missing = [n for n in self.raw_file_names if not osp.exists(osp.join(self.raw_dir, n))]
         present = [n for n in pair if n not in missing]
+        if (present and len(present) < len(pair)
+                and osp.isfile(osp.join(self.raw_dir, 'qm9.zip'))):
+            # an extraction stopped between its two moves (the archive is removed only after
+            # both): the archive holds both files, aligned, so both are taken from it again
+            present = []
         if present and len(present) < len(pair):  # the archive would replace the placed one
             raise FileNotFoundError(
                 f"QM9 (source='sdf'): '{self.raw_dir}' holds {present[0]} but not "
@@ -658,6 +689,9 @@ class QM9(ProcessedDataset):
                 symbols = row['Elements'].translate(_LIST_CHARS).split()
                 pos = _floats(row['XYZ_Ang'].translate(_LIST_CHARS).split(), path, row_number,
                               'coordinate')
+                if num_atoms < 1:
+                    raise CorruptRawFileError(path, f'line {row_number} (Index {gdb_idx}): '
+                                              f'N_atoms={num_atoms}, a molecule without atoms')
                 if len(symbols) != num_atoms or pos.size != 3 * num_atoms:
                     raise CorruptRawFileError(
                         path, f'line {row_number} (Index {gdb_idx}): N_atoms={num_atoms} but '

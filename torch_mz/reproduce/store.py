@@ -220,10 +220,18 @@ class RunStore:
         if os.path.isdir(folder):
             for name in sorted(os.listdir(folder)):
                 if name.endswith('.json'):
-                    record = read_record(os.path.join(folder, name))
+                    path = os.path.join(folder, name)
+                    record = read_record(path)
                     if 'wall_time_s' in record:
-                        times.append(float(record['wall_time_s']))
-                        epochs.append(float(record.get('epochs_run', 0)))
+                        wall, run = record['wall_time_s'], record.get('epochs_run', 0)
+                        if not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                   for v in (wall, run)):
+                            raise RecordError(
+                                f"run record '{path}' holds wall_time_s={wall!r} and "
+                                f"epochs_run={run!r}, not numbers: restore it (e.g. with git) or "
+                                f"delete it to train that run again")
+                        times.append(float(wall))
+                        epochs.append(float(run))
         return times, epochs
 
     def epoch_time(self, task: Optional[str] = None,
@@ -298,12 +306,28 @@ def read_record(path: str) -> Dict[str, Any]:
 
 
 def _metrics(ckpt: str) -> List[Dict[str, Any]]:
+    r"""The epochs' metrics in the log of a run in training (``metrics.jsonl`` in its checkpoint
+    folder; committed with ``--carry``, so a merge can leave it damaged): :class:`RecordError`
+    naming the file for a line that is not a JSON object."""
     path = os.path.join(ckpt, 'metrics.jsonl')
     try:  # (a run finishing in another process removes its folder at any time)
         with open(path) as f:
-            return [json.loads(line) for line in f if line.strip()]
+            lines = [line for line in f if line.strip()]
     except FileNotFoundError:
         return []
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            row = json.loads(line)
+        except ValueError as e:  # (json's JSONDecodeError)
+            row = e
+        if not isinstance(row, dict):
+            raise RecordError(
+                f"the log of a run in training '{path}' cannot be read (line {number}: {row}): "
+                f"restore it (e.g. with git), or delete it: resuming the run writes it again "
+                f"from the run's checkpoint")
+        rows.append(row)
+    return rows
 
 
 def _val_curve(ckpt: str) -> List[float]:

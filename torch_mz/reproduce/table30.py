@@ -37,8 +37,18 @@ def overhead_records(path: str, budget: str) -> List[Dict[str, object]]:
     # the command that wrote the file (its own record), else the benchmark's plain one
     made_by = 'python benchmarks/training_step.py'
     if os.path.exists(path):
-        with open(path) as f:
-            results = json.load(f)
+        try:
+            with open(path) as f:
+                results = json.load(f)
+        except ValueError as e:  # (json's JSONDecodeError, and UnicodeDecodeError)
+            raise ValueError(f"the operator benchmark's results '{path}' are not valid JSON "
+                             f"({e}): restore the file (e.g. with git) or write it again with "
+                             f"{made_by}") from e
+        if not (isinstance(results, dict) and isinstance(results.get('rows', []), list)
+                and all(isinstance(r, dict) and 'model' in r for r in results.get('rows', []))):
+            raise ValueError(f"the operator benchmark's results '{path}' are not a JSON object "
+                             f"with a list of 'rows' naming their 'model': restore the file "
+                             f"(e.g. with git) or write it again with {made_by}")
         rows = {r['model']: r for r in results.get('rows', [])}
         recorded = (results.get('environment') or {}).get('command')
         if isinstance(recorded, str) and recorded.strip():

@@ -423,6 +423,8 @@ class Trainer:
         for name, ds in (('train', train_dataset), ('val', val_dataset), ('test', test_dataset)):
             if ds is not None and len(ds) == 0:
                 raise ValueError(f'Expected a non-empty {name} dataset')
+        if test_dataset is not None:  # (before the seeding: the pass may draw random numbers)
+            _check_finite(test_dataset, 'test')
         seed_everything(cfg.seed + self.dist.rank, deterministic=cfg.deterministic)
         detach_normalizer(self.model)  # trains on (and checkpoints) the standardised outputs
 
@@ -624,6 +626,14 @@ class Trainer:
                    if k not in state]
         if missing:
             raise CheckpointError(f'Checkpoint {path!r} is incomplete: missing {missing}')
+        wrong = [f'{k} ({type(state[k]).__name__})' for k, kind in _RESUME_FIELD_TYPES.items()
+                 if not isinstance(state[k], kind) or isinstance(state[k], bool)]
+        if not wrong and not (state['rng'] and all(isinstance(r, dict) for r in state['rng'])
+                              and all(isinstance(r, dict) for r in state['history'])):
+            wrong = ['rng or history (not a list of dicts)']
+        if wrong:
+            raise CheckpointError(f'Checkpoint {path!r} is damaged: {", ".join(wrong)} of the '
+                                  f'wrong type')
         self._check_task(state, path)
         self._check_run_info(state, path)
         old = state.get('config', {})
@@ -666,7 +676,11 @@ class Trainer:
             log.warning('Checkpoint %s was written with %d process(es), now %d: random streams '
                         'will differ from an uninterrupted run', path, len(rng),
                         self.dist.world_size)
-        _set_rng_state(rng[self.dist.rank] if self.dist.rank < len(rng) else rng[0])
+        try:
+            _set_rng_state(rng[self.dist.rank] if self.dist.rank < len(rng) else rng[0])
+        except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as e:
+            raise CheckpointError(f'Random-number state in {path!r} cannot be restored: '
+                                  f'{type(e).__name__}: {e}') from e
         saved_tanh = state.get('tanh_kernel')
         if saved_tanh is not None:
             # the tanh the run computed with (torch_mz.nn.fused.tanh_kernel_faster), unless
@@ -680,6 +694,29 @@ class Trainer:
                                     for k in (saved_tanh, tanh_kernel_faster())))
         log.info('Resumed from %s at epoch %d', path, state['epoch'] + 1)
         return state
+
+
+#: The types of a training checkpoint's fields that :meth:`Trainer._load_resume` reads.
+_RESUME_FIELD_TYPES = {'epoch': int, 'best_epoch': int, 'bad_epochs': int,
+                       'best_val_loss': (int, float), 'wall_time': (int, float), 'history': list,
+                       'rng': list}
+
+
+def _check_finite(dataset: Sequence, name: str) -> None:
+    r"""Raises :class:`ValueError` naming the first example of :obj:`dataset` with a NaN or inf
+    in a floating-point attribute (inputs or targets). Used for the test set, whose loss is
+    computed only once training has ended (a non-finite training or validation loss stops
+    training with :class:`~torch_mz.train.TrainingDiverged` in the first epoch), so that it is
+    refused before training rather than giving NaN test metrics after it."""
+    for i in range(len(dataset)):
+        data = dataset[i]
+        items = data.items() if callable(getattr(data, 'items', None)) else ()
+        for key, value in items:
+            if (torch.is_tensor(value) and value.is_floating_point()
+                    and not bool(torch.isfinite(value).all())):
+                raise ValueError(f"The {name} dataset's example {i} holds NaN or inf in "
+                                 f"'{key}': its {name} metrics would be NaN; remove or fix the "
+                                 f"example")
 
 
 def train(model: torch.nn.Module, train_dataset: Sequence, val_dataset: Optional[Sequence] = None,
