@@ -34,6 +34,18 @@ def test_train_writes_logs_and_resumes(tmp_path, capsys):
                  '--out', out, '--resume', os.path.join(out, 'checkpoint.pt')]) == 0
     assert json.load(open(os.path.join(out, 'result.json')))['epochs_run'] == 3
     assert 'test' in capsys.readouterr().out
+    # without --out the run goes on in the checkpoint's folder (it went to runs/<task>/...,
+    # leaving a stale best.pt where the run was)
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        assert main(['train', *[a if a != '2' else '4' for a in TINY], '--model', 'mz-slim',
+                     '--resume', os.path.join('run', 'checkpoint.pt')]) == 0
+    finally:
+        os.chdir(cwd)
+    assert json.load(open(os.path.join(out, 'result.json')))['epochs_run'] == 4
+    assert not os.path.exists(tmp_path / 'runs')
+    assert f"logs and checkpoints in {os.path.join('run')}" in capsys.readouterr().out
 
 
 def test_compare_writes_table_json_and_plot(tmp_path, capsys):

@@ -327,7 +327,12 @@ def cmd_train(args) -> int:
         raise CLIError(f"checkpoint '{args.resume}' does not exist")
     if args.resume is not None and args.overwrite:
         raise CLIError('--resume continues a run and --overwrite starts a new one: pass one')
-    out = args.out or os.path.join('runs', args.task, f'{model.folder}-seed{args.seed}')
+    if args.out:
+        out = args.out
+    elif args.resume is not None:  # the run goes on where it was (its logs, best.pt, result)
+        out = os.path.dirname(args.resume) or '.'
+    else:
+        out = os.path.join('runs', args.task, f'{model.folder}-seed{args.seed}')
     _check_out_folder(out)
     _check_training_args(args)
     existing = _run_files(out)
@@ -498,6 +503,15 @@ def cmd_predict(args) -> int:
     # the task options the model was trained with, unless --task-arg says otherwise
     from torch_mz.datasets.real import LOAD_DEFAULTS, OFFICIAL_TEST_SPLIT
     trained_with = dict(recorded.get('args') or {})
+    objects = {k: v for k, v in trained_with.items()
+               if k in ('transform', 'pre_transform', 'pre_filter') and v is not None}
+    if objects:  # recorded by name: a Python object the command line cannot rebuild
+        named = ', '.join(f'{k}={v}' for k, v in objects.items())
+        raise CLIError(f"'{args.checkpoint}' was trained with {named} (Python objects, recorded "
+                       f"by name), which the command line cannot rebuild: predict with the "
+                       f"Python API, torch_mz.train.predict(torch_mz.load_model(checkpoint), "
+                       f"torch_mz.tasks.load_task(..., {', '.join(f'{k}=...' for k in objects)})"
+                       f".test)")
     given = _parse_kv(args.task_arg, '--task-arg')
     if 'set_size' in given:
         _check_set_size(given['set_size'], '--task-arg set_size')
@@ -609,7 +623,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--model', required=True,
                    help="model preset (see 'torch-mz models'), with options as name:key=value,...")
     p.add_argument('--seed', type=int, default=0)
-    p.add_argument('--resume', help='checkpoint.pt to continue from')
+    p.add_argument('--resume', help="checkpoint.pt to continue from (in its own folder unless "
+                   "--out says otherwise)")
     p.set_defaults(func=cmd_train)
     p = sub.add_parser('compare', help='train several models over several seeds and tabulate')
     _add_training_args(p)

@@ -157,3 +157,60 @@ def test_predict_warns_only_on_a_changed_qm9_option(tmp_path, qm9pack_csv, capsy
                  '--out', out, '--overwrite']) == 0
     assert "--task-arg target='alpha' differs from the training run's target='mu'" in (
         capsys.readouterr().err)
+
+
+def test_qm9_task_targets_splits_and_width(tmp_path, qm9pack_csv):
+    import torch_geometric.transforms as T
+    root = str(tmp_path / 'QM9')
+    kw = dict(root=root, csv_path=qm9pack_csv, n_train=2, n_val=1, n_test=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        every = load_task('qm9', target=None, **kw)  # documented: every target (it raised)
+        assert every.out_channels == 12 and every.train[0].y.shape == (1, 12)
+        assert every.info['targets'][:2] == ['mu', 'alpha']
+        for bad in (True, 1.5):  # True was read as column 1 (alpha), 1.5 a TypeError
+            with pytest.raises(ValueError, match=f'got {bad}'):
+                load_task('qm9', target=bad, **kw)
+        # n_train without n_val: no validation molecules, said before anything loads
+        with pytest.raises(ValueError, match='no validation molecules: give n_val'):
+            load_task('qm9', root=root, csv_path=qm9pack_csv, n_train=2)
+
+        class DropCharge(T.BaseTransform):  # a transform that changes the width of x
+            def forward(self, data):
+                data = data.clone()
+                data.x = data.x[:, :5]
+                return data
+        narrower = load_task('qm9', transform=DropCharge(), **kw)
+    assert every.in_channels == 9 and narrower.in_channels == 8  # [pos, x] as the sets come out
+    model = build_model('deepsets', narrower.in_channels, 1, pos_dim=3)
+    assert model(narrower.train[0]).prediction.shape == (1, 1)
+
+
+def test_a_run_trained_with_a_transform_is_named_by_predict_and_resume(tmp_path, qm9pack_csv,
+                                                                      capsys):
+    import torch_geometric.transforms as T
+
+    from torch_mz.study import train_one
+    from torch_mz.train import CheckpointError, TrainConfig
+    root, run = str(tmp_path / 'QM9'), str(tmp_path / 'run')
+    kw = dict(root=root, csv_path=qm9pack_csv, n_train=2, n_val=1, n_test=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        task = load_task('qm9', transform=T.RandomRotate(30), **kw)
+        config = TrainConfig(epochs=1, warmup_epochs=0, batch_size=2, progress=False,
+                             out_dir=run)
+        train_one(task, 'deepsets', 0, config)
+        # the transform is recorded with its settings: resuming with others is another run
+        other = load_task('qm9', transform=T.RandomRotate(180), **kw)
+        with pytest.raises(CheckpointError, match='RandomRotate'):
+            train_one(other, 'deepsets', 0, TrainConfig(
+                epochs=2, warmup_epochs=0, batch_size=2, progress=False, out_dir=run,
+                resume=osp.join(run, 'checkpoint.pt')))
+    info = torch.load(osp.join(run, 'best.pt'), weights_only=True)['run_info']
+    assert info['task']['args']['transform'] == repr(T.RandomRotate(30))
+    # predict cannot rebuild a Python transform: it says so and how to predict instead (it
+    # passed the recorded name on as the transform: "must be a callable ... got 'Center'")
+    assert main(['predict', osp.join(run, 'best.pt'), '--task', 'qm9', '--root', root,
+                 '--out', str(tmp_path / 'p.csv')]) == 2
+    err = capsys.readouterr().err
+    assert "trained with transform=RandomRotate((-30, 30), axis=0)" in err and 'Python API' in err

@@ -328,7 +328,7 @@ def _target_columns(
         target: Union[None, int, str, Sequence[Union[int, str]]]) -> Optional[List[int]]:
     if target is None:
         return None
-    items = [target] if isinstance(target, (int, str)) else list(target)
+    items = list(target) if isinstance(target, (list, tuple)) else [target]
     if not items:
         raise ValueError("'target' must name at least one target (or be None for all)")
     columns = []
@@ -338,7 +338,7 @@ def _target_columns(
                 raise ValueError(
                     f"unknown QM9 target '{item}', expected one of {list(QM9_TARGETS)}")
             columns.append(QM9_TARGETS.index(item))
-        elif isinstance(item, int) and 0 <= item < len(QM9_TARGETS):
+        elif isinstance(item, int) and not isinstance(item, bool) and 0 <= item < len(QM9_TARGETS):
             columns.append(int(item))
         else:
             raise ValueError(f"a QM9 target must be a name in {list(QM9_TARGETS)} or an index in "

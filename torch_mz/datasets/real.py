@@ -24,10 +24,11 @@ from torch_geometric.transforms import Compose, RandomRotate
 
 from torch_mz.datasets.common import split_indices
 from torch_mz.datasets.modelnet import ModelNet40
-from torch_mz.datasets.qm9 import QM9, QM9_PAPER_SPLIT, QM9_TARGETS
+from torch_mz.datasets.qm9 import QM9, QM9_PAPER_SPLIT
 from torch_mz.datasets.scanobjectnn import ScanObjectNN
 from torch_mz.datasets.splits import TaskSplits
 from torch_mz.datasets.transforms import RandomJitter
+from torch_mz.models.base import set_features
 
 
 class HeldOutValidation:
@@ -126,16 +127,22 @@ def load_real_task(name: str, seed: int = 0, n_train: Optional[int] = None,
     if name == 'qm9':
         for key, value in LOAD_DEFAULTS['qm9'].items():
             kwargs.setdefault(key, value)
+        if n_val is None and n_train is not None:
+            raise ValueError('QM9 with n_train but no n_val has no validation molecules: give '
+                             'n_val too (--n-val), or none of n_train, n_val and n_test for the '
+                             "paper's split (50K molecules, 80/10/10)")
         ds = QM9(root=root, **kwargs)
         if n_train is None and n_val is None and n_test is None:
             tr, va, te = split_indices(len(ds), **QM9_PAPER_SPLIT, seed=seed)
         else:
             tr, va, te = split_indices(len(ds), n_train or 0, n_val or 0, n_test, seed=seed)
-        targets = kwargs['target']
-        targets = [targets] if isinstance(targets, (str, int)) else list(targets)
-        names = [QM9_TARGETS[t] if isinstance(t, int) else t for t in targets]
-        return TaskSplits(name, ds.index_select(tr), ds.index_select(va), ds.index_select(te),
-                          in_channels=9, out_channels=len(targets), task_type='regression',
+        names = ds.target_names  # (every target for target=None)
+        train = ds.index_select(tr)
+        # the width of what the models read, [pos, x] as the sets come out (9 without a
+        # transform; one may change it)
+        width = set_features(train[0]).size(-1) if len(train) else 9
+        return TaskSplits(name, train, ds.index_select(va), ds.index_select(te),
+                          in_channels=int(width), out_channels=len(names), task_type='regression',
                           pos_dim=3, description=f"QM9 regression of {', '.join(names)}",
                           info=dict({k: v for k, v in kwargs.items() if k != 'log'},
                                     targets=names))

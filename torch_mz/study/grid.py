@@ -53,9 +53,19 @@ def run_info_for(task, model_name: str, model_overrides: Mapping[str, Any]) -> D
 
 
 def _json_safe(options: Mapping[str, Any]) -> Dict[str, Any]:
-    # objects JSON cannot hold (a transform, a callable) are recorded by their class/function name
-    return json.loads(json.dumps(dict(options), sort_keys=True, default=lambda o: getattr(
-        o, '__qualname__', type(o).__qualname__)))
+    # objects JSON cannot hold are recorded by name: a function or class by its qualified name,
+    # an object whose class has a repr of its own (PyG's transforms: 'RandomRotate((-30, 30),
+    # axis=0)') by that repr, so that resuming with other settings of a transform is refused
+    # as another run; any other object by its class's name (object's repr holds an address)
+    return json.loads(json.dumps(dict(options), sort_keys=True, default=_object_name))
+
+
+def _object_name(o: Any) -> str:
+    if hasattr(o, '__qualname__'):
+        return o.__qualname__
+    if type(o).__repr__ is not object.__repr__:
+        return repr(o)
+    return type(o).__qualname__
 
 
 def check_models(models: Sequence[str], overrides: Optional[Mapping[str, Any]] = None,

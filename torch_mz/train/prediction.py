@@ -42,7 +42,11 @@ def predict(model: torch.nn.Module, dataset: Sequence,
 
     Returns:
         The predictions :math:`(N, \text{out\_dim})` (class logits for classification) on the CPU,
-        or ``(predictions, uncertainties)`` if the model returns a tuple (its first two elements).
+        or ``(predictions, uncertainties)`` if the model returns a tuple whose second element is
+        a tensor (the MZ models' interval-hull width). A model without an uncertainty (EGNN,
+        Deep Sets, the Perceiver, ...: a :class:`~torch_mz.models.SetPrediction` whose second
+        element is :obj:`None`) gives the predictions alone: unpack ``prediction, ihw = ...``
+        only for a model that has one.
     """
     if isinstance(dataset, BaseData):
         raise ValueError('predict() takes a dataset or a list of Data (one prediction per '

@@ -697,9 +697,9 @@ class Trainer:
 
 
 #: The types of a training checkpoint's fields that :meth:`Trainer._load_resume` reads.
-_RESUME_FIELD_TYPES = {'epoch': int, 'best_epoch': int, 'bad_epochs': int,
-                       'best_val_loss': (int, float), 'wall_time': (int, float), 'history': list,
-                       'rng': list}
+_RESUME_FIELD_TYPES: Dict[str, Union[type, Tuple[type, ...]]] = {
+    'epoch': int, 'best_epoch': int, 'bad_epochs': int, 'best_val_loss': (int, float),
+    'wall_time': (int, float), 'history': list, 'rng': list}
 
 
 def _check_finite(dataset: Sequence, name: str) -> None:
