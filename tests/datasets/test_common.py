@@ -66,6 +66,8 @@ def test_normalize_unit_sphere():
     assert np.isfinite(huge).all()
     assert np.allclose(huge, out, atol=1e-6)
     assert np.linalg.norm(huge, axis=1).max() == pytest.approx(1.0, abs=1e-6)
+    # ... and whose squares underflow (every point came out 0)
+    assert np.allclose(normalize_unit_sphere(pos * 1e-170), out, atol=1e-6)
 
 
 def test_split_indices_counts_disjoint_and_deterministic():

@@ -627,9 +627,12 @@ def test_an_extraction_stopped_between_its_moves_is_done_again(qm9_root, tmp_pat
     import zipfile
     raw = str(tmp_path / 'stopped' / 'raw')
     os.makedirs(raw)
-    with zipfile.ZipFile(osp.join(raw, 'qm9.zip'), 'w') as z:
+    stopped_zip = str(tmp_path / 'archive')
+    os.makedirs(stopped_zip)
+    with zipfile.ZipFile(osp.join(stopped_zip, 'qm9.zip'), 'w') as z:
         for name in ('gdb9.sdf', 'gdb9.sdf.csv'):
             z.write(osp.join(qm9_root, 'raw', name), name)
+    shutil.copy(osp.join(stopped_zip, 'qm9.zip'), raw)
     shutil.copy(osp.join(qm9_root, 'raw', 'uncharacterized.txt'), raw)
     # what _download_raw leaves when stopped after moving gdb9.sdf out of its staging folder
     # (the archive is removed only after both moves)
@@ -637,3 +640,13 @@ def test_an_extraction_stopped_between_its_moves_is_done_again(qm9_root, tmp_pat
     ds = QM9(osp.dirname(raw), log=False)
     assert [int(d.gdb_idx) for d in ds] == KEPT
     assert sorted(os.listdir(raw)) == ['gdb9.sdf', 'gdb9.sdf.csv', 'uncharacterized.txt']
+    # a gdb9.sdf placed by hand (not the archive's: another size) is not replaced
+    placed = str(tmp_path / 'placed' / 'raw')
+    os.makedirs(placed)
+    for name in ('qm9.zip', 'uncharacterized.txt'):
+        shutil.copy(osp.join(raw if name != 'qm9.zip' else stopped_zip, name), placed)
+    with open(osp.join(placed, 'gdb9.sdf'), 'w') as f:
+        f.write('my own file\n')
+    with pytest.raises(FileNotFoundError, match='nothing is downloaded over the file you placed'):
+        QM9(osp.dirname(placed), log=False)
+    assert open(osp.join(placed, 'gdb9.sdf')).read() == 'my own file\n'

@@ -171,9 +171,13 @@ def test_qm9_task_targets_splits_and_width(tmp_path, qm9pack_csv):
         for bad in (True, 1.5):  # True was read as column 1 (alpha), 1.5 a TypeError
             with pytest.raises(ValueError, match=f'got {bad}'):
                 load_task('qm9', target=bad, **kw)
-        # n_train without n_val: no validation molecules, said before anything loads
-        with pytest.raises(ValueError, match='no validation molecules: give n_val'):
-            load_task('qm9', root=root, csv_path=qm9pack_csv, n_train=2)
+        assert load_task('qm9', target=range(2), **kw).info['targets'] == ['mu', 'alpha']
+        # split sizes without n_train or n_val: no training or validation molecules, said
+        # before anything loads (the trainer said "Expected a non-empty val dataset")
+        for sizes, match in ((dict(n_train=2), 'no n_val has no validation molecules'),
+                             (dict(n_val=1, n_test=1), 'no n_train has no training molecules')):
+            with pytest.raises(ValueError, match=match):
+                load_task('qm9', root=root, csv_path=qm9pack_csv, **sizes)
 
         class DropCharge(T.BaseTransform):  # a transform that changes the width of x
             def forward(self, data):

@@ -330,3 +330,27 @@ def test_resume_computes_with_the_tanh_the_run_chose(tmp_path, monkeypatch, capl
 def test_run_info_must_be_json_values(info):
     with pytest.raises(ValueError, match='run_info'):
         Trainer(H.ToyDeepSets(3, 2), config(), run_info=info)
+
+
+def test_run_info_records_a_transform_by_a_repr_stable_across_processes():
+    import functools
+
+    import torch_geometric.transforms as T
+
+    from torch_mz.study.grid import _json_safe
+    from torch_mz.train.checkpoint import same_run
+    recorded = _json_safe({'transform': T.RandomRotate(30), 'fn': len, 'n': 3,
+                           'lambdas': T.Compose([T.Center(), lambda d: d]),
+                           'partial': functools.partial(lambda d, k: d, k=1)})
+    assert recorded['transform'] == 'RandomRotate((-30, 30), axis=0)'  # with its settings
+    assert recorded['fn'] == 'len' and recorded['n'] == 3
+    # a repr holding an address would differ in the next process: the class's name stands in
+    assert recorded['lambdas'] == 'Compose' and recorded['partial'] == 'partial'
+    run = {'task': {'name': 'qm9', 'args': recorded}}
+    other = {'task': {'name': 'qm9', 'args': dict(recorded, transform='RandomRotate((-180, '
+                                                                      '180), axis=0)')}}
+    assert same_run(run, run) and not same_run(run, other)
+    # a checkpoint that recorded the class's name only (before its repr) still resumes
+    legacy = {'task': {'name': 'qm9', 'args': dict(recorded, transform='RandomRotate')}}
+    assert same_run(legacy, run) and not same_run(legacy, {'task': {
+        'name': 'qm9', 'args': dict(recorded, transform='Center()')}})

@@ -109,9 +109,11 @@ def normalize_unit_sphere(pos: np.ndarray) -> np.ndarray:
     pos = np.asarray(pos, dtype=np.float64)
     with np.errstate(over='ignore', invalid='ignore'):
         centered, scale = _centered(pos)
-    if not np.isfinite(scale) and len(pos) > 0 and np.isfinite(pos).all():
+    if (len(pos) > 0 and np.isfinite(pos).all()
+            and (not np.isfinite(scale) or (scale == 0 and np.abs(centered).max() > 0))):
         # finite coordinates so large that their sum or squared norms overflow float64 (the
-        # scale would be inf and every point 0): the same normalisation of pos / max|pos|
+        # scale would be inf and every point 0), or so small that the squares underflow to 0
+        # (the set would only be centred): the same normalisation of pos / max|pos|
         centered, scale = _centered(pos / np.abs(pos).max())
     if scale > 0:
         centered = centered / scale

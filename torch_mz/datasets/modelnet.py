@@ -431,7 +431,7 @@ class ModelNet40(TrainTestSets):
     def _hdf5_files(folder: str, split: str) -> List[str]:
         r"""The release's HDF5 files of :obj:`split`: those its ``<split>_files.txt`` lists (a
         listed file that is missing, e.g. a copy stopped part way, raises
-        :class:`CorruptRawFileError` rather than giving fewer shapes), else, with a warning that
+        :class:`FileNotFoundError` rather than giving fewer shapes), else, with a warning that
         their completeness cannot be checked, every ``ply_data_<split>*.h5`` in :obj:`folder`."""
         pattern = osp.join(folder, f'ply_data_{split}*.h5')
         listing = osp.join(folder, f'{split}_files.txt')
@@ -444,13 +444,16 @@ class ModelNet40(TrainTestSets):
                           f"present; reading the {len(files)} file(s) matching '{pattern}'")
             return files
         with open(listing) as f:  # lines such as data/modelnet40_ply_hdf5_2048/ply_data_train0.h5
-            names = [osp.basename(line.strip()) for line in f if line.strip()]
+            # (the last part of the path, '/' or '\\' separated: copies edited on Windows)
+            names = [line.strip().replace('\\', '/').rsplit('/', 1)[-1] for line in f
+                     if line.strip()]
         if not names:
             raise CorruptRawFileError(listing, 'lists no file')
         absent = [n for n in names if not osp.isfile(osp.join(folder, n))]
         if absent:
-            raise CorruptRawFileError(listing, f"lists {absent}, missing from '{folder}': copy "
-                                      f"the release's files again")
+            raise FileNotFoundError(f"ModelNet40 (source='hdf5'): '{folder}' lacks {absent}, "
+                                    f"which the release's {osp.basename(listing)} lists (a copy "
+                                    f"stopped part way?): copy the release's files again")
         return [osp.join(folder, n) for n in names]
 
     def __repr__(self) -> str:

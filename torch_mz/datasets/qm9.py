@@ -328,7 +328,10 @@ def _target_columns(
         target: Union[None, int, str, Sequence[Union[int, str]]]) -> Optional[List[int]]:
     if target is None:
         return None
-    items = list(target) if isinstance(target, (list, tuple)) else [target]
+    # one target (a name, an index, or something to refuse), or a sequence of them (a list, a
+    # tuple, a range, an array of names)
+    items = ([target] if isinstance(target, (str, int, float)) or not hasattr(target, '__iter__')
+             else list(target))
     if not items:
         raise ValueError("'target' must name at least one target (or be None for all)")
     columns = []
@@ -533,8 +536,7 @@ class QM9(ProcessedDataset):
         pair = ('gdb9.sdf', 'gdb9.sdf.csv')
         missing = [n for n in self.raw_file_names if not osp.exists(osp.join(self.raw_dir, n))]
         present = [n for n in pair if n not in missing]
-        if (present and len(present) < len(pair)
-                and osp.isfile(osp.join(self.raw_dir, 'qm9.zip'))):
+        if present and len(present) < len(pair) and self._extracted_from_archive(present[0]):
             # an extraction stopped between its two moves (the archive is removed only after
             # both): the archive holds both files, aligned, so both are taken from it again
             present = []
@@ -565,6 +567,20 @@ class QM9(ProcessedDataset):
                 os.replace(path, osp.join(self.raw_dir, 'uncharacterized.txt'))
         finally:
             shutil.rmtree(staging)
+
+    def _extracted_from_archive(self, name: str) -> bool:
+        r"""Whether ``raw/<name>`` is the archive's copy of it, left by an extraction stopped
+        between its two moves: a complete ``qm9.zip`` is in ``raw/`` and holds a file of that
+        name and size (a file placed by hand is not replaced)."""
+        archive = osp.join(self.raw_dir, 'qm9.zip')
+        if not osp.isfile(archive):
+            return False
+        try:
+            with zipfile.ZipFile(archive) as z:
+                size = z.getinfo(name).file_size
+        except (zipfile.BadZipFile, KeyError, OSError):
+            return False
+        return size == osp.getsize(osp.join(self.raw_dir, name))
 
     def _fetch(self, url: str, folder: str, missing: List[str]) -> str:
         try:

@@ -127,10 +127,15 @@ def load_real_task(name: str, seed: int = 0, n_train: Optional[int] = None,
     if name == 'qm9':
         for key, value in LOAD_DEFAULTS['qm9'].items():
             kwargs.setdefault(key, value)
-        if n_val is None and n_train is not None:
-            raise ValueError('QM9 with n_train but no n_val has no validation molecules: give '
-                             'n_val too (--n-val), or none of n_train, n_val and n_test for the '
-                             "paper's split (50K molecules, 80/10/10)")
+        given = (n_train, n_val, n_test)
+        if any(n is not None for n in given) and (n_train is None or n_val is None):
+            lacking = ' and '.join(k for k, n in (('n_train', n_train), ('n_val', n_val))
+                                   if n is None)
+            raise ValueError(f'QM9 with split sizes but no {lacking} has no '
+                             f"{'training' if n_train is None else 'validation'} molecules: "
+                             f'give n_train and n_val (--n-train, --n-val; n_test defaults to '
+                             f'the rest), or none of the three for the paper\'s split (50K '
+                             f'molecules, 80/10/10)')
         ds = QM9(root=root, **kwargs)
         if n_train is None and n_val is None and n_test is None:
             tr, va, te = split_indices(len(ds), **QM9_PAPER_SPLIT, seed=seed)

@@ -153,11 +153,23 @@ def same_run(saved: Dict[str, Any], current: Dict[str, Any]) -> bool:
     for key in saved.keys() & current.keys():
         a, b = saved[key], current[key]
         if isinstance(a, dict) and isinstance(b, dict):
-            if any(a[k] != b[k] for k in a.keys() & b.keys()):
+            if any(not _same_entry(a[k], b[k]) for k in a.keys() & b.keys()):
                 return False
         elif a != b:
             return False
     return True
+
+
+def _same_entry(saved: Any, current: Any) -> bool:
+    r"""Whether a recorded entry equals the current one; a Python object among the options that
+    an older checkpoint recorded by its class name (``'RandomRotate'``) matches the repr
+    recorded now (``'RandomRotate((-30, 30), axis=0)'``), whose settings it did not record."""
+    if isinstance(saved, dict) and isinstance(current, dict) and saved.keys() == current.keys():
+        return all(_same_entry(saved[k], current[k]) for k in saved)
+    if (isinstance(saved, str) and isinstance(current, str) and saved.isidentifier()
+            and current.startswith(saved + '(')):
+        return True
+    return saved == current
 
 
 #: Configuration entries that may change when a run is resumed without changing its result

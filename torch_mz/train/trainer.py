@@ -704,14 +704,15 @@ _RESUME_FIELD_TYPES: Dict[str, Union[type, Tuple[type, ...]]] = {
 
 def _check_finite(dataset: Sequence, name: str) -> None:
     r"""Raises :class:`ValueError` naming the first example of :obj:`dataset` with a NaN or inf
-    in a floating-point attribute (inputs or targets). Used for the test set, whose loss is
+    in what the models and losses read (``pos``, ``x``, ``y``; other attributes may hold NaN or
+    inf on purpose, e.g. a mask). Used for the test set, whose loss is
     computed only once training has ended (a non-finite training or validation loss stops
     training with :class:`~torch_mz.train.TrainingDiverged` in the first epoch), so that it is
     refused before training rather than giving NaN test metrics after it."""
     for i in range(len(dataset)):
         data = dataset[i]
-        items = data.items() if callable(getattr(data, 'items', None)) else ()
-        for key, value in items:
+        for key in ('pos', 'x', 'y'):
+            value = getattr(data, key, None)
             if (torch.is_tensor(value) and value.is_floating_point()
                     and not bool(torch.isfinite(value).all())):
                 raise ValueError(f"The {name} dataset's example {i} holds NaN or inf in "
