@@ -61,7 +61,7 @@ def auto_chunk_rows(dim: int, device_memory: Optional[int] = None) -> int:
       default aggregation's activations took about 170 bytes per row element on the CPU
       (10,506 MiB on :math:`10^6` rows at :math:`d = 64`,
       ``benchmarks/results/message_passing_chunks``), so a group takes about a twelfth of the
-      device's memory (one H200: about 1.1 million rows at :math:`d = 64`, so a graph of
+      device's memory (one H200: about 1.15 million rows at :math:`d = 64`, so a graph of
       :math:`10^6` edges is encoded at once; 16 GiB: 131,072 rows)."""
     rows = max(1, AUTO_CHUNK_ELEMENTS // dim)
     if device_memory is not None:
@@ -341,7 +341,7 @@ class MZAggregation(Aggregation):
             where groups are recomputed; a :func:`torch.jit.trace` of a grouped input keeps
             that input's group bounds (trace with ``chunk_size=None``). Those sizes are the
             CPU's; on a CUDA device the group scales with the device's memory
-            (:func:`auto_chunk_rows`: about 1.1 million rows at d = 64 on one H200, so that
+            (:func:`auto_chunk_rows`: about 1.15 million rows at d = 64 on one H200, so that
             graph runs at once there), because on a GPU each group adds about a thousand
             kernel launches and host synchronisations (``benchmarks/launches.py``:
             ``value='rigid', num_generators=0`` dispatched 33,696 kernels on 10^5 nodes and
