@@ -165,3 +165,41 @@ def test_predict_takes_a_dataset_without_a_length(task, tmp_path):
     torch.manual_seed(0)
     model = build_model('deepsets', task.in_channels, task.out_channels, hidden_channels=8)
     assert torch.equal(predict(model, Stream()), predict(model, task.test))
+
+
+def test_load_test_split_rebuilds_the_runs_held_out_sets(task, tmp_path):
+    import warnings
+
+    from torch_mz.inference import TestSplitWarning, load_test_split
+    result = train_one(task, 'deepsets', 0, config(tmp_path))
+    best = str(tmp_path / 'best.pt')
+    with warnings.catch_warnings():
+        warnings.simplefilter('error', TestSplitWarning)  # the run's own options: no warning
+        rebuilt = load_test_split(best)  # the task's name, seed and sizes from the checkpoint
+    assert [d.y.tolist() for d in rebuilt.test] == [d.y.tolist() for d in task.test]
+    model = load_model(best)
+    mse = ((predict(model, rebuilt.test) - torch.cat([d.y for d in task.test])) ** 2).mean()
+    assert float(mse) == pytest.approx(result['test']['mse'], rel=1e-5)
+    # a synthetic task's test split is drawn apart: more sets, the first the same
+    more = load_test_split(best, n_test=12).test
+    assert len(more) == 12 and [d.y.tolist() for d in more[:8]] == [d.y.tolist()
+                                                                    for d in task.test]
+    # set-size generalisation is no change of data; another option is warned about once the
+    # task it gives fits the model (here it does not: refused, and no warning)
+    with warnings.catch_warnings():
+        warnings.simplefilter('error', TestSplitWarning)
+        with pytest.raises(ValueError, match='predicts 3 output'):
+            load_test_split(best, task_args=dict(reduce='mean'))
+    with pytest.warns(TestSplitWarning, match="split_set_sizes=.* differs from the training "
+                      "run's split_set_sizes=None"):
+        other = load_test_split(best, task_args=dict(split_set_sizes={'test': [6, 7]}))
+    assert {d.num_nodes for d in other.test} <= {6, 7}
+    assert len(load_test_split(best, task_args=dict(set_size=[8, 9])).test) == 8
+    for kwargs, match in ((dict(task='sum'), "trained on task 'max', not 'sum'"),
+                          (dict(data_seed=1), 'trained on data seed 0'),
+                          (dict(n_train=5), r"records its training run's split \(n_train 32\)"),
+                          (dict(n_test=0), 'n_test must be an integer of at least 1')):
+        with pytest.raises(ValueError, match=match):
+            load_test_split(best, **kwargs)
+    with pytest.raises(TypeError, match='unexpected keyword'):
+        load_test_split(best, transfrom=None)

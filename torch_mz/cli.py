@@ -44,9 +44,6 @@ def _parse_kv(items: Optional[Sequence[str]], what: str) -> Dict[str, object]:
         raise CLIError(f'{what} {e}') from None
 
 
-#: Task options that do not change the data (a changed one is not warned about in predict;
-#: ``set_size`` is changed on purpose to test set-size generalisation).
-_NOT_DATA_OPTIONS = ('log', 'force_reload', 'set_size')
 
 
 def _check_set_size(value: object, what: str):
@@ -490,103 +487,39 @@ def cmd_predict(args) -> int:
                            f"{1 if flag == 'n_test' else 0} (got {value})")
     import csv
     import io
+    import warnings
 
     from torch_mz._files import atomic_write
-    from torch_mz.inference import load_model, prediction_columns
-    from torch_mz.tasks import is_synthetic, load_task, task_options
+    from torch_mz.inference import (OBJECT_OPTIONS, TestSplitWarning, load_model,
+                                    load_test_split, prediction_columns)
     from torch_mz.train import load_checkpoint, resolve_device
     state = load_checkpoint(args.checkpoint)
     recorded = (state.get('run_info') or {}).get('task') or {}
-    if recorded.get('name', args.task) != args.task:
-        raise CLIError(f"checkpoint '{args.checkpoint}' was trained on task "
-                       f"'{recorded['name']}', not '{args.task}'")
-    # the task options the model was trained with, unless --task-arg says otherwise
-    from torch_mz.datasets.real import LOAD_DEFAULTS, OFFICIAL_TEST_SPLIT
-    trained_with = dict(recorded.get('args') or {})
-    objects = {k: v for k, v in trained_with.items()
-               if k in ('transform', 'pre_transform', 'pre_filter') and v is not None}
+    objects = {k: v for k, v in (recorded.get('args') or {}).items()
+               if k in OBJECT_OPTIONS and v is not None}
     if objects:  # recorded by name: a Python object the command line cannot rebuild
         named = ', '.join(f'{k}={v}' for k, v in objects.items())
         raise CLIError(f"'{args.checkpoint}' was trained with {named} (Python objects, recorded "
                        f"by name), which the command line cannot rebuild: predict with the "
                        f"Python API, torch_mz.train.predict(torch_mz.load_model(checkpoint), "
-                       f"torch_mz.tasks.load_task(..., {', '.join(f'{k}=...' for k in objects)})"
-                       f".test)")
+                       f"torch_mz.inference.load_test_split(checkpoint, "
+                       f"{', '.join(f'{k}=...' for k in objects)}).test)")
     given = _parse_kv(args.task_arg, '--task-arg')
     if 'set_size' in given:
         _check_set_size(given['set_size'], '--task-arg set_size')
-    warnings = []  # printed once the checks below have passed
-    defaults = dict(task_options(args.task)[0], **LOAD_DEFAULTS.get(args.task, {}))
-    for key, value in given.items():
-        before = trained_with.get(key, defaults.get(key))  # an option not given was its default
-        if key not in _NOT_DATA_OPTIONS and before != value:
-            warnings.append(f"--task-arg {key}={value!r} differs from the training run's "
-                            f"{key}={before!r}: the predictions are scored on another task")
-    options = dict(trained_with, **given)
-    set_size = options.pop('set_size', None)
-    set_size = None if set_size is None else tuple(set_size)
-    synthetic = is_synthetic(args.task)
-    official = args.task in OFFICIAL_TEST_SPLIT  # the seed does not draw the test split
-    split = recorded.get('split') or {}
-    if split:  # the data seed and split sizes of the training run
-        seed = split.get('seed', 0)
-        for flag in ('n_train', 'n_val'):
-            value = getattr(args, flag)
-            if value is not None and value != split.get(flag):
-                raise CLIError(f"'{args.checkpoint}' records its training run's split "
-                               f"({flag.replace('_', '-')} {split.get(flag)}): leave "
-                               f"--{flag.replace('_', '-')} out")
-        if args.data_seed is not None and args.data_seed != seed and not official:
-            drawn = ('draws other data (a synthetic task draws its own parameters, where it '
-                     'has any, from the seed; --n-test gives more test sets)' if synthetic else
-                     'draws another split, whose test sets hold the model\'s training data')
-            raise CLIError(f"'{args.checkpoint}' was trained on data seed {seed}; --data-seed "
-                           f"{args.data_seed} {drawn}: leave --data-seed out")
-    else:  # a checkpoint that records none: the flags, as the training run was given them
-        seed = 0 if args.data_seed is None else args.data_seed
-        sized = args.n_train is not None or args.n_val is not None
-        # with sizes given, the run's split is rebuilt from them and --n-test; with none, the
-        # default split, whose test split --n-test cuts (QM9's (0, 0, N) would hold training
-        # molecules)
-        split = dict(n_train=args.n_train, n_val=args.n_val,
-                     n_test=args.n_test if sized else None)
-        _warn(f"'{args.checkpoint}' does not record the data seed and split sizes of its "
-              f"training run (an earlier torch-mz, or train() called without them): predicting "
-              f"on data seed {seed}" + ('' if synthetic or official else
-                                        ' with --n-train / --n-val as given (pass those of '
-                                        'the training run, or its test split is not held out)'))
-    if synthetic:  # the test split is drawn apart from the others: any number of test sets
-        n_test = args.n_test if args.n_test is not None else split.get('n_test')
-        task = load_task(args.task, seed=seed, n_train=0, n_val=0, n_test=n_test,
-                         set_size=set_size, root=args.root, **options)
-    elif official:  # the first N of the official test files
-        task = load_task(args.task, seed=seed, n_train=split.get('n_train'),
-                         n_val=split.get('n_val'),
-                         n_test=args.n_test if args.n_test is not None else split.get('n_test'),
-                         root=args.root, **options)
-    else:  # the training run's split, so that its test sets are the held-out ones
-        task = load_task(args.task, seed=seed, n_train=split.get('n_train'),
-                         n_val=split.get('n_val'), n_test=split.get('n_test'),
-                         root=args.root, **options)
-        if args.n_test is not None and args.n_test != len(task.test):
-            if args.n_test > len(task.test):
-                raise CLIError(f"--n-test {args.n_test}: the test split of '{args.checkpoint}'"
-                               f"'s training run holds {len(task.test)} sets")
-            task.test = task.test[:args.n_test]
-    if task.task_type != state['task_type']:
-        raise CLIError(f"checkpoint '{args.checkpoint}' is a {state['task_type']} model and task "
-                       f"'{args.task}' a {task.task_type} task")
-    built = (state.get('run_info') or {}).get('model') or {}
-    if built.get('in_channels', task.in_channels) != task.in_channels:
-        raise CLIError(f"the model of '{args.checkpoint}' takes {built['in_channels']} input "
-                       f"channels, task '{args.task}' with these options gives "
-                       f"{task.in_channels}")
-    if built.get('out_channels', task.out_channels) != task.out_channels:
-        raise CLIError(f"the model of '{args.checkpoint}' predicts {built['out_channels']} "
-                       f"output(s), task '{args.task}' with these options has "
-                       f"{task.out_channels}")
-    for message in warnings:
-        _warn(message)
+    with warnings.catch_warnings(record=True) as caught:  # printed once every check has passed
+        warnings.simplefilter('always', TestSplitWarning)
+        task = load_test_split(args.checkpoint, args.task, given, root=args.root,
+                               n_test=args.n_test,
+                               data_seed=args.data_seed, n_train=args.n_train,
+                               n_val=args.n_val)
+    for w in caught:
+        if issubclass(w.category, TestSplitWarning):
+            text = str(w.message)  # an option given as --task-arg, named so
+            _warn(f'--task-arg {text}' if any(text.startswith(f'{k}=') for k in given)
+                  else text)
+        else:  # (the datasets' own warnings, as they would have been shown)
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     model = load_model(args.checkpoint)
     columns = prediction_columns(model, task.test, task.task_type, batch_size=args.batch_size,
                                  device=resolve_device(args.device))

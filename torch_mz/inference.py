@@ -1,7 +1,8 @@
 r"""Using a trained model: :func:`load_model` rebuilds a model from a checkpoint of
 :class:`~torch_mz.train.Trainer` (``best.pt`` or ``checkpoint.pt``), ready to predict in target
-units, and :func:`prediction_columns` tabulates its predictions on a dataset (what
-``torch-mz predict`` writes). Library code: no printing."""
+units, :func:`load_test_split` rebuilds the test split of the run that trained it, and
+:func:`prediction_columns` tabulates its predictions on a dataset (what ``torch-mz predict``
+writes). Library code: no printing."""
 import os
 import warnings
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
@@ -12,7 +13,7 @@ from torch import Tensor
 from torch_mz.train import (CheckpointError, TargetNormalizer, attach_normalizer,
                             detach_normalizer, load_checkpoint, predict)
 
-__all__ = ['load_model', 'prediction_columns']
+__all__ = ['load_model', 'load_test_split', 'prediction_columns', 'TestSplitWarning']
 
 #: What ``run_info['model']`` of a checkpoint must record for :func:`load_model` to rebuild it.
 BUILD_KEYS = ('name', 'in_channels', 'out_channels')
@@ -59,6 +60,166 @@ def load_model(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
             and state.get('normalizer') is not None):
         attach_normalizer(model, TargetNormalizer().load_state_dict(state['normalizer']))
     return model.eval()
+
+
+class TestSplitWarning(UserWarning):
+    r"""What :func:`load_test_split` warns of: a task option that differs from the training
+    run's (the predictions are scored on another task), or a checkpoint that does not record
+    its run's data seed and split sizes."""
+
+
+#: Task options that do not change the data (a changed one is not warned about by
+#: :func:`load_test_split`; ``set_size`` is changed on purpose to test set-size generalisation).
+NOT_DATA_OPTIONS = ('log', 'force_reload', 'set_size')
+#: Task options that take Python objects, which a checkpoint records by name only.
+OBJECT_OPTIONS = ('transform', 'pre_transform', 'pre_filter')
+
+
+def load_test_split(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
+                    task: Optional[str] = None, task_args: Optional[Mapping[str, Any]] = None,
+                    *, root: Optional[str] = None, n_test: Optional[int] = None,
+                    data_seed: Optional[int] = None, n_train: Optional[int] = None,
+                    n_val: Optional[int] = None, **objects: Any) -> Any:
+    r"""The task a checkpoint's model was trained on, rebuilt from what the checkpoint records
+    (``run_info['task']``: the task's options, the data seed and the split sizes), so that its
+    :obj:`test` split holds the sets the run held out: the data ``torch-mz predict`` scores.
+
+    A synthetic task's test split is drawn apart from its other splits, so :obj:`n_test` may ask
+    for more (or fewer) test sets; a real dataset's is the run's held-out split (ModelNet40's
+    and ScanObjectNN's official test files, of which :obj:`n_test` takes the first; QM9's test
+    molecules of the run's split, of which :obj:`n_test` takes the first).
+
+    Args:
+        checkpoint (str or dict): Path of a training checkpoint, or the dict
+            :func:`~torch_mz.train.load_checkpoint` returned for it.
+        task (str, optional): The task's name, which must be the recorded one (the default).
+        task_args (dict, optional): Task options over the recorded ones (e.g. ``set_size`` for
+            set-size generalisation); one that changes the data is warned about
+            (:class:`TestSplitWarning`). (default: :obj:`None`)
+        root (str, optional): The dataset's folder (real datasets). (default: :obj:`None`)
+        n_test (int, optional): Test sets, as above. (default: the run's)
+        data_seed (int, optional): Must be the run's, where the checkpoint records it (another
+            seed draws other data, or another split whose test sets hold training data); the
+            seed for a checkpoint that records none. (default: :obj:`None`)
+        n_train (int, optional), n_val (int, optional): Must be the run's, where the checkpoint
+            records them; the split sizes for one that records none. (default: :obj:`None`)
+        **objects: The ``transform``, ``pre_transform`` or ``pre_filter`` the run was trained
+            with: a checkpoint records them by name only, so they are passed again.
+
+    Returns:
+        :class:`~torch_mz.datasets.TaskSplits` (for a synthetic task, only :obj:`test` is
+        drawn).
+
+    Raises:
+        ValueError: If the arguments disagree with the checkpoint (another task, seed or split
+            sizes; a Python object the run was trained with and that is not passed; more test
+            sets than the run's split holds), or the model does not fit the task so rebuilt
+            (task type, input or output channels).
+    """
+    from torch_mz.datasets.real import LOAD_DEFAULTS, OFFICIAL_TEST_SPLIT
+    from torch_mz.study.grid import _json_safe
+    from torch_mz.tasks import is_synthetic, load_task, task_options
+    if isinstance(checkpoint, Mapping):
+        state, where = dict(checkpoint), 'the checkpoint'
+    else:
+        state, where = load_checkpoint(checkpoint), f"'{os.fspath(checkpoint)}'"
+    unknown = sorted(set(objects) - set(OBJECT_OPTIONS))
+    if unknown:
+        raise TypeError(f'load_test_split() got unexpected keyword argument(s) {unknown}')
+    for name, value, low in (('n_test', n_test, 1), ('n_train', n_train, 0),
+                             ('n_val', n_val, 0)):
+        if value is not None and (not isinstance(value, int) or value < low):
+            raise ValueError(f'{name} must be an integer of at least {low} (got {value!r})')
+    recorded = (state.get('run_info') or {}).get('task') or {}
+    if task is None:
+        if 'name' not in recorded:
+            raise ValueError(f'{where} does not record its task: name it')
+        task = recorded['name']
+    if recorded.get('name', task) != task:
+        raise ValueError(f"{where} was trained on task '{recorded['name']}', not '{task}'")
+    # the task options the model was trained with, unless task_args (or objects) say otherwise
+    trained_with = dict(recorded.get('args') or {})
+    lacking = {k: v for k, v in trained_with.items()
+               if k in OBJECT_OPTIONS and v is not None and k not in objects}
+    if lacking:  # recorded by name: a Python object only the caller can rebuild
+        named = ', '.join(f'{k}={v}' for k, v in lacking.items())
+        raise ValueError(f"{where} was trained with {named} (Python objects, recorded by name): "
+                         f"pass them again, torch_mz.inference.load_test_split(checkpoint, "
+                         f"{', '.join(f'{k}=...' for k in lacking)})")
+    given = dict(task_args or {})
+    notes = []  # warned about once the checks below have passed
+    defaults = dict(task_options(task)[0], **LOAD_DEFAULTS.get(task, {}))
+    for key, value in list(given.items()) + list(objects.items()):
+        before = trained_with.get(key, defaults.get(key))  # an option not given was its default
+        same = (_json_safe({key: value})[key] == before if key in OBJECT_OPTIONS
+                else before == value)
+        if key not in NOT_DATA_OPTIONS and not same:
+            shown = _json_safe({key: value})[key] if key in OBJECT_OPTIONS else value
+            notes.append(f"{key}={shown!r} differs from the training run's {key}={before!r}: "
+                         f"the predictions are scored on another task")
+    options = dict(trained_with, **given, **objects)
+    set_size = options.pop('set_size', None)
+    set_size = None if set_size is None else tuple(set_size)
+    synthetic = is_synthetic(task)
+    official = task in OFFICIAL_TEST_SPLIT  # the seed does not draw the test split
+    split = recorded.get('split') or {}
+    if split:  # the data seed and split sizes of the training run
+        seed = split.get('seed', 0)
+        for name, value in (('n_train', n_train), ('n_val', n_val)):
+            if value is not None and value != split.get(name):
+                raise ValueError(f"{where} records its training run's split ({name} "
+                                 f"{split.get(name)}): leave {name} (--{name.replace('_', '-')}) "
+                                 f"out")
+        if data_seed is not None and data_seed != seed and not official:
+            drawn = ('draws other data (a synthetic task draws its own parameters, where it '
+                     'has any, from the seed; n_test gives more test sets)' if synthetic else
+                     'draws another split, whose test sets hold the model\'s training data')
+            raise ValueError(f"{where} was trained on data seed {seed}; data seed {data_seed} "
+                             f"{drawn}: leave the data seed (--data-seed) out")
+    else:  # a checkpoint that records none: the arguments, as the training run was given them
+        seed = 0 if data_seed is None else data_seed
+        sized = n_train is not None or n_val is not None
+        # with sizes given, the run's split is rebuilt from them and n_test; with none, the
+        # default split, whose test split n_test cuts (QM9's (0, 0, N) would hold training
+        # molecules)
+        split = dict(n_train=n_train, n_val=n_val, n_test=n_test if sized else None)
+        notes.insert(0, f"{where} does not record the data seed and split sizes of its training "
+                        f"run (an earlier torch-mz, or train() called without them): predicting "
+                        f"on data seed {seed}" + (
+                            '' if synthetic or official else
+                            ' with n_train / n_val as given (pass those of the training run, '
+                            'or its test split is not held out)'))
+    if synthetic:  # the test split is drawn apart from the others: any number of test sets
+        splits = load_task(task, seed=seed, n_train=0, n_val=0,
+                           n_test=n_test if n_test is not None else split.get('n_test'),
+                           set_size=set_size, root=root, **options)
+    elif official:  # the first N of the official test files
+        splits = load_task(task, seed=seed, n_train=split.get('n_train'),
+                           n_val=split.get('n_val'),
+                           n_test=n_test if n_test is not None else split.get('n_test'),
+                           root=root, **options)
+    else:  # the training run's split, so that its test sets are the held-out ones
+        splits = load_task(task, seed=seed, n_train=split.get('n_train'),
+                           n_val=split.get('n_val'), n_test=split.get('n_test'), root=root,
+                           **options)
+        if n_test is not None and n_test != len(splits.test):
+            if n_test > len(splits.test):
+                raise ValueError(f"n_test {n_test}: the test split of {where}'s training run "
+                                 f"holds {len(splits.test)} sets")
+            splits.test = splits.test[:n_test]
+    if splits.task_type != state['task_type']:
+        raise ValueError(f"{where} is a {state['task_type']} model and task '{task}' a "
+                         f"{splits.task_type} task")
+    built = (state.get('run_info') or {}).get('model') or {}
+    if built.get('in_channels', splits.in_channels) != splits.in_channels:
+        raise ValueError(f"the model of {where} takes {built['in_channels']} input channels, "
+                         f"task '{task}' with these options gives {splits.in_channels}")
+    if built.get('out_channels', splits.out_channels) != splits.out_channels:
+        raise ValueError(f"the model of {where} predicts {built['out_channels']} output(s), "
+                         f"task '{task}' with these options has {splits.out_channels}")
+    for note in notes:
+        warnings.warn(note, TestSplitWarning, stacklevel=2)
+    return splits
 
 
 def _rebuild(state: Mapping[str, Any], where: str) -> torch.nn.Module:

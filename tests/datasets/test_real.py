@@ -218,3 +218,17 @@ def test_a_run_trained_with_a_transform_is_named_by_predict_and_resume(tmp_path,
                  '--out', str(tmp_path / 'p.csv')]) == 2
     err = capsys.readouterr().err
     assert "trained with transform=RandomRotate((-30, 30), axis=0)" in err and 'Python API' in err
+    # the Python API rebuilds the run's test split when given the transform again
+    from torch_mz.inference import TestSplitWarning, load_test_split
+    best = osp.join(run, 'best.pt')
+    with pytest.raises(ValueError, match=r"trained with transform=RandomRotate\(\(-30, 30\), "
+                       r"axis=0\) .*pass them again"):
+        load_test_split(best, root=root)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')  # (PyG's and the dataset's own warnings)
+        warnings.simplefilter('error', TestSplitWarning)  # the run's own transform: none
+        test = load_test_split(best, root=root, transform=T.RandomRotate(30)).test
+    assert [int(d.gdb_idx) for d in test] == [int(d.gdb_idx) for d in task.test]
+    with pytest.warns(TestSplitWarning, match=r"transform='RandomRotate\(\(-180, 180\), axis=0\)' "
+                      r"differs from the training run's"):
+        load_test_split(best, root=root, transform=T.RandomRotate(180))
