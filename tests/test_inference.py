@@ -198,8 +198,22 @@ def test_load_test_split_rebuilds_the_runs_held_out_sets(task, tmp_path):
     for kwargs, match in ((dict(task='sum'), "trained on task 'max', not 'sum'"),
                           (dict(data_seed=1), 'trained on data seed 0'),
                           (dict(n_train=5), r"records its training run's split \(n_train 32\)"),
-                          (dict(n_test=0), 'n_test must be an integer of at least 1')):
+                          (dict(n_test=0), "'n_test' must be an integer >= 1"),
+                          (dict(n_test=True), "'n_test' must be an integer >= 1"),
+                          (dict(data_seed='0'), "'data_seed' must be an integer"),
+                          (dict(task_args=dict(transform=None), transform=None),
+                           r"\['transform'\] given both in task_args and as keyword")):
         with pytest.raises(ValueError, match=match):
             load_test_split(best, **kwargs)
     with pytest.raises(TypeError, match='unexpected keyword'):
         load_test_split(best, transfrom=None)
+    with pytest.raises(TypeError, match='task_args must be a mapping'):
+        load_test_split(best, task_args=[('d', 3)])
+    with pytest.raises(TypeError, match='takes the path of a checkpoint'):
+        load_test_split(3)
+    with pytest.raises(CheckpointError, match='has no task_type'):
+        load_test_split({'run_info': {}})
+    # the recorded options in another form are no change: no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter('error', TestSplitWarning)
+        assert len(load_test_split(load_checkpoint(best), task_args=dict(d=3)).test) == 8

@@ -495,6 +495,9 @@ def cmd_predict(args) -> int:
     from torch_mz.train import load_checkpoint, resolve_device
     state = load_checkpoint(args.checkpoint)
     recorded = (state.get('run_info') or {}).get('task') or {}
+    if recorded.get('name', args.task) != args.task:
+        raise CLIError(f"checkpoint '{args.checkpoint}' was trained on task "
+                       f"'{recorded['name']}', not '{args.task}'")
     objects = {k: v for k, v in (recorded.get('args') or {}).items()
                if k in OBJECT_OPTIONS and v is not None}
     if objects:  # recorded by name: a Python object the command line cannot rebuild
@@ -507,19 +510,22 @@ def cmd_predict(args) -> int:
     given = _parse_kv(args.task_arg, '--task-arg')
     if 'set_size' in given:
         _check_set_size(given['set_size'], '--task-arg set_size')
-    with warnings.catch_warnings(record=True) as caught:  # printed once every check has passed
+    notes = []  # load_test_split's warnings (given once every check has passed), as ours
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, TestSplitWarning):
+            notes.append(str(message))
+        else:  # (the datasets' own warnings, shown as they come)
+            shown(message, category, filename, lineno, file, line)
+    with warnings.catch_warnings():
         warnings.simplefilter('always', TestSplitWarning)
+        warnings.showwarning = show
         task = load_test_split(args.checkpoint, args.task, given, root=args.root,
-                               n_test=args.n_test,
-                               data_seed=args.data_seed, n_train=args.n_train,
-                               n_val=args.n_val)
-    for w in caught:
-        if issubclass(w.category, TestSplitWarning):
-            text = str(w.message)  # an option given as --task-arg, named so
-            _warn(f'--task-arg {text}' if any(text.startswith(f'{k}=') for k in given)
-                  else text)
-        else:  # (the datasets' own warnings, as they would have been shown)
-            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+                               n_test=args.n_test, data_seed=args.data_seed,
+                               n_train=args.n_train, n_val=args.n_val)
+    for text in notes:  # an option given as --task-arg, named so
+        _warn(f'--task-arg {text}' if any(text.startswith(f'{k}=') for k in given) else text)
     model = load_model(args.checkpoint)
     columns = prediction_columns(model, task.test, task.task_type, batch_size=args.batch_size,
                                  device=resolve_device(args.device))

@@ -66,6 +66,7 @@ class TestSplitWarning(UserWarning):
     r"""What :func:`load_test_split` warns of: a task option that differs from the training
     run's (the predictions are scored on another task), or a checkpoint that does not record
     its run's data seed and split sizes."""
+    __test__ = False  # (not a test class, for pytest, despite its name)
 
 
 #: Task options that do not change the data (a changed one is not warned about by
@@ -116,20 +117,36 @@ def load_test_split(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
             sets than the run's split holds), or the model does not fit the task so rebuilt
             (task type, input or output channels).
     """
+    from torch_mz._checks import check_optional_count
     from torch_mz.datasets.real import LOAD_DEFAULTS, OFFICIAL_TEST_SPLIT
     from torch_mz.study.grid import _json_safe
     from torch_mz.tasks import is_synthetic, load_task, task_options
     if isinstance(checkpoint, Mapping):
         state, where = dict(checkpoint), 'the checkpoint'
-    else:
+        if 'task_type' not in state:
+            raise CheckpointError('the checkpoint given as a dict has no task_type: pass the '
+                                  'dict load_checkpoint() returned')
+    elif isinstance(checkpoint, (str, os.PathLike)):
         state, where = load_checkpoint(checkpoint), f"'{os.fspath(checkpoint)}'"
+    else:
+        raise TypeError(f'load_test_split() takes the path of a checkpoint or the dict '
+                        f'load_checkpoint() returned, got {type(checkpoint).__name__}')
     unknown = sorted(set(objects) - set(OBJECT_OPTIONS))
     if unknown:
         raise TypeError(f'load_test_split() got unexpected keyword argument(s) {unknown}')
-    for name, value, low in (('n_test', n_test, 1), ('n_train', n_train, 0),
-                             ('n_val', n_val, 0)):
-        if value is not None and (not isinstance(value, int) or value < low):
-            raise ValueError(f'{name} must be an integer of at least {low} (got {value!r})')
+    if task_args is not None and not isinstance(task_args, Mapping):
+        raise TypeError(f'task_args must be a mapping of task options, got '
+                        f'{type(task_args).__name__}')
+    given = dict(task_args or {})
+    both = sorted(set(given) & set(objects))
+    if both:
+        raise ValueError(f'{both} given both in task_args and as keyword arguments: give each '
+                         f'once')
+    objects = dict(objects, **{k: given.pop(k) for k in OBJECT_OPTIONS if k in given})
+    n_test = check_optional_count('n_test', n_test, 1)
+    n_train = check_optional_count('n_train', n_train, 0)
+    n_val = check_optional_count('n_val', n_val, 0)
+    data_seed = check_optional_count('data_seed', data_seed, -2**63)
     recorded = (state.get('run_info') or {}).get('task') or {}
     if task is None:
         if 'name' not in recorded:
@@ -146,15 +163,15 @@ def load_test_split(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
         raise ValueError(f"{where} was trained with {named} (Python objects, recorded by name): "
                          f"pass them again, torch_mz.inference.load_test_split(checkpoint, "
                          f"{', '.join(f'{k}=...' for k in lacking)})")
-    given = dict(task_args or {})
     notes = []  # warned about once the checks below have passed
     defaults = dict(task_options(task)[0], **LOAD_DEFAULTS.get(task, {}))
     for key, value in list(given.items()) + list(objects.items()):
-        before = trained_with.get(key, defaults.get(key))  # an option not given was its default
-        same = (_json_safe({key: value})[key] == before if key in OBJECT_OPTIONS
-                else before == value)
-        if key not in NOT_DATA_OPTIONS and not same:
-            shown = _json_safe({key: value})[key] if key in OBJECT_OPTIONS else value
+        # an option not given was its default; both as a checkpoint records them (JSON values,
+        # a Python object by its repr), so that ('mu',) is the recorded ['mu']
+        before = _json_safe({key: trained_with.get(key, defaults.get(key))})[key]
+        now = _json_safe({key: value})[key]
+        if key not in NOT_DATA_OPTIONS and now != before:
+            shown = now if key in OBJECT_OPTIONS else value
             notes.append(f"{key}={shown!r} differs from the training run's {key}={before!r}: "
                          f"the predictions are scored on another task")
     options = dict(trained_with, **given, **objects)
@@ -204,8 +221,8 @@ def load_test_split(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
                            **options)
         if n_test is not None and n_test != len(splits.test):
             if n_test > len(splits.test):
-                raise ValueError(f"n_test {n_test}: the test split of {where}'s training run "
-                                 f"holds {len(splits.test)} sets")
+                raise ValueError(f"n_test (--n-test) {n_test}: the test split of {where}'s "
+                                 f"training run holds {len(splits.test)} sets")
             splits.test = splits.test[:n_test]
     if splits.task_type != state['task_type']:
         raise ValueError(f"{where} is a {state['task_type']} model and task '{task}' a "

@@ -228,6 +228,8 @@ def test_a_run_trained_with_a_transform_is_named_by_predict_and_resume(tmp_path,
         warnings.simplefilter('ignore')  # (PyG's and the dataset's own warnings)
         warnings.simplefilter('error', TestSplitWarning)  # the run's own transform: none
         test = load_test_split(best, root=root, transform=T.RandomRotate(30)).test
+        again = load_test_split(best, root=root, task_args=dict(transform=T.RandomRotate(30)))
+    assert [int(d.gdb_idx) for d in again.test] == [int(d.gdb_idx) for d in test]
     assert [int(d.gdb_idx) for d in test] == [int(d.gdb_idx) for d in task.test]
     with pytest.warns(TestSplitWarning, match=r"transform='RandomRotate\(\(-180, 180\), axis=0\)' "
                       r"differs from the training run's"):
