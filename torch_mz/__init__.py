@@ -5,10 +5,11 @@ Subpackages: :mod:`torch_mz.nn` (zonotope tokens, MZ attention, Set Transformer 
 EGNN, presets), :mod:`torch_mz.datasets` (synthetic tasks, ModelNet40, ScanObjectNN, QM9),
 :mod:`torch_mz.train` (trainer), :mod:`torch_mz.inference` (:func:`load_model`: a trained
 model from its checkpoint; :func:`load_test_split`: its run's test sets),
-:mod:`torch_mz.testing` (equivariance checks), :mod:`torch_mz.geometry` (ground-truth geometry), :mod:`torch_mz.analysis` (what the matrix
-zonotope learns), :mod:`torch_mz.runtime` (process-wide CPU settings: kept freed memory),
-:mod:`torch_mz.tasks` (every task by name), :mod:`torch_mz.study` (what the benchmarks and
-``torch-mz compare`` share: measurement, the training grid, reports, plots, statistics).
+:mod:`torch_mz.testing` (equivariance checks), :mod:`torch_mz.geometry` (ground-truth
+geometry), :mod:`torch_mz.analysis` (what the matrix zonotope learns), :mod:`torch_mz.runtime`
+(process-wide CPU settings: kept freed memory), :mod:`torch_mz.tasks` (every task by name),
+:mod:`torch_mz.study` (what the benchmarks and ``torch-mz compare`` share: measurement, the
+training grid, reports, plots, statistics).
 """
 from torch_mz import testing
 from torch_mz.inference import load_model, load_test_split
