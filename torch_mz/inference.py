@@ -12,6 +12,7 @@ from torch import Tensor
 
 from torch_mz.train import (CheckpointError, TargetNormalizer, attach_normalizer,
                             detach_normalizer, load_checkpoint, predict)
+from torch_mz.train.checkpoint import recorded_options
 
 __all__ = ['load_model', 'load_test_split', 'prediction_columns', 'TestSplitWarning']
 
@@ -119,7 +120,6 @@ def load_test_split(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
     """
     from torch_mz._checks import check_optional_count
     from torch_mz.datasets.real import LOAD_DEFAULTS, OFFICIAL_TEST_SPLIT
-    from torch_mz.study.grid import _json_safe
     from torch_mz.tasks import is_synthetic, load_task, task_options
     if isinstance(checkpoint, Mapping):
         state, where = dict(checkpoint), 'the checkpoint'
@@ -168,8 +168,8 @@ def load_test_split(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
     for key, value in list(given.items()) + list(objects.items()):
         # an option not given was its default; both as a checkpoint records them (JSON values,
         # a Python object by its repr), so that ('mu',) is the recorded ['mu']
-        before = _json_safe({key: trained_with.get(key, defaults.get(key))})[key]
-        now = _json_safe({key: value})[key]
+        before = recorded_options({key: trained_with.get(key, defaults.get(key))})[key]
+        now = recorded_options({key: value})[key]
         if key not in NOT_DATA_OPTIONS and now != before:
             shown = now if key in OBJECT_OPTIONS else value
             notes.append(f"{key}={shown!r} differs from the training run's {key}={before!r}: "

@@ -337,9 +337,8 @@ def test_run_info_records_a_transform_by_a_repr_stable_across_processes():
 
     import torch_geometric.transforms as T
 
-    from torch_mz.study.grid import _json_safe
-    from torch_mz.train.checkpoint import same_run
-    recorded = _json_safe({'transform': T.RandomRotate(30), 'fn': len, 'n': 3,
+    from torch_mz.train.checkpoint import recorded_options, same_run
+    recorded = recorded_options({'transform': T.RandomRotate(30), 'fn': len, 'n': 3,
                            'lambdas': T.Compose([T.Center(), lambda d: d]),
                            'partial': functools.partial(lambda d, k: d, k=1)})
     assert recorded['transform'] == 'RandomRotate((-30, 30), axis=0)'  # with its settings

@@ -2,7 +2,6 @@ r"""Training several models on one task, or on a grid of tasks, with identical b
 of ``torch-mz compare`` and of the studies in ``benchmarks/``. Library code: no printing."""
 import json
 import math
-import re
 from dataclasses import replace
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -15,6 +14,7 @@ from torch_mz.study.resume import RunStore
 from torch_mz.study.specs import parse_model_spec
 from torch_mz.tasks import check_task, load_task
 from torch_mz.train import TrainConfig, seed_everything, train
+from torch_mz.train.checkpoint import recorded_options
 
 __all__ = ['train_one', 'train_models', 'run_grid', 'run_info_for', 'check_models',
            'check_grid']
@@ -46,31 +46,12 @@ def run_info_for(task, model_name: str, model_overrides: Mapping[str, Any]) -> D
     r"""What :func:`train_one` records in its checkpoints about the run (``run_info``): the task
     (name, options and, where :func:`~torch_mz.tasks.load_task` built it, the data seed and
     split sizes) and the model (preset and options); a resume is refused where they differ."""
-    run_info = {'task': {'name': task.name, 'args': _json_safe(getattr(task, 'args', {}))},
-                'model': {'name': model_name, 'args': _json_safe(model_overrides)}}
+    run_info = {'task': {'name': task.name,
+                         'args': recorded_options(getattr(task, 'args', {}))},
+                'model': {'name': model_name, 'args': recorded_options(model_overrides)}}
     if getattr(task, 'split', None):  # seed and sizes (load_task): predict and resume check them
-        run_info['task']['split'] = _json_safe(task.split)
+        run_info['task']['split'] = recorded_options(task.split)
     return run_info
-
-
-def _json_safe(options: Mapping[str, Any]) -> Dict[str, Any]:
-    # objects JSON cannot hold are recorded by name: a function or class by its qualified name,
-    # an object whose class has a repr of its own (PyG's transforms: 'RandomRotate((-30, 30),
-    # axis=0)') by that repr, so that resuming with other settings of a transform is refused
-    # as another run; any other object by its class's name (object's repr holds an address)
-    return json.loads(json.dumps(dict(options), sort_keys=True, default=_object_name))
-
-
-def _object_name(o: Any) -> str:
-    if hasattr(o, '__qualname__'):
-        return o.__qualname__
-    if type(o).__repr__ is not object.__repr__:
-        text = repr(o)
-        # a repr that holds an address ('Compose([<function f at 0x7f...>])') differs from one
-        # process to the next: it would refuse every resume, so the class's name stands for it
-        if not re.search(r'0x[0-9a-fA-F]{4,}', text):
-            return text
-    return type(o).__qualname__
 
 
 def check_models(models: Sequence[str], overrides: Optional[Mapping[str, Any]] = None,

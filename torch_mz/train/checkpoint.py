@@ -3,7 +3,8 @@ and the ``run_info`` that tells which run wrote a checkpoint."""
 import json
 import os
 import random
-from typing import Any, Dict, Optional, Union
+import re
+from typing import Any, Dict, Mapping, Optional, Union
 
 import numpy as np
 import torch
@@ -20,6 +21,7 @@ __all__ = [
     'config_changes',
     'describe_run',
     'same_run',
+    'recorded_options',
 ]
 
 CHECKPOINT_FORMAT = 'torch_mz.train'
@@ -145,6 +147,28 @@ def describe_run(info: Dict[str, Any]) -> str:
         else:
             parts.append(f'{key} {value!r}')
     return ', '.join(parts)
+
+
+def recorded_options(options: Mapping[str, Any]) -> Dict[str, Any]:
+    r""":obj:`options` as a checkpoint's ``run_info`` records them: plain JSON values (tuples
+    become lists, keys are sorted), and objects JSON cannot hold by name: a function or class by
+    its qualified name, an object whose class has a repr of its own (PyG's transforms:
+    ``'RandomRotate((-30, 30), axis=0)'``) by that repr, so that resuming with other settings
+    of a transform is refused as another run (:func:`same_run`), and any other object by its
+    class's name (object's repr holds an address)."""
+    return json.loads(json.dumps(dict(options), sort_keys=True, default=_object_name))
+
+
+def _object_name(o: Any) -> str:
+    if hasattr(o, '__qualname__'):
+        return o.__qualname__
+    if type(o).__repr__ is not object.__repr__:
+        text = repr(o)
+        # a repr that holds an address ('Compose([<function f at 0x7f...>])') differs from one
+        # process to the next: it would refuse every resume, so the class's name stands for it
+        if not re.search(r'0x[0-9a-fA-F]{4,}', text):
+            return text
+    return type(o).__qualname__
 
 
 def same_run(saved: Dict[str, Any], current: Dict[str, Any]) -> bool:
