@@ -322,6 +322,11 @@ def test_hdf5_source_errors(modelnet_h5_root, tmp_path):
              label=np.array([[1.0], [3.7]]))
     with pytest.raises(CorruptRawFileError, match='ply_data_test0.h5.*not whole numbers'):
         ModelNet40(root, source='hdf5', num_points=16, log=False)
+    # a file with no shapes (written part way) is not read as a split with fewer shapes
+    write_h5(osp.join(folder, 'ply_data_test0.h5'), data=np.zeros((0, 32, 3), dtype=np.float32),
+             label=np.zeros((0, 1), dtype=np.int64))
+    with pytest.raises(CorruptRawFileError, match='ply_data_test0.h5.*holds no shapes'):
+        ModelNet40(root, source='hdf5', num_points=16, log=False)
     with pytest.raises(FileNotFoundError, match=HDF5_FOLDER):
         ModelNet40(str(tmp_path / 'empty'), source='hdf5', log=False)
 

@@ -126,6 +126,9 @@ def test_corrupt_files_are_named(scanobjectnn_root):
     write_h5(path, data=np.zeros((2, 256, 3), dtype=np.float32), label=np.array([0.0, 2.5]))
     with pytest.raises(CorruptRawFileError, match='test_objectdataset.h5.*not whole numbers'):
         ScanObjectNN(root, log=False, num_points=16)
+    write_h5(path, data=np.zeros((0, 256, 3), dtype=np.float32), label=np.zeros(0, np.int64))
+    with pytest.raises(CorruptRawFileError, match='test_objectdataset.h5.*holds no objects'):
+        ScanObjectNN(root, log=False, num_points=16)
     with open(path, 'wb') as f:
         f.write(b'\x89HDF\r\n\x1a\n' + b'\0' * 40)  # an HDF5 signature and nothing behind it
     with pytest.raises(CorruptRawFileError, match='test_objectdataset.h5'):

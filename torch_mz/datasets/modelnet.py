@@ -411,6 +411,8 @@ class ModelNet40(TrainTestSets):
                 raise CorruptRawFileError(
                     path, f"expected 'data' (N, P, 3) and 'label' (N,) or (N, 1), "
                     f"got {points.shape} and {arrays['label'].shape}")
+            if not len(points):  # (every file of the release holds shapes: one cut short)
+                raise CorruptRawFileError(path, 'holds no shapes')
             if len(labels) and (labels.min() < 0 or labels.max() >= len(MODELNET40_CLASSES)):
                 raise CorruptRawFileError(path, 'labels outside [0, 40)')
             if not integer_valued(labels):  # (int() would truncate 3.7 to class 3)

@@ -194,6 +194,8 @@ class ScanObjectNN(TrainTestSets):
         if mask is not None and mask.shape != points.shape[:2]:
             raise CorruptRawFileError(
                 path, f"expected 'mask' of shape {points.shape[:2]}, got {mask.shape}")
+        if not len(points):  # (every file of the release holds objects: one cut short)
+            raise CorruptRawFileError(path, 'holds no objects')
         if len(labels) and (labels.min() < 0 or labels.max() >= len(SCANOBJECTNN_CLASSES)):
             raise CorruptRawFileError(path, f'labels outside [0, {len(SCANOBJECTNN_CLASSES)})')
         if not integer_valued(labels):  # (int() would truncate 3.7 to class 3)
