@@ -1,4 +1,5 @@
 import glob
+import json
 import os
 import os.path as osp
 import random
@@ -347,6 +348,20 @@ def test_hdf5_release_files_are_checked_against_its_lists(modelnet_h5_root):
     with pytest.warns(UserWarning, match=r"no '.*train_files.txt'.*cannot be checked.*1 file"):
         train = ModelNet40(root, source='hdf5', num_points=100, log=False, force_reload=True)
     assert [int(d.y) for d in train] == [0, 8, 39, 8]
+
+
+def test_hdf5_cache_of_another_processing_version_is_rebuilt(modelnet_h5_root):
+    root = modelnet_h5_root['root']
+    train = ModelNet40(root, source='hdf5', num_points=100, log=False)
+    assert train.stats['processing_version'] == ModelNet40.processing_version
+    stats_json = train.processed_paths[2]
+    stats = json.load(open(stats_json))
+    del stats['processing_version']  # a cache built before versions were recorded
+    json.dump(stats, open(stats_json, 'w'))
+    with pytest.warns(UserWarning, match='recorded no processing version.*rebuilding'):
+        again = ModelNet40(root, source='hdf5', num_points=100, log=False)
+    assert [int(d.y) for d in again] == [int(d.y) for d in train]
+    assert again.stats['processing_version'] == ModelNet40.processing_version
 
 
 def test_hdf5_datasets_that_are_not_numbers_are_named(modelnet_h5_root):

@@ -389,6 +389,38 @@ def test_broken_processed_cache_is_named_and_rebuilt(qm9_root, name, damage, leg
         QM9(qm9_root, log=False)  # the rebuilt cache loads without a warning
 
 
+@pytest.mark.parametrize('recorded', [None, 0, '1'])
+def test_cache_of_another_processing_version_is_rebuilt(qm9_root, recorded, monkeypatch):
+    # a cache built before a fix to the processing (here: a cut-short uncharacterized.txt,
+    # which this release refuses) is not used as it is: rebuilt, the fix reaches it
+    first = QM9(qm9_root, log=False)
+    _, stats_json = _sdf_cache(qm9_root)
+    assert first.stats['processing_version'] == QM9.processing_version == 1
+    corrupt(osp.join(qm9_root, 'raw', 'uncharacterized.txt'), lambda t: 'nothing here\n')
+    with warnings.catch_warnings():
+        warnings.simplefilter('error', UserWarning)
+        assert len(QM9(qm9_root, log=False)) == len(first)  # this version's cache: reused
+    stats = json.load(open(stats_json))
+    if recorded is None:
+        del stats['processing_version']  # (releases before versions were recorded)
+    else:
+        stats['processing_version'] = recorded
+    json.dump(stats, open(stats_json, 'w'))
+    built_by = ('recorded no processing version' if recorded is None else
+                f'processing version {recorded!r}')
+    with pytest.warns(UserWarning, match=f"built by a?.*{re.escape(built_by)}.*version 1: "
+                      f"rebuilding them from the raw files"):
+        with pytest.raises(CorruptRawFileError, match='uncharacterized.txt'):
+            QM9(qm9_root, log=False)
+    write_gdb9(osp.join(qm9_root, 'raw'))  # intact raw files again: rebuilt and recorded
+    with pytest.warns(UserWarning, match='rebuilding them from the raw files'):
+        again = QM9(qm9_root, log=False)
+    _same_dataset(again, first)
+    assert json.load(open(stats_json))['processing_version'] == 1
+    monkeypatch.setattr(QM9, 'process', lambda self: pytest.fail('the cache must be reused'))
+    assert len(QM9(qm9_root, log=False)) == len(first)
+
+
 def test_data_pt_of_another_processing_run_is_detected(qm9_root):
     first = QM9(qm9_root, log=False)
     data_pt, _ = _sdf_cache(qm9_root)

@@ -314,11 +314,20 @@ class ProcessedDataset(InMemoryDataset):
       code (PyG's own loader retries with ``weights_only=False``);
     - is checked when loaded: an empty, truncated or inconsistent file is reported with a warning
       that names it and the cache is rebuilt from the raw files; a refused file raises
-      :class:`ProcessedFileError`.
+      :class:`ProcessedFileError`;
+    - records the :attr:`processing_version` of the code that built it in ``stats.json``: a
+      cache built by code of another version (or by a release that recorded none) is rebuilt
+      from the raw files, with a warning, so that a fix to the processing (a check of the raw
+      files that was missing, a record read wrongly) reaches caches built before it.
 
     Subclasses call :meth:`open_cache` at the end of their constructor and implement
     :meth:`read_cache`, which loads the processed files into the dataset.
     """
+
+    #: What a cache built by :meth:`process` holds and which raw files it accepts, as a number
+    #: recorded in ``stats.json``; raised whenever a change to the processing changes either, so
+    #: that caches built before the change are rebuilt (see above). 1: the first recorded one.
+    processing_version: int = 1
 
     # the old cache's stats file and markers, removed just before a rebuild replaces its first
     # data file (_rebuild)
@@ -446,9 +455,32 @@ class ProcessedDataset(InMemoryDataset):
                         f"version of this dataset. If you want to make use of another "
                         f"pre-processing technique, pass `force_reload=True` explicitly to "
                         f"reload the dataset.", stacklevel=2)
+            if not stale and self._built_by_other_version():
+                stale = True
             if not stale and all(osp.exists(p) for p in self.processed_paths):
                 return
             self._rebuild()
+
+    def _built_by_other_version(self) -> bool:
+        r"""Whether the cache's ``stats.json`` records a :attr:`processing_version` other than
+        this code's (warning that it is rebuilt). A missing or unreadable stats file is left to
+        the other checks (a cache not built yet; :meth:`open_cache`)."""
+        path = next((p for p in self.processed_paths if osp.basename(p) == 'stats.json'), None)
+        if path is None or not osp.exists(path):
+            return False
+        try:
+            recorded = load_stats(path).get('processing_version')
+        except (ProcessedFileError, OSError):
+            return False
+        if recorded == self.processing_version:
+            return False
+        built_by = ('a release of torch_mz that recorded no processing version'
+                    if recorded is None else f'processing version {recorded!r}')
+        warnings.warn(f"The processed files in '{self.processed_dir}' were built by {built_by}, "
+                      f"and this release processes the raw files as version "
+                      f"{self.processing_version}: rebuilding them from the raw files",
+                      stacklevel=3)
+        return True
 
     def _rebuild(self) -> None:
         self._rebuilt_now = True  # a refused file is then this process's own (_read_cache)
@@ -568,6 +600,7 @@ class TrainTestSets(ProcessedDataset):
 
     def process(self) -> None:
         stats = self._stats_header()
+        stats['processing_version'] = self.processing_version
         for split, path in zip(('train', 'test'), self.processed_paths[:2]):
             skipped = SkipCounter()
             data_list = self._split_examples(split, skipped)

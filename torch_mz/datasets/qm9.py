@@ -600,7 +600,8 @@ class QM9(ProcessedDataset):
             'source': self.source,
             'charge_failure': self.charge_failure,
             'units': QM9_UNITS,
-            'targets': list(QM9_TARGETS)
+            'targets': list(QM9_TARGETS),
+            'processing_version': self.processing_version,
         }
         with rdBase.BlockLogs():  # RDKit's own log lines; what matters is counted in stats
             if self.source == 'sdf':
