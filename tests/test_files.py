@@ -66,3 +66,49 @@ def test_a_strict_file_lock_raises_where_no_lock_can_be_had(tmp_path, monkeypatc
     with pytest.raises(OSError, match='No locks available'):
         with _files.file_lock(tmp_path / '.lock', strict=True):
             pass
+
+
+def flip_bit_in_record(path, suffix: str, at: int = 0) -> str:
+    r"""Changes one bit of byte :obj:`at` of the data of the first member of the torch file
+    (a zip archive) :obj:`path` whose name ends in :obj:`suffix`, in place; returns its name."""
+    import struct
+    import zipfile
+    with zipfile.ZipFile(path) as archive:
+        info = next(i for i in archive.infolist() if i.filename.endswith(suffix))
+    with open(path, 'r+b') as f:
+        f.seek(info.header_offset + 26)  # the local header's name and extra-field lengths
+        name_len, extra_len = struct.unpack('<HH', f.read(4))
+        f.seek(info.header_offset + 30 + name_len + extra_len + at)
+        byte = f.read(1)[0]
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte ^ 0x01]))
+    return info.filename
+
+
+def test_damaged_zip_member_finds_a_changed_bit_torch_load_does_not(tmp_path):
+    import torch
+    from torch_mz._files import damaged_zip_member
+    path = tmp_path / 'w.pt'
+    torch.save({'w': torch.arange(1000.), 'b': torch.ones(3)}, path)
+    assert damaged_zip_member(path) is None
+    name = flip_bit_in_record(path, 'data/0', at=2000)  # the lowest bit of w[500]
+    w = torch.load(path, weights_only=True)['w']
+    assert w[500] != 500 and torch.equal(w[:500], torch.arange(500.))  # loaded, changed, silently
+    assert damaged_zip_member(path) == (f"its record {name!r} does not read back as written "
+                                        f"(Bad CRC-32 for file {name!r})")
+    # files it cannot check are left to torch.load: torch's legacy format, no CRC written,
+    # a file whose end is missing
+    legacy = tmp_path / 'legacy.pt'
+    torch.save({'w': torch.ones(2)}, legacy, _use_new_zipfile_serialization=False)
+    assert damaged_zip_member(legacy) is None
+    no_crc = tmp_path / 'no_crc.pt'
+    before = torch.serialization.get_crc32_options()
+    torch.serialization.set_crc32_options(False)
+    try:
+        torch.save({'w': torch.arange(1000.)}, no_crc)
+    finally:
+        torch.serialization.set_crc32_options(before)
+    assert damaged_zip_member(no_crc) is None
+    cut = tmp_path / 'cut.pt'
+    cut.write_bytes(path.read_bytes()[:-100])
+    assert damaged_zip_member(cut) is None

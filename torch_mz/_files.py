@@ -1,8 +1,9 @@
 r"""Writing files so that an interrupted write never leaves a partial file behind: the one helper
-that checkpoints, training logs and processed dataset caches are written with; and the lock that
-lets processes sharing files take turns."""
+that checkpoints, training logs and processed dataset caches are written with; the lock that
+lets processes sharing files take turns; and the check that a torch file reads back as written."""
 import os
 import secrets
+import zipfile
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional, Union
 
@@ -82,3 +83,32 @@ def atomic_write(path: Union[str, os.PathLike], write: Callable[[Any], None],
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def damaged_zip_member(path: Union[str, os.PathLike]) -> Optional[str]:
+    r"""Why the zip archive ``path`` (the format :func:`torch.save` writes) does not read back
+    as written: its first member whose data does not match the CRC-32 stored beside it, or
+    :obj:`None`. ``torch.load`` reads a record without checking its CRC, so a changed bit in a
+    tensor's data (a damaged disk or copy) would load as a changed weight, silently.
+
+    A file that is not a zip archive (torch's legacy format, or one whose end is missing: left
+    to ``torch.load`` to report) and members stored without a CRC (written with
+    ``torch.serialization.set_crc32_options(False)``) are not checked.
+    """
+    path = os.fspath(path)
+    if not zipfile.is_zipfile(path):
+        return None
+    name = None
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for info in archive.infolist():
+                if info.CRC == 0:  # (no CRC written; or an empty member, whose CRC is 0)
+                    continue
+                name = info.filename
+                with archive.open(info) as f:  # raises BadZipFile where the CRC differs
+                    while f.read(1 << 24):
+                        pass
+    except (zipfile.BadZipFile, EOFError, ValueError) as e:
+        what = f'record {name!r}' if name is not None else 'directory'
+        return f'its {what} does not read back as written ({e})'
+    return None

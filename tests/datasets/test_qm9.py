@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.test_files import flip_bit_in_record
 from tests.datasets.raw_formats import (
     QM9_SMILES,
     QM9_UNCHARACTERIZED,
@@ -419,6 +420,16 @@ def test_cache_of_another_processing_version_is_rebuilt(qm9_root, recorded, monk
     assert json.load(open(stats_json))['processing_version'] == 1
     monkeypatch.setattr(QM9, 'process', lambda self: pytest.fail('the cache must be reused'))
     assert len(QM9(qm9_root, log=False)) == len(first)
+
+
+def test_processed_file_with_a_changed_bit_is_rebuilt(qm9_root):
+    first = QM9(qm9_root, log=False)
+    data_pt, _ = _sdf_cache(qm9_root)
+    name = flip_bit_in_record(data_pt, 'data/0')  # same size: torch.load would read it
+    with pytest.warns(UserWarning, match=f"data.pt' cannot be read as written: its record "
+                      f"'{name}' does not read back as written.*; rebuilding"):
+        again = QM9(qm9_root, log=False)
+    _same_dataset(again, first)
 
 
 def test_data_pt_of_another_processing_run_is_detected(qm9_root):

@@ -6,6 +6,7 @@ import shutil
 import pytest
 import torch
 
+from tests.test_files import flip_bit_in_record
 from torch_mz.train import (CheckpointError, Trainer, load_checkpoint, save_checkpoint,
                             seed_everything)
 
@@ -211,6 +212,14 @@ def test_missing_or_corrupt_checkpoint_raises_clear_error(tmp_path):
     truncated.write_bytes(good[:len(good) // 2])
     with pytest.raises(CheckpointError, match='could not be read'):
         load_checkpoint(truncated)
+
+    # a changed bit in a weight (which torch.load would load): the stored CRC tells
+    damaged = tmp_path / 'damaged.pt'
+    damaged.write_bytes(good)
+    name = flip_bit_in_record(damaged, 'data/0')
+    with pytest.raises(CheckpointError, match=f"damaged.pt' is damaged: its record '{name}' does "
+                       f"not read back as written"):
+        load_checkpoint(damaged)
 
     state = torch.load(tmp_path / 'run' / 'checkpoint.pt', weights_only=True)
     for version in ('2', 1.5, None):  # a version that is not an integer: named, not a TypeError

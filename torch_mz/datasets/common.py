@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data, InMemoryDataset
 
-from torch_mz._files import atomic_write, file_lock
+from torch_mz._files import atomic_write, damaged_zip_member, file_lock
 from torch_mz._optional import require
 
 ENV_DATA_ROOT = 'TORCH_MZ_DATA'
@@ -271,7 +271,9 @@ def load_processed(path: str) -> Any:
     data class (:data:`PROCESSED_SAFE_GLOBALS`) and nothing else: a file that would need any
     other object (such as a pickle that runs code) is refused without being unpickled.
 
-    Unlike PyG's ``fs.torch_load``, it never retries with ``weights_only=False``.
+    Unlike PyG's ``fs.torch_load``, it never retries with ``weights_only=False``. Data that do
+    not match the checksums stored with them (:func:`~torch_mz._files.damaged_zip_member`;
+    ``torch.load`` does not check them) make the file one that cannot be read.
 
     Raises:
         ProcessedFileError: :obj:`unsafe=True` for a refused file, :obj:`unsafe=False` for one
@@ -281,6 +283,9 @@ def load_processed(path: str) -> Any:
     # a global that PyG had registered for good
     allowed = torch.serialization.get_safe_globals()
     needed = [g for g in PROCESSED_SAFE_GLOBALS if g not in allowed]
+    damaged = damaged_zip_member(path) if os.path.isfile(path) else None
+    if damaged is not None:
+        raise ProcessedFileError(path, f'cannot be read as written: {damaged}')
     try:
         with torch.serialization.safe_globals(needed) if needed else contextlib.nullcontext():
             return torch.load(path, map_location='cpu', weights_only=True)

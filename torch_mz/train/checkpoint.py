@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from torch_mz._files import atomic_write
+from torch_mz._files import atomic_write, damaged_zip_member
 
 __all__ = [
     'CheckpointError',
@@ -45,12 +45,17 @@ def load_checkpoint(path: Union[str, os.PathLike],
     r"""Loads a checkpoint written by :class:`Trainer` with ``torch.load(..., weights_only=True)``.
 
     Raises:
-        CheckpointError: If the file does not exist, cannot be read (corrupt or truncated), holds
+        CheckpointError: If the file does not exist, cannot be read (corrupt or truncated, or
+            data that do not match the checksums stored with them:
+            :func:`~torch_mz._files.damaged_zip_member`), holds
             objects other than tensors and plain containers, or is not a ``torch_mz`` checkpoint.
     """
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise CheckpointError(f'Checkpoint {path!r} does not exist')
+    damaged = damaged_zip_member(path)
+    if damaged is not None:  # (torch.load does not check the stored CRCs: it would load it)
+        raise CheckpointError(f'Checkpoint {path!r} is damaged: {damaged}')
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # torch.load raises many types for bad files; report them all alike
