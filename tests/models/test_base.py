@@ -133,3 +133,26 @@ def test_a_plain_data_object_with_a_batch_vector_is_several_sets(name):
     # one set without 'batch', as before
     single = model(Data(x=feat[:2], pos=pos[:2])).prediction
     torch.testing.assert_close(single, expected[:1])
+
+
+@pytest.mark.parametrize('name', list(PRESETS))
+def test_a_batch_without_its_batch_vector_reads_its_sets_from_ptr(name):
+    # a Batch whose 'batch' was removed: its sets come from 'ptr' (they were pooled as one set,
+    # and the others predicted zero); with neither, refused
+    model = _model(name)
+    g = torch.Generator().manual_seed(3)
+    parts = Batch.from_data_list([
+        Data(x=torch.randn(n, 1, generator=g, dtype=torch.float64),
+             pos=torch.randn(n, 3, generator=g, dtype=torch.float64)) for n in (4, 3, 5)])
+    expected = model(parts).prediction
+    assert bool((expected != 0).all())
+    parts.batch = None
+    torch.testing.assert_close(model(parts).prediction, expected, rtol=0, atol=0)
+    assert base.batch_vector(parts).tolist() == [0] * 4 + [1] * 3 + [2] * 5
+    parts._num_graphs = 3
+    parts.ptr = None
+    with pytest.raises(ValueError, match="holds 3 sets but has no 'batch' vector"):
+        model(parts)
+    parts.ptr = torch.tensor([0, 4, 3, 12])
+    with pytest.raises(ValueError, match="'ptr' decreases"):
+        model(parts)

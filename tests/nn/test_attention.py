@@ -559,3 +559,25 @@ def test_folded_mapped_keys_take_the_queries_precision(monkeypatch):
         _randomise(attn, 1)
         outs.append(attn(_tokens(2, 2, ng=0), kv, query_set, kv_set, 2).center)
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-6, atol=1e-6)
+
+
+def test_folded_query_ids_changed_in_place_are_read_again():
+    # the per-head ids of the folded queries are kept for the next call with the same tensor,
+    # not when it was changed in place since (the stale sets were used, silently)
+    torch.manual_seed(0)
+    att = MZAttention(64, heads=4, num_generators=8).eval()
+    kv = Zonotope(torch.randn(400, 64), 0.1 * torch.randn(400, 8, 64))
+    kv_set = torch.arange(2).repeat_interleave(200)
+    q = Zonotope(torch.randn(2, 64), torch.zeros(2, 8, 64))
+    q_set = torch.tensor([0, 1])
+    with torch.no_grad():
+        first = att(q, kv, q_set, kv_set, 2).center
+        assert att._per_head_ids[0] is q_set  # (the folded path ran and kept them)
+        q_set[:] = torch.tensor([1, 0])
+        changed = att(q, kv, q_set, kv_set, 2).center
+        fresh = att(q, kv, q_set.clone(), kv_set, 2).center
+        swapped = Zonotope(q.center.flip(0), q.gens.flip(0))  # q1 on set 0, q0 on set 1
+        expected = att(swapped, kv, torch.tensor([0, 1]), kv_set, 2).center.flip(0)
+    torch.testing.assert_close(changed, fresh, rtol=0, atol=0)
+    torch.testing.assert_close(changed, expected, rtol=1e-6, atol=1e-6)
+    assert not torch.allclose(changed, first)

@@ -28,7 +28,10 @@ from torch.nn import Module
 from torch_mz.nn.aggr import check_set_input, resolve_set_index
 from torch_mz.nn.functional import set_counts
 
-__all__ = ['SetPrediction', 'SetModel', 'set_features', 'batch_tensors', 'zero_empty_sets']
+__all__ = [
+    'SetPrediction', 'SetModel', 'set_features', 'batch_vector', 'batch_tensors',
+    'zero_empty_sets'
+]
 
 
 class SetPrediction(NamedTuple):
@@ -59,6 +62,32 @@ def set_features(data) -> Tensor:
     return torch.cat([pos, x.to(pos.dtype)], dim=-1)  # (N, D + F)
 
 
+def batch_vector(data) -> Optional[Tensor]:
+    r"""The ``batch`` vector of a PyG data object: its own; for a
+    :class:`~torch_geometric.data.Batch` whose ``batch`` was removed, the one its ``ptr``
+    describes; :obj:`None` for an object of one set without it. A batch of several sets with
+    neither is refused: read as one set, its sets would be pooled together."""
+    batch = getattr(data, 'batch', None)
+    if batch is not None:
+        return batch
+    num_graphs = getattr(data, 'num_graphs', None)  # a Batch's (a plain Data has none)
+    if num_graphs is None or int(num_graphs) <= 1:
+        return None
+    ptr = getattr(data, 'ptr', None)
+    if not isinstance(ptr, Tensor):
+        raise ValueError(f"The batch holds {int(num_graphs)} sets but has no 'batch' vector "
+                         f"(nor 'ptr') that says which elements belong to which set")
+    if ptr.dim() != 1 or ptr.numel() != int(num_graphs) + 1 or ptr.is_floating_point():
+        raise ValueError(f"The batch has no 'batch' vector and its 'ptr' is not the {num_graphs} "
+                         f"+ 1 integer offsets of its {num_graphs} sets (got shape "
+                         f"{tuple(ptr.shape)}, dtype {ptr.dtype})")
+    counts = ptr.diff()
+    if bool((counts < 0).any()):
+        raise ValueError("The batch has no 'batch' vector and its 'ptr' decreases")
+    sets = torch.arange(int(num_graphs), device=ptr.device)
+    return torch.repeat_interleave(sets, counts)  # (N,); N against x: checked by the model
+
+
 def batch_tensors(data_or_x, batch: Optional[Tensor] = None,
                   num_sets: Optional[int] = None) -> Tuple[Tensor, Optional[Tensor], Optional[int]]:
     r"""Reads ``(features, batch, num_sets)`` from a PyG data object (:func:`set_features`,
@@ -71,7 +100,7 @@ def batch_tensors(data_or_x, batch: Optional[Tensor] = None,
     data = data_or_x
     x = set_features(data)
     if batch is None:
-        batch = getattr(data, 'batch', None)
+        batch = batch_vector(data)
     if num_sets is None:
         num_graphs = getattr(data, 'num_graphs', None)  # a Batch's (a plain Data has none)
         if num_graphs is not None:

@@ -25,7 +25,7 @@ from torch_geometric.nn.resolver import activation_resolver
 from torch_geometric.utils import scatter
 
 from torch_mz._checks import check_count, check_flag
-from torch_mz.models.base import SetPrediction, zero_empty_sets
+from torch_mz.models.base import SetPrediction, batch_vector, zero_empty_sets
 from torch_mz.nn.aggr import check_set_ids
 from torch_mz.nn._context import _hooked
 from torch_mz.nn.functional import _sorted_layout, set_pairs
@@ -576,7 +576,7 @@ class EGNN(Module):
             if pos is not None or batch is not None:
                 raise ValueError("Pass either a Data/Batch object or tensors (x, pos, batch), "
                                  "not both")
-            x, pos, batch = data.x, data.pos, data.batch
+            x, pos, batch = data.x, data.pos, batch_vector(data)
             if num_sets is None and (isinstance(data, Batch) or batch is None):
                 num_sets = data.num_graphs if isinstance(data, Batch) else 1
             # (a plain Data carrying 'batch': its largest id plus one, as PyG's pooling counts)

@@ -500,13 +500,16 @@ class MZAttention(Module):
         r""":obj:`query_set` with each id repeated once per head (the folded queries' rows), kept
         for the next call with the same tensor (a PMA's seed ids are one cached tensor): one
         ``repeat_interleave`` fewer per call (the dense path's layout cache compares values, so
-        it would find the layout of a new tensor of the same ids too)."""
+        it would find the layout of a new tensor of the same ids too). Not when the tensor was
+        changed in place since (its version counter)."""
         cached = getattr(self, '_per_head_ids', None)
-        if cached is not None and cached[0] is query_set:
-            return cached[1]
+        inference = torch.is_inference(query_set)  # (no version counter to compare)
+        if (cached is not None and not inference and cached[0] is query_set
+                and cached[1] == query_set._version):
+            return cached[2]
         ids = query_set.repeat_interleave(self.heads)
-        if not torch.compiler.is_compiling():
-            self._per_head_ids = (query_set, ids)
+        if not (torch.compiler.is_compiling() or inference):
+            self._per_head_ids = (query_set, query_set._version, ids)
         return ids
 
     def _may_fold(self, Nq: int, Nk: int) -> bool:
