@@ -448,7 +448,9 @@ def test_checkpointed_chunks_give_the_same_values_and_gradients(chunk_size, shuf
         for a, b in zip(results[0], other):
             assert torch.equal(a, b)
     # each group ran in the forward pass and again, last group first, in the backward pass
-    groups = {1: [3, 7, 1, 4, 2, 0], 6: [10, 5, 2], 1000: []}[chunk_size]  # sizes in set order
+    # sizes in set order: whole sets grouped by the window (of chunk_size rows) of their start,
+    # each set counting its 2 seeds as rows (starts 0, 5, 14, 17, 23); empty sets not encoded
+    groups = {1: [3, 7, 1, 4, 2], 6: [10, 5, 2], 1000: []}[chunk_size]
     assert calls == groups + groups[::-1]
     calls.clear()
     aggr.eval().zero_grad()
@@ -511,24 +513,25 @@ def test_auto_chunking_of_large_inputs(monkeypatch):
     plain = _aggr(chunk_size=None)
     auto = _aggr()
     assert auto.chunk_size == 'auto'
-    # a budget of row elements: groups of 4 rows at this width
-    monkeypatch.setattr(aggr_module, 'AUTO_CHUNK_ELEMENTS', 4 * auto.dim)
-    assert aggr_module.auto_chunk_rows(auto.dim) == 4
+    # a budget of row elements: groups of 8 rows at this width
+    monkeypatch.setattr(aggr_module, 'AUTO_CHUNK_ELEMENTS', 8 * auto.dim)
+    assert aggr_module.auto_chunk_rows(auto.dim) == 8
     auto.load_state_dict(plain.state_dict())
     calls = _spy_on_groups(monkeypatch, auto)
     index = _grouped_index()
     results = _same_training(plain, auto, index)
-    # 17 rows > 8: whole sets grouped by the window (of 4 rows) of their first row: sizes
-    # 3 + 0 + 7, 1 + 4, 0 + 2, and the two trailing empty sets; each group runs twice (forward,
-    # and again, last group first, in the backward pass)
-    assert calls == [10, 5, 2, 0] + [0, 2, 5, 10]
+    # 17 rows and 2 seeds for each of the 5 non-empty sets > 16: whole sets grouped by the
+    # window (of 8) of their start (0, 5, 14, 17, 23 in rows and seeds): sizes 3 + 7, 1, 4 + 2
+    # (the empty sets are not encoded); each group runs twice (forward, and again, last group
+    # first, in the backward pass)
+    assert calls == [10, 1, 6] + [6, 1, 10]
     calls.clear()
     with torch.no_grad():  # inference: chunked, nothing to recompute
         auto(_x(index.numel(), 2), index, dim_size=9)
-    assert calls == [10, 5, 2, 0]
+    assert calls == [10, 1, 6]
     calls.clear()
     small = make_index([3, 5])
-    auto(_x(8, 3), small)  # 8 rows: at once
+    auto(_x(8, 3), small)  # 8 rows and 4 seeds: at once
     assert calls == []
     one_set = torch.zeros(20, dtype=torch.long)  # one group (a set larger than a group): no rerun
     x = _x(20, 4).requires_grad_()
@@ -553,26 +556,24 @@ def test_auto_chunking_of_large_inputs(monkeypatch):
     with torch.no_grad():
         torch.testing.assert_close(kept(_x(index.numel(), 2), index, dim_size=9),
                                    results[0][0], rtol=1e-10, atol=1e-10)
-    assert calls == [10, 5, 2, 0]
+    assert calls == [10, 1, 6]
     calls.clear()
     # integers and numpy booleans take the modes of the booleans they equal
     for value, mode in ((0, False), (np.False_, False), (1, True), (np.True_, True)):
         assert MZAggregation(4, checkpoint=value).checkpoint is mode
     assert 'checkpoint=False' in repr(MZAggregation(4, checkpoint=0))
-    # twice as wide tokens: groups of half as many rows (17 rows > 2 * 2: whole sets grouped by
-    # the window of 2 rows of their first row: 3, 0 + 7, 1 + 4, 0 + 2 and the two trailing empty
-    # sets)
+    # twice as wide tokens: groups of half as many rows (4: every set alone)
     wide = _aggr(dim=2 * auto.dim, chunk_size=None)
     auto_wide = _aggr(dim=2 * auto.dim)
     auto_wide.load_state_dict(wide.state_dict())
-    assert auto_wide._chunk_rows(17) == 2 and auto_wide._chunk_rows(4) is None
+    assert auto_wide._chunk_rows(17) == 4 and auto_wide._chunk_rows(8) is None
     encode_wide = auto_wide._encode_group
     monkeypatch.setattr(auto_wide, '_encode_group', lambda *a: calls.append(a[0].size(0))
                         or encode_wide(*a))
     with torch.no_grad():
         torch.testing.assert_close(auto_wide(_x(index.numel(), 2), index, dim_size=9),
                                    wide(_x(index.numel(), 2), index, dim_size=9))
-    assert calls == [3, 7, 5, 2, 0]
+    assert calls == [3, 7, 1, 4, 2]
     for bad in (0, -3, 'big', True, 2.5):
         with pytest.raises(ValueError, match="'chunk_size' must be"):
             MZAggregation(4, chunk_size=bad)
@@ -669,26 +670,26 @@ def test_training_groups_where_glibc_maps_large_blocks_afresh(monkeypatch):
     auto = _aggr(checkpoint=False).train()
     auto.load_state_dict(whole.state_dict())
     # tiny groups: the widest activation of a row of this module takes 16 * 8 bytes (float64),
-    # so groups of 4 rows; the compiled kernels' floor lowered with it
+    # so groups of 8 rows; the compiled kernels' floor lowered with it
     width = max(auto.d_ff, auto.num_generators * max(auto.dim, auto.d_ff // 2))
-    monkeypatch.setattr(aggr_module, 'MALLOC_GROUP_BYTES', 4 * width * 8)
+    monkeypatch.setattr(aggr_module, 'MALLOC_GROUP_BYTES', 8 * width * 8)
     monkeypatch.setattr(aggr_module, 'AUTO_MIN_ELEMENTS', 1)
-    assert auto._malloc_group_rows() == 4 and auto._chunk_rows(17) == 4
-    assert auto._chunk_rows(8) is None  # at most two groups: at once
+    assert auto._malloc_group_rows() == 8 and auto._chunk_rows(17) == 8
+    assert auto._chunk_rows(16) is None  # at most two groups: at once
     calls = _spy_on_groups(monkeypatch, auto)
     index = _grouped_index()
     results = _same_training(whole, auto, index)
-    assert calls == [10, 5, 2, 0]  # each group once: kept, not recomputed
+    assert calls == [10, 1, 6]  # each group once: kept, not recomputed
     # where the groups do not apply: the whole input
     for device in ('cuda', torch.device('meta')):
         assert auto._malloc_group_rows(device) is None
-    assert auto._malloc_group_rows('cpu') == 4
+    assert auto._malloc_group_rows('cpu') == 8
     with torch.autograd.forward_ad.dual_level():
         assert auto._malloc_group_rows() is None
     monkeypatch.setattr(runtime, '_THRESHOLD', 1 << 30)  # keep_freed_memory()'s, or glibc's
     assert runtime.freed_memory_kept() and auto._chunk_rows(17) is None
     monkeypatch.setattr(runtime, '_THRESHOLD', 32 << 20)  # not above 32 MiB: blocks still mapped
-    assert not runtime.freed_memory_kept() and auto._chunk_rows(17) == 4
+    assert not runtime.freed_memory_kept() and auto._chunk_rows(17) == 8
     monkeypatch.setattr(runtime, '_THRESHOLD', None)
     monkeypatch.setattr(runtime, 'glibc', lambda: False)
     assert auto._chunk_rows(17) is None
@@ -702,8 +703,8 @@ def test_training_groups_where_glibc_maps_large_blocks_afresh(monkeypatch):
     recomputed = _aggr()
     recomputed.load_state_dict(whole.state_dict())
     with torch.no_grad():
-        assert auto._chunk_rows(17) == 4 and recomputed._chunk_rows(17) == 4
-        assert auto._chunk_rows(8) is None
+        assert auto._chunk_rows(17) == 8 and recomputed._chunk_rows(17) == 8
+        assert auto._chunk_rows(16) is None
         torch.testing.assert_close(auto(_x(index.numel(), 2), index, dim_size=9),
                                    whole(_x(index.numel(), 2), index, dim_size=9),
                                    rtol=1e-10, atol=1e-10)
@@ -713,7 +714,7 @@ def test_training_groups_where_glibc_maps_large_blocks_afresh(monkeypatch):
         assert auto._chunk_rows(17) == 3
         monkeypatch.setattr(aggr_module, 'AUTO_CHUNK_ELEMENTS', 2 ** 21)
         assert auto._chunk_rows(17) is None  # kept memory: auto_chunk_rows' groups alone
-    assert calls == [10, 5, 2, 0]
+    assert calls == [10, 1, 6]
     assert recomputed._chunk_rows(17) is None  # training, checkpoint='auto': unchanged
 
 
@@ -748,3 +749,49 @@ def test_an_input_that_is_not_a_matrix_is_named_as_such():
     from torch_mz.nn.zonotope import InputProjection
     with pytest.raises(ValueError, match=re.escape('Expected input of shape (N, 4) (got (5, 3))')):
         InputProjection(4, 8, 2)(torch.randn(5, 3))
+
+
+@pytest.mark.parametrize('preset', ['neighbourhood', 'paper'])
+def test_empty_sets_are_not_encoded(preset, monkeypatch):
+    # the isolated nodes of a graph (dim_size counts them) cost nothing: the non-empty sets are
+    # encoded alone, with the values and gradients of the run without the empty sets
+    torch.manual_seed(0)
+    aggr = MZAggregation(F_IN, preset=preset, dim=8, heads=2, d_ff=8, num_inducing=3).double()
+    seen = []
+    encode = aggr._encode
+    monkeypatch.setattr(aggr, '_encode', lambda x, s, b: seen.append(b) or encode(x, s, b))
+    x = _x(7, 1).requires_grad_()
+    compact = torch.tensor([0, 0, 1, 1, 1, 2, 2])
+    expected = aggr(x, compact)
+    (g_expected, ) = torch.autograd.grad(expected.pow(2).sum(), x)
+    where = torch.tensor([5, 9_998, 40])  # the same sets among 10,000, out of order
+    out = aggr(x, where[compact], dim_size=10_000)
+    assert seen == [3, 3]  # three sets encoded, not 10,000
+    torch.testing.assert_close(out[where], expected, rtol=1e-12, atol=1e-12)
+    rest = torch.ones(10_000, dtype=torch.bool)
+    rest[where] = False
+    assert bool((out[rest] == 0).all())
+    (grad, ) = torch.autograd.grad(out.pow(2).sum(), x)
+    torch.testing.assert_close(grad, g_expected, rtol=1e-12, atol=1e-12)
+    out, ihw = aggr.pool(x, where[compact], 10_000)  # the uncertainty too
+    assert bool((ihw[rest] == 0).all()) and bool((ihw[where] > 0).all())
+
+
+def test_chunk_groups_count_the_tokens_each_set_adds(monkeypatch):
+    # many small sets are grouped as what they cost: a set of one element encodes its inducing
+    # tokens and seeds too (17 tokens in the paper's configuration), so groups of chunk_size
+    # count them beside the rows
+    torch.manual_seed(0)
+    aggr = MZAggregation(F_IN, preset='paper', dim=8, heads=2, d_ff=8, num_inducing=3,
+                         chunk_size=10).double()
+    assert aggr.set_tokens == 3 + 1  # 3 inducing tokens, 1 seed
+    assert MZAggregation(F_IN).set_tokens == 1  # a SAB encoder adds none
+    calls = _spy_on_groups(monkeypatch, aggr)
+    index = torch.arange(12)  # 12 sets of one row: 5 "rows" each, 60 > 10
+    plain = MZAggregation(F_IN, preset='paper', dim=8, heads=2, d_ff=8, num_inducing=3,
+                          chunk_size=None).double()
+    plain.load_state_dict(aggr.state_dict())
+    with torch.no_grad():
+        x = _x(12, 3)
+        torch.testing.assert_close(aggr(x, index), plain(x, index), rtol=1e-12, atol=1e-12)
+    assert calls == [2] * 6  # two sets (10 rows and tokens) a group (by rows alone: 10 and 2)

@@ -302,8 +302,10 @@ class MZAggregation(Aggregation):
             (default: :obj:`'auto'`).
         chunk_size (int, str or None): Process groups of whole sets of about this many
             elements at a time (the sets whose first element falls in the same window of
-            :obj:`chunk_size` elements), which bounds the inference memory of very large
-            batches (e.g. :obj:`131072` for a million points; for training, add
+            :obj:`chunk_size` elements; each set counts its :attr:`set_tokens` as elements
+            too, so that many small sets are grouped as what they cost), which bounds the
+            inference memory of very large batches (e.g. :obj:`131072` for a million points;
+            for training, add
             ``checkpoint='chunks'``). The result is the same as without chunking, up to
             rounding (the fused kernels' automatic choice depends on the size of a group; in
             training, dropout masks are drawn group by group). :obj:`None` processes the batch
@@ -522,26 +524,57 @@ class MZAggregation(Aggregation):
         r"""The aggregation of an input that :meth:`validate` accepted, without checking it
         again: the output :math:`(B, F_{out})` and the summed interval-hull width of each set's
         :math:`k` pooled tokens :math:`(B,)` (the single-pass uncertainty of the MZ models; zero
-        without generators). Both are exactly zero for an empty set."""
+        without generators). Both are exactly zero for an empty set.
+
+        Empty sets are not encoded: where some are (e.g. the isolated nodes of a graph, whose
+        ``dim_size`` counts them), the non-empty sets are encoded alone and the outputs placed
+        among zeros (the same values, up to rounding; a set of nothing cost as much as a set of
+        one: 16 inducing tokens per set in the paper's configuration). Under
+        :func:`torch.compile` every set is encoded and the empty ones zeroed, which keeps the
+        shapes static."""
         counts = set_counts(set_id, num_sets)  # (B,)
         if x.size(0) == 0:  # no elements at all: every set is empty
             out = x.new_zeros(num_sets, self.out_channels, dtype=self.lin.weight.dtype)
             return out + 0 * self.lin.bias.sum(), out.new_zeros(num_sets)  # keeps the graph
-        chunk_rows = self._chunk_rows(x.size(0), x.device)
+        nonempty = counts > 0  # (B,)
+        if torch.compiler.is_compiling() or bool(nonempty.all()):
+            z = self._encode_sets(x, set_id, counts)  # (B * k, d), (B * k, n_g, d)
+            keep = nonempty.to(z.center.dtype).unsqueeze(-1)  # (B, 1)
+            feats = self._readout(z, num_sets) * keep  # (B, 2kd), 0 if empty
+            out = self.lin(feats) * keep  # (B, F_out)
+            ihw = z.ihw().reshape(num_sets, -1).sum(-1) * keep.squeeze(-1)  # (B,)
+            return out, ihw
+        kept = nonempty.nonzero().squeeze(1)  # (B',) the non-empty sets
+        compact = torch.cumsum(nonempty, 0) - 1  # (B,) each non-empty set's new id
+        z = self._encode_sets(x, compact[set_id], counts[kept])  # (B' * k, d), ...
+        out = self.lin(self._readout(z, kept.numel()))  # (B', F_out)
+        ihw = z.ihw().reshape(kept.numel(), -1).sum(-1)  # (B',)
+        return (out.new_zeros(num_sets, out.size(-1)).index_copy(0, kept, out),
+                ihw.new_zeros(num_sets).index_copy(0, kept, ihw))
+
+    def _encode_sets(self, x: Tensor, set_id: Tensor, counts: Tensor) -> Zonotope:
+        r"""The pooled tokens of the sets :obj:`set_id` names (:obj:`counts` rows each), at once
+        or in groups (:meth:`_chunk_rows`)."""
+        num_sets = counts.numel()
+        chunk_rows = self._chunk_rows(x.size(0) + num_sets * self.set_tokens, x.device)
         if chunk_rows is not None:
-            z = self._encode_chunked(x, set_id, counts, chunk_rows)
-        else:
-            z = self._encode(x, set_id, num_sets)  # (B * k, d), (B * k, n_g, d)
-        nonempty = (counts > 0).to(z.center.dtype)  # (B,)
-        feats = self._readout(z, num_sets) * nonempty.unsqueeze(-1)  # (B, 2kd), 0 if empty
-        out = self.lin(feats) * nonempty.unsqueeze(-1)  # (B, F_out)
-        ihw = z.ihw().reshape(num_sets, -1).sum(-1) * nonempty  # (B,)
-        return out, ihw
+            return self._encode_chunked(x, set_id, counts, chunk_rows)
+        return self._encode(x, set_id, num_sets)
+
+    @property
+    def set_tokens(self) -> int:
+        r"""The tokens each set adds to its rows in a block: its inducing tokens in an ISAB
+        encoder and its seeds. The groups of :attr:`chunk_size` count them beside the rows, so
+        that many small sets are grouped as what they cost (a set of one element encodes 17
+        tokens in the paper's configuration)."""
+        isab = self.encoder == 'isab' and self.num_encoder_blocks > 0
+        return (self.num_inducing if isab else 0) + self.num_seeds
 
     def _chunk_rows(self, rows: int,
                     device: Union[torch.device, str, None] = None) -> Optional[int]:
         r"""The group size for an input of :obj:`rows` rows on :obj:`device` (:obj:`None`: the
-        CPU's rule), or :obj:`None` to encode it at once (see :attr:`chunk_size`)."""
+        CPU's rule), or :obj:`None` to encode it at once (see :attr:`chunk_size`). Rows here
+        count each set's :attr:`set_tokens` too."""
         if self.chunk_size == 'auto':
             # compiling first: a size test before it would add a shape guard to a compiled graph
             if torch.compiler.is_compiling():
@@ -576,11 +609,13 @@ class MZAggregation(Aggregation):
                         chunk_rows: int) -> Zonotope:
         r"""Encodes groups of whole sets: the sets whose first row (in set order) falls in the
         same window of :obj:`chunk_rows` rows form a group, so a group holds at most
-        ``chunk_rows`` rows plus the remainder of its last set. Sets never interact, so the result
+        ``chunk_rows`` rows plus the remainder of its last set, where each set's
+        :attr:`set_tokens` count as rows too. Sets never interact, so the result
         equals the unchunked one. With ``checkpoint='chunks'`` (or ``chunk_size='auto'`` and
         ``checkpoint='auto'``) each group keeps only its input rows for the backward pass and runs
         its forward again there."""
-        starts = torch.cumsum(counts, 0) - counts  # (B,) first row of each set in set order
+        weights = counts + self.set_tokens  # (B,) rows and the tokens each set adds
+        starts = torch.cumsum(weights, 0) - weights  # (B,) where each set starts, in set order
         group = torch.div(starts, chunk_rows, rounding_mode='floor')  # (B,)
         _, sets_per_group = torch.unique_consecutive(group, return_counts=True)
         set_bounds = [0] + torch.cumsum(sets_per_group, 0).tolist()
