@@ -678,7 +678,7 @@ def test_training_groups_where_glibc_maps_large_blocks_afresh(monkeypatch):
     assert auto._chunk_rows(16) is None  # at most two groups: at once
     calls = _spy_on_groups(monkeypatch, auto)
     index = _grouped_index()
-    results = _same_training(whole, auto, index)
+    _same_training(whole, auto, index)
     assert calls == [10, 1, 6]  # each group once: kept, not recomputed
     # where the groups do not apply: the whole input
     for device in ('cuda', torch.device('meta')):
