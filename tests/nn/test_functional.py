@@ -843,7 +843,8 @@ def test_keys_sharing_the_values_memory_are_read_as_given_unless_stated():
                               (0, k, raw),  # not the columns the keys are a view of
                               (True, k, raw),  # not an int
                               (1, k.clone(), raw)):  # a copy, not a view
-        with pytest.raises(ValueError, match="'_key_col'"):
+        # (keys unlike the queries are refused before the statement is read)
+        with pytest.raises(ValueError, match="'_key_col'|with the same H and d_k"):
             grouped_attention(q, keys, values, query_set, kv_set, 2, _key_col=bad)
 
 
@@ -1208,3 +1209,30 @@ def test_cuda_forward_mode_ad_and_per_head_dropout():
     assert not torch.equal(a, b)
     assert torch.equal(functional._attend_per_head(q, q, q, None, 0.0),
                        functional._attend_per_head(q, q, q, None, 0.0))
+
+
+def test_grouped_attention_checks_shapes_and_dtypes():
+    # the audit's inputs: a key or query left out of the ids, ids of another shape or dtype,
+    # queries unlike the keys, mixed dtypes: named (a key was dropped or a query zeroed
+    # silently on the scatter path, and the dense path failed deep inside)
+    q, k, v = torch.randn(5, 2, 4), torch.randn(7, 2, 4), torch.randn(7, 2, 3)
+    qs, ks = torch.tensor([0, 0, 1, 1, 2]), torch.tensor([0, 1, 1, 2, 2, 2, 0])
+    for path in ('dense', 'scatter'):
+        grouped_attention(q, k, v, qs, ks, 3, path=path)
+        with pytest.raises(ValueError, match=r"'kv_set' to hold the integer set id of each of "
+                           r"the 7 rows, shape \(7,\) \(got shape \(6,\)"):
+            grouped_attention(q, k, v, qs, ks[:6], 3, path=path)
+        with pytest.raises(ValueError, match=r"'query_set' .* 5 rows"):
+            grouped_attention(q, k, v, qs[:4], ks, 3, path=path)
+        with pytest.raises(ValueError, match=r"'query_set' .*dtype torch.float32"):
+            grouped_attention(q, k, v, qs.float(), ks, 3, path=path)
+        with pytest.raises(ValueError, match=r"'kv_set' .*got shape \(1, 7\)"):
+            grouped_attention(q, k, v, qs, ks[None], 3, path=path)
+        with pytest.raises(ValueError, match='the same H and d_k'):
+            grouped_attention(q[:, :1], k, v, qs, ks, 3, path=path)
+        with pytest.raises(ValueError, match='the same H and d_k'):
+            grouped_attention(q[..., :3], k, v, qs, ks, 3, path=path)
+        with pytest.raises(ValueError, match='one dtype'):
+            grouped_attention(q.double(), k, v, qs, ks, 3, path=path)
+        with pytest.raises(ValueError, match="'num_sets' must be an integer >= 0"):
+            grouped_attention(q, k, v, qs, ks, 3.0, path=path)

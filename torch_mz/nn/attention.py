@@ -75,6 +75,22 @@ def _mix_product(coef: Tensor, rows: Tensor, add: Optional[Tensor] = None,
     return add.baddbmm_(coef, rows) if inplace else torch.baddbmm(add, coef, rows)
 
 
+def check_token_sets(set_id: Tensor, num_tokens: int, num_sets: int, name: str = 'set_id') -> None:
+    r"""Checks what can be checked of the set ids of :obj:`num_tokens` tokens without waiting for
+    the device: an integer tensor :math:`(N,)` and an integer :obj:`num_sets` :math:`\geq 0`
+    (the ids' values are checked where they enter, e.g. by
+    :func:`~torch_mz.nn.aggr.check_set_ids`)."""
+    if (not isinstance(num_sets, (int, torch.SymInt)) or isinstance(num_sets, bool)
+            or num_sets < 0):  # (a SymInt under torch.compile)
+        raise ValueError(f"'num_sets' must be an integer >= 0 (got {num_sets!r})")
+    if (not isinstance(set_id, Tensor) or set_id.dim() != 1 or set_id.numel() != num_tokens
+            or set_id.is_floating_point() or set_id.is_complex() or set_id.dtype == torch.bool):
+        got = (f'shape {tuple(set_id.shape)}, dtype {set_id.dtype}'
+               if isinstance(set_id, Tensor) else type(set_id).__name__)
+        raise ValueError(f"Expected '{name}' to hold the integer set id of each of the "
+                         f"{num_tokens} tokens, shape ({num_tokens},) (got {got})")
+
+
 class MZAttention(Module):
     r"""Multi-head attention from query zonotope tokens to the key/value zonotope tokens of the same
     set, with a context-adaptive value operator (Eq. 3 of the paper).
@@ -280,6 +296,8 @@ class MZAttention(Module):
         if key_value.num_generators != self.num_generators:
             raise ValueError(f"Expected {self.num_generators} generators per token (got "
                              f"{key_value.num_generators})")
+        check_token_sets(query_set, query.num_tokens, num_sets, 'query_set')
+        check_token_sets(kv_set, key_value.num_tokens, num_sets, 'kv_set')
         ng = self.num_generators
         Nq, Nk = query.num_tokens, key_value.num_tokens
         counts_k = set_counts(kv_set, num_sets)  # (B,)

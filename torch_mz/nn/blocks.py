@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn import LayerNorm, Linear, Module, Parameter
 
-from torch_mz.nn.attention import MZAttention
+from torch_mz.nn.attention import MZAttention, check_token_sets
 from torch_mz.nn._context import _hooked, _plain_ops
 from torch_mz.nn.functional import dropout, repeat_per_set
 from torch_mz.nn.fused import odd_tanh_, use_fused_kernels
@@ -280,6 +280,7 @@ class ISAB(Module):
             module.reset_parameters()
 
     def forward(self, x: Zonotope, set_id: Tensor, num_sets: int) -> Zonotope:
+        check_token_sets(set_id, x.num_tokens, num_sets)
         inducing, inducing_set = self.inducing(num_sets, x.center)  # (B * m, d)
         h = self.mab1(inducing, x, inducing_set, set_id, num_sets)  # (B * m, d)
         return self.mab2(x, h, set_id, inducing_set, num_sets)  # (N, d)
@@ -321,6 +322,12 @@ class PMA(Module):
                 module.reset_parameters()
 
     def forward(self, x: Zonotope, set_id: Tensor, num_sets: int) -> Zonotope:
+        attn = self.mab.attn
+        if x.dim != attn.dim or x.num_generators != attn.num_generators:
+            # (before the rFF, whose product would fail without naming the tokens)
+            raise ValueError(f"Expected tokens of width {attn.dim} with {attn.num_generators} "
+                             f"generators (got width {x.dim}, {x.num_generators} generators)")
+        check_token_sets(set_id, x.num_tokens, num_sets)
         seeds, seed_set = self.seeds(num_sets, x.center)  # (B * k, d)
         ffn, rff = self.rff_gens, self.rff
         # The feed-forwards' last maps W_2 are linear (the center's with a bias), and the

@@ -262,10 +262,28 @@ def grouped_attention(q: Tensor, k: Tensor, v: Union[Tensor, Sequence[Tensor]], 
     Shapes:
         - **output:** :math:`(N_q, H, w)` (a tuple of :math:`(N_q, H, w_i)` for a tuple of
           values), or :math:`(N_q, w / c, H, c)` with :obj:`chunk`
+
+    Shapes and dtypes are checked; the values of the set ids are not (that would wait for the
+    device at every call): check them once where they enter, e.g. with
+    :func:`torch_mz.nn.aggr.check_set_ids`.
     """
     check_choice('attention path', path, PATHS)
+    if q.dim() != 3 or k.dim() != 3 or q.size(1) != k.size(1) or q.size(2) != k.size(2):
+        raise ValueError(f"Expected queries (N_q, H, d_k) and keys (N_k, H, d_k) with the same "
+                         f"H and d_k (got {tuple(q.shape)} and {tuple(k.shape)})")
+    for name, ids, rows in (('query_set', query_set, q.size(0)), ('kv_set', kv_set, k.size(0))):
+        if ids.dim() != 1 or ids.numel() != rows or ids.is_floating_point() or ids.is_complex():
+            raise ValueError(f"Expected '{name}' to hold the integer set id of each of the "
+                             f"{rows} rows, shape ({rows},) (got shape {tuple(ids.shape)}, "
+                             f"dtype {ids.dtype})")
+    if (not isinstance(num_sets, (int, torch.SymInt)) or isinstance(num_sets, bool)
+            or num_sets < 0):  # (a SymInt under torch.compile)
+        raise ValueError(f"'num_sets' must be an integer >= 0 (got {num_sets!r})")
     several = isinstance(v, (tuple, list))
     values = tuple(v) if several else (v, )
+    if any(t.dtype != q.dtype for t in (k, ) + values):
+        raise ValueError(f"Expected queries, keys and values of one dtype (got {q.dtype}, "
+                         f"{k.dtype} and {[t.dtype for t in values]})")
     for vi in values:
         if (vi.dim() not in (2, 3) or vi.size(0) != k.size(0)
                 or (vi.dim() == 3 and (several or vi.size(1) != k.size(1)))):
