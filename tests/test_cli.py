@@ -586,3 +586,33 @@ def test_compare_names_only_the_files_it_wrote(tmp_path, capsys, monkeypatch):
     printed = capsys.readouterr().out
     assert not os.path.exists(os.path.join(out, 'results.png'))
     assert 'results.json' in printed and 'results.png' not in printed.splitlines()[-1]
+
+
+def test_train_resume_takes_the_options_it_is_not_given_from_the_checkpoint(tmp_path, capsys):
+    # `train --resume` continues that run: batch size, learning rate, warm-up... that the
+    # command does not repeat are the checkpoint's (they were the defaults: 200 epochs,
+    # batch 128, a continued run of another configuration); the ones it gives apply
+    out = str(tmp_path / 'run')
+    data = ['--task', 'max', '--n-train', '32', '--n-val', '8', '--n-test', '8',
+            '--no-progress', '--model', 'deepsets:hidden_channels=8']
+    assert main(['train', *data, '--batch-size', '16', '--lr', '0.003', '--patience', '0',
+                 '--grad-clip', '0', '--warmup-epochs', '2', '--epochs', '2', '--out',
+                 out]) == 0
+    capsys.readouterr()
+    assert main(['train', *data, '--epochs', '3', '--resume',
+                 os.path.join(out, 'checkpoint.pt')]) == 0
+    printed = capsys.readouterr().out
+    assert ('resuming with the training options of the checkpoint (those not given): '
+            'batch_size=16, lr=0.003, weight_decay=1e-05, grad_clip=0, patience=0, '
+            'no_normalize=False, warmup_epochs=2') in printed
+    result = json.load(open(os.path.join(out, 'result.json')))
+    assert result['epochs_run'] == 3
+    config = result['config']
+    assert (config['epochs'], config['batch_size'], config['lr'], config['warmup_epochs'],
+            config['grad_clip'], config['patience']) == (3, 16, 0.003, 2, None, None)
+    # a new run takes the defaults, as before
+    parsed = build_parser().parse_args(['train', '--task', 'max', '--model', 'mz'])
+    from torch_mz.cli import _fill_training_options
+    assert _fill_training_options(parsed) == []
+    assert (parsed.epochs, parsed.batch_size, parsed.lr, parsed.warmup_epochs) == (200, 128,
+                                                                                   1e-4, None)

@@ -66,10 +66,46 @@ def _parse_range(text: Optional[str]):
     return (lo, hi)
 
 
+#: The training options' defaults (the paper's), where neither the command line nor, for
+#: ``train --resume``, the checkpoint gives a value (the warm-up: 5 epochs, or --epochs where
+#: fewer).
+TRAINING_DEFAULTS: Dict[str, object] = dict(epochs=200, batch_size=128, lr=1e-4,
+                                            weight_decay=1e-5, grad_clip=1.0, patience=20,
+                                            no_normalize=False)
+
+
+def _fill_training_options(args, recorded: Optional[Dict[str, Any]] = None) -> List[str]:
+    r"""Sets the training options the command line left out: from the configuration
+    :obj:`recorded` in the checkpoint a run resumes from (so that ``train --resume`` continues
+    that run, not one with the defaults), else the defaults; returns the options taken from the
+    checkpoint."""
+    saved: Dict[str, object] = {}
+    for key, flag in (('epochs', 'epochs'), ('batch_size', 'batch_size'), ('lr', 'lr'),
+                      ('weight_decay', 'weight_decay'), ('warmup_epochs', 'warmup_epochs')):
+        if key in (recorded or {}):
+            saved[flag] = recorded[key]  # type: ignore[index]
+    for key in ('grad_clip', 'patience'):  # None in the configuration: off, 0 on the command line
+        if key in (recorded or {}):
+            saved[key] = 0 if recorded[key] is None else recorded[key]  # type: ignore[index]
+    if 'normalize_targets' in (recorded or {}):
+        saved['no_normalize'] = not recorded['normalize_targets']  # type: ignore[index]
+    taken = []
+    for name in list(TRAINING_DEFAULTS) + ['warmup_epochs']:
+        if getattr(args, name) is not None:
+            continue
+        if name in saved:
+            setattr(args, name, saved[name])
+            taken.append(name)
+        elif name in TRAINING_DEFAULTS:  # (the warm-up's default depends on --epochs)
+            setattr(args, name, TRAINING_DEFAULTS[name])
+    return taken
+
+
 def _add_training_args(p: argparse.ArgumentParser):
     g = p.add_argument_group('task')
     g.add_argument('--task', required=True, help="task name (see 'torch-mz tasks')")
-    g.add_argument('--n-train', type=int, help='training sets (synthetic; default: paper)')
+    g.add_argument('--n-train', type=int, help="training sets (default: the task's: the "
+                   "paper's for the synthetic tasks, the official split for the real ones)")
     g.add_argument('--n-val', type=int, help='validation sets')
     g.add_argument('--n-test', type=int, help='test sets')
     g.add_argument('--set-size', help='LOW,HIGH range of set sizes (synthetic tasks)')
@@ -79,19 +115,20 @@ def _add_training_args(p: argparse.ArgumentParser):
                    '(default: $TORCH_MZ_DATA/<Name> or datasets/<Name>)')
     g.add_argument('--data-seed', type=int, default=0,
                    help='seed of the synthetic data / real split (default: 0)')
-    t = p.add_argument_group('training (defaults: the paper)')
-    t.add_argument('--epochs', type=int, default=200)
-    t.add_argument('--batch-size', type=int, default=128)
-    t.add_argument('--lr', type=float, default=1e-4)
-    t.add_argument('--weight-decay', type=float, default=1e-5)
+    t = p.add_argument_group('training (defaults: the paper; with train --resume, the '
+                             "checkpoint's)")
+    t.add_argument('--epochs', type=int, help='most epochs to train (default: 200)')
+    t.add_argument('--batch-size', type=int, help='sets per batch (default: 128)')
+    t.add_argument('--lr', type=float, help='peak learning rate of AdamW (default: 1e-4)')
+    t.add_argument('--weight-decay', type=float, help='AdamW weight decay (default: 1e-5)')
     t.add_argument('--warmup-epochs', type=int, default=None,
                    help='linear warm-up epochs (default: 5, or --epochs where fewer)')
-    t.add_argument('--grad-clip', type=float, default=1.0,
+    t.add_argument('--grad-clip', type=float,
                    help='largest gradient norm; 0 turns clipping off (default: 1.0)')
-    t.add_argument('--patience', type=int, default=20,
+    t.add_argument('--patience', type=int,
                    help='epochs without a better validation loss before stopping; 0 turns '
                    'early stopping off (default: 20)')
-    t.add_argument('--no-normalize', action='store_true',
+    t.add_argument('--no-normalize', action='store_true', default=None,
                    help='train on raw regression targets')
     t.add_argument('--device', default='auto', help="'auto', 'cpu', 'cuda' or 'cuda:N'")
     t.add_argument('--model-arg', action='append', metavar='KEY=VALUE',
@@ -324,6 +361,14 @@ def cmd_train(args) -> int:
         raise CLIError(f"checkpoint '{args.resume}' does not exist")
     if args.resume is not None and args.overwrite:
         raise CLIError('--resume continues a run and --overwrite starts a new one: pass one')
+    recorded = None
+    if args.resume is not None:
+        from torch_mz.train import load_checkpoint
+        recorded = load_checkpoint(args.resume).get('config')
+    taken = _fill_training_options(args, recorded if isinstance(recorded, dict) else None)
+    if taken:
+        print('resuming with the training options of the checkpoint (those not given): '
+              + ', '.join(f'{k}={getattr(args, k)}' for k in taken))
     if args.out:
         out = args.out
     elif args.resume is not None:  # the run goes on where it was (its logs, best.pt, result)
@@ -356,6 +401,7 @@ def cmd_train(args) -> int:
 
 def cmd_compare(args) -> int:
     _check_task(args.task)
+    _fill_training_options(args)  # (a comparison resumes with the options given: checked)
     models = _model_specs(args.models, '--models')
     if args.seeds < 1:
         raise CLIError(f'--seeds must be at least 1 (got {args.seeds})')
