@@ -568,13 +568,14 @@ def test_set_size_belongs_to_its_flag_and_an_old_checkpoint_warns_before_loading
 
 
 def test_a_one_epoch_run_needs_no_warmup_option(tmp_path):
-    # the warm-up defaults to 5 epochs, or fewer where --epochs is smaller (it was refused)
+    # the warm-up defaults to 5 epochs, at most half the run (it was refused; then it was the
+    # whole run, whose one step trained at learning rate 0)
     argv = [a for a in TINY if a not in ('--warmup-epochs', '1')]
     argv[argv.index('--epochs') + 1] = '1'
     out = str(tmp_path / 'run')
     assert main(['train', *argv, '--model', 'deepsets', '--out', out]) == 0
     state = torch.load(os.path.join(out, 'checkpoint.pt'), weights_only=True)
-    assert state['config']['warmup_epochs'] == 1
+    assert state['config']['warmup_epochs'] == 0
 
 
 def test_compare_names_only_the_files_it_wrote(tmp_path, capsys, monkeypatch):

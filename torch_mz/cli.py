@@ -67,11 +67,19 @@ def _parse_range(text: Optional[str]):
 
 
 #: The training options' defaults (the paper's), where neither the command line nor, for
-#: ``train --resume``, the checkpoint gives a value (the warm-up: 5 epochs, or --epochs where
-#: fewer).
+#: ``train --resume``, the checkpoint gives a value (the warm-up: 5 epochs, at most half the
+#: run: :func:`_default_warmup`).
 TRAINING_DEFAULTS: Dict[str, object] = dict(epochs=200, batch_size=128, lr=1e-4,
                                             weight_decay=1e-5, grad_clip=1.0, patience=20,
                                             no_normalize=False)
+
+
+def _default_warmup(epochs: int) -> int:
+    r"""The warm-up of a run of :obj:`epochs` epochs the command line does not set: the paper's 5,
+    at most half the run, so that a short run (a smoke test) reaches the learning rate and decays
+    (with ``--epochs`` 5 or fewer it was all warm-up: a run of one step trained at learning rate
+    0, i.e. not at all)."""
+    return min(5, max(epochs, 0) // 2)
 
 
 def _fill_training_options(args, recorded: Optional[Dict[str, Any]] = None) -> List[str]:
@@ -122,7 +130,7 @@ def _add_training_args(p: argparse.ArgumentParser):
     t.add_argument('--lr', type=float, help='peak learning rate of AdamW (default: 1e-4)')
     t.add_argument('--weight-decay', type=float, help='AdamW weight decay (default: 1e-5)')
     t.add_argument('--warmup-epochs', type=int, default=None,
-                   help='linear warm-up epochs (default: 5, or --epochs where fewer)')
+                   help='linear warm-up epochs (default: 5, at most half of --epochs)')
     t.add_argument('--grad-clip', type=float,
                    help='largest gradient norm; 0 turns clipping off (default: 1.0)')
     t.add_argument('--patience', type=int,
@@ -164,7 +172,7 @@ def _config(args, seed: int, out_dir: Optional[str], resume: Optional[str] = Non
     from torch_mz.train import TrainConfig
     return TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                        weight_decay=args.weight_decay,
-                       warmup_epochs=(min(5, max(args.epochs, 0)) if args.warmup_epochs is None
+                       warmup_epochs=(_default_warmup(args.epochs) if args.warmup_epochs is None
                                       else args.warmup_epochs),
                        grad_clip=args.grad_clip if args.grad_clip != 0 else None,
                        patience=args.patience if args.patience != 0 else None, seed=seed,

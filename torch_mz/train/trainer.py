@@ -9,6 +9,7 @@ import logging
 import math
 import os
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -443,6 +444,11 @@ class Trainer:
     def _make_optimizer(self, batches_per_epoch: int) -> None:
         cfg = self.config
         steps = batches_per_epoch if cfg.schedule == 'step' else 1
+        if 0 < cfg.warmup_epochs == cfg.epochs:
+            warnings.warn(f'Every one of the {cfg.epochs} epoch(s) is warm-up: the learning rate '
+                          f'rises from 0 (the first step trains nothing) and never reaches lr '
+                          f'{cfg.lr:g} nor decays; set warmup_epochs below epochs',
+                          stacklevel=4)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr,
                                            weight_decay=cfg.weight_decay)
         self.scheduler = cosine_with_warmup(self.optimizer, cfg.warmup_epochs * steps,
