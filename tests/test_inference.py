@@ -217,3 +217,15 @@ def test_load_test_split_rebuilds_the_runs_held_out_sets(task, tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter('error', TestSplitWarning)
         assert len(load_test_split(load_checkpoint(best), task_args=dict(d=3)).test) == 8
+
+
+def test_a_set_size_given_for_prediction_replaces_the_runs_test_range(tmp_path):
+    # a run trained with split_set_sizes={'test': ...}: a set_size given to predict sizes the
+    # test sets (it was ignored: the run's test range overrode it, silently)
+    from torch_mz.inference import load_test_split
+    task = load_task('sum', n_train=32, n_val=8, n_test=8, split_set_sizes={'test': [20, 22]})
+    train_one(task, 'deepsets', 0, config(tmp_path, epochs=1))
+    best = str(tmp_path / 'best.pt')
+    assert {d.num_nodes for d in load_test_split(best).test} <= {20, 21, 22}
+    small = load_test_split(best, task_args=dict(set_size=[5, 6])).test  # (no change of data)
+    assert {d.num_nodes for d in small} <= {5, 6}

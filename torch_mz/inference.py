@@ -177,6 +177,11 @@ def load_test_split(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
     options = dict(trained_with, **given, **objects)
     set_size = options.pop('set_size', None)
     set_size = None if set_size is None else tuple(set_size)
+    by_split = options.get('split_set_sizes')
+    if 'set_size' in given and isinstance(by_split, Mapping) and 'test' in by_split:
+        # the range given for the test sets replaces the one the training run drew them at
+        # (split_set_sizes['test'] overrode set_size, which was then ignored)
+        options['split_set_sizes'] = {k: v for k, v in by_split.items() if k != 'test'} or None
     synthetic = is_synthetic(task)
     official = task in OFFICIAL_TEST_SPLIT  # the seed does not draw the test split
     split = recorded.get('split') or {}
