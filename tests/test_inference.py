@@ -124,8 +124,12 @@ def test_old_or_foreign_checkpoints(task, tmp_path):
     assert load_model(tmp_path / 'old.pt', model=model) is model
     reference = load_model(tmp_path / 'best.pt')
     assert torch.equal(outputs(model, task.test)[0], outputs(reference, task.test)[0])
-    with pytest.raises(CheckpointError, match='does not fit this model'):
+    with pytest.raises(CheckpointError, match=r"built otherwise than the one given \(args "):
         load_model(tmp_path / 'old.pt', model=build_model('rigid', 3, 3, dim=16))
+    unrecorded = build_model('rigid', 3, 3, dim=16)
+    del unrecorded.build_info  # (a model that does not say how it was built: its weights tell)
+    with pytest.raises(CheckpointError, match='does not fit this model'):
+        load_model(tmp_path / 'old.pt', model=unrecorded)
     with pytest.raises(CheckpointError, match='does not exist'):
         load_model(tmp_path / 'missing.pt')
 
@@ -229,3 +233,18 @@ def test_a_set_size_given_for_prediction_replaces_the_runs_test_range(tmp_path):
     assert {d.num_nodes for d in load_test_split(best).test} <= {20, 21, 22}
     small = load_test_split(best, task_args=dict(set_size=[5, 6])).test  # (no change of data)
     assert {d.num_nodes for d in small} <= {5, 6}
+
+
+def test_load_model_refuses_a_model_built_otherwise(task, tmp_path):
+    # weights of the same shapes in a model of other options (here the readout) loaded and
+    # predicted something else; the model the checkpoint records, or one built the same, loads
+    train_one(task, 'mz', 0, config(tmp_path, epochs=1), **SMALL)
+    best = str(tmp_path / 'best.pt')
+    other = build_model('mz', task.in_channels, 3, readout='signed', **SMALL)
+    with pytest.raises(CheckpointError, match=r"built otherwise than the one given \(args "
+                       r".*'readout': 'signed'"):
+        load_model(best, model=other)
+    same = build_model('mz', task.in_channels, 3, **SMALL)
+    expected = outputs(load_model(best), task.test).prediction
+    torch.testing.assert_close(outputs(load_model(best, model=same), task.test).prediction,
+                               expected)

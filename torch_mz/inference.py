@@ -12,7 +12,7 @@ from torch import Tensor
 
 from torch_mz.train import (CheckpointError, TargetNormalizer, attach_normalizer,
                             detach_normalizer, load_checkpoint, predict)
-from torch_mz.train.checkpoint import recorded_options
+from torch_mz.train.checkpoint import _with_build_info, recorded_options, same_run
 
 __all__ = ['load_model', 'load_test_split', 'prediction_columns', 'TestSplitWarning']
 
@@ -34,12 +34,15 @@ def load_model(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
         checkpoint (str or dict): Path of the checkpoint, or the dict
             :func:`~torch_mz.train.load_checkpoint` returned for it.
         model (torch.nn.Module, optional): A model to load the weights into instead of
-            rebuilding one (for models not made by :func:`~torch_mz.models.build_model`).
-            (default: :obj:`None`)
+            rebuilding one (for models not made by :func:`~torch_mz.models.build_model`). One
+            made by it must have been built as the checkpoint's was: weights of the same shapes
+            in a model of other options (another readout, dropout, value operator of the same
+            size...) would predict something else. (default: :obj:`None`)
 
     Raises:
         CheckpointError: If the checkpoint is missing, unreadable or foreign, does not record how
-            to build its model (and :obj:`model` is not given), or its weights do not fit.
+            to build its model (and :obj:`model` is not given), its weights do not fit, or the
+            :obj:`model` given was built otherwise than the checkpoint records.
     """
     if isinstance(checkpoint, Mapping):
         state, where = dict(checkpoint), 'The checkpoint'
@@ -51,6 +54,22 @@ def load_model(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
     if model is None:
         model = _rebuild(state, where)
     else:
+        recorded = (state.get('run_info') or {}).get('model')
+        built = (_with_build_info(None, model) or {}).get('model')
+        if isinstance(recorded, dict) and isinstance(built, dict):
+            # pos_dim builds only EGNN (the set models read pos as features either way)
+            drop = () if str(recorded.get('name', '')).startswith('egnn') else ('pos_dim', )
+            recorded, built = ({k: v for k, v in d.items() if k not in drop}
+                               for d in (recorded, built))
+        if (isinstance(recorded, dict) and isinstance(built, dict)
+                and not same_run({'model': recorded}, {'model': built})):
+            differ = {k: (recorded[k], built[k]) for k in recorded.keys() & built.keys()
+                      if recorded[k] != built[k]}
+            raise CheckpointError(
+                f'{where} was trained with a model built otherwise than the one given ('
+                + ', '.join(f'{k} {a!r}, given {b!r}' for k, (a, b) in sorted(differ.items()))
+                + '): build it as the checkpoint records, or let load_model(checkpoint) '
+                'rebuild it')
         detach_normalizer(model)
     try:
         model.load_state_dict(state['model'])
