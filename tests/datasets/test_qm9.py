@@ -693,3 +693,19 @@ def test_an_extraction_stopped_between_its_moves_is_done_again(qm9_root, tmp_pat
     with pytest.raises(FileNotFoundError, match='nothing is downloaded over the file you placed'):
         QM9(osp.dirname(placed), log=False)
     assert open(osp.join(placed, 'gdb9.sdf')).read() == 'my own file\n'
+
+
+def test_a_cache_made_with_another_pre_transform_is_rebuilt(qm9_root, monkeypatch):
+    # PyG warns and uses the cache as it is: a run recorded a pre_transform never applied
+    from torch_geometric.transforms import LinearTransformation
+    double = LinearTransformation(2 * torch.eye(3))
+    plain = QM9(qm9_root, log=False)
+    with pytest.warns(UserWarning, match=r"(?s)made with pre_transform=None, not "
+                      r"pre_transform=LinearTransformation\(.*\): rebuilding them"):
+        doubled = QM9(qm9_root, log=False, pre_transform=double)
+    for a, b in zip(plain, doubled):
+        torch.testing.assert_close(b.pos, 2 * a.pos)
+    monkeypatch.setattr(QM9, 'process', lambda self: pytest.fail('the cache must be reused'))
+    with warnings.catch_warnings():
+        warnings.simplefilter('error', UserWarning)
+        assert len(QM9(qm9_root, log=False, pre_transform=double)) == len(plain)

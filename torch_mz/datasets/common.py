@@ -320,6 +320,9 @@ class ProcessedDataset(InMemoryDataset):
     - is checked when loaded: an empty, truncated or inconsistent file is reported with a warning
       that names it and the cache is rebuilt from the raw files; a refused file raises
       :class:`ProcessedFileError`;
+    - is rebuilt, with a warning, when it was made with another ``pre_transform`` or
+      ``pre_filter`` than the one given (PyG warns and uses it as it is, so the data would not be
+      what the arguments say);
     - records the :attr:`processing_version` of the code that built it in ``stats.json``: a
       cache built by code of another version (or by a release that recorded none) is rebuilt
       from the raw files, with a warning, so that a fix to the processing (a check of the raw
@@ -454,12 +457,13 @@ class ProcessedDataset(InMemoryDataset):
                     stale = True
                     continue
                 if saved != current:
+                    # PyG warns and uses the cache as it is: a run would record a pre_transform
+                    # (or pre_filter) that was never applied
                     what = osp.basename(path)[:-3]
-                    warnings.warn(
-                        f"The `{what}` argument differs from the one used in the pre-processed "
-                        f"version of this dataset. If you want to make use of another "
-                        f"pre-processing technique, pass `force_reload=True` explicitly to "
-                        f"reload the dataset.", stacklevel=2)
+                    warnings.warn(f"The processed files in '{self.processed_dir}' were made with "
+                                  f"{what}={saved}, not {what}={current}: rebuilding them from "
+                                  f"the raw files", stacklevel=2)
+                    stale = True
             if not stale and self._built_by_other_version():
                 stale = True
             if not stale and all(osp.exists(p) for p in self.processed_paths):
