@@ -285,6 +285,11 @@ def test_predict_writes_one_row_per_test_set_in_target_units(tmp_path, capsys):
                  '5', '--out', out2]) == 0
     assert list(_read_csv(out2)[0]) == ['prediction_0', 'prediction_1', 'target_0', 'target_1',
                                         'ihw']
+    # without --task: the task the checkpoint records (it was required)
+    out3 = str(tmp_path / 'max_again.csv')
+    assert main(['predict', os.path.join(run2, 'checkpoint.pt'), '--n-test', '5', '--out',
+                 out3]) == 0
+    assert open(out3).read() == open(out2).read()
 
 
 def test_predict_bad_input_exits_2_with_one_line(tmp_path, capsys):

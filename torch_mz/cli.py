@@ -522,7 +522,8 @@ def cmd_compare(args) -> int:
 
 
 def cmd_predict(args) -> int:
-    _check_task(args.task)
+    if args.task is not None:
+        _check_task(args.task)
     if not os.path.isfile(args.checkpoint):
         raise CLIError(f"checkpoint '{args.checkpoint}' does not exist")
     if os.path.isdir(args.out):
@@ -549,6 +550,12 @@ def cmd_predict(args) -> int:
     from torch_mz.train import load_checkpoint, resolve_device
     state = load_checkpoint(args.checkpoint)
     recorded = (state.get('run_info') or {}).get('task') or {}
+    if args.task is None:  # the task the checkpoint records
+        if not isinstance(recorded.get('name'), str):
+            raise CLIError(f"checkpoint '{args.checkpoint}' does not record its task: pass "
+                           f"--task")
+        args.task = recorded['name']
+        _check_task(args.task)
     if recorded.get('name', args.task) != args.task:
         raise CLIError(f"checkpoint '{args.checkpoint}' was trained on task "
                        f"'{recorded['name']}', not '{args.task}'")
@@ -632,7 +639,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser('predict', help="write a trained model's predictions on a task's test "
                        'split to CSV')
     p.add_argument('checkpoint', help='best.pt or checkpoint.pt of a training run')
-    p.add_argument('--task', required=True, help='the task the model was trained on')
+    p.add_argument('--task', help='the task the model was trained on (default: the one the '
+                   'checkpoint records)')
     p.add_argument('--task-arg', action='append', metavar='KEY=VALUE',
                    help='task option (default: those the checkpoint records; repeatable)')
     p.add_argument('--root', help='folder of the real dataset itself, e.g. datasets/QM9')

@@ -245,8 +245,8 @@ def load_test_split(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
                            **options)
         if n_test is not None and n_test != len(splits.test):
             if n_test > len(splits.test):
-                raise ValueError(f"n_test (--n-test) {n_test}: the test split of {where}'s "
-                                 f"training run holds {len(splits.test)} sets")
+                raise ValueError(f"n_test (--n-test) {n_test}: the test split of the training "
+                                 f"run of {where} holds {len(splits.test)} sets")
             splits.test = splits.test[:n_test]
     if splits.task_type != state['task_type']:
         raise ValueError(f"{where} is a {state['task_type']} model and task '{task}' a "
