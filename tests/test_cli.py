@@ -622,3 +622,14 @@ def test_train_resume_takes_the_options_it_is_not_given_from_the_checkpoint(tmp_
     assert _fill_training_options(parsed) == []
     assert (parsed.epochs, parsed.batch_size, parsed.lr, parsed.warmup_epochs) == (200, 128,
                                                                                    1e-4, None)
+
+
+def test_an_unknown_model_option_is_named_before_the_data_load(monkeypatch, capsys):
+    # (it was reported after every set was generated or processed, as MZAggregation's)
+    import torch_mz.cli as cli
+    monkeypatch.setattr(cli, '_load', lambda *a, **k: pytest.fail('loaded the data first'))
+    for argv in (['train', '--task', 'mst', '--model', 'mz:foo=1'],
+                 ['compare', '--task', 'mst', '--models', 'rigid', '--model-arg', 'foo=1']):
+        assert main(argv + ['--no-progress']) == 2
+        err = capsys.readouterr().err
+        assert "preset has no option 'foo'" in err and 'MZAggregation' not in err

@@ -223,10 +223,22 @@ def _run(args, task, model: ModelSpec, seed: int, out_dir: Optional[str],
     return dict(row, model=model.spec)
 
 
+def _option_error(what: str, name: str, error: Exception) -> str:
+    r"""The message of a model that could not be built: an unknown option named as the preset's
+    (the constructor that refused it is a layer inside the preset)."""
+    unknown = re.search(r"unexpected keyword argument '(\w+)'", str(error))
+    if unknown:
+        return (f"{what}: the '{name}' preset has no option '{unknown.group(1)}' (see "
+                f"'torch-mz models' and torch_mz.models.build_model)")
+    return f'{what}: {error}'
+
+
 def _check_model_args(args, task, models: List[ModelSpec]):
     r"""Checks the options of every model spec, then --model-arg (which overrides them), against
     the presets before any training: unknown options and values of the wrong type end as a
-    CLIError, not as a TypeError deep inside a constructor."""
+    CLIError, not as a TypeError deep inside a constructor. With :obj:`task` :obj:`None`, before
+    the data are loaded, the options are checked on a model of placeholder widths, for unknown
+    options only (a value may depend on the task's widths: checked again with the task)."""
     overrides = _parse_kv(args.model_arg, '--model-arg')
     from torch_mz.options import check_options
     from torch_mz.models import build_model
@@ -242,11 +254,18 @@ def _check_model_args(args, task, models: List[ModelSpec]):
             except ValueError as e:
                 raise CLIError(str(e)) from None
             try:  # options that the preset passes on to its blocks are known only to them
-                build_model(model.name, task.in_channels, task.out_channels,
-                            pos_dim=task.pos_dim,
-                            feature_columns=task.info.get('feature_columns'), **options)
-            except (TypeError, ValueError) as e:
-                raise CLIError(f'{what}: {e}') from None
+                if task is None:
+                    build_model(model.name, 4, 1, pos_dim=3 if model.name.startswith('egnn')
+                                else None, **options)
+                else:
+                    build_model(model.name, task.in_channels, task.out_channels,
+                                pos_dim=task.pos_dim,
+                                feature_columns=task.info.get('feature_columns'), **options)
+            except TypeError as e:
+                raise CLIError(_option_error(what, model.name, e)) from None
+            except ValueError as e:
+                if task is not None:
+                    raise CLIError(f'{what}: {e}') from None
 
 
 _COMPARE_RESULTS = ('results.json', 'results.md', 'results.png')
@@ -393,6 +412,7 @@ def cmd_train(args) -> int:
                 f"pass --overwrite to replace it, or --resume {os.path.join(out, 'checkpoint.pt')}"
                 f" to continue it")
         raise CLIError(f"'{out}' already holds a run ({', '.join(existing)}); {hint}")
+    _check_model_args(args, None, models)  # unknown options, before the data are loaded
     task = _load(args, progress=not args.no_progress)
     _check_model_args(args, task, models)
     print(f'task {task.name}: {task.description} | train/val/test = '
@@ -457,6 +477,7 @@ def cmd_compare(args) -> int:
                         + '); a comparison gives every run the same: pass the original '
                         'options, or choose another --out')
                 resume_from[(model.spec, seed)] = path
+    _check_model_args(args, None, models)  # unknown options, before the data are loaded
     task = _load(args, progress=not args.no_progress)
     _check_model_args(args, task, models)
     if resume_from:  # the same task, data and model as each checkpoint, before any training
