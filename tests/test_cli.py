@@ -633,3 +633,27 @@ def test_an_unknown_model_option_is_named_before_the_data_load(monkeypatch, caps
         assert main(argv + ['--no-progress']) == 2
         err = capsys.readouterr().err
         assert "preset has no option 'foo'" in err and 'MZAggregation' not in err
+
+
+def test_only_the_main_process_of_torchrun_prints_results(tmp_path, capsys, monkeypatch):
+    # under torchrun every process ran main(): each printed the result lines
+    import torch_mz.cli as cli
+    monkeypatch.setattr(cli, '_main_process', lambda: False)  # (a rank > 0 of torchrun)
+    out = str(tmp_path / 'run')
+    assert main(['train', '--task', 'max', *T, '--model', 'deepsets:hidden_channels=8',
+                 '--out', out]) == 0
+    assert capsys.readouterr().out == ''
+    monkeypatch.setattr(cli, '_main_process', lambda: True)
+    assert main(['train', '--task', 'max', *T, '--model', 'deepsets:hidden_channels=8',
+                 '--out', out, '--overwrite']) == 0
+    assert 'logs and checkpoints in' in capsys.readouterr().out
+
+
+def test_the_allocator_flag_is_taken_after_the_command_too():
+    parser = build_parser()
+    base = ['train', '--task', 'max', '--model', 'mz']
+    assert parser.parse_args(base).keep_freed_memory is True
+    for argv in (['--no-keep-freed-memory'] + base, base + ['--no-keep-freed-memory'],
+                 ['compare', '--task', 'max', '--models', 'mz', '--no-keep-freed-memory'],
+                 ['predict', 'best.pt', '--out', 'p.csv', '--no-keep-freed-memory']):
+        assert parser.parse_args(argv).keep_freed_memory is False

@@ -14,6 +14,7 @@ rate that makes the loss diverge) ends with a one-line message and exit status 2
 traceback.
 """
 import argparse
+import contextlib
 import math
 import os
 import re
@@ -620,6 +621,14 @@ def cmd_predict(args) -> int:
     return 0
 
 
+def _add_memory_flag(p: argparse.ArgumentParser) -> None:
+    r"""``--no-keep-freed-memory`` after the command too (``torch-mz train ...
+    --no-keep-freed-memory``); it was taken only before it."""
+    p.add_argument('--no-keep-freed-memory', dest='keep_freed_memory', action='store_false',
+                   default=argparse.SUPPRESS,
+                   help="leave glibc's malloc as it is (see torch-mz --help)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from torch_mz import __version__
     parser = argparse.ArgumentParser(  # the docstring's first line, without its RST markup
@@ -646,6 +655,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--seed', type=int, default=0)
     p.add_argument('--resume', help="checkpoint.pt to continue from (in its own folder unless "
                    "--out says otherwise)")
+    _add_memory_flag(p)
     p.set_defaults(func=cmd_train)
     p = sub.add_parser('compare', help='train several models over several seeds and tabulate')
     _add_training_args(p)
@@ -656,6 +666,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help='continue an interrupted comparison in --out with the same options: '
                    'finished runs are read back, the others continue from their last '
                    'checkpoint')
+    _add_memory_flag(p)
     p.set_defaults(func=cmd_compare)
     p = sub.add_parser('predict', help="write a trained model's predictions on a task's test "
                        'split to CSV')
@@ -681,8 +692,15 @@ def build_parser() -> argparse.ArgumentParser:
                    '(prediction_0, ... for several targets; the class for classification), '
                    'target, ihw')
     p.add_argument('--overwrite', action='store_true', help='replace an existing --out')
+    _add_memory_flag(p)
     p.set_defaults(func=cmd_predict)
     return parser
+
+
+def _main_process() -> bool:
+    r"""Whether this process is the main one of its run (rank 0 under ``torchrun``)."""
+    from torch_mz.train.runtime import DistInfo
+    return DistInfo.from_env().is_main
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -694,7 +712,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from torch_mz.runtime import keep_freed_memory
         keep_freed_memory()  # this process is ours; False (no change) where not glibc
     from torch_mz.train import CheckpointError
+    # under torchrun, the main process prints the results; the others train silently (their
+    # errors still go to stderr)
+    quiet = args.command in ('train', 'compare') and not _main_process()
     try:
+        if quiet:
+            with open(os.devnull, 'w') as sink, contextlib.redirect_stdout(sink):
+                return args.func(args)
         return args.func(args)
     except (CLIError, CheckpointError, ValueError, OSError, ImportError,
             FloatingPointError) as e:

@@ -254,8 +254,9 @@ class MZAggregation(Aggregation):
     Inputs are validated once, here: ``x`` must be a floating-point :math:`(N, F_{in})` tensor of
     the module's dtype (or run under :func:`torch.autocast`) whose finite entries are at most
     :math:`10^{15}` in magnitude (float32; :math:`10^{150}` in float64), beyond which the
-    LayerNorm statistics of the input projection overflow; NaN or infinite entries are allowed
-    and stay inside their set.
+    LayerNorm statistics of the input projection overflow (not checked under
+    :func:`torch.compile`, where reading the largest entry would break the graph); NaN or infinite
+    entries are allowed and stay inside their set.
 
     Models built on it use two public methods instead of its internals: :meth:`validate` checks
     an input (once) and resolves its sets, and :meth:`pool` aggregates a validated input and also
@@ -510,7 +511,7 @@ class MZAggregation(Aggregation):
         r"""Checks an input once, at the boundary (see the class docstring), and returns the set
         id of every row :math:`(N,)` and the number of sets :math:`B`, for :meth:`pool`."""
         check_set_input(x, self.in_channels, self.lin.weight.dtype)
-        if x.numel() > 0:
+        if x.numel() > 0 and not torch.compiler.is_compiling():
             limit = 1e15 if torch.finfo(x.dtype).max < 1e300 else 1e150
             largest = largest_finite_magnitude(x.detach())
             if largest > limit:
