@@ -116,7 +116,8 @@ def _add_training_args(p: argparse.ArgumentParser):
     g.add_argument('--n-train', type=int, help="training sets (default: the task's: the "
                    "paper's for the synthetic tasks, the official split for the real ones)")
     g.add_argument('--n-val', type=int, help='validation sets')
-    g.add_argument('--n-test', type=int, help='test sets')
+    g.add_argument('--n-test', type=int, help='test sets (of ModelNet40 / ScanObjectNN: N spread '
+                   'evenly over the official test files, which list their classes in turn)')
     g.add_argument('--set-size', help='LOW,HIGH range of set sizes (synthetic tasks)')
     g.add_argument('--task-arg', action='append', metavar='KEY=VALUE',
                    help='task option, e.g. tdof=8 or target=mu (repeatable)')
@@ -677,8 +678,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help='task option (default: those the checkpoint records; repeatable)')
     p.add_argument('--root', help='folder of the real dataset itself, e.g. datasets/QM9')
     p.add_argument('--n-test', type=int,
-                   help="test sets (default: the training run's; a real dataset's first N "
-                   "test sets of the training run's split)")
+                   help="test sets (default: the training run's; of QM9, the first N of the "
+                   "training run's test split; of ModelNet40 / ScanObjectNN, N spread evenly "
+                   "over the official test files)")
     p.add_argument('--data-seed', type=int,
                    help='seed of the synthetic data / real split (default: the one the '
                    'checkpoint records; 0 for a checkpoint that records none)')

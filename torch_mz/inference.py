@@ -107,7 +107,8 @@ def load_test_split(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
 
     A synthetic task's test split is drawn apart from its other splits, so :obj:`n_test` may ask
     for more (or fewer) test sets; a real dataset's is the run's held-out split (ModelNet40's
-    and ScanObjectNN's official test files, of which :obj:`n_test` takes the first; QM9's test
+    and ScanObjectNN's official test files, of which :obj:`n_test` takes sets spread evenly
+    over them (:func:`torch_mz.datasets.real.spread_indices`); QM9's test
     molecules of the run's split, of which :obj:`n_test` takes the first).
 
     Args:
@@ -234,7 +235,7 @@ def load_test_split(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
         splits = load_task(task, seed=seed, n_train=0, n_val=0,
                            n_test=n_test if n_test is not None else split.get('n_test'),
                            set_size=set_size, root=root, **options)
-    elif official:  # the first N of the official test files
+    elif official:  # N of the official test files, spread over them (load_real_task)
         splits = load_task(task, seed=seed, n_train=split.get('n_train'),
                            n_val=split.get('n_val'),
                            n_test=n_test if n_test is not None else split.get('n_test'),

@@ -234,3 +234,18 @@ def test_a_run_trained_with_a_transform_is_named_by_predict_and_resume(tmp_path,
     with pytest.warns(TestSplitWarning, match=r"transform='RandomRotate\(\(-180, 180\), axis=0\)' "
                       r"differs from the training run's"):
         load_test_split(best, root=root, transform=T.RandomRotate(180))
+
+
+def test_n_test_spreads_over_the_official_test_split(scanobjectnn_root):
+    # the official files list their shapes class by class: the first N held a few classes
+    from torch_mz.datasets.real import spread_indices
+    assert spread_indices(10, 2468)[:3] == [0, 246, 493] and spread_indices(10, 2468)[-1] == 2221
+    assert spread_indices(5, 5) == spread_indices(9, 5) == [0, 1, 2, 3, 4]
+    spread = spread_indices(40, 2468)
+    assert len(set(spread)) == 40 and max(b - a for a, b in zip(spread, spread[1:])) <= 62
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        full = load_task('scanobjectnn', root=scanobjectnn_root['root'], num_points=16)
+        two = load_task('scanobjectnn', root=scanobjectnn_root['root'], num_points=16,
+                        n_test=2)
+    assert [int(d.y) for d in two.test] == [int(full.test[i].y) for i in spread_indices(2, 3)]

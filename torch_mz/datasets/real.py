@@ -9,7 +9,9 @@ r"""The real datasets as :class:`~torch_mz.datasets.TaskSplits`, for
   optimistic protocol to be reported as such). Training sets get the paper's augmentation,
   PyG's rotation about the up axis y (``RandomRotate(180, axis=1)``) and clipped gaussian
   jitter. Elements are points in ``pos``
-  (no ``x``); EGNN takes the coordinates from ``pos`` and no features.
+  (no ``x``); EGNN takes the coordinates from ``pos`` and no features. ``n_test`` below the
+  official test split's size takes test sets spread evenly over it (:func:`spread_indices`: the
+  official files are sorted by class, so their first sets would hold a few classes only).
 * ``qm9``: by default the offline ``qm9pack`` source and the paper's protocol (50K molecules,
   80/10/10, seeded); ``n_train``/``n_val``/``n_test`` give other sizes. ``pos`` holds the
   coordinates and ``x`` the one-hot atom type (5) and partial charge (1); the set models read
@@ -76,6 +78,15 @@ LOAD_DEFAULTS = {'qm9': {'source': 'qm9pack', 'target': 'mu'}}
 OFFICIAL_TEST_SPLIT = ('modelnet40', 'scanobjectnn')
 
 
+def spread_indices(n: int, total: int):
+    r""":obj:`n` of the indices ``0 .. total - 1`` spread evenly over them, ``i * total // n``
+    (all of them where :obj:`n` is at least :obj:`total`): a subset of the official test split
+    that no seed draws and that spans its classes (the files list them class by class)."""
+    if n >= total:
+        return list(range(total))
+    return [i * total // n for i in range(n)]
+
+
 def _subset(dataset, index):
     return dataset.index_select(index)
 
@@ -98,7 +109,7 @@ def _point_cloud_task(name: str, cls, seed: int, n_train, n_val, n_test, root, n
         raise ValueError(f"{name}: {train_size} train + {val_size} val sets exceed the {n} "
                          f"training files")
     tr, va, _ = split_indices(n, train_size, val_size, 0, seed=seed)
-    test_idx = list(range(len(test) if n_test is None else min(n_test, len(test))))
+    test_idx = spread_indices(len(test) if n_test is None else n_test, len(test))
     test_split = _subset(test, test_idx)
     return TaskSplits(name, _subset(train_aug, tr),
                       test_split if test_as_val else _subset(train_plain, va),
