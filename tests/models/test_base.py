@@ -156,3 +156,13 @@ def test_a_batch_without_its_batch_vector_reads_its_sets_from_ptr(name):
     parts.ptr = torch.tensor([0, 4, 3, 12])
     with pytest.raises(ValueError, match="'ptr' decreases"):
         model(parts)
+
+
+def test_a_width_mismatch_from_a_data_object_says_what_the_model_reads():
+    model = _model('rigid')  # built for 4 columns
+    data = Data(pos=torch.randn(5, 3, dtype=torch.float64), x=torch.randn(5, 2,
+                                                                         dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"shape \(N, 4\) \(got \(5, 5\)\): from a data object the "
+                       r"model reads \[pos, x\] side by side \(here pos \(3 columns\) and x \(2 "
+                       r"columns\)\); build it with in_channels=5"):
+        model(data)

@@ -1,6 +1,7 @@
 import inspect
 import re
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -744,3 +745,21 @@ def test_coordinates_of_another_width_than_pos_dim_are_refused():
     for flag in ('edge_gate', 'normalize', 'update_coords'):
         with pytest.raises(ValueError, match=f"'{flag}' must be True or False"):
             build_model('egnn', 4, 1, pos_dim=3, **{flag: 'False'})
+
+
+def test_conv_and_radius_graph_name_bad_arguments():
+    # features in another dtype than the layer (a bare matmul error), a NaN radius (no edge,
+    # silently), a chunk size that is no integer (a TypeError from inside)
+    conv = EGNNConv(4, hidden_channels=6)
+    x, pos, batch = random_sets([3, 2], 3, 4, dtype=torch.float32)
+    edge_index = fully_connected_edge_index(batch)
+    with pytest.raises(ValueError, match=r"'h' of the layer's dtype torch.float32 \(got "
+                       r"torch.float64\)"):
+        conv(x.double(), pos, edge_index)
+    with pytest.raises(ValueError, match="'r' must be non-negative, got nan"):
+        radius_edge_index(pos, float('nan'), batch)
+    with pytest.raises(ValueError, match="'chunk_size' must be a positive integer, got 1000000.0"):
+        radius_edge_index(pos, 1.0, batch, chunk_size=1e6)
+    assert radius_edge_index(pos, 1.0, batch, chunk_size=np.int64(7)).size(0) == 2
+    with pytest.raises(ValueError, match="'radius' must be non-negative"):
+        EGNN(3, radius=float('nan'))

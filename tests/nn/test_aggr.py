@@ -795,3 +795,14 @@ def test_chunk_groups_count_the_tokens_each_set_adds(monkeypatch):
         x = _x(12, 3)
         torch.testing.assert_close(aggr(x, index), plain(x, index), rtol=1e-12, atol=1e-12)
     assert calls == [2] * 6  # two sets (10 rows and tokens) a group (by rows alone: 10 and 2)
+
+
+def test_float64_input_under_autocast_is_named():
+    # autocast casts float32 inputs, not float64 ones: the check stepped aside under any autocast
+    # and a bare matmul error followed
+    aggr = MZAggregation(F_IN)
+    index = torch.tensor([0, 0, 1])
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        assert aggr(torch.randn(3, F_IN), index).shape == (2, F_IN)
+        with pytest.raises(ValueError, match=r"module's dtype torch.float32 \(got torch.float64"):
+            aggr(torch.randn(3, F_IN, dtype=torch.float64), index)

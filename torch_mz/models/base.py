@@ -149,6 +149,16 @@ class SetModel(Module):
     def forward(self, data_or_x, batch: Optional[Tensor] = None,
                 num_sets: Optional[int] = None) -> SetPrediction:
         x, batch, num_sets = batch_tensors(data_or_x, batch, num_sets)
-        set_id, num_sets = self.validate(x, batch, num_sets)
+        try:
+            set_id, num_sets = self.validate(x, batch, num_sets)
+        except ValueError as e:
+            if isinstance(data_or_x, Tensor) or x.dim() != 2 or x.size(-1) == self.in_channels:
+                raise
+            parts = [f"{k} ({getattr(data_or_x, k).size(-1)} columns)" for k in ('pos', 'x')
+                     if isinstance(getattr(data_or_x, k, None), Tensor)]
+            raise ValueError(f"{e}: from a data object the model reads [pos, x] side by side "
+                             f"(here {' and '.join(parts)}); build it with in_channels="
+                             f"{x.size(-1)}, or give the batch the elements it was built for"
+                             ) from None
         prediction, ihw = self.predict(x, set_id, num_sets)
         return SetPrediction(zero_empty_sets(prediction, set_id, num_sets), ihw)

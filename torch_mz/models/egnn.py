@@ -12,6 +12,7 @@ Satorras, Hoogeboom and Welling, "E(n) Equivariant Graph Neural Networks", ICML 
   which reads coordinates from the first columns of ``x`` (for tensors ``x = [pos, features]``,
   such as what :func:`~torch_mz.models.base.set_features` reads from a data object).
 """
+import numbers
 from typing import Optional, Tuple, Union
 
 import torch
@@ -99,10 +100,11 @@ def radius_edge_index(pos: Tensor, r: float, batch: Optional[Tensor] = None,
     """
     if pos.dim() != 2:
         raise ValueError(f"'pos' must have shape (N, D), got {tuple(pos.shape)}")
-    if r < 0:
+    if not r >= 0:  # (NaN too: it gave no edge, silently)
         raise ValueError(f"'r' must be non-negative, got {r}")
-    if chunk_size < 1:
-        raise ValueError(f"'chunk_size' must be positive, got {chunk_size}")
+    if (not isinstance(chunk_size, numbers.Integral) or isinstance(chunk_size, bool)
+            or chunk_size < 1):
+        raise ValueError(f"'chunk_size' must be a positive integer, got {chunk_size!r}")
     if batch is None:
         batch = pos.new_zeros(pos.size(0), dtype=torch.long)
     if batch.numel() != pos.size(0):
@@ -328,6 +330,11 @@ class EGNNConv(MessagePassing):
                                  f"{self.edge_dim}), got {got}")
         elif edge_attr is not None:
             raise ValueError("'edge_attr' was given but the layer was built with edge_dim=0")
+        dtype = self.edge_mlp[0].weight.dtype if hasattr(self.edge_mlp[0], 'weight') else None
+        if (dtype is not None and not torch.is_autocast_enabled(h.device.type)
+                and h.dtype != dtype):  # (the coordinates may come in another: promoted)
+            raise ValueError(f"Expected 'h' of the layer's dtype {dtype} (got {h.dtype}); "
+                             f"convert it, or the layer (e.g. .to({h.dtype}))")
 
         first = self.edge_mlp[0]
         if (edge_index.size(1) < h.size(0) or type(first) is not Linear
@@ -523,7 +530,7 @@ class EGNN(Module):
             raise ValueError(f"'pos_dim' must be positive, got {pos_dim}")
         if pool not in _POOLS:
             raise ValueError(f"'pool' must be one of {_POOLS}, got '{pool}'")
-        if radius is not None and radius < 0:
+        if radius is not None and not radius >= 0:  # (NaN too: it gave no edge)
             raise ValueError(f"'radius' must be non-negative, got {radius}")
         self.in_channels = in_channels
         self.hidden_channels = hidden_channels

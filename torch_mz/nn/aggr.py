@@ -219,10 +219,15 @@ def check_set_input(x: Tensor, in_channels: int, dtype: torch.dtype) -> None:
     if x.dtype not in FLOAT_DTYPES:
         raise ValueError(f"Expected floating-point input (float32, float64, bfloat16 or "
                          f"float16) (got {x.dtype}); convert it with x.float()")
-    if x.dtype != dtype and not torch.is_autocast_enabled(x.device.type):
-        raise ValueError(f"Expected input of the module's dtype {dtype} (got {x.dtype}); "
-                         f"convert the input, convert the module (e.g. .to({x.dtype})), or run "
-                         f"under torch.autocast")
+    if x.dtype == dtype:
+        return
+    device = x.device.type
+    if torch.is_autocast_enabled(device) and x.dtype in (torch.float32,
+                                                          torch.get_autocast_dtype(device)):
+        return  # (autocast casts float32 inputs, not float64 ones)
+    raise ValueError(f"Expected input of the module's dtype {dtype} (got {x.dtype}); "
+                     f"convert the input, convert the module (e.g. .to({x.dtype})), or run "
+                     f"under torch.autocast with float32 input")
 
 
 class MZAggregation(Aggregation):
