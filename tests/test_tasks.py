@@ -19,7 +19,8 @@ def test_task_options_follow_the_constructors():
     # real datasets: what load_real_task sets itself is no option
     defaults, nullable, complete = task_options('modelnet40')
     assert complete and 'num_points' in nullable and defaults['source'] == 'mesh'
-    assert not {'root', 'train', 'transform'} & set(defaults)
+    assert not {'root', 'train'} & set(defaults)
+    assert 'transform' in defaults  # every split's, after the training augmentation
     with pytest.raises(ValueError, match="Unknown task 'nope'"):
         task_options('nope')
 

@@ -249,3 +249,22 @@ def test_n_test_spreads_over_the_official_test_split(scanobjectnn_root):
         two = load_task('scanobjectnn', root=scanobjectnn_root['root'], num_points=16,
                         n_test=2)
     assert [int(d.y) for d in two.test] == [int(full.test[i].y) for i in spread_indices(2, 3)]
+
+
+def test_a_point_cloud_task_takes_a_transform_for_every_split(scanobjectnn_root):
+    # (it was refused: "task 'scanobjectnn' has no option 'transform'")
+    from torch_geometric.transforms import LinearTransformation
+    double = LinearTransformation(2 * torch.eye(3))
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        plain = load_task('scanobjectnn', root=scanobjectnn_root['root'], num_points=16)
+        doubled = load_task('scanobjectnn', root=scanobjectnn_root['root'], num_points=16,
+                            transform=double)
+    for split in ('val', 'test'):
+        for a, b in zip(getattr(plain, split), getattr(doubled, split)):
+            torch.testing.assert_close(b.pos, 2 * a.pos)
+    # the training split: augmented, then transformed (a rotation keeps the norms)
+    torch.manual_seed(0)
+    norms = doubled.train[0].pos.norm(dim=1)
+    torch.manual_seed(0)
+    torch.testing.assert_close(norms, 2 * plain.train[0].pos.norm(dim=1), rtol=1e-4, atol=0.05)

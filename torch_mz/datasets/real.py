@@ -12,10 +12,15 @@ r"""The real datasets as :class:`~torch_mz.datasets.TaskSplits`, for
   (no ``x``); EGNN takes the coordinates from ``pos`` and no features. ``n_test`` below the
   official test split's size takes test sets spread evenly over it (:func:`spread_indices`: the
   official files are sorted by class, so their first sets would hold a few classes only).
+  A ``transform`` given applies to every split, after the training split's augmentation.
 * ``qm9``: by default the offline ``qm9pack`` source and the paper's protocol (50K molecules,
   80/10/10, seeded); ``n_train``/``n_val``/``n_test`` give other sizes. ``pos`` holds the
   coordinates and ``x`` the one-hot atom type (5) and partial charge (1); the set models read
   ``[pos, x]`` (9), EGNN the coordinates from ``pos`` and ``x`` as invariant features.
+
+Every real task's ``transform`` acts on every split (validation and test too): give deterministic
+ones there (``NormalizeScale``, ``FixedPoints``...), and a random augmentation of the training
+split only by wrapping that split.
 
 With ``scanobjectnn``'s ``resample=True`` only the training split redraws its points on every
 access; validation and test keep one subset per object.
@@ -69,8 +74,8 @@ DESCRIPTIONS = {
                     'the authors)',
     'qm9': 'QM9 molecular property regression (offline source: the qm9pack package)',
 }
-SET_BY_LOAD = {'modelnet40': ('root', 'train', 'transform'),
-               'scanobjectnn': ('root', 'train', 'transform'), 'qm9': ('root', )}
+SET_BY_LOAD = {'modelnet40': ('root', 'train'), 'scanobjectnn': ('root', 'train'),
+               'qm9': ('root', )}
 #: Options :func:`load_real_task` sets where they are not given, over the class's defaults.
 LOAD_DEFAULTS = {'qm9': {'source': 'qm9pack', 'target': 'mu'}}
 #: Real tasks whose test split is the official test files, drawn with no seed (the seed draws the
@@ -96,10 +101,12 @@ def _point_cloud_task(name: str, cls, seed: int, n_train, n_val, n_test, root, n
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"{name}: 'val_fraction' must lie in [0, 1), got {val_fraction}")
     augment = Compose([RandomRotate(180, axis=1), RandomJitter()])  # about the up axis y
-    train_aug = cls(root=root, train=True, transform=augment, **kwargs)
+    given = kwargs.pop('transform', None)  # every split's, after the training augmentation
+    train_aug = cls(root=root, train=True,
+                    transform=augment if given is None else Compose([augment, given]), **kwargs)
     fixed = {k: v for k, v in kwargs.items() if k != 'resample'}  # evaluation: fixed subsets
-    train_plain = cls(root=root, train=True, **fixed)
-    test = cls(root=root, train=False, **fixed)
+    train_plain = cls(root=root, train=True, transform=given, **fixed)
+    test = cls(root=root, train=False, transform=given, **fixed)
     n = len(train_plain)
     test_as_val = n_val is None and val_fraction == 0  # the published protocol
     val_size = 0 if test_as_val else (
