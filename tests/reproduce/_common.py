@@ -29,13 +29,14 @@ def _counting(monkeypatch):
 
 def _start_child(code, out):
     r"""``python -c code out`` in the repository root (so that it imports these tests), one
-    thread, stdout and stderr together as text."""
+    thread, stdout and stderr together as text, without warnings (the tiny budget's runs are all
+    warm-up, which the trainer warns of: the tests read the child's lines)."""
     import os
     import subprocess
     import sys
     from pathlib import Path
     root = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, OMP_NUM_THREADS='1',
+    env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONWARNINGS='ignore',
                PYTHONPATH=os.pathsep.join([str(root), os.environ.get('PYTHONPATH', '')]))
     return subprocess.Popen([sys.executable, '-c', code, out], cwd=root, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -120,8 +120,14 @@ def test_a_second_process_skips_a_held_run_then_waits_for_it_and_takes_it_over(t
              "Reproduction(TINY, sys.argv[1], device='cpu', sweep_cells={'sum': SUM}, on_wait="
              "lambda *a: print('WAIT', *a, flush=True)).run(CLAIM)\nprint('DONE', flush=True)\n")
     with _child_while_held(repro, held, child, out) as proc:
-        line = proc.stdout.readline()
-        assert line.startswith('WAIT sum d=2'), line + proc.stdout.read()
+        lines = []  # (other lines first, e.g. warnings on the merged stderr; reading to the end
+        # here would wait for a child that waits for this process's lock)
+        while not lines or not lines[-1].startswith('WAIT'):
+            line = proc.stdout.readline()
+            if not line:  # the child ended
+                break
+            lines.append(line)
+        assert lines and lines[-1].startswith('WAIT sum d=2'), ''.join(lines)
         assert all(repro.store.stored(*job) for job in others)
         assert not repro.store.stored(*held)
         with repro.store.lock(*held, wait=False) as second:
