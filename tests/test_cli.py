@@ -657,3 +657,23 @@ def test_the_allocator_flag_is_taken_after_the_command_too():
                  ['compare', '--task', 'max', '--models', 'mz', '--no-keep-freed-memory'],
                  ['predict', 'best.pt', '--out', 'p.csv', '--no-keep-freed-memory']):
         assert parser.parse_args(argv).keep_freed_memory is False
+
+
+def test_resume_takes_the_warm_up_it_is_not_given_from_the_checkpoints(tmp_path, capsys):
+    # runs made when the default warm-up was min(5, epochs): a resume with the same command
+    # (no --warmup-epochs) continues them, where the new default (3 of 6 epochs) was refused as
+    # another setting; a train --resume shorter than the checkpoint's warm-up says so
+    out = str(tmp_path / 'cmp')
+    data = ['--task', 'max', '--n-train', '32', '--n-val', '8', '--n-test', '8', '--batch-size',
+            '16', '--no-progress']
+    assert main(['compare', *data, '--models', 'deepsets:hidden_channels=8', '--seeds', '1',
+                 '--epochs', '6', '--warmup-epochs', '5', '--out', out]) == 0
+    capsys.readouterr()
+    assert main(['compare', *data, '--models', 'deepsets:hidden_channels=8', '--seeds', '1',
+                 '--epochs', '6', '--out', out, '--resume']) == 0
+    assert 'warmup_epochs=5' in capsys.readouterr().out
+    checkpoint = os.path.join(out, 'deepsets_hidden_channels=8-seed0', 'checkpoint.pt')
+    assert main(['train', *data, '--model', 'deepsets:hidden_channels=8', '--epochs', '3',
+                 '--resume', checkpoint, '--out', str(tmp_path / 'short')]) == 2
+    assert ("--epochs 3 is fewer than the checkpoint's warm-up of 5 epochs: pass "
+            "--warmup-epochs too") in capsys.readouterr().err

@@ -112,3 +112,22 @@ def test_damaged_zip_member_finds_a_changed_bit_torch_load_does_not(tmp_path):
     cut = tmp_path / 'cut.pt'
     cut.write_bytes(path.read_bytes()[:-100])
     assert damaged_zip_member(cut) is None
+
+
+def test_damaged_zip_member_leaves_what_zipfile_cannot_read_to_torch(tmp_path):
+    # a changed "version needed to extract" of the central directory: torch.load reads the file
+    # as written, Python's zipfile refuses it (NotImplementedError); only a CRC that differs
+    # counts (the check raised that error, and load_checkpoint with it)
+    import zipfile
+
+    import torch
+    from torch_mz._files import damaged_zip_member
+    path = tmp_path / 'w.pt'
+    torch.save({'w': torch.arange(100.)}, path)
+    with zipfile.ZipFile(path) as archive:
+        start = archive.start_dir
+    data = bytearray(path.read_bytes())
+    data[start + 6] = 0x80  # version needed: 12.8
+    path.write_bytes(bytes(data))
+    assert torch.equal(torch.load(path, weights_only=True)['w'], torch.arange(100.))
+    assert damaged_zip_member(path) is None

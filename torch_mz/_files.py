@@ -91,15 +91,16 @@ def damaged_zip_member(path: Union[str, os.PathLike]) -> Optional[str]:
     :obj:`None`. ``torch.load`` reads a record without checking its CRC, so a changed bit in a
     tensor's data (a damaged disk or copy) would load as a changed weight, silently.
 
-    A file that is not a zip archive (torch's legacy format, or one whose end is missing: left
-    to ``torch.load`` to report) and members stored without a CRC (written with
-    ``torch.serialization.set_crc32_options(False)``) are not checked.
+    Only a CRC that differs counts: a file that is not a zip archive (torch's legacy format, or
+    one whose end is missing), one that Python's :mod:`zipfile` cannot read (a changed header
+    field that ``torch.load`` ignores) and members stored without a CRC (written with
+    ``torch.serialization.set_crc32_options(False)``) are left to ``torch.load``.
     """
     path = os.fspath(path)
-    if not zipfile.is_zipfile(path):
-        return None
     name = None
     try:
+        if not zipfile.is_zipfile(path):
+            return None
         with zipfile.ZipFile(path) as archive:
             for info in archive.infolist():
                 if info.CRC == 0:  # (no CRC written; or an empty member, whose CRC is 0)
@@ -108,7 +109,10 @@ def damaged_zip_member(path: Union[str, os.PathLike]) -> Optional[str]:
                 with archive.open(info) as f:  # raises BadZipFile where the CRC differs
                     while f.read(1 << 24):
                         pass
-    except (zipfile.BadZipFile, EOFError, ValueError) as e:
-        what = f'record {name!r}' if name is not None else 'directory'
-        return f'its {what} does not read back as written ({e})'
+    except zipfile.BadZipFile as e:
+        if name is not None and 'CRC' in str(e):
+            return f'its record {name!r} does not read back as written ({e})'
+        return None
+    except Exception:  # what zipfile cannot read (torch.load reports what it cannot)
+        return None
     return None

@@ -395,6 +395,9 @@ def cmd_train(args) -> int:
         from torch_mz.train import load_checkpoint
         recorded = load_checkpoint(args.resume).get('config')
     taken = _fill_training_options(args, recorded if isinstance(recorded, dict) else None)
+    if 'warmup_epochs' in taken and args.warmup_epochs > args.epochs:
+        raise CLIError(f"--epochs {args.epochs} is fewer than the checkpoint's warm-up of "
+                       f"{args.warmup_epochs} epochs: pass --warmup-epochs too")
     if taken:
         print('resuming with the training options of the checkpoint (those not given): '
               + ', '.join(f'{k}={getattr(args, k)}' for k in taken))
@@ -431,7 +434,6 @@ def cmd_train(args) -> int:
 
 def cmd_compare(args) -> int:
     _check_task(args.task)
-    _fill_training_options(args)  # (a comparison resumes with the options given: checked)
     models = _model_specs(args.models, '--models')
     if args.seeds < 1:
         raise CLIError(f'--seeds must be at least 1 (got {args.seeds})')
@@ -440,6 +442,22 @@ def cmd_compare(args) -> int:
                        'one')
     out = args.out or os.path.join('runs', args.task, 'compare')
     _check_out_folder(out)
+    folders = {model.spec: model.folder for model in models}
+
+    def folder_of(spec, seed):
+        return os.path.join(out, f'{folders[spec]}-seed{seed}')
+
+    recorded = None  # a resumed comparison's options, where the command does not give them
+    if args.resume:
+        from torch_mz.train import LAST_CHECKPOINT, load_checkpoint
+        paths = [os.path.join(folder_of(m.spec, k), LAST_CHECKPOINT) for m in models
+                 for k in range(args.seeds)]
+        found = next((p for p in paths if os.path.isfile(p)), None)
+        recorded = None if found is None else load_checkpoint(found).get('config')
+    taken = _fill_training_options(args, recorded if isinstance(recorded, dict) else None)
+    if taken:
+        print('resuming with the training options of the checkpoints (those not given): '
+              + ', '.join(f'{k}={getattr(args, k)}' for k in taken))
     _check_training_args(args)
     stale = _compare_outputs(out)
     if stale and not args.overwrite and not args.resume:
@@ -448,11 +466,6 @@ def cmd_compare(args) -> int:
                        f"are read back, interrupted ones continue from their last "
                        f"checkpoint), --overwrite to replace it (the old model folders are "
                        f"removed), or choose another --out")
-    folders = {model.spec: model.folder for model in models}
-
-    def folder_of(spec, seed):
-        return os.path.join(out, f'{folders[spec]}-seed{seed}')
-
     resume_from = {}
     if args.resume and stale:  # the runs there are this comparison's, or some would be lost
         wanted = {os.path.basename(folder_of(m.spec, k)) for m in models

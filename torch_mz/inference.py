@@ -35,9 +35,10 @@ def load_model(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
             :func:`~torch_mz.train.load_checkpoint` returned for it.
         model (torch.nn.Module, optional): A model to load the weights into instead of
             rebuilding one (for models not made by :func:`~torch_mz.models.build_model`). One
-            made by it must have been built as the checkpoint's was: weights of the same shapes
-            in a model of other options (another readout, dropout, value operator of the same
-            size...) would predict something else. (default: :obj:`None`)
+            made by it must have been built as the checkpoint's was, up to options that do not
+            change what it predicts in eval mode (:data:`INFERENCE_NEUTRAL_OPTIONS`): weights of
+            the same shapes in a model of other options (another readout, value operator of
+            the same size...) would predict something else. (default: :obj:`None`)
 
     Raises:
         CheckpointError: If the checkpoint is missing, unreadable or foreign, does not record how
@@ -57,10 +58,7 @@ def load_model(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
         recorded = (state.get('run_info') or {}).get('model')
         built = (_with_build_info(None, model) or {}).get('model')
         if isinstance(recorded, dict) and isinstance(built, dict):
-            # pos_dim builds only EGNN (the set models read pos as features either way)
-            drop = () if str(recorded.get('name', '')).startswith('egnn') else ('pos_dim', )
-            recorded, built = ({k: v for k, v in d.items() if k not in drop}
-                               for d in (recorded, built))
+            recorded, built = _as_built(recorded), _as_built(built)
         if (isinstance(recorded, dict) and isinstance(built, dict)
                 and not same_run({'model': recorded}, {'model': built})):
             differ = {k: (recorded[k], built[k]) for k in recorded.keys() & built.keys()
@@ -80,6 +78,27 @@ def load_model(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
             and state.get('normalizer') is not None):
         attach_normalizer(model, TargetNormalizer().load_state_dict(state['normalizer']))
     return model.eval()
+
+
+#: Model options that do not change what a model in eval mode predicts (beyond rounding).
+INFERENCE_NEUTRAL_OPTIONS = ('dropout', 'chunk_size', 'checkpoint', 'path', 'fold_keys')
+
+
+def _as_built(info: Dict[str, Any]) -> Dict[str, Any]:
+    r"""A model's ``build_info`` as what it predicts with: its preset's values under the options
+    given (an option given at the preset's value is no difference), without
+    :data:`INFERENCE_NEUTRAL_OPTIONS`, and without ``pos_dim`` but for EGNN (the set models read
+    ``pos`` as features either way)."""
+    from torch_mz.models.registry import PRESETS
+    name = info.get('name')
+    args = info.get('args') if isinstance(info.get('args'), dict) else {}
+    preset = PRESETS.get(name, {}) if isinstance(name, str) else {}
+    merged = {k: v for k, v in dict(preset, **args).items()
+              if k not in INFERENCE_NEUTRAL_OPTIONS}
+    out = dict(info, args=merged)
+    if not str(name).startswith('egnn'):
+        out.pop('pos_dim', None)
+    return out
 
 
 class TestSplitWarning(UserWarning):
@@ -235,6 +254,11 @@ def load_test_split(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
         splits = load_task(task, seed=seed, n_train=0, n_val=0,
                            n_test=n_test if n_test is not None else split.get('n_test'),
                            set_size=set_size, root=root, **options)
+    elif official and split.get('n_test') is not None and 'test_subset' not in split:
+        # a run recorded before its subset was: the first n_test of the official test files
+        splits = load_task(task, seed=seed, n_train=split.get('n_train'),
+                           n_val=split.get('n_val'), root=root, **options)
+        splits.test = splits.test[:n_test if n_test is not None else split['n_test']]
     elif official:  # N of the official test files, spread over them (load_real_task)
         splits = load_task(task, seed=seed, n_train=split.get('n_train'),
                            n_val=split.get('n_val'),

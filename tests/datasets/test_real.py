@@ -253,18 +253,50 @@ def test_n_test_spreads_over_the_official_test_split(scanobjectnn_root):
 
 def test_a_point_cloud_task_takes_a_transform_for_every_split(scanobjectnn_root):
     # (it was refused: "task 'scanobjectnn' has no option 'transform'")
-    from torch_geometric.transforms import LinearTransformation
-    double = LinearTransformation(2 * torch.eye(3))
+    from torch_geometric.transforms import BaseTransform
+
+    class Shift(BaseTransform):  # x + 10: after the rotation about y, the mean's x stays 10
+        def forward(self, data):
+            data.pos = data.pos + torch.tensor([10.0, 0.0, 0.0])
+            return data
+
     with warnings.catch_warnings():
         warnings.simplefilter('ignore')
         plain = load_task('scanobjectnn', root=scanobjectnn_root['root'], num_points=16)
-        doubled = load_task('scanobjectnn', root=scanobjectnn_root['root'], num_points=16,
-                            transform=double)
+        shifted = load_task('scanobjectnn', root=scanobjectnn_root['root'], num_points=16,
+                            transform=Shift())
     for split in ('val', 'test'):
-        for a, b in zip(getattr(plain, split), getattr(doubled, split)):
-            torch.testing.assert_close(b.pos, 2 * a.pos)
-    # the training split: augmented, then transformed (a rotation keeps the norms)
-    torch.manual_seed(0)
-    norms = doubled.train[0].pos.norm(dim=1)
-    torch.manual_seed(0)
-    torch.testing.assert_close(norms, 2 * plain.train[0].pos.norm(dim=1), rtol=1e-4, atol=0.05)
+        for a, b in zip(getattr(plain, split), getattr(shifted, split)):
+            torch.testing.assert_close(b.pos, a.pos + torch.tensor([10.0, 0.0, 0.0]))
+    # the training split: augmented (rotated about y, jittered), then shifted; shifted first,
+    # the rotation would have turned the shift away from x
+    for seed in range(5):
+        torch.manual_seed(seed)
+        centre = shifted.train[0].pos.mean(0) - plain.train[0].pos.mean(0)  # (both centred)
+        assert abs(float(centre[0]) - 10) < 1.5 and abs(float(centre[2])) < 1.5
+
+
+def test_a_run_recorded_before_the_spread_subset_predicts_on_its_first_n(scanobjectnn_root,
+                                                                        tmp_path):
+    # a run that recorded no test_subset took the first n_test official test files: predict
+    # scores those again (the spread subset would score other sets than the run reported)
+    from torch_mz.inference import load_test_split
+    from torch_mz.study import train_one
+    from torch_mz.train import TrainConfig, load_checkpoint
+    from torch_mz.datasets.real import spread_indices
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        task = load_task('scanobjectnn', root=scanobjectnn_root['root'], num_points=16,
+                         n_test=2)
+        full = load_task('scanobjectnn', root=scanobjectnn_root['root'], num_points=16)
+        assert task.split['test_subset'] == 'spread'
+        train_one(task, 'deepsets', 0, TrainConfig(epochs=1, warmup_epochs=0, batch_size=2,
+                                                   progress=False, out_dir=str(tmp_path)),
+                  hidden_channels=8)
+        state = load_checkpoint(tmp_path / 'best.pt')
+        spread = load_test_split(state, root=scanobjectnn_root['root']).test
+        del state['run_info']['task']['split']['test_subset']  # as recorded before
+        first = load_test_split(state, root=scanobjectnn_root['root']).test
+    labels = [int(d.y) for d in full.test]
+    assert [int(d.y) for d in spread] == [labels[i] for i in spread_indices(2, len(labels))]
+    assert [int(d.y) for d in first] == labels[:2]

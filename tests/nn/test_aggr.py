@@ -804,5 +804,6 @@ def test_float64_input_under_autocast_is_named():
     index = torch.tensor([0, 0, 1])
     with torch.autocast('cpu', dtype=torch.bfloat16):
         assert aggr(torch.randn(3, F_IN), index).shape == (2, F_IN)
+        assert aggr(torch.randn(3, F_IN, dtype=torch.float16), index).shape == (2, F_IN)
         with pytest.raises(ValueError, match=r"module's dtype torch.float32 \(got torch.float64"):
             aggr(torch.randn(3, F_IN, dtype=torch.float64), index)

@@ -581,3 +581,13 @@ def test_folded_query_ids_changed_in_place_are_read_again():
     torch.testing.assert_close(changed, fresh, rtol=0, atol=0)
     torch.testing.assert_close(changed, expected, rtol=1e-6, atol=1e-6)
     assert not torch.allclose(changed, first)
+
+
+def test_folded_query_ids_are_not_cached_while_compiling(monkeypatch):
+    # torch.is_inference, which the cache asks, breaks a compiled graph: not asked there
+    att = MZAttention(16, heads=2, num_generators=2)
+    ids = torch.tensor([0, 1])
+    monkeypatch.setattr(torch.compiler, 'is_compiling', lambda: True)
+    monkeypatch.setattr(torch, 'is_inference', lambda t: pytest.fail('asked while compiling'))
+    assert att._per_head(ids).tolist() == [0, 0, 1, 1]
+    assert getattr(att, '_per_head_ids', None) is None

@@ -1236,3 +1236,11 @@ def test_grouped_attention_checks_shapes_and_dtypes():
             grouped_attention(q.double(), k, v, qs, ks, 3, path=path)
         with pytest.raises(ValueError, match="'num_sets' must be an integer >= 0"):
             grouped_attention(q, k, v, qs, ks, 3.0, path=path)
+
+
+def test_grouped_attention_takes_numpy_integers_as_num_sets():
+    import numpy as np
+    q = torch.randn(5, 2, 4)
+    ids = torch.tensor([0, 0, 1, 1, 2])
+    torch.testing.assert_close(grouped_attention(q, q, q, ids, ids, np.int64(3)),
+                               grouped_attention(q, q, q, ids, ids, 3))

@@ -222,12 +222,11 @@ def check_set_input(x: Tensor, in_channels: int, dtype: torch.dtype) -> None:
     if x.dtype == dtype:
         return
     device = x.device.type
-    if torch.is_autocast_enabled(device) and x.dtype in (torch.float32,
-                                                          torch.get_autocast_dtype(device)):
-        return  # (autocast casts float32 inputs, not float64 ones)
+    if torch.is_autocast_enabled(device) and x.dtype != torch.float64:
+        return  # (autocast casts float32, float16 and bfloat16 inputs, not float64 ones)
     raise ValueError(f"Expected input of the module's dtype {dtype} (got {x.dtype}); "
                      f"convert the input, convert the module (e.g. .to({x.dtype})), or run "
-                     f"under torch.autocast with float32 input")
+                     f"under torch.autocast (which does not cast float64 input)")
 
 
 class MZAggregation(Aggregation):

@@ -8,6 +8,7 @@ The value operator is pluggable, so that baselines share the routing code exactl
 * ``'hypernet'``: :math:`(W^{(h)} + U^{(h)}(\mu) V^{(h)}) \hat{c}` with a rank-:math:`r` update.
 """
 import math
+import numbers
 from typing import Optional, Tuple, Union
 
 import torch
@@ -80,7 +81,7 @@ def check_token_sets(set_id: Tensor, num_tokens: int, num_sets: int, name: str =
     the device: an integer tensor :math:`(N,)` and an integer :obj:`num_sets` :math:`\geq 0`
     (the ids' values are checked where they enter, e.g. by
     :func:`~torch_mz.nn.aggr.check_set_ids`)."""
-    if (not isinstance(num_sets, (int, torch.SymInt)) or isinstance(num_sets, bool)
+    if (not isinstance(num_sets, (numbers.Integral, torch.SymInt)) or isinstance(num_sets, bool)
             or num_sets < 0):  # (a SymInt under torch.compile)
         raise ValueError(f"'num_sets' must be an integer >= 0 (got {num_sets!r})")
     if (not isinstance(set_id, Tensor) or set_id.dim() != 1 or set_id.numel() != num_tokens
@@ -520,13 +521,15 @@ class MZAttention(Module):
         ``repeat_interleave`` fewer per call (the dense path's layout cache compares values, so
         it would find the layout of a new tensor of the same ids too). Not when the tensor was
         changed in place since (its version counter)."""
+        if torch.compiler.is_compiling():  # (torch.is_inference would break the graph)
+            return query_set.repeat_interleave(self.heads)
         cached = getattr(self, '_per_head_ids', None)
         inference = torch.is_inference(query_set)  # (no version counter to compare)
         if (cached is not None and not inference and cached[0] is query_set
                 and cached[1] == query_set._version):
             return cached[2]
         ids = query_set.repeat_interleave(self.heads)
-        if not (torch.compiler.is_compiling() or inference):
+        if not inference:
             self._per_head_ids = (query_set, query_set._version, ids)
         return ids
 

@@ -19,6 +19,7 @@ same result:
 No Python loop runs over individual sets: the only loop is over the (few) size buckets.
 """
 import contextlib
+import numbers
 import threading
 import weakref
 from collections import OrderedDict
@@ -276,7 +277,7 @@ def grouped_attention(q: Tensor, k: Tensor, v: Union[Tensor, Sequence[Tensor]], 
             raise ValueError(f"Expected '{name}' to hold the integer set id of each of the "
                              f"{rows} rows, shape ({rows},) (got shape {tuple(ids.shape)}, "
                              f"dtype {ids.dtype})")
-    if (not isinstance(num_sets, (int, torch.SymInt)) or isinstance(num_sets, bool)
+    if (not isinstance(num_sets, (numbers.Integral, torch.SymInt)) or isinstance(num_sets, bool)
             or num_sets < 0):  # (a SymInt under torch.compile)
         raise ValueError(f"'num_sets' must be an integer >= 0 (got {num_sets!r})")
     several = isinstance(v, (tuple, list))
