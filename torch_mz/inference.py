@@ -91,7 +91,8 @@ def _as_built(info: Dict[str, Any]) -> Dict[str, Any]:
     ``pos`` as features either way)."""
     from torch_mz.models.registry import PRESETS
     name = info.get('name')
-    args = info.get('args') if isinstance(info.get('args'), dict) else {}
+    given = info.get('args')
+    args: Dict[str, Any] = given if isinstance(given, dict) else {}
     preset = PRESETS.get(name, {}) if isinstance(name, str) else {}
     merged = {k: v for k, v in dict(preset, **args).items()
               if k not in INFERENCE_NEUTRAL_OPTIONS}
