@@ -232,3 +232,16 @@ def test_invalid_declarations():
         assert_equivariant(equivariant_fn, pos.long(), batch, features, **DECLARED)
     with pytest.raises(ValueError, match='batch'):
         assert_equivariant(equivariant_fn, pos, batch[:-1], features, **DECLARED)
+
+
+def test_assert_equivariant_fails_an_infinite_output():
+    # an inf made the tolerance infinite: any function passed
+    from torch_mz.testing import assert_equivariant
+    pos = torch.randn(10, 3, dtype=torch.float64)
+    batch = torch.tensor([0] * 5 + [1] * 5)
+
+    def f(p, feat, b):  # the x coordinate (not invariant), behind an infinite first entry
+        return torch.cat([torch.full((1, ), float('inf'), dtype=p.dtype), p[1:, 0]])
+
+    with pytest.raises(AssertionError, match='not equivariant'):
+        assert_equivariant(f, pos, batch, invariant_outputs=[0])

@@ -190,3 +190,35 @@ def test_mc_dropout_samples_and_is_reproducible():
         mc_dropout_predict(model, data, passes=0)
     with pytest.raises(ValueError, match='BatchNorm'):
         mc_dropout_predict(torch.nn.Sequential(torch.nn.BatchNorm1d(4)), data)
+
+
+def test_mc_dropout_restores_every_modules_own_mode_and_ensembles_need_one_normaliser_each():
+    # model.train(was) put a child frozen in eval back into training mode; a short list of
+    # normalisers dropped the members behind it (zip), silently
+    from torch_mz.uncertainty import method_predictions
+    data = tiny_sets()
+    model = tiny_mz(dropout=0.5).train()
+    child = next(iter(model.children()))
+    child.eval()
+    mc_dropout_predict(model, data, passes=2)
+    assert model.training and not child.training
+    members = [tiny_mz(dropout=0.1) for _ in range(3)]
+    norm = TargetNormalizer().fit(torch.tensor([[1.0], [3.0]]))
+    with pytest.raises(ValueError, match=r'one normaliser per member \(got 1 for 3 members\)'):
+        method_predictions(members, {'test': data}, passes=2, normalizers=[norm])
+
+
+def test_target_normalizer_refuses_integer_targets_and_non_finite_fits():
+    norm = TargetNormalizer().fit(torch.tensor([1., 2., 3., 4.]))
+    with pytest.raises(ValueError, match='floating-point tensor of targets'):
+        norm.transform(torch.tensor([1, 2, 3, 4]))  # (it rounded the statistics to integers)
+    with pytest.raises(ValueError, match='floating-point tensor of targets'):
+        norm.inverse_transform(torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match='finite targets'):
+        TargetNormalizer().fit(torch.tensor([1., float('nan'), 3.]))
+
+
+def test_scaling_an_uncertainty_without_a_normaliser_is_refused():
+    # (the uncertainty came back unscaled, silently)
+    with pytest.raises(ValueError, match='scale_uncertainty=True .* there is none'):
+        predict(tiny_mz(dropout=0.0), tiny_sets(), device='cpu', scale_uncertainty=True)

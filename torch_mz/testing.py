@@ -310,9 +310,13 @@ def assert_equivariant(
                                          f"{tuple(expected.shape)} -> {tuple(y_new.shape)}")
                 diff = (y_new.detach().to(torch.float64) - expected).abs()
                 err = float(diff.max()) if diff.numel() > 0 else 0.0
-                if not math.isfinite(err):
+                finite = bool(torch.isfinite(expected).all() and torch.isfinite(y_new).all())
+                if not math.isfinite(err) or not finite:  # (inf - inf is NaN: no error read)
                     err = math.inf
-                scale = float(expected.abs().max()) if expected.numel() > 0 else 0.0
+                # (an infinite entry would make the tolerance infinite: the finite ones scale it)
+                finite_expected = expected[torch.isfinite(expected)]
+                scale = (float(finite_expected.abs().max()) if finite_expected.numel() > 0
+                         else 0.0)
                 tol = atol + rtol * scale
                 ratio = err / tol if tol > 0 else (0.0 if err == 0 else math.inf)
                 if kind not in worst or ratio > worst[kind][0]:

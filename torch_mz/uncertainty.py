@@ -368,7 +368,7 @@ def mc_dropout_predict(model: torch.nn.Module, dataset: Sequence, passes: int = 
         raise ValueError('MC-Dropout in training mode would update batch-normalisation '
                          'statistics; the model has BatchNorm layers')
     dev = resolve_device(device)
-    was_training = model.training
+    modes = [(m, m.training) for m in model.modules()]  # each module's own, restored after
     model.to(dev)
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=False)
     runs: List[Tensor] = []
@@ -388,7 +388,8 @@ def mc_dropout_predict(model: torch.nn.Module, dataset: Sequence, passes: int = 
                     preds.append(pred.cpu())
                 runs.append(torch.cat(preds, dim=0))  # (N, t)
     finally:
-        model.train(was_training)
+        for module, mode in modes:
+            module.train(mode)
     return predictive_moments(runs)
 
 
@@ -419,6 +420,9 @@ def method_predictions(members: Sequence[torch.nn.Module], splits: Dict[str, Seq
     if not members:
         raise ValueError('Expected at least one trained member')
     norms = list(normalizers) if normalizers is not None else [None] * len(members)
+    if len(norms) != len(members):  # (zip would drop the members without one)
+        raise ValueError(f"Expected one normaliser per member (got {len(norms)} for "
+                         f"{len(members)} members)")
     preds = {split: [predict(m, ds, normalizer=nz, batch_size=batch_size, device=device)
                      for m, nz in zip(members, norms)] for split, ds in splits.items()}
     out: Dict[str, Dict[str, Tuple[np.ndarray, np.ndarray]]] = {m: {} for m in METHODS}

@@ -54,3 +54,23 @@ def test_lead_over_best():
     assert lead_over_best(means, 'mz', ('rigid', )) == Lead('rigid', pytest.approx(0.1), 0.0)
     assert lead_over_best(means, 'mz', ('perceiver', )) is None  # no rival measured
     assert lead_over_best({'rigid': 0.5}, 'mz', ('rigid', )) is None  # no mz
+
+
+def test_paired_statistics_refuse_unpaired_values_and_winner_ranks_nan_last():
+    # one seed against three was broadcast (a gap with a standard error from nothing), a NaN
+    # mean (a missing figure) could win by dict order
+    from torch_mz.study.statistics import resolved_ordering, winner
+    with pytest.raises(ValueError, match=r'one value per seed on both sides, paired \(got 3 '
+                       r'and 1\)'):
+        paired_gap([1., 2., 3.], [0.5])
+    with pytest.raises(ValueError, match='got 1 and 3'):  # (b ranks first)
+        resolved_ordering({'a': [1., 2., 3.], 'b': [0.5]})
+    with pytest.raises(ValueError, match=r'paired bootstrap resamples \(got 3 and 1\)'):
+        paired_gap([1.], [0.], [1., 2., 3.], [0.])
+    with pytest.raises(ValueError, match='got 0 and 0'):
+        paired_gap([], [])
+    nan = float('nan')
+    assert winner({'a': nan, 'b': 0.9, 'c': 0.5}) == winner({'b': 0.9, 'a': nan, 'c': 0.5}) == ['b']
+    assert winner({'a': nan}) == ['a']
+    with pytest.raises(ValueError, match='at least one entry'):
+        winner({})

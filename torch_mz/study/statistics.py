@@ -37,11 +37,17 @@ def paired_gap(a: Sequence[float], b: Sequence[float],
     over the seeds when there are several (sample standard deviation over :math:`\sqrt{n}`), else
     the standard deviation of the differences of the paired bootstrap resamples
     :obj:`boot_a` - :obj:`boot_b` (resamples that are NaN are ignored)."""
+    if len(a) != len(b) or len(a) == 0:  # (numpy would broadcast one seed against several)
+        raise ValueError(f"Expected one value per seed on both sides, paired (got {len(a)} and "
+                         f"{len(b)})")
     diffs = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
     if len(diffs) > 1:
         return float(diffs.mean()), float(diffs.std(ddof=1) / np.sqrt(len(diffs)))
     if boot_a is None or boot_b is None:
         raise ValueError('one seed: the standard error needs the bootstrap resamples')
+    if len(boot_a) != len(boot_b) or len(boot_a) == 0:
+        raise ValueError(f"Expected paired bootstrap resamples (got {len(boot_a)} and "
+                         f"{len(boot_b)})")
     d = np.asarray(boot_a, dtype=float) - np.asarray(boot_b, dtype=float)
     return float(diffs[0]), float(np.nanstd(d))
 
@@ -77,8 +83,13 @@ def winner(means: Mapping[str, float], spreads: Optional[Mapping[str, float]] = 
            z: float = 2.0) -> List[str]:
     r"""The best entry of :obj:`means` (highest), followed by every other entry whose mean is
     within :obj:`z` times the larger seed spread of the best and the runner-up: one name for a
-    clear winner, several for a tie. Entries are ranked by mean, ties in the order given."""
-    ranked = sorted(means, key=lambda k: means[k], reverse=True)
+    clear winner, several for a tie. Entries are ranked by mean, ties in the order given (an
+    exact tie without spreads: the first); a NaN mean (a missing figure) ranks last and wins
+    nothing unless every mean is NaN."""
+    if not means:
+        raise ValueError('Expected at least one entry')
+    ranked = sorted(means, key=lambda k: (not math.isnan(means[k]), means[k]), reverse=True)
+    ranked = [k for k in ranked if not math.isnan(means[k])] or ranked
     best = ranked[0]
     if len(ranked) == 1:
         return [best]

@@ -44,6 +44,8 @@ class TargetNormalizer:
         if not torch.is_tensor(y) or y.numel() == 0:
             raise ValueError('Expected a non-empty tensor of targets to fit the normaliser')
         y = y.detach().to(torch.float64)
+        if not bool(torch.isfinite(y).all()):
+            raise ValueError('Expected finite targets to fit the normaliser (got NaN or inf)')
         y = y.view(-1, 1) if y.dim() == 1 else y.reshape(y.size(0), -1)  # (N, t)
         self.mean = y.mean(dim=0).cpu()
         std = y.std(dim=0, unbiased=False).cpu()
@@ -51,6 +53,10 @@ class TargetNormalizer:
         return self
 
     def _stats(self, y: Tensor) -> Tuple[Tensor, Tensor]:
+        if not torch.is_tensor(y) or not (y.is_floating_point() or y.is_complex()):
+            raise ValueError(f"Expected a floating-point tensor of targets (got "
+                             f"{y.dtype if torch.is_tensor(y) else type(y).__name__}; "
+                             f"e.g. y.float(): integer arithmetic would round the statistics)")
         if not self.fitted:
             raise RuntimeError('TargetNormalizer is not fitted; call fit() or load_state_dict()')
         assert self.mean is not None and self.std is not None

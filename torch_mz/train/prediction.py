@@ -30,7 +30,10 @@ def predict(model: torch.nn.Module, dataset: Sequence,
             model that carries its normaliser (every model trained by :func:`train` or
             :class:`Trainer` on normalised targets, and :func:`torch_mz.load_model`'s): it
             predicts in target units already, and a normaliser passed with it must have the same
-            statistics (it is not applied twice). (default: :obj:`None`)
+            statistics (it is not applied twice). Weights loaded into a freshly built model
+            with ``load_state_dict`` come without it (the normaliser is kept out of the state
+            dict): that model predicts standardised values; :func:`torch_mz.load_model`
+            rebuilds a checkpoint's model with its normaliser. (default: :obj:`None`)
         batch_size (int, optional): Sets per batch. (default: :obj:`128`)
         device (str or torch.device, optional): Device to run on. (default: :obj:`'auto'`)
         progress (bool, optional): Show a :mod:`tqdm` progress bar. (default: :obj:`False`)
@@ -38,7 +41,7 @@ def predict(model: torch.nn.Module, dataset: Sequence,
             standard deviation of ``normalizer`` (for a model whose uncertainty is a standard
             deviation in normalised target units). By default it is returned as the model gives
             it, e.g. the MZ models' interval-hull width, a per-set width in latent units.
-            (default: :obj:`False`)
+            Without a normaliser (carried or passed) it is refused. (default: :obj:`False`)
 
     Returns:
         The predictions :math:`(N, \text{out\_dim})` (class logits for classification) on the CPU,
@@ -55,6 +58,10 @@ def predict(model: torch.nn.Module, dataset: Sequence,
     if hasattr(dataset, '__len__') and len(dataset) == 0:  # (an IterableDataset has none)
         raise ValueError('predict() got an empty dataset: there is nothing to predict')
     normalizer, scale = _pending_normalizer(model, normalizer)
+    if scale_uncertainty and scale is None:  # (it returned the uncertainty unscaled, silently)
+        raise ValueError('scale_uncertainty=True multiplies the uncertainty by the target '
+                         'normaliser\'s standard deviation, and there is none: the model carries '
+                         'none and no normalizer was passed')
     dev = resolve_device(device)
     model = model.to(dev)
     modes = [(m, m.training) for m in model.modules()]  # (a BatchNorm frozen in eval() stays so)
