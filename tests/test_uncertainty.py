@@ -222,3 +222,12 @@ def test_scaling_an_uncertainty_without_a_normaliser_is_refused():
     # (the uncertainty came back unscaled, silently)
     with pytest.raises(ValueError, match='scale_uncertainty=True .* there is none'):
         predict(tiny_mz(dropout=0.0), tiny_sets(), device='cpu', scale_uncertainty=True)
+
+
+def test_uncertainty_methods_name_bad_input():
+    from torch_mz.uncertainty import method_predictions
+    deepsets = build_model('deepsets', 4, 1, hidden_channels=8)  # no uncertainty output
+    with pytest.raises(ValueError, match='members that give an uncertainty'):
+        method_predictions([deepsets], {'test': tiny_sets()}, passes=2)  # (an IndexError)
+    with pytest.raises(ValueError, match='empty dataset'):
+        mc_dropout_predict(tiny_mz(dropout=0.1), [], passes=2)  # (torch.cat's error)

@@ -364,6 +364,8 @@ def mc_dropout_predict(model: torch.nn.Module, dataset: Sequence, passes: int = 
     normalizer, _ = _pending_normalizer(model, normalizer)
     if passes < 1:
         raise ValueError(f"Expected 'passes' >= 1 (got {passes})")
+    if hasattr(dataset, '__len__') and len(dataset) == 0:
+        raise ValueError('mc_dropout_predict() got an empty dataset: there is nothing to predict')
     if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()):
         raise ValueError('MC-Dropout in training mode would update batch-normalisation '
                          'statistics; the model has BatchNorm layers')
@@ -425,6 +427,11 @@ def method_predictions(members: Sequence[torch.nn.Module], splits: Dict[str, Seq
                          f"{len(members)} members)")
     preds = {split: [predict(m, ds, normalizer=nz, batch_size=batch_size, device=device)
                      for m, nz in zip(members, norms)] for split, ds in splits.items()}
+    for split in splits:
+        if not all(isinstance(p, tuple) for p in preds[split]):
+            raise ValueError('Expected members that give an uncertainty (the MZ models\' '
+                             'interval-hull width), for the IHW method: a member gives '
+                             'predictions alone')
     out: Dict[str, Dict[str, Tuple[np.ndarray, np.ndarray]]] = {m: {} for m in METHODS}
     for split, ds in splits.items():
         first = preds[split][0]

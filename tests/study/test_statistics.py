@@ -74,3 +74,13 @@ def test_paired_statistics_refuse_unpaired_values_and_winner_ranks_nan_last():
     assert winner({'a': nan}) == ['a']
     with pytest.raises(ValueError, match='at least one entry'):
         winner({})
+
+
+def test_study_helpers_name_bad_arguments():
+    from torch_mz.study import run_grid
+    from torch_mz.study.report import summarize
+    for seeds in (0, -1, 1.5):  # (an IndexError, after the grid's checks)
+        with pytest.raises(ValueError, match="'seeds' must be an integer >= 1"):
+            run_grid([dict(label='max', task='max')], ['deepsets'], seeds, None)
+    with pytest.raises(ValueError, match="task_type among .* 'classifcation'"):
+        summarize([], 'classifcation')  # (a bare KeyError)

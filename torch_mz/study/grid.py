@@ -7,6 +7,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from torch_mz._checks import check_count
 from torch_mz.models import build_model, count_parameters
 from torch_mz.models.registry import PRESETS
 from torch_mz.options import check_options
@@ -210,6 +211,7 @@ def run_grid(cells: Sequence[Mapping[str, Any]], models: Sequence[str], seeds: i
     (:func:`check_models`): a mistake in the last cell raises its :class:`ValueError` before
     the first cell trains. ``check=False`` skips that (a caller that ran
     :func:`check_grid` itself)."""
+    check_count('seeds', seeds, low=1)  # (0 failed later with an IndexError)
     if not check:
         pass
     elif load is None:

@@ -63,6 +63,8 @@ def markdown_table(rows: List[Dict[str, object]], columns: List[str]) -> str:
 def summarize(rows: List[Dict[str, Any]], task_type: str) -> List[Dict[str, Any]]:
     r"""Mean and (population) standard deviation over seeds of each model's test metrics, in the
     order the models first appear."""
+    if task_type not in METRICS:
+        raise ValueError(f"Expected task_type among {sorted(METRICS)} (got {task_type!r})")
     out = []
     for model in dict.fromkeys(r['model'] for r in rows):
         runs = [r for r in rows if r['model'] == model]
