@@ -609,7 +609,7 @@ def test_train_resume_takes_the_options_it_is_not_given_from_the_checkpoint(tmp_
                  os.path.join(out, 'checkpoint.pt')]) == 0
     printed = capsys.readouterr().out
     assert ('resuming with the training options of the checkpoint (those not given): '
-            'batch_size=16, lr=0.003, weight_decay=1e-05, grad_clip=0, patience=0, '
+            'seed=0, batch_size=16, lr=0.003, weight_decay=1e-05, grad_clip=0, patience=0, '
             'no_normalize=False, warmup_epochs=2') in printed
     result = json.load(open(os.path.join(out, 'result.json')))
     assert result['epochs_run'] == 3
@@ -677,3 +677,15 @@ def test_resume_takes_the_warm_up_it_is_not_given_from_the_checkpoints(tmp_path,
                  '--resume', checkpoint, '--out', str(tmp_path / 'short')]) == 2
     assert ("--epochs 3 is fewer than the checkpoint's warm-up of 5 epochs: pass "
             "--warmup-epochs too") in capsys.readouterr().err
+
+
+def test_train_resume_keeps_the_checkpoints_seed(tmp_path, capsys):
+    # (--seed fell back to 0: the run went on as seed 0, and recorded it)
+    out = str(tmp_path / 'run')
+    data = ['--task', 'max', '--n-train', '32', '--n-val', '8', '--n-test', '8', '--batch-size',
+            '16', '--no-progress', '--model', 'deepsets:hidden_channels=8']
+    assert main(['train', *data, '--seed', '3', '--epochs', '2', '--out', out]) == 0
+    assert main(['train', *data, '--epochs', '3', '--resume',
+                 os.path.join(out, 'checkpoint.pt')]) == 0
+    assert 'seed=3' in capsys.readouterr().out
+    assert json.load(open(os.path.join(out, 'result.json')))['config']['seed'] == 3

@@ -85,8 +85,9 @@ INFERENCE_NEUTRAL_OPTIONS = ('dropout', 'chunk_size', 'checkpoint', 'path', 'fol
 
 
 def _as_built(info: Dict[str, Any]) -> Dict[str, Any]:
-    r"""A model's ``build_info`` as what it predicts with: its preset's values under the options
-    given (an option given at the preset's value is no difference), without
+    r"""A model's ``build_info`` as what it predicts with: the constructor's defaults under its
+    preset's values under the options given (an option given at the value it takes anyway is no
+    difference), without
     :data:`INFERENCE_NEUTRAL_OPTIONS`, and without ``pos_dim`` but for EGNN (the set models read
     ``pos`` as features either way)."""
     from torch_mz.models.registry import PRESETS
@@ -94,11 +95,31 @@ def _as_built(info: Dict[str, Any]) -> Dict[str, Any]:
     given = info.get('args')
     args: Dict[str, Any] = given if isinstance(given, dict) else {}
     preset = PRESETS.get(name, {}) if isinstance(name, str) else {}
-    merged = {k: v for k, v in dict(preset, **args).items()
+    merged = {k: v for k, v in {**_constructor_defaults(name), **preset, **args}.items()
               if k not in INFERENCE_NEUTRAL_OPTIONS}
     out = dict(info, args=merged)
     if not str(name).startswith('egnn'):
         out.pop('pos_dim', None)
+    return out
+
+
+def _constructor_defaults(name: Any) -> Dict[str, Any]:
+    r"""The keyword defaults of the classes that build preset :obj:`name` (an MZ-Set-Transformer
+    preset: :class:`~torch_mz.nn.MZAggregation`'s under the model's own)."""
+    import inspect
+
+    from torch_mz.models import egnn, mean_mlp, set_transformer
+    from torch_mz.nn.aggr import MZAggregation
+    by_name: Dict[str, List[type]] = {
+        'egnn': [egnn.EGNN], 'egnn-qm9': [egnn.EGNN],
+        'perceiver': [set_transformer.PerceiverSet], 'deepsets': [set_transformer.DeepSets],
+        'mean-mlp': [mean_mlp.MeanMLP]}
+    classes = by_name.get(name, [MZAggregation, set_transformer.MZSetTransformer])
+    out: Dict[str, Any] = {}
+    for cls in classes:
+        for p in inspect.signature(cls).parameters.values():
+            if p.default is not inspect.Parameter.empty and p.kind == p.POSITIONAL_OR_KEYWORD:
+                out[p.name] = p.default
     return out
 
 
