@@ -231,3 +231,17 @@ def test_uncertainty_methods_name_bad_input():
         method_predictions([deepsets], {'test': tiny_sets()}, passes=2)  # (an IndexError)
     with pytest.raises(ValueError, match='empty dataset'):
         mc_dropout_predict(tiny_mz(dropout=0.1), [], passes=2)  # (torch.cat's error)
+
+
+def test_uncertainty_arguments_that_gave_silent_results_are_refused():
+    from torch_mz.uncertainty import interval_coverage
+    pred, target, sigma = np.zeros(4), np.ones(4), np.ones(4)
+    with pytest.raises(ValueError, match='open interval'):
+        interval_coverage(pred, target, sigma, levels=[float('nan')])  # (a NaN ECE)
+    with pytest.raises(ValueError, match='open interval'):
+        interval_coverage(pred, target, sigma, levels=1.5)  # (a TypeError in the message)
+    for bins in (2.5, True):  # (2 bins; 1 bin)
+        with pytest.raises(ValueError, match='num_bins'):
+            binned_by_uncertainty(pred, target, sigma, num_bins=bins)
+    with pytest.raises(ValueError, match='a >= 0 and b > 0'):
+        AffineSigma(a=-1.0, b=0.0)  # (negative sigmas)

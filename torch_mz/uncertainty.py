@@ -14,6 +14,7 @@ Every function takes predictions, targets and uncertainties as tensors or arrays
 ``float64``. Library code: nothing here prints.
 """
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -83,9 +84,10 @@ def _check_sigma(sigma: np.ndarray) -> None:
 
 def _check_levels(levels: Union[Sequence[float], np.ndarray]) -> np.ndarray:
     lv = np.asarray(levels, dtype=np.float64).reshape(-1)
-    if lv.size == 0 or np.any(lv <= 0) or np.any(lv >= 1):
+    # (NaN passed both comparisons, and the ECE came out NaN)
+    if lv.size == 0 or not np.all((lv > 0) & (lv < 1)):
         raise ValueError(f'Expected confidence levels in the open interval (0, 1) '
-                         f'(got {list(levels)})')
+                         f'(got {lv.tolist()})')
     return lv
 
 
@@ -135,7 +137,8 @@ def binned_by_uncertainty(pred: ArrayLike, target: ArrayLike, uncertainty: Array
         the bin), ``abs_error`` (mean :math:`|y - \hat y|`), ``count``.
     """
     p, y, s = _vectors(1, pred=pred, target=target, uncertainty=uncertainty)
-    if not 1 <= num_bins <= s.shape[0]:
+    if (not isinstance(num_bins, numbers.Integral) or isinstance(num_bins, bool)
+            or not 1 <= num_bins <= s.shape[0]):  # (2.5 made 2 bins, True one)
         raise ValueError(f"Expected 1 <= num_bins <= N={s.shape[0]} (got {num_bins})")
     err = np.abs(y - p)
     order = np.argsort(s, kind='stable')
@@ -246,6 +249,10 @@ class AffineSigma:
     """
     a: float
     b: float
+
+    def __post_init__(self) -> None:
+        if not (self.a >= 0 and self.b >= 0):  # (negative sigmas followed)
+            raise ValueError(f"Expected a >= 0 and b > 0 (got a={self.a}, b={self.b})")
 
     def __call__(self, uncertainty: ArrayLike) -> np.ndarray:
         s = as_vector('uncertainty', uncertainty)

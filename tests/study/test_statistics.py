@@ -84,3 +84,8 @@ def test_study_helpers_name_bad_arguments():
             run_grid([dict(label='max', task='max')], ['deepsets'], seeds, None)
     with pytest.raises(ValueError, match="task_type among .* 'classifcation'"):
         summarize([], 'classifcation')  # (a bare KeyError)
+
+
+def test_lead_over_best_refuses_a_string_of_rivals():
+    with pytest.raises(ValueError, match="collection of model names"):
+        lead_over_best({'mz': 0.7, 'ab': 0.8}, 'mz', 'ab')  # (read as {'a', 'b'}: no rival)

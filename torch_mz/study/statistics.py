@@ -111,6 +111,9 @@ def lead_over_best(means: Mapping[str, float], model: str, rivals: Iterable[str]
                    spreads: Optional[Mapping[str, float]] = None) -> Optional[Lead]:
     r""":obj:`model`'s :class:`Lead` over the best (highest mean) of the :obj:`rivals` present in
     :obj:`means`; :obj:`None` when :obj:`model` or every rival is missing."""
+    if isinstance(rivals, str):  # (a string was read as its characters)
+        raise ValueError(f"Expected a collection of model names as rivals (got the string "
+                         f"{rivals!r}; e.g. [{rivals!r}])")
     rivals = set(rivals)
     present = [k for k in means if k in rivals and k != model]  # ties: the first in means
     if model not in means or not present:
