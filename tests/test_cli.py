@@ -689,3 +689,9 @@ def test_train_resume_keeps_the_checkpoints_seed(tmp_path, capsys):
                  os.path.join(out, 'checkpoint.pt')]) == 0
     assert 'seed=3' in capsys.readouterr().out
     assert json.load(open(os.path.join(out, 'result.json')))['config']['seed'] == 3
+
+
+def test_an_abbreviated_option_is_refused():
+    # compare --seed 3 was read as --seeds 3 (three seeds)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(['compare', '--task', 'max', '--models', 'mz', '--seed', '3'])

@@ -124,7 +124,8 @@ def test_old_or_foreign_checkpoints(task, tmp_path):
     assert load_model(tmp_path / 'old.pt', model=model) is model
     reference = load_model(tmp_path / 'best.pt')
     assert torch.equal(outputs(model, task.test)[0], outputs(reference, task.test)[0])
-    with pytest.raises(CheckpointError, match=r"built otherwise than the one given \(args "):
+    with pytest.raises(CheckpointError, match=r"built otherwise than the one given \(d_ff 8, "
+                       r"given 128, dim 8, given 16"):
         load_model(tmp_path / 'old.pt', model=build_model('rigid', 3, 3, dim=16))
     unrecorded = build_model('rigid', 3, 3, dim=16)
     del unrecorded.build_info  # (a model that does not say how it was built: its weights tell)
@@ -241,8 +242,8 @@ def test_load_model_refuses_a_model_built_otherwise(task, tmp_path):
     train_one(task, 'mz', 0, config(tmp_path, epochs=1), **SMALL)
     best = str(tmp_path / 'best.pt')
     other = build_model('mz', task.in_channels, 3, readout='signed', **SMALL)
-    with pytest.raises(CheckpointError, match=r"built otherwise than the one given \(args "
-                       r".*'readout': 'signed'"):
+    with pytest.raises(CheckpointError, match=r"built otherwise than the one given \(readout "
+                       r"'ihw', given 'signed'\)"):
         load_model(best, model=other)
     # options that do not change an eval-mode prediction, and a preset's own value given
     # again, are no difference
@@ -260,3 +261,16 @@ def test_load_model_takes_a_model_given_options_at_their_defaults(task, tmp_path
     same = build_model('mz', task.in_channels, 3, readout='ihw', **SMALL)
     torch.testing.assert_close(outputs(load_model(best, model=same), task.test).prediction,
                                outputs(load_model(best), task.test).prediction)
+
+
+def test_load_model_compares_the_options_that_differ(task, tmp_path):
+    # a parameter-matched preset's width is told by its weights; preset='paper' is the model's
+    # own default; the message names the option that differs
+    train_one(task, 'hypernet', 0, config(tmp_path, epochs=1))
+    best = str(tmp_path / 'best.pt')
+    width = load_model(best).body.dim if hasattr(load_model(best), 'body') else None
+    same = build_model('hypernet', task.in_channels, 3, dim=width, preset='paper')
+    load_model(best, model=same)
+    with pytest.raises(CheckpointError, match=r"\(log_n False, given True\)"):
+        load_model(best, model=build_model('hypernet', task.in_channels, 3, dim=width,
+                                           log_n=True))

@@ -665,12 +665,12 @@ def build_parser() -> argparse.ArgumentParser:
                              'presets encode large batches in groups of whole sets, whose '
                              'dropout masks are drawn group by group')
     sub = parser.add_subparsers(dest='command', required=True)
-    p = sub.add_parser('tasks', help='list the tasks')
+    p = sub.add_parser('tasks', help='list the tasks', allow_abbrev=False)
     p.set_defaults(func=cmd_tasks)
-    p = sub.add_parser('models', help='list the model presets')
+    p = sub.add_parser('models', help='list the model presets', allow_abbrev=False)
     p.add_argument('--in-channels', type=int, default=3)
     p.set_defaults(func=cmd_models)
-    p = sub.add_parser('train', help='train one model on one task')
+    p = sub.add_parser('train', help='train one model on one task', allow_abbrev=False)
     _add_training_args(p)
     p.add_argument('--model', required=True,
                    help="model preset (see 'torch-mz models'), with options as name:key=value,...")
@@ -680,7 +680,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "--out says otherwise)")
     _add_memory_flag(p)
     p.set_defaults(func=cmd_train)
-    p = sub.add_parser('compare', help='train several models over several seeds and tabulate')
+    p = sub.add_parser('compare', help='train several models over several seeds and tabulate',
+                       allow_abbrev=False)  # (--seed would be read as --seeds)
     _add_training_args(p)
     p.add_argument('--models', required=True,
                    help='comma-separated model specs, e.g. mz,hypernet:rank=4,dim=64')
@@ -692,7 +693,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_memory_flag(p)
     p.set_defaults(func=cmd_compare)
     p = sub.add_parser('predict', help="write a trained model's predictions on a task's test "
-                       'split to CSV')
+                       'split to CSV', allow_abbrev=False)
     p.add_argument('checkpoint', help='best.pt or checkpoint.pt of a training run')
     p.add_argument('--task', help='the task the model was trained on (default: the one the '
                    'checkpoint records)')

@@ -62,7 +62,10 @@ def load_model(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
         if (isinstance(recorded, dict) and isinstance(built, dict)
                 and not same_run({'model': recorded}, {'model': built})):
             differ = {k: (recorded[k], built[k]) for k in recorded.keys() & built.keys()
-                      if recorded[k] != built[k]}
+                      if recorded[k] != built[k] and k != 'args'}
+            old, new = recorded.get('args') or {}, built.get('args') or {}
+            differ.update({k: (old.get(k), new.get(k)) for k in old.keys() | new.keys()
+                           if old.get(k) != new.get(k)})
             raise CheckpointError(
                 f'{where} was trained with a model built otherwise than the one given ('
                 + ', '.join(f'{k} {a!r}, given {b!r}' for k, (a, b) in sorted(differ.items()))
@@ -97,6 +100,11 @@ def _as_built(info: Dict[str, Any]) -> Dict[str, Any]:
     preset = PRESETS.get(name, {}) if isinstance(name, str) else {}
     merged = {k: v for k, v in {**_constructor_defaults(name), **preset, **args}.items()
               if k not in INFERENCE_NEUTRAL_OPTIONS}
+    if 'match' in preset:  # a parameter-matched width, chosen at build time and not recorded:
+        merged.pop('dim', None)  # the weights' shapes tell (load_state_dict)
+        merged.pop('match', None)
+    if merged.get('hidden_channels', 0) is None:  # (None: the width dim)
+        merged['hidden_channels'] = merged.get('dim')
     out = dict(info, args=merged)
     if not str(name).startswith('egnn'):
         out.pop('pos_dim', None)
@@ -120,6 +128,8 @@ def _constructor_defaults(name: Any) -> Dict[str, Any]:
         for p in inspect.signature(cls).parameters.values():
             if p.default is not inspect.Parameter.empty and p.kind == p.POSITIONAL_OR_KEYWORD:
                 out[p.name] = p.default
+    if name not in by_name:  # (MZSetTransformer builds its body with the paper's preset)
+        out['preset'] = 'paper'
     return out
 
 

@@ -251,7 +251,8 @@ class AffineSigma:
     b: float
 
     def __post_init__(self) -> None:
-        if not (self.a >= 0 and self.b >= 0):  # (negative sigmas followed)
+        if not (self.a >= 0 and self.b > 0 and math.isfinite(self.a)
+                and math.isfinite(self.b)):  # (negative sigmas followed)
             raise ValueError(f"Expected a >= 0 and b > 0 (got a={self.a}, b={self.b})")
 
     def __call__(self, uncertainty: ArrayLike) -> np.ndarray:

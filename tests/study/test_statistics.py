@@ -89,3 +89,12 @@ def test_study_helpers_name_bad_arguments():
 def test_lead_over_best_refuses_a_string_of_rivals():
     with pytest.raises(ValueError, match="collection of model names"):
         lead_over_best({'mz': 0.7, 'ab': 0.8}, 'mz', 'ab')  # (read as {'a', 'b'}: no rival)
+
+
+def test_lead_over_best_passes_over_a_nan_rival_and_paired_gap_wants_vectors():
+    nan = float('nan')
+    for means in ({'mz': .7, 'a': nan, 'b': .5}, {'mz': .7, 'b': .5, 'a': nan}):
+        lead = lead_over_best(means, 'mz', ['a', 'b'])
+        assert lead.best == 'b' and lead.gap == pytest.approx(0.2)
+    with pytest.raises(ValueError, match='one value per seed'):
+        paired_gap([[1.], [2.], [3.]], [0., 1., 1.])  # (a column broadcast to 3 x 3)

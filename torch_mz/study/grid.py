@@ -32,6 +32,7 @@ def train_one(task, model_name: str, seed: int, config: TrainConfig,
     task or model is refused, and so is resuming one with data drawn with another seed or other
     split sizes (``task.split``, recorded where :func:`~torch_mz.tasks.load_task` built the
     task)."""
+    seed = check_count('seed', seed, low=0)  # (a NumPy integer failed in random.seed)
     config = replace(config, seed=seed)  # (a config of another seed trained every seed alike)
     seed_everything(seed)
     model = build_model(model_name, task.in_channels, task.out_channels, pos_dim=task.pos_dim,

@@ -37,7 +37,8 @@ def paired_gap(a: Sequence[float], b: Sequence[float],
     over the seeds when there are several (sample standard deviation over :math:`\sqrt{n}`), else
     the standard deviation of the differences of the paired bootstrap resamples
     :obj:`boot_a` - :obj:`boot_b` (resamples that are NaN are ignored)."""
-    if len(a) != len(b) or len(a) == 0:  # (numpy would broadcast one seed against several)
+    if (np.ndim(a) != 1 or np.ndim(b) != 1 or len(a) != len(b)
+            or len(a) == 0):  # (numpy would broadcast one seed, or a column, against several)
         raise ValueError(f"Expected one value per seed on both sides, paired (got {len(a)} and "
                          f"{len(b)})")
     diffs = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
@@ -45,7 +46,8 @@ def paired_gap(a: Sequence[float], b: Sequence[float],
         return float(diffs.mean()), float(diffs.std(ddof=1) / np.sqrt(len(diffs)))
     if boot_a is None or boot_b is None:
         raise ValueError('one seed: the standard error needs the bootstrap resamples')
-    if len(boot_a) != len(boot_b) or len(boot_a) == 0:
+    if (np.ndim(boot_a) != 1 or np.ndim(boot_b) != 1 or len(boot_a) != len(boot_b)
+            or len(boot_a) == 0):
         raise ValueError(f"Expected paired bootstrap resamples (got {len(boot_a)} and "
                          f"{len(boot_b)})")
     d = np.asarray(boot_a, dtype=float) - np.asarray(boot_b, dtype=float)
@@ -118,6 +120,8 @@ def lead_over_best(means: Mapping[str, float], model: str, rivals: Iterable[str]
     present = [k for k in means if k in rivals and k != model]  # ties: the first in means
     if model not in means or not present:
         return None
+    # a NaN mean (a missing figure, a diverged run) is no best rival unless all are NaN
+    present = [k for k in present if not math.isnan(means[k])] or present
     best = max(present, key=lambda r: means[r])
     spreads = spreads or {}
     return Lead(best, means[model] - means[best],
