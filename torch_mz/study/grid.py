@@ -26,8 +26,8 @@ def train_one(task, model_name: str, seed: int, config: TrainConfig,
     r"""Builds preset :obj:`model_name` for :obj:`task` (a
     :class:`~torch_mz.datasets.TaskSplits`), trains it with :obj:`config` (seeded with
     :obj:`seed`: the model's initialisation and, as ``config.seed``, which it replaces, the
-    training's shuffling and dropout) and returns a flat record: model, seed, parameter count, best epoch, epochs run,
-    wall time, validation and test metrics. The checkpoints record the task (name and
+    training's shuffling and dropout) and returns a flat record: model, seed, parameter count,
+    best epoch, epochs run, wall time, validation and test metrics. The checkpoints record the task (name and
     ``task.args``) and the model (preset name and overrides), so that resuming one with another
     task or model is refused, and so is resuming one with data drawn with another seed or other
     split sizes (``task.split``, recorded where :func:`~torch_mz.tasks.load_task` built the
