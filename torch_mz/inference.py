@@ -114,20 +114,17 @@ def _as_built(info: Dict[str, Any]) -> Dict[str, Any]:
 def _constructor_defaults(name: Any) -> Dict[str, Any]:
     r"""The keyword defaults of the classes that build preset :obj:`name` (an MZ-Set-Transformer
     preset: :class:`~torch_mz.nn.MZAggregation`'s under the model's own)."""
-    import inspect
-
     from torch_mz.models import egnn, mean_mlp, set_transformer
     from torch_mz.nn.aggr import MZAggregation
+    from torch_mz.tasks import _constructor_options
     by_name: Dict[str, List[type]] = {
         'egnn': [egnn.EGNN], 'egnn-qm9': [egnn.EGNN],
         'perceiver': [set_transformer.PerceiverSet], 'deepsets': [set_transformer.DeepSets],
         'mean-mlp': [mean_mlp.MeanMLP]}
     classes = by_name.get(name, [MZAggregation, set_transformer.MZSetTransformer])
     out: Dict[str, Any] = {}
-    for cls in classes:
-        for p in inspect.signature(cls).parameters.values():
-            if p.default is not inspect.Parameter.empty and p.kind == p.POSITIONAL_OR_KEYWORD:
-                out[p.name] = p.default
+    for cls in classes:  # (the reader of constructor options that task_options uses)
+        out.update(_constructor_options(cls, exclude=())[0])
     if name not in by_name:  # (MZSetTransformer builds its body with the paper's preset)
         out['preset'] = 'paper'
     return out
