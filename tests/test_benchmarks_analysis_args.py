@@ -152,6 +152,62 @@ def test_rotation_matching_reference_findings_read_the_rows():
     assert 'seven' not in other and '`mz r2` a short `mz` run (one seed)' in other
 
 
+# --- rotation_matching_features.py -----------------------------------------------------------
+
+SMALL_FEATURES = ['--n-train', '10', '--replication-sets', '2']
+
+
+def _record(folder, model, lr, val_loss, test_r2, cell=None, d=8):
+    study = load_script('rotation_matching_features')
+    cell = cell or study.CELL['label']
+    path = folder / model / f'{model}_{lr}_{val_loss}_{d}.json'
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(dict(
+        cell=cell, seed=0, model=model, best_epoch=3,
+        key=dict(kwargs=dict(d=d, alignment='none'), config=dict(lr=lr, weight_decay=1e-5)),
+        val=dict(loss=val_loss), test=dict(r2=test_r2))))
+
+
+def test_rotation_features_read_the_sweep_and_check_replication(tmp_path, monkeypatch,
+                                                                no_training):
+    records = tmp_path / 'records'
+    _record(records, 'rigid', 3e-4, 0.5, 0.55)
+    _record(records, 'rigid', 3e-3, 0.3, 0.74)  # the chosen point: lowest validation loss
+    _record(records, 'rigid', 1e-3, 0.4, 0.99)
+    _record(records, 'rigid', 3e-3, 0.1, 0.99, cell='another cell')  # not the sweep's cell
+    _record(records, 'rigid', 3e-3, 0.1, 0.98, d=16)  # not its d
+    _record(records, 'deepsets', 1e-4, 0.2, 0.82)
+    out = tmp_path / 'out'
+    argv = SMALL_FEATURES + ['--records', str(records), '--out', str(out)]
+    assert run_script('rotation_matching_features', argv, monkeypatch) == 0
+    saved = json.loads((out / 'features.json').read_text())
+    rigid = saved['sweep']['rigid']
+    assert rigid['chosen']['test_r2'] == 0.74 and rigid['chosen']['lr'] == 3e-3
+    assert [p['test_r2'] for p in rigid['plateau']] == [0.55] and len(rigid['points']) == 3
+    gaps = saved['replication_gap']
+    assert gaps['rigid'] < 1e-9 and gaps['mz'] < 1e-9 and gaps['target'] < 1e-9
+    assert gaps['deepsets'] > 1e-3 and gaps['egnn'] > 1e-3
+    text = (out / 'features.md').read_text()
+    assert 'lr-3e-4 runs' in text and 'deepsets 0.820' in text and (out / 'features.png').exists()
+
+
+def test_rotation_features_fit_an_exact_function_exactly():
+    study = load_script('rotation_matching_features')
+    rng = np.random.default_rng(0)
+    feats = [dict(zip(study.NO_SIZE + ('n', ), rng.normal(size=12))) for _ in range(40)]
+    y = np.array([2.0 * f['msq A'] - f['n'] + 1.0 for f in feats])
+    split = (y[:30], feats[:30]), (y[30:], feats[30:])
+    assert study.fit_r2(*split, ('n', 'msq A'), 1) == pytest.approx(1.0, abs=1e-12)
+    assert study.fit_r2(*split, ('msq B', ), 1) < 0.5
+
+
+def test_rotation_features_records_must_be_a_folder(tmp_path, monkeypatch, capsys, no_training):
+    usage_error('rotation_matching_features', SMALL_FEATURES + [
+        '--records', str(tmp_path / 'nowhere'), '--out', str(tmp_path / 'out')],
+        monkeypatch, capsys, '--records', 'is not a folder')
+    assert not (tmp_path / 'out').exists()
+
+
 # --- uncertainty.py --------------------------------------------------------------------------
 
 SMALL_UNCERTAINTY = ['--quick', '--n-train', '8', '--epochs', '1']
@@ -273,6 +329,7 @@ def test_set_size_generalisation_runs_small(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize('script, argv', [
     ('targets', []), ('rotation_matching_analysis', SMALL_ROTATION),
+    ('rotation_matching_features', SMALL_FEATURES),
     ('uncertainty', SMALL_UNCERTAINTY), ('what_mz_learns', SMALL_WHAT),
     ('set_size_generalisation', ['--quick'])])
 def test_out_that_is_a_file_is_refused_first(script, argv, tmp_path, monkeypatch, capsys,

@@ -162,3 +162,21 @@ def test_the_model_trains_a_batch_at_once_and_groups_large_inputs_in_inference(m
     ref.sum().backward()
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(xg.grad, xw.grad, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize('name', list(_models()))
+def test_attention_models_see_the_empirical_distribution_deep_sets_counts(name):
+    # Softmax pooling averages: a set whose every element appears twice gives the same output
+    # (prediction and IHW) to the attention models; Deep Sets' sum pooling counts the elements.
+    # (benchmarks/rotation_matching_features.py reads the rotation-matching sweep against this.)
+    model = _models()[name].double().eval()
+    index = make_index([4, 1, 6, 3])
+    x = torch.randn(index.numel(), 3, dtype=torch.float64)
+    pred, ihw = model(x, index)
+    pred2, ihw2 = model(torch.cat([x, x]), torch.cat([index, index]))
+    if name == 'deepsets':
+        assert not torch.allclose(pred2, pred)
+        return
+    torch.testing.assert_close(pred2, pred, rtol=1e-12, atol=1e-12)
+    if ihw is not None:
+        torch.testing.assert_close(ihw2, ihw, rtol=1e-12, atol=1e-12)
