@@ -695,3 +695,54 @@ def test_an_abbreviated_option_is_refused():
     # compare --seed 3 was read as --seeds 3 (three seeds)
     with pytest.raises(SystemExit):
         build_parser().parse_args(['compare', '--task', 'max', '--models', 'mz', '--seed', '3'])
+
+
+def test_train_resume_keeps_the_options_the_command_line_cannot_set(tmp_path, capsys):
+    # a run started from Python with schedule='epoch', min_delta, eval_batch_size...: `train
+    # --resume` continued it with the per-step schedule (the CLI has no flag for them)
+    from torch_mz.study import train_one
+    from torch_mz.tasks import load_task
+    from torch_mz.train import TrainConfig
+    out = str(tmp_path / 'run')
+    task = load_task('max', seed=0, n_train=32, n_val=8, n_test=8)
+    config = TrainConfig(epochs=2, batch_size=16, lr=1e-3, warmup_epochs=1, schedule='epoch',
+                         min_delta=0.01, eval_batch_size=4, out_dir=out, device='cpu',
+                         progress=False)
+    train_one(task, 'deepsets', 0, config, hidden_channels=8)
+    assert main(['train', '--task', 'max', '--n-train', '32', '--n-val', '8', '--n-test', '8',
+                 '--no-progress', '--model', 'deepsets:hidden_channels=8', '--epochs', '3',
+                 '--resume', os.path.join(out, 'checkpoint.pt')]) == 0
+    printed = capsys.readouterr().out
+    assert "schedule='epoch'" in printed and 'min_delta=0.01' in printed
+    saved = json.load(open(os.path.join(out, 'result.json')))['config']
+    assert (saved['schedule'], saved['min_delta'], saved['eval_batch_size']) == ('epoch', 0.01, 4)
+    # fewer epochs than the checkpoint has run: refused before any data are loaded
+    assert main(['train', '--task', 'max', '--model', 'deepsets:hidden_channels=8',
+                 '--epochs', '2', '--resume', os.path.join(out, 'checkpoint.pt')]) == 2
+    err = capsys.readouterr().err
+    assert '--epochs 2 is fewer than the 3 epochs' in err and err.count('\n') == 1
+
+
+def test_checkpoint_paths_that_are_folders_or_lack_a_checkpoint(tmp_path, capsys):
+    out = str(tmp_path / 'run')
+    argv = ['train', '--task', 'max', '--model', 'rigid', *T, *SMALL]
+    assert main([*argv, '--out', out]) == 0
+    capsys.readouterr()
+    for command in ([*argv, '--out', str(tmp_path / 'r2'), '--resume', out],
+                    ['predict', out, '--out', str(tmp_path / 'p.csv')]):
+        assert main(command) == 2
+        err = capsys.readouterr().err
+        assert 'is a folder' in err and os.path.join(out, 'checkpoint.pt') in err, err
+    # a run interrupted in its first epoch (best.pt, no checkpoint.pt): no --resume advice
+    os.unlink(os.path.join(out, 'checkpoint.pt'))
+    assert main([*argv, '--out', out]) == 2
+    err = capsys.readouterr().err
+    assert 'no checkpoint.pt to resume from' in err and '--resume' not in err
+    # a checkpoint whose weights are not finite: refused, not a CSV of NaN
+    state = torch.load(os.path.join(out, 'best.pt'), weights_only=True)
+    state['model'] = {k: torch.full_like(v, float('nan')) if v.is_floating_point() else v
+                      for k, v in state['model'].items()}
+    torch.save(state, str(tmp_path / 'nan.pt'))
+    assert main(['predict', str(tmp_path / 'nan.pt'), '--out', str(tmp_path / 'p.csv')]) == 2
+    assert 'non-finite weights' in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / 'p.csv')

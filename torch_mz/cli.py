@@ -83,11 +83,19 @@ def _default_warmup(epochs: int) -> int:
     return min(5, max(epochs, 0) // 2)
 
 
+#: Training options the command line has no flag for: a resumed run keeps its checkpoint's.
+CARRIED_CONFIG = ('schedule', 'min_delta', 'eval_batch_size', 'restore_best', 'deterministic',
+                  'checkpoint_every')
+TRAIN_CONFIG_DEFAULTS = {'schedule': 'step', 'min_delta': 0.0, 'eval_batch_size': None,
+                         'restore_best': True, 'deterministic': False, 'checkpoint_every': 1}
+
+
 def _fill_training_options(args, recorded: Optional[Dict[str, Any]] = None) -> List[str]:
     r"""Sets the training options the command line left out: from the configuration
     :obj:`recorded` in the checkpoint a run resumes from (so that ``train --resume`` continues
-    that run, not one with the defaults), else the defaults; returns the options taken from the
-    checkpoint."""
+    that run, not one with the defaults), else the defaults; the options the command line has no
+    flag for (:data:`CARRIED_CONFIG`) come from the checkpoint too (``args.carried_config``).
+    Returns the options taken from the checkpoint, as ``name=value``."""
     saved: Dict[str, object] = {}
     for key, flag in (('seed', 'seed'), ('epochs', 'epochs'), ('batch_size', 'batch_size'),
                       ('lr', 'lr'),
@@ -99,7 +107,11 @@ def _fill_training_options(args, recorded: Optional[Dict[str, Any]] = None) -> L
             saved[key] = 0 if recorded[key] is None else recorded[key]  # type: ignore[index]
     if 'normalize_targets' in (recorded or {}):
         saved['no_normalize'] = not recorded['normalize_targets']  # type: ignore[index]
-    taken = []
+    # the configuration the command line cannot set (a run started from Python): carried over
+    args.carried_config = {k: recorded[k] for k in CARRIED_CONFIG  # type: ignore[index]
+                           if k in (recorded or {})}
+    taken = [f'{k}={v!r}' for k, v in args.carried_config.items()
+             if v != TRAIN_CONFIG_DEFAULTS[k]]
     names = (['seed'] if hasattr(args, 'seed') else []) + list(TRAINING_DEFAULTS) + [
         'warmup_epochs']  # (compare has --seeds, no --seed)
     for name in names:
@@ -110,7 +122,7 @@ def _fill_training_options(args, recorded: Optional[Dict[str, Any]] = None) -> L
             continue
         if name in saved:
             setattr(args, name, saved[name])
-            taken.append(name)
+            taken.append(f'{name}={saved[name]}')
         elif name in TRAINING_DEFAULTS:  # (the warm-up's default depends on --epochs)
             setattr(args, name, TRAINING_DEFAULTS[name])
     return taken
@@ -187,7 +199,8 @@ def _config(args, seed: int, out_dir: Optional[str], resume: Optional[str] = Non
                        grad_clip=args.grad_clip if args.grad_clip != 0 else None,
                        patience=args.patience if args.patience != 0 else None, seed=seed,
                        device=args.device, normalize_targets=not args.no_normalize,
-                       out_dir=out_dir, resume=resume, progress=not args.no_progress)
+                       out_dir=out_dir, resume=resume, progress=not args.no_progress,
+                       **getattr(args, 'carried_config', {}))
 
 
 class ModelSpec(NamedTuple):
@@ -280,6 +293,17 @@ def _check_model_args(args, task, models: List[ModelSpec]):
 
 _COMPARE_RESULTS = ('results.json', 'results.md', 'results.png')
 _RUN_FOLDER = re.compile(r'.+-seed\d+$')  # a compare run's <model>-seed<k> folders
+
+
+def _check_checkpoint_file(path: str, what: str) -> None:
+    r"""A :class:`CLIError` for a checkpoint path that is a folder (naming the ``.pt`` files in
+    it) or does not exist."""
+    from torch_mz.train.checkpoint import checkpoint_files_hint
+    if os.path.isdir(path):
+        raise CLIError(f"{what} '{path}' is a folder, not a checkpoint file"
+                       + checkpoint_files_hint(path))
+    if not os.path.isfile(path):
+        raise CLIError(f"{what} '{path}' does not exist")
 
 
 def _run_files(folder: str) -> List[str]:
@@ -394,21 +418,27 @@ def cmd_train(args) -> int:
         raise CLIError(f"--model takes one model (got {', '.join(m.spec for m in models)}); "
                        f"use 'torch-mz compare --models' for several")
     model = models[0]
-    if args.resume is not None and not os.path.isfile(args.resume):
-        raise CLIError(f"checkpoint '{args.resume}' does not exist")
+    if args.resume is not None:
+        _check_checkpoint_file(args.resume, '--resume')
     if args.resume is not None and args.overwrite:
         raise CLIError('--resume continues a run and --overwrite starts a new one: pass one')
-    recorded = None
+    recorded, epochs_run = None, None
     if args.resume is not None:
         from torch_mz.train import load_checkpoint
-        recorded = load_checkpoint(args.resume).get('config')
+        state = load_checkpoint(args.resume)
+        recorded = state.get('config')
+        if isinstance(state.get('epoch'), int) and state.get('kind') == 'train':
+            epochs_run = state['epoch'] + 1
     taken = _fill_training_options(args, recorded if isinstance(recorded, dict) else None)
-    if 'warmup_epochs' in taken and args.warmup_epochs > args.epochs:
+    if any(t.startswith('warmup_epochs=') for t in taken) and args.warmup_epochs > args.epochs:
         raise CLIError(f"--epochs {args.epochs} is fewer than the checkpoint's warm-up of "
                        f"{args.warmup_epochs} epochs: pass --warmup-epochs too")
+    if epochs_run is not None and args.epochs < epochs_run:
+        raise CLIError(f"--epochs {args.epochs} is fewer than the {epochs_run} epochs the "
+                       f"checkpoint '{args.resume}' has run: pass --epochs {epochs_run} or more")
     if taken:
         print('resuming with the training options of the checkpoint (those not given): '
-              + ', '.join(f'{k}={getattr(args, k)}' for k in taken))
+              + ', '.join(taken))
     if args.out:
         out = args.out
     elif args.resume is not None:  # the run goes on where it was (its logs, best.pt, result)
@@ -421,9 +451,12 @@ def cmd_train(args) -> int:
     resumes_here = args.resume is not None and _same_path(os.path.dirname(args.resume) or '.',
                                                           out)
     if existing and not args.overwrite and not resumes_here:
+        last = os.path.join(out, 'checkpoint.pt')
         hint = ('choose another --out' if args.resume is not None else
-                f"pass --overwrite to replace it, or --resume {os.path.join(out, 'checkpoint.pt')}"
-                f" to continue it")
+                f"pass --overwrite to replace it, or --resume {last} to continue it"
+                if os.path.isfile(last) else
+                "it has no checkpoint.pt to resume from (interrupted in its first epoch); "
+                "pass --overwrite to start it again")
         raise CLIError(f"'{out}' already holds a run ({', '.join(existing)}); {hint}")
     _check_model_args(args, None, models)  # unknown options, before the data are loaded
     task = _load(args, progress=not args.no_progress)
@@ -465,7 +498,7 @@ def cmd_compare(args) -> int:
     taken = _fill_training_options(args, recorded if isinstance(recorded, dict) else None)
     if taken:
         print('resuming with the training options of the checkpoints (those not given): '
-              + ', '.join(f'{k}={getattr(args, k)}' for k in taken))
+              + ', '.join(taken))
     _check_training_args(args)
     stale = _compare_outputs(out)
     if stale and not args.overwrite and not args.resume:
@@ -568,8 +601,7 @@ def cmd_compare(args) -> int:
 def cmd_predict(args) -> int:
     if args.task is not None:
         _check_task(args.task)
-    if not os.path.isfile(args.checkpoint):
-        raise CLIError(f"checkpoint '{args.checkpoint}' does not exist")
+    _check_checkpoint_file(args.checkpoint, 'checkpoint')
     if os.path.isdir(args.out):
         raise CLIError(f"--out '{args.out}' is a folder; predict writes one CSV file: name it, "
                        f"e.g. {os.path.join(args.out, 'predictions.csv')}")

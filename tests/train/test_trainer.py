@@ -327,3 +327,91 @@ def test_a_test_set_with_nan_is_refused_before_training(tmp_path):
 def test_class_labels_trained_as_regression_name_task_type():
     with pytest.raises(ValueError, match="task_type='classification'"):
         train(H.ToyDeepSets(3, 3), CLS_TRAIN, config=config(epochs=1), task_type='regression')
+
+
+def test_load_weights_follows_the_checkpoints_normalisation(tmp_path):
+    # a checkpoint trained with normalised targets, loaded by a Trainer without (or the reverse),
+    # would predict in the wrong units: refused; a normaliser the Trainer (or its model)
+    # carried before is never reused for a checkpoint that has none
+    from torch_mz.train import CheckpointError
+    runs = {}
+    for norm in (True, False):
+        seed_everything(0)
+        out = str(tmp_path / f'norm{norm}')
+        train(H.ToyDeepSets(3, 2), REG_TRAIN, REG_VAL,
+              config=config(epochs=1, out_dir=out, normalize_targets=norm))
+        runs[norm] = os.path.join(out, 'best.pt')
+    for norm in (True, False):
+        trainer = Trainer(H.ToyDeepSets(3, 2), config(normalize_targets=not norm))
+        with pytest.raises(CheckpointError, match=f'normalize_targets={norm}'):
+            trainer.load_weights(runs[norm])
+    trainer = Trainer(H.ToyDeepSets(3, 2), config())
+    trainer.load_weights(runs[True])
+    normalised = trainer.predict(REG_VAL)
+    raw_trainer = Trainer(H.ToyDeepSets(3, 2), config(normalize_targets=False))
+    raw_trainer.normalizer = trainer.normalizer  # a stale, fitted normaliser
+    raw_trainer.load_weights(runs[False])
+    assert not raw_trainer.normalizer.fitted and carried_normalizer(raw_trainer.model) is None
+    state = load_checkpoint(runs[False])
+    plain = H.ToyDeepSets(3, 2)
+    plain.load_state_dict(state['model'])
+    plain.eval()
+    from torch_geometric.data import Batch
+    with torch.no_grad():
+        expected = plain(Batch.from_data_list(list(REG_VAL)))
+    expected = expected[0] if isinstance(expected, tuple) else expected
+    torch.testing.assert_close(raw_trainer.predict(REG_VAL), expected)
+    assert not torch.allclose(normalised, raw_trainer.predict(REG_VAL))
+
+
+def test_weights_that_overflow_in_a_run_without_validation_stop_it(tmp_path):
+    # the loss is taken before each step: an overflow in the epoch's last step left NaN
+    # weights, a NaN checkpoint and a "successful" run when nothing validated it
+    from torch_mz.train import CheckpointError, TrainingDiverged
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+    seed_everything(0)
+    out = str(tmp_path / 'run')
+
+    def overflow(optimizer, args, kwargs):  # the step overflows a weight
+        with torch.no_grad():
+            optimizer.param_groups[0]['params'][0].fill_(float('inf'))
+    handle = register_optimizer_step_post_hook(overflow)
+    try:
+        with pytest.raises(TrainingDiverged, match='weights are not finite after epoch 0') as e:
+            train(H.ToyDeepSets(3, 2), REG_TRAIN[:16], None,
+                  config=config(epochs=1, warmup_epochs=0, out_dir=out))
+    finally:
+        handle.remove()
+    assert e.value.split == 'weights'
+    assert not os.path.exists(os.path.join(out, 'checkpoint.pt'))
+    # a checkpoint that holds such weights (written by another tool) is refused on loading
+    seed_everything(0)
+    good = str(tmp_path / 'good')
+    train(H.ToyDeepSets(3, 2), REG_TRAIN, REG_VAL, config=config(epochs=1, out_dir=good))
+    state = load_checkpoint(os.path.join(good, 'best.pt'))
+    name = next(iter(state['model']))
+    state['model'][name] = torch.full_like(state['model'][name], float('nan'))
+    torch.save(state, str(tmp_path / 'nan.pt'))
+    with pytest.raises(CheckpointError, match=f"non-finite weights.*{name}"):
+        load_checkpoint(str(tmp_path / 'nan.pt'))
+
+
+def test_a_folder_given_as_checkpoint_names_the_files_in_it(tmp_path):
+    from torch_mz.train import CheckpointError
+    seed_everything(0)
+    out = tmp_path / 'run'
+    train(H.ToyDeepSets(3, 2), REG_TRAIN, REG_VAL, config=config(epochs=1, out_dir=str(out)))
+    with pytest.raises(CheckpointError, match=r"is a folder.*best\.pt.*checkpoint\.pt"):
+        load_checkpoint(str(out))
+    (tmp_path / 'empty').mkdir()
+    with pytest.raises(CheckpointError, match=r'is a folder.*holds no \.pt file'):
+        load_checkpoint(str(tmp_path / 'empty'))
+
+
+def test_resuming_with_fewer_epochs_than_were_run_is_refused(tmp_path):
+    seed_everything(0)
+    out = str(tmp_path / 'run')
+    train(H.ToyDeepSets(3, 2), REG_TRAIN, REG_VAL, config=config(epochs=3, out_dir=out))
+    with pytest.raises(ValueError, match='fewer than the 3 epochs'):
+        train(H.ToyDeepSets(3, 2), REG_TRAIN, REG_VAL,
+              config=config(epochs=2, out_dir=out, resume=os.path.join(out, 'checkpoint.pt')))

@@ -51,6 +51,9 @@ def load_checkpoint(path: Union[str, os.PathLike],
             objects other than tensors and plain containers, or is not a ``torch_mz`` checkpoint.
     """
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise CheckpointError(f'Checkpoint {path!r} is a folder, not a checkpoint file'
+                              + checkpoint_files_hint(path))
     if not os.path.isfile(path):
         raise CheckpointError(f'Checkpoint {path!r} does not exist')
     damaged = damaged_zip_member(path)
@@ -73,7 +76,25 @@ def load_checkpoint(path: Union[str, os.PathLike],
     if state['version'] > CHECKPOINT_VERSION:
         raise CheckpointError(f'Checkpoint {path!r} has version {state["version"]}; this torch_mz '
                               f'reads versions up to {CHECKPOINT_VERSION}')
+    weights = state['model'] if isinstance(state['model'], dict) else {}
+    bad = [k for k, v in weights.items() if isinstance(v, torch.Tensor)
+           and (v.is_floating_point() or v.is_complex()) and not bool(torch.isfinite(v).all())]
+    if bad:  # a diverged run's weights: predictions and a resumed run would be NaN/inf
+        raise CheckpointError(f'Checkpoint {path!r} holds non-finite weights ({len(bad)} of '
+                              f'{len(weights)} tensors, e.g. {bad[0]!r}): the run that wrote it '
+                              f'diverged; train it again (e.g. with a lower learning rate)')
     return state
+
+
+def checkpoint_files_hint(folder: str) -> str:
+    r"""'; pass a file in it: ...' naming the ``.pt`` files in :obj:`folder` (none: says so)."""
+    try:
+        names = sorted(n for n in os.listdir(folder) if n.endswith('.pt'))
+    except OSError:
+        names = []
+    if not names:
+        return ' (it holds no .pt file)'
+    return '; pass a file in it: ' + ', '.join(repr(os.path.join(folder, n)) for n in names)
 
 
 def _load_failure(e: Exception) -> str:

@@ -38,13 +38,19 @@ class TrainingDiverged(FloatingPointError):
     NaN validation loss are never the best, and early stopping would only wait out the
     patience), and resuming it from its last checkpoint would diverge again at the same epoch
     (resumption is exact). :attr:`epoch` is the epoch (0-based) whose loss was :attr:`loss`, on
-    the split :attr:`split` (``'training'`` or ``'validation'``); the checkpoint and metrics of
+    the split :attr:`split` (``'training'`` or ``'validation'``; ``'weights'`` where the loss
+    was finite but the weights the epoch's last steps left are not); the checkpoint and metrics of
     the epochs before it are left as they were. A :class:`FloatingPointError`, as before it had a
     name. :attr:`train_loss` is :attr:`loss` (its name before validation losses were checked)."""
     def __init__(self, epoch: int, loss: float, split: str = 'training'):
-        hint = ('lower the learning rate or check the data for NaN/inf' if split == 'training'
-                else 'the weights overflowed, or the validation data holds NaN/inf')
-        super().__init__(f'{split.capitalize()} loss is {loss} in epoch {epoch}; {hint}')
+        if split == 'weights':  # the last optimiser steps of an epoch overflowed
+            super().__init__(f'The weights are not finite after epoch {epoch}; lower the '
+                             f'learning rate or check the data for NaN/inf')
+        else:
+            hint = ('lower the learning rate or check the data for NaN/inf'
+                    if split == 'training'
+                    else 'the weights overflowed, or the validation data holds NaN/inf')
+            super().__init__(f'{split.capitalize()} loss is {loss} in epoch {epoch}; {hint}')
         self.epoch = epoch
         self.loss = self.train_loss = loss
         self.split = split

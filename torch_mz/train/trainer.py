@@ -322,8 +322,18 @@ class Trainer:
         target units, as after :meth:`fit`."""
         state = load_checkpoint(path, map_location='cpu')
         self._check_task(state, path)
+        saved = (state.get('config') or {}).get('normalize_targets')
+        if (self.task_type == 'regression' and isinstance(saved, bool)
+                and saved != self.config.normalize_targets):
+            raise CheckpointError(
+                f'Checkpoint {os.fspath(path)!r} was trained with normalize_targets={saved}, '
+                f'this Trainer has {self.config.normalize_targets}: its predictions would not '
+                f'be in target units; build the Trainer with '
+                f'TrainConfig(normalize_targets={saved}) or load it with torch_mz.load_model')
         detach_normalizer(self.model)
         self._load_model_state(state['model'], path)
+        # the checkpoint's normaliser, never one this Trainer or its model carried before
+        self.normalizer = TargetNormalizer()
         if state.get('normalizer') is not None:
             self.normalizer.load_state_dict(state['normalizer'])
         self._attach_normalizer()
@@ -402,6 +412,10 @@ class Trainer:
         train_loss = (totals[0] / totals[1]).item()
         if not math.isfinite(train_loss):
             raise TrainingDiverged(epoch, train_loss)
+        # the loss is computed before each step: the epoch's last steps may have overflowed
+        # the weights (caught by the next validation, but not in a run without one)
+        if not all(bool(torch.isfinite(p).all()) for p in self.model.parameters()):
+            raise TrainingDiverged(epoch, math.nan, split='weights')
         return train_loss
 
     def fit(self, train_dataset: Sequence, val_dataset: Optional[Sequence] = None,
@@ -466,6 +480,10 @@ class Trainer:
                                                      cfg.num_workers))
             return _FitState(start=start)
         ckpt = self._load_resume(cfg.resume)
+        if ckpt['epoch'] + 1 > cfg.epochs:  # (it would end at once, its result past epochs)
+            raise ValueError(f'TrainConfig(epochs={cfg.epochs}) is fewer than the '
+                             f'{ckpt["epoch"] + 1} epochs checkpoint {cfg.resume!r} has run; '
+                             f'resume with epochs={ckpt["epoch"] + 1} or more')
         return _FitState(start=start, history=list(ckpt['history']),
                          next_epoch=ckpt['epoch'] + 1, best_epoch=ckpt['best_epoch'],
                          best_val=ckpt['best_val_loss'], bad_epochs=ckpt['bad_epochs'],
