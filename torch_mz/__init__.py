@@ -16,7 +16,7 @@ from torch_mz.inference import load_model, load_test_split
 from torch_mz.models import EGNN, MZSetTransformer, build_model
 from torch_mz.nn import MZAggregation, MZAttention, Zonotope
 
-__version__ = '0.2.0'
+__version__ = '0.3.0.dev0'
 
 __all__ = [
     'MZAggregation',

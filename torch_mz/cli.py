@@ -700,7 +700,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser('tasks', help='list the tasks', allow_abbrev=False)
     p.set_defaults(func=cmd_tasks)
     p = sub.add_parser('models', help='list the model presets', allow_abbrev=False)
-    p.add_argument('--in-channels', type=int, default=3)
+    p.add_argument('--in-channels', type=int, default=3,
+                   help='input width the listed parameter counts are for (default: 3)')
     p.set_defaults(func=cmd_models)
     p = sub.add_parser('train', help='train one model on one task', allow_abbrev=False)
     _add_training_args(p)
@@ -717,7 +718,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_training_args(p)
     p.add_argument('--models', required=True,
                    help='comma-separated model specs, e.g. mz,hypernet:rank=4,dim=64')
-    p.add_argument('--seeds', type=int, default=3)
+    p.add_argument('--seeds', type=int, default=3,
+                   help='training seeds per model: 0, 1, ... (default: 3)')
     p.add_argument('--resume', action='store_true',
                    help='continue an interrupted comparison in --out with the same options: '
                    'finished runs are read back, the others continue from their last '
@@ -743,7 +745,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "training run's --n-train (a real dataset's test split depends on it)")
     p.add_argument('--n-val', type=int, help="for a checkpoint that records no split: the "
                    "training run's --n-val")
-    p.add_argument('--batch-size', type=int, default=128)
+    p.add_argument('--batch-size', type=int, default=128,
+                   help='sets per batch of the forward passes (default: 128; the predictions '
+                   'do not depend on it)')
     p.add_argument('--device', default='auto', help="'auto', 'cpu', 'cuda' or 'cuda:N'")
     p.add_argument('--out', required=True, help='CSV file: one row per set, columns prediction '
                    '(prediction_0, ... for several targets; the class for classification), '

@@ -16,12 +16,13 @@ import sys
 from torch_mz.cli import DEMO_ARGS, main
 
 SMOKE_NOTE = ('Smoke run: 640 training sets and 10 epochs, far from convergence; for the '
-              'converged comparison run: python benchmarks/reproduce.py --budget converged '
+              'converged comparison run, from a checkout of the repository (benchmarks/ is not '
+              'in the installed package): python benchmarks/reproduce.py --budget converged '
               '--claims table1 (its result, 5,000 sets and 2 seeds trained to the plateau: '
               'benchmarks/results/reproduction/summary.md)')
 CHANGED_NOTE = ('Smoke run of the demo command with your extra arguments ({}); for the converged '
-                'comparison run: python benchmarks/reproduce.py --budget converged --claims '
-                'table1')
+                'comparison run, from a checkout of the repository: python '
+                'benchmarks/reproduce.py --budget converged --claims table1')
 
 if __name__ == '__main__':
     status = main(DEMO_ARGS + sys.argv[1:])
