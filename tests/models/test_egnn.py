@@ -756,10 +756,44 @@ def test_conv_and_radius_graph_name_bad_arguments():
     with pytest.raises(ValueError, match=r"'h' of the layer's dtype torch.float32 \(got "
                        r"torch.float64\)"):
         conv(x.double(), pos, edge_index)
-    with pytest.raises(ValueError, match="'r' must be non-negative, got nan"):
+    with pytest.raises(ValueError, match="'r' must be a non-negative number, got nan"):
         radius_edge_index(pos, float('nan'), batch)
     with pytest.raises(ValueError, match="'chunk_size' must be a positive integer, got 1000000.0"):
         radius_edge_index(pos, 1.0, batch, chunk_size=1e6)
     assert radius_edge_index(pos, 1.0, batch, chunk_size=np.int64(7)).size(0) == 2
-    with pytest.raises(ValueError, match="'radius' must be non-negative"):
+    with pytest.raises(ValueError, match="'radius' must be a finite number >= 0"):
         EGNN(3, radius=float('nan'))
+
+
+def test_radius_graph_keeps_nan_and_half_precision_distances_honest():
+    # a NaN coordinate lost its edges (NaN <= r is false): a finite prediction for a set with a
+    # NaN point; float16 squared distances overflowed (inf <= inf): every pair was an edge
+    torch.manual_seed(0)
+    pos = torch.randn(6, 3)
+    pos[0, 0] = float('nan')
+    batch = torch.tensor([0, 0, 0, 1, 1, 1])
+    model = EGNN(2, 8, 1, num_layers=2, radius=10.0).eval()
+    pred = model(torch.randn(6, 2), pos, batch).prediction
+    assert torch.isnan(pred[0]).all() and torch.isfinite(pred[1]).all()
+    far = torch.tensor([[0., 0, 0], [260, 0, 0], [2000, 0, 0]]).half()
+    edges = radius_edge_index(far, 300.)
+    assert sorted(map(tuple, edges.t().tolist())) == [(0, 1), (1, 0)]
+    for bad in (None, '1', float('nan'), -1.0, True):
+        with pytest.raises(ValueError, match="'r' must be a non-negative number"):
+            radius_edge_index(far, bad)
+
+
+@pytest.mark.parametrize('kwargs', [dict(), dict(edge_gate=True, normalize=True)])
+def test_egnn_conv_takes_coordinates_wider_than_its_weights(kwargs):
+    # float64 coordinates beside a float32 layer: the messages were promoted past phi_e's dtype
+    # (RuntimeError: mat1 and mat2 must have the same dtype); now d^2 meets phi_e in its dtype
+    torch.manual_seed(0)
+    conv = EGNNConv(4, hidden_channels=8, **kwargs)
+    h = torch.randn(5, 4)
+    pos = torch.randn(5, 3, dtype=torch.float64)
+    edges = fully_connected_edge_index(torch.zeros(5, dtype=torch.long))
+    out, new_pos = conv(h, pos, edges)
+    ref_out, ref_pos = conv(h, pos.float(), edges)
+    assert out.dtype == torch.float32 and new_pos.dtype == torch.float64
+    torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(new_pos.float(), ref_pos, rtol=1e-5, atol=1e-5)

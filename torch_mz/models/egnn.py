@@ -25,7 +25,7 @@ from torch_geometric.nn.aggr import SumAggregation
 from torch_geometric.nn.resolver import activation_resolver
 from torch_geometric.utils import scatter
 
-from torch_mz._checks import check_count, check_flag
+from torch_mz._checks import check_count, check_flag, check_number, check_optional_count
 from torch_mz.models.base import SetPrediction, batch_vector, zero_empty_sets
 from torch_mz.nn.aggr import check_set_ids
 from torch_mz.nn._context import _hooked
@@ -82,8 +82,10 @@ def radius_edge_index(pos: Tensor, r: float, batch: Optional[Tensor] = None,
     :math:`(n_s, n_s)` block, sets of similar size together, at most ``chunk_size`` pairs at a
     time (a larger set a slice of its rows at a time). The pairs, their order and the squared
     distances they are kept by are those of :func:`fully_connected_edge_index` filtered pair by
-    pair (the same arithmetic; equal bitwise on the CPU, by test). Time is :math:`O(\sum_s n_s^2)`, which suits sets of up to a
-    few thousand elements; work memory is bounded by ``chunk_size``.
+    pair (the same arithmetic; equal bitwise on the CPU, by test; half-precision coordinates
+    are compared in float32, a pair at a NaN distance is kept). Time is
+    :math:`O(\sum_s n_s^2)`, which suits sets of up to a few thousand elements; work memory is
+    bounded by ``chunk_size``.
 
     Args:
         pos (torch.Tensor): Coordinates.
@@ -100,8 +102,9 @@ def radius_edge_index(pos: Tensor, r: float, batch: Optional[Tensor] = None,
     """
     if pos.dim() != 2:
         raise ValueError(f"'pos' must have shape (N, D), got {tuple(pos.shape)}")
-    if not r >= 0:  # (NaN too: it gave no edge, silently)
-        raise ValueError(f"'r' must be non-negative, got {r}")
+    if not isinstance(r, numbers.Real) or isinstance(r, bool) or not r >= 0:
+        # (NaN too: it gave no edge, silently)
+        raise ValueError(f"'r' must be a non-negative number, got {r!r}")
     if (not isinstance(chunk_size, numbers.Integral) or isinstance(chunk_size, bool)
             or chunk_size < 1):
         raise ValueError(f"'chunk_size' must be a positive integer, got {chunk_size!r}")
@@ -118,6 +121,10 @@ def radius_edge_index(pos: Tensor, r: float, batch: Optional[Tensor] = None,
     src_parts, dst_parts = [], []
     with torch.no_grad():
         sorted_pos = pos if perm is None else pos.index_select(0, perm)  # (N, D), set by set
+        if sorted_pos.dtype in (torch.float16, torch.bfloat16):
+            # squared distances of coordinates in the hundreds overflow half precision (inf <=
+            # inf kept every pair): compared in float32
+            sorted_pos = sorted_pos.float()
         start = 0
         while start < num_sets:
             if sizes[start] < 2:  # no pair
@@ -140,7 +147,10 @@ def radius_edge_index(pos: Tensor, r: float, batch: Optional[Tensor] = None,
                 # (g, s, t): pos[t] - pos[s] of source s and target t, the arithmetic of the
                 # pair-by-pair filter
                 sq_dist = (block.unsqueeze(1) - block[:, lo:hi].unsqueeze(2)).pow(2).sum(dim=-1)
-                keep = (sq_dist <= r * r) & valid[:, lo:hi].unsqueeze(2) & valid.unsqueeze(1)
+                # a pair with a NaN distance is kept, so that NaN coordinates give a NaN
+                # prediction, as with every pair (not a point silently cut off)
+                near = (sq_dist <= r * r) | torch.isnan(sq_dist)
+                keep = near & valid[:, lo:hi].unsqueeze(2) & valid.unsqueeze(1)
                 keep &= (torch.arange(lo, hi, device=device).unsqueeze(1) != slot)  # no self
                 g, s, t = keep.nonzero(as_tuple=True)
                 src_parts.append(rows[g, s + lo])
@@ -365,7 +375,10 @@ class EGNNConv(MessagePassing):
         diff = pos_i - pos_j  # (E, D)
         sq_dist = diff.pow(2).sum(dim=-1, keepdim=True)  # (E, 1)
         if rest is None:  # a, b are h: phi_e as it is
-            inputs = [a_i, b_j, sq_dist] + ([edge_attr] if edge_attr is not None else [])
+            # (d^2 in the features' dtype: coordinates wider than the layer, e.g. float64
+            # beside float32 weights, would promote the concatenation past phi_e's dtype)
+            inputs = [a_i, b_j, sq_dist.to(a_i.dtype)] + (
+                [edge_attr] if edge_attr is not None else [])
             m = self.edge_mlp(torch.cat(inputs, dim=-1))  # (E, H)
         else:  # a, b are the node blocks of phi_e's first layer (see forward)
             # the per-edge columns [d^2, a] meet their weight columns in one matrix product
@@ -378,7 +391,7 @@ class EGNNConv(MessagePassing):
             per_edge = sq_dist if edge_attr is None else torch.cat(
                 [sq_dist, edge_attr.to(rest.dtype)], dim=-1)  # (E, 1 + F_e)
             m = torch.addmm((a_i + b_j).to(dtype), per_edge.to(dtype),
-                            rest.t().to(dtype))  # (E, H)
+                            rest.t().to(dtype)).to(rest.dtype)  # (E, H), in phi_e's dtype
             for layer in list(self.edge_mlp.children())[1:]:
                 m = layer(m)  # (E, H)
         if self.gate_lin is not None:
@@ -516,6 +529,9 @@ class EGNN(Module):
     ):
         super().__init__()
         in_channels = check_count('in_channels', in_channels, low=0)
+        out_channels = check_count('out_channels', out_channels)
+        pos_dim = check_optional_count('pos_dim', pos_dim)
+        radius = None if radius is None else check_number('radius', radius, allow_zero=True)
         hidden_channels = check_count('hidden_channels', hidden_channels)
         num_layers = check_count('num_layers', num_layers, low=0)
         edge_gate, normalize, detach_norm, tanh, update_coords = (

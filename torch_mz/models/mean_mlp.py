@@ -38,6 +38,8 @@ class MeanMLP(SetModel):
     def __init__(self, in_channels: int, out_channels: int, hidden_channels: int = 128,
                  num_layers: int = 3):
         super().__init__()
+        in_channels = check_count('in_channels', in_channels)
+        out_channels = check_count('out_channels', out_channels)
         hidden_channels = check_count('hidden_channels', hidden_channels)
         num_layers = check_count('num_layers', num_layers)
         self.in_channels = in_channels

@@ -31,9 +31,13 @@ Presets (paper defaults: d = 64, H = 4, d_ff = 128, 16 inducing points, dropout 
 ==============  ==================================================================================
 """
 import copy
-from typing import Dict, Optional
+import warnings
+from typing import Dict, List, Optional
 
+from torch import Tensor
 from torch.nn import Module
+
+from torch_mz._checks import check_count, check_number, check_optional_count
 
 from torch_mz.models.egnn import EGNN
 from torch_mz.models.mean_mlp import MeanMLP
@@ -97,15 +101,45 @@ class SelectFeatures(Module):
     def __init__(self, model: Module, columns):
         super().__init__()
         self.model = model
-        self.columns = list(columns)
+        self.columns = check_columns(columns)
 
     def forward(self, data, *args, **kwargs):
+        if isinstance(data, Tensor):  # model(x, pos, batch): the columns of x
+            x = data[:, self.columns] if self.columns else None
+            return self.model(x, *args, **kwargs)
+        if getattr(data, 'x', None) is None:
+            raise ValueError(f'{self.__class__.__name__}: the data hold no x to take the feature '
+                             f'columns {self.columns} from')
+        if self.columns and max(self.columns) >= data.x.size(-1):
+            raise ValueError(f'{self.__class__.__name__}: feature column {max(self.columns)} is '
+                             f'beyond the {data.x.size(-1)} columns of x')
         data = copy.copy(data)
         data.x = data.x[:, self.columns] if self.columns else None
         return self.model(data, *args, **kwargs)
 
+    def encode(self, data, *args, **kwargs):
+        r"""The wrapped model's :meth:`encode` on the selected columns."""
+        if isinstance(data, Tensor):
+            return self.model.encode(data[:, self.columns] if self.columns else None,
+                                     *args, **kwargs)
+        data = copy.copy(data)
+        data.x = data.x[:, self.columns] if self.columns else None
+        return self.model.encode(data, *args, **kwargs)
+
     def __repr__(self) -> str:
         return f'{self.__class__.__name__}({self.model}, columns={self.columns})'
+
+
+def check_columns(columns) -> List[int]:
+    r"""Feature columns as a list of distinct non-negative integers (not a string, whose
+    characters would be taken as names)."""
+    if isinstance(columns, (str, bytes)) or not hasattr(columns, '__iter__'):
+        raise ValueError(f"'feature_columns' must be a sequence of column indices (got "
+                         f"{columns!r})")
+    out = [check_count('feature_columns[]', c, low=0) for c in columns]
+    if len(set(out)) != len(out):
+        raise ValueError(f"'feature_columns' names a column twice (got {list(columns)!r})")
+    return out
 
 
 def build_model(name: str, in_channels: int, out_channels: int, pos_dim: Optional[int] = None,
@@ -143,16 +177,29 @@ def _build(name: str, in_channels: int, out_channels: int, pos_dim: Optional[int
            feature_columns, **overrides) -> Module:
     if name not in PRESETS:
         raise ValueError(f"Unknown model '{name}' (available: {', '.join(PRESETS)})")
-    if in_channels <= 0 or out_channels <= 0:
-        raise ValueError(f"'in_channels' and 'out_channels' must be positive (got "
-                         f"{in_channels} and {out_channels})")
+    in_channels = check_count('in_channels', in_channels)
+    out_channels = check_count('out_channels', out_channels)
+    pos_dim = check_optional_count('pos_dim', pos_dim)
+    if feature_columns is not None:
+        feature_columns = check_columns(feature_columns)
+        if pos_dim is None and feature_columns and max(feature_columns) >= in_channels:
+            raise ValueError(f"feature column {max(feature_columns)} is beyond the "
+                             f"{in_channels} input channels")
     kwargs = dict(PRESETS[name], **overrides)
     match = kwargs.pop('match', None)
-    if match is not None and 'dim' not in overrides:
+    knob = _knob(name)
+    if match is not None and knob not in overrides:
         # parameter-matched baseline: choose the width whose count is closest to the reference
+        # (the reference preset with its own defaults); widths step by 8 and divide the heads
         budget = count_parameters(build_model(match, in_channels, out_channels))
-        return match_budget(name, budget, in_channels, out_channels, knob='dim',
-                            candidates=range(32, 129, 8), **dict(overrides, match=None))
+        widths = None  # (hidden_channels: match_budget's own candidates)
+        if knob == 'dim':
+            heads = check_count('heads', kwargs.get('heads', 4))
+            widths = [v for v in range(32, 129, 8) if v % heads == 0] or list(
+                range(heads, 257, heads))
+        return match_budget(name, budget, in_channels, out_channels, knob=knob,
+                            candidates=widths, pos_dim=pos_dim, feature_columns=feature_columns,
+                            **dict(overrides, match=None))
     if name in ('egnn', 'egnn-qm9'):
         if feature_columns is not None and pos_dim is None:
             model = EGNN(len(feature_columns), out_channels=out_channels, **kwargs)
@@ -176,19 +223,36 @@ def match_budget(name: str, budget: int, in_channels: int, out_channels: int,
     models, ``hidden_channels`` for Deep Sets and EGNN) chosen from :obj:`candidates` (default: the
     multiples of the head count from 16 to 256) so that the parameter count is closest to
     :obj:`budget`."""
+    target = check_number('budget', budget)
     if knob is None:
-        knob = 'hidden_channels' if name in ('deepsets', 'mean-mlp', 'egnn', 'egnn-qm9') else 'dim'
+        knob = _knob(name)
     if candidates is None:
-        step = PRESETS.get(name, {}).get('heads', 4) if knob == 'dim' else 4
+        step = (overrides.get('heads', PRESETS.get(name, {}).get('heads', 4)) if knob == 'dim'
+                else 4)
+        step = check_count('heads', step)
         candidates = range(max(step, 16 - 16 % step), 257, step)
     best, best_gap = None, None
     for value in candidates:
         model = build_model(name, in_channels, out_channels, **dict(overrides, **{knob: value}))
-        gap = abs(count_parameters(model) - budget)
+        gap = abs(count_parameters(model) - target)
         if best_gap is None or gap < best_gap:
             best, best_gap = model, gap
     if best is None:
         raise ValueError(f"Expected at least one candidate value for '{knob}' (got none)")
+    assert best_gap is not None
+    if best_gap > 0.2 * target:
+        chosen = getattr(best, 'build_info', {}).get('args', {}).get(knob)
+        warnings.warn(f"match_budget: the closest '{name}' has {count_parameters(best):,} "
+                      f"parameters, {100 * best_gap / target:.0f}% from the budget of "
+                      f"{target:,.0f} ('{knob}' = {chosen} of the candidates tried); pass "
+                      f"other candidates", stacklevel=2)
     return best
+
+
+def _knob(name: str) -> str:
+    r"""The size option :func:`match_budget` varies for preset :obj:`name`."""
+    if name in ('deepsets', 'mean-mlp', 'egnn', 'egnn-qm9'):
+        return 'hidden_channels'
+    return 'dim'  # (the attention models)
 
 

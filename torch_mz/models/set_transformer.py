@@ -74,7 +74,10 @@ class MZSetTransformer(SetModel):
     def __init__(self, in_channels: int, out_channels: int,
                  hidden_channels: Optional[int] = None, **kwargs):
         super().__init__()
+        in_channels = check_count('in_channels', in_channels)
+        out_channels = check_count('out_channels', out_channels)
         hidden_channels = check_optional_count('hidden_channels', hidden_channels)
+        check_optional_count('dim', kwargs.get('dim'))  # (named as given, not as the body's)
         kwargs.setdefault('preset', 'paper')  # the paper's body unless sizes are given
         kwargs.setdefault('checkpoint', False)  # a training batch at once (see above)
         dim = kwargs.get('dim') or preset_defaults(kwargs['preset'], in_channels,
@@ -127,6 +130,8 @@ class PerceiverSet(SetModel):
                  num_latents: int = 16, num_cross: int = 2, num_latent_blocks: int = 1,
                  d_ff: int = 128, dropout: float = 0.0):
         super().__init__()
+        in_channels = check_count('in_channels', in_channels)
+        out_channels = check_count('out_channels', out_channels)
         dim, heads, d_ff = (check_count(k, v) for k, v in
                             (('dim', dim), ('heads', heads), ('d_ff', d_ff)))
         num_latents = check_count('num_latents', num_latents)
@@ -188,6 +193,8 @@ class DeepSets(SetModel):
         super().__init__()
         if pool not in ('sum', 'mean'):
             raise ValueError(f"Unknown pooling '{pool}' (expected 'sum' or 'mean')")
+        in_channels = check_count('in_channels', in_channels)
+        out_channels = check_count('out_channels', out_channels)
         hidden_channels = check_count('hidden_channels', hidden_channels)
         num_layers = check_count('num_layers', num_layers)
         self.in_channels = in_channels
