@@ -2,14 +2,17 @@ import json
 import os
 import os.path as osp
 import pickle
+import re
 import shutil
 import warnings
 
 import numpy as np
 import pytest
 import torch
+from torch import Tensor
+from torch_geometric.transforms import Compose, FixedPoints, KNNGraph, NormalizeScale
 
-from tests.datasets.raw_formats import write_crafted_pickle
+from tests.datasets.raw_formats import write_crafted_pickle, write_h5
 from torch_mz.datasets import common
 from torch_mz.datasets.common import (
     CorruptRawFileError,
@@ -344,3 +347,311 @@ def test_a_rebuild_holds_the_cache_lock(scanobjectnn_root, monkeypatch):
     ScanObjectNN(root, train=False, num_points=32, log=False, force_reload=True)
     assert held == [True]
     assert not osp.exists(osp.join(first.processed_dir, osp.basename(lock)))  # beside, not in
+
+
+# --------------------------------------------------------------------------------------------------
+# split_indices: fractions are shared out together where rounding each one alone goes wrong
+
+
+def _rounded_alone(n, sizes):
+    # the counts of the release before: every fraction rounded on its own
+    return [int(round(s * n)) if isinstance(s, float) else s for s in sizes]
+
+
+def test_split_indices_fractions_summing_to_one_use_the_whole_pool():
+    assert [len(p) for p in split_indices(3, 0.5, 0.5)] == [2, 1, 0]  # was refused
+    assert [len(p) for p in split_indices(30, 0.45, 0.45, 0.1)] == [14, 13, 3]  # was refused
+    assert [len(p) for p in split_indices(10, 0.25, 0.25, 0.5)] == [3, 2, 5]  # was 2 + 2 + 5
+    assert [len(p) for p in split_indices(10, 0.55, 0.35, 0.09)] == [6, 3, 1]  # was refused
+    triples = [(0.8, 0.1, 0.1), (0.45, 0.45, 0.1), (0.25, 0.25, 0.5), (0.35, 0.35, 0.3),
+               (1 / 3, 1 / 3, 1 / 3), (0.7, 0.15, 0.15), (0.6, 0.2, 0.2), (0.5, 0.5, 0.0)]
+    for n in range(0, 41):
+        for sizes in triples:
+            parts = split_indices(n, *sizes, seed=1)
+            assert sum(map(len, parts)) == n, (n, sizes)
+            assert torch.cat(parts).unique().numel() == n
+            # with the test set as the rest, train and val fractions summing to 1 are not refused
+            parts = split_indices(n, sizes[0], 1 - sizes[0])
+            assert sum(map(len, parts)) == n and len(parts[2]) <= 1
+
+
+def test_split_indices_keeps_the_counts_and_indices_of_sizes_that_worked():
+    # counts that added up (or, with test=None, did not exceed the pool) stay as they were, so
+    # that a split recorded with them is drawn again
+    sizes_tried = [(0.8, 0.1, 0.1), (0.7, 0.2, 0.1), (0.6, 0.2, 0.2), (0.5, 0.25, 0.25),
+                   (0.25, 0.75, None), (0.5, 0.5, None), (0.3, 0.3, 0.3), (0.1, 0.1, None)]
+    for n in range(0, 60):
+        for train, val, test in sizes_tried:
+            old = _rounded_alone(n, [train, val] + ([] if test is None else [test]))
+            if test is None:
+                if sum(old) > n:
+                    continue
+                old.append(n - sum(old))
+            elif sum(old) != n and abs(train + val + test - 1) < 1e-9:
+                continue  # (the cases fixed)
+            elif sum(old) > n:
+                continue
+            assert [len(p) for p in split_indices(n, train, val, test)] == old, (n, train, val)
+    a = split_indices(1000, 0.8, 0.1, 0.1, subsample=500, seed=4)
+    b = split_indices(1000, 400, 50, 50, subsample=500, seed=4)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_split_indices_reads_numpy_and_torch_numbers_by_their_type():
+    expected = [len(p) for p in split_indices(100, 0.8, 0.1, 0.1)]
+    assert expected == [80, 10, 10]
+    for frac in (np.float32(0.8), np.float64(0.8), torch.tensor(0.8), np.array(0.8)):
+        # (a NumPy or torch fraction was taken as the count int(0.8) = 0)
+        assert [len(p) for p in split_indices(100, frac, 0.1, 0.1)] == expected, repr(frac)
+    for count in (np.int64(80), np.int32(80), torch.tensor(80)):
+        assert [len(p) for p in split_indices(100, count, 10)] == [80, 10, 10], repr(count)
+    for flag in (True, np.bool_(True), torch.tensor(True)):
+        with pytest.raises(ValueError, match="'train' must be a count .* not a bool"):
+            split_indices(100, flag, 10)
+    with pytest.raises(ValueError, match="'val' must be one number"):
+        split_indices(100, 10, torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match="'test' must be a count"):
+        split_indices(100, 10, 10, 'all')
+    with pytest.raises(ValueError, match="'val' as a fraction must lie in"):
+        split_indices(100, 10, float('nan'))
+
+
+# --------------------------------------------------------------------------------------------------
+# the markers of pre_transform / pre_filter: class and parameters, not the repr alone
+
+
+class _Scale:  # no __repr__: its repr names the class only (and an address)
+    def __init__(self, s):
+        self.s = s
+
+    def __call__(self, data):
+        data.pos = data.pos * self.s
+        return data
+
+
+def _same_text(data):
+    return data
+
+
+def _other_text(data):
+    return data
+
+
+_TELL_APART = [  # pairs of makers of transforms that the repr alone could not tell apart
+    (lambda: FixedPoints(32), lambda: FixedPoints(32, allow_duplicates=True)),
+    (lambda: KNNGraph(), lambda: KNNGraph(loop=True)),
+    (lambda: _Scale(2.0), lambda: _Scale(100.0)),
+    (lambda: Compose([NormalizeScale(), _Scale(2.0)]),
+     lambda: Compose([NormalizeScale(), _Scale(3.0)])),
+    (lambda: _Scale([1, (2, 3)]), lambda: _Scale([1, (2, 4)])),
+    (lambda: _Scale({'a': 1}), lambda: _Scale({'a': 2})),
+    (lambda: _Scale(torch.ones(3)), lambda: _Scale(torch.ones(3) * 2)),
+    (lambda: _Scale(np.arange(3)), lambda: _Scale(np.arange(1, 4))),
+    (lambda: _Scale(_same_text), lambda: _Scale(_other_text)),
+]
+
+
+def _old_text(transform):
+    # what the markers of earlier releases held: the repr, addresses removed
+    return re.sub('(<.*?)\\s.*(>)', r'\1\2', str(transform))
+
+
+@pytest.mark.parametrize('make_a, make_b', _TELL_APART)
+def test_describe_tells_transforms_apart_by_their_parameters(make_a, make_b):
+    from torch_mz.datasets.fingerprint import _describe
+    a, b = make_a(), make_b()
+    if not isinstance(a.s if isinstance(a, _Scale) else None, (Tensor, np.ndarray)):
+        assert _old_text(a) == _old_text(b)  # what the markers held before
+    assert _describe(a) != _describe(b)
+    assert _describe(make_a()) == _describe(a)  # an equal transform: the same description
+    assert '0x' not in _describe(a) and '0x' not in _describe(b)
+
+
+def test_describe_names_class_and_parameters_and_stays_bounded():
+    from torch_mz.datasets.fingerprint import _describe
+    described = _describe(FixedPoints(32, allow_duplicates=True))
+    assert described == ('torch_geometric.transforms.fixed_points.FixedPoints('
+                         'allow_duplicates=True, num=32, replace=True)')
+    assert _describe(None) == 'None'
+    deep: list = []
+    node = deep
+    for _ in range(100):
+        node.append([])
+        node = node[0]
+    cyclic = _Scale(1.0)
+    cyclic.s = cyclic
+    for value in (deep, cyclic, list(range(100_000))):
+        assert len(_describe(_Scale(value))) < 10_000
+    assert _describe(_Scale({'b': 1, 'a': {2, 3}})) == _describe(_Scale({'a': {3, 2}, 'b': 1}))
+    assert _describe(lambda d: d.num_nodes > 3) != _describe(lambda d: d.num_nodes > 5)
+
+
+def test_describe_is_the_same_in_another_process():
+    import subprocess
+    import sys
+    code = ('from torch_geometric import transforms as T;'
+            'from torch_mz.datasets.fingerprint import _describe;'
+            "print(_describe(T.Compose([T.FixedPoints(8), lambda d: d.y in {'a', 'b', 'c'}])))")
+    repo = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+    out = {subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, cwd=repo,
+                          env=dict(os.environ, PYTHONHASHSEED=str(seed)), check=True).stdout
+           for seed in (1, 2)}
+    assert len(out) == 1 and 'FixedPoints(allow_duplicates=False, num=8' in out.pop()
+
+
+@pytest.mark.parametrize('make', [
+    lambda second: FixedPoints(24, replace=False, allow_duplicates=second),
+    lambda second: _Scale(100.0 if second else 2.0),
+], ids=['FixedPoints-allow_duplicates', 'no-repr'])
+def test_a_transform_with_the_same_repr_but_other_parameters_rebuilds_the_cache(
+        scanobjectnn_root, monkeypatch, make):
+    # before, both shared one cache: the second got the data of the first
+    root = scanobjectnn_root['root']
+    direct = [make(True)(d) for d in ScanObjectNN(root, num_points=16, log=False)]
+    first = make(False)
+    with pytest.warns(UserWarning, match='made with pre_transform=None, not'):
+        built = ScanObjectNN(root, num_points=16, pre_transform=first, log=False)
+    with pytest.warns(UserWarning, match='were made with .*other parameters.*: rebuilding them'):
+        other = ScanObjectNN(root, num_points=16, pre_transform=make(True), log=False)
+    assert [(d.num_nodes, d.pos.abs().max()) for d in other] != [
+        (d.num_nodes, d.pos.abs().max()) for d in built]
+    calls = []
+    original = TrainTestSets.process
+    monkeypatch.setattr(ScanObjectNN, 'process', lambda self: (calls.append(1), original(self)))
+    second = make(True)
+    for transform in (second, second, make(True)):  # the same object twice, then an equal one
+        with warnings.catch_warnings():
+            warnings.simplefilter('error', UserWarning)
+            again = ScanObjectNN(root, num_points=16, pre_transform=transform, log=False)
+    assert calls == []  # reused: never rebuilt without need
+    assert all(a.num_nodes == b.num_nodes and torch.allclose(a.pos.abs().max(),
+                                                             b.pos.abs().max())
+               for a, b in zip(again, direct))
+    with pytest.warns(UserWarning, match='rebuilding'):
+        ScanObjectNN(root, num_points=16, pre_transform=first, log=False)
+    assert calls == [1]
+
+
+def test_a_marker_of_an_earlier_release_is_not_trusted(scanobjectnn_root):
+    # earlier releases recorded the repr text alone: which parameters made the cache is not
+    # known, so it is rebuilt (a cache recorded as made without any transform is exact)
+    root = scanobjectnn_root['root']
+    transform = FixedPoints(24, replace=False, allow_duplicates=True)
+    ScanObjectNN(root, num_points=16, pre_transform=transform, log=False)
+    cache = _cache16(root)
+    torch.save(_old_text(transform), cache['pre_transform.pt'])  # what an earlier one wrote
+    with pytest.warns(UserWarning, match=r'made with pre_transform=FixedPoints\(24.* as an '
+                      r'earlier release of torch_mz recorded it .*rebuilding'):
+        again = ScanObjectNN(root, num_points=16, pre_transform=transform, log=False)
+    assert all(d.num_nodes == 24 for d in again)
+    assert isinstance(torch.load(cache['pre_transform.pt']), dict)
+    # a missing marker beside a complete cache: what it was made with is not known either
+    os.unlink(cache['pre_filter.pt'])
+    with pytest.warns(UserWarning, match="do not record the pre_filter .*rebuilding"):
+        ScanObjectNN(root, num_points=16, pre_transform=transform, log=False)
+    assert osp.exists(cache['pre_filter.pt'])
+
+
+def _cache16(root):
+    folder = osp.join(root, 'processed', 'OBJ_BG_16_seed0_pos-only')
+    return {name: osp.join(folder, name) for name in ('train.pt', 'test.pt', 'stats.json',
+                                                       'pre_transform.pt', 'pre_filter.pt')}
+
+
+# --------------------------------------------------------------------------------------------------
+# the order of a rebuild's writes: stats.json, the mark of completion, last
+
+
+@pytest.mark.parametrize('stop_at', ['train.pt', 'test.pt', 'pre_transform.pt', 'pre_filter.pt',
+                                     'stats.json'])
+def test_a_rebuild_stopped_at_any_write_never_leaves_a_cache_trusted_wrongly(
+        scanobjectnn_root, monkeypatch, stop_at):
+    root = scanobjectnn_root['root']
+    plain = ScanObjectNN(root, num_points=16, log=False)
+    scaled = [100 * d.pos for d in plain]
+    original = common.atomic_write
+
+    def stopping(path, *args, **kwargs):
+        if osp.basename(path) == stop_at:
+            raise KeyboardInterrupt  # the process is killed before this file is in place
+        return original(path, *args, **kwargs)
+
+    monkeypatch.setattr(common, 'atomic_write', stopping)
+    with pytest.raises(KeyboardInterrupt), pytest.warns(UserWarning, match='rebuilding'):
+        ScanObjectNN(root, num_points=16, pre_transform=_Scale(100.0), log=False)
+    monkeypatch.undo()
+    cache = _cache16(root)
+    assert not osp.exists(cache['stats.json']) or stop_at == 'train.pt'
+    # whichever transform is asked for next, the data are made with it
+    for transform, expected in ((None, [d.pos for d in plain]), (_Scale(100.0), scaled)):
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore', UserWarning)
+            ds = ScanObjectNN(root, num_points=16, pre_transform=transform, log=False)
+        assert all(torch.allclose(d.pos, pos) for d, pos in zip(ds, expected)), (stop_at,
+                                                                                transform)
+    assert sorted(os.listdir(osp.dirname(cache['stats.json']))) == sorted(cache)
+
+
+# --------------------------------------------------------------------------------------------------
+# the raw files' fingerprint
+
+
+def test_a_changed_raw_file_rebuilds_the_cache_and_names_it(scanobjectnn_root, monkeypatch):
+    root, files = scanobjectnn_root['root'], scanobjectnn_root['files']
+    rel = osp.join('h5_files', 'main_split', 'training_objectdataset.h5')
+    first = ScanObjectNN(root, num_points=16, log=False)
+    stats = load_stats(_cache16(root)['stats.json'])
+    assert stats['raw_files'] == {
+        p.replace(os.sep, '/'): osp.getsize(osp.join(root, 'raw', p))
+        for p in (rel, rel.replace('training', 'test'))}
+    arrays = {k: v[:4] for k, v in files[rel].items()}  # one object fewer
+    write_h5(osp.join(root, 'raw', rel), **arrays)
+    with pytest.warns(UserWarning, match=r"raw files .* are not those they were built from "
+                      r"\(changed in size or contents: h5_files/main_split/training_objectdataset"
+                      r"\.h5\): rebuilding"):
+        again = ScanObjectNN(root, num_points=16, log=False)
+    assert len(again) == len(first) - 1
+    # a cache that records no fingerprint (hand-edited; earlier releases are another version)
+    stats = json.load(open(_cache16(root)['stats.json']))
+    del stats['raw_files']
+    json.dump(stats, open(_cache16(root)['stats.json'], 'w'))
+    with pytest.warns(UserWarning, match='records no fingerprint of them.*rebuilding'):
+        ScanObjectNN(root, num_points=16, log=False)
+    monkeypatch.setattr(ScanObjectNN, 'process', lambda self: pytest.fail('must be reused'))
+    with warnings.catch_warnings():
+        warnings.simplefilter('error', UserWarning)
+        assert len(ScanObjectNN(root, num_points=16, log=False)) == len(again)
+
+
+def test_fingerprint_files(tmp_path):
+    from torch_mz.datasets.fingerprint import FINGERPRINT_HASH_LIMIT, fingerprint_files
+    small = tmp_path / 'a' / 'small.csv'
+    small.parent.mkdir()
+    small.write_text('x,y\n1,2\n')
+    big = tmp_path / 'big.bin'
+    with open(big, 'wb') as f:
+        f.truncate(FINGERPRINT_HASH_LIMIT + 1)
+    paths = [str(small), str(big), str(tmp_path / 'missing')]
+    assert fingerprint_files(paths, str(tmp_path)) == {'a/small.csv': 8,
+                                                       'big.bin': FINGERPRINT_HASH_LIMIT + 1}
+    content = fingerprint_files(paths, str(tmp_path), content=True)
+    assert content['a/small.csv'][1].startswith('sha1:')
+    assert content['big.bin'][1] == f'mtime_ns:{os.stat(big).st_mtime_ns}'
+    small.write_text('x,y\n1,3\n')  # the same size
+    assert fingerprint_files(paths, str(tmp_path), content=True) != content
+
+
+def test_clear_staging_in_a_folder_with_glob_characters(tmp_path):
+    from torch_mz.datasets.common import clear_staging
+    folder = tmp_path / 'run[1]'
+    (folder / '.download-x').mkdir(parents=True)
+    (folder / '.extract-y').mkdir()
+    (folder / 'keep').mkdir()
+    clear_staging(str(folder))
+    assert sorted(os.listdir(folder)) == ['keep']
+
+
+def test_stats_take_numpy_numbers(tmp_path):
+    path = str(tmp_path / 'stats.json')
+    save_stats({'seed': np.int64(3), 'x': np.float32(0.5)}, path)
+    assert load_stats(path) == {'seed': 3, 'x': 0.5, 'processed_files': {}}

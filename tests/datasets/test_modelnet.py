@@ -547,3 +547,139 @@ def test_hdf5_without_normalize_is_the_published_input(modelnet_h5_root):
         assert np.array_equal(raw[j].pos.numpy(), stored[j, :100])
     # re-normalising the first points moves them (the file normalises all of its points)
     assert not torch.allclose(raw[0].pos, normalised[0].pos, atol=1e-3)
+
+
+def test_a_root_with_glob_characters_finds_its_files(modelnet_mesh_root, modelnet_h5_root,
+                                                     tmp_path):
+    # glob read '[1]' as a character class: no mesh and no HDF5 file was found
+    for source, root in (('mesh', modelnet_mesh_root), ('hdf5', modelnet_h5_root['root'])):
+        odd = str(tmp_path / f'run[1]*?{source}' / 'ModelNet40')
+        shutil.copytree(osp.join(root, 'raw'), osp.join(odd, 'raw'))
+        plain = ModelNet40(root, source=source, num_points=16, log=False)
+        ds = ModelNet40(odd, source=source, num_points=16, log=False)
+        assert len(ds) == len(plain) > 0
+        assert all(torch.equal(a.pos, b.pos) for a, b in zip(ds, plain))
+    # without the release's lists, the HDF5 files are found by their names' pattern
+    os.unlink(osp.join(odd, 'raw', HDF5_FOLDER, 'train_files.txt'))
+    with pytest.warns(UserWarning, match='cannot be checked'):
+        assert len(ModelNet40(odd, source='hdf5', num_points=16, log=False,
+                              force_reload=True)) == 5
+
+
+@pytest.mark.parametrize('seed, num_points', [(np.int64(2), np.int64(16)),
+                                              (torch.tensor(2), np.int32(16))])
+def test_integral_seed_and_num_points_of_any_type_are_plain_ints(modelnet_mesh_root, seed,
+                                                                 num_points):
+    # np.int64 failed at writing stats.json, after the whole split was sampled
+    ds = ModelNet40(modelnet_mesh_root, num_points=num_points, seed=seed, log=False)
+    plain = ModelNet40(modelnet_mesh_root, num_points=16, seed=2, log=False)
+    assert type(ds.seed) is int and type(ds.num_points) is int
+    assert ds.processed_dir == plain.processed_dir and ds.processed_dir.endswith(
+        'mesh_16_seed2_yup_pos-only')
+    assert all(torch.equal(a.pos, b.pos) for a, b in zip(ds, plain))
+    assert ds.stats['seed'] == 2 and ds.stats['num_points'] == 16
+
+
+@pytest.mark.parametrize('kwargs, match', [
+    (dict(seed=-1), r"'seed' must be an integer >= 0 \(got -1\)"),
+    (dict(seed=True), r"'seed' must be an integer >= 0 \(got True\)"),
+    (dict(seed=1.5), r"'seed' must be an integer >= 0 \(got 1.5\)"),
+    (dict(num_points=True), "'num_points' must be a positive integer or None, got True"),
+    (dict(num_points=2.5), "'num_points' must be a positive integer or None, got 2.5"),
+    (dict(num_points=0), "'num_points' must be a positive integer or None, got 0"),
+])
+def test_invalid_seed_and_num_points_are_refused_before_processing(modelnet_mesh_root,
+                                                                   monkeypatch, kwargs, match):
+    monkeypatch.setattr(ModelNet40, 'process', lambda self: pytest.fail('refused first'))
+    with pytest.raises(ValueError, match=match):
+        ModelNet40(modelnet_mesh_root, **dict(dict(num_points=16), **kwargs), log=False)
+    assert not osp.exists(osp.join(modelnet_mesh_root, 'processed'))
+
+
+def _list(folder, split, names):
+    with open(osp.join(folder, f'{split}_files.txt'), 'w') as f:
+        f.writelines(f'data/{HDF5_FOLDER}/{name}\n' for name in names)
+
+
+@pytest.mark.parametrize('train_list, test_list, match', [
+    (['ply_data_train0.h5', 'ply_data_train1.h5', 'ply_data_train0.h5'], None,
+     r"train_files.txt': lists 'ply_data_train0.h5' twice \(lines 1 and 3\)"),
+    (['ply_data_train0.h5', 'ply_data_train1.h5', 'ply_data_test0.h5'], None,
+     r"train_files.txt': 'ply_data_test0.h5' is one of the train files and the release's "
+     r"test_files.txt lists it too"),
+    (['ply_data_train0.h5', 'ply_data_train1.h5'], ['ply_data_test0.h5', 'ply_data_train1.h5'],
+     r"train_files.txt': 'ply_data_train1.h5' is one of the train files and the release's "
+     r"test_files.txt lists it too"),
+    (['ply_data_train0.h5', 'ply_data_test0.h5'], 'no list',
+     r"train_files.txt': 'ply_data_test0.h5' is one of the train files and its name is that of "
+     r"a test file"),
+])
+def test_hdf5_lists_naming_a_file_twice_or_in_both_splits_are_refused(
+        modelnet_h5_root, train_list, test_list, match):
+    # before, the repeated file's shapes were read twice, and test shapes went into training
+    root, folder = modelnet_h5_root['root'], modelnet_h5_root['folder']
+    _list(folder, 'train', train_list)
+    if test_list == 'no list':
+        os.unlink(osp.join(folder, 'test_files.txt'))
+    elif test_list is not None:
+        _list(folder, 'test', test_list)
+    with pytest.raises(CorruptRawFileError, match=match):
+        ModelNet40(root, source='hdf5', num_points=16, log=False)
+
+
+def test_hdf5_boolean_labels_are_refused(modelnet_h5_root):
+    root, folder = modelnet_h5_root['root'], modelnet_h5_root['folder']
+    write_h5(osp.join(folder, 'ply_data_test0.h5'), data=np.zeros((2, 32, 3), dtype=np.float32),
+             label=np.array([[True], [False]]))
+    with pytest.raises(CorruptRawFileError, match="ply_data_test0.h5.*'label' holds booleans"):
+        ModelNet40(root, source='hdf5', num_points=16, log=False)
+
+
+def test_added_removed_or_resized_meshes_rebuild_the_cache(modelnet_mesh_root, monkeypatch):
+    # the cache was used as it was: shapes added to raw/ never reached the dataset
+    from tests.datasets.raw_formats import OCTA_FACES, OCTA_VERTICES, TETRA_FACES
+    raw = osp.join(modelnet_mesh_root, 'raw')
+    first = ModelNet40(modelnet_mesh_root, num_points=16, log=False)
+    assert first.stats['raw_files']['chair/train/chair_0001.off'] == osp.getsize(
+        osp.join(raw, 'chair', 'train', 'chair_0001.off'))
+    write_off(osp.join(raw, 'xbox', 'train', 'xbox_0002.off'), OCTA_VERTICES, OCTA_FACES)
+    write_off(osp.join(raw, 'airplane', 'train', 'airplane_0002.off'),
+              [(10 * x, 10 * y, 10 * z) for x, y, z in CUBE_VERTICES[:4]], TETRA_FACES)
+    os.unlink(osp.join(raw, 'chair', 'train', 'chair_0001.off'))
+    with pytest.warns(UserWarning, match=r"are not those they were built from \(added: "
+                      r"xbox/train/xbox_0002.off; removed: chair/train/chair_0001.off; changed "
+                      r"in size or contents: airplane/train/airplane_0002.off\): rebuilding"):
+        again = ModelNet40(modelnet_mesh_root, num_points=16, log=False)
+    label = MODELNET40_CLASSES.index
+    assert [int(d.y) for d in again] == [label('airplane'), label('airplane'), label('xbox')]
+    monkeypatch.setattr(ModelNet40, 'process', lambda self: pytest.fail('must be reused'))
+    assert len(ModelNet40(modelnet_mesh_root, num_points=16, log=False, train=False)) == 2
+
+
+def test_an_added_hdf5_file_rebuilds_the_cache(modelnet_h5_root):
+    root, folder = modelnet_h5_root['root'], modelnet_h5_root['folder']
+    ModelNet40(root, source='hdf5', num_points=16, log=False)
+    write_h5(osp.join(folder, 'ply_data_train2.h5'), data=np.zeros((1, 128, 3), np.float32),
+             label=np.array([[7]], dtype=np.uint8))
+    _list(folder, 'train', ['ply_data_train0.h5', 'ply_data_train1.h5', 'ply_data_train2.h5'])
+    with pytest.warns(UserWarning, match=r"added: modelnet40_ply_hdf5_2048/ply_data_train2.h5; "
+                      r"changed in size or contents: modelnet40_ply_hdf5_2048/train_files.txt"):
+        train = ModelNet40(root, source='hdf5', num_points=16, log=False)
+    assert [int(d.y) for d in train][-1] == 7
+
+
+def test_the_docstring_says_which_pyg_transforms_apply(modelnet_mesh_root):
+    # it said that any torch_geometric.transforms pipeline works: those needing faces do not
+    from torch_geometric import transforms as T
+    doc = ' '.join(ModelNet40.__doc__.split())
+    assert 'any :mod:`torch_geometric.transforms` pipeline' not in doc
+    assert '``SamplePoints``' in doc and 'no :obj:`face` is stored' in doc
+    for name in ('NormalizeScale', 'RandomRotate', 'FixedPoints'):
+        assert f'``{name}``' in doc
+    ds = ModelNet40(modelnet_mesh_root, num_points=16, log=False)
+    pipeline = T.Compose([T.NormalizeScale(), T.RandomRotate(180, axis=1), T.FixedPoints(8),
+                          T.RandomScale((0.9, 1.1)), T.Center()])
+    assert pipeline(ds[0]).pos.shape == (8, 3)
+    assert 'face' not in ds[0]
+    with pytest.raises(Exception):
+        T.SamplePoints(8)(ds[0])

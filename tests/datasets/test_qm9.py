@@ -396,11 +396,13 @@ def test_cache_of_another_processing_version_is_rebuilt(qm9_root, recorded, monk
     # which this release refuses) is not used as it is: rebuilt, the fix reaches it
     first = QM9(qm9_root, log=False)
     _, stats_json = _sdf_cache(qm9_root)
-    assert first.stats['processing_version'] == QM9.processing_version == 1
-    corrupt(osp.join(qm9_root, 'raw', 'uncharacterized.txt'), lambda t: 'nothing here\n')
+    version = QM9.processing_version
+    assert first.stats['processing_version'] == version >= 2
     with warnings.catch_warnings():
         warnings.simplefilter('error', UserWarning)
         assert len(QM9(qm9_root, log=False)) == len(first)  # this version's cache: reused
+    # (a changed raw file is itself seen since version 2: the version is checked first)
+    corrupt(osp.join(qm9_root, 'raw', 'uncharacterized.txt'), lambda t: 'nothing here\n')
     stats = json.load(open(stats_json))
     if recorded is None:
         del stats['processing_version']  # (releases before versions were recorded)
@@ -409,15 +411,15 @@ def test_cache_of_another_processing_version_is_rebuilt(qm9_root, recorded, monk
     json.dump(stats, open(stats_json, 'w'))
     built_by = ('recorded no processing version' if recorded is None else
                 f'processing version {recorded!r}')
-    with pytest.warns(UserWarning, match=f"built by a?.*{re.escape(built_by)}.*version 1: "
-                      f"rebuilding them from the raw files"):
+    with pytest.warns(UserWarning, match=f"built by a?.*{re.escape(built_by)}.*version "
+                      f"{version}: rebuilding them from the raw files"):
         with pytest.raises(CorruptRawFileError, match='uncharacterized.txt'):
             QM9(qm9_root, log=False)
     write_gdb9(osp.join(qm9_root, 'raw'))  # intact raw files again: rebuilt and recorded
     with pytest.warns(UserWarning, match='rebuilding them from the raw files'):
         again = QM9(qm9_root, log=False)
     _same_dataset(again, first)
-    assert json.load(open(stats_json))['processing_version'] == 1
+    assert json.load(open(stats_json))['processing_version'] == version
     monkeypatch.setattr(QM9, 'process', lambda self: pytest.fail('the cache must be reused'))
     assert len(QM9(qm9_root, log=False)) == len(first)
 
@@ -709,3 +711,63 @@ def test_a_cache_made_with_another_pre_transform_is_rebuilt(qm9_root, monkeypatc
     with warnings.catch_warnings():
         warnings.simplefilter('error', UserWarning)
         assert len(QM9(qm9_root, log=False, pre_transform=double)) == len(plain)
+
+
+@pytest.mark.parametrize('target', [None, 'mu', ['u0', 'mu']])
+def test_target_stats_of_a_copy_are_those_of_its_molecules(qm9_root, target):
+    # PyG's copy() collates the copied molecules alone: the targets kept beside the data (all
+    # 12 of every molecule of the dataset copied) gave the statistics of its first rows
+    ds = QM9(qm9_root, target=target, log=False)
+    index = torch.tensor([2, 3])
+    expected = ds[index].target_stats()
+    ys = torch.cat([ds[int(i)].y for i in index])
+    torch.testing.assert_close(expected, (ys.mean(0), ys.std(0)))
+    for copy in (ds[index].copy(), ds.copy(index), ds.copy(index.tolist())):
+        torch.testing.assert_close(copy.target_stats(), expected)
+        torch.testing.assert_close(copy.target_stats([1, 0]), expected)
+    full = ds.copy()
+    torch.testing.assert_close(full.target_stats(), ds.target_stats())
+    torch.testing.assert_close(full.target_stats(index), expected)
+    # nothing per molecule beside the data: a copy holds its own molecules only
+    for name, value in vars(ds.copy(index)).items():
+        if isinstance(value, torch.Tensor):
+            assert value.size(0) != len(ds) or len(ds) == len(index), name
+
+
+def test_an_sdf_record_without_atoms_is_refused(qm9_root):
+    path = osp.join(qm9_root, 'raw', 'gdb9.sdf')
+    records = open(path).read().split('$$$$\n')
+    records[1] = ('gdb_2\n     RDKit          3D\n\n  0  0  0  0  0  0  0  0  0  0999 V2000\n'
+                  'M  END\n')
+    with open(path, 'w') as f:
+        f.write('$$$$\n'.join(records))
+    with pytest.raises(CorruptRawFileError, match=r"gdb9.sdf.*record 2 \('gdb_2'\) is a "
+                       r"molecule without atoms") as info:
+        QM9(qm9_root, log=False)
+    assert info.value.path == path
+
+
+def test_an_edited_csv_file_rebuilds_the_cache(qm9pack_csv, tmp_path, monkeypatch):
+    root = str(tmp_path / 'root')
+    first = QM9(root, source='qm9pack', csv_path=qm9pack_csv, log=False)
+    stats = first.stats['raw_files']
+    assert list(stats) == [qm9pack_csv] and stats[qm9pack_csv][1].startswith('sha1:')
+    # the same size, another dipole moment of the first molecule
+    corrupt(qm9pack_csv, lambda t: t.replace(',0.0,13.21,', ',0.7,13.21,', 1))
+    assert osp.getsize(qm9pack_csv) == stats[qm9pack_csv][0]
+    with pytest.warns(UserWarning, match=f"are not those they were built from \\(changed in size "
+                      f"or contents: {re.escape(qm9pack_csv)}\\): rebuilding"):
+        again = QM9(root, source='qm9pack', csv_path=qm9pack_csv, log=False)
+    assert float(again[0].y[0, 0]) == pytest.approx(0.7) and float(first[0].y[0, 0]) == 0.0
+    monkeypatch.setattr(QM9, 'process', lambda self: pytest.fail('the cache must be reused'))
+    with warnings.catch_warnings():
+        warnings.simplefilter('error', UserWarning)
+        QM9(root, source='qm9pack', csv_path=qm9pack_csv, log=False)
+
+
+def test_sdf_raw_files_are_fingerprinted_by_name(qm9_root):
+    ds = QM9(qm9_root, log=False)
+    assert sorted(ds.stats['raw_files']) == ['gdb9.sdf', 'gdb9.sdf.csv', 'uncharacterized.txt']
+    corrupt(osp.join(qm9_root, 'raw', 'uncharacterized.txt'), lambda t: t + '\n')
+    with pytest.warns(UserWarning, match=r'changed in size or contents: uncharacterized.txt'):
+        QM9(qm9_root, log=False)

@@ -300,3 +300,15 @@ def test_a_run_recorded_before_the_spread_subset_predicts_on_its_first_n(scanobj
     labels = [int(d.y) for d in full.test]
     assert [int(d.y) for d in spread] == [labels[i] for i in spread_indices(2, len(labels))]
     assert [int(d.y) for d in first] == labels[:2]
+
+
+@pytest.mark.parametrize('n_test', [-1, -3, 1.5, True, '2'])
+def test_a_point_cloud_n_test_that_is_no_count_is_refused(scanobjectnn_root, n_test):
+    # a negative n_test gave an empty test split without a word
+    with pytest.raises(ValueError, match=r"scanobjectnn: 'n_test' must be an integer >= 0 "
+                       r"\(got .*\)"):
+        load_task('scanobjectnn', root=scanobjectnn_root['root'], num_points=16, n_test=n_test)
+    import numpy as np
+    splits = load_task('scanobjectnn', root=scanobjectnn_root['root'], num_points=16,
+                       n_test=np.int64(2))
+    assert len(splits.test) == 2

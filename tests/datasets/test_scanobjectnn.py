@@ -208,3 +208,58 @@ def test_resample_survives_a_transform_set_later(scanobjectnn_root):
     a, b = ds[0].pos, ds[0].pos  # still drawn on every access, from the object's points
     assert a.shape == (64, 3) and not torch.equal(a, b)
     assert point_rows(whole[0].pos.numpy(), a.numpy()).min() >= 0
+
+
+@pytest.mark.parametrize('dtype, match', [
+    (np.uint8, "'mask' holds uint8: expected signed integers"),
+    (bool, "'mask' holds bool: expected signed integers"),
+    ('fraction', "'mask' holds float64 values that are not whole numbers"),
+])
+def test_a_mask_that_cannot_mark_background_points_is_refused(scanobjectnn_root, dtype, match):
+    # -1 marks a background point: read as uint8 (255) or bool, every point was the object's
+    root, files = scanobjectnn_root['root'], scanobjectnn_root['files']
+    rel = osp.join('h5_files', 'main_split', 'training_objectdataset.h5')
+    arrays = dict(files[rel])
+    arrays['mask'] = (arrays['mask'] + 0.5 if dtype == 'fraction' else
+                      (arrays['mask'] == 1) if dtype is bool else arrays['mask'].astype(dtype))
+    write_h5(osp.join(root, 'raw', rel), **arrays)
+    with pytest.raises(CorruptRawFileError, match=f'training_objectdataset.h5.*{match}'):
+        ScanObjectNN(root, num_points=16, log=False)
+
+
+def test_a_mask_of_whole_floats_is_read_as_integers(scanobjectnn_root):
+    root, files = scanobjectnn_root['root'], scanobjectnn_root['files']
+    expected = [d.mask for d in ScanObjectNN(root, num_points=16, log=False)]
+    rel = osp.join('h5_files', 'main_split', 'training_objectdataset.h5')
+    write_h5(osp.join(root, 'raw', rel), **dict(files[rel], mask=files[rel]['mask'] * 1.0))
+    with pytest.warns(UserWarning, match='rebuilding'):
+        ds = ScanObjectNN(root, num_points=16, log=False)
+    assert all(torch.equal(d.mask, m) for d, m in zip(ds, expected))
+
+
+def test_boolean_labels_are_refused(scanobjectnn_root):
+    root, files = scanobjectnn_root['root'], scanobjectnn_root['files']
+    rel = osp.join('h5_files', 'main_split', 'test_objectdataset.h5')
+    write_h5(osp.join(root, 'raw', rel), **dict(files[rel], label=files[rel]['label'] > 5))
+    with pytest.raises(CorruptRawFileError, match="test_objectdataset.h5.*'label' holds booleans"):
+        ScanObjectNN(root, num_points=16, log=False)
+
+
+@pytest.mark.parametrize('kwargs, match', [
+    (dict(seed=-1), r"'seed' must be an integer >= 0 \(got -1\)"),
+    (dict(seed=True), r"'seed' must be an integer >= 0 \(got True\)"),
+    (dict(num_points=True), "'num_points' must be a positive integer or None, got True"),
+])
+def test_invalid_seed_and_num_points_are_refused_up_front(scanobjectnn_root, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ScanObjectNN(scanobjectnn_root['root'], **dict(dict(num_points=16), **kwargs), log=False)
+    assert not osp.exists(osp.join(scanobjectnn_root['root'], 'processed'))
+
+
+def test_numpy_seed_and_num_points_share_the_cache_of_plain_ints(scanobjectnn_root, monkeypatch):
+    root = scanobjectnn_root['root']
+    plain = ScanObjectNN(root, num_points=16, seed=2, log=False)
+    monkeypatch.setattr(ScanObjectNN, 'process', lambda self: pytest.fail('must be reused'))
+    ds = ScanObjectNN(root, num_points=np.int64(16), seed=np.int64(2), log=False)
+    assert ds.processed_dir == plain.processed_dir and type(ds.seed) is int
+    assert all(torch.equal(a.pos, b.pos) for a, b in zip(ds, plain))

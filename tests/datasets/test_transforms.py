@@ -152,3 +152,16 @@ def test_pyg_transforms_change_predictions_and_invariant_models_ignore_rotations
         else:
             assert (after_rotation - before).abs().max() > 1e-5, name
         assert (model(scaled).prediction - before).abs().max() > 1e-5, name
+
+
+@pytest.mark.parametrize('kwargs, name', [(dict(sigma=float('nan')), 'sigma'),
+                                          (dict(sigma=float('inf')), 'sigma'),
+                                          (dict(sigma=float('inf'), clip=None), 'sigma'),
+                                          (dict(clip=float('nan')), 'clip'),
+                                          (dict(sigma='0.1'), 'sigma')])
+def test_jitter_refuses_values_that_make_coordinates_non_finite(kwargs, name):
+    # NaN passed the `< 0` checks, and every coordinate came out NaN
+    with pytest.raises(ValueError, match=f"'{name}' must be a"):
+        RandomJitter(**kwargs)
+    out = RandomJitter(sigma=1.0, clip=float('inf'))(cloud(10))  # inf clips nothing
+    assert torch.isfinite(out.pos).all()

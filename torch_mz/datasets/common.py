@@ -5,12 +5,16 @@ processed cache is written atomically, loaded without running code, and rebuilt 
 import contextlib
 import glob
 import json
+import math
+import numbers
+import operator
 import os
 import os.path as osp
 import pickle
 import re
 import shutil
 import warnings
+from fractions import Fraction
 from typing import (Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple, Type,
                     Union)
 
@@ -21,6 +25,8 @@ from torch_geometric.data import Data, InMemoryDataset
 
 from torch_mz._files import atomic_write, damaged_zip_member, file_lock
 from torch_mz._optional import require
+from torch_mz.datasets.fingerprint import (_describe, _raw_changes, files_below,
+                                           fingerprint_files)
 
 ENV_DATA_ROOT = 'TORCH_MZ_DATA'
 
@@ -126,6 +132,59 @@ def _centered(pos: np.ndarray) -> Tuple[np.ndarray, float]:
     return pos, (np.sqrt((pos**2).sum(axis=1)).max() if len(pos) > 0 else 0.0)
 
 
+def check_integer(name: str, value: Any, low: int = 0) -> int:
+    r"""An integer of at least :obj:`low`, given as any integral type (a Python or NumPy
+    integer, an integer tensor of one element: what :func:`operator.index` takes), returned as a
+    Python :obj:`int`, so that it is written to ``stats.json`` and folder names as a number. A
+    bool, a float or a smaller value raises a :class:`ValueError` naming :obj:`name`."""
+    number = None
+    if not (isinstance(value, (bool, np.bool_))
+            or (isinstance(value, Tensor) and value.dtype == torch.bool)):
+        try:
+            number = operator.index(value)
+        except TypeError:
+            pass
+    if number is None or number < low:
+        raise ValueError(f"'{name}' must be an integer >= {low} (got {value!r})")
+    return int(number)
+
+
+def optional_points(num_points: Any) -> Optional[int]:
+    r""":obj:`num_points` of a point-cloud dataset as a Python :obj:`int` (any integral type is
+    taken), or :obj:`None`; a bool, a float or a number below 1 raises a :class:`ValueError`
+    naming it."""
+    if num_points is None:
+        return None
+    try:
+        return check_integer('num_points', num_points, low=1)
+    except ValueError:
+        raise ValueError(f"'num_points' must be a positive integer or None, got "
+                         f"{num_points!r}") from None
+
+
+def _size(value: Any, name: str) -> Union[int, float]:
+    r"""A split size by the type of its value: an integral number (Python, NumPy or a one-element
+    tensor) is a count, returned as :obj:`int`; a real one is a fraction, returned as
+    :obj:`float`. A bool (a count or a fraction?) raises."""
+    if isinstance(value, (Tensor, np.ndarray)):
+        if (value.numel() if isinstance(value, Tensor) else value.size) != 1:
+            raise ValueError(f"'{name}' must be one number, a count or a fraction (got a tensor "
+                             f"or an array of shape {tuple(value.shape)})")
+        value = value.item()  # a Python bool, int or float, by the dtype
+    if isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"'{name}' must be a count (an integer) or a fraction (a float in "
+                         f"[0, 1]), not a bool (got {value!r})")
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise ValueError(f"'{name}' must be a count (an integer) or a fraction (a float in "
+                         f"[0, 1]) (got {value!r})") from None
+
+
 def _count(size: Union[int, float], n: int, name: str) -> int:
     if isinstance(size, float):
         if not 0.0 <= size <= 1.0:
@@ -134,6 +193,43 @@ def _count(size: Union[int, float], n: int, name: str) -> int:
     if size < 0:
         raise ValueError(f"'{name}' must be non-negative (got {size})")
     return int(size)
+
+
+def _apportion(shares: Sequence[Fraction], total: int) -> List[int]:
+    r""":obj:`total` items split in proportion to :obj:`shares` (largest remainder: each part
+    gets the whole part of its quota, and the items left go one each to the parts with the
+    largest remainders, the earlier part first on a tie); the counts sum to :obj:`total`."""
+    whole = sum(shares)
+    quotas = [share * total / whole if whole else Fraction(0) for share in shares]
+    counts = [math.floor(q) for q in quotas]
+    order = sorted(range(len(quotas)), key=lambda i: (counts[i] - quotas[i], i))
+    for i in order[:total - sum(counts)]:
+        counts[i] += 1
+    return counts
+
+
+def _split_counts(sizes: Sequence[Union[int, float]], pool: int, rest: bool,
+                  names: Sequence[str]) -> List[int]:
+    r"""The counts of the given split sizes over :obj:`pool` items (:obj:`rest`: the test set is
+    the rest of the pool and not among :obj:`sizes`).
+
+    Each fraction is rounded to the nearest count on its own. Only where that goes wrong are
+    sizes that are all fractions apportioned together (:func:`_apportion`): fractions summing
+    to 1 whose separate roundings exceed the pool (``0.5, 0.5`` of 3 items: 2 + 2) or, with a
+    test fraction given, leave items of the pool unused (``0.25, 0.25, 0.5`` of 10: 2 + 2 + 5),
+    and fractions summing to less than 1 whose roundings exceed the pool. Sizes that worked
+    keep their counts, so that the splits drawn with them stay the same."""
+    counts = [_count(size, pool, name) for size, name in zip(sizes, names)]
+    if not sizes or not all(isinstance(size, float) for size in sizes):
+        return counts
+    # the fractions as written (0.1 is 1/10, not the nearest binary number)
+    shares = [Fraction(repr(size)) for size in sizes]
+    whole = abs(float(sum(shares)) - 1.0) <= 1e-9
+    if sum(counts) > pool and (whole or sum(shares) < 1):
+        return _apportion(shares, pool if whole else min(pool, round(sum(shares) * pool)))
+    if whole and not rest and sum(counts) < pool:
+        return _apportion(shares, pool)
+    return counts
 
 
 def split_indices(
@@ -146,9 +242,14 @@ def split_indices(
 ) -> Tuple[Tensor, Tensor, Tensor]:
     r"""Random, disjoint train/validation/test indices into a dataset of :obj:`n` items.
 
-    Sizes are counts (:obj:`int`) or fractions (:obj:`float`) of the pool, where the pool is either
-    all :obj:`n` items or a random subsample of :obj:`subsample` of them. :obj:`test=None` takes
-    every remaining item of the pool. The same :obj:`(n, sizes, seed)` always gives the same split.
+    Sizes are counts (integers) or fractions (real numbers in :math:`[0, 1]`) of the pool, told
+    apart by the type of the value (a NumPy or torch scalar too: :obj:`np.float32(0.8)` is a
+    fraction, :obj:`np.int64(8)` a count; a bool is refused), where the pool is either all
+    :obj:`n` items or a random subsample of :obj:`subsample` of them. :obj:`test=None` takes
+    every remaining item of the pool. Each fraction is rounded to the nearest count; fractions
+    that sum to 1 always share out the whole pool (where the separate roundings would not,
+    the items go by largest remainder, the earlier split first on a tie). The same
+    :obj:`(n, sizes, seed)` always gives the same split.
 
     The two QM9 protocols:
 
@@ -175,9 +276,11 @@ def split_indices(
     pool = n if subsample is None else int(subsample)
     if pool > n or pool < 0:
         raise ValueError(f"'subsample' must lie in [0, n={n}] (got {subsample})")
-    n_train = _count(train, pool, 'train')
-    n_val = _count(val, pool, 'val')
-    n_test = pool - n_train - n_val if test is None else _count(test, pool, 'test')
+    names = ['train', 'val'] + ([] if test is None else ['test'])
+    sizes = [_size(value, name) for value, name in zip((train, val, test), names)]
+    counts = _split_counts(sizes, pool, test is None, names)
+    n_train, n_val = counts[:2]
+    n_test = pool - n_train - n_val if test is None else counts[2]
     if n_test < 0 or n_train + n_val + n_test > pool:
         raise ValueError(f"train + val + test = {n_train} + {n_val} + {max(n_test, 0)} exceeds the "
                          f"{pool} items available")
@@ -234,8 +337,15 @@ def save_stats(stats: Dict[str, object], path: str, data_paths: Sequence[str] = 
     the processed files :obj:`data_paths` (written before it) under ``processed_files``, so that
     :func:`check_processed_sizes` can tell a cache whose writing was interrupted."""
     stats['processed_files'] = {osp.basename(p): osp.getsize(p) for p in data_paths}
-    text = json.dumps(stats, indent=1, sort_keys=True)
+    text = json.dumps(stats, indent=1, sort_keys=True, default=_json_number)
     atomic_write(path, lambda f: f.write(text), binary=False)
+
+
+def _json_number(value: Any) -> Any:
+    # a NumPy number (np.int64, np.float32) that reached the stats is written as the number
+    if isinstance(value, np.generic) and value.dtype.kind in 'biuf':
+        return value.item()
+    raise TypeError(f'Object of type {type(value).__name__} is not JSON serializable')
 
 
 def load_stats(path: str) -> Dict[str, Any]:
@@ -302,9 +412,46 @@ def load_processed(path: str) -> Any:
                                  f'({type(e).__name__}: {e})') from e
 
 
-def _describe(transform: Any) -> str:
-    # the text PyG stores in pre_transform.pt / pre_filter.pt (its `_repr`), addresses removed
+def _repr_text(transform: Any) -> str:
+    # the text PyG stores in pre_transform.pt / pre_filter.pt (its `_repr`), addresses removed:
+    # what the markers of earlier releases hold, and how messages name a transform
     return 'None' if transform is None else re.sub('(<.*?)\\s.*(>)', r'\1\2', str(transform))
+
+
+# the version of the markers' contents: a dict {'format', 'repr', 'description'}; the markers of
+# earlier releases hold the repr text alone
+_MARKER_FORMAT = 2
+
+
+def _marker(transform: Any) -> Dict[str, Any]:
+    r"""What ``pre_transform.pt`` / ``pre_filter.pt`` hold: the description that is compared
+    (:func:`_describe`) and the repr that messages show."""
+    return {'format': _MARKER_FORMAT, 'repr': _repr_text(transform),
+            'description': _describe(transform)}
+
+
+def _marker_mismatch(saved: Any, current: Dict[str, Any], what: str) -> Optional[str]:
+    r"""How the marker :obj:`saved` that a cache holds differs from :obj:`current` (:func:`_marker`
+    of the transform given), in words; :obj:`None` where it is the same."""
+    if isinstance(saved, dict) and saved.get('format') == _MARKER_FORMAT:
+        if saved.get('description') == current['description']:
+            return None
+        before = str(saved.get('repr'))
+        if before != current['repr']:
+            return f"{what}={before}, not {what}={current['repr']}"
+        return (f"{what}={before} with other parameters ({_shortened(saved.get('description'))})"
+                f", not with those given ({_shortened(current['description'])})")
+    if saved == 'None' and current['description'] == 'None':
+        return None  # an earlier release's record of no transform: exact
+    # an earlier release recorded the repr text alone, which two transforms with other
+    # parameters can share: what the cache was made with is not known
+    return (f"{what}={_shortened(saved)} as an earlier release of torch_mz recorded it (by its "
+            f"text only, which does not tell its parameters), not {what}={current['repr']}")
+
+
+def _shortened(text: Any, limit: int = 300) -> str:
+    text = str(text)
+    return text if len(text) <= limit else text[:limit] + '...'
 
 
 class ProcessedDataset(InMemoryDataset):
@@ -313,8 +460,11 @@ class ProcessedDataset(InMemoryDataset):
     - is written atomically: every file (collated data, ``stats.json``, the
       ``pre_transform.pt``/``pre_filter.pt`` markers) goes to a temporary file first and is moved
       into place with :func:`os.replace`, so an interrupted processing run leaves the previous
-      file or none, never a partial one; ``stats.json`` is written last and records the sizes of
-      the data files;
+      file or none, never a partial one; ``stats.json``, which records the sizes of the data
+      files, is the cache's mark of completion: a rebuild removes the old one and the old
+      markers just before it replaces the first data file, and writes the new one last, after
+      the markers, so that a run stopped at any point leaves a cache that is rebuilt (or, stopped
+      before it replaced anything, the old cache as it was);
     - is loaded with ``weights_only=True`` (:func:`load_processed`), so a crafted file never runs
       code (PyG's own loader retries with ``weights_only=False``);
     - is checked when loaded: an empty, truncated or inconsistent file is reported with a warning
@@ -322,24 +472,39 @@ class ProcessedDataset(InMemoryDataset):
       :class:`ProcessedFileError`;
     - is rebuilt, with a warning, when it was made with another ``pre_transform`` or
       ``pre_filter`` than the one given (PyG warns and uses it as it is, so the data would not be
-      what the arguments say);
+      what the arguments say): the markers describe a transform by its class and its parameters
+      (:func:`_describe`), not by its repr alone, which two transforms with other parameters can
+      share; a marker of an earlier release (its repr alone) or a missing one counts as another
+      transform;
+    - records a fingerprint of the raw files it was built from in ``stats.json``
+      (:meth:`raw_fingerprint`: their paths and sizes, and for files read as a whole their
+      contents' hash or modification time) and is rebuilt, with a warning that names the files
+      added, removed or changed, when they differ;
     - records the :attr:`processing_version` of the code that built it in ``stats.json``: a
       cache built by code of another version (or by a release that recorded none) is rebuilt
       from the raw files, with a warning, so that a fix to the processing (a check of the raw
       files that was missing, a record read wrongly) reaches caches built before it.
 
-    Subclasses call :meth:`open_cache` at the end of their constructor and implement
-    :meth:`read_cache`, which loads the processed files into the dataset.
+    Subclasses call :meth:`open_cache` at the end of their constructor, implement
+    :meth:`read_cache`, which loads the processed files into the dataset, write their data
+    files in :meth:`process` with :meth:`_save_processed` and end it with :meth:`_finish_cache`,
+    which writes the markers and then ``stats.json``; they may refine :meth:`raw_fingerprint`.
     """
 
     #: What a cache built by :meth:`process` holds and which raw files it accepts, as a number
     #: recorded in ``stats.json``; raised whenever a change to the processing changes either, so
-    #: that caches built before the change are rebuilt (see above). 1: the first recorded one.
-    processing_version: int = 1
+    #: that caches built before the change are rebuilt (see above). 1: the first recorded one;
+    #: 2: ``stats.json`` records the raw files' fingerprint, the markers the parameters of the
+    #: transforms.
+    processing_version: int = 2
 
     # the old cache's stats file and markers, removed just before a rebuild replaces its first
     # data file (_rebuild)
     _stale_on_write: List[str]
+    # the raw files' fingerprint taken as a rebuild starts, and whether process() ended with
+    # _finish_cache (_rebuild)
+    _raw_before: Optional[Dict[str, Any]] = None
+    _finished: bool = False
 
     @classmethod
     def save(cls, data_list: Sequence[Any], path: str,
@@ -436,17 +601,40 @@ class ProcessedDataset(InMemoryDataset):
         r"""Fetches the raw files (subclasses that download)."""
         raise NotImplementedError
 
-    def _markers(self) -> List[Tuple[str, str]]:
-        return [(osp.join(self.processed_dir, 'pre_transform.pt'), _describe(self.pre_transform)),
-                (osp.join(self.processed_dir, 'pre_filter.pt'), _describe(self.pre_filter))]
+    def raw_fingerprint(self) -> Dict[str, Any]:
+        r"""The fingerprint of the raw files a rebuild would read (:func:`fingerprint_files`),
+        recorded in ``stats.json`` as ``raw_files``; a cache whose record differs is rebuilt.
+        Here every file of :attr:`raw_paths` (and every file below one that is a folder), by
+        path relative to :attr:`raw_dir` and size."""
+        paths: List[str] = []
+        for path in self.raw_paths:
+            paths += files_below(path) if osp.isdir(path) else [path]
+        return fingerprint_files(paths, self.raw_dir)
+
+    def _markers(self) -> List[Tuple[str, Dict[str, Any]]]:
+        return [(osp.join(self.processed_dir, 'pre_transform.pt'), _marker(self.pre_transform)),
+                (osp.join(self.processed_dir, 'pre_filter.pt'), _marker(self.pre_filter))]
+
+    def _stats_path(self) -> Optional[str]:
+        return next((p for p in self.processed_paths if osp.basename(p) == 'stats.json'), None)
 
     def _process(self) -> None:
         with self._build_lock():  # one process builds or rebuilds the cache at once
             # PyG's Dataset._process, with the markers read by load_processed (PyG unpickles them
             # with weights_only=False) and a broken marker treated as a stale cache
             stale = self.force_reload
+            complete = all(osp.exists(p) for p in self.processed_paths)
             for path, current in self._markers():
-                if stale or not osp.exists(path):
+                what = osp.basename(path)[:-3]
+                if stale:
+                    continue
+                if not osp.exists(path):
+                    if complete:  # (every cache this release completes has its markers)
+                        warnings.warn(f"The processed files in '{self.processed_dir}' do not "
+                                      f"record the {what} they were made with (no "
+                                      f"'{osp.basename(path)}'): rebuilding them from the raw "
+                                      f"files", stacklevel=2)
+                        stale = True
                     continue
                 try:
                     saved = load_processed(path)
@@ -456,31 +644,40 @@ class ProcessedDataset(InMemoryDataset):
                     warnings.warn(f'{e}; rebuilding the processed files', stacklevel=2)
                     stale = True
                     continue
-                if saved != current:
+                mismatch = _marker_mismatch(saved, current, what)
+                if mismatch is not None:
                     # PyG warns and uses the cache as it is: a run would record a pre_transform
                     # (or pre_filter) that was never applied
-                    what = osp.basename(path)[:-3]
                     warnings.warn(f"The processed files in '{self.processed_dir}' were made with "
-                                  f"{what}={saved}, not {what}={current}: rebuilding them from "
-                                  f"the raw files", stacklevel=2)
+                                  f"{mismatch}: rebuilding them from the raw files", stacklevel=2)
                     stale = True
             if not stale and self._built_by_other_version():
                 stale = True
-            if not stale and all(osp.exists(p) for p in self.processed_paths):
+            if not stale and self._raw_files_changed():
+                stale = True
+            if not stale and complete:
                 return
             self._rebuild()
+
+    def _recorded_stats(self) -> Optional[Dict[str, Any]]:
+        r"""The cache's ``stats.json``; :obj:`None` where it is missing or unreadable (a cache
+        not built yet, or one :meth:`open_cache` finds broken)."""
+        path = self._stats_path()
+        if path is None or not osp.exists(path):
+            return None
+        try:
+            return load_stats(path)
+        except (ProcessedFileError, OSError):
+            return None
 
     def _built_by_other_version(self) -> bool:
         r"""Whether the cache's ``stats.json`` records a :attr:`processing_version` other than
         this code's (warning that it is rebuilt). A missing or unreadable stats file is left to
         the other checks (a cache not built yet; :meth:`open_cache`)."""
-        path = next((p for p in self.processed_paths if osp.basename(p) == 'stats.json'), None)
-        if path is None or not osp.exists(path):
+        stats = self._recorded_stats()
+        if stats is None:
             return False
-        try:
-            recorded = load_stats(path).get('processing_version')
-        except (ProcessedFileError, OSError):
-            return False
+        recorded = stats.get('processing_version')
         if recorded == self.processing_version:
             return False
         built_by = ('a release of torch_mz that recorded no processing version'
@@ -491,22 +688,57 @@ class ProcessedDataset(InMemoryDataset):
                       stacklevel=3)
         return True
 
+    def _raw_files_changed(self) -> bool:
+        r"""Whether the raw files differ from those the cache's ``stats.json`` records
+        (:meth:`raw_fingerprint`), warning that it is rebuilt and naming what changed. A
+        missing or unreadable stats file is left to the other checks."""
+        stats = self._recorded_stats()
+        if stats is None:
+            return False
+        recorded = stats.get('raw_files')
+        current = self.raw_fingerprint()
+        if recorded == current:
+            return False
+        what = (_raw_changes(recorded, current) if isinstance(recorded, dict) else
+                'the cache records no fingerprint of them')
+        warnings.warn(f"The raw files of the processed files in '{self.processed_dir}' are not "
+                      f"those they were built from ({what}): rebuilding them from the raw files",
+                      stacklevel=3)
+        return True
+
+    def _finish_cache(self, stats: Dict[str, object], path: str,
+                      data_paths: Sequence[str]) -> None:
+        r"""Ends :meth:`process`: writes the ``pre_transform``/``pre_filter`` markers, then
+        ``stats.json`` (:func:`save_stats`, with the fingerprint of the raw files taken before
+        they were read), the mark that the cache is complete."""
+        fingerprint = self._raw_before  # (None where process() is called on its own)
+        stats['raw_files'] = self.raw_fingerprint() if fingerprint is None else fingerprint
+        for marker_path, marker in self._markers():
+            atomic_write(marker_path, lambda f: torch.save(marker, f))  # called at once
+        save_stats(stats, path, data_paths)
+        self._finished = True
+
     def _rebuild(self) -> None:
         self._rebuilt_now = True  # a refused file is then this process's own (_read_cache)
         os.makedirs(self.processed_dir, exist_ok=True)
-        # the stats file is written last: removed just before the first new
-        # data file replaces an old one (_save_processed), a rebuild stopped half way leaves a
-        # cache that is incomplete (rebuilt at the next start), never new data files beside
-        # old ones that the checks could take for one cache; stopped before that, the old
-        # cache is left as it was, and used
-        self._stale_on_write = [p for p in self.processed_paths
-                                if osp.basename(p) == 'stats.json']
+        # the stats file is written last (_finish_cache), after the markers: it and the old
+        # markers are removed just before the first new data file replaces an old one
+        # (_save_processed), so a rebuild stopped half way leaves a cache that is incomplete
+        # (rebuilt at the next start), never new data files beside old ones, or beside old
+        # markers, that the checks could take for one cache; stopped before that, the old
+        # cache is left as it was (its records still tell what it was made with and from)
+        self._stale_on_write = ([p for p in [self._stats_path()] if p is not None]
+                                + [p for p, _ in self._markers()])
+        self._raw_before = self.raw_fingerprint()  # taken before the raw files are read
+        self._finished = False
         try:
             self.process()
         finally:
             self._stale_on_write = []
-        for path, current in self._markers():
-            atomic_write(path, lambda f: torch.save(current, f))  # called at once
+            self._raw_before = None
+        if not self._finished:  # a process() that does not end with _finish_cache
+            for path, current in self._markers():
+                atomic_write(path, lambda f: torch.save(current, f))  # called at once
 
 
 def download_lock(root: str) -> ContextManager[bool]:
@@ -520,6 +752,7 @@ def clear_staging(folder: str) -> None:
     r"""Removes the staging folders (``.download-*``, ``.extract-*``) that a download or an
     extraction killed without its clean-up (SIGTERM, SIGKILL) left in :obj:`folder`: only their
     own process ever reads them. Call it holding the folder's download lock."""
+    folder = glob.escape(folder)  # (a root such as 'run[1]' holds glob characters)
     for path in glob.glob(osp.join(folder, '.download-*')) + glob.glob(
             osp.join(folder, '.extract-*')):
         if osp.isdir(path):
@@ -630,4 +863,4 @@ class TrainTestSets(ProcessedDataset):
             stats[split] = {f'num_{self.item_name}s': len(data_list),
                             'skipped': skipped.as_dict()}
             skipped.report(f'{self._label()} {split}')
-        save_stats(stats, self.processed_paths[2], self.processed_paths[:2])
+        self._finish_cache(stats, self.processed_paths[2], self.processed_paths[:2])

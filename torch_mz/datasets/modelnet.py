@@ -7,7 +7,7 @@ import tempfile
 import warnings
 import zipfile
 import zlib
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -19,8 +19,11 @@ from torch_mz.datasets.common import (
     CorruptRawFileError,
     SkipCounter,
     TrainTestSets,
+    check_integer,
+    fingerprint_files,
     integer_valued,
     normalize_unit_sphere,
+    optional_points,
     read_h5,
 )
 
@@ -206,11 +209,15 @@ class ModelNet40(TrainTestSets):
     Training augmentation as in the paper, written the PyG way as :obj:`transform`:
     ``Compose([T.RandomRotate(180, axis=1), RandomJitter()])``, a rotation about y (the up axis of
     both sources) and :class:`~torch_mz.datasets.transforms.RandomJitter` (PointNet's clipped
-    gaussian jitter); any :mod:`torch_geometric.transforms` pipeline acts on :obj:`pos` and so
-    reaches the model. The train / validation split of :func:`torch_mz.tasks.load_task` holds
-    out 10% of the training files for validation (the task option ``val_fraction``); PointNet,
-    DGCNN and PointMLP train on all 9,843 (``val_fraction=0``, which validates on the test
-    split as their code does).
+    gaussian jitter). The :mod:`torch_geometric.transforms` that act on point sets, reading
+    :obj:`pos` (and :obj:`x`, :obj:`y`), compose with it and reach the model:
+    ``NormalizeScale``, ``Center``, ``RandomRotate``, ``RandomScale``, ``RandomJitter``,
+    ``RandomFlip``, ``FixedPoints``, ``KNNGraph``, ``RadiusGraph``... Those that need the mesh's
+    faces (``SamplePoints``, ``FaceToEdge``, ``GenerateMeshNormals``) do not apply: the examples
+    are points sampled once, and no :obj:`face` is stored. The train / validation split of
+    :func:`torch_mz.tasks.load_task` holds out 10% of the training files for validation (the
+    task option ``val_fraction``); PointNet, DGCNN and PointMLP train on all 9,843
+    (``val_fraction=0``, which validates on the test split as their code does).
 
     Args:
         root (str, optional): Root folder (``raw/`` and ``processed/`` below it).
@@ -218,12 +225,13 @@ class ModelNet40(TrainTestSets):
             :func:`~torch_mz.datasets.common.default_root`)
         train (bool, optional): Load the training split, else the test split. (default: :obj:`True`)
         source (str, optional): :obj:`'mesh'` or :obj:`'hdf5'`. (default: :obj:`'mesh'`)
-        num_points (int, optional): Points per shape; :obj:`None` keeps all points of the HDF5
-            source. (default: :obj:`1024`)
+        num_points (int, optional): Points per shape, a positive integer; :obj:`None` keeps all
+            points of the HDF5 source. (default: :obj:`1024`)
         normalize (bool, optional): Center and scale every set to the unit sphere (after taking
             :obj:`num_points` points); :obj:`False` keeps the HDF5 release's coordinates, as
             PointNet and DGCNN read them. (default: :obj:`True`)
-        seed (int, optional): Seed of the mesh surface sampling. (default: :obj:`0`)
+        seed (int, optional): Seed of the mesh surface sampling, an integer >= 0.
+            (default: :obj:`0`)
         transform (callable, optional): Applied to every example on access. (default: :obj:`None`)
         pre_transform (callable, optional): Applied once before saving. (default: :obj:`None`)
         pre_filter (callable, optional): Keeps the examples for which it returns :obj:`True`.
@@ -258,12 +266,11 @@ class ModelNet40(TrainTestSets):
             raise ValueError(f"'source' must be 'mesh' or 'hdf5', got '{source}'")
         if num_points is None and source == 'mesh':
             raise ValueError("'num_points' must be set for the mesh source")
-        if num_points is not None and num_points < 1:
-            raise ValueError(f"'num_points' must be a positive integer or None, got {num_points}")
         self.source = source
-        self.num_points = num_points
+        # plain ints (any integral type is taken): they name the cache and go to stats.json
+        self.num_points = optional_points(num_points)
         self.normalize = normalize
-        self.seed = seed
+        self.seed = check_integer('seed', seed)
         self._setup(root, 'ModelNet40', train, transform, pre_transform, pre_filter, log,
                     force_reload)
 
@@ -370,11 +377,39 @@ class ModelNet40(TrainTestSets):
         pos = torch.from_numpy(np.ascontiguousarray(points, dtype=np.float32))  # (n, 3)
         return Data(pos=pos, y=torch.tensor([label], dtype=torch.long))
 
-    def _process_meshes(self, split: str, skipped: SkipCounter) -> List[Data]:
+    def _mesh_files(self, split: str) -> List[Tuple[str, int]]:
+        r"""The meshes of :obj:`split` with their labels: ``raw/<class>/<split>/<class>_*.off``."""
         files = []
         for label, name in enumerate(MODELNET40_CLASSES):
-            pattern = osp.join(self.raw_dir, name, split, f'{name}_*.off')
+            # (the root may hold glob characters, e.g. 'run[1]')
+            pattern = osp.join(glob.escape(osp.join(self.raw_dir, name, split)), f'{name}_*.off')
             files += [(path, label) for path in sorted(glob.glob(pattern))]
+        return files
+
+    def raw_fingerprint(self) -> Dict[str, Any]:
+        r"""The raw files processing reads, by path relative to ``raw/`` and size
+        (:func:`~torch_mz.datasets.common.fingerprint_files`): the meshes of both splits; or the
+        HDF5 files of the release, with ``shape_names.txt`` and the two file lists by their
+        contents' hash."""
+        if self.source == 'mesh':
+            paths = [path for split in ('train', 'test') for path, _ in self._mesh_files(split)]
+            return fingerprint_files(paths, self.raw_dir)
+        folder = osp.join(self.raw_dir, HDF5_FOLDER)
+        lists = [osp.join(folder, name)
+                 for name in ('shape_names.txt', 'train_files.txt', 'test_files.txt')]
+        names = {osp.basename(p) for p in glob.glob(osp.join(glob.escape(folder), '*.h5'))}
+        for split in ('train', 'test'):
+            try:
+                listed = self._hdf5_listing(folder, split)
+            except (OSError, UnicodeDecodeError):  # (hashed as it is; processing will tell)
+                listed = None
+            names.update(n for n, _ in listed or [])
+        return dict(fingerprint_files(lists, self.raw_dir, content=True),
+                    **fingerprint_files([osp.join(folder, n) for n in sorted(names)],
+                                        self.raw_dir))
+
+    def _process_meshes(self, split: str, skipped: SkipCounter) -> List[Data]:
+        files = self._mesh_files(split)
         if not files:
             raise FileNotFoundError(
                 f"no {split} meshes found as "
@@ -417,6 +452,9 @@ class ModelNet40(TrainTestSets):
                 raise CorruptRawFileError(path, 'labels outside [0, 40)')
             if not integer_valued(labels):  # (int() would truncate 3.7 to class 3)
                 raise CorruptRawFileError(path, 'labels that are not whole numbers')
+            if labels.dtype.kind == 'b':
+                raise CorruptRawFileError(path, "dataset 'label' holds booleans, not class "
+                                          "indices in [0, 40)")
             if self.num_points is not None and points.shape[1] < self.num_points:
                 raise ValueError(f"'{path}' holds {points.shape[1]} points per shape, fewer than "
                                  f"num_points={self.num_points}")
@@ -430,32 +468,74 @@ class ModelNet40(TrainTestSets):
         return data_list
 
     @staticmethod
-    def _hdf5_files(folder: str, split: str) -> List[str]:
-        r"""The release's HDF5 files of :obj:`split`: those its ``<split>_files.txt`` lists (a
-        listed file that is missing, e.g. a copy stopped part way, raises
-        :class:`FileNotFoundError` rather than giving fewer shapes), else, with a warning that
-        their completeness cannot be checked, every ``ply_data_<split>*.h5`` in :obj:`folder`."""
-        pattern = osp.join(folder, f'ply_data_{split}*.h5')
+    def _hdf5_listing(folder: str, split: str) -> Optional[List[Tuple[str, int]]]:
+        r"""The names of the HDF5 files that the release's ``<split>_files.txt`` in :obj:`folder`
+        lists, with their line numbers; :obj:`None` where there is no such list."""
         listing = osp.join(folder, f'{split}_files.txt')
         if not osp.isfile(listing):
-            files = sorted(glob.glob(pattern))
+            return None
+        with open(listing) as f:  # lines such as data/modelnet40_ply_hdf5_2048/ply_data_train0.h5
+            # (the last part of the path, '/' or '\\' separated: copies edited on Windows)
+            return [(line.strip().replace('\\', '/').rsplit('/', 1)[-1], number)
+                    for number, line in enumerate(f, start=1) if line.strip()]
+
+    @classmethod
+    def _hdf5_files(cls, folder: str, split: str) -> List[str]:
+        r"""The release's HDF5 files of :obj:`split`: those its ``<split>_files.txt`` lists (a
+        listed file that is missing, e.g. a copy stopped part way, raises
+        :class:`FileNotFoundError` rather than giving fewer shapes; a file listed twice, or one
+        that the other split's list also names or that is the other split's, raises
+        :class:`~torch_mz.datasets.common.CorruptRawFileError`: it would repeat shapes, or put
+        test shapes into training), else, with a warning that their completeness cannot be
+        checked, every ``ply_data_<split>*.h5`` in :obj:`folder`."""
+        pattern = osp.join(folder, f'ply_data_{split}*.h5')
+        listing = osp.join(folder, f'{split}_files.txt')
+        listed = cls._hdf5_listing(folder, split)
+        if listed is None:
+            # (glob characters in the root, e.g. 'run[1]', are taken as they are)
+            files = sorted(glob.glob(osp.join(glob.escape(folder), f'ply_data_{split}*.h5')))
             if not files:
                 raise FileNotFoundError(f"no '{pattern}' files")
             warnings.warn(f"ModelNet40 (source='hdf5'): no '{listing}' (the release lists its "
                           f"files there), so it cannot be checked that every {split} file is "
                           f"present; reading the {len(files)} file(s) matching '{pattern}'")
-            return files
-        with open(listing) as f:  # lines such as data/modelnet40_ply_hdf5_2048/ply_data_train0.h5
-            # (the last part of the path, '/' or '\\' separated: copies edited on Windows)
-            names = [line.strip().replace('\\', '/').rsplit('/', 1)[-1] for line in f
-                     if line.strip()]
-        if not names:
-            raise CorruptRawFileError(listing, 'lists no file')
-        absent = [n for n in names if not osp.isfile(osp.join(folder, n))]
-        if absent:
-            raise FileNotFoundError(f"ModelNet40 (source='hdf5'): '{folder}' lacks {absent}, "
-                                    f"which the release's {osp.basename(listing)} lists (a copy "
-                                    f"stopped part way?): copy the release's files again")
+            names = [osp.basename(p) for p in files]
+        else:
+            if not listed:
+                raise CorruptRawFileError(listing, 'lists no file')
+            first: Dict[str, int] = {}
+            for name, number in listed:
+                if name in first:
+                    raise CorruptRawFileError(
+                        listing, f"lists '{name}' twice (lines {first[name]} and {number}): its "
+                        f"shapes would be read twice. Remove the repeated line, or copy the "
+                        f"release's {osp.basename(listing)} again")
+                first[name] = number
+            names = [name for name, _ in listed]
+            absent = [n for n in names if not osp.isfile(osp.join(folder, n))]
+            if absent:
+                raise FileNotFoundError(f"ModelNet40 (source='hdf5'): '{folder}' lacks {absent}, "
+                                        f"which the release's {osp.basename(listing)} lists (a "
+                                        f"copy stopped part way?): copy the release's files "
+                                        f"again")
+        other = 'test' if split == 'train' else 'train'
+        other_listed = cls._hdf5_listing(folder, other)
+        if other_listed is not None:
+            theirs = {n for n, _ in other_listed}
+            where = f"the release's {other}_files.txt lists it too"
+        else:
+            theirs = {osp.basename(p) for p in glob.glob(
+                osp.join(glob.escape(folder), f'ply_data_{other}*.h5'))}
+            where = f'its name is that of a {other} file (ply_data_{other}*.h5)'
+        shared = [n for n in names if n in theirs]
+        if shared:
+            # (the globs of the two splits never match one file: a list names it)
+            raise CorruptRawFileError(
+                listing if listed is not None else osp.join(folder, f'{other}_files.txt'),
+                f"'{shared[0]}' is one of the {split} files and {where}: a file in both splits "
+                f"would put {'test' if split == 'train' else 'training'} shapes into "
+                f"{'training' if split == 'train' else 'the test set'}. Copy the release's "
+                f"train_files.txt and test_files.txt again")
         return [osp.join(folder, n) for n in names]
 
     def __repr__(self) -> str:

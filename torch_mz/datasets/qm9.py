@@ -26,10 +26,9 @@ from torch_mz.datasets.common import (
     ProcessedFileError,
     SkipCounter,
     check_processed_sizes,
-
     default_root,
+    fingerprint_files,
     load_stats,
-    save_stats,
 )
 
 IndexLike = Union[Tensor, Sequence[int]]
@@ -411,7 +410,8 @@ class QM9(ProcessedDataset):
     does not end with a line break (its last row cut off), or with bytes that are not UTF-8
     raises :class:`~torch_mz.datasets.common.CorruptRawFileError` naming the file and line. The
     processed cache is written and read as :class:`~torch_mz.datasets.common.ProcessedDataset`
-    describes (atomically; weights-only; rebuilt when broken).
+    describes (atomically; weights-only; rebuilt when broken, or when a raw file is not the one
+    it was built from: :meth:`raw_fingerprint`).
 
     A molecule whose Gasteiger charges cannot be computed (non-finite) gets charge 0 on every atom
     (:obj:`charge_failure='zero'`, keeps the standard 130,831 molecules) or is dropped
@@ -491,11 +491,14 @@ class QM9(ProcessedDataset):
             raise ProcessedFileError(data_path, f"holds {len(self)} molecules but "
                                      f"'{stats_path}' records {expected}")
         # the selected targets in the collated y itself, so that every way PyG reads it
-        # (ds[i].y, ds.y, ds[:].y, a DataLoader) gives the same columns; all 12 kept for
-        # target_stats (before, get() selected them and PyG's ds.y read all 12 unselected)
-        self._all_targets = self._data.y.view(-1, len(QM9_TARGETS))  # (N, 12)
+        # (ds[i].y, ds.y, ds[:].y, a DataLoader) gives the same columns (before, get() selected
+        # them and PyG's ds.y read all 12 unselected). Nothing per molecule is kept outside
+        # self._data: PyG's copy() collates the copied molecules' data alone, and an attribute
+        # beside it would still hold every molecule of the dataset copied (target_stats read
+        # the wrong rows of such an array)
         if self.target_columns is not None:
-            self._data.y = self._all_targets[:, self.target_columns].contiguous()  # (N, t)
+            all_targets = self._data.y.view(-1, len(QM9_TARGETS))  # (N, 12)
+            self._data.y = all_targets[:, self.target_columns].contiguous()  # (N, t)
 
     @property
     def target_names(self) -> List[str]:
@@ -522,6 +525,20 @@ class QM9(ProcessedDataset):
     @property
     def processed_file_names(self) -> List[str]:
         return ['data.pt', 'stats.json']
+
+    def raw_fingerprint(self) -> Dict[str, Any]:
+        r"""The raw files read as a whole (:func:`~torch_mz.datasets.common.fingerprint_files`
+        with :obj:`content`: size and SHA-1, or modification time for a file over
+        :data:`~torch_mz.datasets.common.FINGERPRINT_HASH_LIMIT` bytes): ``gdb9.sdf``,
+        ``gdb9.sdf.csv`` and ``uncharacterized.txt`` by their names in ``raw/``; the CSV files
+        of :obj:`csv_path` by their paths, those of the installed ``qm9pack`` by their names
+        (a moved environment reads the same files)."""
+        if self.source == 'sdf':
+            return fingerprint_files(self.raw_paths, self.raw_dir, content=True)
+        if self.csv_path is not None:
+            return fingerprint_files(self.raw_paths, content=True)
+        return {osp.basename(k): v
+                for k, v in fingerprint_files(self.raw_paths, content=True).items()}
 
     def download(self) -> None:
         if self.source == 'sdf':
@@ -618,7 +635,7 @@ class QM9(ProcessedDataset):
         self._save_processed(data_list, self.processed_paths[0])
         stats['num_molecules'] = len(data_list)
         stats['skipped'] = skipped.as_dict()
-        save_stats(stats, self.processed_paths[1], self.processed_paths[:1])
+        self._finish_cache(stats, self.processed_paths[1], self.processed_paths[:1])
         skipped.report(f'QM9 ({self.source})')
 
     def _molecule(self, symbols: List[str], pos: np.ndarray, mol: Optional[object], y: np.ndarray,
@@ -671,6 +688,9 @@ class QM9(ProcessedDataset):
             gdb_idx = indices[i]  # the QM9 index k of gdb_<k>, not the position in the file
             if gdb_idx in uncharacterized:
                 continue
+            if mol is not None and mol.GetNumAtoms() < 1:  # (as qm9pack's N_atoms < 1 is)
+                raise CorruptRawFileError(sdf_path, f"record {i + 1} ('{ids[i]}') is a molecule "
+                                          f"without atoms")
             if mol is None or mol.GetNumConformers() == 0:
                 raise CorruptRawFileError(sdf_path,
                                           f'record {i + 1} cannot be read as a 3D molecule')
@@ -738,13 +758,13 @@ class QM9(ProcessedDataset):
         Shapes:
             - **mean**, **std:** :math:`(t,)`
         """
-        y = self._all_targets  # (N, 12), every stored molecule
+        # the selected targets of every molecule of self._data, which holds this dataset's own
+        # molecules (a view's indices() point into it; a copy's are all of it)
+        y = self._data.y.view(self._data.y.size(0), -1)  # (N, t)
         rows = torch.as_tensor(list(self.indices()), dtype=torch.long)
         if index is not None:
             rows = rows[torch.as_tensor(index, dtype=torch.long)]
-        y = y[rows]  # (m, 12)
-        if self.target_columns is not None:
-            y = y[:, self.target_columns]  # (m, t)
+        y = y[rows]  # (m, t)
         if len(y) < 2:
             raise ValueError(f'target statistics need at least two molecules, got {len(y)}')
         return y.mean(dim=0), y.std(dim=0)

@@ -29,7 +29,7 @@ from typing import Optional
 
 from torch_geometric.transforms import Compose, RandomRotate
 
-from torch_mz.datasets.common import split_indices
+from torch_mz.datasets.common import check_integer, split_indices
 from torch_mz.datasets.modelnet import ModelNet40
 from torch_mz.datasets.qm9 import QM9, QM9_PAPER_SPLIT
 from torch_mz.datasets.scanobjectnn import ScanObjectNN
@@ -100,6 +100,12 @@ def _point_cloud_task(name: str, cls, seed: int, n_train, n_val, n_test, root, n
                       val_fraction: float = 0.1, **kwargs):
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"{name}: 'val_fraction' must lie in [0, 1), got {val_fraction}")
+    if n_test is not None:  # (a negative count took no test set, a float failed in range())
+        try:
+            n_test = check_integer('n_test', n_test)
+        except ValueError as e:
+            raise ValueError(f'{name}: {e}: the number of test sets, taken from the official '
+                             f'test split, or None for all of it') from None
     augment = Compose([RandomRotate(180, axis=1), RandomJitter()])  # about the up axis y
     given = kwargs.pop('transform', None)  # every split's, after the training augmentation
     train_aug = cls(root=root, train=True,

@@ -12,8 +12,10 @@ from torch_mz.datasets.common import (
     CorruptRawFileError,
     SkipCounter,
     TrainTestSets,
+    check_integer,
     integer_valued,
     normalize_unit_sphere,
+    optional_points,
     read_h5,
 )
 
@@ -86,10 +88,11 @@ class ScanObjectNN(TrainTestSets):
             see :func:`~torch_mz.datasets.common.default_root`)
         variant (str, optional): One of :data:`SCANOBJECTNN_VARIANTS`. (default: :obj:`'OBJ_BG'`)
         train (bool, optional): Load the training split, else the test split. (default: :obj:`True`)
-        num_points (int, optional): Points per object, :obj:`None` keeps all. (default: :obj:`1024`)
+        num_points (int, optional): Points per object, a positive integer; :obj:`None` keeps
+            all. (default: :obj:`1024`)
         normalize (bool, optional): Center and scale every set to the unit sphere.
             (default: :obj:`True`)
-        seed (int, optional): Seed of the point subsets. (default: :obj:`0`)
+        seed (int, optional): Seed of the point subsets, an integer >= 0. (default: :obj:`0`)
         resample (bool, optional): Draw a new subset of :obj:`num_points` points on every access
             (the authors' training protocol) instead of one fixed subset per object.
             (default: :obj:`False`)
@@ -127,12 +130,11 @@ class ScanObjectNN(TrainTestSets):
         if variant not in SCANOBJECTNN_VARIANTS:
             raise ValueError(
                 f"'variant' must be one of {list(SCANOBJECTNN_VARIANTS)}, got '{variant}'")
-        if num_points is not None and num_points < 1:
-            raise ValueError(f"'num_points' must be a positive integer or None, got {num_points}")
+        num_points = optional_points(num_points)  # a plain int: it names the cache
         self.variant = variant
         self.num_points = num_points
         self.normalize = normalize
-        self.seed = seed
+        self.seed = check_integer('seed', seed)
         self.resample = resample and num_points is not None
         # a fresh subset on every access (in get(), before the user's transform, which stays
         # theirs alone: setting ds.transform later keeps the draw)
@@ -194,12 +196,23 @@ class ScanObjectNN(TrainTestSets):
         if mask is not None and mask.shape != points.shape[:2]:
             raise CorruptRawFileError(
                 path, f"expected 'mask' of shape {points.shape[:2]}, got {mask.shape}")
+        if mask is not None and not (mask.dtype.kind == 'i' or (mask.dtype.kind == 'f'
+                                                                and integer_valued(mask))):
+            # -1 marks a background point: unsigned or boolean values cannot hold it (every
+            # point would be taken for the object's), fractions are no marks
+            raise CorruptRawFileError(
+                path, f"dataset 'mask' holds {mask.dtype}"
+                f"{'' if mask.dtype.kind != 'f' else ' values that are not whole numbers'}: "
+                f"expected signed integers (-1 for background points)")
         if not len(points):  # (every file of the release holds objects: one cut short)
             raise CorruptRawFileError(path, 'holds no objects')
         if len(labels) and (labels.min() < 0 or labels.max() >= len(SCANOBJECTNN_CLASSES)):
             raise CorruptRawFileError(path, f'labels outside [0, {len(SCANOBJECTNN_CLASSES)})')
         if not integer_valued(labels):  # (int() would truncate 3.7 to class 3)
             raise CorruptRawFileError(path, 'labels that are not whole numbers')
+        if labels.dtype.kind == 'b':
+            raise CorruptRawFileError(path, f"dataset 'label' holds booleans, not class indices "
+                                      f"in [0, {len(SCANOBJECTNN_CLASSES)})")
         num_available = points.shape[1]
         num_points = self.stored_points
         if self.num_points is not None and num_available < self.num_points:

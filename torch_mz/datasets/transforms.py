@@ -1,8 +1,10 @@
 r"""Training-time augmentation for point-cloud sets that :mod:`torch_geometric.transforms` lacks.
 
 The datasets of :mod:`torch_mz.datasets` keep coordinates in :obj:`pos` only, and every model
-reads :obj:`pos` (and :obj:`x` where there are features), so PyG's own transforms compose with
-every dataset and model. The paper's augmentation for ModelNet40 and ScanObjectNN (Appendix A.2,
+reads :obj:`pos` (and :obj:`x` where there are features), so PyG's transforms of point sets
+(those that read :obj:`pos`, :obj:`x`, :obj:`y`) compose with every dataset and model; those
+that need mesh faces (``SamplePoints``, ``FaceToEdge``) do not apply, as no dataset stores
+:obj:`face`. The paper's augmentation for ModelNet40 and ScanObjectNN (Appendix A.2,
 Tasks C and E) is, written the PyG way::
 
     from torch_geometric.transforms import Compose, FixedPoints, RandomRotate
@@ -17,13 +19,25 @@ PyG has the rotation (:class:`~torch_geometric.transforms.RandomRotate`) and the
 :class:`~torch_geometric.transforms.RandomJitter` adds *uniform* noise, so PointNet's clipped
 *gaussian* jitter is here.
 """
-from typing import Optional
+import math
+from typing import Any, Optional
 
 import torch
 from torch_geometric.data import Data
 from torch_geometric.transforms import BaseTransform
 
 __all__ = ['RandomJitter']
+
+
+def _number(value: Any) -> float:
+    # a number (a Python, NumPy or one-element torch number) as a float; anything else (text
+    # too) as NaN, which is refused
+    if isinstance(value, (str, bytes)):
+        return math.nan
+    try:
+        return float(value)
+    except (TypeError, ValueError, RuntimeError):
+        return math.nan
 
 
 class RandomJitter(BaseTransform):
@@ -37,19 +51,23 @@ class RandomJitter(BaseTransform):
     generator, so :func:`torch.manual_seed` makes an epoch reproducible.
 
     Args:
-        sigma (float, optional): Standard deviation :math:`\sigma`. (default: :obj:`0.01`)
-        clip (float, optional): Clipping bound :math:`c`; :obj:`None` for no clipping.
-            (default: :obj:`0.05`)
+        sigma (float, optional): Standard deviation :math:`\sigma`, finite and non-negative.
+            (default: :obj:`0.01`)
+        clip (float, optional): Clipping bound :math:`c`, non-negative (not NaN; :obj:`inf`
+            clips nothing); :obj:`None` for no clipping. (default: :obj:`0.05`)
 
     Shapes:
         - **pos:** :math:`(n, D)`, returned with the same shape
     """
 
     def __init__(self, sigma: float = 0.01, clip: Optional[float] = 0.05) -> None:
-        if sigma < 0:
-            raise ValueError(f"'sigma' must be non-negative, got {sigma}")
-        if clip is not None and clip < 0:
-            raise ValueError(f"'clip' must be non-negative or None, got {clip}")
+        # (NaN passes a `< 0` check, and NaN or an infinite sigma makes every coordinate NaN
+        # or infinite)
+        if not math.isfinite(_number(sigma)) or _number(sigma) < 0:
+            raise ValueError(f"'sigma' must be a finite non-negative number, got {sigma!r}")
+        if clip is not None and not _number(clip) >= 0:
+            raise ValueError(f"'clip' must be a non-negative number (not NaN) or None, got "
+                             f"{clip!r}")
         self.sigma = float(sigma)
         self.clip = clip
 
