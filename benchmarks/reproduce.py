@@ -91,7 +91,9 @@ import sys
 
 from torch_mz.reproduce import (BUDGETS, CLAIM_NAMES, CLAIMS, Reproduction, TimeLimit,
                                 overhead_records, run_claims, save_claim)
-from torch_mz.reproduce.report import plot, write_runs_table, write_summary
+from torch_mz.reproduce.report import load_claims, plot, write_runs_table, write_summary
+from torch_mz.reproduce.store import RecordError
+from torch_mz.train.runtime import resolve_device
 from torch_mz.nn import set_fused_kernels
 from torch_mz.runtime import keep_freed_memory
 from torch_mz._files import atomic_write, file_lock
@@ -253,6 +255,16 @@ def main(argv=None):
     unknown = [c for c in claims if c not in CLAIM_NAMES]
     if unknown:
         parser.error(f"unknown claims {unknown}; available: {', '.join(CLAIM_NAMES)}")
+    if not claims:
+        parser.error(f"--claims names no claim (got {args.claims!r}); available: "
+                     f"{', '.join(CLAIM_NAMES)}")
+    twice = sorted({c for c in claims if claims.count(c) > 1})
+    if twice:
+        parser.error(f"--claims names {', '.join(twice)} twice")
+    try:  # before any claim: 'cuda' on a machine without one, a name torch does not know
+        resolve_device(args.device)
+    except ValueError as e:
+        parser.error(f'--device: {e}')
     if args.calibrate and not args.status:
         parser.error("--calibrate goes with --status (it estimates the training left)")
     if args.status_file is not None and not args.status:
@@ -272,35 +284,58 @@ def main(argv=None):
         parser.error('--carry needs --time-limit (it says what to do at the limit)')
     out = args.out or os.path.join(RESULTS, 'reproduction', *(
         ('quick', ) if args.budget == 'quick' else ()))
+    if os.path.exists(out) and not os.path.isdir(out):
+        parser.error(f"--out {out!r} is a file, not a results folder")
     budget = BUDGETS[args.budget]
     if args.status or args.runs_table:
-        if args.calibrate:  # time as training runs (below)
-            keep_freed_memory()
-            set_fused_kernels(args.fused_kernels)
-        repro = Reproduction(budget, out, device=args.device, seeds=args.seeds)
-        if args.status:
-            lines = []
+        try:
+            return _report(args, claims, budget, out)
+        except (RecordError, ValueError, OSError) as e:  # a damaged record or claim file
+            print(f'reproduce.py: {e}', file=sys.stderr)
+            return EXIT_ERROR
+    try:  # a damaged claim file would fail the summary after hours of training: now
+        load_claims(out)
+    except ValueError as e:
+        print(f'reproduce.py: {e}', file=sys.stderr)
+        return EXIT_ERROR
+    return _train(args, claims, budget, out)
 
-            def say(text):
-                print(text, flush=True)
-                lines.append(text)
-            print_status(repro, [CLAIMS[n] for n in claims if n != 'table30'],
-                         calibrate=args.calibrate, say=say)
-            if args.status_file is not None:
-                env = environment()
-                stamp = time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())
-                text = (f"# Where the claims stand ({budget.name} budget), {stamp}\n\n"
-                        f"Command: `{env['command']}` (trains nothing"
-                        + ('; the models without a finished run were timed under the load of '
-                           'the moment, a figure for planning' if args.calibrate else '')
-                        + ')\n\n```\n' + '\n'.join(lines) + '\n```\n')
-                atomic_write(args.status_file, lambda f: f.write(text), binary=False)
-                print(f'wrote {args.status_file}')
-        if args.runs_table:
-            path = write_runs_table(repro, [CLAIMS[n] for n in claims if n != 'table30'], out)
-            print(f'wrote {path}.md, .json')
-        return 0
+
+def _report(args, claims, budget, out) -> int:
+    r"""``--status`` and ``--runs-table``: what the store holds, nothing trained."""
+    if args.calibrate:  # time as training runs (below)
+        keep_freed_memory()
+        set_fused_kernels(args.fused_kernels)
+    repro = Reproduction(budget, out, device=args.device, seeds=args.seeds)
+    if args.status:
+        lines = []
+
+        def say(text):
+            print(text, flush=True)
+            lines.append(text)
+        print_status(repro, [CLAIMS[n] for n in claims if n != 'table30'],
+                     calibrate=args.calibrate, say=say)
+        if args.status_file is not None:
+            env = environment()
+            stamp = time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())
+            text = (f"# Where the claims stand ({budget.name} budget), {stamp}\n\n"
+                    f"Command: `{env['command']}` (trains nothing"
+                    + ('; the models without a finished run were timed under the load of '
+                       'the moment, a figure for planning' if args.calibrate else '')
+                    + ')\n\n```\n' + '\n'.join(lines) + '\n```\n')
+            atomic_write(args.status_file, lambda f: f.write(text), binary=False)
+            print(f'wrote {args.status_file}')
+    if args.runs_table:
+        path = write_runs_table(repro, [CLAIMS[n] for n in claims if n != 'table30'], out)
+        print(f'wrote {path}.md, .json')
+    return 0
+
+
+def _train(args, claims, budget, out) -> int:
+    r"""Runs the claims (resuming what the store holds) and writes their files and the
+    summary."""
     trained = []
+    summary = []  # whether a summary was written
 
     def report(run):
         print(f"  {run['cell']:24s} {run['model']:9s} seed {run['seed']}: "
@@ -325,6 +360,10 @@ def main(argv=None):
                          deadline=None if args.time_limit is None else STARTED + args.time_limit,
                          carry=args.carry)
     repro.started = STARTED
+    tidied = repro.store.tidy()  # the folders of finished runs a stopped process left
+    if tidied:
+        print(f'removed the checkpoint folders of {len(tidied)} finished run(s) that a stopped '
+              f'process left: ' + ', '.join(os.path.relpath(p) for p in tidied), flush=True)
 
     def finish(name, records):
         if name != 'table30' and CLAIMS[name].evaluate is None:  # bars of test R²
@@ -337,6 +376,7 @@ def main(argv=None):
         with file_lock(os.path.join(out, 'claims', '.summary.lock')):
             path = save_claim(out, name, budget.name, records)
             write_summary(out, (time.time() - start) / 60)
+            summary.append(True)
         for r in records:
             print(f"  {r['claim']}: paper {r['paper']['value']:+.3f}, ours "
                   f"{r['ours']['mean']:+.3f} ± {r['ours']['std']:.3f} -> {r['verdict']}")
@@ -380,9 +420,14 @@ def main(argv=None):
             print(f'reproduce.py: {claim.name} not run: {error}', file=sys.stderr)
             failed.append(claim.name)
         else:
-            finish(claim.name, records)
-    print(f'{len(trained)} runs trained, {(time.time() - start) / 60:.1f} min; wrote '
-          f'{out}/summary.json, summary.md')
+            try:
+                finish(claim.name, records)
+            except (ValueError, OSError) as e:  # its runs are in the store: none is lost
+                print(f'reproduce.py: {claim.name} finished, but its files could not be '
+                      f'written: {e}', file=sys.stderr)
+                failed.append(claim.name)
+    print(f'{len(trained)} runs trained, {(time.time() - start) / 60:.1f} min'
+          + (f'; wrote {out}/summary.json, summary.md' if summary else '; no summary written'))
     if later:
         done = [p for p in (os.path.join(out, 'records', budget.name),
                             os.path.join(out, 'weights', budget.name),

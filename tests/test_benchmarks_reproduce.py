@@ -135,3 +135,52 @@ def test_status_file_holds_what_status_prints(tmp_path, monkeypatch, capsys):
             script.main(['--budget', 'quick', '--claims', 'table1', '--out',
                          str(tmp_path / 'out')] + bad)
         assert stop.value.code == 2 and needle in capsys.readouterr().err
+
+
+def test_command_lines_that_cannot_work_are_refused_before_any_run(tmp_path, capsys):
+    from tests._scripts import load_script
+    script = load_script('reproduce')
+    afile = tmp_path / 'afile'
+    afile.write_text('')
+    cases = [(['--claims', ','], '--claims names no claim'),
+             (['--claims', 'table1,table1'], '--claims names table1 twice'),
+             (['--out', str(afile)], 'is a file, not a results folder'),
+             (['--status', '--out', str(afile)], 'is a file, not a results folder'),
+             (['--device', 'bogus'], '--device:')]
+    if not torch.cuda.is_available():
+        cases.append((['--device', 'cuda'], 'CUDA is not available'))
+    for argv, message in cases:
+        argv = argv if '--out' in argv else argv + ['--out', str(tmp_path / 'out')]
+        with pytest.raises(SystemExit) as e:
+            script.main(['--budget', 'quick'] + argv)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and message in err, (argv, err)
+    assert not (tmp_path / 'out').exists()
+
+
+def test_damaged_store_files_end_in_one_line_not_a_traceback(tmp_path, monkeypatch, capsys):
+    # --status and --runs-table raised the store's RecordError as a traceback; a damaged claim
+    # file of another claim failed the summary after the whole training
+    from tests._scripts import load_script
+    from torch_mz.reproduce.store import RecordError
+    script = load_script('reproduce')
+    out = tmp_path / 'out'
+
+    def damaged(*args, **kwargs):
+        raise RecordError("run record 'x.json' cannot be read (Expecting value): restore it")
+    monkeypatch.setattr(script, 'print_status', damaged)
+    monkeypatch.setattr(script, 'write_runs_table', damaged)
+    for flag in ('--status', '--runs-table'):
+        code = script.main(['--budget', 'quick', '--claims', 'table1-protocol', flag,
+                            '--out', str(out)])
+        err = capsys.readouterr().err
+        assert code == 2 and 'cannot be read' in err and 'Traceback' not in err, err
+        assert err.count('\n') == 1
+    claims = out / 'claims'
+    claims.mkdir(parents=True)
+    (claims / 'table3.quick.json').write_text('{"a":')
+    assert script.main(['--budget', 'quick', '--claims', 'table1-protocol',
+                        '--out', str(out)]) == 2
+    err = capsys.readouterr().err
+    assert 'table3.quick.json' in err and 'is not valid JSON' in err
+    assert not list(out.rglob('records/quick/**/*.json'))  # nothing trained

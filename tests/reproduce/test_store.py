@@ -148,3 +148,55 @@ def test_a_record_without_a_numeric_wall_time_is_named(tmp_path):
     with pytest.raises(RecordError, match=f"run record '{re.escape(str(path))}' holds "
                        f"wall_time_s=None"):
         repro.store.mean_time('sum', CLAIM.models[0])
+
+
+def test_an_edited_record_is_named_not_trained_again_and_replaced(tmp_path):
+    # a record whose key was edited (or lost) was taken for a missing run: trained again and
+    # overwritten without a word; one without its metrics failed later with a bare KeyError
+    from torch_mz.reproduce.store import RecordError
+    repro = Reproduction(TINY, str(tmp_path), device='cpu', sweep_cells={'sum': SUM})
+    repro.sweep('sum', CLAIM.models[:1])
+    path = sorted(tmp_path.rglob('records/tiny/**/*.json'))[0]
+    good = json.loads(path.read_text())
+    edits = [(dict(good, key=dict(good['key'], seed=7)), 'holds a key other than'),
+             ({k: v for k, v in good.items() if k != 'key'}, r'lacks key \(a dict\)'),
+             ({k: v for k, v in good.items() if k != 'test'}, r'lacks test \(a dict\)'),
+             (dict(good, epochs_run='3'), r'lacks epochs_run \(an? int\)')]
+    for record, match in edits:
+        path.write_text(json.dumps(record))
+        with pytest.raises(RecordError, match=f"run record '{re.escape(str(path))}' {match}"):
+            Reproduction(TINY, str(tmp_path), device='cpu',
+                         sweep_cells={'sum': SUM}).sweep('sum', CLAIM.models[:1])
+        assert json.loads(path.read_text()) == record  # not replaced
+
+
+def test_tidy_removes_the_folders_a_stop_after_the_record_left(tmp_path, monkeypatch):
+    # stopped between writing a run's record and removing its checkpoint folder: the folder
+    # stayed for good (and went into the commit of the runs in progress)
+    import torch_mz.reproduce.store as store
+    monkeypatch.setattr(store.shutil, 'rmtree', lambda *a, **k: None)  # the stop
+    repro = Reproduction(TINY, str(tmp_path), device='cpu', sweep_cells={'sum': SUM})
+    repro.sweep('sum', CLAIM.models[:1])
+    monkeypatch.undo()
+    left = sorted(p for p in (tmp_path / 'runs' / 'tiny').iterdir() if p.is_dir()
+                  and p.name != 'weights')
+    assert len(left) == len(TINY.sweep)
+    weights = sorted((tmp_path / 'runs' / 'tiny' / 'weights').iterdir())
+    assert len(weights) == len(TINY.sweep)  # written before the record
+    # a run being trained again for its weights (fewer epochs in its log than its record) and
+    # a run whose lock is held keep their folders
+    (left[0] / 'metrics.jsonl').write_text('')
+    with store.file_lock(str(left[1]) + '.lock', wait=False, strict=True) as held:
+        assert held
+        removed = Reproduction(TINY, str(tmp_path), device='cpu',
+                               sweep_cells={'sum': SUM}).store.tidy()
+    assert sorted(removed) == sorted(str(p) for p in left[2:])
+    assert left[0].exists() and left[1].exists() and not any(p.exists() for p in left[2:])
+    assert repro.store.tidy() == [str(left[1])]  # its lock now free
+
+
+def test_status_makes_no_lock_files(tmp_path):
+    repro = Reproduction(TINY, str(tmp_path), device='cpu', sweep_cells={'sum': SUM})
+    stages = repro.status(CLAIM)
+    assert stages and stages[0]['pending'] > 0
+    assert not list(tmp_path.rglob('*.lock'))

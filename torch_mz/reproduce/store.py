@@ -43,7 +43,7 @@ class RunStore:
         self._pending: Dict[Tuple[str, str, int], Tuple[str, Dict[str, Any], str]] = {}
 
     def _paths(self, key: Mapping[str, Any]) -> Tuple[str, str]:
-        digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
+        digest = _digest(key)
         args = '_'.join(f'{k}={v}' for k, v in sorted(key['kwargs'].items())
                         if k not in ('n_train', 'n_val', 'n_test', 'source'))
         model = key['model'].replace(':', '_').replace(',', '_').replace('=', '')
@@ -67,12 +67,26 @@ class RunStore:
         :meth:`save`)."""
         key = run_key(cell, spec, seed, config)
         path, ckpt = self._paths(key)
-        if os.path.exists(path):
-            record = read_record(path)
-            if record.get('key') == key:  # as this cell and spec call it (runs are shared)
-                return dict(record, cell=cell['label'], model=spec)
+        record = self._own_record(path, key)
+        if record is not None:  # as this cell and spec call it (runs are shared)
+            return dict(record, cell=cell['label'], model=spec)
         self._pending[(str(cell['label']), str(spec), int(seed))] = (path, key, ckpt)
         return None
+
+    @staticmethod
+    def _own_record(path: str, key: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
+        r"""The record at :obj:`path` (named for :obj:`key`), or :obj:`None` where there is
+        none; :class:`RecordError` for one that holds another key (edited by hand or damaged:
+        a file is named by its key's hash), which would otherwise be trained again and
+        replaced without a word."""
+        if not os.path.exists(path):
+            return None
+        record = read_record(path)
+        if record['key'] != key:
+            raise RecordError(f"run record '{path}' holds a key other than the one its name is "
+                              f"the hash of (edited, or damaged): restore it (e.g. with git) "
+                              f"or delete it to train that run again")
+        return record
 
     def forget(self, cell: Mapping[str, Any], spec: str, seed: int) -> None:
         r"""Drops the run remembered for :meth:`save` (one that did not finish here: stopped at
@@ -103,16 +117,54 @@ class RunStore:
         kept = self._kept(path)
         if kept is not None and os.path.exists(kept):  # of an earlier run of this key
             os.remove(kept)
-        # the record first: a run whose record is here and weights are not is trained again
-        # where a claim needs them, never scored with another run's weights
-        text = json.dumps(record, indent=1, sort_keys=True) + '\n'
-        atomic_write(path, lambda f: f.write(text), binary=False)
+        # the weights, then the record, then the checkpoint's removal: stopped after the
+        # weights, the run resumes from its checkpoint (at its end) and writes them again; after
+        # the record, the folder left behind is removed by tidy(); a run whose record is here
+        # and weights are not is trained again where a claim needs them, never scored with
+        # another run's weights
         best = os.path.join(ckpt, 'best.pt')
         if os.path.exists(best):  # the trained model, for claims that use it (Appendix D.3)
             os.makedirs(os.path.dirname(self._weights(ckpt)), exist_ok=True)
-            os.replace(best, self._weights(ckpt))
+            shutil.copyfile(best, self._weights(ckpt) + '.tmp')
+            os.replace(self._weights(ckpt) + '.tmp', self._weights(ckpt))
+        text = json.dumps(record, indent=1, sort_keys=True) + '\n'
+        atomic_write(path, lambda f: f.write(text), binary=False)
         shutil.rmtree(ckpt, ignore_errors=True)
         return record
+
+    def tidy(self) -> List[str]:
+        r"""Removes the checkpoint folders of finished runs that a process stopped between
+        writing a run's record and removing its checkpoint left behind (they would otherwise
+        stay, and be committed with the runs in progress); returns them. A folder is removed
+        only where its run's lock is free and its log has as many epochs as the record (a run
+        whose record is here and that is being trained again for its weights keeps its
+        folder); its ``best.pt`` becomes the run's weights where it has none."""
+        removed: List[str] = []
+        if not os.path.isdir(self.checkpoints) or not os.path.isdir(self.root):
+            return removed
+        records = {}
+        for top, _, files in os.walk(self.root):
+            for name in files:
+                if name.endswith('.json'):
+                    records[name[:-5].rsplit('_', 1)[-1]] = os.path.join(top, name)
+        for digest in sorted(os.listdir(self.checkpoints)):
+            ckpt = os.path.join(self.checkpoints, digest)
+            if digest not in records or not os.path.isdir(ckpt):
+                continue
+            with file_lock(ckpt + '.lock', wait=False, strict=True) as free:
+                if not free:
+                    continue
+                record = read_record(records[digest])
+                if (_digest(record['key']) != digest
+                        or len(_val_curve(ckpt)) != record['epochs_run']):
+                    continue
+                best, weights = os.path.join(ckpt, 'best.pt'), self._weights(ckpt)
+                if os.path.exists(best) and not os.path.exists(weights):
+                    os.makedirs(os.path.dirname(weights), exist_ok=True)
+                    os.replace(best, weights)
+                shutil.rmtree(ckpt, ignore_errors=True)
+                removed.append(ckpt)
+        return removed
 
     def _weights(self, ckpt: str) -> str:
         return os.path.join(self.checkpoints, 'weights', os.path.basename(ckpt) + '.pt')
@@ -158,19 +210,14 @@ class RunStore:
         remembers nothing (for reports)."""
         key = run_key(cell, spec, seed, replace(config, seed=seed))
         path, _ = self._paths(key)
-        if not os.path.exists(path):
-            return None
-        record = read_record(path)
-        return record if record.get('key') == key else None
+        return self._own_record(path, key)
 
     def stored(self, cell: Mapping[str, Any], spec: str, seed: int,
                config: TrainConfig) -> bool:
         r"""Whether the run is finished (its file is in the store)."""
         key = run_key(cell, spec, seed, replace(config, seed=seed))
         path, _ = self._paths(key)
-        if not os.path.exists(path):
-            return False
-        return read_record(path).get('key') == key
+        return self._own_record(path, key) is not None
 
     @contextmanager
     def lock(self, cell: Mapping[str, Any], spec: str, seed: int, config: TrainConfig,
@@ -196,14 +243,14 @@ class RunStore:
         (for a finished run, from its record)."""
         key = run_key(cell, spec, seed, replace(config, seed=seed))
         path, ckpt = self._paths(key)
-        if os.path.exists(path):
-            record = read_record(path)
-            if record.get('key') == key:
-                return 'done', int(record.get('epochs_run', 0))
+        record = self._own_record(path, key)
+        if record is not None:
+            return 'done', int(record['epochs_run'])
         epochs = len(_val_curve(ckpt))
-        with self.lock(cell, spec, seed, config, wait=False) as free:
-            if not free:
-                return 'training', epochs
+        if os.path.exists(ckpt + '.lock'):  # (no lock file: nobody holds it; none is made)
+            with self.lock(cell, spec, seed, config, wait=False) as free:
+                if not free:
+                    return 'training', epochs
         return ('started' if epochs else 'pending'), epochs
 
     def mean_time(self, task: str, spec: str) -> Optional[Tuple[float, float]]:
@@ -302,7 +349,22 @@ def read_record(path: str) -> Dict[str, Any]:
         raise RecordError(f"run record '{path}' holds a {type(record).__name__}, not a JSON "
                           f"object: restore it (e.g. with git) or delete it to train that run "
                           f"again")
+    wrong = [f'{field} (a {kind.__name__})' for field, kind in RECORD_FIELDS.items()
+             if not isinstance(record.get(field), kind) or isinstance(record.get(field), bool)]
+    if wrong:
+        raise RecordError(f"run record '{path}' lacks {', '.join(wrong)}: restore it (e.g. with "
+                          f"git) or delete it to train that run again")
     return record
+
+
+#: The fields every run record holds, and their types (a diverged run's ``test`` and ``val``
+#: are empty).
+RECORD_FIELDS = {'key': dict, 'model': str, 'seed': int, 'epochs_run': int, 'val': dict,
+                 'test': dict}
+
+
+def _digest(key: Mapping[str, Any]) -> str:
+    return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
 
 
 def _metrics(ckpt: str) -> List[Dict[str, Any]]:
