@@ -163,9 +163,9 @@ def _record(folder, model, lr, val_loss, test_r2, cell=None, d=8):
     path = folder / model / f'{model}_{lr}_{val_loss}_{d}.json'
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(dict(
-        cell=cell, seed=0, model=model, best_epoch=3,
+        cell=cell, seed=0, model=model, best_epoch=3, epochs_run=5,
         key=dict(kwargs=dict(d=d, alignment='none'), config=dict(lr=lr, weight_decay=1e-5)),
-        val=dict(loss=val_loss), test=dict(r2=test_r2))))
+        val=dict(loss=val_loss), test=dict(r2=test_r2))))  # (the fields a record holds)
 
 
 def test_rotation_features_read_the_sweep_and_check_replication(tmp_path, monkeypatch,

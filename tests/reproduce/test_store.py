@@ -159,9 +159,9 @@ def test_an_edited_record_is_named_not_trained_again_and_replaced(tmp_path):
     path = sorted(tmp_path.rglob('records/tiny/**/*.json'))[0]
     good = json.loads(path.read_text())
     edits = [(dict(good, key=dict(good['key'], seed=7)), 'holds a key other than'),
-             ({k: v for k, v in good.items() if k != 'key'}, r'lacks key \(a dict\)'),
-             ({k: v for k, v in good.items() if k != 'test'}, r'lacks test \(a dict\)'),
-             (dict(good, epochs_run='3'), r'lacks epochs_run \(an? int\)')]
+             ({k: v for k, v in good.items() if k != 'key'}, r'lacks key \(of type dict\)'),
+             ({k: v for k, v in good.items() if k != 'test'}, r'lacks test \(of type dict\)'),
+             (dict(good, epochs_run='3'), r'lacks epochs_run \(of type int\)')]
     for record, match in edits:
         path.write_text(json.dumps(record))
         with pytest.raises(RecordError, match=f"run record '{re.escape(str(path))}' {match}"):

@@ -349,7 +349,7 @@ def read_record(path: str) -> Dict[str, Any]:
         raise RecordError(f"run record '{path}' holds a {type(record).__name__}, not a JSON "
                           f"object: restore it (e.g. with git) or delete it to train that run "
                           f"again")
-    wrong = [f'{field} (a {kind.__name__})' for field, kind in RECORD_FIELDS.items()
+    wrong = [f'{field} (of type {kind.__name__})' for field, kind in RECORD_FIELDS.items()
              if not isinstance(record.get(field), kind) or isinstance(record.get(field), bool)]
     if wrong:
         raise RecordError(f"run record '{path}' lacks {', '.join(wrong)}: restore it (e.g. with "
