@@ -262,7 +262,8 @@ def main(argv=None):
     if twice:
         parser.error(f"--claims names {', '.join(twice)} twice")
     try:  # before any claim: 'cuda' on a machine without one, a name torch does not know
-        resolve_device(args.device)
+        if not (args.status or args.runs_table) or args.calibrate:  # (else nothing runs on it)
+            resolve_device(args.device)
     except ValueError as e:
         parser.error(f'--device: {e}')
     if args.calibrate and not args.status:
@@ -360,7 +361,11 @@ def _train(args, claims, budget, out) -> int:
                          deadline=None if args.time_limit is None else STARTED + args.time_limit,
                          carry=args.carry)
     repro.started = STARTED
-    tidied = repro.store.tidy()  # the folders of finished runs a stopped process left
+    try:
+        tidied = repro.store.tidy()  # the folders of finished runs a stopped process left
+    except OSError as e:  # (a read-only store: the claims say more)
+        print(f'reproduce.py: the store was not tidied: {e}', file=sys.stderr)
+        tidied = []
     if tidied:
         print(f'removed the checkpoint folders of {len(tidied)} finished run(s) that a stopped '
               f'process left: ' + ', '.join(os.path.relpath(p) for p in tidied), flush=True)

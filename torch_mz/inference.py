@@ -12,7 +12,8 @@ from torch import Tensor
 
 from torch_mz.train import (CheckpointError, TargetNormalizer, attach_normalizer,
                             detach_normalizer, load_checkpoint, predict)
-from torch_mz.train.checkpoint import _with_build_info, recorded_options, same_run
+from torch_mz.train.checkpoint import (_with_build_info, check_finite_parameters,
+                                       recorded_options, same_run)
 
 __all__ = ['load_model', 'load_test_split', 'prediction_columns', 'TestSplitWarning']
 
@@ -76,6 +77,7 @@ def load_model(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
         model.load_state_dict(state['model'])
     except RuntimeError as e:
         raise CheckpointError(f'{where} does not fit this model: {e}') from e
+    check_finite_parameters(model, where)
     normalised = state.get('config', {}).get('normalize_targets', True)
     if (state['task_type'] == 'regression' and normalised
             and state.get('normalizer') is not None):

@@ -655,3 +655,31 @@ def test_stats_take_numpy_numbers(tmp_path):
     path = str(tmp_path / 'stats.json')
     save_stats({'seed': np.int64(3), 'x': np.float32(0.5)}, path)
     assert load_stats(path) == {'seed': 3, 'x': 0.5, 'processed_files': {}}
+
+
+class _Lazy:
+    r"""A pre_transform that keeps state it makes on its first call (a lazy cache)."""
+    def __init__(self):
+        self._scale = None
+
+    def __call__(self, data):
+        if self._scale is None:
+            self._scale = torch.tensor(2.0)
+        data.pos = data.pos * self._scale
+        return data
+
+
+def test_a_transform_that_keeps_state_is_recorded_as_given(scanobjectnn_root, monkeypatch):
+    # the marker was described after process() had run the transform: a fresh one never
+    # matched it, and the cache was rebuilt in every new process
+    root = scanobjectnn_root['root']
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')  # (a cache of another transform may be there)
+        ScanObjectNN(root, num_points=16, pre_transform=_Lazy(), log=False)
+    calls = []
+    original = TrainTestSets.process
+    monkeypatch.setattr(ScanObjectNN, 'process', lambda self: (calls.append(1), original(self)))
+    with warnings.catch_warnings():
+        warnings.simplefilter('error', UserWarning)
+        ScanObjectNN(root, num_points=16, pre_transform=_Lazy(), log=False)
+    assert calls == []

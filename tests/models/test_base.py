@@ -62,7 +62,7 @@ def test_one_return_type_and_empty_sets_predict_zero(name):
 @pytest.mark.parametrize('name', [n for n in PRESETS if not n.startswith('egnn')])
 def test_a_batch_is_validated_once(name, monkeypatch):
     model = _model(name)
-    calls = {'check_set_input': 0, 'resolve_set_index': 0}
+    calls = {'check_set_input': 0, 'check_set_ids': 0}
 
     def counting(fn_name):
         fn = getattr(aggr, fn_name)
@@ -78,7 +78,7 @@ def test_a_batch_is_validated_once(name, monkeypatch):
             monkeypatch.setattr(module, fn_name, wrapper)
     x = torch.randn(7, 4, dtype=torch.float64)
     model(x, torch.tensor([0, 0, 1, 1, 1, 2, 2]))
-    assert calls == {'check_set_input': 1, 'resolve_set_index': 1}
+    assert calls == {'check_set_input': 1, 'check_set_ids': 1}
 
 
 @pytest.mark.parametrize('name', [n for n in PRESETS if not n.startswith('egnn')])
@@ -90,7 +90,7 @@ def test_bad_batches_are_refused_at_the_model_boundary(name):
         model(torch.ones(5, 4, dtype=torch.long))
     with pytest.raises(ValueError, match='dtype torch.float64'):
         model(torch.randn(5, 4))
-    with pytest.raises(ValueError, match=r"'index' of shape \(5,\)"):
+    with pytest.raises(ValueError, match=r"'batch' of shape \(5,\)"):
         model(torch.randn(5, 4, dtype=torch.float64), torch.zeros(4, dtype=torch.long))
     with pytest.raises(ValueError, match="'pos' or node features 'x'"):
         model(Data(num_nodes=5))
@@ -166,3 +166,17 @@ def test_a_width_mismatch_from_a_data_object_says_what_the_model_reads():
                        r"model reads \[pos, x\] side by side \(here pos \(3 columns\) and x \(2 "
                        r"columns\)\); build it with in_channels=5"):
         model(data)
+
+
+@pytest.mark.parametrize('name', [n for n in PRESETS if not n.startswith('egnn')])
+def test_tensors_without_batch_are_one_set_even_when_empty(name):
+    # as a data object without batch (and EGNN): zero rows gave zero sets (no prediction) from
+    # tensors, one empty set (a zero prediction) from a Data object
+    model = _model(name)
+    empty = torch.zeros(0, 4, dtype=torch.float64)
+    for out in (model(empty), model(Data(x=empty))):
+        assert torch.equal(out.prediction, torch.zeros(1, 2, dtype=torch.float64))
+    assert model(empty, num_sets=3).prediction.shape == (3, 2)
+    with pytest.raises(ValueError, match="'num_sets' to be a non-negative integer"):
+        model(torch.randn(5, 4, dtype=torch.float64), torch.zeros(5, dtype=torch.long),
+              num_sets=-1)

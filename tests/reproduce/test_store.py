@@ -200,3 +200,22 @@ def test_status_makes_no_lock_files(tmp_path):
     stages = repro.status(CLAIM)
     assert stages and stages[0]['pending'] > 0
     assert not list(tmp_path.rglob('*.lock'))
+
+
+def test_tidy_passes_over_what_it_cannot_read_and_takes_diverged_runs(tmp_path, monkeypatch):
+    import torch_mz.reproduce.store as store
+    monkeypatch.setattr(store.shutil, 'rmtree', lambda *a, **k: None)  # a stop after each record
+    repro = Reproduction(TINY, str(tmp_path), device='cpu', sweep_cells={'sum': SUM})
+    repro.sweep('sum', CLAIM.models[:1])
+    monkeypatch.undo()
+    left = sorted(p for p in (tmp_path / 'runs' / 'tiny').iterdir() if p.is_dir()
+                  and p.name != 'weights')
+    (left[0] / 'metrics.jsonl').write_text('<<<<<<< HEAD\n')  # damaged: named where needed
+    # a diverged run's log lacks the epoch that diverged
+    record = next(p for p in tmp_path.rglob('records/tiny/**/*.json')
+                  if p.name.endswith(f'_{left[1].name}.json'))
+    data = json.loads(record.read_text())
+    record.write_text(json.dumps(dict(data, epochs_run=data['epochs_run'] + 1,
+                                      diverged='Training loss is nan')))
+    removed = repro.store.tidy()
+    assert sorted(removed) == sorted(str(p) for p in left[1:]) and left[0].exists()

@@ -392,8 +392,25 @@ def test_weights_that_overflow_in_a_run_without_validation_stop_it(tmp_path):
     name = next(iter(state['model']))
     state['model'][name] = torch.full_like(state['model'][name], float('nan'))
     torch.save(state, str(tmp_path / 'nan.pt'))
+    from torch_mz.inference import load_model
     with pytest.raises(CheckpointError, match=f"non-finite weights.*{name}"):
-        load_checkpoint(str(tmp_path / 'nan.pt'))
+        Trainer(H.ToyDeepSets(3, 2), config()).load_weights(str(tmp_path / 'nan.pt'))
+    with pytest.raises(CheckpointError, match=f"non-finite weights.*{name}"):
+        load_model(str(tmp_path / 'nan.pt'), model=H.ToyDeepSets(3, 2))
+
+
+def test_an_infinite_buffer_is_not_taken_for_diverged_weights(tmp_path):
+    # a model may keep an infinite bound in a buffer: its checkpoints load and resume
+    class Bounded(H.ToyDeepSets):
+        def __init__(self, *args):
+            super().__init__(*args)
+            self.register_buffer('upper', torch.tensor(float('inf')))
+    seed_everything(0)
+    out = str(tmp_path / 'run')
+    train(Bounded(3, 2), REG_TRAIN, REG_VAL, config=config(epochs=2, out_dir=out))
+    Trainer(Bounded(3, 2), config()).load_weights(os.path.join(out, 'best.pt'))
+    train(Bounded(3, 2), REG_TRAIN, REG_VAL,
+          config=config(epochs=3, out_dir=out, resume=os.path.join(out, 'checkpoint.pt')))
 
 
 def test_a_folder_given_as_checkpoint_names_the_files_in_it(tmp_path):

@@ -215,10 +215,12 @@ def _split_counts(sizes: Sequence[Union[int, float]], pool: int, rest: bool,
 
     Each fraction is rounded to the nearest count on its own. Only where that goes wrong are
     sizes that are all fractions apportioned together (:func:`_apportion`): fractions summing
-    to 1 whose separate roundings exceed the pool (``0.5, 0.5`` of 3 items: 2 + 2) or, with a
-    test fraction given, leave items of the pool unused (``0.25, 0.25, 0.5`` of 10: 2 + 2 + 5),
-    and fractions summing to less than 1 whose roundings exceed the pool. Sizes that worked
-    keep their counts, so that the splits drawn with them stay the same."""
+    to 1 whose separate roundings exceed the pool (``0.5, 0.5`` of 3 items: 2 + 2, refused
+    before) or, with a test fraction given, leave items of the pool unused (``0.25, 0.25, 0.5``
+    of 10: 2 + 2 + 5 before, one item silently dropped; now 3 + 2 + 5), and fractions summing to
+    less than 1 whose roundings exceed the pool. Every other size keeps its count (counts, the
+    QM9 protocols, fractions with ``test=None``), so the splits drawn with them stay the same;
+    the splits of the apportioned cases differ from those drawn before."""
     counts = [_count(size, pool, name) for size, name in zip(sizes, names)]
     if not sizes or not all(isinstance(size, float) for size in sizes):
         return counts
@@ -504,6 +506,7 @@ class ProcessedDataset(InMemoryDataset):
     # the raw files' fingerprint taken as a rebuild starts, and whether process() ended with
     # _finish_cache (_rebuild)
     _raw_before: Optional[Dict[str, Any]] = None
+    _markers_before: Optional[List[Tuple[str, Dict[str, Any]]]] = None
     _finished: bool = False
 
     @classmethod
@@ -713,7 +716,10 @@ class ProcessedDataset(InMemoryDataset):
         they were read), the mark that the cache is complete."""
         fingerprint = self._raw_before  # (None where process() is called on its own)
         stats['raw_files'] = self.raw_fingerprint() if fingerprint is None else fingerprint
-        for marker_path, marker in self._markers():
+        # the transforms as given, described before process() ran them (one that keeps state,
+        # a counter or a lazy cache, would otherwise be recorded as another in every process)
+        markers = self._markers_before if self._markers_before is not None else self._markers()
+        for marker_path, marker in markers:
             atomic_write(marker_path, lambda f: torch.save(marker, f))  # called at once
         save_stats(stats, path, data_paths)
         self._finished = True
@@ -730,14 +736,16 @@ class ProcessedDataset(InMemoryDataset):
         self._stale_on_write = ([p for p in [self._stats_path()] if p is not None]
                                 + [p for p, _ in self._markers()])
         self._raw_before = self.raw_fingerprint()  # taken before the raw files are read
+        self._markers_before = self._markers()  # and the transforms before they run
         self._finished = False
         try:
             self.process()
         finally:
             self._stale_on_write = []
             self._raw_before = None
+            markers, self._markers_before = self._markers_before, None
         if not self._finished:  # a process() that does not end with _finish_cache
-            for path, current in self._markers():
+            for path, current in markers:
                 atomic_write(path, lambda f: torch.save(current, f))  # called at once
 
 

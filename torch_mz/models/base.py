@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 from torch.nn import Module
 
-from torch_mz.nn.aggr import check_set_input, resolve_set_index
+from torch_mz.nn.aggr import check_set_ids, check_set_input
 from torch_mz.nn.functional import set_counts
 
 __all__ = [
@@ -138,7 +138,10 @@ class SetModel(Module):
         param = next(self.parameters(), None)
         check_set_input(x, self.in_channels, torch.get_default_dtype() if param is None
                         else param.dtype)
-        return resolve_set_index(x, batch, None, num_sets)
+        if batch is None:  # one set, as from a data object without batch (an empty one too)
+            batch = torch.zeros(x.size(0), dtype=torch.long, device=x.device)
+            num_sets = 1 if num_sets is None else num_sets
+        return check_set_ids(batch, x.size(0), num_sets, 'batch', 'num_sets')
 
     def predict(self, x: Tensor, set_id: Tensor, num_sets: int) -> Tuple[Tensor,
                                                                            Optional[Tensor]]:

@@ -144,10 +144,13 @@ def preset_defaults(preset: str, in_channels: int, heads: int) -> dict:
 
 
 def resolve_set_index(x: Tensor, index: Optional[Tensor], ptr: Optional[Tensor],
-                      dim_size: Optional[int]) -> Tuple[Tensor, int]:
+                      dim_size: Optional[int],
+                      names: Tuple[str, str] = ('index', 'dim_size')) -> Tuple[Tensor, int]:
     r"""Validates PyG's ``(index, ptr, dim_size)`` for rows of :obj:`x` and returns the set id of
     every row and the number of sets. ``index`` may be unsorted; ``ptr`` alone is accepted (rows
-    grouped by set); ``dim_size`` larger than the largest id keeps trailing empty sets."""
+    grouped by set); ``dim_size`` larger than the largest id keeps trailing empty sets.
+    :obj:`names` are what messages call ``index`` and ``dim_size`` (a model's ``batch`` and
+    ``num_sets``)."""
     N = x.size(0)
     if index is None and ptr is None:
         index = torch.zeros(N, dtype=torch.long, device=x.device)
@@ -170,7 +173,7 @@ def resolve_set_index(x: Tensor, index: Optional[Tensor], ptr: Optional[Tensor],
                 or not torch.equal(given_index.to(index.device).long(), index)):
             raise ValueError("'index' and 'ptr' were both given and describe different sets "
                              "(give one of them, or make them agree)")
-    return check_set_ids(index, N, dim_size, 'index', 'dim_size')
+    return check_set_ids(index, N, dim_size, *names)
 
 
 def check_set_ids(ids: Tensor, num_rows: int, num_sets: Optional[int], name: str = 'index',
@@ -511,9 +514,11 @@ class MZAggregation(Aggregation):
         torch.nn.init.zeros_(self.lin.bias)
 
     def validate(self, x: Tensor, index: Optional[Tensor] = None, ptr: Optional[Tensor] = None,
-                 dim_size: Optional[int] = None) -> Tuple[Tensor, int]:
+                 dim_size: Optional[int] = None, *,
+                 names: Tuple[str, str] = ('index', 'dim_size')) -> Tuple[Tensor, int]:
         r"""Checks an input once, at the boundary (see the class docstring), and returns the set
-        id of every row :math:`(N,)` and the number of sets :math:`B`, for :meth:`pool`."""
+        id of every row :math:`(N,)` and the number of sets :math:`B`, for :meth:`pool`;
+        :obj:`names` are what messages call ``index`` and ``dim_size``."""
         check_set_input(x, self.in_channels, self.lin.weight.dtype)
         if x.numel() > 0 and not torch.compiler.is_compiling():
             limit = 1e15 if torch.finfo(x.dtype).max < 1e300 else 1e150
@@ -523,7 +528,7 @@ class MZAggregation(Aggregation):
                                  f"{largest:.3g} exceed {limit:.0e}, beyond "
                                  f"which the LayerNorm statistics of the input projection "
                                  f"overflow in {x.dtype}; rescale the input")
-        return resolve_set_index(x, index, ptr, dim_size)
+        return resolve_set_index(x, index, ptr, dim_size, names)
 
     def pool(self, x: Tensor, set_id: Tensor, num_sets: int) -> Tuple[Tensor, Tensor]:
         r"""The aggregation of an input that :meth:`validate` accepted, without checking it

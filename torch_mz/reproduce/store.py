@@ -154,9 +154,14 @@ class RunStore:
             with file_lock(ckpt + '.lock', wait=False, strict=True) as free:
                 if not free:
                     continue
-                record = read_record(records[digest])
-                if (_digest(record['key']) != digest
-                        or len(_val_curve(ckpt)) != record['epochs_run']):
+                try:  # (a damaged file is named where a claim needs the run, not here)
+                    record = read_record(records[digest])
+                    logged = len(_val_curve(ckpt))
+                except RecordError:
+                    continue
+                # (a diverged run's log lacks the epoch that diverged)
+                finished = record['epochs_run'] - (1 if 'diverged' in record else 0)
+                if _digest(record['key']) != digest or logged != finished:
                     continue
                 best, weights = os.path.join(ckpt, 'best.pt'), self._weights(ckpt)
                 if os.path.exists(best) and not os.path.exists(weights):

@@ -76,14 +76,21 @@ def load_checkpoint(path: Union[str, os.PathLike],
     if state['version'] > CHECKPOINT_VERSION:
         raise CheckpointError(f'Checkpoint {path!r} has version {state["version"]}; this torch_mz '
                               f'reads versions up to {CHECKPOINT_VERSION}')
-    weights = state['model'] if isinstance(state['model'], dict) else {}
-    bad = [k for k, v in weights.items() if isinstance(v, torch.Tensor)
-           and (v.is_floating_point() or v.is_complex()) and not bool(torch.isfinite(v).all())]
-    if bad:  # a diverged run's weights: predictions and a resumed run would be NaN/inf
-        raise CheckpointError(f'Checkpoint {path!r} holds non-finite weights ({len(bad)} of '
-                              f'{len(weights)} tensors, e.g. {bad[0]!r}): the run that wrote it '
-                              f'diverged; train it again (e.g. with a lower learning rate)')
     return state
+
+
+def check_finite_parameters(model: torch.nn.Module, where: str) -> None:
+    r"""A :class:`CheckpointError` where the parameters just loaded into :obj:`model` (from
+    :obj:`where`, for the message) hold NaN or inf: the run that wrote them diverged, and
+    predictions or a resumed run would be NaN. Buffers are not checked (a model may keep an
+    infinite bound in one)."""
+    names = [name for name, p in model.named_parameters()
+             if (p.is_floating_point() or p.is_complex()) and not bool(torch.isfinite(p).all())]
+    if names:
+        count = sum(1 for _ in model.parameters())
+        raise CheckpointError(f'{where} holds non-finite weights ({len(names)} of {count} '
+                              f'parameters, e.g. {names[0]!r}): the run that wrote it diverged; '
+                              f'train it again (e.g. with a lower learning rate)')
 
 
 def checkpoint_files_hint(folder: str) -> str:

@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 from torch_mz._files import atomic_write
 from torch_mz.nn.fused import set_tanh_kernel, tanh_kernel_faster
 from torch_mz.train.checkpoint import (CHECKPOINT_FORMAT, CHECKPOINT_VERSION, CheckpointError,
+                                       check_finite_parameters,
                                        _cpu_state_dict, _json_values, _rng_state,
                                        _set_rng_state, _torch_mz_version, _with_build_info,
                                        config_changes, describe_run, load_checkpoint,
@@ -363,6 +364,7 @@ class Trainer:
         except RuntimeError as e:
             raise CheckpointError(f'Checkpoint {os.fspath(path)!r} does not fit this model: '
                                   f'{e}') from e
+        check_finite_parameters(self.model, f'Checkpoint {os.fspath(path)!r}')
 
     # -- logs ----------------------------------------------------------------------------------
     def _write_logs(self, history: List[Dict[str, float]]) -> None:
