@@ -72,12 +72,13 @@ def load_model(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
                 + ', '.join(f'{k} {a!r}, given {b!r}' for k, (a, b) in sorted(differ.items()))
                 + '): build it as the checkpoint records, or let load_model(checkpoint) '
                 'rebuild it')
-        detach_normalizer(model)
+    # (before anything is touched: a refused checkpoint leaves a given model as it was)
+    check_finite_parameters(model, state['model'], where)
+    detach_normalizer(model)  # (of a given model; a rebuilt one carries none)
     try:
         model.load_state_dict(state['model'])
     except RuntimeError as e:
         raise CheckpointError(f'{where} does not fit this model: {e}') from e
-    check_finite_parameters(model, where)
     normalised = state.get('config', {}).get('normalize_targets', True)
     if (state['task_type'] == 'regression' and normalised
             and state.get('normalizer') is not None):

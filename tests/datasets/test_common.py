@@ -471,7 +471,8 @@ def test_describe_names_class_and_parameters_and_stays_bounded():
     from torch_mz.datasets.fingerprint import _describe
     described = _describe(FixedPoints(32, allow_duplicates=True))
     assert described == ('torch_geometric.transforms.fixed_points.FixedPoints('
-                         'allow_duplicates=True, num=32, replace=True)')
+                         'allow_duplicates=True, num=32, replace=True; '
+                         'repr FixedPoints(32, replace=True))')
     assert _describe(None) == 'None'
     deep: list = []
     node = deep
@@ -683,3 +684,22 @@ def test_a_transform_that_keeps_state_is_recorded_as_given(scanobjectnn_root, mo
         warnings.simplefilter('error', UserWarning)
         ScanObjectNN(root, num_points=16, pre_transform=_Lazy(), log=False)
     assert calls == []
+
+
+def test_a_stateful_transform_shared_by_both_splits_is_processed_once(scanobjectnn_root,
+                                                                    monkeypatch):
+    # the usual PyG idiom (and load_task's): one instance for the train and the test dataset;
+    # the second described it after the first had run it, and rebuilt the cache
+    root = scanobjectnn_root['root']
+    calls = []
+    original = TrainTestSets.process
+    monkeypatch.setattr(ScanObjectNN, 'process', lambda self: (calls.append(1), original(self)))
+    shared = _Lazy()
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')  # (a cache of another transform may be there)
+        ScanObjectNN(root, num_points=16, pre_transform=shared, train=True, log=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter('error', UserWarning)
+        ScanObjectNN(root, num_points=16, pre_transform=shared, train=False, log=False)
+        ScanObjectNN(root, num_points=16, pre_transform=_Lazy(), train=True, log=False)
+    assert len(calls) <= 1

@@ -393,10 +393,14 @@ def test_weights_that_overflow_in_a_run_without_validation_stop_it(tmp_path):
     state['model'][name] = torch.full_like(state['model'][name], float('nan'))
     torch.save(state, str(tmp_path / 'nan.pt'))
     from torch_mz.inference import load_model
-    with pytest.raises(CheckpointError, match=f"non-finite weights.*{name}"):
-        Trainer(H.ToyDeepSets(3, 2), config()).load_weights(str(tmp_path / 'nan.pt'))
-    with pytest.raises(CheckpointError, match=f"non-finite weights.*{name}"):
-        load_model(str(tmp_path / 'nan.pt'), model=H.ToyDeepSets(3, 2))
+    for load in (lambda m: Trainer(m, config()).load_weights(str(tmp_path / 'nan.pt')),
+                 lambda m: load_model(str(tmp_path / 'nan.pt'), model=m)):
+        model = H.ToyDeepSets(3, 2)
+        before = copy.deepcopy(model.state_dict())
+        with pytest.raises(CheckpointError, match=f"non-finite weights.*{name}"):
+            load(model)
+        after = model.state_dict()  # refused before anything was loaded
+        assert all(torch.equal(before[k], after[k]) for k in before)
 
 
 def test_an_infinite_buffer_is_not_taken_for_diverged_weights(tmp_path):

@@ -87,7 +87,10 @@ def _describe(transform: Any) -> str:
     :data:`DESCRIBE_DEPTH` levels); numbers, strings and other primitives are described by
     their repr; tensors and arrays by dtype, shape and the SHA-1 of their bytes; functions by
     their qualified name, a hash of their code, their defaults and the values they close over;
-    other objects by their class and their repr without addresses. The text holds no address,
+    other objects by their class, their public attributes (a leading underscore marks state a
+    transform may change as it runs: not described, so that an instance shared by several
+    datasets, one of which processed with it, is described alike) and their repr without
+    addresses (which shows parameters kept in private attributes). The text holds no address,
     so the same transform, or an equal one made again, gets the same description; a transform
     whose repr is the same but whose parameters differ (PyG's
     ``FixedPoints(32, allow_duplicates=True)``, ``KNNGraph(loop=True)``) gets another one."""
@@ -199,12 +202,24 @@ def _describe_compound(value: Any, depth: int, active: set) -> str:
             parts.append(f'closure={describe(cells)}')
         return f"function {_type_name(value)}({', '.join(parts)})"
     attributes = _attributes(value)
+    text = _repr_without_address(value)
     if attributes is not None:
-        described = ', '.join(f'{k}={describe(v)}' for k, v in sorted(attributes.items()))
-        return f'{name}({described})'
+        # the public attributes, and the repr (for parameters kept in private ones); private
+        # attributes are state a transform may change as it runs (a lazy cache, a counter), so
+        # an instance shared by several datasets is described alike before and after
+        described = ', '.join(f'{k}={describe(v)}' for k, v in sorted(attributes.items())
+                              if not k.startswith('_'))
+        return f'{name}({described}; repr {text})'
     # no attributes to read (a builtin function, a C object): its repr without addresses
-    text = re.sub(r' at 0x[0-9a-fA-F]+', '', repr(value))
     return f'{name}: {text}'
+
+
+def _repr_without_address(value: Any) -> str:
+    try:
+        text = repr(value)
+    except Exception as e:  # (a repr that fails: described by its failure)
+        text = f'<repr failed: {type(e).__name__}>'
+    return re.sub(r' (object )?at 0x[0-9a-fA-F]+', '', text)
 
 
 def _attributes(value: Any) -> Optional[Dict[str, Any]]:

@@ -79,15 +79,18 @@ def load_checkpoint(path: Union[str, os.PathLike],
     return state
 
 
-def check_finite_parameters(model: torch.nn.Module, where: str) -> None:
-    r"""A :class:`CheckpointError` where the parameters just loaded into :obj:`model` (from
-    :obj:`where`, for the message) hold NaN or inf: the run that wrote them diverged, and
-    predictions or a resumed run would be NaN. Buffers are not checked (a model may keep an
-    infinite bound in one)."""
-    names = [name for name, p in model.named_parameters()
-             if (p.is_floating_point() or p.is_complex()) and not bool(torch.isfinite(p).all())]
+def check_finite_parameters(model: torch.nn.Module, weights: Dict[str, Any], where: str) -> None:
+    r"""A :class:`CheckpointError` where the entries of :obj:`weights` (a state dict, from
+    :obj:`where`, for the message) that are parameters of :obj:`model` hold NaN or inf: the run
+    that wrote them diverged, and predictions or a resumed run would be NaN. Checked before they
+    are loaded, so a refused checkpoint leaves the model as it was. Buffers are not checked (a
+    model may keep an infinite bound in one)."""
+    params = [name for name, _ in model.named_parameters()]
+    names = [name for name in params if isinstance(weights.get(name), torch.Tensor)
+             and (weights[name].is_floating_point() or weights[name].is_complex())
+             and not bool(torch.isfinite(weights[name]).all())]
     if names:
-        count = sum(1 for _ in model.parameters())
+        count = len(params)
         raise CheckpointError(f'{where} holds non-finite weights ({len(names)} of {count} '
                               f'parameters, e.g. {names[0]!r}): the run that wrote it diverged; '
                               f'train it again (e.g. with a lower learning rate)')

@@ -323,6 +323,8 @@ class Trainer:
         target units, as after :meth:`fit`."""
         state = load_checkpoint(path, map_location='cpu')
         self._check_task(state, path)
+        # (before anything is touched: a refused checkpoint leaves the model as it was)
+        check_finite_parameters(self.model, state['model'], f'Checkpoint {os.fspath(path)!r}')
         saved = (state.get('config') or {}).get('normalize_targets')
         if (self.task_type == 'regression' and isinstance(saved, bool)
                 and saved != self.config.normalize_targets):
@@ -359,12 +361,12 @@ class Trainer:
                               f'({describe_run(self.run_info)})')
 
     def _load_model_state(self, model_state: Dict[str, Tensor], path: Any) -> None:
+        check_finite_parameters(self.model, model_state, f'Checkpoint {os.fspath(path)!r}')
         try:
             self.model.load_state_dict(model_state)
         except RuntimeError as e:
             raise CheckpointError(f'Checkpoint {os.fspath(path)!r} does not fit this model: '
                                   f'{e}') from e
-        check_finite_parameters(self.model, f'Checkpoint {os.fspath(path)!r}')
 
     # -- logs ----------------------------------------------------------------------------------
     def _write_logs(self, history: List[Dict[str, float]]) -> None:
