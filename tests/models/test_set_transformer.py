@@ -23,11 +23,16 @@ def _models():
     }
 
 
-@pytest.mark.parametrize('name', list(_models()))
-def test_models_are_permutation_invariant_and_local(name):
+def _model_and_sets(name):
+    r"""Model :obj:`name` in float64 and eval mode, and four sets (sizes 4, 1, 6, 3) for it."""
     model = _models()[name].double().eval()
     index = make_index([4, 1, 6, 3])
-    x = torch.randn(index.numel(), 3, dtype=torch.float64)
+    return model, index, torch.randn(index.numel(), 3, dtype=torch.float64)
+
+
+@pytest.mark.parametrize('name', list(_models()))
+def test_models_are_permutation_invariant_and_local(name):
+    model, index, x = _model_and_sets(name)
     pred, ihw = model(x, index)
     assert pred.shape == (4, 2)
     assert (ihw is None) == (name in ('perceiver', 'deepsets')) and (ihw is None
@@ -169,9 +174,7 @@ def test_attention_models_see_the_empirical_distribution_deep_sets_counts(name):
     # Softmax pooling averages: a set whose every element appears twice gives the same output
     # (prediction and IHW) to the attention models; Deep Sets' sum pooling counts the elements.
     # (benchmarks/rotation_matching_features.py reads the rotation-matching sweep against this.)
-    model = _models()[name].double().eval()
-    index = make_index([4, 1, 6, 3])
-    x = torch.randn(index.numel(), 3, dtype=torch.float64)
+    model, index, x = _model_and_sets(name)
     pred, ihw = model(x, index)
     pred2, ihw2 = model(torch.cat([x, x]), torch.cat([index, index]))
     if name == 'deepsets':
