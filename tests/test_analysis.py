@@ -42,6 +42,9 @@ def test_soft_effective_rank_exact_values():
     assert analysis.soft_effective_rank(torch.zeros(3, 3)) == 0.0
     r = analysis.soft_effective_rank(torch.diag(torch.tensor([1.0, 0.1])))
     assert 1.0 < r < 2.0
+    # relative, not absolute: a matrix of small entries keeps its rank (it read 0)
+    small = 1e-14 * torch.eye(3, dtype=torch.float64)
+    assert analysis.soft_effective_rank(small) == pytest.approx(3.0)
 
 
 def test_operator_effective_rank_is_bounded_by_L():

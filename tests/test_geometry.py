@@ -460,3 +460,30 @@ def test_second_order_statistics_validate():
         pca_residual(np.zeros((4, 3)), k=4)
     with pytest.raises(ValueError, match='ridge'):
         max_mahalanobis_distance(np.ones((4, 2)), ridge=0.0)
+
+
+def test_mst_merges_points_whose_distance_underflows():
+    # distinct points at distance 0.0 (1e-200 apart): the sparse graph read the zero as a
+    # missing edge, and the tree went round it (2.0, not 1.0)
+    from torch_mz.geometry import mst_weight
+    assert mst_weight([[1e-200, 0.0], [0.0, 0.0], [1.0, 0.0]]) == pytest.approx(1.0)
+    assert mst_weight([[1e-200, 0.0], [0.0, 0.0]]) == 0.0
+
+
+def test_hull_volume_at_extreme_magnitudes():
+    # QHull's precision check failed at 1e80 although the points are not flat: volume 0
+    from torch_mz.geometry import convex_hull_volume
+    x = np.random.default_rng(0).standard_normal((30, 3))
+    assert convex_hull_volume(x * 1e80) / 1e240 == pytest.approx(convex_hull_volume(x),
+                                                                  rel=1e-9)
+
+
+def test_meb_encloses_every_point_in_centred_coordinates():
+    # the docstring's "exactly" holds for the centred points; the centre shifted back by a
+    # large mean can leave a point outside by rounding (documented)
+    from torch_mz.geometry import min_enclosing_ball
+    pts = np.random.default_rng(0).standard_normal((20, 3)) + 1e9
+    center, radius = min_enclosing_ball(pts)
+    shift = pts.mean(axis=0)
+    inside = np.sqrt((((pts - shift) - (center - shift)) ** 2).sum(axis=1)).max()
+    assert inside <= radius * (1 + 1e-7)

@@ -73,11 +73,13 @@ def generator_norms(attn: MZAttention) -> Tensor:
 def soft_effective_rank(matrix: Tensor, eps: float = 1e-12) -> float:
     r"""Soft effective rank :math:`\exp(-\sum_i p_i \log p_i)`, :math:`p_i = \sigma_i / \sum_j
     \sigma_j`, of a matrix's singular values; equals :math:`k` for :math:`k` equal non-zero
-    singular values and 0 for the zero matrix."""
+    singular values and 0 for the zero matrix. Singular values at most :obj:`eps` times the
+    largest count as zero (relative: a matrix of small entries keeps its rank)."""
     s = torch.linalg.svdvals(matrix.to(torch.float64))
-    total = s.sum()
-    if total <= eps:
+    if s.numel() == 0 or float(s.max()) == 0.0:
         return 0.0
+    s = s[s > eps * s.max()]
+    total = s.sum()
     p = s / total
     p = p[p > 0]
     return float(torch.exp(-(p * p.log()).sum()))

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Optional, Tuple, Union
 
 import numpy as np
-from scipy.sparse.csgraph import minimum_spanning_tree
+from scipy.sparse.csgraph import connected_components, minimum_spanning_tree
 from scipy.spatial import ConvexHull, QhullError
 from scipy.spatial.distance import cdist, pdist, squareform
 
@@ -187,6 +187,12 @@ def mst_weight(points) -> float:
         if pts.shape[0] <= 1:
             return 0.0
         flat = pdist(pts)
+        if not flat.all():  # distinct points whose distance underflows to 0: one of each group
+            _, group = connected_components(squareform(flat == 0), directed=False)
+            pts = pts[np.sort(np.unique(group, return_index=True)[1])]
+            if pts.shape[0] <= 1:
+                return 0.0
+            flat = pdist(pts)
     return float(minimum_spanning_tree(squareform(flat)).sum())
 
 
@@ -221,6 +227,13 @@ def convex_hull_volume(points, rtol: float = 1e-10) -> float:
         return 0.0
     try:
         return float(ConvexHull(pts).volume)
+    except QhullError:
+        pass
+    # QHull's precision checks fail at extreme magnitudes (coordinates of 1e80) although the
+    # flatness test passed: once more at unit extent, the volume scaled back
+    extent = float(np.abs(centred).max())
+    try:
+        return float(ConvexHull(centred / extent).volume) * extent ** d
     except QhullError:
         return 0.0
 
@@ -389,8 +402,10 @@ def min_enclosing_ball(points, method: str = 'active-set',
 
     Points are centred first for numerical stability. A point counts as inside when its squared
     distance to the centre exceeds :math:`r^2` by at most ``tol`` times the squared extent of the
-    set. The returned radius is the largest distance to the returned centre, so the ball encloses
-    every point exactly.
+    set. The returned radius is the largest distance of the centred points to the centre found,
+    so in the centred coordinates the ball encloses every point exactly; the returned centre is
+    shifted back by the points' mean, whose rounding can leave a point outside by a few units in
+    the last place of the coordinates (2e-8 relative at an offset of 1e9).
 
     Args:
         points (array_like): Shape :math:`(n, d)`, :math:`n \geq 1`.
