@@ -746,3 +746,13 @@ def test_checkpoint_paths_that_are_folders_or_lack_a_checkpoint(tmp_path, capsys
     assert main(['predict', str(tmp_path / 'nan.pt'), '--out', str(tmp_path / 'p.csv')]) == 2
     assert 'non-finite weights' in capsys.readouterr().err
     assert not os.path.exists(tmp_path / 'p.csv')
+
+
+def test_load_tasks_own_arguments_are_not_task_args(tmp_path, capsys):
+    # `--task-arg seed=3` reached load_task twice: a TypeError traceback
+    for arg, flag in (('seed=3', '--data-seed'), ('n_train=5', '--n-train'),
+                      ('root=x', '--root')):
+        assert main(['train', '--task', 'max', '--model', 'deepsets', '--task-arg', arg,
+                     '--out', str(tmp_path / 'r')]) == 2
+        err = capsys.readouterr().err
+        assert flag in err and 'Traceback' not in err and err.count('\n') == 1

@@ -131,3 +131,30 @@ def test_damaged_zip_member_leaves_what_zipfile_cannot_read_to_torch(tmp_path):
     path.write_bytes(bytes(data))
     assert torch.equal(torch.load(path, weights_only=True)['w'], torch.arange(100.))
     assert damaged_zip_member(path) is None
+
+
+def test_file_lock_is_released_although_a_forked_child_holds_the_descriptor(tmp_path):
+    # flock locks belong to the open file: a child forked inside the block kept it held
+    import multiprocessing
+    import time
+    from torch_mz._files import file_lock
+    if not hasattr(os, 'fork'):
+        pytest.skip('no fork here')
+    path = str(tmp_path / 'x.lock')
+    with file_lock(path) as held:
+        assert held
+        child = multiprocessing.get_context('fork').Process(target=time.sleep, args=(3, ))
+        child.start()
+    try:
+        with file_lock(path, wait=False) as again:
+            assert again
+    finally:
+        child.terminate()
+        child.join()
+
+
+def test_atomic_write_takes_the_longest_file_names(tmp_path):
+    from torch_mz._files import atomic_write
+    path = tmp_path / ('x' * 250)
+    atomic_write(str(path), lambda f: f.write(b'data'))
+    assert path.read_bytes() == b'data' and os.listdir(tmp_path) == [path.name]

@@ -107,3 +107,11 @@ def test_the_environment_is_read_as_glibc_reads_it():
     assert read({'MALLOC_MMAP_MAX_': '0', 'MALLOC_MMAP_THRESHOLD_': '4096'}) == float('inf')
     assert read({'GLIBC_TUNABLES': 'glibc.malloc.mmap_max=0'}) == float('inf')
     assert _strtoul('0x') == 0 and _strtoul('+12') == 12 and _strtoul('') is None
+
+
+@pytest.mark.parametrize('args', [(True, True), (2.0**20, 2**20), (None, 2**20)])
+def test_keep_freed_memory_refuses_what_is_not_a_byte_count(args):
+    # True is 1 byte: every allocation mapped afresh (the opposite of the intent), accepted
+    from torch_mz.runtime import keep_freed_memory
+    with pytest.raises(ValueError, match='must be an integer number of bytes'):
+        keep_freed_memory(*args)

@@ -1,6 +1,7 @@
 r"""Writing files so that an interrupted write never leaves a partial file behind: the one helper
 that checkpoints, training logs and processed dataset caches are written with; the lock that
 lets processes sharing files take turns; and the check that a torch file reads back as written."""
+import hashlib
 import os
 import secrets
 import zipfile
@@ -46,7 +47,10 @@ def file_lock(path: Union[str, os.PathLike], wait: bool = True,
         yield True
     finally:
         if fd is not None:
-            os.close(fd)  # releases the lock
+            try:  # (a forked child's copy of the descriptor would otherwise keep it held)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)  # releases the lock
 
 
 def atomic_write(path: Union[str, os.PathLike], write: Callable[[Any], None],
@@ -69,7 +73,10 @@ def atomic_write(path: Union[str, os.PathLike], write: Callable[[Any], None],
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     # secrets, not random: writing a file must not advance the seeded random streams
-    tmp = os.path.join(directory, f'.{os.path.basename(path)}.{secrets.token_hex(6)}.tmp')
+    name = os.path.basename(path)
+    if len(name.encode()) > 200:  # (the temporary name adds 18 characters to a name's 255)
+        name = name[:64] + '-' + hashlib.sha1(name.encode()).hexdigest()[:16]
+    tmp = os.path.join(directory, f'.{name}.{secrets.token_hex(6)}.tmp')
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, 'wb' if binary else 'w', encoding=None if binary else 'utf-8') as f:

@@ -45,8 +45,6 @@ def _parse_kv(items: Optional[Sequence[str]], what: str) -> Dict[str, object]:
         raise CLIError(f'{what} {e}') from None
 
 
-
-
 def _check_set_size(value: object, what: str):
     if (not isinstance(value, (list, tuple)) or len(value) != 2
             or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
@@ -180,6 +178,11 @@ def _load(args, progress: bool):
     options = _parse_kv(args.task_arg, '--task-arg')
     if 'set_size' in options:
         raise CLIError('the set-size range is --set-size LOW,HIGH, not a --task-arg')
+    flags = {'seed': '--data-seed', 'n_train': '--n-train', 'n_val': '--n-val',
+             'n_test': '--n-test', 'root': '--root', 'progress': '--no-progress'}
+    given = [k for k in flags if k in options]  # (load_task's own: a TypeError before)
+    if given:
+        raise CLIError(f"--task-arg {given[0]}=... is {flags[given[0]]}, not a --task-arg")
     if args.set_size is not None and not is_synthetic(args.task):
         raise CLIError(f"--set-size draws the sets of a synthetic task; '{args.task}' is a "
                        f"real dataset, whose sets are what they are")

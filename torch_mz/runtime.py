@@ -6,6 +6,7 @@ turns it off), and the operator benchmarks measure with and without it.
 """
 import ctypes
 import functools
+import numbers
 import os
 import platform
 from typing import Optional
@@ -109,6 +110,10 @@ def keep_freed_memory(max_block_bytes: int = MAX_BLOCK_BYTES,
         bool: Whether the setting was applied: :obj:`True` with glibc; :obj:`False` (nothing
         changes) with another C library (macOS, Windows, musl).
     """
+    for name, value in (('max_block_bytes', max_block_bytes), ('keep_bytes', keep_bytes)):
+        # (True is 1 byte: every allocation mapped afresh, the opposite of the intent)
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise ValueError(f"'{name}' must be an integer number of bytes (got {value!r})")
     if max_block_bytes <= 0 or keep_bytes <= 0:
         raise ValueError(f"'max_block_bytes' and 'keep_bytes' must be positive (got "
                          f"{max_block_bytes} and {keep_bytes})")

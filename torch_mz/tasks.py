@@ -10,6 +10,7 @@ from typing import Any, Collection, Dict, List, Optional, Tuple
 
 from torch_mz.datasets import real, synthetic
 from torch_mz.datasets.splits import TaskSplits
+from torch_mz._checks import check_count, check_flag
 from torch_mz.options import check_options
 
 __all__ = ['TASKS', 'list_tasks', 'load_task', 'check_task', 'task_options', 'is_synthetic']
@@ -45,6 +46,7 @@ def load_task(name: str, seed: int = 0, n_train: Optional[int] = None,
     :obj:`task_kwargs` are checked against :func:`task_options` first: an unknown option or a
     value of the wrong type raises a :class:`ValueError` naming it."""
     _check_name(name)
+    _check_load_args(name, seed, set_size, progress)
     given = [k for k in ('transform', 'pre_transform', 'pre_filter') if k in task_kwargs]
     if is_synthetic(name) and given:
         raise ValueError(
@@ -93,6 +95,7 @@ def check_task(name: str, seed: int = 0, n_train: Optional[int] = None,
     ``pos_dim`` are those of the real ones: a model can be built for them); for a real dataset,
     whose files are only read by :func:`load_task`, :obj:`None`."""
     _check_name(name)
+    _check_load_args(name, seed, set_size, progress)
     defaults, nullable, complete = task_options(name)
     check_options(task_kwargs, defaults, f"task '{name}'", complete=complete, nullable=nullable)
     for what, count in (('n_train', n_train), ('n_val', n_val), ('n_test', n_test)):
@@ -105,11 +108,25 @@ def check_task(name: str, seed: int = 0, n_train: Optional[int] = None,
                                set_size=set_size, **task_kwargs)
 
 
+def _check_load_args(name: str, seed: Any, set_size: Any, progress: Any) -> None:
+    r"""The arguments of :func:`load_task` that every task takes: a seed (an integer >= 0; a
+    real dataset's failed only in its split, after the files were read), a flag for the
+    progress bars (text such as ``'no'`` was true), and no set-size range for a real dataset
+    (its sets are read from files: the range was recorded in the splits' args, unapplied)."""
+    check_count('seed', seed, low=0)
+    check_flag('progress', progress)
+    if set_size is not None and not is_synthetic(name):
+        raise ValueError(f"task '{name}' reads its sets from files: 'set_size' applies to the "
+                         f"synthetic tasks only (got {set_size!r})")
+
+
 def task_options(name: str) -> Tuple[Dict[str, Any], List[str], bool]:
     r"""The options :func:`load_task` accepts as keyword arguments of task :obj:`name`: a dict of
     option names and their defaults (read from the constructor of the task or dataset class), the
     names that also accept :obj:`None`, and whether the dict is complete (:obj:`False` when a
-    constructor passes ``**kwargs`` on to something that cannot be inspected)."""
+    constructor passes ``**kwargs`` on to something that cannot be inspected). The defaults are
+    those :func:`load_task` applies (QM9's ``source='qm9pack'``; ``target`` is listed as
+    :obj:`None`, any of its forms accepted, and means ``'mu'``)."""
     _check_name(name)
     if is_synthetic(name):
         defaults, nullable, complete = _constructor_options(TASKS[name], exclude=())
@@ -117,7 +134,16 @@ def task_options(name: str) -> Tuple[Dict[str, Any], List[str], bool]:
         own = _constructor_options(synthetic.make_task,
                                    exclude=inspect.signature(load_task).parameters)
         return dict(own[0], **defaults), own[1] + nullable, complete
-    return _constructor_options(TASKS[name], exclude=real.SET_BY_LOAD[name])
+    defaults, nullable, complete = _constructor_options(TASKS[name],
+                                                        exclude=real.SET_BY_LOAD[name])
+    # the defaults load_task applies over the class's (QM9's offline source; its target, None
+    # in the class, any of its types, is 'mu' when not given); the processing's progress bars
+    # follow load_task's progress, off
+    defaults.update({k: v for k, v in real.LOAD_DEFAULTS.get(name, {}).items()
+                     if defaults.get(k) is not None})
+    if 'log' in defaults:
+        defaults['log'] = False
+    return defaults, nullable, complete
 
 
 def _constructor_options(cls: Any, exclude: Collection[str]
