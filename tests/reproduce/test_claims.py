@@ -87,9 +87,10 @@ def test_the_defaults_of_the_claims_tasks_are_pinned():
         'rotation-matching': ({'split_set_sizes': None, 'd': 8, 'noise': 0.1,
                                'noise_range': None, 'alignment': 'true', 'max_angle': math.pi,
                                'reduction': 'mean', 'store_rotation': False}, (10, 30)),
-        'qm9': ({'source': 'sdf', 'target': None, 'csv_path': None, 'charge_failure': 'zero',
-                 'transform': None, 'pre_transform': None, 'pre_filter': None, 'log': True,
-                 'force_reload': False}, None)}
+        # (the defaults load_task applies: the offline source, log as progress)
+        'qm9': ({'source': 'qm9pack', 'target': None, 'csv_path': None,
+                 'charge_failure': 'zero', 'transform': None, 'pre_transform': None,
+                 'pre_filter': None, 'log': False, 'force_reload': False}, None)}
     used = {cell['task'] for claim in CLAIMS.values() for cell in claim.cells}
     used |= {cell['task'] for cell in SWEEP_CELLS.values()}
     assert used == set(pinned)
