@@ -29,6 +29,12 @@ Presets (paper defaults: d = 64, H = 4, d_ff = 128, 16 inducing points, dropout 
 ``egnn-qm9``    the EGNN authors' QM9 model: 7 layers, width 128, attention (edge gate) on,
                 coordinates never updated (they enter only through squared distances)
 ==============  ==================================================================================
+
+"Width matched to ``mz``" (the option ``match='mz'``, which any preset takes): the width (``dim``;
+``hidden_channels`` for Deep Sets, the mean MLP and EGNN) whose parameter count is closest to
+that of the ``mz`` preset with its own defaults for the same input and output widths, among
+32-128 in steps of 8 that divide the heads; the other options given apply to the matched model,
+not to the reference. Giving the width itself turns the match off.
 """
 import copy
 import warnings
