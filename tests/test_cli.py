@@ -756,3 +756,9 @@ def test_load_tasks_own_arguments_are_not_task_args(tmp_path, capsys):
                      '--out', str(tmp_path / 'r')]) == 2
         err = capsys.readouterr().err
         assert flag in err and 'Traceback' not in err and err.count('\n') == 1
+
+
+def test_torch_mz_debug_zero_is_off(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv('TORCH_MZ_DEBUG', '0')
+    assert main(['train', '--task', 'nosuchtask', '--model', 'mz']) == 2
+    assert capsys.readouterr().err.startswith('torch-mz: error:')

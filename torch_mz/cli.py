@@ -786,8 +786,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return args.func(args)
     except (CLIError, CheckpointError, ValueError, OSError, ImportError,
             FloatingPointError) as e:
-        if os.environ.get('TORCH_MZ_DEBUG'):
-            raise
+        if os.environ.get('TORCH_MZ_DEBUG', '').strip().lower() not in ('', '0', 'false',
+                                                                         'off', 'no'):
+            raise  # (TORCH_MZ_DEBUG=1: the traceback, for a bug report)
         print(f'torch-mz: error: {e}', file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

@@ -703,3 +703,18 @@ def test_a_stateful_transform_shared_by_both_splits_is_processed_once(scanobject
         ScanObjectNN(root, num_points=16, pre_transform=shared, train=False, log=False)
         ScanObjectNN(root, num_points=16, pre_transform=_Lazy(), train=True, log=False)
     assert len(calls) <= 1
+
+
+def test_the_data_root_variable_names_itself(tmp_path, monkeypatch):
+    # a file given as $TORCH_MZ_DATA failed later as "Not a directory: .../QM9"; blank was a
+    # folder named ' '
+    from torch_mz.datasets.common import ENV_DATA_ROOT, default_root
+    afile = tmp_path / 'afile'
+    afile.write_text('')
+    monkeypatch.setenv(ENV_DATA_ROOT, str(afile))
+    with pytest.raises(ValueError, match=r'\$TORCH_MZ_DATA .* is a file'):
+        default_root('QM9')
+    monkeypatch.delenv(ENV_DATA_ROOT)
+    unset = default_root('QM9')
+    monkeypatch.setenv(ENV_DATA_ROOT, '  ')
+    assert default_root('QM9') == unset

@@ -320,6 +320,7 @@ def test_resume_computes_with_the_tanh_the_run_chose(tmp_path, monkeypatch, capl
     the same function; a process that has chosen otherwise keeps its choice and warns."""
     from torch_mz.nn import fused
     out = tmp_path / 'run'
+    monkeypatch.setattr(fused, '_ENABLED', None)  # auto mode (the choice is auto mode's)
     monkeypatch.setattr(fused, '_TANH_FASTER', False)  # as measured in the first process
     Trainer(H.ToyDeepSets(3, 2), config(epochs=1, out_dir=str(out))).fit(REG_TRAIN[:16],
                                                                          REG_VAL[:8])
@@ -362,3 +363,27 @@ def test_run_info_records_a_transform_by_a_repr_stable_across_processes():
     legacy = {'task': {'name': 'qm9', 'args': dict(recorded, transform='RandomRotate')}}
     assert same_run(legacy, run) and not same_run(legacy, {'task': {
         'name': 'qm9', 'args': dict(recorded, transform='Center()')}})
+
+
+def test_a_checkpoint_records_the_tanh_that_ran_and_the_fused_mode(tmp_path, monkeypatch,
+                                                                   caplog):
+    # with the fused kernels off no compiled tanh runs, whatever auto mode would choose: the
+    # checkpoint said "compiled" (and a resume warned falsely); with them on it said nothing
+    from torch_mz.nn import fused
+    out = tmp_path / 'run'
+    monkeypatch.setattr(fused, '_ENABLED', False)
+    monkeypatch.setattr(fused, '_TANH_FASTER', True)
+    Trainer(H.ToyDeepSets(3, 2), config(epochs=1, out_dir=str(out))).fit(REG_TRAIN[:16],
+                                                                         REG_VAL[:8])
+    state = load_checkpoint(out / 'checkpoint.pt')
+    assert state['tanh_kernel'] is False and state['fused_kernels'] is False
+    monkeypatch.setattr(fused, '_ENABLED', True)  # resumed with them on: said, not silent
+    with caplog.at_level('WARNING'):
+        Trainer(H.ToyDeepSets(3, 2), config(epochs=2, resume=str(out / 'checkpoint.pt'))).fit(
+            REG_TRAIN[:16], REG_VAL[:8])
+    assert 'trained with the fused kernels off, this process has them on' in caplog.text
+    for bad in ('false', 0.0, 'auto'):
+        with pytest.raises(ValueError, match='must be True, False or None'):
+            fused.set_fused_kernels(bad)
+        with pytest.raises(ValueError, match='must be True, False or None'):
+            fused.set_tanh_kernel(bad)

@@ -1,4 +1,5 @@
 
+import numpy as np
 import pytest
 
 from torch_mz.train import (TargetNormalizer, Trainer, TrainConfig, cosine_with_warmup, predict,
@@ -41,3 +42,12 @@ def test_config_defaults_follow_the_paper():
     assert c.device == 'auto'
     with pytest.raises(ValueError, match='task_type'):
         Trainer(H.ToyDeepSets(3, 2), config(), task_type='ranking')
+
+
+@pytest.mark.parametrize('name', ['restore_best', 'deterministic', 'normalize_targets',
+                                  'progress', 'find_unused_parameters'])
+def test_flags_are_true_or_false_not_text(name):
+    # the text 'false' was accepted, and true
+    with pytest.raises(ValueError, match=f'True or False for {name}'):
+        TrainConfig(**{name: 'false'})
+    assert getattr(TrainConfig(**{name: np.bool_(False)}), name) is False

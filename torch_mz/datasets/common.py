@@ -94,9 +94,13 @@ def default_root(name: str) -> str:
     ``setup.cfg`` and ``datasets/``); otherwise :obj:`./datasets/<name>` under the working directory
     (an installed package must not write into ``site-packages``).
     """
-    env = os.environ.get(ENV_DATA_ROOT)
+    env = (os.environ.get(ENV_DATA_ROOT) or '').strip()
     if env:
-        return osp.join(osp.expanduser(env), name)
+        folder = osp.expanduser(env)
+        if osp.exists(folder) and not osp.isdir(folder):
+            raise ValueError(f"${ENV_DATA_ROOT} '{env}' is a file, not a folder for the "
+                             f"datasets: point it at a folder (or unset it)")
+        return osp.join(folder, name)
     if (osp.isfile(osp.join(_REPO_DIR, 'setup.cfg')) and osp.isdir(osp.join(_REPO_DIR, 'torch_mz'))
             and osp.isdir(osp.join(_REPO_DIR, 'datasets'))):
         return osp.join(_REPO_DIR, 'datasets', name)

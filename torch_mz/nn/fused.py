@@ -22,7 +22,7 @@ two alternating in one process, a throwaway script, gave 1.86-1.97 s against 2.2
 Three modes, set by :func:`set_fused_kernels` or the environment variable
 ``TORCH_MZ_FUSED_KERNELS``:
 
-* **auto** (the default; ``set_fused_kernels(None)``, the variable unset or ``auto``): the
+* **auto** (the default; ``set_fused_kernels(None)``, the variable unset, empty or ``auto``): the
   compiled kernels run on CPU float32 generators of at least :data:`AUTO_MIN_ELEMENTS` elements,
   where a call takes tens of milliseconds eagerly; the tanh kernel only where it was measured
   faster than ATen's tanh on this host (:func:`tanh_kernel_faster`: once per process, at the
@@ -64,13 +64,21 @@ from torch_mz.nn._context import _plain_ops
 
 def _mode_from_environment(name: str = 'TORCH_MZ_FUSED_KERNELS') -> Optional[bool]:
     value = os.environ.get(name)
-    if value is None or value.strip().lower() == 'auto':
+    if value is None or value.strip().lower() in ('', 'auto'):  # (empty: as unset)
         return None
-    if value.strip().lower() in ('', '0', 'false', 'off', 'no'):
+    if value.strip().lower() in ('0', 'false', 'off', 'no'):
         return False
     if value.strip().lower() in ('1', 'true', 'on', 'yes'):
         return True
-    raise ValueError(f"{name} must be 'auto', '1' or '0' (got {value!r})")
+    raise ValueError(f"{name} must be 'auto' (or empty), '1' (true, on, yes) or '0' (false, "
+                     f"off, no) (got {value!r})")
+
+
+def _mode(name: str, value: Optional[bool]) -> Optional[bool]:
+    # True, False or None (a NumPy bool too); text such as 'false' was read as on
+    if value is not None and type(value).__name__ not in ('bool', 'bool_'):
+        raise ValueError(f"'{name}' must be True, False or None (got {value!r})")
+    return None if value is None else bool(value)
 
 
 # True: always, False: never, None: auto (large CPU float32 inputs)
@@ -97,7 +105,7 @@ def set_fused_kernels(enabled: Optional[bool] = True) -> None:
     feed-forward's tanh: :obj:`True` always, :obj:`False` never, :obj:`None` auto, the default
     (see the module docstring)."""
     global _ENABLED
-    _ENABLED = None if enabled is None else bool(enabled)
+    _ENABLED = _mode('enabled', enabled)
 
 
 def fused_kernels_mode() -> Optional[bool]:
@@ -332,7 +340,14 @@ def set_tanh_kernel(faster: Optional[bool]) -> None:
     processes); :obj:`None` measures again at the next large call. Mode on
     (:func:`set_fused_kernels`) runs the kernel whatever is set here."""
     global _TANH_FASTER
-    _TANH_FASTER = None if faster is None else bool(faster)
+    _TANH_FASTER = _mode('faster', faster)
+
+
+def tanh_kernel_in_use() -> Optional[bool]:
+    r"""The generator feed-forward's tanh of this process, as a checkpoint records it: the
+    compiled kernel (:obj:`True`) with the fused kernels on, ATen's (:obj:`False`) with them
+    off, and in auto mode :func:`tanh_kernel_faster`'s choice (:obj:`None`: not chosen yet)."""
+    return _ENABLED if _ENABLED is not None else _TANH_FASTER
 
 
 def _tanh_kernel_pays(row_shape: Sequence[int]) -> bool:

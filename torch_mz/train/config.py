@@ -107,6 +107,11 @@ class TrainConfig:
             expect(value is None or integer(value), f'an integer {name} or None', value)
         for name in ('lr', 'weight_decay', 'min_delta'):
             expect(real(getattr(self, name)), f'a finite number {name}', getattr(self, name))
+        for name in ('restore_best', 'deterministic', 'normalize_targets', 'progress',
+                     'find_unused_parameters'):  # (the text 'false' was true)
+            value = getattr(self, name)
+            expect(isinstance(value, (bool, np.bool_)), f'True or False for {name}', value)
+            setattr(self, name, bool(value))
         expect(self.grad_clip is None or real(self.grad_clip), 'a finite number grad_clip or None',
                self.grad_clip)
         # torch.manual_seed takes [-2**63, 2**64); NumPy's seed wraps (seed_everything), and

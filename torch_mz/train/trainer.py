@@ -24,7 +24,7 @@ from torch_geometric.loader import DataLoader
 from tqdm.auto import tqdm
 
 from torch_mz._files import atomic_write
-from torch_mz.nn.fused import set_tanh_kernel, tanh_kernel_faster
+from torch_mz.nn.fused import fused_kernels_mode, set_tanh_kernel, tanh_kernel_in_use
 from torch_mz.train.checkpoint import (CHECKPOINT_FORMAT, CHECKPOINT_VERSION, CheckpointError,
                                        check_finite_parameters,
                                        _cpu_state_dict, _json_values, _rng_state,
@@ -601,9 +601,10 @@ class Trainer:
                     best_epoch=run.best_epoch, best_val_loss=run.best_val,
                     bad_epochs=run.bad_epochs, best_model=run.best_state, history=run.history,
                     rng=rng, wall_time=run.wall_time(), world_size=self.dist.world_size,
-                    # the generator feed-forward's tanh as this process chose it (None: never
-                    # chosen), so that a resumed run computes with the same function
-                    tanh_kernel=tanh_kernel_faster())
+                    # the generator feed-forward's tanh this process computes with (None:
+                    # auto mode, not chosen yet), and the fused kernels' mode, so that a
+                    # resumed run computes with the same functions (or says it does not)
+                    tanh_kernel=tanh_kernel_in_use(), fused_kernels=fused_kernels_mode())
                 save_checkpoint(ckpt, os.path.join(cfg.out_dir, LAST_CHECKPOINT))
         if self._writes_files:
             self._write_logs(run.history)
@@ -711,15 +712,22 @@ class Trainer:
                                   f'{type(e).__name__}: {e}') from e
         saved_tanh = state.get('tanh_kernel')
         if saved_tanh is not None:
-            # the tanh the run computed with (torch_mz.nn.fused.tanh_kernel_faster), unless
-            # this process has chosen already (TORCH_MZ_TANH_KERNEL, set_tanh_kernel, a call)
-            if tanh_kernel_faster() is None:
+            # the tanh the run computed with (torch_mz.nn.fused.tanh_kernel_in_use), unless
+            # this process has chosen already (the fused kernels' mode, TORCH_MZ_TANH_KERNEL,
+            # set_tanh_kernel, a call)
+            if tanh_kernel_in_use() is None:
                 set_tanh_kernel(bool(saved_tanh))
-            elif tanh_kernel_faster() != bool(saved_tanh):
+            elif tanh_kernel_in_use() != bool(saved_tanh):
                 log.warning('Checkpoint %s was trained with %s tanh, this process runs %s: '
                             'the run will differ from an uninterrupted one by float rounding',
                             path, *('the compiled' if k else "ATen's"
-                                    for k in (saved_tanh, tanh_kernel_faster())))
+                                    for k in (saved_tanh, tanh_kernel_in_use())))
+        if 'fused_kernels' in state and state['fused_kernels'] != fused_kernels_mode():
+            log.warning('Checkpoint %s was trained with the fused kernels %s, this process has '
+                        'them %s: the run will differ from an uninterrupted one by float '
+                        'rounding', path, *({True: 'on', False: 'off', None: 'in auto mode'}[m]
+                                            for m in (state['fused_kernels'],
+                                                      fused_kernels_mode())))
         log.info('Resumed from %s at epoch %d', path, state['epoch'] + 1)
         return state
 
