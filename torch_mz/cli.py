@@ -15,6 +15,7 @@ traceback.
 """
 import argparse
 import contextlib
+import dataclasses
 import math
 import os
 import re
@@ -84,8 +85,6 @@ def _default_warmup(epochs: int) -> int:
 #: Training options the command line has no flag for: a resumed run keeps its checkpoint's.
 CARRIED_CONFIG = ('schedule', 'min_delta', 'eval_batch_size', 'restore_best', 'deterministic',
                   'checkpoint_every')
-TRAIN_CONFIG_DEFAULTS = {'schedule': 'step', 'min_delta': 0.0, 'eval_batch_size': None,
-                         'restore_best': True, 'deterministic': False, 'checkpoint_every': 1}
 
 
 def _fill_training_options(args, recorded: Optional[Dict[str, Any]] = None) -> List[str]:
@@ -108,8 +107,9 @@ def _fill_training_options(args, recorded: Optional[Dict[str, Any]] = None) -> L
     # the configuration the command line cannot set (a run started from Python): carried over
     args.carried_config = {k: recorded[k] for k in CARRIED_CONFIG  # type: ignore[index]
                            if k in (recorded or {})}
-    taken = [f'{k}={v!r}' for k, v in args.carried_config.items()
-             if v != TRAIN_CONFIG_DEFAULTS[k]]
+    from torch_mz.train import TrainConfig
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    taken = [f'{k}={v!r}' for k, v in args.carried_config.items() if v != defaults[k]]
     names = (['seed'] if hasattr(args, 'seed') else []) + list(TRAINING_DEFAULTS) + [
         'warmup_epochs']  # (compare has --seeds, no --seed)
     for name in names:

@@ -62,7 +62,7 @@ def test_one_return_type_and_empty_sets_predict_zero(name):
 @pytest.mark.parametrize('name', [n for n in PRESETS if not n.startswith('egnn')])
 def test_a_batch_is_validated_once(name, monkeypatch):
     model = _model(name)
-    calls = {'check_set_input': 0, 'check_set_ids': 0}
+    calls = {'check_set_input': 0, 'resolve_set_index': 0}
 
     def counting(fn_name):
         fn = getattr(aggr, fn_name)
@@ -78,7 +78,7 @@ def test_a_batch_is_validated_once(name, monkeypatch):
             monkeypatch.setattr(module, fn_name, wrapper)
     x = torch.randn(7, 4, dtype=torch.float64)
     model(x, torch.tensor([0, 0, 1, 1, 1, 2, 2]))
-    assert calls == {'check_set_input': 1, 'check_set_ids': 1}
+    assert calls == {'check_set_input': 1, 'resolve_set_index': 1}
 
 
 @pytest.mark.parametrize('name', [n for n in PRESETS if not n.startswith('egnn')])

@@ -383,7 +383,7 @@ def test_a_checkpoint_records_the_tanh_that_ran_and_the_fused_mode(tmp_path, mon
             REG_TRAIN[:16], REG_VAL[:8])
     assert 'trained with the fused kernels off, this process has them on' in caplog.text
     for bad in ('false', 0.0, 'auto'):
-        with pytest.raises(ValueError, match='must be True, False or None'):
+        with pytest.raises(ValueError, match="'enabled' must be True or False"):
             fused.set_fused_kernels(bad)
-        with pytest.raises(ValueError, match='must be True, False or None'):
+        with pytest.raises(ValueError, match="'faster' must be True or False"):
             fused.set_tanh_kernel(bad)

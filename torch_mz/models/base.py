@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 from torch.nn import Module
 
-from torch_mz.nn.aggr import check_set_ids, check_set_input
+from torch_mz.nn.aggr import check_set_input, resolve_set_index
 from torch_mz.nn.functional import set_counts
 
 __all__ = [
@@ -94,9 +94,10 @@ def batch_tensors(data_or_x, batch: Optional[Tensor] = None,
     ``batch``; ``num_sets`` defaults to ``num_graphs`` of a :class:`~torch_geometric.data.Batch`,
     to one set for an object without ``batch``, and for a plain data object that carries a
     ``batch`` vector to :obj:`None`, i.e. the largest id plus one, as PyG's pooling counts) or
-    passes tensors through; checks nothing else (the model's :meth:`~SetModel.validate` does)."""
+    passes tensors through (without ``batch``, also an empty one, they are one set, as a data
+    object without it); checks nothing else (the model's :meth:`~SetModel.validate` does)."""
     if isinstance(data_or_x, Tensor):
-        return data_or_x, batch, num_sets
+        return data_or_x, batch, 1 if batch is None and num_sets is None else num_sets
     data = data_or_x
     x = set_features(data)
     if batch is None:
@@ -138,10 +139,7 @@ class SetModel(Module):
         param = next(self.parameters(), None)
         check_set_input(x, self.in_channels, torch.get_default_dtype() if param is None
                         else param.dtype)
-        if batch is None:  # one set, as from a data object without batch (an empty one too)
-            batch = torch.zeros(x.size(0), dtype=torch.long, device=x.device)
-            num_sets = 1 if num_sets is None else num_sets
-        return check_set_ids(batch, x.size(0), num_sets, 'batch', 'num_sets')
+        return resolve_set_index(x, batch, None, num_sets, names=('batch', 'num_sets'))
 
     def predict(self, x: Tensor, set_id: Tensor, num_sets: int) -> Tuple[Tensor,
                                                                            Optional[Tensor]]:

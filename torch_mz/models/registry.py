@@ -33,9 +33,9 @@ Presets (paper defaults: d = 64, H = 4, d_ff = 128, 16 inducing points, dropout 
 "Width matched to ``mz``" (the option ``match='mz'``, which any preset takes): the width (``dim``;
 ``hidden_channels`` for Deep Sets, the mean MLP and EGNN) whose parameter count is closest to
 that of the ``mz`` preset with its own defaults for the same input and output widths, among
-32-128 in steps of 8 that divide the heads (16-256 in steps of 4 for the hidden width); the
-other options given apply to the matched model, not to the reference. Giving the width itself
-turns the match off.
+32-128 in steps of 8 that divide the heads (where none does, the multiples of the heads up to
+256; for the hidden width 16-256 in steps of 4); the other options given apply to the matched
+model, not to the reference. Giving the width itself turns the match off.
 """
 import copy
 import warnings

@@ -96,9 +96,6 @@ class MZSetTransformer(SetModel):
 
     def validate(self, x: Tensor, batch: Optional[Tensor],
                  num_sets: Optional[int]) -> Tuple[Tensor, int]:
-        if batch is None:  # one set, as from a data object without batch (an empty one too)
-            batch = torch.zeros(x.size(0), dtype=torch.long, device=x.device)
-            num_sets = 1 if num_sets is None else num_sets
         return self.body.validate(x, batch, dim_size=num_sets, names=('batch', 'num_sets'))
 
     def predict(self, x: Tensor, set_id: Tensor, num_sets: int) -> Tuple[Tensor, Tensor]:

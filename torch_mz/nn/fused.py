@@ -58,6 +58,7 @@ import torch
 from torch import Tensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
+from torch_mz._checks import check_flag
 from torch_mz.nn._context import _plain_ops
 
 
@@ -75,10 +76,8 @@ def _mode_from_environment(name: str = 'TORCH_MZ_FUSED_KERNELS') -> Optional[boo
 
 
 def _mode(name: str, value: Optional[bool]) -> Optional[bool]:
-    # True, False or None (a NumPy bool too); text such as 'false' was read as on
-    if value is not None and type(value).__name__ not in ('bool', 'bool_'):
-        raise ValueError(f"'{name}' must be True, False or None (got {value!r})")
-    return None if value is None else bool(value)
+    # True, False or None; text such as 'false' was read as on
+    return None if value is None else check_flag(name, value)
 
 
 # True: always, False: never, None: auto (large CPU float32 inputs)

@@ -323,8 +323,6 @@ class Trainer:
         target units, as after :meth:`fit`."""
         state = load_checkpoint(path, map_location='cpu')
         self._check_task(state, path)
-        # (before anything is touched: a refused checkpoint leaves the model as it was)
-        check_finite_parameters(self.model, state['model'], f'Checkpoint {os.fspath(path)!r}')
         saved = (state.get('config') or {}).get('normalize_targets')
         if (self.task_type == 'regression' and isinstance(saved, bool)
                 and saved != self.config.normalize_targets):
@@ -333,8 +331,10 @@ class Trainer:
                 f'this Trainer has {self.config.normalize_targets}: its predictions would not '
                 f'be in target units; build the Trainer with '
                 f'TrainConfig(normalize_targets={saved}) or load it with torch_mz.load_model')
-        detach_normalizer(self.model)
+        # (the weights first: a refused checkpoint leaves the model as it was; the normaliser
+        # is no part of the state dict)
         self._load_model_state(state['model'], path)
+        detach_normalizer(self.model)
         # the checkpoint's normaliser, never one this Trainer or its model carried before
         self.normalizer = TargetNormalizer()
         if state.get('normalizer') is not None:
