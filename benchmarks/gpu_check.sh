@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # One command for a machine with an NVIDIA GPU: the CUDA tests and the three operator benchmarks
 # on the GPU, each step under its own time limit (under 5 minutes in all, issue 10's bound, so
-# that a lent machine's 15 minutes leave room to run it again; on one H200, 2026-12-04, the
-# tests took 0.4 minutes, 12 message-passing rows with the allocator figure 3.4 minutes over
-# two calls, each row in a process of its own, the training step 1.1 with --repeats 3; this
-# configuration, with 13 message-passing rows, 4 more on a new graph every call and 6 of
-# inference, all in one process each (--same-process), has not run yet), results under $OUT (default
+# that a lent machine's 15 minutes leave room to run it again), results under $OUT (default
 # benchmarks/results/gpu/): gpu_check.log (all output), cuda_tests.txt, and JSON + Markdown +
-# PNG per benchmark. benchmarks/results/gpu/README.md says what the last run found.
+# PNG per benchmark. benchmarks/results/gpu/README.md (one H200, 2026-12-04) and
+# benchmarks/results/gpu_h100/README.md (one H100, 2026-12-06) say what the runs found.
+# On the H100 the configuration before this one (4.9 minutes in all) lost two steps to their
+# limits: the CUDA tests (40 s: 6 of 9 had passed, the first call compiling the Triton
+# kernels; the other 3 passed in 5 s after) and training_step.py (90 s for 5 presets, each in
+# a fresh process, writing its files only at its end). The step times now come from
+# gpu_profile.py, one process that writes its report after every row and also gives the FLOPs,
+# the fraction of the matmul peak and the GPU's busy time; this configuration has not run yet.
 #
 #   bash benchmarks/gpu_check.sh            # uses .venv/bin/python if present, else python3
 #
@@ -39,33 +42,36 @@ echo '== CUDA tests'
 # the tests that run on CUDA: attention kernels, forward-mode AD and the per-head attention's
 # dropout, the LayerNorm Jacobian (eager and compiled with Triton), MZAggregation, device
 # resolution, a training run resumed on CUDA, and the memory bandwidth measured on the GPU
-timeout 40 $PY -m pytest -q -p no:cacheprovider -p no:logging tests/nn/test_functional.py \
+timeout 75 $PY -m pytest -q -p no:cacheprovider -p no:logging tests/nn/test_functional.py \
   tests/nn/test_zonotope.py tests/nn/test_aggr.py tests/train/ tests/study/test_traffic.py \
   -k 'cuda or resolve_device' \
   -rs 2>&1 | tee "$OUT/cuda_tests.txt" || status=1
 # The steps that write their files only at their end run first, each with room to finish; the
 # message-passing steps, which write a partial report after every row, run last.
-echo '== point-cloud training step'
-# the presets only: the +keep rows are about the CPU's malloc, the +compile rows compile for
-# a minute or more each (1.1 minutes with --repeats 3 on one H200, each preset in a process
-# of its own)
-timeout 90 $PY benchmarks/training_step.py --device cuda --repeats 2 \
-  --models rigid,st-large,mz-slim,mz,egnn --out "$OUT/training_step" || status=1
+echo '== profile: the point-cloud presets and message passing, GPU busy time against wall time'
+# (training step and inference of the presets on 32 x 1,024 points, SAGEConv forward +
+# backward with PyG, rigid and the default on Poisson graphs of 10^3-10^5 nodes at d = 64; one
+# process, the report rewritten after every row: 22 s for 10 of these 19 rows on one H100;
+# training_step.py --device cuda measures the presets as the CPU runs do, a process per preset)
+timeout 60 $PY benchmarks/gpu_profile.py --device cuda --aggrs pyg,rigid,default \
+  --presets rigid,st-large,mz-slim,mz,egnn --out "$OUT/profile" || status=1
 echo '== speed.py batches'
 # without --memory: that measures each configuration in a fresh process (20 of them); the
 # message-passing rows below record the GPU allocator's peaks
 timeout 40 $PY benchmarks/speed.py --device cuda --repeats 3 --out "$OUT/speed" || status=1
 echo '== message passing'
 # (--no-allocated: on a GPU the peak is the allocator's already; rigid-chunks and
-# default-chunks on 10^4 and 10^5 nodes time the CPU's recomputed groups, which multiply the
-# kernel launches (launches.py), against chunk_size='auto' on this GPU)
+# default-chunks on 10^5 nodes time recomputed groups of 262,144 messages, between the whole
+# graph that chunk_size='auto' takes on a GPU of 80 GB or more (on one H100 the default's
+# peak 14.2 GB at 278 ms, against issue 10's 4 GB) and the CPU's groups of 32,768 (0.83 GB at
+# 2.07 s there))
 # --same-process: the rows in this one process (the GPU's peak is the allocator's, reset per
 # row), without a CUDA start-up per row; cut off by its limit, the rows measured so far are in
 # message_passing.partial.* (the same command with --resume completes it)
-timeout 80 $PY benchmarks/message_passing.py --device cuda --nodes 1000,10000,100000 --dims 64 \
+timeout 65 $PY benchmarks/message_passing.py --device cuda --nodes 1000,10000,100000 --dims 64 \
   --degrees poisson --aggrs pyg,rigid,rigid-chunks,default,default-chunks \
-  --ckpt-dims 64 \
-  --ckpt-min-nodes 10000 --graphconv-nodes 0 --repeats 3 --no-allocated --same-process \
+  --ckpt-dims 64 --chunk-rows 262144 \
+  --ckpt-min-nodes 100000 --graphconv-nodes 0 --repeats 3 --no-allocated --same-process \
   --out "$OUT/message_passing" || status=1
 echo '== message passing, a new graph every call'
 # (the rows above run every call on the graph of the call before, as full-batch training does,
@@ -75,7 +81,7 @@ timeout 20 $PY benchmarks/message_passing.py --device cuda --nodes 1000,10000 --
   --no-allocated --new-graph --out "$OUT/message_passing_new_graph" || status=1
 echo '== message passing, inference'
 # (one forward pass in eval() mode without gradients, full-graph inference after training)
-timeout 20 $PY benchmarks/message_passing.py --device cuda --nodes 1000,10000,100000 --dims 64 \
+timeout 40 $PY benchmarks/message_passing.py --device cuda --nodes 1000,10000,100000 --dims 64 \
   --degrees poisson --aggrs pyg,rigid --graphconv-nodes 0 --repeats 3 --same-process \
   --no-allocated --inference --out "$OUT/message_passing_inference" || status=1
 if [ "${NO_PNG:-0}" = 1 ]; then

@@ -124,6 +124,17 @@ SOURCES = {
         'message_passing_inference_power_law_padded/message_passing.json',
     'gpu_speed': 'gpu/speed/speed.json',
     'gpu_training_step': 'gpu/training_step/training_step.json',
+    # on one NVIDIA H100 (benchmarks/gpu_check.sh and benchmarks/gpu_profile.py, 2026-12-06;
+    # see benchmarks/results/gpu_h100/README.md): the first GPU run of chunk_size='auto' sized
+    # by the device's memory (these graphs at once), and the presets' step times from the
+    # profile (its unprofiled wall times; training_step.py was cut off by its limit there)
+    'gpu_h100_message_passing': 'gpu_h100/message_passing/message_passing.json',
+    'gpu_h100_message_passing_new_graph':
+        'gpu_h100/message_passing_new_graph/message_passing.json',
+    'gpu_h100_message_passing_inference':
+        'gpu_h100/message_passing_inference/message_passing.json',
+    'gpu_h100_speed': 'gpu_h100/speed/speed.json',
+    'gpu_h100_profile': 'gpu_h100/profile/gpu_profile.json',
     'scaling_sets_of_1': 'scaling/scaling_default_sets_of_1.json',
     'scaling_mz': 'scaling/scaling_mz.json',
 }
@@ -162,12 +173,14 @@ MESSAGE_PASSING = ('message_passing', 'message_passing_small', 'message_passing_
                    'message_passing_new_graph', 'message_passing_shared_keys',
                    'message_passing_projection', 'message_passing_power_law_1e4',
                    'message_passing_power_law_1e4_padded', 'message_passing_power_law_padded',
-                   'message_passing_power_law_1e4_d64_padded')
+                   'message_passing_power_law_1e4_d64_padded', 'gpu_h100_message_passing',
+                   'gpu_h100_message_passing_new_graph')
 #: Message-passing files of full-graph inference (``--inference``: forward only, no gradients):
 #: read by their own companion rows, never as the training step of the targets above.
 MP_INFERENCE = ('message_passing_inference', 'gpu_message_passing_inference',
                 'message_passing_inference_nofast', 'message_passing_inference_small',
-                'message_passing_inference_freed', 'message_passing_inference_power_law_padded')
+                'message_passing_inference_freed', 'message_passing_inference_power_law_padded',
+                'gpu_h100_message_passing_inference')
 #: Message-passing files measured after the PMA's key map joined its seed
 #: (``MZAttention(fold_keys=True)``, 2026-12-03). At d = 64 the default configurations fold it
 #: (at d = 16 they do not), so ``rigid`` and ``default`` rows at d = 64 in the other files
@@ -185,7 +198,8 @@ FOLDED_MP = ('message_passing_fold', 'message_passing_fold_power_law',
              'message_passing_projection', 'message_passing_power_law_1e4',
              'message_passing_power_law_1e4_padded',
              'message_passing_power_law_padded',
-             'message_passing_power_law_1e4_d64_padded') + MP_INFERENCE
+             'message_passing_power_law_1e4_d64_padded', 'gpu_h100_message_passing',
+             'gpu_h100_message_passing_new_graph') + MP_INFERENCE
 FOLD_MIN_DIM = 64
 #: Message-passing files measured after values wider than the keys took the fused attention
 #: kernel with the queries and keys padded with zeros (2026-12-05) instead of split into extra
@@ -345,12 +359,16 @@ def _mp_as(rows: Sequence[Mapping[str, Any]], name: str,
 # speed.py's runs (speed_fold, speed_fold_rerun, speed_current and speed_projection: after the
 # key map joined the PMA's seed)
 SPEED = ('speed', 'speed_rerun', 'speed_fold', 'speed_fold_rerun', 'speed_current',
-         'speed_projection', 'gpu_speed')
+         'speed_projection', 'gpu_speed', 'gpu_h100_speed')
 TRAINING_STEP = ('training_step', 'training_step_small_sets', 'training_step_egnn',
                  'training_step_rounds', 'training_step_large_batch', 'training_step_thp',
                  'training_step_fold', 'training_step_current', 'training_step_kept',
                  'training_step_kept_presets', 'training_step_groups',
-                 'training_step_groups_large_batch', 'training_step_tanh', 'gpu_training_step')
+                 'training_step_groups_large_batch', 'training_step_tanh', 'gpu_training_step',
+                 'gpu_h100_profile')
+#: ``gpu_profile.py`` files among them: their rows are calls (a workload and a model each),
+#: read as one row per preset by :func:`_step_rows`
+PROFILES = ('gpu_h100_profile', )
 GB = 1e9 / 2**20  # MiB in one (decimal) gigabyte
 LINEAR_SLOPE = 1.1
 PRESETS = ('rigid', 'st-large', 'mz-slim', 'mz', 'egnn')
@@ -448,10 +466,31 @@ def _singletons(data: Mapping[str, Mapping]) -> Iterator[Measurement]:
             yield 'scaling_sets_of_1', f"{r['sets']} sets (MiB)", float(r['peak_mib'])
 
 
+def _step_rows(data: Mapping[str, Mapping], label: str) -> List[Dict[str, Any]]:
+    r"""The rows of a training-step file, one per preset; a ``gpu_profile.py`` file
+    (:data:`PROFILES`) holds one row per call, joined here into ``training_step.py``'s columns:
+    ``step_s`` and ``infer_s`` (the unprofiled medians), ``gflop_per_step``, ``infer_gflop`` and
+    ``pct_of_peak`` (of the training step) where the file counted FLOPs."""
+    rows = data.get(label, {}).get('rows', [])
+    if label not in PROFILES:
+        return list(rows)
+    joined: Dict[str, Dict[str, Any]] = {}
+    for r in rows:
+        if 'clouds' not in r:  # a message-passing call
+            continue
+        row = joined.setdefault(r['model'], dict(model=r['model']))
+        if r['workload'].startswith('training step'):
+            row.update(step_s=r['wall_ms'] / 1000, gflop_per_step=r.get('gflop'),
+                       pct_of_peak=r.get('pct_of_peak'))
+        elif r['workload'].startswith('inference'):
+            row.update(infer_s=r['wall_ms'] / 1000, infer_gflop=r.get('gflop'))
+    return list(joined.values())
+
+
 def _step_pairs(data: Mapping[str, Mapping], column: str, ratio: bool = True,
                 over: str = 'mz') -> Iterator[Measurement]:
     for label in TRAINING_STEP:
-        rows = {r['model']: r for r in data.get(label, {}).get('rows', [])}
+        rows = {r['model']: r for r in _step_rows(data, label)}
         for suffix in ('', '+keep'):  # the defaults (+whole, +groups: other configurations)
             a, b = rows.get(over + suffix), rows.get('rigid' + suffix)
             if (not a or not b or a.get(column) is None or b.get(column) is None
@@ -466,7 +505,7 @@ def _step_pairs(data: Mapping[str, Mapping], column: str, ratio: bool = True,
 
 def _preset_peak(data: Mapping[str, Mapping]) -> Iterator[Measurement]:
     for label in TRAINING_STEP:
-        for r in data.get(label, {}).get('rows', []):
+        for r in _step_rows(data, label):
             base = r['model'].split('+')[0]
             if (base in PRESETS and r.get('pct_of_peak') is not None
                     and (label, r['model']) not in SUPERSEDED):

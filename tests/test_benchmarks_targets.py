@@ -307,3 +307,32 @@ def test_gpu_rows_in_the_cpus_groups_are_stale():
     assert ('gpu_message_passing', 'rigid, poisson, d=64, 100000 nodes, sage') in left_out
     r = {t['key']: t for t in targets.evaluate(data)}
     assert r['mp-time']['measured'] == 0  # neither the stale row nor the CPU's groups stand in
+
+
+def test_a_profile_counts_as_one_row_per_preset():
+    r"""A ``gpu_profile.py`` file holds one row per call; its training-step and inference
+    calls of a preset join into one row (the unprofiled wall times), its message-passing calls
+    are not read as presets, and a file without FLOP counts gives no FLOP or peak figures."""
+    targets = load_script('targets')
+    label = targets.PROFILES[0]
+
+    def call(workload, model, wall_ms, **extra):
+        return dict(workload=workload, model=model, wall_ms=wall_ms, **extra)
+
+    pc = dict(clouds=32, points=1024)
+    rows = [call('SAGEConv fwd+bwd, 1,000 nodes, d=64', 'rigid', 20.0, nodes=1000),
+            call('training step, 32 x 1024 points', 'rigid', 20.0, **pc),
+            call('inference, 32 x 1024 points', 'rigid', 10.0, **pc),
+            call('training step, 32 x 1024 points', 'mz', 70.0, gflop=9.0, pct_of_peak=12.5,
+                 **pc),
+            call('inference, 32 x 1024 points', 'mz', 25.0, **pc)]
+    data = {label: dict(rows=rows)}
+    joined = {r['model']: r for r in targets._step_rows(data, label)}
+    assert set(joined) == {'rigid', 'mz'}
+    assert joined['rigid']['step_s'] == pytest.approx(0.02)
+    assert joined['mz']['infer_s'] == pytest.approx(0.025)
+    assert [(w, v) for _, w, v in targets._step_pairs(data, 'step_s')] == [
+        ('mz / rigid', pytest.approx(3.5))]
+    assert [v for _, _, v in targets._step_pairs(data, 'infer_s')] == [pytest.approx(2.5)]
+    assert list(targets._step_pairs(data, 'infer_gflop')) == []  # not counted in this file
+    assert [(w, v) for _, w, v in targets._preset_peak(data)] == [('mz', 12.5)]

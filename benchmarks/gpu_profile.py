@@ -1,0 +1,302 @@
+r"""Where the time of a GPU call goes: the GPU's busy time against the wall time.
+
+The GPU check (``gpu_check.sh``) found ``rigid`` 2.9-8.9x slower than PyG's aggregation in
+message passing on one H200, and read the cause, from the kernel counts of
+``benchmarks/launches.py`` and the times per kernel, as launch and host overhead rather than
+arithmetic: a reading of two files, not a profile. This script takes the profile. For each row
+it runs the call a few times unprofiled (the median wall time), then ``--profiled`` calls under
+:mod:`torch.profiler` with CUDA activity, and reads the trace it exports:
+
+* ``kernels``: GPU kernels per call (memory copies and sets counted apart, in ``copies``),
+* ``busy_ms``: the time per call at least one kernel, copy or set ran on the GPU (the union of
+  their intervals),
+* ``busy / wall``: that time over the unprofiled wall time. Near 1 the call is bound by the
+  GPU's work; far below 1 the GPU waits on the host (launches, Python, synchronisations), and
+  fewer or fused kernels are what would make it faster, not fewer FLOPs,
+* ``syncs``: host waits on the device per call (``cudaStreamSynchronize``,
+  ``cudaDeviceSynchronize``, ``cudaEventSynchronize`` and blocking ``cudaMemcpy``),
+* the kernels that took the most GPU time, summed over the profiled calls (``top``),
+* ``gflop`` and ``pct_of_peak``: the call's matrix-product FLOPs
+  (:func:`~torch_mz.study.count_flops`, one more call under the FLOP counter) and their rate at
+  the unprofiled wall time as a percentage of the measured float32 matmul peak of the device
+  (:func:`~torch_mz.study.matmul_peak_flops`, once per run).
+
+Rows: ``SAGEConv`` forward + backward with PyG's ``SetTransformerAggregation`` and ``rigid``
+(and ``default`` with ``--aggrs``) on the Poisson graphs of ``message_passing.py``, and the
+point-cloud training step and inference of the presets of ``training_step.py`` (32 clouds of
+1,024 points). Writes ``gpu_profile.{json,md,png}`` under ``--out``.
+
+    python benchmarks/gpu_profile.py --device cuda --out benchmarks/results/gpu/profile
+
+``--device cpu`` runs the same plumbing on the CPU (the trace then holds no GPU events and every
+GPU column is empty): what the tests run.
+"""
+import argparse
+import json
+import os
+import tempfile
+import time
+from typing import Dict, List
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from torch_mz.study import (choice_list, count_flops, environment, int_list, markdown_table,
+                            matmul_peak_flops, positive_int)
+from torch_mz.study.measure import time_call
+from torch_mz.study.plots import save_figure, try_plot
+from torch_mz.study.workloads import build, build_aggr, make_batch, random_graph
+
+GPU_CATS = ('kernel', 'gpu_memcpy', 'gpu_memset')
+SYNC_CALLS = ('cudaStreamSynchronize', 'cudaDeviceSynchronize', 'cudaEventSynchronize',
+              'cudaMemcpy')  # (cudaMemcpyAsync is not a wait by itself: its sync follows it)
+NAME = 'gpu_profile'
+
+
+def union_ms(intervals: List[tuple]) -> float:
+    r"""Milliseconds covered by the union of ``(start_us, end_us)`` intervals."""
+    total, end = 0.0, -float('inf')
+    for s, e in sorted(intervals):
+        if e <= end:
+            continue
+        total += e - max(s, end)
+        end = e
+    return total / 1000
+
+
+def trace_summary(events: List[dict], calls: int, top: int = 5) -> dict:
+    r"""Per-call counts and GPU busy time of a Chrome trace's events (``traceEvents``) that
+    :obj:`calls` calls left, and the :obj:`top` kernels by summed duration."""
+    gpu = [e for e in events if e.get('ph') == 'X' and e.get('cat') in GPU_CATS]
+    kernels = [e for e in gpu if e['cat'] == 'kernel']
+    by_name: Dict[str, float] = {}
+    for e in kernels:
+        by_name[e['name']] = by_name.get(e['name'], 0.0) + float(e['dur'])
+    syncs = sum(1 for e in events if e.get('ph') == 'X' and e.get('cat') == 'cuda_runtime'
+                and e.get('name') in SYNC_CALLS)
+    busy = union_ms([(float(e['ts']), float(e['ts']) + float(e['dur'])) for e in gpu])
+    kernel_ms = sum(float(e['dur']) for e in kernels) / 1000
+    ranked = sorted(by_name.items(), key=lambda kv: -kv[1])[:top]
+    return dict(kernels=len(kernels) / calls, copies=(len(gpu) - len(kernels)) / calls,
+                busy_ms=busy / calls, kernel_ms=kernel_ms / calls, syncs=syncs / calls,
+                top=[dict(name=n[:120], ms_per_call=d / 1000 / calls,
+                          share=d / 1000 / kernel_ms if kernel_ms else None)
+                     for n, d in ranked])
+
+
+def profile(fn, device: torch.device, calls: int) -> dict:
+    r"""Runs :obj:`fn` :obj:`calls` times under the profiler and summarises the trace."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+    activities = [ProfilerActivity.CPU]
+    if device.type == 'cuda':
+        activities.append(ProfilerActivity.CUDA)
+    if device.type == 'cuda':
+        torch.cuda.synchronize()
+    with torch_profile(activities=activities) as prof:
+        for _ in range(calls):
+            fn()
+        if device.type == 'cuda':
+            torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, 'trace.json')
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f).get('traceEvents', [])
+    return trace_summary(events, calls)
+
+
+def message_passing_row(aggr: str, nodes: int, dim: int, device, repeats: int,
+                        calls: int, peak: float) -> dict:
+    from torch_geometric.nn import SAGEConv
+    torch.manual_seed(0)
+    edge_index = random_graph(nodes, 'poisson', seed=0).to(device)
+    x = torch.randn(nodes, dim, generator=torch.Generator().manual_seed(1)).to(device)
+    conv = SAGEConv(dim, dim, aggr=build_aggr(aggr, dim)).to(device)
+
+    def step():
+        conv.zero_grad(set_to_none=True)
+        conv(x, edge_index).square().mean().backward()
+
+    return measure(step, device, repeats, calls, peak,
+                   dict(workload=f'SAGEConv fwd+bwd, {nodes:,} nodes, d={dim}', model=aggr,
+                        nodes=nodes, edges=int(edge_index.size(1)), dim=dim))
+
+
+def point_cloud_rows(preset: str, clouds: int, points: int, device, repeats: int,
+                     calls: int, peak: float) -> List[dict]:
+    from torch_geometric.data import Batch, Data
+    pos, batch, y = make_batch(clouds, points)
+    model = build(preset, 0.25).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=1e-5)
+    data = Batch.from_data_list([Data(x=pos[batch == i]) for i in range(clouds)]).to(device)
+    y = y.to(device)
+
+    def forward():
+        out = model(data)
+        return out[0] if isinstance(out, tuple) else out
+
+    def train_step():
+        model.train()
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(forward(), y).backward()
+        opt.step()
+
+    def infer():
+        model.eval()
+        with torch.no_grad():
+            forward()
+
+    base = dict(model=preset, clouds=clouds, points=points)
+    return [measure(train_step, device, repeats, calls, peak,
+                    dict(base, workload=f'training step, {clouds} x {points} points')),
+            measure(infer, device, repeats, calls, peak,
+                    dict(base, workload=f'inference, {clouds} x {points} points'))]
+
+
+def measure(fn, device, repeats: int, calls: int, peak: float, row: dict) -> dict:
+    fn()  # first call: compiles where compiled kernels run, fills the layout caches
+    fn()
+    wall = 1000 * float(np.median(time_call(fn, repeats=repeats, warmup=0, device=device)))
+    summary = profile(fn, device, calls)
+    gpu = device.type == 'cuda'
+    if not gpu:  # no GPU events in a CPU trace: nothing to report, rather than zeros
+        summary.update(kernels=None, copies=None, busy_ms=None, kernel_ms=None, syncs=None)
+    row = dict(row, wall_ms=wall, **summary)
+    row['busy / wall'] = summary['busy_ms'] / wall if gpu else None
+    row['wall_us_per_kernel'] = 1000 * wall / summary['kernels'] if gpu and summary['kernels'] \
+        else None
+    flops = count_flops(fn)
+    row['gflop'] = flops / 1e9
+    row['pct_of_peak'] = 100 * flops / (wall / 1000) / peak
+    print(f"{row['workload']:42s} {row['model']:9s} wall {wall:8.2f} ms" + (
+        f"  GPU busy {summary['busy_ms']:8.2f} ms  kernels {summary['kernels']:8.0f}  syncs "
+        f"{summary['syncs']:5.0f}" if gpu else '') + f"  {row['gflop']:.3g} GFLOP", flush=True)
+    return row
+
+
+def plot(rows: List[dict], path: str) -> None:
+    r"""The share of each call's wall time the GPU was busy (a linear axis: the bars compare as
+    fractions), each bar labelled with the wall time."""
+    from torch_mz.study.plots import pyplot
+    plt = pyplot()
+    rows = [r for r in rows if r.get('busy / wall') is not None]
+    if not rows:  # a CPU run: nothing to draw
+        return
+    fig, ax = plt.subplots(figsize=(8, 0.4 * len(rows) + 1.2))
+    ys = np.arange(len(rows))
+    ax.barh(ys, [min(1.0, r['busy / wall']) for r in rows], color='C0')
+    for y, r in zip(ys, rows):
+        ax.text(min(1.0, r['busy / wall']) + 0.01, y, f"wall {r['wall_ms']:.3g} ms",
+                va='center', fontsize=7)
+    ax.set_yticks(ys)
+    ax.set_yticklabels([f"{r['workload']}, {r['model']}" for r in rows], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1.2)
+    ax.axvline(1.0, color='0.5', lw=0.8, ls='--')
+    ax.set_xlabel('GPU busy time / wall time (near 1: bound by the GPU; far below: by the host)')
+    ax.set_title("Where a call's time goes", fontsize=9)
+    fig.tight_layout()
+    save_figure(fig, path, dpi=120)
+    plt.close(fig)
+
+
+COLS = ['workload', 'model', 'wall_ms', 'busy_ms', 'busy / wall', 'kernels', 'copies', 'syncs',
+        'wall_us_per_kernel', 'gflop', 'pct_of_peak']
+
+
+def write(rows: List[dict], args, out: str, elapsed: float, peak: float) -> None:
+    os.makedirs(out, exist_ok=True)
+    command = 'python benchmarks/gpu_profile.py ' + ' '.join(
+        f'--{k.replace("_", "-")} ' + (','.join(map(str, v)) if isinstance(v, list) else str(v))
+        for k, v in vars(args).items() if k not in ('out', 'replot'))
+    report = dict(command=command, environment=environment(), elapsed_s=elapsed,
+                  matmul_peak_gflops=peak / 1e9, rows=rows)
+    with open(os.path.join(out, NAME + '.json'), 'w') as f:
+        json.dump(report, f, indent=1)
+    write_report(report, out)
+
+
+def write_report(report: dict, out: str) -> None:
+    r"""``gpu_profile.{md,png}`` from the contents of ``gpu_profile.json`` (``--replot``
+    rebuilds them from the file alone, e.g. after a change of the figure)."""
+    rows, env, command = report['rows'], report['environment'], report['command']
+    args = dict(a.split(' ', 1) for a in command.split(' --')[1:])
+    peak = report.get('matmul_peak_gflops')
+    lines = [f"# Where the time of a call goes ({args.get('device')})", '',
+             f'Command: `{command}`', '',
+             f"Device: {env.get('cuda') or args.get('device')}; torch {env.get('torch')}. "
+             f"Wall time: median of {args.get('repeats')} unprofiled calls. The other columns "
+             f"come from {args.get('profiled')} calls under torch.profiler, per call: "
+             '`busy_ms` is the time at least one kernel, copy or set ran on the GPU, `syncs` '
+             'the host waits on the device. ' + (
+                 f'Measured float32 matmul peak: {peak / 1e3:.1f} TFLOP/s.' if peak else
+                 '(No FLOP columns: this run came before the script counted FLOPs.)'), '',
+             markdown_table(rows, COLS), '## Kernels with the most GPU '
+             'time', '']
+    for r in rows:
+        lines.append(f"- {r['workload']}, `{r['model']}`: " + '; '.join(
+            f"{t['name'][:60]} {t['ms_per_call']:.3g} ms" for t in r['top']) if r['top']
+            else f"- {r['workload']}, `{r['model']}`: no GPU events")
+    with open(os.path.join(out, NAME + '.md'), 'w') as f:
+        f.write('\n'.join(lines) + '\n')
+    try_plot(plot, rows, os.path.join(out, NAME + '.png'))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--device', choices=('cpu', 'cuda'), default='cuda')
+    parser.add_argument('--nodes', type=int_list(), default='1000,10000,100000')
+    parser.add_argument('--dim', type=positive_int, default=64)
+    parser.add_argument('--aggrs', type=choice_list(('pyg', 'pyg-flat', 'rigid', 'default')),
+                        default='pyg,rigid')
+    parser.add_argument('--presets', type=choice_list(('rigid', 'st-large', 'mz-slim', 'mz',
+                                                       'egnn')), default='rigid,mz')
+    parser.add_argument('--clouds', type=positive_int, default=32)
+    parser.add_argument('--points', type=positive_int, default=1024)
+    parser.add_argument('--repeats', type=positive_int, default=5)
+    parser.add_argument('--profiled', type=positive_int, default=2)
+    parser.add_argument('--replot', action='store_true',
+                        help='rebuild gpu_profile.{md,png} in --out from its gpu_profile.json '
+                             '(measures nothing)')
+    parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
+                                                      'gpu', 'profile'))
+    args = parser.parse_args()
+    if args.replot:
+        path = os.path.join(args.out, NAME + '.json')
+        if not os.path.isfile(path):
+            parser.error(f'argument --replot: no {path}')
+        with open(path) as f:
+            write_report(json.load(f), args.out)
+        print(f'rebuilt {args.out}/{NAME}.{{md,png}} from {path}')
+        return
+    if args.device == 'cuda' and not torch.cuda.is_available():
+        parser.error("argument --device: 'cuda' is not available here")
+    device = torch.device(args.device)
+    start = time.time()
+    peak = matmul_peak_flops(device=device)
+    rows: List[dict] = []
+    jobs = [('mp', a, n) for n in args.nodes for a in args.aggrs]
+    jobs += [('pc', p, None) for p in args.presets]
+    for kind, name, nodes in jobs:
+        try:
+            if kind == 'mp':
+                rows.append(message_passing_row(name, nodes, args.dim, device, args.repeats,
+                                                args.profiled, peak))
+            else:
+                rows.extend(point_cloud_rows(name, args.clouds, args.points, device,
+                                             args.repeats, args.profiled, peak))
+        except Exception as e:  # noqa: BLE001 - e.g. out of memory: the other rows go on
+            print(f'{kind} {name} {nodes}: failed: {type(e).__name__}: {e}'[:300], flush=True)
+        finally:
+            if device.type == 'cuda':
+                torch.cuda.empty_cache()
+        write(rows, args, args.out, time.time() - start, peak)  # after every row: a cut-off run
+    if not rows:
+        raise SystemExit('no row was measured')
+    print(f'wrote {args.out}/{NAME}.{{json,md,png}} in {time.time() - start:.0f} s')
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,79 @@
+r"""``benchmarks/gpu_profile.py``: the GPU busy time is the union of the GPU events' intervals
+(overlaps counted once, gaps not at all), per call; the trace's kernels, copies and host waits
+are told apart; the script runs end to end on the CPU and writes its report."""
+import json
+
+import pytest
+
+from tests._scripts import load_script, run_script
+
+
+@pytest.fixture(scope='module')
+def profile():
+    return load_script('gpu_profile')
+
+
+def test_union_counts_overlaps_once_and_gaps_not_at_all(profile):
+    # [0, 10] and [5, 15] overlap: 15 us; [20, 30] after a gap: 10 us; [22, 25] inside it
+    assert profile.union_ms([(20, 30), (0, 10), (5, 15), (22, 25)]) == pytest.approx(0.025)
+    assert profile.union_ms([]) == 0
+
+
+def test_trace_summary_per_call(profile):
+    def ev(cat, name, ts, dur):
+        return dict(ph='X', cat=cat, name=name, ts=ts, dur=dur)
+
+    events = [ev('kernel', 'gemm', 0, 100), ev('kernel', 'gemm', 300, 100),
+              ev('kernel', 'softmax', 350, 100),  # overlaps the second gemm by 50 us
+              ev('gpu_memcpy', 'Memcpy DtoH', 500, 20),
+              ev('cuda_runtime', 'cudaStreamSynchronize', 510, 30),
+              ev('cuda_runtime', 'cudaLaunchKernel', 0, 5),
+              ev('cpu_op', 'aten::mm', 0, 50), dict(ph='i', cat='kernel', name='marker', ts=0)]
+    s = profile.trace_summary(events, calls=2)
+    assert s['kernels'] == 1.5 and s['copies'] == 0.5 and s['syncs'] == 0.5
+    # busy: [0, 100] + [300, 450] + [500, 520] = 270 us over 2 calls
+    assert s['busy_ms'] == pytest.approx(0.135)
+    assert s['kernel_ms'] == pytest.approx(0.15)
+    assert [t['name'] for t in s['top']] == ['gemm', 'softmax']
+    assert s['top'][0]['share'] == pytest.approx(2 / 3)
+
+
+def test_runs_on_the_cpu(tmp_path, monkeypatch):
+    out = tmp_path / 'profile'
+    code = run_script('gpu_profile', ['--device', 'cpu', '--nodes', '200', '--aggrs', 'rigid',
+                                      '--presets', 'rigid', '--clouds', '2', '--points', '32',
+                                      '--repeats', '1', '--profiled', '1', '--out', str(out)],
+                      monkeypatch)
+    assert code == 0
+    data = json.loads((out / 'gpu_profile.json').read_text())
+    assert [r['workload'].split(',')[0] for r in data['rows']] == [
+        'SAGEConv fwd+bwd', 'training step', 'inference']
+    for r in data['rows']:
+        assert r['wall_ms'] > 0 and r['gflop'] > 0
+        assert r['kernels'] is None and r['busy / wall'] is None  # no GPU in a CPU trace
+    # the training step does about three times the products of inference
+    train, infer = data['rows'][1]['gflop'], data['rows'][2]['gflop']
+    assert 2 < train / infer < 4
+    assert '--device cpu' in data['command']
+    assert 'gpu_profile.py' in (out / 'gpu_profile.md').read_text()
+
+
+def test_replot_rebuilds_the_report_from_the_file_alone(tmp_path, monkeypatch, profile):
+    out = tmp_path / 'p'
+    out.mkdir()
+    rows = [dict(workload='training step, 2 x 32 points', model='rigid', clouds=2, points=32,
+                 wall_ms=20.0, busy_ms=5.0, kernels=400.0, copies=10.0, syncs=3.0,
+                 kernel_ms=5.0, top=[dict(name='gemm', ms_per_call=2.0, share=0.4)],
+                 **{'busy / wall': 0.25, 'wall_us_per_kernel': 50.0})]
+    report = dict(command='python benchmarks/gpu_profile.py --device cuda --repeats 5 '
+                          '--profiled 2', environment=dict(cuda='Some GPU', torch='2.x'),
+                  elapsed_s=1.0, rows=rows)
+    (out / 'gpu_profile.json').write_text(json.dumps(report))
+    assert run_script('gpu_profile', ['--replot', '--out', str(out)], monkeypatch) == 0
+    md = (out / 'gpu_profile.md').read_text()
+    assert 'Some GPU' in md and 'median of 5 unprofiled calls' in md and '| 0.25 |' in md
+    assert 'No FLOP columns' in md and 'gemm 2 ms' in md
+    # nothing measured, nothing rewritten: the file is as it was
+    assert json.loads((out / 'gpu_profile.json').read_text()) == report
+    empty = tmp_path / 'none'
+    assert run_script('gpu_profile', ['--replot', '--out', str(empty)], monkeypatch) == 2
