@@ -339,6 +339,11 @@ def test_presets_fill_only_what_is_left_unset():
             neighbourhood.num_encoder_blocks, neighbourhood.num_generators,
             neighbourhood.num_matrix_generators) == (16, 16, 'sab', 1, 2, 1)
     assert MZAggregation(3).dim == 16 and MZAggregation(70, heads=4).dim == 72
+    # at least 16, then a multiple of the heads: with heads that do not divide 16 a small input
+    # is not refused for a width the user never chose (it was, e.g. 8 channels and 3 heads)
+    for channels, heads, dim in ((8, 3, 18), (3, 3, 18), (8, 6, 18), (10, 3, 18), (5, 6, 18),
+                                 (16, 3, 18), (15, 6, 18), (8, 4, 16), (20, 3, 21)):
+        assert MZAggregation(channels, heads=heads).dim == dim, (channels, heads)
     paper = MZAggregation(3, preset='paper')
     assert (paper.dim, paper.d_ff, paper.encoder, paper.num_encoder_blocks,
             paper.num_inducing, paper.num_generators, paper.num_matrix_generators) == \

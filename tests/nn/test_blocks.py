@@ -446,3 +446,60 @@ def test_affine_cost_model_prefers_aggregating_the_inputs():
     query_set = make_index([32, 32])
     assert not attn._values_after(query_set, counts, 64, 2048, 2)
     assert attn._values_after(query_set, counts, 64, 2048, 2, affine_width=3)
+
+
+def test_pma_with_a_hooked_key_map_runs_it_on_the_written_out_centers():
+    # the rFF's last map folds into the key map only where that map has no hooks: a hook on
+    # lin_k sees the centers (its input) in every call, and the values agree with the fold
+    block = _block('pma', seed=5)
+    index = make_index([4, 2])
+    x = _tokens(6, 11)
+    folded = block(x, index, 2)
+    seen = []
+    lin_k = block.mab.attn.lin_k
+    handle = lin_k.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+    out = block(x, index, 2)
+    handle.remove()
+    assert len(seen) == 1 and seen[0].shape == (6, block.mab.attn.dim)
+    torch.testing.assert_close(seen[0], block.rff(x.center))
+    torch.testing.assert_close(out.center, folded.center)
+    torch.testing.assert_close(out.gens, folded.gens)
+
+
+@pytest.mark.parametrize('name', ['lin_q', 'lin_v'])
+def test_hooks_on_the_query_and_value_maps_are_refused(name):
+    # their weights are read directly: a pruned weight would go stale (the second optimizer
+    # step failed, or the output ignored weight_orig); a parametrization works instead
+    import torch.nn.utils.parametrizations as parametrizations
+    import torch.nn.utils.prune as prune
+    block = _block('sab', seed=3)
+    index = make_index([3, 2])
+    x = _tokens(5, 4)
+    layer = getattr(block.mab.attn, name)
+    prune.l1_unstructured(layer, 'weight', amount=0.5)
+    with pytest.raises(RuntimeError, match=f"'{name}' directly.*parametriz"):
+        block(x, index, 2)
+    prune.remove(layer, 'weight')  # the pruning made permanent: a plain weight again
+    ref = block(x, index, 2)
+    parametrizations.weight_norm(layer)  # the same weight, recomputed when read
+    out = block(x, index, 2)
+    torch.testing.assert_close(out.center, ref.center)
+    torch.testing.assert_close(out.gens, ref.gens)
+
+
+@pytest.mark.parametrize('make, match', [
+    (lambda: SAB(8, heads=2, num_generators=2, d_ff=8, log_n='False'), "'log_n'"),
+    (lambda: SAB(8, heads=2, num_generators=2, d_ff=8, fold_keys='no'), "'fold_keys'"),
+    (lambda: SAB(8, heads=2, num_generators=2, d_ff=8, recompute=None), "'recompute'"),
+    (lambda: SAB(8, num_generators=2.5), "'num_generators'"),
+    (lambda: SAB(8.0, heads=2), "'dim'"),
+    (lambda: SAB(8, heads=2, dropout='0.1'), "'dropout'"),
+    (lambda: MAB(8, heads=2, d_ff=0), "'d_ff'"),
+    (lambda: ISAB(8, num_inducing=0, heads=2), "'num_inducing'"),
+    (lambda: PMA(8, num_seeds=0, heads=2), "'num_seeds'"),
+    (lambda: FeedForward(4, 0), "'hidden'"),
+    (lambda: GeneratorFeedForward(0, 4), "'dim'"),
+])
+def test_block_arguments_of_the_wrong_type_or_range_are_named(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()

@@ -157,3 +157,18 @@ def test_max_num_elements_is_checked_not_applied():
     torch.testing.assert_close(flat(x, index, max_num_elements=3), pyg(x, index))
     with pytest.raises(ValueError, match='max_num_elements=2'):
         flat(x, index, max_num_elements=2)
+
+
+@pytest.mark.parametrize('kwargs, match', [
+    (dict(channels=8, heads=2.0), "'heads'"), (dict(channels=8.0), "'channels'"),
+    (dict(channels=8, concat='no'), "'concat'"),
+    (dict(channels=8, layer_norm='no'), "'layer_norm'"),
+    (dict(channels=8, dropout=1.5), "'dropout'"), (dict(channels=8, dropout=-1), "'dropout'"),
+    (dict(channels=8, num_encoder_blocks=-1), "'num_encoder_blocks'"),
+    (dict(channels=8, num_seed_points=0), "'num_seed_points'"),
+])
+def test_constructor_arguments_are_checked_at_construction(kwargs, match):
+    # PyG's own constructor takes any truthy text as a flag and checks the rate only in a
+    # training forward pass
+    with pytest.raises(ValueError, match=match):
+        FlatSetTransformerAggregation(**kwargs)

@@ -123,7 +123,8 @@ def preset_defaults(preset: str, in_channels: int, heads: int) -> dict:
     * ``'neighbourhood'`` (the aggregation's default), for the many small sets of message
       passing: PyG's :class:`~torch_geometric.nn.aggr.SetTransformerAggregation` structure (one
       SAB encoder block, PMA, one SAB decoder block) at the input width (``dim`` =
-      :obj:`in_channels` rounded up to a multiple of :obj:`heads`, at least 16), a feed-forward
+      the larger of :obj:`in_channels` and 16, rounded up to a multiple of :obj:`heads`), a
+      feed-forward
       width ``d_ff = dim`` (PyG's MAB feed-forward is one ``dim x dim`` layer), and the paper's
       Slim generator budget (:math:`n_g = 2`, :math:`L = 1`, Appendix A.1). A
       set of five neighbours does not pay for 16 inducing tokens, and every element carries two
@@ -138,7 +139,9 @@ def preset_defaults(preset: str, in_channels: int, heads: int) -> dict:
     if preset == 'paper':
         return dict(dim=64, d_ff=128, encoder='isab', num_encoder_blocks=2, num_inducing=16,
                     num_generators=8, num_matrix_generators=4)
-    dim = max(16, -(-in_channels // heads) * heads)
+    # (at least 16 before the rounding: with fewer input channels and heads that do not divide
+    # 16, e.g. 8 channels and 3 heads, the width is 18, a multiple of the heads)
+    dim = -(-max(16, in_channels) // heads) * heads
     return dict(dim=dim, d_ff=dim, encoder='sab', num_encoder_blocks=1, num_inducing=16,
                 num_generators=2, num_matrix_generators=1)
 

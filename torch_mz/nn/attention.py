@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn import Linear, Module, Parameter
 
+from torch_mz._checks import check_count, check_flag, check_rate
 from torch_mz.nn._context import _hooked
 from torch_mz.nn.functional import (PATHS, check_choice, grouped_attention, set_counts, set_mean,
                                     set_std)
@@ -146,8 +147,12 @@ class MZAttention(Module):
     shifts all scores of a query is dropped, as the softmax ignores it). The results agree with
     the literal order up to rounding (tests compare them). The weights of :obj:`lin_q`,
     :obj:`lin_v` (and :obj:`lin_k` where the keys are folded, unless it is hooked) are read
-    directly, so forward hooks on those layers do not run (e.g. :mod:`torch.nn.utils.prune`'s; :mod:`torch.nn.utils.parametrize` works,
-    since a parametrised weight is computed when it is read).
+    directly, so hooks on those layers could not run: a forward refuses hooks registered on
+    :obj:`lin_q` or :obj:`lin_v` (e.g. :mod:`torch.nn.utils.prune`'s or the older hook-based
+    ``torch.nn.utils.weight_norm``, which would otherwise leave a stale weight), and a hooked
+    :obj:`lin_k` runs as a module. :mod:`torch.nn.utils.parametrize` (and
+    ``torch.nn.utils.parametrizations``) works, since a parametrised weight is computed when
+    it is read.
 
     Args:
         dim (int): Token width :math:`d`.
@@ -192,21 +197,21 @@ class MZAttention(Module):
                  dropout: float = 0.0, log_n: bool = False, path: str = 'auto',
                  value_order: str = 'auto', recompute: bool = False, fold_keys: bool = True):
         super().__init__()
-        if dim <= 0 or heads <= 0 or dim % heads != 0:
+        dim, heads = check_count('dim', dim), check_count('heads', heads)
+        if dim % heads != 0:
             raise ValueError(f"'heads' ({heads}) must be positive and divide 'dim' ({dim})")
+        num_generators = check_count('num_generators', num_generators, 0)
+        dropout = check_rate('dropout', dropout)
+        log_n, recompute = check_flag('log_n', log_n), check_flag('recompute', recompute)
+        fold_keys = check_flag('fold_keys', fold_keys)
         check_choice('value operator', value, VALUE_OPERATORS)
         check_choice('summary', summary, SUMMARIES)
         check_choice('attention path', path, PATHS)
         check_choice('value order', value_order, VALUE_ORDERS)
-        if num_generators < 0:
-            raise ValueError(f"'num_generators' must be non-negative (got {num_generators})")
-        if value == 'mz' and num_matrix_generators <= 0:
-            raise ValueError(f"'num_matrix_generators' must be positive (got "
-                             f"{num_matrix_generators})")
-        if value == 'hypernet' and rank <= 0:
-            raise ValueError(f"'rank' must be positive (got {rank})")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"'dropout' must lie in [0, 1) (got {dropout})")
+        if value == 'mz':
+            num_matrix_generators = check_count('num_matrix_generators', num_matrix_generators)
+        if value == 'hypernet':
+            rank = check_count('rank', rank)
         self.dim = dim
         self.heads = heads
         self.head_dim = dim // heads
@@ -299,6 +304,16 @@ class MZAttention(Module):
                              f"{key_value.num_generators})")
         check_token_sets(query_set, query.num_tokens, num_sets, 'query_set')
         check_token_sets(kv_set, key_value.num_tokens, num_sets, 'kv_set')
+        for name in ('lin_q', 'lin_v'):
+            layer = getattr(self, name)
+            if (layer._forward_hooks or layer._forward_pre_hooks or layer._backward_hooks
+                    or layer._backward_pre_hooks):  # (its own hooks; global ones are served)
+                raise RuntimeError(
+                    f"MZAttention reads the weight of '{name}' directly, so the hooks "
+                    f"registered on it would never run (a pruned or hook-normalised weight "
+                    f"would go stale): remove them (torch.nn.utils.prune.remove makes a pruning "
+                    f"permanent), or use torch.nn.utils.parametrize / "
+                    f"torch.nn.utils.parametrizations, whose weights are computed when read")
         ng = self.num_generators
         Nq, Nk = query.num_tokens, key_value.num_tokens
         counts_k = set_counts(kv_set, num_sets)  # (B,)

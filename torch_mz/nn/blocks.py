@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn import LayerNorm, Linear, Module, Parameter
 
+from torch_mz._checks import check_count, check_rate
 from torch_mz.nn.attention import MZAttention, check_token_sets
 from torch_mz.nn._context import _hooked, _plain_ops
 from torch_mz.nn.functional import dropout, repeat_per_set
@@ -79,6 +80,7 @@ class FeedForward(Module):
     (:class:`_FeedForwardFn`); otherwise it runs the three operations as they are."""
     def __init__(self, dim: int, hidden: int):
         super().__init__()
+        dim, hidden = check_count('dim', dim), check_count('hidden', hidden)
         self.lin1 = Linear(dim, hidden)
         self.lin2 = Linear(hidden, dim)
         self.reset_parameters()
@@ -109,6 +111,7 @@ class GeneratorFeedForward(Module):
     each generator row; bias-free and odd."""
     def __init__(self, dim: int, hidden: int):
         super().__init__()
+        dim, hidden = check_count('dim', dim), check_count('hidden', hidden)
         self.lin1 = Linear(dim, hidden, bias=False)
         self.lin2 = Linear(hidden, dim, bias=False)
         self.reset_parameters()
@@ -135,10 +138,11 @@ class GeneratorFeedForward(Module):
 class LearnedTokens(Module):
     r"""A bank of :obj:`num` learned zonotope tokens (inducing points or seeds), replicated for
     every set. Centers are Xavier-initialised, generators start at zero."""
-    def __init__(self, num: int, dim: int, num_generators: int):
+    def __init__(self, num: int, dim: int, num_generators: int, name: str = 'num'):
         super().__init__()
-        if num <= 0:
-            raise ValueError(f"The number of learned tokens must be positive (got {num})")
+        num = check_count(name, num)
+        dim, num_generators = check_count('dim', dim), check_count('num_generators',
+                                                                  num_generators, 0)
         self.num = num
         self.center = Parameter(torch.empty(num, dim))
         self.gens = Parameter(torch.empty(num, num_generators, dim))
@@ -195,8 +199,8 @@ class MAB(Module):
                  summary: str = 'mean', dropout: float = 0.0, log_n: bool = False,
                  path: str = 'auto', recompute: bool = False, fold_keys: bool = True):
         super().__init__()
-        if d_ff <= 0:
-            raise ValueError(f"'d_ff' must be positive (got {d_ff})")
+        d_ff = check_count('d_ff', d_ff)
+        dropout = check_rate('dropout', dropout)
         self.dim = dim
         self.d_ff = d_ff
         self.dropout = dropout
@@ -271,7 +275,7 @@ class ISAB(Module):
     def __init__(self, dim: int, num_inducing: int = 16, num_generators: int = 8, **kwargs):
         super().__init__()
         self.num_inducing = num_inducing
-        self.inducing = LearnedTokens(num_inducing, dim, num_generators)
+        self.inducing = LearnedTokens(num_inducing, dim, num_generators, 'num_inducing')
         self.mab1 = MAB(dim, num_generators=num_generators, **kwargs)
         self.mab2 = MAB(dim, num_generators=num_generators, **kwargs)
 
@@ -310,7 +314,7 @@ class PMA(Module):
                  d_ff: int = 128, **kwargs):
         super().__init__()
         self.num_seeds = num_seeds
-        self.seeds = LearnedTokens(num_seeds, dim, num_generators)
+        self.seeds = LearnedTokens(num_seeds, dim, num_generators, 'num_seeds')
         self.rff = FeedForward(dim, d_ff)
         self.rff_gens = (GeneratorFeedForward(dim, max(1, d_ff // 2))
                          if num_generators > 0 else None)
@@ -337,7 +341,8 @@ class PMA(Module):
         # pooled rows instead of all N n_g generator rows; centers: one (d, d_ff) product per
         # key instead of W_2 and a (d, d) one, cheaper where d_ff <= d). Exact up to rounding.
         # Layers with hooks (e.g. torch.nn.utils.prune's) run as they are.
-        fold_center = (not _hooked(rff.lin2)
+        # (a hooked key map must see the centers: then they are written out)
+        fold_center = (not _hooked(rff.lin2) and not _hooked(self.mab.attn.lin_k)
                        and rff.lin2.weight.size(1) <= rff.lin2.weight.size(0))
         if ffn is None or _hooked(ffn.lin2):
             gens = x.gens if ffn is None else ffn(x.gens)  # (N, n_g, d)

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch_geometric.nn.aggr import SetTransformerAggregation
 
+from torch_mz._checks import check_count, check_flag, check_rate
 from torch_mz.nn.aggr import check_set_input, resolve_set_index
 from torch_mz.nn._context import _hooked
 from torch_mz.nn.functional import (PATHS, check_choice, grouped_attention, repeat_per_set,
@@ -84,12 +85,17 @@ class FlatSetTransformerAggregation(SetTransformerAggregation):
     def __init__(self, channels: int, num_seed_points: int = 1, num_encoder_blocks: int = 1,
                  num_decoder_blocks: int = 1, heads: int = 1, concat: bool = True,
                  layer_norm: bool = False, dropout: float = 0.0, path: str = 'auto'):
-        if channels <= 0 or heads <= 0 or channels % heads:
+        channels, heads = check_count('channels', channels), check_count('heads', heads)
+        if channels % heads:
             raise ValueError(f"'channels' must be a positive multiple of 'heads' (got {channels} "
                              f"and {heads})")
-        if num_seed_points <= 0 or num_encoder_blocks < 0 or num_decoder_blocks < 0:
-            raise ValueError(f"Expected num_seed_points >= 1 and non-negative block counts (got "
-                             f"{num_seed_points}, {num_encoder_blocks}, {num_decoder_blocks})")
+        num_seed_points = check_count('num_seed_points', num_seed_points)
+        num_encoder_blocks = check_count('num_encoder_blocks', num_encoder_blocks, 0)
+        num_decoder_blocks = check_count('num_decoder_blocks', num_decoder_blocks, 0)
+        # (PyG's own constructor takes any truthy text as a flag and checks the rate only in a
+        # training forward pass)
+        concat, layer_norm = check_flag('concat', concat), check_flag('layer_norm', layer_norm)
+        dropout = check_rate('dropout', dropout)
         check_choice('attention path', path, PATHS)
         super().__init__(channels, num_seed_points, num_encoder_blocks, num_decoder_blocks,
                          heads, concat, layer_norm, dropout)
