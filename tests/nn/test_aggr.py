@@ -284,6 +284,11 @@ def test_ptr_takes_precedence_and_a_disagreeing_index_is_refused():
     torch.testing.assert_close(out, aggr(x, ptr=ptr_from_sizes(sizes)))
     with pytest.raises(ValueError, match="'index' and 'ptr'"):
         aggr(x, make_index([3, 2]), ptr=ptr_from_sizes(sizes))
+    # a float index is refused with ptr as without it (it was accepted where it agreed)
+    with pytest.raises(ValueError, match="integer 'index'"):
+        aggr(x, make_index(sizes).float(), ptr=ptr_from_sizes(sizes))
+    with pytest.raises(ValueError, match="integer 'index'"):
+        aggr(x, make_index(sizes).float())
 
 
 def test_accepts_pyg_max_num_elements():

@@ -172,6 +172,9 @@ def resolve_set_index(x: Tensor, index: Optional[Tensor], ptr: Optional[Tensor],
             dim_size = ptr.numel() - 1
     assert index is not None  # given, or built from ptr or for a single set above
     if given_index is not None:
+        if (given_index.is_floating_point() or given_index.is_complex()
+                or given_index.dtype == torch.bool):  # (as without ptr, check_set_ids)
+            raise ValueError(f"Expected an integer '{names[0]}' (got dtype {given_index.dtype})")
         if (given_index.dim() != 1 or given_index.numel() != N
                 or not torch.equal(given_index.to(index.device).long(), index)):
             raise ValueError("'index' and 'ptr' were both given and describe different sets "
