@@ -1236,6 +1236,12 @@ def test_grouped_attention_checks_shapes_and_dtypes():
             grouped_attention(q.double(), k, v, qs, ks, 3, path=path)
         with pytest.raises(ValueError, match="'num_sets' must be an integer >= 0"):
             grouped_attention(q, k, v, qs, ks, 3.0, path=path)
+        # a bool id failed inside bincount; a negative rate was taken as no dropout
+        with pytest.raises(ValueError, match=r"'query_set' .*dtype torch.bool"):
+            grouped_attention(q, k, v, qs > 0, ks, 3, path=path)
+        for rate in (-0.5, 1.0, '0.1'):
+            with pytest.raises(ValueError, match="'dropout' must be a number in"):
+                grouped_attention(q, k, v, qs, ks, 3, dropout=rate, training=True, path=path)
 
 
 def test_grouped_attention_takes_numpy_integers_as_num_sets():

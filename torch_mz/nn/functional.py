@@ -273,13 +273,16 @@ def grouped_attention(q: Tensor, k: Tensor, v: Union[Tensor, Sequence[Tensor]], 
         raise ValueError(f"Expected queries (N_q, H, d_k) and keys (N_k, H, d_k) with the same "
                          f"H and d_k (got {tuple(q.shape)} and {tuple(k.shape)})")
     for name, ids, rows in (('query_set', query_set, q.size(0)), ('kv_set', kv_set, k.size(0))):
-        if ids.dim() != 1 or ids.numel() != rows or ids.is_floating_point() or ids.is_complex():
+        if (ids.dim() != 1 or ids.numel() != rows or ids.is_floating_point() or ids.is_complex()
+                or ids.dtype == torch.bool):
             raise ValueError(f"Expected '{name}' to hold the integer set id of each of the "
                              f"{rows} rows, shape ({rows},) (got shape {tuple(ids.shape)}, "
                              f"dtype {ids.dtype})")
     if (not isinstance(num_sets, (numbers.Integral, torch.SymInt)) or isinstance(num_sets, bool)
             or num_sets < 0):  # (a SymInt under torch.compile)
         raise ValueError(f"'num_sets' must be an integer >= 0 (got {num_sets!r})")
+    if not (isinstance(dropout, numbers.Real) and 0.0 <= dropout < 1.0):  # (not silently 0)
+        raise ValueError(f"'dropout' must be a number in [0, 1) (got {dropout!r})")
     several = isinstance(v, (tuple, list))
     values = tuple(v) if several else (v, )
     if any(t.dtype != q.dtype for t in (k, ) + values):
