@@ -167,8 +167,8 @@ def test_compare_refuses_to_overwrite_and_overwrite_removes_stale_model_folders(
     assert 'rigid-seed0' in err and err.count('\n') == 1
     assert _snapshot(out) == first
     assert main([*argv, '--models', 'deepsets', '--overwrite']) == 0
-    assert sorted(os.listdir(out)) == ['deepsets-seed0', 'results.json', 'results.md',
-                                       'results.png']  # the old rigid-seed0 is gone
+    assert sorted(os.listdir(out)) == ['comparison.json', 'deepsets-seed0', 'results.json',
+                                       'results.md', 'results.png']  # the old rigid-seed0 is gone
     assert [r['model'] for r in json.load(open(os.path.join(out, 'results.json')))['runs']] == [
         'deepsets']
 
@@ -420,7 +420,7 @@ def test_compare_resume_continues_an_interrupted_comparison_exactly(tmp_path, ca
     cut = str(tmp_path / 'cut')
     with pytest.raises(TrainingStopped), stop_by(0.0):  # stops after the first epoch
         main([*argv, '--out', cut])
-    assert sorted(os.listdir(cut)) == ['deepsets-seed0']
+    assert sorted(os.listdir(cut)) == ['comparison.json', 'deepsets-seed0']
     capsys.readouterr()
     assert main([*argv, '--out', cut]) == 2
     assert '--resume to continue it' in capsys.readouterr().err
@@ -524,6 +524,31 @@ def test_an_out_path_of_the_wrong_kind_exits_2(tmp_path, capsys):
                  str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert 'is a folder' in err and 'Traceback' not in err and a_file.read_text() == 'mine'
+
+
+def test_compare_resume_keeps_the_seeds_of_the_comparison(tmp_path, capsys):
+    # without --seeds a resumed comparison took the default 3, training a seed the interrupted
+    # 2-seed comparison never had; the seeds are now read from the record it started with
+    from torch_mz.train import TrainingStopped, stop_by
+    argv = ['compare', '--task', 'max', *T[:-1], '2', '--models', 'deepsets']
+    cut = str(tmp_path / 'cut')
+    with pytest.raises(TrainingStopped), stop_by(0.0):
+        main([*argv, '--seeds', '2', '--out', cut])
+    assert json.load(open(os.path.join(cut, 'comparison.json'))) == dict(
+        models=['deepsets'], seeds=2)
+    capsys.readouterr()
+    assert main([*argv, '--out', cut, '--resume']) == 0
+    assert 'seeds 2' in capsys.readouterr().out
+    runs = json.load(open(os.path.join(cut, 'results.json')))['runs']
+    assert [r['seed'] for r in runs] == [0, 1]
+    # a comparison from before the record: the seeds of its run folders, said on the console
+    os.unlink(os.path.join(cut, 'comparison.json'))
+    assert main([*argv, '--out', cut, '--resume']) == 0
+    out = capsys.readouterr().out
+    assert 'taking 2 from its run folders' in out and 'seeds 2' in out
+    assert main([*argv, '--out', cut, '--resume', '--seeds', '3']) == 0  # more, when asked
+    assert [r['seed'] for r in json.load(open(os.path.join(cut, 'results.json')))['runs']] == [
+        0, 1, 2]
 
 
 def test_compare_resume_refuses_runs_outside_the_comparison_and_other_data(tmp_path, capsys):

@@ -294,7 +294,8 @@ def _check_model_args(args, task, models: List[ModelSpec]):
                     raise CLIError(f'{what}: {e}') from None
 
 
-_COMPARE_RESULTS = ('results.json', 'results.md', 'results.png')
+_COMPARE_RESULTS = ('results.json', 'results.md', 'results.png', 'comparison.json')
+_COMPARISON = 'comparison.json'  # the models and --seeds a comparison started with
 _RUN_FOLDER = re.compile(r'.+-seed\d+$')  # a compare run's <model>-seed<k> folders
 
 
@@ -476,15 +477,44 @@ def cmd_train(args) -> int:
     return 0
 
 
+def _comparison_seeds(out: str, models: List[ModelSpec]) -> int:
+    r"""The ``--seeds`` of the comparison in :obj:`out` (for ``--resume`` without ``--seeds``):
+    as recorded when it started (``comparison.json``), or, for a comparison that predates the
+    record, one more than the largest seed among its run folders (said on the console)."""
+    import json
+    path = os.path.join(out, _COMPARISON)
+    if os.path.isfile(path):
+        try:
+            with open(path) as f:
+                seeds = json.load(f).get('seeds')
+        except (OSError, ValueError, AttributeError):
+            seeds = None
+        if isinstance(seeds, int) and not isinstance(seeds, bool) and seeds >= 1:
+            return seeds
+        raise CLIError(f"--resume: '{path}' does not record the comparison's --seeds; pass "
+                       f"--seeds")
+    folders = {model.folder for model in models}
+    found = [int(m.group(2)) for name in (os.listdir(out) if os.path.isdir(out) else ())
+             for m in [re.match(r'(.+)-seed(\d+)$', name)] if m and m.group(1) in folders]
+    if not found:
+        return 3
+    seeds = max(found) + 1
+    print(f"--resume: {out} does not record the comparison's --seeds (it predates the "
+          f"record): taking {seeds} from its run folders; pass --seeds if it had more")
+    return seeds
+
+
 def cmd_compare(args) -> int:
     _check_task(args.task)
     models = _model_specs(args.models, '--models')
+    out = args.out or os.path.join('runs', args.task, 'compare')
+    if args.seeds is None:  # a resumed comparison keeps its seeds (3 was taken silently before)
+        args.seeds = _comparison_seeds(out, models) if args.resume else 3
     if args.seeds < 1:
         raise CLIError(f'--seeds must be at least 1 (got {args.seeds})')
     if args.resume and args.overwrite:
         raise CLIError('--resume continues a comparison and --overwrite starts a new one: pass '
                        'one')
-    out = args.out or os.path.join('runs', args.task, 'compare')
     _check_out_folder(out)
     folders = {model.spec: model.folder for model in models}
 
@@ -560,6 +590,12 @@ def cmd_compare(args) -> int:
         else:
             os.unlink(path)
     os.makedirs(out, exist_ok=True)
+    import json
+
+    from torch_mz._files import atomic_write
+    atomic_write(os.path.join(out, _COMPARISON),  # the models and seeds, for a later --resume
+                 lambda f: json.dump(dict(models=[m.spec for m in models], seeds=args.seeds), f),
+                 binary=False)
     print(f'task {task.name}: {task.description} | train/val/test = '
           f'{len(task.train)}/{len(task.val)}/{len(task.test)} | d_in={task.in_channels} | '
           f'{args.epochs} epochs, lr {args.lr}, batch {args.batch_size}, seeds {args.seeds}')
@@ -721,8 +757,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_training_args(p)
     p.add_argument('--models', required=True,
                    help='comma-separated model specs, e.g. mz,hypernet:rank=4,dim=64')
-    p.add_argument('--seeds', type=int, default=3,
-                   help='training seeds per model: 0, 1, ... (default: 3)')
+    p.add_argument('--seeds', type=int, default=None,
+                   help='training seeds per model: 0, 1, ... (default: 3; with --resume, '
+                        'those of the comparison resumed)')
     p.add_argument('--resume', action='store_true',
                    help='continue an interrupted comparison in --out with the same options: '
                    'finished runs are read back, the others continue from their last '
