@@ -203,7 +203,10 @@ def _config(args, seed: int, out_dir: Optional[str], resume: Optional[str] = Non
                        patience=args.patience if args.patience != 0 else None, seed=seed,
                        device=args.device, normalize_targets=not args.no_normalize,
                        out_dir=out_dir, resume=resume, progress=not args.no_progress,
-                       **getattr(args, 'carried_config', {}))
+                       # (the command has checked --out: a folder left with an earlier run's
+                       # files here is this command's own, e.g. a compare run that wrote no
+                       # checkpoint before it was stopped)
+                       overwrite=True, **getattr(args, 'carried_config', {}))
 
 
 class ModelSpec(NamedTuple):

@@ -387,3 +387,30 @@ def test_a_checkpoint_records_the_tanh_that_ran_and_the_fused_mode(tmp_path, mon
             fused.set_fused_kernels(bad)
         with pytest.raises(ValueError, match="'faster' must be True or False"):
             fused.set_tanh_kernel(bad)
+
+
+def test_a_new_run_refuses_an_out_dir_holding_an_earlier_run(tmp_path):
+    # a second run into the same folder overwrote the first run's checkpoint and results, and a
+    # run without a validation set (no best.pt) left the first run's best.pt beside its own
+    # checkpoint: load_model read the other model. Now refused, or with overwrite=True the old
+    # files go first; a resumed run is not a new one
+    out = tmp_path / 'run'
+    seed_everything(0)
+    Trainer(H.ToyDeepSets(3, 2), config(epochs=2, warmup_epochs=1, out_dir=str(out))).fit(
+        REG_TRAIN[:32], REG_VAL[:16])
+    before = {name: (out / name).read_bytes() for name in os.listdir(out)}
+    assert 'best.pt' in before
+    new = Trainer(H.ToyDeepSets(3, 2, dropout=0.1), config(epochs=2, warmup_epochs=1, out_dir=str(out)))
+    with pytest.raises(FileExistsError, match="holds the files of an earlier run .*best.pt.*"
+                                              "overwrite=True"):
+        new.fit(REG_TRAIN[:32])
+    assert {name: (out / name).read_bytes() for name in os.listdir(out)} == before
+    Trainer(H.ToyDeepSets(3, 2, dropout=0.1), config(epochs=2, warmup_epochs=1, out_dir=str(out),
+                                        overwrite=True)).fit(REG_TRAIN[:32])
+    assert 'best.pt' not in os.listdir(out)  # the earlier run's is gone, none written anew
+    assert load_checkpoint(str(out / 'checkpoint.pt'))['config']['overwrite'] is True
+    # resuming the run in its own folder is not refused
+    Trainer(H.ToyDeepSets(3, 2, dropout=0.1), config(epochs=3, warmup_epochs=1, out_dir=str(out),
+                                        resume=str(out / 'checkpoint.pt'))).fit(REG_TRAIN[:32])
+    with pytest.raises(ValueError, match='True or False for overwrite'):
+        config(overwrite='no')

@@ -59,7 +59,10 @@ class RunStore:
         config = replace(config, seed=seed, out_dir=None, resume=None)
         _, ckpt = self._paths(run_key(cell, spec, seed, config))
         resume = os.path.join(ckpt, 'checkpoint.pt')
-        return replace(config, out_dir=ckpt, resume=resume if os.path.exists(resume) else None)
+        # (the folder is this run's own, keyed by its digest: files without a checkpoint are an
+        # interrupted start of the same run, replaced)
+        return replace(config, out_dir=ckpt, resume=resume if os.path.exists(resume) else None,
+                       overwrite=True)
 
     def cached(self, cell: Mapping[str, Any], spec: str, seed: int,
                config: TrainConfig) -> Optional[Dict[str, object]]:

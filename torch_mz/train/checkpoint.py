@@ -234,7 +234,8 @@ def _same_entry(saved: Any, current: Any) -> bool:
 
 #: Configuration entries that may change when a run is resumed without changing its result
 #: (where it writes, how it shows progress, where it runs).
-RESUMABLE_CONFIG_CHANGES = ('resume', 'out_dir', 'progress', 'device', 'num_workers')
+RESUMABLE_CONFIG_CHANGES = ('resume', 'out_dir', 'progress', 'device', 'num_workers',
+                            'overwrite')
 
 
 def config_changes(saved: Dict[str, Any], current: Dict[str, Any]) -> Dict[str, Any]:

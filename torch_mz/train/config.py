@@ -57,6 +57,11 @@ class TrainConfig:
             the last one); 0 writes it only after the last epoch. (default: :obj:`1`)
         resume (str, optional): Path of a ``checkpoint.pt`` to continue from at its next epoch.
             (default: :obj:`None`)
+        overwrite (bool, optional): A run that does not resume, into an :obj:`out_dir` that
+            holds the files of an earlier run (``checkpoint.pt``, ``best.pt``, the metrics,
+            ``result.json``): :obj:`False` refuses to start (a stale ``best.pt`` or
+            ``result.json`` would be read as this run's: a run without a validation set writes
+            no ``best.pt``); :obj:`True` removes those files first. (default: :obj:`False`)
         progress (bool, optional): Show a :mod:`tqdm` progress bar (rank 0 only).
             (default: :obj:`True`)
         find_unused_parameters (bool, optional): Passed to
@@ -82,6 +87,7 @@ class TrainConfig:
     out_dir: Optional[str] = None
     checkpoint_every: int = 1
     resume: Optional[str] = None
+    overwrite: bool = False
     progress: bool = True
     find_unused_parameters: bool = False
 
@@ -108,7 +114,7 @@ class TrainConfig:
         for name in ('lr', 'weight_decay', 'min_delta'):
             expect(real(getattr(self, name)), f'a finite number {name}', getattr(self, name))
         for name in ('restore_best', 'deterministic', 'normalize_targets', 'progress',
-                     'find_unused_parameters'):  # (the text 'false' was true)
+                     'find_unused_parameters', 'overwrite'):  # (the text 'false' was true)
             value = getattr(self, name)
             expect(isinstance(value, (bool, np.bool_)), f'True or False for {name}', value)
             setattr(self, name, bool(value))

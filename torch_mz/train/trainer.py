@@ -444,6 +444,7 @@ class Trainer:
                 raise ValueError(f'Expected a non-empty {name} dataset')
         if test_dataset is not None:  # (before the seeding: the pass may draw random numbers)
             _check_finite(test_dataset, 'test')
+        self._check_out_dir()
         seed_everything(cfg.seed + self.dist.rank, deterministic=cfg.deterministic)
         detach_normalizer(self.model)  # trains on (and checkpoints) the standardised outputs
 
@@ -458,6 +459,26 @@ class Trainer:
                 self._resync_files(run)
         self._run_epochs(run, loader, sampler, val_dataset)
         return self._finish(run, val_dataset, test_dataset)
+
+    def _check_out_dir(self) -> None:
+        r"""A run that does not resume refuses an ``out_dir`` holding an earlier run's files
+        (:data:`RUN_FILES`), or with ``overwrite`` removes them (the main process), before
+        anything trains: the old ``best.pt`` stayed beside the new ``checkpoint.pt`` where the
+        new run wrote none (no validation set), and ``load_model`` read the other model."""
+        cfg = self.config
+        if cfg.out_dir is None or cfg.resume is not None or not os.path.isdir(cfg.out_dir):
+            return
+        stale = [name for name in RUN_FILES if os.path.isfile(os.path.join(cfg.out_dir, name))]
+        if not stale:
+            return
+        if not cfg.overwrite:
+            raise FileExistsError(
+                f"out_dir '{cfg.out_dir}' holds the files of an earlier run "
+                f"({', '.join(stale)}): pass resume=<its checkpoint.pt> to continue it, "
+                f"overwrite=True to replace it, or another out_dir")
+        if self.dist.is_main:  # (the other processes write nothing here)
+            for name in stale:
+                os.unlink(os.path.join(cfg.out_dir, name))
 
     def _make_optimizer(self, batches_per_epoch: int) -> None:
         cfg = self.config
