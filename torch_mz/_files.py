@@ -1,12 +1,14 @@
 r"""Writing files so that an interrupted write never leaves a partial file behind: the one helper
 that checkpoints, training logs and processed dataset caches are written with; the lock that
 lets processes sharing files take turns; and the check that a torch file reads back as written."""
+import contextlib
 import hashlib
 import os
+import re
 import secrets
 import zipfile
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Optional, Union
+from typing import Any, Callable, Iterator, List, Optional, Union
 
 try:
     import fcntl
@@ -90,6 +92,23 @@ def atomic_write(path: Union[str, os.PathLike], write: Callable[[Any], None],
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def remove_stale_temp_files(directory: Union[str, os.PathLike], names) -> List[str]:
+    r"""Removes the temporary files that :func:`atomic_write` left in :obj:`directory` for the
+    files :obj:`names` when its process was killed mid-write (``SIGKILL``: no ``finally`` runs),
+    and returns their names. Call it only where no other process is writing those files."""
+    directory = os.fspath(directory)
+    if not os.path.isdir(directory):
+        return []
+    patterns = [re.compile(re.escape(f'.{name}.') + r'[0-9a-f]{12}\.tmp') for name in names]
+    removed = []
+    for entry in sorted(os.listdir(directory)):
+        if any(p.fullmatch(entry) for p in patterns):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(directory, entry))
+                removed.append(entry)
+    return removed
 
 
 def damaged_zip_member(path: Union[str, os.PathLike]) -> Optional[str]:

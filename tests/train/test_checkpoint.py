@@ -414,3 +414,16 @@ def test_a_new_run_refuses_an_out_dir_holding_an_earlier_run(tmp_path):
                                         resume=str(out / 'checkpoint.pt'))).fit(REG_TRAIN[:32])
     with pytest.raises(ValueError, match='True or False for overwrite'):
         config(overwrite='no')
+
+
+def test_temporary_files_of_a_killed_write_are_removed_when_the_run_goes_on(tmp_path):
+    # SIGKILL during atomic_write runs no cleanup: its temporary file stayed for good
+    out = tmp_path / 'run'
+    trainer, _, _ = _resume_run(out, epochs=2)
+    left = ['.checkpoint.pt.0123456789ab.tmp', '.best.pt.abcdef012345.tmp']
+    others = ['.checkpoint.pt.tmp', 'notes.checkpoint.pt.0123456789ab.tmp', '.x.0123456789ab.tmp']
+    for name in left + others:
+        (out / name).write_bytes(b'half a checkpoint')
+    _resume_run(out, epochs=3, resume=str(out / 'checkpoint.pt'))
+    names = set(os.listdir(out))
+    assert not names & set(left) and set(others) <= names

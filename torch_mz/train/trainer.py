@@ -23,7 +23,7 @@ from torch.utils.data.distributed import DistributedSampler
 from torch_geometric.loader import DataLoader
 from tqdm.auto import tqdm
 
-from torch_mz._files import atomic_write
+from torch_mz._files import atomic_write, remove_stale_temp_files
 from torch_mz.nn.fused import fused_kernels_mode, set_tanh_kernel, tanh_kernel_in_use
 from torch_mz.train.checkpoint import (CHECKPOINT_FORMAT, CHECKPOINT_VERSION, CheckpointError,
                                        check_finite_parameters,
@@ -455,6 +455,8 @@ class Trainer:
         if self._writes_files:
             assert cfg.out_dir is not None  # _writes_files needs it
             os.makedirs(cfg.out_dir, exist_ok=True)
+            # (a run killed while writing a checkpoint left its temporary file)
+            remove_stale_temp_files(cfg.out_dir, RUN_FILES)
             if cfg.resume is not None:
                 self._resync_files(run)
         self._run_epochs(run, loader, sampler, val_dataset)
