@@ -603,13 +603,26 @@ def test_a_changed_raw_file_rebuilds_the_cache_and_names_it(scanobjectnn_root, m
     first = ScanObjectNN(root, num_points=16, log=False)
     stats = load_stats(_cache16(root)['stats.json'])
     assert stats['raw_files'] == {
-        p.replace(os.sep, '/'): osp.getsize(osp.join(root, 'raw', p))
+        p.replace(os.sep, '/'): [osp.getsize(osp.join(root, 'raw', p)),
+                                 f"mtime_ns:{os.stat(osp.join(root, 'raw', p)).st_mtime_ns}"]
         for p in (rel, rel.replace('training', 'test'))}
+    changed = (r"raw files .* are not those they were built from \(changed in size, contents or "
+               r"modification time: h5_files/main_split/training_objectdataset\.h5\): "
+               r"rebuilding")
+    # the same shapes with other labels: the same size (a cache keyed by sizes alone served the
+    # old labels)
+    path = osp.join(root, 'raw', rel)
+    size = osp.getsize(path)
+    relabelled = dict(files[rel], label=(files[rel]['label'] + 1) % 15)
+    write_h5(path, **relabelled)
+    os.utime(path, ns=(os.stat(path).st_atime_ns, os.stat(path).st_mtime_ns + 10**9))
+    assert osp.getsize(path) == size
+    with pytest.warns(UserWarning, match=changed):
+        relabelled_set = ScanObjectNN(root, num_points=16, log=False)
+    assert [int(d.y) for d in relabelled_set] == [(int(d.y) + 1) % 15 for d in first]
     arrays = {k: v[:4] for k, v in files[rel].items()}  # one object fewer
-    write_h5(osp.join(root, 'raw', rel), **arrays)
-    with pytest.warns(UserWarning, match=r"raw files .* are not those they were built from "
-                      r"\(changed in size or contents: h5_files/main_split/training_objectdataset"
-                      r"\.h5\): rebuilding"):
+    write_h5(path, **arrays)
+    with pytest.warns(UserWarning, match=changed):
         again = ScanObjectNN(root, num_points=16, log=False)
     assert len(again) == len(first) - 1
     # a cache that records no fingerprint (hand-edited; earlier releases are another version)
@@ -633,8 +646,9 @@ def test_fingerprint_files(tmp_path):
     with open(big, 'wb') as f:
         f.truncate(FINGERPRINT_HASH_LIMIT + 1)
     paths = [str(small), str(big), str(tmp_path / 'missing')]
-    assert fingerprint_files(paths, str(tmp_path)) == {'a/small.csv': 8,
-                                                       'big.bin': FINGERPRINT_HASH_LIMIT + 1}
+    assert fingerprint_files(paths, str(tmp_path)) == {
+        'a/small.csv': [8, f'mtime_ns:{os.stat(small).st_mtime_ns}'],
+        'big.bin': [FINGERPRINT_HASH_LIMIT + 1, f'mtime_ns:{os.stat(big).st_mtime_ns}']}
     content = fingerprint_files(paths, str(tmp_path), content=True)
     assert content['a/small.csv'][1].startswith('sha1:')
     assert content['big.bin'][1] == f'mtime_ns:{os.stat(big).st_mtime_ns}'

@@ -640,15 +640,16 @@ def test_added_removed_or_resized_meshes_rebuild_the_cache(modelnet_mesh_root, m
     from tests.datasets.raw_formats import OCTA_FACES, OCTA_VERTICES, TETRA_FACES
     raw = osp.join(modelnet_mesh_root, 'raw')
     first = ModelNet40(modelnet_mesh_root, num_points=16, log=False)
-    assert first.stats['raw_files']['chair/train/chair_0001.off'] == osp.getsize(
-        osp.join(raw, 'chair', 'train', 'chair_0001.off'))
+    chair = osp.join(raw, 'chair', 'train', 'chair_0001.off')
+    assert first.stats['raw_files']['chair/train/chair_0001.off'] == [
+        osp.getsize(chair), f'mtime_ns:{os.stat(chair).st_mtime_ns}']
     write_off(osp.join(raw, 'xbox', 'train', 'xbox_0002.off'), OCTA_VERTICES, OCTA_FACES)
     write_off(osp.join(raw, 'airplane', 'train', 'airplane_0002.off'),
               [(10 * x, 10 * y, 10 * z) for x, y, z in CUBE_VERTICES[:4]], TETRA_FACES)
     os.unlink(osp.join(raw, 'chair', 'train', 'chair_0001.off'))
     with pytest.warns(UserWarning, match=r"are not those they were built from \(added: "
                       r"xbox/train/xbox_0002.off; removed: chair/train/chair_0001.off; changed "
-                      r"in size or contents: airplane/train/airplane_0002.off\): rebuilding"):
+                      r"in size, contents or modification time: airplane/train/airplane_0002.off\): rebuilding"):
         again = ModelNet40(modelnet_mesh_root, num_points=16, log=False)
     label = MODELNET40_CLASSES.index
     assert [int(d.y) for d in again] == [label('airplane'), label('airplane'), label('xbox')]
@@ -663,7 +664,7 @@ def test_an_added_hdf5_file_rebuilds_the_cache(modelnet_h5_root):
              label=np.array([[7]], dtype=np.uint8))
     _list(folder, 'train', ['ply_data_train0.h5', 'ply_data_train1.h5', 'ply_data_train2.h5'])
     with pytest.warns(UserWarning, match=r"added: modelnet40_ply_hdf5_2048/ply_data_train2.h5; "
-                      r"changed in size or contents: modelnet40_ply_hdf5_2048/train_files.txt"):
+                      r"changed in size, contents or modification time: modelnet40_ply_hdf5_2048/train_files.txt"):
         train = ModelNet40(root, source='hdf5', num_points=16, log=False)
     assert [int(d.y) for d in train][-1] == 7
 

@@ -755,8 +755,8 @@ def test_an_edited_csv_file_rebuilds_the_cache(qm9pack_csv, tmp_path, monkeypatc
     # the same size, another dipole moment of the first molecule
     corrupt(qm9pack_csv, lambda t: t.replace(',0.0,13.21,', ',0.7,13.21,', 1))
     assert osp.getsize(qm9pack_csv) == stats[qm9pack_csv][0]
-    with pytest.warns(UserWarning, match=f"are not those they were built from \\(changed in size "
-                      f"or contents: {re.escape(qm9pack_csv)}\\): rebuilding"):
+    with pytest.warns(UserWarning, match=f"are not those they were built from \\(changed in size, "
+                      f"contents or modification time: {re.escape(qm9pack_csv)}\\): rebuilding"):
         again = QM9(root, source='qm9pack', csv_path=qm9pack_csv, log=False)
     assert float(again[0].y[0, 0]) == pytest.approx(0.7) and float(first[0].y[0, 0]) == 0.0
     monkeypatch.setattr(QM9, 'process', lambda self: pytest.fail('the cache must be reused'))
@@ -769,5 +769,5 @@ def test_sdf_raw_files_are_fingerprinted_by_name(qm9_root):
     ds = QM9(qm9_root, log=False)
     assert sorted(ds.stats['raw_files']) == ['gdb9.sdf', 'gdb9.sdf.csv', 'uncharacterized.txt']
     corrupt(osp.join(qm9_root, 'raw', 'uncharacterized.txt'), lambda t: t + '\n')
-    with pytest.warns(UserWarning, match=r'changed in size or contents: uncharacterized.txt'):
+    with pytest.warns(UserWarning, match=r'changed in size, contents or modification time: uncharacterized.txt'):
         QM9(qm9_root, log=False)

@@ -27,19 +27,20 @@ def fingerprint_files(paths: Sequence[str], base: Optional[str] = None,
                       content: bool = False) -> Dict[str, Any]:
     r"""A cheap fingerprint of the raw files :obj:`paths` (those that exist), for ``stats.json``:
     for each file, keyed by its path relative to :obj:`base` (``/``-separated; the path as
-    given where :obj:`base` is :obj:`None`), its size in bytes. With :obj:`content` (a file
-    read as a whole, such as a CSV file), ``[size, 'sha1:<hex>']`` for a file of at most
-    :data:`FINGERPRINT_HASH_LIMIT` bytes and ``[size, 'mtime_ns:<time>']`` for a larger one, so
-    that an edit that keeps the size is seen too."""
+    given where :obj:`base` is :obj:`None`), ``[size, 'mtime_ns:<time>']``: its size in bytes
+    and modification time, so that an edit that keeps the size (an HDF5 file of fixed shapes
+    rewritten, a digit of a mesh changed) is seen too; a copy that does not keep the times
+    rebuilds once. With :obj:`content` (a file read as a whole, such as a CSV file),
+    ``[size, 'sha1:<hex>']`` for a file of at most :data:`FINGERPRINT_HASH_LIMIT` bytes (a
+    copy is the same file) and the size and modification time for a larger one. (Before
+    2026-12-06 the default recorded the size alone: such a cache is rebuilt once.)"""
     out: Dict[str, Any] = {}
     for path in paths:
         if not osp.isfile(path):
             continue
         key = path if base is None else osp.relpath(path, base).replace(os.sep, '/')
         info = os.stat(path)
-        if not content:
-            out[key] = info.st_size
-        elif info.st_size <= FINGERPRINT_HASH_LIMIT:
+        if content and info.st_size <= FINGERPRINT_HASH_LIMIT:
             with open(path, 'rb') as f:
                 out[key] = [info.st_size, 'sha1:' + hashlib.sha1(f.read()).hexdigest()]
         else:
@@ -63,7 +64,7 @@ def _raw_changes(recorded: Dict[str, Any], current: Dict[str, Any]) -> str:
     changed = sorted(k for k in set(recorded) & set(current) if recorded[k] != current[k])
     parts = []
     for label, names in (('added', added), ('removed', removed),
-                         ('changed in size or contents', changed)):
+                         ('changed in size, contents or modification time', changed)):
         if names:
             more = f' and {len(names) - 5} more' if len(names) > 5 else ''
             parts.append(f"{label}: {', '.join(names[:5])}{more}")
