@@ -787,3 +787,35 @@ def test_torch_mz_debug_zero_is_off(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv('TORCH_MZ_DEBUG', '0')
     assert main(['train', '--task', 'nosuchtask', '--model', 'mz']) == 2
     assert capsys.readouterr().err.startswith('torch-mz: error:')
+
+
+def test_predict_and_resume_refuse_other_data_than_the_runs(tmp_path, capsys):
+    # the dataset folder was not recorded: predict (and a resumed run) on another QM9 scored
+    # other molecules without a word. The sets a run held are recorded by digest now
+    from tests.datasets.raw_formats import write_qm9pack_csv
+    csv_path = write_qm9pack_csv(str(tmp_path / 'pack' / 'qm9_part1.csv'))  # 4 molecules
+    data = ['--task', 'qm9', '--task-arg', f'csv_path={csv_path}', '--n-train', '2',
+            '--n-val', '1', '--n-test', '1']
+    run = str(tmp_path / 'run')
+    assert main(['train', *data, '--root', str(tmp_path / 'A'), '--model', 'deepsets',
+                 '--epochs', '1', '--warmup-epochs', '0', '--batch-size', '2', '--no-progress',
+                 '--out', run]) == 0
+    best, out = os.path.join(run, 'best.pt'), str(tmp_path / 'p.csv')
+    recorded = torch.load(best, weights_only=True)['run_info']['task']['data']
+    assert sorted(recorded) == ['test', 'train', 'val'] and all(recorded.values())
+    # the same molecules in another folder are the same data
+    assert main(['predict', best, '--root', str(tmp_path / 'B'), '--out', out]) == 0
+    lines = open(csv_path).read().splitlines()
+    with open(csv_path, 'w') as f:  # the same molecules in another order: other splits
+        f.write('\n'.join([lines[0]] + lines[1:][::-1]) + '\n')
+    capsys.readouterr()
+    for root in ('A', 'C'):
+        assert main(['predict', best, '--root', str(tmp_path / root), '--out', out,
+                     '--overwrite']) == 2
+        err = capsys.readouterr().err
+        assert 'was trained on other data' in err and '--root' in err, err
+    assert main(['train', *data, '--root', str(tmp_path / 'C'), '--model', 'deepsets',
+                 '--epochs', '2', '--warmup-epochs', '0', '--batch-size', '2', '--no-progress',
+                 '--resume', os.path.join(run, 'checkpoint.pt')]) == 2
+    err = capsys.readouterr().err  # the two runs' descriptions, with their sets' digests
+    assert err.count('[sets ') == 2 and 'Traceback' not in err, err

@@ -305,6 +305,19 @@ def load_test_split(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
                 raise ValueError(f"n_test (--n-test) {n_test}: the test split of the training "
                                  f"run of {where} holds {len(splits.test)} sets")
             splits.test = splits.test[:n_test]
+    recorded_data = recorded.get('data')
+    if isinstance(recorded_data, Mapping):  # a real dataset: the stored sets the run held
+        from torch_mz.datasets.fingerprint import split_digest
+        compared = ('train', 'val') + (('test', ) if n_test is None else ())
+        differ = [name for name in compared if recorded_data.get(name) is not None
+                  and split_digest(getattr(splits, name)) != recorded_data[name]]
+        if differ:
+            raise ValueError(
+                f"{where} was trained on other data than task '{task}' holds here (its "
+                f"{' and '.join(differ)} split{'s differ' if len(differ) > 1 else ' differs'}"
+                f"): another dataset folder (pass the run's root, --root), or raw files or "
+                f"processing changed since the run; its held-out test sets cannot be "
+                f"rebuilt from these data")
     if splits.task_type != state['task_type']:
         raise ValueError(f"{where} is a {state['task_type']} model and task '{task}' a "
                          f"{splits.task_type} task")

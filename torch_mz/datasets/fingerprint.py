@@ -15,7 +15,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ['fingerprint_files', 'files_below', 'FINGERPRINT_HASH_LIMIT', 'DESCRIBE_DEPTH']
+__all__ = ['fingerprint_files', 'files_below', 'split_digest', 'FINGERPRINT_HASH_LIMIT',
+           'DESCRIBE_DEPTH']
 
 
 #: Files of the raw data of at most this many bytes that :func:`fingerprint_files` records by
@@ -46,6 +47,54 @@ def fingerprint_files(paths: Sequence[str], base: Optional[str] = None,
         else:
             out[key] = [info.st_size, f'mtime_ns:{info.st_mtime_ns}']
     return dict(sorted(out.items()))
+
+
+# the digests of the collated storages hashed so far: id -> (the storage, its digest); the
+# storage is held so that its id is not reused while the entry stands
+_STORAGE_DIGESTS: Dict[int, Any] = {}
+
+
+def _storage_digest(data: Any, slices: Any) -> str:
+    entry = _STORAGE_DIGESTS.get(id(data))
+    if entry is not None and entry[0] is data:
+        return entry[1]
+    h = hashlib.sha1()
+
+    def add(name: str, value: Any) -> None:
+        if isinstance(value, Tensor):
+            t = value.detach().cpu().contiguous()
+            h.update(f'{name}:{t.dtype}:{tuple(t.shape)};'.encode())
+            h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b'')
+        elif isinstance(value, (int, float, str, bool)) or value is None:
+            h.update(f'{name}={value!r};'.encode())
+
+    store = data.to_dict() if hasattr(data, 'to_dict') else dict(data)
+    for key in sorted(store):
+        add(key, store[key])
+    for key in sorted(slices or {}):
+        add('slices.' + key, slices[key])
+    digest = h.hexdigest()
+    if len(_STORAGE_DIGESTS) >= 8:
+        _STORAGE_DIGESTS.clear()
+    _STORAGE_DIGESTS[id(data)] = (data, digest)
+    return digest
+
+
+def split_digest(split: Any) -> Optional[str]:
+    r"""A digest of the data a split of a real dataset holds, for a checkpoint's ``run_info``
+    (``torch-mz predict`` and a resumed run compare it, so that another dataset folder or
+    changed raw files are not taken for the run's data): for a view of a PyG
+    :class:`~torch_geometric.data.InMemoryDataset` (``dataset.index_select(...)``), the SHA-1 of
+    its collated storage (every tensor's dtype, shape and bytes, and the slices; hashed once per
+    storage) and of the indices it selects. The stored items, not those a ``transform`` makes
+    of them (a random transform would differ every time). :obj:`None` for anything else (the
+    synthetic tasks' lists of sets, which their seed and options determine)."""
+    from torch_geometric.data import InMemoryDataset
+    if not isinstance(split, InMemoryDataset) or getattr(split, '_data', None) is None:
+        return None
+    h = hashlib.sha1(_storage_digest(split._data, split.slices).encode())
+    h.update(np.asarray(list(split.indices()), dtype=np.int64).tobytes())
+    return h.hexdigest()
 
 
 def files_below(folder: str) -> List[str]:

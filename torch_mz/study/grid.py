@@ -8,6 +8,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from torch_mz._checks import check_count
+from torch_mz.datasets.fingerprint import split_digest
 from torch_mz.models import build_model, count_parameters
 from torch_mz.models.registry import PRESETS
 from torch_mz.options import check_options
@@ -55,6 +56,9 @@ def run_info_for(task, model_name: str, model_overrides: Mapping[str, Any]) -> D
                 'model': {'name': model_name, 'args': recorded_options(model_overrides)}}
     if getattr(task, 'split', None):  # seed and sizes (load_task): predict and resume check them
         run_info['task']['split'] = recorded_options(task.split)
+    data = {name: split_digest(getattr(task, name, None)) for name in ('train', 'val', 'test')}
+    if any(v is not None for v in data.values()):  # a real dataset: what the splits hold
+        run_info['task']['data'] = data
     return run_info
 
 

@@ -178,8 +178,12 @@ def describe_run(info: Dict[str, Any]) -> str:
         if isinstance(value, dict) and 'name' in value:
             args = ', '.join(f'{k}={v!r}' for k, v in sorted(value.get('args', {}).items()))
             split = ', '.join(f'{k}={v!r}' for k, v in sorted((value.get('split') or {}).items()))
+            data = value.get('data')  # (a real dataset's sets, by digest: split_digest)
+            sets = ('/'.join(str(data.get(k))[:8] for k in ('train', 'val', 'test'))
+                    if isinstance(data, dict) else '')
             parts.append(f"{key} {value['name']!r}" + (f' ({args})' if args else '')
-                         + (f' [data: {split}]' if split else ''))
+                         + (f' [data: {split}]' if split else '')
+                         + (f' [sets {sets}]' if sets else ''))
         else:
             parts.append(f'{key} {value!r}')
     return ', '.join(parts)
