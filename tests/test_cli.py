@@ -264,7 +264,8 @@ def test_predict_writes_one_row_per_test_set_in_target_units(tmp_path, capsys):
                  '--n-test', '16', '--out', out]) == 0
     assert 'test.csv' in capsys.readouterr().out
     rows = _read_csv(out)
-    assert len(rows) == 16 and list(rows[0]) == ['prediction', 'target', 'ihw']
+    assert len(rows) == 16 and list(rows[0]) == ['set', 'prediction', 'target', 'ihw']
+    assert [int(r['set']) for r in rows] == list(range(16))  # a synthetic split's positions
     task = load_task('quadratic-tdof', n_train=48, n_val=16, n_test=16, d=4, tdof=2,
                      set_size=(3, 6))
     pred, ihw = predict(load_model(os.path.join(run, 'best.pt')), task.test, device='cpu')
@@ -283,8 +284,8 @@ def test_predict_writes_one_row_per_test_set_in_target_units(tmp_path, capsys):
     out2 = str(tmp_path / 'max.csv')
     assert main(['predict', os.path.join(run2, 'checkpoint.pt'), '--task', 'max', '--n-test',
                  '5', '--out', out2]) == 0
-    assert list(_read_csv(out2)[0]) == ['prediction_0', 'prediction_1', 'target_0', 'target_1',
-                                        'ihw']
+    assert list(_read_csv(out2)[0]) == ['set', 'prediction_0', 'prediction_1', 'target_0',
+                                        'target_1', 'ihw']
     # without --task: the task the checkpoint records (it was required)
     out3 = str(tmp_path / 'max_again.csv')
     assert main(['predict', os.path.join(run2, 'checkpoint.pt'), '--n-test', '5', '--out',
@@ -383,6 +384,9 @@ def test_predict_on_qm9_takes_the_training_runs_test_molecules(tmp_path, capsys)
                  '1', '--out', out]) == 0
     rows = _read_csv(out)
     assert [float(r['target']) for r in rows] == pytest.approx([task.test[0].y.item()])
+    # each row names its molecule: its index in the processed dataset and its QM9 index
+    assert [int(r['set']) for r in rows] == list(task.test.indices())
+    assert [int(r['gdb_idx']) for r in rows] == [int(task.test[0].gdb_idx)]
     assert all(abs(float(rows[0]['target']) - d.y.item()) > 1e-6 for d in task.train)
     capsys.readouterr()
     assert main(['predict', best, '--task', 'qm9', '--root', str(tmp_path / 'QM9'), '--n-test',
@@ -819,3 +823,11 @@ def test_predict_and_resume_refuse_other_data_than_the_runs(tmp_path, capsys):
                  '--resume', os.path.join(run, 'checkpoint.pt')]) == 2
     err = capsys.readouterr().err  # the two runs' descriptions, with their sets' digests
     assert err.count('[sets ') == 2 and 'Traceback' not in err, err
+
+
+def test_python_dash_m_torch_mz_is_the_command():
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, '-m', 'torch_mz', 'tasks'], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and 'quadratic-tdof' in done.stdout, done.stderr

@@ -640,6 +640,19 @@ def cmd_compare(args) -> int:
     return 0
 
 
+def _set_ids(dataset) -> Dict[str, List[int]]:
+    r"""The columns that name each set of a test split, for ``predict``'s CSV: ``set``, its index
+    in its dataset (a PyG dataset view's ``indices()``: the position in the processed dataset;
+    for a list of sets its position), and QM9's ``gdb_idx`` where every set has one."""
+    indices = dataset.indices() if callable(getattr(dataset, 'indices', None)) else None
+    ids = {'set': [int(i) for i in (indices if indices is not None else range(len(dataset)))]}
+    gdb = [getattr(d, 'gdb_idx', None) for d in dataset] if len(dataset) else []
+    if gdb and all(g is not None for g in gdb):
+        ids['gdb_idx'] = [int(g.reshape(-1)[0]) if hasattr(g, 'reshape') else int(g)
+                          for g in gdb]
+    return ids
+
+
 def cmd_predict(args) -> int:
     if args.task is not None:
         _check_task(args.task)
@@ -706,8 +719,9 @@ def cmd_predict(args) -> int:
     for text in notes:  # an option given as --task-arg, named so
         _warn(f'--task-arg {text}' if any(text.startswith(f'{k}=') for k in given) else text)
     model = load_model(args.checkpoint)
-    columns = prediction_columns(model, task.test, task.task_type, batch_size=args.batch_size,
-                                 device=resolve_device(args.device))
+    columns = dict(_set_ids(task.test), **prediction_columns(
+        model, task.test, task.task_type, batch_size=args.batch_size,
+        device=resolve_device(args.device)))
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator='\n')
     writer.writerow(columns)
