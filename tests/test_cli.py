@@ -358,10 +358,11 @@ def test_predict_uses_the_data_seed_and_sizes_the_checkpoint_records(tmp_path, c
     assert main(['predict', best, '--task', 'quadratic-tdof', '--data-seed', '3', '--n-test',
                  '40', '--out', out, '--overwrite']) == 0
     assert [r['target'] for r in _read_csv(out)[:16]] == [r['target'] for r in rows]
-    # resuming with data drawn from another seed is refused
+    # resuming with data drawn from another seed is refused (a seed not given is the run's)
     capsys.readouterr()
     assert main(['train', *[a if a != '2' else '3' for a in TINY], '--model', 'rigid', *SMALL,
-                 '--out', run, '--resume', os.path.join(run, 'checkpoint.pt')]) == 2
+                 '--data-seed', '0', '--out', run, '--resume',
+                 os.path.join(run, 'checkpoint.pt')]) == 2
     err = capsys.readouterr().err
     assert 'was written by another run' in err and 'seed=3' in err and 'seed=0' in err
 
@@ -831,3 +832,33 @@ def test_python_dash_m_torch_mz_is_the_command():
     done = subprocess.run([sys.executable, '-m', 'torch_mz', 'tasks'], capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0 and 'quadratic-tdof' in done.stdout, done.stderr
+
+
+def test_train_resume_takes_the_data_options_it_is_not_given_from_the_checkpoint(
+        tmp_path, capsys, monkeypatch):
+    # the data options were the defaults: a resumed run built the task's default data first
+    # (5,000 / 1,000 / 2,000 sets; QM9's 50K molecules) only to refuse them
+    import torch_mz.cli as cli
+    out = str(tmp_path / 'run')
+    assert main(['train', '--task', 'quadratic-tdof', '--n-train', '24', '--n-val', '8',
+                 '--n-test', '8', '--data-seed', '3', '--task-arg', 'd=4', '--task-arg',
+                 'tdof=2', '--set-size', '3,5', '--no-progress', '--model', 'deepsets',
+                 '--epochs', '2', '--warmup-epochs', '1', '--out', out]) == 0
+    capsys.readouterr()
+    loads = []
+    load = cli._load
+    monkeypatch.setattr(cli, '_load', lambda args, progress: loads.append(
+        (args.data_seed, args.n_train, args.n_val, args.n_test, sorted(args.task_arg),
+         args.set_size)) or load(args, progress))
+    assert main(['train', '--task', 'quadratic-tdof', '--model', 'deepsets', '--epochs', '3',
+                 '--no-progress', '--resume', os.path.join(out, 'checkpoint.pt')]) == 0
+    printed = capsys.readouterr().out
+    assert ('resuming with the data options of the checkpoint (those not given): data_seed=3, '
+            'n_train=24, n_val=8, n_test=8, d=4, tdof=2, set_size=3,5') in printed
+    assert loads == [(3, 24, 8, 8, ['d=4', 'tdof=2'], '3,5')]
+    assert json.load(open(os.path.join(out, 'result.json')))['epochs_run'] == 3
+    # options given on the command line are kept (and checked against the run's)
+    assert main(['train', '--task', 'quadratic-tdof', '--model', 'deepsets', '--epochs', '4',
+                 '--no-progress', '--data-seed', '1', '--resume',
+                 os.path.join(out, 'checkpoint.pt')]) == 2
+    assert 'seed=3' in capsys.readouterr().err

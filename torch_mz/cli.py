@@ -126,6 +126,38 @@ def _fill_training_options(args, recorded: Optional[Dict[str, Any]] = None) -> L
     return taken
 
 
+def _fill_data_options(args, recorded: Optional[Dict[str, Any]]) -> List[str]:
+    r"""Sets the data options a resumed run's command line left out from what its checkpoint
+    records (``run_info['task']``): the data seed and split sizes, the task options and the
+    set-size range (not the Python objects, which the command line cannot give), so that
+    ``--resume`` does not first build the task's default data (QM9's 50K molecules) only to
+    refuse them. Returns the options taken, as ``name=value``."""
+    if not isinstance(recorded, dict) or recorded.get('name') != args.task:
+        return []  # another task: the run's own check names the difference
+    import json
+    taken: List[str] = []
+    split: Dict[str, Any] = (recorded['split'] if isinstance(recorded.get('split'), dict)
+                             else {})
+    for key, flag in (('seed', 'data_seed'), ('n_train', 'n_train'), ('n_val', 'n_val'),
+                      ('n_test', 'n_test')):
+        if getattr(args, flag) is None and split.get(key) is not None:
+            setattr(args, flag, split[key])
+            taken.append(f'{flag}={split[key]!r}')
+    options: Dict[str, Any] = (recorded['args'] if isinstance(recorded.get('args'), dict)
+                               else {})
+    if not args.task_arg:
+        from torch_mz.inference import OBJECT_OPTIONS
+        given = {k: v for k, v in options.items()
+                 if k != 'set_size' and k not in OBJECT_OPTIONS}
+        args.task_arg = [f'{k}={json.dumps(v)}' for k, v in sorted(given.items())]
+        taken += args.task_arg
+    size = options.get('set_size')
+    if args.set_size is None and isinstance(size, list) and len(size) == 2:
+        args.set_size = f'{size[0]},{size[1]}'
+        taken.append(f'set_size={args.set_size}')
+    return taken
+
+
 def _add_training_args(p: argparse.ArgumentParser):
     g = p.add_argument_group('task')
     g.add_argument('--task', required=True, help="task name (see 'torch-mz tasks')")
@@ -141,8 +173,9 @@ def _add_training_args(p: argparse.ArgumentParser):
                    help='task option, e.g. tdof=8 or target=mu (repeatable)')
     g.add_argument('--root', help='folder of the real dataset itself, e.g. datasets/QM9 '
                    '(default: $TORCH_MZ_DATA/<Name> or datasets/<Name>)')
-    g.add_argument('--data-seed', type=int, default=0,
-                   help='seed of the synthetic data / real split (default: 0)')
+    g.add_argument('--data-seed', type=int, default=None,
+                   help='seed of the synthetic data / real split (default: 0; with --resume, '
+                        "the checkpoint's)")
     t = p.add_argument_group('training (defaults: the paper; with --resume, those the '
                              "checkpoints record)")
     t.add_argument('--epochs', type=int, help='most epochs to train (default: 200)')
@@ -188,7 +221,8 @@ def _load(args, progress: bool):
                        f"real dataset, whose sets are what they are")
     if args.root is not None and os.path.exists(args.root) and not os.path.isdir(args.root):
         raise CLIError(f"--root '{args.root}' is a file, not a dataset folder")
-    return load_task(args.task, seed=args.data_seed, n_train=args.n_train, n_val=args.n_val,
+    return load_task(args.task, seed=0 if args.data_seed is None else args.data_seed,
+                     n_train=args.n_train, n_val=args.n_val,
                      n_test=args.n_test, set_size=_parse_range(args.set_size), root=args.root,
                      progress=progress, **options)
 
@@ -429,13 +463,17 @@ def cmd_train(args) -> int:
         _check_checkpoint_file(args.resume, '--resume')
     if args.resume is not None and args.overwrite:
         raise CLIError('--resume continues a run and --overwrite starts a new one: pass one')
-    recorded, epochs_run = None, None
+    recorded, epochs_run, data_taken = None, None, []
     if args.resume is not None:
         from torch_mz.train import load_checkpoint
         state = load_checkpoint(args.resume)
         recorded = state.get('config')
         if isinstance(state.get('epoch'), int) and state.get('kind') == 'train':
             epochs_run = state['epoch'] + 1
+        data_taken = _fill_data_options(args, (state.get('run_info') or {}).get('task'))
+    if data_taken:
+        print('resuming with the data options of the checkpoint (those not given): '
+              + ', '.join(data_taken))
     taken = _fill_training_options(args, recorded if isinstance(recorded, dict) else None)
     if any(t.startswith('warmup_epochs=') for t in taken) and args.warmup_epochs > args.epochs:
         raise CLIError(f"--epochs {args.epochs} is fewer than the checkpoint's warm-up of "
@@ -530,7 +568,12 @@ def cmd_compare(args) -> int:
         paths = [os.path.join(folder_of(m.spec, k), LAST_CHECKPOINT) for m in models
                  for k in range(args.seeds)]
         found = next((p for p in paths if os.path.isfile(p)), None)
-        recorded = None if found is None else load_checkpoint(found).get('config')
+        state = {} if found is None else load_checkpoint(found)
+        recorded = state.get('config')
+        data_taken = _fill_data_options(args, (state.get('run_info') or {}).get('task'))
+        if data_taken:
+            print('resuming with the data options of the checkpoints (those not given): '
+                  + ', '.join(data_taken))
     taken = _fill_training_options(args, recorded if isinstance(recorded, dict) else None)
     if taken:
         print('resuming with the training options of the checkpoints (those not given): '
@@ -646,7 +689,7 @@ def _set_ids(dataset) -> Dict[str, List[int]]:
     for a list of sets its position), and QM9's ``gdb_idx`` where every set has one."""
     indices = dataset.indices() if callable(getattr(dataset, 'indices', None)) else None
     ids = {'set': [int(i) for i in (indices if indices is not None else range(len(dataset)))]}
-    gdb = [getattr(d, 'gdb_idx', None) for d in dataset] if len(dataset) else []
+    gdb: List[Any] = [getattr(d, 'gdb_idx', None) for d in dataset] if len(dataset) else []
     if gdb and all(g is not None for g in gdb):
         ids['gdb_idx'] = [int(g.reshape(-1)[0]) if hasattr(g, 'reshape') else int(g)
                           for g in gdb]
