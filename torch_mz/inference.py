@@ -235,6 +235,7 @@ def load_test_split(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
                          f"pass them again, torch_mz.inference.load_test_split(checkpoint, "
                          f"{', '.join(f'{k}=...' for k in lacking)})")
     notes = []  # warned about once the checks below have passed
+    options_changed = False  # a data-defining option given otherwise (warned about, allowed)
     defaults = dict(task_options(task)[0], **LOAD_DEFAULTS.get(task, {}))
     for key, value in list(given.items()) + list(objects.items()):
         # an option not given was its default; both as a checkpoint records them (JSON values,
@@ -242,6 +243,7 @@ def load_test_split(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
         before = recorded_options({key: trained_with.get(key, defaults.get(key))})[key]
         now = recorded_options({key: value})[key]
         if key not in NOT_DATA_OPTIONS and now != before:
+            options_changed = True
             shown = now if key in OBJECT_OPTIONS else value
             notes.append(f"{key}={shown!r} differs from the training run's {key}={before!r}: "
                          f"the predictions are scored on another task")
@@ -306,7 +308,9 @@ def load_test_split(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
                                  f"run of {where} holds {len(splits.test)} sets")
             splits.test = splits.test[:n_test]
     recorded_data = recorded.get('data')
-    if isinstance(recorded_data, Mapping):  # a real dataset: the stored sets the run held
+    # a real dataset: the stored sets the run held, unless an option that defines the data was
+    # given otherwise on purpose (then the warning says the task is another)
+    if isinstance(recorded_data, Mapping) and not options_changed:
         from torch_mz.datasets.fingerprint import split_digest
         compared = ('train', 'val') + (('test', ) if n_test is None else ())
         differ = [name for name in compared if recorded_data.get(name) is not None

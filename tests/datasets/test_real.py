@@ -1,3 +1,4 @@
+import csv
 import json
 import os.path as osp
 import warnings
@@ -138,8 +139,8 @@ def test_predict_on_the_official_test_split_takes_any_seed_and_size(tmp_path, sc
         assert main(['predict', best, '--task', 'scanobjectnn', '--root', root, '--data-seed',
                      seed, '--n-test', '3', '--out', out, '--overwrite']) == 0
         with open(out) as f:
-            rows = f.read().strip().split('\n')[1:]
-        assert [int(r.split(',')[1]) for r in rows] == labels.tolist()
+            rows = list(csv.DictReader(f))
+        assert [int(r['target']) for r in rows] == labels.tolist()
 
 
 def test_predict_warns_only_on_a_changed_qm9_option(tmp_path, qm9pack_csv, capsys):
