@@ -93,3 +93,36 @@ def test_collect_summaries_and_probe_on_a_model():
     with pytest.raises(ValueError, match="value='mz'"):
         analysis.collect_summaries(MZSetTransformer(3, 1, value='rigid', num_generators=0,
                                                     dim=8, heads=2, d_ff=8), loader)
+
+
+def test_collect_summaries_restores_each_modules_mode_and_takes_keyword_calls():
+    # model.train(was) put a child frozen in eval back into training; a layer called with
+    # keyword arguments broke the hook; no batches failed inside torch.cat
+    torch.manual_seed(0)
+    model = MZSetTransformer(3, 1, dim=8, heads=2, num_generators=2, num_matrix_generators=2,
+                             num_inducing=2, num_encoder_blocks=1, d_ff=8)
+    data = [Data(x=torch.randn(n, 3)) for n in (3, 5)]
+    model.train()
+    model.body.pma.eval()
+    before = analysis.collect_summaries(model, DataLoader(data, batch_size=2))
+    assert model.training and not model.body.pma.training
+    with pytest.raises(ValueError, match='got no batches'):
+        analysis.collect_summaries(model, [])
+    from torch_mz.nn import Zonotope
+
+    class Keywords(torch.nn.Module):  # a model of one's own that names the arguments
+        def __init__(self):
+            super().__init__()
+            self.attn = MZAttention(8, heads=2, num_generators=2, num_matrix_generators=1)
+
+        def forward(self, x):
+            z = Zonotope(x, torch.zeros(x.size(0), 2, 8))
+            ids = torch.zeros(x.size(0), dtype=torch.long)
+            return self.attn(z, key_value=z, query_set=ids, kv_set=ids, num_sets=1)
+
+    own = Keywords()
+    x = torch.randn(5, 8)
+    got = analysis.collect_summaries(own, [x])['attn']
+    ids = torch.zeros(5, dtype=torch.long)
+    torch.testing.assert_close(got, own.attn.key_value_summary(
+        Zonotope(x, torch.zeros(5, 2, 8)), ids, 1))

@@ -477,3 +477,18 @@ def test_hull_volume_at_extreme_magnitudes():
     assert convex_hull_volume(x * 1e80) / 1e240 == pytest.approx(convex_hull_volume(x),
                                                                   rel=1e-9)
 
+
+
+def test_meb_tolerance_and_givens_count_are_checked():
+    # a negative tolerance gave a ball far beyond the smallest (607.7 against 2.561), NaN
+    # another; num_givens_angles(-1) was 1
+    from torch_mz.geometry import min_enclosing_ball, num_givens_angles
+    pts = np.random.default_rng(0).normal(size=(20, 3))
+    for tol in (-1.0, float('nan'), float('inf'), True, '1e-9'):
+        with pytest.raises(ValueError, match="'tol' must be a finite number >= 0"):
+            min_enclosing_ball(pts, tol=tol)
+    assert min_enclosing_ball(pts, tol=0)[1] == pytest.approx(min_enclosing_ball(pts)[1])
+    assert [num_givens_angles(d) for d in (0, 1, 2, 3, 8)] == [0, 0, 1, 3, 28]
+    for d in (-1, 2.0):
+        with pytest.raises(ValueError, match="'d' must be an integer"):
+            num_givens_angles(d)

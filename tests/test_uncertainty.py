@@ -245,3 +245,47 @@ def test_uncertainty_arguments_that_gave_silent_results_are_refused():
             binned_by_uncertainty(pred, target, sigma, num_bins=bins)
     with pytest.raises(ValueError, match='a >= 0 and b > 0'):
         AffineSigma(a=-1.0, b=0.0)  # (negative sigmas)
+
+
+def test_mc_dropout_seeds_only_the_device_it_runs_on(monkeypatch):
+    # torch.manual_seed also seeded every CUDA device (queued where CUDA had not started),
+    # which fork_rng restored only for the device given: later GPU draws were seeded by this
+    # call. The CPU stream is the one torch.manual_seed(seed) gives, as before
+    data = tiny_sets()
+    model = tiny_mz(dropout=0.5).eval()
+    seeded = []
+    monkeypatch.setattr(torch.cuda, 'manual_seed_all', lambda seed: seeded.append(seed))
+    monkeypatch.setattr(torch.cuda, 'manual_seed', lambda seed: seeded.append(seed))
+    mean, _ = mc_dropout_predict(model, data, passes=3, seed=7)
+    assert seeded == []
+    monkeypatch.undo()
+    from torch_geometric.loader import DataLoader
+    runs = []
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(7)  # the seeding before: the same masks
+        model.train()
+        for _ in range(3):
+            runs.append(torch.cat([model(b)[0] for b in DataLoader(data, batch_size=128)]))
+        model.eval()
+    torch.testing.assert_close(mean, torch.stack(runs).double().mean(0))
+
+
+@pytest.mark.parametrize('call, match', [
+    (lambda m, d: mc_dropout_predict(m, d[0]), r'not one Data: pass \[data\]'),
+    (lambda m, d: mc_dropout_predict(m, d, passes=2.5), "'passes' must be an integer"),
+    (lambda m, d: mc_dropout_predict(torch.nn.Sequential(
+        torch.nn.InstanceNorm1d(4, track_running_stats=True)), d), 'InstanceNorm1d'),
+])
+def test_mc_dropout_names_bad_input(call, match):
+    with pytest.raises(ValueError, match=match):
+        call(tiny_mz(dropout=0.5), tiny_sets())
+
+
+def test_method_predictions_refuses_several_targets():
+    # the first column was kept and the others dropped, silently
+    from torch_mz.uncertainty import method_predictions
+    torch.manual_seed(0)
+    model = build_model('mz', 4, 3, dim=16, heads=2, d_ff=16, num_inducing=4,
+                        num_generators=2, num_matrix_generators=1, dropout=0.1)
+    with pytest.raises(ValueError, match='single-target models \\(got 3 outputs'):
+        method_predictions([model], {'test': tiny_sets()}, passes=2)

@@ -19,6 +19,7 @@ This module computes, from a layer and the summaries of many sets:
 and collects the summaries :math:`\mu` that a model's layers actually see on a dataset
 (:func:`collect_summaries`).
 """
+import inspect
 from typing import Dict, Iterable
 
 import torch
@@ -93,6 +94,9 @@ def operator_effective_rank(attn: MZAttention, mu: Tensor) -> float:
     return soft_effective_rank(ops - ops.mean(0, keepdim=True))
 
 
+_FORWARD = inspect.signature(MZAttention.forward)  # (self, query, key_value, ...)
+
+
 @torch.no_grad()
 def collect_summaries(model: Module, batches: Iterable) -> Dict[str, Tensor]:
     r"""Runs :obj:`model` (in eval mode) on every batch of :obj:`batches` and returns, for every
@@ -105,11 +109,13 @@ def collect_summaries(model: Module, batches: Iterable) -> Dict[str, Tensor]:
     store: Dict[str, list] = {name: [] for name in found}
     handles = []
     for name, module in found.items():
-        def hook(mod, inputs, output, name=name):
-            _, key_value, _, kv_set, num_sets = inputs
-            store[name].append(mod.key_value_summary(key_value, kv_set, num_sets))
-        handles.append(module.register_forward_hook(hook))
-    was_training = model.training
+        def hook(mod, args, kwargs, output, name=name):
+            # (the arguments as MZAttention.forward names them, given by position or keyword)
+            bound = _FORWARD.bind(mod, *args, **kwargs).arguments
+            store[name].append(mod.key_value_summary(bound['key_value'], bound['kv_set'],
+                                                     bound['num_sets']))
+        handles.append(module.register_forward_hook(hook, with_kwargs=True))
+    modes = [(m, m.training) for m in model.modules()]  # each module's own, restored after
     model.eval()
     try:
         for batch in batches:
@@ -117,7 +123,11 @@ def collect_summaries(model: Module, batches: Iterable) -> Dict[str, Tensor]:
     finally:
         for h in handles:
             h.remove()
-        model.train(was_training)
+        for m, mode in modes:
+            m.train(mode)
+    if not any(store.values()):
+        raise ValueError('collect_summaries() got no batches (or the model never called its '
+                         'MZAttention layers): there is nothing to collect')
     return {name: torch.cat(chunks, 0) for name, chunks in store.items()}
 
 

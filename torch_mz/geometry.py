@@ -9,12 +9,16 @@ Point sets are ``(n, d)`` arrays, one point per row; all computation is in ``flo
 """
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Optional, Tuple, Union
 
 import numpy as np
 from scipy.sparse.csgraph import connected_components, minimum_spanning_tree
 from scipy.spatial import ConvexHull, QhullError
 from scipy.spatial.distance import cdist, pdist, squareform
+
+from torch_mz._checks import check_count
 
 __all__ = [
     'chamfer_distance',
@@ -417,6 +421,9 @@ def min_enclosing_ball(points, method: str = 'active-set',
     """
     if method not in ('active-set', 'welzl'):
         raise ValueError(f"'method' must be 'active-set' or 'welzl', got {method!r}")
+    if (isinstance(tol, bool) or not isinstance(tol, numbers.Real) or not math.isfinite(tol)
+            or tol < 0):  # (a negative one grew the ball far beyond the smallest)
+        raise ValueError(f"'tol' must be a finite number >= 0, got {tol!r}")
     pts = _as_points(points, allow_empty=False)
     shift = pts.mean(axis=0)
     centred = pts - shift  # (n, d)
@@ -441,6 +448,7 @@ def num_givens_angles(d: int) -> int:
     Args:
         d (int): Dimension.
     """
+    d = check_count('d', d, 0)
     return d * (d - 1) // 2
 
 

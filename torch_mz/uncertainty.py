@@ -22,6 +22,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from torch_mz._checks import check_count
+
 __all__ = [
     'DEFAULT_LEVELS',
     'AffineSigma',
@@ -343,10 +345,12 @@ def mc_dropout_predict(model: torch.nn.Module, dataset: Sequence, passes: int = 
 
     The whole model is put in training mode, which is MC-Dropout only for models whose sole
     training-mode behaviour is dropout (true for the Set Transformers and MZ models of this
-    package, whose normalisation is :class:`~torch.nn.LayerNorm`); a model with batch
-    normalisation raises a :class:`ValueError`. The model's mode is restored afterwards, and the
-    passes draw from a private random stream seeded with :obj:`seed` (the global one is left as it
-    was).
+    package, whose normalisation is :class:`~torch.nn.LayerNorm`); a model with a layer that
+    updates running statistics in training mode (batch normalisation, an instance norm that
+    tracks them) raises a :class:`ValueError`. The model's mode is restored afterwards, and the
+    passes draw from a private random stream seeded with :obj:`seed`: the generator of the device
+    they run on (the CPU's, or the one CUDA device), saved before and restored after, so the
+    global streams, every other GPU's included, are left as they were.
 
     Args:
         model (torch.nn.Module): The model, called as ``model(batch)``; returns a prediction
@@ -369,14 +373,20 @@ def mc_dropout_predict(model: torch.nn.Module, dataset: Sequence, passes: int = 
 
     from torch_mz.train import resolve_device
     from torch_mz.train.normalize import _pending_normalizer
+    from torch_geometric.data import Batch, Data
     normalizer, _ = _pending_normalizer(model, normalizer)
-    if passes < 1:
-        raise ValueError(f"Expected 'passes' >= 1 (got {passes})")
+    passes = check_count('passes', passes)
+    if isinstance(dataset, Data) and not isinstance(dataset, Batch):
+        raise ValueError('mc_dropout_predict() takes a sequence of sets (a dataset or a list '
+                         'of Data), not one Data: pass [data]')
     if hasattr(dataset, '__len__') and len(dataset) == 0:
         raise ValueError('mc_dropout_predict() got an empty dataset: there is nothing to predict')
-    if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()):
-        raise ValueError('MC-Dropout in training mode would update batch-normalisation '
-                         'statistics; the model has BatchNorm layers')
+    tracking = [type(m).__name__ for m in model.modules()
+                if isinstance(m, torch.nn.modules.batchnorm._NormBase)
+                and m.track_running_stats]  # (BatchNorm, InstanceNorm(track_running_stats))
+    if tracking:
+        raise ValueError(f"MC-Dropout in training mode would update the running statistics of "
+                         f"the model's {', '.join(sorted(set(tracking)))} layers")
     dev = resolve_device(device)
     modes = [(m, m.training) for m in model.modules()]  # each module's own, restored after
     model.to(dev)
@@ -385,7 +395,14 @@ def mc_dropout_predict(model: torch.nn.Module, dataset: Sequence, passes: int = 
     devices = [dev.index or 0] if dev.type == 'cuda' else []
     try:
         with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(seed)
+            # the generator the passes draw from, alone: torch.manual_seed would also seed
+            # every CUDA device (queued, where CUDA has not started), which fork_rng restores
+            # only for the devices it is given
+            if dev.type == 'cuda':
+                with torch.cuda.device(dev):
+                    torch.cuda.manual_seed(seed)
+            else:
+                torch.default_generator.manual_seed(seed)
             model.train()
             for _ in range(passes):
                 preds = []
@@ -443,6 +460,10 @@ def method_predictions(members: Sequence[torch.nn.Module], splits: Dict[str, Seq
     out: Dict[str, Dict[str, Tuple[np.ndarray, np.ndarray]]] = {m: {} for m in METHODS}
     for split, ds in splits.items():
         first = preds[split][0]
+        if first[0].dim() > 1 and first[0].size(-1) != 1:  # (the other columns were dropped)
+            raise ValueError(f"method_predictions() takes single-target models (got "
+                             f"{first[0].size(-1)} outputs per set): train one model per "
+                             f"target")
         out['MZAttn (IHW)'][split] = (first[0].double().numpy()[:, 0],
                                       first[1].double().numpy())
     for split, ds in splits.items():

@@ -165,3 +165,14 @@ def test_jitter_refuses_values_that_make_coordinates_non_finite(kwargs, name):
         RandomJitter(**kwargs)
     out = RandomJitter(sigma=1.0, clip=float('inf'))(cloud(10))  # inf clips nothing
     assert torch.isfinite(out.pos).all()
+
+
+def test_random_jitter_clip_is_a_float_with_one_cache_key():
+    # clip=1 and clip=1.0 gave two reprs (two cache keys for one transform); True was a bound
+    from torch_mz.datasets.fingerprint import _describe
+    from torch_mz.datasets.transforms import RandomJitter
+    assert repr(RandomJitter(clip=1)) == repr(RandomJitter(clip=1.0))
+    assert _describe(RandomJitter(clip=1)) == _describe(RandomJitter(clip=1.0))
+    assert RandomJitter(clip=None).clip is None
+    with pytest.raises(ValueError, match="'clip' must be a non-negative number"):
+        RandomJitter(clip=True)

@@ -65,11 +65,12 @@ class RandomJitter(BaseTransform):
         # or infinite)
         if not math.isfinite(_number(sigma)) or _number(sigma) < 0:
             raise ValueError(f"'sigma' must be a finite non-negative number, got {sigma!r}")
-        if clip is not None and not _number(clip) >= 0:
+        if clip is not None and (isinstance(clip, bool) or not _number(clip) >= 0):
             raise ValueError(f"'clip' must be a non-negative number (not NaN) or None, got "
                              f"{clip!r}")
         self.sigma = float(sigma)
-        self.clip = clip
+        # (a float, as sigma: clip=1 and clip=1.0 are one transform, with one cache key)
+        self.clip = None if clip is None else float(clip)
 
     def forward(self, data: Data) -> Data:
         if data.pos is None or data.pos.dim() != 2:
