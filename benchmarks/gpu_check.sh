@@ -42,7 +42,7 @@ echo '== CUDA tests'
 # the tests that run on CUDA: attention kernels, forward-mode AD and the per-head attention's
 # dropout, the LayerNorm Jacobian (eager and compiled with Triton), MZAggregation, device
 # resolution, a training run resumed on CUDA, and the memory bandwidth measured on the GPU
-timeout 75 $PY -m pytest -q -p no:cacheprovider -p no:logging tests/nn/test_functional.py \
+timeout 70 $PY -m pytest -q -p no:cacheprovider -p no:logging tests/nn/test_functional.py \
   tests/nn/test_zonotope.py tests/nn/test_aggr.py tests/train/ tests/study/test_traffic.py \
   -k 'cuda or resolve_device' \
   -rs 2>&1 | tee "$OUT/cuda_tests.txt" || status=1
@@ -53,7 +53,7 @@ echo '== profile: the point-cloud presets and message passing, GPU busy time aga
 # backward with PyG, rigid and the default on Poisson graphs of 10^3-10^5 nodes at d = 64; one
 # process, the report rewritten after every row: 22 s for 10 of these 19 rows on one H100;
 # training_step.py --device cuda measures the presets as the CPU runs do, a process per preset)
-timeout 60 $PY benchmarks/gpu_profile.py --device cuda --aggrs pyg,rigid,default \
+timeout 55 $PY benchmarks/gpu_profile.py --device cuda --aggrs pyg,rigid,default \
   --presets rigid,st-large,mz-slim,mz,egnn --out "$OUT/profile" || status=1
 echo '== speed.py batches'
 # without --memory: that measures each configuration in a fresh process (20 of them); the

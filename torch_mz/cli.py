@@ -474,6 +474,8 @@ def cmd_train(args) -> int:
     if data_taken:
         print('resuming with the data options of the checkpoint (those not given): '
               + ', '.join(data_taken))
+    if args.data_seed is None:  # (None until here: a resumed run takes the checkpoint's)
+        args.data_seed = 0
     taken = _fill_training_options(args, recorded if isinstance(recorded, dict) else None)
     if any(t.startswith('warmup_epochs=') for t in taken) and args.warmup_epochs > args.epochs:
         raise CLIError(f"--epochs {args.epochs} is fewer than the checkpoint's warm-up of "
@@ -520,8 +522,9 @@ def cmd_train(args) -> int:
 
 def _comparison_seeds(out: str, models: List[ModelSpec]) -> int:
     r"""The ``--seeds`` of the comparison in :obj:`out` (for ``--resume`` without ``--seeds``):
-    as recorded when it started (``comparison.json``), or, for a comparison that predates the
-    record, one more than the largest seed among its run folders (said on the console)."""
+    as recorded when it started (``comparison.json``); a comparison that predates the record
+    (run folders, no record) is refused: its folders hold the seeds that had started, not
+    necessarily all of them."""
     import json
     path = os.path.join(out, _COMPARISON)
     if os.path.isfile(path):
@@ -539,10 +542,8 @@ def _comparison_seeds(out: str, models: List[ModelSpec]) -> int:
              for m in [re.match(r'(.+)-seed(\d+)$', name)] if m and m.group(1) in folders]
     if not found:
         return 3
-    seeds = max(found) + 1
-    print(f"--resume: {out} does not record the comparison's --seeds (it predates the "
-          f"record): taking {seeds} from its run folders; pass --seeds if it had more")
-    return seeds
+    raise CLIError(f"--resume: '{out}' does not record the comparison's --seeds (it predates "
+                   f"the record; its run folders hold seeds up to {max(found)}): pass --seeds")
 
 
 def cmd_compare(args) -> int:
@@ -574,6 +575,8 @@ def cmd_compare(args) -> int:
         if data_taken:
             print('resuming with the data options of the checkpoints (those not given): '
                   + ', '.join(data_taken))
+    if args.data_seed is None:  # (None until here: a resumed run takes the checkpoint's)
+        args.data_seed = 0
     taken = _fill_training_options(args, recorded if isinstance(recorded, dict) else None)
     if taken:
         print('resuming with the training options of the checkpoints (those not given): '
@@ -689,8 +692,10 @@ def _set_ids(dataset) -> Dict[str, List[int]]:
     for a list of sets its position), and QM9's ``gdb_idx`` where every set has one."""
     indices = dataset.indices() if callable(getattr(dataset, 'indices', None)) else None
     ids = {'set': [int(i) for i in (indices if indices is not None else range(len(dataset)))]}
-    gdb: List[Any] = [getattr(d, 'gdb_idx', None) for d in dataset] if len(dataset) else []
-    if gdb and all(g is not None for g in gdb):
+    if not len(dataset) or getattr(dataset[0], 'gdb_idx', None) is None:  # (not QM9)
+        return ids
+    gdb: List[Any] = [getattr(d, 'gdb_idx', None) for d in dataset]
+    if all(g is not None for g in gdb):
         ids['gdb_idx'] = [int(g.reshape(-1)[0]) if hasattr(g, 'reshape') else int(g)
                           for g in gdb]
     return ids

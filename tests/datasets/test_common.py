@@ -602,16 +602,25 @@ def test_a_changed_raw_file_rebuilds_the_cache_and_names_it(scanobjectnn_root, m
     rel = osp.join('h5_files', 'main_split', 'training_objectdataset.h5')
     first = ScanObjectNN(root, num_points=16, log=False)
     stats = load_stats(_cache16(root)['stats.json'])
-    assert stats['raw_files'] == {
+    assert {k: v[:2] for k, v in stats['raw_files'].items()} == {
         p.replace(os.sep, '/'): [osp.getsize(osp.join(root, 'raw', p)),
                                  f"mtime_ns:{os.stat(osp.join(root, 'raw', p)).st_mtime_ns}"]
         for p in (rel, rel.replace('training', 'test'))}
+    assert all(v[2].startswith('sha1:') for v in stats['raw_files'].values())
+    # the same bytes with other times (a copy that did not keep them, a touch): the same data,
+    # compared by their hashes, not rebuilt
+    path = osp.join(root, 'raw', rel)
+    os.utime(path, ns=(os.stat(path).st_atime_ns, os.stat(path).st_mtime_ns + 10**9))
+    with warnings.catch_warnings():
+        warnings.simplefilter('error', UserWarning)
+        monkeypatch.setattr(ScanObjectNN, 'process', lambda self: pytest.fail('rebuilt'))
+        assert len(ScanObjectNN(root, num_points=16, log=False)) == len(first)
+    monkeypatch.undo()
     changed = (r"raw files .* are not those they were built from \(changed in size, contents or "
                r"modification time: h5_files/main_split/training_objectdataset\.h5\): "
                r"rebuilding")
     # the same shapes with other labels: the same size (a cache keyed by sizes alone served the
     # old labels)
-    path = osp.join(root, 'raw', rel)
     size = osp.getsize(path)
     relabelled = dict(files[rel], label=(files[rel]['label'] + 1) % 15)
     write_h5(path, **relabelled)
@@ -732,3 +741,53 @@ def test_the_data_root_variable_names_itself(tmp_path, monkeypatch):
     unset = default_root('QM9')
     monkeypatch.setenv(ENV_DATA_ROOT, '  ')
     assert default_root('QM9') == unset
+
+
+def test_raw_files_differ_reads_times_and_hashes():
+    from torch_mz.datasets.fingerprint import raw_files_differ
+    calls = []
+
+    def rehash(hashed):
+        return lambda: calls.append(1) or hashed
+
+    rec = {'a': [5, 'mtime_ns:1', 'sha1:aa'], 'b': [7, 'sha1:bb']}
+    now = {'a': [5, 'mtime_ns:1'], 'b': [7, 'sha1:bb']}
+    assert raw_files_differ(rec, now, rehash(None)) == '' and calls == []  # nothing read
+    touched = {'a': [5, 'mtime_ns:2'], 'b': [7, 'sha1:bb']}
+    assert raw_files_differ(rec, touched, rehash({'a': [5, 'mtime_ns:2', 'sha1:aa']})) == ''
+    assert calls == [1]  # the times differ: the bytes were hashed, and are the same
+    edited = raw_files_differ(rec, touched, rehash({'a': [5, 'mtime_ns:2', 'sha1:cc']}))
+    assert edited == 'changed in size, contents or modification time: a'
+    assert 'added: c' in raw_files_differ(rec, dict(now, c=[1, 'mtime_ns:3']), rehash(None))
+    # a record without hashes (a large file read whole) and one of an earlier release
+    assert raw_files_differ({'a': [5, 'mtime_ns:1']}, touched, rehash(None)) != ''
+    assert 'sizes alone' in raw_files_differ({'a': 5}, {'a': [5, 'mtime_ns:1']}, rehash(None))
+    assert 'no fingerprint' in raw_files_differ(None, now, rehash(None))
+
+
+def test_split_digest_reads_the_selected_items_alone():
+    # the digest covered the whole storage (a change to an item in no split read as changed
+    # splits) and failed on a 0-dim attribute; it reads the stored rows of the items selected,
+    # in their order, not what a transform makes of them
+    from torch_geometric.data import Data, InMemoryDataset
+
+    from torch_mz.datasets.fingerprint import split_digest
+
+    class Memory(InMemoryDataset):
+        def __init__(self, items, transform=None):
+            super().__init__(None, transform, log=False)
+            self.data, self.slices = self.collate(items)
+
+    def items(third=3.0):
+        return [Data(pos=torch.full((n, 2), float(v)), y=torch.tensor([[v]]))
+                for n, v in ((2, 1.0), (3, 2.0), (1, third))]
+
+    ds = Memory(items())
+    digest = split_digest(ds.index_select([0, 1]))
+    assert digest == split_digest(Memory(items(third=9.0)).index_select([0, 1]))  # not selected
+    assert digest != split_digest(Memory(items(third=9.0)).index_select([0, 2]))
+    assert digest != split_digest(ds.index_select([1, 0]))  # another order
+    noisy = Memory(items(), transform=lambda d: Data(pos=torch.randn_like(d.pos), y=d.y))
+    assert split_digest(noisy.index_select([0, 1])) == digest
+    one = Memory([Data(pos=torch.zeros(2, 2), t=torch.tensor(1.5))])  # stored uncollated
+    assert split_digest(one) is not None and split_digest([Data(pos=torch.zeros(1, 2))]) is None

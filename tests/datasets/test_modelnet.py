@@ -641,7 +641,7 @@ def test_added_removed_or_resized_meshes_rebuild_the_cache(modelnet_mesh_root, m
     raw = osp.join(modelnet_mesh_root, 'raw')
     first = ModelNet40(modelnet_mesh_root, num_points=16, log=False)
     chair = osp.join(raw, 'chair', 'train', 'chair_0001.off')
-    assert first.stats['raw_files']['chair/train/chair_0001.off'] == [
+    assert first.stats['raw_files']['chair/train/chair_0001.off'][:2] == [
         osp.getsize(chair), f'mtime_ns:{os.stat(chair).st_mtime_ns}']
     write_off(osp.join(raw, 'xbox', 'train', 'xbox_0002.off'), OCTA_VERTICES, OCTA_FACES)
     write_off(osp.join(raw, 'airplane', 'train', 'airplane_0002.off'),

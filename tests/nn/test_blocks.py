@@ -1,3 +1,5 @@
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -477,10 +479,19 @@ def test_hooks_on_the_query_and_value_maps_are_refused(name):
     x = _tokens(5, 4)
     layer = getattr(block.mab.attn, name)
     prune.l1_unstructured(layer, 'weight', amount=0.5)
-    with pytest.raises(RuntimeError, match=f"'{name}' directly.*parametriz"):
+    with pytest.raises(RuntimeError, match=f"'{name}' directly, so the forward pre-hooks"
+                                           ".*parametriz"):
         block(x, index, 2)
     prune.remove(layer, 'weight')  # the pruning made permanent: a plain weight again
     ref = block(x, index, 2)
+    # an observing forward hook (a summary of every layer's output) is told once, not refused
+    handle = layer.register_forward_hook(lambda *a: None)
+    with pytest.warns(UserWarning, match=f"weight of '{name}' directly: the hooks"):
+        block(x, index, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        block(x, index, 2)
+    handle.remove()
     parametrizations.weight_norm(layer)  # the same weight, recomputed when read
     out = block(x, index, 2)
     torch.testing.assert_close(out.center, ref.center)

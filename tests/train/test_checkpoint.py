@@ -402,6 +402,7 @@ def test_a_new_run_refuses_an_out_dir_holding_an_earlier_run(tmp_path):
     assert 'best.pt' in before
     new = Trainer(H.ToyDeepSets(3, 2, dropout=0.1), config(epochs=2, warmup_epochs=1, out_dir=str(out)))
     with pytest.raises(FileExistsError, match="holds the files of an earlier run .*best.pt.*"
+                                              "resume='.*checkpoint.pt' to continue it, "
                                               "overwrite=True"):
         new.fit(REG_TRAIN[:32])
     assert {name: (out / name).read_bytes() for name in os.listdir(out)} == before

@@ -25,8 +25,8 @@ from torch_geometric.data import Data, InMemoryDataset
 
 from torch_mz._files import atomic_write, damaged_zip_member, file_lock
 from torch_mz._optional import require
-from torch_mz.datasets.fingerprint import (_describe, _raw_changes, files_below,
-                                           fingerprint_files)
+from torch_mz.datasets.fingerprint import (_describe, files_below, fingerprint_files,
+                                           hashing_files, raw_files_differ)
 
 ENV_DATA_ROOT = 'TORCH_MZ_DATA'
 
@@ -483,9 +483,11 @@ class ProcessedDataset(InMemoryDataset):
       share; a marker of an earlier release (its repr alone) or a missing one counts as another
       transform;
     - records a fingerprint of the raw files it was built from in ``stats.json``
-      (:meth:`raw_fingerprint`: their paths and sizes, and for files read as a whole their
-      contents' hash or modification time) and is rebuilt, with a warning that names the files
-      added, removed or changed, when they differ;
+      (:meth:`raw_fingerprint`: their paths, sizes and modification times, with the hash of
+      their bytes; for small files read as a whole the hash alone) and is rebuilt, with a
+      warning that names the files added, removed or changed, when they differ (a file whose
+      time alone changed is compared by its hash: a copy that did not keep the times is the
+      same data);
     - records the :attr:`processing_version` of the code that built it in ``stats.json``: a
       cache built by code of another version (or by a release that recorded none) is rebuilt
       from the raw files, with a warning, so that a fix to the processing (a check of the raw
@@ -612,7 +614,7 @@ class ProcessedDataset(InMemoryDataset):
         r"""The fingerprint of the raw files a rebuild would read (:func:`fingerprint_files`),
         recorded in ``stats.json`` as ``raw_files``; a cache whose record differs is rebuilt.
         Here every file of :attr:`raw_paths` (and every file below one that is a folder), by
-        path relative to :attr:`raw_dir` and size."""
+        path relative to :attr:`raw_dir`, size and modification time."""
         paths: List[str] = []
         for path in self.raw_paths:
             paths += files_below(path) if osp.isdir(path) else [path]
@@ -706,8 +708,14 @@ class ProcessedDataset(InMemoryDataset):
         current = self.raw_fingerprint()
         if recorded == current:
             return False
-        what = (_raw_changes(recorded, current) if isinstance(recorded, dict) else
-                'the cache records no fingerprint of them')
+
+        def hashed() -> Dict[str, Any]:
+            with hashing_files():
+                return self.raw_fingerprint()
+
+        what = raw_files_differ(recorded, current, hashed)
+        if not what:  # the same bytes (a copy that did not keep the modification times)
+            return False
         warnings.warn(f"The raw files of the processed files in '{self.processed_dir}' are not "
                       f"those they were built from ({what}): rebuilding them from the raw files",
                       stacklevel=3)
@@ -719,7 +727,10 @@ class ProcessedDataset(InMemoryDataset):
         ``stats.json`` (:func:`save_stats`, with the fingerprint of the raw files taken before
         they were read), the mark that the cache is complete."""
         fingerprint = self._raw_before  # (None where process() is called on its own)
-        stats['raw_files'] = self.raw_fingerprint() if fingerprint is None else fingerprint
+        if fingerprint is None:
+            with hashing_files():
+                fingerprint = self.raw_fingerprint()
+        stats['raw_files'] = fingerprint
         # the transforms as given, described before process() ran them (one that keeps state,
         # a counter or a lazy cache, would otherwise be recorded as another in every process)
         markers = self._markers_before if self._markers_before is not None else self._markers()
@@ -739,7 +750,8 @@ class ProcessedDataset(InMemoryDataset):
         # cache is left as it was (its records still tell what it was made with and from)
         self._stale_on_write = ([p for p in [self._stats_path()] if p is not None]
                                 + [p for p, _ in self._markers()])
-        self._raw_before = self.raw_fingerprint()  # taken before the raw files are read
+        with hashing_files():  # taken before the raw files are read, with their hashes
+            self._raw_before = self.raw_fingerprint()
         self._markers_before = self._markers()  # and the transforms before they run
         self._finished = False
         try:

@@ -9,7 +9,8 @@ import os
 import os.path as osp
 import re
 import types
-from typing import Any, Dict, List, Optional, Sequence
+from contextlib import contextmanager
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -30,11 +31,13 @@ def fingerprint_files(paths: Sequence[str], base: Optional[str] = None,
     for each file, keyed by its path relative to :obj:`base` (``/``-separated; the path as
     given where :obj:`base` is :obj:`None`), ``[size, 'mtime_ns:<time>']``: its size in bytes
     and modification time, so that an edit that keeps the size (an HDF5 file of fixed shapes
-    rewritten, a digit of a mesh changed) is seen too; a copy that does not keep the times
-    rebuilds once. With :obj:`content` (a file read as a whole, such as a CSV file),
-    ``[size, 'sha1:<hex>']`` for a file of at most :data:`FINGERPRINT_HASH_LIMIT` bytes (a
-    copy is the same file) and the size and modification time for a larger one. (Before
-    2026-12-06 the default recorded the size alone: such a cache is rebuilt once.)"""
+    rewritten, a digit of a mesh changed) is seen too. Inside :func:`hashing_files` (a cache
+    being built) a third entry ``'sha1:<hex>'`` records the bytes, so that a copy that did not
+    keep the times is told to be the same files (:func:`raw_files_differ`) instead of rebuilt.
+    With :obj:`content` (a file read as a whole, such as a CSV file), ``[size, 'sha1:<hex>']``
+    for a file of at most :data:`FINGERPRINT_HASH_LIMIT` bytes and the size and modification
+    time (and inside :func:`hashing_files` the SHA-1) for a larger one. (Before 2026-12-06 the
+    default recorded the size alone: such a cache is rebuilt once.)"""
     out: Dict[str, Any] = {}
     for path in paths:
         if not osp.isfile(path):
@@ -42,58 +45,112 @@ def fingerprint_files(paths: Sequence[str], base: Optional[str] = None,
         key = path if base is None else osp.relpath(path, base).replace(os.sep, '/')
         info = os.stat(path)
         if content and info.st_size <= FINGERPRINT_HASH_LIMIT:
-            with open(path, 'rb') as f:
-                out[key] = [info.st_size, 'sha1:' + hashlib.sha1(f.read()).hexdigest()]
+            out[key] = [info.st_size, 'sha1:' + _sha1_of(path)]
         else:
             out[key] = [info.st_size, f'mtime_ns:{info.st_mtime_ns}']
+            if _HASHING[0]:
+                out[key].append('sha1:' + _sha1_of(path))
     return dict(sorted(out.items()))
 
 
-# the digests of the collated storages hashed so far: id -> (the storage, its digest); the
-# storage is held so that its id is not reused while the entry stands
-_STORAGE_DIGESTS: Dict[int, Any] = {}
+_HASHING = [False]  # inside hashing_files(): fingerprint_files adds every file's SHA-1
 
 
-def _storage_digest(data: Any, slices: Any) -> str:
-    entry = _STORAGE_DIGESTS.get(id(data))
-    if entry is not None and entry[0] is data:
-        return entry[1]
+def _sha1_of(path: str) -> str:
     h = hashlib.sha1()
+    with open(path, 'rb') as f:
+        for block in iter(lambda: f.read(1 << 22), b''):
+            h.update(block)
+    return h.hexdigest()
 
-    def add(name: str, value: Any) -> None:
-        if isinstance(value, Tensor):
-            t = value.detach().cpu().contiguous()
-            h.update(f'{name}:{t.dtype}:{tuple(t.shape)};'.encode())
-            h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b'')
-        elif isinstance(value, (int, float, str, bool)) or value is None:
-            h.update(f'{name}={value!r};'.encode())
 
-    store = data.to_dict() if hasattr(data, 'to_dict') else dict(data)
-    for key in sorted(store):
-        add(key, store[key])
-    for key in sorted(slices or {}):
-        add('slices.' + key, slices[key])
-    digest = h.hexdigest()
-    if len(_STORAGE_DIGESTS) >= 8:
-        _STORAGE_DIGESTS.clear()
-    _STORAGE_DIGESTS[id(data)] = (data, digest)
-    return digest
+@contextmanager
+def hashing_files() -> Iterator[None]:
+    r"""Within it :func:`fingerprint_files` records every file's SHA-1 too (a cache being built
+    reads every raw file anyway; checking a cache reads none unless their times changed)."""
+    before, _HASHING[0] = _HASHING[0], True
+    try:
+        yield
+    finally:
+        _HASHING[0] = before
+
+
+def raw_files_differ(recorded: Any, current: Dict[str, Any],
+                     rehash: Callable[[], Dict[str, Any]]) -> str:
+    r"""What differs between the raw-file fingerprint a cache :obj:`recorded` and the
+    :obj:`current` one, in words ('' where nothing does). A file whose size is the same and
+    whose modification time is not (a copy that did not keep the times) is compared by its
+    SHA-1 where the record has one: :obj:`rehash` gives the current fingerprint with the hashes
+    (:func:`fingerprint_files` within :func:`hashing_files`), called only then."""
+    if not isinstance(recorded, dict):
+        return 'the cache records no fingerprint of them'
+    if recorded == current:
+        return ''
+    if recorded and all(isinstance(v, int) for v in recorded.values()):
+        return ('the cache records their sizes alone, as releases before 2026-12-06 did, not '
+                'their modification times')
+
+    def same(a: Any, b: Any) -> bool:  # (a record with a hash against one without)
+        return a == b or (isinstance(a, list) and isinstance(b, list) and a[:2] == b[:2])
+
+    differ = {k for k in set(recorded) | set(current)
+              if k not in recorded or k not in current or not same(recorded[k], current[k])}
+    touched = {k for k in differ if k in recorded and k in current
+               and isinstance(recorded[k], list) and isinstance(current[k], list)
+               and recorded[k][0] == current[k][0] and str(recorded[k][-1]).startswith('sha1:')}
+    if touched:  # the same sizes, other times: the same bytes?
+        hashed = rehash()
+        differ -= {k for k in touched if isinstance(hashed.get(k), list)
+                   and hashed[k][-1] == recorded[k][-1]}
+    if not differ:
+        return ''
+    return _raw_changes({k: v for k, v in recorded.items() if k in differ},
+                        {k: v for k, v in current.items() if k in differ})
 
 
 def split_digest(split: Any) -> Optional[str]:
-    r"""A digest of the data a split of a real dataset holds, for a checkpoint's ``run_info``
+    r"""A digest of the sets a split of a real dataset holds, for a checkpoint's ``run_info``
     (``torch-mz predict`` and a resumed run compare it, so that another dataset folder or
     changed raw files are not taken for the run's data): for a view of a PyG
     :class:`~torch_geometric.data.InMemoryDataset` (``dataset.index_select(...)``), the SHA-1 of
-    its collated storage (every tensor's dtype, shape and bytes, and the slices; hashed once per
-    storage) and of the indices it selects. The stored items, not those a ``transform`` makes
-    of them (a random transform would differ every time). :obj:`None` for anything else (the
-    synthetic tasks' lists of sets, which their seed and options determine)."""
+    the stored rows of the items it selects, in its order (every collated tensor's rows of each
+    item, with the item's row count; an attribute stored whole, by all of it). The stored
+    items, not those a ``transform`` makes of them (a random transform would differ every
+    time). :obj:`None` for anything else (the synthetic tasks' lists of sets, which their seed
+    and options determine)."""
     from torch_geometric.data import InMemoryDataset
     if not isinstance(split, InMemoryDataset) or getattr(split, '_data', None) is None:
         return None
-    h = hashlib.sha1(_storage_digest(split._data, split.slices).encode())
-    h.update(np.asarray(list(split.indices()), dtype=np.int64).tobytes())
+    data, slices = split._data, split.slices or {}
+    idx = np.asarray(list(split.indices()), dtype=np.int64)
+    h = hashlib.sha1(f'{idx.size} items;'.encode())
+
+    def add(name: str, t: Tensor) -> None:
+        t = t.detach().cpu().contiguous()
+        h.update(f'{name}:{t.dtype}:{tuple(t.shape)};'.encode())
+        if t.numel():
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+
+    store = data.to_dict()
+    for key in sorted(store):
+        value = store[key]
+        if not isinstance(value, Tensor):
+            if isinstance(value, (int, float, str, bool)) or value is None:
+                h.update(f'{key}={value!r};'.encode())
+            continue
+        bounds = slices.get(key)
+        if not isinstance(bounds, Tensor) or bounds.dim() != 1 or value.dim() == 0:
+            add(key, value)  # stored whole
+            continue
+        b = bounds.cpu().numpy().astype(np.int64)
+        starts, lengths = b[idx], b[idx + 1] - b[idx]
+        ends = np.cumsum(lengths)
+        rows = np.repeat(starts - (ends - lengths), lengths) + np.arange(int(ends[-1]) if
+                                                                          idx.size else 0)
+        dim = data.__cat_dim__(key, value)
+        dim = dim + value.dim() if dim < 0 else dim
+        add(key, value.index_select(dim, torch.from_numpy(rows)))
+        add(key + '.rows', torch.from_numpy(lengths))
     return h.hexdigest()
 
 

@@ -387,7 +387,7 @@ class ModelNet40(TrainTestSets):
         return files
 
     def raw_fingerprint(self) -> Dict[str, Any]:
-        r"""The raw files processing reads, by path relative to ``raw/`` and size
+        r"""The raw files processing reads, by path relative to ``raw/``, size and time
         (:func:`~torch_mz.datasets.common.fingerprint_files`): the meshes of both splits; or the
         HDF5 files of the release, with ``shape_names.txt`` and the two file lists by their
         contents' hash."""

@@ -9,6 +9,7 @@ The value operator is pluggable, so that baselines share the routing code exactl
 """
 import math
 import numbers
+import warnings
 from typing import Optional, Tuple, Union
 
 import torch
@@ -147,10 +148,11 @@ class MZAttention(Module):
     shifts all scores of a query is dropped, as the softmax ignores it). The results agree with
     the literal order up to rounding (tests compare them). The weights of :obj:`lin_q`,
     :obj:`lin_v` (and :obj:`lin_k` where the keys are folded, unless it is hooked) are read
-    directly, so hooks on those layers could not run: a forward refuses hooks registered on
+    directly, so hooks on those layers could not run: a forward refuses forward pre-hooks on
     :obj:`lin_q` or :obj:`lin_v` (e.g. :mod:`torch.nn.utils.prune`'s or the older hook-based
-    ``torch.nn.utils.weight_norm``, which would otherwise leave a stale weight), and a hooked
-    :obj:`lin_k` runs as a module. :mod:`torch.nn.utils.parametrize` (and
+    ``torch.nn.utils.weight_norm``, which would otherwise leave a stale weight), warns once of
+    other hooks there (observers, which then see nothing), and runs a hooked :obj:`lin_k` as a
+    module. :mod:`torch.nn.utils.parametrize` (and
     ``torch.nn.utils.parametrizations``) works, since a parametrised weight is computed when
     it is read.
 
@@ -306,14 +308,21 @@ class MZAttention(Module):
         check_token_sets(kv_set, key_value.num_tokens, num_sets, 'kv_set')
         for name in ('lin_q', 'lin_v'):
             layer = getattr(self, name)
-            if (layer._forward_hooks or layer._forward_pre_hooks or layer._backward_hooks
-                    or layer._backward_pre_hooks):  # (its own hooks; global ones are served)
+            if layer._forward_pre_hooks:  # (its own; global hooks are served)
+                # what prune, weight_norm and spectral_norm register: they recompute the
+                # weight, which would go stale (the second optimizer step failed)
                 raise RuntimeError(
-                    f"MZAttention reads the weight of '{name}' directly, so the hooks "
+                    f"MZAttention reads the weight of '{name}' directly, so the forward pre-hooks "
                     f"registered on it would never run (a pruned or hook-normalised weight "
                     f"would go stale): remove them (torch.nn.utils.prune.remove makes a pruning "
                     f"permanent), or use torch.nn.utils.parametrize / "
                     f"torch.nn.utils.parametrizations, whose weights are computed when read")
+            if ((layer._forward_hooks or layer._backward_hooks or layer._backward_pre_hooks)
+                    and not getattr(layer, '_torch_mz_hooks_warned', False)):
+                # (observers, such as summaries of every layer's output: told once)
+                layer._torch_mz_hooks_warned = True
+                warnings.warn(f"MZAttention reads the weight of '{name}' directly: the hooks "
+                              f"registered on that layer do not run", stacklevel=2)
         ng = self.num_generators
         Nq, Nk = query.num_tokens, key_value.num_tokens
         counts_k = set_counts(kv_set, num_sets)  # (B,)

@@ -474,10 +474,12 @@ class Trainer:
         if not stale:
             return
         if not cfg.overwrite:
+            resume = (f"resume='{os.path.join(cfg.out_dir, LAST_CHECKPOINT)}' to continue it, "
+                      if LAST_CHECKPOINT in stale else '')  # (none: stopped in its first epoch)
             raise FileExistsError(
                 f"out_dir '{cfg.out_dir}' holds the files of an earlier run "
-                f"({', '.join(stale)}): pass resume=<its checkpoint.pt> to continue it, "
-                f"overwrite=True to replace it, or another out_dir")
+                f"({', '.join(stale)}): pass {resume}overwrite=True to replace it, or another "
+                f"out_dir")
         if self.dist.is_main:  # (the other processes write nothing here)
             for name in stale:
                 os.unlink(os.path.join(cfg.out_dir, name))
