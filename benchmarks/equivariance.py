@@ -54,18 +54,22 @@ PAPER = {(cell, model): values[i] for model, values in TABLE7.items()
          for i, cell in enumerate(TABLE7_CELLS)}
 
 
-def verdict(row):
+def verdict(row, seeds: int = 2):
     r"""The cell's measured winner and the paper's. The measured winner is the model with the
     highest mean R², or ``'tie: a/b'`` (all models within the lead) when the lead over the
-    runner-up is under twice the larger of their seed standard deviations."""
+    runner-up is under twice the larger of their seed standard deviations; with one seed
+    (no spread to weigh the lead against) the highest, marked ``'(one seed)'``."""
     tied = winner({m: row[f'{m} r2'] for m in MODELS},
                   {m: row.get(f'{m} r2 std', 0.0) for m in MODELS})
     ours = tied[0] if len(tied) == 1 else 'tie: ' + '/'.join(tied)
+    if seeds < 2:
+        ours = tied[0] + ' (one seed)'
     return ours, winner({m: PAPER[(row['cell'], m)] for m in MODELS})[0]
 
 
 def agrees(ours, paper):
     r"""Whether a measured winner (or tie) includes the paper's winner."""
+    ours = ours.removesuffix(' (one seed)')
     return ours == paper or (ours.startswith('tie: ') and paper in ours[5:].split('/'))
 
 
@@ -107,7 +111,7 @@ def main():
         for m in models:
             row[f'paper {m}'] = PAPER.get((row['cell'], m))
         if set(models) == set(MODELS):
-            row['winner'], row['paper winner'] = verdict(row)
+            row['winner'], row['paper winner'] = verdict(row, seeds)
     env = environment()
     params = {m: rows[0][f'{m} params'] for m in models} if rows else {}
     setup = dict(seeds=seeds, n_train=n_train, n_val=n_val, n_test=n_test, epochs=epochs, lr=lr,

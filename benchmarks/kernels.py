@@ -39,6 +39,7 @@ from torch_mz.nn.zonotope import _LayerNormJacobian
 from torch_mz.study import (environment, markdown_table, positive_int, pyplot, time_interleaved,
                             try_plot, write_results)
 from torch_mz.study.plots import save_figure
+from torch_mz.study.report import check_out_folder
 
 TOKENS, GENERATORS, WIDTH, TANH_HIDDEN = 32768, 8, 64, 64
 
@@ -172,8 +173,9 @@ def main(argv=None):
     parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
                                                       'kernels'))
     args = parser.parse_args(argv)
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
-        parser.error(f'--out {args.out!r} is a file, not a folder')
+    problem = check_out_folder(args.out)  # (before anything runs: a folder it cannot write)
+    if problem:
+        parser.error(problem)
     torch.set_num_threads(args.threads)
     start = time.time()
     rows = []

@@ -37,6 +37,7 @@ from torch_mz.study import (check_models, environment, int_list, markdown_table,
                             write_report)
 from torch_mz.tasks import load_task
 from torch_mz.train import TrainConfig
+from torch_mz.study.report import check_out_folder
 
 # label -> (task arguments, what the reading is)
 CANDIDATES = {
@@ -173,8 +174,9 @@ def main():
     parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
                                                       'rotation_matching'))
     args = parser.parse_args()
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
-        parser.error(f'--out {args.out!r} is a file, not a folder')
+    problem = check_out_folder(args.out)  # (before anything runs: a folder it cannot write)
+    if problem:
+        parser.error(problem)
     dims, models = args.sweep_dims, args.models
     if args.d in dims:
         parser.error(f'--sweep-dims {args.d} repeats --d {args.d} (its readings are in the '

@@ -39,6 +39,7 @@ from torch_mz.reproduce.store import read_record
 from torch_mz import geometry
 from torch_mz.study import environment, markdown_table, positive_int, write_report
 from torch_mz.tasks import load_task
+from torch_mz.study.report import check_out_folder
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CELL = SWEEP_CELLS['rotation-matching']
@@ -250,8 +251,9 @@ def main(argv=None):
     parser.add_argument('--replication-sets', type=positive_int, default=16)
     parser.add_argument('--out', default=os.path.join(HERE, 'results', 'rotation_matching'))
     args = parser.parse_args(argv)
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
-        parser.error(f'--out {args.out!r} is a file, not a folder')
+    problem = check_out_folder(args.out)  # (before anything runs: a folder it cannot write)
+    if problem:
+        parser.error(problem)
     if not os.path.isdir(args.records):
         parser.error(f'--records {args.records!r} is not a folder')
     torch.set_num_threads(1)

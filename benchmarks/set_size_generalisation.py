@@ -25,6 +25,7 @@ from torch_mz.study.budget import Budget, add_budget_arguments, choose_budget, s
 from torch_mz.study.statistics import mean_std
 from torch_mz.tasks import load_task
 from torch_mz.train import Trainer, seed_everything
+from torch_mz.study.report import check_out_folder
 
 TEST_SIZES = ((10, 30), (30, 50), (50, 80), (80, 120))
 # Table 16 of the paper (its task is not named there): test range -> (ST R^2, MZ R^2)
@@ -99,8 +100,9 @@ def main():
     parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
                                                       'set_size_generalisation'))
     args = parser.parse_args()
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
-        parser.error(f'--out {args.out!r} is a file, not a folder')
+    problem = check_out_folder(args.out)  # (before anything runs: a folder it cannot write)
+    if problem:
+        parser.error(problem)
     budget = choose_budget(args, QUICK, FULL)
     seeds, n_train, n_test, epochs, lr = (budget.seeds, budget.n_train, budget.n_test,
                                           budget.epochs, budget.lr)

@@ -53,6 +53,7 @@ from torch_mz.uncertainty import (DEFAULT_LEVELS, METHODS, binned_by_uncertainty
                                   error_correlation, fit_affine_sigma, gaussian_nll,
                                   interval_coverage, mc_dropout_predict, method_predictions,
                                   regression_ece)
+from torch_mz.study.report import check_out_folder
 # Table 20: method -> (Spearman, Pearson, inference seconds, passes)
 PAPER_T20 = {'MZAttn (IHW)': (0.513, 0.442, 0.10, 1), 'MC-Dropout': (0.553, 0.547, 0.37, 10),
              'Deep Ensemble': (0.470, 0.542, 0.40, 5)}
@@ -471,8 +472,9 @@ def main():
     parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
                                                       'uncertainty'))
     args = parser.parse_args()
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
-        parser.error(f'--out {args.out!r} is a file, not a folder')
+    problem = check_out_folder(args.out)  # (before anything runs: a folder it cannot write)
+    if problem:
+        parser.error(problem)
     budget = choose_budget(args, QUICK, FULL)
     if args.n_train:
         budget = replace(budget, n_val=max(2, args.n_train // 2),

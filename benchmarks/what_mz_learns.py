@@ -27,6 +27,7 @@ from torch_mz.study.plots import save_figure
 from torch_mz.study.budget import Budget, add_budget_arguments, choose_budget, study_config
 from torch_mz.tasks import load_task
 from torch_mz.train import seed_everything, train
+from torch_mz.study.report import check_out_folder
 
 # Section 5.4 / Appendix D.1 of the paper (Figure 4): the one number it gives, and its claims.
 PAPER_GATE_ACTIVITY_L8 = 0.786
@@ -270,8 +271,9 @@ def main():
     parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
                                                       'what_mz_learns'))
     args = parser.parse_args()
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
-        parser.error(f'--out {args.out!r} is a file, not a folder')
+    problem = check_out_folder(args.out)  # (before anything runs: a folder it cannot write)
+    if problem:
+        parser.error(problem)
     budget = choose_budget(args, QUICK, FULL)
     Ls = args.L or (QUICK_L if args.quick else FULL_L)
     if args.n_probe < 2:

@@ -604,4 +604,19 @@ def test_a_study_refuses_an_out_file_before_training(tmp_path, monkeypatch, caps
     with pytest.raises(SystemExit) as exit_:
         run_main('depth_separation', ['--tdof', '2', '--d', '2', '--out',
                                         str(tmp_path / 'file')])
-    assert exit_.value.code == 2 and "cannot make the runs' folder" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "cannot write the study's results" in err
+    assert 'is a file, not a folder' in err
+
+
+def test_one_seed_makes_no_claim_about_the_seed_spread():
+    # with one seed the spread is 0, and every lead read as clear
+    from tests._scripts import load_script
+    eq = load_script('equivariance')
+    row = {'cell': eq.TABLE7_CELLS[0], **{f'{m} r2': 0.5 + 0.01 * i for i, m in
+                                        enumerate(eq.MODELS)},
+           **{f'{m} r2 std': 0.0 for m in eq.MODELS}}
+    ours, paper = eq.verdict(row, seeds=1)
+    assert ours.endswith(' (one seed)') and not ours.startswith('tie')
+    assert eq.agrees(ours, ours.removesuffix(' (one seed)'))
+    assert not eq.verdict(row, seeds=2)[0].endswith('(one seed)')

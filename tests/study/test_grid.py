@@ -237,3 +237,33 @@ def test_check_grid_names_the_cell_it_refuses():
              dict(label='rot d=1', task='rotation-matching', kwargs=dict(d=1))]
     with pytest.raises(ValueError, match=r"cell 'rot d=1' \(task 'rotation-matching'\): 'd'"):
         check_grid(cells, ['deepsets'])
+
+
+def test_a_diverged_run_is_recorded_and_the_grid_goes_on(tmp_path):
+    # one diverging run ended the whole study, and --resume trained it again into the same
+    # divergence: the study could never finish. It is recorded with NaN figures, stored, and
+    # the other runs go on; train_models alone (torch-mz compare) still raises
+    from torch_mz.study import RunStore
+    from torch_mz.train import TrainingDiverged
+    cells = [dict(label='sum', task='sum', kwargs=dict(d=2, reduce='sum', n_train=16, n_val=4,
+                                                       n_test=8))]
+    config = TrainConfig(epochs=2, warmup_epochs=0, batch_size=8, lr=1e-3, progress=False)
+
+    def config_for(cell, spec, seed):  # the wide model at a rate that diverges
+        return replace(config, seed=seed, lr=1e30 if spec == 'deepsets' else 1e-3,
+                       grad_clip=None)
+
+    store = RunStore(str(tmp_path / 'runs'))
+    with pytest.warns(UserWarning, match='deepsets seed 0 diverged'):
+        runs, rows = run_grid(cells, ['deepsets', 'mean-mlp'], 1, None, config_for=config_for,
+                              store=store)
+    diverged, fine = runs
+    assert 'diverged' in diverged and math.isnan(diverged['test']['r2'])
+    assert math.isnan(rows[0]['deepsets r2']) and math.isfinite(rows[0]['mean-mlp r2'])
+    assert math.isfinite(fine['test']['r2'])
+    again, _ = run_grid(cells, ['deepsets', 'mean-mlp'], 1, None, config_for=config_for,
+                        store=store)  # read back, not trained into the divergence again
+    assert again[0]['diverged'] == diverged['diverged']
+    task = load_task('sum', d=2, reduce='sum', n_train=16, n_val=4, n_test=8)
+    with pytest.raises(TrainingDiverged):
+        train_models(task, ['deepsets'], 1, lambda spec, seed: config_for(None, spec, seed))

@@ -42,3 +42,13 @@ def test_write_results(tmp_path):
     write_results(str(tmp_path / 'new'), 'results', {'b': 1, 'a': [2]}, '# t\n')
     assert (tmp_path / 'new' / 'results.md').read_text() == '# t\n'
     assert (tmp_path / 'new' / 'results.json').read_text() == '{\n  "b": 1,\n  "a": [\n    2\n  ]\n}\n'
+
+
+def test_check_out_folder_names_what_cannot_be_written(tmp_path):
+    from torch_mz.study import check_out_folder
+    assert check_out_folder(str(tmp_path / 'new' / 'deep')) is None
+    assert not (tmp_path / 'new').exists()  # (the probe's folders removed again)
+    assert check_out_folder(str(tmp_path)) is None and list(tmp_path.iterdir()) == []
+    (tmp_path / 'afile').write_text('x')
+    assert 'is a file, not a folder' in check_out_folder(str(tmp_path / 'afile'))
+    assert 'cannot be written' in check_out_folder(str(tmp_path / 'afile' / 'sub'))

@@ -98,3 +98,11 @@ def test_lead_over_best_passes_over_a_nan_rival_and_paired_gap_wants_vectors():
         assert lead.best == 'b' and lead.gap == pytest.approx(0.2)
     with pytest.raises(ValueError, match='one value per seed'):
         paired_gap([[1.], [2.], [3.]], [0., 1., 1.])  # (a column broadcast to 3 x 3)
+
+
+def test_resolved_ordering_ranks_a_nan_mean_last_whatever_the_order_given():
+    # a NaN key made Python's sort depend on the entries' order: c (0.75) below a (0.55)
+    for values in ({'a': [.5, .6], 'b': [np.nan, .9], 'c': [.7, .8]},
+                   {'b': [np.nan, .9], 'c': [.7, .8], 'a': [.5, .6]}):
+        assert resolved_ordering(values, higher_is_better=True).names == ['c', 'a', 'b']
+        assert resolved_ordering(values).names == ['a', 'c', 'b']

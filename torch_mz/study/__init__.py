@@ -30,8 +30,8 @@ from torch_mz.study.measure import (MeasurementFailed, allocator_peak_bytes, cou
 from torch_mz.study.plots import (NO_MATPLOTLIB, plot_bars, plot_grid, plot_summary, pyplot,
                                   save_figure, try_plot)
 from torch_mz.study.resume import RunStore
-from torch_mz.study.report import (METRICS, markdown_table, summarize, summary_markdown,
-                                   write_json, write_report, write_results)
+from torch_mz.study.report import (METRICS, check_out_folder, markdown_table, summarize,
+                                   summary_markdown, write_json, write_report, write_results)
 from torch_mz.study.specs import parse_model_spec, split_model_specs
 from torch_mz.study.statistics import (Lead, Ordering, lead_over_best, mean_std, paired_gap,
                                        resolved_ordering, winner)
@@ -77,6 +77,7 @@ __all__ = [
     'save_figure',
     'METRICS',
     'markdown_table',
+    'check_out_folder',
     'summarize',
     'summary_markdown',
     'write_json',

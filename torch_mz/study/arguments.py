@@ -10,7 +10,7 @@ later. Library code: the script owns and parses the command line; these are only
 """
 import argparse
 import math
-from typing import Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 __all__ = ['positive_int', 'nonnegative_int', 'positive_float', 'nonnegative_float',
            'int_list', 'float_list', 'choice_list']
@@ -60,10 +60,18 @@ def _split(text: str) -> List[str]:
     return items
 
 
+def _distinct(values: List[Any], text: str) -> None:
+    repeated = sorted({v for v in values if values.count(v) > 1})
+    if repeated:
+        raise argparse.ArgumentTypeError(f"{', '.join(map(str, repeated))} given twice in "
+                                         f"{text!r}")
+
+
 def int_list(low: int = 1, high: Optional[int] = None) -> Callable[[str], List[int]]:
     r"""A comma-separated list of distinct integers in ``[low, high]`` (e.g. ``'4,16,32'``)."""
     def parse(text: str) -> List[int]:
         values = [int(_number(item, int, low, strict=False)) for item in _split(text)]
+        _distinct(values, text)  # ('4,04' names one value twice)
         if high is not None and max(values) > high:
             raise argparse.ArgumentTypeError(f'expected integers <= {high}, got {text!r}')
         return values
@@ -75,7 +83,9 @@ def float_list(low: float = 0.0, strict: bool = True) -> Callable[[str], List[fl
     r"""A comma-separated list of distinct finite numbers above :obj:`low` (at or above it
     unless :obj:`strict`)."""
     def parse(text: str) -> List[float]:
-        return [float(_number(item, float, low, strict)) for item in _split(text)]
+        values = [float(_number(item, float, low, strict)) for item in _split(text)]
+        _distinct(values, text)  # ('0.1,1e-1' names one value twice)
+        return values
     parse.__name__ = 'number list'
     return parse
 

@@ -2,6 +2,8 @@ r"""Training several models on one task, or on a grid of tasks, with identical b
 of ``torch-mz compare`` and of the studies in ``benchmarks/``. Library code: no printing."""
 import json
 import math
+import time
+import warnings
 from dataclasses import replace
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -15,7 +17,7 @@ from torch_mz.options import check_options
 from torch_mz.study.resume import RunStore
 from torch_mz.study.specs import parse_model_spec
 from torch_mz.tasks import check_task, load_task
-from torch_mz.train import TrainConfig, seed_everything, train
+from torch_mz.train import TrainConfig, TrainingDiverged, seed_everything, train
 from torch_mz.train.checkpoint import recorded_options
 
 __all__ = ['train_one', 'train_models', 'run_grid', 'run_info_for', 'check_models',
@@ -123,6 +125,7 @@ def train_models(task: Any, models: Sequence[str], seeds: int,
                                            Optional[Dict[str, object]]]] = None,
                  store: Optional[RunStore] = None,
                  data: Optional[Mapping[str, Any]] = None,
+                 record_diverged: bool = False,
                  **labels: Any) -> List[Dict[str, Any]]:
     r"""Trains every model of :obj:`models` (specs, see :func:`parse_model_spec`) with seeds
     ``0 .. seeds - 1`` on one task, model by model, and returns one record per run:
@@ -147,6 +150,11 @@ def train_models(task: Any, models: Sequence[str], seeds: int,
             :obj:`cached`. (default: :obj:`None`)
         data (dict, optional): What identifies the task's data in :obj:`store` (e.g. the task
             name, options and set counts); required with :obj:`store`. (default: :obj:`None`)
+        record_diverged (bool, optional): A run whose training diverges
+            (:class:`~torch_mz.train.TrainingDiverged`) is recorded, with a warning, as
+            ``diverged`` with no validation or test figures (its R² NaN in a table), and the
+            other runs go on; kept in :obj:`store` too, since training it again would diverge
+            at the same epoch. Otherwise the error ends the call. (default: :obj:`False`)
         **labels: Entries added to every trained run's record.
 
     The specs are checked first (:func:`check_models`), before any data is built: an unknown
@@ -169,8 +177,22 @@ def train_models(task: Any, models: Sequence[str], seeds: int,
             if record is None:
                 if built is None:
                     built = task()
-                record = dict(train_one(built, name, seed, config, **options), model=spec,
-                              **labels)
+                start = time.perf_counter()
+                try:
+                    trained = train_one(built, name, seed, config, **options)
+                except TrainingDiverged as e:
+                    if not record_diverged:
+                        raise
+                    warnings.warn(f'{spec} seed {seed} diverged ({e}): recorded with no test '
+                                  f'figures (R² NaN), the other runs go on', stacklevel=2)
+                    keys = (('loss', 'accuracy') if built.task_type == 'classification'
+                            else ('loss', 'mse', 'mae', 'r2'))  # (the trainer's metrics)
+                    trained = dict(model=name, seed=seed, params=None, best_epoch=None,
+                                   epochs_run=e.epoch + 1, stopped_early=False,
+                                   diverged=str(e), wall_time_s=time.perf_counter() - start,
+                                   val=dict.fromkeys(keys, math.nan),
+                                   test=dict.fromkeys(keys, math.nan))
+                record = dict(trained, model=spec, **labels)
                 if store is not None:
                     store.put(key, config, record)
             records.append(record)
@@ -242,7 +264,7 @@ def run_grid(cells: Sequence[Mapping[str, Any]], models: Sequence[str], seeds: i
             cached=None if cached is None else (
                 lambda spec, seed, run_config: cached(cell, spec, seed, run_config)),
             store=store, data=dict(task=cell['task'], kwargs=dict(cell.get('kwargs', {}))),
-            cell=cell['label'])
+            record_diverged=True, cell=cell['label'])
         runs += records
         row: Dict[str, object] = dict(cell=cell['label'])
         for i, spec in enumerate(models):
@@ -251,6 +273,7 @@ def run_grid(cells: Sequence[Mapping[str, Any]], models: Sequence[str], seeds: i
             row[f'{spec} r2'] = float(np.mean(r2))
             row[f'{spec} r2 std'] = float(np.std(r2))
             row[f'{spec} mse'] = float(np.mean([r['test'].get('mse', math.nan) for r in results]))
-            row[f'{spec} params'] = results[0]['params']
+            row[f'{spec} params'] = next((r['params'] for r in results
+                                          if r.get('params') is not None), None)
         rows.append(row)
     return runs, rows

@@ -3,7 +3,7 @@ a model x seed grid (mean and spread over seeds). Library code: nothing here pri
 import json
 import math
 import os
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
@@ -13,6 +13,36 @@ __all__ = ['METRICS', 'write_json', 'write_results', 'write_report', 'markdown_t
            'summarize', 'summary_markdown']
 
 METRICS = {'regression': ('r2', 'mse', 'mae'), 'classification': ('accuracy', 'loss')}
+
+
+def check_out_folder(out: str) -> Optional[str]:
+    r"""Whether a study can write its results into :obj:`out`, asked before anything is
+    trained (a study that found out at its end lost every run): the folder is made, a probe
+    file written there and removed, and the folders made for the probe removed again (a usage
+    error found later leaves nothing behind). Returns :obj:`None`, or the reason it cannot, in
+    one line for a usage error (a path through a file, no permission, ...)."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        return f'--out {out!r} is a file, not a folder'
+    made = []  # the folders that do not exist yet, deepest first
+    folder = os.path.abspath(out)
+    while not os.path.exists(folder):
+        made.append(folder)
+        folder = os.path.dirname(folder)
+    try:
+        os.makedirs(out, exist_ok=True)
+        probe = os.path.join(out, f'.write-probe-{os.getpid()}')
+        with open(probe, 'w'):
+            pass
+        os.remove(probe)
+    except OSError as e:
+        return f"--out {out!r} cannot be written: {e.strerror or e}"
+    finally:
+        for folder in made:
+            try:
+                os.rmdir(folder)
+            except OSError:  # (not made, or not empty)
+                break
+    return None
 
 
 def write_json(path: str, payload: Dict[str, object]):

@@ -68,12 +68,13 @@ class RunStore:
         it, they are read back where they match. The folder is created here, so that an
         :obj:`out` that cannot hold it (a file) raises its :class:`OSError` before any run
         trains."""
+        from torch_mz.study.report import check_out_folder
         store = cls(os.path.join(out, 'runs'))
-        try:  # an OSError here, before anything trains
-            os.makedirs(store.folder, exist_ok=True)
-        except OSError as e:
-            raise OSError(e.errno, f"cannot make the runs' folder '{store.folder}' ({e.strerror}"
-                          f"; is the output folder '{out}' a file?)") from None
+        for folder in (out, store.folder):  # an OSError here, before anything trains
+            problem = check_out_folder(folder)
+            if problem:
+                raise OSError(f"cannot write the study's results: {problem}")
+        os.makedirs(store.folder, exist_ok=True)
         if not resume:
             store.clear()
         return store

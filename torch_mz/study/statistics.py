@@ -68,9 +68,16 @@ def resolved_ordering(values: Mapping[str, Sequence[float]],
                       bootstrap: Optional[Mapping[str, Sequence[float]]] = None,
                       higher_is_better: bool = False, z: float = 2.0) -> Ordering:
     r"""Orders the entries of :obj:`values` (name -> one value per seed) by their mean, best
-    first (ties keep the order of :obj:`values`), with every adjacent gap's standard error from
-    :func:`paired_gap` (:obj:`bootstrap`: name -> resamples, needed with one seed)."""
-    names = sorted(values, key=lambda k: np.mean(values[k]), reverse=higher_is_better)
+    first (ties keep the order of :obj:`values`; a NaN mean, a missing figure, last), with every
+    adjacent gap's standard error from :func:`paired_gap` (:obj:`bootstrap`: name -> resamples,
+    needed with one seed)."""
+    def key(name: str) -> Tuple[bool, float]:
+        mean = float(np.mean(values[name]))
+        if math.isnan(mean):  # (a NaN key made the sort depend on the entries' order)
+            return True, 0.0
+        return False, -mean if higher_is_better else mean
+
+    names = sorted(values, key=key)
     gaps, errors, resolved = [], [], []
     for a, b in zip(names, names[1:]):
         boot = (None, None) if bootstrap is None else (bootstrap[a], bootstrap[b])
