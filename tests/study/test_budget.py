@@ -67,3 +67,16 @@ def test_split_sizes():
     assert Budget(1, 3, 1).split_sizes() == (3, 1, 1)
     with pytest.raises(ValueError, match='n_train'):
         Budget(1, None, 1).split_sizes()
+
+
+def test_a_bad_device_is_a_usage_error_when_parsed(capsys):
+    # (a traceback from resolve_device came after the data were built)
+    import torch
+    parser = argparse.ArgumentParser()
+    add_budget_arguments(parser, quick_help='q')
+    assert parser.parse_args(['--device', 'cpu']).device == 'cpu'
+    bad = ['foo'] + ([] if torch.cuda.is_available() else ['cuda'])
+    for name in bad:
+        with pytest.raises(SystemExit):
+            parser.parse_args(['--device', name])
+        assert '--device' in capsys.readouterr().err

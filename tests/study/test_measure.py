@@ -223,3 +223,17 @@ def test_time_interleaved_runs_every_function_once_per_round_in_rotated_order():
     assert calls[3:] == ['a', 'b', 'c', 'b', 'c', 'a', 'c', 'a', 'b', 'a', 'b', 'c']
     assert set(times) == {'a', 'b', 'c'}
     assert all(len(t) == 4 and min(t) >= 0 for t in times.values())
+
+
+@pytest.mark.parametrize('body, reason', [
+    ('pass', 'the measuring process printed no result'),
+    ("print('done')", "the measuring process ended with 'done', not its JSON result"),
+    ('import sys; sys.exit(2)', 'exited with status 2'),
+])
+def test_in_fresh_process_names_a_child_that_gives_no_result(tmp_path, body, reason):
+    # (an IndexError, a JSONDecodeError, and "killed" for a plain exit status)
+    script = tmp_path / 'child.py'
+    script.write_text(body + '\n')
+    with pytest.raises(MeasurementFailed) as info:
+        in_fresh_process(str(script), dict(n=1))
+    assert str(info.value) == reason

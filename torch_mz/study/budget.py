@@ -60,6 +60,17 @@ _TYPES = {'seeds': positive_int, 'n_train': positive_int, 'n_val': positive_int,
           'n_test': positive_int, 'epochs': positive_int, 'lr': positive_float}
 
 
+def device_name(text: str) -> str:
+    r"""An argparse type: a device :func:`~torch_mz.train.resolve_device` takes here ('auto',
+    'cpu', 'cuda', 'cuda:<index>' where CUDA is available), returned as given."""
+    from torch_mz.train import resolve_device
+    try:
+        resolve_device(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
 def add_budget_arguments(parser: argparse.ArgumentParser, quick_help: str,
                          overrides: Sequence[str] = ('seeds', 'n_train', 'epochs', 'lr'),
                          device: bool = True, helps: Optional[Mapping[str, str]] = None) -> None:
@@ -75,8 +86,8 @@ def add_budget_arguments(parser: argparse.ArgumentParser, quick_help: str,
             raise ValueError(f"no budget option '{name}' (options: {', '.join(_TYPES)})")
         parser.add_argument('--' + name.replace('_', '-'), type=_TYPES[name], default=None,
                             help=helps.get(name))
-    if device:
-        parser.add_argument('--device', default='auto')
+    if device:  # (checked as it is parsed: a bad name was a traceback after the data built)
+        parser.add_argument('--device', default='auto', type=device_name)
 
 
 def add_resume_argument(parser: argparse.ArgumentParser) -> None:

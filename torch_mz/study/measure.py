@@ -330,8 +330,15 @@ def in_fresh_process(script: str, config: Dict[str, Any],
     if out.returncode < 0:
         raise MeasurementFailed(f'killed by signal {-out.returncode} (out of memory?)')
     if out.returncode != 0:
-        raise MeasurementFailed((out.stderr.strip().splitlines() or ['killed'])[-1][:200])
-    return json.loads(out.stdout.strip().splitlines()[-1])
+        raise MeasurementFailed((out.stderr.strip().splitlines()
+                                 or [f'exited with status {out.returncode}'])[-1][:200])
+    lines = out.stdout.strip().splitlines()
+    try:
+        return json.loads(lines[-1])
+    except (IndexError, ValueError):  # (no output, or a last line that is not the result)
+        raise MeasurementFailed('the measuring process printed no result' if not lines else
+                                f'the measuring process ended with {lines[-1][:120]!r}, not '
+                                f'its JSON result') from None
 
 
 def code_version() -> Optional[str]:
