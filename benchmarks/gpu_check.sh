@@ -50,10 +50,11 @@ timeout 70 $PY -m pytest -q -p no:cacheprovider -p no:logging tests/nn/test_func
 # message-passing steps, which write a partial report after every row, run last.
 echo '== profile: the point-cloud presets and message passing, GPU busy time against wall time'
 # (training step and inference of the presets on 32 x 1,024 points, SAGEConv forward +
-# backward with PyG, rigid and the default on Poisson graphs of 10^3-10^5 nodes at d = 64; one
-# process, the report rewritten after every row: 22 s for 10 of these 19 rows on one H100;
+# backward with PyG, rigid, rigid with its attention buckets merged more freely (fewer kernels)
+# and the default on Poisson graphs of 10^3-10^5 nodes at d = 64; one process, the report
+# rewritten after every row: 22 s for 10 of these 22 rows on one H100;
 # training_step.py --device cuda measures the presets as the CPU runs do, a process per preset)
-timeout 55 $PY benchmarks/gpu_profile.py --device cuda --aggrs pyg,rigid,default \
+timeout 55 $PY benchmarks/gpu_profile.py --device cuda --aggrs pyg,rigid,rigid-merged,default \
   --presets rigid,st-large,mz-slim,mz,egnn --out "$OUT/profile" || status=1
 echo '== speed.py batches'
 # without --memory: that measures each configuration in a fresh process (20 of them); the

@@ -46,7 +46,7 @@ from torch_mz.study import (choice_list, count_flops, environment, int_list, mar
                             matmul_peak_flops, positive_int)
 from torch_mz.study.measure import time_call
 from torch_mz.study.plots import save_figure, try_plot
-from torch_mz.study.workloads import build, build_aggr, make_batch, random_graph
+from torch_mz.study.workloads import MERGED, build, build_aggr, make_batch, random_graph
 
 GPU_CATS = ('kernel', 'gpu_memcpy', 'gpu_memset')
 SYNC_CALLS = ('cudaStreamSynchronize', 'cudaDeviceSynchronize', 'cudaEventSynchronize',
@@ -110,6 +110,9 @@ def profile(fn, device: torch.device, calls: int) -> dict:
 def message_passing_row(aggr: str, nodes: int, dim: int, device, repeats: int,
                         calls: int, peak: float) -> dict:
     from torch_geometric.nn import SAGEConv
+
+    from torch_mz.nn import functional
+    from torch_mz.nn.functional import clear_layout_cache
     torch.manual_seed(0)
     edge_index = random_graph(nodes, 'poisson', seed=0).to(device)
     x = torch.randn(nodes, dim, generator=torch.Generator().manual_seed(1)).to(device)
@@ -119,9 +122,21 @@ def message_passing_row(aggr: str, nodes: int, dim: int, device, repeats: int,
         conv.zero_grad(set_to_none=True)
         conv(x, edge_index).square().mean().backward()
 
-    return measure(step, device, repeats, calls, peak,
-                   dict(workload=f'SAGEConv fwd+bwd, {nodes:,} nodes, d={dim}', model=aggr,
-                        nodes=nodes, edges=int(edge_index.size(1)), dim=dim))
+    # rigid-merged: rigid with the attention's size buckets merged more freely (fewer
+    # kernels, up to twice the padded rows; message_passing.py's row of that name)
+    saved = {k: getattr(functional, k) for k in MERGED}
+    if aggr == 'rigid-merged':
+        for k, v in MERGED.items():
+            setattr(functional, k, v)
+    clear_layout_cache()
+    try:
+        return measure(step, device, repeats, calls, peak,
+                       dict(workload=f'SAGEConv fwd+bwd, {nodes:,} nodes, d={dim}', model=aggr,
+                            nodes=nodes, edges=int(edge_index.size(1)), dim=dim))
+    finally:
+        for k, v in saved.items():
+            setattr(functional, k, v)
+        clear_layout_cache()
 
 
 def point_cloud_rows(preset: str, clouds: int, points: int, device, repeats: int,
@@ -249,7 +264,8 @@ def main():
     parser.add_argument('--device', choices=('cpu', 'cuda'), default='cuda')
     parser.add_argument('--nodes', type=int_list(), default='1000,10000,100000')
     parser.add_argument('--dim', type=positive_int, default=64)
-    parser.add_argument('--aggrs', type=choice_list(('pyg', 'pyg-flat', 'rigid', 'default')),
+    parser.add_argument('--aggrs', type=choice_list(('pyg', 'pyg-flat', 'rigid', 'rigid-merged',
+                                                     'default')),
                         default='pyg,rigid')
     parser.add_argument('--presets', type=choice_list(('rigid', 'st-large', 'mz-slim', 'mz',
                                                        'egnn')), default='rigid,mz')

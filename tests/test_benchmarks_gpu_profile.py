@@ -4,6 +4,7 @@ are told apart; the script runs end to end on the CPU and writes its report."""
 import json
 
 import pytest
+import torch
 
 from tests._scripts import load_script, run_script
 
@@ -77,3 +78,13 @@ def test_replot_rebuilds_the_report_from_the_file_alone(tmp_path, monkeypatch, p
     assert json.loads((out / 'gpu_profile.json').read_text()) == report
     empty = tmp_path / 'none'
     assert run_script('gpu_profile', ['--replot', '--out', str(empty)], monkeypatch) == 2
+
+
+def test_the_merged_row_restores_the_bucket_settings(profile):
+    from torch_mz.nn import functional
+    from torch_mz.study.workloads import MERGED
+    before = {k: getattr(functional, k) for k in MERGED}
+    assert before != MERGED
+    row = profile.message_passing_row('rigid-merged', 200, 8, torch.device('cpu'), 1, 1, 1e9)
+    assert row['model'] == 'rigid-merged' and row['gflop'] > 0
+    assert {k: getattr(functional, k) for k in MERGED} == before
