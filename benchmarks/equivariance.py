@@ -106,7 +106,7 @@ def main():
               f"{run['test']['r2']:.4f} ({run['wall_time_s'] / 60:.1f} min)", flush=True)
 
     runs, rows = run_grid(grid, models, seeds, config, on_result=report,
-                          store=store, check=False)
+                          store=store, check=False, record_diverged=True)
     for row in rows:
         for m in models:
             row[f'paper {m}'] = PAPER.get((row['cell'], m))

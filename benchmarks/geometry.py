@@ -26,7 +26,7 @@ from torch_mz.study import (RunStore, check_grid, choice_list, environment, int_
                             write_report)
 from torch_mz.study.budget import (Budget, add_budget_arguments, add_resume_argument,
                                    choose_budget, study_config)
-from torch_mz.study.statistics import lead_over_best
+from torch_mz.study.statistics import lead_over_best, winner
 
 MODELS = ('rigid', 'st-large', 'hypernet', 'perceiver', 'film', 'mz')
 TASKS = {'MEB': 'meb-radius', 'rot': 'rotation-matching', 'MST': 'mst', 'hull': 'hull-volume'}
@@ -78,11 +78,11 @@ def main():
               f"{run['test']['r2']:.4f} ({run['wall_time_s'] / 60:.1f} min)", flush=True)
 
     runs, rows = run_grid(grid, models, seeds, config, on_result=report,
-                          store=store, check=False)
+                          store=store, check=False, record_diverged=True)
     for row in rows:
         for m in models:
             row[f'paper {m}'] = PAPER.get((row['cell'], m))
-        ours = max(models, key=lambda m: row[f'{m} r2'])
+        ours = winner({m: row[f'{m} r2'] for m in models})[0]  # (a NaN, all diverged, last)
         row['best'] = ours
         rivals = [m for m in models if not m.startswith('mz')]
         lead = lead_over_best({m: row[f'{m} r2'] for m in models}, 'mz', rivals)

@@ -128,6 +128,10 @@ def collect_summaries(model: Module, batches: Iterable) -> Dict[str, Tensor]:
     if not any(store.values()):
         raise ValueError('collect_summaries() got no batches (or the model never called its '
                          'MZAttention layers): there is nothing to collect')
+    idle = [name for name, chunks in store.items() if not chunks]
+    if idle:
+        raise ValueError(f"collect_summaries(): the model never called {', '.join(idle)} on "
+                         f"these batches: nothing to collect there")
     return {name: torch.cat(chunks, 0) for name, chunks in store.items()}
 
 

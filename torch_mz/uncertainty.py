@@ -392,17 +392,19 @@ def mc_dropout_predict(model: torch.nn.Module, dataset: Sequence, passes: int = 
     model.to(dev)
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=False)
     runs: List[Tensor] = []
-    devices = [dev.index or 0] if dev.type == 'cuda' else []
+    # the device the passes run on ('cuda' alone is the current one, not device 0)
+    index = (dev.index if dev.index is not None else torch.cuda.current_device()
+             if dev.type == 'cuda' else None)
+    devices = [index] if index is not None else []
     try:
         with torch.random.fork_rng(devices=devices):
             # the generator the passes draw from, alone: torch.manual_seed would also seed
             # every CUDA device (queued, where CUDA has not started), which fork_rng restores
             # only for the devices it is given
-            if dev.type == 'cuda':
-                with torch.cuda.device(dev):
+            torch.default_generator.manual_seed(seed)  # (restored by fork_rng)
+            if index is not None:
+                with torch.cuda.device(index):
                     torch.cuda.manual_seed(seed)
-            else:
-                torch.default_generator.manual_seed(seed)
             model.train()
             for _ in range(passes):
                 preds = []

@@ -611,10 +611,17 @@ def test_a_changed_raw_file_rebuilds_the_cache_and_names_it(scanobjectnn_root, m
     # compared by their hashes, not rebuilt
     path = osp.join(root, 'raw', rel)
     os.utime(path, ns=(os.stat(path).st_atime_ns, os.stat(path).st_mtime_ns + 10**9))
+    import torch_mz.datasets.fingerprint as fingerprint
+    hashed = []
+    sha1_of = fingerprint._sha1_of
+    monkeypatch.setattr(fingerprint, '_sha1_of', lambda p: hashed.append(p) or sha1_of(p))
     with warnings.catch_warnings():
         warnings.simplefilter('error', UserWarning)
         monkeypatch.setattr(ScanObjectNN, 'process', lambda self: pytest.fail('rebuilt'))
         assert len(ScanObjectNN(root, num_points=16, log=False)) == len(first)
+        assert hashed == [path]  # the touched file alone
+        assert len(ScanObjectNN(root, num_points=16, log=False)) == len(first)
+        assert hashed == [path]  # its new time recorded: the next open hashes nothing
     monkeypatch.undo()
     changed = (r"raw files .* are not those they were built from \(changed in size, contents or "
                r"modification time: h5_files/main_split/training_objectdataset\.h5\): "
@@ -748,14 +755,14 @@ def test_raw_files_differ_reads_times_and_hashes():
     calls = []
 
     def rehash(hashed):
-        return lambda: calls.append(1) or hashed
+        return lambda keys: calls.append(sorted(keys)) or hashed
 
     rec = {'a': [5, 'mtime_ns:1', 'sha1:aa'], 'b': [7, 'sha1:bb']}
     now = {'a': [5, 'mtime_ns:1'], 'b': [7, 'sha1:bb']}
     assert raw_files_differ(rec, now, rehash(None)) == '' and calls == []  # nothing read
     touched = {'a': [5, 'mtime_ns:2'], 'b': [7, 'sha1:bb']}
     assert raw_files_differ(rec, touched, rehash({'a': [5, 'mtime_ns:2', 'sha1:aa']})) == ''
-    assert calls == [1]  # the times differ: the bytes were hashed, and are the same
+    assert calls == [['a']]  # the times differ: that file's bytes hashed, and the same
     edited = raw_files_differ(rec, touched, rehash({'a': [5, 'mtime_ns:2', 'sha1:cc']}))
     assert edited == 'changed in size, contents or modification time: a'
     assert 'added: c' in raw_files_differ(rec, dict(now, c=[1, 'mtime_ns:3']), rehash(None))
@@ -789,5 +796,13 @@ def test_split_digest_reads_the_selected_items_alone():
     assert digest != split_digest(ds.index_select([1, 0]))  # another order
     noisy = Memory(items(), transform=lambda d: Data(pos=torch.randn_like(d.pos), y=d.y))
     assert split_digest(noisy.index_select([0, 1])) == digest
+    class Stacked(Data):  # an attribute stacked along a new dimension (cat dim None)
+        def __cat_dim__(self, key, value, *args, **kwargs):
+            return None if key == 'm' else super().__cat_dim__(key, value, *args, **kwargs)
+
+    stacked = Memory([Stacked(pos=torch.zeros(1, 2), m=torch.full((2, 2), float(k)))
+                      for k in range(3)])
+    assert split_digest(stacked.index_select([0, 1])) != split_digest(
+        stacked.index_select([0, 2]))
     one = Memory([Data(pos=torch.zeros(2, 2), t=torch.tensor(1.5))])  # stored uncollated
     assert split_digest(one) is not None and split_digest([Data(pos=torch.zeros(1, 2))]) is None

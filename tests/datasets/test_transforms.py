@@ -174,5 +174,7 @@ def test_random_jitter_clip_is_a_float_with_one_cache_key():
     assert repr(RandomJitter(clip=1)) == repr(RandomJitter(clip=1.0))
     assert _describe(RandomJitter(clip=1)) == _describe(RandomJitter(clip=1.0))
     assert RandomJitter(clip=None).clip is None
-    with pytest.raises(ValueError, match="'clip' must be a non-negative number"):
-        RandomJitter(clip=True)
+    import numpy as np
+    for flag in (True, np.True_):
+        with pytest.raises(ValueError, match="'clip' must be a non-negative number"):
+            RandomJitter(clip=flag)

@@ -75,7 +75,8 @@ def test_a_bad_device_is_a_usage_error_when_parsed(capsys):
     parser = argparse.ArgumentParser()
     add_budget_arguments(parser, quick_help='q')
     assert parser.parse_args(['--device', 'cpu']).device == 'cpu'
-    bad = ['foo'] + ([] if torch.cuda.is_available() else ['cuda'])
+    bad = ['foo', 'meta', 'mps', 'cpu:3', f'cuda:{torch.cuda.device_count()}'] + (
+        [] if torch.cuda.is_available() else ['cuda'])
     for name in bad:
         with pytest.raises(SystemExit):
             parser.parse_args(['--device', name])

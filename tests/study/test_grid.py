@@ -254,16 +254,29 @@ def test_a_diverged_run_is_recorded_and_the_grid_goes_on(tmp_path):
                        grad_clip=None)
 
     store = RunStore(str(tmp_path / 'runs'))
+    with pytest.raises(TrainingDiverged):  # (the default: the reproduction runner's own way)
+        run_grid(cells, ['deepsets'], 1, None, config_for=config_for)
     with pytest.warns(UserWarning, match='deepsets seed 0 diverged'):
-        runs, rows = run_grid(cells, ['deepsets', 'mean-mlp'], 1, None, config_for=config_for,
-                              store=store)
-    diverged, fine = runs
+        runs, rows = run_grid(cells, ['deepsets', 'mean-mlp'], 2, None, config_for=config_for,
+                              store=store, record_diverged=True)
+    diverged, _, fine, _ = runs
     assert 'diverged' in diverged and math.isnan(diverged['test']['r2'])
     assert math.isnan(rows[0]['deepsets r2']) and math.isfinite(rows[0]['mean-mlp r2'])
+    assert (rows[0]['deepsets diverged'], rows[0]['mean-mlp diverged']) == (2, 0)
     assert math.isfinite(fine['test']['r2'])
-    again, _ = run_grid(cells, ['deepsets', 'mean-mlp'], 1, None, config_for=config_for,
-                        store=store)  # read back, not trained into the divergence again
+    again, _ = run_grid(cells, ['deepsets', 'mean-mlp'], 2, None, config_for=config_for,
+                        store=store, record_diverged=True)  # read back, not trained again
     assert again[0]['diverged'] == diverged['diverged']
+
+    def one_diverges(cell, spec, seed):  # one seed of two: the mean is the other's
+        return replace(config_for(cell, 'mean-mlp', seed), lr=1e30 if seed == 1 else 1e-3)
+
+    with pytest.warns(UserWarning, match='seed 1 diverged'):
+        runs, rows = run_grid(cells, ['deepsets'], 2, None, config_for=one_diverges,
+                              record_diverged=True)
+    assert rows[0]['deepsets diverged'] == 1
+    assert rows[0]['deepsets r2'] == pytest.approx(runs[0]['test']['r2'])
+    assert rows[0]['deepsets r2 std'] == 0.0
     task = load_task('sum', d=2, reduce='sum', n_train=16, n_val=4, n_test=8)
     with pytest.raises(TrainingDiverged):
         train_models(task, ['deepsets'], 1, lambda spec, seed: config_for(None, spec, seed))

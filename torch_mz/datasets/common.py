@@ -15,8 +15,8 @@ import re
 import shutil
 import warnings
 from fractions import Fraction
-from typing import (Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple, Type,
-                    Union)
+from typing import (Any, Callable, ContextManager, Dict, List, Optional, Sequence, Set, Tuple,
+                    Type, Union)
 
 import numpy as np
 import torch
@@ -709,17 +709,42 @@ class ProcessedDataset(InMemoryDataset):
         if recorded == current:
             return False
 
-        def hashed() -> Dict[str, Any]:
-            with hashing_files():
+        def hashed(keys: Set[str]) -> Dict[str, Any]:
+            with hashing_files(keys):  # (those files alone)
                 return self.raw_fingerprint()
 
         what = raw_files_differ(recorded, current, hashed)
-        if not what:  # the same bytes (a copy that did not keep the modification times)
+        if not what:  # the same bytes (a copy that did not keep the modification times):
+            # their new times recorded, with the hashes, so the next open reads nothing
+            self._record_raw_times(stats, recorded, current)
             return False
         warnings.warn(f"The raw files of the processed files in '{self.processed_dir}' are not "
                       f"those they were built from ({what}): rebuilding them from the raw files",
                       stacklevel=3)
         return True
+
+    def _record_raw_times(self, stats: Dict[str, Any], recorded: Dict[str, Any],
+                          current: Dict[str, Any]) -> None:
+        r"""Writes the raw files' current modification times into ``stats.json`` (their
+        recorded hashes kept), after :func:`raw_files_differ` found the same bytes; a failure
+        (a read-only cache) leaves it as it was, to be hashed again next time."""
+        path = self._stats_path()
+        if path is None:
+            return
+        raw = {}
+        for key, entry in current.items():
+            old = recorded.get(key)
+            if (isinstance(entry, list) and isinstance(old, list) and len(entry) == 2
+                    and str(old[-1]).startswith('sha1:') and not str(entry[1]).startswith(
+                        'sha1:')):
+                entry = entry + [old[-1]]
+            raw[key] = entry
+        updated = dict(stats, raw_files=raw)
+        text = json.dumps(updated, indent=1, sort_keys=True, default=_json_number)
+        try:
+            atomic_write(path, lambda f: f.write(text), binary=False)
+        except OSError:
+            pass
 
     def _finish_cache(self, stats: Dict[str, object], path: str,
                       data_paths: Sequence[str]) -> None:

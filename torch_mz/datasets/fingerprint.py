@@ -10,7 +10,7 @@ import os.path as osp
 import re
 import types
 from contextlib import contextmanager
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set
 
 import numpy as np
 import torch
@@ -48,12 +48,13 @@ def fingerprint_files(paths: Sequence[str], base: Optional[str] = None,
             out[key] = [info.st_size, 'sha1:' + _sha1_of(path)]
         else:
             out[key] = [info.st_size, f'mtime_ns:{info.st_mtime_ns}']
-            if _HASHING[0]:
+            if _HASHING[0] and (_HASHING[1] is None or key in _HASHING[1]):
                 out[key].append('sha1:' + _sha1_of(path))
     return dict(sorted(out.items()))
 
 
-_HASHING = [False]  # inside hashing_files(): fingerprint_files adds every file's SHA-1
+# inside hashing_files(): fingerprint_files adds the SHA-1 of every file, or of those keys
+_HASHING: List[Any] = [False, None]
 
 
 def _sha1_of(path: str) -> str:
@@ -65,28 +66,31 @@ def _sha1_of(path: str) -> str:
 
 
 @contextmanager
-def hashing_files() -> Iterator[None]:
+def hashing_files(keys: Optional[Any] = None) -> Iterator[None]:
     r"""Within it :func:`fingerprint_files` records every file's SHA-1 too (a cache being built
-    reads every raw file anyway; checking a cache reads none unless their times changed)."""
-    before, _HASHING[0] = _HASHING[0], True
+    reads every raw file anyway; checking a cache reads none unless their times changed), or,
+    with :obj:`keys`, only that of the files of those keys."""
+    before = list(_HASHING)
+    _HASHING[:] = [True, None if keys is None else set(keys)]
     try:
         yield
     finally:
-        _HASHING[0] = before
+        _HASHING[:] = before
 
 
 def raw_files_differ(recorded: Any, current: Dict[str, Any],
-                     rehash: Callable[[], Dict[str, Any]]) -> str:
+                     rehash: Callable[[Set[str]], Dict[str, Any]]) -> str:
     r"""What differs between the raw-file fingerprint a cache :obj:`recorded` and the
     :obj:`current` one, in words ('' where nothing does). A file whose size is the same and
     whose modification time is not (a copy that did not keep the times) is compared by its
-    SHA-1 where the record has one: :obj:`rehash` gives the current fingerprint with the hashes
-    (:func:`fingerprint_files` within :func:`hashing_files`), called only then."""
+    SHA-1 where the record has one: ``rehash(keys)`` gives the current fingerprint with the
+    hashes of those files (:func:`fingerprint_files` within ``hashing_files(keys)``), called
+    only then."""
     if not isinstance(recorded, dict):
         return 'the cache records no fingerprint of them'
     if recorded == current:
         return ''
-    if recorded and all(isinstance(v, int) for v in recorded.values()):
+    if any(isinstance(v, int) for v in recorded.values()):  # (with hashed lists beside them)
         return ('the cache records their sizes alone, as releases before 2026-12-06 did, not '
                 'their modification times')
 
@@ -99,7 +103,7 @@ def raw_files_differ(recorded: Any, current: Dict[str, Any],
                and isinstance(recorded[k], list) and isinstance(current[k], list)
                and recorded[k][0] == current[k][0] and str(recorded[k][-1]).startswith('sha1:')}
     if touched:  # the same sizes, other times: the same bytes?
-        hashed = rehash()
+        hashed = rehash(touched)
         differ -= {k for k in touched if isinstance(hashed.get(k), list)
                    and hashed[k][-1] == recorded[k][-1]}
     if not differ:
@@ -148,6 +152,11 @@ def split_digest(split: Any) -> Optional[str]:
         rows = np.repeat(starts - (ends - lengths), lengths) + np.arange(int(ends[-1]) if
                                                                           idx.size else 0)
         dim = data.__cat_dim__(key, value)
+        if dim is None:  # stacked along a new first dimension: one row per item
+            dim = 0
+        if not isinstance(dim, int):  # (a tuple: a sparse layout) hashed whole
+            add(key, value)
+            continue
         dim = dim + value.dim() if dim < 0 else dim
         add(key, value.index_select(dim, torch.from_numpy(rows)))
         add(key + '.rows', torch.from_numpy(lengths))

@@ -65,7 +65,8 @@ class RandomJitter(BaseTransform):
         # or infinite)
         if not math.isfinite(_number(sigma)) or _number(sigma) < 0:
             raise ValueError(f"'sigma' must be a finite non-negative number, got {sigma!r}")
-        if clip is not None and (isinstance(clip, bool) or not _number(clip) >= 0):
+        if clip is not None and (type(clip).__name__ in ('bool', 'bool_')
+                                 or not _number(clip) >= 0):
             raise ValueError(f"'clip' must be a non-negative number (not NaN) or None, got "
                              f"{clip!r}")
         self.sigma = float(sigma)

@@ -61,13 +61,23 @@ _TYPES = {'seeds': positive_int, 'n_train': positive_int, 'n_val': positive_int,
 
 
 def device_name(text: str) -> str:
-    r"""An argparse type: a device :func:`~torch_mz.train.resolve_device` takes here ('auto',
-    'cpu', 'cuda', 'cuda:<index>' where CUDA is available), returned as given."""
-    from torch_mz.train import resolve_device
-    try:
-        resolve_device(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+    r"""An argparse type: 'auto', 'cpu', 'cuda' or 'cuda:<index>' of a CUDA device this machine
+    has, returned as given."""
+    import re
+
+    import torch
+    match = re.fullmatch(r'cuda(?::(\d+))?', text)
+    if text in ('auto', 'cpu'):
+        return text
+    if match is None:
+        raise argparse.ArgumentTypeError(f"expected 'auto', 'cpu', 'cuda' or 'cuda:<index>', "
+                                         f"got {text!r}")
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    index = int(match.group(1) or 0)
+    if index >= count:
+        raise argparse.ArgumentTypeError(
+            f'{text!r}: this machine has {count} CUDA device(s)' if count else
+            f'{text!r}: CUDA is not available here')
     return text
 
 

@@ -184,7 +184,7 @@ def train_models(task: Any, models: Sequence[str], seeds: int,
                     if not record_diverged:
                         raise
                     warnings.warn(f'{spec} seed {seed} diverged ({e}): recorded with no test '
-                                  f'figures (R² NaN), the other runs go on', stacklevel=2)
+                                  f'figures (R² NaN), the other runs go on', stacklevel=3)
                     keys = (('loss', 'accuracy') if built.task_type == 'classification'
                             else ('loss', 'mse', 'mae', 'r2'))  # (the trainer's metrics)
                     trained = dict(model=name, seed=seed, params=None, best_epoch=None,
@@ -208,7 +208,8 @@ def run_grid(cells: Sequence[Mapping[str, Any]], models: Sequence[str], seeds: i
              cached: Optional[Callable[[Mapping[str, Any], str, int, TrainConfig],
                                        Optional[Dict[str, object]]]] = None,
              overrides: Optional[Mapping[str, Any]] = None,
-             store: Optional[RunStore] = None, check: bool = True
+             store: Optional[RunStore] = None, check: bool = True,
+             record_diverged: bool = False
              ) -> Tuple[List[Dict[str, object]], List[Dict[str, object]]]:
     r"""Trains every model of :obj:`models` (specs, see :func:`parse_model_spec`) with
     :obj:`seeds` seeds on every cell of :obj:`cells`, all with the same :obj:`config` (only the
@@ -237,7 +238,12 @@ def run_grid(cells: Sequence[Mapping[str, Any]], models: Sequence[str], seeds: i
     their values checked and every model built for them) and so is every model spec
     (:func:`check_models`): a mistake in the last cell raises its :class:`ValueError` before
     the first cell trains. ``check=False`` skips that (a caller that ran
-    :func:`check_grid` itself)."""
+    :func:`check_grid` itself).
+
+    With :obj:`record_diverged` (:func:`train_models`'), a run that diverges is recorded and
+    the grid goes on: a row then counts a model's diverged runs (``'<model> diverged'``, 0
+    where none) and takes its means and spreads over the other seeds (NaN where every seed
+    diverged)."""
     check_count('seeds', seeds, low=1)  # (0 failed later with an IndexError)
     if not check:
         pass
@@ -264,15 +270,19 @@ def run_grid(cells: Sequence[Mapping[str, Any]], models: Sequence[str], seeds: i
             cached=None if cached is None else (
                 lambda spec, seed, run_config: cached(cell, spec, seed, run_config)),
             store=store, data=dict(task=cell['task'], kwargs=dict(cell.get('kwargs', {}))),
-            record_diverged=True, cell=cell['label'])
+            record_diverged=record_diverged, cell=cell['label'])
         runs += records
         row: Dict[str, object] = dict(cell=cell['label'])
         for i, spec in enumerate(models):
             results = records[i * seeds:(i + 1) * seeds]  # train_models' order: model by model
-            r2 = [r['test'].get('r2', math.nan) for r in results]
-            row[f'{spec} r2'] = float(np.mean(r2))
-            row[f'{spec} r2 std'] = float(np.std(r2))
-            row[f'{spec} mse'] = float(np.mean([r['test'].get('mse', math.nan) for r in results]))
+            kept = [r for r in results if 'diverged' not in r]  # (all, unless one diverged)
+            r2 = [r['test'].get('r2', math.nan) for r in kept]
+            row[f'{spec} r2'] = float(np.mean(r2)) if r2 else math.nan
+            row[f'{spec} r2 std'] = float(np.std(r2)) if r2 else math.nan
+            row[f'{spec} mse'] = (float(np.mean([r['test'].get('mse', math.nan) for r in kept]))
+                                  if kept else math.nan)
+            if record_diverged:
+                row[f'{spec} diverged'] = len(results) - len(kept)
             row[f'{spec} params'] = next((r['params'] for r in results
                                           if r.get('params') is not None), None)
         rows.append(row)

@@ -70,11 +70,16 @@ class RunStore:
         trains."""
         from torch_mz.study.report import check_out_folder
         store = cls(os.path.join(out, 'runs'))
-        for folder in (out, store.folder):  # an OSError here, before anything trains
-            problem = check_out_folder(folder)
-            if problem:
-                raise OSError(f"cannot write the study's results: {problem}")
-        os.makedirs(store.folder, exist_ok=True)
+        problem = check_out_folder(out)  # an OSError here, before anything trains
+        if problem is None and os.path.exists(store.folder) and not os.path.isdir(store.folder):
+            problem = f"the runs' folder '{store.folder}' is a file"
+        if problem is None:
+            try:
+                os.makedirs(store.folder, exist_ok=True)
+            except OSError as e:
+                problem = f"cannot make the runs' folder '{store.folder}': {e.strerror or e}"
+        if problem:
+            raise OSError(f"cannot write the study's results: {problem}")
         if not resume:
             store.clear()
         return store
