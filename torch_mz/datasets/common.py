@@ -716,7 +716,8 @@ class ProcessedDataset(InMemoryDataset):
         what = raw_files_differ(recorded, current, hashed)
         if not what:  # the same bytes (a copy that did not keep the modification times):
             # their new times recorded, with the hashes, so the next open reads nothing
-            self._record_raw_times(stats, recorded, current)
+            if isinstance(recorded, dict):  # (it is: raw_files_differ said so)
+                self._record_raw_times(stats, recorded, current)
             return False
         warnings.warn(f"The raw files of the processed files in '{self.processed_dir}' are not "
                       f"those they were built from ({what}): rebuilding them from the raw files",
