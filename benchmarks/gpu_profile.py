@@ -40,13 +40,13 @@ from typing import Dict, List
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from torch_mz.study import (choice_list, count_flops, environment, int_list, markdown_table,
                             matmul_peak_flops, positive_int)
 from torch_mz.study.measure import time_call
 from torch_mz.study.plots import save_figure, try_plot
-from torch_mz.study.workloads import MERGED, build, build_aggr, make_batch, random_graph
+from torch_mz.study.workloads import (MERGED, build_aggr, make_batch, preset_calls,
+                                      random_graph)
 
 GPU_CATS = ('kernel', 'gpu_memcpy', 'gpu_memset')
 SYNC_CALLS = ('cudaStreamSynchronize', 'cudaDeviceSynchronize', 'cudaEventSynchronize',
@@ -141,28 +141,8 @@ def message_passing_row(aggr: str, nodes: int, dim: int, device, repeats: int,
 
 def point_cloud_rows(preset: str, clouds: int, points: int, device, repeats: int,
                      calls: int, peak: float) -> List[dict]:
-    from torch_geometric.data import Batch, Data
     pos, batch, y = make_batch(clouds, points)
-    model = build(preset, 0.25).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=1e-5)
-    data = Batch.from_data_list([Data(x=pos[batch == i]) for i in range(clouds)]).to(device)
-    y = y.to(device)
-
-    def forward():
-        out = model(data)
-        return out[0] if isinstance(out, tuple) else out
-
-    def train_step():
-        model.train()
-        opt.zero_grad(set_to_none=True)
-        F.cross_entropy(forward(), y).backward()
-        opt.step()
-
-    def infer():
-        model.eval()
-        with torch.no_grad():
-            forward()
-
+    _, train_step, infer = preset_calls(preset, pos, batch, y, device)
     base = dict(model=preset, clouds=clouds, points=points)
     return [measure(train_step, device, repeats, calls, peak,
                     dict(base, workload=f'training step, {clouds} x {points} points')),

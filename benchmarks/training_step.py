@@ -59,8 +59,6 @@ from typing import Dict, List, Optional
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-from torch_geometric.data import Batch, Data
 
 from torch_mz.models import PRESETS as MODEL_PRESETS
 from torch_mz.models import count_parameters
@@ -71,7 +69,7 @@ from torch_mz.study import (MeasurementFailed, count_flops, environment, in_fres
                             process_peak_rss_bytes, pyplot, time_call, try_plot, write_results)
 from torch_mz.study.plots import save_figure
 from torch_mz.study.traffic import count_bytes, memory_bandwidth
-from torch_mz.study.workloads import build, make_batch
+from torch_mz.study.workloads import build, make_batch, preset_calls
 
 PRESETS = ('rigid', 'st-large', 'mz-slim', 'mz', 'mz-slim+eager', 'mz+eager', 'egnn',
            'rigid+keep', 'st-large+keep', 'mz-slim+keep', 'mz+keep', 'mz-slim+eager+keep',
@@ -183,35 +181,9 @@ def body_options(flags) -> dict:
 
 
 def _calls(preset: str, args, pos, batch, y, body: Optional[dict] = None):
-    r"""The preset's model and its two measured calls: ``train_step(m)`` (forward, cross-entropy,
-    backward, AdamW update) and ``infer(m)`` (an ``eval()`` forward without gradients), each
-    running :obj:`m` (the model, or its compiled form) on the whole batch."""
-    model = build(preset, args.egnn_radius, body)
-    clouds = int(batch.max()) + 1
-
-    device = torch.device(args.device)
-    model = model.to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=1e-5)
-    data = Batch.from_data_list([Data(x=pos[batch == i]) for i in range(clouds)]).to(
-        device)  # x = coordinates for every model
-    y = y.to(device)
-
-    def forward(m):
-        out = m(data)
-        return out[0] if isinstance(out, tuple) else out
-
-    def train_step(m=model):
-        model.train()
-        opt.zero_grad(set_to_none=True)
-        F.cross_entropy(forward(m), y).backward()
-        opt.step()
-
-    def infer(m=model):
-        model.eval()
-        with torch.no_grad():
-            forward(m)
-
-    return model, train_step, infer
+    r"""The preset's model and its two measured calls
+    (:func:`torch_mz.study.workloads.preset_calls`)."""
+    return preset_calls(preset, pos, batch, y, args.device, args.egnn_radius, body)
 
 
 def _measure(name: str, preset: str, args, pos, batch, y, compiled: bool = False,

@@ -158,6 +158,18 @@ def _fill_data_options(args, recorded: Optional[Dict[str, Any]]) -> List[str]:
     return taken
 
 
+def _take_data_options(args, state: Dict[str, Any], whose: str) -> None:
+    r"""The data options a resumed run's command left out, from its checkpoint :obj:`state`
+    (:func:`_fill_data_options`, said on the console), and the data seed's default, 0, where
+    neither gives one."""
+    taken = _fill_data_options(args, (state.get('run_info') or {}).get('task')) if state else []
+    if taken:
+        print(f'resuming with the data options of {whose} (those not given): '
+              + ', '.join(taken))
+    if args.data_seed is None:  # (None until here: a resumed run takes the checkpoint's)
+        args.data_seed = 0
+
+
 def _add_training_args(p: argparse.ArgumentParser):
     g = p.add_argument_group('task')
     g.add_argument('--task', required=True, help="task name (see 'torch-mz tasks')")
@@ -463,19 +475,14 @@ def cmd_train(args) -> int:
         _check_checkpoint_file(args.resume, '--resume')
     if args.resume is not None and args.overwrite:
         raise CLIError('--resume continues a run and --overwrite starts a new one: pass one')
-    recorded, epochs_run, data_taken = None, None, []
+    recorded, epochs_run, state = None, None, {}
     if args.resume is not None:
         from torch_mz.train import load_checkpoint
         state = load_checkpoint(args.resume)
         recorded = state.get('config')
         if isinstance(state.get('epoch'), int) and state.get('kind') == 'train':
             epochs_run = state['epoch'] + 1
-        data_taken = _fill_data_options(args, (state.get('run_info') or {}).get('task'))
-    if data_taken:
-        print('resuming with the data options of the checkpoint (those not given): '
-              + ', '.join(data_taken))
-    if args.data_seed is None:  # (None until here: a resumed run takes the checkpoint's)
-        args.data_seed = 0
+    _take_data_options(args, state, 'the checkpoint')
     taken = _fill_training_options(args, recorded if isinstance(recorded, dict) else None)
     if any(t.startswith('warmup_epochs=') for t in taken) and args.warmup_epochs > args.epochs:
         raise CLIError(f"--epochs {args.epochs} is fewer than the checkpoint's warm-up of "
@@ -564,6 +571,7 @@ def cmd_compare(args) -> int:
         return os.path.join(out, f'{folders[spec]}-seed{seed}')
 
     recorded = None  # a resumed comparison's options, where the command does not give them
+    state: Dict[str, Any] = {}
     if args.resume:
         from torch_mz.train import LAST_CHECKPOINT, load_checkpoint
         paths = [os.path.join(folder_of(m.spec, k), LAST_CHECKPOINT) for m in models
@@ -571,12 +579,7 @@ def cmd_compare(args) -> int:
         found = next((p for p in paths if os.path.isfile(p)), None)
         state = {} if found is None else load_checkpoint(found)
         recorded = state.get('config')
-        data_taken = _fill_data_options(args, (state.get('run_info') or {}).get('task'))
-        if data_taken:
-            print('resuming with the data options of the checkpoints (those not given): '
-                  + ', '.join(data_taken))
-    if args.data_seed is None:  # (None until here: a resumed run takes the checkpoint's)
-        args.data_seed = 0
+    _take_data_options(args, state, 'the checkpoints')
     taken = _fill_training_options(args, recorded if isinstance(recorded, dict) else None)
     if taken:
         print('resuming with the training options of the checkpoints (those not given): '

@@ -115,3 +115,39 @@ def build(name: str, radius: float, body: Optional[dict] = None):
                              f"presets, not to {name!r}")
         torch.manual_seed(0)
     return build_model(name, 3, 40, **(body or {}))
+
+
+def preset_calls(preset: str, pos, batch, y, device='cpu', radius: float = 0.25,
+                 body: Optional[dict] = None):
+    r"""The point-cloud preset :obj:`preset` (:func:`build`) on :obj:`device` and its two measured
+    calls (``training_step.py`` and ``gpu_profile.py``): ``train_step(m)`` (forward,
+    cross-entropy, backward, AdamW update) and ``infer(m)`` (an ``eval()`` forward without
+    gradients), each running :obj:`m` (the model, or its compiled form) on the whole batch of
+    clouds ``pos``/``batch`` (:func:`make_batch`) with labels :obj:`y`."""
+    import torch.nn.functional as F
+    from torch_geometric.data import Batch, Data
+    model = build(preset, radius, body)
+    clouds = int(batch.max()) + 1
+    device = torch.device(device)
+    model = model.to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=1e-5)
+    data = Batch.from_data_list([Data(x=pos[batch == i]) for i in range(clouds)]).to(
+        device)  # x = coordinates for every model
+    y = y.to(device)
+
+    def forward(m):
+        out = m(data)
+        return out[0] if isinstance(out, tuple) else out
+
+    def train_step(m=model):
+        model.train()
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(forward(m), y).backward()
+        opt.step()
+
+    def infer(m=model):
+        model.eval()
+        with torch.no_grad():
+            forward(m)
+
+    return model, train_step, infer
