@@ -858,6 +858,13 @@ def test_train_resume_takes_the_data_options_it_is_not_given_from_the_checkpoint
             'n_train=24, n_val=8, n_test=8, d=4, tdof=2, set_size=3,5') in printed
     assert loads == [(3, 24, 8, 8, ['d=4', 'tdof=2'], '3,5')]
     assert json.load(open(os.path.join(out, 'result.json')))['epochs_run'] == 3
+    # a task option given is kept, the others taken from the checkpoint
+    loads.clear()
+    assert main(['train', '--task', 'quadratic-tdof', '--model', 'deepsets', '--epochs', '3',
+                 '--no-progress', '--task-arg', 'd=4', '--resume',
+                 os.path.join(out, 'checkpoint.pt')]) == 0
+    assert loads[0][4] == ['d=4', 'tdof=2']
+    capsys.readouterr()
     # options given on the command line are kept (and checked against the run's)
     assert main(['train', '--task', 'quadratic-tdof', '--model', 'deepsets', '--epochs', '4',
                  '--no-progress', '--data-seed', '1', '--resume',

@@ -145,12 +145,12 @@ def _fill_data_options(args, recorded: Optional[Dict[str, Any]]) -> List[str]:
             taken.append(f'{flag}={split[key]!r}')
     options: Dict[str, Any] = (recorded['args'] if isinstance(recorded.get('args'), dict)
                                else {})
-    if not args.task_arg:
-        from torch_mz.inference import OBJECT_OPTIONS
-        given = {k: v for k, v in options.items()
-                 if k != 'set_size' and k not in OBJECT_OPTIONS}
-        args.task_arg = [f'{k}={json.dumps(v)}' for k, v in sorted(given.items())]
-        taken += args.task_arg
+    from torch_mz.inference import OBJECT_OPTIONS
+    given = {item.split('=', 1)[0].strip() for item in args.task_arg or []}
+    recorded_args = [f'{k}={json.dumps(v)}' for k, v in sorted(options.items())
+                     if k != 'set_size' and k not in OBJECT_OPTIONS and k not in given]
+    args.task_arg = list(args.task_arg or []) + recorded_args  # (those given stay as given)
+    taken += recorded_args
     size = options.get('set_size')
     if args.set_size is None and isinstance(size, list) and len(size) == 2:
         args.set_size = f'{size[0]},{size[1]}'
