@@ -24,6 +24,33 @@ def test_operators_follow_the_matrix_zonotope():
     assert bool((analysis.gates(attn, mu).abs() <= 1).all())
 
 
+def test_signed_operator_is_what_the_signed_readout_of_the_attention_reaches():
+    # keys without generators: the output's c + sum_g G_g is (M_c + sum_l s_l gamma_l M_l) c_hat
+    # per head, s_l the column sums of W_mix; the paper's M(mu) (s_l = 1) is not, in general
+    from torch_mz.nn import Zonotope
+    attn = _attn(L=3)
+    with torch.no_grad():  # an invertible M_c other than the identity
+        attn.weight.add_(0.3 * torch.randn_like(attn.weight))
+    query_set = torch.tensor([0, 0, 1, 1, 1])
+    kv_set = torch.tensor([0, 0, 0, 1, 1, 1, 1])
+    query = Zonotope(torch.randn(5, 8, dtype=torch.float64),
+                     torch.randn(5, 2, 8, dtype=torch.float64))
+    keys = Zonotope(torch.randn(7, 8, dtype=torch.float64), torch.zeros(7, 2, 8,
+                                                                        dtype=torch.float64))
+    out = attn(query, keys, query_set, kv_set, 2)
+    H, dk = attn.heads, attn.head_dim
+    c_hat = torch.linalg.solve(attn.weight[None], out.center.view(5, H, dk, 1))  # M_c^-1 o_c
+    signed = (out.center + out.gens.sum(1)).view(5, H, dk, 1)
+    mu = attn.key_value_summary(keys, kv_set, 2)  # (2, |mu|)
+    ops = analysis.operators(attn, mu, readout='signed')[query_set]  # (5, H, dk, dk)
+    torch.testing.assert_close(ops @ c_hat, signed)
+    paper = analysis.operators(attn, mu)[query_set]
+    assert not torch.allclose(paper @ c_hat, signed)
+    assert analysis.operator_effective_rank(attn, mu, readout='signed') <= 3.0 + 1e-9
+    with pytest.raises(ValueError, match='readout'):
+        analysis.operators(attn, mu, readout='unsigned')
+
+
 def test_generator_cosine_of_orthogonal_generators_is_identity():
     attn = _attn(L=3)
     with torch.no_grad():

@@ -18,6 +18,14 @@ This module computes, from a layer and the summaries of many sets:
 
 and collects the summaries :math:`\mu` that a model's layers actually see on a dataset
 (:func:`collect_summaries`).
+
+:math:`M(\mu)` is the paper's definition: it leaves out the mixing weights
+:math:`W_{\mathrm{mix}} \in \mathbb{R}^{n_g \times L}`, which spread the terms
+:math:`\gamma_l M_l \hat{c}` over the generator rows. What a signed readout
+:math:`c + \sum_g G_g` of one attention's output reaches (keys without generators) is
+:math:`M_c + \sum_l s_l \gamma_l(\mu) M_l`, with :math:`s_l = \sum_g W_{\mathrm{mix}}[g, l]`:
+``readout='signed'`` of :func:`operators` and :func:`operator_effective_rank` gives that
+operator (a choice of this package, beside the paper's).
 """
 import inspect
 from typing import Dict, Iterable
@@ -41,10 +49,21 @@ def gates(attn: MZAttention, mu: Tensor) -> Tensor:
     return torch.tanh(attn.gate(mu.to(attn.gate.weight.dtype)))
 
 
+READOUTS = ('paper', 'signed')
+
+
 @torch.no_grad()
-def operators(attn: MZAttention, mu: Tensor) -> Tensor:
-    r"""Realised operators :math:`M(\mu_i)` of every head, shape :obj:`(n, H, d_k, d_k)`."""
+def operators(attn: MZAttention, mu: Tensor, readout: str = 'paper') -> Tensor:
+    r"""Realised operators of every head for each summary, shape :obj:`(n, H, d_k, d_k)`:
+    the paper's :math:`M(\mu_i) = M_c + \sum_l \gamma_l(\mu_i) M_l` (:obj:`readout`
+    ``'paper'``), or the operator a signed readout :math:`c + \sum_g G_g` reaches,
+    :math:`M_c + \sum_l s_l \gamma_l(\mu_i) M_l` with :math:`s_l = \sum_g
+    W_{\mathrm{mix}}[g, l]` (``'signed'``; see the module docstring)."""
+    if readout not in READOUTS:
+        raise ValueError(f"'readout' must be one of {READOUTS}, got {readout!r}")
     g = gates(attn, mu)  # (n, L)
+    if readout == 'signed':
+        g = g * attn.mix.sum(0).to(g.dtype)  # (n, L): s_l gamma_l
     return attn.weight.unsqueeze(0) + torch.einsum('nl,hlde->nhde', g, attn.matrix_gens)
 
 
@@ -87,10 +106,10 @@ def soft_effective_rank(matrix: Tensor, eps: float = 1e-12) -> float:
 
 
 @torch.no_grad()
-def operator_effective_rank(attn: MZAttention, mu: Tensor) -> float:
-    r"""Soft effective rank of :math:`\{M(\mu_i) - \bar{M}\}_i` (rows flattened over heads);
-    at most :math:`L`."""
-    ops = operators(attn, mu).reshape(mu.size(0), -1)  # (n, H dk^2)
+def operator_effective_rank(attn: MZAttention, mu: Tensor, readout: str = 'paper') -> float:
+    r"""Soft effective rank of :math:`\{M(\mu_i) - \bar{M}\}_i` (rows flattened over heads;
+    :obj:`readout` as in :func:`operators`); at most :math:`L`."""
+    ops = operators(attn, mu, readout).reshape(mu.size(0), -1)  # (n, H dk^2)
     return soft_effective_rank(ops - ops.mean(0, keepdim=True))
 
 
