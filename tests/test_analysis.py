@@ -133,6 +133,7 @@ def test_collect_summaries_restores_each_modules_mode_and_takes_keyword_calls():
     model.body.pma.eval()
     before = analysis.collect_summaries(model, DataLoader(data, batch_size=2))
     assert model.training and not model.body.pma.training
+    assert before and all(mu.size(0) == 2 for mu in before.values())  # two sets, every layer
     with pytest.raises(ValueError, match='got no batches'):
         analysis.collect_summaries(model, [])
     from torch_mz.nn import Zonotope
