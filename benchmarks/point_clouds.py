@@ -19,6 +19,7 @@ thread, so the quick mode takes about an hour per dataset there, and the full bu
 (``--device cuda``).
 """
 import argparse
+import math
 import os.path as osp
 import shlex
 import sys
@@ -112,9 +113,12 @@ def comparison(rows: List[Dict[str, object]], dataset: str) -> Dict[str, object]
     r"""The numbers the verdict on :obj:`dataset` rests on: the best measured model and its
     accuracy (in %), and, where both ran, mz minus st-large in points next to the paper's."""
     acc = {r['model']: r['accuracy'] for r in rows if r['dataset'] == dataset}
-    best = max(acc, key=acc.get)
+    finite = [m for m in acc if not math.isnan(acc[m])]  # (NaN: every run diverged)
+    if not finite:
+        return dict(best=None, best_accuracy=None, gap=None, paper_gap=None)
+    best = max(finite, key=acc.get)
     out = dict(best=best, best_accuracy=100 * acc[best], gap=None, paper_gap=None)
-    if 'mz' in acc and 'st-large' in acc:
+    if 'mz' in finite and 'st-large' in finite:
         out['gap'] = 100 * (acc['mz'] - acc['st-large'])
         out['paper_gap'] = 100 * (PAPER_ACCURACY['mz'][dataset][0]
                                   - PAPER_ACCURACY['st-large'][dataset][0])
@@ -127,6 +131,9 @@ def verdict(rows: List[Dict[str, object]], datasets: Sequence[str]) -> List[str]
     lines = []
     for dataset in datasets:
         c = comparison(rows, dataset)
+        if c['best'] is None:
+            lines.append(f'- **{FOLDERS[dataset]}**: no verdict: every run diverged.')
+            continue
         what = f"best measured model {c['best']} ({c['best_accuracy']:.1f}%)"
         what += ', as in the paper' if c['best'] == 'st-large' else ' (the paper: st-large)'
         if c['gap'] is not None:
@@ -217,13 +224,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                             batch_size=args.batch_size, patience=args.patience,
                                             seed=seed),
             on_result=lambda run: print(
-                f"{run['dataset']:12s} {run['model']:9s} seed {run['seed']}: test accuracy "
-                f"{run['test']['accuracy']:.4f} ({run['wall_time_s']:.0f} s)", flush=True),
+                f"{run['dataset']:12s} {run['model']:9s} seed {run['seed']}: " + (
+                    f"diverged ({run['diverged']})" if 'diverged' in run else
+                    f"test accuracy {run['test']['accuracy']:.4f}")
+                + f" ({run['wall_time_s']:.0f} s)", flush=True),
             store=store, data=dict(dataset=dataset, root=args.root, num_points=args.num_points,
                                    sizes=sizes[dataset], **({'source': args.modelnet_source}
                                                             if dataset == 'modelnet40' else
                                                             {'variant': args.variant})),
-            dataset=dataset)
+            record_diverged=True, dataset=dataset)
         runs += dataset_runs
         for entry in summarize(dataset_runs, 'classification'):
             paper = PAPER_ACCURACY.get(entry['model'], {}).get(dataset, (None, None))
@@ -245,8 +254,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     def pct(mean, std):
         return '' if mean is None else f'{100 * mean:.1f} ± {100 * std:.1f}'
 
-    cells = [{'dataset': FOLDERS[r['dataset']], 'model': r['model'], 'params': f"{r['params']:,}",
-              'seeds': r['seeds'], 'test accuracy (%)': pct(r['accuracy'], r['accuracy_std']),
+    cells = [{'dataset': FOLDERS[r['dataset']], 'model': r['model'],
+              'params': '' if r['params'] is None else f"{r['params']:,}",
+              'seeds': f"{r['seeds']} ({r['diverged']} diverged)" if r.get('diverged') else
+              r['seeds'], 'test accuracy (%)': pct(r['accuracy'], r['accuracy_std']),
               'paper (%)': pct(r['paper_accuracy'], r['paper_accuracy_std']),
               'min/run': f"{r['minutes']:.2f}"} for r in rows]
     table = markdown_table(cells, ['dataset', 'model', 'params', 'seeds', 'test accuracy (%)',

@@ -20,6 +20,7 @@ QM9 is read from the offline ``qm9pack`` source by default (``pip install qm9pac
 ``--source sdf`` reads (or downloads) ``gdb9.sdf``, ``gdb9.sdf.csv`` and ``uncharacterized.txt``.
 """
 import argparse
+import math
 import os.path as osp
 import shlex
 import sys
@@ -72,6 +73,10 @@ def verdict(rows: List[Dict[str, object]], targets: Sequence[str]) -> List[str]:
         if lead is None:
             continue
         best, gap, spread = lead.best, lead.gap, lead.spread
+        if math.isnan(gap):  # every run of mz, or of every baseline, diverged
+            failed = 'mz' if math.isnan(by_model['mz']['r2']) else 'every attention baseline'
+            lines.append(f'- **{target}**: no verdict: every run of {failed} diverged.')
+            continue
         if gap > 0:
             what = (f'MZ **leads** the best attention baseline ({best}) by {gap:.3f} R² '
                     f'(the paper has MZ leading on no target)')
@@ -87,7 +92,7 @@ def verdict(rows: List[Dict[str, object]], targets: Sequence[str]) -> List[str]:
         if paper is not None:
             what += (f'; measured MZ R² {by_model["mz"]["r2"]:.3f} against {paper:.3f} in the '
                      f'paper')
-        if 'egnn' in by_model:
+        if 'egnn' in by_model and not math.isnan(by_model['egnn']['r2']):
             egnn_gap = by_model['mz']['r2'] - by_model['egnn']['r2']
             what += f'; EGNN (not in the paper) {"trails" if egnn_gap >= 0 else "beats"} MZ by '
             what += f'{abs(egnn_gap):.3f}'
@@ -170,12 +175,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             lambda spec, seed: study_config(budget, device=args.device,
                                             batch_size=args.batch_size, seed=seed),
             on_result=lambda run: print(
-                f"{run['target']:6s} {run['model']:9s} seed {run['seed']}: test MAE "
-                f"{run['test']['mae']:.4g} {QM9_UNITS[run['target']]}, R2 "
-                f"{run['test']['r2']:.4f} ({run['wall_time_s']:.0f} s)", flush=True),
+                f"{run['target']:6s} {run['model']:9s} seed {run['seed']}: " + (
+                    f"diverged ({run['diverged']})" if 'diverged' in run else
+                    f"test MAE {run['test']['mae']:.4g} {QM9_UNITS[run['target']]}, R2 "
+                    f"{run['test']['r2']:.4f}") + f" ({run['wall_time_s']:.0f} s)", flush=True),
             store=store, data=dict(source=args.source, root=args.root, n_train=n_train,
                                    n_val=n_val, n_test=n_test, split_seed=0),
-            target=target)
+            record_diverged=True, target=target)
         runs += target_runs
         for entry in summarize(target_runs, 'regression'):
             rows.append(dict(target=target, unit=QM9_UNITS[target], **entry,
@@ -187,8 +193,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     setup = dict(source=args.source, targets=targets, models=models, seeds=seeds,
                  n_train=n_train, n_val=n_val, n_test=n_test, epochs=budget.epochs, lr=budget.lr,
                  batch_size=args.batch_size, split_seed=0, normalize_targets=True)
-    cells = [{'target': r['target'], 'model': r['model'], 'params': f"{r['params']:,}",
-              'seeds': r['seeds'], 'test MAE': f"{r['mae']:.4g} ± {r['mae_std']:.2g}",
+    cells = [{'target': r['target'], 'model': r['model'],
+              'params': '' if r['params'] is None else f"{r['params']:,}",
+              'seeds': f"{r['seeds']} ({r['diverged']} diverged)" if r.get('diverged') else
+              r['seeds'], 'test MAE': f"{r['mae']:.4g} ± {r['mae_std']:.2g}",
               'unit': r['unit'], 'test R²': f"{r['r2']:.3f} ± {r['r2_std']:.3f}",
               'paper R²': r['paper_r2'], 'min/run': f"{r['minutes']:.2f}"} for r in rows]
     columns = ['target', 'model', 'params', 'seeds', 'test MAE', 'unit', 'test R²', 'paper R²',

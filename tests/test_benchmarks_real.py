@@ -193,3 +193,51 @@ def test_benchmarks_refuse_a_block_option_before_training(qm9, point_clouds, qm9
     (tmp_path / 'file').write_text('x')
     assert qm9.main(['--out', str(tmp_path / 'file')] + TINY) == qm9.EXIT_ERROR
     assert 'is a file' in capsys.readouterr().err
+
+
+def test_a_diverged_run_is_recorded_and_the_studies_go_on(qm9, qm9_root, tmp_path, monkeypatch):
+    # one diverging run ended qm9.py (and point_clouds.py) with a traceback, and --resume
+    # trained it again into the same divergence; it is recorded, counted and left out of the
+    # means, and the other runs go on
+    import torch_mz.study.grid as grid
+    from torch_mz.train import TrainingDiverged
+    real = grid.train_one
+
+    def deepsets_diverges(task, name, seed, config, **options):
+        if name == 'deepsets':
+            raise TrainingDiverged(0, math.nan)
+        return real(task, name, seed, config, **options)
+
+    monkeypatch.setattr(grid, 'train_one', deepsets_diverges)
+    out = tmp_path / 'results'
+    argv = ['--source', 'sdf', '--root', str(tmp_path), '--targets', 'mu', '--models',
+            'deepsets,mz-slim', '--n-train', '2', '--n-val', '1', '--n-test', '1',
+            '--batch-size', '2', '--out', str(out)] + TINY
+    with pytest.warns(UserWarning, match='deepsets seed 0 diverged'):
+        assert qm9.main(argv) == 0
+    rows = {r['model']: r for r in json.loads((out / 'qm9.json').read_text())['rows']}
+    assert rows['deepsets']['diverged'] == 1 and rows['deepsets']['params'] is None
+    assert math.isnan(rows['deepsets']['r2']) and math.isfinite(rows['mz-slim']['r2'])
+    assert 'diverged' not in rows['mz-slim']
+    assert '| 1 (1 diverged) |' in (out / 'qm9.md').read_text()
+    monkeypatch.setattr(grid, 'train_one', lambda *a, **k: pytest.fail('trained again'))
+    assert qm9.main(argv + ['--resume']) == 0  # the diverged run is read back too
+
+
+def test_verdicts_pass_over_models_whose_every_run_diverged(qm9, point_clouds):
+    nan = math.nan
+    rows = [dict(target='mu', model='mz', r2=nan, r2_std=nan),
+            dict(target='mu', model='rigid', r2=0.6, r2_std=0.0),
+            dict(target='alpha', model='mz', r2=0.7, r2_std=0.0),
+            dict(target='alpha', model='st-large', r2=nan, r2_std=nan),
+            dict(target='alpha', model='egnn', r2=nan, r2_std=nan)]
+    mu, alpha = qm9.verdict(rows, ['mu', 'alpha'])
+    assert mu == '- **mu**: no verdict: every run of mz diverged.'
+    assert alpha == '- **alpha**: no verdict: every run of every attention baseline diverged.'
+    acc = [dict(dataset='modelnet40', model='mz', accuracy=0.70),
+           dict(dataset='modelnet40', model='st-large', accuracy=nan),
+           dict(dataset='scanobjectnn', model='mz', accuracy=nan)]
+    assert point_clouds.comparison(acc, 'modelnet40') == dict(
+        best='mz', best_accuracy=pytest.approx(70.0), gap=None, paper_gap=None)
+    assert point_clouds.verdict(acc, ['scanobjectnn']) == [
+        '- **ScanObjectNN**: no verdict: every run diverged.']

@@ -52,3 +52,21 @@ def test_check_out_folder_names_what_cannot_be_written(tmp_path):
     (tmp_path / 'afile').write_text('x')
     assert 'is a file, not a folder' in check_out_folder(str(tmp_path / 'afile'))
     assert 'cannot be written' in check_out_folder(str(tmp_path / 'afile' / 'sub'))
+
+
+def test_summary_leaves_diverged_runs_out_of_the_means_and_counts_them():
+    nan = float('nan')
+    runs = [dict(model='a', params=10, test=dict(r2=0.5, mse=1.0, mae=0.5), wall_time_s=60),
+            dict(model='a', params=None, diverged='Training loss is nan in epoch 3',
+                 test=dict(r2=nan, mse=nan, mae=nan), wall_time_s=180),
+            dict(model='b', params=None, diverged='Training loss is nan in epoch 0',
+                 test=dict(r2=nan, mse=nan, mae=nan), wall_time_s=60)]
+    a, b = summarize(runs, 'regression')
+    assert (a['seeds'], a['diverged'], a['params'], a['r2'], a['r2_std']) == (2, 1, 10, 0.5, 0.0)
+    assert a['minutes'] == pytest.approx(2.0)  # every run's time
+    assert (b['diverged'], b['params']) == (1, None) and b['r2'] != b['r2']  # NaN
+    lines = summary_markdown([a, b], 'regression').splitlines()
+    assert lines[2].startswith('| a | 10 | 2 (1 diverged) | 0.5000 ± 0.0000 |')
+    assert lines[3].startswith('| b |  | 1 (1 diverged) | nan ± nan |')
+    fine = summarize(runs[:1], 'regression')[0]
+    assert 'diverged' not in fine  # (the entry only where a run diverged)

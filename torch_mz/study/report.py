@@ -92,18 +92,25 @@ def markdown_table(rows: List[Dict[str, object]], columns: List[str]) -> str:
 
 def summarize(rows: List[Dict[str, Any]], task_type: str) -> List[Dict[str, Any]]:
     r"""Mean and (population) standard deviation over seeds of each model's test metrics, in the
-    order the models first appear."""
+    order the models first appear. Runs recorded as diverged (``train_models(...,
+    record_diverged=True)``: a ``diverged`` entry, no test figures) are left out of the means
+    and counted in ``diverged`` (an entry present only where a run diverged); a model whose
+    every run diverged has NaN means and the parameter count :obj:`None`. ``seeds`` counts every
+    run, ``minutes`` is the mean over every run."""
     if task_type not in METRICS:
         raise ValueError(f"Expected task_type among {sorted(METRICS)} (got {task_type!r})")
     out = []
     for model in dict.fromkeys(r['model'] for r in rows):
         runs = [r for r in rows if r['model'] == model]
-        entry = dict(model=model, params=runs[0]['params'], seeds=len(runs))
+        kept = [r for r in runs if 'diverged' not in r]
+        entry = dict(model=model, params=kept[0]['params'] if kept else None, seeds=len(runs))
         for k in METRICS[task_type]:
-            vals = [r['test'].get(k, math.nan) for r in runs]
-            entry[k] = float(np.mean(vals))
-            entry[f'{k}_std'] = float(np.std(vals))
+            vals = [r['test'].get(k, math.nan) for r in kept]
+            entry[k] = float(np.mean(vals)) if vals else math.nan
+            entry[f'{k}_std'] = float(np.std(vals)) if vals else math.nan
         entry['minutes'] = float(np.mean([r['wall_time_s'] for r in runs]) / 60)
+        if len(kept) < len(runs):
+            entry['diverged'] = len(runs) - len(kept)
         out.append(entry)
     return out
 
@@ -114,7 +121,8 @@ def summary_markdown(summary: List[Dict[str, Any]], task_type: str) -> str:
     head = ['model', 'params', 'seeds'] + [f'test {k}' for k in keys] + ['min/run']
     lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
     for e in summary:
-        cells = [e['model'], f"{e['params']:,}", str(e['seeds'])]
+        seeds = str(e['seeds']) + (f" ({e['diverged']} diverged)" if e.get('diverged') else '')
+        cells = [e['model'], '' if e['params'] is None else f"{e['params']:,}", seeds]
         cells += [f"{e[k]:.4f} ± {e[k + '_std']:.4f}" for k in keys]
         cells.append(f"{e['minutes']:.2f}")
         lines.append('| ' + ' | '.join(cells) + ' |')
