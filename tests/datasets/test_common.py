@@ -806,3 +806,24 @@ def test_split_digest_reads_the_selected_items_alone():
         stacked.index_select([0, 2]))
     one = Memory([Data(pos=torch.zeros(2, 2), t=torch.tensor(1.5))])  # stored uncollated
     assert split_digest(one) is not None and split_digest([Data(pos=torch.zeros(1, 2))]) is None
+
+
+def test_split_digest_reads_non_tensor_attributes_of_the_selected_items():
+    # a name per item (PyG collates it into a list) was left out: other items under the same
+    # tensors read as the same split
+    from torch_geometric.data import Data, InMemoryDataset
+
+    from torch_mz.datasets.fingerprint import split_digest
+
+    class Memory(InMemoryDataset):
+        def __init__(self, items):
+            super().__init__(None, None, log=False)
+            self.data, self.slices = self.collate(items)
+
+    def named(*names):
+        return Memory([Data(pos=torch.zeros(2, 2), name=n) for n in names])
+
+    digest = split_digest(named('a', 'b', 'c').index_select([0, 1]))
+    assert digest != split_digest(named('a', 'x', 'c').index_select([0, 1]))
+    assert digest == split_digest(named('a', 'b', 'x').index_select([0, 1]))  # not selected
+    assert digest != split_digest(named('a', 'b', 'c').index_select([1, 0]))

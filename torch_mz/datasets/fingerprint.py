@@ -118,7 +118,9 @@ def split_digest(split: Any) -> Optional[str]:
     changed raw files are not taken for the run's data): for a view of a PyG
     :class:`~torch_geometric.data.InMemoryDataset` (``dataset.index_select(...)``), the SHA-1 of
     the stored rows of the items it selects, in its order (every collated tensor's rows of each
-    item, with the item's row count; an attribute stored whole, by all of it). The stored
+    item, with the item's row count; an attribute stored whole, by all of it; a non-tensor
+    attribute with one entry per item, such as a name, by the text of its items' entries, and
+    other numbers, strings and lists by their text). The stored
     items, not those a ``transform`` makes of them (a random transform would differ every
     time). :obj:`None` for anything else (the synthetic tasks' lists of sets, which their seed
     and options determine)."""
@@ -139,8 +141,14 @@ def split_digest(split: Any) -> Optional[str]:
     for key in sorted(store):
         value = store[key]
         if not isinstance(value, Tensor):
-            if isinstance(value, (int, float, str, bool)) or value is None:
-                h.update(f'{key}={value!r};'.encode())
+            bounds = slices.get(key)
+            if (isinstance(value, (list, tuple)) and isinstance(bounds, Tensor)
+                    and bounds.dim() == 1 and bounds.numel() == len(value) + 1):
+                # one entry per item (PyG collates a non-tensor attribute, e.g. a name, into a
+                # list): the selected items' entries, by their text
+                h.update(f'{key}=[{";".join(repr(value[i]) for i in idx)}];'.encode())
+            elif isinstance(value, (int, float, str, bool, list, tuple)) or value is None:
+                h.update(f'{key}={value!r};'.encode())  # stored whole
             continue
         bounds = slices.get(key)
         if not isinstance(bounds, Tensor) or bounds.dim() != 1 or value.dim() == 0:
