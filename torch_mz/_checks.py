@@ -6,8 +6,23 @@ import math
 import numbers
 from typing import Any, Optional, Tuple
 
+import torch
+
 __all__ = ['check_count', 'check_optional_count', 'check_flag', 'check_number',
-           'check_range', 'check_rate']
+           'check_range', 'check_rate', 'refuse_jit_trace']
+
+
+def refuse_jit_trace(what: str) -> None:
+    r"""Raises a :class:`RuntimeError` naming :obj:`what` while :func:`torch.jit.trace` records:
+    a set aggregation's attention layout (the sizes of the sets, read on the host) would enter
+    the trace as constants of the traced input, so that a trace served that input's sets alone
+    (PyG's own ``SetTransformerAggregation``, traced, gives other values than eager on a batch
+    of other set sizes, without an error)."""
+    if torch.jit.is_tracing():
+        raise RuntimeError(
+            f"{what} cannot be recorded by torch.jit.trace: the sizes of the sets would enter the "
+            f"trace as constants of the traced input, and the trace would serve those sets "
+            f"alone. Use torch.compile (it handles new set sizes), or run it eagerly")
 
 
 def check_count(name: str, value: Any, low: int = 1) -> int:

@@ -215,6 +215,11 @@ def test_repr_reset_and_documented_arguments():
     text = repr(aggr)
     assert text.startswith('MZAggregation(5, 5,') and 'value=film' in text
     assert 'readout=signed' in text
+    # configurations that differ in dropout, width, path or rank print differently
+    assert repr(MZAggregation(8, dropout=0.1)) != repr(MZAggregation(8))
+    assert 'd_ff=32, dropout=0.1' in repr(MZAggregation(8, d_ff=32, dropout=0.1))
+    assert 'path=scatter' in repr(MZAggregation(8, path='scatter'))
+    assert 'rank=3' in repr(MZAggregation(8, value='hypernet', rank=3))
     torch.manual_seed(3)
     aggr.reset_parameters()
     first = [p.clone() for p in aggr.parameters()]
@@ -817,3 +822,23 @@ def test_float64_input_under_autocast_is_named():
         assert aggr(torch.randn(3, F_IN, dtype=torch.float16), index).shape == (2, F_IN)
         with pytest.raises(ValueError, match=r"module's dtype torch.float32 \(got torch.float64"):
             aggr(torch.randn(3, F_IN, dtype=torch.float64), index)
+
+
+def test_torch_jit_trace_is_refused_with_a_message():
+    # the trace failed deep inside ("'num_sets' must be an integer >= 0 (got tensor(3))"),
+    # though a docstring said chunk_size=None traces; a trace would keep the traced sets'
+    # sizes as constants (PyG's SetTransformerAggregation, traced, silently gives other values
+    # on other set sizes), so it is refused at the boundary, naming torch.compile
+    import warnings
+
+    from torch_mz.models import build_model
+    from torch_mz.nn import FlatSetTransformerAggregation
+    x, index = torch.randn(12, 8), torch.tensor([0] * 5 + [1] * 7)
+    models = (MZAggregation(8, chunk_size=None), MZAggregation(8, preset='paper'),
+              FlatSetTransformerAggregation(8, heads=2), build_model('rigid', 8, 1))
+    for model in models:
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore')  # (the tracer's own warnings)
+            with pytest.raises(RuntimeError, match='cannot be recorded by torch.jit.trace.*'
+                               'torch.compile'):
+                torch.jit.trace(model.eval(), (x, index))

@@ -9,7 +9,8 @@ from torch.nn import Linear, ModuleList
 from torch_geometric.nn.aggr import Aggregation
 
 from torch_mz import runtime
-from torch_mz._checks import check_count, check_optional_count, check_flag, check_rate
+from torch_mz._checks import (check_count, check_optional_count, check_flag, check_rate,
+                              refuse_jit_trace)
 from torch_mz.nn.attention import SUMMARIES, VALUE_OPERATORS, MZAttention
 from torch_mz.nn.blocks import ISAB, PMA, SAB
 from torch_mz.nn._context import _functorch_active, _plain_ops
@@ -354,8 +355,8 @@ class MZAggregation(Aggregation):
             (:func:`torch_mz.runtime.keep_freed_memory`) the recomputation showed: 7.75 s
             whole, 10.1 s in chunks at d = 16 (``message_passing_chunks_keep``). While grouped,
             forward hooks on submodules run once per group, and again in the backward pass
-            where groups are recomputed; a :func:`torch.jit.trace` of a grouped input keeps
-            that input's group bounds (trace with ``chunk_size=None``). Those sizes are the
+            where groups are recomputed (:func:`torch.jit.trace` is refused: a trace would
+            keep the traced input's set sizes; use :func:`torch.compile`). Those sizes are the
             CPU's; on a CUDA device the group scales with the device's memory
             (:func:`auto_chunk_rows`: about 1.15 million rows at d = 64 on one H200, so that
             graph runs at once there), because on a GPU each group adds about a thousand
@@ -525,6 +526,7 @@ class MZAggregation(Aggregation):
         r"""Checks an input once, at the boundary (see the class docstring), and returns the set
         id of every row :math:`(N,)` and the number of sets :math:`B`, for :meth:`pool`;
         :obj:`names` are what messages call ``index`` and ``dim_size``."""
+        refuse_jit_trace(type(self).__name__)
         check_set_input(x, self.in_channels, self.lin.weight.dtype)
         if x.numel() > 0 and not torch.compiler.is_compiling():
             limit = 1e15 if torch.finfo(x.dtype).max < 1e300 else 1e150
@@ -741,9 +743,10 @@ class MZAggregation(Aggregation):
         return (f'{self.__class__.__name__}({self.in_channels}, {self.out_channels}, '
                 f'preset={self.preset}, dim={self.dim}, heads={self.heads}, value={self.value}, '
                 f'num_generators={self.num_generators}, L={self.num_matrix_generators}, '
+                f'{"rank=" + str(self.rank) + ", " if self.value == "hypernet" else ""}'
                 f'num_inducing={self.num_inducing}, num_seeds={self.num_seeds}, '
                 f'encoder={self.num_encoder_blocks}x{self.encoder}, '
-                f'decoder={self.num_decoder_blocks}, '
+                f'decoder={self.num_decoder_blocks}, d_ff={self.d_ff}, dropout={self.dropout}, '
                 f'readout={self.readout}, summary={self.summary}, log_n={self.log_n}, '
-                f'chunk_size={self.chunk_size}, checkpoint={self.checkpoint}'
+                f'path={self.path}, chunk_size={self.chunk_size}, checkpoint={self.checkpoint}'
                 f'{"" if self.fold_keys else ", fold_keys=False"})')

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch_geometric.nn.aggr import SetTransformerAggregation
 
-from torch_mz._checks import check_count, check_flag, check_rate
+from torch_mz._checks import check_count, check_flag, check_rate, refuse_jit_trace
 from torch_mz.nn.aggr import check_set_input, resolve_set_index
 from torch_mz.nn._context import _hooked
 from torch_mz.nn.functional import (PATHS, check_choice, grouped_attention, repeat_per_set,
@@ -131,6 +131,7 @@ class FlatSetTransformerAggregation(SetTransformerAggregation):
                 max_num_elements: Optional[int] = None) -> Tensor:
         r"""PyG's aggregation signature; ``max_num_elements`` (PyG's padding bound) is checked,
         not applied: a larger set raises a :class:`ValueError` (see the class docstring)."""
+        refuse_jit_trace(type(self).__name__)
         if dim not in (0, -2):
             raise ValueError(f"FlatSetTransformerAggregation aggregates over dimension 0 / -2 "
                              f"(got {dim})")
