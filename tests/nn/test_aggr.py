@@ -842,3 +842,14 @@ def test_torch_jit_trace_is_refused_with_a_message():
             with pytest.raises(RuntimeError, match='cannot be recorded by torch.jit.trace.*'
                                'torch.compile'):
                 torch.jit.trace(model.eval(), (x, index))
+
+
+def test_an_input_without_elements_gives_every_parameter_a_zero_gradient():
+    # a graph without edges: zeros, and every parameter in the graph with a zero gradient (it
+    # left all but the last bias without one, which DistributedDataParallel's
+    # find_unused_parameters=False takes for an error)
+    for aggr in (MZAggregation(8), MZAggregation(8, preset='paper')):
+        out = aggr(torch.randn(0, 8), torch.zeros(0, dtype=torch.long), dim_size=3)
+        assert torch.equal(out, torch.zeros(3, 8))
+        out.sum().backward()
+        assert all(p.grad is not None and not p.grad.any() for p in aggr.parameters())

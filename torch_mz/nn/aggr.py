@@ -553,7 +553,10 @@ class MZAggregation(Aggregation):
         counts = set_counts(set_id, num_sets)  # (B,)
         if x.size(0) == 0:  # no elements at all: every set is empty
             out = x.new_zeros(num_sets, self.out_channels, dtype=self.lin.weight.dtype)
-            return out + 0 * self.lin.bias.sum(), out.new_zeros(num_sets)  # keeps the graph
+            # every parameter in the graph, with a zero gradient (as in a call with elements):
+            # none left without one (DistributedDataParallel's find_unused_parameters=False)
+            tie = sum(p.sum() for p in self.parameters() if p.requires_grad)
+            return out + 0 * tie, out.new_zeros(num_sets)
         nonempty = counts > 0  # (B,)
         if torch.compiler.is_compiling() or bool(nonempty.all()):
             z = self._encode_sets(x, set_id, counts)  # (B * k, d), (B * k, n_g, d)
