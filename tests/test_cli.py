@@ -187,6 +187,21 @@ def test_resume_from_another_task_or_model_is_refused(second, message, tmp_path,
     assert 'was written by another run' in err and message in err and err.count('\n') == 1
 
 
+def test_resume_with_the_other_target_normalisation_is_refused(tmp_path, capsys):
+    # it only warned: the weights went on training in the other units, early stopping compared
+    # validation losses across the switch, and best.pt kept the earlier (normalised) weights
+    # under normalize_targets=False: predictions with mean 0 written as target units
+    out = str(tmp_path / 'run')
+    assert main(['train', '--task', 'sum', '--model', 'rigid', *T, *SMALL, '--out', out]) == 0
+    capsys.readouterr()
+    assert main(['train', '--task', 'sum', '--model', 'rigid', *T, *SMALL, '--epochs', '2',
+                 '--no-normalize', '--out', out, '--resume',
+                 os.path.join(out, 'checkpoint.pt')]) == 2
+    err = capsys.readouterr().err
+    assert 'normalize_targets=True' in err and 'without --no-normalize' in err
+    assert err.count('\n') == 1
+
+
 def test_corrupt_checkpoint_is_a_clear_error(tmp_path, capsys):
     bad = tmp_path / 'checkpoint.pt'
     bad.write_bytes(b'not a checkpoint')

@@ -691,6 +691,18 @@ class Trainer:
         self._check_task(state, path)
         self._check_run_info(state, path)
         old = state.get('config', {})
+        saved = (old or {}).get('normalize_targets')
+        if (self.task_type == 'regression' and isinstance(saved, bool)
+                and saved != self.config.normalize_targets):
+            # the saved weights (and the best ones) predict in the saved run's units: training
+            # on would mix the two, early stopping would compare validation losses across the
+            # switch, and best.pt would keep the earlier weights under the new setting
+            # (predictions in normalised units written as target units)
+            raise CheckpointError(
+                f'Checkpoint {path!r} was trained with normalize_targets={saved}, this run has '
+                f'{self.config.normalize_targets}: its weights predict in the other units; '
+                f'resume with normalize_targets={saved} (the command line: '
+                f'{"without" if saved else "with"} --no-normalize), or start a new run')
         changed = config_changes(old, self.config.to_dict())
         if changed:
             log.warning('Resuming %s with a changed configuration %s; the run will differ from '
