@@ -66,6 +66,24 @@ def test_load_model_predicts_like_the_trained_model_in_target_units(task, tmp_pa
     assert torch.equal(outputs(loaded2, task.test)[0], ref_pred)  # the last epoch was the best
 
 
+def test_load_model_rebuilds_in_the_precision_the_model_was_trained_in(task, tmp_path):
+    # a model trained in float64 came back in float32: other predictions, and its own float64
+    # data refused
+    torch.manual_seed(0)
+    model = build_model('mz-slim', task.in_channels, task.out_channels, **SMALL).double()
+
+    def wide(split):
+        return [d.clone().apply(lambda t: t.double() if t.is_floating_point() else t)
+                for d in split]
+
+    train_set, val, test = wide(task.train), wide(task.val), wide(task.test)
+    train(model, train_set, val, test, config=config(tmp_path))
+    loaded = load_model(tmp_path / 'best.pt')
+    assert all(p.dtype == torch.float64 for p in loaded.parameters())
+    torch.testing.assert_close(predict(loaded, test)[0], predict(model, test)[0], rtol=0,
+                               atol=0)
+
+
 def test_prediction_columns(task, tmp_path):
     train_one(task, 'mz-slim', 0, config(tmp_path), **SMALL)
     model = load_model(tmp_path / 'best.pt')

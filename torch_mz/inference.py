@@ -55,6 +55,12 @@ def load_model(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
         state, where = load_checkpoint(checkpoint), f'Checkpoint {os.fspath(checkpoint)!r}'
     if model is None:
         model = _rebuild(state, where)
+        # in the precision it was trained in (a model trained in float64 came back in float32:
+        # other predictions, and its own float64 data refused)
+        dtypes = {v.dtype for v in (state.get('model') or {}).values()
+                  if isinstance(v, torch.Tensor) and v.is_floating_point()}
+        if len(dtypes) == 1:
+            model = model.to(dtypes.pop())
     else:
         recorded = (state.get('run_info') or {}).get('model')
         built = (_with_build_info(None, model) or {}).get('model')
