@@ -885,3 +885,34 @@ def test_train_resume_takes_the_data_options_it_is_not_given_from_the_checkpoint
                  '--no-progress', '--data-seed', '1', '--resume',
                  os.path.join(out, 'checkpoint.pt')]) == 2
     assert 'seed=3' in capsys.readouterr().err
+
+
+@pytest.mark.parametrize('error', [
+    MemoryError('Unable to allocate 17.1 GiB for an array'),  # numpy's (a subclass)
+    RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 4 TB"),
+    torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 80.00 GiB'),
+])
+def test_sizes_that_do_not_fit_in_memory_end_in_one_line(error, monkeypatch, capsys):
+    # --model-arg dim=1000000 or --set-size 1,100000000 ended in a traceback (exit 1), where
+    # every other impossible size ends in one line and exit 2
+    import torch_mz.cli as cli
+
+    def fails(args):
+        raise error
+
+    monkeypatch.setattr(cli, 'cmd_tasks', fails)
+    assert main(['tasks']) == 2
+    err = capsys.readouterr().err
+    assert err.startswith('torch-mz: error: out of memory (') and err.count('\n') == 1
+    assert str(error).splitlines()[0] in err
+
+
+def test_another_runtime_error_keeps_its_traceback(monkeypatch):
+    import torch_mz.cli as cli
+
+    def fails(args):
+        raise RuntimeError('a bug')
+
+    monkeypatch.setattr(cli, 'cmd_tasks', fails)
+    with pytest.raises(RuntimeError, match='a bug'):
+        main(['tasks'])

@@ -896,6 +896,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise  # (TORCH_MZ_DEBUG=1: the traceback, for a bug report)
         print(f'torch-mz: error: {e}', file=sys.stderr)
         return EXIT_USAGE
+    except (MemoryError, RuntimeError) as e:
+        # sizes that do not fit in memory (a width, a set size or a batch the allocator
+        # refuses: numpy's MemoryError, torch's RuntimeError / OutOfMemoryError) end as the
+        # other impossible sizes do; any other RuntimeError is a bug, with its traceback
+        text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if isinstance(e, RuntimeError) and not any(
+                m in text.lower() for m in ("can't allocate memory", 'out of memory')):
+            raise
+        if os.environ.get('TORCH_MZ_DEBUG', '').strip().lower() not in ('', '0', 'false',
+                                                                         'off', 'no'):
+            raise
+        print(f'torch-mz: error: out of memory ({text}): the sizes asked for (model width, '
+              f'set sizes, batch size, number of sets) do not fit; give smaller ones',
+              file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print('torch-mz: interrupted', file=sys.stderr)
         return 130
