@@ -292,3 +292,16 @@ def test_load_model_compares_the_options_that_differ(task, tmp_path):
     with pytest.raises(CheckpointError, match=r"\(log_n False, given True\)"):
         load_model(best, model=build_model('hypernet', task.in_channels, 3, dim=width,
                                            log_n=True))
+
+
+def test_scale_uncertainty_of_a_per_set_width_with_several_targets_names_the_problem(task,
+                                                                                      tmp_path):
+    # one width per set against three targets' standard deviations: it failed with "Expected
+    # targets with 3 column(s) (got shape (8,))", about a tensor that is no target
+    torch.manual_seed(0)
+    model = build_model('mz-slim', task.in_channels, task.out_channels, **SMALL)
+    train(model, task.train, task.val, task.test, config=config(tmp_path))
+    with pytest.raises(ValueError, match=r'one uncertainty per set .* 3 standard deviations'):
+        predict(model, task.test, scale_uncertainty=True)
+    pred, ihw = predict(model, task.test)  # unscaled, as the model gives it
+    assert pred.shape == (8, 3) and ihw.shape == (8, )

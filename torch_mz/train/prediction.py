@@ -91,6 +91,14 @@ def _predict(model: torch.nn.Module, dataset: Sequence, dev: torch.device, norma
             returns_tuple = True
             unc = out[1]
             if scale is not None and scale_uncertainty:
+                targets = 1 if scale.std is None else scale.std.numel()
+                if unc.dim() == 1 and targets > 1:  # (it failed, naming the targets' shape)
+                    raise ValueError(
+                        f'scale_uncertainty=True: the model gives one uncertainty per set '
+                        f'(shape {tuple(unc.shape)}) and the normaliser {targets} standard '
+                        f'deviations, one per target: there is no one scale to multiply it by; '
+                        f'predict without scale_uncertainty and scale it by the standard '
+                        f'deviation of the target it stands for (the normaliser\'s std)')
                 unc = scale.inverse_scale(unc)
             uncs.append(unc.cpu())
     pred_all = torch.cat(preds, dim=0)
