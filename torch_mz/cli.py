@@ -482,6 +482,15 @@ def cmd_train(args) -> int:
         recorded = state.get('config')
         if isinstance(state.get('epoch'), int) and state.get('kind') == 'train':
             epochs_run = state['epoch'] + 1
+        # another task or preset, before its data are built (for QM9 the whole task); the
+        # trainer compares the rest (options, splits) against the data
+        info = state.get('run_info') or {}
+        for what, flag, given in (('task', '--task', args.task), ('model', '--model',
+                                                                   model.name)):
+            saved = (info.get(what) or {}).get('name') if isinstance(info, dict) else None
+            if isinstance(saved, str) and saved != given:
+                raise CLIError(f"checkpoint '{args.resume}' was written by a run of {what} "
+                               f"'{saved}', not '{given}': pass {flag} {saved} to resume it")
     _take_data_options(args, state, 'the checkpoint')
     taken = _fill_training_options(args, recorded if isinstance(recorded, dict) else None)
     if any(t.startswith('warmup_epochs=') for t in taken) and args.warmup_epochs > args.epochs:
