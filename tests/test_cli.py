@@ -924,3 +924,26 @@ def test_another_runtime_error_keeps_its_traceback(monkeypatch):
     monkeypatch.setattr(cli, 'cmd_tasks', fails)
     with pytest.raises(RuntimeError, match='a bug'):
         main(['tasks'])
+
+
+@pytest.mark.parametrize('command, flags, message', [
+    ('train', ['--data-seed', '-1'], '--data-seed must be an integer >= 0 (got -1)'),
+    ('train', ['--batch-size', str(10 ** 20)], '--batch-size must be a number of sets from 1'),
+    ('predict', ['--batch-size', '0'], '--batch-size must be a number of sets from 1'),
+    ('predict', ['--data-seed', '-2'], '--data-seed must be an integer >= 0 (got -2)'),
+])
+def test_data_seed_and_batch_size_are_named_before_any_data(command, flags, message, tmp_path,
+                                                            capsys, monkeypatch):
+    # --data-seed -1 was reported as 'seed', a batch size past sys.maxsize failed inside
+    # itertools, and predict's --batch-size 0 in the DataLoader after the data were built
+    import torch_mz.cli as cli
+    monkeypatch.setattr(cli, '_load', lambda *a, **k: pytest.fail('the data were built'))
+    if command == 'train':
+        argv = ['train', *TINY, '--model', 'deepsets', '--out', str(tmp_path / 'r'), *flags]
+    else:
+        ckpt = tmp_path / 'best.pt'
+        ckpt.write_bytes(b'x')  # (the flags are checked before the checkpoint is read)
+        argv = ['predict', str(ckpt), '--out', str(tmp_path / 'p.csv'), *flags]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count('\n') == 1

@@ -418,8 +418,21 @@ def _check_training_args(args):
     seed = getattr(args, 'seed', 0)
     if not -2 ** 63 <= seed < 2 ** 63:
         raise CLIError(f'--seed must be in [-2**63, 2**63) (got {seed})')
+    _check_data_seed_and_batch(args)
     _config(args, seed, None)  # TrainConfig's own checks raise ValueError, one line in main
     resolve_device(args.device)  # ValueError: an unknown device, or CUDA where there is none
+
+
+def _check_data_seed_and_batch(args) -> None:
+    r"""--data-seed and --batch-size, named (the task's check named 'seed', a batch size past
+    ``sys.maxsize`` failed inside itertools, and predict's 0 in the DataLoader after the data
+    were built)."""
+    if getattr(args, 'data_seed', None) is not None and args.data_seed < 0:
+        raise CLIError(f'--data-seed must be an integer >= 0 (got {args.data_seed})')
+    size = getattr(args, 'batch_size', None)
+    if size is not None and not 1 <= size <= sys.maxsize:
+        raise CLIError(f'--batch-size must be a number of sets from 1 to {sys.maxsize} (got '
+                       f'{size})')
 
 
 def _same_path(a: str, b: str) -> bool:
@@ -731,6 +744,7 @@ def cmd_predict(args) -> int:
         if value is not None and value < (1 if flag == 'n_test' else 0):
             raise CLIError(f"--{flag.replace('_', '-')} must be at least "
                            f"{1 if flag == 'n_test' else 0} (got {value})")
+    _check_data_seed_and_batch(args)
     import csv
     import io
     import warnings
