@@ -947,3 +947,29 @@ def test_data_seed_and_batch_size_are_named_before_any_data(command, flags, mess
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count('\n') == 1
+
+
+def test_an_out_folder_that_cannot_be_written_is_named_before_any_data(tmp_path, capsys,
+                                                                       monkeypatch):
+    # it failed after the data were built, or after the first epoch had trained, naming a
+    # hidden temporary file; the folder is probed first (check_out_folder, as the studies do;
+    # as root every folder here is writable, so the probe's answer is given)
+    import torch_mz.cli as cli
+    import torch_mz.study.report as report
+    asked = []
+
+    def unwritable(out):
+        asked.append(out)
+        return f"--out {out!r} cannot be written: Permission denied"
+
+    monkeypatch.setattr(report, 'check_out_folder', unwritable)
+    monkeypatch.setattr(cli, '_load', lambda *a, **k: pytest.fail('the data were built'))
+    out = str(tmp_path / 'ro' / 'run')
+    assert main(['train', *TINY, '--model', 'deepsets', '--out', out]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"torch-mz: error: --out '{out}': the folder '{out}' cannot be written "
+                   f"(Permission denied)\n") and asked == [out]
+    ckpt = tmp_path / 'best.pt'
+    ckpt.write_bytes(b'x')
+    assert main(['predict', str(ckpt), '--out', str(tmp_path / 'ro' / 'p.csv')]) == 2
+    assert "the folder '" + str(tmp_path / 'ro') + "' cannot be written" in capsys.readouterr().err

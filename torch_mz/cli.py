@@ -399,6 +399,14 @@ def _check_path(path: str, flag: str, folder: bool):
     if not os.path.isdir(part):
         raise CLIError(f"{flag} '{path}': '{part}' is a file, not a folder: choose another "
                        f"{flag}")
+    # a folder this process cannot write found now, not after the data are built or the first
+    # epoch has trained (naming a hidden temporary file)
+    from torch_mz.study.report import check_out_folder
+    problem = check_out_folder(path if folder else os.path.dirname(os.path.abspath(path)))
+    if problem is not None:
+        where = path if folder else os.path.dirname(os.path.abspath(path))
+        raise CLIError(f"{flag} '{path}': the folder '{where}' cannot be written"
+                       + (f" ({problem.split(': ', 1)[1]})" if ': ' in problem else ''))
 
 
 def _check_out_folder(out: str):
