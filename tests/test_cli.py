@@ -973,3 +973,17 @@ def test_an_out_folder_that_cannot_be_written_is_named_before_any_data(tmp_path,
     ckpt.write_bytes(b'x')
     assert main(['predict', str(ckpt), '--out', str(tmp_path / 'ro' / 'p.csv')]) == 2
     assert "the folder '" + str(tmp_path / 'ro') + "' cannot be written" in capsys.readouterr().err
+
+
+def test_root_for_a_synthetic_task_is_refused(tmp_path, capsys):
+    # it was ignored without a word: the sets are generated from the seed
+    assert main(['train', *TINY, '--model', 'deepsets', '--root', str(tmp_path / 'data'),
+                 '--out', str(tmp_path / 'r')]) == 2
+    err = capsys.readouterr().err
+    assert "task 'quadratic-tdof' is synthetic" in err and 'drop --root' in err
+    assert main(['train', *TINY, '--model', 'deepsets', '--epochs', '1', '--out',
+                 str(tmp_path / 'r')]) == 0
+    capsys.readouterr()
+    assert main(['predict', str(tmp_path / 'r' / 'best.pt'), '--root', str(tmp_path),
+                 '--out', str(tmp_path / 'p.csv')]) == 2
+    assert 'drop --root' in capsys.readouterr().err

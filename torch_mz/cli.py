@@ -231,8 +231,7 @@ def _load(args, progress: bool):
     if args.set_size is not None and not is_synthetic(args.task):
         raise CLIError(f"--set-size draws the sets of a synthetic task; '{args.task}' is a "
                        f"real dataset, whose sets are what they are")
-    if args.root is not None and os.path.exists(args.root) and not os.path.isdir(args.root):
-        raise CLIError(f"--root '{args.root}' is a file, not a dataset folder")
+    _check_root(args)
     return load_task(args.task, seed=0 if args.data_seed is None else args.data_seed,
                      n_train=args.n_train, n_val=args.n_val,
                      n_test=args.n_test, set_size=_parse_range(args.set_size), root=args.root,
@@ -441,6 +440,19 @@ def _check_data_seed_and_batch(args) -> None:
     if size is not None and not 1 <= size <= sys.maxsize:
         raise CLIError(f'--batch-size must be a number of sets from 1 to {sys.maxsize} (got '
                        f'{size})')
+
+
+def _check_root(args) -> None:
+    r"""--root: a folder, and only for a real dataset (a synthetic task, generated from its seed,
+    reads no folder: the option was ignored without a word)."""
+    from torch_mz.tasks import is_synthetic
+    if args.root is None:
+        return
+    if is_synthetic(args.task):
+        raise CLIError(f"--root names the folder of a real dataset; task '{args.task}' is "
+                       f"synthetic, generated from its seed: drop --root")
+    if os.path.exists(args.root) and not os.path.isdir(args.root):
+        raise CLIError(f"--root '{args.root}' is a file, not a dataset folder")
 
 
 def _same_path(a: str, b: str) -> bool:
@@ -781,6 +793,7 @@ def cmd_predict(args) -> int:
                        f"Python API, torch_mz.train.predict(torch_mz.load_model(checkpoint), "
                        f"torch_mz.inference.load_test_split(checkpoint, "
                        f"{', '.join(f'{k}=...' for k in objects)}).test)")
+    _check_root(args)
     given = _parse_kv(args.task_arg, '--task-arg')
     if 'set_size' in given:
         _check_set_size(given['set_size'], '--task-arg set_size')
