@@ -168,7 +168,8 @@ def test_mc_dropout_without_dropout_is_the_deterministic_prediction():
     data = tiny_sets()
     model = tiny_mz(dropout=0.0).eval()
     norm = TargetNormalizer().fit(torch.tensor([[1.0], [3.0]]))
-    mean, std = mc_dropout_predict(model, data, passes=3, normalizer=norm, batch_size=4)
+    with pytest.warns(UserWarning, match='every pass gave the same predictions'):
+        mean, std = mc_dropout_predict(model, data, passes=3, normalizer=norm, batch_size=4)
     pred, _ = predict(model, data, normalizer=norm, batch_size=4, device='cpu')
     assert mean.shape == (6, 1) and std.shape == (6, 1)
     torch.testing.assert_close(mean, pred.to(torch.float64), atol=1e-5, rtol=1e-5)

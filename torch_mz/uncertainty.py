@@ -15,6 +15,7 @@ Every function takes predictions, targets and uncertainties as tensors or arrays
 """
 import math
 import numbers
+import warnings
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -419,6 +420,11 @@ def mc_dropout_predict(model: torch.nn.Module, dataset: Sequence, passes: int = 
     finally:
         for module, mode in modes:
             module.train(mode)
+    if passes > 1 and all(torch.equal(r, runs[0]) for r in runs[1:]):
+        # (a spread of exactly zero was returned without a word)
+        warnings.warn('mc_dropout_predict: every pass gave the same predictions, so the spread '
+                      'is zero: the model has no active dropout (a rate of 0, or a model '
+                      'without dropout); train it with dropout for MC-Dropout', stacklevel=2)
     return predictive_moments(runs)
 
 
