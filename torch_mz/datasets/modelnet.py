@@ -295,6 +295,9 @@ class ModelNet40(TrainTestSets):
 
     def download(self) -> None:
         if self.source == 'mesh':
+            # the meshes are sampled with trimesh: a missing extra said so only after the
+            # archive (about 2 GB) was downloaded and unpacked
+            require('trimesh')
             self._download_once(staging=self.root)
         else:
             self._download_raw()

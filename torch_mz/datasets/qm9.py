@@ -542,6 +542,9 @@ class QM9(ProcessedDataset):
 
     def download(self) -> None:
         if self.source == 'sdf':
+            # the molecules are read with RDKit: a missing extra said so only after the
+            # download
+            require('rdkit')
             self._download_once(staging=self.raw_dir)
         else:
             self._download_raw()
