@@ -989,3 +989,18 @@ def test_root_for_a_synthetic_task_is_refused(tmp_path, capsys):
     assert main(['predict', str(tmp_path / 'r' / 'best.pt'), '--root', str(tmp_path),
                  '--out', str(tmp_path / 'p.csv')]) == 2
     assert 'drop --root' in capsys.readouterr().err
+
+
+def test_train_resume_takes_the_model_options_it_is_not_given_from_the_checkpoint(tmp_path,
+                                                                                  capsys):
+    # as the data and training options: a run with --model-arg options resumed without them
+    # was refused as another run's
+    out = str(tmp_path / 'run')
+    assert main(['train', '--task', 'max', '--model', 'rigid', *T, *SMALL, '--out', out]) == 0
+    capsys.readouterr()
+    assert main(['train', '--task', 'max', '--model', 'rigid', *T, '--epochs', '2', '--resume',
+                 os.path.join(out, 'checkpoint.pt')]) == 0
+    printed = capsys.readouterr().out
+    assert ('resuming with the model options of the checkpoint (none given): d_ff=8, dim=8, '
+            'num_inducing=2') in printed
+    assert json.load(open(os.path.join(out, 'result.json')))['epochs_run'] == 2

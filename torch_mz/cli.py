@@ -16,6 +16,7 @@ traceback.
 import argparse
 import contextlib
 import dataclasses
+import json
 import math
 import os
 import re
@@ -524,6 +525,17 @@ def cmd_train(args) -> int:
             if isinstance(saved, str) and saved != given:
                 raise CLIError(f"checkpoint '{args.resume}' was written by a run of {what} "
                                f"'{saved}', not '{given}': pass {flag} {saved} to resume it")
+        # the model options, where none are given (as the data and training options): a run
+        # of 'rigid' with --model-arg dropout=0.2 resumed without it was refused
+        saved_args = (info.get('model') or {}).get('args') if isinstance(info, dict) else None
+        if not args.model_arg and not model.options and isinstance(saved_args, dict):
+            try:
+                args.model_arg = [f'{k}={json.dumps(v)}' for k, v in saved_args.items()]
+            except (TypeError, ValueError):  # (a value the command line cannot give)
+                args.model_arg = None
+            if args.model_arg:
+                print('resuming with the model options of the checkpoint (none given): '
+                      + ', '.join(args.model_arg))
     _take_data_options(args, state, 'the checkpoint')
     taken = _fill_training_options(args, recorded if isinstance(recorded, dict) else None)
     if any(t.startswith('warmup_epochs=') for t in taken) and args.warmup_epochs > args.epochs:
