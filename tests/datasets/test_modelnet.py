@@ -684,19 +684,3 @@ def test_the_docstring_says_which_pyg_transforms_apply(modelnet_mesh_root):
     assert 'face' not in ds[0]
     with pytest.raises(Exception):
         T.SamplePoints(8)(ds[0])
-
-
-def test_a_missing_optional_package_is_named_before_anything_is_downloaded(tmp_path,
-                                                                          monkeypatch):
-    # trimesh was asked for only after the download (the ~2 GB archive, unpacked)
-    from torch_mz.datasets import modelnet
-    def absent(name):
-        raise ImportError(f"'{name}' is required for this feature but could not be imported")
-
-    def no_download(*args, **kwargs):
-        raise AssertionError('downloaded before checking for trimesh')
-
-    monkeypatch.setattr(modelnet, 'require', absent)
-    monkeypatch.setattr(modelnet, 'download_url', no_download)
-    with pytest.raises(ImportError, match="'trimesh' is required"):
-        ModelNet40(str(tmp_path / 'ModelNet40'), num_points=16, log=False)

@@ -771,18 +771,3 @@ def test_sdf_raw_files_are_fingerprinted_by_name(qm9_root):
     corrupt(osp.join(qm9_root, 'raw', 'uncharacterized.txt'), lambda t: t + '\n')
     with pytest.warns(UserWarning, match=r'changed in size, contents or modification time: uncharacterized.txt'):
         QM9(qm9_root, log=False)
-
-
-def test_a_missing_optional_package_is_named_before_anything_is_downloaded(tmp_path,
-                                                                          monkeypatch):
-    # rdkit was asked for only after the download (of the SDF archive)
-    def absent(name):
-        raise ImportError(f"'{name}' is required for this feature but could not be imported")
-
-    def no_download(*args, **kwargs):
-        raise AssertionError('downloaded before checking for rdkit')
-
-    monkeypatch.setattr(qm9_module, 'require', absent)
-    monkeypatch.setattr(qm9_module, 'download_url', no_download)
-    with pytest.raises(ImportError, match="'rdkit' is required"):
-        QM9(str(tmp_path / 'QM9'), log=False)

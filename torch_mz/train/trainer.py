@@ -316,6 +316,16 @@ class Trainer:
         dist.all_gather_object(states, state)
         return states
 
+    def _check_normalization(self, state: Dict[str, Any], where: str, advice: str) -> None:
+        r"""Refuses a regression checkpoint trained with the other ``normalize_targets``
+        (:obj:`advice` formatted with ``saved``, ``now`` and the command line's ``flag``)."""
+        saved = (state.get('config') or {}).get('normalize_targets')
+        now = self.config.normalize_targets
+        if self.task_type == 'regression' and isinstance(saved, bool) and saved != now:
+            raise CheckpointError(f'{where} was trained with normalize_targets={saved}, '
+                                  + advice.format(saved=saved, now=now,
+                                                  flag='without' if saved else 'with'))
+
     def load_weights(self, path: Union[str, os.PathLike]) -> Dict[str, Any]:
         r"""Loads model weights (and the target normaliser) from ``best.pt`` or ``checkpoint.pt``
         for evaluation or prediction; returns the checkpoint dict. Afterwards the model carries
@@ -323,14 +333,10 @@ class Trainer:
         target units, as after :meth:`fit`."""
         state = load_checkpoint(path, map_location='cpu')
         self._check_task(state, path)
-        saved = (state.get('config') or {}).get('normalize_targets')
-        if (self.task_type == 'regression' and isinstance(saved, bool)
-                and saved != self.config.normalize_targets):
-            raise CheckpointError(
-                f'Checkpoint {os.fspath(path)!r} was trained with normalize_targets={saved}, '
-                f'this Trainer has {self.config.normalize_targets}: its predictions would not '
-                f'be in target units; build the Trainer with '
-                f'TrainConfig(normalize_targets={saved}) or load it with torch_mz.load_model')
+        self._check_normalization(
+            state, f'Checkpoint {os.fspath(path)!r}', 'this Trainer has {now}: its predictions '
+            'would not be in target units; build the Trainer with '
+            'TrainConfig(normalize_targets={saved}) or load it with torch_mz.load_model')
         # (the weights first: a refused checkpoint leaves the model as it was; the normaliser
         # is no part of the state dict)
         self._load_model_state(state['model'], path)
@@ -691,18 +697,14 @@ class Trainer:
         self._check_task(state, path)
         self._check_run_info(state, path)
         old = state.get('config', {})
-        saved = (old or {}).get('normalize_targets')
-        if (self.task_type == 'regression' and isinstance(saved, bool)
-                and saved != self.config.normalize_targets):
-            # the saved weights (and the best ones) predict in the saved run's units: training
-            # on would mix the two, early stopping would compare validation losses across the
-            # switch, and best.pt would keep the earlier weights under the new setting
-            # (predictions in normalised units written as target units)
-            raise CheckpointError(
-                f'Checkpoint {path!r} was trained with normalize_targets={saved}, this run has '
-                f'{self.config.normalize_targets}: its weights predict in the other units; '
-                f'resume with normalize_targets={saved} (the command line: '
-                f'{"without" if saved else "with"} --no-normalize), or start a new run')
+        # the saved weights (and the best ones) predict in the saved run's units: training on
+        # would mix the two, early stopping would compare validation losses across the switch,
+        # and best.pt would keep the earlier weights under the new setting (predictions in
+        # normalised units written as target units)
+        self._check_normalization(
+            state, f'Checkpoint {path!r}', 'this run has {now}: its weights predict in the other '
+            'units; resume with normalize_targets={saved} (the command line: {flag} '
+            '--no-normalize), or start a new run')
         changed = config_changes(old, self.config.to_dict())
         if changed:
             log.warning('Resuming %s with a changed configuration %s; the run will differ from '
