@@ -25,6 +25,11 @@ CHANGED_NOTE = ('Smoke run of the demo command with your extra arguments ({}); f
                 'benchmarks/reproduce.py --budget converged --claims table1')
 
 if __name__ == '__main__':
+    if {'-h', '--help'} & set(sys.argv[1:]):  # what the demo is, then the options it passes on
+        print('\n\n'.join(__doc__.split('\n\n')[:2]).replace('``', "'") + '\n\ntorch-mz '
+              + ' '.join(DEMO_ARGS)
+              + '\n\nThe options of torch-mz compare, which extra arguments may add or '
+              'change:\n')
     status = main(DEMO_ARGS + sys.argv[1:])
     print(CHANGED_NOTE.format(' '.join(sys.argv[1:])) if sys.argv[1:] else SMOKE_NOTE)
     sys.exit(status)
