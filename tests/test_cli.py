@@ -1004,3 +1004,15 @@ def test_train_resume_takes_the_model_options_it_is_not_given_from_the_checkpoin
     assert ('resuming with the model options of the checkpoint (none given): d_ff=8, dim=8, '
             'num_inducing=2') in printed
     assert json.load(open(os.path.join(out, 'result.json')))['epochs_run'] == 2
+
+
+def test_demo_help_says_what_the_demo_runs():
+    # it printed compare's help alone
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, '-m', 'torch_mz.demo', '--help'], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0
+    assert done.stdout.startswith("The main demo: 'python -m torch_mz.demo'")
+    assert 'torch-mz ' + ' '.join(DEMO_ARGS) in done.stdout
+    assert 'usage: torch-mz compare' in done.stdout
