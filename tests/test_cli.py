@@ -1016,3 +1016,35 @@ def test_demo_help_says_what_the_demo_runs():
     assert done.stdout.startswith("The main demo: 'python -m torch_mz.demo'")
     assert 'torch-mz ' + ' '.join(DEMO_ARGS) in done.stdout
     assert 'usage: torch-mz compare' in done.stdout
+
+
+def test_predict_feeds_a_float64_model_its_sets_in_float64(tmp_path, capsys):
+    # load_model rebuilds a model trained in float64 (through the Python API) in float64, and
+    # predict's sets came in float32: refused ("convert the input"), where the CSV was written
+    import csv
+
+    from torch_mz.models import build_model
+    from torch_mz.tasks import load_task
+    from torch_mz.train import TrainConfig, predict, train
+    task = load_task('max', n_train=32, n_val=8, n_test=8, d=3, set_size=(2, 5))
+
+    def wide(split):
+        return [d.clone().apply(lambda t: t.double() if t.is_floating_point() else t)
+                for d in split]
+
+    torch.manual_seed(0)
+    model = build_model('deepsets', task.in_channels, task.out_channels,
+                        hidden_channels=8).double()
+    out = str(tmp_path / 'run')
+    train(model, wide(task.train), wide(task.val), wide(task.test),
+          config=TrainConfig(epochs=1, warmup_epochs=0, batch_size=16, device='cpu',
+                             progress=False, out_dir=out))
+    csv_path = str(tmp_path / 'p.csv')
+    assert main(['predict', os.path.join(out, 'best.pt'), '--task', 'max', '--task-arg', 'd=3',
+                 '--task-arg', 'set_size=[2, 5]', '--n-train', '32', '--n-val', '8',
+                 '--n-test', '8', '--out', csv_path]) == 0
+    rows = list(csv.DictReader(open(csv_path)))
+    expected = predict(model, wide(task.test))
+    got = torch.tensor([[float(r[f'prediction_{j}']) for j in range(3)] for r in rows],
+                       dtype=torch.float64)
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)

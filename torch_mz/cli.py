@@ -827,7 +827,7 @@ def cmd_predict(args) -> int:
         _warn(f'--task-arg {text}' if any(text.startswith(f'{k}=') for k in given) else text)
     model = load_model(args.checkpoint)
     columns = dict(_set_ids(task.test), **prediction_columns(
-        model, task.test, task.task_type, batch_size=args.batch_size,
+        model, _in_dtype(task.test, model), task.task_type, batch_size=args.batch_size,
         device=resolve_device(args.device)))
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator='\n')
@@ -836,6 +836,22 @@ def cmd_predict(args) -> int:
     atomic_write(args.out, lambda f: f.write(buf.getvalue()), binary=False)
     print(f"{len(task.test)} test sets of {task.name} ({', '.join(columns)}) -> {args.out}")
     return 0
+
+
+def _in_dtype(dataset, model) -> Any:
+    r"""The sets of :obj:`dataset` with their floating-point tensors in the precision of
+    :obj:`model`'s weights where the two differ (a model trained in float64 through the Python
+    API is rebuilt in float64, and the tasks give float32 sets: exact, float32 values are
+    float64 values), else :obj:`dataset` itself."""
+    import torch
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+    first = dataset[0] if len(dataset) else None
+    given = next((v.dtype for _, v in (first.items() if first is not None else [])
+                  if torch.is_tensor(v) and v.is_floating_point()), None)
+    if dtype is None or given is None or given == dtype:
+        return dataset
+    return [d.clone().apply(lambda t: t.to(dtype) if t.is_floating_point() else t)
+            for d in dataset]
 
 
 def _add_memory_flag(p: argparse.ArgumentParser) -> None:
