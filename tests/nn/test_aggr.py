@@ -835,7 +835,8 @@ def test_torch_jit_trace_is_refused_with_a_message():
     from torch_mz.nn import FlatSetTransformerAggregation
     x, index = torch.randn(12, 8), torch.tensor([0] * 5 + [1] * 7)
     models = (MZAggregation(8, chunk_size=None), MZAggregation(8, preset='paper'),
-              FlatSetTransformerAggregation(8, heads=2), build_model('rigid', 8, 1))
+              FlatSetTransformerAggregation(8, heads=2), build_model('rigid', 8, 1),
+              build_model('perceiver', 8, 1))  # (it traced, and other set sizes went wrong)
     for model in models:
         with warnings.catch_warnings():
             warnings.simplefilter('ignore')  # (the tracer's own warnings)
@@ -848,8 +849,21 @@ def test_an_input_without_elements_gives_every_parameter_a_zero_gradient():
     # a graph without edges: zeros, and every parameter in the graph with a zero gradient (it
     # left all but the last bias without one, which DistributedDataParallel's
     # find_unused_parameters=False takes for an error)
+    from torch_mz.models import PRESETS, build_model
+    from torch_mz.nn import FlatSetTransformerAggregation
     for aggr in (MZAggregation(8), MZAggregation(8, preset='paper')):
         out = aggr(torch.randn(0, 8), torch.zeros(0, dtype=torch.long), dim_size=3)
         assert torch.equal(out, torch.zeros(3, 8))
         out.sum().backward()
         assert all(p.grad is not None and not p.grad.any() for p in aggr.parameters())
+    flat = FlatSetTransformerAggregation(8, heads=2)  # (PyG's values: its seeds, not zeros)
+    flat(torch.randn(0, 8), torch.zeros(0, dtype=torch.long), dim_size=3).sum().backward()
+    assert all(p.grad is not None for p in flat.parameters())
+    for name in PRESETS:  # the set models (EGNN needs coordinates)
+        if name.startswith('egnn'):
+            continue
+        model = build_model(name, 3, 2)
+        pred, _ = model(torch.randn(0, 3), torch.zeros(0, dtype=torch.long), num_sets=2)
+        assert torch.equal(pred, torch.zeros(2, 2))
+        pred.sum().backward()
+        assert all(p.grad is not None and not p.grad.any() for p in model.parameters()), name

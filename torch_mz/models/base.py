@@ -162,4 +162,10 @@ class SetModel(Module):
                              f"{x.size(-1)}, or give the batch the elements it was built for"
                              ) from None
         prediction, ihw = self.predict(x, set_id, num_sets)
-        return SetPrediction(zero_empty_sets(prediction, set_id, num_sets), ihw)
+        prediction = zero_empty_sets(prediction, set_id, num_sets)
+        if x.size(0) == 0:  # no elements: every parameter in the graph with a zero gradient
+            # (DistributedDataParallel's find_unused_parameters=False takes one without any
+            # for an error)
+            prediction = prediction + 0 * sum(p.sum() for p in self.parameters()
+                                              if p.requires_grad)
+        return SetPrediction(prediction, ihw)

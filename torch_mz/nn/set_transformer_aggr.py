@@ -158,7 +158,10 @@ class FlatSetTransformerAggregation(SetTransformerAggregation):
         for decoder in self.decoders:
             out = self._mab(decoder.mab, out, out, seed_set, seed_set, B)
         out = out.view(B, k, self.channels)  # (B, k, F)
-        return out.flatten(1, 2) if self.concat else out.mean(dim=1)
+        out = out.flatten(1, 2) if self.concat else out.mean(dim=1)
+        if x.size(0) == 0:  # every parameter in the graph, with a zero gradient (DDP)
+            out = out + 0 * sum(p.sum() for p in self.parameters() if p.requires_grad)
+        return out
 
     def _runs_as_pyg(self) -> bool:
         r"""Whether PyG's padded forward must run: hooks on a sub-module (which must see its
