@@ -1001,8 +1001,8 @@ def test_train_resume_takes_the_model_options_it_is_not_given_from_the_checkpoin
     assert main(['train', '--task', 'max', '--model', 'rigid', *T, '--epochs', '2', '--resume',
                  os.path.join(out, 'checkpoint.pt')]) == 0
     printed = capsys.readouterr().out
-    assert ('resuming with the model options of the checkpoint (none given): d_ff=8, dim=8, '
-            'num_inducing=2') in printed
+    assert ('resuming with the model options of the checkpoint (no --model-arg given): d_ff=8, '
+            'dim=8, num_inducing=2') in printed
     assert json.load(open(os.path.join(out, 'result.json')))['epochs_run'] == 2
 
 
@@ -1048,3 +1048,45 @@ def test_predict_feeds_a_float64_model_its_sets_in_float64(tmp_path, capsys):
     got = torch.tensor([[float(r[f'prediction_{j}']) for j in range(3)] for r in rows],
                        dtype=torch.float64)
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_train_resume_takes_the_model_options_beside_those_of_the_model_spec(tmp_path, capsys):
+    # with options in --model itself, the checkpoint's --model-args were not taken: the data
+    # were built and the run refused as another's
+    out = str(tmp_path / 'run')
+    assert main(['train', '--task', 'max', '--model', 'rigid:dim=8', *T, '--model-arg',
+                 'num_inducing=2', '--model-arg', 'd_ff=8', '--out', out]) == 0
+    capsys.readouterr()
+    assert main(['train', '--task', 'max', '--model', 'rigid:dim=8', *T, '--epochs', '2',
+                 '--resume', os.path.join(out, 'checkpoint.pt')]) == 0
+    assert ('the model options of the checkpoint (no --model-arg given): d_ff=8, '
+            'num_inducing=2') in capsys.readouterr().out
+
+
+def test_train_resume_of_a_checkpoint_with_a_run_info_of_ones_own_is_one_line(tmp_path,
+                                                                             capsys):
+    # run_info entries that are no dicts (the Python API takes any): an AttributeError
+    from torch_mz.models import build_model
+    from torch_mz.tasks import load_task
+    from torch_mz.train import TrainConfig, train
+    task = load_task('max', n_train=8, n_val=4, n_test=4)
+    out = str(tmp_path / 'run')
+    torch.manual_seed(0)
+    train(build_model('deepsets', task.in_channels, task.out_channels), task.train, task.val,
+          task.test, run_info={'task': 'max', 'note': 'x'},
+          config=TrainConfig(epochs=1, warmup_epochs=0, batch_size=4, progress=False,
+                             out_dir=out))
+    assert main(['train', '--task', 'max', '--model', 'deepsets', '--n-train', '8', '--n-val',
+                 '4', '--n-test', '4', '--epochs', '2', '--batch-size', '4', '--no-progress',
+                 '--resume', os.path.join(out, 'checkpoint.pt')]) == 2
+    err = capsys.readouterr().err
+    assert 'was written by another run' in err and err.count('\n') == 1
+
+
+def test_only_the_main_process_probes_the_out_folder(tmp_path, monkeypatch):
+    # under torchrun every rank probed, and one removed the folder another was probing
+    import torch_mz.cli as cli
+    import torch_mz.study.report as report
+    monkeypatch.setattr(report, 'check_out_folder', lambda out: pytest.fail('probed'))
+    monkeypatch.setattr(cli, '_main_process', lambda: False)
+    cli._check_path(str(tmp_path / 'new'), '--out', folder=True)  # no probe, no error

@@ -400,13 +400,17 @@ def _check_path(path: str, flag: str, folder: bool):
         raise CLIError(f"{flag} '{path}': '{part}' is a file, not a folder: choose another "
                        f"{flag}")
     # a folder this process cannot write found now, not after the data are built or the first
-    # epoch has trained (naming a hidden temporary file)
+    # epoch has trained (naming a hidden temporary file); by the main process alone under
+    # torchrun (the ranks' probes raced: one removed the folder another was probing)
     from torch_mz.study.report import check_out_folder
-    problem = check_out_folder(path if folder else os.path.dirname(os.path.abspath(path)))
+    if not _main_process():
+        return
+    where = path if folder else os.path.dirname(os.path.abspath(path))
+    problem = check_out_folder(where)
     if problem is not None:
-        where = path if folder else os.path.dirname(os.path.abspath(path))
+        why = problem.rsplit(': ', 1)[1] if ': ' in problem else ''  # (the OS's reason)
         raise CLIError(f"{flag} '{path}': the folder '{where}' cannot be written"
-                       + (f" ({problem.split(': ', 1)[1]})" if ': ' in problem else ''))
+                       + (f' ({why})' if why else ''))
 
 
 def _check_out_folder(out: str):
@@ -518,24 +522,28 @@ def cmd_train(args) -> int:
             epochs_run = state['epoch'] + 1
         # another task or preset, before its data are built (for QM9 the whole task); the
         # trainer compares the rest (options, splits) against the data
-        info = state.get('run_info') or {}
+        info = state.get('run_info')
+        info = info if isinstance(info, dict) else {}  # (a run_info of one's own making)
+        entries = {k: v if isinstance(v, dict) else {} for k, v in info.items()}
         for what, flag, given in (('task', '--task', args.task), ('model', '--model',
                                                                    model.name)):
-            saved = (info.get(what) or {}).get('name') if isinstance(info, dict) else None
+            saved = entries.get(what, {}).get('name')
             if isinstance(saved, str) and saved != given:
                 raise CLIError(f"checkpoint '{args.resume}' was written by a run of {what} "
                                f"'{saved}', not '{given}': pass {flag} {saved} to resume it")
-        # the model options, where none are given (as the data and training options): a run
-        # of 'rigid' with --model-arg dropout=0.2 resumed without it was refused
-        saved_args = (info.get('model') or {}).get('args') if isinstance(info, dict) else None
-        if not args.model_arg and not model.options and isinstance(saved_args, dict):
+        # the model options, where no --model-arg is given (as the data and training
+        # options), beside those the --model spec gives: a run of 'rigid' with --model-arg
+        # dropout=0.2 resumed without it was refused
+        saved_args = entries.get('model', {}).get('args')
+        if not args.model_arg and isinstance(saved_args, dict):
             try:
-                args.model_arg = [f'{k}={json.dumps(v)}' for k, v in saved_args.items()]
+                args.model_arg = [f'{k}={json.dumps(v)}' for k, v in saved_args.items()
+                                  if k not in model.options]
             except (TypeError, ValueError):  # (a value the command line cannot give)
                 args.model_arg = None
             if args.model_arg:
-                print('resuming with the model options of the checkpoint (none given): '
-                      + ', '.join(args.model_arg))
+                print('resuming with the model options of the checkpoint (no --model-arg '
+                      'given): ' + ', '.join(args.model_arg))
     _take_data_options(args, state, 'the checkpoint')
     taken = _fill_training_options(args, recorded if isinstance(recorded, dict) else None)
     if any(t.startswith('warmup_epochs=') for t in taken) and args.warmup_epochs > args.epochs:

@@ -70,3 +70,12 @@ def test_summary_leaves_diverged_runs_out_of_the_means_and_counts_them():
     assert lines[3].startswith('| b |  | 1 (1 diverged) | nan ± nan |')
     fine = summarize(runs[:1], 'regression')[0]
     assert 'diverged' not in fine  # (the entry only where a run diverged)
+
+
+def test_check_out_folder_removes_what_it_made_when_a_deeper_folder_fails(tmp_path):
+    # the first folder it could not remove (one never made) stopped the clean-up: a name too
+    # long left its parent behind
+    from torch_mz.study import check_out_folder
+    out = tmp_path / 'leftover' / ('x' * 300)
+    assert 'cannot be written' in check_out_folder(str(out))
+    assert list(tmp_path.iterdir()) == []

@@ -119,8 +119,9 @@ def split_digest(split: Any) -> Optional[str]:
     :class:`~torch_geometric.data.InMemoryDataset` (``dataset.index_select(...)``), the SHA-1 of
     the stored rows of the items it selects, in its order (every collated tensor's rows of each
     item, with the item's row count; an attribute stored whole, by all of it; a non-tensor
-    attribute with one entry per item, such as a name, by the text of its items' entries, and
-    other numbers, strings and lists by their text). The stored
+    attribute with one entry per item, such as a name, by the text of its items' entries
+    where each is a number, a string or None, and another number or string by its text). The
+    stored
     items, not those a ``transform`` makes of them (a random transform would differ every
     time). :obj:`None` for anything else (the synthetic tasks' lists of sets, which their seed
     and options determine)."""
@@ -145,9 +146,13 @@ def split_digest(split: Any) -> Optional[str]:
             if (isinstance(value, (list, tuple)) and isinstance(bounds, Tensor)
                     and bounds.dim() == 1 and bounds.numel() == len(value) + 1):
                 # one entry per item (PyG collates a non-tensor attribute, e.g. a name, into a
-                # list): the selected items' entries, by their text
-                h.update(f'{key}=[{";".join(repr(value[i]) for i in idx)}];'.encode())
-            elif isinstance(value, (int, float, str, bool, list, tuple)) or value is None:
+                # list): the selected items' entries, by their text, where every one is a
+                # plain value (another object's text may hold its address, other in every
+                # process)
+                chosen = [value[i] for i in idx]
+                if all(v is None or isinstance(v, (int, float, str, bool)) for v in chosen):
+                    h.update(f'{key}=[{";".join(repr(v) for v in chosen)}];'.encode())
+            elif isinstance(value, (int, float, str, bool)) or value is None:
                 h.update(f'{key}={value!r};'.encode())  # stored whole
             continue
         bounds = slices.get(key)

@@ -37,10 +37,12 @@ def check_out_folder(out: str) -> Optional[str]:
     except OSError as e:
         return f"--out {out!r} cannot be written: {e.strerror or e}"
     finally:
-        for folder in made:
+        for folder in made:  # deepest first
+            if not os.path.lexists(folder):  # (never made: the probe failed above it)
+                continue
             try:
                 os.rmdir(folder)
-            except OSError:  # (not made, or not empty)
+            except OSError:  # (not empty: something else writes there now)
                 break
     return None
 
