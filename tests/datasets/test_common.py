@@ -25,7 +25,6 @@ from torch_mz.datasets.common import (
     normalize_unit_sphere,
     read_h5,
     save_stats,
-    split_indices,
 )
 from torch_mz.datasets.scanobjectnn import ScanObjectNN
 
@@ -71,33 +70,6 @@ def test_normalize_unit_sphere():
     assert np.linalg.norm(huge, axis=1).max() == pytest.approx(1.0, abs=1e-6)
     # ... and whose squares underflow (every point came out 0)
     assert np.allclose(normalize_unit_sphere(pos * 1e-170), out, atol=1e-6)
-
-
-def test_split_indices_counts_disjoint_and_deterministic():
-    train, val, test = split_indices(100, train=70, val=10, seed=3)
-    assert (len(train), len(val), len(test)) == (70, 10, 20)
-    union = torch.cat([train, val, test])
-    assert union.unique().numel() == 100 and union.min() == 0 and union.max() == 99
-    again = split_indices(100, train=70, val=10, seed=3)
-    assert all(torch.equal(a, b) for a, b in zip((train, val, test), again))
-    other = split_indices(100, train=70, val=10, seed=4)
-    assert not torch.equal(train, other[0])
-    assert all(torch.equal(t, t.sort().values) for t in (train, val, test))
-
-
-def test_split_indices_paper_protocol_subsample_fractions():
-    train, val, test = split_indices(1000, train=0.8, val=0.1, test=0.1, subsample=500, seed=0)
-    assert (len(train), len(val), len(test)) == (400, 50, 50)
-    assert torch.cat([train, val, test]).unique().numel() == 500
-
-
-def test_split_indices_rejects_impossible_sizes():
-    with pytest.raises(ValueError, match='exceeds'):
-        split_indices(100, train=90, val=20)
-    with pytest.raises(ValueError, match='subsample'):
-        split_indices(100, subsample=200)
-    with pytest.raises(ValueError, match='fraction'):
-        split_indices(100, train=1.5, val=0)
 
 
 def test_corrupt_raw_file_error_names_the_file_and_pickles():
@@ -347,73 +319,6 @@ def test_a_rebuild_holds_the_cache_lock(scanobjectnn_root, monkeypatch):
     ScanObjectNN(root, train=False, num_points=32, log=False, force_reload=True)
     assert held == [True]
     assert not osp.exists(osp.join(first.processed_dir, osp.basename(lock)))  # beside, not in
-
-
-# --------------------------------------------------------------------------------------------------
-# split_indices: fractions are shared out together where rounding each one alone goes wrong
-
-
-def _rounded_alone(n, sizes):
-    # the counts of the release before: every fraction rounded on its own
-    return [int(round(s * n)) if isinstance(s, float) else s for s in sizes]
-
-
-def test_split_indices_fractions_summing_to_one_use_the_whole_pool():
-    assert [len(p) for p in split_indices(3, 0.5, 0.5)] == [2, 1, 0]  # was refused
-    assert [len(p) for p in split_indices(30, 0.45, 0.45, 0.1)] == [14, 13, 3]  # was refused
-    assert [len(p) for p in split_indices(10, 0.25, 0.25, 0.5)] == [3, 2, 5]  # was 2 + 2 + 5
-    assert [len(p) for p in split_indices(10, 0.55, 0.35, 0.09)] == [6, 3, 1]  # was refused
-    triples = [(0.8, 0.1, 0.1), (0.45, 0.45, 0.1), (0.25, 0.25, 0.5), (0.35, 0.35, 0.3),
-               (1 / 3, 1 / 3, 1 / 3), (0.7, 0.15, 0.15), (0.6, 0.2, 0.2), (0.5, 0.5, 0.0)]
-    for n in range(0, 41):
-        for sizes in triples:
-            parts = split_indices(n, *sizes, seed=1)
-            assert sum(map(len, parts)) == n, (n, sizes)
-            assert torch.cat(parts).unique().numel() == n
-            # with the test set as the rest, train and val fractions summing to 1 are not refused
-            parts = split_indices(n, sizes[0], 1 - sizes[0])
-            assert sum(map(len, parts)) == n and len(parts[2]) <= 1
-
-
-def test_split_indices_keeps_the_counts_and_indices_of_sizes_that_worked():
-    # counts that added up (or, with test=None, did not exceed the pool) stay as they were, so
-    # that a split recorded with them is drawn again
-    sizes_tried = [(0.8, 0.1, 0.1), (0.7, 0.2, 0.1), (0.6, 0.2, 0.2), (0.5, 0.25, 0.25),
-                   (0.25, 0.75, None), (0.5, 0.5, None), (0.3, 0.3, 0.3), (0.1, 0.1, None)]
-    for n in range(0, 60):
-        for train, val, test in sizes_tried:
-            old = _rounded_alone(n, [train, val] + ([] if test is None else [test]))
-            if test is None:
-                if sum(old) > n:
-                    continue
-                old.append(n - sum(old))
-            elif sum(old) != n and abs(train + val + test - 1) < 1e-9:
-                continue  # (the cases fixed)
-            elif sum(old) > n:
-                continue
-            assert [len(p) for p in split_indices(n, train, val, test)] == old, (n, train, val)
-    a = split_indices(1000, 0.8, 0.1, 0.1, subsample=500, seed=4)
-    b = split_indices(1000, 400, 50, 50, subsample=500, seed=4)
-    assert all(torch.equal(x, y) for x, y in zip(a, b))
-
-
-def test_split_indices_reads_numpy_and_torch_numbers_by_their_type():
-    expected = [len(p) for p in split_indices(100, 0.8, 0.1, 0.1)]
-    assert expected == [80, 10, 10]
-    for frac in (np.float32(0.8), np.float64(0.8), torch.tensor(0.8), np.array(0.8)):
-        # (a NumPy or torch fraction was taken as the count int(0.8) = 0)
-        assert [len(p) for p in split_indices(100, frac, 0.1, 0.1)] == expected, repr(frac)
-    for count in (np.int64(80), np.int32(80), torch.tensor(80)):
-        assert [len(p) for p in split_indices(100, count, 10)] == [80, 10, 10], repr(count)
-    for flag in (True, np.bool_(True), torch.tensor(True)):
-        with pytest.raises(ValueError, match="'train' must be a count .* not a bool"):
-            split_indices(100, flag, 10)
-    with pytest.raises(ValueError, match="'val' must be one number"):
-        split_indices(100, 10, torch.tensor([1, 2]))
-    with pytest.raises(ValueError, match="'test' must be a count"):
-        split_indices(100, 10, 10, 'all')
-    with pytest.raises(ValueError, match="'val' as a fraction must lie in"):
-        split_indices(100, 10, float('nan'))
 
 
 # --------------------------------------------------------------------------------------------------

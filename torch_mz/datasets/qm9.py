@@ -419,7 +419,7 @@ class QM9(ProcessedDataset):
     bond perception, failed charges) is counted, reported with a warning and listed with the
     molecule indices in :attr:`stats` (saved as ``stats.json`` in the processed folder).
 
-    Splits: :func:`~torch_mz.datasets.common.split_indices` with :data:`QM9_STANDARD_SPLIT`
+    Splits: :func:`~torch_mz.datasets.splits.split_indices` with :data:`QM9_STANDARD_SPLIT`
     (110,000 / 10,000 / rest) or :data:`QM9_PAPER_SPLIT` (the paper's 50K subsample split 80/10/10);
     normalisation statistics over the training indices with :meth:`target_stats`.
 
@@ -755,7 +755,7 @@ class QM9(ProcessedDataset):
     def target_stats(self, index: Optional[IndexLike] = None) -> Tuple[Tensor, Tensor]:
         r"""Mean and standard deviation of the selected targets over the molecules :obj:`index`
         (positions in this dataset, e.g. the training indices of
-        :func:`~torch_mz.datasets.common.split_indices`; :obj:`None` for all), for target
+        :func:`~torch_mz.datasets.splits.split_indices`; :obj:`None` for all), for target
         normalisation.
 
         Shapes:
@@ -780,9 +780,9 @@ class QM9(ProcessedDataset):
 # characters of the list-valued qm9pack fields ("['C','H']", "[[0.1,0.2,0.3],...]") to blank out
 _LIST_CHARS = str.maketrans({c: ' ' for c in "[],'\""})
 
-#: :func:`~torch_mz.datasets.common.split_indices` arguments of the standard QM9 split
+#: :func:`~torch_mz.datasets.splits.split_indices` arguments of the standard QM9 split
 #: (110,000 train, 10,000 validation, the rest test).
 QM9_STANDARD_SPLIT: Dict[str, Any] = {'train': 110_000, 'val': 10_000, 'test': None}
-#: :func:`~torch_mz.datasets.common.split_indices` arguments of the MZAttn paper's split: 50K
+#: :func:`~torch_mz.datasets.splits.split_indices` arguments of the MZAttn paper's split: 50K
 #: molecules drawn at random, split 80/10/10 (Appendix D.5.2).
 QM9_PAPER_SPLIT: Dict[str, Any] = {'train': 0.8, 'val': 0.1, 'test': 0.1, 'subsample': 50_000}

@@ -29,7 +29,8 @@ from typing import Optional
 
 from torch_geometric.transforms import Compose, RandomRotate
 
-from torch_mz.datasets.common import check_integer, split_indices
+from torch_mz.datasets.common import check_integer
+from torch_mz.datasets.splits import split_indices
 from torch_mz.datasets.modelnet import ModelNet40
 from torch_mz.datasets.qm9 import QM9, QM9_PAPER_SPLIT
 from torch_mz.datasets.scanobjectnn import ScanObjectNN

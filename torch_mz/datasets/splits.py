@@ -1,11 +1,21 @@
 r"""The one split type of every task: train / val / test sequences of PyG :class:`Data` with
 the metadata a model needs. :func:`torch_mz.tasks.load_task` returns it for every task, and
-:func:`torch_mz.datasets.make_task` for the synthetic ones."""
+:func:`torch_mz.datasets.make_task` for the synthetic ones. And how a dataset's items are
+divided among the splits: :func:`split_indices` (moved here verbatim from
+:mod:`torch_mz.datasets.common`, which still exports it)."""
+import math
+import numbers
+import operator
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional, Sequence
+from fractions import Fraction
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
-__all__ = ['SPLITS', 'TaskSplits']
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = ['SPLITS', 'TaskSplits', 'split_indices']
 
 SPLITS = ('train', 'val', 'test')
 
@@ -85,3 +95,133 @@ class TaskSplits:
 def _deprecated(old: str, new: str):
     warnings.warn(f"TaskSplits.{old} is deprecated; use TaskSplits.{new}", DeprecationWarning,
                   stacklevel=3)
+
+
+def _size(value: Any, name: str) -> Union[int, float]:
+    r"""A split size by the type of its value: an integral number (Python, NumPy or a one-element
+    tensor) is a count, returned as :obj:`int`; a real one is a fraction, returned as
+    :obj:`float`. A bool (a count or a fraction?) raises."""
+    if isinstance(value, (Tensor, np.ndarray)):
+        if (value.numel() if isinstance(value, Tensor) else value.size) != 1:
+            raise ValueError(f"'{name}' must be one number, a count or a fraction (got a tensor "
+                             f"or an array of shape {tuple(value.shape)})")
+        value = value.item()  # a Python bool, int or float, by the dtype
+    if isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"'{name}' must be a count (an integer) or a fraction (a float in "
+                         f"[0, 1]), not a bool (got {value!r})")
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise ValueError(f"'{name}' must be a count (an integer) or a fraction (a float in "
+                         f"[0, 1]) (got {value!r})") from None
+
+
+def _count(size: Union[int, float], n: int, name: str) -> int:
+    if isinstance(size, float):
+        if not 0.0 <= size <= 1.0:
+            raise ValueError(f"'{name}' as a fraction must lie in [0, 1] (got {size})")
+        return int(round(size * n))
+    if size < 0:
+        raise ValueError(f"'{name}' must be non-negative (got {size})")
+    return int(size)
+
+
+def _apportion(shares: Sequence[Fraction], total: int) -> List[int]:
+    r""":obj:`total` items split in proportion to :obj:`shares` (largest remainder: each part
+    gets the whole part of its quota, and the items left go one each to the parts with the
+    largest remainders, the earlier part first on a tie); the counts sum to :obj:`total`."""
+    whole = sum(shares)
+    quotas = [share * total / whole if whole else Fraction(0) for share in shares]
+    counts = [math.floor(q) for q in quotas]
+    order = sorted(range(len(quotas)), key=lambda i: (counts[i] - quotas[i], i))
+    for i in order[:total - sum(counts)]:
+        counts[i] += 1
+    return counts
+
+
+def _split_counts(sizes: Sequence[Union[int, float]], pool: int, rest: bool,
+                  names: Sequence[str]) -> List[int]:
+    r"""The counts of the given split sizes over :obj:`pool` items (:obj:`rest`: the test set is
+    the rest of the pool and not among :obj:`sizes`).
+
+    Each fraction is rounded to the nearest count on its own. Only where that goes wrong are
+    sizes that are all fractions apportioned together (:func:`_apportion`): fractions summing
+    to 1 whose separate roundings exceed the pool (``0.5, 0.5`` of 3 items: 2 + 2, refused
+    before) or, with a test fraction given, leave items of the pool unused (``0.25, 0.25, 0.5``
+    of 10: 2 + 2 + 5 before, one item silently dropped; now 3 + 2 + 5), and fractions summing to
+    less than 1 whose roundings exceed the pool. Every other size keeps its count (counts, the
+    QM9 protocols, fractions with ``test=None``), so the splits drawn with them stay the same;
+    the splits of the apportioned cases differ from those drawn before."""
+    counts = [_count(size, pool, name) for size, name in zip(sizes, names)]
+    if not sizes or not all(isinstance(size, float) for size in sizes):
+        return counts
+    # the fractions as written (0.1 is 1/10, not the nearest binary number)
+    shares = [Fraction(repr(size)) for size in sizes]
+    whole = abs(float(sum(shares)) - 1.0) <= 1e-9
+    if sum(counts) > pool and (whole or sum(shares) < 1):
+        return _apportion(shares, pool if whole else min(pool, round(sum(shares) * pool)))
+    if whole and not rest and sum(counts) < pool:
+        return _apportion(shares, pool)
+    return counts
+
+
+def split_indices(
+    n: int,
+    train: Union[int, float] = 110_000,
+    val: Union[int, float] = 10_000,
+    test: Optional[Union[int, float]] = None,
+    subsample: Optional[int] = None,
+    seed: int = 0,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    r"""Random, disjoint train/validation/test indices into a dataset of :obj:`n` items.
+
+    Sizes are counts (integers) or fractions (real numbers in :math:`[0, 1]`) of the pool, told
+    apart by the type of the value (a NumPy or torch scalar too: :obj:`np.float32(0.8)` is a
+    fraction, :obj:`np.int64(8)` a count; a bool is refused), where the pool is either all
+    :obj:`n` items or a random subsample of :obj:`subsample` of them. :obj:`test=None` takes
+    every remaining item of the pool. Each fraction is rounded to the nearest count; fractions
+    that sum to 1 always share out the whole pool (where the separate roundings would not,
+    the items go by largest remainder, the earlier split first on a tie). The same
+    :obj:`(n, sizes, seed)` always gives the same split.
+
+    The two QM9 protocols:
+
+    - standard (as in DimeNet/SchNet work): :obj:`split_indices(len(ds), 110_000, 10_000)`, the rest
+      (10,831 of 130,831) is the test set;
+    - the MZAttn paper (Appendix D.5.2): 50K molecules split 80/10/10,
+      :obj:`split_indices(len(ds), 0.8, 0.1, 0.1, subsample=50_000)`.
+
+    Args:
+        n (int): Number of items.
+        train (int or float, optional): Size of the training set. (default: :obj:`110_000`)
+        val (int or float, optional): Size of the validation set. (default: :obj:`10_000`)
+        test (int or float, optional): Size of the test set, :obj:`None` for the rest of the pool.
+            (default: :obj:`None`)
+        subsample (int, optional): Draw the pool as this many random items first.
+            (default: :obj:`None`)
+        seed (int, optional): Seed of the permutation. (default: :obj:`0`)
+
+    Returns:
+        Three sorted :obj:`torch.long` index tensors :obj:`(train, val, test)`.
+    """
+    if n < 0:
+        raise ValueError(f"'n' must be non-negative (got {n})")
+    pool = n if subsample is None else int(subsample)
+    if pool > n or pool < 0:
+        raise ValueError(f"'subsample' must lie in [0, n={n}] (got {subsample})")
+    names = ['train', 'val'] + ([] if test is None else ['test'])
+    sizes = [_size(value, name) for value, name in zip((train, val, test), names)]
+    counts = _split_counts(sizes, pool, test is None, names)
+    n_train, n_val = counts[:2]
+    n_test = pool - n_train - n_val if test is None else counts[2]
+    if n_test < 0 or n_train + n_val + n_test > pool:
+        raise ValueError(f"train + val + test = {n_train} + {n_val} + {max(n_test, 0)} exceeds the "
+                         f"{pool} items available")
+    gen = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(n, generator=gen)[:pool]
+    parts = perm.split([n_train, n_val, n_test, pool - n_train - n_val - n_test])
+    return tuple(p.sort().values for p in parts[:3])
