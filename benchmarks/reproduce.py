@@ -147,7 +147,10 @@ def print_status(repro, claims, calibrate=False, say=print):
                 parts.append(f"{st['again']} of them finished runs to train again (the claim "
                              f"scores their models, whose weights are not here)")
             if st['epochs']:
-                parts.append(f"{st['epochs']} epochs into the unfinished ones")
+                each = st.get('epochs_each') or []
+                parts.append(f"{st['epochs']} epochs into the unfinished ones"
+                             + (f" ({', '.join(map(str, each))} by run)" if len(each) > 1
+                                else ''))
             if st['unknown']:
                 parts.append(f"{st['unknown']} {'more ' if total_runs else ''}runs "
                              f"{st['note']}" if st['note'] == 'after the sweep' else

@@ -184,3 +184,18 @@ def test_damaged_store_files_end_in_one_line_not_a_traceback(tmp_path, monkeypat
     err = capsys.readouterr().err
     assert 'table3.quick.json' in err and 'is not valid JSON' in err
     assert not list(out.rglob('records/quick/**/*.json'))  # nothing trained
+
+
+def test_status_gives_the_epochs_of_each_unfinished_run(capsys):
+    # "41 epochs into the unfinished ones" was the sum over two runs, read as each run's
+    from tests._scripts import load_script
+    script = load_script('reproduce')
+
+    class Stub:
+        def status(self, claim, calibrate=False):
+            return [dict(stage='sweep', task='sum', done=1, training=2, started=0, pending=0,
+                         epochs=41, epochs_each=[20, 21], left_s=None, unknown=0, again=0,
+                         runs={}, open=[], note='')]
+
+    script.print_status(Stub(), [CLAIM])
+    assert '41 epochs into the unfinished ones (20, 21 by run)' in capsys.readouterr().out

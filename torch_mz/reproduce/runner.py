@@ -710,6 +710,7 @@ class Reproduction:
                       open_models: Sequence[str] = ()) -> Dict[str, Any]:
         counts = dict(done=0, training=0, started=0, pending=0)
         epochs, left, known, again = 0, 0.0, True, 0
+        each: List[int] = []  # the epochs of every unfinished run that has some
         estimated, timed = 0.0, set()
         runs: Dict[str, Tuple[Optional[float], Optional[float]]] = {}
         for cell, spec, seed, config in jobs:
@@ -725,6 +726,8 @@ class Reproduction:
             if state == 'done':
                 continue
             epochs += run_epochs
+            if run_epochs:
+                each.append(run_epochs)
             run = json.dumps(run_key(cell, spec, seed, config), sort_keys=True, default=str)
             mean = self.store.mean_time(task, spec)
             if mean is None:
@@ -743,7 +746,8 @@ class Reproduction:
             estimated += needed
             runs[run] = (needed, needed)
         entry: Dict[str, Any] = dict(
-            stage=label, task=task, **counts, epochs=epochs, left_s=left if known else None,
+            stage=label, task=task, **counts, epochs=epochs, epochs_each=sorted(each),
+            left_s=left if known else None,
             unknown=unknown, again=again, runs=runs, open=list(open_models),
             note=f'may step beyond the grid: {note}' if note else '')
         if calibrate:
