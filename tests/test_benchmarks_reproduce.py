@@ -192,6 +192,8 @@ def test_status_gives_the_epochs_of_each_unfinished_run(capsys):
     script = load_script('reproduce')
 
     class Stub:
+        budget = TINY
+
         def status(self, claim, calibrate=False):
             return [dict(stage='sweep', task='sum', done=1, training=2, started=0, pending=0,
                          epochs=41, epochs_each=[20, 21], left_s=None, unknown=0, again=0,
