@@ -563,11 +563,11 @@ def quadratic_tdof_target(mu, w, m0, ms) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------
-# Second-order statistics (the "statistical" targets of Table 7 / Theorem 14)
+# Second-order statistics (the "statistical" targets of Table 7 / Proposition 12)
 # ---------------------------------------------------------------------------------------------
 def sample_covariance(points) -> np.ndarray:
     r"""Biased sample covariance :math:`\hat\Sigma(S) = \frac{1}{n}\sum_i (x_i - \bar x)
-    (x_i - \bar x)^\top` of a point set (the normalisation the paper's Theorem 14 uses).
+    (x_i - \bar x)^\top` of a point set (the normalisation the paper's Proposition 12 uses).
 
     Args:
         points (array_like): Shape :math:`(n, d)`, :math:`n \geq 1`.
@@ -601,7 +601,7 @@ def max_mahalanobis_distance(points, ridge: float = 1e-6) -> float:
         \max_i \sqrt{(x_i - \bar x)^\top \big(\hat\Sigma(S) + \lambda I\big)^{-1}
         (x_i - \bar x)}, \qquad \lambda = \text{ridge} \cdot \mathrm{tr}\,\hat\Sigma / d.
 
-    The paper names a "Mahalanobis distance" target (Table 7; TDOF :math:`d(d+1)/2`, Theorem 14)
+    The paper names a "Mahalanobis distance" target (Table 7; TDOF :math:`d(d+1)/2`, Proposition 12)
     without saying which point is measured; the largest distance over the set (an outlier score) is
     this package's permutation-invariant choice. The ridge is relative to the mean variance, so the
     target is invariant under rotations, translations and isotropic scaling (and, up to the ridge,

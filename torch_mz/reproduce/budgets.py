@@ -60,7 +60,9 @@ BUDGETS: Dict[str, Budget] = {
                     note='SMOKE RUN of the commands (128 sets, 2 epochs, lr swept over 2 '
                     'points): not evidence'),
     'converged': Budget('converged', 5000, 1000, 2000, (10000, 1000, 2000), 2, 200, 20, 5, 128,
-                        SWEEP, note='the paper\'s set counts, up to 200 epochs with early '
+                        SWEEP, note='5,000 / 1,000 / 2,000 sets for every synthetic cell (the '
+                        'paper\'s counts for Tasks F and G; it gives none for quadratic TDOF, MEB '
+                        'or covariance norm), up to 200 epochs with early '
                         'stopping (patience 20), lr x wd swept on validation for every model '
                         '(stepping beyond the grid, up to 3 times, while a model\'s best point '
                         'is on the edge of the points tried); '
