@@ -20,6 +20,7 @@ from torch_mz.datasets.modelnet import HDF5_FOLDER, MODELNET40_CLASSES
 
 @pytest.fixture
 def modelnet_mesh_root(tmp_path) -> str:
+    pytest.importorskip('trimesh')  # the meshes are sampled with it (the [datasets] extra)
     root = str(tmp_path / 'ModelNet40')
     raw = osp.join(root, 'raw')
     for name in MODELNET40_CLASSES:

@@ -10,6 +10,7 @@ from typing import Dict, List, Sequence
 from urllib.error import URLError
 
 import numpy as np
+import pytest
 
 # --------------------------------------------------------------------------------------------------
 # ModelNet40 meshes
@@ -61,7 +62,7 @@ MODELNET_MESHES = {
 
 
 def write_h5(path: str, **arrays: np.ndarray) -> str:
-    import h5py
+    h5py = pytest.importorskip('h5py')  # (the [datasets] extra: skipped without it)
     os.makedirs(osp.dirname(path), exist_ok=True)
     with h5py.File(path, 'w') as f:
         for key, value in arrays.items():
@@ -96,6 +97,7 @@ QM9PACK_HEADER = [
 def qm9_molecules(first_index: int = 1) -> List[object]:
     r"""The molecules of :data:`QM9_SMILES` with 3D coordinates, named ``gdb_<first_index>``,
     ``gdb_<first_index + 1>``, ... (as an excerpt of QM9 that does not start at molecule 1)."""
+    pytest.importorskip('rdkit')  # (the [datasets] extra: skipped without it)
     from rdkit import Chem
     from rdkit.Chem import AllChem
     mols = []
