@@ -16,6 +16,9 @@ def test_task_options_follow_the_constructors():
     # PCAErrorTask passes **kwargs to its base class: the base's options count too
     defaults, nullable, complete = task_options('pca-error')
     assert complete and {'d', 'k', 'scales', 'center_std'} <= set(defaults) and 'd' in nullable
+    # a dimension left at None is the class's own, shown as that number (None still taken)
+    assert defaults['d'] == 16 and task_options('mst')[0]['d'] == 8
+    assert load_task('mst', n_train=2, n_val=1, n_test=1, d=None).in_channels == 8
     # real datasets: what load_real_task sets itself is no option
     defaults, nullable, complete = task_options('modelnet40')
     assert complete and 'num_points' in nullable and defaults['source'] == 'mesh'

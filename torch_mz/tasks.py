@@ -130,6 +130,11 @@ def task_options(name: str) -> Tuple[Dict[str, Any], List[str], bool]:
     _check_name(name)
     if is_synthetic(name):
         defaults, nullable, complete = _constructor_options(TASKS[name], exclude=())
+        default_d = getattr(TASKS[name], 'default_d', None)
+        if defaults.get('d', 0) is None and default_d is not None:
+            # a dimension left at None is the class's own (the paper's, e.g. 8 for MEB): shown
+            # as that number (None is still taken, and means it)
+            defaults['d'] = default_d
         # make_task's own options that load_task does not set (split_set_sizes)
         own = _constructor_options(synthetic.make_task,
                                    exclude=inspect.signature(load_task).parameters)
