@@ -1095,3 +1095,14 @@ def test_only_the_main_process_probes_the_out_folder(tmp_path, monkeypatch):
     monkeypatch.setattr(report, 'check_out_folder', lambda out: pytest.fail('probed'))
     monkeypatch.setattr(cli, '_main_process', lambda: False)
     cli._check_path(str(tmp_path / 'new'), '--out', folder=True)  # no probe, no error
+
+
+def test_predict_takes_a_dimension_given_at_its_default_as_the_same_task(tmp_path, capsys):
+    # a run of 'mst' without d (the class's 8) predicted with --task-arg d=8 was told that d=8
+    # "differs from the training run's d=None"
+    out = str(tmp_path / 'run')
+    assert main(['train', '--task', 'mst', '--model', 'deepsets', *T, '--out', out]) == 0
+    capsys.readouterr()
+    assert main(['predict', os.path.join(out, 'best.pt'), '--task-arg', 'd=8', '--out',
+                 str(tmp_path / 'p.csv')]) == 0
+    assert 'differs' not in capsys.readouterr().err
