@@ -1106,3 +1106,12 @@ def test_predict_takes_a_dimension_given_at_its_default_as_the_same_task(tmp_pat
     assert main(['predict', os.path.join(out, 'best.pt'), '--task-arg', 'd=8', '--out',
                  str(tmp_path / 'p.csv')]) == 0
     assert 'differs' not in capsys.readouterr().err
+
+
+def test_set_counts_that_cannot_fit_in_memory_are_refused_before_generating(tmp_path, capsys):
+    # --n-train 100000000000 generated sets without end
+    assert main(['train', '--task', 'mst', '--model', 'deepsets', '--n-train', str(10 ** 11),
+                 '--out', str(tmp_path / 'r')]) == 2
+    err = capsys.readouterr().err
+    assert 'sets of up to 30 elements need at least' in err and '--n-train' in err
+    assert err.count('\n') == 1

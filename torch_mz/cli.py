@@ -233,10 +233,35 @@ def _load(args, progress: bool):
         raise CLIError(f"--set-size draws the sets of a synthetic task; '{args.task}' is a "
                        f"real dataset, whose sets are what they are")
     _check_root(args)
+    if is_synthetic(args.task):
+        _check_synthetic_size(args, options)
     return load_task(args.task, seed=0 if args.data_seed is None else args.data_seed,
                      n_train=args.n_train, n_val=args.n_val,
                      n_test=args.n_test, set_size=_parse_range(args.set_size), root=args.root,
                      progress=progress, **options)
+
+
+def _check_synthetic_size(args, options: Dict[str, object]) -> None:
+    r"""Refuses set counts whose sets could not fit in this machine's memory, before generating
+    them (``--n-train 100000000000`` ran on without end): a lower bound, every set at the
+    largest size of its range, 4 bytes a value and about 1 KiB for each set's ``Data``."""
+    from torch_mz.datasets.synthetic import TASKS
+    from torch_mz.tasks import task_options
+    cls = TASKS[args.task]
+    counts = [n if n is not None else default for n, default in zip(
+        (args.n_train, args.n_val, args.n_test), cls.default_num_sets)]
+    high = (_parse_range(args.set_size) or cls.default_set_size)[1]
+    d = options.get('d', task_options(args.task)[0].get('d'))
+    width = (d if isinstance(d, int) else 8) + 2  # (the points, a flag or target columns)
+    need = sum(counts) * (1024 + 4 * high * width)
+    try:
+        memory = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
+    except (ValueError, OSError, AttributeError):  # (not on every platform)
+        return
+    if need > memory:
+        raise CLIError(f"{sum(counts):,} sets of up to {high} elements need at least "
+                       f"{need / 2**30:,.0f} GiB, more than this machine's "
+                       f"{memory / 2**30:,.0f} GiB: ask for fewer (--n-train, --n-val, --n-test)")
 
 
 def _config(args, seed: int, out_dir: Optional[str], resume: Optional[str] = None):
