@@ -170,6 +170,7 @@ def _record(folder, model, lr, val_loss, test_r2, cell=None, d=8):
 
 def test_rotation_features_read_the_sweep_and_check_replication(tmp_path, monkeypatch,
                                                                 no_training):
+    pytest.importorskip('matplotlib')  # (its figure: the [plot] extra)
     records = tmp_path / 'records'
     _record(records, 'rigid', 3e-4, 0.5, 0.55)
     _record(records, 'rigid', 3e-3, 0.3, 0.74)  # the chosen point: lowest validation loss

@@ -110,6 +110,7 @@ def test_bad_options_and_a_diverging_run_exit_2_with_one_line(extra, message, tm
 
 
 def test_missing_dataset_names_what_and_where(tmp_path, monkeypatch, capsys):
+    pytest.importorskip('trimesh')  # (asked for before any download: the [datasets] extra)
     from tests.datasets.raw_formats import offline_download_url
     from torch_mz.datasets import modelnet
     # never the real 400 MB download

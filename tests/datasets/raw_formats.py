@@ -161,6 +161,7 @@ def write_gdb9(raw_dir: str, first_index: int = 1) -> Dict[str, object]:
     r"""Writes ``gdb9.sdf``, ``gdb9.sdf.csv`` and ``uncharacterized.txt`` of the molecules of
     :func:`qm9_molecules` (named from ``gdb_<first_index>`` on; the uncharacterized one is the
     third, whatever its index)."""
+    pytest.importorskip('rdkit')  # (the [datasets] extra: skipped without it)
     from rdkit import Chem
     os.makedirs(raw_dir, exist_ok=True)
     mols = qm9_molecules(first_index)

@@ -115,6 +115,7 @@ def test_read_off_fast_and_per_line_paths_agree(tmp_path):
 
 
 def test_sample_surface_points_lie_on_the_surface_and_follow_area():
+    pytest.importorskip('trimesh')  # (the [datasets] extra)
     vertices, faces = np.array(CUBE_VERTICES, dtype=float), np.array(
         [t for a, b, c, d in CUBE_QUADS for t in ((a, b, c), (a, c, d))])
     points = sample_surface(vertices, faces, 500, np.random.SeedSequence(0))
@@ -248,6 +249,7 @@ def test_missing_class_folders_are_named_and_nothing_is_downloaded(modelnet_mesh
 
 
 def test_failed_download_names_what_is_missing_and_where(tmp_path, monkeypatch):
+    pytest.importorskip('trimesh')  # (asked for before any download: the [datasets] extra)
     from torch_mz.datasets import modelnet
     monkeypatch.setattr(modelnet, 'download_url', offline_download_url)
     root = str(tmp_path / 'ModelNet40')

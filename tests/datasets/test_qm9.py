@@ -11,7 +11,10 @@ import pytest
 import torch
 
 from tests.test_files import flip_bit_in_record
-from tests.datasets.raw_formats import (
+
+pytest.importorskip('rdkit')  # QM9 is read with RDKit (the [datasets] extra): skipped without it
+
+from tests.datasets.raw_formats import (  # noqa: E402
     QM9_SMILES,
     QM9_UNCHARACTERIZED,
     offline_download_url,
