@@ -150,7 +150,7 @@ def print_status(repro, claims, calibrate=False, say=print):
                 each = st.get('epochs_each') or []
                 parts.append(f"{st['epochs']} epochs into the unfinished ones"
                              + (f" ({', '.join(map(str, each))} by run)" if len(each) > 1
-                                else ''))
+                                else ' (in one run)' if len(each) == 1 else ''))
             if st['unknown']:
                 parts.append(f"{st['unknown']} {'more ' if total_runs else ''}runs "
                              f"{st['note']}" if st['note'] == 'after the sweep' else

@@ -201,3 +201,8 @@ def test_status_gives_the_epochs_of_each_unfinished_run(capsys):
 
     script.print_status(Stub(), [CLAIM])
     assert '41 epochs into the unfinished ones (20, 21 by run)' in capsys.readouterr().out
+    Stub.status = lambda self, claim, calibrate=False: [dict(
+        stage='sweep', task='sum', done=1, training=1, started=1, pending=0, epochs=41,
+        epochs_each=[0, 41], left_s=None, unknown=0, again=0, runs={}, open=[], note='')]
+    script.print_status(Stub(), [CLAIM])  # (a run just begun counts, with 0)
+    assert '41 epochs into the unfinished ones (0, 41 by run)' in capsys.readouterr().out

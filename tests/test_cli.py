@@ -1098,21 +1098,27 @@ def test_only_the_main_process_probes_the_out_folder(tmp_path, monkeypatch):
     cli._check_path(str(tmp_path / 'new'), '--out', folder=True)  # no probe, no error
 
 
-def test_predict_takes_a_dimension_given_at_its_default_as_the_same_task(tmp_path, capsys):
-    # a run of 'mst' without d (the class's 8) predicted with --task-arg d=8 was told that d=8
-    # "differs from the training run's d=None"
-    out = str(tmp_path / 'run')
-    assert main(['train', '--task', 'mst', '--model', 'deepsets', *T, '--out', out]) == 0
-    capsys.readouterr()
-    assert main(['predict', os.path.join(out, 'best.pt'), '--task-arg', 'd=8', '--out',
-                 str(tmp_path / 'p.csv')]) == 0
-    assert 'differs' not in capsys.readouterr().err
-
-
 def test_set_counts_that_cannot_fit_in_memory_are_refused_before_generating(tmp_path, capsys):
     # --n-train 100000000000 generated sets without end
     assert main(['train', '--task', 'mst', '--model', 'deepsets', '--n-train', str(10 ** 11),
                  '--out', str(tmp_path / 'r')]) == 2
     err = capsys.readouterr().err
-    assert 'sets of up to 30 elements need at least' in err and '--n-train' in err
+    assert 'sets of at least 10 elements need more than' in err and '--n-train' in err
     assert err.count('\n') == 1
+
+
+def test_predict_takes_d_none_and_d_default_as_one_task(tmp_path, capsys):
+    # d=None (the class's 8) given at prediction, or recorded by the run, read as another
+    # task than d=8 ("d=None differs from the training run's d=8", and the other way round)
+    plain, explicit = str(tmp_path / 'plain'), str(tmp_path / 'none')
+    assert main(['train', '--task', 'mst', '--model', 'deepsets', *T, '--out', plain]) == 0
+    assert main(['train', '--task', 'mst', '--model', 'deepsets', *T, '--task-arg', 'd=None',
+                 '--out', explicit]) == 0
+    capsys.readouterr()
+    for run, arg in ((plain, 'd=None'), (explicit, 'd=8'), (plain, 'd=8')):
+        assert main(['predict', os.path.join(run, 'best.pt'), '--task-arg', arg, '--out',
+                     str(tmp_path / 'p.csv'), '--overwrite']) == 0
+        assert 'differs' not in capsys.readouterr().err, (run, arg)
+    assert main(['predict', os.path.join(plain, 'best.pt'), '--task-arg', 'center_std=3.0',
+                 '--out', str(tmp_path / 'p.csv'), '--overwrite']) == 0
+    assert 'center_std=3.0 differs from the training run' in capsys.readouterr().err

@@ -1,6 +1,7 @@
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -16,9 +17,12 @@ def test_task_options_follow_the_constructors():
     # PCAErrorTask passes **kwargs to its base class: the base's options count too
     defaults, nullable, complete = task_options('pca-error')
     assert complete and {'d', 'k', 'scales', 'center_std'} <= set(defaults) and 'd' in nullable
-    # a dimension left at None is the class's own, shown as that number (None still taken)
-    assert defaults['d'] == 16 and task_options('mst')[0]['d'] == 8
-    assert load_task('mst', n_train=2, n_val=1, n_test=1, d=None).in_channels == 8
+    # a dimension left at None is the class's own: the same task as that number given
+    from torch_mz.tasks import resolved_options
+    assert defaults['d'] is None and resolved_options('pca-error', {'d': None}) == {'d': 16}
+    assert resolved_options('mst', {'d': None, 'k': 1}) == {'d': 8, 'k': 1}
+    assert resolved_options('qm9', {'d': None}) == {'d': None}  # (real datasets: as given)
+    assert load_task('mst', n_train=2, n_val=1, n_test=1, d=np.int64(8)).in_channels == 8
     # real datasets: what load_real_task sets itself is no option
     defaults, nullable, complete = task_options('modelnet40')
     assert complete and 'num_points' in nullable and defaults['source'] == 'mesh'

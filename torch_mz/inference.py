@@ -197,7 +197,7 @@ def load_test_split(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
     """
     from torch_mz._checks import check_optional_count
     from torch_mz.datasets.real import LOAD_DEFAULTS, OFFICIAL_TEST_SPLIT
-    from torch_mz.tasks import is_synthetic, load_task, task_options
+    from torch_mz.tasks import is_synthetic, load_task, resolved_options, task_options
     if isinstance(checkpoint, Mapping):
         state, where = dict(checkpoint), 'the checkpoint'
         if 'task_type' not in state:
@@ -246,8 +246,10 @@ def load_test_split(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
     for key, value in list(given.items()) + list(objects.items()):
         # an option not given was its default; both as a checkpoint records them (JSON values,
         # a Python object by its repr), so that ('mu',) is the recorded ['mu']
-        before = recorded_options({key: trained_with.get(key, defaults.get(key))})[key]
-        now = recorded_options({key: value})[key]
+        # (a dimension left at None is the task's own: d=None and d=8 are one MEB task)
+        before = recorded_options(resolved_options(
+            task, {key: trained_with.get(key, defaults.get(key))}))[key]
+        now = recorded_options(resolved_options(task, {key: value}))[key]
         if key not in NOT_DATA_OPTIONS and now != before:
             options_changed = True
             shown = now if key in OBJECT_OPTIONS else value

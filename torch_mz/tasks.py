@@ -13,7 +13,8 @@ from torch_mz.datasets.splits import TaskSplits
 from torch_mz._checks import check_count, check_flag
 from torch_mz.options import check_options
 
-__all__ = ['TASKS', 'list_tasks', 'load_task', 'check_task', 'task_options', 'is_synthetic']
+__all__ = ['TASKS', 'list_tasks', 'load_task', 'check_task', 'task_options', 'is_synthetic',
+           'resolved_options']
 
 #: Every task by name, with the class that generates it (a
 #: :class:`~torch_mz.datasets.SyntheticTask`) or reads it (a dataset class).
@@ -130,11 +131,6 @@ def task_options(name: str) -> Tuple[Dict[str, Any], List[str], bool]:
     _check_name(name)
     if is_synthetic(name):
         defaults, nullable, complete = _constructor_options(TASKS[name], exclude=())
-        default_d = getattr(TASKS[name], 'default_d', None)
-        if defaults.get('d', 0) is None and default_d is not None:
-            # a dimension left at None is the class's own (the paper's, e.g. 8 for MEB): shown
-            # as that number (None is still taken, and means it)
-            defaults['d'] = default_d
         # make_task's own options that load_task does not set (split_set_sizes)
         own = _constructor_options(synthetic.make_task,
                                    exclude=inspect.signature(load_task).parameters)
@@ -149,6 +145,17 @@ def task_options(name: str) -> Tuple[Dict[str, Any], List[str], bool]:
     if 'log' in defaults:
         defaults['log'] = False
     return defaults, nullable, complete
+
+
+def resolved_options(name: str, options: Dict[str, Any]) -> Dict[str, Any]:
+    r""":obj:`options` of task :obj:`name` with a dimension ``d`` left at :obj:`None` (given so,
+    or recorded so) read as the one the task takes then, its class's ``default_d`` (the paper's,
+    e.g. 8 for MEB): for comparing what two runs were given, in which ``d=None`` and ``d=8`` are
+    the same task."""
+    default_d = getattr(TASKS.get(name), 'default_d', None) if is_synthetic(name) else None
+    if default_d is not None and 'd' in options and options['d'] is None:
+        return dict(options, d=default_d)
+    return dict(options)
 
 
 def _constructor_options(cls: Any, exclude: Collection[str]

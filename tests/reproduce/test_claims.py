@@ -80,9 +80,9 @@ def test_the_defaults_of_the_claims_tasks_are_pinned():
     pinned = {
         'quadratic-tdof': ({'split_set_sizes': None, 'd': 32, 'tdof': 8, 'noise': 1.0,
                             'with_m0': True}, (10, 30)),
-        'meb-radius': ({'split_set_sizes': None, 'd': 8, 'num_clusters': (1, 3),
+        'meb-radius': ({'split_set_sizes': None, 'd': None, 'num_clusters': (1, 3),
                         'center_std': 2.0, 'spread': (0.3, 1.0)}, (10, 30)),
-        'covariance-norm': ({'split_set_sizes': None, 'd': 8, 'scales': (0.3, 2.0),
+        'covariance-norm': ({'split_set_sizes': None, 'd': None, 'scales': (0.3, 2.0),
                              'center_std': 1.0}, (10, 30)),
         'rotation-matching': ({'split_set_sizes': None, 'd': 8, 'noise': 0.1,
                                'noise_range': None, 'alignment': 'true', 'max_angle': math.pi,

@@ -710,7 +710,7 @@ class Reproduction:
                       open_models: Sequence[str] = ()) -> Dict[str, Any]:
         counts = dict(done=0, training=0, started=0, pending=0)
         epochs, left, known, again = 0, 0.0, True, 0
-        each: List[int] = []  # the epochs of every unfinished run that has some
+        each: List[int] = []  # the epochs of every unfinished run begun
         estimated, timed = 0.0, set()
         runs: Dict[str, Tuple[Optional[float], Optional[float]]] = {}
         for cell, spec, seed, config in jobs:
@@ -726,7 +726,7 @@ class Reproduction:
             if state == 'done':
                 continue
             epochs += run_epochs
-            if run_epochs:
+            if state in ('training', 'started'):  # (begun: their epochs, 0 included)
                 each.append(run_epochs)
             run = json.dumps(run_key(cell, spec, seed, config), sort_keys=True, default=str)
             mean = self.store.mean_time(task, spec)
