@@ -1122,3 +1122,13 @@ def test_predict_takes_d_none_and_d_default_as_one_task(tmp_path, capsys):
     assert main(['predict', os.path.join(plain, 'best.pt'), '--task-arg', 'center_std=3.0',
                  '--out', str(tmp_path / 'p.csv'), '--overwrite']) == 0
     assert 'center_std=3.0 differs from the training run' in capsys.readouterr().err
+
+
+def test_predict_refuses_test_set_counts_that_cannot_fit_in_memory(tmp_path, capsys):
+    out = str(tmp_path / 'run')
+    assert main(['train', '--task', 'mst', '--model', 'deepsets', *T, '--out', out]) == 0
+    capsys.readouterr()
+    assert main(['predict', os.path.join(out, 'best.pt'), '--n-test', str(10 ** 11), '--out',
+                 str(tmp_path / 'p.csv')]) == 2
+    err = capsys.readouterr().err
+    assert 'need more than' in err and err.count('\n') == 1

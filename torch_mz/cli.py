@@ -234,34 +234,36 @@ def _load(args, progress: bool):
                        f"real dataset, whose sets are what they are")
     _check_root(args)
     if is_synthetic(args.task):
-        _check_synthetic_size(args, options)
+        _check_synthetic_size(args.task, (args.n_train, args.n_val, args.n_test),
+                              _parse_range(args.set_size), options)
     return load_task(args.task, seed=0 if args.data_seed is None else args.data_seed,
                      n_train=args.n_train, n_val=args.n_val,
                      n_test=args.n_test, set_size=_parse_range(args.set_size), root=args.root,
                      progress=progress, **options)
 
 
-def _check_synthetic_size(args, options: Dict[str, object]) -> None:
+def _check_synthetic_size(task: str, counts: Sequence[Optional[int]],
+                          set_size: Optional[Sequence[int]], options: Dict[str, object]) -> None:
     r"""Refuses set counts whose sets could not fit in this machine's memory, before generating
     them (``--n-train 100000000000`` ran on without end). The estimate is a lower bound: every
     set at the smallest size of its range, its points alone (4 bytes a coordinate) and 512
     bytes for its ``Data`` (measured: about 35 KB a set of 10-1,000 elements at d = 16)."""
     from torch_mz.datasets.synthetic import TASKS
     from torch_mz.tasks import resolved_options
-    cls = TASKS[args.task]
-    counts = [n if n is not None else default for n, default in zip(
-        (args.n_train, args.n_val, args.n_test), cls.default_num_sets)]
-    low = (_parse_range(args.set_size) or cls.default_set_size)[0]
-    d = resolved_options(args.task, {'d': options.get('d')})['d']
+    cls = TASKS[task]
+    total = sum(n if n is not None else default for n, default in zip(counts,
+                                                                      cls.default_num_sets))
+    low = (set_size or cls.default_set_size)[0]
+    d = resolved_options(task, {'d': options.get('d')})['d']
     if not isinstance(d, int) or isinstance(d, bool):  # (the task's own default, or checked later)
         d = 1
-    need = sum(counts) * (512 + 4 * low * d)
+    need = total * (512 + 4 * low * d)
     try:
         memory = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
     except (ValueError, OSError, AttributeError):  # (not on every platform)
         return
     if need > memory:
-        raise CLIError(f"{sum(counts):,} sets of at least {low} elements need more than "
+        raise CLIError(f"{total:,} sets of at least {low} elements need more than "
                        f"{need / 2**30:,.1f} GiB, beyond this machine's {memory / 2**30:,.1f} GiB "
                        f"of memory: ask for fewer (--n-train, --n-val, --n-test)")
 
@@ -844,6 +846,12 @@ def cmd_predict(args) -> int:
     given = _parse_kv(args.task_arg, '--task-arg')
     if 'set_size' in given:
         _check_set_size(given['set_size'], '--task-arg set_size')
+    from torch_mz.tasks import is_synthetic
+    if args.n_test is not None and is_synthetic(args.task):  # (the test sets alone are drawn)
+        size = given.get('set_size', (recorded.get('args') or {}).get('set_size'))
+        _check_synthetic_size(args.task, (0, 0, args.n_test),
+                              size if isinstance(size, (list, tuple)) else None,
+                              dict(recorded.get('args') or {}, **given))
     notes = []  # load_test_split's warnings (given once every check has passed), as ours
     shown = warnings.showwarning
 
