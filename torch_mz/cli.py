@@ -247,7 +247,7 @@ def _check_synthetic_size(task: str, counts: Sequence[Optional[int]],
     r"""Refuses set counts whose sets could not fit in this machine's memory, before generating
     them (``--n-train 100000000000`` ran on without end). The estimate is a lower bound: every
     set at the smallest size of its range, its points alone (4 bytes a coordinate) and 512
-    bytes for its ``Data`` (measured: about 35 KB a set of 10-1,000 elements at d = 16)."""
+    bytes for its ``Data``."""
     from torch_mz.datasets.synthetic import TASKS
     from torch_mz.tasks import resolved_options
     cls = TASKS[task]
@@ -981,6 +981,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _debug() -> bool:
+    r"""Whether ``TORCH_MZ_DEBUG`` asks for tracebacks instead of one-line errors."""
+    return os.environ.get('TORCH_MZ_DEBUG', '').strip().lower() not in ('', '0', 'false', 'off',
+                                                                         'no')
+
+
 def _main_process() -> bool:
     r"""Whether this process is the main one of its run (rank 0 under ``torchrun``)."""
     from torch_mz.train.runtime import DistInfo
@@ -1006,8 +1012,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return args.func(args)
     except (CLIError, CheckpointError, ValueError, OSError, ImportError,
             FloatingPointError) as e:
-        if os.environ.get('TORCH_MZ_DEBUG', '').strip().lower() not in ('', '0', 'false',
-                                                                         'off', 'no'):
+        if _debug():
             raise  # (TORCH_MZ_DEBUG=1: the traceback, for a bug report)
         print(f'torch-mz: error: {e}', file=sys.stderr)
         return EXIT_USAGE
@@ -1019,8 +1024,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if isinstance(e, RuntimeError) and not any(
                 m in text.lower() for m in ("can't allocate memory", 'out of memory')):
             raise
-        if os.environ.get('TORCH_MZ_DEBUG', '').strip().lower() not in ('', '0', 'false',
-                                                                         'off', 'no'):
+        if _debug():
             raise
         print(f'torch-mz: error: out of memory ({text}): the sizes asked for (model width, '
               f'set sizes, batch size, number of sets) do not fit; give smaller ones',

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 from torch.nn import Module
 
+from torch_mz.nn._context import tie_parameters
 from torch_mz.nn.aggr import check_set_input, resolve_set_index
 from torch_mz.nn.functional import set_counts
 
@@ -164,8 +165,5 @@ class SetModel(Module):
         prediction, ihw = self.predict(x, set_id, num_sets)
         prediction = zero_empty_sets(prediction, set_id, num_sets)
         if x.size(0) == 0:  # no elements: every parameter in the graph with a zero gradient
-            # (DistributedDataParallel's find_unused_parameters=False takes one without any
-            # for an error)
-            prediction = prediction + 0 * sum(p.sum() for p in self.parameters()
-                                              if p.requires_grad)
+            prediction = tie_parameters(prediction, self)
         return SetPrediction(prediction, ihw)

@@ -14,6 +14,14 @@ __all__ = ['_hooked', '_functorch_active', '_forward_ad_active', '_attention_wri
            '_plain_ops']
 
 
+def tie_parameters(out: Tensor, module: Module) -> Tensor:
+    r""":obj:`out` with every parameter of :obj:`module` that requires gradients joined to it
+    at weight zero (the same values): on an input without elements each then gets a zero
+    gradient, where it got none, which :class:`~torch.nn.parallel.DistributedDataParallel`
+    with ``find_unused_parameters=False`` takes for an error."""
+    return out + 0 * sum(p.sum() for p in module.parameters() if p.requires_grad)
+
+
 def _hooked(module: Module) -> bool:
     r"""Whether calling :obj:`module` does more than its plain forward: hooks of its own
     (forward or backward, e.g. :mod:`torch.nn.utils.prune`'s) or global module hooks. Exact

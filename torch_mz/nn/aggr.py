@@ -13,7 +13,7 @@ from torch_mz._checks import (check_count, check_optional_count, check_flag, che
                               refuse_jit_trace)
 from torch_mz.nn.attention import SUMMARIES, VALUE_OPERATORS, MZAttention
 from torch_mz.nn.blocks import ISAB, PMA, SAB
-from torch_mz.nn._context import _functorch_active, _plain_ops
+from torch_mz.nn._context import _functorch_active, _plain_ops, tie_parameters
 from torch_mz.nn.functional import PATHS, check_choice, repeat_per_set, set_counts
 from torch_mz.nn.fused import AUTO_MIN_ELEMENTS
 from torch_mz.nn.zonotope import AffineZonotope, InputProjection, Zonotope
@@ -553,10 +553,8 @@ class MZAggregation(Aggregation):
         counts = set_counts(set_id, num_sets)  # (B,)
         if x.size(0) == 0:  # no elements at all: every set is empty
             out = x.new_zeros(num_sets, self.out_channels, dtype=self.lin.weight.dtype)
-            # every parameter in the graph, with a zero gradient (as in a call with elements):
-            # none left without one (DistributedDataParallel's find_unused_parameters=False)
-            tie = sum(p.sum() for p in self.parameters() if p.requires_grad)
-            return out + 0 * tie, out.new_zeros(num_sets)
+            # every parameter in the graph, with a zero gradient (as in a call with elements)
+            return tie_parameters(out, self), out.new_zeros(num_sets)
         nonempty = counts > 0  # (B,)
         if torch.compiler.is_compiling() or bool(nonempty.all()):
             z = self._encode_sets(x, set_id, counts)  # (B * k, d), (B * k, n_g, d)

@@ -10,7 +10,7 @@ from torch_geometric.nn.aggr import SetTransformerAggregation
 
 from torch_mz._checks import check_count, check_flag, check_rate, refuse_jit_trace
 from torch_mz.nn.aggr import check_set_input, resolve_set_index
-from torch_mz.nn._context import _hooked
+from torch_mz.nn._context import _hooked, tie_parameters
 from torch_mz.nn.functional import (PATHS, check_choice, grouped_attention, repeat_per_set,
                                     set_counts)
 
@@ -160,7 +160,7 @@ class FlatSetTransformerAggregation(SetTransformerAggregation):
         out = out.view(B, k, self.channels)  # (B, k, F)
         out = out.flatten(1, 2) if self.concat else out.mean(dim=1)
         if x.size(0) == 0:  # every parameter in the graph, with a zero gradient (DDP)
-            out = out + 0 * sum(p.sum() for p in self.parameters() if p.requires_grad)
+            out = tie_parameters(out, self)
         return out
 
     def _runs_as_pyg(self) -> bool:
