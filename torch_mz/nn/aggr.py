@@ -200,12 +200,25 @@ def check_set_ids(ids: Tensor, num_rows: int, num_sets: Optional[int], name: str
         raise ValueError(f"Expected an integer '{name}' (got dtype {ids.dtype})")
     ids = ids.long()
     given = '' if num_sets is None else f", with '{sets_name}' {num_sets}"
+    if num_rows == 0:
+        return ids, 0 if num_sets is None else int(num_sets)
+    lo, hi = (_id_bounds_eager if torch.compiler.is_compiling() else _id_bounds)(ids)
     if num_sets is None:
-        num_sets = int(ids.max()) + 1 if num_rows > 0 else 0
-    if num_rows > 0 and (int(ids.min()) < 0 or int(ids.max()) >= num_sets):
+        num_sets = hi + 1
+    if lo < 0 or hi >= num_sets:
         raise ValueError(f"Expected '{name}' values in [0, {num_sets}) (got range "
-                         f"[{int(ids.min())}, {int(ids.max())}]{given})")
+                         f"[{lo}, {hi}]{given})")
     return ids, int(num_sets)
+
+
+def _id_bounds(ids: Tensor) -> Tuple[int, int]:
+    r"""The smallest and largest id of a non-empty tensor: one pass, one host read."""
+    lo, hi = torch.aminmax(ids)
+    return int(lo), int(hi)
+
+
+# under torch.compile: read outside the graph, one graph break (two reads would be two)
+_id_bounds_eager = torch.compiler.disable(_id_bounds)
 
 
 def largest_finite_magnitude(x: Tensor) -> float:

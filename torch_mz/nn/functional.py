@@ -44,7 +44,13 @@ def check_choice(what: str, value: str, choices) -> None:
 
 
 def set_counts(set_id: Tensor, num_sets: int) -> Tensor:
-    r"""Number of rows per set, shape :obj:`(num_sets,)`."""
+    r"""Number of rows per set, shape :obj:`(num_sets,)`. Under :func:`torch.compile` a sum of
+    ones into :obj:`num_sets` slots, whose shape is known when tracing (that of
+    :func:`torch.bincount` depends on the largest id: a graph break each time); the same
+    counts, since the ids were checked to lie in :math:`[0, B)`."""
+    if torch.compiler.is_compiling():
+        return torch.zeros(num_sets, dtype=torch.long, device=set_id.device).scatter_add_(
+            0, set_id, torch.ones_like(set_id, dtype=torch.long))
     return torch.bincount(set_id, minlength=num_sets)
 
 
@@ -665,7 +671,10 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], p: float = 0.
     switched off), and not under autocast (which SDPA's own call follows), compiling, tracing
     (which records the kernel itself) or :mod:`torch.func` transforms (which take no function
     without ``setup_context``)."""
+    # (compiling and tracing are tested first: under torch.compile the backend switch below is
+    # a call dynamo does not trace, a graph break at every attention)
     if (p == 0.0 and q.device.type == 'cpu' and q.dtype in FULL_PRECISION
+            and not torch.compiler.is_compiling() and not torch.jit.is_tracing()
             and _FLASH_CPU is not None and _FLASH_CPU_BACKWARD is not None
             and torch.is_grad_enabled()
             and (q.requires_grad or k.requires_grad or v.requires_grad)
@@ -676,8 +685,7 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], p: float = 0.
             and q.size(1) > 0 and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1
             and (mask is None or (mask.dtype == torch.bool and mask.dim() in (2, 4)))
             and torch.backends.cuda.flash_sdp_enabled()  # (SDPA's switch of this kernel too)
-            and not torch.is_autocast_enabled('cpu') and not torch.compiler.is_compiling()
-            and not torch.jit.is_tracing() and not _functorch_active()):
+            and not torch.is_autocast_enabled('cpu') and not _functorch_active()):
         return _FlashAttentionCPU.apply(q, k, v, mask)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=1.0)
 
@@ -848,6 +856,10 @@ def _layout_settings(query_set: Tensor, kv_set: Tensor, num_sets: int, pair_cost
 
 def _dense_layout(query_set: Tensor, kv_set: Tensor, num_sets: int,
                   pair_cost: int) -> _DenseLayout:
+    if torch.compiler.is_compiling():
+        # found outside the compiled graph, with the cache: one graph break here instead of
+        # one at each host read of the search (a dozen), and a cached layout not found again
+        return _dense_layout_eager(query_set, kv_set, num_sets, pair_cost)
     if (LAYOUT_CACHE_SIZE <= 0 or not _caching() or query_set.is_inference()
             or kv_set.is_inference()):
         return _compute_dense_layout(query_set, kv_set, num_sets, pair_cost)
@@ -885,6 +897,9 @@ def _dense_layout(query_set: Tensor, kv_set: Tensor, num_sets: int,
                 or sum(e[5] for e in _layout_cache.values()) > LAYOUT_KEEP_TOTAL_ROWS):
             _layout_cache.popitem(last=False)  # the least recently used
     return layout
+
+
+_dense_layout_eager = torch.compiler.disable(_dense_layout)
 
 
 def _attention_dense(q: Tensor, k: Tensor, vs: Tuple[Tensor, ...], query_set: Tensor,

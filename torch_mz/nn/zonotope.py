@@ -279,7 +279,9 @@ class _LayerNormJacobian(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out: Tensor):
         g, c, inv, g_bar, p, weight = ctx.saved_tensors
-        if grad_out._is_zerotensor():  # autograd's immutable zeros (e.g. in gradgradcheck)
+        # autograd's immutable zeros (e.g. in gradgradcheck; not under torch.compile, whose
+        # tracer takes no such test: a graph break at every generator LayerNorm)
+        if not torch.compiler.is_compiling() and grad_out._is_zerotensor():
             return (torch.zeros_like(c), torch.zeros_like(g),
                     None if weight is None else torch.zeros_like(weight), None)
         d = c.size(-1)
