@@ -158,3 +158,72 @@ def test_atomic_write_takes_the_longest_file_names(tmp_path):
     path = tmp_path / ('x' * 250)
     atomic_write(str(path), lambda f: f.write(b'data'))
     assert path.read_bytes() == b'data' and os.listdir(tmp_path) == [path.name]
+
+
+class _Payload:  # a plain pickle that runs code, in the file ClusterData is led to load
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (exec, (f"open({self.marker!r}, 'w').write('ran')", ))
+
+
+class _Graph:
+    def __reduce__(self):
+        import torch
+        from torch_geometric.data import Data
+        return (Data, (None, torch.zeros(2, 1, dtype=torch.long)))
+
+
+class _Cluster:  # a class importing torch_geometric.data puts on torch's allowlist
+    def __init__(self, save_dir):
+        self.save_dir = str(save_dir)
+
+    def __reduce__(self):
+        from torch_geometric.loader import ClusterData
+        return (ClusterData, (_Graph(), 1, False, self.save_dir, 'payload.pt', False))
+
+
+def _crafted(tmp_path, wrap):
+    r"""A torch file whose weights-only load under PyG's allowlist constructs ``ClusterData``,
+    which loads ``part_1/payload.pt`` beside it through PyG's ``fs.torch_load``, which retries
+    with ``weights_only=False``: the payload's code runs (it did before
+    :func:`~torch_mz._files.weights_only_load`)."""
+    import torch
+    marker = tmp_path / 'ran'
+    (tmp_path / 'part_1').mkdir()
+    torch.save(_Payload(marker), tmp_path / 'part_1' / 'payload.pt')
+    path = tmp_path / 'crafted.pt'
+    torch.save(wrap(_Cluster(tmp_path)), path)
+    return path, marker
+
+
+def test_checkpoint_load_does_not_call_classes_other_packages_allow(tmp_path):
+    import torch
+    import torch_geometric.data  # noqa: F401 - registers PyG's classes process-wide
+    from torch_mz.train.checkpoint import CheckpointError, load_checkpoint
+    path, marker = _crafted(tmp_path, lambda obj: {'format': 'torch_mz.train', 'x': obj})
+    before = torch.serialization.get_safe_globals()
+    assert any('ClusterData' in str(g) for g in before)  # the class the crafted file calls
+    with pytest.raises(CheckpointError, match='ClusterData'):
+        load_checkpoint(path)
+    assert not marker.exists()
+    assert set(torch.serialization.get_safe_globals()) == set(before)  # restored after the load
+
+
+def test_processed_load_does_not_call_classes_other_packages_allow(tmp_path):
+    import torch
+    from torch_geometric.data import Data
+    from torch_mz.datasets.common import ProcessedFileError, load_processed
+    path, marker = _crafted(tmp_path, lambda obj: ({'x': obj}, {}, Data))
+    before = torch.serialization.get_safe_globals()
+    with pytest.raises(ProcessedFileError) as info:
+        load_processed(str(path))
+    assert info.value.unsafe and not marker.exists()
+    assert set(torch.serialization.get_safe_globals()) == set(before)
+    # a processed file of PyG data still loads, and the list is restored after a success too
+    good = tmp_path / 'good.pt'
+    torch.save(({'x': torch.ones(2)}, {}, Data), good)
+    loaded = load_processed(str(good))
+    assert loaded[2] is Data and torch.equal(loaded[0]['x'], torch.ones(2))
+    assert set(torch.serialization.get_safe_globals()) == set(before)

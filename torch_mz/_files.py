@@ -6,9 +6,10 @@ import hashlib
 import os
 import re
 import secrets
+import threading
 import zipfile
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, List, Optional, Union
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Union
 
 try:
     import fcntl
@@ -142,3 +143,44 @@ def damaged_zip_member(path: Union[str, os.PathLike]) -> Optional[str]:
     except Exception:  # what zipfile cannot read (torch.load reports what it cannot)
         return None
     return None
+
+
+_weights_only_lock = threading.Lock()
+
+
+def _registered_by_packages(entry: Any) -> bool:
+    r"""Whether an entry of torch's allowlist is one that torch or PyG put there when imported
+    (their modules' classes), not one the user added."""
+    obj = entry[0] if isinstance(entry, tuple) else entry
+    module = getattr(obj, '__module__', None) or ''
+    return module in ('torch', 'torch_geometric') or module.startswith(('torch.',
+                                                                        'torch_geometric.'))
+
+
+def weights_only_load(path: Union[str, os.PathLike], map_location: Any = 'cpu',
+                      allowed: Sequence[Any] = ()) -> Any:
+    r"""``torch.load(path, weights_only=True)`` that trusts torch's own tensor types,
+    :obj:`allowed` and what the user put on torch's allowlist, not the classes that packages
+    put there when imported.
+
+    The weights-only unpickler calls every allowlisted class as a constructor, and packages add
+    theirs: importing ``torch_geometric.data`` adds about 36, among them ``ClusterData``, whose
+    constructor loads a file the pickle names through PyG's ``fs.torch_load``, which retries
+    with ``weights_only=False``, so that a crafted checkpoint and a second file beside it ran
+    code. The entries of classes from ``torch`` and ``torch_geometric`` modules are therefore
+    left out for the load and restored after it (under a lock, so that this package's loads
+    take turns; a load by another thread at the same moment sees the shorter list). A user's
+    own class (``torch.serialization.add_safe_globals([MyData])``) stays allowed; to allow one
+    of PyG's classes, pass it in :obj:`allowed`."""
+    import torch
+    serialization = torch.serialization
+    with _weights_only_lock:
+        saved = serialization.get_safe_globals()
+        serialization.clear_safe_globals()
+        try:
+            serialization.add_safe_globals(
+                list(allowed) + [e for e in saved if not _registered_by_packages(e)])
+            return torch.load(path, map_location=map_location, weights_only=True)
+        finally:
+            serialization.clear_safe_globals()
+            serialization.add_safe_globals(saved)

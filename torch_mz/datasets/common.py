@@ -2,7 +2,6 @@ r"""Helpers shared by the dataset classes of :mod:`torch_mz.datasets`: the defau
 point normalisation, bookkeeping of skipped raw records, the errors
 raised for a corrupt raw or processed file, and :class:`ProcessedDataset`, the base class whose
 processed cache is written atomically, loaded without running code, and rebuilt when broken."""
-import contextlib
 import glob
 import json
 import operator
@@ -20,7 +19,8 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data, InMemoryDataset
 
-from torch_mz._files import atomic_write, damaged_zip_member, file_lock
+from torch_mz._files import (atomic_write, damaged_zip_member, file_lock,
+                             weights_only_load)
 from torch_mz._optional import require
 from torch_mz.datasets.fingerprint import (_describe, files_below, fingerprint_files,
                                            hashing_files, raw_files_differ)
@@ -266,16 +266,12 @@ def load_processed(path: str) -> Any:
         ProcessedFileError: :obj:`unsafe=True` for a refused file, :obj:`unsafe=False` for one
             that cannot be read (empty, truncated, corrupt).
     """
-    # only what is not allowed already: leaving `safe_globals` removes what it was given, also
-    # a global that PyG had registered for good
-    allowed = torch.serialization.get_safe_globals()
-    needed = [g for g in PROCESSED_SAFE_GLOBALS if g not in allowed]
     damaged = damaged_zip_member(path) if os.path.isfile(path) else None
     if damaged is not None:
         raise ProcessedFileError(path, f'cannot be read as written: {damaged}')
     try:
-        with torch.serialization.safe_globals(needed) if needed else contextlib.nullcontext():
-            return torch.load(path, map_location='cpu', weights_only=True)
+        # (not the classes other packages allow process-wide: weights_only_load)
+        return weights_only_load(path, 'cpu', PROCESSED_SAFE_GLOBALS)
     except pickle.UnpicklingError as e:
         found = re.search(r'WeightsUnpickler error:(.*?)(Check the documentation|$)', str(e),
                           flags=re.S)

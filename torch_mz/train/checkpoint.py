@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from torch_mz._files import atomic_write, damaged_zip_member
+from torch_mz._files import atomic_write, damaged_zip_member, weights_only_load
 
 __all__ = [
     'CheckpointError',
@@ -60,7 +60,9 @@ def load_checkpoint(path: Union[str, os.PathLike],
     if damaged is not None:  # (torch.load does not check the stored CRCs: it would load it)
         raise CheckpointError(f'Checkpoint {path!r} is damaged: {damaged}')
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
+        # torch's own types alone: not the classes other packages allow process-wide, some of
+        # which load further files (weights_only_load)
+        state = weights_only_load(path, map_location)
     except Exception as e:  # torch.load raises many types for bad files; report them all alike
         raise CheckpointError(f'Checkpoint {path!r} could not be read; it is corrupt, truncated or '
                               f'not a weights-only torch file ({_load_failure(e)})') from e
