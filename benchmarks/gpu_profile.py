@@ -43,6 +43,7 @@ import torch
 
 from torch_mz.study import (choice_list, count_flops, environment, int_list, markdown_table,
                             matmul_peak_flops, positive_int)
+from torch_mz._files import atomic_write
 from torch_mz.study.measure import time_call
 from torch_mz.study.plots import save_figure, try_plot
 from torch_mz.study.workloads import (MERGED, build_aggr, make_batch, preset_calls,
@@ -208,8 +209,9 @@ def write(rows: List[dict], args, out: str, elapsed: float, peak: float) -> None
         for k, v in vars(args).items() if k not in ('out', 'replot'))
     report = dict(command=command, environment=environment(), elapsed_s=elapsed,
                   matmul_peak_gflops=peak / 1e9, rows=rows)
-    with open(os.path.join(out, NAME + '.json'), 'w') as f:
-        json.dump(report, f, indent=1)
+    text = json.dumps(report, indent=1)  # serialised first: a failure writes nothing
+    # (atomically: an interrupted write leaves the earlier results whole)
+    atomic_write(os.path.join(out, NAME + '.json'), lambda f: f.write(text), binary=False)
     write_report(report, out)
 
 
@@ -234,8 +236,8 @@ def write_report(report: dict, out: str) -> None:
         lines.append(f"- {r['workload']}, `{r['model']}`: " + '; '.join(
             f"{t['name'][:60]} {t['ms_per_call']:.3g} ms" for t in r['top']) if r['top']
             else f"- {r['workload']}, `{r['model']}`: no GPU events")
-    with open(os.path.join(out, NAME + '.md'), 'w') as f:
-        f.write('\n'.join(lines) + '\n')
+    text = '\n'.join(lines) + '\n'
+    atomic_write(os.path.join(out, NAME + '.md'), lambda f: f.write(text), binary=False)
     try_plot(plot, rows, os.path.join(out, NAME + '.png'))
 
 
@@ -263,8 +265,13 @@ def main():
         path = os.path.join(args.out, NAME + '.json')
         if not os.path.isfile(path):
             parser.error(f'argument --replot: no {path}')
-        with open(path) as f:
-            write_report(json.load(f), args.out)
+        try:
+            with open(path) as f:
+                report = json.load(f)
+        except ValueError as e:
+            parser.error(f'argument --replot: {path} is not valid JSON ({e}); restore it or '
+                         f'measure again')
+        write_report(report, args.out)
         print(f'rebuilt {args.out}/{NAME}.{{md,png}} from {path}')
         return
     if args.device == 'cuda' and not torch.cuda.is_available():

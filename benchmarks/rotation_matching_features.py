@@ -38,6 +38,7 @@ from torch_mz.reproduce.claims import SWEEP_CELLS
 from torch_mz.reproduce.store import read_record
 from torch_mz import geometry
 from torch_mz.study import environment, markdown_table, positive_int, write_report
+from torch_mz.study.plots import save_figure
 from torch_mz.tasks import load_task
 from torch_mz.study.report import check_out_folder
 
@@ -193,7 +194,7 @@ def plot(path, fits, sweep):
     ax.set_xlabel('test R^2: bars, cubic fits on moments (orange: with the set size n); '
                   'o, a model\'s chosen point; x, its runs at lr 3e-4', fontsize=8)
     ax.set_title('Rotation matching, un-aligned, d = 8', fontsize=10)
-    fig.savefig(path, dpi=100, bbox_inches='tight')
+    save_figure(fig, path, dpi=100, bbox_inches='tight')  # (atomically)
     plt.close(fig)
 
 

@@ -88,3 +88,22 @@ def test_the_merged_row_restores_the_bucket_settings(profile):
     row = profile.message_passing_row('rigid-merged', 200, 8, torch.device('cpu'), 1, 1, 1e9)
     assert row['model'] == 'rigid-merged' and row['gflop'] > 0
     assert {k: getattr(functional, k) for k in MERGED} == before
+
+
+def test_a_failed_write_leaves_the_earlier_results_whole(tmp_path, monkeypatch, profile):
+    # a value json cannot encode used to fail half-way through gpu_profile.json, truncating the
+    # earlier complete results (and --replot then ended in a JSONDecodeError traceback)
+    import argparse
+
+    import numpy as np
+    out = tmp_path / 'p'
+    out.mkdir()
+    earlier = '{"complete": "earlier results"}'
+    (out / 'gpu_profile.json').write_text(earlier)
+    args = argparse.Namespace(device='cpu', repeats=1)
+    rows = [dict(workload='w', model='rigid', wall_ms=np.float32(2.0))]
+    with pytest.raises(TypeError):
+        profile.write(rows, args, str(out), 1.0, 1e9)
+    assert (out / 'gpu_profile.json').read_text() == earlier
+    (out / 'gpu_profile.json').write_text(earlier[:20])  # truncated by other means
+    assert run_script('gpu_profile', ['--replot', '--out', str(out)], monkeypatch) == 2

@@ -195,6 +195,26 @@ def test_tidy_removes_the_folders_a_stop_after_the_record_left(tmp_path, monkeyp
     assert repro.store.tidy() == [str(left[1])]  # its lock now free
 
 
+def test_a_removal_stopped_part_way_leaves_nothing_tidy_keeps(tmp_path, monkeypatch):
+    # the checkpoint folder of a finished run is removed with its log last: stopped part-way
+    # (here, before the last step), the folder holds the log alone, no checkpoint; emptied,
+    # tidy() removes it too. Before, a stop after the log went left checkpoint.pt and best.pt,
+    # which tidy() kept for good (no log: fewer epochs than the record)
+    import torch_mz.reproduce.store as store
+    monkeypatch.setattr(store.shutil, 'rmtree', lambda *a, **k: None)  # the stop
+    repro = Reproduction(TINY, str(tmp_path), device='cpu', sweep_cells={'sum': SUM})
+    repro.sweep('sum', CLAIM.models[:1])
+    monkeypatch.undo()
+    left = sorted(p for p in (tmp_path / 'runs' / 'tiny').iterdir() if p.is_dir()
+                  and p.name != 'weights')
+    assert len(left) == len(TINY.sweep) >= 2
+    for folder in left:
+        assert sorted(p.name for p in folder.iterdir()) == ['metrics.jsonl']
+    (left[0] / 'metrics.jsonl').unlink()  # a stop after the log went: an empty folder
+    assert sorted(repro.store.tidy()) == sorted(str(p) for p in left)
+    assert not any(p.exists() for p in left)
+
+
 def test_status_makes_no_lock_files(tmp_path):
     repro = Reproduction(TINY, str(tmp_path), device='cpu', sweep_cells={'sum': SUM})
     stages = repro.status(CLAIM)

@@ -132,7 +132,7 @@ class RunStore:
             os.replace(self._weights(ckpt) + '.tmp', self._weights(ckpt))
         text = json.dumps(record, indent=1, sort_keys=True) + '\n'
         atomic_write(path, lambda f: f.write(text), binary=False)
-        shutil.rmtree(ckpt, ignore_errors=True)
+        _remove_log_last(ckpt)
         return record
 
     def tidy(self) -> List[str]:
@@ -141,7 +141,9 @@ class RunStore:
         stay, and be committed with the runs in progress); returns them. A folder is removed
         only where its run's lock is free and its log has as many epochs as the record (a run
         whose record is here and that is being trained again for its weights keeps its
-        folder); its ``best.pt`` becomes the run's weights where it has none."""
+        folder); its ``best.pt`` becomes the run's weights where it has none. An empty folder of
+        a finished run (its removal stopped after the log, :func:`_remove_log_last`) goes
+        too."""
         removed: List[str] = []
         if not os.path.isdir(self.checkpoints) or not os.path.isdir(self.root):
             return removed
@@ -156,6 +158,10 @@ class RunStore:
                 continue
             with file_lock(ckpt + '.lock', wait=False, strict=True) as free:
                 if not free:
+                    continue
+                if not os.listdir(ckpt):  # emptied by a removal stopped before its end
+                    shutil.rmtree(ckpt, ignore_errors=True)
+                    removed.append(ckpt)
                     continue
                 try:  # (a damaged file is named where a claim needs the run, not here)
                     record = read_record(records[digest])
@@ -342,6 +348,18 @@ class RunStore:
 class RecordError(ValueError):
     r"""A run's record file in the store that cannot be read (not JSON, or not a JSON object:
     e.g. cut short, or left with a merge conflict)."""
+
+
+def _remove_log_last(ckpt: str) -> None:
+    r"""Removes a finished run's checkpoint folder, its log last: a removal stopped part-way
+    leaves the log (by which :meth:`RunStore.tidy` knows the folder for a finished run's) or an
+    empty folder, never the checkpoints without the log (which tidy would keep for good, to be
+    committed with the runs in progress)."""
+    if os.path.isdir(ckpt):
+        for name in sorted(os.listdir(ckpt)):
+            if name != 'metrics.jsonl' and os.path.isfile(os.path.join(ckpt, name)):
+                os.remove(os.path.join(ckpt, name))
+    shutil.rmtree(ckpt, ignore_errors=True)
 
 
 def read_record(path: str) -> Dict[str, Any]:
