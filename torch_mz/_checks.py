@@ -25,6 +25,19 @@ def refuse_jit_trace(what: str) -> None:
             f"alone. Use torch.compile (it handles new set sizes), or run it eagerly")
 
 
+def refuse_compiled_wrapper(model: Any, what: str) -> None:
+    r"""Refuses the wrapper that ``torch.compile(model)`` returns where :obj:`what` keeps or
+    changes the model itself (its ``state_dict`` keys all start with ``_orig_mod.``, and
+    sub-modules added to it are not found through it), and names ``model.compile()``, which
+    compiles in place."""
+    if isinstance(model, torch.nn.Module) and isinstance(
+            getattr(model, '_orig_mod', None), torch.nn.Module):
+        raise ValueError(f"{what} takes the model itself, not the wrapper torch.compile(model) "
+                         f"returns (its checkpoints would hold keys '_orig_mod.*' that the "
+                         f"model does not load): compile in place with model.compile(), or pass "
+                         f"model._orig_mod")
+
+
 def check_count(name: str, value: Any, low: int = 1) -> int:
     r"""An integer of at least :obj:`low` (not a bool), returned as a Python :obj:`int`."""
     if (not isinstance(value, numbers.Integral) or isinstance(value, bool)

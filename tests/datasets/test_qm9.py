@@ -165,6 +165,15 @@ def test_target_stats_over_a_split(qm9_root):
     assert torch.allclose(mean_sub, torch.cat([ds[1].y, ds[2].y]).mean(0))
     with pytest.raises(ValueError, match='at least two'):
         ds.target_stats([0])
+    # a boolean mask selects where it is True, as ds[mask] does (it was read as the rows 0, 1)
+    mask = torch.zeros(len(ds), dtype=torch.bool)
+    mask[index] = True
+    for got, want in zip(ds.target_stats(mask), (mean, std)):
+        torch.testing.assert_close(got, want)
+    for got, want in zip(ds[mask].target_stats(), (mean, std)):
+        torch.testing.assert_close(got, want)
+    with pytest.raises(IndexError):
+        ds.target_stats(torch.tensor([0.0, 2.0]))  # not truncated to rows
 
 
 def test_split_protocols():

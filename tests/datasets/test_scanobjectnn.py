@@ -192,6 +192,21 @@ def test_resample_draws_a_new_subset_on_every_access(scanobjectnn_root):
     assert point_rows(whole[0].pos.numpy(), normalised[0].pos.numpy()).min() >= 0
 
 
+def test_resample_refuses_more_points_than_stored_with_or_without_a_cache(scanobjectnn_root):
+    # the fixtures hold 256 points per object: 512 was refused while the raw file was read,
+    # and accepted (256 points per draw, the repr saying 512) once another num_points had
+    # built the shared cache of all points
+    root = scanobjectnn_root['root']
+    for num_points in (512, 64, 512):
+        if num_points == 64:
+            assert ScanObjectNN(root, num_points=64, resample=True, log=False)[0].pos.shape == (
+                64, 3)
+            continue
+        with pytest.raises(ValueError, match='holds 256 points per object, fewer than '
+                                             'num_points=512'):
+            ScanObjectNN(root, num_points=512, resample=True, log=False)
+
+
 def test_resample_survives_a_transform_set_later(scanobjectnn_root):
     # PyG users set ds.transform after construction: the draw must not live in it
     from torch_geometric.transforms import NormalizeScale

@@ -797,3 +797,14 @@ def test_egnn_conv_takes_coordinates_wider_than_its_weights(kwargs):
     assert out.dtype == torch.float32 and new_pos.dtype == torch.float64
     torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(new_pos.float(), ref_pos, rtol=1e-5, atol=1e-5)
+
+
+def test_repr_names_out_channels_and_builds_the_same_model():
+    # the second argument of EGNN is hidden_channels: the repr gave out_channels second and
+    # unnamed, which read as (in, out) and, evaluated, passed hidden_channels twice
+    from torch_mz.models.egnn import EGNN
+    model = EGNN(6, hidden_channels=16, out_channels=2, num_layers=2, pos_dim=3)
+    text = repr(model)
+    assert 'out_channels=2' in text and 'hidden_channels=16' in text
+    again = eval(text, {'EGNN': EGNN})
+    assert repr(again) == text

@@ -126,3 +126,14 @@ def test_feature_columns_are_checked_and_select_from_tensors_too():
     narrow = build_model('egnn', 7, 2, feature_columns=[5], hidden_channels=8, num_layers=1)
     with pytest.raises(ValueError, match='beyond the 4 columns of x'):
         narrow(batch)
+    # the same checks in encode (a deep TypeError or IndexError before), and none where no
+    # column is asked for: coordinates alone need no x (refused before)
+    with pytest.raises(ValueError, match='beyond the 4 columns of x'):
+        narrow.encode(batch)
+    with pytest.raises(ValueError, match='no x to take the feature columns'):
+        narrow.encode(Batch.from_data_list([Data(pos=s.pos) for s in sets]))
+    coords = build_model('egnn', 3, 2, feature_columns=[], hidden_channels=8,
+                         num_layers=1).eval()
+    without_x = Batch.from_data_list([Data(pos=s.pos) for s in sets])
+    with torch.no_grad():
+        torch.testing.assert_close(coords(without_x).prediction, coords(batch).prediction)

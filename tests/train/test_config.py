@@ -51,3 +51,34 @@ def test_flags_are_true_or_false_not_text(name):
     with pytest.raises(ValueError, match=f'True or False for {name}'):
         TrainConfig(**{name: 'false'})
     assert getattr(TrainConfig(**{name: np.bool_(False)}), name) is False
+
+
+def test_numpy_numbers_become_python_numbers_and_the_run_writes_loadable_files(tmp_path):
+    # NumPy numbers were accepted and kept: lr=np.float32 trained epoch 0, then the log write
+    # failed (not JSON) and the checkpoints it had written were refused by the weights-only
+    # load; seed=np.int64 failed in random.seed, batch_size=np.int64 in the DataLoader; a
+    # model built with NumPy sizes lost its build record silently
+    import torch
+
+    from torch_mz import load_model
+    from torch_mz.models import build_model
+    from torch_mz.train import train
+    from tests.train._common import REG_TRAIN, REG_VAL
+    cfg = TrainConfig(epochs=np.int64(2), batch_size=np.int64(16), lr=np.float32(1e-2),
+                      weight_decay=np.float64(0.0), grad_clip=np.float32(1.0),
+                      seed=np.int64(3), warmup_epochs=np.int64(1), patience=np.int64(5),
+                      device='cpu', progress=False, out_dir=str(tmp_path))
+    for name in ('epochs', 'batch_size', 'seed', 'warmup_epochs', 'patience'):
+        assert type(getattr(cfg, name)) is int
+    for name in ('lr', 'weight_decay', 'grad_clip'):
+        assert type(getattr(cfg, name)) is float
+    model = build_model('deepsets', np.int64(3), np.int64(2), hidden_channels=np.int64(32))
+    assert model.build_info['in_channels'] == 3 and type(model.build_info['in_channels']) is int
+    assert type(model.build_info['args']['hidden_channels']) is int
+    train(model, REG_TRAIN[:32], REG_VAL[:16], config=cfg)
+    again = load_model(str(tmp_path / 'best.pt'))  # rebuilt from its record
+    from torch_geometric.data import Batch
+    batch = Batch.from_data_list(REG_VAL[:4])
+    model.eval()
+    again.eval()
+    torch.testing.assert_close(again(batch)[0], model(batch)[0])

@@ -46,3 +46,31 @@ def test_normalizer_uses_train_statistics_only(tmp_path):
     ckpt = load_checkpoint(tmp_path / 'checkpoint.pt')
     assert torch.equal(ckpt['normalizer']['mean'], trainer.normalizer.mean)
     assert torch.equal(ckpt['normalizer']['std'], trainer.normalizer.std)
+
+
+def test_the_wrapper_torch_compile_returns_is_refused_and_model_compile_trains(tmp_path):
+    # train(torch.compile(model)) ran every epoch, then failed to attach the normaliser, and its
+    # checkpoints held '_orig_mod.' keys that load_model refused; model.compile() (in place)
+    # trains and writes checkpoints that load
+    import torch
+    from torch_geometric.data import Batch
+
+    from torch_mz import load_model
+    from torch_mz.models import build_model
+    from torch_mz.train import TargetNormalizer, TrainConfig, Trainer, attach_normalizer, train
+    from tests.train._common import REG_TRAIN, REG_VAL
+    model = build_model('deepsets', 3, 2)
+    wrapped = torch.compile(model, backend='aot_eager')
+    with pytest.raises(ValueError, match=r'model\.compile\(\)'):
+        Trainer(wrapped, TrainConfig(device='cpu', progress=False))
+    with pytest.raises(ValueError, match=r'model\.compile\(\)'):
+        attach_normalizer(wrapped, TargetNormalizer())
+    model.compile(backend='aot_eager')
+    train(model, REG_TRAIN[:32], REG_VAL[:16], config=TrainConfig(
+        epochs=1, batch_size=16, warmup_epochs=1, device='cpu', progress=False,
+        out_dir=str(tmp_path)))
+    again = load_model(str(tmp_path / 'best.pt'))
+    batch = Batch.from_data_list(REG_VAL[:4])
+    model.eval()
+    again.eval()
+    torch.testing.assert_close(again(batch)[0], model(batch)[0], rtol=1e-5, atol=1e-5)

@@ -764,9 +764,10 @@ class QM9(ProcessedDataset):
         # the selected targets of every molecule of self._data, which holds this dataset's own
         # molecules (a view's indices() point into it; a copy's are all of it)
         y = self._data.y.view(self._data.y.size(0), -1)  # (N, t)
-        rows = torch.as_tensor(list(self.indices()), dtype=torch.long)
-        if index is not None:
-            rows = rows[torch.as_tensor(index, dtype=torch.long)]
+        # (the selection as PyG's indexing reads it, ds[index]: a boolean mask selects where it
+        # is True, not the rows 0 and 1; a float index is refused)
+        view = self if index is None else self.index_select(index)
+        rows = torch.as_tensor(list(view.indices()), dtype=torch.long)
         y = y[rows]  # (m, t)
         if len(y) < 2:
             raise ValueError(f'target statistics need at least two molecules, got {len(y)}')

@@ -142,6 +142,17 @@ class ScanObjectNN(TrainTestSets):
                       if self.resample else None)
         self._setup(root, 'ScanObjectNN', train, transform, pre_transform, pre_filter, log,
                     force_reload)
+        if self.resample and self.num_points is not None and len(self) > 0:
+            # the cache of all points is shared by every num_points: checked against it too
+            # (checked only when the raw file was read, a cache that another num_points had
+            # built gave fewer points than asked for, silently)
+            ptr = self.slices['pos'] if self.slices is not None else None
+            assert ptr is not None  # (an in-memory dataset of sets: its offsets per set)
+            sizes = ptr[1:] - ptr[:-1]
+            fewest = int(sizes.min())
+            if fewest < self.num_points:
+                raise ValueError(f"'{self.raw_paths[0 if train else 1]}' holds {fewest} points "
+                                 f"per object, fewer than num_points={self.num_points}")
 
     @property
     def num_classes(self) -> int:

@@ -720,9 +720,12 @@ class EGNN(Module):
         return SetPrediction(zero_empty_sets(self.head(h), batch, num_sets))  # (S, out_channels)
 
     def __repr__(self) -> str:
-        return (f'{self.__class__.__name__}({self.in_channels}, {self.out_channels}, '
+        # out_channels by name: the second argument of EGNN is hidden_channels (EGNN(6, 1, ...)
+        # read as (in, out) gave hidden_channels twice)
+        return (f'{self.__class__.__name__}({self.in_channels}, '
+                f'out_channels={self.out_channels}, '
                 f'hidden_channels={self.hidden_channels}, num_layers={self.num_layers}, '
-                f'pos_dim={self.pos_dim}, pool={self.pool}, radius={self.radius}, '
-                f'coord_aggr={self.coord_aggr}, edge_gate={self.edge_gate}, '
+                f'pos_dim={self.pos_dim}, pool={self.pool!r}, radius={self.radius}, '
+                f'coord_aggr={self.coord_aggr!r}, edge_gate={self.edge_gate}, '
                 f'normalize={self.normalize}, detach_norm={self.detach_norm}, tanh={self.tanh}, '
                 f'update_coords={self.update_coords})')

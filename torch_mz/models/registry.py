@@ -41,6 +41,7 @@ import copy
 import warnings
 from typing import Dict, List, Optional
 
+import numpy as np
 from torch import Tensor
 from torch.nn import Module
 
@@ -110,28 +111,33 @@ class SelectFeatures(Module):
         self.model = model
         self.columns = check_columns(columns)
 
-    def forward(self, data, *args, **kwargs):
+    def _select(self, data):
+        r""":obj:`data` (a tensor ``x`` or a data object) with its ``x`` cut to the columns;
+        no columns: no features, whether the data hold an ``x`` or not."""
+        x = data if isinstance(data, Tensor) else getattr(data, 'x', None)
+        if self.columns:
+            if x is None:
+                raise ValueError(f'{self.__class__.__name__}: the data hold no x to take the '
+                                 f'feature columns {self.columns} from')
+            if x.dim() != 2:
+                raise ValueError(f'{self.__class__.__name__}: expected x of shape (N, F) to '
+                                 f'take the feature columns from (got {tuple(x.shape)})')
+            if max(self.columns) >= x.size(-1):
+                raise ValueError(f'{self.__class__.__name__}: feature column '
+                                 f'{max(self.columns)} is beyond the {x.size(-1)} columns of x')
+        x = x[:, self.columns] if self.columns else None
         if isinstance(data, Tensor):  # model(x, pos, batch): the columns of x
-            x = data[:, self.columns] if self.columns else None
-            return self.model(x, *args, **kwargs)
-        if getattr(data, 'x', None) is None:
-            raise ValueError(f'{self.__class__.__name__}: the data hold no x to take the feature '
-                             f'columns {self.columns} from')
-        if self.columns and max(self.columns) >= data.x.size(-1):
-            raise ValueError(f'{self.__class__.__name__}: feature column {max(self.columns)} is '
-                             f'beyond the {data.x.size(-1)} columns of x')
+            return x
         data = copy.copy(data)
-        data.x = data.x[:, self.columns] if self.columns else None
-        return self.model(data, *args, **kwargs)
+        data.x = x
+        return data
+
+    def forward(self, data, *args, **kwargs):
+        return self.model(self._select(data), *args, **kwargs)
 
     def encode(self, data, *args, **kwargs):
         r"""The wrapped model's :meth:`encode` on the selected columns."""
-        if isinstance(data, Tensor):
-            return self.model.encode(data[:, self.columns] if self.columns else None,
-                                     *args, **kwargs)
-        data = copy.copy(data)
-        data.x = data.x[:, self.columns] if self.columns else None
-        return self.model.encode(data, *args, **kwargs)
+        return self.model.encode(self._select(data), *args, **kwargs)
 
     def __repr__(self) -> str:
         return f'{self.__class__.__name__}({self.model}, columns={self.columns})'
@@ -172,12 +178,25 @@ def build_model(name: str, in_channels: int, out_channels: int, pos_dim: Optiona
     trainer's checkpoints store it, and :func:`torch_mz.load_model` rebuilds the model from it.
     """
     model = _build(name, in_channels, out_channels, pos_dim, feature_columns, **overrides)
-    # Module.__setattr__ is typed for tensors and modules, but plain attributes are allowed
-    model.build_info = dict(  # type: ignore[assignment]
+    # Module.__setattr__ is typed for tensors and modules, but plain attributes are allowed;
+    # NumPy numbers are recorded as Python's (JSON holds them: a checkpoint records how to
+    # rebuild the model only where it can be written as JSON)
+    model.build_info = _plain(dict(
         name=name, in_channels=in_channels, out_channels=out_channels, pos_dim=pos_dim,
         args=dict(overrides),
-        feature_columns=None if feature_columns is None else list(feature_columns))
+        feature_columns=None if feature_columns is None else list(feature_columns)))
     return model
+
+
+def _plain(value):
+    r""":obj:`value` with NumPy scalars as Python numbers, in lists, tuples and dicts too."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
 
 
 def _build(name: str, in_channels: int, out_channels: int, pos_dim: Optional[int],

@@ -4,6 +4,7 @@ import json
 import os
 import random
 import re
+import warnings
 from typing import Any, Dict, Mapping, Optional, Union
 
 import numpy as np
@@ -259,7 +260,10 @@ def _with_build_info(run_info: Optional[Dict[str, Any]],
     built = getattr(model, 'build_info', None)
     try:
         json.dumps(built, allow_nan=False)
-    except (TypeError, ValueError):  # options JSON cannot hold: the model cannot be rebuilt
+    except (TypeError, ValueError) as e:  # options JSON cannot hold: it cannot be rebuilt
+        warnings.warn(f"The model's build_info cannot be written as JSON ({e}): the checkpoint "
+                      f"does not record how to rebuild the model, and load_model will need "
+                      f"the model itself", stacklevel=3)
         return run_info
     if not isinstance(built, dict):
         return run_info

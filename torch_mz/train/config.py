@@ -120,6 +120,15 @@ class TrainConfig:
             setattr(self, name, bool(value))
         expect(self.grad_clip is None or real(self.grad_clip), 'a finite number grad_clip or None',
                self.grad_clip)
+        # NumPy numbers become Python's: kept, they reached the logs (not JSON), the
+        # checkpoints (which a weights-only load then refused), random.seed and the DataLoader
+        for name in ('epochs', 'batch_size', 'warmup_epochs', 'seed', 'num_workers',
+                     'checkpoint_every', 'eval_batch_size', 'patience'):
+            if getattr(self, name) is not None:
+                setattr(self, name, int(getattr(self, name)))
+        for name in ('lr', 'weight_decay', 'min_delta', 'grad_clip'):
+            if isinstance(getattr(self, name), (np.integer, np.floating)):
+                setattr(self, name, getattr(self, name).item())
         # torch.manual_seed takes [-2**63, 2**64); NumPy's seed wraps (seed_everything), and
         # the trainer adds the rank and the epoch to it
         expect(-2 ** 63 <= self.seed < 2 ** 63, '-2**63 <= seed < 2**63', self.seed)

@@ -5,6 +5,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch import Tensor
 
+from torch_mz._checks import refuse_compiled_wrapper
 from torch_mz.train.contract import ModelOutput
 
 __all__ = [
@@ -169,6 +170,7 @@ def attach_normalizer(model: torch.nn.Module, normalizer: TargetNormalizer) -> t
     training and in eval mode). A normaliser attached before is replaced. :class:`Trainer` does
     this at the end of :meth:`Trainer.fit` for regression with ``normalize_targets=True``;
     :func:`detach_normalizer` undoes it. Returns ``model``."""
+    refuse_compiled_wrapper(model, 'attach_normalizer')
     detach_normalizer(model)
     model.add_module(TARGET_UNITS, TargetUnits(normalizer))
     ref = next(model.parameters(), None)

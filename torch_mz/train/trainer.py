@@ -23,6 +23,7 @@ from torch.utils.data.distributed import DistributedSampler
 from torch_geometric.loader import DataLoader
 from tqdm.auto import tqdm
 
+from torch_mz._checks import refuse_compiled_wrapper
 from torch_mz._files import atomic_write, remove_stale_temp_files
 from torch_mz.nn.fused import fused_kernels_mode, set_tanh_kernel, tanh_kernel_in_use
 from torch_mz.train.checkpoint import (CHECKPOINT_FORMAT, CHECKPOINT_VERSION, CheckpointError,
@@ -139,6 +140,7 @@ class Trainer:
                  run_info: Optional[Dict[str, Any]] = None):
         if task_type not in TASK_TYPES:
             raise ValueError(f'Expected task_type in {TASK_TYPES} (got {task_type!r})')
+        refuse_compiled_wrapper(model, 'Trainer')
         self.config = config if config is not None else TrainConfig()
         self.task_type = task_type
         self.loss_fn = loss_fn
