@@ -85,10 +85,15 @@ def test_chunked_encoding_equals_unchunked(chunk_size):
     index = make_index([3, 0, 7, 1, 4, 0, 2], shuffle=True,
                        generator=torch.Generator().manual_seed(5))
     x = _x(index.numel(), 6).requires_grad_()
-    out = chunked(x, index, dim_size=9)
-    torch.testing.assert_close(out, aggr(x, index, dim_size=9))
-    out.sum().backward()
-    assert torch.isfinite(x.grad).all()
+    grads = []
+    for module in (aggr, chunked):  # the same values and gradients (input and parameters)
+        x.grad = None
+        module.zero_grad()
+        out = module(x, index, dim_size=9)
+        out.pow(2).sum().backward()
+        grads.append([out, x.grad] + [p.grad for p in module.parameters()])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(b, a)
     with pytest.raises(ValueError, match='chunk_size'):
         MZAggregation(3, chunk_size=0)
 
@@ -413,11 +418,27 @@ def test_checkpointed_blocks_give_the_same_values_and_gradients(encoder, checkpo
     index = make_index([3, 0, 5, 1])
     results = []
     for module in (aggr, ckpt):
+        # and what is recomputed runs twice, once without checkpointing (with checkpointing
+        # never done, the values alone agreed): the PMA block (checkpoint=True) or its
+        # attention's aggregation (checkpoint='attention')
+        runs = []
+        if checkpoint is True:
+            # (a pre-hook: the recomputation stops once it has made the saved tensors)
+            handle = module.pma.register_forward_pre_hook(lambda *a: runs.append(1))
+        else:
+            attn = next(m for m in module.pma.modules() if hasattr(m, '_aggregate'))
+            aggregate = attn._aggregate
+            attn._aggregate = lambda *a: runs.append(1) or aggregate(*a)
         torch.manual_seed(4)  # same dropout masks
         x = _x(9, 2).requires_grad_()
         out = module(x, index)
         out.pow(2).sum().backward()
         results.append([out, x.grad] + [p.grad for p in module.parameters()])
+        assert len(runs) == (2 if module is ckpt else 1)
+        if checkpoint is True:
+            handle.remove()
+        else:
+            del attn._aggregate
     for a, b in zip(*results):
         torch.testing.assert_close(a, b)
 
@@ -869,3 +890,21 @@ def test_an_input_without_elements_gives_every_parameter_a_zero_gradient():
         assert torch.equal(pred, torch.zeros(2, 2))
         pred.sum().backward()
         assert all(p.grad is not None and not p.grad.any() for p in model.parameters()), name
+
+
+def test_signed_readout_reads_the_generator_sum_and_ihw_its_magnitudes():
+    # readout='signed' had no test of its effect (reading the IHW under either name passed):
+    # the same pooled tokens read out as centers then sum_g G_g, or centers then sum_g |G_g|
+    from torch_mz.nn import Zonotope
+    g = torch.Generator().manual_seed(3)
+    ihw, signed = MZAggregation(4, num_seeds=2), MZAggregation(4, num_seeds=2, readout='signed')
+    d, ng = ihw.dim, ihw.num_generators
+    z = Zonotope(torch.randn(6, d, generator=g), torch.randn(6, ng, d, generator=g))  # 3 sets
+    centers = z.center.reshape(3, 2 * d)
+    torch.testing.assert_close(ihw._readout(z, 3), torch.cat(
+        [centers, z.gens.abs().sum(1).reshape(3, 2 * d)], -1))
+    torch.testing.assert_close(signed._readout(z, 3), torch.cat(
+        [centers, z.gens.sum(1).reshape(3, 2 * d)], -1))
+    flipped = Zonotope(z.center, -z.gens)  # the IHW cannot see a generator's sign
+    torch.testing.assert_close(ihw._readout(flipped, 3), ihw._readout(z, 3))
+    assert not torch.allclose(signed._readout(flipped, 3), signed._readout(z, 3))

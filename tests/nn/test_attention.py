@@ -276,7 +276,7 @@ def _assert_same(results, others):
 @pytest.mark.parametrize('path', ['dense', 'scatter'])
 @pytest.mark.parametrize('ng', [0, NG])
 @pytest.mark.parametrize('num_l', [1, L])
-def test_value_map_before_and_after_aggregation_agree(value, path, ng, num_l):
+def test_value_map_before_and_after_aggregation_agree(value, path, ng, num_l, monkeypatch):
     r"""The value map applied to every key ('before') or to every aggregated query ('after', all
     heads on the raw tokens) gives the same values and gradients, with empty sets, a one-element
     set, unsorted rows and the log-n scaling."""
@@ -297,8 +297,16 @@ def test_value_map_before_and_after_aggregation_agree(value, path, ng, num_l):
         leaves = [query.center, query.gens, kv.center, kv.gens]
         for t in leaves:
             t.requires_grad_()
+        # each order and path runs what it names (an ignored value_order or path compared
+        # one implementation with itself)
+        after, aggregate = [], attn._aggregate
+        attn._aggregate = lambda *a: after.append(a[6]) or aggregate(*a)
+        calls = _spy_attention(monkeypatch)
         results.append(_outputs_and_grads(attn, query, kv, query_set, kv_set, len(q_sizes),
                                           leaves))
+        assert after == [order == 'after']
+        assert calls and {c[0] for c in calls} == {path}
+        monkeypatch.undo()
     _assert_same(*results)
 
 
@@ -480,7 +488,7 @@ def test_value_order_auto_picks_after_for_few_queries():
 @pytest.mark.parametrize('value', ['rigid', 'mz', 'film', 'hypernet'])
 @pytest.mark.parametrize('path', ['dense', 'scatter'])
 @pytest.mark.parametrize('bias', [True, False])
-def test_affine_generators_equal_the_formed_ones(value, path, bias):
+def test_affine_generators_equal_the_formed_ones(value, path, bias, monkeypatch):
     r"""Keys whose generators are affine in narrow inputs (:class:`AffineZonotope`, as the
     input projection makes them) are aggregated through the inputs where the value map acts
     after the aggregation: the same values and gradients (of the outputs, the queries, the
@@ -510,7 +518,13 @@ def test_affine_generators_equal_the_formed_ones(value, path, bias):
         gens = torch.einsum('gdp,np->ngd', a, u) + (b if bias else 0)  # (Nk, ng, d)
         kv = (AffineZonotope(center, gens, u, a, b if bias else None) if affine
               else Zonotope(center, gens))
+        calls = _spy_attention(monkeypatch)
         out = attn(query, kv, query_set, kv_set, len(q_sizes))
+        # the affine keys are aggregated through their p input columns, the formed ones through
+        # their n_g d generator entries (with the affine path off, both took the second)
+        assert [c[0] for c in calls] == [path]
+        assert calls[0][1][-1] == (p if affine else NG * D), calls
+        monkeypatch.undo()
         (out.center.pow(2).sum() + out.gens.sin().sum()).backward()
         results.append([out.center, out.gens] + [t.grad for t in leaves]
                        + [q.grad for q in attn.parameters()])
@@ -591,3 +605,19 @@ def test_folded_query_ids_are_not_cached_while_compiling(monkeypatch):
     monkeypatch.setattr(torch, 'is_inference', lambda t: pytest.fail('asked while compiling'))
     assert att._per_head(ids).tolist() == [0, 0, 1, 1]
     assert getattr(att, '_per_head_ids', None) is None
+
+
+def _spy_attention(monkeypatch):
+    r"""Records, for every attention call, the path that ran (``'dense'`` or ``'scatter'``) and
+    the widths of its values: the tests of two orders or paths that agree also check that each
+    ran what it names (an ignored flag made them compare one implementation with itself)."""
+    from torch_mz.nn import functional
+    calls = []
+    for name in ('_attention_dense', '_attention_scatter'):
+        real = getattr(functional, name)
+
+        def spy(q, k, values, *args, _real=real, _name=name):
+            calls.append((_name.rsplit('_', 1)[-1], tuple(v.size(-1) for v in values)))
+            return _real(q, k, values, *args)
+        monkeypatch.setattr(functional, name, spy)
+    return calls

@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 from torch_mz.nn import functional
 from torch_mz.nn.functional import _bucket_size, grouped_attention, set_mean, set_std
 from tests.nn._sets import make_index
+from tests.nn._grads import assert_graph_branch_gradients_match
 
 
 def _reference(q, k, v, query_set, kv_set):
@@ -181,10 +182,28 @@ def test_dense_and_scatter_paths_agree(sizes, seed, shuffle):
 
 def test_exact_dense_path_for_equal_sizes():
     q, k, v, query_set, kv_set = _random_problem([5] * 4, [5] * 4, seed=3, shuffle=False)
+    # the exact path: one reshape of the rows, no packing (the packed layout agreed too, so
+    # the values alone could not tell them apart)
+    assert functional._compute_dense_layout(query_set, kv_set, 4, 1).uniform
+    assert not functional._compute_dense_layout(query_set[:-1], kv_set, 4, 1).uniform
     dense = grouped_attention(q, k, v, query_set, kv_set, 4, path='dense')
     torch.testing.assert_close(dense, _reference(q, k, v, query_set, kv_set))
     torch.testing.assert_close(dense, grouped_attention(q, k, v, query_set, kv_set, 4,
                                                         path='scatter'))
+
+
+@pytest.mark.parametrize('path', ['dense', 'scatter', 'auto'])
+def test_each_path_runs_its_own_implementation(path, monkeypatch):
+    # every "the two paths agree" test compares dense with scatter only if each runs what it
+    # names: a grouped_attention that ignored path passed them all, dense against dense
+    calls = []
+    for name in ('_attention_dense', '_attention_scatter'):
+        real = getattr(functional, name)
+        monkeypatch.setattr(functional, name, lambda *a, _real=real, _name=name: calls.append(
+            _name) or _real(*a))
+    q, k, v, query_set, kv_set = _random_problem([3, 0, 6], [2, 3, 5], seed=5)
+    grouped_attention(q, k, v, query_set, kv_set, 3, path=path)
+    assert calls == ['_attention_scatter' if path == 'scatter' else '_attention_dense']
 
 
 def test_attention_never_crosses_sets():
@@ -1000,6 +1019,8 @@ def test_flash_attention_function_equals_sdpa_and_has_second_derivatives(dtype, 
     if dtype == torch.float64:
         inputs = tuple(t.clone().requires_grad_() for t in (q, k, v))
         assert torch.autograd.gradgradcheck(
+            lambda a, b, c: functional._FlashAttentionCPU.apply(a, b, c, mask), inputs)
+        assert_graph_branch_gradients_match(
             lambda a, b, c: functional._FlashAttentionCPU.apply(a, b, c, mask), inputs)
 
 

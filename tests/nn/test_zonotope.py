@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from torch_mz.nn import InputProjection, Zonotope, zonotope_layer_norm
+from tests.nn._grads import assert_graph_branch_gradients_match
 
 
 def _vertices(z: Zonotope, i: int):
@@ -147,6 +148,10 @@ def test_fused_layer_norm_jacobian_matches_autograd_reference(affine, d, ng):
     assert torch.autograd.gradgradcheck(
         lambda cc, gg, w: _LayerNormJacobian.apply(cc, gg, w, 1e-5),
         (c[:2].clone().requires_grad_(), gens[:2].clone().requires_grad_(), weight))
+    # and the graph branch's first derivative is the plain one (gradgradcheck cannot see that)
+    assert_graph_branch_gradients_match(
+        lambda cc, gg, w: _LayerNormJacobian.apply(cc, gg, w, 1e-5),
+        (c.clone().requires_grad_(), gens.clone().requires_grad_(), weight))
 
 
 @pytest.mark.parametrize('compiled', [
@@ -244,6 +249,9 @@ def test_layer_norm_of_a_residual_sum_matches_the_written_out_sum(monkeypatch, c
         assert torch.autograd.gradgradcheck(
             lambda a, b, x, y: fused.LayerNormJacobianSumFused.apply(
                 a + b, x, y[:, 1:], None, 1e-5), small)
+        assert_graph_branch_gradients_match(
+            lambda a, b, x, y: fused.LayerNormJacobianSumFused.apply(
+                a + b, x, y[:, 1:], None, 1e-5), small)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='CUDA not available')
@@ -323,10 +331,12 @@ def test_auto_mode_compiles_only_large_cpu_float32_calls(monkeypatch):
 
 @pytest.mark.parametrize('checkpoint', [True, 'attention'])
 def test_auto_mode_under_checkpointing(monkeypatch, checkpoint):
-    r"""A checkpointed block recomputes the LayerNorm Jacobian with the function its forward
-    pass chose (torch.utils.checkpoint refuses a recomputation that keeps other tensors; a
-    choice by call count switched between the two and failed there): MZAggregation with
-    checkpointing in auto mode gives the eager run's values and gradients."""
+    r"""A checkpointed block (``checkpoint=True``) recomputes the LayerNorm Jacobian with the
+    function its forward pass chose (torch.utils.checkpoint refuses a recomputation that keeps
+    other tensors; a choice by call count switched between the two and failed there):
+    MZAggregation with checkpointing in auto mode gives the eager run's values and gradients.
+    (``'attention'`` recomputes the attention alone, which makes no such choice: that case
+    checks the agreement only.)"""
     from torch_mz.nn import MZAggregation, fused
     monkeypatch.setattr(fused, '_FAILED', False)
     monkeypatch.setattr(fused, 'AUTO_MIN_ELEMENTS', 64)
@@ -464,6 +474,7 @@ def test_input_projection_recomputes_its_activation_without_checkpointing(monkey
     torch.nn.init.normal_(proj64.norm.weight)
     x64 = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradgradcheck(lambda t: proj64(t).center, (x64, ))
+    assert_graph_branch_gradients_match(lambda t: proj64(t).center, (x64, ))
     # a hooked LayerNorm: checkpointed, as its own call, which its hook sees (the
     # recomputation stops once the LayerNorm's saved tensors are made, before the hook)
     seen = []
