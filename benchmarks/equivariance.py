@@ -96,7 +96,7 @@ def main():
             for c in cells]
     try:  # every cell and model, and the runs' folder, before the first run trains
         check_grid(grid, models)
-        store = RunStore.for_study(args.out, args.resume)
+        store = RunStore.for_study(args.out, args.resume, args.overwrite)
     except (ValueError, OSError) as e:
         parser.error(str(e))
     start = time.time()

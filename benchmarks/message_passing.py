@@ -101,6 +101,13 @@ process of its own, and a row then costs no start-up of its own (the first GPU c
 row still drops the layouts and compiled graphs of the rows before it,
 and ``--timeout`` does not apply (rows record ``same_process``).
 
+``--compile`` wraps each row's convolution (with its aggregation) in ``torch.compile``, with
+its default backend (inductor), before the untimed first call, which compiles it (rows record
+``compile``): whether compiling pays in message passing, for PyG's aggregation and this
+package's.
+
+    python benchmarks/message_passing.py --compile --nodes 1000 --dims 16,64 --aggrs pyg,rigid
+
 ``--inference`` times the forward pass alone instead, in ``eval()`` mode under
 ``torch.no_grad()``, as full-graph inference after training runs (rows record ``inference``; the
 peak and allocated figures are then those of one forward pass). Without gradients
@@ -172,6 +179,8 @@ def run_one(cfg: dict) -> dict:
     inference = bool(cfg.get('inference'))
     if inference:
         conv.eval()
+    if cfg.get('compile'):  # compiled in the untimed first call (torch.compile's default backend)
+        conv = torch.compile(conv)
 
     def step():
         if cfg.get('new_graph'):  # mini-batches: every call on a graph not seen before
@@ -325,6 +334,8 @@ def plan(args: argparse.Namespace) -> List[dict]:
                             cfg['inference'] = True
                         if getattr(args, 'same_process', False):  # (the same)
                             cfg['same_process'] = True
+                        if getattr(args, 'compile', False):  # (the same)
+                            cfg['compile'] = True
                         if aggr.endswith('-chunks') and args.chunk_rows is not None:
                             cfg['group_rows'] = args.chunk_rows
                         cfgs.append(cfg)
@@ -344,7 +355,7 @@ def measured(row: dict, cfg: dict) -> bool:
 
 #: Switches a configuration carries only when on (so that the rows of files written before them
 #: still match): a row measured with one is never kept for a run without it, nor the reverse.
-ROW_FLAGS = ('new_graph', 'inference', 'same_process')
+ROW_FLAGS = ('new_graph', 'inference', 'same_process', 'compile')
 
 
 def earlier_rows(path: str, args: argparse.Namespace) -> Tuple[List[dict], float, str]:
@@ -605,6 +616,9 @@ def main():
                         help='with --device cuda: every row in this process (no CUDA start-up '
                              "per row; the peak is the allocator's, reset per row; --timeout "
                              'does not apply)')
+    parser.add_argument('--compile', action='store_true',
+                        help='every convolution wrapped in torch.compile (its default backend, '
+                             'inductor), compiled in the untimed first call of each row')
     parser.add_argument('--_one', help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.out is None:  # inference rows never land among the training runs' files

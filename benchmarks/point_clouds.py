@@ -210,7 +210,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:  # the models' block options for these datasets' shapes, and the runs' folder
         for task in tasks.values():
             check_models(models, task=task)
-        store = RunStore.for_study(args.out, args.resume)
+        store = RunStore.for_study(args.out, args.resume, args.overwrite)
     except (ValueError, OSError) as e:
         print(f'point_clouds.py: error: {e}', file=sys.stderr)
         return EXIT_ERROR

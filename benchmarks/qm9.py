@@ -166,7 +166,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         try:  # options the presets pass on to their blocks, for this task's shapes
             check_models(models, task=task)
             if store is None:  # created once the data is there: nothing written before
-                store = RunStore.for_study(args.out, args.resume)
+                store = RunStore.for_study(args.out, args.resume, args.overwrite)
         except (ValueError, OSError) as e:
             print(f'qm9.py: error: {e}', file=sys.stderr)
             return EXIT_ERROR

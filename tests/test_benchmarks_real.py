@@ -150,11 +150,13 @@ def test_qm9_resume_reads_the_finished_runs(qm9, qm9_root, tmp_path, monkeypatch
     assert qm9.main(argv + ['--resume']) == 0
     again = json.loads((out / 'qm9.json').read_text())
     assert again['rows'] == first['rows']
-    # without --resume the study starts afresh (and another budget never reads the runs)
+    # another budget never reads the runs; without --resume the folder of runs is refused
+    # (nothing trains), and --overwrite starts afresh
     with pytest.raises(AssertionError, match='trained again'):
         qm9.main(argv + ['--resume', '--epochs', '2'])
+    assert qm9.main(argv) == 2
     with pytest.raises(AssertionError, match='trained again'):
-        qm9.main(argv)
+        qm9.main(argv + ['--overwrite'])
 
 
 @pytest.mark.parametrize('models, message', [('mz,deepsets,mz', "'mz' is given twice"),

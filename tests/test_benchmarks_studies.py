@@ -397,6 +397,34 @@ def test_message_passing_new_graph_computes_the_layouts_every_call(monkeypatch):
         **dict(vars(args), new_graph=False))))
 
 
+def test_message_passing_compile_rows_run_the_compiled_convolution(monkeypatch):
+    r"""``--compile`` rows wrap the convolution in ``torch.compile`` before the untimed first
+    call (here with dynamo's ``eager`` backend: no code generation) and record ``compile``;
+    only such runs' configurations carry it."""
+    import argparse
+    mp = load_script('message_passing')
+    compiled = []
+    real = torch.compile
+
+    def spy(module, **kwargs):
+        compiled.append(type(module).__name__)
+        return real(module, backend='eager')
+    monkeypatch.setattr(torch, 'compile', spy)
+    torch._dynamo.reset()
+    cfg = dict(aggr='rigid', conv='sage', degrees='poisson', dim=16, nodes=60, repeats=2,
+               threads=1, seed=0, device='cpu', keep=False, allocated=False)
+    row = mp.run_one(dict(cfg, compile=True))
+    assert compiled == ['SAGEConv'] and row['compile'] is True and row['median_ms'] > 0
+    assert 'compile' not in mp.run_one(cfg) and compiled == ['SAGEConv']
+    args = _mp_plan_args(aggrs=['pyg', 'rigid'], compile=True)
+    assert [c['compile'] for c in mp.plan(args)] == [True, True]
+    assert not any('compile' in c for c in mp.plan(argparse.Namespace(
+        **dict(vars(args), compile=False))))
+    base = dict(cfg, edges=1, median_ms=1.0)
+    assert not mp.measured(base, dict(cfg, compile=True))
+    assert mp.measured(dict(base, compile=True), dict(cfg, compile=True))
+
+
 def test_message_passing_inference_rows_run_the_forward_pass_alone(monkeypatch):
     r"""``--inference`` rows call the aggregation in ``eval()`` mode without gradients (every
     call); plain rows in training mode with them. Only such runs' configurations carry
@@ -558,6 +586,12 @@ def test_depth_separation_resumes_an_interrupted_grid(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         run_main('depth_separation', argv)
     assert len(list((out / 'runs').iterdir())) == 2  # the finished runs are kept
+    # the same command again, without --resume: refused before anything trains, the runs
+    # kept (they were removed, and trained again)
+    with pytest.raises(SystemExit) as info:
+        run_main('depth_separation', argv)
+    assert info.value.code == 2 and len(calls) == 2
+    assert len(list((out / 'runs').iterdir())) == 2
 
     def counts(*args, **kwargs):
         calls.append(args[1])

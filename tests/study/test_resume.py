@@ -17,7 +17,8 @@ def test_a_store_ignores_a_file_it_cannot_read(tmp_path):
     assert store.get(key, QUICK_CONFIG) == dict(model='mz', test=dict(r2=0.5))
     with open(path, 'w') as f:
         f.write('{"identity": ')  # cut short
-    assert store.get(key, QUICK_CONFIG) is None
+    with pytest.warns(UserWarning, match='cannot be read.*trained again'):  # (was silent)
+        assert store.get(key, QUICK_CONFIG) is None
 
 
 def test_a_study_store_starts_empty_unless_it_resumes(tmp_path):
@@ -27,7 +28,13 @@ def test_a_study_store_starts_empty_unless_it_resumes(tmp_path):
     (tmp_path / 'runs' / 'notes.txt').write_text('kept')
     assert RunStore.for_study(str(tmp_path), resume=True).get(key, QUICK_CONFIG) == dict(
         model='mz')
-    assert RunStore.for_study(str(tmp_path), resume=False).get(key, QUICK_CONFIG) is None
+    # neither resuming nor overwriting: refused, the finished run kept (re-running the command
+    # of an interrupted call without --resume had removed every run it finished)
+    with pytest.raises(FileExistsError, match='holds 1 run.*--resume.*--overwrite'):
+        RunStore.for_study(str(tmp_path), resume=False)
+    assert RunStore.for_study(str(tmp_path), resume=True).get(key, QUICK_CONFIG) is not None
+    store = RunStore.for_study(str(tmp_path), resume=False, overwrite=True)
+    assert store.get(key, QUICK_CONFIG) is None
     assert [p.name for p in (tmp_path / 'runs').iterdir()] == ['notes.txt']
 
 

@@ -101,11 +101,16 @@ def add_budget_arguments(parser: argparse.ArgumentParser, quick_help: str,
 
 
 def add_resume_argument(parser: argparse.ArgumentParser) -> None:
-    r"""Adds ``--resume`` to :obj:`parser`: the study reads back the runs an interrupted call
-    with the same settings finished (:meth:`~torch_mz.study.RunStore.for_study`)."""
-    parser.add_argument('--resume', action='store_true',
-                        help='keep the runs an interrupted call with the same settings finished '
-                        '(kept one file each in <out>/runs) instead of training them again')
+    r"""Adds ``--resume`` and ``--overwrite`` to :obj:`parser`: the study reads back the runs
+    an interrupted call with the same settings finished, or removes them; without either, an
+    output folder that holds runs is refused (:meth:`~torch_mz.study.RunStore.for_study`)."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument('--resume', action='store_true',
+                       help='keep the runs an interrupted call with the same settings finished '
+                       '(kept one file each in <out>/runs) instead of training them again')
+    group.add_argument('--overwrite', action='store_true',
+                       help='remove the runs an earlier call kept in <out>/runs and train every '
+                       'run again (without --resume or --overwrite such a folder is refused)')
 
 
 def choose_budget(args: argparse.Namespace, quick: Budget, full: Budget) -> Budget:

@@ -5,6 +5,7 @@ import hashlib
 import json
 import os
 import re
+import warnings
 from typing import Any, Dict, Mapping, Optional
 
 from torch_mz.study.report import write_json
@@ -61,13 +62,15 @@ class RunStore:
         self.folder = folder
 
     @classmethod
-    def for_study(cls, out: str, resume: bool) -> 'RunStore':
-        r"""The store of a study writing its results to :obj:`out`: ``<out>/runs``. Without
-        :obj:`resume` (a fresh run) the runs kept there are removed first, so that a later
-        ``--resume`` never mixes runs of an older code version into this run's table; with
-        it, they are read back where they match. The folder is created here, so that an
-        :obj:`out` that cannot hold it (a file) raises its :class:`OSError` before any run
-        trains."""
+    def for_study(cls, out: str, resume: bool, overwrite: bool = False) -> 'RunStore':
+        r"""The store of a study writing its results to :obj:`out`: ``<out>/runs``. With
+        :obj:`resume` the runs kept there are read back where they match. Without it, a folder
+        that holds runs of an earlier call is refused (:class:`FileExistsError`, before anything
+        trains: re-running the command of an interrupted call had removed the runs it finished)
+        unless :obj:`overwrite` is set, which removes them first, so that a later ``--resume``
+        never mixes runs of an older code version into this run's table. The folder is created
+        here, so that an :obj:`out` that cannot hold it (a file) raises its :class:`OSError`
+        before any run trains."""
         from torch_mz.study.report import check_out_folder
         store = cls(os.path.join(out, 'runs'))
         problem = check_out_folder(out)  # an OSError here, before anything trains
@@ -81,8 +84,22 @@ class RunStore:
         if problem:
             raise OSError(f"cannot write the study's results: {problem}")
         if not resume:
+            kept = store.kept_runs()
+            if kept and not overwrite:
+                raise FileExistsError(
+                    f"'{store.folder}' holds {kept} run(s) of an earlier call with this output "
+                    f"folder: pass --resume to keep those that match (an interrupted call goes "
+                    f"on where it stopped), or --overwrite to remove them and train every run "
+                    f"again")
             store.clear()
         return store
+
+    def kept_runs(self) -> int:
+        r"""The number of runs kept in the folder (its JSON files)."""
+        if not os.path.isdir(self.folder):
+            return 0
+        return sum(1 for name in os.listdir(self.folder)
+                   if name.endswith('.json') and os.path.isfile(os.path.join(self.folder, name)))
 
     def clear(self) -> None:
         r"""Removes every run kept in the folder (its JSON files; nothing else)."""
@@ -116,10 +133,14 @@ class RunStore:
         (no such file, or one of a run with another configuration, or one that cannot be read:
         the run is then trained again)."""
         path = self._path(key)
+        if not os.path.exists(path):
+            return None
         try:
             with open(path) as f:
                 stored = json.load(f)
-        except (OSError, ValueError):  # missing, or cut short by a crash (writes are atomic)
+        except (OSError, ValueError) as e:  # damaged (writes are atomic): said, not silent
+            warnings.warn(f"run file '{path}' cannot be read ({e}): the run is trained again "
+                          f"and the file replaced")
             return None
         if not isinstance(stored, dict) or stored.get('identity') != self._identity(key, config):
             return None
