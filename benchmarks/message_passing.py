@@ -492,6 +492,8 @@ def write_report(args: argparse.Namespace, env: dict, rows: List[dict], planned:
                    if getattr(args, 'inference', False) else
                    "Forward + backward of one convolution, median of ")
                 + f"{args.repeats} calls, "
+                + ("every convolution compiled by `torch.compile` (inductor) in its untimed "
+                   "first call (`--compile`), " if getattr(args, 'compile', False) else "")
                 + ("each on a graph seen for the first time (`--new-graph`: the attention "
                    "layouts cleared before every call, as with a new mini-batch every step)"
                    if getattr(args, 'new_graph', False) else
