@@ -86,3 +86,28 @@ def test_resolve_device():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match='CUDA is not available'):
             resolve_device('cuda')
+
+
+def test_a_deterministic_run_leaves_the_settings_as_they_were(tmp_path):
+    # deterministic=True turned PyTorch's deterministic algorithms on for the rest of the
+    # process; now only while fit runs (and a user's own setting is kept)
+    import torch
+
+    from torch_mz.train import train
+    from tests.train._common import H, REG_TRAIN, config
+    seen = []
+    model = H.ToyDeepSets(3, 2)
+    model.register_forward_pre_hook(
+        lambda *a: seen.append(torch.are_deterministic_algorithms_enabled()))
+    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark)
+    train(model, REG_TRAIN[:32], config=config(epochs=1, deterministic=True))
+    assert seen and all(seen)  # on while training
+    assert (torch.are_deterministic_algorithms_enabled(),
+            torch.backends.cudnn.benchmark) == before
+    torch.use_deterministic_algorithms(True, warn_only=True)  # the user's own
+    try:
+        train(H.ToyDeepSets(3, 2), REG_TRAIN[:32], config=config(epochs=1, deterministic=True))
+        assert torch.are_deterministic_algorithms_enabled()
+        assert torch.is_deterministic_algorithms_warn_only_enabled()
+    finally:
+        torch.use_deterministic_algorithms(False)

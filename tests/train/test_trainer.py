@@ -263,6 +263,14 @@ def test_predict_and_train_name_what_is_wrong_with_their_data():
         predict(model, [])
     with pytest.raises(ValueError, match=r'for a single set pass \[data\]'):
         predict(model, REG_TRAIN[0])
+    # a DataLoader failed inside the batching, a list of Batch objects with an error about set
+    # ids: both named now
+    from torch_geometric.data import Batch
+    from torch_geometric.loader import DataLoader
+    with pytest.raises(ValueError, match='not a DataLoader'):
+        predict(model, DataLoader(REG_TRAIN[:4], batch_size=2))
+    with pytest.raises(ValueError, match='not a list of Batch objects'):
+        predict(model, [Batch.from_data_list(REG_TRAIN[:4])])
     labels = [Data(x=torch.randn(4, 3), y=torch.tensor([k % 5])) for k in range(16)]
     with pytest.raises(ValueError, match=r'Class labels must be in \[0, 3\) for a model with 3 '
                                          r'outputs; the batch holds labels from 0 to 4'):

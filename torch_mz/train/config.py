@@ -42,8 +42,8 @@ class TrainConfig:
             (default: :obj:`True`)
         seed (int, optional): Seed for Python, NumPy and PyTorch (``seed + rank`` under DDP) and
             for the shuffling of the training set. (default: :obj:`0`)
-        deterministic (bool, optional): Ask PyTorch for deterministic algorithms.
-            (default: :obj:`False`)
+        deterministic (bool, optional): Ask PyTorch for deterministic algorithms while the
+            run trains (the settings as they were after it). (default: :obj:`False`)
         device (str, optional): ``'auto'`` (CUDA if available, else CPU), ``'cpu'``, ``'cuda'``
             or ``'cuda:<i>'``. Under DDP a CUDA process uses ``cuda:<LOCAL_RANK>``.
             (default: :obj:`'auto'`)

@@ -55,8 +55,17 @@ def predict(model: torch.nn.Module, dataset: Sequence,
         raise ValueError('predict() takes a dataset or a list of Data (one prediction per '
                          'Data); for a single set pass [data], for a Batch '
                          'batch.to_data_list()')
+    if isinstance(dataset, torch.utils.data.DataLoader):  # (it failed inside the batching)
+        raise ValueError('predict() takes the dataset, not a DataLoader: it batches the sets '
+                         'itself (batch_size=...), one prediction per Data')
     if hasattr(dataset, '__len__') and len(dataset) == 0:  # (an IterableDataset has none)
         raise ValueError('predict() got an empty dataset: there is nothing to predict')
+    if (isinstance(dataset, (list, tuple)) and dataset
+            and getattr(dataset[0], 'num_graphs', None) is not None):
+        # a list of Batch objects: batched again as one set each (an error about set ids)
+        raise ValueError('predict() takes a dataset or a list of Data (one prediction per '
+                         'Data), not a list of Batch objects: pass each batch.to_data_list(), '
+                         'joined')
     normalizer, scale = _pending_normalizer(model, normalizer)
     if scale_uncertainty and scale is None:  # (it returned the uncertainty unscaled, silently)
         raise ValueError('scale_uncertainty=True multiplies the uncertainty by the target '

@@ -1,9 +1,10 @@
 r"""Seeds, devices and the distributed set-up of a training run."""
+import contextlib
 import logging
 import os
 import random
 from dataclasses import dataclass
-from typing import Tuple, Union
+from typing import Iterator, Tuple, Union
 
 import numpy as np
 import torch
@@ -34,6 +35,28 @@ def seed_everything(seed: int, deterministic: bool = False) -> None:
         torch.use_deterministic_algorithms(True, warn_only=True)
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.benchmark = False
+
+
+@contextlib.contextmanager
+def deterministic_algorithms(enabled: bool) -> Iterator[None]:
+    r"""Within the block, PyTorch's deterministic algorithms (``warn_only``) and cuDNN without
+    its auto-tuner where :obj:`enabled`; after it, the settings as they were (a training run
+    with ``deterministic=True`` left them on for the rest of the process). With :obj:`enabled`
+    false nothing changes."""
+    if not enabled:
+        yield
+        return
+    saved = (torch.are_deterministic_algorithms_enabled(),
+             torch.is_deterministic_algorithms_warn_only_enabled(),
+             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[2:]
 
 
 def resolve_device(device: Union[str, torch.device] = 'auto') -> torch.device:

@@ -39,7 +39,8 @@ from torch_mz.train.metrics import r2_from_sums
 from torch_mz.train.normalize import (TargetNormalizer, _standardised, attach_normalizer,
                                       carried_normalizer, detach_normalizer)
 from torch_mz.train.prediction import predict
-from torch_mz.train.runtime import _setup_distributed, seed_everything
+from torch_mz.train.runtime import (_setup_distributed, deterministic_algorithms,
+                                    seed_everything)
 from torch_mz.train.sampling import _ShardSampler, _worker_init_fn
 from torch_mz.train.schedule import cosine_with_warmup
 from torch_mz.train.stopping import (TrainingDiverged, TrainingStopped, _stop_due,
@@ -440,7 +441,14 @@ class Trainer:
         Inside :func:`~torch_mz.train.stop_by` it stops after the epoch that ends past the
         deadline, writes that epoch's checkpoint and raises
         :class:`~torch_mz.train.TrainingStopped` (with ``out_dir`` set; a run with nowhere to
-        write one trains on). Under DDP all ranks must call it with the same datasets."""
+        write one trains on). Under DDP all ranks must call it with the same datasets. With
+        ``config.deterministic`` PyTorch's deterministic algorithms are on while it runs, and
+        as they were after it."""
+        with deterministic_algorithms(self.config.deterministic):
+            return self._fit(train_dataset, val_dataset, test_dataset)
+
+    def _fit(self, train_dataset: Sequence, val_dataset: Optional[Sequence],
+             test_dataset: Optional[Sequence]) -> TrainResult:
         cfg = self.config
         if _stop_requested() and self.dist.is_distributed:
             raise ValueError('torch_mz.train.stop_by is not for distributed training (its '
@@ -453,7 +461,7 @@ class Trainer:
         if test_dataset is not None:  # (before the seeding: the pass may draw random numbers)
             _check_finite(test_dataset, 'test')
         self._check_out_dir()
-        seed_everything(cfg.seed + self.dist.rank, deterministic=cfg.deterministic)
+        seed_everything(cfg.seed + self.dist.rank)  # (deterministic kernels: fit)
         detach_normalizer(self.model)  # trains on (and checkpoints) the standardised outputs
 
         loader, sampler = self._train_loader(train_dataset)
