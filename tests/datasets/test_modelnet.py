@@ -453,6 +453,27 @@ def test_download_extracts_the_archive_into_raw(modelnet_mesh_root, tmp_path, mo
     assert len(ds) == 3 and not (resumed / 'ModelNet40.zip').exists()
     assert sorted(os.listdir(resumed / 'raw')) == sorted(os.listdir(osp.join(root, 'raw')))
 
+    # a move into raw/ stopped part-way (a copy, where raw/ is on another file system) leaves
+    # no class folder under its own name: the next start moves that class again
+    real_move = shutil.move
+
+    def stopped_move(src, dst):
+        if osp.basename(src) == 'chair':
+            os.makedirs(osp.join(dst, 'train'))  # part of the copy
+            raise KeyboardInterrupt
+        return real_move(src, dst)
+
+    cut = tmp_path / 'cut'
+    os.makedirs(cut)
+    shutil.copy(archive, cut / 'ModelNet40.zip')
+    monkeypatch.setattr(modelnet.shutil, 'move', stopped_move)
+    with pytest.raises(KeyboardInterrupt):
+        ModelNet40(str(cut), num_points=16, log=False)
+    assert not (cut / 'raw' / 'chair').exists() and (cut / 'ModelNet40.zip').exists()
+    monkeypatch.setattr(modelnet.shutil, 'move', real_move)
+    ds = ModelNet40(str(cut), num_points=16, log=False)
+    assert len(ds) == 3 and sorted(os.listdir(cut / 'raw')) == sorted(os.listdir(raw))
+
     # staging folders a killed download or extraction left behind go at the next download;
     # an archive without the ModelNet40/ folder is named
     killed = tmp_path / 'killed'

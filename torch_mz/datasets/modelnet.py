@@ -156,6 +156,14 @@ def sample_surface(vertices: np.ndarray, faces: np.ndarray, num: int,
     return np.asarray(points, dtype=np.float64)
 
 
+def _remove(path: str) -> None:
+    r"""Removes a file or folder at :obj:`path`, if any."""
+    if osp.isdir(path) and not osp.islink(path):
+        shutil.rmtree(path)
+    elif osp.lexists(path):
+        os.unlink(path)
+
+
 def modelnet40_raw_files(source: str) -> List[str]:
     r"""The raw files (relative to ``<root>/raw``) whose presence tells :class:`ModelNet40` that
     the raw data of :obj:`source` is there: the 40 class folders of the meshes, or the HDF5
@@ -337,7 +345,13 @@ class ModelNet40(TrainTestSets):
             for name in os.listdir(folder):  # into raw/, next to e.g. an HDF5 folder there
                 target = osp.join(self.raw_dir, name)
                 if not osp.exists(target):  # never over a file the user placed
-                    shutil.move(osp.join(folder, name), target)
+                    # under a hidden name first, then one rename: where raw/ is on another
+                    # file system the move is a copy, and a copy stopped part-way left a class
+                    # folder that later starts took for complete
+                    partial = osp.join(self.raw_dir, f'.{name}.partial')
+                    _remove(partial)  # (of a move stopped before)
+                    shutil.move(osp.join(folder, name), partial)
+                    os.replace(partial, target)
         finally:
             shutil.rmtree(staging)
         os.unlink(archive)
