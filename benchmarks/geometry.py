@@ -1,8 +1,9 @@
 r"""Computational geometry across dimensions (Tables 3, 4, 5, 17 and 18 of the MZAttn paper).
 
 MEB radius, rotation matching, MST weight and convex-hull volume, each at several point
-dimensions d, for ``mz`` and the parameter-matched baselines (``rigid`` is the paper's
-"Standard", ``st-large``, ``hypernet``, ``perceiver``, ``film``), all trained with the same data,
+dimensions d, for ``mz`` and the baselines (``rigid``, the paper's "Standard", and ``film`` at
+the paper's widths, about two thirds and four fifths of ``mz``'s parameters; ``st-large``, ``hypernet`` and
+``perceiver`` matched to ``mz``'s count), all trained with the same data,
 budget, schedule and target normalisation. The paper's numbers shown next to ours are its Table 3
 (MEB), Table 4 (rotation matching), and its target-normalised Tables 17 (MST) and 18 (hull): our
 trainer always normalises targets, so those are the comparable ones. The HyperNet rank sweep of

@@ -225,6 +225,30 @@ def test_a_cell_no_model_learns_is_not_reproduced_whatever_the_difference(tmp_pa
     assert repro.record(comparison, claim, learned, 2, {})['verdict'] == 'reproduced'
 
 
+def test_a_diverged_run_makes_the_comparison_inconclusive_on_either_side(tmp_path):
+    # a baseline's diverged seed (R² NaN) was passed over as the weakest baseline, and the
+    # model compared with the next one: here 'not reproduced' became 'direction only' when the
+    # strongest baseline lost a seed, while a diverged seed of the model made it inconclusive
+    claim = CLAIMS['table3']
+    comparison = next(c for c in claim.comparisons if c.cell == 'MEB d=16')
+    repro = Reproduction(BUDGETS['converged'], str(tmp_path), device='cpu')
+    base = dict(mz=[0.8, 0.8], rigid=[0.7, 0.7], **{'st-large': [0.9, 0.9]}, **{
+        m: [0.5, 0.5] for m in claim.models if m not in ('mz', 'rigid', 'st-large')})
+
+    def runs(r2):
+        return [dict(cell=comparison.cell, model=m, seed=k, epochs_run=10, stopped_early=True,
+                     test={} if v is None else dict(r2=v), **({} if v is not None else dict(
+                         diverged='Training loss is nan'))) for m, vals in r2.items()
+                for k, v in enumerate(vals)]
+    record = repro.record(comparison, claim, runs(base), 2, {})
+    assert record['ours']['b'] == 'st-large' and record['verdict'] == 'not reproduced'
+    for side in ('st-large', 'mz'):
+        record = repro.record(comparison, claim, runs(dict(base, **{side: [base[side][0], None]})),
+                              2, {})
+        assert record['verdict'] == 'inconclusive' and record['ours']['b'] == 'st-large', side
+        assert record['epochs_run']['diverged'] == 1
+
+
 def test_status_counts_runs_and_estimates_the_time_left(tmp_path):
     out = str(tmp_path)
     repro = Reproduction(TINY, out, device='cpu', sweep_cells={'sum': SUM})

@@ -771,8 +771,11 @@ class Reproduction:
                   if r['model'] == m} for m in claim.models}
         figures = {m: dict(r2=mean_or_nan(list(v.values())), r2_std=std_or_nan(list(v.values())),
                            seeds=len(v)) for m, v in r2.items()}
-        b = max(comparison.b, key=lambda m: figures[m]['r2'] if math.isfinite(
-            figures[m]['r2']) else -math.inf)
+        # a baseline with a diverged run (R² NaN) makes the comparison inconclusive, as a
+        # diverged run of the model does: passing over it (as the weakest) compared the model
+        # with the next baseline, which could only favour the model
+        failed = [m for m in comparison.b if not math.isfinite(figures[m]['r2'])]
+        b = failed[0] if failed else max(comparison.b, key=lambda m: figures[m]['r2'])
         common = sorted(set(r2[comparison.a]) & set(r2[b]))
         diffs = [r2[comparison.a][k] - r2[b][k] for k in common]
         mean, spread = mean_or_nan(diffs), std_or_nan(diffs, ddof=1)
