@@ -24,7 +24,8 @@ Presets (paper defaults: d = 64, H = 4, d_ff = 128, 16 inducing points, dropout 
 ``mean-mlp``    oracle reference: an MLP on the exact set mean (the ceiling on targets that are
                 functions of the mean, such as quadratic TDOF; not a set model to compare with)
 ``egnn``        EGNN, 4 layers, width 96 (coordinates from the task's ``pos_dim``): 289K parameters
-                on 8-9 input features, the paper's parameter match (~303K, Appendix, Table 7;
+                on QM9 (about the same on the synthetic tasks' 0-1 invariant features), the
+                paper's parameter match (~303K, Appendix, Table 7;
                 the paper's width 140 gives 612K with these layers)
 ``egnn-qm9``    the EGNN authors' QM9 model: 7 layers, width 128, attention (edge gate) on,
                 coordinates never updated (they enter only through squared distances)
