@@ -297,6 +297,23 @@ def test_a_pre_transform_making_unloadable_files_is_named_not_rebuilt_forever(
     assert len(ScanObjectNN(root, num_points=16, log=False, force_reload=True)) == 5
 
 
+def test_a_build_removes_the_temporary_files_a_killed_build_left(scanobjectnn_root):
+    # atomic_write's temporary files of a build killed mid-write (SIGKILL: no cleanup ran)
+    # stayed in the processed folder for good, each the size of a cache file
+    root = scanobjectnn_root['root']
+    ds = ScanObjectNN(root, num_points=16, log=False)
+    folder = ds.processed_dir
+    left = [osp.join(folder, '.train.pt.0123456789ab.tmp'),
+            osp.join(folder, '.pre_transform.pt.abcdef012345.tmp')]
+    other = osp.join(folder, 'notes.tmp')  # not one of the dataset's files: kept
+    for path in left + [other]:
+        with open(path, 'wb') as f:
+            f.write(b'partial')
+    again = ScanObjectNN(root, num_points=16, log=False)
+    assert len(again) == len(ds)
+    assert not any(osp.exists(p) for p in left) and osp.exists(other)
+
+
 def test_a_rebuild_holds_the_cache_lock(scanobjectnn_root, monkeypatch):
     # two processes opening one dataset at once take turns: the one building holds
     # <processed_dir>.lock, which the other waits for before it checks the cache

@@ -20,7 +20,7 @@ from torch import Tensor
 from torch_geometric.data import Data, InMemoryDataset
 
 from torch_mz._files import (atomic_write, damaged_zip_member, file_lock,
-                             weights_only_load)
+                             remove_stale_temp_files, weights_only_load)
 from torch_mz._optional import require
 from torch_mz.datasets.fingerprint import (_describe, files_below, fingerprint_files,
                                            hashing_files, raw_files_differ)
@@ -496,6 +496,9 @@ class ProcessedDataset(InMemoryDataset):
 
     def _process(self) -> None:
         with self._build_lock():  # one process builds or rebuilds the cache at once
+            # (what a build killed mid-write left: the lock says no other process writes now)
+            remove_stale_temp_files(self.processed_dir, [osp.basename(p) for p in (
+                list(self.processed_paths) + [m for m, _ in self._markers()])])
             # PyG's Dataset._process, with the markers read by load_processed (PyG unpickles them
             # with weights_only=False) and a broken marker treated as a stale cache
             stale = self.force_reload
