@@ -227,3 +227,20 @@ def test_processed_load_does_not_call_classes_other_packages_allow(tmp_path):
     loaded = load_processed(str(good))
     assert loaded[2] is Data and torch.equal(loaded[0]['x'], torch.ones(2))
     assert set(torch.serialization.get_safe_globals()) == set(before)
+
+
+def test_atomic_write_keeps_permissions_and_writes_through_a_link(tmp_path):
+    # it replaced a file with one of default permissions, and a symbolic link with a file
+    from torch_mz._files import atomic_write
+    target = tmp_path / 'data' / 'results.json'
+    target.parent.mkdir()
+    target.write_text('old')
+    os.chmod(target, 0o600)
+    atomic_write(target, lambda f: f.write('new'), binary=False)
+    assert target.read_text() == 'new' and (os.stat(target).st_mode & 0o777) == 0o600
+    link = tmp_path / 'link.json'
+    link.symlink_to(target)
+    atomic_write(link, lambda f: f.write('through'), binary=False)
+    assert link.is_symlink() and target.read_text() == 'through'
+    assert (os.stat(target).st_mode & 0o777) == 0o600
+    assert sorted(p.name for p in target.parent.iterdir()) == ['results.json']  # no temp left

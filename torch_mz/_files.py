@@ -60,9 +60,11 @@ def atomic_write(path: Union[str, os.PathLike], write: Callable[[Any], None],
                  binary: bool = True,
                  before_replace: Optional[Callable[[], None]] = None) -> None:
     r"""Calls ``write(file)`` on a new temporary file next to ``path`` (created with the usual
-    permissions, i.e. subject to the umask), flushes it to disk and moves it over ``path`` with
-    :func:`os.replace`. On any failure (also :class:`KeyboardInterrupt`) the temporary file is
-    removed and an existing file at ``path`` is left untouched.
+    permissions, i.e. subject to the umask; those of a file it replaces are kept), flushes it
+    to disk and moves it over ``path`` with :func:`os.replace`, then flushes the folder, so
+    that the new name survives a power cut too. A symbolic link at ``path`` is written through
+    (its target is replaced, the link kept). On any failure (also :class:`KeyboardInterrupt`)
+    the temporary file is removed and an existing file at ``path`` is left untouched.
 
     Args:
         path (str or os.PathLike): The file to write.
@@ -73,6 +75,8 @@ def atomic_write(path: Union[str, os.PathLike], write: Callable[[Any], None],
             is complete, just before it replaces ``path``. (default: :obj:`None`)
     """
     path = os.fspath(path)
+    if os.path.islink(path):  # write through the link (replacing it would drop it)
+        path = os.path.realpath(path)
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     # secrets, not random: writing a file must not advance the seeded random streams
@@ -86,6 +90,8 @@ def atomic_write(path: Union[str, os.PathLike], write: Callable[[Any], None],
             write(f)
             f.flush()
             os.fsync(f.fileno())
+        with contextlib.suppress(FileNotFoundError):  # the replaced file's permissions
+            os.chmod(tmp, os.stat(path).st_mode & 0o7777)
         if before_replace is not None:
             before_replace()
         os.replace(tmp, path)
@@ -93,6 +99,22 @@ def atomic_write(path: Union[str, os.PathLike], write: Callable[[Any], None],
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    _sync_folder(directory)
+
+
+def _sync_folder(directory: str) -> None:
+    r"""Flushes a folder's entries to disk (POSIX; elsewhere, or where the file system refuses,
+    nothing)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def remove_stale_temp_files(directory: Union[str, os.PathLike], names) -> List[str]:
