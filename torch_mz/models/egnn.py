@@ -494,7 +494,10 @@ class EGNN(Module):
         coord_aggr (str, optional): Coordinate aggregation of every layer, ``"mean"`` or ``"sum"``.
             (default: :obj:`"mean"`)
         edge_gate (bool, optional): Soft edge gate in every layer. (default: :obj:`False`)
-        normalize (bool, optional): Unit coordinate differences in every layer.
+        normalize (bool, optional): Unit coordinate differences in every layer. Without it
+            the coordinate updates grow with the coordinates, layer by layer: give coordinates
+            of about unit size (e.g. PyG's ``NormalizeScale``), since on coordinates of
+            magnitude 10^3 the outputs of an untrained model overflow to NaN, without an error.
             (default: :obj:`False`)
         detach_norm (bool, optional): With ``normalize=True``, treat the norm as a constant in
             back-propagation, as the authors do (see :class:`EGNNConv`). (default: :obj:`True`)
