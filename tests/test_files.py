@@ -255,3 +255,22 @@ def test_atomic_write_keeps_permissions_and_writes_through_a_link(tmp_path):
     assert link.is_symlink() and target.read_text() == 'through'
     assert (os.stat(target).st_mode & 0o777) == 0o600
     assert sorted(p.name for p in target.parent.iterdir()) == ['results.json']  # no temp left
+
+
+def test_pyg_data_and_tensor_types_still_load(tmp_path):
+    # the first form of the fix left out every class torch and PyG had registered: a processed
+    # file holding PyG's EdgeIndex, or a checkpoint with torch's nested tensors, was refused
+    import torch
+    from torch_geometric import EdgeIndex
+    from torch_geometric.data import Data
+
+    from torch_mz._files import weights_only_load
+    from torch_mz.datasets.common import load_processed
+    path = tmp_path / 'processed.pt'
+    edges = EdgeIndex(torch.tensor([[0, 1], [1, 0]]), sparse_size=(2, 2))
+    torch.save(({'x': torch.ones(2), 'edge_index': edges}, {}, Data), path)
+    loaded = load_processed(str(path))
+    assert isinstance(loaded[0]['edge_index'], EdgeIndex)
+    nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)], layout=torch.jagged)
+    torch.save({'n': nested}, tmp_path / 'nested.pt')
+    assert weights_only_load(tmp_path / 'nested.pt')['n'].is_nested

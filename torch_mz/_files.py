@@ -7,6 +7,7 @@ import os
 import re
 import secrets
 import threading
+import time
 import zipfile
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Union
@@ -91,7 +92,7 @@ def atomic_write(path: Union[str, os.PathLike], write: Callable[[Any], None],
             f.flush()
             os.fsync(f.fileno())
         with contextlib.suppress(FileNotFoundError):  # the replaced file's permissions
-            os.chmod(tmp, os.stat(path).st_mode & 0o7777)
+            os.chmod(tmp, os.stat(path).st_mode & 0o777)  # (not setuid, setgid, sticky)
         if before_replace is not None:
             before_replace()
         os.replace(tmp, path)
@@ -117,19 +118,26 @@ def _sync_folder(directory: str) -> None:
         os.close(fd)
 
 
-def remove_stale_temp_files(directory: Union[str, os.PathLike], names) -> List[str]:
+def remove_stale_temp_files(directory: Union[str, os.PathLike], names,
+                            min_age_s: float = 0.0) -> List[str]:
     r"""Removes the temporary files that :func:`atomic_write` left in :obj:`directory` for the
     files :obj:`names` when its process was killed mid-write (``SIGKILL``: no ``finally`` runs),
-    and returns their names. Call it only where no other process is writing those files."""
+    and returns their names; with :obj:`min_age_s`, only those not modified for that many
+    seconds. Call it only where no other process is writing those files (or with an age that
+    no write in progress reaches)."""
     directory = os.fspath(directory)
     if not os.path.isdir(directory):
         return []
     patterns = [re.compile(re.escape(f'.{name}.') + r'[0-9a-f]{12}\.tmp') for name in names]
     removed = []
+    now = time.time()
     for entry in sorted(os.listdir(directory)):
         if any(p.fullmatch(entry) for p in patterns):
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(directory, entry))
+                path = os.path.join(directory, entry)
+                if min_age_s > 0 and now - os.path.getmtime(path) < min_age_s:
+                    continue
+                os.unlink(path)
                 removed.append(entry)
     return removed
 
@@ -167,42 +175,55 @@ def damaged_zip_member(path: Union[str, os.PathLike]) -> Optional[str]:
     return None
 
 
-_weights_only_lock = threading.Lock()
+_weights_only_lock = threading.RLock()  # (re-entrant: a load inside a load)
+
+#: The modules of the classes PyG puts on torch's weights-only allowlist that are data and tensor
+#: types (their constructors store what they are given). PyG's other registered classes are left
+#: out of a load: ``torch_geometric.loader.cluster.ClusterData`` reads a file the pickle names
+#: (through PyG's ``fs.torch_load``, which retries with ``weights_only=False``), and the others
+#: (``torch_geometric.llm``) are no data a checkpoint or processed file of this package holds.
+PYG_DATA_MODULES = ('torch_geometric.data.', 'torch_geometric.edge_index',
+                    'torch_geometric.index', 'torch_geometric.hash_tensor',
+                    'torch_geometric.typing')
 
 
-def _registered_by_packages(entry: Any) -> bool:
-    r"""Whether an entry of torch's allowlist is one that torch or PyG put there when imported
-    (their modules' classes), not one the user added."""
+def _untrusted(entry: Any) -> bool:
+    r"""Whether an entry of torch's allowlist is a class PyG registered that is not one of its
+    data and tensor types (:data:`PYG_DATA_MODULES`)."""
     obj = entry[0] if isinstance(entry, tuple) else entry
     module = getattr(obj, '__module__', None) or ''
-    return module in ('torch', 'torch_geometric') or module.startswith(('torch.',
-                                                                        'torch_geometric.'))
+    return ((module == 'torch_geometric' or module.startswith('torch_geometric.'))
+            and not (module + '.').startswith(PYG_DATA_MODULES))
 
 
 def weights_only_load(path: Union[str, os.PathLike], map_location: Any = 'cpu',
                       allowed: Sequence[Any] = ()) -> Any:
-    r"""``torch.load(path, weights_only=True)`` that trusts torch's own tensor types,
-    :obj:`allowed` and what the user put on torch's allowlist, not the classes that packages
-    put there when imported.
+    r"""``torch.load(path, weights_only=True)`` with torch's allowlist less the classes PyG put
+    there that are not data or tensor types (:func:`_untrusted`), plus :obj:`allowed`.
 
-    The weights-only unpickler calls every allowlisted class as a constructor, and packages add
-    theirs: importing ``torch_geometric.data`` adds about 36, among them ``ClusterData``, whose
+    The weights-only unpickler calls every allowlisted class as a constructor, and importing
+    ``torch_geometric.data`` registers PyG's classes, among them ``ClusterData``, whose
     constructor loads a file the pickle names through PyG's ``fs.torch_load``, which retries
-    with ``weights_only=False``, so that a crafted checkpoint and a second file beside it ran
-    code. The entries of classes from ``torch`` and ``torch_geometric`` modules are therefore
-    left out for the load and restored after it (under a lock, so that this package's loads
-    take turns; a load by another thread at the same moment sees the shorter list). A user's
-    own class (``torch.serialization.add_safe_globals([MyData])``) stays allowed; to allow one
-    of PyG's classes, pass it in :obj:`allowed`."""
+    with ``weights_only=False``: a crafted checkpoint and a second file beside it ran code. So
+    those entries are off the list for the load and back on it after (under a lock, so that
+    this package's loads take turns; a load by another thread at the same moment does not find
+    them either, and entries another thread adds meanwhile are kept). PyG's data and tensor
+    types (``Data``, ``HeteroData``, ``EdgeIndex``, ``Index``, ...), torch's own entries and
+    the user's stay allowed."""
     import torch
     serialization = torch.serialization
     with _weights_only_lock:
         saved = serialization.get_safe_globals()
+        removed = [e for e in saved if _untrusted(e)]
+        if not removed and not allowed:
+            return torch.load(path, map_location=map_location, weights_only=True)
         serialization.clear_safe_globals()
+        serialization.add_safe_globals([e for e in saved if not _untrusted(e)] + list(allowed))
+        set_here = serialization.get_safe_globals()
         try:
-            serialization.add_safe_globals(
-                list(allowed) + [e for e in saved if not _registered_by_packages(e)])
             return torch.load(path, map_location=map_location, weights_only=True)
         finally:
+            # what was there, and what another thread added meanwhile
+            added = [e for e in serialization.get_safe_globals() if e not in set_here]
             serialization.clear_safe_globals()
-            serialization.add_safe_globals(saved)
+            serialization.add_safe_globals(saved + [e for e in added if e not in saved])

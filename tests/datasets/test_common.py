@@ -306,12 +306,21 @@ def test_a_build_removes_the_temporary_files_a_killed_build_left(scanobjectnn_ro
     left = [osp.join(folder, '.train.pt.0123456789ab.tmp'),
             osp.join(folder, '.pre_transform.pt.abcdef012345.tmp')]
     other = osp.join(folder, 'notes.tmp')  # not one of the dataset's files: kept
-    for path in left + [other]:
+    recent = osp.join(folder, '.test.pt.0123456789ab.tmp')  # maybe a build in progress
+    for path in left + [other, recent]:
         with open(path, 'wb') as f:
             f.write(b'partial')
+        if path != recent:
+            os.utime(path, (1e9, 1e9))  # untouched for long
     again = ScanObjectNN(root, num_points=16, log=False)
     assert len(again) == len(ds)
-    assert not any(osp.exists(p) for p in left) and osp.exists(other)
+    assert not any(osp.exists(p) for p in left) and osp.exists(other) and osp.exists(recent)
+    # a cache shared read-only opens as it is, its stale files left (it raised before)
+    os.utime(recent, (1e9, 1e9))
+    from unittest import mock
+    with mock.patch('os.unlink', side_effect=PermissionError(13, 'Permission denied')):
+        assert len(ScanObjectNN(root, num_points=16, log=False)) == len(ds)
+    assert osp.exists(recent)
 
 
 def test_a_rebuild_holds_the_cache_lock(scanobjectnn_root, monkeypatch):

@@ -207,6 +207,20 @@ def test_resample_refuses_more_points_than_stored_with_or_without_a_cache(scanob
             ScanObjectNN(root, num_points=512, resample=True, log=False)
 
 
+def test_resample_on_a_split_of_one_object(tmp_path):
+    # PyG keeps no offsets for a dataset of one object: the check of the stored points read
+    # them, and failed with an AssertionError
+    from tests.datasets.raw_formats import random_clouds
+    rng = np.random.default_rng(1)
+    for split in ('training', 'test'):
+        write_h5(str(tmp_path / 'raw' / 'h5_files' / 'main_split' / f'{split}_objectdataset.h5'),
+                 data=random_clouds(rng, 1, 256), label=np.array([3]))
+    ds = ScanObjectNN(str(tmp_path), num_points=64, resample=True, log=False)
+    assert len(ds) == 1 and ds[0].pos.shape == (64, 3)
+    with pytest.raises(ValueError, match='holds 256 points per object'):
+        ScanObjectNN(str(tmp_path), num_points=512, resample=True, log=False)
+
+
 def test_resample_survives_a_transform_set_later(scanobjectnn_root):
     # PyG users set ds.transform after construction: the draw must not live in it
     from torch_geometric.transforms import NormalizeScale

@@ -2,6 +2,7 @@ r"""Helpers shared by the dataset classes of :mod:`torch_mz.datasets`: the defau
 point normalisation, bookkeeping of skipped raw records, the errors
 raised for a corrupt raw or processed file, and :class:`ProcessedDataset`, the base class whose
 processed cache is written atomically, loaded without running code, and rebuilt when broken."""
+import contextlib
 import glob
 import json
 import operator
@@ -496,9 +497,13 @@ class ProcessedDataset(InMemoryDataset):
 
     def _process(self) -> None:
         with self._build_lock():  # one process builds or rebuilds the cache at once
-            # (what a build killed mid-write left: the lock says no other process writes now)
-            remove_stale_temp_files(self.processed_dir, [osp.basename(p) for p in (
-                list(self.processed_paths) + [m for m, _ in self._markers()])])
+            # what a build killed mid-write left: files untouched for 10 minutes (where the
+            # file system takes no lock, another build may be writing a recent one), where the
+            # folder can be written (a cache shared read-only is read as it is)
+            with contextlib.suppress(OSError):
+                remove_stale_temp_files(self.processed_dir, [osp.basename(p) for p in (
+                    list(self.processed_paths) + [m for m, _ in self._markers()])],
+                    min_age_s=600)
             # PyG's Dataset._process, with the markers read by load_processed (PyG unpickles them
             # with weights_only=False) and a broken marker treated as a stale cache
             stale = self.force_reload

@@ -146,10 +146,10 @@ class ScanObjectNN(TrainTestSets):
             # the cache of all points is shared by every num_points: checked against it too
             # (checked only when the raw file was read, a cache that another num_points had
             # built gave fewer points than asked for, silently)
-            ptr = self.slices['pos'] if self.slices is not None else None
-            assert ptr is not None  # (an in-memory dataset of sets: its offsets per set)
-            sizes = ptr[1:] - ptr[:-1]
-            fewest = int(sizes.min())
+            if self.slices is not None:  # the offsets of each object's points
+                fewest = int((self.slices['pos'][1:] - self.slices['pos'][:-1]).min())
+            else:  # one object (PyG keeps no offsets then)
+                fewest = int(self._data.pos.size(0))
             if fewest < self.num_points:
                 raise ValueError(f"'{self.raw_paths[0 if train else 1]}' holds {fewest} points "
                                  f"per object, fewer than num_points={self.num_points}")

@@ -193,7 +193,7 @@ def _plain(value):
     r""":obj:`value` with NumPy scalars as Python numbers, in lists, tuples and dicts too."""
     if isinstance(value, np.generic):
         return value.item()
-    if isinstance(value, (list, tuple)):
+    if type(value) in (list, tuple):  # (not a named tuple's type, which takes fields)
         return type(value)(_plain(v) for v in value)
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}

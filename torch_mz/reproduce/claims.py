@@ -7,7 +7,8 @@ from torch_mz.paper import TABLE1, TABLE1_STD, TABLE28, TABLE7, TABLE7_CELLS
 
 @dataclass(frozen=True)
 class Comparison:
-    r"""One record of the summary: R²(:obj:`a`) minus R²(the best of :obj:`b`, by our mean) on
+    r"""One record of the summary: R²(:obj:`a`) minus R²(the best of :obj:`b`, by our mean; a
+    model of :obj:`b` with a diverged run instead, which makes the record inconclusive) on
     cell :obj:`cell`, against the paper's figure :obj:`paper` (from :obj:`source`, quoted in
     :obj:`text`)."""
     claim: str

@@ -1,5 +1,6 @@
 r"""The store of finished runs: one JSON file per run, checkpoints of runs in progress, and the file
 locks that let several processes share them."""
+import contextlib
 import hashlib
 import json
 import math
@@ -358,7 +359,8 @@ def _remove_log_last(ckpt: str) -> None:
     if os.path.isdir(ckpt):
         for name in sorted(os.listdir(ckpt)):
             if name != 'metrics.jsonl' and os.path.isfile(os.path.join(ckpt, name)):
-                os.remove(os.path.join(ckpt, name))
+                with contextlib.suppress(OSError):  # (as rmtree's ignore_errors: tidy() goes on)
+                    os.remove(os.path.join(ckpt, name))
     shutil.rmtree(ckpt, ignore_errors=True)
 
 
