@@ -170,9 +170,9 @@ def test_an_edited_record_is_named_not_trained_again_and_replaced(tmp_path):
         assert json.loads(path.read_text()) == record  # not replaced
 
 
-def test_tidy_removes_the_folders_a_stop_after_the_record_left(tmp_path, monkeypatch):
-    # stopped between writing a run's record and removing its checkpoint folder: the folder
-    # stayed for good (and went into the commit of the runs in progress)
+def _stopped_before_the_folders_went(tmp_path, monkeypatch):
+    r"""A tiny sweep whose finished runs' checkpoint folders were not removed (a stop after each
+    record): the reproduction and those folders, sorted."""
     import torch_mz.reproduce.store as store
     monkeypatch.setattr(store.shutil, 'rmtree', lambda *a, **k: None)  # the stop
     repro = Reproduction(TINY, str(tmp_path), device='cpu', sweep_cells={'sum': SUM})
@@ -180,6 +180,14 @@ def test_tidy_removes_the_folders_a_stop_after_the_record_left(tmp_path, monkeyp
     monkeypatch.undo()
     left = sorted(p for p in (tmp_path / 'runs' / 'tiny').iterdir() if p.is_dir()
                   and p.name != 'weights')
+    return repro, left
+
+
+def test_tidy_removes_the_folders_a_stop_after_the_record_left(tmp_path, monkeypatch):
+    # stopped between writing a run's record and removing its checkpoint folder: the folder
+    # stayed for good (and went into the commit of the runs in progress)
+    import torch_mz.reproduce.store as store
+    repro, left = _stopped_before_the_folders_went(tmp_path, monkeypatch)
     assert len(left) == len(TINY.sweep)
     weights = sorted((tmp_path / 'runs' / 'tiny' / 'weights').iterdir())
     assert len(weights) == len(TINY.sweep)  # written before the record
@@ -200,13 +208,7 @@ def test_a_removal_stopped_part_way_leaves_nothing_tidy_keeps(tmp_path, monkeypa
     # (here, before the last step), the folder holds the log alone, no checkpoint; emptied,
     # tidy() removes it too. Before, a stop after the log went left checkpoint.pt and best.pt,
     # which tidy() kept for good (no log: fewer epochs than the record)
-    import torch_mz.reproduce.store as store
-    monkeypatch.setattr(store.shutil, 'rmtree', lambda *a, **k: None)  # the stop
-    repro = Reproduction(TINY, str(tmp_path), device='cpu', sweep_cells={'sum': SUM})
-    repro.sweep('sum', CLAIM.models[:1])
-    monkeypatch.undo()
-    left = sorted(p for p in (tmp_path / 'runs' / 'tiny').iterdir() if p.is_dir()
-                  and p.name != 'weights')
+    repro, left = _stopped_before_the_folders_went(tmp_path, monkeypatch)
     assert len(left) == len(TINY.sweep) >= 2
     for folder in left:
         assert sorted(p.name for p in folder.iterdir()) == ['metrics.jsonl']
@@ -223,13 +225,7 @@ def test_status_makes_no_lock_files(tmp_path):
 
 
 def test_tidy_passes_over_what_it_cannot_read_and_takes_diverged_runs(tmp_path, monkeypatch):
-    import torch_mz.reproduce.store as store
-    monkeypatch.setattr(store.shutil, 'rmtree', lambda *a, **k: None)  # a stop after each record
-    repro = Reproduction(TINY, str(tmp_path), device='cpu', sweep_cells={'sum': SUM})
-    repro.sweep('sum', CLAIM.models[:1])
-    monkeypatch.undo()
-    left = sorted(p for p in (tmp_path / 'runs' / 'tiny').iterdir() if p.is_dir()
-                  and p.name != 'weights')
+    repro, left = _stopped_before_the_folders_went(tmp_path, monkeypatch)
     (left[0] / 'metrics.jsonl').write_text('<<<<<<< HEAD\n')  # damaged: named where needed
     # a diverged run's log lacks the epoch that diverged
     record = next(p for p in tmp_path.rglob('records/tiny/**/*.json')
