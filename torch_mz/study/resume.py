@@ -6,7 +6,7 @@ import json
 import os
 import re
 import warnings
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 from torch_mz.study.report import write_json
 from torch_mz.train import TrainConfig
@@ -94,20 +94,21 @@ class RunStore:
             store.clear()
         return store
 
-    def kept_runs(self) -> int:
-        r"""The number of runs kept in the folder (its JSON files)."""
+    def _run_files(self) -> List[str]:
+        r"""The paths of the runs kept in the folder (its JSON files)."""
         if not os.path.isdir(self.folder):
-            return 0
-        return sum(1 for name in os.listdir(self.folder)
-                   if name.endswith('.json') and os.path.isfile(os.path.join(self.folder, name)))
+            return []
+        paths = (os.path.join(self.folder, name) for name in os.listdir(self.folder))
+        return [p for p in paths if p.endswith('.json') and os.path.isfile(p)]
+
+    def kept_runs(self) -> int:
+        r"""The number of runs kept in the folder."""
+        return len(self._run_files())
 
     def clear(self) -> None:
         r"""Removes every run kept in the folder (its JSON files; nothing else)."""
-        if os.path.isdir(self.folder):
-            for name in os.listdir(self.folder):
-                path = os.path.join(self.folder, name)
-                if name.endswith('.json') and os.path.isfile(path):
-                    os.remove(path)
+        for path in self._run_files():
+            os.remove(path)
 
     @staticmethod
     def _identity(key: Mapping[str, Any], config: TrainConfig) -> Dict[str, Any]:

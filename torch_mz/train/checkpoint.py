@@ -61,8 +61,8 @@ def load_checkpoint(path: Union[str, os.PathLike],
     if damaged is not None:  # (torch.load does not check the stored CRCs: it would load it)
         raise CheckpointError(f'Checkpoint {path!r} is damaged: {damaged}')
     try:
-        # torch's own types alone: not the classes other packages allow process-wide, some of
-        # which load further files (weights_only_load)
+        # not PyG's registered classes that are not data types, one of which loads a file the
+        # pickle names (weights_only_load)
         state = weights_only_load(path, map_location)
     except Exception as e:  # torch.load raises many types for bad files; report them all alike
         raise CheckpointError(f'Checkpoint {path!r} could not be read; it is corrupt, truncated or '
