@@ -412,6 +412,33 @@ def test_dropout_keeps_each_entry_with_probability_one_minus_p_and_rescales(dtyp
     assert y.dtype == dtype
 
 
+@pytest.mark.parametrize('backend', ['aot_eager', pytest.param('inductor',
+                                                                  marks=pytest.mark.slow)])
+def test_compiled_dropout_draws_the_eager_mask(backend):
+    r"""Under :func:`torch.compile` (CPU) the mask is the operator
+    ``torch_mz::dropout_keep_mask``: the same draws as eager under the same seed, the gradient
+    multiplied by that mask, and two dropouts of one tensor in one graph drawn apart (the
+    operator is tagged random: never merged)."""
+    torch._dynamo.reset()
+    x = torch.randn(64, 32, requires_grad=True)
+
+    def two(t):
+        return functional.dropout(t, 0.3), functional.dropout(t, 0.3)
+
+    torch.manual_seed(3)
+    eager = two(x)
+    compiled = torch.compile(two, backend=backend, dynamic=False)
+    for _ in range(2):
+        torch.manual_seed(3)
+        got = compiled(x)
+        for a, b in zip(eager, got):
+            assert torch.equal(a, b)
+    assert not torch.equal(got[0], got[1])
+    grad = torch.randn(64, 32)
+    (g, ) = torch.autograd.grad(got[0], x, grad)
+    assert torch.equal(g, grad * (got[0] != 0).to(grad.dtype).div_(0.7))
+
+
 def test_dropout_off_and_elsewhere():
     x = torch.randn(5, 4, requires_grad=True)
     assert functional.dropout(x, 0.5, training=False) is x
