@@ -23,6 +23,15 @@ def test_listings(capsys):
     out = capsys.readouterr().out
     for name in ('mz', 'mz-1l', 'st-4l', 'egnn', 'deepsets', 'perceiver'):
         assert f'\n{name} ' in '\n' + out
+    # each count is that of the model for the footnote's 3 input channels, EGNN's taken as
+    # coordinates (egnn-qm9 was counted with 3 invariant features beside coordinates)
+    from torch_mz.models import build_model, count_parameters
+    rows = {line.split()[0]: int(line.split()[1].replace(',', ''))
+            for line in out.splitlines()[1:] if line and not line.startswith('*')}
+    assert '* for 3 input channels' in out
+    for name in ('egnn', 'egnn-qm9', 'mz', 'deepsets'):
+        pos_dim = 3 if name.startswith('egnn') else None
+        assert rows[name] == count_parameters(build_model(name, 3, 1, pos_dim=pos_dim)), name
 
 
 def test_train_writes_logs_and_resumes(tmp_path, capsys):

@@ -511,7 +511,8 @@ def cmd_models(args) -> int:
     print(f"{'model':{width}s}  {'params*':>8s}  description")
     for name, desc in models.items():
         n = count_parameters(build_model(name, args.in_channels, 1,
-                                         pos_dim=args.in_channels if name == 'egnn' else None))
+                                         pos_dim=(args.in_channels
+                                                  if name in ('egnn', 'egnn-qm9') else None)))
         print(f'{name:{width}s}  {n:8,d}  {desc}')
     print(f'* for {args.in_channels} input channels and one output')
     return 0
@@ -970,7 +971,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "training run's --n-val")
     p.add_argument('--batch-size', type=int, default=128,
                    help='sets per batch of the forward passes (default: 128; the predictions '
-                   'do not depend on it)')
+                   'depend on it only up to float rounding)')
     p.add_argument('--device', default='auto', help="'auto', 'cpu', 'cuda' or 'cuda:N'")
     p.add_argument('--out', required=True, help='CSV file: one row per set, columns prediction '
                    '(prediction_0, ... for several targets; the class for classification), '

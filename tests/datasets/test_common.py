@@ -401,6 +401,45 @@ def test_describe_tells_transforms_apart_by_their_parameters(make_a, make_b):
     assert '0x' not in _describe(a) and '0x' not in _describe(b)
 
 
+class _PrivateScale:  # a parameter kept in a private attribute, a repr without it
+    def __init__(self, factor):
+        self._factor = factor
+        self._cache = None  # state a transform may fill as it runs: not described
+
+    def __call__(self, data):
+        data.pos = data.pos * self._factor
+        return data
+
+
+FACTOR = 2.0
+
+
+def _scale_by_global(data):
+    data.pos = data.pos * FACTOR
+    return data
+
+
+def test_describe_sees_private_parameters_module_weights_and_read_globals(monkeypatch):
+    # a dataset opened with Scale(3) loaded the cache built with Scale(2) when the factor was
+    # private, two modules differing only in their weights were described alike, and so was a
+    # function before and after the module-level setting it reads changed
+    import sys
+    from torch_mz.datasets.fingerprint import _describe
+    assert _describe(_PrivateScale(2.0)) != _describe(_PrivateScale(3.0))
+    filled = _PrivateScale(2.0)
+    filled._cache = {'a': torch.ones(3)}
+    assert _describe(filled) == _describe(_PrivateScale(2.0))
+    torch.manual_seed(0)
+    a = torch.nn.Linear(3, 3)
+    torch.manual_seed(1)
+    b = torch.nn.Linear(3, 3)
+    assert _describe(a) != _describe(b)
+    assert _describe(a) == _describe(a)
+    before = _describe(_scale_by_global)
+    monkeypatch.setattr(sys.modules[__name__], 'FACTOR', 5.0)
+    assert _describe(_scale_by_global) != before
+
+
 def test_describe_names_class_and_parameters_and_stays_bounded():
     from torch_mz.datasets.fingerprint import _describe
     described = _describe(FixedPoints(32, allow_duplicates=True))

@@ -692,6 +692,19 @@ def test_an_added_hdf5_file_rebuilds_the_cache(modelnet_h5_root):
     assert [int(d.y) for d in train][-1] == 7
 
 
+def test_an_unlisted_hdf5_file_beside_the_release_does_not_rebuild(modelnet_h5_root,
+                                                                  monkeypatch):
+    # processing reads only the files the two lists name; a copy beside them had rebuilt the
+    # cache (with a warning) into the same data
+    root, folder = modelnet_h5_root['root'], modelnet_h5_root['folder']
+    first = ModelNet40(root, source='hdf5', num_points=16, log=False)
+    shutil.copy(osp.join(folder, 'ply_data_train0.h5'),
+                osp.join(folder, 'ply_data_train0_backup.h5'))
+    monkeypatch.setattr(ModelNet40, 'process', lambda self: pytest.fail('must be reused'))
+    again = ModelNet40(root, source='hdf5', num_points=16, log=False)
+    assert all(torch.equal(a.pos, b.pos) for a, b in zip(first, again))
+
+
 def test_the_docstring_says_which_pyg_transforms_apply(modelnet_mesh_root):
     # it said that any torch_geometric.transforms pipeline works: those needing faces do not
     from torch_geometric import transforms as T

@@ -76,6 +76,23 @@ def test_normalised_and_seeded(scanobjectnn_root):
     assert np.array_equal(full[1].pos.numpy(), raw['data'][1])
 
 
+def test_every_seed_shares_the_cache_that_stores_all_points(scanobjectnn_root, monkeypatch):
+    # with all points stored (resample, or num_points=None) the seed draws nothing at
+    # processing: each seed had built its own, byte-identical cache
+    root = scanobjectnn_root['root']
+    first = ScanObjectNN(root, num_points=16, resample=True, seed=0, log=False)
+    monkeypatch.setattr(ScanObjectNN, 'process', lambda self: pytest.fail('must be reused'))
+    for seed in (1, 7):
+        again = ScanObjectNN(root, num_points=16, resample=True, seed=seed, log=False)
+        assert again.processed_dir == first.processed_dir
+    assert ScanObjectNN(root, num_points=None, seed=3, log=False).processed_dir == \
+        first.processed_dir
+    monkeypatch.undo()
+    other = ScanObjectNN(root, num_points=16, seed=1, log=False)  # a subset: its own cache
+    assert other.processed_dir != ScanObjectNN(root, num_points=16, seed=0,
+                                               log=False).processed_dir
+
+
 def test_obj_only_reads_the_nobg_split(scanobjectnn_root):
     root, files = scanobjectnn_root['root'], scanobjectnn_root['files']
     ds = ScanObjectNN(root, variant='OBJ_ONLY', num_points=None, normalize=False, log=False)

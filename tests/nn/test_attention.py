@@ -586,7 +586,8 @@ def test_folded_query_ids_changed_in_place_are_read_again():
     q_set = torch.tensor([0, 1])
     with torch.no_grad():
         first = att(q, kv, q_set, kv_set, 2).center
-        assert att._per_head_ids[0] is q_set  # (the folded path ran and kept them)
+        # (the folded path ran and kept them, with a copy of the ids they were made from)
+        assert torch.equal(att._per_head_ids[0], q_set)
         q_set[:] = torch.tensor([1, 0])
         changed = att(q, kv, q_set, kv_set, 2).center
         fresh = att(q, kv, q_set.clone(), kv_set, 2).center
@@ -595,6 +596,57 @@ def test_folded_query_ids_changed_in_place_are_read_again():
     torch.testing.assert_close(changed, fresh, rtol=0, atol=0)
     torch.testing.assert_close(changed, expected, rtol=1e-6, atol=1e-6)
     assert not torch.allclose(changed, first)
+
+
+@pytest.mark.parametrize('write', ['data', 'numpy'])
+def test_folded_query_ids_changed_unseen_by_the_version_counter_are_read_again(write):
+    # a write through .data or a NumPy view does not move the version counter: the kept
+    # per-head ids are compared with a copy of the ids by value (they grouped the queries with
+    # their old sets, 0.66 away from a fresh module)
+    import copy
+    from torch_mz.nn import functional
+    torch.manual_seed(0)
+    att = MZAttention(64, heads=4, num_generators=2, value='rigid').double().eval()
+    kv = Zonotope(torch.randn(512, 64).double(), torch.randn(512, 2, 64).double())
+    q = Zonotope(torch.randn(16, 64).double(), torch.randn(16, 2, 64).double())
+    q_set, kv_set = torch.arange(8).repeat_interleave(2), torch.arange(8).repeat_interleave(64)
+    with torch.no_grad():
+        att(q, kv, q_set, kv_set, 8)
+        assert '_per_head_ids' in att.__dict__  # (the folded path ran)
+        if write == 'data':
+            q_set.data[0] = 1
+        else:
+            q_set.numpy()[0] = 1
+        fresh = copy.deepcopy(att)
+        assert '_per_head_ids' not in fresh.__dict__  # a cache, not copied
+        functional.clear_layout_cache()
+        expected = fresh(q, kv, q_set.clone(), kv_set, 8).center
+        torch.testing.assert_close(att(q, kv, q_set, kv_set, 8).center, expected, rtol=0, atol=0)
+
+
+def test_folded_query_ids_are_not_kept_in_inference_mode_nor_pickled():
+    # inference tensors kept from torch.inference_mode turned the layout cache off for later
+    # calls; and a pickled module carried the last call's ids (57 KB -> 138 KB)
+    import io
+    torch.manual_seed(0)
+    att = MZAttention(64, heads=4, num_generators=0, value='rigid').eval()
+    kv = Zonotope(torch.randn(4000, 64), torch.zeros(4000, 0, 64))
+    q = Zonotope(torch.randn(2000, 64), torch.zeros(2000, 0, 64))
+    q_set, kv_set = torch.arange(2000), torch.arange(2000).repeat_interleave(2)
+
+    def size():
+        buffer = io.BytesIO()
+        torch.save(att, buffer)
+        return buffer.tell()
+
+    before = size()
+    with torch.inference_mode():
+        att(q, kv, q_set, kv_set, 2000)
+    assert '_per_head_ids' not in att.__dict__
+    with torch.no_grad():
+        att(q, kv, q_set, kv_set, 2000)
+    assert '_per_head_ids' in att.__dict__  # (the folded path ran)
+    assert size() == before
 
 
 def test_folded_query_ids_are_not_cached_while_compiling(monkeypatch):

@@ -439,6 +439,21 @@ def test_compiled_dropout_draws_the_eager_mask(backend):
     assert torch.equal(g, grad * (got[0] != 0).to(grad.dtype).div_(0.7))
 
 
+def test_shared_set_ids_changed_unseen_by_the_version_counter_are_made_again():
+    # repeat_per_set hands every block the same tensor; a NumPy write to it (no version
+    # counter moves) had changed the seed ids of every later model in the process
+    from torch_mz.nn import MZAggregation
+    torch.manual_seed(0)
+    aggr = MZAggregation(4, 3).double().eval()
+    x, index = torch.randn(20, 4).double(), torch.tensor([0] * 5 + [1] * 7 + [2] * 8)
+    expected = aggr(x, index)
+    shared = functional.repeat_per_set(3, aggr.num_seeds, 'cpu')
+    assert functional.repeat_per_set(3, aggr.num_seeds, 'cpu') is shared  # (kept)
+    shared.numpy()[0] = 1
+    assert functional.repeat_per_set(3, 1, 'cpu').tolist() == [0, 1, 2]
+    torch.testing.assert_close(aggr(x, index), expected, rtol=0, atol=0)
+
+
 def test_dropout_off_and_elsewhere():
     x = torch.randn(5, 4, requires_grad=True)
     assert functional.dropout(x, 0.5, training=False) is x

@@ -1,5 +1,7 @@
 r"""The compiled tanh of the generator feed-forward (torch_mz.nn.fused.OddTanhFused). The
 LayerNorm-Jacobian kernels are tested with the zonotope LayerNorm (test_zonotope.py)."""
+import warnings
+
 import pytest
 import torch
 
@@ -235,3 +237,32 @@ def test_the_tanh_choice_can_be_fixed(monkeypatch):
         out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
                              env={**__import__('os').environ, 'TORCH_MZ_TANH_KERNEL': value})
         assert out.stdout.strip().splitlines()[-1] == expected, out.stderr
+
+
+def test_an_error_of_the_input_leaves_the_kernels_on(monkeypatch):
+    # any exception in a compiled call had switched the kernels off for the process, with a
+    # "compiling failed" warning, and set_fused_kernels(True) did not switch them on again
+    monkeypatch.setattr(fused, '_FAILED', False)
+    monkeypatch.setattr(fused, '_ENABLED', True)
+    monkeypatch.setattr(fused, '_compiled', lambda name, fn: fn)  # (the formula, uncompiled)
+
+    def formula(x):
+        raise ValueError('a bad input')  # raised by the eager function too: the caller's
+
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        with pytest.raises(ValueError, match='a bad input'):
+            fused._run('layer_norm_jacobian', formula, torch.randn(4, 8))
+    assert not fused._FAILED and fused.fused_kernels_enabled()
+
+    def failing(name, fn):
+        raise RuntimeError('no compiler')
+
+    monkeypatch.setattr(fused, '_compiled', failing)
+    with pytest.warns(RuntimeWarning, match='compiling the fused kernels failed'):
+        out = fused._run('layer_norm_jacobian', lambda x: x + 1, torch.zeros(2))
+    assert out.tolist() == [1.0, 1.0]  # the eager function's result
+    assert fused._FAILED and not fused.fused_kernels_enabled()
+    assert fused.tanh_kernel_in_use() is False  # (ATen's tanh runs, as checkpoints record)
+    fused.set_fused_kernels(True)  # tries again
+    assert not fused._FAILED and fused.fused_kernels_enabled()

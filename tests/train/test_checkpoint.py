@@ -428,3 +428,20 @@ def test_temporary_files_of_a_killed_write_are_removed_when_the_run_goes_on(tmp_
     _resume_run(out, epochs=3, resume=str(out / 'checkpoint.pt'))
     names = set(os.listdir(out))
     assert not names & set(left) and set(others) <= names
+
+
+def test_a_fit_refused_before_training_leaves_the_model_in_target_units(tmp_path):
+    # fit took the normaliser off the model before a resume that failed (no checkpoint), so
+    # the model, its weights unchanged, predicted standardised values afterwards
+    from torch_mz.train.normalize import carried_normalizer
+    torch.manual_seed(0)
+    model = H.ToyDeepSets(3, 2)
+    Trainer(model, config(epochs=1)).fit(REG_TRAIN[:16], REG_VAL[:8])
+    carried = carried_normalizer(model)
+    assert carried is not None
+    weights = params(model)
+    with pytest.raises(CheckpointError, match='does not exist'):
+        Trainer(model, config(epochs=1, resume=str(tmp_path / 'missing.pt'))).fit(
+            REG_TRAIN[:16], REG_VAL[:8])
+    assert repr(carried_normalizer(model)) == repr(carried)  # (a copy of it)
+    assert_same_params(params(model), weights)

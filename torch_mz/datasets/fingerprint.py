@@ -329,18 +329,47 @@ def _describe_compound(value: Any, depth: int, active: set) -> str:
                 except ValueError:  # a cell not filled yet
                     cells.append('<empty cell>')
             parts.append(f'closure={describe(cells)}')
+        plain = _plain_globals(value)
+        if plain:  # (a module-level setting the function reads, such as FACTOR = 2)
+            parts.append(f'globals={describe(plain)}')
         return f"function {_type_name(value)}({', '.join(parts)})"
     attributes = _attributes(value)
     text = _repr_without_address(value)
     if attributes is not None:
-        # the public attributes, and the repr (for parameters kept in private ones); private
-        # attributes are state a transform may change as it runs (a lazy cache, a counter), so
-        # an instance shared by several datasets is described alike before and after
+        # the public attributes, the private ones that hold a plain number, string or flag (a
+        # parameter kept as self._factor), and the repr; other private attributes are state a
+        # transform may change as it runs (a lazy cache), so an instance shared by several
+        # datasets is described alike before and after
         described = ', '.join(f'{k}={describe(v)}' for k, v in sorted(attributes.items())
-                              if not k.startswith('_'))
+                              if not k.startswith('_') or _plain(v))
+        if isinstance(value, torch.nn.Module):  # (its weights are in private attributes)
+            described += f', state_dict={describe(dict(value.state_dict()))}'
         return f'{name}({described}; repr {text})'
     # no attributes to read (a builtin function, a C object): its repr without addresses
     return f'{name}: {text}'
+
+
+def _plain(value: Any) -> bool:
+    return (isinstance(value, (bool, int, float, complex, str, bytes, enum.Enum, np.generic))
+            and not isinstance(value, type))
+
+
+def _code_names(code: types.CodeType) -> set:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):  # (a nested function or comprehension)
+            names |= _code_names(const)
+    return names
+
+
+def _plain_globals(function: types.FunctionType) -> Dict[str, Any]:
+    r"""The module-level names :obj:`function` reads whose values are plain numbers, strings or
+    flags (not modules, classes or functions: those are code, described by their names)."""
+    found = {}
+    for name in sorted(_code_names(function.__code__)):
+        if name in function.__globals__ and _plain(function.__globals__[name]):
+            found[name] = function.__globals__[name]
+    return found
 
 
 def _repr_without_address(value: Any) -> str:

@@ -7,7 +7,7 @@ import tempfile
 import warnings
 import zipfile
 import zlib
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 import torch
@@ -406,21 +406,26 @@ class ModelNet40(TrainTestSets):
     def raw_fingerprint(self) -> Dict[str, Any]:
         r"""The raw files processing reads, by path relative to ``raw/``, size and time
         (:func:`~torch_mz.datasets.common.fingerprint_files`): the meshes of both splits; or the
-        HDF5 files of the release, with ``shape_names.txt`` and the two file lists by their
-        contents' hash."""
+        HDF5 files of the release that processing reads (those the two file lists name, or for a
+        split without its list every ``ply_data_<split>*.h5``), with ``shape_names.txt`` and the
+        two file lists by their contents' hash."""
         if self.source == 'mesh':
             paths = [path for split in ('train', 'test') for path, _ in self._mesh_files(split)]
             return fingerprint_files(paths, self.raw_dir)
         folder = osp.join(self.raw_dir, HDF5_FOLDER)
         lists = [osp.join(folder, name)
                  for name in ('shape_names.txt', 'train_files.txt', 'test_files.txt')]
-        names = {osp.basename(p) for p in glob.glob(osp.join(glob.escape(folder), '*.h5'))}
+        names: Set[str] = set()
         for split in ('train', 'test'):
             try:
                 listed = self._hdf5_listing(folder, split)
             except (OSError, UnicodeDecodeError):  # (hashed as it is; processing will tell)
                 listed = None
-            names.update(n for n, _ in listed or [])
+            if listed is None:  # processing reads every ply_data_<split>*.h5 (_hdf5_files)
+                pattern = osp.join(glob.escape(folder), f'ply_data_{split}*.h5')
+                names.update(osp.basename(p) for p in glob.glob(pattern))
+            else:  # only the listed files: another .h5 beside them is not read
+                names.update(n for n, _ in listed)
         return dict(fingerprint_files(lists, self.raw_dir, content=True),
                     **fingerprint_files([osp.join(folder, n) for n in sorted(names)],
                                         self.raw_dir))

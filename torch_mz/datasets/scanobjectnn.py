@@ -173,8 +173,9 @@ class ScanObjectNN(TrainTestSets):
 
     @property
     def processed_dir(self) -> str:
-        points = 'all' if self.stored_points is None else str(self.stored_points)
-        tag = f'{self.variant}_{points}_seed{self.seed}' + ('' if self.normalize else '_raw')
+        # (every point stored: the seed, which draws the resampled points, changes nothing)
+        points = 'all' if self.stored_points is None else f'{self.stored_points}_seed{self.seed}'
+        tag = f'{self.variant}_{points}' + ('' if self.normalize else '_raw')
         # 'pos-only': caches that also stored x = pos (torch_mz 0.2.0) are not reused
         return osp.join(self.root, 'processed', tag + '_pos-only')
 
@@ -191,7 +192,8 @@ class ScanObjectNN(TrainTestSets):
 
     def _stats_header(self) -> Dict[str, object]:
         return {'variant': self.variant, 'num_points': self.stored_points,
-                'normalize': self.normalize, 'seed': self.seed}
+                'normalize': self.normalize,
+                'seed': None if self.stored_points is None else self.seed}
 
     def _split_examples(self, split: str, skipped: SkipCounter) -> List[Data]:
         return self._process_file(self.raw_paths[0 if split == 'train' else 1], split, skipped)

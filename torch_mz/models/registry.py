@@ -16,7 +16,9 @@ Presets (paper defaults: d = 64, H = 4, d_ff = 128, 16 inducing points, dropout 
 ``mz-1l``       one MZ ISAB layer (depth-separation study)
 ``rigid``       standard Set Transformer: same routing, ``value='rigid'``, no generators, 2 ISAB
 ``st-4l``       standard Set Transformer with 4 ISAB layers
-``st-large``    standard Set Transformer widened to d = 80, d_ff = 200 (parameter-matched to ``mz``)
+``st-large``    standard Set Transformer widened to d = 80, d_ff = 200 (the paper's parameter
+                match to ``mz``; here 363K against ``mz``'s 311K for 3 input channels, where
+                ``match='mz'`` picks d = 72)
 ``film``        ST + FiLM: rigid with a FiLM modulation from the set summary
 ``hypernet``    rank-8 input-dependent value update (``value='hypernet'``), width matched to ``mz``
 ``perceiver``   Perceiver-style latent cross-attention, width matched to ``mz``
@@ -26,7 +28,7 @@ Presets (paper defaults: d = 64, H = 4, d_ff = 128, 16 inducing points, dropout 
 ``egnn``        EGNN, 4 layers, width 96 (coordinates from the task's ``pos_dim``): 289K parameters
                 on QM9 (about the same on the synthetic tasks' 0-1 invariant features), the
                 paper's parameter match (~303K, Appendix, Table 7;
-                the paper's width 140 gives 612K with these layers)
+                the paper's width 140 gives 613K with these layers on QM9)
 ``egnn-qm9``    the EGNN authors' QM9 model: 7 layers, width 128, attention (edge gate) on,
                 coordinates never updated (they enter only through squared distances)
 ==============  ==================================================================================
@@ -166,8 +168,8 @@ def build_model(name: str, in_channels: int, out_channels: int, pos_dim: Optiona
     coordinates: EGNN reads them from ``data.pos`` (or, for data without ``pos``, from the first
     :obj:`pos_dim` columns of ``x``) and takes the other ``in_channels - pos_dim`` values as
     invariant features; without it, ``data.pos`` must be present and :obj:`feature_columns` (if
-    given) selects the columns of ``x`` used as features. Other models ignore
-    :obj:`feature_columns`.
+    given) selects the columns of ``x`` used as features. Other models do not use
+    :obj:`feature_columns` (but refuse columns beyond :obj:`in_channels`).
 
     Every preset keeps one contract (:mod:`torch_mz.models.base`): ``model(batch)`` returns a
     :class:`~torch_mz.models.base.SetPrediction` ``(prediction, ihw)``, with ``ihw`` :obj:`None`
@@ -247,8 +249,9 @@ def _build(name: str, in_channels: int, out_channels: int, pos_dim: Optional[int
 def match_budget(name: str, budget: int, in_channels: int, out_channels: int,
                  knob: Optional[str] = None, candidates=None, **overrides) -> Module:
     r"""Builds preset :obj:`name` with the size knob (:obj:`knob`, default ``dim`` for attention
-    models, ``hidden_channels`` for Deep Sets and EGNN) chosen from :obj:`candidates` (default: the
-    multiples of the head count from 16 to 256) so that the parameter count is closest to
+    models, ``hidden_channels`` for Deep Sets and EGNN) chosen from :obj:`candidates` (default:
+    for ``dim`` the multiples of the head count from 16 to 256, from 15 to 255 with 3 heads; for
+    ``hidden_channels`` the multiples of 4 from 16 to 256) so that the parameter count is closest to
     :obj:`budget`."""
     target = check_number('budget', budget)
     if knob is None:

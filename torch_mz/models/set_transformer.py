@@ -186,7 +186,8 @@ class DeepSets(SetModel):
         in_channels (int): Element width.
         out_channels (int): Output width.
         hidden_channels (int): MLP width (default: :obj:`128`).
-        num_layers (int): Layers of :math:`\phi` and of :math:`\rho` (default: :obj:`3`).
+        num_layers (int): Hidden layers of :math:`\phi` and of :math:`\rho`, each of which has
+            ``num_layers + 1`` linear layers (default: :obj:`3`).
         pool (str): :obj:`'sum'` or :obj:`'mean'` (default: :obj:`'sum'`).
     """
     def __init__(self, in_channels: int, out_channels: int, hidden_channels: int = 128,

@@ -18,6 +18,7 @@ from torch import Tensor
 from torch.nn import Linear, Module, Parameter
 
 from torch_mz._checks import check_count, check_flag, check_rate
+from torch_mz.nn import functional
 from torch_mz.nn._context import _hooked
 from torch_mz.nn.functional import (PATHS, check_choice, grouped_attention, set_counts, set_mean,
                                     set_std)
@@ -541,21 +542,29 @@ class MZAttention(Module):
 
     def _per_head(self, query_set: Tensor) -> Tensor:
         r""":obj:`query_set` with each id repeated once per head (the folded queries' rows), kept
-        for the next call with the same tensor (a PMA's seed ids are one cached tensor): one
-        ``repeat_interleave`` fewer per call (the dense path's layout cache compares values, so
-        it would find the layout of a new tensor of the same ids too). Not when the tensor was
-        changed in place since (its version counter)."""
-        if torch.compiler.is_compiling():  # (torch.is_inference would break the graph)
+        with a copy of the ids for the next call with the same ids (compared by value, as the
+        layout cache compares them: a write the version counter does not see, through ``.data``
+        or NumPy, is found too). The kept tensor is what keeps a large layout of the folded
+        queries in the layout cache from call to call (such layouts live only while their set
+        ids do). Nothing is kept while compiling, in :func:`torch.inference_mode` or under
+        :mod:`torch.func` transforms, and it is left out when the module is pickled or copied."""
+        if not functional._caching():
             return query_set.repeat_interleave(self.heads)
-        cached = getattr(self, '_per_head_ids', None)
-        inference = torch.is_inference(query_set)  # (no version counter to compare)
-        if (cached is not None and not inference and cached[0] is query_set
-                and cached[1] == query_set._version):
-            return cached[2]
+        cached = self.__dict__.get('_per_head_ids')
+        if (cached is not None and cached[0].shape == query_set.shape
+                and cached[0].dtype == query_set.dtype and cached[0].device == query_set.device
+                and torch.equal(cached[0], query_set)):
+            return cached[1]
         ids = query_set.repeat_interleave(self.heads)
-        if not inference:
-            self._per_head_ids = (query_set, query_set._version, ids)
+        if not torch.is_inference(query_set):
+            self.__dict__['_per_head_ids'] = (query_set.clone(), ids)
         return ids
+
+    def __getstate__(self) -> dict:
+        # the per-head ids of the last call (_per_head) are a cache, not state
+        state = dict(super().__getstate__())
+        state.pop('_per_head_ids', None)
+        return state
 
     def _may_fold(self, Nq: int, Nk: int) -> bool:
         r"""Whether the key map may join the queries at all (:attr:`fold_keys` on, fewer queries

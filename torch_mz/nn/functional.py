@@ -54,7 +54,7 @@ def set_counts(set_id: Tensor, num_sets: int) -> Tensor:
     return torch.bincount(set_id, minlength=num_sets)
 
 
-_repeat_cache: 'OrderedDict[tuple, Tensor]' = OrderedDict()
+_repeat_cache: 'OrderedDict[tuple, Tuple[Tensor, Tensor]]' = OrderedDict()  # (ids, copy)
 _cache_lock = threading.RLock()  # re-entrant: a weakref callback may run while it is held
 
 
@@ -72,22 +72,23 @@ def _caching() -> bool:
 def repeat_per_set(num_sets: int, k: int, device: torch.device) -> Tensor:
     r"""Set ids of :obj:`k` tokens per set: :obj:`[0]*k + [1]*k + ...`, shape :obj:`(num_sets*k,)`.
 
-    The same tensor is returned again for the same arguments (the last few are kept, unless it
-    was changed), so that every block of a model that attends over learned tokens (inducing
-    points, seeds) passes the same set ids and shares one attention layout (see
-    :func:`grouped_attention`). Do not modify it in place."""
+    The same tensor is returned again for the same arguments (the last few are kept, with a
+    private copy against which each is checked, so a tensor changed in place, even where its
+    version counter does not see it, is made again), so that every block of a model that
+    attends over learned tokens (inducing points, seeds) passes the same set ids and shares one
+    attention layout (see :func:`grouped_attention`). Do not modify it in place."""
     device = torch.device(device)
     if not _caching() or (device.type != 'cpu' and device.index is None):
         return torch.arange(num_sets, device=device).repeat_interleave(k)
     key = (num_sets, k, device)
     with _cache_lock:
-        ids = _repeat_cache.get(key)
-        if ids is not None and ids._version == 0:
+        entry = _repeat_cache.get(key)
+        if entry is not None and entry[0]._version == 0 and torch.equal(*entry):
             _repeat_cache.move_to_end(key)
-            return ids
+            return entry[0]
     ids = torch.arange(num_sets, device=device).repeat_interleave(k)
     with _cache_lock:
-        _repeat_cache[key] = ids
+        _repeat_cache[key] = (ids, ids.clone())
         while len(_repeat_cache) > 8:
             _repeat_cache.popitem(last=False)
     return ids

@@ -103,8 +103,9 @@ def set_fused_kernels(enabled: Optional[bool] = True) -> None:
     r"""Compiled (fused) kernels for the LayerNorm Jacobian on generators and the generator
     feed-forward's tanh: :obj:`True` always, :obj:`False` never, :obj:`None` auto, the default
     (see the module docstring)."""
-    global _ENABLED
+    global _ENABLED, _FAILED
     _ENABLED = _mode('enabled', enabled)
+    _FAILED = False  # (compiling is tried again)
 
 
 def fused_kernels_mode() -> Optional[bool]:
@@ -227,18 +228,23 @@ def _run(name: str, fn, *args):
     if not _FAILED and _get_current_dispatch_mode() is None:
         try:
             # detached inputs: the graphs do not depend on whether the caller tracks gradients
-            args = tuple(a.detach() if isinstance(a, Tensor) else a for a in args)
+            detached = tuple(a.detach() if isinstance(a, Tensor) else a for a in args)
             if name in STATIC_WIDTHS:  # the token count varies from call to call
-                for a in args:
+                for a in detached:
                     if isinstance(a, Tensor) and a.dim() >= 2:
                         torch._dynamo.maybe_mark_dynamic(a, 0)
             with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
-                return _compiled(name, fn)(*args)
+                return _compiled(name, fn)(*detached)
         except Exception as err:  # no compiler, unsupported device: fall back, say so once
+            # an error of the input itself (or one the eager function meets too, such as running
+            # out of memory) is the caller's: the eager function raises it, and the kernels stay
+            out = fn(*args)
             _FAILED = True
             warnings.warn(f"torch_mz: compiling the fused kernels failed ({type(err).__name__}: "
                           f"{str(err).splitlines()[0] if str(err) else ''}); using the eager "
-                          f"functions (TORCH_MZ_FUSED_KERNELS=0 does not try)", RuntimeWarning)
+                          f"functions (TORCH_MZ_FUSED_KERNELS=0 does not try; "
+                          f"set_fused_kernels tries again)", RuntimeWarning)
+            return out
     return fn(*args)
 
 
@@ -345,7 +351,10 @@ def set_tanh_kernel(faster: Optional[bool]) -> None:
 def tanh_kernel_in_use() -> Optional[bool]:
     r"""The generator feed-forward's tanh of this process, as a checkpoint records it: the
     compiled kernel (:obj:`True`) with the fused kernels on, ATen's (:obj:`False`) with them
-    off, and in auto mode :func:`tanh_kernel_faster`'s choice (:obj:`None`: not chosen yet)."""
+    off or after compiling failed, and in auto mode :func:`tanh_kernel_faster`'s choice
+    (:obj:`None`: not chosen yet)."""
+    if _FAILED:
+        return False
     return _ENABLED if _ENABLED is not None else _TANH_FASTER
 
 

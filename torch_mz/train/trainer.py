@@ -443,7 +443,9 @@ class Trainer:
         :class:`~torch_mz.train.TrainingStopped` (with ``out_dir`` set; a run with nowhere to
         write one trains on). Under DDP all ranks must call it with the same datasets. With
         ``config.deterministic`` PyTorch's deterministic algorithms are on while it runs, and
-        as they were after it."""
+        as they were after it. Where it raises, the model predicts in target units again: with
+        the normaliser it came with if no epoch began (a resume refused, say), with this run's
+        if one did (:class:`~torch_mz.train.TrainingStopped`, a divergence)."""
         with deterministic_algorithms(self.config.deterministic):
             return self._fit(train_dataset, val_dataset, test_dataset)
 
@@ -462,20 +464,29 @@ class Trainer:
             _check_finite(test_dataset, 'test')
         self._check_out_dir()
         seed_everything(cfg.seed + self.dist.rank)  # (deterministic kernels: fit)
-        detach_normalizer(self.model)  # trains on (and checkpoints) the standardised outputs
-
-        loader, sampler = self._train_loader(train_dataset)
-        self._make_optimizer(len(loader))
-        run = self._start_or_resume(train_dataset, start)
-        self._wrap_ddp()
-        if self._writes_files:
-            assert cfg.out_dir is not None  # _writes_files needs it
-            os.makedirs(cfg.out_dir, exist_ok=True)
-            # (a run killed while writing a checkpoint left its temporary file)
-            remove_stale_temp_files(cfg.out_dir, RUN_FILES)
-            if cfg.resume is not None:
-                self._resync_files(run)
-        self._run_epochs(run, loader, sampler, val_dataset)
+        # trains on (and checkpoints) the standardised outputs
+        carried = detach_normalizer(self.model)
+        try:
+            loader, sampler = self._train_loader(train_dataset)
+            self._make_optimizer(len(loader))
+            run = self._start_or_resume(train_dataset, start)
+            self._wrap_ddp()
+            if self._writes_files:
+                assert cfg.out_dir is not None  # _writes_files needs it
+                os.makedirs(cfg.out_dir, exist_ok=True)
+                # (a run killed while writing a checkpoint left its temporary file)
+                remove_stale_temp_files(cfg.out_dir, RUN_FILES)
+                if cfg.resume is not None:
+                    self._resync_files(run)
+        except BaseException:  # (before any epoch: the weights are those the model came with)
+            if carried is not None and carried_normalizer(self.model) is None:
+                attach_normalizer(self.model, carried)
+            raise
+        try:
+            self._run_epochs(run, loader, sampler, val_dataset)
+        except BaseException:  # stopped, diverged, interrupted: its weights are this run's
+            self._attach_normalizer()
+            raise
         return self._finish(run, val_dataset, test_dataset)
 
     def _check_out_dir(self) -> None:
