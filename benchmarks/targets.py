@@ -122,6 +122,17 @@ SOURCES = {
         'message_passing_power_law_1e4_d64_padded/message_passing.json',
     'message_passing_inference_power_law_padded':
         'message_passing_inference_power_law_padded/message_passing.json',
+    # (inference at 10^4 nodes, d = 64, with and without malloc keeping freed memory)
+    'message_passing_inference_malloc': 'message_passing_inference_malloc/message_passing.json',
+    'message_passing_inference_malloc_keep':
+        'message_passing_inference_malloc_keep/message_passing.json',
+    # (torch.compile: the compiled rows, and the same command eager, 2026-12-06)
+    'message_passing_compile': 'message_passing_compile/message_passing.json',
+    'message_passing_compile_eager': 'message_passing_compile_eager/message_passing.json',
+    # (the presets compiled beside eager, before and after dropout's masks stopped taking
+    # inductor's generated random numbers, 2026-12-06)
+    'training_step_compile': 'training_step_compile/training_step.json',
+    'training_step_compile_rng': 'training_step_compile_rng/training_step.json',
     'gpu_speed': 'gpu/speed/speed.json',
     'gpu_training_step': 'gpu/training_step/training_step.json',
     # on one NVIDIA H100 (benchmarks/gpu_check.sh and benchmarks/gpu_profile.py, 2026-12-06;
@@ -174,13 +185,15 @@ MESSAGE_PASSING = ('message_passing', 'message_passing_small', 'message_passing_
                    'message_passing_projection', 'message_passing_power_law_1e4',
                    'message_passing_power_law_1e4_padded', 'message_passing_power_law_padded',
                    'message_passing_power_law_1e4_d64_padded', 'gpu_h100_message_passing',
-                   'gpu_h100_message_passing_new_graph')
+                   'gpu_h100_message_passing_new_graph', 'message_passing_compile',
+                   'message_passing_compile_eager')
 #: Message-passing files of full-graph inference (``--inference``: forward only, no gradients):
 #: read by their own companion rows, never as the training step of the targets above.
 MP_INFERENCE = ('message_passing_inference', 'gpu_message_passing_inference',
                 'message_passing_inference_nofast', 'message_passing_inference_small',
                 'message_passing_inference_freed', 'message_passing_inference_power_law_padded',
-                'gpu_h100_message_passing_inference')
+                'gpu_h100_message_passing_inference', 'message_passing_inference_malloc',
+                'message_passing_inference_malloc_keep')
 #: Message-passing files measured after the PMA's key map joined its seed
 #: (``MZAttention(fold_keys=True)``, 2026-12-03). At d = 64 the default configurations fold it
 #: (at d = 16 they do not), so ``rigid`` and ``default`` rows at d = 64 in the other files
@@ -199,7 +212,8 @@ FOLDED_MP = ('message_passing_fold', 'message_passing_fold_power_law',
              'message_passing_power_law_1e4_padded',
              'message_passing_power_law_padded',
              'message_passing_power_law_1e4_d64_padded', 'gpu_h100_message_passing',
-             'gpu_h100_message_passing_new_graph') + MP_INFERENCE
+             'gpu_h100_message_passing_new_graph', 'message_passing_compile',
+             'message_passing_compile_eager') + MP_INFERENCE
 FOLD_MIN_DIM = 64
 #: Message-passing files measured after values wider than the keys took the fused attention
 #: kernel with the queries and keys padded with zeros (2026-12-05) instead of split into extra
@@ -365,7 +379,7 @@ TRAINING_STEP = ('training_step', 'training_step_small_sets', 'training_step_egn
                  'training_step_fold', 'training_step_current', 'training_step_kept',
                  'training_step_kept_presets', 'training_step_groups',
                  'training_step_groups_large_batch', 'training_step_tanh', 'gpu_training_step',
-                 'gpu_h100_profile')
+                 'gpu_h100_profile', 'training_step_compile', 'training_step_compile_rng')
 #: ``gpu_profile.py`` files among them: their rows are calls (a workload and a model each),
 #: read as one row per preset by :func:`_step_rows`
 PROFILES = ('gpu_h100_profile', )
@@ -708,8 +722,9 @@ def markdown(records: Sequence[Mapping[str, Any]], data: Mapping[str, Mapping],
               'file and `git log` tell when):', '']
     for label, rel in SOURCES.items():
         cmd = data.get(label, {}).get('environment', {}).get('command')
-        lines.append(f'- `{label}`: [`{rel}`]({rel.replace(".json", ".md")})'
-                     + (f', produced by `{cmd}`' if cmd else ' (missing)'))
+        # (a file that is not in the repository: named, not linked)
+        lines.append(f'- `{label}`: ' + (f'[`{rel}`]({rel.replace(".json", ".md")}), produced '
+                                          f'by `{cmd}`' if cmd else f'`{rel}` (missing)'))
     left_out = superseded(data)
     if left_out:
         lines += ['', 'Rows left out (measured again, or measured before a change of the '
