@@ -266,3 +266,15 @@ def test_an_error_of_the_input_leaves_the_kernels_on(monkeypatch):
     assert fused.tanh_kernel_in_use() is False  # (ATen's tanh runs, as checkpoints record)
     fused.set_fused_kernels(True)  # tries again
     assert not fused._FAILED and fused.fused_kernels_enabled()
+
+
+def test_the_compile_limit_setting_is_named_as_this_torch_names_it():
+    # torch 2.5 and 2.6 (setup.cfg's floor is 2.5) call it cache_size_limit: patching
+    # recompile_limit there raised a KeyError that switched the kernels off
+    import types
+    assert fused._limit_setting(types.SimpleNamespace(cache_size_limit=8)) == 'cache_size_limit'
+    assert fused._limit_setting(types.SimpleNamespace(recompile_limit=8,
+                                                      cache_size_limit=8)) == 'recompile_limit'
+    name = fused._limit_setting(torch._dynamo.config)
+    with torch._dynamo.config.patch(**{name: fused.RECOMPILE_LIMIT}):
+        assert getattr(torch._dynamo.config, name) == fused.RECOMPILE_LIMIT

@@ -52,7 +52,7 @@ import math
 import os
 import time
 import warnings
-from typing import Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -215,6 +215,14 @@ def _compiled(name: str, fn):
 RECOMPILE_LIMIT = 64
 
 
+def _limit_setting(config: Any) -> str:
+    r"""The name of dynamo's setting of how many graphs one function may compile:
+    ``recompile_limit`` since torch 2.7, ``cache_size_limit`` in torch 2.5 and 2.6 (setup.cfg's
+    floor), where patching the new name raised a :class:`KeyError` that switched the kernels
+    off as if compiling had failed."""
+    return 'recompile_limit' if hasattr(config, 'recompile_limit') else 'cache_size_limit'
+
+
 def _run(name: str, fn, *args):
     global _FAILED
     # Under an outer torch.compile the formula is traced into the caller's graph (which fuses
@@ -233,7 +241,8 @@ def _run(name: str, fn, *args):
                 for a in detached:
                     if isinstance(a, Tensor) and a.dim() >= 2:
                         torch._dynamo.maybe_mark_dynamic(a, 0)
-            with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+            limit = {_limit_setting(torch._dynamo.config): RECOMPILE_LIMIT}
+            with torch._dynamo.config.patch(**limit):
                 return _compiled(name, fn)(*detached)
         except Exception as err:  # no compiler, unsupported device: fall back, say so once
             # an error of the input itself (or one the eager function meets too, such as running
