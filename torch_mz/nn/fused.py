@@ -242,7 +242,7 @@ def _run(name: str, fn, *args):
                     if isinstance(a, Tensor) and a.dim() >= 2:
                         torch._dynamo.maybe_mark_dynamic(a, 0)
             limit = {_limit_setting(torch._dynamo.config): RECOMPILE_LIMIT}
-            with torch._dynamo.config.patch(**limit):
+            with torch._dynamo.config.patch(limit):
                 return _compiled(name, fn)(*detached)
         except Exception as err:  # no compiler, unsupported device: fall back, say so once
             # an error of the input itself (or one the eager function meets too, such as running
