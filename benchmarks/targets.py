@@ -129,6 +129,17 @@ SOURCES = {
     # (torch.compile: the compiled rows, and the same command eager, 2026-12-06)
     'message_passing_compile': 'message_passing_compile/message_passing.json',
     'message_passing_compile_eager': 'message_passing_compile_eager/message_passing.json',
+    'message_passing_compile_d64': 'message_passing_compile_d64/message_passing.json',
+    'message_passing_compile_d64_eager':
+        'message_passing_compile_d64_eager/message_passing.json',
+    'message_passing_compile_power_law':
+        'message_passing_compile_power_law/message_passing.json',
+    'message_passing_compile_power_law_eager':
+        'message_passing_compile_power_law_eager/message_passing.json',
+    'message_passing_compile_inference':
+        'message_passing_compile_inference/message_passing.json',
+    'message_passing_compile_inference_eager':
+        'message_passing_compile_inference_eager/message_passing.json',
     # (the presets compiled beside eager, before and after dropout's masks stopped taking
     # inductor's generated random numbers, 2026-12-06)
     'training_step_compile': 'training_step_compile/training_step.json',
@@ -186,14 +197,17 @@ MESSAGE_PASSING = ('message_passing', 'message_passing_small', 'message_passing_
                    'message_passing_power_law_1e4_padded', 'message_passing_power_law_padded',
                    'message_passing_power_law_1e4_d64_padded', 'gpu_h100_message_passing',
                    'gpu_h100_message_passing_new_graph', 'message_passing_compile',
-                   'message_passing_compile_eager')
+                   'message_passing_compile_eager', 'message_passing_compile_d64',
+                   'message_passing_compile_d64_eager', 'message_passing_compile_power_law',
+                   'message_passing_compile_power_law_eager')
 #: Message-passing files of full-graph inference (``--inference``: forward only, no gradients):
 #: read by their own companion rows, never as the training step of the targets above.
 MP_INFERENCE = ('message_passing_inference', 'gpu_message_passing_inference',
                 'message_passing_inference_nofast', 'message_passing_inference_small',
                 'message_passing_inference_freed', 'message_passing_inference_power_law_padded',
                 'gpu_h100_message_passing_inference', 'message_passing_inference_malloc',
-                'message_passing_inference_malloc_keep')
+                'message_passing_inference_malloc_keep', 'message_passing_compile_inference',
+                'message_passing_compile_inference_eager')
 #: Message-passing files measured after the PMA's key map joined its seed
 #: (``MZAttention(fold_keys=True)``, 2026-12-03). At d = 64 the default configurations fold it
 #: (at d = 16 they do not), so ``rigid`` and ``default`` rows at d = 64 in the other files
@@ -213,7 +227,9 @@ FOLDED_MP = ('message_passing_fold', 'message_passing_fold_power_law',
              'message_passing_power_law_padded',
              'message_passing_power_law_1e4_d64_padded', 'gpu_h100_message_passing',
              'gpu_h100_message_passing_new_graph', 'message_passing_compile',
-             'message_passing_compile_eager') + MP_INFERENCE
+             'message_passing_compile_eager', 'message_passing_compile_d64',
+             'message_passing_compile_d64_eager', 'message_passing_compile_power_law',
+             'message_passing_compile_power_law_eager') + MP_INFERENCE
 FOLD_MIN_DIM = 64
 #: Message-passing files measured after values wider than the keys took the fused attention
 #: kernel with the queries and keys padded with zeros (2026-12-05) instead of split into extra
@@ -222,7 +238,8 @@ FOLD_MIN_DIM = 64
 #: files are listed, not counted
 PADDED_MP = ('message_passing_power_law_1e4_padded', 'message_passing_power_law_padded',
              'message_passing_power_law_1e4_d64_padded',
-             'message_passing_inference_power_law_padded')
+             'message_passing_inference_power_law_padded', 'message_passing_compile_power_law',
+             'message_passing_compile_power_law_eager')
 _UNPADDED_MP = ("measured before values wider than the keys took the fused attention kernel "
                 "with padded queries and keys (2026-12-05; split into extra heads before), "
                 "which the default aggregation does on this graph's hubs; measured again in "
