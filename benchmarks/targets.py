@@ -126,7 +126,9 @@ SOURCES = {
     'message_passing_inference_malloc': 'message_passing_inference_malloc/message_passing.json',
     'message_passing_inference_malloc_keep':
         'message_passing_inference_malloc_keep/message_passing.json',
-    # (torch.compile: the compiled rows, and the same command eager, 2026-12-06)
+    # (torch.compile, 2026-12-06: the compiled runs are listed, not counted, since compiling
+    # changes both sides of a ratio differently (PyG's aggregation 1.58-1.73x slower compiled
+    # at d = 64, rigid 0.81-1.09x); the same commands eager, their `_eager` twins, count)
     'message_passing_compile': 'message_passing_compile/message_passing.json',
     'message_passing_compile_eager': 'message_passing_compile_eager/message_passing.json',
     'message_passing_compile_d64': 'message_passing_compile_d64/message_passing.json',
@@ -196,18 +198,15 @@ MESSAGE_PASSING = ('message_passing', 'message_passing_small', 'message_passing_
                    'message_passing_projection', 'message_passing_power_law_1e4',
                    'message_passing_power_law_1e4_padded', 'message_passing_power_law_padded',
                    'message_passing_power_law_1e4_d64_padded', 'gpu_h100_message_passing',
-                   'gpu_h100_message_passing_new_graph', 'message_passing_compile',
-                   'message_passing_compile_eager', 'message_passing_compile_d64',
-                   'message_passing_compile_d64_eager', 'message_passing_compile_power_law',
-                   'message_passing_compile_power_law_eager')
+                   'gpu_h100_message_passing_new_graph', 'message_passing_compile_eager',
+                   'message_passing_compile_d64_eager', 'message_passing_compile_power_law_eager')
 #: Message-passing files of full-graph inference (``--inference``: forward only, no gradients):
 #: read by their own companion rows, never as the training step of the targets above.
 MP_INFERENCE = ('message_passing_inference', 'gpu_message_passing_inference',
                 'message_passing_inference_nofast', 'message_passing_inference_small',
                 'message_passing_inference_freed', 'message_passing_inference_power_law_padded',
                 'gpu_h100_message_passing_inference', 'message_passing_inference_malloc',
-                'message_passing_inference_malloc_keep', 'message_passing_compile_inference',
-                'message_passing_compile_inference_eager')
+                'message_passing_inference_malloc_keep', 'message_passing_compile_inference_eager')
 #: Message-passing files measured after the PMA's key map joined its seed
 #: (``MZAttention(fold_keys=True)``, 2026-12-03). At d = 64 the default configurations fold it
 #: (at d = 16 they do not), so ``rigid`` and ``default`` rows at d = 64 in the other files
@@ -226,9 +225,8 @@ FOLDED_MP = ('message_passing_fold', 'message_passing_fold_power_law',
              'message_passing_power_law_1e4_padded',
              'message_passing_power_law_padded',
              'message_passing_power_law_1e4_d64_padded', 'gpu_h100_message_passing',
-             'gpu_h100_message_passing_new_graph', 'message_passing_compile',
-             'message_passing_compile_eager', 'message_passing_compile_d64',
-             'message_passing_compile_d64_eager', 'message_passing_compile_power_law',
+             'gpu_h100_message_passing_new_graph', 'message_passing_compile_eager',
+             'message_passing_compile_d64_eager',
              'message_passing_compile_power_law_eager') + MP_INFERENCE
 FOLD_MIN_DIM = 64
 #: Message-passing files measured after values wider than the keys took the fused attention
@@ -238,7 +236,7 @@ FOLD_MIN_DIM = 64
 #: files are listed, not counted
 PADDED_MP = ('message_passing_power_law_1e4_padded', 'message_passing_power_law_padded',
              'message_passing_power_law_1e4_d64_padded',
-             'message_passing_inference_power_law_padded', 'message_passing_compile_power_law',
+             'message_passing_inference_power_law_padded',
              'message_passing_compile_power_law_eager')
 _UNPADDED_MP = ("measured before values wider than the keys took the fused attention kernel "
                 "with padded queries and keys (2026-12-05; split into extra heads before), "

@@ -405,8 +405,10 @@ class _PrivateScale:  # a parameter kept in a private attribute, a repr without 
     def __init__(self, factor):
         self._factor = factor
         self._cache = None  # state a transform may fill as it runs: not described
+        self._seen = 0  # a counter: not described (the splits share the instance)
 
     def __call__(self, data):
+        self._seen += 1
         data.pos = data.pos * self._factor
         return data
 
@@ -419,6 +421,11 @@ def _scale_by_global(data):
     return data
 
 
+def _scale_by_attribute(data):
+    data.pos = data.pos * data.FACTOR
+    return data
+
+
 def test_describe_sees_private_parameters_module_weights_and_read_globals(monkeypatch):
     # a dataset opened with Scale(3) loaded the cache built with Scale(2) when the factor was
     # private, two modules differing only in their weights were described alike, and so was a
@@ -426,9 +433,11 @@ def test_describe_sees_private_parameters_module_weights_and_read_globals(monkey
     import sys
     from torch_mz.datasets.fingerprint import _describe
     assert _describe(_PrivateScale(2.0)) != _describe(_PrivateScale(3.0))
-    filled = _PrivateScale(2.0)
-    filled._cache = {'a': torch.ones(3)}
-    assert _describe(filled) == _describe(_PrivateScale(2.0))
+    used = _PrivateScale(2.0)
+    used._cache = {'a': torch.ones(3)}
+    from torch_geometric.data import Data
+    used(Data(pos=torch.ones(2, 3)))  # (the counter moves)
+    assert _describe(used) == _describe(_PrivateScale(2.0))
     torch.manual_seed(0)
     a = torch.nn.Linear(3, 3)
     torch.manual_seed(1)
@@ -438,6 +447,10 @@ def test_describe_sees_private_parameters_module_weights_and_read_globals(monkey
     before = _describe(_scale_by_global)
     monkeypatch.setattr(sys.modules[__name__], 'FACTOR', 5.0)
     assert _describe(_scale_by_global) != before
+    # an attribute of the same name as a global is no read of that global
+    reads_attribute = _describe(_scale_by_attribute)
+    monkeypatch.setattr(sys.modules[__name__], 'FACTOR', 7.0)
+    assert _describe(_scale_by_attribute) == reads_attribute
 
 
 def test_describe_names_class_and_parameters_and_stays_bounded():

@@ -2,9 +2,11 @@ r"""What a processed cache records to tell whether it still fits: a fingerprint 
 it was built from (:func:`fingerprint_files`) and a description of the ``pre_transform`` /
 ``pre_filter`` it was made with, by class and parameters (:func:`_describe`), which
 :class:`~torch_mz.datasets.common.ProcessedDataset` compares when it opens a cache."""
+import dis
 import enum
 import functools
 import hashlib
+import inspect
 import os
 import os.path as osp
 import re
@@ -215,11 +217,14 @@ def _describe(transform: Any) -> str:
     turn. Nested transforms, lists, tuples, dicts and sets are followed (up to
     :data:`DESCRIBE_DEPTH` levels); numbers, strings and other primitives are described by
     their repr; tensors and arrays by dtype, shape and the SHA-1 of their bytes; functions by
-    their qualified name, a hash of their code, their defaults and the values they close over;
-    other objects by their class, their public attributes (a leading underscore marks state a
-    transform may change as it runs: not described, so that an instance shared by several
-    datasets, one of which processed with it, is described alike) and their repr without
-    addresses (which shows parameters kept in private attributes). The text holds no address,
+    their qualified name, a hash of their code, their defaults, the values they close over and
+    the plain numbers, strings and flags they read as globals; ``torch.nn.Module`` objects also
+    by their state dict; other objects by their class, their public attributes, the private
+    ones named after a constructor parameter that hold a plain number, string or flag (a factor
+    kept as ``self._factor``; other private attributes are state a transform may change as it
+    runs, a cache or a counter: not described, so that an instance shared by the splits or by
+    several datasets is described alike before and after) and their repr without addresses
+    (which shows other parameters kept in private attributes). The text holds no address,
     so the same transform, or an equal one made again, gets the same description; a transform
     whose repr is the same but whose parameters differ (PyG's
     ``FixedPoints(32, allow_duplicates=True)``, ``KNNGraph(loop=True)``) gets another one."""
@@ -336,12 +341,15 @@ def _describe_compound(value: Any, depth: int, active: set) -> str:
     attributes = _attributes(value)
     text = _repr_without_address(value)
     if attributes is not None:
-        # the public attributes, the private ones that hold a plain number, string or flag (a
-        # parameter kept as self._factor), and the repr; other private attributes are state a
-        # transform may change as it runs (a lazy cache), so an instance shared by several
-        # datasets is described alike before and after
+        # the public attributes, the private ones named after a parameter of the constructor
+        # that hold a plain number, string or flag (factor kept as self._factor), and the repr;
+        # other private attributes are state a transform may change as it runs (a lazy cache, a
+        # counter), so an instance shared by the splits or by several datasets is described
+        # alike before and after
+        parameters = _init_parameters(type(value))
         described = ', '.join(f'{k}={describe(v)}' for k, v in sorted(attributes.items())
-                              if not k.startswith('_') or _plain(v))
+                              if not k.startswith('_')
+                              or (_plain(v) and k.lstrip('_') in parameters))
         if isinstance(value, torch.nn.Module):  # (its weights are in private attributes)
             described += f', state_dict={describe(dict(value.state_dict()))}'
         return f'{name}({described}; repr {text})'
@@ -354,8 +362,18 @@ def _plain(value: Any) -> bool:
             and not isinstance(value, type))
 
 
+def _init_parameters(cls: type) -> set:
+    r"""The parameter names of :obj:`cls`'s constructor (none where they cannot be read)."""
+    try:
+        return set(inspect.signature(getattr(cls, '__init__')).parameters) - {'self'}
+    except (TypeError, ValueError):
+        return set()
+
+
 def _code_names(code: types.CodeType) -> set:
-    names = set(code.co_names)
+    r"""The names :obj:`code` (and the code nested in it) loads as globals, not attribute
+    names (``d.name`` reads no global ``name``)."""
+    names = {i.argval for i in dis.get_instructions(code) if i.opname == 'LOAD_GLOBAL'}
     for const in code.co_consts:
         if isinstance(const, types.CodeType):  # (a nested function or comprehension)
             names |= _code_names(const)

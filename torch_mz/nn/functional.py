@@ -522,7 +522,7 @@ _keep_mask_op = _define_keep_mask_op()
 #: pass merges equal calls of operators it does not know to be random, whatever their tags) and
 #: keeps them in program order (each reads the count the one before wrote), so the draws are
 #: eager's
-_keep_mask_calls = torch.zeros((), dtype=torch.long)
+_keep_mask_calls = torch.zeros((), dtype=torch.long, device='cpu')  # (whatever the default device)
 
 
 class _Dropout(torch.autograd.Function):
@@ -561,7 +561,11 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     from the operator ``torch_mz::dropout_keep_mask``, which the compiled code calls as it is:
     the same draws as eager under the same seed, where inductor's own generated random numbers
     took 2.3x :func:`F.dropout`'s time and had made compiled training steps of the presets
-    slower than eager. Elsewhere (GPUs, whose dropout is fused, and :mod:`torch.func`
+    slower than eager. One case it does not cover: inside :func:`torch.utils.checkpoint` within
+    one compiled graph, the recomputation draws a new mask, so the gradient does not match the
+    forward pass (the library's own checkpointed blocks are split by graph breaks and run the
+    eager function there; a function of your own that checkpoints this dropout under
+    :func:`torch.compile` should use :func:`F.dropout`). Elsewhere (GPUs, whose dropout is fused, and :mod:`torch.func`
     transforms) it is :func:`F.dropout` itself."""
     if not training or p == 0.0:
         return x

@@ -466,6 +466,10 @@ class Trainer:
         seed_everything(cfg.seed + self.dist.rank)  # (deterministic kernels: fit)
         # trains on (and checkpoints) the standardised outputs
         carried = detach_normalizer(self.model)
+        # a resume may load the checkpoint's weights before it is refused (fewer epochs than the
+        # checkpoint's, an optimizer state that does not fit): put back the model's own
+        weights = ({k: v.detach().clone() for k, v in self.model.state_dict().items()}
+                   if cfg.resume is not None else None)
         try:
             loader, sampler = self._train_loader(train_dataset)
             self._make_optimizer(len(loader))
@@ -478,7 +482,9 @@ class Trainer:
                 remove_stale_temp_files(cfg.out_dir, RUN_FILES)
                 if cfg.resume is not None:
                     self._resync_files(run)
-        except BaseException:  # (before any epoch: the weights are those the model came with)
+        except BaseException:  # before any epoch: the model as it came, with its normaliser
+            if weights is not None:
+                self.model.load_state_dict(weights)
             if carried is not None and carried_normalizer(self.model) is None:
                 attach_normalizer(self.model, carried)
             raise
