@@ -75,8 +75,10 @@ def _train_step_results(model, module, args, seed):
                              for p in model.parameters()]
 
 
-@pytest.mark.parametrize('name', ['rigid', pytest.param('mz', marks=pytest.mark.slow)])
-def test_compiled_training_draws_the_eager_dropout_masks(name):
+@pytest.mark.parametrize('name, backend', [
+    ('rigid', 'aot_eager'), pytest.param('mz', 'aot_eager', marks=pytest.mark.slow),
+    pytest.param('rigid', 'inductor', marks=pytest.mark.slow)])
+def test_compiled_training_draws_the_eager_dropout_masks(name, backend):
     r"""In training mode (dropout 0.1 in the attention and the feed-forward blocks) the compiled
     model under the same seed gives eager's values and gradients: its dropout masks come from
     the operator ``torch_mz::dropout_keep_mask``, called as it is, in eager's order (with
@@ -85,7 +87,7 @@ def test_compiled_training_draws_the_eager_dropout_masks(name):
     torch.manual_seed(0)
     model = build_model(name, 3, 2, **_small(name)).train()
     args = (_batch(3, [4, 1, 6, 9]), )
-    compiled = torch.compile(model, backend='aot_eager', dynamic=False)
+    compiled = torch.compile(model, backend=backend, dynamic=False)
     eager = _train_step_results(model, model, args, seed=5)
     for _ in range(2):  # the first call compiles, the second runs the compiled graphs
         got = _train_step_results(model, compiled, args, seed=5)
