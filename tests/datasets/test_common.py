@@ -421,6 +421,22 @@ def _scale_by_global(data):
     return data
 
 
+class _MangledScale:  # a parameter kept under a mangled name
+    def __init__(self, factor):
+        self.__factor = factor
+
+    def __call__(self, data):
+        return data
+
+
+class _KeywordScale:  # a constructor that does not name its parameters
+    def __init__(self, **options):
+        self._factor = options['factor']
+
+    def __call__(self, data):
+        return data
+
+
 def _scale_by_attribute(data):
     data.pos = data.pos * data.FACTOR
     return data
@@ -433,6 +449,8 @@ def test_describe_sees_private_parameters_module_weights_and_read_globals(monkey
     import sys
     from torch_mz.datasets.fingerprint import _describe
     assert _describe(_PrivateScale(2.0)) != _describe(_PrivateScale(3.0))
+    assert _describe(_MangledScale(2.0)) != _describe(_MangledScale(3.0))
+    assert _describe(_KeywordScale(factor=2.0)) != _describe(_KeywordScale(factor=3.0))
     used = _PrivateScale(2.0)
     used._cache = {'a': torch.ones(3)}
     from torch_geometric.data import Data

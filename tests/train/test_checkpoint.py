@@ -446,13 +446,19 @@ def test_a_fit_refused_before_training_leaves_the_model_in_target_units(tmp_path
     assert repr(carried_normalizer(model)) == repr(carried)  # (a copy of it)
     assert_same_params(params(model), weights)
     # refused after the checkpoint's weights were loaded (fewer epochs than it ran): the model
-    # had kept the other run's weights beside its own normaliser
+    # had kept the other run's weights beside its own normaliser, and the Trainer had kept the
+    # checkpoint's normaliser for evaluate()
     torch.manual_seed(1)
     other = H.ToyDeepSets(3, 2)
-    Trainer(other, config(epochs=2, out_dir=str(tmp_path / 'other'))).fit(
-        REG_TRAIN[:16], REG_VAL[:8])
+    scaled = []  # the other run fitted on targets of other units
+    for d in REG_TRAIN[:16]:
+        d = d.clone()
+        d.y = d.y * 100 + 50
+        scaled.append(d)
+    Trainer(other, config(epochs=2, out_dir=str(tmp_path / 'other'))).fit(scaled, REG_VAL[:8])
+    refused = Trainer(model, config(epochs=1, resume=str(tmp_path / 'other' / 'checkpoint.pt')))
     with pytest.raises(ValueError, match='fewer than'):
-        Trainer(model, config(epochs=1, resume=str(tmp_path / 'other' / 'checkpoint.pt'))).fit(
-            REG_TRAIN[:16], REG_VAL[:8])
+        refused.fit(REG_TRAIN[:16], REG_VAL[:8])
     assert repr(carried_normalizer(model)) == repr(carried)
     assert_same_params(params(model), weights)
+    assert refused.evaluate(REG_VAL[:8]) == Trainer(model, config(epochs=1)).evaluate(REG_VAL[:8])

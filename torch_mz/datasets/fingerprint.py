@@ -349,7 +349,8 @@ def _describe_compound(value: Any, depth: int, active: set) -> str:
         parameters = _init_parameters(type(value))
         described = ', '.join(f'{k}={describe(v)}' for k, v in sorted(attributes.items())
                               if not k.startswith('_')
-                              or (_plain(v) and k.lstrip('_') in parameters))
+                              or (_plain(v) and (parameters is None
+                                                 or _parameter_name(type(value), k) & parameters)))
         if isinstance(value, torch.nn.Module):  # (its weights are in private attributes)
             described += f', state_dict={describe(dict(value.state_dict()))}'
         return f'{name}({described}; repr {text})'
@@ -362,12 +363,37 @@ def _plain(value: Any) -> bool:
             and not isinstance(value, type))
 
 
-def _init_parameters(cls: type) -> set:
-    r"""The parameter names of :obj:`cls`'s constructor (none where they cannot be read)."""
-    try:
-        return set(inspect.signature(getattr(cls, '__init__')).parameters) - {'self'}
-    except (TypeError, ValueError):
-        return set()
+def _init_parameters(cls: type) -> Optional[set]:
+    r"""The parameter names of the constructors of :obj:`cls` and its bases; :obj:`None` where
+    they do not name them all (no constructor of its own, ``*args`` or ``**kwargs``, a signature
+    that cannot be read): then every private attribute that holds a plain value is described."""
+    names: set = set()
+    own = False
+    for base in cls.__mro__:
+        if base is object or '__init__' not in vars(base):
+            continue
+        own = True
+        try:
+            parameters = inspect.signature(vars(base)['__init__']).parameters.values()
+        except (TypeError, ValueError):
+            return None
+        for p in parameters:
+            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                return None
+            names.add(p.name)
+    return names - {'self'} if own else None
+
+
+def _parameter_name(cls: type, key: str) -> set:
+    r"""The constructor parameter names a private attribute :obj:`key` may stand for: itself
+    (a dataclass field ``_factor``), without its underscores (``_factor`` for ``factor``), and
+    unmangled (``_Scale__factor`` for ``__factor`` in class ``Scale``)."""
+    names = {key, key.lstrip('_')}
+    for base in cls.__mro__:
+        prefix = f'_{base.__name__.lstrip("_")}__'
+        if key.startswith(prefix):
+            names.add(key[len(prefix):])
+    return names
 
 
 def _code_names(code: types.CodeType) -> set:

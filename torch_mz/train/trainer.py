@@ -468,8 +468,8 @@ class Trainer:
         carried = detach_normalizer(self.model)
         # a resume may load the checkpoint's weights before it is refused (fewer epochs than the
         # checkpoint's, an optimizer state that does not fit): put back the model's own
-        weights = ({k: v.detach().clone() for k, v in self.model.state_dict().items()}
-                   if cfg.resume is not None else None)
+        weights = _cpu_state_dict(self.model) if cfg.resume is not None else None
+        normalizer = copy.deepcopy(self.normalizer)  # (a resume loads the checkpoint's)
         try:
             loader, sampler = self._train_loader(train_dataset)
             self._make_optimizer(len(loader))
@@ -485,6 +485,7 @@ class Trainer:
         except BaseException:  # before any epoch: the model as it came, with its normaliser
             if weights is not None:
                 self.model.load_state_dict(weights)
+            self.normalizer = normalizer  # (evaluate() pairs it with the weights)
             if carried is not None and carried_normalizer(self.model) is None:
                 attach_normalizer(self.model, carried)
             raise
