@@ -282,9 +282,9 @@ class MZAggregation(Aggregation):
     the module's dtype (or run under :func:`torch.autocast`) whose finite entries are at most
     :math:`10^{15}` in magnitude (float32; :math:`10^{150}` in float64), a margin below the
     magnitude at which the LayerNorm statistics of the input projection overflow (about
-    :math:`10^{19}` in float32: finite outputs up to :math:`10^{18}` were measured) (not checked under
-    :func:`torch.compile`, where reading the largest entry would break the graph); NaN or infinite
-    entries are allowed and stay inside their set.
+    :math:`10^{19}` in float32: finite outputs up to :math:`10^{18}` were measured); not
+    checked under :func:`torch.compile`, where reading the largest entry would break the
+    graph. NaN or infinite entries are allowed and stay inside their set.
 
     Models built on it use two public methods instead of its internals: :meth:`validate` checks
     an input (once) and resolves its sets, and :meth:`pool` aggregates a validated input and also

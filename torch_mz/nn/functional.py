@@ -491,13 +491,13 @@ def _keep_mask(x: Tensor, p: float) -> Tensor:
 
 def _define_keep_mask_op():
     r""":func:`_keep_mask` as an operator of its own, ``torch_mz::dropout_keep_mask``, which
-    :func:`torch.compile` calls as it is (an opaque kernel: tagged random, so never merged with
-    another call of it nor recomputed in the backward pass), where inductor would draw the
-    numbers with its own generated CPU code: 2.3x the time of eager :func:`F.dropout`
-    forward + backward on (32768, 128) float32 (73 against 32 ms; the operator's 18 ms). The
-    same draws as eager :func:`dropout` under the same seed. :obj:`None` where this PyTorch
-    has no :func:`torch.library.custom_op` with tags (compiled code then takes
-    :func:`F.dropout`)."""
+    :func:`torch.compile` calls as it is (an opaque kernel, tagged random; the counter it
+    mutates keeps two calls apart and in order, see :data:`_keep_mask_calls`), where inductor
+    would draw the numbers with its own generated CPU code: 2.1x the time of eager
+    :func:`F.dropout` forward + backward on (32768, 128) float32 (89 against 42 ms; the
+    operator's 25 ms; ``benchmarks/compiled_dropout.py``). The same draws as eager
+    :func:`dropout` under the same seed. :obj:`None` where this PyTorch has no
+    :func:`torch.library.custom_op` with tags (compiled code then takes :func:`F.dropout`)."""
     def keep_mask(x: Tensor, p: float, calls: Tensor) -> Tensor:
         calls.add_(1)
         return _keep_mask(x, p)
@@ -560,13 +560,13 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     differ from it (not in distribution). Under :func:`torch.compile` on the CPU the mask comes
     from the operator ``torch_mz::dropout_keep_mask``, which the compiled code calls as it is:
     the same draws as eager under the same seed, where inductor's own generated random numbers
-    took 2.3x :func:`F.dropout`'s time and had made compiled training steps of the presets
+    took 2.1x :func:`F.dropout`'s time and had made compiled training steps of the presets
     slower than eager. One case it does not cover: inside :func:`torch.utils.checkpoint` within
     one compiled graph, the recomputation draws a new mask, so the gradient does not match the
     forward pass (the library's own checkpointed blocks are split by graph breaks and run the
     eager function there; a function of your own that checkpoints this dropout under
-    :func:`torch.compile` should use :func:`F.dropout`). Elsewhere (GPUs, whose dropout is fused, and :mod:`torch.func`
-    transforms) it is :func:`F.dropout` itself."""
+    :func:`torch.compile` should use :func:`F.dropout`). Elsewhere (GPUs, whose dropout is
+    fused, and :mod:`torch.func` transforms) it is :func:`F.dropout` itself."""
     if not training or p == 0.0:
         return x
     if (x.device.type != 'cpu' or not 0.0 < p < 1.0 or not x.is_floating_point()

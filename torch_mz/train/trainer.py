@@ -443,9 +443,9 @@ class Trainer:
         :class:`~torch_mz.train.TrainingStopped` (with ``out_dir`` set; a run with nowhere to
         write one trains on). Under DDP all ranks must call it with the same datasets. With
         ``config.deterministic`` PyTorch's deterministic algorithms are on while it runs, and
-        as they were after it. Where it raises, the model predicts in target units again: with
-        the normaliser it came with if no epoch began (a resume refused, say), with this run's
-        if one did (:class:`~torch_mz.train.TrainingStopped`, a divergence)."""
+        as they were after it. Where it raises, the model predicts in target units again: as it
+        came, weights and normaliser, if no epoch began (a resume refused, say), with this run's
+        normaliser if one did (:class:`~torch_mz.train.TrainingStopped`, a divergence)."""
         with deterministic_algorithms(self.config.deterministic):
             return self._fit(train_dataset, val_dataset, test_dataset)
 
