@@ -249,6 +249,16 @@ def test_pyg_without_its_fast_path_has_companion_rows_of_its_own():
     assert [m['value'] for m in r['mp-infer-time']['measurements']] == pytest.approx([0.5])
     assert r['mp-infer-power-law']['measurements'] == []
     assert r['mp-infer-power-law-nofast']['status'] == 'met'
+    # the target with no measurement names the failed side's rows, and the table says so
+    assert r['mp-infer-power-law']['failed_other_side'] == \
+        ['message_passing_inference_nofast: pyg, d=16, 1000 nodes']
+    assert r['mp-infer-power-law-nofast']['failed_other_side'] == []
+    assert r['mp-infer-time']['failed_other_side'] == []
+    records = targets.evaluate({'message_passing_inference_nofast': dict(rows=rows)})
+    text = targets.markdown(records, {}, 'cmd')
+    line = next(x for x in text.splitlines()
+                if x.startswith('| message passing inference: PyG / `rigid`'))
+    assert 'the other side failed on every such graph (1 row,' in line
 
 
 def test_committed_results(tmp_path):
