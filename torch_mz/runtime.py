@@ -98,8 +98,16 @@ def keep_freed_memory(max_block_bytes: int = MAX_BLOCK_BYTES,
     for the default :class:`~torch_mz.nn.MZAggregation` and 86% for PyG's
     ``SetTransformerAggregation`` on a 10^5-node message-passing graph,
     ``benchmarks/results/message_passing_1e5_keep/``), and a freed block returns to the
-    operating system only from the top of the heap and beyond :obj:`keep_bytes`. Results do not
-    change (allocation does not touch values).
+    operating system only from the top of the heap and beyond :obj:`keep_bytes`.
+
+    Allocation does not touch values, but the setting does choose how large inputs are
+    processed: where freed memory is not kept, :class:`~torch_mz.nn.MZAggregation`'s
+    ``chunk_size='auto'`` (the presets' default) encodes large inputs in groups
+    (:func:`freed_memory_kept`), which agrees with the whole input up to float rounding in
+    evaluation but draws dropout masks group by group in training. So a seeded training run
+    gives other values with and without kept memory (the ``torch-mz`` command line keeps it
+    by default, the Python API does not); training checkpoints record the setting, and a run
+    resumed under the other one logs a warning.
 
     Args:
         max_block_bytes (int): Largest block served from the heap (default: 1 GiB).

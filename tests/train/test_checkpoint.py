@@ -462,3 +462,36 @@ def test_a_fit_refused_before_training_leaves_the_model_in_target_units(tmp_path
     assert repr(carried_normalizer(model)) == repr(carried)
     assert_same_params(params(model), weights)
     assert refused.evaluate(REG_VAL[:8]) == Trainer(model, config(epochs=1)).evaluate(REG_VAL[:8])
+
+
+def test_a_checkpoint_records_whether_freed_memory_is_kept(tmp_path, monkeypatch, caplog):
+    # the aggregation's automatic groups, and so its dropout masks, depend on it: a run resumed
+    # under the other setting differs from an uninterrupted one, and says so (it was silent)
+    from torch_mz.train import trainer as trainer_module
+    out = tmp_path / 'run'
+    monkeypatch.setattr(trainer_module, 'freed_memory_kept', lambda: False)
+    Trainer(H.ToyDeepSets(3, 2), config(epochs=1, out_dir=str(out))).fit(REG_TRAIN[:16],
+                                                                         REG_VAL[:8])
+    assert load_checkpoint(out / 'checkpoint.pt')['freed_memory_kept'] is False
+    monkeypatch.setattr(trainer_module, 'freed_memory_kept', lambda: True)
+    with caplog.at_level('WARNING'):
+        Trainer(H.ToyDeepSets(3, 2), config(epochs=2, resume=str(out / 'checkpoint.pt'))).fit(
+            REG_TRAIN[:16], REG_VAL[:8])
+    assert 'was trained without kept freed memory, this process runs with it' in caplog.text
+
+
+def test_a_resume_with_other_loader_workers_is_said_to_differ(tmp_path, caplog):
+    # loader workers draw their seeds from the main random stream (and random transforms run
+    # in them): a resume with another num_workers trains on other random numbers, and was
+    # silent, num_workers counting as a setting that changes nothing
+    from torch_mz.train.checkpoint import RESUMABLE_CONFIG_CHANGES, config_changes
+    assert 'num_workers' not in RESUMABLE_CONFIG_CHANGES
+    assert config_changes({'num_workers': 0}, {'num_workers': 2}) == {'num_workers': (0, 2)}
+    out = tmp_path / 'run'
+    Trainer(H.ToyDeepSets(3, 2), config(epochs=1, out_dir=str(out))).fit(REG_TRAIN[:16],
+                                                                         REG_VAL[:8])
+    with caplog.at_level('WARNING'):
+        Trainer(H.ToyDeepSets(3, 2), config(epochs=2, num_workers=1,
+                                            resume=str(out / 'checkpoint.pt'))).fit(
+            REG_TRAIN[:16], REG_VAL[:8])
+    assert "'num_workers': (0, 1)}; the run will differ" in caplog.text

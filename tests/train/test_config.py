@@ -15,6 +15,8 @@ from tests.train._common import H, config
     {'epochs': '2'}, {'lr': '1e-3'}, {'epochs': 1.5}, {'warmup_epochs': 0.5},
     {'epochs': True}, {'grad_clip': float('nan')}, {'weight_decay': float('inf')},
     {'patience': -3}, {'seed': 2 ** 63}, {'seed': -2 ** 63 - 1},
+    # seeds keep 32 bits in PyTorch's CPU generator and NumPy: s and s + 2**32 would share streams
+    {'seed': -1}, {'seed': 2 ** 32},
 ])
 def test_config_validation(kwargs):
     with pytest.raises(ValueError, match='TrainConfig'):

@@ -74,3 +74,75 @@ def test_the_wrapper_torch_compile_returns_is_refused_and_model_compile_trains(t
     model.eval()
     again.eval()
     torch.testing.assert_close(again(batch)[0], model(batch)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_small_units_are_standardised_and_constant_columns_found_relative_to_the_mean():
+    # an absolute threshold (sigma < 1e-8) kept sigma = 1 for targets in small units, which a
+    # model could then not fit (test R^2 -4.7e10 at 1e-9 scale against 0.9998 at scale 1)
+    g = torch.Generator().manual_seed(0)
+    y = torch.randn(200, 2, generator=g, dtype=torch.float64) * 1e-9
+    y[:, 1] = 0.1  # a constant column: float64 statistics leave at most rounding's spread
+    y[::3, 1] = torch.tensor(0.1, dtype=torch.float64).nextafter(torch.tensor(1.0,
+                                                                              dtype=torch.float64))
+    norm = TargetNormalizer().fit(y)
+    assert norm.std[0] == pytest.approx(float(y[:, 0].std(unbiased=False)), rel=1e-12)
+    assert norm.std[1] == 1.0  # a spread of one ulp of its mean: constant
+    z = norm.transform(y)
+    assert float(z[:, 0].std(unbiased=False)) == pytest.approx(1.0, rel=1e-9)
+    assert TargetNormalizer().fit(torch.zeros(10, 1)).std.item() == 1.0
+
+
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
+def test_narrow_predictions_map_back_to_target_units_in_float32(dtype):
+    # under autocast a model's standardised output is bfloat16 / float16: mapped back in its own
+    # dtype, a prediction near 1000 came out as a multiple of 8 (every one exactly 1000.0)
+    from torch_mz.train import TargetUnits
+    g = torch.Generator().manual_seed(0)
+    norm = TargetNormalizer().fit(1000.0 + torch.randn(100, 1, generator=g))
+    z = torch.linspace(-2, 2, 9).view(9, 1)
+    exact = norm.inverse_transform(z)  # float32
+    for mapped in (norm.inverse_transform(z.to(dtype)), TargetUnits(norm)(z.to(dtype))):
+        assert mapped.dtype == torch.float32
+        # only z's own rounding to the narrow type is left (about 1e-2 of a std at |z| = 2)
+        assert torch.allclose(mapped, exact, atol=0.02 * float(norm.std), rtol=0)
+    assert len(set(TargetUnits(norm)(z.to(dtype)).view(-1).tolist())) == 9
+
+
+def test_evaluating_in_one_thread_leaves_other_threads_target_units():
+    # evaluation switched the shared model to standardised outputs with a flag: another thread
+    # calling the model meanwhile got standardised values, and two evaluations at once left
+    # it standardised for good
+    import threading
+    from torch_geometric.loader import DataLoader
+    from torch_mz.train.normalize import _standardised
+    trainer = Trainer(H.ToyDeepSets(3, 2), config(epochs=1))
+    trainer.fit(REG_TRAIN[:32])
+    model = trainer.model.eval()
+    batch = next(iter(DataLoader(REG_TRAIN[:8], batch_size=8)))
+    with torch.no_grad():
+        units = model(batch)
+        inside, seen = threading.Event(), {}
+        release = threading.Event()
+
+        def evaluating():
+            with _standardised(model):
+                seen['standard'] = model(batch)
+                inside.set()
+                release.wait(10)
+
+        worker = threading.Thread(target=evaluating)
+        worker.start()
+        inside.wait(10)
+        seen['other'] = model(batch)  # while the worker is inside its context
+        release.set()
+        worker.join()
+        assert torch.equal(seen['other'], units)
+        assert not torch.allclose(seen['standard'], units)
+        # overlapping contexts in one thread (entered and left out of order) leave target units
+        a, b = _standardised(model), _standardised(model)
+        a.__enter__()
+        b.__enter__()
+        assert not torch.allclose(model(batch), units)
+        b.__exit__(None, None, None)
+        a.__exit__(None, None, None)
+        assert torch.equal(model(batch), units)

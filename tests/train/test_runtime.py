@@ -111,3 +111,40 @@ def test_a_deterministic_run_leaves_the_settings_as_they_were(tmp_path):
         assert torch.is_deterministic_algorithms_warn_only_enabled()
     finally:
         torch.use_deterministic_algorithms(False)
+
+
+def test_seeds_out_of_range_get_streams_of_their_own_in_python_and_numpy():
+    # Python's random.seed(-s) is random.seed(s), and NumPy's legacy seed kept 32 bits (s and
+    # s + 2**32 shared a stream); seeds in [0, 2**32) seed as they did (and as
+    # torch_geometric.seed_everything does)
+    import random
+
+    def draw():
+        return random.random(), float(np.random.rand())
+
+    seed_everything(5)
+    five = draw()
+    random.seed(5)
+    np.random.seed(5)
+    assert draw() == five  # unchanged in range
+    seed_everything(-5)
+    minus = draw()
+    seed_everything(5 + 2 ** 32)
+    wide = draw()
+    assert minus[0] != five[0] and minus[1] != five[1]
+    assert wide[1] != five[1] and wide[0] != five[0]
+    seed_everything(-5)
+    assert draw() == minus  # reproducible
+
+
+def test_training_exceptions_survive_pickling():
+    # a process pool sends a worker's exception back pickled: these two could not be rebuilt
+    # (TypeError: missing 'loss'), so a run that diverged in a pool broke the pool or hung
+    import pickle
+    from torch_mz.train import TrainingDiverged, TrainingStopped
+    for exc in (TrainingDiverged(3, float('nan'), 'validation'), TrainingDiverged(2, 1.5),
+                TrainingStopped(4, '/tmp/run/checkpoint.pt')):
+        back = pickle.loads(pickle.dumps(exc))
+        assert type(back) is type(exc) and str(back) == str(exc)
+        assert {k: v for k, v in vars(back).items() if k != 'loss' and k != 'train_loss'} == \
+            {k: v for k, v in vars(exc).items() if k != 'loss' and k != 'train_loss'}

@@ -280,17 +280,24 @@ def test_predict_and_train_name_what_is_wrong_with_their_data():
         Trainer(H.ToyDeepSets(3, 3), config(epochs=1), 'classification').fit(labels)
 
 
+class _InfiniteInEval(torch.nn.Module):
+    r"""A toy model whose outputs are finite in training and infinite in eval mode."""
+    def __init__(self):
+        super().__init__()
+        self.inner = H.ToyDeepSets(3, 2)
+
+    def forward(self, batch):
+        out = self.inner(batch)
+        return out if self.training else out + float('inf')
+
+
 def test_a_non_finite_validation_loss_stops_training_as_diverged(tmp_path):
-    # a validation set with an infinite input: the training loss stays finite, the validation
-    # loss is not; before, such a run trained on for its patience with no best epoch and
-    # reported success with NaN test figures
+    # the training loss stays finite, the validation loss is not; before, such a run trained on
+    # for its patience with no best epoch and reported success with NaN test figures
     from torch_mz.train import TrainingDiverged
-    bad_val = [d.clone() for d in REG_VAL]
-    bad_val[3].x = bad_val[3].x.clone()
-    bad_val[3].x[0, 0] = float('inf')
     seed_everything(0)
     with pytest.raises(TrainingDiverged) as info:
-        train(H.ToyDeepSets(3, 2), REG_TRAIN, bad_val, config=config(out_dir=str(tmp_path)),
+        train(_InfiniteInEval(), REG_TRAIN, REG_VAL, config=config(out_dir=str(tmp_path)),
               task_type='regression')
     assert info.value.split == 'validation' and info.value.epoch == 0
     assert not math.isfinite(info.value.loss)
@@ -298,19 +305,26 @@ def test_a_non_finite_validation_loss_stops_training_as_diverged(tmp_path):
     assert isinstance(info.value, FloatingPointError)
 
 
-def test_a_test_set_with_nan_is_refused_before_training(tmp_path):
+def test_a_split_with_nan_is_refused_before_training(tmp_path):
     # the test loss is computed only after training, so a NaN target there gave NaN test
-    # figures for a run that otherwise succeeded; it is refused before the first epoch now
-    for key in ('y', 'x'):
-        bad_test = [d.clone() for d in REG_VAL[:8]]
-        value = getattr(bad_test[5], key).clone()
-        value.view(-1)[0] = float('nan')
-        setattr(bad_test[5], key, value)
-        with pytest.raises(ValueError, match=f"test dataset's example 5 holds NaN or inf in "
-                           f"'{key}'"):
-            train(H.ToyDeepSets(3, 2), REG_TRAIN, REG_VAL, bad_test,
-                  config=config(out_dir=str(tmp_path / key)), task_type='regression')
-        assert not os.path.exists(tmp_path / key)  # before training: nothing written
+    # figures for a run that otherwise succeeded; a NaN in the training or validation data
+    # showed only after a whole epoch, as a divergence that suggested a lower learning rate
+    # (a NaN training target: "Expected finite targets to fit the normaliser", no example
+    # named). Every split is refused before the first epoch now, the example named
+    for split in ('training', 'validation', 'test'):
+        for key in ('y', 'x'):
+            sets = {'training': list(REG_TRAIN), 'validation': list(REG_VAL),
+                    'test': list(REG_VAL[:8])}
+            sets[split] = [d.clone() for d in sets[split]]
+            value = getattr(sets[split][5], key).clone()
+            value.view(-1)[0] = float('nan')
+            setattr(sets[split][5], key, value)
+            with pytest.raises(ValueError, match=f"{split} dataset's example 5 holds NaN or "
+                               f"inf in '{key}'"):
+                train(H.ToyDeepSets(3, 2), sets['training'], sets['validation'], sets['test'],
+                      config=config(out_dir=str(tmp_path / split / key)),
+                      task_type='regression')
+            assert not os.path.exists(tmp_path / split / key)  # before training: nothing
     # the pass over the test set comes before the seeding: a test set whose items draw random
     # numbers (a random transform) leaves the random state training starts from unchanged
     class Drawing(list):
@@ -444,3 +458,57 @@ def test_resuming_with_fewer_epochs_than_were_run_is_refused(tmp_path):
     with pytest.raises(ValueError, match='fewer than the 3 epochs'):
         train(H.ToyDeepSets(3, 2), REG_TRAIN, REG_VAL,
               config=config(epochs=2, out_dir=out, resume=os.path.join(out, 'checkpoint.pt')))
+
+
+def test_the_r2_of_a_constant_test_target_is_zero_unless_predicted_exactly():
+    # the one-pass float64 sums leave rounding's remainder as the total sum of squares of a
+    # constant column, which gave R^2 = -1.7e15 (documented: 0, or 1 if predicted exactly)
+    trainer = Trainer(H.ToyDeepSets(3, 2), config(epochs=1))
+    trainer.fit(REG_TRAIN[:32])
+    for n in (333, 1000):
+        for value in (3.7, 12.9, -1.3):
+            test = [Data(x=REG_VAL[i % len(REG_VAL)].x, y=torch.tensor([[value, value]]))
+                    for i in range(n)]
+            metrics = trainer.evaluate(test)
+            assert metrics['r2'] == 0.0 and metrics['mse'] > 0, (n, value)
+
+
+class _Oracle(torch.nn.Module):
+    r"""Returns each set's standardised target, in float64, read from the batch."""
+    def __init__(self, mean: float, std: float):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros((), dtype=torch.float64))
+        self.mean, self.std = mean, std
+
+    def forward(self, batch):
+        return (batch.y.view(-1, 1).double() - self.mean) / self.std + 0 * self.w
+
+
+def test_float64_targets_are_not_rounded_to_float32():
+    # targets of 1e8 + N(0, 2) in float64 were rounded to float32 (spacing 8): an exact float64
+    # oracle scored mse 7.2 and R^2 0.67; integer targets above 2**24 were rounded alike
+    from torch_mz.train.contract import _raw_targets
+    from torch_geometric.loader import DataLoader
+    g = torch.Generator().manual_seed(0)
+    sets = [Data(x=torch.randn(4, 3, generator=g),
+                 y=(1e8 + 2 * torch.randn(1, generator=g, dtype=torch.float64)).view(1, 1))
+            for _ in range(64)]
+    y = torch.cat([d.y for d in sets])
+    trainer = Trainer(_Oracle(float(y[:48].mean()), float(y[:48].std(unbiased=False))),
+                      config(epochs=1, lr=0.0, warmup_epochs=0))
+    result = trainer.fit(sets[:48], None, sets[48:])
+    assert result.test_metrics['mse'] < 1e-12 and result.test_metrics['r2'] == 1.0
+    batch = next(iter(DataLoader(sets, batch_size=64)))
+    assert torch.equal(_raw_targets(batch, 'regression'), y)
+    import types
+    ints = types.SimpleNamespace(y=torch.tensor([2 ** 24 + 1, 2 ** 40 + 3]), num_graphs=2)
+    assert _raw_targets(ints, 'regression').view(-1).tolist() == [2 ** 24 + 1, 2 ** 40 + 3]
+
+
+def test_a_label_of_minus_100_is_refused_like_any_other_out_of_range_label():
+    # torch's cross_entropy ignores -100 by default: such a label left the loss while the
+    # accuracy counted it wrong, and a batch of them gave a NaN loss reported as a divergence
+    labels = [d.clone() for d in CLS_TRAIN[:32]]
+    labels[3].y = torch.tensor([-100])
+    with pytest.raises(ValueError, match=r'Class labels must be in \[0, 3\).*from -100'):
+        Trainer(H.ToyDeepSets(3, 3), config(epochs=1), 'classification').fit(labels)

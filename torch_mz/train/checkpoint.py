@@ -240,9 +240,10 @@ def _same_entry(saved: Any, current: Any) -> bool:
 
 
 #: Configuration entries that may change when a run is resumed without changing its result
-#: (where it writes, how it shows progress, where it runs).
-RESUMABLE_CONFIG_CHANGES = ('resume', 'out_dir', 'progress', 'device', 'num_workers',
-                            'overwrite')
+#: (where it writes, how it shows progress, where it runs). Not ``num_workers``: loader
+#: workers draw their seeds from the main random stream, and random transforms run in them,
+#: so a change gives other augmentations and dropout masks (a warning says so).
+RESUMABLE_CONFIG_CHANGES = ('resume', 'out_dir', 'progress', 'device', 'overwrite')
 
 
 def config_changes(saved: Dict[str, Any], current: Dict[str, Any]) -> Dict[str, Any]:

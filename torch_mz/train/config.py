@@ -41,7 +41,8 @@ class TrainConfig:
         restore_best (bool, optional): Load the weights of the best validation epoch at the end.
             (default: :obj:`True`)
         seed (int, optional): Seed for Python, NumPy and PyTorch (``seed + rank`` under DDP) and
-            for the shuffling of the training set. (default: :obj:`0`)
+            for the shuffling of the training set, in :math:`[0, 2^{32})` (PyTorch's CPU
+            generator and NumPy keep 32 bits of a seed). (default: :obj:`0`)
         deterministic (bool, optional): Ask PyTorch for deterministic algorithms while the
             run trains (the settings as they were after it). (default: :obj:`False`)
         device (str, optional): ``'auto'`` (CUDA if available, else CPU), ``'cpu'``, ``'cuda'``
@@ -129,9 +130,10 @@ class TrainConfig:
         for name in ('lr', 'weight_decay', 'min_delta', 'grad_clip'):
             if isinstance(getattr(self, name), (np.integer, np.floating)):
                 setattr(self, name, getattr(self, name).item())
-        # torch.manual_seed takes [-2**63, 2**64); NumPy's seed wraps (seed_everything), and
-        # the trainer adds the rank and the epoch to it
-        expect(-2 ** 63 <= self.seed < 2 ** 63, '-2**63 <= seed < 2**63', self.seed)
+        # PyTorch's CPU generator (a Mersenne twister) and NumPy's legacy seed keep 32 bits of
+        # a seed: outside [0, 2**32) two seeds would share streams (s and s + 2**32; and
+        # Python's random.seed(-s) is random.seed(s)); the trainer adds the rank to it
+        expect(0 <= self.seed < 2 ** 32, '0 <= seed < 2**32', self.seed)
         expect(self.epochs > 0, 'epochs > 0', self.epochs)
         expect(self.batch_size > 0, 'batch_size > 0', self.batch_size)
         expect(self.eval_batch_size is None or self.eval_batch_size > 0,

@@ -26,7 +26,9 @@ def _first(out: ModelOutput) -> Tensor:
 
 
 def _raw_targets(batch: Any, task_type: str) -> Tensor:
-    r"""``batch.y`` as ``(B, t)`` float (regression) or ``(B,)`` long (classification)."""
+    r"""``batch.y`` as ``(B, t)`` float (regression: float64 targets stay float64, integer
+    targets become float64, which holds every integer up to :math:`2^{53}`, other floating
+    targets float32) or ``(B,)`` long (classification)."""
     y = getattr(batch, 'y', None)
     if y is None:
         raise ValueError('Expected every graph to carry a target `y`')
@@ -35,7 +37,10 @@ def _raw_targets(batch: Any, task_type: str) -> Tensor:
         if y.numel() % max(num_graphs, 1) != 0 or y.numel() == 0:
             raise ValueError(f'Expected regression targets with t values per graph (batch.y of '
                              f'shape (B, t) with B={num_graphs}; got {tuple(y.shape)})')
-        return y.reshape(num_graphs, -1).float()  # (B, t)
+        y = y.reshape(num_graphs, -1)  # (B, t)
+        if y.dtype == torch.float64 or not (y.is_floating_point() or y.is_complex()):
+            return y.to(torch.float64)  # (float32 would round 1e8 + 2 to 1e8)
+        return y.float()
     if y.numel() != num_graphs or y.is_floating_point():
         raise ValueError(f'Expected one integer class index per graph (batch.y of shape (B,) or '
                          f'(B, 1) with B={num_graphs}; got {tuple(y.shape)} {y.dtype})')

@@ -1,6 +1,7 @@
 r"""Target normalisation: :class:`TargetNormalizer` (statistics of the training split) and
 :class:`TargetUnits`, which a model carries so that it predicts in target units."""
-from typing import Any, Dict, List, Optional, Tuple
+import contextvars
+from typing import Any, Dict, FrozenSet, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -20,19 +21,27 @@ __all__ = [
 
 class TargetNormalizer:
     r"""Per-target standardisation :math:`\tilde y = (y - \mu) / \sigma` with :math:`\mu, \sigma`
-    fitted on the training targets only. Targets with :math:`\sigma < \epsilon` keep
-    :math:`\sigma = 1`.
+    fitted on the training targets only (in float64). A constant target column,
+    :math:`\sigma \le \epsilon\,|\mu|` (rounding's spread of a column of one value; exactly
+    zero for :math:`\mu = 0`), keeps :math:`\sigma = 1`. The test is relative, so targets in
+    small units (:math:`\sigma = 10^{-9}` about a mean of 0) are standardised like any others
+    (before 0.3.0 an absolute :math:`\sigma < 10^{-8}` counted as constant, and such a model could
+    not fit them).
+
+    The maps run in the targets' precision, at least float32: a float16 or bfloat16 prediction
+    (:func:`torch.autocast`) is mapped back to target units in float32, where bfloat16 would round
+    a prediction of 1000 to a multiple of 8.
 
     Args:
-        eps (float, optional): Smallest standard deviation treated as non-constant.
-            (default: :obj:`1e-8`)
+        eps (float, optional): The largest standard deviation, relative to the column's
+            mean's magnitude, that counts as constant. (default: :obj:`1e-12`)
 
     Shapes:
         - **fit input:** :math:`(N, t)` or :math:`(N,)`
         - **transform / inverse_transform:** any shape whose last dimension is :math:`t` (or
           :math:`(N,)` when :math:`t = 1`), returned unchanged in shape.
     """
-    def __init__(self, eps: float = 1e-8):
+    def __init__(self, eps: float = 1e-12):
         self.eps = eps
         self.mean: Optional[Tensor] = None  # (t,) float64
         self.std: Optional[Tensor] = None  # (t,) float64
@@ -50,7 +59,8 @@ class TargetNormalizer:
         y = y.view(-1, 1) if y.dim() == 1 else y.reshape(y.size(0), -1)  # (N, t)
         self.mean = y.mean(dim=0).cpu()
         std = y.std(dim=0, unbiased=False).cpu()
-        self.std = torch.where(std < self.eps, torch.ones_like(std), std)
+        constant = (std == 0) | (std <= self.eps * self.mean.abs())
+        self.std = torch.where(constant, torch.ones_like(std), std)
         return self
 
     def _stats(self, y: Tensor) -> Tuple[Tensor, Tensor]:
@@ -64,16 +74,19 @@ class TargetNormalizer:
         return _stats_like(y, self.mean, self.std)
 
     def transform(self, y: Tensor) -> Tensor:
+        y = _wide(y)
         mean, std = self._stats(y)
         return (y - mean) / std
 
     def inverse_transform(self, y: Tensor) -> Tensor:
+        y = _wide(y)
         mean, std = self._stats(y)
         return y * std + mean
 
     def inverse_scale(self, s: Tensor) -> Tensor:
         r"""Maps a scale (e.g. a predicted standard deviation) from normalised to original units:
         multiplies by :math:`\sigma` without adding :math:`\mu`."""
+        s = _wide(s)
         return s * self._stats(s)[1]
 
     def state_dict(self) -> Dict[str, Any]:
@@ -90,6 +103,12 @@ class TargetNormalizer:
         assert self.mean is not None and self.std is not None
         return (f'{self.__class__.__name__}(mean={self.mean.tolist()}, '
                 f'std={self.std.tolist()})')
+
+
+def _wide(y: Tensor) -> Tensor:
+    r""":obj:`y` in float32 where it is float16 or bfloat16 (as it is otherwise): the
+    normalisation's arithmetic in at least float32."""
+    return y.float() if y.dtype in (torch.float16, torch.bfloat16) else y
 
 
 def _stats_like(y: Tensor, mean: Tensor, std: Tensor) -> Tuple[Tensor, Tensor]:
@@ -149,6 +168,7 @@ class TargetUnits(torch.nn.Module):
         if isinstance(out, (tuple, list)):
             items: List[Any] = [self.forward(out[0]), *out[1:]]
             return type(out)(*items) if hasattr(out, '_fields') else type(out)(items)
+        out = _wide(out)  # (float16 / bfloat16: mapped in float32, returned so)
         mean, std = _stats_like(out, self.mean, self.std)
         return out * std + mean
 
@@ -159,9 +179,19 @@ class TargetUnits(torch.nn.Module):
 TARGET_UNITS = 'target_units'  # name of the TargetUnits sub-module of a model
 
 
+#: The :class:`TargetUnits` (by ``id``) whose models return standardised values in this thread
+#: (or task): :class:`_standardised` sets it, so that a Trainer evaluating a model leaves every
+#: other caller of it (another thread) its target units.
+_STANDARDISED: contextvars.ContextVar[FrozenSet[int]] = contextvars.ContextVar(
+    'torch_mz_standardised', default=frozenset())
+
+
 def _target_units_hook(module: torch.nn.Module, args: Any, out: ModelOutput) -> ModelOutput:
     units = getattr(module, TARGET_UNITS, None)
-    return units(out) if isinstance(units, TargetUnits) and units.enabled else out
+    if (not isinstance(units, TargetUnits) or not units.enabled
+            or id(units) in _STANDARDISED.get()):
+        return out
+    return units(out)
 
 
 def attach_normalizer(model: torch.nn.Module, normalizer: TargetNormalizer) -> torch.nn.Module:
@@ -198,19 +228,21 @@ def carried_normalizer(model: torch.nn.Module) -> Optional[TargetNormalizer]:
 
 
 class _standardised:
-    r"""Context in which a model that carries a normaliser returns standardised values."""
+    r"""Context in which a model that carries a normaliser returns standardised values, in this
+    thread only (a context variable, not a flag on the shared model: another thread calling the
+    model meanwhile gets target units, and two evaluations at once leave it as it was)."""
     def __init__(self, model: torch.nn.Module):
         self.units = getattr(model, TARGET_UNITS, None)
-        self.was = getattr(self.units, 'enabled', None)
+        self.token: Optional[contextvars.Token] = None
 
     def __enter__(self) -> None:
         if isinstance(self.units, TargetUnits):
-            self.units.enabled = False
+            self.token = _STANDARDISED.set(_STANDARDISED.get() | {id(self.units)})
 
     def __exit__(self, *exc: Any) -> None:
-        if isinstance(self.units, TargetUnits):
-            assert self.was is not None  # read from the same TargetUnits
-            self.units.enabled = self.was
+        if self.token is not None:
+            _STANDARDISED.reset(self.token)
+            self.token = None
 
 
 def _same_statistics(a: TargetNormalizer, b: TargetNormalizer) -> bool:

@@ -18,6 +18,12 @@ log = logging.getLogger(__name__)
 def seed_everything(seed: int, deterministic: bool = False) -> None:
     r"""Seeds Python's :mod:`random`, NumPy and PyTorch (CPU and all CUDA devices).
 
+    Seeds in :math:`[0, 2^{32})` seed the three libraries alike, as
+    :func:`torch_geometric.seed_everything` does. Outside that range Python and NumPy get
+    streams of their own for every seed, but PyTorch's CPU generator keeps only the low 32 bits
+    of a seed (:func:`torch.manual_seed`): :class:`~torch_mz.train.TrainConfig` takes seeds in
+    :math:`[0, 2^{32})`.
+
     Args:
         seed (int): The seed.
         deterministic (bool, optional): If :obj:`True`, also asks PyTorch for deterministic
@@ -25,11 +31,22 @@ def seed_everything(seed: int, deterministic: bool = False) -> None:
             disables the cuDNN auto-tuner. (default: :obj:`False`)
     """
     # Not torch_geometric.seed_everything: it seeds NumPy with `seed` itself, which raises for a
-    # seed outside [0, 2**32) (a negative one, or `seed + rank` past the range), where this one
-    # wraps it; and it has no `deterministic` switch. For seeds in range both seed the same
-    # generators alike (torch.manual_seed also seeds every CUDA device).
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
+    # seed outside [0, 2**32) (a negative one, or `seed + rank` past the range); and it has no
+    # `deterministic` switch. For seeds in range both seed the same generators alike
+    # (torch.manual_seed also seeds every CUDA device). A seed outside the range seeds each
+    # library with a value of its own that no other seed gives: Python's random.seed takes
+    # |seed| (s and -s shared a stream), NumPy's legacy seed 32 bits (s and s + 2**32 shared
+    # one), so negative seeds go to Python as 2**64 - seed and to NumPy as the 32-bit words of
+    # the seed and its sign
+    seed = int(seed)
+    if 0 <= seed < 2**32:
+        random.seed(seed)
+        np.random.seed(seed)
+    else:
+        random.seed(seed if seed >= 0 else 2**64 - seed)
+        magnitude = abs(seed)
+        np.random.seed([magnitude & 0xFFFFFFFF, (magnitude >> 32) & 0xFFFFFFFF,
+                        (magnitude >> 64) & 0xFFFFFFFF, int(seed < 0), 0x5EED])
     torch.manual_seed(seed)  # also seeds every CUDA device
     if deterministic:
         _use_deterministic_algorithms()

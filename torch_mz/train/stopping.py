@@ -31,6 +31,9 @@ class TrainingStopped(RuntimeError):
         self.epoch = epoch
         self.checkpoint = checkpoint
 
+    def __reduce__(self):  # (pickled by process pools: rebuilt from its arguments)
+        return type(self), (self.epoch, self.checkpoint)
+
 
 class TrainingDiverged(FloatingPointError):
     r"""Raised by :meth:`Trainer.fit <torch_mz.train.Trainer.fit>` when an epoch's training loss
@@ -54,6 +57,9 @@ class TrainingDiverged(FloatingPointError):
         self.epoch = epoch
         self.loss = self.train_loss = loss
         self.split = split
+
+    def __reduce__(self):  # (pickled by process pools: rebuilt from its arguments)
+        return type(self), (self.epoch, self.loss, self.split)
 
 
 @contextmanager

@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 
 from torch_mz._checks import refuse_compiled_wrapper
 from torch_mz._files import atomic_write, remove_stale_temp_files
+from torch_mz.runtime import freed_memory_kept
 from torch_mz.nn.fused import fused_kernels_mode, set_tanh_kernel, tanh_kernel_in_use
 from torch_mz.train.checkpoint import (CHECKPOINT_FORMAT, CHECKPOINT_VERSION, CheckpointError,
                                        check_finite_parameters,
@@ -85,9 +86,16 @@ class _FitState:
         return self.prior_time + time.perf_counter() - self.start
 
 
+#: An ``ignore_index`` no label has (the smallest int64), so that every label counts.
+_NO_LABEL = -2**63
+
+
 def _cross_entropy(pred: Tensor, target: Tensor, **kwargs) -> Tensor:
     r""":func:`torch.nn.functional.cross_entropy`, with a label outside the model's classes
-    named as such (torch's CPU kernel says only "Target 4 is out of bounds")."""
+    named as such (torch's CPU kernel says only "Target 4 is out of bounds"). No label is
+    ignored: torch's default ``ignore_index=-100`` would leave a label -100 out of the loss
+    while the accuracy counts it wrong (and a batch of such labels gives a NaN loss)."""
+    kwargs.setdefault('ignore_index', _NO_LABEL)
     try:
         return F.cross_entropy(pred, target, **kwargs)
     except IndexError:
@@ -255,7 +263,7 @@ class Trainer:
                         shift = self.normalizer.mean.to(self.device, acc)
                     else:
                         shift = torch.zeros(y.size(1), dtype=acc, device=self.device)
-                err = self._to_original(pred).to(acc) - y.to(acc)  # (B, t)
+                err = self._to_original(pred.to(acc)) - y.to(acc)  # (B, t)
                 yc = y.to(acc) - shift  # (B, t)
                 part = torch.cat([loss_sum.new_tensor([n]), loss_sum.view(1), err.pow(2).sum(0),
                                   err.abs().sum(0), yc.sum(0), yc.pow(2).sum(0)])
@@ -283,6 +291,10 @@ class Trainer:
         t = (sums.numel() - 2) // 4
         sse, sae, ysum, ysq = sums[2:].view(4, t)  # each (t,)
         ss_tot = (ysq - ysum.pow(2) / n).clamp_min(0)
+        # a constant column leaves rounding's remainder of the one-pass sums (about n ulp of
+        # ysq; it gave R^2 = -1.7e15 for a constant test target): zero below 8 n eps ysq
+        tol = 8 * n * torch.finfo(ss_tot.dtype).eps * ysq
+        ss_tot = torch.where(ss_tot <= tol, torch.zeros_like(ss_tot), ss_tot)
         return {'loss': (sums[1] / n).item(), 'mse': (sse.sum() / (n * t)).item(),
                 'mae': (sae.sum() / (n * t)).item(), 'r2': r2_from_sums(sse, ss_tot).item()}
 
@@ -460,8 +472,12 @@ class Trainer:
         for name, ds in (('train', train_dataset), ('val', val_dataset), ('test', test_dataset)):
             if ds is not None and len(ds) == 0:
                 raise ValueError(f'Expected a non-empty {name} dataset')
-        if test_dataset is not None:  # (before the seeding: the pass may draw random numbers)
-            _check_finite(test_dataset, 'test')
+        # every split (before the seeding: the pass may draw random numbers): a NaN in the
+        # training or validation data would be found only after an epoch, as a divergence
+        for name, ds in (('training', train_dataset), ('validation', val_dataset),
+                         ('test', test_dataset)):
+            if ds is not None:
+                _check_finite(ds, name)
         self._check_out_dir()
         seed_everything(cfg.seed + self.dist.rank)  # (deterministic kernels: fit)
         # trains on (and checkpoints) the standardised outputs
@@ -663,7 +679,10 @@ class Trainer:
                     # the generator feed-forward's tanh this process computes with (None:
                     # auto mode, not chosen yet), and the fused kernels' mode, so that a
                     # resumed run computes with the same functions (or says it does not)
-                    tanh_kernel=tanh_kernel_in_use(), fused_kernels=fused_kernels_mode())
+                    tanh_kernel=tanh_kernel_in_use(), fused_kernels=fused_kernels_mode(),
+                    # whether malloc keeps freed memory, on which the aggregation's automatic
+                    # groups, and so its dropout masks, depend (torch_mz.runtime)
+                    freed_memory_kept=freed_memory_kept())
                 save_checkpoint(ckpt, os.path.join(cfg.out_dir, LAST_CHECKPOINT))
         if self._writes_files:
             self._write_logs(run.history)
@@ -795,6 +814,14 @@ class Trainer:
                         'rounding', path, *({True: 'on', False: 'off', None: 'in auto mode'}[m]
                                             for m in (state['fused_kernels'],
                                                       fused_kernels_mode())))
+        if ('freed_memory_kept' in state
+                and bool(state['freed_memory_kept']) != freed_memory_kept()):
+            log.warning('Checkpoint %s was trained %s kept freed memory, this process runs %s '
+                        'it (torch_mz.runtime.keep_freed_memory; the command line keeps it): '
+                        'large inputs are encoded in other groups, which draw other dropout '
+                        'masks, so the run will differ from an uninterrupted one', path,
+                        *('with' if k else 'without'
+                          for k in (state['freed_memory_kept'], freed_memory_kept())))
         log.info('Resumed from %s at epoch %d', path, state['epoch'] + 1)
         return state
 
@@ -808,10 +835,10 @@ _RESUME_FIELD_TYPES: Dict[str, Union[type, Tuple[type, ...]]] = {
 def _check_finite(dataset: Sequence, name: str) -> None:
     r"""Raises :class:`ValueError` naming the first example of :obj:`dataset` with a NaN or inf
     in what the models and losses read (``pos``, ``x``, ``y``; other attributes may hold NaN or
-    inf on purpose, e.g. a mask). Used for the test set, whose loss is
-    computed only once training has ended (a non-finite training or validation loss stops
-    training with :class:`~torch_mz.train.TrainingDiverged` in the first epoch), so that it is
-    refused before training rather than giving NaN test metrics after it."""
+    inf on purpose, e.g. a mask). Run on every split before training: the test set's loss is
+    computed only once training has ended, and a NaN in the training or validation data would
+    show only after a whole epoch, as a :class:`~torch_mz.train.TrainingDiverged` that
+    suggests a lower learning rate."""
     for i in range(len(dataset)):
         data = dataset[i]
         for key in ('pos', 'x', 'y'):
@@ -819,8 +846,8 @@ def _check_finite(dataset: Sequence, name: str) -> None:
             if (torch.is_tensor(value) and value.is_floating_point()
                     and not bool(torch.isfinite(value).all())):
                 raise ValueError(f"The {name} dataset's example {i} holds NaN or inf in "
-                                 f"'{key}': its {name} metrics would be NaN; remove or fix the "
-                                 f"example")
+                                 f"'{key}': its {name} loss and metrics would be NaN; remove or "
+                                 f"fix the example")
 
 
 def train(model: torch.nn.Module, train_dataset: Sequence, val_dataset: Optional[Sequence] = None,
