@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One command for a machine with an NVIDIA GPU: the CUDA tests and the three operator benchmarks
-# on the GPU, each step under its own time limit (under 5 minutes in all, issue 10's bound, so
+# One command for a machine with an NVIDIA GPU: the CUDA tests, a profile of the point-cloud
+# presets and of message passing, speed.py's batches and message passing on the GPU, each step under its own time limit (under 5 minutes in all, issue 10's bound, so
 # that a lent machine's 15 minutes leave room to run it again), results under $OUT (default
 # benchmarks/results/gpu/): gpu_check.log (all output), cuda_tests.txt, and JSON + Markdown +
 # PNG per benchmark. benchmarks/results/gpu/README.md (one H200, 2026-12-04) and
@@ -24,8 +24,8 @@
 # rigid-chunks and default-chunks beside rigid and the default: chunk_size='auto' on a GPU takes
 # groups sized by its memory, the whole graph on one H200, against the CPU's recomputed groups of
 # 32,768 rows that it took in the first check; PyG's blocks on the flat layout, pyg-flat, ran in
-# the first check), the point-cloud training step of the presets at 32 x 1,024 points, and speed.py's
-# batches. The message-passing step writes a partial report as it goes (complete it with the
+# the first check), the point-cloud training step and inference of the presets at 32 x 1,024
+# points (in the profile step; training_step.py no longer runs here), and speed.py's batches. The message-passing step writes a partial report as it goes (complete it with the
 # same command plus --resume); the other steps write their files at their end, so one cut off
 # by its time limit writes nothing.
 set -uo pipefail

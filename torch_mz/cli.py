@@ -175,9 +175,10 @@ def _add_training_args(p: argparse.ArgumentParser):
     g = p.add_argument_group('task')
     g.add_argument('--task', required=True, help="task name (see 'torch-mz tasks')")
     g.add_argument('--n-train', type=int, help="training sets (default: the task's: the "
-                   "paper's for the synthetic tasks and QM9 (50K molecules, 80/10/10); for "
-                   "ModelNet40 / ScanObjectNN the official training files but a 10%% "
-                   "validation hold-out)")
+                   "paper's counts where it gives them (set regression, Chamfer, rotation "
+                   "matching, MST weight) and QM9's 50K molecules, 80/10/10; 5,000 / 1,000 / "
+                   "2,000 for the other synthetic tasks; for ModelNet40 / ScanObjectNN the "
+                   "official training files but a 10%% validation hold-out)")
     g.add_argument('--n-val', type=int, help='validation sets')
     g.add_argument('--n-test', type=int, help='test sets (of ModelNet40 / ScanObjectNN: N spread '
                    'evenly over the official test files, which list their classes in turn)')
@@ -973,9 +974,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help='sets per batch of the forward passes (default: 128; the predictions '
                    'depend on it only up to float rounding)')
     p.add_argument('--device', default='auto', help="'auto', 'cpu', 'cuda' or 'cuda:N'")
-    p.add_argument('--out', required=True, help='CSV file: one row per set, columns prediction '
-                   '(prediction_0, ... for several targets; the class for classification), '
-                   'target, ihw')
+    p.add_argument('--out', required=True, help="CSV file: one row per set, columns set (the "
+                   "set's index in its dataset), gdb_idx (QM9), prediction (prediction_0, ... "
+                   "for several targets; the class for classification), target, and ihw for "
+                   "models that return one")
     p.add_argument('--overwrite', action='store_true', help='replace an existing --out')
     _add_memory_flag(p)
     p.set_defaults(func=cmd_predict)
