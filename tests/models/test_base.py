@@ -7,6 +7,7 @@ import torch_mz.nn.aggr as aggr
 from torch_mz.models import SetPrediction, build_model
 from torch_mz.models.registry import PRESETS
 from torch_mz.nn import MZAggregation
+from torch_mz.nn.zonotope import InputProjection
 
 #: presets whose forward returns an uncertainty (the MZ-Set-Transformer family)
 WITH_IHW = ('mz', 'mz-slim', 'mz-large', 'mz-1l', 'rigid', 'st-4l', 'st-large', 'film',
@@ -180,3 +181,26 @@ def test_tensors_without_batch_are_one_set_even_when_empty(name):
     with pytest.raises(ValueError, match="'num_sets' to be a non-negative integer"):
         model(torch.randn(5, 4, dtype=torch.float64), torch.zeros(5, dtype=torch.long),
               num_sets=-1)
+
+
+def test_every_model_with_an_input_projection_refuses_inputs_beyond_its_limit():
+    # the limit of MZAggregation.validate (the input LayerNorm's statistics overflow beyond it)
+    # was not applied by SetModel.validate, so the Perceiver, which has the same input
+    # projection, predicted NaN at 1e160 in float64; every model with an InputProjection now
+    # refuses such input, and the models without one (an MLP per element or on the mean, no
+    # LayerNorm on the input) still predict finite values there
+    index = torch.tensor([0] * 5 + [1] * 3)
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    x = x / x.abs().max()
+    checked = []
+    for name in [n for n in PRESETS if not n.startswith('egnn')]:
+        model = _model(name)
+        if any(isinstance(m, InputProjection) for m in model.modules()):
+            checked.append(name)
+            with pytest.raises(ValueError, match=r'exceed 1e\+150, beyond which the LayerNorm'):
+                model(x * 1e160, index)
+            assert torch.isfinite(model(x * 1e150, index).prediction).all()
+        else:
+            assert torch.isfinite(model(x * 1e160, index).prediction).all()
+    assert 'perceiver' in checked and 'mz' in checked
+    assert set(PRESETS) - set(checked) == {'deepsets', 'mean-mlp', 'egnn', 'egnn-qm9'}

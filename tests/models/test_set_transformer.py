@@ -183,3 +183,26 @@ def test_attention_models_see_the_empirical_distribution_deep_sets_counts(name):
     torch.testing.assert_close(pred2, pred, rtol=1e-12, atol=1e-12)
     if ihw is not None:
         torch.testing.assert_close(ihw2, ihw, rtol=1e-12, atol=1e-12)
+
+
+def test_perceiver_refuses_inputs_beyond_the_input_projection_limit():
+    # the Perceiver's input goes through the same input projection (a LayerNorm) as the Set
+    # Transformers', but its validation lacked their magnitude check: at 1e20 (float32) and
+    # 1e160 (float64) it predicted NaN where 'mz' and 'rigid' raise; now it raises the same error
+    # and the largest accepted magnitude predicts finite values, as theirs
+    index = make_index([10, 10])
+    g = torch.Generator().manual_seed(0)
+    for dtype, limit, beyond in ((torch.float32, 1e15, 1e20), (torch.float64, 1e150, 1e160)):
+        x = torch.randn(index.numel(), 3, generator=g, dtype=dtype)
+        x = x / x.abs().max()
+        models = _models()
+        perceiver, rigid = models['perceiver'].to(dtype).eval(), models['rigid'].to(dtype).eval()
+        with pytest.raises(ValueError) as expected:
+            rigid(x * beyond, index)
+        with pytest.raises(ValueError, match=r'exceed 1e\+\d+, beyond which the LayerNorm') as e:
+            perceiver(x * beyond, index)
+        assert str(e.value) == str(expected.value)
+        assert torch.isfinite(perceiver(x * limit, index).prediction).all()
+    with torch.autocast('cpu', dtype=torch.float16):
+        with pytest.raises(ValueError, match=r'exceed 1e\+04'):
+            _models()['perceiver'].eval()(x.float() * 1e5, index)

@@ -908,3 +908,55 @@ def test_signed_readout_reads_the_generator_sum_and_ihw_its_magnitudes():
     flipped = Zonotope(z.center, -z.gens)  # the IHW cannot see a generator's sign
     torch.testing.assert_close(ihw._readout(flipped, 3), ihw._readout(z, 3))
     assert not torch.allclose(signed._readout(flipped, 3), signed._readout(z, 3))
+
+
+@pytest.mark.parametrize('kwargs', [dict(), dict(summary='mean+std'), dict(log_n=True)])
+def test_float16_aggregation_of_a_set_larger_than_float16_counts(kwargs):
+    # one set of 70,000 points came out NaN in a float16 aggregation and under float16 autocast:
+    # the gate summary (set_mean / set_std) summed and divided in float16, whose largest finite
+    # value 65,504 is below the count, and log_n took log of the count cast to float16; both
+    # now match the float32 aggregation within float16's precision (2e-2 on outputs of about 2)
+    torch.manual_seed(0)
+    aggr = MZAggregation(F_IN, **dict(SMALL, encoder='isab', **kwargs)).eval()
+    half = MZAggregation(F_IN, **dict(SMALL, encoder='isab', **kwargs)).eval()
+    half.load_state_dict(aggr.state_dict())
+    half.half()
+    n = 70_000
+    x = _x(n + 3, dtype=torch.float32) + 2.0
+    index = torch.cat([torch.zeros(n, dtype=torch.long), torch.tensor([1, 1, 2])])
+    with torch.no_grad():
+        ref = aggr(x, index)
+        out = half(x.half(), index)
+        with torch.autocast('cpu', dtype=torch.float16):
+            auto = aggr(x, index)
+    assert torch.isfinite(ref).all()
+    for o in (out, auto):
+        assert o.dtype == torch.float16 and torch.isfinite(o).all()
+        torch.testing.assert_close(o.float(), ref, rtol=2e-2, atol=2e-2)
+
+
+def test_float16_autocast_applies_the_float16_magnitude_limit():
+    # under float16 autocast the float32 limit (1e15) was applied, so float32 input of magnitude
+    # 1e5 (beyond float16's 65,504) passed the check and came out NaN; the limit is now that of
+    # the precision the input projection computes in (float16: 1e4), where it is narrower
+    aggr = _aggr(dtype=torch.float32)
+    index = torch.tensor([0, 0, 0, 1, 1, 1, 1])
+    x = _x(7, dtype=torch.float32)
+    x = x / x.abs().max()
+    with torch.autocast('cpu', dtype=torch.float16):
+        with pytest.raises(ValueError, match=r'1e\+05 exceed 1e\+04.*torch.float16 \(under '):
+            aggr(x * 1e5, index)
+        at_limit = aggr(x * 1e4, index)
+    # the largest accepted magnitude: finite and close to float32 (2e-2 on outputs of about 1)
+    assert torch.isfinite(at_limit).all()
+    torch.testing.assert_close(at_limit.float(), aggr(x * 1e4, index), rtol=2e-2, atol=2e-2)
+    # a float16 module on float16 input has the same limit; bfloat16 autocast and float64 input
+    # (which autocast does not cast) keep their own
+    with pytest.raises(ValueError, match=r'exceed 1e\+04.*in torch.float16; rescale'):
+        _aggr(dtype=torch.float16)((x * 2e4).half(), index)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        assert torch.isfinite(aggr(x * 1e5, index)).all()
+        with pytest.raises(ValueError, match=r'exceed 1e\+15'):
+            aggr(x * 1e16, index)
+    with torch.autocast('cpu', dtype=torch.float16):
+        assert torch.isfinite(_aggr()(x.double() * 1e5, index)).all()

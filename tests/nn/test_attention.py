@@ -673,3 +673,31 @@ def _spy_attention(monkeypatch):
             return _real(q, k, values, *args)
         monkeypatch.setattr(functional, name, spy)
     return calls
+
+
+def test_log_n_scaling_of_a_set_of_more_keys_than_float16_counts():
+    # log n was taken of the key count cast to the queries' dtype: float16 holds no count above
+    # 65,504, so a set of 70,000 keys scaled its logits by log(inf) and came out NaN, in a
+    # float16 module and under float16 autocast; now the log is taken in float32 and cast, and
+    # both match the float32 module within float16's precision (2e-2 at unit scale)
+    torch.manual_seed(0)
+    attn = MZAttention(4, heads=2, num_generators=0, value='rigid', log_n=True).eval()
+    half = MZAttention(4, heads=2, num_generators=0, value='rigid', log_n=True).eval()
+    half.load_state_dict(attn.state_dict())
+    half.half()
+    n = 70_000
+    g = torch.Generator().manual_seed(1)
+    queries = Zonotope(torch.randn(3, 4, generator=g), torch.zeros(3, 0, 4))
+    keys = Zonotope(torch.randn(n + 2, 4, generator=g), torch.zeros(n + 2, 0, 4))
+    query_set = torch.tensor([0, 0, 1])
+    kv_set = torch.cat([torch.zeros(n, dtype=torch.long), torch.ones(2, dtype=torch.long)])
+    with torch.no_grad():
+        ref = attn(queries, keys, query_set, kv_set, 2).center
+        out = half(Zonotope(queries.center.half(), queries.gens.half()),
+                   Zonotope(keys.center.half(), keys.gens.half()), query_set, kv_set, 2).center
+        with torch.autocast('cpu', dtype=torch.float16):
+            auto = attn(queries, keys, query_set, kv_set, 2).center
+    assert torch.isfinite(ref).all()
+    for o in (out, auto):
+        assert o.dtype == torch.float16 and torch.isfinite(o).all()
+        torch.testing.assert_close(o.float(), ref, rtol=2e-2, atol=2e-2)

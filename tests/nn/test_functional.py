@@ -1313,3 +1313,28 @@ def test_grouped_attention_takes_numpy_integers_as_num_sets():
     ids = torch.tensor([0, 0, 1, 1, 2])
     torch.testing.assert_close(grouped_attention(q, q, q, ids, ids, np.int64(3)),
                                grouped_attention(q, q, q, ids, ids, 3))
+
+
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+def test_set_mean_and_std_of_a_set_larger_than_float16_counts(dtype):
+    # one set of 70,000 rows: the sums and the count were taken in the input's dtype, and float16
+    # holds no count above 65,504 (the mean of rows of about 0.5 came out as 0.0, the std NaN);
+    # now both are taken in float32 and cast back, within one unit of the dtype's precision of
+    # the float64 result on the same (rounded) rows
+    g = torch.Generator().manual_seed(0)
+    n = 70_000
+    x = (0.5 + 0.1 * torch.randn(n + 3, 4, generator=g)).to(dtype)
+    index = torch.cat([torch.zeros(n, dtype=torch.long), torch.tensor([1, 1, 2])])
+    mean, std = set_mean(x, index, 4), set_std(x, index, 4)
+    assert mean.dtype == std.dtype == dtype
+    tol = dict(rtol=torch.finfo(dtype).eps, atol=0.0)
+    torch.testing.assert_close(mean.double(), set_mean(x.double(), index, 4), **tol)
+    torch.testing.assert_close(std.double(), set_std(x.double(), index, 4), **tol)
+    # float32 and float64 keep their own path, bit for bit
+    for wide in (torch.float32, torch.float64):
+        y = x.to(wide)
+        count = torch.bincount(index, minlength=4).clamp(min=1).to(wide).unsqueeze(-1)
+        expected = y.new_zeros(4, 4).index_add_(0, index, y) / count
+        assert torch.equal(set_mean(y, index, 4), expected)
+        sq = y.new_zeros(4, 4).index_add_(0, index, (y - expected[index]).pow(2)) / count
+        assert torch.equal(set_std(y, index, 4), torch.sqrt(sq + 1e-6))

@@ -26,7 +26,7 @@ from torch import Tensor
 from torch.nn import Module
 
 from torch_mz.nn._context import tie_parameters
-from torch_mz.nn.aggr import check_set_input, resolve_set_index
+from torch_mz.nn.aggr import check_input_magnitude, check_set_input, resolve_set_index
 from torch_mz.nn.functional import set_counts
 
 __all__ = [
@@ -132,14 +132,23 @@ class SetModel(Module):
           :obj:`None`
     """
     in_channels: int
+    #: Whether the input passes through an :class:`~torch_mz.nn.zonotope.InputProjection` (whose
+    #: LayerNorm statistics overflow for large entries): :meth:`validate` then refuses entries
+    #: beyond the limit of :class:`~torch_mz.nn.MZAggregation`
+    #: (:func:`~torch_mz.nn.aggr.check_input_magnitude`).
+    has_input_projection: bool = False
 
     def validate(self, x: Tensor, batch: Optional[Tensor],
                  num_sets: Optional[int]) -> Tuple[Tensor, int]:
-        r"""Checks ``x`` (floating point, :math:`(N, F_{in})`, the model's dtype) and the set
-        index; returns the set id of every element and the number of sets."""
+        r"""Checks ``x`` (floating point, :math:`(N, F_{in})`, the model's dtype; with
+        :attr:`has_input_projection`, finite entries within the magnitude limit of
+        :class:`~torch_mz.nn.MZAggregation`) and the set index; returns the set id of every
+        element and the number of sets."""
         param = next(self.parameters(), None)
         check_set_input(x, self.in_channels, torch.get_default_dtype() if param is None
                         else param.dtype)
+        if self.has_input_projection:
+            check_input_magnitude(x)
         return resolve_set_index(x, batch, None, num_sets, names=('batch', 'num_sets'))
 
     def predict(self, x: Tensor, set_id: Tensor, num_sets: int) -> Tuple[Tensor,

@@ -113,7 +113,9 @@ class PerceiverSet(SetModel):
     :obj:`num_latent_blocks` self-attention blocks refine the latents, repeated
     :obj:`num_cross` times; a PMA pools the latents and a two-layer MLP predicts. Built from the
     same MAB/SAB/PMA blocks as the Set Transformers with the ``'rigid'`` value operator and plain
-    vector tokens. The forward returns ``(prediction, None)``: it has no uncertainty output.
+    vector tokens. The forward returns ``(prediction, None)``: it has no uncertainty output. Its
+    input passes through the same input projection (a LayerNorm) as the Set Transformers', and
+    is checked against the same magnitude limit (:meth:`~torch_mz.nn.MZAggregation.validate`).
 
     Args:
         in_channels (int): Element width.
@@ -126,6 +128,8 @@ class PerceiverSet(SetModel):
         d_ff (int): FFN width (default: :obj:`128`).
         dropout (float): Dropout (default: :obj:`0.0`).
     """
+    has_input_projection = True  # validate() applies the input projection's magnitude limit
+
     def __init__(self, in_channels: int, out_channels: int, dim: int = 64, heads: int = 4,
                  num_latents: int = 16, num_cross: int = 2, num_latent_blocks: int = 1,
                  d_ff: int = 128, dropout: float = 0.0):

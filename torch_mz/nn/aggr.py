@@ -233,6 +233,43 @@ def largest_finite_magnitude(x: Tensor) -> float:
     return float(finite.abs().max()) if finite.numel() > 0 else 0.0
 
 
+def input_magnitude_limit(dtype: torch.dtype) -> float:
+    r"""The largest input magnitude that :func:`check_input_magnitude` accepts when the input
+    projection computes in :obj:`dtype`: :math:`10^{15}` in float32 and bfloat16, a margin below
+    the magnitude at which the LayerNorm statistics overflow (about :math:`10^{19}`);
+    :math:`10^{150}` in float64 (about :math:`10^{154}`); :math:`10^4` in float16, whose largest
+    finite value is 65,504, which the input projection's linear map (its sum over the input
+    channels) exceeds first (at initialisation: at :math:`2 \cdot 10^4` with 64 channels of
+    equal magnitude)."""
+    if dtype == torch.float16:
+        return 1e4
+    return 1e15 if torch.finfo(dtype).max < 1e300 else 1e150
+
+
+def check_input_magnitude(x: Tensor) -> None:
+    r"""Refuses, with a :class:`ValueError`, input whose finite entries exceed
+    :func:`input_magnitude_limit` of the precision the input projection computes in: the
+    input's dtype or, under :func:`torch.autocast` for its device (which casts every floating
+    input but float64), the autocast dtype where that is narrower. NaN and infinite entries are
+    not refused (they stay inside their set). Not checked for an empty input or under
+    :func:`torch.compile`, where reading the largest entry would break the graph."""
+    if x.numel() == 0 or torch.compiler.is_compiling():
+        return
+    dtype, device = x.dtype, x.device.type
+    if dtype != torch.float64 and torch.is_autocast_enabled(device):
+        cast = torch.get_autocast_dtype(device)
+        if input_magnitude_limit(cast) < input_magnitude_limit(dtype):
+            dtype = cast
+    limit = input_magnitude_limit(dtype)
+    largest = largest_finite_magnitude(x.detach())
+    if largest > limit:
+        what = ("the linear map of the input projection overflows" if dtype == torch.float16
+                else "the LayerNorm statistics of the input projection overflow")
+        under = ' (under torch.autocast)' if dtype != x.dtype else ''
+        raise ValueError(f"Input entries of magnitude up to {largest:.3g} exceed {limit:.0e}, "
+                         f"beyond which {what} in {dtype}{under}; rescale the input")
+
+
 def check_set_input(x: Tensor, in_channels: int, dtype: torch.dtype) -> None:
     r"""Checks the element features of a set model or aggregation: a floating-point
     :math:`(N, F_{in})` tensor of the module's :obj:`dtype` (or run under
@@ -282,7 +319,9 @@ class MZAggregation(Aggregation):
     the module's dtype (or run under :func:`torch.autocast`) whose finite entries are at most
     :math:`10^{15}` in magnitude (float32; :math:`10^{150}` in float64), a margin below the
     magnitude at which the LayerNorm statistics of the input projection overflow (about
-    :math:`10^{19}` in float32: finite outputs up to :math:`10^{18}` were measured); not
+    :math:`10^{19}` in float32: finite outputs up to :math:`10^{18}` were measured); in float16,
+    and under :func:`torch.autocast` to float16, :math:`10^4`, below the float16 overflow of the
+    input projection's linear map (:func:`input_magnitude_limit`); not
     checked under :func:`torch.compile`, where reading the largest entry would break the
     graph. NaN or infinite entries are allowed and stay inside their set.
 
@@ -542,14 +581,7 @@ class MZAggregation(Aggregation):
         :obj:`names` are what messages call ``index`` and ``dim_size``."""
         refuse_jit_trace(type(self).__name__)
         check_set_input(x, self.in_channels, self.lin.weight.dtype)
-        if x.numel() > 0 and not torch.compiler.is_compiling():
-            limit = 1e15 if torch.finfo(x.dtype).max < 1e300 else 1e150
-            largest = largest_finite_magnitude(x.detach())
-            if largest > limit:
-                raise ValueError(f"Input entries of magnitude up to "
-                                 f"{largest:.3g} exceed {limit:.0e}, beyond "
-                                 f"which the LayerNorm statistics of the input projection "
-                                 f"overflow in {x.dtype}; rescale the input")
+        check_input_magnitude(x)
         return resolve_set_index(x, index, ptr, dim_size, names)
 
     def pool(self, x: Tensor, set_id: Tensor, num_sets: int) -> Tuple[Tensor, Tensor]:

@@ -274,7 +274,11 @@ class MZAttention(Module):
 
     def set_summary(self, center: Tensor, set_id: Tensor, num_sets: int) -> Tensor:
         r"""The permutation-invariant summary :math:`\mu(S)` of each set's key/value centers,
-        shape :obj:`(num_sets, d)` or :obj:`(num_sets, 2d)`; zero for an empty set."""
+        shape :obj:`(num_sets, d)` or :obj:`(num_sets, 2d)`; zero for an empty set. Float16 and
+        bfloat16 centers are summarised in float32 (the std from the unrounded mean) and the
+        summary cast back."""
+        if self.summary != 'mean' and center.dtype in (torch.float16, torch.bfloat16):
+            return self.set_summary(center.float(), set_id, num_sets).to(center.dtype)
         mean = set_mean(center, set_id, num_sets)  # (B, d)
         if self.summary == 'mean':
             return mean
@@ -399,8 +403,9 @@ class MZAttention(Module):
         q = F.linear(query.center, self.lin_q.weight * (1.0 / math.sqrt(dk))).view(
             Nq, H, dk)  # (Nq, H, dk)
         if self.log_n:
-            n = counts_k.clamp(min=1).to(q.dtype)  # (B,)
-            q = q * torch.log(n)[query_set].view(Nq, 1, 1)
+            # the log in at least float32 (float16 holds no count above 65,504), then cast
+            n = counts_k.clamp(min=1).to(torch.promote_types(q.dtype, torch.float32))  # (B,)
+            q = q * torch.log(n).to(q.dtype)[query_set].view(Nq, 1, 1)
         if isinstance(key_value, MappedZonotope):
             rows, c_weight, c_bias = key_value.center_rows()
             if c_weight is not None:  # in the queries' precision, for every map it joins

@@ -94,8 +94,17 @@ def repeat_per_set(num_sets: int, k: int, device: torch.device) -> Tensor:
     return ids
 
 
+# float16 holds no count above 65,504 and loses a sum of many rows (the spacing near 2,048 is 2):
+# a set's sums and counts are taken in float32 for these inputs, and the result cast back
+_ACCUMULATE_IN_FLOAT32 = (torch.float16, torch.bfloat16)
+
+
 def set_mean(x: Tensor, set_id: Tensor, num_sets: int) -> Tensor:
-    r"""Mean of the rows of each set, zero for an empty set. Shape :obj:`(num_sets, F)`."""
+    r"""Mean of the rows of each set, zero for an empty set. Shape :obj:`(num_sets, F)`. A
+    float16 or bfloat16 input is summed and divided in float32 and the mean cast back to its
+    dtype (float16 holds no count above 65,504)."""
+    if x.dtype in _ACCUMULATE_IN_FLOAT32:
+        return set_mean(x.float(), set_id, num_sets).to(x.dtype)
     out = x.new_zeros(num_sets, x.size(-1)).index_add_(0, set_id, x)  # (B, F)
     count = set_counts(set_id, num_sets).clamp(min=1).to(x.dtype)  # (B,)
     return out / count.unsqueeze(-1)
@@ -104,7 +113,12 @@ def set_mean(x: Tensor, set_id: Tensor, num_sets: int) -> Tensor:
 def set_std(x: Tensor, set_id: Tensor, num_sets: int, mean: Optional[Tensor] = None,
             eps: float = 1e-6) -> Tensor:
     r"""Per-feature standard deviation of the rows of each set, :math:`\sqrt{\mathrm{Var}+\epsilon}`
-    (population variance; a set of zero or one rows has variance 0). Shape :obj:`(num_sets, F)`."""
+    (population variance; a set of zero or one rows has variance 0). Shape :obj:`(num_sets, F)`.
+    A float16 or bfloat16 input is computed in float32 and the result cast back, as in
+    :func:`set_mean`."""
+    if x.dtype in _ACCUMULATE_IN_FLOAT32:
+        return set_std(x.float(), set_id, num_sets, None if mean is None else mean.float(),
+                       eps).to(x.dtype)
     if mean is None:
         mean = set_mean(x, set_id, num_sets)
     sq = set_mean((x - mean[set_id]).pow(2), set_id, num_sets)  # (B, F)
