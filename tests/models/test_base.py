@@ -204,3 +204,20 @@ def test_every_model_with_an_input_projection_refuses_inputs_beyond_its_limit():
             assert torch.isfinite(model(x * 1e160, index).prediction).all()
     assert 'perceiver' in checked and 'mz' in checked
     assert set(PRESETS) - set(checked) == {'deepsets', 'mean-mlp', 'egnn', 'egnn-qm9'}
+
+
+def test_models_without_an_input_projection_refuse_what_overflows_float16():
+    # Deep Sets and the mean MLP have no input LayerNorm (no limit in float32: finite at 1e30),
+    # but their first linear map overflows in float16: under float16 autocast, input of 1e5 gave
+    # NaN; it is refused with the float16 limit now
+    index = torch.tensor([0] * 5 + [1] * 3)
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(0))
+    x = x / x.abs().max()
+    for name in ('deepsets', 'mean-mlp'):
+        model = _model(name).float().eval()
+        assert torch.isfinite(model(x * 1e30, index).prediction).all()
+        with torch.autocast('cpu', dtype=torch.float16):
+            with pytest.raises(ValueError, match=r'exceed 1e\+04, beyond which the first linear '
+                                                 r'map of the input overflows in torch.float16'):
+                model(x * 1e5, index)
+            assert torch.isfinite(model(x * 1e3, index).prediction).all()

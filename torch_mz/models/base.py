@@ -135,20 +135,21 @@ class SetModel(Module):
     #: Whether the input passes through an :class:`~torch_mz.nn.zonotope.InputProjection` (whose
     #: LayerNorm statistics overflow for large entries): :meth:`validate` then refuses entries
     #: beyond the limit of :class:`~torch_mz.nn.MZAggregation`
-    #: (:func:`~torch_mz.nn.aggr.check_input_magnitude`).
+    #: (:func:`~torch_mz.nn.aggr.check_input_magnitude`); the other models only beyond the
+    #: float16 limit where they compute in float16 (their first linear map overflows there).
     has_input_projection: bool = False
 
     def validate(self, x: Tensor, batch: Optional[Tensor],
                  num_sets: Optional[int]) -> Tuple[Tensor, int]:
         r"""Checks ``x`` (floating point, :math:`(N, F_{in})`, the model's dtype; with
         :attr:`has_input_projection`, finite entries within the magnitude limit of
-        :class:`~torch_mz.nn.MZAggregation`) and the set index; returns the set id of every
-        element and the number of sets."""
+        :class:`~torch_mz.nn.MZAggregation`, otherwise within its float16 limit where the model
+        computes in float16) and the set index; returns the set id of every element and the
+        number of sets."""
         param = next(self.parameters(), None)
         check_set_input(x, self.in_channels, torch.get_default_dtype() if param is None
                         else param.dtype)
-        if self.has_input_projection:
-            check_input_magnitude(x)
+        check_input_magnitude(x, float16_only=not self.has_input_projection)
         return resolve_set_index(x, batch, None, num_sets, names=('batch', 'num_sets'))
 
     def predict(self, x: Tensor, set_id: Tensor, num_sets: int) -> Tuple[Tensor,

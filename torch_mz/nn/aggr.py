@@ -246,11 +246,13 @@ def input_magnitude_limit(dtype: torch.dtype) -> float:
     return 1e15 if torch.finfo(dtype).max < 1e300 else 1e150
 
 
-def check_input_magnitude(x: Tensor) -> None:
+def check_input_magnitude(x: Tensor, float16_only: bool = False) -> None:
     r"""Refuses, with a :class:`ValueError`, input whose finite entries exceed
     :func:`input_magnitude_limit` of the precision the input projection computes in: the
     input's dtype or, under :func:`torch.autocast` for its device (which casts every floating
-    input but float64), the autocast dtype where that is narrower. NaN and infinite entries are
+    input but float64), the autocast dtype where that is narrower. With :obj:`float16_only`
+    (models whose first layer is a plain linear map, without the projection's LayerNorm) only
+    the float16 limit applies. NaN and infinite entries are
     not refused (they stay inside their set). Not checked for an empty input or under
     :func:`torch.compile`, where reading the largest entry would break the graph."""
     if x.numel() == 0 or torch.compiler.is_compiling():
@@ -260,10 +262,12 @@ def check_input_magnitude(x: Tensor) -> None:
         cast = torch.get_autocast_dtype(device)
         if input_magnitude_limit(cast) < input_magnitude_limit(dtype):
             dtype = cast
+    if float16_only and dtype != torch.float16:
+        return
     limit = input_magnitude_limit(dtype)
     largest = largest_finite_magnitude(x.detach())
     if largest > limit:
-        what = ("the linear map of the input projection overflows" if dtype == torch.float16
+        what = ("the first linear map of the input overflows" if dtype == torch.float16
                 else "the LayerNorm statistics of the input projection overflow")
         under = ' (under torch.autocast)' if dtype != x.dtype else ''
         raise ValueError(f"Input entries of magnitude up to {largest:.3g} exceed {limit:.0e}, "
