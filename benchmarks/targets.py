@@ -678,13 +678,17 @@ FAILING_SIDE = {
 
 def _failed_sides(key: str, data: Mapping[str, Mapping]) -> List[str]:
     r"""The failed power-law rows of the side :data:`FAILING_SIDE` names for :obj:`key`, as
-    ``label: aggr, d=..., nodes`` (empty where the target has no such side)."""
+    ``label: aggr, d=..., nodes``, where every power-law row of that side failed (empty where
+    the target has no such side, or where that side ran on some power-law graph: the missing
+    ratio then has another cause)."""
     if key not in FAILING_SIDE:
         return []
     labels, aggr = FAILING_SIDE[key]
-    return [f"{label}: {r['aggr']}, d={r['dim']}, {r['nodes']} nodes"
-            for label in labels for r in data.get(label, {}).get('rows', [])
-            if r.get('error') and r.get('aggr') == aggr and r.get('degrees') == 'power-law']
+    rows = [(label, r) for label in labels for r in data.get(label, {}).get('rows', [])
+            if r.get('aggr') == aggr and r.get('degrees') == 'power-law']
+    if any(not r.get('error') for _, r in rows):  # it ran on some graph: not why
+        return []
+    return [f"{label}: {r['aggr']}, d={r['dim']}, {r['nodes']} nodes" for label, r in rows]
 
 
 class ResultsError(ValueError):

@@ -259,6 +259,13 @@ def test_pyg_without_its_fast_path_has_companion_rows_of_its_own():
     line = next(x for x in text.splitlines()
                 if x.startswith('| message passing inference: PyG / `rigid`'))
     assert 'the other side failed on every such graph (1 row,' in line
+    # where that side ran on another power-law graph (whose pair has no rigid row), its failure
+    # is not said to be why nothing was measured
+    more = rows + [dict(aggr='pyg', degrees='power-law', dim=64, nodes=1000, edges=10000,
+                        conv='sage', median_ms=9000.0, peak_mib=900.0, inference=True)]
+    r = by_key(targets.evaluate({'message_passing_inference_nofast': dict(rows=more)}))
+    assert r['mp-infer-power-law']['status'] == 'not measured'
+    assert r['mp-infer-power-law']['failed_other_side'] == []
 
 
 def test_committed_results(tmp_path):

@@ -43,7 +43,7 @@ def test_checkpoint_is_self_describing(task, tmp_path):
         assert raw['run_info']['model'] == {
             'name': 'mz-slim', 'args': SMALL, 'in_channels': 3, 'out_channels': 3,
             'pos_dim': 3, 'feature_columns': None}
-        assert set(raw['normalizer']) == {'mean', 'std', 'eps'}
+        assert set(raw['normalizer']) == {'mean', 'std', 'relative_eps', 'float64'}
 
 
 def test_load_model_predicts_like_the_trained_model_in_target_units(task, tmp_path):

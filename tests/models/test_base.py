@@ -217,7 +217,7 @@ def test_models_without_an_input_projection_refuse_what_overflows_float16():
         model = _model(name).float().eval()
         assert torch.isfinite(model(x * 1e30, index).prediction).all()
         with torch.autocast('cpu', dtype=torch.float16):
-            with pytest.raises(ValueError, match=r'exceed 1e\+04, beyond which the first linear '
-                                                 r'map of the input overflows in torch.float16'):
+            with pytest.raises(ValueError, match=r'beyond which the first linear map of the '
+                                                 r'input overflows in torch.float16'):
                 model(x * 1e5, index)
             assert torch.isfinite(model(x * 1e3, index).prediction).all()

@@ -938,22 +938,31 @@ def test_float16_aggregation_of_a_set_larger_than_float16_counts(kwargs):
 def test_float16_autocast_applies_the_float16_magnitude_limit():
     # under float16 autocast the float32 limit (1e15) was applied, so float32 input of magnitude
     # 1e5 (beyond float16's 65,504) passed the check and came out NaN; the limit is now that of
-    # the precision the input projection computes in (float16: 1e4), where it is narrower
+    # the precision the input projection computes in (float16: half of 65,504 over the largest
+    # absolute row sum of the weights that take the input), where it is narrower
+    from torch_mz.nn.aggr import input_magnitude_limit
     aggr = _aggr(dtype=torch.float32)
     index = torch.tensor([0, 0, 0, 1, 1, 1, 1])
     x = _x(7, dtype=torch.float32)
     x = x / x.abs().max()
+    limit = input_magnitude_limit(torch.float16, aggr, F_IN)
+    rows = max(float(m.weight.abs().sum(1).max()) for m in aggr.modules()
+               if isinstance(m, torch.nn.Linear) and m.in_features == F_IN)
+    assert limit == pytest.approx(0.5 * 65504 / rows) and 1e3 < limit < 3e4
     with torch.autocast('cpu', dtype=torch.float16):
-        with pytest.raises(ValueError, match=r'1e\+05 exceed 1e\+04.*torch.float16 \(under '):
-            aggr(x * 1e5, index)
-        at_limit = aggr(x * 1e4, index)
+        with pytest.raises(ValueError, match=r'exceed [\d.e+]+, beyond which the first linear '
+                                             r'map of the input overflows in torch.float16 '
+                                             r'\(under '):
+            aggr(x * 2 * limit, index)
+        at_limit = aggr(x * (0.999 * limit), index)
     # the largest accepted magnitude: finite and close to float32 (2e-2 on outputs of about 1)
     assert torch.isfinite(at_limit).all()
-    torch.testing.assert_close(at_limit.float(), aggr(x * 1e4, index), rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(at_limit.float(), aggr(x * (0.999 * limit), index), rtol=2e-2,
+                               atol=2e-2)
     # a float16 module on float16 input has the same limit; bfloat16 autocast and float64 input
     # (which autocast does not cast) keep their own
-    with pytest.raises(ValueError, match=r'exceed 1e\+04.*in torch.float16; rescale'):
-        _aggr(dtype=torch.float16)((x * 2e4).half(), index)
+    with pytest.raises(ValueError, match=r'in torch.float16; rescale'):
+        _aggr(dtype=torch.float16)((x * 1.5 * limit).half(), index)
     with torch.autocast('cpu', dtype=torch.bfloat16):
         assert torch.isfinite(aggr(x * 1e5, index)).all()
         with pytest.raises(ValueError, match=r'exceed 1e\+15'):

@@ -138,11 +138,28 @@ def test_evaluating_in_one_thread_leaves_other_threads_target_units():
         worker.join()
         assert torch.equal(seen['other'], units)
         assert not torch.allclose(seen['standard'], units)
-        # overlapping contexts in one thread (entered and left out of order) leave target units
-        a, b = _standardised(model), _standardised(model)
-        a.__enter__()
-        b.__enter__()
-        assert not torch.allclose(model(batch), units)
-        b.__exit__(None, None, None)
-        a.__exit__(None, None, None)
-        assert torch.equal(model(batch), units)
+        # overlapping contexts in one thread, left in either order: standardised while one is
+        # open, target units after (a reset to the entry's token left it standardised for good
+        # when a was left before b)
+        for order in ((0, 1), (1, 0)):
+            contexts = [_standardised(model), _standardised(model)]
+            for c in contexts:
+                c.__enter__()
+            contexts[order[0]].__exit__(None, None, None)
+            assert not torch.allclose(model(batch), units)
+            contexts[order[1]].__exit__(None, None, None)
+            assert torch.equal(model(batch), units)
+
+
+def test_a_state_of_before_the_relative_threshold_keeps_the_new_default():
+    # states written before 0.3.0 hold 'eps' 1e-8, an absolute threshold: read as relative it
+    # made a refit treat a column of 1e4 +- 5e-5 as constant
+    old_state = {'mean': torch.zeros(1, dtype=torch.float64),
+                 'std': torch.ones(1, dtype=torch.float64), 'eps': 1e-8}
+    norm = TargetNormalizer().load_state_dict(old_state)
+    assert norm.eps == 1e-12 and not norm.float64
+    y = 1e4 + 5e-5 * torch.randn(100, 1, generator=torch.Generator().manual_seed(0),
+                                 dtype=torch.float64)
+    assert float(norm.fit(y).std) != 1.0
+    assert TargetNormalizer(1e-3).load_state_dict(TargetNormalizer(1e-3).fit(y).state_dict()) \
+        .eps == 1e-3

@@ -512,3 +512,88 @@ def test_a_label_of_minus_100_is_refused_like_any_other_out_of_range_label():
     labels[3].y = torch.tensor([-100])
     with pytest.raises(ValueError, match=r'Class labels must be in \[0, 3\).*from -100'):
         Trainer(H.ToyDeepSets(3, 3), config(epochs=1), 'classification').fit(labels)
+
+
+def test_the_r2_of_a_column_far_from_zero_is_that_of_the_two_pass_variance():
+    # without a normaliser the sums were not centred, and the tolerance for constant columns
+    # read y = 1e4 +- 1e-2 as constant (R^2 0; the uncentred one-pass value was 0.988): the
+    # targets' moments are merged batch by batch now
+    g = torch.Generator().manual_seed(0)
+    sets = [Data(x=torch.randn(3, 3, generator=g),
+                 y=(1e4 + 1e-2 * torch.randn(1, generator=g, dtype=torch.float64)).view(1, 1))
+            for _ in range(200)]
+    y = torch.cat([d.y for d in sets]).view(-1)
+    shift = 1e-3 * torch.randn(200, generator=g, dtype=torch.float64)  # the model's errors
+    for d, s in zip(sets, shift):
+        d.y_pred = d.y + s
+
+    class Off(_Oracle):
+        def forward(self, batch):
+            return batch.y_pred.view(-1, 1) + 0 * self.w
+    trainer = Trainer(Off(0.0, 1.0), config(batch_size=16, normalize_targets=False))
+    r2 = trainer.evaluate(sets)['r2']
+    two_pass = 1 - float(shift.pow(2).sum()) / float((y - y.mean()).pow(2).sum())
+    assert 0.9 < two_pass < 1 and r2 == pytest.approx(two_pass, rel=1e-9)
+
+
+def test_float64_targets_are_predicted_in_float64_on_every_path():
+    # evaluate mapped float64 targets back in float64, but model(batch), Trainer.predict and
+    # predict() did it in float32 (predictions near 1e8 were multiples of 8): a normaliser
+    # fitted on float64 targets maps back in float64 everywhere; one fitted on float32 targets
+    # keeps float32 predictions
+    from torch_mz.train import predict
+    g = torch.Generator().manual_seed(0)
+    sets = [Data(x=torch.randn(4, 3, generator=g),
+                 y=(1e8 + 2 * torch.randn(1, generator=g, dtype=torch.float64)).view(1, 1))
+            for _ in range(64)]
+    y = torch.cat([d.y for d in sets])
+    model = _Oracle(float(y[:48].mean()), float(y[:48].std(unbiased=False)))
+    trainer = Trainer(model, config(epochs=1, lr=0.0, warmup_epochs=0))
+    trainer.fit(sets[:48])
+    assert trainer.normalizer.float64
+    for pred, expected in ((trainer.predict(sets), y), (predict(model, sets), y),
+                           (model(sets[0]), y[:1])):
+        pred = pred[0] if isinstance(pred, tuple) else pred
+        assert pred.dtype == torch.float64
+        assert (pred.view(-1) - expected.view(-1)).abs().max() < 1e-6
+    float32 = TargetNormalizer().fit(torch.randn(10, 1))
+    assert not float32.float64 and float32.inverse_transform(torch.zeros(2, 1)).dtype == \
+        torch.float32
+    again = TargetNormalizer().load_state_dict(trainer.normalizer.state_dict())
+    assert again.float64
+
+
+def test_a_loss_of_ones_own_takes_targets_in_the_outputs_precision_and_may_mask_nan():
+    # float64 targets (kept for the metrics) reached a custom loss as float64 with a float32
+    # output: torch's losses failed in backward; and a NaN marking a missing target, which a
+    # masking loss leaves out, was refused before training
+    g = torch.Generator().manual_seed(0)
+    sets = [Data(x=torch.randn(4, 3, generator=g),
+                 y=torch.randn(1, 2, generator=g, dtype=torch.float64)) for _ in range(32)]
+    seen = []
+
+    def huber(out, target):
+        seen.append(target.dtype)
+        return F.huber_loss(out, target)
+    Trainer(H.ToyDeepSets(3, 2), config(epochs=1), loss_fn=huber).fit(sets)
+    assert set(seen) == {torch.float32}
+    for d in sets[::4]:
+        d.y = d.y.clone()
+        d.y[0, 1] = float('nan')
+
+    def masked(out, target):
+        keep = torch.isfinite(target)
+        return F.mse_loss(out[keep], target[keep])
+    result = Trainer(H.ToyDeepSets(3, 2), config(epochs=1, normalize_targets=False),
+                     loss_fn=masked).fit(sets)
+    assert math.isfinite(result.history[-1]['train_loss'])
+
+
+def test_evaluating_a_model_carrying_its_normaliser_without_normalising_is_in_target_units():
+    # a Trainer that does not normalise compared the standardised outputs of a model carrying
+    # its normaliser with raw targets
+    trainer = Trainer(H.ToyDeepSets(3, 2), config(epochs=2))
+    trainer.fit(REG_TRAIN[:64])
+    plain = Trainer(trainer.model, config(normalize_targets=False))
+    assert plain.evaluate(REG_VAL)['mse'] == pytest.approx(trainer.evaluate(REG_VAL)['mse'],
+                                                           rel=1e-6)

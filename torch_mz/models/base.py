@@ -149,7 +149,7 @@ class SetModel(Module):
         param = next(self.parameters(), None)
         check_set_input(x, self.in_channels, torch.get_default_dtype() if param is None
                         else param.dtype)
-        check_input_magnitude(x, float16_only=not self.has_input_projection)
+        check_input_magnitude(x, float16_only=not self.has_input_projection, module=self)
         return resolve_set_index(x, batch, None, num_sets, names=('batch', 'num_sets'))
 
     def predict(self, x: Tensor, set_id: Tensor, num_sets: int) -> Tuple[Tensor,

@@ -5,7 +5,7 @@ from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
-from torch.nn import Linear, ModuleList
+from torch.nn import Linear, Module, ModuleList
 from torch_geometric.nn.aggr import Aggregation
 
 from torch_mz import runtime
@@ -233,26 +233,34 @@ def largest_finite_magnitude(x: Tensor) -> float:
     return float(finite.abs().max()) if finite.numel() > 0 else 0.0
 
 
-def input_magnitude_limit(dtype: torch.dtype) -> float:
+def input_magnitude_limit(dtype: torch.dtype, module: Optional[Module] = None,
+                          in_channels: Optional[int] = None) -> float:
     r"""The largest input magnitude that :func:`check_input_magnitude` accepts when the input
     projection computes in :obj:`dtype`: :math:`10^{15}` in float32 and bfloat16, a margin below
     the magnitude at which the LayerNorm statistics overflow (about :math:`10^{19}`);
-    :math:`10^{150}` in float64 (about :math:`10^{154}`); :math:`10^4` in float16, whose largest
-    finite value is 65,504, which the input projection's linear map (its sum over the input
-    channels) exceeds first (at initialisation: at :math:`2 \cdot 10^4` with 64 channels of
-    equal magnitude)."""
+    :math:`10^{150}` in float64 (about :math:`10^{154}`). In float16, whose largest finite value
+    is 65,504, the first linear maps of the input overflow first: the limit is half of 65,504
+    over the largest absolute row sum of the weights of :obj:`module`'s linear layers that take
+    the :obj:`in_channels` input features (a bound under which no such map's output exceeds
+    half the range, whatever the input), :math:`10^4` where no module is given."""
     if dtype == torch.float16:
-        return 1e4
+        sums = [float(m.weight.detach().abs().sum(dim=1).max()) for m in
+                (module.modules() if module is not None else ())
+                if isinstance(m, Linear) and m.in_features == in_channels
+                and m.weight.numel() > 0]
+        return 1e4 if not sums else 0.5 * 65504.0 / max(max(sums), 1e-30)
     return 1e15 if torch.finfo(dtype).max < 1e300 else 1e150
 
 
-def check_input_magnitude(x: Tensor, float16_only: bool = False) -> None:
+def check_input_magnitude(x: Tensor, float16_only: bool = False,
+                          module: Optional[Module] = None) -> None:
     r"""Refuses, with a :class:`ValueError`, input whose finite entries exceed
     :func:`input_magnitude_limit` of the precision the input projection computes in: the
     input's dtype or, under :func:`torch.autocast` for its device (which casts every floating
     input but float64), the autocast dtype where that is narrower. With :obj:`float16_only`
     (models whose first layer is a plain linear map, without the projection's LayerNorm) only
-    the float16 limit applies. NaN and infinite entries are
+    the float16 limit applies, from :obj:`module`'s first linear layers where it is given
+    (:func:`input_magnitude_limit`). NaN and infinite entries are
     not refused (they stay inside their set). Not checked for an empty input or under
     :func:`torch.compile`, where reading the largest entry would break the graph."""
     if x.numel() == 0 or torch.compiler.is_compiling():
@@ -264,13 +272,13 @@ def check_input_magnitude(x: Tensor, float16_only: bool = False) -> None:
             dtype = cast
     if float16_only and dtype != torch.float16:
         return
-    limit = input_magnitude_limit(dtype)
+    limit = input_magnitude_limit(dtype, module, x.size(-1))
     largest = largest_finite_magnitude(x.detach())
     if largest > limit:
         what = ("the first linear map of the input overflows" if dtype == torch.float16
                 else "the LayerNorm statistics of the input projection overflow")
         under = ' (under torch.autocast)' if dtype != x.dtype else ''
-        raise ValueError(f"Input entries of magnitude up to {largest:.3g} exceed {limit:.0e}, "
+        raise ValueError(f"Input entries of magnitude up to {largest:.3g} exceed {limit:.3g}, "
                          f"beyond which {what} in {dtype}{under}; rescale the input")
 
 
@@ -585,7 +593,7 @@ class MZAggregation(Aggregation):
         :obj:`names` are what messages call ``index`` and ``dim_size``."""
         refuse_jit_trace(type(self).__name__)
         check_set_input(x, self.in_channels, self.lin.weight.dtype)
-        check_input_magnitude(x)
+        check_input_magnitude(x, module=self)
         return resolve_set_index(x, index, ptr, dim_size, names)
 
     def pool(self, x: Tensor, set_id: Tensor, num_sets: int) -> Tuple[Tensor, Tensor]:

@@ -1,7 +1,7 @@
 r"""Target normalisation: :class:`TargetNormalizer` (statistics of the training split) and
 :class:`TargetUnits`, which a model carries so that it predicts in target units."""
 import contextvars
-from typing import Any, Dict, FrozenSet, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -28,9 +28,12 @@ class TargetNormalizer:
     (before 0.3.0 an absolute :math:`\sigma < 10^{-8}` counted as constant, and such a model could
     not fit them).
 
-    The maps run in the targets' precision, at least float32: a float16 or bfloat16 prediction
-    (:func:`torch.autocast`) is mapped back to target units in float32, where bfloat16 would round
-    a prediction of 1000 to a multiple of 8.
+    The maps run in at least float32: a float16 or bfloat16 prediction (:func:`torch.autocast`)
+    is mapped back to target units in float32, where bfloat16 would round a prediction of 1000
+    to a multiple of 8; and in float64 where the normaliser was fitted on float64 targets
+    (:attr:`float64`; the Trainer keeps float64 and integer targets in float64), so that a
+    float32 prediction of targets about 1e8 is not rounded to a multiple of 8 in target
+    units. Predictions of a normaliser fitted on float32 targets stay float32.
 
     Args:
         eps (float, optional): The largest standard deviation, relative to the column's
@@ -45,6 +48,7 @@ class TargetNormalizer:
         self.eps = eps
         self.mean: Optional[Tensor] = None  # (t,) float64
         self.std: Optional[Tensor] = None  # (t,) float64
+        self.float64 = False  # fitted on float64 targets: maps back in float64
 
     @property
     def fitted(self) -> bool:
@@ -53,6 +57,7 @@ class TargetNormalizer:
     def fit(self, y: Tensor) -> 'TargetNormalizer':
         if not torch.is_tensor(y) or y.numel() == 0:
             raise ValueError('Expected a non-empty tensor of targets to fit the normaliser')
+        self.float64 = y.dtype == torch.float64
         y = y.detach().to(torch.float64)
         if not bool(torch.isfinite(y).all()):
             raise ValueError('Expected finite targets to fit the normaliser (got NaN or inf)')
@@ -74,27 +79,31 @@ class TargetNormalizer:
         return _stats_like(y, self.mean, self.std)
 
     def transform(self, y: Tensor) -> Tensor:
-        y = _wide(y)
+        y = _wide(y, self.float64)
         mean, std = self._stats(y)
         return (y - mean) / std
 
     def inverse_transform(self, y: Tensor) -> Tensor:
-        y = _wide(y)
+        y = _wide(y, self.float64)
         mean, std = self._stats(y)
         return y * std + mean
 
     def inverse_scale(self, s: Tensor) -> Tensor:
         r"""Maps a scale (e.g. a predicted standard deviation) from normalised to original units:
         multiplies by :math:`\sigma` without adding :math:`\mu`."""
-        s = _wide(s)
+        s = _wide(s, self.float64)
         return s * self._stats(s)[1]
 
     def state_dict(self) -> Dict[str, Any]:
-        return {'mean': self.mean, 'std': self.std, 'eps': self.eps}
+        # (the relative threshold under its own key: 'eps' was an absolute one before 0.3.0,
+        # which a state of then still holds and which is not read as relative)
+        return {'mean': self.mean, 'std': self.std, 'relative_eps': self.eps,
+                'float64': self.float64}
 
     def load_state_dict(self, state: Dict[str, Any]) -> 'TargetNormalizer':
         self.mean, self.std = state['mean'], state['std']
-        self.eps = float(state.get('eps', self.eps))
+        self.eps = float(state.get('relative_eps', self.eps))
+        self.float64 = bool(state.get('float64', False))
         return self
 
     def __repr__(self) -> str:
@@ -105,9 +114,12 @@ class TargetNormalizer:
                 f'std={self.std.tolist()})')
 
 
-def _wide(y: Tensor) -> Tensor:
-    r""":obj:`y` in float32 where it is float16 or bfloat16 (as it is otherwise): the
-    normalisation's arithmetic in at least float32."""
+def _wide(y: Tensor, float64: bool = False) -> Tensor:
+    r""":obj:`y` in float32 where it is float16 or bfloat16, in float64 where :obj:`float64`
+    (a normaliser fitted on float64 targets) and :obj:`y` is floating point, as it is
+    otherwise: the normalisation's arithmetic in at least float32."""
+    if float64 and y.is_floating_point():
+        return y.double()
     return y.float() if y.dtype in (torch.float16, torch.bfloat16) else y
 
 
@@ -155,6 +167,7 @@ class TargetUnits(torch.nn.Module):
             raise ValueError('Expected a fitted TargetNormalizer')
         assert normalizer.mean is not None and normalizer.std is not None
         self.eps = normalizer.eps
+        self.float64 = normalizer.float64
         self.register_buffer('mean', normalizer.mean.detach().clone(), persistent=False)  # (t,)
         self.register_buffer('std', normalizer.std.detach().clone(), persistent=False)  # (t,)
         self.enabled = True  # off while a Trainer needs the standardised output
@@ -162,13 +175,15 @@ class TargetUnits(torch.nn.Module):
     def normalizer(self) -> 'TargetNormalizer':
         r"""The statistics as a :class:`TargetNormalizer` (on the CPU, ``float64``)."""
         return TargetNormalizer(self.eps).load_state_dict(
-            {'mean': self.mean.detach().cpu().double(), 'std': self.std.detach().cpu().double()})
+            {'mean': self.mean.detach().cpu().double(), 'std': self.std.detach().cpu().double(),
+             'float64': getattr(self, 'float64', False)})
 
     def forward(self, out: ModelOutput) -> ModelOutput:
         if isinstance(out, (tuple, list)):
             items: List[Any] = [self.forward(out[0]), *out[1:]]
             return type(out)(*items) if hasattr(out, '_fields') else type(out)(items)
-        out = _wide(out)  # (float16 / bfloat16: mapped in float32, returned so)
+        # (float16 / bfloat16: mapped in float32, returned so; float64 for float64 targets)
+        out = _wide(out, getattr(self, 'float64', False))
         mean, std = _stats_like(out, self.mean, self.std)
         return out * std + mean
 
@@ -182,8 +197,8 @@ TARGET_UNITS = 'target_units'  # name of the TargetUnits sub-module of a model
 #: The :class:`TargetUnits` (by ``id``) whose models return standardised values in this thread
 #: (or task): :class:`_standardised` sets it, so that a Trainer evaluating a model leaves every
 #: other caller of it (another thread) its target units.
-_STANDARDISED: contextvars.ContextVar[FrozenSet[int]] = contextvars.ContextVar(
-    'torch_mz_standardised', default=frozenset())
+_STANDARDISED: contextvars.ContextVar[Tuple[int, ...]] = contextvars.ContextVar(
+    'torch_mz_standardised', default=())
 
 
 def _target_units_hook(module: torch.nn.Module, args: Any, out: ModelOutput) -> ModelOutput:
@@ -233,16 +248,21 @@ class _standardised:
     model meanwhile gets target units, and two evaluations at once leave it as it was)."""
     def __init__(self, model: torch.nn.Module):
         self.units = getattr(model, TARGET_UNITS, None)
-        self.token: Optional[contextvars.Token] = None
+        self.entered = False
 
     def __enter__(self) -> None:
         if isinstance(self.units, TargetUnits):
-            self.token = _STANDARDISED.set(_STANDARDISED.get() | {id(self.units)})
+            _STANDARDISED.set(_STANDARDISED.get() + (id(self.units), ))
+            self.entered = True
 
     def __exit__(self, *exc: Any) -> None:
-        if self.token is not None:
-            _STANDARDISED.reset(self.token)
-            self.token = None
+        # one entry of this model taken out (entries counted: contexts left in any order leave
+        # the model standardised exactly while one of them is open)
+        if self.entered:
+            ids = list(_STANDARDISED.get())
+            ids.remove(id(self.units))
+            _STANDARDISED.set(tuple(ids))
+            self.entered = False
 
 
 def _same_statistics(a: TargetNormalizer, b: TargetNormalizer) -> bool:

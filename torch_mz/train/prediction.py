@@ -3,6 +3,7 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
+from torch_geometric.data import Batch
 from torch_geometric.data.data import BaseData
 from torch_geometric.loader import DataLoader
 from tqdm.auto import tqdm
@@ -51,21 +52,7 @@ def predict(model: torch.nn.Module, dataset: Sequence,
         element is :obj:`None`) gives the predictions alone: unpack ``prediction, ihw = ...``
         only for a model that has one.
     """
-    if isinstance(dataset, BaseData):
-        raise ValueError('predict() takes a dataset or a list of Data (one prediction per '
-                         'Data); for a single set pass [data], for a Batch '
-                         'batch.to_data_list()')
-    if isinstance(dataset, torch.utils.data.DataLoader):  # (it failed inside the batching)
-        raise ValueError('predict() takes the dataset, not a DataLoader: it batches the sets '
-                         'itself (batch_size=...), one prediction per Data')
-    if hasattr(dataset, '__len__') and len(dataset) == 0:  # (an IterableDataset has none)
-        raise ValueError('predict() got an empty dataset: there is nothing to predict')
-    if (isinstance(dataset, (list, tuple)) and dataset
-            and getattr(dataset[0], 'num_graphs', None) is not None):
-        # a list of Batch objects: batched again as one set each (an error about set ids)
-        raise ValueError('predict() takes a dataset or a list of Data (one prediction per '
-                         'Data), not a list of Batch objects: pass each batch.to_data_list(), '
-                         'joined')
+    _check_sets(dataset, 'predict')
     normalizer, scale = _pending_normalizer(model, normalizer)
     if scale_uncertainty and scale is None:  # (it returned the uncertainty unscaled, silently)
         raise ValueError('scale_uncertainty=True multiplies the uncertainty by the target '
@@ -81,6 +68,29 @@ def predict(model: torch.nn.Module, dataset: Sequence,
     finally:
         for module, training in modes:  # the caller's modes, as they were (the device stays)
             module.training = training
+
+
+def _check_sets(dataset: Any, caller: str, batch_ok: bool = False) -> None:
+    r"""The input checks of :func:`predict`, shared with
+    :func:`torch_mz.uncertainty.mc_dropout_predict` (:obj:`caller` names the function in the
+    messages): :obj:`dataset` must be a non-empty dataset or list of
+    :class:`~torch_geometric.data.Data`, not one Data, a DataLoader or a list of Batch objects.
+    With :obj:`batch_ok`, one :class:`~torch_geometric.data.Batch` is taken as its sets."""
+    if isinstance(dataset, BaseData) and not (batch_ok and isinstance(dataset, Batch)):
+        raise ValueError(f'{caller}() takes a dataset or a list of Data (one prediction per '
+                         f'Data); for a single set pass [data], for a Batch '
+                         f'batch.to_data_list()')
+    if isinstance(dataset, torch.utils.data.DataLoader):  # (it failed inside the batching)
+        raise ValueError(f'{caller}() takes the dataset, not a DataLoader: it batches the sets '
+                         f'itself (batch_size=...), one prediction per Data')
+    if hasattr(dataset, '__len__') and len(dataset) == 0:  # (an IterableDataset has none)
+        raise ValueError(f'{caller}() got an empty dataset: there is nothing to predict')
+    if (isinstance(dataset, (list, tuple)) and dataset
+            and getattr(dataset[0], 'num_graphs', None) is not None):
+        # a list of Batch objects: batched again as one set each (an error about set ids)
+        raise ValueError(f'{caller}() takes a dataset or a list of Data (one prediction per '
+                         f'Data), not a list of Batch objects: pass each batch.to_data_list(), '
+                         f'joined')
 
 
 def _predict(model: torch.nn.Module, dataset: Sequence, dev: torch.device, normalizer: Any,

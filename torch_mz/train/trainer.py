@@ -1,5 +1,6 @@
 r"""The :class:`Trainer` (the recipe of :mod:`torch_mz.train`) and its functional shortcut
 :func:`train`."""
+import contextlib
 import copy
 import csv
 import gc
@@ -84,6 +85,21 @@ class _FitState:
 
     def wall_time(self) -> float:
         return self.prior_time + time.perf_counter() - self.start
+
+
+def _merge_moments(moments: Optional[Tuple[int, Tensor, Tensor]],
+                   y: Tensor) -> Tuple[int, Tensor, Tensor]:
+    r"""Merges a batch of targets :obj:`y` :math:`(B, t)` into ``(count, mean, M2)`` (the
+    pairwise update of Chan, Golub and LeVeque), :obj:`None` meaning no targets yet."""
+    nb = y.size(0)
+    mb = y.mean(dim=0)
+    m2b = (y - mb).pow(2).sum(dim=0)
+    if moments is None:
+        return nb, mb, m2b
+    na, ma, m2a = moments
+    total = na + nb
+    delta = mb - ma
+    return total, ma + delta * (nb / total), m2a + m2b + delta.pow(2) * (na * nb / total)
 
 
 #: An ``ignore_index`` no label has (the smallest int64), so that every label counts.
@@ -216,6 +232,13 @@ class Trainer:
 
     def _loss(self, out: ModelOutput, target: Tensor) -> Tensor:
         if self.loss_fn is not None:
+            first = _first(out)
+            if (self.task_type == 'regression' and target.is_floating_point()
+                    and torch.is_tensor(first) and first.is_floating_point()):
+                # in the output's precision, as the default loss takes them (float64 targets,
+                # kept for the metrics, gave a float32 model a float64 loss whose backward
+                # failed in torch's losses)
+                target = target.to(first.dtype)
             return self.loss_fn(out, target)
         pred = _match_pred(_first(out), target, self.task_type)
         if self.task_type == 'regression':
@@ -247,26 +270,22 @@ class Trainer:
         module.eval()
         acc = self._acc_dtype
         sums: Optional[Tensor] = None
-        shift: Optional[Tensor] = None
+        moments: Optional[Tuple[int, Tensor, Tensor]] = None  # targets' (count, mean, M2)
         for batch in self._eval_loader(dataset):
             batch = batch.to(self.device)
             y, target = self._targets(batch)
-            with _standardised(module):
+            # a model carrying its normaliser gives standardised outputs where this Trainer
+            # normalises (its loss is on standardised targets), target units otherwise
+            with _standardised(module) if self.uses_normalizer else contextlib.nullcontext():
                 out = module(batch)
             n = y.size(0)
             loss_sum = self._loss(out, target).to(acc) * n
             pred = _match_pred(_first(out), y, self.task_type)
             if self.task_type == 'regression':
-                if shift is None:  # centre y with the train mean for a stable one-pass variance
-                    if self.uses_normalizer:
-                        assert self.normalizer.mean is not None  # fitted (checked above)
-                        shift = self.normalizer.mean.to(self.device, acc)
-                    else:
-                        shift = torch.zeros(y.size(1), dtype=acc, device=self.device)
                 err = self._to_original(pred.to(acc)) - y.to(acc)  # (B, t)
-                yc = y.to(acc) - shift  # (B, t)
                 part = torch.cat([loss_sum.new_tensor([n]), loss_sum.view(1), err.pow(2).sum(0),
-                                  err.abs().sum(0), yc.sum(0), yc.pow(2).sum(0)])
+                                  err.abs().sum(0)])
+                moments = _merge_moments(moments, y.to(acc))
             else:
                 correct = (pred.argmax(dim=-1) == y).sum().to(acc)
                 ce = _cross_entropy(pred.to(acc), y, reduction='sum')
@@ -274,16 +293,40 @@ class Trainer:
             sums = part if sums is None else sums + part
         if sums is None:  # this rank's shard is empty (fewer elements than ranks)
             sums = self._empty_sums(dataset)
+        shift = None
+        if self.task_type == 'regression':
+            sums, shift = self._with_target_sums(sums, moments, (sums.numel() - 2) // 2)
         sums = self._all_reduce(sums)
-        return self._metrics_from_sums(sums)
+        return self._metrics_from_sums(sums, shift)
+
+    def _with_target_sums(self, sums: Tensor, moments: Optional[Tuple[int, Tensor, Tensor]],
+                          t: int) -> Tuple[Tensor, Tensor]:
+        r"""``sums`` with the targets' sum and sum of squares about a shift appended, and the
+        shift: this rank's mean (rank 0's under DDP, broadcast, so that the ranks' sums add
+        up), from the moments merged batch by batch (Chan et al.), so that the total sum of
+        squares is not the difference of two large sums (uncentred sums gave R^2 0 or -1.7e15
+        for targets far from zero)."""
+        acc = self._acc_dtype
+        if moments is None:
+            count, mean = 0, torch.zeros(t, dtype=acc, device=self.device)
+            m2 = torch.zeros_like(mean)
+        else:
+            count, mean, m2 = moments
+        shift = mean.clone()
+        if self.dist.is_distributed:
+            dist.broadcast(shift, src=0)
+        offset = mean - shift  # (t,), zero without DDP
+        return torch.cat([sums, count * offset, m2 + count * offset.pow(2)]), shift
 
     def _empty_sums(self, dataset: Sequence) -> Tensor:
         if self.task_type == 'classification':
             return torch.zeros(4, dtype=self._acc_dtype, device=self.device)
         t = _raw_targets(next(iter(DataLoader(dataset, batch_size=1))), 'regression').size(1)
-        return torch.zeros(2 + 4 * t, dtype=self._acc_dtype, device=self.device)
+        # count, loss, and the errors' sums (t each); the targets' come from their moments
+        return torch.zeros(2 + 2 * t, dtype=self._acc_dtype, device=self.device)
 
-    def _metrics_from_sums(self, sums: Tensor) -> Dict[str, float]:
+    def _metrics_from_sums(self, sums: Tensor,
+                           shift: Optional[Tensor] = None) -> Dict[str, float]:
         n = sums[0]
         if self.task_type == 'classification':
             return {'loss': (sums[1] / n).item(), 'accuracy': (sums[2] / n).item(),
@@ -291,9 +334,11 @@ class Trainer:
         t = (sums.numel() - 2) // 4
         sse, sae, ysum, ysq = sums[2:].view(4, t)  # each (t,)
         ss_tot = (ysq - ysum.pow(2) / n).clamp_min(0)
-        # a constant column leaves rounding's remainder of the one-pass sums (about n ulp of
-        # ysq; it gave R^2 = -1.7e15 for a constant test target): zero below 8 n eps ysq
-        tol = 8 * n * torch.finfo(ss_tot.dtype).eps * ysq
+        # a constant column leaves rounding's spread about its mean (a few ulp of it per
+        # target; it gave R^2 = -1.7e15 for a constant test target): constant where the
+        # deviation is within 64 eps of the mean's magnitude, as TargetNormalizer's rule
+        mean = ysum / n + (0 if shift is None else shift)
+        tol = n * (64 * torch.finfo(ss_tot.dtype).eps * mean.abs()).pow(2)
         ss_tot = torch.where(ss_tot <= tol, torch.zeros_like(ss_tot), ss_tot)
         return {'loss': (sums[1] / n).item(), 'mse': (sse.sum() / (n * t)).item(),
                 'mae': (sae.sum() / (n * t)).item(), 'r2': r2_from_sums(sse, ss_tot).item()}
@@ -477,7 +522,9 @@ class Trainer:
         for name, ds in (('training', train_dataset), ('validation', val_dataset),
                          ('test', test_dataset)):
             if ds is not None:
-                _check_finite(ds, name)
+                # a loss of one's own may mask missing targets marked NaN in training (the
+                # test metrics would still be NaN)
+                _check_finite(ds, name, targets=self.loss_fn is None or name == 'test')
         self._check_out_dir()
         seed_everything(cfg.seed + self.dist.rank)  # (deterministic kernels: fit)
         # trains on (and checkpoints) the standardised outputs
@@ -832,16 +879,18 @@ _RESUME_FIELD_TYPES: Dict[str, Union[type, Tuple[type, ...]]] = {
     'wall_time': (int, float), 'history': list, 'rng': list}
 
 
-def _check_finite(dataset: Sequence, name: str) -> None:
+def _check_finite(dataset: Sequence, name: str, targets: bool = True) -> None:
     r"""Raises :class:`ValueError` naming the first example of :obj:`dataset` with a NaN or inf
     in what the models and losses read (``pos``, ``x``, ``y``; other attributes may hold NaN or
     inf on purpose, e.g. a mask). Run on every split before training: the test set's loss is
     computed only once training has ended, and a NaN in the training or validation data would
     show only after a whole epoch, as a :class:`~torch_mz.train.TrainingDiverged` that
-    suggests a lower learning rate."""
+    suggests a lower learning rate. Without :obj:`targets`, ``y`` is not checked (a loss of
+    one's own, ``loss_fn``, may mask missing targets marked NaN)."""
+    keys = ('pos', 'x', 'y') if targets else ('pos', 'x')
     for i in range(len(dataset)):
         data = dataset[i]
-        for key in ('pos', 'x', 'y'):
+        for key in keys:
             value = getattr(data, key, None)
             if (torch.is_tensor(value) and value.is_floating_point()
                     and not bool(torch.isfinite(value).all())):
