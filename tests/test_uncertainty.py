@@ -229,7 +229,8 @@ def test_uncertainty_methods_name_bad_input():
     from torch_mz.uncertainty import method_predictions
     deepsets = build_model('deepsets', 4, 1, hidden_channels=8)  # no uncertainty output
     with pytest.raises(ValueError, match='members that give an uncertainty'):
-        method_predictions([deepsets], {'test': tiny_sets()}, passes=2)  # (an IndexError)
+        method_predictions([deepsets, deepsets], {'test': tiny_sets()},
+                           passes=2)  # (an IndexError)
     with pytest.raises(ValueError, match='empty dataset'):
         mc_dropout_predict(tiny_mz(dropout=0.1), [], passes=2)  # (torch.cat's error)
 
@@ -272,7 +273,7 @@ def test_mc_dropout_seeds_only_the_device_it_runs_on(monkeypatch):
 
 
 @pytest.mark.parametrize('call, match', [
-    (lambda m, d: mc_dropout_predict(m, d[0]), r'not one Data: pass \[data\]'),
+    (lambda m, d: mc_dropout_predict(m, d[0]), r'for a single set pass \[data\]'),
     (lambda m, d: mc_dropout_predict(m, d, passes=2.5), "'passes' must be an integer"),
     (lambda m, d: mc_dropout_predict(torch.nn.Sequential(
         torch.nn.InstanceNorm1d(4, track_running_stats=True)), d), 'InstanceNorm1d'),
@@ -288,5 +289,109 @@ def test_method_predictions_refuses_several_targets():
     torch.manual_seed(0)
     model = build_model('mz', 4, 3, dim=16, heads=2, d_ff=16, num_inducing=4,
                         num_generators=2, num_matrix_generators=1, dropout=0.1)
-    with pytest.raises(ValueError, match='single-target models \\(got 3 outputs'):
-        method_predictions([model], {'test': tiny_sets()}, passes=2)
+    with pytest.raises(ValueError, match='single-target regression \\(got 3 outputs'):
+        method_predictions([model, model], {'test': tiny_sets()}, passes=2)
+
+
+def test_method_predictions_refuses_an_ensemble_of_one_member():
+    # the Deep Ensemble's spread was exactly zero, without a word
+    from torch_mz.uncertainty import method_predictions
+    with pytest.raises(ValueError, match=r'at least 2 independently trained members .*got 1\)'):
+        method_predictions([tiny_mz(dropout=0.1)], {'test': tiny_sets()}, passes=2)
+
+
+def test_mc_dropout_refuses_a_single_pass():
+    # one pass has a spread of exactly zero, returned without a word (no warning either)
+    from torch_mz.uncertainty import method_predictions
+    model = tiny_mz(dropout=0.5)
+    with pytest.raises(ValueError, match='at least 2 passes .*pass passes=2 or more'):
+        mc_dropout_predict(model, tiny_sets(), passes=1)
+    with pytest.raises(ValueError, match='at least 2 passes'):
+        method_predictions([model, tiny_mz(dropout=0.1)], {'test': tiny_sets()}, passes=1)
+
+
+def test_method_predictions_warns_when_an_uncertainty_is_identically_zero():
+    # the same model twice (an ensemble spread of 0) and a member 0 without generators (an IHW
+    # of 0) gave NaN correlations and a constant fitted sigma, silently
+    import warnings
+
+    from torch_mz.uncertainty import method_predictions
+    data = {'test': tiny_sets()}
+    mz = tiny_mz(dropout=0.1)
+    with pytest.warns(UserWarning, match="every member gave the same predictions on 'test'"):
+        out = method_predictions([mz, mz], data, passes=2)
+    assert np.all(out['Deep Ensemble']['test'][1] == 0)
+    torch.manual_seed(1)
+    rigid = build_model('rigid', 4, 1, dim=16, heads=2, d_ff=16, num_inducing=4, dropout=0.1)
+    with pytest.warns(UserWarning, match="interval-hull width is zero .* no generators"):
+        out = method_predictions([rigid, mz], data, passes=2)
+    assert np.all(out['MZAttn (IHW)']['test'][1] == 0)
+    torch.manual_seed(2)
+    other = build_model('mz', 4, 1, dim=16, heads=2, d_ff=16, num_inducing=4,
+                        num_generators=2, num_matrix_generators=1, dropout=0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')  # distinct members with generators: no warning
+        out = method_predictions([mz, other], data, passes=2)
+    assert all(np.all(out[m]['test'][1] > 0) for m in out)
+
+
+def test_method_predictions_refuses_members_in_different_units():
+    # a member that carries its normaliser (target units) and one without (standardised
+    # values) were averaged into a mean and spread of neither
+    from torch_mz.train.normalize import attach_normalizer
+    from torch_mz.uncertainty import method_predictions
+    data = {'test': tiny_sets()}
+    norm = TargetNormalizer().fit(torch.tensor([[100.0], [120.0]]))
+    carrying = attach_normalizer(tiny_mz(dropout=0.1), norm)
+    torch.manual_seed(1)
+    bare = build_model('mz', 4, 1, dim=16, heads=2, d_ff=16, num_inducing=4,
+                       num_generators=2, num_matrix_generators=1, dropout=0.1)
+    with pytest.raises(ValueError, match=r'member 0 predicts in target units .* member 1 '
+                                         r'standardised values .*normalizers='):
+        method_predictions([carrying, bare], data, passes=2)
+    with pytest.raises(ValueError, match=r'member 1 predicts in target units .* member 0 '):
+        method_predictions([bare, bare], data, passes=2, normalizers=[None, norm])
+    # given the bare member's normaliser, both are in target units: accepted
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        out = method_predictions([carrying, bare], data, passes=2, normalizers=[None, norm])
+    mean, spread = out['Deep Ensemble']['test']
+    assert np.all((mean > 90) & (mean < 130)) and np.all(spread < 10)
+
+
+@pytest.mark.parametrize('wrong', ['loader', 'batches'])
+def test_mc_dropout_checks_its_input_as_predict_does(wrong):
+    # a DataLoader gave "'DataLoader' object is not subscriptable", a list of Batch objects an
+    # error about set ids; predict() explained both
+    from torch_geometric.data import Batch
+    from torch_geometric.loader import DataLoader
+    data = tiny_sets()
+    model = tiny_mz(dropout=0.5)
+    loader = DataLoader(data, batch_size=4)
+    dataset = loader if wrong == 'loader' else list(loader)
+    messages = []
+    for call in (predict, mc_dropout_predict):
+        with pytest.raises(ValueError) as err:
+            call(model, dataset)
+        messages.append(str(err.value))
+    assert messages[0].startswith('predict() takes ')
+    assert messages[1] == messages[0].replace('predict()', 'mc_dropout_predict()', 1)
+    # one Batch is still taken as its sets
+    whole = mc_dropout_predict(model, Batch.from_data_list(data), passes=2)
+    assert all(torch.equal(a, b) for a, b in zip(whole, mc_dropout_predict(model, data, passes=2)))
+
+
+def test_uncertainty_of_a_classifier():
+    # method_predictions told a classifier to "train one model per target"; mc_dropout_predict
+    # averages its raw logits, which its docstring now says
+    from torch_mz.uncertainty import method_predictions
+    torch.manual_seed(0)
+    clf = build_model('mz', 4, 3, dim=16, heads=2, d_ff=16, num_inducing=4,
+                      num_generators=2, num_matrix_generators=1, dropout=0.1)
+    with pytest.raises(ValueError, match=r"single-target regression .* A classifier's outputs "
+                                         r"are class logits"):
+        method_predictions([clf, clf], {'test': tiny_sets()}, passes=2)
+    doc = ' '.join(mc_dropout_predict.__doc__.split())
+    assert "raw outputs" in doc and 'class logits, not of probabilities' in doc
+    assert 'average the softmax of each' in doc

@@ -315,6 +315,15 @@ def fit_affine_sigma(pred: ArrayLike, target: ArrayLike,
 # --------------------------------------------------------------------------------------------------
 # Sampling baselines
 # --------------------------------------------------------------------------------------------------
+def _check_passes(passes: int) -> int:
+    passes = check_count('passes', passes)
+    if passes < 2:  # (one pass has a spread of exactly zero, returned without a word)
+        raise ValueError(f'MC-Dropout needs at least 2 passes for a spread (got passes='
+                         f'{passes}, whose standard deviation is 0 for every set): pass '
+                         f'passes=2 or more (default 30)')
+    return passes
+
+
 def predictive_moments(samples: Sequence[Tensor]) -> Tuple[Tensor, Tensor]:
     r"""Mean and standard deviation over :math:`P` predictions of the same samples (MC-Dropout
     passes or ensemble members). The standard deviation is the population one (divisor
@@ -353,11 +362,21 @@ def mc_dropout_predict(model: torch.nn.Module, dataset: Sequence, passes: int = 
     they run on (the CPU's, or the one CUDA device), saved before and restored after, so the
     global streams, every other GPU's included, are left as they were.
 
+    The mean and standard deviation are of the model's raw outputs, for regression the
+    predictions. For a classifier they are of its class logits, not of probabilities (the rows
+    of the mean do not sum to 1, and the softmax of the mean logits is not the mean of the
+    passes' softmax probabilities): for MC-Dropout class probabilities, run the passes yourself
+    and average the softmax of each.
+
     Args:
         model (torch.nn.Module): The model, called as ``model(batch)``; returns a prediction
             :math:`(B, t)` or a tuple whose first element is one.
-        dataset (Sequence): PyG dataset or list of :class:`~torch_geometric.data.Data`.
-        passes (int, optional): Number of stochastic passes :math:`P`. (default: :obj:`30`)
+        dataset (Sequence): PyG dataset, list of :class:`~torch_geometric.data.Data` or one
+            :class:`~torch_geometric.data.Batch`; the same checks as
+            :func:`~torch_mz.train.predict` (not a DataLoader, one Data or a list of Batch
+            objects).
+        passes (int, optional): Number of stochastic passes :math:`P \ge 2` (one pass has no
+            spread). (default: :obj:`30`)
         normalizer (TargetNormalizer, optional): If given, each pass is mapped back to original
             units with its :meth:`~torch_mz.train.TargetNormalizer.inverse_transform`, so that the
             mean and standard deviation are in original units. A model that carries its
@@ -374,14 +393,11 @@ def mc_dropout_predict(model: torch.nn.Module, dataset: Sequence, passes: int = 
 
     from torch_mz.train import resolve_device
     from torch_mz.train.normalize import _pending_normalizer
-    from torch_geometric.data import Batch, Data
+    from torch_mz.train.prediction import _check_sets
     normalizer, _ = _pending_normalizer(model, normalizer)
-    passes = check_count('passes', passes)
-    if isinstance(dataset, Data) and not isinstance(dataset, Batch):
-        raise ValueError('mc_dropout_predict() takes a sequence of sets (a dataset or a list '
-                         'of Data), not one Data: pass [data]')
-    if hasattr(dataset, '__len__') and len(dataset) == 0:
-        raise ValueError('mc_dropout_predict() got an empty dataset: there is nothing to predict')
+    passes = _check_passes(passes)
+    # predict()'s checks (a DataLoader was indexed, a list of Batch objects batched again)
+    _check_sets(dataset, 'mc_dropout_predict', batch_ok=True)
     tracking = [type(m).__name__ for m in model.modules()
                 if isinstance(m, torch.nn.modules.batchnorm._NormBase)
                 and m.track_running_stats]  # (BatchNorm, InstanceNorm(track_running_stats))
@@ -420,7 +436,7 @@ def mc_dropout_predict(model: torch.nn.Module, dataset: Sequence, passes: int = 
     finally:
         for module, mode in modes:
             module.train(mode)
-    if passes > 1 and all(torch.equal(r, runs[0]) for r in runs[1:]):
+    if all(torch.equal(r, runs[0]) for r in runs[1:]):
         # (a spread of exactly zero was returned without a word)
         warnings.warn('mc_dropout_predict: every pass gave the same predictions, so the spread '
                       'is zero: the model has no active dropout (a rate of 0, or a model '
@@ -438,26 +454,36 @@ def method_predictions(members: Sequence[torch.nn.Module], splits: Dict[str, Seq
                        device: Union[str, torch.device] = 'cpu'
                        ) -> Dict[str, Dict[str, Tuple[np.ndarray, np.ndarray]]]:
     r"""Predictions and raw uncertainties of the three estimators of :data:`METHODS` on every
-    split of :obj:`splits` (name -> dataset), from :obj:`members`, independently trained MZ models
-    of one architecture (their first output the prediction, their second the IHW):
+    split of :obj:`splits` (name -> dataset), from :obj:`members`, :math:`K \ge 2` independently
+    trained MZ models of one architecture for single-target regression (their first output the
+    prediction, their second the IHW):
 
     * ``'MZAttn (IHW)'``: member 0 in eval mode, one pass; uncertainty = its IHW;
-    * ``'MC-Dropout'``: member 0 with dropout active, :obj:`passes` passes
+    * ``'MC-Dropout'``: member 0 with dropout active, :obj:`passes` :math:`\ge 2` passes
       (:func:`mc_dropout_predict`, masks seeded with :obj:`seed`); uncertainty = the standard
       deviation of the passes;
     * ``'Deep Ensemble'``: every member in eval mode; uncertainty = the standard deviation of
       their predictions (:func:`predictive_moments`).
 
     Predictions are in target units (trained models carry their normaliser; :obj:`normalizers`,
-    one per member, are for models that do not). Returns ``{method: {split: (prediction (N,),
-    uncertainty (N,))}}`` as ``float64`` arrays (single-target regression)."""
+    one per member, are for models that do not): members some of which predict in target units
+    (a normaliser carried or given) and others not are refused, as their average would mix
+    units. An uncertainty that is exactly zero for every set is warned about: the members all
+    give the same predictions (the same model twice), or member 0's IHW is zero (a model without
+    generators: the presets ``rigid``, ``st-*``, ``film`` and ``hypernet``). Returns
+    ``{method: {split: (prediction (N,), uncertainty (N,))}}`` as ``float64`` arrays."""
     from torch_mz.train import predict
-    if not members:
-        raise ValueError('Expected at least one trained member')
+    if len(members) < 2:  # (the ensemble's spread was exactly zero, without a word)
+        raise ValueError(f'A deep ensemble needs at least 2 independently trained members for a '
+                         f'spread (got {len(members)}): train more members (other seeds) and '
+                         f'pass them all; for the IHW alone use torch_mz.train.predict, for '
+                         f'MC-Dropout alone mc_dropout_predict')
+    passes = _check_passes(passes)
     norms = list(normalizers) if normalizers is not None else [None] * len(members)
     if len(norms) != len(members):  # (zip would drop the members without one)
         raise ValueError(f"Expected one normaliser per member (got {len(norms)} for "
                          f"{len(members)} members)")
+    _check_units(members, norms)
     preds = {split: [predict(m, ds, normalizer=nz, batch_size=batch_size, device=device)
                      for m, nz in zip(members, norms)] for split, ds in splits.items()}
     for split in splits:
@@ -469,16 +495,59 @@ def method_predictions(members: Sequence[torch.nn.Module], splits: Dict[str, Seq
     for split, ds in splits.items():
         first = preds[split][0]
         if first[0].dim() > 1 and first[0].size(-1) != 1:  # (the other columns were dropped)
-            raise ValueError(f"method_predictions() takes single-target models (got "
-                             f"{first[0].size(-1)} outputs per set): train one model per "
+            raise ValueError(f"method_predictions() is for single-target regression (got "
+                             f"{first[0].size(-1)} outputs per set). A classifier's outputs are "
+                             f"class logits, for which these regression uncertainties do not "
+                             f"apply; for several regression targets, train one model per "
                              f"target")
         out['MZAttn (IHW)'][split] = (first[0].double().numpy()[:, 0],
                                       first[1].double().numpy())
+    zero_ihw = [split for split in splits if not torch.any(preds[split][0][1] != 0)]
+    if zero_ihw:  # (an IHW of exactly 0: NaN correlations and a constant fitted sigma followed)
+        warnings.warn(f"method_predictions: member 0's interval-hull width is zero for every set "
+                      f"of {_names(zero_ihw)}, so the IHW method's uncertainty is zero: the "
+                      f"model has no generators (the presets rigid, st-*, film and hypernet), "
+                      f"and no interval hull; use a model with generators (e.g. 'mz') as "
+                      f"member 0", stacklevel=2)
     for split, ds in splits.items():
         mean, std = mc_dropout_predict(members[0], ds, passes, normalizer=norms[0],
                                        batch_size=batch_size, device=device, seed=seed)
         out['MC-Dropout'][split] = (mean.numpy()[:, 0], std.numpy()[:, 0])
+    same = [split for split in splits
+            if all(torch.equal(p, preds[split][0][0]) for p, _ in preds[split][1:])]
+    if same:  # (the ensemble's spread was exactly zero, without a word)
+        warnings.warn(f'method_predictions: every member gave the same predictions on '
+                      f'{_names(same)}, so the Deep Ensemble spread is zero: the members are '
+                      f'the same model (passed twice, or loaded from the same weights); pass '
+                      f'independently trained members (other seeds)', stacklevel=2)
     for split in splits:
         mean, std = predictive_moments([p for p, _ in preds[split]])
         out['Deep Ensemble'][split] = (mean.numpy()[:, 0], std.numpy()[:, 0])
     return out
+
+
+def _names(splits: Sequence[str]) -> str:
+    return ', '.join(f"'{s}'" for s in splits)
+
+
+def _check_units(members: Sequence[torch.nn.Module], norms: Sequence) -> None:
+    r"""Refuses members some of which predict in target units (a normaliser carried or given)
+    and others standardised values (neither): their average mixes units."""
+    from torch_mz.train.normalize import carried_normalizer
+    raw = [k for k, (m, nz) in enumerate(zip(members, norms))
+           if carried_normalizer(m) is None and nz is None]
+    if not raw or len(raw) == len(members):
+        return
+    have = [k for k in range(len(members)) if k not in raw]
+    verb = 'predicts' if len(have) == 1 else 'predict'
+    raise ValueError(f'The members would be averaged in different units: {_members(have)} '
+                     f'{verb} in target units (a target normaliser carried, or given in '
+                     f'normalizers=), {_members(raw)} standardised values (none carried nor '
+                     f'given: weights loaded into a fresh model with load_state_dict come '
+                     f'without it). Load every member with torch_mz.load_model, which restores '
+                     f'its normaliser, or pass normalizers=[...] with the normaliser of every '
+                     f'member (None for one that carries its own)')
+
+
+def _members(indices: Sequence[int]) -> str:
+    return ('member ' if len(indices) == 1 else 'members ') + ', '.join(map(str, indices))
