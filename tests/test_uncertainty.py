@@ -395,3 +395,18 @@ def test_uncertainty_of_a_classifier():
     doc = ' '.join(mc_dropout_predict.__doc__.split())
     assert "raw outputs" in doc and 'class logits, not of probabilities' in doc
     assert 'average the softmax of each' in doc
+
+
+def test_binning_warns_where_a_boundary_splits_equal_uncertainties():
+    # a constant uncertainty (an IHW of exactly 0) gave bins of errors 1.5, 3.5, 5.5, 7.5 by
+    # sample order: a made-up trend
+    import warnings
+    from torch_mz.uncertainty import binned_by_uncertainty
+    err = np.arange(1.0, 9.0)
+    with pytest.warns(UserWarning, match='3 of the 3 bin boundaries split a run of equal'):
+        rows = binned_by_uncertainty(np.zeros(8), err, np.zeros(8), num_bins=4)
+    assert [r['abs_error'] for r in rows] == [1.5, 3.5, 5.5, 7.5]  # the documented rule kept
+    with warnings.catch_warnings():  # ties inside a bin, or none: no warning
+        warnings.simplefilter('error')
+        binned_by_uncertainty(np.zeros(8), err, np.repeat([0.0, 1.0, 2.0, 3.0], 2), num_bins=4)
+        binned_by_uncertainty(np.zeros(8), err, np.arange(8.0), num_bins=4)

@@ -126,8 +126,9 @@ def error_correlation(pred: ArrayLike, target: ArrayLike,
 def binned_by_uncertainty(pred: ArrayLike, target: ArrayLike, uncertainty: ArrayLike,
                           num_bins: int = 5) -> List[Dict[str, float]]:
     r"""Samples sorted by uncertainty and cut into :obj:`num_bins` quantile bins of (almost) equal
-    size (sizes differ by at most one; ties are broken by the sample order), lowest uncertainty
-    first (Table 19 of the paper). Every sample lies in exactly one bin.
+    size (sizes differ by at most one; ties are broken by the sample order, with a
+    :class:`UserWarning` where a bin boundary splits a run of equal uncertainties), lowest
+    uncertainty first (Table 19 of the paper). Every sample lies in exactly one bin.
 
     Args:
         pred (Tensor or array): Predictions :math:`\hat y`.
@@ -145,8 +146,16 @@ def binned_by_uncertainty(pred: ArrayLike, target: ArrayLike, uncertainty: Array
         raise ValueError(f"Expected 1 <= num_bins <= N={s.shape[0]} (got {num_bins})")
     err = np.abs(y - p)
     order = np.argsort(s, kind='stable')
+    bins = np.array_split(order, num_bins)
+    split = [float(s[b[0]]) for a, b in zip(bins, bins[1:]) if s[a[-1]] == s[b[0]]]
+    if split:  # (a constant IHW gave bins of errors 1.5, 3.5, 5.5, 7.5 by sample order)
+        warnings.warn(f"binned_by_uncertainty: {len(split)} of the {num_bins - 1} bin "
+                      f"boundaries split a run of equal uncertainties (e.g. {split[0]:g}): "
+                      f"those samples are placed by their order in the data, not by their "
+                      f"uncertainty, so the bins' errors may show a trend the uncertainty does "
+                      f"not have", UserWarning, stacklevel=2)
     rows = []
-    for k, idx in enumerate(np.array_split(order, num_bins)):
+    for k, idx in enumerate(bins):
         rows.append({'bin': k + 1, 'uncertainty': float(s[idx].mean()),
                      'abs_error': float(err[idx].mean()), 'count': int(idx.size)})
     return rows

@@ -81,3 +81,13 @@ def test_a_bad_device_is_a_usage_error_when_parsed(capsys):
         with pytest.raises(SystemExit):
             parser.parse_args(['--device', name])
         assert '--device' in capsys.readouterr().err
+
+
+def test_study_config_never_warms_up_the_whole_run():
+    # epochs=1 (a script run with --epochs 1) was all warm-up: lr 0, nothing trained. The
+    # warm-up is at most half the run, and the studies' budgets (5, 8, 10, 30, 100 and 200
+    # epochs) keep theirs: only a run of 1 epoch changes
+    warmup = {e: study_config(Budget(1, 10, e, 1e-3)).warmup_epochs
+              for e in (1, 2, 3, 5, 8, 10, 19, 20, 30, 59, 60, 100, 200)}
+    assert warmup == {1: 0, 2: 1, 3: 1, 5: 1, 8: 1, 10: 1, 19: 1, 20: 2, 30: 3, 59: 5, 60: 5,
+                      100: 5, 200: 5}

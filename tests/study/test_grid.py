@@ -280,3 +280,79 @@ def test_a_diverged_run_is_recorded_and_the_grid_goes_on(tmp_path):
     task = load_task('sum', d=2, reduce='sum', n_train=16, n_val=4, n_test=8)
     with pytest.raises(TrainingDiverged):
         train_models(task, ['deepsets'], 1, lambda spec, seed: config_for(None, spec, seed))
+
+
+def test_two_cells_labelled_alike_are_refused_before_anything_is_built():
+    # 1 and '1' (or 'A' twice) were accepted, and plot_grid, keying by str(label), drew one
+    from torch_mz.study import check_grid
+
+    def load(*args, **kwargs):
+        raise AssertionError('no data is built for a grid refused')
+
+    kwargs = dict(n_train=8, n_val=4, n_test=4)
+    config = TrainConfig(epochs=1, warmup_epochs=0, batch_size=8, progress=False)
+    for labels, said in (((1, '1'), "1 and '1'"), (('A', 'A'), "'A'")):
+        cells = [dict(label=labels[0], task='meb-radius', kwargs=kwargs),
+                 dict(label=labels[1], task='mst', kwargs=kwargs)]
+        with pytest.raises(ValueError, match=f'two cells are labelled {said}:'):
+            check_grid(cells, ['deepsets'])
+        for check in (True, False):
+            with pytest.raises(ValueError, match=f'two cells are labelled {said}:'):
+                run_grid(cells, ['deepsets'], 1, config, load=load, check=check)
+
+
+def test_train_models_refuses_fewer_than_one_seed():
+    # seeds=0 or -3 returned no runs (and an empty summary) without a word
+    def task():
+        raise AssertionError('no data is built for a call refused')
+
+    for seeds in (0, -3):
+        with pytest.raises(ValueError, match="'seeds' must be an integer >= 1"):
+            train_models(task, ['deepsets'], seeds, lambda spec, seed: None)
+
+
+def test_a_misspelt_model_option_is_refused_before_any_data_is_built():
+    # check_models(['mz:dimm=3']) passed: the TypeError came after the data was built and the
+    # models before it trained
+    from torch_mz.study import check_models
+    with pytest.raises(ValueError, match="'mz:dimm=3': .*unexpected keyword argument 'dimm'"):
+        check_models(['mz:dimm=3'])
+    with pytest.raises(ValueError, match="'deepsets': .*'hiden'"):
+        check_models(['deepsets', 'mz:dim=8'], overrides=dict(hiden=3))
+
+    def task():
+        raise AssertionError('no data is built for a spec refused')
+
+    with pytest.raises(ValueError, match="'mz:dimm=3'"):
+        train_models(task, ['deepsets:hidden_channels=8', 'mz:dimm=3'], 1,
+                     lambda spec, seed: None)
+    with pytest.raises(ValueError, match="'mz:dimm=3'"):
+        run_grid([dict(label='a', task='meb-radius')], ['mz:dimm=3'], 1, None, load=task)
+    check_models(['mz:dim=8,heads=2', 'deepsets:hidden_channels=8', 'egnn:hidden_channels=8'])
+
+
+def test_a_diverged_run_read_back_raises_in_a_call_that_does_not_record_them(tmp_path):
+    # runs kept by a call with record_diverged=True were read back by one without it: no
+    # TrainingDiverged (a fresh call raises), no 'diverged' column, just NaN
+    from torch_mz.study import RunStore
+    from torch_mz.train import TrainingDiverged
+    config = TrainConfig(epochs=2, warmup_epochs=0, batch_size=8, progress=False)
+    store = RunStore(str(tmp_path))
+    data = dict(task='sum')
+    text = 'Validation loss is nan in epoch 1; the weights overflowed'
+    for seed in (0, 1):
+        store.put(dict(data=data, model='deepsets', options={}, seed=seed), config,
+                  dict(model='deepsets', seed=seed, params=None, epochs_run=2, diverged=text,
+                       wall_time_s=1.0, val={}, test=dict(r2=math.nan)))
+
+    def task():
+        raise AssertionError('no data is built: every run is in the store')
+
+    runs = train_models(task, ['deepsets'], 2, lambda spec, seed: config, store=store,
+                        data=data, record_diverged=True)
+    assert [r['diverged'] for r in runs] == [text, text]
+    seen = []
+    with pytest.raises(TrainingDiverged, match='epoch 1.*deepsets seed 0.*record_diverged') as e:
+        train_models(task, ['deepsets'], 2, lambda spec, seed: config, store=store, data=data,
+                     on_result=seen.append)
+    assert (e.value.epoch, e.value.split, seen) == (1, 'validation', [])

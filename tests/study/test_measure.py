@@ -237,3 +237,11 @@ def test_in_fresh_process_names_a_child_that_gives_no_result(tmp_path, body, rea
     with pytest.raises(MeasurementFailed) as info:
         in_fresh_process(str(script), dict(n=1))
     assert str(info.value) == reason
+
+
+@pytest.mark.parametrize('num_sets,total', [(3, 2), (3, -1), (0, 5), (-1, 5), (2.0, 4)])
+def test_uniform_sizes_refuses_what_leaves_a_set_empty(num_sets, total):
+    # (3, 2) gave [1, 1, 0], (3, -1) [0, 0, -1], (0, 5) a ZeroDivisionError
+    with pytest.raises(ValueError):
+        uniform_sizes(num_sets, total)
+    assert uniform_sizes(3, 3) == [1, 1, 1]

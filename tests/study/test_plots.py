@@ -62,3 +62,11 @@ def test_a_figure_is_saved_atomically(tmp_path):
     save_figure(fig, str(tmp_path / 'bare'), dpi=50)
     assert (tmp_path / 'bare.png').read_bytes().startswith(b'\x89PNG')
     plt.close(fig)
+
+
+def test_plot_grid_refuses_two_cells_that_read_alike(tmp_path):
+    # it keyed the rows by str(label): of the cells 1 and '1' one was silently not plotted
+    rows = [{'cell': 1, 'm r2': 0.5, 'm r2 std': 0.1}, {'cell': '1', 'm r2': 0.9, 'm r2 std': 0.1}]
+    with pytest.raises(ValueError, match="two rows' cells read '1'"):
+        plot_grid(rows, ['m'], str(tmp_path / 'grid.png'))
+    assert not (tmp_path / 'grid.png').exists()

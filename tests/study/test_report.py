@@ -79,3 +79,39 @@ def test_check_out_folder_removes_what_it_made_when_a_deeper_folder_fails(tmp_pa
     out = tmp_path / 'leftover' / ('x' * 300)
     assert 'cannot be written' in check_out_folder(str(out))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_summarize_keeps_the_cells_of_a_grid_apart_and_refuses_a_run_given_twice():
+    # run_grid's runs carry their cell: they were averaged across cells (r2 0.7 +- 0.2 from
+    # cells at 0.5 and 0.9), and one record passed three times counted as three seeds
+    runs = [dict(model='mz', seed=0, params=10, test=dict(r2=0.5, mse=1.0, mae=1.0),
+                 wall_time_s=60, cell='easy'),
+            dict(model='mz', seed=0, params=10, test=dict(r2=0.9, mse=0.1, mae=0.1),
+                 wall_time_s=60, cell='hard')]
+    easy, hard = summarize(runs, 'regression')
+    assert (easy['cell'], easy['model'], easy['seeds'], easy['r2'], easy['r2_std']) == (
+        'easy', 'mz', 1, 0.5, 0.0)
+    assert (hard['cell'], hard['r2']) == ('hard', 0.9)
+    lines = summary_markdown([easy, hard], 'regression').splitlines()
+    assert lines[0].startswith('| cell | model | params | seeds | test r2 |')
+    assert lines[3].startswith('| hard | mz | 10 | 1 | 0.9000 ± 0.0000 |')
+    with pytest.raises(ValueError, match="model 'mz' seed 0 in cell 'easy' is given twice"):
+        summarize(runs[:1] * 3, 'regression')
+    plain = [{k: v for k, v in r.items() if k != 'cell'} for r in runs]
+    with pytest.raises(ValueError, match="model 'mz' seed 0 is given twice"):
+        summarize(plain, 'regression')
+    with pytest.raises(ValueError, match="1 of the 2 runs carry a 'cell'"):
+        summarize([runs[0], plain[1]], 'regression')
+    # a cell 1 and a cell '1' are two cells; seeds 0 and 1 of one cell are one entry
+    one, other = summarize([dict(runs[0], cell=1), dict(runs[1], cell='1')], 'regression')
+    assert (one['cell'], other['cell']) == (1, '1')
+    both = summarize([runs[0], dict(runs[1], cell='easy', seed=1)], 'regression')
+    assert len(both) == 1 and (both[0]['seeds'], both[0]['r2']) == (2, pytest.approx(0.7))
+
+
+def test_markdown_table_escapes_a_bar_and_formats_numpy_numbers():
+    import numpy as np
+    text = markdown_table([dict(cell='a|b', r2=np.float32(0.123456789), n=np.int64(3))],
+                          ['cell', 'r2', 'n', 'mean |error|'])
+    assert text.splitlines() == ['| cell | r2 | n | mean \\|error\\| |', '|---|---|---|---|',
+                                 '| a\\|b | 0.1235 | 3 |  |']

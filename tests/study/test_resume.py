@@ -68,3 +68,49 @@ def test_a_store_reads_an_option_written_as_an_integer_or_a_float_alike(tmp_path
     path = store.put(labelled, QUICK_CONFIG, dict(model='mz'))
     assert os.path.basename(path).startswith('1--mz--seed0-')
     assert store.get(dict(labelled, target=1.0, seed=0.0), QUICK_CONFIG) == dict(model='mz')
+
+
+def test_a_store_keeps_numpy_labels_as_numbers_and_refuses_what_json_cannot_hold(tmp_path):
+    # np.int64(2) was kept as the text '2' (a resumed record's n + 1 raised a TypeError), and
+    # the label np.int64(3) named the file of the label '3'
+    import numpy as np
+    from torch_mz.study import RunStore
+    store = RunStore(str(tmp_path))
+    key = dict(n=np.int64(2), frac=np.float32(0.5), sizes=np.arange(2), ok=np.bool_(True),
+               data={}, model='mz', options=dict(dim=np.int32(8)), seed=np.int64(0))
+    path = store.put(key, QUICK_CONFIG, dict(model='mz', n=np.int64(2), frac=np.float32(0.5)))
+    record = store.get(key, QUICK_CONFIG)
+    assert record == dict(model='mz', n=2, frac=0.5)
+    assert type(record['n']) is int and type(record['frac']) is float
+    plain = dict(n=2, frac=0.5, sizes=[0, 1], ok=True, data={}, model='mz',
+                 options=dict(dim=8), seed=0)
+    assert store.get(plain, QUICK_CONFIG) == record  # the same run, the same file
+    assert store._path(plain) == path
+    assert store._path(dict(plain, n='2')) != path  # a text is another label
+    with pytest.raises(TypeError, match="holds <object object .*cannot keep"):
+        store.get(dict(plain, n=object()), QUICK_CONFIG)
+    # plain values name the files they named before (a resumed study finds its runs)
+    key = dict(cell='L=16', data=dict(task='quadratic-tdof', kwargs=dict(
+        d=32, tdof=16, n_train=640, set_size=(2, 3))), model='mz:dim=64',
+        options=dict(dim=64, dropout=0.0), seed=2)
+    assert os.path.basename(store._path(key)) == 'L=16--mz_dim=64--seed2-d9831db385.json'
+    key = dict(target='mu', data=dict(source='qm9pack', root=None, n_train=2000), model='mz',
+               options={}, seed=0)
+    assert os.path.basename(store._path(key)) == 'mu--mz--seed0-5af6075f35.json'
+
+
+def test_a_store_reads_back_runs_of_other_loader_workers_and_of_earlier_stores(tmp_path):
+    # num_workers left the resumable configuration changes (loader workers change the random
+    # streams of a resumed checkpoint), which made it part of a stored run's identity: a store
+    # written before read back as empty, and every finished run was trained again
+    import dataclasses
+    import json
+    from torch_mz.study import RunStore
+    store = RunStore(str(tmp_path))
+    key = dict(cell='a', model='mz', seed=0, data=dict(task='max'))
+    path = store.put(key, QUICK_CONFIG, dict(model='mz'))
+    workers = dataclasses.replace(QUICK_CONFIG, num_workers=2)
+    assert store.get(key, workers) == dict(model='mz')
+    with open(path) as f:
+        stored = json.load(f)
+    assert 'num_workers' not in stored['identity']['config']

@@ -1,3 +1,5 @@
+import math
+
 import numpy as np
 import pytest
 
@@ -106,3 +108,23 @@ def test_resolved_ordering_ranks_a_nan_mean_last_whatever_the_order_given():
                    {'b': [np.nan, .9], 'c': [.7, .8], 'a': [.5, .6]}):
         assert resolved_ordering(values, higher_is_better=True).names == ['c', 'a', 'b']
         assert resolved_ordering(values).names == ['a', 'c', 'b']
+
+
+def test_a_nan_spread_of_a_finite_mean_is_refused_in_either_order():
+    # Python's max with a NaN: ['a'] with the NaN on the best, ['a', 'b'] with it on the
+    # runner-up; Lead.spread NaN one way round and 0.2 the other
+    nan = float('nan')
+    means = {'a': 1.0, 'b': 0.9}
+    for spreads in ({'a': nan, 'b': 0.2}, {'a': 0.2, 'b': nan}):
+        with pytest.raises(ValueError, match='spread of .* is NaN while its mean is'):
+            winner(means, spreads)
+        with pytest.raises(ValueError, match='spread of .* is NaN while its mean is'):
+            lead_over_best(means, 'a', ['b'], spreads)
+    # a NaN spread beside a NaN mean (a model whose every run diverged) is no figure at all
+    assert winner({'a': nan, 'b': 0.9}, {'a': nan, 'b': 0.2}) == ['b']
+    for model, rival in (('a', 'b'), ('b', 'a')):
+        means = {model: nan, rival: 0.9}
+        lead = lead_over_best(means, model, [rival], {model: nan, rival: 0.2})
+        assert lead.best == rival and math.isnan(lead.gap) and math.isnan(lead.spread)
+        lead = lead_over_best({model: 0.9, rival: nan}, model, [rival], {model: 0.2, rival: nan})
+        assert lead.best == rival and math.isnan(lead.spread)  # (was 0.2)

@@ -132,11 +132,21 @@ def choose_budget(args: argparse.Namespace, quick: Budget, full: Budget) -> Budg
 def study_config(budget: Budget, device: str = 'auto', batch_size: int = 64,
                  **options) -> TrainConfig:
     r"""The training configuration shared by a study's runs: :obj:`budget`'s epochs and learning
-    rate, a linear warm-up over a tenth of the epochs (1 to 5), batch size :obj:`batch_size`, no
-    progress bars; :obj:`options` set any other :class:`~torch_mz.train.TrainConfig` field
-    (e.g. ``seed``, ``patience``)."""
+    rate, a linear warm-up over a tenth of the epochs (1 to 5, and at most half the run: none
+    for 1 epoch), batch size :obj:`batch_size`, no progress bars; :obj:`options` set
+    any other :class:`~torch_mz.train.TrainConfig` field (e.g. ``seed``, ``patience``)."""
     if budget.lr is None:
         raise ValueError("study_config needs a budget with a learning rate (got lr=None)")
-    return TrainConfig(epochs=budget.epochs, warmup_epochs=min(5, max(1, budget.epochs // 10)),
+    return TrainConfig(epochs=budget.epochs, warmup_epochs=_study_warmup(budget.epochs),
                        batch_size=batch_size, lr=budget.lr, device=device, progress=False,
                        **options)
+
+
+def _study_warmup(epochs: int) -> int:
+    r"""The warm-up epochs of a study's run of :obj:`epochs` epochs: a tenth of the run, 1 to 5,
+    and at most half the run, as the command line's (``torch-mz train``), so that one epoch is
+    no warm-up (it was all warm-up: one step per epoch trained at learning rate 0, i.e. not at
+    all). Only a run of 1 epoch changes: 0 there, as before 1 for 2 to 19 epochs, ``epochs //
+    10`` for 20 to 59 and 5 from 60 (the studies' budgets of 5, 8, 10, 30, 100 and 200 epochs
+    keep 1, 1, 1, 3, 5 and 5)."""
+    return min(5, max(1, epochs // 10), max(epochs, 0) // 2)

@@ -30,11 +30,11 @@ def train_one(task, model_name: str, seed: int, config: TrainConfig,
     :class:`~torch_mz.datasets.TaskSplits`), trains it with :obj:`config` (seeded with
     :obj:`seed`: the model's initialisation and, as ``config.seed``, which it replaces, the
     training's shuffling and dropout) and returns a flat record: model, seed, parameter count,
-    best epoch, epochs run, wall time, validation and test metrics. The checkpoints record the task (name and
-    ``task.args``) and the model (preset name and overrides), so that resuming one with another
-    task or model is refused, and so is resuming one with data drawn with another seed or other
-    split sizes (``task.split``, recorded where :func:`~torch_mz.tasks.load_task` built the
-    task)."""
+    best epoch, epochs run, wall time, validation and test metrics. The checkpoints record the
+    task (name and ``task.args``) and the model (preset name and overrides), so that resuming
+    one with another task or model is refused, and so is resuming one with data drawn with
+    another seed or other split sizes (``task.split``, recorded where
+    :func:`~torch_mz.tasks.load_task` built the task)."""
     seed = check_count('seed', seed, low=0)  # (a NumPy integer failed in random.seed)
     config = replace(config, seed=seed)  # (a config of another seed trained every seed alike)
     seed_everything(seed)
@@ -68,11 +68,15 @@ def check_models(models: Sequence[str], overrides: Optional[Mapping[str, Any]] =
                  task: Any = None) -> None:
     r"""Checks model specs before anything is trained: every preset is known, no spec is given
     twice (its runs would be read as more seeds of one model), and every option (the spec's,
-    then :obj:`overrides` on top) is one the preset takes, with a value of the right type. With
-    :obj:`task` (splits, possibly without sets: :func:`~torch_mz.tasks.check_task`), every
-    model is also built for it, which checks the options a preset passes on to its blocks.
+    then :obj:`overrides` on top) is one the preset takes, with a value of the right type. Every
+    model with options is also built, which checks the options a preset passes on to its blocks
+    (a misspelt one, e.g. ``'mz:dimm=3'``): for :obj:`task` (splits, possibly without sets:
+    :func:`~torch_mz.tasks.check_task`), or without one for a small stand-in shape (3 inputs, 1
+    output), where only an option the blocks do not take is refused (whatever else the build
+    finds may be the stand-in shape's, and is left to the build for the real task).
     Raises a :class:`ValueError` naming the spec."""
     seen: Dict[str, str] = {}
+    built = []  # (the builds after every spec's own checks: a spec given twice is said first)
     for spec in models:
         name, options = parse_model_spec(spec)
         same = json.dumps([name, options], sort_keys=True, default=str)  # 'mz' == 'mz:'
@@ -86,12 +90,52 @@ def check_models(models: Sequence[str], overrides: Optional[Mapping[str, Any]] =
                              f"{', '.join(PRESETS)})")
         options = dict(options, **(overrides or {}))
         check_options(options, PRESETS[name], f"model spec '{spec}'", complete=False)
-        if task is not None and options:  # a preset without options builds for any task
-            try:
-                build_model(name, task.in_channels, task.out_channels, pos_dim=task.pos_dim,
-                            feature_columns=task.info.get('feature_columns'), **options)
-            except TypeError as e:  # an option unknown to the blocks the preset builds
-                raise ValueError(f"model spec '{spec}': {e}") from None
+        if options:  # a preset without options builds for any task
+            built.append((spec, name, options))
+    for spec, name, options in built:
+        if task is None:  # (it passed until the data was built and earlier models trained)
+            problem = _unknown_option(name, options)
+            if problem is not None:
+                raise ValueError(f"model spec '{spec}': {problem}")
+            continue
+        try:
+            build_model(name, task.in_channels, task.out_channels, pos_dim=task.pos_dim,
+                        feature_columns=task.info.get('feature_columns'), **options)
+        except TypeError as e:  # an option unknown to the blocks the preset builds
+            raise ValueError(f"model spec '{spec}': {e}") from None
+
+
+def _unknown_option(name: str, options: Mapping[str, Any]) -> Optional[str]:
+    r"""What building preset :obj:`name` with :obj:`options` for a stand-in shape (3 inputs, 1
+    output) says of an option its blocks do not take (a :class:`TypeError`), or :obj:`None`.
+    Any other failure is left to the build for the real task: it may be the stand-in's."""
+    try:
+        with warnings.catch_warnings():  # (e.g. match_budget's on a width far from the budget)
+            warnings.simplefilter('ignore')
+            build_model(name, 3, 1, **options)
+    except TypeError as e:
+        return str(e)
+    except Exception:  # (the shape's, perhaps: the real build says)
+        return None
+    return None
+
+
+def _check_labels(cells: Sequence[Mapping[str, Any]]) -> None:
+    r"""Every cell has a ``label`` and a ``task``, and no two labels read alike (``1`` and
+    ``'1'``: the rows' tables and :func:`~torch_mz.study.plot_grid` key cells by the text)."""
+    seen: Dict[str, Any] = {}
+    for cell in cells:
+        for field in ('label', 'task'):
+            if field not in cell:
+                raise ValueError(f"a run_grid cell needs '{field}', got {dict(cell)}")
+        label, text = cell['label'], str(cell['label'])
+        if text in seen:
+            first = seen[text]
+            same = (repr(label) if type(first) is type(label) and first == label
+                    else f'{first!r} and {label!r}')
+            raise ValueError(f"two cells are labelled {same}: a table or plot of the grid "
+                             f"shows one of them (give every cell a label of its own)")
+        seen[text] = cell['label']
 
 
 def check_grid(cells: Sequence[Mapping[str, Any]], models: Sequence[str],
@@ -100,12 +144,11 @@ def check_grid(cells: Sequence[Mapping[str, Any]], models: Sequence[str],
     task and options (:func:`~torch_mz.tasks.check_task`: a synthetic task's values too) and
     every model spec (:func:`check_models`, building each model for every input / output shape
     of a synthetic cell). Raises the first mistake's :class:`ValueError` (a script turns it
-    into its usage error)."""
+    into its usage error). Two cells whose labels read alike (``1`` and ``'1'``, or one label
+    twice) are refused: the tables and plots key cells by the label's text."""
+    _check_labels(cells)
     checked = set()
     for cell in cells:
-        for field in ('label', 'task'):
-            if field not in cell:
-                raise ValueError(f"a run_grid cell needs '{field}', got {dict(cell)}")
         try:
             preview = check_task(cell['task'], seed=0, **dict(cell.get('kwargs', {})))
         except ValueError as e:
@@ -158,8 +201,14 @@ def train_models(task: Any, models: Sequence[str], seeds: int,
         **labels: Entries added to every trained run's record.
 
     The specs are checked first (:func:`check_models`), before any data is built: an unknown
-    preset, an unknown option or a spec given twice raises a :class:`ValueError`.
+    preset, an unknown option or a spec given twice raises a :class:`ValueError`, and so does
+    :obj:`seeds` below 1.
+
+    A run read back from :obj:`store` that diverged (kept by a call with
+    :obj:`record_diverged`) raises :class:`~torch_mz.train.TrainingDiverged` in a call without
+    it, as training it again would. (A record :obj:`cached` returns is used as it is.)
     """
+    seeds = check_count('seeds', seeds, low=1)  # (0 or -3 returned no runs and no error)
     if store is not None and data is None:
         raise ValueError("train_models: a 'store' needs 'data', what identifies the task's data")
     built = None if callable(task) else task
@@ -174,6 +223,8 @@ def train_models(task: Any, models: Sequence[str], seeds: int,
             key = dict(labels, data=data, model=spec, options=options, seed=seed)
             if record is None and store is not None:
                 record = store.get(key, config)
+                if record is not None and 'diverged' in record and not record_diverged:
+                    raise _stored_divergence(record, spec, seed)
             if record is None:
                 if built is None:
                     built = task()
@@ -199,6 +250,20 @@ def train_models(task: Any, models: Sequence[str], seeds: int,
             if on_result is not None:
                 on_result(record)
     return records
+
+
+def _stored_divergence(record: Mapping[str, Any], spec: str, seed: int) -> TrainingDiverged:
+    r"""The :class:`~torch_mz.train.TrainingDiverged` of a diverged run read back from a store,
+    as training it again would raise it (at the same epoch: resumption is exact)."""
+    text = str(record['diverged'])
+    split = ('validation' if text.startswith('Validation') else
+             'weights' if text.startswith('The weights') else 'training')
+    epochs = record.get('epochs_run')
+    error = TrainingDiverged(epochs - 1 if isinstance(epochs, int) and epochs > 0 else 0,
+                             math.nan, split)
+    error.args = (f"{text} ({spec} seed {seed}: a diverged run kept in the store by a call with "
+                  f"record_diverged=True; pass record_diverged=True to record it and go on)",)
+    return error
 
 
 def run_grid(cells: Sequence[Mapping[str, Any]], models: Sequence[str], seeds: int,
@@ -238,13 +303,15 @@ def run_grid(cells: Sequence[Mapping[str, Any]], models: Sequence[str], seeds: i
     their values checked and every model built for them) and so is every model spec
     (:func:`check_models`): a mistake in the last cell raises its :class:`ValueError` before
     the first cell trains. ``check=False`` skips that (a caller that ran
-    :func:`check_grid` itself).
+    :func:`check_grid` itself), but not the check that no two cells' labels read alike (``1``
+    and ``'1'``), which raises a :class:`ValueError` whatever :obj:`load` is.
 
     With :obj:`record_diverged` (:func:`train_models`'), a run that diverges is recorded and
     the grid goes on: a row then counts a model's diverged runs (``'<model> diverged'``, 0
     where none) and takes its means and spreads over the other seeds (NaN where every seed
     diverged)."""
     check_count('seeds', seeds, low=1)  # (0 failed later with an IndexError)
+    _check_labels(cells)  # (with check=False too: two cells labelled alike, one plotted)
     if not check:
         pass
     elif load is None:

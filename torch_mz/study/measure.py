@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
+from torch_mz._checks import check_count
 from torch_mz._optional import WITH_TORCH_SCATTER
 
 __all__ = ['skewed_sizes', 'uniform_sizes', 'time_call', 'time_interleaved', 'peak_memory_bytes',
@@ -44,7 +45,13 @@ def skewed_sizes(num_sets: int, total: int, sigma: float = 1.0, seed: int = 0) -
 
 
 def uniform_sizes(num_sets: int, total: int) -> List[int]:
-    r"""Sizes as equal as possible that sum to :obj:`total`."""
+    r"""Sizes as equal as possible (each at least 1) that sum to :obj:`total`: a
+    :obj:`num_sets` below 1 or a :obj:`total` below it raises a :class:`ValueError`, as in
+    :func:`skewed_sizes` (``(3, 2)`` gave a set of size 0, ``(3, -1)`` negative sizes)."""
+    num_sets = check_count('num_sets', num_sets)
+    total = check_count('total', total)
+    if total < num_sets:
+        raise ValueError(f"Need at least one element per set (got {total} < {num_sets})")
     base, rest = divmod(total, num_sets)
     return [base + (1 if i < rest else 0) for i in range(num_sets)]
 

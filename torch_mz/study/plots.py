@@ -94,8 +94,14 @@ def plot_grid(rows: Sequence[Mapping[str, Any]], models: Sequence[str], path: st
               title: Optional[str] = None, ylim: Optional[Tuple[float, float]] = None):
     r"""Grouped bars of the test R² of :func:`run_grid`'s rows (one group per cell, one bar per
     model, the spread over seeds as error bars) with the paper's value, where :obj:`paper` has it
-    under ``(cell label, model)``, as a black dash on the bar (see :func:`plot_bars`)."""
+    under ``(cell label, model)``, as a black dash on the bar (see :func:`plot_bars`). Two rows
+    whose cells read alike (``1`` and ``'1'``) raise a :class:`ValueError` (one was dropped)."""
     by_cell = {str(r['cell']): r for r in rows}
+    if len(by_cell) < len(rows):
+        labels = [r['cell'] for r in rows]
+        twice = next(c for i, c in enumerate(labels) if str(c) in map(str, labels[:i]))
+        raise ValueError(f"plot_grid: two rows' cells read {str(twice)!r} (a cell of its own "
+                         f"label each: {labels})")
     plot_bars(list(by_cell), models, lambda c, m: by_cell[c][f'{m} r2'],
               lambda c, m: by_cell[c][f'{m} r2 std'], path,
               paper=(lambda c, m: paper.get((c, m))) if paper else None, title=title, ylim=ylim)

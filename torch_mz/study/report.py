@@ -3,7 +3,7 @@ a model x seed grid (mean and spread over seeds). Library code: nothing here pri
 import json
 import math
 import os
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Hashable, List, Optional, Tuple
 
 import numpy as np
 
@@ -49,7 +49,13 @@ def check_out_folder(out: str) -> Optional[str]:
 
 def write_json(path: str, payload: Dict[str, object]):
     r"""Writes :obj:`payload` as indented JSON (creating the folder), atomically: an interrupted
-    write leaves the earlier file whole."""
+    write leaves the earlier file whole.
+
+    A NaN or infinite float (e.g. the R² of a model whose every run diverged,
+    :func:`summarize`) is written as Python's :mod:`json` writes it, ``NaN`` / ``Infinity``:
+    :func:`json.load` reads it back as that float (which the studies' resumption and the
+    results' readers rely on), but it is not standard JSON, and strict parsers (``jq``,
+    JavaScript's ``JSON.parse``) refuse the file."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     text = json.dumps(payload, indent=2) + '\n'  # serialised first: a failure writes nothing
     atomic_write(path, lambda f: f.write(text), binary=False)
@@ -82,14 +88,34 @@ def write_report(out: str, name: str, title: str, env: Dict[str, Any],
 
 
 def markdown_table(rows: List[Dict[str, object]], columns: List[str]) -> str:
-    r"""A GitHub Markdown table of :obj:`rows` (dicts) in the given column order."""
+    r"""A GitHub Markdown table of :obj:`rows` (dicts) in the given column order: floats (NumPy's
+    too) to 4 significant digits, :obj:`None` or a missing entry as an empty cell, and a ``|``
+    in a cell or column name escaped (``\|``: it ended the cell, shifting the row)."""
     def fmt(v):
+        if isinstance(v, np.generic):  # (np.float32 is no float: it came out as 0.12345679)
+            v = v.item()
         if isinstance(v, float):
             return f'{v:.4g}'
-        return '' if v is None else str(v)
-    lines = ['| ' + ' | '.join(columns) + ' |', '|' + '---|' * len(columns)]
+        return '' if v is None else _cell(str(v))
+    lines = ['| ' + ' | '.join(_cell(str(c)) for c in columns) + ' |',
+             '|' + '---|' * len(columns)]
     lines += ['| ' + ' | '.join(fmt(r.get(c)) for c in columns) + ' |' for r in rows]
     return '\n'.join(lines) + '\n'
+
+
+def _cell(text: str) -> str:
+    r""":obj:`text` as one Markdown table cell: a ``|`` escaped."""
+    return text.replace('|', '\\|')
+
+
+def _label(value: Any) -> Hashable:
+    r""":obj:`value` as a key: equal numbers alike (1, 1.0, ``np.int64(1)``), a text apart
+    from a number (a cell ``'1'`` is not the cell ``1``)."""
+    try:
+        hash(value)
+    except TypeError:
+        return 'unhashable', repr(value)
+    return isinstance(value, str), value
 
 
 def summarize(rows: List[Dict[str, Any]], task_type: str) -> List[Dict[str, Any]]:
@@ -98,14 +124,41 @@ def summarize(rows: List[Dict[str, Any]], task_type: str) -> List[Dict[str, Any]
     record_diverged=True)``: a ``diverged`` entry, no test figures) are left out of the means
     and counted in ``diverged`` (an entry present only where a run diverged); a model whose
     every run diverged has NaN means and the parameter count :obj:`None`. ``seeds`` counts every
-    run, ``minutes`` is the mean over every run."""
+    run, ``minutes`` is the mean over every run.
+
+    Runs that carry a ``cell`` (:func:`~torch_mz.study.run_grid`'s) are summarised per cell and
+    model, in the order each pair first appears, each entry led by its ``cell`` (they were
+    averaged across cells); runs with a cell and runs without one are not mixed. A run given
+    twice (the same ``model`` and ``seed``, in the same cell) raises a :class:`ValueError`: it
+    counted as one more seed."""
     if task_type not in METRICS:
         raise ValueError(f"Expected task_type among {sorted(METRICS)} (got {task_type!r})")
+    with_cell = sum('cell' in r for r in rows)
+    if 0 < with_cell < len(rows):
+        raise ValueError(f"summarize: {with_cell} of the {len(rows)} runs carry a 'cell' and the "
+                         f"others do not: summarise the runs of a grid (run_grid) apart from "
+                         f"the others")
+    seen = set()
+    for r in rows:
+        if 'seed' not in r:  # (a hand-made record: nothing to tell its seeds apart by)
+            continue
+        same = (_label(r['model']), _label(r['seed']), _label(r.get('cell')))
+        if same in seen:
+            where = f" in cell {r['cell']!r}" if with_cell else ''
+            raise ValueError(f"summarize: the run of model {r['model']!r} seed {r['seed']!r}"
+                             f"{where} is given twice (it would count as one more seed)")
+        seen.add(same)
+
+    def group(r: Dict[str, Any]) -> Tuple[Hashable, Hashable]:
+        return _label(r.get('cell')), _label(r['model'])
+
     out = []
-    for model in dict.fromkeys(r['model'] for r in rows):
-        runs = [r for r in rows if r['model'] == model]
+    for key in dict.fromkeys(group(r) for r in rows):
+        runs = [r for r in rows if group(r) == key]
+        model = runs[0]['model']
         kept = [r for r in runs if 'diverged' not in r]
-        entry = dict(model=model, params=kept[0]['params'] if kept else None, seeds=len(runs))
+        entry: Dict[str, Any] = dict(cell=runs[0]['cell']) if with_cell else {}
+        entry.update(model=model, params=kept[0]['params'] if kept else None, seeds=len(runs))
         for k in METRICS[task_type]:
             vals = [r['test'].get(k, math.nan) for r in kept]
             entry[k] = float(np.mean(vals)) if vals else math.nan
@@ -118,13 +171,18 @@ def summarize(rows: List[Dict[str, Any]], task_type: str) -> List[Dict[str, Any]
 
 
 def summary_markdown(summary: List[Dict[str, Any]], task_type: str) -> str:
-    r"""The summary as a Markdown table (mean ± std over seeds)."""
+    r"""The summary as a Markdown table (mean ± std over seeds), led by a ``cell`` column where
+    the entries carry one (:func:`summarize` of a grid's runs)."""
     keys = METRICS[task_type]
-    head = ['model', 'params', 'seeds'] + [f'test {k}' for k in keys] + ['min/run']
+    by_cell = any('cell' in e for e in summary)
+    head = (['cell'] if by_cell else []) + ['model', 'params', 'seeds'] + [
+        f'test {k}' for k in keys] + ['min/run']
     lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
     for e in summary:
         seeds = str(e['seeds']) + (f" ({e['diverged']} diverged)" if e.get('diverged') else '')
-        cells = [e['model'], '' if e['params'] is None else f"{e['params']:,}", seeds]
+        cells = [_cell(str(e.get('cell', '')))] if by_cell else []
+        cells += [_cell(str(e['model'])), '' if e['params'] is None else f"{e['params']:,}",
+                  seeds]
         cells += [f"{e[k]:.4f} ± {e[k + '_std']:.4f}" for k in keys]
         cells.append(f"{e['minutes']:.2f}")
         lines.append('| ' + ' | '.join(cells) + ' |')

@@ -8,6 +8,8 @@ import re
 import warnings
 from typing import Any, Dict, List, Mapping, Optional
 
+import numpy as np
+
 from torch_mz.study.report import write_json
 from torch_mz.train import TrainConfig
 from torch_mz.train.checkpoint import RESUMABLE_CONFIG_CHANGES
@@ -21,9 +23,23 @@ _FORMAT = 1
 NO_RESULT_SETTINGS = ('checkpoint_every', 'eval_batch_size')
 
 
+def _json_value(value: Any) -> Any:
+    # what json.dumps cannot write itself: a NumPy number or array as Python's (it was written
+    # as its text, so that a resumed record held '2' where a fresh one held 2, and a label
+    # np.int64(3) named the file of the label '3'); anything else is refused
+    if isinstance(value, (np.generic, np.ndarray)):
+        return value.tolist()  # (a NumPy scalar's tolist() is its item())
+    raise TypeError(f"a run's key or record holds {value!r} ({type(value).__qualname__}), "
+                    f"which a run file cannot keep: give labels, data descriptions and options "
+                    f"as JSON values (str, int, float, bool, None, lists, dicts), NumPy numbers "
+                    f"and arrays being converted")
+
+
 def _plain(value: Any) -> Any:
-    # JSON's own values, as a file read back holds them (tuples as lists, keys as strings)
-    return json.loads(json.dumps(value, sort_keys=True, default=str))
+    # JSON's own values, as a file read back holds them (tuples as lists, keys as strings); the
+    # JSON values a key held before NumPy values were converted give the same text, so the run
+    # files of earlier calls are still found
+    return json.loads(json.dumps(value, sort_keys=True, default=_json_value))
 
 
 def _canonical(value: Any) -> Any:
@@ -112,8 +128,11 @@ class RunStore:
 
     @staticmethod
     def _identity(key: Mapping[str, Any], config: TrainConfig) -> Dict[str, Any]:
+        # (not num_workers either: a finished run is as valid with other loader workers, and
+        # stores written when it counted as a resumable change leave it out)
         settings = {k: v for k, v in config.to_dict().items()
-                    if k not in RESUMABLE_CONFIG_CHANGES and k not in NO_RESULT_SETTINGS}
+                    if k not in RESUMABLE_CONFIG_CHANGES and k not in NO_RESULT_SETTINGS
+                    and k != 'num_workers'}
         return _plain(dict(format=_FORMAT, run=dict(key), config=settings))
 
     def _path(self, key: Mapping[str, Any]) -> str:

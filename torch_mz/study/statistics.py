@@ -94,9 +94,12 @@ def winner(means: Mapping[str, float], spreads: Optional[Mapping[str, float]] = 
     within :obj:`z` times the larger seed spread of the best and the runner-up: one name for a
     clear winner, several for a tie. Entries are ranked by mean, ties in the order given (an
     exact tie without spreads: the first); a NaN mean (a missing figure) ranks last and wins
-    nothing unless every mean is NaN."""
+    nothing unless every mean is NaN. A NaN spread of an entry whose mean is a number raises a
+    :class:`ValueError` (an unknown spread decides no tie: the answer depended on the entries'
+    order)."""
     if not means:
         raise ValueError('Expected at least one entry')
+    _check_spreads(means, means, spreads)
     ranked = sorted(means, key=lambda k: (not math.isnan(means[k]), means[k]), reverse=True)
     ranked = [k for k in ranked if not math.isnan(means[k])] or ranked
     best = ranked[0]
@@ -107,10 +110,22 @@ def winner(means: Mapping[str, float], spreads: Optional[Mapping[str, float]] = 
     return [best] + [k for k in ranked[1:] if means[best] - means[k] < z * spread]
 
 
+def _check_spreads(means: Mapping[str, float], names: Iterable[str],
+                   spreads: Optional[Mapping[str, float]]) -> None:
+    r"""Refuses a NaN spread where the mean is a number (Python's ``max`` with a NaN gave an
+    answer that depended on the order of its arguments)."""
+    for name in names:
+        spread = (spreads or {}).get(name, 0.0)
+        if math.isnan(spread) and not math.isnan(means[name]):
+            raise ValueError(f"the spread of {name!r} is NaN while its mean is {means[name]!r}: "
+                             f"give a number (0.0 for one seed) or leave it out")
+
+
 @dataclass
 class Lead:
     r"""How a model stands against the best of its rivals: ``gap`` = model - best (positive: the
-    model leads), ``spread`` the larger of the two seed spreads."""
+    model leads), ``spread`` the larger of the two seed spreads (NaN where either is: a missing
+    figure's)."""
     best: str
     gap: float
     spread: float = 0.0
@@ -119,7 +134,9 @@ class Lead:
 def lead_over_best(means: Mapping[str, float], model: str, rivals: Iterable[str],
                    spreads: Optional[Mapping[str, float]] = None) -> Optional[Lead]:
     r""":obj:`model`'s :class:`Lead` over the best (highest mean) of the :obj:`rivals` present in
-    :obj:`means`; :obj:`None` when :obj:`model` or every rival is missing."""
+    :obj:`means`; :obj:`None` when :obj:`model` or every rival is missing. A NaN spread of
+    :obj:`model` or a rival whose mean is a number raises a :class:`ValueError`, as in
+    :func:`winner`."""
     if isinstance(rivals, str):  # (a string was read as its characters)
         raise ValueError(f"Expected a collection of model names as rivals (got the string "
                          f"{rivals!r}; e.g. [{rivals!r}])")
@@ -129,7 +146,9 @@ def lead_over_best(means: Mapping[str, float], model: str, rivals: Iterable[str]
         return None
     # a NaN mean (a missing figure, a diverged run) is no best rival unless all are NaN
     present = [k for k in present if not math.isnan(means[k])] or present
+    _check_spreads(means, [model] + present, spreads)
     best = max(present, key=lambda r: means[r])
-    spreads = spreads or {}
-    return Lead(best, means[model] - means[best],
-                max(spreads.get(model, 0.0), spreads.get(best, 0.0)))
+    pair = [(spreads or {}).get(k, 0.0) for k in (model, best)]
+    # (max(nan, s) was nan but max(s, nan) s: NaN, unknown, whichever it is)
+    spread = math.nan if any(math.isnan(v) for v in pair) else max(pair)
+    return Lead(best, means[model] - means[best], spread)
