@@ -969,3 +969,19 @@ def test_float16_autocast_applies_the_float16_magnitude_limit():
             aggr(x * 1e16, index)
     with torch.autocast('cpu', dtype=torch.float16):
         assert torch.isfinite(_aggr()(x.double() * 1e5, index)).all()
+
+
+def test_the_float16_limit_reads_the_input_layers_only():
+    # every Linear taking as many features as the input counted: with in_channels equal to the
+    # width (64, a usual GNN setting) 26 layers, and a limit below what computes finitely
+    from torch_mz.nn.aggr import input_layers, input_magnitude_limit
+    from torch_mz.nn.zonotope import InputProjection
+    torch.manual_seed(0)
+    aggr = MZAggregation(64, 64)
+    proj = next(m for m in aggr.modules() if isinstance(m, InputProjection))
+    assert input_layers(aggr, 64) == [proj.lin_c, proj.lin_g]
+    rows = max(float(lin.weight.abs().sum(1).max()) for lin in (proj.lin_c, proj.lin_g))
+    assert input_magnitude_limit(torch.float16, aggr, 64) == pytest.approx(0.5 * 65504 / rows)
+    deep = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+    assert input_layers(deep, 4) == [deep[0]]
+    assert input_magnitude_limit(torch.float16, torch.nn.Linear(3, 2), 5) == 1e4  # none reads it

@@ -291,7 +291,9 @@ def test_two_cells_labelled_alike_are_refused_before_anything_is_built():
 
     kwargs = dict(n_train=8, n_val=4, n_test=4)
     config = TrainConfig(epochs=1, warmup_epochs=0, batch_size=8, progress=False)
-    for labels, said in (((1, '1'), "1 and '1'"), (('A', 'A'), "'A'")):
+    # (1 and 1.0, True and 1: equal values, which summarize keys alike, though they read apart)
+    for labels, said in (((1, '1'), "1 and '1'"), (('A', 'A'), "'A'"), ((1, 1.0), '1 and 1.0'),
+                         ((True, 1), 'True and 1')):
         cells = [dict(label=labels[0], task='meb-radius', kwargs=kwargs),
                  dict(label=labels[1], task='mst', kwargs=kwargs)]
         with pytest.raises(ValueError, match=f'two cells are labelled {said}:'):

@@ -70,3 +70,13 @@ def test_plot_grid_refuses_two_cells_that_read_alike(tmp_path):
     with pytest.raises(ValueError, match="two rows' cells read '1'"):
         plot_grid(rows, ['m'], str(tmp_path / 'grid.png'))
     assert not (tmp_path / 'grid.png').exists()
+
+
+def test_plot_summary_refuses_the_summary_of_a_grid(tmp_path):
+    # a grid's summary (entries with a cell) drew its cells' bars over each other
+    from torch_mz.study.plots import plot_summary
+    summary = [dict(cell='a', model='mz', r2=0.5, r2_std=0.1),
+               dict(cell='b', model='mz', r2=0.9, r2_std=0.1)]
+    with pytest.raises(ValueError, match='plot it with plot_grid'):
+        plot_summary(summary, 'regression', str(tmp_path / 's.png'))
+    assert not (tmp_path / 's.png').exists()

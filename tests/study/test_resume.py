@@ -114,3 +114,31 @@ def test_a_store_reads_back_runs_of_other_loader_workers_and_of_earlier_stores(t
     with open(path) as f:
         stored = json.load(f)
     assert 'num_workers' not in stored['identity']['config']
+
+
+def test_a_store_reads_back_a_run_file_whose_identity_holds_num_workers(tmp_path):
+    # files written while num_workers counted toward a run's identity (earlier on 2026-12-06)
+    # were read back as no run, and every finished run was trained again
+    import json
+    from torch_mz.study import RunStore
+    store = RunStore(str(tmp_path))
+    key = dict(cell='a', model='mz', seed=0, data=dict(task='max'))
+    path = store.put(key, QUICK_CONFIG, dict(model='mz'))
+    with open(path) as f:
+        stored = json.load(f)
+    stored['identity']['config']['num_workers'] = 0
+    with open(path, 'w') as f:
+        json.dump(stored, f)
+    assert store.get(key, QUICK_CONFIG) == dict(model='mz')
+
+
+def test_a_store_keeps_a_path_in_a_key_as_its_text(tmp_path):
+    # NumPy values became numbers, every other value was refused: a data root given as a
+    # pathlib.Path (kept as its text before) stopped a study
+    import pathlib
+    from torch_mz.study import RunStore
+    store = RunStore(str(tmp_path))
+    key = dict(cell='a', model='mz', seed=0, data=dict(root=pathlib.Path('/tmp/data')))
+    store.put(key, QUICK_CONFIG, dict(model='mz', root=pathlib.Path('/tmp/data')))
+    assert store.get(key, QUICK_CONFIG) == dict(model='mz', root='/tmp/data')
+    assert store.get(dict(key, data=dict(root='/tmp/data')), QUICK_CONFIG) is not None

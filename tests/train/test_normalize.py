@@ -163,3 +163,19 @@ def test_a_state_of_before_the_relative_threshold_keeps_the_new_default():
     assert float(norm.fit(y).std) != 1.0
     assert TargetNormalizer(1e-3).load_state_dict(TargetNormalizer(1e-3).fit(y).state_dict()) \
         .eps == 1e-3
+
+
+def test_a_normaliser_pickled_before_the_float64_flag_still_works():
+    # TargetNormalizer instances pickled by earlier code have no float64 attribute: transform,
+    # state_dict and attach_normalizer raised AttributeError
+    import pickle
+    from torch_mz.train import TargetUnits, attach_normalizer
+    norm = TargetNormalizer().fit(torch.randn(10, 1))
+    del norm.float64  # as an instance of before
+    back = pickle.loads(pickle.dumps(norm))
+    assert back.transform(torch.zeros(2, 1)).dtype == torch.float32
+    assert back.state_dict()['float64'] is False
+    units = TargetUnits(back)
+    del units.float64
+    assert units(torch.zeros(2, 1)).dtype == torch.float32
+    attach_normalizer(torch.nn.Linear(2, 1), back)

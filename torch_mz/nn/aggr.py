@@ -1,7 +1,7 @@
 r"""MZAggregation: a PyG aggregation built from MZ-Set-Transformer blocks."""
 import math
 import numbers
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -233,6 +233,19 @@ def largest_finite_magnitude(x: Tensor) -> float:
     return float(finite.abs().max()) if finite.numel() > 0 else 0.0
 
 
+def input_layers(module: Module, in_channels: int) -> List[Linear]:
+    r"""The linear layers of :obj:`module` that read its input: the center and generator maps
+    of its first :class:`~torch_mz.nn.zonotope.InputProjection`, or where it has none the first
+    :class:`~torch.nn.Linear` (in module order) that takes :obj:`in_channels` features (not
+    every such layer: a hidden width equal to the input's is not the input)."""
+    for m in module.modules():
+        if isinstance(m, InputProjection):
+            return [lin for lin in (m.lin_c, m.lin_g) if lin is not None]
+    first = next((m for m in module.modules()
+                  if isinstance(m, Linear) and m.in_features == in_channels), None)
+    return [] if first is None else [first]
+
+
 def input_magnitude_limit(dtype: torch.dtype, module: Optional[Module] = None,
                           in_channels: Optional[int] = None) -> float:
     r"""The largest input magnitude that :func:`check_input_magnitude` accepts when the input
@@ -240,15 +253,17 @@ def input_magnitude_limit(dtype: torch.dtype, module: Optional[Module] = None,
     the magnitude at which the LayerNorm statistics overflow (about :math:`10^{19}`);
     :math:`10^{150}` in float64 (about :math:`10^{154}`). In float16, whose largest finite value
     is 65,504, the first linear maps of the input overflow first: the limit is half of 65,504
-    over the largest absolute row sum of the weights of :obj:`module`'s linear layers that take
-    the :obj:`in_channels` input features (a bound under which no such map's output exceeds
-    half the range, whatever the input), :math:`10^4` where no module is given."""
+    over the largest absolute row sum of the weights of the layers that read :obj:`module`'s
+    input (:func:`input_layers`; a bound under which no such map's output exceeds half the
+    range, whatever the input), :math:`10^4` where no module is given or it has none."""
     if dtype == torch.float16:
-        sums = [float(m.weight.detach().abs().sum(dim=1).max()) for m in
-                (module.modules() if module is not None else ())
-                if isinstance(m, Linear) and m.in_features == in_channels
-                and m.weight.numel() > 0]
-        return 1e4 if not sums else 0.5 * 65504.0 / max(max(sums), 1e-30)
+        layers = [] if module is None or in_channels is None else [
+            lin for lin in input_layers(module, in_channels) if lin.weight.numel() > 0]
+        if not layers:
+            return 1e4
+        rows = torch.stack([lin.weight.detach().abs().sum(dim=1).max().float()
+                            for lin in layers]).max()  # (one read of the device)
+        return 0.5 * 65504.0 / max(float(rows), 1e-30)
     return 1e15 if torch.finfo(dtype).max < 1e300 else 1e150
 
 

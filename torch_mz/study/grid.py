@@ -122,20 +122,30 @@ def _unknown_option(name: str, options: Mapping[str, Any]) -> Optional[str]:
 
 def _check_labels(cells: Sequence[Mapping[str, Any]]) -> None:
     r"""Every cell has a ``label`` and a ``task``, and no two labels read alike (``1`` and
-    ``'1'``: the rows' tables and :func:`~torch_mz.study.plot_grid` key cells by the text)."""
+    ``'1'``: the rows' tables and :func:`~torch_mz.study.plot_grid` key cells by the text) or
+    are equal values (``1`` and ``1.0``, ``True`` and ``1``: :func:`summarize` keys them so)."""
     seen: Dict[str, Any] = {}
     for cell in cells:
         for field in ('label', 'task'):
             if field not in cell:
                 raise ValueError(f"a run_grid cell needs '{field}', got {dict(cell)}")
         label, text = cell['label'], str(cell['label'])
-        if text in seen:
-            first = seen[text]
+        equal = next((t for t, v in seen.items() if type(v) is not str and type(label) is not str
+                      and _equal(v, label)), None)
+        if text in seen or equal is not None:
+            first = seen[text] if text in seen else seen[str(equal)]
             same = (repr(label) if type(first) is type(label) and first == label
                     else f'{first!r} and {label!r}')
             raise ValueError(f"two cells are labelled {same}: a table or plot of the grid "
                              f"shows one of them (give every cell a label of its own)")
         seen[text] = cell['label']
+
+
+def _equal(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # (arrays and the like: not a label summarize could merge)
+        return False
 
 
 def check_grid(cells: Sequence[Mapping[str, Any]], models: Sequence[str],

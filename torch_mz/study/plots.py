@@ -109,7 +109,12 @@ def plot_grid(rows: Sequence[Mapping[str, Any]], models: Sequence[str], path: st
 
 def plot_summary(summary: List[Dict[str, object]], task_type: str, path: str,
                  title: Optional[str] = None):
-    r"""A bar chart of the main test metric (R² or accuracy) with the spread over seeds."""
+    r"""A bar chart of the main test metric (R² or accuracy) with the spread over seeds, one bar
+    per model (a grid's summary, whose entries carry a ``cell``, is refused: its cells' bars
+    would overlay; :func:`plot_grid` plots a grid)."""
+    if any('cell' in e for e in summary):
+        raise ValueError('plot_summary draws one bar per model: the summary of a grid (entries '
+                         'with a cell) would overlay its cells; plot it with plot_grid')
     plt = pyplot()
     key = METRICS[task_type][0]
     fig, ax = plt.subplots(figsize=(1.6 + 1.2 * len(summary), 3.6))

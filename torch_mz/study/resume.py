@@ -29,6 +29,8 @@ def _json_value(value: Any) -> Any:
     # np.int64(3) named the file of the label '3'); anything else is refused
     if isinstance(value, (np.generic, np.ndarray)):
         return value.tolist()  # (a NumPy scalar's tolist() is its item())
+    if isinstance(value, os.PathLike):  # a path as its text, as it was kept before
+        return os.fspath(value)
     raise TypeError(f"a run's key or record holds {value!r} ({type(value).__qualname__}), "
                     f"which a run file cannot keep: give labels, data descriptions and options "
                     f"as JSON values (str, int, float, bool, None, lists, dicts), NumPy numbers "
@@ -162,7 +164,11 @@ class RunStore:
             warnings.warn(f"run file '{path}' cannot be read ({e}): the run is trained again "
                           f"and the file replaced")
             return None
-        if not isinstance(stored, dict) or stored.get('identity') != self._identity(key, config):
+        identity = stored.get('identity') if isinstance(stored, dict) else None
+        if isinstance(identity, dict) and isinstance(identity.get('config'), dict):
+            # stores written while num_workers counted toward a run's identity (2026-12-06)
+            identity['config'].pop('num_workers', None)
+        if identity != self._identity(key, config):
             return None
         record = stored.get('record')
         return record if isinstance(record, dict) else None

@@ -44,6 +44,8 @@ class TargetNormalizer:
         - **transform / inverse_transform:** any shape whose last dimension is :math:`t` (or
           :math:`(N,)` when :math:`t = 1`), returned unchanged in shape.
     """
+    float64 = False  # (class default: an instance pickled before the attribute existed)
+
     def __init__(self, eps: float = 1e-12):
         self.eps = eps
         self.mean: Optional[Tensor] = None  # (t,) float64
@@ -54,16 +56,27 @@ class TargetNormalizer:
     def fitted(self) -> bool:
         return self.mean is not None
 
-    def fit(self, y: Tensor) -> 'TargetNormalizer':
+    def fit(self, y: Tensor, missing: bool = False) -> 'TargetNormalizer':
+        r"""Fits the statistics to :obj:`y`. With :obj:`missing`, NaN entries are missing
+        targets, left out of their column's statistics (a loss of one's own that masks them,
+        :class:`~torch_mz.train.Trainer`'s ``loss_fn``); a column must keep one finite entry."""
         if not torch.is_tensor(y) or y.numel() == 0:
             raise ValueError('Expected a non-empty tensor of targets to fit the normaliser')
         self.float64 = y.dtype == torch.float64
         y = y.detach().to(torch.float64)
-        if not bool(torch.isfinite(y).all()):
-            raise ValueError('Expected finite targets to fit the normaliser (got NaN or inf)')
         y = y.view(-1, 1) if y.dim() == 1 else y.reshape(y.size(0), -1)  # (N, t)
-        self.mean = y.mean(dim=0).cpu()
-        std = y.std(dim=0, unbiased=False).cpu()
+        known = ~torch.isnan(y) if missing else torch.ones_like(y, dtype=torch.bool)
+        if not bool(torch.isfinite(y[known]).all()) or not bool(known.any(dim=0).all()):
+            raise ValueError('Expected finite targets to fit the normaliser (got NaN or inf'
+                             + (', or a column with no target' if missing else '') + ')')
+        if missing:  # each column over its known entries
+            count = known.sum(dim=0)  # (t,)
+            mean = torch.where(known, y, 0.0).sum(dim=0) / count
+            std = (torch.where(known, y - mean, 0.0).pow(2).sum(dim=0) / count).sqrt()
+        else:  # (as before: the same statistics, bit for bit)
+            mean, std = y.mean(dim=0), y.std(dim=0, unbiased=False)
+        self.mean = mean.cpu()
+        std = std.cpu()
         constant = (std == 0) | (std <= self.eps * self.mean.abs())
         self.std = torch.where(constant, torch.ones_like(std), std)
         return self
@@ -160,6 +173,7 @@ class TargetUnits(torch.nn.Module):
     """
     mean: Tensor  # buffers, registered in __init__
     std: Tensor
+    float64 = False  # (class default: an instance pickled before the attribute existed)
 
     def __init__(self, normalizer: 'TargetNormalizer'):
         super().__init__()

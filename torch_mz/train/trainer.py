@@ -336,7 +336,8 @@ class Trainer:
         ss_tot = (ysq - ysum.pow(2) / n).clamp_min(0)
         # a constant column leaves rounding's spread about its mean (a few ulp of it per
         # target; it gave R^2 = -1.7e15 for a constant test target): constant where the
-        # deviation is within 64 eps of the mean's magnitude, as TargetNormalizer's rule
+        # deviation is within 64 eps of the mean's magnitude (rounding's spread alone; a
+        # narrower test than TargetNormalizer's sigma <= 1e-12 |mu|)
         mean = ysum / n + (0 if shift is None else shift)
         tol = n * (64 * torch.finfo(ss_tot.dtype).eps * mean.abs()).pow(2)
         ss_tot = torch.where(ss_tot <= tol, torch.zeros_like(ss_tot), ss_tot)
@@ -601,9 +602,12 @@ class Trainer:
         cfg = self.config
         if cfg.resume is None:
             if self.uses_normalizer:
+                # (a loss of one's own may mask missing targets marked NaN: left out of the
+                # statistics)
                 self.normalizer.fit(_collect_targets(train_dataset, 'regression',
                                                      cfg.eval_batch_size or cfg.batch_size,
-                                                     cfg.num_workers))
+                                                     cfg.num_workers),
+                                    missing=self.loss_fn is not None)
             return _FitState(start=start)
         ckpt = self._load_resume(cfg.resume)
         if ckpt['epoch'] + 1 > cfg.epochs:  # (it would end at once, its result past epochs)
