@@ -484,16 +484,21 @@ class _Oracle(torch.nn.Module):
         return (batch.y.view(-1, 1).double() - self.mean) / self.std + 0 * self.w
 
 
+def _far_float64_targets():
+    r"""64 sets whose float64 targets are 1e8 + N(0, 2), and the targets stacked."""
+    g = torch.Generator().manual_seed(0)
+    sets = [Data(x=torch.randn(4, 3, generator=g),
+                 y=(1e8 + 2 * torch.randn(1, generator=g, dtype=torch.float64)).view(1, 1))
+            for _ in range(64)]
+    return sets, torch.cat([d.y for d in sets])
+
+
 def test_float64_targets_are_not_rounded_to_float32():
     # targets of 1e8 + N(0, 2) in float64 were rounded to float32 (spacing 8): an exact float64
     # oracle scored mse 7.2 and R^2 0.67; integer targets above 2**24 were rounded alike
     from torch_mz.train.contract import _raw_targets
     from torch_geometric.loader import DataLoader
-    g = torch.Generator().manual_seed(0)
-    sets = [Data(x=torch.randn(4, 3, generator=g),
-                 y=(1e8 + 2 * torch.randn(1, generator=g, dtype=torch.float64)).view(1, 1))
-            for _ in range(64)]
-    y = torch.cat([d.y for d in sets])
+    sets, y = _far_float64_targets()
     trainer = Trainer(_Oracle(float(y[:48].mean()), float(y[:48].std(unbiased=False))),
                       config(epochs=1, lr=0.0, warmup_epochs=0))
     result = trainer.fit(sets[:48], None, sets[48:])
@@ -542,11 +547,8 @@ def test_float64_targets_are_predicted_in_float64_on_every_path():
     # fitted on float64 targets maps back in float64 everywhere; one fitted on float32 targets
     # keeps float32 predictions
     from torch_mz.train import predict
-    g = torch.Generator().manual_seed(0)
-    sets = [Data(x=torch.randn(4, 3, generator=g),
-                 y=(1e8 + 2 * torch.randn(1, generator=g, dtype=torch.float64)).view(1, 1))
-            for _ in range(64)]
-    y = torch.cat([d.y for d in sets])
+    sets, y = _far_float64_targets()
+
     class Float32Oracle(_Oracle):  # a float32 model, as most are (a float64 one hid the bug)
         def forward(self, batch):
             return super().forward(batch).float()
