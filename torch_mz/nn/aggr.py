@@ -347,8 +347,9 @@ class MZAggregation(Aggregation):
     :math:`10^{15}` in magnitude (float32; :math:`10^{150}` in float64), a margin below the
     magnitude at which the LayerNorm statistics of the input projection overflow (about
     :math:`10^{19}` in float32: finite outputs up to :math:`10^{18}` were measured); in float16,
-    and under :func:`torch.autocast` to float16, :math:`10^4`, below the float16 overflow of the
-    input projection's linear map (:func:`input_magnitude_limit`); not
+    and under :func:`torch.autocast` to float16, half of 65,504 over the largest absolute row
+    sum of the input projection's weights, so that its linear maps cannot overflow
+    (:func:`input_magnitude_limit`); not
     checked under :func:`torch.compile`, where reading the largest entry would break the
     graph. NaN or infinite entries are allowed and stay inside their set.
 

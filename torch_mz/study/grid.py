@@ -5,7 +5,7 @@ import math
 import time
 import warnings
 from dataclasses import replace
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -14,6 +14,7 @@ from torch_mz.datasets.fingerprint import split_digest
 from torch_mz.models import build_model, count_parameters
 from torch_mz.models.registry import PRESETS
 from torch_mz.options import check_options
+from torch_mz.study.report import label_key
 from torch_mz.study.resume import RunStore
 from torch_mz.study.specs import parse_model_spec
 from torch_mz.tasks import check_task, load_task
@@ -124,28 +125,21 @@ def _check_labels(cells: Sequence[Mapping[str, Any]]) -> None:
     r"""Every cell has a ``label`` and a ``task``, and no two labels read alike (``1`` and
     ``'1'``: the rows' tables and :func:`~torch_mz.study.plot_grid` key cells by the text) or
     are equal values (``1`` and ``1.0``, ``True`` and ``1``: :func:`summarize` keys them so)."""
-    seen: Dict[str, Any] = {}
+    by_text: Dict[str, Any] = {}
+    by_value: Dict[Hashable, Any] = {}  # (keyed as summarize keys cells)
     for cell in cells:
         for field in ('label', 'task'):
             if field not in cell:
                 raise ValueError(f"a run_grid cell needs '{field}', got {dict(cell)}")
-        label, text = cell['label'], str(cell['label'])
-        equal = next((t for t, v in seen.items() if type(v) is not str and type(label) is not str
-                      and _equal(v, label)), None)
-        if text in seen or equal is not None:
-            first = seen[text] if text in seen else seen[str(equal)]
+        label = cell['label']
+        text, key = str(label), label_key(label)
+        if text in by_text or key in by_value:
+            first = by_text[text] if text in by_text else by_value[key]
             same = (repr(label) if type(first) is type(label) and first == label
                     else f'{first!r} and {label!r}')
             raise ValueError(f"two cells are labelled {same}: a table or plot of the grid "
                              f"shows one of them (give every cell a label of its own)")
-        seen[text] = cell['label']
-
-
-def _equal(a: Any, b: Any) -> bool:
-    try:
-        return bool(a == b)
-    except Exception:  # (arrays and the like: not a label summarize could merge)
-        return False
+        by_text[text] = by_value[key] = label
 
 
 def check_grid(cells: Sequence[Mapping[str, Any]], models: Sequence[str],

@@ -108,7 +108,7 @@ def _cell(text: str) -> str:
     return text.replace('|', '\\|')
 
 
-def _label(value: Any) -> Hashable:
+def label_key(value: Any) -> Hashable:
     r""":obj:`value` as a key: equal numbers alike (1, 1.0, ``np.int64(1)``), a text apart
     from a number (a cell ``'1'`` is not the cell ``1``)."""
     try:
@@ -142,7 +142,7 @@ def summarize(rows: List[Dict[str, Any]], task_type: str) -> List[Dict[str, Any]
     for r in rows:
         if 'seed' not in r:  # (a hand-made record: nothing to tell its seeds apart by)
             continue
-        same = (_label(r['model']), _label(r['seed']), _label(r.get('cell')))
+        same = (label_key(r['model']), label_key(r['seed']), label_key(r.get('cell')))
         if same in seen:
             where = f" in cell {r['cell']!r}" if with_cell else ''
             raise ValueError(f"summarize: the run of model {r['model']!r} seed {r['seed']!r}"
@@ -150,7 +150,7 @@ def summarize(rows: List[Dict[str, Any]], task_type: str) -> List[Dict[str, Any]
         seen.add(same)
 
     def group(r: Dict[str, Any]) -> Tuple[Hashable, Hashable]:
-        return _label(r.get('cell')), _label(r['model'])
+        return label_key(r.get('cell')), label_key(r['model'])
 
     out = []
     for key in dict.fromkeys(group(r) for r in rows):
