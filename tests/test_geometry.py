@@ -462,12 +462,13 @@ def test_second_order_statistics_validate():
         max_mahalanobis_distance(np.ones((4, 2)), ridge=0.0)
 
 
-def test_mst_merges_points_whose_distance_underflows():
+def test_mst_keeps_points_whose_distance_underflows():
     # distinct points at distance 0.0 (1e-200 apart): the sparse graph read the zero as a
-    # missing edge, and the tree went round it (2.0, not 1.0)
+    # missing edge, and the tree went round it (2.0, not 1.0); the edge is now computed without
+    # squaring's underflow (it had been dropped by merging the two points: 0.0, not 1e-200)
     from torch_mz.geometry import mst_weight
     assert mst_weight([[1e-200, 0.0], [0.0, 0.0], [1.0, 0.0]]) == pytest.approx(1.0)
-    assert mst_weight([[1e-200, 0.0], [0.0, 0.0]]) == 0.0
+    assert mst_weight([[1e-200, 0.0], [0.0, 0.0]]) == 1e-200
 
 
 def test_hull_volume_at_extreme_magnitudes():

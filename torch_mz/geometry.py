@@ -14,7 +14,8 @@ import numbers
 from typing import Optional, Tuple, Union
 
 import numpy as np
-from scipy.sparse.csgraph import connected_components, minimum_spanning_tree
+from scipy.sparse import csr_matrix
+from scipy.sparse.csgraph import minimum_spanning_tree
 from scipy.spatial import ConvexHull, QhullError
 from scipy.spatial.distance import cdist, pdist, squareform
 
@@ -61,6 +62,58 @@ def _as_generator(rng: SeedLike) -> np.random.Generator:
     return np.random.default_rng(rng)
 
 
+# Magnitudes (of coordinates, or of distances) within which the plain float64 computations below
+# are accurate: from _SAFE_LO to _SAFE_HI, about 3.9e-121 to 2.6e120, squares and pairwise products
+# (about 1.5e-241 to 6.7e240) stay far inside the normal range, with room for sums, ratios and
+# tolerances. Inputs beyond, where squaring could underflow (distinct points at distance 0,
+# subnormal round-off) or overflow (inf, NaN), are scaled by a power of two to unit magnitude
+# first; inputs within never are, and give the values of the plain computation, bit for bit.
+# (mst_weight has a threshold of its own, _MST_DENSE_NULL.)
+_SAFE_LO = 2.0 ** -400
+_SAFE_HI = 2.0 ** 400
+
+
+def _unit_exponent(*arrays: np.ndarray) -> int:
+    r"""The exponent :math:`e` with :math:`2^{e-1} \leq \max |x| < 2^e` over the entries of
+    ``arrays`` (:math:`0` when they are all zero): ``np.ldexp(x, -e)`` brings the largest to
+    :math:`[1/2, 1)`, exactly (a power of two) except for entries that become subnormal, below
+    :math:`2^{-1022}` once scaled, which lose low bits."""
+    return math.frexp(max(float(np.abs(x).max(initial=0.0)) for x in arrays))[1]
+
+
+def _scale_back(value: float, e: int, what: str) -> float:
+    r""":math:`\text{value} \cdot 2^e` for a value computed on points scaled by :math:`2^{-e}`; a
+    clear error where it leaves the float64 range (rather than inf, or 0 for a positive value)."""
+    try:
+        out = math.ldexp(value, e)
+    except OverflowError:
+        raise OverflowError(f"{what} ({value!r} * 2**{e}) exceeds the float64 range "
+                            f"(about 1.8e308)") from None
+    if out == 0.0 and value != 0.0:
+        raise ValueError(f"{what} ({value!r} * 2**{e}) is below the smallest positive float64 "
+                         f"(about 4.9e-324)")
+    return out
+
+
+def _unit_magnitude_if_extreme(x: np.ndarray) -> np.ndarray:
+    r"""``x`` itself when its largest absolute entry is :math:`0` or lies in
+    ``[_SAFE_LO, _SAFE_HI]``; otherwise ``x`` scaled by a power of two to a largest entry in
+    :math:`[1/2, 1)` (for quantities that do not change under positive scaling)."""
+    big = float(np.abs(x).max(initial=0.0))
+    if big == 0.0 or _SAFE_LO <= big <= _SAFE_HI:
+        return x
+    return np.ldexp(x, -math.frexp(big)[1])
+
+
+def _norms(diff: np.ndarray) -> np.ndarray:
+    r"""Euclidean norms along the last axis of finite differences, each row divided by its largest
+    absolute entry before squaring, so that no norm under- or overflows when the result does not
+    (a norm is 0 only for a zero row)."""
+    big = np.abs(diff).max(axis=-1, initial=0.0)  # (...,)
+    unit = diff / np.where(big > 0.0, big, 1.0)[..., None]  # (..., d), entries in [-1, 1]
+    return big * np.sqrt((unit * unit).sum(axis=-1))
+
+
 # ---------------------------------------------------------------------------------------------
 # Chamfer distances (Tasks B and F)
 # ---------------------------------------------------------------------------------------------
@@ -75,6 +128,13 @@ def chamfer_distance(a, b, squared: bool = True, reduction: str = 'mean') -> flo
     With ``squared=False`` plain Euclidean distances replace the squared ones; with
     ``reduction='sum'`` the nearest-neighbour distances are summed instead of averaged (the
     :math:`1/|A|` and :math:`1/|B|` factors dropped), so the value grows with the set sizes.
+
+    With ``squared=False`` the value is right at any magnitude: where a distance between distinct
+    points is below about :math:`10^{-120}` (its square may underflow) or above about
+    :math:`10^{154}` (its square overflows), the sets are scaled by a power of two to unit
+    magnitude and the value scaled back, an :class:`OverflowError` where it exceeds the float64
+    range. Squared distances are computed as they are, so beyond about :math:`10^{\pm 154}` they
+    under- or overflow.
 
     Args:
         a (array_like): First set, shape :math:`(n_A, d)`, :math:`n_A \geq 1`.
@@ -95,8 +155,28 @@ def chamfer_distance(a, b, squared: bool = True, reduction: str = 'mean') -> flo
     if reduction not in ('mean', 'sum'):
         raise ValueError(f"'reduction' must be 'mean' or 'sum', got {reduction!r}")
     dist = cdist(a, b, 'sqeuclidean' if squared else 'euclidean')  # (n_A, n_B)
+    if not squared:
+        # cdist squares: a distance below _SAFE_LO may have underflowed (0 for distinct points),
+        # an inf overflowed. Exact coincidences (0) are right; anything else: rescaled.
+        i, j = np.nonzero(~(dist >= _SAFE_LO) | np.isinf(dist))
+        if (a[i] != b[j]).any():
+            return _chamfer_distance_rescaled(a, b, reduction)
     reduce = np.mean if reduction == 'mean' else np.sum
     return float(reduce(dist.min(axis=1)) + reduce(dist.min(axis=0)))
+
+
+def _chamfer_distance_rescaled(a: np.ndarray, b: np.ndarray, reduction: str) -> float:
+    r"""The unsquared :func:`chamfer_distance` of ``a`` and ``b`` computed on the sets scaled to
+    unit magnitude by a power of two (it is homogeneous of degree one), the distances that
+    underflow there recomputed by :func:`_norms`, and the value scaled back."""
+    e = _unit_exponent(a, b)
+    a, b = np.ldexp(a, -e), np.ldexp(b, -e)  # |entries| < 1: no distance overflows
+    dist = cdist(a, b, 'euclidean')  # (n_A, n_B)
+    i, j = np.nonzero(dist < _SAFE_LO)
+    dist[i, j] = _norms(a[i] - b[j])
+    reduce = np.mean if reduction == 'mean' else np.sum
+    value = float(reduce(dist.min(axis=1)) + reduce(dist.min(axis=0)))
+    return _scale_back(value, e, 'the Chamfer distance')
 
 
 def procrustes_rotation(a, b) -> np.ndarray:
@@ -104,7 +184,12 @@ def procrustes_rotation(a, b) -> np.ndarray:
     :math:`b_i \approx \hat R a_i`.
 
     Solves the orthogonal Procrustes (Kabsch) problem restricted to proper rotations and without
-    translation: :math:`\hat R = \arg\min_{R \in SO(d)} \sum_i \|R a_i - b_i\|^2`.
+    translation: :math:`\hat R = \arg\min_{R \in SO(d)} \sum_i \|R a_i - b_i\|^2`, from the
+    singular value decomposition of :math:`\sum_i b_i a_i^\top`. :math:`\hat R` does not change
+    when ``a`` or ``b`` is scaled by a positive factor: a set whose largest absolute coordinate is
+    not :math:`0` but below about :math:`10^{-120}` or above about :math:`10^{120}` (where the
+    products could under- or overflow) is scaled by a power of two to unit magnitude first. Should
+    the decomposition still fail to converge, a :class:`ValueError` says so.
 
     Args:
         a (array_like): Shape :math:`(n, d)`.
@@ -118,8 +203,13 @@ def procrustes_rotation(a, b) -> np.ndarray:
     if a.shape != b.shape:
         raise ValueError(f"'a' and 'b' must have the same shape (corresponding points), "
                          f"got {a.shape} and {b.shape}")
+    a, b = _unit_magnitude_if_extreme(a), _unit_magnitude_if_extreme(b)
     cross = b.T @ a  # (d, d): sum_i b_i a_i^T
-    u, _, vt = np.linalg.svd(cross)
+    try:
+        u, _, vt = np.linalg.svd(cross)
+    except np.linalg.LinAlgError as err:
+        raise ValueError(f"procrustes_rotation: the singular value decomposition of the "
+                         f"cross-covariance b^T a did not converge ({err})") from err
     sign = np.ones(a.shape[1])
     sign[-1] = np.sign(np.linalg.det(u @ vt)) or 1.0
     return (u * sign) @ vt  # (d, d)
@@ -139,11 +229,18 @@ def aligned_chamfer_distance(a, b, rotation=None, squared: bool = True,
     :func:`procrustes_rotation` from corresponding rows (so ``a`` and ``b`` must then have the same
     shape, row :math:`i` of ``b`` being the noisy image of row :math:`i` of ``a``).
 
+    :math:`R^\top` undoes :math:`R` only for an orthogonal :math:`R`, so a given ``rotation`` must
+    be orthogonal: a :class:`ValueError` is raised when an entry of :math:`R^\top R - I` exceeds
+    :math:`10\,d\,\epsilon` in absolute value, :math:`\epsilon` the machine epsilon of
+    ``rotation``'s floating-point dtype but at least float32's, :math:`2^{-23} \approx 1.2 \cdot
+    10^{-7}` (rotations are often stored in float32 and handed back in float64; float16 ones get
+    float16's).
+
     Args:
         a (array_like): Reference set, shape :math:`(n_A, d)`.
         b (array_like): Rotated noisy set, shape :math:`(n_B, d)`.
-        rotation (array_like, optional): Orthogonal :math:`(d, d)` matrix :math:`R`.
-            (default: :obj:`None`, Procrustes estimate)
+        rotation (array_like, optional): Orthogonal :math:`(d, d)` matrix :math:`R`, to the
+            tolerance above. (default: :obj:`None`, Procrustes estimate)
         squared (bool, optional): Use squared distances. (default: :obj:`True`)
         reduction (str, optional): ``'mean'`` or ``'sum'``, as in :func:`chamfer_distance`.
             (default: :obj:`'mean'`)
@@ -159,9 +256,19 @@ def aligned_chamfer_distance(a, b, rotation=None, squared: bool = True,
     if rotation is None:
         rot = procrustes_rotation(a, b)
     else:
+        given = np.asarray(rotation)
         rot = np.asarray(rotation, dtype=np.float64)
         if rot.shape != (d, d):
             raise ValueError(f"'rotation' must have shape ({d}, {d}), got {rot.shape}")
+        # (b @ R is R^{-1} b only for an orthogonal R: 2I gave CD(a, 2 b), silently)
+        dtype = given.dtype if given.dtype.kind == 'f' else np.dtype(np.float64)
+        eps = max(float(np.finfo(dtype).eps), float(np.finfo(np.float32).eps))
+        tol = 10 * d * eps
+        err = float(np.abs(rot.T @ rot - np.eye(d)).max())
+        if not err <= tol:
+            raise ValueError(f"'rotation' must be orthogonal (R^T R = I): the largest entry of "
+                             f"|R^T R - I| is {err:.3g}, above the tolerance 10 d eps = {tol:.3g} "
+                             f"(d = {d}, eps = {eps:.3g} for {dtype})")
     # Rows: b_i = R a_i + eps_i  =>  R^T b_i, i.e. b @ R.
     return chamfer_distance(a, b @ rot, squared=squared, reduction=reduction)
 
@@ -169,18 +276,30 @@ def aligned_chamfer_distance(a, b, rotation=None, squared: bool = True,
 # ---------------------------------------------------------------------------------------------
 # Minimum spanning tree (Task G) and convex hull volume (Appendix D.4.2)
 # ---------------------------------------------------------------------------------------------
+# minimum_spanning_tree reads the entries of a dense matrix within 1e-8 of 0 (np.isclose's default
+# atol) as missing edges, which left distinct points out of the tree (scipy issue 11391)
+_MST_DENSE_NULL = 1e-8
+
+
 def mst_weight(points) -> float:
     r"""Total Euclidean edge length of the minimum spanning tree of a point set (Task G).
 
     Computed with :func:`scipy.sparse.csgraph.minimum_spanning_tree` on the dense distance matrix.
     Duplicate points are merged first (they join the tree through zero-length edges, which the
-    sparse-graph convention would otherwise read as missing edges).
+    sparse-graph convention would otherwise read as missing edges). No other edge goes missing:
+    where a distance is at most :math:`10^{-8}` (the dense matrix reads such entries as missing
+    edges, scipy issue 11391; this includes distances whose square underflows to 0) or above about
+    :math:`10^{154}` (its square overflows to inf, also a missing edge), the points are scaled by a
+    power of two to unit magnitude, every distance computed without under- or overflow, the tree
+    found on a sparse matrix, and the weight scaled back, an :class:`OverflowError` where it
+    exceeds the float64 range.
 
     Args:
         points (array_like): Shape :math:`(n, d)`.
 
     Returns:
-        float: The MST weight; :math:`0` for :math:`n \leq 1`.
+        float: The MST weight; :math:`0` for :math:`n \leq 1` or coincident points, positive
+        otherwise.
     """
     pts = _as_points(points)
     if pts.shape[0] <= 1:
@@ -191,29 +310,47 @@ def mst_weight(points) -> float:
         if pts.shape[0] <= 1:
             return 0.0
         flat = pdist(pts)
-        if not flat.all():  # distinct points whose distance underflows to 0: one of each group
-            _, group = connected_components(squareform(flat == 0), directed=False)
-            pts = pts[np.sort(np.unique(group, return_index=True)[1])]
-            if pts.shape[0] <= 1:
-                return 0.0
-            flat = pdist(pts)
+    if not (flat.min() > _MST_DENSE_NULL and np.isfinite(flat).all()):
+        # an edge the dense matrix would lose: at most 1e-8, or underflowed to 0, or inf
+        return _mst_weight_rescaled(pts)
     return float(minimum_spanning_tree(squareform(flat)).sum())
+
+
+def _mst_weight_rescaled(pts: np.ndarray) -> float:
+    r""":func:`mst_weight` of distinct points computed on the points scaled to unit magnitude by a
+    power of two (the weight is homogeneous of degree one), every distance by :func:`_norms` (none
+    is 0 or inf), on a sparse matrix (which loses no small entry), the weight scaled back."""
+    e = _unit_exponent(pts)
+    pts = np.unique(np.ldexp(pts, -e), axis=0)  # (tiny entries may merge once scaled down)
+    n = pts.shape[0]
+    if n <= 1:
+        return 0.0
+    flat = np.concatenate([_norms(pts[i + 1:] - pts[i]) for i in range(n - 1)])  # pdist's order
+    rows, cols = np.triu_indices(n, k=1)  # (n (n - 1) / 2,) each, the same order
+    graph = csr_matrix((flat, (rows, cols)), shape=(n, n))
+    weight = float(minimum_spanning_tree(graph).sum())
+    return _scale_back(weight, e, 'the MST weight')
 
 
 def convex_hull_volume(points, rtol: float = 1e-10) -> float:
     r"""Volume (:math:`d`-dimensional Lebesgue measure) of the convex hull of a point set.
 
-    Computed exactly with QHull (:class:`scipy.spatial.ConvexHull`) for :math:`d \geq 2`, and as
-    :math:`\max - \min` for :math:`d = 1`.
+    Computed with QHull (:class:`scipy.spatial.ConvexHull`) for :math:`d \geq 2`, and as
+    :math:`\max - \min` for :math:`d = 1`, except for input judged degenerate, whose volume is
+    :math:`0`, returned without calling QHull: fewer than :math:`d + 1` points, or points judged
+    flat, i.e. whose smallest singular value after centring is at most ``rtol`` times the largest.
 
-    Degenerate input has volume :math:`0`, returned without calling QHull: fewer than :math:`d + 1`
-    points, or points whose affine hull has dimension below :math:`d` (judged from the singular
-    values of the centred points, relative tolerance ``rtol``); a :class:`scipy.spatial.QhullError`
-    raised on nearly flat input is also mapped to :math:`0`.
+    That flatness test is relative, so it also gives :math:`0` for a full-dimensional set that is
+    merely thin: a :math:`1 \times 1 \times 10^{-12}` box has volume :math:`10^{-12}`, which QHull
+    computes, but gets :math:`0` at the default ``rtol``; a smaller ``rtol`` (e.g. ``1e-13``, or
+    ``0`` to leave only exactly flat sets) passes such sets to QHull. A
+    :class:`scipy.spatial.QhullError` raised on nearly flat input that passed the test is also
+    mapped to :math:`0`.
 
     Args:
         points (array_like): Shape :math:`(n, d)`.
-        rtol (float, optional): Relative singular-value tolerance of the flatness test.
+        rtol (float, optional): Relative singular-value tolerance of the flatness test: sets
+            whose singular-value ratio is at most ``rtol`` (flat or thin) have volume :math:`0`.
             (default: :obj:`1e-10`)
 
     Returns:
@@ -411,6 +548,14 @@ def min_enclosing_ball(points, method: str = 'active-set',
     shifted back by the points' mean, whose rounding can leave a point outside by a few units in
     the last place of the coordinates (2e-8 relative at an offset of 1e9).
 
+    The algorithms work on squared coordinates, so a set whose coordinates exceed about
+    :math:`10^{120}`, or whose centred extent is below about :math:`10^{-120}` without being
+    :math:`0`, is scaled by a power of two to unit magnitude first, and the ball scaled back: the
+    result is that of the scaled set, exactly rescaled. A radius beyond the float64 range raises
+    an :class:`OverflowError`, a positive one that rounds to :math:`0` a :class:`ValueError`
+    (radii below about :math:`2.2 \cdot 10^{-308}` keep the reduced precision of subnormal
+    numbers).
+
     Args:
         points (array_like): Shape :math:`(n, d)`, :math:`n \geq 1`.
         method (str, optional): ``'active-set'`` or ``'welzl'``. (default: :obj:`'active-set'`)
@@ -425,18 +570,45 @@ def min_enclosing_ball(points, method: str = 'active-set',
             or tol < 0):  # (a negative one grew the ball far beyond the smallest)
         raise ValueError(f"'tol' must be a finite number >= 0, got {tol!r}")
     pts = _as_points(points, allow_empty=False)
+    if float(np.abs(pts).max()) > _SAFE_HI:  # (before the mean, which may overflow)
+        return _min_enclosing_ball_rescaled(pts, method, tol)
     shift = pts.mean(axis=0)
     centred = pts - shift  # (n, d)
+    if 0.0 < float(np.abs(centred).max()) < _SAFE_LO:
+        return _min_enclosing_ball_rescaled(pts, method, tol)
+    return _min_enclosing_ball_centred(centred, shift, method, tol)
+
+
+def _min_enclosing_ball_centred(centred: np.ndarray, shift: np.ndarray, method: str,
+                                tol: float) -> Tuple[np.ndarray, float]:
+    r""":func:`min_enclosing_ball` of the points ``centred + shift``, given centred."""
     scale = float((centred ** 2).sum(axis=1).max())
     if scale == 0.0:
         return shift, 0.0
     center = None
     if method == 'active-set':
-        center = _active_set(centred, tol * scale, max_iter=50 * (pts.shape[0] + pts.shape[1]))
+        center = _active_set(centred, tol * scale,
+                             max_iter=50 * (centred.shape[0] + centred.shape[1]))
     if center is None:
         center = _welzl(centred, tol * scale)
     radius = float(np.sqrt(((centred - center) ** 2).sum(axis=1).max()))
     return center + shift, radius
+
+
+def _min_enclosing_ball_rescaled(pts: np.ndarray, method: str,
+                                 tol: float) -> Tuple[np.ndarray, float]:
+    r""":func:`min_enclosing_ball` computed on the points scaled to unit magnitude by a power of
+    two, where no square under- or overflows, the ball scaled back exactly."""
+    e = _unit_exponent(pts)
+    unit = np.ldexp(pts, -e)  # (n, d), largest |entry| in [1/2, 1)
+    shift = unit.mean(axis=0)
+    center, radius = _min_enclosing_ball_centred(unit - shift, shift, method, tol)
+    with np.errstate(over='ignore'):
+        center = np.ldexp(center, e)
+    if not np.isfinite(center).all():  # (only by rounding beyond a coordinate near 1.8e308)
+        raise OverflowError(f"the centre of the minimum enclosing ball exceeds the float64 range "
+                            f"(about 1.8e308): {center}")
+    return center, _scale_back(radius, e, 'the minimum enclosing ball radius')
 
 
 # ---------------------------------------------------------------------------------------------
@@ -606,7 +778,10 @@ def max_mahalanobis_distance(points, ridge: float = 1e-6) -> float:
     this package's permutation-invariant choice. The ridge is relative to the mean variance, so the
     target is invariant under rotations, translations and isotropic scaling (and, up to the ridge,
     under every invertible affine map). With :math:`n > d` points in general position
-    :math:`\hat\Sigma` is invertible and the value is at most :math:`\sqrt{n - 1}`.
+    :math:`\hat\Sigma` is invertible and the value is at most :math:`\sqrt{n - 1}`. The
+    covariance would under- or overflow for coordinates beyond about :math:`10^{120}` or a
+    centred extent below about :math:`10^{-120}` (other than :math:`0`): such a set is scaled by a
+    power of two to unit magnitude first, which leaves the value unchanged.
 
     Args:
         points (array_like): Shape :math:`(n, d)`, :math:`n \geq 1`.
@@ -618,6 +793,11 @@ def max_mahalanobis_distance(points, ridge: float = 1e-6) -> float:
     pts = _as_points(points, allow_empty=False)
     if not ridge > 0:
         raise ValueError(f"'ridge' must be positive, got {ridge}")
+    if (float(np.abs(pts).max()) > _SAFE_HI
+            or 0.0 < float(np.abs(pts - pts.mean(axis=0)).max()) < _SAFE_LO):
+        # the covariance would under- (0: "all points coincide") or overflow (NaN): the value
+        # is scale-invariant, so computed at unit magnitude
+        pts = np.ldexp(pts, -_unit_exponent(pts))
     d = pts.shape[1]
     cov = sample_covariance(pts)  # (d, d)
     scale = np.trace(cov) / d

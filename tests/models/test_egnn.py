@@ -808,3 +808,79 @@ def test_repr_names_out_channels_and_builds_the_same_model():
     assert 'out_channels=2' in text and 'hidden_channels=16' in text
     again = eval(text, {'EGNN': EGNN})
     assert repr(again) == text
+
+
+def test_detach_norm_docstring_says_where_the_values_differ():
+    # the docstring said that detach_norm=True and False "give the same values"; for a pair
+    # closer than eps the differentiated norm is clamped at eps: x / (2 eps), not x / (|x| + eps)
+    doc = ' '.join(EGNNConv.__doc__.split())
+    assert 'the two give the same values but' not in doc
+    assert ('For pairs at a distance of at least :math:`\\epsilon` the two give the same '
+            'values' in doc)
+    assert ('closer than :math:`\\epsilon` ``detach_norm=False`` divides by '
+            ':math:`2\\epsilon`' in doc)
+    torch.manual_seed(0)
+    h = torch.randn(2, 4, dtype=torch.float64)
+    edges = torch.tensor([[0, 1], [1, 0]])
+    detached = EGNNConv(4, normalize=True, detach_norm=True).double()
+    through = EGNNConv(4, normalize=True, detach_norm=False).double()
+    through.load_state_dict(detached.state_dict())
+    eps = detached.eps
+    for gap in (1e-9, 0.5e-8, 0.0, eps, 1e-3, 2.0):
+        pos = torch.tensor([[0.0, 0.0], [gap, 0.0]], dtype=torch.float64)
+        step_detached = detached(h, pos, edges)[1] - pos
+        step_through = through(h, pos, edges)[1] - pos
+        if gap >= eps or gap == 0.0:
+            assert torch.equal(step_detached, step_through), gap
+        else:  # smaller by 2 eps / (gap + eps), in (1, 2]
+            torch.testing.assert_close(step_detached, step_through * (2 * eps / (gap + eps)),
+                                       rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize('aggr', ['lstm', 'gru', 'sort', 'mlp', 'set2set', 'quantile',
+                                  'attentional', 'degree_scaler', 'nonsense', ['sum', 'mean']])
+def test_conv_refuses_aggregations_it_cannot_use(aggr):
+    # PyG's TypeError (missing constructor arguments) came out of EGNNConv(aggr='lstm'), whose
+    # docstring promised "any PyG aggregation name"
+    with pytest.raises(ValueError, match=r"'aggr' must be one of \('add', 'sum', 'mean'.*'median'"):
+        EGNNConv(4, aggr=aggr)
+
+
+def test_conv_documents_and_accepts_its_aggregations_and_refuses_objects():
+    from torch_geometric.nn.aggr import (LSTMAggregation, MultiAggregation, Set2Set,
+                                         SumAggregation)
+    from torch_mz.models.egnn import _MESSAGE_AGGRS
+    for aggr in (LSTMAggregation(4, 4), MultiAggregation(['sum', 'mean'])):
+        with pytest.raises(ValueError, match="'aggr' must be one of"):
+            EGNNConv(4, aggr=aggr)
+    # an order-independent object is used as given (as PyG's MessagePassing takes it) and gives
+    # the same layer as its name; one of another width is named at the first call
+    h, pos, batch = random_sets([5], 3, 4)
+    edges = fully_connected_edge_index(batch)
+    torch.manual_seed(0)
+    by_name = EGNNConv(4, hidden_channels=6, aggr='sum').double()
+    by_object = EGNNConv(4, hidden_channels=6, aggr=SumAggregation()).double()
+    by_object.load_state_dict(by_name.state_dict())
+    for a, b in zip(by_name(h, pos, edges), by_object(h, pos, edges)):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    wide = EGNNConv(4, hidden_channels=6, aggr=Set2Set(6, processing_steps=1)).double()
+    with pytest.raises(ValueError, match=r"expected one row of the messages' width per node, "
+                                         r"\(5, 6\)"):
+        wide(h, pos, edges)
+    doc = ' '.join(EGNNConv.__doc__.split())
+    assert 'any PyG aggregation name' not in doc
+    assert all(f'``"{name}"``' in doc for name in _MESSAGE_AGGRS)
+    # every accepted name (in PyG's spellings too) builds a layer invariant to node permutations
+    h, pos, batch = random_sets([5], 3, 4)
+    edges = fully_connected_edge_index(batch)
+    perm = torch.randperm(5, generator=torch.Generator().manual_seed(0))
+    inverse = torch.empty_like(perm)
+    inverse[perm] = torch.arange(5)
+    for aggr in _MESSAGE_AGGRS + ('Mean', 'SumAggregation', 'power_mean'):
+        torch.manual_seed(0)
+        conv = EGNNConv(4, hidden_channels=6, aggr=aggr).double()
+        out, new_pos = conv(h, pos, edges)
+        assert out.shape == (5, 4) and torch.isfinite(out).all(), aggr
+        out_p, pos_p = conv(h[perm], pos[perm], inverse[edges])
+        torch.testing.assert_close(out_p, out[perm], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(pos_p, new_pos[perm], rtol=1e-12, atol=1e-12)

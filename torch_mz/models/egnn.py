@@ -21,7 +21,8 @@ from torch.nn import Linear, Module, ModuleList, Sequential
 from torch_geometric.data import Batch
 from torch_geometric.data.data import BaseData
 from torch_geometric.nn import MessagePassing
-from torch_geometric.nn.aggr import SumAggregation
+from torch_geometric.nn.aggr import (Aggregation, GRUAggregation, LSTMAggregation,
+                                     MLPAggregation, MultiAggregation, SumAggregation)
 from torch_geometric.nn.resolver import activation_resolver
 from torch_geometric.utils import scatter
 
@@ -41,6 +42,23 @@ __all__ = [
 
 _COORD_AGGRS = ('mean', 'sum')
 _POOLS = ('sum', 'mean')
+# the message aggregations of EGNNConv: PyG's that are permutation invariant and need no
+# constructor arguments
+_MESSAGE_AGGRS = ('add', 'sum', 'mean', 'max', 'min', 'mul', 'std', 'var', 'softmax', 'powermean',
+                  'median', 'variance_preserving')
+
+
+def _aggr_key(name: str) -> str:
+    r"""An aggregation name as PyG's resolver compares it (case, ``-``, ``_`` and spaces
+    ignored, an ``Aggregation`` suffix dropped)."""
+    key = name.lower().replace('-', '').replace('_', '').replace(' ', '')
+    return key[:-len('aggregation')] if key.endswith('aggregation') else key
+
+
+_MESSAGE_AGGR_KEYS = frozenset(_aggr_key(name) for name in _MESSAGE_AGGRS)
+# aggregation objects EGNNConv refuses: order-dependent ones (the layer's invariance would not
+# hold) and several aggregations side by side (the node MLP takes one message of width H)
+_REFUSED_AGGR_TYPES = (LSTMAggregation, GRUAggregation, MLPAggregation, MultiAggregation)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -216,14 +234,19 @@ class EGNNConv(MessagePassing):
     :math:`\phi_e` and :math:`\phi_h` are two-layer MLPs, :math:`\phi_x` is ``Linear -> act ->
     Linear(hidden, 1)`` whose last layer is initialised small (Xavier uniform with gain ``0.001``, as
     in the authors' implementation) so that early layers barely move the points. With
-    ``normalize=True``, :math:`\mathbf{x}_i - \mathbf{x}_j` is replaced by
-    :math:`(\mathbf{x}_i - \mathbf{x}_j) / (\|\mathbf{x}_i - \mathbf{x}_j\| + \epsilon)`, the
-    norm treated as a constant in back-propagation (``detach_norm=True``, as the authors'
-    ``egnn_clean`` does: ``torch.sqrt(radial).detach() + epsilon``) or differentiated through
-    (``detach_norm=False``; the two give the same values but position gradients that differ); with
-    ``tanh=True``, :math:`\phi_x` is bounded by ``coords_range * tanh``. Coordinates may have any
-    dimension :math:`D`. Coincident points are safe: a differentiated norm is clamped below at
-    :math:`\epsilon`, so gradients stay finite.
+    ``normalize=True``, :math:`\mathbf{x}_i - \mathbf{x}_j` is divided by
+    :math:`\|\mathbf{x}_i - \mathbf{x}_j\| + \epsilon`, the norm treated as a constant in
+    back-propagation (``detach_norm=True``, as the authors' ``egnn_clean`` does:
+    ``torch.sqrt(radial).detach() + epsilon``), or by
+    :math:`\max(\|\mathbf{x}_i - \mathbf{x}_j\|, \epsilon) + \epsilon`, differentiated through
+    (``detach_norm=False``; the clamp at :math:`\epsilon` keeps the gradients finite for
+    coincident points). For pairs at a distance of at least :math:`\epsilon` the two give the same
+    values, bit for bit, and position gradients that differ; for a pair closer than
+    :math:`\epsilon` ``detach_norm=False`` divides by :math:`2\epsilon` instead, so its coordinate
+    update is smaller by the factor :math:`2\epsilon / (\|\mathbf{x}_i - \mathbf{x}_j\| +
+    \epsilon) \in (1, 2]` (coincident points: :math:`0` in both). With ``tanh=True``,
+    :math:`\phi_x` is bounded by ``coords_range * tanh``. Coordinates may have any dimension
+    :math:`D`.
 
     ``h`` is invariant and ``pos`` equivariant under rotations, reflections and translations of
     ``pos`` (and under permutations of the nodes with ``edge_index`` relabelled).
@@ -235,8 +258,18 @@ class EGNNConv(MessagePassing):
             :math:`\mathbf{m}_{ij}`. (default: :obj:`None`, i.e. ``channels``)
         edge_dim (int, optional): Size of the invariant edge attributes :math:`\mathbf{a}_{ij}`;
             ``0`` for none. (default: :obj:`0`)
-        aggr (str, optional): Aggregation of the messages :math:`\mathbf{m}_{ij}` (any PyG
-            aggregation name). (default: :obj:`"add"`, as in the paper)
+        aggr (str, optional): Aggregation of the messages :math:`\mathbf{m}_{ij}`, the name of
+            a permutation-invariant PyG aggregation that needs no constructor arguments:
+            ``"add"`` (or ``"sum"``), ``"mean"``, ``"max"``, ``"min"``, ``"mul"``, ``"std"``,
+            ``"var"``, ``"softmax"``, ``"powermean"``, ``"median"`` or
+            ``"variance_preserving"`` (spelled as PyG's resolver accepts them, e.g. ``"Mean"`` or
+            ``"MeanAggregation"``), or an :class:`~torch_geometric.nn.aggr.Aggregation` object,
+            used as given, which must return one row of width ``hidden_channels`` per node (a
+            :class:`ValueError` names the width otherwise). Other names (those needing
+            constructor arguments, e.g. ``"lstm"``, ``"sort"``, ``"quantile"``), several
+            aggregations (a list, :class:`~torch_geometric.nn.aggr.MultiAggregation`) and the
+            order-dependent LSTM, GRU and MLP aggregation objects, which would break the layer's
+            invariance, raise a :class:`ValueError`. (default: :obj:`"add"`, as in the paper)
         coord_aggr (str, optional): Aggregation of the coordinate updates, ``"mean"`` or ``"sum"``.
             (default: :obj:`"mean"`)
         edge_gate (bool, optional): Multiply each message by the soft edge weight
@@ -244,7 +277,8 @@ class EGNNConv(MessagePassing):
         normalize (bool, optional): Use unit coordinate differences in the coordinate update.
             (default: :obj:`False`)
         detach_norm (bool, optional): With ``normalize=True``, do not back-propagate through the
-            norm that divides the coordinate differences (the authors' choice).
+            norm that divides the coordinate differences (the authors' choice); the values differ
+            from ``detach_norm=False`` only for pairs closer than ``eps`` (see above).
             (default: :obj:`True`)
         tanh (bool, optional): Bound :math:`\phi_x` by ``coords_range * tanh``. (default: :obj:`False`)
         coords_range (float, optional): Bound of :math:`\phi_x` when ``tanh=True``.
@@ -279,6 +313,14 @@ class EGNNConv(MessagePassing):
         act: str = 'silu',
         eps: float = 1e-8,
     ):
+        if isinstance(aggr, _REFUSED_AGGR_TYPES) or not (
+                isinstance(aggr, Aggregation)
+                or (isinstance(aggr, str) and _aggr_key(aggr) in _MESSAGE_AGGR_KEYS)):
+            # (PyG's TypeError for names needing constructor arguments; lstm, gru or mlp would
+            # also break the permutation invariance)
+            raise ValueError(f"'aggr' must be one of {_MESSAGE_AGGRS} (a permutation-invariant PyG "
+                             f"aggregation that needs no constructor arguments) or an "
+                             f"order-independent Aggregation object of one output, got {aggr!r}")
         super().__init__(aggr=aggr)
         if channels < 1:
             raise ValueError(f"'channels' must be positive, got {channels}")
@@ -421,6 +463,10 @@ class EGNNConv(MessagePassing):
             m_aggr = _index_sum(m, index, dim_size)  # (N, H)
         else:
             m_aggr = self.aggr_module(m, index, ptr=ptr, dim_size=dim_size)  # (N, H)
+            if m_aggr.shape != (dim_size, m.size(-1)):  # an aggregation object of other width
+                raise ValueError(f"EGNNConv's aggregation {self.aggr_module} returned shape "
+                                 f"{tuple(m_aggr.shape)}; expected one row of the messages' "
+                                 f"width per node, ({dim_size}, {m.size(-1)})")
         delta = _index_sum(delta, index, dim_size)  # (N, D)
         if self.coord_aggr == 'mean' and delta.size(1):  # PyG's scatter mean: sum / max(1, deg)
             degree = torch.bincount(index, minlength=dim_size).clamp_(min=1)  # (N,)
