@@ -874,3 +874,97 @@ def test_split_digest_leaves_out_entries_whose_text_is_no_plain_value():
     assert split_digest(tagged(object)) == split_digest(tagged(object))
     assert split_digest(tagged(object)) == split_digest(Memory([Data(pos=torch.zeros(2, 2))
                                                                for _ in range(2)]))
+
+
+def test_opening_an_unchanged_cache_writes_nothing(scanobjectnn_root):
+    # a build records [size, mtime, sha1] and the check computes [size, mtime]: they never
+    # compared equal, and every open rewrote stats.json with the same content
+    root = scanobjectnn_root['root']
+    ScanObjectNN(root, num_points=16, log=False)
+    stats_path = _cache16(root)['stats.json']
+    before = os.stat(stats_path)
+    for _ in range(3):
+        ScanObjectNN(root, num_points=16, log=False)
+        after = os.stat(stats_path)
+        assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    # a time that changed (the same bytes) is still recorded, once
+    path = osp.join(root, 'raw', 'h5_files', 'main_split', 'training_objectdataset.h5')
+    os.utime(path, ns=(os.stat(path).st_atime_ns, os.stat(path).st_mtime_ns + 10**9))
+    ScanObjectNN(root, num_points=16, log=False)
+    touched = os.stat(stats_path)
+    assert touched.st_mtime_ns != before.st_mtime_ns or touched.st_ino != before.st_ino
+    recorded = load_stats(stats_path)['raw_files']['h5_files/main_split/training_objectdataset.h5']
+    assert recorded[1] == f'mtime_ns:{os.stat(path).st_mtime_ns}'
+    ScanObjectNN(root, num_points=16, log=False)
+    again = os.stat(stats_path)
+    assert (again.st_ino, again.st_mtime_ns) == (touched.st_ino, touched.st_mtime_ns)
+
+
+class _TensorScale:  # a parameter kept as a private tensor, a repr without it
+    def __init__(self, factor):
+        self._factor = torch.as_tensor(factor, dtype=torch.float)
+        self._cache = None  # (state: not described)
+
+    def __call__(self, data):
+        data.pos = data.pos * self._factor
+        return data
+
+
+CONFIG = {'scale': 1.0}
+
+
+def _scale_by_global_dict(data):
+    data.pos = data.pos * CONFIG['scale']
+    return data
+
+
+WEIGHTS = torch.ones(3)
+
+
+def _scale_by_global_tensor(data):
+    data.pos = data.pos * WEIGHTS
+    return data
+
+
+def test_describe_sees_private_tensor_parameters_and_containers_read_as_globals(monkeypatch):
+    # Scale([10, 10, 10]) was described as Scale([1, 1, 1]), and a function as before the
+    # module-level dict (or tensor) it reads was changed: the old cache was reused
+    import sys
+    from torch_mz.datasets.fingerprint import _describe
+    assert _describe(_TensorScale([1.0, 1.0, 1.0])) != _describe(_TensorScale([10.0, 10, 10]))
+    assert _describe(_TensorScale([2.0, 1.0])) == _describe(_TensorScale([2.0, 1.0]))
+    used = _TensorScale(2.0)
+    used._cache = torch.ones(4)
+    assert _describe(used) == _describe(_TensorScale(2.0))
+    module = sys.modules[__name__]
+    for name, function, value in (('CONFIG', _scale_by_global_dict, {'scale': 10.0}),
+                                  ('WEIGHTS', _scale_by_global_tensor, torch.full((3, ), 2.0))):
+        before = _describe(function)
+        monkeypatch.setattr(module, name, value)
+        assert _describe(function) != before, name
+    monkeypatch.setattr(module, 'CONFIG', {'scale': 1.0})
+    monkeypatch.setattr(module, 'WEIGHTS', torch.ones(3))
+    assert _describe(_scale_by_global_dict) == _describe(_scale_by_global_dict)
+
+
+def test_a_changed_private_tensor_or_global_dict_rebuilds_the_cache(scanobjectnn_root,
+                                                                   monkeypatch):
+    import sys
+    root = scanobjectnn_root['root']
+    for factor in (1.0, 10.0):
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore')  # (the second rebuilds, with a warning)
+            ds = ScanObjectNN(root, num_points=16, log=False, pre_transform=_TensorScale(factor))
+        assert float(ds[0].pos.norm(dim=1).max()) == pytest.approx(factor, rel=1e-5)
+    module = sys.modules[__name__]
+    for scale in (1.0, 10.0):
+        monkeypatch.setattr(module, 'CONFIG', {'scale': scale})
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore')
+            ds = ScanObjectNN(root, num_points=16, log=False, pre_transform=_scale_by_global_dict)
+        assert float(ds[0].pos.norm(dim=1).max()) == pytest.approx(scale, rel=1e-5)
+    # unchanged: reused, without a warning
+    monkeypatch.setattr(ScanObjectNN, 'process', lambda self: pytest.fail('must be reused'))
+    with warnings.catch_warnings():
+        warnings.simplefilter('error', UserWarning)
+        ScanObjectNN(root, num_points=16, log=False, pre_transform=_scale_by_global_dict)

@@ -720,3 +720,95 @@ def test_the_docstring_says_which_pyg_transforms_apply(modelnet_mesh_root):
     assert 'face' not in ds[0]
     with pytest.raises(Exception):
         T.SamplePoints(8)(ds[0])
+
+
+@pytest.mark.parametrize('lines, match', [
+    # the fast parse of every vertex (face) line at once named none
+    (['OFF', '4 4 0', '0 0 0', '1 0 0', '1 O 0', '0 0 1', '3 0 2 1', '3 0 1 3', '3 0 3 2',
+      '3 1 2 3'], r"malformed vertex coordinates: vertex 2 \('1 O 0'\) \(could not convert"),
+    (['OFF', '4 1 0', '0 0 0', '1 0 0 255', '0 1 0 255', '0 0 zero 255', '3 0 2 1'],
+     r"malformed vertex coordinates: vertex 3 \('0 0 zero 255'\)"),
+    (['OFF', '4 4 0', '0 0 0', '1 0 0', '0 1 0', '0 0 1', '3 0 2 1', '3 0 1 3', '3 0 1 3x',
+      '3 1 2 3'], r"malformed face line '3 0 1 3x' \(invalid literal"),
+    (['OFF', '4 2 0', '0 0 0', '1 0 0', '0 1 0', '0 0 1', '3 0 2 1', '3 0 1 3 red'],
+     r"malformed face line '3 0 1 3 red': the values after its corners are no colour"),
+])
+def test_read_off_names_the_line_of_a_malformed_number(tmp_path, lines, match):
+    path = tmp_path / 'bad_0001.off'
+    path.write_text('\n'.join(lines) + '\n')
+    with pytest.raises(CorruptRawFileError, match=match):
+        read_off(str(path))
+
+
+TETRA_LINES = ['0 0 0', '1 0 0', '0 1 0', '0 0 1', '3 0 2 1', '3 0 1 3', '3 0 3 2', '3 1 2 3']
+
+
+@pytest.mark.parametrize('name, lines', [
+    ('float face colours', ['OFF', '4 4 0'] + TETRA_LINES[:4]
+     + [f + ' 0.5 0.25 1.0' for f in TETRA_LINES[4:]]),
+    ('float face colours with alpha', ['OFF', '4 4 0'] + TETRA_LINES[:4]
+     + [f + ' 0.5 0.25 1.0 0.75' for f in TETRA_LINES[4:]]),
+    ('COFF', ['COFF', '4 4 0'] + [v + ' 255 0 0 255' for v in TETRA_LINES[:4]]
+     + TETRA_LINES[4:]),
+    ('NOFF', ['NOFF', '4 4 0'] + [v + ' 0 0 1' for v in TETRA_LINES[:4]] + TETRA_LINES[4:]),
+    ('CNOFF merged', ['CNOFF4 4 0'] + [v + ' 0 0 1 0.5 0.5 0.5 1' for v in TETRA_LINES[:4]]
+     + TETRA_LINES[4:]),
+    ('STOFF', ['STOFF', '4 4 0'] + [v + ' 0.5 0.5' for v in TETRA_LINES[:4]]
+     + TETRA_LINES[4:]),
+    ('UTF-8 BOM', ['\ufeffOFF', '4 4 0'] + TETRA_LINES),
+    ('UTF-8 BOM, merged header', ['\ufeffOFF4 4 0'] + TETRA_LINES),
+])
+def test_read_off_reads_the_3d_off_family(tmp_path, name, lines):
+    # each was refused: "missing the 'OFF' header" or "malformed face line", with "Delete it and
+    # fetch it again" for a file that is not corrupt
+    plain = tmp_path / 'plain.off'
+    plain.write_text('\n'.join(['OFF', '4 4 0'] + TETRA_LINES) + '\n')
+    path = tmp_path / 'variant.off'
+    path.write_text('\n'.join(lines) + '\n', encoding='utf-8')
+    vertices, faces = read_off(str(path))
+    expected_vertices, expected_faces = read_off(str(plain))
+    assert np.array_equal(vertices, expected_vertices), name
+    assert np.array_equal(faces, expected_faces), name
+
+
+@pytest.mark.parametrize('header, variant', [('4OFF', '4OFF'), ('nOFF\n4', 'nOFF'),
+                                             ('C4OFF', 'C4OFF'), ('OFF BINARY', 'OFF BINARY')])
+def test_read_off_names_an_unsupported_variant(tmp_path, header, variant):
+    path = tmp_path / 'variant.off'
+    path.write_text(header + '\n4 4 0\n' + '\n'.join(TETRA_LINES) + '\n')
+    with pytest.raises(ValueError, match=f"unsupported OFF variant '{variant}'") as info:
+        read_off(str(path))
+    assert not isinstance(info.value, CorruptRawFileError)
+    assert 'fetch it again' not in str(info.value) and str(path) in str(info.value)
+
+
+def test_a_tiny_mesh_is_sampled_not_taken_for_one_without_area(modelnet_mesh_root):
+    # a tetrahedron at 1e-170: its area underflowed to 0 and the mesh was left out as
+    # 'mesh_without_area'; normalised, it is the unit tetrahedron
+    pytest.importorskip('trimesh')
+    tetra = np.array(TETRA_VERTICES_F, dtype=np.float64)
+    faces = np.array([(0, 2, 1), (0, 1, 3), (0, 3, 2), (1, 2, 3)])
+    unit = sample_surface(tetra, faces, 64, np.random.SeedSequence(3))
+    for scale in (1e-170, 1e-300, 1e160):
+        points = sample_surface(tetra * scale, faces, 64, np.random.SeedSequence(3))
+        assert points is not None and np.isfinite(points).all(), scale
+        assert np.allclose(points / scale, unit, rtol=1e-9, atol=1e-12), scale
+    line = np.array([(0.0, 0.0, 0.0), (1.0, 1.0, 1.0), (2.0, 2.0, 2.0)])  # no area at any scale
+    assert sample_surface(line * 1e-170, np.array([(0, 1, 2)]), 8) is None
+    raw = osp.join(modelnet_mesh_root, 'raw')
+    with open(osp.join(raw, 'cone', 'train', 'cone_0001.off'), 'w') as f:  # (write_off: %.6f)
+        f.write('\n'.join(['OFF', '4 4 0'] + [' '.join(repr(c * 1e-170) for c in v)
+                                              for v in TETRA_VERTICES_F]
+                          + TETRA_LINES[4:]) + '\n')
+    write_off(osp.join(raw, 'cone', 'train', 'cone_0002.off'), TETRA_VERTICES_F,
+              faces.tolist())
+    ds = ModelNet40(modelnet_mesh_root, num_points=32, log=False)
+    labels = [int(d.y) for d in ds]
+    assert labels.count(MODELNET40_CLASSES.index('cone')) == 2
+    tiny, plain = [d for d in ds if int(d.y) == MODELNET40_CLASSES.index('cone')]
+    assert torch.isfinite(tiny.pos).all()
+    assert float(tiny.pos.norm(dim=1).max()) == pytest.approx(1.0, abs=1e-5)
+    assert ds.stats['train']['skipped']['counts'] == {'mesh_without_area': 1}  # the flat bed
+
+
+TETRA_VERTICES_F = [(0.0, 0.0, 0.0), (1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.0, 0.0, 1.0)]

@@ -783,3 +783,42 @@ def test_sdf_raw_files_are_fingerprinted_by_name(qm9_root):
     corrupt(osp.join(qm9_root, 'raw', 'uncharacterized.txt'), lambda t: t + '\n')
     with pytest.warns(UserWarning, match=r'changed in size, contents or modification time: uncharacterized.txt'):
         QM9(qm9_root, log=False)
+
+
+@pytest.mark.parametrize('edit, match', [
+    # a blank line after the header, and a malformed number on the next row: its line is 3
+    (lambda t: t.replace('\n', '\n\n', 1).replace('13.21', '13.2x', 1),
+     r'line 3: malformed number'),
+    # blank lines before the fourth row, whose mol_id is malformed
+    (lambda t: t.replace('\ngdb_4,', '\n\n\n\nmol4,'), r"line 8: mol_id 'mol4' is not gdb"),
+])
+def test_sdf_csv_errors_name_the_line_of_the_file_after_blank_lines(qm9_root, edit, match):
+    # the rows read were counted (enumerate from 2), not the lines: csv skips blank lines
+    path = osp.join(qm9_root, 'raw', 'gdb9.sdf.csv')
+    corrupt(path, edit)
+    with open(path) as f:  # (the line the message names holds what is wrong)
+        lines = f.read().split('\n')
+    number = int(re.search(r'line (\d+)', match).group(1))
+    assert '13.2x' in lines[number - 1] or 'mol4' in lines[number - 1]
+    with pytest.raises(CorruptRawFileError, match=match):
+        QM9(qm9_root, log=False)
+
+
+def test_qm9pack_csv_errors_name_the_line_of_the_file_after_a_blank_line(qm9pack_csv,
+                                                                         tmp_path):
+    import csv
+    import io
+    with open(qm9pack_csv) as f:
+        lines = f.read().splitlines(True)
+    header = next(csv.reader([lines[0]]))
+    row = next(csv.reader([lines[4]]))  # the fourth data row
+    row[header.index('Dipole_debye')] = '1.5x'
+    out = io.StringIO()
+    csv.writer(out, quoting=csv.QUOTE_NONNUMERIC, lineterminator='\n').writerow(row)
+    lines[4] = out.getvalue().replace('"1.5x"', '1.5x')
+    lines.insert(1, '\n')  # a blank line after the header: the row is on line 6
+    with open(qm9pack_csv, 'w') as f:
+        f.writelines(lines)
+    assert [n for n, line in enumerate(open(qm9pack_csv), 1) if '1.5x' in line] == [6]
+    with pytest.raises(CorruptRawFileError, match=r'line 6: malformed number'):
+        QM9(str(tmp_path / 'root'), source='qm9pack', csv_path=qm9pack_csv, log=False)

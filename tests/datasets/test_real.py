@@ -313,3 +313,48 @@ def test_a_point_cloud_n_test_that_is_no_count_is_refused(scanobjectnn_root, n_t
     splits = load_task('scanobjectnn', root=scanobjectnn_root['root'], num_points=16,
                        n_test=np.int64(2))
     assert len(splits.test) == 2
+
+
+def test_scanobjectnn_resample_splits_the_same_objects_for_training_and_validation(tmp_path):
+    # object 0 has a NaN point outside its fixed subset: the cache of all points (training)
+    # left it out, the fixed-subset one (validation, where the split is drawn) kept it, so the
+    # split's indices selected shifted objects in training (validation objects trained on) or
+    # ran past its end (IndexError)
+    from tests.datasets.test_scanobjectnn import _nan_outside_the_subset
+    root = str(tmp_path)
+    _nan_outside_the_subset(root, 128)
+    for seed in range(6):
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore')
+            task = load_task('scanobjectnn', root=root, seed=seed, num_points=128,
+                             resample=True, val_fraction=0.3)
+        train = [int(d.y) for d in task.train]
+        val = [int(d.y) for d in task.val]
+        assert not set(train) & set(val) and len(train) == len(set(train))
+        assert sorted(train + val) == list(range(1, 15)), seed
+
+
+def test_a_training_dataset_of_another_length_than_the_split_is_refused(scanobjectnn_root):
+    # (two caches that leave out other objects, such as one built before that was fixed): the
+    # indices drawn on one were applied to the other
+    from torch_mz.datasets.real import _point_cloud_task
+    from torch_mz.datasets.scanobjectnn import ScanObjectNN
+
+    class OneObjectFewer(ScanObjectNN):  # the resampled training dataset lacks its last object
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            if self.resample and self.train:
+                self._indices = range(self.len() - 1)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        with pytest.raises(ValueError, match=r'scanobjectnn: the training dataset .* holds 4 '
+                           r'sets but the one the training/validation split is drawn on .* '
+                           r'holds 5.*force_reload=True'):
+            _point_cloud_task('scanobjectnn', OneObjectFewer, 0, None, 1, None,
+                              scanobjectnn_root['root'], 15, num_points=32, resample=True,
+                              log=False)
+        task = _point_cloud_task('scanobjectnn', ScanObjectNN, 0, None, 1, None,
+                                 scanobjectnn_root['root'], 15, num_points=32, resample=True,
+                                 log=False)
+    assert (len(task.train), len(task.val)) == (4, 1)

@@ -1,5 +1,6 @@
 import os
 import os.path as osp
+import warnings
 
 import numpy as np
 import pytest
@@ -309,3 +310,102 @@ def test_numpy_seed_and_num_points_share_the_cache_of_plain_ints(scanobjectnn_ro
     ds = ScanObjectNN(root, num_points=np.int64(16), seed=np.int64(2), log=False)
     assert ds.processed_dir == plain.processed_dir and type(ds.seed) is int
     assert all(torch.equal(a.pos, b.pos) for a, b in zip(ds, plain))
+
+
+def _nan_outside_the_subset(root: str, num_points: int) -> np.ndarray:
+    r"""Writes a training file of 15 objects (labels 0 .. 14) whose object 0 has one NaN point
+    that its fixed subset of :obj:`num_points` (seed 0) does not hold; returns the data."""
+    from tests.datasets.raw_formats import random_clouds
+    rng = np.random.default_rng(1)
+    data, label = random_clouds(rng, 15, 256), np.arange(15, dtype=np.int64)
+    drawn = np.random.default_rng([0, 0]).choice(256, num_points, replace=False)
+    data[0, next(i for i in range(256) if i not in set(drawn.tolist())), 0] = np.nan
+    write_h5(osp.join(root, 'raw', scanobjectnn_file('OBJ_BG', True)), data=data, label=label)
+    write_h5(osp.join(root, 'raw', scanobjectnn_file('OBJ_BG', False)), data=data[1:4],
+             label=label[1:4])
+    return data
+
+
+def test_every_cache_leaves_out_an_object_for_a_non_finite_point_outside_the_subset(tmp_path):
+    # the fixed-subset cache checked the subset alone and kept object 0, the cache of all points
+    # (resample, num_points=None) left it out: the two held other objects at the same index
+    root = str(tmp_path)
+    _nan_outside_the_subset(root, 128)
+    caches = []
+    for kwargs in ({'num_points': 128}, {'num_points': 128, 'resample': True},
+                   {'num_points': None}, {'num_points': 64, 'seed': 3}):
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore')  # (once per cache: two of them share one)
+            ds = ScanObjectNN(root, log=False, **kwargs)
+        assert ds.stats['train']['skipped']['examples'] == {
+            'non_finite_points': ['training_objectdataset.h5[0]']}
+        caches.append([int(d.y) for d in ds])
+    assert all(labels == list(range(1, 15)) for labels in caches)
+
+
+def test_a_cache_of_the_previous_processing_version_is_rebuilt(scanobjectnn_root):
+    # (a fixed-subset cache built before the check covered every point may hold an object that
+    # the cache of all points leaves out)
+    import json
+    root = scanobjectnn_root['root']
+    ds = ScanObjectNN(root, num_points=16, log=False)
+    assert ds.stats['processing_version'] == ScanObjectNN.processing_version == 3
+    stats_path = osp.join(ds.processed_dir, 'stats.json')
+    with open(stats_path) as f:
+        stats = json.load(f)
+    stats['processing_version'] = 2
+    with open(stats_path, 'w') as f:
+        json.dump(stats, f)
+    with pytest.warns(UserWarning, match='processing version 2'):
+        again = ScanObjectNN(root, num_points=16, log=False)
+    assert again.stats['processing_version'] == 3
+
+
+@pytest.mark.parametrize('layout', ['three channels first', 'six channels first'])
+def test_a_channels_first_data_array_is_refused(tmp_path, layout):
+    # (N, 3, P) was read as 3 points per object (num_points=None), or refused as "holds 3
+    # points per object, fewer than num_points"
+    from tests.datasets.raw_formats import random_clouds
+    rng = np.random.default_rng(0)
+    channels_last = {}
+    for train in (True, False):
+        clouds = random_clouds(rng, 4, 256)  # (N, 256, 3)
+        if layout == 'six channels first':
+            clouds = np.concatenate([clouds, clouds], axis=-1)  # (N, 256, 6)
+        channels_last[train] = clouds
+        write_h5(osp.join(str(tmp_path), 'raw', scanobjectnn_file('OBJ_BG', train)),
+                 data=clouds.transpose(0, 2, 1), label=np.arange(4))
+    for num_points in (None, 128):
+        with pytest.raises(CorruptRawFileError, match=r"training_objectdataset.h5.*'data' of "
+                           r"shape \(4, \d, 256\).*\(N, P, 3\) or \(N, P, C\) with x, y, z first"):
+            ScanObjectNN(str(tmp_path), num_points=num_points, log=False)
+    # the same points stored channels last: read, extra values per point left out
+    for train, clouds in channels_last.items():
+        write_h5(osp.join(str(tmp_path), 'raw', scanobjectnn_file('OBJ_BG', train)),
+                 data=clouds, label=np.arange(4))
+    ds = ScanObjectNN(str(tmp_path), num_points=None, normalize=False, log=False)
+    assert ds[0].pos.shape == (256, 3)
+    assert np.array_equal(ds[0].pos.numpy(), channels_last[True][0, :, :3])
+
+
+@pytest.mark.parametrize('idx', [None, [2, 0]])
+def test_a_copy_of_a_resampling_dataset_keeps_every_point_and_resampling(scanobjectnn_root,
+                                                                         idx):
+    # PyG's copy() collated one draw of each object: the copy permuted those 32 points forever
+    root, files = scanobjectnn_root['root'], scanobjectnn_root['files']
+    raw = files[osp.join('h5_files', 'main_split', 'training_objectdataset.h5')]
+    ds = ScanObjectNN(root, num_points=32, normalize=False, resample=True, log=False)
+    copied = ds.copy(idx)
+    assert copied.resample and len(copied) == (len(ds) if idx is None else 2)
+    first = 0 if idx is None else 2  # the object at index 0 of the copy
+    assert int(copied.slices['pos'][1] - copied.slices['pos'][0]) == 256  # every point stored
+    torch.manual_seed(0)
+    draws = [copied[0] for _ in range(50)]
+    seen = {tuple(p) for d in draws for p in d.pos.tolist()}
+    assert all(d.pos.shape == (32, 3) for d in draws) and len(seen) > 128
+    rows = point_rows(raw['data'][first], draws[0].pos.numpy())
+    assert (rows >= 0).all()
+    assert torch.equal(draws[0].mask, torch.from_numpy(raw['mask'][first, rows] != -1))
+    assert ds._draw is not None and ds[0].pos.shape == (32, 3)  # the dataset itself unchanged
+    fixed = ScanObjectNN(root, num_points=32, normalize=False, log=False)
+    assert torch.equal(fixed.copy()[1].pos, fixed[1].pos)  # a fixed subset copies as it is

@@ -125,3 +125,33 @@ def test_split_indices_is_importable_where_it_was():
     # moved from torch_mz.datasets.common to its room, torch_mz.datasets.splits
     from torch_mz.datasets import common, splits
     assert common.split_indices is splits.split_indices is split_indices
+
+
+@pytest.mark.parametrize('kind', ['np.float32', 'torch', 'np.float16', 'torch.bfloat16',
+                                  'array'])
+def test_split_indices_float32_fractions_give_the_counts_of_the_python_floats(kind):
+    # float32 fractions summing to 1 were read as 0.800000011920929 + ...: their sum missed 1
+    # by about 1e-8, so an item of the pool was left out (n=3: [2, 0, 0]) or the call raised
+    # (n=7: 6 + 1 + 1 exceeds the 7 items)
+    make = {'np.float32': np.float32, 'torch': torch.tensor, 'np.float16': np.float16,
+            'torch.bfloat16': lambda f: torch.tensor(f, dtype=torch.bfloat16),
+            'array': lambda f: np.array(f, dtype=np.float32)}[kind]
+    for sizes in ((0.8, 0.1, 0.1), (0.6, 0.05, 0.35), (0.7, 0.2, 0.1), (0.7, 0.1, 0.2)):
+        for n in range(0, 30):
+            expected = split_indices(n, *sizes, seed=2)
+            got = split_indices(n, *map(make, sizes), seed=2)
+            assert [len(p) for p in got] == [len(p) for p in expected], (n, sizes)
+            assert all(torch.equal(a, b) for a, b in zip(got, expected)), (n, sizes)
+    assert [len(p) for p in split_indices(3, *map(make, (0.8, 0.1, 0.1)))] == [3, 0, 0]
+
+
+def test_split_indices_refuses_a_subsample_that_is_no_integer():
+    # int() truncated it: subsample=0.5 or 0.99 gave three empty splits, True one item
+    for subsample in (0.5, 0.99, 2.7, 50.0, True, np.bool_(True), torch.tensor(True),
+                      torch.tensor(4.0), np.float32(3)):
+        with pytest.raises(ValueError, match="'subsample' must be an integer"):
+            split_indices(100, 0.8, 0.1, 0.1, subsample=subsample)
+    # any integral type is taken
+    expected = [len(p) for p in split_indices(100, 0.8, 0.1, 0.1, subsample=50)]
+    for count in (np.int64(50), np.int32(50), torch.tensor(50), np.array(50)):
+        assert [len(p) for p in split_indices(100, 0.8, 0.1, 0.1, subsample=count)] == expected

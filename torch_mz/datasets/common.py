@@ -349,7 +349,12 @@ class ProcessedDataset(InMemoryDataset):
       what the arguments say): the markers describe a transform by its class and its parameters
       (:func:`_describe`), not by its repr alone, which two transforms with other parameters can
       share; a marker of an earlier release (its repr alone) or a missing one counts as another
-      transform;
+      transform. What the description leaves out is not seen (see :func:`_describe`): a private
+      attribute not named after a constructor parameter, an object other than a plain value, a
+      container, a tensor or an array that a function reads as a global, a value read through
+      a module or an object (``config.SCALE``), a file the transform reads. Changing one of
+      those reuses the cache as it is: give such a parameter to the constructor, or pass
+      ``force_reload=True``;
     - records a fingerprint of the raw files it was built from in ``stats.json``
       (:meth:`raw_fingerprint`: their paths, sizes and modification times, with the hash of
       their bytes; for small files read as a whole the hash alone) and is rebuilt, with a
@@ -589,8 +594,9 @@ class ProcessedDataset(InMemoryDataset):
                 return self.raw_fingerprint()
 
         what = raw_files_differ(recorded, current, hashed)
-        if not what:  # the same bytes (a copy that did not keep the modification times):
-            # their new times recorded, with the hashes, so the next open reads nothing
+        if not what:  # the same files: a build's record (which holds their hashes too), or
+            # a copy that did not keep the modification times, whose new times are recorded,
+            # with the hashes, so the next open reads nothing
             if isinstance(recorded, dict):  # (it is: raw_files_differ said so)
                 self._record_raw_times(stats, recorded, current)
             return False
@@ -602,8 +608,9 @@ class ProcessedDataset(InMemoryDataset):
     def _record_raw_times(self, stats: Dict[str, Any], recorded: Dict[str, Any],
                           current: Dict[str, Any]) -> None:
         r"""Writes the raw files' current modification times into ``stats.json`` (their
-        recorded hashes kept), after :func:`raw_files_differ` found the same bytes; a failure
-        (a read-only cache) leaves it as it was, to be hashed again next time."""
+        recorded hashes kept), after :func:`raw_files_differ` found the same bytes, where a
+        time changed (nothing is written where the record already holds them); a failure (a
+        read-only cache) leaves it as it was, to be hashed again next time."""
         path = self._stats_path()
         if path is None:
             return
@@ -615,6 +622,8 @@ class ProcessedDataset(InMemoryDataset):
                         'sha1:')):
                 entry = entry + [old[-1]]
             raw[key] = entry
+        if raw == recorded:  # no time changed: the record of a build, whose entries hold
+            return  # hashes that the check does not take (written on every open before)
         updated = dict(stats, raw_files=raw)
         text = json.dumps(updated, indent=1, sort_keys=True, default=_json_number)
         try:

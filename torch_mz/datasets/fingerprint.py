@@ -218,16 +218,28 @@ def _describe(transform: Any) -> str:
     :data:`DESCRIBE_DEPTH` levels); numbers, strings and other primitives are described by
     their repr; tensors and arrays by dtype, shape and the SHA-1 of their bytes; functions by
     their qualified name, a hash of their code, their defaults, the values they close over and
-    the plain numbers, strings and flags they read as globals; ``torch.nn.Module`` objects also
-    by their state dict; other objects by their class, their public attributes, the private
-    ones named after a constructor parameter that hold a plain number, string or flag (a factor
-    kept as ``self._factor``; other private attributes are state a transform may change as it
-    runs, a cache or a counter: not described, so that an instance shared by the splits or by
-    several datasets is described alike before and after) and their repr without addresses
-    (which shows other parameters kept in private attributes). The text holds no address,
-    so the same transform, or an equal one made again, gets the same description; a transform
-    whose repr is the same but whose parameters differ (PyG's
-    ``FixedPoints(32, allow_duplicates=True)``, ``KNNGraph(loop=True)``) gets another one."""
+    the values they read as globals that are plain numbers, strings or flags, containers
+    (dicts, lists, tuples, sets: a ``CONFIG = {'scale': 2}``, described item by item) or
+    tensors and arrays (hashed); ``torch.nn.Module`` objects also by their state dict; other
+    objects by their class, their public attributes, the private ones named after a
+    constructor parameter whatever they hold (a factor kept as ``self._factor``, a tensor
+    ``self._factor = torch.as_tensor(factor)``; where the constructors do not name their
+    parameters, ``**kwargs``, the private ones that hold a plain number, string or flag; other
+    private attributes are state a transform may change as it runs, a cache or a counter: not
+    described, so that an instance shared by the splits or by several datasets is described
+    alike before and after) and their repr without addresses (which shows other parameters
+    kept in private attributes). The text holds no address, so the same transform, or an equal
+    one made again, gets the same description; a transform whose repr is the same but whose
+    parameters differ (PyG's ``FixedPoints(32, allow_duplicates=True)``,
+    ``KNNGraph(loop=True)``) gets another one.
+
+    Not described, so that changing them does not tell a cache apart: a private attribute of
+    another name (or one holding more than a plain value where the constructors do not name
+    their parameters), other objects a function reads as globals (a transform instance, a
+    random generator: described by nothing), values a function reads through a module or an
+    object (``config.SCALE``, ``data.FACTOR``), and anything outside the transform (a file it
+    reads). A function that keeps state in a container it reads as a global (a memo dict) is
+    described with that state, and the cache it made is rebuilt where the state differs."""
     return 'None' if transform is None else _describe_value(transform, DESCRIBE_DEPTH, set())
 
 
@@ -334,23 +346,24 @@ def _describe_compound(value: Any, depth: int, active: set) -> str:
                 except ValueError:  # a cell not filled yet
                     cells.append('<empty cell>')
             parts.append(f'closure={describe(cells)}')
-        plain = _plain_globals(value)
-        if plain:  # (a module-level setting the function reads, such as FACTOR = 2)
-            parts.append(f'globals={describe(plain)}')
+        read = _read_globals(value)
+        if read:  # (a module-level setting the function reads, FACTOR = 2, CONFIG = {...})
+            parts.append(f'globals={describe(read)}')
         return f"function {_type_name(value)}({', '.join(parts)})"
     attributes = _attributes(value)
     text = _repr_without_address(value)
     if attributes is not None:
         # the public attributes, the private ones named after a parameter of the constructor
-        # that hold a plain number, string or flag (factor kept as self._factor), and the repr;
-        # other private attributes are state a transform may change as it runs (a lazy cache, a
-        # counter), so an instance shared by the splits or by several datasets is described
-        # alike before and after
+        # whatever they hold (factor kept as self._factor, a number or a tensor; where the
+        # constructors do not name their parameters, those that hold a plain value), and the
+        # repr; other private attributes are state a transform may change as it runs (a lazy
+        # cache, a counter), so an instance shared by the splits or by several datasets is
+        # described alike before and after
         parameters = _init_parameters(type(value))
         described = ', '.join(f'{k}={describe(v)}' for k, v in sorted(attributes.items())
                               if not k.startswith('_')
-                              or (_plain(v) and (parameters is None
-                                                 or _parameter_name(type(value), k) & parameters)))
+                              or (_plain(v) if parameters is None
+                                  else bool(_parameter_name(type(value), k) & parameters)))
         if isinstance(value, torch.nn.Module):  # (its weights are in private attributes)
             described += f', state_dict={describe(dict(value.state_dict()))}'
         return f'{name}({described}; repr {text})'
@@ -406,13 +419,21 @@ def _code_names(code: types.CodeType) -> set:
     return names
 
 
-def _plain_globals(function: types.FunctionType) -> Dict[str, Any]:
+# what a function reads as a global that is described: settings, not code (modules, classes
+# and functions, described by their names) nor other objects (a generator, a logger: state)
+_GLOBAL_CONTAINERS = (dict, list, tuple, set, frozenset, Tensor, np.ndarray)
+
+
+def _read_globals(function: types.FunctionType) -> Dict[str, Any]:
     r"""The module-level names :obj:`function` reads whose values are plain numbers, strings or
-    flags (not modules, classes or functions: those are code, described by their names)."""
+    flags, containers (dicts, lists, tuples, sets) or tensors and arrays (not modules, classes
+    or functions: those are code, described by their names; nor other objects)."""
     found = {}
     for name in sorted(_code_names(function.__code__)):
-        if name in function.__globals__ and _plain(function.__globals__[name]):
-            found[name] = function.__globals__[name]
+        if name in function.__globals__:
+            value = function.__globals__[name]
+            if _plain(value) or isinstance(value, _GLOBAL_CONTAINERS):
+                found[name] = value
     return found
 
 

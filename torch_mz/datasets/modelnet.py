@@ -2,6 +2,7 @@ r"""ModelNet40 as a dataset of point sets (MZAttn paper, Appendix A.2, Task C)."
 import glob
 import os
 import os.path as osp
+import re
 import shutil
 import tempfile
 import warnings
@@ -54,17 +55,66 @@ def _values_per_line(lines: List[str]) -> np.ndarray:
     return np.fromiter(map(len, map(str.split, lines)), dtype=np.int64, count=len(lines))
 
 
+# the header of the OFF family (Geomview's [ST][C][N][4][n]OFF): texture coordinates, colours
+# and normals follow x y z on a vertex line; 4 (4-D vertices) and n (vertices of a dimension
+# given on the next line) are no 3-D meshes
+_OFF_HEADER = re.compile(r'(ST)?(C)?(N)?(4)?(n)?OFF')
+# a UTF-8 byte-order mark, as the file's bytes read as latin-1
+_UTF8_BOM = '\xef\xbb\xbf'
+
+
+def _vertices_by_line(lines: List[str], path: str) -> np.ndarray:
+    r"""The first three values of each vertex line, read line by line (where reading all of them
+    at once failed): the first line that holds a malformed number is named."""
+    vertices = np.empty((len(lines), 3), dtype=np.float64)  # (n_v, 3)
+    for i, line in enumerate(lines):
+        try:
+            vertices[i] = np.array(line.split()[:3], dtype=np.float64)
+        except ValueError as e:
+            raise CorruptRawFileError(
+                path, f"malformed vertex coordinates: vertex {i} ('{line}') ({e})") from e
+    return vertices
+
+
+def _face_corners(line: str, path: str) -> np.ndarray:
+    r"""The corner indices of the face :obj:`line` (``k i_1 ... i_k``, then optional colour
+    values, integers or floats); a malformed line raises naming it."""
+    tokens = line.split()
+    try:
+        face = np.array(tokens, dtype=np.int64)  # k, the corners, integer colours if any
+    except ValueError:  # a colour given as floats, or a malformed number: value by value
+        what = f"face line '{line}'"
+        k = int(_ints(tokens[:1], path, what)[0])
+        face = np.concatenate([np.array([k], dtype=np.int64),
+                               _ints(tokens[1:max(k, 0) + 1], path, what)])
+        try:  # (what follows the corners: a colour, numbers)
+            np.array(tokens[face.size:], dtype=np.float64)
+        except ValueError as e:
+            raise CorruptRawFileError(path, f"malformed face line '{line}': the values after "
+                                      f"its corners are no colour ({e})") from e
+    k = int(face[0])
+    if k < 3 or face.size < k + 1:
+        raise CorruptRawFileError(path, f"malformed face line '{line}'")
+    return face[1:k + 1]
+
+
 def read_off(path: str) -> Tuple[np.ndarray, np.ndarray]:
     r"""Reads an OFF mesh and returns its vertices and its faces split into triangles.
 
     Handles what the ModelNet40 files contain: the merged header ``OFF<nv> <nf> <ne>`` on one line
     (many of the files) next to the regular ``OFF`` / ``<nv> <nf> <ne>`` pair, ``#`` comments,
     and quad (or larger) faces, which are split as a fan :math:`(v_0, v_i, v_{i+1})`, as
-    :func:`torch_geometric.io.read_off` splits quads. A file whose header announces more vertices or
-    faces than it holds, a vertex line with fewer than three values, a malformed number or a face
-    index out of range raises :class:`~torch_mz.datasets.common.CorruptRawFileError` naming the
-    file. Every line is checked on its own: a total count that happens to fit (a vertex line
-    with two values next to one with four) is no excuse.
+    :func:`torch_geometric.io.read_off` splits quads. Also the rest of the 3-D OFF family: the
+    headers ``[ST][C][N]OFF`` (texture coordinates, colours, normals after x y z on each vertex
+    line: the first three values are kept, as they are of any longer vertex line), colours
+    after a face's corners (integers or floats, left out) and a UTF-8 byte-order mark. A file
+    whose header announces more vertices or faces than it holds, a vertex line with fewer than
+    three values, a malformed number (its vertex or face line named) or a face index out of
+    range raises :class:`~torch_mz.datasets.common.CorruptRawFileError` naming the file; the
+    variants that hold no 3-D mesh, ``4OFF`` (4-D vertices), ``nOFF`` (vertices of another
+    dimension) and ``OFF BINARY``, raise a :class:`ValueError` that names the variant. Every
+    line is checked on its own: a total count that happens to fit (a vertex line with two
+    values next to one with four) is no excuse.
 
     Shapes:
         - **vertices:** :math:`(n_v, 3)`, float64
@@ -72,16 +122,27 @@ def read_off(path: str) -> Tuple[np.ndarray, np.ndarray]:
     """
     with open(path, 'rb') as f:
         text = f.read().decode('latin-1')
+    if text.startswith(_UTF8_BOM):
+        text = text[len(_UTF8_BOM):]
     lines = [line.split('#', 1)[0].strip() for line in text.splitlines()]
     lines = [line for line in lines if line]
-    if not lines or not lines[0].startswith('OFF'):
+    found = _OFF_HEADER.match(lines[0]) if lines else None
+    if found is None:
         raise CorruptRawFileError(path, "missing the 'OFF' header")
-    if lines[0] == 'OFF':
+    rest = lines[0][found.end():]  # '' or the counts of a merged header 'OFF8 6 0'
+    if found.group(4) or found.group(5) or rest.split()[:1] == ['BINARY']:
+        variant = found.group(0) + (' BINARY' if rest.split()[:1] == ['BINARY'] else '')
+        what = ('4-D vertices' if found.group(4) else 'vertices of the dimension on its '
+                'next line' if found.group(5) else 'binary data')
+        raise ValueError(f"'{path}': unsupported OFF variant '{variant}' ({what}): the meshes "
+                         f"read are 3-D, in text, with the header OFF, STOFF, COFF, NOFF or "
+                         f"their combinations")
+    if not rest:
         if len(lines) < 2:
             raise CorruptRawFileError(path, 'missing the vertex/face count line')
         header, body = lines[1].split(), lines[2:]
     else:  # the merged header 'OFF8 6 0'
-        header, body = lines[0][3:].split(), lines[1:]
+        header, body = rest.split(), lines[1:]
     counts = _ints(header, path, 'vertex/face count line')
     if counts.size < 2 or (counts[:2] < 0).any():
         raise CorruptRawFileError(path, f'invalid vertex/face counts {counts.tolist()}')
@@ -103,19 +164,19 @@ def read_off(path: str) -> Tuple[np.ndarray, np.ndarray]:
                                      sep=' ').reshape(num_vertices, 3)
         else:  # extra per-vertex values (colours): keep the first three of each line
             vertices = np.array([line.split()[:3] for line in vertex_lines], dtype=np.float64)
-    except ValueError as e:
-        raise CorruptRawFileError(path, f'malformed vertex coordinates ({e})') from e
+    except ValueError:  # a malformed number: read line by line, which names its line
+        vertices = _vertices_by_line(vertex_lines, path)
     if vertices.shape != (num_vertices, 3) or not np.isfinite(vertices).all():
         raise CorruptRawFileError(path, 'vertex lines must hold three finite coordinates each')
 
     face_lines = body[num_vertices:num_vertices + num_faces]
     try:
         flat = np.fromstring(' '.join(face_lines), dtype=np.int64, sep=' ')
-    except ValueError as e:
-        raise CorruptRawFileError(path, f'malformed face line ({e})') from e
-    k = int(flat[0]) if flat.size else 3
-    if (k >= 3 and flat.size == (k + 1) * num_faces and (flat[::k + 1] == k).all()
-            and (_values_per_line(face_lines) == k + 1).all()):
+    except ValueError:  # a colour given as floats, or a malformed number: line by line
+        flat = None
+    k = 0 if flat is None else int(flat[0]) if flat.size else 3
+    if (flat is not None and k >= 3 and flat.size == (k + 1) * num_faces
+            and (flat[::k + 1] == k).all() and (_values_per_line(face_lines) == k + 1).all()):
         # fast path: every face has k corners (triangles, or only quads)
         polygons = flat.reshape(num_faces, k + 1)[:, 1:]  # (n_f, k)
         fan = [polygons[:, [0, i, i + 1]] for i in range(1, k - 1)]  # k - 2 times (n_f, 3)
@@ -124,12 +185,8 @@ def read_off(path: str) -> Tuple[np.ndarray, np.ndarray]:
     else:
         triangles: List[tuple] = []  # (i, j, k) corner indices
         for line in face_lines:
-            face = _ints(line.split(), path, 'face line')
-            k = int(face[0])
-            if k < 3 or face.size < k + 1:
-                raise CorruptRawFileError(path, f"malformed face line '{line}'")
-            idx = face[1:k + 1]
-            triangles.extend((idx[0], idx[i], idx[i + 1]) for i in range(1, k - 1))
+            idx = _face_corners(line, path)
+            triangles.extend((idx[0], idx[i], idx[i + 1]) for i in range(1, len(idx) - 1))
         faces = np.array(triangles, dtype=np.int64).reshape(-1, 3)
     if faces.size and (faces.min() < 0 or faces.max() >= num_vertices):
         raise CorruptRawFileError(path, f'a face index lies outside [0, {num_vertices})')
@@ -141,7 +198,11 @@ def sample_surface(vertices: np.ndarray, faces: np.ndarray, num: int,
     r"""Samples :obj:`num` points uniformly on the surface of a triangle mesh (a face is chosen with
     probability proportional to its area, then a uniform point on it) with :mod:`trimesh`.
 
-    Returns :obj:`None` for a mesh without area (no faces, or only degenerate ones).
+    Returns :obj:`None` for a mesh without area (no faces, or only degenerate ones), told by
+    the area of the mesh scaled to :math:`\max |v| = 1` where its own underflows or overflows
+    float64 (a valid mesh of coordinates around 1e-160 is sampled, not taken for one without
+    area; one around 1e160 is sampled over all its faces, not on its first alone), where it is
+    also sampled, its points scaled back.
 
     Shapes:
         - **output:** :math:`(\mathrm{num}, 3)`, float64
@@ -150,10 +211,23 @@ def sample_surface(vertices: np.ndarray, faces: np.ndarray, num: int,
     if len(faces) == 0:
         return None
     mesh = trimesh.Trimesh(vertices=vertices, faces=faces, process=False)
-    if not mesh.area > 0:
-        return None
+    scale = 1.0
+    with np.errstate(over='ignore', under='ignore', invalid='ignore'):  # (told below)
+        area = mesh.area
+    if not 0 < area < np.inf:
+        # no area, or one that underflows float64 (coordinates of 1e-160 and less) or
+        # overflows it (1e155 and more: every face's area inf, and every point drawn on the
+        # first face): the area of the mesh scaled to max |v| = 1, which only a mesh without
+        # area lacks; such a mesh is sampled at that scale and its points scaled back
+        scale = float(np.abs(vertices).max()) if len(vertices) else 0.0
+        if not (np.isfinite(scale) and scale > 0):
+            return None
+        mesh = trimesh.Trimesh(vertices=vertices / scale, faces=faces, process=False)
+        if not mesh.area > 0:
+            return None
     points, _ = trimesh.sample.sample_surface(mesh, num, seed=np.random.default_rng(seed))
-    return np.asarray(points, dtype=np.float64)
+    points = np.asarray(points, dtype=np.float64)
+    return points if scale == 1.0 else points * scale
 
 
 def _remove(path: str) -> None:

@@ -131,9 +131,11 @@ def _is_number(text: str) -> bool:
 
 
 def _csv_rows(path: str, required: Sequence[str]) -> Iterator[Tuple[int, Dict[str, str]]]:
-    r"""The rows of a CSV file with a header, as ``(line number, row)``. A file that does not end
-    with a line break (its last row is cut off), a row with fewer or more fields than the header,
-    and bytes that are not UTF-8 raise :class:`CorruptRawFileError` naming the file."""
+    r"""The rows of a CSV file with a header, as ``(line number, row)``: the line of the file
+    where the row ends (:attr:`csv.reader.line_num`; blank lines, which the reader skips, and
+    quoted fields that span lines counted). A file that does not end with a line break (its
+    last row is cut off), a row with fewer or more fields than the header, and bytes that are
+    not UTF-8 raise :class:`CorruptRawFileError` naming the file."""
     csv.field_size_limit(2**31 - 1)  # qm9pack has long list-valued fields
     with open(path, 'rb') as f:
         f.seek(0, os.SEEK_END)
@@ -149,7 +151,8 @@ def _csv_rows(path: str, required: Sequence[str]) -> Iterator[Tuple[int, Dict[st
             if missing:
                 raise CorruptRawFileError(
                     path, f'missing column(s) {missing} (found {reader.fieldnames})')
-            for row_number, row in enumerate(reader, start=2):  # line 1 is the header
+            for row in reader:
+                row_number = reader.line_num  # (not the records read: blank lines count)
                 if None in row.values():
                     raise CorruptRawFileError(path, f'line {row_number} is truncated (fewer '
                                               f'fields than the header)')
@@ -190,11 +193,18 @@ def read_sdf_targets(path: str) -> Tuple[List[str], np.ndarray]:
     Shapes:
         - **targets:** :math:`(N, 12)`, float64, in :data:`QM9_TARGETS` order
     """
-    ids, rows = [], []
+    ids, targets, _ = _read_sdf_targets(path)
+    return ids, targets
+
+
+def _read_sdf_targets(path: str) -> Tuple[List[str], np.ndarray, List[int]]:
+    r""":func:`read_sdf_targets`, with the line of the file each row ends on."""
+    ids, rows, lines = [], [], []
     for row_number, row in _csv_rows(path, ('mol_id', ) + QM9_TARGETS):
         ids.append(row['mol_id'])
         rows.append(_floats([row[t] for t in QM9_TARGETS], path, row_number))
-    return ids, np.array(rows, dtype=np.float64).reshape(-1, len(QM9_TARGETS))
+        lines.append(row_number)
+    return ids, np.array(rows, dtype=np.float64).reshape(-1, len(QM9_TARGETS)), lines
 
 
 _GDB_NAME = re.compile(r'gdb_(\d+)')
@@ -663,12 +673,12 @@ class QM9(ProcessedDataset):
     def _process_sdf(self, skipped: SkipCounter, stats: Dict[str, object]) -> List[Data]:
         Chem = require('rdkit.Chem')
         sdf_path, csv_path, unchar_path = self.raw_paths
-        ids, targets = read_sdf_targets(csv_path)
+        ids, targets, lines = _read_sdf_targets(csv_path)
         indices: List[int] = []
         for i, mol_id in enumerate(ids):
             k = gdb_index(mol_id)
             if k is None:
-                raise CorruptRawFileError(csv_path, f"line {i + 2}: mol_id '{mol_id}' is not "
+                raise CorruptRawFileError(csv_path, f"line {lines[i]}: mol_id '{mol_id}' is not "
                                           f"gdb_<index>")
             indices.append(k)
         if len(set(indices)) != len(indices):

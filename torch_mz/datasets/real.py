@@ -23,7 +23,10 @@ ones there (``NormalizeScale``, ``FixedPoints``...), and a random augmentation o
 split only by wrapping that split.
 
 With ``scanobjectnn``'s ``resample=True`` only the training split redraws its points on every
-access; validation and test keep one subset per object.
+access; validation and test keep one subset per object. The training and validation sets then
+come from two caches of the training files (all points; fixed subsets), which hold the same
+objects in the same order: the split is drawn on one and applied to both, and a training dataset
+whose length differs from the one the split was drawn on raises a :class:`ValueError`.
 """
 from typing import Optional
 
@@ -117,6 +120,16 @@ def _point_cloud_task(name: str, cls, seed: int, n_train, n_val, n_test, root, n
     train_plain = cls(root=root, train=True, transform=given, **fixed)
     test = cls(root=root, train=False, transform=given, **fixed)
     n = len(train_plain)
+    if len(train_aug) != n:
+        # (scanobjectnn with resample: two caches of the training files, all points and fixed
+        # subsets; the split is drawn on the second and applied to both, so both must hold the
+        # same objects in the same order)
+        raise ValueError(
+            f'{name}: the training dataset ({train_aug!r}) holds {len(train_aug)} sets but the '
+            f'one the training/validation split is drawn on ({train_plain!r}) holds {n}: the '
+            f'indices of the split would select other objects in the first, putting validation '
+            f'objects into training. Their processed caches left out other objects: rebuild them '
+            f'(force_reload=True)')
     test_as_val = n_val is None and val_fraction == 0  # the published protocol
     val_size = 0 if test_as_val else (
         n_val if n_val is not None else max(1, int(n * val_fraction)))  # 0.1: n // 10

@@ -5,6 +5,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 from torch_geometric.data import Data
+from torch_geometric.data.dataset import IndexType
 from torch_geometric.transforms import FixedPoints
 from tqdm import tqdm
 
@@ -80,8 +81,17 @@ class ScanObjectNN(TrainTestSets):
     :class:`~torch_mz.datasets.ModelNet40`'s, and the training rotation turns about y.
     Labels index :data:`SCANOBJECTNN_CLASSES`. Every example holds :obj:`pos` :math:`(n, 3)`,
     :obj:`y` :math:`(1,)` and, where the file has it, :obj:`mask` :math:`(n,)`
-    (:obj:`True` for points of the object, :obj:`False` for background points). Objects with
-    non-finite coordinates are left out, counted in :attr:`stats` and reported with a warning.
+    (:obj:`True` for points of the object, :obj:`False` for background points). Objects with a
+    non-finite coordinate among any of their points in the file (not only among the subset
+    kept) are left out, counted in :attr:`stats` and reported with a warning: every cache of a
+    variant (a fixed subset or all points, any :obj:`num_points` and :obj:`seed`) holds the same
+    objects in the same order, so that indices drawn on one select the same objects in another
+    (the task ``scanobjectnn`` splits its training files so, for the resampled training split
+    and the fixed validation split). ``data`` must hold the points along its second axis,
+    :math:`(N, P, C)` with :math:`C \geq 3` values per point (x, y, z first); an array with
+    more values per point than points, such as a channels-first :math:`(N, 3, P)`, is refused.
+    A copy (:meth:`copy`) holds every stored point of each object and, with :obj:`resample`,
+    keeps drawing a new subset on every access.
 
     Args:
         root (str, optional): Root folder. (default: :obj:`datasets/ScanObjectNN` of the repository,
@@ -111,6 +121,10 @@ class ScanObjectNN(TrainTestSets):
     classes = SCANOBJECTNN_CLASSES
     variants = SCANOBJECTNN_VARIANTS
     item_name = 'object'
+    #: 3: an object is left out for a non-finite point anywhere in the file, in every cache (a
+    #: fixed-subset cache checked its subset alone, and kept objects that the cache of all
+    #: points left out), and a channels-first ``data`` array is refused
+    processing_version = 3
 
     def __init__(
         self,
@@ -162,6 +176,21 @@ class ScanObjectNN(TrainTestSets):
         data = super().get(idx)  # a copy: drawing from it leaves the cached object whole
         return data if self._draw is None else self._draw(data)
 
+    def copy(self, idx: Optional[IndexType] = None) -> 'ScanObjectNN':
+        r"""A copy of the dataset, or of the objects :obj:`idx` (PyG's
+        :meth:`~torch_geometric.data.InMemoryDataset.copy`), that holds every point the dataset
+        stores of each object and, with :obj:`resample`, keeps drawing :obj:`num_points` of
+        them anew on every access, as the dataset does. (PyG's copy collates what :meth:`get`
+        returns: with :obj:`resample`, one draw of each object, whose points the copy would
+        then only have permuted.)"""
+        draw, self._draw = self._draw, None  # get() returns the stored objects whole
+        try:
+            out = super().copy(idx)
+        finally:
+            self._draw = draw
+        out._draw = draw  # (the copy's, made while it was None)
+        return out
+
     @property
     def raw_file_names(self) -> List[str]:
         return scanobjectnn_raw_files(self.variant)
@@ -206,6 +235,14 @@ class ScanObjectNN(TrainTestSets):
             raise CorruptRawFileError(
                 path, f"expected 'data' (N, P, 3) and 'label' (N,), got "
                 f"{points.shape} and {arrays['label'].shape}")
+        if points.shape[-1] > 3 and points.shape[-1] > points.shape[1]:
+            # more values per point than points: channels first, (N, 3, P) (as ModelNet40's
+            # HDF5 reader asks for (N, P, 3); extra values per point are taken here, after
+            # x, y, z, but a point set has more points than values per point)
+            raise CorruptRawFileError(
+                path, f"'data' of shape {points.shape} holds {points.shape[1]} points of "
+                f"{points.shape[-1]} values each: expected the points along the second axis, "
+                f"(N, P, 3) or (N, P, C) with x, y, z first, not channels-first (N, C, P)")
         if mask is not None and mask.shape != points.shape[:2]:
             raise CorruptRawFileError(
                 path, f"expected 'mask' of shape {points.shape[:2]}, got {mask.shape}")
@@ -240,7 +277,10 @@ class ScanObjectNN(TrainTestSets):
             else:
                 keep = np.sort(rng.choice(num_available, num_points, replace=False))
             shape = points[j, keep, :3]  # (n, 3)
-            if not np.isfinite(shape).all():
+            # every point of the object checked, not the subset alone: every cache of the
+            # variant leaves out the same objects (the subset is drawn first, so the subsets
+            # of the other objects are those drawn before)
+            if not np.isfinite(points[j, :, :3]).all():
                 skipped.add('non_finite_points', f'{osp.basename(path)}[{j}]')
                 continue
             if self.normalize:

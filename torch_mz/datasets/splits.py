@@ -9,7 +9,7 @@ import operator
 import warnings
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -100,24 +100,59 @@ def _deprecated(old: str, new: str):
 def _size(value: Any, name: str) -> Union[int, float]:
     r"""A split size by the type of its value: an integral number (Python, NumPy or a one-element
     tensor) is a count, returned as :obj:`int`; a real one is a fraction, returned as
-    :obj:`float`. A bool (a count or a fraction?) raises."""
+    :obj:`float`. A bool (a count or a fraction?) raises. A fraction held in fewer than 64 bits
+    (:obj:`np.float32(0.8)`, :obj:`torch.tensor(0.8)`, float16, bfloat16) is the shortest
+    decimal that its type reads as that value (:func:`_as_written`): 0.8, as the Python float
+    0.8 is, not 0.800000011920929, so that such fractions give the counts of the Python floats
+    (those summing to 1 share out the whole pool)."""
+    narrow: Optional[Callable[[float], float]] = None  # rounds a float to the value's type
     if isinstance(value, (Tensor, np.ndarray)):
         if (value.numel() if isinstance(value, Tensor) else value.size) != 1:
             raise ValueError(f"'{name}' must be one number, a count or a fraction (got a tensor "
                              f"or an array of shape {tuple(value.shape)})")
+        narrow = _narrowing(value.dtype)
         value = value.item()  # a Python bool, int or float, by the dtype
+    elif isinstance(value, np.floating):
+        narrow = _narrowing(value.dtype)
     if isinstance(value, (bool, np.bool_)):
         raise ValueError(f"'{name}' must be a count (an integer) or a fraction (a float in "
                          f"[0, 1]), not a bool (got {value!r})")
     if isinstance(value, numbers.Integral):
         return int(value)
     if isinstance(value, numbers.Real):
-        return float(value)
+        return float(value) if narrow is None else _as_written(float(value), narrow)
     try:
         return operator.index(value)
     except TypeError:
         raise ValueError(f"'{name}' must be a count (an integer) or a fraction (a float in "
                          f"[0, 1]) (got {value!r})") from None
+
+
+def _narrowing(dtype: Any) -> Optional[Callable[[float], float]]:
+    r"""What rounds a Python float to :obj:`dtype` (a NumPy or torch dtype) and back, for a
+    floating-point type of fewer than 64 bits; :obj:`None` for any other type (float64 and
+    wider ones, integers, bools)."""
+    if isinstance(dtype, torch.dtype):
+        if not dtype.is_floating_point or dtype.itemsize >= 8:
+            return None
+        return lambda x: torch.tensor(x, dtype=dtype).item()
+    dtype = np.dtype(dtype)
+    if dtype.kind != 'f' or dtype.itemsize >= 8:
+        return None
+    return lambda x: float(dtype.type(x))
+
+
+def _as_written(value: float, narrow: Callable[[float], float]) -> float:
+    r"""The shortest decimal (as a Python float) that :obj:`narrow` rounds to :obj:`value`, a
+    number of a narrower floating-point type: 0.8 for the float32 0.800000011920929. A value
+    that is not finite is returned as it is."""
+    if not math.isfinite(value):
+        return value
+    for digits in range(1, 18):
+        written = float(f'{value:.{digits}g}')
+        if narrow(written) == value:
+            return written
+    return value
 
 
 def _count(size: Union[int, float], n: int, name: str) -> int:
@@ -169,6 +204,22 @@ def _split_counts(sizes: Sequence[Union[int, float]], pool: int, rest: bool,
     return counts
 
 
+def _subsample(value: Any) -> int:
+    r""":obj:`subsample` as a Python :obj:`int`: any integral type is taken (a Python or NumPy
+    integer, an integer tensor of one element); a float (``int()`` truncated 0.5 to an empty
+    pool) or a bool raises."""
+    flag = (isinstance(value, (bool, np.bool_))
+            or (isinstance(value, Tensor) and value.dtype == torch.bool)
+            or (isinstance(value, np.ndarray) and value.dtype.kind == 'b'))
+    if not flag:
+        try:
+            return int(operator.index(value))
+        except TypeError:
+            pass
+    raise ValueError(f"'subsample' must be an integer, the number of items to draw the pool from "
+                     f"(got {value!r})")
+
+
 def split_indices(
     n: int,
     train: Union[int, float] = 110_000,
@@ -181,12 +232,12 @@ def split_indices(
 
     Sizes are counts (integers) or fractions (real numbers in :math:`[0, 1]`) of the pool, told
     apart by the type of the value (a NumPy or torch scalar too: :obj:`np.float32(0.8)` is a
-    fraction, :obj:`np.int64(8)` a count; a bool is refused), where the pool is either all
-    :obj:`n` items or a random subsample of :obj:`subsample` of them. :obj:`test=None` takes
-    every remaining item of the pool. Each fraction is rounded to the nearest count; fractions
-    that sum to 1 always share out the whole pool (where the separate roundings would not,
-    the items go by largest remainder, the earlier split first on a tie). The same
-    :obj:`(n, sizes, seed)` always gives the same split.
+    fraction, read as the 0.8 it prints as, :obj:`np.int64(8)` a count; a bool is refused),
+    where the pool is either all :obj:`n` items or a random subsample of :obj:`subsample` of
+    them. :obj:`test=None` takes every remaining item of the pool. Each fraction is rounded to
+    the nearest count; fractions that sum to 1 always share out the whole pool (where the
+    separate roundings would not, the items go by largest remainder, the earlier split first on
+    a tie). The same :obj:`(n, sizes, seed)` always gives the same split.
 
     The two QM9 protocols:
 
@@ -201,8 +252,8 @@ def split_indices(
         val (int or float, optional): Size of the validation set. (default: :obj:`10_000`)
         test (int or float, optional): Size of the test set, :obj:`None` for the rest of the pool.
             (default: :obj:`None`)
-        subsample (int, optional): Draw the pool as this many random items first.
-            (default: :obj:`None`)
+        subsample (int, optional): Draw the pool as this many random items first, an integer
+            (a float or a bool raises). (default: :obj:`None`)
         seed (int, optional): Seed of the permutation. (default: :obj:`0`)
 
     Returns:
@@ -210,7 +261,7 @@ def split_indices(
     """
     if n < 0:
         raise ValueError(f"'n' must be non-negative (got {n})")
-    pool = n if subsample is None else int(subsample)
+    pool = n if subsample is None else _subsample(subsample)
     if pool > n or pool < 0:
         raise ValueError(f"'subsample' must lie in [0, n={n}] (got {subsample})")
     names = ['train', 'val'] + ([] if test is None else ['test'])
