@@ -7,6 +7,11 @@ import torch
 
 from torch_mz.cli import DEMO_ARGS, build_parser, main
 
+# The raw-file fixture of the dataset tests: importing it registers it for this module.
+from tests.datasets.conftest import scanobjectnn_root
+
+FIXTURES = (scanobjectnn_root, )  # used by name, as a test argument
+
 PLOTS = importlib.util.find_spec('matplotlib') is not None
 
 TINY = ['--task', 'quadratic-tdof', '--n-train', '48', '--n-val', '16', '--n-test', '16',
@@ -509,7 +514,7 @@ def test_python_spellings_of_flags_are_the_flags():
 
 @pytest.mark.parametrize('extra, message', [
     (['--device', 'gpu'], "Expected device 'auto', 'cpu', 'cuda' or 'cuda:<index>'"),
-    (['--seed', '99999999999999999999'], '--seed must be in [-2**63, 2**63)'),
+    (['--seed', '99999999999999999999'], '--seed must be in [0, 2**32)'),
     (['--grad-clip', '-5'], '--grad-clip must be a positive norm, or 0 for no clipping'),
     (['--grad-clip', 'nan'], '--grad-clip must be a positive norm'),
     (['--patience', '-3'], '--patience must be a number of epochs, or 0'),
@@ -1141,3 +1146,216 @@ def test_predict_refuses_test_set_counts_that_cannot_fit_in_memory(tmp_path, cap
                  str(tmp_path / 'p.csv')]) == 2
     err = capsys.readouterr().err
     assert 'need more than' in err and err.count('\n') == 1
+
+
+# the audit of the command line (s44): its findings 1-11
+
+def test_the_same_model_twice_is_refused_before_an_earlier_comparison_is_removed(tmp_path,
+                                                                                 capsys):
+    # the grid's check ('deepsets' and 'deepsets:' are one model) ran after --overwrite had
+    # removed the earlier comparison and comparison.json had been written for the refused one
+    out = str(tmp_path / 'cmp')
+    argv = ['compare', '--task', 'max', *T, '--seeds', '1']
+    assert main([*argv, '--models', 'deepsets', '--out', out]) == 0
+    first = _snapshot(out)
+    capsys.readouterr()
+    for models, extra in (('deepsets,deepsets:', []),
+                          ('mz-slim:dropout=0.1,mz-slim:dropout=0.10', []),
+                          ('deepsets,deepsets:hidden_channels=8', ['--model-arg',
+                                                                   'hidden_channels=8'])):
+        for where in (out, str(tmp_path / 'new')):
+            assert main([*argv, '--models', models, *extra, '--out', where,
+                         '--overwrite']) == 2
+            assert _snapshot(out) == first
+            assert not os.path.exists(tmp_path / 'new')  # no comparison.json for it
+            err = capsys.readouterr().err
+            assert 'name the same model and options' in err and err.count('\n') == 1, err
+
+
+def test_a_model_arg_that_contradicts_a_spec_option_is_refused(tmp_path, capsys):
+    # the row labelled dropout=0.1 trained with --model-arg's 0.3
+    out = str(tmp_path / 'cmp')
+    assert main(['compare', '--task', 'max', *T, '--seeds', '1', '--models',
+                 'mz-slim,mz-slim:dropout=0.1', '--model-arg', 'dropout=0.3', '--out',
+                 out]) == 2
+    err = capsys.readouterr().err
+    assert ("--model-arg dropout=0.3 contradicts dropout=0.1, which model spec "
+            "'mz-slim:dropout=0.1' sets itself") in err and err.count('\n') == 1
+    assert not os.path.exists(out)
+    run = str(tmp_path / 'run')
+    assert main(['train', '--task', 'max', *T, '--model', 'mz-slim:dropout=0.1',
+                 '--model-arg', 'dropout=0.3', '--out', run]) == 2
+    assert 'contradicts dropout=0.1' in capsys.readouterr().err and not os.path.exists(run)
+    # the same value, or an option the spec does not set: taken
+    assert main(['train', '--task', 'max', *T, '--model', 'mz-slim:dropout=0.1',
+                 '--model-arg', 'dropout=0.10', '--model-arg', 'd_ff=64', '--out',
+                 run]) == 0
+    ckpt = torch.load(os.path.join(run, 'best.pt'), weights_only=True)
+    assert ckpt['run_info']['model']['args'] == {'dropout': 0.1, 'd_ff': 64}
+
+
+def test_resume_reads_a_task_arg_spelt_with_a_dash_as_a_fresh_run_does(tmp_path, capsys):
+    # center-std=5.0 is center_std; on resume the checkpoint's center_std=2.0 replaced it
+    run = str(tmp_path / 'run')
+    data = ['--task', 'mst', '--model', 'deepsets', '--n-train', '16', '--n-val', '4',
+            '--n-test', '4', '--no-progress']
+    assert main(['train', *data, '--epochs', '1', '--task-arg', 'center-std=2.0', '--out',
+                 run]) == 0
+    capsys.readouterr()
+    for spelt in ('center_std', 'center-std'):
+        assert main(['train', *data, '--epochs', '2', '--task-arg', f'{spelt}=5.0',
+                     '--resume', os.path.join(run, 'checkpoint.pt')]) == 2
+        printed = capsys.readouterr()
+        assert 'center_std=2.0' not in printed.out  # (not taken from the checkpoint)
+        assert 'center_std=5.0' in printed.err and 'center_std=2.0' in printed.err
+    assert json.load(open(os.path.join(run, 'result.json')))['epochs_run'] == 1
+
+
+def test_predict_refuses_to_write_over_the_run_it_reads(tmp_path, capsys):
+    run = str(tmp_path / 'run')
+    assert main(['train', '--task', 'max', *T, '--model', 'deepsets', '--out', run]) == 0
+    first = _snapshot(run)
+    capsys.readouterr()
+    best = os.path.join(run, 'best.pt')
+    for out in ('best.pt', 'checkpoint.pt', 'metrics.csv', 'result.json',
+                os.path.join('..', 'run', '.', 'best.pt')):
+        assert main(['predict', best, '--out', os.path.join(run, out), '--overwrite']) == 2
+        err = capsys.readouterr().err
+        assert ('is the checkpoint predict reads' if out.endswith('best.pt') else
+                'is a file of the training run') in err and err.count('\n') == 1, err
+        assert _snapshot(run) == first
+    assert main(['predict', best, '--out', os.path.join(run, 'predictions.csv')]) == 0
+
+
+def test_compare_resume_with_nothing_to_resume_is_refused(tmp_path, capsys):
+    # a mistyped --out started a new comparison (of every default) without a word
+    empty = tmp_path / 'empty'
+    empty.mkdir()
+    for out in (str(tmp_path / 'no-such-folder'), str(empty)):
+        assert main(['compare', '--task', 'max', *T, '--models', 'deepsets', '--seeds', '1',
+                     '--resume', '--out', out]) == 2
+        err = capsys.readouterr().err
+        assert f"--resume: '{out}' holds no comparison to resume" in err and err.count('\n') == 1
+    assert not os.path.exists(tmp_path / 'no-such-folder') and not os.listdir(empty)
+
+
+def test_an_empty_out_is_refused(tmp_path, capsys, monkeypatch):
+    # '--out ""' (an unset variable) wrote into runs/<task>/...
+    monkeypatch.chdir(tmp_path)
+    for argv in (['train', '--task', 'max', *T, '--model', 'deepsets'],
+                 ['compare', '--task', 'max', *T, '--models', 'deepsets', '--seeds', '1'],
+                 ['compare', '--task', 'max', *T, '--models', 'deepsets', '--resume']):
+        assert main([*argv, '--out', '']) == 2
+        err = capsys.readouterr().err
+        assert '--out is empty: name a folder' in err and err.count('\n') == 1
+    assert os.listdir(tmp_path) == []
+
+
+def test_n_test_beyond_the_official_test_files_is_refused(scanobjectnn_root, tmp_path, capsys):
+    # --n-test 100 on 3 test objects trained on those 3 and recorded 100
+    data = ['--task', 'scanobjectnn', '--root', scanobjectnn_root['root'], '--task-arg',
+            'num_points=16', '--n-train', '3', '--n-val', '1', '--epochs', '1',
+            '--batch-size', '2', '--no-progress', '--model', 'deepsets']
+    run = str(tmp_path / 'run')
+    assert main(['train', *data, '--n-test', '4', '--out', run]) == 2
+    err = capsys.readouterr().err
+    assert 'scanobjectnn: 4 test sets exceed the 3 official test files' in err
+    assert not os.path.exists(os.path.join(run, 'checkpoint.pt'))
+    assert main(['train', *data, '--n-test', '2', '--out', run]) == 0
+    capsys.readouterr()
+    assert main(['predict', os.path.join(run, 'best.pt'), '--root', scanobjectnn_root['root'],
+                 '--n-test', '4', '--out', str(tmp_path / 'p.csv')]) == 2
+    assert '4 test sets exceed the 3 official test files' in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / 'p.csv')
+
+
+@pytest.mark.parametrize('extra, message', [
+    (['--seed', '-1'], '--seed must be in [0, 2**32) (got -1)'),
+    (['--seed', str(2 ** 32)], f'--seed must be in [0, 2**32) (got {2 ** 32})'),
+    (['--seed', str(2 ** 63)], f'--seed must be in [0, 2**32) (got {2 ** 63})'),
+    (['--epochs', '0'], '--epochs must be at least 1 (got 0)'),
+    (['--lr', '-1'], '--lr must be a finite number >= 0 (got -1.0)'),
+    (['--lr', 'inf'], '--lr must be a finite number >= 0 (got inf)'),
+    (['--weight-decay=-1e-5'], '--weight-decay must be a finite number >= 0 (got -1e-05)'),
+    (['--weight-decay', 'nan'], '--weight-decay must be a finite number >= 0 (got nan)'),
+    (['--epochs', '3', '--warmup-epochs', '4'],
+     '--warmup-epochs must be in [0, --epochs] = [0, 3] (got 4)'),
+    (['--warmup-epochs', '-1'], '--warmup-epochs must be in [0, --epochs]'),
+    (['--grad-clip', 'inf'], '--grad-clip must be a positive norm, or 0 for no clipping'),
+])
+def test_bad_training_settings_name_their_flags_and_true_ranges(extra, message, tmp_path,
+                                                                 capsys):
+    # the errors named TrainConfig's fields, and --seed's stated range was [-2**63, 2**63)
+    argv = ['train', '--task', 'qm9', '--root', str(tmp_path / 'none'), '--no-progress',
+            '--model', 'deepsets', *extra, '--out', str(tmp_path / 'o')]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and 'TrainConfig' not in err and err.count('\n') == 1, err
+    if extra[0] != '--seed':  # (compare has no --seed)
+        argv = ['compare', *argv[1:5], '--models', 'deepsets', *extra, '--out',
+                str(tmp_path / 'c')]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert message in err and 'TrainConfig' not in err and err.count('\n') == 1, err
+    assert main(['compare', *argv[1:5], '--models', 'deepsets', '--seeds', str(2 ** 32 + 1),
+                 '--out', str(tmp_path / 'c')]) == 2
+    assert '--seeds must be from 1 to 2**32' in capsys.readouterr().err
+
+
+def test_compare_resume_takes_the_model_args_of_its_checkpoints(tmp_path, capsys):
+    # as train --resume does (it was refused: "pass the original options")
+    from torch_mz.train import TrainingStopped, stop_by
+    out = str(tmp_path / 'cmp')
+    argv = ['compare', '--task', 'max', *T[:-1], '2', '--seeds', '1', '--models', 'deepsets']
+    with pytest.raises(TrainingStopped), stop_by(0.0):
+        main([*argv, '--model-arg', 'hidden_channels=8', '--out', out])
+    capsys.readouterr()
+    assert main([*argv, '--resume', '--out', out]) == 0
+    printed = capsys.readouterr().out
+    assert ('resuming with the model options of the checkpoints (no --model-arg given): '
+            'hidden_channels=8') in printed and 'resuming 1 of 1 runs' in printed
+    ckpt = torch.load(os.path.join(out, 'deepsets-seed0', 'best.pt'), weights_only=True)
+    assert ckpt['run_info']['model']['args'] == {'hidden_channels': 8}
+    assert json.load(open(os.path.join(out, 'results.json')))['runs'][0]['epochs_run'] == 2
+
+
+def test_the_demo_note_follows_only_a_run_that_succeeded(tmp_path):
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, '-m', 'torch_mz.demo', '--epochs', '0', '--out',
+                           str(tmp_path / 'demo')], capture_output=True, text=True, timeout=120,
+                          cwd=str(tmp_path))
+    assert done.returncode == 2 and '--epochs must be at least 1' in done.stderr
+    assert 'Smoke run' not in done.stdout + done.stderr
+
+
+def test_a_resumed_comparison_records_a_command_that_reproduces_it(tmp_path, capsys):
+    # it recorded the command as typed ('... --out cut --resume'), which in another folder
+    # started a comparison of every default
+    import shlex
+    from torch_mz.train import TrainingStopped, stop_by
+    cut = str(tmp_path / 'cut')
+    with pytest.raises(TrainingStopped), stop_by(0.0):
+        main(['compare', '--task', 'max', *T[:-1], '2', '--seeds', '1', '--models',
+              'deepsets', '--lr', '3e-3', '--task-arg', 'd=2', '--model-arg',
+              'hidden_channels=8', '--out', cut])
+    typed = ['compare', '--task', 'max', '--models', 'deepsets', '--model-arg',
+             'hidden_channels=8', '--out', cut, '--resume', '--no-progress']
+    assert main(typed) == 0
+    payload = json.load(open(os.path.join(cut, 'results.json')))
+    command = payload['command']
+    argv = shlex.split(command)
+    assert argv[:2] == ['torch-mz', 'compare'] and '--resume' not in argv
+    assert argv[argv.index('--out') + 1] == cut
+    assert payload['resumed_with'] == 'torch-mz ' + ' '.join(shlex.quote(a) for a in typed)
+    assert f'Command: `{command}` (resumed with `{payload["resumed_with"]}`)' in open(
+        os.path.join(cut, 'results.md')).read()
+    again = str(tmp_path / 'again')
+    argv[argv.index('--out') + 1] = again
+    capsys.readouterr()
+    assert main([*argv[1:], '--no-progress']) == 0
+    runs = json.load(open(os.path.join(again, 'results.json')))['runs']
+    assert len(runs) == len(payload['runs']) == 1
+    assert runs[0]['epochs_run'] == payload['runs'][0]['epochs_run'] == 2
+    assert runs[0]['params'] == payload['runs'][0]['params']
+    assert runs[0]['test'] == pytest.approx(payload['runs'][0]['test'], rel=1e-6)

@@ -147,7 +147,9 @@ def _fill_data_options(args, recorded: Optional[Dict[str, Any]]) -> List[str]:
     options: Dict[str, Any] = (recorded['args'] if isinstance(recorded.get('args'), dict)
                                else {})
     from torch_mz.inference import OBJECT_OPTIONS
-    given = {item.split('=', 1)[0].strip() for item in args.task_arg or []}
+    # the keys as the parse reads them (center-std is center_std), or a key given with a dash
+    # was overridden by the checkpoint's value, appended after it
+    given = set(_parse_kv(args.task_arg, '--task-arg'))
     recorded_args = [f'{k}={json.dumps(v)}' for k, v in sorted(options.items())
                      if k != 'set_size' and k not in OBJECT_OPTIONS and k not in given]
     args.task_arg = list(args.task_arg or []) + recorded_args  # (those given stay as given)
@@ -181,7 +183,8 @@ def _add_training_args(p: argparse.ArgumentParser):
                    "official training files but a 10%% validation hold-out)")
     g.add_argument('--n-val', type=int, help='validation sets')
     g.add_argument('--n-test', type=int, help='test sets (of ModelNet40 / ScanObjectNN: N spread '
-                   'evenly over the official test files, which list their classes in turn)')
+                   'evenly over the official test files, which list their classes in turn; at '
+                   'most their number)')
     g.add_argument('--set-size', help='LOW,HIGH range of set sizes (synthetic tasks)')
     g.add_argument('--task-arg', action='append', metavar='KEY=VALUE',
                    help='task option, e.g. tdof=8 or target=mu (repeatable)')
@@ -207,8 +210,8 @@ def _add_training_args(p: argparse.ArgumentParser):
                    help='train on raw regression targets')
     t.add_argument('--device', default='auto', help="'auto', 'cpu', 'cuda' or 'cuda:N'")
     t.add_argument('--model-arg', action='append', metavar='KEY=VALUE',
-                   help="model option overriding the preset and a spec's options, e.g. "
-                   'dropout=0 (repeatable)')
+                   help="model option overriding the preset's, e.g. dropout=0 (repeatable; "
+                   "an option a model spec sets itself may not be given another value)")
     t.add_argument('--no-progress', action='store_true', help='no progress bars')
     p.add_argument('--out', help='output folder (default: runs/<task>/...)')
     p.add_argument('--overwrite', action='store_true',
@@ -318,6 +321,60 @@ def _model_specs(text: str, flag: str) -> List[ModelSpec]:
         folders[model.folder] = model.spec
     _check_models([s.name for s in specs])
     return specs
+
+
+def _same_value(a: object, b: object) -> bool:
+    r"""Whether two option values are one value (``0.1`` and ``0.10``, ``1`` and ``1.0``; not
+    ``True`` and ``1``)."""
+    return a == b and isinstance(a, bool) == isinstance(b, bool)
+
+
+def _check_overrides(models: List[ModelSpec], overrides: Dict[str, object], flag: str) -> None:
+    r"""--model-arg against the model specs, before anything is read, removed or written. An
+    option that a spec sets itself and --model-arg gives another value is refused: the spec is
+    the model's label (its table row, its run folder), which would name a value the model was
+    not trained with. Two specs that name the same preset and options once --model-arg is
+    applied are refused too (``'deepsets'`` and ``'deepsets:'``, ``'mz:dropout=0.1'`` and
+    ``'mz:dropout=0.10'``): their runs would be one model's under two labels (the check of
+    :func:`torch_mz.study.check_models`, which ran only after an earlier comparison had been
+    removed)."""
+    for model in models:
+        for key, value in overrides.items():
+            if key in model.options and not _same_value(model.options[key], value):
+                raise CLIError(
+                    f"--model-arg {key}={json.dumps(value, default=str)} contradicts "
+                    f"{key}={json.dumps(model.options[key], default=str)}, which model spec "
+                    f"'{model.spec}' sets itself (its label would name a value it was not "
+                    f"trained with): give the option in the spec or in --model-arg, not both")
+    seen: Dict[str, str] = {}
+    for model in models:
+        same = json.dumps([model.name, dict(model.options, **overrides)], sort_keys=True,
+                          default=str)
+        if same in seen:
+            raise CLIError(f"{flag}: '{seen[same]}' and '{model.spec}' name the same model and "
+                           f"options" + (' with the --model-args' if overrides else '')
+                           + ': give each model once; use --seeds for more runs of a model')
+        seen[same] = model.spec
+
+
+def _take_model_args(args, state: Dict[str, Any], model: ModelSpec, whose: str) -> None:
+    r"""The model options a resumed run's command left out, where it gives no --model-arg: those
+    its checkpoint :obj:`state` records beside the options of the spec :obj:`model` (said on the
+    console), as the data and training options (a run of 'rigid' with --model-arg dropout=0.2
+    resumed without it was refused)."""
+    info = state.get('run_info') if state else None
+    entry = info.get('model') if isinstance(info, dict) else None
+    saved = entry.get('args') if isinstance(entry, dict) else None
+    if args.model_arg or not isinstance(saved, dict):
+        return
+    try:
+        args.model_arg = [f'{k}={json.dumps(v)}' for k, v in saved.items()
+                          if k not in model.options]
+    except (TypeError, ValueError):  # (a value the command line cannot give)
+        args.model_arg = None
+    if args.model_arg:
+        print(f'resuming with the model options of {whose} (no --model-arg given): '
+              + ', '.join(args.model_arg))
 
 
 def _run(args, task, model: ModelSpec, seed: int, out_dir: Optional[str],
@@ -447,19 +504,41 @@ def _check_out_folder(out: str):
     _check_path(out, '--out', folder=True)
 
 
+def _check_out_not_empty(args) -> None:
+    r"""An --out given as '' (``--out "$DIR"`` with the variable unset) is refused, not read as
+    no --out: train and compare wrote into runs/... without a word."""
+    if args.out is not None and not args.out:
+        _check_out_folder(args.out)  # (its message: --out is empty)
+
+
 def _check_training_args(args):
     r"""The training settings and the device, checked before any data is loaded (a bad --epochs
     should not wait for a dataset to be processed) and before --overwrite removes anything."""
     from torch_mz.train import resolve_device
-    if math.isnan(args.grad_clip) or args.grad_clip < 0:
+    if not math.isfinite(args.grad_clip) or args.grad_clip < 0:
         raise CLIError(f'--grad-clip must be a positive norm, or 0 for no clipping (got '
                        f'{args.grad_clip})')
     if args.patience < 0:
         raise CLIError(f'--patience must be a number of epochs, or 0 for no early stopping '
                        f'(got {args.patience})')
+    # the flags, named with the ranges TrainConfig takes (its messages named its fields, and
+    # the seed's range here was [-2**63, 2**63), of which TrainConfig took [0, 2**32))
     seed = getattr(args, 'seed', 0)
-    if not -2 ** 63 <= seed < 2 ** 63:
-        raise CLIError(f'--seed must be in [-2**63, 2**63) (got {seed})')
+    if not 0 <= seed < 2 ** 32:
+        raise CLIError(f'--seed must be in [0, 2**32) (got {seed})')
+    if getattr(args, 'seeds', None) is not None and args.seeds > 2 ** 32:
+        raise CLIError(f'--seeds must be from 1 to 2**32 (the seeds 0 .. --seeds - 1 lie in '
+                       f'[0, 2**32); got {args.seeds})')
+    if args.epochs < 1:
+        raise CLIError(f'--epochs must be at least 1 (got {args.epochs})')
+    for flag in ('lr', 'weight_decay'):
+        value = getattr(args, flag)
+        if not math.isfinite(value) or value < 0:
+            raise CLIError(f"--{flag.replace('_', '-')} must be a finite number >= 0 (got "
+                           f"{value})")
+    if args.warmup_epochs is not None and not 0 <= args.warmup_epochs <= args.epochs:
+        raise CLIError(f'--warmup-epochs must be in [0, --epochs] = [0, {args.epochs}] (got '
+                       f'{args.warmup_epochs})')
     _check_data_seed_and_batch(args)
     _config(args, seed, None)  # TrainConfig's own checks raise ValueError, one line in main
     resolve_device(args.device)  # ValueError: an unknown device, or CUDA where there is none
@@ -535,6 +614,7 @@ def _check_task(name: str):
 
 def cmd_train(args) -> int:
     _check_task(args.task)
+    _check_out_not_empty(args)
     models = _model_specs(args.model, '--model')
     if len(models) > 1:
         raise CLIError(f"--model takes one model (got {', '.join(m.spec for m in models)}); "
@@ -562,19 +642,9 @@ def cmd_train(args) -> int:
             if isinstance(saved, str) and saved != given:
                 raise CLIError(f"checkpoint '{args.resume}' was written by a run of {what} "
                                f"'{saved}', not '{given}': pass {flag} {saved} to resume it")
-        # the model options, where no --model-arg is given (as the data and training
-        # options), beside those the --model spec gives: a run of 'rigid' with --model-arg
-        # dropout=0.2 resumed without it was refused
-        saved_args = entries.get('model', {}).get('args')
-        if not args.model_arg and isinstance(saved_args, dict):
-            try:
-                args.model_arg = [f'{k}={json.dumps(v)}' for k, v in saved_args.items()
-                                  if k not in model.options]
-            except (TypeError, ValueError):  # (a value the command line cannot give)
-                args.model_arg = None
-            if args.model_arg:
-                print('resuming with the model options of the checkpoint (no --model-arg '
-                      'given): ' + ', '.join(args.model_arg))
+        # the model options, where no --model-arg is given, beside those the --model spec gives
+        _take_model_args(args, state, model, 'the checkpoint')
+    _check_overrides(models, _parse_kv(args.model_arg, '--model-arg'), '--model')
     _take_data_options(args, state, 'the checkpoint')
     taken = _fill_training_options(args, recorded if isinstance(recorded, dict) else None)
     if any(t.startswith('warmup_epochs=') for t in taken) and args.warmup_epochs > args.epochs:
@@ -586,7 +656,7 @@ def cmd_train(args) -> int:
     if taken:
         print('resuming with the training options of the checkpoint (those not given): '
               + ', '.join(taken))
-    if args.out:
+    if args.out is not None:  # ('' is refused below: it was taken for no --out)
         out = args.out
     elif args.resume is not None:  # the run goes on where it was (its logs, best.pt, result)
         out = os.path.dirname(args.resume) or '.'
@@ -646,18 +716,53 @@ def _comparison_seeds(out: str, models: List[ModelSpec]) -> int:
                    f"the record; its run folders hold seeds up to {max(found)}): pass --seeds")
 
 
+def _compare_command(args, out: str) -> str:
+    r"""The ``torch-mz compare`` command that trains the comparison :obj:`args` describes, once
+    every option is filled in (a resumed comparison's from its checkpoints): what a resumed
+    comparison's results record as their command."""
+    argv = ['compare', '--task', args.task, '--models', args.models, '--seeds', str(args.seeds)]
+    for flag in ('n_train', 'n_val', 'n_test', 'data_seed'):
+        if getattr(args, flag) is not None:
+            argv += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+    if args.set_size is not None:
+        argv += ['--set-size', args.set_size]
+    for item in args.task_arg or []:
+        argv += ['--task-arg', item]
+    if args.root is not None:
+        argv += ['--root', args.root]
+    warmup = _default_warmup(args.epochs) if args.warmup_epochs is None else args.warmup_epochs
+    argv += ['--epochs', str(args.epochs), '--batch-size', str(args.batch_size), '--lr',
+             str(args.lr), '--weight-decay', str(args.weight_decay), '--warmup-epochs',
+             str(warmup), '--grad-clip', str(args.grad_clip), '--patience', str(args.patience)]
+    if args.no_normalize:
+        argv.append('--no-normalize')
+    for item in args.model_arg or []:
+        argv += ['--model-arg', item]
+    if args.device != 'auto':
+        argv += ['--device', args.device]
+    if not getattr(args, 'keep_freed_memory', True):
+        argv.append('--no-keep-freed-memory')
+    argv += ['--out', out]
+    return 'torch-mz ' + ' '.join(shlex.quote(a) for a in argv)
+
+
 def cmd_compare(args) -> int:
     _check_task(args.task)
     models = _model_specs(args.models, '--models')
-    out = args.out or os.path.join('runs', args.task, 'compare')
-    if args.seeds is None:  # a resumed comparison keeps its seeds (3 was taken silently before)
-        args.seeds = _comparison_seeds(out, models) if args.resume else 3
-    if args.seeds < 1:
-        raise CLIError(f'--seeds must be at least 1 (got {args.seeds})')
+    _check_out_not_empty(args)
+    out = args.out if args.out is not None else os.path.join('runs', args.task, 'compare')
     if args.resume and args.overwrite:
         raise CLIError('--resume continues a comparison and --overwrite starts a new one: pass '
                        'one')
     _check_out_folder(out)
+    if args.resume and not _compare_outputs(out):  # (a mistyped --out started a new one)
+        raise CLIError(f"--resume: '{out}' holds no comparison to resume (no {_COMPARISON}, "
+                       f"results or run folders): check --out, or leave --resume out to start "
+                       f"a comparison")
+    if args.seeds is None:  # a resumed comparison keeps its seeds (3 was taken silently before)
+        args.seeds = _comparison_seeds(out, models) if args.resume else 3
+    if args.seeds < 1:
+        raise CLIError(f'--seeds must be at least 1 (got {args.seeds})')
     folders = {model.spec: model.folder for model in models}
 
     def folder_of(spec, seed):
@@ -667,11 +772,15 @@ def cmd_compare(args) -> int:
     state: Dict[str, Any] = {}
     if args.resume:
         from torch_mz.train import LAST_CHECKPOINT, load_checkpoint
-        paths = [os.path.join(folder_of(m.spec, k), LAST_CHECKPOINT) for m in models
+        paths = [(m, os.path.join(folder_of(m.spec, k), LAST_CHECKPOINT)) for m in models
                  for k in range(args.seeds)]
-        found = next((p for p in paths if os.path.isfile(p)), None)
-        state = {} if found is None else load_checkpoint(found)
+        found = next(((m, p) for m, p in paths if os.path.isfile(p)), None)
+        state = {} if found is None else load_checkpoint(found[1])
         recorded = state.get('config')
+        if found is not None:  # the --model-args too, as train --resume takes them
+            _take_model_args(args, state, found[0], 'the checkpoints')
+    overrides = _parse_kv(args.model_arg, '--model-arg')
+    _check_overrides(models, overrides, '--models')
     _take_data_options(args, state, 'the checkpoints')
     taken = _fill_training_options(args, recorded if isinstance(recorded, dict) else None)
     if taken:
@@ -714,11 +823,15 @@ def cmd_compare(args) -> int:
     _check_model_args(args, None, models)  # unknown options, before the data are loaded
     task = _load(args, progress=not args.no_progress)
     _check_model_args(args, task, models)
+    from torch_mz.study import check_models
+    try:  # what train_models checks first, here before an earlier comparison is removed
+        check_models([m.spec for m in models], overrides, task=task)
+    except ValueError as e:
+        raise CLIError(str(e)) from None
     if resume_from:  # the same task, data and model as each checkpoint, before any training
         from torch_mz.study import run_info_for
         from torch_mz.train import load_checkpoint
         from torch_mz.train.checkpoint import describe_run, same_run
-        overrides = _parse_kv(args.model_arg, '--model-arg')
         for model in models:
             current = run_info_for(task, model.name, dict(model.options, **overrides))
             for seed in range(args.seeds):
@@ -761,17 +874,30 @@ def cmd_compare(args) -> int:
 
     start = time.time()
     rows = train_models(task, [m.spec for m in models], args.seeds, config_for,
-                        overrides=_parse_kv(args.model_arg, '--model-arg'), on_result=progress)
+                        overrides=overrides, on_result=progress)
     summary = summarize(rows, task.task_type)
     table = summary_markdown(summary, task.task_type)
+    # a resumed comparison: the command that trains it as it ran, every option filled in (the
+    # command as typed, e.g. '--out x --resume', would start a default comparison elsewhere)
+    command = _compare_command(args, out) if args.resume else args.command_line
+    resumed = dict(resumed_with=args.command_line) if args.resume else {}
     payload = dict(task=task.name, task_info=task.info, description=task.description,
                    sizes=dict(train=len(task.train), val=len(task.val), test=len(task.test)),
-                   command=args.command_line,
+                   command=command, **resumed,
                    args={k: v for k, v in vars(args).items() if k != 'func'},
                    environment=environment(), summary=summary, runs=rows,
                    total_minutes=(time.time() - start) / 60)
+    header = f'Command: `{command}`'
+    if args.resume:  # (and the options without a flag the checkpoints' runs were trained with)
+        from torch_mz.train import TrainConfig
+        defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+        carried = [f'{k}={v!r}' for k, v in getattr(args, 'carried_config', {}).items()
+                   if v != defaults[k]]
+        header += (f' (resumed with `{args.command_line}`'
+                   + (f"; with no flag, from the checkpoints: {', '.join(carried)}"
+                      if carried else '') + ')')
     write_results(out, 'results', payload,
-                  f'# {task.name}: {task.description}\n\nCommand: `{args.command_line}`\n\n{table}')
+                  f'# {task.name}: {task.description}\n\n{header}\n\n{table}')
     note = try_plot(plot_summary, summary, task.task_type, os.path.join(out, 'results.png'),
                     f'{task.name} ({len(task.train)} train sets, {args.epochs} epochs)')
     if note:
@@ -797,6 +923,22 @@ def _set_ids(dataset) -> Dict[str, List[int]]:
     return ids
 
 
+def _check_not_a_run_file(out: str, checkpoint: str) -> None:
+    r"""predict's --out: neither the checkpoint it reads nor another file of that run's folder
+    (:data:`~torch_mz.train.RUN_FILES`), even with --overwrite, which replaces an earlier CSV
+    (the model was replaced by the CSV, and the next predict found it corrupt)."""
+    from torch_mz.train import RUN_FILES
+    same = _same_path(out, checkpoint) or (
+        os.path.exists(out) and os.path.samefile(out, checkpoint))
+    folder = os.path.dirname(os.path.abspath(checkpoint))
+    if same or (os.path.basename(out) in RUN_FILES
+                and _same_path(os.path.dirname(os.path.abspath(out)), folder)):
+        what = ('is the checkpoint predict reads' if same else
+                f"is a file of the training run in '{os.path.dirname(checkpoint) or '.'}'")
+        raise CLIError(f"--out '{out}' {what}: name another file, e.g. "
+                       f"{os.path.join(os.path.dirname(checkpoint), 'predictions.csv')}")
+
+
 def cmd_predict(args) -> int:
     if args.task is not None:
         _check_task(args.task)
@@ -805,6 +947,7 @@ def cmd_predict(args) -> int:
         raise CLIError(f"--out '{args.out}' is a folder; predict writes one CSV file: name it, "
                        f"e.g. {os.path.join(args.out, 'predictions.csv')}")
     _check_path(args.out, '--out', folder=False)
+    _check_not_a_run_file(args.out, args.checkpoint)
     if args.root is not None and os.path.exists(args.root) and not os.path.isdir(args.root):
         raise CLIError(f"--root '{args.root}' is a file, not a dataset folder")
     if os.path.exists(args.out) and not args.overwrite:
@@ -870,6 +1013,8 @@ def cmd_predict(args) -> int:
                                n_train=args.n_train, n_val=args.n_val)
     for text in notes:  # an option given as --task-arg, named so
         _warn(f'--task-arg {text}' if any(text.startswith(f'{k}=') for k in given) else text)
+    if args.n_test is not None and len(task.test) < args.n_test:  # (never fewer, unsaid)
+        raise CLIError(f'--n-test {args.n_test}: the test split holds {len(task.test)} sets')
     model = load_model(args.checkpoint)
     columns = dict(_set_ids(task.test), **prediction_columns(
         model, _in_dtype(task.test, model), task.task_type, batch_size=args.batch_size,

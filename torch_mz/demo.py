@@ -31,5 +31,6 @@ if __name__ == '__main__':
               + '\n\nThe options of torch-mz compare, which extra arguments may add or '
               'change:\n')
     status = main(DEMO_ARGS + sys.argv[1:])
-    print(CHANGED_NOTE.format(' '.join(sys.argv[1:])) if sys.argv[1:] else SMOKE_NOTE)
+    if status == 0:  # (not after an error or Ctrl-C: there is no smoke run to speak of)
+        print(CHANGED_NOTE.format(' '.join(sys.argv[1:])) if sys.argv[1:] else SMOKE_NOTE)
     sys.exit(status)

@@ -252,6 +252,18 @@ def test_n_test_spreads_over_the_official_test_split(scanobjectnn_root):
     assert [int(d.y) for d in two.test] == [int(full.test[i].y) for i in spread_indices(2, 3)]
 
 
+def test_n_test_beyond_the_official_test_split_is_refused(scanobjectnn_root):
+    # it took all 3 test objects without a word (and the run recorded n_test 4), where n_train
+    # beyond the training files is refused
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        with pytest.raises(ValueError, match='scanobjectnn: 4 test sets exceed the 3 official '
+                                             'test files'):
+            load_task('scanobjectnn', root=scanobjectnn_root['root'], num_points=16, n_test=4)
+        assert len(load_task('scanobjectnn', root=scanobjectnn_root['root'], num_points=16,
+                             n_test=3).test) == 3
+
+
 def test_a_point_cloud_task_takes_a_transform_for_every_split(scanobjectnn_root):
     # (it was refused: "task 'scanobjectnn' has no option 'transform'")
     from torch_geometric.transforms import BaseTransform

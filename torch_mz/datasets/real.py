@@ -11,7 +11,8 @@ r"""The real datasets as :class:`~torch_mz.datasets.TaskSplits`, for
   jitter. Elements are points in ``pos``
   (no ``x``); EGNN takes the coordinates from ``pos`` and no features. ``n_test`` below the
   official test split's size takes test sets spread evenly over it (:func:`spread_indices`: the
-  official files are sorted by class, so their first sets would hold a few classes only).
+  official files are sorted by class, so their first sets would hold a few classes only); one
+  above it raises a :class:`ValueError`, as ``n_train`` above the training files does.
   A ``transform`` given applies to every split, after the training split's augmentation.
 * ``qm9``: by default the offline ``qm9pack`` source and the paper's protocol (50K molecules,
   80/10/10, seeded); ``n_train``/``n_val``/``n_test`` give other sizes. ``pos`` holds the
@@ -137,6 +138,9 @@ def _point_cloud_task(name: str, cls, seed: int, n_train, n_val, n_test, root, n
     if train_size + val_size > n:
         raise ValueError(f"{name}: {train_size} train + {val_size} val sets exceed the {n} "
                          f"training files")
+    if n_test is not None and n_test > len(test):  # (it took all of them, and said nothing)
+        raise ValueError(f"{name}: {n_test} test sets exceed the {len(test)} official test "
+                         f"files")
     tr, va, _ = split_indices(n, train_size, val_size, 0, seed=seed)
     test_idx = spread_indices(len(test) if n_test is None else n_test, len(test))
     test_split = _subset(test, test_idx)
