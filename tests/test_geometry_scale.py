@@ -213,3 +213,29 @@ def test_hull_volume_documents_that_thin_sets_get_zero():
     assert convex_hull_volume(box) == 0.0
     assert convex_hull_volume(box, rtol=1e-13) == pytest.approx(1e-12, rel=1e-9)
     assert convex_hull_volume(box, rtol=0) == pytest.approx(1e-12, rel=1e-9)
+
+
+def test_hull_volume_refuses_dimensions_qhull_cannot_take():
+    # scipy's ConvexHull ended the process (a segmentation fault) on 52 points at d = 32, and
+    # took 4 s a hull at d = 14: refused above MAX_HULL_DIM, where QHull would be called
+    from torch_mz.geometry import MAX_HULL_DIM
+    rng = np.random.default_rng(0)
+    d = MAX_HULL_DIM + 1
+    with pytest.raises(ValueError, match=r'above MAX_HULL_DIM = 12'):
+        convex_hull_volume(rng.standard_normal((d + 3, d)))
+    # sets that never reach QHull keep their value: too few points, flat
+    assert convex_hull_volume(rng.standard_normal((d, d))) == 0.0
+    flat = np.zeros((d + 3, d))
+    flat[:, :2] = rng.standard_normal((d + 3, 2))
+    assert convex_hull_volume(flat) == 0.0
+    # d = 3 unchanged: the unit cube
+    cube = np.array([[i, j, k] for i in (0, 1) for j in (0, 1) for k in (0, 1)], float)
+    assert convex_hull_volume(cube) == pytest.approx(1.0, rel=1e-12)
+
+
+def test_hull_task_refuses_a_dimension_above_the_limit():
+    from torch_mz.datasets import make_task
+    from torch_mz.geometry import MAX_HULL_DIM
+    with pytest.raises(ValueError, match=r"'d' must be at most 12 for the hull volume"):
+        make_task('hull-volume', n_train=2, n_val=0, n_test=0, d=MAX_HULL_DIM + 1)
+    make_task('hull-volume', n_train=2, n_val=0, n_test=0, d=4)

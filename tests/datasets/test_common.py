@@ -1,6 +1,7 @@
 import json
 import os
 import os.path as osp
+import pathlib
 import pickle
 import re
 import shutil
@@ -945,6 +946,29 @@ def test_describe_sees_private_tensor_parameters_and_containers_read_as_globals(
     monkeypatch.setattr(module, 'CONFIG', {'scale': 1.0})
     monkeypatch.setattr(module, 'WEIGHTS', torch.ones(3))
     assert _describe(_scale_by_global_dict) == _describe(_scale_by_global_dict)
+
+
+class _PathTransform:
+    def __init__(self, path):
+        self._path = pathlib.Path(path)
+
+    def __call__(self, data):
+        data.source = str(self._path)  # (fills the path's cached text)
+        return data
+
+
+def test_describe_reads_a_path_by_its_text_before_and_after_use():
+    # a private parameter holding a pathlib.Path was described by the path's private caches,
+    # which fill as it is used: described differently after the first call, so the cache it made
+    # was rebuilt on every run
+    from torch_geometric.data import Data
+    from torch_mz.datasets.fingerprint import _describe
+    fresh = _describe(_PathTransform('/data/a'))
+    used = _PathTransform('/data/a')
+    used(Data())
+    hash(used._path)
+    assert _describe(used) == fresh
+    assert _describe(_PathTransform('/data/b')) != fresh
 
 
 def test_a_changed_private_tensor_or_global_dict_rebuilds_the_cache(scanobjectnn_root,

@@ -147,11 +147,13 @@ def test_split_indices_float32_fractions_give_the_counts_of_the_python_floats(ki
 
 def test_split_indices_refuses_a_subsample_that_is_no_integer():
     # int() truncated it: subsample=0.5 or 0.99 gave three empty splits, True one item
-    for subsample in (0.5, 0.99, 2.7, 50.0, True, np.bool_(True), torch.tensor(True),
-                      torch.tensor(4.0), np.float32(3)):
+    for subsample in (0.5, 0.99, 2.7, float('nan'), True, np.bool_(True), torch.tensor(True),
+                      torch.tensor(4.5), np.float32(3.5)):
         with pytest.raises(ValueError, match="'subsample' must be an integer"):
             split_indices(100, 0.8, 0.1, 0.1, subsample=subsample)
-    # any integral type is taken
-    expected = [len(p) for p in split_indices(100, 0.8, 0.1, 0.1, subsample=50)]
-    for count in (np.int64(50), np.int32(50), torch.tensor(50), np.array(50)):
-        assert [len(p) for p in split_indices(100, 0.8, 0.1, 0.1, subsample=count)] == expected
+    # any integral type is taken, and a float of integral value (5e1, as before)
+    expected = [p.tolist() for p in split_indices(100, 0.8, 0.1, 0.1, subsample=50)]
+    for count in (np.int64(50), np.int32(50), torch.tensor(50), np.array(50), 50.0, 5e1,
+                  np.float32(50), torch.tensor(50.0)):
+        got = [p.tolist() for p in split_indices(100, 0.8, 0.1, 0.1, subsample=count)]
+        assert got == expected, count

@@ -354,7 +354,12 @@ class ProcessedDataset(InMemoryDataset):
       container, a tensor or an array that a function reads as a global, a value read through
       a module or an object (``config.SCALE``), a file the transform reads. Changing one of
       those reuses the cache as it is: give such a parameter to the constructor, or pass
-      ``force_reload=True``;
+      ``force_reload=True``. What it does see is seen whole: a function that keeps state in a
+      container it reads as a global (a memo dict filled as it runs) is described with that
+      state, so its cache is rebuilt, with the warning, whenever the state differs (keep such
+      state in a private attribute of a transform object instead); caches made by a
+      ``pre_transform`` function that reads a container, tensor or array as a global before
+      these were described are rebuilt once;
     - records a fingerprint of the raw files it was built from in ``stats.json``
       (:meth:`raw_fingerprint`: their paths, sizes and modification times, with the hash of
       their bytes; for small files read as a whole the hash alone) and is rebuilt, with a

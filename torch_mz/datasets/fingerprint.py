@@ -9,6 +9,7 @@ import hashlib
 import inspect
 import os
 import os.path as osp
+import pathlib
 import re
 import types
 from contextlib import contextmanager
@@ -267,6 +268,9 @@ def _describe_value(value: Any, depth: int, active: set) -> str:
                 f'sha1={_sha1(np.ascontiguousarray(value).tobytes())})')
     if isinstance(value, type):
         return f'class {_type_name(value)}'
+    if isinstance(value, pathlib.PurePath):  # by its text: its private attributes are caches
+        # that fill as it is used (str() fills _str), so they would describe it differently
+        return f'{_type_name(type(value))}({str(value)!r})'
     if isinstance(value, types.ModuleType):
         return f'module {value.__name__}'
     if depth <= 0:
@@ -372,7 +376,8 @@ def _describe_compound(value: Any, depth: int, active: set) -> str:
 
 
 def _plain(value: Any) -> bool:
-    return (isinstance(value, (bool, int, float, complex, str, bytes, enum.Enum, np.generic))
+    return (isinstance(value, (bool, int, float, complex, str, bytes, enum.Enum, np.generic,
+                               pathlib.PurePath))
             and not isinstance(value, type))
 
 

@@ -206,8 +206,8 @@ def _split_counts(sizes: Sequence[Union[int, float]], pool: int, rest: bool,
 
 def _subsample(value: Any) -> int:
     r""":obj:`subsample` as a Python :obj:`int`: any integral type is taken (a Python or NumPy
-    integer, an integer tensor of one element); a float (``int()`` truncated 0.5 to an empty
-    pool) or a bool raises."""
+    integer, an integer tensor of one element), and a float of integral value (``500.0``,
+    ``5e4``); a fractional float (``int()`` truncated 0.5 to an empty pool) or a bool raises."""
     flag = (isinstance(value, (bool, np.bool_))
             or (isinstance(value, Tensor) and value.dtype == torch.bool)
             or (isinstance(value, np.ndarray) and value.dtype.kind == 'b'))
@@ -216,6 +216,11 @@ def _subsample(value: Any) -> int:
             return int(operator.index(value))
         except TypeError:
             pass
+        if isinstance(value, (Tensor, np.ndarray)) and (
+                value.numel() if isinstance(value, Tensor) else value.size) == 1:
+            value = value.item()
+        if isinstance(value, numbers.Real) and math.isfinite(value) and float(value).is_integer():
+            return int(float(value))
     raise ValueError(f"'subsample' must be an integer, the number of items to draw the pool from "
                      f"(got {value!r})")
 
@@ -253,7 +258,8 @@ def split_indices(
         test (int or float, optional): Size of the test set, :obj:`None` for the rest of the pool.
             (default: :obj:`None`)
         subsample (int, optional): Draw the pool as this many random items first, an integer
-            (a float or a bool raises). (default: :obj:`None`)
+            (a float of integral value such as ``5e4`` is read as one; a fractional float or a
+            bool raises). (default: :obj:`None`)
         seed (int, optional): Seed of the permutation. (default: :obj:`0`)
 
     Returns:

@@ -569,13 +569,22 @@ class HullVolumeTask(GaussianMixtureTask):
     :math:`n \in [15, 35]` and gives no point distribution for this task: the clusters are this
     package's choice (those of Task G). Degenerate clouds have volume 0.
 
-    Takes the arguments of :class:`GaussianMixtureTask`; the default dimension is :math:`d = 3`.
+    Takes the arguments of :class:`GaussianMixtureTask`; the default dimension is :math:`d = 3`,
+    the largest :data:`torch_mz.geometry.MAX_HULL_DIM` (12; QHull's cost grows about
+    exponentially with :math:`d`).
     """
     name = 'hull-volume'
     description = 'Convex hull volume (QHull)'
     paper_ref = 'Appendix D.4.2, Table 22'
     default_set_size = (15, 35)
     default_d = 3
+
+    def __init__(self, d: Optional[int] = None, **kwargs):
+        super().__init__(d=d, **kwargs)
+        if self.d > geometry.MAX_HULL_DIM:  # (refused here, before any set is drawn)
+            raise ValueError(f"'d' must be at most {geometry.MAX_HULL_DIM} for the hull volume "
+                             f"(QHull's cost grows about exponentially with d; see "
+                             f"torch_mz.geometry.MAX_HULL_DIM), got {self.d}")
 
     def target(self, points: np.ndarray) -> float:
         return geometry.convex_hull_volume(points)

@@ -21,8 +21,8 @@ from torch.nn import Linear, Module, ModuleList, Sequential
 from torch_geometric.data import Batch
 from torch_geometric.data.data import BaseData
 from torch_geometric.nn import MessagePassing
-from torch_geometric.nn.aggr import (Aggregation, GRUAggregation, LSTMAggregation,
-                                     MLPAggregation, MultiAggregation, SumAggregation)
+import torch_geometric.nn.aggr as pyg_aggr
+from torch_geometric.nn.aggr import GRUAggregation, LSTMAggregation, SumAggregation
 from torch_geometric.nn.resolver import activation_resolver
 from torch_geometric.utils import scatter
 
@@ -42,23 +42,12 @@ __all__ = [
 
 _COORD_AGGRS = ('mean', 'sum')
 _POOLS = ('sum', 'mean')
-# the message aggregations of EGNNConv: PyG's that are permutation invariant and need no
-# constructor arguments
-_MESSAGE_AGGRS = ('add', 'sum', 'mean', 'max', 'min', 'mul', 'std', 'var', 'softmax', 'powermean',
-                  'median', 'variance_preserving')
-
-
-def _aggr_key(name: str) -> str:
-    r"""An aggregation name as PyG's resolver compares it (case, ``-``, ``_`` and spaces
-    ignored, an ``Aggregation`` suffix dropped)."""
-    key = name.lower().replace('-', '').replace('_', '').replace(' ', '')
-    return key[:-len('aggregation')] if key.endswith('aggregation') else key
-
-
-_MESSAGE_AGGR_KEYS = frozenset(_aggr_key(name) for name in _MESSAGE_AGGRS)
-# aggregation objects EGNNConv refuses: order-dependent ones (the layer's invariance would not
-# hold) and several aggregations side by side (the node MLP takes one message of width H)
-_REFUSED_AGGR_TYPES = (LSTMAggregation, GRUAggregation, MLPAggregation, MultiAggregation)
+# PyG's aggregations whose output depends on the order of the messages: EGNNConv, invariant to
+# permutations of the nodes, refuses them, alone or inside another aggregation (a
+# DegreeScalerAggregation or MultiAggregation around one)
+_ORDER_DEPENDENT_AGGRS = (LSTMAggregation, GRUAggregation) + tuple(
+    getattr(pyg_aggr, name) for name in ('MLPAggregation', 'PatchTransformerAggregation')
+    if hasattr(pyg_aggr, name))  # (not in every PyG release setup.cfg admits)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -258,18 +247,19 @@ class EGNNConv(MessagePassing):
             :math:`\mathbf{m}_{ij}`. (default: :obj:`None`, i.e. ``channels``)
         edge_dim (int, optional): Size of the invariant edge attributes :math:`\mathbf{a}_{ij}`;
             ``0`` for none. (default: :obj:`0`)
-        aggr (str, optional): Aggregation of the messages :math:`\mathbf{m}_{ij}`, the name of
-            a permutation-invariant PyG aggregation that needs no constructor arguments:
-            ``"add"`` (or ``"sum"``), ``"mean"``, ``"max"``, ``"min"``, ``"mul"``, ``"std"``,
-            ``"var"``, ``"softmax"``, ``"powermean"``, ``"median"`` or
-            ``"variance_preserving"`` (spelled as PyG's resolver accepts them, e.g. ``"Mean"`` or
-            ``"MeanAggregation"``), or an :class:`~torch_geometric.nn.aggr.Aggregation` object,
-            used as given, which must return one row of width ``hidden_channels`` per node (a
-            :class:`ValueError` names the width otherwise). Other names (those needing
-            constructor arguments, e.g. ``"lstm"``, ``"sort"``, ``"quantile"``), several
-            aggregations (a list, :class:`~torch_geometric.nn.aggr.MultiAggregation`) and the
-            order-dependent LSTM, GRU and MLP aggregation objects, which would break the layer's
-            invariance, raise a :class:`ValueError`. (default: :obj:`"add"`, as in the paper)
+        aggr (str, list or Aggregation, optional): Aggregation of the messages
+            :math:`\mathbf{m}_{ij}`, as PyG's :class:`~torch_geometric.nn.MessagePassing` takes
+            it: the name of an aggregation that needs no constructor arguments (``"add"``,
+            ``"mean"``, ``"max"``, ``"softmax"``, ``"deepsets"``, ..., in any spelling PyG's
+            resolver accepts), a list of them, or an
+            :class:`~torch_geometric.nn.aggr.Aggregation` object. It must return one row of
+            width ``hidden_channels`` per node (a :class:`ValueError` names the shape at the
+            first call otherwise: a list, or a ``MultiAggregation`` in ``mode='cat'``, is
+            wider). Refused with a :class:`ValueError`: names needing constructor arguments
+            (``"sort"``, ``"set2set"``, ...: pass the object), and aggregations whose output
+            depends on the order of the messages (LSTM, GRU, MLP and patch-transformer
+            aggregations, alone or inside another), which would break the layer's invariance.
+            (default: :obj:`"add"`, as in the paper)
         coord_aggr (str, optional): Aggregation of the coordinate updates, ``"mean"`` or ``"sum"``.
             (default: :obj:`"mean"`)
         edge_gate (bool, optional): Multiply each message by the soft edge weight
@@ -313,15 +303,18 @@ class EGNNConv(MessagePassing):
         act: str = 'silu',
         eps: float = 1e-8,
     ):
-        if isinstance(aggr, _REFUSED_AGGR_TYPES) or not (
-                isinstance(aggr, Aggregation)
-                or (isinstance(aggr, str) and _aggr_key(aggr) in _MESSAGE_AGGR_KEYS)):
-            # (PyG's TypeError for names needing constructor arguments; lstm, gru or mlp would
-            # also break the permutation invariance)
-            raise ValueError(f"'aggr' must be one of {_MESSAGE_AGGRS} (a permutation-invariant PyG "
-                             f"aggregation that needs no constructor arguments) or an "
-                             f"order-independent Aggregation object of one output, got {aggr!r}")
-        super().__init__(aggr=aggr)
+        try:
+            super().__init__(aggr=aggr)
+        except TypeError as err:  # a name PyG resolves to a class that needs arguments
+            raise ValueError(f"'aggr' {aggr!r} names an aggregation that needs constructor "
+                             f"arguments ({err}); pass the Aggregation object itself, e.g. "
+                             f"aggr=SortAggregation(k=4)") from None
+        order_dependent = [type(m).__name__ for m in self.aggr_module.modules()
+                           if isinstance(m, _ORDER_DEPENDENT_AGGRS)]
+        if order_dependent:
+            raise ValueError(f"'aggr' {aggr!r} depends on the order of the messages "
+                             f"({', '.join(order_dependent)}), which would break EGNNConv's "
+                             f"invariance to permutations of the nodes")
         if channels < 1:
             raise ValueError(f"'channels' must be positive, got {channels}")
         if coord_aggr not in _COORD_AGGRS:
