@@ -23,7 +23,7 @@ import re
 import shlex
 import sys
 import time
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 EXIT_USAGE = 2
 
@@ -173,6 +173,27 @@ def _take_data_options(args, state: Dict[str, Any], whose: str) -> None:
         args.data_seed = 0
 
 
+def _keep_recorded_n_test(task, state: Dict[str, Any]) -> None:
+    r"""A run resumed from a checkpoint that records more ModelNet40 / ScanObjectNN test sets
+    than the official test files hold (written before the count taken was recorded: the count
+    asked was, and all the files were taken, as they are now) keeps that record where its test
+    sets are these (the digest it records): the trainer refuses a checkpoint whose record
+    differs, and these runs could be neither resumed nor, with ``--n-test`` given, continued."""
+    info = state.get('run_info') if isinstance(state, dict) else None
+    recorded = info.get('task') if isinstance(info, dict) else None
+    split = recorded.get('split') if isinstance(recorded, dict) else None
+    data = recorded.get('data') if isinstance(recorded, dict) else None
+    current = getattr(task, 'split', None)
+    if not (isinstance(split, dict) and isinstance(data, dict) and isinstance(current, dict)):
+        return
+    asked, taken = split.get('n_test'), current.get('n_test')
+    if (split.get('test_subset') == current.get('test_subset') == 'spread'
+            and isinstance(asked, int) and taken == len(task.test) and asked > taken):
+        from torch_mz.datasets.fingerprint import split_digest
+        if data.get('test') == split_digest(task.test):
+            current['n_test'] = asked
+
+
 def _add_training_args(p: argparse.ArgumentParser):
     g = p.add_argument_group('task')
     g.add_argument('--task', required=True, help="task name (see 'torch-mz tasks')")
@@ -183,8 +204,8 @@ def _add_training_args(p: argparse.ArgumentParser):
                    "official training files but a 10%% validation hold-out)")
     g.add_argument('--n-val', type=int, help='validation sets')
     g.add_argument('--n-test', type=int, help='test sets (of ModelNet40 / ScanObjectNN: N spread '
-                   'evenly over the official test files, which list their classes in turn; at '
-                   'most their number)')
+                   'evenly over the official test files, which list their classes in turn; all '
+                   'of them, with a warning, where N is more)')
     g.add_argument('--set-size', help='LOW,HIGH range of set sizes (synthetic tasks)')
     g.add_argument('--task-arg', action='append', metavar='KEY=VALUE',
                    help='task option, e.g. tdof=8 or target=mu (repeatable)')
@@ -193,8 +214,8 @@ def _add_training_args(p: argparse.ArgumentParser):
     g.add_argument('--data-seed', type=int, default=None,
                    help='seed of the synthetic data / real split (default: 0; with --resume, '
                         "the checkpoint's)")
-    t = p.add_argument_group('training (defaults: the paper; with --resume, those the '
-                             "checkpoints record)")
+    t = p.add_argument_group('training (defaults: the paper; with --resume, those of the run '
+                             'or comparison resumed)')
     t.add_argument('--epochs', type=int, help='most epochs to train (default: 200)')
     t.add_argument('--batch-size', type=int, help='sets per batch (default: 128)')
     t.add_argument('--lr', type=float, help='peak learning rate of AdamW (default: 1e-4)')
@@ -240,10 +261,32 @@ def _load(args, progress: bool):
     if is_synthetic(args.task):
         _check_synthetic_size(args.task, (args.n_train, args.n_val, args.n_test),
                               _parse_range(args.set_size), options)
-    return load_task(args.task, seed=0 if args.data_seed is None else args.data_seed,
-                     n_train=args.n_train, n_val=args.n_val,
-                     n_test=args.n_test, set_size=_parse_range(args.set_size), root=args.root,
-                     progress=progress, **options)
+    with _test_sets_warnings(_warn):  # (--n-test above the official test files: all of them)
+        return load_task(args.task, seed=0 if args.data_seed is None else args.data_seed,
+                         n_train=args.n_train, n_val=args.n_val,
+                         n_test=args.n_test, set_size=_parse_range(args.set_size),
+                         root=args.root, progress=progress, **options)
+
+
+@contextlib.contextmanager
+def _test_sets_warnings(say):
+    r"""Within it, the datasets' :class:`~torch_mz.datasets.real.TestSetsWarning` (``--n-test``
+    above the official test files, all of which are taken) is given to :obj:`say` as the
+    command's own warning, every time; the other warnings are shown as they come."""
+    import warnings
+
+    from torch_mz.datasets.real import TestSetsWarning
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, TestSetsWarning):
+            say(str(message))
+        else:
+            shown(message, category, filename, lineno, file, line)
+    with warnings.catch_warnings():
+        warnings.simplefilter('always', TestSetsWarning)
+        warnings.showwarning = show
+        yield
 
 
 def _check_synthetic_size(task: str, counts: Sequence[Optional[int]],
@@ -335,7 +378,9 @@ def _check_overrides(models: List[ModelSpec], overrides: Dict[str, object], flag
     the model's label (its table row, its run folder), which would name a value the model was
     not trained with. Two specs that name the same preset and options once --model-arg is
     applied are refused too (``'deepsets'`` and ``'deepsets:'``, ``'mz:dropout=0.1'`` and
-    ``'mz:dropout=0.10'``): their runs would be one model's under two labels (the check of
+    ``'mz:dropout=0.10'``, ``'mz:dropout=0'`` and ``'mz:dropout=0.0'``, ``'deepsets'`` and
+    ``'deepsets:pool=sum'``, its preset's default: :func:`torch_mz.study.grid.model_key`): their
+    runs would be one model's under two labels (the check of
     :func:`torch_mz.study.check_models`, which ran only after an earlier comparison had been
     removed)."""
     for model in models:
@@ -346,10 +391,10 @@ def _check_overrides(models: List[ModelSpec], overrides: Dict[str, object], flag
                     f"{key}={json.dumps(model.options[key], default=str)}, which model spec "
                     f"'{model.spec}' sets itself (its label would name a value it was not "
                     f"trained with): give the option in the spec or in --model-arg, not both")
+    from torch_mz.study.grid import model_key
     seen: Dict[str, str] = {}
-    for model in models:
-        same = json.dumps([model.name, dict(model.options, **overrides)], sort_keys=True,
-                          default=str)
+    for model in models:  # (by value, over the preset's defaults)
+        same = model_key(model.name, dict(model.options, **overrides))
         if same in seen:
             raise CLIError(f"{flag}: '{seen[same]}' and '{model.spec}' name the same model and "
                            f"options" + (' with the --model-args' if overrides else '')
@@ -431,8 +476,9 @@ def _check_model_args(args, task, models: List[ModelSpec]):
 
 
 _COMPARE_RESULTS = ('results.json', 'results.md', 'results.png', 'comparison.json')
-_COMPARISON = 'comparison.json'  # the models and --seeds a comparison started with
+_COMPARISON = 'comparison.json'  # the models, --seeds and options a comparison started with
 _RUN_FOLDER = re.compile(r'.+-seed\d+$')  # a compare run's <model>-seed<k> folders
+_SEED_FOLDER = re.compile(r'(.+)-seed(\d+)$')  # (the same, its model's folder and seed)
 
 
 def _check_checkpoint_file(path: str, what: str) -> None:
@@ -504,43 +550,73 @@ def _check_out_folder(out: str):
     _check_path(out, '--out', folder=True)
 
 
-def _check_out_not_empty(args) -> None:
-    r"""An --out given as '' (``--out "$DIR"`` with the variable unset) is refused, not read as
-    no --out: train and compare wrote into runs/... without a word."""
-    if args.out is not None and not args.out:
-        _check_out_folder(args.out)  # (its message: --out is empty)
+#: What each path flag names, for the message that refuses it empty.
+_PATH_FLAGS = {'out': 'a folder', 'root': 'the dataset folder (or leave --root out for the '
+               'default)', 'resume': 'a checkpoint file', 'checkpoint': 'a checkpoint file'}
+
+
+def _check_not_empty(args, flags: Sequence[str] = ('out', 'root', 'resume')) -> None:
+    r"""A path flag given as '' (``--out "$DIR"`` with the variable unset) is refused, not read as
+    the flag left out: train and compare wrote into runs/..., and ``--root ''`` read the dataset
+    from (or downloaded it into) the working directory, without a word."""
+    for flag in flags:
+        value = getattr(args, flag, None)
+        if isinstance(value, str) and not value:  # (compare's --resume is a switch)
+            name = flag if flag == 'checkpoint' else f'--{flag}'
+            raise CLIError(f'{name} is empty: name {_PATH_FLAGS[flag]}')
+
+
+def _check_numbers(args) -> None:
+    r"""The numeric flags of train and compare, named with the ranges TrainConfig takes (its
+    messages named its fields, and the seed's range here was [-2**63, 2**63), of which
+    TrainConfig took [0, 2**32)); a flag still :obj:`None` (to be filled in from a checkpoint or
+    the defaults) is skipped. Run on the flags as given before anything is read or sized by
+    them (``compare --resume --seeds 4294967297`` listed a path for every seed until memory
+    ran out), and by :func:`_check_training_args` once every flag is filled in."""
+    for flag in ('n_train', 'n_val', 'n_test'):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise CLIError(f"--{flag.replace('_', '-')} must be at least 1 (got {value})")
+    if args.grad_clip is not None and (not math.isfinite(args.grad_clip) or args.grad_clip < 0):
+        raise CLIError(f'--grad-clip must be a positive norm, or 0 for no clipping (got '
+                       f'{args.grad_clip})')
+    if args.patience is not None and args.patience < 0:
+        raise CLIError(f'--patience must be a number of epochs, or 0 for no early stopping '
+                       f'(got {args.patience})')
+    seed = getattr(args, 'seed', None)
+    if seed is not None and not 0 <= seed < 2 ** 32:
+        raise CLIError(f'--seed must be in [0, 2**32) (got {seed})')
+    _check_seeds(args)
+    if args.epochs is not None and args.epochs < 1:
+        raise CLIError(f'--epochs must be at least 1 (got {args.epochs})')
+    for flag in ('lr', 'weight_decay'):
+        value = getattr(args, flag)
+        if value is not None and (not math.isfinite(value) or value < 0):
+            raise CLIError(f"--{flag.replace('_', '-')} must be a finite number >= 0 (got "
+                           f"{value})")
+    warmup, epochs = args.warmup_epochs, args.epochs
+    if warmup is not None and (warmup < 0 or epochs is not None and warmup > epochs):
+        raise CLIError(f'--warmup-epochs must be in [0, --epochs] = [0, {epochs}] (got '
+                       f'{warmup})')
+    _check_data_seed_and_batch(args)
+
+
+def _check_seeds(args) -> None:
+    r"""compare's --seeds, where known (given, or read from comparison.json): 1 to 2**32."""
+    seeds = getattr(args, 'seeds', None)
+    if seeds is not None and seeds < 1:
+        raise CLIError(f'--seeds must be at least 1 (got {seeds})')
+    if seeds is not None and seeds > 2 ** 32:
+        raise CLIError(f'--seeds must be from 1 to 2**32 (the seeds 0 .. --seeds - 1 lie in '
+                       f'[0, 2**32); got {seeds})')
 
 
 def _check_training_args(args):
     r"""The training settings and the device, checked before any data is loaded (a bad --epochs
     should not wait for a dataset to be processed) and before --overwrite removes anything."""
     from torch_mz.train import resolve_device
-    if not math.isfinite(args.grad_clip) or args.grad_clip < 0:
-        raise CLIError(f'--grad-clip must be a positive norm, or 0 for no clipping (got '
-                       f'{args.grad_clip})')
-    if args.patience < 0:
-        raise CLIError(f'--patience must be a number of epochs, or 0 for no early stopping '
-                       f'(got {args.patience})')
-    # the flags, named with the ranges TrainConfig takes (its messages named its fields, and
-    # the seed's range here was [-2**63, 2**63), of which TrainConfig took [0, 2**32))
-    seed = getattr(args, 'seed', 0)
-    if not 0 <= seed < 2 ** 32:
-        raise CLIError(f'--seed must be in [0, 2**32) (got {seed})')
-    if getattr(args, 'seeds', None) is not None and args.seeds > 2 ** 32:
-        raise CLIError(f'--seeds must be from 1 to 2**32 (the seeds 0 .. --seeds - 1 lie in '
-                       f'[0, 2**32); got {args.seeds})')
-    if args.epochs < 1:
-        raise CLIError(f'--epochs must be at least 1 (got {args.epochs})')
-    for flag in ('lr', 'weight_decay'):
-        value = getattr(args, flag)
-        if not math.isfinite(value) or value < 0:
-            raise CLIError(f"--{flag.replace('_', '-')} must be a finite number >= 0 (got "
-                           f"{value})")
-    if args.warmup_epochs is not None and not 0 <= args.warmup_epochs <= args.epochs:
-        raise CLIError(f'--warmup-epochs must be in [0, --epochs] = [0, {args.epochs}] (got '
-                       f'{args.warmup_epochs})')
-    _check_data_seed_and_batch(args)
-    _config(args, seed, None)  # TrainConfig's own checks raise ValueError, one line in main
+    _check_numbers(args)
+    _config(args, getattr(args, 'seed', 0), None)  # TrainConfig's own checks: ValueError
     resolve_device(args.device)  # ValueError: an unknown device, or CUDA where there is none
 
 
@@ -562,6 +638,7 @@ def _check_root(args) -> None:
     from torch_mz.tasks import is_synthetic
     if args.root is None:
         return
+    _check_not_empty(args, ('root', ))  # ('' read the working directory)
     if is_synthetic(args.task):
         raise CLIError(f"--root names the folder of a real dataset; task '{args.task}' is "
                        f"synthetic, generated from its seed: drop --root")
@@ -614,8 +691,9 @@ def _check_task(name: str):
 
 def cmd_train(args) -> int:
     _check_task(args.task)
-    _check_out_not_empty(args)
+    _check_not_empty(args)
     models = _model_specs(args.model, '--model')
+    _check_numbers(args)
     if len(models) > 1:
         raise CLIError(f"--model takes one model (got {', '.join(m.spec for m in models)}); "
                        f"use 'torch-mz compare --models' for several")
@@ -677,6 +755,7 @@ def cmd_train(args) -> int:
         raise CLIError(f"'{out}' already holds a run ({', '.join(existing)}); {hint}")
     _check_model_args(args, None, models)  # unknown options, before the data are loaded
     task = _load(args, progress=not args.no_progress)
+    _keep_recorded_n_test(task, state)
     _check_model_args(args, task, models)
     print(f'task {task.name}: {task.description} | train/val/test = '
           f'{len(task.train)}/{len(task.val)}/{len(task.test)} | d_in={task.in_channels}')
@@ -690,30 +769,200 @@ def cmd_train(args) -> int:
     return 0
 
 
-def _comparison_seeds(out: str, models: List[ModelSpec]) -> int:
-    r"""The ``--seeds`` of the comparison in :obj:`out` (for ``--resume`` without ``--seeds``):
-    as recorded when it started (``comparison.json``); a comparison that predates the record
-    (run folders, no record) is refused: its folders hold the seeds that had started, not
-    necessarily all of them."""
-    import json
+def _comparison_record(out: str) -> Optional[Dict[str, Any]]:
+    r"""What ``comparison.json`` in :obj:`out` records (the models and ``--seeds`` a comparison
+    started with and, since torch-mz records them, its options: :func:`_comparison_options`):
+    :obj:`None` where there is no such file, ``{}`` where it cannot be read."""
     path = os.path.join(out, _COMPARISON)
-    if os.path.isfile(path):
-        try:
-            with open(path) as f:
-                seeds = json.load(f).get('seeds')
-        except (OSError, ValueError, AttributeError):
-            seeds = None
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path) as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _comparison_seeds(out: str, models: List[ModelSpec],
+                      record: Optional[Dict[str, Any]]) -> int:
+    r"""The ``--seeds`` of the comparison in :obj:`out` (for ``--resume`` without ``--seeds``):
+    as recorded when it started (``comparison.json``, read as :obj:`record`); a comparison that
+    predates the record (run folders, no record) is refused: its folders hold the seeds that
+    had started, not necessarily all of them."""
+    if record is not None:
+        seeds = record.get('seeds')
         if isinstance(seeds, int) and not isinstance(seeds, bool) and seeds >= 1:
             return seeds
-        raise CLIError(f"--resume: '{path}' does not record the comparison's --seeds; pass "
-                       f"--seeds")
+        raise CLIError(f"--resume: '{os.path.join(out, _COMPARISON)}' does not record the "
+                       f"comparison's --seeds; pass --seeds")
     folders = {model.folder for model in models}
     found = [int(m.group(2)) for name in (os.listdir(out) if os.path.isdir(out) else ())
-             for m in [re.match(r'(.+)-seed(\d+)$', name)] if m and m.group(1) in folders]
+             for m in [_SEED_FOLDER.match(name)] if m and m.group(1) in folders]
     if not found:
         return 3
     raise CLIError(f"--resume: '{out}' does not record the comparison's --seeds (it predates "
                    f"the record; its run folders hold seeds up to {max(found)}): pass --seeds")
+
+
+#: The flags ``comparison.json`` records beside --models and --seeds (and the task, the
+#: --task-args, the --model-args and the options without a flag that checkpoints carried), with
+#: the types they take: a comparison interrupted before any run wrote a checkpoint resumes with
+#: them (it started a comparison of every default).
+_RECORDED_FLAGS: Dict[str, Any] = dict(
+    n_train=int, n_val=int, n_test=int, data_seed=int, set_size=str, root=str, epochs=int,
+    batch_size=int, lr=(int, float), weight_decay=(int, float), warmup_epochs=int,
+    grad_clip=(int, float), patience=int, no_normalize=bool)
+
+
+def _comparison_options(args) -> Dict[str, Any]:
+    r"""The options of the comparison :obj:`args` describes, every one filled in (the warm-up's
+    default resolved), as ``comparison.json`` records them."""
+    options: Dict[str, Any] = {flag: getattr(args, flag) for flag in _RECORDED_FLAGS}
+    if options['warmup_epochs'] is None:
+        options['warmup_epochs'] = _default_warmup(args.epochs)
+    return dict(task=args.task, **options, task_arg=list(args.task_arg or []),
+                model_arg=list(args.model_arg or []),
+                carried_config=dict(getattr(args, 'carried_config', {})))
+
+
+def _recorded_items(options: Dict[str, Any], key: str, where: str) -> List[str]:
+    value = options.get(key) or []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise CLIError(f"--resume: '{where}' records {key}={value!r}, not a list of KEY=VALUE "
+                       f"texts: pass the comparison's --{key.replace('_', '-')}s")
+    return value
+
+
+def _take_comparison_options(args, options: Dict[str, Any], where: str,
+                             model_args: bool) -> Dict[str, Any]:
+    r"""compare --resume: the options the command does not give, from those ``comparison.json``
+    (:obj:`where`) records (:func:`_comparison_options`), said on the console; with
+    :obj:`model_args`, the ``--model-arg``s where it gives none. Returns the options without a
+    flag it records."""
+    task = options.get('task')
+    if isinstance(task, str) and task != args.task:
+        raise CLIError(f"--resume: '{where}' records a comparison of task '{task}', not "
+                       f"'{args.task}': pass --task {task}, or choose another --out")
+    taken: List[str] = []
+    for flag, kind in _RECORDED_FLAGS.items():
+        value = options.get(flag)
+        if value is None or getattr(args, flag) is not None:
+            continue
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+            raise CLIError(f"--resume: '{where}' records {flag}={value!r}, which is no value "
+                           f"of --{flag.replace('_', '-')}: pass --{flag.replace('_', '-')}")
+        setattr(args, flag, value)
+        taken.append(f'{flag}={value}')
+    given = set(_parse_kv(args.task_arg, '--task-arg'))
+    items = [item for item in _recorded_items(options, 'task_arg', where)
+             if not set(_parse_kv([item], f"'{where}' records a --task-arg")) & given]
+    args.task_arg = list(args.task_arg or []) + items
+    if taken or items:
+        print(f'resuming with the options of the comparison ({where}; those not given): '
+              + ', '.join(taken + items))
+    if model_args and not args.model_arg and 'model_arg' in options:
+        args.model_arg = list(_recorded_items(options, 'model_arg', where)) or None
+        if args.model_arg:
+            print('resuming with the model options of the comparison (no --model-arg given): '
+                  + ', '.join(args.model_arg))
+    carried = options.get('carried_config')
+    return {k: v for k, v in carried.items() if k in CARRIED_CONFIG} if isinstance(
+        carried, dict) else {}
+
+
+def _comparison_run(name: str, models: List[ModelSpec], seeds: int) -> Optional[Tuple[str, int]]:
+    r"""The (spec, seed) of :obj:`name` as a run folder of the comparison of :obj:`models` with
+    :obj:`seeds` seeds (``<model>-seed<k>``), or :obj:`None`."""
+    match = _SEED_FOLDER.match(name)
+    if match is None:
+        return None
+    seed = int(match.group(2))
+    spec = next((m.spec for m in models if m.folder == match.group(1)), None)
+    if spec is None or seed >= seeds or name != f'{match.group(1)}-seed{seed}':
+        return None
+    return spec, seed
+
+
+def _compare_checkpoints(out: str, models: List[ModelSpec],
+                         seeds: int) -> Dict[Tuple[str, int], str]:
+    r"""The last checkpoint of every run of the comparison in :obj:`out` that has one, by
+    (spec, seed), in the order of the models and seeds: found by listing :obj:`out`, not by
+    trying every seed (``--seeds`` may be 2**32)."""
+    from torch_mz.train import LAST_CHECKPOINT
+    found = {}
+    for name in os.listdir(out) if os.path.isdir(out) else ():
+        run = _comparison_run(name, models, seeds)
+        path = os.path.join(out, name, LAST_CHECKPOINT)
+        if run is not None and os.path.isfile(path):
+            found[run] = path
+    order = {model.spec: i for i, model in enumerate(models)}
+    return {run: found[run] for run in sorted(found, key=lambda r: (order[r[0]], r[1]))}
+
+
+def _shown(value: object) -> str:
+    return json.dumps(value, default=str)
+
+
+def _take_comparison_model_args(args, models: List[ModelSpec],
+                                saved: Dict[Tuple[str, int], Dict[str, Any]]) -> None:
+    r"""compare --resume without --model-arg, of a comparison whose ``comparison.json`` does not
+    record them (an earlier torch-mz): the --model-args its checkpoints :obj:`saved` record (as
+    train --resume takes them). A checkpoint records its model's options, its spec's and the
+    --model-args together: an option its spec does not set is a --model-arg, which every model
+    has. One that every model with a checkpoint sets in its own spec cannot be told from the
+    spec's (a --model-arg may repeat a spec's value): where a model without it would train with
+    it or without it, that is refused, not guessed (the options of the first checkpoint found,
+    less its spec's, were applied to every model: a --model-arg repeating that spec's option
+    was lost for the others)."""
+    by_spec = {model.spec: model for model in models}
+    records: Dict[str, Dict[str, Any]] = {}
+    for (spec, _), state in saved.items():
+        info = state.get('run_info')
+        entry = info.get('model') if isinstance(info, dict) else None
+        options = entry.get('args') if isinstance(entry, dict) else None
+        if isinstance(options, dict):
+            records.setdefault(spec, options)
+    overrides: Dict[str, Any] = {}
+    source: Dict[str, str] = {}
+    for spec, options in records.items():
+        for key, value in options.items():
+            if key in by_spec[spec].options:
+                continue
+            if key in overrides and not _same_value(overrides[key], value):
+                raise CLIError(f"--resume: the checkpoints of '{source[key]}' and '{spec}' "
+                               f"record {key}={_shown(overrides[key])} and {key}={_shown(value)}"
+                               f", where a --model-arg gives every model one value: pass the "
+                               f"comparison's --model-args")
+            overrides.setdefault(key, value)
+            source.setdefault(key, spec)
+    for spec, options in records.items():
+        for key in overrides:
+            if key not in by_spec[spec].options and key not in options:
+                raise CLIError(f"--resume: the checkpoints of '{source[key]}' record "
+                               f"{key}={_shown(overrides[key])} and those of '{spec}' do not, "
+                               f"where a --model-arg gives every model one value: pass the "
+                               f"comparison's --model-args")
+    for spec, options in records.items():
+        for key, value in options.items():
+            if key in overrides or any(key not in by_spec[s].options for s in records):
+                continue  # (known: a --model-arg, or not one)
+            lacking = [model.spec for model in models if key not in model.options]
+            if lacking:
+                raise CLIError(
+                    f"--resume: the checkpoints cannot tell whether {key}={_shown(value)} was a "
+                    f"--model-arg: every model with a checkpoint ({', '.join(records)}) sets it "
+                    f"in its spec, and '{lacking[0]}' does not (it would train with it if it "
+                    f"was, with the preset's value if not): pass the comparison's --model-args "
+                    f"(--model-arg {key}={_shown(value)} if it was one; --model-arg '' if it "
+                    f"had none)")
+    try:
+        args.model_arg = [f'{k}={json.dumps(v)}' for k, v in overrides.items()] or None
+    except (TypeError, ValueError):  # (a value the command line cannot give)
+        args.model_arg = None
+    if args.model_arg:
+        print('resuming with the model options of the checkpoints (no --model-arg given): '
+              + ', '.join(args.model_arg))
 
 
 def _compare_command(args, out: str) -> str:
@@ -749,7 +998,11 @@ def _compare_command(args, out: str) -> str:
 def cmd_compare(args) -> int:
     _check_task(args.task)
     models = _model_specs(args.models, '--models')
-    _check_out_not_empty(args)
+    _check_not_empty(args)
+    _check_numbers(args)  # as given, before anything is read or sized by them (--seeds)
+    # "--model-arg ''": none (for a resumed comparison whose checkpoints cannot tell)
+    none_given = args.model_arg is not None and not any(args.model_arg)
+    args.model_arg = [item for item in args.model_arg or [] if item] or None
     out = args.out if args.out is not None else os.path.join('runs', args.task, 'compare')
     if args.resume and args.overwrite:
         raise CLIError('--resume continues a comparison and --overwrite starts a new one: pass '
@@ -759,30 +1012,49 @@ def cmd_compare(args) -> int:
         raise CLIError(f"--resume: '{out}' holds no comparison to resume (no {_COMPARISON}, "
                        f"results or run folders): check --out, or leave --resume out to start "
                        f"a comparison")
+    record = _comparison_record(out) if args.resume else None
     if args.seeds is None:  # a resumed comparison keeps its seeds (3 was taken silently before)
-        args.seeds = _comparison_seeds(out, models) if args.resume else 3
-    if args.seeds < 1:
-        raise CLIError(f'--seeds must be at least 1 (got {args.seeds})')
+        args.seeds = _comparison_seeds(out, models, record) if args.resume else 3
+    _check_seeds(args)
     folders = {model.spec: model.folder for model in models}
 
     def folder_of(spec, seed):
         return os.path.join(out, f'{folders[spec]}-seed{seed}')
 
-    recorded = None  # a resumed comparison's options, where the command does not give them
-    state: Dict[str, Any] = {}
+    # a resumed comparison's options, where the command does not give them: those its
+    # comparison.json records, else (an earlier torch-mz recorded none) its checkpoints'
+    checkpoints: Dict[Tuple[str, int], str] = {}
+    saved: Dict[Tuple[str, int], Dict[str, Any]] = {}  # their configuration and run_info
+    without_flag: Dict[str, Any] = {}  # (comparison.json's options without a flag)
     if args.resume:
-        from torch_mz.train import LAST_CHECKPOINT, load_checkpoint
-        paths = [(m, os.path.join(folder_of(m.spec, k), LAST_CHECKPOINT)) for m in models
-                 for k in range(args.seeds)]
-        found = next(((m, p) for m, p in paths if os.path.isfile(p)), None)
-        state = {} if found is None else load_checkpoint(found[1])
-        recorded = state.get('config')
-        if found is not None:  # the --model-args too, as train --resume takes them
-            _take_model_args(args, state, found[0], 'the checkpoints')
+        from torch_mz.train import load_checkpoint
+        checkpoints = _compare_checkpoints(out, models, args.seeds)
+        for run, path in checkpoints.items():
+            state = load_checkpoint(path)
+            saved[run] = {key: state.get(key) for key in ('config', 'run_info')}
+        options = (record or {}).get('options')
+        options = options if isinstance(options, dict) else None
+        if options is None and not checkpoints:  # (a comparison of every default started)
+            raise CLIError(
+                f"--resume: '{out}' holds no checkpoint to resume from (the comparison was "
+                f"interrupted in its first epoch) and "
+                + (f"its {_COMPARISON} does not record the comparison's options (an earlier "
+                   f"torch-mz wrote it)" if record is not None else
+                   f"no {_COMPARISON} records its options")
+                + ': start it again with its options and --overwrite')
+        if options is not None:
+            without_flag = _take_comparison_options(args, options, os.path.join(
+                out, _COMPARISON), model_args=not none_given)
+        if not args.model_arg and not none_given and 'model_arg' not in (options or {}):
+            _take_comparison_model_args(args, models, saved)
+    state = next(iter(saved.values()), {})
+    recorded = state.get('config')
     overrides = _parse_kv(args.model_arg, '--model-arg')
     _check_overrides(models, overrides, '--models')
     _take_data_options(args, state, 'the checkpoints')
     taken = _fill_training_options(args, recorded if isinstance(recorded, dict) else None)
+    if without_flag and not saved:  # (no checkpoint carries them over)
+        args.carried_config = without_flag
     if taken:
         print('resuming with the training options of the checkpoints (those not given): '
               + ', '.join(taken))
@@ -796,32 +1068,27 @@ def cmd_compare(args) -> int:
                        f"removed), or choose another --out")
     resume_from = {}
     if args.resume and stale:  # the runs there are this comparison's, or some would be lost
-        wanted = {os.path.basename(folder_of(m.spec, k)) for m in models
-                  for k in range(args.seeds)}
-        other = [name for name in stale if name not in _COMPARE_RESULTS and name not in wanted]
+        other = [name for name in stale if name not in _COMPARE_RESULTS
+                 and _comparison_run(name, models, args.seeds) is None]
         if other:
             raise CLIError(f"--resume: '{out}' holds runs that are not in this comparison "
                            f"({', '.join(other)}): pass the original --models and --seeds "
                            f"(more models may be added), or choose another --out")
     if args.resume:  # every run with a checkpoint continues from it, with the same settings
-        from torch_mz.train import LAST_CHECKPOINT, load_checkpoint
         from torch_mz.train.checkpoint import config_changes
-        for model in models:
-            for seed in range(args.seeds):
-                path = os.path.join(folder_of(model.spec, seed), LAST_CHECKPOINT)
-                if not os.path.isfile(path):
-                    continue
-                changed = config_changes(load_checkpoint(path).get('config') or {},
-                                          _config(args, seed, None).to_dict())
-                if changed:
-                    raise CLIError(
-                        f"--resume: '{path}' was trained with other settings ("
-                        + ', '.join(f'{k} {a!r}, now {b!r}' for k, (a, b) in changed.items())
-                        + '); a comparison gives every run the same: pass the original '
-                        'options, or choose another --out')
-                resume_from[(model.spec, seed)] = path
+        for (spec, seed), path in checkpoints.items():
+            changed = config_changes(saved[(spec, seed)].get('config') or {},
+                                      _config(args, seed, None).to_dict())
+            if changed:
+                raise CLIError(
+                    f"--resume: '{path}' was trained with other settings ("
+                    + ', '.join(f'{k} {a!r}, now {b!r}' for k, (a, b) in changed.items())
+                    + '); a comparison gives every run the same: pass the original '
+                    'options, or choose another --out')
+            resume_from[(spec, seed)] = path
     _check_model_args(args, None, models)  # unknown options, before the data are loaded
     task = _load(args, progress=not args.no_progress)
+    _keep_recorded_n_test(task, state)
     _check_model_args(args, task, models)
     from torch_mz.study import check_models
     try:  # what train_models checks first, here before an earlier comparison is removed
@@ -830,17 +1097,18 @@ def cmd_compare(args) -> int:
         raise CLIError(str(e)) from None
     if resume_from:  # the same task, data and model as each checkpoint, before any training
         from torch_mz.study import run_info_for
-        from torch_mz.train import load_checkpoint
         from torch_mz.train.checkpoint import describe_run, same_run
-        for model in models:
-            current = run_info_for(task, model.name, dict(model.options, **overrides))
-            for seed in range(args.seeds):
-                ckpt = resume_from.get((model.spec, seed))
-                saved = None if ckpt is None else load_checkpoint(ckpt).get('run_info')
-                if saved is not None and not same_run(saved, current):
-                    raise CLIError(f"--resume: '{ckpt}' was trained on {describe_run(saved)}, "
-                                   f"not {describe_run(current)}: pass the original options, "
-                                   f"or choose another --out")
+        current: Dict[str, Dict[str, Any]] = {}
+        by_spec = {model.spec: model for model in models}
+        for (spec, seed), ckpt in resume_from.items():
+            if spec not in current:
+                model = by_spec[spec]
+                current[spec] = run_info_for(task, model.name, dict(model.options, **overrides))
+            info = saved[(spec, seed)].get('run_info')
+            if info is not None and not same_run(info, current[spec]):
+                raise CLIError(f"--resume: '{ckpt}' was trained on {describe_run(info)}, "
+                               f"not {describe_run(current[spec])}: pass the original options, "
+                               f"or choose another --out")
     for name in stale if not args.resume else ():
         path = os.path.join(out, name)
         if os.path.isdir(path):
@@ -848,12 +1116,12 @@ def cmd_compare(args) -> int:
         else:
             os.unlink(path)
     os.makedirs(out, exist_ok=True)
-    import json
 
     from torch_mz._files import atomic_write
-    atomic_write(os.path.join(out, _COMPARISON),  # the models and seeds, for a later --resume
-                 lambda f: json.dump(dict(models=[m.spec for m in models], seeds=args.seeds), f),
-                 binary=False)
+    atomic_write(os.path.join(out, _COMPARISON),  # for a later --resume: the models, seeds and
+                 lambda f: json.dump(dict(models=[m.spec for m in models], seeds=args.seeds,
+                                          options=_comparison_options(args)), f),
+                 binary=False)  # options (an interruption in the first epoch left no other)
     print(f'task {task.name}: {task.description} | train/val/test = '
           f'{len(task.train)}/{len(task.val)}/{len(task.test)} | d_in={task.in_channels} | '
           f'{args.epochs} epochs, lr {args.lr}, batch {args.batch_size}, seeds {args.seeds}')
@@ -928,20 +1196,26 @@ def _check_not_a_run_file(out: str, checkpoint: str) -> None:
     (:data:`~torch_mz.train.RUN_FILES`), even with --overwrite, which replaces an earlier CSV
     (the model was replaced by the CSV, and the next predict found it corrupt)."""
     from torch_mz.train import RUN_FILES
-    same = _same_path(out, checkpoint) or (
+    # resolved paths: a checkpoint read through a link (latest.pt -> run/best.pt) names the
+    # link's folder, and an --out through one names another file
+    real = os.path.realpath(out)
+    same = real == os.path.realpath(checkpoint) or (
         os.path.exists(out) and os.path.samefile(out, checkpoint))
-    folder = os.path.dirname(os.path.abspath(checkpoint))
-    if same or (os.path.basename(out) in RUN_FILES
-                and _same_path(os.path.dirname(os.path.abspath(out)), folder)):
+    folder = os.path.dirname(os.path.realpath(checkpoint))  # the run's own folder
+    if same or real in {os.path.realpath(os.path.join(folder, name)) for name in RUN_FILES}:
+        shown = os.path.dirname(checkpoint) or '.'
+        if not _same_path(shown, folder):
+            shown = folder
         what = ('is the checkpoint predict reads' if same else
-                f"is a file of the training run in '{os.path.dirname(checkpoint) or '.'}'")
+                f"is a file of the training run in '{shown}'")
         raise CLIError(f"--out '{out}' {what}: name another file, e.g. "
-                       f"{os.path.join(os.path.dirname(checkpoint), 'predictions.csv')}")
+                       f"{os.path.join(shown, 'predictions.csv')}")
 
 
 def cmd_predict(args) -> int:
     if args.task is not None:
         _check_task(args.task)
+    _check_not_empty(args, ('checkpoint', 'root'))  # (--out: below)
     _check_checkpoint_file(args.checkpoint, 'checkpoint')
     if os.path.isdir(args.out):
         raise CLIError(f"--out '{args.out}' is a folder; predict writes one CSV file: name it, "
@@ -998,14 +1272,15 @@ def cmd_predict(args) -> int:
                               size if isinstance(size, (list, tuple)) else None,
                               dict(recorded.get('args') or {}, **given))
     notes = []  # load_test_split's warnings (given once every check has passed), as ours
-    shown = warnings.showwarning
+    taken_all: List[str] = []  # the datasets' TestSetsWarning: all the official test files
 
     def show(message, category, filename, lineno, file=None, line=None):
         if issubclass(category, TestSplitWarning):
             notes.append(str(message))
         else:  # (the datasets' own warnings, shown as they come)
             shown(message, category, filename, lineno, file, line)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _test_sets_warnings(taken_all.append):
+        shown = warnings.showwarning  # (_test_sets_warnings's, which takes a TestSetsWarning)
         warnings.simplefilter('always', TestSplitWarning)
         warnings.showwarning = show
         task = load_test_split(args.checkpoint, args.task, given, root=args.root,
@@ -1013,8 +1288,14 @@ def cmd_predict(args) -> int:
                                n_train=args.n_train, n_val=args.n_val)
     for text in notes:  # an option given as --task-arg, named so
         _warn(f'--task-arg {text}' if any(text.startswith(f'{k}=') for k in given) else text)
-    if args.n_test is not None and len(task.test) < args.n_test:  # (never fewer, unsaid)
-        raise CLIError(f'--n-test {args.n_test}: the test split holds {len(task.test)} sets')
+    asked = args.n_test if args.n_test is not None else (recorded.get('split') or {}).get(
+        'n_test')
+    if taken_all:
+        _warn(taken_all[0])
+    elif isinstance(asked, int) and len(task.test) < asked:  # (a run recorded before the
+        # spread subset takes the first N of the official test files: as many as there are)
+        _warn(f"{'--n-test' if args.n_test is not None else 'the run'} asks for {asked} test "
+              f"sets; the test split holds {len(task.test)}: all of them are taken")
     model = load_model(args.checkpoint)
     columns = dict(_set_ids(task.test), **prediction_columns(
         model, _in_dtype(task.test, model), task.task_type, batch_size=args.batch_size,
@@ -1093,7 +1374,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--resume', action='store_true',
                    help='continue an interrupted comparison in --out with the same options: '
                    'finished runs are read back, the others continue from their last '
-                   'checkpoint')
+                   "checkpoint (--model-arg '' says it had no --model-arg)")
     _add_memory_flag(p)
     p.set_defaults(func=cmd_compare)
     p = sub.add_parser('predict', help="write a trained model's predictions on a task's test "

@@ -78,7 +78,9 @@ def load_task(name: str, seed: int = 0, n_train: Optional[int] = None,
         splits.split = dict(seed=seed, n_train=n_train, n_val=n_val, n_test=n_test)
         if name in real.OFFICIAL_TEST_SPLIT and n_test is not None:
             # n_test of the official test files, spread over them (a run recorded without
-            # this took the first n_test: load_test_split takes those again)
+            # this took the first n_test: load_test_split takes those again); all of them where
+            # more were asked (warned), and the count taken recorded (the one asked was)
+            splits.split['n_test'] = len(splits.test)
             splits.split['test_subset'] = 'spread'
     return splits
 

@@ -252,16 +252,44 @@ def test_n_test_spreads_over_the_official_test_split(scanobjectnn_root):
     assert [int(d.y) for d in two.test] == [int(full.test[i].y) for i in spread_indices(2, 3)]
 
 
-def test_n_test_beyond_the_official_test_split_is_refused(scanobjectnn_root):
-    # it took all 3 test objects without a word (and the run recorded n_test 4), where n_train
-    # beyond the training files is refused
+def test_n_test_beyond_the_official_test_split_takes_all_of_it_and_says_so(scanobjectnn_root):
+    # it took all 3 test objects without a word, and the run recorded n_test 4; the refusal
+    # that replaced it stopped the runs recorded so and a benchmark's one n_test for two
+    # datasets: all are taken, with a warning, and the count taken is recorded
+    load_task('scanobjectnn', root=scanobjectnn_root['root'], num_points=16)  # (processed)
+    with pytest.warns(UserWarning, match='scanobjectnn: n_test=4 asks for more test sets than '
+                      'the 3 official test files: all 3 are taken') as said:
+        task = load_task('scanobjectnn', root=scanobjectnn_root['root'], num_points=16,
+                         n_test=4)
+    assert len(task.test) == 3 and task.split['n_test'] == 3
+    assert task.split['test_subset'] == 'spread'
+    from torch_mz.datasets.real import TestSetsWarning
+    assert [w.category for w in said] == [TestSetsWarning]
+    with warnings.catch_warnings():
+        warnings.simplefilter('error', TestSetsWarning)
+        task = load_task('scanobjectnn', root=scanobjectnn_root['root'], num_points=16, n_test=3)
+    assert len(task.test) == 3 and task.split['n_test'] == 3
+
+
+def test_one_n_test_between_two_datasets_test_sizes_serves_the_point_cloud_benchmark(
+        modelnet_h5_root, scanobjectnn_root, tmp_path):
+    # benchmarks/point_clouds.py passes one --n-test to both datasets: one between their test
+    # sizes (ModelNet40's 2468, ScanObjectNN's 581) refused the whole benchmark
+    pytest.importorskip('h5py')
+    from tests._scripts import load_script
+    point_clouds = load_script('point_clouds')
+    out = tmp_path / 'results'
     with warnings.catch_warnings():
         warnings.simplefilter('ignore')
-        with pytest.raises(ValueError, match='scanobjectnn: 4 test sets exceed the 3 official '
-                                             'test files'):
-            load_task('scanobjectnn', root=scanobjectnn_root['root'], num_points=16, n_test=4)
-        assert len(load_task('scanobjectnn', root=scanobjectnn_root['root'], num_points=16,
-                             n_test=3).test) == 3
+        status = point_clouds.main([
+            '--dataset', 'both', '--root', str(tmp_path), '--modelnet-source', 'hdf5',
+            '--variant', 'OBJ_ONLY', '--num-points', '16', '--n-train', '3', '--n-val', '1',
+            '--n-test', '3', '--batch-size', '4', '--models', 'deepsets', '--seeds', '1',
+            '--epochs', '1', '--device', 'cpu', '--out', str(out)])
+    assert status == 0
+    with open(out / 'point_clouds.json') as f:  # ModelNet40: 3 test shapes, OBJ_ONLY: 2
+        sizes = json.load(f)['setup']['sizes']
+    assert sizes['modelnet40']['test'] == 3 and sizes['scanobjectnn']['test'] == 2
 
 
 def test_a_point_cloud_task_takes_a_transform_for_every_split(scanobjectnn_root):

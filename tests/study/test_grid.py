@@ -231,6 +231,24 @@ def test_check_models_reads_specs_not_strings():
     check_models(['deepsets', 'deepsets:hidden_channels=8'])  # two models
 
 
+def test_check_models_compares_options_by_value_over_the_presets_defaults():
+    # 'mz-slim:dropout=0' and 'mz-slim:dropout=0.0' (one value) or 'deepsets' and
+    # 'deepsets:pool=sum' (the preset's default) trained one model twice, two identical rows
+    from torch_mz.study import check_models
+    for models in (['mz-slim:dropout=0', 'mz-slim:dropout=0.0'],
+                   ['deepsets:hidden_channels=8', 'deepsets:hidden_channels=8.0'],
+                   ['deepsets', 'deepsets:pool=sum'],
+                   ['deepsets:hidden_channels=8', 'deepsets:hidden_channels=8,pool=sum'],
+                   ['mz', 'mz:dropout=0.1,dim=64']):
+        with pytest.raises(ValueError, match='given twice'):
+            check_models(models)
+    check_models(['deepsets', 'deepsets:pool=mean', 'mz-slim:dropout=0',
+                  'mz-slim:dropout=0.01'])
+    from torch_mz.study.grid import model_key
+    assert model_key('egnn-qm9', {'edge_gate': True}) != model_key('egnn-qm9',
+                                                                   {'edge_gate': 1})
+
+
 def test_check_grid_names_the_cell_it_refuses():
     from torch_mz.study import check_grid
     cells = [dict(label='MEB d=8', task='meb-radius', kwargs=dict(d=8)),

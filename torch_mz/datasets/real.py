@@ -12,7 +12,8 @@ r"""The real datasets as :class:`~torch_mz.datasets.TaskSplits`, for
   (no ``x``); EGNN takes the coordinates from ``pos`` and no features. ``n_test`` below the
   official test split's size takes test sets spread evenly over it (:func:`spread_indices`: the
   official files are sorted by class, so their first sets would hold a few classes only); one
-  above it raises a :class:`ValueError`, as ``n_train`` above the training files does.
+  above it takes all of them, with a :class:`TestSetsWarning` naming both counts (so that one
+  ``n_test`` serves two datasets of different test sizes), and the task records the count taken.
   A ``transform`` given applies to every split, after the training split's augmentation.
 * ``qm9``: by default the offline ``qm9pack`` source and the paper's protocol (50K molecules,
   80/10/10, seeded); ``n_train``/``n_val``/``n_test`` give other sizes. ``pos`` holds the
@@ -29,6 +30,7 @@ come from two caches of the training files (all points; fixed subsets), which ho
 objects in the same order: the split is drawn on one and applied to both, and a training dataset
 whose length differs from the one the split was drawn on raises a :class:`ValueError`.
 """
+import warnings
 from typing import Optional
 
 from torch_geometric.transforms import Compose, RandomRotate
@@ -90,6 +92,11 @@ LOAD_DEFAULTS = {'qm9': {'source': 'qm9pack', 'target': 'mu'}}
 OFFICIAL_TEST_SPLIT = ('modelnet40', 'scanobjectnn')
 
 
+class TestSetsWarning(UserWarning):
+    r"""Warned where ``n_test`` asks for more test sets than the official test files hold: all of
+    them are taken (see the module docstring)."""
+
+
 def spread_indices(n: int, total: int):
     r""":obj:`n` of the indices ``0 .. total - 1`` spread evenly over them, ``i * total // n``
     (all of them where :obj:`n` is at least :obj:`total`): a subset of the official test split
@@ -139,8 +146,9 @@ def _point_cloud_task(name: str, cls, seed: int, n_train, n_val, n_test, root, n
         raise ValueError(f"{name}: {train_size} train + {val_size} val sets exceed the {n} "
                          f"training files")
     if n_test is not None and n_test > len(test):  # (it took all of them, and said nothing)
-        raise ValueError(f"{name}: {n_test} test sets exceed the {len(test)} official test "
-                         f"files")
+        warnings.warn(f'{name}: n_test={n_test} asks for more test sets than the {len(test)} '
+                      f'official test files: all {len(test)} are taken', TestSetsWarning,
+                      stacklevel=4)
     tr, va, _ = split_indices(n, train_size, val_size, 0, seed=seed)
     test_idx = spread_indices(len(test) if n_test is None else n_test, len(test))
     test_split = _subset(test, test_idx)

@@ -2,6 +2,7 @@ r"""Training several models on one task, or on a grid of tasks, with identical b
 of ``torch-mz compare`` and of the studies in ``benchmarks/``. Library code: no printing."""
 import json
 import math
+import numbers
 import time
 import warnings
 from dataclasses import replace
@@ -65,10 +66,37 @@ def run_info_for(task, model_name: str, model_overrides: Mapping[str, Any]) -> D
     return run_info
 
 
+def model_key(name: str, options: Mapping[str, Any]) -> str:
+    r"""What makes two model specs one model: the preset :obj:`name` and its effective options,
+    the preset's defaults (:data:`~torch_mz.models.registry.PRESETS`) under :obj:`options`,
+    compared by value: ``0`` and ``0.0`` or ``0.1`` and ``0.10`` are one value (not ``True`` and
+    ``1``), and an option given at the preset's default is the same model as the preset."""
+    return json.dumps([name, _value_key(dict(PRESETS.get(name, {}), **options))], sort_keys=True,
+                      default=str)
+
+
+def _value_key(value: Any) -> Any:
+    r""":obj:`value` as :func:`model_key` compares it: a whole number as an ``int``, a flag as a
+    ``bool``, containers item by item."""
+    if isinstance(value, Mapping):
+        return {str(k): _value_key(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_value_key(v) for v in value]
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        number = float(value)
+        return int(number) if number.is_integer() else number  # (inf, NaN: as they are)
+    return value
+
+
 def check_models(models: Sequence[str], overrides: Optional[Mapping[str, Any]] = None,
                  task: Any = None) -> None:
     r"""Checks model specs before anything is trained: every preset is known, no spec is given
-    twice (its runs would be read as more seeds of one model), and every option (the spec's,
+    twice (its runs would be read as more seeds of one model; two specs of one preset and equal
+    options, :func:`model_key`, are one spec), and every option (the spec's,
     then :obj:`overrides` on top) is one the preset takes, with a value of the right type. Every
     model with options is also built, which checks the options a preset passes on to its blocks
     (a misspelt one, e.g. ``'mz:dimm=3'``): for :obj:`task` (splits, possibly without sets:
@@ -80,7 +108,7 @@ def check_models(models: Sequence[str], overrides: Optional[Mapping[str, Any]] =
     built = []  # (the builds after every spec's own checks: a spec given twice is said first)
     for spec in models:
         name, options = parse_model_spec(spec)
-        same = json.dumps([name, options], sort_keys=True, default=str)  # 'mz' == 'mz:'
+        same = model_key(name, options)  # 'mz' == 'mz:' == 'mz:dropout=0.10' (its default)
         if same in seen:
             given = f"'{spec}'" if seen[same] == spec else f"'{seen[same]}' and '{spec}'"
             raise ValueError(f"model spec {given} {'is' if seen[same] == spec else 'are'} given "
