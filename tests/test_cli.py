@@ -1432,6 +1432,47 @@ def test_compare_resume_gives_every_model_its_own_model_args(tmp_path, capsys):
         assert ('--model-arg hidden_channels=8' in command) == (said is not None)
 
 
+def test_an_empty_model_arg_is_for_a_resume_and_may_not_contradict_the_record(tmp_path,
+                                                                              capsys):
+    # --model-arg '' on a resume of a comparison whose comparison.json records hidden_channels=8
+    # dropped it silently (the model trained at 103,312 parameters), and a fresh comparison took
+    # it beside other --model-args as nothing
+    from torch_mz.train import TrainingStopped, stop_by
+    argv = ['compare', '--task', 'max', *T[:-1], '2', '--seeds', '1', '--models',
+            'deepsets:num_layers=2']
+    out = str(tmp_path / 'cut')
+    with pytest.raises(TrainingStopped), stop_by(0.0):
+        main([*argv, '--model-arg', 'hidden_channels=8', '--out', out])
+    capsys.readouterr()
+    for extra in (['--model-arg', ''], ['--model-arg', 'hidden_channels=16']):
+        assert main([*argv, '--resume', *extra, '--out', out]) == 2
+        err = capsys.readouterr().err
+        assert ("records the comparison's model options (--model-arg hidden_channels=8), which "
+                "the command contradicts" in err), err
+    assert main([*argv, '--model-arg', '', '--out', str(tmp_path / 'fresh')]) == 2
+    assert "--model-arg '' (the comparison had no --model-arg) is for --resume" in (
+        capsys.readouterr().err)
+    assert not os.path.exists(tmp_path / 'fresh')
+    assert main([*argv, '--resume', '--model-arg', 'hidden_channels=8', '--out', out]) == 0
+    assert _model_args(os.path.join(out, 'deepsets_num_layers=2-seed0')) == {
+        'num_layers': 2, 'hidden_channels': 8}
+
+
+def test_compare_resume_of_an_older_record_is_not_refused_for_an_option_others_do_not_take(
+        tmp_path, capsys):
+    # a spec option of the started model that the others' presets do not take cannot have been
+    # a --model-arg (the comparison would have refused it): nothing to ask
+    from torch_mz.train import TrainingStopped, stop_by
+    argv = ['compare', '--task', 'max', *T[:-1], '2', '--seeds', '1', '--models',
+            'deepsets:pool=mean,mean-mlp']
+    out = str(tmp_path / 'cut')
+    with pytest.raises(TrainingStopped), stop_by(0.0):
+        main([*argv, '--out', out])
+    _drop_comparison_options(out)
+    capsys.readouterr()
+    assert main([*argv, '--resume', '--out', out]) == 0, capsys.readouterr().err
+
+
 @pytest.mark.parametrize('models, extra', [
     ('mz-slim:dropout=0,mz-slim:dropout=0.0', []),
     ('deepsets:hidden_channels=8,deepsets:hidden_channels=8,pool=sum', []),

@@ -947,7 +947,10 @@ def _take_comparison_model_args(args, models: List[ModelSpec],
         for key, value in options.items():
             if key in overrides or any(key not in by_spec[s].options for s in records):
                 continue  # (known: a --model-arg, or not one)
-            lacking = [model.spec for model in models if key not in model.options]
+            # (a model whose preset does not take the option cannot have had it as a
+            # --model-arg: the comparison refused such a --model-arg)
+            lacking = [model.spec for model in models if key not in model.options
+                       and _takes_option(model.name, key, value)]
             if lacking:
                 raise CLIError(
                     f"--resume: the checkpoints cannot tell whether {key}={_shown(value)} was a "
@@ -963,6 +966,17 @@ def _take_comparison_model_args(args, models: List[ModelSpec],
     if args.model_arg:
         print('resuming with the model options of the checkpoints (no --model-arg given): '
               + ', '.join(args.model_arg))
+
+
+def _takes_option(name: str, key: str, value: Any) -> bool:
+    r"""Whether preset :obj:`name` takes option :obj:`key` (with :obj:`value`), as the checks
+    of a comparison's ``--model-arg``s read it (:func:`torch_mz.study.check_models`)."""
+    from torch_mz.study.grid import check_models
+    try:
+        check_models([name], {key: value})
+    except ValueError:
+        return False
+    return True
 
 
 def _compare_command(args, out: str) -> str:
@@ -1002,6 +1016,10 @@ def cmd_compare(args) -> int:
     _check_numbers(args)  # as given, before anything is read or sized by them (--seeds)
     # "--model-arg ''": none (for a resumed comparison whose checkpoints cannot tell)
     none_given = args.model_arg is not None and not any(args.model_arg)
+    if args.model_arg is not None and not all(args.model_arg) and (
+            not args.resume or not none_given):
+        raise CLIError("--model-arg '' (the comparison had no --model-arg) is for --resume, "
+                       "alone: give options as KEY=VALUE")
     args.model_arg = [item for item in args.model_arg or [] if item] or None
     out = args.out if args.out is not None else os.path.join('runs', args.task, 'compare')
     if args.resume and args.overwrite:
@@ -1042,6 +1060,18 @@ def cmd_compare(args) -> int:
                    f"torch-mz wrote it)" if record is not None else
                    f"no {_COMPARISON} records its options")
                 + ': start it again with its options and --overwrite')
+        if options is not None and 'model_arg' in options and (args.model_arg or none_given):
+            where = os.path.join(out, _COMPARISON)
+            recorded_args = _parse_kv(list(_recorded_items(options, 'model_arg', where)),
+                                      f"'{where}' records a --model-arg")
+            given_args = _parse_kv(args.model_arg, '--model-arg')
+            if set(recorded_args) != set(given_args) or not all(
+                    _same_value(recorded_args[k], given_args[k]) for k in given_args):
+                shown = ' '.join(f'--model-arg {k}={_shown(v)}'
+                                 for k, v in recorded_args.items()) or "no --model-arg"
+                raise CLIError(f"--resume: '{where}' records the comparison's model options "
+                               f"({shown}), which the command contradicts: leave --model-arg "
+                               f"out to resume with them")
         if options is not None:
             without_flag = _take_comparison_options(args, options, os.path.join(
                 out, _COMPARISON), model_args=not none_given)

@@ -249,6 +249,21 @@ def test_check_models_compares_options_by_value_over_the_presets_defaults():
                                                                    {'edge_gate': 1})
 
 
+def test_a_matched_width_and_the_listed_width_are_two_models():
+    # hypernet and perceiver match their width to mz's parameter count unless a width is given;
+    # their presets list dim=64 too, so 'hypernet' and 'hypernet:dim=64' (327,392 and 409,104
+    # parameters) were refused as one model
+    from torch_mz.study import check_models
+    from torch_mz.study.grid import model_key
+    for name in ('hypernet', 'perceiver'):
+        assert model_key(name, {}) != model_key(name, {'dim': 64})
+        assert model_key(name, {}) == model_key(name, {'match': 'mz'})
+        assert model_key(name, {'dim': 64}) == model_key(name, {'dim': 64, 'match': None})
+    check_models(['hypernet', 'hypernet:dim=64'])
+    with pytest.raises(ValueError, match='given twice'):
+        check_models(['hypernet:dim=64', 'hypernet:dim=64.0'])
+
+
 def test_check_grid_names_the_cell_it_refuses():
     from torch_mz.study import check_grid
     cells = [dict(label='MEB d=8', task='meb-radius', kwargs=dict(d=8)),

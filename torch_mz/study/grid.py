@@ -13,7 +13,7 @@ import numpy as np
 from torch_mz._checks import check_count
 from torch_mz.datasets.fingerprint import split_digest
 from torch_mz.models import build_model, count_parameters
-from torch_mz.models.registry import PRESETS
+from torch_mz.models.registry import PRESETS, _knob
 from torch_mz.options import check_options
 from torch_mz.study.report import label_key
 from torch_mz.study.resume import RunStore
@@ -70,9 +70,18 @@ def model_key(name: str, options: Mapping[str, Any]) -> str:
     r"""What makes two model specs one model: the preset :obj:`name` and its effective options,
     the preset's defaults (:data:`~torch_mz.models.registry.PRESETS`) under :obj:`options`,
     compared by value: ``0`` and ``0.0`` or ``0.1`` and ``0.10`` are one value (not ``True`` and
-    ``1``), and an option given at the preset's default is the same model as the preset."""
-    return json.dumps([name, _value_key(dict(PRESETS.get(name, {}), **options))], sort_keys=True,
-                      default=str)
+    ``1``), and an option given at the preset's default is the same model as the preset. A
+    preset whose width is matched to another's parameter count (``match``, e.g. ``hypernet``)
+    takes its listed width only where the width is given: the width it would match is not
+    that value, so ``'hypernet'`` and ``'hypernet:dim=64'`` are two models."""
+    effective = dict(PRESETS.get(name, {}), **options)
+    if effective.get('match') is not None:
+        knob = _knob(name)
+        if knob in options:  # giving the width turns the match off (see build_model)
+            effective['match'] = None
+        else:  # matched: the width is the match's, not the listed one
+            effective[knob] = '<matched>'
+    return json.dumps([name, _value_key(effective)], sort_keys=True, default=str)
 
 
 def _value_key(value: Any) -> Any:
