@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+from tests.test_geometry import random_rotation
 from torch_mz.geometry import (
     aligned_chamfer_distance,
     chamfer_distance,
@@ -30,14 +31,6 @@ def prim(points):
         total, done[j] = total + best[j], True
         best = np.minimum(best, dist[j])
     return total
-
-
-def special_rotation(rng, d):
-    q, r = np.linalg.qr(rng.standard_normal((d, d)))
-    q = q * np.sign(np.diag(r))
-    if np.linalg.det(q) < 0:
-        q[:, 0] = -q[:, 0]
-    return q
 
 
 # ---------------------------------------------------------------------------------------------
@@ -148,7 +141,7 @@ def test_procrustes_at_extreme_magnitudes():
     # LinAlgError: SVD did not converge)
     rng = np.random.default_rng(0)
     a = rng.standard_normal((5, 3))
-    q = special_rotation(rng, 3)
+    q = random_rotation(rng, 3)
     for s, t in [(1e-170, 1e-170), (1e160, 1e160), (1e-300, 1e300), (1e300, 1.0), (1.0, 1e-200)]:
         np.testing.assert_allclose(procrustes_rotation(a * s, (a @ q.T) * t), q, atol=1e-12)
     # aligned_chamfer_distance with the estimate, unsquared, at 1e-170
