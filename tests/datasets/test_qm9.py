@@ -822,3 +822,13 @@ def test_qm9pack_csv_errors_name_the_line_of_the_file_after_a_blank_line(qm9pack
     assert [n for n, line in enumerate(open(qm9pack_csv), 1) if '1.5x' in line] == [6]
     with pytest.raises(CorruptRawFileError, match=r'line 6: malformed number'):
         QM9(str(tmp_path / 'root'), source='qm9pack', csv_path=qm9pack_csv, log=False)
+
+
+def test_csv_rows_skip_a_utf8_byte_order_mark(tmp_path):
+    # a gdb9.sdf.csv saved by a spreadsheet program begins with a BOM: its first column read as
+    # '\ufeffmol_id', and the file was refused for a missing 'mol_id' column
+    from torch_mz.datasets.qm9 import _csv_rows
+    path = tmp_path / 'gdb9.sdf.csv'
+    path.write_bytes('\ufeffmol_id,mu\ngdb_1,0.5\n\ngdb_2,1.5\n'.encode('utf-8'))
+    rows = list(_csv_rows(str(path), ['mol_id', 'mu']))
+    assert rows == [(2, {'mol_id': 'gdb_1', 'mu': '0.5'}), (4, {'mol_id': 'gdb_2', 'mu': '1.5'})]

@@ -135,7 +135,8 @@ def _csv_rows(path: str, required: Sequence[str]) -> Iterator[Tuple[int, Dict[st
     where the row ends (:attr:`csv.reader.line_num`; blank lines, which the reader skips, and
     quoted fields that span lines counted). A file that does not end with a line break (its
     last row is cut off), a row with fewer or more fields than the header, and bytes that are
-    not UTF-8 raise :class:`CorruptRawFileError` naming the file."""
+    not UTF-8 raise :class:`CorruptRawFileError` naming the file. A UTF-8 byte-order mark, which
+    spreadsheet programs write, is skipped (it made the first column's name another)."""
     csv.field_size_limit(2**31 - 1)  # qm9pack has long list-valued fields
     with open(path, 'rb') as f:
         f.seek(0, os.SEEK_END)
@@ -145,7 +146,7 @@ def _csv_rows(path: str, required: Sequence[str]) -> Iterator[Tuple[int, Dict[st
                 raise CorruptRawFileError(path, 'the file does not end with a line break: its '
                                           'last line is cut off (truncated file)')
     try:
-        with open(path, newline='', encoding='utf-8') as f:
+        with open(path, newline='', encoding='utf-8-sig') as f:
             reader = csv.DictReader(f)
             missing = [c for c in required if c not in (reader.fieldnames or [])]
             if missing:
