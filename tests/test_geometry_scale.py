@@ -210,7 +210,8 @@ def test_hull_volume_documents_that_thin_sets_get_zero():
 
 def test_hull_volume_refuses_dimensions_qhull_cannot_take():
     # scipy's ConvexHull ended the process (a segmentation fault) on 52 points at d = 32, and
-    # took 4 s a hull at d = 14: refused above MAX_HULL_DIM, where QHull would be called
+    # QHull's cost grows about exponentially with d: refused above MAX_HULL_DIM, where QHull
+    # would be called
     from torch_mz.geometry import MAX_HULL_DIM
     rng = np.random.default_rng(0)
     d = MAX_HULL_DIM + 1

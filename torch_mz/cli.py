@@ -984,21 +984,12 @@ def _compare_command(args, out: str) -> str:
     every option is filled in (a resumed comparison's from its checkpoints): what a resumed
     comparison's results record as their command."""
     argv = ['compare', '--task', args.task, '--models', args.models, '--seeds', str(args.seeds)]
-    for flag in ('n_train', 'n_val', 'n_test', 'data_seed'):
-        if getattr(args, flag) is not None:
-            argv += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
-    if args.set_size is not None:
-        argv += ['--set-size', args.set_size]
+    for flag, value in _comparison_options(args).items():  # (the flags comparison.json records)
+        if flag in _RECORDED_FLAGS and value is not None and value is not False:
+            name = f"--{flag.replace('_', '-')}"
+            argv += [name] if value is True else [name, str(value)]
     for item in args.task_arg or []:
         argv += ['--task-arg', item]
-    if args.root is not None:
-        argv += ['--root', args.root]
-    warmup = _default_warmup(args.epochs) if args.warmup_epochs is None else args.warmup_epochs
-    argv += ['--epochs', str(args.epochs), '--batch-size', str(args.batch_size), '--lr',
-             str(args.lr), '--weight-decay', str(args.weight_decay), '--warmup-epochs',
-             str(warmup), '--grad-clip', str(args.grad_clip), '--patience', str(args.patience)]
-    if args.no_normalize:
-        argv.append('--no-normalize')
     for item in args.model_arg or []:
         argv += ['--model-arg', item]
     if args.device != 'auto':

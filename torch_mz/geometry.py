@@ -334,11 +334,11 @@ def _mst_weight_rescaled(pts: np.ndarray) -> float:
     return _scale_back(weight, e, 'the MST weight')
 
 
-#: The largest dimension :func:`convex_hull_volume` passes to QHull, whose cost grows about
-#: exponentially with :math:`d`: on 35 Gaussian points one hull took about 0.03 s at
-#: :math:`d = 9`, 0.8 s at :math:`d = 12` and 4 s at :math:`d = 14`, and three at :math:`d = 16`
-#: did not finish in 60 s (one core, beside two training processes, 2026-12-07); on 52 points
-#: at :math:`d = 32` scipy's ``ConvexHull`` ended the process with a segmentation fault.
+#: The largest dimension :func:`convex_hull_volume` passes to QHull. A hull of :math:`n` points
+#: in :math:`d` dimensions may have on the order of :math:`n^{\lfloor d/2 \rfloor}` facets, so
+#: QHull's cost grows about exponentially with :math:`d`, and on 52 points at :math:`d = 32`
+#: scipy's ``ConvexHull`` ended the process with a segmentation fault; the paper's hull task
+#: takes :math:`d \leq 9`.
 MAX_HULL_DIM = 12
 
 
@@ -382,8 +382,8 @@ def convex_hull_volume(points, rtol: float = 1e-10) -> float:
         return 0.0
     if d > MAX_HULL_DIM:
         raise ValueError(f"convex_hull_volume: d = {d} is above MAX_HULL_DIM = {MAX_HULL_DIM}: "
-                         f"QHull's cost grows about exponentially with d (4 s a hull of 35 points "
-                         f"at d = 14, a crash at d = 32)")
+                         f"QHull's cost grows about exponentially with d (scipy's ConvexHull "
+                         f"crashed the process at d = 32)")
     try:
         return float(ConvexHull(pts).volume)
     except QhullError:
