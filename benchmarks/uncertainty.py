@@ -32,6 +32,7 @@ Design (the paper gives the task and the methods, not the protocol):
     python benchmarks/uncertainty.py           # 3 seeds, K = 5, 30 passes, 5000 sets, 100 epochs
 """
 import argparse
+import json
 import os
 import time
 from dataclasses import replace
@@ -440,6 +441,49 @@ def report_body(t, lines, task_name, target_std, seeds, members, passes, timing_
         t['fits'] + '\n' + t['members'])
 
 
+def target_std_of(task) -> float:
+    r"""The standard deviation of :obj:`task`'s test targets (the report's caveat gives it)."""
+    return float(np.std([float(d.y) for d in task.test]))
+
+
+def write_study(out, record):
+    r"""Writes ``uncertainty.{json,md,png}`` in :obj:`out` from :obj:`record` (the environment,
+    setup, summary, runs, verdict lines, minutes and test target std of one study); the
+    paper's figures are added. A note where the plot could not be drawn, else ``None``."""
+    setup, runs = record['setup'], record['runs']
+    t = tables(runs, record['summary'])
+    title = ('Uncertainty calibration on '
+             + ('set matching' if setup['task'] == 'chamfer' else f"`{setup['task']}`")
+             + ' (paper Appendix D.3, Tables 19-21)')
+    write_report(out, 'uncertainty', title, record['environment'], setup,
+                 report_body(t, record['verdicts'], setup['task'], record['target_std'],
+                             setup['study_seeds'], setup['ensemble_members'],
+                             setup['mc_passes'], setup['timing_sets']),
+                 dict(summary=record['summary'], runs=runs,
+                      paper=dict(table19=PAPER_T19, table20=PAPER_T20, table21=PAPER_T21),
+                      verdicts=record['verdicts'], target_std=record['target_std']),
+                 record['minutes'])
+    return try_plot(plot, runs, os.path.join(out, 'uncertainty.png'))
+
+
+def replot(recorded, out):
+    r"""Rebuilds ``uncertainty.{md,png}`` (and rewrites the JSON, figures unchanged) from a
+    recorded study: the tables and verdicts as recorded, in the current report's layout.
+    Records written before the test target std was stored get it from the task, generated
+    again from the recorded setup (a :class:`ValueError` where it is not the recorded task)."""
+    record = dict(recorded)
+    if 'target_std' not in record:
+        setup = record['setup']
+        options = {k: v for k, v in setup['task_params'].items() if k != 'set_sizes'}
+        task = load_task(setup['task'], seed=0, n_train=setup['n_train'], n_val=setup['n_val'],
+                         n_test=setup['n_test'], **options)
+        if json.loads(json.dumps(task.info)) != setup['task_params']:
+            raise ValueError(f"the task generated again is not the recorded one ({task.info} "
+                             f"against {setup['task_params']})")
+        record['target_std'] = target_std_of(task)
+    return write_study(out, record)
+
+
 def at_least_two(text):
     r"""An integer >= 2 (a spread needs two samples)."""
     try:
@@ -471,7 +515,26 @@ def main():
                              f'that is given; at least {NUM_BINS}, one per uncertainty bin)')
     parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
                                                       'uncertainty'))
+    parser.add_argument('--replot', action='store_true',
+                        help='rebuild uncertainty.{md,png} in --out from its uncertainty.json '
+                             '(trains and measures nothing)')
     args = parser.parse_args()
+    if args.replot:
+        path = os.path.join(args.out, 'uncertainty.json')
+        try:
+            with open(path) as f:
+                recorded = json.load(f)
+        except FileNotFoundError:
+            parser.error(f'argument --replot: no {path}')
+        except ValueError as e:
+            parser.error(f'argument --replot: {path} is not valid JSON ({e}); restore it or '
+                         'run the study again')
+        try:
+            replot(recorded, args.out)
+        except (KeyError, ValueError) as e:
+            parser.error(f'argument --replot: {path} is not a record of this study ({e!r})')
+        print(f'rebuilt {args.out}/uncertainty.{{md,png}} from {path}')
+        return
     problem = check_out_folder(args.out)  # (before anything runs: a folder it cannot write)
     if problem:
         parser.error(problem)
@@ -514,17 +577,9 @@ def main():
                  timing_sets=args.timing_sets, device=args.device, task_params=task.info)
     lines = verdicts(runs, summary, passes, members)
     t = tables(runs, summary)
-    target_std = float(np.std([float(d.y) for d in task.test]))
-    title = ('Uncertainty calibration on '
-             + ('set matching' if args.task == 'chamfer' else f'`{args.task}`')
-             + ' (paper Appendix D.3, Tables 19-21)')
-    write_report(args.out, 'uncertainty', title, environment(), setup,
-                 report_body(t, lines, args.task, target_std, budget.seeds, members, passes,
-                             args.timing_sets),
-                 dict(summary=summary, runs=runs,
-                      paper=dict(table19=PAPER_T19, table20=PAPER_T20, table21=PAPER_T21),
-                      verdicts=lines), minutes)
-    note = try_plot(plot, runs, os.path.join(args.out, 'uncertainty.png'))
+    note = write_study(args.out, dict(environment=environment(), setup=setup, summary=summary,
+                                      runs=runs, verdicts=lines, minutes=minutes,
+                                      target_std=target_std_of(task)))
     if note:
         print(note)
     print(t['t20'])

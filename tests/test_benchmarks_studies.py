@@ -3,6 +3,7 @@ r"""How the synthetic studies in ``benchmarks/`` read their results into the sta
 tested in ``test_benchmarks_real.py``)."""
 import json
 import os
+import re
 import runpy
 import sys
 
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests._scripts import BENCHMARKS, load_script, run_main
+from tests._scripts import BENCHMARKS, load_script, run_main, run_script
 
 
 def uncertainty_run(spearman, boot=None):
@@ -95,6 +96,55 @@ def test_uncertainty_report_tables_from_hand_built_runs():
     lines = study.verdicts(runs, summary, passes=30, members=5)
     body = study.report_body(t, lines, 'chamfer', 1.0, 2, 5, 30, 128)
     assert body.count('\n## ') == 5 and body.endswith(t['members'])
+
+
+def test_uncertainty_replot_rebuilds_the_report_from_its_record(tmp_path, monkeypatch):
+    # --replot writes the report of a recorded study again (tables in the current layout,
+    # figures as recorded) without training; a record from before the target std was stored
+    # gets it from the task generated again, and every table row has its header's cells
+    # (the '|' of 'mean |error|' had split the Table 19 header into 11)
+    study = load_script('uncertainty')
+    task = study.load_task('chamfer', seed=0, n_train=4, n_val=4, n_test=6)
+    bins = [dict(bin=b, uncertainty=0.1 * b, abs_error=0.2 * b, count=1) for b in range(1, 6)]
+    method = dict(mse=1.0, spearman=0.5, pearson=0.1, inference_s=1.0, passes=1, models=1,
+                  fit=dict(a=1.0, b=0.1), calibrated=dict(ece=0.1, nll=1.0, coverage=[0.5] * 19),
+                  raw=dict(ece=0.3, nll=2.0, coverage=[0.5] * 19), bins=bins,
+                  ihw_test=[0.1] * 6, abs_error_test=[0.2] * 6)
+    runs = [dict(study_seed=0, members=[dict(seed=0, best_epoch=1, test=dict(mse=1.0, r2=0.5))],
+                 methods={m: dict(method) for m in study.METHODS})]
+    summary = study.summarize(runs)
+    setup = dict(task='chamfer', model='mz', params=1, study_seeds=1, ensemble_members=3,
+                 mc_passes=30, n_train=4, n_val=4, n_test=6, epochs=1, lr=1e-3, batch_size=64,
+                 timing_sets=6, device='cpu', task_params=task.info)
+    env = dict(command='python benchmarks/uncertainty.py --quick', cpu_count=2, torch='2.x',
+               threads=1, cuda=None)
+    record = json.loads(json.dumps(dict(
+        environment=env, setup=setup, summary=summary, runs=runs, minutes=1.5,
+        verdicts=['a recorded verdict'],
+        paper=dict(table19=study.PAPER_T19, table20=study.PAPER_T20,
+                   table21=study.PAPER_T21))))
+    (tmp_path / 'uncertainty.json').write_text(json.dumps(record))
+    assert run_script('uncertainty', ['--replot', '--out', str(tmp_path)], monkeypatch) == 0
+    text = (tmp_path / 'uncertainty.md').read_text()
+    assert 'Command: `python benchmarks/uncertainty.py --quick`' in text
+    assert '- a recorded verdict' in text
+    std = float(np.std([float(d.y) for d in task.test]))
+    assert f'(target std {std:.2f})' in text
+    table19 = text.split('(paper Table 19; study seed 0)\n\n')[1].split('\n\n')[0]
+    rows = table19.splitlines()
+    assert len(rows) == 2 + 5 and 'mean \\|error\\|' in rows[0]
+    cells = {len(re.split(r'(?<!\\)\|', row)) for row in rows}
+    assert cells == {7 + 2}
+    rebuilt = json.loads((tmp_path / 'uncertainty.json').read_text())
+    assert rebuilt['target_std'] == pytest.approx(std)
+    assert {k: rebuilt[k] for k in record} == record
+    # a record the task cannot be generated again for is refused, not given another spread
+    record['setup']['task_params']['set_sizes'] = dict(train=[5, 8], val=[5, 8], test=[5, 8])
+    record.pop('target_std', None)
+    (tmp_path / 'uncertainty.json').write_text(json.dumps(record))
+    assert run_script('uncertainty', ['--replot', '--out', str(tmp_path)], monkeypatch) == 2
+    (tmp_path / 'uncertainty.json').write_text('{')
+    assert run_script('uncertainty', ['--replot', '--out', str(tmp_path)], monkeypatch) == 2
 
 
 def test_training_step_flop_counts(tmp_path, monkeypatch):

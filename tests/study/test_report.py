@@ -20,10 +20,12 @@ def test_write_report(tmp_path):
     assert payload['rows'] == [{'cell': 'a'}] and payload['setup'] == {'seeds': 2}
     assert (tmp_path / 'study.md').read_text() == (
         "# A study\n\nCommand: `python study.py`  \nSetup: {'seeds': 2}; 0.5 min on 2 CPUs "
-        "(torch 2.x, 1 threads).\n\n| t |\n\nA note.\n\n![plot](study.png)\n")
+        "(torch 2.x, 1 thread).\n\n| t |\n\nA note.\n\n![plot](study.png)\n")
     write_report(str(tmp_path), 'gpu', 'On a GPU', dict(env, cuda='H200'), {}, '', {}, 1.0,
                  plot=False)
-    assert '1 threads, GPU: H200).' in (tmp_path / 'gpu.md').read_text()
+    assert '1 thread, GPU: H200).' in (tmp_path / 'gpu.md').read_text()
+    write_report(str(tmp_path), 'two', 'Two threads', dict(env, threads=2), {}, '', {}, 1.0)
+    assert '(torch 2.x, 2 threads).' in (tmp_path / 'two.md').read_text()
 
 
 def test_summary_over_seeds():

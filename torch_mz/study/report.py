@@ -77,7 +77,7 @@ def write_report(out: str, name: str, title: str, env: Dict[str, Any],
     :obj:`table`, :obj:`notes` and (if :obj:`plot`) a link to ``<name>.png``."""
     markdown = (f"# {title}\n\nCommand: `{env['command']}`  \n"
                 f"Setup: {setup}; {minutes:.1f} min on {env['cpu_count']} CPUs "
-                f"(torch {env['torch']}, {env['threads']} threads"
+                f"(torch {env['torch']}, {env['threads']} thread{'' if env['threads'] == 1 else 's'}"
                 f"{', GPU: ' + env['cuda'] if env.get('cuda') else ''}).\n\n{table}\n")
     if notes:
         markdown += notes.rstrip() + '\n\n'
