@@ -38,6 +38,8 @@ def test_summary_over_seeds():
     lines = summary_markdown([a, b], 'regression').splitlines()
     assert lines[0] == '| model | params | seeds | test r2 | test mse | test mae | min/run |'
     assert lines[2] == '| a | 10 | 2 | 0.6000 ± 0.1000 | 2.0000 ± 1.0000 | 1.0000 ± 0.5000 | 2.00 |'
+    assert lines[-1].startswith('Test figures are the mean ± the standard deviation over seeds '
+                                '(the population one, ddof = 0')  # (0.6 ± 0.1 above: ddof 0)
 
 
 def test_write_results(tmp_path):

@@ -172,7 +172,9 @@ def summarize(rows: List[Dict[str, Any]], task_type: str) -> List[Dict[str, Any]
 
 def summary_markdown(summary: List[Dict[str, Any]], task_type: str) -> str:
     r"""The summary as a Markdown table (mean ± std over seeds), led by a ``cell`` column where
-    the entries carry one (:func:`summarize` of a grid's runs)."""
+    the entries carry one (:func:`summarize` of a grid's runs), and a line below it that says
+    which standard deviation the ± gives: the population one (``ddof=0``, as
+    :func:`summarize` computes it; two seeds at 0.5 and 0.7 give 0.6 ± 0.1)."""
     keys = METRICS[task_type]
     by_cell = any('cell' in e for e in summary)
     head = (['cell'] if by_cell else []) + ['model', 'params', 'seeds'] + [
@@ -186,4 +188,6 @@ def summary_markdown(summary: List[Dict[str, Any]], task_type: str) -> str:
         cells += [f"{e[k]:.4f} ± {e[k + '_std']:.4f}" for k in keys]
         cells.append(f"{e['minutes']:.2f}")
         lines.append('| ' + ' | '.join(cells) + ' |')
+    lines += ['', 'Test figures are the mean ± the standard deviation over seeds (the population '
+              'one, ddof = 0; one seed gives ± 0).']
     return '\n'.join(lines) + '\n'
