@@ -1366,6 +1366,19 @@ def test_a_resumed_comparison_records_a_command_that_reproduces_it(tmp_path, cap
 
 # the review of those fixes (s44 review): its findings 1-8
 
+def test_compare_records_the_dataset_folder_absolute(tmp_path, monkeypatch):
+    # comparison.json records --root as an absolute folder: a resume run from another
+    # directory reads the recorded folder, not one of the same name below the new directory
+    from torch_mz.cli import _comparison_options
+    monkeypatch.chdir(tmp_path)
+    args = build_parser().parse_args(['compare', '--task', 'qm9', '--models', 'mz',
+                                       '--epochs', '5', '--root', 'data/QM9'])
+    assert _comparison_options(args)['root'] == str(tmp_path / 'data' / 'QM9')
+    args = build_parser().parse_args(['compare', '--task', 'qm9', '--models', 'mz',
+                                       '--epochs', '5'])
+    assert _comparison_options(args)['root'] is None  # (the default folder: left to resolve)
+
+
 def _drop_comparison_options(out):
     r"""comparison.json as torch-mz wrote it before it recorded the comparison's options."""
     path = os.path.join(out, 'comparison.json')

@@ -817,8 +817,10 @@ _RECORDED_FLAGS: Dict[str, Any] = dict(
 
 def _comparison_options(args) -> Dict[str, Any]:
     r"""The options of the comparison :obj:`args` describes, every one filled in (the warm-up's
-    default resolved), as ``comparison.json`` records them."""
+    default resolved, the dataset folder made absolute), as ``comparison.json`` records them."""
     options: Dict[str, Any] = {flag: getattr(args, flag) for flag in _RECORDED_FLAGS}
+    if options['root'] is not None:  # (a relative folder, read from another directory on
+        options['root'] = os.path.abspath(options['root'])  # resume, named other data)
     if options['warmup_epochs'] is None:
         options['warmup_epochs'] = _default_warmup(args.epochs)
     return dict(task=args.task, **options, task_arg=list(args.task_arg or []),
