@@ -171,6 +171,28 @@ def test_atomic_write_takes_the_longest_file_names(tmp_path):
     assert path.read_bytes() == b'data' and os.listdir(tmp_path) == [path.name]
 
 
+def test_stale_temp_files_of_long_names_are_found_and_four_byte_names_written(tmp_path):
+    # a name over 200 bytes is written through a shortened temporary name, which
+    # remove_stale_temp_files looked for under the whole name (never finding it); and the
+    # shortened name took 64 characters, past 255 bytes for a name of 4-byte characters
+    import signal
+    from torch_mz._files import atomic_write, remove_stale_temp_files
+    for name in ('x' * 250, 'short.pt', '\U0001F600' * 60):
+        pid = os.fork()
+        if pid == 0:  # killed mid-write (SIGKILL: no finally runs), leaving its temporary file
+            try:
+                atomic_write(str(tmp_path / name), lambda f: os.kill(os.getpid(), signal.SIGKILL))
+            finally:
+                os._exit(1)
+        os.waitpid(pid, 0)
+        assert len(os.listdir(tmp_path)) == 1
+        removed = remove_stale_temp_files(tmp_path, [name])
+        assert len(removed) == 1 and os.listdir(tmp_path) == []
+        atomic_write(str(tmp_path / name), lambda f: f.write(b'data'))
+        assert (tmp_path / name).read_bytes() == b'data' and os.listdir(tmp_path) == [name]
+        os.unlink(tmp_path / name)
+
+
 class _Payload:  # a plain pickle that runs code, in the file ClusterData is led to load
     def __init__(self, marker):
         self.marker = str(marker)

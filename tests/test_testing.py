@@ -245,3 +245,26 @@ def test_assert_equivariant_fails_an_infinite_output():
 
     with pytest.raises(AssertionError, match='not equivariant'):
         assert_equivariant(f, pos, batch, invariant_outputs=[0])
+
+
+def test_a_point_output_of_a_set_without_elements_is_refused_not_failed():
+    # a set in the middle of 'batch' without elements: an exactly equivariant centroid (0 there)
+    # was compared with a translated 0 and reported as 'not equivariant under translation'
+    pos, _, features = sets(torch.float64)
+    batch = torch.tensor([0, 0, 0, 2, 2, 3, 3, 3, 3, 3])  # set 1 is empty
+
+    def centroids(pos, features, batch):
+        return scatter(pos, batch, dim=0, dim_size=4, reduce='mean')  # (4, D)
+
+    for independent in (True, False):
+        with pytest.raises(ValueError, match=r'no elements in sets \[1\]'):
+            assert_equivariant(centroids, pos, batch, features, equivariant_outputs=(0, ),
+                               set_outputs=(0, ), independent_sets=independent)
+    # an invariant per-set output is fine there (it is compared unchanged)
+    assert_equivariant(lambda *args: centroids(*args).norm(dim=-1), pos,
+                       torch.tensor([0, 0, 0, 2, 2, 2, 2, 2, 2, 2]), features,
+                       invariant_outputs=(0, ), set_outputs=(0, ), rotations=False,
+                       reflections=False, translations=False)
+    with pytest.raises(ValueError, match='set ids >= 0'):
+        assert_equivariant(centroids, pos, batch - 1, features, equivariant_outputs=(0, ),
+                           set_outputs=(0, ))

@@ -81,10 +81,8 @@ def atomic_write(path: Union[str, os.PathLike], write: Callable[[Any], None],
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     # secrets, not random: writing a file must not advance the seeded random streams
-    name = os.path.basename(path)
-    if len(name.encode()) > 200:  # (the temporary name adds 18 characters to a name's 255)
-        name = name[:64] + '-' + hashlib.sha1(name.encode()).hexdigest()[:16]
-    tmp = os.path.join(directory, f'.{name}.{secrets.token_hex(6)}.tmp')
+    stem = _temp_stem(os.path.basename(path))
+    tmp = os.path.join(directory, f'.{stem}.{secrets.token_hex(6)}.tmp')
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, 'wb' if binary else 'w', encoding=None if binary else 'utf-8') as f:
@@ -101,6 +99,20 @@ def atomic_write(path: Union[str, os.PathLike], write: Callable[[Any], None],
             os.unlink(tmp)
         raise
     _sync_folder(directory)
+
+
+def _temp_stem(name: str) -> str:
+    r"""The part of :obj:`name` that the temporary files of :func:`atomic_write` (and
+    :func:`remove_stale_temp_files`) are named with: the name itself, or where it is longer than
+    200 bytes (the temporary name adds 18 to a name's 255), its first 64 bytes (whole
+    characters) and a hash of it."""
+    encoded = os.fsencode(name)
+    if len(encoded) <= 200:
+        return name
+    head = name[:64]
+    while len(os.fsencode(head)) > 64:  # (64 characters of up to 4 bytes each)
+        head = head[:-1]
+    return head + '-' + hashlib.sha1(encoded).hexdigest()[:16]
 
 
 def _sync_folder(directory: str) -> None:
@@ -128,7 +140,8 @@ def remove_stale_temp_files(directory: Union[str, os.PathLike], names,
     directory = os.fspath(directory)
     if not os.path.isdir(directory):
         return []
-    patterns = [re.compile(re.escape(f'.{name}.') + r'[0-9a-f]{12}\.tmp') for name in names]
+    patterns = [re.compile(re.escape(f'.{_temp_stem(name)}.') + r'[0-9a-f]{12}\.tmp')
+                for name in names]
     removed = []
     now = time.time()
     for entry in sorted(os.listdir(directory)):

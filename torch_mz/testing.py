@@ -156,6 +156,8 @@ def assert_equivariant(
       :math:`Q \mathbf{y}` (translations leave them unchanged);
     - ``set_outputs`` (any of the above): one row per set, indexed by set id, hence unchanged by
       permutations. All other outputs have one row per element and are permuted with the elements.
+      A set-level point or vector output must have no row for a set without elements (no
+      transformation of its elements moves it).
 
     With ``independent_sets=True`` (and a ``batch``), every set gets its own random transformation,
     which also checks that sets do not influence each other; set it to :obj:`False` to transform all
@@ -198,7 +200,8 @@ def assert_equivariant(
     Raises:
         AssertionError: If any kind exceeds the tolerance; the message gives, for every kind, the
             worst error, its tolerance, the output position and the trial.
-        ValueError: If the inputs or the output declarations are inconsistent.
+        ValueError: If the inputs or the output declarations are inconsistent, or a set-level
+            point or vector output has a row for a set without elements.
 
     Shapes:
         - **input:** pos :math:`(N, D)`, batch :math:`(N)`, features :math:`(N, *)`
@@ -211,6 +214,8 @@ def assert_equivariant(
                               or batch.dtype != torch.long):
         raise ValueError(f"Expected a long 'batch' of shape ({num_nodes},), got "
                          f"{tuple(batch.shape)} and dtype {batch.dtype}")
+    if batch is not None and num_nodes > 0 and int(batch.min()) < 0:
+        raise ValueError(f"Expected set ids >= 0 in 'batch', got {int(batch.min())}")
     if features is not None and features.size(0) != num_nodes:
         raise ValueError(f"'features' has {features.size(0)} rows but 'pos' has {num_nodes}")
     if n_trials < 1:
@@ -250,11 +255,18 @@ def assert_equivariant(
     node_set = (batch if batch is not None and independent_sets else
                 torch.zeros(num_nodes, dtype=torch.long, device=pos.device))  # (N,)
     num_groups = int(node_set.max()) + 1 if num_nodes > 0 else 1
+    set_ids = (batch if batch is not None else node_set).detach().cpu()  # (N,)
     for k in set_level:
-        if independent_sets and kind_of[k] != 'invariant' and reference[k].size(0) > num_groups:
-            raise ValueError(f"Output {k} is a '{kind_of[k]}' set-level output with "
-                             f"{reference[k].size(0)} rows, but 'batch' has elements in only "
-                             f"{num_groups} sets: trailing empty sets have no transformation")
+        if kind_of[k] == 'invariant':
+            continue
+        rows = reference[k].size(0)
+        # (a point of a set without elements moves with no transformation of its elements: an
+        # equivariant function's zero centroid there was compared with a translated one)
+        empty = (torch.bincount(set_ids, minlength=rows)[:rows] == 0).nonzero().flatten()
+        if empty.numel() > 0:
+            raise ValueError(f"Output {k} is a '{kind_of[k]}' set-level output with {rows} rows, "
+                             f"but 'batch' has no elements in sets {empty.tolist()}: empty sets "
+                             f"(trailing empty sets too) have no transformation")
     shift_scale = float(pos.detach().abs().max()) if num_nodes > 0 else 1.0
     shift_scale = shift_scale if shift_scale > 0 else 1.0
 

@@ -75,9 +75,10 @@ def write_report(out: str, name: str, title: str, env: Dict[str, Any],
     r"""Writes a study's results as ``<out>/<name>.json`` (:obj:`payload` plus the environment,
     setup and run time) and ``<out>/<name>.md``: the title, the command and setup it ran with,
     :obj:`table`, :obj:`notes` and (if :obj:`plot`) a link to ``<name>.png``."""
+    plural = '' if env['threads'] == 1 else 's'
     markdown = (f"# {title}\n\nCommand: `{env['command']}`  \n"
                 f"Setup: {setup}; {minutes:.1f} min on {env['cpu_count']} CPUs "
-                f"(torch {env['torch']}, {env['threads']} thread{'' if env['threads'] == 1 else 's'}"
+                f"(torch {env['torch']}, {env['threads']} thread{plural}"
                 f"{', GPU: ' + env['cuda'] if env.get('cuda') else ''}).\n\n{table}\n")
     if notes:
         markdown += notes.rstrip() + '\n\n'

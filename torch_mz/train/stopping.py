@@ -11,6 +11,8 @@ trainer's resumption is exact), so a run may span several jobs. A run that has n
 checkpoint is not stopped (stopping it would only lose it).
 """
 import contextvars
+import math
+import numbers
 import time
 from contextlib import contextmanager
 from typing import Callable, Iterator, Optional, Tuple
@@ -69,7 +71,16 @@ def stop_by(deadline: Optional[float],
     :obj:`deadline` (read against :obj:`clock`, :func:`time.time` seconds by default) and
     raises :class:`TrainingStopped` once the epoch's checkpoint is written. :obj:`None` sets no
     deadline. Not for distributed training (its processes could disagree on the time): a
-    :class:`~torch_mz.train.Trainer` launched with ``torchrun`` refuses it."""
+    :class:`~torch_mz.train.Trainer` launched with ``torchrun`` refuses it. A deadline that is
+    not a number (text, a bool) or is NaN (which no time reaches: the run would never stop)
+    raises a :class:`ValueError`."""
+    if deadline is not None and (isinstance(deadline, bool)
+                                 or not isinstance(deadline, numbers.Real)
+                                 or math.isnan(deadline)):
+        raise ValueError(f"'deadline' must be a time in seconds read against 'clock' (e.g. "
+                         f"time.time() + 3600) or None (got {deadline!r})")
+    if not callable(clock):
+        raise ValueError(f"'clock' must be a callable returning seconds (got {clock!r})")
     token = _DEADLINE.set(None if deadline is None else (float(deadline), clock))
     try:
         yield
