@@ -156,6 +156,63 @@ def test_old_or_foreign_checkpoints(task, tmp_path):
 def test_load_model_names_an_argument_that_is_no_checkpoint():
     with pytest.raises(TypeError, match='takes the path of a checkpoint or the dict'):
         load_model(None)
+    # a model's own state dict, or one wrapped by hand: it failed with a bare KeyError
+    weights = build_model('deepsets', 3, 3, hidden_channels=8).state_dict()
+    for given, match in ((weights, r"lacks \['model', 'task_type'\]"),
+                         ({'model': weights}, r"lacks \['task_type'\]"),
+                         ({'model': None, 'task_type': 'regression'}, 'holds a NoneType')):
+        with pytest.raises(CheckpointError, match=match + '.*load_checkpoint'):
+            load_model(given, model=build_model('deepsets', 3, 3, hidden_channels=8))
+
+
+def test_a_checkpoint_load_model_refuses_leaves_the_given_model_as_it_was(task, tmp_path):
+    # load_state_dict copies every entry that fits before it raises, and the model's normaliser
+    # was taken off first: the refused load left a model of mixed weights in standardised units
+    torch.manual_seed(0)
+    train(build_model('deepsets', 3, 3, hidden_channels=8), task.train, task.val,
+          config=config(tmp_path / 'run'))
+    state = load_checkpoint(tmp_path / 'run' / 'best.pt')
+    del state['model'][sorted(state['model'])[-1]]  # one entry lacking: the rest fits
+    torch.manual_seed(1)
+    model = build_model('deepsets', 3, 3, hidden_channels=8)
+    train(model, task.train, task.val, config=config(tmp_path / 'own'))
+    expected = predict(model, task.test)
+    with pytest.raises(CheckpointError, match='(?s)does not fit this model.*Missing key'):
+        load_model(state, model=model)
+    assert carried_normalizer(model) is not None
+    assert torch.equal(predict(model, task.test), expected)
+
+
+def test_load_weights_refuses_a_model_built_otherwise(task, tmp_path):
+    # weights of the same shapes loaded into a model of another readout and predicted
+    # something else; load_model(path, model=...) refused them, Trainer.load_weights did not
+    from torch_mz.train import Trainer
+    train_one(task, 'mz', 0, config(tmp_path, epochs=1), **SMALL)
+    best = str(tmp_path / 'best.pt')
+    other = build_model('mz', task.in_channels, 3, readout='signed', **SMALL)
+    weights = {k: v.clone() for k, v in other.state_dict().items()}
+    with pytest.raises(CheckpointError, match=r"built otherwise than the one given \(readout "
+                       r"'ihw', given 'signed'\)"):
+        Trainer(other, TrainConfig(device='cpu', progress=False)).load_weights(best)
+    assert all(torch.equal(v, other.state_dict()[k]) for k, v in weights.items())
+    same = build_model('mz', task.in_channels, 3, dropout=0.3, **SMALL)  # (eval: no difference)
+    Trainer(same, TrainConfig(device='cpu', progress=False)).load_weights(best)
+    torch.testing.assert_close(predict(same, task.test)[0], predict(load_model(best),
+                                                                      task.test)[0])
+
+
+def test_prediction_columns_of_a_dataset_without_a_length(task):
+    # predict() takes one; prediction_columns ran the model, then failed on len(dataset)
+    from torch.utils.data import IterableDataset
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(task.test)
+
+    torch.manual_seed(0)
+    model = build_model('deepsets', task.in_channels, task.out_channels, hidden_channels=8)
+    assert prediction_columns(model, Stream(), 'regression') == prediction_columns(
+        model, task.test, 'regression')
 
 
 def test_a_checkpoint_of_an_unchecked_flag_or_rank_rebuilds_the_model_it_trained(task,

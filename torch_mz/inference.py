@@ -12,8 +12,8 @@ from torch import Tensor
 
 from torch_mz.train import (CheckpointError, TargetNormalizer, attach_normalizer,
                             detach_normalizer, load_checkpoint, predict)
-from torch_mz.train.checkpoint import (_with_build_info, check_finite_parameters,
-                                       recorded_options, same_run)
+from torch_mz.train.checkpoint import (_with_build_info, load_weights_into, recorded_options,
+                                       same_run)
 
 __all__ = ['load_model', 'load_test_split', 'prediction_columns', 'TestSplitWarning']
 
@@ -26,10 +26,10 @@ def load_model(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
     r"""Rebuilds the model of a training checkpoint and loads its weights: the preset and its
     arguments and the in/out channels come from the checkpoint's ``run_info['model']`` (recorded
     for every model made by :func:`~torch_mz.models.build_model`). The model is returned in eval
-    mode on the CPU and, when it was trained on normalised regression targets, carries the target
-    normaliser (:func:`~torch_mz.train.attach_normalizer`): ``model(batch)`` and
-    :func:`~torch_mz.train.predict` give target units. ``best.pt`` holds the weights of the best
-    validation epoch, ``checkpoint.pt`` those of the last epoch.
+    mode on the CPU (a given one on its device) and, when it was trained on normalised
+    regression targets, carries the target normaliser (:func:`~torch_mz.train.attach_normalizer`):
+    ``model(batch)`` and :func:`~torch_mz.train.predict` give target units. ``best.pt`` holds
+    the weights of the best validation epoch, ``checkpoint.pt`` those of the last epoch.
 
     Args:
         checkpoint (str or dict): Path of the checkpoint, or the dict
@@ -48,6 +48,14 @@ def load_model(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
     """
     if isinstance(checkpoint, Mapping):
         state, where = dict(checkpoint), 'The checkpoint'
+        lacking = [k for k in ('model', 'task_type') if k not in state]
+        if lacking or not isinstance(state['model'], Mapping):
+            # (a model's own state_dict, or a dict of one's making: it failed with a KeyError)
+            what = (f'lacks {lacking}' if lacking else
+                    f"holds a {type(state['model']).__name__}, not a state dict, under 'model'")
+            raise CheckpointError(f"The checkpoint given as a dict {what}: pass the dict "
+                                  f"load_checkpoint() returned (a model's own state_dict() "
+                                  f"loads with model.load_state_dict)")
     elif not isinstance(checkpoint, (str, os.PathLike)):
         raise TypeError(f'load_model() takes the path of a checkpoint or the dict '
                         f'load_checkpoint() returned, got {type(checkpoint).__name__}')
@@ -62,34 +70,41 @@ def load_model(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
         if len(dtypes) == 1:
             model = model.to(dtypes.pop())
     else:
-        recorded = (state.get('run_info') or {}).get('model')
-        built = (_with_build_info(None, model) or {}).get('model')
-        if isinstance(recorded, dict) and isinstance(built, dict):
-            recorded, built = _as_built(recorded), _as_built(built)
-        if (isinstance(recorded, dict) and isinstance(built, dict)
-                and not same_run({'model': recorded}, {'model': built})):
-            differ = {k: (recorded[k], built[k]) for k in recorded.keys() & built.keys()
-                      if recorded[k] != built[k] and k != 'args'}
-            old, new = recorded.get('args') or {}, built.get('args') or {}
-            differ.update({k: (old.get(k), new.get(k)) for k in old.keys() | new.keys()
-                           if old.get(k) != new.get(k)})
-            raise CheckpointError(
-                f'{where} was trained with a model built otherwise than the one given ('
-                + ', '.join(f'{k} {a!r}, given {b!r}' for k, (a, b) in sorted(differ.items()))
-                + '): build it as the checkpoint records, or let load_model(checkpoint) '
-                'rebuild it')
-    # (before anything is touched: a refused checkpoint leaves a given model as it was)
-    check_finite_parameters(model, state['model'], where)
+        check_built_as_recorded(state, model, where)
+    # all or nothing: a refused checkpoint leaves a given model as it was, weights and normaliser
+    load_weights_into(model, state['model'], where)
     detach_normalizer(model)  # (of a given model; a rebuilt one carries none)
-    try:
-        model.load_state_dict(state['model'])
-    except RuntimeError as e:
-        raise CheckpointError(f'{where} does not fit this model: {e}') from e
     normalised = state.get('config', {}).get('normalize_targets', True)
     if (state['task_type'] == 'regression' and normalised
             and state.get('normalizer') is not None):
         attach_normalizer(model, TargetNormalizer().load_state_dict(state['normalizer']))
     return model.eval()
+
+
+def check_built_as_recorded(state: Mapping[str, Any], model: torch.nn.Module, where: str
+                            ) -> None:
+    r"""A :class:`~torch_mz.train.CheckpointError` where :obj:`model` (made by
+    :func:`~torch_mz.models.build_model`) was built otherwise than the checkpoint :obj:`state`
+    (from :obj:`where`, for the message) records its model, up to
+    :data:`INFERENCE_NEUTRAL_OPTIONS`: weights of the same shapes would load and predict
+    something else. A model or checkpoint that does not record how it was built is not
+    compared. What :func:`load_model` and :meth:`~torch_mz.train.Trainer.load_weights` check."""
+    recorded = (state.get('run_info') or {}).get('model')
+    built = (_with_build_info(None, model) or {}).get('model')
+    if not (isinstance(recorded, dict) and isinstance(built, dict)):
+        return
+    recorded, built = _as_built(recorded), _as_built(built)
+    if same_run({'model': recorded}, {'model': built}):
+        return
+    differ = {k: (recorded[k], built[k]) for k in recorded.keys() & built.keys()
+              if recorded[k] != built[k] and k != 'args'}
+    old, new = recorded.get('args') or {}, built.get('args') or {}
+    differ.update({k: (old.get(k), new.get(k)) for k in old.keys() | new.keys()
+                   if old.get(k) != new.get(k)})
+    raise CheckpointError(
+        f'{where} was trained with a model built otherwise than the one given ('
+        + ', '.join(f'{k} {a!r}, given {b!r}' for k, (a, b) in sorted(differ.items()))
+        + '): build it as the checkpoint records, or let load_model(checkpoint) rebuild it')
 
 
 #: Model options that do not change what a model in eval mode predicts (beyond rounding).
@@ -398,7 +413,8 @@ def prediction_columns(model: torch.nn.Module, dataset: Sequence, task_type: str
 
     Args:
         model (torch.nn.Module): The model, e.g. from :func:`load_model`.
-        dataset (Sequence): PyG dataset or list of :class:`~torch_geometric.data.Data`.
+        dataset (Sequence): PyG dataset or list of :class:`~torch_geometric.data.Data`, or a
+            dataset without a length (an :class:`~torch.utils.data.IterableDataset`, read once).
         task_type (str): ``'regression'`` or ``'classification'``.
         batch_size (int, optional): Sets per batch. (default: :obj:`128`)
         device (str or torch.device, optional): Device to run on. (default: :obj:`'cpu'`)
@@ -406,6 +422,8 @@ def prediction_columns(model: torch.nn.Module, dataset: Sequence, task_type: str
     if task_type not in ('regression', 'classification'):
         raise ValueError(f"Expected task_type 'regression' or 'classification' (got "
                          f'{task_type!r})')
+    if not hasattr(dataset, '__len__'):  # (predict takes one; the targets failed after it ran)
+        dataset = list(dataset)  # the sets predicted are those whose targets are tabulated
     out = predict(model, dataset, batch_size=batch_size, device=device)
     pred, extra = out if isinstance(out, tuple) else (out, None)
     if task_type == 'classification':

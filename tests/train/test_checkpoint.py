@@ -495,3 +495,20 @@ def test_a_resume_with_other_loader_workers_is_said_to_differ(tmp_path, caplog):
                                             resume=str(out / 'checkpoint.pt'))).fit(
             REG_TRAIN[:16], REG_VAL[:8])
     assert "'num_workers': (0, 1)}; the run will differ" in caplog.text
+
+
+def test_weights_that_do_not_fit_leave_the_model_as_it_was(tmp_path):
+    # load_state_dict copies every entry that fits before it raises: load_weights of a checkpoint
+    # that lacks one layer of the model overwrote all the others, though it was refused
+    from torch_mz.train.normalize import carried_normalizer
+    torch.manual_seed(0)
+    run = config(epochs=1, warmup_epochs=0, out_dir=str(tmp_path / 'run'))
+    Trainer(H.ToyDeepSets(3, 2), run).fit(REG_TRAIN[:16], REG_VAL[:8])
+    torch.manual_seed(1)
+    model = H.ToyDeepSets(3, 2, with_uncertainty=True)  # (a sigma head the checkpoint lacks)
+    Trainer(model, config(epochs=1, warmup_epochs=0)).fit(REG_TRAIN[:16], REG_VAL[:8])
+    carried, weights = carried_normalizer(model), params(model)
+    with pytest.raises(CheckpointError, match=r'(?s)does not fit this model.*Missing key.*sigma'):
+        Trainer(model, config()).load_weights(tmp_path / 'run' / 'best.pt')
+    assert_same_params(params(model), weights)
+    assert repr(carried_normalizer(model)) == repr(carried)

@@ -99,6 +99,25 @@ def check_finite_parameters(model: torch.nn.Module, weights: Dict[str, Any], whe
                               f'train it again (e.g. with a lower learning rate)')
 
 
+def load_weights_into(model: torch.nn.Module, weights: Dict[str, Any], where: str) -> None:
+    r"""Loads the state dict :obj:`weights` (from :obj:`where`, for the messages) into
+    :obj:`model`, all or nothing: non-finite parameters are refused before anything is loaded
+    (:func:`check_finite_parameters`), and where ``load_state_dict`` refuses the weights (keys
+    missing or unexpected, other shapes) the model's own are put back, since it copies every
+    entry that fits before it raises.
+
+    Raises:
+        CheckpointError: If the weights hold NaN or inf, or do not fit :obj:`model`.
+    """
+    check_finite_parameters(model, weights, where)
+    own = _cpu_state_dict(model)
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError as e:
+        model.load_state_dict(own)
+        raise CheckpointError(f'{where} does not fit this model: {e}') from e
+
+
 def checkpoint_files_hint(folder: str) -> str:
     r"""'; pass a file in it: ...' naming the ``.pt`` files in :obj:`folder` (none: says so)."""
     try:

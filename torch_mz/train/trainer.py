@@ -29,11 +29,10 @@ from torch_mz._files import atomic_write, remove_stale_temp_files
 from torch_mz.runtime import freed_memory_kept
 from torch_mz.nn.fused import fused_kernels_mode, set_tanh_kernel, tanh_kernel_in_use
 from torch_mz.train.checkpoint import (CHECKPOINT_FORMAT, CHECKPOINT_VERSION, CheckpointError,
-                                       check_finite_parameters,
                                        _cpu_state_dict, _json_values, _rng_state,
                                        _set_rng_state, _torch_mz_version, _with_build_info,
                                        config_changes, describe_run, load_checkpoint,
-                                       same_run, save_checkpoint)
+                                       load_weights_into, same_run, save_checkpoint)
 from torch_mz.train.config import TrainConfig, TrainResult
 from torch_mz.train.contract import (TASK_TYPES, LossFn, ModelOutput, _collect_targets, _first,
                                      _match_pred, _raw_targets)
@@ -391,13 +390,26 @@ class Trainer:
         r"""Loads model weights (and the target normaliser) from ``best.pt`` or ``checkpoint.pt``
         for evaluation or prediction; returns the checkpoint dict. Afterwards the model carries
         the normaliser (when targets are normalised), is in ``eval()`` mode and predicts in
-        target units, as after :meth:`fit`."""
+        target units, as after :meth:`fit`. A model made by
+        :func:`~torch_mz.models.build_model` must have been built as the checkpoint records
+        (:func:`torch_mz.inference.load_model`'s check); a refused checkpoint (another task
+        type, weights that do not fit) leaves the model as it was.
+
+        Raises:
+            CheckpointError: If the checkpoint is missing, unreadable or foreign, is of another
+                task type or normalisation, or its weights do not fit the model or were trained
+                in a model built otherwise.
+        """
         state = load_checkpoint(path, map_location='cpu')
         self._check_task(state, path)
         self._check_normalization(
             state, f'Checkpoint {os.fspath(path)!r}', 'this Trainer has {now}: its predictions '
             'would not be in target units; build the Trainer with '
             'TrainConfig(normalize_targets={saved}) or load it with torch_mz.load_model')
+        # weights of the same shapes from a model built otherwise (another readout...) loaded
+        # and predicted something else: refused, as load_model(path, model=...) refuses them
+        from torch_mz.inference import check_built_as_recorded  # (it imports this package)
+        check_built_as_recorded(state, self.model, f'Checkpoint {os.fspath(path)!r}')
         # (the weights first: a refused checkpoint leaves the model as it was; the normaliser
         # is no part of the state dict)
         self._load_model_state(state['model'], path)
@@ -428,12 +440,7 @@ class Trainer:
                               f'({describe_run(self.run_info)})')
 
     def _load_model_state(self, model_state: Dict[str, Tensor], path: Any) -> None:
-        check_finite_parameters(self.model, model_state, f'Checkpoint {os.fspath(path)!r}')
-        try:
-            self.model.load_state_dict(model_state)
-        except RuntimeError as e:
-            raise CheckpointError(f'Checkpoint {os.fspath(path)!r} does not fit this model: '
-                                  f'{e}') from e
+        load_weights_into(self.model, model_state, f'Checkpoint {os.fspath(path)!r}')
 
     # -- logs ----------------------------------------------------------------------------------
     def _write_logs(self, history: List[Dict[str, float]]) -> None:
