@@ -8,14 +8,14 @@ three untimed ones (which compile). Times nothing else; run it on a quiet machin
     python benchmarks/compiled_dropout.py --out benchmarks/results/compiled_dropout
 """
 import argparse
-import json
-import os
+import statistics
 import time
 
 import torch
 import torch.nn.functional as F
 
 from torch_mz.nn.functional import dropout
+from torch_mz.study import positive_int, write_results
 
 
 def _median_ms(fn, x, repeats: int) -> float:
@@ -26,12 +26,12 @@ def _median_ms(fn, x, repeats: int) -> float:
         start = time.perf_counter()
         fn(x).backward()
         times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2] * 1e3
+    return statistics.median(times) * 1e3  # (the mean of the middle two of an even number)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--repeats', type=int, default=15)
+    parser.add_argument('--repeats', type=positive_int, default=15)
     parser.add_argument('--out', default='benchmarks/results/compiled_dropout')
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -56,14 +56,14 @@ def main() -> None:
                                                                   args.repeats)
     command = ('python benchmarks/compiled_dropout.py --repeats '
                f'{args.repeats} --out {args.out}')
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, 'compiled_dropout.json'), 'w') as f:
-        json.dump(dict(command=command, torch=torch.__version__, median_ms=rows), f, indent=1)
     lines = ['# One dropout, forward + backward, (32768, 128) float32, one thread', '',
              f'Command: `{command}` (torch {torch.__version__}; medians of {args.repeats})', '',
              '| dropout | ms |', '|---|---|'] + [f'| {k} | {v:.1f} |' for k, v in rows.items()]
-    with open(os.path.join(args.out, 'compiled_dropout.md'), 'w') as f:
-        f.write('\n'.join(lines) + '\n')
+    # atomically (a temporary file moved into place): an interrupted write leaves the earlier
+    # results whole
+    write_results(args.out, 'compiled_dropout',
+                  dict(command=command, torch=torch.__version__, median_ms=rows),
+                  '\n'.join(lines) + '\n')
     print('\n'.join(lines))
 
 

@@ -295,9 +295,11 @@ def main():
         finally:
             if device.type == 'cuda':
                 torch.cuda.empty_cache()
-        write(rows, args, args.out, time.time() - start, peak)  # after every row: a cut-off run
+        if rows:  # after every row: a cut-off run keeps what it measured (and a run whose rows
+            # all failed so far leaves the earlier results as they were, not an empty report)
+            write(rows, args, args.out, time.time() - start, peak)
     if not rows:
-        raise SystemExit('no row was measured')
+        raise SystemExit(f'no row was measured; nothing written to {args.out}')
     print(f'wrote {args.out}/{NAME}.{{json,md,png}} in {time.time() - start:.0f} s')
 
 

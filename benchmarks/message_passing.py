@@ -505,8 +505,10 @@ def write_report(args: argparse.Namespace, env: dict, rows: List[dict], planned:
                 + "; peak memory = "
                 + ("the CUDA allocator's peak (the tensor memory held at once)"
                    if args.device == 'cuda' else 'the peak resident set')
-                + " of one call above the state before it, in a fresh process per row, after "
-                "one untimed call (which compiles where the compiled kernels run); "
+                + " of one call above the state before it, "
+                + ("every row in this process, the peak reset for each (`--same-process`)"
+                   if getattr(args, 'same_process', False) else "in a fresh process per row")
+                + ", after one untimed call (which compiles where the compiled kernels run); "
                 + ("allocated = the most tensor memory "
                    "one more call holds at once (PyTorch's allocator total under the profiler; "
                    "pages the C allocator reuses or maps fresh are in the first figure, not in "

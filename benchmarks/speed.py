@@ -22,7 +22,8 @@ each with PMA only (no encoder, no decoder) and with one SAB encoder block. Rati
 from medians measured in the same run, with the models of one (block, batch) pair timed in
 interleaved rounds (each round runs every model once, the order rotated by one per round).
 Peak memory (``--memory``) is measured in a fresh
-subprocess per configuration (CPU: increase of peak RSS; CUDA: allocator peak).
+subprocess per configuration, of the call after one untimed call (CPU: increase of peak RSS;
+CUDA: allocator peak; results files written before 2026-12-07 measured the first call).
 
     python benchmarks/speed.py --quick
     python benchmarks/speed.py --sets 64 --points 8192 --dim 64 --heads 4 --repeats 7 --memory
@@ -116,8 +117,12 @@ def prepare(cfg: dict):
 
 
 def run_one(cfg: dict) -> dict:
-    r"""Peak memory of one configuration (``--_one``, in a fresh process)."""
+    r"""Peak memory of one configuration (``--_one``, in a fresh process): of the call after
+    one untimed call, as the timings (which start after a warm-up call) and the other scripts
+    measure it; the first call also holds the process's one-time state (compiled kernels, lazily
+    built buffers), which is no cost of the operator."""
     step, row = prepare(cfg)
+    step()  # first call: not part of the peak
     row['peak_bytes'] = peak_memory_bytes(step, torch.device(cfg['device']))
     return row
 

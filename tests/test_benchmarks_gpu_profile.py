@@ -107,3 +107,24 @@ def test_a_failed_write_leaves_the_earlier_results_whole(tmp_path, monkeypatch, 
     assert (out / 'gpu_profile.json').read_text() == earlier
     (out / 'gpu_profile.json').write_text(earlier[:20])  # truncated by other means
     assert run_script('gpu_profile', ['--replot', '--out', str(out)], monkeypatch) == 2
+
+
+def test_a_run_whose_rows_all_fail_leaves_the_earlier_results(tmp_path, monkeypatch, profile):
+    # every row failing (out of memory, say) used to write an empty report over the earlier
+    # complete one after each failed row, and only then end with 'no row was measured'
+    import torch_mz.study
+    out = tmp_path / 'p'
+    out.mkdir()
+    earlier = '{"rows": [{"model": "rigid"}]}'
+    (out / 'gpu_profile.json').write_text(earlier)
+
+    def oom(*args, **kwargs):
+        raise RuntimeError('out of memory')
+    monkeypatch.setattr(torch_mz.study, 'matmul_peak_flops', lambda device=None: 1e9)
+    monkeypatch.setattr(torch_mz.study.workloads, 'random_graph', oom)
+    monkeypatch.setattr(torch_mz.study.workloads, 'preset_calls', oom)
+    code = run_script('gpu_profile', ['--device', 'cpu', '--nodes', '200', '--aggrs', 'rigid',
+                                      '--presets', 'rigid', '--out', str(out)], monkeypatch)
+    assert 'no row was measured' in str(code)
+    assert (out / 'gpu_profile.json').read_text() == earlier
+    assert not (out / 'gpu_profile.md').exists()

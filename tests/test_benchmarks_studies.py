@@ -597,6 +597,22 @@ def test_message_passing_rows_in_one_process(monkeypatch, capsys):
     assert 'only with --device cuda' in capsys.readouterr().err
 
 
+@pytest.mark.parametrize('same_process', [False, True])
+def test_message_passing_report_says_where_the_rows_ran(same_process, tmp_path):
+    r"""The report says each row ran in a fresh process only where it did: a ``--same-process``
+    run (``gpu_h100/message_passing``) had said so of rows all run in one process."""
+    mp = load_script('message_passing')
+    args = _mp_plan_args(device='cuda', same_process=same_process, out=str(tmp_path))
+    row = dict(aggr='rigid', conv='sage', degrees='poisson', dim=16, nodes=60, edges=600,
+               median_ms=1.0, peak_mib=1.0, **({'same_process': True} if same_process else {}))
+    env = dict(command='message_passing.py', torch='2', torch_geometric='2',
+               torch_scatter=False)
+    mp.write_report(args, env, [row], 1, 0.1)
+    text = (tmp_path / 'message_passing.md').read_text()
+    assert ('in a fresh process per row' in text) is not same_process
+    assert ('every row in this process' in text) is same_process
+
+
 def test_rigid_merged_merges_in_its_own_row_only(monkeypatch):
     r"""``rigid-merged`` runs with :data:`message_passing.MERGED`'s bucket-merge settings while
     its row is measured or counted, and leaves the module's settings as they were; it merges
