@@ -137,3 +137,17 @@ def test_feature_columns_are_checked_and_select_from_tensors_too():
     without_x = Batch.from_data_list([Data(pos=s.pos) for s in sets])
     with torch.no_grad():
         torch.testing.assert_close(coords(without_x).prediction, coords(batch).prediction)
+
+
+@pytest.mark.parametrize('name, kwargs', [(name, {}) for name in PRESETS] + [
+    ('egnn', dict(feature_columns=[0, 2]))])  # (wrapped in SelectFeatures)
+def test_every_built_model_redraws_all_its_parameters(name, kwargs):
+    # the feature-columns wrapper of EGNN had no reset_parameters (AttributeError)
+    extra = dict(pos_dim=3) if name.startswith('egnn') and not kwargs else {}
+    model = build_model(name, 4, 2, **extra, **kwargs)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(7.75)  # e.g. trained weights
+    model.reset_parameters()
+    kept = [k for k, p in model.named_parameters() if bool((p == 7.75).any())]
+    assert not kept, kept

@@ -206,3 +206,22 @@ def test_perceiver_refuses_inputs_beyond_the_input_projection_limit():
     with torch.autocast('cpu', dtype=torch.float16):
         with pytest.raises(ValueError, match=r'overflows in torch.float16 \(under'):
             _models()['perceiver'].eval()(x.float() * 1e5, index)
+
+
+@pytest.mark.parametrize('preset', ['paper', 'neighbourhood'])
+@pytest.mark.parametrize('heads', [0, -2, '4', 2.5])
+def test_bad_heads_are_named_with_either_preset(preset, heads):
+    # with preset='neighbourhood' the width is computed from the heads before the body checks
+    # them: heads=0 raised ZeroDivisionError and heads='4' a TypeError
+    with pytest.raises(ValueError, match="'heads' must be an integer >= 1"):
+        MZSetTransformer(3, 1, preset=preset, heads=heads)
+
+
+def test_perceiver_repr_shows_every_option_that_shapes_the_model():
+    # Perceivers of other heads, feed-forward widths, dropout or latent blocks printed the same
+    base = dict(dim=16, heads=4, d_ff=32, dropout=0.1, num_latent_blocks=1)
+    text = repr(PerceiverSet(3, 1, **base))
+    assert text == ('PerceiverSet(3, 1, dim=16, heads=4, num_latents=16, num_cross=2, '
+                    'num_latent_blocks=1, d_ff=32, dropout=0.1)')
+    for change in (dict(heads=2), dict(d_ff=64), dict(dropout=0.0), dict(num_latent_blocks=3)):
+        assert repr(PerceiverSet(3, 1, **dict(base, **change))) != text, change

@@ -514,3 +514,33 @@ def test_hooks_on_the_query_and_value_maps_are_refused(name):
 def test_block_arguments_of_the_wrong_type_or_range_are_named(make, match):
     with pytest.raises(ValueError, match=match):
         make()
+
+
+@pytest.mark.parametrize('value, num_generators, query_generators', [
+    ('mz', NG, 1), ('mz', NG, 3), ('rigid', 0, 1)])
+def test_mab_refuses_query_tokens_of_another_generator_budget(value, num_generators,
+                                                              query_generators):
+    # the residual G_X + o_G adds generator slots row by row: a query with one generator was
+    # broadcast to every slot of the block's budget (and dropped by a block without
+    # generators) without a word; more generators failed with a bare size mismatch
+    torch.manual_seed(0)
+    block = MAB(D, **dict(KW, value=value, num_generators=num_generators)).double().eval()
+    index = torch.tensor([0, 0, 1])
+    g = torch.Generator().manual_seed(1)
+    key_value = Zonotope(torch.randn(3, D, generator=g, dtype=torch.float64),
+                         torch.randn(3, num_generators, D, generator=g, dtype=torch.float64))
+    query = Zonotope(torch.randn(3, D, generator=g, dtype=torch.float64),
+                     torch.randn(3, query_generators, D, generator=g, dtype=torch.float64))
+    with pytest.raises(ValueError, match=f'query tokens with {num_generators} generators, '
+                                         f'the block.s budget \\(got {query_generators}\\)'):
+        block(query, key_value, index, index, 2)
+    out = block(key_value, key_value, index, index, 2)  # the block's own budget: as before
+    assert out.gens.shape == (3, num_generators, D)
+
+
+def test_block_reprs_show_the_feed_forward_width():
+    for make in (lambda d_ff: SAB(D, **dict(KW, d_ff=d_ff)),
+                 lambda d_ff: ISAB(D, num_inducing=3, **dict(KW, d_ff=d_ff)),
+                 lambda d_ff: PMA(D, num_seeds=2, **dict(KW, d_ff=d_ff)),
+                 lambda d_ff: MAB(D, **dict(KW, d_ff=d_ff))):
+        assert 'd_ff=16' in repr(make(16)) and repr(make(16)) != repr(make(32))

@@ -172,3 +172,23 @@ def test_constructor_arguments_are_checked_at_construction(kwargs, match):
     # training forward pass
     with pytest.raises(ValueError, match=match):
         FlatSetTransformerAggregation(**kwargs)
+
+
+def test_reset_parameters_redraws_every_weight_and_a_fresh_module_draws_pygs():
+    # torch's MultiheadAttention resets the bias of its output projection, not the weight: PyG's
+    # reset_parameters left those weights as trained
+    _, flat = pair(k=2, enc=2, dec=1, layer_norm=True)
+    with torch.no_grad():
+        for p in flat.parameters():
+            p.fill_(7.75)
+    flat.reset_parameters()
+    assert not [k for k, p in flat.named_parameters() if bool((p == 7.75).any())]
+    for m in flat.modules():
+        if isinstance(m, torch.nn.MultiheadAttention):
+            assert not m.out_proj.bias.any()  # zero, as PyG's reset leaves it
+    torch.manual_seed(3)
+    fresh_pyg = SetTransformerAggregation(16, 2, 2, 1, heads=4, layer_norm=True)
+    torch.manual_seed(3)
+    fresh = FlatSetTransformerAggregation(16, 2, 2, 1, heads=4, layer_norm=True)
+    for a, b in zip(fresh.state_dict().values(), fresh_pyg.state_dict().values()):
+        assert torch.equal(a, b)

@@ -36,7 +36,7 @@ Presets (paper defaults: d = 64, H = 4, d_ff = 128, 16 inducing points, dropout 
 "Width matched to ``mz``" (the option ``match='mz'``, which any preset takes): the width (``dim``;
 ``hidden_channels`` for Deep Sets, the mean MLP and EGNN) whose parameter count is closest to
 that of the ``mz`` preset with its own defaults for the same input and output widths, among
-32-128 in steps of 8 that divide the heads (where none does, the multiples of the heads up to
+32-128 in steps of 8 that the heads divide (where none is, the multiples of the heads up to
 256; for the hidden width 16-256 in steps of 4); the other options given apply to the matched
 model, not to the reference. Giving the width itself turns the match off.
 """
@@ -135,6 +135,10 @@ class SelectFeatures(Module):
         data.x = x
         return data
 
+    def reset_parameters(self):
+        r"""Re-initialises the wrapped model (as every model :func:`build_model` returns can)."""
+        self.model.reset_parameters()
+
     def forward(self, data, *args, **kwargs):
         return self.model(self._select(data), *args, **kwargs)
 
@@ -219,7 +223,7 @@ def _build(name: str, in_channels: int, out_channels: int, pos_dim: Optional[int
     knob = _knob(name)
     if match is not None and knob not in overrides:
         # parameter-matched baseline: choose the width whose count is closest to the reference
-        # (the reference preset with its own defaults); widths step by 8 and divide the heads
+        # (the reference preset with its own defaults); widths step by 8, multiples of the heads
         budget = count_parameters(build_model(match, in_channels, out_channels))
         widths = None  # (hidden_channels: match_budget's own candidates)
         if knob == 'dim':

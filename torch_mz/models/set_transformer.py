@@ -78,6 +78,7 @@ class MZSetTransformer(SetModel):
         out_channels = check_count('out_channels', out_channels)
         hidden_channels = check_optional_count('hidden_channels', hidden_channels)
         check_optional_count('dim', kwargs.get('dim'))  # (named as given, not as the body's)
+        check_count('heads', kwargs.get('heads', 4))  # (before the preset's width divides by it)
         kwargs.setdefault('preset', 'paper')  # the paper's body unless sizes are given
         kwargs.setdefault('checkpoint', False)  # a training batch at once (see above)
         dim = kwargs.get('dim') or preset_defaults(kwargs['preset'], in_channels,
@@ -145,6 +146,9 @@ class PerceiverSet(SetModel):
         self.in_channels = in_channels
         self.out_channels = out_channels
         self.dim = dim
+        self.heads = heads
+        self.d_ff = d_ff
+        self.dropout = dropout
         self.num_latents = num_latents
         self.num_cross = num_cross
         self.num_latent_blocks = num_latent_blocks
@@ -178,7 +182,9 @@ class PerceiverSet(SetModel):
 
     def __repr__(self) -> str:
         return (f'{self.__class__.__name__}({self.in_channels}, {self.out_channels}, '
-                f'dim={self.dim}, num_latents={self.num_latents}, num_cross={self.num_cross})')
+                f'dim={self.dim}, heads={self.heads}, num_latents={self.num_latents}, '
+                f'num_cross={self.num_cross}, num_latent_blocks={self.num_latent_blocks}, '
+                f'd_ff={self.d_ff}, dropout={self.dropout})')
 
 
 class DeepSets(SetModel):

@@ -221,6 +221,11 @@ class MAB(Module):
 
     def forward(self, query: Zonotope, key_value: Union[Zonotope, MappedZonotope],
                 query_set: Tensor, kv_set: Tensor, num_sets: int) -> Zonotope:
+        if query.num_generators != self.attn.num_generators:
+            # (the residual sum G_X + o_G adds generator slots row by row: a query with one
+            # generator would be broadcast to every slot, and the block's budget would drop it)
+            raise ValueError(f"Expected query tokens with {self.attn.num_generators} generators, "
+                             f"the block's budget (got {query.num_generators})")
         attended = self.attn(query, key_value, query_set, kv_set, num_sets)
         # In inference the residual sums are formed inside the compiled LayerNorm kernels; in
         # training they are written out, as before: there the kernels would keep both summands
@@ -264,7 +269,7 @@ class SAB(Module):
         return self.mab(x, x, set_id, set_id, num_sets)
 
     def __repr__(self) -> str:
-        return f'{self.__class__.__name__}({self.mab.attn})'
+        return f'{self.__class__.__name__}({self.mab.attn}, d_ff={self.mab.d_ff})'
 
 
 class ISAB(Module):
@@ -290,7 +295,8 @@ class ISAB(Module):
         return self.mab2(x, h, set_id, inducing_set, num_sets)  # (N, d)
 
     def __repr__(self) -> str:
-        return f'{self.__class__.__name__}(num_inducing={self.num_inducing}, {self.mab1.attn})'
+        return (f'{self.__class__.__name__}(num_inducing={self.num_inducing}, {self.mab1.attn}, '
+                f'd_ff={self.mab1.d_ff})')
 
 
 class PMA(Module):
@@ -361,4 +367,5 @@ class PMA(Module):
         return self.mab(seeds, kv, seed_set, set_id, num_sets)
 
     def __repr__(self) -> str:
-        return f'{self.__class__.__name__}(num_seeds={self.num_seeds}, {self.mab.attn})'
+        return (f'{self.__class__.__name__}(num_seeds={self.num_seeds}, {self.mab.attn}, '
+                f'd_ff={self.mab.d_ff})')

@@ -48,6 +48,10 @@ class FlatSetTransformerAggregation(SetTransformerAggregation):
     * PyG passes the output through :meth:`~torch.Tensor.nan_to_num`, which turns NaN into 0 and
       infinities into the largest finite numbers; here non-finite values are left as they are,
       so that a diverging model is seen, not hidden;
+    * :meth:`reset_parameters` also redraws every attention's output projection weight (as a
+      fresh :class:`~torch.nn.Linear` draws it), which PyG's leaves as it was
+      (:class:`torch.nn.MultiheadAttention` resets only that layer's bias); a new module draws
+      what PyG's draws;
     * PyG's ``max_num_elements`` keeps only the first rows of a larger set and drops the rest
       without a word; here a set larger than ``max_num_elements`` raises a
       :class:`ValueError` (no row is dropped), and a bound that every set meets changes nothing;
@@ -100,6 +104,14 @@ class FlatSetTransformerAggregation(SetTransformerAggregation):
         super().__init__(channels, num_seed_points, num_encoder_blocks, num_decoder_blocks,
                          heads, concat, layer_norm, dropout)
         self.path = path
+
+    def reset_parameters(self):
+        r"""PyG's re-initialisation, with every attention's output projection weight redrawn
+        too (see the class docstring)."""
+        for module in self.modules():
+            if isinstance(module, torch.nn.MultiheadAttention):
+                module.out_proj.reset_parameters()  # (its bias: zeroed by PyG's reset below)
+        super().reset_parameters()
 
     def _mab(self, mab, x: Tensor, y: Tensor, x_set: Tensor, y_set: Tensor,
              num_sets: int) -> Tensor:
