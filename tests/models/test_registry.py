@@ -1,3 +1,5 @@
+import re
+
 import pytest
 import torch
 
@@ -151,3 +153,25 @@ def test_every_built_model_redraws_all_its_parameters(name, kwargs):
     model.reset_parameters()
     kept = [k for k, p in model.named_parameters() if bool((p == 7.75).any())]
     assert not kept, kept
+
+
+def test_options_of_another_value_operator_are_refused_and_not_printed():
+    # build_model('rigid', 3, 1, num_matrix_generators=8) was accepted and printed L=8 (L=4
+    # without it): the rigid operator has no matrix generators
+    for name, kwargs, what in (
+            ('rigid', dict(num_matrix_generators=8), "value='rigid' has none"),
+            ('film', dict(num_matrix_generators=2), "value='film' has none"),
+            ('hypernet', dict(num_matrix_generators=2, dim=32), "value='hypernet' has none"),
+            ('st-4l', dict(summary='mean+std'), "value='rigid' has no gates"),
+            # the mz preset's L does not carry over to another operator
+            ('mz', dict(value='rigid', num_generators=0), 'start from a preset of that')):
+        with pytest.raises(ValueError, match=re.escape(what)):
+            build_model(name, 3, 1, **kwargs)
+    for name in ('mz', 'mz-slim', 'mz-large', 'mz-1l', 'rigid', 'st-4l', 'st-large', 'film',
+                 'hypernet'):
+        text = repr(build_model(name, 3, 1))
+        assert ('L=' in text) is name.startswith('mz'), name
+        assert ('summary=mean' in text) is (name not in ('rigid', 'st-4l', 'st-large')), name
+    # the options that apply are taken as before
+    assert build_model('film', 3, 1, summary='mean+std').body.summary == 'mean+std'
+    assert build_model('mz', 3, 1, num_matrix_generators=2).body.num_matrix_generators == 2

@@ -23,7 +23,10 @@ SMALL = dict(dim=8, heads=2, num_generators=2, num_matrix_generators=2, num_indu
 
 def _aggr(seed=0, dtype=torch.float64, **kwargs):
     torch.manual_seed(seed)
-    return MZAggregation(F_IN, **dict(SMALL, **kwargs)).to(dtype).eval()
+    kwargs = dict(SMALL, **kwargs)
+    if kwargs.get('value', 'mz') != 'mz':  # L is the MZ operator's (the others refuse it)
+        del kwargs['num_matrix_generators']
+    return MZAggregation(F_IN, **kwargs).to(dtype).eval()
 
 
 def _x(n, seed=0, dtype=torch.float64):
@@ -135,7 +138,9 @@ def test_gradcheck_float64():
 
 @pytest.mark.parametrize('value', ['mz', 'rigid', 'film', 'hypernet'])
 def test_every_parameter_gets_a_finite_gradient_with_an_empty_set(value):
-    aggr = _aggr(value=value, dtype=torch.float32, summary='mean+std', dropout=0.1, log_n=True)
+    # (the rigid operator has no gates, so no summary of its own)
+    aggr = _aggr(value=value, dtype=torch.float32, summary='mean' if value == 'rigid'
+                 else 'mean+std', dropout=0.1, log_n=True)
     aggr.train()
     with torch.no_grad():  # make the zero-initialised context parameters non-zero
         for name, p in aggr.named_parameters():
@@ -767,10 +772,36 @@ def test_training_groups_where_glibc_maps_large_blocks_afresh(monkeypatch):
     (dict(rank=4), "'rank' is the rank of the HyperNet value operator"),
     (dict(value='hypernet', rank=-3), "'rank' must be an integer >= 1"),
     (dict(num_generators=0, readout='signed'), "readout='signed' reads the generators"),
+    # options of other value operators: they were accepted and did nothing
+    (dict(value='rigid', num_matrix_generators=8), "'num_matrix_generators' is the number L of "
+     "matrix generators of the MZ value operator (value='mz'); value='rigid' has none"),
+    (dict(value='film', num_matrix_generators=1), "value='film' has none: leave it out"),
+    (dict(value='hypernet', num_matrix_generators=4), "value='hypernet' has none"),
+    (dict(value='rigid', num_matrix_generators=-3), "'num_matrix_generators' must be an int"),
+    (dict(value='rigid', summary='mean+std'), "summary='mean+std' is the set summary that the "
+     "gates of the 'mz', 'film' and 'hypernet' value operators read; value='rigid' has no gates"),
 ])
 def test_constructor_arguments_that_would_be_misread_or_ignored_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         MZAggregation(4, **kwargs)
+
+
+def test_options_of_the_value_operator_are_the_ones_printed_and_defaults_are_not_given():
+    # the rigid body printed L=4 (and summary=mean), which it has not; options left at their
+    # defaults (the preset's L, the mean summary, the neighbourhood's inducing tokens) are not
+    # given, so every operator and encoder takes them
+    text = {v: repr(MZAggregation(8, value=v, summary='mean', num_inducing=4))
+            for v in ('mz', 'rigid', 'film', 'hypernet')}
+    assert 'L=1, ' in text['mz'] and 'summary=mean, ' in text['mz']
+    assert all('L=' not in text[v] for v in ('rigid', 'film', 'hypernet'))
+    assert 'summary=' not in text['rigid']
+    assert 'summary=mean, ' in text['film'] and 'summary=mean, ' in text['hypernet']
+    # inducing tokens are printed where ISAB encoder blocks have them
+    assert all('num_inducing' not in t for t in text.values())  # (a SAB encoder)
+    assert 'num_inducing=4, ' in repr(MZAggregation(8, encoder='isab', num_inducing=4))
+    assert 'num_inducing' not in repr(MZAggregation(8, preset='paper', num_encoder_blocks=0))
+    assert 'num_inducing=16, ' in repr(MZAggregation(8, preset='paper', value='rigid'))
+    assert 'L=4, ' in repr(MZAggregation(8, preset='paper'))
 
 
 def test_flags_take_bools_and_0_or_1_and_an_unknown_operator_is_named_first():

@@ -373,12 +373,15 @@ class MZAggregation(Aggregation):
             for ``'neighbourhood'``, 8 for ``'paper'``).
         value (str): Value operator :obj:`'mz'`, :obj:`'rigid'`, :obj:`'film'` or
             :obj:`'hypernet'` (default: :obj:`'mz'`).
-        num_matrix_generators (int, optional): :math:`L` (default: :obj:`None`, 1 for
+        num_matrix_generators (int, optional): :math:`L`, for ``value='mz'`` only (the other
+            operators have no matrix generators and refuse it) (default: :obj:`None`, 1 for
             ``'neighbourhood'``, 4 for ``'paper'``).
         rank (int, optional): HyperNet rank, for ``value='hypernet'`` only (default:
             :obj:`None`, i.e. 8).
         num_inducing (int, optional): Inducing tokens :math:`m` per set in each ISAB
-            (default: :obj:`None`, 16 in both presets).
+            (default: :obj:`None`, 16 in both presets); without ISAB encoder blocks
+            (``encoder='sab'``, or none) there are none, and a value given is not used (so
+            that one set of options serves both encoders).
         num_seeds (int): Seeds :math:`k` of the PMA (default: :obj:`1`).
         num_encoder_blocks (int, optional): :math:`L_{enc}` encoder blocks (default: :obj:`None`,
             1 for ``'neighbourhood'``, 2 for ``'paper'``).
@@ -390,7 +393,9 @@ class MZAggregation(Aggregation):
             (default: :obj:`1`).
         d_ff (int, optional): FFN width; the generator FFN has half of it (default:
             :obj:`None`, :math:`d` for ``'neighbourhood'``, 128 for ``'paper'``).
-        summary (str): Gate summary :obj:`'mean'` or :obj:`'mean+std'` (default: :obj:`'mean'`).
+        summary (str): Gate summary :obj:`'mean'` or :obj:`'mean+std'` of the ``'mz'``,
+            ``'film'`` and ``'hypernet'`` value operators; ``value='rigid'`` has no gates and
+            refuses :obj:`'mean+std'` (default: :obj:`'mean'`).
         dropout (float): Dropout on attention weights and FFN outputs (default: :obj:`0.0`).
         log_n (bool): :math:`\log n` logit scaling (default: :obj:`False`).
         readout (str): :obj:`'ihw'` or :obj:`'signed'` (default: :obj:`'ihw'`).
@@ -512,6 +517,13 @@ class MZAggregation(Aggregation):
                              f"(value='hypernet'); value={value!r} has none: leave it out (or "
                              f"start from a preset of that operator)")
         rank = 8 if rank is None else check_count('rank', rank)
+        if num_matrix_generators is not None:  # given (None: the preset's L, unused but by 'mz')
+            num_matrix_generators = check_count('num_matrix_generators', num_matrix_generators,
+                                                low=0)
+            if value != 'mz':
+                raise ValueError(f"'num_matrix_generators' is the number L of matrix generators "
+                                 f"of the MZ value operator (value='mz'); value={value!r} has "
+                                 f"none: leave it out (or start from a preset of that operator)")
         log_n, fold_keys = check_flag('log_n', log_n), check_flag('fold_keys', fold_keys)
         dropout = check_rate('dropout', dropout)
         defaults = preset_defaults(preset, in_channels, heads)
@@ -548,6 +560,10 @@ class MZAggregation(Aggregation):
                              "rows: set 'chunk_size' too (e.g. 131072, or 'auto')")
         check_choice('value operator', value, VALUE_OPERATORS)
         check_choice('summary', summary, SUMMARIES)
+        if summary != 'mean' and value == 'rigid':
+            raise ValueError(f"summary={summary!r} is the set summary that the gates of the "
+                             f"'mz', 'film' and 'hypernet' value operators read; value='rigid' "
+                             f"has no gates: leave it out")
         check_choice('encoder block', encoder, ENCODERS)
         check_choice('readout', readout, READOUTS)
         check_choice('attention path', path, PATHS)
@@ -815,13 +831,20 @@ class MZAggregation(Aggregation):
                 m.fold_keys = bool(value)
 
     def __repr__(self) -> str:
+        # (only the options that apply: L for 'mz', the rank for 'hypernet', the summary for the
+        # operators with gates, the inducing tokens for ISAB encoder blocks)
+        isab = self.encoder == 'isab' and self.num_encoder_blocks > 0
         return (f'{self.__class__.__name__}({self.in_channels}, {self.out_channels}, '
                 f'preset={self.preset}, dim={self.dim}, heads={self.heads}, value={self.value}, '
-                f'num_generators={self.num_generators}, L={self.num_matrix_generators}, '
+                f'num_generators={self.num_generators}, '
+                f'{"L=" + str(self.num_matrix_generators) + ", " if self.value == "mz" else ""}'
                 f'{"rank=" + str(self.rank) + ", " if self.value == "hypernet" else ""}'
-                f'num_inducing={self.num_inducing}, num_seeds={self.num_seeds}, '
+                f'{"num_inducing=" + str(self.num_inducing) + ", " if isab else ""}'
+                f'num_seeds={self.num_seeds}, '
                 f'encoder={self.num_encoder_blocks}x{self.encoder}, '
                 f'decoder={self.num_decoder_blocks}, d_ff={self.d_ff}, dropout={self.dropout}, '
-                f'readout={self.readout}, summary={self.summary}, log_n={self.log_n}, '
+                f'readout={self.readout}, '
+                f'{"summary=" + self.summary + ", " if self.value != "rigid" else ""}'
+                f'log_n={self.log_n}, '
                 f'path={self.path}, chunk_size={self.chunk_size}, checkpoint={self.checkpoint}'
                 f'{"" if self.fold_keys else ", fold_keys=False"})')
