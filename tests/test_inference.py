@@ -181,6 +181,14 @@ def test_a_checkpoint_load_model_refuses_leaves_the_given_model_as_it_was(task, 
         load_model(state, model=model)
     assert carried_normalizer(model) is not None
     assert torch.equal(predict(model, task.test), expected)
+    # a damaged normaliser is refused before the weights load (a bare KeyError after them)
+    state = load_checkpoint(tmp_path / 'run' / 'best.pt')
+    for damaged in ({'std': state['normalizer']['std']}, dict(state['normalizer'], mean='0'),
+                    dict(state['normalizer'], std=torch.full((3,), float('nan')))):
+        with pytest.raises(CheckpointError, match='damaged target normaliser'):
+            load_model(dict(state, normalizer=damaged), model=model)
+        assert carried_normalizer(model) is not None
+        assert torch.equal(predict(model, task.test), expected)
 
 
 def test_load_weights_refuses_a_model_built_otherwise(task, tmp_path):
@@ -199,6 +207,26 @@ def test_load_weights_refuses_a_model_built_otherwise(task, tmp_path):
     Trainer(same, TrainConfig(device='cpu', progress=False)).load_weights(best)
     torch.testing.assert_close(predict(same, task.test)[0], predict(load_model(best),
                                                                       task.test)[0])
+
+
+def test_load_weights_takes_the_weights_of_a_model_built_as_recorded(task, tmp_path):
+    # the build check refused legitimate loads: a NumPy width that train_one recorded as the
+    # text 'np.int64(8)' against the model's 8, and a Trainer's own checkpoint where its
+    # caller labelled the model in run_info (the check compared the bare build record)
+    import numpy as np
+    from torch_mz.train import Trainer
+    train_one(task, 'deepsets', 0, config(tmp_path / 'np', epochs=1),
+              hidden_channels=np.int64(8))
+    model = build_model('deepsets', task.in_channels, 3, hidden_channels=8)
+    Trainer(model, TrainConfig(device='cpu', progress=False)).load_weights(
+        tmp_path / 'np' / 'best.pt')
+    torch.testing.assert_close(predict(model, task.test),
+                               predict(load_model(tmp_path / 'np' / 'best.pt'), task.test))
+    labelled = Trainer(build_model('deepsets', task.in_channels, 3, hidden_channels=8),
+                       config(tmp_path / 'own', epochs=1),
+                       run_info={'model': {'name': 'my-deepsets'}})
+    labelled.fit(task.train, task.val)
+    labelled.load_weights(tmp_path / 'own' / 'best.pt')
 
 
 def test_prediction_columns_of_a_dataset_without_a_length(task):

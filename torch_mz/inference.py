@@ -10,10 +10,10 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 import torch
 from torch import Tensor
 
-from torch_mz.train import (CheckpointError, TargetNormalizer, attach_normalizer,
-                            detach_normalizer, load_checkpoint, predict)
-from torch_mz.train.checkpoint import (_with_build_info, load_weights_into, recorded_options,
-                                       same_run)
+from torch_mz.train import (CheckpointError, attach_normalizer, detach_normalizer,
+                            load_checkpoint, predict)
+from torch_mz.train.checkpoint import (_with_build_info, checkpoint_normalizer,
+                                       load_weights_into, recorded_options, same_run)
 
 __all__ = ['load_model', 'load_test_split', 'prediction_columns', 'TestSplitWarning']
 
@@ -71,26 +71,30 @@ def load_model(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
             model = model.to(dtypes.pop())
     else:
         check_built_as_recorded(state, model, where)
+    normalised = state.get('config', {}).get('normalize_targets', True)
+    normalizer = (checkpoint_normalizer(state, where)  # (read first: a damaged one refused)
+                  if state['task_type'] == 'regression' and normalised else None)
     # all or nothing: a refused checkpoint leaves a given model as it was, weights and normaliser
     load_weights_into(model, state['model'], where)
     detach_normalizer(model)  # (of a given model; a rebuilt one carries none)
-    normalised = state.get('config', {}).get('normalize_targets', True)
-    if (state['task_type'] == 'regression' and normalised
-            and state.get('normalizer') is not None):
-        attach_normalizer(model, TargetNormalizer().load_state_dict(state['normalizer']))
+    if normalizer is not None:
+        attach_normalizer(model, normalizer)
     return model.eval()
 
 
-def check_built_as_recorded(state: Mapping[str, Any], model: torch.nn.Module, where: str
-                            ) -> None:
+def check_built_as_recorded(state: Mapping[str, Any], model: torch.nn.Module, where: str,
+                            built: Optional[Mapping[str, Any]] = None) -> None:
     r"""A :class:`~torch_mz.train.CheckpointError` where :obj:`model` (made by
     :func:`~torch_mz.models.build_model`) was built otherwise than the checkpoint :obj:`state`
     (from :obj:`where`, for the message) records its model, up to
     :data:`INFERENCE_NEUTRAL_OPTIONS`: weights of the same shapes would load and predict
     something else. A model or checkpoint that does not record how it was built is not
-    compared. What :func:`load_model` and :meth:`~torch_mz.train.Trainer.load_weights` check."""
+    compared. What :func:`load_model` and :meth:`~torch_mz.train.Trainer.load_weights` check;
+    :obj:`built`, where given, stands for the model (a Trainer's own ``run_info['model']``: the
+    build record under what its caller gave, as its checkpoints record it)."""
     recorded = (state.get('run_info') or {}).get('model')
-    built = (_with_build_info(None, model) or {}).get('model')
+    if built is None:
+        built = (_with_build_info(None, model) or {}).get('model')
     if not (isinstance(recorded, dict) and isinstance(built, dict)):
         return
     recorded, built = _as_built(recorded), _as_built(built)

@@ -174,21 +174,13 @@ def test_constructor_arguments_are_checked_at_construction(kwargs, match):
         FlatSetTransformerAggregation(**kwargs)
 
 
-def test_reset_parameters_redraws_every_weight_and_a_fresh_module_draws_pygs():
-    # torch's MultiheadAttention resets the bias of its output projection, not the weight: PyG's
-    # reset_parameters left those weights as trained
-    _, flat = pair(k=2, enc=2, dec=1, layer_norm=True)
-    with torch.no_grad():
-        for p in flat.parameters():
-            p.fill_(7.75)
-    flat.reset_parameters()
-    assert not [k for k, p in flat.named_parameters() if bool((p == 7.75).any())]
-    for m in flat.modules():
-        if isinstance(m, torch.nn.MultiheadAttention):
-            assert not m.out_proj.bias.any()  # zero, as PyG's reset leaves it
+def test_a_layer_built_around_it_draws_what_it_draws_around_pygs():
+    # SAGEConv resets its aggregation in its constructor: with PyG's reset_parameters (no
+    # extra draws), the layer's own weights and the aggregation's come out equal from one seed
+    from torch_geometric.nn import SAGEConv
     torch.manual_seed(3)
-    fresh_pyg = SetTransformerAggregation(16, 2, 2, 1, heads=4, layer_norm=True)
+    around_pyg = SAGEConv(16, 16, aggr=SetTransformerAggregation(16, 1, 1, 0, heads=4))
     torch.manual_seed(3)
-    fresh = FlatSetTransformerAggregation(16, 2, 2, 1, heads=4, layer_norm=True)
-    for a, b in zip(fresh.state_dict().values(), fresh_pyg.state_dict().values()):
-        assert torch.equal(a, b)
+    around_flat = SAGEConv(16, 16, aggr=FlatSetTransformerAggregation(16, 1, 1, 0, heads=4))
+    a, b = around_flat.state_dict(), around_pyg.state_dict()
+    assert list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a)

@@ -512,3 +512,14 @@ def test_weights_that_do_not_fit_leave_the_model_as_it_was(tmp_path):
         Trainer(model, config()).load_weights(tmp_path / 'run' / 'best.pt')
     assert_same_params(params(model), weights)
     assert repr(carried_normalizer(model)) == repr(carried)
+    # a damaged normaliser: refused before the weights load (a bare KeyError after them)
+    fitting = Trainer(H.ToyDeepSets(3, 2), config(epochs=1, warmup_epochs=0))
+    fitting.fit(REG_TRAIN[:16], REG_VAL[:8])
+    carried, weights = carried_normalizer(fitting.model), params(fitting.model)
+    state = load_checkpoint(tmp_path / 'run' / 'best.pt')
+    state['normalizer'] = {'std': state['normalizer']['std']}
+    torch.save(state, tmp_path / 'damaged.pt')
+    with pytest.raises(CheckpointError, match='damaged target normaliser'):
+        fitting.load_weights(tmp_path / 'damaged.pt')
+    assert_same_params(params(fitting.model), weights)
+    assert repr(carried_normalizer(fitting.model)) == repr(carried)

@@ -40,7 +40,11 @@ class FlatSetTransformerAggregation(SetTransformerAggregation):
     scaled by :math:`1/\sqrt{d/H}`, dropout on the attention weights, output projection).
 
     Values and gradients equal PyG's to rounding (tested in float64, with and without LayerNorm,
-    several seeds, decoders, unsorted ``index``, ``ptr``, empty sets). An empty set's output is
+    several seeds, decoders, unsorted ``index``, ``ptr``, empty sets). The parameters and
+    :meth:`reset_parameters` are PyG's, so a layer built around it (``SAGEConv(aggr=...)``, whose
+    constructor resets its aggregation) draws the same weights as around PyG's from one seed;
+    like PyG's, :meth:`reset_parameters` leaves the attentions' output projection weights as
+    they are (:class:`torch.nn.MultiheadAttention` resets only that layer's bias). An empty set's output is
     its seeds with a zero attention output, passed through the blocks, which is PyG's on the
     torch this project uses (2.13; older torch gave PyG NaN there, which its
     :meth:`~torch.Tensor.nan_to_num` turned into 0). Documented differences:
@@ -48,10 +52,6 @@ class FlatSetTransformerAggregation(SetTransformerAggregation):
     * PyG passes the output through :meth:`~torch.Tensor.nan_to_num`, which turns NaN into 0 and
       infinities into the largest finite numbers; here non-finite values are left as they are,
       so that a diverging model is seen, not hidden;
-    * :meth:`reset_parameters` also redraws every attention's output projection weight (as a
-      fresh :class:`~torch.nn.Linear` draws it), which PyG's leaves as it was
-      (:class:`torch.nn.MultiheadAttention` resets only that layer's bias); a new module draws
-      what PyG's draws;
     * PyG's ``max_num_elements`` keeps only the first rows of a larger set and drops the rest
       without a word; here a set larger than ``max_num_elements`` raises a
       :class:`ValueError` (no row is dropped), and a bound that every set meets changes nothing;
@@ -104,14 +104,6 @@ class FlatSetTransformerAggregation(SetTransformerAggregation):
         super().__init__(channels, num_seed_points, num_encoder_blocks, num_decoder_blocks,
                          heads, concat, layer_norm, dropout)
         self.path = path
-
-    def reset_parameters(self):
-        r"""PyG's re-initialisation, with every attention's output projection weight redrawn
-        too (see the class docstring)."""
-        for module in self.modules():
-            if isinstance(module, torch.nn.MultiheadAttention):
-                module.out_proj.reset_parameters()  # (its bias: zeroed by PyG's reset below)
-        super().reset_parameters()
 
     def _mab(self, mab, x: Tensor, y: Tensor, x_set: Tensor, y_set: Tensor,
              num_sets: int) -> Tensor:

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from torch_mz._files import atomic_write, damaged_zip_member, weights_only_load
+from torch_mz.train.normalize import TargetNormalizer
 
 __all__ = [
     'CheckpointError',
@@ -118,6 +119,39 @@ def load_weights_into(model: torch.nn.Module, weights: Dict[str, Any], where: st
         raise CheckpointError(f'{where} does not fit this model: {e}') from e
 
 
+def checkpoint_normalizer(state: Mapping[str, Any], where: str) -> Optional[TargetNormalizer]:
+    r"""The target normaliser the checkpoint :obj:`state` (from :obj:`where`, for the message)
+    holds, or :obj:`None` where it holds none; read before any weights are loaded, so that a
+    damaged one leaves a model as it was.
+
+    Raises:
+        CheckpointError: If the normaliser is not one :meth:`TargetNormalizer.state_dict` wrote
+            (a key missing, a mean or std that is no tensor of finite values, two shapes).
+    """
+    raw = state.get('normalizer')
+    if raw is None:
+        return None
+    problem = None
+    try:
+        normalizer = TargetNormalizer().load_state_dict(raw)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        problem = repr(e)
+    else:
+        mean, std = normalizer.mean, normalizer.std
+        if (mean is None) != (std is None):
+            problem = 'a mean without a std, or a std without a mean'
+        elif mean is not None and not (
+                isinstance(mean, Tensor) and isinstance(std, Tensor)
+                and mean.is_floating_point() and std.is_floating_point()
+                and mean.shape == std.shape and bool(torch.isfinite(mean).all())
+                and bool(torch.isfinite(std).all())):
+            problem = 'a mean and std that are not two finite tensors of one shape'
+    if problem is not None:
+        raise CheckpointError(f'{where} holds a damaged target normaliser ({problem}): '
+                              f'restore the file or train it again')
+    return normalizer
+
+
 def checkpoint_files_hint(folder: str) -> str:
     r"""'; pass a file in it: ...' naming the ``.pt`` files in :obj:`folder` (none: says so)."""
     try:
@@ -217,11 +251,13 @@ def recorded_options(options: Mapping[str, Any]) -> Dict[str, Any]:
     its qualified name, an object whose class has a repr of its own (PyG's transforms:
     ``'RandomRotate((-30, 30), axis=0)'``) by that repr, so that resuming with other settings
     of a transform is refused as another run (:func:`same_run`), and any other object by its
-    class's name (object's repr holds an address)."""
+    class's name (object's repr holds an address); a NumPy number as the number."""
     return json.loads(json.dumps(dict(options), sort_keys=True, default=_object_name))
 
 
-def _object_name(o: Any) -> str:
+def _object_name(o: Any) -> Any:
+    if isinstance(o, np.generic):  # a NumPy number as the number (its repr 'np.int64(8)' was
+        return o.item()  # recorded, and told a model built with 8 apart from its own weights)
     if hasattr(o, '__qualname__'):
         return o.__qualname__
     if type(o).__repr__ is not object.__repr__:

@@ -31,8 +31,9 @@ from torch_mz.nn.fused import fused_kernels_mode, set_tanh_kernel, tanh_kernel_i
 from torch_mz.train.checkpoint import (CHECKPOINT_FORMAT, CHECKPOINT_VERSION, CheckpointError,
                                        _cpu_state_dict, _json_values, _rng_state,
                                        _set_rng_state, _torch_mz_version, _with_build_info,
-                                       config_changes, describe_run, load_checkpoint,
-                                       load_weights_into, same_run, save_checkpoint)
+                                       checkpoint_normalizer, config_changes, describe_run,
+                                       load_checkpoint, load_weights_into, same_run,
+                                       save_checkpoint)
 from torch_mz.train.config import TrainConfig, TrainResult
 from torch_mz.train.contract import (TASK_TYPES, LossFn, ModelOutput, _collect_targets, _first,
                                      _match_pred, _raw_targets)
@@ -409,15 +410,16 @@ class Trainer:
         # weights of the same shapes from a model built otherwise (another readout...) loaded
         # and predicted something else: refused, as load_model(path, model=...) refuses them
         from torch_mz.inference import check_built_as_recorded  # (it imports this package)
-        check_built_as_recorded(state, self.model, f'Checkpoint {os.fspath(path)!r}')
+        check_built_as_recorded(state, self.model, f'Checkpoint {os.fspath(path)!r}',
+                                (self.run_info or {}).get('model'))  # (as its own record it)
+        # the checkpoint's normaliser, never one this Trainer or its model carried before; read
+        # before the weights, so that a damaged one leaves the model as it was
+        normalizer = checkpoint_normalizer(state, f'Checkpoint {os.fspath(path)!r}')
         # (the weights first: a refused checkpoint leaves the model as it was; the normaliser
         # is no part of the state dict)
         self._load_model_state(state['model'], path)
         detach_normalizer(self.model)
-        # the checkpoint's normaliser, never one this Trainer or its model carried before
-        self.normalizer = TargetNormalizer()
-        if state.get('normalizer') is not None:
-            self.normalizer.load_state_dict(state['normalizer'])
+        self.normalizer = TargetNormalizer() if normalizer is None else normalizer
         self._attach_normalizer()
         self.model.eval()  # for evaluation or prediction: no dropout draws in model(batch)
         return state
