@@ -44,9 +44,9 @@ class FlatSetTransformerAggregation(SetTransformerAggregation):
     :meth:`reset_parameters` are PyG's, so a layer built around it (``SAGEConv(aggr=...)``, whose
     constructor resets its aggregation) draws the same weights as around PyG's from one seed;
     like PyG's, :meth:`reset_parameters` leaves the attentions' output projection weights as
-    they are (:class:`torch.nn.MultiheadAttention` resets only that layer's bias). An empty set's output is
-    its seeds with a zero attention output, passed through the blocks, which is PyG's on the
-    torch this project uses (2.13; older torch gave PyG NaN there, which its
+    they are (:class:`torch.nn.MultiheadAttention` resets only that layer's bias). An empty
+    set's output is its seeds with a zero attention output, passed through the blocks, which is
+    PyG's on the torch this project uses (2.13; older torch gave PyG NaN there, which its
     :meth:`~torch.Tensor.nan_to_num` turned into 0). Documented differences:
 
     * PyG passes the output through :meth:`~torch.Tensor.nan_to_num`, which turns NaN into 0 and
