@@ -6,8 +6,9 @@ dynamo does not trace); under CUDA graphs (``mode='reduce-overhead'``) each grap
 its own. Nothing is timed or compiled to code: the counts depend on the code and the library
 versions, not on the clock. The aggregations and presets are built as in
 ``benchmarks/message_passing.py`` and ``training_step.py`` (``torch_mz.study.workloads``); each
-is called once eagerly first, as in full-batch training, where the attention layouts are then
-found again.
+convolution is called once eagerly first, as in full-batch training, where the attention layouts
+are then found again; the presets are explained on their first call (as the committed counts
+were made).
 
     python benchmarks/compile_graphs.py
 """

@@ -34,6 +34,7 @@ GPU column is empty): what the tests run.
 import argparse
 import json
 import os
+import shlex
 import tempfile
 import time
 from typing import Dict, List
@@ -174,12 +175,15 @@ def measure(fn, device, repeats: int, calls: int, peak: float, row: dict) -> dic
 
 def plot(rows: List[dict], path: str) -> None:
     r"""The share of each call's wall time the GPU was busy (a linear axis: the bars compare as
-    fractions), each bar labelled with the wall time."""
+    fractions), each bar labelled with the wall time; with no GPU figures (a CPU run) nothing is
+    drawn, and a plot of an earlier run at :obj:`path` is removed."""
+    rows = [r for r in rows if r.get('busy / wall') is not None]
+    if not rows:  # a CPU run: nothing to draw, nor an earlier run's plot beside these results
+        if os.path.isfile(path):
+            os.remove(path)
+        return
     from torch_mz.study.plots import pyplot
     plt = pyplot()
-    rows = [r for r in rows if r.get('busy / wall') is not None]
-    if not rows:  # a CPU run: nothing to draw
-        return
     fig, ax = plt.subplots(figsize=(8, 0.4 * len(rows) + 1.2))
     ys = np.arange(len(rows))
     ax.barh(ys, [min(1.0, r['busy / wall']) for r in rows], color='C0')
@@ -205,8 +209,9 @@ COLS = ['workload', 'model', 'wall_ms', 'busy_ms', 'busy / wall', 'kernels', 'co
 def write(rows: List[dict], args, out: str, elapsed: float, peak: float) -> None:
     os.makedirs(out, exist_ok=True)
     command = 'python benchmarks/gpu_profile.py ' + ' '.join(
-        f'--{k.replace("_", "-")} ' + (','.join(map(str, v)) if isinstance(v, list) else str(v))
-        for k, v in vars(args).items() if k not in ('out', 'replot'))
+        f'--{k.replace("_", "-")} '
+        + shlex.quote(','.join(map(str, v)) if isinstance(v, list) else str(v))
+        for k, v in vars(args).items() if k != 'replot')
     report = dict(command=command, environment=environment(), elapsed_s=elapsed,
                   matmul_peak_gflops=peak / 1e9, rows=rows)
     text = json.dumps(report, indent=1)  # serialised first: a failure writes nothing
@@ -219,7 +224,8 @@ def write_report(report: dict, out: str) -> None:
     r"""``gpu_profile.{md,png}`` from the contents of ``gpu_profile.json`` (``--replot``
     rebuilds them from the file alone, e.g. after a change of the figure)."""
     rows, env, command = report['rows'], report['environment'], report['command']
-    args = dict(a.split(' ', 1) for a in command.split(' --')[1:])
+    words = shlex.split(command)  # (--out's path quoted where it needs it)
+    args = {w[2:]: v for w, v in zip(words, words[1:]) if w.startswith('--')}
     peak = report.get('matmul_peak_gflops')
     lines = [f"# Where the time of a call goes ({args.get('device')})", '',
              f'Command: `{command}`', '',
@@ -236,6 +242,9 @@ def write_report(report: dict, out: str) -> None:
         lines.append(f"- {r['workload']}, `{r['model']}`: " + '; '.join(
             f"{t['name'][:60]} {t['ms_per_call']:.3g} ms" for t in r['top']) if r['top']
             else f"- {r['workload']}, `{r['model']}`: no GPU events")
+    if not any(r.get('busy / wall') is not None for r in rows):
+        lines += ['', f'No plot: no GPU events in this run (`{NAME}.png` is not drawn, and an '
+                  'earlier one here is removed).']
     text = '\n'.join(lines) + '\n'
     atomic_write(os.path.join(out, NAME + '.md'), lambda f: f.write(text), binary=False)
     try_plot(plot, rows, os.path.join(out, NAME + '.png'))
@@ -300,7 +309,9 @@ def main():
             write(rows, args, args.out, time.time() - start, peak)
     if not rows:
         raise SystemExit(f'no row was measured; nothing written to {args.out}')
-    print(f'wrote {args.out}/{NAME}.{{json,md,png}} in {time.time() - start:.0f} s')
+    drawn = os.path.isfile(os.path.join(args.out, NAME + '.png'))
+    print(f"wrote {args.out}/{NAME}.{{json,md{',png' if drawn else ''}}} in "
+          f"{time.time() - start:.0f} s")
 
 
 if __name__ == '__main__':

@@ -155,6 +155,10 @@ PYG_AGGRS, PYG_HEADS = ('pyg', 'pyg-flat', 'pyg-nofast'), 4
 #: ``--resume`` reuses no row of a report written with other ones.
 FIGURE_SETTINGS = ('repeats', 'threads', 'device', 'keep_freed_memory', 'allocated', 'chunk_rows')
 NAME = 'message_passing'  # <out>/message_passing.{json,md,png}
+#: ``--nodes``, ``--dims`` and ``--repeats`` where not given, without and with ``--quick`` (an
+#: option given wins over ``--quick``)
+DEFAULTS = dict(nodes=[1000, 10000, 100000], dims=[16, 64], repeats=5)
+QUICK = dict(nodes=[1000, 10000], dims=[16], repeats=3)
 PARTIAL = NAME + '.partial'  # <out>/message_passing.partial.{json,md}: a run not yet complete
 
 
@@ -467,12 +471,12 @@ ROW_COLS = ['degrees', 'dim', 'nodes', 'edges', 'max_degree', 'conv', 'aggr', 'm
 
 
 def write_report(args: argparse.Namespace, env: dict, rows: List[dict], planned: int,
-                 minutes: float, earlier_minutes: float = 0.0) -> List[dict]:
+                 minutes: float, earlier_minutes: float = 0.0, kept: int = 0) -> List[dict]:
     r"""Writes ``<out>/message_passing.{json,md}`` from :obj:`rows` (of :obj:`planned`);
     while fewer, ``<out>/message_passing.partial.{json,md}`` instead, marked partial
     (``complete: false``, a line ``partial: N of M rows measured``), which the complete report
-    removes; :obj:`minutes` in all, :obj:`earlier_minutes` of them in the run resumed. Returns
-    the ratios."""
+    removes; :obj:`minutes` in all, :obj:`earlier_minutes` of them in the run resumed, whose
+    :obj:`kept` rows (``--resume``) the ratios' heading counts. Returns the ratios."""
     ratios, slopes = summarise(rows, args)
     complete = len(rows) >= planned
     partial = '' if complete else (
@@ -515,7 +519,9 @@ def write_report(args: argparse.Namespace, env: dict, rows: List[dict], planned:
                    "this one; `alloc_error` where that figure alone failed).\n\n"
                    if args.allocated else
                    "the tensor memory held at once was not measured (`--no-allocated`).\n\n")
-                + '## Ratios (medians of this run)\n\n'
+                + ('## Ratios (medians of this run)\n\n' if not kept else
+                   f'## Ratios (medians of this run and of the run it resumed: {kept} of '
+                   f'{len(rows)} rows kept from that run by `--resume`)\n\n')
                 + markdown_table(ratios, RATIO_COLS)
                 + '\n## Growth with the graph (slope of log time / log memory against '
                   'log(nodes + edges), SAGEConv)\n\n'
@@ -538,9 +544,12 @@ def write_report(args: argparse.Namespace, env: dict, rows: List[dict], planned:
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> List[dict]:
     r"""Refuses (argparse's usage error) what the types alone cannot: PyG's aggregations at a
     width that is not a multiple of their heads, ``cuda`` where there is none, a run whose
-    filters leave nothing to measure. Returns the run's configurations (:func:`plan`)."""
-    if args.quick:
-        args.nodes, args.dims, args.repeats = [1000, 10000], [16], 3
+    filters leave nothing to measure; first sets ``--nodes``, ``--dims`` and ``--repeats`` where
+    not given (:data:`DEFAULTS`, with ``--quick`` :data:`QUICK`). Returns the run's
+    configurations (:func:`plan`)."""
+    for key, value in (QUICK if args.quick else DEFAULTS).items():
+        if getattr(args, key, None) is None:  # (one given on the command line wins)
+            setattr(args, key, list(value) if isinstance(value, list) else value)
     pyg = [aggr for aggr in args.aggrs if aggr in PYG_AGGRS]
     odd = [dim for dim in args.dims if dim % PYG_HEADS]
     if pyg and odd:
@@ -565,9 +574,11 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Lis
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--nodes', type=int_list(), default='1000,10000,100000',
-                        help='comma-separated graph sizes (average in-degree 10)')
-    parser.add_argument('--dims', type=int_list(), default='16,64')
+    parser.add_argument('--nodes', type=int_list(), default=None,
+                        help='comma-separated graph sizes (average in-degree 10; default: '
+                             '1000,10000,100000, with --quick 1000,10000)')
+    parser.add_argument('--dims', type=int_list(), default=None,
+                        help='comma-separated widths (default: 16,64, with --quick 16)')
     parser.add_argument('--degrees', type=choice_list(DEGREES), default=','.join(DEGREES))
     parser.add_argument('--aggrs', type=choice_list(AGGRS),
                         default=','.join(a for a in AGGRS if a not in INFERENCE_ONLY),
@@ -589,14 +600,16 @@ def main():
     parser.add_argument('--chunk-rows', type=positive_int, default=None,
                         help="rows per recomputed group of the *-chunks aggregations (default: "
                              "the groups of chunk_size='auto' at each width, 2^21 / d)")
-    parser.add_argument('--repeats', type=positive_int, default=5)
+    parser.add_argument('--repeats', type=positive_int, default=None,
+                        help='timed calls per row (default: 5, with --quick 3)')
     parser.add_argument('--threads', type=positive_int, default=1)
     parser.add_argument('--device', choices=('cpu', 'cuda'), default='cpu',
                         help="GPU memory is the allocator's peak")
     parser.add_argument('--timeout', type=positive_float, default=900,
                         help='seconds per configuration before it is reported as timed out')
     parser.add_argument('--quick', action='store_true',
-                        help='graphs of 1,000 and 10,000 nodes, d = 16, 3 repeats')
+                        help='graphs of 1,000 and 10,000 nodes, d = 16, 3 repeats, each '
+                             'unless --nodes, --dims or --repeats is given (which wins)')
     parser.add_argument('--out', default=None,
                         help=f'results folder (default: benchmarks/results/{NAME}, with '
                              f'--inference benchmarks/results/{NAME}_inference)')
@@ -639,7 +652,8 @@ def main():
             partial if os.path.exists(partial) else os.path.join(args.out, f'{NAME}.json'), args)
         print(note, flush=True)
     start = time.time()
-    env = environment()
+    # the rows' threads (each row sets them in its process), not this process's
+    env = dict(environment(), threads=args.threads)
     rows, reused = [], 0
     for cfg in cfgs:
         earlier_row = next((r for r in kept if measured(r, cfg)), None)
@@ -654,7 +668,7 @@ def main():
         print(row_line(row, kept=earlier_row is not None), flush=True)
         earlier = earlier_minutes if reused else 0.0
         ratios = write_report(args, env, rows, len(cfgs),
-                              earlier + (time.time() - start) / 60, earlier)
+                              earlier + (time.time() - start) / 60, earlier, kept=reused)
     if args.resume:
         print(f'{reused} of {len(cfgs)} rows kept from the earlier report, '
               f'{len(cfgs) - reused} measured', flush=True)

@@ -198,7 +198,8 @@ def main():
                         help='points in all (at least one per set)')
     parser.add_argument('--dim', type=positive_int, default=64)
     parser.add_argument('--heads', type=positive_int, default=4, help='must divide --dim')
-    parser.add_argument('--repeats', type=positive_int, default=7)
+    parser.add_argument('--repeats', type=positive_int, default=None,
+                        help='timed rounds (default: 7, with --quick 3)')
     parser.add_argument('--sigma', type=nonnegative_float, default=1.0,
                         help='log-normal sigma of the skewed set sizes')
     parser.add_argument('--device', choices=DEVICES, default='auto',
@@ -207,7 +208,8 @@ def main():
                         help=f"comma-separated, of {', '.join(ALL_MODELS)}")
     parser.add_argument('--blocks', type=choice_list(BLOCKS), default=','.join(BLOCKS))
     parser.add_argument('--memory', action='store_true', help='also measure peak memory')
-    parser.add_argument('--quick', action='store_true', help='fewer repeats (3)')
+    parser.add_argument('--quick', action='store_true',
+                        help='fewer repeats: 3, unless --repeats is given (which wins)')
     parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
                                                       'speed'))
     parser.add_argument('--_one', help=argparse.SUPPRESS)
@@ -215,15 +217,16 @@ def main():
     if args._one:
         print(json.dumps(run_one(json.loads(args._one))))
         return
+    if args.repeats is None:  # (resolved here: the results' config records the repeats run)
+        args.repeats = 3 if args.quick else 7
     check_args(parser, args)  # before any measurement
-    repeats = 3 if args.quick else args.repeats
     peak = matmul_peak_flops(device=torch.device(args.device)) / 1e9
     print(f'measured float32 matmul peak: {peak:.1f} GFLOP/s', flush=True)
     rows = []
     for block in args.blocks:
         for batch in ('uniform', 'skewed'):
             cfgs = [dict(model=model, block=block, batch=batch, sets=args.sets,
-                         points=args.points, dim=args.dim, heads=args.heads, repeats=repeats,
+                         points=args.points, dim=args.dim, heads=args.heads, repeats=args.repeats,
                          device=args.device, sigma=args.sigma)
                     for model in args.models]
             for cfg, row in zip(cfgs, run_interleaved(cfgs)):

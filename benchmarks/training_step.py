@@ -304,9 +304,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--models', type=row_names, default=','.join(PRESETS),
                         help='comma-separated row names: presets with optional suffixes')
-    parser.add_argument('--clouds', type=positive_int, default=32)
+    parser.add_argument('--clouds', type=positive_int, default=None,
+                        help='point clouds per batch (default: 32, with --quick 8)')
     parser.add_argument('--points', type=positive_int, default=1024)
-    parser.add_argument('--repeats', type=positive_int, default=5)
+    parser.add_argument('--repeats', type=positive_int, default=None,
+                        help='timed calls per row and round (default: 5, with --quick 3)')
     parser.add_argument('--rounds', type=positive_int, default=1,
                         help='run every row this many times, round by round (each in a fresh '
                              'process), and pool the calls: ratios less at the mercy of a slow '
@@ -314,7 +316,9 @@ def main():
     parser.add_argument('--threads', type=positive_int, default=1)
     parser.add_argument('--device', choices=('cpu', 'cuda'), default='cpu')
     parser.add_argument('--egnn-radius', type=positive_float, default=0.25)
-    parser.add_argument('--quick', action='store_true', help='8 clouds, 3 repeats')
+    parser.add_argument('--quick', action='store_true',
+                        help='8 clouds, 3 repeats, each unless --clouds or --repeats is given '
+                             '(which wins)')
     parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
                                                       'training_step'))
     parser.add_argument('--flops-only', action='store_true',
@@ -327,8 +331,10 @@ def main():
         return
     if args.device == 'cuda' and not torch.cuda.is_available():
         parser.error("argument --device: 'cuda' is not available here")
-    if args.quick:
-        args.clouds, args.repeats = 8, 3
+    if args.clouds is None:  # (an option given wins over --quick)
+        args.clouds = 8 if args.quick else 32
+    if args.repeats is None:
+        args.repeats = 3 if args.quick else 5
     torch.set_num_threads(args.threads)
     try:  # before minutes of measurements
         check_rows(args.models, args.egnn_radius)

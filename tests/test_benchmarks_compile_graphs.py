@@ -21,3 +21,30 @@ def test_counts_the_graphs_of_a_message_passing_call_and_a_preset(tmp_path):
     assert rigid['graphs'] <= 40, rigid['reasons']
     assert any('_dense_layout' in k or 'functional.py' in k for k in rigid['reasons'])
     assert 'compile_graphs.py --aggrs rigid' in (out / 'compile_graphs.md').read_text()
+
+
+def test_the_docstring_says_which_workloads_are_called_eagerly_first(monkeypatch):
+    # the docstring said every workload was called once eagerly before explain; the presets
+    # never were (their counts are the same either way)
+    script = load_script('compile_graphs')
+    calls = []
+
+    def explain(module, *args):
+        calls.append(('explain', type(module).__name__))
+        return dict(graphs=1, breaks=0, reasons={}, **{'top reasons': ''})
+
+    def counting(module):
+        module.register_forward_pre_hook(lambda m, a: calls.append(('call', type(m).__name__)))
+        return module
+    monkeypatch.setattr(script, 'explain', explain)
+    build, build_aggr = script.build, script.build_aggr
+    monkeypatch.setattr(script, 'build', lambda *a: counting(build(*a)))
+    monkeypatch.setattr(script, 'build_aggr', lambda *a: counting(build_aggr(*a)))
+    script.message_passing_row('rigid', 50, 16)
+    assert [c[0] for c in calls] == ['call', 'explain']  # the aggregation eagerly first
+    calls.clear()
+    script.preset_row('deepsets', 2, 8)
+    assert [c[0] for c in calls] == ['explain']  # the preset on its first call
+    doc = ' '.join(script.__doc__.split())
+    assert 'each convolution is called once eagerly first' in doc
+    assert 'the presets are explained on their first call' in doc

@@ -128,3 +128,26 @@ def test_a_run_whose_rows_all_fail_leaves_the_earlier_results(tmp_path, monkeypa
     assert 'no row was measured' in str(code)
     assert (out / 'gpu_profile.json').read_text() == earlier
     assert not (out / 'gpu_profile.md').exists()
+
+
+def test_a_cpu_run_records_its_out_and_leaves_no_earlier_plot(tmp_path, profile):
+    # the recorded command left --out out, and a CPU run (no GPU figures: nothing to plot) left
+    # the plot of an earlier GPU run beside its new results
+    import argparse
+    import shlex
+    out = tmp_path / 'a folder'  # (a path the command must quote)
+    out.mkdir()
+    (out / 'gpu_profile.png').write_bytes(b'an earlier GPU run')
+    args = argparse.Namespace(device='cpu', nodes=[200], repeats=1, profiled=1, replot=False,
+                              out=str(out))
+    rows = [dict(workload='w', model='rigid', wall_ms=2.0, top=[], kernels=None, busy_ms=None,
+                 **{'busy / wall': None})]
+    profile.write(rows, args, str(out), 1.0, 1e9)
+    data = json.loads((out / 'gpu_profile.json').read_text())
+    assert data['command'].endswith(f'--out {shlex.quote(str(out))}')
+    assert shlex.split(data['command'])[2:] == ['--device', 'cpu', '--nodes', '200', '--repeats',
+                                                '1', '--profiled', '1', '--out', str(out)]
+    assert not (out / 'gpu_profile.png').exists()
+    md = (out / 'gpu_profile.md').read_text()
+    assert 'No plot: no GPU events' in md and 'median of 1 unprofiled calls' in md
+    assert '# Where the time of a call goes (cpu)' in md

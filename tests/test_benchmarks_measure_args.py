@@ -89,6 +89,34 @@ def test_speed_plots_a_run_of_one_block(tmp_path):
     assert (tmp_path / 'speed.png').stat().st_size > 0
 
 
+@pytest.mark.parametrize('argv, repeats', [([], 7), (['--quick'], 3),
+                                           (['--quick', '--repeats', '5'], 5),
+                                           (['--repeats', '2'], 2)])
+def test_speed_quick_leaves_a_given_repeats_and_records_what_ran(argv, repeats, tmp_path,
+                                                                  monkeypatch):
+    # --quick replaced a --repeats given with 3, while the results' config still said the
+    # number given: a record of 5 (or 7) repeats of rows timed 3 times
+    speed = load_script('speed')
+    ran = []
+
+    def fake_interleaved(cfgs):
+        ran.extend(cfg['repeats'] for cfg in cfgs)
+        return [dict(model=cfg['model'], block=cfg['block'], batch=cfg['batch'], max_set=1,
+                     min_set=1, params=1, median_ms=1.0, times_ms=[1.0] * cfg['repeats'],
+                     gflop=1.0, gflop_per_s=1.0) for cfg in cfgs]
+    monkeypatch.setattr(speed, 'run_interleaved', fake_interleaved)
+    monkeypatch.setattr(speed, 'matmul_peak_flops', lambda device=None: 1e10)
+    monkeypatch.setattr(speed, 'try_plot', lambda *args: None)
+    out = tmp_path / 'speed'
+    monkeypatch.setattr(sys, 'argv', ['speed.py', '--models', 'rigid', '--blocks', 'pma',
+                                      '--device', 'cpu', '--out', str(out)] + argv)
+    speed.main()
+    data = json.loads((out / 'speed.json').read_text())
+    assert ran == [repeats, repeats]  # the uniform and the skewed batch
+    assert data['config']['repeats'] == repeats
+    assert all(len(r['times_ms']) == repeats for r in data['rows'])
+
+
 # --- training_step.py ------------------------------------------------------------------------
 
 @pytest.mark.parametrize('argv, needles', [
@@ -111,6 +139,22 @@ def test_training_step_refuses_mistakes_before_measuring(argv, needles, tmp_path
     usage_error('training_step', argv + ['--flops-only', '--out', str(out)], monkeypatch,
                 capsys, *needles)
     assert not out.exists()
+
+
+@pytest.mark.parametrize('argv, clouds, repeats', [
+    ([], 32, 5), (['--quick'], 8, 3), (['--quick', '--clouds', '2'], 2, 3),
+    (['--quick', '--repeats', '1'], 8, 1), (['--quick', '--clouds', '4', '--repeats', '2'], 4, 2),
+    (['--clouds', '16'], 16, 5)])
+def test_training_step_quick_leaves_the_options_given(argv, clouds, repeats, tmp_path,
+                                                      monkeypatch):
+    # --quick replaced a --clouds or --repeats given with its own 8 clouds and 3 repeats
+    script = load_script('training_step')
+    seen = []
+    monkeypatch.setattr(script, 'flops_only', lambda args: seen.append(vars(args)))
+    monkeypatch.setattr(sys, 'argv', ['training_step.py', '--flops-only', '--models', 'rigid',
+                                      '--out', str(tmp_path / 'ts')] + argv)
+    script.main()
+    assert [(a['clouds'], a['repeats']) for a in seen] == [(clouds, repeats)]
 
 
 def test_training_step_writes_nothing_when_no_row_was_measured(tmp_path, monkeypatch):
@@ -296,8 +340,52 @@ def test_message_passing_writes_each_row_and_resumes(tmp_path, monkeypatch, caps
     assert data['rows'] == reference['rows']
     assert data['ratios'] == reference['ratios'] and data['slopes'] == reference['slopes']
     assert data['ratios'][0]['rigid/pyg time'] == pytest.approx(1 / 3)
-    tables = markdown.split('## Ratios')[1]
-    assert tables == reference_md.split('## Ratios')[1]
+    # the same tables, under a heading that says where the medians come from (it said "this
+    # run" of rows kept from the run resumed)
+    heading, tables = markdown.split('## Ratios')[1].split('\n', 1)
+    reference_heading, reference_tables = reference_md.split('## Ratios')[1].split('\n', 1)
+    assert tables == reference_tables
+    assert reference_heading == ' (medians of this run)'
+    assert heading == (' (medians of this run and of the run it resumed: 2 of 4 rows kept from '
+                       'that run by `--resume`)')
+
+
+@pytest.mark.parametrize('argv, nodes, dims, repeats', [
+    ([], [1000, 10000, 100000], [16, 64], 5),
+    (['--quick'], [1000, 10000], [16], 3),
+    (['--quick', '--nodes', '500'], [500], [16], 3),
+    (['--quick', '--dims', '8'], [1000, 10000], [8], 3),
+    (['--quick', '--repeats', '2'], [1000, 10000], [16], 2),
+    (['--nodes', '500', '--dims', '8', '--repeats', '1'], [500], [8], 1)])
+def test_message_passing_quick_leaves_the_options_given(argv, nodes, dims, repeats, tmp_path,
+                                                        monkeypatch):
+    # --quick replaced a --nodes, --dims or --repeats given with its own graphs, width and
+    # repeats (the report recorded those, not the ones asked for)
+    mp = load_script('message_passing')
+    out = tmp_path / 'mp'
+    run_message_passing(mp, ['--aggrs', 'rigid', '--degrees', 'poisson', '--graphconv-nodes',
+                             '0', '--out', str(out)] + argv, monkeypatch, fake_row)
+    data, _ = report(out)
+    assert sorted({r['nodes'] for r in data['rows']}) == nodes
+    assert sorted({r['dim'] for r in data['rows']}) == dims
+    assert {r['repeats'] for r in data['rows']} == {repeats}
+    assert (data['config']['nodes'], data['config']['dims'],
+            data['config']['repeats']) == (nodes, dims, repeats)
+
+
+def test_message_passing_records_the_threads_of_its_rows(tmp_path, monkeypatch):
+    # the environment's threads were this (parent) process's, not the --threads every row ran
+    # with: 2 against 1 in the committed reports
+    import torch
+    mp = load_script('message_passing')
+    threads = torch.get_num_threads() + 2
+    out = tmp_path / 'mp'
+    run_message_passing(mp, MP_ARGV + ['--threads', str(threads), '--out', str(out)],
+                        monkeypatch, fake_row)
+    data, markdown = report(out)
+    assert {r['threads'] for r in data['rows']} == {threads}
+    assert data['environment']['threads'] == threads
+    assert f'{threads} thread(s)' in markdown
 
 
 def test_message_passing_resumes_nothing_measured_otherwise(tmp_path, monkeypatch, capsys):
