@@ -1,3 +1,4 @@
+import json
 import subprocess
 import sys
 
@@ -55,6 +56,12 @@ def test_task_records_its_arguments():
                      tdof=2, noise=1)  # an int where a float is expected is fine
     assert task.args == {'d': 4, 'tdof': 2, 'noise': 1, 'set_size': [3, 4]}
     assert load_task('max', n_train=2, n_val=1, n_test=1, d=2).args == {'d': 2}
+    # NumPy numbers (refused: "expects an integer (got np.int64(4))") recorded as Python's, which
+    # JSON writes
+    task = load_task('quadratic-tdof', n_train=4, n_val=2, n_test=2, d=np.int64(4),
+                     tdof=np.int64(2), noise=np.float32(0.5))
+    assert task.args == {'d': 4, 'tdof': 2, 'noise': 0.5}
+    assert json.loads(json.dumps(task.args)) == task.args
 
 
 def test_one_registry_of_every_task():

@@ -66,6 +66,35 @@ def test_permute_within_sets():
     assert permute_within_sets(torch.zeros(0, dtype=torch.long)).numel() == 0
 
 
+def test_permute_within_sets_never_draws_the_identity_when_it_can_move_something():
+    # a set of two was left in place by half the draws: assert_equivariant's three permutation
+    # trials then checked nothing in one run of eight
+    g = torch.Generator().manual_seed(0)
+    for batch in (torch.tensor([0, 0]), torch.tensor([3, 1, 3, 0])):
+        for _ in range(64):
+            perm = permute_within_sets(batch, generator=g)
+            assert torch.equal(batch[perm], batch)
+            assert not torch.equal(perm, torch.arange(batch.numel()))
+    # uniform over the other permutations: all five of a set of three are drawn
+    seen = {tuple(permute_within_sets(torch.zeros(3, dtype=torch.long), g).tolist())
+            for _ in range(200)}
+    assert len(seen) == 5 and (0, 1, 2) not in seen
+    # sets of one element each: nothing can move
+    assert torch.equal(permute_within_sets(torch.tensor([2, 0, 1]), g), torch.arange(3))
+
+
+def test_a_permutation_dependence_within_a_set_of_two_is_always_caught():
+    def first_element(pos, features, batch):  # every row is the set's first element
+        return pos[:1].expand_as(pos) * 1.0
+
+    pos = torch.randn(2, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    for seed in range(40):
+        with pytest.raises(AssertionError, match='permutation'):
+            assert_equivariant(first_element, pos, torch.zeros(2, dtype=torch.long),
+                               invariant_outputs=(0, ), rotations=False, reflections=False,
+                               translations=False, generator=torch.Generator().manual_seed(seed))
+
+
 @pytest.mark.parametrize('dtype', [torch.float64, torch.float32])
 @pytest.mark.parametrize('dim', [3, 8])
 def test_passes_on_equivariant_function(dtype, dim):

@@ -45,7 +45,8 @@ def load_task(name: str, seed: int = 0, n_train: Optional[int] = None,
     generated from :obj:`seed` (:func:`~torch_mz.datasets.make_task`); real datasets are read from
     :obj:`root` (default: the repository's ``datasets/`` folder) and split with :obj:`seed`.
     :obj:`task_kwargs` are checked against :func:`task_options` first: an unknown option or a
-    value of the wrong type raises a :class:`ValueError` naming it."""
+    value of the wrong type raises a :class:`ValueError` naming it (NumPy numbers are taken as
+    Python's)."""
     _check_name(name)
     _check_load_args(name, seed, set_size, progress)
     given = [k for k in ('transform', 'pre_transform', 'pre_filter') if k in task_kwargs]
@@ -60,7 +61,9 @@ def load_task(name: str, seed: int = 0, n_train: Optional[int] = None,
             raise ValueError(f"'{key}' must be a callable (a PyG transform or filter), got "
                              f"{task_kwargs[key]!r}")
     defaults, nullable, complete = task_options(name)
-    check_options(task_kwargs, defaults, f"task '{name}'", complete=complete, nullable=nullable)
+    # (NumPy numbers as Python's: splits.args are written as JSON)
+    task_kwargs = check_options(task_kwargs, defaults, f"task '{name}'", complete=complete,
+                                nullable=nullable)
     args = dict(task_kwargs, **({} if set_size is None else {'set_size': list(set_size)}))
     if is_synthetic(name):
         splits = synthetic.make_task(name, n_train=n_train, n_val=n_val, n_test=n_test,
@@ -100,7 +103,8 @@ def check_task(name: str, seed: int = 0, n_train: Optional[int] = None,
     _check_name(name)
     _check_load_args(name, seed, set_size, progress)
     defaults, nullable, complete = task_options(name)
-    check_options(task_kwargs, defaults, f"task '{name}'", complete=complete, nullable=nullable)
+    task_kwargs = check_options(task_kwargs, defaults, f"task '{name}'", complete=complete,
+                                nullable=nullable)
     for what, count in (('n_train', n_train), ('n_val', n_val), ('n_test', n_test)):
         if count is not None and (isinstance(count, bool) or not isinstance(count, int)
                                   or count < 0):

@@ -80,21 +80,31 @@ def permute_within_sets(batch: Tensor, generator: Optional[torch.Generator] = No
     r"""A random permutation ``perm`` of the elements that only exchanges elements of the same set,
     so ``batch[perm] == batch``. ``batch`` need not be sorted. ``generator`` must be a CPU generator.
 
+    Whenever some set has at least two elements, ``perm`` moves at least one element: it is drawn
+    uniformly from the permutations within sets other than the identity (an identity draw is
+    drawn again, as happens with probability at most 1/2), so that a permutation check always
+    tests something. With every set a single element (or none) it is the identity.
+
     Shapes:
         - **input:** batch :math:`(N)`
         - **output:** perm :math:`(N)`
     """
     if batch.dim() != 1:
         raise ValueError(f"'batch' must be 1-D, got shape {tuple(batch.shape)}")
-    keys = torch.rand(batch.numel(), generator=generator, dtype=torch.float64)  # (N,) in [0, 1)
-    # Sorting by (set id, random key) shuffles each set; placing the result at the positions of
-    # the stably sorted ids keeps every set on its own positions.
     batch_cpu = batch.detach().cpu()
-    shuffled = torch.argsort(batch_cpu.to(torch.float64) * 2.0 + keys)  # (N,)
+    identity = torch.arange(batch.numel())  # (N,)
+    # some set has two elements or more: a repeated id
+    movable = torch.unique(batch_cpu).numel() < batch_cpu.numel()
     slots = torch.argsort(batch_cpu, stable=True)  # (N,)
-    perm = torch.empty_like(slots)
-    perm[slots] = shuffled
-    return perm.to(batch.device)
+    while True:
+        keys = torch.rand(batch.numel(), generator=generator, dtype=torch.float64)  # (N,) [0, 1)
+        # Sorting by (set id, random key) shuffles each set; placing the result at the positions
+        # of the stably sorted ids keeps every set on its own positions.
+        shuffled = torch.argsort(batch_cpu.to(torch.float64) * 2.0 + keys)  # (N,)
+        perm = torch.empty_like(slots)
+        perm[slots] = shuffled
+        if not movable or not torch.equal(perm, identity):
+            return perm.to(batch.device)
 
 
 def _as_tuple(outputs: Outputs) -> Tuple[Tensor, ...]:
@@ -144,7 +154,8 @@ def assert_equivariant(
     - **translation**: :math:`\mathbf{x} \mapsto \mathbf{x} + \mathbf{t}`, with
       :math:`\mathbf{t}` Gaussian, scaled to the size of ``pos``;
     - **permutation**: elements are shuffled inside their sets (``batch`` is unchanged,
-      :func:`permute_within_sets`), ``features`` with them.
+      :func:`permute_within_sets`), ``features`` with them; every trial moves at least one
+      element when some set has two elements or more.
 
     Output types, given by position in the tuple ``fn`` returns (a single tensor is position 0);
     every output must be listed in exactly one of the first three:

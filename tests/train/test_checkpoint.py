@@ -353,6 +353,10 @@ def test_run_info_records_a_transform_by_a_repr_stable_across_processes():
                            'partial': functools.partial(lambda d, k: d, k=1)})
     assert recorded['transform'] == 'RandomRotate((-30, 30), axis=0)'  # with its settings
     assert recorded['fn'] == 'len' and recorded['n'] == 3
+    # NumPy numbers (which check_options takes) as Python's, not as the text 'np.int64(8)'
+    import numpy as np
+    assert recorded_options({'dim': np.int64(8), 'p': np.float32(0.5), 'f': np.bool_(True)}) == {
+        'dim': 8, 'p': 0.5, 'f': True}
     # a repr holding an address would differ in the next process: the class's name stands in
     assert recorded['lambdas'] == 'Compose' and recorded['partial'] == 'partial'
     run = {'task': {'name': 'qm9', 'args': recorded}}

@@ -108,6 +108,35 @@ def test_wrong_output_shape_is_a_clear_error():
         Trainer(H.ToyDeepSets(3, 3), config(epochs=1)).fit(REG_TRAIN)
 
 
+def test_an_improvement_must_exceed_min_delta():
+    # as TrainConfig documents it: a decrease of exactly min_delta is no improvement
+    curve = [4.0, 3.5, 3.0, 2.75, 2.5, 1.0]  # 3.5 and 2.5 are exactly 0.5 below 4.0 and 3.0
+    seed_everything(0)
+    trainer = Trainer(H.ToyDeepSets(3, 2), config(epochs=6, patience=2, min_delta=0.5))
+    calls = []
+
+    def scripted_evaluate(dataset):  # called once after each training epoch
+        calls.append(dataset)
+        return {'loss': curve[len(calls) - 1]}
+
+    trainer.evaluate = scripted_evaluate
+    result = trainer.fit(REG_TRAIN[:32], REG_VAL)
+    assert result.best_epoch == 2 and result.best_val_loss == 3.0
+    assert result.stopped_early and result.epochs_run == 5
+
+
+def test_a_seed_whose_last_rank_passes_2_to_the_32_is_refused():
+    # rank 1 of seed 2**32 - 1 seeded torch with 2**32, whose low 32 bits are seed 0's
+    from torch_mz.train.runtime import DistInfo
+    trainer = Trainer(H.ToyDeepSets(3, 2), config(epochs=1, warmup_epochs=0, seed=2 ** 32 - 1))
+    trainer.dist = DistInfo(rank=1, world_size=2, local_rank=0)  # as under torchrun
+    with pytest.raises(ValueError, match=r'Expected seed \+ world_size <= 2\*\*32 .*got seed '
+                                         r'4294967295 with world_size 2'):
+        trainer.fit(REG_TRAIN[:32])
+    trainer.dist = DistInfo()  # one process: the largest seed is taken
+    assert trainer.fit(REG_TRAIN[:32]).epochs_run == 1
+
+
 def test_early_stopping_stops_at_patience_and_restores_best(tmp_path):
     curve = [5.0, 4.0, 3.0, 2.0, 2.5, 2.6, 2.7, 1.0, 0.5, 0.1]  # best at epoch 3
     seed_everything(0)

@@ -34,15 +34,19 @@ class TrainConfig:
             (default: :obj:`'step'`)
         grad_clip (float, optional): Maximum :math:`\ell_2` norm of all gradients; :obj:`None`
             disables clipping. (default: :obj:`1.0`)
-        patience (int, optional): Stop after this many epochs without a validation-loss
-            improvement; :obj:`None` disables early stopping. (default: :obj:`20`)
-        min_delta (float, optional): Smallest decrease of the validation loss that counts as an
-            improvement. (default: :obj:`0.0`)
+        patience (int, optional): Stop after this many epochs in a row without a validation-loss
+            improvement (see ``min_delta``); :obj:`None` disables early stopping.
+            (default: :obj:`20`)
+        min_delta (float, optional): An epoch improves on the best validation loss so far only
+            if its loss is lower by more than ``min_delta`` (a decrease of exactly ``min_delta``
+            does not count; with :obj:`0.0` any decrease does, a tie does not).
+            (default: :obj:`0.0`)
         restore_best (bool, optional): Load the weights of the best validation epoch at the end.
             (default: :obj:`True`)
         seed (int, optional): Seed for Python, NumPy and PyTorch (``seed + rank`` under DDP) and
             for the shuffling of the training set, in :math:`[0, 2^{32})` (PyTorch's CPU
-            generator and NumPy keep 32 bits of a seed). (default: :obj:`0`)
+            generator and NumPy keep 32 bits of a seed); under DDP ``seed + world_size`` must
+            not exceed :math:`2^{32}` (:meth:`Trainer.fit` refuses it). (default: :obj:`0`)
         deterministic (bool, optional): Ask PyTorch for deterministic algorithms while the
             run trains (the settings as they were after it). (default: :obj:`False`)
         device (str, optional): ``'auto'`` (CUDA if available, else CPU), ``'cpu'``, ``'cuda'``
@@ -132,7 +136,8 @@ class TrainConfig:
                 setattr(self, name, getattr(self, name).item())
         # PyTorch's CPU generator (a Mersenne twister) and NumPy's legacy seed keep 32 bits of
         # a seed: outside [0, 2**32) two seeds would share streams (s and s + 2**32; and
-        # Python's random.seed(-s) is random.seed(s)); the trainer adds the rank to it
+        # Python's random.seed(-s) is random.seed(s)); the trainer adds the rank to it (and
+        # refuses seed + world_size > 2**32, where the world size is known)
         expect(0 <= self.seed < 2 ** 32, '0 <= seed < 2**32', self.seed)
         expect(self.epochs > 0, 'epochs > 0', self.epochs)
         expect(self.batch_size > 0, 'batch_size > 0', self.batch_size)

@@ -523,6 +523,12 @@ class Trainer:
             raise ValueError('torch_mz.train.stop_by is not for distributed training (its '
                              'processes could disagree on the time): give the job its time '
                              'limit and resume from the last checkpoint instead')
+        if cfg.seed + self.dist.world_size > 2 ** 32:
+            # rank r seeds with seed + r, and PyTorch keeps the low 32 bits of a seed: past
+            # 2**32 - 1 a rank would draw a small seed's stream (rank 1 of 2**32 - 1: seed 0's)
+            raise ValueError(f'Expected seed + world_size <= 2**32 (rank r seeds with seed + r, '
+                             f'and PyTorch keeps 32 bits of a seed); got seed {cfg.seed} with '
+                             f'world_size {self.dist.world_size}')
         start = time.perf_counter()
         for name, ds in (('train', train_dataset), ('val', val_dataset), ('test', test_dataset)):
             if ds is not None and len(ds) == 0:
