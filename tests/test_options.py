@@ -65,3 +65,18 @@ def test_check_options_takes_numpy_numbers_as_python_ones():
                          ({'flag': np.int64(1)}, 'true or false')):
         with pytest.raises(ValueError, match=match):
             check_options(given, defaults, 'thing')
+
+
+def test_a_string_option_written_true_or_false_is_that_text():
+    # parse_key_values reads 'alignment=true' as JSON's true, and the string option refused it
+    # ("expects a string (got True)"): the default of rotation matching could not be given
+    given = parse_key_values(['alignment=true', 'mode=false', 'n=3'])
+    assert given == {'alignment': True, 'mode': False, 'n': 3}
+    checked = check_options(given, {'alignment': 'none', 'mode': 'x', 'n': 1}, 'thing')
+    assert checked == {'alignment': 'true', 'mode': 'false', 'n': 3}
+    with pytest.raises(ValueError, match="option 'n' expects an integer"):
+        check_options({'n': True}, {'n': 1}, 'thing')  # (a bool is still no number)
+    from torch_mz.tasks import load_task
+    task = load_task('rotation-matching', n_train=2, n_val=2, n_test=2, d=3,
+                     **parse_key_values(['alignment=true']))
+    assert task.info['alignment'] == 'true'

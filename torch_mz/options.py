@@ -56,7 +56,9 @@ def check_options(given: Mapping[str, Any], defaults: Mapping[str, Any], what: s
     r"""Checks options (e.g. from :func:`parse_key_values`) against the defaults of what they
     configure: with :obj:`complete`, a name not in :obj:`defaults` is an error; a value whose type
     differs from its default's is one too (an int is accepted for a float, a list for a tuple;
-    NumPy integers, floats and bools as Python's; a default of :obj:`None` accepts anything).
+    NumPy integers, floats and bools as Python's, and for a string option :obj:`True` and
+    :obj:`False` as the texts ``'true'`` and ``'false'``, since :func:`parse_key_values` reads
+    ``alignment=true`` as JSON's true; a default of :obj:`None` accepts anything).
     Raises a :class:`ValueError` that names :obj:`what`, the option, and what was expected.
 
     Args:
@@ -71,7 +73,7 @@ def check_options(given: Mapping[str, Any], defaults: Mapping[str, Any], what: s
     Returns:
         dict: The options, with the NumPy numbers and bools of options with an integer, float
         or bool default as Python's :obj:`int`, :obj:`float` and :obj:`bool` (which JSON
-        writes); every other value as given.
+        writes), a bool given to a string option as its text; every other value as given.
     """
     nullable = set(nullable)
     checked = dict(given)
@@ -86,7 +88,7 @@ def check_options(given: Mapping[str, Any], defaults: Mapping[str, Any], what: s
         expected = _expected_type(defaults[key])
         if expected is not None and not expected[1](value):
             raise ValueError(f"{what}: option '{key}' expects {expected[0]} (got {value!r})")
-        if expected is not None and type(value) not in (bool, int, float):
+        if expected is not None:
             checked[key] = expected[2](value)
     return checked
 
@@ -103,6 +105,10 @@ def _same(value: Any) -> Any:
     return value
 
 
+def _text(value: Any) -> str:  # ('--task-arg alignment=true' reads as JSON's true: the text)
+    return ('true' if value else 'false') if isinstance(value, bool) else value
+
+
 def _expected_type(default: Any) -> Optional[Tuple[str, Callable[[Any], bool],
                                                    Callable[[Any], Any]]]:
     # (what is expected, whether a value is that, the value as a Python one)
@@ -115,7 +121,7 @@ def _expected_type(default: Any) -> Optional[Tuple[str, Callable[[Any], bool],
         return ('a number', lambda v: isinstance(v, numbers.Real) and not _is_bool(v),
                 _as_python_number)
     if isinstance(default, str):
-        return 'a string', lambda v: isinstance(v, str), _same
+        return 'a string', lambda v: isinstance(v, (str, bool)), _text
     if isinstance(default, (tuple, list)):
         return 'a list', lambda v: isinstance(v, (tuple, list)), _same
     return None
