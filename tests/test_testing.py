@@ -297,3 +297,15 @@ def test_a_point_output_of_a_set_without_elements_is_refused_not_failed():
     with pytest.raises(ValueError, match='set ids >= 0'):
         assert_equivariant(centroids, pos, batch - 1, features, equivariant_outputs=(0, ),
                            set_outputs=(0, ))
+    # a vector per set is 0 for an empty one, and Q 0 = 0: checked, not refused, in both modes
+
+    def spreads(pos, features, batch):
+        c = scatter(pos, batch, dim=0, dim_size=4, reduce='mean')  # (4, D)
+        return scatter(features[:, :1] * (pos - c[batch]), batch, dim=0, dim_size=4)  # (4, D)
+
+    for independent in (True, False):
+        assert_equivariant(spreads, pos, batch, features, vector_outputs=(0, ),
+                           set_outputs=(0, ), independent_sets=independent)
+    with pytest.raises(ValueError, match='trailing empty sets'):  # (no transformation drawn)
+        assert_equivariant(lambda *a: torch.cat([spreads(*a), spreads(*a)[:1] * 0]), pos,
+                           batch, features, vector_outputs=(0, ), set_outputs=(0, ))

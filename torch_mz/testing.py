@@ -167,8 +167,9 @@ def assert_equivariant(
       :math:`Q \mathbf{y}` (translations leave them unchanged);
     - ``set_outputs`` (any of the above): one row per set, indexed by set id, hence unchanged by
       permutations. All other outputs have one row per element and are permuted with the elements.
-      A set-level point or vector output must have no row for a set without elements (no
-      transformation of its elements moves it).
+      A set-level point output must have no row for a set without elements (no transformation
+      of its elements moves it); a vector output may (:math:`Q \mathbf{0} = \mathbf{0}`), but
+      with ``independent_sets=True`` not after the last set id in ``batch``.
 
     With ``independent_sets=True`` (and a ``batch``), every set gets its own random transformation,
     which also checks that sets do not influence each other; set it to :obj:`False` to transform all
@@ -212,7 +213,7 @@ def assert_equivariant(
         AssertionError: If any kind exceeds the tolerance; the message gives, for every kind, the
             worst error, its tolerance, the output position and the trial.
         ValueError: If the inputs or the output declarations are inconsistent, or a set-level
-            point or vector output has a row for a set without elements.
+            point output has a row for a set without elements.
 
     Shapes:
         - **input:** pos :math:`(N, D)`, batch :math:`(N)`, features :math:`(N, *)`
@@ -271,13 +272,20 @@ def assert_equivariant(
         if kind_of[k] == 'invariant':
             continue
         rows = reference[k].size(0)
-        # (a point of a set without elements moves with no transformation of its elements: an
-        # equivariant function's zero centroid there was compared with a translated one)
-        empty = (torch.bincount(set_ids, minlength=rows)[:rows] == 0).nonzero().flatten()
-        if empty.numel() > 0:
+        if kind_of[k] == 'equivariant':
+            # (a point of a set without elements moves with no transformation of its elements:
+            # an equivariant function's zero centroid there was compared with a translated one)
+            empty = (torch.bincount(set_ids, minlength=rows)[:rows] == 0).nonzero().flatten()
+            if empty.numel() > 0:
+                raise ValueError(f"Output {k} is an 'equivariant' set-level output with {rows} "
+                                 f"rows, but 'batch' has no elements in sets {empty.tolist()}: "
+                                 f"a point of an empty set (trailing empty sets too) has no "
+                                 f"transformation")
+        elif independent_sets and rows > num_groups:  # (a vector: Q 0 = 0 where a set is empty,
+            # but a set after the last id in 'batch' has no transformation drawn)
             raise ValueError(f"Output {k} is a '{kind_of[k]}' set-level output with {rows} rows, "
-                             f"but 'batch' has no elements in sets {empty.tolist()}: empty sets "
-                             f"(trailing empty sets too) have no transformation")
+                             f"but 'batch' has elements in only {num_groups} sets: trailing "
+                             f"empty sets have no transformation")
     shift_scale = float(pos.detach().abs().max()) if num_nodes > 0 else 1.0
     shift_scale = shift_scale if shift_scale > 0 else 1.0
 
