@@ -155,18 +155,24 @@ def test_every_built_model_redraws_all_its_parameters(name, kwargs):
     assert not kept, kept
 
 
-def test_options_of_another_value_operator_are_refused_and_not_printed():
-    # build_model('rigid', 3, 1, num_matrix_generators=8) was accepted and printed L=8 (L=4
-    # without it): the rigid operator has no matrix generators
+def test_options_of_another_value_operator_are_warned_and_not_printed():
+    # build_model('rigid', 3, 1, num_matrix_generators=8) was accepted without a word and
+    # printed L=8 (L=4 without it): the rigid operator has no matrix generators
+    import warnings
     for name, kwargs, what in (
             ('rigid', dict(num_matrix_generators=8), "value='rigid' has none"),
             ('film', dict(num_matrix_generators=2), "value='film' has none"),
             ('hypernet', dict(num_matrix_generators=2, dim=32), "value='hypernet' has none"),
-            ('st-4l', dict(summary='mean+std'), "value='rigid' has no gates"),
-            # the mz preset's L does not carry over to another operator
-            ('mz', dict(value='rigid', num_generators=0), 'start from a preset of that')):
-        with pytest.raises(ValueError, match=re.escape(what)):
+            ('st-4l', dict(summary='mean+std'), "value='rigid' has no gates")):
+        with pytest.warns(UserWarning, match=re.escape(what)):
             build_model(name, 3, 1, **kwargs)
+    # an mz preset given another operator: its own L, which the user did not give, is left
+    # out without a word, and the model is that operator's
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        for name in ('mz', 'mz-slim', 'mz-1l'):
+            for value in ('rigid', 'film', 'hypernet'):
+                assert build_model(name, 3, 1, value=value).body.value == value
     for name in ('mz', 'mz-slim', 'mz-large', 'mz-1l', 'rigid', 'st-4l', 'st-large', 'film',
                  'hypernet'):
         text = repr(build_model(name, 3, 1))

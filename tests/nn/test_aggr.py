@@ -772,18 +772,39 @@ def test_training_groups_where_glibc_maps_large_blocks_afresh(monkeypatch):
     (dict(rank=4), "'rank' is the rank of the HyperNet value operator"),
     (dict(value='hypernet', rank=-3), "'rank' must be an integer >= 1"),
     (dict(num_generators=0, readout='signed'), "readout='signed' reads the generators"),
-    # options of other value operators: they were accepted and did nothing
-    (dict(value='rigid', num_matrix_generators=8), "'num_matrix_generators' is the number L of "
-     "matrix generators of the MZ value operator (value='mz'); value='rigid' has none"),
-    (dict(value='film', num_matrix_generators=1), "value='film' has none: leave it out"),
-    (dict(value='hypernet', num_matrix_generators=4), "value='hypernet' has none"),
     (dict(value='rigid', num_matrix_generators=-3), "'num_matrix_generators' must be an int"),
-    (dict(value='rigid', summary='mean+std'), "summary='mean+std' is the set summary that the "
-     "gates of the 'mz', 'film' and 'hypernet' value operators read; value='rigid' has no gates"),
 ])
 def test_constructor_arguments_that_would_be_misread_or_ignored_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         MZAggregation(4, **kwargs)
+
+
+@pytest.mark.parametrize('kwargs,message', [
+    (dict(value='rigid', num_matrix_generators=8), "'num_matrix_generators' is the number L of "
+     "matrix generators of the MZ value operator (value='mz'); value='rigid' has none, so "
+     "num_matrix_generators=8 does nothing here"),
+    (dict(value='film', num_matrix_generators=1), "value='film' has none"),
+    (dict(value='hypernet', num_matrix_generators=4), "value='hypernet' has none"),
+    (dict(value='rigid', summary='mean+std'), "summary='mean+std' is the set summary that the "
+     "gates of the 'mz', 'film' and 'hypernet' value operators read; value='rigid' has no gates"),
+])
+def test_options_another_value_operator_ignores_are_warned_and_change_nothing(kwargs, message):
+    # they were accepted without a word; refused, they broke a --model-arg given to every
+    # model of a comparison and the checkpoints of runs that took one: warned, and the module
+    # is the one built without them
+    import warnings
+    with pytest.warns(UserWarning, match=re.escape(message)):
+        torch.manual_seed(0)
+        given = MZAggregation(4, **kwargs)
+    plain = {k: v for k, v in kwargs.items() if k == 'value'}
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        torch.manual_seed(0)
+        left_out = MZAggregation(4, **plain)
+    a, b = given.state_dict(), left_out.state_dict()
+    assert list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a)
+    x, index = torch.randn(7, 4), torch.tensor([0, 0, 1, 1, 1, 2, 2])
+    assert torch.equal(given.eval()(x, index), left_out.eval()(x, index))
 
 
 def test_options_of_the_value_operator_are_the_ones_printed_and_defaults_are_not_given():

@@ -219,6 +219,9 @@ def _build(name: str, in_channels: int, out_channels: int, pos_dim: Optional[int
             raise ValueError(f"feature column {max(feature_columns)} is beyond the "
                              f"{in_channels} input channels")
     kwargs = dict(PRESETS[name], **overrides)
+    if kwargs.get('value') != 'mz' and 'num_matrix_generators' not in overrides:
+        # (an mz preset given another value operator: its own L has nothing to act on)
+        kwargs.pop('num_matrix_generators', None)
     match = kwargs.pop('match', None)
     knob = _knob(name)
     if match is not None and knob not in overrides:

@@ -1,6 +1,7 @@
 r"""MZAggregation: a PyG aggregation built from MZ-Set-Transformer blocks."""
 import math
 import numbers
+import warnings
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
@@ -374,8 +375,9 @@ class MZAggregation(Aggregation):
         value (str): Value operator :obj:`'mz'`, :obj:`'rigid'`, :obj:`'film'` or
             :obj:`'hypernet'` (default: :obj:`'mz'`).
         num_matrix_generators (int, optional): :math:`L`, for ``value='mz'`` only (the other
-            operators have no matrix generators and refuse it) (default: :obj:`None`, 1 for
-            ``'neighbourhood'``, 4 for ``'paper'``).
+            operators have no matrix generators: given to them, it does nothing, with a
+            :class:`UserWarning`) (default: :obj:`None`, 1 for ``'neighbourhood'``, 4 for
+            ``'paper'``).
         rank (int, optional): HyperNet rank, for ``value='hypernet'`` only (default:
             :obj:`None`, i.e. 8).
         num_inducing (int, optional): Inducing tokens :math:`m` per set in each ISAB
@@ -394,8 +396,9 @@ class MZAggregation(Aggregation):
         d_ff (int, optional): FFN width; the generator FFN has half of it (default:
             :obj:`None`, :math:`d` for ``'neighbourhood'``, 128 for ``'paper'``).
         summary (str): Gate summary :obj:`'mean'` or :obj:`'mean+std'` of the ``'mz'``,
-            ``'film'`` and ``'hypernet'`` value operators; ``value='rigid'`` has no gates and
-            refuses :obj:`'mean+std'` (default: :obj:`'mean'`).
+            ``'film'`` and ``'hypernet'`` value operators; ``value='rigid'`` has no gates
+            (:obj:`'mean+std'` does nothing there, with a :class:`UserWarning`) (default:
+            :obj:`'mean'`).
         dropout (float): Dropout on attention weights and FFN outputs (default: :obj:`0.0`).
         log_n (bool): :math:`\log n` logit scaling (default: :obj:`False`).
         readout (str): :obj:`'ihw'` or :obj:`'signed'` (default: :obj:`'ihw'`).
@@ -520,10 +523,12 @@ class MZAggregation(Aggregation):
         if num_matrix_generators is not None:  # given (None: the preset's L, unused but by 'mz')
             num_matrix_generators = check_count('num_matrix_generators', num_matrix_generators,
                                                 low=0)
-            if value != 'mz':
-                raise ValueError(f"'num_matrix_generators' is the number L of matrix generators "
-                                 f"of the MZ value operator (value='mz'); value={value!r} has "
-                                 f"none: leave it out (or start from a preset of that operator)")
+            if value != 'mz':  # (warned, not refused: a --model-arg given to every model of a
+                # comparison, and the checkpoints of runs that took it, build as before)
+                warnings.warn(f"'num_matrix_generators' is the number L of matrix generators of "
+                              f"the MZ value operator (value='mz'); value={value!r} has none, so "
+                              f"num_matrix_generators={num_matrix_generators} does nothing here",
+                              UserWarning, stacklevel=2)
         log_n, fold_keys = check_flag('log_n', log_n), check_flag('fold_keys', fold_keys)
         dropout = check_rate('dropout', dropout)
         defaults = preset_defaults(preset, in_channels, heads)
@@ -561,9 +566,9 @@ class MZAggregation(Aggregation):
         check_choice('value operator', value, VALUE_OPERATORS)
         check_choice('summary', summary, SUMMARIES)
         if summary != 'mean' and value == 'rigid':
-            raise ValueError(f"summary={summary!r} is the set summary that the gates of the "
-                             f"'mz', 'film' and 'hypernet' value operators read; value='rigid' "
-                             f"has no gates: leave it out")
+            warnings.warn(f"summary={summary!r} is the set summary that the gates of the 'mz', "
+                          f"'film' and 'hypernet' value operators read; value='rigid' has no "
+                          f"gates, so it does nothing here", UserWarning, stacklevel=2)
         check_choice('encoder block', encoder, ENCODERS)
         check_choice('readout', readout, READOUTS)
         check_choice('attention path', path, PATHS)
