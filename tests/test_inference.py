@@ -227,6 +227,10 @@ def test_load_weights_takes_the_weights_of_a_model_built_as_recorded(task, tmp_p
                        run_info={'model': {'name': 'my-deepsets'}})
     labelled.fit(task.train, task.val)
     labelled.load_weights(tmp_path / 'own' / 'best.pt')
+    # and the same Trainer takes a checkpoint of the preset's own name (found by the review)
+    labelled.load_weights(tmp_path / 'np' / 'best.pt')
+    torch.testing.assert_close(predict(labelled.model, task.test),
+                               predict(load_model(tmp_path / 'np' / 'best.pt'), task.test))
 
 
 def test_prediction_columns_of_a_dataset_without_a_length(task):
@@ -390,3 +394,20 @@ def test_scale_uncertainty_of_a_per_set_width_with_several_targets_names_the_pro
         predict(model, task.test, scale_uncertainty=True)
     pred, ihw = predict(model, task.test)  # unscaled, as the model gives it
     assert pred.shape == (8, 3) and ihw.shape == (8, )
+
+
+def test_load_test_split_reads_given_options_as_load_task_does(tmp_path):
+    # --task-arg alignment=true reads as JSON's true, which load_task takes as rotation
+    # matching's default text 'true': it was warned about as another task than the run's own
+    import warnings
+
+    from torch_mz.inference import TestSplitWarning, load_test_split
+    from torch_mz.options import parse_key_values
+    small = load_task('rotation-matching', n_train=8, n_val=4, n_test=4, d=3)
+    train_one(small, 'deepsets', 0, config(tmp_path, epochs=1), hidden_channels=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter('error', TestSplitWarning)
+        for items in (['alignment=true'], ['alignment="true"']):
+            rebuilt = load_test_split(str(tmp_path / 'best.pt'),
+                                      task_args=parse_key_values(items))
+            assert [d.y.tolist() for d in rebuilt.test] == [d.y.tolist() for d in small.test]

@@ -216,6 +216,7 @@ def load_test_split(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
     """
     from torch_mz._checks import check_optional_count
     from torch_mz.datasets.real import LOAD_DEFAULTS, OFFICIAL_TEST_SPLIT
+    from torch_mz.options import check_options
     from torch_mz.tasks import is_synthetic, load_task, resolved_options, task_options
     if isinstance(checkpoint, Mapping):
         state, where = dict(checkpoint), 'the checkpoint'
@@ -261,7 +262,11 @@ def load_test_split(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
                          f"{', '.join(f'{k}=...' for k in lacking)})")
     notes = []  # warned about once the checks below have passed
     options_changed = False  # a data-defining option given otherwise (warned about, allowed)
-    defaults = dict(task_options(task)[0], **LOAD_DEFAULTS.get(task, {}))
+    own, nullable, _ = task_options(task)
+    # the values load_task takes them as (alignment=true, as --task-arg reads it, is the text
+    # 'true'; a NumPy number a Python one): else warned about as other than the run's own
+    given = check_options(given, own, f"task '{task}'", complete=False, nullable=nullable)
+    defaults = dict(own, **LOAD_DEFAULTS.get(task, {}))
     for key, value in list(given.items()) + list(objects.items()):
         # an option not given was its default; both as a checkpoint records them (JSON values,
         # a Python object by its repr), so that ('mu',) is the recorded ['mu']

@@ -3,6 +3,7 @@ import math
 import os
 import shutil
 
+import numpy as np
 import pytest
 import torch
 
@@ -336,10 +337,20 @@ def test_resume_computes_with_the_tanh_the_run_chose(tmp_path, monkeypatch, capl
     assert "trained with ATen's tanh, this process runs the compiled" in caplog.text
 
 
-@pytest.mark.parametrize('info', [{'task': object()}, {'lr': math.nan}, ['task']])
+@pytest.mark.parametrize('info', [{'task': object()}, {'lr': math.nan}, ['task'],
+                                  {'lr': np.float32('nan')}])
 def test_run_info_must_be_json_values(info):
     with pytest.raises(ValueError, match='run_info'):
         Trainer(H.ToyDeepSets(3, 2), config(), run_info=info)
+
+
+def test_run_info_takes_numpy_numbers_as_python_ones():
+    # recorded_options writes them so; a run_info of one's own holding one was refused
+    info = {'task': {'args': {'d': np.int64(4), 'noise': np.float32(0.5), 'on': np.bool_(True)}}}
+    trainer = Trainer(H.ToyDeepSets(3, 2), config(), run_info=info)
+    args = trainer.run_info['task']['args']
+    assert args == {'d': 4, 'noise': 0.5, 'on': True}
+    assert [type(v) for v in args.values()] == [int, float, bool]
 
 
 def test_run_info_records_a_transform_by_a_repr_stable_across_processes():
@@ -527,3 +538,19 @@ def test_weights_that_do_not_fit_leave_the_model_as_it_was(tmp_path):
         fitting.load_weights(tmp_path / 'damaged.pt')
     assert_same_params(params(fitting.model), weights)
     assert repr(carried_normalizer(fitting.model)) == repr(carried)
+
+
+def test_a_damaged_normaliser_is_named_on_resume(tmp_path):
+    # resuming read the normaliser after the weights and the optimiser, with a bare KeyError
+    # (a traceback from the command line, which names CheckpointErrors)
+    run = config(epochs=1, warmup_epochs=0, out_dir=str(tmp_path / 'run'))
+    Trainer(H.ToyDeepSets(3, 2), run).fit(REG_TRAIN[:16], REG_VAL[:8])
+    state = torch.load(tmp_path / 'run' / 'checkpoint.pt', weights_only=True)
+    state['normalizer'] = {'std': state['normalizer']['std']}
+    torch.save(state, tmp_path / 'damaged.pt')
+    model = H.ToyDeepSets(3, 2)
+    weights = params(model)
+    with pytest.raises(CheckpointError, match='damaged target normaliser'):
+        Trainer(model, config(epochs=2, warmup_epochs=0, resume=str(tmp_path / 'damaged.pt'))
+                ).fit(REG_TRAIN[:16], REG_VAL[:8])
+    assert_same_params(params(model), weights)

@@ -130,11 +130,18 @@ def test_a_seed_whose_last_rank_passes_2_to_the_32_is_refused():
     from torch_mz.train.runtime import DistInfo
     trainer = Trainer(H.ToyDeepSets(3, 2), config(epochs=1, warmup_epochs=0, seed=2 ** 32 - 1))
     trainer.dist = DistInfo(rank=1, world_size=2, local_rank=0)  # as under torchrun
-    with pytest.raises(ValueError, match=r'Expected seed \+ world_size <= 2\*\*32 .*got seed '
-                                         r'4294967295 with world_size 2'):
+    with pytest.raises(ValueError, match=r'Expected seed \+ max\(world_size, epochs\) <= '
+                                         r'2\*\*32 .*got seed 4294967295 with world_size 2'):
         trainer.fit(REG_TRAIN[:32])
     trainer.dist = DistInfo()  # one process: the largest seed is taken
     assert trainer.fit(REG_TRAIN[:32]).epochs_run == 1
+    # the shuffling of epoch e seeds with seed + e: epoch 1 of seed 2**32 - 1 drew the order of
+    # epoch 0 of seed 0 (found by the review), so two epochs of the largest seed are refused
+    two = Trainer(H.ToyDeepSets(3, 2), config(epochs=2, warmup_epochs=0, seed=2 ** 32 - 1))
+    with pytest.raises(ValueError, match=r'with world_size 1 and 2 epochs'):
+        two.fit(REG_TRAIN[:32])
+    fits = Trainer(H.ToyDeepSets(3, 2), config(epochs=2, warmup_epochs=0, seed=2 ** 32 - 2))
+    assert fits.fit(REG_TRAIN[:32]).epochs_run == 2
 
 
 def test_early_stopping_stops_at_patience_and_restores_best(tmp_path):

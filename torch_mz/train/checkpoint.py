@@ -215,16 +215,26 @@ def _set_rng_state(state: Dict[str, Any]) -> None:
 
 
 def _json_values(value: Optional[Dict[str, Any]], name: str) -> Optional[Dict[str, Any]]:
-    r"""``value`` as plain JSON values (tuples become lists), so that what a checkpoint stores
-    loads with ``weights_only=True`` and compares equal to what the next run passes."""
+    r"""``value`` as plain JSON values (tuples become lists, NumPy numbers Python's), so that
+    what a checkpoint stores loads with ``weights_only=True`` and compares equal to what the
+    next run passes."""
     if value is None:
         return None
     if not isinstance(value, dict):
         raise ValueError(f'Expected {name} to be a dict or None (got {type(value).__name__})')
     try:
-        return json.loads(json.dumps(value, sort_keys=True, allow_nan=False))
+        return json.loads(json.dumps(value, sort_keys=True, allow_nan=False,
+                                     default=_numpy_number))
     except (TypeError, ValueError) as e:
         raise ValueError(f'Expected {name} to hold JSON values only ({e})') from None
+
+
+def _numpy_number(o: Any) -> Any:
+    r"""A NumPy number as the Python one (as :func:`recorded_options` writes it), else JSON's
+    own :class:`TypeError`."""
+    if isinstance(o, np.generic):
+        return o.item()
+    raise TypeError(f'Object of type {type(o).__name__} is not JSON serializable')
 
 
 def describe_run(info: Dict[str, Any]) -> str:

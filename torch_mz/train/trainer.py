@@ -410,8 +410,13 @@ class Trainer:
         # weights of the same shapes from a model built otherwise (another readout...) loaded
         # and predicted something else: refused, as load_model(path, model=...) refuses them
         from torch_mz.inference import check_built_as_recorded  # (it imports this package)
-        check_built_as_recorded(state, self.model, f'Checkpoint {os.fspath(path)!r}',
-                                (self.run_info or {}).get('model'))  # (as its own record it)
+        try:  # (the model as built, or as this Trainer records it: under its caller's label)
+            check_built_as_recorded(state, self.model, f'Checkpoint {os.fspath(path)!r}')
+        except CheckpointError:
+            own = (self.run_info or {}).get('model')
+            if own is None:
+                raise
+            check_built_as_recorded(state, self.model, f'Checkpoint {os.fspath(path)!r}', own)
         # the checkpoint's normaliser, never one this Trainer or its model carried before; read
         # before the weights, so that a damaged one leaves the model as it was
         normalizer = checkpoint_normalizer(state, f'Checkpoint {os.fspath(path)!r}')
@@ -523,12 +528,15 @@ class Trainer:
             raise ValueError('torch_mz.train.stop_by is not for distributed training (its '
                              'processes could disagree on the time): give the job its time '
                              'limit and resume from the last checkpoint instead')
-        if cfg.seed + self.dist.world_size > 2 ** 32:
-            # rank r seeds with seed + r, and PyTorch keeps the low 32 bits of a seed: past
-            # 2**32 - 1 a rank would draw a small seed's stream (rank 1 of 2**32 - 1: seed 0's)
-            raise ValueError(f'Expected seed + world_size <= 2**32 (rank r seeds with seed + r, '
-                             f'and PyTorch keeps 32 bits of a seed); got seed {cfg.seed} with '
-                             f'world_size {self.dist.world_size}')
+        if cfg.seed + max(self.dist.world_size, cfg.epochs) > 2 ** 32:
+            # rank r seeds with seed + r and the shuffling of epoch e with seed + e, and PyTorch
+            # keeps the low 32 bits of a seed: past 2**32 - 1 a rank or an epoch would draw a
+            # small seed's stream (rank 1 of 2**32 - 1: seed 0's; epoch 1 the order of epoch 0
+            # of seed 0)
+            raise ValueError(f'Expected seed + max(world_size, epochs) <= 2**32 (rank r seeds '
+                             f'with seed + r, the shuffling of epoch e with seed + e, and '
+                             f'PyTorch keeps 32 bits of a seed); got seed {cfg.seed} with '
+                             f'world_size {self.dist.world_size} and {cfg.epochs} epochs')
         start = time.perf_counter()
         for name, ds in (('train', train_dataset), ('val', val_dataset), ('test', test_dataset)):
             if ds is not None and len(ds) == 0:
@@ -822,7 +830,8 @@ class Trainer:
         if changed:
             log.warning('Resuming %s with a changed configuration %s; the run will differ from '
                         'an uninterrupted one', path, changed)
-        self._load_model_state(state['model'], path)
+        normalizer = checkpoint_normalizer(state, f'Checkpoint {path!r}')  # (a damaged one:
+        self._load_model_state(state['model'], path)  # refused before the weights load)
         assert self.optimizer is not None and self.scheduler is not None
         try:
             self.optimizer.load_state_dict(state['optimizer'])
@@ -847,7 +856,7 @@ class Trainer:
                                            self.scheduler.lr_lambdas):
                 group['lr'] = base * factor(self.scheduler.last_epoch)
             self.scheduler._last_lr = [g['lr'] for g in self.optimizer.param_groups]
-        if state.get('normalizer') is not None:
+        if normalizer is not None:  # (checked before the weights loaded)
             self.normalizer.load_state_dict(state['normalizer'])
         elif self.uses_normalizer:
             raise CheckpointError(f'Checkpoint {path!r} has no target normaliser but '
