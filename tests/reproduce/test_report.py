@@ -225,3 +225,23 @@ def test_summary_names_each_claims_command(tmp_path):
             'benchmarks/reproduce.py --budget converged --claims table30`') in commands
     assert ('- table1: `python benchmarks/reproduce.py --budget converged --claims table1`'
             in commands)
+
+
+def test_table30_names_a_row_without_its_figures(tmp_path):
+    # a row without 'params' (or a figure that is not a number) was a bare KeyError
+    step = tmp_path / 'training_step.json'
+    step.write_text(json.dumps(dict(rows=[dict(model='rigid'), dict(model='mz')])))
+    with pytest.raises(ValueError, match="have no usable 'params' figures in rows 'mz' and "
+                                         "'rigid' .KeyError"):
+        overhead_records(str(step), 'converged')
+
+
+def test_a_claim_file_whose_records_lack_the_summarys_fields_is_named(tmp_path):
+    # valid JSON, a list of dicts, but not claim records: the summary failed with a KeyError
+    # after the training
+    folder = tmp_path / 'claims'
+    folder.mkdir()
+    (folder / 'table3.converged.json').write_text(json.dumps([dict(claim='table3 x')]))
+    with pytest.raises(ValueError, match=r"table3.converged.json' holds records without "
+                                         r"budget, ours.mean, ours.std, paper.source"):
+        load_claims(str(tmp_path))

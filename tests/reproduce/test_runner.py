@@ -578,3 +578,33 @@ def test_a_checkpoint_that_cannot_be_resumed_is_kept_and_the_way_out_named(tmp_p
     shutil.rmtree(folder)  # as the message says: the run trains from the start
     repro.sweep('sum', CLAIM.models[:1])
     assert repro.store.stored(*job)
+
+
+def test_a_records_command_names_the_seeds_it_was_run_with(tmp_path):
+    # --seeds 1 gave records of one seed whose command (without --seeds) ran the budget's two
+    claim = CLAIMS['table3']
+    comparison = claim.comparisons[0]
+    runs = [dict(cell=comparison.cell, model=m, seed=0, test=dict(r2=0.5), epochs_run=3,
+                 stopped_early=False) for m in claim.models]
+    for seeds, tail in ((None, ''), (1, ' --seeds 1')):
+        repro = Reproduction(BUDGETS['converged'], str(tmp_path), device='cpu', seeds=seeds)
+        record = repro.record(comparison, claim, runs, 1, {})
+        assert record['command'] == ('python benchmarks/reproduce.py --budget converged '
+                                     '--claims table3' + tail)
+
+
+def test_a_diverged_run_of_a_claim_that_keeps_weights_is_not_counted_to_train_again(tmp_path,
+                                                                                    monkeypatch):
+    # a diverged run has no weights: run() takes it as finished (it would diverge again), and
+    # --status counted it as pending, 'a finished run to train again', for good
+    calls = _counting(monkeypatch)
+    keep = replace(CLAIM, name='keep', cells=(SUM, ), models=CLAIM.models[:1], comparisons=(),
+                   protocol=(1e30, 1e-5), keep_weights=True)
+    budget = replace(TINY, epochs=3)
+    repro = Reproduction(budget, str(tmp_path), device='cpu', sweep_cells={'sum': SUM})
+    repro.run(keep)
+    assert len(calls) == budget.seeds
+    stage, = repro.status(keep)
+    assert (stage['done'], stage['pending'], stage['again']) == (budget.seeds, 0, 0)
+    Reproduction(budget, str(tmp_path), device='cpu', sweep_cells={'sum': SUM}).run(keep)
+    assert len(calls) == budget.seeds  # nothing trained again

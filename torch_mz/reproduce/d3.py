@@ -92,5 +92,5 @@ def d3_records(repro: 'Reproduction', claim: Claim, runs: Sequence[Mapping[str, 
                             runs=len(runs)),
             seeds=study_seeds, sweep=dict(sweep),
             verdict=verdict(comparison.paper, mean, spread, len(diffs)),
-            command=f'python benchmarks/reproduce.py --budget {repro.budget.name} --claims d3'))
+            command=repro.command('d3')))
     return out

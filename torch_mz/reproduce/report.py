@@ -49,8 +49,23 @@ def load_claims(out: str) -> List[Dict[str, object]]:
             if not (isinstance(got, list) and all(isinstance(r, dict) for r in got)):
                 raise ValueError(f"claim file '{path}' does not hold a list of claim records; "
                                  f"restore it (e.g. with git) or delete it to rebuild the claim")
+            lacking = sorted({f for r in got for f in _lacking(r)})
+            if lacking:  # (the summary's tables read them: a KeyError after the training)
+                raise ValueError(f"claim file '{path}' holds records without "
+                                 f"{', '.join(lacking)}; restore it (e.g. with git) or delete "
+                                 f"it to rebuild the claim")
             records += got
     return records
+
+
+def _lacking(record: Mapping[str, Any]) -> List[str]:
+    r"""The fields of a claim record that :func:`summary_table` and :func:`models_table` read
+    and :obj:`record` lacks (or holds as another type)."""
+    lacking = [f for f in ('claim', 'verdict', 'budget') if not isinstance(record.get(f), str)]
+    for field, keys in (('paper', ('value', 'source', 'text')), ('ours', ('mean', 'std'))):
+        part = record.get(field)
+        lacking += [f'{field}.{k}' for k in keys if not (isinstance(part, dict) and k in part)]
+    return lacking
 
 
 def summary_table(records: Sequence[Mapping[str, Any]]) -> str:

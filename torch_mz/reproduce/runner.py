@@ -308,6 +308,16 @@ class Reproduction:
                 f'{TIME_MARGIN * needed / 3600:.2f} h (with the margin), more than the whole '
                 f'time limit of {whole / 3600:.2f} h: give it a longer limit, or none')
 
+    def _weights_lost(self, cell: Mapping[str, Any], spec: str, seed: int,
+                      config: TrainConfig) -> bool:
+        r"""Whether a finished run is trained again for a claim that scores its model
+        (:meth:`_train_missing`): its record is in the store, its weights are not, and it did
+        not diverge (a diverged run has no weights, and would diverge again). :meth:`status`
+        counts the same runs as ``again``."""
+        record = self.store.read(cell, spec, seed, config)
+        return (record is not None and 'diverged' not in record
+                and self.store.weights(cell, spec, seed, config) is None)
+
     def _train_missing(self, jobs: Sequence[Tuple[Mapping[str, Any], str, int,
                                                   TrainConfig]], wait: bool = True,
                        need_weights: bool = False) -> None:
@@ -320,9 +330,7 @@ class Reproduction:
         :class:`TimeLimit` is raised. With :obj:`need_weights`, a run
         in the store whose weights are not here (:meth:`RunStore.weights`) is trained again."""
         def done(job) -> bool:
-            return self.store.stored(*job) and (not need_weights
-                                                or self.store.weights(*job) is not None
-                                                or 'diverged' in (self.store.read(*job) or {}))
+            return self.store.stored(*job) and not (need_weights and self._weights_lost(*job))
 
         def train(job) -> bool:
             cell, spec, seed, config = job
@@ -716,7 +724,7 @@ class Reproduction:
         for cell, spec, seed, config in jobs:
             state, run_epochs = self.store.state(cell, spec, seed, config)
             redo = (state == 'done' and need_weights
-                    and self.store.weights(cell, spec, seed, config) is None)
+                    and self._weights_lost(cell, spec, seed, config))
             if redo:  # to be trained again (see _train_missing)
                 again += 1
                 run_epochs = self.store.epochs_run(cell, spec, seed, config)
@@ -797,8 +805,13 @@ class Reproduction:
                             levels=(figures[comparison.a]['r2'], figures[b]['r2'],
                                     claim.paper_r2.get((comparison.cell, comparison.a),
                                                        math.nan))),
-            command=f'python benchmarks/reproduce.py --budget {self.budget.name} --claims '
-                    f'{claim.name}')
+            command=self.command(claim.name))
+
+    def command(self, claim: str) -> str:
+        r"""The command line that reproduces :obj:`claim`'s records: its budget, and its seeds
+        where they are not the budget's (``--seeds``: records of another number of seeds)."""
+        return (f'python benchmarks/reproduce.py --budget {self.budget.name} --claims {claim}'
+                + ('' if self.seeds is None else f' --seeds {self.seeds}'))
 
 
 def run_claims(repro: 'Reproduction', claims: Sequence[Claim],

@@ -60,19 +60,27 @@ def overhead_records(path: str, budget: str) -> List[Dict[str, object]]:
         suffix = '+keep' if 'mz+keep' in rows and 'rigid+keep' in rows else ''
         if 'mz' + suffix in rows and 'rigid' + suffix in rows:
             mz, rigid = rows['mz' + suffix], rows['rigid' + suffix]
-            if median is None:
-                mean, spread, n = mz[samples] / rigid[samples], 0.0, None
-            else:
-                rounds = median + '_rounds'  # a run in rounds: the rounds are the samples
-                names = f"'mz{suffix}' and 'rigid{suffix}'"
-                if rounds in mz and rounds in rigid:
-                    ratios = [a / b for a, b in _pairs(mz[rounds], rigid[rounds], rounds, names)
-                              if a is not None and b is not None]
+            try:  # (a row without a figure, or not a number: named, not a KeyError)
+                if median is None:
+                    mean, spread, n = mz[samples] / rigid[samples], 0.0, None
                 else:
-                    ratios = [a / b for a, b in _pairs(mz[samples], rigid[samples], samples,
-                                                       names)]
-                mean, spread = mz[median] / rigid[median], std_or_nan(ratios, ddof=1)
-                n = len(ratios)
+                    rounds = median + '_rounds'  # a run in rounds: the rounds are the samples
+                    names = f"'mz{suffix}' and 'rigid{suffix}'"
+                    if rounds in mz and rounds in rigid:
+                        ratios = [a / b for a, b in _pairs(mz[rounds], rigid[rounds], rounds,
+                                                           names)
+                                  if a is not None and b is not None]
+                    else:
+                        ratios = [a / b for a, b in _pairs(mz[samples], rigid[samples], samples,
+                                                           names)]
+                    mean, spread = mz[median] / rigid[median], std_or_nan(ratios, ddof=1)
+                    n = len(ratios)
+            except (KeyError, TypeError, ZeroDivisionError) as e:
+                raise ValueError(
+                    f"the operator benchmark's results '{path}' have no usable "
+                    f"'{what}' figures in rows 'mz{suffix}' and 'rigid{suffix}' "
+                    f"({type(e).__name__}: {e}): restore the file (e.g. with git) or "
+                    f"write it again with {made_by}") from e
         out.append(dict(
             claim=f'table30 {what}: mz / rigid', budget=budget,
             paper=dict(value=paper, source='Table 30',
