@@ -1,5 +1,6 @@
 import random
 
+import numpy as np
 import pytest
 import torch
 from torch_geometric.data import Data
@@ -178,3 +179,25 @@ def test_random_jitter_clip_is_a_float_with_one_cache_key():
     for flag in (True, np.True_):
         with pytest.raises(ValueError, match="'clip' must be a non-negative number"):
             RandomJitter(clip=flag)
+
+
+@pytest.mark.parametrize('kwargs, name', [(dict(sigma=True), 'sigma'),
+                                          (dict(sigma=np.True_), 'sigma'),
+                                          (dict(sigma=torch.tensor(True)), 'sigma'),
+                                          (dict(clip=torch.tensor(True)), 'clip')])
+def test_jitter_refuses_truth_values_of_every_type(kwargs, name):
+    # sigma=True was taken as sigma=1.0, a hundred times the default noise (clip=True was
+    # refused already, not a bool tensor)
+    with pytest.raises(ValueError, match=f"'{name}' must be a"):
+        RandomJitter(**kwargs)
+    assert RandomJitter(sigma=np.float32(0.5), clip=torch.tensor(0.1)).clip == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize('dtype', [torch.long, torch.uint8, torch.bool, torch.complex64])
+def test_jitter_refuses_coordinates_that_are_not_real_floats(dtype):
+    # torch's kernels failed by their names ("normal_kernel_cpu" not implemented for 'Long',
+    # clamp is not supported for complex types): no ValueError naming 'pos'
+    with pytest.raises(ValueError, match=f"floating-point 'pos'.*{dtype}"):
+        RandomJitter()(Data(pos=torch.zeros(4, 3, dtype=dtype)))
+    for real in (torch.float16, torch.float64):  # float coordinates keep their dtype
+        assert RandomJitter()(Data(pos=torch.zeros(4, 3, dtype=real))).pos.dtype == real

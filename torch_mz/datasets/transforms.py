@@ -30,9 +30,10 @@ __all__ = ['RandomJitter']
 
 
 def _number(value: Any) -> float:
-    # a number (a Python, NumPy or one-element torch number) as a float; anything else (text
-    # too) as NaN, which is refused
-    if isinstance(value, (str, bytes)):
+    # a number (a Python, NumPy or one-element torch number) as a float; anything else (text,
+    # and a truth value of any type, which float() reads as 0 or 1) as NaN, which is refused
+    if (isinstance(value, (str, bytes, bool))
+            or str(getattr(value, 'dtype', '')) in ('bool', 'torch.bool')):
         return math.nan
     try:
         return float(value)
@@ -57,7 +58,7 @@ class RandomJitter(BaseTransform):
             clips nothing); :obj:`None` for no clipping. (default: :obj:`0.05`)
 
     Shapes:
-        - **pos:** :math:`(n, D)`, returned with the same shape
+        - **pos:** :math:`(n, D)`, floating point, returned with the same shape and dtype
     """
 
     def __init__(self, sigma: float = 0.01, clip: Optional[float] = 0.05) -> None:
@@ -65,8 +66,7 @@ class RandomJitter(BaseTransform):
         # or infinite)
         if not math.isfinite(_number(sigma)) or _number(sigma) < 0:
             raise ValueError(f"'sigma' must be a finite non-negative number, got {sigma!r}")
-        if clip is not None and (type(clip).__name__ in ('bool', 'bool_')
-                                 or not _number(clip) >= 0):
+        if clip is not None and not _number(clip) >= 0:
             raise ValueError(f"'clip' must be a non-negative number (not NaN) or None, got "
                              f"{clip!r}")
         self.sigma = float(sigma)
@@ -77,6 +77,9 @@ class RandomJitter(BaseTransform):
         if data.pos is None or data.pos.dim() != 2:
             shape = None if data.pos is None else tuple(data.pos.shape)
             raise ValueError(f"expected 'pos' of shape (n, D), got {shape}")
+        if not data.pos.is_floating_point():  # (torch's kernels refused it by their names)
+            raise ValueError(f"expected floating-point 'pos' (gaussian noise is real-valued), "
+                             f"got {data.pos.dtype}")
         noise = torch.randn_like(data.pos) * self.sigma  # (n, D)
         if self.clip is not None:
             noise = noise.clamp(-self.clip, self.clip)
