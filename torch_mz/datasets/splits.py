@@ -9,7 +9,7 @@ import operator
 import warnings
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -68,6 +68,13 @@ class TaskSplits:
         if split not in SPLITS:
             raise KeyError(f"split must be one of {SPLITS}, got {split!r}")
         return getattr(self, split)
+
+    def __contains__(self, split: object) -> bool:  # ('train' in splits: by name, as indexed;
+        return split in SPLITS  # without it Python indexed 0, 1, ... and raised a KeyError)
+
+    def __iter__(self) -> Iterator[str]:
+        r"""The names of the splits, as a dict's keys: ``splits[name]`` is each split."""
+        return iter(SPLITS)
 
     def __repr__(self) -> str:
         sizes = ', '.join(f'{s}={len(self[s])}' for s in SPLITS)
