@@ -271,21 +271,22 @@ def assert_equivariant(
     for k in set_level:
         if kind_of[k] == 'invariant':
             continue
-        rows = reference[k].size(0)
+        num_rows = reference[k].size(0)
         if kind_of[k] == 'equivariant':
             # (a point of a set without elements moves with no transformation of its elements:
             # an equivariant function's zero centroid there was compared with a translated one)
-            empty = (torch.bincount(set_ids, minlength=rows)[:rows] == 0).nonzero().flatten()
+            counts = torch.bincount(set_ids, minlength=num_rows)[:num_rows]  # (R,)
+            empty = (counts == 0).nonzero().flatten()
             if empty.numel() > 0:
-                raise ValueError(f"Output {k} is an 'equivariant' set-level output with {rows} "
-                                 f"rows, but 'batch' has no elements in sets {empty.tolist()}: "
-                                 f"a point of an empty set (trailing empty sets too) has no "
-                                 f"transformation")
-        elif independent_sets and rows > num_groups:  # (a vector: Q 0 = 0 where a set is empty,
-            # but a set after the last id in 'batch' has no transformation drawn)
-            raise ValueError(f"Output {k} is a '{kind_of[k]}' set-level output with {rows} rows, "
-                             f"but 'batch' has elements in only {num_groups} sets: trailing "
-                             f"empty sets have no transformation")
+                raise ValueError(f"Output {k} is an 'equivariant' set-level output with "
+                                 f"{num_rows} rows, but 'batch' has no elements in sets "
+                                 f"{empty.tolist()}: a point of an empty set (trailing empty "
+                                 f"sets too) has no transformation")
+        elif independent_sets and num_rows > num_groups:  # (a vector: Q 0 = 0 where a set is
+            # empty, but a set after the last id in 'batch' has no transformation drawn)
+            raise ValueError(f"Output {k} is a '{kind_of[k]}' set-level output with {num_rows} "
+                             f"rows, but 'batch' has elements in only {num_groups} sets: "
+                             f"trailing empty sets have no transformation")
     shift_scale = float(pos.detach().abs().max()) if num_nodes > 0 else 1.0
     shift_scale = shift_scale if shift_scale > 0 else 1.0
 
