@@ -306,6 +306,20 @@ def test_ptr_takes_precedence_and_a_disagreeing_index_is_refused():
         aggr(x, make_index(sizes).float())
 
 
+def test_ptr_of_any_integer_dtype_as_an_index():
+    # an int16 or uint8 index was taken, and a ptr of those dtypes, accepted by the check,
+    # failed inside repeat_interleave (NotImplementedError); a decreasing uint8 ptr wrapped
+    # around to positive sizes and was named as an index of another shape
+    aggr = _aggr()
+    sizes = [2, 3]
+    x = _x(5)
+    ref = aggr(x, ptr=ptr_from_sizes(sizes))
+    for dtype in (torch.int32, torch.int16, torch.uint8):
+        assert torch.equal(aggr(x, ptr=ptr_from_sizes(sizes).to(dtype)), ref)
+        with pytest.raises(ValueError, match="'ptr' to be non-decreasing from 0"):
+            aggr(x, ptr=torch.tensor([0, 3, 2, 5], dtype=dtype))
+
+
 def test_accepts_pyg_max_num_elements():
     aggr = _aggr()
     index = make_index([2, 3])

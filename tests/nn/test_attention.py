@@ -701,3 +701,18 @@ def test_log_n_scaling_of_a_set_of_more_keys_than_float16_counts():
     for o in (out, auto):
         assert o.dtype == torch.float16 and torch.isfinite(o).all()
         torch.testing.assert_close(o.float(), ref, rtol=2e-2, atol=2e-2)
+
+
+def test_tokens_of_another_dtype_than_the_module_are_named():
+    # float32 queries or keys into a float64 attention failed inside the first matrix product
+    # ('expected m1 and m2 to have the same dtype'), without naming the tokens
+    attn = _attn('mz')
+    z, index = _tokens(5, 0), torch.tensor([0, 0, 1, 1, 1])
+    attn(z, z, index, index, 2)
+    for query, key_value in ((z.to(torch.float32), z), (z, z.to(torch.float32))):
+        with pytest.raises(ValueError, match=r"tokens of the module's dtype torch.float64 "
+                                             r"\(got torch.float\d\d and torch.float\d\d\); "
+                                             r".*\.to\(torch.float32\)"):
+            attn(query, key_value, index, index, 2)
+    with torch.autocast('cpu', dtype=torch.bfloat16):  # autocast casts them: not refused
+        attn.float()(z.to(torch.float32), z.to(torch.float32), index, index, 2)

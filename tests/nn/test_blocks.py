@@ -538,6 +538,31 @@ def test_mab_refuses_query_tokens_of_another_generator_budget(value, num_generat
     assert out.gens.shape == (3, num_generators, D)
 
 
+@pytest.mark.parametrize('kind', ['sab', 'isab', 'pma'])
+def test_blocks_name_set_ids_outside_the_sets_and_tokens_of_another_dtype(kind):
+    # ids >= num_sets or negative, and float32 tokens into a float64 block (or the reverse),
+    # failed inside with bare RuntimeErrors (index out of bounds, a size mismatch, bincount's
+    # refusal, 'expected m1 and m2 to have the same dtype')
+    block = _block(kind)
+    z = _tokens(6, 0)
+    index = torch.tensor([0, 0, 1, 1, 1, 2])
+    block(z, index, 3)
+    with pytest.raises(ValueError, match=r'set ids in \[0, 3\) for 3 sets \(got ids up to '
+                                         r'3\)'):
+        block(z, torch.tensor([0, 0, 1, 1, 1, 3]), 3)
+    with pytest.raises(ValueError, match=r'set ids in \[0, 2\) .*got ids up to 2'):
+        block(z, index, 2)
+    with pytest.raises(ValueError, match=r'negative ids, down to -1'):
+        block(z, torch.tensor([0, 0, 1, 1, -1, 2]), 3)
+    with pytest.raises(ValueError, match=r"tokens of the module's dtype torch.float64 \(got "
+                                         r"torch.float32"):
+        block(z.to(torch.float32), index, 3)
+    with pytest.raises(ValueError, match=r"module's dtype torch.float32 \(got torch.float64"):
+        block.float()(z, index, 3)
+    out = block(z.to(torch.float32), index, 3)  # the module's dtype: as before
+    assert out.center.dtype == torch.float32
+
+
 def test_block_reprs_show_the_feed_forward_width():
     for make in (lambda d_ff: SAB(D, **dict(KW, d_ff=d_ff)),
                  lambda d_ff: ISAB(D, num_inducing=3, **dict(KW, d_ff=d_ff)),

@@ -1307,6 +1307,27 @@ def test_grouped_attention_checks_shapes_and_dtypes():
                 grouped_attention(q, k, v, qs, ks, 3, dropout=rate, training=True, path=path)
 
 
+def test_grouped_attention_names_set_ids_outside_the_sets():
+    # an id >= num_sets or a negative one failed inside (an expand of mismatched counts, or
+    # bincount's RuntimeError): named by the counting of each set's rows, which reads nothing more
+    q, k, v = torch.randn(5, 2, 4), torch.randn(7, 2, 4), torch.randn(7, 2, 3)
+    qs, ks = torch.tensor([0, 0, 1, 1, 2]), torch.tensor([0, 1, 1, 2, 2, 2, 0])
+    for path in ('dense', 'scatter'):
+        with pytest.raises(ValueError, match=r'set ids in \[0, 3\) for 3 sets \(got ids up '
+                                             r'to 4\)'):
+            grouped_attention(q, k, v, qs, torch.tensor([0, 1, 1, 2, 2, 4, 0]), 3, path=path)
+        with pytest.raises(ValueError, match=r'set ids in \[0, 3\) .*got ids up to 3'):
+            grouped_attention(q, k, v, torch.tensor([0, 0, 1, 3, 2]), ks, 3, path=path)
+        with pytest.raises(ValueError, match=r'set ids in \[0, 2\) .*got ids up to 2'):
+            grouped_attention(q, k, v, qs, ks, 2, path=path)
+        with pytest.raises(ValueError, match=r'set ids in \[0, 3\) .*negative ids, down to '
+                                             r'-2'):
+            grouped_attention(q, k, v, torch.tensor([0, -2, 1, 1, 2]), ks, 3, path=path)
+    with pytest.raises(ValueError, match=r'set ids in \[0, 2\) .*got ids up to 2'):
+        functional.set_counts(torch.tensor([0, 2], dtype=torch.int32), 2)
+    assert functional.set_counts(torch.tensor([0, 2]), 4).tolist() == [1, 0, 1, 0]
+
+
 def test_grouped_attention_takes_numpy_integers_as_num_sets():
     import numpy as np
     q = torch.randn(5, 2, 4)

@@ -165,6 +165,7 @@ def resolve_set_index(x: Tensor, index: Optional[Tensor], ptr: Optional[Tensor],
                 or ptr.is_complex() or ptr.dtype == torch.bool):
             raise ValueError(f"Expected 'ptr' to be a 1-D integer tensor (got shape "
                              f"{tuple(ptr.shape)} and dtype {ptr.dtype})")
+        ptr = ptr.long()  # (as an index of any integer dtype; a narrow one would wrap below)
         sizes = ptr[1:] - ptr[:-1]
         if int(ptr[0]) != 0 or int(ptr[-1]) != N or bool((sizes < 0).any()):
             raise ValueError(f"Expected 'ptr' to be non-decreasing from 0 to the number of rows "

@@ -95,6 +95,23 @@ def check_token_sets(set_id: Tensor, num_tokens: int, num_sets: int, name: str =
                          f"{num_tokens} tokens, shape ({num_tokens},) (got {got})")
 
 
+def check_token_dtype(dtype: torch.dtype, *tokens: Union[Zonotope, MappedZonotope]) -> None:
+    r"""Checks that the :obj:`tokens` are of a module's :obj:`dtype` (its parameters'), unless
+    :func:`torch.autocast` runs for their device (which casts them where they meet a weight);
+    a :class:`ValueError` says what was expected and what came (a mismatch failed inside the
+    first matrix product, without naming the tokens)."""
+    got = [t.center.dtype for t in tokens]
+    if all(g == dtype for g in got) or not tokens:
+        return
+    if torch.is_autocast_enabled(tokens[0].center.device.type):
+        return
+    other = next(g for g in got if g != dtype)
+    raise ValueError(f"Expected tokens of the module's dtype {dtype} (got "
+                     f"{' and '.join(str(g) for g in got)}); convert the tokens (e.g. "
+                     f"Zonotope.to({dtype})), convert the module (e.g. .to({other})), or run "
+                     f"under torch.autocast")
+
+
 class MZAttention(Module):
     r"""Multi-head attention from query zonotope tokens to the key/value zonotope tokens of the same
     set, with a context-adaptive value operator (Eq. 3 of the paper).
@@ -309,6 +326,7 @@ class MZAttention(Module):
         if key_value.num_generators != self.num_generators:
             raise ValueError(f"Expected {self.num_generators} generators per token (got "
                              f"{key_value.num_generators})")
+        check_token_dtype(self.weight.dtype, query, key_value)
         check_token_sets(query_set, query.num_tokens, num_sets, 'query_set')
         check_token_sets(kv_set, key_value.num_tokens, num_sets, 'kv_set')
         for name in ('lin_q', 'lin_v'):

@@ -31,7 +31,7 @@ from torch import Tensor
 from torch.nn import LayerNorm, Linear, Module, Parameter
 
 from torch_mz._checks import check_count, check_rate
-from torch_mz.nn.attention import MZAttention, check_token_sets
+from torch_mz.nn.attention import MZAttention, check_token_dtype, check_token_sets
 from torch_mz.nn._context import _hooked, _plain_ops
 from torch_mz.nn.functional import dropout, repeat_per_set
 from torch_mz.nn.fused import odd_tanh_, use_fused_kernels
@@ -337,6 +337,7 @@ class PMA(Module):
             # (before the rFF, whose product would fail without naming the tokens)
             raise ValueError(f"Expected tokens of width {attn.dim} with {attn.num_generators} "
                              f"generators (got width {x.dim}, {x.num_generators} generators)")
+        check_token_dtype(attn.weight.dtype, x)  # (before the rFF, as above)
         check_token_sets(set_id, x.num_tokens, num_sets)
         seeds, seed_set = self.seeds(num_sets, x.center)  # (B * k, d)
         ffn, rff = self.rff_gens, self.rff

@@ -47,11 +47,27 @@ def set_counts(set_id: Tensor, num_sets: int) -> Tensor:
     r"""Number of rows per set, shape :obj:`(num_sets,)`. Under :func:`torch.compile` a sum of
     ones into :obj:`num_sets` slots, whose shape is known when tracing (that of
     :func:`torch.bincount` depends on the largest id: a graph break each time); the same
-    counts, since the ids were checked to lie in :math:`[0, B)`."""
+    counts, since the ids were checked to lie in :math:`[0, B)`. Otherwise (eagerly) an id
+    outside :math:`[0, B)` raises a :class:`ValueError`, read from the counts' length (the
+    bincount's own read of the device; no other) or from the bincount's refusal of a negative
+    id, so that a block called with wrong set ids says so instead of failing further in."""
     if torch.compiler.is_compiling():
         return torch.zeros(num_sets, dtype=torch.long, device=set_id.device).scatter_add_(
             0, set_id, torch.ones_like(set_id, dtype=torch.long))
-    return torch.bincount(set_id, minlength=num_sets)
+    try:
+        counts = torch.bincount(set_id, minlength=num_sets)  # (max(B, largest id + 1),)
+    except RuntimeError:
+        # (only on this error path: the smallest id, read to name it)
+        if (set_id.dim() == 1 and set_id.numel() > 0 and not set_id.is_floating_point()
+                and not set_id.is_complex() and set_id.dtype != torch.bool
+                and int(set_id.min()) < 0):
+            raise ValueError(f"Expected set ids in [0, {num_sets}) for {num_sets} sets (got "
+                             f"negative ids, down to {int(set_id.min())})") from None
+        raise
+    if counts.numel() > num_sets:
+        raise ValueError(f"Expected set ids in [0, {num_sets}) for {num_sets} sets (got ids up "
+                         f"to {counts.numel() - 1})")
+    return counts
 
 
 _repeat_cache: 'OrderedDict[tuple, Tuple[Tensor, Tensor]]' = OrderedDict()  # (ids, copy)
@@ -285,9 +301,10 @@ def grouped_attention(q: Tensor, k: Tensor, v: Union[Tensor, Sequence[Tensor]], 
         - **output:** :math:`(N_q, H, w)` (a tuple of :math:`(N_q, H, w_i)` for a tuple of
           values), or :math:`(N_q, w / c, H, c)` with :obj:`chunk`
 
-    Shapes and dtypes are checked; the values of the set ids are not (that would wait for the
-    device at every call): check them once where they enter, e.g. with
-    :func:`torch_mz.nn.aggr.check_set_ids`.
+    Shapes and dtypes are checked; the values of the set ids only as far as counting each set's
+    rows shows them (:func:`set_counts`: an id outside :math:`[0, B)` raises a
+    :class:`ValueError`), not with a read of the device of their own: check them once where they
+    enter, e.g. with :func:`torch_mz.nn.aggr.check_set_ids`.
     """
     check_choice('attention path', path, PATHS)
     if q.dim() != 3 or k.dim() != 3 or q.size(1) != k.size(1) or q.size(2) != k.size(2):
