@@ -116,6 +116,8 @@ def duration(text):
         if len(parts) == 1:
             seconds = float(parts[0]) * 60
         elif len(parts) in (2, 3):
+            if parts[0].strip().startswith('-'):  # ('-0:30' read as 30 minutes)
+                raise ValueError(text)
             values = [int(p) for p in parts] + [0] * (3 - len(parts))
             if not all(0 <= v < 60 for v in values[1:]):
                 raise ValueError(text)

@@ -16,7 +16,7 @@ def test_time_limit_option_reads_minutes_or_hours_and_minutes():
     duration = load_script('reproduce').duration
     assert duration('90') == 5400.0 and duration('7.5') == 450.0
     assert duration('1:30') == 5400.0 and duration('2:50:15') == 10215.0
-    for bad in ('', 'abc', '1:75', '1:2:3:4', '0', '-5', 'inf', '1:-1'):
+    for bad in ('', 'abc', '1:75', '1:2:3:4', '0', '-5', 'inf', '1:-1', '-0:30', '-1:30'):
         with pytest.raises(argparse.ArgumentTypeError):
             duration(bad)
 
