@@ -411,3 +411,20 @@ def test_load_test_split_reads_given_options_as_load_task_does(tmp_path):
             rebuilt = load_test_split(str(tmp_path / 'best.pt'),
                                       task_args=parse_key_values(items))
             assert [d.y.tolist() for d in rebuilt.test] == [d.y.tolist() for d in small.test]
+
+
+def test_a_checkpoint_of_an_option_the_operator_ignores_loads_into_the_model_without_it(
+        task, tmp_path):
+    # rigid trained with num_matrix_generators=8 (warned: it does nothing) is the model built
+    # without it; load_model(path, model=...) refused it as built otherwise
+    import warnings
+    with pytest.warns(UserWarning, match='does nothing here'):
+        train_one(task, 'rigid', 0, config(tmp_path, epochs=1), num_matrix_generators=8,
+                  summary='mean+std', **SMALL)
+    with warnings.catch_warnings():
+        warnings.simplefilter('error', UserWarning)
+        model = build_model('rigid', task.in_channels, 3, **SMALL)
+        load_model(str(tmp_path / 'best.pt'), model=model)
+    with pytest.warns(UserWarning):
+        rebuilt = load_model(str(tmp_path / 'best.pt'))  # (the recorded options: warned again)
+    torch.testing.assert_close(predict(model, task.test), predict(rebuilt, task.test))

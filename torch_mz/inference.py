@@ -118,9 +118,10 @@ INFERENCE_NEUTRAL_OPTIONS = ('dropout', 'chunk_size', 'checkpoint', 'path', 'fol
 def _as_built(info: Dict[str, Any]) -> Dict[str, Any]:
     r"""A model's ``build_info`` as what it predicts with: the constructor's defaults under its
     preset's values under the options given (an option given at the value it takes anyway is no
-    difference), without
-    :data:`INFERENCE_NEUTRAL_OPTIONS`, and without ``pos_dim`` but for EGNN (the set models read
-    ``pos`` as features either way)."""
+    difference), without :data:`INFERENCE_NEUTRAL_OPTIONS`, without the options its value
+    operator ignores (L but for ``'mz'``, the rank but for ``'hypernet'``, the summary for
+    ``'rigid'``), and without ``pos_dim`` but for EGNN (the set models read ``pos`` as features
+    either way)."""
     from torch_mz.models.registry import PRESETS
     name = info.get('name')
     given = info.get('args')
@@ -133,6 +134,12 @@ def _as_built(info: Dict[str, Any]) -> Dict[str, Any]:
         merged.pop('match', None)
     if merged.get('hidden_channels', 0) is None:  # (None: the width dim)
         merged['hidden_channels'] = merged.get('dim')
+    value = merged.get('value')
+    if isinstance(value, str):  # (options the value operator ignores, warned about at build)
+        for key, kept in (('num_matrix_generators', value == 'mz'),
+                          ('rank', value == 'hypernet'), ('summary', value != 'rigid')):
+            if not kept:
+                merged.pop(key, None)
     out = dict(info, args=merged)
     if not str(name).startswith('egnn'):
         out.pop('pos_dim', None)

@@ -173,6 +173,9 @@ def test_options_of_another_value_operator_are_warned_and_not_printed():
         for name in ('mz', 'mz-slim', 'mz-1l'):
             for value in ('rigid', 'film', 'hypernet'):
                 assert build_model(name, 3, 1, value=value).body.value == value
+        # nor the hypernet preset's own rank (it was refused: "leave it out")
+        for value, kwargs in (('film', {}), ('rigid', {}), ('mz', dict(num_generators=8))):
+            assert build_model('hypernet', 3, 1, value=value, **kwargs).body.value == value
     for name in ('mz', 'mz-slim', 'mz-large', 'mz-1l', 'rigid', 'st-4l', 'st-large', 'film',
                  'hypernet'):
         text = repr(build_model(name, 3, 1))

@@ -222,6 +222,8 @@ def _build(name: str, in_channels: int, out_channels: int, pos_dim: Optional[int
     if kwargs.get('value') != 'mz' and 'num_matrix_generators' not in overrides:
         # (an mz preset given another value operator: its own L has nothing to act on)
         kwargs.pop('num_matrix_generators', None)
+    if kwargs.get('value') != 'hypernet' and 'rank' not in overrides:
+        kwargs.pop('rank', None)  # (nor the hypernet preset's rank)
     match = kwargs.pop('match', None)
     knob = _knob(name)
     if match is not None and knob not in overrides:
