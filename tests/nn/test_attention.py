@@ -714,5 +714,13 @@ def test_tokens_of_another_dtype_than_the_module_are_named():
                                              r"\(got torch.float\d\d and torch.float\d\d\); "
                                              r".*\.to\(torch.float32\)"):
             attn(query, key_value, index, index, 2)
+    attn.float()
+    low = z.to(torch.bfloat16)
+    with pytest.raises(ValueError, match=r'\.to\(torch.bfloat16\)\), or run under torch.autocast'):
+        attn(low, low, index, index, 2)
     with torch.autocast('cpu', dtype=torch.bfloat16):  # autocast casts them: not refused
-        attn.float()(z.to(torch.float32), z.to(torch.float32), index, index, 2)
+        attn(low, low, index, index, 2)
+        # but not float64 tokens, which autocast leaves as they are (found by the review)
+        with pytest.raises(ValueError, match=r"got torch.float64 and torch.float64\); "
+                                             r"convert the tokens .*\.to\(torch.float64\)\)$"):
+            attn(z, z, index, index, 2)
