@@ -73,8 +73,12 @@ class TaskSplits:
         return split in SPLITS  # without it Python indexed 0, 1, ... and raised a KeyError)
 
     def __iter__(self) -> Iterator[str]:
-        r"""The names of the splits, as a dict's keys: ``splits[name]`` is each split."""
-        return iter(SPLITS)
+        r"""Not iterable: ``train, val, test = splits`` would bind the three names (or, with
+        Python's fallback to indexing 0, 1, ..., raise a :class:`KeyError`); a
+        :class:`TypeError` says how to take the splits."""
+        raise TypeError(f"{self.__class__.__name__} is not iterable: take the splits as "
+                        f"splits.train, splits.val and splits.test, or splits[name] for name "
+                        f"in {SPLITS}")
 
     def __repr__(self) -> str:
         sizes = ', '.join(f'{s}={len(self[s])}' for s in SPLITS)
