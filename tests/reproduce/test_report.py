@@ -234,6 +234,13 @@ def test_table30_names_a_row_without_its_figures(tmp_path):
     with pytest.raises(ValueError, match="have no usable 'params' figures in rows 'mz' and "
                                          "'rigid' .KeyError"):
         overhead_records(str(step), 'converged')
+    # an environment that is no object, a model that is no name: named too (an AttributeError
+    # and a TypeError stopped every claim; found by the review)
+    for damaged in (dict(rows=[dict(model='rigid')], environment=['cmd']),
+                    dict(rows=[dict(model=['rigid'])])):
+        step.write_text(json.dumps(damaged))
+        with pytest.raises(ValueError, match="naming their 'model' .and an 'environment' "):
+            overhead_records(str(step), 'converged')
 
 
 def test_a_claim_file_whose_records_lack_the_summarys_fields_is_named(tmp_path):

@@ -45,10 +45,13 @@ def overhead_records(path: str, budget: str) -> List[Dict[str, object]]:
                              f"({e}): restore the file (e.g. with git) or write it again with "
                              f"{made_by}") from e
         if not (isinstance(results, dict) and isinstance(results.get('rows', []), list)
-                and all(isinstance(r, dict) and 'model' in r for r in results.get('rows', []))):
+                and all(isinstance(r, dict) and isinstance(r.get('model'), str)
+                        for r in results.get('rows', []))
+                and isinstance(results.get('environment') or {}, dict)):
             raise ValueError(f"the operator benchmark's results '{path}' are not a JSON object "
-                             f"with a list of 'rows' naming their 'model': restore the file "
-                             f"(e.g. with git) or write it again with {made_by}")
+                             f"with a list of 'rows' naming their 'model' (and an "
+                             f"'environment' object): restore the file (e.g. with git) or "
+                             f"write it again with {made_by}")
         rows = {r['model']: r for r in results.get('rows', [])}
         recorded = (results.get('environment') or {}).get('command')
         if isinstance(recorded, str) and recorded.strip():
