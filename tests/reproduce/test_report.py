@@ -252,3 +252,15 @@ def test_a_claim_file_whose_records_lack_the_summarys_fields_is_named(tmp_path):
     with pytest.raises(ValueError, match=r"table3.converged.json' holds records without "
                                          r"budget, ours.mean, ours.std, paper.source"):
         load_claims(str(tmp_path))
+    # fields of the wrong type, which the tables read after the training (found by the review)
+    whole = dict(claim='table3 x', verdict='reproduced', budget='converged',
+                 paper=dict(value=0.5, source='Table 3', text='0.5'), ours=dict(mean=0.4, std=0.1))
+    for damage, named in ((dict(paper=dict(whole['paper'], value='0.5')), 'paper.value'),
+                          (dict(epochs_run=dict(min=1)), 'epochs_run'),
+                          (dict(ours=dict(whole['ours'], models=dict(mz=dict(r2=0.4)))),
+                           'ours.models')):
+        (folder / 'table3.converged.json').write_text(json.dumps([dict(whole, **damage)]))
+        with pytest.raises(ValueError, match=r'holds records without .*' + named):
+            load_claims(str(tmp_path))
+    (folder / 'table3.converged.json').write_text(json.dumps([whole]))
+    assert load_claims(str(tmp_path))[0]['claim'] == 'table3 x'

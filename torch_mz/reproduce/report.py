@@ -61,10 +61,26 @@ def load_claims(out: str) -> List[Dict[str, object]]:
 def _lacking(record: Mapping[str, Any]) -> List[str]:
     r"""The fields of a claim record that :func:`summary_table` and :func:`models_table` read
     and :obj:`record` lacks (or holds as another type)."""
+    def number(v: Any) -> bool:  # (a figure: a number or null)
+        return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+
     lacking = [f for f in ('claim', 'verdict', 'budget') if not isinstance(record.get(f), str)]
     for field, keys in (('paper', ('value', 'source', 'text')), ('ours', ('mean', 'std'))):
         part = record.get(field)
         lacking += [f'{field}.{k}' for k in keys if not (isinstance(part, dict) and k in part)]
+    paper, ours = record.get('paper'), record.get('ours')
+    lacking += [f'{f}.{k} (a number)' for f, part, k in (
+        ('paper', paper, 'value'), ('ours', ours, 'mean'), ('ours', ours, 'std'))
+        if isinstance(part, dict) and k in part and not number(part[k])]
+    epochs = record.get('epochs_run')
+    if epochs and not (isinstance(epochs, dict) and all(
+            k in epochs for k in ('min', 'max', 'stopped_early', 'runs'))):
+        lacking.append('epochs_run.min/max/stopped_early/runs')
+    models = ours.get('models') if isinstance(ours, dict) else None
+    if models is not None and not (isinstance(models, dict) and all(
+            isinstance(v, dict) and number(v.get('r2', '')) and number(v.get('r2_std', ''))
+            for v in models.values())):
+        lacking.append('ours.models[*].r2/r2_std')
     return lacking
 
 
