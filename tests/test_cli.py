@@ -1276,6 +1276,10 @@ def test_n_test_beyond_the_official_test_files_takes_them_all_and_says_so(scanob
     (['--seed', str(2 ** 32)], f'--seed must be in [0, 2**32) (got {2 ** 32})'),
     (['--seed', str(2 ** 63)], f'--seed must be in [0, 2**32) (got {2 ** 63})'),
     (['--epochs', '0'], '--epochs must be at least 1 (got 0)'),
+    # the trainer refused it once the data were loaded (found by a review)
+    (['--seed', str(2 ** 32 - 1), '--epochs', '2'],
+     f'--seed + --epochs must be at most 2**32 (epoch e shuffles with seed + e); got '
+     f'{2 ** 32 - 1} + 2'),
     (['--lr', '-1'], '--lr must be a finite number >= 0 (got -1.0)'),
     (['--lr', 'inf'], '--lr must be a finite number >= 0 (got inf)'),
     (['--weight-decay=-1e-5'], '--weight-decay must be a finite number >= 0 (got -1e-05)'),

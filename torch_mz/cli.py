@@ -589,6 +589,14 @@ def _check_numbers(args) -> None:
     _check_seeds(args)
     if args.epochs is not None and args.epochs < 1:
         raise CLIError(f'--epochs must be at least 1 (got {args.epochs})')
+    seeds = getattr(args, 'seeds', None)
+    last = seed if seed is not None else (seeds - 1 if seeds is not None else None)
+    if last is not None and args.epochs is not None and last + args.epochs > 2 ** 32:
+        # (the shuffling of epoch e seeds with seed + e, and PyTorch keeps 32 bits of a seed:
+        # the trainer refuses it too, once the data are loaded)
+        raise CLIError(f"{'--seed' if seed is not None else 'the last seed (--seeds - 1)'} + "
+                       f"--epochs must be at most 2**32 (epoch e shuffles with seed + e); got "
+                       f"{last} + {args.epochs}")
     for flag in ('lr', 'weight_decay'):
         value = getattr(args, flag)
         if value is not None and (not math.isfinite(value) or value < 0):
