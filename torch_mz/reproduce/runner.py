@@ -808,8 +808,8 @@ class Reproduction:
             command=self.command(claim.name))
 
     def command(self, claim: str) -> str:
-        r"""The command line that reproduces :obj:`claim`'s records: its budget, and its seeds
-        where they are not the budget's (``--seeds``: records of another number of seeds)."""
+        r"""The command line that reproduces :obj:`claim`'s records: its budget, and
+        ``--seeds`` wherever the run was given them (even at the budget's own number)."""
         return (f'python benchmarks/reproduce.py --budget {self.budget.name} --claims {claim}'
                 + ('' if self.seeds is None else f' --seeds {self.seeds}'))
 
