@@ -724,3 +724,7 @@ def test_tokens_of_another_dtype_than_the_module_are_named():
         with pytest.raises(ValueError, match=r"got torch.float64 and torch.float64\); "
                                              r"convert the tokens .*\.to\(torch.float64\)\)$"):
             attn(z, z, index, index, 2)
+        # nor a float64 module's weights (found by the fourth review)
+        with pytest.raises(ValueError, match=r"module's dtype torch.float64 \(got "
+                                             r"torch.bfloat16 and torch.bfloat16\)"):
+            attn.double()(low, low, index, index, 2)

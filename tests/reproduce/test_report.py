@@ -258,7 +258,10 @@ def test_a_claim_file_whose_records_lack_the_summarys_fields_is_named(tmp_path):
     for damage, named in ((dict(paper=dict(whole['paper'], value='0.5')), 'paper.value'),
                           (dict(epochs_run=dict(min=1)), 'epochs_run'),
                           (dict(ours=dict(whole['ours'], models=dict(mz=dict(r2=0.4)))),
-                           'ours.models')):
+                           'ours.models'),
+                          (dict(ours=dict(whole['ours'], models=dict(
+                              mz=dict(r2=None, r2_std=0.1)))), 'ours.models'),
+                          (dict(command=['python', 'benchmarks/reproduce.py']), 'command')):
         (folder / 'table3.converged.json').write_text(json.dumps([dict(whole, **damage)]))
         with pytest.raises(ValueError, match=r'holds records without .*' + named):
             load_claims(str(tmp_path))

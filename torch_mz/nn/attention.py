@@ -97,16 +97,16 @@ def check_token_sets(set_id: Tensor, num_tokens: int, num_sets: int, name: str =
 
 def check_token_dtype(dtype: torch.dtype, *tokens: Union[Zonotope, MappedZonotope]) -> None:
     r"""Checks that the :obj:`tokens` are of a module's :obj:`dtype` (its parameters'), unless
-    :func:`torch.autocast` runs for their device and none is float64 (autocast casts the others
-    where they meet a weight);
+    :func:`torch.autocast` runs for their device and neither the tokens nor the module are
+    float64 (autocast casts the others where they meet a weight);
     a :class:`ValueError` says what was expected and what came (a mismatch failed inside the
     first matrix product, without naming the tokens)."""
     got = [t.center.dtype for t in tokens]
     if all(g == dtype for g in got) or not tokens:
         return
-    wide = torch.float64 in got
+    wide = dtype == torch.float64 or torch.float64 in got
     if not wide and torch.is_autocast_enabled(tokens[0].center.device.type):
-        return  # (autocast casts float32, float16 and bfloat16 tokens, not float64 ones)
+        return  # (autocast casts float32, float16 and bfloat16 tensors, not float64 ones)
     other = next(g for g in got if g != dtype)
     raise ValueError(f"Expected tokens of the module's dtype {dtype} (got "
                      f"{' and '.join(str(g) for g in got)}); convert the tokens (e.g. "

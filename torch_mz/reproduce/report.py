@@ -77,10 +77,15 @@ def _lacking(record: Mapping[str, Any]) -> List[str]:
             k in epochs for k in ('min', 'max', 'stopped_early', 'runs'))):
         lacking.append('epochs_run.min/max/stopped_early/runs')
     models = ours.get('models') if isinstance(ours, dict) else None
+    def figure(v: Any) -> bool:  # (a figure the models' table formats: no null)
+        return v is not None and number(v)
+
     if models is not None and not (isinstance(models, dict) and all(
-            isinstance(v, dict) and number(v.get('r2', '')) and number(v.get('r2_std', ''))
+            isinstance(v, dict) and figure(v.get('r2')) and figure(v.get('r2_std'))
             for v in models.values())):
         lacking.append('ours.models[*].r2/r2_std')
+    if not isinstance(record.get('command', ''), (str, type(None))):
+        lacking.append('command (a text)')
     return lacking
 
 
