@@ -72,6 +72,12 @@ def test_soft_effective_rank_exact_values():
     # relative, not absolute: a matrix of small entries keeps its rank (it read 0)
     small = 1e-14 * torch.eye(3, dtype=torch.float64)
     assert analysis.soft_effective_rank(small) == pytest.approx(3.0)
+    # a non-finite entry is named (an inf one gave 1.0, a rank read off a diverged model)
+    for bad in (float('inf'), float('nan')):
+        with pytest.raises(ValueError, match='finite entries'):
+            analysis.soft_effective_rank(torch.eye(3).index_put((torch.tensor([0]),
+                                                                  torch.tensor([1])),
+                                                                 torch.tensor(bad)))
 
 
 def test_operator_effective_rank_is_bounded_by_L():

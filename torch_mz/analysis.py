@@ -94,7 +94,11 @@ def soft_effective_rank(matrix: Tensor, eps: float = 1e-12) -> float:
     r"""Soft effective rank :math:`\exp(-\sum_i p_i \log p_i)`, :math:`p_i = \sigma_i / \sum_j
     \sigma_j`, of a matrix's singular values; equals :math:`k` for :math:`k` equal non-zero
     singular values and 0 for the zero matrix. Singular values at most :obj:`eps` times the
-    largest count as zero (relative: a matrix of small entries keeps its rank)."""
+    largest count as zero (relative: a matrix of small entries keeps its rank). A matrix with
+    a NaN or infinite entry raises a :class:`ValueError` (an infinite one gave 1.0)."""
+    if not bool(torch.isfinite(matrix).all()):
+        raise ValueError('soft_effective_rank takes a matrix of finite entries (got NaN or inf: '
+                         'the operators of a model that diverged?)')
     s = torch.linalg.svdvals(matrix.to(torch.float64))
     if s.numel() == 0 or float(s.max()) == 0.0:
         return 0.0
