@@ -428,3 +428,21 @@ def test_a_checkpoint_of_an_option_the_operator_ignores_loads_into_the_model_wit
     with pytest.warns(UserWarning):
         rebuilt = load_model(str(tmp_path / 'best.pt'))  # (the recorded options: warned again)
     torch.testing.assert_close(predict(model, task.test), predict(rebuilt, task.test))
+
+
+def test_a_model_given_in_a_narrower_dtype_than_the_weights_is_warned_about(task, tmp_path):
+    # float64 weights loaded into a float32 model were rounded without a word
+    import warnings
+    train_one(task, 'deepsets', 0, config(tmp_path, epochs=1), hidden_channels=8)
+    state = load_checkpoint(tmp_path / 'best.pt')
+    state['model'] = {k: v.double() if v.is_floating_point() else v
+                      for k, v in state['model'].items()}
+    with pytest.warns(UserWarning, match=r'wider dtype than the model given \(torch.float64 '
+                                         r'into torch.float32\)'):
+        load_model(state, model=build_model('deepsets', task.in_channels, 3, hidden_channels=8))
+    with warnings.catch_warnings():
+        warnings.simplefilter('error', UserWarning)  # the same precision, or a wider model: none
+        load_model(state, model=build_model('deepsets', task.in_channels, 3,
+                                            hidden_channels=8).double())
+        load_model(str(tmp_path / 'best.pt'),
+                   model=build_model('deepsets', task.in_channels, 3, hidden_channels=8))

@@ -39,7 +39,8 @@ def load_model(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
             made by it must have been built as the checkpoint's was, up to options that do not
             change what it predicts in eval mode (:data:`INFERENCE_NEUTRAL_OPTIONS`): weights of
             the same shapes in a model of other options (another readout, value operator of
-            the same size...) would predict something else. (default: :obj:`None`)
+            the same size...) would predict something else. Weights of a wider dtype than the
+            model's are rounded into it, with a :class:`UserWarning`. (default: :obj:`None`)
 
     Raises:
         CheckpointError: If the checkpoint is missing, unreadable or foreign, does not record how
@@ -71,6 +72,7 @@ def load_model(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
             model = model.to(dtypes.pop())
     else:
         check_built_as_recorded(state, model, where)
+        _warn_if_rounded(state.get('model') or {}, model, where)
     normalised = state.get('config', {}).get('normalize_targets', True)
     normalizer = (checkpoint_normalizer(state, where)  # (read first: a damaged one refused)
                   if state['task_type'] == 'regression' and normalised else None)
@@ -80,6 +82,23 @@ def load_model(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
     if normalizer is not None:
         attach_normalizer(model, normalizer)
     return model.eval()
+
+
+def _warn_if_rounded(weights: Mapping[str, Any], model: torch.nn.Module, where: str) -> None:
+    r"""A :class:`UserWarning` where a given :obj:`model` holds its floating-point parameters in
+    a narrower dtype than the checkpoint's weights, which ``load_state_dict`` rounds without a
+    word (float64 weights into a float32 model predict otherwise than the trained model)."""
+    own = {k: v.dtype for k, v in model.state_dict().items() if v.is_floating_point()}
+    narrowed = sorted({(str(v.dtype), str(own[k])) for k, v in weights.items()
+                       if isinstance(v, torch.Tensor) and v.is_floating_point() and k in own
+                       and torch.finfo(own[k]).bits < torch.finfo(v.dtype).bits})
+    if narrowed:
+        shown = ', '.join(f'{a} into {b}' for a, b in narrowed)
+        warnings.warn(f'{where} holds weights of a wider dtype than the model given ({shown}): '
+                      f'they are rounded, and the predictions differ from the trained model\'s; '
+                      f'convert the model first (e.g. model.double()), or let '
+                      f'load_model(checkpoint) rebuild it in its precision', UserWarning,
+                      stacklevel=3)
 
 
 def check_built_as_recorded(state: Mapping[str, Any], model: torch.nn.Module, where: str,
