@@ -62,7 +62,7 @@ def test_speed_builds_no_unknown_model():
 
 def test_speed_memory_is_that_of_the_call_after_an_untimed_one(monkeypatch):
     # run_one (--memory, a fresh process per configuration) measured the very first call, with
-    # the process's one-time state in it (rigid's SAB on a skewed batch: 45.8 against 23.7 MiB)
+    # the process's one-time state in it
     speed = load_script('speed')
     calls, measured_after = [], []
 

@@ -1,4 +1,6 @@
 import numpy as np
+import collections.abc
+
 import pytest
 import torch
 
@@ -12,8 +14,9 @@ def test_split_access_repr_and_deprecated_names():
         splits['validation']
     # by name, as indexed ('train' in splits indexed 0 and raised a KeyError)
     assert 'train' in splits and 'validation' not in splits and 0 not in splits
-    with pytest.raises(TypeError, match=r'not iterable: take the splits as splits.train'):
-        train, val, test = splits  # (it bound the names 'train', 'val', 'test' for a moment)
+    with pytest.raises(TypeError, match="'TaskSplits' object is not iterable"):
+        train, val, test = splits  # (not the names 'train', 'val', 'test', nor a KeyError)
+    assert not isinstance(splits, collections.abc.Iterable)
     assert repr(splits) == 'TaskSplits(SumTask(d=3, reduce=None), seed=5, train=2, val=1, test=1)'
     real = TaskSplits('qm9', [], [], [], in_channels=9, out_channels=1, task_type='regression',
                       pos_dim=None, description='')

@@ -9,7 +9,7 @@ import operator
 import warnings
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -72,13 +72,10 @@ class TaskSplits:
     def __contains__(self, split: object) -> bool:  # ('train' in splits: by name, as indexed;
         return split in SPLITS  # without it Python indexed 0, 1, ... and raised a KeyError)
 
-    def __iter__(self) -> Iterator[str]:
-        r"""Not iterable: ``train, val, test = splits`` would bind the three names (or, with
-        Python's fallback to indexing 0, 1, ..., raise a :class:`KeyError`); a
-        :class:`TypeError` says how to take the splits."""
-        raise TypeError(f"{self.__class__.__name__} is not iterable: take the splits as "
-                        f"splits.train, splits.val and splits.test, or splits[name] for name "
-                        f"in {SPLITS}")
+    # Not iterable (Python's way of saying so: iter() and unpacking raise a TypeError, and it
+    # is no collections.abc.Iterable); without it Python fell back to indexing 0, 1, ... and
+    # raised a KeyError. Take the splits as splits.train, splits.val, splits.test.
+    __iter__ = None
 
     def __repr__(self) -> str:
         sizes = ', '.join(f'{s}={len(self[s])}' for s in SPLITS)

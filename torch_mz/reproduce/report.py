@@ -61,8 +61,8 @@ def load_claims(out: str) -> List[Dict[str, object]]:
 def _lacking(record: Mapping[str, Any]) -> List[str]:
     r"""The fields of a claim record that :func:`summary_table` and :func:`models_table` read
     and :obj:`record` lacks (or holds as another type)."""
-    def number(v: Any) -> bool:  # (a figure: a number or null)
-        return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+    def number(v: Any, null: bool = True) -> bool:  # (a figure; null where the table allows)
+        return (null and v is None) or (isinstance(v, (int, float)) and not isinstance(v, bool))
 
     lacking = [f for f in ('claim', 'verdict', 'budget') if not isinstance(record.get(f), str)]
     for field, keys in (('paper', ('value', 'source', 'text')), ('ours', ('mean', 'std'))):
@@ -77,12 +77,9 @@ def _lacking(record: Mapping[str, Any]) -> List[str]:
             k in epochs for k in ('min', 'max', 'stopped_early', 'runs'))):
         lacking.append('epochs_run.min/max/stopped_early/runs')
     models = ours.get('models') if isinstance(ours, dict) else None
-    def figure(v: Any) -> bool:  # (a figure the models' table formats: no null)
-        return v is not None and number(v)
-
-    if models is not None and not (isinstance(models, dict) and all(
-            isinstance(v, dict) and figure(v.get('r2')) and figure(v.get('r2_std'))
-            for v in models.values())):
+    if models is not None and not (isinstance(models, dict) and all(  # (formatted: no null)
+            isinstance(v, dict) and number(v.get('r2'), False)
+            and number(v.get('r2_std'), False) for v in models.values())):
         lacking.append('ours.models[*].r2/r2_std')
     if not isinstance(record.get('command', ''), (str, type(None))):
         lacking.append('command (a text)')

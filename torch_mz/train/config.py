@@ -137,8 +137,8 @@ class TrainConfig:
                 setattr(self, name, getattr(self, name).item())
         # PyTorch's CPU generator (a Mersenne twister) and NumPy's legacy seed keep 32 bits of
         # a seed: outside [0, 2**32) two seeds would share streams (s and s + 2**32; and
-        # Python's random.seed(-s) is random.seed(s)); the trainer adds the rank to it (and
-        # refuses seed + world_size > 2**32, where the world size is known)
+        # Python's random.seed(-s) is random.seed(s)); the trainer adds the rank (and the
+        # sampler the epoch) to it, and refuses seed + max(world_size, epochs) > 2**32
         expect(0 <= self.seed < 2 ** 32, '0 <= seed < 2**32', self.seed)
         expect(self.epochs > 0, 'epochs > 0', self.epochs)
         expect(self.batch_size > 0, 'batch_size > 0', self.batch_size)
