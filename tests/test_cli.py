@@ -336,6 +336,25 @@ def test_predict_writes_one_row_per_test_set_in_target_units(tmp_path, capsys):
     assert open(out3).read() == open(out2).read()
 
 
+def test_predict_reads_the_checkpoint_once(tmp_path, capsys, monkeypatch):
+    # the test split and the weights come from one read of the file: read three times, a run
+    # that replaced best.pt between the reads gave the weights of another epoch than the split's
+    run = str(tmp_path / 'run')
+    assert main(['train', *TINY, '--model', 'rigid', *SMALL, '--out', run]) == 0
+    path = os.path.join(run, 'best.pt')
+    reads = []
+    load = torch.load
+
+    def counted(f, *args, **kwargs):
+        reads.append(os.fspath(f) if isinstance(f, (str, os.PathLike)) else f)
+        return load(f, *args, **kwargs)
+    monkeypatch.setattr(torch, 'load', counted)
+    out = str(tmp_path / 'test.csv')
+    assert main(['predict', path, '--n-test', '4', '--out', out]) == 0
+    assert reads.count(path) == 1, reads
+    assert len(_read_csv(out)) == 4
+
+
 def test_predict_bad_input_exits_2_with_one_line(tmp_path, capsys):
     run = str(tmp_path / 'run')
     assert main(['train', '--task', 'max', *T, *SMALL, '--model', 'rigid', '--out', run]) == 0

@@ -1269,10 +1269,13 @@ def cmd_predict(args) -> int:
     import warnings
 
     from torch_mz._files import atomic_write
-    from torch_mz.inference import (OBJECT_OPTIONS, TestSplitWarning, load_model,
-                                    load_test_split, prediction_columns)
+    from torch_mz.inference import (OBJECT_OPTIONS, TestSplitWarning, _load_model,
+                                    _load_test_split, prediction_columns)
     from torch_mz.train import load_checkpoint, resolve_device
+    # read once: the split and the weights come from the one file read (a training run that
+    # replaces best.pt meanwhile would otherwise give the weights of another epoch, or model)
     state = load_checkpoint(args.checkpoint)
+    path = os.fspath(args.checkpoint)
     recorded = (state.get('run_info') or {}).get('task') or {}
     if args.task is None:  # the task the checkpoint records
         if not isinstance(recorded.get('name'), str):
@@ -1314,9 +1317,9 @@ def cmd_predict(args) -> int:
         shown = warnings.showwarning  # (_test_sets_warnings's, which takes a TestSetsWarning)
         warnings.simplefilter('always', TestSplitWarning)
         warnings.showwarning = show
-        task = load_test_split(args.checkpoint, args.task, given, root=args.root,
-                               n_test=args.n_test, data_seed=args.data_seed,
-                               n_train=args.n_train, n_val=args.n_val)
+        task = _load_test_split(state, f"'{path}'", args.task, given, root=args.root,
+                                n_test=args.n_test, data_seed=args.data_seed,
+                                n_train=args.n_train, n_val=args.n_val)
     for text in notes:  # an option given as --task-arg, named so
         _warn(f'--task-arg {text}' if any(text.startswith(f'{k}=') for k in given) else text)
     asked = args.n_test if args.n_test is not None else (recorded.get('split') or {}).get(
@@ -1327,7 +1330,7 @@ def cmd_predict(args) -> int:
         # spread subset takes the first N of the official test files: as many as there are)
         _warn(f"{'--n-test' if args.n_test is not None else 'the run'} asks for {asked} test "
               f"sets; the test split holds {len(task.test)}: all of them are taken")
-    model = load_model(args.checkpoint)
+    model = _load_model(state, f'Checkpoint {path!r}', None)
     columns = dict(_set_ids(task.test), **prediction_columns(
         model, _in_dtype(task.test, model), task.task_type, batch_size=args.batch_size,
         device=resolve_device(args.device)))

@@ -62,6 +62,12 @@ def load_model(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
                         f'load_checkpoint() returned, got {type(checkpoint).__name__}')
     else:
         state, where = load_checkpoint(checkpoint), f'Checkpoint {os.fspath(checkpoint)!r}'
+    return _load_model(state, where, model)
+
+
+def _load_model(state: Mapping[str, Any], where: str,
+                model: Optional[torch.nn.Module]) -> torch.nn.Module:
+    r""":func:`load_model` of a checkpoint read already (:obj:`where` names it in errors)."""
     if model is None:
         model = _rebuild(state, where)
         # in the precision it was trained in (a model trained in float64 came back in float32:
@@ -240,10 +246,6 @@ def load_test_split(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
             sets than the run's split holds), or the model does not fit the task so rebuilt
             (task type, input or output channels).
     """
-    from torch_mz._checks import check_optional_count
-    from torch_mz.datasets.real import LOAD_DEFAULTS, OFFICIAL_TEST_SPLIT
-    from torch_mz.options import check_options
-    from torch_mz.tasks import is_synthetic, load_task, resolved_options, task_options
     if isinstance(checkpoint, Mapping):
         state, where = dict(checkpoint), 'the checkpoint'
         if 'task_type' not in state:
@@ -254,6 +256,22 @@ def load_test_split(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
     else:
         raise TypeError(f'load_test_split() takes the path of a checkpoint or the dict '
                         f'load_checkpoint() returned, got {type(checkpoint).__name__}')
+    return _load_test_split(state, where, task, task_args, root=root, n_test=n_test,
+                            data_seed=data_seed, n_train=n_train, n_val=n_val, stacklevel=3,
+                            **objects)
+
+
+def _load_test_split(state: Mapping[str, Any], where: str, task: Optional[str] = None,
+                     task_args: Optional[Mapping[str, Any]] = None, *,
+                     root: Optional[str] = None, n_test: Optional[int] = None,
+                     data_seed: Optional[int] = None, n_train: Optional[int] = None,
+                     n_val: Optional[int] = None, stacklevel: int = 2, **objects: Any) -> Any:
+    r""":func:`load_test_split` of a checkpoint read already (:obj:`where` names it in errors;
+    its warnings are given at :obj:`stacklevel`)."""
+    from torch_mz._checks import check_optional_count
+    from torch_mz.datasets.real import LOAD_DEFAULTS, OFFICIAL_TEST_SPLIT
+    from torch_mz.options import check_options
+    from torch_mz.tasks import is_synthetic, load_task, resolved_options, task_options
     unknown = sorted(set(objects) - set(OBJECT_OPTIONS))
     if unknown:
         raise TypeError(f'load_test_split() got unexpected keyword argument(s) {unknown}')
@@ -391,7 +409,7 @@ def load_test_split(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
         raise ValueError(f"the model of {where} predicts {built['out_channels']} output(s), "
                          f"task '{task}' with these options has {splits.out_channels}")
     for note in notes:
-        warnings.warn(note, TestSplitWarning, stacklevel=2)
+        warnings.warn(note, TestSplitWarning, stacklevel=stacklevel)
     return splits
 
 
