@@ -361,6 +361,31 @@ def test_pma_with_backward_hooks_runs_the_layers_and_calls_the_hooks():
     torch.testing.assert_close(out.gens, folded.gens)
 
 
+@pytest.mark.parametrize('hooked', ['rff', 'rff_gens'])
+def test_pma_with_hooks_on_its_feed_forwards_calls_them(hooked):
+    # the fold reads the feed-forwards' layers without calling the feed-forwards themselves:
+    # a forward hook on one of them (here one that changes its output) was never called and
+    # its output never changed; the PMA now runs that feed-forward as it is (d_ff <= d: the
+    # center rFF's last map would join the key and value maps)
+    block = _block('pma', seed=5, d_ff=D)
+    index = make_index([4, 2])
+    x = _tokens(6, 11)
+    calls = []
+
+    def double(module, args, out):
+        calls.append(module)
+        return 2 * out
+    handle = getattr(block, hooked).register_forward_hook(double)
+    out = block(x, index, 2)
+    center, gens = block.rff(x.center), block.rff_gens(x.gens)  # (the hook doubles one)
+    handle.remove()
+    assert len(calls) == 2
+    seeds, seed_set = block.seeds(2, x.center)
+    ref = block.mab(seeds, Zonotope(center, gens), seed_set, index, 2)
+    torch.testing.assert_close(out.center, ref.center, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(out.gens, ref.gens, rtol=1e-10, atol=1e-12)
+
+
 def test_feed_forward_with_a_pruned_layer_uses_the_pruned_weight_in_training():
     # pruning recomputes lin1.weight in a forward pre-hook: the training path (which otherwise
     # reads the weights directly) calls the layers, so the pruned weight is used

@@ -1,4 +1,5 @@
 import itertools
+import warnings
 
 import pytest
 import torch
@@ -356,6 +357,49 @@ def test_auto_mode_under_checkpointing(monkeypatch, checkpoint):
         results.append((out, xx.grad))
     torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize('failing', ['forward', 'backward'])
+def test_a_compile_failure_inside_a_checkpointed_block_keeps_its_function(monkeypatch, failing):
+    r"""Compiling fails in the forward pass of a checkpointed block (no C++ compiler: the first
+    call of a process) or in the backward pass: the recomputation maps the generators with the
+    function the forward pass ran (the kernels' formulas, uncompiled), not the hand-written
+    one, whose tensors kept for the backward pass differ (torch.utils.checkpoint raised a
+    CheckpointError); the values and gradients are the eager run's, in auto mode on float32
+    (the default) and in mode on."""
+    from torch_mz.nn import MZAggregation, fused
+
+    def compiled(name, fn):
+        if name.endswith(failing):
+            def broken(*args):
+                raise RuntimeError('no compiler here')
+            return broken
+        return fn
+    monkeypatch.setattr(fused, 'AUTO_MIN_ELEMENTS', 64)
+    monkeypatch.setattr(fused, '_compiled', compiled)
+    monkeypatch.setattr(fused, '_TANH_FASTER', True)
+    for mode, dtype in ((None, torch.float32), (True, torch.float64)):
+        torch.manual_seed(0)
+        aggr = MZAggregation(8, checkpoint=True).to(dtype)
+        x = torch.randn(40, 8, dtype=dtype)
+        index = torch.arange(10).repeat_interleave(4)
+        results = []
+        for enabled in (mode, False):
+            monkeypatch.setattr(fused, '_ENABLED', enabled)
+            monkeypatch.setattr(fused, '_FAILED', False)
+            aggr.zero_grad()
+            xx = x.clone().requires_grad_()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter('always')
+                out = aggr(xx, index, dim_size=10)
+                out.square().sum().backward()
+            failed = [w for w in caught if 'compiling the fused kernels failed' in str(w.message)]
+            assert len(failed) == (0 if enabled is False else 1)
+            results.append([out.detach(), xx.grad] + [p.grad for p in aggr.parameters()])
+        tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-10,
+                                                                               atol=1e-12)
+        for a, b in zip(*results):
+            torch.testing.assert_close(a, b, **tol)
 
 
 def test_fused_kernels_give_second_derivatives(monkeypatch):

@@ -347,11 +347,13 @@ class PMA(Module):
         # W_2 joins the maps it meets, which then act on the hidden rows (generators: on the B k
         # pooled rows instead of all N n_g generator rows; centers: one (d, d_ff) product per
         # key instead of W_2 and a (d, d) one, cheaper where d_ff <= d). Exact up to rounding.
-        # Layers with hooks (e.g. torch.nn.utils.prune's) run as they are.
+        # Layers with hooks (e.g. torch.nn.utils.prune's) run as they are, and so do the
+        # feed-forwards with hooks of their own (the fold never calls them).
         # (a hooked key map must see the centers: then they are written out)
-        fold_center = (not _hooked(rff.lin2) and not _hooked(self.mab.attn.lin_k)
+        fold_center = (not _hooked(rff) and not _hooked(rff.lin2)
+                       and not _hooked(self.mab.attn.lin_k)
                        and rff.lin2.weight.size(1) <= rff.lin2.weight.size(0))
-        if ffn is None or _hooked(ffn.lin2):
+        if ffn is None or _hooked(ffn) or _hooked(ffn.lin2):
             gens = x.gens if ffn is None else ffn(x.gens)  # (N, n_g, d)
             if not fold_center:
                 return self.mab(seeds, Zonotope(rff(x.center), gens), seed_set, set_id,

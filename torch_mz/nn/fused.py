@@ -43,8 +43,12 @@ Three modes, set by :func:`set_fused_kernels` or the environment variable
   (also CUDA, through Triton, not measured here).
 * **off** (``set_fused_kernels(False)``, ``TORCH_MZ_FUSED_KERNELS=0``): the eager function.
 
-If compiling fails, the eager function runs from then on and a warning says why. Both compute
-the same map; the tests check values and first and second derivatives against the autograd
+If compiling fails, a warning says why and nothing is compiled from then on: the tanh is
+ATen's, and the LayerNorm Jacobian keeps the kernels' functions, their formulas uncompiled, so
+that a checkpointed block recomputes with the function its forward pass ran (the hand-written
+one keeps other tensors for the backward pass: a failure between a forward pass and its
+recomputation had made the backward pass fail with a ``CheckpointError``). Both compute the
+same map; the tests check values and first and second derivatives against the autograd
 reference in float64. A second derivative (``create_graph=True``) runs the backward formula
 uncompiled, so that autograd can differentiate it.
 """
@@ -130,8 +134,18 @@ def _functorch_wrapped(t: Tensor) -> bool:
 def use_fused_kernels(gens: Tensor) -> bool:
     r"""Whether :func:`~torch_mz.nn.zonotope.zonotope_layer_norm` maps these generators (and
     :func:`odd_tanh_` this hidden layer) with the compiled kernels (the mode, and in auto mode
-    the input)."""
-    if _FAILED or _ENABLED is False:
+    the input; not once compiling has failed)."""
+    return not _FAILED and _kernels_requested(gens)
+
+
+def _kernels_requested(gens: Tensor) -> bool:
+    r"""Whether the mode and the input ask for the kernels (:func:`use_fused_kernels`, whether or
+    not compiling has failed): the choice of :func:`~torch_mz.nn.zonotope.zonotope_layer_norm`
+    between the kernels' functions and the hand-written one, which keep different tensors for
+    the backward pass, so that a checkpointed block recomputes with the function its forward
+    pass ran also where compiling failed in between (after a failure the kernels' functions
+    run their formulas uncompiled)."""
+    if _ENABLED is False:
         return False
     # forward-mode AD (a dual level open: any tensor may carry a tangent) and torch.func
     # transforms take neither function, in any mode: the eager formula (torch differentiates it)

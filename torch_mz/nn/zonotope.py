@@ -13,7 +13,7 @@ from torch.nn import LayerNorm, Linear, Module
 
 from torch_mz.nn._context import _hooked, _plain_ops
 from torch_mz.nn.fused import (LayerNormJacobianFused, LayerNormJacobianSumFused,
-                               use_fused_kernels)
+                               _kernels_requested)
 
 
 class _Tokens:
@@ -363,7 +363,7 @@ def zonotope_layer_norm(z: Zonotope, norm: LayerNorm, add: Optional[Zonotope] = 
     if add is not None:
         if (add.gens.shape == z.gens.shape and add.gens.dtype == z.gens.dtype
                 and z.gens.size(1) > 0 and norm.normalized_shape == (z.center.size(-1), )
-                and not _plain_ops() and use_fused_kernels(z.gens)):
+                and not _plain_ops() and _kernels_requested(z.gens)):
             c = z.center + add.center
             out_c = norm(c)
             if out_c.dtype != z.gens.dtype:  # (autocast) the sum in the generators' precision
@@ -385,7 +385,10 @@ def zonotope_layer_norm(z: Zonotope, norm: LayerNorm, add: Optional[Zonotope] = 
         return zonotope_layer_norm_reference(z, norm)
     weight = norm.weight.to(out_c.dtype) if norm.weight is not None else None
     gens = z.gens.to(out_c.dtype)
-    if use_fused_kernels(gens):  # compiled kernels (torch_mz.nn.fused)
+    # compiled kernels (torch_mz.nn.fused); chosen by the mode and the input alone, also once
+    # compiling has failed (their formulas then run uncompiled), so that a checkpointed block
+    # recomputes with the function its forward pass ran
+    if _kernels_requested(gens):
         g = LayerNormJacobianFused.apply(c.to(out_c.dtype), gens.contiguous(), weight, norm.eps)
         return Zonotope(out_c, g)
     g = _LayerNormJacobian.apply(c.to(out_c.dtype), gens.contiguous(), weight, norm.eps)
