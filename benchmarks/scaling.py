@@ -150,7 +150,8 @@ def main():
         row['peak_mib'] = None if peak is None else peak / 2**20
         rows.append(row)
         print(f"{n:>9,d} points: {row['median_s']:.3f} s, {row['us_per_point']:.2f} us/point, "
-              f"peak {row['peak_mib']:.0f} MiB", flush=True)
+              + ('peak unknown' if peak is None else f"peak {row['peak_mib']:.0f} MiB"),
+              flush=True)
     slope = float(np.polyfit(np.log([r['points'] for r in rows]),
                              np.log([r['median_s'] for r in rows]), 1)[0])
     env = environment()

@@ -31,7 +31,7 @@ CUDA: allocator peak; results files written before 2026-12-07 measured the first
 import argparse
 import json
 import os
-from typing import List
+from typing import List, Optional
 
 import numpy as np
 import torch
@@ -145,8 +145,18 @@ def run_interleaved(cfgs: List[dict]) -> List[dict]:
     return rows
 
 
-def measure_memory(cfg: dict) -> int:
+def measure_memory(cfg: dict) -> Optional[int]:
+    r"""Peak bytes of one configuration (:func:`run_one` in a fresh process); :obj:`None` where
+    :func:`~torch_mz.study.peak_memory_bytes` cannot read it (not Linux)."""
     return in_fresh_process(__file__, dict(cfg, memory_only=True))['peak_bytes']
+
+
+def memory_ratio(mine: dict, theirs: dict) -> Optional[float]:
+    r"""``mine['peak_mib'] / theirs['peak_mib']``, :obj:`None` where either is unknown (not
+    Linux) or the second is zero (it was a ratio to 1e-9 MiB)."""
+    if mine.get('peak_mib') is None or not theirs.get('peak_mib'):
+        return None
+    return mine['peak_mib'] / theirs['peak_mib']
 
 
 def plot(rows, path):
@@ -231,13 +241,16 @@ def main():
                     for model in args.models]
             for cfg, row in zip(cfgs, run_interleaved(cfgs)):
                 if args.memory:
-                    row['peak_mib'] = measure_memory(cfg) / 2**20
+                    peak_bytes = measure_memory(cfg)
+                    row['peak_mib'] = None if peak_bytes is None else peak_bytes / 2**20
                 row['pct_of_peak'] = 100 * row['gflop_per_s'] / peak
                 rows.append(row)
+                memory = ''
+                if args.memory:  # (None where the peak cannot be read: not Linux)
+                    memory = ('  peak unknown' if row['peak_mib'] is None
+                              else f"  peak {row['peak_mib']:8.1f} MiB")
                 print(f"{block:4s} {batch:8s} {cfg['model']:6s} median {row['median_ms']:9.1f} ms"
-                      f"  {row['gflop_per_s']:6.1f} GFLOP/s"
-                      + (f"  peak {row['peak_mib']:8.1f} MiB" if args.memory else ''),
-                      flush=True)
+                      f"  {row['gflop_per_s']:6.1f} GFLOP/s" + memory, flush=True)
     ratios = []
     for block in args.blocks:
         for batch in ('uniform', 'skewed'):
@@ -246,13 +259,11 @@ def main():
             if 'pyg' in by and 'rigid' in by:
                 entry['pyg/rigid time'] = by['pyg']['median_ms'] / by['rigid']['median_ms']
                 if args.memory:
-                    entry['rigid/pyg memory'] = by['rigid']['peak_mib'] / max(
-                        by['pyg']['peak_mib'], 1e-9)
+                    entry['rigid/pyg memory'] = memory_ratio(by['rigid'], by['pyg'])
             if 'pyg' in by and 'pyg-flat' in by:
                 entry['pyg/pyg-flat time'] = by['pyg']['median_ms'] / by['pyg-flat']['median_ms']
                 if args.memory:
-                    entry['pyg-flat/pyg memory'] = by['pyg-flat']['peak_mib'] / max(
-                        by['pyg']['peak_mib'], 1e-9)
+                    entry['pyg-flat/pyg memory'] = memory_ratio(by['pyg-flat'], by['pyg'])
             if 'mz' in by and 'rigid' in by:
                 entry['mz/rigid time'] = by['mz']['median_ms'] / by['rigid']['median_ms']
             for m in ('rigid', 'mz'):

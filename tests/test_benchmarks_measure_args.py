@@ -117,6 +117,30 @@ def test_speed_quick_leaves_a_given_repeats_and_records_what_ran(argv, repeats, 
     assert all(len(r['times_ms']) == repeats for r in data['rows'])
 
 
+@pytest.mark.parametrize('peaks', [dict(pyg=None, rigid=None), dict(pyg=0, rigid=2**20)])
+def test_speed_memory_where_the_peak_is_unknown_or_zero(peaks, tmp_path, monkeypatch):
+    # peak_memory_bytes gives None where it cannot read the peak (not Linux): None / 2**20
+    # raised after the timings; a zero peak of pyg gave a ratio to 1e-9 MiB
+    speed = load_script('speed')
+
+    def fake_interleaved(cfgs):
+        return [dict(model=cfg['model'], block=cfg['block'], batch=cfg['batch'], max_set=1,
+                     min_set=1, params=1, median_ms=1.0, times_ms=[1.0], gflop=1.0,
+                     gflop_per_s=1.0) for cfg in cfgs]
+    monkeypatch.setattr(speed, 'run_interleaved', fake_interleaved)
+    monkeypatch.setattr(speed, 'measure_memory', lambda cfg: peaks[cfg['model']])
+    monkeypatch.setattr(speed, 'matmul_peak_flops', lambda device=None: 1e10)
+    monkeypatch.setattr(speed, 'try_plot', lambda *args: None)
+    out = tmp_path / 'speed'
+    monkeypatch.setattr(sys, 'argv', ['speed.py', '--models', 'pyg,rigid', '--blocks', 'pma',
+                                      '--device', 'cpu', '--memory', '--out', str(out)])
+    speed.main()
+    data = json.loads((out / 'speed.json').read_text())
+    assert [r['peak_mib'] for r in data['rows'] if r['model'] == 'rigid'] == [
+        None if peaks['rigid'] is None else 1.0] * 2
+    assert all(r['rigid/pyg memory'] is None for r in data['ratios'])
+
+
 # --- training_step.py ------------------------------------------------------------------------
 
 @pytest.mark.parametrize('argv, needles', [
@@ -241,6 +265,21 @@ def test_scaling_quick_run_leaves_the_main_results_alone(tmp_path, monkeypatch):
         scaling.main()
         assert (tmp_path / f'{written}.json').exists()
     assert not (tmp_path / 'scaling_mz.json').exists()
+
+
+def test_scaling_where_the_peak_is_unknown(tmp_path, monkeypatch, capsys):
+    # peak_memory_bytes gives None where it cannot read the peak (not Linux): the row kept it
+    # as None, and then the printed line formatted None as a number
+    scaling = load_script('scaling')
+    monkeypatch.setattr(scaling, 'run_one', lambda cfg: dict(points=cfg['points'], sets=1,
+                                                             median_s=cfg['points'] * 1e-6))
+    monkeypatch.setattr(scaling, 'in_fresh_process', lambda path, cfg: dict(peak_bytes=None))
+    monkeypatch.setattr(scaling, 'plot', lambda *args: None)
+    monkeypatch.setattr(sys, 'argv', ['scaling.py', '--out', str(tmp_path), '--quick'])
+    scaling.main()
+    assert 'peak unknown' in capsys.readouterr().out
+    name = next(tmp_path.glob('*.json'))
+    assert all(r['peak_mib'] is None for r in json.loads(name.read_text())['rows'])
 
 
 # --- message_passing.py ----------------------------------------------------------------------

@@ -7,7 +7,8 @@ import torch
 
 from torch_mz.study.measure import (MeasurementFailed, allocator_peak_bytes, count_flops,
                                     environment, in_fresh_process, matmul_peak_flops,
-                                    peak_memory_bytes, skewed_sizes, uniform_sizes)
+                                    peak_memory_bytes, skewed_sizes, time_call,
+                                    uniform_sizes)
 
 
 def test_set_size_generators():
@@ -245,3 +246,31 @@ def test_uniform_sizes_refuses_what_leaves_a_set_empty(num_sets, total):
     with pytest.raises(ValueError):
         uniform_sizes(num_sets, total)
     assert uniform_sizes(3, 3) == [1, 1, 1]
+
+
+@pytest.mark.parametrize('num_sets,total,sigma', [
+    (0, 0, 1.0), (0, 5, 1.0), (2.0, 4, 1.0), (3, 10.5, 1.0), (3, 10, float('nan')),
+    (3, 10, float('inf')), (3, 10, -1.0), (64, 8192, 1000.0)])
+def test_skewed_sizes_refuses_what_gives_no_sizes(num_sets, total, sigma):
+    # (0, 0) gave [], (0, 5) numpy's argmax error; a total that is no integer, a NaN or infinite
+    # sigma, or one whose weights overflow never returned (the rounding loop never met total)
+    with pytest.raises(ValueError):
+        skewed_sizes(num_sets, total, sigma=sigma)
+    assert sum(skewed_sizes(3, 10, sigma=0.0)) == 10
+
+
+@pytest.mark.parametrize('kwargs', [dict(repeats=0), dict(repeats=-1), dict(warmup=-1),
+                                    dict(repeats=2.5)])
+def test_timing_refuses_no_repeats(kwargs):
+    # repeats=0 gave no times, and their median NaN (matmul_peak_flops returned nan FLOP/s)
+    from torch_mz.study import time_interleaved
+    with pytest.raises(ValueError):
+        time_call(lambda: None, **kwargs)
+    with pytest.raises(ValueError):
+        time_interleaved({'a': lambda: None}, **kwargs)
+    if 'repeats' in kwargs:
+        with pytest.raises(ValueError):
+            matmul_peak_flops(n=8, repeats=kwargs['repeats'])
+    with pytest.raises(ValueError):
+        matmul_peak_flops(n=0, repeats=1)
+    assert len(time_call(lambda: None, repeats=1, warmup=0, device='cpu')) == 1

@@ -68,3 +68,10 @@ def test_counter_counts_each_operation_once_and_views_as_no_kernel():
     # repeat_interleave reads its output size on the host unless it is given
     assert count_ops(lambda: torch.repeat_interleave(t)).syncs == 1
     assert count_ops(lambda: torch.repeat_interleave(t, output_size=5)).syncs == 0
+
+
+@pytest.mark.parametrize('mib, repeats', [(0, 2), (8, 0)])
+def test_memory_bandwidth_refuses_an_empty_measurement(mib, repeats):
+    # an empty tensor or no timed copy gave 0 bytes per second (and a division by it later)
+    with pytest.raises(ValueError):
+        memory_bandwidth(mib=mib, repeats=repeats)

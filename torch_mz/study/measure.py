@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from torch_mz._checks import check_count
+from torch_mz._checks import check_count, check_number
 from torch_mz._optional import WITH_TORCH_SCATTER
 
 __all__ = ['skewed_sizes', 'uniform_sizes', 'time_call', 'time_interleaved', 'peak_memory_bytes',
@@ -32,12 +32,25 @@ def skewed_sizes(num_sets: int, total: int, sigma: float = 1.0, seed: int = 0) -
     on average at sigma 2) the excess comes out of the largest sets, which end up flattened
     (all 22 there, where the shares give 163, 88, 58): the committed ``speed.py`` batches
     (64 sets of 128 points on average) are drawn so, barely touched (599 against 567), and are
-    kept as they are."""
+    kept as they are.
+
+    A :obj:`num_sets` below 1, a :obj:`total` below it, a :obj:`total` that is no integer or a
+    :obj:`sigma` that is negative or not finite raises a :class:`ValueError` (``(3, 10.5)``
+    and a NaN :obj:`sigma` never returned, ``(0, 0)`` gave no sets), as does a :obj:`sigma` so
+    large that the weights overflow."""
+    num_sets = check_count('num_sets', num_sets)
+    total = check_count('total', total)
+    sigma = check_number('sigma', sigma, allow_zero=True)
     if total < num_sets:
         raise ValueError(f"Need at least one element per set (got {total} < {num_sets})")
     rng = np.random.default_rng(seed)
     w = rng.lognormal(0.0, sigma, num_sets)
-    sizes = np.maximum(1, np.floor(w / w.sum() * total)).astype(int)
+    with np.errstate(over='ignore', invalid='ignore'):  # (refused below)
+        shares = w / w.sum() * total
+    if not np.isfinite(shares).all():
+        raise ValueError(f"Expected a sigma whose log-normal weights fit a float64 (got sigma "
+                         f"{sigma}: the weights overflow)")
+    sizes = np.maximum(1, np.floor(shares)).astype(int)
     while sizes.sum() != total:  # fix rounding on the largest sets
         i = int(np.argmax(sizes))
         sizes[i] += 1 if sizes.sum() < total else -1
@@ -63,8 +76,11 @@ def _sync(device: torch.device):
 
 def time_call(fn: Callable[[], object], repeats: int = 7, warmup: int = 2,
               device: Optional[torch.device] = None) -> List[float]:
-    r"""Wall-clock seconds of :obj:`repeats` calls of :obj:`fn` after :obj:`warmup` calls."""
-    device = device or torch.device('cpu')
+    r"""Wall-clock seconds of :obj:`repeats` calls of :obj:`fn` after :obj:`warmup` calls. A
+    :obj:`repeats` below 1 or a negative :obj:`warmup` raises a :class:`ValueError` (no times:
+    their median was NaN)."""
+    repeats, warmup = check_count('repeats', repeats), check_count('warmup', warmup, 0)
+    device = torch.device(device or 'cpu')
     for _ in range(warmup):
         fn()
     times = []
@@ -84,8 +100,10 @@ def time_interleaved(fns: Dict[str, Callable[[], object]], repeats: int = 7, war
     :math:`r` calls every function once, in an order rotated by one place per round, so that a
     slow spell of a shared machine falls on every function alike instead of on whichever was
     measured then (:func:`time_call` measures one function after another). :obj:`warmup` untimed
-    calls of each first."""
-    device = device or torch.device('cpu')
+    calls of each first. A :obj:`repeats` below 1 or a negative :obj:`warmup` raises a
+    :class:`ValueError`, as in :func:`time_call`."""
+    repeats, warmup = check_count('repeats', repeats), check_count('warmup', warmup, 0)
+    device = torch.device(device or 'cpu')
     names = list(fns)
     for _ in range(warmup):
         for name in names:
@@ -295,8 +313,10 @@ class _GlobalOnly:
 def matmul_peak_flops(n: int = 2048, repeats: int = 5,
                       device: Optional[torch.device] = None) -> float:
     r"""Measured FLOP/s of a dense :math:`n \times n` float32 matrix product (median of
-    :obj:`repeats`): the practical peak that achieved FLOP/s are compared with."""
-    device = device or torch.device('cpu')
+    :obj:`repeats`): the practical peak that achieved FLOP/s are compared with. An :obj:`n` or
+    :obj:`repeats` below 1 raises a :class:`ValueError` (they gave 0 or NaN FLOP/s)."""
+    n = check_count('n', n)
+    device = torch.device(device or 'cpu')
     g = torch.Generator().manual_seed(0)
     a = torch.randn(n, n, generator=g).to(device)
     b = torch.randn(n, n, generator=g).to(device)

@@ -23,6 +23,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from torch_mz._checks import check_count
+
 
 def tensor_bytes(t: torch.Tensor) -> int:
     r"""Bytes of the distinct elements a tensor view covers (broadcast dimensions count once)."""
@@ -65,7 +67,9 @@ def memory_bandwidth(mib: int = 256, repeats: int = 5,
     r"""Measured bytes per second of one copy of a :obj:`mib` MiB float32 tensor into another
     (bytes read plus bytes written, the best of :obj:`repeats`) on :obj:`device` (the CPU by
     default; on a GPU the copy is timed between synchronisations of the device): the practical
-    bandwidth that :func:`count_bytes` traffic is compared with."""
+    bandwidth that :func:`count_bytes` traffic is compared with. A :obj:`mib` or :obj:`repeats`
+    below 1 raises a :class:`ValueError` (they gave 0 bytes per second)."""
+    mib, repeats = check_count('mib', mib), check_count('repeats', repeats)
     device = torch.device(device or 'cpu')
     a = torch.empty(mib * 2**20 // 4, device=device).uniform_()
     b = torch.empty_like(a)
