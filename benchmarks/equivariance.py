@@ -88,6 +88,8 @@ def main():
     if args.cells:
         cells = args.cells
     models = split_model_specs(args.models)
+    if not models:  # (it wrote a report with no model in it)
+        parser.error('--models names no model')
     seeds, epochs, lr = budget.seeds, budget.epochs, budget.lr
     n_train, n_val, n_test = budget.split_sizes()
     config = study_config(budget, device=args.device)

@@ -61,6 +61,8 @@ def main():
     if args.dims:
         dims = {t: tuple(args.dims) for t in tasks}
     models = split_model_specs(args.models)
+    if not models:  # (it failed once the empty grid had run, with no result written)
+        parser.error('--models names no model')
     seeds, epochs, lr = budget.seeds, budget.epochs, budget.lr
     n_train, n_val, n_test = budget.split_sizes()
     config = study_config(budget, device=args.device)

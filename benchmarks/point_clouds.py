@@ -28,10 +28,11 @@ from typing import Dict, List, Optional, Sequence
 
 from torch_mz.datasets.common import default_root
 from torch_mz.datasets.modelnet import HDF5_FOLDER, MODELNET40_URL, modelnet40_raw_files
-from torch_mz.datasets.scanobjectnn import (SCANOBJECTNN_PAGE, scanobjectnn_file,
-                                           scanobjectnn_raw_files)
+from torch_mz.datasets.scanobjectnn import (SCANOBJECTNN_PAGE, SCANOBJECTNN_VARIANTS,
+                                           scanobjectnn_file, scanobjectnn_raw_files)
 from torch_mz.study import (RunStore, check_models, environment, markdown_table, plot_bars,
-                            positive_int, summarize, train_models, try_plot, write_report)
+                            positive_int, split_model_specs, summarize, train_models, try_plot,
+                            write_report)
 from torch_mz.study.budget import (Budget, add_budget_arguments, add_resume_argument,
                                    choose_budget, study_config)
 from torch_mz.tasks import load_task
@@ -145,7 +146,10 @@ def verdict(rows: List[Dict[str, object]], datasets: Sequence[str]) -> List[str]
 def plot(rows: List[Dict[str, object]], datasets: Sequence[str], models: Sequence[str],
          path: str):
     cell = {(r['dataset'], r['model']): r for r in rows}
-    paper = {(d, m): 100 * v[d][0] for m, v in PAPER_ACCURACY.items() for d in v}
+    # the rows' paper figures, not the table's: none for a ScanObjectNN variant other than
+    # OBJ_BG, which the paper does not report (its OBJ_BG dashes were drawn for every variant)
+    paper = {k: None if r.get('paper_accuracy') is None else 100 * r['paper_accuracy']
+             for k, r in cell.items()}
     plot_bars(datasets, models, lambda d, m: 100 * cell[(d, m)]['accuracy'],
               lambda d, m: 100 * cell[(d, m)]['accuracy_std'], path,
               paper=lambda d, m: paper.get((d, m)),
@@ -166,7 +170,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="folder holding ModelNet40/ and ScanObjectNN/ (default: torch_mz's "
                         "data root, datasets/)")
     parser.add_argument('--modelnet-source', default='mesh', choices=('mesh', 'hdf5'))
-    parser.add_argument('--variant', default='OBJ_BG', help='ScanObjectNN variant (paper: OBJ_BG)')
+    # (an unknown variant with --no-download was a KeyError traceback)
+    parser.add_argument('--variant', default='OBJ_BG', choices=tuple(SCANOBJECTNN_VARIANTS),
+                        help='ScanObjectNN variant (paper: OBJ_BG)')
     parser.add_argument('--num-points', type=positive_int, default=1024)
     parser.add_argument('--no-download', action='store_true',
                         help='stop with a message instead of downloading ModelNet40')
@@ -180,7 +186,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     budget = choose_budget(args, QUICK, FULL)
     datasets = list(DATASETS) if args.dataset == 'both' else [args.dataset]
-    models = [m.strip() for m in args.models.split(',') if m.strip()]
+    models = split_model_specs(args.models)  # ('hypernet:rank=4,dim=64' is one spec)
     if not models:
         print('point_clouds.py: error: --models names no model', file=sys.stderr)
         return EXIT_ERROR
@@ -193,7 +199,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_ERROR
 
     # every dataset is loaded before any training, so a missing one stops the run at once
-    tasks, errors = {}, []
+    tasks, errors, roots = {}, [], {}
     for dataset in datasets:
         root = osp.join(args.root, FOLDERS[dataset]) if args.root else default_root(
             FOLDERS[dataset])
@@ -202,6 +208,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             errors.append(task)
         else:
             tasks[dataset] = task
+            roots[dataset] = osp.realpath(root)  # (the folder read, resolved)
     if errors:
         for message in errors:
             print(f'point_clouds.py: error: {message}', file=sys.stderr)
@@ -218,6 +225,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     rows, runs, sizes = [], [], {}
     for dataset, task in tasks.items():
         sizes[dataset] = dict(train=len(task.train), val=len(task.val), test=len(task.test))
+        # the runs are kept under the folder read, resolved: a relative --root named another
+        # folder from another working directory, whose runs --resume read as this data's.
+        # Runs kept under the root as given are read where that named one folder (no --root,
+        # or an absolute one), never under a relative one
+        data = dict(dataset=dataset, root=roots[dataset], num_points=args.num_points,
+                    sizes=sizes[dataset], **({'source': args.modelnet_source}
+                                             if dataset == 'modelnet40' else
+                                             {'variant': args.variant}))
+        legacy = (dict(data, root=args.root) if args.root is None or osp.isabs(args.root)
+                  else None)
         dataset_runs = train_models(
             task, models, budget.seeds,
             lambda spec, seed: study_config(budget, device=args.device,
@@ -228,11 +245,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     f"diverged ({run['diverged']})" if 'diverged' in run else
                     f"test accuracy {run['test']['accuracy']:.4f}")
                 + f" ({run['wall_time_s']:.0f} s)", flush=True),
-            store=store, data=dict(dataset=dataset, root=args.root, num_points=args.num_points,
-                                   sizes=sizes[dataset], **({'source': args.modelnet_source}
-                                                            if dataset == 'modelnet40' else
-                                                            {'variant': args.variant})),
-            record_diverged=True, dataset=dataset)
+            store=store, data=data, legacy_data=legacy, record_diverged=True, dataset=dataset)
         runs += dataset_runs
         for entry in summarize(dataset_runs, 'classification'):
             paper = PAPER_ACCURACY.get(entry['model'], {}).get(dataset, (None, None))
@@ -245,7 +258,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     env['command'] = ' '.join(['python', 'benchmarks/point_clouds.py']
                               + [shlex.quote(a) for a in argv])
     minutes = (time.time() - start) / 60
-    setup = dict(datasets=datasets, models=models, seeds=budget.seeds, sizes=sizes,
+    setup = dict(datasets=datasets, roots=roots, models=models, seeds=budget.seeds, sizes=sizes,
                  epochs=budget.epochs, lr=budget.lr, batch_size=args.batch_size,
                  patience=args.patience, num_points=args.num_points,
                  modelnet_source=args.modelnet_source, scanobjectnn_variant=args.variant,

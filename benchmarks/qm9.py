@@ -31,7 +31,8 @@ from torch_mz.datasets.common import default_root
 from torch_mz.datasets.qm9 import QM9_RAW_URL, QM9_TARGETS, QM9_UNCHARACTERIZED_URL, QM9_UNITS
 from torch_mz.paper import TABLE28
 from torch_mz.study import (RunStore, check_models, environment, markdown_table, plot_bars,
-                            positive_int, summarize, train_models, try_plot, write_report)
+                            positive_int, split_model_specs, summarize, train_models, try_plot,
+                            write_report)
 from torch_mz.study.budget import (Budget, add_budget_arguments, add_resume_argument,
                                    choose_budget, study_config)
 from torch_mz.study.statistics import lead_over_best
@@ -128,7 +129,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     budget = choose_budget(args, QUICK, FULL)
     targets = (args.targets.split(',') if args.targets else
                QUICK_TARGETS if args.quick else FULL_TARGETS)
-    models = [m.strip() for m in args.models.split(',') if m.strip()]
+    models = split_model_specs(args.models)  # ('hypernet:rank=4,dim=64' is one spec)
     seeds, n_train, n_val, n_test = budget.seeds, budget.n_train, budget.n_val, budget.n_test
     root = osp.join(args.root, 'QM9') if args.root else None
     targets = [t.strip() for t in targets]
@@ -150,7 +151,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     start = time.time()
     rows, runs = [], []
-    store = None
+    store, data_root = None, None
     for target in targets:
         try:
             task = load_task('qm9', seed=0, n_train=n_train, n_val=n_val, n_test=n_test,
@@ -170,6 +171,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except (ValueError, OSError) as e:
             print(f'qm9.py: error: {e}', file=sys.stderr)
             return EXIT_ERROR
+        # the runs are kept under the folder read, resolved: a relative --root named another
+        # folder from another working directory, whose runs --resume read as this data's.
+        # Runs kept under the root as given are read where that named one folder (no --root,
+        # or an absolute one), never under a relative one
+        data_root = osp.realpath(root or default_root('QM9'))
+        data = dict(source=args.source, root=data_root, n_train=n_train, n_val=n_val,
+                    n_test=n_test, split_seed=0)
+        legacy = (dict(data, root=args.root) if args.root is None or osp.isabs(args.root)
+                  else None)
         target_runs = train_models(
             task, models, seeds,
             lambda spec, seed: study_config(budget, device=args.device,
@@ -179,9 +189,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     f"diverged ({run['diverged']})" if 'diverged' in run else
                     f"test MAE {run['test']['mae']:.4g} {QM9_UNITS[run['target']]}, R2 "
                     f"{run['test']['r2']:.4f}") + f" ({run['wall_time_s']:.0f} s)", flush=True),
-            store=store, data=dict(source=args.source, root=args.root, n_train=n_train,
-                                   n_val=n_val, n_test=n_test, split_seed=0),
-            record_diverged=True, target=target)
+            store=store, data=data, legacy_data=legacy, record_diverged=True, target=target)
         runs += target_runs
         for entry in summarize(target_runs, 'regression'):
             rows.append(dict(target=target, unit=QM9_UNITS[target], **entry,
@@ -190,9 +198,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     env = environment()
     env['command'] = ' '.join(['python', 'benchmarks/qm9.py'] + [shlex.quote(a) for a in argv])
     minutes = (time.time() - start) / 60
-    setup = dict(source=args.source, targets=targets, models=models, seeds=seeds,
-                 n_train=n_train, n_val=n_val, n_test=n_test, epochs=budget.epochs, lr=budget.lr,
-                 batch_size=args.batch_size, split_seed=0, normalize_targets=True)
+    # (root: the folder read, resolved; a relative --root in the command names it only from
+    # the working directory it ran in)
+    setup = dict(source=args.source, root=data_root, targets=targets, models=models,
+                 seeds=seeds, n_train=n_train, n_val=n_val, n_test=n_test, epochs=budget.epochs,
+                 lr=budget.lr, batch_size=args.batch_size, split_seed=0, normalize_targets=True)
     cells = [{'target': r['target'], 'model': r['model'],
               'params': '' if r['params'] is None else f"{r['params']:,}",
               'seeds': f"{r['seeds']} ({r['diverged']} diverged)" if r.get('diverged') else

@@ -25,6 +25,7 @@ Writes ``benchmarks/results/rotation_matching/features.json``, ``features.md`` a
 """
 import argparse
 import glob
+import math
 import os
 import time
 
@@ -154,7 +155,9 @@ def replication_gap(models, task, sets):
 
 def sweep_points(records):
     r"""Per model, its chosen sweep point (lowest best validation loss) and its runs at lr
-    3e-4, from the run records in :obj:`records` on :data:`CELL` (seed 0)."""
+    3e-4, from the run records in :obj:`records` on :data:`CELL` (seed 0). A diverged run's
+    record (no validation or test figures) is a point of validation loss inf, as the sweep
+    reads it (never chosen unless all are), and test R² NaN."""
     out = {}
     for path in sorted(glob.glob(os.path.join(records, '*', '*.json'))):
         rec = read_record(path)
@@ -164,8 +167,10 @@ def sweep_points(records):
         if any(key.get('kwargs', {}).get(k) != v for k, v in CELL['kwargs'].items()):
             continue
         config = key['config']
-        point = dict(lr=config['lr'], wd=config['weight_decay'], val_loss=rec['val']['loss'],
-                     test_r2=rec['test']['r2'], best_epoch=rec['best_epoch'])
+        point = dict(lr=config['lr'], wd=config['weight_decay'],
+                     val_loss=float(rec['val'].get('loss', math.inf)),
+                     test_r2=float(rec['test'].get('r2', math.nan)),
+                     best_epoch=rec.get('best_epoch'))
         entry = out.setdefault(rec['model'], dict(points=[]))
         entry['points'].append(point)
     for entry in out.values():
@@ -226,8 +231,11 @@ def notes(fits, sweep, gaps, records, n_sets):
     invariant = sorted(m for m, g in gaps.items() if m != 'target' and g < 1e-9)
     counting = sorted(m for m, g in gaps.items() if m != 'target' and g >= 1e-9)
     inv_sweep = [sweep[m] for m in invariant if m in sweep]
-    plateau = [p['test_r2'] for e in inv_sweep for p in e['plateau']] or [float('nan')]
-    chosen = [e['chosen']['test_r2'] for e in inv_sweep] or [float('nan')]
+    # (a diverged run's R² is NaN: left out of the ranges, which min / max gave by order)
+    plateau = [p['test_r2'] for e in inv_sweep for p in e['plateau']
+               if not math.isnan(p['test_r2'])] or [math.nan]
+    chosen = [e['chosen']['test_r2'] for e in inv_sweep
+              if not math.isnan(e['chosen']['test_r2'])] or [math.nan]
     counting_chosen = ', '.join(f"{m} {sweep[m]['chosen']['test_r2']:.3f}"
                                 for m in counting if m in sweep) or 'none in the records'
     return NOTES.format(

@@ -192,6 +192,31 @@ def test_rotation_features_read_the_sweep_and_check_replication(tmp_path, monkey
     assert 'lr-3e-4 runs' in text and 'deepsets 0.820' in text and (out / 'features.png').exists()
 
 
+def test_rotation_features_read_a_diverged_sweep_run(tmp_path, monkeypatch, no_training):
+    # a diverged run's record has no validation or test figures (the sweep reads its
+    # validation loss as inf): reading it was a KeyError
+    pytest.importorskip('matplotlib')  # (its figure: the [plot] extra)
+    records = tmp_path / 'records'
+    _record(records, 'rigid', 3e-4, 0.5, 0.55)
+    _record(records, 'rigid', 3e-3, 0.3, 0.74)
+    path = records / 'rigid' / 'diverged.json'
+    record = json.loads(next((records / 'rigid').iterdir()).read_text())
+    path.write_text(json.dumps(dict(record, val={}, test={}, best_epoch=None,
+                                    diverged='Training loss is not finite',
+                                    key=dict(record['key'], config=dict(lr=3e-4,
+                                                                        weight_decay=0.1)))))
+    out = tmp_path / 'out'
+    argv = SMALL_FEATURES + ['--records', str(records), '--out', str(out)]
+    assert run_script('rotation_matching_features', argv, monkeypatch) == 0
+    rigid = json.loads((out / 'features.json').read_text())['sweep']['rigid']
+    assert len(rigid['points']) == 3 and rigid['chosen']['test_r2'] == 0.74
+    plateau = sorted(rigid['plateau'], key=lambda p: p['val_loss'])
+    assert plateau[0]['test_r2'] == 0.55 and plateau[1]['val_loss'] == float('inf')
+    assert np.isnan(plateau[1]['test_r2'])
+    text = (out / 'features.md').read_text()
+    assert 'end at 0.550-0.550 in their' in text  # (the diverged run's NaN left out)
+
+
 def test_rotation_features_fit_an_exact_function_exactly():
     study = load_script('rotation_matching_features')
     rng = np.random.default_rng(0)

@@ -243,3 +243,125 @@ def test_verdicts_pass_over_models_whose_every_run_diverged(qm9, point_clouds):
         best='mz', best_accuracy=pytest.approx(70.0), gap=None, paper_gap=None)
     assert point_clouds.verdict(acc, ['scanobjectnn']) == [
         '- **ScanObjectNN**: no verdict: every run diverged.']
+
+
+def _count_training(monkeypatch):
+    r"""The models :func:`~torch_mz.study.train_one` trains from now on (a list that grows)."""
+    import torch_mz.study.grid as grid
+    real, trained = grid.train_one, []
+
+    def counted(task, name, *args, **kwargs):
+        trained.append(name)
+        return real(task, name, *args, **kwargs)
+    monkeypatch.setattr(grid, 'train_one', counted)
+    return trained
+
+
+def test_qm9_resume_keys_runs_on_the_folder_read(qm9, tmp_path, monkeypatch):
+    # a relative --root named the runs' data: the same command in another working directory,
+    # reading another folder, took the first folder's runs as its own
+    from tests.datasets.raw_formats import write_gdb9
+    for where in ('a', 'b'):
+        write_gdb9(str(tmp_path / where / 'data' / 'QM9' / 'raw'))
+    out = tmp_path / 'results'
+    argv = ['--source', 'sdf', '--root', 'data', '--targets', 'mu', '--models', 'deepsets',
+            '--n-train', '2', '--n-val', '1', '--n-test', '1', '--batch-size', '2', '--out',
+            str(out)] + TINY
+    trained = _count_training(monkeypatch)
+    monkeypatch.chdir(tmp_path / 'a')
+    assert qm9.main(argv) == 0 and trained == ['deepsets']
+    folder = osp.realpath(tmp_path / 'a' / 'data' / 'QM9')
+    assert json.loads((out / 'qm9.json').read_text())['setup']['root'] == folder
+    (kept, ) = (out / 'runs').iterdir()
+    assert json.loads(kept.read_text())['identity']['run']['data']['root'] == folder
+    monkeypatch.chdir(tmp_path / 'b')
+    assert qm9.main(argv + ['--resume']) == 0
+    assert trained == ['deepsets', 'deepsets']  # b's data: trained, not read back
+    monkeypatch.chdir(tmp_path / 'a')
+    assert qm9.main(argv + ['--resume']) == 0 and len(trained) == 2  # a's again: read back
+
+
+@pytest.mark.parametrize('given, read_back', [('absolute', True), ('none', True),
+                                              ('relative', False)])
+def test_qm9_resume_reads_runs_kept_under_the_root_as_given(qm9, qm9_root, tmp_path,
+                                                           monkeypatch, given, read_back):
+    # runs kept before the key named the folder read, resolved, named the root as given: they
+    # are read back where that named one folder (an absolute --root, or none), not otherwise
+    from torch_mz.study import RunStore
+    root = {'absolute': str(tmp_path), 'none': None, 'relative': '.'}[given]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv('TORCH_MZ_DATA', str(tmp_path))  # (the default root: tmp_path/QM9)
+    out = tmp_path / 'results'
+    argv = ((['--root', root] if root else []) + [
+        '--source', 'sdf', '--targets', 'mu', '--models', 'deepsets', '--n-train', '2',
+        '--n-val', '1', '--n-test', '1', '--batch-size', '2', '--out', str(out)] + TINY)
+    kept, put = [], RunStore.put
+    monkeypatch.setattr(RunStore, 'put', lambda self, key, config, record: kept.append(
+        (self, key, config, record)) or put(self, key, config, record))
+    assert qm9.main(argv) == 0 and len(kept) == 1
+    store, key, config, record = kept.pop()
+    assert key['data']['root'] == osp.realpath(qm9_root)
+    (out / 'runs' / osp.basename(store._path(key))).unlink()
+    put(store, dict(key, data=dict(key['data'], root=root)), config, record)  # the old key
+    trained = _count_training(monkeypatch)
+    assert qm9.main(argv + ['--resume']) == 0
+    assert trained == ([] if read_back else ['deepsets'])
+
+
+@pytest.mark.filterwarnings('ignore:ModelNet40 .* skipped:UserWarning')  # the fixture's NaN shape
+def test_point_clouds_resume_keys_runs_on_the_folder_read(point_clouds, scanobjectnn_root,
+                                                          tmp_path, monkeypatch):
+    import shutil
+    for where in ('a', 'b'):
+        shutil.copytree(scanobjectnn_root['root'], tmp_path / where / 'data' / 'ScanObjectNN')
+    out = tmp_path / 'results'
+    argv = ['--dataset', 'scanobjectnn', '--root', 'data', '--num-points', '64', '--models',
+            'deepsets', '--n-train', '4', '--n-val', '1', '--batch-size', '4', '--out',
+            str(out)] + TINY
+    trained = _count_training(monkeypatch)
+    monkeypatch.chdir(tmp_path / 'a')
+    assert point_clouds.main(argv) == 0 and trained == ['deepsets']
+    assert json.loads((out / 'point_clouds.json').read_text())['setup']['roots'] == {
+        'scanobjectnn': osp.realpath(tmp_path / 'a' / 'data' / 'ScanObjectNN')}
+    monkeypatch.chdir(tmp_path / 'b')
+    assert point_clouds.main(argv + ['--resume']) == 0
+    assert trained == ['deepsets', 'deepsets']  # b's data: trained, not read back
+
+
+def test_point_clouds_plot_draws_the_papers_figures_where_the_table_does(point_clouds,
+                                                                         monkeypatch, tmp_path):
+    # the paper reports ScanObjectNN's OBJ_BG only: another variant's bars had its dashes
+    drawn = {}
+
+    def bars(groups, models, value, error, path, paper=None, **kwargs):
+        drawn.update({(g, m): paper(g, m) for g in groups for m in models})
+    monkeypatch.setattr(point_clouds, 'plot_bars', bars)
+    rows = [dict(dataset='modelnet40', model='mz', accuracy=0.7, accuracy_std=0.0,
+                 paper_accuracy=0.781),
+            dict(dataset='scanobjectnn', model='mz', accuracy=0.6, accuracy_std=0.0,
+                 paper_accuracy=None)]  # (a variant other than OBJ_BG)
+    point_clouds.plot(rows, ['modelnet40', 'scanobjectnn'], ['mz'], str(tmp_path / 'p.png'))
+    assert drawn == {('modelnet40', 'mz'): pytest.approx(78.1), ('scanobjectnn', 'mz'): None}
+
+
+def test_benchmarks_take_a_spec_with_several_options(qm9, point_clouds, tmp_path, capsys):
+    # '--models hypernet:rank=4,dim=64' was split at every comma: "unknown model 'dim=64'"
+    for script, name in ((qm9, 'qm9.py'), (point_clouds, 'point_clouds.py')):
+        status = script.main(['--models', 'mz,hypernet:rank=4,dim=64', '--root',
+                              str(tmp_path / 'empty'), '--no-download' if script is point_clouds
+                              else '--source=sdf', '--out', str(tmp_path / 'out')] + TINY)
+        err = capsys.readouterr().err
+        assert status == script.EXIT_ERROR
+        assert 'not available' in err or 'is not in' in err, err  # the data, not the spec
+        assert 'dim=64' not in err
+
+
+def test_point_clouds_refuses_an_unknown_variant(point_clouds, tmp_path, capsys):
+    # with --no-download an unknown variant was a KeyError traceback
+    with pytest.raises(SystemExit) as exit_:
+        point_clouds.main(['--dataset', 'scanobjectnn', '--variant', 'FOO', '--no-download',
+                           '--root', str(tmp_path / 'empty'), '--out', str(tmp_path / 'out')]
+                          + TINY)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "argument --variant: invalid choice: 'FOO'" in err
+    assert 'OBJ_BG' in err and not (tmp_path / 'out').exists()

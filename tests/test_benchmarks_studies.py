@@ -685,6 +685,9 @@ def test_depth_separation_resumes_an_interrupted_grid(tmp_path, monkeypatch):
     ('geometry', ['--dims', '8,0'], 'argument --dims: expected an integer >= 1'),
     ('geometry', ['--tasks', 'rot', '--dims', '1'], "cell 'rot d=1'"),
     ('geometry', ['--models', 'mz,mz:'], 'given twice'),
+    # no model: equivariance.py wrote a report of none, geometry.py failed after the grid
+    ('equivariance', ['--models', ','], '--models names no model'),
+    ('geometry', ['--models', ' '], '--models names no model'),
 ])
 def test_study_scripts_refuse_mistakes_before_training(script, argv, message, tmp_path,
                                                        monkeypatch, capsys):

@@ -391,3 +391,27 @@ def test_a_diverged_run_read_back_raises_in_a_call_that_does_not_record_them(tmp
         train_models(task, ['deepsets'], 2, lambda spec, seed: config, store=store, data=data,
                      on_result=seen.append)
     assert (e.value.epoch, e.value.split, seen) == (1, 'validation', [])
+
+
+def test_runs_kept_under_an_earlier_data_description_are_read_back(tmp_path):
+    # a script that names its data anew (a data root resolved, where it was kept as given)
+    # reads the runs kept under the earlier description, and only under the one it gives
+    from torch_mz.study import RunStore
+    config = TrainConfig(epochs=2, warmup_epochs=0, batch_size=8, progress=False)
+    store = RunStore(str(tmp_path))
+    old, new = dict(task='sum', root=None), dict(task='sum', root='/data/sum')
+    record = dict(model='deepsets', seed=0, params=1, epochs_run=2, wall_time_s=1.0,
+                  val=dict(loss=0.5), test=dict(r2=0.25))
+    store.put(dict(data=old, model='deepsets', options={}, seed=0), config, record)
+
+    def task():
+        raise AssertionError('trained: the run kept under the earlier description was not read')
+
+    (run, ) = train_models(task, ['deepsets'], 1, lambda spec, seed: config, store=store,
+                           data=new, legacy_data=old)
+    assert run['test'] == dict(r2=0.25)
+    with pytest.raises(AssertionError, match='trained'):  # no earlier description: not read
+        train_models(task, ['deepsets'], 1, lambda spec, seed: config, store=store, data=new)
+    with pytest.raises(AssertionError, match='trained'):  # another one: not read either
+        train_models(task, ['deepsets'], 1, lambda spec, seed: config, store=store, data=new,
+                     legacy_data=dict(old, root='elsewhere'))

@@ -210,6 +210,7 @@ def train_models(task: Any, models: Sequence[str], seeds: int,
                  store: Optional[RunStore] = None,
                  data: Optional[Mapping[str, Any]] = None,
                  record_diverged: bool = False,
+                 legacy_data: Optional[Mapping[str, Any]] = None,
                  **labels: Any) -> List[Dict[str, Any]]:
     r"""Trains every model of :obj:`models` (specs, see :func:`parse_model_spec`) with seeds
     ``0 .. seeds - 1`` on one task, model by model, and returns one record per run:
@@ -239,6 +240,11 @@ def train_models(task: Any, models: Sequence[str], seeds: int,
             ``diverged`` with no validation or test figures (its R² NaN in a table), and the
             other runs go on; kept in :obj:`store` too, since training it again would diverge
             at the same epoch. Otherwise the error ends the call. (default: :obj:`False`)
+        legacy_data (dict, optional): An earlier description of the same data (e.g. a data
+            root as it was given, before :obj:`data` named it resolved): a run :obj:`store`
+            kept under it, and not under :obj:`data`, is read back too, so that describing
+            the data anew does not train the finished runs again. Give it only where it names
+            this very data. (default: :obj:`None`)
         **labels: Entries added to every trained run's record.
 
     The specs are checked first (:func:`check_models`), before any data is built: an unknown
@@ -264,6 +270,8 @@ def train_models(task: Any, models: Sequence[str], seeds: int,
             key = dict(labels, data=data, model=spec, options=options, seed=seed)
             if record is None and store is not None:
                 record = store.get(key, config)
+                if record is None and legacy_data is not None:  # (kept by an earlier version)
+                    record = store.get(dict(key, data=legacy_data), config)
                 if record is not None and 'diverged' in record and not record_diverged:
                     raise _stored_divergence(record, spec, seed)
             if record is None:
