@@ -267,7 +267,7 @@ def main():
     parser.add_argument('--n-probe', type=positive_int, default=1000,
                         help='test sets probed per model (at least 2)')
     parser.add_argument('--threshold', type=nonnegative_float, default=0.1,
-                        help='a gate counts as active when |gamma| exceeds this')
+                        help='a gate counts as active when |gamma| exceeds this (at most 1)')
     parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
                                                       'what_mz_learns'))
     args = parser.parse_args()
@@ -279,6 +279,9 @@ def main():
     if args.n_probe < 2:
         parser.error(f'--n-probe {args.n_probe} is too few: at least 2 sets (the effective rank '
                      'is of the operators\' variation over them)')
+    if args.threshold > 1:
+        parser.error(f'--threshold {args.threshold} is above 1: no gate |gamma| = |tanh(.)| '
+                     'exceeds it, every activity would read 0')
     seeds, n_train, epochs, lr = budget.seeds, budget.n_train, budget.epochs, budget.lr
     n_val, n_test = max(1, n_train // 4), max(n_train // 2, args.n_probe)
     start = time.time()

@@ -160,3 +160,48 @@ def test_collect_summaries_restores_each_modules_mode_and_takes_keyword_calls():
     ids = torch.zeros(5, dtype=torch.long)
     torch.testing.assert_close(got, own.attn.key_value_summary(
         Zonotope(x, torch.zeros(5, 2, 8)), ids, 1))
+
+
+def test_soft_effective_rank_refuses_a_batch_of_matrices_and_an_eps_outside_0_1():
+    # three copies of eye(2) read 6.0 (one rank of all their singular values); eps NaN or >= 1
+    # dropped every singular value and read 1.0 for eye(3)
+    with pytest.raises(ValueError, match='one matrix, a 2-D tensor'):
+        analysis.soft_effective_rank(torch.eye(2).expand(3, 2, 2))
+    with pytest.raises(ValueError, match='one matrix, a 2-D tensor'):
+        analysis.soft_effective_rank(torch.ones(3))
+    for eps in (float('nan'), 1.0, 2.0, -1e-3):
+        with pytest.raises(ValueError, match=r"'eps' must be a number in \[0, 1\)"):
+            analysis.soft_effective_rank(torch.eye(3), eps=eps)
+    assert analysis.soft_effective_rank(torch.eye(3), eps=0.0) == pytest.approx(3.0)
+
+
+def test_gate_activity_refuses_what_gives_no_fraction():
+    # a NaN threshold read 0.0, one above 1 read 0.0 and a negative one 1.0; no summaries read
+    # NaN; NaN summaries (a diverged model) counted as inactive gates
+    attn = _attn()
+    mu = torch.randn(5, 8, dtype=torch.float64)
+    for bad in (float('nan'), -0.5, 1.5, float('inf'), True, '0.1'):
+        with pytest.raises(ValueError, match=r"'threshold' must be a number in \[0, 1\]"):
+            analysis.gate_activity(attn, mu, threshold=bad)
+    with pytest.raises(ValueError, match='at least one set'):
+        analysis.gate_activity(attn, mu[:0])
+    nan = mu.clone()
+    nan[0, 0] = float('nan')
+    with pytest.raises(ValueError, match='finite entries'):
+        analysis.gate_activity(attn, nan)
+    assert analysis.gate_activity(attn, mu, threshold=0.0) == pytest.approx(1.0)
+
+
+def test_summaries_of_the_wrong_shape_are_refused_by_name():
+    # one summary (8,) gave gates of shape (L,), then an einsum error; (n, 9) a matmul error;
+    # no summaries a reshape error in operator_effective_rank
+    attn = _attn()
+    mu = torch.randn(5, 8, dtype=torch.float64)
+    for bad in (mu[0], mu.view(5, 1, 8), torch.randn(5, 9, dtype=torch.float64)):
+        for f in (analysis.gates, analysis.operators, analysis.operator_effective_rank):
+            with pytest.raises(ValueError, match=r'set summaries of shape \(n, 8\)'):
+                f(attn, bad)
+    with pytest.raises(ValueError, match='at least one set'):
+        analysis.operator_effective_rank(attn, mu[:0])
+    assert analysis.operator_effective_rank(attn, mu[:1]) == 0.0  # one operator: no variation
+    assert analysis.operators(attn, mu[:0]).shape == (0, 2, 4, 4)

@@ -295,6 +295,7 @@ SMALL_WHAT = ['--quick', '--n-train', '16', '--epochs', '1', '--n-probe', '8']
     (['--n-probe', '0'], ('argument --n-probe', "'0'")),
     (['--n-probe', '1'], ('--n-probe 1 is too few', )),
     (['--threshold', '-0.1'], ('argument --threshold', "'-0.1'")),
+    (['--threshold', '1.5'], ('--threshold 1.5 is above 1', )),  # every activity read 0
     (['--seeds', '0'], ('argument --seeds', "'0'")),
 ])
 def test_what_mz_learns_refuses_bad_options(argv, needles, tmp_path, monkeypatch, capsys,

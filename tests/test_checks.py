@@ -50,3 +50,13 @@ def test_numbers_rates_and_ranges():
         check_range('r', (5, 2))
     with pytest.raises(ValueError, match=r"'r\[0\]' must be an integer >= 1"):
         check_range('r', (0, 2))
+
+
+def test_numbers_too_large_for_a_float_are_refused_by_name():
+    # float(10**400) raised an OverflowError that named no argument
+    with pytest.raises(ValueError, match="'x' must be a finite number > 0"):
+        check_number('x', 10 ** 400)
+    with pytest.raises(ValueError, match=r"'p' must be a number in \[0, 1\)"):
+        check_rate('p', -10 ** 400)
+    with pytest.raises(ValueError, match=r"'r\[1\]' must be a finite number > 0"):
+        check_range('r', (1, 10 ** 400), integer=False)

@@ -65,13 +65,21 @@ def check_flag(name: str, value: Any) -> bool:
     return bool(value)
 
 
+def _real(value: Any) -> float:
+    r""":obj:`value` as a Python :obj:`float`, or NaN where it is no real number (a bool, a
+    string) or none a float holds (an integer too large for one raised an OverflowError)."""
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        return math.nan
+    try:
+        return float(value)
+    except OverflowError:
+        return math.nan
+
+
 def check_rate(name: str, value: Any, low: float = 0.0, high: float = 1.0,
                high_inclusive: bool = False) -> float:
     r"""A finite real number in ``[low, high)`` (``[low, high]`` with :obj:`high_inclusive`)."""
-    if not isinstance(value, numbers.Real) or isinstance(value, bool):
-        number = math.nan
-    else:
-        number = float(value)
+    number = _real(value)
     if (not math.isfinite(number) or number < low
             or (number > high if high_inclusive else number >= high)):
         raise ValueError(f"'{name}' must be a number in [{low:g}, {high:g}"
@@ -82,8 +90,7 @@ def check_rate(name: str, value: Any, low: float = 0.0, high: float = 1.0,
 def check_number(name: str, value: Any, allow_zero: bool = False) -> float:
     r"""A finite real number above 0 (at least 0 with :obj:`allow_zero`; not a bool or a
     string), returned as a Python :obj:`float`."""
-    number = (float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool)
-              else math.nan)
+    number = _real(value)
     if not math.isfinite(number) or number < 0.0 or (number == 0.0 and not allow_zero):
         raise ValueError(f"'{name}' must be a finite number {'>= 0' if allow_zero else '> 0'} "
                          f"(got {value!r})")

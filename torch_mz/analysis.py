@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 from torch.nn import Module
 
+from torch_mz._checks import check_rate
 from torch_mz.nn.attention import MZAttention
 
 
@@ -42,10 +43,28 @@ def _check_mz(attn: MZAttention):
         raise ValueError(f"Expected an MZAttention layer with value='mz' (got {attn!r})")
 
 
+def _check_summaries(attn: MZAttention, mu: Tensor):
+    width = attn.gate.in_features
+    if not isinstance(mu, Tensor) or mu.dim() != 2 or mu.size(1) != width:
+        got = tuple(mu.shape) if isinstance(mu, Tensor) else type(mu).__name__
+        raise ValueError(f"Expected set summaries of shape (n, {width}), one row per set "
+                         f"(got {got})")
+    if not bool(torch.isfinite(mu).all()):
+        raise ValueError('Expected set summaries of finite entries (got NaN or inf: the '
+                         'summaries of a model that diverged?)')
+
+
+def _check_some(n: int, what: str):
+    if n == 0:
+        raise ValueError(f'{what} takes the summaries of at least one set (got none)')
+
+
 @torch.no_grad()
 def gates(attn: MZAttention, mu: Tensor) -> Tensor:
-    r"""Gates :math:`\gamma(\mu) \in [-1, 1]^L` of each summary, shape :obj:`(n, L)`."""
+    r"""Gates :math:`\gamma(\mu) \in [-1, 1]^L` of each summary, shape :obj:`(n, L)`.
+    :obj:`mu` is :obj:`(n, |mu|)` with finite entries (else a :class:`ValueError`)."""
     _check_mz(attn)
+    _check_summaries(attn, mu)
     return torch.tanh(attn.gate(mu.to(attn.gate.weight.dtype)))
 
 
@@ -69,8 +88,12 @@ def operators(attn: MZAttention, mu: Tensor, readout: str = 'paper') -> Tensor:
 
 @torch.no_grad()
 def gate_activity(attn: MZAttention, mu: Tensor, threshold: float = 0.1) -> float:
-    r"""Fraction of (set, gate) evaluations with :math:`|\gamma_l(\mu)| > \tau`."""
-    return float((gates(attn, mu).abs() > threshold).to(torch.float64).mean())
+    r"""Fraction of (set, gate) evaluations with :math:`|\gamma_l(\mu)| > \tau`, for a
+    threshold :math:`\tau` in :math:`[0, 1]` and at least one summary."""
+    threshold = check_rate('threshold', threshold, high_inclusive=True)
+    g = gates(attn, mu)  # (n, L)
+    _check_some(g.size(0), 'gate_activity()')
+    return float((g.abs() > threshold).to(torch.float64).mean())
 
 
 @torch.no_grad()
@@ -94,8 +117,14 @@ def soft_effective_rank(matrix: Tensor, eps: float = 1e-12) -> float:
     r"""Soft effective rank :math:`\exp(-\sum_i p_i \log p_i)`, :math:`p_i = \sigma_i / \sum_j
     \sigma_j`, of a matrix's singular values; equals :math:`k` for :math:`k` equal non-zero
     singular values and 0 for the zero matrix. Singular values at most :obj:`eps` times the
-    largest count as zero (relative: a matrix of small entries keeps its rank). A matrix with
-    a NaN or infinite entry raises a :class:`ValueError` (an infinite one gave 1.0)."""
+    largest count as zero (relative: a matrix of small entries keeps its rank; :obj:`eps` in
+    :math:`[0, 1)`). A matrix with a NaN or infinite entry (an infinite one gave 1.0), or a
+    tensor that is not 2-D (a batch of matrices gave one rank of all their singular values),
+    raises a :class:`ValueError`."""
+    eps = check_rate('eps', eps)
+    if not isinstance(matrix, Tensor) or matrix.dim() != 2:
+        got = tuple(matrix.shape) if isinstance(matrix, Tensor) else type(matrix).__name__
+        raise ValueError(f'soft_effective_rank takes one matrix, a 2-D tensor (got {got})')
     if not bool(torch.isfinite(matrix).all()):
         raise ValueError('soft_effective_rank takes a matrix of finite entries (got NaN or inf: '
                          'the operators of a model that diverged?)')
@@ -112,8 +141,10 @@ def soft_effective_rank(matrix: Tensor, eps: float = 1e-12) -> float:
 @torch.no_grad()
 def operator_effective_rank(attn: MZAttention, mu: Tensor, readout: str = 'paper') -> float:
     r"""Soft effective rank of :math:`\{M(\mu_i) - \bar{M}\}_i` (rows flattened over heads;
-    :obj:`readout` as in :func:`operators`); at most :math:`L`."""
-    ops = operators(attn, mu, readout).reshape(mu.size(0), -1)  # (n, H dk^2)
+    :obj:`readout` as in :func:`operators`); at most :math:`L`, and 0 for a single summary."""
+    ops = operators(attn, mu, readout)  # (n, H, dk, dk)
+    _check_some(ops.size(0), 'operator_effective_rank()')
+    ops = ops.reshape(ops.size(0), -1)  # (n, H dk^2)
     return soft_effective_rank(ops - ops.mean(0, keepdim=True))
 
 
@@ -162,6 +193,7 @@ def collect_summaries(model: Module, batches: Iterable) -> Dict[str, Tensor]:
 def probe(model: Module, batches: Iterable, threshold: float = 0.1) -> Dict[str, dict]:
     r"""Per ``'mz'`` layer: gate activity, generator cosine matrix and norms, and the operator
     effective rank over the sets of :obj:`batches` (see the module docstring)."""
+    check_rate('threshold', threshold, high_inclusive=True)  # (before the model runs)
     summaries = collect_summaries(model, batches)
     modules = dict(model.named_modules())
     out = {}
