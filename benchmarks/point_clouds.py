@@ -227,8 +227,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         sizes[dataset] = dict(train=len(task.train), val=len(task.val), test=len(task.test))
         # the runs are kept under the folder read, resolved: a relative --root named another
         # folder from another working directory, whose runs --resume read as this data's.
-        # Runs kept under the root as given are read where that named one folder (no --root,
-        # or an absolute one), never under a relative one
+        # Runs kept under the root as given are read where that named one folder (an absolute
+        # --root; no --root named the default root of the environment it ran in, taken to be
+        # this one's), never under a relative one, and kept under the folder read from then on
         data = dict(dataset=dataset, root=roots[dataset], num_points=args.num_points,
                     sizes=sizes[dataset], **({'source': args.modelnet_source}
                                              if dataset == 'modelnet40' else

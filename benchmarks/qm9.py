@@ -173,8 +173,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return EXIT_ERROR
         # the runs are kept under the folder read, resolved: a relative --root named another
         # folder from another working directory, whose runs --resume read as this data's.
-        # Runs kept under the root as given are read where that named one folder (no --root,
-        # or an absolute one), never under a relative one
+        # Runs kept under the root as given are read where that named one folder (an absolute
+        # --root; no --root named the default root of the environment it ran in, taken to be
+        # this one's), never under a relative one, and kept under the folder read from then on
         data_root = osp.realpath(root or default_root('QM9'))
         data = dict(source=args.source, root=data_root, n_train=n_train, n_val=n_val,
                     n_test=n_test, split_seed=0)

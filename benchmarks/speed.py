@@ -188,13 +188,18 @@ def plot(rows, path):
 
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     r"""Refuses (argparse's usage error) what the types alone cannot: heads that do not divide
-    the width, fewer points than sets, ``cuda`` where there is none; resolves ``--device auto``."""
+    the width, fewer points than sets, a sigma whose set sizes cannot be drawn, ``cuda`` where
+    there is none; resolves ``--device auto``."""
     if args.dim % args.heads:
         parser.error(f'argument --heads: {args.heads} heads do not divide --dim {args.dim} '
                      f'(every head takes dim / heads channels)')
     if args.points < args.sets:
         parser.error(f'argument --points: {args.points} points cannot fill --sets {args.sets} '
                      f'sets (at least one point per set)')
+    try:  # (a sigma whose weights overflow was refused once the timings of a block had run)
+        skewed_sizes(args.sets, args.points, sigma=args.sigma)
+    except ValueError as e:
+        parser.error(f'argument --sigma: {e}')
     if args.device == 'auto':
         args.device = 'cuda' if torch.cuda.is_available() else 'cpu'
     elif args.device == 'cuda' and not torch.cuda.is_available():

@@ -42,6 +42,7 @@ def no_measuring(monkeypatch):
     (['--dim', '8', '--heads', '16'], ['--heads', '16 heads do not divide --dim 8']),
     (['--device', 'gpu'], ['--device', "'gpu'"]),
     (['--sigma', '-1'], ['--sigma', "'-1'"]),
+    (['--sigma', '1000'], ['--sigma', 'the weights overflow']),
     (['--points', '8', '--sets', '16'], ['--points', '8 points', '--sets 16']),
 ])
 def test_speed_refuses_mistakes_before_measuring(argv, needles, tmp_path, monkeypatch, capsys,

@@ -306,6 +306,10 @@ def test_qm9_resume_reads_runs_kept_under_the_root_as_given(qm9, qm9_root, tmp_p
     trained = _count_training(monkeypatch)
     assert qm9.main(argv + ['--resume']) == 0
     assert trained == ([] if read_back else ['deepsets'])
+    if read_back:  # kept under the folder read from then on, the file under the old key gone
+        (file, ) = (out / 'runs').iterdir()
+        assert json.loads(file.read_text())['identity']['run']['data']['root'] == osp.realpath(
+            qm9_root)
 
 
 @pytest.mark.filterwarnings('ignore:ModelNet40 .* skipped:UserWarning')  # the fixture's NaN shape

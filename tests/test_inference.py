@@ -446,3 +446,20 @@ def test_a_model_given_in_a_narrower_dtype_than_the_weights_is_warned_about(task
                                             hidden_channels=8).double())
         load_model(str(tmp_path / 'best.pt'),
                    model=build_model('deepsets', task.in_channels, 3, hidden_channels=8))
+
+
+def test_load_models_and_test_splits_warnings_name_their_callers_line(task, tmp_path):
+    # read once (load_model and load_test_split each a reader and a private part), the
+    # rounding warning named load_model's own line in torch_mz, not the caller's
+    from torch_mz.inference import TestSplitWarning, load_test_split
+    train_one(task, 'deepsets', 0, config(tmp_path, epochs=1), hidden_channels=8)
+    state = load_checkpoint(tmp_path / 'best.pt')
+    state['model'] = {k: v.double() if v.is_floating_point() else v
+                      for k, v in state['model'].items()}
+    for checkpoint in (state, str(tmp_path / 'best.pt')):
+        with pytest.warns(TestSplitWarning) as caught:
+            load_test_split(checkpoint, task_args=dict(split_set_sizes={'test': [6, 7]}))
+        assert {w.filename for w in caught} == {__file__}
+    with pytest.warns(UserWarning, match='wider dtype') as caught:
+        load_model(state, model=build_model('deepsets', task.in_channels, 3, hidden_channels=8))
+    assert {w.filename for w in caught} == {__file__}

@@ -62,12 +62,13 @@ def load_model(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
                         f'load_checkpoint() returned, got {type(checkpoint).__name__}')
     else:
         state, where = load_checkpoint(checkpoint), f'Checkpoint {os.fspath(checkpoint)!r}'
-    return _load_model(state, where, model)
+    return _load_model(state, where, model, stacklevel=3)
 
 
-def _load_model(state: Mapping[str, Any], where: str,
-                model: Optional[torch.nn.Module]) -> torch.nn.Module:
-    r""":func:`load_model` of a checkpoint read already (:obj:`where` names it in errors)."""
+def _load_model(state: Mapping[str, Any], where: str, model: Optional[torch.nn.Module],
+                stacklevel: int = 2) -> torch.nn.Module:
+    r""":func:`load_model` of a checkpoint read already (:obj:`where` names it in errors;
+    its warning of rounded weights is given at :obj:`stacklevel`)."""
     if model is None:
         model = _rebuild(state, where)
         # in the precision it was trained in (a model trained in float64 came back in float32:
@@ -78,7 +79,7 @@ def _load_model(state: Mapping[str, Any], where: str,
             model = model.to(dtypes.pop())
     else:
         check_built_as_recorded(state, model, where)
-        _warn_if_rounded(state.get('model') or {}, model, where)
+        _warn_if_rounded(state.get('model') or {}, model, where, stacklevel + 1)
     normalised = state.get('config', {}).get('normalize_targets', True)
     normalizer = (checkpoint_normalizer(state, where)  # (read first: a damaged one refused)
                   if state['task_type'] == 'regression' and normalised else None)
@@ -90,10 +91,12 @@ def _load_model(state: Mapping[str, Any], where: str,
     return model.eval()
 
 
-def _warn_if_rounded(weights: Mapping[str, Any], model: torch.nn.Module, where: str) -> None:
-    r"""A :class:`UserWarning` where a given :obj:`model` holds its floating-point parameters in
-    a narrower dtype than the checkpoint's weights, which ``load_state_dict`` rounds without a
-    word (float64 weights into a float32 model predict otherwise than the trained model)."""
+def _warn_if_rounded(weights: Mapping[str, Any], model: torch.nn.Module, where: str,
+                     stacklevel: int) -> None:
+    r"""A :class:`UserWarning` (at :obj:`stacklevel`) where a given :obj:`model` holds its
+    floating-point parameters in a narrower dtype than the checkpoint's weights, which
+    ``load_state_dict`` rounds without a word (float64 weights into a float32 model predict
+    otherwise than the trained model)."""
     own = {k: v.dtype for k, v in model.state_dict().items() if v.is_floating_point()}
     narrowed = sorted({(str(v.dtype), str(own[k])) for k, v in weights.items()
                        if isinstance(v, torch.Tensor) and v.is_floating_point() and k in own
@@ -104,7 +107,7 @@ def _warn_if_rounded(weights: Mapping[str, Any], model: torch.nn.Module, where: 
                       f'they are rounded, and the predictions differ from the trained model\'s; '
                       f'convert the model first (e.g. model.double()), or let '
                       f'load_model(checkpoint) rebuild it in its precision', UserWarning,
-                      stacklevel=3)
+                      stacklevel=stacklevel)
 
 
 def check_built_as_recorded(state: Mapping[str, Any], model: torch.nn.Module, where: str,

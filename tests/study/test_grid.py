@@ -407,11 +407,38 @@ def test_runs_kept_under_an_earlier_data_description_are_read_back(tmp_path):
     def task():
         raise AssertionError('trained: the run kept under the earlier description was not read')
 
-    (run, ) = train_models(task, ['deepsets'], 1, lambda spec, seed: config, store=store,
-                           data=new, legacy_data=old)
-    assert run['test'] == dict(r2=0.25)
     with pytest.raises(AssertionError, match='trained'):  # no earlier description: not read
         train_models(task, ['deepsets'], 1, lambda spec, seed: config, store=store, data=new)
     with pytest.raises(AssertionError, match='trained'):  # another one: not read either
         train_models(task, ['deepsets'], 1, lambda spec, seed: config, store=store, data=new,
                      legacy_data=dict(old, root='elsewhere'))
+    (run, ) = train_models(task, ['deepsets'], 1, lambda spec, seed: config, store=store,
+                           data=new, legacy_data=old)
+    assert run['test'] == dict(r2=0.25)
+
+
+def test_a_run_read_under_an_earlier_data_description_is_kept_under_the_new_one(tmp_path):
+    # read under the earlier description at every call, a run kept under a root that named its
+    # environment's folder (no --root: the default root, which $TORCH_MZ_DATA sets) was read
+    # as the data of every later environment; now the first read keeps it under the new one
+    from torch_mz.study import RunStore
+    config = TrainConfig(epochs=2, warmup_epochs=0, batch_size=8, progress=False)
+    store = RunStore(str(tmp_path))
+    old, new = dict(task='sum', root=None), dict(task='sum', root='/data/a/sum')
+    record = dict(model='deepsets', seed=0, params=1, epochs_run=2, wall_time_s=1.0,
+                  val=dict(loss=0.5), test=dict(r2=0.25))
+    store.put(dict(data=old, model='deepsets', options={}, seed=0), config, record)
+
+    def task():
+        raise AssertionError('trained')
+
+    def runs(data):
+        return train_models(task, ['deepsets'], 1, lambda spec, seed: config, store=store,
+                            data=data, legacy_data=old)
+    assert runs(new)[0]['test'] == dict(r2=0.25)
+    assert store.kept_runs() == 1  # (one file: the run under the new description)
+    (run, ) = train_models(task, ['deepsets'], 1, lambda spec, seed: config, store=store,
+                           data=new)
+    assert run['test'] == dict(r2=0.25)
+    with pytest.raises(AssertionError, match='trained'):  # another folder's data: trained
+        runs(dict(new, root='/data/b/sum'))

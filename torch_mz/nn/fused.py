@@ -264,8 +264,8 @@ def _run(name: str, fn, *args):
             out = fn(*args)
             _FAILED = True
             warnings.warn(f"torch_mz: compiling the fused kernels failed ({type(err).__name__}: "
-                          f"{str(err).splitlines()[0] if str(err) else ''}); using the eager "
-                          f"functions (TORCH_MZ_FUSED_KERNELS=0 does not try; "
+                          f"{str(err).splitlines()[0] if str(err) else ''}); running their formulas "
+                          f"uncompiled (TORCH_MZ_FUSED_KERNELS=0 does not try; "
                           f"set_fused_kernels tries again)", RuntimeWarning)
             return out
     return fn(*args)

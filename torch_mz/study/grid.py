@@ -3,6 +3,7 @@ of ``torch-mz compare`` and of the studies in ``benchmarks/``. Library code: no 
 import json
 import math
 import numbers
+import os
 import time
 import warnings
 from dataclasses import replace
@@ -243,8 +244,9 @@ def train_models(task: Any, models: Sequence[str], seeds: int,
         legacy_data (dict, optional): An earlier description of the same data (e.g. a data
             root as it was given, before :obj:`data` named it resolved): a run :obj:`store`
             kept under it, and not under :obj:`data`, is read back too, so that describing
-            the data anew does not train the finished runs again. Give it only where it names
-            this very data. (default: :obj:`None`)
+            the data anew does not train the finished runs again, and is kept under
+            :obj:`data` from then on (its file under the earlier description removed). Give it
+            only where it names this very data. (default: :obj:`None`)
         **labels: Entries added to every trained run's record.
 
     The specs are checked first (:func:`check_models`), before any data is built: an unknown
@@ -271,7 +273,15 @@ def train_models(task: Any, models: Sequence[str], seeds: int,
             if record is None and store is not None:
                 record = store.get(key, config)
                 if record is None and legacy_data is not None:  # (kept by an earlier version)
-                    record = store.get(dict(key, data=legacy_data), config)
+                    earlier = dict(key, data=legacy_data)
+                    record = store.get(earlier, config)
+                    if record is not None and store._path(earlier) != store._path(key):
+                        # kept under data from now on, the earlier file removed: read under the
+                        # earlier description at every call, a run kept under a root that named
+                        # its environment's folder (a script's default root, which
+                        # $TORCH_MZ_DATA sets) was read as every later environment's data
+                        store.put(key, config, record)
+                        os.remove(store._path(earlier))
                 if record is not None and 'diverged' in record and not record_diverged:
                     raise _stored_divergence(record, spec, seed)
             if record is None:
