@@ -58,7 +58,9 @@ committed). Two or more copies of the same command (one per core: ``OMP_NUM_THRE
 share the runs through file locks and each finishes the claims; a copy whose next runs another
 copy is training goes on with the other claims meanwhile, and waits only when every claim left
 is waiting. After each claim the script writes ``<out>/claims/<claim>.<budget>.json``,
-``summary.json``, ``summary.md`` and ``<claim>.<budget>.png`` and prints the files to commit.
+``summary.json``, ``summary.md`` and ``<claim>.<budget>.png`` and prints the files to commit;
+with ``--seeds`` other than the budget's count, ``<claim>.<budget>.seeds<N>.json`` and ``.png``
+beside the budget's (which it does not replace), both in the summary.
 
 In a job with a time limit (a cluster's, or a session's whose unfinished checkpoints will not
 survive it), ``--time-limit 2:50`` (or ``170``, minutes) starts or resumes a run only when 1.25
@@ -130,6 +132,17 @@ def duration(text):
     if not seconds > 0 or seconds == float('inf'):
         raise argparse.ArgumentTypeError(f'the time limit must be positive, got {text!r}')
     return seconds
+
+
+def other_seeds(seeds, budget, name):
+    r"""The ``--seeds`` of a run of claim :obj:`name` where they are not its :obj:`budget`'s own
+    count (the budget's, else the claim's paper count), else :obj:`None`: its claim file and
+    plot are written beside the budget's (``<claim>.<budget>.seeds<N>.json``), whose figures a
+    run with another seed count replaced. Table 30 trains nothing (its figures take no
+    seeds)."""
+    if seeds is None or name == 'table30':
+        return None
+    return None if seeds == (budget.seeds or CLAIMS[name].paper_seeds) else seeds
 
 
 def print_status(repro, claims, calibrate=False, say=print):
@@ -376,22 +389,23 @@ def _train(args, claims, budget, out) -> int:
               f'process left: ' + ', '.join(os.path.relpath(p) for p in tidied), flush=True)
 
     def finish(name, records):
+        seeds = other_seeds(args.seeds, budget, name)  # (beside the budget's files, not over)
+        png = f"{name}.{budget.name}{'' if seeds is None else f'.seeds{seeds}'}.png"
         if name != 'table30' and CLAIMS[name].evaluate is None:  # bars of test R²
-            note = try_plot(plot, CLAIMS[name], records, budget.name,
-                            os.path.join(out, f'{name}.{budget.name}.png'))
+            note = try_plot(plot, CLAIMS[name], records, budget.name, os.path.join(out, png))
             if note:
                 print(note)
         # under a lock: two processes finishing claims at once would otherwise write
         # summaries each missing the other's claim (read all claims, then write)
         with file_lock(os.path.join(out, 'claims', '.summary.lock')):
-            path = save_claim(out, name, budget.name, records)
+            path = save_claim(out, name, budget.name, records, seeds=seeds)
             write_summary(out, (time.time() - start) / 60)
             summary.append(True)
         for r in records:
             print(f"  {r['claim']}: paper {r['paper']['value']:+.3f}, ours "
                   f"{r['ours']['mean']:+.3f} ± {r['ours']['std']:.3f} -> {r['verdict']}")
         commit = [path, os.path.join(out, 'summary.json'), os.path.join(out, 'summary.md')]
-        commit += [os.path.join(out, f) for f in (f'{name}.{budget.name}.png',
+        commit += [os.path.join(out, f) for f in (png,
                                                   os.path.join('records', budget.name),
                                                   os.path.join('weights', budget.name),
                                                   os.path.join('runs', budget.name))

@@ -229,3 +229,48 @@ def test_a_damaged_table30_source_is_named_and_the_other_claims_run(tmp_path, mo
     err = capsys.readouterr().err
     assert code == 2 and ran == ['table1-protocol']
     assert 'table30 not run' in err and 'not valid JSON' in err and 'Traceback' not in err
+
+
+def test_a_run_with_other_seeds_writes_its_claim_beside_the_budgets(tmp_path, monkeypatch,
+                                                                     capsys):
+    # --seeds 3 wrote claims/<claim>.<budget>.json and <claim>.<budget>.png over the
+    # budget's own (the committed 2-seed figures gone, the file's name the same)
+    import json
+    import os
+    from tests._scripts import load_script
+    script = load_script('reproduce')
+    out = tmp_path / 'out'
+
+    def record(seeds, mean):
+        return dict(claim='table1-protocol L=16: R²(mz-1l) - R²(st-4l)',
+                    paper=dict(value=0.1, source='Table 1', text='Table 1'),
+                    ours=dict(mean=mean, std=0.01), verdict='inconclusive', budget='quick',
+                    n_train=128, seeds=seeds, command=f'--seeds {seeds}')
+
+    def run_claims(repro, claims, **kwargs):
+        for claim in claims:
+            seeds = repro.seeds or 2  # (the quick budget's)
+            yield claim, [record(seeds, 0.2 if seeds == 2 else 0.5)], None
+    monkeypatch.setattr(script, 'run_claims', run_claims)
+
+    def plot(claim, records, budget, path):  # (the bars' figure: the seeds it shows)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, 'w') as f:
+            f.write(str(records[0]['seeds']))
+    monkeypatch.setattr(script, 'plot', plot)
+    argv = ['--budget', 'quick', '--claims', 'table1-protocol', '--no-fused-kernels',
+            '--out', str(out)]
+    assert script.main(argv) == 0
+    claims = out / 'claims'
+    budgets = json.loads((claims / 'table1-protocol.quick.json').read_text())
+    assert script.main([*argv, '--seeds', '2']) == 0  # (the budget's count: its own file)
+    assert sorted(p.name for p in claims.glob('*.json')) == ['table1-protocol.quick.json']
+    assert script.main([*argv, '--seeds', '3']) == 0
+    assert json.loads((claims / 'table1-protocol.quick.json').read_text()) == budgets
+    assert (out / 'table1-protocol.quick.png').read_text() == '2'
+    beside = json.loads((claims / 'table1-protocol.quick.seeds3.json').read_text())
+    assert beside[0]['seeds'] == 3 and beside[0]['ours']['mean'] == 0.5
+    assert (out / 'table1-protocol.quick.seeds3.png').read_text() == '3'
+    summary = json.loads((out / 'summary.json').read_text())
+    assert [r['seeds'] for r in summary['records']] == [2, 3]  # both, the budget's first
+    assert 'table1-protocol.quick.seeds3.json' in capsys.readouterr().out  # (to commit)

@@ -1399,7 +1399,36 @@ def test_compare_records_the_dataset_folder_absolute(tmp_path, monkeypatch):
     assert _comparison_options(args)['root'] == str(tmp_path / 'data' / 'QM9')
     args = build_parser().parse_args(['compare', '--task', 'qm9', '--models', 'mz',
                                        '--epochs', '5'])
-    assert _comparison_options(args)['root'] is None  # (the default folder: left to resolve)
+    assert _comparison_options(args)['root'] is None  # (no data read yet: the folder read is
+    # recorded once they are, below)
+
+
+def test_compare_records_the_default_dataset_folder_it_read(scanobjectnn_root, tmp_path,
+                                                           capsys, monkeypatch):
+    # without --root, comparison.json recorded root null, not the folder read: a resume from
+    # another directory (an installed package reads ./datasets/<Name>) or with another
+    # $TORCH_MZ_DATA resolved the default again, to other data
+    monkeypatch.setenv('TORCH_MZ_DATA', str(tmp_path))  # (the fixture's folder: the default)
+    monkeypatch.chdir(tmp_path)
+    out = 'cmp'  # (relative: the resume below runs from elsewhere)
+    argv = ['compare', '--task', 'scanobjectnn', '--models', 'deepsets', '--out', out]
+    assert main([*argv, '--task-arg', 'num_points=16', '--n-train', '3', '--n-val', '1',
+                 '--n-test', '3', '--epochs', '1', '--batch-size', '2', '--seeds', '1',
+                 '--model-arg', 'hidden_channels=8', '--no-progress']) == 0
+    record = json.load(open(os.path.join(out, 'comparison.json')))
+    assert record['options']['root'] == os.path.abspath(scanobjectnn_root['root'])
+    # resumed from another directory, with no $TORCH_MZ_DATA: the folder recorded is read
+    monkeypatch.delenv('TORCH_MZ_DATA')
+    elsewhere = tmp_path / 'elsewhere'
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    capsys.readouterr()
+    assert main([*argv[:-1], str(tmp_path / out), '--resume', '--no-progress']) == 0, (
+        capsys.readouterr().err)
+    assert f"root={os.path.abspath(scanobjectnn_root['root'])}" in capsys.readouterr().out
+    assert os.listdir(elsewhere) == []  # (no datasets/ScanObjectNN made here)
+    payload = json.load(open(tmp_path / out / 'results.json'))
+    assert f"--root {os.path.abspath(scanobjectnn_root['root'])}" in payload['command']
 
 
 def _drop_comparison_options(out):

@@ -823,10 +823,14 @@ _RECORDED_FLAGS: Dict[str, Any] = dict(
     grad_clip=(int, float), patience=int, no_normalize=bool)
 
 
-def _comparison_options(args) -> Dict[str, Any]:
+def _comparison_options(args, task=None) -> Dict[str, Any]:
     r"""The options of the comparison :obj:`args` describes, every one filled in (the warm-up's
-    default resolved, the dataset folder made absolute), as ``comparison.json`` records them."""
+    default resolved, the dataset folder made absolute), as ``comparison.json`` records them;
+    with the :obj:`task` loaded, the folder a real dataset was read from where ``--root`` was
+    left out (:func:`_dataset_folder`)."""
     options: Dict[str, Any] = {flag: getattr(args, flag) for flag in _RECORDED_FLAGS}
+    if options['root'] is None and task is not None:  # (null: the default folder, which a
+        options['root'] = _dataset_folder(task)  # resume elsewhere resolved to other data)
     if options['root'] is not None:  # (a relative folder, read from another directory on
         options['root'] = os.path.abspath(options['root'])  # resume, named other data)
     if options['warmup_epochs'] is None:
@@ -834,6 +838,14 @@ def _comparison_options(args) -> Dict[str, Any]:
     return dict(task=args.task, **options, task_arg=list(args.task_arg or []),
                 model_arg=list(args.model_arg or []),
                 carried_config=dict(getattr(args, 'carried_config', {})))
+
+
+def _dataset_folder(task) -> Optional[str]:
+    r"""The folder the real dataset of :obj:`task` was read from (its ``root``: ``--root``, or
+    the default the dataset resolved, :func:`~torch_mz.datasets.default_root`), absolute;
+    :obj:`None` for a synthetic task, generated from its seed."""
+    root = getattr(getattr(task, 'test', None), 'root', None)
+    return os.path.abspath(root) if isinstance(root, str) else None
 
 
 def _recorded_items(options: Dict[str, Any], key: str, where: str) -> List[str]:
@@ -989,12 +1001,13 @@ def _takes_option(name: str, key: str, value: Any) -> bool:
     return True
 
 
-def _compare_command(args, out: str) -> str:
+def _compare_command(args, out: str, task=None) -> str:
     r"""The ``torch-mz compare`` command that trains the comparison :obj:`args` describes, once
-    every option is filled in (a resumed comparison's from its checkpoints): what a resumed
-    comparison's results record as their command."""
+    every option is filled in (a resumed comparison's from its checkpoints; the dataset folder
+    read, of the :obj:`task` loaded): what a resumed comparison's results record as their
+    command."""
     argv = ['compare', '--task', args.task, '--models', args.models, '--seeds', str(args.seeds)]
-    for flag, value in _comparison_options(args).items():  # (the flags comparison.json records)
+    for flag, value in _comparison_options(args, task).items():  # (as comparison.json has them)
         if flag in _RECORDED_FLAGS and value is not None and value is not False:
             name = f"--{flag.replace('_', '-')}"
             argv += [name] if value is True else [name, str(value)]
@@ -1151,7 +1164,7 @@ def cmd_compare(args) -> int:
     from torch_mz._files import atomic_write
     atomic_write(os.path.join(out, _COMPARISON),  # for a later --resume: the models, seeds and
                  lambda f: json.dump(dict(models=[m.spec for m in models], seeds=args.seeds,
-                                          options=_comparison_options(args)), f),
+                                          options=_comparison_options(args, task)), f),
                  binary=False)  # options (an interruption in the first epoch left no other)
     print(f'task {task.name}: {task.description} | train/val/test = '
           f'{len(task.train)}/{len(task.val)}/{len(task.test)} | d_in={task.in_channels} | '
@@ -1178,7 +1191,7 @@ def cmd_compare(args) -> int:
     table = summary_markdown(summary, task.task_type)
     # a resumed comparison: the command that trains it as it ran, every option filled in (the
     # command as typed, e.g. '--out x --resume', would start a default comparison elsewhere)
-    command = _compare_command(args, out) if args.resume else args.command_line
+    command = _compare_command(args, out, task) if args.resume else args.command_line
     resumed = dict(resumed_with=args.command_line) if args.resume else {}
     payload = dict(task=task.name, task_info=task.info, description=task.description,
                    sizes=dict(train=len(task.train), val=len(task.val), test=len(task.test)),

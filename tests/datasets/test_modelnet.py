@@ -186,6 +186,33 @@ def test_mesh_sampling_is_seeded_and_cached(modelnet_mesh_root, monkeypatch):
         ModelNet40(modelnet_mesh_root, num_points=32, log=False)  # another cache
 
 
+def test_a_mesh_cache_records_the_trimesh_version_and_names_another_one(modelnet_mesh_root,
+                                                                        modelnet_h5_root,
+                                                                        monkeypatch):
+    # the points are trimesh's samples of the meshes: the cache recorded no version, so one
+    # sampled by another trimesh was read without a word
+    import warnings
+    import trimesh
+    first = ModelNet40(modelnet_mesh_root, num_points=16, log=False)
+    stats_json = first.processed_paths[2]
+    stats = json.load(open(stats_json))
+    assert stats['parser_versions'] == {'trimesh': trimesh.__version__}
+    stats['parser_versions'] = {'trimesh': '3.9.0'}
+    json.dump(stats, open(stats_json, 'w'))
+    monkeypatch.setattr(ModelNet40, 'process', lambda self: pytest.fail('the cache must be used'))
+    with pytest.warns(UserWarning, match=r"made with trimesh 3\.9\.0 \(installed: "):
+        again = ModelNet40(modelnet_mesh_root, num_points=16, log=False)
+    assert all(torch.equal(a.pos, b.pos) for a, b in zip(first, again))
+    del stats['parser_versions']  # a cache built before the versions were recorded
+    json.dump(stats, open(stats_json, 'w'))
+    with warnings.catch_warnings():
+        warnings.simplefilter('error', UserWarning)
+        ModelNet40(modelnet_mesh_root, num_points=16, log=False)
+    monkeypatch.undo()  # the HDF5 release's points are read as they are: no version
+    h5 = ModelNet40(modelnet_h5_root['root'], source='hdf5', num_points=100, log=False)
+    assert 'parser_versions' not in h5.stats
+
+
 def test_mesh_labels_agree_with_pyg_modelnet(modelnet_mesh_root, tmp_path):
     from torch_geometric.datasets import ModelNet
     pyg_root = str(tmp_path / 'pyg')

@@ -436,6 +436,32 @@ def test_cache_of_another_processing_version_is_rebuilt(qm9_root, recorded, monk
     assert len(QM9(qm9_root, log=False)) == len(first)
 
 
+def test_the_cache_records_the_rdkit_version_and_names_another_one(qm9_root, monkeypatch):
+    # the charges (and, from qm9pack's coordinates, the bonds) are RDKit's: a cache recorded
+    # no version, so one built by another RDKit was read as this one's without a word
+    import rdkit
+    first = QM9(qm9_root, log=False)
+    _, stats_json = _sdf_cache(qm9_root)
+    stats = json.load(open(stats_json))
+    assert stats['parser_versions'] == {'rdkit': rdkit.__version__}
+    monkeypatch.setattr(QM9, 'process', lambda self: pytest.fail('the cache must be used'))
+    with warnings.catch_warnings():
+        warnings.simplefilter('error', UserWarning)
+        QM9(qm9_root, log=False)  # the same version: not a word
+    stats['parser_versions'] = {'rdkit': '2019.03.1'}
+    json.dump(stats, open(stats_json, 'w'))
+    with pytest.warns(UserWarning, match=rf"made with rdkit 2019\.03\.1 \(installed: "
+                      rf"{re.escape(rdkit.__version__)}\): they are used as they are.*"
+                      rf"force_reload=True"):
+        again = QM9(qm9_root, log=False)  # used as it is, not rebuilt
+    _same_dataset(again, first)
+    del stats['parser_versions']  # a cache built before the versions were recorded
+    json.dump(stats, open(stats_json, 'w'))
+    with warnings.catch_warnings():
+        warnings.simplefilter('error', UserWarning)
+        _same_dataset(QM9(qm9_root, log=False), first)
+
+
 def test_processed_file_with_a_changed_bit_is_rebuilt(qm9_root):
     first = QM9(qm9_root, log=False)
     data_pt, _ = _sdf_cache(qm9_root)

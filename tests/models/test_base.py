@@ -169,6 +169,27 @@ def test_a_width_mismatch_from_a_data_object_says_what_the_model_reads():
         model(data)
 
 
+def test_set_features_meet_in_the_wider_dtype():
+    # float64 features beside float32 coordinates were cast to float32 without a word (their
+    # digits lost); a float64 model then refused them as float32 input
+    from torch_mz.models.base import set_features
+    pos = torch.tensor([[0.5, -1.0], [2.0, 0.25]])  # (2, 2), float32
+    x = torch.tensor([[1 + 2 ** -40], [-3.0]], dtype=torch.float64)  # (2, 1): not a float32
+    features = set_features(Data(pos=pos, x=x))
+    assert features.dtype == torch.float64
+    assert torch.equal(features, torch.cat([pos.double(), x], dim=-1))
+    assert set_features(Data(pos=x.repeat(1, 2), x=pos)).dtype == torch.float64
+    # integer or boolean features take the coordinates' dtype (as before)
+    flags = set_features(Data(pos=pos, x=torch.tensor([[1], [0]])))
+    assert flags.dtype == torch.float32 and torch.equal(flags[:, 2], torch.tensor([1.0, 0.0]))
+    assert set_features(Data(pos=pos, x=torch.tensor([[True], [False]]))).dtype == torch.float32
+    # a float64 model reads them; a float32 one refuses them, naming the dtype
+    model = build_model('deepsets', 3, 2, hidden_channels=8)
+    with pytest.raises(ValueError, match=r"module's dtype torch.float32 \(got torch.float64\)"):
+        model(Data(pos=pos, x=x))
+    assert model.double()(Data(pos=pos, x=x)).prediction.dtype == torch.float64
+
+
 @pytest.mark.parametrize('name', [n for n in PRESETS if not n.startswith('egnn')])
 def test_tensors_without_batch_are_one_set_even_when_empty(name):
     # as a data object without batch (and EGNN): zero rows gave zero sets (no prediction) from

@@ -76,3 +76,20 @@ def test_d3_scores_the_kept_members_and_resumes(tmp_path, monkeypatch):
     fewer = d3_records(repro, claim, runs, 2, {})
     assert fewer[0]['ours']['seeds'] == 1 and 'seeds [3]' in fewer[0]['ours']['note']
     assert fewer[0]['verdict'] == 'inconclusive'
+
+
+def test_d3_epochs_leave_diverged_members_out_of_those_stopped_early(tmp_path):
+    # d3's records counted every run marked stopped early, diverged ones too (a record stored
+    # before 2026-12-04 marks a diverged run so), and gave no count of those that diverged,
+    # as the other claims' records do
+    spec = 'mz:dim=8,num_inducing=2,d_ff=8'
+    claim = Claim('d3', 'tiny D.3', (SUM, ), (spec, ), CLAIMS['d3'].comparisons[:1], members=2,
+                  evaluate=d3_records, keep_weights=True)
+    budget = Budget('tiny', 16, 8, 8, (16, 8, 8), 1, 1, None, 1, 8, ((1e-3, 1e-5), ))
+    repro = Reproduction(budget, str(tmp_path), device='cpu', sweep_cells={'sum': SUM})
+    records, runs = repro.run(claim)
+    assert len(runs) == 2 and records[0]['epochs_run'].get('diverged', 0) == 0
+    marked = [dict(runs[0], stopped_early=True, diverged='non-finite loss'),
+              dict(runs[1], stopped_early=True)]
+    epochs = d3_records(repro, claim, marked, 1, {})[0]['epochs_run']
+    assert (epochs['stopped_early'], epochs.get('diverged'), epochs['runs']) == (1, 1, 2)

@@ -22,7 +22,7 @@ from torch_geometric.data import Data, InMemoryDataset
 
 from torch_mz._files import (atomic_write, damaged_zip_member, file_lock,
                              remove_stale_temp_files, weights_only_load)
-from torch_mz._optional import require
+from torch_mz._optional import installed_version, require
 from torch_mz.datasets.fingerprint import (_describe, files_below, fingerprint_files,
                                            hashing_files, raw_files_differ)
 from torch_mz.datasets import splits as _splits
@@ -369,7 +369,13 @@ class ProcessedDataset(InMemoryDataset):
     - records the :attr:`processing_version` of the code that built it in ``stats.json``: a
       cache built by code of another version (or by a release that recorded none) is rebuilt
       from the raw files, with a warning, so that a fix to the processing (a check of the raw
-      files that was missing, a record read wrongly) reaches caches built before it.
+      files that was missing, a record read wrongly) reaches caches built before it;
+    - records the versions of the packages whose output it keeps (:meth:`parser_packages`:
+      QM9's RDKit, ModelNet40's trimesh) in ``stats.json`` as ``parser_versions``, and warns
+      when it is opened with other versions installed: it is used as it is (another release
+      may read or sample the raw files otherwise; ``force_reload=True`` rebuilds it with the
+      installed one). A cache that records none (built before they were recorded) loads
+      without a word.
 
     Subclasses call :meth:`open_cache` at the end of their constructor, implement
     :meth:`read_cache`, which loads the processed files into the dataset, write their data
@@ -498,6 +504,37 @@ class ProcessedDataset(InMemoryDataset):
             paths += files_below(path) if osp.isdir(path) else [path]
         return fingerprint_files(paths, self.raw_dir)
 
+    def parser_packages(self) -> Tuple[str, ...]:
+        r"""The optional packages whose output :meth:`process` keeps in the cache (a parser's
+        reading of the raw files, a sampler's points), whose versions ``stats.json`` records
+        (:meth:`_check_parser_versions`). Here none."""
+        return ()
+
+    def _parser_versions(self) -> Dict[str, str]:
+        versions = {name: installed_version(name) for name in self.parser_packages()}
+        return {name: v for name, v in versions.items() if v is not None}
+
+    def _check_parser_versions(self) -> None:
+        r"""Warns where the cache's ``stats.json`` records versions of the
+        :meth:`parser_packages` other than those installed: its data are what those made of the
+        raw files, used as they are (rebuilding them would change the data of runs that read
+        them; ``force_reload=True`` does). A cache that records none, or a package that is not
+        installed now, says nothing."""
+        stats = self._recorded_stats()
+        recorded = stats.get('parser_versions') if stats is not None else None
+        if not isinstance(recorded, dict):
+            return
+        changed = []
+        for name in self.parser_packages():
+            now = installed_version(name) if name in recorded else None
+            if now is not None and str(recorded[name]) != now:
+                changed.append(f'{name} {recorded[name]} (installed: {now})')
+        if changed:
+            warnings.warn(f"The processed files in '{self.processed_dir}' were made with "
+                          f"{', '.join(changed)}: they are used as they are, and may differ "
+                          f"from what the installed version makes of the raw files; pass "
+                          f"force_reload=True to rebuild them with it", stacklevel=3)
+
     def _markers(self) -> List[Tuple[str, Dict[str, Any]]]:
         return [(osp.join(self.processed_dir, 'pre_transform.pt'), _marker(self.pre_transform)),
                 (osp.join(self.processed_dir, 'pre_filter.pt'), _marker(self.pre_filter))]
@@ -550,6 +587,7 @@ class ProcessedDataset(InMemoryDataset):
             if not stale and self._raw_files_changed():
                 stale = True
             if not stale and complete:
+                self._check_parser_versions()  # (a warning: the cache is used as it is)
                 return
             self._rebuild()
 
@@ -646,6 +684,9 @@ class ProcessedDataset(InMemoryDataset):
             with hashing_files():
                 fingerprint = self.raw_fingerprint()
         stats['raw_files'] = fingerprint
+        versions = self._parser_versions()  # (RDKit's, trimesh's: what made the data kept)
+        if versions:
+            stats['parser_versions'] = versions
         # the transforms as given, described before process() ran them (one that keeps state,
         # a counter or a lazy cache, would otherwise be recorded as another in every process)
         markers = self._markers_before if self._markers_before is not None else self._markers()

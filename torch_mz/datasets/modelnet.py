@@ -453,6 +453,11 @@ class ModelNet40(TrainTestSets):
     def _label(self) -> str:
         return f'ModelNet40 ({self.source})'
 
+    def parser_packages(self) -> Tuple[str, ...]:
+        r"""trimesh for the meshes, whose surface it samples (the HDF5 release's points are
+        read as they are)."""
+        return ('trimesh', ) if self.source == 'mesh' else ()
+
     def _stats_header(self) -> Dict[str, object]:
         return {'source': self.source, 'num_points': self.num_points,
                 'normalize': self.normalize, 'seed': self.seed}

@@ -551,6 +551,11 @@ class QM9(ProcessedDataset):
         return {osp.basename(k): v
                 for k, v in fingerprint_files(self.raw_paths, content=True).items()}
 
+    def parser_packages(self) -> Tuple[str, ...]:
+        r"""RDKit (both sources): it reads the molecules (their bonds, for ``'qm9pack'``) and
+        computes the Gasteiger charges the cache keeps."""
+        return ('rdkit', )
+
     def download(self) -> None:
         if self.source == 'sdf':
             # the molecules are read with RDKit: a missing extra said so only after the

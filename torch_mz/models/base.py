@@ -47,7 +47,10 @@ def set_features(data) -> Tensor:
     ``pos`` and the element features ``x`` side by side, ``[pos, x]`` :math:`(N, D + F)`, or
     whichever of the two is present. Coordinates live in ``pos`` only, so
     :mod:`torch_geometric.transforms` that act on ``pos`` (``RandomRotate``, ``RandomJitter``,
-    ``NormalizeScale``, ``FixedPoints``, ...) reach every model."""
+    ``NormalizeScale``, ``FixedPoints``, ...) reach every model. The two meet in the wider of
+    their dtypes (:func:`torch.promote_types`): float64 features beside float32 coordinates give
+    float64 columns, which a float32 model refuses, naming the dtype, rather than features
+    rounded to float32 without a word; integer or boolean features take the coordinates'."""
     pos, x = getattr(data, 'pos', None), getattr(data, 'x', None)
     if pos is None and x is None:
         raise ValueError("Expected the batch to have coordinates 'pos' or node features 'x' "
@@ -60,7 +63,8 @@ def set_features(data) -> Tensor:
     if x.dim() != 2 or pos.dim() != 2 or x.size(0) != pos.size(0):
         raise ValueError(f"Expected 'pos' (N, D) and 'x' (N, F) with the same N (got "
                          f"{tuple(pos.shape)} and {tuple(x.shape)})")
-    return torch.cat([pos, x.to(pos.dtype)], dim=-1)  # (N, D + F)
+    dtype = torch.promote_types(pos.dtype, x.dtype)  # (x was cast to pos's: float64 rounded)
+    return torch.cat([pos.to(dtype), x.to(dtype)], dim=-1)  # (N, D + F)
 
 
 def batch_vector(data) -> Optional[Tensor]:

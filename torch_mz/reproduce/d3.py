@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Sequence
 import numpy as np
 
 from torch_mz.reproduce.claims import Claim, D3_PASSES
+from torch_mz.reproduce.store import epochs_figures
 from torch_mz.study.statistics import mean_or_nan, std_or_nan
 from torch_mz.reproduce.verdict import verdict
 
@@ -69,7 +70,6 @@ def d3_records(repro: 'Reproduction', claim: Claim, runs: Sequence[Mapping[str, 
                           seeds=len(member_r2))}
     methods = {m: {k: mean_or_nan([p[m][k] for p in per_seed])
                    for k in ('spearman', 'ece', 'nll', 'mse')} for m in METHODS}
-    epochs = [int(r['epochs_run']) for r in runs]
     enough = 'at least' if members[spec]['r2'] >= 0.8 else 'below'
     note = (f"members' test R² {members[spec]['r2']:.3f} ({enough} the 0.8 the comparison "
             f"asks for)"
@@ -87,9 +87,7 @@ def d3_records(repro: 'Reproduction', claim: Claim, runs: Sequence[Mapping[str, 
             ours=dict(mean=mean, std=spread, seeds=len(diffs), a=a, b=b, metric=metric,
                       models=members, methods=methods, note=note),
             budget=repro.budget.name, n_train=cell['kwargs']['n_train'],
-            epochs_run=dict(min=min(epochs, default=0), max=max(epochs, default=0),
-                            stopped_early=sum(bool(r['stopped_early']) for r in runs),
-                            runs=len(runs)),
+            epochs_run=epochs_figures(runs),  # (a diverged member: not stopped early)
             seeds=study_seeds, sweep=dict(sweep),
             verdict=verdict(comparison.paper, mean, spread, len(diffs)),
             command=repro.command('d3')))

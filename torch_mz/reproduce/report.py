@@ -5,7 +5,7 @@ import json
 import math
 import os
 import time
-from typing import Any, Dict, List, Mapping, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from torch_mz._files import atomic_write
 from torch_mz.reproduce.budgets import BUDGETS, SWEEP_STEP, sweep_verdicts, untried_neighbours
@@ -16,13 +16,19 @@ from torch_mz.study import (environment, markdown_table, plot_bars, pyplot, try_
 from torch_mz.study.plots import save_figure
 
 
-def claim_path(out: str, claim: str, budget: str) -> str:
-    r"""Where a finished claim's records are kept."""
-    return os.path.join(out, 'claims', f'{claim}.{budget}.json')
+def claim_path(out: str, claim: str, budget: str, seeds: Optional[int] = None) -> str:
+    r"""Where a finished claim's records are kept: ``claims/<claim>.<budget>.json``, or for a
+    claim run with :obj:`seeds` study seeds other than its budget's (``--seeds``),
+    ``claims/<claim>.<budget>.seeds<N>.json`` beside it (it replaced the budget's record)."""
+    tag = '' if seeds is None else f'.seeds{seeds}'
+    return os.path.join(out, 'claims', f'{claim}.{budget}{tag}.json')
 
 
-def save_claim(out: str, claim: str, budget: str, records: Sequence[Mapping]) -> str:
-    path = claim_path(out, claim, budget)
+def save_claim(out: str, claim: str, budget: str, records: Sequence[Mapping],
+               seeds: Optional[int] = None) -> str:
+    r"""Writes a finished claim's :obj:`records` to :func:`claim_path` (with :obj:`seeds`, a
+    seed count other than the budget's, beside the budget's own record); returns the path."""
+    path = claim_path(out, claim, budget, seeds)
     text = json.dumps(list(records), indent=1) + '\n'
     atomic_write(path, lambda f: f.write(text), binary=False)
     return path

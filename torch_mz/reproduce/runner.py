@@ -15,7 +15,7 @@ from torch_mz.train import (CheckpointError, TrainConfig, TrainingDiverged, Trai
                             stop_by)
 from torch_mz.reproduce.budgets import Budget, SWEEP_MAX_STEPS, TIME_MARGIN, sweep_extension
 from torch_mz.reproduce.claims import Claim, Comparison, GEOMETRIC_TASKS, SWEEP_CELLS
-from torch_mz.reproduce.store import RunStore, run_key
+from torch_mz.reproduce.store import RunStore, epochs_figures, run_key, stopped_early
 from torch_mz._checks import check_optional_count
 from torch_mz.study.statistics import mean_or_nan, std_or_nan
 from torch_mz.reproduce.verdict import verdict
@@ -629,8 +629,7 @@ class Reproduction:
                             r2=float(record.get('test', {}).get('r2', math.nan)),
                             epochs_run=int(record.get('epochs_run', 0)),
                             best_epoch=record.get('best_epoch'),
-                            stopped_early=bool(record.get('stopped_early', False))
-                            and 'diverged' not in record,  # (stored True before 2026-12-04)
+                            stopped_early=stopped_early(record),
                             diverged='diverged' in record,
                             paper=claim.paper_r2.get((cell['label'], spec)),
                             val_loss_curve=list(record.get('val_loss_curve') or [])))
@@ -788,18 +787,13 @@ class Reproduction:
         diffs = [r2[comparison.a][k] - r2[b][k] for k in common]
         mean, spread = mean_or_nan(diffs), std_or_nan(diffs, ddof=1)
         cell = next(c for c in claim.cells if c['label'] == comparison.cell)
-        epochs = [int(r['epochs_run']) for r in cell_runs]
         return dict(
             claim=f'{comparison.claim} {comparison.cell}: R²({comparison.a}) - R²({b})',
             paper=dict(value=comparison.paper, source=comparison.source, text=comparison.text),
             ours=dict(mean=mean, std=spread, seeds=len(diffs), a=comparison.a, b=b,
                       models=figures),
             budget=self.budget.name, n_train=self.sized(cell)['kwargs']['n_train'],
-            epochs_run=dict(min=min(epochs, default=0), max=max(epochs, default=0),
-                            stopped_early=sum(bool(r['stopped_early']) and 'diverged' not in r
-                                              for r in cell_runs),
-                            diverged=sum(bool(r.get('diverged')) for r in cell_runs),
-                            runs=len(cell_runs)),
+            epochs_run=epochs_figures(cell_runs),
             seeds=seeds, sweep=dict(sweep),
             verdict=verdict(comparison.paper, mean, spread, len(diffs),
                             levels=(figures[comparison.a]['r2'], figures[b]['r2'],

@@ -8,7 +8,7 @@ import os
 import shutil
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from torch_mz._files import atomic_write, file_lock
 from torch_mz.study.measure import code_version
@@ -389,6 +389,23 @@ def read_record(path: str) -> Dict[str, Any]:
 #: are empty).
 RECORD_FIELDS = {'key': dict, 'model': str, 'seed': int, 'epochs_run': int, 'val': dict,
                  'test': dict}
+
+
+def stopped_early(record: Mapping[str, Any]) -> bool:
+    r"""Whether early stopping ended the run of :obj:`record` (a run record, or a row that
+    says ``diverged`` true or false): not a diverged run, which a record stored before
+    2026-12-04 marks as stopped early too."""
+    return bool(record.get('stopped_early', False)) and not record.get('diverged')
+
+
+def epochs_figures(runs: Sequence[Mapping[str, Any]]) -> Dict[str, int]:
+    r"""The epochs the :obj:`runs` trained, as a claim record gives them: the fewest and the
+    most, how many runs early stopping ended (:func:`stopped_early`), how many diverged, and
+    how many runs there are."""
+    epochs = [int(r['epochs_run']) for r in runs]
+    return dict(min=min(epochs, default=0), max=max(epochs, default=0),
+                stopped_early=sum(stopped_early(r) for r in runs),
+                diverged=sum(bool(r.get('diverged')) for r in runs), runs=len(runs))
 
 
 def _digest(key: Mapping[str, Any]) -> str:
