@@ -16,7 +16,7 @@ import numpy as np
 
 from torch_mz.paper import TABLE1
 from torch_mz.study import (RunStore, check_grid, environment, int_list, markdown_table,
-                            positive_int, pyplot, run_grid, try_plot, write_report)
+                            positive_int, pyplot, replace_plot, run_grid, write_report)
 from torch_mz.study.plots import save_figure
 from torch_mz.study.budget import (Budget, add_budget_arguments, add_resume_argument,
                                    choose_budget, study_config)
@@ -106,15 +106,17 @@ def main():
                 for m in MODELS if row.get(f'{m} diverged')]
     if diverged:  # (their means are over the other seeds; NaN where every seed diverged)
         notes += f" Runs that diverged: {', '.join(diverged)}."
+    png = os.path.join(args.out, 'depth_separation.png')
+    note = replace_plot(png, plot, rows, png)  # (first: the report links it where drawn)
     write_report(args.out, 'depth_separation',
                  'Depth separation on the quadratic-TDOF target (paper Table 1)', environment(),
                  setup, table, dict(rows=rows, runs=runs), (time.time() - start) / 60,
-                 notes=notes)
-    note = try_plot(plot, rows, os.path.join(args.out, 'depth_separation.png'))
+                 notes=notes, plot=note is None,
+                 run_minutes=sum(r['wall_time_s'] for r in runs) / 60 if args.resume else None)
     if note:
         print(note)
     print(table)
-    print(f'wrote {args.out}/depth_separation.json, .md, .png')
+    print(f"wrote {args.out}/depth_separation.json, .md{'' if note else ', .png'}")
 
 
 if __name__ == '__main__':

@@ -21,7 +21,7 @@ import time
 
 from torch_mz.paper import TABLE7, TABLE7_CELLS
 from torch_mz.study import (RunStore, check_grid, choice_list, environment, markdown_table,
-                            plot_grid, run_grid, split_model_specs, try_plot, write_report)
+                            plot_grid, replace_plot, run_grid, split_model_specs, write_report)
 from torch_mz.study.budget import (Budget, add_budget_arguments, add_resume_argument,
                                    choose_budget, study_config)
 from torch_mz.study.statistics import winner
@@ -131,15 +131,18 @@ def main():
         notes = (f"The best model of a cell (or a tie within twice the seed spread that includes "
                  f"the paper's best) is the paper's on {len(same)} of {len(rows)} cells"
                  + (f"; it differs on {', '.join(differ)}." if differ else '.'))
+    png = os.path.join(args.out, 'equivariance.png')  # (first: the report links it where drawn)
+    note = replace_plot(png, plot_grid, rows, models, png, paper=PAPER,
+                        title='Table 7: test R² (bars: measured; ticks: paper)')
     write_report(args.out, 'equivariance', 'Equivariance versus context-adaptivity (paper Table 7)',
                  env, setup, table, dict(cells={c: CELLS[c] for c in cells}, rows=rows,
-                                         runs=runs), (time.time() - start) / 60, notes=notes)
-    note = try_plot(plot_grid, rows, models, os.path.join(args.out, 'equivariance.png'),
-                    paper=PAPER, title='Table 7: test R² (bars: measured; ticks: paper)')
+                                         runs=runs), (time.time() - start) / 60, notes=notes,
+                 plot=note is None,
+                 run_minutes=sum(r['wall_time_s'] for r in runs) / 60 if args.resume else None)
     if note:
         print(note)
     print(table)
-    print(f'wrote {args.out}/equivariance.json, .md, .png')
+    print(f"wrote {args.out}/equivariance.json, .md{'' if note else ', .png'}")
 
 
 if __name__ == '__main__':

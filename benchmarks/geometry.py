@@ -23,8 +23,8 @@ import time
 
 from torch_mz.paper import GEOMETRY, GEOMETRY_MODELS
 from torch_mz.study import (RunStore, check_grid, choice_list, environment, int_list,
-                            markdown_table, plot_grid, run_grid, split_model_specs, try_plot,
-                            write_report)
+                            markdown_table, plot_grid, replace_plot, run_grid,
+                            split_model_specs, write_report)
 from torch_mz.study.budget import (Budget, add_budget_arguments, add_resume_argument,
                                    choose_budget, study_config)
 from torch_mz.study.statistics import lead_over_best, winner
@@ -113,16 +113,18 @@ def main():
         ahead = [r['cell'] for r in rows if r['mz - best baseline'] > 0]
         notes += (f"\n`mz` is ahead of every baseline on {len(ahead)} of {len(rows)} cells"
                   f"{': ' + ', '.join(ahead) if ahead else ''}.\n")
+    png = os.path.join(args.out, 'geometry.png')  # (first: the report links it where drawn)
+    note = replace_plot(png, plot_grid, rows, models, png, paper=PAPER,
+                        title='Computational geometry: test R² (bars: measured; ticks: paper)')
     write_report(args.out, 'geometry', 'Computational geometry across dimensions '
                  '(paper Tables 3, 4, 17, 18)', env, setup, table,
                  dict(cells=grid, rows=rows, runs=runs), (time.time() - start) / 60,
-                 notes=notes)
-    note = try_plot(plot_grid, rows, models, os.path.join(args.out, 'geometry.png'), paper=PAPER,
-                    title='Computational geometry: test R² (bars: measured; ticks: paper)')
+                 notes=notes, plot=note is None,
+                 run_minutes=sum(r['wall_time_s'] for r in runs) / 60 if args.resume else None)
     if note:
         print(note)
     print(table)
-    print(f'wrote {args.out}/geometry.json, .md, .png')
+    print(f"wrote {args.out}/geometry.json, .md{'' if note else ', .png'}")
 
 
 if __name__ == '__main__':

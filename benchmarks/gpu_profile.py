@@ -37,7 +37,7 @@ import os
 import shlex
 import tempfile
 import time
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import numpy as np
 import torch
@@ -46,7 +46,7 @@ from torch_mz.study import (choice_list, count_flops, environment, int_list, mar
                             matmul_peak_flops, positive_int)
 from torch_mz._files import atomic_write
 from torch_mz.study.measure import time_call
-from torch_mz.study.plots import save_figure, try_plot
+from torch_mz.study.plots import replace_plot, save_figure
 from torch_mz.study.workloads import (MERGED, build_aggr, make_batch, preset_calls,
                                       random_graph)
 
@@ -206,7 +206,7 @@ COLS = ['workload', 'model', 'wall_ms', 'busy_ms', 'busy / wall', 'kernels', 'co
         'wall_us_per_kernel', 'gflop', 'pct_of_peak']
 
 
-def write(rows: List[dict], args, out: str, elapsed: float, peak: float) -> None:
+def write(rows: List[dict], args, out: str, elapsed: float, peak: float) -> Optional[str]:
     os.makedirs(out, exist_ok=True)
     command = 'python benchmarks/gpu_profile.py ' + ' '.join(
         f'--{k.replace("_", "-")} '
@@ -217,12 +217,13 @@ def write(rows: List[dict], args, out: str, elapsed: float, peak: float) -> None
     text = json.dumps(report, indent=1)  # serialised first: a failure writes nothing
     # (atomically: an interrupted write leaves the earlier results whole)
     atomic_write(os.path.join(out, NAME + '.json'), lambda f: f.write(text), binary=False)
-    write_report(report, out)
+    return write_report(report, out)
 
 
-def write_report(report: dict, out: str) -> None:
+def write_report(report: dict, out: str) -> Optional[str]:
     r"""``gpu_profile.{md,png}`` from the contents of ``gpu_profile.json`` (``--replot``
-    rebuilds them from the file alone, e.g. after a change of the figure)."""
+    rebuilds them from the file alone, e.g. after a change of the figure). Returns the note of
+    a plot not drawn (an earlier run's is removed then), else :obj:`None`."""
     rows, env, command = report['rows'], report['environment'], report['command']
     words = shlex.split(command)  # (--out's path quoted where it needs it)
     args = {w[2:]: v for w, v in zip(words, words[1:]) if w.startswith('--')}
@@ -247,7 +248,8 @@ def write_report(report: dict, out: str) -> None:
                   'earlier one here is removed).']
     text = '\n'.join(lines) + '\n'
     atomic_write(os.path.join(out, NAME + '.md'), lambda f: f.write(text), binary=False)
-    try_plot(plot, rows, os.path.join(out, NAME + '.png'))
+    png = os.path.join(out, NAME + '.png')
+    return replace_plot(png, plot, rows, png)
 
 
 def main():
@@ -280,8 +282,11 @@ def main():
         except ValueError as e:
             parser.error(f'argument --replot: {path} is not valid JSON ({e}); restore it or '
                          f'measure again')
-        write_report(report, args.out)
-        print(f'rebuilt {args.out}/{NAME}.{{md,png}} from {path}')
+        note = write_report(report, args.out)
+        if note:
+            print(note)
+        drawn = os.path.isfile(os.path.join(args.out, NAME + '.png'))
+        print(f"rebuilt {args.out}/{NAME}.{{md{',png' if drawn else ''}}} from {path}")
         return
     if args.device == 'cuda' and not torch.cuda.is_available():
         parser.error("argument --device: 'cuda' is not available here")
@@ -289,6 +294,7 @@ def main():
     start = time.time()
     peak = matmul_peak_flops(device=device)
     rows: List[dict] = []
+    note = None
     jobs = [('mp', a, n) for n in args.nodes for a in args.aggrs]
     jobs += [('pc', p, None) for p in args.presets]
     for kind, name, nodes in jobs:
@@ -306,9 +312,11 @@ def main():
                 torch.cuda.empty_cache()
         if rows:  # after every row: a cut-off run keeps what it measured (and a run whose rows
             # all failed so far leaves the earlier results as they were, not an empty report)
-            write(rows, args, args.out, time.time() - start, peak)
+            note = write(rows, args, args.out, time.time() - start, peak)
     if not rows:
         raise SystemExit(f'no row was measured; nothing written to {args.out}')
+    if note:
+        print(note)
     drawn = os.path.isfile(os.path.join(args.out, NAME + '.png'))
     print(f"wrote {args.out}/{NAME}.{{json,md{',png' if drawn else ''}}} in "
           f"{time.time() - start:.0f} s")

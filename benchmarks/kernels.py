@@ -36,8 +36,8 @@ import torch
 
 from torch_mz.nn import fused
 from torch_mz.nn.zonotope import _LayerNormJacobian
-from torch_mz.study import (environment, markdown_table, positive_int, pyplot, time_interleaved,
-                            try_plot, write_results)
+from torch_mz.study import (environment, markdown_table, positive_int, pyplot, replace_plot,
+                            time_interleaved, write_results)
 from torch_mz.study.plots import save_figure
 from torch_mz.study.report import check_out_folder
 
@@ -201,6 +201,8 @@ def main(argv=None):
     table = markdown_table(rows, ['operation', 'variant', 'median_ms', 'min_ms', 'max_ms',
                                   '/ eager', 'less copy_ms', 'max_rel_diff'])
     name = 'kernels'
+    png = os.path.join(args.out, f'{name}.png')  # (first: the report links it where drawn)
+    note = replace_plot(png, plot, rows, png)
     text = (f"# Generator kernels: eager against compiled\n\n"
             f"Command: `{env['command']}`  \n"
             f"{args.threads} thread(s), torch {env['torch']}, medians of {args.repeats} "
@@ -214,11 +216,10 @@ def main(argv=None):
             f"measurement once per process on rows of ({args.generators}, {args.width}), unless "
             f"`TORCH_MZ_TANH_KERNEL` fixed it: "
             f"{os.environ.get('TORCH_MZ_TANH_KERNEL', 'unset')}): the generator "
-            f"feed-forward's tanh runs {'the compiled kernel' if auto_tanh else 'ATen'}'s."
-            f"\n\n![plot]({name}.png)\n")
+            f"feed-forward's tanh runs {'the compiled kernel' if auto_tanh else 'ATen'}'s.\n"
+            + ('' if note else f"\n![plot]({name}.png)\n"))
     write_results(args.out, name, dict(environment=env, config=vars(args), rows=rows,
                                        auto_tanh_kernel=auto_tanh), text)
-    note = try_plot(plot, rows, os.path.join(args.out, f'{name}.png'))
     if note:
         print(note)
     print(f"auto mode's tanh here: {'compiled kernel' if auto_tanh else 'ATen'}")

@@ -63,7 +63,7 @@ from torch_mz.nn import set_fused_kernels
 from torch_mz.nn import functional
 from torch_mz.nn.functional import clear_layout_cache
 from torch_mz.study import (choice_list, environment, int_list, markdown_table, positive_float,
-                            positive_int, pyplot, try_plot, write_results)
+                            positive_int, pyplot, replace_plot, write_results)
 # the graphs and aggregations of message_passing.py, the batch and presets of training_step.py
 from torch_mz.study import workloads
 from torch_mz.study.plots import save_figure
@@ -335,6 +335,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     fits = slopes(rows)
     env = environment()
     minutes = (time.time() - start) / 60
+    png = os.path.join(args.out, f'{NAME}.png')  # (first: the report links it where drawn)
+    note = replace_plot(png, plot, rows, png)
     markdown = (f'# Operations dispatched by one SAGEConv forward + backward\n\n'
                 f"Command: `{env['command']}`  \n"
                 f"torch {env['torch']}, torch_geometric {env['torch_geometric']}; "
@@ -355,14 +357,13 @@ def main(argv: Optional[List[str]] = None) -> None:
                                         'kernels_new_graph', 'syncs_new_graph',
                                         'ops_infer', 'kernels_infer', 'syncs_infer',
                                         'kernels_per_1k_edges', 'top_kernels'])
-                + f'\n![plot]({NAME}.png)\n')
+                + ('' if note else f'\n![plot]({NAME}.png)\n'))
     write_results(args.out, NAME, dict(environment=env, config=vars(args), minutes=minutes,
                                        rows=rows, slopes=fits), markdown)
-    note = try_plot(plot, rows, os.path.join(args.out, f'{NAME}.png'))
     if note:
         print(note)
     print(markdown_table(fits, ['aggr', 'kernel_slope', 'largest_over_smallest']))
-    print(f'wrote {args.out}/{NAME}.json, .md, .png')
+    print(f"wrote {args.out}/{NAME}.json, .md{'' if note else ', .png'}")
 
 
 if __name__ == '__main__':

@@ -137,7 +137,7 @@ import torch
 from torch_mz.runtime import keep_freed_memory
 from torch_mz.study import (MeasurementFailed, choice_list, environment, in_fresh_process,
                             int_list, markdown_table, nonnegative_int, peak_memory_bytes,
-                            positive_float, positive_int, pyplot, time_call, try_plot,
+                            positive_float, positive_int, pyplot, replace_plot, time_call,
                             write_results)
 from torch_mz.study.plots import save_figure
 from torch_mz.study.workloads import (AGGRS, DEGREES, MERGED, build_aggr, fit_slope,
@@ -471,12 +471,14 @@ ROW_COLS = ['degrees', 'dim', 'nodes', 'edges', 'max_degree', 'conv', 'aggr', 'm
 
 
 def write_report(args: argparse.Namespace, env: dict, rows: List[dict], planned: int,
-                 minutes: float, earlier_minutes: float = 0.0, kept: int = 0) -> List[dict]:
+                 minutes: float, earlier_minutes: float = 0.0, kept: int = 0,
+                 plot: bool = False) -> List[dict]:
     r"""Writes ``<out>/message_passing.{json,md}`` from :obj:`rows` (of :obj:`planned`);
     while fewer, ``<out>/message_passing.partial.{json,md}`` instead, marked partial
     (``complete: false``, a line ``partial: N of M rows measured``), which the complete report
     removes; :obj:`minutes` in all, :obj:`earlier_minutes` of them in the run resumed, whose
-    :obj:`kept` rows (``--resume``) the ratios' heading counts. Returns the ratios."""
+    :obj:`kept` rows (``--resume``) the ratios' heading counts. The report links
+    ``message_passing.png`` where :obj:`plot` says this run drew it. Returns the ratios."""
     ratios, slopes = summarise(rows, args)
     complete = len(rows) >= planned
     partial = '' if complete else (
@@ -528,7 +530,7 @@ def write_report(args: argparse.Namespace, env: dict, rows: List[dict], planned:
                 + markdown_table(slopes, ['degrees', 'dim', 'aggr', 'time_slope',
                                           'memory_slope'])
                 + '\n## All measurements\n\n' + markdown_table(rows, ROW_COLS)
-                + f'\n![plot]({NAME}.png)\n')
+                + (f'\n![plot]({NAME}.png)\n' if plot else ''))
     write_results(args.out, NAME if complete else PARTIAL,
                   dict(environment=env, config=vars(args), minutes=minutes, complete=complete,
                        planned_rows=planned, rows=rows, ratios=ratios, slopes=slopes),
@@ -654,7 +656,8 @@ def main():
     start = time.time()
     # the rows' threads (each row sets them in its process), not this process's
     env = dict(environment(), threads=args.threads)
-    rows, reused = [], 0
+    rows, reused, note = [], 0, None
+    png = os.path.join(args.out, f'{NAME}.png')
     for cfg in cfgs:
         earlier_row = next((r for r in kept if measured(r, cfg)), None)
         reused += earlier_row is not None
@@ -667,16 +670,18 @@ def main():
         rows.append(row)
         print(row_line(row, kept=earlier_row is not None), flush=True)
         earlier = earlier_minutes if reused else 0.0
+        complete = len(rows) == len(cfgs)  # (then the plot first: the report links it if drawn)
+        note = replace_plot(png, plot, rows, png) if complete else None
         ratios = write_report(args, env, rows, len(cfgs),
-                              earlier + (time.time() - start) / 60, earlier, kept=reused)
+                              earlier + (time.time() - start) / 60, earlier, kept=reused,
+                              plot=complete and note is None)
     if args.resume:
         print(f'{reused} of {len(cfgs)} rows kept from the earlier report, '
               f'{len(cfgs) - reused} measured', flush=True)
-    note = try_plot(plot, rows, os.path.join(args.out, f'{NAME}.png'))
     if note:
         print(note)
     print(markdown_table(ratios, RATIO_COLS))
-    print(f'wrote {args.out}/{NAME}.json, .md, .png')
+    print(f"wrote {args.out}/{NAME}.json, .md{'' if note else ', .png'}")
 
 
 if __name__ == '__main__':

@@ -30,9 +30,9 @@ from torch_mz.datasets.common import default_root
 from torch_mz.datasets.modelnet import HDF5_FOLDER, MODELNET40_URL, modelnet40_raw_files
 from torch_mz.datasets.scanobjectnn import (SCANOBJECTNN_PAGE, SCANOBJECTNN_VARIANTS,
                                            scanobjectnn_file, scanobjectnn_raw_files)
-from torch_mz.study import (RunStore, check_models, environment, markdown_table, plot_bars,
-                            positive_int, split_model_specs, summarize, train_models, try_plot,
-                            write_report)
+from torch_mz.study import (SPREAD_NOTE, RunStore, check_models, environment, markdown_table,
+                            plot_bars, positive_int, replace_plot, split_model_specs, summarize,
+                            train_models, write_report)
 from torch_mz.study.budget import (Budget, add_budget_arguments, add_resume_argument,
                                    choose_budget, study_config)
 from torch_mz.tasks import load_task
@@ -187,8 +187,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     budget = choose_budget(args, QUICK, FULL)
     datasets = list(DATASETS) if args.dataset == 'both' else [args.dataset]
     models = split_model_specs(args.models)  # ('hypernet:rank=4,dim=64' is one spec)
-    if not models:
-        print('point_clouds.py: error: --models names no model', file=sys.stderr)
+    # an option of a dataset not read was ignored without a word, and --root '' read as no
+    # --root (the default folder)
+    unread = [f"--{flag} {value} is an option of {FOLDERS[dataset]}; --dataset {args.dataset} "
+              f"does not read it: drop --{flag}"
+              for flag, value, default, dataset in (
+                  ('modelnet-source', args.modelnet_source, 'mesh', 'modelnet40'),
+                  ('variant', args.variant, 'OBJ_BG', 'scanobjectnn'))
+              if value != default and dataset not in datasets]
+    mistake = ('--root is empty: name the dataset folder (or leave --root out for the default)'
+               if args.root == '' else unread[0] if unread else
+               '--models names no model' if not models else None)
+    if mistake:
+        print(f'point_clouds.py: error: {mistake}', file=sys.stderr)
         return EXIT_ERROR
     try:  # unknown presets and repeated ones (read as more seeds) before any data is read
         check_models(models)
@@ -277,19 +288,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     table = markdown_table(cells, ['dataset', 'model', 'params', 'seeds', 'test accuracy (%)',
                                    'paper (%)', 'min/run'])
     lines = verdict(rows, list(tasks))
+    png = osp.join(args.out, 'point_clouds.png')  # (first: the report links it where drawn)
+    note = replace_plot(png, plot, rows, list(tasks), models, png)
     write_report(args.out, 'point_clouds', 'Point-cloud classification (paper Table 2, Tasks C '
                  'and E)', env, setup,
                  'Every model gets the same sets, augmentation, budget and schedule. Paper: '
                  f'{PAPER_SETUP}; where the budgets differ, compare the ranking of the models '
-                 f'rather than the absolute accuracies.\n\n{table}',
+                 f"rather than the absolute accuracies.\n\n{table}\n{SPREAD_NOTE} The paper's "
+                 f'± is the spread it reports.',
                  dict(paper_setup=PAPER_SETUP, rows=rows, runs=runs), minutes,
-                 notes='## Against the paper\n\n' + '\n'.join(lines))
-    note = try_plot(plot, rows, list(tasks), models, osp.join(args.out, 'point_clouds.png'))
+                 notes='## Against the paper\n\n' + '\n'.join(lines), plot=note is None,
+                 run_minutes=sum(r['wall_time_s'] for r in runs) / 60 if args.resume else None)
     if note:
         print(note)
     print(table)
     print('\n'.join(lines))
-    print(f'wrote {args.out}/point_clouds.json, .md, .png')
+    print(f"wrote {args.out}/point_clouds.json, .md{'' if note else ', .png'}")
     return 0
 
 

@@ -30,9 +30,9 @@ from typing import Dict, List, Optional, Sequence
 from torch_mz.datasets.common import default_root
 from torch_mz.datasets.qm9 import QM9_RAW_URL, QM9_TARGETS, QM9_UNCHARACTERIZED_URL, QM9_UNITS
 from torch_mz.paper import TABLE28
-from torch_mz.study import (RunStore, check_models, environment, markdown_table, plot_bars,
-                            positive_int, split_model_specs, summarize, train_models, try_plot,
-                            write_report)
+from torch_mz.study import (SPREAD_NOTE, RunStore, check_models, environment, markdown_table,
+                            plot_bars, positive_int, replace_plot, split_model_specs, summarize,
+                            train_models, write_report)
 from torch_mz.study.budget import (Budget, add_budget_arguments, add_resume_argument,
                                    choose_budget, study_config)
 from torch_mz.study.statistics import lead_over_best
@@ -135,6 +135,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     targets = [t.strip() for t in targets]
     unknown = [t for t in targets if t not in QM9_TARGETS]
     mistake = (f'unknown targets {unknown} (targets: {list(QM9_TARGETS)})' if unknown else
+               # ('' read as no --root: the default folder, without a word)
+               '--root is empty: name the dataset folder (or leave --root out for the default)'
+               if args.root == '' else
                '--models names no model' if not models else
                f'--targets names a target twice ({args.targets})'
                if len(set(targets)) != len(targets) else None)
@@ -221,19 +224,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
              + ('\n'.join(lines) if lines else '(no mz run or no attention baseline)')
              + ('\n\nOne seed per model: no spread over seeds is measured, so differences of '
                 'a few hundredths of R² may be seed noise.' if seeds == 1 else ''))
+    png = osp.join(args.out, 'qm9.png')  # (first: the report links it where drawn)
+    note = replace_plot(png, plot, rows, targets, models, png)
     write_report(args.out, 'qm9', 'QM9 property regression, several targets (paper Table 28)',
                  env, setup,
                  'Every model gets the same molecules (split seed 0), budget, cosine schedule '
                  f'with warm-up and target standardisation. Paper: {PAPER_SETUP}. The budgets '
                  'differ, so absolute R² values are not comparable with the paper; the relations '
-                 f'between models are.\n\n{table}',
-                 dict(paper_setup=PAPER_SETUP, rows=rows, runs=runs), minutes, notes=notes)
-    note = try_plot(plot, rows, targets, models, osp.join(args.out, 'qm9.png'))
+                 f'between models are.\n\n{table}\n{SPREAD_NOTE}',
+                 dict(paper_setup=PAPER_SETUP, rows=rows, runs=runs), minutes, notes=notes,
+                 plot=note is None,
+                 run_minutes=sum(r['wall_time_s'] for r in runs) / 60 if args.resume else None)
     if note:
         print(note)
     print(table)
     print('\n'.join(lines))
-    print(f'wrote {args.out}/qm9.json, .md, .png')
+    print(f"wrote {args.out}/qm9.json, .md{'' if note else ', .png'}")
     return 0
 
 

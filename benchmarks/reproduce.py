@@ -99,7 +99,7 @@ from torch_mz.train.runtime import resolve_device
 from torch_mz.nn import set_fused_kernels
 from torch_mz.runtime import keep_freed_memory
 from torch_mz._files import atomic_write, file_lock
-from torch_mz.study import environment, positive_int, try_plot
+from torch_mz.study import environment, positive_int, replace_plot
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, 'results')
@@ -392,7 +392,9 @@ def _train(args, claims, budget, out) -> int:
         seeds = other_seeds(args.seeds, budget, name)  # (beside the budget's files, not over)
         png = f"{name}.{budget.name}{'' if seeds is None else f'.seeds{seeds}'}.png"
         if name != 'table30' and CLAIMS[name].evaluate is None:  # bars of test R²
-            note = try_plot(plot, CLAIMS[name], records, budget.name, os.path.join(out, png))
+            # summary.md links every figure in out: where none is drawn, an earlier run's goes
+            drawn = os.path.join(out, png)
+            note = replace_plot(drawn, plot, CLAIMS[name], records, budget.name, drawn)
             if note:
                 print(note)
         # under a lock: two processes finishing claims at once would otherwise write

@@ -20,13 +20,14 @@ group: at lr 3e-4 several models stop near R^2 0.5, the attention models' best p
     python benchmarks/rotation_matching_features.py           # ~1 min on 1 thread, trains nothing
     python benchmarks/rotation_matching_features.py --quick   # smoke run, 200 training sets
 
-Writes ``benchmarks/results/rotation_matching/features.json``, ``features.md`` and
-``features.png``.
+Writes ``benchmarks/results/rotation_matching/features.json``, ``features.md`` and, where
+matplotlib is installed, ``features.png``.
 """
 import argparse
 import glob
 import math
 import os
+import shlex
 import time
 
 import numpy as np
@@ -38,7 +39,8 @@ from torch_mz.reproduce.budgets import BUDGETS
 from torch_mz.reproduce.claims import SWEEP_CELLS
 from torch_mz.reproduce.store import read_record
 from torch_mz import geometry
-from torch_mz.study import environment, markdown_table, positive_int, write_report
+from torch_mz.study import (environment, markdown_table, positive_int, pyplot, replace_plot,
+                            write_report)
 from torch_mz.study.plots import save_figure
 from torch_mz.tasks import load_task
 from torch_mz.study.report import check_out_folder
@@ -180,9 +182,9 @@ def sweep_points(records):
 
 
 def plot(path, fits, sweep):
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
+    r"""The cubic fits' test R² as bars, each model's chosen point and lr-3e-4 runs as marks, on
+    an axis from 0 (or below the lowest R² drawn, where one is negative) to 1."""
+    plt = pyplot()
     labels = list(fits)
     fig, ax = plt.subplots(figsize=(8, 0.45 * (len(labels) + len(sweep)) + 1.2))
     for i, label in enumerate(labels):
@@ -195,7 +197,12 @@ def plot(path, fits, sweep):
     names = labels + [f'{m} (sweep run)' for m in sorted(sweep)]
     ax.set_yticks(range(len(names)), names)
     ax.invert_yaxis()
-    ax.set_xlim(0, 1)
+    drawn = [f['cubic'] for f in fits.values()] + [
+        p['test_r2'] for e in sweep.values() for p in [e['chosen']] + e['plateau']]
+    low = min([0.0] + [v for v in drawn if math.isfinite(v)])  # (a negative R² was cut off)
+    ax.set_xlim(low - 0.05 * (1.0 - low) if low < 0 else 0.0, 1.0)
+    if low < 0:
+        ax.axvline(0.0, color='black', linewidth=0.8)
     ax.set_xlabel('test R^2: bars, cubic fits on moments (orange: with the set size n); '
                   'o, a model\'s chosen point; x, its runs at lr 3e-4', fontsize=8)
     ax.set_title('Rotation matching, un-aligned, d = 8', fontsize=10)
@@ -297,12 +304,20 @@ def main(argv=None):
     setup = dict(n_train=n_train, n_val=n_val, n_test=n_test, data_seed=0, **CELL['kwargs'],
                  replication_sets=len(sets))
     text = notes(fits, sweep, gaps, args.records, len(sets))
+    env = environment()
+    if argv is not None:  # (called from Python: the arguments given, not the caller's)
+        env['command'] = shlex.join(['python', 'benchmarks/rotation_matching_features.py']
+                                    + list(argv))
+    png = os.path.join(args.out, 'features.png')  # (first: the report links it where drawn)
+    note = replace_plot(png, plot, png, fits, sweep)
     write_report(args.out, 'features', 'Rotation matching (un-aligned, d = 8): what the sweep\'s '
-                 'models reach against per-set moments', environment(), setup, table,
-                 dict(fits=fits, replication_gap=gaps, sweep=sweep), minutes, notes=text)
-    plot(os.path.join(args.out, 'features.png'), fits, sweep)
+                 'models reach against per-set moments', env, setup, table,
+                 dict(fits=fits, replication_gap=gaps, sweep=sweep), minutes, notes=text,
+                 plot=note is None)
     print(table + text)
-    print(f'wrote {args.out}/features.json, features.md, features.png')
+    if note:
+        print(note)
+    print(f"wrote {args.out}/features.json, features.md{'' if note else ', features.png'}")
 
 
 if __name__ == '__main__':

@@ -27,7 +27,7 @@ import torch
 
 from torch_mz.nn import MZAggregation
 from torch_mz.study import (environment, in_fresh_process, markdown_table, nonnegative_int,
-                            peak_memory_bytes, positive_int, pyplot, time_call, try_plot,
+                            peak_memory_bytes, positive_int, pyplot, replace_plot, time_call,
                             write_results)
 from torch_mz.study.plots import save_figure
 
@@ -158,6 +158,8 @@ def main():
     table = markdown_table(rows, ['points', 'sets', 'median_s', 'us_per_point', 'peak_mib'])
     name = results_name(args.model, args.set_size, args.in_channels, args.quick,
                         chunk_size=args.chunk_size, repeats=args.repeats, threads=args.threads)
+    png = os.path.join(args.out, f'{name}.png')  # (first: the report links it where drawn)
+    note = replace_plot(png, plot, rows, args.model, args.set_size, slope, png)
     write_results(args.out, name,
                   dict(environment=env, config=vars(args), rows=rows, loglog_slope=slope),
                   f'# Inference scaling of MZAggregation ({args.model}), sets of {args.set_size} '
@@ -165,9 +167,7 @@ def main():
                   f'Command: `{env["command"]}`  \n'
                   f'{env["threads"]} threads, torch '
                   f'{env["torch"]}\n\n{table}\nSlope of log(time) against log(points): '
-                  f'{slope:.3f}\n\n![plot]({name}.png)\n')
-    note = try_plot(plot, rows, args.model, args.set_size, slope,
-                    os.path.join(args.out, f'{name}.png'))
+                  f'{slope:.3f}\n' + ('' if note else f'\n![plot]({name}.png)\n'))
     if note:
         print(note)
     print(table)

@@ -12,19 +12,24 @@ the key-set size), same budget, schedule and target normalisation.
     python benchmarks/set_size_generalisation.py --quick --seeds 2 --n-train 64 --n-test 32 \
         --epochs 2                                         # a smoke run (under a minute)
 
-With several seeds the table gives the mean ± std over seeds (one seed: the value alone).
+With several seeds the table gives the mean ± std over seeds (one seed: the value alone). A run
+whose training diverges is recorded as diverged (no test figures), left out of the means (NaN
+where every seed of a configuration diverged) and named below the table; the other runs go on,
+as in the other studies (``train_models(record_diverged=True)``).
 """
 import argparse
 import os
 import time
+import warnings
 
 from torch_mz.models import build_model, count_parameters
-from torch_mz.study import environment, markdown_table, positive_int, pyplot, try_plot, write_report
+from torch_mz.study import (environment, markdown_table, positive_int, pyplot, replace_plot,
+                            write_report)
 from torch_mz.study.plots import save_figure
 from torch_mz.study.budget import Budget, add_budget_arguments, choose_budget, study_config
-from torch_mz.study.statistics import mean_std
+from torch_mz.study.statistics import mean_or_nan, std_or_nan
 from torch_mz.tasks import load_task
-from torch_mz.train import Trainer, seed_everything
+from torch_mz.train import Trainer, TrainingDiverged, seed_everything
 from torch_mz.study.report import check_out_folder
 
 TEST_SIZES = ((10, 30), (30, 50), (50, 80), (80, 120))
@@ -59,17 +64,17 @@ def name_of(model, log_n):
 
 def table_rows(results, seeds):
     r"""One row per test range of :data:`TEST_SIZES`: each configuration's mean test R² over
-    seeds (:obj:`results` maps ``(name, range)`` to the seeds' R²), with several seeds also its
-    standard deviation (``'<name> std'``), and the paper's figures."""
+    seeds (:obj:`results` maps ``(name, range)`` to the R² of the seeds that did not diverge;
+    NaN where none), with several seeds also its (population) standard deviation
+    (``'<name> std'``), and the paper's figures."""
     rows = []
     for rng in TEST_SIZES:
         row = dict(test_sizes=f'{rng[0]}-{rng[1]}')
         for model_name, log_n in CONFIGS:
             name = name_of(model_name, log_n)
-            mean, std = mean_std(results[(name, rng)])
-            row[name] = mean
+            row[name] = mean_or_nan(results.get((name, rng), []))
             if seeds > 1:
-                row[f'{name} std'] = std
+                row[f'{name} std'] = std_or_nan(results.get((name, rng), []))
         row['paper ST'], row['paper MZ'] = PAPER[rng]
         rows.append(row)
     return rows
@@ -128,7 +133,14 @@ def main():
             model = build_model(model_name, base.in_channels, base.out_channels, log_n=log_n)
             config = study_config(budget, device=args.device, seed=seed)
             trainer = Trainer(model, config, task_type='regression')
-            trainer.fit(base.train, base.val)
+            try:
+                trainer.fit(base.train, base.val)
+            except TrainingDiverged as e:  # (it ended the study with a traceback)
+                warnings.warn(f'{name} seed {seed} diverged ({e}): recorded with no test '
+                              f'figures (R² NaN), the other runs go on')
+                runs.append(dict(model=name, seed=seed, params=None, diverged=str(e)))
+                print(f'{name:14s} seed {seed}: diverged ({e})', flush=True)
+                continue
             for rng in TEST_SIZES:
                 metrics = trainer.evaluate(tasks[rng].test)
                 results.setdefault((name, rng), []).append(metrics['r2'])
@@ -145,12 +157,17 @@ def main():
     table = markdown_table(shown(rows, seeds), columns)
     spread = (f'Values: mean ± std (population) of the test R² over {seeds} seeds. '
               if seeds > 1 else '')
+    diverged = [f"{r['model']} seed {r['seed']}" for r in runs if 'diverged' in r]
+    if diverged:  # (their configurations' means are over the other seeds; NaN where none)
+        spread += (f"Runs that diverged (left out of the means; NaN where every seed did): "
+                   f"{', '.join(diverged)}. ")
+    png = os.path.join(args.out, 'set_size_generalisation.png')  # (first: linked where drawn)
+    note = replace_plot(png, plot, rows, png)
     write_report(args.out, 'set_size_generalisation',
                  'Set-size generalisation (paper Table 16): test R², trained on sizes 10-30', env,
                  setup, table, dict(rows=rows, runs=runs), (time.time() - start) / 60,
                  notes=spread + "The paper's Table 16 does not name the task it was measured "
-                       'on; its ST and MZ R² are listed for reference only.')
-    note = try_plot(plot, rows, os.path.join(args.out, 'set_size_generalisation.png'))
+                       'on; its ST and MZ R² are listed for reference only.', plot=note is None)
     if note:
         print(note)
     print(table)

@@ -40,7 +40,7 @@ from torch_mz.nn import FlatSetTransformerAggregation, MZAggregation, MZAttentio
 from torch_mz.study import (choice_list, count_flops, environment, in_fresh_process,
                             markdown_table, matmul_peak_flops, nonnegative_float,
                             peak_memory_bytes, positive_int, pyplot, skewed_sizes,
-                            time_interleaved, try_plot, uniform_sizes, write_results)
+                            replace_plot, time_interleaved, uniform_sizes, write_results)
 from torch_mz.study.plots import save_figure
 
 MODELS = ('pyg', 'pyg-flat', 'rigid', 'rigid-zono', 'mz')
@@ -290,6 +290,8 @@ def main():
                    if any(c in r for r in ratios)]
     if args.memory:
         ratio_cols += ['pyg-flat/pyg memory', 'rigid/pyg memory']
+    png = os.path.join(args.out, 'speed.png')  # (first: the report links it where drawn)
+    note = replace_plot(png, plot, rows, png)
     markdown = (f"# Forward+backward speed, {args.sets} sets, {args.points} points, "
                 f"d={args.dim}, {args.heads} heads ({args.device})\n\n"
                 f"Command: `{env['command']}`  \n"
@@ -298,15 +300,15 @@ def main():
                 f"float32 matmul peak {peak:.1f} GFLOP/s (2048 x 2048). FLOPs are those of matrix "
                 f"products and attention kernels counted by torch's FlopCounterMode "
                 f"(forward + backward).\n\n"
-                + markdown_table(rows, columns) + '\n' + markdown_table(ratios, ratio_cols))
+                + markdown_table(rows, columns) + '\n' + markdown_table(ratios, ratio_cols)
+                + ('' if note else '\n![plot](speed.png)\n'))
     write_results(args.out, 'speed', dict(environment=env, config=vars(args),
                                           matmul_peak_gflop_per_s=peak, rows=rows,
                                           ratios=ratios), markdown)
-    note = try_plot(plot, rows, os.path.join(args.out, 'speed.png'))
     if note:
         print(note)
     print(markdown_table(ratios, ratio_cols))
-    print(f"wrote {args.out}/speed.json, speed.md, speed.png")
+    print(f"wrote {args.out}/speed.json, speed.md{'' if note else ', speed.png'}")
 
 
 if __name__ == '__main__':

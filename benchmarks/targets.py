@@ -850,9 +850,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     text = markdown(records, data, command)
     rel = os.path.relpath(args.results, args.out)
     text = text.replace('](', f']({rel}/') if rel != '.' else text
-    from torch_mz.study.plots import try_plot
+    from torch_mz.study.plots import replace_plot
     from torch_mz.study.report import write_results
-    note = try_plot(plot, records, os.path.join(args.out, 'targets.png'))
+    png = os.path.join(args.out, 'targets.png')  # (linked where drawn; an earlier one removed)
+    note = replace_plot(png, plot, records, png)
     if note is None:
         text += '\n![targets](targets.png)\n'
     else:

@@ -66,7 +66,8 @@ from torch_mz.nn import set_fused_kernels, tanh_kernel_faster
 from torch_mz.runtime import keep_freed_memory
 from torch_mz.study import (MeasurementFailed, count_flops, environment, in_fresh_process,
                             markdown_table, matmul_peak_flops, positive_float, positive_int,
-                            process_peak_rss_bytes, pyplot, time_call, try_plot, write_results)
+                            process_peak_rss_bytes, pyplot, replace_plot, time_call,
+                            write_results)
 from torch_mz.study.plots import save_figure
 from torch_mz.study.traffic import count_bytes, memory_bandwidth
 from torch_mz.study.workloads import build, make_batch, preset_calls
@@ -434,6 +435,8 @@ def main():
                        f'ratio to `rigid` (`rigid+keep`, or the `rigid` row with the same '
                        f'suffixes) within each round, the spread a slow spell of the host '
                        f'leaves.')
+    png = os.path.join(args.out, 'training_step.png')  # (first: the report links it if drawn)
+    note = replace_plot(png, plot, rows, png)
     markdown = (f'# Training step and inference, {args.clouds} clouds x {args.points} points, '
                 f'40 classes\n\n'
                 f"Command: `{env['command']}`  \n"
@@ -476,15 +479,14 @@ def main():
                 f"nothing. Each row ran in a fresh process; "
                 f"peak_rss_mib is that process's peak resident set."
                 f"\n\n" + markdown_table(shown, cols)
-                + '\n![plot](training_step.png)\n')
+                + ('' if note else '\n![plot](training_step.png)\n'))
     write_results(args.out, 'training_step',
                   dict(environment=env, config=vars(args), minutes=minutes,
                        matmul_peak_gflop_per_s=peak, memory_bandwidth_gb_per_s=bandwidth,
                        rows=rows), markdown)
-    note = try_plot(plot, rows, os.path.join(args.out, 'training_step.png'))
     if note:
         print(note)
-    print(f'wrote {args.out}/training_step.json, .md, .png')
+    print(f"wrote {args.out}/training_step.json, .md{'' if note else ', .png'}")
 
 
 if __name__ == '__main__':

@@ -43,8 +43,8 @@ import torch
 from torch_mz.datasets import TASKS as SYNTHETIC_TASKS
 from torch_mz.models import build_model, count_parameters
 from torch_mz.options import parse_key_values
-from torch_mz.study import (environment, markdown_table, positive_int, pyplot, time_call,
-                            try_plot, write_report)
+from torch_mz.study import (environment, markdown_table, positive_int, pyplot, replace_plot,
+                            time_call, write_report)
 from torch_mz.study.plots import save_figure
 from torch_mz.study.budget import Budget, add_budget_arguments, choose_budget, study_config
 from torch_mz.study.statistics import mean_std, paired_gap, resolved_ordering
@@ -449,21 +449,27 @@ def target_std_of(task) -> float:
 def write_study(out, record):
     r"""Writes ``uncertainty.{json,md,png}`` in :obj:`out` from :obj:`record` (the environment,
     setup, summary, runs, verdict lines, minutes and test target std of one study); the
-    paper's figures are added. A note where the plot could not be drawn, else ``None``."""
+    paper's figures are added. A note where the plot could not be drawn (the report links none,
+    and an earlier run's is removed), else ``None``."""
     setup, runs = record['setup'], record['runs']
     t = tables(runs, record['summary'])
     title = ('Uncertainty calibration on '
              + ('set matching' if setup['task'] == 'chamfer' else f"`{setup['task']}`")
              + ' (paper Appendix D.3, Tables 19-21)')
-    write_report(out, 'uncertainty', title, record['environment'], setup,
-                 report_body(t, record['verdicts'], setup['task'], record['target_std'],
-                             setup['study_seeds'], setup['ensemble_members'],
-                             setup['mc_passes'], setup['timing_sets']),
-                 dict(summary=record['summary'], runs=runs,
-                      paper=dict(table19=PAPER_T19, table20=PAPER_T20, table21=PAPER_T21),
-                      verdicts=record['verdicts'], target_std=record['target_std']),
-                 record['minutes'])
-    return try_plot(plot, runs, os.path.join(out, 'uncertainty.png'))
+    body = report_body(t, record['verdicts'], setup['task'], record['target_std'],
+                       setup['study_seeds'], setup['ensemble_members'], setup['mc_passes'],
+                       setup['timing_sets'])
+    payload = dict(summary=record['summary'], runs=runs,
+                   paper=dict(table19=PAPER_T19, table20=PAPER_T20, table21=PAPER_T21),
+                   verdicts=record['verdicts'], target_std=record['target_std'])
+    env, minutes = record['environment'], record['minutes']
+    # the plot after the record is read (a record missing a field leaves the earlier files as
+    # they were) and before the report, which links it where it was drawn
+    png = os.path.join(out, 'uncertainty.png')
+    note = replace_plot(png, plot, runs, png)
+    write_report(out, 'uncertainty', title, env, setup, body, payload, minutes,
+                 plot=note is None)
+    return note
 
 
 def replot(recorded, out):
@@ -530,10 +536,12 @@ def main():
             parser.error(f'argument --replot: {path} is not valid JSON ({e}); restore it or '
                          'run the study again')
         try:
-            replot(recorded, args.out)
+            note = replot(recorded, args.out)
         except (KeyError, ValueError) as e:
             parser.error(f'argument --replot: {path} is not a record of this study ({e!r})')
-        print(f'rebuilt {args.out}/uncertainty.{{md,png}} from {path}')
+        if note:
+            print(note)
+        print(f"rebuilt {args.out}/uncertainty.{{md{'' if note else ',png'}}} from {path}")
         return
     problem = check_out_folder(args.out)  # (before anything runs: a folder it cannot write)
     if problem:
@@ -586,7 +594,7 @@ def main():
     print(t['t21'])
     for line in lines:
         print('-', line)
-    print(f'{minutes:.1f} min; wrote {args.out}/uncertainty.json, .md, .png')
+    print(f"{minutes:.1f} min; wrote {args.out}/uncertainty.json, .md{'' if note else ', .png'}")
 
 
 if __name__ == '__main__':

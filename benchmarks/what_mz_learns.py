@@ -9,11 +9,16 @@ seed, same probe sets) as a control for what training changed.
 
     python benchmarks/what_mz_learns.py --quick      # L in {4, 8, 16}, 1 seed, small budget
     python benchmarks/what_mz_learns.py              # L in {4, 8, 16, 32}, 3 seeds, paper budget
+
+A run whose training diverges is recorded as diverged (its initialisation is still probed) and
+left out of the trained figures, as the other studies leave such runs out of their means; an L
+whose every seed diverged has no trained figures, and no verdict rests on it.
 """
 import argparse
 import math
 import os
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -22,11 +27,11 @@ from torch_geometric.loader import DataLoader
 from torch_mz import analysis
 from torch_mz.models import build_model
 from torch_mz.study import (environment, int_list, markdown_table, nonnegative_float,
-                            positive_int, pyplot, try_plot, write_report)
+                            positive_int, pyplot, replace_plot, write_report)
 from torch_mz.study.plots import save_figure
 from torch_mz.study.budget import Budget, add_budget_arguments, choose_budget, study_config
 from torch_mz.tasks import load_task
-from torch_mz.train import seed_everything, train
+from torch_mz.train import TrainingDiverged, seed_everything, train
 from torch_mz.study.report import check_out_folder
 
 # Section 5.4 / Appendix D.1 of the paper (Figure 4): the one number it gives, and its claims.
@@ -94,23 +99,29 @@ KEYS = ('gate_activity', 'gate_activity_strong', 'mean_abs_gate',
 
 
 def aggregate(runs, L: int, state: str) -> dict:
-    r"""Mean over layers, then mean and std over seeds, of each quantity for (L, state)."""
-    picked = [r for r in runs if r['L'] == L and r['state'] == state]
-    row = dict(L=L, state=state, seeds=len(picked))
+    r"""Mean over layers, then mean and std over seeds, of each quantity for (L, state); runs
+    that diverged are left out (counted in ``diverged``; NaN figures where every seed did)."""
+    every = [r for r in runs if r['L'] == L and r['state'] == state]
+    picked = [r for r in every if 'diverged' not in r]
+    row = dict(L=L, state=state, seeds=len(picked), diverged=len(every) - len(picked))
     r2 = [r['test_r2'] for r in picked if r['test_r2'] is not None]
     row['test r2'] = float(np.mean(r2)) if r2 else None
     row['test r2 std'] = float(np.std(r2)) if r2 else None
     for key in KEYS:
         per_seed = [np.mean([layer[key] for layer in r['layers'].values()]) for r in picked]
-        row[key] = float(np.mean(per_seed))
-        row[key + ' std'] = float(np.std(per_seed))
-    row['chance_abs_cos'] = next(iter(picked[0]['layers'].values()))['chance_abs_cos']
+        row[key] = float(np.mean(per_seed)) if per_seed else math.nan
+        row[key + ' std'] = float(np.std(per_seed)) if per_seed else math.nan
+    probed = next(r for r in runs if r['L'] == L and 'diverged' not in r)  # (init: always)
+    row['chance_abs_cos'] = next(iter(probed['layers'].values()))['chance_abs_cos']
     return row
 
 
 def per_layer_rows(runs, L: int, state: str):
-    r"""Mean over seeds of each quantity, one row per layer."""
-    picked = [r for r in runs if r['L'] == L and r['state'] == state]
+    r"""Mean over seeds of each quantity, one row per layer (none where every seed of
+    :obj:`L` diverged)."""
+    picked = [r for r in runs if r['L'] == L and r['state'] == state and 'diverged' not in r]
+    if not picked:
+        return []
     rows = []
     for name in picked[0]['layers']:
         row = dict(L=L, layer=name.replace('body.', '').replace('.attn', ''))
@@ -132,9 +143,11 @@ def _also_at_init(holds_trained: bool, holds_init: bool) -> str:
 
 def verdicts(rows, tdof: int, threshold: float):
     r"""Plain statements of agreement with the paper's three claims, from the aggregated rows,
-    each checked on the untrained control too."""
-    trained = {r['L']: r for r in rows if r['state'] == 'trained'}
+    each checked on the untrained control too (an L whose every seed diverged is left out)."""
+    trained = {r['L']: r for r in rows if r['state'] == 'trained' and r['seeds']}
     init = {r['L']: r for r in rows if r['state'] == 'init'}
+    if not trained:
+        return ['No verdict: every run diverged.']
     out = []
 
     def ortho(side):
@@ -239,7 +252,8 @@ def plot(rows, runs, tdof: int, path: str):
     ax.set_ylabel('soft effective rank of {M(mu_i) - mean M}')
     ax.legend(fontsize=7)
     for ax, state in zip(axes[1:], ('trained', 'init')):
-        run = next((r for r in runs if r['L'] == 8 and r['state'] == state), None)
+        run = next((r for r in runs if r['L'] == 8 and r['state'] == state
+                    and 'diverged' not in r), None)
         if run is None:
             ax.axis('off')
             continue
@@ -302,8 +316,16 @@ def main():
             runs.append(dict(L=L, seed=seed, state='init', test_r2=None,
                              layers=probe_model(model, loader, args.threshold)))
             config = study_config(budget, device=args.device, seed=seed)
-            result = train(model, task.train, task.val, task.test, config=config,
-                           task_type=task.task_type)
+            try:
+                result = train(model, task.train, task.val, task.test, config=config,
+                               task_type=task.task_type)
+            except TrainingDiverged as e:  # (it ended the study with a traceback)
+                warnings.warn(f'L={L} seed {seed} diverged ({e}): recorded, left out of the '
+                              f'trained figures; the other runs go on')
+                runs.append(dict(L=L, seed=seed, state='trained', test_r2=None, diverged=str(e),
+                                 layers={}))
+                print(f'L={L:2d} seed {seed}: diverged ({e})', flush=True)
+                continue
             layers = probe_model(model, loader, args.threshold)
             runs.append(dict(L=L, seed=seed, state='trained', test_r2=result.test_metrics['r2'],
                              best_epoch=result.best_epoch, layers=layers))
@@ -326,9 +348,15 @@ def main():
                'generator_norm_spread', 'generator_norm_over_center', 'effective_rank',
                'effective_rank std', 'effective_rank_over_L']
     table = markdown_table(rows, columns)
-    layer_table = markdown_table(layer_rows, list(layer_rows[0]))
+    layer_table = (markdown_table(layer_rows, list(layer_rows[0])) if layer_rows else
+                   '(every run diverged)\n')
     seeds_note = (f'mean over the six MZ layers, then mean over {seeds} seeds (std over seeds)'
                   if seeds > 1 else 'mean over the six MZ layers, one seed (no std over seeds)')
+    diverged = [f"L={r['L']} seed {r['seed']}" for r in runs if 'diverged' in r]
+    if diverged:  # (left out of the trained rows; an L with none left has no verdict)
+        seeds_note += f"; runs that diverged, left out of the trained rows: {', '.join(diverged)}"
+    png = os.path.join(args.out, 'what_mz_learns.png')  # (first: the report links it if drawn)
+    note = replace_plot(png, plot, rows, runs, args.tdof, png)
     body = (f"Model: preset `mz` (d = 64, H = 4, d_k = 16, n_g = 8, 2 ISAB + PMA + 1 SAB: six "
             f"`value='mz'` attention layers) with `num_matrix_generators=L`, trained on "
             f"`quadratic-tdof` with d = {args.d}, TDOF = {args.tdof}. Each model is probed with "
@@ -351,7 +379,8 @@ def main():
             f"## Summary ({seeds_note})\n\n{table}\n"
             f"Mean |cosine| of two random directions in operator space: "
             f"{rows[0]['chance_abs_cos']:.3f}.\n\n"
-            f"![effective rank vs L; generator cosine at L=8](what_mz_learns.png)\n\n"
+            + ('' if note else
+               "![effective rank vs L; generator cosine at L=8](what_mz_learns.png)\n\n") +
             f"## Agreement with the paper\n\nPaper: {'; '.join(PAPER_CLAIMS)}.\n\n" +
             ''.join(f'- {n}\n' for n in notes) +
             f"\nTest R² has no exact paper counterpart (Table 1 reports the one-layer `mz-1l` "
@@ -363,12 +392,11 @@ def main():
                  dict(paper=dict(gate_activity_L8=PAPER_GATE_ACTIVITY_L8, claims=PAPER_CLAIMS),
                       rows=rows, per_layer=layer_rows, verdicts=notes, runs=runs), minutes,
                  plot=False)
-    note = try_plot(plot, rows, runs, args.tdof, os.path.join(args.out, 'what_mz_learns.png'))
     if note:
         print(note)
     print(table)
     print('\n'.join(notes))
-    print(f'wrote {args.out}/what_mz_learns.json, .md, .png')
+    print(f"wrote {args.out}/what_mz_learns.json, .md{'' if note else ', .png'}")
 
 
 if __name__ == '__main__':

@@ -50,3 +50,26 @@ def usage_error(name: str, argv, monkeypatch, capsys, *needles) -> str:
     for needle in needles:
         assert needle in err, err
     return err
+
+
+def without_matplotlib(monkeypatch) -> None:
+    r"""Within the test, every import of matplotlib fails, as where it is not installed (the
+    ``plot`` extra): a script's own ``import matplotlib`` and ``torch_mz``'s
+    :func:`~torch_mz.study.pyplot` alike."""
+    import builtins
+    import importlib
+    real_import, real_module = builtins.__import__, importlib.import_module
+
+    def refuse(name):
+        if name.split('.')[0] == 'matplotlib':
+            raise ImportError(f"No module named '{name}'")
+
+    def import_(name, *args, **kwargs):
+        refuse(name)
+        return real_import(name, *args, **kwargs)
+
+    def import_module(name, package=None):
+        refuse(name)
+        return real_module(name, package)
+    monkeypatch.setattr(builtins, '__import__', import_)
+    monkeypatch.setattr(importlib, 'import_module', import_module)

@@ -11,7 +11,7 @@ import shutil
 import numpy as np
 import pytest
 
-from tests._scripts import BENCHMARKS, load_script, run_script, usage_error
+from tests._scripts import BENCHMARKS, load_script, run_script, usage_error, without_matplotlib
 
 RESULTS = os.path.join(BENCHMARKS, 'results')
 
@@ -217,6 +217,51 @@ def test_rotation_features_read_a_diverged_sweep_run(tmp_path, monkeypatch, no_t
     assert 'end at 0.550-0.550 in their' in text  # (the diverged run's NaN left out)
 
 
+def test_rotation_features_without_matplotlib_write_their_results(tmp_path, monkeypatch,
+                                                                   no_training):
+    # it imported matplotlib itself: without it the script ended with an ImportError once the
+    # JSON and the Markdown were written, and the Markdown linked features.png all the same (an
+    # earlier run's, left there)
+    records = tmp_path / 'records'
+    _record(records, 'rigid', 3e-4, 0.5, 0.55)
+    out = tmp_path / 'out'
+    out.mkdir()
+    (out / 'features.png').write_bytes(b'an earlier run')
+    without_matplotlib(monkeypatch)
+    argv = SMALL_FEATURES + ['--records', str(records), '--out', str(out)]
+    assert run_script('rotation_matching_features', argv, monkeypatch) == 0
+    assert json.loads((out / 'features.json').read_text())['sweep']['rigid']
+    assert 'features.png' not in (out / 'features.md').read_text()
+    assert not (out / 'features.png').exists()
+
+
+def test_rotation_features_record_their_arguments_and_draw_a_negative_r2(tmp_path, monkeypatch,
+                                                                         no_training):
+    # main(argv) recorded the caller's sys.argv as its command, and the plot's axis stopped at
+    # R² = 0: a model at R² -0.4 was drawn off the figure
+    pytest.importorskip('matplotlib')  # (its figure: the [plot] extra)
+    study = load_script('rotation_matching_features')
+    records = tmp_path / 'records'
+    _record(records, 'rigid', 3e-4, 0.5, -0.4)
+    limits = []
+    real = study.save_figure
+
+    def save(fig, path, **kwargs):
+        limits.append(fig.axes[0].get_xlim())
+        real(fig, path, **kwargs)
+
+    monkeypatch.setattr(study, 'save_figure', save)
+    monkeypatch.setattr('sys.argv', ['pytest', '-k', 'something else'])
+    argv = SMALL_FEATURES + ['--records', str(records), '--out', str(tmp_path / 'out')]
+    study.main(argv)
+    text = (tmp_path / 'out' / 'features.md').read_text()
+    assert ('Command: `python benchmarks/rotation_matching_features.py '
+            + ' '.join(argv) + '`') in text
+    assert 'something else' not in text
+    low, high = limits[0]
+    assert low < -0.4 and high == 1.0
+
+
 def test_rotation_features_fit_an_exact_function_exactly():
     study = load_script('rotation_matching_features')
     rng = np.random.default_rng(0)
@@ -305,6 +350,31 @@ def test_what_mz_learns_refuses_bad_options(argv, needles, tmp_path, monkeypatch
     assert not os.listdir(tmp_path)
 
 
+def test_what_mz_learns_records_a_diverged_run(tmp_path, monkeypatch, capsys):
+    # one diverged run ended the study with a traceback; it is recorded, left out of the
+    # trained figures, and an L whose every seed diverged carries no verdict; without
+    # matplotlib the report linked an earlier run's figure, left there
+    _diverges_at(monkeypatch, {1})  # the second L's one seed
+    without_matplotlib(monkeypatch)
+    (tmp_path / 'what_mz_learns.png').write_bytes(b'an earlier run')
+    argv = ['--quick', '--L', '1,2', '--d', '4', '--tdof', '2', '--n-train', '8', '--n-probe',
+            '4', '--epochs', '1', '--out', str(tmp_path)]
+    with pytest.warns(UserWarning, match='L=2 seed 0 diverged'):
+        assert run_script('what_mz_learns', argv, monkeypatch) == 0
+    saved = json.loads((tmp_path / 'what_mz_learns.json').read_text())
+    rows = {(r['L'], r['state']): r for r in saved['rows']}
+    assert rows[2, 'trained']['seeds'] == 0 and rows[2, 'trained']['diverged'] == 1
+    assert np.isnan(rows[2, 'trained']['effective_rank'])
+    assert rows[2, 'init']['seeds'] == 1 and np.isfinite(rows[2, 'init']['effective_rank'])
+    assert rows[1, 'trained']['seeds'] == 1 and np.isfinite(rows[1, 'trained']['effective_rank'])
+    assert all(r['L'] == 1 for r in saved['per_layer'])
+    text = (tmp_path / 'what_mz_learns.md').read_text()
+    assert 'runs that diverged, left out of the trained rows: L=2 seed 0' in text
+    assert 'L=2:' not in ' '.join(saved['verdicts'])
+    assert 'what_mz_learns.png' not in text and not (tmp_path / 'what_mz_learns.png').exists()
+    assert 'Traceback' not in capsys.readouterr().err
+
+
 # --- set_size_generalisation.py --------------------------------------------------------------
 
 @pytest.mark.parametrize('argv, needles', [
@@ -340,6 +410,49 @@ def test_set_size_generalisation_table_spread_over_seeds():
     one = study.table_rows({k: v[:1] for k, v in results.items()}, seeds=1)
     assert study.shown(one, seeds=1) == one and 'rigid std' not in one[0]
     assert one[0]['rigid'] == pytest.approx(0.5) and one[0]['paper ST'] == 0.957
+
+
+def _diverges_at(monkeypatch, calls):
+    r"""``Trainer.fit`` (and so ``train``) raises :class:`TrainingDiverged` at the calls
+    numbered in :obj:`calls` (0-based), and trains at the others."""
+    import math
+
+    from torch_mz.train import TrainingDiverged
+    from torch_mz.train.trainer import Trainer
+    real, count = Trainer.fit, [0]
+
+    def fit(self, *args, **kwargs):
+        count[0] += 1
+        if count[0] - 1 in calls:
+            raise TrainingDiverged(0, math.nan)
+        return real(self, *args, **kwargs)
+    monkeypatch.setattr(Trainer, 'fit', fit)
+
+
+def test_set_size_generalisation_records_a_diverged_run(tmp_path, monkeypatch, capsys):
+    # one diverged run ended the study with a traceback (the other studies record it, leave it
+    # out of the means and go on); and without matplotlib the report linked an earlier run's
+    # figure, left there
+    _diverges_at(monkeypatch, {1, 2, 3})  # rigid seed 1, both seeds of rigid + log_n
+    without_matplotlib(monkeypatch)
+    (tmp_path / 'set_size_generalisation.png').write_bytes(b'an earlier run')
+    argv = ['--quick', '--seeds', '2', '--n-train', '8', '--n-test', '4', '--epochs', '1',
+            '--d', '4', '--tdof', '2', '--out', str(tmp_path)]
+    with pytest.warns(UserWarning) as caught:
+        assert run_script('set_size_generalisation', argv, monkeypatch) == 0
+    assert [str(w.message).split(' (')[0] for w in caught if 'diverged' in str(w.message)] == [
+        'rigid seed 1 diverged', 'rigid + log_n seed 0 diverged', 'rigid + log_n seed 1 diverged']
+    saved = json.loads((tmp_path / 'set_size_generalisation.json').read_text())
+    diverged = [(r['model'], r['seed']) for r in saved['runs'] if 'diverged' in r]
+    assert diverged == [('rigid', 1), ('rigid + log_n', 0), ('rigid + log_n', 1)]
+    row = saved['rows'][0]
+    assert row['rigid std'] == 0.0 and np.isfinite(row['rigid'])  # seed 0 alone
+    assert np.isnan(row['rigid + log_n']) and np.isfinite(row['mz + log_n'])
+    text = (tmp_path / 'set_size_generalisation.md').read_text()
+    assert 'Runs that diverged (left out of the means' in text and 'rigid seed 1' in text
+    assert 'set_size_generalisation.png' not in text
+    assert not (tmp_path / 'set_size_generalisation.png').exists()
+    assert 'Traceback' not in capsys.readouterr().err
 
 
 def test_set_size_generalisation_runs_small(tmp_path, monkeypatch):

@@ -107,7 +107,7 @@ def test_speed_quick_leaves_a_given_repeats_and_records_what_ran(argv, repeats, 
                      gflop=1.0, gflop_per_s=1.0) for cfg in cfgs]
     monkeypatch.setattr(speed, 'run_interleaved', fake_interleaved)
     monkeypatch.setattr(speed, 'matmul_peak_flops', lambda device=None: 1e10)
-    monkeypatch.setattr(speed, 'try_plot', lambda *args: None)
+    monkeypatch.setattr(speed, 'plot', lambda rows, path: None)
     out = tmp_path / 'speed'
     monkeypatch.setattr(sys, 'argv', ['speed.py', '--models', 'rigid', '--blocks', 'pma',
                                       '--device', 'cpu', '--out', str(out)] + argv)
@@ -131,7 +131,7 @@ def test_speed_memory_where_the_peak_is_unknown_or_zero(peaks, tmp_path, monkeyp
     monkeypatch.setattr(speed, 'run_interleaved', fake_interleaved)
     monkeypatch.setattr(speed, 'measure_memory', lambda cfg: peaks[cfg['model']])
     monkeypatch.setattr(speed, 'matmul_peak_flops', lambda device=None: 1e10)
-    monkeypatch.setattr(speed, 'try_plot', lambda *args: None)
+    monkeypatch.setattr(speed, 'plot', lambda rows, path: None)
     out = tmp_path / 'speed'
     monkeypatch.setattr(sys, 'argv', ['speed.py', '--models', 'pyg,rigid', '--blocks', 'pma',
                                       '--device', 'cpu', '--memory', '--out', str(out)])

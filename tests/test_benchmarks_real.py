@@ -9,7 +9,7 @@ import pytest
 
 from torch_mz.study.statistics import lead_over_best
 
-from tests._scripts import load_script
+from tests._scripts import load_script, without_matplotlib
 # The raw-file fixtures of the dataset tests: importing them registers them for this module.
 from tests.datasets.conftest import modelnet_h5_root, qm9_root, scanobjectnn_root
 
@@ -54,7 +54,9 @@ def test_point_clouds_end_to_end(point_clouds, modelnet_h5_root, scanobjectnn_ro
     assert text.startswith('# ') and 'Command: `python benchmarks/point_clouds.py' in text
     assert '78.1 ± 0.7' in text and '72.9 ± 2.4' in text  # the paper's MZAttn / ST-Large
     assert '## Against the paper' in text and '**ScanObjectNN**' in text
+    assert 'standard deviation over seeds (the population one, ddof = 0' in text  # (unsaid)
     assert (out / 'point_clouds.png').stat().st_size > 0
+    assert '![plot](point_clouds.png)' in text
 
 
 @pytest.mark.parametrize('args, expected', [
@@ -98,7 +100,9 @@ def test_qm9_end_to_end(qm9, qm9_root, tmp_path):
     text = (out / 'qm9.md').read_text()
     assert 'Command: `python benchmarks/qm9.py --source sdf' in text
     assert '## Against the paper' in text and '**mu**' in text and '**homo**' in text
+    assert 'standard deviation over seeds (the population one, ddof = 0' in text  # (unsaid)
     assert (out / 'qm9.png').stat().st_size > 0
+    assert '![plot](qm9.png)' in text
 
 
 def test_qm9_verdict(qm9):
@@ -369,3 +373,76 @@ def test_point_clouds_refuses_an_unknown_variant(point_clouds, tmp_path, capsys)
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "argument --variant: invalid choice: 'FOO'" in err
     assert 'OBJ_BG' in err and not (tmp_path / 'out').exists()
+
+
+def test_qm9_links_only_a_plot_it_drew(qm9, qm9_root, tmp_path, monkeypatch, capsys):
+    # without matplotlib the report linked qm9.png all the same: an earlier run's figure,
+    # left beside results it does not show
+    without_matplotlib(monkeypatch)
+    out = tmp_path / 'results'
+    out.mkdir()
+    (out / 'qm9.png').write_bytes(b'an earlier run')
+    assert qm9.main(['--source', 'sdf', '--root', str(tmp_path), '--targets', 'mu', '--models',
+                     'deepsets', '--n-train', '2', '--n-val', '1', '--n-test', '1',
+                     '--batch-size', '2', '--out', str(out)] + TINY) == 0
+    assert 'qm9.png' not in (out / 'qm9.md').read_text()
+    assert not (out / 'qm9.png').exists()
+    printed = capsys.readouterr().out
+    assert 'matplotlib is not installed' in printed and '.png' not in printed.splitlines()[-1]
+
+
+def test_qm9_resume_says_what_its_minutes_count(qm9, qm9_root, tmp_path, monkeypatch):
+    # a resumed study's report gave the minutes of the call that read the runs back, as if the
+    # study had taken them
+    import torch_mz.study.grid as grid
+    real = grid.train_one
+
+    def ten_minutes(*args, **kwargs):  # (a run that took ten minutes, by its record)
+        return dict(real(*args, **kwargs), wall_time_s=600.0)
+
+    monkeypatch.setattr(grid, 'train_one', ten_minutes)
+    out = tmp_path / 'results'
+    argv = ['--source', 'sdf', '--root', str(tmp_path), '--targets', 'mu', '--models',
+            'deepsets', '--n-train', '2', '--n-val', '1', '--n-test', '1', '--batch-size', '2',
+            '--out', str(out)] + TINY
+    assert qm9.main(argv) == 0
+    assert 'min in this call' not in (out / 'qm9.md').read_text()
+    monkeypatch.setattr(grid, 'train_one', lambda *a, **k: pytest.fail('trained again'))
+    assert qm9.main(argv + ['--resume']) == 0
+    text = (out / 'qm9.md').read_text()
+    assert ("min in this call (runs read back from an earlier call are not in it; the runs' "
+            "own recorded times, those included, sum to 10.0 min)") in text
+    assert json.loads((out / 'qm9.json').read_text())['run_minutes'] == 10.0
+
+
+@pytest.mark.parametrize('script, argv, message', [
+    ('qm9', ['--root', ''], '--root is empty: name the dataset folder'),
+    ('point_clouds', ['--root', ''], '--root is empty: name the dataset folder'),
+    ('point_clouds', ['--dataset', 'modelnet40', '--variant', 'PB_T50_RS'],
+     '--variant PB_T50_RS is an option of ScanObjectNN; --dataset modelnet40 does not read it'),
+    ('point_clouds', ['--dataset', 'scanobjectnn', '--modelnet-source', 'hdf5'],
+     '--modelnet-source hdf5 is an option of ModelNet40; --dataset scanobjectnn does not read'),
+])
+def test_benchmarks_refuse_an_empty_root_and_options_of_a_dataset_not_read(
+        qm9, point_clouds, script, argv, message, tmp_path, capsys, monkeypatch):
+    # --root '' read the default data folder, and an option of the dataset not read was
+    # ignored, all without a word (the torch-mz command refuses both)
+    module = dict(qm9=qm9, point_clouds=point_clouds)[script]
+    monkeypatch.setattr(module, 'load_task', lambda *a, **k: pytest.fail('data read'))
+    status = module.main(argv + ['--out', str(tmp_path / 'out')] + TINY)
+    err = capsys.readouterr().err
+    assert status == module.EXIT_ERROR and err.startswith(f'{script}.py: error: ')
+    assert message in err, err
+    assert not (tmp_path / 'out').exists()
+
+
+def test_point_clouds_takes_the_options_of_the_datasets_it_reads(point_clouds, tmp_path,
+                                                                 capsys):
+    # (only an option of a dataset not read is refused: here the data is missing, as it is)
+    for argv in (['--dataset', 'scanobjectnn', '--variant', 'PB_T50_RS'],
+                 ['--dataset', 'both', '--variant', 'PB_T50_RS', '--modelnet-source', 'hdf5']):
+        status = point_clouds.main(argv + ['--no-download', '--root', str(tmp_path / 'empty'),
+                                           '--out', str(tmp_path / 'out')] + TINY)
+        err = capsys.readouterr().err
+        assert status == point_clouds.EXIT_ERROR and 'does not read it' not in err
+        assert 'is not in' in err, err

@@ -613,6 +613,24 @@ def test_message_passing_report_says_where_the_rows_ran(same_process, tmp_path):
     assert ('every row in this process' in text) is same_process
 
 
+def test_message_passing_report_links_the_plot_only_where_drawn(tmp_path):
+    # every report (the partial ones too, before any plot) linked message_passing.png: where
+    # none was drawn, an earlier run's or none at all
+    mp = load_script('message_passing')
+    args = _mp_plan_args(device='cuda', same_process=False, out=str(tmp_path))
+    row = dict(aggr='rigid', conv='sage', degrees='poisson', dim=16, nodes=60, edges=600,
+               median_ms=1.0, peak_mib=1.0)
+    env = dict(command='message_passing.py', torch='2', torch_geometric='2',
+               torch_scatter=False)
+    rows = [row, dict(row, nodes=120, edges=1200)]
+    mp.write_report(args, env, rows[:1], 2, 0.1)  # partial: no plot yet
+    assert 'message_passing.png' not in (tmp_path / 'message_passing.partial.md').read_text()
+    mp.write_report(args, env, rows, 2, 0.1)  # complete, with no plot drawn
+    assert 'message_passing.png' not in (tmp_path / 'message_passing.md').read_text()
+    mp.write_report(args, env, rows, 2, 0.1, plot=True)
+    assert '![plot](message_passing.png)' in (tmp_path / 'message_passing.md').read_text()
+
+
 def test_rigid_merged_merges_in_its_own_row_only(monkeypatch):
     r"""``rigid-merged`` runs with :data:`message_passing.MERGED`'s bucket-merge settings while
     its row is measured or counted, and leaves the module's settings as they were; it merges

@@ -1169,8 +1169,8 @@ def cmd_compare(args) -> int:
     print(f'task {task.name}: {task.description} | train/val/test = '
           f'{len(task.train)}/{len(task.val)}/{len(task.test)} | d_in={task.in_channels} | '
           f'{args.epochs} epochs, lr {args.lr}, batch {args.batch_size}, seeds {args.seeds}')
-    from torch_mz.study import (environment, plot_summary, summarize, summary_markdown,
-                                train_models, try_plot, write_results)
+    from torch_mz.study import (environment, plot_summary, replace_plot, summarize,
+                                summary_markdown, train_models, write_results)
     key = 'r2' if task.task_type == 'regression' else 'accuracy'
 
     def progress(row):
@@ -1210,8 +1210,9 @@ def cmd_compare(args) -> int:
                       if carried else '') + ')')
     write_results(out, 'results', payload,
                   f'# {task.name}: {task.description}\n\n{header}\n\n{table}')
-    note = try_plot(plot_summary, summary, task.task_type, os.path.join(out, 'results.png'),
-                    f'{task.name} ({len(task.train)} train sets, {args.epochs} epochs)')
+    png = os.path.join(out, 'results.png')  # (not drawn: an earlier comparison's is removed)
+    note = replace_plot(png, plot_summary, summary, task.task_type, png,
+                        f'{task.name} ({len(task.train)} train sets, {args.epochs} epochs)')
     if note:
         print(note)
     print()

@@ -80,3 +80,32 @@ def test_plot_summary_refuses_the_summary_of_a_grid(tmp_path):
     with pytest.raises(ValueError, match='plot it with plot_grid'):
         plot_summary(summary, 'regression', str(tmp_path / 's.png'))
     assert not (tmp_path / 's.png').exists()
+
+
+def test_replace_plot_removes_an_earlier_figure_where_none_is_drawn(tmp_path, monkeypatch):
+    # a report linked <name>.png where this run drew none (matplotlib missing): an earlier run's
+    # figure, of other results, left beside them; and a plot that raised ended the script
+    from torch_mz.study.plots import replace_plot
+    path = tmp_path / 'p.png'
+
+    def draws(where):
+        with open(where, 'wb') as f:
+            f.write(b'this run')
+
+    def fails(where):
+        raise ValueError('no figure')
+
+    path.write_bytes(b'an earlier run')
+    assert replace_plot(str(path), draws, str(path)) is None
+    assert path.read_bytes() == b'this run'
+    assert try_plot(fails, str(path)) == 'the plot failed (ValueError: no figure): no plot'
+    assert path.exists()  # (try_plot alone removes nothing)
+    assert replace_plot(str(path), fails, str(path)).startswith('the plot failed')
+    assert not path.exists()
+    path.write_bytes(b'an earlier run')
+    monkeypatch.setattr('torch_mz.study.plots.pyplot', lambda: (_ for _ in ()).throw(
+        ImportError('no matplotlib')))
+    rows = [{'cell': 'a', 'm r2': 0.5, 'm r2 std': 0.1}]
+    assert replace_plot(str(path), plot_grid, rows, ['m'], str(path)) == NO_MATPLOTLIB
+    assert not path.exists()
+    assert replace_plot(str(path), plot_grid, rows, ['m'], str(path)) == NO_MATPLOTLIB  # (none)

@@ -119,3 +119,19 @@ def test_markdown_table_escapes_a_bar_and_formats_numpy_numbers():
                           ['cell', 'r2', 'n', 'mean |error|'])
     assert text.splitlines() == ['| cell | r2 | n | mean \\|error\\| |', '|---|---|---|---|',
                                  '| a\\|b | 0.1235 | 3 |  |']
+
+
+def test_write_report_says_what_its_minutes_count(tmp_path):
+    # a resumed study gave this call's minutes as the study's: the runs read back from an
+    # earlier call were not in them
+    env = dict(command='python study.py --resume', cpu_count=2, torch='2.x', threads=1)
+    write_report(str(tmp_path), 'study', 'A study', env, {}, '', {}, 0.1, plot=False,
+                 run_minutes=42.0)
+    text = (tmp_path / 'study.md').read_text()
+    assert ("; 0.1 min in this call (runs read back from an earlier call are not in it; the "
+            "runs' own recorded times, those included, sum to 42.0 min) on 2 CPUs") in text
+    payload = json.loads((tmp_path / 'study.json').read_text())
+    assert payload['minutes'] == 0.1 and payload['run_minutes'] == 42.0
+    write_report(str(tmp_path), 'fresh', 'A study', env, {}, '', {}, 0.1, plot=False)
+    assert '; 0.1 min on 2 CPUs' in (tmp_path / 'fresh.md').read_text()
+    assert 'run_minutes' not in json.loads((tmp_path / 'fresh.json').read_text())

@@ -11,7 +11,7 @@ from torch_mz._files import atomic_write
 from torch_mz.reproduce.budgets import BUDGETS, SWEEP_STEP, sweep_verdicts, untried_neighbours
 from torch_mz.reproduce.claims import CLAIM_NAMES, CLAIMS, SWEEP_CELLS
 from torch_mz.reproduce.verdict import VERDICT_RULE
-from torch_mz.study import (environment, markdown_table, plot_bars, pyplot, try_plot,
+from torch_mz.study import (environment, markdown_table, plot_bars, pyplot, replace_plot,
                             write_report)
 from torch_mz.study.plots import save_figure
 
@@ -336,7 +336,8 @@ def sweep_section(repro, claims, out, budget):
         parts.append('\n' + markdown_table(table, ['model', 'lr', 'wd', 'val_loss', 'over_best',
                                                    'r2', 'epochs', 'chosen']) + '\n')
         png = f'finished_runs.{budget}.sweep.{task}.png'
-        note = try_plot(plot_sweep, task, rows, budget, os.path.join(out, png))
+        figure = os.path.join(out, png)  # (not drawn: an earlier run's is removed)
+        note = replace_plot(figure, plot_sweep, task, rows, budget, figure)
         parts.append(f'\n{note}\n' if note else f'\n![{task} sweep]({png})\n')
     if waiting:
         parts.append('\nNo point finished yet (the grids, in the JSON): ' + '; '.join(waiting)
@@ -388,10 +389,12 @@ def write_runs_table(repro, claims, out):
         parts.append(markdown_table(table, ['cell', 'model', 'lr', 'wd', 'seeds', 'r2', 'mean',
                                             'paper', 'epochs']))
         png = f'finished_runs.{budget}.{claim.name}.png'
-        note = try_plot(plot_finished, claim, groups, budget, os.path.join(out, png))
+        figure = os.path.join(out, png)  # (not drawn: an earlier run's is removed)
+        note = replace_plot(figure, plot_finished, claim, groups, budget, figure)
         parts.append(f'\n{note}\n' if note else f'\n![{claim.name}]({png})\n')
         curves = f'finished_runs.{budget}.{claim.name}.curves.png'
-        note = try_plot(plot_curves, claim, groups, budget, os.path.join(out, curves))
+        figure = os.path.join(out, curves)
+        note = replace_plot(figure, plot_curves, claim, groups, budget, figure)
         parts.append('' if note else f'\n![{claim.name}: validation curves]({curves})\n')
     path = os.path.join(out, f'finished_runs.{budget}')
     os.makedirs(out, exist_ok=True)

@@ -28,10 +28,11 @@ from torch_mz.study.measure import (MeasurementFailed, allocator_peak_bytes, cou
                                     skewed_sizes, time_call, time_interleaved,
                                     uniform_sizes)
 from torch_mz.study.plots import (NO_MATPLOTLIB, plot_bars, plot_grid, plot_summary, pyplot,
-                                  save_figure, try_plot)
+                                  replace_plot, save_figure, try_plot)
 from torch_mz.study.resume import RunStore
-from torch_mz.study.report import (METRICS, check_out_folder, markdown_table, summarize,
-                                   summary_markdown, write_json, write_report, write_results)
+from torch_mz.study.report import (METRICS, SPREAD_NOTE, check_out_folder, markdown_table,
+                                   summarize, summary_markdown, write_json, write_report,
+                                   write_results)
 from torch_mz.study.specs import parse_model_spec, split_model_specs
 from torch_mz.study.statistics import (Lead, Ordering, lead_over_best, mean_std, paired_gap,
                                        resolved_ordering, winner)
@@ -74,8 +75,10 @@ __all__ = [
     'plot_summary',
     'pyplot',
     'try_plot',
+    'replace_plot',
     'save_figure',
     'METRICS',
+    'SPREAD_NOTE',
     'markdown_table',
     'check_out_folder',
     'summarize',

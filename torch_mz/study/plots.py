@@ -1,7 +1,8 @@
 r"""Plots of study results, drawn off-screen (matplotlib's Agg backend) into files.
 matplotlib is optional (``pip install 'torch_mz[plot]'``): :func:`pyplot` raises an
 :class:`ImportError` naming the extra, and :func:`try_plot` turns that into a note for scripts
-to print."""
+to print. A script draws its plot with :func:`replace_plot` before it writes its report, and
+links the plot there only where it was drawn."""
 import os
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -9,8 +10,8 @@ from torch_mz._files import atomic_write
 from torch_mz._optional import require
 from torch_mz.study.report import METRICS
 
-__all__ = ['NO_MATPLOTLIB', 'pyplot', 'try_plot', 'save_figure', 'plot_bars', 'plot_grid',
-           'plot_summary']
+__all__ = ['NO_MATPLOTLIB', 'pyplot', 'try_plot', 'replace_plot', 'save_figure', 'plot_bars',
+           'plot_grid', 'plot_summary']
 
 #: What a study prints instead of drawing its plot when matplotlib is missing.
 NO_MATPLOTLIB = "matplotlib is not installed: no plot (pip install 'torch_mz[plot]')"
@@ -38,13 +39,35 @@ def save_figure(fig: Any, path: str, **kwargs: Any) -> None:
 
 
 def try_plot(plot: Callable[..., None], *args, **kwargs) -> Optional[str]:
-    r"""Calls ``plot(*args, **kwargs)``; returns :obj:`None`, or :data:`NO_MATPLOTLIB` when
-    matplotlib is missing (nothing is drawn then)."""
+    r"""Calls ``plot(*args, **kwargs)``; returns :obj:`None`, or a note for the script to print
+    where nothing was drawn: :data:`NO_MATPLOTLIB` when matplotlib is missing, or the error of
+    a plot that failed (an :class:`Exception`: a plot is drawn beside a study's results, and its
+    failure costs the plot, never the results). A plot that saves to a file a report links:
+    :func:`replace_plot`."""
     try:
         plot(*args, **kwargs)
     except ImportError:
         return NO_MATPLOTLIB
+    except Exception as e:  # noqa: BLE001 - the plot is lost, not the results it shows
+        return f'the plot failed ({type(e).__name__}: {e}): no plot'
     return None
+
+
+def replace_plot(path: str, plot: Callable[..., None], *args, **kwargs) -> Optional[str]:
+    r""":func:`try_plot` of a plot that saves its figure to :obj:`path` (also given to
+    :obj:`plot`, among :obj:`args` or :obj:`kwargs`), for a report that links the figure only
+    where this run drew it: where nothing was drawn, a file at :obj:`path` -- an earlier run's
+    figure -- is removed, so that it does not sit beside results it does not show. Call it
+    before the report is written; returns :func:`try_plot`'s note (:obj:`None`: drawn)."""
+    note = try_plot(plot, *args, **kwargs)
+    if note is not None:
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            pass
+        except OSError as e:  # (said, not raised: the results are still to be written)
+            note += f"; an earlier run's '{path}' is left there ({e.strerror or e})"
+    return note
 
 
 def plot_bars(groups: Sequence[str], models: Sequence[str],

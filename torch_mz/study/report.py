@@ -9,10 +9,14 @@ import numpy as np
 
 from torch_mz._files import atomic_write
 
-__all__ = ['METRICS', 'write_json', 'write_results', 'write_report', 'markdown_table',
-           'summarize', 'summary_markdown']
+__all__ = ['METRICS', 'SPREAD_NOTE', 'write_json', 'write_results', 'write_report',
+           'markdown_table', 'summarize', 'summary_markdown']
 
 METRICS = {'regression': ('r2', 'mse', 'mae'), 'classification': ('accuracy', 'loss')}
+#: The line below a table of means over seeds that says which standard deviation its ± gives
+#: (:func:`summarize`'s, :func:`summary_markdown`'s and the studies' tables).
+SPREAD_NOTE = ('Test figures are the mean ± the standard deviation over seeds (the population '
+               'one, ddof = 0; one seed gives ± 0).')
 
 
 def check_out_folder(out: str) -> Optional[str]:
@@ -71,21 +75,34 @@ def write_results(out: str, name: str, payload: Dict[str, object], markdown: str
 
 def write_report(out: str, name: str, title: str, env: Dict[str, Any],
                  setup: Dict[str, object], table: str, payload: Dict[str, object],
-                 minutes: float, notes: str = '', plot: bool = True) -> None:
+                 minutes: float, notes: str = '', plot: bool = True,
+                 run_minutes: Optional[float] = None) -> None:
     r"""Writes a study's results as ``<out>/<name>.json`` (:obj:`payload` plus the environment,
     setup and run time) and ``<out>/<name>.md``: the title, the command and setup it ran with,
-    :obj:`table`, :obj:`notes` and (if :obj:`plot`) a link to ``<name>.png``."""
+    :obj:`table`, :obj:`notes` and (if :obj:`plot`) a link to ``<name>.png``.
+
+    :obj:`plot` says whether this run drew ``<name>.png``: pass ``note is None`` of
+    :func:`~torch_mz.study.replace_plot`, called before (an earlier run's figure, linked where
+    this run drew none, showed other results). :obj:`minutes` is the wall time of this call; a
+    study that resumes (reads back the finished runs of an earlier call instead of training
+    them) gives also :obj:`run_minutes`, its runs' own recorded times summed, those read back
+    included, and the report says which figure counts what (``run_minutes`` in the JSON too)."""
     plural = '' if env['threads'] == 1 else 's'
+    took = f'{minutes:.1f} min'
+    if run_minutes is not None:
+        took += (f" in this call (runs read back from an earlier call are not in it; the runs' "
+                 f"own recorded times, those included, sum to {run_minutes:.1f} min)")
     markdown = (f"# {title}\n\nCommand: `{env['command']}`  \n"
-                f"Setup: {setup}; {minutes:.1f} min on {env['cpu_count']} CPUs "
+                f"Setup: {setup}; {took} on {env['cpu_count']} CPUs "
                 f"(torch {env['torch']}, {env['threads']} thread{plural}"
                 f"{', GPU: ' + env['cuda'] if env.get('cuda') else ''}).\n\n{table}\n")
     if notes:
         markdown += notes.rstrip() + '\n\n'
     if plot:
         markdown += f'![plot]({name}.png)\n'
-    write_results(out, name, dict(environment=env, setup=setup, minutes=minutes, **payload),
-                  markdown)
+    resumed = {} if run_minutes is None else dict(run_minutes=run_minutes)
+    write_results(out, name, dict(environment=env, setup=setup, minutes=minutes, **resumed,
+                                  **payload), markdown)
 
 
 def markdown_table(rows: List[Dict[str, object]], columns: List[str]) -> str:
@@ -189,6 +206,5 @@ def summary_markdown(summary: List[Dict[str, Any]], task_type: str) -> str:
         cells += [f"{e[k]:.4f} ± {e[k + '_std']:.4f}" for k in keys]
         cells.append(f"{e['minutes']:.2f}")
         lines.append('| ' + ' | '.join(cells) + ' |')
-    lines += ['', 'Test figures are the mean ± the standard deviation over seeds (the population '
-              'one, ddof = 0; one seed gives ± 0).']
+    lines += ['', SPREAD_NOTE]
     return '\n'.join(lines) + '\n'
