@@ -488,7 +488,9 @@ class MZAggregation(Aggregation):
             :obj:`'auto'` (default): :obj:`False`, except that the groups of
             ``chunk_size='auto'`` are recomputed in training as with :obj:`'chunks'` (a graph's
             number of edges is not the user's to choose, and the memory of its messages is
-            bounded this way).
+            bounded this way). The recomputing modes use saved-tensor hooks, which
+            :mod:`torch.func` transforms (``grad``, ``vjp``, ``jacrev``) refuse with PyTorch's
+            own error: under those take :obj:`False` or :obj:`'auto'`.
         fold_keys (bool): Let every attention fold its key map into its queries where a count
             of multiply-adds says that is cheaper (the PMA's seeds at :math:`d = 64`; see
             :class:`~torch_mz.nn.attention.MZAttention`). The same values and gradients up to
