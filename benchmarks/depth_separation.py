@@ -15,8 +15,9 @@ import time
 import numpy as np
 
 from torch_mz.paper import TABLE1
-from torch_mz.study import (RunStore, check_grid, environment, int_list, markdown_table,
-                            positive_int, pyplot, replace_plot, run_grid, write_report)
+from torch_mz.study import (SPREAD_NOTE, RunStore, check_grid, environment, int_list,
+                            markdown_table, positive_int, pyplot, replace_plot, run_grid,
+                            write_report)
 from torch_mz.study.plots import save_figure
 from torch_mz.study.budget import (Budget, add_budget_arguments, add_resume_argument,
                                    choose_budget, study_config)
@@ -110,7 +111,8 @@ def main():
     note = replace_plot(png, plot, rows, png)  # (first: the report links it where drawn)
     write_report(args.out, 'depth_separation',
                  'Depth separation on the quadratic-TDOF target (paper Table 1)', environment(),
-                 setup, table, dict(rows=rows, runs=runs), (time.time() - start) / 60,
+                 setup, f'{table}\n{SPREAD_NOTE}\n', dict(rows=rows, runs=runs),
+                 (time.time() - start) / 60,
                  notes=notes, plot=note is None,
                  run_minutes=sum(r['wall_time_s'] for r in runs) / 60 if args.resume else None)
     if note:

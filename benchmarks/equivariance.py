@@ -20,8 +20,9 @@ import os
 import time
 
 from torch_mz.paper import TABLE7, TABLE7_CELLS
-from torch_mz.study import (RunStore, check_grid, choice_list, environment, markdown_table,
-                            plot_grid, replace_plot, run_grid, split_model_specs, write_report)
+from torch_mz.study import (SPREAD_NOTE, RunStore, check_grid, choice_list, environment,
+                            markdown_table, plot_grid, replace_plot, run_grid, split_model_specs,
+                            write_report)
 from torch_mz.study.budget import (Budget, add_budget_arguments, add_resume_argument,
                                    choose_budget, study_config)
 from torch_mz.study.statistics import winner
@@ -135,8 +136,9 @@ def main():
     note = replace_plot(png, plot_grid, rows, models, png, paper=PAPER,
                         title='Table 7: test R² (bars: measured; ticks: paper)')
     write_report(args.out, 'equivariance', 'Equivariance versus context-adaptivity (paper Table 7)',
-                 env, setup, table, dict(cells={c: CELLS[c] for c in cells}, rows=rows,
-                                         runs=runs), (time.time() - start) / 60, notes=notes,
+                 env, setup, f'{table}\n{SPREAD_NOTE}\n',
+                 dict(cells={c: CELLS[c] for c in cells}, rows=rows, runs=runs),
+                 (time.time() - start) / 60, notes=notes,
                  plot=note is None,
                  run_minutes=sum(r['wall_time_s'] for r in runs) / 60 if args.resume else None)
     if note:

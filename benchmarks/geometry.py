@@ -22,8 +22,8 @@ import os
 import time
 
 from torch_mz.paper import GEOMETRY, GEOMETRY_MODELS
-from torch_mz.study import (RunStore, check_grid, choice_list, environment, int_list,
-                            markdown_table, plot_grid, replace_plot, run_grid,
+from torch_mz.study import (SPREAD_NOTE, RunStore, check_grid, choice_list, environment,
+                            int_list, markdown_table, plot_grid, replace_plot, run_grid,
                             split_model_specs, write_report)
 from torch_mz.study.budget import (Budget, add_budget_arguments, add_resume_argument,
                                    choose_budget, study_config)
@@ -107,7 +107,8 @@ def main():
                                                                  for r in rows)]
     notes = ('Spread over seeds (std of test R²):\n\n'
              + markdown_table(rows, ['cell'] + [f'{m} r2 std' for m in models])
-             + '\nThe paper\'s R² for the same cells (Tables 3, 4, 17, 18; "rigid" is its '
+             + f'\n{SPREAD_NOTE}\n\n'
+             + 'The paper\'s R² for the same cells (Tables 3, 4, 17, 18; "rigid" is its '
                '"Standard"):\n\n' + markdown_table(rows, paper_cols))
     if 'mz - best baseline' in columns and rows and 'mz - best baseline' in rows[0]:
         ahead = [r['cell'] for r in rows if r['mz - best baseline'] > 0]

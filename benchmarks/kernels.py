@@ -27,6 +27,7 @@ on a quiet machine: pause training processes while it runs.
 import argparse
 import math
 import os
+import shlex
 import statistics
 import sys
 import time
@@ -198,6 +199,8 @@ def main(argv=None):
         print(f"{row['operation']:60s} {row['variant']:9s} {row['median_ms']:8.1f} ms "
               f"({row['/ eager']:.2f}x eager)", flush=True)
     env = environment()
+    if argv is not None:  # (called from Python: the arguments given, not the caller's)
+        env['command'] = shlex.join(['python', 'benchmarks/kernels.py'] + list(argv))
     table = markdown_table(rows, ['operation', 'variant', 'median_ms', 'min_ms', 'max_ms',
                                   '/ eager', 'less copy_ms', 'max_rel_diff'])
     name = 'kernels'

@@ -53,6 +53,7 @@ so the eager operations are what a GPU runs, and what is counted here.
 import argparse
 import json
 import os
+import shlex
 import time
 from typing import Dict, List, Optional
 
@@ -223,7 +224,16 @@ def join_gpu_inference(rows: List[Dict], path: str, counted_with: str = '') -> s
             f"profile; the GPU's attention kernels differ from the CPU's).")
 
 
-def run_presets(args: argparse.Namespace) -> None:
+def _environment(argv: Optional[List[str]]) -> Dict[str, object]:
+    r"""The environment the counts were made in, whose command is :obj:`argv` where
+    :func:`main` was given it (called from Python: the caller's ``sys.argv`` was recorded)."""
+    env = environment()
+    if argv is not None:
+        env['command'] = shlex.join(['python', 'benchmarks/launches.py'] + list(argv))
+    return env
+
+
+def run_presets(args: argparse.Namespace, argv: Optional[List[str]] = None) -> None:
     start = time.time()
     rows = []
     for name in args.presets:
@@ -236,7 +246,7 @@ def run_presets(args: argparse.Namespace) -> None:
     if base is not None:
         for row in rows:
             row['infer kernels / rigid'] = row['infer_kernels'] / base['infer_kernels']
-    env = environment()
+    env = _environment(argv)
     gpu_note = join_gpu_inference(
         rows, args.gpu_results, f"torch {env['torch']}, torch_mz {env.get('torch_mz_commit')}")
     minutes = (time.time() - start) / 60
@@ -319,7 +329,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     torch.set_num_threads(1)
     set_fused_kernels(False)  # what a GPU runs (see the module's docstring)
     if args.presets:
-        run_presets(args)
+        run_presets(args, argv)
         return
     start = time.time()
     rows = []
@@ -333,7 +343,7 @@ def main(argv: Optional[List[str]] = None) -> None:
                   f"{row['kernels']:7d} kernels ({row['kernels_per_1k_edges']:.2f} per 1k "
                   f"edges) {row['syncs']:6d} syncs", flush=True)
     fits = slopes(rows)
-    env = environment()
+    env = _environment(argv)
     minutes = (time.time() - start) / 60
     png = os.path.join(args.out, f'{NAME}.png')  # (first: the report links it where drawn)
     note = replace_plot(png, plot, rows, png)

@@ -166,7 +166,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                     'ones)', n_val='(default: 10%% of training)',
                                     n_test='(default: all test files)'))
     parser.add_argument('--dataset', default='both', choices=DATASETS + ('both', ))
-    parser.add_argument('--root', default=None,
+    # ('~' expanded as the datasets expand it: '~/x' was recorded as <cwd>/~/x, not read)
+    parser.add_argument('--root', default=None, type=osp.expanduser,
                         help="folder holding ModelNet40/ and ScanObjectNN/ (default: torch_mz's "
                         "data root, datasets/)")
     parser.add_argument('--modelnet-source', default='mesh', choices=('mesh', 'hdf5'))

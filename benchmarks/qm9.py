@@ -121,7 +121,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     add_resume_argument(parser)
     parser.add_argument('--batch-size', type=positive_int, default=128)
     parser.add_argument('--source', default='qm9pack', choices=('qm9pack', 'sdf'))
-    parser.add_argument('--root', default=None,
+    # ('~' expanded as the dataset expands it: '~/x' was recorded as <cwd>/~/x, not read)
+    parser.add_argument('--root', default=None, type=osp.expanduser,
                         help="folder holding QM9/ (default: torch_mz's data root, datasets/)")
     parser.add_argument('--out', default=osp.join(osp.dirname(__file__), 'results', 'qm9_targets'))
     argv = list(sys.argv[1:] if argv is None else argv)

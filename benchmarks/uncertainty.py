@@ -27,6 +27,11 @@ Design (the paper gives the task and the methods, not the protocol):
   (Table 19); Gaussian NLL including 0.5 log(2 pi); regression ECE over the central intervals
   p = 0.05, ..., 0.95. Inference time: median of 3 calls (after one warm-up) over the first
   ``--timing-sets`` test sets in one batch, all passes or members included.
+* A member whose training diverges is recorded as diverged, and its study seed with it: the
+  seed's ensemble (and, for member 0, its IHW and MC-Dropout) cannot be formed, so the seed's
+  remaining members are not trained, and the seed is left out of the tables, verdicts and plot
+  and named in the report; the other study seeds go on, as the other studies' runs do
+  (``train_models(record_diverged=True)``).
 
     python benchmarks/uncertainty.py --quick   # 1 seed, K = 3, 30 passes, 1000 sets, 10 epochs
     python benchmarks/uncertainty.py           # 3 seeds, K = 5, 30 passes, 5000 sets, 100 epochs
@@ -35,6 +40,7 @@ import argparse
 import json
 import os
 import time
+import warnings
 from dataclasses import replace
 
 import numpy as np
@@ -49,7 +55,7 @@ from torch_mz.study.plots import save_figure
 from torch_mz.study.budget import Budget, add_budget_arguments, choose_budget, study_config
 from torch_mz.study.statistics import mean_std, paired_gap, resolved_ordering
 from torch_mz.tasks import load_task
-from torch_mz.train import Trainer, predict, resolve_device, seed_everything
+from torch_mz.train import Trainer, TrainingDiverged, predict, resolve_device, seed_everything
 from torch_mz.uncertainty import (DEFAULT_LEVELS, METHODS, binned_by_uncertainty,
                                   error_correlation, fit_affine_sigma, gaussian_nll,
                                   interval_coverage, mc_dropout_predict, method_predictions,
@@ -125,8 +131,17 @@ def run_seed(task, study_seed, members, passes, budget, timing_sets, device):
     for k in range(members):
         seed = 1000 * study_seed + k
         t0 = time.time()
-        model, normalizer, result = train_member(task, seed,
-                                                 study_config(budget, device=device, seed=seed))
+        try:
+            model, normalizer, result = train_member(
+                task, seed, study_config(budget, device=device, seed=seed))
+        except TrainingDiverged as e:  # (it ended the study with a traceback)
+            which = f'member {k + 1}/{members} (seed {seed})'
+            warnings.warn(f'study seed {study_seed} {which} diverged ({e}): the study seed is '
+                          f'recorded with no figures (its ensemble cannot be formed), the '
+                          f'other study seeds go on')
+            print(f'study seed {study_seed} {which}: diverged ({e})', flush=True)
+            members_out.append(dict(seed=seed, diverged=str(e)))
+            return dict(study_seed=study_seed, members=members_out, diverged=f'{which}: {e}')
         models.append((model, normalizer))
         test = result.test_metrics or {}
         members_out.append(dict(seed=seed, best_epoch=result.best_epoch, test=test,
@@ -316,6 +331,8 @@ def verdicts(runs, summary, passes, members):
 
 
 def plot(runs, path):
+    if not runs:
+        raise ValueError('no study seed was scored (each had a diverged member)')
     plt = pyplot()
     run = runs[0]
     colors = dict(zip(METHODS, ('tab:red', 'tab:blue', 'tab:green')))
@@ -405,8 +422,17 @@ def tables(runs, summary):
                                                       'test_r2']))
 
 
-def report_body(t, lines, task_name, target_std, seeds, members, passes, timing_sets):
-    r"""The Markdown report below its title, command and setup lines."""
+def left_out(runs):
+    r"""The sentence naming the study seeds left out (a member diverged), or ``''``."""
+    out = [f"study seed {r['study_seed']} ({r['diverged']})" for r in runs if 'diverged' in r]
+    return ('Study seeds left out (a member diverged: the seed\'s ensemble, IHW and MC-Dropout '
+            f'need every member): {"; ".join(out)}.\n\n' if out else '')
+
+
+def report_body(t, lines, task_name, target_std, seeds, members, passes, timing_sets,
+                first_seed=0):
+    r"""The Markdown report below its title, command and setup lines (:obj:`seeds`: the
+    study seeds scored, the first of them :obj:`first_seed`)."""
     return (
         'Methods share one architecture (`mz`) and one training budget. IHW = member 0 in '
         f'eval mode, one pass; MC-Dropout = member 0 with dropout active, {passes} passes; '
@@ -420,7 +446,8 @@ def report_body(t, lines, task_name, target_std, seeds, members, passes, timing_
         '; the paper\'s are as printed.\n\n'
         '## Ranking quality and cost (paper Table 20)\n\n' + t['t20'] +
         '\n## Calibration (paper Table 21)\n\n' + t['t21'] +
-        '\n## Test samples binned by IHW (paper Table 19; study seed 0)\n\n' + t['t19'] +
+        f'\n## Test samples binned by IHW (paper Table 19; study seed {first_seed})\n\n'
+        + t['t19'] +
         '\n## Where we agree and disagree with the paper\n\n'
         'Gaps between methods are given ± their standard error: '
         + ('over study seeds' if seeds > 1 else
@@ -452,13 +479,17 @@ def write_study(out, record):
     paper's figures are added. A note where the plot could not be drawn (the report links none,
     and an earlier run's is removed), else ``None``."""
     setup, runs = record['setup'], record['runs']
-    t = tables(runs, record['summary'])
+    scored = [r for r in runs if 'diverged' not in r]  # (the others: named, left out)
     title = ('Uncertainty calibration on '
              + ('set matching' if setup['task'] == 'chamfer' else f"`{setup['task']}`")
              + ' (paper Appendix D.3, Tables 19-21)')
-    body = report_body(t, record['verdicts'], setup['task'], record['target_std'],
-                       setup['study_seeds'], setup['ensemble_members'], setup['mc_passes'],
-                       setup['timing_sets'])
+    if scored:
+        body = left_out(runs) + report_body(
+            tables(scored, record['summary']), record['verdicts'], setup['task'],
+            record['target_std'], len(scored), setup['ensemble_members'], setup['mc_passes'],
+            setup['timing_sets'], scored[0]['study_seed'])
+    else:
+        body = 'No study seed was scored: no figures. ' + left_out(runs)
     payload = dict(summary=record['summary'], runs=runs,
                    paper=dict(table19=PAPER_T19, table20=PAPER_T20, table21=PAPER_T21),
                    verdicts=record['verdicts'], target_std=record['target_std'])
@@ -466,7 +497,7 @@ def write_study(out, record):
     # the plot after the record is read (a record missing a field leaves the earlier files as
     # they were) and before the report, which links it where it was drawn
     png = os.path.join(out, 'uncertainty.png')
-    note = replace_plot(png, plot, runs, png)
+    note = replace_plot(png, plot, scored, png)
     write_report(out, 'uncertainty', title, env, setup, body, payload, minutes,
                  plot=note is None)
     return note
@@ -576,22 +607,27 @@ def main():
         parser.error(f'{given}: {e}')
     runs = [run_seed(task, s, members, passes, budget, args.timing_sets, args.device)
             for s in range(budget.seeds)]
-    summary = summarize(runs)
+    scored = [r for r in runs if 'diverged' not in r]  # (a member diverged: left out)
+    summary = summarize(scored) if scored else {}
     minutes = (time.time() - start) / 60
-    setup = dict(task=args.task, model='mz', params=runs[0]['params'],
+    params = count_parameters(build_model('mz', task.in_channels, task.out_channels))
+    setup = dict(task=args.task, model='mz', params=params,
                  study_seeds=budget.seeds, ensemble_members=members, mc_passes=passes,
                  n_train=budget.n_train, n_val=budget.n_val, n_test=budget.n_test,
                  epochs=budget.epochs, lr=budget.lr, batch_size=64,
                  timing_sets=args.timing_sets, device=args.device, task_params=task.info)
-    lines = verdicts(runs, summary, passes, members)
-    t = tables(runs, summary)
+    lines = verdicts(scored, summary, passes, members) if scored else []
     note = write_study(args.out, dict(environment=environment(), setup=setup, summary=summary,
                                       runs=runs, verdicts=lines, minutes=minutes,
                                       target_std=target_std_of(task)))
     if note:
         print(note)
-    print(t['t20'])
-    print(t['t21'])
+    if scored:
+        t = tables(scored, summary)
+        print(t['t20'])
+        print(t['t21'])
+    if left_out(runs):
+        print(left_out(runs).rstrip())
     for line in lines:
         print('-', line)
     print(f"{minutes:.1f} min; wrote {args.out}/uncertainty.json, .md{'' if note else ', .png'}")

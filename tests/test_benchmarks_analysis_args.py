@@ -325,6 +325,45 @@ def test_uncertainty_n_test_sets_the_test_sets(tmp_path, monkeypatch, no_trainin
         assert seen['n_test'] == n_test and seen['n_train'] == 8
 
 
+def test_uncertainty_records_a_diverged_member(tmp_path, monkeypatch, capsys):
+    # one diverged member ended the study with a traceback (the other studies record a diverged
+    # run and go on): its study seed (whose ensemble, IHW and MC-Dropout need every member) is
+    # recorded, left out of the tables, verdicts and plot, and named in the report
+    _diverges_at(monkeypatch, {1})  # study seed 0, member 2 of 3
+    without_matplotlib(monkeypatch)
+    (tmp_path / 'uncertainty.png').write_bytes(b'an earlier run')
+    argv = SMALL_UNCERTAINTY + ['--seeds', '2', '--passes', '2', '--out', str(tmp_path)]
+    with pytest.warns(UserWarning, match=r'study seed 0 member 2/3 \(seed 1\) diverged'):
+        assert run_script('uncertainty', argv, monkeypatch) == 0
+    saved = json.loads((tmp_path / 'uncertainty.json').read_text())
+    first, second = saved['runs']
+    assert first['diverged'].startswith('member 2/3 (seed 1): ') and 'methods' not in first
+    assert [m['seed'] for m in first['members']] == [0, 1] and 'diverged' in first['members'][1]
+    assert 'diverged' not in second and [m['seed'] for m in second['members']] == [
+        1000, 1001, 1002]
+    assert saved['setup']['study_seeds'] == 2 and saved['setup']['params'] > 0
+    # the figures are study seed 1's alone
+    assert saved['summary']['MC-Dropout']['mse'][0] == second['methods']['MC-Dropout']['mse']
+    text = (tmp_path / 'uncertainty.md').read_text()
+    assert 'Study seeds left out (a member diverged' in text and 'study seed 0 (member 2/3' in text
+    assert 'one study seed' in text and 'paper Table 19; study seed 1)' in text
+    assert 'uncertainty.png' not in text and not (tmp_path / 'uncertainty.png').exists()
+    assert 'Traceback' not in capsys.readouterr().err
+    # every study seed out: the record and a report that says so, no tables; --replot alike
+    _diverges_at(monkeypatch, {0})
+    with pytest.warns(UserWarning, match='study seed 0 member 1/3'):
+        assert run_script('uncertainty', SMALL_UNCERTAINTY + ['--passes', '2', '--out',
+                                                             str(tmp_path)], monkeypatch) == 0
+    saved = json.loads((tmp_path / 'uncertainty.json').read_text())
+    assert [r['diverged'][:10] for r in saved['runs']] == ['member 1/3']
+    assert saved['summary'] == {} and saved['verdicts'] == []
+    text = (tmp_path / 'uncertainty.md').read_text()
+    assert 'No study seed was scored' in text and 'study seed 0 (member 1/3' in text
+    assert run_script('uncertainty', ['--replot', '--out', str(tmp_path)], monkeypatch) == 0
+    text = (tmp_path / 'uncertainty.md').read_text()
+    assert 'No study seed was scored' in text and 'study seed 0 (member 1/3' in text
+
+
 # --- what_mz_learns.py -----------------------------------------------------------------------
 
 SMALL_WHAT = ['--quick', '--n-train', '16', '--epochs', '1', '--n-probe', '8']

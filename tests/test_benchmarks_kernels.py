@@ -100,3 +100,26 @@ def test_bad_options_are_usage_errors(argv, needle, tmp_path, monkeypatch, capsy
     (tmp_path / 'file').write_text('x')
     usage_error('kernels', ['--out', str(tmp_path / 'file')], monkeypatch, capsys, 'is a file')
     assert not (tmp_path / 'k').exists()
+
+
+def test_main_records_the_arguments_it_was_given(tmp_path, monkeypatch):
+    # main(argv) recorded the caller's sys.argv as its command (here pytest's), not argv
+    import json
+    import sys
+    script = load_script('kernels')
+    row = dict(operation='op', variant='eager', median_ms=1.0, min_ms=1.0, max_ms=1.0,
+               **{'/ eager': 1.0, 'max_rel_diff': 0.0})
+    # (nothing compiled or timed: the variants, their measurement and auto mode's are stubs)
+    monkeypatch.setattr(script, 'tanh_variants', lambda *a: {})
+    monkeypatch.setattr(script, 'layer_norm_variants', lambda *a: {})
+    monkeypatch.setattr(script, 'measure', lambda name, variants, repeats: [dict(row)])
+    monkeypatch.setattr(script.fused, '_FAILED', False)
+    monkeypatch.setattr(script.fused, '_tanh_kernel_pays', lambda shape: False)
+    monkeypatch.setattr(script.torch, 'set_num_threads', lambda n: None)
+    monkeypatch.setattr(sys, 'argv', ['pytest', '-k', 'something else'])
+    argv = ['--repeats', '3', '--out', str(tmp_path / 'my results')]
+    assert script.main(argv) == 0
+    command = json.loads((tmp_path / 'my results' / 'kernels.json').read_text())[
+        'environment']['command']
+    assert command == f"python benchmarks/kernels.py --repeats 3 --out '{tmp_path}/my results'"
+    assert f'Command: `{command}`' in (tmp_path / 'my results' / 'kernels.md').read_text()

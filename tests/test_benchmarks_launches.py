@@ -111,3 +111,26 @@ def test_an_unreadable_gpu_file_leaves_the_counts_alone(launches, tmp_path, caps
     assert 'no ' in launches.join_gpu_inference(rows, str(tmp_path / 'missing.json'))
     assert rows == [dict(model='rigid', clouds=2, points=16, egnn_radius=0.25,
                          infer_kernels=10)]
+
+
+def test_main_records_the_arguments_it_was_given(launches, tmp_path, monkeypatch):
+    # main(argv) recorded the caller's sys.argv as its command (here pytest's), not argv, in
+    # both of its reports
+    import sys
+    counted = dict(ops=10, kernels=8, syncs=0, kernels_per_1k_edges=1.0)
+    monkeypatch.setattr(launches, 'count_one', lambda nodes, aggr, dim, degrees: dict(
+        counted, nodes=nodes, edges=10 * nodes, aggr=aggr, dim=dim, degrees=degrees))
+    monkeypatch.setattr(launches, 'count_preset', lambda name, *a: dict(
+        model=name, train_kernels=8, train_syncs=0, infer_kernels=4, infer_syncs=0))
+    monkeypatch.setattr(launches, 'set_fused_kernels', lambda on: None)
+    monkeypatch.setattr(launches.torch, 'set_num_threads', lambda n: None)
+    monkeypatch.setattr(sys, 'argv', ['pytest', '-k', 'something else'])
+    for argv, name in ((['--nodes', '10,20', '--aggrs', 'rigid'], 'launches'),
+                       (['--presets', 'rigid', '--gpu-results', str(tmp_path / 'none.json')],
+                        'presets')):
+        argv = argv + ['--out', str(tmp_path / name)]
+        launches.main(argv)
+        (found, ) = (tmp_path / name).glob('*.json')
+        command = json.loads(found.read_text())['environment']['command']
+        assert command == ' '.join(['python', 'benchmarks/launches.py'] + argv)
+        assert f'Command: `{command}`' in found.with_suffix('.md').read_text()

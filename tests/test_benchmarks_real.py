@@ -285,6 +285,39 @@ def test_qm9_resume_keys_runs_on_the_folder_read(qm9, tmp_path, monkeypatch):
     assert qm9.main(argv + ['--resume']) == 0 and len(trained) == 2  # a's again: read back
 
 
+@pytest.mark.filterwarnings('ignore:ModelNet40 .* skipped:UserWarning')  # the fixture's NaN shape
+def test_benchmarks_record_a_root_under_home_as_the_folder_read(qm9, point_clouds,
+                                                                scanobjectnn_root, tmp_path,
+                                                                monkeypatch):
+    # --root '~/data' (quoted: the shell leaves '~'): the datasets read ~/data/<Name>, the
+    # results and the runs' key named <cwd>/~/data/<Name>, another folder
+    import shutil
+
+    from tests.datasets.raw_formats import write_gdb9
+    home, cwd = tmp_path / 'home', tmp_path / 'cwd'
+    write_gdb9(str(home / 'data' / 'QM9' / 'raw'))
+    shutil.copytree(scanobjectnn_root['root'], home / 'data' / 'ScanObjectNN')
+    cwd.mkdir()
+    monkeypatch.setenv('HOME', str(home))
+    monkeypatch.chdir(cwd)
+    out = tmp_path / 'results'
+    argv = ['--source', 'sdf', '--root', '~/data', '--targets', 'mu', '--models', 'deepsets',
+            '--n-train', '2', '--n-val', '1', '--n-test', '1', '--batch-size', '2', '--out',
+            str(out / 'qm9')] + TINY
+    assert qm9.main(argv) == 0
+    folder = osp.realpath(home / 'data' / 'QM9')
+    assert json.loads((out / 'qm9' / 'qm9.json').read_text())['setup']['root'] == folder
+    (kept, ) = (out / 'qm9' / 'runs').iterdir()
+    assert json.loads(kept.read_text())['identity']['run']['data']['root'] == folder
+    argv = ['--dataset', 'scanobjectnn', '--root', '~/data', '--num-points', '64', '--models',
+            'deepsets', '--n-train', '4', '--n-val', '1', '--batch-size', '4', '--out',
+            str(out / 'pc')] + TINY
+    assert point_clouds.main(argv) == 0
+    assert json.loads((out / 'pc' / 'point_clouds.json').read_text())['setup']['roots'] == {
+        'scanobjectnn': osp.realpath(home / 'data' / 'ScanObjectNN')}
+    assert not (cwd / '~').exists()
+
+
 @pytest.mark.parametrize('given, read_back', [('absolute', True), ('none', True),
                                               ('relative', False)])
 def test_qm9_resume_reads_runs_kept_under_the_root_as_given(qm9, qm9_root, tmp_path,

@@ -741,3 +741,28 @@ def test_one_seed_makes_no_claim_about_the_seed_spread():
     assert ours.endswith(' (one seed)') and not ours.startswith('tie')
     assert eq.agrees(ours, ours.removesuffix(' (one seed)'))
     assert not eq.verdict(row, seeds=2)[0].endswith('(one seed)')
+
+
+@pytest.mark.parametrize('script, argv', [
+    ('depth_separation', ['--tdof', '2', '--d', '2']),
+    ('equivariance', ['--cells', 'hull d=3', '--models', 'mz']),
+    ('geometry', ['--tasks', 'MEB', '--dims', '8', '--models', 'mz']),
+])
+def test_grid_studies_say_which_std_their_spread_is(script, argv, tmp_path, monkeypatch):
+    # their tables gave 'r2 std' over seeds without saying it is the population one (ddof 0),
+    # as qm9.py, point_clouds.py and summary_markdown say (SPREAD_NOTE)
+    import torch_mz.study.grid as grid
+    from torch_mz.study import SPREAD_NOTE
+
+    def trained(task, name, seed, config, **overrides):  # (nothing trains: figures by seed)
+        return dict(model=name, seed=seed, params=1, best_epoch=0, epochs_run=1,
+                    stopped_early=False, wall_time_s=0.0, val={},
+                    test=dict(r2=0.5 + 0.1 * seed, mse=1.0 + seed, mae=1.0))
+    monkeypatch.setattr(grid, 'train_one', trained)
+    out = tmp_path / script
+    run_main(script, argv + ['--seeds', '2', '--n-train', '8', '--epochs', '1', '--out',
+                             str(out)])
+    saved = json.loads((out / f'{script}.json').read_text())
+    assert [r['mz-1l r2 std' if script == 'depth_separation' else 'mz r2 std']
+            for r in saved['rows']] == [pytest.approx(0.05)] * len(saved['rows'])  # (ddof 0)
+    assert SPREAD_NOTE in (out / f'{script}.md').read_text()

@@ -621,6 +621,32 @@ def test_compare_resume_keeps_the_seeds_of_the_comparison(tmp_path, capsys):
         0, 1, 2]
 
 
+def test_compare_resume_records_the_runs_own_minutes(tmp_path, capsys, monkeypatch):
+    # a resumed comparison's total_minutes counts this call alone (the epochs an earlier call
+    # trained are not in it), without a word; run_minutes sums the runs' recorded times, as a
+    # resumed study's report does
+    import torch_mz.study as study
+    from torch_mz.train import TrainingStopped, stop_by
+    out = str(tmp_path / 'cmp')
+    argv = ['compare', '--task', 'max', *T[:-1], '2', '--models', 'deepsets', '--seeds', '1']
+    with pytest.raises(TrainingStopped), stop_by(0.0):
+        main([*argv, '--out', out])
+    real = study.train_models
+
+    def earlier(*args, **kwargs):  # (runs whose earlier call trained them for 10 minutes)
+        rows = real(*args, **kwargs)
+        for row in rows:
+            row['wall_time_s'] += 600.0
+        return rows
+    monkeypatch.setattr(study, 'train_models', earlier)
+    assert main([*argv, '--out', out, '--resume']) == 0
+    payload = json.load(open(os.path.join(out, 'results.json')))
+    assert payload['run_minutes'] == pytest.approx(payload['runs'][0]['wall_time_s'] / 60)
+    assert payload['run_minutes'] > 10 > payload['total_minutes']
+    assert main([*argv, '--out', str(tmp_path / 'fresh')]) == 0  # (not resumed: no such figure)
+    assert 'run_minutes' not in json.load(open(tmp_path / 'fresh' / 'results.json'))
+
+
 def test_compare_resume_refuses_runs_outside_the_comparison_and_other_data(tmp_path, capsys):
     out = str(tmp_path / 'cmp')
     argv = ['compare', '--task', 'max', *T, '--out', out]
@@ -1401,6 +1427,23 @@ def test_compare_records_the_dataset_folder_absolute(tmp_path, monkeypatch):
                                        '--epochs', '5'])
     assert _comparison_options(args)['root'] is None  # (no data read yet: the folder read is
     # recorded once they are, below)
+
+
+def test_root_expands_the_home_folder_as_the_datasets_do(tmp_path, monkeypatch, capsys):
+    # --root '~/x' (quoted: the shell leaves '~' as it is) is read by PyG's datasets as ~/x;
+    # comparison.json recorded <cwd>/~/x, another folder, and a file at ~/x was not refused
+    from torch_mz.cli import _comparison_options
+    home = tmp_path / 'home'
+    home.mkdir()
+    monkeypatch.setenv('HOME', str(home))
+    monkeypatch.chdir(tmp_path)
+    args = build_parser().parse_args(['compare', '--task', 'qm9', '--models', 'mz',
+                                       '--epochs', '5', '--root', '~/data/QM9'])
+    assert _comparison_options(args)['root'] == str(home / 'data' / 'QM9')
+    (home / 'a_file').write_text('mine')
+    assert main(['train', *T, '--model', 'deepsets', '--task', 'qm9', '--root', '~/a_file']) == 2
+    assert 'is a file, not a dataset folder' in capsys.readouterr().err
+    assert (home / 'a_file').read_text() == 'mine'
 
 
 def test_compare_records_the_default_dataset_folder_it_read(scanobjectnn_root, tmp_path,

@@ -209,7 +209,8 @@ def _add_training_args(p: argparse.ArgumentParser):
     g.add_argument('--set-size', help='LOW,HIGH range of set sizes (synthetic tasks)')
     g.add_argument('--task-arg', action='append', metavar='KEY=VALUE',
                    help='task option, e.g. tdof=8 or target=mu (repeatable)')
-    g.add_argument('--root', help='folder of the real dataset itself, e.g. datasets/QM9 '
+    g.add_argument('--root', type=_data_root,
+                   help='folder of the real dataset itself, e.g. datasets/QM9 '
                    '(default: $TORCH_MZ_DATA/<Name> or datasets/<Name>)')
     g.add_argument('--data-seed', type=int, default=None,
                    help='seed of the synthetic data / real split (default: 0; with --resume, '
@@ -652,6 +653,13 @@ def _check_root(args) -> None:
                        f"synthetic, generated from its seed: drop --root")
     if os.path.exists(args.root) and not os.path.isdir(args.root):
         raise CLIError(f"--root '{args.root}' is a file, not a dataset folder")
+
+
+def _data_root(text: str) -> str:
+    r"""--root with ``~`` expanded, as PyG's datasets expand it to read the folder (a quoted
+    ``'~/x'`` was checked, and recorded in ``comparison.json``, as ``<cwd>/~/x``: another folder
+    than the one read)."""
+    return os.path.expanduser(text)
 
 
 def _same_path(a: str, b: str) -> bool:
@@ -1193,12 +1201,15 @@ def cmd_compare(args) -> int:
     # command as typed, e.g. '--out x --resume', would start a default comparison elsewhere)
     command = _compare_command(args, out, task) if args.resume else args.command_line
     resumed = dict(resumed_with=args.command_line) if args.resume else {}
+    # total_minutes: this call's time; resumed, the runs' own recorded times (the epochs an
+    # earlier call trained included) summed too, as a resumed study's write_report gives them
+    run_minutes = dict(run_minutes=sum(r['wall_time_s'] for r in rows) / 60) if args.resume else {}
     payload = dict(task=task.name, task_info=task.info, description=task.description,
                    sizes=dict(train=len(task.train), val=len(task.val), test=len(task.test)),
                    command=command, **resumed,
                    args={k: v for k, v in vars(args).items() if k != 'func'},
                    environment=environment(), summary=summary, runs=rows,
-                   total_minutes=(time.time() - start) / 60)
+                   total_minutes=(time.time() - start) / 60, **run_minutes)
     header = f'Command: `{command}`'
     if args.resume:  # (and the options without a flag the checkpoints' runs were trained with)
         from torch_mz.train import TrainConfig
@@ -1432,7 +1443,8 @@ def build_parser() -> argparse.ArgumentParser:
                    'checkpoint records)')
     p.add_argument('--task-arg', action='append', metavar='KEY=VALUE',
                    help='task option (default: those the checkpoint records; repeatable)')
-    p.add_argument('--root', help='folder of the real dataset itself, e.g. datasets/QM9')
+    p.add_argument('--root', type=_data_root,
+                   help='folder of the real dataset itself, e.g. datasets/QM9')
     p.add_argument('--n-test', type=int,
                    help="test sets (default: the training run's; of QM9, the first N of the "
                    "training run's test split; of ModelNet40 / ScanObjectNN, N spread evenly "

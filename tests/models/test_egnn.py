@@ -729,6 +729,34 @@ def test_egnn_names_a_missing_x_and_a_dtype_mismatch():
     assert model.double()(Data(pos=pos.double())).prediction.dtype == torch.float64
 
 
+def test_egnn_features_and_coordinates_meet_in_the_wider_dtype():
+    # as set_features has them: float64 'x' beside float32 'pos' were cast to float32 without a
+    # word (a float32 model ran on the rounded features; a float64 one refused the pair)
+    from torch_mz.models import build_model
+    g = torch.Generator().manual_seed(0)
+    pos = torch.randn(4, 3, generator=g)  # (4, 3), float32
+    x = torch.randn(4, 2, generator=g, dtype=torch.float64) + 2 ** -40  # (4, 2): not float32
+    model = build_model('egnn', 5, 1, pos_dim=3, hidden_channels=8)
+    with pytest.raises(ValueError, match=r"'pos' and 'x' of the model's dtype torch.float32 "
+                                         r"\(got torch.float64 'x' beside torch.float32 'pos'"):
+        model(Data(pos=pos, x=x))
+    with torch.autocast('cpu', dtype=torch.bfloat16), pytest.raises(
+            ValueError, match="does not cast float64"):  # (a RuntimeError in a matrix product)
+        model(Data(pos=pos, x=x))
+    wide = build_model('egnn', 5, 1, pos_dim=3, hidden_channels=8).double()
+    wide.load_state_dict(model.state_dict())
+    out = wide(Data(pos=pos, x=x)).prediction
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, wide(Data(pos=pos.double(), x=x)).prediction, rtol=0,
+                               atol=0)
+    # integer or boolean one-hot features take the coordinates' dtype, as before
+    flags = torch.tensor([[1, 0], [0, 1], [1, 1], [0, 0]])
+    expected = model(Data(pos=pos, x=flags.float())).prediction
+    for given in (flags, flags.bool()):
+        torch.testing.assert_close(model(Data(pos=pos, x=given)).prediction, expected)
+    assert wide(Data(pos=pos.double(), x=flags)).prediction.dtype == torch.float64
+
+
 def test_coordinates_of_another_width_than_pos_dim_are_refused():
     from torch_mz.models import build_model
     model = build_model('egnn', 4, 1, pos_dim=3)

@@ -687,12 +687,19 @@ class EGNN(Module):
                         f"in_channels={x.size(1)}")
             raise ValueError(f"Expected features of shape ({num_nodes}, {self.in_channels}), "
                              f"got {got}{hint}")
+        # x and pos meet in the wider of their dtypes, as set_features has them (x was cast to
+        # pos's: float64 features rounded to float32 without a word, and a float64 model
+        # refused them beside float32 coordinates); integer or boolean x take pos's
+        dtype = torch.promote_types(pos.dtype, x.dtype)
         param = next(self.parameters(), None)
-        if (param is not None and pos.dtype != param.dtype
-                and not torch.is_autocast_enabled(pos.device.type)):
-            raise ValueError(f"Expected 'pos' of the model's dtype {param.dtype} (got "
-                             f"{pos.dtype}); convert the input, convert the model (e.g. "
-                             f".to({pos.dtype})), or run under torch.autocast")
+        if param is not None and dtype != param.dtype and (
+                dtype == torch.float64 or not torch.is_autocast_enabled(pos.device.type)):
+            # (autocast casts float32, float16 and bfloat16 inputs, not float64 ones)
+            what, came = ("'pos'", str(pos.dtype)) if dtype == pos.dtype else (
+                "'pos' and 'x'", f"{x.dtype} 'x' beside {pos.dtype} 'pos', which meet in {dtype}")
+            raise ValueError(f"Expected {what} of the model's dtype {param.dtype} (got {came}); "
+                             f"convert the input, convert the model (e.g. .to({dtype})), or "
+                             f"run under torch.autocast (which does not cast float64 input)")
         if batch is None:
             batch = torch.zeros(num_nodes, dtype=torch.long, device=pos.device)
             num_sets = 1 if num_sets is None else num_sets
@@ -700,7 +707,7 @@ class EGNN(Module):
             raise ValueError(f"'batch' has {batch.numel()} entries but there are {num_nodes} "
                              f"elements")
         batch, num_sets = check_set_ids(batch, batch.numel(), num_sets, 'batch')
-        return x.to(pos.dtype), pos, batch, num_sets
+        return x.to(dtype), pos.to(dtype), batch, num_sets
 
     def build_edge_index(self, pos: Tensor, batch: Tensor,
                          num_sets: Optional[int] = None) -> Tensor:
