@@ -46,7 +46,7 @@ from torch_mz.study import (choice_list, count_flops, environment, int_list, mar
                             matmul_peak_flops, positive_int)
 from torch_mz._files import atomic_write
 from torch_mz.study.measure import time_call
-from torch_mz.study.plots import replace_plot, save_figure
+from torch_mz.study.plots import replace_plot, save_figure, try_plot
 from torch_mz.study.workloads import (MERGED, build_aggr, make_batch, preset_calls,
                                       random_graph)
 
@@ -220,10 +220,11 @@ def write(rows: List[dict], args, out: str, elapsed: float, peak: float) -> Opti
     return write_report(report, out)
 
 
-def write_report(report: dict, out: str) -> Optional[str]:
+def write_report(report: dict, out: str, redraw: bool = False) -> Optional[str]:
     r"""``gpu_profile.{md,png}`` from the contents of ``gpu_profile.json`` (``--replot``
-    rebuilds them from the file alone, e.g. after a change of the figure). Returns the note of
-    a plot not drawn (an earlier run's is removed then), else :obj:`None`."""
+    rebuilds them from the file alone, e.g. after a change of the figure: :obj:`redraw`).
+    Returns the note of a plot not drawn (an earlier run's is removed then; with
+    :obj:`redraw` the figure there, this file's own, is kept), else :obj:`None`."""
     rows, env, command = report['rows'], report['environment'], report['command']
     words = shlex.split(command)  # (--out's path quoted where it needs it)
     args = {w[2:]: v for w, v in zip(words, words[1:]) if w.startswith('--')}
@@ -249,6 +250,8 @@ def write_report(report: dict, out: str) -> Optional[str]:
     text = '\n'.join(lines) + '\n'
     atomic_write(os.path.join(out, NAME + '.md'), lambda f: f.write(text), binary=False)
     png = os.path.join(out, NAME + '.png')
+    if redraw:  # (the run drew it from these rows: kept where it cannot be drawn again here)
+        return try_plot(plot, rows, png)
     return replace_plot(png, plot, rows, png)
 
 
@@ -282,10 +285,10 @@ def main():
         except ValueError as e:
             parser.error(f'argument --replot: {path} is not valid JSON ({e}); restore it or '
                          f'measure again')
-        note = write_report(report, args.out)
+        note = write_report(report, args.out, redraw=True)
         if note:
             print(note)
-        drawn = os.path.isfile(os.path.join(args.out, NAME + '.png'))
+        drawn = note is None and os.path.isfile(os.path.join(args.out, NAME + '.png'))
         print(f"rebuilt {args.out}/{NAME}.{{md{',png' if drawn else ''}}} from {path}")
         return
     if args.device == 'cuda' and not torch.cuda.is_available():

@@ -50,7 +50,7 @@ from torch_mz.datasets import TASKS as SYNTHETIC_TASKS
 from torch_mz.models import build_model, count_parameters
 from torch_mz.options import parse_key_values
 from torch_mz.study import (environment, markdown_table, positive_int, pyplot, replace_plot,
-                            time_call, write_report)
+                            time_call, try_plot, write_report)
 from torch_mz.study.plots import save_figure
 from torch_mz.study.budget import Budget, add_budget_arguments, choose_budget, study_config
 from torch_mz.study.statistics import mean_std, paired_gap, resolved_ordering
@@ -473,11 +473,12 @@ def target_std_of(task) -> float:
     return float(np.std([float(d.y) for d in task.test]))
 
 
-def write_study(out, record):
+def write_study(out, record, redraw: bool = False):
     r"""Writes ``uncertainty.{json,md,png}`` in :obj:`out` from :obj:`record` (the environment,
     setup, summary, runs, verdict lines, minutes and test target std of one study); the
     paper's figures are added. A note where the plot could not be drawn (the report links none,
-    and an earlier run's is removed), else ``None``."""
+    and an earlier run's is removed), else ``None``. With :obj:`redraw` (``--replot``: the
+    figure there is this record's own) a figure not drawn again is kept, and linked."""
     setup, runs = record['setup'], record['runs']
     scored = [r for r in runs if 'diverged' not in r]  # (the others: named, left out)
     title = ('Uncertainty calibration on '
@@ -497,15 +498,22 @@ def write_study(out, record):
     # the plot after the record is read (a record missing a field leaves the earlier files as
     # they were) and before the report, which links it where it was drawn
     png = os.path.join(out, 'uncertainty.png')
-    note = replace_plot(png, plot, scored, png)
+    # (--replot: the study drew the figure there from these runs, kept where it cannot be
+    # drawn again here; it was removed, and the report rebuilt without it)
+    redraw = redraw and bool(scored)  # (none scored: no figure of them to keep)
+    note = try_plot(plot, scored, png) if redraw else replace_plot(png, plot, scored, png)
+    kept = redraw and note is not None and os.path.isfile(png)
+    if kept:
+        note += "; the study's own uncertainty.png is kept"
     write_report(out, 'uncertainty', title, env, setup, body, payload, minutes,
-                 plot=note is None)
+                 plot=note is None or kept)
     return note
 
 
 def replot(recorded, out):
     r"""Rebuilds ``uncertainty.{md,png}`` (and rewrites the JSON, figures unchanged) from a
-    recorded study: the tables and verdicts as recorded, in the current report's layout.
+    recorded study: the tables and verdicts as recorded, in the current report's layout (a
+    plot that cannot be drawn here keeps the study's own figure, and the report links it).
     Records written before the test target std was stored get it from the task, generated
     again from the recorded setup (a :class:`ValueError` where it is not the recorded task)."""
     record = dict(recorded)
@@ -518,7 +526,7 @@ def replot(recorded, out):
             raise ValueError(f"the task generated again is not the recorded one ({task.info} "
                              f"against {setup['task_params']})")
         record['target_std'] = target_std_of(task)
-    return write_study(out, record)
+    return write_study(out, record, redraw=True)
 
 
 def at_least_two(text):

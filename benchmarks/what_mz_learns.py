@@ -145,7 +145,8 @@ def verdicts(rows, tdof: int, threshold: float):
     r"""Plain statements of agreement with the paper's three claims, from the aggregated rows,
     each checked on the untrained control too (an L whose every seed diverged is left out)."""
     trained = {r['L']: r for r in rows if r['state'] == 'trained' and r['seeds']}
-    init = {r['L']: r for r in rows if r['state'] == 'init'}
+    # the control on the same Ls (an L left out above counted against 'holds at init')
+    init = {r['L']: r for r in rows if r['state'] == 'init' and r['L'] in trained}
     if not trained:
         return ['No verdict: every run diverged.']
     out = []

@@ -5,6 +5,7 @@ naming the option) before any model is trained, and nothing is written half or f
 run's figures. Training is replaced by a function that fails the test, so a check that comes
 only after training shows as that failure."""
 import json
+import math
 import os
 import shutil
 
@@ -412,6 +413,23 @@ def test_what_mz_learns_records_a_diverged_run(tmp_path, monkeypatch, capsys):
     assert 'L=2:' not in ' '.join(saved['verdicts'])
     assert 'what_mz_learns.png' not in text and not (tmp_path / 'what_mz_learns.png').exists()
     assert 'Traceback' not in capsys.readouterr().err
+
+
+def test_what_mz_learns_checks_the_control_on_the_ls_it_compares():
+    # the control (initialisation) of an L whose every seed diverged still counted: its
+    # generators, not near-orthogonal at init, made the verdict read 'it does not hold at
+    # initialisation, so training produced it' of the Ls that held there too
+    study = load_script('what_mz_learns')
+
+    def row(L, state, cos, seeds=1):
+        figures = {key: (1.0 if seeds else math.nan) for key in study.KEYS}
+        return dict(figures, L=L, state=state, seeds=seeds, chance_abs_cos=0.03,
+                    mean_abs_offdiag_cos=cos if seeds else math.nan)
+    rows = [row(4, 'init', 0.5), row(4, 'trained', None, seeds=0),
+            row(8, 'init', 0.05), row(8, 'trained', 0.04)]
+    ortho = study.verdicts(rows, tdof=8, threshold=0.1)[0]
+    assert ortho.startswith('**Near-orthogonal generators: agrees**')
+    assert 'holds equally at initialisation' in ortho and 'training produced it' not in ortho
 
 
 # --- set_size_generalisation.py --------------------------------------------------------------

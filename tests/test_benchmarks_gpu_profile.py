@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from tests._scripts import load_script, run_script
+from tests._scripts import load_script, run_script, without_matplotlib
 
 
 @pytest.fixture(scope='module')
@@ -78,6 +78,28 @@ def test_replot_rebuilds_the_report_from_the_file_alone(tmp_path, monkeypatch, p
     assert json.loads((out / 'gpu_profile.json').read_text()) == report
     empty = tmp_path / 'none'
     assert run_script('gpu_profile', ['--replot', '--out', str(empty)], monkeypatch) == 2
+
+
+def test_replot_keeps_the_runs_figure_where_it_cannot_draw(tmp_path, monkeypatch, capsys):
+    # --replot without matplotlib removed gpu_profile.png: the figure the run drew of the very
+    # rows the file holds (the rows of a CPU run, with nothing to draw, still remove it)
+    out = tmp_path / 'p'
+    out.mkdir()
+    rows = [dict(workload='w', model='rigid', wall_ms=20.0, busy_ms=5.0, top=[],
+                 **{'busy / wall': 0.25})]
+    report = dict(command='python benchmarks/gpu_profile.py --device cuda',
+                  environment=dict(cuda='Some GPU', torch='2.x'), elapsed_s=1.0, rows=rows)
+    (out / 'gpu_profile.json').write_text(json.dumps(report))
+    (out / 'gpu_profile.png').write_bytes(b'the run drew it')
+    without_matplotlib(monkeypatch)
+    assert run_script('gpu_profile', ['--replot', '--out', str(out)], monkeypatch) == 0
+    assert (out / 'gpu_profile.png').read_bytes() == b'the run drew it'
+    printed = capsys.readouterr().out
+    assert 'matplotlib is not installed' in printed and 'gpu_profile.{md} from' in printed
+    rows[0]['busy / wall'] = None
+    (out / 'gpu_profile.json').write_text(json.dumps(report))
+    assert run_script('gpu_profile', ['--replot', '--out', str(out)], monkeypatch) == 0
+    assert not (out / 'gpu_profile.png').exists()
 
 
 def test_the_merged_row_restores_the_bucket_settings(profile):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests._scripts import BENCHMARKS, load_script, run_main, run_script
+from tests._scripts import BENCHMARKS, load_script, run_main, run_script, without_matplotlib
 
 
 def uncertainty_run(spearman, boot=None):
@@ -98,13 +98,9 @@ def test_uncertainty_report_tables_from_hand_built_runs():
     assert body.count('\n## ') == 5 and body.endswith(t['members'])
 
 
-def test_uncertainty_replot_rebuilds_the_report_from_its_record(tmp_path, monkeypatch):
-    # --replot writes the report of a recorded study again (tables in the current layout,
-    # figures as recorded) without training; a record from before the target std was stored
-    # gets it from the task generated again, and every table row has its header's cells
-    # (the '|' of 'mean |error|' had split the Table 19 header into 11)
-    study = load_script('uncertainty')
-    task = study.load_task('chamfer', seed=0, n_train=4, n_val=4, n_test=6)
+def uncertainty_record(study, task):
+    r"""A recorded uncertainty study of one seed on :obj:`task` (no ``target_std``: a record
+    from before it was stored), as ``uncertainty.json`` holds it."""
     bins = [dict(bin=b, uncertainty=0.1 * b, abs_error=0.2 * b, count=1) for b in range(1, 6)]
     method = dict(mse=1.0, spearman=0.5, pearson=0.1, inference_s=1.0, passes=1, models=1,
                   fit=dict(a=1.0, b=0.1), calibrated=dict(ece=0.1, nll=1.0, coverage=[0.5] * 19),
@@ -118,11 +114,21 @@ def test_uncertainty_replot_rebuilds_the_report_from_its_record(tmp_path, monkey
                  timing_sets=6, device='cpu', task_params=task.info)
     env = dict(command='python benchmarks/uncertainty.py --quick', cpu_count=2, torch='2.x',
                threads=1, cuda=None)
-    record = json.loads(json.dumps(dict(
+    return json.loads(json.dumps(dict(
         environment=env, setup=setup, summary=summary, runs=runs, minutes=1.5,
         verdicts=['a recorded verdict'],
         paper=dict(table19=study.PAPER_T19, table20=study.PAPER_T20,
                    table21=study.PAPER_T21))))
+
+
+def test_uncertainty_replot_rebuilds_the_report_from_its_record(tmp_path, monkeypatch):
+    # --replot writes the report of a recorded study again (tables in the current layout,
+    # figures as recorded) without training; a record from before the target std was stored
+    # gets it from the task generated again, and every table row has its header's cells
+    # (the '|' of 'mean |error|' had split the Table 19 header into 11)
+    study = load_script('uncertainty')
+    task = study.load_task('chamfer', seed=0, n_train=4, n_val=4, n_test=6)
+    record = uncertainty_record(study, task)
     (tmp_path / 'uncertainty.json').write_text(json.dumps(record))
     assert run_script('uncertainty', ['--replot', '--out', str(tmp_path)], monkeypatch) == 0
     text = (tmp_path / 'uncertainty.md').read_text()
@@ -145,6 +151,26 @@ def test_uncertainty_replot_rebuilds_the_report_from_its_record(tmp_path, monkey
     assert run_script('uncertainty', ['--replot', '--out', str(tmp_path)], monkeypatch) == 2
     (tmp_path / 'uncertainty.json').write_text('{')
     assert run_script('uncertainty', ['--replot', '--out', str(tmp_path)], monkeypatch) == 2
+
+
+def test_uncertainty_replot_keeps_the_studys_figure_where_it_cannot_draw(tmp_path, monkeypatch,
+                                                                        capsys):
+    # --replot without matplotlib (or with a plot that fails) removed uncertainty.png and
+    # rebuilt the report without it: the figure the study drew of the very runs recorded
+    study = load_script('uncertainty')
+    task = study.load_task('chamfer', seed=0, n_train=4, n_val=4, n_test=6)
+    record = dict(uncertainty_record(study, task), target_std=1.0)
+    (tmp_path / 'uncertainty.json').write_text(json.dumps(record))
+    (tmp_path / 'uncertainty.png').write_bytes(b'the study drew it')
+    without_matplotlib(monkeypatch)
+    assert run_script('uncertainty', ['--replot', '--out', str(tmp_path)], monkeypatch) == 0
+    assert (tmp_path / 'uncertainty.png').read_bytes() == b'the study drew it'
+    assert '![plot](uncertainty.png)' in (tmp_path / 'uncertainty.md').read_text()
+    assert "the study's own uncertainty.png is kept" in capsys.readouterr().out
+    (tmp_path / 'uncertainty.png').unlink()  # none there: none linked
+    assert run_script('uncertainty', ['--replot', '--out', str(tmp_path)], monkeypatch) == 0
+    assert 'uncertainty.png' not in (tmp_path / 'uncertainty.md').read_text()
+    assert not (tmp_path / 'uncertainty.png').exists()
 
 
 def test_training_step_flop_counts(tmp_path, monkeypatch):

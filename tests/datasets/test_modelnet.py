@@ -213,6 +213,20 @@ def test_a_mesh_cache_records_the_trimesh_version_and_names_another_one(modelnet
     assert 'parser_versions' not in h5.stats
 
 
+def test_the_trimesh_version_warning_names_the_line_that_opened_the_dataset(
+        modelnet_mesh_root):
+    # it named a line of PyG's Dataset constructor (stacklevel=3 from inside the cache checks),
+    # not the caller's
+    first = ModelNet40(modelnet_mesh_root, num_points=16, log=False)
+    stats_json = first.processed_paths[2]
+    stats = json.load(open(stats_json))
+    stats['parser_versions'] = {'trimesh': '3.9.0'}
+    json.dump(stats, open(stats_json, 'w'))
+    with pytest.warns(UserWarning, match='made with trimesh 3.9.0') as caught:
+        ModelNet40(modelnet_mesh_root, num_points=16, log=False)
+    assert [w.filename for w in caught if 'trimesh 3.9.0' in str(w.message)] == [__file__]
+
+
 def test_mesh_labels_agree_with_pyg_modelnet(modelnet_mesh_root, tmp_path):
     from torch_geometric.datasets import ModelNet
     pyg_root = str(tmp_path / 'pyg')

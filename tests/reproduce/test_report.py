@@ -193,6 +193,21 @@ def test_models_table_writes_each_cell_once():
                      '- table1 L=4 (converged): mz 0.500 ± 0.100; paper: Table 1']
 
 
+def test_models_table_tells_apart_a_cell_run_with_other_seeds():
+    # with a claim run at --seeds N beside its budget's (claims/<claim>.<budget>.seedsN.json),
+    # the cell had two lines of other figures, each '- table1 L=4 (quick): ...'
+    records = [dict(claim='table1 L=4: x', budget='quick', seeds=seeds,
+                    ours=dict(models=dict(mz=dict(r2=r2, r2_std=0.1))),
+                    paper=dict(text='Table 1')) for seeds, r2 in ((2, 0.5), (3, 0.6))]
+    records.append(dict(claim='table1 L=16: x', budget='quick', seeds=2,
+                        ours=dict(models=dict(mz=dict(r2=0.4, r2_std=0.1))),
+                        paper=dict(text='Table 1')))
+    lines = reproduce.models_table(records).strip().split('\n')
+    assert lines == ['- table1 L=4 (quick, 2 seeds): mz 0.500 ± 0.100; paper: Table 1',
+                     '- table1 L=4 (quick, 3 seeds): mz 0.600 ± 0.100; paper: Table 1',
+                     '- table1 L=16 (quick): mz 0.400 ± 0.100; paper: Table 1']
+
+
 def test_summary_table_counts_diverged_runs_apart_from_early_stopped_ones():
     from torch_mz.reproduce.report import summary_table
     record = dict(claim='c', paper=dict(value=0.5, source='Table 1'),

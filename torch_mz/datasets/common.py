@@ -11,12 +11,15 @@ import os.path as osp
 import pickle
 import re
 import shutil
+import sys
 import warnings
+from types import FrameType
 from typing import (Any, Callable, ContextManager, Dict, List, Optional, Sequence, Set, Tuple,
                     Type)
 
 import numpy as np
 import torch
+import torch_geometric
 from torch import Tensor
 from torch_geometric.data import Data, InMemoryDataset
 
@@ -34,6 +37,21 @@ _REPO_DIR = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 #: (moved to :mod:`torch_mz.datasets.splits`, its room; importable from here as before)
 split_indices = _splits.split_indices
+
+# the packages whose frames stand between a dataset's warning and the line that opened it
+_LIBRARY_DIRS = (osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), ''),  # torch_mz/
+                 osp.join(osp.dirname(osp.abspath(torch_geometric.__file__)), ''))
+
+
+def _caller_stacklevel() -> int:
+    r"""The ``stacklevel`` at which a warning given by the function that calls this names the
+    first line outside :mod:`torch_mz` and PyG: the line that opened the dataset (a dataset's
+    constructor opens its cache through PyG's, at a depth that differs by class)."""
+    frame: Optional[FrameType] = sys._getframe(2)  # (the caller of the function that warns)
+    level = 2
+    while frame is not None and frame.f_code.co_filename.startswith(_LIBRARY_DIRS):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 class CorruptRawFileError(ValueError):
@@ -533,7 +551,8 @@ class ProcessedDataset(InMemoryDataset):
             warnings.warn(f"The processed files in '{self.processed_dir}' were made with "
                           f"{', '.join(changed)}: they are used as they are, and may differ "
                           f"from what the installed version makes of the raw files; pass "
-                          f"force_reload=True to rebuild them with it", stacklevel=3)
+                          f"force_reload=True to rebuild them with it",
+                          stacklevel=_caller_stacklevel())
 
     def _markers(self) -> List[Tuple[str, Dict[str, Any]]]:
         return [(osp.join(self.processed_dir, 'pre_transform.pt'), _marker(self.pre_transform)),

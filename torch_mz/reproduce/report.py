@@ -113,15 +113,21 @@ def summary_table(records: Sequence[Mapping[str, Any]]) -> str:
 
 def models_table(records: Sequence[Mapping[str, Any]]) -> str:
     r"""Test R² of every model in every cell behind the records (mean ± std over seeds), one
-    line per cell (several claims read the same cell, e.g. the uncertainty comparisons of D.3)."""
+    line per cell (several claims read the same cell, e.g. the uncertainty comparisons of D.3);
+    a cell read at one budget with several seed counts (a claim run with ``--seeds`` beside the
+    budget's own) names its seeds."""
+    counts: Dict[Any, set] = {}
+    for r in records:
+        counts.setdefault((r['claim'].split(':')[0], r['budget']), set()).add(r.get('seeds'))
     lines: List[str] = []
     for r in records:
         models = r['ours'].get('models')
         if not models:
             continue
+        cell = r['claim'].split(':')[0]
+        seeds = (f", {r.get('seeds')} seeds" if len(counts[cell, r['budget']]) > 1 else '')
         cells = ', '.join(f"{m} {v['r2']:.3f} ± {v['r2_std']:.3f}" for m, v in models.items())
-        line = (f"- {r['claim'].split(':')[0]} ({r['budget']}): {cells}; paper: "
-                f"{r['paper']['text']}")
+        line = f"- {cell} ({r['budget']}{seeds}): {cells}; paper: {r['paper']['text']}"
         if line not in lines:
             lines.append(line)
     return '\n'.join(lines) + '\n'
