@@ -155,6 +155,20 @@ def test_every_built_model_redraws_all_its_parameters(name, kwargs):
     assert not kept, kept
 
 
+@pytest.mark.parametrize('name', list(PRESETS))
+def test_every_preset_gives_every_parameter_a_gradient(name):
+    # a parameter without a gradient (the empty generator banks of the generator-less presets,
+    # the last coordinate MLP of egnn) made DistributedDataParallel, whose default
+    # find_unused_parameters=False the trainer keeps, fail at the second training step
+    torch.manual_seed(0)
+    model = build_model(name, 4, 2, pos_dim=3 if name.startswith('egnn') else None)
+    out = model(torch.randn(7, 4), *(() if not name.startswith('egnn') else (None, )),
+                torch.tensor([0, 0, 0, 1, 1, 1, 1]))
+    (out.prediction.sum() + (0 if out.ihw is None else out.ihw.sum())).backward()
+    missing = [k for k, p in model.named_parameters() if p.grad is None]
+    assert not missing, missing
+
+
 def test_options_of_another_value_operator_are_warned_and_not_printed():
     # build_model('rigid', 3, 1, num_matrix_generators=8) was accepted without a word and
     # printed L=8 (L=4 without it): the rigid operator has no matrix generators

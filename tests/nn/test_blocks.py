@@ -251,6 +251,23 @@ def test_empty_sets_give_learned_constant_seeds():
     assert torch.isfinite(out.center).all()
 
 
+@pytest.mark.parametrize('kind', ['isab', 'pma'])
+def test_learned_tokens_without_generators_get_a_gradient(kind):
+    # with num_generators=0 the blocks drop the tokens' empty generator bank, which got no
+    # gradient (None): DistributedDataParallel with find_unused_parameters=False then failed
+    # at the second step of a rigid, film, hypernet or perceiver model
+    block = _block(kind, value='rigid', num_generators=0)
+    index = make_index([3, 1])
+    tokens = Zonotope(torch.randn(4, D, dtype=torch.float64),
+                      torch.zeros(4, 0, D, dtype=torch.float64))
+    out = block(tokens, index, 2)
+    out.center.sum().backward()
+    for name, p in block.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+    with torch.no_grad():  # the same values as without the empty bank joined
+        assert torch.equal(block(tokens, index, 2).center, out.center)
+
+
 @pytest.mark.parametrize('dtype,tol', [(torch.float64, 1e-12), (torch.float32, 1e-5)])
 def test_feed_forward_recompute_matches_autograd(dtype, tol):
     # the training path keeps c and the pre-activation only and recomputes GELU in the backward

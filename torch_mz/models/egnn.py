@@ -29,7 +29,7 @@ from torch_geometric.utils import scatter
 from torch_mz._checks import check_count, check_flag, check_number, check_optional_count
 from torch_mz.models.base import SetPrediction, batch_vector, zero_empty_sets
 from torch_mz.nn.aggr import check_set_ids
-from torch_mz.nn._context import _hooked
+from torch_mz.nn._context import _hooked, tie_parameters
 from torch_mz.nn.functional import _sorted_layout, set_pairs
 
 __all__ = [
@@ -766,7 +766,14 @@ class EGNN(Module):
         h, _ = self._encode(x, pos, batch, num_sets)  # (N, hidden)
         h = self.node_mlp(h)  # (N, hidden)
         h = scatter(h, batch, dim=0, dim_size=num_sets, reduce=self.pool)  # (S, hidden)
-        return SetPrediction(zero_empty_sets(self.head(h), batch, num_sets))  # (S, out_channels)
+        prediction = zero_empty_sets(self.head(h), batch, num_sets)  # (S, out_channels)
+        last = self.convs[-1].coord_mlp if self.num_layers > 0 else None
+        if isinstance(last, Module) and torch.is_grad_enabled():
+            # the last layer's coordinate update reaches no prediction: its coordinate MLP got
+            # no gradient, which DistributedDataParallel (find_unused_parameters=False) took for
+            # an error at the next step; joined at weight zero (the same values), it gets a zero
+            prediction = tie_parameters(prediction, last)
+        return SetPrediction(prediction)
 
     def __repr__(self) -> str:
         # out_channels by name: the second argument of EGNN is hidden_channels (EGNN(6, 1, ...)

@@ -154,7 +154,13 @@ class LearnedTokens(Module):
 
     def forward(self, num_sets: int, like: Tensor):
         r"""Returns the tokens of all sets (set-major: row :obj:`b * num + s`) and their set ids."""
-        center = self.center.to(like.dtype).repeat(num_sets, 1)  # (B * num, d)
+        center = self.center.to(like.dtype)  # (num, d)
+        if self.gens.numel() == 0 and self.gens.requires_grad and torch.is_grad_enabled():
+            # no generators: the blocks drop the empty bank, which then got no gradient, and
+            # DistributedDataParallel (find_unused_parameters=False) failed at the next step;
+            # joined to the centers as its sum, nothing (the same values), it gets its empty one
+            center = center + self.gens.sum().to(like.dtype)
+        center = center.repeat(num_sets, 1)  # (B * num, d)
         gens = self.gens.to(like.dtype).repeat(num_sets, 1, 1)  # (B * num, n_g, d)
         return Zonotope(center, gens), repeat_per_set(num_sets, self.num, like.device)
 
