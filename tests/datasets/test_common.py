@@ -224,6 +224,56 @@ def test_train_test_sets_rebuild_a_broken_cache(scanobjectnn_root, damage, match
         ScanObjectNN(root, train=False, num_points=32, log=False)
 
 
+def _drop_processing_version(cache, fixture):
+    stats = json.load(open(cache['stats.json']))
+    del stats['processing_version']
+    json.dump(stats, open(cache['stats.json'], 'w'))
+
+
+def _relabel_test_file(cache, fixture):
+    rel = osp.join('h5_files', 'main_split', 'test_objectdataset.h5')
+    path = osp.join(fixture['root'], 'raw', rel)
+    arrays = fixture['files'][rel]
+    write_h5(path, **dict(arrays, label=(arrays['label'] + 1) % 15))
+    os.utime(path, ns=(os.stat(path).st_atime_ns, os.stat(path).st_mtime_ns + 10**9))
+
+
+@pytest.mark.parametrize('damage, match', [
+    (lambda c, f: open(c['test.pt'], 'wb').close(), r"test.pt' has 0 bytes.*rebuilding"),
+    (lambda c, f: open(c['pre_filter.pt'], 'wb').close(), "pre_filter.pt' cannot be read"),
+    (lambda c, f: os.remove(c['pre_filter.pt']), 'do not record the pre_filter'),
+    (_drop_processing_version, 'recorded no processing version'),
+    (_relabel_test_file, 'are not those they were built from'),
+])
+def test_the_rebuild_warnings_name_the_line_that_opened_the_dataset(scanobjectnn_root, damage,
+                                                                    match):
+    # they named a line of PyG's Dataset constructor or of torch_mz's cache checks (a fixed
+    # stacklevel from inside them), not the caller's, as the parser-version warning did
+    root = scanobjectnn_root['root']
+    ScanObjectNN(root, train=False, num_points=32, log=False)
+    damage(_cache(root), scanobjectnn_root)
+    with pytest.warns(UserWarning, match=match) as caught:
+        ScanObjectNN(root, train=False, num_points=32, log=False)
+    assert {w.filename for w in caught if re.search(match, str(w.message))} == {__file__}
+
+
+def test_a_dataset_warning_opened_by_the_command_line_names_its_line(tmp_path):
+    # run as `torch-mz` or `python -m torch_mz`, no frame outside torch_mz and PyG opened the
+    # dataset: the warning named the console script's line or '<frozen runpy>'; the command
+    # line's own line is the one that opened it
+    package = osp.dirname(osp.abspath(common.__file__))
+    cli = osp.join(osp.dirname(package), 'cli.py')
+    opener = compile('def open_dataset(warn):\n    warn()\n', cli, 'exec')
+    inside = compile('def warn():\n    warnings.warn("stale", stacklevel=caller())\n',
+                     osp.join(package, 'common.py'), 'exec')
+    space = dict(warnings=warnings, caller=common._caller_stacklevel)
+    exec(opener, space)
+    exec(inside, space)
+    with pytest.warns(UserWarning, match='stale') as caught:
+        space['open_dataset'](space['warn'])
+    assert [(w.filename, w.lineno) for w in caught] == [(cli, 2)]
+
+
 def test_an_interrupted_rebuild_is_redone_not_read_as_a_mixed_cache(scanobjectnn_root,
                                                                    monkeypatch):
     # a rebuild writes train.pt, test.pt, then stats.json and the markers: stopped after

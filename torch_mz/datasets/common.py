@@ -39,17 +39,24 @@ _REPO_DIR = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 split_indices = _splits.split_indices
 
 # the packages whose frames stand between a dataset's warning and the line that opened it
-_LIBRARY_DIRS = (osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), ''),  # torch_mz/
+_PACKAGE_DIR = osp.dirname(osp.dirname(osp.abspath(__file__)))  # torch_mz/
+_LIBRARY_DIRS = (osp.join(_PACKAGE_DIR, ''),
                  osp.join(osp.dirname(osp.abspath(torch_geometric.__file__)), ''))
+# the command line's modules, whose lines open a dataset as a user's script does (run as
+# ``torch-mz`` or ``python -m torch_mz``, nothing outside the packages opened it: the line named
+# was the console script's, or ``<frozen runpy>``'s)
+_CALLER_FILES = tuple(osp.join(_PACKAGE_DIR, name) for name in ('cli.py', '__main__.py'))
 
 
 def _caller_stacklevel() -> int:
     r"""The ``stacklevel`` at which a warning given by the function that calls this names the
-    first line outside :mod:`torch_mz` and PyG: the line that opened the dataset (a dataset's
-    constructor opens its cache through PyG's, at a depth that differs by class)."""
+    first line outside :mod:`torch_mz` and PyG, or in :mod:`torch_mz`'s command line: the line
+    that opened the dataset (a dataset's constructor opens its cache through PyG's, at a depth
+    that differs by class)."""
     frame: Optional[FrameType] = sys._getframe(2)  # (the caller of the function that warns)
     level = 2
-    while frame is not None and frame.f_code.co_filename.startswith(_LIBRARY_DIRS):
+    while frame is not None and frame.f_code.co_filename.startswith(_LIBRARY_DIRS) and (
+            frame.f_code.co_filename not in _CALLER_FILES):
         frame, level = frame.f_back, level + 1
     return level
 
@@ -221,7 +228,8 @@ class SkipCounter:
             detail = ', '.join(f'{k}: {v}' for k, v in sorted(self.counts.items()))
             warnings.warn(
                 f'{what}: {self.total} record(s) skipped or handled by a fallback '
-                f'({detail}); see the stats file in the processed folder', stacklevel=3)
+                f'({detail}); see the stats file in the processed folder',
+                stacklevel=_caller_stacklevel())
 
 
 # what the processed files hold: tensors, plain containers and the PyG data class
@@ -467,7 +475,8 @@ class ProcessedDataset(InMemoryDataset):
                 if e.unsafe:
                     raise
                 warnings.warn(f"{e}; rebuilding the processed files in "
-                              f"'{self.processed_dir}' from the raw files", stacklevel=3)
+                              f"'{self.processed_dir}' from the raw files",
+                              stacklevel=_caller_stacklevel())
                 self._rebuild()
                 self._read_cache()
 
@@ -583,7 +592,7 @@ class ProcessedDataset(InMemoryDataset):
                         warnings.warn(f"The processed files in '{self.processed_dir}' do not "
                                       f"record the {what} they were made with (no "
                                       f"'{osp.basename(path)}'): rebuilding them from the raw "
-                                      f"files", stacklevel=2)
+                                      f"files", stacklevel=_caller_stacklevel())
                         stale = True
                     continue
                 try:
@@ -591,7 +600,8 @@ class ProcessedDataset(InMemoryDataset):
                 except ProcessedFileError as e:
                     if e.unsafe:
                         raise
-                    warnings.warn(f'{e}; rebuilding the processed files', stacklevel=2)
+                    warnings.warn(f'{e}; rebuilding the processed files',
+                                  stacklevel=_caller_stacklevel())
                     stale = True
                     continue
                 mismatch = _marker_mismatch(saved, current, what)
@@ -599,7 +609,8 @@ class ProcessedDataset(InMemoryDataset):
                     # PyG warns and uses the cache as it is: a run would record a pre_transform
                     # (or pre_filter) that was never applied
                     warnings.warn(f"The processed files in '{self.processed_dir}' were made with "
-                                  f"{mismatch}: rebuilding them from the raw files", stacklevel=2)
+                                  f"{mismatch}: rebuilding them from the raw files",
+                                  stacklevel=_caller_stacklevel())
                     stale = True
             if not stale and self._built_by_other_version():
                 stale = True
@@ -636,7 +647,7 @@ class ProcessedDataset(InMemoryDataset):
         warnings.warn(f"The processed files in '{self.processed_dir}' were built by {built_by}, "
                       f"and this release processes the raw files as version "
                       f"{self.processing_version}: rebuilding them from the raw files",
-                      stacklevel=3)
+                      stacklevel=_caller_stacklevel())
         return True
 
     def _raw_files_changed(self) -> bool:
@@ -664,7 +675,7 @@ class ProcessedDataset(InMemoryDataset):
             return False
         warnings.warn(f"The raw files of the processed files in '{self.processed_dir}' are not "
                       f"those they were built from ({what}): rebuilding them from the raw files",
-                      stacklevel=3)
+                      stacklevel=_caller_stacklevel())
         return True
 
     def _record_raw_times(self, stats: Dict[str, Any], recorded: Dict[str, Any],
