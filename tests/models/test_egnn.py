@@ -491,6 +491,20 @@ def test_model_gives_every_parameter_a_gradient(wrap):
         assert torch.equal(call(x, pos, batch).prediction, pred)
 
 
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float64])
+def test_model_gradient_tie_keeps_the_sign_of_zero(dtype):
+    # the tie of the last coordinate MLP added 0 * sum: the -0.0 of an empty set's zeroed
+    # prediction came out +0.0 with gradients on (-0.0 without), no longer the same bits
+    torch.manual_seed(0)
+    model = EGNN(1, out_channels=4, hidden_channels=8, num_layers=2).to(dtype)
+    x, pos, batch = random_sets([3, 4], 3, 1, dtype=dtype)
+    pred = model(x, pos, batch * 2, num_sets=4).prediction  # sets 1 and 3 empty
+    with torch.no_grad():
+        ref = model(x, pos, batch * 2, num_sets=4).prediction
+    assert torch.signbit(ref[1::2]).any()  # (a -0.0 to keep)
+    assert torch.equal(torch.signbit(pred), torch.signbit(ref)) and torch.equal(pred, ref)
+
+
 def test_model_large_graph_stays_finite():
     torch.manual_seed(0)
     model = EGNN(2, hidden_channels=16, num_layers=4, normalize=True, tanh=True)

@@ -268,6 +268,20 @@ def test_learned_tokens_without_generators_get_a_gradient(kind):
         assert torch.equal(block(tokens, index, 2).center, out.center)
 
 
+def test_learned_tokens_without_generators_keep_their_centers_bit_for_bit():
+    # the empty bank's sum (+0.0) was added to the centers: a center of -0.0 came out +0.0
+    block = _block('pma', value='rigid', num_generators=0)
+    with torch.no_grad():
+        block.seeds.center[0, :3] = -0.0
+    like = torch.zeros(1, D, dtype=torch.float64)
+    tokens, _ = block.seeds(2, like)
+    assert tokens.center.requires_grad  # (the tie ran)
+    with torch.no_grad():
+        ref, _ = block.seeds(2, like)
+    assert torch.signbit(ref.center).any()
+    assert torch.equal(torch.signbit(tokens.center), torch.signbit(ref.center))
+
+
 @pytest.mark.parametrize('dtype,tol', [(torch.float64, 1e-12), (torch.float32, 1e-5)])
 def test_feed_forward_recompute_matches_autograd(dtype, tol):
     # the training path keeps c and the pre-activation only and recomputes GELU in the backward

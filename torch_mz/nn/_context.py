@@ -16,10 +16,19 @@ __all__ = ['_hooked', '_functorch_active', '_forward_ad_active', '_attention_wri
 
 def tie_parameters(out: Tensor, module: Module) -> Tensor:
     r""":obj:`out` with every parameter of :obj:`module` that requires gradients joined to it
-    at weight zero (the same values): on an input without elements each then gets a zero
-    gradient, where it got none, which :class:`~torch.nn.parallel.DistributedDataParallel`
-    with ``find_unused_parameters=False`` takes for an error."""
-    return out + 0 * sum(p.sum() for p in module.parameters() if p.requires_grad)
+    at weight zero (the same values): where they reach no output (an input without elements,
+    EGNN's last coordinate MLP) each then gets a zero gradient, where it got none, which
+    :class:`~torch.nn.parallel.DistributedDataParallel` with ``find_unused_parameters=False``
+    takes for an error. A positive zero (``0 * |sum|``) is subtracted: the identity on every
+    value, -0.0 included, where ``out + 0 * sum`` turned a -0.0 (an empty set's zeroed
+    prediction) into +0.0. A parameter that is not finite makes :obj:`out` NaN."""
+    tied = [p.sum() for p in module.parameters() if p.requires_grad]
+    if not tied:
+        return out
+    total = tied[0]
+    for s in tied[1:]:
+        total = total + s
+    return out - 0 * total.abs()
 
 
 def _hooked(module: Module) -> bool:

@@ -159,7 +159,8 @@ class LearnedTokens(Module):
             # no generators: the blocks drop the empty bank, which then got no gradient, and
             # DistributedDataParallel (find_unused_parameters=False) failed at the next step;
             # joined to the centers as its sum, nothing (the same values), it gets its empty one
-            center = center + self.gens.sum().to(like.dtype)
+            # (subtracted: c - (+0.0) is c for every c, where c + 0.0 turned -0.0 into +0.0)
+            center = center - self.gens.sum().to(like.dtype)
         center = center.repeat(num_sets, 1)  # (B * num, d)
         gens = self.gens.to(like.dtype).repeat(num_sets, 1, 1)  # (B * num, n_g, d)
         return Zonotope(center, gens), repeat_per_set(num_sets, self.num, like.device)
