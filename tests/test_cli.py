@@ -1753,3 +1753,47 @@ def test_an_empty_path_flag_is_refused(tmp_path, capsys, monkeypatch):
         err = capsys.readouterr().err
         assert message in err and err.count('\n') == 1, (argv, err)
     assert os.listdir(tmp_path) == []
+
+
+def test_only_the_main_process_of_torchrun_writes_a_comparisons_files(tmp_path, monkeypatch):
+    # under torchrun a rank that came later found the comparison.json the main process had just
+    # written and refused the comparison ("already holds the results of a comparison"), or
+    # with --overwrite removed it; every rank also wrote results.* and the plot
+    import torch_mz.cli as cli
+    monkeypatch.setattr(cli, '_main_process', lambda: False)  # (a rank > 0 of torchrun)
+    out = tmp_path / 'cmp'
+    out.mkdir()
+    record = out / 'comparison.json'  # (as the main process wrote it)
+    record.write_text('{"models": ["deepsets"], "seeds": 1}')
+    argv = ['compare', '--task', 'max', *T, '--models', 'deepsets:hidden_channels=8',
+            '--seeds', '1', '--out', str(out)]
+    for extra in ([], ['--overwrite']):
+        assert main(argv + extra) == 0
+        assert record.read_text() == '{"models": ["deepsets"], "seeds": 1}'
+        assert not (out / 'results.json').exists() and not (out / 'results.md').exists()
+
+
+def test_only_the_main_process_of_torchrun_removes_a_runs_files(tmp_path, monkeypatch):
+    # train --overwrite under torchrun: every rank removed the earlier run's files, so two ranks
+    # removed one file at once, or a later one what the main process had written since
+    import torch_mz.cli as cli
+    monkeypatch.setattr(cli, '_main_process', lambda: False)  # (a rank > 0 of torchrun)
+    removed = []
+    monkeypatch.setattr(cli, '_remove_run_files', removed.append)
+
+    class Trained(Exception):
+        pass
+
+    def run(*args, **kwargs):
+        raise Trained
+    monkeypatch.setattr(cli, '_run', run)
+    out = tmp_path / 'run'
+    out.mkdir()
+    (out / 'checkpoint.pt').write_bytes(b'an earlier run')
+    with pytest.raises(Trained):
+        main(['train', *TINY, '--model', 'rigid', *SMALL, '--out', str(out), '--overwrite'])
+    assert removed == []
+    monkeypatch.setattr(cli, '_main_process', lambda: True)
+    with pytest.raises(Trained):
+        main(['train', *TINY, '--model', 'rigid', *SMALL, '--out', str(out), '--overwrite'])
+    assert removed == [str(out)]

@@ -775,8 +775,8 @@ def cmd_train(args) -> int:
     _check_model_args(args, task, models)
     print(f'task {task.name}: {task.description} | train/val/test = '
           f'{len(task.train)}/{len(task.val)}/{len(task.test)} | d_in={task.in_channels}')
-    if args.overwrite:
-        _remove_run_files(out)
+    if args.overwrite and _main_process():  # (under torchrun every rank removed them: a
+        _remove_run_files(out)  # later one could remove what the main one had written)
     row = _run(args, task, model, args.seed, out, args.resume)
     metrics = ', '.join(f'{k} {v:.4g}' for k, v in row['test'].items())
     print(f"{args.model} ({row['params']:,} parameters): best epoch {row['best_epoch']}, "
@@ -1112,7 +1112,11 @@ def cmd_compare(args) -> int:
               + ', '.join(taken))
     _check_training_args(args)
     stale = _compare_outputs(out)
-    if stale and not args.overwrite and not args.resume:
+    # under torchrun the main process alone refuses, removes and writes the comparison's files
+    # (a rank that came later refused the comparison.json the main one had just written, or
+    # with --overwrite removed it); torchrun ends the others where it refuses
+    main_process = _main_process()
+    if stale and not args.overwrite and not args.resume and main_process:
         raise CLIError(f"'{out}' already holds the results of a comparison "
                        f"({', '.join(stale)}); pass --resume to continue it (finished runs "
                        f"are read back, interrupted ones continue from their last "
@@ -1161,19 +1165,21 @@ def cmd_compare(args) -> int:
                 raise CLIError(f"--resume: '{ckpt}' was trained on {describe_run(info)}, "
                                f"not {describe_run(current[spec])}: pass the original options, "
                                f"or choose another --out")
-    for name in stale if not args.resume else ():
+    for name in stale if not args.resume and main_process else ():
         path = os.path.join(out, name)
         if os.path.isdir(path):
             _remove_run_files(path)
         else:
             os.unlink(path)
-    os.makedirs(out, exist_ok=True)
-
-    from torch_mz._files import atomic_write
-    atomic_write(os.path.join(out, _COMPARISON),  # for a later --resume: the models, seeds and
-                 lambda f: json.dump(dict(models=[m.spec for m in models], seeds=args.seeds,
-                                          options=_comparison_options(args, task)), f),
-                 binary=False)  # options (an interruption in the first epoch left no other)
+    if main_process:
+        os.makedirs(out, exist_ok=True)
+        from torch_mz._files import atomic_write
+        # for a later --resume: the models, seeds and options (an interruption in the first
+        # epoch left no other record)
+        atomic_write(os.path.join(out, _COMPARISON),
+                     lambda f: json.dump(dict(models=[m.spec for m in models], seeds=args.seeds,
+                                              options=_comparison_options(args, task)), f),
+                     binary=False)
     print(f'task {task.name}: {task.description} | train/val/test = '
           f'{len(task.train)}/{len(task.val)}/{len(task.test)} | d_in={task.in_channels} | '
           f'{args.epochs} epochs, lr {args.lr}, batch {args.batch_size}, seeds {args.seeds}')
@@ -1195,6 +1201,8 @@ def cmd_compare(args) -> int:
     start = time.time()
     rows = train_models(task, [m.spec for m in models], args.seeds, config_for,
                         overrides=overrides, on_result=progress)
+    if not main_process:  # (the main process writes the results)
+        return 0
     summary = summarize(rows, task.task_type)
     table = summary_markdown(summary, task.task_type)
     # a resumed comparison: the command that trains it as it ran, every option filled in (the

@@ -554,3 +554,29 @@ def test_a_damaged_normaliser_is_named_on_resume(tmp_path):
         Trainer(model, config(epochs=2, warmup_epochs=0, resume=str(tmp_path / 'damaged.pt'))
                 ).fit(REG_TRAIN[:16], REG_VAL[:8])
     assert_same_params(params(model), weights)
+
+
+def test_a_resume_with_other_steps_per_epoch_goes_on_from_its_next_epochs_step(tmp_path, caplog):
+    # the schedule counts steps: a run resumed with another batch size or number of processes
+    # (the checkpoint of 2 processes resumed in 1) went on from the saved step count, which lay
+    # inside another epoch of the new schedule: the warm-up went on and the cosine did not end
+    # at 0 (or ended early, and the last steps trained at learning rate 0)
+    data, val = REG_TRAIN[:64], REG_VAL[:8]
+    run = tmp_path / 'run'
+    from torch_mz.train import TrainingStopped, stop_by
+    with pytest.raises(TrainingStopped), stop_by(0.0):  # after its first epoch
+        Trainer(H.ToyDeepSets(3, 2), config(epochs=3, batch_size=32, warmup_epochs=1,
+                                            out_dir=str(run))).fit(data, val)
+    state = load_checkpoint(run / 'checkpoint.pt')
+    assert state['scheduler']['last_epoch'] == 2  # 2 steps in its one epoch
+    trainer = Trainer(H.ToyDeepSets(3, 2), config(epochs=3, batch_size=16, warmup_epochs=1,
+                                                  out_dir=str(run),
+                                                  resume=str(run / 'checkpoint.pt')))
+    with caplog.at_level('WARNING', logger='torch_mz.train.trainer'):
+        result = trainer.fit(data, val)
+    assert 'begins its epoch 1 at step 4' in caplog.text
+    uninterrupted = Trainer(H.ToyDeepSets(3, 2), config(epochs=3, batch_size=16,
+                                                        warmup_epochs=1)).fit(data, val)
+    assert [r['lr'] for r in result.history[1:]] == pytest.approx(
+        [r['lr'] for r in uninterrupted.history[1:]])
+    assert trainer.scheduler.last_epoch == 12 and trainer.optimizer.param_groups[0]['lr'] == 0

@@ -131,8 +131,11 @@ class Trainer:
     Under ``torchrun`` (``WORLD_SIZE > 1``) the trainer initialises the default process group if
     needed (gloo on CPU, NCCL on CUDA, one GPU per process), wraps the model in
     :class:`~torch.nn.parallel.DistributedDataParallel`, shards the training set with a
-    :class:`~torch.utils.data.distributed.DistributedSampler` and the evaluation sets without
-    padding, all-reduces every metric (all ranks report the same global values), and writes logs
+    :class:`~torch.utils.data.distributed.DistributedSampler` (without ``drop_last``: it pads
+    each epoch's shuffled order to a multiple of the world size with its first sets, which then
+    train twice that epoch and count twice in its ``train_loss``, the mean over every rank's
+    sets) and the evaluation sets without padding, all-reduces every metric (all ranks report
+    the same global values), seeds rank :math:`r` with ``seed + r`` (dropout), and writes logs
     and checkpoints from rank 0 only. When done, the caller calls :meth:`close` and then
     ``torch.distributed.destroy_process_group()``.
 
@@ -178,6 +181,7 @@ class Trainer:
         self.scheduler: Optional[LambdaLR] = None
         self._ddp: Optional[DistributedDataParallel] = None
         self._acc_dtype = torch.float64 if self.device.type in ('cpu', 'cuda') else torch.float32
+        self._steps_per_epoch = 1  # schedule steps per epoch (set with the optimiser)
 
     def __repr__(self) -> str:
         c = self.config
@@ -608,6 +612,7 @@ class Trainer:
     def _make_optimizer(self, batches_per_epoch: int) -> None:
         cfg = self.config
         steps = batches_per_epoch if cfg.schedule == 'step' else 1
+        self._steps_per_epoch = steps  # (a resume puts the schedule at its next epoch's step)
         if 0 < cfg.warmup_epochs == cfg.epochs:
             warnings.warn(f'Every one of the {cfg.epochs} epoch(s) is warm-up: the learning rate '
                           f'rises from 0 (the first step trains nothing) and never reaches lr '
@@ -842,7 +847,19 @@ class Trainer:
         if 'weight_decay' in changed:  # (the loaded optimiser state holds the saved one)
             for group in self.optimizer.param_groups:
                 group['weight_decay'] = self.config.weight_decay
-        if {'epochs', 'warmup_epochs', 'lr'} & set(changed):
+        # the schedule counts steps: with other steps per epoch (another batch size or number
+        # of processes) the saved count fell inside another epoch of this run's schedule (the
+        # warm-up went on, the cosine ended before the last epoch or not at all): it goes on
+        # from the step at which this run's next epoch begins
+        step = (state['epoch'] + 1) * self._steps_per_epoch
+        moved = self.scheduler.last_epoch != step
+        if moved:
+            log.warning('Checkpoint %s stopped at step %d of its schedule; this run, with %d '
+                        'steps per epoch, begins its epoch %d at step %d: the schedule goes on '
+                        'from there', path, self.scheduler.last_epoch, self._steps_per_epoch,
+                        state['epoch'] + 1, step)
+            self.scheduler.last_epoch = step
+        if moved or {'epochs', 'warmup_epochs', 'lr'} & set(changed):
             # the optimiser holds the learning rate of the saved schedule's last step (0 at the
             # end of a finished run's cosine) and the schedule its saved base rate: the next
             # epoch takes the new schedule's rate for the same step, from the configured base
