@@ -393,16 +393,23 @@ def test_a_diverged_run_read_back_raises_in_a_call_that_does_not_record_them(tmp
     assert (e.value.epoch, e.value.split, seen) == (1, 'validation', [])
 
 
-def test_runs_kept_under_an_earlier_data_description_are_read_back(tmp_path):
-    # a script that names its data anew (a data root resolved, where it was kept as given)
-    # reads the runs kept under the earlier description, and only under the one it gives
+def _store_with_a_run_under(tmp_path, old):
+    r"""A run store holding one finished ``deepsets`` run kept under the data :obj:`old`, and
+    the training config it was kept under."""
     from torch_mz.study import RunStore
     config = TrainConfig(epochs=2, warmup_epochs=0, batch_size=8, progress=False)
     store = RunStore(str(tmp_path))
-    old, new = dict(task='sum', root=None), dict(task='sum', root='/data/sum')
     record = dict(model='deepsets', seed=0, params=1, epochs_run=2, wall_time_s=1.0,
                   val=dict(loss=0.5), test=dict(r2=0.25))
     store.put(dict(data=old, model='deepsets', options={}, seed=0), config, record)
+    return store, config
+
+
+def test_runs_kept_under_an_earlier_data_description_are_read_back(tmp_path):
+    # a script that names its data anew (a data root resolved, where it was kept as given)
+    # reads the runs kept under the earlier description, and only under the one it gives
+    old, new = dict(task='sum', root=None), dict(task='sum', root='/data/sum')
+    store, config = _store_with_a_run_under(tmp_path, old)
 
     def task():
         raise AssertionError('trained: the run kept under the earlier description was not read')
@@ -421,13 +428,8 @@ def test_a_run_read_under_an_earlier_data_description_is_kept_under_the_new_one(
     # read under the earlier description at every call, a run kept under a root that named its
     # environment's folder (no --root: the default root, which $TORCH_MZ_DATA sets) was read
     # as the data of every later environment; now the first read keeps it under the new one
-    from torch_mz.study import RunStore
-    config = TrainConfig(epochs=2, warmup_epochs=0, batch_size=8, progress=False)
-    store = RunStore(str(tmp_path))
     old, new = dict(task='sum', root=None), dict(task='sum', root='/data/a/sum')
-    record = dict(model='deepsets', seed=0, params=1, epochs_run=2, wall_time_s=1.0,
-                  val=dict(loss=0.5), test=dict(r2=0.25))
-    store.put(dict(data=old, model='deepsets', options={}, seed=0), config, record)
+    store, config = _store_with_a_run_under(tmp_path, old)
 
     def task():
         raise AssertionError('trained')
