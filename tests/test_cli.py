@@ -820,7 +820,8 @@ def test_an_abbreviated_option_is_refused():
 
 def test_train_resume_keeps_the_options_the_command_line_cannot_set(tmp_path, capsys):
     # a run started from Python with schedule='epoch', min_delta, eval_batch_size...: `train
-    # --resume` continued it with the per-step schedule (the CLI has no flag for them)
+    # --resume` continued it with the per-step schedule (the CLI has no flag for them); and
+    # without its loader workers (a run said to differ) and DDP's find_unused_parameters
     from torch_mz.study import train_one
     from torch_mz.tasks import load_task
     from torch_mz.train import TrainConfig
@@ -828,7 +829,7 @@ def test_train_resume_keeps_the_options_the_command_line_cannot_set(tmp_path, ca
     task = load_task('max', seed=0, n_train=32, n_val=8, n_test=8)
     config = TrainConfig(epochs=2, batch_size=16, lr=1e-3, warmup_epochs=1, schedule='epoch',
                          min_delta=0.01, eval_batch_size=4, out_dir=out, device='cpu',
-                         progress=False)
+                         progress=False, num_workers=1, find_unused_parameters=True)
     train_one(task, 'deepsets', 0, config, hidden_channels=8)
     assert main(['train', '--task', 'max', '--n-train', '32', '--n-val', '8', '--n-test', '8',
                  '--no-progress', '--model', 'deepsets:hidden_channels=8', '--epochs', '3',
@@ -837,6 +838,8 @@ def test_train_resume_keeps_the_options_the_command_line_cannot_set(tmp_path, ca
     assert "schedule='epoch'" in printed and 'min_delta=0.01' in printed
     saved = json.load(open(os.path.join(out, 'result.json')))['config']
     assert (saved['schedule'], saved['min_delta'], saved['eval_batch_size']) == ('epoch', 0.01, 4)
+    assert (saved['num_workers'], saved['find_unused_parameters']) == (1, True)
+    assert 'num_workers=1' in printed
     # fewer epochs than the checkpoint has run: refused before any data are loaded
     assert main(['train', '--task', 'max', '--model', 'deepsets:hidden_channels=8',
                  '--epochs', '2', '--resume', os.path.join(out, 'checkpoint.pt')]) == 2

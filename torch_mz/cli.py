@@ -83,9 +83,11 @@ def _default_warmup(epochs: int) -> int:
     return min(5, max(epochs, 0) // 2)
 
 
-#: Training options the command line has no flag for: a resumed run keeps its checkpoint's.
+#: Training options the command line has no flag for: a resumed run keeps its checkpoint's
+#: (``num_workers`` too: loader workers change the random streams of augmented data, and a run
+#: started from Python with them lost them on ``train --resume``, said to differ).
 CARRIED_CONFIG = ('schedule', 'min_delta', 'eval_batch_size', 'restore_best', 'deterministic',
-                  'checkpoint_every')
+                  'checkpoint_every', 'num_workers', 'find_unused_parameters')
 
 
 def _fill_training_options(args, recorded: Optional[Dict[str, Any]] = None) -> List[str]:
