@@ -255,6 +255,17 @@ def test_qm9pack_csv_list_of_parts(qm9pack_csv, tmp_path):
     assert [int(d.gdb_idx) for d in ds] == KEPT
 
 
+def test_qm9pack_csv_path_expands_home(qm9pack_csv, tmp_path, monkeypatch):
+    # '~' in csv_path is the home folder, as in root (it was read as '<cwd>/~/...')
+    monkeypatch.setenv('HOME', osp.dirname(qm9pack_csv))
+    monkeypatch.chdir(tmp_path)
+    name = osp.join('~', osp.basename(qm9pack_csv))
+    for csv_path in (name, [name]):
+        ds = QM9(str(tmp_path / 'root'), source='qm9pack', csv_path=csv_path, log=False)
+        assert ds.csv_path == [osp.abspath(qm9pack_csv)]
+        assert [int(d.gdb_idx) for d in ds] == KEPT
+
+
 def test_qm9pack_package_is_located_without_importing_it(monkeypatch, tmp_path):
     paths = qm9_module.qm9pack_csv_paths() if qm9_module.importlib.util.find_spec(
         'qm9pack') else None

@@ -483,8 +483,10 @@ class QM9(ProcessedDataset):
         if charge_failure not in ('zero', 'drop'):
             raise ValueError(f"'charge_failure' must be 'zero' or 'drop', got '{charge_failure}'")
         self.source = source
-        self.csv_path = None if csv_path is None else ([osp.abspath(csv_path)] if isinstance(
-            csv_path, str) else [osp.abspath(p) for p in csv_path])
+        # '~' expanded, as PyG expands it in root ('~/x.csv' was read as '<cwd>/~/x.csv')
+        self.csv_path = None if csv_path is None else [
+            osp.abspath(osp.expanduser(p))
+            for p in ([csv_path] if isinstance(csv_path, str) else csv_path)]
         self.charge_failure = charge_failure
         self.target_columns = _target_columns(target)
         super().__init__(
