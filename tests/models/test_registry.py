@@ -141,6 +141,14 @@ def test_feature_columns_are_checked_and_select_from_tensors_too():
         torch.testing.assert_close(coords(without_x).prediction, coords(batch).prediction)
 
 
+def test_egnn_refuses_feature_columns_with_pos_dim():
+    # with pos_dim, EGNN's features are the other columns: feature_columns was ignored
+    for name in ('egnn', 'egnn-qm9'):
+        with pytest.raises(ValueError, match="'feature_columns' or 'pos_dim', not both"):
+            build_model(name, 9, 1, pos_dim=3, feature_columns=[0])
+    build_model('mz', 9, 1, pos_dim=3, feature_columns=[0])  # (others use neither)
+
+
 @pytest.mark.parametrize('name, kwargs', [(name, {}) for name in PRESETS] + [
     ('egnn', dict(feature_columns=[0, 2]))])  # (wrapped in SelectFeatures)
 def test_every_built_model_redraws_all_its_parameters(name, kwargs):

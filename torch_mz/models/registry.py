@@ -171,9 +171,10 @@ def build_model(name: str, in_channels: int, out_channels: int, pos_dim: Optiona
     (:func:`~torch_mz.models.base.set_features`). For ``egnn``, :obj:`pos_dim` is the width of the
     coordinates: EGNN reads them from ``data.pos`` (or, for data without ``pos``, from the first
     :obj:`pos_dim` columns of ``x``) and takes the other ``in_channels - pos_dim`` values as
-    invariant features; without it, ``data.pos`` must be present and :obj:`feature_columns` (if
-    given) selects the columns of ``x`` used as features. Other models do not use
-    :obj:`feature_columns` (but refuse columns beyond :obj:`in_channels`).
+    invariant features, and :obj:`feature_columns` is refused; without it, ``data.pos`` must be
+    present and :obj:`feature_columns` (if given) selects the columns of ``x`` used as features.
+    Other models do not use :obj:`feature_columns` (but refuse columns beyond
+    :obj:`in_channels`).
 
     Every preset keeps one contract (:mod:`torch_mz.models.base`): ``model(batch)`` returns a
     :class:`~torch_mz.models.base.SetPrediction` ``(prediction, ihw)``, with ``ihw`` :obj:`None`
@@ -218,6 +219,11 @@ def _build(name: str, in_channels: int, out_channels: int, pos_dim: Optional[int
         if pos_dim is None and feature_columns and max(feature_columns) >= in_channels:
             raise ValueError(f"feature column {max(feature_columns)} is beyond the "
                              f"{in_channels} input channels")
+        if pos_dim is not None and name in ('egnn', 'egnn-qm9'):  # (they were ignored)
+            raise ValueError(f"'{name}' takes 'feature_columns' or 'pos_dim', not both: with "
+                             f"pos_dim={pos_dim} its features are the other "
+                             f"{in_channels - pos_dim} input channels (got "
+                             f"feature_columns={feature_columns})")
     kwargs = dict(PRESETS[name], **overrides)
     if kwargs.get('value') != 'mz' and 'num_matrix_generators' not in overrides:
         # (an mz preset given another value operator: its own L has nothing to act on)
