@@ -643,3 +643,30 @@ def test_evaluating_a_model_carrying_its_normaliser_without_normalising_is_in_ta
     plain = Trainer(trainer.model, config(normalize_targets=False))
     assert plain.evaluate(REG_VAL)['mse'] == pytest.approx(trainer.evaluate(REG_VAL)['mse'],
                                                            rel=1e-6)
+
+
+@pytest.mark.parametrize('rank', [0, 1])
+def test_resume_warnings_are_said_by_the_main_process_alone(tmp_path, monkeypatch, caplog, rank):
+    # what holds for every process (a changed configuration, a schedule moved to another step,
+    # another number of processes, an all-warm-up run) was said once per rank under torchrun
+    import warnings
+    from torch_mz.train import save_checkpoint
+    from torch_mz.train.runtime import DistInfo
+    run = tmp_path / 'run'
+    Trainer(H.ToyDeepSets(3, 2), config(epochs=1, batch_size=32, warmup_epochs=0,
+                                        out_dir=str(run))).fit(REG_TRAIN[:64], REG_VAL[:8])
+    state = load_checkpoint(run / 'checkpoint.pt')
+    state['rng'] = state['rng'] * 2  # (as written by 2 processes)
+    save_checkpoint(state, tmp_path / 'two.pt')
+    # this process as rank `rank` (the rank itself stays 0: one process has no rank 1's shard)
+    monkeypatch.setattr(DistInfo, 'is_main', property(lambda self: rank == 0))
+    with caplog.at_level('INFO', logger='torch_mz.train.trainer'), \
+            warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        Trainer(H.ToyDeepSets(3, 2), config(epochs=2, batch_size=16, warmup_epochs=2, lr=2e-2,
+                                            resume=str(tmp_path / 'two.pt'))).fit(
+            REG_TRAIN[:64], REG_VAL[:8])
+    said = [caplog.text.count(m) for m in ('changed configuration', 'goes on from there',
+                                           'written with 2 process(es), now 1', 'Resumed from')]
+    warm_up = sum('is warm-up' in str(w.message) for w in caught)
+    assert (said, warm_up) == (([1, 1, 1, 1], 1) if rank == 0 else ([0, 0, 0, 0], 0))

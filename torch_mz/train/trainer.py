@@ -613,7 +613,7 @@ class Trainer:
         cfg = self.config
         steps = batches_per_epoch if cfg.schedule == 'step' else 1
         self._steps_per_epoch = steps  # (a resume puts the schedule at its next epoch's step)
-        if 0 < cfg.warmup_epochs == cfg.epochs:
+        if 0 < cfg.warmup_epochs == cfg.epochs and self.dist.is_main:  # (once under torchrun)
             warnings.warn(f'Every one of the {cfg.epochs} epoch(s) is warm-up: the learning rate '
                           f'rises from 0 (the first step trains nothing) and never reaches lr '
                           f'{cfg.lr:g} nor decays; set warmup_epochs below epochs',
@@ -832,7 +832,10 @@ class Trainer:
             'units; resume with normalize_targets={saved} (the command line: {flag} '
             '--no-normalize), or start a new run')
         changed = config_changes(old, self.config.to_dict())
-        if changed:
+        # what holds for every process (the checkpoint, the configuration, the number of
+        # processes) is said by the main one alone: under torchrun each rank said it again
+        main = self.dist.is_main
+        if changed and main:
             log.warning('Resuming %s with a changed configuration %s; the run will differ from '
                         'an uninterrupted one', path, changed)
         normalizer = checkpoint_normalizer(state, f'Checkpoint {path!r}')  # (a damaged one:
@@ -853,11 +856,12 @@ class Trainer:
         # from the step at which this run's next epoch begins
         step = (state['epoch'] + 1) * self._steps_per_epoch
         moved = self.scheduler.last_epoch != step
-        if moved:
+        if moved and main:
             log.warning('Checkpoint %s stopped at step %d of its schedule; this run, with %d '
                         'steps per epoch, begins its epoch %d at step %d: the schedule goes on '
                         'from there', path, self.scheduler.last_epoch, self._steps_per_epoch,
                         state['epoch'] + 1, step)
+        if moved:
             self.scheduler.last_epoch = step
         if moved or {'epochs', 'warmup_epochs', 'lr'} & set(changed):
             # the optimiser holds the learning rate of the saved schedule's last step (0 at the
@@ -879,7 +883,7 @@ class Trainer:
             raise CheckpointError(f'Checkpoint {path!r} has no target normaliser but '
                                   f'normalize_targets=True')
         rng = state['rng']
-        if len(rng) != self.dist.world_size:
+        if len(rng) != self.dist.world_size and main:
             log.warning('Checkpoint %s was written with %d process(es), now %d: random streams '
                         'will differ from an uninterrupted run', path, len(rng),
                         self.dist.world_size)
@@ -914,7 +918,8 @@ class Trainer:
                         'masks, so the run will differ from an uninterrupted one', path,
                         *('with' if k else 'without'
                           for k in (state['freed_memory_kept'], freed_memory_kept())))
-        log.info('Resumed from %s at epoch %d', path, state['epoch'] + 1)
+        if main:
+            log.info('Resumed from %s at epoch %d', path, state['epoch'] + 1)
         return state
 
 
