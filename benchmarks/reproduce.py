@@ -44,7 +44,8 @@ validation loss by epoch (``finished_runs.<budget>.<claim>.curves.png``), which 
 each run reached its plateau; and per task swept, every lr / weight-decay point each model
 tried with its validation loss and test R², and whether the chosen point lies inside the points
 tried or on their edge (``finished_runs.<budget>.sweep.<task>.png``), which shows whether every
-model was tuned to an optimum of the same search.
+model was tuned to an optimum of the same search. Without matplotlib no figure is drawn and an
+earlier run's is removed (it would not show these runs): the script prints which.
 
 The MZ models train with the compiled LayerNorm-Jacobian kernels
 (:func:`torch_mz.nn.set_fused_kernels`, the same map up to float rounding; ``--no-fused-kernels``
@@ -345,7 +346,8 @@ def _report(args, claims, budget, out) -> int:
             atomic_write(args.status_file, lambda f: f.write(text), binary=False)
             print(f'wrote {args.status_file}')
     if args.runs_table:
-        path = write_runs_table(repro, [CLAIMS[n] for n in claims if n != 'table30'], out)
+        path = write_runs_table(repro, [CLAIMS[n] for n in claims if n != 'table30'], out,
+                                on_note=print)  # (an earlier figure removed: which, and why)
         print(f'wrote {path}.md, .json')
     return 0
 

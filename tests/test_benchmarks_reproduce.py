@@ -158,6 +158,24 @@ def test_command_lines_that_cannot_work_are_refused_before_any_run(tmp_path, cap
     assert not (tmp_path / 'out').exists()
 
 
+def test_runs_table_prints_which_earlier_figures_it_removed(tmp_path, monkeypatch, capsys):
+    # without matplotlib the figures README links were removed with only "wrote ...md, .json"
+    # printed: write_runs_table's notes on them are printed
+    from tests._scripts import load_script
+    script = load_script('reproduce')
+    out = tmp_path / 'out'
+
+    def writes(repro, claims, folder, on_note=None):
+        on_note("matplotlib is not installed: no plot; removed the figure an earlier run "
+                "drew, 'x.png'")
+        return str(out / 'finished_runs.quick')
+    monkeypatch.setattr(script, 'write_runs_table', writes)
+    assert script.main(['--budget', 'quick', '--claims', 'table1-protocol', '--runs-table',
+                        '--out', str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "removed the figure an earlier run drew, 'x.png'" in printed
+
+
 def test_damaged_store_files_end_in_one_line_not_a_traceback(tmp_path, monkeypatch, capsys):
     # --status and --runs-table raised the store's RecordError as a traceback; a damaged claim
     # file of another claim failed the summary after the whole training

@@ -84,6 +84,37 @@ def test_table30_and_claim_files_refuse_mismatched_or_malformed_input(tmp_path):
         load_claims(str(tmp_path / 'out'))
 
 
+def test_finished_runs_table_says_which_earlier_figures_it_removed(tmp_path, monkeypatch):
+    # without matplotlib, --runs-table removed the committed figures and said only "wrote
+    # finished_runs.<budget>.md, .json" (the Markdown named no file, the curves not at all)
+    out = str(tmp_path)
+    repro = Reproduction(TINY, out, device='cpu', sweep_cells={'sum': SUM})
+    row = dict(cell='sum d=2', model='deepsets:hidden_channels=8', lr=1e-3, weight_decay=1e-5,
+               seed=0, r2=0.5, paper=None, epochs_run=2, best_epoch=1, stopped_early=False,
+               val_loss_curve=[2.0, 1.0])
+    monkeypatch.setattr(repro, 'finished_runs', lambda claim: [row])
+    monkeypatch.setattr(report, 'sweep_section', lambda *args, **kwargs: ('', []))
+    no_matplotlib = lambda: (_ for _ in ()).throw(ImportError('no matplotlib'))  # noqa: E731
+    monkeypatch.setattr(report, 'pyplot', no_matplotlib)
+    monkeypatch.setattr('torch_mz.study.plots.pyplot', no_matplotlib)
+    figures = [tmp_path / 'finished_runs.tiny.tiny.png',
+               tmp_path / 'finished_runs.tiny.tiny.curves.png']
+    for figure in figures:
+        figure.write_bytes(b'an earlier run')
+    notes = []
+    path = report.write_runs_table(repro, [CLAIM], out, on_note=notes.append)
+    assert not any(figure.exists() for figure in figures)
+    assert notes == [f"matplotlib is not installed: no plot (pip install 'torch_mz[plot]'); "
+                     f"removed the figure an earlier run drew, '{figure}', which would not show "
+                     f"these results: install matplotlib and run this again to redraw it"
+                     for figure in figures]
+    text = open(path + '.md').read()  # (no path of this machine in the committed Markdown)
+    assert 'matplotlib is not installed' in text and 'removed' not in text
+    notes.clear()
+    report.write_runs_table(repro, [CLAIM], out, on_note=notes.append)
+    assert notes == []  # (nothing there to remove)
+
+
 def test_finished_runs_table_lists_each_run_beside_the_paper(tmp_path):
     out = str(tmp_path)
     claim = replace(CLAIM, paper_r2={('sum d=3', 'deepsets:hidden_channels=8'): 0.9})

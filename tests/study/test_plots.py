@@ -100,12 +100,18 @@ def test_replace_plot_removes_an_earlier_figure_where_none_is_drawn(tmp_path, mo
     assert path.read_bytes() == b'this run'
     assert try_plot(fails, str(path)) == 'the plot failed (ValueError: no figure): no plot'
     assert path.exists()  # (try_plot alone removes nothing)
-    assert replace_plot(str(path), fails, str(path)).startswith('the plot failed')
+    assert replace_plot(str(path), fails, str(path)) == (
+        f"the plot failed (ValueError: no figure): no plot; removed the figure an earlier run "
+        f"drew, '{path}', which would not show these results: run this again once the plot "
+        f"draws to redraw it")
     assert not path.exists()
     path.write_bytes(b'an earlier run')
     monkeypatch.setattr('torch_mz.study.plots.pyplot', lambda: (_ for _ in ()).throw(
         ImportError('no matplotlib')))
     rows = [{'cell': 'a', 'm r2': 0.5, 'm r2 std': 0.1}]
-    assert replace_plot(str(path), plot_grid, rows, ['m'], str(path)) == NO_MATPLOTLIB
+    # the note says which figure went, why and how to draw it again (it went without a word)
+    assert replace_plot(str(path), plot_grid, rows, ['m'], str(path)) == (
+        f"{NO_MATPLOTLIB}; removed the figure an earlier run drew, '{path}', which would not "
+        f"show these results: install matplotlib and run this again to redraw it")
     assert not path.exists()
     assert replace_plot(str(path), plot_grid, rows, ['m'], str(path)) == NO_MATPLOTLIB  # (none)

@@ -11,8 +11,8 @@ from torch_mz._files import atomic_write
 from torch_mz.reproduce.budgets import BUDGETS, SWEEP_STEP, sweep_verdicts, untried_neighbours
 from torch_mz.reproduce.claims import CLAIM_NAMES, CLAIMS, SWEEP_CELLS
 from torch_mz.reproduce.verdict import VERDICT_RULE
-from torch_mz.study import (environment, markdown_table, plot_bars, pyplot, replace_plot,
-                            write_report)
+from torch_mz.study import (environment, markdown_table, plot_bars, pyplot, remove_earlier_plot,
+                            try_plot, write_report)
 from torch_mz.study.plots import save_figure
 
 
@@ -287,9 +287,22 @@ def plot_sweep(task, rows, budget, path):
     plt.close(fig)
 
 
-def sweep_section(repro, claims, out, budget):
+def _draw(figure: str, plot, *args, on_note=None) -> Optional[str]:
+    r"""Draws :obj:`figure` as :func:`~torch_mz.study.replace_plot` does; returns the note of a
+    figure not drawn, for the Markdown (which names no path of this machine). Where an earlier
+    run's figure was removed, the note and which file went go to :obj:`on_note`, for the script
+    to print (the figure went without a word)."""
+    note = try_plot(plot, *args)
+    if note is not None:
+        removed = remove_earlier_plot(figure, note)
+        if removed and on_note is not None:
+            on_note(note + removed)
+    return note
+
+
+def sweep_section(repro, claims, out, budget, on_note=None):
     r"""The ``## Sweeps`` section of ``finished_runs.<budget>.md`` (its tables and plots) and its
-    rows for the JSON."""
+    rows for the JSON; :obj:`on_note` as in :func:`write_runs_table`."""
     parts, every = [], []
     tables = {t: rows for t, rows in sweep_tables(repro, claims).items() if rows}
     if not tables:  # nothing swept (a one-point grid, or fixed protocols only)
@@ -343,7 +356,7 @@ def sweep_section(repro, claims, out, budget):
                                                    'r2', 'epochs', 'chosen']) + '\n')
         png = f'finished_runs.{budget}.sweep.{task}.png'
         figure = os.path.join(out, png)  # (not drawn: an earlier run's is removed)
-        note = replace_plot(figure, plot_sweep, task, rows, budget, figure)
+        note = _draw(figure, plot_sweep, task, rows, budget, figure, on_note=on_note)
         parts.append(f'\n{note}\n' if note else f'\n![{task} sweep]({png})\n')
     if waiting:
         parts.append('\nNo point finished yet (the grids, in the JSON): ' + '; '.join(waiting)
@@ -351,10 +364,12 @@ def sweep_section(repro, claims, out, budget):
     return ''.join(parts), every
 
 
-def write_runs_table(repro, claims, out):
+def write_runs_table(repro, claims, out, on_note=None):
     r"""``finished_runs.<budget>.{json,md}``: every finished run of :obj:`claims` at its model's
     chosen sweep point (:meth:`~torch_mz.reproduce.Reproduction.finished_runs`), one row per
-    cell and model with each seed's test R² beside the paper's figure. Trains nothing."""
+    cell and model with each seed's test R² beside the paper's figure. Trains nothing. A figure
+    not drawn (matplotlib missing) removes an earlier run's: :obj:`on_note` (a callable taking
+    a str) is told which, why and how to draw it again."""
     budget = repro.budget.name
     env = environment()
     stamp = time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())
@@ -396,15 +411,15 @@ def write_runs_table(repro, claims, out):
                                             'paper', 'epochs']))
         png = f'finished_runs.{budget}.{claim.name}.png'
         figure = os.path.join(out, png)  # (not drawn: an earlier run's is removed)
-        note = replace_plot(figure, plot_finished, claim, groups, budget, figure)
+        note = _draw(figure, plot_finished, claim, groups, budget, figure, on_note=on_note)
         parts.append(f'\n{note}\n' if note else f'\n![{claim.name}]({png})\n')
         curves = f'finished_runs.{budget}.{claim.name}.curves.png'
         figure = os.path.join(out, curves)
-        note = replace_plot(figure, plot_curves, claim, groups, budget, figure)
+        note = _draw(figure, plot_curves, claim, groups, budget, figure, on_note=on_note)
         parts.append('' if note else f'\n![{claim.name}: validation curves]({curves})\n')
     path = os.path.join(out, f'finished_runs.{budget}')
     os.makedirs(out, exist_ok=True)
-    sweeps, sweep_rows = sweep_section(repro, claims, out, budget)
+    sweeps, sweep_rows = sweep_section(repro, claims, out, budget, on_note=on_note)
     parts.append(sweeps)
     text = ''.join(parts)
     atomic_write(path + '.md', lambda f: f.write(text), binary=False)

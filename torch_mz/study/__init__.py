@@ -28,7 +28,7 @@ from torch_mz.study.measure import (MeasurementFailed, allocator_peak_bytes, cou
                                     skewed_sizes, time_call, time_interleaved,
                                     uniform_sizes)
 from torch_mz.study.plots import (NO_MATPLOTLIB, plot_bars, plot_grid, plot_summary, pyplot,
-                                  replace_plot, save_figure, try_plot)
+                                  remove_earlier_plot, replace_plot, save_figure, try_plot)
 from torch_mz.study.resume import RunStore
 from torch_mz.study.report import (METRICS, SPREAD_NOTE, check_out_folder, markdown_table,
                                    summarize, summary_markdown, write_json, write_report,
@@ -76,6 +76,7 @@ __all__ = [
     'pyplot',
     'try_plot',
     'replace_plot',
+    'remove_earlier_plot',
     'save_figure',
     'METRICS',
     'SPREAD_NOTE',

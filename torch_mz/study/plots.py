@@ -10,8 +10,8 @@ from torch_mz._files import atomic_write
 from torch_mz._optional import require
 from torch_mz.study.report import METRICS
 
-__all__ = ['NO_MATPLOTLIB', 'pyplot', 'try_plot', 'replace_plot', 'save_figure', 'plot_bars',
-           'plot_grid', 'plot_summary']
+__all__ = ['NO_MATPLOTLIB', 'pyplot', 'try_plot', 'replace_plot', 'remove_earlier_plot',
+           'save_figure', 'plot_bars', 'plot_grid', 'plot_summary']
 
 #: What a study prints instead of drawing its plot when matplotlib is missing.
 NO_MATPLOTLIB = "matplotlib is not installed: no plot (pip install 'torch_mz[plot]')"
@@ -58,16 +58,29 @@ def replace_plot(path: str, plot: Callable[..., None], *args, **kwargs) -> Optio
     :obj:`plot`, among :obj:`args` or :obj:`kwargs`), for a report that links the figure only
     where this run drew it: where nothing was drawn, a file at :obj:`path` -- an earlier run's
     figure -- is removed, so that it does not sit beside results it does not show. Call it
-    before the report is written; returns :func:`try_plot`'s note (:obj:`None`: drawn)."""
+    before the report is written; returns :func:`try_plot`'s note (:obj:`None`: drawn), with
+    :func:`remove_earlier_plot`'s words on the file it removed."""
     note = try_plot(plot, *args, **kwargs)
     if note is not None:
-        try:
-            os.remove(path)
-        except FileNotFoundError:
-            pass
-        except OSError as e:  # (said, not raised: the results are still to be written)
-            note += f"; an earlier run's '{path}' is left there ({e.strerror or e})"
+        note += remove_earlier_plot(path, note)
     return note
+
+
+def remove_earlier_plot(path: str, note: str) -> str:
+    r"""Removes the figure at :obj:`path`, which an earlier run drew and this run, with
+    :func:`try_plot`'s :obj:`note`, did not; returns the words that follow the note where it is
+    printed: which file went, why, and how to draw it again (a committed figure went without a
+    word); ``''`` where there was none."""
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        return ''
+    except OSError as e:  # (said, not raised: the results are still to be written)
+        return f"; an earlier run's '{path}' is left there ({e.strerror or e})"
+    redraw = ('install matplotlib and run this again' if note == NO_MATPLOTLIB else
+              'run this again once the plot draws')
+    return (f"; removed the figure an earlier run drew, '{path}', which would not show these "
+            f"results: {redraw} to redraw it")
 
 
 def plot_bars(groups: Sequence[str], models: Sequence[str],
