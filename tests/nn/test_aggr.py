@@ -958,6 +958,40 @@ def test_an_input_without_elements_gives_every_parameter_a_zero_gradient():
         assert all(p.grad is not None and not p.grad.any() for p in model.parameters()), name
 
 
+def test_an_input_without_elements_keeps_the_input_in_the_graph():
+    # as PyG's aggregations: the messages of a graph without edges get their (empty) gradient;
+    # the zeros were joined to the parameters only, so torch.autograd.grad(out, x) raised
+    # (unused tensor), and with a frozen aggregation the output required no gradient at all
+    from torch_geometric.nn import SimpleConv
+    x = torch.randn(4, 8, requires_grad=True)
+    no_edges = torch.zeros(2, 0, dtype=torch.long)
+    for aggr in ('sum', MZAggregation(8), MZAggregation(8, preset='paper')):
+        conv = SimpleConv(aggr=aggr)  # (the output is the aggregation alone)
+        grad, = torch.autograd.grad(conv(x, no_edges).sum(), x)
+        assert torch.equal(grad, torch.zeros(4, 8))
+        if not isinstance(aggr, str):
+            aggr.requires_grad_(False)
+            out = aggr(x[:0], torch.zeros(0, dtype=torch.long), dim_size=3)
+            assert out.requires_grad and torch.equal(out, torch.zeros(3, 8))
+            grad, = torch.autograd.grad(out.sum(), x)
+            assert torch.equal(grad, torch.zeros(4, 8))
+
+
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
+def test_an_input_without_elements_under_autocast_has_the_dtype_of_one_with_elements(dtype):
+    # the zeros came out in the module's float32 where a call with elements gives the autocast
+    # dtype (one batch's output could not be written into another's); float64 is not cast
+    for module_dtype in (torch.float32, torch.float64):
+        aggr = _aggr(dtype=module_dtype)
+        x, index = _x(5, dtype=module_dtype), make_index([2, 3])
+        with torch.autocast('cpu', dtype=dtype):
+            out, ihw = aggr.pool(x, *aggr.validate(x, index))
+            none, none_ihw = aggr.pool(x[:0], *aggr.validate(x[:0], index[:0], dim_size=2))
+        expected = dtype if module_dtype == torch.float32 else torch.float64
+        assert out.dtype == none.dtype == ihw.dtype == none_ihw.dtype == expected
+        assert torch.equal(none, torch.zeros(2, F_IN, dtype=expected))
+
+
 def test_signed_readout_reads_the_generator_sum_and_ihw_its_magnitudes():
     # readout='signed' had no test of its effect (reading the IHW under either name passed):
     # the same pooled tokens read out as centers then sum_g G_g, or centers then sum_g |G_g|

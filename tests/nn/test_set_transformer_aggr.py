@@ -129,6 +129,21 @@ def test_no_rows_gives_the_empty_set_output():
     torch.testing.assert_close(out, one[[0, 0, 2]])  # every empty set alike
 
 
+def test_no_rows_keeps_the_input_in_the_graph():
+    # as PyG's sum/mean aggregations: an input without rows gets its (empty) gradient, where
+    # torch.autograd.grad found it unused; a frozen aggregation's output still requires one
+    _, flat = pair()
+    x = torch.zeros(0, 16, dtype=torch.float64, requires_grad=True)
+    index = torch.zeros(0, dtype=torch.long)
+    grad, = torch.autograd.grad(flat(x, index, dim_size=3).sum(), x)
+    assert grad.shape == (0, 16)
+    flat.requires_grad_(False)
+    out = flat(x, index, dim_size=3)
+    assert out.requires_grad
+    grad, = torch.autograd.grad(out.sum(), x)
+    assert grad.shape == (0, 16)
+
+
 def test_hooks_and_pruning_run_pygs_forward():
     import torch.nn.utils.prune as prune
     pyg, flat = pair(k=2)

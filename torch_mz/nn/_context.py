@@ -14,15 +14,19 @@ __all__ = ['_hooked', '_functorch_active', '_forward_ad_active', '_attention_wri
            '_plain_ops']
 
 
-def tie_parameters(out: Tensor, module: Module) -> Tensor:
+def tie_parameters(out: Tensor, module: Module, *inputs: Tensor) -> Tensor:
     r""":obj:`out` with every parameter of :obj:`module` that requires gradients joined to it
     at weight zero (the same values): where they reach no output (an input without elements,
     EGNN's last coordinate MLP) each then gets a zero gradient, where it got none, which
     :class:`~torch.nn.parallel.DistributedDataParallel` with ``find_unused_parameters=False``
-    takes for an error. A positive zero (``0 * |sum|``) is subtracted: the identity on every
-    value, -0.0 included, where ``out + 0 * sum`` turned a -0.0 (an empty set's zeroed
-    prediction) into +0.0. A parameter that is not finite makes :obj:`out` NaN."""
+    takes for an error. Each of :obj:`inputs` that requires gradients is joined the same way
+    (an input without elements then gets its empty gradient, as from PyG's sum aggregation,
+    where :func:`torch.autograd.grad` found it unused, and :obj:`out` requires gradients where
+    the input does, a frozen module's too). A positive zero (``0 * |sum|``) is subtracted: the
+    identity on every value, -0.0 included, where ``out + 0 * sum`` turned a -0.0 (an empty
+    set's zeroed prediction) into +0.0. A parameter that is not finite makes :obj:`out` NaN."""
     tied = [p.sum() for p in module.parameters() if p.requires_grad]
+    tied += [t.sum() for t in inputs if t.requires_grad]
     if not tied:
         return out
     total = tied[0]

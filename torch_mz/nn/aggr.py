@@ -650,9 +650,13 @@ class MZAggregation(Aggregation):
         shapes static."""
         counts = set_counts(set_id, num_sets)  # (B,)
         if x.size(0) == 0:  # no elements at all: every set is empty
-            out = x.new_zeros(num_sets, self.out_channels, dtype=self.lin.weight.dtype)
-            # every parameter in the graph, with a zero gradient (as in a call with elements)
-            return tie_parameters(out, self), out.new_zeros(num_sets)
+            dtype = self.lin.weight.dtype  # (under autocast: the dtype of a call with elements)
+            if dtype != torch.float64 and torch.is_autocast_enabled(x.device.type):
+                dtype = torch.get_autocast_dtype(x.device.type)
+            out = x.new_zeros(num_sets, self.out_channels, dtype=dtype)
+            # every parameter and the input in the graph, with a zero gradient (as in a call
+            # with elements)
+            return tie_parameters(out, self, x), out.new_zeros(num_sets)
         nonempty = counts > 0  # (B,)
         if torch.compiler.is_compiling() or bool(nonempty.all()):
             z = self._encode_sets(x, set_id, counts)  # (B * k, d), (B * k, n_g, d)

@@ -163,8 +163,8 @@ class FlatSetTransformerAggregation(SetTransformerAggregation):
             out = self._mab(decoder.mab, out, out, seed_set, seed_set, B)
         out = out.view(B, k, self.channels)  # (B, k, F)
         out = out.flatten(1, 2) if self.concat else out.mean(dim=1)
-        if x.size(0) == 0:  # every parameter in the graph, with a zero gradient (DDP)
-            out = tie_parameters(out, self)
+        if x.size(0) == 0:  # every parameter (DDP) and the input in the graph, zero gradients
+            out = tie_parameters(out, self, x)
         return out
 
     def _runs_as_pyg(self) -> bool:
