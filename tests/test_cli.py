@@ -207,7 +207,7 @@ def test_resume_from_another_task_or_model_is_refused(second, message, tmp_path,
     assert main(['train', '--task', 'max', '--model', 'rigid', *T, *SMALL, '--out', out]) == 0
     capsys.readouterr()
     if 'dropout=0' not in second:
-        import torch_mz.cli as cli
+        from torch_mz.cli import _common as cli
         monkeypatch.setattr(cli, '_load', lambda *a, **k: pytest.fail('the data were built'))
     assert main(['train', *second, *T, *SMALL, '--epochs', '2', '--out', out,
                  '--resume', os.path.join(out, 'checkpoint.pt')]) == 2
@@ -739,7 +739,7 @@ def test_train_resume_takes_the_options_it_is_not_given_from_the_checkpoint(tmp_
             config['grad_clip'], config['patience']) == (3, 16, 0.003, 2, None, None)
     # a new run takes the defaults, as before
     parsed = build_parser().parse_args(['train', '--task', 'max', '--model', 'mz'])
-    from torch_mz.cli import _fill_training_options
+    from torch_mz.cli._common import _fill_training_options
     assert _fill_training_options(parsed) == []
     assert (parsed.epochs, parsed.batch_size, parsed.lr, parsed.warmup_epochs) == (200, 128,
                                                                                    1e-4, None)
@@ -747,7 +747,7 @@ def test_train_resume_takes_the_options_it_is_not_given_from_the_checkpoint(tmp_
 
 def test_an_unknown_model_option_is_named_before_the_data_load(monkeypatch, capsys):
     # (it was reported after every set was generated or processed, as MZAggregation's)
-    import torch_mz.cli as cli
+    from torch_mz.cli import _common as cli
     monkeypatch.setattr(cli, '_load', lambda *a, **k: pytest.fail('loaded the data first'))
     for argv in (['train', '--task', 'mst', '--model', 'mz:foo=1'],
                  ['compare', '--task', 'mst', '--models', 'rigid', '--model-arg', 'foo=1']):
@@ -758,7 +758,7 @@ def test_an_unknown_model_option_is_named_before_the_data_load(monkeypatch, caps
 
 def test_only_the_main_process_of_torchrun_prints_results(tmp_path, capsys, monkeypatch):
     # under torchrun every process ran main(): each printed the result lines
-    import torch_mz.cli as cli
+    from torch_mz.cli import _common as cli
     monkeypatch.setattr(cli, '_main_process', lambda: False)  # (a rank > 0 of torchrun)
     out = str(tmp_path / 'run')
     assert main(['train', '--task', 'max', *T, '--model', 'deepsets:hidden_channels=8',
@@ -932,7 +932,7 @@ def test_train_resume_takes_the_data_options_it_is_not_given_from_the_checkpoint
         tmp_path, capsys, monkeypatch):
     # the data options were the defaults: a resumed run built the task's default data first
     # (5,000 / 1,000 / 2,000 sets; QM9's 50K molecules) only to refuse them
-    import torch_mz.cli as cli
+    from torch_mz.cli import _common as cli
     out = str(tmp_path / 'run')
     assert main(['train', '--task', 'quadratic-tdof', '--n-train', '24', '--n-val', '8',
                  '--n-test', '8', '--data-seed', '3', '--task-arg', 'd=4', '--task-arg',
@@ -1006,7 +1006,7 @@ def test_data_seed_and_batch_size_are_named_before_any_data(command, flags, mess
                                                             capsys, monkeypatch):
     # --data-seed -1 was reported as 'seed', a batch size past sys.maxsize failed inside
     # itertools, and predict's --batch-size 0 in the DataLoader after the data were built
-    import torch_mz.cli as cli
+    from torch_mz.cli import _common as cli
     monkeypatch.setattr(cli, '_load', lambda *a, **k: pytest.fail('the data were built'))
     if command == 'train':
         argv = ['train', *TINY, '--model', 'deepsets', '--out', str(tmp_path / 'r'), *flags]
@@ -1024,7 +1024,7 @@ def test_an_out_folder_that_cannot_be_written_is_named_before_any_data(tmp_path,
     # it failed after the data were built, or after the first epoch had trained, naming a
     # hidden temporary file; the folder is probed first (check_out_folder, as the studies do;
     # as root every folder here is writable, so the probe's answer is given)
-    import torch_mz.cli as cli
+    from torch_mz.cli import _common as cli
     import torch_mz.study.report as report
     asked = []
 
@@ -1153,7 +1153,7 @@ def test_train_resume_of_a_checkpoint_with_a_run_info_of_ones_own_is_one_line(tm
 
 def test_only_the_main_process_probes_the_out_folder(tmp_path, monkeypatch):
     # under torchrun every rank probed, and one removed the folder another was probing
-    import torch_mz.cli as cli
+    from torch_mz.cli import _common as cli
     import torch_mz.study.report as report
     monkeypatch.setattr(report, 'check_out_folder', lambda out: pytest.fail('probed'))
     monkeypatch.setattr(cli, '_main_process', lambda: False)
@@ -1421,7 +1421,7 @@ def test_a_resumed_comparison_records_a_command_that_reproduces_it(tmp_path, cap
 def test_compare_records_the_dataset_folder_absolute(tmp_path, monkeypatch):
     # comparison.json records --root as an absolute folder: a resume run from another
     # directory reads the recorded folder, not one of the same name below the new directory
-    from torch_mz.cli import _comparison_options
+    from torch_mz.cli.compare import _comparison_options
     monkeypatch.chdir(tmp_path)
     args = build_parser().parse_args(['compare', '--task', 'qm9', '--models', 'mz',
                                        '--epochs', '5', '--root', 'data/QM9'])
@@ -1435,7 +1435,7 @@ def test_compare_records_the_dataset_folder_absolute(tmp_path, monkeypatch):
 def test_root_expands_the_home_folder_as_the_datasets_do(tmp_path, monkeypatch, capsys):
     # --root '~/x' (quoted: the shell leaves '~' as it is) is read by PyG's datasets as ~/x;
     # comparison.json recorded <cwd>/~/x, another folder, and a file at ~/x was not refused
-    from torch_mz.cli import _comparison_options
+    from torch_mz.cli.compare import _comparison_options
     home = tmp_path / 'home'
     home.mkdir()
     monkeypatch.setenv('HOME', str(home))
@@ -1762,7 +1762,7 @@ def test_only_the_main_process_of_torchrun_writes_a_comparisons_files(tmp_path, 
     # under torchrun a rank that came later found the comparison.json the main process had just
     # written and refused the comparison ("already holds the results of a comparison"), or
     # with --overwrite removed it; every rank also wrote results.* and the plot
-    import torch_mz.cli as cli
+    from torch_mz.cli import _common as cli
     monkeypatch.setattr(cli, '_main_process', lambda: False)  # (a rank > 0 of torchrun)
     out = tmp_path / 'cmp'
     out.mkdir()
@@ -1779,7 +1779,7 @@ def test_only_the_main_process_of_torchrun_writes_a_comparisons_files(tmp_path, 
 def test_only_the_main_process_of_torchrun_removes_a_runs_files(tmp_path, monkeypatch):
     # train --overwrite under torchrun: every rank removed the earlier run's files, so two ranks
     # removed one file at once, or a later one what the main process had written since
-    import torch_mz.cli as cli
+    from torch_mz.cli import _common as cli
     monkeypatch.setattr(cli, '_main_process', lambda: False)  # (a rank > 0 of torchrun)
     removed = []
     monkeypatch.setattr(cli, '_remove_run_files', removed.append)

@@ -262,7 +262,7 @@ def test_a_dataset_warning_opened_by_the_command_line_names_its_line(tmp_path):
     # dataset: the warning named the console script's line or '<frozen runpy>'; the command
     # line's own line is the one that opened it
     package = osp.dirname(osp.abspath(common.__file__))
-    cli = osp.join(osp.dirname(package), 'cli.py')
+    cli = osp.join(osp.dirname(package), 'cli', '_common.py')
     opener = compile('def open_dataset(warn):\n    warn()\n', cli, 'exec')
     inside = compile('def warn():\n    warnings.warn("stale", stacklevel=caller())\n',
                      osp.join(package, 'common.py'), 'exec')

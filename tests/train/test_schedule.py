@@ -55,7 +55,7 @@ def test_a_run_that_is_all_warm_up_is_named():
     # with warmup_epochs == epochs the learning rate never reaches lr (a run of one step
     # trained at 0: nothing); a warning says so, and the command line's default warm-up is at
     # most half the run
-    from torch_mz.cli import _default_warmup
+    from torch_mz.cli._common import _default_warmup
     with pytest.warns(UserWarning, match='Every one of the 1 epoch'):
         Trainer(H.ToyDeepSets(3, 2), config(epochs=1, warmup_epochs=1)).fit(REG_TRAIN[:16])
     assert [_default_warmup(e) for e in (1, 2, 5, 9, 10, 200)] == [0, 1, 2, 4, 5, 5]

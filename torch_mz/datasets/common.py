@@ -45,7 +45,7 @@ _LIBRARY_DIRS = (osp.join(_PACKAGE_DIR, ''),
 # the command line's modules, whose lines open a dataset as a user's script does (run as
 # ``torch-mz`` or ``python -m torch_mz``, nothing outside the packages opened it: the line named
 # was the console script's, or ``<frozen runpy>``'s)
-_CALLER_FILES = tuple(osp.join(_PACKAGE_DIR, name) for name in ('cli.py', '__main__.py'))
+_CALLER_FILES = (osp.join(_PACKAGE_DIR, 'cli', ''), osp.join(_PACKAGE_DIR, '__main__.py'))
 
 
 def _caller_stacklevel() -> int:
@@ -56,7 +56,7 @@ def _caller_stacklevel() -> int:
     frame: Optional[FrameType] = sys._getframe(2)  # (the caller of the function that warns)
     level = 2
     while frame is not None and frame.f_code.co_filename.startswith(_LIBRARY_DIRS) and (
-            frame.f_code.co_filename not in _CALLER_FILES):
+            not frame.f_code.co_filename.startswith(_CALLER_FILES)):
         frame, level = frame.f_back, level + 1
     return level
 

@@ -1,0 +1,195 @@
+r"""The ``torch-mz`` command: train and compare set models on the paper's tasks.
+
+    torch-mz tasks
+    torch-mz models
+    torch-mz train --task quadratic-tdof --model mz --epochs 50
+    torch-mz compare --task quadratic-tdof --models mz-1l,st-4l,hypernet:rank=4 --seeds 3
+    torch-mz predict runs/quadratic-tdof/mz-seed0/best.pt --task quadratic-tdof --out pred.csv
+
+A model is named by a spec, ``name`` or ``name:key=value,...`` (parsed by
+:func:`torch_mz.study.parse_model_spec`, as in the benchmarks). Bad input (unknown task or
+model, unknown or mistyped options, impossible sizes, missing data, a missing, corrupt or foreign
+checkpoint, an output folder that holds an earlier run or an output file that exists, a learning
+rate that makes the loss diverge) ends with a one-line message and exit status 2, never a
+traceback.
+"""
+import argparse
+import contextlib
+import os
+import shlex
+import sys
+from typing import Optional, Sequence
+
+from torch_mz.cli import _common
+from torch_mz.cli._common import CLIError, _add_training_args, _data_root
+from torch_mz.cli.compare import cmd_compare
+from torch_mz.cli.predict import cmd_predict
+from torch_mz.cli.train import cmd_train
+
+EXIT_USAGE = 2
+
+# The demo: quadratic-TDOF task (TDOF 8) with one MZ layer against a 4-layer standard Set
+# Transformer and EGNN; every model gets the same data, budget, schedule and normalisation.
+DEMO_ARGS = ['compare', '--task', 'quadratic-tdof', '--models', 'mz-1l,st-4l,egnn,deepsets',
+             '--seeds', '2', '--epochs', '10', '--warmup-epochs', '1', '--lr', '1e-3',
+             '--batch-size', '64', '--n-train', '640', '--n-val', '160', '--n-test', '320',
+             '--task-arg', 'd=16', '--task-arg', 'tdof=8', '--out', 'runs/demo', '--overwrite']
+
+
+def cmd_tasks(args) -> int:
+    from torch_mz.tasks import list_tasks
+    tasks = list_tasks()
+    width = max(map(len, tasks))
+    for name, desc in tasks.items():
+        print(f'{name:{width}s}  {desc}')
+    return 0
+
+
+def cmd_models(args) -> int:
+    from torch_mz.models import build_model, count_parameters, list_models
+    if args.in_channels < 1:
+        raise CLIError(f'--in-channels must be at least 1 (got {args.in_channels})')
+    models = list_models()
+    width = max(map(len, models))
+    print(f"{'model':{width}s}  {'params*':>8s}  description")
+    for name, desc in models.items():
+        n = count_parameters(build_model(name, args.in_channels, 1,
+                                         pos_dim=(args.in_channels
+                                                  if name in ('egnn', 'egnn-qm9') else None)))
+        print(f'{name:{width}s}  {n:8,d}  {desc}')
+    print(f'* for {args.in_channels} input channels and one output')
+    return 0
+
+
+def _add_memory_flag(p: argparse.ArgumentParser) -> None:
+    r"""``--no-keep-freed-memory`` after the command too (``torch-mz train ...
+    --no-keep-freed-memory``); it was taken only before it."""
+    p.add_argument('--no-keep-freed-memory', dest='keep_freed_memory', action='store_false',
+                   default=argparse.SUPPRESS,
+                   help="leave glibc's malloc as it is (see torch-mz --help)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from torch_mz import __version__
+    parser = argparse.ArgumentParser(  # the docstring's first line, without its RST markup
+        prog='torch-mz', description=__doc__.split('\n')[0].replace('``', ''))
+    parser.add_argument('--version', action='version', version=f'torch-mz {__version__}')
+    parser.add_argument('--no-keep-freed-memory', dest='keep_freed_memory',
+                        action='store_false',
+                        help="leave glibc's malloc as it is; by default train, compare and "
+                             'predict keep freed memory for reuse, which makes large CPU '
+                             'batches faster for more resident memory '
+                             '(torch_mz.runtime.keep_freed_memory); without it the model '
+                             'presets encode large batches in groups of whole sets, whose '
+                             'dropout masks are drawn group by group')
+    sub = parser.add_subparsers(dest='command', required=True)
+    p = sub.add_parser('tasks', help='list the tasks', allow_abbrev=False)
+    p.set_defaults(func=cmd_tasks)
+    p = sub.add_parser('models', help='list the model presets', allow_abbrev=False)
+    p.add_argument('--in-channels', type=int, default=3,
+                   help='input width the listed parameter counts are for (default: 3)')
+    p.set_defaults(func=cmd_models)
+    p = sub.add_parser('train', help='train one model on one task', allow_abbrev=False)
+    _add_training_args(p)
+    p.add_argument('--model', required=True,
+                   help="model preset (see 'torch-mz models'), with options as name:key=value,...")
+    p.add_argument('--seed', type=int,
+                   help="training seed (default: 0; with --resume, the checkpoint's)")
+    p.add_argument('--resume', help="checkpoint.pt to continue from (in its own folder unless "
+                   "--out says otherwise)")
+    _add_memory_flag(p)
+    p.set_defaults(func=cmd_train)
+    p = sub.add_parser('compare', help='train several models over several seeds and tabulate',
+                       allow_abbrev=False)  # (--seed would be read as --seeds)
+    _add_training_args(p)
+    p.add_argument('--models', required=True,
+                   help='comma-separated model specs, e.g. mz,hypernet:rank=4,dim=64')
+    p.add_argument('--seeds', type=int, default=None,
+                   help='training seeds per model: 0, 1, ... (default: 3; with --resume, '
+                        'those of the comparison resumed)')
+    p.add_argument('--resume', action='store_true',
+                   help='continue an interrupted comparison in --out with the same options: '
+                   'finished runs are read back, the others continue from their last '
+                   "checkpoint (--model-arg '' says it had no --model-arg)")
+    _add_memory_flag(p)
+    p.set_defaults(func=cmd_compare)
+    p = sub.add_parser('predict', help="write a trained model's predictions on a task's test "
+                       'split to CSV', allow_abbrev=False)
+    p.add_argument('checkpoint', help='best.pt or checkpoint.pt of a training run')
+    p.add_argument('--task', help='the task the model was trained on (default: the one the '
+                   'checkpoint records)')
+    p.add_argument('--task-arg', action='append', metavar='KEY=VALUE',
+                   help='task option (default: those the checkpoint records; repeatable)')
+    p.add_argument('--root', type=_data_root,
+                   help='folder of the real dataset itself, e.g. datasets/QM9')
+    p.add_argument('--n-test', type=int,
+                   help="test sets (default: the training run's; of QM9, the first N of the "
+                   "training run's test split; of ModelNet40 / ScanObjectNN, N spread evenly "
+                   "over the official test files)")
+    p.add_argument('--data-seed', type=int,
+                   help='seed of the synthetic data / real split (default: the one the '
+                   'checkpoint records; 0 for a checkpoint that records none)')
+    p.add_argument('--n-train', type=int, help="for a checkpoint that records no split: the "
+                   "training run's --n-train (a real dataset's test split depends on it)")
+    p.add_argument('--n-val', type=int, help="for a checkpoint that records no split: the "
+                   "training run's --n-val")
+    p.add_argument('--batch-size', type=int, default=128,
+                   help='sets per batch of the forward passes (default: 128; the predictions '
+                   'depend on it only up to float rounding)')
+    p.add_argument('--device', default='auto', help="'auto', 'cpu', 'cuda' or 'cuda:N'")
+    p.add_argument('--out', required=True, help="CSV file: one row per set, columns set (the "
+                   "set's index in its dataset), gdb_idx (QM9), prediction (prediction_0, ... "
+                   "for several targets; the class for classification), target, and ihw for "
+                   "models that return one")
+    p.add_argument('--overwrite', action='store_true', help='replace an existing --out')
+    _add_memory_flag(p)
+    p.set_defaults(func=cmd_predict)
+    return parser
+
+
+def _debug() -> bool:
+    r"""Whether ``TORCH_MZ_DEBUG`` asks for tracebacks instead of one-line errors."""
+    return os.environ.get('TORCH_MZ_DEBUG', '').strip().lower() not in ('', '0', 'false', 'off',
+                                                                         'no')
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
+    args.command_line = 'torch-mz ' + ' '.join(shlex.quote(a) for a in argv)
+    if args.keep_freed_memory and args.command in ('train', 'compare', 'predict'):
+        from torch_mz.runtime import keep_freed_memory
+        keep_freed_memory()  # this process is ours; False (no change) where not glibc
+    from torch_mz.train import CheckpointError
+    # under torchrun, the main process prints the results; the others train silently (their
+    # errors still go to stderr)
+    quiet = args.command in ('train', 'compare') and not _common._main_process()
+    try:
+        if quiet:
+            with open(os.devnull, 'w') as sink, contextlib.redirect_stdout(sink):
+                return args.func(args)
+        return args.func(args)
+    except (CLIError, CheckpointError, ValueError, OSError, ImportError,
+            FloatingPointError) as e:
+        if _debug():
+            raise  # (TORCH_MZ_DEBUG=1: the traceback, for a bug report)
+        print(f'torch-mz: error: {e}', file=sys.stderr)
+        return EXIT_USAGE
+    except (MemoryError, RuntimeError) as e:
+        # sizes that do not fit in memory (a width, a set size or a batch the allocator
+        # refuses: numpy's MemoryError, torch's RuntimeError / OutOfMemoryError) end as the
+        # other impossible sizes do; any other RuntimeError is a bug, with its traceback
+        text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if isinstance(e, RuntimeError) and not any(
+                m in text.lower() for m in ("can't allocate memory", 'out of memory')):
+            raise
+        if _debug():
+            raise
+        print(f'torch-mz: error: out of memory ({text}): the sizes asked for (model width, '
+              f'set sizes, batch size, number of sets) do not fit; give smaller ones',
+              file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print('torch-mz: interrupted', file=sys.stderr)
+        return 130

@@ -1,0 +1,92 @@
+r"""``torch-mz train``: train one model on one task, or continue a run from its checkpoint."""
+import os
+
+from torch_mz.cli import _common
+from torch_mz.cli._common import (CLIError, _check_checkpoint_file, _check_model_args,
+                                  _check_not_empty, _check_numbers, _check_out_folder,
+                                  _check_overrides, _check_task, _check_training_args,
+                                  _fill_training_options, _keep_recorded_n_test, _model_specs,
+                                  _parse_kv, _run_files, _same_path, _take_data_options,
+                                  _take_model_args)
+
+
+def cmd_train(args) -> int:
+    _check_task(args.task)
+    _check_not_empty(args)
+    models = _model_specs(args.model, '--model')
+    _check_numbers(args)
+    if len(models) > 1:
+        raise CLIError(f"--model takes one model (got {', '.join(m.spec for m in models)}); "
+                       f"use 'torch-mz compare --models' for several")
+    model = models[0]
+    if args.resume is not None:
+        _check_checkpoint_file(args.resume, '--resume')
+    if args.resume is not None and args.overwrite:
+        raise CLIError('--resume continues a run and --overwrite starts a new one: pass one')
+    recorded, epochs_run, state = None, None, {}
+    if args.resume is not None:
+        from torch_mz.train import load_checkpoint
+        state = load_checkpoint(args.resume)
+        recorded = state.get('config')
+        if isinstance(state.get('epoch'), int) and state.get('kind') == 'train':
+            epochs_run = state['epoch'] + 1
+        # another task or preset, before its data are built (for QM9 the whole task); the
+        # trainer compares the rest (options, splits) against the data
+        info = state.get('run_info')
+        info = info if isinstance(info, dict) else {}  # (a run_info of one's own making)
+        entries = {k: v if isinstance(v, dict) else {} for k, v in info.items()}
+        for what, flag, given in (('task', '--task', args.task), ('model', '--model',
+                                                                   model.name)):
+            saved = entries.get(what, {}).get('name')
+            if isinstance(saved, str) and saved != given:
+                raise CLIError(f"checkpoint '{args.resume}' was written by a run of {what} "
+                               f"'{saved}', not '{given}': pass {flag} {saved} to resume it")
+        # the model options, where no --model-arg is given, beside those the --model spec gives
+        _take_model_args(args, state, model, 'the checkpoint')
+    _check_overrides(models, _parse_kv(args.model_arg, '--model-arg'), '--model')
+    _take_data_options(args, state, 'the checkpoint')
+    taken = _fill_training_options(args, recorded if isinstance(recorded, dict) else None)
+    if any(t.startswith('warmup_epochs=') for t in taken) and args.warmup_epochs > args.epochs:
+        raise CLIError(f"--epochs {args.epochs} is fewer than the checkpoint's warm-up of "
+                       f"{args.warmup_epochs} epochs: pass --warmup-epochs too")
+    if epochs_run is not None and args.epochs < epochs_run:
+        raise CLIError(f"--epochs {args.epochs} is fewer than the {epochs_run} epochs the "
+                       f"checkpoint '{args.resume}' has run: pass --epochs {epochs_run} or more")
+    if taken:
+        print('resuming with the training options of the checkpoint (those not given): '
+              + ', '.join(taken))
+    if args.out is not None:  # ('' is refused below: it was taken for no --out)
+        out = args.out
+    elif args.resume is not None:  # the run goes on where it was (its logs, best.pt, result)
+        out = os.path.dirname(args.resume) or '.'
+    else:
+        out = os.path.join('runs', args.task, f'{model.folder}-seed{args.seed}')
+    _check_out_folder(out)
+    _check_training_args(args)
+    existing = _run_files(out)
+    resumes_here = args.resume is not None and _same_path(os.path.dirname(args.resume) or '.',
+                                                          out)
+    if existing and not args.overwrite and not resumes_here:
+        last = os.path.join(out, 'checkpoint.pt')
+        hint = ('choose another --out' if args.resume is not None else
+                f"pass --overwrite to replace it, or --resume {last} to continue it"
+                if os.path.isfile(last) else
+                "it has no checkpoint.pt to resume from (interrupted in its first epoch); "
+                "pass --overwrite to start it again")
+        raise CLIError(f"'{out}' already holds a run ({', '.join(existing)}); {hint}")
+    _check_model_args(args, None, models)  # unknown options, before the data are loaded
+    task = _common._load(args, progress=not args.no_progress)
+    _keep_recorded_n_test(task, state)
+    _check_model_args(args, task, models)
+    print(f'task {task.name}: {task.description} | train/val/test = '
+          f'{len(task.train)}/{len(task.val)}/{len(task.test)} | d_in={task.in_channels}')
+    # (under torchrun every rank removed them: a later one could remove what the main one had
+    # written)
+    if args.overwrite and _common._main_process():
+        _common._remove_run_files(out)
+    row = _common._run(args, task, model, args.seed, out, args.resume)
+    metrics = ', '.join(f'{k} {v:.4g}' for k, v in row['test'].items())
+    print(f"{args.model} ({row['params']:,} parameters): best epoch {row['best_epoch']}, "
+          f"test {metrics}")
+    print(f'logs and checkpoints in {out}')
+    return 0
