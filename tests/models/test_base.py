@@ -242,3 +242,17 @@ def test_models_without_an_input_projection_refuse_what_overflows_float16():
                                                  r'input overflows in torch.float16'):
                 model(x * 1e5, index)
             assert torch.isfinite(model(x * 1e3, index).prediction).all()
+
+
+def test_every_set_model_names_a_module_autocast_does_not_cast():
+    # a float64 model under autocast, whose weights autocast leaves as they are, failed inside
+    # its first matrix product on the cast input ('mat1 and mat2 must have the same dtype')
+    index = torch.tensor([0] * 5 + [1] * 3)
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(0))
+    for name in [n for n in PRESETS if not n.startswith('egnn')]:
+        model = _model(name)  # float64
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            with pytest.raises(ValueError, match=r"module's dtype torch.float64 \(got "
+                                                 r"torch.float32\)"):
+                model(x, index)
+            assert model(x.double(), index).prediction.dtype == torch.float64

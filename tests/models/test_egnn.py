@@ -951,3 +951,62 @@ def test_conv_takes_what_message_passing_takes_and_names_a_wrong_width():
             wide(h, pos, edges)
     doc = ' '.join(EGNNConv.__doc__.split())
     assert 'any PyG aggregation name' not in doc and 'depends on the order' in doc
+
+def test_float64_model_under_autocast_is_named():
+    # autocast leaves a float64 model's weights as they are: the check stepped aside for any
+    # input but float64 under autocast, and the first matrix product failed ('mat1 and mat2
+    # must have the same dtype, but got BFloat16 and Double')
+    x, pos, batch = random_sets([3, 4], 3, 2, dtype=torch.float32)
+    model = EGNN(2, 8, 1, num_layers=1).double()
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        for came in (torch.float32, torch.bfloat16, torch.float16):
+            with pytest.raises(ValueError, match=rf"model's dtype torch.float64 \(got {came}\);"
+                                                 r" .*does not cast a float64 model's weights"):
+                model(x.to(came), pos.to(came), batch)
+        assert model(x.double(), pos.double(), batch).prediction.dtype == torch.float64
+
+
+@pytest.mark.parametrize('half', ['module', 'autocast'])
+def test_half_precision_squared_distances_do_not_overflow(half):
+    # the squared distance of points 300 apart (9e4) overflowed float16 (65,504), in a float16
+    # layer and under float16 autocast (which cast the float32 d^2 to float16 in the first edge
+    # layer's product): every message of the pair was NaN; it is taken in float32 now
+    torch.manual_seed(0)
+    conv = EGNNConv(4, hidden_channels=6)
+    with torch.no_grad():
+        conv.edge_mlp[0].weight[:, 8] *= 1e-3  # d^2's column: messages of moderate size
+    pos = torch.tensor([[0., 0, 0], [300, 0, 0], [0, 5, 0], [1, 1, 1]])
+    h = torch.randn(4, 4)
+    edge_index = fully_connected_edge_index(torch.tensor([0, 0, 0, 1]))
+    assert edge_index.size(1) >= h.size(0)  # (the per-node first edge layer)
+    with torch.no_grad():
+        ref_h, ref_pos = conv(h, pos, edge_index)
+        if half == 'module':
+            out_h, out_pos = conv.half()(h.half(), pos.half(), edge_index)
+            assert out_h.dtype == out_pos.dtype == torch.float16
+        else:
+            with torch.autocast('cpu', dtype=torch.float16):
+                out_h, out_pos = conv(h, pos, edge_index)
+    assert torch.isfinite(out_h).all() and torch.isfinite(out_pos).all()
+    scale = float(ref_h.abs().max())
+    torch.testing.assert_close(out_h.float(), ref_h, rtol=1e-2, atol=1e-2 * scale)
+    torch.testing.assert_close(out_pos.float(), ref_pos, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize('detach_norm', [True, False])
+def test_float16_normalized_coincident_points_stay_finite(detach_norm):
+    # eps = 1e-8 is zero in float16: two coincident points gave 0 / (0 + eps) = NaN in the
+    # normalised coordinate difference of a float16 model (float32 and autocast were finite)
+    torch.manual_seed(0)
+    x, pos, batch = random_sets([3, 3], 3, 2, dtype=torch.float32)
+    pos[1] = pos[0]
+    model = EGNN(2, 8, 1, num_layers=2, normalize=True, detach_norm=detach_norm)
+    ref = model(x, pos, batch).prediction
+    half = model.half()
+    x16, pos16 = x.half(), pos.half().requires_grad_()
+    out = half(x16, pos16, batch).prediction
+    assert out.dtype == torch.float16 and torch.isfinite(out).all()
+    torch.testing.assert_close(out.float(), ref, rtol=1e-2, atol=1e-2)
+    out.float().sum().backward()
+    assert torch.isfinite(pos16.grad).all()
+    assert all(torch.isfinite(p.grad).all() for p in half.parameters() if p.grad is not None)

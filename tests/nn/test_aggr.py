@@ -1085,3 +1085,37 @@ def test_the_float16_limit_reads_the_input_layers_only():
     deep = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
     assert input_layers(deep, 4) == [deep[0]]
     assert input_magnitude_limit(torch.float16, torch.nn.Linear(3, 2), 5) == 1e4  # none reads it
+
+
+def test_a_module_autocast_does_not_cast_is_named():
+    # autocast casts float32 weights and float32 / float16 / bfloat16 inputs where they meet in
+    # a matrix product: the check stepped aside under any autocast for any module, and a float64
+    # module ('mat1 and mat2 must have the same dtype') or a module of the other half precision
+    # (its LayerNorms: 'mixed dtype (CPU): expect parameter to have scalar type of Float') failed
+    # inside, also on input of the module's own dtype
+    index = torch.tensor([0, 0, 1])
+    x = _x(3, dtype=torch.float32)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        for came in (torch.float32, torch.bfloat16, torch.float16):
+            with pytest.raises(ValueError, match=r"module's dtype torch.float64 \(got "
+                                                 rf"{came}\); .*does not cast a float64"):
+                _aggr(dtype=torch.float64)(x.to(came), index)
+            with pytest.raises(ValueError, match=r"module of float32 or torch.bfloat16 "
+                                                 r"parameters under torch.autocast to "
+                                                 r"torch.bfloat16 \(got torch.float16 "):
+                _aggr(dtype=torch.float16)(x.to(came), index)
+        # what autocast does take: float32 and bfloat16 modules, and float64 input of a float64
+        # module (left alone)
+        for dtype in (torch.float32, torch.bfloat16):
+            assert torch.isfinite(_aggr(dtype=dtype)(x, index)).all()
+        assert _aggr(dtype=torch.float64)(x.double(), index).dtype == torch.float64
+    with torch.autocast('cpu', dtype=torch.float16):
+        assert torch.isfinite(_aggr(dtype=torch.float16)(x, index)).all()
+    # without autocast the remedy named fits the module: none for a float64 module, autocast to
+    # the module's own dtype for a half-precision one
+    with pytest.raises(ValueError, match=r"\(e.g. .to\(torch.float32\)\); torch.autocast does "
+                                         r"not cast a float64 module's weights$"):
+        _aggr(dtype=torch.float64)(x, index)
+    with pytest.raises(ValueError, match=r"run under torch.autocast\('cpu', "
+                                         r"dtype=torch.float16\) \(which"):
+        _aggr(dtype=torch.float16)(x, index)

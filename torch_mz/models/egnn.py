@@ -12,6 +12,7 @@ Satorras, Hoogeboom and Welling, "E(n) Equivariant Graph Neural Networks", ICML 
   which reads coordinates from the first columns of ``x`` (for tensors ``x = [pos, features]``,
   such as what :func:`~torch_mz.models.base.set_features` reads from a data object).
 """
+import contextlib
 import numbers
 from typing import Optional, Tuple, Union
 
@@ -235,7 +236,11 @@ class EGNNConv(MessagePassing):
     update is smaller by the factor :math:`2\epsilon / (\|\mathbf{x}_i - \mathbf{x}_j\| +
     \epsilon) \in (1, 2]` (coincident points: :math:`0` in both). With ``tanh=True``,
     :math:`\phi_x` is bounded by ``coords_range * tanh``. Coordinates may have any dimension
-    :math:`D`.
+    :math:`D`. Squared distances and norms are computed in at least float32 (a float16 squared
+    distance overflows beyond a distance of 256), and the squared distances meet
+    :math:`\phi_e`'s first layer in that precision, which :func:`torch.autocast` does not
+    narrow there, except where :math:`\phi_e` runs as it is on each edge (fewer edges than
+    nodes, or hooks on it), which takes them in its own dtype.
 
     ``h`` is invariant and ``pos`` equivariant under rotations, reflections and translations of
     ``pos`` (and under permutations of the nodes with ``edge_index`` relabelled).
@@ -408,7 +413,11 @@ class EGNNConv(MessagePassing):
     def message(self, a_i: Tensor, b_j: Tensor, pos_i: Tensor, pos_j: Tensor,
                 edge_attr: Optional[Tensor], rest: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
         diff = pos_i - pos_j  # (E, D)
-        sq_dist = diff.pow(2).sum(dim=-1, keepdim=True)  # (E, 1)
+        # half-precision coordinates: d^2 (and the norm) in float32, as radius_edge_index has
+        # them: float16 squared distances overflow beyond a distance of 256 (the messages were
+        # NaN), and eps = 1e-8 is zero in float16 (coincident points gave 0 / 0 with normalize)
+        wide = diff.float() if diff.dtype in (torch.float16, torch.bfloat16) else diff
+        sq_dist = wide.pow(2).sum(dim=-1, keepdim=True)  # (E, 1)
         if rest is None:  # a, b are h: phi_e as it is
             # (d^2 in the features' dtype: coordinates wider than the layer, e.g. float64
             # beside float32 weights, would promote the concatenation past phi_e's dtype)
@@ -422,11 +431,15 @@ class EGNNConv(MessagePassing):
             # d^2 * w had broadcast products over (E, H) and their sums
             # (in the dtype the concatenation and addcmul promote to: pos may be wider or
             # narrower than the weights, and addmm does not promote)
+            # (outside autocast, which would cast d^2 to its dtype: in float16 beyond 65,504)
             dtype = torch.promote_types(sq_dist.dtype, rest.dtype)
             per_edge = sq_dist if edge_attr is None else torch.cat(
                 [sq_dist, edge_attr.to(rest.dtype)], dim=-1)  # (E, 1 + F_e)
-            m = torch.addmm((a_i + b_j).to(dtype), per_edge.to(dtype),
-                            rest.t().to(dtype)).to(rest.dtype)  # (E, H), in phi_e's dtype
+            device = per_edge.device.type
+            with (torch.autocast(device, enabled=False) if torch.is_autocast_enabled(device)
+                  else contextlib.nullcontext()):
+                m = torch.addmm((a_i + b_j).to(dtype), per_edge.to(dtype),
+                                rest.t().to(dtype)).to(rest.dtype)  # (E, H), in phi_e's dtype
             for layer in list(self.edge_mlp.children())[1:]:
                 m = layer(m)  # (E, H)
         if self.gate_lin is not None:
@@ -438,7 +451,7 @@ class EGNNConv(MessagePassing):
                 norm = sq_dist.detach().sqrt()  # (E, 1)
             else:
                 norm = _safe_norm(sq_dist, self.eps)  # (E, 1)
-            diff = diff / (norm + self.eps)  # (E, D)
+            diff = (wide / (norm + self.eps)).to(diff.dtype)  # (E, D)
         weight = self.coord_mlp(m)  # (E, 1)
         if self.tanh:
             weight = self.coords_range * torch.tanh(weight)
@@ -693,13 +706,20 @@ class EGNN(Module):
         dtype = torch.promote_types(pos.dtype, x.dtype)
         param = next(self.parameters(), None)
         if param is not None and dtype != param.dtype and (
-                dtype == torch.float64 or not torch.is_autocast_enabled(pos.device.type)):
-            # (autocast casts float32, float16 and bfloat16 inputs, not float64 ones)
+                torch.float64 in (dtype, param.dtype)
+                or not torch.is_autocast_enabled(pos.device.type)):
+            # (autocast casts float32, float16 and bfloat16 inputs, not float64 ones, and no
+            # float64 weights: a float64 model's matrix products failed on cast inputs)
             what, came = ("'pos'", str(pos.dtype)) if dtype == pos.dtype else (
                 "'pos' and 'x'", f"{x.dtype} 'x' beside {pos.dtype} 'pos', which meet in {dtype}")
+            if param.dtype == torch.float64:
+                remedy = (f"convert the input or the model (e.g. .to({dtype})); torch.autocast "
+                          "does not cast a float64 model's weights")
+            else:
+                remedy = (f"convert the input, convert the model (e.g. .to({dtype})), or run "
+                          "under torch.autocast (which does not cast float64 input)")
             raise ValueError(f"Expected {what} of the model's dtype {param.dtype} (got {came}); "
-                             f"convert the input, convert the model (e.g. .to({dtype})), or "
-                             f"run under torch.autocast (which does not cast float64 input)")
+                             f"{remedy}")
         if batch is None:
             batch = torch.zeros(num_nodes, dtype=torch.long, device=pos.device)
             num_sets = 1 if num_sets is None else num_sets

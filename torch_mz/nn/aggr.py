@@ -301,21 +301,37 @@ def check_input_magnitude(x: Tensor, float16_only: bool = False,
 
 def check_set_input(x: Tensor, in_channels: int, dtype: torch.dtype) -> None:
     r"""Checks the element features of a set model or aggregation: a floating-point
-    :math:`(N, F_{in})` tensor of the module's :obj:`dtype` (or run under
-    :func:`torch.autocast`); raises a :class:`ValueError` saying what was expected and what came."""
+    :math:`(N, F_{in})` tensor of the module's :obj:`dtype`, or run under
+    :func:`torch.autocast`, which casts float32, float16 and bfloat16 inputs and float32 weights
+    where they meet in a matrix product, so that it takes a module of float32 parameters or of
+    its own dtype only (it leaves float64 weights as they are, and float16 weights meet
+    bfloat16 inputs, or the other way round, in a LayerNorm, which fails); raises a
+    :class:`ValueError` saying what was expected and what came."""
     if x.dim() != 2 or x.size(-1) != in_channels:
         raise ValueError(f"Expected input of shape (N, {in_channels}) (got {tuple(x.shape)})")
     if x.dtype not in FLOAT_DTYPES:
         raise ValueError(f"Expected floating-point input (float32, float64, bfloat16 or "
                          f"float16) (got {x.dtype}); convert it with x.float()")
+    device = x.device.type
+    if torch.is_autocast_enabled(device) and dtype != torch.float64:
+        cast = torch.get_autocast_dtype(device)
+        if dtype not in (torch.float32, cast):  # (e.g. a float16 module, bfloat16 autocast)
+            raise ValueError(f"Expected a module of float32 or {cast} parameters under "
+                             f"torch.autocast to {cast} (got {dtype} parameters, which it does "
+                             f"not cast); convert the module (e.g. .float()), or run under "
+                             f"torch.autocast('{device}', dtype={dtype})")
+        if x.dtype != torch.float64:
+            return  # (autocast casts float32, float16 and bfloat16 inputs, not float64 ones)
     if x.dtype == dtype:
         return
-    device = x.device.type
-    if torch.is_autocast_enabled(device) and x.dtype != torch.float64:
-        return  # (autocast casts float32, float16 and bfloat16 inputs, not float64 ones)
-    raise ValueError(f"Expected input of the module's dtype {dtype} (got {x.dtype}); "
-                     f"convert the input, convert the module (e.g. .to({x.dtype})), or run "
-                     f"under torch.autocast (which does not cast float64 input)")
+    if dtype == torch.float64:
+        remedy = (f"convert the input or the module (e.g. .to({x.dtype})); torch.autocast "
+                  "does not cast a float64 module's weights")
+    else:
+        how = '' if dtype == torch.float32 else f"({device!r}, dtype={dtype})"
+        remedy = (f"convert the input, convert the module (e.g. .to({x.dtype})), or run under "
+                  f"torch.autocast{how} (which does not cast float64 input)")
+    raise ValueError(f"Expected input of the module's dtype {dtype} (got {x.dtype}); {remedy}")
 
 
 class MZAggregation(Aggregation):
@@ -345,7 +361,8 @@ class MZAggregation(Aggregation):
     the matrix zonotope (``value='mz'``) in both.
 
     Inputs are validated once, here: ``x`` must be a floating-point :math:`(N, F_{in})` tensor of
-    the module's dtype (or run under :func:`torch.autocast`) whose finite entries are at most
+    the module's dtype (or run under :func:`torch.autocast`, a module of float32 parameters or of
+    the autocast dtype: :func:`check_set_input`) whose finite entries are at most
     :math:`10^{15}` in magnitude (float32; :math:`10^{150}` in float64), a margin below the
     magnitude at which the LayerNorm statistics of the input projection overflow (about
     :math:`10^{19}` in float32: finite outputs up to :math:`10^{18}` were measured); in float16,
