@@ -421,6 +421,11 @@ def test_invalid_arguments(tmp_path):
         ModelNet40(str(tmp_path), source='ply')
     with pytest.raises(ValueError, match='num_points'):
         ModelNet40(str(tmp_path), source='mesh', num_points=None)
+    # (the text 'False' is true: it loaded the training split, or normalised)
+    with pytest.raises(ValueError, match="'train' must be True or False"):
+        ModelNet40(str(tmp_path), train='False')
+    with pytest.raises(ValueError, match="'normalize' must be True or False"):
+        ModelNet40(str(tmp_path), normalize='False')
     assert not os.listdir(tmp_path)  # validated before touching the disk
 
 

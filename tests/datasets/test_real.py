@@ -398,3 +398,82 @@ def test_a_training_dataset_of_another_length_than_the_split_is_refused(scanobje
                                  scanobjectnn_root['root'], 15, num_points=32, resample=True,
                                  log=False)
     assert (len(task.train), len(task.val)) == (4, 1)
+
+
+def test_a_point_cloud_task_reports_the_width_a_transform_gives(scanobjectnn_root):
+    # in_channels was 3 whatever the transform or pre_transform did: a model built with it
+    # refused every batch of sets that a transform had given x ("build it with in_channels=4")
+    import torch_geometric.transforms as T
+    from torch_geometric.loader import DataLoader
+
+    from torch_mz.models.base import set_features
+    root = scanobjectnn_root['root']
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        plain = load_task('scanobjectnn', root=root, num_points=16)
+        by_transform = load_task('scanobjectnn', root=root, num_points=16,
+                                 transform=T.Constant(1.0))
+        by_pre_transform = load_task('scanobjectnn', root=root, num_points=16,
+                                     pre_transform=T.Compose([T.Constant(1.0),
+                                                              T.Constant(2.0)]))
+    assert plain.in_channels == 3
+    for task, width in ((by_transform, 4), (by_pre_transform, 5)):
+        assert task.in_channels == width
+        for split in (task.train, task.val, task.test):
+            assert set_features(split[0]).size(-1) == width
+        model = build_model('deepsets', task.in_channels, task.out_channels)
+        batch = next(iter(DataLoader(task.train, batch_size=2)))
+        assert model(batch).prediction.shape == (2, 15)
+
+
+def test_force_reload_processes_each_point_cloud_cache_once(scanobjectnn_root, modelnet_h5_root,
+                                                           monkeypatch):
+    # the training, validation and test datasets each rebuilt the cache that the train and
+    # test splits share: three processings of every raw file (ModelNet40's meshes sampled
+    # three times) where one rebuilds it
+    from torch_mz.datasets.common import TrainTestSets
+    built = []
+    process = TrainTestSets.process
+
+    def counting(self):
+        built.append(osp.basename(self.processed_dir))
+        process(self)
+
+    monkeypatch.setattr(TrainTestSets, 'process', counting)
+    root = scanobjectnn_root['root']
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        task = load_task('modelnet40', root=modelnet_h5_root['root'], source='hdf5',
+                         num_points=16, force_reload=True)  # (its class has no resample)
+        assert built == ['hdf5_16_pos-only'] and len(task.test) == 3
+        built.clear()
+        load_task('scanobjectnn', root=root, num_points=16)
+        assert built == ['OBJ_BG_16_seed0_pos-only']
+        built.clear()
+        task = load_task('scanobjectnn', root=root, num_points=16, force_reload=True)
+        assert built == ['OBJ_BG_16_seed0_pos-only']
+        assert (len(task.train) + len(task.val), len(task.test)) == (5, 3)
+        built.clear()
+        # resampled: the training split's cache of all points and the fixed subsets' cache
+        load_task('scanobjectnn', root=root, num_points=16, resample=True, force_reload=True)
+    assert built == ['OBJ_BG_all_pos-only', 'OBJ_BG_16_seed0_pos-only']
+
+
+def test_val_fraction_holds_out_its_share_of_the_training_files(tmp_path):
+    # int(n * val_fraction) truncated a product that floating point leaves just below a whole
+    # number: 0.58 of 50 training files is 28.999999999999996, and 28 were held out, not 29
+    import numpy as np
+
+    from tests.datasets.raw_formats import random_clouds, write_h5
+    from torch_mz.datasets.scanobjectnn import scanobjectnn_file
+    rng = np.random.default_rng(0)
+    root = str(tmp_path / 'ScanObjectNN')
+    for train, n in ((True, 50), (False, 2)):
+        write_h5(osp.join(root, 'raw', scanobjectnn_file('OBJ_BG', train)),
+                 data=random_clouds(rng, n, 8), label=np.arange(n) % 15)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        for fraction, held_out in ((0.58, 29), (0.1, 5), (0.3, 15), (0.01, 1)):
+            task = load_task('scanobjectnn', root=root, num_points=8, val_fraction=fraction)
+            assert (len(task.train), len(task.val)) == (50 - held_out, held_out), fraction
+            assert task.info['val_fraction_of_train'] == held_out / 50

@@ -409,3 +409,21 @@ def test_a_copy_of_a_resampling_dataset_keeps_every_point_and_resampling(scanobj
     assert ds._draw is not None and ds[0].pos.shape == (32, 3)  # the dataset itself unchanged
     fixed = ScanObjectNN(root, num_points=32, normalize=False, log=False)
     assert torch.equal(fixed.copy()[1].pos, fixed[1].pos)  # a fixed subset copies as it is
+
+
+@pytest.mark.parametrize('kwargs, name', [
+    (dict(train='False'), 'train'),  # (text is true: it loaded the training split)
+    (dict(train=None), 'train'),
+    (dict(normalize='False'), 'normalize'),  # (normalised)
+    (dict(resample='no'), 'resample'),  # (resampled)
+    (dict(normalize=2), 'normalize'),
+])
+def test_flags_that_are_no_truth_values_are_refused_up_front(scanobjectnn_root, kwargs, name):
+    root = scanobjectnn_root['root']
+    with pytest.raises(ValueError, match=f"'{name}' must be True or False"):
+        ScanObjectNN(root, num_points=16, log=False, **kwargs)
+    assert not os.path.exists(os.path.join(root, 'processed'))  # refused before processing
+    # truth values of NumPy and 0 / 1 are taken, as bools
+    test = ScanObjectNN(root, train=np.bool_(False), normalize=1, resample=0, num_points=16,
+                        log=False)
+    assert test.split == 'test' and test.normalize is True and test.resample is False

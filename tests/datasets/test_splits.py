@@ -164,3 +164,19 @@ def test_split_indices_refuses_a_subsample_that_is_no_integer():
                   np.float32(50), torch.tensor(50.0)):
         got = [p.tolist() for p in split_indices(100, 0.8, 0.1, 0.1, subsample=count)]
         assert got == expected, count
+
+
+def test_split_indices_takes_any_integral_n_and_seed_and_refuses_others():
+    # a NumPy seed failed in torch with "TypeError: an integer is required", a float n in
+    # torch.randperm, and n=True split one item
+    expected = [p.tolist() for p in split_indices(20, 10, 5, seed=3)]
+    for n in (np.int64(20), np.int32(20), torch.tensor(20)):
+        for seed in (3, np.int64(3), np.uint8(3), torch.tensor(3)):
+            assert [p.tolist() for p in split_indices(n, 10, 5, seed=seed)] == expected
+    assert [len(p) for p in split_indices(1, 1, 0, seed=2**64 - 1)] == [1, 0, 0]
+    for seed in (1.5, 3.0, True, np.bool_(False), '3', -1, 2**64, None):
+        with pytest.raises(ValueError, match=f"'seed' must be an integer >= 0 and < {2**64}"):
+            split_indices(20, 10, 5, seed=seed)
+    for n in (20.0, True, torch.tensor(True), '20', -1):
+        with pytest.raises(ValueError, match="'n' must be an integer >= 0"):
+            split_indices(n, 10, 5)

@@ -23,6 +23,7 @@ import torch_geometric
 from torch import Tensor
 from torch_geometric.data import Data, InMemoryDataset
 
+from torch_mz._checks import check_flag
 from torch_mz._files import (atomic_write, damaged_zip_member, file_lock,
                              remove_stale_temp_files, weights_only_load)
 from torch_mz._optional import installed_version, require
@@ -816,7 +817,8 @@ class TrainTestSets(ProcessedDataset):
 
     def _setup(self, root: Optional[str], name: str, train: bool, transform, pre_transform,
                pre_filter, log: bool, force_reload: bool) -> None:
-        self.train = train
+        # (the text 'False' is true: it loaded the training split)
+        self.train = check_flag('train', train)
         super().__init__(default_root(name) if root is None else root, transform, pre_transform,
                          pre_filter, log=log, force_reload=force_reload)
         self.open_cache()

@@ -15,6 +15,7 @@ import torch
 from torch_geometric.data import Data, download_url, extract_zip
 from tqdm import tqdm
 
+from torch_mz._checks import check_flag
 from torch_mz._optional import require
 from torch_mz.datasets.common import (
     CorruptRawFileError,
@@ -351,7 +352,7 @@ class ModelNet40(TrainTestSets):
         self.source = source
         # plain ints (any integral type is taken): they name the cache and go to stats.json
         self.num_points = optional_points(num_points)
-        self.normalize = normalize
+        self.normalize = check_flag('normalize', normalize)  # ('False' is true: it normalised)
         self.seed = check_integer('seed', seed)
         self._setup(root, 'ModelNet40', train, transform, pre_transform, pre_filter, log,
                     force_reload)

@@ -9,7 +9,8 @@ r"""The real datasets as :class:`~torch_mz.datasets.TaskSplits`, for
   optimistic protocol to be reported as such). Training sets get the paper's augmentation,
   PyG's rotation about the up axis y (``RandomRotate(180, axis=1)``) and clipped gaussian
   jitter. Elements are points in ``pos``
-  (no ``x``); EGNN takes the coordinates from ``pos`` and no features. ``n_test`` below the
+  (no ``x``); EGNN takes the coordinates from ``pos`` and no features (a ``transform`` or
+  ``pre_transform`` that adds ``x`` widens ``in_channels`` to match). ``n_test`` below the
   official test split's size takes test sets spread evenly over it (:func:`spread_indices`: the
   official files are sorted by class, so their first sets would hold a few classes only); one
   above it takes all of them, with a :class:`TestSetsWarning` naming both counts (so that one
@@ -125,8 +126,12 @@ def _point_cloud_task(name: str, cls, seed: int, n_train, n_val, n_test, root, n
     train_aug = cls(root=root, train=True,
                     transform=augment if given is None else Compose([augment, given]), **kwargs)
     fixed = {k: v for k, v in kwargs.items() if k != 'resample'}  # evaluation: fixed subsets
-    train_plain = cls(root=root, train=True, transform=given, **fixed)
-    test = cls(root=root, train=False, transform=given, **fixed)
+    # force_reload rebuilds each processed folder once: the one of the fixed subsets is the
+    # training dataset's unless it resamples, and the test split's is that one (the train and
+    # test splits are processed together); each reprocessed the same files again
+    again = bool(kwargs.get('force_reload', False)) and bool(getattr(train_aug, 'resample', False))
+    train_plain = cls(root=root, train=True, transform=given, **dict(fixed, force_reload=again))
+    test = cls(root=root, train=False, transform=given, **dict(fixed, force_reload=False))
     n = len(train_plain)
     if len(train_aug) != n:
         # (scanobjectnn with resample: two caches of the training files, all points and fixed
@@ -139,8 +144,10 @@ def _point_cloud_task(name: str, cls, seed: int, n_train, n_val, n_test, root, n
             f'objects into training. Their processed caches left out other objects: rebuild them '
             f'(force_reload=True)')
     test_as_val = n_val is None and val_fraction == 0  # the published protocol
+    # (n * val_fraction rounded to 9 decimals first: 100 * 0.29 is 28.999999999999996 in
+    # floating point, which int() truncated to 28 held-out files, not 29)
     val_size = 0 if test_as_val else (
-        n_val if n_val is not None else max(1, int(n * val_fraction)))  # 0.1: n // 10
+        n_val if n_val is not None else max(1, int(round(n * val_fraction, 9))))  # 0.1: n // 10
     train_size = n_train if n_train is not None else n - val_size
     if train_size + val_size > n:
         raise ValueError(f"{name}: {train_size} train + {val_size} val sets exceed the {n} "
@@ -152,9 +159,12 @@ def _point_cloud_task(name: str, cls, seed: int, n_train, n_val, n_test, root, n
     tr, va, _ = split_indices(n, train_size, val_size, 0, seed=seed)
     test_idx = spread_indices(len(test) if n_test is None else n_test, len(test))
     test_split = _subset(test, test_idx)
+    # the width of what the models read, [pos, x] as the sets come out: 3 (pos) without a
+    # transform, wider where a transform or pre_transform adds x (it was 3 whatever they did)
+    width = set_features(test[0]).size(-1)  # (the official test split is never empty)
     return TaskSplits(name, _subset(train_aug, tr),
                       test_split if test_as_val else _subset(train_plain, va),
-                      test_split, in_channels=3, out_channels=num_classes,
+                      test_split, in_channels=int(width), out_channels=num_classes,
                       task_type='classification', pos_dim=3,
                       description=f'{cls.__name__} classification ({num_classes} classes)',
                       info=dict({k: v for k, v in kwargs.items() if k != 'log'},

@@ -9,6 +9,7 @@ from torch_geometric.data.dataset import IndexType
 from torch_geometric.transforms import FixedPoints
 from tqdm import tqdm
 
+from torch_mz._checks import check_flag
 from torch_mz.datasets.common import (
     CorruptRawFileError,
     SkipCounter,
@@ -147,9 +148,10 @@ class ScanObjectNN(TrainTestSets):
         num_points = optional_points(num_points)  # a plain int: it names the cache
         self.variant = variant
         self.num_points = num_points
-        self.normalize = normalize
+        # (flags: the text 'False' is true, and normalised or resampled)
+        self.normalize = check_flag('normalize', normalize)
         self.seed = check_integer('seed', seed)
-        self.resample = resample and num_points is not None
+        self.resample = check_flag('resample', resample) and num_points is not None
         # a fresh subset on every access (in get(), before the user's transform, which stays
         # theirs alone: setting ds.transform later keeps the draw)
         self._draw = (FixedPoints(num_points, replace=False, allow_duplicates=False)
@@ -165,8 +167,9 @@ class ScanObjectNN(TrainTestSets):
             else:  # one object (PyG keeps no offsets then)
                 fewest = int(self._data.pos.size(0))
             if fewest < self.num_points:
-                raise ValueError(f"'{self.raw_paths[0 if train else 1]}' holds {fewest} points "
-                                 f"per object, fewer than num_points={self.num_points}")
+                path = self.raw_paths[0 if self.train else 1]
+                raise ValueError(f"'{path}' holds {fewest} points per object, fewer than "
+                                 f"num_points={self.num_points}")
 
     @property
     def num_classes(self) -> int:

@@ -233,6 +233,24 @@ def _subsample(value: Any) -> int:
                      f"(got {value!r})")
 
 
+def _integer(value: Any, name: str, low: int = 0, high: Optional[int] = None) -> int:
+    r""":obj:`value` as a Python :obj:`int` in :math:`[low, high)`: any integral type is taken (a
+    Python or NumPy integer, an integer tensor of one element); a bool, a float or text raises
+    a :class:`ValueError` naming :obj:`name` (a NumPy seed failed in torch with a
+    :class:`TypeError`, a float ``n`` in :func:`torch.randperm`, and ``n=True`` was one item)."""
+    number = None
+    if not (isinstance(value, (bool, np.bool_))
+            or (isinstance(value, Tensor) and value.dtype == torch.bool)):
+        try:
+            number = operator.index(value)
+        except TypeError:
+            pass
+    if number is None or number < low or (high is not None and number >= high):
+        bound = '' if high is None else f' and < {high}'
+        raise ValueError(f"'{name}' must be an integer >= {low}{bound} (got {value!r})")
+    return int(number)
+
+
 def split_indices(
     n: int,
     train: Union[int, float] = 110_000,
@@ -260,7 +278,7 @@ def split_indices(
       :obj:`split_indices(len(ds), 0.8, 0.1, 0.1, subsample=50_000)`.
 
     Args:
-        n (int): Number of items.
+        n (int): Number of items, an integer >= 0 of any integral type.
         train (int or float, optional): Size of the training set. (default: :obj:`110_000`)
         val (int or float, optional): Size of the validation set. (default: :obj:`10_000`)
         test (int or float, optional): Size of the test set, :obj:`None` for the rest of the pool.
@@ -268,13 +286,14 @@ def split_indices(
         subsample (int, optional): Draw the pool as this many random items first, an integer
             (a float of integral value such as ``5e4`` is read as one; a fractional float or a
             bool raises). (default: :obj:`None`)
-        seed (int, optional): Seed of the permutation. (default: :obj:`0`)
+        seed (int, optional): Seed of the permutation, an integer in :math:`[0, 2^{64})` of
+            any integral type. (default: :obj:`0`)
 
     Returns:
         Three sorted :obj:`torch.long` index tensors :obj:`(train, val, test)`.
     """
-    if n < 0:
-        raise ValueError(f"'n' must be non-negative (got {n})")
+    n = _integer(n, 'n')
+    seed = _integer(seed, 'seed', high=2**64)  # (what torch's generator takes)
     pool = n if subsample is None else _subsample(subsample)
     if pool > n or pool < 0:
         raise ValueError(f"'subsample' must lie in [0, n={n}] (got {subsample})")
