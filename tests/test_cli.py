@@ -1319,6 +1319,18 @@ def test_n_test_beyond_the_official_test_files_takes_them_all_and_says_so(scanob
     assert len(open(tmp_path / 'p.csv').read().splitlines()) == 1 + 3
 
 
+def test_only_the_main_process_of_torchrun_says_the_test_files_are_all_taken(
+        scanobjectnn_root, tmp_path, capsys, monkeypatch):
+    # under torchrun every rank loads the data: each printed the warning on stderr again
+    from torch_mz.cli import _common as cli
+    monkeypatch.setattr(cli, '_main_process', lambda: False)  # (a rank > 0 of torchrun)
+    assert main(['train', '--task', 'scanobjectnn', '--root', scanobjectnn_root['root'],
+                 '--task-arg', 'num_points=16', '--n-train', '3', '--n-val', '1',
+                 '--n-test', '4', '--epochs', '1', '--batch-size', '2', '--no-progress',
+                 '--model', 'deepsets', '--out', str(tmp_path / 'run')]) == 0
+    assert 'asks for more test sets' not in capsys.readouterr().err
+
+
 @pytest.mark.parametrize('extra, message', [
     (['--seed', '-1'], '--seed must be in [0, 2**32) (got -1)'),
     (['--seed', str(2 ** 32)], f'--seed must be in [0, 2**32) (got {2 ** 32})'),

@@ -266,6 +266,33 @@ def test_a_checkpoint_of_an_unchecked_flag_or_rank_rebuilds_the_model_it_trained
     assert torch.equal(outputs(loaded, task.test)[0], outputs(model.eval(), task.test)[0])
 
 
+
+def test_a_checkpoint_of_egnn_with_feature_columns_beside_pos_dim_loads_the_model_it_trained(
+        task, tmp_path):
+    # build_model ignored an EGNN's feature_columns beside pos_dim (it refuses them now) and
+    # recorded them: such a checkpoint could be neither rebuilt (the refusal) nor loaded into
+    # the model built now (built otherwise, feature_columns [0] against None)
+    from torch_mz.train import Trainer
+
+    def egnn():
+        return build_model('egnn', task.in_channels, task.out_channels, pos_dim=3,
+                           hidden_channels=8, num_layers=1)
+    torch.manual_seed(0)
+    model = egnn()
+    model.build_info['feature_columns'] = [0]  # (as build_model recorded them then)
+    train(model, task.train, task.val, config=config(tmp_path, epochs=1))
+    best = str(tmp_path / 'best.pt')
+    with pytest.warns(UserWarning, match=r"feature_columns=\[0\] with pos_dim=3 for 'egnn'.*"
+                      r"rebuilt without them, as the model was trained"):
+        rebuilt = load_model(best)
+    expected = predict(model, task.test)
+    torch.testing.assert_close(predict(rebuilt, task.test), expected)
+    torch.testing.assert_close(predict(load_model(best, model=egnn()), task.test), expected)
+    trainer = Trainer(egnn(), TrainConfig(device='cpu', progress=False))
+    trainer.load_weights(best)
+    torch.testing.assert_close(predict(trainer.model, task.test), expected)
+
+
 def test_predict_takes_a_dataset_without_a_length(task, tmp_path):
     from torch.utils.data import IterableDataset
     from torch_mz.train import predict

@@ -148,9 +148,10 @@ def _as_built(info: Dict[str, Any]) -> Dict[str, Any]:
     preset's values under the options given (an option given at the value it takes anyway is no
     difference), without :data:`INFERENCE_NEUTRAL_OPTIONS`, without the options its value
     operator ignores (L but for ``'mz'``, the rank but for ``'hypernet'``, the summary for
-    ``'rigid'``), and without ``pos_dim`` but for EGNN (the set models read ``pos`` as features
-    either way)."""
-    from torch_mz.models.registry import PRESETS
+    ``'rigid'``), without ``pos_dim`` but for EGNN (the set models read ``pos`` as features
+    either way), and without the ``feature_columns`` an EGNN given ``pos_dim`` never read."""
+    from torch_mz.models.registry import PRESETS, _without_ignored_columns
+    info = _without_ignored_columns(info)  # (an EGNN's columns beside pos_dim: never read)
     name = info.get('name')
     given = info.get('args')
     args: Dict[str, Any] = given if isinstance(given, dict) else {}
@@ -418,8 +419,15 @@ def _load_test_split(state: Mapping[str, Any], where: str, task: Optional[str] =
 
 def _rebuild(state: Mapping[str, Any], where: str) -> torch.nn.Module:
     from torch_mz.models import build_model
-    from torch_mz.models.registry import PRESETS
+    from torch_mz.models.registry import PRESETS, _without_ignored_columns
     spec = (state.get('run_info') or {}).get('model') or {}
+    built = _without_ignored_columns(spec)
+    if built is not spec:
+        warnings.warn(f"{where} records feature_columns={spec['feature_columns']!r} with "
+                      f"pos_dim={spec['pos_dim']!r} for {spec['name']!r}: torch_mz ignored "
+                      f"the columns there before it refused the two together; rebuilt "
+                      f"without them, as the model was trained")
+        spec = built
     missing = [k for k in BUILD_KEYS if k not in spec]
     if missing:
         raise CheckpointError(f'{where} does not record how to build its model (run_info '

@@ -266,6 +266,15 @@ def test_qm9pack_csv_path_expands_home(qm9pack_csv, tmp_path, monkeypatch):
         assert [int(d.gdb_idx) for d in ds] == KEPT
 
 
+def test_qm9pack_csv_path_takes_a_path_object(qm9pack_csv, tmp_path):
+    # a pathlib.Path was iterated as a sequence of files ("'PosixPath' object is not iterable")
+    import pathlib
+    for csv_path in (pathlib.Path(qm9pack_csv), [pathlib.Path(qm9pack_csv)]):
+        ds = QM9(str(tmp_path / 'root'), source='qm9pack', csv_path=csv_path, log=False)
+        assert ds.csv_path == [osp.abspath(qm9pack_csv)]
+        assert [int(d.gdb_idx) for d in ds] == KEPT
+
+
 def test_qm9pack_package_is_located_without_importing_it(monkeypatch, tmp_path):
     paths = qm9_module.qm9pack_csv_paths() if qm9_module.importlib.util.find_spec(
         'qm9pack') else None

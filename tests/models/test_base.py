@@ -204,6 +204,22 @@ def test_tensors_without_batch_are_one_set_even_when_empty(name):
               num_sets=-1)
 
 
+
+@pytest.mark.parametrize('name', [n for n in PRESETS if not n.startswith('egnn')])
+def test_an_input_without_rows_stays_in_the_graph(name):
+    # as the aggregations' (and PyG's): the Perceiver's latents found no key, and its attention
+    # gave zeros detached from the input, so torch.autograd.grad(out, x) raised and a frozen
+    # Perceiver's prediction required no gradient
+    model = _model(name)
+    x = torch.zeros(0, 4, dtype=torch.float64, requires_grad=True)
+    for frozen in (False, True):
+        model.requires_grad_(not frozen)
+        prediction = model(x, torch.zeros(0, dtype=torch.long), num_sets=2).prediction
+        assert prediction.requires_grad and not prediction.any()
+        grad, = torch.autograd.grad(prediction.sum(), x)
+        assert grad.shape == (0, 4)
+
+
 def test_every_model_with_an_input_projection_refuses_inputs_beyond_its_limit():
     # the limit of MZAggregation.validate (the input LayerNorm's statistics overflow beyond it)
     # was not applied by SetModel.validate, so the Perceiver, which has the same input

@@ -42,6 +42,33 @@ def test_paths_match_per_query_reference(path):
     assert torch.equal(out[query_set == 2], torch.zeros_like(out[query_set == 2]))
 
 
+
+@pytest.mark.parametrize('path', ['dense', 'scatter'])
+@pytest.mark.parametrize('chunk', [None, 2])
+def test_no_query_key_pair_keeps_queries_keys_and_values_in_the_graph(path, chunk):
+    # no key (an input without rows) or none in a query's set: the zeros came detached, so
+    # out.sum().backward() raised (nothing required a gradient) and torch.autograd.grad found
+    # the queries unused; as a scatter (PyG's) gives, each now gets its zero gradient
+    q = torch.randn(3, 2, 4, dtype=torch.float64)
+    q[0, 0, 0] = float('nan')  # (a query's entries never reach the zeros)
+    query_set = torch.tensor([0, 1, 1])
+    for kv_set in (torch.zeros(0, dtype=torch.long), torch.tensor([2, 2])):
+        k, v = torch.randn(2, kv_set.numel(), 2, 4, dtype=torch.float64).unbind(0)
+        ins = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = grouped_attention(*ins, query_set, kv_set, 3, path=path, chunk=chunk)
+        assert out.requires_grad and out.shape == ((3, 2, 4) if chunk is None else (3, 2, 2, 2))
+        assert torch.equal(out, torch.zeros_like(out)) and not out.signbit().any()
+        grads = torch.autograd.grad(out.sum(), ins)
+        assert all(torch.equal(g, torch.zeros_like(t)) for g, t in zip(grads, ins))
+        # shared values, several of them
+        outs = grouped_attention(ins[0], ins[1], (v[:, 0], v[:, 1]), query_set, kv_set, 3,
+                                 path=path)
+        assert all(o.requires_grad and not o.any() for o in outs)
+        torch.autograd.grad(sum(o.sum() for o in outs), ins[:2])
+    out = grouped_attention(q, k, v, query_set, kv_set, 3, path=path)  # (none requires one)
+    assert not out.requires_grad and out.grad_fn is None
+
+
 @pytest.mark.parametrize('merge', [True, False])
 def test_many_buckets_match_reference(monkeypatch, merge):
     r"""Without merging every rounded size is its own bucket; merging joins some of them."""

@@ -670,3 +670,29 @@ def test_resume_warnings_are_said_by_the_main_process_alone(tmp_path, monkeypatc
                                            'written with 2 process(es), now 1', 'Resumed from')]
     warm_up = sum('is warm-up' in str(w.message) for w in caught)
     assert (said, warm_up) == (([1, 1, 1, 1], 1) if rank == 0 else ([0, 0, 0, 0], 0))
+
+
+def test_resuming_an_egnn_run_that_recorded_feature_columns_beside_pos_dim(tmp_path):
+    # build_model ignored an EGNN's feature_columns beside pos_dim (it refuses them now) and
+    # recorded them: the run could not be resumed with its model built now ("written by
+    # another run", the same model)
+    from torch_mz.models import build_model
+    from torch_mz.train import CheckpointError
+
+    def egnn():
+        return build_model('egnn', 3, 2, pos_dim=3, hidden_channels=8, num_layers=1)
+    model = egnn()
+    model.build_info['feature_columns'] = [0]  # (as build_model recorded them then)
+    run = tmp_path / 'run'
+    Trainer(model, config(epochs=1, warmup_epochs=0, out_dir=str(run))).fit(REG_TRAIN[:32],
+                                                                            REG_VAL[:8])
+    result = Trainer(egnn(), config(epochs=2, warmup_epochs=0, out_dir=str(run),
+                                    resume=str(run / 'checkpoint.pt'))).fit(REG_TRAIN[:32],
+                                                                            REG_VAL[:8])
+    assert result.epochs_run == 2
+    # another model is still refused
+    other = build_model('egnn', 3, 2, pos_dim=3, hidden_channels=16, num_layers=1)
+    with pytest.raises(CheckpointError, match='written by another run'):
+        Trainer(other, config(epochs=3, warmup_epochs=0, out_dir=str(run),
+                              resume=str(run / 'checkpoint.pt'))).fit(REG_TRAIN[:32],
+                                                                      REG_VAL[:8])

@@ -441,7 +441,8 @@ class QM9(ProcessedDataset):
         target (str, int or sequence, optional): Target name(s) or column index(es) that :obj:`y`
             keeps, in the given order; :obj:`None` keeps all 12. (default: :obj:`None`)
         csv_path (str or sequence of str, optional): For :obj:`source='qm9pack'`, CSV file(s) in the
-            ``qm9pack`` format to read instead of the installed package's. (default: :obj:`None`)
+            ``qm9pack`` format to read instead of the installed package's (paths or
+            :class:`os.PathLike` objects; ``~`` is the home folder). (default: :obj:`None`)
         charge_failure (str, optional): :obj:`'zero'` or :obj:`'drop'`, see above.
             (default: :obj:`'zero'`)
         transform (callable, optional): Applied to every example on access. (default: :obj:`None`)
@@ -468,7 +469,7 @@ class QM9(ProcessedDataset):
         root: Optional[str] = None,
         source: str = 'sdf',
         target: Union[None, int, str, Sequence[Union[int, str]]] = None,
-        csv_path: Union[None, str, Sequence[str]] = None,
+        csv_path: Union[None, str, os.PathLike, Sequence[Union[str, os.PathLike]]] = None,
         charge_failure: str = 'zero',
         transform: Optional[Callable] = None,
         pre_transform: Optional[Callable] = None,
@@ -483,10 +484,11 @@ class QM9(ProcessedDataset):
         if charge_failure not in ('zero', 'drop'):
             raise ValueError(f"'charge_failure' must be 'zero' or 'drop', got '{charge_failure}'")
         self.source = source
-        # '~' expanded, as PyG expands it in root ('~/x.csv' was read as '<cwd>/~/x.csv')
+        # '~' expanded, as PyG expands it in root ('~/x.csv' was read as '<cwd>/~/x.csv'); a
+        # path object is one file (it was iterated: "'PosixPath' object is not iterable")
         self.csv_path = None if csv_path is None else [
-            osp.abspath(osp.expanduser(p))
-            for p in ([csv_path] if isinstance(csv_path, str) else csv_path)]
+            osp.abspath(osp.expanduser(p)) for p in (
+                [csv_path] if isinstance(csv_path, (str, os.PathLike)) else csv_path)]
         self.charge_failure = charge_failure
         self.target_columns = _target_columns(target)
         super().__init__(

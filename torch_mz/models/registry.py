@@ -207,6 +207,18 @@ def _plain(value):
     return value
 
 
+def _without_ignored_columns(info):
+    r"""A model's ``build_info`` (as a checkpoint records it) as the model was built: without
+    the :obj:`feature_columns` of an EGNN preset given :obj:`pos_dim` too, which
+    :func:`build_model` ignored before it refused them (the runs of that time recorded them,
+    and their checkpoints could be neither rebuilt, loaded into a model built now, nor
+    resumed). Anything else is returned as it is."""
+    if (isinstance(info, dict) and info.get('name') in ('egnn', 'egnn-qm9')
+            and info.get('pos_dim') is not None and info.get('feature_columns') is not None):
+        return dict(info, feature_columns=None)
+    return info
+
+
 def _build(name: str, in_channels: int, out_channels: int, pos_dim: Optional[int],
            feature_columns, **overrides) -> Module:
     if name not in PRESETS:

@@ -397,9 +397,16 @@ def _place(src: Tensor, pos: Tensor, rows: int) -> Tensor:
 
 
 def _zero_rows(v: Tensor, Nq: int, H: int, w: int, dtype: torch.dtype,
-               chunk: Optional[int]) -> Tensor:
+               chunk: Optional[int], q: Tensor, k: Tensor) -> Tensor:
+    r"""The output for values :obj:`v` where no query has a key of its set: zeros, with the
+    queries, keys and values that require gradients in the graph (each then gets its zero
+    gradient, as from PyG's scatter; the zeros required none, and ``backward`` raised)."""
     shape = (Nq, H, w) if chunk is None else (Nq, w // chunk, H, chunk)
-    return v.new_zeros(shape, dtype=dtype)
+    out = v.new_zeros(shape, dtype=dtype)
+    for t in (q, k, v):
+        if t.requires_grad:  # (a sum of no rows: +0.0, whatever the entries, NaN included)
+            out = out + t[:0].sum().to(dtype)
+    return out
 
 
 def set_pairs(query_set: Tensor, kv_set: Tensor, num_sets: int) -> Tuple[Tensor, Tensor]:
@@ -622,7 +629,7 @@ def _attention_scatter(q: Tensor, k: Tensor, vs: Tuple[Tensor, ...], query_set: 
     out_dtype = torch.promote_types(q.dtype, vs[0].dtype)
     iq, jk = set_pairs(query_set, kv_set, num_sets)  # (P,), (P,)
     if iq.numel() == 0:
-        return [_zero_rows(v, Nq, H, v.size(-1), out_dtype, chunk) for v in vs]
+        return [_zero_rows(v, Nq, H, v.size(-1), out_dtype, chunk, q, k) for v in vs]
     plain = _plain_ops()  # the plain operations (see _plain_ops)
     logits = ((q[iq] * k.to(q.dtype)[jk]).sum(dim=-1) if plain
               else _PairDot.apply(q, k.to(q.dtype), iq, jk))  # (P, H)
@@ -1011,7 +1018,7 @@ def _attention_dense(q: Tensor, k: Tensor, vs: Tuple[Tensor, ...], query_set: Te
         exact = _attend(qd, kd, vds, None, p)  # (B, H, nq, w) each
         return [_to_rows(out, chunk) for out in exact]
     if lay.empty:
-        return [_zero_rows(v, Nq, H, w, out_dtype, chunk) for v, w in zip(vs, ws)]
+        return [_zero_rows(v, Nq, H, w, out_dtype, chunk, q, k) for v, w in zip(vs, ws)]
 
     q_rows, q_pos, k_rows, k_pos = lay.q_rows, lay.q_pos, lay.k_rows, lay.k_pos
     # where every row takes part (the usual case) the rows are placed as they lie: no gathered

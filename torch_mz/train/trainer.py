@@ -444,6 +444,10 @@ class Trainer:
 
     def _check_run_info(self, state: Dict[str, Any], path: Any) -> None:
         saved = state.get('run_info')
+        if isinstance(saved, dict) and isinstance(saved.get('model'), dict):
+            # (an EGNN's columns beside pos_dim, recorded by an earlier torch_mz: never read)
+            from torch_mz.models.registry import _without_ignored_columns
+            saved = dict(saved, model=_without_ignored_columns(saved['model']))
         if saved is None or self.run_info is None or same_run(saved, self.run_info):
             return
         raise CheckpointError(f'Checkpoint {os.fspath(path)!r} was written by another run '
