@@ -490,3 +490,27 @@ def test_load_models_and_test_splits_warnings_name_their_callers_line(task, tmp_
     with pytest.warns(UserWarning, match='wider dtype') as caught:
         load_model(state, model=build_model('deepsets', task.in_channels, 3, hidden_channels=8))
     assert {w.filename for w in caught} == {__file__}
+
+
+def test_a_regression_checkpoint_without_its_normaliser_is_refused(task, tmp_path):
+    # normalize_targets=True with no normaliser (a damaged or foreign file): load_model
+    # returned a model that predicts standardised values, and torch-mz predict wrote them to
+    # its CSV as target units
+    train_one(task, 'rigid', 0, config(tmp_path), **SMALL)
+    state = load_checkpoint(tmp_path / 'best.pt')
+    state['normalizer'] = None
+    save_checkpoint(state, tmp_path / 'bare.pt')
+    with pytest.raises(CheckpointError, match='no target normaliser'):
+        load_model(tmp_path / 'bare.pt')
+    model = build_model('rigid', 3, 3, **SMALL)
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(CheckpointError, match='no target normaliser'):
+        load_model(tmp_path / 'bare.pt', model=model)
+    assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
+    # trained without normalised targets, it holds none: its model predicts target units
+    state['config']['normalize_targets'] = False
+    assert carried_normalizer(load_model(state)) is None
+    # a checkpoint given as a dict whose config is None (it failed with an AttributeError)
+    state['config'] = None
+    state['normalizer'] = load_checkpoint(tmp_path / 'best.pt')['normalizer']
+    assert carried_normalizer(load_model(state)) is not None

@@ -44,8 +44,9 @@ def load_model(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
 
     Raises:
         CheckpointError: If the checkpoint is missing, unreadable or foreign, does not record how
-            to build its model (and :obj:`model` is not given), its weights do not fit, or the
-            :obj:`model` given was built otherwise than the checkpoint records.
+            to build its model (and :obj:`model` is not given), its weights do not fit, the
+            :obj:`model` given was built otherwise than the checkpoint records, or it was
+            trained on normalised regression targets and holds no (or a damaged) normaliser.
     """
     if isinstance(checkpoint, Mapping):
         state, where = dict(checkpoint), 'The checkpoint'
@@ -80,8 +81,9 @@ def _load_model(state: Mapping[str, Any], where: str, model: Optional[torch.nn.M
     else:
         check_built_as_recorded(state, model, where)
         _warn_if_rounded(state.get('model') or {}, model, where, stacklevel + 1)
-    normalised = state.get('config', {}).get('normalize_targets', True)
-    normalizer = (checkpoint_normalizer(state, where)  # (read first: a damaged one refused)
+    normalised = (state.get('config') or {}).get('normalize_targets', True)
+    # (read first: a damaged or missing one refused, the model left as it was)
+    normalizer = (checkpoint_normalizer(state, where, required=True)
                   if state['task_type'] == 'regression' and normalised else None)
     # all or nothing: a refused checkpoint leaves a given model as it was, weights and normaliser
     load_weights_into(model, state['model'], where)

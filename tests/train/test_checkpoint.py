@@ -580,3 +580,30 @@ def test_a_resume_with_other_steps_per_epoch_goes_on_from_its_next_epochs_step(t
     assert [r['lr'] for r in result.history[1:]] == pytest.approx(
         [r['lr'] for r in uninterrupted.history[1:]])
     assert trainer.scheduler.last_epoch == 12 and trainer.optimizer.param_groups[0]['lr'] == 0
+
+
+def test_a_regression_checkpoint_without_its_normaliser_is_refused_before_the_weights_load(
+        tmp_path):
+    # normalize_targets=True with no normaliser: the weights predict standardised values.
+    # Resuming refused it; load_weights took it, and the Trainer's predictions failed later
+    # ('TargetNormalizer is not fitted')
+    run = config(epochs=1, warmup_epochs=0, out_dir=str(tmp_path / 'run'))
+    Trainer(H.ToyDeepSets(3, 2), run).fit(REG_TRAIN[:16], REG_VAL[:8])
+    for name in ('checkpoint.pt', 'best.pt'):
+        state = load_checkpoint(tmp_path / 'run' / name)
+        state['normalizer'] = None
+        save_checkpoint(state, tmp_path / name)
+    model = H.ToyDeepSets(3, 2)
+    weights = params(model)
+    with pytest.raises(CheckpointError, match='no target normaliser'):
+        Trainer(model, config(epochs=2, warmup_epochs=0, resume=str(tmp_path / 'checkpoint.pt'))
+                ).fit(REG_TRAIN[:16], REG_VAL[:8])
+    assert_same_params(params(model), weights)
+    trainer = Trainer(model, config())
+    with pytest.raises(CheckpointError, match='no target normaliser'):
+        trainer.load_weights(tmp_path / 'best.pt')
+    assert_same_params(params(model), weights)
+    # without normalised targets a checkpoint holds none, and loads
+    state['config']['normalize_targets'] = False
+    save_checkpoint(state, tmp_path / 'raw.pt')
+    Trainer(model, config(normalize_targets=False)).load_weights(tmp_path / 'raw.pt')

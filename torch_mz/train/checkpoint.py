@@ -119,16 +119,24 @@ def load_weights_into(model: torch.nn.Module, weights: Dict[str, Any], where: st
         raise CheckpointError(f'{where} does not fit this model: {e}') from e
 
 
-def checkpoint_normalizer(state: Mapping[str, Any], where: str) -> Optional[TargetNormalizer]:
+def checkpoint_normalizer(state: Mapping[str, Any], where: str,
+                          required: bool = False) -> Optional[TargetNormalizer]:
     r"""The target normaliser the checkpoint :obj:`state` (from :obj:`where`, for the message)
-    holds, or :obj:`None` where it holds none; read before any weights are loaded, so that a
-    damaged one leaves a model as it was.
+    holds, or :obj:`None` where it holds none and none is :obj:`required` (a regression model
+    trained on normalised targets needs one: its weights predict standardised values); read
+    before any weights are loaded, so that a damaged or missing one leaves a model as it was.
 
     Raises:
         CheckpointError: If the normaliser is not one :meth:`TargetNormalizer.state_dict` wrote
-            (a key missing, a mean or std that is no tensor of finite values, two shapes).
+            (a key missing, a mean or std that is no tensor of finite values, two shapes), or
+            there is none and one is :obj:`required`.
     """
     raw = state.get('normalizer')
+    if raw is None and required:
+        raise CheckpointError(f'{where} was trained on normalised targets (normalize_targets='
+                              f'True) but holds no target normaliser: its model predicts '
+                              f'standardised values, which cannot be mapped back to target '
+                              f'units; restore the file or train it again')
     if raw is None:
         return None
     problem = None

@@ -422,8 +422,9 @@ class Trainer:
                 raise
             check_built_as_recorded(state, self.model, f'Checkpoint {os.fspath(path)!r}', own)
         # the checkpoint's normaliser, never one this Trainer or its model carried before; read
-        # before the weights, so that a damaged one leaves the model as it was
-        normalizer = checkpoint_normalizer(state, f'Checkpoint {os.fspath(path)!r}')
+        # before the weights, so that a damaged or missing one leaves the model as it was
+        normalizer = checkpoint_normalizer(state, f'Checkpoint {os.fspath(path)!r}',
+                                           required=self.uses_normalizer)
         # (the weights first: a refused checkpoint leaves the model as it was; the normaliser
         # is no part of the state dict)
         self._load_model_state(state['model'], path)
