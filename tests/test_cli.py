@@ -446,15 +446,76 @@ def test_predict_on_qm9_takes_the_training_runs_test_molecules(tmp_path, capsys)
     assert main(['predict', best, '--task', 'qm9', '--root', str(tmp_path / 'QM9'), '--n-test',
                  '1', '--out', out]) == 0
     rows = _read_csv(out)
-    assert [float(r['target']) for r in rows] == pytest.approx([task.test[0].y.item()])
+    # the columns named by QM9's target (mu, the default), for one target too
+    assert list(rows[0]) == ['set', 'gdb_idx', 'prediction_mu', 'target_mu']
+    assert [float(r['target_mu']) for r in rows] == pytest.approx([task.test[0].y.item()])
     # each row names its molecule: its index in the processed dataset and its QM9 index
     assert [int(r['set']) for r in rows] == list(task.test.indices())
     assert [int(r['gdb_idx']) for r in rows] == [int(task.test[0].gdb_idx)]
-    assert all(abs(float(rows[0]['target']) - d.y.item()) > 1e-6 for d in task.train)
+    assert all(abs(float(rows[0]['target_mu']) - d.y.item()) > 1e-6 for d in task.train)
     capsys.readouterr()
     assert main(['predict', best, '--task', 'qm9', '--root', str(tmp_path / 'QM9'), '--n-test',
                  '2', '--out', out, '--overwrite']) == 2
     assert 'holds 1 sets' in capsys.readouterr().err
+
+
+def test_predict_names_the_columns_by_qm9s_targets(tmp_path, capsys):
+    # prediction_0, target_0, ... where the task knows its targets' names (mu, alpha)
+    from tests.datasets.raw_formats import write_qm9pack_csv
+    from torch_mz import load_model
+    from torch_mz.tasks import load_task
+    from torch_mz.train import predict
+    csv_path = write_qm9pack_csv(str(tmp_path / 'pack' / 'qm9_part1.csv'))  # 4 molecules
+    root = str(tmp_path / 'QM9')
+    run = str(tmp_path / 'run')
+    assert main(['train', '--task', 'qm9', '--root', root, '--task-arg', f'csv_path={csv_path}',
+                 '--task-arg', 'target=["mu", "alpha"]', '--n-train', '2', '--n-val', '1',
+                 '--n-test', '1', '--model', 'deepsets', '--epochs', '1', '--warmup-epochs', '0',
+                 '--batch-size', '2', '--no-progress', '--out', run]) == 0
+    best, out = os.path.join(run, 'best.pt'), str(tmp_path / 'p.csv')
+    assert main(['predict', best, '--root', root, '--out', out]) == 0
+    rows = _read_csv(out)
+    assert list(rows[0]) == ['set', 'gdb_idx', 'prediction_mu', 'prediction_alpha', 'target_mu',
+                             'target_alpha']
+    task = load_task('qm9', n_train=2, n_val=1, n_test=1, root=root, csv_path=csv_path,
+                     target=['mu', 'alpha'])
+    pred = predict(load_model(best), task.test, device='cpu')
+    got = [float(r[f'{what}_{name}']) for what in ('prediction', 'target') for r in rows
+           for name in ('mu', 'alpha')]
+    assert got == pytest.approx(pred.view(-1).tolist() + torch.cat(
+        [d.y.view(-1) for d in task.test]).tolist(), rel=1e-6, abs=1e-6)
+    assert 'prediction_mu, prediction_alpha' in capsys.readouterr().out
+    # a target named twice names no one column: numbered, as without names
+    assert main(['predict', best, '--root', root, '--task-arg', 'target=["mu", "mu"]',
+                 '--out', out, '--overwrite']) == 0
+    assert list(_read_csv(out)[0]) == ['set', 'gdb_idx', 'prediction_0', 'prediction_1',
+                                       'target_0', 'target_1']
+
+
+def test_predict_rebuilds_the_model_before_reading_the_data(tmp_path, capsys, monkeypatch):
+    # a checkpoint whose model cannot be rebuilt was refused only after the test split was
+    # built (for QM9 the whole dataset read)
+    import torch_mz.tasks
+    run = str(tmp_path / 'run')
+    assert main(['train', '--task', 'max', *T, *SMALL, '--model', 'rigid', '--out', run]) == 0
+    state = torch.load(os.path.join(run, 'best.pt'), weights_only=True)
+    unbuildable = dict(state, run_info=dict(state['run_info'], model=dict(
+        state['run_info']['model'], args={'no_such_option': 1})))
+    unrecorded = dict(state, run_info={k: v for k, v in state['run_info'].items()
+                                       if k != 'model'})
+
+    def no_data(*args, **kwargs):
+        pytest.fail('predict read the data before rebuilding the model')
+    monkeypatch.setattr(torch_mz.tasks, 'load_task', no_data)
+    for name, ckpt, message in (('bad.pt', unbuildable, 'cannot be rebuilt'),
+                                ('old.pt', unrecorded, 'does not record how to build')):
+        path = str(tmp_path / name)
+        torch.save(ckpt, path)
+        capsys.readouterr()
+        assert main(['predict', path, '--out', str(tmp_path / 'p.csv')]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count('\n') == 1, err
+    assert not (tmp_path / 'p.csv').exists()
 
 
 def test_predict_refuses_another_number_of_outputs_and_warns_on_changed_options(tmp_path,

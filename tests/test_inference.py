@@ -111,6 +111,39 @@ def test_prediction_columns_of_a_bare_model_without_targets():
     assert prediction_columns(Mean(), data, 'regression') == {'prediction': [2.0, 5.0]}
 
 
+def test_prediction_columns_named_by_the_targets():
+    # a task that names its targets (QM9's info['targets']) names the columns by them; the
+    # values and their order are those of the numbered columns
+    from torch_geometric.data import Data
+    from torch_geometric.nn import global_mean_pool
+
+    class Means(torch.nn.Module):  # the mean of x and (with two) twice it
+        def __init__(self, outputs=2):
+            super().__init__()
+            self.outputs = outputs
+
+        def forward(self, batch):
+            mean = global_mean_pool(batch.x, batch.batch)
+            return torch.cat([mean, 2 * mean][:self.outputs], dim=-1)  # (B, outputs)
+
+    data = [Data(x=torch.tensor([[1.0], [3.0]]), y=torch.tensor([[1.5, 4.0]])),
+            Data(x=torch.tensor([[5.0]]), y=torch.tensor([[5.5, 9.0]]))]
+    numbered = prediction_columns(Means(), data, 'regression')
+    named = prediction_columns(Means(), data, 'regression', target_names=('mu', 'alpha'))
+    assert list(named) == ['prediction_mu', 'prediction_alpha', 'target_mu', 'target_alpha']
+    assert list(named.values()) == list(numbered.values())
+    one = [Data(x=d.x, y=d.y[:, :1]) for d in data]  # one target: named too
+    assert prediction_columns(Means(1), one, 'regression', target_names=['mu']) == {
+        'prediction_mu': [2.0, 5.0], 'target_mu': [1.5, 5.5]}
+    for names, match in ((['mu'], r'2 column\(s\), got 1 name'),
+                         (['mu', 'mu'], 'distinct'), (['mu', ''], 'non-empty'),
+                         ('mu', 'sequence of strings')):
+        with pytest.raises(ValueError, match=match):
+            prediction_columns(Means(), data, 'regression', target_names=names)
+    with pytest.raises(ValueError, match='class index'):
+        prediction_columns(Means(), data, 'classification', target_names=['mu', 'alpha'])
+
+
 def test_classification_checkpoint(tmp_path):
     from torch_geometric.data import Data
     g = torch.Generator().manual_seed(0)

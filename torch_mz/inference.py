@@ -468,14 +468,18 @@ _FLAGS = ('log_n', 'fold_keys', 'edge_gate', 'normalize', 'detach_norm', 'tanh',
 
 
 def prediction_columns(model: torch.nn.Module, dataset: Sequence, task_type: str,
-                       batch_size: int = 128, device: Union[str, torch.device] = 'cpu'
+                       batch_size: int = 128, device: Union[str, torch.device] = 'cpu',
+                       target_names: Optional[Sequence[str]] = None
                        ) -> Dict[str, List[float]]:
     r"""One column per quantity, one entry per set of :obj:`dataset` in order: ``prediction``
     (``prediction_0``, ``prediction_1``, ... for several targets; for classification the
     predicted class index), ``target`` (likewise, when every set has a ``y``) and ``ihw`` (when the
     model returns a second output, e.g. the MZ models' interval-hull width; ``ihw_0``, ... when it
-    has several columns). Predictions are what :func:`~torch_mz.train.predict` returns, i.e. in
-    target units for a model that carries its normaliser.
+    has several columns). With :obj:`target_names` (a regression task's, e.g. QM9's
+    ``task.info['targets']``), the prediction and target columns are named by them instead,
+    ``prediction_mu``, ``target_mu``, ... (for one target too). Predictions are what
+    :func:`~torch_mz.train.predict` returns, i.e. in target units for a model that carries its
+    normaliser.
 
     Args:
         model (torch.nn.Module): The model, e.g. from :func:`load_model`.
@@ -484,28 +488,59 @@ def prediction_columns(model: torch.nn.Module, dataset: Sequence, task_type: str
         task_type (str): ``'regression'`` or ``'classification'``.
         batch_size (int, optional): Sets per batch. (default: :obj:`128`)
         device (str or torch.device, optional): Device to run on. (default: :obj:`'cpu'`)
+        target_names (sequence of str, optional): The names of the regression targets, one per
+            output column of the model (and of ``y``), distinct. (default: :obj:`None`: the
+            columns are numbered)
     """
     if task_type not in ('regression', 'classification'):
         raise ValueError(f"Expected task_type 'regression' or 'classification' (got "
                          f'{task_type!r})')
+    if target_names is not None:  # (checked before the model runs)
+        target_names = _check_target_names(target_names, task_type)
     if not hasattr(dataset, '__len__'):  # (predict takes one; the targets failed after it ran)
         dataset = list(dataset)  # the sets predicted are those whose targets are tabulated
     out = predict(model, dataset, batch_size=batch_size, device=device)
     pred, extra = out if isinstance(out, tuple) else (out, None)
     if task_type == 'classification':
         pred = pred.argmax(dim=-1)  # (N,)
-    columns = _columns('prediction', pred)
+    columns = _columns('prediction', pred, target_names)
     if len(dataset) > 0 and all(getattr(d, 'y', None) is not None for d in dataset):
         y = torch.stack([d.y.reshape(-1) for d in dataset])  # (N, t)
-        columns.update(_columns('target', y.long() if task_type == 'classification' else y))
+        columns.update(_columns('target', y.long() if task_type == 'classification' else y,
+                                target_names))
     if extra is not None:
         columns.update(_columns('ihw', extra))
     return columns
 
 
-def _columns(name: str, values: Tensor) -> Dict[str, List[float]]:
+def _check_target_names(names: Any, task_type: str) -> List[str]:
+    r""":func:`prediction_columns`'s :obj:`target_names`: distinct non-empty strings, for a
+    regression task (a classifier's one column is a class index)."""
+    if task_type != 'regression':
+        raise ValueError(f"target_names name the columns of a regression task's targets; a "
+                         f"{task_type} task has one column, the class index (got "
+                         f"{names!r})")
+    if isinstance(names, str) or not hasattr(names, '__iter__'):
+        raise ValueError(f'Expected target_names as a sequence of strings, one per target '
+                         f'(got {names!r})')
+    names = list(names)
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise ValueError(f'Expected target_names as non-empty strings, one per target (got '
+                         f'{names!r})')
+    if len(set(names)) != len(names):  # (one column would replace another)
+        raise ValueError(f'Expected distinct target_names, one per column (got {names!r})')
+    return names
+
+
+def _columns(name: str, values: Tensor, names: Optional[Sequence[str]] = None
+             ) -> Dict[str, List[float]]:
     values = values.detach().cpu()
     values = values.reshape(values.size(0), -1)  # (N, k)
+    if names is not None:
+        if len(names) != values.size(1):
+            raise ValueError(f'Expected one target name per {name} column: {values.size(1)} '
+                             f'column(s), got {len(names)} name(s) {list(names)!r}')
+        return {f'{name}_{n}': values[:, j].tolist() for j, n in enumerate(names)}
     if values.size(1) == 1:
         return {name: values[:, 0].tolist()}
     return {f'{name}_{j}': values[:, j].tolist() for j in range(values.size(1))}

@@ -140,7 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--out', required=True, help="CSV file: one row per set, columns set (the "
                    "set's index in its dataset), gdb_idx (QM9), prediction (prediction_0, ... "
                    "for several targets; the class for classification), target, and ihw for "
-                   "models that return one")
+                   "models that return one; a task that names its targets (QM9) names the "
+                   "columns by them: prediction_mu, target_mu, ...")
     p.add_argument('--overwrite', action='store_true', help='replace an existing --out')
     _add_memory_flag(p)
     p.set_defaults(func=cmd_predict)

@@ -1,7 +1,7 @@
 r"""``torch-mz predict``: a trained model's predictions on a task's test split, in the
 target's units, as CSV."""
 import os
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from torch_mz.cli._common import (CLIError, _check_checkpoint_file, _check_data_seed_and_batch,
                                   _check_not_empty, _check_path, _check_root, _check_set_size,
@@ -22,6 +22,19 @@ def _set_ids(dataset) -> Dict[str, List[int]]:
         ids['gdb_idx'] = [int(g.reshape(-1)[0]) if hasattr(g, 'reshape') else int(g)
                           for g in gdb]
     return ids
+
+
+def _target_names(task) -> Optional[List[str]]:
+    r"""The names of a regression task's targets where the task records them (QM9's
+    ``info['targets']``: ``mu``, ``alpha``, ...), one per output and distinct, for ``predict``'s
+    columns ``prediction_mu``, ``target_mu``; else :obj:`None` (the synthetic tasks, which name
+    none: ``prediction``, ``prediction_0``, ...)."""
+    names = (getattr(task, 'info', None) or {}).get('targets')
+    if (task.task_type != 'regression' or not isinstance(names, (list, tuple))
+            or len(names) != task.out_channels or len(set(names)) != len(names)
+            or not all(isinstance(n, str) and n for n in names)):
+        return None  # (QM9's target=['mu', 'mu'] names two columns alike: numbered)
+    return list(names)
 
 
 def _check_not_a_run_file(out: str, checkpoint: str) -> None:
@@ -107,6 +120,9 @@ def cmd_predict(args) -> int:
         _check_synthetic_size(args.task, (0, 0, args.n_test),
                               size if isinstance(size, (list, tuple)) else None,
                               dict(recorded.get('args') or {}, **given))
+    # the model first (from the checkpoint alone): one that cannot be rebuilt is refused before
+    # the data are read (QM9's whole dataset); its in/out channels are checked against the task's
+    model = _load_model(state, f'Checkpoint {path!r}', None)
     notes = []  # load_test_split's warnings (given once every check has passed), as ours
     taken_all: List[str] = []  # the datasets' TestSetsWarning: all the official test files
 
@@ -132,10 +148,9 @@ def cmd_predict(args) -> int:
         # spread subset takes the first N of the official test files: as many as there are)
         _warn(f"{'--n-test' if args.n_test is not None else 'the run'} asks for {asked} test "
               f"sets; the test split holds {len(task.test)}: all of them are taken")
-    model = _load_model(state, f'Checkpoint {path!r}', None)
     columns = dict(_set_ids(task.test), **prediction_columns(
         model, _in_dtype(task.test, model), task.task_type, batch_size=args.batch_size,
-        device=resolve_device(args.device)))
+        device=resolve_device(args.device), target_names=_target_names(task)))
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator='\n')
     writer.writerow(columns)
