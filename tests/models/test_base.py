@@ -272,3 +272,29 @@ def test_every_set_model_names_a_module_autocast_does_not_cast():
                                                  r"torch.float32\)"):
                 model(x, index)
             assert model(x.double(), index).prediction.dtype == torch.float64
+
+
+@pytest.mark.parametrize('module, cast', [(torch.float16, torch.bfloat16),
+                                          (torch.bfloat16, torch.float16)])
+def test_models_without_layer_norms_take_the_other_half_precision_under_autocast(module, cast):
+    # a half-precision model under autocast to the other half precision was refused ('Expected
+    # a module of float32 or ... parameters') for the LayerNorms of the Set Transformers, which
+    # DeepSets and MeanMLP do not have: autocast casts their weights in every matrix product,
+    # and they ran (as EGNN, without LayerNorms either, still does)
+    index = torch.tensor([0] * 5 + [1] * 3)
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(0))
+    for name in ('deepsets', 'mean-mlp'):
+        model = _model(name).float()
+        ref = model(x, index).prediction
+        model.to(module)
+        with torch.autocast('cpu', dtype=cast):
+            for came in (torch.float32, module, cast):
+                out = model(x.to(came), index).prediction
+                assert out.dtype == cast and torch.isfinite(out).all()
+                torch.testing.assert_close(out.float(), ref, rtol=0.1, atol=0.1)
+    # a model with LayerNorms is refused, as it failed inside them
+    model = _model('perceiver').to(module)
+    with torch.autocast('cpu', dtype=cast):
+        with pytest.raises(ValueError, match=rf"module of float32 or {cast} parameters under "
+                                             rf"torch.autocast to {cast} \(got {module} "):
+            model(x, index)

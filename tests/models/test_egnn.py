@@ -1010,3 +1010,31 @@ def test_float16_normalized_coincident_points_stay_finite(detach_norm):
     out.float().sum().backward()
     assert torch.isfinite(pos16.grad).all()
     assert all(torch.isfinite(p.grad).all() for p in half.parameters() if p.grad is not None)
+
+
+def test_conv_names_what_autocast_does_not_cast():
+    # the layer's check stepped aside under any autocast: a float64 layer, or float64 'h'
+    # beside another layer, failed in the first matrix product ('mat1 and mat2 must have the
+    # same dtype'), and 'h' of the other half precision where it joins the aggregated messages
+    # ('Unexpected floating ScalarType in at::autocast::prioritize'), as EGNN refuses the first
+    torch.manual_seed(0)
+    edges = fully_connected_edge_index(torch.tensor([0, 0, 0, 1, 1]))
+    h, pos = torch.randn(5, 4), torch.randn(5, 3)
+    conv = EGNNConv(4, hidden_channels=6)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        for layer, came in ((torch.float64, torch.float32), (torch.float64, torch.bfloat16),
+                            (torch.float32, torch.float64)):
+            with pytest.raises(ValueError, match=rf"'h' of the layer's dtype {layer} \(got "
+                                                 rf"{came}\)"):
+                conv.to(layer)(h.to(came), pos, edges)
+        assert conv.double()(h.double(), pos.double(), edges)[0].dtype == torch.float64
+        for layer in (torch.float32, torch.float16, torch.bfloat16):
+            with pytest.raises(ValueError, match=r"'h' of float32 or torch.bfloat16 under "
+                                                 r"torch.autocast to torch.bfloat16 \(got "
+                                                 r"torch.float16\)"):
+                conv.to(layer)(h.half(), pos, edges)
+            for came in (torch.float32, torch.bfloat16):  # what autocast takes, as before
+                out, _ = conv(h.to(came), pos.to(came), edges)
+                assert torch.isfinite(out).all()
+        out, _ = conv.float()(h, pos.half(), edges)  # (coordinates of another dtype: promoted)
+        assert torch.isfinite(out).all()

@@ -1119,3 +1119,29 @@ def test_a_module_autocast_does_not_cast_is_named():
     with pytest.raises(ValueError, match=r"run under torch.autocast\('cpu', "
                                          r"dtype=torch.float16\) \(which"):
         _aggr(dtype=torch.float16)(x, index)
+
+
+def test_the_layer_norm_refusals_under_autocast_are_the_cpus_alone(monkeypatch):
+    # the CPU's autocast leaves LayerNorms as they are (a half-precision module under autocast
+    # to the other half precision failed there, and is refused); CUDA's runs them in float32,
+    # casting inputs and weights, so off the CPU the module is left to autocast (the refusal
+    # would have turned away what runs there)
+    from torch_mz.nn import Zonotope
+    from torch_mz.nn.aggr import check_set_input
+    from torch_mz.nn.attention import check_token_dtype
+    monkeypatch.setattr(torch, 'is_autocast_enabled', lambda device=None: True)
+    monkeypatch.setattr(torch, 'get_autocast_dtype', lambda device: torch.float16)
+    for device in ('cpu', 'meta'):  # ('meta' stands for a device other than the CPU)
+        x = torch.zeros(3, 4, dtype=torch.bfloat16, device=device)
+        tokens = Zonotope(x, x.new_zeros(3, 0, 4))
+        calls = (lambda: check_set_input(x, 4, torch.bfloat16, layer_norm=True),
+                 lambda: check_set_input(x.float(), 4, torch.bfloat16, layer_norm=True,
+                                         norm_input=True),
+                 lambda: check_token_dtype(torch.bfloat16, tokens, layer_norm=True))
+        for call in calls:
+            if device == 'cpu':
+                with pytest.raises(ValueError, match='torch.autocast|LayerNorm'):
+                    call()
+            else:
+                call()
+        check_set_input(x, 4, torch.bfloat16, layer_norm=False)  # (no LayerNorm: both take it)

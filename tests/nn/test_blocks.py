@@ -625,3 +625,39 @@ def test_block_reprs_show_the_feed_forward_width():
                  lambda d_ff: PMA(D, num_seeds=2, **dict(KW, d_ff=d_ff)),
                  lambda d_ff: MAB(D, **dict(KW, d_ff=d_ff))):
         assert 'd_ff=16' in repr(make(16)) and repr(make(16)) != repr(make(32))
+
+
+@pytest.mark.parametrize('kind', ['sab', 'isab', 'pma'])
+def test_a_block_under_autocast_takes_what_its_layer_norms_take(kind):
+    # the blocks' queries (and a PMA's seeds, of the tokens' dtype) meet their LayerNorms in a
+    # residual sum, which autocast does not cast: a half-precision block took tokens of another
+    # dtype, or ran under autocast to the other half precision, and failed inside ('mixed dtype
+    # (CPU): expect parameter to have scalar type of Float'); the attention alone (no LayerNorm)
+    # takes them all, as before
+    index = torch.tensor([0, 0, 0, 1, 1])
+    z = _tokens(5, 0)
+    for module, cast in ((torch.bfloat16, torch.float16), (torch.float16, torch.bfloat16)):
+        block = _block(kind).to(module)
+        with torch.autocast('cpu', dtype=module):
+            assert torch.isfinite(block(z.to(module), index, 2).center).all()
+            for came in (torch.float32, cast):
+                with pytest.raises(ValueError, match=rf"tokens of the module's dtype {module} "
+                                                     rf"\(got {came}.*own dtype only"):
+                    block(z.to(came), index, 2)
+        with torch.autocast('cpu', dtype=cast):
+            with pytest.raises(ValueError, match=rf"module of float32 or {cast} parameters "
+                                                 rf"under torch.autocast to {cast} \(got "
+                                                 rf"{module} parameters, whose LayerNorms"):
+                block(z.to(module), index, 2)
+            attn = block.mab.attn if kind == 'pma' else (block.mab if kind == 'sab'
+                                                          else block.mab1).attn
+            low = z.to(cast)
+            assert torch.isfinite(attn(low, low, index, index, 2).center).all()
+        with pytest.raises(ValueError, match=r"\(e\.g\. \.to\(torch\.float32\)\), whose "
+                                             r"LayerNorms take"):  # (no autocast remedy)
+            block(z.to(torch.float32), index, 2)
+        # a float32 block takes tokens of any precision but float64 under autocast
+        block.float()
+        with torch.autocast('cpu', dtype=cast):
+            for came in (torch.float32, torch.bfloat16, torch.float16):
+                assert torch.isfinite(block(z.to(came), index, 2).center).all()

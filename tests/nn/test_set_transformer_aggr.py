@@ -199,3 +199,43 @@ def test_a_layer_built_around_it_draws_what_it_draws_around_pygs():
     around_flat = SAGEConv(16, 16, aggr=FlatSetTransformerAggregation(16, 1, 1, 0, heads=4))
     a, b = around_flat.state_dict(), around_pyg.state_dict()
     assert list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize('module, cast', [(torch.float16, torch.bfloat16),
+                                          (torch.bfloat16, torch.float16)])
+def test_autocast_takes_what_runs_and_names_what_fails(module, cast):
+    # without LayerNorms (layer_norm=False, PyG's default) autocast casts every weight: a
+    # half-precision aggregation under autocast to the other half precision ran, and was
+    # refused ('Expected a module of float32 or ...'); with LayerNorms the input meets the
+    # first encoder's in a residual sum, uncast: input of another dtype than a half-precision
+    # module's was taken and failed inside ('mixed dtype (CPU): expect parameter to have
+    # scalar type of Float')
+    index = torch.tensor([0, 0, 0, 1, 1])
+    x = torch.randn(5, 16, generator=torch.Generator().manual_seed(0))
+    _, plain = pair(dtype=torch.float32)
+    ref = plain(x, index)
+    plain.to(module)
+    with torch.autocast('cpu', dtype=cast):
+        for came in (torch.float32, module, cast):
+            out = plain(x.to(came), index)
+            assert torch.isfinite(out).all()
+            torch.testing.assert_close(out.float(), ref, rtol=0.1, atol=0.1)
+    _, normed = pair(layer_norm=True, dtype=module)
+    with torch.autocast('cpu', dtype=cast):  # the other half precision: refused, as before
+        with pytest.raises(ValueError, match=rf"module of float32 or {cast} parameters"):
+            normed(x.to(module), index)
+    with torch.autocast('cpu', dtype=module):
+        assert torch.isfinite(normed(x.to(module), index)).all()
+        for came in (torch.float32, cast):
+            with pytest.raises(ValueError, match=rf"module's dtype {module} \(got {came}\); "
+                                                 r".*meets the module's LayerNorm"):
+                normed(x.to(came), index)
+    # without encoders the input meets no LayerNorm: any input runs
+    _, no_encoder = pair(layer_norm=True, enc=0, dtype=module)
+    with torch.autocast('cpu', dtype=module):
+        for came in (torch.float32, module, cast):
+            assert torch.isfinite(no_encoder(x.to(came), index)).all()
+    # and without autocast the remedy named is not autocast, which would not help
+    with pytest.raises(ValueError, match=r"convert the input or the module \(e\.g\. "
+                                         r"\.to\(torch\.float32\)\); the input meets"):
+        normed(x, index)

@@ -29,14 +29,6 @@ def _parse_kv(items: Optional[Sequence[str]], what: str) -> Dict[str, object]:
         raise CLIError(f'{what} {e}') from None
 
 
-def _check_set_size(value: object, what: str):
-    if (not isinstance(value, (list, tuple)) or len(value) != 2
-            or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
-            or not 1 <= value[0] <= value[1]):
-        raise CLIError(f'{what} must be a pair [LOW, HIGH] with 1 <= LOW <= HIGH (got '
-                       f'{value!r})')
-
-
 def _parse_range(text: Optional[str]):
     if text is None:
         return None
@@ -388,26 +380,6 @@ def _check_overrides(models: List[ModelSpec], overrides: Dict[str, object], flag
                            f"options" + (' with the --model-args' if overrides else '')
                            + ': give each model once; use --seeds for more runs of a model')
         seen[same] = model.spec
-
-
-def _take_model_args(args, state: Dict[str, Any], model: ModelSpec, whose: str) -> None:
-    r"""The model options a resumed run's command left out, where it gives no --model-arg: those
-    its checkpoint :obj:`state` records beside the options of the spec :obj:`model` (said on the
-    console), as the data and training options (a run of 'rigid' with --model-arg dropout=0.2
-    resumed without it was refused)."""
-    info = state.get('run_info') if state else None
-    entry = info.get('model') if isinstance(info, dict) else None
-    saved = entry.get('args') if isinstance(entry, dict) else None
-    if args.model_arg or not isinstance(saved, dict):
-        return
-    try:
-        args.model_arg = [f'{k}={json.dumps(v)}' for k, v in saved.items()
-                          if k not in model.options]
-    except (TypeError, ValueError):  # (a value the command line cannot give)
-        args.model_arg = None
-    if args.model_arg:
-        print(f'resuming with the model options of {whose} (no --model-arg given): '
-              + ', '.join(args.model_arg))
 
 
 def _run(args, task, model: ModelSpec, seed: int, out_dir: Optional[str],

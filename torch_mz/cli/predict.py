@@ -4,9 +4,17 @@ import os
 from typing import Any, Dict, List, Optional
 
 from torch_mz.cli._common import (CLIError, _check_checkpoint_file, _check_data_seed_and_batch,
-                                  _check_not_empty, _check_path, _check_root, _check_set_size,
+                                  _check_not_empty, _check_path, _check_root,
                                   _check_synthetic_size, _check_task, _parse_kv, _same_path,
                                   _test_sets_warnings, _warn)
+
+
+def _check_set_size(value: object, what: str):
+    if (not isinstance(value, (list, tuple)) or len(value) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+            or not 1 <= value[0] <= value[1]):
+        raise CLIError(f'{what} must be a pair [LOW, HIGH] with 1 <= LOW <= HIGH (got '
+                       f'{value!r})')
 
 
 def _set_ids(dataset) -> Dict[str, List[int]]:

@@ -1,13 +1,34 @@
 r"""``torch-mz train``: train one model on one task, or continue a run from its checkpoint."""
+import json
 import os
+from typing import Any, Dict
 
 from torch_mz.cli import _common
-from torch_mz.cli._common import (CLIError, _check_checkpoint_file, _check_model_args,
+from torch_mz.cli._common import (CLIError, ModelSpec, _check_checkpoint_file, _check_model_args,
                                   _check_not_empty, _check_numbers, _check_out_folder,
                                   _check_overrides, _check_task, _check_training_args,
                                   _fill_training_options, _keep_recorded_n_test, _model_specs,
-                                  _parse_kv, _run_files, _same_path, _take_data_options,
-                                  _take_model_args)
+                                  _parse_kv, _run_files, _same_path, _take_data_options)
+
+
+def _take_model_args(args, state: Dict[str, Any], model: ModelSpec, whose: str) -> None:
+    r"""The model options a resumed run's command left out, where it gives no --model-arg: those
+    its checkpoint :obj:`state` records beside the options of the spec :obj:`model` (said on the
+    console), as the data and training options (a run of 'rigid' with --model-arg dropout=0.2
+    resumed without it was refused)."""
+    info = state.get('run_info') if state else None
+    entry = info.get('model') if isinstance(info, dict) else None
+    saved = entry.get('args') if isinstance(entry, dict) else None
+    if args.model_arg or not isinstance(saved, dict):
+        return
+    try:
+        args.model_arg = [f'{k}={json.dumps(v)}' for k, v in saved.items()
+                          if k not in model.options]
+    except (TypeError, ValueError):  # (a value the command line cannot give)
+        args.model_arg = None
+    if args.model_arg:
+        print(f'resuming with the model options of {whose} (no --model-arg given): '
+              + ', '.join(args.model_arg))
 
 
 def cmd_train(args) -> int:

@@ -5,7 +5,6 @@ processed cache is written atomically, loaded without running code, and rebuilt 
 import contextlib
 import glob
 import json
-import operator
 import os
 import os.path as osp
 import pickle
@@ -20,7 +19,6 @@ from typing import (Any, Callable, ContextManager, Dict, List, Optional, Sequenc
 import numpy as np
 import torch
 import torch_geometric
-from torch import Tensor
 from torch_geometric.data import Data, InMemoryDataset
 
 from torch_mz._checks import check_flag
@@ -169,16 +167,7 @@ def check_integer(name: str, value: Any, low: int = 0) -> int:
     integer, an integer tensor of one element: what :func:`operator.index` takes), returned as a
     Python :obj:`int`, so that it is written to ``stats.json`` and folder names as a number. A
     bool, a float or a smaller value raises a :class:`ValueError` naming :obj:`name`."""
-    number = None
-    if not (isinstance(value, (bool, np.bool_))
-            or (isinstance(value, Tensor) and value.dtype == torch.bool)):
-        try:
-            number = operator.index(value)
-        except TypeError:
-            pass
-    if number is None or number < low:
-        raise ValueError(f"'{name}' must be an integer >= {low} (got {value!r})")
-    return int(number)
+    return _splits._integer(value, name, low)  # (split_indices' check of n and seed)
 
 
 def optional_points(num_points: Any) -> Optional[int]:

@@ -23,7 +23,7 @@ from typing import NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
-from torch.nn import Module
+from torch.nn import LayerNorm, Module
 
 from torch_mz.nn._context import tie_parameters
 from torch_mz.nn.aggr import check_input_magnitude, check_set_input, resolve_set_index
@@ -145,14 +145,17 @@ class SetModel(Module):
 
     def validate(self, x: Tensor, batch: Optional[Tensor],
                  num_sets: Optional[int]) -> Tuple[Tensor, int]:
-        r"""Checks ``x`` (floating point, :math:`(N, F_{in})`, the model's dtype; with
+        r"""Checks ``x`` (floating point, :math:`(N, F_{in})`, the model's dtype or under
+        :func:`torch.autocast`, which takes a model with LayerNorms of float32 or the autocast
+        dtype only: :func:`~torch_mz.nn.aggr.check_set_input`; with
         :attr:`has_input_projection`, finite entries within the magnitude limit of
         :class:`~torch_mz.nn.MZAggregation`, otherwise within its float16 limit where the model
         computes in float16) and the set index; returns the set id of every element and the
         number of sets."""
         param = next(self.parameters(), None)
         check_set_input(x, self.in_channels, torch.get_default_dtype() if param is None
-                        else param.dtype)
+                        else param.dtype,
+                        layer_norm=any(isinstance(m, LayerNorm) for m in self.modules()))
         check_input_magnitude(x, float16_only=not self.has_input_projection, module=self)
         return resolve_set_index(x, batch, None, num_sets, names=('batch', 'num_sets'))
 

@@ -381,8 +381,19 @@ class EGNNConv(MessagePassing):
         elif edge_attr is not None:
             raise ValueError("'edge_attr' was given but the layer was built with edge_dim=0")
         dtype = self.edge_mlp[0].weight.dtype if hasattr(self.edge_mlp[0], 'weight') else None
-        if (dtype is not None and not torch.is_autocast_enabled(h.device.type)
-                and h.dtype != dtype):  # (the coordinates may come in another: promoted)
+        device = h.device.type
+        # (the coordinates may come in another dtype: promoted)
+        if (dtype is not None and torch.is_autocast_enabled(device)
+                and torch.float64 not in (h.dtype, dtype)):
+            # autocast casts h where it meets a weight, not where it joins the aggregated
+            # messages (of the autocast dtype): float16 beside bfloat16 failed there
+            cast = torch.get_autocast_dtype(device)
+            if h.dtype not in (torch.float32, cast):
+                raise ValueError(f"Expected 'h' of float32 or {cast} under torch.autocast to "
+                                 f"{cast} (got {h.dtype}); convert it (e.g. h.float())")
+        elif dtype is not None and h.dtype != dtype:
+            # (under autocast too where either is float64, which it does not cast: the first
+            # matrix product failed)
             raise ValueError(f"Expected 'h' of the layer's dtype {dtype} (got {h.dtype}); "
                              f"convert it, or the layer (e.g. .to({h.dtype}))")
 

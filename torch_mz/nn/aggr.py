@@ -299,34 +299,50 @@ def check_input_magnitude(x: Tensor, float16_only: bool = False,
                          f"beyond which {what} in {dtype}{under}; rescale the input")
 
 
-def check_set_input(x: Tensor, in_channels: int, dtype: torch.dtype) -> None:
+def check_set_input(x: Tensor, in_channels: int, dtype: torch.dtype, *,
+                    layer_norm: bool = True, norm_input: bool = False) -> None:
     r"""Checks the element features of a set model or aggregation: a floating-point
     :math:`(N, F_{in})` tensor of the module's :obj:`dtype`, or run under
     :func:`torch.autocast`, which casts float32, float16 and bfloat16 inputs and float32 weights
     where they meet in a matrix product, so that it takes a module of float32 parameters or of
     its own dtype only (it leaves float64 weights as they are, and float16 weights meet
     bfloat16 inputs, or the other way round, in a LayerNorm, which fails); raises a
-    :class:`ValueError` saying what was expected and what came."""
+    :class:`ValueError` saying what was expected and what came.
+
+    :obj:`layer_norm` says whether the module holds LayerNorms (without, autocast casts the
+    weights of a half-precision module of the other half precision too, in its matrix
+    products, and it runs); :obj:`norm_input`, whether the input itself meets one in a residual
+    sum, in its own dtype (then a half-precision module takes input of its own dtype only,
+    under autocast too). Both apply on the CPU, whose autocast leaves LayerNorms as they are;
+    CUDA's runs them in float32, casting their inputs and weights, so there (and on other
+    devices, unchecked) a half-precision module is left to autocast, as before."""
     if x.dim() != 2 or x.size(-1) != in_channels:
         raise ValueError(f"Expected input of shape (N, {in_channels}) (got {tuple(x.shape)})")
     if x.dtype not in FLOAT_DTYPES:
         raise ValueError(f"Expected floating-point input (float32, float64, bfloat16 or "
                          f"float16) (got {x.dtype}); convert it with x.float()")
     device = x.device.type
+    half = dtype in (torch.float16, torch.bfloat16)
+    if device != 'cpu':  # (CUDA's autocast casts LayerNorms to float32: see above)
+        layer_norm = norm_input = False
     if torch.is_autocast_enabled(device) and dtype != torch.float64:
         cast = torch.get_autocast_dtype(device)
-        if dtype not in (torch.float32, cast):  # (e.g. a float16 module, bfloat16 autocast)
+        # (e.g. a float16 module under bfloat16 autocast: its LayerNorms failed)
+        if layer_norm and dtype not in (torch.float32, cast):
             raise ValueError(f"Expected a module of float32 or {cast} parameters under "
                              f"torch.autocast to {cast} (got {dtype} parameters, which it does "
                              f"not cast); convert the module (e.g. .float()), or run under "
                              f"torch.autocast('{device}', dtype={dtype})")
-        if x.dtype != torch.float64:
+        if x.dtype != torch.float64 and not (norm_input and half and x.dtype != dtype):
             return  # (autocast casts float32, float16 and bfloat16 inputs, not float64 ones)
     if x.dtype == dtype:
         return
     if dtype == torch.float64:
         remedy = (f"convert the input or the module (e.g. .to({x.dtype})); torch.autocast "
                   "does not cast a float64 module's weights")
+    elif norm_input and half:
+        remedy = (f"convert the input or the module (e.g. .to({x.dtype})); the input meets the "
+                  f"module's LayerNorm in a residual sum, which torch.autocast does not cast")
     else:
         how = '' if dtype == torch.float32 else f"({device!r}, dtype={dtype})"
         remedy = (f"convert the input, convert the module (e.g. .to({x.dtype})), or run under "

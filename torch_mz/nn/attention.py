@@ -95,23 +95,41 @@ def check_token_sets(set_id: Tensor, num_tokens: int, num_sets: int, name: str =
                          f"{num_tokens} tokens, shape ({num_tokens},) (got {got})")
 
 
-def check_token_dtype(dtype: torch.dtype, *tokens: Union[Zonotope, MappedZonotope]) -> None:
+def check_token_dtype(dtype: torch.dtype, *tokens: Union[Zonotope, MappedZonotope],
+                      layer_norm: bool = False) -> None:
     r"""Checks that the :obj:`tokens` are of a module's :obj:`dtype` (its parameters'), unless
     :func:`torch.autocast` runs for their device and neither the tokens nor the module are
     float64 (autocast casts the others where they meet a weight);
     a :class:`ValueError` says what was expected and what came (a mismatch failed inside the
-    first matrix product, without naming the tokens)."""
+    first matrix product, without naming the tokens). With :obj:`layer_norm` (tokens that meet
+    the module's LayerNorms in a residual sum, as a block's queries do: the CPU's autocast
+    casts neither them nor the LayerNorm's weights) a half-precision module on the CPU takes
+    tokens of its own dtype only, under autocast to that dtype only (the LayerNorm failed on
+    any other; CUDA's autocast runs LayerNorms in float32, casting both, and is left to it)."""
+    if not tokens:
+        return
     got = [t.center.dtype for t in tokens]
-    if all(g == dtype for g in got) or not tokens:
+    device = tokens[0].center.device.type
+    autocast = torch.is_autocast_enabled(device)
+    half = layer_norm and device == 'cpu' and dtype in (torch.float16, torch.bfloat16)
+    cast = torch.get_autocast_dtype(device) if autocast else dtype
+    if half and cast != dtype:
+        raise ValueError(f"Expected a module of float32 or {cast} parameters under "
+                         f"torch.autocast to {cast} (got {dtype} parameters, whose LayerNorms "
+                         f"it does not cast); convert the module (e.g. .float()), or run under "
+                         f"torch.autocast('{device}', dtype={dtype})")
+    if all(g == dtype for g in got):
         return
     wide = dtype == torch.float64 or torch.float64 in got
-    if not wide and torch.is_autocast_enabled(tokens[0].center.device.type):
+    if not wide and not half and autocast:
         return  # (autocast casts float32, float16 and bfloat16 tensors, not float64 ones)
     other = next(g for g in got if g != dtype)
     raise ValueError(f"Expected tokens of the module's dtype {dtype} (got "
                      f"{' and '.join(str(g) for g in got)}); convert the tokens (e.g. "
                      f"Zonotope.to({dtype})) or the module (e.g. .to({other}))"
-                     + ('' if wide else ', or run under torch.autocast'))
+                     + ('' if wide or half else ', or run under torch.autocast')
+                     + (", whose LayerNorms take tokens of their own dtype only (autocast "
+                        "does not cast them)" if half else ''))
 
 
 class MZAttention(Module):

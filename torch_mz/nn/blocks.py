@@ -233,6 +233,8 @@ class MAB(Module):
             # generator would be broadcast to every slot, and the block's budget would drop it)
             raise ValueError(f"Expected query tokens with {self.attn.num_generators} generators, "
                              f"the block's budget (got {query.num_generators})")
+        # (the queries meet norm1 in the residual sum, uncast by autocast)
+        check_token_dtype(self.attn.weight.dtype, query, layer_norm=True)
         attended = self.attn(query, key_value, query_set, kv_set, num_sets)
         # In inference the residual sums are formed inside the compiled LayerNorm kernels; in
         # training they are written out, as before: there the kernels would keep both summands
@@ -344,7 +346,8 @@ class PMA(Module):
             # (before the rFF, whose product would fail without naming the tokens)
             raise ValueError(f"Expected tokens of width {attn.dim} with {attn.num_generators} "
                              f"generators (got width {x.dim}, {x.num_generators} generators)")
-        check_token_dtype(attn.weight.dtype, x)  # (before the rFF, as above)
+        # (before the rFF, as above; the seeds take the tokens' dtype and meet the LayerNorms)
+        check_token_dtype(attn.weight.dtype, x, layer_norm=True)
         check_token_sets(set_id, x.num_tokens, num_sets)
         seeds, seed_set = self.seeds(num_sets, x.center)  # (B * k, d)
         ffn, rff = self.rff_gens, self.rff

@@ -139,7 +139,10 @@ class FlatSetTransformerAggregation(SetTransformerAggregation):
         if dim not in (0, -2):
             raise ValueError(f"FlatSetTransformerAggregation aggregates over dimension 0 / -2 "
                              f"(got {dim})")
-        check_set_input(x, self.channels, self.pma.lin.weight.dtype)
+        # (without LayerNorms autocast casts every weight; with them the input meets the first
+        # encoder's in the residual sum)
+        check_set_input(x, self.channels, self.pma.lin.weight.dtype, layer_norm=self.layer_norm,
+                        norm_input=self.layer_norm and len(self.encoders) > 0)
         set_id, B = resolve_set_index(x, index, ptr, dim_size)
         if max_num_elements is not None and x.size(0) > 0:
             largest = int(set_counts(set_id, B).max())
