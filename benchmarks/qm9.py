@@ -18,6 +18,8 @@ molecules: mz 9 s, rigid 2 s, st-large 3 s, egnn 17 s) and the full mode about 2
 
 QM9 is read from the offline ``qm9pack`` source by default (``pip install qm9pack``);
 ``--source sdf`` reads (or downloads) ``gdb9.sdf``, ``gdb9.sdf.csv`` and ``uncharacterized.txt``.
+Processing QM9 (the first run: every molecule is read with RDKit) shows a progress bar
+on stderr, and a download names what it fetches, unless ``--no-progress``.
 """
 import argparse
 import math
@@ -121,6 +123,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     add_resume_argument(parser)
     parser.add_argument('--batch-size', type=positive_int, default=128)
     parser.add_argument('--source', default='qm9pack', choices=('qm9pack', 'sdf'))
+    parser.add_argument('--no-progress', action='store_true',
+                        help='no progress bars while QM9 is processed (its first run: every '
+                             'molecule is read with RDKit) and no line naming a download; the '
+                             'runs print a line each as they finish')
     # ('~' expanded as the dataset expands it: '~/x' was recorded as <cwd>/~/x, not read)
     parser.add_argument('--root', default=None, type=osp.expanduser,
                         help="folder holding QM9/ (default: torch_mz's data root, datasets/)")
@@ -159,7 +165,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for target in targets:
         try:
             task = load_task('qm9', seed=0, n_train=n_train, n_val=n_val, n_test=n_test,
-                             root=root, source=args.source, target=target)
+                             root=root, source=args.source, target=target,
+                             progress=not args.no_progress)
         except (FileNotFoundError, ImportError, OSError) as e:  # OSError: a failed download
             where = root or default_root('QM9')
             print(f'qm9.py: error: QM9 is not available under \'{where}\' ({e}).\nTo get it: '

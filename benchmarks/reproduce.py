@@ -233,7 +233,9 @@ def main(argv=None):
                              "rounding; without a C++ compiler they fall back with a warning)")
     parser.add_argument('--progress', action='store_true',
                         help="a progress bar for every run (epochs and the latest metrics; runs "
-                             "of the converged budget take up to an hour each on one core)")
+                             "of the converged budget take up to an hour each on one core) and "
+                             "for building each task's data (QM9's first processing takes "
+                             "minutes)")
     parser.add_argument('--calibrate', action='store_true',
                         help='with --status: time a few training steps of each model that has '
                              'no finished run on its task, and estimate the training left with '

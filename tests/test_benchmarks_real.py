@@ -479,3 +479,25 @@ def test_point_clouds_takes_the_options_of_the_datasets_it_reads(point_clouds, t
         err = capsys.readouterr().err
         assert status == point_clouds.EXIT_ERROR and 'does not read it' not in err
         assert 'is not in' in err, err
+
+
+@pytest.mark.parametrize('script', ['qm9', 'point_clouds'])
+def test_benchmarks_show_the_processing_of_a_dataset_unless_no_progress(
+        qm9, point_clouds, qm9_root, scanobjectnn_root, script, tmp_path, capsys):
+    # the first run processes the dataset (QM9: every molecule through RDKit; ModelNet40:
+    # 12,311 meshes sampled), minutes without a word: load_task's bars were off
+    import shutil
+    module = {'qm9': qm9, 'point_clouds': point_clouds}[script]
+    root = qm9_root if script == 'qm9' else scanobjectnn_root['root']
+    argv = (['--source', 'sdf', '--targets', 'mu', '--n-train', '2', '--n-val', '1', '--n-test',
+             '1'] if script == 'qm9' else
+            ['--dataset', 'scanobjectnn', '--num-points', '64', '--n-train', '4', '--n-val',
+             '1'])
+    argv += ['--root', str(tmp_path), '--models', 'deepsets', '--batch-size', '2',
+             '--out', str(tmp_path / 'out'), *TINY]
+    bar = 'QM9 (gdb9.sdf)' if script == 'qm9' else 'ScanObjectNN OBJ_BG train'
+    assert module.main(argv + ['--no-progress']) == 0
+    assert bar not in capsys.readouterr().err
+    shutil.rmtree(osp.join(root, 'processed'))  # processed again
+    assert module.main(argv + ['--overwrite']) == 0
+    assert bar in capsys.readouterr().err

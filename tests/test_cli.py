@@ -831,6 +831,24 @@ def test_only_the_main_process_of_torchrun_prints_results(tmp_path, capsys, monk
     assert 'logs and checkpoints in' in capsys.readouterr().out
 
 
+@pytest.mark.parametrize('command', ['train', 'compare'])
+def test_only_the_main_process_of_torchrun_draws_the_datas_progress_bars(tmp_path, capsys,
+                                                                         monkeypatch, command):
+    # under torchrun every rank loads the data: each drew its own bar of the generation (or
+    # of a real dataset's processing) on stderr, where the trainer's are rank 0's alone
+    from torch_mz.cli import _common as cli
+    argv = [command, '--task', 'max', *[a for a in T if a != '--no-progress'],
+            '--out', str(tmp_path / 'run'),
+            *(['--model', 'deepsets:hidden_channels=8'] if command == 'train' else
+              ['--models', 'deepsets:hidden_channels=8', '--seeds', '1'])]
+    monkeypatch.setattr(cli, '_main_process', lambda: False)  # (a rank > 0 of torchrun)
+    assert main(argv) == 0
+    assert 'Generating max' not in capsys.readouterr().err
+    monkeypatch.setattr(cli, '_main_process', lambda: True)
+    assert main(argv + ['--overwrite']) == 0
+    assert 'Generating max' in capsys.readouterr().err  # (the main process draws it)
+
+
 def test_the_allocator_flag_is_taken_after_the_command_too():
     parser = build_parser()
     base = ['train', '--task', 'max', '--model', 'mz']

@@ -608,3 +608,19 @@ def test_a_diverged_run_of_a_claim_that_keeps_weights_is_not_counted_to_train_ag
     assert (stage['done'], stage['pending'], stage['again']) == (budget.seeds, 0, 0)
     Reproduction(budget, str(tmp_path), device='cpu', sweep_cells={'sum': SUM}).run(keep)
     assert len(calls) == budget.seeds  # nothing trained again
+
+
+def test_progress_reaches_the_bars_of_building_the_data(tmp_path):
+    # --progress showed the runs' epochs alone: QM9's first processing (every molecule read
+    # with RDKit) took minutes without a bar, as did generating a synthetic cell's sets
+    from torch_mz.tasks import load_task
+    asked = []
+
+    def load(name, **kwargs):
+        asked.append(kwargs.get('progress'))
+        return load_task(name, **kwargs)
+    for progress in (True, False):
+        repro = Reproduction(TINY, str(tmp_path), device='cpu', load=load, progress=progress)
+        task = repro._load('sum', seed=0, n_train=4, n_val=2, n_test=2, d=2)
+        assert repro._load('sum', seed=0, n_train=4, n_val=2, n_test=2, d=2) is task
+    assert asked == [True, None]  # (not given where no bar is shown: a stand-in need not take it)

@@ -239,13 +239,15 @@ def _load(args, progress: bool):
         _check_synthetic_size(args.task, (args.n_train, args.n_val, args.n_test),
                               _parse_range(args.set_size), options)
     # (--n-test above the official test files: all of them), said by the main process alone:
-    # under torchrun every rank loads the data, and each said it again
-    say = _warn if _main_process() else (lambda message: None)
+    # under torchrun every rank loads the data, and each said it again; so are the bars of
+    # generating or processing the data (each rank drew its own, as the trainer's are rank 0's)
+    main = _main_process()
+    say = _warn if main else (lambda message: None)
     with _test_sets_warnings(say):
         return load_task(args.task, seed=0 if args.data_seed is None else args.data_seed,
                          n_train=args.n_train, n_val=args.n_val,
                          n_test=args.n_test, set_size=_parse_range(args.set_size),
-                         root=args.root, progress=progress, **options)
+                         root=args.root, progress=progress and main, **options)
 
 
 @contextlib.contextmanager

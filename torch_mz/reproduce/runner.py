@@ -54,7 +54,9 @@ class Reproduction:
         on_wait (callable, optional): Called as ``on_wait(cell_label, spec, seed)`` before this
             process waits for a run that another process is training (for progress output).
         progress (bool, optional): Show the trainer's progress bar (epochs, with the latest
-            metrics) for every run; not part of what identifies a run. (default: :obj:`False`)
+            metrics) for every run, and those of building each cell's data (generating a
+            synthetic task, processing a real dataset: QM9's first load reads every molecule
+            with RDKit); not part of what identifies a run. (default: :obj:`False`)
         deadline (float, optional): A time (:func:`time.time` seconds) by which this process
             should be done, e.g. a cluster job's end: a run is started or resumed only when
             :data:`TIME_MARGIN` times the longest time it may still need (:meth:`time_bound`)
@@ -115,7 +117,10 @@ class Reproduction:
         # one copy of each cell's data for the sweep and all claims
         key = json.dumps(dict(name=name, seed=seed, **kwargs), sort_keys=True, default=str)
         if key not in self._tasks:
-            self._tasks[key] = self._load_task(name, seed=seed, **kwargs)
+            # (the data's bars follow progress: QM9's first processing took minutes unseen;
+            # asked for only when shown, so that a stand-in need not take it)
+            shown: Dict[str, Any] = {'progress': True} if self.progress else {}
+            self._tasks[key] = self._load_task(name, seed=seed, **kwargs, **shown)
         return self._tasks[key]
 
     def sized(self, cell: Mapping[str, Any]) -> Dict[str, Any]:
