@@ -55,7 +55,8 @@ identity).
 Every (cell, model, seed) run is written to ``<out>/records/<budget>/`` when it finishes and is
 read back instead of trained when the command runs again, so an interrupted reproduction resumes
 where it stopped (a run cut short resumes from its checkpoint in ``<out>/runs/``, which is not
-committed). Two or more copies of the same command (one per core: ``OMP_NUM_THREADS=1`` each)
+committed); Ctrl-C ends it with one line that says so and gives the command again (status 130).
+Two or more copies of the same command (one per core: ``OMP_NUM_THREADS=1`` each)
 share the runs through file locks and each finishes the claims; a copy whose next runs another
 copy is training goes on with the other claims meanwhile, and waits only when every claim left
 is waiting. After each claim the script writes ``<out>/claims/<claim>.<budget>.json``,
@@ -90,6 +91,7 @@ STARTED = time.time()  # --time-limit counts from here, before the imports below
 
 import argparse
 import os
+import shlex
 import sys
 
 from torch_mz.reproduce import (BUDGETS, CLAIM_NAMES, CLAIMS, Reproduction, TimeLimit,
@@ -109,6 +111,7 @@ TABLE30_SOURCES = ('training_step_current', 'training_step_fold', 'training_step
                    'training_step')
 EXIT_ERROR = 2
 EXIT_TIME_LIMIT = 3  # stopped at --time-limit with runs left: run the same command again
+EXIT_INTERRUPTED = 130  # stopped by Ctrl-C (128 + SIGINT): run the same command again
 
 
 def duration(text):
@@ -320,7 +323,28 @@ def main(argv=None):
     except ValueError as e:
         print(f'reproduce.py: {e}', file=sys.stderr)
         return EXIT_ERROR
-    return _train(args, claims, budget, out)
+    try:
+        return _train(args, claims, budget, out)
+    except KeyboardInterrupt:  # (Ctrl-C: a traceback, for a stop the script is meant for)
+        command = shlex.join([os.path.basename(sys.executable), os.path.relpath(__file__),
+                              *(sys.argv[1:] if argv is None else argv)])
+        print(f'reproduce.py: interrupted; the finished runs are stored, and a run cut short '
+              f'goes on from its last checkpoint: {_go_on(out, budget.name, command)}',
+              file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+
+
+def _go_on(out, budget, command=None) -> str:
+    r"""What to do after a stop with runs left (the time limit, Ctrl-C): run the same command
+    (:obj:`command`, where given) again, and the folders to commit to carry the runs finished
+    so far and the checkpoints of those in progress to another clone (those of :obj:`out`
+    that exist; the ``quick`` budget's checkpoints are not committed)."""
+    done = [p for p in (os.path.join(out, 'records', budget),
+                        os.path.join(out, 'weights', budget), os.path.join(out, 'runs', budget))
+            if os.path.exists(p) and not (p.endswith(os.path.join('runs', 'quick')))]
+    return ('run the same command again to go on' + (f', {command}' if command else '') + (
+        f" (the runs finished so far and the checkpoints of those in progress: git add -A "
+        f"{' '.join(os.path.relpath(p) for p in done)})" if done else ''))
 
 
 def _report(args, claims, budget, out) -> int:
@@ -464,14 +488,8 @@ def _train(args, claims, budget, out) -> int:
     print(f'{len(trained)} runs trained, {(time.time() - start) / 60:.1f} min'
           + (f'; wrote {out}/summary.json, summary.md' if summary else '; no summary written'))
     if later:
-        done = [p for p in (os.path.join(out, 'records', budget.name),
-                            os.path.join(out, 'weights', budget.name),
-                            os.path.join(out, 'runs', budget.name))
-                if os.path.exists(p) and not (p.endswith(os.path.join('runs', 'quick')))]
-        print(f"left for the next invocation (the time limit): {', '.join(later)}; run the same "
-              f'command again to go on (the runs finished so far and the checkpoints of those '
-              f"in progress: git add -A {' '.join(os.path.relpath(p) for p in done)})",
-              flush=True)
+        print(f"left for the next invocation (the time limit): {', '.join(later)}; "
+              f'{_go_on(out, budget.name)}', flush=True)
     return EXIT_ERROR if failed else EXIT_TIME_LIMIT if later else 0
 
 

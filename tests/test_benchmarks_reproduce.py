@@ -292,3 +292,41 @@ def test_a_run_with_other_seeds_writes_its_claim_beside_the_budgets(tmp_path, mo
     summary = json.loads((out / 'summary.json').read_text())
     assert [r['seeds'] for r in summary['records']] == [2, 3]  # both, the budget's first
     assert 'table1-protocol.quick.seeds3.json' in capsys.readouterr().out  # (to commit)
+
+
+def test_an_interrupt_says_how_to_go_on_in_one_line(tmp_path, monkeypatch, capsys):
+    # Ctrl-C (the stop the script is made to resume from) ended in a traceback
+    import os
+    import shlex
+    from tests._scripts import load_script
+    from torch_mz.reproduce import TimeLimit
+    script = load_script('reproduce')
+    out = tmp_path / 'out'
+    records = out / 'records' / 'quick'
+
+    def run_claims(repro, claims, **kwargs):  # a run finished, then the next one interrupted
+        records.mkdir(parents=True)
+        raise KeyboardInterrupt
+        yield  # (a generator, as run_claims is)
+    monkeypatch.setattr(script, 'run_claims', run_claims)
+    argv = ['--budget', 'quick', '--claims', 'table1-protocol', '--no-fused-kernels',
+            '--out', str(out)]
+    try:
+        code = script.main(argv)
+    except KeyboardInterrupt:  # (caught here: pytest would take it for its own and stop)
+        pytest.fail('the interrupt left main() as a traceback')
+    assert code == 130
+    err = capsys.readouterr().err
+    assert err.count('\n') == 1 and 'Traceback' not in err, err
+    assert err.startswith('reproduce.py: interrupted; the finished runs are stored'), err
+    command = shlex.join([os.path.basename(sys.executable), os.path.relpath(script.__file__),
+                          *argv])  # (python benchmarks/reproduce.py --budget quick ...)
+    assert (f'run the same command again to go on, {command} (the runs finished so far and the '
+            f'checkpoints of those in progress: git add -A {os.path.relpath(records)})') in err
+    # the time limit's hint, the same wording (without the command, as before)
+    monkeypatch.setattr(script, 'run_claims', lambda repro, claims, **kwargs: iter(
+        [(claims[0], None, TimeLimit('the time limit is reached'))]))
+    assert script.main(argv) == script.EXIT_TIME_LIMIT
+    assert (f'left for the next invocation (the time limit): table1-protocol; run the same '
+            f'command again to go on (the runs finished so far and the checkpoints of those '
+            f'in progress: git add -A {os.path.relpath(records)})') in capsys.readouterr().out

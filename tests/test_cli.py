@@ -371,7 +371,8 @@ def test_predict_bad_input_exits_2_with_one_line(tmp_path, capsys):
     ]
     for argv, message in cases:
         capsys.readouterr()
-        assert main(['predict', *argv, '--out', str(tmp_path / 'p.csv')]) == 2, message
+        assert main(['predict', *argv, '--out', str(tmp_path / 'p.csv'),
+                     '--no-progress']) == 2, message  # (no bar of the data drawn first)
         err = capsys.readouterr().err
         assert message in err and 'Traceback' not in err and err.count('\n') == 1, err
     assert not (tmp_path / 'p.csv').exists()
@@ -526,7 +527,7 @@ def test_predict_refuses_another_number_of_outputs_and_warns_on_changed_options(
     best, out = os.path.join(run, 'best.pt'), str(tmp_path / 'p.csv')
     capsys.readouterr()
     assert main(['predict', best, '--task', 'max', '--task-arg', 'reduce=mean', '--out',
-                 out]) == 2  # one target
+                 out, '--no-progress']) == 2  # one target
     err = capsys.readouterr().err
     assert 'predicts 4 output(s)' in err and err.count('\n') == 1
     assert not os.path.exists(out)
@@ -847,6 +848,47 @@ def test_only_the_main_process_of_torchrun_draws_the_datas_progress_bars(tmp_pat
     monkeypatch.setattr(cli, '_main_process', lambda: True)
     assert main(argv + ['--overwrite']) == 0
     assert 'Generating max' in capsys.readouterr().err  # (the main process draws it)
+
+
+def test_predict_shows_its_progress_bars_unless_no_progress(tmp_path, capsys, monkeypatch):
+    # predict drew no bar: a dataset's processing (QM9, ModelNet40: minutes) and the forward
+    # passes ran without a word, where train and compare draw theirs unless --no-progress
+    from torch_mz.cli import _common as cli
+    run = str(tmp_path / 'run')
+    assert main(['train', '--task', 'max', *T, '--model', 'deepsets:hidden_channels=8', '--out',
+                 run]) == 0
+    capsys.readouterr()
+    argv = ['predict', os.path.join(run, 'best.pt'), '--n-test', '4', '--out']
+    out, quiet = str(tmp_path / 'bars.csv'), str(tmp_path / 'quiet.csv')
+    assert main([*argv, out]) == 0
+    err = capsys.readouterr().err
+    assert 'Generating max' in err and 'predict: 100%' in err, err
+    assert main([*argv, quiet, '--no-progress']) == 0
+    assert capsys.readouterr().err == ''
+    assert open(out).read() == open(quiet).read()  # (the CSV is the same)
+    monkeypatch.setattr(cli, '_main_process', lambda: False)  # (a rank > 0 of torchrun)
+    assert main([*argv, out, '--overwrite']) == 0
+    assert capsys.readouterr().err == ''
+
+
+def test_load_tasks_own_arguments_as_task_args_are_named_by_their_flags(tmp_path, capsys):
+    # predict's --task-arg seed=1 (root=..., n_train=...) and train's name=x failed inside
+    # load_task with a TypeError and its traceback; predict's progress=true, taken once as the
+    # switch of the bars, would have been one too now that predict passes its own
+    run = str(tmp_path / 'run')
+    assert main(['train', '--task', 'max', *T, '--model', 'deepsets:hidden_channels=8', '--out',
+                 run]) == 0
+    best, out = os.path.join(run, 'best.pt'), str(tmp_path / 'p.csv')
+    for arg, flag in (('seed=1', '--data-seed'), ('name="max"', '--task'), ('root="x"', '--root'),
+                      ('n_train=3', '--n-train'), ('progress=true', '--no-progress')):
+        capsys.readouterr()
+        assert main(['predict', best, '--task-arg', arg, '--out', out]) == 2, arg
+        err = capsys.readouterr().err
+        assert f"--task-arg {arg.split('=')[0]}=... is {flag}, not a --task-arg" in err, err
+        assert err.count('\n') == 1 and not os.path.exists(out)
+    assert main(['train', '--task', 'max', *T, '--task-arg', 'name="x"', '--model', 'deepsets',
+                 '--out', str(tmp_path / 'other')]) == 2
+    assert "--task-arg name=... is --task, not a --task-arg" in capsys.readouterr().err
 
 
 def test_the_allocator_flag_is_taken_after_the_command_too():

@@ -99,6 +99,36 @@ def test_prediction_columns(task, tmp_path):
         prediction_columns(model, task.test, 'ranking')
 
 
+def test_load_test_split_and_prediction_columns_draw_bars_when_asked(task, tmp_path, capsys):
+    # torch-mz predict's bars (the data's, the forward passes'): off by default, as they were
+    from torch_mz.inference import load_test_split
+    train_one(task, 'deepsets', 0, config(tmp_path))
+    best = tmp_path / 'best.pt'
+    model = load_model(best)
+    capsys.readouterr()
+    quiet = prediction_columns(model, load_test_split(best).test, 'regression')
+    assert capsys.readouterr().err == ''
+    shown = prediction_columns(model, load_test_split(best, progress=True).test, 'regression',
+                               progress=True)
+    err = capsys.readouterr().err
+    assert 'Generating max' in err and 'predict: 100%' in err and shown == quiet
+    for call in (lambda: load_test_split(best, progress='no'),
+                 lambda: prediction_columns(model, task.test, 'regression', progress='no')):
+        with pytest.raises(ValueError, match="'progress' must be True or False"):
+            call()
+
+
+def test_load_test_split_names_load_tasks_own_arguments_given_in_task_args(task, tmp_path):
+    # they failed inside load_task with a TypeError ("got multiple values for ... 'seed'")
+    from torch_mz.inference import load_test_split
+    train_one(task, 'deepsets', 0, config(tmp_path))
+    best = tmp_path / 'best.pt'
+    for key, arg in (('seed', 'data_seed'), ('progress', 'progress'), ('name', 'task')):
+        with pytest.raises(ValueError, match=f"task_args holds '{key}', which is no task "
+                           f"option: pass it as load_test_split's {arg}="):
+            load_test_split(best, task_args={key: 1})
+
+
 def test_prediction_columns_of_a_bare_model_without_targets():
     from torch_geometric.data import Data
     from torch_geometric.nn import global_mean_pool

@@ -214,7 +214,8 @@ def load_test_split(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
                     task: Optional[str] = None, task_args: Optional[Mapping[str, Any]] = None,
                     *, root: Optional[str] = None, n_test: Optional[int] = None,
                     data_seed: Optional[int] = None, n_train: Optional[int] = None,
-                    n_val: Optional[int] = None, **objects: Any) -> Any:
+                    n_val: Optional[int] = None, progress: bool = False,
+                    **objects: Any) -> Any:
     r"""The task a checkpoint's model was trained on, rebuilt from what the checkpoint records
     (``run_info['task']``: the task's options, the data seed and the split sizes), so that its
     :obj:`test` split holds the sets the run held out: the data ``torch-mz predict`` scores.
@@ -239,6 +240,9 @@ def load_test_split(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
             seed for a checkpoint that records none. (default: :obj:`None`)
         n_train (int, optional), n_val (int, optional): Must be the run's, where the checkpoint
             records them; the split sizes for one that records none. (default: :obj:`None`)
+        progress (bool, optional): Show the :mod:`tqdm` progress bars of generating the sets
+            or processing the dataset (:func:`~torch_mz.tasks.load_task`'s). (default:
+            :obj:`False`)
         **objects: The ``transform``, ``pre_transform`` or ``pre_filter`` the run was trained
             with: a checkpoint records them by name only, so they are passed again.
 
@@ -264,17 +268,18 @@ def load_test_split(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
                         f'load_checkpoint() returned, got {type(checkpoint).__name__}')
     return _load_test_split(state, where, task, task_args, root=root, n_test=n_test,
                             data_seed=data_seed, n_train=n_train, n_val=n_val, stacklevel=3,
-                            **objects)
+                            progress=progress, **objects)
 
 
 def _load_test_split(state: Mapping[str, Any], where: str, task: Optional[str] = None,
                      task_args: Optional[Mapping[str, Any]] = None, *,
                      root: Optional[str] = None, n_test: Optional[int] = None,
                      data_seed: Optional[int] = None, n_train: Optional[int] = None,
-                     n_val: Optional[int] = None, stacklevel: int = 2, **objects: Any) -> Any:
+                     n_val: Optional[int] = None, stacklevel: int = 2, progress: bool = False,
+                     **objects: Any) -> Any:
     r""":func:`load_test_split` of a checkpoint read already (:obj:`where` names it in errors;
     its warnings are given at :obj:`stacklevel`)."""
-    from torch_mz._checks import check_optional_count
+    from torch_mz._checks import check_flag, check_optional_count
     from torch_mz.datasets.real import LOAD_DEFAULTS, OFFICIAL_TEST_SPLIT
     from torch_mz.options import check_options
     from torch_mz.tasks import is_synthetic, load_task, resolved_options, task_options
@@ -285,6 +290,12 @@ def _load_test_split(state: Mapping[str, Any], where: str, task: Optional[str] =
         raise TypeError(f'task_args must be a mapping of task options, got '
                         f'{type(task_args).__name__}')
     given = dict(task_args or {})
+    own_args = {'name': 'task', 'seed': 'data_seed', 'n_train': 'n_train', 'n_val': 'n_val',
+                'n_test': 'n_test', 'root': 'root', 'progress': 'progress'}
+    theirs = [k for k in own_args if k in given]
+    if theirs:  # (load_task's own arguments: a TypeError, "multiple values", from inside it)
+        raise ValueError(f"task_args holds {theirs[0]!r}, which is no task option: pass it as "
+                         f"load_test_split's {own_args[theirs[0]]}=...")
     both = sorted(set(given) & set(objects))
     if both:
         raise ValueError(f'{both} given both in task_args and as keyword arguments: give each '
@@ -294,6 +305,7 @@ def _load_test_split(state: Mapping[str, Any], where: str, task: Optional[str] =
     n_train = check_optional_count('n_train', n_train, 0)
     n_val = check_optional_count('n_val', n_val, 0)
     data_seed = check_optional_count('data_seed', data_seed, -2**63)
+    progress = check_flag('progress', progress)
     recorded = (state.get('run_info') or {}).get('task') or {}
     if task is None:
         if 'name' not in recorded:
@@ -369,21 +381,22 @@ def _load_test_split(state: Mapping[str, Any], where: str, task: Optional[str] =
     if synthetic:  # the test split is drawn apart from the others: any number of test sets
         splits = load_task(task, seed=seed, n_train=0, n_val=0,
                            n_test=n_test if n_test is not None else split.get('n_test'),
-                           set_size=set_size, root=root, **options)
+                           set_size=set_size, root=root, progress=progress, **options)
     elif official and split.get('n_test') is not None and 'test_subset' not in split:
         # a run recorded before its subset was: the first n_test of the official test files
         splits = load_task(task, seed=seed, n_train=split.get('n_train'),
-                           n_val=split.get('n_val'), root=root, **options)
+                           n_val=split.get('n_val'), root=root, progress=progress,
+                           **options)
         splits.test = splits.test[:n_test if n_test is not None else split['n_test']]
     elif official:  # N of the official test files, spread over them (load_real_task)
         splits = load_task(task, seed=seed, n_train=split.get('n_train'),
                            n_val=split.get('n_val'),
                            n_test=n_test if n_test is not None else split.get('n_test'),
-                           root=root, **options)
+                           root=root, progress=progress, **options)
     else:  # the training run's split, so that its test sets are the held-out ones
         splits = load_task(task, seed=seed, n_train=split.get('n_train'),
                            n_val=split.get('n_val'), n_test=split.get('n_test'), root=root,
-                           **options)
+                           progress=progress, **options)
         if n_test is not None and n_test != len(splits.test):
             if n_test > len(splits.test):
                 raise ValueError(f"n_test (--n-test) {n_test}: the test split of the training "
@@ -469,7 +482,7 @@ _FLAGS = ('log_n', 'fold_keys', 'edge_gate', 'normalize', 'detach_norm', 'tanh',
 
 def prediction_columns(model: torch.nn.Module, dataset: Sequence, task_type: str,
                        batch_size: int = 128, device: Union[str, torch.device] = 'cpu',
-                       target_names: Optional[Sequence[str]] = None
+                       target_names: Optional[Sequence[str]] = None, progress: bool = False
                        ) -> Dict[str, List[float]]:
     r"""One column per quantity, one entry per set of :obj:`dataset` in order: ``prediction``
     (``prediction_0``, ``prediction_1``, ... for several targets; for classification the
@@ -491,15 +504,19 @@ def prediction_columns(model: torch.nn.Module, dataset: Sequence, task_type: str
         target_names (sequence of str, optional): The names of the regression targets, one per
             output column of the model (and of ``y``), distinct. (default: :obj:`None`: the
             columns are numbered)
+        progress (bool, optional): Show a :mod:`tqdm` progress bar of the forward passes.
+            (default: :obj:`False`)
     """
+    from torch_mz._checks import check_flag
     if task_type not in ('regression', 'classification'):
         raise ValueError(f"Expected task_type 'regression' or 'classification' (got "
                          f'{task_type!r})')
+    progress = check_flag('progress', progress)
     if target_names is not None:  # (checked before the model runs)
         target_names = _check_target_names(target_names, task_type)
     if not hasattr(dataset, '__len__'):  # (predict takes one; the targets failed after it ran)
         dataset = list(dataset)  # the sets predicted are those whose targets are tabulated
-    out = predict(model, dataset, batch_size=batch_size, device=device)
+    out = predict(model, dataset, batch_size=batch_size, device=device, progress=progress)
     pred, extra = out if isinstance(out, tuple) else (out, None)
     if task_type == 'classification':
         pred = pred.argmax(dim=-1)  # (N,)

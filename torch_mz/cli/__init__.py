@@ -143,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "models that return one; a task that names its targets (QM9) names the "
                    "columns by them: prediction_mu, target_mu, ...")
     p.add_argument('--overwrite', action='store_true', help='replace an existing --out')
+    p.add_argument('--no-progress', action='store_true', help='no progress bars')
     _add_memory_flag(p)
     p.set_defaults(func=cmd_predict)
     return parser

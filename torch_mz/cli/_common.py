@@ -217,6 +217,22 @@ def _add_training_args(p: argparse.ArgumentParser):
                    'folder is refused)')
 
 
+#: :func:`~torch_mz.tasks.load_task`'s own arguments, and the flag that gives each.
+_LOAD_FLAGS = {'name': '--task', 'seed': '--data-seed', 'n_train': '--n-train',
+               'n_val': '--n-val', 'n_test': '--n-test', 'root': '--root',
+               'progress': '--no-progress'}
+
+
+def _check_not_load_args(options: Dict[str, object]) -> None:
+    r"""--task-arg options that are :func:`~torch_mz.tasks.load_task`'s own arguments, refused
+    and named by their flags (``name``, which the others' check left out, failed inside it with
+    a TypeError and its traceback)."""
+    given = [k for k in _LOAD_FLAGS if k in options]
+    if given:
+        raise CLIError(f"--task-arg {given[0]}=... is {_LOAD_FLAGS[given[0]]}, not a "
+                       f"--task-arg")
+
+
 def _load(args, progress: bool):
     from torch_mz.tasks import is_synthetic, load_task
     for flag in ('n_train', 'n_val', 'n_test'):
@@ -226,11 +242,7 @@ def _load(args, progress: bool):
     options = _parse_kv(args.task_arg, '--task-arg')
     if 'set_size' in options:
         raise CLIError('the set-size range is --set-size LOW,HIGH, not a --task-arg')
-    flags = {'seed': '--data-seed', 'n_train': '--n-train', 'n_val': '--n-val',
-             'n_test': '--n-test', 'root': '--root', 'progress': '--no-progress'}
-    given = [k for k in flags if k in options]  # (load_task's own: a TypeError before)
-    if given:
-        raise CLIError(f"--task-arg {given[0]}=... is {flags[given[0]]}, not a --task-arg")
+    _check_not_load_args(options)
     if args.set_size is not None and not is_synthetic(args.task):
         raise CLIError(f"--set-size draws the sets of a synthetic task; '{args.task}' is a "
                        f"real dataset, whose sets are what they are")

@@ -3,6 +3,7 @@ target's units, as CSV."""
 import os
 from typing import Any, Dict, List, Optional
 
+from torch_mz.cli import _common
 from torch_mz.cli._common import (CLIError, _check_checkpoint_file, _check_data_seed_and_batch,
                                   _check_not_empty, _check_path, _check_root,
                                   _check_synthetic_size, _check_task, _parse_kv, _same_path,
@@ -120,6 +121,7 @@ def cmd_predict(args) -> int:
                        f"{', '.join(f'{k}=...' for k in objects)}).test)")
     _check_root(args)
     given = _parse_kv(args.task_arg, '--task-arg')
+    _common._check_not_load_args(given)  # (load_task's own: a TypeError inside it)
     if 'set_size' in given:
         _check_set_size(given['set_size'], '--task-arg set_size')
     from torch_mz.tasks import is_synthetic
@@ -131,6 +133,9 @@ def cmd_predict(args) -> int:
     # the model first (from the checkpoint alone): one that cannot be rebuilt is refused before
     # the data are read (QM9's whole dataset); its in/out channels are checked against the task's
     model = _load_model(state, f'Checkpoint {path!r}', None)
+    # the bars of generating the sets or processing the dataset (QM9, ModelNet40: minutes) and
+    # of the forward passes, as train's and compare's: the main process's alone under torchrun
+    progress = not args.no_progress and _common._main_process()
     notes = []  # load_test_split's warnings (given once every check has passed), as ours
     taken_all: List[str] = []  # the datasets' TestSetsWarning: all the official test files
 
@@ -145,7 +150,7 @@ def cmd_predict(args) -> int:
         warnings.showwarning = show
         task = _load_test_split(state, f"'{path}'", args.task, given, root=args.root,
                                 n_test=args.n_test, data_seed=args.data_seed,
-                                n_train=args.n_train, n_val=args.n_val)
+                                n_train=args.n_train, n_val=args.n_val, progress=progress)
     for text in notes:  # an option given as --task-arg, named so
         _warn(f'--task-arg {text}' if any(text.startswith(f'{k}=') for k in given) else text)
     asked = args.n_test if args.n_test is not None else (recorded.get('split') or {}).get(
@@ -158,7 +163,8 @@ def cmd_predict(args) -> int:
               f"sets; the test split holds {len(task.test)}: all of them are taken")
     columns = dict(_set_ids(task.test), **prediction_columns(
         model, _in_dtype(task.test, model), task.task_type, batch_size=args.batch_size,
-        device=resolve_device(args.device), target_names=_target_names(task)))
+        device=resolve_device(args.device), target_names=_target_names(task),
+        progress=progress))
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator='\n')
     writer.writerow(columns)
