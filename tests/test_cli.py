@@ -491,6 +491,20 @@ def test_predict_names_the_columns_by_qm9s_targets(tmp_path, capsys):
                  '--out', out, '--overwrite']) == 0
     assert list(_read_csv(out)[0]) == ['set', 'gdb_idx', 'prediction_0', 'prediction_1',
                                        'target_0', 'target_1']
+    # targets other than the model's (its mu and alpha scored on alpha and mu): numbered too
+    # (its predictions of mu were written as prediction_alpha); the model's own in another form
+    # (indices) are named, and no longer warned about as another task
+    capsys.readouterr()
+    assert main(['predict', best, '--root', root, '--task-arg', 'target=["alpha", "mu"]',
+                 '--out', out, '--overwrite']) == 0
+    assert list(_read_csv(out)[0]) == ['set', 'gdb_idx', 'prediction_0', 'prediction_1',
+                                       'target_0', 'target_1']
+    assert 'differs from the training run' in capsys.readouterr().err
+    assert main(['predict', best, '--root', root, '--task-arg', 'target=[0, 1]', '--out', out,
+                 '--overwrite']) == 0
+    assert list(_read_csv(out)[0]) == ['set', 'gdb_idx', 'prediction_mu', 'prediction_alpha',
+                                       'target_mu', 'target_alpha']
+    assert 'warning' not in capsys.readouterr().err
 
 
 def test_predict_rebuilds_the_model_before_reading_the_data(tmp_path, capsys, monkeypatch):

@@ -577,3 +577,23 @@ def test_a_regression_checkpoint_without_its_normaliser_is_refused(task, tmp_pat
     state['config'] = None
     state['normalizer'] = load_checkpoint(tmp_path / 'best.pt')['normalizer']
     assert carried_normalizer(load_model(state)) is not None
+
+
+def test_an_unfitted_normalisers_state_is_no_normaliser(task, tmp_path):
+    # TargetNormalizer().state_dict() (no mean, no std) passed for a normaliser: load_model
+    # failed attaching it ('Expected a fitted TargetNormalizer', no CheckpointError) after a
+    # given model's weights had been replaced
+    from torch_mz.train import TargetNormalizer
+    train_one(task, 'rigid', 0, config(tmp_path), **SMALL)
+    state = load_checkpoint(tmp_path / 'best.pt')
+    state['normalizer'] = TargetNormalizer().state_dict()
+    save_checkpoint(state, tmp_path / 'unfitted.pt')
+    with pytest.raises(CheckpointError, match='no target normaliser'):
+        load_model(tmp_path / 'unfitted.pt')
+    model = build_model('rigid', 3, 3, **SMALL)
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(CheckpointError, match='no target normaliser'):
+        load_model(tmp_path / 'unfitted.pt', model=model)
+    assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
+    state['config']['normalize_targets'] = False  # (none needed: it loads, carrying none)
+    assert carried_normalizer(load_model(state)) is None

@@ -23,6 +23,11 @@ def test_task_options_follow_the_constructors():
     assert defaults['d'] is None and resolved_options('pca-error', {'d': None}) == {'d': 16}
     assert resolved_options('mst', {'d': None, 'k': 1}) == {'d': 8, 'k': 1}
     assert resolved_options('qm9', {'d': None}) == {'d': None}  # (real datasets: as given)
+    # QM9's targets in any form it takes, by name ('mu' and 0 were two tasks to predict)
+    for same in ('mu', ['mu'], 0, (0, )):
+        assert resolved_options('qm9', {'target': same}) == {'target': 'mu'}
+    assert resolved_options('qm9', {'target': [1, 'mu']}) == {'target': ['alpha', 'mu']}
+    assert resolved_options('qm9', {'target': 'nu'}) == {'target': 'nu'}  # (QM9 refuses it)
     assert load_task('mst', n_train=2, n_val=1, n_test=1, d=np.int64(8)).in_channels == 8
     # real datasets: what load_real_task sets itself is no option
     defaults, nullable, complete = task_options('modelnet40')

@@ -157,10 +157,19 @@ def resolved_options(name: str, options: Dict[str, Any]) -> Dict[str, Any]:
     r""":obj:`options` of task :obj:`name` with a dimension ``d`` left at :obj:`None` (given so,
     or recorded so) read as the one the task takes then, its class's ``default_d`` (the paper's,
     e.g. 8 for MEB): for comparing what two runs were given, in which ``d=None`` and ``d=8`` are
-    the same task."""
+    the same task; and QM9's ``target`` in any form it takes by the names it selects (one name
+    alone), so that ``'mu'``, ``['mu']`` and ``0`` are one target (a form QM9 refuses is left as
+    given)."""
     default_d = getattr(TASKS.get(name), 'default_d', None) if is_synthetic(name) else None
     if default_d is not None and 'd' in options and options['d'] is None:
         return dict(options, d=default_d)
+    if name == 'qm9' and options.get('target') is not None:
+        from torch_mz.datasets.qm9 import _target_names
+        try:
+            names = _target_names(options['target'])
+        except (ValueError, TypeError):
+            return dict(options)
+        return dict(options, target=names[0] if len(names) == 1 else names)
     return dict(options)
 
 

@@ -607,3 +607,30 @@ def test_a_regression_checkpoint_without_its_normaliser_is_refused_before_the_we
     state['config']['normalize_targets'] = False
     save_checkpoint(state, tmp_path / 'raw.pt')
     Trainer(model, config(normalize_targets=False)).load_weights(tmp_path / 'raw.pt')
+
+
+def test_an_unfitted_normalisers_state_in_a_checkpoint_counts_as_none(tmp_path):
+    # {'mean': None, 'std': None, ...} (TargetNormalizer().state_dict()) passed as a normaliser:
+    # load_weights took it and the Trainer's predictions failed later ('TargetNormalizer is not
+    # fitted'), and a resume loaded it where it refuses a checkpoint without one
+    from torch_mz.train import TargetNormalizer
+    run = config(epochs=1, warmup_epochs=0, out_dir=str(tmp_path / 'run'))
+    Trainer(H.ToyDeepSets(3, 2), run).fit(REG_TRAIN[:16], REG_VAL[:8])
+    for name in ('checkpoint.pt', 'best.pt'):
+        state = load_checkpoint(tmp_path / 'run' / name)
+        state['normalizer'] = TargetNormalizer().state_dict()
+        save_checkpoint(state, tmp_path / name)
+    model = H.ToyDeepSets(3, 2)
+    weights = params(model)
+    with pytest.raises(CheckpointError, match='no target normaliser'):
+        Trainer(model, config()).load_weights(tmp_path / 'best.pt')
+    with pytest.raises(CheckpointError, match='no target normaliser'):
+        Trainer(model, config(epochs=2, warmup_epochs=0, resume=str(tmp_path / 'checkpoint.pt'))
+                ).fit(REG_TRAIN[:16], REG_VAL[:8])
+    assert_same_params(params(model), weights)
+    # without normalised targets none is needed: it loads, as one that holds none
+    state['config']['normalize_targets'] = False
+    save_checkpoint(state, tmp_path / 'raw.pt')
+    trainer = Trainer(model, config(normalize_targets=False))
+    trainer.load_weights(tmp_path / 'raw.pt')
+    assert not trainer.normalizer.fitted and trainer.predict(REG_VAL[:4]).shape[0] == 4

@@ -141,7 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "set's index in its dataset), gdb_idx (QM9), prediction (prediction_0, ... "
                    "for several targets; the class for classification), target, and ihw for "
                    "models that return one; a task that names its targets (QM9) names the "
-                   "columns by them: prediction_mu, target_mu, ...")
+                   "columns by them: prediction_mu, target_mu, ... (numbered where "
+                   "--task-arg target asks for other targets than the model's)")
     p.add_argument('--overwrite', action='store_true', help='replace an existing --out')
     p.add_argument('--no-progress', action='store_true', help='no progress bars')
     _add_memory_flag(p)

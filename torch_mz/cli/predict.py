@@ -33,16 +33,28 @@ def _set_ids(dataset) -> Dict[str, List[int]]:
     return ids
 
 
-def _target_names(task) -> Optional[List[str]]:
+def _target_names(task, recorded: Dict[str, Any]) -> Optional[List[str]]:
     r"""The names of a regression task's targets where the task records them (QM9's
     ``info['targets']``: ``mu``, ``alpha``, ...), one per output and distinct, for ``predict``'s
     columns ``prediction_mu``, ``target_mu``; else :obj:`None` (the synthetic tasks, which name
-    none: ``prediction``, ``prediction_0``, ...)."""
+    none: ``prediction``, ``prediction_0``, ...), and where they are not the targets the model
+    was trained on (as the checkpoint's task entry :obj:`recorded` gives them: ``--task-arg
+    target`` asked for others), whose names would misname its predictions."""
     names = (getattr(task, 'info', None) or {}).get('targets')
     if (task.task_type != 'regression' or not isinstance(names, (list, tuple))
             or len(names) != task.out_channels or len(set(names)) != len(names)
             or not all(isinstance(n, str) and n for n in names)):
         return None  # (QM9's target=['mu', 'mu'] names two columns alike: numbered)
+    if task.name == 'qm9' and isinstance(recorded.get('args'), dict):
+        # (a model of mu scored on alpha had its predictions named prediction_alpha)
+        from torch_mz.datasets.qm9 import _target_names as qm9_names
+        from torch_mz.datasets.real import LOAD_DEFAULTS
+        try:
+            trained = qm9_names(recorded['args'].get('target', LOAD_DEFAULTS['qm9']['target']))
+        except (ValueError, TypeError):
+            return None
+        if trained != list(names):
+            return None
     return list(names)
 
 
@@ -163,7 +175,7 @@ def cmd_predict(args) -> int:
               f"sets; the test split holds {len(task.test)}: all of them are taken")
     columns = dict(_set_ids(task.test), **prediction_columns(
         model, _in_dtype(task.test, model), task.task_type, batch_size=args.batch_size,
-        device=resolve_device(args.device), target_names=_target_names(task),
+        device=resolve_device(args.device), target_names=_target_names(task, recorded),
         progress=progress))
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator='\n')

@@ -359,6 +359,14 @@ def _target_columns(
     return columns
 
 
+def _target_names(target: Union[None, int, str, Sequence[Union[int, str]]]) -> List[str]:
+    r"""The names of the targets :obj:`target` selects, in any form :class:`QM9` takes (a name,
+    an index, or a sequence of them; all twelve for :obj:`None`), as :attr:`QM9.target_names`
+    names them; a :class:`ValueError` for one it refuses."""
+    columns = _target_columns(target)
+    return [QM9_TARGETS[c] for c in (range(len(QM9_TARGETS)) if columns is None else columns)]
+
+
 class QM9(ProcessedDataset):
     r"""QM9 (Ramakrishnan et al., `"Quantum chemistry structures and properties of 134 kilo
     molecules" <https://doi.org/10.1038/sdata.2014.22>`_) as sets of atoms, the molecular task of

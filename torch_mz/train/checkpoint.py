@@ -122,9 +122,10 @@ def load_weights_into(model: torch.nn.Module, weights: Dict[str, Any], where: st
 def checkpoint_normalizer(state: Mapping[str, Any], where: str,
                           required: bool = False) -> Optional[TargetNormalizer]:
     r"""The target normaliser the checkpoint :obj:`state` (from :obj:`where`, for the message)
-    holds, or :obj:`None` where it holds none and none is :obj:`required` (a regression model
-    trained on normalised targets needs one: its weights predict standardised values); read
-    before any weights are loaded, so that a damaged or missing one leaves a model as it was.
+    holds, or :obj:`None` where it holds none (or an unfitted one's state, without statistics)
+    and none is :obj:`required` (a regression model trained on normalised targets needs one: its
+    weights predict standardised values); read before any weights are loaded, so that a damaged
+    or missing one leaves a model as it was.
 
     Raises:
         CheckpointError: If the normaliser is not one :meth:`TargetNormalizer.state_dict` wrote
@@ -132,6 +133,11 @@ def checkpoint_normalizer(state: Mapping[str, Any], where: str,
             there is none and one is :obj:`required`.
     """
     raw = state.get('normalizer')
+    if (isinstance(raw, Mapping) and {'mean', 'std'} <= raw.keys() and raw['mean'] is None
+            and raw['std'] is None):
+        # an unfitted normaliser's state, without statistics, is none (it passed: load_model
+        # failed attaching it after the weights had loaded, a Trainer's predictions later)
+        raw = None
     if raw is None and required:
         raise CheckpointError(f'{where} was trained on normalised targets (normalize_targets='
                               f'True) but holds no target normaliser: its model predicts '
