@@ -1145,3 +1145,25 @@ def test_the_layer_norm_refusals_under_autocast_are_the_cpus_alone(monkeypatch):
             else:
                 call()
         check_set_input(x, 4, torch.bfloat16, layer_norm=False)  # (no LayerNorm: both take it)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='CUDA not available')
+def test_cuda_autocast_takes_a_half_precision_model_of_the_other_half_precision():
+    # the LayerNorm refusals under autocast are the CPU's alone, on the premise that CUDA's
+    # autocast runs LayerNorms in float32 (casting inputs and weights): a float16 model with
+    # LayerNorms under bfloat16 autocast runs there, and is taken (benchmarks/gpu_check.sh)
+    from torch_mz.models import build_model
+    norm = torch.nn.LayerNorm(8).cuda().half()
+    with torch.autocast('cuda', dtype=torch.bfloat16):
+        assert torch.isfinite(norm(torch.randn(5, 8, device='cuda',
+                                               dtype=torch.bfloat16))).all()
+    torch.manual_seed(0)
+    model = build_model('mz-slim', 3, 2).cuda().eval()
+    x = torch.randn(40, 3, device='cuda')
+    batch = torch.arange(4, device='cuda').repeat_interleave(10)
+    with torch.no_grad():
+        ref = model(x, batch).prediction
+        with torch.autocast('cuda', dtype=torch.bfloat16):
+            out = model.half()(x.half(), batch).prediction
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.float(), ref, rtol=0.1, atol=0.1 * float(ref.abs().max()))
