@@ -1055,6 +1055,30 @@ def test_predict_and_resume_refuse_other_data_than_the_runs(tmp_path, capsys):
     assert err.count('[sets ') == 2 and 'Traceback' not in err, err
 
 
+def test_a_resume_takes_another_form_of_the_runs_qm9_target(tmp_path, capsys):
+    # target=0 names the target 'mu' names (predict took them as one task): train --resume and
+    # compare --resume refused the other form as another run
+    from tests.datasets.raw_formats import write_qm9pack_csv
+    csv_path = write_qm9pack_csv(str(tmp_path / 'pack' / 'qm9_part1.csv'))  # 4 molecules
+    data = ['--task', 'qm9', '--root', str(tmp_path / 'QM9'), '--task-arg',
+            f'csv_path={csv_path}', '--n-train', '2', '--n-val', '1', '--n-test', '1',
+            '--warmup-epochs', '0', '--batch-size', '2', '--no-progress']
+    run, out = str(tmp_path / 'run'), str(tmp_path / 'compare')
+    assert main(['train', *data, '--epochs', '1', '--task-arg', 'target="mu"', '--model',
+                 'deepsets', '--out', run]) == 0
+    assert main(['train', *data, '--epochs', '2', '--task-arg', 'target=0', '--model',
+                 'deepsets', '--resume', os.path.join(run, 'checkpoint.pt')]) == 0
+    assert main(['compare', *data, '--epochs', '1', '--task-arg', 'target="mu"', '--models',
+                 'deepsets', '--seeds', '1', '--out', out]) == 0
+    capsys.readouterr()
+    assert main(['compare', *data, '--epochs', '1', '--task-arg', 'target=[0]', '--models',
+                 'deepsets', '--seeds', '1', '--out', out, '--resume']) == 0
+    assert 'resuming 1 of 1 runs' in capsys.readouterr().out
+    assert main(['train', *data, '--epochs', '3', '--task-arg', 'target=1', '--model',
+                 'deepsets', '--resume', os.path.join(run, 'checkpoint.pt')]) == 2
+    assert 'was written by another run' in capsys.readouterr().err  # (alpha: another task)
+
+
 def test_python_dash_m_torch_mz_is_the_command():
     import subprocess
     import sys

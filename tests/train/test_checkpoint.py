@@ -634,3 +634,25 @@ def test_an_unfitted_normalisers_state_in_a_checkpoint_counts_as_none(tmp_path):
     trainer = Trainer(model, config(normalize_targets=False))
     trainer.load_weights(tmp_path / 'raw.pt')
     assert not trainer.normalizer.fitted and trainer.predict(REG_VAL[:4]).shape[0] == 4
+
+
+def test_same_run_takes_the_forms_of_an_option_that_give_the_same_task():
+    # QM9's target 0 and 'mu' are one task (resolved_options; predict took them so), but a
+    # resume given the other form (train --resume, compare --resume) was refused as another run
+    from torch_mz.train.checkpoint import same_run
+
+    def run(name, **args):
+        return {'task': {'name': name, 'args': args, 'split': {'seed': 0}},
+                'model': {'name': 'mz', 'args': {}}}
+    for form in (0, [0], ['mu'], 'mu'):
+        assert same_run(run('qm9', target='mu', source='qm9pack'),
+                        run('qm9', target=form, source='qm9pack')), form
+    assert same_run(run('qm9', target=[1, 'mu']), run('qm9', target=['alpha', 0]))
+    assert not same_run(run('qm9', target='mu'), run('qm9', target=1))
+    assert not same_run(run('qm9', target=['mu', 'alpha']), run('qm9', target=['alpha', 'mu']))
+    assert not same_run(run('qm9', target='mu', source='qm9pack'),
+                        run('qm9', target=0, source='sdf'))
+    assert not same_run(run('qm9', target='nu'), run('qm9', target=0))  # (refused: as given)
+    # a dimension left at None is the task's own
+    assert same_run(run('meb-radius', d=None), run('meb-radius', d=8))
+    assert not same_run(run('meb-radius', d=None), run('meb-radius', d=16))

@@ -295,15 +295,32 @@ def _object_name(o: Any) -> Any:
 
 def same_run(saved: Dict[str, Any], current: Dict[str, Any]) -> bool:
     r"""Whether two ``run_info`` dicts agree on every entry both record (two levels deep, so that
-    a checkpoint written before an entry was recorded still compares)."""
+    a checkpoint written before an entry was recorded still compares); the task's options as
+    :func:`~torch_mz.tasks.resolved_options` reads them, so that forms of one option that give
+    the same task (QM9's ``target`` ``0``, ``'mu'`` or ``['mu']``; a ``d`` of :obj:`None` and
+    the task's own) are one run."""
     for key in saved.keys() & current.keys():
         a, b = saved[key], current[key]
+        if key == 'task' and isinstance(a, dict) and isinstance(b, dict) and not _same_entry(
+                a.get('args'), b.get('args')):
+            a, b = _resolved_task(a), _resolved_task(b)
         if isinstance(a, dict) and isinstance(b, dict):
             if any(not _same_entry(a[k], b[k]) for k in a.keys() & b.keys()):
                 return False
         elif a != b:
             return False
     return True
+
+
+def _resolved_task(entry: Dict[str, Any]) -> Dict[str, Any]:
+    r"""A ``run_info['task']`` entry with its options as
+    :func:`~torch_mz.tasks.resolved_options` reads them (as a checkpoint records them: JSON
+    values); an entry without a task name and options as it is."""
+    name, args = entry.get('name'), entry.get('args')
+    if not isinstance(name, str) or not isinstance(args, dict):
+        return entry
+    from torch_mz.tasks import resolved_options  # (the tasks import the datasets: lazily)
+    return dict(entry, args=recorded_options(resolved_options(name, args)))
 
 
 def _same_entry(saved: Any, current: Any) -> bool:
