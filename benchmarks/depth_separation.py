@@ -10,14 +10,15 @@ MSE(st-4l) / MSE(mz-1l), next to the paper's numbers.
 """
 import argparse
 import os
+import sys
 import time
 
 import numpy as np
 
 from torch_mz.paper import TABLE1
-from torch_mz.study import (SPREAD_NOTE, RunStore, check_grid, environment, int_list,
-                            markdown_table, positive_int, pyplot, replace_plot, run_grid,
-                            write_report)
+from torch_mz.study import (EXIT_INTERRUPTED, SPREAD_NOTE, RunStore, check_grid, environment,
+                            int_list, interrupted_note, markdown_table, positive_int, pyplot,
+                            replace_plot, run_grid, write_report)
 from torch_mz.study.plots import save_figure
 from torch_mz.study.budget import (Budget, add_budget_arguments, add_resume_argument,
                                    choose_budget, study_config)
@@ -82,8 +83,13 @@ def main():
         print(f"{run['cell']:5s} {run['model']:6s} seed {run['seed']}: test r2 "
               f"{run['test']['r2']:.4f}", flush=True)
 
-    runs, rows = run_grid(grid, MODELS, seeds, config, on_result=report,
-                          store=store, check=False, record_diverged=True)
+    try:
+        runs, rows = run_grid(grid, MODELS, seeds, config, on_result=report,
+                              store=store, check=False, record_diverged=True)
+    except KeyboardInterrupt:  # (Ctrl-C: a traceback, for a stop the study resumes from)
+        print(interrupted_note(__file__, sys.argv[1:], parser, store.folder), file=sys.stderr,
+              flush=True)
+        return EXIT_INTERRUPTED
     for L, row in zip(Ls, rows):
         row['L'] = L
         row['MSE ratio'] = row['st-4l mse'] / row['mz-1l mse']
@@ -122,4 +128,4 @@ def main():
 
 
 if __name__ == '__main__':
-    main()
+    sys.exit(main())

@@ -19,12 +19,13 @@ not models of this package.
 """
 import argparse
 import os
+import sys
 import time
 
 from torch_mz.paper import GEOMETRY, GEOMETRY_MODELS
-from torch_mz.study import (SPREAD_NOTE, RunStore, check_grid, choice_list, environment,
-                            int_list, markdown_table, plot_grid, replace_plot, run_grid,
-                            split_model_specs, write_report)
+from torch_mz.study import (EXIT_INTERRUPTED, SPREAD_NOTE, RunStore, check_grid, choice_list,
+                            environment, int_list, interrupted_note, markdown_table, plot_grid,
+                            replace_plot, run_grid, split_model_specs, write_report)
 from torch_mz.study.budget import (Budget, add_budget_arguments, add_resume_argument,
                                    choose_budget, study_config)
 from torch_mz.study.statistics import lead_over_best, winner
@@ -80,8 +81,13 @@ def main():
         print(f"{run['cell']:11s} {run['model']:10s} seed {run['seed']}: test r2 "
               f"{run['test']['r2']:.4f} ({run['wall_time_s'] / 60:.1f} min)", flush=True)
 
-    runs, rows = run_grid(grid, models, seeds, config, on_result=report,
-                          store=store, check=False, record_diverged=True)
+    try:
+        runs, rows = run_grid(grid, models, seeds, config, on_result=report,
+                              store=store, check=False, record_diverged=True)
+    except KeyboardInterrupt:  # (Ctrl-C: a traceback, for a stop the study resumes from)
+        print(interrupted_note(__file__, sys.argv[1:], parser, store.folder), file=sys.stderr,
+              flush=True)
+        return EXIT_INTERRUPTED
     for row in rows:
         for m in models:
             row[f'paper {m}'] = PAPER.get((row['cell'], m))
@@ -129,4 +135,4 @@ def main():
 
 
 if __name__ == '__main__':
-    main()
+    sys.exit(main())

@@ -123,11 +123,13 @@ was; the last row writes ``message_passing.json`` / ``.md`` and removes the part
 the plot is drawn at the end. ``--resume`` keeps the rows of the partial report at ``--out`` (or,
 if there is none, of the complete one) that measured one of this run's configurations with the
 same settings (repeats, threads, device, keep-freed-memory, allocated, chunk rows) and
-measures the others (failed rows again).
+measures the others (failed rows again). Ctrl-C ends a run with one line that gives the command
+to go on (status 130).
 """
 import argparse
 import json
 import os
+import sys
 import time
 from typing import List, Tuple
 
@@ -135,10 +137,10 @@ import numpy as np
 import torch
 
 from torch_mz.runtime import keep_freed_memory
-from torch_mz.study import (MeasurementFailed, choice_list, environment, in_fresh_process,
-                            int_list, markdown_table, nonnegative_int, peak_memory_bytes,
-                            positive_float, positive_int, pyplot, replace_plot, time_call,
-                            write_results)
+from torch_mz.study import (EXIT_INTERRUPTED, MeasurementFailed, choice_list, environment,
+                            in_fresh_process, int_list, interrupted_note, markdown_table,
+                            nonnegative_int, peak_memory_bytes, positive_float, positive_int,
+                            pyplot, replace_plot, time_call, write_results)
 from torch_mz.study.plots import save_figure
 from torch_mz.study.workloads import (AGGRS, DEGREES, MERGED, build_aggr, fit_slope,
                                       random_graph)
@@ -656,25 +658,31 @@ def main():
     start = time.time()
     # the rows' threads (each row sets them in its process), not this process's
     env = dict(environment(), threads=args.threads)
-    rows, reused, note = [], 0, None
+    rows, reused, note, written = [], 0, None, None
     png = os.path.join(args.out, f'{NAME}.png')
-    for cfg in cfgs:
-        earlier_row = next((r for r in kept if measured(r, cfg)), None)
-        reused += earlier_row is not None
-        if earlier_row is not None:
-            row = earlier_row
-        elif args.same_process:
-            row = run_in_process(cfg)
-        else:
-            row = run_subprocess(cfg, args.timeout)
-        rows.append(row)
-        print(row_line(row, kept=earlier_row is not None), flush=True)
-        earlier = earlier_minutes if reused else 0.0
-        complete = len(rows) == len(cfgs)  # (then the plot first: the report links it if drawn)
-        note = replace_plot(png, plot, rows, png) if complete else None
-        ratios = write_report(args, env, rows, len(cfgs),
-                              earlier + (time.time() - start) / 60, earlier, kept=reused,
-                              plot=complete and note is None)
+    try:  # (Ctrl-C: a traceback, for a stop --resume goes on from)
+        for cfg in cfgs:
+            earlier_row = next((r for r in kept if measured(r, cfg)), None)
+            reused += earlier_row is not None
+            if earlier_row is not None:
+                row = earlier_row
+            elif args.same_process:
+                row = run_in_process(cfg)
+            else:
+                row = run_subprocess(cfg, args.timeout)
+            rows.append(row)
+            print(row_line(row, kept=earlier_row is not None), flush=True)
+            earlier = earlier_minutes if reused else 0.0
+            complete = len(rows) == len(cfgs)  # (the plot first: the report links it if drawn)
+            note = replace_plot(png, plot, rows, png) if complete else None
+            ratios = write_report(args, env, rows, len(cfgs),
+                                  earlier + (time.time() - start) / 60, earlier, kept=reused,
+                                  plot=complete and note is None)
+            written = os.path.join(args.out, f"{NAME if complete else PARTIAL}.json")
+    except KeyboardInterrupt:  # (written: None before this call wrote a row)
+        print(interrupted_note(__file__, sys.argv[1:], parser, written, what='rows'),
+              file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
     if args.resume:
         print(f'{reused} of {len(cfgs)} rows kept from the earlier report, '
               f'{len(cfgs) - reused} measured', flush=True)
@@ -685,4 +693,4 @@ def main():
 
 
 if __name__ == '__main__':
-    main()
+    sys.exit(main())

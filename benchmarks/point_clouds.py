@@ -32,9 +32,10 @@ from torch_mz.datasets.common import default_root
 from torch_mz.datasets.modelnet import HDF5_FOLDER, MODELNET40_URL, modelnet40_raw_files
 from torch_mz.datasets.scanobjectnn import (SCANOBJECTNN_PAGE, SCANOBJECTNN_VARIANTS,
                                            scanobjectnn_file, scanobjectnn_raw_files)
-from torch_mz.study import (SPREAD_NOTE, RunStore, check_models, environment, markdown_table,
-                            plot_bars, positive_int, replace_plot, split_model_specs, summarize,
-                            train_models, write_report)
+from torch_mz.study import (EXIT_INTERRUPTED, SPREAD_NOTE, RunStore, check_models, environment,
+                            interrupted_note, markdown_table, plot_bars, positive_int,
+                            replace_plot, split_model_specs, summarize, train_models,
+                            write_report)
 from torch_mz.study.budget import (Budget, add_budget_arguments, add_resume_argument,
                                    choose_budget, study_config)
 from torch_mz.tasks import load_task
@@ -217,62 +218,68 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f'point_clouds.py: error: {e}', file=sys.stderr)
         return EXIT_ERROR
 
-    # every dataset is loaded before any training, so a missing one stops the run at once
-    tasks, errors, roots = {}, [], {}
-    for dataset in datasets:
-        root = osp.join(args.root, FOLDERS[dataset]) if args.root else default_root(
-            FOLDERS[dataset])
-        task = load(dataset, args, budget, root)
-        if isinstance(task, str):
-            errors.append(task)
-        else:
-            tasks[dataset] = task
-            roots[dataset] = osp.realpath(root)  # (the folder read, resolved)
-    if errors:
-        for message in errors:
-            print(f'point_clouds.py: error: {message}', file=sys.stderr)
-        return EXIT_ERROR
+    store = None
+    try:  # (Ctrl-C: a traceback, for a stop the study resumes from)
+        # every dataset is loaded before any training, so a missing one stops the run at once
+        tasks, errors, roots = {}, [], {}
+        for dataset in datasets:
+            root = osp.join(args.root, FOLDERS[dataset]) if args.root else default_root(
+                FOLDERS[dataset])
+            task = load(dataset, args, budget, root)
+            if isinstance(task, str):
+                errors.append(task)
+            else:
+                tasks[dataset] = task
+                roots[dataset] = osp.realpath(root)  # (the folder read, resolved)
+        if errors:
+            for message in errors:
+                print(f'point_clouds.py: error: {message}', file=sys.stderr)
+            return EXIT_ERROR
 
-    try:  # the models' block options for these datasets' shapes, and the runs' folder
-        for task in tasks.values():
-            check_models(models, task=task)
-        store = RunStore.for_study(args.out, args.resume, args.overwrite)
-    except (ValueError, OSError) as e:
-        print(f'point_clouds.py: error: {e}', file=sys.stderr)
-        return EXIT_ERROR
-    start = time.time()
-    rows, runs, sizes = [], [], {}
-    for dataset, task in tasks.items():
-        sizes[dataset] = dict(train=len(task.train), val=len(task.val), test=len(task.test))
-        # the runs are kept under the folder read, resolved: a relative --root named another
-        # folder from another working directory, whose runs --resume read as this data's.
-        # Runs kept under the root as given are read where that named one folder (an absolute
-        # --root; no --root named the default root of the environment it ran in, taken to be
-        # this one's), never under a relative one, and kept under the folder read from then on
-        data = dict(dataset=dataset, root=roots[dataset], num_points=args.num_points,
-                    sizes=sizes[dataset], **({'source': args.modelnet_source}
-                                             if dataset == 'modelnet40' else
-                                             {'variant': args.variant}))
-        legacy = (dict(data, root=args.root) if args.root is None or osp.isabs(args.root)
-                  else None)
-        dataset_runs = train_models(
-            task, models, budget.seeds,
-            lambda spec, seed: study_config(budget, device=args.device,
-                                            batch_size=args.batch_size, patience=args.patience,
-                                            seed=seed),
-            on_result=lambda run: print(
-                f"{run['dataset']:12s} {run['model']:9s} seed {run['seed']}: " + (
-                    f"diverged ({run['diverged']})" if 'diverged' in run else
-                    f"test accuracy {run['test']['accuracy']:.4f}")
-                + f" ({run['wall_time_s']:.0f} s)", flush=True),
-            store=store, data=data, legacy_data=legacy, record_diverged=True, dataset=dataset)
-        runs += dataset_runs
-        for entry in summarize(dataset_runs, 'classification'):
-            paper = PAPER_ACCURACY.get(entry['model'], {}).get(dataset, (None, None))
-            if dataset == 'scanobjectnn' and args.variant != 'OBJ_BG':
-                paper = (None, None)  # the paper reports OBJ_BG only
-            rows.append(dict(dataset=dataset, **entry, paper_accuracy=paper[0],
-                             paper_accuracy_std=paper[1]))
+        try:  # the models' block options for these datasets' shapes, and the runs' folder
+            for task in tasks.values():
+                check_models(models, task=task)
+            store = RunStore.for_study(args.out, args.resume, args.overwrite)
+        except (ValueError, OSError) as e:
+            print(f'point_clouds.py: error: {e}', file=sys.stderr)
+            return EXIT_ERROR
+        start = time.time()
+        rows, runs, sizes = [], [], {}
+        for dataset, task in tasks.items():
+            sizes[dataset] = dict(train=len(task.train), val=len(task.val), test=len(task.test))
+            # the runs are kept under the folder read, resolved: a relative --root named another
+            # folder from another working directory, whose runs --resume read as this data's.
+            # Runs kept under the root as given are read where that named one folder (an absolute
+            # --root; no --root named the default root of the environment it ran in, taken to be
+            # this one's), never under a relative one, and kept under the folder read from then on
+            data = dict(dataset=dataset, root=roots[dataset], num_points=args.num_points,
+                        sizes=sizes[dataset], **({'source': args.modelnet_source}
+                                                 if dataset == 'modelnet40' else
+                                                 {'variant': args.variant}))
+            legacy = (dict(data, root=args.root) if args.root is None or osp.isabs(args.root)
+                      else None)
+            dataset_runs = train_models(
+                task, models, budget.seeds,
+                lambda spec, seed: study_config(budget, device=args.device,
+                                                batch_size=args.batch_size, patience=args.patience,
+                                                seed=seed),
+                on_result=lambda run: print(
+                    f"{run['dataset']:12s} {run['model']:9s} seed {run['seed']}: " + (
+                        f"diverged ({run['diverged']})" if 'diverged' in run else
+                        f"test accuracy {run['test']['accuracy']:.4f}")
+                    + f" ({run['wall_time_s']:.0f} s)", flush=True),
+                store=store, data=data, legacy_data=legacy, record_diverged=True, dataset=dataset)
+            runs += dataset_runs
+            for entry in summarize(dataset_runs, 'classification'):
+                paper = PAPER_ACCURACY.get(entry['model'], {}).get(dataset, (None, None))
+                if dataset == 'scanobjectnn' and args.variant != 'OBJ_BG':
+                    paper = (None, None)  # the paper reports OBJ_BG only
+                rows.append(dict(dataset=dataset, **entry, paper_accuracy=paper[0],
+                                 paper_accuracy_std=paper[1]))
+    except KeyboardInterrupt:  # (store: None while the data is read, before any run trained)
+        print(interrupted_note(__file__, argv, parser, None if store is None else store.folder),
+              file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
 
     env = environment()
     env['command'] = ' '.join(['python', 'benchmarks/point_clouds.py']

@@ -32,9 +32,10 @@ from typing import Dict, List, Optional, Sequence
 from torch_mz.datasets.common import default_root
 from torch_mz.datasets.qm9 import QM9_RAW_URL, QM9_TARGETS, QM9_UNCHARACTERIZED_URL, QM9_UNITS
 from torch_mz.paper import TABLE28
-from torch_mz.study import (SPREAD_NOTE, RunStore, check_models, environment, markdown_table,
-                            plot_bars, positive_int, replace_plot, split_model_specs, summarize,
-                            train_models, write_report)
+from torch_mz.study import (EXIT_INTERRUPTED, SPREAD_NOTE, RunStore, check_models, environment,
+                            interrupted_note, markdown_table, plot_bars, positive_int,
+                            replace_plot, split_model_specs, summarize, train_models,
+                            write_report)
 from torch_mz.study.budget import (Budget, add_budget_arguments, add_resume_argument,
                                    choose_budget, study_config)
 from torch_mz.study.statistics import lead_over_best
@@ -162,50 +163,55 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     start = time.time()
     rows, runs = [], []
     store, data_root = None, None
-    for target in targets:
-        try:
-            task = load_task('qm9', seed=0, n_train=n_train, n_val=n_val, n_test=n_test,
-                             root=root, source=args.source, target=target,
-                             progress=not args.no_progress)
-        except (FileNotFoundError, ImportError, OSError) as e:  # OSError: a failed download
-            where = root or default_root('QM9')
-            print(f'qm9.py: error: QM9 is not available under \'{where}\' ({e}).\nTo get it: '
-                  f'{how_to_get_qm9(args.source, where)}.', file=sys.stderr)
-            return EXIT_ERROR
-        except ValueError as e:  # e.g. more molecules asked for than the dataset holds
-            print(f'qm9.py: error: {e}', file=sys.stderr)
-            return EXIT_ERROR
-        try:  # options the presets pass on to their blocks, for this task's shapes
-            check_models(models, task=task)
-            if store is None:  # created once the data is there: nothing written before
-                store = RunStore.for_study(args.out, args.resume, args.overwrite)
-        except (ValueError, OSError) as e:
-            print(f'qm9.py: error: {e}', file=sys.stderr)
-            return EXIT_ERROR
-        # the runs are kept under the folder read, resolved: a relative --root named another
-        # folder from another working directory, whose runs --resume read as this data's.
-        # Runs kept under the root as given are read where that named one folder (an absolute
-        # --root; no --root named the default root of the environment it ran in, taken to be
-        # this one's), never under a relative one, and kept under the folder read from then on
-        data_root = osp.realpath(root or default_root('QM9'))
-        data = dict(source=args.source, root=data_root, n_train=n_train, n_val=n_val,
-                    n_test=n_test, split_seed=0)
-        legacy = (dict(data, root=args.root) if args.root is None or osp.isabs(args.root)
-                  else None)
-        target_runs = train_models(
-            task, models, seeds,
-            lambda spec, seed: study_config(budget, device=args.device,
-                                            batch_size=args.batch_size, seed=seed),
-            on_result=lambda run: print(
-                f"{run['target']:6s} {run['model']:9s} seed {run['seed']}: " + (
-                    f"diverged ({run['diverged']})" if 'diverged' in run else
-                    f"test MAE {run['test']['mae']:.4g} {QM9_UNITS[run['target']]}, R2 "
-                    f"{run['test']['r2']:.4f}") + f" ({run['wall_time_s']:.0f} s)", flush=True),
-            store=store, data=data, legacy_data=legacy, record_diverged=True, target=target)
-        runs += target_runs
-        for entry in summarize(target_runs, 'regression'):
-            rows.append(dict(target=target, unit=QM9_UNITS[target], **entry,
-                             paper_r2=PAPER_R2.get(entry['model'], {}).get(target)))
+    try:  # (Ctrl-C: a traceback, for a stop the study resumes from)
+        for target in targets:
+            try:
+                task = load_task('qm9', seed=0, n_train=n_train, n_val=n_val, n_test=n_test,
+                                 root=root, source=args.source, target=target,
+                                 progress=not args.no_progress)
+            except (FileNotFoundError, ImportError, OSError) as e:  # OSError: a failed download
+                where = root or default_root('QM9')
+                print(f'qm9.py: error: QM9 is not available under \'{where}\' ({e}).\nTo get it: '
+                      f'{how_to_get_qm9(args.source, where)}.', file=sys.stderr)
+                return EXIT_ERROR
+            except ValueError as e:  # e.g. more molecules asked for than the dataset holds
+                print(f'qm9.py: error: {e}', file=sys.stderr)
+                return EXIT_ERROR
+            try:  # options the presets pass on to their blocks, for this task's shapes
+                check_models(models, task=task)
+                if store is None:  # created once the data is there: nothing written before
+                    store = RunStore.for_study(args.out, args.resume, args.overwrite)
+            except (ValueError, OSError) as e:
+                print(f'qm9.py: error: {e}', file=sys.stderr)
+                return EXIT_ERROR
+            # the runs are kept under the folder read, resolved: a relative --root named another
+            # folder from another working directory, whose runs --resume read as this data's.
+            # Runs kept under the root as given are read where that named one folder (an absolute
+            # --root; no --root named the default root of the environment it ran in, taken to be
+            # this one's), never under a relative one, and kept under the folder read from then on
+            data_root = osp.realpath(root or default_root('QM9'))
+            data = dict(source=args.source, root=data_root, n_train=n_train, n_val=n_val,
+                        n_test=n_test, split_seed=0)
+            legacy = (dict(data, root=args.root) if args.root is None or osp.isabs(args.root)
+                      else None)
+            target_runs = train_models(
+                task, models, seeds,
+                lambda spec, seed: study_config(budget, device=args.device,
+                                                batch_size=args.batch_size, seed=seed),
+                on_result=lambda run: print(
+                    f"{run['target']:6s} {run['model']:9s} seed {run['seed']}: " + (
+                        f"diverged ({run['diverged']})" if 'diverged' in run else
+                        f"test MAE {run['test']['mae']:.4g} {QM9_UNITS[run['target']]}, R2 "
+                        f"{run['test']['r2']:.4f}") + f" ({run['wall_time_s']:.0f} s)", flush=True),
+                store=store, data=data, legacy_data=legacy, record_diverged=True, target=target)
+            runs += target_runs
+            for entry in summarize(target_runs, 'regression'):
+                rows.append(dict(target=target, unit=QM9_UNITS[target], **entry,
+                                 paper_r2=PAPER_R2.get(entry['model'], {}).get(target)))
+    except KeyboardInterrupt:  # (store: None while QM9 is read, before any run trained)
+        print(interrupted_note(__file__, argv, parser, None if store is None else store.folder),
+              file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
 
     env = environment()
     env['command'] = ' '.join(['python', 'benchmarks/qm9.py'] + [shlex.quote(a) for a in argv])

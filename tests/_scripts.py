@@ -18,12 +18,16 @@ def load_script(name: str):
 
 def run_main(name: str, argv):
     r"""Runs ``benchmarks/<name>.py`` as ``__main__`` with :obj:`argv` (``sys.argv`` restored
-    after); its ``SystemExit`` and errors propagate."""
+    after); its ``SystemExit`` (but that of status 0 of ``sys.exit(main())``) and errors
+    propagate."""
     path = str(BENCHMARKS / f'{name}.py')
     saved = sys.argv
     sys.argv = [path] + list(argv)
     try:
         runpy.run_path(path, run_name='__main__')
+    except SystemExit as e:
+        if e.code not in (None, 0):
+            raise
     finally:
         sys.argv = saved
 

@@ -693,8 +693,9 @@ def test_depth_separation_resumes_an_interrupted_grid(tmp_path, monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(grid, 'train_one', stops_at_the_third)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(SystemExit) as info:  # (a line that says how to go on, status 130)
         run_main('depth_separation', argv)
+    assert info.value.code == 130
     assert len(list((out / 'runs').iterdir())) == 2  # the finished runs are kept
     # the same command again, without --resume: refused before anything trains, the runs
     # kept (they were removed, and trained again)
@@ -792,3 +793,107 @@ def test_grid_studies_say_which_std_their_spread_is(script, argv, tmp_path, monk
     assert [r['mz-1l r2 std' if script == 'depth_separation' else 'mz r2 std']
             for r in saved['rows']] == [pytest.approx(0.05)] * len(saved['rows'])  # (ddof 0)
     assert SPREAD_NOTE in (out / f'{script}.md').read_text()
+
+
+_GRID = ['--seeds', '1', '--n-train', '8', '--epochs', '1', '--device', 'cpu']
+_REAL = ['--models', 'deepsets', '--seeds', '2', '--n-train', '8', '--n-val', '2', '--n-test',
+         '2', '--epochs', '1', '--device', 'cpu']
+
+
+@pytest.mark.parametrize('script, argv', [
+    ('depth_separation', ['--tdof', '1,2', '--d', '2', '--overwrite', *_GRID]),
+    ('equivariance', ['--cells', 'hull d=3', '--models', 'mz,rigid', *_GRID]),
+    ('geometry', ['--tasks', 'MEB', '--dims', '8', '--models', 'mz,rigid', '--overw', *_GRID]),
+    ('qm9', ['--targets', 'mu', '--overwrite', *_REAL]),
+    ('point_clouds', ['--dataset', 'scanobjectnn', '--no-progress', *_REAL]),
+    ('message_passing', ['--nodes', '60', '--dims', '16', '--degrees', 'poisson', '--aggrs',
+                         'rigid,default', '--graphconv-nodes', '0', '--repeats', '1',
+                         '--no-allocated']),
+])
+def test_an_interrupted_study_says_how_to_go_on_in_one_line(script, argv, tmp_path, monkeypatch,
+                                                           capsys):
+    # Ctrl-C, the stop these studies are made to resume from, ended in a traceback; the line
+    # gives the command that goes on (--resume, in place of an --overwrite, which would remove
+    # the runs just finished), as reproduce.py's does
+    import shlex
+
+    import torch_mz.study.grid as grid
+    from torch_mz.tasks import load_task
+    module = load_script(script)
+    out = tmp_path / 'out'
+    done, stop = [], [2]  # the runs (rows) trained (measured); the second one interrupted
+
+    def trained(task, name, seed, config, **overrides):  # (nothing trains)
+        done.append(name)
+        if len(done) == stop[0]:
+            raise KeyboardInterrupt
+        return dict(model=name, seed=seed, params=1, best_epoch=0, epochs_run=1,
+                    stopped_early=False, wall_time_s=0.0, val={},
+                    test=dict(r2=0.5, mse=1.0, mae=1.0, accuracy=0.5, loss=1.0))
+
+    def measured(cfg, timeout):
+        done.append(cfg['aggr'])
+        if len(done) == stop[0]:
+            raise KeyboardInterrupt
+        return dict(cfg, edges=10 * cfg['nodes'], median_ms=1.0, peak_mib=1.0)
+
+    def tiny_task(*args, **kwargs):  # (for the real data's)
+        return load_task('quadratic-tdof', d=2, tdof=1, n_train=8, n_val=2, n_test=2)
+    monkeypatch.setattr(grid, 'train_one', trained)
+    monkeypatch.setattr(module, 'run_subprocess', measured, raising=False)
+    monkeypatch.setattr(module, 'load_task', tiny_task, raising=False)
+    monkeypatch.setattr(module, 'load', tiny_task, raising=False)
+    if script in ('qm9', 'point_clouds'):
+        argv = argv + ['--root', str(tmp_path / 'data')]
+    argv = argv + ['--out', str(out)]
+    monkeypatch.setattr(sys, 'argv', [module.__file__, *argv])
+    try:
+        code = module.main()
+    except KeyboardInterrupt:  # (caught here: pytest would take it for its own and stop)
+        pytest.fail('the interrupt left main() as a traceback')
+    assert code == 130
+    err = capsys.readouterr().err
+    assert err.count('\n') == 1 and 'Traceback' not in err, err
+    what = 'rows' if script == 'message_passing' else 'runs'
+    kept = out / ('message_passing.partial.json' if script == 'message_passing' else 'runs')
+    assert err.startswith(f'{script}.py: interrupted; the {what} finished so far are kept in '
+                          f'{kept} (the one in progress starts again); to go on: '), err
+    command = shlex.split(err.split('; to go on: ')[1])
+    assert command[:2] == [os.path.basename(sys.executable), os.path.relpath(module.__file__)]
+    assert command[2:] == [a for a in argv if not a.startswith('--overw')] + ['--resume']
+    # the command goes on: the run (row) finished is read back, the others trained (measured)
+    monkeypatch.setattr(sys, 'argv', [module.__file__, *command[2:]])
+    done.clear()
+    stop[0] = 0
+    assert module.main() in (0, None)
+    results = json.loads((out / f'{script}.json').read_text())
+    assert len(done) == len(results['rows' if script == 'message_passing' else 'runs']) - 1 > 0
+
+
+def test_a_study_interrupted_while_reading_its_data_gives_the_same_command(tmp_path, monkeypatch,
+                                                                          capsys):
+    # (QM9's first processing takes minutes): nothing of this call is kept, and the runs of an
+    # earlier call that --overwrite removes are still there, so --resume would read them back
+    import shlex
+    qm9 = load_script('qm9')
+
+    def reading(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(qm9, 'load_task', reading)
+    earlier = tmp_path / 'out' / 'runs' / 'mu--deepsets--seed0-0123456789.json'
+    earlier.parent.mkdir(parents=True)
+    earlier.write_text('{}')
+    argv = ['--targets', 'mu', '--overwrite', '--root', str(tmp_path), '--out',
+            str(tmp_path / 'out'), *_REAL]
+    monkeypatch.setattr(sys, 'argv', [qm9.__file__, *argv])
+    try:
+        code = qm9.main()
+    except KeyboardInterrupt:  # (caught here: pytest would take it for its own and stop)
+        pytest.fail('the interrupt left main() as a traceback')
+    assert code == 130
+    err = capsys.readouterr().err
+    command = shlex.join([os.path.basename(sys.executable), os.path.relpath(qm9.__file__),
+                          *argv])
+    assert err == (f'qm9.py: interrupted before it kept any of its runs; to start again: '
+                   f'{command}\n')
+    assert earlier.exists()

@@ -142,3 +142,41 @@ def test_a_store_keeps_a_path_in_a_key_as_its_text(tmp_path):
     store.put(key, QUICK_CONFIG, dict(model='mz', root=pathlib.Path('/tmp/data')))
     assert store.get(key, QUICK_CONFIG) == dict(model='mz', root='/tmp/data')
     assert store.get(dict(key, data=dict(root='/tmp/data')), QUICK_CONFIG) is not None
+
+
+def test_the_interrupted_note_gives_the_command_that_goes_on(monkeypatch):
+    # the studies ended Ctrl-C in a traceback; the line they print instead gives the command
+    import argparse
+    import shlex
+    import sys
+
+    from torch_mz.study import EXIT_INTERRUPTED, add_resume_argument, interrupted_note
+    assert EXIT_INTERRUPTED == 130
+    parser = argparse.ArgumentParser()
+    parser.add_argument('--out')
+    parser.add_argument('--rest')  # ('--res' names two options: not read as --resume)
+    add_resume_argument(parser)
+    script = os.path.join('benchmarks', 'study.py')
+    python = os.path.basename(sys.executable)
+
+    def command(argv, kept='out/runs'):
+        note = interrupted_note(script, argv, parser, kept)
+        assert '\n' not in note and note.startswith('study.py: interrupted')
+        return shlex.split(note.split(': ')[-1])
+
+    assert command(['--out', 'a b']) == [python, script, '--out', 'a b', '--resume']
+    # the runs finished are this call's: --overwrite would remove them (written out or not)
+    for overwrite in ('--overwrite', '--overw', '--ov'):
+        assert command([overwrite, '--out', 'x']) == [python, script, '--out', 'x', '--resume']
+    for resume in ('--resume', '--resu'):  # given: the same command
+        assert command(['--out=x', resume]) == [python, script, '--out=x', resume]
+    assert command(['--rest', '1']) == [python, script, '--rest', '1', '--resume']
+    # nothing kept yet (the data being read, the runs of an earlier call not yet removed): the
+    # same command again
+    note = interrupted_note(script, ['--overwrite'], parser, None)
+    assert note == (f'study.py: interrupted before it kept any of its runs; to start again: '
+                    f'{python} {script} --overwrite')
+    assert 'kept in out/runs (the one in progress' in interrupted_note(script, [], parser,
+                                                                      'out/runs')
+    with pytest.raises(ValueError, match='expected a parser with a --resume option'):
+        interrupted_note(script, [], argparse.ArgumentParser(), 'out/runs')

@@ -103,7 +103,9 @@ def add_budget_arguments(parser: argparse.ArgumentParser, quick_help: str,
 def add_resume_argument(parser: argparse.ArgumentParser) -> None:
     r"""Adds ``--resume`` and ``--overwrite`` to :obj:`parser`: the study reads back the runs
     an interrupted call with the same settings finished, or removes them; without either, an
-    output folder that holds runs is refused (:meth:`~torch_mz.study.RunStore.for_study`)."""
+    output folder that holds runs is refused (:meth:`~torch_mz.study.RunStore.for_study`).
+    The line a study prints on Ctrl-C gives the command with them:
+    :func:`~torch_mz.study.interrupted_note`."""
     group = parser.add_mutually_exclusive_group()
     group.add_argument('--resume', action='store_true',
                        help='keep the runs an interrupted call with the same settings finished '

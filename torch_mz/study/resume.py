@@ -1,12 +1,16 @@
 r"""Resuming an interrupted study: every finished run's record kept as one JSON file, so that a
 study stopped after hours (a closed session, a crash, Ctrl-C) trains only the runs it had not
-finished when it is started again. Library code: nothing here prints."""
+finished when it is started again. Library code: nothing here prints (:func:`interrupted_note`
+gives the script the line to print on Ctrl-C)."""
+import argparse
 import hashlib
 import json
 import os
 import re
+import shlex
+import sys
 import warnings
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -14,13 +18,15 @@ from torch_mz.study.report import write_json
 from torch_mz.train import TrainConfig
 from torch_mz.train.checkpoint import RESUMABLE_CONFIG_CHANGES
 
-__all__ = ['RunStore']
+__all__ = ['RunStore', 'EXIT_INTERRUPTED', 'interrupted_note']
 
 _FORMAT = 1
 #: Training settings that change no figure of a finished run (besides
 #: :data:`~torch_mz.train.checkpoint.RESUMABLE_CONFIG_CHANGES`): a stored run is read back
 #: whatever they were.
 NO_RESULT_SETTINGS = ('checkpoint_every', 'eval_batch_size')
+#: The exit status of a study stopped by Ctrl-C (128 + SIGINT, as a shell reports it).
+EXIT_INTERRUPTED = 130
 
 
 def _json_value(value: Any) -> Any:
@@ -180,3 +186,48 @@ class RunStore:
         path = self._path(key)
         write_json(path, dict(identity=self._identity(key, config), record=_plain(record)))
         return path
+
+
+def _reads_as(parser: argparse.ArgumentParser, word: str, dest: str) -> bool:
+    # whether argparse reads the command-line word as the option of dest: written out or, where
+    # the parser takes abbreviations, a prefix of that option alone ('--res' for --resume)
+    word = word.split('=', 1)[0]
+    if not word.startswith('--') or word == '--':
+        return False
+    options = {s: a.dest for a in parser._actions for s in a.option_strings}
+    if word in options:
+        return options[word] == dest
+    return parser.allow_abbrev and {d for s, d in options.items() if s.startswith(word)} == {dest}
+
+
+def interrupted_note(script: str, argv: Sequence[str], parser: argparse.ArgumentParser,
+                     kept: Optional[str], what: str = 'runs') -> str:
+    r"""The line a resumable study prints (to stderr) when Ctrl-C stops it, before it exits with
+    :data:`EXIT_INTERRUPTED`, in place of a traceback: that it was interrupted, where what it
+    finished is kept, and the exact command that goes on.
+
+    Args:
+        script (str): The script's path (its ``__file__``).
+        argv (list of str): The arguments it was called with.
+        parser (argparse.ArgumentParser): Its parser, which has ``--resume`` (e.g. from
+            :func:`~torch_mz.study.add_resume_argument`) and may have ``--overwrite``.
+        kept (str, optional): Where this call keeps the :obj:`what` it finished (its
+            :class:`RunStore`'s folder, a partial report), or :obj:`None` before it kept
+            anything (while it read its data, before its store removed the runs of an earlier
+            call for ``--overwrite``): the command is then the same again. Otherwise it is
+            the same with ``--resume``, which replaces an ``--overwrite`` (the runs it would
+            remove are this call's now).
+        what (str, optional): What the study finishes, plural. (default: :obj:`'runs'`)
+    """
+    if not any(a.dest == 'resume' for a in parser._actions):
+        raise ValueError(f"interrupted_note: expected a parser with a --resume option, got one "
+                         f"with {', '.join(s for a in parser._actions for s in a.option_strings)}")
+    name = os.path.basename(script)
+    args = list(argv)
+    if kept is not None and not any(_reads_as(parser, word, 'resume') for word in args):
+        args = [word for word in args if not _reads_as(parser, word, 'overwrite')] + ['--resume']
+    command = shlex.join([os.path.basename(sys.executable), os.path.relpath(script), *args])
+    if kept is None:
+        return f'{name}: interrupted before it kept any of its {what}; to start again: {command}'
+    return (f'{name}: interrupted; the {what} finished so far are kept in {kept} (the one in '
+            f'progress starts again); to go on: {command}')
