@@ -41,8 +41,9 @@ print(torch.cuda.get_device_name(0), 'torch', torch.__version__, 'torch_geometri
       torch_geometric.__version__)" || exit 2
 echo '== CUDA tests'
 # the tests that run on CUDA: attention kernels, forward-mode AD and the per-head attention's
-# dropout, the LayerNorm Jacobian (eager and compiled with Triton), MZAggregation, device
-# resolution, a training run resumed on CUDA, and the memory bandwidth measured on the GPU
+# dropout, the LayerNorm Jacobian (eager and compiled with Triton), MZAggregation, a float16
+# model with LayerNorms under autocast to bfloat16, device resolution, a training run resumed
+# on CUDA, and the memory bandwidth measured on the GPU
 timeout 70 $PY -m pytest -q -p no:cacheprovider -p no:logging tests/nn/test_functional.py \
   tests/nn/test_zonotope.py tests/nn/test_aggr.py tests/train/ tests/study/test_traffic.py \
   -k 'cuda or resolve_device' \

@@ -656,3 +656,27 @@ def test_same_run_takes_the_forms_of_an_option_that_give_the_same_task():
     # a dimension left at None is the task's own
     assert same_run(run('meb-radius', d=None), run('meb-radius', d=8))
     assert not same_run(run('meb-radius', d=None), run('meb-radius', d=16))
+
+
+def test_same_run_takes_an_option_left_out_as_its_default():
+    # a run records the task options given: one trained without d (QM9: without target)
+    # resumed with the default given (train --resume --task-arg d=8, compare --resume) was
+    # refused as another run
+    from torch_mz.train.checkpoint import same_run
+
+    def run(name, **args):
+        return {'task': {'name': name, 'args': args, 'split': {'seed': 0}},
+                'model': {'name': 'mz', 'args': {}}}
+    assert same_run(run('meb-radius'), run('meb-radius', d=8))
+    assert same_run(run('meb-radius', d=None), run('meb-radius'))
+    assert same_run(run('quadratic-tdof', tdof=2), run('quadratic-tdof', d=32, tdof=2))
+    assert same_run(run('meb-radius'), run('meb-radius', spread=[0.3, 1.0]))
+    assert not same_run(run('meb-radius'), run('meb-radius', d=16))
+    assert not same_run(run('quadratic-tdof'), run('quadratic-tdof', d=16))
+    for form in (0, 'mu', ['mu']):  # (load_task's target, not the class's: all twelve)
+        assert same_run(run('qm9'), run('qm9', target=form, source='qm9pack')), form
+    assert not same_run(run('qm9'), run('qm9', target=None))
+    assert not same_run(run('qm9'), run('qm9', source='sdf'))
+    assert not same_run(run('qm9'), run('qm9', target=1))
+    # a task this version does not know: as recorded
+    assert not same_run(run('no-such-task'), run('no-such-task', d=8))

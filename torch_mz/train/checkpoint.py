@@ -298,7 +298,7 @@ def same_run(saved: Dict[str, Any], current: Dict[str, Any]) -> bool:
     a checkpoint written before an entry was recorded still compares); the task's options as
     :func:`~torch_mz.tasks.resolved_options` reads them, so that forms of one option that give
     the same task (QM9's ``target`` ``0``, ``'mu'`` or ``['mu']``; a ``d`` of :obj:`None` and
-    the task's own) are one run."""
+    the task's own; an option left out and its default given) are one run."""
     for key in saved.keys() & current.keys():
         a, b = saved[key], current[key]
         if key == 'task' and isinstance(a, dict) and isinstance(b, dict) and not _same_entry(
@@ -315,11 +315,17 @@ def same_run(saved: Dict[str, Any], current: Dict[str, Any]) -> bool:
 def _resolved_task(entry: Dict[str, Any]) -> Dict[str, Any]:
     r"""A ``run_info['task']`` entry with its options as
     :func:`~torch_mz.tasks.resolved_options` reads them (as a checkpoint records them: JSON
-    values); an entry without a task name and options as it is."""
+    values), an option left out as the one :func:`~torch_mz.tasks.load_task` takes then (its
+    default; QM9's ``target`` ``'mu'``); an entry without a task name and options as it is."""
     name, args = entry.get('name'), entry.get('args')
     if not isinstance(name, str) or not isinstance(args, dict):
         return entry
-    from torch_mz.tasks import resolved_options  # (the tasks import the datasets: lazily)
+    # (the tasks import the datasets: lazily)
+    from torch_mz.datasets.real import LOAD_DEFAULTS
+    from torch_mz.tasks import TASKS, resolved_options, task_options
+    if name in TASKS:  # (a run records the options given: d=8 given was d left out)
+        defaults = dict(task_options(name)[0], **LOAD_DEFAULTS.get(name, {}))
+        args = dict(recorded_options(defaults), **args)
     return dict(entry, args=recorded_options(resolved_options(name, args)))
 
 
