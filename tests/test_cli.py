@@ -1971,3 +1971,124 @@ def test_only_the_main_process_of_torchrun_removes_a_runs_files(tmp_path, monkey
     with pytest.raises(Trained):
         main(['train', *TINY, '--model', 'rigid', *SMALL, '--out', str(out), '--overwrite'])
     assert removed == [str(out)]
+
+
+# the bad-input fuzz of the command line: its findings
+
+FUZZ = ['--task', 'max', '--n-train', '8', '--n-val', '4', '--n-test', '4', '--epochs', '1',
+        '--batch-size', '4', '--no-progress']
+
+
+@pytest.mark.parametrize('command', ['train', 'compare', 'predict'])
+@pytest.mark.parametrize('device', ['xla', 'meta'])
+def test_a_device_type_the_commands_do_not_run_on_is_named_before_any_data(command, device,
+                                                                            tmp_path, capsys):
+    # torch.device takes 'xla', 'meta', 'ipu', ...: the run failed with a traceback once the
+    # data were loaded ('meta' after the run's folder was made); predict checked its device
+    # only after reading the checkpoint and the data
+    out = tmp_path / 'out'
+    checkpoint = tmp_path / 'best.pt'
+    checkpoint.write_bytes(b'not read: the device is checked first')
+    argv = {'train': ['train', *FUZZ, '--model', 'deepsets', '--out', str(out)],
+            'compare': ['compare', *FUZZ, '--models', 'deepsets', '--seeds', '1', '--out',
+                        str(out)],
+            'predict': ['predict', str(checkpoint), '--out', str(out)]}[command]
+    assert main([*argv, '--device', device]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"torch-mz: error: --device must be 'auto', 'cpu', 'cuda' or "
+                          f"'cuda:N' (got '{device}'") and err.count('\n') == 1
+    assert not out.exists()
+
+
+@pytest.mark.parametrize('argv, named', [
+    (['train', *FUZZ, '--model', f'deepsets:num_layers={2 ** 70}'],
+     f"model spec 'deepsets:num_layers={2 ** 70}': a size too large"),  # (OverflowError)
+    (['train', *FUZZ, '--model', f'deepsets:hidden_channels={2 ** 70}'],  # (C++ stack)
+     f"model spec 'deepsets:hidden_channels={2 ** 70}': a size too large"),
+    (['compare', *FUZZ, '--models', 'deepsets', '--model-arg', f'hidden_channels={2 ** 62}'],
+     "--model-arg: model 'deepsets': a size too large"),  # (Storage size ... overflowed)
+    (['models', '--in-channels', str(2 ** 70)], f'--in-channels {2 ** 70} is too large'),
+    (['models', '--in-channels', str(2 ** 62)], f'--in-channels {2 ** 62} is too large'),
+])
+def test_sizes_beyond_a_tensors_end_in_one_line_that_names_their_flag(argv, named, tmp_path,
+                                                                       capsys):
+    # they ended in a traceback (OverflowError, TypeError, RuntimeError), or, for a width of
+    # 2**70 given in a model spec, in a message that went on with PyTorch's C++ stack
+    out = tmp_path / 'out'
+    assert main([*argv, *(['--out', str(out)] if argv[0] != 'models' else [])]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f'torch-mz: error: {named}') and err.count('\n') == 1
+    assert not out.exists()
+
+
+@pytest.mark.parametrize('error, kind', [
+    (OverflowError("cannot fit 'int' into an index-sized integer"), 'too large'),
+    (RuntimeError('Storage size calculation overflowed with sizes=[64, 2**62]'), 'too large'),
+    (TypeError('empty(): argument \'size\' failed to unpack the object at pos 2 with error '
+               '"Overflow when unpacking long long\nException raised from ...\nframe #0: ...'),
+     'too large'),
+])
+def test_sizes_beyond_a_tensors_anywhere_end_in_one_line(error, kind, monkeypatch, capsys):
+    import torch_mz.cli as cli
+
+    def fails(args):
+        raise error
+
+    monkeypatch.setattr(cli, 'cmd_tasks', fails)
+    assert main(['tasks']) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f'torch-mz: error: {kind} (') and err.count('\n') == 1
+
+
+def test_another_type_error_keeps_its_traceback(monkeypatch):
+    import torch_mz.cli as cli
+
+    def fails(args):
+        raise TypeError('a bug')
+
+    monkeypatch.setattr(cli, 'cmd_tasks', fails)
+    with pytest.raises(TypeError, match='a bug'):
+        main(['tasks'])
+
+
+@pytest.mark.parametrize('high', [2 ** 70, 2 ** 62, 10 ** 12])
+def test_a_set_size_range_that_cannot_fit_in_memory_is_named(high, tmp_path, capsys):
+    # its smallest size fits: NumPy's 'high is out of bounds for int64' or 'array is too big'
+    # (no flag named), or sets drawn until memory ran out
+    out = tmp_path / 'out'
+    assert main(['train', *FUZZ, '--model', 'deepsets', '--set-size', f'1,{high}', '--out',
+                 str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f'torch-mz: error: --set-size 1,{high}: 16 sets of ')
+    assert 'give a smaller HIGH' in err and err.count('\n') == 1
+    assert not out.exists()
+
+
+@pytest.mark.parametrize('command, spec', [
+    ('train', 'deepsets:hidden_channels=8,hidden_channels=16'),
+    ('train', 'deepsets:hidden_channels=8,hidden-channels=8'),
+    ('compare', 'mean-mlp,deepsets:pool=sum,pool=mean'),
+])
+def test_a_model_spec_that_sets_an_option_twice_is_refused(command, spec, tmp_path, capsys):
+    # the last value was taken, and the spec (the run's label and folder) named the other too
+    out = tmp_path / 'out'
+    flag = '--model' if command == 'train' else '--models'
+    assert main([command, *FUZZ, flag, spec, '--out', str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f'torch-mz: error: {flag}: model spec ') and 'more than once' in err
+    assert err.count('\n') == 1 and not out.exists()
+
+
+@pytest.mark.parametrize('command', ['train', 'compare', 'predict'])
+def test_an_out_path_with_a_nul_character_is_named(command, tmp_path, capsys):
+    # the OS's 'embedded null byte' ended the command without naming --out
+    checkpoint = tmp_path / 'best.pt'
+    checkpoint.write_bytes(b'not read: --out is checked first')
+    out = str(tmp_path / 'a\x00b')
+    argv = {'train': ['train', *FUZZ, '--model', 'deepsets'],
+            'compare': ['compare', *FUZZ, '--models', 'deepsets', '--seeds', '1'],
+            'predict': ['predict', str(checkpoint)]}[command]
+    assert main([*argv, '--out', out]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f'torch-mz: error: --out {out!r} holds a NUL character')
+    assert err.count('\n') == 1 and os.listdir(tmp_path) == ['best.pt']

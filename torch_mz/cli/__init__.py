@@ -53,9 +53,15 @@ def cmd_models(args) -> int:
     width = max(map(len, models))
     print(f"{'model':{width}s}  {'params*':>8s}  description")
     for name, desc in models.items():
-        n = count_parameters(build_model(name, args.in_channels, 1,
-                                         pos_dim=(args.in_channels
-                                                  if name in ('egnn', 'egnn-qm9') else None)))
+        try:
+            n = count_parameters(build_model(name, args.in_channels, 1,
+                                             pos_dim=(args.in_channels
+                                                      if name in ('egnn', 'egnn-qm9') else None)))
+        except (MemoryError, RuntimeError, OverflowError, TypeError) as e:
+            if not _common._too_large(e):
+                raise
+            raise CLIError(f'--in-channels {args.in_channels} is too large for a model '
+                           f'({_common._first_line(e)})') from None
         print(f'{name:{width}s}  {n:8,d}  {desc}')
     print(f'* for {args.in_channels} input channels and one output')
     return 0
@@ -179,18 +185,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise  # (TORCH_MZ_DEBUG=1: the traceback, for a bug report)
         print(f'torch-mz: error: {e}', file=sys.stderr)
         return EXIT_USAGE
-    except (MemoryError, RuntimeError) as e:
+    except (MemoryError, RuntimeError, OverflowError, TypeError) as e:
         # sizes that do not fit in memory (a width, a set size or a batch the allocator
-        # refuses: numpy's MemoryError, torch's RuntimeError / OutOfMemoryError) end as the
-        # other impossible sizes do; any other RuntimeError is a bug, with its traceback
-        text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        if isinstance(e, RuntimeError) and not any(
-                m in text.lower() for m in ("can't allocate memory", 'out of memory')):
+        # refuses: numpy's MemoryError, torch's RuntimeError / OutOfMemoryError) or in a
+        # tensor's sizes (2**62 or 2**70 channels) end as the other impossible sizes do; any
+        # other RuntimeError or TypeError is a bug, with its traceback
+        if not _common._too_large(e) or _debug():
             raise
-        if _debug():
-            raise
-        print(f'torch-mz: error: out of memory ({text}): the sizes asked for (model width, '
-              f'set sizes, batch size, number of sets) do not fit; give smaller ones',
+        kind = 'too large' if _common._too_large(e, memory=False) else 'out of memory'
+        print(f'torch-mz: error: {kind} ({_common._first_line(e)}): the sizes asked for (model '
+              f'width, set sizes, batch size, number of sets) do not fit; give smaller ones',
               file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

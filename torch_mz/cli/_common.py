@@ -21,6 +21,32 @@ class CLIError(Exception):
     r"""An error in what the user asked for: printed as one line, exit status 2."""
 
 
+#: What the errors of a size that does not fit in memory, or in a tensor's sizes, say.
+_NO_MEMORY = ("can't allocate memory", 'out of memory')
+_OVERFLOW = ('storage size calculation overflowed', 'overflow when unpacking long')
+
+
+def _too_large(error: BaseException, memory: bool = True) -> bool:
+    r"""Whether :obj:`error` says a size asked for does not fit: in the integers of a tensor's
+    sizes (Python's :class:`OverflowError`, e.g. ``num_layers=2**70``; PyTorch's 'Storage size
+    calculation overflowed' and its :class:`TypeError` 'Overflow when unpacking long long') or,
+    with :obj:`memory`, in memory (NumPy's :class:`MemoryError`, PyTorch's "can't allocate
+    memory" and :class:`~torch.OutOfMemoryError`)."""
+    text = str(error).lower()
+    if isinstance(error, OverflowError) or (isinstance(error, (RuntimeError, TypeError))
+                                            and any(m in text for m in _OVERFLOW)):
+        return True
+    return memory and (isinstance(error, MemoryError) or (
+        isinstance(error, RuntimeError) and any(m in text for m in _NO_MEMORY)))
+
+
+def _first_line(error: BaseException) -> str:
+    r"""The first line of :obj:`error`'s message (PyTorch's may go on with a C++ stack), or its
+    type's name where it has none."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 def _parse_kv(items: Optional[Sequence[str]], what: str) -> Dict[str, object]:
     from torch_mz.options import parse_key_values
     try:
@@ -284,17 +310,20 @@ def _test_sets_warnings(say):
 
 
 def _check_synthetic_size(task: str, counts: Sequence[Optional[int]],
-                          set_size: Optional[Sequence[int]], options: Dict[str, object]) -> None:
+                          set_size: Optional[Sequence[int]], options: Dict[str, object],
+                          size_flag: str = '--set-size') -> None:
     r"""Refuses set counts whose sets could not fit in this machine's memory, before generating
     them (``--n-train 100000000000`` ran on without end). The estimate is a lower bound: every
     set at the smallest size of its range, its points alone (4 bytes a coordinate) and 512
-    bytes for its ``Data``."""
+    bytes for its ``Data``. A range whose sizes, drawn uniformly, would on average not fit is
+    refused too, naming :obj:`size_flag` (``--set-size 1,2**70`` ended in NumPy's 'high is out
+    of bounds for int64', which named no flag)."""
     from torch_mz.datasets.synthetic import TASKS
     from torch_mz.tasks import resolved_options
     cls = TASKS[task]
     total = sum(n if n is not None else default for n, default in zip(counts,
                                                                       cls.default_num_sets))
-    low = (set_size or cls.default_set_size)[0]
+    low, high = set_size or cls.default_set_size
     d = resolved_options(task, {'d': options.get('d')})['d']
     if not isinstance(d, int) or isinstance(d, bool):  # (the task's own default, or checked later)
         d = 1
@@ -306,7 +335,14 @@ def _check_synthetic_size(task: str, counts: Sequence[Optional[int]],
     if need > memory:
         raise CLIError(f"{total:,} sets of at least {low} elements need more than "
                        f"{need / 2**30:,.1f} GiB, beyond this machine's {memory / 2**30:,.1f} GiB "
-                       f"of memory: ask for fewer (--n-train, --n-val, --n-test)")
+                       f"of memory: ask for fewer (--n-train, --n-val, --n-test)"
+                       + (f' or smaller ones ({size_flag})' if set_size is not None else ''))
+    mean = (low + high) / 2  # (the sizes are drawn uniformly from [low, high])
+    if set_size is not None and total * (512 + 4 * mean * d) > memory:
+        raise CLIError(f"{size_flag} {low},{high}: {total:,} sets of {mean:,.0f} elements on "
+                       f"average need about {total * (512 + 4 * mean * d) / 2**30:,.1f} GiB, "
+                       f"beyond this machine's {memory / 2**30:,.1f} GiB of memory: give a "
+                       f"smaller HIGH")
 
 
 def _config(args, seed: int, out_dir: Optional[str], resume: Optional[str] = None):
@@ -345,6 +381,12 @@ def _model_specs(text: str, flag: str) -> List[ModelSpec]:
             name, options = parse_model_spec(spec)
         except ValueError as e:
             raise CLIError(str(e)) from None
+        keys = [item.partition('=')[0].strip().replace('-', '_')
+                for item in spec.partition(':')[2].split(',') if item]
+        twice = next((key for key in keys if keys.count(key) > 1), None)
+        if twice is not None:  # (the last was taken: the label named a value not trained with)
+            raise CLIError(f"{flag}: model spec '{spec}' sets '{twice}' more than once: give "
+                           f"each option once")
         specs.append(ModelSpec(spec, name, options))
     if not specs:
         raise CLIError(f'{flag} needs at least one model name')
@@ -442,7 +484,13 @@ def _check_model_args(args, task, models: List[ModelSpec]):
                     build_model(model.name, task.in_channels, task.out_channels,
                                 pos_dim=task.pos_dim,
                                 feature_columns=task.info.get('feature_columns'), **options)
-            except TypeError as e:
+            except (MemoryError, RuntimeError, OverflowError, TypeError) as e:
+                if _too_large(e):  # (a width of 2**70 ended in a traceback, or in a
+                    # message of many lines: PyTorch's C++ stack)
+                    raise CLIError(f'{what}: a size too large for this machine '
+                                   f'({_first_line(e)})') from None
+                if not isinstance(e, TypeError):
+                    raise
                 raise CLIError(_option_error(what, model.name, e)) from None
             except ValueError as e:
                 if task is not None:
@@ -483,6 +531,8 @@ def _check_path(path: str, flag: str, folder: bool):
     folder, else its parent folders) an existing file."""
     if not path:
         raise CLIError(f'{flag} is empty: name a {"folder" if folder else "file"}')
+    if '\0' in path:  # (the OS's ValueError 'embedded null byte' named no flag)
+        raise CLIError(f'{flag} {path!r} holds a NUL character, which no path can hold')
     part = os.path.abspath(path if folder else os.path.dirname(os.path.abspath(path)))
     while not os.path.exists(part) and os.path.dirname(part) != part:
         part = os.path.dirname(part)
@@ -579,10 +629,28 @@ def _check_seeds(args) -> None:
 def _check_training_args(args):
     r"""The training settings and the device, checked before any data is loaded (a bad --epochs
     should not wait for a dataset to be processed) and before --overwrite removes anything."""
-    from torch_mz.train import resolve_device
     _check_numbers(args)
     _config(args, getattr(args, 'seed', 0), None)  # TrainConfig's own checks: ValueError
-    resolve_device(args.device)  # ValueError: an unknown device, or CUDA where there is none
+    _check_device(args)
+
+
+def _check_device(args) -> None:
+    r"""--device: a device the commands run on, ``'auto'``, ``'cpu'``, ``'cuda'`` or
+    ``'cuda:N'`` (``'mps'`` where PyTorch has it), named. The other types :class:`torch.device`
+    knows (``'xla'``, ``'meta'``, ``'ipu'``, ...) passed the check and failed with a traceback
+    once the data were loaded (``'meta'`` after the run's folder was made)."""
+    import torch
+
+    from torch_mz.train import resolve_device
+    try:  # an unknown device, or CUDA where there is none
+        device = resolve_device(args.device)
+    except ValueError as e:
+        raise CLIError(f'--device: {e}') from None
+    mps = getattr(torch.backends, 'mps', None)
+    known = ('cpu', 'cuda') + (('mps', ) if mps is not None and mps.is_available() else ())
+    if device.type not in known:
+        raise CLIError(f"--device must be 'auto', 'cpu', 'cuda' or 'cuda:N' (got "
+                       f"'{args.device}', a device type torch-mz does not run on)")
 
 
 def _check_data_seed_and_batch(args) -> None:

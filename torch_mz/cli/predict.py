@@ -5,7 +5,7 @@ from typing import Any, Dict, List, Optional
 
 from torch_mz.cli import _common
 from torch_mz.cli._common import (CLIError, _check_checkpoint_file, _check_data_seed_and_batch,
-                                  _check_not_empty, _check_path, _check_root,
+                                  _check_device, _check_not_empty, _check_path, _check_root,
                                   _check_synthetic_size, _check_task, _parse_kv, _same_path,
                                   _test_sets_warnings, _warn)
 
@@ -100,6 +100,7 @@ def cmd_predict(args) -> int:
             raise CLIError(f"--{flag.replace('_', '-')} must be at least "
                            f"{1 if flag == 'n_test' else 0} (got {value})")
     _check_data_seed_and_batch(args)
+    _check_device(args)  # (checked only once the data were read)
     import csv
     import io
     import warnings
@@ -141,7 +142,9 @@ def cmd_predict(args) -> int:
         size = given.get('set_size', (recorded.get('args') or {}).get('set_size'))
         _check_synthetic_size(args.task, (0, 0, args.n_test),
                               size if isinstance(size, (list, tuple)) else None,
-                              dict(recorded.get('args') or {}, **given))
+                              dict(recorded.get('args') or {}, **given),
+                              '--task-arg set_size' if 'set_size' in given else
+                              "the run's set_size")
     # the model first (from the checkpoint alone): one that cannot be rebuilt is refused before
     # the data are read (QM9's whole dataset); its in/out channels are checked against the task's
     model = _load_model(state, f'Checkpoint {path!r}', None)
