@@ -2092,3 +2092,21 @@ def test_an_out_path_with_a_nul_character_is_named(command, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith(f'torch-mz: error: --out {out!r} holds a NUL character')
     assert err.count('\n') == 1 and os.listdir(tmp_path) == ['best.pt']
+
+
+def test_path_flags_expand_the_home_folder_as_root_does(tmp_path, capsys, monkeypatch):
+    # --out=~/run (which the shell leaves as it is) wrote into a folder named '~' in the working
+    # directory, and --resume / predict's checkpoint '~/...' were not found
+    home = tmp_path / 'home'
+    home.mkdir()
+    monkeypatch.setenv('HOME', str(home))
+    monkeypatch.chdir(tmp_path)
+    argv = ['train', '--task', 'max', *T, '--model', 'deepsets:hidden_channels=8']
+    assert main([*argv, '--out=~/run']) == 0
+    assert (home / 'run' / 'checkpoint.pt').is_file() and not (tmp_path / '~').exists()
+    assert main(['train', '--task', 'max', *T[:-2], '--epochs', '2',
+                 '--model', 'deepsets:hidden_channels=8', '--resume', '~/run/checkpoint.pt']) == 0
+    assert len(open(home / 'run' / 'metrics.jsonl').read().splitlines()) == 2
+    assert main(['predict', '~/run/best.pt', '--no-progress', '--out', '~/pred.csv']) == 0
+    assert (home / 'pred.csv').is_file() and not (tmp_path / '~').exists()
+    capsys.readouterr()

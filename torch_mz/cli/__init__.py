@@ -21,7 +21,7 @@ import sys
 from typing import Optional, Sequence
 
 from torch_mz.cli import _common
-from torch_mz.cli._common import CLIError, _add_training_args, _data_root
+from torch_mz.cli._common import CLIError, _add_training_args, _data_root, _user_path
 from torch_mz.cli.compare import cmd_compare
 from torch_mz.cli.predict import cmd_predict
 from torch_mz.cli.train import cmd_train
@@ -101,8 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="model preset (see 'torch-mz models'), with options as name:key=value,...")
     p.add_argument('--seed', type=int,
                    help="training seed (default: 0; with --resume, the checkpoint's)")
-    p.add_argument('--resume', help="checkpoint.pt to continue from (in its own folder unless "
-                   "--out says otherwise)")
+    p.add_argument('--resume', type=_user_path, help="checkpoint.pt to continue from (in its "
+                   "own folder unless --out says otherwise)")
     _add_memory_flag(p)
     p.set_defaults(func=cmd_train)
     p = sub.add_parser('compare', help='train several models over several seeds and tabulate',
@@ -121,7 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_compare)
     p = sub.add_parser('predict', help="write a trained model's predictions on a task's test "
                        'split to CSV', allow_abbrev=False)
-    p.add_argument('checkpoint', help='best.pt or checkpoint.pt of a training run')
+    p.add_argument('checkpoint', type=_user_path,
+                   help='best.pt or checkpoint.pt of a training run')
     p.add_argument('--task', help='the task the model was trained on (default: the one the '
                    'checkpoint records)')
     p.add_argument('--task-arg', action='append', metavar='KEY=VALUE',
@@ -143,8 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help='sets per batch of the forward passes (default: 128; the predictions '
                    'depend on it only up to float rounding)')
     p.add_argument('--device', default='auto', help="'auto', 'cpu', 'cuda' or 'cuda:N'")
-    p.add_argument('--out', required=True, help="CSV file: one row per set, columns set (the "
-                   "set's index in its dataset), gdb_idx (QM9), prediction (prediction_0, ... "
+    p.add_argument('--out', required=True, type=_user_path,
+                   help="CSV file: one row per set, columns set (the set's index in its "
+                   "dataset), gdb_idx (QM9), prediction (prediction_0, ... "
                    "for several targets; the class for classification), target, and ihw for "
                    "models that return one; a task that names its targets (QM9) names the "
                    "columns by them: prediction_mu, target_mu, ... (numbered where "

@@ -237,7 +237,7 @@ def _add_training_args(p: argparse.ArgumentParser):
                    help="model option overriding the preset's, e.g. dropout=0 (repeatable; "
                    "an option a model spec sets itself may not be given another value)")
     t.add_argument('--no-progress', action='store_true', help='no progress bars')
-    p.add_argument('--out', help='output folder (default: runs/<task>/...)')
+    p.add_argument('--out', type=_user_path, help='output folder (default: runs/<task>/...)')
     p.add_argument('--overwrite', action='store_true',
                    help='replace the files of an earlier run in --out (without it such a '
                    'folder is refused)')
@@ -683,6 +683,13 @@ def _data_root(text: str) -> str:
     r"""--root with ``~`` expanded, as PyG's datasets expand it to read the folder (a quoted
     ``'~/x'`` was checked, and recorded in ``comparison.json``, as ``<cwd>/~/x``: another folder
     than the one read)."""
+    return os.path.expanduser(text)
+
+
+def _user_path(text: str) -> str:
+    r"""A path flag (--out, --resume, predict's checkpoint) with ``~`` expanded, as --root has
+    it: ``--out=~/runs``, which the shell leaves as it is, wrote into a folder named ``~`` in
+    the working directory, and ``--resume '~/run/checkpoint.pt'`` was not found."""
     return os.path.expanduser(text)
 
 
