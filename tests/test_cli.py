@@ -2110,3 +2110,32 @@ def test_path_flags_expand_the_home_folder_as_root_does(tmp_path, capsys, monkey
     assert main(['predict', '~/run/best.pt', '--no-progress', '--out', '~/pred.csv']) == 0
     assert (home / 'pred.csv').is_file() and not (tmp_path / '~').exists()
     capsys.readouterr()
+
+
+@pytest.mark.parametrize('error', [OverflowError('cannot convert float infinity to integer'),
+                                   OverflowError('math range error')])
+def test_an_overflow_error_of_a_bug_keeps_its_traceback(error, monkeypatch):
+    # any OverflowError was taken for a size too large: a bug's (an inf turned into an int)
+    # ended as 'too large (...): the sizes asked for ... do not fit', with no traceback
+    import torch_mz.cli as cli
+
+    def fails(args):
+        raise error
+
+    monkeypatch.setattr(cli, 'cmd_tasks', fails)
+    with pytest.raises(OverflowError):
+        main(['tasks'])
+
+
+def test_mps_where_there_is_none_is_said_so(monkeypatch, tmp_path, capsys):
+    # it was refused as 'a device type torch-mz does not run on', which it runs on where it is
+    import torch
+    if getattr(torch.backends, 'mps', None) is not None:
+        monkeypatch.setattr(torch.backends.mps, 'is_available', lambda: False)
+    out = tmp_path / 'out'
+    assert main(['train', *FUZZ, '--model', 'deepsets', '--out', str(out), '--device',
+                 'mps']) == 2
+    err = capsys.readouterr().err
+    assert err == "torch-mz: error: --device: Device 'mps' was requested but MPS is not " \
+                  "available\n"
+    assert not out.exists()

@@ -24,17 +24,21 @@ class CLIError(Exception):
 #: What the errors of a size that does not fit in memory, or in a tensor's sizes, say.
 _NO_MEMORY = ("can't allocate memory", 'out of memory')
 _OVERFLOW = ('storage size calculation overflowed', 'overflow when unpacking long')
+#: What Python's :class:`OverflowError` says of an integer too large for a size (not, e.g.,
+#: 'cannot convert float infinity to integer' or 'math range error': a bug's, with its traceback).
+_INT_OVERFLOW = ('too large to convert', "cannot fit 'int'", 'int too big', 'int too large')
 
 
 def _too_large(error: BaseException, memory: bool = True) -> bool:
     r"""Whether :obj:`error` says a size asked for does not fit: in the integers of a tensor's
-    sizes (Python's :class:`OverflowError`, e.g. ``num_layers=2**70``; PyTorch's 'Storage size
-    calculation overflowed' and its :class:`TypeError` 'Overflow when unpacking long long') or,
-    with :obj:`memory`, in memory (NumPy's :class:`MemoryError`, PyTorch's "can't allocate
-    memory" and :class:`~torch.OutOfMemoryError`)."""
+    sizes (Python's :class:`OverflowError` of an integer, e.g. ``num_layers=2**70``; PyTorch's
+    'Storage size calculation overflowed' and its :class:`TypeError` 'Overflow when unpacking
+    long long') or, with :obj:`memory`, in memory (NumPy's :class:`MemoryError`, PyTorch's
+    "can't allocate memory" and :class:`~torch.OutOfMemoryError`)."""
     text = str(error).lower()
-    if isinstance(error, OverflowError) or (isinstance(error, (RuntimeError, TypeError))
-                                            and any(m in text for m in _OVERFLOW)):
+    if isinstance(error, OverflowError) and any(m in text for m in _INT_OVERFLOW):
+        return True
+    if isinstance(error, (RuntimeError, TypeError)) and any(m in text for m in _OVERFLOW):
         return True
     return memory and (isinstance(error, MemoryError) or (
         isinstance(error, RuntimeError) and any(m in text for m in _NO_MEMORY)))
@@ -648,6 +652,9 @@ def _check_device(args) -> None:
         raise CLIError(f'--device: {e}') from None
     mps = getattr(torch.backends, 'mps', None)
     known = ('cpu', 'cuda') + (('mps', ) if mps is not None and mps.is_available() else ())
+    if device.type == 'mps' and 'mps' not in known:  # (a type it runs on, where there is one)
+        raise CLIError(f"--device: Device '{args.device}' was requested but MPS is not "
+                       f"available")
     if device.type not in known:
         raise CLIError(f"--device must be 'auto', 'cpu', 'cuda' or 'cuda:N' (got "
                        f"'{args.device}', a device type torch-mz does not run on)")
