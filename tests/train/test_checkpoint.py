@@ -680,3 +680,63 @@ def test_same_run_takes_an_option_left_out_as_its_default():
     assert not same_run(run('qm9'), run('qm9', target=1))
     # a task this version does not know: as recorded
     assert not same_run(run('no-such-task'), run('no-such-task', d=8))
+
+
+def _scripted_patience_run(out_dir, crash_at=None, resume=None):
+    # validation losses by epoch (the model's own metrics kept, its loss replaced): best at
+    # epoch 5 (2.9), 3.0 at epoch 3 a tie (no improvement), 2.96 at epoch 7 within min_delta
+    curve = [5.0, 4.0, 3.0, 3.0, 3.5, 2.9, 3.1, 2.96, 3.3, 1.0]
+    seed_everything(0)
+    trainer = Trainer(H.ToyDeepSets(3, 2), config(
+        epochs=10, patience=3, min_delta=0.05, out_dir=str(out_dir), resume=resume))
+    evaluate, train_epoch, epochs = trainer.evaluate, trainer._train_epoch, []
+
+    def scripted_train_epoch(loader, epoch):
+        if epoch == crash_at:
+            raise RuntimeError('simulated crash')
+        epochs.append(epoch)
+        return train_epoch(loader, epoch)
+
+    def scripted_evaluate(dataset):
+        return dict(evaluate(dataset), loss=curve[epochs[-1]])
+
+    trainer._train_epoch, trainer.evaluate = scripted_train_epoch, scripted_evaluate
+    return trainer, trainer.fit(REG_TRAIN[:32], REG_VAL[:16]), epochs
+
+
+def test_a_resumed_run_goes_on_counting_its_patience_from_the_same_best(tmp_path):
+    full, want, _ = _scripted_patience_run(tmp_path / 'full')
+    assert want.stopped_early and want.best_epoch == 5 and want.best_val_loss == 2.9
+    assert want.epochs_run == 9  # epochs 6, 7, 8 without an improvement of more than 0.05
+    with pytest.raises(RuntimeError, match='simulated crash'):
+        _scripted_patience_run(tmp_path / 'crashed', crash_at=7)  # epoch 6 the one bad one
+    assert load_checkpoint(tmp_path / 'crashed' / 'checkpoint.pt')['bad_epochs'] == 1
+    resumed, got, ran = _scripted_patience_run(
+        tmp_path / 'crashed', resume=str(tmp_path / 'crashed' / 'checkpoint.pt'))
+    assert ran == [7, 8]  # stops where the uninterrupted run stopped
+    assert (got.stopped_early, got.best_epoch, got.best_val_loss, got.epochs_run) == (
+        True, 5, 2.9, 9)
+    assert got.val_metrics == want.val_metrics == {
+        k[4:]: v for k, v in want.history[5].items() if k.startswith('val_')}
+    assert strip_times(got.history) == strip_times(want.history)
+    assert_same_params(params(resumed.model), params(full.model))  # the best epoch's weights
+    summary = json.loads((tmp_path / 'crashed' / 'result.json').read_text())
+    assert summary['best_epoch'] == 5 and summary['val_metrics'] == want.val_metrics
+    assert load_checkpoint(tmp_path / 'crashed' / 'best.pt')['epoch'] == 5
+
+
+def test_a_run_that_validated_is_not_resumed_without_its_validation_set(tmp_path):
+    # every epoch without one became the best while the best weights and loss stayed the
+    # validated epoch's: result.json named the last epoch best, restore_best loaded epoch 1's
+    _resume_run(tmp_path / 'run', epochs=3)
+    checkpoint = str(tmp_path / 'run' / 'checkpoint.pt')
+    seed_everything(0)
+    model = H.ToyDeepSets(3, 2, dropout=0.3)
+    before = params(model)
+    trainer = Trainer(model, config(epochs=5, warmup_epochs=1, out_dir=str(tmp_path / 'run'),
+                                    resume=checkpoint))
+    with pytest.raises(ValueError, match=r"was trained with a validation set \(best epoch \d, "
+                                         r"0-based\); expected one to resume it"):
+        trainer.fit(REG_TRAIN[:48])
+    assert_same_params(params(model), before)  # refused before any epoch: the model as it came
+    assert load_checkpoint(checkpoint)['epoch'] == 2

@@ -1,5 +1,6 @@
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -32,6 +33,62 @@ def test_cosine_with_warmup_rejects_bad_arguments(warmup, total):
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
     with pytest.raises(ValueError, match='warmup_steps'):
         cosine_with_warmup(opt, warmup, total)
+
+
+@pytest.mark.parametrize('warmup,total,name', [
+    (math.nan, 10, 'warmup_steps'), (0, math.nan, 'total_steps'), (2.5, 10, 'warmup_steps'),
+    (0, 2.5, 'total_steps'), (True, 3, 'warmup_steps'), ('1', 3, 'warmup_steps')])
+def test_cosine_with_warmup_takes_only_integer_step_counts(warmup, total, name):
+    # a NaN passed every comparison and scheduled NaN learning rates; 2.5 steps and True
+    # were taken as counts
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    with pytest.raises(ValueError, match=f'Expected an integer {name} .got'):
+        cosine_with_warmup(opt, warmup, total)
+    assert cosine_with_warmup(opt, np.int64(1), np.int64(3)).get_last_lr() == [0.0]
+
+
+def _closed_form(s, warm, total):
+    if s < warm:
+        return s / warm
+    return 0.5 * (1 + math.cos(math.pi * (s - warm) / (total - warm))) if s < total else 0.0
+
+
+@pytest.mark.parametrize('warmup,total', [(0, 1), (1, 1), (0, 7), (3, 3), (2, 9), (5, 6)])
+def test_cosine_with_warmup_follows_its_closed_form_at_every_step(warmup, total):
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.3)
+    sched = cosine_with_warmup(opt, warmup, total)
+    lrs = []
+    for _ in range(total + 2):
+        lrs.append(opt.param_groups[0]['lr'])
+        opt.step()
+        sched.step()
+    assert lrs == pytest.approx([0.3 * _closed_form(s, warmup, total)
+                                 for s in range(total + 2)], abs=1e-15)
+    assert lrs[0] == (0.0 if warmup else 0.3) and lrs[total] == 0.0
+
+
+@pytest.mark.parametrize('epochs,warmup,schedule', [(1, 0, 'epoch'), (1, 0, 'step'),
+                                                    (3, 0, 'step'), (4, 2, 'step'),
+                                                    (4, 1, 'epoch')])
+def test_the_trainer_steps_at_the_closed_forms_rate(epochs, warmup, schedule):
+    # every optimiser step's learning rate: per step or per epoch, from lr itself without a
+    # warm-up (a run of one epoch too), never at step T's 0
+    data = REG_TRAIN[:40]  # 3 steps per epoch at batch size 16, the last of 8 sets
+    seen = []
+
+    class Recording(Trainer):
+        def _make_optimizer(self, batches_per_epoch):
+            super()._make_optimizer(batches_per_epoch)
+            self.optimizer.register_step_pre_hook(
+                lambda opt, args, kwargs: seen.append(opt.param_groups[0]['lr']))
+
+    cfg = config(epochs=epochs, warmup_epochs=warmup, lr=1e-3, schedule=schedule)
+    Recording(H.ToyDeepSets(3, 2), cfg).fit(data)
+    per = 3 if schedule == 'step' else 1
+    want = [1e-3 * _closed_form(s // (3 // per), warmup * per, epochs * per)
+            for s in range(3 * epochs)]
+    assert seen == pytest.approx(want, abs=1e-15)
+    assert seen[-1] > 0 and (seen[0] == 1e-3) == (warmup == 0)
 
 
 @pytest.mark.parametrize('schedule', ['epoch', 'step'])

@@ -123,6 +123,8 @@ def test_an_improvement_must_exceed_min_delta():
     result = trainer.fit(REG_TRAIN[:32], REG_VAL)
     assert result.best_epoch == 2 and result.best_val_loss == 3.0
     assert result.stopped_early and result.epochs_run == 5
+    # (so the best epoch is not that of the lowest loss, 2.5 at epoch 4, as TrainResult says)
+    assert min(r['val_loss'] for r in result.history) == 2.5
 
 
 def test_a_seed_whose_last_rank_passes_2_to_the_32_is_refused():

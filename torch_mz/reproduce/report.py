@@ -379,7 +379,8 @@ def write_runs_table(repro, claims, out, on_note=None):
              f"One row per claim cell and model: the test R² of each finished seed at the "
              f"model's swept lr / wd (a claim's fixed lr / wd where it has one, with no sweep), "
              f"their mean, the paper's figure where the claim quotes "
-             f"one, and each seed's epochs run with its best epoch in brackets (* = stopped "
+             f"one, and each seed's epochs run with its best epoch in brackets (0-based, as in "
+             f"metrics.jsonl: 13 is the 14th; * = stopped "
              f"early by the patience rule; 'diverged' = training stopped on a non-finite loss, "
              f"the run stored as failed; otherwise at the epoch cap). Claims get a verdict "
              f"only in `summary.md`, once all their runs are in.\n"]

@@ -38,8 +38,10 @@ class TrainConfig:
             improvement (see ``min_delta``); :obj:`None` disables early stopping.
             (default: :obj:`20`)
         min_delta (float, optional): An epoch improves on the best validation loss so far only
-            if its loss is lower by more than ``min_delta`` (a decrease of exactly ``min_delta``
-            does not count; with :obj:`0.0` any decrease does, a tie does not).
+            if its loss is lower by more than ``min_delta`` (an absolute difference, in the
+            units of the validation loss: standardised targets where they are normalised; a
+            decrease of exactly ``min_delta`` does not count; with :obj:`0.0` any decrease
+            does, a tie does not).
             (default: :obj:`0.0`)
         restore_best (bool, optional): Load the weights of the best validation epoch at the end.
             (default: :obj:`True`)
@@ -176,13 +178,17 @@ class TrainResult:
         history: One flat dict per epoch (``epoch``, ``lr`` of the epoch's first step,
             ``train_loss``, ``val_loss``, ``val_<metric>``, ``epoch_time``), as written to
             ``metrics.jsonl`` and ``metrics.csv``.
-        best_epoch: 0-based epoch of the lowest validation loss (the last epoch without a
-            validation set).
-        best_val_loss: That validation loss (``nan`` without a validation set).
+        best_epoch: 0-based epoch early stopping kept: the last that improved on the best
+            validation loss before it by more than ``min_delta`` (with ``min_delta=0``, the
+            first epoch of the lowest validation loss; with ``min_delta > 0`` a later epoch may
+            have a lower one); the last epoch without a validation set.
+        best_val_loss: That epoch's validation loss, the training criterion on standardised
+            targets where they are normalised (``nan`` without a validation set).
         epochs_run: Number of epochs completed (including those before a resume).
         stopped_early: Whether early stopping ended the run.
         val_metrics: Validation metrics of the best epoch.
-        test_metrics: Metrics of the final (restored) model on the test set, if one was given.
+        test_metrics: Metrics on the test set, if one was given, of the model :meth:`Trainer.fit`
+            leaves: the best epoch's weights with ``restore_best``, else the last epoch's.
         wall_time: Seconds spent in :meth:`Trainer.fit` (summed over resumed runs).
         normalizer: The target normaliser fitted on the training split (regression with
             ``normalize_targets=True``; else :obj:`None`). The trained model carries it already

@@ -1,5 +1,6 @@
 r"""The learning-rate schedule: linear warm-up, then cosine decay to zero."""
 import math
+import numbers
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR
@@ -23,9 +24,15 @@ def cosine_with_warmup(optimizer: torch.optim.Optimizer, warmup_steps: int,
 
     Args:
         optimizer (torch.optim.Optimizer): The optimiser whose learning rates are scheduled.
-        warmup_steps (int): Number of linear warm-up steps :math:`w`.
-        total_steps (int): Total number of steps :math:`T` (:math:`\ge w`, :math:`> 0`).
+        warmup_steps (int): Number of linear warm-up steps :math:`w` (an integer).
+        total_steps (int): Total number of steps :math:`T` (an integer :math:`\ge w`,
+            :math:`> 0`).
     """
+    for name, value in (('warmup_steps', warmup_steps), ('total_steps', total_steps)):
+        # (a NaN passed every comparison below and gave NaN learning rates; a fraction or a
+        # bool was taken as a count of steps)
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise ValueError(f'Expected an integer {name} (got {value!r})')
     if total_steps <= 0 or warmup_steps < 0 or warmup_steps > total_steps:
         raise ValueError(f'Expected 0 <= warmup_steps <= total_steps and total_steps > 0 '
                          f'(got warmup_steps={warmup_steps}, total_steps={total_steps})')

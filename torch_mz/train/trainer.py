@@ -522,7 +522,9 @@ class Trainer:
         Inside :func:`~torch_mz.train.stop_by` it stops after the epoch that ends past the
         deadline, writes that epoch's checkpoint and raises
         :class:`~torch_mz.train.TrainingStopped` (with ``out_dir`` set; a run with nowhere to
-        write one trains on). Under DDP all ranks must call it with the same datasets. With
+        write one trains on). A run resumed from a checkpoint trained with a validation set
+        needs one (:class:`ValueError`). Under DDP all ranks must call it with the same
+        datasets. With
         ``config.deterministic`` PyTorch's deterministic algorithms are on while it runs, and
         as they were after it. Where it raises, the model predicts in target units again: as it
         came, weights and normaliser, if no epoch began (a resume refused, say), with this run's
@@ -570,6 +572,13 @@ class Trainer:
             loader, sampler = self._train_loader(train_dataset)
             self._make_optimizer(len(loader))
             run = self._start_or_resume(train_dataset, start)
+            if val_dataset is None and run.best_state is not None:
+                # (without one every epoch became the best while the best weights and loss
+                # stayed the validated epoch's: best_epoch named the last epoch, restore_best
+                # loaded another's weights)
+                raise ValueError(f'Checkpoint {cfg.resume!r} was trained with a validation set '
+                                 f'(best epoch {run.best_epoch}, 0-based); expected one to '
+                                 f'resume it (got val_dataset=None)')
             self._wrap_ddp()
             if self._writes_files:
                 assert cfg.out_dir is not None  # _writes_files needs it
