@@ -1319,9 +1319,12 @@ def test_only_the_main_process_probes_the_out_folder(tmp_path, monkeypatch):
     cli._check_path(str(tmp_path / 'new'), '--out', folder=True)  # no probe, no error
 
 
-def test_set_counts_that_cannot_fit_in_memory_are_refused_before_generating(tmp_path, capsys):
-    # --n-train 100000000000 generated sets without end
-    assert main(['train', '--task', 'mst', '--model', 'deepsets', '--n-train', str(10 ** 11),
+@pytest.mark.parametrize('n_train', [10 ** 11, pytest.param(10 ** 400, id='10**400')])
+def test_set_counts_that_cannot_fit_in_memory_are_refused_before_generating(n_train, tmp_path,
+                                                                            capsys):
+    # --n-train 100000000000 generated sets without end; 10**400, past a float's range, ended
+    # in an OverflowError's traceback
+    assert main(['train', '--task', 'mst', '--model', 'deepsets', '--n-train', str(n_train),
                  '--out', str(tmp_path / 'r')]) == 2
     err = capsys.readouterr().err
     assert 'sets of at least 10 elements need more than' in err and '--n-train' in err
@@ -2051,7 +2054,9 @@ def test_another_type_error_keeps_its_traceback(monkeypatch):
         main(['tasks'])
 
 
-@pytest.mark.parametrize('high', [2 ** 70, 2 ** 62, 10 ** 12])
+@pytest.mark.parametrize('high', [2 ** 70, 2 ** 62, 10 ** 12,
+                                  # (past a float's range: an OverflowError's traceback)
+                                  pytest.param(10 ** 400, id='10**400')])
 def test_a_set_size_range_that_cannot_fit_in_memory_is_named(high, tmp_path, capsys):
     # its smallest size fits: NumPy's 'high is out of bounds for int64' or 'array is too big'
     # (no flag named), or sets drawn until memory ran out

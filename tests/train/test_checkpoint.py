@@ -740,3 +740,26 @@ def test_a_run_that_validated_is_not_resumed_without_its_validation_set(tmp_path
         trainer.fit(REG_TRAIN[:48])
     assert_same_params(params(model), before)  # refused before any epoch: the model as it came
     assert load_checkpoint(checkpoint)['epoch'] == 2
+
+
+def test_same_run_takes_a_set_size_left_out_as_the_tasks_default_range():
+    # load_task records set_size only where it is given: a run without --set-size resumed with
+    # the task's default range (the same sets) was refused as another run
+    from torch_mz.tasks import TASKS, load_task
+    from torch_mz.train.checkpoint import same_run
+
+    def run(name, **args):
+        return {'task': {'name': name, 'args': args, 'split': {'seed': 0}},
+                'model': {'name': 'mz', 'args': {}}}
+    assert TASKS['max'].default_set_size == (10, 50)  # (not every task's (10, 30))
+    assert same_run(run('max'), run('max', set_size=[10, 50]))
+    assert same_run(run('meb-radius', set_size=[10, 30]), run('meb-radius', d=8))
+    assert not same_run(run('max'), run('max', set_size=[10, 30]))
+    assert not same_run(run('max'), run('max', set_size=[10, 51]))
+    assert not same_run(run('max', set_size=[10, 30]), run('max', set_size=[10, 50]))
+    # the premise: the default range given draws the sets of none given
+    plain, given = (load_task('max', n_train=2, n_val=1, n_test=1, set_size=size)
+                    for size in (None, (10, 50)))
+    assert 'set_size' not in plain.args and given.args['set_size'] == [10, 50]
+    for a, b in zip(plain.train + plain.val + plain.test, given.train + given.val + given.test):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a.keys())

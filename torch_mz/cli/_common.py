@@ -338,15 +338,27 @@ def _check_synthetic_size(task: str, counts: Sequence[Optional[int]],
         return
     if need > memory:
         raise CLIError(f"{total:,} sets of at least {low} elements need more than "
-                       f"{need / 2**30:,.1f} GiB, beyond this machine's {memory / 2**30:,.1f} GiB "
-                       f"of memory: ask for fewer (--n-train, --n-val, --n-test)"
+                       f"{_quotient(need, 2**30, 1)} GiB, beyond this machine's "
+                       f"{memory / 2**30:,.1f} GiB of memory: ask for fewer (--n-train, "
+                       f"--n-val, --n-test)"
                        + (f' or smaller ones ({size_flag})' if set_size is not None else ''))
-    mean = (low + high) / 2  # (the sizes are drawn uniformly from [low, high])
-    if set_size is not None and total * (512 + 4 * mean * d) > memory:
-        raise CLIError(f"{size_flag} {low},{high}: {total:,} sets of {mean:,.0f} elements on "
-                       f"average need about {total * (512 + 4 * mean * d) / 2**30:,.1f} GiB, "
-                       f"beyond this machine's {memory / 2**30:,.1f} GiB of memory: give a "
-                       f"smaller HIGH")
+    # the sizes are drawn uniformly from [low, high]: twice the mean need, in integers (a
+    # HIGH past a float's range, 10**400, ended in an OverflowError's traceback)
+    twice = total * (1024 + 4 * (low + high) * d)
+    if set_size is not None and twice > 2 * memory:
+        raise CLIError(f"{size_flag} {low},{high}: {total:,} sets of "
+                       f"{_quotient(low + high, 2, 0)} elements on average need about "
+                       f"{_quotient(twice, 2**31, 1)} GiB, beyond this machine's "
+                       f"{memory / 2**30:,.1f} GiB of memory: give a smaller HIGH")
+
+
+def _quotient(num: int, den: int, decimals: int) -> str:
+    r""":obj:`num` / :obj:`den` with :obj:`decimals` decimals and thousands separators; past a
+    float's range (a size of 10**400), the integer quotient."""
+    try:
+        return f'{num / den:,.{decimals}f}'
+    except OverflowError:
+        return f'{num // den:,}'
 
 
 def _config(args, seed: int, out_dir: Optional[str], resume: Optional[str] = None):

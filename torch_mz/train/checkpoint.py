@@ -321,10 +321,14 @@ def _resolved_task(entry: Dict[str, Any]) -> Dict[str, Any]:
     if not isinstance(name, str) or not isinstance(args, dict):
         return entry
     # (the tasks import the datasets: lazily)
+    from torch_mz.datasets import synthetic
     from torch_mz.datasets.real import LOAD_DEFAULTS
     from torch_mz.tasks import TASKS, resolved_options, task_options
     if name in TASKS:  # (a run records the options given: d=8 given was d left out)
         defaults = dict(task_options(name)[0], **LOAD_DEFAULTS.get(name, {}))
+        if name in synthetic.TASKS:  # (load_task records set_size where it is given: its
+            # default range draws the same sets as none given)
+            defaults['set_size'] = list(synthetic.TASKS[name].default_set_size)
         args = dict(recorded_options(defaults), **args)
     return dict(entry, args=recorded_options(resolved_options(name, args)))
 
