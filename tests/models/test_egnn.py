@@ -491,6 +491,40 @@ def test_model_gives_every_parameter_a_gradient(wrap):
         assert torch.equal(call(x, pos, batch).prediction, pred)
 
 
+@pytest.mark.parametrize('options', [dict(), dict(normalize=True, tanh=True, edge_gate=True)])
+def test_model_forward_skips_the_last_coordinate_update_exactly(options):
+    # the last layer's coordinate update reaches no prediction, yet forward computed it (phi_x
+    # on every edge): skipped now, the prediction and every parameter's gradient the same bits
+    # as from the layers' h with every update computed (encode's), the state_dict keys kept
+    torch.manual_seed(0)
+    model = EGNN(2, hidden_channels=8, num_layers=3, **options).double()
+    keys = list(model.state_dict())
+    x, pos, batch = random_sets([4, 1, 5], 3, 2)
+    calls = []
+    for conv in model.convs:
+        conv.coord_mlp.register_forward_hook(lambda mod, args, out: calls.append(mod))
+    pred = model(x, pos, batch).prediction
+    assert calls == [conv.coord_mlp for conv in model.convs[:-1]]
+    grads = torch.autograd.grad(pred.square().sum(), list(model.parameters()))
+
+    h, pos_out = model.encode(x, pos, batch)  # every layer's update (encode returns it)
+    assert len(calls) == 2 * len(model.convs) - 1
+    ref = model.head(scatter(model.node_mlp(h), batch, dim=0, dim_size=3, reduce='sum'))
+    ref = ref - 0 * sum(p.sum() for p in model.convs[-1].coord_mlp.parameters()).abs()
+    ref_grads = torch.autograd.grad(ref.square().sum(), list(model.parameters()),
+                                    allow_unused=True)
+    assert torch.equal(pred, ref)
+    for (name, _), g, r in zip(model.named_parameters(), grads, ref_grads):
+        assert torch.equal(g, r if r is not None else torch.zeros_like(g)), name
+    assert list(model.state_dict()) == keys
+    # the layer alone: h' the same, pos returned unchanged
+    conv, edge_index = model.convs[0], fully_connected_edge_index(batch)
+    h0 = model.embedding(x)
+    h_full, pos_full = conv(h0, pos, edge_index)
+    h_skip, pos_skip = conv(h0, pos, edge_index, update_coords=False)
+    assert torch.equal(h_skip, h_full) and pos_skip is pos and not torch.equal(pos_full, pos)
+
+
 @pytest.mark.parametrize('dtype', [torch.float32, torch.float64])
 def test_model_gradient_tie_keeps_the_sign_of_zero(dtype):
     # the tie of the last coordinate MLP added 0 * sum: the -0.0 of an empty set's zeroed

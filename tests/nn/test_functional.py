@@ -466,6 +466,32 @@ def test_compiled_dropout_draws_the_eager_mask(backend):
     assert torch.equal(g, grad * (got[0] != 0).to(grad.dtype).div_(0.7))
 
 
+class _Dropout(torch.nn.Module):
+    def forward(self, x):
+        return functional.dropout(x, 0.5, training=self.training)
+
+
+def test_exported_dropout_keeps_the_mask_operator_in_training_only():
+    r""":func:`torch.export.export` of a module with this dropout: in eval mode the graph holds no
+    ``torch_mz`` operator and is the identity; in training mode it holds
+    ``torch_mz::dropout_keep_mask``, runs, draws eager's mask under the same seed and a new one
+    at the next call."""
+    x = torch.ones(64, 5)
+    for training in (False, True):
+        program = torch.export.export(_Dropout().train(training), (x, ))
+        ops = [str(n.target) for n in program.graph.nodes if n.op == 'call_function']
+        assert ('torch_mz.dropout_keep_mask.default' in ops) == training
+        assert not any('torch_mz' in op for op in ops if 'dropout_keep_mask' not in op)
+        torch.manual_seed(0)
+        first, second = program.module()(x), program.module()(x)
+        if not training:
+            assert torch.equal(first, x) and torch.equal(second, x)
+    torch.manual_seed(0)
+    assert torch.equal(first, functional.dropout(x, 0.5))
+    assert not torch.equal(first, second)
+    assert set(first.unique().tolist()) == {0.0, 2.0}
+
+
 def test_shared_set_ids_changed_unseen_by_the_version_counter_are_made_again():
     # repeat_per_set hands every block the same tensor; a NumPy write to it (no version
     # counter moves) had changed the seed ids of every later model in the process

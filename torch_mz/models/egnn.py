@@ -364,7 +364,12 @@ class EGNNConv(MessagePassing):
             torch.nn.init.xavier_uniform_(self.coord_mlp[-1].weight, gain=0.001)
 
     def forward(self, h: Tensor, pos: Tensor, edge_index: Tensor,
-                edge_attr: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+                edge_attr: Optional[Tensor] = None, *,
+                update_coords: bool = True) -> Tuple[Tensor, Tensor]:
+        r"""Returns ``(h', pos')``. With ``update_coords=False`` this call computes no
+        coordinate update (:math:`\phi_x` is not evaluated) and returns ``pos`` unchanged;
+        ``h'`` is the same either way (it never depends on the update): for a last layer whose
+        coordinates nothing reads."""
         if h.dim() != 2 or h.size(1) != self.channels:
             raise ValueError(f"Expected 'h' of shape (N, {self.channels}), got {tuple(h.shape)}")
         if pos.dim() != 2 or pos.size(0) != h.size(0):
@@ -413,16 +418,17 @@ class EGNNConv(MessagePassing):
             b = torch.nn.functional.linear(h, first.weight[:, F_:2 * F_])  # (N, H)
             rest = first.weight[:, 2 * F_:]  # (H, 1 + F_e)
         m_aggr, delta = self.propagate(edge_index, a=a, b=b, pos=pos, edge_attr=edge_attr,
-                                       rest=rest)
+                                       rest=rest, coords=update_coords)
         out = self.node_mlp(torch.cat([h, m_aggr], dim=-1))  # (N, F)
         if self.residual:
             out = h + out
-        if self.update_coords:
+        if self.update_coords and update_coords:
             pos = pos + delta  # (N, D)
         return out, pos
 
     def message(self, a_i: Tensor, b_j: Tensor, pos_i: Tensor, pos_j: Tensor,
-                edge_attr: Optional[Tensor], rest: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+                edge_attr: Optional[Tensor], rest: Optional[Tensor],
+                coords: bool = True) -> Tuple[Tensor, Tensor]:
         diff = pos_i - pos_j  # (E, D)
         # half-precision coordinates: d^2 (and the norm) in float32, as radius_edge_index has
         # them: float16 squared distances overflow beyond a distance of 256 (the messages were
@@ -455,7 +461,7 @@ class EGNNConv(MessagePassing):
                 m = layer(m)  # (E, H)
         if self.gate_lin is not None:
             m = m * torch.sigmoid(self.gate_lin(m))  # (E, H)
-        if self.coord_mlp is None:
+        if self.coord_mlp is None or not coords:
             return m, diff.new_zeros(diff.size(0), 0)  # (E, H), (E, 0)
         if self.normalize:
             if self.detach_norm:  # egnn_clean: norm = torch.sqrt(radial).detach() + epsilon
@@ -748,12 +754,15 @@ class EGNN(Module):
             return radius_edge_index(pos, self.radius, batch, num_sets)
         return fully_connected_edge_index(batch, num_sets)
 
-    def _encode(self, x: Tensor, pos: Tensor, batch: Tensor,
-                num_sets: int) -> Tuple[Tensor, Tensor]:
+    def _encode(self, x: Tensor, pos: Tensor, batch: Tensor, num_sets: int,
+                last_coords: bool = True) -> Tuple[Tensor, Tensor]:
+        # (last_coords=False: the last layer computes no coordinate update, which forward does
+        # not read; pos is then that of the layer before)
         edge_index = self.build_edge_index(pos, batch, num_sets)  # (2, E)
         h = self.embedding(x)  # (N, hidden)
-        for conv in self.convs:
-            h, pos = conv(h, pos, edge_index)
+        for i, conv in enumerate(self.convs):
+            update = last_coords or i < len(self.convs) - 1
+            h, pos = conv(h, pos, edge_index, update_coords=update)
         return h, pos
 
     def encode(
@@ -794,15 +803,16 @@ class EGNN(Module):
             num_sets (int, optional): Number of sets. (default: :obj:`None`)
         """
         x, pos, batch, num_sets = self._unpack(x, pos, batch, num_sets)
-        h, _ = self._encode(x, pos, batch, num_sets)  # (N, hidden)
+        h, _ = self._encode(x, pos, batch, num_sets, last_coords=False)  # (N, hidden)
         h = self.node_mlp(h)  # (N, hidden)
         h = scatter(h, batch, dim=0, dim_size=num_sets, reduce=self.pool)  # (S, hidden)
         prediction = zero_empty_sets(self.head(h), batch, num_sets)  # (S, out_channels)
         last = self.convs[-1].coord_mlp if self.num_layers > 0 else None
         if isinstance(last, Module) and torch.is_grad_enabled():
-            # the last layer's coordinate update reaches no prediction: its coordinate MLP got
-            # no gradient, which DistributedDataParallel (find_unused_parameters=False) took for
-            # an error at the next step; joined at weight zero (the same values), it gets a zero
+            # the last layer's coordinate update reaches no prediction (it is not computed): its
+            # coordinate MLP got no gradient, which DistributedDataParallel
+            # (find_unused_parameters=False) took for an error at the next step; joined at
+            # weight zero (the same values), it gets a zero
             prediction = tie_parameters(prediction, last)
         return SetPrediction(prediction)
 

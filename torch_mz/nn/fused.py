@@ -297,6 +297,11 @@ def _rational_tanh(x: Tensor) -> Tensor:
 def _tanh_in_place(h: Tensor) -> Tensor:
     if h.dtype == torch.float64:  # the rational function is float32-accurate only
         return h.tanh_()
+    if h.dtype != torch.float32:
+        # evaluated in float16 or bfloat16 its rounding errors reached 3.6 units in the last
+        # place (ATen's tanh: 0.5) and broke monotonicity (bfloat16: 0.988 at 8.5, 0.996 at 5);
+        # in float32 and rounded once, within ATen's accuracy in these dtypes
+        return h.copy_(_rational_tanh(h.float()))
     return h.copy_(_rational_tanh(h))
 
 
@@ -311,11 +316,11 @@ class OddTanhFused(torch.autograd.Function):
     5.4 ms copy of the input every call makes first; ``benchmarks/results/kernels/``). Hosts
     differ: on that of 2026-12-05 ATen's took 10 ms and this kernel 32 ms
     (``benchmarks/results/kernels_20261205``), so auto mode measures the two once per process
-    (:func:`tanh_kernel_faster`). For float32 (and lower precisions) the kernel
-    evaluates a rational approximation :math:`x P(x^2) / Q(x^2)` on :math:`[-9, 9]` (clamped
-    beyond, where float32 :math:`\tanh` rounds to :math:`\pm 1`), within a relative error of
-    4 float32 epsilons of :math:`\tanh` (at most 6 units in the last place; ATen's is within 1)
-    and exactly odd, so a generator's sign flip still flips its
+    (:func:`tanh_kernel_faster`). For float32 (and lower precisions, evaluated in float32 and
+    rounded once) the kernel evaluates a rational approximation :math:`x P(x^2) / Q(x^2)` on
+    :math:`[-9, 9]` (clamped beyond, where float32 :math:`\tanh` rounds to :math:`\pm 1`),
+    within a relative error of 4 float32 epsilons of :math:`\tanh` (at most 6 units in the last
+    place; ATen's is within 1) and exactly odd, so a generator's sign flip still flips its
     image bit for bit; float64 runs :func:`torch.tanh`. The backward pass is
     :math:`(1 - y^2)\,\bar{y}` from the saved output, differentiable (second derivatives)."""
     @staticmethod
