@@ -17,7 +17,7 @@ import numpy as np
 
 from torch_mz.paper import TABLE1
 from torch_mz.study import (EXIT_INTERRUPTED, SPREAD_NOTE, RunStore, check_grid, environment,
-                            int_list, interrupted_note, markdown_table, positive_int, pyplot,
+                            int_list, interruptible, markdown_table, positive_int, pyplot,
                             replace_plot, run_grid, write_report)
 from torch_mz.study.plots import save_figure
 from torch_mz.study.budget import (Budget, add_budget_arguments, add_resume_argument,
@@ -83,44 +83,44 @@ def main():
         print(f"{run['cell']:5s} {run['model']:6s} seed {run['seed']}: test r2 "
               f"{run['test']['r2']:.4f}", flush=True)
 
-    try:
+    with interruptible(__file__, sys.argv[1:], parser, store.folder) as stop:
         runs, rows = run_grid(grid, MODELS, seeds, config, on_result=report,
                               store=store, check=False, record_diverged=True)
-    except KeyboardInterrupt:  # (Ctrl-C: a traceback, for a stop the study resumes from)
-        print(interrupted_note(__file__, sys.argv[1:], parser, store.folder), file=sys.stderr,
-              flush=True)
+        stop.all_kept()  # (every run is kept: a Ctrl-C from here costs only the report)
+        for L, row in zip(Ls, rows):
+            row['L'] = L
+            row['MSE ratio'] = row['st-4l mse'] / row['mz-1l mse']
+            if L in PAPER:
+                row['paper mz-1l r2'], row['paper st-4l r2'], row['paper MSE ratio'] = PAPER[L]
+        setup = dict(d=args.d, seeds=seeds, n_train=n_train, n_val=n_val, n_test=n_test,
+                     epochs=epochs, lr=lr, batch_size=64)
+        columns = ['L', 'mz-1l r2', 'mz-1l r2 std', 'st-4l r2', 'st-4l r2 std', 'MSE ratio',
+                   'paper mz-1l r2', 'paper st-4l r2', 'paper MSE ratio']
+        table = markdown_table(rows, columns)
+        ahead = [row['L'] for row in rows if row['mz-1l r2'] > row['st-4l r2']]
+        clear = [row['L'] for row in rows if row['mz-1l r2'] - row['st-4l r2']
+                 > 2 * max(row['mz-1l r2 std'], row['st-4l r2 std'])]
+        spread = (f"by more than twice the seed spread at L = {clear or 'none'}" if seeds > 1 else
+                  "with one seed, so no seed spread to weigh the lead against")
+        notes = (f"mz-1l has the higher mean R² at L = {ahead or 'none'} (the paper: at every L), "
+                 f"{spread}; MSE ratios "
+                 f"{np.nanmin([r['MSE ratio'] for r in rows]):.2f}-"
+                 f"{np.nanmax([r['MSE ratio'] for r in rows]):.2f} against the paper's 6.5-15.4.")
+        diverged = [f"{m} at L = {row['L']} ({row[f'{m} diverged']} of {seeds})" for row in rows
+                    for m in MODELS if row.get(f'{m} diverged')]
+        if diverged:  # (their means are over the other seeds; NaN where every seed diverged)
+            notes += f" Runs that diverged: {', '.join(diverged)}."
+        png = os.path.join(args.out, 'depth_separation.png')
+        note = replace_plot(png, plot, rows, png)  # (first: the report links it where drawn)
+        write_report(args.out, 'depth_separation',
+                     'Depth separation on the quadratic-TDOF target (paper Table 1)', environment(),
+                     setup, f'{table}\n{SPREAD_NOTE}\n', dict(rows=rows, runs=runs),
+                     (time.time() - start) / 60,
+                     notes=notes, plot=note is None,
+                     run_minutes=sum(r['wall_time_s'] for r in runs) / 60 if args.resume else None)
+    if stop.note:
+        print(stop.note, file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
-    for L, row in zip(Ls, rows):
-        row['L'] = L
-        row['MSE ratio'] = row['st-4l mse'] / row['mz-1l mse']
-        if L in PAPER:
-            row['paper mz-1l r2'], row['paper st-4l r2'], row['paper MSE ratio'] = PAPER[L]
-    setup = dict(d=args.d, seeds=seeds, n_train=n_train, n_val=n_val, n_test=n_test,
-                 epochs=epochs, lr=lr, batch_size=64)
-    columns = ['L', 'mz-1l r2', 'mz-1l r2 std', 'st-4l r2', 'st-4l r2 std', 'MSE ratio',
-               'paper mz-1l r2', 'paper st-4l r2', 'paper MSE ratio']
-    table = markdown_table(rows, columns)
-    ahead = [row['L'] for row in rows if row['mz-1l r2'] > row['st-4l r2']]
-    clear = [row['L'] for row in rows if row['mz-1l r2'] - row['st-4l r2']
-             > 2 * max(row['mz-1l r2 std'], row['st-4l r2 std'])]
-    spread = (f"by more than twice the seed spread at L = {clear or 'none'}" if seeds > 1 else
-              "with one seed, so no seed spread to weigh the lead against")
-    notes = (f"mz-1l has the higher mean R² at L = {ahead or 'none'} (the paper: at every L), "
-             f"{spread}; MSE ratios "
-             f"{np.nanmin([r['MSE ratio'] for r in rows]):.2f}-"
-             f"{np.nanmax([r['MSE ratio'] for r in rows]):.2f} against the paper's 6.5-15.4.")
-    diverged = [f"{m} at L = {row['L']} ({row[f'{m} diverged']} of {seeds})" for row in rows
-                for m in MODELS if row.get(f'{m} diverged')]
-    if diverged:  # (their means are over the other seeds; NaN where every seed diverged)
-        notes += f" Runs that diverged: {', '.join(diverged)}."
-    png = os.path.join(args.out, 'depth_separation.png')
-    note = replace_plot(png, plot, rows, png)  # (first: the report links it where drawn)
-    write_report(args.out, 'depth_separation',
-                 'Depth separation on the quadratic-TDOF target (paper Table 1)', environment(),
-                 setup, f'{table}\n{SPREAD_NOTE}\n', dict(rows=rows, runs=runs),
-                 (time.time() - start) / 60,
-                 notes=notes, plot=note is None,
-                 run_minutes=sum(r['wall_time_s'] for r in runs) / 60 if args.resume else None)
     if note:
         print(note)
     print(table)

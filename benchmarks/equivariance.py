@@ -22,7 +22,7 @@ import time
 
 from torch_mz.paper import TABLE7, TABLE7_CELLS
 from torch_mz.study import (EXIT_INTERRUPTED, SPREAD_NOTE, RunStore, check_grid, choice_list,
-                            environment, interrupted_note, markdown_table, plot_grid,
+                            environment, interruptible, markdown_table, plot_grid,
                             replace_plot, run_grid, split_model_specs, write_report)
 from torch_mz.study.budget import (Budget, add_budget_arguments, add_resume_argument,
                                    choose_budget, study_config)
@@ -109,44 +109,47 @@ def main():
         print(f"{run['cell']:10s} {run['model']:9s} seed {run['seed']}: test r2 "
               f"{run['test']['r2']:.4f} ({run['wall_time_s'] / 60:.1f} min)", flush=True)
 
-    try:
+    with interruptible(__file__, sys.argv[1:], parser, store.folder) as stop:
         runs, rows = run_grid(grid, models, seeds, config, on_result=report,
                               store=store, check=False, record_diverged=True)
-    except KeyboardInterrupt:  # (Ctrl-C: a traceback, for a stop the study resumes from)
-        print(interrupted_note(__file__, sys.argv[1:], parser, store.folder), file=sys.stderr,
-              flush=True)
-        return EXIT_INTERRUPTED
-    for row in rows:
-        for m in models:
-            row[f'paper {m}'] = PAPER.get((row['cell'], m))
+        stop.all_kept()  # (every run is kept: a Ctrl-C from here costs only the report)
+        for row in rows:
+            for m in models:
+                row[f'paper {m}'] = PAPER.get((row['cell'], m))
+            if set(models) == set(MODELS):
+                row['winner'], row['paper winner'] = verdict(row, seeds)
+        env = environment()
+        params = {m: rows[0][f'{m} params'] for m in models} if rows else {}
+        setup = dict(seeds=seeds, n_train=n_train, n_val=n_val, n_test=n_test, epochs=epochs,
+                     lr=lr, batch_size=64, params_first_cell=params)
+        columns = ['cell'] + [c for m in models for c in (f'{m} r2', f'{m} r2 std')]
+        columns += [f'paper {m}' for m in models]
         if set(models) == set(MODELS):
-            row['winner'], row['paper winner'] = verdict(row, seeds)
-    env = environment()
-    params = {m: rows[0][f'{m} params'] for m in models} if rows else {}
-    setup = dict(seeds=seeds, n_train=n_train, n_val=n_val, n_test=n_test, epochs=epochs, lr=lr,
-                 batch_size=64, params_first_cell=params)
-    columns = ['cell'] + [c for m in models for c in (f'{m} r2', f'{m} r2 std')]
-    columns += [f'paper {m}' for m in models]
-    if set(models) == set(MODELS):
-        columns += ['winner', 'paper winner']
-    table = markdown_table(rows, columns)
-    notes = ''
-    if set(models) == set(MODELS):
-        same = [r['cell'] for r in rows if agrees(r['winner'], r['paper winner'])]
-        differ = [f"{r['cell']} ({r['winner']}; paper: {r['paper winner']})" for r in rows
-                  if not agrees(r['winner'], r['paper winner'])]
-        notes = (f"The best model of a cell (or a tie within twice the seed spread that includes "
-                 f"the paper's best) is the paper's on {len(same)} of {len(rows)} cells"
-                 + (f"; it differs on {', '.join(differ)}." if differ else '.'))
-    png = os.path.join(args.out, 'equivariance.png')  # (first: the report links it where drawn)
-    note = replace_plot(png, plot_grid, rows, models, png, paper=PAPER,
-                        title='Table 7: test R² (bars: measured; ticks: paper)')
-    write_report(args.out, 'equivariance', 'Equivariance versus context-adaptivity (paper Table 7)',
-                 env, setup, f'{table}\n{SPREAD_NOTE}\n',
-                 dict(cells={c: CELLS[c] for c in cells}, rows=rows, runs=runs),
-                 (time.time() - start) / 60, notes=notes,
-                 plot=note is None,
-                 run_minutes=sum(r['wall_time_s'] for r in runs) / 60 if args.resume else None)
+            columns += ['winner', 'paper winner']
+        table = markdown_table(rows, columns)
+        notes = ''
+        if set(models) == set(MODELS):
+            same = [r['cell'] for r in rows if agrees(r['winner'], r['paper winner'])]
+            differ = [f"{r['cell']} ({r['winner']}; paper: {r['paper winner']})" for r in rows
+                      if not agrees(r['winner'], r['paper winner'])]
+            notes = (f"The best model of a cell (or a tie within twice the seed spread that "
+                     f"includes the paper's best) is the paper's on {len(same)} of {len(rows)} "
+                     f"cells"
+                     + (f"; it differs on {', '.join(differ)}." if differ else '.'))
+        # (the plot first: the report links it where drawn)
+        png = os.path.join(args.out, 'equivariance.png')
+        note = replace_plot(png, plot_grid, rows, models, png, paper=PAPER,
+                            title='Table 7: test R² (bars: measured; ticks: paper)')
+        write_report(args.out, 'equivariance',
+                     'Equivariance versus context-adaptivity (paper Table 7)', env, setup,
+                     f'{table}\n{SPREAD_NOTE}\n',
+                     dict(cells={c: CELLS[c] for c in cells}, rows=rows, runs=runs),
+                     (time.time() - start) / 60, notes=notes,
+                     plot=note is None,
+                     run_minutes=sum(r['wall_time_s'] for r in runs) / 60 if args.resume else None)
+    if stop.note:
+        print(stop.note, file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
     if note:
         print(note)
     print(table)

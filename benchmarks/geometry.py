@@ -24,7 +24,7 @@ import time
 
 from torch_mz.paper import GEOMETRY, GEOMETRY_MODELS
 from torch_mz.study import (EXIT_INTERRUPTED, SPREAD_NOTE, RunStore, check_grid, choice_list,
-                            environment, int_list, interrupted_note, markdown_table, plot_grid,
+                            environment, int_list, interruptible, markdown_table, plot_grid,
                             replace_plot, run_grid, split_model_specs, write_report)
 from torch_mz.study.budget import (Budget, add_budget_arguments, add_resume_argument,
                                    choose_budget, study_config)
@@ -81,53 +81,53 @@ def main():
         print(f"{run['cell']:11s} {run['model']:10s} seed {run['seed']}: test r2 "
               f"{run['test']['r2']:.4f} ({run['wall_time_s'] / 60:.1f} min)", flush=True)
 
-    try:
+    with interruptible(__file__, sys.argv[1:], parser, store.folder) as stop:
         runs, rows = run_grid(grid, models, seeds, config, on_result=report,
                               store=store, check=False, record_diverged=True)
-    except KeyboardInterrupt:  # (Ctrl-C: a traceback, for a stop the study resumes from)
-        print(interrupted_note(__file__, sys.argv[1:], parser, store.folder), file=sys.stderr,
-              flush=True)
+        stop.all_kept()  # (every run is kept: a Ctrl-C from here costs only the report)
+        for row in rows:
+            for m in models:
+                row[f'paper {m}'] = PAPER.get((row['cell'], m))
+            ours = winner({m: row[f'{m} r2'] for m in models})[0]  # (a NaN, all diverged, last)
+            row['best'] = ours
+            rivals = [m for m in models if not m.startswith('mz')]
+            lead = lead_over_best({m: row[f'{m} r2'] for m in models}, 'mz', rivals)
+            if lead is not None:
+                row['mz - best baseline'] = lead.gap
+                paper = lead_over_best({m: PAPER[(row['cell'], m)] for m in models
+                                        if (row['cell'], m) in PAPER}, 'mz', rivals)
+                if paper is not None:
+                    row['paper mz - best baseline'] = paper.gap
+        env = environment()
+        params = {m: rows[0][f'{m} params'] for m in models} if rows else {}
+        setup = dict(seeds=seeds, n_train=n_train, n_val=n_val, n_test=n_test, epochs=epochs, lr=lr,
+                     batch_size=64, params_first_cell=params)
+        columns = ['cell'] + [f'{m} r2' for m in models] + ['best', 'mz - best baseline',
+                                                          'paper mz - best baseline']
+        table = markdown_table(rows, columns)
+        paper_cols = ['cell'] + [f'paper {m}' for m in models if any(f'paper {m}' in r and
+                                                                     r[f'paper {m}'] is not None
+                                                                     for r in rows)]
+        notes = ('Spread over seeds (std of test R²):\n\n'
+                 + markdown_table(rows, ['cell'] + [f'{m} r2 std' for m in models])
+                 + f'\n{SPREAD_NOTE}\n\n'
+                 + 'The paper\'s R² for the same cells (Tables 3, 4, 17, 18; "rigid" is its '
+                   '"Standard"):\n\n' + markdown_table(rows, paper_cols))
+        if 'mz - best baseline' in columns and rows and 'mz - best baseline' in rows[0]:
+            ahead = [r['cell'] for r in rows if r['mz - best baseline'] > 0]
+            notes += (f"\n`mz` is ahead of every baseline on {len(ahead)} of {len(rows)} cells"
+                      f"{': ' + ', '.join(ahead) if ahead else ''}.\n")
+        png = os.path.join(args.out, 'geometry.png')  # (first: the report links it where drawn)
+        note = replace_plot(png, plot_grid, rows, models, png, paper=PAPER,
+                            title='Computational geometry: test R² (bars: measured; ticks: paper)')
+        write_report(args.out, 'geometry', 'Computational geometry across dimensions '
+                     '(paper Tables 3, 4, 17, 18)', env, setup, table,
+                     dict(cells=grid, rows=rows, runs=runs), (time.time() - start) / 60,
+                     notes=notes, plot=note is None,
+                     run_minutes=sum(r['wall_time_s'] for r in runs) / 60 if args.resume else None)
+    if stop.note:
+        print(stop.note, file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
-    for row in rows:
-        for m in models:
-            row[f'paper {m}'] = PAPER.get((row['cell'], m))
-        ours = winner({m: row[f'{m} r2'] for m in models})[0]  # (a NaN, all diverged, last)
-        row['best'] = ours
-        rivals = [m for m in models if not m.startswith('mz')]
-        lead = lead_over_best({m: row[f'{m} r2'] for m in models}, 'mz', rivals)
-        if lead is not None:
-            row['mz - best baseline'] = lead.gap
-            paper = lead_over_best({m: PAPER[(row['cell'], m)] for m in models
-                                    if (row['cell'], m) in PAPER}, 'mz', rivals)
-            if paper is not None:
-                row['paper mz - best baseline'] = paper.gap
-    env = environment()
-    params = {m: rows[0][f'{m} params'] for m in models} if rows else {}
-    setup = dict(seeds=seeds, n_train=n_train, n_val=n_val, n_test=n_test, epochs=epochs, lr=lr,
-                 batch_size=64, params_first_cell=params)
-    columns = ['cell'] + [f'{m} r2' for m in models] + ['best', 'mz - best baseline',
-                                                      'paper mz - best baseline']
-    table = markdown_table(rows, columns)
-    paper_cols = ['cell'] + [f'paper {m}' for m in models if any(f'paper {m}' in r and
-                                                                 r[f'paper {m}'] is not None
-                                                                 for r in rows)]
-    notes = ('Spread over seeds (std of test R²):\n\n'
-             + markdown_table(rows, ['cell'] + [f'{m} r2 std' for m in models])
-             + f'\n{SPREAD_NOTE}\n\n'
-             + 'The paper\'s R² for the same cells (Tables 3, 4, 17, 18; "rigid" is its '
-               '"Standard"):\n\n' + markdown_table(rows, paper_cols))
-    if 'mz - best baseline' in columns and rows and 'mz - best baseline' in rows[0]:
-        ahead = [r['cell'] for r in rows if r['mz - best baseline'] > 0]
-        notes += (f"\n`mz` is ahead of every baseline on {len(ahead)} of {len(rows)} cells"
-                  f"{': ' + ', '.join(ahead) if ahead else ''}.\n")
-    png = os.path.join(args.out, 'geometry.png')  # (first: the report links it where drawn)
-    note = replace_plot(png, plot_grid, rows, models, png, paper=PAPER,
-                        title='Computational geometry: test R² (bars: measured; ticks: paper)')
-    write_report(args.out, 'geometry', 'Computational geometry across dimensions '
-                 '(paper Tables 3, 4, 17, 18)', env, setup, table,
-                 dict(cells=grid, rows=rows, runs=runs), (time.time() - start) / 60,
-                 notes=notes, plot=note is None,
-                 run_minutes=sum(r['wall_time_s'] for r in runs) / 60 if args.resume else None)
     if note:
         print(note)
     print(table)

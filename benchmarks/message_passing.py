@@ -138,7 +138,7 @@ import torch
 
 from torch_mz.runtime import keep_freed_memory
 from torch_mz.study import (EXIT_INTERRUPTED, MeasurementFailed, choice_list, environment,
-                            in_fresh_process, int_list, interrupted_note, markdown_table,
+                            in_fresh_process, int_list, interruptible, markdown_table,
                             nonnegative_int, peak_memory_bytes, positive_float, positive_int,
                             pyplot, replace_plot, time_call, write_results)
 from torch_mz.study.plots import save_figure
@@ -658,9 +658,10 @@ def main():
     start = time.time()
     # the rows' threads (each row sets them in its process), not this process's
     env = dict(environment(), threads=args.threads)
-    rows, reused, note, written = [], 0, None, None
+    rows, reused, note = [], 0, None
     png = os.path.join(args.out, f'{NAME}.png')
-    try:  # (Ctrl-C: a traceback, for a stop --resume goes on from)
+    # (kept: none before this call wrote a row)
+    with interruptible(__file__, sys.argv[1:], parser, what='rows') as stop:
         for cfg in cfgs:
             earlier_row = next((r for r in kept if measured(r, cfg)), None)
             reused += earlier_row is not None
@@ -678,10 +679,9 @@ def main():
             ratios = write_report(args, env, rows, len(cfgs),
                                   earlier + (time.time() - start) / 60, earlier, kept=reused,
                                   plot=complete and note is None)
-            written = os.path.join(args.out, f"{NAME if complete else PARTIAL}.json")
-    except KeyboardInterrupt:  # (written: None before this call wrote a row)
-        print(interrupted_note(__file__, sys.argv[1:], parser, written, what='rows'),
-              file=sys.stderr, flush=True)
+            stop.kept = os.path.join(args.out, f"{NAME if complete else PARTIAL}.json")
+    if stop.note:
+        print(stop.note, file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
     if args.resume:
         print(f'{reused} of {len(cfgs)} rows kept from the earlier report, '

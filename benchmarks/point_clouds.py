@@ -33,7 +33,7 @@ from torch_mz.datasets.modelnet import HDF5_FOLDER, MODELNET40_URL, modelnet40_r
 from torch_mz.datasets.scanobjectnn import (SCANOBJECTNN_PAGE, SCANOBJECTNN_VARIANTS,
                                            scanobjectnn_file, scanobjectnn_raw_files)
 from torch_mz.study import (EXIT_INTERRUPTED, SPREAD_NOTE, RunStore, check_models, environment,
-                            interrupted_note, markdown_table, plot_bars, positive_int,
+                            interruptible, markdown_table, plot_bars, positive_int,
                             replace_plot, split_model_specs, summarize, train_models,
                             write_report)
 from torch_mz.study.budget import (Budget, add_budget_arguments, add_resume_argument,
@@ -218,8 +218,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f'point_clouds.py: error: {e}', file=sys.stderr)
         return EXIT_ERROR
 
-    store = None
-    try:  # (Ctrl-C: a traceback, for a stop the study resumes from)
+    with interruptible(__file__, argv, parser) as stop:  # (kept: none while the data is read)
         # every dataset is loaded before any training, so a missing one stops the run at once
         tasks, errors, roots = {}, [], {}
         for dataset in datasets:
@@ -240,6 +239,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             for task in tasks.values():
                 check_models(models, task=task)
             store = RunStore.for_study(args.out, args.resume, args.overwrite)
+            stop.kept = store.folder  # (before: nothing of this call kept)
         except (ValueError, OSError) as e:
             print(f'point_clouds.py: error: {e}', file=sys.stderr)
             return EXIT_ERROR
@@ -276,44 +276,43 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     paper = (None, None)  # the paper reports OBJ_BG only
                 rows.append(dict(dataset=dataset, **entry, paper_accuracy=paper[0],
                                  paper_accuracy_std=paper[1]))
-    except KeyboardInterrupt:  # (store: None while the data is read, before any run trained)
-        print(interrupted_note(__file__, argv, parser, None if store is None else store.folder),
-              file=sys.stderr, flush=True)
+        stop.all_kept()  # (every run is kept: a Ctrl-C from here costs only the report)
+        env = environment()
+        env['command'] = ' '.join(['python', 'benchmarks/point_clouds.py']
+                                  + [shlex.quote(a) for a in argv])
+        minutes = (time.time() - start) / 60
+        setup = dict(datasets=datasets, roots=roots, models=models, seeds=budget.seeds, sizes=sizes,
+                     epochs=budget.epochs, lr=budget.lr, batch_size=args.batch_size,
+                     patience=args.patience, num_points=args.num_points,
+                     modelnet_source=args.modelnet_source, scanobjectnn_variant=args.variant,
+                     split_seed=0)
+
+        def pct(mean, std):
+            return '' if mean is None else f'{100 * mean:.1f} ± {100 * std:.1f}'
+
+        cells = [{'dataset': FOLDERS[r['dataset']], 'model': r['model'],
+                  'params': '' if r['params'] is None else f"{r['params']:,}",
+                  'seeds': f"{r['seeds']} ({r['diverged']} diverged)" if r.get('diverged') else
+                  r['seeds'], 'test accuracy (%)': pct(r['accuracy'], r['accuracy_std']),
+                  'paper (%)': pct(r['paper_accuracy'], r['paper_accuracy_std']),
+                  'min/run': f"{r['minutes']:.2f}"} for r in rows]
+        table = markdown_table(cells, ['dataset', 'model', 'params', 'seeds', 'test accuracy (%)',
+                                       'paper (%)', 'min/run'])
+        lines = verdict(rows, list(tasks))
+        png = osp.join(args.out, 'point_clouds.png')  # (first: the report links it where drawn)
+        note = replace_plot(png, plot, rows, list(tasks), models, png)
+        write_report(args.out, 'point_clouds', 'Point-cloud classification (paper Table 2, Tasks C '
+                     'and E)', env, setup,
+                     'Every model gets the same sets, augmentation, budget and schedule. Paper: '
+                     f'{PAPER_SETUP}; where the budgets differ, compare the ranking of the models '
+                     f"rather than the absolute accuracies.\n\n{table}\n{SPREAD_NOTE} The paper's "
+                     f'± is the spread it reports.',
+                     dict(paper_setup=PAPER_SETUP, rows=rows, runs=runs), minutes,
+                     notes='## Against the paper\n\n' + '\n'.join(lines), plot=note is None,
+                     run_minutes=sum(r['wall_time_s'] for r in runs) / 60 if args.resume else None)
+    if stop.note:
+        print(stop.note, file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
-
-    env = environment()
-    env['command'] = ' '.join(['python', 'benchmarks/point_clouds.py']
-                              + [shlex.quote(a) for a in argv])
-    minutes = (time.time() - start) / 60
-    setup = dict(datasets=datasets, roots=roots, models=models, seeds=budget.seeds, sizes=sizes,
-                 epochs=budget.epochs, lr=budget.lr, batch_size=args.batch_size,
-                 patience=args.patience, num_points=args.num_points,
-                 modelnet_source=args.modelnet_source, scanobjectnn_variant=args.variant,
-                 split_seed=0)
-
-    def pct(mean, std):
-        return '' if mean is None else f'{100 * mean:.1f} ± {100 * std:.1f}'
-
-    cells = [{'dataset': FOLDERS[r['dataset']], 'model': r['model'],
-              'params': '' if r['params'] is None else f"{r['params']:,}",
-              'seeds': f"{r['seeds']} ({r['diverged']} diverged)" if r.get('diverged') else
-              r['seeds'], 'test accuracy (%)': pct(r['accuracy'], r['accuracy_std']),
-              'paper (%)': pct(r['paper_accuracy'], r['paper_accuracy_std']),
-              'min/run': f"{r['minutes']:.2f}"} for r in rows]
-    table = markdown_table(cells, ['dataset', 'model', 'params', 'seeds', 'test accuracy (%)',
-                                   'paper (%)', 'min/run'])
-    lines = verdict(rows, list(tasks))
-    png = osp.join(args.out, 'point_clouds.png')  # (first: the report links it where drawn)
-    note = replace_plot(png, plot, rows, list(tasks), models, png)
-    write_report(args.out, 'point_clouds', 'Point-cloud classification (paper Table 2, Tasks C '
-                 'and E)', env, setup,
-                 'Every model gets the same sets, augmentation, budget and schedule. Paper: '
-                 f'{PAPER_SETUP}; where the budgets differ, compare the ranking of the models '
-                 f"rather than the absolute accuracies.\n\n{table}\n{SPREAD_NOTE} The paper's "
-                 f'± is the spread it reports.',
-                 dict(paper_setup=PAPER_SETUP, rows=rows, runs=runs), minutes,
-                 notes='## Against the paper\n\n' + '\n'.join(lines), plot=note is None,
-                 run_minutes=sum(r['wall_time_s'] for r in runs) / 60 if args.resume else None)
     if note:
         print(note)
     print(table)

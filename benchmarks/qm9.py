@@ -33,7 +33,7 @@ from torch_mz.datasets.common import default_root
 from torch_mz.datasets.qm9 import QM9_RAW_URL, QM9_TARGETS, QM9_UNCHARACTERIZED_URL, QM9_UNITS
 from torch_mz.paper import TABLE28
 from torch_mz.study import (EXIT_INTERRUPTED, SPREAD_NOTE, RunStore, check_models, environment,
-                            interrupted_note, markdown_table, plot_bars, positive_int,
+                            interruptible, markdown_table, plot_bars, positive_int,
                             replace_plot, split_model_specs, summarize, train_models,
                             write_report)
 from torch_mz.study.budget import (Budget, add_budget_arguments, add_resume_argument,
@@ -163,7 +163,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     start = time.time()
     rows, runs = [], []
     store, data_root = None, None
-    try:  # (Ctrl-C: a traceback, for a stop the study resumes from)
+    with interruptible(__file__, argv, parser) as stop:  # (kept: none while QM9 is read)
         for target in targets:
             try:
                 task = load_task('qm9', seed=0, n_train=n_train, n_val=n_val, n_test=n_test,
@@ -181,6 +181,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 check_models(models, task=task)
                 if store is None:  # created once the data is there: nothing written before
                     store = RunStore.for_study(args.out, args.resume, args.overwrite)
+                    stop.kept = store.folder  # (before: nothing of this call kept)
             except (ValueError, OSError) as e:
                 print(f'qm9.py: error: {e}', file=sys.stderr)
                 return EXIT_ERROR
@@ -208,47 +209,46 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             for entry in summarize(target_runs, 'regression'):
                 rows.append(dict(target=target, unit=QM9_UNITS[target], **entry,
                                  paper_r2=PAPER_R2.get(entry['model'], {}).get(target)))
-    except KeyboardInterrupt:  # (store: None while QM9 is read, before any run trained)
-        print(interrupted_note(__file__, argv, parser, None if store is None else store.folder),
-              file=sys.stderr, flush=True)
+        stop.all_kept()  # (every run is kept: a Ctrl-C from here costs only the report)
+        env = environment()
+        env['command'] = ' '.join(['python', 'benchmarks/qm9.py'] + [shlex.quote(a) for a in argv])
+        minutes = (time.time() - start) / 60
+        # (root: the folder read, resolved; a relative --root in the command names it only from
+        # the working directory it ran in)
+        setup = dict(source=args.source, root=data_root, targets=targets, models=models,
+                     seeds=seeds, n_train=n_train, n_val=n_val, n_test=n_test, epochs=budget.epochs,
+                     lr=budget.lr, batch_size=args.batch_size, split_seed=0, normalize_targets=True)
+        cells = [{'target': r['target'], 'model': r['model'],
+                  'params': '' if r['params'] is None else f"{r['params']:,}",
+                  'seeds': f"{r['seeds']} ({r['diverged']} diverged)" if r.get('diverged') else
+                  r['seeds'], 'test MAE': f"{r['mae']:.4g} ± {r['mae_std']:.2g}",
+                  'unit': r['unit'], 'test R²': f"{r['r2']:.3f} ± {r['r2_std']:.3f}",
+                  'paper R²': r['paper_r2'], 'min/run': f"{r['minutes']:.2f}"} for r in rows]
+        columns = ['target', 'model', 'params', 'seeds', 'test MAE', 'unit', 'test R²', 'paper R²',
+                   'min/run']
+        table = markdown_table(cells, columns)
+        lines = verdict(rows, targets)
+        notes = ('## Against the paper\n\n'
+                 f'The paper (Table 28): MZ matches the best parameter-matched attention baseline '
+                 f'within {MARGIN} R² on every target without leading on any. Here the attention '
+                 f'baselines are the measured ones among {list(ATTENTION_BASELINES)}.\n\n'
+                 + ('\n'.join(lines) if lines else '(no mz run or no attention baseline)')
+                 + ('\n\nOne seed per model: no spread over seeds is measured, so differences of '
+                    'a few hundredths of R² may be seed noise.' if seeds == 1 else ''))
+        png = osp.join(args.out, 'qm9.png')  # (first: the report links it where drawn)
+        note = replace_plot(png, plot, rows, targets, models, png)
+        write_report(args.out, 'qm9', 'QM9 property regression, several targets (paper Table 28)',
+                     env, setup,
+                     'Every model gets the same molecules (split seed 0), budget, cosine schedule '
+                     f'with warm-up and target standardisation. Paper: {PAPER_SETUP}. The '
+                     'budgets differ, so absolute R² values are not comparable with the paper; the '
+                     f'relations between models are.\n\n{table}\n{SPREAD_NOTE}',
+                     dict(paper_setup=PAPER_SETUP, rows=rows, runs=runs), minutes, notes=notes,
+                     plot=note is None,
+                     run_minutes=sum(r['wall_time_s'] for r in runs) / 60 if args.resume else None)
+    if stop.note:
+        print(stop.note, file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
-
-    env = environment()
-    env['command'] = ' '.join(['python', 'benchmarks/qm9.py'] + [shlex.quote(a) for a in argv])
-    minutes = (time.time() - start) / 60
-    # (root: the folder read, resolved; a relative --root in the command names it only from
-    # the working directory it ran in)
-    setup = dict(source=args.source, root=data_root, targets=targets, models=models,
-                 seeds=seeds, n_train=n_train, n_val=n_val, n_test=n_test, epochs=budget.epochs,
-                 lr=budget.lr, batch_size=args.batch_size, split_seed=0, normalize_targets=True)
-    cells = [{'target': r['target'], 'model': r['model'],
-              'params': '' if r['params'] is None else f"{r['params']:,}",
-              'seeds': f"{r['seeds']} ({r['diverged']} diverged)" if r.get('diverged') else
-              r['seeds'], 'test MAE': f"{r['mae']:.4g} ± {r['mae_std']:.2g}",
-              'unit': r['unit'], 'test R²': f"{r['r2']:.3f} ± {r['r2_std']:.3f}",
-              'paper R²': r['paper_r2'], 'min/run': f"{r['minutes']:.2f}"} for r in rows]
-    columns = ['target', 'model', 'params', 'seeds', 'test MAE', 'unit', 'test R²', 'paper R²',
-               'min/run']
-    table = markdown_table(cells, columns)
-    lines = verdict(rows, targets)
-    notes = ('## Against the paper\n\n'
-             f'The paper (Table 28): MZ matches the best parameter-matched attention baseline '
-             f'within {MARGIN} R² on every target without leading on any. Here the attention '
-             f'baselines are the measured ones among {list(ATTENTION_BASELINES)}.\n\n'
-             + ('\n'.join(lines) if lines else '(no mz run or no attention baseline)')
-             + ('\n\nOne seed per model: no spread over seeds is measured, so differences of '
-                'a few hundredths of R² may be seed noise.' if seeds == 1 else ''))
-    png = osp.join(args.out, 'qm9.png')  # (first: the report links it where drawn)
-    note = replace_plot(png, plot, rows, targets, models, png)
-    write_report(args.out, 'qm9', 'QM9 property regression, several targets (paper Table 28)',
-                 env, setup,
-                 'Every model gets the same molecules (split seed 0), budget, cosine schedule '
-                 f'with warm-up and target standardisation. Paper: {PAPER_SETUP}. The budgets '
-                 'differ, so absolute R² values are not comparable with the paper; the relations '
-                 f'between models are.\n\n{table}\n{SPREAD_NOTE}',
-                 dict(paper_setup=PAPER_SETUP, rows=rows, runs=runs), minutes, notes=notes,
-                 plot=note is None,
-                 run_minutes=sum(r['wall_time_s'] for r in runs) / 60 if args.resume else None)
     if note:
         print(note)
     print(table)

@@ -800,12 +800,48 @@ _REAL = ['--models', 'deepsets', '--seeds', '2', '--n-train', '8', '--n-val', '2
          '2', '--epochs', '1', '--device', 'cpu']
 
 
-@pytest.mark.parametrize('script, argv', [
+_TRAINING_STUDIES = [  # (the studies that train, with a store of runs)
     ('depth_separation', ['--tdof', '1,2', '--d', '2', '--overwrite', *_GRID]),
     ('equivariance', ['--cells', 'hull d=3', '--models', 'mz,rigid', *_GRID]),
     ('geometry', ['--tasks', 'MEB', '--dims', '8', '--models', 'mz,rigid', '--overw', *_GRID]),
     ('qm9', ['--targets', 'mu', '--overwrite', *_REAL]),
     ('point_clouds', ['--dataset', 'scanobjectnn', '--no-progress', *_REAL]),
+]
+
+
+def _interrupted(module, capsys) -> str:
+    r"""Runs :obj:`module`'s ``main()`` (``sys.argv`` set), which a Ctrl-C stops: asserts that
+    it exits with status 130 and one line on stderr, not a traceback; returns the line."""
+    try:
+        code = module.main()
+    except KeyboardInterrupt:  # (caught here: pytest would take it for its own and stop)
+        pytest.fail('the interrupt left main() as a traceback')
+    assert code == 130
+    err = capsys.readouterr().err
+    assert err.count('\n') == 1 and 'Traceback' not in err, err
+    return err
+
+
+def _trains_nothing(done, stop):
+    r"""A stand-in for :func:`~torch_mz.study.grid.train_one` that trains nothing: it records
+    each run in :obj:`done` and raises :class:`KeyboardInterrupt` at run number ``stop[0]``."""
+    def trained(task, name, seed, config, **overrides):
+        done.append(name)
+        if len(done) == stop[0]:
+            raise KeyboardInterrupt
+        return dict(model=name, seed=seed, params=1, best_epoch=0, epochs_run=1,
+                    stopped_early=False, wall_time_s=0.0, val={},
+                    test=dict(r2=0.5, mse=1.0, mae=1.0, accuracy=0.5, loss=1.0))
+    return trained
+
+
+def _tiny_task(*args, **kwargs):  # (for the real data's)
+    from torch_mz.tasks import load_task
+    return load_task('quadratic-tdof', d=2, tdof=1, n_train=8, n_val=2, n_test=2)
+
+
+@pytest.mark.parametrize('script, argv', [
+    *_TRAINING_STUDIES,
     ('message_passing', ['--nodes', '60', '--dims', '16', '--degrees', 'poisson', '--aggrs',
                          'rigid,default', '--graphconv-nodes', '0', '--repeats', '1',
                          '--no-allocated']),
@@ -818,42 +854,24 @@ def test_an_interrupted_study_says_how_to_go_on_in_one_line(script, argv, tmp_pa
     import shlex
 
     import torch_mz.study.grid as grid
-    from torch_mz.tasks import load_task
     module = load_script(script)
     out = tmp_path / 'out'
     done, stop = [], [2]  # the runs (rows) trained (measured); the second one interrupted
-
-    def trained(task, name, seed, config, **overrides):  # (nothing trains)
-        done.append(name)
-        if len(done) == stop[0]:
-            raise KeyboardInterrupt
-        return dict(model=name, seed=seed, params=1, best_epoch=0, epochs_run=1,
-                    stopped_early=False, wall_time_s=0.0, val={},
-                    test=dict(r2=0.5, mse=1.0, mae=1.0, accuracy=0.5, loss=1.0))
 
     def measured(cfg, timeout):
         done.append(cfg['aggr'])
         if len(done) == stop[0]:
             raise KeyboardInterrupt
         return dict(cfg, edges=10 * cfg['nodes'], median_ms=1.0, peak_mib=1.0)
-
-    def tiny_task(*args, **kwargs):  # (for the real data's)
-        return load_task('quadratic-tdof', d=2, tdof=1, n_train=8, n_val=2, n_test=2)
-    monkeypatch.setattr(grid, 'train_one', trained)
+    monkeypatch.setattr(grid, 'train_one', _trains_nothing(done, stop))
     monkeypatch.setattr(module, 'run_subprocess', measured, raising=False)
-    monkeypatch.setattr(module, 'load_task', tiny_task, raising=False)
-    monkeypatch.setattr(module, 'load', tiny_task, raising=False)
+    monkeypatch.setattr(module, 'load_task', _tiny_task, raising=False)
+    monkeypatch.setattr(module, 'load', _tiny_task, raising=False)
     if script in ('qm9', 'point_clouds'):
         argv = argv + ['--root', str(tmp_path / 'data')]
     argv = argv + ['--out', str(out)]
     monkeypatch.setattr(sys, 'argv', [module.__file__, *argv])
-    try:
-        code = module.main()
-    except KeyboardInterrupt:  # (caught here: pytest would take it for its own and stop)
-        pytest.fail('the interrupt left main() as a traceback')
-    assert code == 130
-    err = capsys.readouterr().err
-    assert err.count('\n') == 1 and 'Traceback' not in err, err
+    err = _interrupted(module, capsys)
     what = 'rows' if script == 'message_passing' else 'runs'
     kept = out / ('message_passing.partial.json' if script == 'message_passing' else 'runs')
     assert err.startswith(f'{script}.py: interrupted; the {what} finished so far are kept in '
@@ -886,14 +904,76 @@ def test_a_study_interrupted_while_reading_its_data_gives_the_same_command(tmp_p
     argv = ['--targets', 'mu', '--overwrite', '--root', str(tmp_path), '--out',
             str(tmp_path / 'out'), *_REAL]
     monkeypatch.setattr(sys, 'argv', [qm9.__file__, *argv])
-    try:
-        code = qm9.main()
-    except KeyboardInterrupt:  # (caught here: pytest would take it for its own and stop)
-        pytest.fail('the interrupt left main() as a traceback')
-    assert code == 130
-    err = capsys.readouterr().err
+    err = _interrupted(qm9, capsys)
     command = shlex.join([os.path.basename(sys.executable), os.path.relpath(qm9.__file__),
                           *argv])
     assert err == (f'qm9.py: interrupted before it kept any of its runs; to start again: '
                    f'{command}\n')
     assert earlier.exists()
+
+
+@pytest.mark.parametrize('script, argv', _TRAINING_STUDIES)
+def test_a_study_interrupted_while_writing_its_report_says_only_the_report_is_lost(
+        script, argv, tmp_path, monkeypatch, capsys):
+    # every run was kept, and a Ctrl-C while the report was written was a traceback: the line
+    # says that the command (with --resume) trains nothing again and writes the report
+    import shlex
+
+    import torch_mz.study.grid as grid
+    module = load_script(script)
+    out = tmp_path / 'out'
+    done = []
+    monkeypatch.setattr(grid, 'train_one', _trains_nothing(done, [0]))
+    monkeypatch.setattr(module, 'load_task', _tiny_task, raising=False)
+    monkeypatch.setattr(module, 'load', _tiny_task, raising=False)
+    real = module.write_report
+
+    def writing(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(module, 'write_report', writing)
+    if script in ('qm9', 'point_clouds'):
+        argv = argv + ['--root', str(tmp_path / 'data')]
+    argv = argv + ['--out', str(out)]
+    monkeypatch.setattr(sys, 'argv', [module.__file__, *argv])
+    err = _interrupted(module, capsys)
+    assert err.startswith(f"{script}.py: interrupted while it wrote its report; all its runs "
+                          f"are kept in {out / 'runs'} (none is done again); to write the "
+                          f"report: "), err
+    command = shlex.split(err.split('; to write the report: ')[1])
+    assert command[2:] == [a for a in argv if not a.startswith('--overw')] + ['--resume']
+    trained = len(done)
+    monkeypatch.setattr(module, 'write_report', real)
+    monkeypatch.setattr(sys, 'argv', [module.__file__, *command[2:]])
+    assert module.main() in (0, None)
+    assert len(done) == trained > 0  # (every run read back)
+    assert len(json.loads((out / f'{script}.json').read_text())['runs']) == trained
+
+
+def test_uncertainty_verdicts_state_only_what_they_measure():
+    # an IHW NLL 1% below the ensemble's was reported as the paper's "about 2x lower" holding,
+    # and raw sigmas better calibrated than the recalibrated ones as "every method is poorly
+    # calibrated, as in the paper's Table 21" (a sentence printed whatever the figures)
+    study = load_script('uncertainty')
+    ihw, mc, ens = study.METHODS
+
+    def method(nll, raw_ece):
+        return dict(mse=1.0, spearman=0.5, pearson=0.4, inference_s=1.0, passes=1, models=1,
+                    calibrated=dict(ece=0.03, nll=nll), raw=dict(ece=raw_ece, nll=2.0))
+    runs = [dict(study_seed=s, members=[dict(seed=s, best_epoch=1, test=dict(r2=0.9))],
+                 methods={ihw: method(1.0 + 0.001 * s, 0.02), mc: method(1.2, 0.01),
+                          ens: method(1.01 + 0.001 * s, 0.015)}) for s in range(3)]
+    lines = study.verdicts(runs, study.summarize(runs), passes=30, members=5)
+    text = ' '.join(lines)
+    assert '2x lower than' not in text and "'about 2x lower' is not tested" in text
+    assert "'IHW NLL lower than the ensemble's' (5.02 against 9.17) holds" in text
+    assert 'poorly calibrated' not in text
+    assert "the recalibration lowers no method's ECE" in text
+    for r in runs:  # the recalibration helps the ensemble alone
+        r['methods'][ens]['raw']['ece'] = 0.3
+    text = ' '.join(study.verdicts(runs, study.summarize(runs), passes=30, members=5))
+    assert f'the recalibration lowers the ECE of {ens} only' in text
+    for r in runs:
+        for m in study.METHODS:
+            r['methods'][m]['raw']['ece'] = 0.3
+    text = ' '.join(study.verdicts(runs, study.summarize(runs), passes=30, members=5))
+    assert "the recalibration lowers every method's ECE" in text

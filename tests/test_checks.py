@@ -60,3 +60,49 @@ def test_numbers_too_large_for_a_float_are_refused_by_name():
         check_rate('p', -10 ** 400)
     with pytest.raises(ValueError, match=r"'r\[1\]' must be a finite number > 0"):
         check_range('r', (1, 10 ** 400), integer=False)
+
+
+def test_sizes_whose_model_could_not_fit_in_memory_are_refused_and_those_that_fit_are_not(
+        monkeypatch):
+    import torch_mz._checks as checks
+    from torch_mz._checks import SizeError, check_fits
+    monkeypatch.setattr(checks, '_machine_memory', lambda need: 16 * 2 ** 30)
+    check_fits('n=4', 4 * 2 ** 30)  # 16 GiB of float32: fits
+    with pytest.raises(SizeError, match=r"^n=5: at least 5,368,709,120 parameters in 3 modules, "
+                                        r"more than 20 GiB, beyond this machine's 16.0 GiB"):
+        check_fits('n=5', 5 * 2 ** 30, 3)
+    with pytest.raises(ValueError, match='in 17,179,869,184 modules'):  # (1 KiB each at least)
+        check_fits('m', 0, 2 ** 34)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)  # (the parameters' size: the default dtype's)
+    try:
+        check_fits('n=2', 2 * 2 ** 30)
+        with pytest.raises(SizeError):
+            check_fits('n=2', 2 * 2 ** 30 + 1)
+    finally:
+        torch.set_default_dtype(previous)
+
+    def unread(need):
+        raise AssertionError('the memory was read')
+    monkeypatch.setattr(checks, '_machine_memory', unread)
+    check_fits('small', 2 ** 28)  # (1 GiB: no look-up)
+
+
+def test_check_fits_counts_no_parameters_on_the_meta_device(monkeypatch):
+    # parameters on the meta device take no memory (a model of any size is built there to
+    # count or inspect it): a 140 GiB MZAggregation on a host of 23.5 GiB was refused
+    import torch_mz._checks as checks
+    from torch_mz._checks import SizeError, check_fits
+    from torch_mz.nn import MZAggregation
+    monkeypatch.setattr(checks, '_machine_memory', lambda need: 2 * 2 ** 30)
+    with pytest.raises(SizeError):
+        check_fits('n=1', 2 ** 30)
+    with torch.device('meta'):
+        check_fits('n=1', 2 ** 30)
+        with pytest.raises(SizeError, match='in 17,179,869,184 modules'):  # (these do)
+            check_fits('m', 2 ** 30, 2 ** 34)
+        aggr = MZAggregation(4, dim=16384, d_ff=64, heads=4, num_encoder_blocks=2)
+    assert sum(p.numel() for p in aggr.parameters()) * 4 > 2 * 2 ** 30
+    assert all(p.is_meta for p in aggr.parameters())
+    with pytest.raises(SizeError):  # (on the CPU, refused as before)
+        MZAggregation(4, dim=16384, d_ff=64, heads=4, num_encoder_blocks=2)

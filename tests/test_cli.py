@@ -723,6 +723,28 @@ def test_compare_resume_records_the_runs_own_minutes(tmp_path, capsys, monkeypat
     assert 'run_minutes' not in json.load(open(tmp_path / 'fresh' / 'results.json'))
 
 
+def test_compare_writes_a_nan_figure_as_standard_json(tmp_path, capsys, monkeypatch):
+    # results.json held a bare NaN (the test R^2 of a model that predicted inf on a test set):
+    # invalid JSON for strict readers (jq, JavaScript's JSON.parse)
+    import torch_mz.study as study
+    real = study.train_models
+
+    def overflowed(*args, **kwargs):
+        rows = real(*args, **kwargs)
+        rows[0]['test']['r2'] = float('nan')
+        return rows
+    monkeypatch.setattr(study, 'train_models', overflowed)
+    out = str(tmp_path / 'cmp')
+    assert main(['compare', '--task', 'max', *T, '--models', 'deepsets', '--seeds', '1',
+                 '--out', out]) == 0
+
+    def refuse(word):
+        raise ValueError(f'not standard JSON: {word}')
+    payload = json.loads(open(os.path.join(out, 'results.json')).read(), parse_constant=refuse)
+    assert payload['runs'][0]['test']['r2'] is None and payload['summary'][0]['r2'] is None
+    assert 'nan ± nan' in open(os.path.join(out, 'results.md')).read()  # (the table: as it was)
+
+
 def test_compare_resume_refuses_runs_outside_the_comparison_and_other_data(tmp_path, capsys):
     out = str(tmp_path / 'cmp')
     argv = ['compare', '--task', 'max', *T, '--out', out]
@@ -1124,6 +1146,15 @@ def test_train_resume_takes_the_data_options_it_is_not_given_from_the_checkpoint
     assert 'seed=3' in capsys.readouterr().err
 
 
+def _tasks_raise(monkeypatch, error):
+    r"""Makes ``torch-mz tasks`` raise :obj:`error`, for what :func:`main` makes of it."""
+    import torch_mz.cli as cli
+
+    def fails(args):
+        raise error
+    monkeypatch.setattr(cli, 'cmd_tasks', fails)
+
+
 @pytest.mark.parametrize('error', [
     MemoryError('Unable to allocate 17.1 GiB for an array'),  # numpy's (a subclass)
     RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 4 TB"),
@@ -1132,12 +1163,7 @@ def test_train_resume_takes_the_data_options_it_is_not_given_from_the_checkpoint
 def test_sizes_that_do_not_fit_in_memory_end_in_one_line(error, monkeypatch, capsys):
     # --model-arg dim=1000000 or --set-size 1,100000000 ended in a traceback (exit 1), where
     # every other impossible size ends in one line and exit 2
-    import torch_mz.cli as cli
-
-    def fails(args):
-        raise error
-
-    monkeypatch.setattr(cli, 'cmd_tasks', fails)
+    _tasks_raise(monkeypatch, error)
     assert main(['tasks']) == 2
     err = capsys.readouterr().err
     assert err.startswith('torch-mz: error: out of memory (') and err.count('\n') == 1
@@ -1145,12 +1171,7 @@ def test_sizes_that_do_not_fit_in_memory_end_in_one_line(error, monkeypatch, cap
 
 
 def test_another_runtime_error_keeps_its_traceback(monkeypatch):
-    import torch_mz.cli as cli
-
-    def fails(args):
-        raise RuntimeError('a bug')
-
-    monkeypatch.setattr(cli, 'cmd_tasks', fails)
+    _tasks_raise(monkeypatch, RuntimeError('a bug'))
     with pytest.raises(RuntimeError, match='a bug'):
         main(['tasks'])
 
@@ -1331,6 +1352,18 @@ def test_set_counts_that_cannot_fit_in_memory_are_refused_before_generating(n_tr
     assert err.count('\n') == 1
 
 
+def test_the_memory_bound_takes_the_tasks_default_dimension(monkeypatch):
+    # a d left out was taken as 1 where the task's default is its constructor's (not a class
+    # attribute): quadratic-tdof's d = 32 made the bound 32 times low for the points
+    from torch_mz.cli import _common as cli
+    monkeypatch.setattr(os, 'sysconf', lambda key: 1 if key == 'SC_PAGE_SIZE' else 2 ** 30)
+    n = 2 ** 30 // 1000  # sets of 10 points: 1,792 bytes each at d = 32, 552 at d = 1
+    for options in ({}, {'d': 32}):
+        with pytest.raises(cli.CLIError, match='need more than 1.8 GiB'):
+            cli._check_synthetic_size('quadratic-tdof', (n, 0, 0), None, options)
+    cli._check_synthetic_size('quadratic-tdof', (n, 0, 0), None, {'d': 1})  # (fits)
+
+
 def test_predict_takes_d_none_and_d_default_as_one_task(tmp_path, capsys):
     # d=None (the class's 8) given at prediction, or recorded by the run, read as another
     # task than d=8 ("d=None differs from the training run's d=8", and the other way round)
@@ -1502,8 +1535,10 @@ def test_only_the_main_process_of_torchrun_says_the_test_files_are_all_taken(
     (['--seed', str(2 ** 32 - 1), '--epochs', '2'],
      f'--seed + --epochs must be at most 2**32 (epoch e shuffles with seed + e); got '
      f'{2 ** 32 - 1} + 2'),
-    (['--lr', '-1'], '--lr must be a finite number >= 0 (got -1.0)'),
-    (['--lr', 'inf'], '--lr must be a finite number >= 0 (got inf)'),
+    (['--lr', '-1'], '--lr must be a finite number > 0 (got -1.0)'),
+    (['--lr', 'inf'], '--lr must be a finite number > 0 (got inf)'),
+    # (taken: every epoch trained at learning rate 0, i.e. not at all)
+    (['--lr', '0'], '--lr must be a finite number > 0 (got 0.0)'),
     (['--weight-decay=-1e-5'], '--weight-decay must be a finite number >= 0 (got -1e-05)'),
     (['--weight-decay', 'nan'], '--weight-decay must be a finite number >= 0 (got nan)'),
     (['--epochs', '3', '--warmup-epochs', '4'],
@@ -1715,6 +1750,32 @@ def test_compare_resume_gives_every_model_its_own_model_args(tmp_path, capsys):
                     'given): hidden_channels=8') in printed
         command = json.load(open(os.path.join(cuts[tag], 'results.json')))['command']
         assert ('--model-arg hidden_channels=8' in command) == (said is not None)
+
+
+def test_compare_resume_of_a_record_with_a_repeated_key_takes_its_last_value(tmp_path, capsys):
+    # a comparison started before a repeated --task-arg/--model-arg key was refused records
+    # every item, and its runs took the last: its resume was refused as repeating the key
+    # (with or without the --model-arg), so that it could not be resumed at all
+    from torch_mz.train import TrainingStopped, stop_by
+    argv = ['compare', '--task', 'max', *T[:-1], '2', '--seeds', '1', '--models', 'deepsets']
+    out = str(tmp_path / 'cut')
+    with pytest.raises(TrainingStopped), stop_by(0.0):
+        main([*argv, '--model-arg', 'hidden_channels=8', '--task-arg', 'd=16', '--out', out])
+    path = os.path.join(out, 'comparison.json')
+    record = json.load(open(path))
+    record['options'].update(model_arg=['hidden_channels=16', 'hidden-channels=8'],
+                             task_arg=['d=8', 'd=16'])
+    json.dump(record, open(path, 'w'))
+    capsys.readouterr()
+    assert main([*argv, '--resume', '--out', out]) == 0
+    printed = capsys.readouterr().out
+    assert ('resuming with the model options of the comparison (no --model-arg given): '
+            'hidden-channels=8\n') in printed
+    assert _model_args(os.path.join(out, 'deepsets-seed0')) == {'hidden_channels': 8}
+    command = json.load(open(os.path.join(out, 'results.json')))['command']
+    assert '--task-arg d=16 --model-arg hidden-channels=8 ' in command, command
+    json.dump(record, open(path, 'w'))  # (the --model-arg given, compared with the record)
+    assert main([*argv, '--resume', '--model-arg', 'hidden_channels=8', '--out', out]) == 0
 
 
 def test_an_empty_model_arg_is_for_a_resume_and_may_not_contradict_the_record(tmp_path,
@@ -2032,24 +2093,14 @@ def test_sizes_beyond_a_tensors_end_in_one_line_that_names_their_flag(argv, name
      'too large'),
 ])
 def test_sizes_beyond_a_tensors_anywhere_end_in_one_line(error, kind, monkeypatch, capsys):
-    import torch_mz.cli as cli
-
-    def fails(args):
-        raise error
-
-    monkeypatch.setattr(cli, 'cmd_tasks', fails)
+    _tasks_raise(monkeypatch, error)
     assert main(['tasks']) == 2
     err = capsys.readouterr().err
     assert err.startswith(f'torch-mz: error: {kind} (') and err.count('\n') == 1
 
 
 def test_another_type_error_keeps_its_traceback(monkeypatch):
-    import torch_mz.cli as cli
-
-    def fails(args):
-        raise TypeError('a bug')
-
-    monkeypatch.setattr(cli, 'cmd_tasks', fails)
+    _tasks_raise(monkeypatch, TypeError('a bug'))
     with pytest.raises(TypeError, match='a bug'):
         main(['tasks'])
 
@@ -2122,12 +2173,7 @@ def test_path_flags_expand_the_home_folder_as_root_does(tmp_path, capsys, monkey
 def test_an_overflow_error_of_a_bug_keeps_its_traceback(error, monkeypatch):
     # any OverflowError was taken for a size too large: a bug's (an inf turned into an int)
     # ended as 'too large (...): the sizes asked for ... do not fit', with no traceback
-    import torch_mz.cli as cli
-
-    def fails(args):
-        raise error
-
-    monkeypatch.setattr(cli, 'cmd_tasks', fails)
+    _tasks_raise(monkeypatch, error)
     with pytest.raises(OverflowError):
         main(['tasks'])
 
@@ -2144,3 +2190,70 @@ def test_mps_where_there_is_none_is_said_so(monkeypatch, tmp_path, capsys):
     assert err == "torch-mz: error: --device: Device 'mps' was requested but MPS is not " \
                   "available\n"
     assert not out.exists()
+
+
+# review of the command line's leftover bad-input cases
+
+@pytest.mark.parametrize('spec, module, blocks', [
+    (f'mz:num_encoder_blocks={2 ** 70}', 'torch_mz.nn.aggr', ('ISAB', 'SAB', 'PMA')),
+    # (its width matched to mz's: an mz model is built first, whole)
+    (f'perceiver:num_cross={2 ** 70}', 'torch_mz.models.set_transformer', ('MAB', 'SAB', 'PMA')),
+    (f'egnn:num_layers={2 ** 70}', 'torch_mz.models.egnn', ('EGNNConv', )),
+])
+def test_a_block_count_that_cannot_fit_in_memory_is_refused_before_any_block_or_data(
+        spec, module, blocks, tmp_path, capsys, monkeypatch):
+    # they built blocks without end
+    import importlib
+
+    import torch_mz.cli._common as common
+
+    def built(*args, **kwargs):
+        raise AssertionError('a block was built, or the data loaded')
+    for name in blocks:
+        monkeypatch.setattr(importlib.import_module(module), name, built)
+    monkeypatch.setattr(common, '_load', built)
+    out = tmp_path / 'out'
+    assert main(['train', *FUZZ, '--model', spec, '--out', str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"torch-mz: error: model spec '{spec}': a size too large for this "
+                          f"machine (") and "beyond this machine's" in err
+    assert err.count('\n') == 1 and not out.exists()
+
+
+@pytest.mark.parametrize('command, flag, items, key', [
+    ('train', '--task-arg', ['d=2', 'd=3'], 'd'),
+    ('compare', '--task-arg', ['d=2', 'd=2'], 'd'),
+    ('train', '--model-arg', ['hidden_channels=8', 'hidden-channels=16'], 'hidden_channels'),
+    ('compare', '--model-arg', ['pool=sum', 'pool=mean'], 'pool'),
+])
+def test_a_task_or_model_option_given_twice_is_refused(command, flag, items, key, tmp_path,
+                                                       capsys):
+    # the last was taken, silently: the run's label did not name the value dropped
+    out = tmp_path / 'out'
+    models = ['--model', 'deepsets'] if command == 'train' else ['--models', 'deepsets',
+                                                                  '--seeds', '1']
+    argv = [command, *FUZZ, *models, flag, items[0], flag, items[1], '--out', str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == (f"torch-mz: error: {flag} sets '{key}' more than once ('{items[0]}' and "
+                   f"'{items[1]}'): give each option once\n")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['train', *FUZZ, '--model', 'deepsets', '--epochs', 'x'],
+     "argument --epochs: invalid int value: 'x' (see 'torch-mz train --help')"),
+    (['compare', '--task', 'max', '--lr', '1e-3x'],
+     "argument --lr: invalid float value: '1e-3x' (see 'torch-mz compare --help')"),
+    (['predict'], "the following arguments are required: checkpoint, --out (see 'torch-mz "
+                  "predict --help')"),
+    (['train', *FUZZ, '--model', 'deepsets', '--bogus'], 'unrecognized arguments: --bogus'),
+    (['bogus'], "argument command: invalid choice: 'bogus'"),
+])
+def test_argparse_errors_end_in_one_line_as_the_commands_own(argv, message, capsys):
+    # argparse printed its usage lines, then 'torch-mz train: error: ...'
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f'torch-mz: error: {message}') and err.count('\n') == 1, err

@@ -247,7 +247,11 @@ def test_a_checkpoint_load_model_refuses_leaves_the_given_model_as_it_was(task, 
     # a damaged normaliser is refused before the weights load (a bare KeyError after them)
     state = load_checkpoint(tmp_path / 'run' / 'best.pt')
     for damaged in ({'std': state['normalizer']['std']}, dict(state['normalizer'], mean='0'),
-                    dict(state['normalizer'], std=torch.full((3,), float('nan')))):
+                    dict(state['normalizer'], std=torch.full((3,), float('nan'))),
+                    # (accepted, then constant predictions or a shape error at prediction)
+                    dict(state['normalizer'], std=torch.zeros(3, dtype=torch.float64)),
+                    dict(state['normalizer'], mean=state['normalizer']['mean'][:2],
+                         std=state['normalizer']['std'][:2])):
         with pytest.raises(CheckpointError, match='damaged target normaliser'):
             load_model(dict(state, normalizer=damaged), model=model)
         assert carried_normalizer(model) is not None

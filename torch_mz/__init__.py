@@ -9,7 +9,9 @@ model from its checkpoint; :func:`load_test_split`: its run's test sets),
 geometry), :mod:`torch_mz.analysis` (what the matrix zonotope learns), :mod:`torch_mz.runtime`
 (process-wide CPU settings: kept freed memory), :mod:`torch_mz.tasks` (every task by name),
 :mod:`torch_mz.study` (what the benchmarks and ``torch-mz compare`` share: measurement, the
-training grid, reports, plots, statistics).
+training grid, reports, plots, statistics), :mod:`torch_mz.uncertainty` (quality of predictive
+uncertainty, Appendix D.3), :mod:`torch_mz.reproduce` (the reproduction of the paper's claims
+behind ``benchmarks/reproduce.py``), and the ``torch-mz`` command (:mod:`torch_mz.cli`).
 """
 from torch_mz import testing
 from torch_mz.inference import load_model, load_test_split

@@ -4,12 +4,58 @@ taken as something else (the text ``'False'`` as a true flag, ``-1`` layers as n
 deep inside a layer."""
 import math
 import numbers
+import os
 from typing import Any, Optional, Tuple
 
 import torch
 
 __all__ = ['check_count', 'check_optional_count', 'check_flag', 'check_number',
-           'check_range', 'check_rate', 'refuse_jit_trace']
+           'check_range', 'check_rate', 'check_fits', 'SizeError', 'refuse_jit_trace']
+
+
+class SizeError(ValueError):
+    r"""The :class:`ValueError` of sizes whose model could not fit in this machine's memory
+    (:func:`check_fits`)."""
+
+
+#: Fewer bytes than one module of PyTorch takes in Python objects (an empty ``Module``: about
+#: 2 KiB, a ``Linear`` 2.4 KiB).
+_MODULE_BYTES = 1024
+
+
+def _machine_memory(need: int) -> Optional[int]:
+    r"""The bytes of this machine's memory, the host's and, where :obj:`need` is more, its
+    GPUs' too (read only then: CUDA is not initialised for a model that fits in the host's);
+    :obj:`None` where the host's cannot be read."""
+    try:
+        memory = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
+    except (ValueError, OSError, AttributeError):  # (not on every platform)
+        return None
+    if need > memory and torch.cuda.is_available():
+        memory += sum(torch.cuda.get_device_properties(i).total_memory
+                      for i in range(torch.cuda.device_count()))
+    return memory
+
+
+def check_fits(what: str, parameters: int, modules: int = 0) -> None:
+    r"""Raises a :class:`SizeError` naming :obj:`what` (the sizes asked for) where
+    :obj:`parameters` parameters of the default dtype and :obj:`modules` modules (at least 1 KiB
+    of Python objects each) could not fit in this machine's memory, the host's and its GPUs'
+    together. Called with lower bounds of a model's counts before any of its blocks is built
+    (``num_encoder_blocks=2**70`` built blocks without end), so that no model that fits is
+    refused (one a little too large may still run out of memory); the memory is read only past
+    1 GiB. Built on the meta device (``with torch.device('meta')``) the parameters take no
+    memory, and only the modules count."""
+    if torch.get_default_device().type == 'meta':  # (a model of any size built to inspect it)
+        parameters = 0
+    need = parameters * torch.get_default_dtype().itemsize + modules * _MODULE_BYTES
+    if need <= 2 ** 30:
+        return
+    memory = _machine_memory(need)
+    if memory is not None and need > memory:
+        raise SizeError(f"{what}: at least {parameters:,} parameters in {modules:,} modules, "
+                        f"more than {need // 2 ** 30:,} GiB, beyond this machine's "
+                        f"{memory / 2 ** 30:,.1f} GiB of memory: give smaller sizes")
 
 
 def refuse_jit_trace(what: str) -> None:

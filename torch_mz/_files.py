@@ -1,8 +1,11 @@
 r"""Writing files so that an interrupted write never leaves a partial file behind: the one helper
 that checkpoints, training logs and processed dataset caches are written with; the lock that
-lets processes sharing files take turns; and the check that a torch file reads back as written."""
+lets processes sharing files take turns; the check that a torch file reads back as written; and
+standard JSON for the files users read (a non-finite figure as ``null``)."""
 import contextlib
 import hashlib
+import json
+import math
 import os
 import re
 import secrets
@@ -16,6 +19,27 @@ try:
     import fcntl
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
+
+
+def strict_json(value: Any, **kwargs: Any) -> str:
+    r""":func:`json.dumps` of :obj:`value` (:obj:`kwargs` passed on) as standard JSON: every
+    NaN or infinite float, at any depth of dicts, lists and tuples, written as ``null``. Python's
+    :mod:`json` writes them as the bare words ``NaN`` and ``Infinity``, which strict readers
+    (``jq``, JavaScript's ``JSON.parse``) refuse; a reader of a file written before takes both
+    (Python's :func:`json.load` reads ``NaN`` back as the float)."""
+    return json.dumps(finite_or_none(value), allow_nan=False, **kwargs)
+
+
+def finite_or_none(value: Any) -> Any:
+    r""":obj:`value` with every NaN or infinite float, at any depth of dicts, lists and tuples
+    (as lists), replaced by :obj:`None`: what :func:`strict_json` writes."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_none(v) for v in value]
+    return value
 
 
 @contextmanager

@@ -43,7 +43,9 @@ def load_task(name: str, seed: int = 0, n_train: Optional[int] = None,
               progress: bool = False, **task_kwargs) -> TaskSplits:
     r"""Builds the splits of task :obj:`name` (see :func:`list_tasks`). Synthetic tasks are
     generated from :obj:`seed` (:func:`~torch_mz.datasets.make_task`); real datasets are read from
-    :obj:`root` (default: the repository's ``datasets/`` folder) and split with :obj:`seed`.
+    :obj:`root` (default: ``$TORCH_MZ_DATA/<Name>`` where that is set, else the checkout's
+    ``datasets/<Name>``, else ``./datasets/<Name>``: :func:`~torch_mz.datasets.common.default_root`)
+    and split with :obj:`seed`.
     :obj:`task_kwargs` are checked against :func:`task_options` first: an unknown option or a
     value of the wrong type raises a :class:`ValueError` naming it (NumPy numbers are taken as
     Python's)."""

@@ -153,6 +153,26 @@ def test_target_selection(qm9_root):
         QM9(qm9_root, target=12)
 
 
+def test_a_pre_transform_that_changes_the_targets_width_is_refused(qm9_root, tmp_path):
+    # a y of 6 columns was read as 12 per row: target=['mu'] gave 2 rows for 4 molecules (two
+    # molecules' targets as one row), target=None named 12 columns of 6
+    def narrow(data):
+        data.y = data.y[:, :6]
+        return data
+    root = str(tmp_path / 'qm9')
+    shutil.copytree(qm9_root, root)
+    for target in (['mu'], None):
+        with pytest.raises(ValueError, match=r"holds y of shape \(4, 6\) for 4 molecules, where "
+                                             r"12 targets per molecule are expected"):
+            QM9(root, target=target, pre_transform=narrow, log=False, force_reload=True)
+
+    def scaled(data):  # (the same width: taken, as before)
+        data.y = 2 * data.y
+        return data
+    two = QM9(root, target=['mu'], pre_transform=scaled, log=False, force_reload=True)
+    assert torch.equal(two.y, 2 * QM9(qm9_root, target=['mu'], log=False).y)
+
+
 def test_target_stats_over_a_split(qm9_root):
     ds = QM9(qm9_root, target=['mu', 'u0'], log=False)
     index = torch.tensor([0, 2, 3])

@@ -1072,3 +1072,15 @@ def test_conv_names_what_autocast_does_not_cast():
                 assert torch.isfinite(out).all()
         out, _ = conv.float()(h, pos.half(), edges)  # (coordinates of another dtype: promoted)
         assert torch.isfinite(out).all()
+
+
+def test_layer_counts_that_could_not_fit_in_memory_are_refused_before_any_layer(monkeypatch):
+    # num_layers=2**70 built layers without end
+    import torch_mz.models.egnn as egnn
+
+    def built(*args, **kwargs):
+        raise AssertionError('a layer was built')
+    monkeypatch.setattr(egnn, 'EGNNConv', built)
+    with pytest.raises(ValueError, match="^num_layers=1180591620717411303424, hidden_channels="
+                                         "64: .*beyond this machine's"):
+        EGNN(3, num_layers=2 ** 70)

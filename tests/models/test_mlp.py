@@ -28,3 +28,18 @@ def test_reset_linear_layers_draws_what_a_fresh_mlp_draws():
     for a, b in zip(fresh, trained):
         for pa, pb in zip(a.parameters(), b.parameters()):
             assert torch.equal(pa, pb)
+
+
+@pytest.mark.parametrize('num_layers, hidden', [(2 ** 70, 128), (10 ** 7, 64)])
+def test_layer_counts_that_could_not_fit_in_memory_are_refused_before_any_layer(
+        num_layers, hidden, monkeypatch):
+    # 2**70 ended in an OverflowError (a list of as many widths), 10**7 built layers until
+    # memory ran out
+    import torch_mz.models.mlp as mlp
+
+    def built(*args, **kwargs):
+        raise AssertionError('a layer was built')
+    monkeypatch.setattr(mlp, 'Linear', built)
+    with pytest.raises(ValueError, match=f"^num_layers={num_layers}, hidden_channels={hidden}: "
+                                         f".*beyond this machine's"):
+        gelu_mlp(3, hidden, 1, num_layers)

@@ -225,3 +225,17 @@ def test_perceiver_repr_shows_every_option_that_shapes_the_model():
                     'num_latent_blocks=1, d_ff=32, dropout=0.1)')
     for change in (dict(heads=2), dict(d_ff=64), dict(dropout=0.0), dict(num_latent_blocks=3)):
         assert repr(PerceiverSet(3, 1, **dict(base, **change))) != text, change
+
+
+@pytest.mark.parametrize('sizes', [dict(num_cross=2 ** 70), dict(num_latent_blocks=2 ** 70)])
+def test_perceiver_block_counts_that_could_not_fit_in_memory_are_refused_before_any_block(
+        sizes, monkeypatch):
+    # num_cross=2**70 built blocks without end
+    import torch_mz.models.set_transformer as st
+
+    def built(*args, **kwargs):
+        raise AssertionError('a block was built')
+    for name in ('MAB', 'SAB', 'PMA'):
+        monkeypatch.setattr(st, name, built)
+    with pytest.raises(ValueError, match="^num_cross=.*beyond this machine's"):
+        PerceiverSet(3, 1, **sizes)

@@ -529,6 +529,22 @@ def test_checkpointed_chunks_give_the_same_values_and_gradients(chunk_size, shuf
         MZAggregation(4, checkpoint='chunks', chunk_size=None)
 
 
+@pytest.mark.parametrize('checkpoint, reruns', [('auto', 0), (False, 0), ('chunks', 3)])
+def test_integer_chunk_size_recomputes_only_with_checkpoint_chunks(checkpoint, reruns):
+    r"""An integer ``chunk_size`` groups the sets; in training only ``checkpoint='chunks'``
+    recomputes the groups (and so bounds the memory): with the default ``checkpoint='auto'``
+    the groups keep every activation, as the docstring and README say."""
+    aggr = _aggr(chunk_size=6, checkpoint=checkpoint).train()
+    calls = []  # rows of each group encoded
+    encode_group = aggr._encode_group
+    aggr._encode_group = lambda *a: calls.append(a[0].size(0)) or encode_group(*a)
+    index = make_index([3, 0, 7, 1, 4, 0, 2])
+    out = aggr(_x(index.numel(), 2).requires_grad_(), index, dim_size=9)
+    assert calls == [10, 5, 2]  # three groups in the forward pass
+    out.pow(2).sum().backward()
+    assert len(calls) == 3 + reruns  # again in the backward pass only where recomputed
+
+
 def _spy_on_groups(monkeypatch, module, calls=None):
     r"""Records the row count of every group :obj:`module` encodes (in the returned list)."""
     calls = [] if calls is None else calls
@@ -1167,3 +1183,19 @@ def test_cuda_autocast_takes_a_half_precision_model_of_the_other_half_precision(
             out = model.half()(x.half(), batch).prediction
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out.float(), ref, rtol=0.1, atol=0.1 * float(ref.abs().max()))
+
+
+@pytest.mark.parametrize('sizes', [dict(num_encoder_blocks=2 ** 70),
+                                   dict(num_decoder_blocks=2 ** 70),
+                                   dict(encoder='isab', num_encoder_blocks=10 ** 12),
+                                   dict(dim=2 ** 40, heads=1)])
+def test_sizes_that_could_not_fit_in_memory_are_refused_before_any_block(sizes, monkeypatch):
+    # num_encoder_blocks=2**70 built blocks without end
+    import torch_mz.nn.aggr as aggr
+
+    def built(*args, **kwargs):
+        raise AssertionError('a block was built')
+    for name in ('ISAB', 'SAB', 'PMA'):
+        monkeypatch.setattr(aggr, name, built)
+    with pytest.raises(ValueError, match="^num_encoder_blocks=.*beyond this machine's"):
+        MZAggregation(8, **sizes)

@@ -239,3 +239,30 @@ def test_autocast_takes_what_runs_and_names_what_fails(module, cast):
     with pytest.raises(ValueError, match=r"convert the input or the module \(e\.g\. "
                                          r"\.to\(torch\.float32\)\); the input meets"):
         normed(x, index)
+
+
+def test_block_counts_that_could_not_fit_in_memory_are_refused_before_any_block(monkeypatch):
+    # num_encoder_blocks=2**70 built PyG's blocks without end
+    import torch_geometric.nn.aggr.set_transformer as pyg
+
+    def built(*args, **kwargs):
+        raise AssertionError('a block was built')
+    monkeypatch.setattr(pyg, 'SetAttentionBlock', built)
+    monkeypatch.setattr(pyg, 'PoolingByMultiheadAttention', built)
+    with pytest.raises(ValueError, match="^num_encoder_blocks=1180591620717411303424, .*beyond"):
+        FlatSetTransformerAggregation(8, num_encoder_blocks=2 ** 70)
+
+
+@pytest.mark.parametrize('blocks', [(0, 0), (2, 0), (1, 2)])
+def test_memory_check_counts_no_more_than_the_blocks_built(monkeypatch, blocks):
+    # the check's counts are lower bounds, so that no aggregation that fits is refused: it
+    # counted 7 modules a block where PyG's SAB has 5 (the SAB, its MAB, the attention, its
+    # output Linear, the MAB's Linear), and its message named more modules than were built
+    import torch_mz.nn.set_transformer_aggr as st
+    counted = []
+    monkeypatch.setattr(st, 'check_fits', lambda what, p, m=0: counted.append((p, m)))
+    aggr = FlatSetTransformerAggregation(4, num_encoder_blocks=blocks[0],
+                                         num_decoder_blocks=blocks[1], heads=1)
+    (parameters, modules), = counted
+    assert parameters <= sum(p.numel() for p in aggr.parameters())
+    assert modules <= sum(1 for _ in aggr.modules()) - 3  # (less the aggregation and 2 lists)

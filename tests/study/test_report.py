@@ -135,3 +135,21 @@ def test_write_report_says_what_its_minutes_count(tmp_path):
     write_report(str(tmp_path), 'fresh', 'A study', env, {}, '', {}, 0.1, plot=False)
     assert '; 0.1 min on 2 CPUs' in (tmp_path / 'fresh.md').read_text()
     assert 'run_minutes' not in json.loads((tmp_path / 'fresh.json').read_text())
+
+
+def test_write_results_interrupted_leaves_the_earlier_pair(tmp_path, monkeypatch):
+    # a Ctrl-C while the Markdown file was written left the new JSON beside the earlier table
+    import torch_mz.study.report as report
+    write_results(str(tmp_path), 'study', {'r2': 0.1}, '| r2 | 0.1 |\n')
+    real = report.atomic_write
+
+    def interrupted_at_the_table(path, write, **kwargs):
+        if str(path).endswith('.md'):
+            raise KeyboardInterrupt
+        return real(path, write, **kwargs)
+    monkeypatch.setattr(report, 'atomic_write', interrupted_at_the_table)
+    with pytest.raises(KeyboardInterrupt):
+        write_results(str(tmp_path), 'study', {'r2': 0.9}, '| r2 | 0.9 |\n')
+    assert json.loads((tmp_path / 'study.json').read_text()) == {'r2': 0.1}
+    assert (tmp_path / 'study.md').read_text() == '| r2 | 0.1 |\n'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['study.json', 'study.md']

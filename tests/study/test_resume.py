@@ -180,3 +180,43 @@ def test_the_interrupted_note_gives_the_command_that_goes_on(monkeypatch):
                                                                       'out/runs')
     with pytest.raises(ValueError, match='expected a parser with a --resume option'):
         interrupted_note(script, [], argparse.ArgumentParser(), 'out/runs')
+
+
+def test_interruptible_catches_ctrl_c_with_the_note_of_what_is_kept_by_then():
+    # the studies' try / except KeyboardInterrupt around their runs, in one place
+    import argparse
+    import sys
+
+    from torch_mz.study import add_resume_argument, interruptible, interrupted_note
+    parser = argparse.ArgumentParser()
+    add_resume_argument(parser)
+    script = os.path.join('benchmarks', 'study.py')
+    python = os.path.basename(sys.executable)
+    with interruptible(script, [], parser) as stop:
+        pass
+    assert stop.note is None  # (not interrupted)
+    with interruptible(script, ['--overwrite'], parser) as stop:
+        raise KeyboardInterrupt  # (while the data is read: nothing kept)
+    assert stop.note == interrupted_note(script, ['--overwrite'], parser, None)
+    with interruptible(script, ['--overwrite'], parser) as stop:
+        stop.kept = 'out/runs'  # (the store made)
+        raise KeyboardInterrupt
+    assert stop.note == interrupted_note(script, ['--overwrite'], parser, 'out/runs')
+    assert stop.note.endswith(f'(the one in progress starts again); to go on: {python} '
+                              f'{script} --resume')
+    with interruptible(script, [], parser, 'out/runs') as stop:
+        stop.all_kept()  # (the runs done: the report is being written)
+        raise KeyboardInterrupt
+    assert stop.note == (f'study.py: interrupted while it wrote its report; all its runs are '
+                         f'kept in out/runs (none is done again); to write the report: '
+                         f'{python} {script} --resume')
+    with pytest.raises(RuntimeError), interruptible(script, [], parser, 'out/runs'):
+        raise RuntimeError  # (anything but Ctrl-C goes through)
+    with pytest.raises(ValueError, match='expected where the study keeps'):
+        with interruptible(script, [], parser) as stop:
+            stop.all_kept()  # (nothing kept: nothing for --resume to read back)
+    ran = []
+    with pytest.raises(ValueError, match='expected a parser with a --resume option'):
+        with interruptible(script, [], argparse.ArgumentParser()):
+            ran.append(1)
+    assert ran == []  # (refused before the block, not at the Ctrl-C)

@@ -556,6 +556,31 @@ def test_a_damaged_normaliser_is_named_on_resume(tmp_path):
     assert_same_params(params(model), weights)
 
 
+def test_a_normaliser_that_cannot_map_the_models_outputs_is_refused_at_load():
+    # a std of 0 or below mapped every prediction to the mean (or flipped its sign), statistics
+    # of another number of targets than the model's outputs, or not one entry per target, were
+    # accepted at load and failed only at prediction (a bare shape error)
+    from torch_mz.train.checkpoint import checkpoint_normalizer
+    mean, std = torch.tensor([1.0, 2.0], dtype=torch.float64), torch.tensor([0.5, 3.0],
+                                                                           dtype=torch.float64)
+    state = {'run_info': {'model': {'name': 'deepsets', 'in_channels': 3, 'out_channels': 2}}}
+    good = {'mean': mean, 'std': std, 'relative_eps': 1e-12, 'float64': True}
+    assert torch.equal(checkpoint_normalizer(dict(state, normalizer=good), 'C').std, std)
+    positive = 'std that is not positive'
+    for damaged, problem in ((dict(good, std=torch.tensor([0.5, 0.0])), positive),
+                             (dict(good, std=-std), positive),
+                             (dict(good, mean=mean[:1], std=std[:1]),
+                              r'1 target\(s\) for a model of 2 output'),
+                             (dict(good, mean=mean[:, None], std=std[:, None]),
+                              r'shape \(2, 1\), not one entry per target')):
+        with pytest.raises(CheckpointError, match=f"Checkpoint 'x.pt' holds a damaged target "
+                                                  f"normaliser.*{problem}"):
+            checkpoint_normalizer(dict(state, normalizer=damaged), "Checkpoint 'x.pt'")
+    # a checkpoint that records no model's outputs: the width is not compared
+    assert checkpoint_normalizer({'normalizer': dict(good, mean=mean[:1], std=std[:1])},
+                                 'C').mean.numel() == 1
+
+
 def test_a_resume_with_other_steps_per_epoch_goes_on_from_its_next_epochs_step(tmp_path, caplog):
     # the schedule counts steps: a run resumed with another batch size or number of processes
     # (the checkpoint of 2 processes resumed in 1) went on from the saved step count, which lay

@@ -146,6 +146,33 @@ def test_a_seed_whose_last_rank_passes_2_to_the_32_is_refused():
     assert fits.fit(REG_TRAIN[:32]).epochs_run == 2
 
 
+@pytest.mark.parametrize('restore_best', [True, False])
+def test_the_result_says_which_epoch_the_model_and_its_test_metrics_are_of(tmp_path,
+                                                                          restore_best):
+    # with restore_best=False, val_metrics and best_epoch were the best epoch's while the model
+    # (and test_metrics) were the last epoch's, and result.json did not say so
+    curve = [3.0, 2.0, 2.5]  # best at epoch 1
+    seed_everything(0)
+    trainer = Trainer(H.ToyDeepSets(3, 2), config(epochs=3, warmup_epochs=0, patience=None,
+                                                 restore_best=restore_best,
+                                                 out_dir=str(tmp_path)))
+    calls = []
+
+    def scripted_evaluate(dataset):  # after each epoch, then on the test set
+        calls.append(dataset)
+        return {'loss': curve[len(calls) - 1] if len(calls) <= 3 else 0.0}
+
+    trainer.evaluate = scripted_evaluate
+    result = trainer.fit(REG_TRAIN[:32], REG_VAL, REG_VAL[:8])
+    assert result.best_epoch == 1 and result.val_metrics == {'loss': 2.0}
+    assert result.model_epoch == (1 if restore_best else 2)
+    assert json.loads((tmp_path / 'result.json').read_text())['model_epoch'] == result.model_epoch
+    # without a validation set the model is the last epoch's, which is the best
+    alone = Trainer(H.ToyDeepSets(3, 2), config(epochs=2, warmup_epochs=0,
+                                                restore_best=restore_best)).fit(REG_TRAIN[:32])
+    assert alone.model_epoch == alone.best_epoch == 1
+
+
 def test_early_stopping_stops_at_patience_and_restores_best(tmp_path):
     curve = [5.0, 4.0, 3.0, 2.0, 2.5, 2.6, 2.7, 1.0, 0.5, 0.1]  # best at epoch 3
     seed_everything(0)
@@ -635,6 +662,38 @@ def test_a_loss_of_ones_own_takes_targets_in_the_outputs_precision_and_may_mask_
     known = torch.cat([d.y for d in sets])[:, 1]
     known = known[~torch.isnan(known)]
     assert float(trainer.normalizer.mean[1]) == pytest.approx(float(known.mean()), rel=1e-12)
+
+
+def _strict(text):
+    # what jq or JavaScript's JSON.parse take: no bare NaN or Infinity
+    def refuse(word):
+        raise ValueError(f'not standard JSON: {word}')
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_result_json_and_metrics_jsonl_are_standard_json_with_a_nan_figure(tmp_path):
+    # result.json held a bare NaN for best_val_loss without a validation set, and metrics.jsonl
+    # one for the validation metrics of targets a loss of one's own masks: invalid JSON for
+    # strict readers (jq, JavaScript)
+    Trainer(H.ToyDeepSets(3, 2), config(epochs=1, warmup_epochs=0,
+                                        out_dir=str(tmp_path / 'a'))).fit(REG_TRAIN[:16])
+    summary = _strict((tmp_path / 'a' / 'result.json').read_text())
+    assert summary['best_val_loss'] is None and summary['best_epoch'] == 0
+    val = copy.deepcopy(REG_VAL[:8])
+    val[0].y = val[0].y.clone()
+    val[0].y.view(-1)[0] = float('nan')
+
+    def masked(out, target):
+        keep = torch.isfinite(target)
+        return F.mse_loss(out[keep], target[keep])
+    result = Trainer(H.ToyDeepSets(3, 2),
+                     config(epochs=1, warmup_epochs=0, out_dir=str(tmp_path / 'b')),
+                     loss_fn=masked).fit(REG_TRAIN[:16], val)
+    assert math.isnan(result.history[0]['val_mse'])  # (the figures in Python: as they were)
+    record = _strict((tmp_path / 'b' / 'metrics.jsonl').read_text())
+    assert record['val_mse'] is None and math.isfinite(record['val_loss'])
+    summary = _strict((tmp_path / 'b' / 'result.json').read_text())
+    assert summary['val_metrics']['mse'] is None and summary['best_val_loss'] is not None
 
 
 def test_evaluating_a_model_carrying_its_normaliser_without_normalising_is_in_target_units():

@@ -18,7 +18,7 @@ import contextlib
 import os
 import shlex
 import sys
-from typing import Optional, Sequence
+from typing import NoReturn, Optional, Sequence
 
 from torch_mz.cli import _common
 from torch_mz.cli._common import CLIError, _add_training_args, _data_root, _user_path
@@ -29,7 +29,8 @@ from torch_mz.cli.train import cmd_train
 EXIT_USAGE = 2
 
 # The demo: quadratic-TDOF task (TDOF 8) with one MZ layer against a 4-layer standard Set
-# Transformer and EGNN; every model gets the same data, budget, schedule and normalisation.
+# Transformer, EGNN and Deep Sets; every model gets the same data, budget, schedule and
+# normalisation.
 DEMO_ARGS = ['compare', '--task', 'quadratic-tdof', '--models', 'mz-1l,st-4l,egnn,deepsets',
              '--seeds', '2', '--epochs', '10', '--warmup-epochs', '1', '--lr', '1e-3',
              '--batch-size', '64', '--n-train', '640', '--n-val', '160', '--n-test', '320',
@@ -75,9 +76,20 @@ def _add_memory_flag(p: argparse.ArgumentParser) -> None:
                    help="leave glibc's malloc as it is (see torch-mz --help)")
 
 
+class _Parser(argparse.ArgumentParser):
+    r"""The parser of ``torch-mz`` and of its commands (the subparsers take its class): its errors
+    (a number that does not read, an unknown or missing flag) end as the commands' own do, in
+    one line ``torch-mz: error: ...`` and exit status 2, a command's naming its help (argparse
+    printed its usage lines first, and named the command: ``torch-mz train: error: ...``). An
+    unknown flag is refused by the top parser, which does not know the command."""
+    def error(self, message: str) -> NoReturn:
+        hint = f" (see '{self.prog} --help')" if self.prog != 'torch-mz' else ''
+        self.exit(EXIT_USAGE, f'torch-mz: error: {message}{hint}\n')
+
+
 def build_parser() -> argparse.ArgumentParser:
     from torch_mz import __version__
-    parser = argparse.ArgumentParser(  # the docstring's first line, without its RST markup
+    parser = _Parser(  # the docstring's first line, without its RST markup
         prog='torch-mz', description=__doc__.split('\n')[0].replace('``', ''))
     parser.add_argument('--version', action='version', version=f'torch-mz {__version__}')
     parser.add_argument('--no-keep-freed-memory', dest='keep_freed_memory',

@@ -52,11 +52,23 @@ def _first_line(error: BaseException) -> str:
 
 
 def _parse_kv(items: Optional[Sequence[str]], what: str) -> Dict[str, object]:
+    r"""``KEY=VALUE`` items (--task-arg, --model-arg) as a dict; a key given twice is refused
+    (the last was taken, and the run's label did not name the value dropped)."""
     from torch_mz.options import parse_key_values
-    try:
-        return parse_key_values(items or [])
-    except ValueError as e:
-        raise CLIError(f'{what} {e}') from None
+    out: Dict[str, object] = {}
+    given: Dict[str, str] = {}
+    for item in items or []:
+        try:
+            parsed = parse_key_values([item])
+        except ValueError as e:
+            raise CLIError(f'{what} {e}') from None
+        key = next(iter(parsed))  # (as the parse reads it: center-std is center_std)
+        if key in given:
+            raise CLIError(f"{what} sets '{key}' more than once ('{given[key]}' and '{item}'): "
+                           f"give each option once")
+        given[key] = item
+        out.update(parsed)
+    return out
 
 
 def _parse_range(text: Optional[str]):
@@ -323,13 +335,15 @@ def _check_synthetic_size(task: str, counts: Sequence[Optional[int]],
     refused too, naming :obj:`size_flag` (``--set-size 1,2**70`` ended in NumPy's 'high is out
     of bounds for int64', which named no flag)."""
     from torch_mz.datasets.synthetic import TASKS
-    from torch_mz.tasks import resolved_options
+    from torch_mz.tasks import resolved_options, task_options
     cls = TASKS[task]
     total = sum(n if n is not None else default for n, default in zip(counts,
                                                                       cls.default_num_sets))
     low, high = set_size or cls.default_set_size
     d = resolved_options(task, {'d': options.get('d')})['d']
-    if not isinstance(d, int) or isinstance(d, bool):  # (the task's own default, or checked later)
+    if d is None:  # left out: the constructor's default (quadratic-tdof's 32; d = 1 was taken)
+        d = task_options(task)[0].get('d')
+    if not isinstance(d, int) or isinstance(d, bool):  # (no d, or one checked later)
         d = 1
     need = total * (512 + 4 * low * d)
     try:
@@ -481,6 +495,7 @@ def _check_model_args(args, task, models: List[ModelSpec]):
     overrides = _parse_kv(args.model_arg, '--model-arg')
     from torch_mz.options import check_options
     from torch_mz.models import build_model
+    from torch_mz._checks import SizeError
     from torch_mz.models.registry import PRESETS
     for model in models:
         steps = [(model.options, f"model spec '{model.spec}'"),
@@ -508,6 +523,8 @@ def _check_model_args(args, task, models: List[ModelSpec]):
                 if not isinstance(e, TypeError):
                     raise
                 raise CLIError(_option_error(what, model.name, e)) from None
+            except SizeError as e:  # (a bound of the sizes alone: refused before the data)
+                raise CLIError(f'{what}: a size too large for this machine ({e})') from None
             except ValueError as e:
                 if task is not None:
                     raise CLIError(f'{what}: {e}') from None
@@ -620,11 +637,12 @@ def _check_numbers(args) -> None:
         raise CLIError(f"{'--seed' if seed is not None else 'the last seed (--seeds - 1)'} + "
                        f"--epochs must be at most 2**32 (epoch e shuffles with seed + e); got "
                        f"{last} + {args.epochs}")
-    for flag in ('lr', 'weight_decay'):
-        value = getattr(args, flag)
-        if value is not None and (not math.isfinite(value) or value < 0):
-            raise CLIError(f"--{flag.replace('_', '-')} must be a finite number >= 0 (got "
-                           f"{value})")
+    # (--lr 0 was taken: every epoch trained at learning rate 0, i.e. not at all)
+    if args.lr is not None and (not math.isfinite(args.lr) or args.lr <= 0):
+        raise CLIError(f'--lr must be a finite number > 0 (got {args.lr})')
+    if args.weight_decay is not None and (not math.isfinite(args.weight_decay)
+                                          or args.weight_decay < 0):
+        raise CLIError(f'--weight-decay must be a finite number >= 0 (got {args.weight_decay})')
     warmup, epochs = args.warmup_epochs, args.epochs
     if warmup is not None and (warmup < 0 or epochs is not None and warmup > epochs):
         raise CLIError(f'--warmup-epochs must be in [0, --epochs] = [0, {epochs}] (got '

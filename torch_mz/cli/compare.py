@@ -111,7 +111,17 @@ def _recorded_items(options: Dict[str, Any], key: str, where: str) -> List[str]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise CLIError(f"--resume: '{where}' records {key}={value!r}, not a list of KEY=VALUE "
                        f"texts: pass the comparison's --{key.replace('_', '-')}s")
-    return value
+    # a comparison started before a repeated key was refused records every item given, and its
+    # runs took the last of each key: that one alone (the record was refused as repeating it,
+    # and the comparison could not be resumed)
+    from torch_mz.options import parse_key_values
+    last: Dict[Any, int] = {}
+    for i, item in enumerate(value):
+        try:
+            last[next(iter(parse_key_values([item])))] = i
+        except ValueError:  # (not KEY=VALUE: refused where it is read, naming the record)
+            last[i] = i
+    return [item for i, item in enumerate(value) if i in set(last.values())]
 
 
 def _take_comparison_options(args, options: Dict[str, Any], where: str,
@@ -477,7 +487,9 @@ def cmd_compare(args) -> int:
         header += (f' (resumed with `{args.command_line}`'
                    + (f"; with no flag, from the checkpoints: {', '.join(carried)}"
                       if carried else '') + ')')
-    write_results(out, 'results', payload,
+    from torch_mz._files import finite_or_none
+    # standard JSON: a NaN figure (the test R^2 of a model that predicted inf) as null
+    write_results(out, 'results', finite_or_none(payload),
                   f'# {task.name}: {task.description}\n\n{header}\n\n{table}')
     png = os.path.join(out, 'results.png')  # (not drawn: an earlier comparison's is removed)
     note = replace_plot(png, plot_summary, summary, task.task_type, png,

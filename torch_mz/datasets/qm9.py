@@ -455,8 +455,9 @@ class QM9(ProcessedDataset):
             (default: :obj:`'zero'`)
         transform (callable, optional): Applied to every example on access. (default: :obj:`None`)
         pre_transform (callable, optional): Applied once before saving; it sees :obj:`y` with
-            all 12 targets (the cache holds them all, :obj:`target` selects on loading).
-            (default: :obj:`None`)
+            all 12 targets (the cache holds them all, :obj:`target` selects on loading) and must
+            keep them (a :class:`ValueError` on loading says so; change :obj:`y` in
+            :obj:`transform`). (default: :obj:`None`)
         pre_filter (callable, optional): Keeps the examples for which it returns :obj:`True`
             (it too sees all 12 targets). (default: :obj:`None`)
         log (bool, optional): Show progress bars while processing. (default: :obj:`True`)
@@ -513,6 +514,18 @@ class QM9(ProcessedDataset):
         if expected is not None and expected != len(self):
             raise ProcessedFileError(data_path, f"holds {len(self)} molecules but "
                                      f"'{stats_path}' records {expected}")
+        y = getattr(self._data, 'y', None)
+        if not torch.is_tensor(y) or y.numel() != len(self) * len(QM9_TARGETS):
+            # (a pre_transform that changed y's width: target read the wrong rows, or the
+            # rows of two molecules as one, and target_names named 12 columns)
+            held = ('no y' if not torch.is_tensor(y) else
+                    f'y of shape {tuple(y.shape)} for {len(self)} molecules')
+            raise ValueError(f"QM9's processed file '{data_path}' holds {held}, where "
+                             f"{len(QM9_TARGETS)} targets per molecule are expected (a "
+                             f"pre_transform that changed y?): the cache keeps all 12 and "
+                             f"target selects among them on loading; keep y's 12 columns in "
+                             f"pre_transform and change them in transform (applied on access, "
+                             f"after the selection), then rebuild with force_reload=True")
         # the selected targets in the collated y itself, so that every way PyG reads it
         # (ds[i].y, ds.y, ds[:].y, a DataLoader) gives the same columns (before, get() selected
         # them and PyG's ds.y read all 12 unselected). Nothing per molecule is kept outside

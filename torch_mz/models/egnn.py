@@ -27,7 +27,8 @@ from torch_geometric.nn.aggr import GRUAggregation, LSTMAggregation, SumAggregat
 from torch_geometric.nn.resolver import activation_resolver
 from torch_geometric.utils import scatter
 
-from torch_mz._checks import check_count, check_flag, check_number, check_optional_count
+from torch_mz._checks import (check_count, check_fits, check_flag, check_number,
+                              check_optional_count)
 from torch_mz.models.base import SetPrediction, batch_vector, zero_empty_sets
 from torch_mz.nn.aggr import check_set_ids
 from torch_mz.nn._context import _hooked, tie_parameters
@@ -620,6 +621,9 @@ class EGNN(Module):
             raise ValueError(f"'pool' must be one of {_POOLS}, got '{pool}'")
         if radius is not None and not radius >= 0:  # (NaN too: it gave no edge)
             raise ValueError(f"'radius' must be non-negative, got {radius}")
+        # (each layer: at least 4 h^2 parameters, in its edge and node MLPs, and 10 modules)
+        check_fits(f'num_layers={num_layers}, hidden_channels={hidden_channels}',
+                   num_layers * 4 * hidden_channels * hidden_channels, 10 * num_layers)
         self.in_channels = in_channels
         self.hidden_channels = hidden_channels
         self.out_channels = out_channels

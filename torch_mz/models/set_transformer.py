@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn import Linear, ModuleList
 
-from torch_mz._checks import check_count, check_optional_count, check_rate, refuse_jit_trace
+from torch_mz._checks import (check_count, check_fits, check_optional_count, check_rate,
+                              refuse_jit_trace)
 from torch_mz.models.base import SetModel
 from torch_mz.models.mlp import gelu_mlp, reset_linear_layers
 from torch_mz.nn.aggr import MZAggregation, preset_defaults
@@ -143,6 +144,9 @@ class PerceiverSet(SetModel):
         num_cross = check_count('num_cross', num_cross)  # the latents' only view of the set
         num_latent_blocks = check_count('num_latent_blocks', num_latent_blocks, low=0)
         dropout = check_rate('dropout', dropout)
+        mabs = num_cross * (1 + num_latent_blocks) + 1  # (MZAggregation's bound of each)
+        check_fits(f'num_cross={num_cross}, num_latent_blocks={num_latent_blocks}, dim={dim}, '
+                   f'd_ff={d_ff}', mabs * (3 * dim * dim + 2 * dim * d_ff), 10 * mabs)
         self.in_channels = in_channels
         self.out_channels = out_channels
         self.dim = dim

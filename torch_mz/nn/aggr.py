@@ -10,8 +10,8 @@ from torch.nn import Linear, Module, ModuleList
 from torch_geometric.nn.aggr import Aggregation
 
 from torch_mz import runtime
-from torch_mz._checks import (check_count, check_optional_count, check_flag, check_rate,
-                              refuse_jit_trace)
+from torch_mz._checks import (check_count, check_fits, check_optional_count, check_flag,
+                              check_rate, refuse_jit_trace)
 from torch_mz.nn.attention import SUMMARIES, VALUE_OPERATORS, MZAttention
 from torch_mz.nn.blocks import ISAB, PMA, SAB
 from torch_mz.nn._context import _functorch_active, _plain_ops, tie_parameters
@@ -487,9 +487,12 @@ class MZAggregation(Aggregation):
             ``value='rigid', num_generators=0`` dispatched 33,696 kernels on 10^5 nodes and
             10^6 edges at d = 64 in the CPU's groups, 726 at once), which made it 7.5x PyG's
             time there on one H200 (``benchmarks/results/gpu``, measured in the CPU's groups;
-            the whole graph at once is not yet timed on a GPU). The default aggregation's
+            on one H100 the whole graph at once took the default aggregation 7.5x less time
+            than those groups, ``benchmarks/results/gpu_h100``). The default aggregation's
             memory there is then about that of the whole graph (10,506 MiB on the CPU at
-            d = 64); pass an integer (e.g. ``chunk_size=32768``) to bound it.
+            d = 64, 14,215 MiB on the H100); to bound it in training pass an integer with
+            ``checkpoint='chunks'`` (e.g. ``chunk_size=32768, checkpoint='chunks'``): an
+            integer alone recomputes nothing, so in training its groups keep every activation.
         checkpoint (bool or str): Activation checkpointing for training memory, with the same
             values and gradients. :obj:`'attention'`: every attention keeps only its inputs and
             runs its query/key/value maps, the packing of sets into blocks and the attention
@@ -612,6 +615,12 @@ class MZAggregation(Aggregation):
         num_decoder_blocks = check_count('num_decoder_blocks', num_decoder_blocks, low=0)
         num_seeds = check_count('num_seeds', num_seeds)
         num_inducing = check_count('num_inducing', num_inducing)
+        # each MAB (two an ISAB, one a SAB or the PMA) has at least 3 d^2 + 2 d d_ff parameters
+        # in 10 modules
+        mabs = num_encoder_blocks * (2 if encoder == 'isab' else 1) + 1 + num_decoder_blocks
+        check_fits(f'num_encoder_blocks={num_encoder_blocks} ({encoder}), num_decoder_blocks='
+                   f'{num_decoder_blocks}, dim={dim}, d_ff={d_ff}',
+                   mabs * (3 * dim * dim + 2 * dim * d_ff), 10 * mabs)
         self.in_channels = in_channels
         self.out_channels = in_channels if out_channels is None else out_channels
         self.dim = dim

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch_geometric.nn.aggr import SetTransformerAggregation
 
-from torch_mz._checks import check_count, check_flag, check_rate, refuse_jit_trace
+from torch_mz._checks import check_count, check_fits, check_flag, check_rate, refuse_jit_trace
 from torch_mz.nn.aggr import check_set_input, resolve_set_index
 from torch_mz.nn._context import _hooked, tie_parameters
 from torch_mz.nn.functional import (PATHS, check_choice, grouped_attention, repeat_per_set,
@@ -96,6 +96,12 @@ class FlatSetTransformerAggregation(SetTransformerAggregation):
         num_seed_points = check_count('num_seed_points', num_seed_points)
         num_encoder_blocks = check_count('num_encoder_blocks', num_encoder_blocks, 0)
         num_decoder_blocks = check_count('num_decoder_blocks', num_decoder_blocks, 0)
+        # (each of PyG's blocks: at least 4 c^2 parameters, in its attention and its Linear, and
+        # 5 modules: a SAB, its MAB, the attention, its output Linear and the MAB's Linear)
+        blocks = num_encoder_blocks + 1 + num_decoder_blocks
+        check_fits(f'num_encoder_blocks={num_encoder_blocks}, num_decoder_blocks='
+                   f'{num_decoder_blocks}, channels={channels}',
+                   blocks * 4 * channels * channels, 5 * blocks)
         # (PyG's own constructor takes any truthy text as a flag and checks the rate only in a
         # training forward pass)
         concat, layer_norm = check_flag('concat', concat), check_flag('layer_norm', layer_norm)

@@ -5,7 +5,7 @@ r"""Studies: what the scripts in ``benchmarks/`` and ``torch-mz compare`` share,
 * :mod:`~torch_mz.study.specs`: model specs (``'hypernet:rank=4'``);
 * :mod:`~torch_mz.study.grid`: training models x seeds (x tasks) with identical budgets;
 * :mod:`~torch_mz.study.resume`: finished runs kept one file each, so a stopped study resumes,
-  and the line that says how to go on after Ctrl-C;
+  and Ctrl-C caught with the line that says how to go on;
 * :mod:`~torch_mz.study.budget`: the quick / full budgets of the scripts and their overrides;
 * :mod:`~torch_mz.study.arguments`: argument types of the scripts' options (checked lists, counts);
 * :mod:`~torch_mz.study.report`: JSON and Markdown reports, summaries over seeds;
@@ -30,7 +30,8 @@ from torch_mz.study.measure import (MeasurementFailed, allocator_peak_bytes, cou
                                     uniform_sizes)
 from torch_mz.study.plots import (NO_MATPLOTLIB, plot_bars, plot_grid, plot_summary, pyplot,
                                   remove_earlier_plot, replace_plot, save_figure, try_plot)
-from torch_mz.study.resume import EXIT_INTERRUPTED, RunStore, interrupted_note
+from torch_mz.study.resume import (EXIT_INTERRUPTED, Interruption, RunStore, interruptible,
+                                   interrupted_note)
 from torch_mz.study.report import (METRICS, SPREAD_NOTE, check_out_folder, markdown_table,
                                    summarize, summary_markdown, write_json, write_report,
                                    write_results)
@@ -56,6 +57,8 @@ __all__ = [
     'check_grid',
     'RunStore',
     'EXIT_INTERRUPTED',
+    'Interruption',
+    'interruptible',
     'interrupted_note',
     'train_models',
     'train_one',

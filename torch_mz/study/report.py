@@ -3,7 +3,7 @@ a model x seed grid (mean and spread over seeds). Library code: nothing here pri
 import json
 import math
 import os
-from typing import Any, Dict, Hashable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Hashable, List, Optional, Tuple
 
 import numpy as np
 
@@ -60,17 +60,26 @@ def write_json(path: str, payload: Dict[str, object]):
     :func:`json.load` reads it back as that float (which the studies' resumption and the
     results' readers rely on), but it is not standard JSON, and strict parsers (``jq``,
     JavaScript's ``JSON.parse``) refuse the file."""
+    _write_json(path, payload)
+
+
+def _write_json(path: str, payload: Dict[str, object],
+                before_replace: Optional[Callable[[], None]] = None) -> None:
+    # write_json's, with atomic_write's before_replace
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     text = json.dumps(payload, indent=2) + '\n'  # serialised first: a failure writes nothing
-    atomic_write(path, lambda f: f.write(text), binary=False)
+    atomic_write(path, lambda f: f.write(text), binary=False, before_replace=before_replace)
 
 
 def write_results(out: str, name: str, payload: Dict[str, object], markdown: str) -> None:
     r"""Writes ``<out>/<name>.json`` (:obj:`payload`, see :func:`write_json`) and
-    ``<out>/<name>.md`` (:obj:`markdown`), creating :obj:`out`."""
+    ``<out>/<name>.md`` (:obj:`markdown`), creating :obj:`out`, as a pair: the Markdown file
+    replaces the earlier one only once the JSON file is written, and the JSON file replaces
+    its earlier one right after, so that a write interrupted (Ctrl-C) or failing before then
+    leaves both earlier files, not a new table beside the earlier figures."""
     os.makedirs(out, exist_ok=True)
-    write_json(os.path.join(out, f'{name}.json'), payload)
-    atomic_write(os.path.join(out, f'{name}.md'), lambda f: f.write(markdown), binary=False)
+    _write_json(os.path.join(out, f'{name}.json'), payload, before_replace=lambda: atomic_write(
+        os.path.join(out, f'{name}.md'), lambda f: f.write(markdown), binary=False))
 
 
 def write_report(out: str, name: str, title: str, env: Dict[str, Any],

@@ -1,7 +1,7 @@
 r"""Resuming an interrupted study: every finished run's record kept as one JSON file, so that a
 study stopped after hours (a closed session, a crash, Ctrl-C) trains only the runs it had not
-finished when it is started again. Library code: nothing here prints (:func:`interrupted_note`
-gives the script the line to print on Ctrl-C)."""
+finished when it is started again. Library code: nothing here prints (:func:`interruptible`
+and :func:`interrupted_note` give the script the line to print on Ctrl-C)."""
 import argparse
 import hashlib
 import json
@@ -10,7 +10,8 @@ import re
 import shlex
 import sys
 import warnings
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from contextlib import contextmanager
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -18,7 +19,7 @@ from torch_mz.study.report import write_json
 from torch_mz.train import TrainConfig
 from torch_mz.train.checkpoint import RESUMABLE_CONFIG_CHANGES
 
-__all__ = ['RunStore', 'EXIT_INTERRUPTED', 'interrupted_note']
+__all__ = ['RunStore', 'EXIT_INTERRUPTED', 'Interruption', 'interruptible', 'interrupted_note']
 
 _FORMAT = 1
 #: Training settings that change no figure of a finished run (besides
@@ -200,8 +201,15 @@ def _reads_as(parser: argparse.ArgumentParser, word: str, dest: str) -> bool:
     return parser.allow_abbrev and {d for s, d in options.items() if s.startswith(word)} == {dest}
 
 
+def _check_resumable(caller: str, parser: argparse.ArgumentParser) -> None:
+    # the command a note gives goes on with --resume: the parser must have it
+    if not any(a.dest == 'resume' for a in parser._actions):
+        raise ValueError(f"{caller}: expected a parser with a --resume option, got one "
+                         f"with {', '.join(s for a in parser._actions for s in a.option_strings)}")
+
+
 def interrupted_note(script: str, argv: Sequence[str], parser: argparse.ArgumentParser,
-                     kept: Optional[str], what: str = 'runs') -> str:
+                     kept: Optional[str], what: str = 'runs', finished: bool = False) -> str:
     r"""The line a resumable study prints (to stderr) when Ctrl-C stops it, before it exits with
     :data:`EXIT_INTERRUPTED`, in place of a traceback: that it was interrupted, where what it
     finished is kept, and the exact command that goes on.
@@ -218,10 +226,14 @@ def interrupted_note(script: str, argv: Sequence[str], parser: argparse.Argument
             the same with ``--resume``, which replaces an ``--overwrite`` (the runs it would
             remove are this call's now).
         what (str, optional): What the study finishes, plural. (default: :obj:`'runs'`)
+        finished (bool, optional): Every one of the :obj:`what` is finished and kept in
+            :obj:`kept` (which must be given): the study was stopped while it wrote its report,
+            and the line says that the command only writes the report. (default: :obj:`False`)
     """
-    if not any(a.dest == 'resume' for a in parser._actions):
-        raise ValueError(f"interrupted_note: expected a parser with a --resume option, got one "
-                         f"with {', '.join(s for a in parser._actions for s in a.option_strings)}")
+    _check_resumable('interrupted_note', parser)
+    if finished and kept is None:
+        raise ValueError("interrupted_note: expected where the finished study keeps its "
+                         f"{what} ('kept') with finished=True, got None")
     name = os.path.basename(script)
     args = list(argv)
     if kept is not None and not any(_reads_as(parser, word, 'resume') for word in args):
@@ -229,5 +241,63 @@ def interrupted_note(script: str, argv: Sequence[str], parser: argparse.Argument
     command = shlex.join([os.path.basename(sys.executable), os.path.relpath(script), *args])
     if kept is None:
         return f'{name}: interrupted before it kept any of its {what}; to start again: {command}'
+    if finished:
+        return (f'{name}: interrupted while it wrote its report; all its {what} are kept in '
+                f'{kept} (none is done again); to write the report: {command}')
     return (f'{name}: interrupted; the {what} finished so far are kept in {kept} (the one in '
             f'progress starts again); to go on: {command}')
+
+
+class Interruption:
+    r"""What :func:`interruptible` yields to its ``with`` block.
+
+    Attributes:
+        kept (str, optional): Where the study keeps what it finished (:func:`interrupted_note`'s
+            :obj:`kept`); the block sets it once it keeps anything (e.g. once its
+            :class:`RunStore` is made).
+        finished (bool): Whether everything the study finishes is kept (:meth:`all_kept`).
+        note (str, optional): :obj:`None`, or once Ctrl-C stopped the block, the line to print
+            before exiting with :data:`EXIT_INTERRUPTED`.
+    """
+
+    def __init__(self, kept: Optional[str]):
+        self.kept = kept
+        self.note: Optional[str] = None
+        self.finished = False
+
+    def all_kept(self) -> None:
+        r"""Says that from here on everything the study finishes is kept in :attr:`kept` (its
+        runs are in their store): a Ctrl-C now costs only the report, and the note says so."""
+        if self.kept is None:
+            raise ValueError("Interruption.all_kept: expected where the study keeps what it "
+                             "finished ('kept'), got None")
+        self.finished = True
+
+
+@contextmanager
+def interruptible(script: str, argv: Sequence[str], parser: argparse.ArgumentParser,
+                  kept: Optional[str] = None, what: str = 'runs') -> Iterator[Interruption]:
+    r"""Runs the ``with`` block of a resumable study so that Ctrl-C stops it with a line to
+    print, not a traceback: a :class:`KeyboardInterrupt` in the block ends the block, and the
+    :class:`Interruption` it yields then holds :func:`interrupted_note`'s line as ``note``
+    (:obj:`None` otherwise), for the script to print to stderr before it exits with
+    :data:`EXIT_INTERRUPTED`::
+
+        with interruptible(__file__, sys.argv[1:], parser, store.folder) as stop:
+            runs, rows = run_grid(grid, models, seeds, config, store=store)
+            stop.all_kept()  # (a Ctrl-C from here costs only the report)
+            write_report(...)
+        if stop.note:
+            print(stop.note, file=sys.stderr, flush=True)
+            return EXIT_INTERRUPTED
+
+    The arguments are :func:`interrupted_note`'s; :obj:`kept` is where what the study finishes
+    is kept, or :obj:`None` where it keeps nothing yet (the block sets ``kept`` once it does).
+    A parser without ``--resume`` raises a :class:`ValueError` here, before the block runs."""
+    _check_resumable('interruptible', parser)
+    stop = Interruption(kept)
+    try:
+        yield stop
+    except KeyboardInterrupt:
+        stop.note = interrupted_note(script, argv, parser, stop.kept, what,
+                                     finished=stop.finished)

@@ -129,8 +129,10 @@ def checkpoint_normalizer(state: Mapping[str, Any], where: str,
 
     Raises:
         CheckpointError: If the normaliser is not one :meth:`TargetNormalizer.state_dict` wrote
-            (a key missing, a mean or std that is no tensor of finite values, two shapes), or
-            there is none and one is :obj:`required`.
+            (a key missing, a mean or std that is no tensor of finite values, two shapes, not
+            one entry per target, a std that is not positive, or another number of targets than
+            the outputs of the model the checkpoint records, ``run_info['model']
+            ['out_channels']``), or there is none and one is :obj:`required`.
     """
     raw = state.get('normalizer')
     if (isinstance(raw, Mapping) and {'mean', 'std'} <= raw.keys() and raw['mean'] is None
@@ -145,6 +147,12 @@ def checkpoint_normalizer(state: Mapping[str, Any], where: str,
                               f'units; restore the file or train it again')
     if raw is None:
         return None
+    # the number of outputs of the model the checkpoint records (build_model's), if any
+    info = state.get('run_info')
+    recorded = info.get('model') if isinstance(info, Mapping) else None
+    outputs = recorded.get('out_channels') if isinstance(recorded, Mapping) else None
+    if isinstance(outputs, bool):
+        outputs = None
     problem = None
     try:
         normalizer = TargetNormalizer().load_state_dict(raw)
@@ -160,6 +168,14 @@ def checkpoint_normalizer(state: Mapping[str, Any], where: str,
                 and mean.shape == std.shape and bool(torch.isfinite(mean).all())
                 and bool(torch.isfinite(std).all())):
             problem = 'a mean and std that are not two finite tensors of one shape'
+        elif mean is not None and (mean.dim() != 1 or mean.numel() == 0):
+            problem = f'statistics of shape {tuple(mean.shape)}, not one entry per target'
+        elif std is not None and not bool((std > 0).all()):
+            problem = f'a std that is not positive: {std.tolist()}'
+        elif mean is not None and isinstance(outputs, int) and mean.numel() != outputs:
+            # (the predictions were refused only then, or mapped with another model's statistics)
+            problem = (f'statistics of {mean.numel()} target(s) for a model of {outputs} '
+                       f'output(s)')
     if problem is not None:
         raise CheckpointError(f'{where} holds a damaged target normaliser ({problem}): '
                               f'restore the file or train it again')

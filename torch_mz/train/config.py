@@ -44,7 +44,10 @@ class TrainConfig:
             does, a tie does not).
             (default: :obj:`0.0`)
         restore_best (bool, optional): Load the weights of the best validation epoch at the end.
-            (default: :obj:`True`)
+            With :obj:`False` the model keeps the last epoch's weights, which the test metrics
+            describe, while ``best_epoch``, ``best_val_loss``, ``val_metrics`` and ``best.pt``
+            are the best epoch's (:attr:`TrainResult.model_epoch` says which epoch the model
+            holds). (default: :obj:`True`)
         seed (int, optional): Seed for Python, NumPy and PyTorch (``seed + rank`` under DDP) and
             for the shuffling of the training set, in :math:`[0, 2^{32})` (PyTorch's CPU
             generator and NumPy keep 32 bits of a seed); ``seed + epochs`` (epoch e shuffles
@@ -183,16 +186,21 @@ class TrainResult:
             first epoch of the lowest validation loss; with ``min_delta > 0`` a later epoch may
             have a lower one); the last epoch without a validation set.
         best_val_loss: That epoch's validation loss, the training criterion on standardised
-            targets where they are normalised (``nan`` without a validation set).
+            targets where they are normalised (``nan`` without a validation set; ``null`` in
+            ``result.json``, which writes every NaN or infinite figure so: standard JSON).
         epochs_run: Number of epochs completed (including those before a resume).
         stopped_early: Whether early stopping ended the run.
-        val_metrics: Validation metrics of the best epoch.
+        val_metrics: Validation metrics of the best epoch (not of the model
+            :meth:`Trainer.fit` leaves where ``restore_best=False``: see ``model_epoch``).
         test_metrics: Metrics on the test set, if one was given, of the model :meth:`Trainer.fit`
             leaves: the best epoch's weights with ``restore_best``, else the last epoch's.
         wall_time: Seconds spent in :meth:`Trainer.fit` (summed over resumed runs).
         normalizer: The target normaliser fitted on the training split (regression with
             ``normalize_targets=True``; else :obj:`None`). The trained model carries it already
             (see :func:`attach_normalizer`) and predicts in target units.
+        model_epoch: 0-based epoch whose weights the model :meth:`Trainer.fit` leaves holds,
+            the epoch ``test_metrics`` describe: ``best_epoch`` with ``restore_best`` (or
+            without a validation set), else the last epoch run.
     """
     history: List[Dict[str, float]] = field(default_factory=list)
     best_epoch: int = -1
@@ -203,6 +211,7 @@ class TrainResult:
     test_metrics: Optional[Dict[str, float]] = None
     wall_time: float = 0.0
     normalizer: Optional[TargetNormalizer] = None
+    model_epoch: int = -1
 
     def to_dict(self) -> Dict[str, Any]:
         r"""Every field but ``normalizer`` (which the checkpoints hold), as plain values."""

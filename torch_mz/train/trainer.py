@@ -5,7 +5,6 @@ import copy
 import csv
 import gc
 import io
-import json
 import logging
 import math
 import os
@@ -25,7 +24,7 @@ from torch_geometric.loader import DataLoader
 from tqdm.auto import tqdm
 
 from torch_mz._checks import refuse_compiled_wrapper
-from torch_mz._files import atomic_write, remove_stale_temp_files
+from torch_mz._files import atomic_write, remove_stale_temp_files, strict_json
 from torch_mz.runtime import freed_memory_kept
 from torch_mz.nn.fused import fused_kernels_mode, set_tanh_kernel, tanh_kernel_in_use
 from torch_mz.train.checkpoint import (CHECKPOINT_FORMAT, CHECKPOINT_VERSION, CheckpointError,
@@ -464,7 +463,9 @@ class Trainer:
         always agree with the checkpoint, also after a resume)."""
         out = self.config.out_dir
         assert out is not None
-        jsonl = ''.join(json.dumps(rec) + '\n' for rec in history)
+        # (standard JSON: a NaN figure, e.g. the R^2 of validation targets a loss of one's own
+        # masks, as null)
+        jsonl = ''.join(strict_json(rec) + '\n' for rec in history)
         columns: List[str] = []
         for rec in history:
             columns += [k for k in rec if k not in columns]
@@ -785,7 +786,9 @@ class Trainer:
         r"""Restores the best weights, attaches the normaliser, evaluates on the test set and
         writes ``result.json``."""
         cfg = self.config
-        if cfg.restore_best and run.best_state is not None:
+        restored = cfg.restore_best and run.best_state is not None
+        if restored:
+            assert run.best_state is not None
             self.model.load_state_dict(run.best_state)
         self._attach_normalizer()  # from here on the model predicts in target units
         # ... in eval() mode, without or with a test set (model(batch) drew dropout masks
@@ -795,7 +798,10 @@ class Trainer:
                              best_val_loss=run.best_val if run.best_state is not None else math.nan,
                              epochs_run=len(run.history), stopped_early=run.stopped_early,
                              normalizer=copy.deepcopy(self.normalizer) if self.uses_normalizer
-                             else None)
+                             else None,
+                             # (the epoch the model's weights, and so the test metrics, are of)
+                             model_epoch=run.best_epoch if restored
+                             else int(run.history[-1]['epoch']) if run.history else -1)
         if 0 <= run.best_epoch and val_dataset is not None:
             rec = next(r for r in run.history if r['epoch'] == run.best_epoch)
             result.val_metrics = {k[4:]: v for k, v in rec.items() if k.startswith('val_')}
@@ -811,7 +817,8 @@ class Trainer:
         summary.pop('history')
         summary.update(config=self.config.to_dict(), task_type=self.task_type,
                        world_size=self.dist.world_size)
-        text = json.dumps(summary, indent=2) + '\n'
+        # standard JSON: best_val_loss of a run without a validation set (NaN) as null
+        text = strict_json(summary, indent=2) + '\n'
         assert self.config.out_dir is not None
         atomic_write(os.path.join(self.config.out_dir, RESULT_JSON), lambda f: f.write(text),
                      binary=False)
