@@ -279,6 +279,29 @@ def test_atomic_write_keeps_permissions_and_writes_through_a_link(tmp_path):
     assert sorted(p.name for p in target.parent.iterdir()) == ['results.json']  # no temp left
 
 
+def test_atomic_write_replaces_a_link_without_following_it_where_asked(tmp_path):
+    # (a dataset's processed cache: a folder copied from elsewhere may hold links to files
+    # outside it, which a rebuild must not write)
+    from torch_mz._files import atomic_write
+    target = tmp_path / 'elsewhere' / 'checkpoint.pt'
+    target.parent.mkdir()
+    target.write_bytes(b'keep')
+    os.chmod(target, 0o600)
+    folder = tmp_path / 'cache'
+    folder.mkdir()
+    (folder / 'data.pt').symlink_to(target)
+    (folder / 'stats.json').symlink_to(tmp_path / 'elsewhere' / 'new.json')  # dangling
+    atomic_write(folder / 'data.pt', lambda f: f.write(b'data'), follow_links=False)
+    atomic_write(folder / 'stats.json', lambda f: f.write('{}'), binary=False,
+                 follow_links=False)
+    assert not (folder / 'data.pt').is_symlink() and (folder / 'data.pt').read_bytes() == b'data'
+    assert not (folder / 'stats.json').is_symlink()
+    assert (folder / 'stats.json').read_text() == '{}'
+    assert target.read_bytes() == b'keep' and (os.stat(target).st_mode & 0o777) == 0o600
+    assert sorted(p.name for p in target.parent.iterdir()) == ['checkpoint.pt']
+    assert sorted(p.name for p in folder.iterdir()) == ['data.pt', 'stats.json']
+
+
 def test_pyg_data_and_tensor_types_still_load(tmp_path):
     # the first form of the fix left out every class torch and PyG had registered: a processed
     # file holding PyG's EdgeIndex, or a checkpoint with torch's nested tensors, was refused

@@ -83,13 +83,16 @@ def file_lock(path: Union[str, os.PathLike], wait: bool = True,
 
 def atomic_write(path: Union[str, os.PathLike], write: Callable[[Any], None],
                  binary: bool = True,
-                 before_replace: Optional[Callable[[], None]] = None) -> None:
+                 before_replace: Optional[Callable[[], None]] = None,
+                 follow_links: bool = True) -> None:
     r"""Calls ``write(file)`` on a new temporary file next to ``path`` (created with the usual
     permissions, i.e. subject to the umask; those of a file it replaces are kept), flushes it
     to disk and moves it over ``path`` with :func:`os.replace`, then flushes the folder, so
     that the new name survives a power cut too. A symbolic link at ``path`` is written through
-    (its target is replaced, the link kept). On any failure (also :class:`KeyboardInterrupt`)
-    the temporary file is removed and an existing file at ``path`` is left untouched.
+    (its target is replaced, the link kept), or with :obj:`follow_links` false replaced by the
+    file (nothing outside the folder of ``path`` is written). On any failure (also
+    :class:`KeyboardInterrupt`) the temporary file is removed and an existing file at ``path``
+    is left untouched.
 
     Args:
         path (str or os.PathLike): The file to write.
@@ -98,10 +101,16 @@ def atomic_write(path: Union[str, os.PathLike], write: Callable[[Any], None],
             (default: :obj:`True`)
         before_replace (callable, optional): Called with no arguments once the temporary file
             is complete, just before it replaces ``path``. (default: :obj:`None`)
+        follow_links (bool, optional): Write through a symbolic link at ``path``, else replace
+            the link itself (for files a folder owns, such as a dataset's processed cache, which
+            a folder copied from elsewhere may hold as links to files outside it).
+            (default: :obj:`True`)
     """
     path = os.fspath(path)
-    if os.path.islink(path):  # write through the link (replacing it would drop it)
+    link = os.path.islink(path)
+    if link and follow_links:  # write through the link (replacing it would drop it)
         path = os.path.realpath(path)
+        link = False
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     # secrets, not random: writing a file must not advance the seeded random streams
@@ -114,7 +123,8 @@ def atomic_write(path: Union[str, os.PathLike], write: Callable[[Any], None],
             f.flush()
             os.fsync(f.fileno())
         with contextlib.suppress(FileNotFoundError):  # the replaced file's permissions
-            os.chmod(tmp, os.stat(path).st_mode & 0o777)  # (not setuid, setgid, sticky)
+            if not link:  # (not those of a link's target, which is left alone)
+                os.chmod(tmp, os.stat(path).st_mode & 0o777)  # (not setuid, setgid, sticky)
         if before_replace is not None:
             before_replace()
         os.replace(tmp, path)

@@ -50,6 +50,18 @@ def test_default_root_of_an_installed_package_is_under_the_working_directory(mon
     assert default_root('QM9') == osp.join(str(tmp_path), 'datasets', 'QM9')
 
 
+@pytest.mark.parametrize('where', ['ModelNet40', 'ScanObjectNN', 'QM9', 'load_task'])
+def test_docstrings_give_the_default_root_of_an_installed_package_too(where):
+    # the default root is the repository's datasets/ only in a checkout: the documentation of
+    # root names the other two places (an installed package reads $TORCH_MZ_DATA or ./datasets/)
+    from torch_mz import datasets
+    from torch_mz.tasks import load_task
+    obj = load_task if where == 'load_task' else getattr(datasets, where)
+    doc = ' '.join(obj.__doc__.split())
+    assert 'of the repository' not in doc and "the repository's" not in doc
+    assert '$TORCH_MZ_DATA' in doc and 'default_root' in doc
+
+
 def test_normalize_unit_sphere():
     rng = np.random.default_rng(0)
     pos = rng.normal(size=(100, 3)) * 5 + 3
@@ -316,6 +328,33 @@ def test_train_test_sets_refuse_a_crafted_split_file(scanobjectnn_root, tmp_path
     with pytest.raises(ProcessedFileError, match="train.pt' holds objects other"):
         ScanObjectNN(root, num_points=32, log=False)
     assert not osp.exists(marker)
+
+
+def test_a_rebuild_writes_no_file_outside_a_copied_cache_through_its_links(scanobjectnn_root,
+                                                                          tmp_path):
+    # a processed folder copied from elsewhere may hold symbolic links to files outside it: a
+    # rebuild wrote through them, creating the files a dangling link names and overwriting
+    # those a link points at (here someone's checkpoint, with a stats.json that calls for the
+    # rebuild); the links are replaced by the cache's own files now
+    root = scanobjectnn_root['root']
+    first = ScanObjectNN(root, train=False, num_points=32, log=False)
+    cache = _cache(root)
+    outside = tmp_path / 'outside'
+    outside.mkdir()
+    checkpoint = outside / 'best.pt'
+    torch.save({'weights': torch.ones(3)}, checkpoint)
+    kept = checkpoint.read_bytes()
+    for name, path in cache.items():
+        os.unlink(path)
+        os.symlink(checkpoint if name == 'train.pt' else outside / f'new-{name}', path)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')  # (the cache is rebuilt, with or without a warning)
+        again = ScanObjectNN(root, train=False, num_points=32, log=False)
+    assert checkpoint.read_bytes() == kept
+    assert sorted(p.name for p in outside.iterdir()) == ['best.pt']
+    assert not any(osp.islink(p) for p in cache.values())
+    assert all(osp.isfile(p) for p in cache.values())
+    assert len(again) == len(first) and all(torch.equal(a.pos, b.pos) for a, b in zip(first, again))
 
 
 class _MyData(__import__('torch_geometric.data', fromlist=['Data']).Data):

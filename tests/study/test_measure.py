@@ -168,6 +168,17 @@ def test_environment_records_versions_and_command():
     assert env['cpu_model'] is None or (isinstance(env['cpu_model'], str) and env['cpu_model'])
 
 
+def test_environment_records_the_torch_mz_version(monkeypatch):
+    # an installed copy is not a git checkout: its results name the package by its version,
+    # where the commit (from git) is None
+    import torch_mz
+    import torch_mz.study.measure as measure
+    monkeypatch.setattr(measure, 'code_version', lambda: None)
+    env = environment()
+    assert env['torch_mz_commit'] is None
+    assert env['torch_mz'] == torch_mz.__version__
+
+
 # A script as the operator benchmarks write them: --_one measures one configuration (here it
 # doubles n, or fails as the configuration asks) and prints it as JSON on its last line.
 CHILD = textwrap.dedent("""

@@ -229,10 +229,12 @@ PROCESSED_SAFE_GLOBALS = [Data]
 def save_stats(stats: Dict[str, object], path: str, data_paths: Sequence[str] = ()) -> None:
     r"""Writes :obj:`stats` as ``stats.json`` atomically, recording the size in bytes of each of
     the processed files :obj:`data_paths` (written before it) under ``processed_files``, so that
-    :func:`check_processed_sizes` can tell a cache whose writing was interrupted."""
+    :func:`check_processed_sizes` can tell a cache whose writing was interrupted. A symbolic
+    link at :obj:`path` is replaced by the file, not written through (a cache folder copied from
+    elsewhere may hold links to files outside it)."""
     stats['processed_files'] = {osp.basename(p): osp.getsize(p) for p in data_paths}
     text = json.dumps(stats, indent=1, sort_keys=True, default=_json_number)
-    atomic_write(path, lambda f: f.write(text), binary=False)
+    atomic_write(path, lambda f: f.write(text), binary=False, follow_links=False)
 
 
 def _json_number(value: Any) -> Any:
@@ -354,7 +356,8 @@ class ProcessedDataset(InMemoryDataset):
       files, is the cache's mark of completion: a rebuild removes the old one and the old
       markers just before it replaces the first data file, and writes the new one last, after
       the markers, so that a run stopped at any point leaves a cache that is rebuilt (or, stopped
-      before it replaced anything, the old cache as it was);
+      before it replaced anything, the old cache as it was); a symbolic link in its place (in a
+      cache folder copied from elsewhere) is replaced by the file, never written through;
     - is loaded with ``weights_only=True`` (:func:`load_processed`), so a crafted file never runs
       code (PyG's own loader retries with ``weights_only=False``);
     - is checked when loaded: an empty, truncated or inconsistent file is reported with a warning
@@ -419,10 +422,14 @@ class ProcessedDataset(InMemoryDataset):
     def save(cls, data_list: Sequence[Any], path: str,
              before_replace: Optional[Callable[[], None]] = None) -> None:
         r"""Collates :obj:`data_list` and writes it to :obj:`path` atomically
-        (:obj:`before_replace`: see :func:`~torch_mz._files.atomic_write`)."""
+        (:obj:`before_replace`: see :func:`~torch_mz._files.atomic_write`). A symbolic link at
+        :obj:`path` is replaced by the file, not written through: a cache folder copied from
+        elsewhere may hold links to files outside it (a checkpoint, a file that does not exist
+        yet), which a rebuild overwrote or created."""
         data, slices = cls.collate(data_list)
         payload = (data.to_dict(), slices, data.__class__)
-        atomic_write(path, lambda f: torch.save(payload, f), before_replace=before_replace)
+        atomic_write(path, lambda f: torch.save(payload, f), before_replace=before_replace,
+                     follow_links=False)
 
     def _save_processed(self, data_list: Sequence[Any], path: str) -> None:
         r""":meth:`save` for :meth:`process`: in a rebuild, the old cache's stats file and
@@ -690,7 +697,7 @@ class ProcessedDataset(InMemoryDataset):
         updated = dict(stats, raw_files=raw)
         text = json.dumps(updated, indent=1, sort_keys=True, default=_json_number)
         try:
-            atomic_write(path, lambda f: f.write(text), binary=False)
+            atomic_write(path, lambda f: f.write(text), binary=False, follow_links=False)
         except OSError:
             pass
 
@@ -710,8 +717,9 @@ class ProcessedDataset(InMemoryDataset):
         # the transforms as given, described before process() ran them (one that keeps state,
         # a counter or a lazy cache, would otherwise be recorded as another in every process)
         markers = self._markers_before if self._markers_before is not None else self._markers()
-        for marker_path, marker in markers:
-            atomic_write(marker_path, lambda f: torch.save(marker, f))  # called at once
+        for marker_path, marker in markers:  # (a link replaced, not written through: save)
+            atomic_write(marker_path, lambda f: torch.save(marker, f),  # called at once
+                         follow_links=False)
         save_stats(stats, path, data_paths)
         self._finished = True
 
@@ -738,7 +746,8 @@ class ProcessedDataset(InMemoryDataset):
             markers, self._markers_before = self._markers_before, None
         if not self._finished:  # a process() that does not end with _finish_cache
             for path, current in markers:
-                atomic_write(path, lambda f: torch.save(current, f))  # called at once
+                atomic_write(path, lambda f: torch.save(current, f),  # called at once
+                             follow_links=False)
 
 
 def download_lock(root: str) -> ContextManager[bool]:

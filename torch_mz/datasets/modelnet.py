@@ -304,8 +304,8 @@ class ModelNet40(TrainTestSets):
 
     Args:
         root (str, optional): Root folder (``raw/`` and ``processed/`` below it).
-            (default: :obj:`datasets/ModelNet40` of the repository, see
-            :func:`~torch_mz.datasets.common.default_root`)
+            (default: :obj:`ModelNet40` under ``$TORCH_MZ_DATA``, else under a checkout's or
+            the working directory's ``datasets/``: :func:`~torch_mz.datasets.common.default_root`)
         train (bool, optional): Load the training split, else the test split. (default: :obj:`True`)
         source (str, optional): :obj:`'mesh'` or :obj:`'hdf5'`. (default: :obj:`'mesh'`)
         num_points (int, optional): Points per shape, a positive integer; :obj:`None` keeps all

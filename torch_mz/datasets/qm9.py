@@ -443,7 +443,8 @@ class QM9(ProcessedDataset):
     normalisation statistics over the training indices with :meth:`target_stats`.
 
     Args:
-        root (str, optional): Root folder. (default: :obj:`datasets/QM9` of the repository, see
+        root (str, optional): Root folder. (default: :obj:`QM9` under ``$TORCH_MZ_DATA``, else
+            under a checkout's or the working directory's ``datasets/``:
             :func:`~torch_mz.datasets.common.default_root`)
         source (str, optional): :obj:`'sdf'` or :obj:`'qm9pack'`. (default: :obj:`'sdf'`)
         target (str, int or sequence, optional): Target name(s) or column index(es) that :obj:`y`

@@ -95,8 +95,9 @@ class ScanObjectNN(TrainTestSets):
     keeps drawing a new subset on every access.
 
     Args:
-        root (str, optional): Root folder. (default: :obj:`datasets/ScanObjectNN` of the repository,
-            see :func:`~torch_mz.datasets.common.default_root`)
+        root (str, optional): Root folder. (default: :obj:`ScanObjectNN` under
+            ``$TORCH_MZ_DATA``, else under a checkout's or the working directory's ``datasets/``:
+            :func:`~torch_mz.datasets.common.default_root`)
         variant (str, optional): One of :data:`SCANOBJECTNN_VARIANTS`. (default: :obj:`'OBJ_BG'`)
         train (bool, optional): Load the training split, else the test split. (default: :obj:`True`)
         num_points (int, optional): Points per object, a positive integer; :obj:`None` keeps

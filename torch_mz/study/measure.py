@@ -412,8 +412,12 @@ def _cpu_capability() -> Optional[str]:
 
 
 def environment() -> Dict[str, object]:
-    r"""Versions and hardware the measurement ran on."""
+    r"""Versions and hardware the measurement ran on: among them ``torch_mz``, the package's
+    version, which identifies an installed copy (``torch_mz_commit``, from git, is
+    :obj:`None` there)."""
     import torch_geometric
+
+    from torch_mz import __version__
     info = {
         'python': platform.python_version(),
         'platform': platform.platform(),
@@ -422,6 +426,7 @@ def environment() -> Dict[str, object]:
         'cpu_model': _cpu_model(),
         'cpu_capability': _cpu_capability(),
         'torch': torch.__version__,
+        'torch_mz': __version__,
         'torch_mz_commit': code_version(),
         'torch_geometric': torch_geometric.__version__,
         'torch_scatter': WITH_TORCH_SCATTER,
