@@ -62,6 +62,26 @@ def test_file_lock_in_a_folder_that_cannot_be_written_runs_unlocked(tmp_path):
         folder.chmod(0o700)
 
 
+def test_file_lock_without_following_links_creates_nothing_outside_its_folder(tmp_path):
+    # (a dataset's processed cache copied from elsewhere: a lock file there that is a dangling
+    # link made every open of the dataset create the file it names, outside the cache)
+    from torch_mz._files import file_lock
+    outside = tmp_path / 'outside'
+    outside.mkdir()
+    folder = tmp_path / 'cache'
+    folder.mkdir()
+    (folder / 'data.lock').symlink_to(outside / 'new.lock')  # dangling
+    with file_lock(folder / 'data.lock', follow_links=False) as held:
+        assert held is True  # (run unlocked, as where the file cannot be created)
+    assert list(outside.iterdir()) == [] and (folder / 'data.lock').is_symlink()
+    with pytest.raises(OSError):
+        with file_lock(folder / 'data.lock', strict=True, follow_links=False):
+            pass
+    assert list(outside.iterdir()) == []
+    with file_lock(folder / 'plain.lock', follow_links=False) as held:  # a file: locked
+        assert held is True and (folder / 'plain.lock').is_file()
+
+
 def test_a_strict_file_lock_raises_where_no_lock_can_be_had(tmp_path, monkeypatch):
     # a file system that refuses locks: a dataset cache runs unlocked; a lock that keeps two
     # processes off the same training run (strict) raises instead

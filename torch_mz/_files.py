@@ -44,7 +44,7 @@ def finite_or_none(value: Any) -> Any:
 
 @contextmanager
 def file_lock(path: Union[str, os.PathLike], wait: bool = True,
-              strict: bool = False) -> Iterator[bool]:
+              strict: bool = False, follow_links: bool = True) -> Iterator[bool]:
     r"""Holds an exclusive advisory lock (``fcntl.flock``) on the file :obj:`path` (created if
     missing, never removed) for the ``with`` block and yields :obj:`True`, waiting for another
     process that holds it; with :obj:`wait` false, yields :obj:`False` at once (holding
@@ -52,14 +52,18 @@ def file_lock(path: Union[str, os.PathLike], wait: bool = True,
     be had, the block runs unlocked (and :obj:`True` is yielded): without ``fcntl`` (Windows),
     where the file cannot be created (a read-only folder, e.g. a dataset cache shared
     read-only) or the file system refuses locks; with :obj:`strict`, those last two raise the
-    :class:`OSError` instead (where two processes must not share the work the lock guards)."""
+    :class:`OSError` instead (where two processes must not share the work the lock guards).
+    With :obj:`follow_links` false, a symbolic link at :obj:`path` is not followed (nothing
+    outside its folder is opened or created, as a dangling link's target was): the lock counts
+    as one that cannot be had (a dataset's processed cache copied from elsewhere, with links)."""
     fd = None
     busy = False
     if fcntl is not None:
         try:
             path = os.fspath(path)
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            nofollow = 0 if follow_links else getattr(os, 'O_NOFOLLOW', 0)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | nofollow, 0o644)
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BaseException as e:  # (also an interrupt while waiting: no file left open)
             if fd is not None:

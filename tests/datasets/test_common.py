@@ -357,6 +357,46 @@ def test_a_rebuild_writes_no_file_outside_a_copied_cache_through_its_links(scano
     assert len(again) == len(first) and all(torch.equal(a.pos, b.pos) for a, b in zip(first, again))
 
 
+def test_opening_a_copied_cache_creates_no_file_through_its_lock_links(scanobjectnn_root,
+                                                                     tmp_path):
+    # the rebuild's files were written without following links, but the locks were opened
+    # through them: a copied processed/ whose lock files are dangling links created the files
+    # they name, outside the cache, on every open (and on a download)
+    root = scanobjectnn_root['root']
+    first = ScanObjectNN(root, train=False, num_points=32, log=False)
+    outside = tmp_path / 'outside'
+    outside.mkdir()
+    lock = first.processed_dir.rstrip(os.sep) + '.lock'
+    download = osp.join(root, 'processed', '.download.lock')
+    for name, path in (('build', lock), ('download', download)):
+        if osp.lexists(path):
+            os.unlink(path)
+        os.symlink(outside / f'{name}.lock', path)
+    again = ScanObjectNN(root, train=False, num_points=32, log=False, force_reload=True)
+    with common.download_lock(root):
+        pass
+    assert list(outside.iterdir()) == []
+    assert len(again) == len(first)
+
+
+def test_a_processed_folder_kept_as_a_link_is_still_written_through(scanobjectnn_root,
+                                                                    tmp_path):
+    # (links in the cache are replaced, not written through; processed/ itself as a link to
+    # another disk is the user's choice, and the cache is built there)
+    root = scanobjectnn_root['root']
+    fast = tmp_path / 'fast' / 'processed'
+    fast.mkdir(parents=True)
+    os.symlink(fast, osp.join(root, 'processed'))
+    first = ScanObjectNN(root, train=False, num_points=32, log=False)
+    again = ScanObjectNN(root, train=False, num_points=32, log=False, force_reload=True)
+    assert osp.islink(osp.join(root, 'processed'))
+    folder = fast / osp.basename(first.processed_dir)
+    assert sorted(p.name for p in folder.iterdir()) == sorted(_cache(root))
+    assert not any(p.is_symlink() for p in folder.iterdir())
+    assert (fast / (folder.name + '.lock')).is_file()
+    assert len(again) == len(first) and all(torch.equal(a.pos, b.pos) for a, b in zip(first, again))
+
+
 class _MyData(__import__('torch_geometric.data', fromlist=['Data']).Data):
     pass
 

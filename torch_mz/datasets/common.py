@@ -501,7 +501,7 @@ class ProcessedDataset(InMemoryDataset):
         held while a process checks the cache and builds or rebuilds it, and while it reads
         it: two processes opening the same dataset at once (e.g. two training jobs started
         together) take turns, and the second finds the cache the first has built."""
-        return file_lock(self.processed_dir.rstrip(os.sep) + '.lock')
+        return file_lock(self.processed_dir.rstrip(os.sep) + '.lock', follow_links=False)
 
     def _download_once(self, staging: str) -> None:
         r""":meth:`_download_raw` under the dataset's download lock (:func:`download_lock`):
@@ -754,7 +754,7 @@ def download_lock(root: str) -> ContextManager[bool]:
     r"""The lock a dataset's download holds (:func:`~torch_mz._files.file_lock`), so that
     processes opening it at once take turns: ``<root>/processed/.download.lock``, beside the
     processed caches' locks (``root`` and ``raw/`` hold only the data)."""
-    return file_lock(osp.join(root, 'processed', '.download.lock'))
+    return file_lock(osp.join(root, 'processed', '.download.lock'), follow_links=False)
 
 
 def clear_staging(folder: str) -> None:
