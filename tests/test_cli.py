@@ -2257,3 +2257,51 @@ def test_argparse_errors_end_in_one_line_as_the_commands_own(argv, message, caps
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith(f'torch-mz: error: {message}') and err.count('\n') == 1, err
+
+
+#: ``torch-mz`` with ``torch.save`` that, once epoch 1's ``checkpoint.pt`` is written (not yet
+#: moved into place), gets SIGTERM (a cluster's time limit) and waits for it.
+_SIGTERM_MID_WRITE = r'''
+import os, signal, sys, time
+import torch
+from torch_mz.cli import main
+save = torch.save
+def save_then_sigterm(obj, f, *args, **kwargs):
+    save(obj, f, *args, **kwargs)
+    if obj.get('kind') == 'train' and obj.get('epoch') == 1:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(60)
+torch.save = save_then_sigterm
+sys.exit(main(sys.argv[1:]))
+'''
+
+
+def test_sigterm_ends_train_as_ctrl_c_does_and_the_run_resumes_exactly(tmp_path, capsys):
+    # SIGTERM killed the command at once: no word, and the temporary file of the checkpoint
+    # being written left in the run's folder
+    import signal
+    import subprocess
+    import sys
+    out = tmp_path / 'cut'
+    argv = ['train', *TINY, '--model', 'deepsets', '--out', str(out)]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [root] + [p for p in [os.environ.get('PYTHONPATH')] if p]))
+    env.pop('WORLD_SIZE', None)
+    done = subprocess.run([sys.executable, '-c', _SIGTERM_MID_WRITE, *argv], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 128 + signal.SIGTERM, (done.returncode, done.stderr)
+    assert done.stderr.endswith('torch-mz: terminated (SIGTERM)\n'), done.stderr
+    assert not [n for n in os.listdir(out) if n.endswith('.tmp')], os.listdir(out)
+    from torch_mz.train import load_checkpoint
+    assert load_checkpoint(out / 'checkpoint.pt')['epoch'] == 0  # the last complete epoch's
+    assert len((out / 'metrics.jsonl').read_text().splitlines()) == 1
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # (this process: untouched)
+    # --resume ends where the uninterrupted run ends
+    assert main([*argv, '--resume', str(out / 'checkpoint.pt')]) == 0
+    assert main(['train', *TINY, '--model', 'deepsets', '--out', str(tmp_path / 'full')]) == 0
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # (put back after the command)
+    resumed = load_checkpoint(out / 'checkpoint.pt')['model']
+    full = load_checkpoint(tmp_path / 'full' / 'checkpoint.pt')['model']
+    assert resumed.keys() == full.keys()
+    assert all(torch.equal(resumed[k], full[k]) for k in full)

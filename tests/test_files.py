@@ -339,3 +339,34 @@ def test_pyg_data_and_tensor_types_still_load(tmp_path):
     nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)], layout=torch.jagged)
     torch.save({'n': nested}, tmp_path / 'nested.pt')
     assert weights_only_load(tmp_path / 'nested.pt')['n'].is_nested
+
+
+def test_atomic_write_names_the_file_it_could_not_write(tmp_path, monkeypatch):
+    # a full disk said '[Errno 28] No space left on device' and no file; a refused temporary
+    # file named the hidden '.<name>.<hex>.tmp'
+    import errno
+    from torch_mz._files import atomic_write
+    path = tmp_path / 'checkpoint.pt'
+    atomic_write(path, lambda f: f.write(b'earlier'))
+
+    def full(f):
+        f.write(b'half')
+        raise OSError(errno.ENOSPC, 'No space left on device')
+    with pytest.raises(OSError) as failed:
+        atomic_write(path, full)
+    assert failed.value.errno == errno.ENOSPC and failed.value.filename == str(path)
+    assert str(failed.value) == f"[Errno 28] No space left on device: '{path}'"
+    real_open = os.open
+
+    def refused(name, *args, **kwargs):
+        if str(name).endswith('.tmp'):
+            raise PermissionError(errno.EACCES, 'Permission denied', name)
+        return real_open(name, *args, **kwargs)
+    monkeypatch.setattr(os, 'open', refused)
+    with pytest.raises(PermissionError) as failed:
+        atomic_write(path, lambda f: f.write(b'new'))
+    monkeypatch.undo()
+    assert failed.value.filename == str(path), failed.value
+    with pytest.raises(OSError, match='^disk full$'):  # (no error number: as it came)
+        atomic_write(path, lambda f: (_ for _ in ()).throw(OSError('disk full')))
+    assert os.listdir(tmp_path) == ['checkpoint.pt'] and path.read_bytes() == b'earlier'

@@ -96,7 +96,8 @@ def atomic_write(path: Union[str, os.PathLike], write: Callable[[Any], None],
     (its target is replaced, the link kept), or with :obj:`follow_links` false replaced by the
     file (nothing outside the folder of ``path`` is written). On any failure (also
     :class:`KeyboardInterrupt`) the temporary file is removed and an existing file at ``path``
-    is left untouched.
+    is left untouched; an :class:`OSError` (a full disk, a folder that cannot be written) is
+    raised naming ``path``, not the temporary file or no file.
 
     Args:
         path (str or os.PathLike): The file to write.
@@ -120,7 +121,13 @@ def atomic_write(path: Union[str, os.PathLike], write: Callable[[Any], None],
     # secrets, not random: writing a file must not advance the seeded random streams
     stem = _temp_stem(os.path.basename(path))
     tmp = os.path.join(directory, f'.{stem}.{secrets.token_hex(6)}.tmp')
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except OSError as e:
+        named = _naming(e, path, tmp)
+        if named is None:
+            raise
+        raise named from e
     try:
         with os.fdopen(fd, 'wb' if binary else 'w', encoding=None if binary else 'utf-8') as f:
             write(f)
@@ -132,11 +139,25 @@ def atomic_write(path: Union[str, os.PathLike], write: Callable[[Any], None],
         if before_replace is not None:
             before_replace()
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
-        raise
+        named = _naming(e, path, tmp) if isinstance(e, OSError) else None
+        if named is None:
+            raise
+        raise named from e
     _sync_folder(directory)
+
+
+def _naming(error: OSError, path: str, tmp: str) -> Optional[OSError]:
+    r""":obj:`error`, raised writing :obj:`path` through its temporary file :obj:`tmp`, as one
+    that names :obj:`path`: a failed write, flush or ``fsync`` (a full disk: ``[Errno 28] No
+    space left on device``) names no file, a refused temporary file the hidden
+    ``.<name>.<hex>.tmp``. :obj:`None` for an error without an error number or naming another
+    file (raised as it is)."""
+    if error.errno is None or error.filename not in (None, tmp):
+        return None
+    return OSError(error.errno, error.strerror or os.strerror(error.errno), path)
 
 
 def _temp_stem(name: str) -> str:

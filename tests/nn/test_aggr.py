@@ -306,6 +306,19 @@ def test_ptr_takes_precedence_and_a_disagreeing_index_is_refused():
         aggr(x, make_index(sizes).float())
 
 
+def test_validate_refuses_a_dim_size_that_disagrees_with_ptr():
+    # forward refused it (PyG's Aggregation.__call__), but the public validate() took it: the
+    # sets that ptr describes were silently cut (dim_size 2 for 4 sets) or padded (6)
+    aggr = _aggr()
+    x = _x(3)
+    ptr = torch.tensor([0, 1, 3, 3, 3])  # 4 sets, the last two empty
+    set_id, num_sets = aggr.validate(x, ptr=ptr, dim_size=4)  # agreeing: accepted
+    assert num_sets == 4 and torch.equal(set_id, torch.tensor([0, 1, 1]))
+    for dim_size in (2, 6):
+        with pytest.raises(ValueError, match="'dim_size' to equal the 4 sets"):
+            aggr.validate(x, ptr=ptr, dim_size=dim_size)
+
+
 def test_ptr_of_any_integer_dtype_as_an_index():
     # an int16 or uint8 index was taken, and a ptr of those dtypes, accepted by the check,
     # failed inside repeat_interleave (NotImplementedError); a decreasing uint8 ptr wrapped

@@ -788,3 +788,46 @@ def test_same_run_takes_a_set_size_left_out_as_the_tasks_default_range():
     assert 'set_size' not in plain.args and given.args['set_size'] == [10, 50]
     for a, b in zip(plain.train + plain.val + plain.test, given.train + given.val + given.test):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a.keys())
+
+
+def test_a_full_disk_stops_the_run_naming_the_file_and_keeps_the_last_checkpoint(tmp_path,
+                                                                                  monkeypatch):
+    # the error said '[Errno 28] No space left on device', naming no file
+    import errno
+    out = tmp_path / 'run'
+    save = torch.save
+
+    def full_at_epoch_1(obj, f, *args, **kwargs):
+        if obj.get('kind') == 'train' and obj.get('epoch') == 1:
+            f.write(b'half a checkpoint')
+            raise OSError(errno.ENOSPC, 'No space left on device')
+        save(obj, f, *args, **kwargs)
+    monkeypatch.setattr(torch, 'save', full_at_epoch_1)
+    trainer = Trainer(H.ToyDeepSets(3, 2), config(epochs=3, out_dir=str(out)))
+    with pytest.raises(OSError) as failed:  # stops: no epoch trains on without its checkpoint
+        trainer.fit(REG_TRAIN[:32], REG_VAL[:16])
+    monkeypatch.undo()
+    assert str(failed.value) == (f"[Errno 28] No space left on device: "
+                                 f"'{out / 'checkpoint.pt'}'")
+    assert sorted(os.listdir(out)) == ['best.pt', 'checkpoint.pt', 'metrics.csv',
+                                       'metrics.jsonl']  # no temporary file
+    assert load_checkpoint(out / 'checkpoint.pt')['epoch'] == 0  # epoch 0's, whole
+    assert len((out / 'metrics.jsonl').read_text().splitlines()) == 1
+
+
+def test_cuda_rng_restored_where_another_number_of_gpus_is_visible(monkeypatch):
+    # a checkpoint written with one GPU visible, resumed where two are: the state of cuda:0
+    # (the device the run trains on) is restored, not skipped
+    from torch_mz.train.checkpoint import _rng_state, _set_rng_state
+    state = _rng_state()
+    state['cuda'] = [torch.tensor([1, 2, 3], dtype=torch.uint8)]
+    restored = []
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
+    monkeypatch.setattr(torch.cuda, 'set_rng_state',
+                        lambda s, device='cuda': restored.append((s.tolist(), device)))
+    monkeypatch.setattr(torch.cuda, 'set_rng_state_all',
+                        lambda states: restored.extend((s.tolist(), i)
+                                                       for i, s in enumerate(states)))
+    _set_rng_state(state)
+    assert restored == [([1, 2, 3], 0)]

@@ -11,14 +11,18 @@ A model is named by a spec, ``name`` or ``name:key=value,...`` (parsed by
 model, unknown or mistyped options, impossible sizes, missing data, a missing, corrupt or foreign
 checkpoint, an output folder that holds an earlier run or an output file that exists, a learning
 rate that makes the loss diverge) ends with a one-line message and exit status 2, never a
-traceback.
+traceback. Ctrl-C ends a command with ``torch-mz: interrupted`` and exit status 130, SIGTERM (a
+cluster's time limit or preemption) with ``torch-mz: terminated (SIGTERM)`` and 143; either
+leaves the last finished checkpoint to ``--resume`` from, and no temporary file.
 """
 import argparse
 import contextlib
 import os
 import shlex
+import signal
 import sys
-from typing import NoReturn, Optional, Sequence
+import threading
+from typing import Iterator, NoReturn, Optional, Sequence
 
 from torch_mz.cli import _common
 from torch_mz.cli._common import CLIError, _add_training_args, _data_root, _user_path
@@ -27,6 +31,42 @@ from torch_mz.cli.predict import cmd_predict
 from torch_mz.cli.train import cmd_train
 
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # Ctrl-C
+EXIT_TERMINATED = 128 + signal.SIGTERM  # 143, as a shell reports a process SIGTERM ended
+
+
+class _Terminated(KeyboardInterrupt):
+    r"""SIGTERM (a cluster's time limit or preemption, ``kill``), raised where the command is,
+    as Ctrl-C's :class:`KeyboardInterrupt` (:func:`_sigterm_as_interrupt`)."""
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    r"""Within the block SIGTERM ends the command as Ctrl-C does, by an exception (a
+    :class:`_Terminated`): the temporary file of a checkpoint or log being written is removed
+    (it was left in the run's folder; the last complete file stays, as it did) and the command
+    says so in one line (it ended without a word). Not in a forked child (it dies as it would
+    have), nor outside the main thread or under ``torchrun``, whose agent ends the other
+    processes with SIGTERM when one fails (one waiting in a collective would not take it)."""
+    from torch_mz.train.runtime import DistInfo
+    if (threading.current_thread() is not threading.main_thread()
+            or DistInfo.from_env().is_distributed):
+        yield
+        return
+    pid = os.getpid()
+
+    def handler(signum, frame):
+        if os.getpid() != pid:  # a forked child (a worker): as without the handler
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        raise _Terminated()
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
 
 # The demo: quadratic-TDOF task (TDOF 8) with one MZ layer against a 4-layer standard Set
 # Transformer, EGNN and Deep Sets; every model gets the same data, budget, schedule and
@@ -189,10 +229,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # errors still go to stderr)
     quiet = args.command in ('train', 'compare') and not _common._main_process()
     try:
-        if quiet:
-            with open(os.devnull, 'w') as sink, contextlib.redirect_stdout(sink):
-                return args.func(args)
-        return args.func(args)
+        with _sigterm_as_interrupt():
+            if quiet:
+                with open(os.devnull, 'w') as sink, contextlib.redirect_stdout(sink):
+                    return args.func(args)
+            return args.func(args)
     except (CLIError, CheckpointError, ValueError, OSError, ImportError,
             FloatingPointError) as e:
         if _debug():
@@ -211,6 +252,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               f'width, set sizes, batch size, number of sets) do not fit; give smaller ones',
               file=sys.stderr)
         return EXIT_USAGE
+    except _Terminated:
+        print('torch-mz: terminated (SIGTERM)', file=sys.stderr)
+        return EXIT_TERMINATED
     except KeyboardInterrupt:
         print('torch-mz: interrupted', file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED

@@ -153,7 +153,8 @@ def resolve_set_index(x: Tensor, index: Optional[Tensor], ptr: Optional[Tensor],
                       names: Tuple[str, str] = ('index', 'dim_size')) -> Tuple[Tensor, int]:
     r"""Validates PyG's ``(index, ptr, dim_size)`` for rows of :obj:`x` and returns the set id of
     every row and the number of sets. ``index`` may be unsorted; ``ptr`` alone is accepted (rows
-    grouped by set); ``dim_size`` larger than the largest id keeps trailing empty sets.
+    grouped by set); ``dim_size`` larger than the largest id keeps trailing empty sets (with
+    ``ptr``, it must be the number of sets ``ptr`` describes, as in PyG).
     :obj:`names` are what messages call ``index`` and ``dim_size`` (a model's ``batch`` and
     ``num_sets``)."""
     N = x.size(0)
@@ -173,6 +174,9 @@ def resolve_set_index(x: Tensor, index: Optional[Tensor], ptr: Optional[Tensor],
         index = torch.repeat_interleave(torch.arange(ptr.numel() - 1, device=x.device), sizes)
         if dim_size is None:
             dim_size = ptr.numel() - 1
+        elif dim_size != ptr.numel() - 1:  # (as PyG's Aggregation.__call__ refuses it)
+            raise ValueError(f"Expected '{names[1]}' to equal the {ptr.numel() - 1} sets that "
+                             f"'ptr' describes (got {dim_size!r})")
     assert index is not None  # given, or built from ptr or for a single set above
     if given_index is not None:
         if (given_index.is_floating_point() or given_index.is_complex()

@@ -240,8 +240,11 @@ def _set_rng_state(state: Dict[str, Any]) -> None:
                          n['has_gauss'], n['cached_gaussian']))
     torch.set_rng_state(state['torch'].cpu())
     cuda = state['cuda']
-    if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all([s.cpu() for s in cuda])
+    if cuda and torch.cuda.is_available():
+        # the devices both have: a run resumed where another number of GPUs is visible (a job
+        # on another node) restored none, and its dropout masks on cuda:0 differed silently
+        for index, saved in enumerate(cuda[:torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(saved.cpu(), index)
 
 
 def _json_values(value: Optional[Dict[str, Any]], name: str) -> Optional[Dict[str, Any]]:
