@@ -2305,3 +2305,22 @@ def test_sigterm_ends_train_as_ctrl_c_does_and_the_run_resumes_exactly(tmp_path,
     full = load_checkpoint(tmp_path / 'full' / 'checkpoint.pt')['model']
     assert resumed.keys() == full.keys()
     assert all(torch.equal(resumed[k], full[k]) for k in full)
+
+
+def test_an_ignored_sigterm_stays_ignored(monkeypatch, capsys):
+    # started with SIGTERM ignored (`trap '' TERM`, a wrapper that handles it), the command was
+    # ended by it all the same (status 143): the handler replaced the ignored disposition
+    import signal
+    import torch_mz.cli as cli
+
+    def tasks(args):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return 0
+    monkeypatch.setattr(cli, 'cmd_tasks', tasks)
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        assert main(['tasks']) == 0
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert capsys.readouterr().err == ''

@@ -47,10 +47,13 @@ def _sigterm_as_interrupt() -> Iterator[None]:
     (it was left in the run's folder; the last complete file stays, as it did) and the command
     says so in one line (it ended without a word). Not in a forked child (it dies as it would
     have), nor outside the main thread or under ``torchrun``, whose agent ends the other
-    processes with SIGTERM when one fails (one waiting in a collective would not take it)."""
+    processes with SIGTERM when one fails (one waiting in a collective would not take it),
+    nor where SIGTERM is ignored (``trap '' TERM``, a wrapper that handles it itself: it stays
+    ignored, as Python leaves an ignored Ctrl-C)."""
     from torch_mz.train.runtime import DistInfo
     if (threading.current_thread() is not threading.main_thread()
-            or DistInfo.from_env().is_distributed):
+            or DistInfo.from_env().is_distributed
+            or signal.getsignal(signal.SIGTERM) == signal.SIG_IGN):
         yield
         return
     pid = os.getpid()
