@@ -61,6 +61,7 @@ from torch_mz.uncertainty import (DEFAULT_LEVELS, METHODS, binned_by_uncertainty
                                   interval_coverage, mc_dropout_predict, method_predictions,
                                   regression_ece)
 from torch_mz.study.report import check_out_folder
+from torch_mz._files import nan_for_none
 # Table 20: method -> (Spearman, Pearson, inference seconds, passes)
 PAPER_T20 = {'MZAttn (IHW)': (0.513, 0.442, 0.10, 1), 'MC-Dropout': (0.553, 0.547, 0.37, 10),
              'Deep Ensemble': (0.470, 0.542, 0.40, 5)}
@@ -526,6 +527,12 @@ def replot(recorded, out):
     Records written before the test target std was stored get it from the task, generated
     again from the recorded setup (a :class:`ValueError` where it is not the recorded task)."""
     record = dict(recorded)
+    # a NaN figure (a correlation of a constant uncertainty) is kept as null (write_report
+    # writes standard JSON): read back as the NaN the tables show, as the study showed it
+    if isinstance(record.get('summary'), dict):
+        record['summary'] = _nan_for_null(record['summary'])
+    if isinstance(record.get('runs'), list):
+        record['runs'] = [_nan_figures(r) if isinstance(r, dict) else r for r in record['runs']]
     if 'target_std' not in record:
         setup = record['setup']
         options = {k: v for k, v in setup['task_params'].items() if k != 'set_sizes'}
@@ -536,6 +543,31 @@ def replot(recorded, out):
                              f"against {setup['task_params']})")
         record['target_std'] = target_std_of(task)
     return write_study(out, record, redraw=True)
+
+
+def _nan_for_null(value):
+    r""":obj:`value` with every :obj:`None` at any depth of dicts and lists as NaN: the figures
+    of a study's methods and summary, where no entry is ever null but a NaN written as one."""
+    if value is None:
+        return float('nan')
+    if isinstance(value, dict):
+        return {k: _nan_for_null(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_nan_for_null(v) for v in value]
+    return value
+
+
+def _nan_figures(run):
+    r"""A recorded run with the figures of its methods, bootstrap and members' test metrics
+    that were written as null (NaN) as NaN (a member's ``best_epoch`` of null stays)."""
+    run = dict(run)
+    for key in ('methods', 'bootstrap'):
+        if key in run:
+            run[key] = _nan_for_null(run[key])
+    if isinstance(run.get('members'), list):
+        run['members'] = [dict(m, test=nan_for_none(m['test'])) if isinstance(m, dict)
+                          and 'test' in m else m for m in run['members']]
+    return run
 
 
 def at_least_two(text):

@@ -977,3 +977,28 @@ def test_uncertainty_verdicts_state_only_what_they_measure():
             r['methods'][m]['raw']['ece'] = 0.3
     text = ' '.join(study.verdicts(runs, study.summarize(runs), passes=30, members=5))
     assert "the recalibration lowers every method's ECE" in text
+
+
+def test_uncertainty_replot_of_a_record_with_a_nan_figure_gives_the_same_report(tmp_path,
+                                                                                 monkeypatch):
+    # a NaN correlation (a constant uncertainty) was written as the bare word NaN; the JSON is
+    # standard now (null), and --replot reads null back as NaN: the report rebuilt from the
+    # file it wrote is the one rebuilt from the record as the study made it (a null had
+    # crashed the tables)
+    study = load_script('uncertainty')
+    task = study.load_task('chamfer', seed=0, n_train=4, n_val=4, n_test=6)
+    record = uncertainty_record(study, task)
+    for method in record['runs'][0]['methods'].values():
+        method['spearman'] = float('nan')
+    record['runs'][0]['members'][0]['test']['r2'] = float('nan')
+    record['summary'] = study.summarize(record['runs'])
+    (tmp_path / 'uncertainty.json').write_text(json.dumps(record))  # (as written before)
+    assert run_script('uncertainty', ['--replot', '--out', str(tmp_path)], monkeypatch) == 0
+    first = (tmp_path / 'uncertainty.md').read_text()
+
+    def refuse(word):
+        raise ValueError(f'not standard JSON: {word}')
+    rebuilt = json.loads((tmp_path / 'uncertainty.json').read_text(), parse_constant=refuse)
+    assert rebuilt['runs'][0]['methods'][study.METHODS[0]]['spearman'] is None
+    assert run_script('uncertainty', ['--replot', '--out', str(tmp_path)], monkeypatch) == 0
+    assert (tmp_path / 'uncertainty.md').read_text() == first

@@ -42,6 +42,18 @@ def finite_or_none(value: Any) -> Any:
     return value
 
 
+def nan_for_none(figures: Any) -> Any:
+    r"""The figures :obj:`figures` (a dict's values or a list's items, one level) with every
+    :obj:`None` read back as NaN: a figure that :func:`strict_json` wrote as ``null`` (NaN, or
+    an infinity, which comes back as NaN), for a reader that expects a float there. Anything
+    else, a :obj:`None` :obj:`figures` too, is returned as it is."""
+    if isinstance(figures, dict):
+        return {k: math.nan if v is None else v for k, v in figures.items()}
+    if isinstance(figures, list):
+        return [math.nan if v is None else v for v in figures]
+    return figures
+
+
 @contextmanager
 def file_lock(path: Union[str, os.PathLike], wait: bool = True,
               strict: bool = False, follow_links: bool = True) -> Iterator[bool]:

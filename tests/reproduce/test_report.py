@@ -306,10 +306,41 @@ def test_a_claim_file_whose_records_lack_the_summarys_fields_is_named(tmp_path):
                           (dict(ours=dict(whole['ours'], models=dict(mz=dict(r2=0.4)))),
                            'ours.models'),
                           (dict(ours=dict(whole['ours'], models=dict(
-                              mz=dict(r2=None, r2_std=0.1)))), 'ours.models'),
+                              mz=dict(r2='0.4', r2_std=0.1)))), 'ours.models'),
                           (dict(command=['python', 'benchmarks/reproduce.py']), 'command')):
         (folder / 'table3.converged.json').write_text(json.dumps([dict(whole, **damage)]))
         with pytest.raises(ValueError, match=r'holds records without .*' + named):
             load_claims(str(tmp_path))
     (folder / 'table3.converged.json').write_text(json.dumps([whole]))
     assert load_claims(str(tmp_path))[0]['claim'] == 'table3 x'
+    # (a model's null R² is a NaN as save_claim writes it: read back as NaN, not refused)
+    (folder / 'table3.converged.json').write_text(json.dumps([dict(whole, ours=dict(
+        whole['ours'], models=dict(mz=dict(r2=None, r2_std=None))))]))
+    assert math.isnan(load_claims(str(tmp_path))[0]['ours']['models']['mz']['r2'])
+
+
+def test_a_claim_with_a_nan_figure_is_kept_as_standard_json_and_summarised_as_before(tmp_path):
+    # save_claim wrote the bare word NaN; now null, which load_claims reads back as NaN, so
+    # that the summary's tables and verdicts are those of the records as they were made (a
+    # model's null R² had been refused as a damaged file, and crashed the models' table)
+    nan = math.nan
+    records = [dict(claim='t4 a: R²(mz) - R²(mlp)', verdict='inconclusive', budget='tiny',
+                    paper=dict(value=0.1, source='Table 4', text='mz 0.9, mlp 0.8'),
+                    ours=dict(mean=nan, std=nan, seeds=1, a='mz', b='mlp',
+                              models=dict(mz=dict(r2=nan, r2_std=nan, seeds=1),
+                                          mlp=dict(r2=0.5, r2_std=0.0, seeds=1))),
+                    epochs_run=dict(min=1, max=2, stopped_early=0, diverged=1, runs=2),
+                    n_train=8, seeds=1, command='python benchmarks/reproduce.py')]
+    path = save_claim(str(tmp_path), 't4', 'tiny', records)
+
+    def refuse(word):
+        raise ValueError(f'not standard JSON: {word}')
+    with open(path) as f:
+        stored = json.loads(f.read(), parse_constant=refuse)
+    assert stored[0]['ours']['mean'] is None and stored[0]['ours']['models']['mz']['r2'] is None
+    loaded = load_claims(str(tmp_path))
+    assert summary_table(loaded) == summary_table(records)
+    assert reproduce.models_table(loaded) == reproduce.models_table(records)
+    assert 'n/a ± n/a | **inconclusive**' in summary_table(loaded)
+    assert 'mz nan ± nan, mlp 0.500 ± 0.000' in reproduce.models_table(loaded)
+    assert math.isnan(loaded[0]['ours']['models']['mz']['r2'])

@@ -235,3 +235,26 @@ def test_tidy_passes_over_what_it_cannot_read_and_takes_diverged_runs(tmp_path, 
                                       diverged='Training loss is nan')))
     removed = repro.store.tidy()
     assert sorted(removed) == sorted(str(p) for p in left[1:]) and left[0].exists()
+
+
+def test_a_run_with_a_nan_figure_is_kept_as_standard_json_and_read_back_as_nan(tmp_path):
+    # the store wrote the bare word NaN; now null, read back as NaN (the finished runs' and
+    # sweep's float(record['test']['r2']) had raised a TypeError on a null)
+    import math
+    from torch_mz.reproduce.store import RunStore
+    from torch_mz.train import TrainConfig
+    store = RunStore(str(tmp_path / 'records'), str(tmp_path / 'checkpoints'))
+    cell = dict(task='sum', label='c', kwargs=dict(n_train=8))
+    config = TrainConfig(epochs=1, warmup_epochs=0)
+    assert store.cached(cell, 'mz', 0, config) is None  # (remembered for save)
+    store.save(dict(cell='c', model='mz', seed=0, epochs_run=1, best_epoch=0,
+                    val=dict(loss=0.5, r2=math.nan), test=dict(loss=0.25, r2=math.nan)))
+    path = store.files(cell, 'mz', 0, config)
+
+    def refuse(word):
+        raise ValueError(f'not standard JSON: {word}')
+    with open(path) as f:
+        assert json.loads(f.read(), parse_constant=refuse)['test'] == dict(loss=0.25, r2=None)
+    record = store.read(cell, 'mz', 0, config)
+    assert record['test']['loss'] == 0.25 and math.isnan(record['test']['r2'])
+    assert math.isnan(record['val']['r2']) and record['best_epoch'] == 0

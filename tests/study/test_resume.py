@@ -220,3 +220,26 @@ def test_interruptible_catches_ctrl_c_with_the_note_of_what_is_kept_by_then():
         with interruptible(script, [], argparse.ArgumentParser()):
             ran.append(1)
     assert ran == []  # (refused before the block, not at the Ctrl-C)
+
+
+def test_a_run_with_a_nan_figure_is_kept_as_standard_json_and_read_back_as_nan(tmp_path):
+    # write_json wrote the bare word NaN (refused by jq and JSON.parse); now null, which the
+    # store reads back as the NaN a fresh run's record holds (the tables of a resumed study
+    # are those of the fresh one: a null had been a None, or a TypeError in np.mean)
+    import json
+    import math
+    from torch_mz.study import RunStore
+    store = RunStore(str(tmp_path))
+    key = dict(cell='a', model='mz', seed=0, data=dict(task='max'))
+    record = dict(model='mz', best_epoch=None, val=dict(loss=0.5, r2=math.nan),
+                  test=dict(loss=math.inf, r2=math.nan, mse=0.25))
+    path = store.put(key, QUICK_CONFIG, record)
+
+    def refuse(word):
+        raise ValueError(f'not standard JSON: {word}')
+    with open(path) as f:
+        stored = json.loads(f.read(), parse_constant=refuse)
+    assert stored['record']['test'] == dict(loss=None, r2=None, mse=0.25)
+    got = store.get(key, QUICK_CONFIG)
+    assert got['best_epoch'] is None and got['val']['loss'] == 0.5 and got['test']['mse'] == 0.25
+    assert all(math.isnan(v) for v in (got['val']['r2'], got['test']['r2'], got['test']['loss']))

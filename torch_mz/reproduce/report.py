@@ -7,7 +7,7 @@ import os
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from torch_mz._files import atomic_write
+from torch_mz._files import atomic_write, strict_json
 from torch_mz.reproduce.budgets import BUDGETS, SWEEP_STEP, sweep_verdicts, untried_neighbours
 from torch_mz.reproduce.claims import CLAIM_NAMES, CLAIMS, SWEEP_CELLS
 from torch_mz.reproduce.verdict import VERDICT_RULE
@@ -27,16 +27,19 @@ def claim_path(out: str, claim: str, budget: str, seeds: Optional[int] = None) -
 def save_claim(out: str, claim: str, budget: str, records: Sequence[Mapping],
                seeds: Optional[int] = None) -> str:
     r"""Writes a finished claim's :obj:`records` to :func:`claim_path` (with :obj:`seeds`, a
-    seed count other than the budget's, beside the budget's own record); returns the path."""
+    seed count other than the budget's, beside the budget's own record); returns the path.
+    The file is standard JSON: a NaN figure (the mean of a claim with a diverged run) is
+    written as ``null``, which :func:`load_claims` reads back as NaN."""
     path = claim_path(out, claim, budget, seeds)
-    text = json.dumps(list(records), indent=1) + '\n'
+    text = strict_json(list(records), indent=1) + '\n'
     atomic_write(path, lambda f: f.write(text), binary=False)
     return path
 
 
 def load_claims(out: str) -> List[Dict[str, object]]:
     r"""Every claim record kept under :obj:`out`, in :data:`CLAIM_NAMES` order, then by
-    budget."""
+    budget; a figure of ``ours`` (and of its ``models``) kept as ``null`` (a NaN,
+    :func:`save_claim`) as NaN."""
     folder = os.path.join(out, 'claims')
     if not os.path.isdir(folder):
         return []
@@ -55,6 +58,7 @@ def load_claims(out: str) -> List[Dict[str, object]]:
             if not (isinstance(got, list) and all(isinstance(r, dict) for r in got)):
                 raise ValueError(f"claim file '{path}' does not hold a list of claim records; "
                                  f"restore it (e.g. with git) or delete it to rebuild the claim")
+            got = [_nan_figures(r) for r in got]
             lacking = sorted({f for r in got for f in _lacking(r)})
             if lacking:  # (the summary's tables read them: a KeyError after the training)
                 raise ValueError(f"claim file '{path}' holds records without "
@@ -62,6 +66,22 @@ def load_claims(out: str) -> List[Dict[str, object]]:
                                  f"it to rebuild the claim")
             records += got
     return records
+
+
+def _nan_figures(record: Dict[str, Any]) -> Dict[str, Any]:
+    r""":obj:`record` with the figures of ``ours`` that :func:`save_claim` wrote as ``null``
+    (NaN: no finite mean, a spread of one seed, a model whose runs diverged) read back as NaN,
+    as the summary's tables and plots read them (``ours.mean``, ``ours.std`` and each of
+    ``ours.models``' ``r2`` and ``r2_std``)."""
+    ours = record.get('ours')
+    if not isinstance(ours, dict):
+        return record
+    ours = dict(ours, **{k: math.nan for k in ('mean', 'std') if k in ours and ours[k] is None})
+    if isinstance(ours.get('models'), dict):
+        ours['models'] = {m: dict(v, **{k: math.nan for k in ('r2', 'r2_std')
+                                        if k in v and v[k] is None})
+                          if isinstance(v, dict) else v for m, v in ours['models'].items()}
+    return dict(record, ours=ours)
 
 
 def _lacking(record: Mapping[str, Any]) -> List[str]:
@@ -425,7 +445,9 @@ def write_runs_table(repro, claims, out, on_note=None):
     text = ''.join(parts)
     atomic_write(path + '.md', lambda f: f.write(text), binary=False)
     lean = [{k: v for k, v in r.items() if k != 'val_loss_curve'} for r in every]  # in records/
-    payload = json.dumps(dict(environment=env, budget=budget, written=stamp, rows=lean,
-                              sweeps=sweep_rows), indent=1) + '\n'
+    # standard JSON: a NaN R² (a diverged run) and the inf validation loss of a sweep point
+    # whose run diverged as null
+    payload = strict_json(dict(environment=env, budget=budget, written=stamp, rows=lean,
+                               sweeps=sweep_rows), indent=1) + '\n'
     atomic_write(path + '.json', lambda f: f.write(payload), binary=False)
     return path

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
-from torch_mz._files import atomic_write, file_lock
+from torch_mz._files import atomic_write, file_lock, nan_for_none, strict_json
 from torch_mz.study.measure import code_version
 from torch_mz.train import TrainConfig
 from torch_mz.study.statistics import mean_or_nan
@@ -131,7 +131,8 @@ class RunStore:
             os.makedirs(os.path.dirname(self._weights(ckpt)), exist_ok=True)
             shutil.copyfile(best, self._weights(ckpt) + '.tmp')
             os.replace(self._weights(ckpt) + '.tmp', self._weights(ckpt))
-        text = json.dumps(record, indent=1, sort_keys=True) + '\n'
+        # standard JSON: a NaN figure (a test R² of constant targets) as null, read back as NaN
+        text = strict_json(record, indent=1, sort_keys=True) + '\n'
         atomic_write(path, lambda f: f.write(text), binary=False)
         _remove_log_last(ckpt)
         return record
@@ -382,7 +383,9 @@ def read_record(path: str) -> Dict[str, Any]:
     if wrong:
         raise RecordError(f"run record '{path}' lacks {', '.join(wrong)}: restore it (e.g. with "
                           f"git) or delete it to train that run again")
-    return record
+    # the figures a NaN of which is kept as null (RunStore.save): read back as NaN
+    return dict(record, **{k: nan_for_none(record[k]) for k in ('val', 'test', 'val_loss_curve')
+                           if k in record})
 
 
 #: The fields every run record holds, and their types (a diverged run's ``test`` and ``val``

@@ -1,13 +1,12 @@
 r"""Writing a study's results: JSON for machines, Markdown tables for people, and the summary of
 a model x seed grid (mean and spread over seeds). Library code: nothing here prints."""
-import json
 import math
 import os
 from typing import Any, Callable, Dict, Hashable, List, Optional, Tuple
 
 import numpy as np
 
-from torch_mz._files import atomic_write
+from torch_mz._files import atomic_write, strict_json
 
 __all__ = ['METRICS', 'SPREAD_NOTE', 'write_json', 'write_results', 'write_report',
            'markdown_table', 'summarize', 'summary_markdown']
@@ -55,11 +54,13 @@ def write_json(path: str, payload: Dict[str, object]):
     r"""Writes :obj:`payload` as indented JSON (creating the folder), atomically: an interrupted
     write leaves the earlier file whole.
 
-    A NaN or infinite float (e.g. the R² of a model whose every run diverged,
-    :func:`summarize`) is written as Python's :mod:`json` writes it, ``NaN`` / ``Infinity``:
-    :func:`json.load` reads it back as that float (which the studies' resumption and the
-    results' readers rely on), but it is not standard JSON, and strict parsers (``jq``,
-    JavaScript's ``JSON.parse``) refuse the file."""
+    The file is standard JSON: a NaN or infinite float (e.g. the R² of a model whose every run
+    diverged, :func:`summarize`) is written as ``null`` (:func:`~torch_mz._files.strict_json`),
+    which strict parsers (``jq``, JavaScript's ``JSON.parse``) read; Python's :mod:`json`
+    wrote the bare words ``NaN`` / ``Infinity``, which they refuse. A reader that expects a
+    float there reads ``null`` back as NaN (:func:`~torch_mz._files.nan_for_none`, as the
+    studies' resumption does); files written before still load (:func:`json.load` reads
+    ``NaN`` as the float)."""
     _write_json(path, payload)
 
 
@@ -67,7 +68,7 @@ def _write_json(path: str, payload: Dict[str, object],
                 before_replace: Optional[Callable[[], None]] = None) -> None:
     # write_json's, with atomic_write's before_replace
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    text = json.dumps(payload, indent=2) + '\n'  # serialised first: a failure writes nothing
+    text = strict_json(payload, indent=2) + '\n'  # serialised first: a failure writes nothing
     atomic_write(path, lambda f: f.write(text), binary=False, before_replace=before_replace)
 
 

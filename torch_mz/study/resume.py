@@ -15,6 +15,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
 
 import numpy as np
 
+from torch_mz._files import nan_for_none
 from torch_mz.study.report import write_json
 from torch_mz.train import TrainConfig
 from torch_mz.train.checkpoint import RESUMABLE_CONFIG_CHANGES
@@ -178,7 +179,12 @@ class RunStore:
         if identity != self._identity(key, config):
             return None
         record = stored.get('record')
-        return record if isinstance(record, dict) else None
+        if not isinstance(record, dict):
+            return None
+        # a NaN figure (the R² of a diverged run, of targets a loss masks) is kept as null
+        # (write_json): read back as the NaN it was, as the tables of a fresh run show it
+        return dict(record, **{k: nan_for_none(record[k]) for k in ('val', 'test')
+                               if k in record})
 
     def put(self, key: Mapping[str, Any], config: TrainConfig,
             record: Mapping[str, Any]) -> str:
