@@ -410,3 +410,38 @@ def test_binning_warns_where_a_boundary_splits_equal_uncertainties():
         warnings.simplefilter('error')
         binned_by_uncertainty(np.zeros(8), err, np.repeat([0.0, 1.0, 2.0, 3.0], 2), num_bins=4)
         binned_by_uncertainty(np.zeros(8), err, np.arange(8.0), num_bins=4)
+
+
+def test_mc_dropout_on_mps_seeds_its_generator_and_puts_the_model_back(monkeypatch):
+    # the passes seeded the CPU's generator (and CUDA's) only: on MPS the masks were drawn from
+    # its own, unseeded, generator and advanced the caller's stream; the model stayed on MPS
+    from tests.train._common import fake_device
+    data = tiny_sets()
+    model = tiny_mz(dropout=0.5).eval()
+    expected, _ = mc_dropout_predict(model, data, passes=3, seed=7)
+    calls = []
+    monkeypatch.setattr(torch.mps, 'manual_seed', lambda seed: calls.append(('seed', seed)))
+    monkeypatch.setattr(torch.mps, 'get_rng_state', lambda *a: calls.append('get') or 'state')
+    monkeypatch.setattr(torch.mps, 'set_rng_state', lambda s, *a: calls.append(('set', s)))
+    moves = fake_device(monkeypatch)  # (the passes run on the CPU: its generator seeded too)
+    mean, _ = mc_dropout_predict(model, data, passes=3, seed=7, device='mps')
+    assert calls == ['get', ('seed', 7), ('set', 'state')]
+    assert [dev for m, dev in moves if m is model] == [torch.device('mps'), torch.device('cpu')]
+    assert torch.equal(mean, expected) and not model.training
+
+
+def test_mc_dropout_on_an_indexed_cpu_device_and_the_ensembles_leave_the_global_stream():
+    # device='cpu:0' took the index for a CUDA device's (an AssertionError without CUDA), and
+    # method_predictions advanced the caller's stream (its predict() calls' DataLoaders)
+    from torch_mz.uncertainty import method_predictions
+    data = tiny_sets()
+    model = tiny_mz(dropout=0.5)
+    mean, std = mc_dropout_predict(model, data, passes=3, seed=1)
+    indexed = mc_dropout_predict(model, data, passes=3, seed=1, device='cpu:0')
+    assert torch.equal(indexed[0], mean) and torch.equal(indexed[1], std)
+    other = tiny_mz(dropout=0.1)
+    with torch.no_grad():
+        next(other.parameters()).add_(0.1)  # (another member than model)
+    state = torch.get_rng_state()
+    method_predictions([model, other], {'test': data}, passes=2)
+    assert torch.equal(torch.get_rng_state(), state)

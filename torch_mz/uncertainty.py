@@ -16,8 +16,9 @@ Every function takes predictions, targets and uncertainties as tensors or arrays
 import math
 import numbers
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -366,10 +367,12 @@ def mc_dropout_predict(model: torch.nn.Module, dataset: Sequence, passes: int = 
     training-mode behaviour is dropout (true for the Set Transformers and MZ models of this
     package, whose normalisation is :class:`~torch.nn.LayerNorm`); a model with a layer that
     updates running statistics in training mode (batch normalisation, an instance norm that
-    tracks them) raises a :class:`ValueError`. The model's mode is restored afterwards, and the
-    passes draw from a private random stream seeded with :obj:`seed`: the generator of the device
-    they run on (the CPU's, or the one CUDA device), saved before and restored after, so the
-    global streams, every other GPU's included, are left as they were.
+    tracks them) raises a :class:`ValueError`. The model's mode and device are restored
+    afterwards (as :func:`~torch_mz.train.predict` restores them), and the passes draw from a
+    private random stream seeded with :obj:`seed`: the generators of the device they run on (the
+    CPU's, and the one CUDA device's or the MPS device's), saved before and restored after, so
+    the global streams, every other GPU's included, are left as they were. On another kind of
+    device (XPU, ...) only the CPU's generator is seeded: the masks drawn there are not.
 
     The mean and standard deviation are of the model's raw outputs, for regression the
     predictions. For a classifier they are of its class logits, not of probabilities (the rows
@@ -402,7 +405,7 @@ def mc_dropout_predict(model: torch.nn.Module, dataset: Sequence, passes: int = 
 
     from torch_mz.train import resolve_device
     from torch_mz.train.normalize import _pending_normalizer
-    from torch_mz.train.prediction import _check_sets
+    from torch_mz.train.prediction import _check_sets, _moved
     normalizer, _ = _pending_normalizer(model, normalizer)
     passes = _check_passes(passes)
     # predict()'s checks (a DataLoader was indexed, a list of Batch objects batched again)
@@ -415,22 +418,10 @@ def mc_dropout_predict(model: torch.nn.Module, dataset: Sequence, passes: int = 
                          f"the model's {', '.join(sorted(set(tracking)))} layers")
     dev = resolve_device(device)
     modes = [(m, m.training) for m in model.modules()]  # each module's own, restored after
-    model.to(dev)
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=False)
     runs: List[Tensor] = []
-    # the device the passes run on ('cuda' alone is the current one, not device 0)
-    index = (dev.index if dev.index is not None else torch.cuda.current_device()
-             if dev.type == 'cuda' else None)
-    devices = [index] if index is not None else []
     try:
-        with torch.random.fork_rng(devices=devices):
-            # the generator the passes draw from, alone: torch.manual_seed would also seed
-            # every CUDA device (queued, where CUDA has not started), which fork_rng restores
-            # only for the devices it is given
-            torch.default_generator.manual_seed(seed)  # (restored by fork_rng)
-            if index is not None:
-                with torch.cuda.device(index):
-                    torch.cuda.manual_seed(seed)
+        with _moved(model, dev), _seeded(dev, seed):
             model.train()
             for _ in range(passes):
                 preds = []
@@ -451,6 +442,29 @@ def mc_dropout_predict(model: torch.nn.Module, dataset: Sequence, passes: int = 
                       'is zero: the model has no active dropout (a rate of 0, or a model '
                       'without dropout); train it with dropout for MC-Dropout', stacklevel=2)
     return predictive_moments(runs)
+
+
+@contextmanager
+def _seeded(dev: torch.device, seed: int) -> Iterator[None]:
+    r"""The block run with the generators that passes on :obj:`dev` draw from seeded with
+    :obj:`seed`, and restored afterwards: the CPU's, and :obj:`dev`'s own for a CUDA device (that
+    one alone; ``'cuda'`` is the current one, not device 0) or the MPS device (its one
+    generator)."""
+    if dev.type == 'cuda':
+        devices = [dev.index if dev.index is not None else torch.cuda.current_device()]
+    else:  # (MPS: its dropout masks were drawn unseeded, and its stream advanced)
+        devices = [0] if dev.type == 'mps' else []
+    with torch.random.fork_rng(devices=devices, device_type=dev.type if devices else None):
+        # the generators the passes draw from, alone: torch.manual_seed would also seed every
+        # CUDA device (queued, where CUDA has not started), which fork_rng restores only for
+        # the devices it is given
+        torch.default_generator.manual_seed(seed)  # (restored by fork_rng)
+        if dev.type == 'cuda':
+            with torch.cuda.device(devices[0]):
+                torch.cuda.manual_seed(seed)
+        elif dev.type == 'mps':
+            torch.mps.manual_seed(seed)
+        yield
 
 
 #: The three uncertainty estimators of Appendix D.3, in report order.

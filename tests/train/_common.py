@@ -1,10 +1,11 @@
 r"""What the tests of :mod:`torch_mz.train` share: the toy data and models of
-``_ddp_worker.py`` (also the torchrun worker script of the DDP test), a small configuration and
-comparisons."""
+``_ddp_worker.py`` (also the torchrun worker script of the DDP test), a small configuration,
+comparisons and a stand-in for a device this machine lacks."""
 import importlib.util
 from pathlib import Path
 
 import torch
+from torch_geometric.data.data import BaseData
 
 from torch_mz.train import TrainConfig
 
@@ -52,3 +53,23 @@ def assert_same_params(a: dict, b: dict) -> None:
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), k
+
+
+def fake_device(monkeypatch, kind='mps'):
+    r"""Device :obj:`kind` as one that holds CPU tensors, for the tests of what runs on a device
+    without one: ``Module.to`` and a batch's ``to`` leave the tensors where they are for it, and
+    every move of a module is recorded; returns the list of ``(module, device)`` moves."""
+    moves = []
+    module_to, batch_to = torch.nn.Module.to, BaseData.to
+
+    def to(self, *args, **kwargs):
+        dev = torch.device(args[0]) if args and isinstance(args[0], (str, torch.device)) else None
+        moves.append((self, dev))
+        return self if dev is not None and dev.type == kind else module_to(self, *args, **kwargs)
+
+    def to_batch(self, device, *args, **kwargs):
+        return self if torch.device(device).type == kind else batch_to(self, device, *args,
+                                                                       **kwargs)
+    monkeypatch.setattr(torch.nn.Module, 'to', to)
+    monkeypatch.setattr(BaseData, 'to', to_batch)
+    return moves

@@ -1,5 +1,7 @@
 r"""The functional :func:`predict`: a model run over a dataset, in target units."""
-from typing import Any, List, Optional, Sequence, Tuple, Union
+import itertools
+from contextlib import contextmanager
+from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -21,7 +23,10 @@ def predict(model: torch.nn.Module, dataset: Sequence,
             device: Union[str, torch.device] = 'auto', progress: bool = False,
             scale_uncertainty: bool = False) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     r"""Runs ``model`` in eval mode over ``dataset`` in order (the model is moved to
-    :obj:`device` and, afterwards, put back in the mode it was in).
+    :obj:`device` and, afterwards, put back on the device it was on and in the mode it was in; a
+    model whose parameters and buffers lie on several devices stays on :obj:`device`). It draws
+    no random numbers of its own: the caller's random streams are left as they were (a random
+    transform of the dataset draws from them, as when the dataset is read anywhere else).
 
     Args:
         model (torch.nn.Module): The model, called as ``model(batch)``.
@@ -59,15 +64,30 @@ def predict(model: torch.nn.Module, dataset: Sequence,
                          'normaliser\'s standard deviation, and there is none: the model carries '
                          'none and no normalizer was passed')
     dev = resolve_device(device)
-    model = model.to(dev)
     modes = [(m, m.training) for m in model.modules()]  # (a BatchNorm frozen in eval() stays so)
-    model.eval()
     try:
-        return _predict(model, dataset, dev, normalizer, scale, scale_uncertainty, batch_size,
-                        progress)
+        with _moved(model, dev):  # (it stayed there: the caller's next model(batch) failed)
+            model.eval()
+            return _predict(model, dataset, dev, normalizer, scale, scale_uncertainty,
+                            batch_size, progress)
     finally:
-        for module, training in modes:  # the caller's modes, as they were (the device stays)
+        for module, training in modes:  # the caller's modes, as they were
             module.training = training
+
+
+@contextmanager
+def _moved(model: torch.nn.Module, dev: torch.device) -> Iterator[torch.nn.Module]:
+    r"""``model`` on :obj:`dev` inside the block and afterwards back on the device its
+    parameters and buffers were on, where they were all on one (moved in place, as
+    ``model.to`` moves it: the same parameter objects, their values unchanged); a model spread
+    over several devices stays on :obj:`dev`. What :func:`predict` and
+    :func:`torch_mz.uncertainty.mc_dropout_predict` run the model in."""
+    where = {t.device for t in itertools.chain(model.parameters(), model.buffers())}
+    try:
+        yield model.to(dev)
+    finally:
+        if len(where) == 1:
+            model.to(where.pop())
 
 
 def _check_sets(dataset: Any, caller: str, batch_ok: bool = False) -> None:
@@ -98,7 +118,10 @@ def _predict(model: torch.nn.Module, dataset: Sequence, dev: torch.device, norma
     preds: List[Tensor] = []
     uncs: List[Tensor] = []
     returns_tuple = False
-    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False)
+    # a generator of its own: a DataLoader draws a base seed for its workers from the global
+    # stream even without shuffling (a seeded training after predict() was another training)
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False,
+                        generator=torch.Generator())
     for batch in tqdm(loader, desc='predict', disable=not progress):
         out = model(batch.to(dev))
         pred = _first(out)
@@ -120,5 +143,7 @@ def _predict(model: torch.nn.Module, dataset: Sequence, dev: torch.device, norma
                         f'deviation of the target it stands for (the normaliser\'s std)')
                 unc = scale.inverse_scale(unc)
             uncs.append(unc.cpu())
+    if not preds:  # (a dataset without a length that gave no set: torch.cat's error)
+        raise ValueError('predict() got an empty dataset: there is nothing to predict')
     pred_all = torch.cat(preds, dim=0)
     return (pred_all, torch.cat(uncs, dim=0)) if returns_tuple else pred_all
