@@ -3,6 +3,7 @@ import json
 import os.path as osp
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -477,3 +478,35 @@ def test_val_fraction_holds_out_its_share_of_the_training_files(tmp_path):
             task = load_task('scanobjectnn', root=root, num_points=8, val_fraction=fraction)
             assert (len(task.train), len(task.val)) == (50 - held_out, held_out), fraction
             assert task.info['val_fraction_of_train'] == held_out / 50
+
+
+class _KeepsOthersOnEveryPoint:
+    r"""A pre_filter that decides otherwise on every point of an object than on a subset of 16
+    (as one on the coordinates may): object 3 goes where it sees them all, 5 where it sees 16."""
+    def __call__(self, data) -> bool:
+        return int(data.y) != (3 if data.num_nodes > 16 else 5)
+
+
+def test_scanobjectnn_resample_refuses_a_pre_filter_that_keeps_other_objects_in_each_cache(
+        tmp_path):
+    # the resampled training cache (every point) and the fixed one the split is drawn on held
+    # other objects, in equal numbers: with seed 1 object 4 was both trained and validated on
+    from tests.datasets.raw_formats import random_clouds, write_h5
+    from torch_mz.datasets.scanobjectnn import scanobjectnn_file
+    root = str(tmp_path)
+    data, label = random_clouds(np.random.default_rng(1), 15, 256), np.arange(15)
+    write_h5(osp.join(root, 'raw', scanobjectnn_file('OBJ_BG', True)), data=data, label=label)
+    write_h5(osp.join(root, 'raw', scanobjectnn_file('OBJ_BG', False)), data=data[:4],
+             label=label[:4])
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        with pytest.raises(ValueError, match=r'the pre_filter removed other training objects .*'
+                           r'objects \[3, 5\].*putting validation objects into training'):
+            load_task('scanobjectnn', root=root, seed=1, num_points=16, resample=True,
+                      pre_filter=_KeepsOthersOnEveryPoint(), val_fraction=0.3)
+        # without resample both are one cache: the split is the filter's, as it stands
+        task = load_task('scanobjectnn', root=root, seed=1, num_points=16,
+                         pre_filter=_KeepsOthersOnEveryPoint(), val_fraction=0.3)
+    train, val = [int(d.y) for d in task.train], [int(d.y) for d in task.val]
+    assert not set(train) & set(val) and sorted(train + val) == [
+        k for k in range(15) if k != 5]

@@ -349,16 +349,16 @@ def test_a_cache_of_the_previous_processing_version_is_rebuilt(scanobjectnn_root
     import json
     root = scanobjectnn_root['root']
     ds = ScanObjectNN(root, num_points=16, log=False)
-    assert ds.stats['processing_version'] == ScanObjectNN.processing_version == 3
+    assert ds.stats['processing_version'] == ScanObjectNN.processing_version == 4
     stats_path = osp.join(ds.processed_dir, 'stats.json')
     with open(stats_path) as f:
         stats = json.load(f)
-    stats['processing_version'] = 2
+    stats['processing_version'] = 3  # (3 recorded no objects a pre_filter removed)
     with open(stats_path, 'w') as f:
         json.dump(stats, f)
-    with pytest.warns(UserWarning, match='processing version 2'):
+    with pytest.warns(UserWarning, match='processing version 3'):
         again = ScanObjectNN(root, num_points=16, log=False)
-    assert again.stats['processing_version'] == 3
+    assert again.stats['processing_version'] == 4
 
 
 @pytest.mark.parametrize('layout', ['three channels first', 'six channels first'])
@@ -427,3 +427,47 @@ def test_flags_that_are_no_truth_values_are_refused_up_front(scanobjectnn_root, 
     test = ScanObjectNN(root, train=np.bool_(False), normalize=1, resample=0, num_points=16,
                         log=False)
     assert test.split == 'test' and test.normalize is True and test.resample is False
+
+
+class _Ring:
+    r"""A pre_transform that adds edges (each point to the next), as ``KNNGraph`` does."""
+    def __call__(self, data):
+        n = data.num_nodes
+        data.edge_index = torch.stack([torch.arange(n), (torch.arange(n) + 1) % n])  # (2, n)
+        return data
+
+
+def test_resample_refuses_a_pre_transform_that_adds_edges(scanobjectnn_root):
+    # the draw on access (FixedPoints) takes rows of the node attributes and leaves edges as
+    # they are: edge_index of 256 edges joined points 0 .. 255 of a set of 16 drawn points
+    root = scanobjectnn_root['root']
+    with pytest.raises(ValueError, match=r"resample=True .* got one that adds \['edge_index'\]"
+                       r".*build them in transform"):
+        ScanObjectNN(root, num_points=16, resample=True, pre_transform=_Ring(), log=False)
+    fixed = ScanObjectNN(root, num_points=16, pre_transform=_Ring(), log=False)  # built on them
+    assert fixed[0].edge_index.max() == 15
+
+
+def test_pre_filter_sees_the_points_the_cache_stores_and_records_what_it_removed(
+        scanobjectnn_root):
+    root = scanobjectnn_root['root']
+    seen = {}
+
+    class Sizes:
+        def __init__(self, name):
+            self.name = name
+
+        def __call__(self, data):
+            seen.setdefault(self.name, []).append(data.num_nodes)
+            return int(data.y) != int(scanobjectnn_root['files'][osp.join(
+                'h5_files', 'main_split', 'training_objectdataset.h5')]['label'][1])
+
+    fixed = ScanObjectNN(root, num_points=16, pre_filter=Sizes('fixed'), log=False)
+    whole = ScanObjectNN(root, num_points=16, resample=True, pre_filter=Sizes('all'), log=False)
+    assert set(seen['fixed']) == {16} and set(seen['all']) == {256}  # every point of the object
+    assert 1 in fixed.stats['train']['removed_by_pre_filter']
+    assert whole.stats['train']['removed_by_pre_filter'] == fixed.stats['train'][
+        'removed_by_pre_filter']
+    with pytest.warns(UserWarning, match='were made with pre_filter='):  # (rebuilt without)
+        plain = ScanObjectNN(root, num_points=16, log=False)
+    assert 'removed_by_pre_filter' not in plain.stats['train']

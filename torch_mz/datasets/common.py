@@ -810,7 +810,9 @@ class TrainTestSets(ProcessedDataset):
     r"""Shared skeleton of datasets with an official train/test split processed into
     ``train.pt``, ``test.pt`` and ``stats.json``: loading the requested split, the split name,
     and a :meth:`process` that runs ``pre_filter``/``pre_transform``, saves each split and records
-    what was skipped. Subclasses implement :meth:`_split_examples` and set :attr:`item_name`."""
+    what was skipped and, with a ``pre_filter``, which examples it removed
+    (``removed_by_pre_filter``: their positions among the examples read). Subclasses implement
+    :meth:`_split_examples` and set :attr:`item_name`."""
     item_name = 'example'
 
     def _setup(self, root: Optional[str], name: str, train: bool, transform, pre_transform,
@@ -857,8 +859,11 @@ class TrainTestSets(ProcessedDataset):
             skipped = SkipCounter()
             data_list = self._split_examples(split, skipped)
             read = len(data_list)
+            removed: Optional[List[int]] = None  # (positions among those read)
             if self.pre_filter is not None:
-                data_list = [d for d in data_list if self.pre_filter(d)]
+                kept = [bool(self.pre_filter(d)) for d in data_list]
+                removed = [i for i, keep in enumerate(kept) if not keep]
+                data_list = [d for d, keep in zip(data_list, kept) if keep]
             if self.pre_transform is not None:
                 data_list = [self.pre_transform(d) for d in data_list]
             if not data_list:
@@ -870,7 +875,10 @@ class TrainTestSets(ProcessedDataset):
                                    f'({why}); the train and test splits are processed '
                                    f'together, so each needs one')
             self._save_processed(data_list, path)
-            stats[split] = {f'num_{self.item_name}s': len(data_list),
-                            'skipped': skipped.as_dict()}
+            record: Dict[str, object] = {f'num_{self.item_name}s': len(data_list),
+                                         'skipped': skipped.as_dict()}
+            if removed is not None:
+                record['removed_by_pre_filter'] = removed
+            stats[split] = record
             skipped.report(f'{self._label()} {split}')
         self._finish_cache(stats, self.processed_paths[2], self.processed_paths[:2])

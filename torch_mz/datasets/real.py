@@ -29,7 +29,9 @@ With ``scanobjectnn``'s ``resample=True`` only the training split redraws its po
 access; validation and test keep one subset per object. The training and validation sets then
 come from two caches of the training files (all points; fixed subsets), which hold the same
 objects in the same order: the split is drawn on one and applied to both, and a training dataset
-whose length differs from the one the split was drawn on raises a :class:`ValueError`.
+whose length differs from the one the split was drawn on raises a :class:`ValueError`, as does a
+``pre_filter`` that removed other objects from the two (it sees every point of an object in the
+first cache and its fixed subset in the second: a filter on the coordinates may decide otherwise).
 """
 import warnings
 from typing import Optional
@@ -133,6 +135,21 @@ def _point_cloud_task(name: str, cls, seed: int, n_train, n_val, n_test, root, n
     train_plain = cls(root=root, train=True, transform=given, **dict(fixed, force_reload=again))
     test = cls(root=root, train=False, transform=given, **dict(fixed, force_reload=False))
     n = len(train_plain)
+    removed = [getattr(ds, 'stats', {}).get('train', {}).get('removed_by_pre_filter')
+               for ds in (train_aug, train_plain)]
+    if removed[0] != removed[1]:
+        # (scanobjectnn with resample: the pre_filter saw every point of an object in one
+        # cache and its fixed subset in the other; the same count would have gone unnoticed)
+        differ = sorted(set(removed[0] or ()) ^ set(removed[1] or ()))
+        raise ValueError(
+            f"{name}: the pre_filter removed other training objects from the training "
+            f"dataset ({train_aug!r}) than from the one the training/validation split is "
+            f"drawn on ({train_plain!r}): objects {differ[:10]} (positions among those read, "
+            f"{len(differ)} in all) in one and not the other. It sees every point of an object "
+            f"in the first and its fixed subset in the second, and the indices of the split "
+            f"would select other objects in the first, putting validation objects into "
+            f"training. Expected a pre_filter that decides alike on both (not on the "
+            f"coordinates), or resample=False")
     if len(train_aug) != n:
         # (scanobjectnn with resample: two caches of the training files, all points and fixed
         # subsets; the split is drawn on the second and applied to both, so both must hold the

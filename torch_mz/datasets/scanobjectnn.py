@@ -82,15 +82,23 @@ class ScanObjectNN(TrainTestSets):
     :class:`~torch_mz.datasets.ModelNet40`'s, and the training rotation turns about y.
     Labels index :data:`SCANOBJECTNN_CLASSES`. Every example holds :obj:`pos` :math:`(n, 3)`,
     :obj:`y` :math:`(1,)` and, where the file has it, :obj:`mask` :math:`(n,)`
-    (:obj:`True` for points of the object, :obj:`False` for background points). Objects with a
+    (:obj:`True` for points of the object, :obj:`False` for background points: read from the
+    file's ``mask``, where :obj:`-1` marks a background point and any other value a point of
+    the object, as in the authors' code). Objects with a
     non-finite coordinate among any of their points in the file (not only among the subset
     kept) are left out, counted in :attr:`stats` and reported with a warning: every cache of a
     variant (a fixed subset or all points, any :obj:`num_points` and :obj:`seed`) holds the same
-    objects in the same order, so that indices drawn on one select the same objects in another
-    (the task ``scanobjectnn`` splits its training files so, for the resampled training split
-    and the fixed validation split). ``data`` must hold the points along its second axis,
-    :math:`(N, P, C)` with :math:`C \geq 3` values per point (x, y, z first); an array with
-    more values per point than points, such as a channels-first :math:`(N, 3, P)`, is refused.
+    objects in the same order (before a :obj:`pre_filter`), so that indices drawn on one select
+    the same objects in another (the task ``scanobjectnn`` splits its training files so, for the
+    resampled training split and the fixed validation split). :obj:`pre_filter` and then
+    :obj:`pre_transform` see each object as its cache stores it: the fixed subset of
+    :obj:`num_points`, or with :obj:`resample` (and :obj:`num_points=None`) every point of the
+    object, normalised as a whole, before any draw. A :obj:`pre_filter` that reads the points
+    may then keep other objects in the two caches (the task refuses that, naming it), and with
+    :obj:`resample` a :obj:`pre_transform` that adds edges is refused (the draw would not
+    renumber them). ``data`` must hold the points along its second axis, :math:`(N, P, C)`
+    with :math:`C \geq 3` values per point (x, y, z first); an array with more values per
+    point than points, such as a channels-first :math:`(N, 3, P)`, is refused.
     A copy (:meth:`copy`) holds every stored point of each object and, with :obj:`resample`,
     keeps drawing a new subset on every access.
 
@@ -110,8 +118,8 @@ class ScanObjectNN(TrainTestSets):
             (default: :obj:`False`)
         transform (callable, optional): Applied to every example on access. (default: :obj:`None`)
         pre_transform (callable, optional): Applied once before saving. (default: :obj:`None`)
-        pre_filter (callable, optional): Keeps the examples for which it returns :obj:`True`.
-            (default: :obj:`None`)
+        pre_filter (callable, optional): Keeps the examples for which it returns :obj:`True`
+            (given the points the cache stores, see above). (default: :obj:`None`)
         log (bool, optional): Show progress bars while processing. (default: :obj:`True`)
         force_reload (bool, optional): Re-process even if a processed cache exists.
             (default: :obj:`False`)
@@ -125,8 +133,10 @@ class ScanObjectNN(TrainTestSets):
     item_name = 'object'
     #: 3: an object is left out for a non-finite point anywhere in the file, in every cache (a
     #: fixed-subset cache checked its subset alone, and kept objects that the cache of all
-    #: points left out), and a channels-first ``data`` array is refused
-    processing_version = 3
+    #: points left out), and a channels-first ``data`` array is refused; 4: ``stats.json``
+    #: records which objects a ``pre_filter`` removed (``removed_by_pre_filter``), so that the
+    #: task ``scanobjectnn`` can tell whether two caches of the training files hold the same
+    processing_version = 4
 
     def __init__(
         self,
@@ -171,6 +181,16 @@ class ScanObjectNN(TrainTestSets):
                 path = self.raw_paths[0 if self.train else 1]
                 raise ValueError(f"'{path}' holds {fewest} points per object, fewer than "
                                  f"num_points={self.num_points}")
+            # the draw (FixedPoints) takes the node attributes' rows and leaves edges as they
+            # are: edges built by pre_transform on every point named points not drawn
+            edges = sorted(k for k in self._data.keys() if 'edge' in k)
+            if edges:
+                raise ValueError(
+                    f"ScanObjectNN with resample=True draws num_points={self.num_points} of "
+                    f"each object's stored points on every access, after pre_transform; expected "
+                    f"a pre_transform that adds no edges, got one that adds {edges}, whose "
+                    f"indices would name points of the whole object, not those drawn: build "
+                    f"them in transform (applied after the draw), or use resample=False")
 
     @property
     def num_classes(self) -> int:

@@ -58,7 +58,12 @@ class TrainConfig:
         device (str, optional): ``'auto'`` (CUDA if available, else CPU), ``'cpu'``, ``'cuda'``
             or ``'cuda:<i>'``. Under DDP a CUDA process uses ``cuda:<LOCAL_RANK>``.
             (default: :obj:`'auto'`)
-        num_workers (int, optional): DataLoader worker processes. (default: :obj:`0`)
+        num_workers (int, optional): DataLoader worker processes. Random transforms
+            (augmentations, ScanObjectNN's ``resample``) then run in the workers, each seeded
+            (torch, Python and NumPy) from a base seed that the main process draws anew every
+            epoch: reproducible for a :obj:`seed` and :obj:`num_workers`, different across
+            workers and epochs, but not the draws of another :obj:`num_workers` (nor of
+            :obj:`0`, which draws in the main process). (default: :obj:`0`)
         normalize_targets (bool, optional): Standardise regression targets with statistics of the
             training split. (default: :obj:`True`)
         out_dir (str, optional): Directory for ``metrics.jsonl``, ``metrics.csv``,
