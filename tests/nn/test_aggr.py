@@ -173,6 +173,40 @@ def test_sageconv_drop_in():
     assert multi(x[edge_index[0]], edge_index[1], dim_size=5).shape == (5, 12)
 
 
+def test_unsorted_edges_and_isolated_nodes_match_a_per_node_loop_as_documented():
+    # forward's docstring says which: an unsorted index is taken (not refused, not sorted by the
+    # caller), and the nodes without in-edges that dim_size counts get zeros
+    doc = ' '.join(MZAggregation.forward.__doc__.split())
+    assert '``index`` need not be sorted' in doc and 'output of zeros' in doc
+    torch.manual_seed(0)
+    aggr = MZAggregation(F_IN, **SMALL).double().eval()
+    multi = MultiAggregation(['mean', aggr])
+    x = _x(8)
+    edge_index = torch.tensor([[3, 0, 5, 1, 7, 2, 6, 0, 4],
+                               [6, 1, 0, 6, 1, 6, 3, 3, 0]])  # unsorted; 2, 4, 5, 7 isolated
+    src, dst = edge_index
+    out = multi(x[src], dst, dim_size=8)  # (8, 2 F)
+    for node in range(8):  # each neighbourhood alone, as one set
+        rows = x[src[dst == node]]
+        alone = aggr(rows, torch.zeros(rows.size(0), dtype=torch.long), dim_size=1)[0]
+        torch.testing.assert_close(out[node, F_IN:], alone)
+    assert torch.equal(out[[2, 4, 5, 7]], torch.zeros(4, 2 * F_IN, dtype=torch.float64))
+
+
+@pytest.mark.parametrize('kwargs', [{}, dict(preset='paper', dim=8, d_ff=8),
+                                    dict(value='film'), dict(value='hypernet'),
+                                    dict(value='rigid', num_generators=0)])
+def test_reset_parameters_reinitialises_every_parameter(kwargs):
+    # (PyG's convs call aggr.reset_parameters(): no parameter may keep a trained value)
+    aggr = MZAggregation(F_IN, **kwargs)
+    with torch.no_grad():
+        for p in aggr.parameters():
+            p.fill_(0.123)
+    aggr.reset_parameters()
+    kept = [name for name, p in aggr.named_parameters() if bool((p == 0.123).any())]
+    assert kept == []
+
+
 def test_readout_over_a_dataloader_batch():
     aggr = _aggr(dtype=torch.float32)
     g = torch.Generator().manual_seed(9)

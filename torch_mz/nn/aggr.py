@@ -540,7 +540,8 @@ class MZAggregation(Aggregation):
             attention after construction too (default: :obj:`True`).
 
     Shapes:
-        - **input:** :math:`(N, F_{in})`, ``index`` :math:`(N,)` or ``ptr`` :math:`(B+1,)`
+        - **input:** :math:`(N, F_{in})`, ``index`` :math:`(N,)` in any order (see
+          :meth:`forward`) or ``ptr`` :math:`(B+1,)`
         - **output:** :math:`(B, F_{out})`
     """
     def __init__(self, in_channels: int, out_channels: Optional[int] = None,
@@ -868,7 +869,11 @@ class MZAggregation(Aggregation):
     def forward(self, x: Tensor, index: Optional[Tensor] = None, ptr: Optional[Tensor] = None,
                 dim_size: Optional[int] = None, dim: int = -2,
                 max_num_elements: Optional[int] = None) -> Tensor:
-        r"""PyG's aggregation signature. ``max_num_elements`` (a padding hint of PyG's dense
+        r"""PyG's aggregation signature. ``index`` need not be sorted (nothing is refused or
+        padded: rows in any order give the same output, up to rounding; PyG's
+        :class:`~torch_geometric.nn.aggr.SetTransformerAggregation` refuses an unsorted one);
+        ``dim_size`` beyond the largest id keeps those sets, empty, with an output of zeros (the
+        isolated nodes of a graph). ``max_num_elements`` (a padding hint of PyG's dense
         aggregations) is accepted and not needed: no set is padded to the largest."""
         if dim not in (0, -2):
             raise ValueError(f"MZAggregation aggregates over dimension 0 / -2 (got {dim})")
