@@ -218,10 +218,20 @@ def join_gpu_inference(rows: List[Dict], path: str, counted_with: str = '') -> s
     if not joined:
         return f'No GPU results joined: {shown} has no inference time of these presets.'
     return (f"`gpu_infer_ms`: the median inference call on the GPU from `{shown}` (torch "
-            f"{environment.get('torch')}, torch_mz {environment.get('torch_mz_commit')}), "
+            f"{environment.get('torch')}, {_torch_mz_of(environment)}), "
             f"measured by `{environment.get('command')}`; these counts: {counted_with}. Per "
             f"kernel: that time over the inference kernels counted here (a ratio, not a "
             f"profile; the GPU's attention kernels differ from the CPU's).")
+
+
+def _torch_mz_of(environment: Dict[str, object]) -> str:
+    r"""The torch_mz an :func:`~torch_mz.study.environment` record names: its version and, from a
+    git checkout, its commit (the commit alone was named: 'torch_mz None' for an installed
+    copy, which has none; a record made before the version was recorded gives the commit)."""
+    version, commit = environment.get('torch_mz'), environment.get('torch_mz_commit')
+    if version is None:
+        return f'torch_mz {commit}' if commit is not None else 'torch_mz (version not recorded)'
+    return f'torch_mz {version}' + (f' at {commit}' if commit is not None else '')
 
 
 def _environment(argv: Optional[List[str]]) -> Dict[str, object]:
@@ -248,7 +258,7 @@ def run_presets(args: argparse.Namespace, argv: Optional[List[str]] = None) -> N
             row['infer kernels / rigid'] = row['infer_kernels'] / base['infer_kernels']
     env = _environment(argv)
     gpu_note = join_gpu_inference(
-        rows, args.gpu_results, f"torch {env['torch']}, torch_mz {env.get('torch_mz_commit')}")
+        rows, args.gpu_results, f"torch {env['torch']}, {_torch_mz_of(env)}")
     minutes = (time.time() - start) / 60
     cols = ['model', 'train_ops', 'train_kernels', 'train_syncs', 'infer_ops', 'infer_kernels',
             'infer_syncs', 'infer kernels / rigid', 'gpu_infer_ms', 'gpu infer / rigid',

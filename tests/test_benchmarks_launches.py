@@ -134,3 +134,28 @@ def test_main_records_the_arguments_it_was_given(launches, tmp_path, monkeypatch
         command = json.loads(found.read_text())['environment']['command']
         assert command == ' '.join(['python', 'benchmarks/launches.py'] + argv)
         assert f'Command: `{command}`' in found.with_suffix('.md').read_text()
+
+
+def test_the_gpu_note_names_the_torch_mz_version_of_an_installed_copy(launches, tmp_path,
+                                                                       monkeypatch):
+    # the note named torch_mz by its git commit alone: 'torch_mz None' for an installed copy
+    gpu = tmp_path / 'gpu.json'
+    record = json.loads(_gpu_file(gpu).read_text())
+    record['environment'].update(torch_mz='0.3.0.dev0', torch_mz_commit=None)
+    gpu.write_text(json.dumps(record))
+    rows = [dict(model='rigid', clouds=2, points=16, egnn_radius=0.25, infer_kernels=10)]
+    note = launches.join_gpu_inference(rows, str(gpu), 'torch 2.13, torch_mz 0.3.0.dev0')
+    assert '(torch 2.11.0+cu130, torch_mz 0.3.0.dev0)' in note and 'None' not in note
+    monkeypatch.setattr(launches, 'count_preset', lambda name, *a: dict(
+        model=name, clouds=2, points=16, egnn_radius=0.25, train_kernels=8, train_syncs=0,
+        infer_kernels=4, infer_syncs=0))
+    monkeypatch.setattr(launches, 'set_fused_kernels', lambda on: None)
+    monkeypatch.setattr(launches.torch, 'set_num_threads', lambda n: None)
+    here = dict(launches.environment(), torch_mz='0.3.0.dev0', torch_mz_commit=None)
+    monkeypatch.setattr(launches, 'environment', lambda: dict(here))
+    launches.main(['--presets', 'rigid', '--clouds', '2', '--points', '16', '--gpu-results',
+                   str(gpu), '--out', str(tmp_path / 'out')])
+    markdown = (tmp_path / 'out' / 'launches_presets.md').read_text()
+    assert f"these counts: torch {here['torch']}, torch_mz 0.3.0.dev0." in markdown, markdown
+    here.update(torch_mz_commit='abc')  # (from a checkout: both)
+    assert launches._torch_mz_of(here) == 'torch_mz 0.3.0.dev0 at abc'

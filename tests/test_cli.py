@@ -2291,14 +2291,18 @@ def test_sigterm_ends_train_as_ctrl_c_does_and_the_run_resumes_exactly(tmp_path,
     done = subprocess.run([sys.executable, '-c', _SIGTERM_MID_WRITE, *argv], env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 128 + signal.SIGTERM, (done.returncode, done.stderr)
-    assert done.stderr.endswith('torch-mz: terminated (SIGTERM)\n'), done.stderr
+    # (and, since it said nothing of it, the command that goes on)
+    import shlex
+    command = shlex.join([*argv, '--resume', str(out / 'checkpoint.pt')])
+    assert done.stderr.endswith(f'torch-mz: terminated (SIGTERM)\ntorch-mz: to go on: torch-mz '
+                                f'{command}\n'), done.stderr
     assert not [n for n in os.listdir(out) if n.endswith('.tmp')], os.listdir(out)
     from torch_mz.train import load_checkpoint
     assert load_checkpoint(out / 'checkpoint.pt')['epoch'] == 0  # the last complete epoch's
     assert len((out / 'metrics.jsonl').read_text().splitlines()) == 1
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # (this process: untouched)
-    # --resume ends where the uninterrupted run ends
-    assert main([*argv, '--resume', str(out / 'checkpoint.pt')]) == 0
+    # that command ends where the uninterrupted run ends
+    assert main(shlex.split(command)) == 0
     assert main(['train', *TINY, '--model', 'deepsets', '--out', str(tmp_path / 'full')]) == 0
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # (put back after the command)
     resumed = load_checkpoint(out / 'checkpoint.pt')['model']
@@ -2324,3 +2328,129 @@ def test_an_ignored_sigterm_stays_ignored(monkeypatch, capsys):
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert capsys.readouterr().err == ''
+
+
+def _fake_kept_memory(monkeypatch):
+    r"""This process as one that keeps no freed memory yet, :func:`keep_freed_memory` faked
+    (it cannot be undone): returns the list its calls are appended to."""
+    import torch_mz.runtime as runtime
+    calls = []
+
+    def keep(*args, **kwargs):
+        calls.append(True)
+        monkeypatch.setattr(runtime, '_THRESHOLD', runtime.MAX_BLOCK_BYTES)
+        return True
+    monkeypatch.setattr(runtime, '_THRESHOLD', None)
+    monkeypatch.setattr(runtime, 'keep_freed_memory', keep)
+    return calls
+
+
+def test_train_resume_keeps_the_allocator_setting_of_the_checkpoint(tmp_path, capsys, caplog,
+                                                                    monkeypatch):
+    # a run started with --no-keep-freed-memory was resumed with freed memory kept (large
+    # inputs encoded whole, other dropout masks) and a warning: not as its other options
+    calls = _fake_kept_memory(monkeypatch)
+    out, three = str(tmp_path / 'run'), [a if a != '2' else '3' for a in TINY]
+    assert main(['--no-keep-freed-memory', 'train', *TINY, '--model', 'deepsets', '--out',
+                 out]) == 0
+    assert calls == []
+    capsys.readouterr()
+    caplog.clear()
+    resume = ['train', *three, '--model', 'deepsets', '--resume', os.path.join(out,
+                                                                               'checkpoint.pt')]
+    assert main(resume) == 0
+    assert calls == []  # (not kept)
+    assert ('resuming with the allocator setting of the checkpoint (none given): '
+            '--no-keep-freed-memory') in capsys.readouterr().out
+    assert 'kept freed memory' not in caplog.text
+    # a run that kept it, resumed with --no-keep-freed-memory: as asked, with the warning
+    kept = str(tmp_path / 'kept')
+    assert main(['train', *TINY, '--model', 'deepsets', '--out', kept]) == 0
+    assert calls == [True]
+    import torch_mz.runtime as runtime
+    monkeypatch.setattr(runtime, '_THRESHOLD', None)
+    caplog.clear()
+    assert main(['--no-keep-freed-memory', 'train', *three, '--model', 'deepsets', '--resume',
+                 os.path.join(kept, 'checkpoint.pt')]) == 0
+    assert calls == [True]
+    assert 'was trained with kept freed memory' in caplog.text
+
+
+def test_compare_resume_keeps_the_allocator_setting_of_the_comparison(tmp_path, capsys, caplog,
+                                                                      monkeypatch):
+    calls = _fake_kept_memory(monkeypatch)
+    out = str(tmp_path / 'cmp')
+    assert main(['--no-keep-freed-memory', 'compare', *TINY, '--models', 'deepsets', '--seeds',
+                 '1', '--out', out]) == 0
+    assert calls == []
+    record = json.load(open(os.path.join(out, 'comparison.json')))
+    assert record['options']['keep_freed_memory'] is False
+    for older in (False, True):  # comparison.json's record, then an earlier one's checkpoints
+        if older:
+            record['options'].pop('keep_freed_memory')
+            json.dump(record, open(os.path.join(out, 'comparison.json'), 'w'))
+        capsys.readouterr()
+        caplog.clear()
+        assert main(['compare', '--task', 'quadratic-tdof', '--models', 'deepsets', '--resume',
+                     '--no-progress', '--out', out]) == 0
+        assert calls == [], older
+        assert ('resuming with the allocator setting of the comparison (none given): '
+                '--no-keep-freed-memory') in capsys.readouterr().out
+        assert 'kept freed memory' not in caplog.text
+        # (the command recorded is the one that trains the comparison as it ran)
+        command = json.load(open(os.path.join(out, 'results.json')))['command']
+        assert command.endswith(f'--no-keep-freed-memory --out {out}'), command
+
+
+def test_an_interrupted_train_says_the_command_that_goes_on(tmp_path, capsys, monkeypatch):
+    # Ctrl-C (and SIGTERM) said 'torch-mz: interrupted' alone
+    import shlex
+
+    import torch_mz.cli._common as common
+    out = str(tmp_path / 'run')
+    argv = ['train', *TINY, '--model', 'deepsets', '--out', out]
+    run = common._run
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(common, '_run', stopped)
+    assert main([*argv, '--overwrite']) == 130  # stopped before the first checkpoint
+    err = capsys.readouterr().err.splitlines()
+    again = shlex.join([*argv, '--overwrite'])
+    assert err == ['torch-mz: interrupted', f"torch-mz: '{out}' holds no checkpoint yet "
+                   f"(stopped before the first was written); to start again: torch-mz {again}"]
+    monkeypatch.setattr(common, '_run', run)
+    assert main(shlex.split(again)) == 0
+    monkeypatch.setattr(common, '_run', stopped)
+    checkpoint = os.path.join(out, 'checkpoint.pt')
+    three = [a if a != '2' else '3' for a in argv]
+    capsys.readouterr()
+    assert main([*three, '--resume', checkpoint]) == 130
+    err = capsys.readouterr().err.splitlines()
+    command = shlex.join([*three, '--resume', checkpoint])
+    assert err == ['torch-mz: interrupted', f'torch-mz: to go on: torch-mz {command}'], err
+    monkeypatch.setattr(common, '_run', run)
+    assert main(shlex.split(command)) == 0
+    # stopped before its data are loaded (--overwrite has not yet removed the earlier run, which
+    # --resume would continue): no command
+    monkeypatch.setattr(common, '_load', stopped)
+    assert main([*argv, '--overwrite']) == 130
+    assert capsys.readouterr().err == 'torch-mz: interrupted\n'
+
+
+def test_an_interrupted_compare_says_the_command_that_goes_on(tmp_path, capsys, monkeypatch):
+    import shlex
+
+    import torch_mz.study as study
+    out = str(tmp_path / 'cmp')
+    argv = ['compare', *TINY, '--models', 'deepsets', '--seeds', '1', '--out', out]
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(study, 'train_models', interrupted)
+    assert main([*argv, '--overwrite']) == 130
+    err = capsys.readouterr().err.splitlines()
+    assert err == ['torch-mz: interrupted',
+                   f"torch-mz: to go on: torch-mz {shlex.join([*argv, '--resume'])}"], err
+    monkeypatch.undo()
+    assert main([*argv, '--resume']) == 0

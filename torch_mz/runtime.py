@@ -107,7 +107,8 @@ def keep_freed_memory(max_block_bytes: int = MAX_BLOCK_BYTES,
     evaluation but draws dropout masks group by group in training. So a seeded training run
     gives other values with and without kept memory (the ``torch-mz`` command line keeps it
     by default, the Python API does not); training checkpoints record the setting, and a run
-    resumed under the other one logs a warning.
+    resumed under the other one logs a warning (``torch-mz train --resume`` and ``compare
+    --resume`` resume a run trained without it without it).
 
     Args:
         max_block_bytes (int): Largest block served from the heap (default: 1 GiB).

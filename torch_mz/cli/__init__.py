@@ -13,7 +13,9 @@ checkpoint, an output folder that holds an earlier run or an output file that ex
 rate that makes the loss diverge) ends with a one-line message and exit status 2, never a
 traceback. Ctrl-C ends a command with ``torch-mz: interrupted`` and exit status 130, SIGTERM (a
 cluster's time limit or preemption) with ``torch-mz: terminated (SIGTERM)`` and 143; either
-leaves the last finished checkpoint to ``--resume`` from, and no temporary file.
+leaves the last finished checkpoint to ``--resume`` from, and no temporary file, and a stopped
+``train`` or ``compare`` says in a second line the command that goes on (the same with
+``--resume``) once its run has begun.
 """
 import argparse
 import contextlib
@@ -224,7 +226,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     args.command_line = 'torch-mz ' + ' '.join(shlex.quote(a) for a in argv)
-    if args.keep_freed_memory and args.command in ('train', 'compare', 'predict'):
+    # (a resumed run's command turns it on once it has read whether the run was trained with
+    # it: _common._keep_memory_as_recorded)
+    if (args.keep_freed_memory and args.command in ('train', 'compare', 'predict')
+            and not getattr(args, 'resume', None)):
         from torch_mz.runtime import keep_freed_memory
         keep_freed_memory()  # this process is ours; False (no change) where not glibc
     from torch_mz.train import CheckpointError
@@ -255,9 +260,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               f'width, set sizes, batch size, number of sets) do not fit; give smaller ones',
               file=sys.stderr)
         return EXIT_USAGE
-    except _Terminated:
-        print('torch-mz: terminated (SIGTERM)', file=sys.stderr)
-        return EXIT_TERMINATED
-    except KeyboardInterrupt:
-        print('torch-mz: interrupted', file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as e:  # (and _Terminated, SIGTERM's)
+        print('torch-mz: terminated (SIGTERM)' if isinstance(e, _Terminated) else
+              'torch-mz: interrupted', file=sys.stderr)
+        note = _common._go_on_note(args)  # (the command that goes on, where there is one)
+        if note is not None:
+            print(note, file=sys.stderr)
+        return EXIT_TERMINATED if isinstance(e, _Terminated) else EXIT_INTERRUPTED

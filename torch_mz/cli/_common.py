@@ -559,6 +559,61 @@ def _warn(message: str):
     print(f'torch-mz: warning: {message}', file=sys.stderr)
 
 
+def _go_on_note(args) -> Optional[str]:
+    r"""For a train or compare command stopped by Ctrl-C or SIGTERM, the line that gives the
+    command that goes on with its run, or :obj:`None` where there is none to give: before the
+    command set ``args.run_folder`` (its data not loaded, an earlier run in ``--out`` not yet
+    replaced: ``--resume`` would continue that one), under ``torchrun`` (the command is the
+    whole ``torchrun`` line), or for a run resumed into another ``--out`` that holds no
+    checkpoint yet. ``train`` goes on with ``--resume <folder>/checkpoint.pt`` (a run stopped
+    before its first checkpoint starts again with ``--overwrite``), ``compare`` with
+    ``--resume``; either in place of an ``--overwrite``, the other words as typed."""
+    import shlex
+
+    from torch_mz.train import LAST_CHECKPOINT
+    from torch_mz.train.runtime import DistInfo
+    folder = getattr(args, 'run_folder', None)
+    if folder is None or DistInfo.from_env().is_distributed:
+        return None
+    words, given = [], iter(shlex.split(args.command_line)[1:])
+    resumed = False
+    for word in given:
+        if word == '--overwrite':
+            continue
+        if word == '--resume' or word.startswith('--resume='):
+            resumed = True
+            if args.command == 'train' and word == '--resume':
+                next(given, None)  # (its checkpoint)
+            continue
+        words.append(word)
+    checkpoint = os.path.join(folder, LAST_CHECKPOINT)
+    if args.command == 'compare':
+        words.append('--resume')
+    elif os.path.isfile(checkpoint):
+        words += ['--resume', checkpoint]
+    elif resumed:  # (its --out holds files of this run, and no checkpoint: refused both ways)
+        return None
+    else:
+        return (f"torch-mz: '{folder}' holds no checkpoint yet (stopped before the first was "
+                f"written); to start again: torch-mz {shlex.join(words + ['--overwrite'])}")
+    return f'torch-mz: to go on: torch-mz {shlex.join(words)}'
+
+
+def _keep_memory_as_recorded(args, recorded: Any, whose: str) -> None:
+    r"""Kept freed memory (:func:`torch_mz.runtime.keep_freed_memory`) for a resumed run, which
+    :func:`torch_mz.cli.main` leaves to the command: on, as for a new run, unless the command
+    says ``--no-keep-freed-memory`` or the run resumed was trained without it (:obj:`recorded`
+    :obj:`False`, said on the console), as its other options are taken (the command kept it,
+    and the run went on with other dropout masks than an uninterrupted one, with a warning)."""
+    if args.keep_freed_memory and recorded is False:
+        args.keep_freed_memory = False
+        print(f'resuming with the allocator setting of {whose} (none given): '
+              f'--no-keep-freed-memory')
+    if args.keep_freed_memory:
+        from torch_mz.runtime import keep_freed_memory
+        keep_freed_memory()
+
+
 def _check_path(path: str, flag: str, folder: bool):
     r"""An output path that can be made: not empty, and no part of it (the path itself for a
     folder, else its parent folders) an existing file."""

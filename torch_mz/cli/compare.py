@@ -95,7 +95,8 @@ def _comparison_options(args, task=None) -> Dict[str, Any]:
         options['warmup_epochs'] = _default_warmup(args.epochs)
     return dict(task=args.task, **options, task_arg=list(args.task_arg or []),
                 model_arg=list(args.model_arg or []),
-                carried_config=dict(getattr(args, 'carried_config', {})))
+                carried_config=dict(getattr(args, 'carried_config', {})),
+                keep_freed_memory=bool(getattr(args, 'keep_freed_memory', True)))
 
 
 def _dataset_folder(task) -> Optional[str]:
@@ -331,7 +332,8 @@ def cmd_compare(args) -> int:
         checkpoints = _compare_checkpoints(out, models, args.seeds)
         for run, path in checkpoints.items():
             state = load_checkpoint(path)
-            saved[run] = {key: state.get(key) for key in ('config', 'run_info')}
+            saved[run] = {key: state.get(key) for key in ('config', 'run_info',
+                                                          'freed_memory_kept')}
         options = (record or {}).get('options')
         options = options if isinstance(options, dict) else None
         if options is None and not checkpoints:  # (a comparison of every default started)
@@ -359,6 +361,14 @@ def cmd_compare(args) -> int:
                 out, _COMPARISON), model_args=not none_given)
         if not args.model_arg and not none_given and 'model_arg' not in (options or {}):
             _take_comparison_model_args(args, models, saved)
+        # kept freed memory as the comparison ran: as comparison.json records it, else (an
+        # earlier torch-mz recorded no such option) as its checkpoints agree
+        kept = {s['freed_memory_kept'] for s in saved.values()
+                if isinstance(s.get('freed_memory_kept'), bool)}
+        recorded_memory = (options.get('keep_freed_memory') if options is not None
+                           and 'keep_freed_memory' in options
+                           else kept.pop() if len(kept) == 1 else None)
+        _common._keep_memory_as_recorded(args, recorded_memory, 'the comparison')
     state = next(iter(saved.values()), {})
     recorded = state.get('config')
     overrides = _parse_kv(args.model_arg, '--model-arg')
@@ -440,6 +450,7 @@ def cmd_compare(args) -> int:
                      lambda f: json.dump(dict(models=[m.spec for m in models], seeds=args.seeds,
                                               options=_comparison_options(args, task)), f),
                      binary=False)
+        args.run_folder = out  # (stopped from here, the command says how to go on: main)
     print(f'task {task.name}: {task.description} | train/val/test = '
           f'{len(task.train)}/{len(task.val)}/{len(task.test)} | d_in={task.in_channels} | '
           f'{args.epochs} epochs, lr {args.lr}, batch {args.batch_size}, seeds {args.seeds}')
@@ -475,7 +486,7 @@ def cmd_compare(args) -> int:
     payload = dict(task=task.name, task_info=task.info, description=task.description,
                    sizes=dict(train=len(task.train), val=len(task.val), test=len(task.test)),
                    command=command, **resumed,
-                   args={k: v for k, v in vars(args).items() if k != 'func'},
+                   args={k: v for k, v in vars(args).items() if k not in ('func', 'run_folder')},
                    environment=environment(), summary=summary, runs=rows,
                    total_minutes=(time.time() - start) / 60, **run_minutes)
     header = f'Command: `{command}`'

@@ -64,6 +64,7 @@ def cmd_train(args) -> int:
                                f"'{saved}', not '{given}': pass {flag} {saved} to resume it")
         # the model options, where no --model-arg is given, beside those the --model spec gives
         _take_model_args(args, state, model, 'the checkpoint')
+        _common._keep_memory_as_recorded(args, state.get('freed_memory_kept'), 'the checkpoint')
     _check_overrides(models, _parse_kv(args.model_arg, '--model-arg'), '--model')
     _take_data_options(args, state, 'the checkpoint')
     taken = _fill_training_options(args, recorded if isinstance(recorded, dict) else None)
@@ -105,6 +106,7 @@ def cmd_train(args) -> int:
     # written)
     if args.overwrite and _common._main_process():
         _common._remove_run_files(out)
+    args.run_folder = out  # (stopped from here, the command says how to go on: main)
     row = _common._run(args, task, model, args.seed, out, args.resume)
     metrics = ', '.join(f'{k} {v:.4g}' for k, v in row['test'].items())
     print(f"{args.model} ({row['params']:,} parameters): best epoch {row['best_epoch']}, "
