@@ -243,3 +243,17 @@ def test_a_run_with_a_nan_figure_is_kept_as_standard_json_and_read_back_as_nan(t
     got = store.get(key, QUICK_CONFIG)
     assert got['best_epoch'] is None and got['val']['loss'] == 0.5 and got['test']['mse'] == 0.25
     assert all(math.isnan(v) for v in (got['val']['r2'], got['test']['r2'], got['test']['loss']))
+
+
+def test_a_run_whose_key_holds_a_non_finite_value_is_found_again(tmp_path):
+    # the identity kept in the file was written as standard JSON (inf as null) and compared
+    # with the one asked for (inf): the run was trained again on every resume
+    import math
+    from torch_mz.study import RunStore
+    store = RunStore(str(tmp_path))
+    key = dict(cell='a', model='mz', seed=0, data=dict(task='max', noise=math.inf))
+    store.put(key, QUICK_CONFIG, dict(model='mz', val=dict(loss=0.5), test=dict(r2=0.9)))
+    got = store.get(key, QUICK_CONFIG)
+    assert got is not None and got['test'] == dict(r2=0.9)
+    other = dict(key, data=dict(task='max', noise=-math.inf))  # (another run: another file)
+    assert store._path(other) != store._path(key) and store.get(other, QUICK_CONFIG) is None

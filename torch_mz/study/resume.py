@@ -15,7 +15,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-from torch_mz._files import nan_for_none
+from torch_mz._files import finite_or_none, nan_for_none
 from torch_mz.study.report import write_json
 from torch_mz.train import TrainConfig
 from torch_mz.train.checkpoint import RESUMABLE_CONFIG_CHANGES
@@ -176,7 +176,9 @@ class RunStore:
         if isinstance(identity, dict) and isinstance(identity.get('config'), dict):
             # stores written while num_workers counted toward a run's identity (2026-12-06)
             identity['config'].pop('num_workers', None)
-        if identity != self._identity(key, config):
+        # (compared as the file keeps it: a non-finite value of a key or option is written as
+        # null by write_json, and the run was never found again)
+        if identity != finite_or_none(self._identity(key, config)):
             return None
         record = stored.get('record')
         if not isinstance(record, dict):
