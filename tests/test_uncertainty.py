@@ -193,6 +193,23 @@ def test_mc_dropout_samples_and_is_reproducible():
         mc_dropout_predict(torch.nn.Sequential(torch.nn.BatchNorm1d(4)), data)
 
 
+def test_mc_dropout_names_a_one_shot_stream_that_a_later_pass_finds_empty():
+    # every pass reads the dataset again: a one-shot iterator gave the second pass nothing,
+    # and torch.cat's "expected a non-empty list of Tensors"
+    class OneShot(torch.utils.data.IterableDataset):
+        def __init__(self, sets):
+            self.sets = iter(sets)
+
+        def __iter__(self):
+            return self.sets
+
+    model = tiny_mz(dropout=0.5)
+    with pytest.raises(ValueError, match='pass 2 of 3 got no sets .* one-shot iterator'):
+        mc_dropout_predict(model, OneShot(tiny_sets()), passes=3)
+    mean, _ = mc_dropout_predict(model, tiny_sets(), passes=3)  # (a list is read every pass)
+    assert mean.shape[0] == len(tiny_sets())
+
+
 def test_mc_dropout_restores_every_modules_own_mode_and_ensembles_need_one_normaliser_each():
     # model.train(was) put a child frozen in eval back into training mode; a short list of
     # normalisers dropped the members behind it (zip), silently

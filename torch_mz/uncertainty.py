@@ -423,7 +423,7 @@ def mc_dropout_predict(model: torch.nn.Module, dataset: Sequence, passes: int = 
     try:
         with _moved(model, dev), _seeded(dev, seed):
             model.train()
-            for _ in range(passes):
+            for k in range(passes):
                 preds = []
                 for batch in loader:
                     out = model(batch.to(dev))
@@ -432,6 +432,11 @@ def mc_dropout_predict(model: torch.nn.Module, dataset: Sequence, passes: int = 
                     if normalizer is not None:
                         pred = normalizer.inverse_transform(pred)
                     preds.append(pred.cpu())
+                if not preds:  # (torch.cat's error: a one-shot stream is read once)
+                    raise ValueError(
+                        f'mc_dropout_predict: pass {k + 1} of {passes} got no sets from the '
+                        f'dataset; every pass reads it again, so it must be one that can be read '
+                        f'more than once (a list, a Dataset), not a one-shot iterator')
                 runs.append(torch.cat(preds, dim=0))  # (N, t)
     finally:
         for module, mode in modes:
