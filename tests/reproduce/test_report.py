@@ -303,6 +303,8 @@ def test_a_claim_file_whose_records_lack_the_summarys_fields_is_named(tmp_path):
                  paper=dict(value=0.5, source='Table 3', text='0.5'), ours=dict(mean=0.4, std=0.1))
     for damage, named in ((dict(paper=dict(whole['paper'], value='0.5')), 'paper.value'),
                           (dict(epochs_run=dict(min=1)), 'epochs_run'),
+                          (dict(epochs_run=dict(min=1, max=2, stopped_early=0, runs=2,
+                                                at_cap=['mz'])), 'epochs_run.at_cap'),
                           (dict(ours=dict(whole['ours'], models=dict(mz=dict(r2=0.4)))),
                            'ours.models'),
                           (dict(ours=dict(whole['ours'], models=dict(

@@ -39,6 +39,8 @@ def test_interrupted_reproduction_resumes_and_a_second_run_trains_nothing(tmp_pa
     # that cell), then 2 cells x 2 models x 2 seeds
     assert len(calls) == 3 * 2 + 2 * 2 * 2 - 2
     assert len(runs) == 8 and records[0]['ours']['seeds'] == 2
+    # no patience: every run trained the budget's every epoch, which the record says per model
+    assert records[0]['epochs_run']['at_cap'] == {m: 2 for m in CLAIM.models}
     assert records[0]['verdict'] in ('reproduced', 'direction only', 'not reproduced',
                                      'inconclusive')
     files = sorted(tmp_path.rglob('records/tiny/**/*.json'))
@@ -247,6 +249,26 @@ def test_a_diverged_run_makes_the_comparison_inconclusive_on_either_side(tmp_pat
                               2, {})
         assert record['verdict'] == 'inconclusive' and record['ours']['b'] == 'st-large', side
         assert record['epochs_run']['diverged'] == 1
+
+
+def test_a_claim_record_names_the_models_whose_runs_ran_to_the_epoch_cap(tmp_path):
+    # the summary's "epochs run" said how many runs early stopping ended, not whose chosen
+    # setting ran every epoch the budget allows (no plateau): here st-4l's two runs and one of
+    # mz-1l's, the compared models, while another model's stopped runs hid them in "2/6"
+    claim = CLAIMS['table1']
+    comparison = next(c for c in claim.comparisons if c.cell == 'L=16')
+    repro = Reproduction(BUDGETS['converged'], str(tmp_path), device='cpu')
+    cap = dict(config=dict(epochs=200))
+    epochs = {'mz-1l': (200, 120), 'st-4l': (200, 200), 'rigid': (40, 50)}
+    runs = [dict(cell='L=16', model=m, seed=k, test=dict(r2=0.5), epochs_run=e, key=cap,
+                 stopped_early=e < 200) for m, pair in epochs.items() for k, e in enumerate(pair)]
+    runs.append(dict(cell='L=16', model='deepsets', seed=0, test={}, epochs_run=7, key=cap,
+                     stopped_early=False, diverged='Training loss is nan'))  # not at the cap
+    record = repro.record(comparison, claim, runs, 2, {})
+    assert record['epochs_run']['at_cap'] == {'mz-1l': 1, 'st-4l': 2}
+    assert record['epochs_run']['stopped_early'] == 3
+    row = reproduce.summary_table([record]).strip().split('\n')[-1]
+    assert '| 7-200 (3/7 stopped early, 1 diverged; at the epoch cap: mz-1l 1, st-4l 2) |' in row
 
 
 def test_status_counts_runs_and_estimates_the_time_left(tmp_path):

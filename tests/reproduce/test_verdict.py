@@ -32,3 +32,19 @@ def test_verdict_rule_on_hand_made_numbers():
     assert verdict(0.036, 0.03, 0.005, 2, levels=(0.32, 0.29, 0.904)) == 'reproduced'
     assert verdict(0.036, 0.03, 0.005, 2, levels=(0.02, -0.01, 0.3)) == 'reproduced'
     assert verdict(0.036, 0.03, 0.005, 2, levels=(0.02, -0.01, math.nan)) == 'reproduced'
+
+
+def test_a_difference_exactly_at_a_threshold_reads_as_the_rule_states():
+    # |ours - p| <= tol is reproduced: 0.07 - 0.05 is 0.020000000000000004 in floats, which
+    # read as beyond tol = 0.02 ('direction only'), on either side of the paper's figure
+    assert verdict(0.05, 0.07, 0.0, 2) == 'reproduced'
+    assert verdict(0.05, 0.03, 0.0, 2) == 'reproduced'
+    assert verdict(0.05, 0.0701, 0.0, 2) == 'direction only'  # (beyond it: as before)
+    # 2 s exactly at max(|p|, tol) is not "larger than the paper's effect": decided by the
+    # other rules (0.1 + 0.2 is 0.30000000000000004 in floats)
+    spread = (0.1 + 0.2) / 2
+    assert verdict(0.3, 0.3, spread, 3) == 'reproduced'
+    assert verdict(0.3, 0.3, spread + 0.001, 3) == 'inconclusive'
+    # the paper's figure exactly 2 s from ours is inside ours ± 2 s: not resolved
+    assert verdict(0.5, 0.2, 0.15, 3) == 'inconclusive'
+    assert verdict(0.5, 0.2, 0.1499, 3) == 'not reproduced'

@@ -102,6 +102,8 @@ def _lacking(record: Mapping[str, Any]) -> List[str]:
     if epochs and not (isinstance(epochs, dict) and all(
             k in epochs for k in ('min', 'max', 'stopped_early', 'runs'))):
         lacking.append('epochs_run.min/max/stopped_early/runs')
+    elif epochs and not isinstance(epochs.get('at_cap', {}), dict):
+        lacking.append('epochs_run.at_cap (an object)')
     models = ours.get('models') if isinstance(ours, dict) else None
     if models is not None and not (isinstance(models, dict) and all(  # (formatted: no null)
             isinstance(v, dict) and number(v.get('r2'), False)
@@ -121,8 +123,11 @@ def summary_table(records: Sequence[Mapping[str, Any]]) -> str:
              'seeds |', '|---|---|---|---|---|---|---|---|']
     for r in records:
         ours, ep = r['ours'], r.get('epochs_run')
+        capped = ep.get('at_cap') if ep else None  # (older records: not counted)
         epochs = (f"{ep['min']}-{ep['max']} ({ep['stopped_early']}/{ep['runs']} stopped early"
-                  + (f", {ep['diverged']} diverged" if ep.get('diverged') else '') + ')'
+                  + (f", {ep['diverged']} diverged" if ep.get('diverged') else '')
+                  + (f"; at the epoch cap: {', '.join(f'{m} {n}' for m, n in capped.items())}"
+                     if capped else '') + ')'
                   if ep else '')
         lines.append(f"| {r['claim']} | {num(r['paper']['value'])} ({r['paper']['source']}) | "
                      f"{num(ours['mean'])} ± {num(ours['std'], False)} | **{r['verdict']}** | "
@@ -178,6 +183,12 @@ def write_summary(out, minutes):
              '`summary.json`, field `command`):\n\n'
              + '\n'.join(f"- {', '.join(names)}: `{command}`"
                           for command, names in commands.items())
+             + '\n\n## Epochs run\n\nThe column `epochs run` gives the fewest and the most '
+             'epochs of the runs behind a row (every model of its cell, every seed), how many '
+             'of them early stopping ended (a plateau of the validation loss) or diverged, and '
+             'after "at the epoch cap" each model with runs at its chosen setting that trained '
+             'every epoch the budget allows without reaching a plateau, with how many: its '
+             'figure may still change with more epochs.'
              + '\n\n## Verdict rule\n\n' + VERDICT_RULE + '\n\n## Budgets\n\n'
              + '\n'.join(f'- `{b}`: {BUDGETS[b].note}' for b in budgets if b in BUDGETS)
              + '\n\nThe sweep cell of each task (the lr / wd chosen there, per model by the '

@@ -401,14 +401,31 @@ def stopped_early(record: Mapping[str, Any]) -> bool:
     return bool(record.get('stopped_early', False)) and not record.get('diverged')
 
 
-def epochs_figures(runs: Sequence[Mapping[str, Any]]) -> Dict[str, int]:
+def at_epoch_cap(record: Mapping[str, Any]) -> bool:
+    r"""Whether the run of :obj:`record` ran every epoch its configuration allows (the epoch
+    cap) rather than to a plateau: neither early stopping (:func:`stopped_early`) nor divergence
+    ended it, and, where the record has its key, it ran its configuration's ``epochs``."""
+    if record.get('diverged') or stopped_early(record):
+        return False
+    cap = record.get('key', {}).get('config', {}).get('epochs')
+    return cap is None or int(record['epochs_run']) >= int(cap)
+
+
+def epochs_figures(runs: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
     r"""The epochs the :obj:`runs` trained, as a claim record gives them: the fewest and the
-    most, how many runs early stopping ended (:func:`stopped_early`), how many diverged, and
-    how many runs there are."""
+    most, how many runs early stopping ended (:func:`stopped_early`), how many diverged, how
+    many runs there are, and ``at_cap``: per model (in the runs' order), how many of its runs
+    ran to the epoch cap rather than to a plateau (:func:`at_epoch_cap`; models with none are
+    left out)."""
     epochs = [int(r['epochs_run']) for r in runs]
+    at_cap: Dict[str, int] = {}
+    for r in runs:
+        if at_epoch_cap(r):
+            at_cap[str(r['model'])] = at_cap.get(str(r['model']), 0) + 1
     return dict(min=min(epochs, default=0), max=max(epochs, default=0),
                 stopped_early=sum(stopped_early(r) for r in runs),
-                diverged=sum(bool(r.get('diverged')) for r in runs), runs=len(runs))
+                diverged=sum(bool(r.get('diverged')) for r in runs), runs=len(runs),
+                at_cap=at_cap)
 
 
 def _digest(key: Mapping[str, Any]) -> str:

@@ -54,12 +54,21 @@ def verdict(paper: float, mean: float, spread: float, seeds: Optional[int],
     elif seeds < 2 or not math.isfinite(spread):
         return 'inconclusive'
     tol = max(TOL_ABS, TOL_REL * abs(paper))
-    if 2 * spread > max(abs(paper), tol):
+    # (the thresholds compare as the rule's decimals: 0.07 - 0.05 is 0.020000000000000004 in
+    # floats, which read as beyond tol = 0.02)
+    if _beyond(2 * spread, max(abs(paper), tol)):
         return 'inconclusive'
-    if abs(mean - paper) <= tol:
+    if not _beyond(abs(mean - paper), tol):
         return 'reproduced'
-    if np.sign(mean) == np.sign(paper) and abs(mean) > 2 * spread:
+    if np.sign(mean) == np.sign(paper) and _beyond(abs(mean), 2 * spread):
         return 'direction only'
-    if abs(mean - paper) > 2 * spread:
+    if _beyond(abs(mean - paper), 2 * spread):
         return 'not reproduced'
     return 'inconclusive'
+
+
+def _beyond(value: float, threshold: float) -> bool:
+    r"""Whether :obj:`value` > :obj:`threshold` by more than float rounding (a value at the
+    threshold up to rounding is not beyond it)."""
+    return value > threshold and not math.isclose(value, threshold, rel_tol=1e-9,
+                                                  abs_tol=1e-12)
