@@ -211,9 +211,10 @@ def test_rotation_features_read_a_diverged_sweep_run(tmp_path, monkeypatch, no_t
     assert run_script('rotation_matching_features', argv, monkeypatch) == 0
     rigid = json.loads((out / 'features.json').read_text())['sweep']['rigid']
     assert len(rigid['points']) == 3 and rigid['chosen']['test_r2'] == 0.74
-    plateau = sorted(rigid['plateau'], key=lambda p: p['val_loss'])
-    assert plateau[0]['test_r2'] == 0.55 and plateau[1]['val_loss'] == float('inf')
-    assert np.isnan(plateau[1]['test_r2'])
+    # (standard JSON: the diverged run's inf validation loss and NaN R² are written as null)
+    plateau = sorted(rigid['plateau'], key=lambda p: (p['val_loss'] is None, p['val_loss']))
+    assert plateau[0]['test_r2'] == 0.55 and plateau[1]['val_loss'] is None
+    assert plateau[1]['test_r2'] is None
     text = (out / 'features.md').read_text()
     assert 'end at 0.550-0.550 in their' in text  # (the diverged run's NaN left out)
 
@@ -404,7 +405,7 @@ def test_what_mz_learns_records_a_diverged_run(tmp_path, monkeypatch, capsys):
     saved = json.loads((tmp_path / 'what_mz_learns.json').read_text())
     rows = {(r['L'], r['state']): r for r in saved['rows']}
     assert rows[2, 'trained']['seeds'] == 0 and rows[2, 'trained']['diverged'] == 1
-    assert np.isnan(rows[2, 'trained']['effective_rank'])
+    assert rows[2, 'trained']['effective_rank'] is None  # (NaN, in standard JSON null)
     assert rows[2, 'init']['seeds'] == 1 and np.isfinite(rows[2, 'init']['effective_rank'])
     assert rows[1, 'trained']['seeds'] == 1 and np.isfinite(rows[1, 'trained']['effective_rank'])
     assert all(r['L'] == 1 for r in saved['per_layer'])
@@ -504,7 +505,7 @@ def test_set_size_generalisation_records_a_diverged_run(tmp_path, monkeypatch, c
     assert diverged == [('rigid', 1), ('rigid + log_n', 0), ('rigid + log_n', 1)]
     row = saved['rows'][0]
     assert row['rigid std'] == 0.0 and np.isfinite(row['rigid'])  # seed 0 alone
-    assert np.isnan(row['rigid + log_n']) and np.isfinite(row['mz + log_n'])
+    assert row['rigid + log_n'] is None and np.isfinite(row['mz + log_n'])  # (NaN: null)
     text = (tmp_path / 'set_size_generalisation.md').read_text()
     assert 'Runs that diverged (left out of the means' in text and 'rigid seed 1' in text
     assert 'set_size_generalisation.png' not in text
