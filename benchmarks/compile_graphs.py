@@ -22,7 +22,8 @@ import torch
 from torch_mz.study import (choice_list, environment, int_list, markdown_table, positive_int,
                             write_report)
 from torch_mz.study.report import check_out_folder
-from torch_mz.study.workloads import AGGRS, build, build_aggr, make_batch, random_graph
+from torch_mz.study.workloads import (AGGRS, build, build_aggr, make_batch, pyg_width_problem,
+                                      random_graph)
 
 NAME = 'compile_graphs'
 COLS = ['workload', 'model', 'graphs', 'breaks', 'top reasons']
@@ -77,6 +78,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     problem = check_out_folder(args.out)
     if problem:
         parser.error(f'argument --out: {problem}')
+    problem = pyg_width_problem(args.aggrs, args.dims)  # (a traceback after the other rows)
+    if problem:
+        parser.error(f'argument --dims: {problem}')
     torch.set_num_threads(1)
     start = time.time()
     rows = []

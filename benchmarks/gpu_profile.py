@@ -24,7 +24,9 @@ it runs the call a few times unprofiled (the median wall time), then ``--profile
 Rows: ``SAGEConv`` forward + backward with PyG's ``SetTransformerAggregation`` and ``rigid``
 (and ``default`` with ``--aggrs``) on the Poisson graphs of ``message_passing.py``, and the
 point-cloud training step and inference of the presets of ``training_step.py`` (32 clouds of
-1,024 points). Writes ``gpu_profile.{json,md,png}`` under ``--out``.
+1,024 points). Writes ``gpu_profile.{json,md,png}`` under ``--out``, after every workload: a
+run cut off keeps what it measured, its report marked partial (``pending``: the workloads not
+run); a call that failed (out of memory, say) is listed under the table (``failed``).
 
     python benchmarks/gpu_profile.py --device cuda --out benchmarks/results/gpu/profile
 
@@ -37,18 +39,18 @@ import os
 import shlex
 import tempfile
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
 
-from torch_mz.study import (choice_list, count_flops, environment, int_list, markdown_table,
-                            matmul_peak_flops, positive_int)
+from torch_mz.study import (check_out_folder, choice_list, count_flops, environment, int_list,
+                            markdown_table, matmul_peak_flops, positive_int)
 from torch_mz._files import atomic_write
 from torch_mz.study.measure import time_call
 from torch_mz.study.plots import replace_plot, save_figure, try_plot
 from torch_mz.study.workloads import (MERGED, build_aggr, make_batch, preset_calls,
-                                      random_graph)
+                                      pyg_width_problem, random_graph)
 
 GPU_CATS = ('kernel', 'gpu_memcpy', 'gpu_memset')
 SYNC_CALLS = ('cudaStreamSynchronize', 'cudaDeviceSynchronize', 'cudaEventSynchronize',
@@ -206,14 +208,20 @@ COLS = ['workload', 'model', 'wall_ms', 'busy_ms', 'busy / wall', 'kernels', 'co
         'wall_us_per_kernel', 'gflop', 'pct_of_peak']
 
 
-def write(rows: List[dict], args, out: str, elapsed: float, peak: float) -> Optional[str]:
+def write(rows: List[dict], args, out: str, elapsed: float, peak: float,
+          failed: Sequence[dict] = (), pending: int = 0) -> Optional[str]:
+    r"""Writes ``gpu_profile.{json,md,png}`` of :obj:`rows`; :obj:`failed` (``call`` and
+    ``error`` of each call that failed) and :obj:`pending` (the calls of the command not yet
+    run: a report written while the run goes on, kept as it is where the run is cut off) are
+    recorded, so that a call missing from the table is said to be missing."""
     os.makedirs(out, exist_ok=True)
     command = 'python benchmarks/gpu_profile.py ' + ' '.join(
         f'--{k.replace("_", "-")} '
         + shlex.quote(','.join(map(str, v)) if isinstance(v, list) else str(v))
         for k, v in vars(args).items() if k != 'replot')
     report = dict(command=command, environment=environment(), elapsed_s=elapsed,
-                  matmul_peak_gflops=peak / 1e9, rows=rows)
+                  matmul_peak_gflops=peak / 1e9, rows=rows, failed=list(failed),
+                  pending=pending)
     text = json.dumps(report, indent=1)  # serialised first: a failure writes nothing
     # (atomically: an interrupted write leaves the earlier results whole)
     atomic_write(os.path.join(out, NAME + '.json'), lambda f: f.write(text), binary=False)
@@ -244,6 +252,13 @@ def write_report(report: dict, out: str, redraw: bool = False) -> Optional[str]:
         lines.append(f"- {r['workload']}, `{r['model']}`: " + '; '.join(
             f"{t['name'][:60]} {t['ms_per_call']:.3g} ms" for t in r['top']) if r['top']
             else f"- {r['workload']}, `{r['model']}`: no GPU events")
+    pending, failed = report.get('pending', 0), report.get('failed', [])
+    if pending:  # (a run cut off there, or still running)
+        lines[2:2] = [f"Partial: {pending} more of the command's workloads not measured (the "
+                      'run was cut off or is still running).', '']
+    if failed:
+        lines += ['', 'Calls that failed (not in the table):', '']
+        lines += [f"- {f['call']}: {f['error']}" for f in failed]
     if not any(r.get('busy / wall') is not None for r in rows):
         lines += ['', f'No plot: no GPU events in this run (`{NAME}.png` is not drawn, and an '
                   'earlier one here is removed).']
@@ -293,14 +308,21 @@ def main():
         return
     if args.device == 'cuda' and not torch.cuda.is_available():
         parser.error("argument --device: 'cuda' is not available here")
+    problem = pyg_width_problem(args.aggrs, [args.dim])  # (each such row failed, the rest ran)
+    if problem:
+        parser.error(f'argument --dim: {problem}')
+    problem = check_out_folder(args.out)  # (before anything is measured)
+    if problem:
+        parser.error(problem)
     device = torch.device(args.device)
     start = time.time()
     peak = matmul_peak_flops(device=device)
     rows: List[dict] = []
+    failed: List[dict] = []
     note = None
     jobs = [('mp', a, n) for n in args.nodes for a in args.aggrs]
     jobs += [('pc', p, None) for p in args.presets]
-    for kind, name, nodes in jobs:
+    for done, (kind, name, nodes) in enumerate(jobs, 1):
         try:
             if kind == 'mp':
                 rows.append(message_passing_row(name, nodes, args.dim, device, args.repeats,
@@ -310,12 +332,17 @@ def main():
                                              args.repeats, args.profiled, peak))
         except Exception as e:  # noqa: BLE001 - e.g. out of memory: the other rows go on
             print(f'{kind} {name} {nodes}: failed: {type(e).__name__}: {e}'[:300], flush=True)
+            call = (f'SAGEConv fwd+bwd, {nodes:,} nodes, d={args.dim}, {name}' if kind == 'mp'
+                    else f'training step and inference, {args.clouds} x {args.points} points, '
+                         f'{name}')
+            failed.append(dict(call=call, error=f'{type(e).__name__}: {e}'[:300]))
         finally:
             if device.type == 'cuda':
                 torch.cuda.empty_cache()
         if rows:  # after every row: a cut-off run keeps what it measured (and a run whose rows
             # all failed so far leaves the earlier results as they were, not an empty report)
-            note = write(rows, args, args.out, time.time() - start, peak)
+            note = write(rows, args, args.out, time.time() - start, peak, failed,
+                         pending=len(jobs) - done)
     if not rows:
         raise SystemExit(f'no row was measured; nothing written to {args.out}')
     if note:

@@ -63,8 +63,8 @@ from torch_mz.models import PRESETS as MODEL_PRESETS
 from torch_mz.nn import set_fused_kernels
 from torch_mz.nn import functional
 from torch_mz.nn.functional import clear_layout_cache
-from torch_mz.study import (choice_list, environment, int_list, markdown_table, positive_float,
-                            positive_int, pyplot, replace_plot, write_results)
+from torch_mz.study import (check_out_folder, choice_list, environment, int_list, markdown_table,
+                            positive_float, positive_int, pyplot, replace_plot, write_results)
 # the graphs and aggregations of message_passing.py, the batch and presets of training_step.py
 from torch_mz.study import workloads
 from torch_mz.study.plots import save_figure
@@ -336,6 +336,20 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
                                                       NAME))
     args = parser.parse_args(argv)
+    # (before anything is counted: a run refused at its end had counted for nothing)
+    problem = check_out_folder(args.out)
+    if problem:
+        parser.error(problem)
+    # (--presets counts no aggregation)
+    problem = None if args.presets else workloads.pyg_width_problem(args.aggrs, [args.dim])
+    if problem:
+        parser.error(f'argument --dim: {problem}')
+    jobs = [(nodes, aggr) for nodes in args.nodes for aggr in args.aggrs
+            if not (aggr == 'pyg' and nodes > args.pyg_max_nodes)]
+    if not args.presets and not jobs:  # (it wrote an empty report over the earlier one)
+        parser.error(f"nothing to count: --aggrs {','.join(args.aggrs)} on --nodes "
+                     f"{','.join(map(str, args.nodes))} leaves only 'pyg' above "
+                     f"--pyg-max-nodes {args.pyg_max_nodes}")
     torch.set_num_threads(1)
     set_fused_kernels(False)  # what a GPU runs (see the module's docstring)
     if args.presets:
@@ -343,15 +357,12 @@ def main(argv: Optional[List[str]] = None) -> None:
         return
     start = time.time()
     rows = []
-    for nodes in args.nodes:
-        for aggr in args.aggrs:
-            if aggr == 'pyg' and nodes > args.pyg_max_nodes:
-                continue
-            row = count_one(nodes, aggr, args.dim, args.degrees)
-            rows.append(row)
-            print(f"N={nodes:7d} E={row['edges']:8d} {aggr:12s} {row['ops']:7d} ops "
-                  f"{row['kernels']:7d} kernels ({row['kernels_per_1k_edges']:.2f} per 1k "
-                  f"edges) {row['syncs']:6d} syncs", flush=True)
+    for nodes, aggr in jobs:
+        row = count_one(nodes, aggr, args.dim, args.degrees)
+        rows.append(row)
+        print(f"N={nodes:7d} E={row['edges']:8d} {aggr:12s} {row['ops']:7d} ops "
+              f"{row['kernels']:7d} kernels ({row['kernels_per_1k_edges']:.2f} per 1k "
+              f"edges) {row['syncs']:6d} syncs", flush=True)
     fits = slopes(rows)
     env = _environment(argv)
     minutes = (time.time() - start) / 60

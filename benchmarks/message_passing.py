@@ -123,8 +123,10 @@ was; the last row writes ``message_passing.json`` / ``.md`` and removes the part
 the plot is drawn at the end. ``--resume`` keeps the rows of the partial report at ``--out`` (or,
 if there is none, of the complete one) that measured one of this run's configurations with the
 same settings (repeats, threads, device, keep-freed-memory, allocated, chunk rows) and
-measures the others (failed rows again). Ctrl-C ends a run with one line that gives the command
-to go on (status 130).
+measures the others (failed rows again). Without ``--resume`` a folder that holds a partial
+report is refused before anything is measured (the first row's report replaced it, and the
+interrupted run's rows were lost); ``--overwrite`` measures every row and replaces it. Ctrl-C
+ends a run with one line that gives the command to go on (status 130).
 """
 import argparse
 import json
@@ -137,13 +139,13 @@ import numpy as np
 import torch
 
 from torch_mz.runtime import keep_freed_memory
-from torch_mz.study import (EXIT_INTERRUPTED, MeasurementFailed, choice_list, environment,
-                            in_fresh_process, int_list, interruptible, markdown_table,
-                            nonnegative_int, peak_memory_bytes, positive_float, positive_int,
-                            pyplot, replace_plot, time_call, write_results)
+from torch_mz.study import (EXIT_INTERRUPTED, MeasurementFailed, check_out_folder, choice_list,
+                            environment, in_fresh_process, int_list, interruptible,
+                            markdown_table, nonnegative_int, peak_memory_bytes, positive_float,
+                            positive_int, pyplot, replace_plot, time_call, write_results)
 from torch_mz.study.plots import save_figure
 from torch_mz.study.workloads import (AGGRS, DEGREES, MERGED, build_aggr, fit_slope,
-                                      random_graph)
+                                      pyg_width_problem, random_graph)
 from torch_mz.study.measure import allocator_peak_bytes
 
 #: Measured only when named in ``--aggrs`` (not in its default), and only with ``--inference``
@@ -151,8 +153,6 @@ INFERENCE_ONLY = ('pyg-nofast', )
 CKPT_AGGRS = ('default-ckpt', 'default-ckpt-attn', 'rigid-ckpt-attn', 'default-chunks',
               'rigid-chunks', 'default-whole')
 CONVS = ('sage', 'graph')
-#: PyG's blocks: the width a multiple of the heads
-PYG_AGGRS, PYG_HEADS = ('pyg', 'pyg-flat', 'pyg-nofast'), 4
 #: The run's settings (``vars(args)``) besides a row's own configuration that change its figures:
 #: ``--resume`` reuses no row of a report written with other ones.
 FIGURE_SETTINGS = ('repeats', 'threads', 'device', 'keep_freed_memory', 'allocated', 'chunk_rows')
@@ -554,11 +554,9 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Lis
     for key, value in (QUICK if args.quick else DEFAULTS).items():
         if getattr(args, key, None) is None:  # (one given on the command line wins)
             setattr(args, key, list(value) if isinstance(value, list) else value)
-    pyg = [aggr for aggr in args.aggrs if aggr in PYG_AGGRS]
-    odd = [dim for dim in args.dims if dim % PYG_HEADS]
-    if pyg and odd:
-        parser.error(f"argument --dims: {', '.join(map(str, odd))} not a multiple of the "
-                     f"{PYG_HEADS} heads of {', '.join(pyg)} (in --aggrs)")
+    problem = pyg_width_problem(args.aggrs, args.dims)
+    if problem:
+        parser.error(f'argument --dims: {problem}')
     if args.device == 'cuda' and not torch.cuda.is_available():
         parser.error("argument --device: 'cuda' is not available here")
     only = [aggr for aggr in args.aggrs if aggr in INFERENCE_ONLY]
@@ -620,6 +618,10 @@ def main():
     parser.add_argument('--resume', action='store_true',
                         help=f'keep the rows of <out>/{NAME}.json measured with the same '
                              'configuration and settings; measure only the others')
+    parser.add_argument('--overwrite', action='store_true',
+                        help=f'measure every row where <out> holds the partial report of an '
+                             f'interrupted run ({PARTIAL}.json), which this run replaces '
+                             f'(without it, and without --resume, such a folder is refused)')
     parser.add_argument('--keep-freed-memory', action='store_true',
                         help="every row with glibc's malloc keeping freed memory for reuse "
                              '(torch_mz.runtime.keep_freed_memory)')
@@ -649,9 +651,19 @@ def main():
         print(json.dumps(run_one(json.loads(args._one))))
         return
     cfgs = check_args(parser, args)  # before any measurement
+    problem = check_out_folder(args.out)  # (found only once the first row was measured)
+    if problem:
+        parser.error(problem)
+    partial = os.path.join(args.out, f'{PARTIAL}.json')
+    if args.resume and args.overwrite:
+        parser.error('argument --overwrite: not allowed with --resume (which keeps the rows '
+                     'that --overwrite measures again)')
+    if os.path.exists(partial) and not (args.resume or args.overwrite):
+        parser.error(f"argument --out: {partial} holds the rows of an interrupted run: pass "
+                     f"--resume to keep those that match, or --overwrite to measure every row "
+                     f"again (this run's report replaces them)")
     kept, earlier_minutes = [], 0.0
     if args.resume:
-        partial = os.path.join(args.out, f'{PARTIAL}.json')
         kept, earlier_minutes, note = earlier_rows(
             partial if os.path.exists(partial) else os.path.join(args.out, f'{NAME}.json'), args)
         print(note, flush=True)

@@ -26,9 +26,9 @@ import numpy as np
 import torch
 
 from torch_mz.nn import MZAggregation
-from torch_mz.study import (environment, in_fresh_process, markdown_table, nonnegative_int,
-                            peak_memory_bytes, positive_int, pyplot, replace_plot, time_call,
-                            write_results)
+from torch_mz.study import (check_out_folder, environment, in_fresh_process, markdown_table,
+                            nonnegative_int, peak_memory_bytes, positive_int, pyplot,
+                            replace_plot, time_call, write_results)
 from torch_mz.study.plots import save_figure
 
 SET_SIZE, IN_CHANNELS = 1024, 3  # the defaults: the paper's configuration
@@ -137,6 +137,9 @@ def main():
     if args._one:
         print(json.dumps(run_one(json.loads(args._one))))
         return
+    problem = check_out_folder(args.out)  # (found only once every size was measured)
+    if problem:
+        parser.error(problem)
     top = 5 if args.quick else 6
     sizes = [int(round(10**e)) for e in np.arange(3, top + 0.01, 0.5)]
     rows = []

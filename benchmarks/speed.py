@@ -37,10 +37,11 @@ import numpy as np
 import torch
 
 from torch_mz.nn import FlatSetTransformerAggregation, MZAggregation, MZAttention
-from torch_mz.study import (choice_list, count_flops, environment, in_fresh_process,
-                            markdown_table, matmul_peak_flops, nonnegative_float,
-                            peak_memory_bytes, positive_int, pyplot, skewed_sizes,
-                            replace_plot, time_interleaved, uniform_sizes, write_results)
+from torch_mz.study import (check_out_folder, choice_list, count_flops, environment,
+                            in_fresh_process, markdown_table, matmul_peak_flops,
+                            nonnegative_float, peak_memory_bytes, positive_int, pyplot,
+                            skewed_sizes, replace_plot, time_interleaved, uniform_sizes,
+                            write_results)
 from torch_mz.study.plots import save_figure
 
 MODELS = ('pyg', 'pyg-flat', 'rigid', 'rigid-zono', 'mz')
@@ -235,6 +236,9 @@ def main():
     if args.repeats is None:  # (resolved here: the results' config records the repeats run)
         args.repeats = 3 if args.quick else 7
     check_args(parser, args)  # before any measurement
+    problem = check_out_folder(args.out)  # (found only once every block was measured)
+    if problem:
+        parser.error(problem)
     peak = matmul_peak_flops(device=torch.device(args.device)) / 1e9
     print(f'measured float32 matmul peak: {peak:.1f} GFLOP/s', flush=True)
     rows = []

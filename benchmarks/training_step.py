@@ -64,10 +64,10 @@ from torch_mz.models import PRESETS as MODEL_PRESETS
 from torch_mz.models import count_parameters
 from torch_mz.nn import set_fused_kernels, tanh_kernel_faster
 from torch_mz.runtime import keep_freed_memory
-from torch_mz.study import (MeasurementFailed, count_flops, environment, in_fresh_process,
-                            markdown_table, matmul_peak_flops, positive_float, positive_int,
-                            process_peak_rss_bytes, pyplot, replace_plot, time_call,
-                            write_results)
+from torch_mz.study import (MeasurementFailed, check_out_folder, count_flops, environment,
+                            in_fresh_process, markdown_table, matmul_peak_flops,
+                            positive_float, positive_int, process_peak_rss_bytes, pyplot,
+                            replace_plot, time_call, write_results)
 from torch_mz.study.plots import save_figure
 from torch_mz.study.traffic import count_bytes, memory_bandwidth
 from torch_mz.study.workloads import build, make_batch, preset_calls
@@ -341,6 +341,9 @@ def main():
         check_rows(args.models, args.egnn_radius)
     except ValueError as e:
         parser.error(f'argument --models: {e}')
+    problem = check_out_folder(args.out)  # (found only once every row was measured)
+    if problem:
+        parser.error(problem)
     if args.flops_only:
         flops_only(args)
         return

@@ -3,7 +3,7 @@ r"""``benchmarks/compile_graphs.py``: the graphs torch.compile makes of a call, 
 per attention, not one per host read of the search."""
 import json
 
-from tests._scripts import load_script
+from tests._scripts import load_script, usage_error
 
 
 def test_counts_the_graphs_of_a_message_passing_call_and_a_preset(tmp_path):
@@ -48,3 +48,12 @@ def test_the_docstring_says_which_workloads_are_called_eagerly_first(monkeypatch
     doc = ' '.join(script.__doc__.split())
     assert 'each convolution is called once eagerly first' in doc
     assert 'the presets are explained on their first call' in doc
+
+
+def test_pyg_at_a_width_its_heads_do_not_divide_is_refused(tmp_path, monkeypatch, capsys):
+    # an AssertionError traceback once the rows before had been explained
+    out = tmp_path / 'graphs'
+    usage_error('compile_graphs', ['--nodes', '10', '--dims', '8,6', '--aggrs', 'rigid,pyg',
+                                   '--out', str(out)], monkeypatch, capsys,
+                '--dims', '6 not a multiple of the 4 heads of pyg')
+    assert not out.exists()

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from tests._scripts import load_script, run_script, without_matplotlib
+from tests._scripts import load_script, run_script, usage_error, without_matplotlib
 
 
 @pytest.fixture(scope='module')
@@ -173,3 +173,59 @@ def test_a_cpu_run_records_its_out_and_leaves_no_earlier_plot(tmp_path, profile)
     md = (out / 'gpu_profile.md').read_text()
     assert 'No plot: no GPU events' in md and 'median of 1 unprofiled calls' in md
     assert '# Where the time of a call goes (cpu)' in md
+
+
+@pytest.mark.parametrize('argv, needle', [
+    # PyG's blocks at a width their 4 heads do not divide: each such row failed, the rest ran
+    (['--dim', '6', '--aggrs', 'rigid,pyg'], '6 not a multiple of the 4 heads of pyg'),
+    (['--out', 'FILE'], 'is a file, not a folder'),  # found by the first row's write
+])
+def test_mistakes_are_refused_before_measuring(argv, needle, tmp_path, monkeypatch, capsys):
+    import torch_mz.study
+    a_file = tmp_path / 'a_file'
+    a_file.write_text('')
+
+    def refuse(*args, **kwargs):
+        raise AssertionError('measured before the command line was checked')
+    monkeypatch.setattr(torch_mz.study, 'matmul_peak_flops', refuse)
+    argv = [str(a_file) if word == 'FILE' else word for word in argv]
+    out = [] if '--out' in argv else ['--out', str(tmp_path / 'profile')]
+    usage_error('gpu_profile', ['--device', 'cpu', '--nodes', '10'] + argv + out, monkeypatch,
+                capsys, needle)
+    assert not (tmp_path / 'profile').exists()
+
+
+def test_a_cut_off_run_and_a_failed_call_say_so(tmp_path, monkeypatch):
+    # the report written after every row read as the whole command's (no word of the workloads
+    # not run yet), and a call that failed (out of memory) was left out without a word
+    import torch_mz.study
+    import torch_mz.study.workloads
+    monkeypatch.setattr(torch_mz.study, 'matmul_peak_flops', lambda device=None: 1e9)
+    argv = ['--device', 'cpu', '--nodes', '200', '--aggrs', 'rigid', '--presets', 'rigid,mz',
+            '--clouds', '2', '--points', '8', '--repeats', '1', '--profiled', '1']
+
+    def cut_off(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(torch_mz.study.workloads, 'preset_calls', cut_off)
+    out = tmp_path / 'cut'
+    with pytest.raises(KeyboardInterrupt):
+        run_script('gpu_profile', argv + ['--out', str(out)], monkeypatch)
+    data = json.loads((out / 'gpu_profile.json').read_text())
+    assert len(data['rows']) == 1 and data['pending'] == 2 and data['failed'] == []
+    assert "Partial: 2 more of the command's workloads not measured" in (
+        out / 'gpu_profile.md').read_text()
+
+    def oom(preset, *args, **kwargs):
+        raise RuntimeError(f'out of memory ({preset})')
+    monkeypatch.setattr(torch_mz.study.workloads, 'preset_calls', oom)
+    out = tmp_path / 'failed'
+    assert run_script('gpu_profile', argv + ['--out', str(out)], monkeypatch) == 0
+    data = json.loads((out / 'gpu_profile.json').read_text())
+    assert data['pending'] == 0
+    assert [f['call'] for f in data['failed']] == [
+        'training step and inference, 2 x 8 points, rigid',
+        'training step and inference, 2 x 8 points, mz']
+    markdown = (out / 'gpu_profile.md').read_text()
+    assert 'Partial' not in markdown
+    assert ('- training step and inference, 2 x 8 points, mz: RuntimeError: out of memory (mz)'
+            in markdown)

@@ -159,3 +159,36 @@ def test_the_gpu_note_names_the_torch_mz_version_of_an_installed_copy(launches, 
     assert f"these counts: torch {here['torch']}, torch_mz 0.3.0.dev0." in markdown, markdown
     here.update(torch_mz_commit='abc')  # (from a checkout: both)
     assert launches._torch_mz_of(here) == 'torch_mz 0.3.0.dev0 at abc'
+
+
+def test_a_run_with_nothing_to_count_is_refused_and_writes_nothing(tmp_path, monkeypatch,
+                                                                   capsys):
+    # every graph above --pyg-max-nodes: an empty report replaced the earlier one
+    out = tmp_path / 'launches'
+    out.mkdir()
+    (out / 'launches.json').write_text('{"an earlier": "run"}')
+    usage_error('launches', ['--nodes', '20000', '--aggrs', 'pyg', '--out', str(out)],
+                monkeypatch, capsys, 'nothing to count', '--pyg-max-nodes 10000')
+    assert (out / 'launches.json').read_text() == '{"an earlier": "run"}'
+    assert not (out / 'launches.md').exists()
+
+
+@pytest.mark.parametrize('argv, needles', [
+    # PyG's blocks at a width their 4 heads do not divide: an AssertionError traceback once the
+    # rows before had been counted
+    (['--dim', '6', '--aggrs', 'rigid,pyg'], ['--dim', '6 not a multiple of the 4 heads of pyg']),
+    (['--dim', '6', '--aggrs', 'pyg-flat'], ['--dim', 'heads of pyg-flat']),
+])
+def test_pyg_at_a_width_its_heads_do_not_divide_is_refused(argv, needles, tmp_path, monkeypatch,
+                                                           capsys):
+    out = tmp_path / 'launches'
+    usage_error('launches', ['--nodes', '10'] + argv + ['--out', str(out)], monkeypatch, capsys,
+                *needles)
+    assert not out.exists()
+
+
+def test_an_out_that_is_a_file_is_refused_before_counting(tmp_path, monkeypatch, capsys):
+    out = tmp_path / 'a_file'
+    out.write_text('')
+    usage_error('launches', ['--nodes', '10', '--aggrs', 'rigid', '--out', str(out)],
+                monkeypatch, capsys, 'is a file, not a folder')

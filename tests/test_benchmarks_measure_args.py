@@ -483,3 +483,42 @@ def test_message_passing_resume_matches_rows_by_configuration():
                        ('dim', 64), ('nodes', 10000), ('repeats', 3), ('threads', 2),
                        ('device', 'cuda'), ('keep', True), ('allocated', False)):
         assert not mp.measured(row, dict(cfg, **{key: other})), key
+
+
+# --- every measuring script --------------------------------------------------------------------
+
+@pytest.mark.parametrize('name, argv', [
+    ('speed', ['--sets', '2', '--points', '4', '--dim', '4', '--heads', '1', '--repeats', '1']),
+    ('training_step', ['--models', 'rigid', '--clouds', '1', '--points', '4']),
+    ('training_step', ['--models', 'rigid', '--flops-only']),
+    ('scaling', ['--quick', '--repeats', '1']),
+    ('message_passing', MP_ARGV),
+])
+def test_an_out_that_cannot_be_written_is_refused_before_measuring(name, argv, tmp_path,
+                                                                    monkeypatch, capsys,
+                                                                    no_measuring):
+    # a file at --out: found by the first write, once every row had been measured (speed.py,
+    # training_step.py and scaling.py ended in a FileExistsError traceback, their figures lost)
+    out = tmp_path / 'a_file'
+    out.write_text('not a folder')
+    usage_error(name, argv + ['--out', str(out)], monkeypatch, capsys, 'is a file, not a folder')
+    assert out.read_text() == 'not a folder'
+
+
+def test_message_passing_without_resume_refuses_a_folder_with_an_interrupted_run(
+        tmp_path, monkeypatch, capsys, no_measuring):
+    # the first row's report replaced the partial report of the interrupted run: its rows lost
+    out = tmp_path / 'mp'
+    out.mkdir()
+    partial = out / 'message_passing.partial.json'
+    partial.write_text('{"complete": false, "rows": []}')
+    usage_error('message_passing', MP_ARGV + ['--out', str(out)], monkeypatch, capsys,
+                '--out', 'holds the rows of an interrupted run', '--resume', '--overwrite')
+    usage_error('message_passing', MP_ARGV + ['--out', str(out), '--resume', '--overwrite'],
+                monkeypatch, capsys, '--overwrite: not allowed with --resume')
+    assert partial.read_text() == '{"complete": false, "rows": []}'
+    mp = load_script('message_passing')
+    run_message_passing(mp, MP_ARGV + ['--out', str(out), '--overwrite'], monkeypatch, fake_row)
+    data, _ = report(out)
+    assert data['complete'] is True and len(data['rows']) == 4
+    assert not partial.exists()

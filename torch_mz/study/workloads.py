@@ -2,7 +2,7 @@ r"""The workloads the benchmark scripts share: the random graphs and aggregation
 ``benchmarks/message_passing.py`` (and ``launches.py``), and the point-cloud batch and model
 presets of ``benchmarks/training_step.py`` (and ``launches.py``), so that one script need not
 import another. Moved verbatim from those scripts: the same graphs, seeds and models."""
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -17,6 +17,9 @@ AGGRS = ('pyg', 'pyg-flat', 'rigid', 'rigid-ckpt-attn', 'rigid-chunks', 'rigid-w
 #: :mod:`torch_mz.nn.functional`, set in that row's own process only)
 MERGED = dict(MERGE_OVERHEAD=4_000_000, MERGE_ROWS_RATIO=2.0)
 DEGREES = ('poisson', 'power-law')
+#: PyG's blocks among :data:`AGGRS` (``pyg-nofast`` is ``pyg`` with PyTorch's attention fast
+#: path off) and their heads: their width must be a multiple of the heads
+PYG_AGGRS, PYG_HEADS = ('pyg', 'pyg-flat', 'pyg-nofast'), 4
 
 
 def random_graph(num_nodes: int, degrees: str, avg_degree: int = 10, seed: int = 0):
@@ -37,6 +40,19 @@ def random_graph(num_nodes: int, degrees: str, avg_degree: int = 10, seed: int =
     return torch.from_numpy(np.stack([src, dst])).long()
 
 
+def pyg_width_problem(aggrs: Sequence[str], dims: Sequence[int]) -> Optional[str]:
+    r"""Why :func:`build_aggr` cannot build PyG's blocks among :obj:`aggrs` at the widths
+    :obj:`dims` (one not a multiple of their :data:`PYG_HEADS` heads: PyTorch's attention
+    asserts it), for a script's usage error before anything is measured; :obj:`None` where it
+    can."""
+    pyg = [aggr for aggr in aggrs if aggr in PYG_AGGRS]
+    odd = [dim for dim in dims if dim % PYG_HEADS]
+    if pyg and odd:
+        return (f"{', '.join(map(str, odd))} not a multiple of the {PYG_HEADS} heads of "
+                f"{', '.join(pyg)} (in --aggrs)")
+    return None
+
+
 def build_aggr(name: str, d: int, group_rows: Optional[int] = None):
     from torch_geometric.nn.aggr import SetTransformerAggregation
 
@@ -45,9 +61,9 @@ def build_aggr(name: str, d: int, group_rows: Optional[int] = None):
     # rows per group (*-chunks): by default the groups 'auto' takes at this width
     group_rows = auto_chunk_rows(d) if group_rows is None else group_rows
     if name in ('pyg', 'pyg-nofast'):  # pyg-nofast: run_one turns the fast path off
-        return SetTransformerAggregation(d, heads=4)
+        return SetTransformerAggregation(d, heads=PYG_HEADS)
     if name == 'pyg-flat':
-        return FlatSetTransformerAggregation(d, heads=4)
+        return FlatSetTransformerAggregation(d, heads=PYG_HEADS)
     if name == 'rigid':
         return MZAggregation(d, value='rigid', num_generators=0)
     if name in ('default', 'default-eager', 'default-fused'):
