@@ -438,3 +438,67 @@ def test_points_live_in_pos_and_other_columns_in_x(name, extra):
             assert 'x' not in data
         assert set_features(data).shape == (data.num_nodes, splits.in_channels)
         assert torch.equal(set_features(data)[:, :d], data.pos)
+
+
+@pytest.mark.parametrize('name', list(SMALL))
+def test_targets_are_invariant_to_permuting_the_elements(small_splits, name):
+    # A set model sees the elements in any order: permuting them (for the two-cloud tasks the
+    # rows of each cloud, which is any permutation of the set once A's rows are put first)
+    # leaves the target recomputed from the elements equal to the stored one.
+    splits = small_splits[name]
+    gen = torch.Generator().manual_seed(0)
+    for data in splits.train:
+        n = data.num_nodes
+        if name in ('chamfer', 'rotation-matching'):
+            half = n // 2
+            perm = torch.cat([torch.randperm(half, generator=gen),
+                              half + torch.randperm(half, generator=gen)])
+        else:
+            perm = torch.randperm(n, generator=gen)
+        moved = data.clone()
+        for key in ('pos', 'x'):
+            if key in data:
+                moved[key] = data[key][perm]
+        np.testing.assert_allclose(expected_target(splits, moved), data.y[0].double().numpy(),
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_rotation_matching_procrustes_target_depends_on_the_row_order():
+    # The Procrustes reading pairs row i of B with row i of A: permuting B's rows (a permutation
+    # of the set) changes it, where the true-rotation and un-aligned readings stay put.
+    splits = make_task('rotation-matching', n_train=4, n_val=0, n_test=0, seed=0, d=4,
+                       store_rotation=True)
+    for data in splits.train:
+        a, b = unpack(set_features(data).double().numpy())
+        rot = data.rotation[0].double().numpy()
+        perm = np.roll(np.arange(len(b)), 1)  # every row of B moves
+        assert geometry.aligned_chamfer_distance(a, b[perm], rotation=rot) == pytest.approx(
+            data.y.item(), rel=1e-5)
+        assert geometry.chamfer_distance(a, b[perm]) == pytest.approx(
+            geometry.chamfer_distance(a, b))
+        procrustes = geometry.aligned_chamfer_distance(a, b)
+        assert geometry.aligned_chamfer_distance(a, b[perm]) > 2 * procrustes
+
+
+def test_documented_target_scales():
+    # Task A: the default (dimension-wise) reading's variance, about 19, is the about 18 that
+    # Table 2 implies; the literal reading's is about 2,200. Task G: about 180 (Table 2: 730).
+    def variance(name, **kw):
+        splits = make_task(name, n_train=1000, n_val=0, n_test=0, seed=0, **kw)
+        return np.var([data.y.item() for data in splits.train])
+    assert 15 < variance('set-regression') < 23
+    assert 1700 < variance('set-regression', mode='elementwise') < 2700
+    assert 140 < variance('mst') < 230
+
+
+@pytest.mark.parametrize('name', list(SMALL))
+def test_every_task_draws_each_split_from_its_own_stream(small_splits, name):
+    # Changing the other splits' sizes leaves a split unchanged; a longer split extends a
+    # shorter one (for every task, including rotation matching's chunked sampling).
+    splits = small_splits[name]
+    other = make_task(name, seed=0, set_size=(3, 9), n_train=9, n_val=2, n_test=4, **SMALL[name])
+    for mine, theirs in ((splits.train, other.train[:6]), (splits.val[:2], other.val),
+                         (splits.test, other.test)):
+        assert len(mine) == len(theirs)
+        for a, b in zip(mine, theirs):
+            assert torch.equal(set_features(a), set_features(b)) and torch.equal(a.y, b.y)
