@@ -94,6 +94,26 @@ def test_resume_matches_uninterrupted_run(tmp_path, device):
     assert [json.loads(line)['epoch'] for line in lines] == [0, 1, 2, 3, 4]
 
 
+@pytest.mark.parametrize('schedule', ['step', 'epoch'])
+def test_a_run_resumed_in_its_warm_up_trains_at_the_uninterrupted_runs_rates(tmp_path,
+                                                                            schedule):
+    # stopped after epoch 1 of a 3-epoch warm-up: every later epoch's learning rate (and so
+    # its losses) is the uninterrupted run's
+    options = dict(epochs=5, warmup_epochs=3, schedule=schedule)
+    _, full, _ = _resume_run(tmp_path / 'full', **options)
+    with pytest.raises(RuntimeError, match='simulated crash'):
+        _resume_run(tmp_path / 'cut', crash_at=2, **options)
+    checkpoint = tmp_path / 'cut' / 'checkpoint.pt'
+    assert load_checkpoint(checkpoint)['epoch'] == 1
+    _, resumed, ran = _resume_run(tmp_path / 'cut', resume=str(checkpoint), init_seed=123,
+                                  **options)
+    assert ran == [2, 3, 4]
+    lrs = [r['lr'] for r in resumed.history]
+    assert lrs == [r['lr'] for r in full.history]
+    assert 0 < lrs[1] < lrs[2] < lrs[3] == config().lr > lrs[4] > 0  # warm-up, peak, decay
+    assert strip_times(resumed.history) == strip_times(full.history)
+
+
 def test_a_resumed_run_rewrites_its_logs_and_best_weights_from_the_checkpoint(tmp_path):
     # each epoch writes best.pt, checkpoint.pt, then the logs: a kill between them leaves the
     # logs an epoch behind (a run resumed with no epoch left never rewrote them) or best.pt of
@@ -430,6 +450,37 @@ def test_a_new_run_refuses_an_out_dir_holding_an_earlier_run(tmp_path):
                                         resume=str(out / 'checkpoint.pt'))).fit(REG_TRAIN[:32])
     with pytest.raises(ValueError, match='True or False for overwrite'):
         config(overwrite='no')
+
+
+def test_a_run_resumed_into_another_runs_out_dir_is_refused_or_replaces_it(tmp_path,
+                                                                           monkeypatch):
+    # a resume skipped the check: resumed into a folder holding another run's files, a run
+    # without a validation set left that run's best.pt beside its own checkpoint.pt (and
+    # load_model read the other model)
+    data, val = REG_TRAIN[:32], REG_VAL[:8]
+    Trainer(H.ToyDeepSets(3, 2), config(epochs=2, out_dir=str(tmp_path / 'a'))).fit(data)
+    other = tmp_path / 'b'
+    Trainer(H.ToyDeepSets(3, 2), config(epochs=2, out_dir=str(other))).fit(data, val)
+    before = {name: (other / name).read_bytes() for name in os.listdir(other)}
+    assert 'best.pt' in before
+    resume = str(tmp_path / 'a' / 'checkpoint.pt')
+    with pytest.raises(FileExistsError, match=r"holds the files of another run \(.*best.pt.*"
+                                              r"\) than the one resumed from '.*checkpoint.pt': "
+                                              r"pass overwrite=True"):
+        Trainer(H.ToyDeepSets(3, 2), config(epochs=3, out_dir=str(other),
+                                            resume=resume)).fit(data)
+    assert {name: (other / name).read_bytes() for name in os.listdir(other)} == before
+    Trainer(H.ToyDeepSets(3, 2), config(epochs=3, out_dir=str(other), resume=resume,
+                                        overwrite=True)).fit(data)
+    assert 'best.pt' not in os.listdir(other)  # the other run's is gone, none written anew
+    assert load_checkpoint(other / 'checkpoint.pt')['epoch'] == 2
+    # into a new folder, and in its own (named otherwise: a relative path), it goes on
+    Trainer(H.ToyDeepSets(3, 2), config(epochs=3, out_dir=str(tmp_path / 'c'),
+                                        resume=resume)).fit(data)
+    monkeypatch.chdir(tmp_path)
+    Trainer(H.ToyDeepSets(3, 2), config(epochs=3, out_dir=str(tmp_path / 'a'),
+                                        resume=os.path.join('a', 'checkpoint.pt'))).fit(data)
+    assert load_checkpoint(tmp_path / 'a' / 'checkpoint.pt')['epoch'] == 2
 
 
 def test_temporary_files_of_a_killed_write_are_removed_when_the_run_goes_on(tmp_path):

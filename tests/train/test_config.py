@@ -17,6 +17,8 @@ from tests.train._common import H, config
     {'patience': -3}, {'seed': 2 ** 63}, {'seed': -2 ** 63 - 1},
     # seeds keep 32 bits in PyTorch's CPU generator and NumPy: s and s + 2**32 would share streams
     {'seed': -1}, {'seed': 2 ** 32},
+    # an empty path names no folder (the run failed at os.makedirs('') after fitting)
+    {'out_dir': ''}, {'resume': ''},
 ])
 def test_config_validation(kwargs):
     with pytest.raises(ValueError, match='TrainConfig'):

@@ -88,6 +88,19 @@ def test_resolve_device():
             resolve_device('cuda')
 
 
+def test_a_cuda_index_past_the_machines_devices_is_refused(monkeypatch):
+    # cuda:1 on a machine with one GPU was accepted, and failed at the first move to it
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
+    assert resolve_device('cuda:1') == torch.device('cuda', 1)
+    assert resolve_device('cuda') == torch.device('cuda')
+    with pytest.raises(ValueError, match=r"Device 'cuda:2' was requested but this machine has 2 "
+                                         r"CUDA device\(s\), cuda:0 to cuda:1"):
+        resolve_device('cuda:2')
+    with pytest.raises(ValueError, match="'cuda:2' was requested"):
+        resolve_device(torch.device('cuda', 2))
+
+
 def test_a_deterministic_run_leaves_the_settings_as_they_were(tmp_path):
     # deterministic=True turned PyTorch's deterministic algorithms on for the rest of the
     # process; now only while fit runs (and a user's own setting is kept)

@@ -26,7 +26,8 @@ class TrainConfig:
         eval_batch_size (int, optional): Batch size for evaluation and prediction; :obj:`None` uses
             ``batch_size``. (default: :obj:`None`)
         lr (float, optional): Peak learning rate of AdamW. (default: :obj:`1e-4`)
-        weight_decay (float, optional): AdamW weight decay. (default: :obj:`1e-5`)
+        weight_decay (float, optional): AdamW weight decay, applied to every parameter
+            (biases and normalisation weights too). (default: :obj:`1e-5`)
         warmup_epochs (int, optional): Epochs of linear warm-up from 0 to ``lr`` before the cosine
             decay to 0 at the end of ``epochs``. (default: :obj:`5`)
         schedule (str, optional): Advance the schedule every optimiser ``'step'`` or every
@@ -73,11 +74,13 @@ class TrainConfig:
             the last one); 0 writes it only after the last epoch. (default: :obj:`1`)
         resume (str, optional): Path of a ``checkpoint.pt`` to continue from at its next epoch.
             (default: :obj:`None`)
-        overwrite (bool, optional): A run that does not resume, into an :obj:`out_dir` that
-            holds the files of an earlier run (``checkpoint.pt``, ``best.pt``, the metrics,
-            ``result.json``): :obj:`False` refuses to start (a stale ``best.pt`` or
-            ``result.json`` would be read as this run's: a run without a validation set writes
-            no ``best.pt``); :obj:`True` removes those files first. (default: :obj:`False`)
+        overwrite (bool, optional): A run that does not resume, or resumes from a checkpoint
+            in another folder, into an :obj:`out_dir` that holds the files of an earlier run
+            (``checkpoint.pt``, ``best.pt``, the metrics, ``result.json``): :obj:`False`
+            refuses to start (a stale ``best.pt`` or ``result.json`` would be read as this
+            run's: a run without a validation set writes no ``best.pt``); :obj:`True` removes
+            those files first. A run resumed in its checkpoint's own folder goes on there.
+            (default: :obj:`False`)
         progress (bool, optional): Show a :mod:`tqdm` progress bar (rank 0 only).
             (default: :obj:`True`)
         find_unused_parameters (bool, optional): Passed to
@@ -170,6 +173,10 @@ class TrainConfig:
             self.out_dir = os.fspath(self.out_dir)
         if self.resume is not None:
             self.resume = os.fspath(self.resume)
+        # ('' names no file or folder: an out_dir '' failed after the normaliser's fit, at
+        # os.makedirs(''), with a FileNotFoundError that named no option)
+        for name in ('out_dir', 'resume'):
+            expect(getattr(self, name) != '', f'a path {name} or None', getattr(self, name))
         if isinstance(self.device, torch.device):
             self.device = str(self.device)
 

@@ -80,8 +80,8 @@ def deterministic_algorithms(enabled: bool) -> Iterator[None]:
 
 def resolve_device(device: Union[str, torch.device] = 'auto') -> torch.device:
     r"""Turns ``'auto'`` into ``cuda`` when a GPU is available (else ``cpu``); any other value is
-    passed to :class:`torch.device`, with a :class:`ValueError` for a name it does not know or a
-    CUDA device on a machine without one."""
+    passed to :class:`torch.device`, with a :class:`ValueError` for a name it does not know, a
+    CUDA device on a machine without one, or a CUDA index past the machine's devices."""
     if isinstance(device, torch.device):
         dev = device
     elif device == 'auto':
@@ -94,6 +94,11 @@ def resolve_device(device: Union[str, torch.device] = 'auto') -> torch.device:
                              f"(got {device!r})") from e
     if dev.type == 'cuda' and not torch.cuda.is_available():
         raise ValueError(f"Device {str(dev)!r} was requested but CUDA is not available")
+    if dev.type == 'cuda' and dev.index is not None and dev.index >= torch.cuda.device_count():
+        # (accepted, it failed at the first move to it, with CUDA's "invalid device ordinal")
+        count = torch.cuda.device_count()
+        raise ValueError(f"Device {str(dev)!r} was requested but this machine has {count} CUDA "
+                         f"device(s), cuda:0 to cuda:{count - 1}")
     return dev
 
 

@@ -603,17 +603,27 @@ class Trainer:
         return self._finish(run, val_dataset, test_dataset)
 
     def _check_out_dir(self) -> None:
-        r"""A run that does not resume refuses an ``out_dir`` holding an earlier run's files
+        r"""A run that does not resume, or resumes into an ``out_dir`` other than its
+        checkpoint's folder, refuses an ``out_dir`` holding an earlier run's files
         (:data:`RUN_FILES`), or with ``overwrite`` removes them (the main process), before
         anything trains: the old ``best.pt`` stayed beside the new ``checkpoint.pt`` where the
         new run wrote none (no validation set), and ``load_model`` read the other model."""
         cfg = self.config
-        if cfg.out_dir is None or cfg.resume is not None or not os.path.isdir(cfg.out_dir):
+        if cfg.out_dir is None or not os.path.isdir(cfg.out_dir):
             return
+        if cfg.resume is not None and _same_folder(os.path.dirname(cfg.resume) or '.',
+                                                   cfg.out_dir):
+            return  # the run goes on in its own folder
         stale = [name for name in RUN_FILES if os.path.isfile(os.path.join(cfg.out_dir, name))]
         if not stale:
             return
         if not cfg.overwrite:
+            if cfg.resume is not None:  # (every resume skipped the check: another run's
+                # best.pt stayed beside the checkpoint of a run resumed without validation)
+                raise FileExistsError(
+                    f"out_dir '{cfg.out_dir}' holds the files of another run ({', '.join(stale)})"
+                    f" than the one resumed from '{cfg.resume}': pass overwrite=True to replace "
+                    f"them, or another out_dir")
             resume = (f"resume='{os.path.join(cfg.out_dir, LAST_CHECKPOINT)}' to continue it, "
                       if LAST_CHECKPOINT in stale else '')  # (none: stopped in its first epoch)
             raise FileExistsError(
@@ -948,6 +958,11 @@ class Trainer:
 _RESUME_FIELD_TYPES: Dict[str, Union[type, Tuple[type, ...]]] = {
     'epoch': int, 'best_epoch': int, 'bad_epochs': int, 'best_val_loss': (int, float),
     'wall_time': (int, float), 'history': list, 'rng': list}
+
+
+def _same_folder(a: str, b: str) -> bool:
+    r"""Whether the paths :obj:`a` and :obj:`b` name one folder (links resolved)."""
+    return os.path.normcase(os.path.realpath(a)) == os.path.normcase(os.path.realpath(b))
 
 
 def _check_finite(dataset: Sequence, name: str, targets: bool = True) -> None:
