@@ -957,6 +957,23 @@ def test_resume_takes_the_warm_up_it_is_not_given_from_the_checkpoints(tmp_path,
             "--warmup-epochs too") in capsys.readouterr().err
 
 
+@pytest.mark.skipif(not hasattr(os, 'symlink'), reason='no symbolic links here')
+def test_train_resumed_through_a_link_to_a_checkpoint_goes_on_in_the_runs_folder(tmp_path,
+                                                                                  monkeypatch):
+    # --resume latest.pt (a link to run/checkpoint.pt) went on beside the link, away from the
+    # run's logs and best.pt; and --out run was refused as another run's folder
+    data = ['--task', 'max', '--n-train', '32', '--n-val', '8', '--n-test', '8', '--batch-size',
+            '16', '--no-progress', '--model', 'deepsets:hidden_channels=8']
+    monkeypatch.chdir(tmp_path)
+    assert main(['train', *data, '--epochs', '2', '--out', 'run']) == 0
+    os.symlink(os.path.join('run', 'checkpoint.pt'), 'latest.pt')
+    assert main(['train', *data, '--epochs', '3', '--resume', 'latest.pt']) == 0
+    assert json.load(open(os.path.join('run', 'result.json')))['epochs_run'] == 3
+    assert sorted(os.listdir(tmp_path)) == ['latest.pt', 'run']  # nothing written beside it
+    assert main(['train', *data, '--epochs', '4', '--resume', 'latest.pt', '--out', 'run']) == 0
+    assert json.load(open(os.path.join('run', 'result.json')))['epochs_run'] == 4
+
+
 def test_train_resume_keeps_the_checkpoints_seed(tmp_path, capsys):
     # (--seed fell back to 0: the run went on as seed 0, and recorded it)
     out = str(tmp_path / 'run')

@@ -210,6 +210,18 @@ def test_mc_dropout_names_a_one_shot_stream_that_a_later_pass_finds_empty():
     assert mean.shape[0] == len(tiny_sets())
 
 
+def test_mc_dropout_names_a_stream_empty_from_the_start_an_empty_dataset():
+    # no pass had read it before: it was said to be a one-shot iterator that an earlier pass
+    # had read, where predict() says the dataset is empty
+    class Empty(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter([])
+
+    with pytest.raises(ValueError, match=r'mc_dropout_predict\(\) got an empty dataset: there '
+                                         r'is nothing to predict'):
+        mc_dropout_predict(tiny_mz(dropout=0.5), Empty(), passes=3)
+
+
 def test_mc_dropout_restores_every_modules_own_mode_and_ensembles_need_one_normaliser_each():
     # model.train(was) put a child frozen in eval back into training mode; a short list of
     # normalisers dropped the members behind it (zip), silently

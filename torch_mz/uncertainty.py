@@ -432,6 +432,9 @@ def mc_dropout_predict(model: torch.nn.Module, dataset: Sequence, passes: int = 
                     if normalizer is not None:
                         pred = normalizer.inverse_transform(pred)
                     preds.append(pred.cpu())
+                if not preds and k == 0:  # (a stream without a length: predict()'s words)
+                    raise ValueError('mc_dropout_predict() got an empty dataset: there is '
+                                     'nothing to predict')
                 if not preds:  # (torch.cat's error: a one-shot stream is read once)
                     raise ValueError(
                         f'mc_dropout_predict: pass {k + 1} of {passes} got no sets from the '

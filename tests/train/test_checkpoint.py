@@ -483,6 +483,22 @@ def test_a_run_resumed_into_another_runs_out_dir_is_refused_or_replaces_it(tmp_p
     assert load_checkpoint(tmp_path / 'a' / 'checkpoint.pt')['epoch'] == 2
 
 
+@pytest.mark.skipif(not hasattr(os, 'symlink'), reason='no symbolic links here')
+def test_a_run_resumed_through_a_link_to_its_own_checkpoint_goes_on_in_its_folder(tmp_path):
+    # resume='latest.pt', a link to out_dir's checkpoint.pt, was taken for another run's: with
+    # overwrite=True every file of the run was removed, the checkpoint to resume from first
+    data, val = REG_TRAIN[:32], REG_VAL[:8]
+    run = tmp_path / 'run'
+    Trainer(H.ToyDeepSets(3, 2), config(epochs=2, out_dir=str(run))).fit(data, val)
+    latest = tmp_path / 'latest.pt'
+    os.symlink(run / 'checkpoint.pt', latest)
+    for overwrite in (False, True):
+        Trainer(H.ToyDeepSets(3, 2), config(epochs=3 + overwrite, out_dir=str(run),
+                                            resume=str(latest), overwrite=overwrite)).fit(data, val)
+        assert load_checkpoint(run / 'checkpoint.pt')['epoch'] == 2 + overwrite
+        assert {'best.pt', 'result.json'} <= set(os.listdir(run))
+
+
 def test_temporary_files_of_a_killed_write_are_removed_when_the_run_goes_on(tmp_path):
     # SIGKILL during atomic_write runs no cleanup: its temporary file stayed for good
     out = tmp_path / 'run'

@@ -1,7 +1,7 @@
 r"""``torch-mz train``: train one model on one task, or continue a run from its checkpoint."""
 import json
 import os
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 from torch_mz.cli import _common
 from torch_mz.cli._common import (CLIError, ModelSpec, _check_checkpoint_file, _check_model_args,
@@ -77,17 +77,22 @@ def cmd_train(args) -> int:
     if taken:
         print('resuming with the training options of the checkpoint (those not given): '
               + ', '.join(taken))
+    homes: List[str] = []  # the checkpoint's folders: as named, and first the linked file's
+    if args.resume is not None:
+        homes = [os.path.dirname(args.resume) or '.']
+        if os.path.islink(args.resume):  # ('latest.pt' -> 'run/checkpoint.pt': the run went on
+            # beside the link, away from its logs and best.pt, which stayed as they were)
+            homes.insert(0, os.path.dirname(os.path.realpath(args.resume)))
     if args.out is not None:  # ('' is refused below: it was taken for no --out)
         out = args.out
     elif args.resume is not None:  # the run goes on where it was (its logs, best.pt, result)
-        out = os.path.dirname(args.resume) or '.'
+        out = homes[0]
     else:
         out = os.path.join('runs', args.task, f'{model.folder}-seed{args.seed}')
     _check_out_folder(out)
     _check_training_args(args)
     existing = _run_files(out)
-    resumes_here = args.resume is not None and _same_path(os.path.dirname(args.resume) or '.',
-                                                          out)
+    resumes_here = any(_same_path(home, out) for home in homes)
     if existing and not args.overwrite and not resumes_here:
         last = os.path.join(out, 'checkpoint.pt')
         hint = ('choose another --out' if args.resume is not None else

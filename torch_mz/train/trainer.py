@@ -604,15 +604,19 @@ class Trainer:
 
     def _check_out_dir(self) -> None:
         r"""A run that does not resume, or resumes into an ``out_dir`` other than its
-        checkpoint's folder, refuses an ``out_dir`` holding an earlier run's files
+        checkpoint's folder (as named, or the folder of the file a link names), refuses an
+        ``out_dir`` holding an earlier run's files
         (:data:`RUN_FILES`), or with ``overwrite`` removes them (the main process), before
         anything trains: the old ``best.pt`` stayed beside the new ``checkpoint.pt`` where the
         new run wrote none (no validation set), and ``load_model`` read the other model."""
         cfg = self.config
         if cfg.out_dir is None or not os.path.isdir(cfg.out_dir):
             return
-        if cfg.resume is not None and _same_folder(os.path.dirname(cfg.resume) or '.',
-                                                   cfg.out_dir):
+        # (the checkpoint named through a link, e.g. 'latest.pt' -> '<out_dir>/checkpoint.pt',
+        # is in out_dir too: overwrite removed the very checkpoint the run was to resume from)
+        if cfg.resume is not None and any(
+                _same_folder(os.path.dirname(path) or '.', cfg.out_dir)
+                for path in (cfg.resume, os.path.realpath(cfg.resume))):
             return  # the run goes on in its own folder
         stale = [name for name in RUN_FILES if os.path.isfile(os.path.join(cfg.out_dir, name))]
         if not stale:
