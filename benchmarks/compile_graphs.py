@@ -14,6 +14,7 @@ were made).
 """
 import argparse
 import os
+import shlex
 import time
 from typing import List, Optional
 
@@ -94,7 +95,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         print(f"{rows[-1]['workload']}, {preset}: {rows[-1]['graphs']} graphs", flush=True)
     env = environment()
     if argv is not None:  # (called from Python: the arguments given, not the caller's)
-        env['command'] = 'python benchmarks/compile_graphs.py ' + ' '.join(argv)
+        env['command'] = shlex.join(['python', 'benchmarks/compile_graphs.py'] + list(argv))
     write_report(args.out, NAME, 'Graphs torch.compile makes of one call (torch._dynamo.explain)',
                  env, dict(aggrs=args.aggrs, nodes=args.nodes, dims=args.dims,
                            presets=args.presets, clouds=args.clouds, points=args.points),

@@ -17,18 +17,27 @@ slope of log(time) against log(points): a slope near 1 is linear growth.
 
 Results go to ``<out>/scaling_<model>[_sets_of_<k>][_in<c>][_quick|_full].*``
 (:func:`results_name`), so that a run with other settings leaves the other runs' files alone.
+They are written after every size: while sizes remain, to ``<name>.partial.{json,md}``, marked
+partial (``pending``: the sizes not yet run), which the complete report replaces, so that a run
+cut off (Ctrl-C) or stopped keeps the sizes it measured and leaves an earlier run's complete
+results alone; ``--resume`` measures only the sizes the partial report lacks. A size that fails
+(out of memory, say) is listed under the table with its error (``failed``), and the sizes after
+it still run.
 """
 import argparse
 import json
 import os
+import sys
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
 
 from torch_mz.nn import MZAggregation
-from torch_mz.study import (check_out_folder, environment, in_fresh_process, markdown_table,
-                            nonnegative_int, peak_memory_bytes, positive_int, pyplot,
-                            replace_plot, time_call, write_results)
+from torch_mz.study import (EXIT_INTERRUPTED, MeasurementFailed, check_out_folder, environment,
+                            in_fresh_process, interruptible, markdown_table, nonnegative_int,
+                            peak_memory_bytes, positive_int, pyplot, replace_plot, time_call,
+                            write_results)
 from torch_mz.study.plots import save_figure
 
 SET_SIZE, IN_CHANNELS = 1024, 3  # the defaults: the paper's configuration
@@ -39,6 +48,10 @@ CHUNK_SIZE, REPEATS, THREADS = 131072, 3, 2
 #: under a name without these settings: ``--model default --set-size 1 --in-channels 8 --quick``
 #: writes ``scaling_default_sets_of_1.*``.
 REFERENCE = {'scaling_default_sets_of_1': dict(in_channels=8, quick=True)}
+#: The settings a partial report must share with a run that resumes it (its name tells them
+#: apart too; checked in case the file was renamed or written by hand)
+SETTINGS = ('model', 'set_size', 'in_channels', 'chunk_size', 'repeats', 'threads', 'quick')
+COLS = ['points', 'sets', 'median_s', 'us_per_point', 'peak_mib']
 
 
 def results_name(model: str, set_size: int, in_channels: int, quick: bool,
@@ -100,6 +113,86 @@ def run_one(cfg: dict) -> dict:
     return dict(points=n, sets=sets, median_s=float(np.median(times)))
 
 
+def measure_size(cfg: dict) -> dict:
+    r"""The row of one size: the median time in this process, the peak memory in a fresh one
+    (:func:`run_one`)."""
+    n = cfg['points']
+    row = run_one(cfg)
+    peak = in_fresh_process(__file__, dict(cfg, memory_only=True))['peak_bytes']
+    row['us_per_point'] = 1e6 * row['median_s'] / n
+    row['peak_mib'] = None if peak is None else peak / 2**20
+    return row
+
+
+def loglog_slope(rows: List[dict]) -> Optional[float]:
+    r"""The slope of log(time) against log(points); :obj:`None` with fewer than two sizes."""
+    if len(rows) < 2:
+        return None
+    return float(np.polyfit(np.log([r['points'] for r in rows]),
+                            np.log([r['median_s'] for r in rows]), 1)[0])
+
+
+def earlier_rows(path: str, args: argparse.Namespace) -> Tuple[Dict[int, dict], str]:
+    r"""The measured rows of the partial report :obj:`path` (by points) that ``--resume`` keeps,
+    and a sentence on what was found; a file written with other :data:`SETTINGS` raises a
+    :class:`ValueError` naming them."""
+    if not os.path.exists(path):
+        return {}, f'nothing to resume: no {path}; measuring every size'
+    try:
+        with open(path) as f:
+            earlier = json.load(f)
+        config, rows = earlier['config'], earlier['rows']
+        kept = {int(r['points']): r for r in rows}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f'{path} cannot be read ({e}): pass --overwrite to measure every size '
+                         f'again') from None
+    differ = [f'{key} {config.get(key)!r} there, {getattr(args, key)!r} here'
+              for key in SETTINGS if config.get(key) != getattr(args, key)]
+    if differ:
+        raise ValueError(f"{path} was written with other settings ({'; '.join(differ)}): pass "
+                         f"--overwrite to replace it")
+    return kept, f'resuming from {path}: {len(kept)} size(s) kept'
+
+
+def write_report(args: argparse.Namespace, env: dict, name: str, rows: List[dict],
+                 failed: List[dict], pending: int) -> Optional[str]:
+    r"""Writes the report of :obj:`rows` and :obj:`failed` (``points``, ``sets`` and
+    ``error`` of each size that failed): while :obj:`pending` sizes remain,
+    ``<name>.partial.{json,md}``, marked partial; else ``<name>.{json,md,png}``, which
+    removes the partial report. Returns the note of a plot not drawn, else :obj:`None`."""
+    slope = loglog_slope(rows)
+    complete = not pending
+    note = None
+    if complete:  # (the plot first: the report links it where drawn)
+        png = os.path.join(args.out, f'{name}.png')
+        note = replace_plot(png, plot, rows, args.model, args.set_size, slope, png)
+    head = '' if complete else (
+        f'Partial: {pending} more size(s) not measured (the run was cut off or is still '
+        f'running; `--resume` measures the rest)\n\n')
+    lines = ''
+    if failed:
+        lines = '\nSizes that failed (not in the table):\n\n' + ''.join(
+            f"- {f['points']:,} points: {f['error']}\n" for f in failed)
+    slope_text = 'not fitted (fewer than two sizes)' if slope is None else f'{slope:.3f}'
+    write_results(args.out, name if complete else f'{name}.partial',
+                  dict(environment=env, config=vars(args), rows=rows, loglog_slope=slope,
+                       failed=failed, pending=pending),
+                  f'# Inference scaling of MZAggregation ({args.model}), sets of {args.set_size} '
+                  f'points of width {args.in_channels}, chunk_size {args.chunk_size}\n\n'
+                  + head +
+                  f'Command: `{env["command"]}`  \n'
+                  f'{env["threads"]} threads, torch '
+                  f'{env["torch"]}\n\n{markdown_table(rows, COLS)}{lines}\nSlope of log(time) '
+                  f'against log(points): {slope_text}\n'
+                  + ('' if note or not complete else f'\n![plot]({name}.png)\n'))
+    if complete:  # the complete report replaces the partial one
+        for ext in ('json', 'md'):
+            path = os.path.join(args.out, f'{name}.partial.{ext}')
+            if os.path.isfile(path):
+                os.remove(path)
+    return note
+
+
 def plot(rows, model, set_size, slope, path):
     plt = pyplot()
     fig, ax = plt.subplots(1, 2, figsize=(9, 3.6))
@@ -113,7 +206,8 @@ def plot(rows, model, set_size, slope, path):
     ax[1].loglog(pts, [r['peak_mib'] for r in rows], marker='o')
     ax[1].set_xlabel('points')
     ax[1].set_ylabel('peak memory above baseline, MiB')
-    fig.suptitle(f'MZAggregation ({model}), sets of {set_size}, slope {slope:.2f}')
+    fig.suptitle(f'MZAggregation ({model}), sets of {set_size}, slope '
+                 + ('-' if slope is None else f'{slope:.2f}'))
     fig.tight_layout()
     save_figure(fig, path, dpi=120)
     plt.close(fig)
@@ -132,50 +226,82 @@ def main():
     parser.add_argument('--threads', type=positive_int, default=torch.get_num_threads())
     parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
                                                       'scaling'))
+    parser.add_argument('--resume', action='store_true',
+                        help='keep the sizes of the partial report an interrupted run with '
+                             'these settings left in --out; measure only the others')
+    parser.add_argument('--overwrite', action='store_true',
+                        help='measure every size where --out holds the partial report of an '
+                             'interrupted run, which this run replaces (without it, and without '
+                             '--resume, such a folder is refused)')
     parser.add_argument('--_one', help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._one:
         print(json.dumps(run_one(json.loads(args._one))))
-        return
-    problem = check_out_folder(args.out)  # (found only once every size was measured)
+        return None
+    problem = check_out_folder(args.out)  # (found only once the first size was measured)
     if problem:
         parser.error(problem)
-    top = 5 if args.quick else 6
-    sizes = [int(round(10**e)) for e in np.arange(3, top + 0.01, 0.5)]
-    rows = []
-    for n in sizes:
-        cfg = dict(model=args.model, points=n, set_size=args.set_size, repeats=args.repeats,
-                   threads=args.threads, chunk_size=args.chunk_size or None,
-                   in_channels=args.in_channels)
-        row = run_one(cfg)
-        peak = in_fresh_process(__file__, dict(cfg, memory_only=True))['peak_bytes']
-        row['us_per_point'] = 1e6 * row['median_s'] / n
-        row['peak_mib'] = None if peak is None else peak / 2**20
-        rows.append(row)
-        print(f"{n:>9,d} points: {row['median_s']:.3f} s, {row['us_per_point']:.2f} us/point, "
-              + ('peak unknown' if peak is None else f"peak {row['peak_mib']:.0f} MiB"),
-              flush=True)
-    slope = float(np.polyfit(np.log([r['points'] for r in rows]),
-                             np.log([r['median_s'] for r in rows]), 1)[0])
-    env = environment()
-    table = markdown_table(rows, ['points', 'sets', 'median_s', 'us_per_point', 'peak_mib'])
+    if args.resume and args.overwrite:
+        parser.error('argument --overwrite: not allowed with --resume (which keeps the sizes '
+                     'that --overwrite measures again)')
     name = results_name(args.model, args.set_size, args.in_channels, args.quick,
                         chunk_size=args.chunk_size, repeats=args.repeats, threads=args.threads)
-    png = os.path.join(args.out, f'{name}.png')  # (first: the report links it where drawn)
-    note = replace_plot(png, plot, rows, args.model, args.set_size, slope, png)
-    write_results(args.out, name,
-                  dict(environment=env, config=vars(args), rows=rows, loglog_slope=slope),
-                  f'# Inference scaling of MZAggregation ({args.model}), sets of {args.set_size} '
-                  f'points of width {args.in_channels}, chunk_size {args.chunk_size}\n\n'
-                  f'Command: `{env["command"]}`  \n'
-                  f'{env["threads"]} threads, torch '
-                  f'{env["torch"]}\n\n{table}\nSlope of log(time) against log(points): '
-                  f'{slope:.3f}\n' + ('' if note else f'\n![plot]({name}.png)\n'))
+    partial = os.path.join(args.out, f'{name}.partial.json')
+    if os.path.exists(partial) and not (args.resume or args.overwrite):
+        parser.error(f'argument --out: {partial} holds the sizes of an interrupted run: pass '
+                     f'--resume to keep them, or --overwrite to measure every size again (this '
+                     f"run's report replaces them)")
+    kept: Dict[int, dict] = {}
+    if args.resume:
+        try:
+            kept, message = earlier_rows(partial, args)
+        except ValueError as e:
+            parser.error(f'argument --resume: {e}')
+        print(message, flush=True)
+    top = 5 if args.quick else 6
+    sizes = [int(round(10**e)) for e in np.arange(3, top + 0.01, 0.5)]
+    env = environment()
+    rows: List[dict] = []
+    failed: List[dict] = []
+    note = None
+    # (kept: none before this call wrote a report)
+    with interruptible(__file__, sys.argv[1:], parser, what='sizes') as stop:
+        for done, n in enumerate(sizes, 1):
+            cfg = dict(model=args.model, points=n, set_size=args.set_size, repeats=args.repeats,
+                       threads=args.threads, chunk_size=args.chunk_size or None,
+                       in_channels=args.in_channels)
+            try:
+                row = kept[n] if n in kept else measure_size(cfg)
+            except (MeasurementFailed, RuntimeError, MemoryError) as e:  # (the next sizes go on)
+                error = (str(e).strip().splitlines() or [''])[0][:200]
+                failed.append(dict(points=n, sets=max(1, n // args.set_size),
+                                   error=f'{type(e).__name__}: {error}'))
+                print(f'{n:>9,d} points: failed: {failed[-1]["error"]}', flush=True)
+            else:
+                rows.append(row)
+                peak = row['peak_mib']
+                print(f"{n:>9,d} points: {row['median_s']:.3f} s, "
+                      f"{row['us_per_point']:.2f} us/point, "
+                      + ('peak unknown' if peak is None else f'peak {peak:.0f} MiB')
+                      + (' (kept)' if n in kept else ''), flush=True)
+            if rows:  # (a run whose sizes all failed so far leaves the earlier results alone)
+                pending = len(sizes) - done
+                note = write_report(args, env, name, rows, failed, pending=pending)
+                stop.kept = partial if pending else os.path.join(args.out, f'{name}.json')
+    if stop.note:
+        print(stop.note, file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+    if not rows:
+        raise SystemExit(f'no size was measured (see the messages above); nothing written to '
+                         f'{args.out}')
     if note:
         print(note)
-    print(table)
-    print(f'log-log slope {slope:.3f}; wrote {args.out}/{name}.*')
+    print(markdown_table(rows, COLS))
+    slope = loglog_slope(rows)
+    print(f"log-log slope {'-' if slope is None else f'{slope:.3f}'}; wrote "
+          f"{args.out}/{name}.*")
+    return None
 
 
 if __name__ == '__main__':
-    main()
+    sys.exit(main())

@@ -43,6 +43,7 @@ Run: ``python benchmarks/targets.py`` (writes ``benchmarks/results/targets/targe
 import argparse
 import json
 import os
+import shlex
 import sys
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
@@ -843,8 +844,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     except ResultsError as e:
         parser.error(f'--results: {e}')
     records = evaluate(data)
-    command = 'python benchmarks/targets.py' + (' ' + ' '.join(sys.argv[1:])
-                                                if argv is None and sys.argv[1:] else '')
+    # the arguments given (called from Python: main's, not the caller's), quoted for a shell
+    command = shlex.join(['python', 'benchmarks/targets.py']
+                         + list(sys.argv[1:] if argv is None else argv))
     os.makedirs(args.out, exist_ok=True)
     # links in the Markdown file are relative to the results folder
     text = markdown(records, data, command)

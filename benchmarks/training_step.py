@@ -39,8 +39,10 @@ points uniform in the unit ball: about 16 neighbours per point), as EGNN is used
 clouds.
 
 With ``--rounds R`` every row runs R times, round by round (all rows once per round), and each
-row pools its calls of all rounds; the ratios to ``rigid`` within each round are reported too,
-so that a slow spell of a shared host shows as spread instead of as a ratio.
+row pools its calls of all rounds (``calls``: how many each figure is the median of, fewer
+where a round failed); the ratios to ``rigid`` within each round are reported too, so that a
+slow spell of a shared host shows as spread instead of as a ratio. A measurement that failed
+(out of memory, say) is listed under the table with its error (``failed`` in the JSON).
 
 With ``--flops-only`` it only counts the FLOPs of one training step and one inference call of
 each preset (no timing, so it need not run on a quiet machine) and writes
@@ -222,9 +224,10 @@ def _measure(name: str, preset: str, args, pos, batch, y, compiled: bool = False
 
 def combine_rounds(by_round: List[Optional[dict]], points: int) -> dict:
     r"""One row from the measurements of one preset in several rounds (:obj:`None` for a round
-    where it failed): the medians of all their calls, each round's own median
-    (``step_s_rounds``, ``infer_s_rounds``; :obj:`None` for a failed round), the largest peak
-    resident set and the first measured round's first calls."""
+    where it failed): the medians of all their calls (``calls``: how many, per figure), each
+    round's own median (``step_s_rounds``, ``infer_s_rounds``; :obj:`None` for a failed round),
+    the rounds measured (``rounds``), the largest peak resident set and the first measured
+    round's first calls."""
     measured = [m for m in by_round if m is not None]
     row = dict(measured[0])
     step_times = [t for m in measured for t in m['step_times_s']]
@@ -235,7 +238,8 @@ def combine_rounds(by_round: List[Optional[dict]], points: int) -> dict:
                infer_s=float(np.median(infer_times)), infer_times_s=infer_times,
                step_s_rounds=[None if m is None else m['step_s'] for m in by_round],
                infer_s_rounds=[None if m is None else m['infer_s'] for m in by_round],
-               peak_rss_mib=max(m['peak_rss_mib'] for m in measured), rounds=len(measured))
+               peak_rss_mib=max(m['peak_rss_mib'] for m in measured), rounds=len(measured),
+               calls=len(step_times))
     return row
 
 
@@ -277,6 +281,22 @@ def flops_only(args) -> None:
     write_results(args.out, 'training_step_flops',
                   dict(environment=env, config=vars(args), rows=rows), markdown)
     print(f'wrote {args.out}/training_step_flops.json, .md')
+
+
+def failed_text(failed: List[dict], rows: List[dict], rounds: int) -> str:
+    r"""The lines under the table that list the measurements that failed (``model``, ``round``
+    and the error's first line of each, :obj:`failed`), so that a row missing from the table,
+    or one that pools fewer calls, is said to be so; ``''`` where none failed."""
+    if not failed:
+        return ''
+    shown = {r['model'] for r in rows}
+    lines = ['', 'Calls that failed (a row that failed in every round is not in the table; one '
+             'that failed in some rounds pools the calls of the others, `calls`):', '']
+    for f in failed:
+        where = f", round {f['round']}" if rounds > 1 else ''
+        gone = '' if f['model'] in shown else ' (not in the table)'
+        lines.append(f"- `{f['model']}`{where}{gone}: {f['error']}")
+    return '\n'.join(lines) + '\n'
 
 
 def plot(rows, path):
@@ -355,6 +375,7 @@ def main():
     config = {k: v for k, v in vars(args).items() if k != '_one'}
     # each row's measurement in every round, None where it failed there
     runs: Dict[str, List[Optional[dict]]] = {name: [] for name in args.models}
+    failed: List[dict] = []  # (model, round and the error's first line of each that failed)
     for round_ in range(args.rounds):
         for name in runs:
             measured: Optional[dict] = None
@@ -365,6 +386,8 @@ def main():
                                             env=dict(THP_MEM_ALLOC_ENABLE=thp))
             except MeasurementFailed as e:
                 print(f'{name}: not measured in round {round_ + 1}: {e}', flush=True)
+                failed.append(dict(model=name, round=round_ + 1,
+                                   error=(str(e).strip().splitlines() or [type(e).__name__])[0]))
             runs[name].append(measured)
     rows = []
     for name, by_round in runs.items():
@@ -421,8 +444,8 @@ def main():
     cols = ['model', 'params', 'step_s', 'points_per_s', 'gflop_per_step', 'pct_of_peak',
             'gb_per_step', 'pct_of_bandwidth', 'infer_s', 'infer_gflop', 'infer_gb',
             'infer_pct_of_bandwidth',
-            'peak_rss_mib', 'first_calls_s', 'step / rigid', 'inference / rigid', 'flops / rigid',
-            'infer flops / rigid', 'bytes / rigid', 'infer bytes / rigid']
+            'peak_rss_mib', 'first_calls_s', 'calls', 'step / rigid', 'inference / rigid',
+            'flops / rigid', 'infer flops / rigid', 'bytes / rigid', 'infer bytes / rigid']
     rounds_text = ''
     shown = rows
     if args.rounds > 1:
@@ -433,8 +456,10 @@ def main():
                 if key in r:
                     r[key] = ', '.join('-' if v is None else f'{v:.2f}' for v in r[key])
         rounds_text = (f' {args.rounds} rounds: each round ran every row once, in order, '
-                       f'each in a fresh process; a row\'s times are the medians of all its '
-                       f'{args.rounds * args.repeats} calls, and the last columns give its '
+                       f'each in a fresh process; a row\'s times are the medians of its '
+                       f'calls in all the rounds that measured it (`calls`: '
+                       f'{args.rounds * args.repeats} where none failed), and the last columns '
+                       f'give its '
                        f'ratio to `rigid` (`rigid+keep`, or the `rigid` row with the same '
                        f'suffixes) within each round, the spread a slow spell of the host '
                        f'leaves.')
@@ -446,8 +471,9 @@ def main():
                 f"torch {env['torch']}, {args.threads} thread(s), device {args.device}, "
                 f"{minutes:.1f} min; measured "
                 f"float32 matmul peak {peak:.1f} GFLOP/s (2048 x 2048), memory bandwidth "
-                f"{bandwidth:.1f} GB/s (copy of 256 MiB, read + write). Medians of "
-                f"{args.repeats} calls; ratios to `rigid` from this run (to `rigid+keep` "
+                f"{bandwidth:.1f} GB/s (copy of 256 MiB, read + write). Times are medians "
+                f"of `calls` calls ({args.repeats} in each round that measured the row); "
+                f"ratios to `rigid` from this run (to `rigid+keep` "
                 f"where no plain `rigid` row ran).{rounds_text} EGNN on a radius graph "
                 f"(r = {args.egnn_radius}). GB = bytes read and written by the operators of one "
                 f"step (unfused estimate, no cache reuse: an upper bound); % of bandwidth = "
@@ -481,12 +507,12 @@ def main():
                 f"recomputed in the backward pass, `+whole` rows (`chunk_size=None`) group "
                 f"nothing. Each row ran in a fresh process; "
                 f"peak_rss_mib is that process's peak resident set."
-                f"\n\n" + markdown_table(shown, cols)
+                f"\n\n" + markdown_table(shown, cols) + failed_text(failed, rows, args.rounds)
                 + ('' if note else '\n![plot](training_step.png)\n'))
     write_results(args.out, 'training_step',
                   dict(environment=env, config=vars(args), minutes=minutes,
                        matmul_peak_gflop_per_s=peak, memory_bandwidth_gb_per_s=bandwidth,
-                       rows=rows), markdown)
+                       rows=rows, failed=failed), markdown)
     if note:
         print(note)
     print(f"wrote {args.out}/training_step.json, .md{'' if note else ', .png'}")

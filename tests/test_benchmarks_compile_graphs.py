@@ -57,3 +57,19 @@ def test_pyg_at_a_width_its_heads_do_not_divide_is_refused(tmp_path, monkeypatch
                                    '--out', str(out)], monkeypatch, capsys,
                 '--dims', '6 not a multiple of the 4 heads of pyg')
     assert not out.exists()
+
+
+def test_the_command_is_recorded_as_given(tmp_path, monkeypatch):
+    # the arguments were joined unquoted: an --out with a space read as two words
+    import shlex
+    script = load_script('compile_graphs')
+    monkeypatch.setattr(script, 'explain', lambda module, *args: dict(
+        graphs=1, breaks=0, reasons={}, **{'top reasons': ''}))
+    out = tmp_path / 'with space'
+    argv = ['--aggrs', 'rigid', '--nodes', '50', '--dims', '16', '--presets', 'deepsets',
+            '--out', str(out)]
+    script.main(argv)
+    expected = shlex.join(['python', 'benchmarks/compile_graphs.py'] + argv)
+    assert json.loads((out / 'compile_graphs.json').read_text())['environment']['command'] == \
+        expected
+    assert shlex.split(expected)[-1] == str(out)

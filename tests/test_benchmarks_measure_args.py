@@ -199,6 +199,51 @@ def test_training_step_writes_nothing_when_no_row_was_measured(tmp_path, monkeyp
     assert not out.exists()
 
 
+def fake_step_row(name: str, repeats: int) -> dict:
+    r"""What ``training_step.py --_one`` prints for a row (made-up figures)."""
+    return dict(model=name, params=10, step_s=0.5, step_times_s=[0.5] * repeats,
+                points_per_s=8.0, gflop_per_step=1.0, gflop_per_s=2.0, gb_per_step=1.0,
+                infer_s=0.25, infer_times_s=[0.25] * repeats, infer_gflop=0.5, infer_gb=0.5,
+                peak_rss_mib=100.0, first_calls_s=1.0, tanh_kernel_faster=None)
+
+
+def test_training_step_reports_the_calls_of_each_row_and_the_rows_that_failed(tmp_path,
+                                                                              monkeypatch):
+    # a row that failed in some rounds was said to be the median of all R x N calls, and one
+    # that failed in every round was left out of the report (only printed)
+    script = load_script('training_step')
+
+    def measure(path, config, env=None):
+        name = config['name']
+        calls.append(name)
+        if name == 'egnn' or (name == 'mz' and calls.count('mz') == 2):
+            raise script.MeasurementFailed('out of memory\nsecond line')
+        return fake_step_row(name, config['args']['repeats'])
+    calls: list = []
+    monkeypatch.setattr(script, 'in_fresh_process', measure)
+    monkeypatch.setattr(script, 'matmul_peak_flops', lambda device=None: 1e10)
+    monkeypatch.setattr(script, 'memory_bandwidth', lambda *a, **k: 1e10)
+    monkeypatch.setattr(script, 'plot', lambda rows, path: None)
+    out = tmp_path / 'training_step'
+    monkeypatch.setattr(sys, 'argv', ['training_step.py', '--models', 'rigid,mz,egnn',
+                                      '--rounds', '3', '--repeats', '2', '--out', str(out)])
+    script.main()
+    data = json.loads((out / 'training_step.json').read_text())
+    by = {r['model']: r for r in data['rows']}
+    assert sorted(by) == ['mz', 'rigid']
+    assert (by['rigid']['calls'], by['mz']['calls']) == (6, 4)
+    assert (by['rigid']['rounds'], by['mz']['rounds']) == (3, 2)
+    assert data['failed'] == [dict(model=m, round=k, error='out of memory')  # (in their order)
+                              for m, k in (('egnn', 1), ('mz', 2), ('egnn', 2), ('egnn', 3))]
+    text = (out / 'training_step.md').read_text()
+    assert 'medians of all its 6 calls' not in text
+    assert '| calls |' in text and '| 4 |' in text
+    assert 'Calls that failed' in text
+    assert '- `mz`, round 2: out of memory' in text
+    assert '- `egnn`, round 1 (not in the table): out of memory' in text
+    assert 'second line' not in text
+
+
 # --- scaling.py ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize('argv, needles', [
@@ -281,6 +326,81 @@ def test_scaling_where_the_peak_is_unknown(tmp_path, monkeypatch, capsys):
     assert 'peak unknown' in capsys.readouterr().out
     name = next(tmp_path.glob('*.json'))
     assert all(r['peak_mib'] is None for r in json.loads(name.read_text())['rows'])
+
+
+def test_scaling_records_a_size_that_failed_and_measures_the_next(tmp_path, monkeypatch,
+                                                                   capsys):
+    # a MeasurementFailed of one size ended the run: every size measured before it was lost
+    from torch_mz.study import MeasurementFailed
+    scaling = load_script('scaling')
+    monkeypatch.setattr(scaling, 'run_one', lambda cfg: dict(points=cfg['points'], sets=1,
+                                                             median_s=cfg['points'] * 1e-6))
+
+    def peak(path, cfg):
+        if cfg['points'] == 10000:
+            raise MeasurementFailed('killed by signal 9 (out of memory?)')
+        return dict(peak_bytes=2**20)
+    monkeypatch.setattr(scaling, 'in_fresh_process', peak)
+    monkeypatch.setattr(scaling, 'plot', lambda *args: None)
+    monkeypatch.setattr(sys, 'argv', ['scaling.py', '--out', str(tmp_path), '--quick',
+                                      '--threads', str(scaling.THREADS)])
+    assert scaling.main() is None
+    data = json.loads((tmp_path / 'scaling_mz_quick.json').read_text())
+    assert [r['points'] for r in data['rows']] == [1000, 3162, 31623, 100000]
+    assert data['failed'] == [dict(points=10000, sets=9, error='MeasurementFailed: killed by '
+                                                                'signal 9 (out of memory?)')]
+    assert data['pending'] == 0
+    text = (tmp_path / 'scaling_mz_quick.md').read_text()
+    assert 'Sizes that failed (not in the table):' in text
+    assert '- 10,000 points: MeasurementFailed: killed by signal 9' in text
+    assert not list(tmp_path.glob('*.partial.*'))
+
+
+def test_scaling_keeps_the_sizes_measured_before_ctrl_c_and_resumes(tmp_path, monkeypatch,
+                                                                     capsys):
+    # the results were written once, after the last size: Ctrl-C lost every size measured
+    from torch_mz.study import EXIT_INTERRUPTED
+    scaling = load_script('scaling')
+    measured = []
+
+    def run_one(cfg):
+        if cfg['points'] == 10000 and not measured.count('stopped'):
+            measured.append('stopped')
+            raise KeyboardInterrupt
+        measured.append(cfg['points'])
+        return dict(points=cfg['points'], sets=1, median_s=cfg['points'] * 1e-6)
+    monkeypatch.setattr(scaling, 'run_one', run_one)
+    monkeypatch.setattr(scaling, 'in_fresh_process', lambda path, cfg: dict(peak_bytes=2**20))
+    monkeypatch.setattr(scaling, 'plot', lambda *args: None)
+    earlier = tmp_path / 'scaling_mz_quick.json'
+    earlier.write_text('{"rows": []}')  # an earlier run's complete results: left alone
+    argv = ['scaling.py', '--out', str(tmp_path), '--quick', '--threads', str(scaling.THREADS)]
+    monkeypatch.setattr(sys, 'argv', argv)
+    try:
+        assert scaling.main() == EXIT_INTERRUPTED
+    except KeyboardInterrupt:
+        pytest.fail('Ctrl-C ended scaling.py with a traceback')
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    partial = tmp_path / 'scaling_mz_quick.partial.json'
+    assert str(partial) in err and '--resume' in err
+    data = json.loads(partial.read_text())
+    assert [r['points'] for r in data['rows']] == [1000, 3162] and data['pending'] == 3
+    assert 'Partial: 3 more size(s) not measured' in (
+        tmp_path / 'scaling_mz_quick.partial.md').read_text()
+    assert earlier.read_text() == '{"rows": []}'
+    # without --resume or --overwrite the partial report is not replaced
+    usage_error('scaling', argv[1:], monkeypatch, capsys, 'interrupted run', '--resume',
+                '--overwrite')
+    assert json.loads(partial.read_text()) == data
+    monkeypatch.setattr(sys, 'argv', argv + ['--resume'])
+    measured.clear()
+    measured.append('stopped')
+    assert scaling.main() is None
+    assert measured == ['stopped', 10000, 31623, 100000]  # (the kept sizes not measured again)
+    data = json.loads(earlier.read_text())
+    assert [r['points'] for r in data['rows']] == [1000, 3162, 10000, 31623, 100000]
+    assert not partial.exists() and not (tmp_path / 'scaling_mz_quick.partial.md').exists()
 
 
 # --- message_passing.py ----------------------------------------------------------------------

@@ -353,3 +353,19 @@ def test_a_profile_counts_as_one_row_per_preset():
     assert [v for _, _, v in targets._step_pairs(data, 'infer_s')] == [pytest.approx(2.5)]
     assert list(targets._step_pairs(data, 'infer_gflop')) == []  # not counted in this file
     assert [(w, v) for _, w, v in targets._preset_peak(data)] == [('mz', 12.5)]
+
+
+def test_the_command_is_recorded_as_given(tmp_path, monkeypatch):
+    # called as main(argv) from Python the report recorded 'python benchmarks/targets.py'
+    # without its arguments, and from the command line it joined them unquoted
+    import shlex
+    import sys
+    targets = load_script('targets')
+    out = tmp_path / 'with space'
+    targets.main(['--out', str(out)])
+    expected = shlex.join(['python', 'benchmarks/targets.py', '--out', str(out)])
+    assert json.loads((out / 'targets.json').read_text())['command'] == expected
+    assert f'Command: `{expected}`' in (out / 'targets.md').read_text()
+    monkeypatch.setattr(sys, 'argv', ['benchmarks/targets.py', '--out', str(out)])
+    targets.main()
+    assert json.loads((out / 'targets.json').read_text())['command'] == expected
