@@ -65,6 +65,33 @@ def test_train_writes_logs_and_resumes(tmp_path, capsys):
     assert f"logs and checkpoints in {os.path.join('run')}" in capsys.readouterr().out
 
 
+def test_train_and_compare_say_the_units_of_their_figures(tmp_path, capsys):
+    # train printed "test loss 0.53, mse 1.77, ...": the loss on standardised targets beside
+    # the mse in the target's units, read as two measures of one error
+    import re
+    out = str(tmp_path / 'run')
+    assert main(['train', *TINY, '--model', 'deepsets', '--out', out]) == 0
+    test = json.load(open(os.path.join(out, 'result.json')))['test_metrics']
+    printed = capsys.readouterr().out
+    assert re.search(r'test loss [-.\de]+ \(on standardised targets\); in target units: mse '
+                     r'[-.\de]+, mae [-.\de]+, r2 [-.\de]+\n', printed), printed
+    assert f"loss {test['loss']:.4g} (on standardised targets)" in printed
+    from torch_mz.cli.train import _figures_with_units
+    figures = dict(loss=2.0, mse=2.0, mae=1.0, r2=0.5)
+    assert _figures_with_units(figures, 'regression', False) == (
+        'loss 2, mse 2, mae 1, r2 0.5 (in target units)')
+    assert _figures_with_units(dict(loss=0.7, accuracy=0.5, cross_entropy=0.7),
+                               'classification', True) == (
+        'loss 0.7, accuracy 0.5, cross_entropy 0.7')
+    cmp = str(tmp_path / 'cmp')
+    assert main(['compare', *TINY, '--models', 'deepsets', '--seeds', '1', '--out', cmp]) == 0
+    note = ("Test mse and mae are in the target's units (mse squared); each run's `loss` in "
+            "results.json (val and test) is the training criterion, the MSE of the "
+            "standardised targets (not the mse).")
+    assert note in open(os.path.join(cmp, 'results.md')).read()
+    assert note in capsys.readouterr().out
+
+
 def test_compare_writes_table_json_and_plot(tmp_path, capsys):
     out = str(tmp_path / 'cmp')
     assert main(['compare', *TINY, '--models', 'mz-slim,rigid,egnn', '--seeds', '2',

@@ -89,7 +89,11 @@ def test_d3_epochs_leave_diverged_members_out_of_those_stopped_early(tmp_path):
     repro = Reproduction(budget, str(tmp_path), device='cpu', sweep_cells={'sum': SUM})
     records, runs = repro.run(claim)
     assert len(runs) == 2 and records[0]['epochs_run'].get('diverged', 0) == 0
+    # (the second as stopped before a cap of 2 epochs: stopped on its last epoch, at the cap
+    # of 1, it ran every epoch and counts at the cap)
+    key = runs[1]['key']
     marked = [dict(runs[0], stopped_early=True, diverged='non-finite loss'),
-              dict(runs[1], stopped_early=True)]
+              dict(runs[1], stopped_early=True, key=dict(key, config=dict(key['config'],
+                                                                          epochs=2)))]
     epochs = d3_records(repro, claim, marked, 1, {})[0]['epochs_run']
     assert (epochs['stopped_early'], epochs.get('diverged'), epochs['runs']) == (1, 1, 2)

@@ -271,6 +271,31 @@ def test_a_claim_record_names_the_models_whose_runs_ran_to_the_epoch_cap(tmp_pat
     assert '| 7-200 (3/7 stopped early, 1 diverged; at the epoch cap: mz-1l 1, st-4l 2) |' in row
 
 
+def test_a_run_whose_patience_ran_out_on_its_last_epoch_counts_at_the_cap(tmp_path):
+    # the trainer's stopped_early is true where the patience runs out on the very last epoch
+    # (two committed records: 200 epochs of 200, best epoch 179, patience 20): the summary
+    # counted such a run as stopped early and left it out of "at the epoch cap", and
+    # finished_runs starred its 200 epochs, though it trained every epoch the budget allows
+    from torch_mz.reproduce.store import at_epoch_cap, stopped_early
+    claim = CLAIMS['table1']
+    comparison = next(c for c in claim.comparisons if c.cell == 'L=16')
+    repro = Reproduction(BUDGETS['converged'], str(tmp_path), device='cpu')
+    cap = dict(config=dict(epochs=200))
+    runs = [dict(cell='L=16', model=m, seed=k, test=dict(r2=0.5), epochs_run=e, key=cap,
+                 stopped_early=True) for m, pair in {'mz-1l': (200, 120),
+                                                      'st-4l': (199, 200)}.items()
+            for k, e in enumerate(pair)]
+    assert [stopped_early(r) for r in runs] == [False, True, True, False]
+    assert [at_epoch_cap(r) for r in runs] == [True, False, False, True]
+    record = repro.record(comparison, claim, runs, 2, {})
+    assert record['epochs_run']['stopped_early'] == 2
+    assert record['epochs_run']['at_cap'] == {'mz-1l': 1, 'st-4l': 1}
+    row = reproduce.summary_table([record]).strip().split('\n')[-1]
+    assert '| 120-200 (2/4 stopped early; at the epoch cap: mz-1l 1, st-4l 1) |' in row
+    # a record without its key (no cap to compare with) is read as its flag says
+    assert stopped_early(dict(epochs_run=200, stopped_early=True))
+
+
 def test_status_counts_runs_and_estimates_the_time_left(tmp_path):
     out = str(tmp_path)
     repro = Reproduction(TINY, out, device='cpu', sweep_cells={'sum': SUM})

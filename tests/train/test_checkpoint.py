@@ -164,6 +164,27 @@ def test_a_finished_run_extended_on_resume_takes_the_new_schedules_rate(tmp_path
     assert trainer.optimizer.param_groups[0]['weight_decay'] == 0.5
 
 
+def test_a_finished_run_resumed_to_train_on_removes_its_result_until_it_finishes(tmp_path):
+    # a finished run resumed in its folder with more epochs kept its result.json: stopped
+    # before it finished (here at a deadline), the file described the 2-epoch run beside a
+    # checkpoint of epoch 3
+    from torch_mz.train import TrainingStopped, stop_by
+    run = tmp_path / 'run'
+    _resume_run(run, epochs=2)
+    assert json.loads((run / 'result.json').read_text())['epochs_run'] == 2
+    now = [0.0]
+
+    def tick(epoch):
+        now[0] += 10.0
+    with stop_by(15.0, clock=lambda: now[0]):
+        with pytest.raises(TrainingStopped) as stopped:
+            _resume_run(run, resume=str(run / 'checkpoint.pt'), on_epoch=tick, epochs=5)
+    assert stopped.value.epoch == 3 and load_checkpoint(run / 'checkpoint.pt')['epoch'] == 3
+    assert not (run / 'result.json').exists()
+    _, result, ran = _resume_run(run, resume=str(run / 'checkpoint.pt'), epochs=5)
+    assert ran == [4] and json.loads((run / 'result.json').read_text())['epochs_run'] == 5
+
+
 def test_stop_by_stops_between_epochs_and_the_run_resumes_exactly(tmp_path):
     from torch_mz.train import DistInfo, TrainingStopped, stop_by
     # checkpoints every 3 epochs: the stop writes its own

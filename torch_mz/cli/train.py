@@ -31,6 +31,22 @@ def _take_model_args(args, state: Dict[str, Any], model: ModelSpec, whose: str) 
               + ', '.join(args.model_arg))
 
 
+def _figures_with_units(test: Dict[str, float], task_type: str, normalized: bool) -> str:
+    r"""The test figures :obj:`test` of a run as ``train`` prints them, a regression's with
+    their units: ``loss`` (the training criterion) on standardised targets where
+    :obj:`normalized`, ``mse``, ``mae`` and ``r2`` in the target's units (``loss 0.53, mse
+    1.77`` read as two measures of one error)."""
+    def shown(items) -> str:
+        return ', '.join(f'{k} {v:.4g}' for k, v in items)
+    if task_type != 'regression':
+        return shown(test.items())
+    if not normalized or 'loss' not in test:
+        return shown(test.items()) + ' (in target units)'
+    rest = [(k, v) for k, v in test.items() if k != 'loss']
+    return (f"loss {test['loss']:.4g} (on standardised targets)"
+            + (f'; in target units: {shown(rest)}' if rest else ''))
+
+
 def cmd_train(args) -> int:
     _check_task(args.task)
     _check_not_empty(args)
@@ -113,7 +129,7 @@ def cmd_train(args) -> int:
         _common._remove_run_files(out)
     args.run_folder = out  # (stopped from here, the command says how to go on: main)
     row = _common._run(args, task, model, args.seed, out, args.resume)
-    metrics = ', '.join(f'{k} {v:.4g}' for k, v in row['test'].items())
+    metrics = _figures_with_units(row['test'], task.task_type, not args.no_normalize)
     print(f"{args.model} ({row['params']:,} parameters): best epoch {row['best_epoch']}, "
           f"test {metrics}")
     print(f'logs and checkpoints in {out}')

@@ -185,10 +185,11 @@ def write_summary(out, minutes):
                           for command, names in commands.items())
              + '\n\n## Epochs run\n\nThe column `epochs run` gives the fewest and the most '
              'epochs of the runs behind a row (every model of its cell, every seed), how many '
-             'of them early stopping ended (a plateau of the validation loss) or diverged, and '
-             'after "at the epoch cap" each model with runs at its chosen setting that trained '
-             'every epoch the budget allows without reaching a plateau, with how many: its '
-             'figure may still change with more epochs.'
+             'of them early stopping ended before the epoch cap (a plateau of the validation '
+             'loss) or diverged, and after "at the epoch cap" each model with runs at its '
+             'chosen setting that trained every epoch the budget allows, with how many: its '
+             'figure may still change with more epochs. A run whose patience ran out on its '
+             'very last epoch counts at the cap, not as stopped early: it trained every epoch.'
              + '\n\n## Verdict rule\n\n' + VERDICT_RULE + '\n\n## Budgets\n\n'
              + '\n'.join(f'- `{b}`: {BUDGETS[b].note}' for b in budgets if b in BUDGETS)
              + '\n\nThe sweep cell of each task (the lr / wd chosen there, per model by the '
@@ -412,8 +413,9 @@ def write_runs_table(repro, claims, out, on_note=None):
              f"their mean, the paper's figure where the claim quotes "
              f"one, and each seed's epochs run with its best epoch in brackets (0-based, as in "
              f"metrics.jsonl: 13 is the 14th; * = stopped "
-             f"early by the patience rule; 'diverged' = training stopped on a non-finite loss, "
-             f"the run stored as failed; otherwise at the epoch cap). Claims get a verdict "
+             f"early by the patience rule, before the epoch cap; 'diverged' = training stopped "
+             f"on a non-finite loss, the run stored as failed; otherwise at the epoch cap, a "
+             f"run whose patience ran out on its last epoch included). Claims get a verdict "
              f"only in `summary.md`, once all their runs are in.\n"]
     every = []
     for claim in claims:

@@ -394,29 +394,42 @@ RECORD_FIELDS = {'key': dict, 'model': str, 'seed': int, 'epochs_run': int, 'val
                  'test': dict}
 
 
+def _epoch_cap(record: Mapping[str, Any]) -> Optional[int]:
+    r"""The ``epochs`` of the configuration :obj:`record`'s key records, else :obj:`None`."""
+    cap = record.get('key', {}).get('config', {}).get('epochs')
+    return None if cap is None else int(cap)
+
+
 def stopped_early(record: Mapping[str, Any]) -> bool:
     r"""Whether early stopping ended the run of :obj:`record` (a run record, or a row that
-    says ``diverged`` true or false): not a diverged run, which a record stored before
-    2026-12-04 marks as stopped early too."""
-    return bool(record.get('stopped_early', False)) and not record.get('diverged')
+    says ``diverged`` true or false) before its epoch cap: not a diverged run, which a record
+    stored before 2026-12-04 marks as stopped early too, nor one whose patience ran out on its
+    very last epoch (the trainer's ``stopped_early`` is true for it: it ran every epoch the
+    cap allows, :func:`at_epoch_cap`), where the record has its key."""
+    if not record.get('stopped_early', False) or record.get('diverged'):
+        return False
+    cap = _epoch_cap(record)
+    return cap is None or int(record['epochs_run']) < cap
 
 
 def at_epoch_cap(record: Mapping[str, Any]) -> bool:
     r"""Whether the run of :obj:`record` ran every epoch its configuration allows (the epoch
-    cap) rather than to a plateau: neither early stopping (:func:`stopped_early`) nor divergence
-    ended it, and, where the record has its key, it ran its configuration's ``epochs``."""
+    cap): neither early stopping before the cap (:func:`stopped_early`) nor divergence ended
+    it, and, where the record has its key, it ran its configuration's ``epochs`` (a run whose
+    patience ran out on that last epoch included: nothing was cut short)."""
     if record.get('diverged') or stopped_early(record):
         return False
-    cap = record.get('key', {}).get('config', {}).get('epochs')
-    return cap is None or int(record['epochs_run']) >= int(cap)
+    cap = _epoch_cap(record)
+    return cap is None or int(record['epochs_run']) >= cap
 
 
 def epochs_figures(runs: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
     r"""The epochs the :obj:`runs` trained, as a claim record gives them: the fewest and the
     most, how many runs early stopping ended (:func:`stopped_early`), how many diverged, how
     many runs there are, and ``at_cap``: per model (in the runs' order), how many of its runs
-    ran to the epoch cap rather than to a plateau (:func:`at_epoch_cap`; models with none are
-    left out)."""
+    ran to the epoch cap (:func:`at_epoch_cap`; models with none are left out). A run whose
+    patience ran out on its last epoch counts at the cap, not as stopped early: no run counts
+    in two of the three."""
     epochs = [int(r['epochs_run']) for r in runs]
     at_cap: Dict[str, int] = {}
     for r in runs:

@@ -73,7 +73,8 @@ class TrainConfig:
         checkpoint_every (int, optional): Write ``checkpoint.pt`` every this many epochs (and after
             the last one); 0 writes it only after the last epoch. (default: :obj:`1`)
         resume (str, optional): Path of a ``checkpoint.pt`` to continue from at its next epoch.
-            (default: :obj:`None`)
+            A run that trains further removes its :obj:`out_dir`'s ``result.json`` until it
+            finishes (stopped before, it would describe the shorter run). (default: :obj:`None`)
         overwrite (bool, optional): A run that does not resume, or resumes from a checkpoint
             in another folder, into an :obj:`out_dir` that holds the files of an earlier run
             (``checkpoint.pt``, ``best.pt``, the metrics, ``result.json``): :obj:`False`
@@ -201,7 +202,8 @@ class TrainResult:
             targets where they are normalised (``nan`` without a validation set; ``null`` in
             ``result.json``, which writes every NaN or infinite figure so: standard JSON).
         epochs_run: Number of epochs completed (including those before a resume).
-        stopped_early: Whether early stopping ended the run.
+        stopped_early: Whether early stopping ended the run (also where the patience ran out
+            on the last epoch, which ``epochs`` ended anyway: ``epochs_run == epochs``).
         val_metrics: Validation metrics of the best epoch (not of the model
             :meth:`Trainer.fit` leaves where ``restore_best=False``: see ``model_epoch``).
         test_metrics: Metrics on the test set, if one was given, of the model :meth:`Trainer.fit`

@@ -680,9 +680,16 @@ class Trainer:
         r"""Rewrites the logs and ``best.pt`` of a resumed run from its checkpoint. Each epoch
         writes ``best.pt`` (on a new best), then ``checkpoint.pt``, then the logs: a process
         killed between them leaves logs one epoch behind (which a run resumed with no epoch
-        left would never rewrite) or a ``best.pt`` of an epoch the resumed run trains again."""
+        left would never rewrite) or a ``best.pt`` of an epoch the resumed run trains again.
+        A run that trains on removes the ``result.json`` of the run it extends (:meth:`_finish`
+        writes it again): stopped before it finishes (a deadline, a divergence, Ctrl-C), it
+        described the shorter run beside a checkpoint further on."""
         cfg = self.config
         assert cfg.out_dir is not None
+        done = cfg.patience is not None and run.bad_epochs >= cfg.patience  # (_run_epochs')
+        result = os.path.join(cfg.out_dir, RESULT_JSON)
+        if run.next_epoch < cfg.epochs and not done and os.path.isfile(result):
+            os.unlink(result)
         self._write_logs(run.history)
         if run.best_state is None:
             return
