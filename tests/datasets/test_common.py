@@ -116,6 +116,22 @@ def test_skip_counter_reports_only_when_something_was_skipped():
         counter.report('thing')
 
 
+def test_skip_counter_counts_a_record_under_two_reasons_once():
+    # the bug: the total summed the counts, a QM9 molecule whose bonds and then charges failed
+    # was two records
+    counter = SkipCounter()
+    counter.add('bonds_failed', 2)
+    counter.add('charges_failed_set_to_zero', 2)
+    counter.add('charges_failed_set_to_zero', 5)
+    assert counter.total == 2
+    assert counter.counts == {'bonds_failed': 1, 'charges_failed_set_to_zero': 2}
+    counter.add('bad', 'a')
+    counter.add('bad', 'a')  # the same identifier twice under one reason: two records, as before
+    assert counter.total == 4
+    with pytest.warns(UserWarning, match='thing: 4 record'):
+        counter.report('thing')
+
+
 def test_read_h5_errors_name_the_file(tmp_path):
     from tests.datasets.raw_formats import write_h5
     path = write_h5(str(tmp_path / 'a.h5'), data=np.zeros((2, 3)))

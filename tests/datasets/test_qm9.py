@@ -571,6 +571,47 @@ def test_invalid_arguments(tmp_path, qm9pack_csv):
         QM9(str(tmp_path), source='sdf', csv_path=qm9pack_csv)
 
 
+@pytest.mark.parametrize('csv_path', [[], '', [None], 'folder'])
+def test_a_csv_path_that_names_no_file_is_refused(tmp_path, csv_path):
+    # the bug: [] said "missing CSV file(s) []", '' read the working directory ("Is a
+    # directory"), [None] was a TypeError and a folder an IsADirectoryError while processing
+    if csv_path == 'folder':
+        csv_path = str(tmp_path)
+    with pytest.raises(ValueError, match="'csv_path' (must name one or more CSV files|names "
+                       "the folder)"):
+        QM9(str(tmp_path / 'QM9'), source='qm9pack', csv_path=csv_path, log=False)
+    assert not (tmp_path / 'QM9').exists()  # refused before any folder is made
+
+
+def test_a_molecule_under_two_fallbacks_is_counted_once(qm9_root, qm9pack_csv, monkeypatch):
+    # the bug: bonds that failed, then charges set to zero, were "2 record(s) skipped or handled
+    # by a fallback" for one molecule
+    real = qm9_module.mol_from_xyz
+
+    def failing_for_ammonia(symbols, pos):
+        return (None, 'failed') if list(symbols) == ['N', 'H', 'H', 'H'] else real(symbols, pos)
+
+    monkeypatch.setattr(qm9_module, 'mol_from_xyz', failing_for_ammonia)
+    with pytest.warns(UserWarning, match=r': 1 record\(s\) skipped or handled by a fallback '
+                      r'\(bonds_failed: 1, charges_failed_set_to_zero: 1\)'):
+        ds = QM9(qm9_root, source='qm9pack', csv_path=qm9pack_csv, log=False)
+    assert len(ds) == len(KEPT)
+    assert ds.stats['skipped']['examples'] == {'bonds_failed': ['2'],
+                                               'charges_failed_set_to_zero': ['2']}
+
+
+def test_the_split_is_the_same_on_both_sources_and_drop_is_documented(qm9_root, qm9pack_csv):
+    sdf = QM9(qm9_root, log=False)
+    pack = QM9(qm9_root, source='qm9pack', csv_path=qm9pack_csv, log=False)
+    for part_sdf, part_pack in zip(split_indices(len(sdf), 1, 1, seed=3),
+                                   split_indices(len(pack), 1, 1, seed=3)):
+        assert ([int(sdf[int(i)].gdb_idx) for i in part_sdf]
+                == [int(pack[int(i)].gdb_idx) for i in part_pack])
+    # 'drop' leaves fewer molecules, and a split is drawn over positions: said where it is chosen
+    doc = ' '.join(QM9.__doc__.split())
+    assert 'the same seed then draws another split altogether' in doc
+
+
 @pytest.mark.slow
 def test_full_offline_qm9_from_the_installed_package(tmp_path):
     if qm9_module.importlib.util.find_spec('qm9pack') is None:  # optional, not a test dependency

@@ -367,6 +367,29 @@ def _target_names(target: Union[None, int, str, Sequence[Union[int, str]]]) -> L
     return [QM9_TARGETS[c] for c in (range(len(QM9_TARGETS)) if columns is None else columns)]
 
 
+def _csv_paths(csv_path: object) -> List[str]:
+    r""":class:`QM9`'s :obj:`csv_path` as absolute paths of files; a :class:`ValueError` for no
+    path, one that is not a path, an empty one and a folder (an empty list said "missing CSV
+    file(s) []", and ``''`` read the working directory: "Is a directory")."""
+    given = ([csv_path] if isinstance(csv_path, (str, os.PathLike)) or
+             not hasattr(csv_path, '__iter__') else list(csv_path))
+    expected = "'csv_path' must name one or more CSV files (paths)"
+    if not given:
+        raise ValueError(f'{expected}, got {csv_path!r}')
+    paths = []
+    for p in given:
+        text = os.fspath(p) if isinstance(p, (str, os.PathLike)) else None
+        if not isinstance(text, str) or not text:
+            where = '' if p is csv_path else f' in {csv_path!r}'
+            raise ValueError(f'{expected}, got {p!r}{where}')
+        path = osp.abspath(osp.expanduser(text))
+        if osp.isdir(path):
+            raise ValueError(f"'csv_path' names the folder '{path}': name the CSV file(s) in it "
+                             f"(e.g. {', '.join(QM9PACK_FILES)})")
+        paths.append(path)
+    return paths
+
+
 class QM9(ProcessedDataset):
     r"""QM9 (Ramakrishnan et al., `"Quantum chemistry structures and properties of 134 kilo
     molecules" <https://doi.org/10.1038/sdata.2014.22>`_) as sets of atoms, the molecular task of
@@ -440,7 +463,13 @@ class QM9(ProcessedDataset):
 
     Splits: :func:`~torch_mz.datasets.splits.split_indices` with :data:`QM9_STANDARD_SPLIT`
     (110,000 / 10,000 / rest) or :data:`QM9_PAPER_SPLIT` (the paper's 50K subsample split 80/10/10);
-    normalisation statistics over the training indices with :meth:`target_stats`.
+    normalisation statistics over the training indices with :meth:`target_stats`. A split is drawn
+    over positions in the dataset: with :obj:`charge_failure='zero'` every molecule is kept
+    whatever RDKit manages, so a seed gives the same molecules on either source (the installed
+    ``qm9pack`` files list them in QM9's order, as ``gdb9.sdf`` does) and with any RDKit version;
+    :obj:`'drop'` (or a :obj:`pre_filter`) leaves fewer, and the same seed then draws another
+    split altogether, not the default one less the dropped molecules (which ones are dropped may
+    change with the RDKit version: :attr:`stats` lists them).
 
     Args:
         root (str, optional): Root folder. (default: :obj:`QM9` under ``$TORCH_MZ_DATA``, else
@@ -451,7 +480,8 @@ class QM9(ProcessedDataset):
             keeps, in the given order; :obj:`None` keeps all 12. (default: :obj:`None`)
         csv_path (str or sequence of str, optional): For :obj:`source='qm9pack'`, CSV file(s) in the
             ``qm9pack`` format to read instead of the installed package's (paths or
-            :class:`os.PathLike` objects; ``~`` is the home folder). (default: :obj:`None`)
+            :class:`os.PathLike` objects; ``~`` is the home folder; no path, an empty one or a
+            folder raises a :class:`ValueError`). (default: :obj:`None`)
         charge_failure (str, optional): :obj:`'zero'` or :obj:`'drop'`, see above.
             (default: :obj:`'zero'`)
         transform (callable, optional): Applied to every example on access. (default: :obj:`None`)
@@ -496,9 +526,7 @@ class QM9(ProcessedDataset):
         self.source = source
         # '~' expanded, as PyG expands it in root ('~/x.csv' was read as '<cwd>/~/x.csv'); a
         # path object is one file (it was iterated: "'PosixPath' object is not iterable")
-        self.csv_path = None if csv_path is None else [
-            osp.abspath(osp.expanduser(p)) for p in (
-                [csv_path] if isinstance(csv_path, (str, os.PathLike)) else csv_path)]
+        self.csv_path = None if csv_path is None else _csv_paths(csv_path)
         self.charge_failure = charge_failure
         self.target_columns = _target_columns(target)
         super().__init__(
