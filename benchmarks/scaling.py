@@ -264,8 +264,9 @@ def main():
     rows: List[dict] = []
     failed: List[dict] = []
     note = None
-    # (kept: none before this call wrote a report)
-    with interruptible(__file__, sys.argv[1:], parser, what='sizes') as stop:
+    # (kept: the partial report resumed, else none before this call wrote a report)
+    with interruptible(__file__, sys.argv[1:], parser, kept=partial if kept else None,
+                       what='sizes') as stop:
         for done, n in enumerate(sizes, 1):
             cfg = dict(model=args.model, points=n, set_size=args.set_size, repeats=args.repeats,
                        threads=args.threads, chunk_size=args.chunk_size or None,
@@ -284,9 +285,14 @@ def main():
                       f"{row['us_per_point']:.2f} us/point, "
                       + ('peak unknown' if peak is None else f'peak {peak:.0f} MiB')
                       + (' (kept)' if n in kept else ''), flush=True)
-            if rows:  # (a run whose sizes all failed so far leaves the earlier results alone)
-                pending = len(sizes) - done
-                note = write_report(args, env, name, rows, failed, pending=pending)
+            # the kept sizes not reached yet stay in the partial report (rewritten with the
+            # sizes reached alone, a run stopped while it measured again a size that had failed
+            # lost them); where only kept sizes remain, it holds them all already
+            ahead = [kept[m] for m in sizes[done:] if m in kept]
+            pending = len(sizes) - done - len(ahead)
+            # (a run whose sizes all failed so far leaves the earlier results alone)
+            if (rows or ahead) and (pending or done == len(sizes)):
+                note = write_report(args, env, name, rows + ahead, failed, pending=pending)
                 stop.kept = partial if pending else os.path.join(args.out, f'{name}.json')
     if stop.note:
         print(stop.note, file=sys.stderr, flush=True)

@@ -403,6 +403,46 @@ def test_scaling_keeps_the_sizes_measured_before_ctrl_c_and_resumes(tmp_path, mo
     assert not partial.exists() and not (tmp_path / 'scaling_mz_quick.partial.md').exists()
 
 
+def test_scaling_resumed_keeps_the_sizes_after_one_measured_again(tmp_path, monkeypatch,
+                                                                    capsys):
+    # a resumed run rewrote the partial report with the sizes it had reached: stopped while it
+    # measured again a size that had failed, it lost the kept sizes after that one
+    from torch_mz.study import EXIT_INTERRUPTED, MeasurementFailed
+    scaling = load_script('scaling')
+    script: list = []  # what each call of run_one does, in turn
+
+    def run_one(cfg):
+        what = script.pop(0)
+        if what == 'fail':
+            raise MeasurementFailed('out of memory')
+        if what == 'stop':
+            raise KeyboardInterrupt
+        return dict(points=cfg['points'], sets=1, median_s=cfg['points'] * 1e-6)
+    monkeypatch.setattr(scaling, 'run_one', run_one)
+    monkeypatch.setattr(scaling, 'in_fresh_process', lambda path, cfg: dict(peak_bytes=2**20))
+    monkeypatch.setattr(scaling, 'plot', lambda *args: None)
+    argv = ['scaling.py', '--out', str(tmp_path), '--quick', '--threads', str(scaling.THREADS)]
+    partial = tmp_path / 'scaling_mz_quick.partial.json'
+    monkeypatch.setattr(sys, 'argv', argv)
+    script[:] = ['ok', 'fail', 'ok', 'stop']  # 3,162 failed, stopped in 31,623
+    assert scaling.main() == EXIT_INTERRUPTED
+    assert [r['points'] for r in json.loads(partial.read_text())['rows']] == [1000, 10000]
+    capsys.readouterr()
+    monkeypatch.setattr(sys, 'argv', argv + ['--resume'])
+    script[:] = ['stop']  # stopped in 3,162, measured again
+    assert scaling.main() == EXIT_INTERRUPTED
+    err = capsys.readouterr().err
+    assert str(partial) in err and '--resume' in err and 'before it kept any' not in err
+    data = json.loads(partial.read_text())
+    assert [r['points'] for r in data['rows']] == [1000, 10000]
+    assert data['pending'] == 3
+    script[:] = ['ok', 'ok', 'ok']  # 3,162, 31,623 and 100,000: 10,000 is kept
+    assert scaling.main() is None
+    data = json.loads((tmp_path / 'scaling_mz_quick.json').read_text())
+    assert [r['points'] for r in data['rows']] == [1000, 3162, 10000, 31623, 100000]
+    assert not script and not partial.exists()
+
+
 # --- message_passing.py ----------------------------------------------------------------------
 
 @pytest.mark.parametrize('argv, needles', [

@@ -92,6 +92,31 @@ def test_train_and_compare_say_the_units_of_their_figures(tmp_path, capsys):
     assert note in capsys.readouterr().out
 
 
+def test_train_and_compare_say_several_targets_figures_are_means_over_them(tmp_path,
+                                                                          capsys):
+    # QM9's mu and alpha: the mse and mae were said to be "in target units", each the mean of
+    # a figure in Debye^2 and one in bohr^6 (no one unit)
+    from tests.datasets.raw_formats import write_qm9pack_csv
+    from torch_mz.cli.compare import _units_note
+    from torch_mz.cli.train import _figures_with_units
+    csv_path = write_qm9pack_csv(str(tmp_path / 'pack' / 'qm9_part1.csv'))  # 4 molecules
+    assert main(['train', '--task', 'qm9', '--root', str(tmp_path / 'QM9'), '--task-arg',
+                 f'csv_path={csv_path}', '--task-arg', 'target=["mu", "alpha"]', '--n-train',
+                 '2', '--n-val', '1', '--n-test', '1', '--model', 'deepsets', '--epochs', '1',
+                 '--warmup-epochs', '0', '--batch-size', '2', '--no-progress', '--out',
+                 str(tmp_path / 'run')]) == 0
+    assert ('(on standardised targets); in target units, each the mean over the 2 targets: '
+            'mse ') in capsys.readouterr().out
+    figures = dict(loss=2.0, mse=2.0, mae=1.0, r2=0.5)
+    assert _figures_with_units(figures, 'regression', False, 3) == (
+        'loss 2, mse 2, mae 1, r2 0.5 (in target units, each the mean over the 3 targets)')
+    assert _figures_with_units(figures, 'regression', False, 1) == (
+        'loss 2, mse 2, mae 1, r2 0.5 (in target units)')
+    assert "the means over the 2 targets, each target's in its own units" in _units_note(
+        'regression', True, 2)
+    assert "in the target's units" in _units_note('regression', True, 1)
+
+
 def test_compare_writes_table_json_and_plot(tmp_path, capsys):
     out = str(tmp_path / 'cmp')
     assert main(['compare', *TINY, '--models', 'mz-slim,rigid,egnn', '--seeds', '2',

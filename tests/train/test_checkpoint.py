@@ -185,6 +185,31 @@ def test_a_finished_run_resumed_to_train_on_removes_its_result_until_it_finishes
     assert ran == [4] and json.loads((run / 'result.json').read_text())['epochs_run'] == 5
 
 
+def test_a_finished_run_resumed_keeps_its_result_until_a_file_goes_further(tmp_path):
+    # the resume removed result.json before its first epoch: one that failed in that epoch
+    # (a crash, Ctrl-C, a divergence) left the finished run's folder, unchanged, without the
+    # only record of its test figures
+    run = tmp_path / 'run'
+    _resume_run(run, epochs=2)
+    kept = (run / 'result.json').read_text()
+    files = {name: (run / name).read_bytes() for name in ('checkpoint.pt', 'metrics.jsonl')}
+    best = load_checkpoint(run / 'best.pt')['epoch']
+    with pytest.raises(RuntimeError, match='simulated crash'):
+        _resume_run(run, resume=str(run / 'checkpoint.pt'), crash_at=2, epochs=5)
+    assert (run / 'result.json').read_text() == kept
+    assert {name: (run / name).read_bytes() for name in files} == files
+    assert load_checkpoint(run / 'best.pt')['epoch'] == best
+    # checkpoints after the last epoch only: a crash in epoch 3 leaves the finished run's
+    # checkpoint beside the logs of epoch 2: its result no longer describes the folder
+    with pytest.raises(RuntimeError, match='simulated crash'):
+        _resume_run(run, resume=str(run / 'checkpoint.pt'), crash_at=3, epochs=5,
+                    checkpoint_every=0)
+    assert load_checkpoint(run / 'checkpoint.pt')['epoch'] == 1
+    assert not (run / 'result.json').exists()
+    _, result, ran = _resume_run(run, resume=str(run / 'checkpoint.pt'), epochs=5)
+    assert ran == [2, 3, 4] and json.loads((run / 'result.json').read_text())['epochs_run'] == 5
+
+
 def test_stop_by_stops_between_epochs_and_the_run_resumes_exactly(tmp_path):
     from torch_mz.train import DistInfo, TrainingStopped, stop_by
     # checkpoints every 3 epochs: the stop writes its own

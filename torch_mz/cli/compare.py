@@ -270,9 +270,10 @@ def _takes_option(name: str, key: str, value: Any) -> bool:
     return True
 
 
-def _units_note(task_type: str, normalized: bool) -> str:
+def _units_note(task_type: str, normalized: bool, targets: int = 1) -> str:
     r"""The line below a regression comparison's table that gives its figures' units: the
-    table's ``mse`` and ``mae`` are in the target's, and the ``loss`` beside them in
+    table's ``mse`` and ``mae`` are in the target's (with several :obj:`targets` the means
+    over them, each target's in its own units), and the ``loss`` beside them in
     ``results.json`` (each run's ``val`` and ``test``) is the training criterion, on
     standardised targets where :obj:`normalized` (read as the mse, it was the same error in
     other units); ``''`` for classification (``loss``: the cross-entropy)."""
@@ -280,7 +281,9 @@ def _units_note(task_type: str, normalized: bool) -> str:
         return ''
     loss = ('the MSE of the standardised targets (not the mse)' if normalized else
             'the mse, in the same units')
-    return (f"\nTest mse and mae are in the target's units (mse squared); each run's `loss` in "
+    units = ("in the target's units" if targets <= 1 else
+             f"the means over the {targets} targets, each target's in its own units")
+    return (f"\nTest mse and mae are {units} (mse squared); each run's `loss` in "
             f"results.json (val and test) is the training criterion, {loss}.\n")
 
 
@@ -489,8 +492,8 @@ def cmd_compare(args) -> int:
     if not main_process:  # (the main process writes the results)
         return 0
     summary = summarize(rows, task.task_type)
-    table = summary_markdown(summary, task.task_type) + _units_note(task.task_type,
-                                                                    not args.no_normalize)
+    table = summary_markdown(summary, task.task_type) + _units_note(
+        task.task_type, not args.no_normalize, task.out_channels)
     # a resumed comparison: the command that trains it as it ran, every option filled in (the
     # command as typed, e.g. '--out x --resume', would start a default comparison elsewhere)
     command = _compare_command(args, out, task) if args.resume else args.command_line

@@ -31,20 +31,24 @@ def _take_model_args(args, state: Dict[str, Any], model: ModelSpec, whose: str) 
               + ', '.join(args.model_arg))
 
 
-def _figures_with_units(test: Dict[str, float], task_type: str, normalized: bool) -> str:
+def _figures_with_units(test: Dict[str, float], task_type: str, normalized: bool,
+                        targets: int = 1) -> str:
     r"""The test figures :obj:`test` of a run as ``train`` prints them, a regression's with
     their units: ``loss`` (the training criterion) on standardised targets where
     :obj:`normalized`, ``mse``, ``mae`` and ``r2`` in the target's units (``loss 0.53, mse
-    1.77`` read as two measures of one error)."""
+    1.77`` read as two measures of one error); with several :obj:`targets` each the mean over
+    them, each target's in its own units (QM9's mu and alpha: no one unit)."""
     def shown(items) -> str:
         return ', '.join(f'{k} {v:.4g}' for k, v in items)
     if task_type != 'regression':
         return shown(test.items())
+    units = 'in target units' + (f', each the mean over the {targets} targets'
+                                 if targets > 1 else '')
     if not normalized or 'loss' not in test:
-        return shown(test.items()) + ' (in target units)'
+        return shown(test.items()) + f' ({units})'
     rest = [(k, v) for k, v in test.items() if k != 'loss']
     return (f"loss {test['loss']:.4g} (on standardised targets)"
-            + (f'; in target units: {shown(rest)}' if rest else ''))
+            + (f'; {units}: {shown(rest)}' if rest else ''))
 
 
 def cmd_train(args) -> int:
@@ -129,7 +133,8 @@ def cmd_train(args) -> int:
         _common._remove_run_files(out)
     args.run_folder = out  # (stopped from here, the command says how to go on: main)
     row = _common._run(args, task, model, args.seed, out, args.resume)
-    metrics = _figures_with_units(row['test'], task.task_type, not args.no_normalize)
+    metrics = _figures_with_units(row['test'], task.task_type, not args.no_normalize,
+                                  task.out_channels)
     print(f"{args.model} ({row['params']:,} parameters): best epoch {row['best_epoch']}, "
           f"test {metrics}")
     print(f'logs and checkpoints in {out}')

@@ -73,8 +73,9 @@ class TrainConfig:
         checkpoint_every (int, optional): Write ``checkpoint.pt`` every this many epochs (and after
             the last one); 0 writes it only after the last epoch. (default: :obj:`1`)
         resume (str, optional): Path of a ``checkpoint.pt`` to continue from at its next epoch.
-            A run that trains further removes its :obj:`out_dir`'s ``result.json`` until it
-            finishes (stopped before, it would describe the shorter run). (default: :obj:`None`)
+            A run that trains further removes its :obj:`out_dir`'s ``result.json`` once its
+            first epoch has trained, until it finishes (stopped before, it would describe the
+            shorter run). (default: :obj:`None`)
         overwrite (bool, optional): A run that does not resume, or resumes from a checkpoint
             in another folder, into an :obj:`out_dir` that holds the files of an earlier run
             (``checkpoint.pt``, ``best.pt``, the metrics, ``result.json``): :obj:`False`

@@ -681,15 +681,10 @@ class Trainer:
         writes ``best.pt`` (on a new best), then ``checkpoint.pt``, then the logs: a process
         killed between them leaves logs one epoch behind (which a run resumed with no epoch
         left would never rewrite) or a ``best.pt`` of an epoch the resumed run trains again.
-        A run that trains on removes the ``result.json`` of the run it extends (:meth:`_finish`
-        writes it again): stopped before it finishes (a deadline, a divergence, Ctrl-C), it
-        described the shorter run beside a checkpoint further on."""
+        (The ``result.json`` of the run it extends stays until the run trains on:
+        :meth:`_run_epochs`.)"""
         cfg = self.config
         assert cfg.out_dir is not None
-        done = cfg.patience is not None and run.bad_epochs >= cfg.patience  # (_run_epochs')
-        result = os.path.join(cfg.out_dir, RESULT_JSON)
-        if run.next_epoch < cfg.epochs and not done and os.path.isfile(result):
-            os.unlink(result)
         self._write_logs(run.history)
         if run.best_state is None:
             return
@@ -723,12 +718,23 @@ class Trainer:
         epochs = range(run.next_epoch, cfg.epochs if not run.stopped_early else run.next_epoch)
         bar = tqdm(epochs, initial=run.next_epoch, total=cfg.epochs, desc='train',
                    disable=not self._show_progress)
+        # a resumed run that trains on removes the result.json of the run it extends
+        # (_finish writes it again) before its first file (best.pt, the logs, checkpoint.pt):
+        # stopped before it finishes (a deadline, a divergence, Ctrl-C), it described the
+        # shorter run beside files further on; stopped in its first epoch, before any, the
+        # finished run's folder keeps it
+        stale = (os.path.join(cfg.out_dir, RESULT_JSON)
+                 if cfg.resume is not None and cfg.out_dir is not None and self.dist.is_main
+                 else None)
         for epoch in bar:
             t_epoch = time.perf_counter()
             sampler.set_epoch(epoch)
             lr = self.optimizer.param_groups[0]['lr']
             record: Dict[str, float] = {'epoch': epoch, 'lr': lr,
                                         'train_loss': self._train_epoch(loader, epoch)}
+            if stale is not None and os.path.isfile(stale):
+                os.unlink(stale)
+            stale = None
             if val_dataset is not None:
                 self._validate(run, val_dataset, epoch, record)
             else:
