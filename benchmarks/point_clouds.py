@@ -73,8 +73,9 @@ def how_to_get(dataset: str, root: str, source: str = 'mesh', variant: str = 'OB
                 f"fetches the archive itself where it can reach that address, unless "
                 f"--no-download). "
                 f"Alternatively place PointNet's '{HDF5_FOLDER}' release (ply_data_train*.h5, "
-                f"ply_data_test*.h5, shape_names.txt) in '{osp.join(raw, HDF5_FOLDER)}' and pass "
-                f"--modelnet-source hdf5.")
+                f"ply_data_test*.h5, shape_names.txt, and train_files.txt and test_files.txt, "
+                f"the lists of its files that tell a copy stopped part way) in "
+                f"'{osp.join(raw, HDF5_FOLDER)}' and pass --modelnet-source hdf5.")
     return (f'ScanObjectNN is distributed by its authors under terms of use and is not '
             f'downloaded automatically. Request access on {SCANOBJECTNN_PAGE}, download '
             f"h5_files.zip and extract it into '{raw}' (so that "

@@ -66,6 +66,9 @@ def test_point_clouds_end_to_end(point_clouds, modelnet_h5_root, scanobjectnn_ro
     (['--dataset', 'scanobjectnn'], ['Request access on', 'h5_files.zip']),
     (['--dataset', 'modelnet40', '--modelnet-source', 'hdf5'],
      ['modelnet40_ply_hdf5_2048', 'ply_data_train*.h5', 'ModelNet40.zip']),
+    # the release's lists, without which the files read cannot be checked, went unnamed
+    (['--dataset', 'modelnet40', '--modelnet-source', 'hdf5', '--no-download'],
+     ['ply_data_train*.h5', 'shape_names.txt', 'train_files.txt and test_files.txt']),
 ])
 def test_point_clouds_missing_data(point_clouds, tmp_path, capsys, args, expected):
     out = tmp_path / 'results'

@@ -497,6 +497,8 @@ def test_download_extracts_the_archive_into_raw(modelnet_mesh_root, tmp_path, mo
     shutil.copytree(osp.join(root, 'raw', 'airplane'), resumed / 'raw' / 'airplane')
     ds = ModelNet40(str(resumed), num_points=16, log=False)
     assert len(ds) == 3 and not (resumed / 'ModelNet40.zip').exists()
+    # (an archive placed by hand goes too: the docstring said only that it is used)
+    assert 'is deleted once extracted' in ' '.join(ModelNet40.__doc__.split())
     assert sorted(os.listdir(resumed / 'raw')) == sorted(os.listdir(osp.join(root, 'raw')))
 
     # a move into raw/ stopped part-way (a copy, where raw/ is on another file system) leaves
@@ -858,3 +860,38 @@ def test_a_tiny_mesh_is_sampled_not_taken_for_one_without_area(modelnet_mesh_roo
 
 
 TETRA_VERTICES_F = [(0.0, 0.0, 0.0), (1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.0, 0.0, 1.0)]
+
+
+def test_a_class_folder_without_its_split_folder_is_refused(modelnet_mesh_root):
+    # chair/ without test/ (a copy stopped part way): the test split was read without the
+    # class, and no word
+    shutil.rmtree(osp.join(modelnet_mesh_root, 'raw', 'chair', 'test'))
+    with pytest.raises(FileNotFoundError, match=r"1 of the 40 class folders .* lack their "
+                       r"'test' folder: chair.test\. Every class"):
+        ModelNet40(modelnet_mesh_root, train=False, num_points=16, log=False)
+    assert not osp.exists(osp.join(modelnet_mesh_root, 'processed', 'mesh_16_seed0_yup_pos-only',
+                                   'stats.json'))
+
+
+def test_the_docstring_says_normalize_scale_normalises_again(modelnet_mesh_root):
+    # NormalizeScale was listed among the transforms that compose, as if a no-op on sets that
+    # normalize=True had scaled to the unit sphere: it scales them to its own convention
+    from torch_geometric import transforms as T
+    import torch_mz.datasets.real as real
+    doc = ' '.join(ModelNet40.__doc__.split())
+    assert ('``NormalizeScale`` after :obj:`normalize=True` normalises again, to PyG\'s scale: the '
+            'largest absolute coordinate 0.999999, not the largest norm 1' in doc)
+    assert 'replaces the unit-sphere scaling' in ' '.join(real.__doc__.split())
+    plain = ModelNet40(modelnet_mesh_root, num_points=64, log=False)
+    scaled = ModelNet40(modelnet_mesh_root, num_points=64, log=False, transform=T.NormalizeScale())
+    grown = []
+    for a, b in zip(plain, scaled):
+        assert a.pos.norm(dim=1).max() == pytest.approx(1.0, abs=1e-5)
+        assert b.pos.abs().max() == pytest.approx(0.999999, abs=1e-5)
+        grown.append(float(b.pos.norm(dim=1).max()))
+    assert max(grown) > 1.1 and max(grown) <= 3**0.5 + 1e-5
+    # after a rotation about y the largest coordinate turns with the set: another scale
+    box = plain[0]  # the unit cube
+    turned = RandomRotate((45, 45), axis=1)(box.clone())
+    assert not torch.allclose(T.NormalizeScale()(turned).pos.norm(dim=1).max(),
+                              T.NormalizeScale()(box.clone()).pos.norm(dim=1).max(), atol=1e-2)

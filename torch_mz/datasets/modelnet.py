@@ -258,15 +258,18 @@ class ModelNet40(TrainTestSets):
     - :obj:`'mesh'`: the Princeton meshes of ``ModelNet40.zip``, laid out as
       ``raw/<class>/{train,test}/<class>_NNNN.off``. When none of the 40 class folders is there,
       :meth:`download` fetches the archive and extracts it into ``raw/`` (a ``ModelNet40.zip``
-      placed in :obj:`root` is used instead of a download); when only some are there, or the
-      download fails, a :class:`FileNotFoundError` names what is missing and where it goes, and
-      nothing is downloaded over the files already there. Each mesh is sampled once, at
-      processing time: :obj:`num_points` points drawn uniformly on the surface (area-weighted)
-      with a seed fixed per file (derived from :obj:`seed` and the file name), so the cached
-      points are reproducible and training does not re-sample meshes every epoch. The meshes
-      are z-up; their points are rotated into the y-up frame of the HDF5 release
-      (:data:`Z_UP_TO_Y_UP`, :math:`(x, y, z) \mapsto (x, z, -y)`), so both sources stand shapes
-      upright along y, the axis the training rotation turns about.
+      placed in :obj:`root` is used instead of a download, and is deleted once extracted, as a
+      downloaded one is: keep a copy elsewhere); when only some are there, or the download
+      fails, a :class:`FileNotFoundError` names what is missing and where it goes, and nothing
+      is downloaded over the files already there; a class folder without its ``train/`` or
+      ``test/`` folder raises one too. Files other than ``<class>_*.off`` in the split folders
+      are not read. Each mesh is sampled once, at processing time: :obj:`num_points` points
+      drawn uniformly on the surface (area-weighted) with a seed fixed per file (derived from
+      :obj:`seed` and the file name), so the cached points are reproducible and training does
+      not re-sample meshes every epoch. The meshes are z-up; their points are rotated into the
+      y-up frame of the HDF5 release (:data:`Z_UP_TO_Y_UP`,
+      :math:`(x, y, z) \mapsto (x, z, -y)`), so both sources stand shapes upright along y, the
+      axis the training rotation turns about.
     - :obj:`'hdf5'`: PointNet's ``modelnet40_ply_hdf5_2048`` release (``ply_data_{train,test}*.h5``
       with datasets ``data`` :math:`(N, 2048, 3)` and ``label`` :math:`(N, 1)`, and
       ``shape_names.txt``, and ``train_files.txt`` / ``test_files.txt``, which list the HDF5
@@ -297,7 +300,10 @@ class ModelNet40(TrainTestSets):
     ``NormalizeScale``, ``Center``, ``RandomRotate``, ``RandomScale``, ``RandomJitter``,
     ``RandomFlip``, ``FixedPoints``, ``KNNGraph``, ``RadiusGraph``... Those that need the mesh's
     faces (``SamplePoints``, ``FaceToEdge``, ``GenerateMeshNormals``) do not apply: the examples
-    are points sampled once, and no :obj:`face` is stored. The train / validation split of
+    are points sampled once, and no :obj:`face` is stored. ``NormalizeScale`` after
+    :obj:`normalize=True` normalises again, to PyG's scale: the largest absolute coordinate
+    0.999999, not the largest norm 1 (the sets grow by up to :math:`\sqrt{3}`); give
+    :obj:`normalize=False` to normalise with it alone. The train / validation split of
     :func:`torch_mz.tasks.load_task` holds out 10% of the training files for validation (the
     task option ``val_fraction``); PointNet, DGCNN and PointMLP train on all 9,843
     (``val_fraction=0``, which validates on the test split as their code does).
@@ -516,6 +522,18 @@ class ModelNet40(TrainTestSets):
             raise FileNotFoundError(
                 f"no {split} meshes found as "
                 f"'{osp.join(self.raw_dir, '<class>', split, '<class>_NNNN.off')}'")
+        # every class of ModelNet40.zip has both folders: one without its split folder (a copy
+        # stopped part way) gave a split without that class, and no word
+        lacking = [osp.join(name, split) for name in MODELNET40_CLASSES
+                   if not osp.isdir(osp.join(self.raw_dir, name, split))]
+        if lacking:
+            raise FileNotFoundError(
+                f"ModelNet40 (source='mesh'): {len(lacking)} of the 40 class folders in "
+                f"'{self.raw_dir}' lack their '{split}' folder: {', '.join(lacking)}. Every "
+                f"class of ModelNet40.zip has train/ and test/ meshes (a copy stopped part "
+                f"way?): place them as "
+                f"'{osp.join(self.raw_dir, '<class>', split, '<class>_NNNN.off')}' (from "
+                f"{self.url}), or empty '{self.raw_dir}' to download the whole archive")
         assert self.num_points is not None  # required for the mesh source (__init__)
         data_list = []
         for path, label in tqdm(files, desc=f'ModelNet40 {split} meshes', disable=not self.log):

@@ -23,7 +23,10 @@ r"""The real datasets as :class:`~torch_mz.datasets.TaskSplits`, for
 
 Every real task's ``transform`` acts on every split (validation and test too): give deterministic
 ones there (``NormalizeScale``, ``FixedPoints``...), and a random augmentation of the training
-split only by wrapping that split.
+split only by wrapping that split. ``NormalizeScale`` scales by the largest absolute coordinate,
+which turns with a set: after the training split's rotation each draw of a training set gets a
+scale of its own (up to :math:`\sqrt{2}` apart), the validation and test sets that of their one
+pose; and it replaces the unit-sphere scaling of the point clouds' ``normalize=True``.
 
 With ``scanobjectnn``'s ``resample=True`` only the training split redraws its points on every
 access; validation and test keep one subset per object. The training and validation sets then
