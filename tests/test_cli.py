@@ -1365,6 +1365,35 @@ def test_predict_feeds_a_float64_model_its_sets_in_float64(tmp_path, capsys):
     got = torch.tensor([[float(r[f'prediction_{j}']) for j in range(3)] for r in rows],
                        dtype=torch.float64)
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    assert torch.equal(got, expected)  # float64 text: read back bit for bit
+
+
+def test_predict_writes_float32_values_as_the_shortest_text_that_reads_back(tmp_path):
+    # a float32 target 0.0597 was written 0.059700001031160355 (its float64 value)
+    import numpy as np
+
+    from torch_mz import load_model
+    from torch_mz.tasks import load_task
+    from torch_mz.train import predict
+    run = str(tmp_path / 'run')
+    assert main(['train', '--task', 'max', '--task-arg', 'd=2', *T, *SMALL, '--model', 'rigid',
+                 '--out', run]) == 0
+    out = str(tmp_path / 'p.csv')
+    assert main(['predict', os.path.join(run, 'best.pt'), '--n-test', '5', '--out', out]) == 0
+    rows = _read_csv(out)
+    task = load_task('max', n_train=32, n_val=8, n_test=8, d=2)
+    pred, ihw = predict(load_model(os.path.join(run, 'best.pt')), task.test[:5], device='cpu')
+    y = torch.stack([d.y.reshape(-1) for d in task.test[:5]])
+    for name, values in (('prediction', pred), ('target', y), ('ihw', ihw.reshape(-1, 1))):
+        assert values.dtype == torch.float32
+        for j in range(values.size(1)):
+            key = f'{name}_{j}' if values.size(1) > 1 else name
+            cells = [r[key] for r in rows]
+            assert cells == [str(np.float32(v)) for v in values[:, j].tolist()], key
+            back = torch.tensor([np.float32(c) for c in cells])  # float32, bit for bit
+            assert torch.equal(back, values[:, j]), key
+            assert all(len(c.lstrip('-').replace('.', '').split('e')[0].lstrip('0')) <= 9
+                       for c in cells), cells
 
 
 def test_train_resume_takes_the_model_options_beside_those_of_the_model_spec(tmp_path, capsys):

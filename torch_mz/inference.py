@@ -507,6 +507,18 @@ def prediction_columns(model: torch.nn.Module, dataset: Sequence, task_type: str
         progress (bool, optional): Show a :mod:`tqdm` progress bar of the forward passes.
             (default: :obj:`False`)
     """
+    return {k: v.tolist() for k, v in _column_tensors(
+        model, dataset, task_type, batch_size=batch_size, device=device,
+        target_names=target_names, progress=progress).items()}
+
+
+def _column_tensors(model: torch.nn.Module, dataset: Sequence, task_type: str,
+                    batch_size: int = 128, device: Union[str, torch.device] = 'cpu',
+                    target_names: Optional[Sequence[str]] = None, progress: bool = False
+                    ) -> Dict[str, Tensor]:
+    r""":func:`prediction_columns`'s columns as 1-D tensors on the CPU, each in its own dtype
+    (``torch-mz predict`` writes a float32 column's values with the shortest text that reads
+    back to the same float32, a float64 column's in float64)."""
     from torch_mz._checks import check_flag
     if task_type not in ('regression', 'classification'):
         raise ValueError(f"Expected task_type 'regression' or 'classification' (got "
@@ -550,14 +562,14 @@ def _check_target_names(names: Any, task_type: str) -> List[str]:
 
 
 def _columns(name: str, values: Tensor, names: Optional[Sequence[str]] = None
-             ) -> Dict[str, List[float]]:
+             ) -> Dict[str, Tensor]:
     values = values.detach().cpu()
     values = values.reshape(values.size(0), -1)  # (N, k)
     if names is not None:
         if len(names) != values.size(1):
             raise ValueError(f'Expected one target name per {name} column: {values.size(1)} '
                              f'column(s), got {len(names)} name(s) {list(names)!r}')
-        return {f'{name}_{n}': values[:, j].tolist() for j, n in enumerate(names)}
+        return {f'{name}_{n}': values[:, j] for j, n in enumerate(names)}
     if values.size(1) == 1:
-        return {name: values[:, 0].tolist()}
-    return {f'{name}_{j}': values[:, j].tolist() for j in range(values.size(1))}
+        return {name: values[:, 0]}
+    return {f'{name}_{j}': values[:, j] for j in range(values.size(1))}

@@ -396,7 +396,7 @@ def test_hdf5_release_files_are_checked_against_its_lists(modelnet_h5_root):
 def test_hdf5_cache_of_another_processing_version_is_rebuilt(modelnet_h5_root):
     root = modelnet_h5_root['root']
     train = ModelNet40(root, source='hdf5', num_points=100, log=False)
-    assert train.stats['processing_version'] == ModelNet40.processing_version
+    assert train.stats['processing_version'] == ModelNet40.hdf5_processing_version
     stats_json = train.processed_paths[2]
     stats = json.load(open(stats_json))
     del stats['processing_version']  # a cache built before versions were recorded
@@ -404,7 +404,32 @@ def test_hdf5_cache_of_another_processing_version_is_rebuilt(modelnet_h5_root):
     with pytest.warns(UserWarning, match='recorded no processing version.*rebuilding'):
         again = ModelNet40(root, source='hdf5', num_points=100, log=False)
     assert [int(d.y) for d in again] == [int(d.y) for d in train]
-    assert again.stats['processing_version'] == ModelNet40.processing_version
+    assert again.stats['processing_version'] == ModelNet40.hdf5_processing_version
+
+
+def test_hdf5_every_cache_leaves_out_a_shape_for_a_non_finite_point_outside_those_kept(
+        modelnet_h5_root):
+    # the kept num_points alone were checked: num_points=4 kept the shape whose point 7 is NaN,
+    # the cache of all points left it out (the two held other shapes at index 4 on)
+    root = modelnet_h5_root['root']
+    caches = []
+    for num_points in (4, 100, None):
+        with pytest.warns(UserWarning, match='non_finite_points: 1'):
+            ds = ModelNet40(root, source='hdf5', num_points=num_points, log=False)
+        assert ds.stats['train']['skipped']['examples'] == {
+            'non_finite_points': ['ply_data_train1.h5[1]']}
+        caches.append([int(d.y) for d in ds])
+    assert caches == [[0, 8, 39, 8, 5]] * 3
+    # a cache of processing version 2 (it checked the kept points alone) is rebuilt; the mesh
+    # source keeps version 2 (a bump would re-sample every mesh)
+    assert (ModelNet40.processing_version, ModelNet40.hdf5_processing_version) == (2, 3)
+    stats_json = ds.processed_paths[2]
+    stats = json.load(open(stats_json))
+    stats['processing_version'] = 2
+    json.dump(stats, open(stats_json, 'w'))
+    with pytest.warns(UserWarning, match='processing version 2.*rebuilding'):
+        again = ModelNet40(root, source='hdf5', num_points=None, log=False)
+    assert again.stats['processing_version'] == 3
 
 
 def test_hdf5_datasets_that_are_not_numbers_are_named(modelnet_h5_root):

@@ -1,3 +1,5 @@
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -219,6 +221,28 @@ def test_quadratic_tdof_inputs():
     assert not no_m0.task.params['m0'].any()
     with pytest.raises(ValueError, match='tdof'):
         make_task('quadratic-tdof', d=4, tdof=5)
+
+
+@pytest.mark.parametrize('name, option', [('quadratic-tdof', 'with_m0'),
+                                          ('rotation-matching', 'store_rotation'),
+                                          ('sum', 'progress')])
+def test_boolean_options_refuse_what_is_not_true_or_false(name, option):
+    # bool() took the text 'False' for true: with_m0='False' kept M_0, store_rotation='no' stored
+    # the rotation, progress='no' drew the bar
+    for bad in ('False', 'no', 2, None):
+        with pytest.raises(ValueError, match=rf"'{option}' must be True or False \(got "
+                                             rf"{re.escape(repr(bad))}\)"):
+            make_task(name, n_train=1, n_val=0, n_test=0, **{option: bad})
+    if option != 'progress':  # (the task classes themselves, as make_task builds them)
+        with pytest.raises(ValueError, match=f"'{option}' must be True or False"):
+            TASKS[name](**{option: 'False'})
+    # True and False, NumPy's bools and 0 and 1 are taken, as bools
+    for good, expected in ((False, False), (np.bool_(True), True), (0, False), (1, True)):
+        splits = make_task(name, n_train=1, n_val=0, n_test=0, **{option: good})
+        if option != 'progress':
+            assert getattr(splits.task, option) is expected
+    no_m0 = make_task('quadratic-tdof', n_train=1, n_val=0, n_test=0, d=5, tdof=3, with_m0=0)
+    assert not no_m0.task.params['m0'].any()
 
 
 def test_chamfer_task_mixes_matched_and_independent():

@@ -902,6 +902,22 @@ def test_options_of_the_value_operator_are_the_ones_printed_and_defaults_are_not
     assert 'L=4, ' in repr(MZAggregation(8, preset='paper'))
 
 
+def test_num_inducing_0_is_taken_where_no_isab_block_uses_it():
+    # the docstring says num_inducing is not used without ISAB encoder blocks, and 0 was refused
+    x, index = _x(7), torch.tensor([0, 0, 1, 1, 1, 3, 3])
+    for kwargs in ({'encoder': 'sab'}, {'encoder': 'isab', 'num_encoder_blocks': 0}):
+        unused = _aggr(num_inducing=0, **kwargs)
+        assert 'num_inducing' not in repr(unused)
+        torch.testing.assert_close(unused(x, index, dim_size=4),
+                                   _aggr(num_inducing=3, **kwargs)(x, index, dim_size=4),
+                                   rtol=0, atol=0)
+    for kwargs, bad in (({'encoder': 'isab'}, 0), ({'encoder': 'sab'}, -1),
+                        ({'encoder': 'sab'}, 1.5)):
+        with pytest.raises(ValueError, match=r"'num_inducing' must be an integer >= "
+                                             rf"{1 if bad == 0 else 0} \(got {bad}\)"):
+            _aggr(num_inducing=bad, **kwargs)
+
+
 def test_flags_take_bools_and_0_or_1_and_an_unknown_operator_is_named_first():
     assert MZAggregation(4, log_n=1).log_n is True and MZAggregation(4, log_n=0).log_n is False
     with pytest.raises(ValueError, match="Unknown value operator 'hyper-net'"):

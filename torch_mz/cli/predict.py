@@ -106,8 +106,8 @@ def cmd_predict(args) -> int:
     import warnings
 
     from torch_mz._files import atomic_write
-    from torch_mz.inference import (OBJECT_OPTIONS, TestSplitWarning, _load_model,
-                                    _load_test_split, prediction_columns)
+    from torch_mz.inference import (OBJECT_OPTIONS, TestSplitWarning, _column_tensors,
+                                    _load_model, _load_test_split)
     from torch_mz.train import load_checkpoint, resolve_device
     # read once: the split and the weights come from the one file read (a training run that
     # replaces best.pt meanwhile would otherwise give the weights of another epoch, or model)
@@ -176,10 +176,10 @@ def cmd_predict(args) -> int:
         # spread subset takes the first N of the official test files: as many as there are)
         _warn(f"{'--n-test' if args.n_test is not None else 'the run'} asks for {asked} test "
               f"sets; the test split holds {len(task.test)}: all of them are taken")
-    columns = dict(_set_ids(task.test), **prediction_columns(
+    columns = dict(_set_ids(task.test), **{k: _cells(v) for k, v in _column_tensors(
         model, _in_dtype(task.test, model), task.task_type, batch_size=args.batch_size,
         device=resolve_device(args.device), target_names=_target_names(task, recorded),
-        progress=progress))
+        progress=progress).items()})
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator='\n')
     writer.writerow(columns)
@@ -187,6 +187,20 @@ def cmd_predict(args) -> int:
     atomic_write(args.out, lambda f: f.write(buf.getvalue()), binary=False)
     print(f"{len(task.test)} test sets of {task.name} ({', '.join(columns)}) -> {args.out}")
     return 0
+
+
+def _cells(values) -> List[Any]:
+    r"""A column of ``predict``'s CSV: a floating-point column's values as the shortest text
+    that reads back to the same value in the column's own dtype (a float32 target 0.0597 was
+    written 0.059700001031160355, its float64 value; a float64 column keeps float64's
+    precision), an integer column's as integers."""
+    import numpy as np
+    import torch
+    if not values.is_floating_point() or values.dtype == torch.float64:
+        return values.tolist()  # (Python's repr of a float: the shortest for float64)
+    kind = np.float16 if values.dtype == torch.float16 else np.float32  # (bfloat16: exact
+    # in float32, and the shortest float32 text reads back to it)
+    return [str(kind(v)) for v in values.tolist()]
 
 
 def _in_dtype(dataset, model) -> Any:

@@ -278,7 +278,9 @@ class ModelNet40(TrainTestSets):
       ``raw/modelnet40_ply_hdf5_2048/``, y-up as stored.
       The first :obj:`num_points` of the 2,048 points of a shape are kept (they are stored in
       random order, and PointNet, DGCNN and PointMLP take the same first 1,024), :obj:`None`
-      keeps all.
+      keeps all. A shape with a non-finite coordinate among any of its points (not only among
+      those kept) is left out, so that every cache, of any :obj:`num_points`, holds the same
+      shapes in the same order.
 
     With :obj:`normalize=True` every point set is centered at its centroid and scaled so that its
     largest norm is 1. For the HDF5 source this differs from the published loaders: the release
@@ -336,6 +338,11 @@ class ModelNet40(TrainTestSets):
     url = MODELNET40_URL
     classes = MODELNET40_CLASSES
     item_name = 'shape'
+    #: The :attr:`processing_version` of the HDF5 source's caches (the mesh source's is the
+    #: class's, 2: a bump would re-sample every mesh). 3: a shape is left out for a non-finite
+    #: point among any of its 2,048 points, in every cache (the kept :obj:`num_points` alone
+    #: were checked, so caches of other :obj:`num_points` held other shapes at one index)
+    hdf5_processing_version = 3
 
     def __init__(
         self,
@@ -356,6 +363,8 @@ class ModelNet40(TrainTestSets):
         if num_points is None and source == 'mesh':
             raise ValueError("'num_points' must be set for the mesh source")
         self.source = source
+        if source == 'hdf5':
+            self.processing_version = self.hdf5_processing_version
         # plain ints (any integral type is taken): they name the cache and go to stats.json
         self.num_points = optional_points(num_points)
         self.normalize = check_flag('normalize', normalize)  # ('False' is true: it normalised)
@@ -580,10 +589,12 @@ class ModelNet40(TrainTestSets):
                                  f"num_points={self.num_points}")
             name = osp.basename(path)
             for j in tqdm(range(len(points)), desc=f'ModelNet40 {name}', disable=not self.log):
-                shape = points[j] if self.num_points is None else points[j, :self.num_points]
-                if not np.isfinite(shape).all():
+                # every point checked, not the kept ones alone: every cache (any num_points)
+                # holds the same shapes in the same order
+                if not np.isfinite(points[j]).all():
                     skipped.add('non_finite_points', f'{name}[{j}]')
                     continue
+                shape = points[j] if self.num_points is None else points[j, :self.num_points]
                 data_list.append(self._example(shape, int(labels[j])))
         return data_list
 

@@ -43,7 +43,7 @@ from torch_geometric.data import Data
 from tqdm.auto import tqdm
 
 from torch_mz import geometry
-from torch_mz._checks import check_count, check_number, check_range
+from torch_mz._checks import check_count, check_flag, check_number, check_range
 from torch_mz.datasets.splits import SPLITS, TaskSplits
 
 __all__ = [
@@ -224,7 +224,7 @@ class QuadraticTDOFTask(SyntheticTask):
             raise ValueError(f"'tdof' (L) must be <= d since the generators are gated by the first "
                              f"L coordinates of the mean, got tdof={tdof} > d={d}")
         self.noise = check_number('noise', noise, allow_zero=True)
-        self.with_m0 = bool(with_m0)
+        self.with_m0 = check_flag('with_m0', with_m0)  # ('False' was true: M_0 kept)
         self.w: Optional[np.ndarray] = None
         self.m0: Optional[np.ndarray] = None
         self.ms: Optional[np.ndarray] = None
@@ -467,7 +467,7 @@ class RotationMatchingTask(SyntheticTask):
         if reduction not in ('mean', 'sum'):
             raise ValueError(f"'reduction' must be 'mean' or 'sum', got {reduction!r}")
         self.reduction = reduction
-        self.store_rotation = bool(store_rotation)
+        self.store_rotation = check_flag('store_rotation', store_rotation)
 
     @property
     def d_in(self) -> int:
@@ -911,6 +911,7 @@ def make_task(name: str, n_train: Optional[int] = None, n_val: Optional[int] = N
     """
     if name not in TASKS:
         raise ValueError(f"Unknown synthetic task {name!r}; expected one of {list(TASKS)}")
+    progress = check_flag('progress', progress)  # (the text 'no' showed the bar)
     cls = TASKS[name]
     task = cls(**task_kwargs)
     counts = {split: check_count(f'n_{split}',

@@ -420,8 +420,8 @@ class MZAggregation(Aggregation):
             :obj:`None`, i.e. 8).
         num_inducing (int, optional): Inducing tokens :math:`m` per set in each ISAB
             (default: :obj:`None`, 16 in both presets); without ISAB encoder blocks
-            (``encoder='sab'``, or none) there are none, and a value given is not used (so
-            that one set of options serves both encoders).
+            (``encoder='sab'``, or none) there are none, and a value given, any integer
+            :math:`\geq 0`, is not used (so that one set of options serves both encoders).
         num_seeds (int): Seeds :math:`k` of the PMA (default: :obj:`1`).
         num_encoder_blocks (int, optional): :math:`L_{enc}` encoder blocks (default: :obj:`None`,
             1 for ``'neighbourhood'``, 2 for ``'paper'``).
@@ -619,7 +619,9 @@ class MZAggregation(Aggregation):
         num_encoder_blocks = check_count('num_encoder_blocks', num_encoder_blocks, low=0)
         num_decoder_blocks = check_count('num_decoder_blocks', num_decoder_blocks, low=0)
         num_seeds = check_count('num_seeds', num_seeds)
-        num_inducing = check_count('num_inducing', num_inducing)
+        # (unused without ISAB encoder blocks: 0 is taken there, as the docstring says)
+        num_inducing = check_count('num_inducing', num_inducing,
+                                   low=1 if encoder == 'isab' and num_encoder_blocks > 0 else 0)
         # each MAB (two an ISAB, one a SAB or the PMA) has at least 3 d^2 + 2 d d_ff parameters
         # in 10 modules
         mabs = num_encoder_blocks * (2 if encoder == 'isab' else 1) + 1 + num_decoder_blocks
