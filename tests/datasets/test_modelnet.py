@@ -920,3 +920,26 @@ def test_the_docstring_says_normalize_scale_normalises_again(modelnet_mesh_root)
     turned = RandomRotate((45, 45), axis=1)(box.clone())
     assert not torch.allclose(T.NormalizeScale()(turned).pos.norm(dim=1).max(),
                               T.NormalizeScale()(box.clone()).pos.norm(dim=1).max(), atol=1e-2)
+
+
+@pytest.mark.parametrize('remove', ['chair/test', 'test meshes'])
+def test_a_missing_test_folder_is_refused_before_the_training_meshes_are_read(
+        modelnet_mesh_root, monkeypatch, remove):
+    # the bug: the test split's folders were checked only once every training mesh had been
+    # sampled (9,843 of them) and train.pt written, with a warning naming a stats file that
+    # was never written
+    import torch_mz.datasets.modelnet as modelnet_module
+    raw = osp.join(modelnet_mesh_root, 'raw')
+    if remove == 'chair/test':
+        shutil.rmtree(osp.join(raw, 'chair', 'test'))
+        match = r"1 of the 40 class folders .* lack their 'test' folder: chair.test\. Every"
+    else:
+        for path in glob.glob(osp.join(raw, '*', 'test', '*.off')):
+            os.unlink(path)
+        match = 'no test meshes found'
+    read = []
+    monkeypatch.setattr(modelnet_module, 'read_off', lambda path: read.append(path))
+    with pytest.raises(FileNotFoundError, match=match):
+        ModelNet40(modelnet_mesh_root, train=True, num_points=16, log=False)
+    assert read == []
+    assert not glob.glob(osp.join(modelnet_mesh_root, 'processed', '*', 'train.pt'))

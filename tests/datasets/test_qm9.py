@@ -583,6 +583,18 @@ def test_a_csv_path_that_names_no_file_is_refused(tmp_path, csv_path):
     assert not (tmp_path / 'QM9').exists()  # refused before any folder is made
 
 
+@pytest.mark.parametrize('twice', ['same', 'dot', 'path'])
+def test_a_csv_file_named_twice_is_refused(tmp_path, qm9pack_csv, twice):
+    # the bug: its molecules were read twice, and processing said "Corrupt raw file '...':
+    # line 2: duplicate Index 1. Delete it and fetch it again" of a sound file
+    import pathlib
+    other = {'same': qm9pack_csv, 'path': pathlib.Path(qm9pack_csv),
+             'dot': osp.join(osp.dirname(qm9pack_csv), '.', osp.basename(qm9pack_csv))}[twice]
+    with pytest.raises(ValueError, match="'csv_path' names the file '.*' twice"):
+        QM9(str(tmp_path / 'QM9'), source='qm9pack', csv_path=[qm9pack_csv, other], log=False)
+    assert not (tmp_path / 'QM9').exists()  # refused before any folder is made
+
+
 def test_a_molecule_under_two_fallbacks_is_counted_once(qm9_root, qm9pack_csv, monkeypatch):
     # the bug: bonds that failed, then charges set to zero, were "2 record(s) skipped or handled
     # by a fallback" for one molecule

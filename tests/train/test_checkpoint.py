@@ -210,6 +210,32 @@ def test_a_finished_run_resumed_keeps_its_result_until_a_file_goes_further(tmp_p
     assert ran == [2, 3, 4] and json.loads((run / 'result.json').read_text())['epochs_run'] == 5
 
 
+def test_a_finished_run_resumed_keeps_its_result_when_its_first_validation_fails(
+        tmp_path, monkeypatch):
+    # the bug: result.json went once the first resumed epoch had trained, before its
+    # validation: a divergence (or Ctrl-C) there left the finished run's files unchanged but
+    # its result gone
+    from torch_mz.train import TrainingDiverged
+    run = tmp_path / 'run'
+    _resume_run(run, epochs=2)
+    # (best.pt is rewritten from the checkpoint on resuming: the same epoch, other bytes)
+    files = {p.name: p.read_bytes() for p in run.iterdir() if p.name != 'best.pt'}
+    assert 'result.json' in files
+    best = load_checkpoint(run / 'best.pt')['epoch']
+    evaluate = Trainer.evaluate
+
+    def diverging(self, dataset):
+        return dict(evaluate(self, dataset), loss=math.nan)
+    monkeypatch.setattr(Trainer, 'evaluate', diverging)
+    with pytest.raises(TrainingDiverged):
+        _resume_run(run, resume=str(run / 'checkpoint.pt'), epochs=5)
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.name != 'best.pt'} == files
+    assert load_checkpoint(run / 'best.pt')['epoch'] == best
+    monkeypatch.setattr(Trainer, 'evaluate', evaluate)  # (trains on: it goes, as before)
+    _, _, ran = _resume_run(run, resume=str(run / 'checkpoint.pt'), epochs=3, crash_at=None)
+    assert ran == [2] and json.loads((run / 'result.json').read_text())['epochs_run'] == 3
+
+
 def test_stop_by_stops_between_epochs_and_the_run_resumes_exactly(tmp_path):
     from torch_mz.train import DistInfo, TrainingStopped, stop_by
     # checkpoints every 3 epochs: the stop writes its own

@@ -526,23 +526,8 @@ class ModelNet40(TrainTestSets):
                                         self.raw_dir))
 
     def _process_meshes(self, split: str, skipped: SkipCounter) -> List[Data]:
+        self._check_mesh_folders()
         files = self._mesh_files(split)
-        if not files:
-            raise FileNotFoundError(
-                f"no {split} meshes found as "
-                f"'{osp.join(self.raw_dir, '<class>', split, '<class>_NNNN.off')}'")
-        # every class of ModelNet40.zip has both folders: one without its split folder (a copy
-        # stopped part way) gave a split without that class, and no word
-        lacking = [osp.join(name, split) for name in MODELNET40_CLASSES
-                   if not osp.isdir(osp.join(self.raw_dir, name, split))]
-        if lacking:
-            raise FileNotFoundError(
-                f"ModelNet40 (source='mesh'): {len(lacking)} of the 40 class folders in "
-                f"'{self.raw_dir}' lack their '{split}' folder: {', '.join(lacking)}. Every "
-                f"class of ModelNet40.zip has train/ and test/ meshes (a copy stopped part "
-                f"way?): place them as "
-                f"'{osp.join(self.raw_dir, '<class>', split, '<class>_NNNN.off')}' (from "
-                f"{self.url}), or empty '{self.raw_dir}' to download the whole archive")
         assert self.num_points is not None  # required for the mesh source (__init__)
         data_list = []
         for path, label in tqdm(files, desc=f'ModelNet40 {split} meshes', disable=not self.log):
@@ -556,6 +541,33 @@ class ModelNet40(TrainTestSets):
             points = points @ Z_UP_TO_Y_UP.T  # (n, 3), z-up -> y-up
             data_list.append(self._example(points, label))
         return data_list
+
+    def _check_mesh_folders(self) -> None:
+        r"""A :class:`FileNotFoundError` where a split has no meshes, or a class folder lacks its
+        ``train/`` or ``test/`` folder, for both splits before any mesh is read (the test
+        split's was found only after every training mesh was sampled and ``train.pt``
+        written)."""
+        for split in ('train', 'test'):
+            if not self._mesh_files(split):
+                raise FileNotFoundError(
+                    f"no {split} meshes found as "
+                    f"'{osp.join(self.raw_dir, '<class>', split, '<class>_NNNN.off')}'")
+        # every class of ModelNet40.zip has both folders: one without its split folder (a copy
+        # stopped part way) gave a split without that class, and no word
+        lacking = [osp.join(name, split) for split in ('train', 'test')
+                   for name in MODELNET40_CLASSES
+                   if not osp.isdir(osp.join(self.raw_dir, name, split))]
+        if lacking:
+            classes = {osp.dirname(rel) for rel in lacking}
+            splits = sorted({osp.basename(rel) for rel in lacking}, reverse=True)  # train first
+            raise FileNotFoundError(
+                f"ModelNet40 (source='mesh'): {len(classes)} of the 40 class folders in "
+                f"'{self.raw_dir}' lack their {' or '.join(repr(s) for s in splits)} folder: "
+                f"{', '.join(lacking)}. Every "
+                f"class of ModelNet40.zip has train/ and test/ meshes (a copy stopped part "
+                f"way?): place them as "
+                f"'{osp.join(self.raw_dir, '<class>', '{train,test}', '<class>_NNNN.off')}' "
+                f"(from {self.url}), or empty '{self.raw_dir}' to download the whole archive")
 
     def _process_hdf5(self, split: str, skipped: SkipCounter) -> List[Data]:
         folder = osp.join(self.raw_dir, HDF5_FOLDER)

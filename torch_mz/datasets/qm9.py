@@ -369,8 +369,8 @@ def _target_names(target: Union[None, int, str, Sequence[Union[int, str]]]) -> L
 
 def _csv_paths(csv_path: object) -> List[str]:
     r""":class:`QM9`'s :obj:`csv_path` as absolute paths of files; a :class:`ValueError` for no
-    path, one that is not a path, an empty one and a folder (an empty list said "missing CSV
-    file(s) []", and ``''`` read the working directory: "Is a directory")."""
+    path, one that is not a path, an empty one, a folder and a file named twice (an empty list
+    said "missing CSV file(s) []", and ``''`` read the working directory: "Is a directory")."""
     given = ([csv_path] if isinstance(csv_path, (str, os.PathLike)) or
              not hasattr(csv_path, '__iter__') else list(csv_path))
     expected = "'csv_path' must name one or more CSV files (paths)"
@@ -386,6 +386,8 @@ def _csv_paths(csv_path: object) -> List[str]:
         if osp.isdir(path):
             raise ValueError(f"'csv_path' names the folder '{path}': name the CSV file(s) in it "
                              f"(e.g. {', '.join(QM9PACK_FILES)})")
+        if path in paths:  # (its molecules read twice: "Corrupt raw file ... duplicate Index")
+            raise ValueError(f"'csv_path' names the file '{path}' twice, in {csv_path!r}")
         paths.append(path)
     return paths
 
@@ -480,8 +482,8 @@ class QM9(ProcessedDataset):
             keeps, in the given order; :obj:`None` keeps all 12. (default: :obj:`None`)
         csv_path (str or sequence of str, optional): For :obj:`source='qm9pack'`, CSV file(s) in the
             ``qm9pack`` format to read instead of the installed package's (paths or
-            :class:`os.PathLike` objects; ``~`` is the home folder; no path, an empty one or a
-            folder raises a :class:`ValueError`). (default: :obj:`None`)
+            :class:`os.PathLike` objects; ``~`` is the home folder; no path, an empty one, a
+            folder or a file named twice raises a :class:`ValueError`). (default: :obj:`None`)
         charge_failure (str, optional): :obj:`'zero'` or :obj:`'drop'`, see above.
             (default: :obj:`'zero'`)
         transform (callable, optional): Applied to every example on access. (default: :obj:`None`)

@@ -181,6 +181,7 @@ class Trainer:
         self._ddp: Optional[DistributedDataParallel] = None
         self._acc_dtype = torch.float64 if self.device.type in ('cpu', 'cuda') else torch.float32
         self._steps_per_epoch = 1  # schedule steps per epoch (set with the optimiser)
+        self._stale_result: Optional[str] = None  # (_run_epochs, _remove_stale_result)
 
     def __repr__(self) -> str:
         c = self.config
@@ -722,19 +723,15 @@ class Trainer:
         # (_finish writes it again) before its first file (best.pt, the logs, checkpoint.pt):
         # stopped before it finishes (a deadline, a divergence, Ctrl-C), it described the
         # shorter run beside files further on; stopped in its first epoch, before any, the
-        # finished run's folder keeps it
-        stale = (os.path.join(cfg.out_dir, RESULT_JSON)
-                 if cfg.resume is not None and cfg.out_dir is not None and self.dist.is_main
-                 else None)
+        # finished run's folder keeps it (_remove_stale_result)
+        self._stale_result = (os.path.join(cfg.out_dir, RESULT_JSON) if cfg.resume is not None
+                              and cfg.out_dir is not None and self.dist.is_main else None)
         for epoch in bar:
             t_epoch = time.perf_counter()
             sampler.set_epoch(epoch)
             lr = self.optimizer.param_groups[0]['lr']
             record: Dict[str, float] = {'epoch': epoch, 'lr': lr,
                                         'train_loss': self._train_epoch(loader, epoch)}
-            if stale is not None and os.path.isfile(stale):
-                os.unlink(stale)
-            stale = None
             if val_dataset is not None:
                 self._validate(run, val_dataset, epoch, record)
             else:
@@ -772,6 +769,7 @@ class Trainer:
             run.best_state = _cpu_state_dict(self.model)
             if self._writes_files:
                 assert cfg.out_dir is not None  # _writes_files needs it
+                self._remove_stale_result()
                 best = self._checkpoint_base('model')
                 best.update(model=run.best_state, epoch=epoch, metrics=dict(record))
                 save_checkpoint(best, os.path.join(cfg.out_dir, BEST_CHECKPOINT))
@@ -783,6 +781,7 @@ class Trainer:
         r"""Writes ``checkpoint.pt`` (every ``checkpoint_every`` epochs, after the last one and
         when :obj:`force`\ d) and the metrics logs."""
         cfg = self.config
+        self._remove_stale_result()
         last = epoch == cfg.epochs - 1 or run.stopped_early or force
         periodic = cfg.checkpoint_every > 0 and (epoch + 1) % cfg.checkpoint_every == 0
         if cfg.out_dir is not None and (last or periodic):
@@ -807,6 +806,15 @@ class Trainer:
                 save_checkpoint(ckpt, os.path.join(cfg.out_dir, LAST_CHECKPOINT))
         if self._writes_files:
             self._write_logs(run.history)
+
+    def _remove_stale_result(self) -> None:
+        r"""Removes the ``result.json`` of the run a resumed run extends (:meth:`_run_epochs`)
+        just before the first file further on is written: an epoch stopped before then (in
+        its validation too: a divergence, Ctrl-C) leaves the finished run's folder as it was,
+        its result included."""
+        if self._stale_result is not None and os.path.isfile(self._stale_result):
+            os.unlink(self._stale_result)
+        self._stale_result = None
 
     def _finish(self, run: _FitState, val_dataset: Optional[Sequence],
                 test_dataset: Optional[Sequence]) -> TrainResult:
