@@ -1396,6 +1396,34 @@ def test_predict_writes_float32_values_as_the_shortest_text_that_reads_back(tmp_
                        for c in cells), cells
 
 
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float64], ids=str)
+def test_predict_writes_the_targets_of_the_dataset_for_a_model_of_another_dtype(tmp_path,
+                                                                                 dtype):
+    # the bug: the sets were cast to the model's dtype, targets included: a bfloat16 model's
+    # target column held the targets rounded to bfloat16 (1.53125 for 1.5301529), a float64
+    # model's the float32 targets written as their float64 values (1.5301529169082642)
+    import numpy as np
+
+    from torch_mz.tasks import load_task
+    from torch_mz.train import load_checkpoint, save_checkpoint
+    run = str(tmp_path / 'run')
+    assert main(['train', '--task', 'max', '--task-arg', 'd=2', *T, *SMALL, '--model', 'rigid',
+                 '--out', run]) == 0
+    state = load_checkpoint(os.path.join(run, 'best.pt'))
+    state['model'] = {k: v.to(dtype) if v.is_floating_point() else v
+                      for k, v in state['model'].items()}
+    other = str(tmp_path / 'other.pt')
+    save_checkpoint(state, other)
+    out = str(tmp_path / 'p.csv')
+    assert main(['predict', other, '--n-test', '5', '--out', out]) == 0
+    rows = _read_csv(out)
+    y = torch.stack([d.y.reshape(-1) for d in load_task('max', n_train=32, n_val=8, n_test=8,
+                                                        d=2).test[:5]])
+    assert y.dtype == torch.float32
+    for j in range(2):
+        assert [r[f'target_{j}'] for r in rows] == [str(np.float32(v)) for v in y[:, j].tolist()]
+
+
 def test_train_resume_takes_the_model_options_beside_those_of_the_model_spec(tmp_path, capsys):
     # with options in --model itself, the checkpoint's --model-args were not taken: the data
     # were built and the run refused as another's

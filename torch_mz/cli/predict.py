@@ -207,7 +207,10 @@ def _in_dtype(dataset, model) -> Any:
     r"""The sets of :obj:`dataset` with their floating-point tensors in the precision of
     :obj:`model`'s weights where the two differ (a model trained in float64 through the Python
     API is rebuilt in float64, and the tasks give float32 sets: exact, float32 values are
-    float64 values), else :obj:`dataset` itself."""
+    float64 values), else :obj:`dataset` itself. The targets ``y``, which the model does not
+    read, stay as they are: the CSV's target columns are the dataset's (a float16 or bfloat16
+    model's were the targets rounded to its precision, a float64 model's float32 targets were
+    written as their float64 values)."""
     import torch
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
     first = dataset[0] if len(dataset) else None
@@ -215,5 +218,9 @@ def _in_dtype(dataset, model) -> Any:
                   if torch.is_tensor(v) and v.is_floating_point()), None)
     if dtype is None or given is None or given == dtype:
         return dataset
-    return [d.clone().apply(lambda t: t.to(dtype) if t.is_floating_point() else t)
-            for d in dataset]
+    sets = [d.clone() for d in dataset]
+    for d in sets:
+        for key, value in list(d.items()):
+            if key != 'y' and torch.is_tensor(value) and value.is_floating_point():
+                d[key] = value.to(dtype)
+    return sets
