@@ -31,8 +31,10 @@ from torch_mz.datasets.modelnet import (
 )
 from torch_mz.datasets.transforms import RandomJitter
 
-# the fixtures hold a flat mesh and a NaN point on purpose; tests of the warning use pytest.warns
-pytestmark = pytest.mark.filterwarnings('ignore:ModelNet40 .* skipped:UserWarning')
+# the fixtures hold a flat mesh, a NaN point and class folders without meshes on purpose; tests
+# of the warnings use pytest.warns
+pytestmark = [pytest.mark.filterwarnings('ignore:ModelNet40 .* skipped:UserWarning'),
+              pytest.mark.filterwarnings('ignore:ModelNet40 .* classes have no:UserWarning')]
 
 
 def sorted_triangles(faces) -> np.ndarray:
@@ -154,9 +156,33 @@ def test_mesh_dataset_shapes_labels_normalisation_and_skips(modelnet_mesh_root):
     assert train.stats['train']['skipped']['examples'] == {
         'mesh_without_area': ['bed/train/bed_0001.off']
     }
-    assert train.stats['test'] == {'num_shapes': 2, 'skipped': {'counts': {}, 'examples': {}}}
+    assert train.stats['test'] == {'num_shapes': 2, 'skipped': {'counts': {}, 'examples': {}},
+                                   'classes_without_meshes': [
+                                       n for n in MODELNET40_CLASSES if n not in ('chair', 'xbox')]}
     assert train.num_classes == 40  # the fixed class list, not the largest label present + 1
     assert 'split=train' in repr(train) and 'num_points=64' in repr(train)
+
+
+def test_classes_without_meshes_of_a_split_are_warned_about_and_recorded(modelnet_mesh_root):
+    # a class whose train/ or test/ folder holds no mesh (a copy stopped part way) was left out
+    # of that split without a word (the fixture leaves most of its class folders empty)
+    os.unlink(osp.join(modelnet_mesh_root, 'raw', 'xbox', 'test', 'xbox_0001.off'))
+    with pytest.warns(UserWarning, match=r"39 of the 40 classes have no test meshes \('.*"
+                      r"test.*'\): airplane, bathtub, bed, bench, bookshelf and 34 more\. "
+                      r"The test split holds no shape of them") as caught:
+        test = ModelNet40(modelnet_mesh_root, train=False, num_points=16, log=False)
+    train_warnings = [str(w.message) for w in caught if 'no train meshes' in str(w.message)]
+    assert len(train_warnings) == 1  # once per split
+    assert ('37 of the 40 classes have no train meshes' in train_warnings[0]
+            and ': bathtub, bench, bookshelf, bottle, bowl and 32 more.' in train_warnings[0])
+    assert {w.filename for w in caught if 'classes have no' in str(w.message)} == {__file__}
+    with_meshes = {'train': ('airplane', 'bed', 'chair'), 'test': ('chair', )}
+    with open(test.processed_paths[2]) as f:
+        stats = json.load(f)
+    for split, present in with_meshes.items():
+        assert stats[split]['classes_without_meshes'] == [
+            n for n in MODELNET40_CLASSES if n not in present]
+    assert test.stats['test']['classes_without_meshes'][-1] == 'xbox'
 
 
 def test_mesh_points_lie_on_the_normalised_mesh(modelnet_mesh_root):

@@ -583,13 +583,19 @@ def test_a_csv_path_that_names_no_file_is_refused(tmp_path, csv_path):
     assert not (tmp_path / 'QM9').exists()  # refused before any folder is made
 
 
-@pytest.mark.parametrize('twice', ['same', 'dot', 'path'])
+@pytest.mark.parametrize('twice', ['same', 'dot', 'path', 'symlink', 'hardlink'])
 def test_a_csv_file_named_twice_is_refused(tmp_path, qm9pack_csv, twice):
     # the bug: its molecules were read twice, and processing said "Corrupt raw file '...':
-    # line 2: duplicate Index 1. Delete it and fetch it again" of a sound file
+    # line 2: duplicate Index 1. Delete it and fetch it again" of a sound file (of a file named
+    # again through a link, after the names alone were compared)
     import pathlib
     other = {'same': qm9pack_csv, 'path': pathlib.Path(qm9pack_csv),
-             'dot': osp.join(osp.dirname(qm9pack_csv), '.', osp.basename(qm9pack_csv))}[twice]
+             'dot': osp.join(osp.dirname(qm9pack_csv), '.', osp.basename(qm9pack_csv)),
+             'symlink': str(tmp_path / 'link.csv'), 'hardlink': str(tmp_path / 'hard.csv')}[twice]
+    if twice == 'symlink':
+        os.symlink(qm9pack_csv, other)
+    elif twice == 'hardlink':
+        os.link(qm9pack_csv, other)
     with pytest.raises(ValueError, match="'csv_path' names the file '.*' twice"):
         QM9(str(tmp_path / 'QM9'), source='qm9pack', csv_path=[qm9pack_csv, other], log=False)
     assert not (tmp_path / 'QM9').exists()  # refused before any folder is made

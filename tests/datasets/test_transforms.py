@@ -122,6 +122,7 @@ def _datasets(source, request):
 
 
 @pytest.mark.filterwarnings('ignore:ModelNet40 .* skipped:UserWarning')
+@pytest.mark.filterwarnings('ignore:ModelNet40 .* classes have no:UserWarning')
 @pytest.mark.parametrize('source', ['modelnet40', 'scanobjectnn', 'synthetic'])
 def test_pyg_transforms_change_predictions_and_invariant_models_ignore_rotations(source,
                                                                                  request):

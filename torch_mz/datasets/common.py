@@ -821,7 +821,8 @@ class TrainTestSets(ProcessedDataset):
     and a :meth:`process` that runs ``pre_filter``/``pre_transform``, saves each split and records
     what was skipped and, with a ``pre_filter``, which examples it removed
     (``removed_by_pre_filter``: their positions among the examples read). Subclasses implement
-    :meth:`_split_examples` and set :attr:`item_name`."""
+    :meth:`_split_examples` and set :attr:`item_name`; :meth:`_split_record` adds to a split's
+    record."""
     item_name = 'example'
 
     def _setup(self, root: Optional[str], name: str, train: bool, transform, pre_transform,
@@ -861,6 +862,11 @@ class TrainTestSets(ProcessedDataset):
     def _split_examples(self, split: str, skipped: 'SkipCounter') -> list:
         raise NotImplementedError
 
+    def _split_record(self, split: str) -> Dict[str, object]:
+        r"""What else the stats file records of :obj:`split`, found by :meth:`_split_examples`
+        (none here)."""
+        return {}
+
     def process(self) -> None:
         stats = self._stats_header()
         stats['processing_version'] = self.processing_version
@@ -888,6 +894,7 @@ class TrainTestSets(ProcessedDataset):
                                          'skipped': skipped.as_dict()}
             if removed is not None:
                 record['removed_by_pre_filter'] = removed
+            record.update(self._split_record(split))
             stats[split] = record
             skipped.report(f'{self._label()} {split}')
         self._finish_cache(stats, self.processed_paths[2], self.processed_paths[:2])

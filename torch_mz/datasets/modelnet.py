@@ -21,6 +21,7 @@ from torch_mz.datasets.common import (
     CorruptRawFileError,
     SkipCounter,
     TrainTestSets,
+    _caller_stacklevel,
     check_integer,
     fingerprint_files,
     integer_valued,
@@ -262,11 +263,13 @@ class ModelNet40(TrainTestSets):
       downloaded one is: keep a copy elsewhere); when only some are there, or the download
       fails, a :class:`FileNotFoundError` names what is missing and where it goes, and nothing
       is downloaded over the files already there; a class folder without its ``train/`` or
-      ``test/`` folder raises one too. Files other than ``<class>_*.off`` in the split folders
-      are not read. Each mesh is sampled once, at processing time: :obj:`num_points` points
-      drawn uniformly on the surface (area-weighted) with a seed fixed per file (derived from
-      :obj:`seed` and the file name), so the cached points are reproducible and training does
-      not re-sample meshes every epoch. The meshes are z-up; their points are rotated into the
+      ``test/`` folder raises one too, and a class whose ``train/`` or ``test/`` folder holds
+      no mesh is named in a warning and listed in :attr:`stats` (``classes_without_meshes``
+      of the split). Files other than ``<class>_*.off`` in the split folders are not read.
+      Each mesh is sampled once, at processing time: :obj:`num_points` points drawn uniformly
+      on the surface (area-weighted) with a seed fixed per file (derived from :obj:`seed` and
+      the file name), so the cached points are reproducible and training does not re-sample
+      meshes every epoch. The meshes are z-up; their points are rotated into the
       y-up frame of the HDF5 release (:data:`Z_UP_TO_Y_UP`,
       :math:`(x, y, z) \mapsto (x, z, -y)`), so both sources stand shapes upright along y, the
       axis the training rotation turns about.
@@ -369,6 +372,8 @@ class ModelNet40(TrainTestSets):
         self.num_points = optional_points(num_points)
         self.normalize = check_flag('normalize', normalize)  # ('False' is true: it normalised)
         self.seed = check_integer('seed', seed)
+        # the classes without meshes of each split, found by processing (_process_meshes)
+        self._without_meshes: Dict[str, List[str]] = {}
         self._setup(root, 'ModelNet40', train, transform, pre_transform, pre_filter, log,
                     force_reload)
 
@@ -528,6 +533,7 @@ class ModelNet40(TrainTestSets):
     def _process_meshes(self, split: str, skipped: SkipCounter) -> List[Data]:
         self._check_mesh_folders()
         files = self._mesh_files(split)
+        self._warn_classes_without_meshes(split, files)
         assert self.num_points is not None  # required for the mesh source (__init__)
         data_list = []
         for path, label in tqdm(files, desc=f'ModelNet40 {split} meshes', disable=not self.log):
@@ -541,6 +547,31 @@ class ModelNet40(TrainTestSets):
             points = points @ Z_UP_TO_Y_UP.T  # (n, 3), z-up -> y-up
             data_list.append(self._example(points, label))
         return data_list
+
+    def _warn_classes_without_meshes(self, split: str, files: List[Tuple[str, int]]) -> None:
+        r"""Warns where a class's :obj:`split` folder holds no ``<class>_*.off`` mesh, and keeps
+        the names for the stats file (:meth:`_split_record`)."""
+        present = {label for _, label in files}
+        names = [name for label, name in enumerate(MODELNET40_CLASSES) if label not in present]
+        self._without_meshes[split] = names
+        if names:
+            # every class of ModelNet40.zip has meshes of both splits: a folder left empty (a
+            # copy stopped part way) gave a split without that class, and no word
+            more = f' and {len(names) - 5} more' if len(names) > 5 else ''
+            warnings.warn(
+                f"ModelNet40 (source='mesh'): {len(names)} of the 40 classes have no {split} "
+                f"meshes ('{osp.join(self.raw_dir, '<class>', split, '<class>_*.off')}'): "
+                f"{', '.join(names[:5])}{more}. The {split} split holds no shape of them "
+                f"(every class of ModelNet40.zip has {split} meshes: a copy stopped part way?); "
+                f"they are listed in the stats file in the processed folder",
+                stacklevel=_caller_stacklevel())
+
+    def _split_record(self, split: str) -> Dict[str, object]:
+        r"""The classes without meshes of :obj:`split` (``classes_without_meshes``), for the
+        mesh source."""
+        if split not in self._without_meshes:  # (the HDF5 source)
+            return {}
+        return {'classes_without_meshes': list(self._without_meshes[split])}
 
     def _check_mesh_folders(self) -> None:
         r"""A :class:`FileNotFoundError` where a split has no meshes, or a class folder lacks its

@@ -367,16 +367,25 @@ def _target_names(target: Union[None, int, str, Sequence[Union[int, str]]]) -> L
     return [QM9_TARGETS[c] for c in (range(len(QM9_TARGETS)) if columns is None else columns)]
 
 
+def _same_file(a: str, b: str) -> bool:
+    r"""Whether :obj:`a` and :obj:`b` are one existing file (:func:`os.path.samefile`)."""
+    try:
+        return osp.samefile(a, b)
+    except OSError:  # (a missing file is named later, when it is read)
+        return False
+
+
 def _csv_paths(csv_path: object) -> List[str]:
     r""":class:`QM9`'s :obj:`csv_path` as absolute paths of files; a :class:`ValueError` for no
-    path, one that is not a path, an empty one, a folder and a file named twice (an empty list
-    said "missing CSV file(s) []", and ``''`` read the working directory: "Is a directory")."""
+    path, one that is not a path, an empty one, a folder and a file named twice, also through a
+    symbolic or a hard link to it (an empty list said "missing CSV file(s) []", and ``''`` read
+    the working directory: "Is a directory")."""
     given = ([csv_path] if isinstance(csv_path, (str, os.PathLike)) or
              not hasattr(csv_path, '__iter__') else list(csv_path))
     expected = "'csv_path' must name one or more CSV files (paths)"
     if not given:
         raise ValueError(f'{expected}, got {csv_path!r}')
-    paths = []
+    paths: List[str] = []
     for p in given:
         text = os.fspath(p) if isinstance(p, (str, os.PathLike)) else None
         if not isinstance(text, str) or not text:
@@ -386,7 +395,9 @@ def _csv_paths(csv_path: object) -> List[str]:
         if osp.isdir(path):
             raise ValueError(f"'csv_path' names the folder '{path}': name the CSV file(s) in it "
                              f"(e.g. {', '.join(QM9PACK_FILES)})")
-        if path in paths:  # (its molecules read twice: "Corrupt raw file ... duplicate Index")
+        # (its molecules read twice: "Corrupt raw file ... duplicate Index"); also under another
+        # name, a symbolic or a hard link to a file named before
+        if any(path == q or _same_file(path, q) for q in paths):
             raise ValueError(f"'csv_path' names the file '{path}' twice, in {csv_path!r}")
         paths.append(path)
     return paths
