@@ -202,3 +202,41 @@ def test_jitter_refuses_coordinates_that_are_not_real_floats(dtype):
         RandomJitter()(Data(pos=torch.zeros(4, 3, dtype=dtype)))
     for real in (torch.float16, torch.float64):  # float coordinates keep their dtype
         assert RandomJitter()(Data(pos=torch.zeros(4, 3, dtype=real))).pos.dtype == real
+
+
+def test_jitter_noise_is_the_same_for_every_dtype_and_layout():
+    # randn_like drew other numbers for float64 than for float32 (from 16 values on) and for
+    # a column-major pos than for a contiguous one: one seed, other augmentations
+    pos = cloud(40).pos  # (40, 3)
+    torch.manual_seed(8)
+    ref = RandomJitter(clip=None)(Data(pos=pos)).pos - pos  # float32, contiguous
+    for dtype in (torch.float64, torch.float16):
+        torch.manual_seed(8)
+        out = RandomJitter(clip=None)(Data(pos=pos.to(dtype))).pos
+        assert out.dtype == dtype
+        tol = 1e-6 if dtype == torch.float64 else 1e-2
+        torch.testing.assert_close((out - pos.to(dtype)).float(), ref, atol=tol, rtol=0)
+    column_major = pos.T.contiguous().T  # the same values, other strides
+    assert not column_major.is_contiguous()
+    torch.manual_seed(8)
+    out = RandomJitter(clip=None)(Data(pos=column_major)).pos
+    torch.testing.assert_close(out - pos, ref, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize('transform', [RandomJitter(), RandomJitter(sigma=0.5, clip=None),
+                                       Compose([RandomRotate(180, axis=1), RandomJitter()])])
+def test_transforms_leave_their_input_unchanged(transform):
+    # a dataset's cached item must not change when a transform runs on it (twice); the last is
+    # the real tasks' training augmentation
+    random.seed(0)
+    data = Data(pos=cloud(10).pos, x=torch.ones(10, 2), batch=torch.zeros(10, dtype=torch.long),
+                edge_index=torch.tensor([[0, 1], [1, 0]]), edge_attr=torch.ones(2, 1))
+    before = data.clone()
+    for _ in range(2):
+        out = transform(data)
+        assert not torch.equal(out.pos, data.pos) and out.pos.shape == (10, 3)
+        for key in ('x', 'batch', 'edge_index', 'edge_attr'):  # carried as they are
+            assert torch.equal(out[key], before[key])
+    for key in before.keys():
+        assert torch.equal(data[key], before[key]), key
+    assert transform(Data(pos=torch.zeros(0, 3))).pos.shape == (0, 3)  # an empty set

@@ -49,7 +49,9 @@ class RandomJitter(BaseTransform):
         \boldsymbol{\epsilon} \sim \mathcal{N}(0, \sigma^2 I).
 
     Acts on :obj:`pos` only (as PyG's transforms do). Randomness comes from :mod:`torch`'s global
-    generator, so :func:`torch.manual_seed` makes an epoch reproducible.
+    generator, so :func:`torch.manual_seed` makes an epoch reproducible; the noise is drawn in
+    :obj:`float32`, row by row, and then cast, so a seed gives the same noise (rounded to the
+    dtype) whatever the floating dtype and memory layout of :obj:`pos`.
 
     Args:
         sigma (float, optional): Standard deviation :math:`\sigma`, finite and non-negative.
@@ -80,7 +82,10 @@ class RandomJitter(BaseTransform):
         if not data.pos.is_floating_point():  # (torch's kernels refused it by their names)
             raise ValueError(f"expected floating-point 'pos' (gaussian noise is real-valued), "
                              f"got {data.pos.dtype}")
-        noise = torch.randn_like(data.pos) * self.sigma  # (n, D)
+        # (randn_like drew other numbers for float64 than for float32, and for a transposed
+        # pos than for a contiguous one, from one seed)
+        noise = torch.randn(data.pos.shape, device=data.pos.device)  # (n, D), float32
+        noise = noise.to(data.pos.dtype) * self.sigma  # (n, D)
         if self.clip is not None:
             noise = noise.clamp(-self.clip, self.clip)
         data.pos = data.pos + noise
