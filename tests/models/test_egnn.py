@@ -1084,3 +1084,44 @@ def test_layer_counts_that_could_not_fit_in_memory_are_refused_before_any_layer(
     with pytest.raises(ValueError, match="^num_layers=1180591620717411303424, hidden_channels="
                                          "64: .*beyond this machine's"):
         EGNN(3, num_layers=2 ** 70)
+
+
+def test_conv_edge_attributes_of_another_dtype_on_the_per_edge_path():
+    # fewer edges than nodes (phi_e run per edge): float64 edge attributes beside float32
+    # weights failed there (mat1 and mat2 must have the same dtype), while the per-node path
+    # took them in phi_e's dtype
+    torch.manual_seed(0)
+    conv = EGNNConv(4, hidden_channels=6, edge_dim=2)
+    h, pos = torch.randn(5, 4), torch.randn(5, 3)
+    edges = torch.tensor([[0, 1], [1, 0]])  # (2, 2): E < N
+    attr = torch.randn(2, 2, dtype=torch.float64)
+    with torch.no_grad():
+        out, new_pos = conv(h, pos, edges, attr)
+        ref_out, ref_pos = conv(h, pos, edges, attr.float())
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, ref_out)
+    torch.testing.assert_close(new_pos, ref_pos)
+
+
+def test_conv_refuses_integer_coordinates():
+    # integer coordinates ran; with normalize their unit differences were cast back to integers
+    conv = EGNNConv(4, normalize=True)
+    edges = fully_connected_edge_index(torch.zeros(3, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"floating 'pos' of shape \(3, D\), got \(3, 2\) and "
+                                         r"dtype torch.int64"):
+        conv(torch.randn(3, 4), torch.tensor([[0, 0], [3, 0], [0, 5]]), edges)
+
+
+@pytest.mark.parametrize('kwargs,match', [
+    (dict(hidden_channels=0), "'hidden_channels' must be an integer >= 1"),  # was read as 4
+    (dict(hidden_channels=-1), "'hidden_channels' must be an integer >= 1"),
+    (dict(edge_dim=1.5), "'edge_dim' must be an integer >= 0"),
+    (dict(eps=0.0), "'eps'"),  # coincident points gave NaN coordinates with normalize
+    (dict(coords_range=float('nan')), "'coords_range'"),  # NaN coordinates with tanh
+    (dict(edge_gate='False'), "'edge_gate'"),  # a text, which is true: the gate was built
+])
+def test_conv_names_bad_constructor_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        EGNNConv(4, **kwargs)
+    with pytest.raises(ValueError, match="'channels' must be an integer >= 1"):
+        EGNNConv(2.5)

@@ -284,8 +284,8 @@ class EGNNConv(MessagePassing):
         residual (bool, optional): Add ``h`` to :math:`\phi_h`'s output. (default: :obj:`True`)
         act (str, optional): Activation of the MLPs (a PyG activation name).
             (default: :obj:`"silu"`)
-        eps (float, optional): :math:`\epsilon` of the normalisation and of the safe norm.
-            (default: :obj:`1e-8`)
+        eps (float, optional): :math:`\epsilon` of the normalisation and of the safe norm, a
+            positive number. (default: :obj:`1e-8`)
 
     Shapes:
         - **input:** h :math:`(N, F)`, pos :math:`(N, D)`, edge_index :math:`(2, E)`,
@@ -321,12 +321,20 @@ class EGNNConv(MessagePassing):
             raise ValueError(f"'aggr' {aggr!r} depends on the order of the messages "
                              f"({', '.join(order_dependent)}), which would break EGNNConv's "
                              f"invariance to permutations of the nodes")
-        if channels < 1:
-            raise ValueError(f"'channels' must be positive, got {channels}")
+        # (hidden_channels=0 was read as None, i.e. channels; eps <= 0 divided coincident
+        # points by zero with normalize, NaN coordinates; a text flag such as 'False' is true)
+        channels = check_count('channels', channels)
+        hidden_channels = check_optional_count('hidden_channels', hidden_channels)
+        edge_dim = check_count('edge_dim', edge_dim, low=0)
+        edge_gate, normalize, detach_norm, tanh, update_coords, residual = (
+            check_flag(k, v) for k, v in (('edge_gate', edge_gate), ('normalize', normalize),
+                                          ('detach_norm', detach_norm), ('tanh', tanh),
+                                          ('update_coords', update_coords),
+                                          ('residual', residual)))
+        coords_range = check_number('coords_range', coords_range, allow_zero=True)
+        eps = check_number('eps', eps)
         if coord_aggr not in _COORD_AGGRS:
             raise ValueError(f"'coord_aggr' must be one of {_COORD_AGGRS}, got '{coord_aggr}'")
-        if edge_dim < 0:
-            raise ValueError(f"'edge_dim' must be non-negative, got {edge_dim}")
         self.channels = channels
         self.hidden_channels = hidden = hidden_channels or channels
         self.edge_dim = edge_dim
@@ -373,8 +381,11 @@ class EGNNConv(MessagePassing):
         coordinates nothing reads."""
         if h.dim() != 2 or h.size(1) != self.channels:
             raise ValueError(f"Expected 'h' of shape (N, {self.channels}), got {tuple(h.shape)}")
-        if pos.dim() != 2 or pos.size(0) != h.size(0):
-            raise ValueError(f"Expected 'pos' of shape ({h.size(0)}, D), got {tuple(pos.shape)}")
+        if pos.dim() != 2 or pos.size(0) != h.size(0) or not pos.is_floating_point():
+            # (integer coordinates ran, and with normalize their unit differences were cast
+            # back to integers: truncated to 0 or +-1)
+            raise ValueError(f"Expected floating 'pos' of shape ({h.size(0)}, D), got "
+                             f"{tuple(pos.shape)} and dtype {pos.dtype}")
         if edge_index.dim() != 2 or edge_index.size(0) != 2:
             raise ValueError(f"Expected 'edge_index' of shape (2, E), got "
                              f"{tuple(edge_index.shape)}")
@@ -439,8 +450,10 @@ class EGNNConv(MessagePassing):
         if rest is None:  # a, b are h: phi_e as it is
             # (d^2 in the features' dtype: coordinates wider than the layer, e.g. float64
             # beside float32 weights, would promote the concatenation past phi_e's dtype)
+            # (and edge attributes too, as the per-node path has them: float64 ones beside
+            # float32 weights failed here alone)
             inputs = [a_i, b_j, sq_dist.to(a_i.dtype)] + (
-                [edge_attr] if edge_attr is not None else [])
+                [edge_attr.to(a_i.dtype)] if edge_attr is not None else [])
             m = self.edge_mlp(torch.cat(inputs, dim=-1))  # (E, H)
         else:  # a, b are the node blocks of phi_e's first layer (see forward)
             # the per-edge columns [d^2, a] meet their weight columns in one matrix product
@@ -548,6 +561,9 @@ class EGNN(Module):
     first ``pos_dim`` columns of ``x`` are the coordinates and the rest are the invariant features
     (the layout ``[pos, x]`` the set models read, see :func:`split_pos_features`). With
     ``in_channels=0`` the model takes no features and embeds a constant ``1`` for every element.
+    ``pos`` must be floating point; ``x`` and ``pos`` meet in the wider of their dtypes, which must
+    be the model's (float64 coordinates beside a float32 model raise a :class:`ValueError`, they
+    are not cast), except under :func:`torch.autocast` for float32 and half-precision inputs.
 
     Args:
         in_channels (int): Number of invariant element features (not counting coordinates);
