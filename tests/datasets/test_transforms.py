@@ -240,3 +240,25 @@ def test_transforms_leave_their_input_unchanged(transform):
     for key in before.keys():
         assert torch.equal(data[key], before[key]), key
     assert transform(Data(pos=torch.zeros(0, 3))).pos.shape == (0, 3)  # an empty set
+
+
+@pytest.fixture
+def float64_default():
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)
+
+
+def test_jitter_noise_is_drawn_in_float32_whatever_the_default_dtype(float64_default):
+    # the bug: torch.randn drew in the default dtype, so under torch.set_default_dtype(float64)
+    # a float32 pos got other noise than under float32 (and a float64 pos other than float32's)
+    pos = torch.zeros(40, 3, dtype=torch.float32)
+    torch.manual_seed(8)
+    out = RandomJitter(sigma=1.0, clip=None)(Data(pos=pos)).pos
+    torch.manual_seed(8)
+    expected = torch.randn(40, 3, dtype=torch.float32)
+    assert out.dtype == torch.float32 and torch.equal(out, expected)
+    torch.manual_seed(8)
+    out = RandomJitter(sigma=1.0, clip=None)(Data(pos=pos.double())).pos
+    assert torch.equal(out, expected.double())

@@ -84,7 +84,10 @@ class RandomJitter(BaseTransform):
                              f"got {data.pos.dtype}")
         # (randn_like drew other numbers for float64 than for float32, and for a transposed
         # pos than for a contiguous one, from one seed)
-        noise = torch.randn(data.pos.shape, device=data.pos.device)  # (n, D), float32
+        # (float32 whatever the default dtype: under torch.set_default_dtype(torch.float64)
+        # the noise was drawn in float64, other numbers than the float32 ones)
+        noise = torch.randn(data.pos.shape, dtype=torch.float32,
+                            device=data.pos.device)  # (n, D)
         noise = noise.to(data.pos.dtype) * self.sigma  # (n, D)
         if self.clip is not None:
             noise = noise.clamp(-self.clip, self.clip)
