@@ -1424,6 +1424,23 @@ def test_predict_writes_the_targets_of_the_dataset_for_a_model_of_another_dtype(
         assert [r[f'target_{j}'] for r in rows] == [str(np.float32(v)) for v in y[:, j].tolist()]
 
 
+def test_predict_casts_the_inputs_by_their_own_dtype_not_the_targets():
+    # the dtype read to decide whether to cast was the first floating tensor's, which could be
+    # y: float32 targets first and float64 inputs beside a float32 model were not cast
+    from torch_geometric.data import Data
+
+    from torch_mz.cli.predict import _in_dtype
+    model = torch.nn.Linear(2, 1)
+    first = Data()
+    first.y = torch.zeros(1, 1)  # (set first: Data(x=..., y=...) stores x first whatever the order)
+    first.x = torch.randn(3, 2, dtype=torch.float64)
+    sets = [first]
+    assert [k for k, _ in first.items()] == ['y', 'x']
+    got = _in_dtype(sets, model)
+    assert got[0].x.dtype == torch.float32 and torch.equal(got[0].x, sets[0].x.float())
+    assert got[0].y.dtype == torch.float32 and sets[0].x.dtype == torch.float64  # (a copy)
+
+
 def test_train_resume_takes_the_model_options_beside_those_of_the_model_spec(tmp_path, capsys):
     # with options in --model itself, the checkpoint's --model-args were not taken: the data
     # were built and the run refused as another's

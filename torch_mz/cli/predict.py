@@ -214,8 +214,8 @@ def _in_dtype(dataset, model) -> Any:
     import torch
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
     first = dataset[0] if len(dataset) else None
-    given = next((v.dtype for _, v in (first.items() if first is not None else [])
-                  if torch.is_tensor(v) and v.is_floating_point()), None)
+    given = next((v.dtype for k, v in (first.items() if first is not None else [])
+                  if k != 'y' and torch.is_tensor(v) and v.is_floating_point()), None)
     if dtype is None or given is None or given == dtype:
         return dataset
     sets = [d.clone() for d in dataset]
