@@ -142,7 +142,8 @@ from torch_mz.runtime import keep_freed_memory
 from torch_mz.study import (EXIT_INTERRUPTED, MeasurementFailed, check_out_folder, choice_list,
                             environment, in_fresh_process, int_list, interruptible,
                             markdown_table, nonnegative_int, peak_memory_bytes, positive_float,
-                            positive_int, pyplot, replace_plot, time_call, write_results)
+                            positive_int, pyplot, remove_results, replace_plot, time_call,
+                            write_results)
 from torch_mz.study.plots import save_figure
 from torch_mz.study.workloads import (AGGRS, DEGREES, MERGED, build_aggr, fit_slope,
                                       pyg_width_problem, random_graph)
@@ -538,10 +539,7 @@ def write_report(args: argparse.Namespace, env: dict, rows: List[dict], planned:
                        planned_rows=planned, rows=rows, ratios=ratios, slopes=slopes),
                   markdown)
     if complete:  # the complete report replaces the partial one
-        for ext in ('json', 'md'):
-            path = os.path.join(args.out, f'{PARTIAL}.{ext}')
-            if os.path.isfile(path):
-                os.remove(path)
+        remove_results(args.out, PARTIAL)
     return ratios
 
 

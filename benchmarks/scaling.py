@@ -37,7 +37,7 @@ from torch_mz.nn import MZAggregation
 from torch_mz.study import (EXIT_INTERRUPTED, MeasurementFailed, check_out_folder, environment,
                             in_fresh_process, interruptible, markdown_table, nonnegative_int,
                             peak_memory_bytes, positive_int, pyplot, replace_plot, time_call,
-                            write_results)
+                            remove_results, write_results)
 from torch_mz.study.plots import save_figure
 
 SET_SIZE, IN_CHANNELS = 1024, 3  # the defaults: the paper's configuration
@@ -186,10 +186,7 @@ def write_report(args: argparse.Namespace, env: dict, name: str, rows: List[dict
                   f'against log(points): {slope_text}\n'
                   + ('' if note or not complete else f'\n![plot]({name}.png)\n'))
     if complete:  # the complete report replaces the partial one
-        for ext in ('json', 'md'):
-            path = os.path.join(args.out, f'{name}.partial.{ext}')
-            if os.path.isfile(path):
-                os.remove(path)
+        remove_results(args.out, f'{name}.partial')
     return note
 
 

@@ -153,3 +153,12 @@ def test_write_results_interrupted_leaves_the_earlier_pair(tmp_path, monkeypatch
     assert json.loads((tmp_path / 'study.json').read_text()) == {'r2': 0.1}
     assert (tmp_path / 'study.md').read_text() == '| r2 | 0.1 |\n'
     assert sorted(p.name for p in tmp_path.iterdir()) == ['study.json', 'study.md']
+
+
+def test_remove_results_removes_the_pair_write_results_wrote(tmp_path):
+    from torch_mz.study import remove_results, write_results
+    write_results(str(tmp_path), 'x.partial', dict(a=1), '# x\n')
+    write_results(str(tmp_path), 'x', dict(a=1), '# x\n')
+    remove_results(str(tmp_path), 'x.partial')
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['x.json', 'x.md']
+    remove_results(str(tmp_path), 'x.partial')  # (nothing left to remove: no error)

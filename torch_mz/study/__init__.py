@@ -33,8 +33,8 @@ from torch_mz.study.plots import (NO_MATPLOTLIB, plot_bars, plot_grid, plot_summ
 from torch_mz.study.resume import (EXIT_INTERRUPTED, Interruption, RunStore, interruptible,
                                    interrupted_note)
 from torch_mz.study.report import (METRICS, SPREAD_NOTE, check_out_folder, markdown_table,
-                                   summarize, summary_markdown, write_json, write_report,
-                                   write_results)
+                                   remove_results, summarize, summary_markdown, write_json,
+                                   write_report, write_results)
 from torch_mz.study.specs import parse_model_spec, split_model_specs
 from torch_mz.study.statistics import (Lead, Ordering, lead_over_best, mean_std, paired_gap,
                                        resolved_ordering, winner)
@@ -93,6 +93,7 @@ __all__ = [
     'write_json',
     'write_report',
     'write_results',
+    'remove_results',
     'parse_model_spec',
     'split_model_specs',
     'Lead',

@@ -83,6 +83,15 @@ def write_results(out: str, name: str, payload: Dict[str, object], markdown: str
         os.path.join(out, f'{name}.md'), lambda f: f.write(markdown), binary=False))
 
 
+def remove_results(out: str, name: str) -> None:
+    r"""Removes ``<out>/<name>.json`` and ``<out>/<name>.md`` where they exist: the partial
+    report of a run that :func:`write_results` has now written whole."""
+    for ext in ('json', 'md'):
+        path = os.path.join(out, f'{name}.{ext}')
+        if os.path.isfile(path):
+            os.remove(path)
+
+
 def write_report(out: str, name: str, title: str, env: Dict[str, Any],
                  setup: Dict[str, object], table: str, payload: Dict[str, object],
                  minutes: float, notes: str = '', plot: bool = True,
