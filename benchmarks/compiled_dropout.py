@@ -8,6 +8,7 @@ three untimed ones (which compile). Times nothing else; run it on a quiet machin
     python benchmarks/compiled_dropout.py --out benchmarks/results/compiled_dropout
 """
 import argparse
+import shlex
 import statistics
 import time
 
@@ -15,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from torch_mz.nn.functional import dropout
-from torch_mz.study import positive_int, write_results
+from torch_mz.study import check_out_folder, positive_int, write_results
 
 
 def _median_ms(fn, x, repeats: int) -> float:
@@ -34,6 +35,9 @@ def main() -> None:
     parser.add_argument('--repeats', type=positive_int, default=15)
     parser.add_argument('--out', default='benchmarks/results/compiled_dropout')
     args = parser.parse_args()
+    problem = check_out_folder(args.out)  # (found only once every dropout was timed)
+    if problem:
+        parser.error(problem)
     torch.set_num_threads(1)
     x = torch.randn(32768, 128, requires_grad=True)
 
@@ -54,8 +58,9 @@ def main() -> None:
     with inductor_config.patch(fallback_random=True):
         rows['F.dropout, compiled, fallback_random'] = _median_ms(torch.compile(plain), x,
                                                                   args.repeats)
-    command = ('python benchmarks/compiled_dropout.py --repeats '
-               f'{args.repeats} --out {args.out}')
+    # (quoted: an --out with a space reads back as one argument)
+    command = shlex.join(['python', 'benchmarks/compiled_dropout.py', '--repeats',
+                          str(args.repeats), '--out', args.out])
     lines = ['# One dropout, forward + backward, (32768, 128) float32, one thread', '',
              f'Command: `{command}` (torch {torch.__version__}; medians of {args.repeats})', '',
              '| dropout | ms |', '|---|---|'] + [f'| {k} | {v:.1f} |' for k, v in rows.items()]

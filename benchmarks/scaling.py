@@ -22,13 +22,15 @@ partial (``pending``: the sizes not yet run), which the complete report replaces
 cut off (Ctrl-C) or stopped keeps the sizes it measured and leaves an earlier run's complete
 results alone; ``--resume`` measures only the sizes the partial report lacks. A size that fails
 (out of memory, say) is listed under the table with its error (``failed``), and the sizes after
-it still run.
+it still run. A run whose failed sizes the earlier complete report there measured does not
+replace it (it would lose them): its report stays partial (``lost``: those sizes), and
+``--resume`` measures them again, or ``--overwrite`` replaces the earlier report with it.
 """
 import argparse
 import json
 import os
 import sys
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 import torch
@@ -154,21 +156,37 @@ def earlier_rows(path: str, args: argparse.Namespace) -> Tuple[Dict[int, dict], 
     return kept, f'resuming from {path}: {len(kept)} size(s) kept'
 
 
+def measured_sizes(path: str) -> Set[int]:
+    r"""The sizes (points) the complete report :obj:`path` measured; none where there is no
+    such file or it cannot be read (a run then replaces it)."""
+    try:
+        with open(path) as f:
+            return {int(r['points']) for r in json.load(f)['rows']}
+    except (OSError, ValueError, KeyError, TypeError):
+        return set()
+
+
 def write_report(args: argparse.Namespace, env: dict, name: str, rows: List[dict],
-                 failed: List[dict], pending: int) -> Optional[str]:
+                 failed: List[dict], pending: int, lost: Sequence[int] = ()) -> Optional[str]:
     r"""Writes the report of :obj:`rows` and :obj:`failed` (``points``, ``sets`` and
-    ``error`` of each size that failed): while :obj:`pending` sizes remain,
+    ``error`` of each size that failed): while :obj:`pending` sizes remain, or where sizes
+    failed that the earlier complete report measured (:obj:`lost`: it is kept),
     ``<name>.partial.{json,md}``, marked partial; else ``<name>.{json,md,png}``, which
     removes the partial report. Returns the note of a plot not drawn, else :obj:`None`."""
     slope = loglog_slope(rows)
-    complete = not pending
+    complete = not pending and not lost
     note = None
     if complete:  # (the plot first: the report links it where drawn)
         png = os.path.join(args.out, f'{name}.png')
         note = replace_plot(png, plot, rows, args.model, args.set_size, slope, png)
-    head = '' if complete else (
-        f'Partial: {pending} more size(s) not measured (the run was cut off or is still '
-        f'running; `--resume` measures the rest)\n\n')
+    head = ''
+    if pending:
+        head = (f'Partial: {pending} more size(s) not measured (the run was cut off or is still '
+                f'running; `--resume` measures the rest)\n\n')
+    elif lost:
+        head = (f"Partial: {', '.join(f'{n:,}' for n in lost)} points failed here but were "
+                f'measured by the earlier `{name}.json`, which is kept (`--resume` measures '
+                f'them again; `--overwrite` replaces it with this report)\n\n')
     lines = ''
     if failed:
         lines = '\nSizes that failed (not in the table):\n\n' + ''.join(
@@ -176,7 +194,8 @@ def write_report(args: argparse.Namespace, env: dict, name: str, rows: List[dict
     slope_text = 'not fitted (fewer than two sizes)' if slope is None else f'{slope:.3f}'
     write_results(args.out, name if complete else f'{name}.partial',
                   dict(environment=env, config=vars(args), rows=rows, loglog_slope=slope,
-                       failed=failed, pending=pending),
+                       failed=failed, pending=pending,
+                       **({'lost': list(lost)} if lost else {})),
                   f'# Inference scaling of MZAggregation ({args.model}), sets of {args.set_size} '
                   f'points of width {args.in_channels}, chunk_size {args.chunk_size}\n\n'
                   + head +
@@ -229,7 +248,8 @@ def main():
     parser.add_argument('--overwrite', action='store_true',
                         help='measure every size where --out holds the partial report of an '
                              'interrupted run, which this run replaces (without it, and without '
-                             '--resume, such a folder is refused)')
+                             '--resume, such a folder is refused), and replace the complete '
+                             'report there even where sizes it measured fail here')
     parser.add_argument('--_one', help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._one:
@@ -248,6 +268,10 @@ def main():
         parser.error(f'argument --out: {partial} holds the sizes of an interrupted run: pass '
                      f'--resume to keep them, or --overwrite to measure every size again (this '
                      f"run's report replaces them)")
+    complete = os.path.join(args.out, f'{name}.json')
+    # (a run whose sizes fail where the earlier complete report measured them does not replace
+    # it, but with --overwrite)
+    earlier = set() if args.overwrite else measured_sizes(complete)
     kept: Dict[int, dict] = {}
     if args.resume:
         try:
@@ -288,9 +312,11 @@ def main():
             ahead = [kept[m] for m in sizes[done:] if m in kept]
             pending = len(sizes) - done - len(ahead)
             # (a run whose sizes all failed so far leaves the earlier results alone)
+            lost = [] if pending else [f['points'] for f in failed if f['points'] in earlier]
             if (rows or ahead) and (pending or done == len(sizes)):
-                note = write_report(args, env, name, rows + ahead, failed, pending=pending)
-                stop.kept = partial if pending else os.path.join(args.out, f'{name}.json')
+                note = write_report(args, env, name, rows + ahead, failed, pending=pending,
+                                    lost=lost)
+                stop.kept = partial if pending or lost else complete
     if stop.note:
         print(stop.note, file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
@@ -302,7 +328,12 @@ def main():
     print(markdown_table(rows, COLS))
     slope = loglog_slope(rows)
     print(f"log-log slope {'-' if slope is None else f'{slope:.3f}'}; wrote "
-          f"{args.out}/{name}.*")
+          f"{args.out}/{name}{'.partial' if lost else ''}.*")
+    if lost:
+        print(f"{', '.join(f'{n:,}' for n in lost)} points failed here but were measured by "
+              f'{complete}, which is kept: this report is partial ({partial}); pass --resume to '
+              f'measure them again, or --overwrite to replace {complete}', file=sys.stderr,
+              flush=True)
     return None
 
 

@@ -44,6 +44,15 @@ where a round failed); the ratios to ``rigid`` within each round are reported to
 slow spell of a shared host shows as spread instead of as a ratio. A measurement that failed
 (out of memory, say) is listed under the table with its error (``failed`` in the JSON).
 
+The report is written after every measurement: while measurements remain, to
+``training_step.partial.{json,md}``, marked partial (``pending``: the measurements, row x round,
+not yet made; ``measured``: those made), which the complete report
+``training_step.{json,md,png}`` replaces, so that a run cut off (Ctrl-C, a failure) keeps what
+it measured and leaves an earlier run's complete report alone. ``--resume`` makes only the
+measurements the partial report lacks (failed ones again); without it, ``--overwrite`` makes
+every one again, and a folder holding a partial report is refused without either. Ctrl-C ends
+a run with one line that gives the command to go on (status 130).
+
 With ``--flops-only`` it only counts the FLOPs of one training step and one inference call of
 each preset (no timing, so it need not run on a quiet machine) and writes
 ``training_step_flops.{json,md}``.
@@ -56,8 +65,9 @@ each preset (no timing, so it need not run on a quiet machine) and writes
 import argparse
 import json
 import os
+import sys
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -66,10 +76,11 @@ from torch_mz.models import PRESETS as MODEL_PRESETS
 from torch_mz.models import count_parameters
 from torch_mz.nn import set_fused_kernels, tanh_kernel_faster
 from torch_mz.runtime import keep_freed_memory
-from torch_mz.study import (MeasurementFailed, check_out_folder, count_flops, environment,
-                            in_fresh_process, markdown_table, matmul_peak_flops,
-                            positive_float, positive_int, process_peak_rss_bytes, pyplot,
-                            replace_plot, time_call, write_results)
+from torch_mz.study import (EXIT_INTERRUPTED, MeasurementFailed, check_out_folder, count_flops,
+                            environment, in_fresh_process, interruptible, markdown_table,
+                            matmul_peak_flops, positive_float, positive_int,
+                            process_peak_rss_bytes, pyplot, remove_results, replace_plot, time_call,
+                            write_results)
 from torch_mz.study.plots import save_figure
 from torch_mz.study.traffic import count_bytes, memory_bandwidth
 from torch_mz.study.workloads import build, make_batch, preset_calls
@@ -87,6 +98,11 @@ KEPT = '+kept'  # suffix: an MZ-Set-Transformer preset encoding groups of KEPT_R
 #: Rows per group of the ``+kept`` rows (whole sets; four clouds of 1,024 points)
 KEPT_ROWS = 4096
 THP = '+thp'  # suffix: the row's process started with THP_MEM_ALLOC_ENABLE=1 (2 MiB pages)
+NAME = 'training_step'  # <out>/training_step.{json,md,png}: the complete report
+PARTIAL = NAME + '.partial'  # <out>/training_step.partial.{json,md}: a run not yet complete
+#: The settings a partial report must share with a run that resumes it (``--resume``)
+SETTINGS = ('models', 'clouds', 'points', 'repeats', 'rounds', 'threads', 'device',
+            'egnn_radius', 'quick')
 #: The options of the MZ-Set-Transformer body each suffix sets.
 BODY_OPTIONS = {WHOLE[1:]: dict(chunk_size=None), GROUPS[1:]: dict(checkpoint='auto'),
                 KEPT[1:]: dict(chunk_size=KEPT_ROWS, checkpoint=False)}
@@ -321,74 +337,12 @@ def plot(rows, path):
     plt.close(fig)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--models', type=row_names, default=','.join(PRESETS),
-                        help='comma-separated row names: presets with optional suffixes')
-    parser.add_argument('--clouds', type=positive_int, default=None,
-                        help='point clouds per batch (default: 32, with --quick 8)')
-    parser.add_argument('--points', type=positive_int, default=1024)
-    parser.add_argument('--repeats', type=positive_int, default=None,
-                        help='timed calls per row and round (default: 5, with --quick 3)')
-    parser.add_argument('--rounds', type=positive_int, default=1,
-                        help='run every row this many times, round by round (each in a fresh '
-                             'process), and pool the calls: ratios less at the mercy of a slow '
-                             'spell of a shared host')
-    parser.add_argument('--threads', type=positive_int, default=1)
-    parser.add_argument('--device', choices=('cpu', 'cuda'), default='cpu')
-    parser.add_argument('--egnn-radius', type=positive_float, default=0.25)
-    parser.add_argument('--quick', action='store_true',
-                        help='8 clouds, 3 repeats, each unless --clouds or --repeats is given '
-                             '(which wins)')
-    parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
-                                                      'training_step'))
-    parser.add_argument('--flops-only', action='store_true',
-                        help='only count the FLOPs of a training step and of inference (no '
-                             'timing) and write training_step_flops.{json,md}')
-    parser.add_argument('--_one', help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args._one:
-        print(json.dumps(measure_one(json.loads(args._one))))
-        return
-    if args.device == 'cuda' and not torch.cuda.is_available():
-        parser.error("argument --device: 'cuda' is not available here")
-    if args.clouds is None:  # (an option given wins over --quick)
-        args.clouds = 8 if args.quick else 32
-    if args.repeats is None:
-        args.repeats = 3 if args.quick else 5
-    torch.set_num_threads(args.threads)
-    try:  # before minutes of measurements
-        check_rows(args.models, args.egnn_radius)
-    except ValueError as e:
-        parser.error(f'argument --models: {e}')
-    problem = check_out_folder(args.out)  # (found only once every row was measured)
-    if problem:
-        parser.error(problem)
-    if args.flops_only:
-        flops_only(args)
-        return
-    start = time.time()
-    peak = matmul_peak_flops(device=torch.device(args.device)) / 1e9
-    bandwidth = memory_bandwidth(device=torch.device(args.device)) / 1e9
-    print(f'measured float32 matmul peak: {peak:.1f} GFLOP/s, memory bandwidth '
-          f'{bandwidth:.1f} GB/s', flush=True)
-    config = {k: v for k, v in vars(args).items() if k != '_one'}
-    # each row's measurement in every round, None where it failed there
-    runs: Dict[str, List[Optional[dict]]] = {name: [] for name in args.models}
-    failed: List[dict] = []  # (model, round and the error's first line of each that failed)
-    for round_ in range(args.rounds):
-        for name in runs:
-            measured: Optional[dict] = None
-            try:
-                # PyTorch reads THP_MEM_ALLOC_ENABLE once, at import: set for +thp rows only
-                thp = '1' if THP[1:] in split_name(name)[1] else '0'
-                measured = in_fresh_process(__file__, dict(name=name, args=config),
-                                            env=dict(THP_MEM_ALLOC_ENABLE=thp))
-            except MeasurementFailed as e:
-                print(f'{name}: not measured in round {round_ + 1}: {e}', flush=True)
-                failed.append(dict(model=name, round=round_ + 1,
-                                   error=(str(e).strip().splitlines() or [type(e).__name__])[0]))
-            runs[name].append(measured)
+def table_rows(runs: Dict[str, List[Optional[dict]]], args, peak: float,
+               bandwidth: float) -> List[dict]:
+    r"""The rows of the report: each row name's measurements in every round (:obj:`None`
+    where it failed or was not run yet) pooled (:func:`combine_rounds`), with its fractions
+    of the measured :obj:`peak` (GFLOP/s) and :obj:`bandwidth` (GB/s) and its ratios to
+    ``rigid``; a row name with no measurement is left out."""
     rows = []
     for name, by_round in runs.items():
         if all(m is None for m in by_round):
@@ -398,14 +352,6 @@ def main():
         row['pct_of_bandwidth'] = 100 * row['gb_per_step'] / row['step_s'] / bandwidth
         row['infer_pct_of_bandwidth'] = 100 * row['infer_gb'] / row['infer_s'] / bandwidth
         rows.append(row)
-        print(f"{name:9s} step {row['step_s']:7.3f} s  {row['points_per_s']:9.0f} points/s  "
-              f"{row['gflop_per_step']:6.1f} GFLOP  {row['pct_of_peak']:5.1f}% of peak  "
-              f"{row['gb_per_step']:6.1f} GB  {row['pct_of_bandwidth']:5.1f}% of bandwidth  "
-              f"inference {row['infer_s']:6.3f} s  peak RSS {row['peak_rss_mib']:.0f} MiB",
-              flush=True)
-    if not rows:  # keep the results of an earlier run rather than write an empty table
-        raise SystemExit(f'no row was measured (see the messages above); nothing written to '
-                         f'{args.out}')
     ref = next((r for r in rows if r['model'] == 'rigid'),
                next((r for r in rows if r['model'] == 'rigid' + KEEP), None))
     if ref is not None:
@@ -439,8 +385,24 @@ def main():
                             ('inference / rigid by round', 'infer_s_rounds')):
                 r[key] = [None if a is None or b is None else a / b
                           for a, b in zip(r[of], base[of])]  # None: a round without both
-    env = environment()
-    minutes = (time.time() - start) / 60
+    return rows
+
+
+def write_report(args, env: dict, runs: Dict[str, List[Optional[dict]]], failed: List[dict],
+                 peak: float, bandwidth: float, minutes: float, pending: int,
+                 earlier_minutes: float = 0.0) -> Tuple[List[dict], Optional[str]]:
+    r"""Writes the report of :obj:`runs` (each row name's measurements in every round,
+    :obj:`None` where it failed or was not made yet) and :obj:`failed`: while :obj:`pending`
+    measurements remain, ``<out>/training_step.partial.{json,md}``, marked partial (``pending``
+    and ``measured``, the measurements themselves, for ``--resume``); else
+    ``<out>/training_step.{json,md,png}``, which removes the partial report. :obj:`minutes` is
+    the time of the measurements, :obj:`earlier_minutes` of them in the run resumed. Writes
+    nothing where no row was measured (an earlier run's report is kept). Returns the rows and
+    the note of a plot not drawn (else :obj:`None`)."""
+    rows = table_rows(runs, args, peak, bandwidth)
+    if not rows:
+        return rows, None
+    complete = not pending
     cols = ['model', 'params', 'step_s', 'points_per_s', 'gflop_per_step', 'pct_of_peak',
             'gb_per_step', 'pct_of_bandwidth', 'infer_s', 'infer_gflop', 'infer_gb',
             'infer_pct_of_bandwidth',
@@ -463,13 +425,22 @@ def main():
                        f'ratio to `rigid` (`rigid+keep`, or the `rigid` row with the same '
                        f'suffixes) within each round, the spread a slow spell of the host '
                        f'leaves.')
-    png = os.path.join(args.out, 'training_step.png')  # (first: the report links it if drawn)
-    note = replace_plot(png, plot, rows, png)
+    note = None
+    if complete:  # (the plot first: the report links it where drawn)
+        png = os.path.join(args.out, 'training_step.png')
+        note = replace_plot(png, plot, rows, png)
+    head = '' if complete else (
+        f'Partial: {pending} more measurement(s) (row x round) not made (the run was cut off '
+        f'or is still running; `--resume` makes the rest)\n\n')
+    resumed = (f' ({earlier_minutes:.1f} of them in the run resumed, whose measurements are '
+               f'kept: a ratio of a row measured there to one measured here is not from one '
+               f"run, and every row's percentages use this call's peak and bandwidth)"
+               if earlier_minutes else '')
     markdown = (f'# Training step and inference, {args.clouds} clouds x {args.points} points, '
-                f'40 classes\n\n'
+                f'40 classes\n\n' + head +
                 f"Command: `{env['command']}`  \n"
                 f"torch {env['torch']}, {args.threads} thread(s), device {args.device}, "
-                f"{minutes:.1f} min; measured "
+                f"{minutes:.1f} min{resumed}; measured "
                 f"float32 matmul peak {peak:.1f} GFLOP/s (2048 x 2048), memory bandwidth "
                 f"{bandwidth:.1f} GB/s (copy of 256 MiB, read + write). Times are medians "
                 f"of `calls` calls ({args.repeats} in each round that measured the row); "
@@ -508,15 +479,177 @@ def main():
                 f"nothing. Each row ran in a fresh process; "
                 f"peak_rss_mib is that process's peak resident set."
                 f"\n\n" + markdown_table(shown, cols) + failed_text(failed, rows, args.rounds)
-                + ('' if note else '\n![plot](training_step.png)\n'))
-    write_results(args.out, 'training_step',
-                  dict(environment=env, config=vars(args), minutes=minutes,
-                       matmul_peak_gflop_per_s=peak, memory_bandwidth_gb_per_s=bandwidth,
-                       rows=rows, failed=failed), markdown)
+                + ('' if note or not complete else '\n![plot](training_step.png)\n'))
+    config = {k: v for k, v in vars(args).items() if k not in ('resume', 'overwrite')}
+    payload = dict(environment=env, config=config, minutes=minutes,
+                   matmul_peak_gflop_per_s=peak, memory_bandwidth_gb_per_s=bandwidth,
+                   rows=rows, failed=failed)
+    if not complete:  # (what --resume reads back: every measurement made so far)
+        payload.update(pending=pending, measured=runs)
+    write_results(args.out, NAME if complete else PARTIAL, payload, markdown)
+    if complete:  # the complete report replaces the partial one
+        remove_results(args.out, PARTIAL)
+    return rows, note
+
+
+def earlier_runs(path: str, args) -> Tuple[Dict[str, List[Optional[dict]]], float, str]:
+    r"""The measurements of the partial report :obj:`path` that ``--resume`` keeps (each row
+    name's, by round; :obj:`None` where it failed or was not made: made again), the minutes
+    they took, and a sentence on what was found; a file written with other :data:`SETTINGS`
+    raises a :class:`ValueError` naming them."""
+    if not os.path.exists(path):
+        return {}, 0.0, f'nothing to resume: no {path}; making every measurement'
+    try:
+        with open(path) as f:
+            earlier = json.load(f)
+        config, measured = earlier['config'], earlier['measured']
+        minutes = float(earlier['minutes'])
+        # (a peak not read, NaN, is kept as null by write_json: read back as the NaN it was)
+        kept = {str(name): [dict(m, peak_rss_mib=float('nan') if m['peak_rss_mib'] is None
+                                 else m['peak_rss_mib'])
+                            if isinstance(m, dict) else None for m in by_round]
+                for name, by_round in measured.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f'{path} cannot be read ({e}): pass --overwrite to make every '
+                         f'measurement again') from None
+    differ = [f'{key} {config.get(key)!r} there, {getattr(args, key)!r} here'
+              for key in SETTINGS if config.get(key) != getattr(args, key)]
+    if differ:
+        raise ValueError(f"{path} was written with other settings ({'; '.join(differ)}): pass "
+                         f"--overwrite to replace it")
+    count = sum(m is not None for by_round in kept.values() for m in by_round)
+    return kept, minutes, f'resuming from {path}: {count} measurement(s) kept'
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--models', type=row_names, default=','.join(PRESETS),
+                        help='comma-separated row names: presets with optional suffixes')
+    parser.add_argument('--clouds', type=positive_int, default=None,
+                        help='point clouds per batch (default: 32, with --quick 8)')
+    parser.add_argument('--points', type=positive_int, default=1024)
+    parser.add_argument('--repeats', type=positive_int, default=None,
+                        help='timed calls per row and round (default: 5, with --quick 3)')
+    parser.add_argument('--rounds', type=positive_int, default=1,
+                        help='run every row this many times, round by round (each in a fresh '
+                             'process), and pool the calls: ratios less at the mercy of a slow '
+                             'spell of a shared host')
+    parser.add_argument('--threads', type=positive_int, default=1)
+    parser.add_argument('--device', choices=('cpu', 'cuda'), default='cpu')
+    parser.add_argument('--egnn-radius', type=positive_float, default=0.25)
+    parser.add_argument('--quick', action='store_true',
+                        help='8 clouds, 3 repeats, each unless --clouds or --repeats is given '
+                             '(which wins)')
+    parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
+                                                      'training_step'))
+    parser.add_argument('--flops-only', action='store_true',
+                        help='only count the FLOPs of a training step and of inference (no '
+                             'timing) and write training_step_flops.{json,md}')
+    parser.add_argument('--resume', action='store_true',
+                        help='keep the measurements of the partial report an interrupted run '
+                             'with these settings left in --out; make only the others')
+    parser.add_argument('--overwrite', action='store_true',
+                        help='make every measurement where --out holds the partial report of '
+                             'an interrupted run, which this run replaces (without it, and '
+                             'without --resume, such a folder is refused)')
+    parser.add_argument('--_one', help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args._one:
+        print(json.dumps(measure_one(json.loads(args._one))))
+        return None
+    if args.device == 'cuda' and not torch.cuda.is_available():
+        parser.error("argument --device: 'cuda' is not available here")
+    if args.clouds is None:  # (an option given wins over --quick)
+        args.clouds = 8 if args.quick else 32
+    if args.repeats is None:
+        args.repeats = 3 if args.quick else 5
+    torch.set_num_threads(args.threads)
+    try:  # before minutes of measurements
+        check_rows(args.models, args.egnn_radius)
+    except ValueError as e:
+        parser.error(f'argument --models: {e}')
+    problem = check_out_folder(args.out)  # (found only once every row was measured)
+    if problem:
+        parser.error(problem)
+    if args.flops_only:
+        flops_only(args)
+        return None
+    if args.resume and args.overwrite:
+        parser.error('argument --overwrite: not allowed with --resume (which keeps the '
+                     'measurements that --overwrite makes again)')
+    partial = os.path.join(args.out, f'{PARTIAL}.json')
+    if os.path.exists(partial) and not (args.resume or args.overwrite):
+        parser.error(f'argument --out: {partial} holds the measurements of an interrupted run: '
+                     f'pass --resume to keep them, or --overwrite to make every measurement '
+                     f"again (this run's report replaces them)")
+    kept: Dict[str, List[Optional[dict]]] = {}
+    earlier_minutes = 0.0
+    if args.resume:
+        try:
+            kept, earlier_minutes, message = earlier_runs(partial, args)
+        except ValueError as e:
+            parser.error(f'argument --resume: {e}')
+        print(message, flush=True)
+    start = time.time()
+    peak = matmul_peak_flops(device=torch.device(args.device)) / 1e9
+    bandwidth = memory_bandwidth(device=torch.device(args.device)) / 1e9
+    print(f'measured float32 matmul peak: {peak:.1f} GFLOP/s, memory bandwidth '
+          f'{bandwidth:.1f} GB/s', flush=True)
+    config = {k: v for k, v in vars(args).items() if k not in ('_one', 'resume', 'overwrite')}
+    env = environment()
+    # each row's measurement in every round, None where it failed there (or is not made yet)
+    runs: Dict[str, List[Optional[dict]]] = {name: [None] * args.rounds for name in args.models}
+    failed: List[dict] = []  # (model, round and the error's first line of each that failed)
+    plan = [(round_, name) for round_ in range(args.rounds) for name in args.models]
+    earlier = {(k, name) for name, by_round in kept.items() if name in runs
+               for k, m in enumerate(by_round[:args.rounds]) if m is not None}
+    rows: List[dict] = []
+    note = None
+    # (kept: the partial report resumed, else none before this call wrote a report)
+    with interruptible(__file__, sys.argv[1:], parser, kept=partial if earlier else None,
+                       what='measurements') as stop:
+        for round_, name in earlier:  # (in every partial report written, from the first)
+            runs[name][round_] = kept[name][round_]
+        for done, (round_, name) in enumerate(plan, 1):
+            # written after every measurement, so that a run cut off keeps what it measured:
+            # a partial report while any remain
+            pending = sum(1 for item in plan[done:] if item not in earlier)
+            if (round_, name) in earlier:
+                if pending:  # (nothing new to write)
+                    continue
+            else:
+                try:
+                    # PyTorch reads THP_MEM_ALLOC_ENABLE once, at import: set for +thp rows
+                    thp = '1' if THP[1:] in split_name(name)[1] else '0'
+                    runs[name][round_] = in_fresh_process(
+                        __file__, dict(name=name, args=config),
+                        env=dict(THP_MEM_ALLOC_ENABLE=thp))
+                except MeasurementFailed as e:
+                    print(f'{name}: not measured in round {round_ + 1}: {e}', flush=True)
+                    failed.append(dict(model=name, round=round_ + 1, error=(
+                        str(e).strip().splitlines() or [type(e).__name__])[0]))
+            minutes = earlier_minutes + (time.time() - start) / 60
+            rows, note = write_report(args, env, runs, failed, peak, bandwidth, minutes,
+                                      pending, earlier_minutes)
+            if rows:  # (none measured yet: nothing written, an earlier report left alone)
+                stop.kept = partial if pending else os.path.join(args.out, f'{NAME}.json')
+    if stop.note:
+        print(stop.note, file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+    if not rows:  # keep the results of an earlier run rather than write an empty table
+        raise SystemExit(f'no row was measured (see the messages above); nothing written to '
+                         f'{args.out}')
+    for row in rows:
+        print(f"{row['model']:9s} step {row['step_s']:7.3f} s  {row['points_per_s']:9.0f} "
+              f"points/s  {row['gflop_per_step']:6.1f} GFLOP  {row['pct_of_peak']:5.1f}% of "
+              f"peak  {row['gb_per_step']:6.1f} GB  {row['pct_of_bandwidth']:5.1f}% of "
+              f"bandwidth  inference {row['infer_s']:6.3f} s  peak RSS "
+              f"{row['peak_rss_mib']:.0f} MiB", flush=True)
     if note:
         print(note)
     print(f"wrote {args.out}/training_step.json, .md{'' if note else ', .png'}")
+    return None
 
 
 if __name__ == '__main__':
-    main()
+    sys.exit(main())

@@ -2,6 +2,7 @@ r"""``benchmarks/compiled_dropout.py``: the median it reports is the median of t
 (also of an even number of them), and its results are written atomically (nothing timed here)."""
 import itertools
 import json
+import shlex
 import sys
 
 import numpy as np
@@ -57,3 +58,30 @@ def test_repeats_must_be_positive(script, monkeypatch, tmp_path, capsys):
         script.main()
     assert e.value.code == 2 and '--repeats' in capsys.readouterr().err
     assert not (tmp_path / 'dropout').exists()
+
+
+def test_the_recorded_command_quotes_its_arguments(script, tmp_path, monkeypatch):
+    # the command was joined unquoted: an --out with a space read back as two arguments
+    out = tmp_path / 'with space' / 'dropout'
+    monkeypatch.setattr(script, '_median_ms', lambda fn, x, repeats: 1.0)
+    monkeypatch.setattr(script.torch, 'compile', lambda fn: fn)
+    monkeypatch.setattr(sys, 'argv', ['compiled_dropout.py', '--repeats', '2', '--out',
+                                      str(out)])
+    script.main()
+    command = json.loads((out / 'compiled_dropout.json').read_text())['command']
+    assert shlex.split(command)[-2:] == ['--out', str(out)]
+    assert f'`{command}`' in (out / 'compiled_dropout.md').read_text()
+
+
+def test_an_out_file_is_refused_before_timing(script, tmp_path, monkeypatch, capsys):
+    # --out naming a file was found only when the results were written, after every timing
+    out = tmp_path / 'dropout'
+    out.write_text('not a folder')
+
+    def refuse(fn, x, repeats):
+        raise AssertionError('timed before --out was checked')
+    monkeypatch.setattr(script, '_median_ms', refuse)
+    monkeypatch.setattr(sys, 'argv', ['compiled_dropout.py', '--out', str(out)])
+    with pytest.raises(SystemExit) as e:
+        script.main()
+    assert e.value.code == 2 and 'is a file, not a folder' in capsys.readouterr().err

@@ -244,6 +244,66 @@ def test_training_step_reports_the_calls_of_each_row_and_the_rows_that_failed(tm
     assert 'second line' not in text
 
 
+
+def test_training_step_keeps_the_measurements_made_before_ctrl_c_and_resumes(tmp_path,
+                                                                             monkeypatch,
+                                                                             capsys):
+    # the report was written once, after the last measurement: Ctrl-C (or a failure late in
+    # the run) lost every row measured
+    from torch_mz.study import EXIT_INTERRUPTED
+    script = load_script('training_step')
+    calls: list = []
+
+    def measure(path, config, env=None):
+        name = config['name']
+        if name == 'egnn' and 'stopped' not in calls:
+            calls.append('stopped')
+            raise KeyboardInterrupt
+        calls.append(name)
+        row = fake_step_row(name, config['args']['repeats'])
+        return dict(row, peak_rss_mib=float('nan')) if name == 'mz' else row  # (not read)
+    monkeypatch.setattr(script, 'in_fresh_process', measure)
+    monkeypatch.setattr(script, 'matmul_peak_flops', lambda device=None: 1e10)
+    monkeypatch.setattr(script, 'memory_bandwidth', lambda *a, **k: 1e10)
+    monkeypatch.setattr(script, 'plot', lambda rows, path: None)
+    out = tmp_path / 'training_step'
+    out.mkdir()
+    earlier = out / 'training_step.json'
+    earlier.write_text('{"rows": []}')  # an earlier run's complete report: left alone
+    argv = ['training_step.py', '--models', 'rigid,mz,egnn', '--rounds', '2', '--repeats', '2',
+            '--out', str(out)]
+    monkeypatch.setattr(sys, 'argv', argv)
+    try:
+        assert script.main() == EXIT_INTERRUPTED
+    except KeyboardInterrupt:
+        pytest.fail('Ctrl-C ended training_step.py with a traceback')
+    err = capsys.readouterr().err.strip()
+    partial = out / 'training_step.partial.json'
+    assert len(err.splitlines()) == 1 and str(partial) in err and '--resume' in err
+    data = json.loads(partial.read_text())
+    assert [r['model'] for r in data['rows']] == ['rigid', 'mz'] and data['pending'] == 4
+    assert 'Partial: 4 more measurement(s)' in (out / 'training_step.partial.md').read_text()
+    assert earlier.read_text() == '{"rows": []}'
+    # without --resume or --overwrite the partial report is not replaced
+    usage_error('training_step', argv[1:], monkeypatch, capsys, 'interrupted run', '--resume',
+                '--overwrite')
+    usage_error('training_step', argv[1:] + ['--resume', '--rounds', '3'], monkeypatch, capsys,
+                'other settings', 'rounds 2 there, 3 here')
+    assert json.loads(partial.read_text()) == data
+    monkeypatch.setattr(sys, 'argv', argv + ['--resume'])
+    calls[:] = ['stopped']
+    assert script.main() is None
+    assert calls == ['stopped', 'egnn', 'rigid', 'mz', 'egnn']  # (round 1's kept rows not again)
+    data = json.loads(earlier.read_text())
+    assert [(r['model'], r['rounds'], r['calls']) for r in data['rows']] == [
+        ('rigid', 2, 4), ('mz', 2, 4), ('egnn', 2, 4)]
+    assert sorted(data) == ['config', 'environment', 'failed', 'matmul_peak_gflop_per_s',
+                            'memory_bandwidth_gb_per_s', 'minutes', 'rows']
+    assert 'resume' not in data['config']
+    assert 'Partial' not in (out / 'training_step.md').read_text()
+    assert not partial.exists() and not (out / 'training_step.partial.md').exists()
+
+
 # --- scaling.py ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize('argv, needles', [
@@ -441,6 +501,56 @@ def test_scaling_resumed_keeps_the_sizes_after_one_measured_again(tmp_path, monk
     data = json.loads((tmp_path / 'scaling_mz_quick.json').read_text())
     assert [r['points'] for r in data['rows']] == [1000, 3162, 10000, 31623, 100000]
     assert not script and not partial.exists()
+
+
+
+def test_scaling_keeps_a_fuller_earlier_report_where_a_size_fails(tmp_path, monkeypatch, capsys):
+    # a complete run whose largest size failed replaced the earlier report that measured it
+    from torch_mz.study import MeasurementFailed
+    scaling = load_script('scaling')
+    fails: set = set()
+
+    def run_one(cfg):
+        if cfg['points'] in fails:
+            raise MeasurementFailed('out of memory')
+        return dict(points=cfg['points'], sets=1, median_s=cfg['points'] * 1e-6)
+    monkeypatch.setattr(scaling, 'run_one', run_one)
+    monkeypatch.setattr(scaling, 'in_fresh_process', lambda path, cfg: dict(peak_bytes=2**20))
+    monkeypatch.setattr(scaling, 'plot', lambda *args: None)
+    argv = ['scaling.py', '--out', str(tmp_path), '--quick', '--threads', str(scaling.THREADS)]
+    complete = tmp_path / 'scaling_mz_quick.json'
+    partial = tmp_path / 'scaling_mz_quick.partial.json'
+    monkeypatch.setattr(sys, 'argv', argv)
+    assert scaling.main() is None
+    fuller = complete.read_text()
+    sizes = [1000, 3162, 10000, 31623, 100000]
+    assert [r['points'] for r in json.loads(fuller)['rows']] == sizes
+    fails.add(100000)
+    assert scaling.main() is None
+    assert complete.read_text() == fuller  # kept: it measured 100,000 points
+    err = capsys.readouterr().err
+    assert '100,000 points failed here' in err and '--resume' in err and '--overwrite' in err
+    data = json.loads(partial.read_text())
+    assert data['lost'] == [100000] and data['pending'] == 0
+    assert [r['points'] for r in data['rows']] == sizes[:4]
+    assert 'Partial: 100,000 points failed here' in (
+        tmp_path / 'scaling_mz_quick.partial.md').read_text()
+    usage_error('scaling', argv[1:], monkeypatch, capsys, 'interrupted run', '--resume')
+    monkeypatch.setattr(sys, 'argv', argv + ['--resume'])  # 100,000 failing again: still kept
+    assert scaling.main() is None
+    assert complete.read_text() == fuller and json.loads(partial.read_text())['lost'] == [100000]
+    monkeypatch.setattr(sys, 'argv', argv + ['--overwrite'])  # replaced on request
+    assert scaling.main() is None
+    data = json.loads(complete.read_text())
+    assert [r['points'] for r in data['rows']] == sizes[:4] and data['failed']
+    assert not partial.exists()
+    data['rows'][0]['median_s'] = 1.0  # (marked, to see it replaced)
+    complete.write_text(json.dumps(data))
+    monkeypatch.setattr(sys, 'argv', argv)  # (one the report there did not measure fails: the
+    assert scaling.main() is None  # report is replaced)
+    data = json.loads(complete.read_text())
+    assert [r['points'] for r in data['rows']] == sizes[:4] and data['rows'][0]['median_s'] < 1
+    assert not partial.exists()
 
 
 # --- message_passing.py ----------------------------------------------------------------------
