@@ -323,6 +323,13 @@ def main(argv=None):
     except ValueError as e:
         print(f'reproduce.py: {e}', file=sys.stderr)
         return EXIT_ERROR
+    if args.budget == 'paper' and resolve_device(args.device).type == 'cpu':
+        # (it trained on the CPU without a word: --device auto finds no GPU there)
+        how = ('--device auto found no CUDA device' if args.device == 'auto' else
+               f'--device {args.device}')
+        print(f'reproduce.py: warning: --budget paper is meant for a GPU, and {how}: it trains '
+              f'on the CPU, many times slower; run it with --device cuda on a GPU machine, or '
+              f'use --budget converged, the CPU budget', file=sys.stderr, flush=True)
     try:
         return _train(args, claims, budget, out)
     except KeyboardInterrupt:  # (Ctrl-C: a traceback, for a stop the script is meant for)

@@ -330,3 +330,25 @@ def test_an_interrupt_says_how_to_go_on_in_one_line(tmp_path, monkeypatch, capsy
     assert (f'left for the next invocation (the time limit): table1-protocol; run the same '
             f'command again to go on (the runs finished so far and the checkpoints of those '
             f'in progress: git add -A {os.path.relpath(records)})') in capsys.readouterr().out
+
+
+@pytest.mark.parametrize('device,how', [('auto', '--device auto found no CUDA device'),
+                                        ('cpu', '--device cpu')])
+def test_the_paper_budget_on_a_cpu_warns_before_any_run(tmp_path, monkeypatch, capsys, device,
+                                                        how):
+    # --budget paper --device auto on a machine without CUDA trained on the CPU without a word
+    from tests._scripts import load_script
+    script = load_script('reproduce')
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    seen = []
+
+    def run_claims(repro, claims, **kwargs):  # (nothing trains: what was printed before it)
+        seen.append(capsys.readouterr().err)
+        return iter(())
+    monkeypatch.setattr(script, 'run_claims', run_claims)
+    argv = ['--claims', 'table1-protocol', '--no-fused-kernels', '--out', str(tmp_path)]
+    assert script.main(['--budget', 'paper', '--device', device, *argv]) == 0
+    assert len(seen) == 1 and seen[0].count('\n') == 1
+    assert f'--budget paper is meant for a GPU, and {how}: it trains on the CPU' in seen[0]
+    assert script.main(['--budget', 'quick', '--device', device, *argv]) == 0
+    assert 'meant for a GPU' not in seen[-1] + capsys.readouterr().err

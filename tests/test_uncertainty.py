@@ -474,3 +474,36 @@ def test_mc_dropout_on_an_indexed_cpu_device_and_the_ensembles_leave_the_global_
     state = torch.get_rng_state()
     method_predictions([model, other], {'test': data}, passes=2)
     assert torch.equal(torch.get_rng_state(), state)
+
+
+class _Reshuffled(torch.utils.data.IterableDataset):
+    r"""A stream that gives its sets in another order (or fewer of them) on every read."""
+    def __init__(self, sets, drop=False):
+        self.sets, self.drop, self.reads = sets, drop, 0
+
+    def __iter__(self):
+        self.reads += 1
+        order = torch.randperm(len(self.sets), generator=torch.Generator().manual_seed(self.reads))
+        sets = [self.sets[i] for i in order]
+        return iter(sets[:len(sets) - self.reads + 1] if self.drop else sets)
+
+
+def test_mc_dropout_and_ensembles_refuse_a_stream_that_changes_between_reads():
+    # a stream of fewer sets on a later pass ended in torch.stack's error; a reshuffled one was
+    # averaged over the predictions of different sets, silently
+    from torch_mz.uncertainty import method_predictions
+    model = tiny_mz(dropout=0.5)
+    with pytest.raises(ValueError, match=r'other sets on pass 2 of 3 than on pass 1 \(6 sets, '
+                                         r'then 5\)'):
+        mc_dropout_predict(model, _Reshuffled(tiny_sets(), drop=True), passes=3)
+    with pytest.raises(ValueError, match=r'pass 2 of 3 than on pass 1 \(6 sets each time, of '
+                                         r'other sizes or inputs, or in another order\)'):
+        mc_dropout_predict(model, _Reshuffled(tiny_sets()), passes=3)
+    with pytest.raises(ValueError, match='same sets in the same order'):
+        method_predictions([model, tiny_mz(dropout=0.1)], {'test': _Reshuffled(tiny_sets())},
+                           passes=2)
+    with pytest.raises(ValueError, match=r"split 'test' than on its first \(5 sets, then 3\)"):
+        method_predictions([model, tiny_mz(dropout=0.1)],
+                           {'test': _Reshuffled(tiny_sets(), drop=True)}, passes=2)
+    mean, _ = mc_dropout_predict(model, tiny_sets(), passes=3)  # (a list: the same every read)
+    assert mean.shape == (6, 1)

@@ -18,7 +18,7 @@ import numbers
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -386,7 +386,10 @@ def mc_dropout_predict(model: torch.nn.Module, dataset: Sequence, passes: int = 
         dataset (Sequence): PyG dataset, list of :class:`~torch_geometric.data.Data` or one
             :class:`~torch_geometric.data.Batch`; the same checks as
             :func:`~torch_mz.train.predict` (not a DataLoader, one Data or a list of Batch
-            objects).
+            objects). Every pass reads it again, so every read must give the same sets in the
+            same order: one that gives other sets (another number, another order, a random
+            transform) is refused with a :class:`ValueError` (checked by each set's size and
+            the sums of its ``x`` and ``pos``).
         passes (int, optional): Number of stochastic passes :math:`P \ge 2` (one pass has no
             spread). (default: :obj:`30`)
         normalizer (TargetNormalizer, optional): If given, each pass is mapped back to original
@@ -420,12 +423,15 @@ def mc_dropout_predict(model: torch.nn.Module, dataset: Sequence, passes: int = 
     modes = [(m, m.training) for m in model.modules()]  # each module's own, restored after
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=False)
     runs: List[Tensor] = []
+    marks: List[Tensor] = []  # each pass's sets: their sizes and input sums
     try:
         with _moved(model, dev), _seeded(dev, seed):
             model.train()
             for k in range(passes):
-                preds = []
+                preds: List[Tensor] = []
+                seen: List[Tensor] = []
                 for batch in loader:
+                    seen.append(_fingerprint(batch))
                     out = model(batch.to(dev))
                     pred = out[0] if isinstance(out, (tuple, list)) else out
                     pred = pred.unsqueeze(-1) if pred.dim() == 1 else pred  # (B, t)
@@ -440,6 +446,11 @@ def mc_dropout_predict(model: torch.nn.Module, dataset: Sequence, passes: int = 
                         f'mc_dropout_predict: pass {k + 1} of {passes} got no sets from the '
                         f'dataset; every pass reads it again, so it must be one that can be read '
                         f'more than once (a list, a Dataset), not a one-shot iterator')
+                marks.append(torch.cat(seen))  # sizes and input sums of the sets
+                if not torch.equal(marks[-1], marks[0]):  # (stack's error, or a silent mix)
+                    counts = (sum(len(r) for r in runs[:1]), sum(len(p) for p in preds))
+                    raise ValueError(_changed_stream('mc_dropout_predict', f'pass {k + 1} of '
+                                                     f'{passes}', 'pass 1', counts))
                 runs.append(torch.cat(preds, dim=0))  # (N, t)
     finally:
         for module, mode in modes:
@@ -450,6 +461,42 @@ def mc_dropout_predict(model: torch.nn.Module, dataset: Sequence, passes: int = 
                       'is zero: the model has no active dropout (a rate of 0, or a model '
                       'without dropout); train it with dropout for MC-Dropout', stacklevel=2)
     return predictive_moments(runs)
+
+
+def _fingerprint(batch: Any) -> Tensor:
+    r"""What identifies the sets of :obj:`batch`, cheaply: each set's number of elements and the
+    sum of its :obj:`x` and :obj:`pos` entries, as a ``float64`` vector :math:`(2 B)` or
+    :math:`(3 B)`."""
+    sizes = torch.diff(batch.ptr).to(torch.float64)  # (B,)
+    parts = [sizes]
+    for key in ('x', 'pos'):
+        t = getattr(batch, key, None)
+        if torch.is_tensor(t) and t.dim() >= 1 and t.size(0) == batch.batch.numel():
+            per_elem = t.detach().to('cpu', torch.float64).reshape(t.size(0), -1).sum(1)  # (N,)
+            sums = torch.zeros(sizes.numel(), dtype=torch.float64)  # (B,)
+            parts.append(sums.index_add_(0, batch.batch.cpu(), per_elem))
+    return torch.cat(parts).nan_to_num(nan=0.0)  # (a NaN input: unequal to itself)
+
+
+def _stream_marks(dataset: Sequence, batch_size: int) -> Tuple[Tensor, int]:
+    r"""The :func:`_fingerprint` of every set of :obj:`dataset`, read as :func:`predict` reads it
+    (without the model), and the number of sets."""
+    from torch_geometric.loader import DataLoader
+    # a generator of its own: the caller's random stream is left as it was
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False,
+                        generator=torch.Generator())
+    seen = [(_fingerprint(batch), batch.num_graphs) for batch in loader]
+    return (torch.cat([m for m, _ in seen]) if seen else torch.zeros(0),
+            sum(n for _, n in seen))
+
+
+def _changed_stream(caller: str, read: str, first: str, counts: Tuple[int, int]) -> str:
+    what = (f'{counts[0]} sets, then {counts[1]}' if counts[0] != counts[1] else
+            f'{counts[0]} sets each time, of other sizes or inputs, or in another order')
+    return (f'{caller}: the dataset gave other sets on {read} than on {first} ({what}): every '
+            f'read must give the same sets in the same order, or the predictions of different '
+            f'sets are averaged. Pass a list or a Dataset without shuffling or a random '
+            f'transform (e.g. list(dataset) of a fixed split)')
 
 
 @contextmanager
@@ -501,7 +548,9 @@ def method_predictions(members: Sequence[torch.nn.Module], splits: Dict[str, Seq
     (a normaliser carried or given) and others not are refused, as their average would mix
     units. An uncertainty that is exactly zero for every set is warned about: the members all
     give the same predictions (the same model twice), or member 0's IHW is zero (a model without
-    generators: the presets ``rigid``, ``st-*``, ``film`` and ``hypernet``). Returns
+    generators: the presets ``rigid``, ``st-*``, ``film`` and ``hypernet``). Every split is
+    read once per member and once per pass, and must give the same sets in the same order each
+    time (as for :func:`mc_dropout_predict`; a split that does not is refused). Returns
     ``{method: {split: (prediction (N,), uncertainty (N,))}}`` as ``float64`` arrays."""
     from torch_mz.train import predict
     if len(members) < 2:  # (the ensemble's spread was exactly zero, without a word)
@@ -522,6 +571,15 @@ def method_predictions(members: Sequence[torch.nn.Module], splits: Dict[str, Seq
             raise ValueError('Expected members that give an uncertainty (the MZ models\' '
                              'interval-hull width), for the IHW method: a member gives '
                              'predictions alone')
+    # every split is read once per member and once per pass: it must give the same sets each
+    # time (checked here and after the passes: predictions of other sets were averaged)
+    marks = {split: _stream_marks(ds, batch_size) for split, ds in splits.items()}
+    for split in splits:
+        counts = [p[0].size(0) for p in preds[split]] + [marks[split][1]]
+        other = [c for c in counts if c != counts[0]]
+        if other:  # (predictive_moments' shape error)
+            raise ValueError(_changed_stream('method_predictions', f"a later read of split "
+                                             f"'{split}'", 'its first', (counts[0], other[0])))
     out: Dict[str, Dict[str, Tuple[np.ndarray, np.ndarray]]] = {m: {} for m in METHODS}
     for split, ds in splits.items():
         first = preds[split][0]
@@ -544,6 +602,11 @@ def method_predictions(members: Sequence[torch.nn.Module], splits: Dict[str, Seq
         mean, std = mc_dropout_predict(members[0], ds, passes, normalizer=norms[0],
                                        batch_size=batch_size, device=device, seed=seed)
         out['MC-Dropout'][split] = (mean.numpy()[:, 0], std.numpy()[:, 0])
+    for split, ds in splits.items():
+        again = _stream_marks(ds, batch_size)
+        if not torch.equal(again[0], marks[split][0]):  # (members' predictions of other sets)
+            raise ValueError(_changed_stream('method_predictions', f"split '{split}'s last read",
+                                             'its first', (marks[split][1], again[1])))
     same = [split for split in splits
             if all(torch.equal(p, preds[split][0][0]) for p, _ in preds[split][1:])]
     if same:  # (the ensemble's spread was exactly zero, without a word)

@@ -1125,3 +1125,34 @@ def test_conv_names_bad_constructor_arguments(kwargs, match):
         EGNNConv(4, **kwargs)
     with pytest.raises(ValueError, match="'channels' must be an integer >= 1"):
         EGNNConv(2.5)
+
+
+@pytest.mark.parametrize('eps,detach_norm', [(1e-50, True), (1e-30, False)])
+def test_conv_refuses_an_eps_that_is_zero_in_float32(eps, detach_norm):
+    # 1e-50 is 0 in float32: coincident points gave NaN coordinates with normalize; with
+    # detach_norm=False an eps whose square is 0 there gave NaN gradients (the safe norm)
+    with pytest.raises(ValueError, match=r"'eps' that is not 0 in float32.*got 1e-"):
+        EGNNConv(4, normalize=True, eps=eps, detach_norm=detach_norm)
+    conv = EGNNConv(4, normalize=True, eps=1e-30, detach_norm=True)  # its square is not needed
+    pos = torch.zeros(2, 3, requires_grad=True)  # coincident points
+    _, out = conv(torch.randn(2, 4), pos, torch.tensor([[0, 1], [1, 0]]))
+    out.sum().backward()
+    assert torch.isfinite(out).all() and torch.isfinite(pos.grad).all()
+
+
+def test_conv_repr_shows_coords_range_and_eps():
+    text = repr(EGNNConv(4, tanh=True, coords_range=3.0, eps=1e-6))
+    assert 'coords_range=3.0' in text and 'eps=1e-06' in text
+
+
+def test_egnn_refuses_coordinates_of_zero_columns():
+    # pos of shape (N, 0) ran without any geometry, in the model, the layer and the preset
+    from torch_mz.models import build_model
+    with pytest.raises(ValueError, match=r"at least one coordinate column.*got \(3, 0\)"):
+        EGNN(4, 8, 1)(torch.randn(3, 4), torch.randn(3, 0))
+    with pytest.raises(ValueError, match=r"at least one coordinate column.*got \(2, 0\)"):
+        EGNNConv(4)(torch.randn(2, 4), torch.randn(2, 0), torch.tensor([[0, 1], [1, 0]]))
+    model = build_model('egnn', 4, 1, hidden_channels=8, num_layers=1)
+    batch = Batch.from_data_list([Data(x=torch.randn(3, 4), pos=torch.randn(3, 0))])
+    with pytest.raises(ValueError, match=r"at least one coordinate column.*got \(3, 0\)"):
+        model(batch)

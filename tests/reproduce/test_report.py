@@ -246,9 +246,26 @@ def test_summary_table_counts_diverged_runs_apart_from_early_stopped_ones():
                   n_train=5000, seeds=2,
                   epochs_run=dict(min=3, max=80, stopped_early=2, diverged=1, runs=4))
     row = summary_table([record]).strip().split('\n')[-1]
-    assert '| 3-80 (2/4 stopped early, 1 diverged) |' in row
+    assert '| 3-80 (2/4 stopped early, 1 diverged; at the epoch cap: not recorded) |' in row
     record['epochs_run'] = dict(min=50, max=80, stopped_early=4, runs=4)  # older records
-    assert '| 50-80 (4/4 stopped early) |' in summary_table([record])
+    assert ('| 50-80 (4/4 stopped early; at the epoch cap: not recorded) |'
+            in summary_table([record]))
+
+
+def test_summary_table_tells_no_run_at_the_cap_from_a_count_not_recorded():
+    # both showed nothing after the epochs figures: a reader could not tell a row whose runs
+    # all stopped early from a record written before the runs at the cap were counted
+    from torch_mz.reproduce.report import summary_table
+    record = dict(claim='c', paper=dict(value=0.5, source='Table 1'),
+                  ours=dict(mean=0.1, std=0.02), verdict='inconclusive', budget='converged',
+                  n_train=5000, seeds=2,
+                  epochs_run=dict(min=50, max=80, stopped_early=4, runs=4, at_cap={}))
+    assert '| 50-80 (4/4 stopped early; at the epoch cap: none) |' in summary_table([record])
+    del record['epochs_run']['at_cap']
+    assert ('| 50-80 (4/4 stopped early; at the epoch cap: not recorded) |'
+            in summary_table([record]))
+    record['epochs_run']['at_cap'] = {'mz': 1}
+    assert '| 50-80 (4/4 stopped early; at the epoch cap: mz 1) |' in summary_table([record])
 
 
 def test_summary_names_each_claims_command(tmp_path):

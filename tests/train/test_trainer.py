@@ -757,3 +757,27 @@ def test_resuming_an_egnn_run_that_recorded_feature_columns_beside_pos_dim(tmp_p
         Trainer(other, config(epochs=3, warmup_epochs=0, out_dir=str(run),
                               resume=str(run / 'checkpoint.pt'))).fit(REG_TRAIN[:32],
                                                                       REG_VAL[:8])
+
+
+class _SetBatchNorm(torch.nn.Module):
+    r"""A toy model with a batch normalisation of its set embeddings (none of the presets has
+    one): a batch of one set cannot be normalised in training mode."""
+    def __init__(self):
+        super().__init__()
+        self.inner = H.ToyDeepSets(3, 4)
+        self.norm = torch.nn.BatchNorm1d(4)
+        self.head = torch.nn.Linear(4, 2)
+
+    def forward(self, batch):
+        return self.head(self.norm(self.inner(batch)))
+
+
+def test_a_last_batch_of_one_set_names_the_batch_normalisation_and_the_batch_size():
+    # torch's "Expected more than 1 value per channel when training" came alone, at the end of
+    # the first epoch, without the split size, the batch size or a remedy
+    seed_everything(0)
+    with pytest.raises(ValueError, match=r'last batch of epoch 0, the 17 training sets in '
+                                         r'batches of batch_size=16 leaving one set over.*'
+                                         r'\(e\.g\. 17\)'):
+        train(_SetBatchNorm(), REG_TRAIN[:17], config=config(epochs=1), task_type='regression')
+    train(_SetBatchNorm(), REG_TRAIN[:18], config=config(epochs=1), task_type='regression')

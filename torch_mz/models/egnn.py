@@ -13,6 +13,7 @@ Satorras, Hoogeboom and Welling, "E(n) Equivariant Graph Neural Networks", ICML 
   such as what :func:`~torch_mz.models.base.set_features` reads from a data object).
 """
 import contextlib
+import math
 import numbers
 from typing import Optional, Tuple, Union
 
@@ -285,7 +286,10 @@ class EGNNConv(MessagePassing):
         act (str, optional): Activation of the MLPs (a PyG activation name).
             (default: :obj:`"silu"`)
         eps (float, optional): :math:`\epsilon` of the normalisation and of the safe norm, a
-            positive number. (default: :obj:`1e-8`)
+            positive number that is not 0 in float32 (at least :math:`2^{-149} \approx 1.4
+            \cdot 10^{-45}`, and with ``detach_norm=False``, whose clamp is at
+            :math:`\epsilon^2`, at least :math:`2^{-74.5} \approx 3.7 \cdot 10^{-23}`).
+            (default: :obj:`1e-8`)
 
     Shapes:
         - **input:** h :math:`(N, F)`, pos :math:`(N, D)`, edge_index :math:`(2, E)`,
@@ -333,6 +337,14 @@ class EGNNConv(MessagePassing):
                                           ('residual', residual)))
         coords_range = check_number('coords_range', coords_range, allow_zero=True)
         eps = check_number('eps', eps)
+        # (1e-50 is 0 in float32: coincident points gave NaN coordinates with normalize, and an
+        # eps whose square is 0 there NaN gradients with detach_norm=False, through the safe norm)
+        tiny = float(torch.finfo(torch.float32).tiny * torch.finfo(torch.float32).eps)  # 2^-149
+        least = tiny if detach_norm else math.sqrt(tiny)
+        if eps < least:
+            why = '' if detach_norm else ' (and so its square, with detach_norm=False)'
+            raise ValueError(f"Expected an 'eps' that is not 0 in float32{why}, i.e. at least "
+                             f"{least:.3g}, got {eps!r}")
         if coord_aggr not in _COORD_AGGRS:
             raise ValueError(f"'coord_aggr' must be one of {_COORD_AGGRS}, got '{coord_aggr}'")
         self.channels = channels
@@ -386,6 +398,9 @@ class EGNNConv(MessagePassing):
             # back to integers: truncated to 0 or +-1)
             raise ValueError(f"Expected floating 'pos' of shape ({h.size(0)}, D), got "
                              f"{tuple(pos.shape)} and dtype {pos.dtype}")
+        if pos.size(1) == 0:  # (it ran without any geometry)
+            raise ValueError(f"Expected 'pos' with at least one coordinate column, of shape "
+                             f"({h.size(0)}, D) with D >= 1, got {tuple(pos.shape)}")
         if edge_index.dim() != 2 or edge_index.size(0) != 2:
             raise ValueError(f"Expected 'edge_index' of shape (2, E), got "
                              f"{tuple(edge_index.shape)}")
@@ -515,7 +530,8 @@ class EGNNConv(MessagePassing):
                 f'edge_dim={self.edge_dim}, aggr={self.aggr}, coord_aggr={self.coord_aggr}, '
                 f'edge_gate={self.edge_gate}, normalize={self.normalize}, '
                 f'detach_norm={self.detach_norm}, tanh={self.tanh}, '
-                f'update_coords={self.update_coords})')
+                f'coords_range={self.coords_range}, update_coords={self.update_coords}, '
+                f'eps={self.eps})')
 
 
 def _index_sum(src: Tensor, index: Tensor, dim_size: int) -> Tensor:
@@ -707,6 +723,9 @@ class EGNN(Module):
         if pos.dim() != 2 or not pos.is_floating_point():
             raise ValueError(f"Expected floating 'pos' of shape (N, D), got {tuple(pos.shape)} "
                              f"and dtype {pos.dtype}")
+        if pos.size(1) == 0:  # (it ran without any geometry)
+            raise ValueError(f"Expected 'pos' with at least one coordinate column, of shape "
+                             f"(N, D) with D >= 1, got {tuple(pos.shape)}")
         if self.pos_dim is not None and pos.size(1) != self.pos_dim:
             raise ValueError(f"The model was built with pos_dim={self.pos_dim} but received "
                              f"coordinates of width {pos.size(1)}")

@@ -124,10 +124,12 @@ def summary_table(records: Sequence[Mapping[str, Any]]) -> str:
     for r in records:
         ours, ep = r['ours'], r.get('epochs_run')
         capped = ep.get('at_cap') if ep else None  # (older records: not counted)
+        # (nothing was shown both where no model ran to the cap and where it was not counted)
+        cap = ('not recorded' if capped is None else
+               ', '.join(f'{m} {n}' for m, n in capped.items()) or 'none')
         epochs = (f"{ep['min']}-{ep['max']} ({ep['stopped_early']}/{ep['runs']} stopped early"
                   + (f", {ep['diverged']} diverged" if ep.get('diverged') else '')
-                  + (f"; at the epoch cap: {', '.join(f'{m} {n}' for m, n in capped.items())}"
-                     if capped else '') + ')'
+                  + f"; at the epoch cap: {cap})"
                   if ep else '')
         lines.append(f"| {r['claim']} | {num(r['paper']['value'])} ({r['paper']['source']}) | "
                      f"{num(ours['mean'])} ± {num(ours['std'], False)} | **{r['verdict']}** | "
@@ -188,8 +190,10 @@ def write_summary(out, minutes):
              'of them early stopping ended before the epoch cap (a plateau of the validation '
              'loss) or diverged, and after "at the epoch cap" each model with runs at its '
              'chosen setting that trained every epoch the budget allows, with how many: its '
-             'figure may still change with more epochs. A run whose patience ran out on its '
-             'very last epoch counts at the cap, not as stopped early: it trained every epoch.'
+             'figure may still change with more epochs ("none": no run of the row trained to '
+             'the cap; "not recorded": a record written before these were counted). A run '
+             'whose patience ran out on its very last epoch counts at the cap, not as stopped '
+             'early: it trained every epoch.'
              + '\n\n## Verdict rule\n\n' + VERDICT_RULE + '\n\n## Budgets\n\n'
              + '\n'.join(f'- `{b}`: {BUDGETS[b].note}' for b in budgets if b in BUDGETS)
              + '\n\nThe sweep cell of each task (the lr / wd chosen there, per model by the '

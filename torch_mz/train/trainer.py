@@ -493,7 +493,25 @@ class Trainer:
             batch = batch.to(self.device)
             _, target = self._targets(batch)
             opt.zero_grad(set_to_none=True)
-            loss = self._loss(net(batch), target)
+            try:
+                out = net(batch)
+            except ValueError as err:  # (torch's words alone, at the end of the first epoch)
+                if target.size(0) != 1 or 'more than 1 value per channel' not in str(err):
+                    raise
+                size = len(loader.sampler)
+                # (the next batch size that leaves no set alone; none for a single set)
+                fits = next((b for b in range(cfg.batch_size + 1, size + 1) if size % b != 1),
+                            None)
+                choose = (f'Choose a batch_size that does not leave one set (e.g. {fits}), or '
+                          f'drop or add a training set' if fits is not None else
+                          'Add a training set')
+                raise ValueError(
+                    f'A batch of one set cannot be normalised by batch statistics: the model\'s '
+                    f'batch normalisation refused the last batch of epoch {epoch}, the '
+                    f'{size} training sets{" of this rank" if self.dist.is_distributed else ""} '
+                    f'in batches of batch_size={cfg.batch_size} leaving one set over. '
+                    + choose) from err
+            loss = self._loss(out, target)
             loss.backward()
             if cfg.grad_clip is not None:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
