@@ -284,6 +284,25 @@ def test_a_mask_of_whole_floats_is_read_as_integers(scanobjectnn_root):
     assert all(torch.equal(d.mask, m) for d, m in zip(ds, expected))
 
 
+def test_a_mask_of_zeros_and_ones_without_background_marks_warns(scanobjectnn_root):
+    # a file marking background with 0 (no -1 anywhere) read every point as the object's
+    root, files = scanobjectnn_root['root'], scanobjectnn_root['files']
+    rel = osp.join('h5_files', 'main_split', 'training_objectdataset.h5')
+    zero_one = np.where(files[rel]['mask'] == -1, 0, 1).astype(np.int32)
+    write_h5(osp.join(root, 'raw', rel), **dict(files[rel], mask=zero_one))
+    with pytest.warns(UserWarning, match=r"training_objectdataset.h5': no point of its 'mask' "
+                                         r"is -1.*holds only 0 and 1"):
+        ds = ScanObjectNN(root, num_points=16, log=False)
+    assert all(bool(d.mask.all()) for d in ds)  # (read as documented: -1 alone marks background)
+    # the release's own marks (-1 and other values) and a mask of one value do not warn
+    for mask in (files[rel]['mask'], np.ones_like(zero_one)):
+        write_h5(osp.join(root, 'raw', rel), **dict(files[rel], mask=mask))
+        with warnings.catch_warnings():
+            warnings.simplefilter('error')
+            warnings.filterwarnings('ignore', message='.*rebuilding')
+            ScanObjectNN(root, num_points=16, log=False, force_reload=True)
+
+
 def test_boolean_labels_are_refused(scanobjectnn_root):
     root, files = scanobjectnn_root['root'], scanobjectnn_root['files']
     rel = osp.join('h5_files', 'main_split', 'test_objectdataset.h5')

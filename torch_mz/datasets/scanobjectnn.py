@@ -1,5 +1,6 @@
 r"""ScanObjectNN as a dataset of point sets (MZAttn paper, Appendix A.2, Task E)."""
 import os.path as osp
+import warnings
 from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -84,7 +85,8 @@ class ScanObjectNN(TrainTestSets):
     :obj:`y` :math:`(1,)` and, where the file has it, :obj:`mask` :math:`(n,)`
     (:obj:`True` for points of the object, :obj:`False` for background points: read from the
     file's ``mask``, where :obj:`-1` marks a background point and any other value a point of
-    the object, as in the authors' code). Objects with a
+    the object, as in the authors' code; a mask of only 0 and 1 without a -1, as a file that
+    marks the background with 0 would hold, is read so too, with a warning). Objects with a
     non-finite coordinate among any of their points in the file (not only among the subset
     kept) are left out, counted in :attr:`stats` and reported with a warning: every cache of a
     variant (a fixed subset or all points, any :obj:`num_points` and :obj:`seed`) holds the same
@@ -278,6 +280,16 @@ class ScanObjectNN(TrainTestSets):
                 path, f"dataset 'mask' holds {mask.dtype}"
                 f"{'' if mask.dtype.kind != 'f' else ' values that are not whole numbers'}: "
                 f"expected signed integers (-1 for background points)")
+        if mask is not None and mask.size and not (mask == -1).any() and (
+                set(np.unique(mask).tolist()) == {0, 1}):
+            # (a file that marks background points with 0 instead of -1 read as the object's
+            # points every one, without a word; the release marks them -1, and a file without
+            # background has no 0/1 mask of both values)
+            warnings.warn(f"'{path}': no point of its 'mask' is -1, which marks a background "
+                          f"point, and it holds only 0 and 1: every point is read as the "
+                          f"object's (mask True). If 0 marks the background in this file, "
+                          f"write -1 for it (np.where(mask == 0, -1, mask)) and process again",
+                          UserWarning, stacklevel=2)
         if not len(points):  # (every file of the release holds objects: one cut short)
             raise CorruptRawFileError(path, 'holds no objects')
         if len(labels) and (labels.min() < 0 or labels.max() >= len(SCANOBJECTNN_CLASSES)):
