@@ -265,7 +265,8 @@ def main():
                         chunk_size=args.chunk_size, repeats=args.repeats, threads=args.threads)
     partial = os.path.join(args.out, f'{name}.partial.json')
     if os.path.exists(partial) and not (args.resume or args.overwrite):
-        parser.error(f'argument --out: {partial} holds the sizes of an interrupted run: pass '
+        parser.error(f'argument --out: {partial} holds the sizes of an interrupted run (or of one '
+                     f'whose sizes failed where the complete report beside it measured them): pass '
                      f'--resume to keep them, or --overwrite to measure every size again (this '
                      f"run's report replaces them)")
     complete = os.path.join(args.out, f'{name}.json')

@@ -429,9 +429,11 @@ def write_report(args, env: dict, runs: Dict[str, List[Optional[dict]]], failed:
     if complete:  # (the plot first: the report links it where drawn)
         png = os.path.join(args.out, 'training_step.png')
         note = replace_plot(png, plot, rows, png)
+    # (the failed ones were left out: --resume makes them again too)
+    again = f', and the {len(failed)} that failed (below) again' if failed else ''
     head = '' if complete else (
         f'Partial: {pending} more measurement(s) (row x round) not made (the run was cut off '
-        f'or is still running; `--resume` makes the rest)\n\n')
+        f'or is still running; `--resume` makes the rest{again})\n\n')
     resumed = (f' ({earlier_minutes:.1f} of them in the run resumed, whose measurements are '
                f'kept: a ratio of a row measured there to one measured here is not from one '
                f"run, and every row's percentages use this call's peak and bandwidth)"

@@ -304,6 +304,40 @@ def test_training_step_keeps_the_measurements_made_before_ctrl_c_and_resumes(tmp
     assert not partial.exists() and not (out / 'training_step.partial.md').exists()
 
 
+def test_training_step_partial_report_counts_the_failed_measurements_resume_makes_again(
+        tmp_path, monkeypatch, capsys):
+    # the partial report said 4 more measurements were left where --resume made 5: the one
+    # that failed was made again too, without a word
+    script = load_script('training_step')
+    calls: list = []
+
+    def measure(path, config, env=None):
+        name = config['name']
+        calls.append(name)
+        if name == 'mz' and calls.count('mz') == 1:
+            raise script.MeasurementFailed('out of memory')
+        if name == 'egnn' and not resumed:
+            raise KeyboardInterrupt
+        return fake_step_row(name, config['args']['repeats'])
+    resumed = False
+    monkeypatch.setattr(script, 'in_fresh_process', measure)
+    monkeypatch.setattr(script, 'matmul_peak_flops', lambda device=None: 1e10)
+    monkeypatch.setattr(script, 'memory_bandwidth', lambda *a, **k: 1e10)
+    monkeypatch.setattr(script, 'plot', lambda rows, path: None)
+    out = tmp_path / 'training_step'
+    argv = ['training_step.py', '--models', 'rigid,mz,egnn', '--rounds', '2', '--repeats', '2',
+            '--out', str(out)]
+    monkeypatch.setattr(sys, 'argv', argv)
+    assert script.main() == script.EXIT_INTERRUPTED
+    assert ('Partial: 4 more measurement(s) (row x round) not made (the run was cut off or is '
+            'still running; `--resume` makes the rest, and the 1 that failed (below) again)'
+            in (out / 'training_step.partial.md').read_text())
+    monkeypatch.setattr(sys, 'argv', argv + ['--resume'])
+    calls[:], resumed = ['mz'], True  # (mz made in the run resumed: it fails no more)
+    assert script.main() is None
+    assert calls[1:] == ['mz', 'egnn', 'rigid', 'mz', 'egnn']  # (4 left, 1 failed)
+
+
 # --- scaling.py ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize('argv, needles', [

@@ -507,3 +507,17 @@ def test_mc_dropout_and_ensembles_refuse_a_stream_that_changes_between_reads():
                            {'test': _Reshuffled(tiny_sets(), drop=True)}, passes=2)
     mean, _ = mc_dropout_predict(model, tiny_sets(), passes=3)  # (a list: the same every read)
     assert mean.shape == (6, 1)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA device')
+def test_mc_dropout_and_ensembles_take_sets_held_on_a_cuda_device():
+    # the check that every read gives the same sets put a CUDA batch's sizes beside CPU sums:
+    # torch.cat's device error for a dataset moved to the GPU
+    from torch_mz.uncertainty import method_predictions
+    model, other = tiny_mz(dropout=0.5), tiny_mz(dropout=0.1)
+    data = [d.to('cuda') for d in tiny_sets()]
+    mean, _ = mc_dropout_predict(model, data, passes=2, device='cuda')
+    ref, _ = mc_dropout_predict(model, tiny_sets(), passes=2, device='cuda')
+    assert torch.equal(mean, ref)
+    out = method_predictions([model, other], {'test': data}, passes=2, device='cuda')
+    assert out['MC-Dropout']['test'][0].shape == (6,)

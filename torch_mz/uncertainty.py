@@ -467,7 +467,8 @@ def _fingerprint(batch: Any) -> Tensor:
     r"""What identifies the sets of :obj:`batch`, cheaply: each set's number of elements and the
     sum of its :obj:`x` and :obj:`pos` entries, as a ``float64`` vector :math:`(2 B)` or
     :math:`(3 B)`."""
-    sizes = torch.diff(batch.ptr).to(torch.float64)  # (B,)
+    # (on the CPU: a dataset of CUDA tensors collates its ptr there, and torch.cat failed)
+    sizes = torch.diff(batch.ptr).to('cpu', torch.float64)  # (B,)
     parts = [sizes]
     for key in ('x', 'pos'):
         t = getattr(batch, key, None)
@@ -549,8 +550,9 @@ def method_predictions(members: Sequence[torch.nn.Module], splits: Dict[str, Seq
     units. An uncertainty that is exactly zero for every set is warned about: the members all
     give the same predictions (the same model twice), or member 0's IHW is zero (a model without
     generators: the presets ``rigid``, ``st-*``, ``film`` and ``hypernet``). Every split is
-    read once per member and once per pass, and must give the same sets in the same order each
-    time (as for :func:`mc_dropout_predict`; a split that does not is refused). Returns
+    read once per member, once per pass and twice more (before and after the passes, to check
+    it), :math:`K + P + 2` times, and must give the same sets in the same order each time (as
+    for :func:`mc_dropout_predict`; a split that does not is refused). Returns
     ``{method: {split: (prediction (N,), uncertainty (N,))}}`` as ``float64`` arrays."""
     from torch_mz.train import predict
     if len(members) < 2:  # (the ensemble's spread was exactly zero, without a word)
@@ -571,8 +573,8 @@ def method_predictions(members: Sequence[torch.nn.Module], splits: Dict[str, Seq
             raise ValueError('Expected members that give an uncertainty (the MZ models\' '
                              'interval-hull width), for the IHW method: a member gives '
                              'predictions alone')
-    # every split is read once per member and once per pass: it must give the same sets each
-    # time (checked here and after the passes: predictions of other sets were averaged)
+    # every split is read once per member, once per pass and twice here: it must give the same
+    # sets each time (checked here and after the passes: predictions of other sets were averaged)
     marks = {split: _stream_marks(ds, batch_size) for split, ds in splits.items()}
     for split in splits:
         counts = [p[0].size(0) for p in preds[split]] + [marks[split][1]]

@@ -781,3 +781,15 @@ def test_a_last_batch_of_one_set_names_the_batch_normalisation_and_the_batch_siz
                                          r'\(e\.g\. 17\)'):
         train(_SetBatchNorm(), REG_TRAIN[:17], config=config(epochs=1), task_type='regression')
     train(_SetBatchNorm(), REG_TRAIN[:18], config=config(epochs=1), task_type='regression')
+
+
+def test_a_batch_size_of_one_under_batch_normalisation_is_named_as_such():
+    # batch_size=1 was said to leave one set over in the last batch, with "drop or add a
+    # training set" for a remedy: every batch is one set there, the first one refused
+    seed_everything(0)
+    with pytest.raises(ValueError, match=r'refused the first batch of epoch 0: batch_size=1 '
+                                         r'gives every batch one set \(of the 17 training '
+                                         r'sets\)\. Choose a batch_size of at least 2 '
+                                         r'\(e\.g\. 3\)$'):
+        train(_SetBatchNorm(), REG_TRAIN[:17], config=config(epochs=1, batch_size=1),
+              task_type='regression')

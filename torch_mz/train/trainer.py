@@ -505,12 +505,18 @@ class Trainer:
                 choose = (f'Choose a batch_size that does not leave one set (e.g. {fits}), or '
                           f'drop or add a training set' if fits is not None else
                           'Add a training set')
+                rank = " of this rank" if self.dist.is_distributed else ""
+                # (batch_size=1 was said to leave one set over in the last batch: every batch
+                # is one set there, and dropping or adding a set does not help)
+                which = (f'the first batch of epoch {epoch}: batch_size=1 gives every batch one '
+                         f'set (of the {size} training sets{rank}). Choose a batch_size of at '
+                         f'least 2 (e.g. {fits})' if cfg.batch_size == 1 and fits is not None
+                         else f'the last batch of epoch {epoch}, the {size} training sets{rank} '
+                         f'in batches of batch_size={cfg.batch_size} leaving one set over. '
+                         + choose)
                 raise ValueError(
-                    f'A batch of one set cannot be normalised by batch statistics: the model\'s '
-                    f'batch normalisation refused the last batch of epoch {epoch}, the '
-                    f'{size} training sets{" of this rank" if self.dist.is_distributed else ""} '
-                    f'in batches of batch_size={cfg.batch_size} leaving one set over. '
-                    + choose) from err
+                    "A batch of one set cannot be normalised by batch statistics: the model's "
+                    'batch normalisation refused ' + which) from err
             loss = self._loss(out, target)
             loss.backward()
             if cfg.grad_clip is not None:
