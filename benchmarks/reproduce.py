@@ -82,6 +82,9 @@ float rounding is part of a run). The checkpoints of runs in progress in this re
 results folder are committed (``.gitignore``; the ``quick`` budget's folder is not), so a run
 longer than a session goes on in the next session's clone: commit ``<out>/runs/<budget>`` with
 the records (``git add -A``, so that the checkpoints of runs finished since are removed too).
+Each start and resume of a run adds a line to its ``code.jsonl`` there (the epoch it starts
+from, the time, the commit, the versions, threads and device), which the run's record keeps
+as ``code_history`` when it finishes (its ``code`` names the code that finished it).
 The command ends up to one epoch after the limit, plus the evaluation of the claims it then
 reads back: give it a limit that leaves that much.
 """

@@ -504,14 +504,14 @@ def test_carry_stops_a_run_at_the_limit_and_a_clone_resumes_it_exactly(tmp_path,
     stopped = list(cut.glob('runs/tiny/*/checkpoint.pt'))
     assert len(stopped) == 1 and load_checkpoint(stopped[0])['epoch'] == 0
     # another clone gets what the repository commits (.gitignore): the records, the kept
-    # weights and each run in progress's checkpoint.pt, best.pt and metrics.jsonl, no lock,
-    # CSV log or weights of finished runs
+    # weights and each run in progress's checkpoint.pt, best.pt, metrics.jsonl and code.jsonl,
+    # no lock, CSV log or weights of finished runs
     clone = tmp_path / 'clone'
     for path in cut.rglob('*'):
         rel = path.relative_to(cut)
         carried = (rel.parts[0] in ('records', 'weights') or len(rel.parts) == 4
                    and rel.parts[0] == 'runs' and rel.parts[2] != 'weights'
-                   and rel.name in ('checkpoint.pt', 'best.pt', 'metrics.jsonl'))
+                   and rel.name in ('checkpoint.pt', 'best.pt', 'metrics.jsonl', 'code.jsonl'))
         if path.is_file() and carried:
             (clone / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(path, clone / rel)
@@ -671,3 +671,48 @@ def test_progress_reaches_the_bars_of_building_the_data(tmp_path):
         task = repro._load('sum', seed=0, n_train=4, n_val=2, n_test=2, d=2)
         assert repro._load('sum', seed=0, n_train=4, n_val=2, n_test=2, d=2) is task
     assert asked == [True, None]  # (not given where no bar is shown: a stand-in need not take it)
+
+
+@pytest.mark.parametrize('older', [False, True])
+def test_a_resumed_run_records_the_code_of_its_start_and_of_its_resume(tmp_path, monkeypatch,
+                                                                       older):
+    # the record named only the code that finished a run: a run resumed under a later commit
+    # did not say which code trained its earlier epochs
+    import torch_mz.reproduce.store as store
+    from torch_mz.train import Trainer
+    budget = replace(TINY, epochs=3, seeds=1)
+    fixed = replace(CLAIM, name='fixed', protocol=(2e-3, 0.05))  # 4 runs, no sweep
+    now = [1000.0]
+    original = Trainer._train_epoch
+
+    def ticking(self, loader, epoch):  # each epoch takes 10 s on the clock
+        now[0] += 10.0
+        return original(self, loader, epoch)
+    monkeypatch.setattr(Trainer, '_train_epoch', ticking)
+    monkeypatch.setattr(store, 'code_version', lambda: 'aaaaaaaaaa')
+    with pytest.raises(reproduce.TimeLimit):  # the first run stops after its first epoch
+        Reproduction(budget, str(tmp_path), device='cpu', sweep_cells={'sum': SUM},
+                     deadline=now[0] + 5.0, clock=lambda: now[0], carry=True).run(fixed)
+    log, = tmp_path.glob('runs/tiny/*/code.jsonl')  # beside its checkpoint, to be committed
+    assert (log.parent / 'checkpoint.pt').exists()
+    first, = [json.loads(line) for line in log.read_text().splitlines()]
+    assert (first['epoch'], first['code'], first['device']) == (0, 'aaaaaaaaaa', 'cpu')
+    if older:  # begun by code that kept no log
+        log.unlink()
+    monkeypatch.setattr(store, 'code_version', lambda: 'bbbbbbbbbb')
+    Reproduction(budget, str(tmp_path), device='cpu', sweep_cells={'sum': SUM}).run(fixed)
+    assert not log.parent.exists()  # removed with the checkpoint
+    path, = tmp_path.rglob(f'records/tiny/**/*_{log.parent.name}.json')  # (named by digest)
+    resumed = json.loads(path.read_text())
+    others = [json.loads(p.read_text()) for p in tmp_path.rglob('records/tiny/**/*.json')
+              if p != path]
+    assert len(others) == 3 and all(r['code'] == 'bbbbbbbbbb' for r in others + [resumed])
+    history = resumed['code_history']
+    assert [e['epoch'] for e in history] == [0, 1]
+    assert history[1]['code'] == 'bbbbbbbbbb' and history[1]['threads'] >= 1
+    if older:
+        assert history[0]['code'] is None and history[0]['note'].startswith('unknown')
+    else:
+        assert history[0] == first
+    assert all([(e['epoch'], e['code']) for e in r['code_history']] == [(0, 'bbbbbbbbbb')]
+               for r in others)

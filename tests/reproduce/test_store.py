@@ -83,6 +83,8 @@ def test_the_repository_commits_the_checkpoints_of_runs_in_progress():
     ignored = {f'{runs}/0123456789/checkpoint.pt': False, f'{runs}/0123456789/best.pt': False,
                'benchmarks/results/reproduction/weights/converged/t/m/r_s0.pt': False,
                f'{runs}/0123456789/metrics.jsonl': False,
+               f'{runs}/0123456789/code.jsonl': False,
+               f'{runs}/0123456789/.code.jsonl.0a1b2c.tmp': True,
                f'{runs}/0123456789/metrics.csv': True, f'{runs}/0123456789.lock': True,
                f'{runs}/weights/0123456789.pt': True,
                f'{runs}/0123456789/.checkpoint.pt.0a1b2c.tmp': True,
@@ -258,3 +260,42 @@ def test_a_run_with_a_nan_figure_is_kept_as_standard_json_and_read_back_as_nan(t
     record = store.read(cell, 'mz', 0, config)
     assert record['test']['loss'] == 0.25 and math.isnan(record['test']['r2'])
     assert math.isnan(record['val']['r2']) and record['best_epoch'] == 0
+
+
+def test_the_code_log_keeps_the_entries_of_the_epochs_the_checkpoint_kept(tmp_path,
+                                                                        monkeypatch):
+    import torch_mz.reproduce.store as store
+    from torch_mz.reproduce.store import CODE_LOG, RecordError, RunStore
+    from torch_mz.train import TrainConfig
+    runs = RunStore(str(tmp_path / 'records'), str(tmp_path / 'checkpoints'))
+    cell = dict(task='sum', label='c', kwargs=dict(n_train=8))
+    config = runs.config_for(cell, 'mz', 0, TrainConfig(epochs=9, device='cpu'))
+    log = os.path.join(config.out_dir, CODE_LOG)
+
+    def epochs():
+        return [(e['epoch'], e['code']) for e in store._code_log(config.out_dir)]
+    for version in ('a', 'b'):  # a start that wrote no checkpoint is replaced by the next
+        monkeypatch.setattr(store, 'code_version', lambda: version)
+        assert runs.log_start(cell, 'mz', 0, config)['epoch'] == 0
+    assert epochs() == [(0, 'b')]
+    resume = replace(config, resume=os.path.join(config.out_dir, 'checkpoint.pt'))
+    checkpoint = {'epoch': 3}
+    monkeypatch.setattr(store, 'load_checkpoint', lambda path: checkpoint)
+    for version in ('c', 'd'):  # a resume that kept no epoch is replaced by the next
+        monkeypatch.setattr(store, 'code_version', lambda: version)
+        assert runs.log_start(cell, 'mz', 0, resume)['epoch'] == 4
+    checkpoint = {'epoch': 6}
+    runs.log_start(cell, 'mz', 0, resume)
+    assert epochs() == [(0, 'b'), (4, 'd'), (7, 'd')]
+    checkpoint = {'epoch': 5}  # (an earlier checkpoint, e.g. restored with git)
+    runs.log_start(cell, 'mz', 0, resume)
+    assert epochs() == [(0, 'b'), (4, 'd'), (6, 'd')]
+    os.remove(log)  # a run begun by code that kept no log
+    runs.log_start(cell, 'mz', 0, resume)
+    assert epochs() == [(0, None), (6, 'd')]
+    assert store._code_log(config.out_dir)[0]['note'].startswith('unknown')
+    with open(log, 'a') as f:
+        f.write('<<<<<<< HEAD\n')  # a bad merge of the committed file
+    with pytest.raises(RecordError, match=f"code log of a run in training "
+                       f"'{re.escape(log)}' cannot be read \\(line 3"):
+        runs.log_start(cell, 'mz', 0, resume)

@@ -166,6 +166,8 @@ class Reproduction:
         try:
             name, options = parse_model_spec(spec)
             task = self._load(cell['task'], seed=0, **dict(cell.get('kwargs', {})))
+            # the code of this start or resume, in the run's folder (a CheckpointError below)
+            self.store.log_start(cell, spec, seed, run_config)
             with stop_by(self.deadline if self.carry else None, self.clock):  # TrainingStopped
                 trained = _grid.train_one(task, name, seed, run_config, **options)
         except TrainingDiverged as e:

@@ -5,16 +5,29 @@ import hashlib
 import json
 import math
 import os
+import platform
 import shutil
+import time
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
+import torch
+
+from torch_mz import __version__
 from torch_mz._files import atomic_write, file_lock, nan_for_none, strict_json
 from torch_mz.study.measure import code_version
-from torch_mz.train import TrainConfig
+from torch_mz.nn.fused import fused_kernels_mode
+from torch_mz.train import TrainConfig, load_checkpoint
+from torch_mz.train.runtime import resolve_device
 from torch_mz.study.statistics import mean_or_nan
 
+
+#: The file in a run's checkpoint folder (beside ``checkpoint.pt`` and ``metrics.jsonl``) that
+#: names the code of every start and resume of the run, one JSON object a line
+#: (:meth:`RunStore.log_start`); committed, carried and removed with the checkpoint, and copied
+#: into the run's record as ``code_history`` when the run finishes.
+CODE_LOG = 'code.jsonl'
 
 _KEY_CONFIG = ('epochs', 'batch_size', 'lr', 'weight_decay', 'warmup_epochs', 'schedule',
                'grad_clip', 'patience', 'min_delta', 'restore_best', 'normalize_targets')
@@ -36,7 +49,8 @@ class RunStore:
     best validation epoch are kept as ``<checkpoints>/weights/<hash>.pt``, which is not
     committed, and for the runs a claim scores also under :obj:`kept`, as
     ``<task>/<model>/<name>.pt`` beside the name of the run's file, which is:
-    :meth:`keep`)."""
+    :meth:`keep`). A run's checkpoint folder also holds :data:`CODE_LOG`, the code that
+    started it and each resume (:meth:`log_start`)."""
     def __init__(self, root: str, checkpoints: str, kept: Optional[str] = None):
         self.root = root
         self.checkpoints = checkpoints
@@ -108,16 +122,21 @@ class RunStore:
 
     def save(self, record: Dict[str, Any]) -> Optional[Dict[str, object]]:
         r"""Writes a newly trained run (a record of :func:`~torch_mz.study.run_grid`) with its
-        key and validation-loss curve, removes its checkpoint and returns what it wrote;
-        :obj:`None` for a run read back from the store."""
+        key, validation-loss curve, the code that finished it (``code``) and, where its folder
+        has a :data:`CODE_LOG` (:meth:`log_start`), the code of its start and of every resume
+        (``code_history``: a run begun by older code has none), removes its checkpoint and
+        returns what it wrote; :obj:`None` for a run read back from the store."""
         pending = self._pending.pop((str(record['cell']), str(record['model']),
                                      int(record['seed'])), None)
         if pending is None or 'key' in record:  # a cached run (read back: it has its key)
             return None
         path, key, ckpt = pending
         # the code that finished it (its float rounding is part of a run: exact rewrites of
-        # the operator change a run's trajectory; a run resumed across commits names the last)
-        record = dict(record, key=key, val_loss_curve=_val_curve(ckpt), code=code_version())
+        # the operator change a run's trajectory), and where its folder has the log of them,
+        # the code of its start and of every resume (a run resumed across commits: each)
+        history = _code_log(ckpt)
+        record = dict(record, key=key, val_loss_curve=_val_curve(ckpt), code=code_version(),
+                      **({'code_history': history} if history else {}))
         kept = self._kept(path)
         if kept is not None and os.path.exists(kept):  # of an earlier run of this key
             os.remove(kept)
@@ -136,6 +155,38 @@ class RunStore:
         atomic_write(path, lambda f: f.write(text), binary=False)
         _remove_log_last(ckpt)
         return record
+
+    def log_start(self, cell: Mapping[str, Any], spec: str, seed: int,
+                  config: TrainConfig) -> Dict[str, Any]:
+        r"""Notes, in the run's :data:`CODE_LOG`, the code that trains it from now on (for
+        :obj:`config` from :meth:`config_for`, just before training starts or resumes), and
+        returns that entry: the epoch it starts from (0, or the one after its checkpoint's),
+        the time (UTC), the ``code`` a record names (:func:`~torch_mz.study.measure.code_version`:
+        the commit, ``-dirty`` where the package's files differ from it), the versions of
+        ``torch_mz``, PyTorch and Python, PyTorch's threads, the fused-kernel mode
+        (:func:`~torch_mz.nn.set_fused_kernels`) and the device. A start replaces the log of an
+        earlier start that wrote no checkpoint; a resume keeps the entries of the epochs before
+        its own (those at or after it trained nothing its checkpoint kept), after a first entry
+        that says the code of the epochs before is unknown where the log has none for epoch 0
+        (a run started by code that kept no log). The file is written whole (atomically), so a
+        stop part-way leaves the earlier log."""
+        _, ckpt = self._paths(run_key(cell, spec, seed, replace(config, seed=seed)))
+        start = 0 if config.resume is None else int(load_checkpoint(config.resume)['epoch']) + 1
+        entry: Dict[str, Any] = dict(
+            epoch=start, time=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()),
+            code=code_version(), torch_mz=__version__, torch=torch.__version__,
+            python=platform.python_version(), threads=torch.get_num_threads(),
+            fused_kernels=fused_kernels_mode(), device=str(resolve_device(config.device)))
+        kept = [e for e in _code_log(ckpt) if e['epoch'] < start] if start else []
+        if start and (not kept or kept[0]['epoch'] != 0):  # (begun by code that kept none)
+            unknown: Dict[str, Any] = {k: None for k in entry}
+            unknown.update(epoch=0, note=f"unknown: the code of the epochs before "
+                           f"{kept[0]['epoch'] if kept else start} (begun by code that kept no "
+                           f"{CODE_LOG})")
+            kept.insert(0, unknown)
+        text = ''.join(strict_json(e, sort_keys=True) + '\n' for e in kept + [entry])
+        atomic_write(os.path.join(ckpt, CODE_LOG), lambda f: f.write(text), binary=False)
+        return entry
 
     def tidy(self) -> List[str]:
         r"""Removes the checkpoint folders of finished runs that a process stopped between
@@ -468,6 +519,33 @@ def _metrics(ckpt: str) -> List[Dict[str, Any]]:
                 f"from the run's checkpoint")
         rows.append(row)
     return rows
+
+
+def _code_log(ckpt: str) -> List[Dict[str, Any]]:
+    r"""The entries of a run's :data:`CODE_LOG` (:meth:`RunStore.log_start`; empty where there
+    is none: a run started by code that kept none): :class:`RecordError` naming the file for a
+    line that is not a JSON object with an integer ``epoch`` (committed with ``--carry``, so a
+    merge can damage it)."""
+    path = os.path.join(ckpt, CODE_LOG)
+    try:
+        with open(path) as f:
+            lines = [line for line in f if line.strip()]
+    except FileNotFoundError:
+        return []
+    entries = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            entry = json.loads(line)
+        except ValueError as e:  # (json's JSONDecodeError)
+            entry = e
+        if not (isinstance(entry, dict) and isinstance(entry.get('epoch'), int)
+                and not isinstance(entry['epoch'], bool)):
+            raise RecordError(
+                f"the code log of a run in training '{path}' cannot be read (line {number}: "
+                f"{entry}): restore it (e.g. with git), or delete it: the run then records the "
+                f"code of its epochs so far as unknown")
+        entries.append(entry)
+    return entries
 
 
 def _val_curve(ckpt: str) -> List[float]:
