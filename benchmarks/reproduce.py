@@ -83,8 +83,10 @@ results folder are committed (``.gitignore``; the ``quick`` budget's folder is n
 longer than a session goes on in the next session's clone: commit ``<out>/runs/<budget>`` with
 the records (``git add -A``, so that the checkpoints of runs finished since are removed too).
 Each start and resume of a run adds a line to its ``code.jsonl`` there (the epoch it starts
-from, the time, the commit, the versions, threads and device), which the run's record keeps
-as ``code_history`` when it finishes (its ``code`` names the code that finished it).
+from, the time, the commit the process runs, the versions, threads, fused-kernel mode and
+device; a start or resume that kept no epoch is replaced by the next), which the run's record
+keeps as ``code_history`` when it finishes (its ``code`` names the code of the process that
+finished it).
 The command ends up to one epoch after the limit, plus the evaluation of the claims it then
 reads back: give it a limit that leaves that much.
 """

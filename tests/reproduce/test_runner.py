@@ -716,3 +716,27 @@ def test_a_resumed_run_records_the_code_of_its_start_and_of_its_resume(tmp_path,
         assert history[0] == first
     assert all([(e['epoch'], e['code']) for e in r['code_history']] == [(0, 'bbbbbbbbbb')]
                for r in others)
+
+
+def test_a_checkpoint_without_an_integer_epoch_is_refused_as_the_trainer_refuses_it(tmp_path):
+    # the code log read the checkpoint's epoch before the trainer checked it: a checkpoint
+    # without one stopped every claim with a bare KeyError (not the CheckpointError naming the
+    # way out), and a text epoch '3' was logged as a resume from epoch 4
+    from torch_mz.reproduce.store import CODE_LOG
+    from torch_mz.train import CheckpointError
+    from torch_mz.train.checkpoint import CHECKPOINT_FORMAT, CHECKPOINT_VERSION, save_checkpoint
+    repro = Reproduction(TINY, str(tmp_path), device='cpu', sweep_cells={'sum': SUM})
+    job = (repro.sized(SUM), CLAIM.models[0], 0, replace(repro.base_config('sum'),
+                                                          lr=TINY.sweep[0][0],
+                                                          weight_decay=TINY.sweep[0][1]))
+    folder = repro.store.config_for(*job).out_dir
+    base = dict(format=CHECKPOINT_FORMAT, version=CHECKPOINT_VERSION, kind='train', model={},
+                task_type='regression')
+    for epoch in ({}, dict(epoch='3'), dict(epoch=True)):
+        save_checkpoint(dict(base, **epoch), os.path.join(folder, 'checkpoint.pt'))
+        with pytest.raises(CheckpointError, match="'epoch' is .*to train it from the start"):
+            repro.sweep('sum', CLAIM.models[:1])
+        assert not os.path.exists(os.path.join(folder, CODE_LOG))  # nothing logged
+    shutil.rmtree(folder)  # as the message says: the run trains from the start
+    repro.sweep('sum', CLAIM.models[:1])
+    assert repro.store.stored(*job)

@@ -275,14 +275,14 @@ def test_the_code_log_keeps_the_entries_of_the_epochs_the_checkpoint_kept(tmp_pa
     def epochs():
         return [(e['epoch'], e['code']) for e in store._code_log(config.out_dir)]
     for version in ('a', 'b'):  # a start that wrote no checkpoint is replaced by the next
-        monkeypatch.setattr(store, 'code_version', lambda: version)
+        runs.code = version  # (the code of the process: code_version when the store is made)
         assert runs.log_start(cell, 'mz', 0, config)['epoch'] == 0
     assert epochs() == [(0, 'b')]
     resume = replace(config, resume=os.path.join(config.out_dir, 'checkpoint.pt'))
     checkpoint = {'epoch': 3}
     monkeypatch.setattr(store, 'load_checkpoint', lambda path: checkpoint)
     for version in ('c', 'd'):  # a resume that kept no epoch is replaced by the next
-        monkeypatch.setattr(store, 'code_version', lambda: version)
+        runs.code = version  # (the code of the process: code_version when the store is made)
         assert runs.log_start(cell, 'mz', 0, resume)['epoch'] == 4
     checkpoint = {'epoch': 6}
     runs.log_start(cell, 'mz', 0, resume)
@@ -299,3 +299,44 @@ def test_the_code_log_keeps_the_entries_of_the_epochs_the_checkpoint_kept(tmp_pa
     with pytest.raises(RecordError, match=f"code log of a run in training "
                        f"'{re.escape(log)}' cannot be read \\(line 3"):
         runs.log_start(cell, 'mz', 0, resume)
+
+
+def test_tidy_removes_the_folder_of_a_finished_run_holding_only_its_code_log(tmp_path,
+                                                                            monkeypatch):
+    # a finished run trained again for its weights and stopped before its first epoch left a
+    # folder holding only the code log of that start: tidy() kept it for good (no epoch in its
+    # log against the record's), to be committed with the runs in progress, where the empty
+    # folder such a stop left before the code log was removed
+    import torch_mz.study.grid as grid
+    from torch_mz.reproduce.store import CODE_LOG
+    repro = Reproduction(TINY, str(tmp_path), device='cpu', sweep_cells={'sum': SUM})
+    repro.sweep('sum', CLAIM.models[:1])
+    job = (repro.sized(SUM), CLAIM.models[0], 0, replace(repro.base_config('sum'),
+                                                          lr=TINY.sweep[0][0],
+                                                          weight_decay=TINY.sweep[0][1]))
+    folder = repro.store.config_for(*job).out_dir
+    assert repro.store.stored(*job) and not os.path.exists(folder)
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(grid, 'train_one', killed)
+    with pytest.raises(KeyboardInterrupt):
+        repro._train_one(*job, again=True)
+    assert os.listdir(folder) == [CODE_LOG]
+    assert repro.store.state(*job)[0] == 'done'
+    assert repro.store.tidy() == [folder] and not os.path.exists(folder)
+
+
+def test_the_code_a_run_names_is_the_code_its_process_runs(tmp_path, monkeypatch):
+    # the log and the record read the checkout's commit as each run started and finished: a
+    # commit made (or the package edited) while a process trained for hours named code that
+    # process had never imported
+    import torch_mz.reproduce.store as store
+    monkeypatch.setattr(store, 'code_version', lambda: 'aaaaaaaaaa')
+    repro = Reproduction(TINY, str(tmp_path), device='cpu', sweep_cells={'sum': SUM})
+    monkeypatch.setattr(store, 'code_version', lambda: 'bbbbbbbbbb')  # a commit meanwhile
+    repro.sweep('sum', CLAIM.models[:1])
+    records = [json.loads(p.read_text()) for p in tmp_path.rglob('records/tiny/**/*.json')]
+    assert len(records) == len(TINY.sweep)
+    assert all(r['code'] == 'aaaaaaaaaa' for r in records)
+    assert all([e['code'] for e in r['code_history']] == ['aaaaaaaaaa'] for r in records)

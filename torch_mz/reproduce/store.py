@@ -18,7 +18,7 @@ from torch_mz import __version__
 from torch_mz._files import atomic_write, file_lock, nan_for_none, strict_json
 from torch_mz.study.measure import code_version
 from torch_mz.nn.fused import fused_kernels_mode
-from torch_mz.train import TrainConfig, load_checkpoint
+from torch_mz.train import CheckpointError, TrainConfig, load_checkpoint
 from torch_mz.train.runtime import resolve_device
 from torch_mz.study.statistics import mean_or_nan
 
@@ -50,11 +50,16 @@ class RunStore:
     committed, and for the runs a claim scores also under :obj:`kept`, as
     ``<task>/<model>/<name>.pt`` beside the name of the run's file, which is:
     :meth:`keep`). A run's checkpoint folder also holds :data:`CODE_LOG`, the code that
-    started it and each resume (:meth:`log_start`)."""
+    started it and each resume (:meth:`log_start`). :attr:`code` is the code this process runs
+    (:func:`~torch_mz.study.measure.code_version` when the store is made), which the runs it
+    trains name."""
     def __init__(self, root: str, checkpoints: str, kept: Optional[str] = None):
         self.root = root
         self.checkpoints = checkpoints
         self.kept = kept
+        # read once: a commit made, or the package edited, while this process trains (hours)
+        # does not change the code it imported, which the log and the records then misnamed
+        self.code = code_version()
         self._pending: Dict[Tuple[str, str, int], Tuple[str, Dict[str, Any], str]] = {}
 
     def _paths(self, key: Mapping[str, Any]) -> Tuple[str, str]:
@@ -135,7 +140,7 @@ class RunStore:
         # the operator change a run's trajectory), and where its folder has the log of them,
         # the code of its start and of every resume (a run resumed across commits: each)
         history = _code_log(ckpt)
-        record = dict(record, key=key, val_loss_curve=_val_curve(ckpt), code=code_version(),
+        record = dict(record, key=key, val_loss_curve=_val_curve(ckpt), code=self.code,
                       **({'code_history': history} if history else {}))
         kept = self._kept(path)
         if kept is not None and os.path.exists(kept):  # of an earlier run of this key
@@ -161,8 +166,9 @@ class RunStore:
         r"""Notes, in the run's :data:`CODE_LOG`, the code that trains it from now on (for
         :obj:`config` from :meth:`config_for`, just before training starts or resumes), and
         returns that entry: the epoch it starts from (0, or the one after its checkpoint's),
-        the time (UTC), the ``code`` a record names (:func:`~torch_mz.study.measure.code_version`:
-        the commit, ``-dirty`` where the package's files differ from it), the versions of
+        the time (UTC), the ``code`` a record names (:attr:`code`, the process's
+        :func:`~torch_mz.study.measure.code_version`: the commit, ``-dirty`` where the package's
+        files differ from it), the versions of
         ``torch_mz``, PyTorch and Python, PyTorch's threads, the fused-kernel mode
         (:func:`~torch_mz.nn.set_fused_kernels`) and the device. A start replaces the log of an
         earlier start that wrote no checkpoint; a resume keeps the entries of the epochs before
@@ -171,10 +177,17 @@ class RunStore:
         (a run started by code that kept no log). The file is written whole (atomically), so a
         stop part-way leaves the earlier log."""
         _, ckpt = self._paths(run_key(cell, spec, seed, replace(config, seed=seed)))
-        start = 0 if config.resume is None else int(load_checkpoint(config.resume)['epoch']) + 1
+        start = 0
+        if config.resume is not None:
+            epoch = load_checkpoint(config.resume).get('epoch')
+            if not isinstance(epoch, int) or isinstance(epoch, bool):  # (as the trainer: a
+                # KeyError had stopped every claim, a text '3' was taken for epoch 3)
+                raise CheckpointError(f"Checkpoint {config.resume!r} is damaged: its 'epoch' is "
+                                      f"{epoch!r}, expected an integer")
+            start = epoch + 1
         entry: Dict[str, Any] = dict(
             epoch=start, time=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()),
-            code=code_version(), torch_mz=__version__, torch=torch.__version__,
+            code=self.code, torch_mz=__version__, torch=torch.__version__,
             python=platform.python_version(), threads=torch.get_num_threads(),
             fused_kernels=fused_kernels_mode(), device=str(resolve_device(config.device)))
         kept = [e for e in _code_log(ckpt) if e['epoch'] < start] if start else []
@@ -196,7 +209,8 @@ class RunStore:
         whose record is here and that is being trained again for its weights keeps its
         folder); its ``best.pt`` becomes the run's weights where it has none. An empty folder of
         a finished run (its removal stopped after the log, :func:`_remove_log_last`) goes
-        too."""
+        too, and so does one holding only its :data:`CODE_LOG` (a start that trained no epoch:
+        a run trained again for its weights, stopped before its first epoch ended)."""
         removed: List[str] = []
         if not os.path.isdir(self.checkpoints) or not os.path.isdir(self.root):
             return removed
@@ -212,7 +226,9 @@ class RunStore:
             with file_lock(ckpt + '.lock', wait=False, strict=True) as free:
                 if not free:
                     continue
-                if not os.listdir(ckpt):  # emptied by a removal stopped before its end
+                # emptied by a removal stopped before its end, or holding only the code log of
+                # a start that trained no epoch (trained again for its weights, stopped)
+                if not set(os.listdir(ckpt)) - {CODE_LOG}:
                     shutil.rmtree(ckpt, ignore_errors=True)
                     removed.append(ckpt)
                     continue
