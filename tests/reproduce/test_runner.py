@@ -575,6 +575,20 @@ def test_a_diverging_run_is_stored_as_failed_and_not_trained_again(tmp_path, mon
     assert len(calls) == n
 
 
+def test_a_sweep_whose_every_point_diverged_does_not_step_beyond_the_grid(tmp_path,
+                                                                          monkeypatch):
+    # every point diverged: the first point was taken for the best and the sweep stepped
+    # beyond it (lr / 3) for up to SWEEP_MAX_STEPS rounds, each run diverging again
+    budget = replace(TINY, epochs=2, extend_sweep=True, sweep=((1e30, 1e-5), (3e30, 1e-5)))
+    calls = _counting(monkeypatch)
+    repro = Reproduction(budget, str(tmp_path), device='cpu', sweep_cells={'sum': SUM})
+    model = 'deepsets:hidden_channels=8'
+    assert repro.sweep('sum', [model]) == {model: (1e30, 1e-5)}
+    assert sorted(c[4] for c in calls) == [1e30, 3e30]  # the grid alone
+    rows = repro.sweep_landscape('sum', [model])
+    assert len(rows) == 2 and all(r['val_loss'] == math.inf for r in rows)
+
+
 def test_a_held_sweep_run_holds_up_only_its_own_model(tmp_path, monkeypatch):
     # another process trains one of the first model's sweep runs: the second model's sweep
     # goes on to its next round (a point one step beyond its grid) and its claim runs are

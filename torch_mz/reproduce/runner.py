@@ -446,14 +446,18 @@ class Reproduction:
 
     def _best_point(self, cell: Mapping[str, Any], spec: str,
                     points: Sequence[Tuple[float, float]],
-                    config: Callable[[float, float], TrainConfig]) -> Tuple[float, float]:
+                    config: Callable[[float, float], TrainConfig]
+                    ) -> Tuple[Tuple[float, float], bool]:
         r"""The point of :obj:`points` whose seed-0 run on :obj:`cell` has the lowest best
-        validation loss (the first on a tie), read from the store."""
+        validation loss (the first on a tie), read from the store, and whether any point has a
+        finite one (a diverged run has none; a non-finite loss counts as the worst, where
+        NumPy's ``argmin`` took a NaN for the lowest)."""
         losses = []
         for lr, wd in points:
             runs, _ = self._grid([cell], [spec], 1, lambda c, s, lr=lr, wd=wd: config(lr, wd))
-            losses.append(float(runs[0]['val'].get('loss', math.inf)))
-        return points[int(np.argmin(losses))]
+            loss = float(runs[0]['val'].get('loss', math.inf))
+            losses.append(loss if math.isfinite(loss) else math.inf)
+        return points[int(np.argmin(losses))], math.isfinite(min(losses))
 
     def run(self, claim: Claim,
             wait: bool = True) -> Tuple[List[Dict[str, object]], List[Dict[str, object]]]:
@@ -708,8 +712,11 @@ class Reproduction:
             stopped += [m for m in active if m not in ready and extension < rounds]
             active = []
             for m in ready:
-                best = self._best_point(cell, m, points[m], config)
-                todo[m] = [p for p in sweep_extension(points[m], best) if p not in points[m]]
+                best, learned = self._best_point(cell, m, points[m], config)
+                # (where every point diverged, grid[0] is no best to step beyond: the rounds
+                # beyond it trained up to three more runs that diverged as well)
+                todo[m] = [p for p in sweep_extension(points[m], best)
+                           if p not in points[m]] if learned else []
                 if extension == rounds or not todo[m]:
                     chosen[m] = best
                 else:
