@@ -46,6 +46,15 @@ where that file exists (microseconds per inference kernel). The compiled generat
 (``set_fused_kernels(False)``): their automatic mode runs them for large CPU float32 inputs only,
 so the eager operations are what a GPU runs, and what is counted here.
 
+The counts of the aggregations are written after every graph and aggregation: while some
+remain, to ``launches.partial.{json,md}``, marked partial (``pending``: the counts not yet
+made), which the complete report ``launches.{json,md,png}`` replaces, so that a run cut off
+(Ctrl-C, a failure) keeps what it counted and leaves an earlier run's complete report alone.
+``--resume`` makes only the counts the partial report lacks; ``--overwrite`` makes every one
+again, and a folder holding a partial report is refused without either. Ctrl-C ends a run with
+one line that gives the command to go on (status 130). (``--presets``, about a minute, writes
+its report at the end.)
+
     python benchmarks/launches.py
     python benchmarks/launches.py --nodes 1000,10000 --aggrs rigid,rigid-whole   # a quick look
     python benchmarks/launches.py --presets rigid,st-large,mz-slim,mz,egnn
@@ -54,8 +63,9 @@ import argparse
 import json
 import os
 import shlex
+import sys
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -63,15 +73,19 @@ from torch_mz.models import PRESETS as MODEL_PRESETS
 from torch_mz.nn import set_fused_kernels
 from torch_mz.nn import functional
 from torch_mz.nn.functional import clear_layout_cache
-from torch_mz.study import (check_out_folder, choice_list, environment, int_list, markdown_table,
-                            positive_float, positive_int, pyplot, replace_plot, write_results)
+from torch_mz.study import (EXIT_INTERRUPTED, check_out_folder, choice_list, environment,
+                            int_list, interruptible, markdown_table, positive_float, positive_int,
+                            pyplot, remove_results, replace_plot, write_results)
 # the graphs and aggregations of message_passing.py, the batch and presets of training_step.py
 from torch_mz.study import workloads
 from torch_mz.study.plots import save_figure
 from torch_mz.study.traffic import count_ops
 
 NAME = 'launches'
+PARTIAL = NAME + '.partial'  # <out>/launches.partial.{json,md}: a run not yet complete
 PRESETS_NAME = 'launches_presets'
+#: The settings a partial report must share with a run that resumes it (``--resume``)
+SETTINGS = ('nodes', 'dim', 'degrees', 'aggrs', 'pyg_max_nodes')
 DEFAULT_AGGRS = ('pyg', 'pyg-flat', 'rigid', 'rigid-whole', 'default')
 GPU_TRAINING_STEP = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'results', 'gpu',
                                  'training_step', 'training_step.json')
@@ -272,7 +286,7 @@ def run_presets(args: argparse.Namespace, argv: Optional[List[str]] = None) -> N
                 f"gradients; kernels = operations that are neither views nor bare allocations; "
                 f"syncs = host reads of a device result (a lower bound). {gpu_note}\n\n"
                 + markdown_table(rows, cols))
-    write_results(args.out, PRESETS_NAME, dict(environment=env, config=vars(args),
+    write_results(args.out, PRESETS_NAME, dict(environment=env, config=config_of(args),
                                                minutes=minutes, rows=rows,
                                                gpu_note=gpu_note), markdown)
     print(markdown_table(rows, cols))
@@ -311,7 +325,83 @@ def plot(rows: List[Dict], path: str) -> None:
     plt.close(fig)
 
 
-def main(argv: Optional[List[str]] = None) -> None:
+def config_of(args: argparse.Namespace) -> Dict[str, object]:
+    r"""The options a report records: every one but ``--resume`` and ``--overwrite`` (the
+    reports' format as before they were added)."""
+    return {k: v for k, v in vars(args).items() if k not in ('resume', 'overwrite')}
+
+
+def write_report(args: argparse.Namespace, argv: Optional[List[str]], rows: List[Dict],
+                 pending: int, minutes: float) -> Optional[str]:
+    r"""Writes the report of the aggregations' counts :obj:`rows`: while :obj:`pending` counts
+    remain, ``launches.partial.{json,md}``, marked partial; else ``launches.{json,md,png}``,
+    which removes the partial report. Returns the note of a plot not drawn, else
+    :obj:`None`."""
+    complete = not pending
+    fits = slopes(rows)
+    env = _environment(argv)
+    note = None
+    if complete:  # (the plot first: the report links it where drawn)
+        png = os.path.join(args.out, f'{NAME}.png')
+        note = replace_plot(png, plot, rows, png)
+    head = '' if complete else (
+        f'Partial: {pending} more count(s) (graph x aggregation) not made (the run was cut off '
+        f'or is still running; `--resume` makes the rest)\n\n')
+    markdown = ('# Operations dispatched by one SAGEConv forward + backward\n\n' + head +
+                f"Command: `{env['command']}`  \n"
+                f"torch {env['torch']}, torch_geometric {env['torch_geometric']}; "
+                f"{minutes:.1f} min. {args.degrees} in-degrees (mean 10), d = {args.dim}; "
+                f"counted on the CPU with the compiled generator kernels off (what a GPU "
+                f"runs); `kernels` = operations that are neither views nor bare allocations "
+                f"(each a launch on a GPU); `syncs` = those that read a result on the host "
+                f"(each drains a GPU's queue); `chunk_rows` = rows per recomputed group of "
+                f"`chunk_size='auto'` on the CPU (0: the whole input at once; on a CUDA device "
+                f"`'auto'` sizes its groups by the device's memory, and on one H200 every graph "
+                f"here runs at once, as `rigid-whole`). See "
+                f"`benchmarks/launches.py` for what is counted.\n\n"
+                f'## Growth with the graph\n\n'
+                + markdown_table(fits, ['aggr', 'kernel_slope', 'largest_over_smallest'])
+                + '\n## All counts\n\n'
+                + markdown_table(rows, ['degrees', 'dim', 'nodes', 'edges', 'aggr', 'chunk_rows',
+                                        'ops', 'kernels', 'syncs', 'ops_new_graph',
+                                        'kernels_new_graph', 'syncs_new_graph',
+                                        'ops_infer', 'kernels_infer', 'syncs_infer',
+                                        'kernels_per_1k_edges', 'top_kernels'])
+                + ('' if note or not complete else f'\n![plot]({NAME}.png)\n'))
+    payload = dict(environment=env, config=config_of(args), minutes=minutes, rows=rows,
+                   slopes=fits)
+    if not complete:
+        payload['pending'] = pending
+    write_results(args.out, NAME if complete else PARTIAL, payload, markdown)
+    if complete:  # the complete report replaces the partial one
+        remove_results(args.out, PARTIAL)
+    return note
+
+
+def earlier_counts(path: str, args: argparse.Namespace
+                   ) -> Tuple[Dict[Tuple[int, str], Dict], float, str]:
+    r"""The rows of the partial report :obj:`path` that ``--resume`` keeps, by (nodes,
+    aggregation), the minutes they took, and a sentence on what was found; a file written with
+    other :data:`SETTINGS` raises a :class:`ValueError` naming them."""
+    if not os.path.exists(path):
+        return {}, 0.0, f'nothing to resume: no {path}; making every count'
+    try:
+        with open(path) as f:
+            earlier = json.load(f)
+        config, minutes = earlier['config'], float(earlier['minutes'])
+        kept = {(int(r['nodes']), str(r['aggr'])): r for r in earlier['rows']}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f'{path} cannot be read ({e}): pass --overwrite to make every count '
+                         f'again') from None
+    differ = [f'{key} {config.get(key)!r} there, {getattr(args, key)!r} here'
+              for key in SETTINGS if config.get(key) != getattr(args, key)]
+    if differ:
+        raise ValueError(f"{path} was written with other settings ({'; '.join(differ)}): pass "
+                         f"--overwrite to replace it")
+    return kept, minutes, f'resuming from {path}: {len(kept)} count(s) kept'
+
+
+def main(argv: Optional[List[str]] = None) -> Optional[int]:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--nodes', type=int_list(), default=[1000, 10000, 100000])
     parser.add_argument('--dim', type=positive_int, default=64)
@@ -335,6 +425,14 @@ def main(argv: Optional[List[str]] = None) -> None:
                              'beside the counts of --presets (default: %(default)s)')
     parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
                                                       NAME))
+    parser.add_argument('--resume', action='store_true',
+                        help='keep the counts of the partial report an interrupted run with '
+                             'these settings left in --out; make only the others (not with '
+                             '--presets)')
+    parser.add_argument('--overwrite', action='store_true',
+                        help='make every count where --out holds the partial report of an '
+                             'interrupted run, which this run replaces (without it, and '
+                             'without --resume, such a folder is refused)')
     args = parser.parse_args(argv)
     # (before anything is counted: a run refused at its end had counted for nothing)
     problem = check_out_folder(args.out)
@@ -350,52 +448,66 @@ def main(argv: Optional[List[str]] = None) -> None:
         parser.error(f"nothing to count: --aggrs {','.join(args.aggrs)} on --nodes "
                      f"{','.join(map(str, args.nodes))} leaves only 'pyg' above "
                      f"--pyg-max-nodes {args.pyg_max_nodes}")
+    if args.resume and args.overwrite:
+        parser.error('argument --overwrite: not allowed with --resume (which keeps the counts '
+                     'that --overwrite makes again)')
+    if args.presets and (args.resume or args.overwrite):
+        parser.error(f"argument --{'resume' if args.resume else 'overwrite'}: not allowed with "
+                     f'--presets (which writes its report at the end, after about a minute)')
+    partial = os.path.join(args.out, f'{PARTIAL}.json')
+    if not args.presets and os.path.exists(partial) and not (args.resume or args.overwrite):
+        parser.error(f'argument --out: {partial} holds the counts of an interrupted run: pass '
+                     f'--resume to keep them, or --overwrite to make every count again (this '
+                     f"run's report replaces them)")
+    kept: Dict[Tuple[int, str], Dict] = {}
+    earlier_minutes = 0.0
+    if args.resume:
+        try:
+            kept, earlier_minutes, message = earlier_counts(partial, args)
+        except ValueError as e:
+            parser.error(f'argument --resume: {e}')
+        print(message, flush=True)
     torch.set_num_threads(1)
     set_fused_kernels(False)  # what a GPU runs (see the module's docstring)
     if args.presets:
         run_presets(args, argv)
-        return
+        return None
     start = time.time()
-    rows = []
-    for nodes, aggr in jobs:
-        row = count_one(nodes, aggr, args.dim, args.degrees)
-        rows.append(row)
-        print(f"N={nodes:7d} E={row['edges']:8d} {aggr:12s} {row['ops']:7d} ops "
-              f"{row['kernels']:7d} kernels ({row['kernels_per_1k_edges']:.2f} per 1k "
-              f"edges) {row['syncs']:6d} syncs", flush=True)
-    fits = slopes(rows)
-    env = _environment(argv)
-    minutes = (time.time() - start) / 60
-    png = os.path.join(args.out, f'{NAME}.png')  # (first: the report links it where drawn)
-    note = replace_plot(png, plot, rows, png)
-    markdown = (f'# Operations dispatched by one SAGEConv forward + backward\n\n'
-                f"Command: `{env['command']}`  \n"
-                f"torch {env['torch']}, torch_geometric {env['torch_geometric']}; "
-                f"{minutes:.1f} min. {args.degrees} in-degrees (mean 10), d = {args.dim}; "
-                f"counted on the CPU with the compiled generator kernels off (what a GPU "
-                f"runs); `kernels` = operations that are neither views nor bare allocations "
-                f"(each a launch on a GPU); `syncs` = those that read a result on the host "
-                f"(each drains a GPU's queue); `chunk_rows` = rows per recomputed group of "
-                f"`chunk_size='auto'` on the CPU (0: the whole input at once; on a CUDA device "
-                f"`'auto'` sizes its groups by the device's memory, and on one H200 every graph "
-                f"here runs at once, as `rigid-whole`). See "
-                f"`benchmarks/launches.py` for what is counted.\n\n"
-                f'## Growth with the graph\n\n'
-                + markdown_table(fits, ['aggr', 'kernel_slope', 'largest_over_smallest'])
-                + '\n## All counts\n\n'
-                + markdown_table(rows, ['degrees', 'dim', 'nodes', 'edges', 'aggr', 'chunk_rows',
-                                        'ops', 'kernels', 'syncs', 'ops_new_graph',
-                                        'kernels_new_graph', 'syncs_new_graph',
-                                        'ops_infer', 'kernels_infer', 'syncs_infer',
-                                        'kernels_per_1k_edges', 'top_kernels'])
-                + ('' if note else f'\n![plot]({NAME}.png)\n'))
-    write_results(args.out, NAME, dict(environment=env, config=vars(args), minutes=minutes,
-                                       rows=rows, slopes=fits), markdown)
+    rows: List[Dict] = []
+    note = None
+    wrote = False  # (whether this call wrote a report yet)
+    kept = {job: row for job, row in kept.items() if job in jobs}
+    # (kept: the partial report resumed, else none before this call wrote a report)
+    with interruptible(__file__, sys.argv[1:] if argv is None else argv, parser,
+                       kept=partial if kept else None, what='counts') as stop:
+        for done, (nodes, aggr) in enumerate(jobs, 1):
+            if (nodes, aggr) in kept:
+                row = kept[(nodes, aggr)]
+            else:
+                row = count_one(nodes, aggr, args.dim, args.degrees)
+            rows.append(row)
+            print(f"N={nodes:7d} E={row['edges']:8d} {aggr:12s} {row['ops']:7d} ops "
+                  f"{row['kernels']:7d} kernels ({row['kernels_per_1k_edges']:.2f} per 1k "
+                  f"edges) {row['syncs']:6d} syncs" + (' (kept)' if (nodes, aggr) in kept
+                                                      else ''), flush=True)
+            if (nodes, aggr) in kept and (wrote or done < len(jobs)):
+                continue  # (nothing new to write; every count kept: written at the last)
+            # the counts kept not reached yet stay in the partial report
+            ahead = [kept[job] for job in jobs[done:] if job in kept]
+            pending = len(jobs) - done - len(ahead)
+            minutes = earlier_minutes + (time.time() - start) / 60
+            note = write_report(args, argv, rows + ahead, pending, minutes)
+            stop.kept = partial if pending else os.path.join(args.out, f'{NAME}.json')
+            wrote = True
+    if stop.note:
+        print(stop.note, file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
     if note:
         print(note)
-    print(markdown_table(fits, ['aggr', 'kernel_slope', 'largest_over_smallest']))
+    print(markdown_table(slopes(rows), ['aggr', 'kernel_slope', 'largest_over_smallest']))
     print(f"wrote {args.out}/{NAME}.json, .md{'' if note else ', .png'}")
+    return None
 
 
 if __name__ == '__main__':
-    main()
+    sys.exit(main())

@@ -16,17 +16,26 @@ With several seeds the table gives the mean ± std over seeds (one seed: the val
 whose training diverges is recorded as diverged (no test figures), left out of the means (NaN
 where every seed of a configuration diverged) and named below the table; the other runs go on,
 as in the other studies (``train_models(record_diverged=True)``).
+
+Every finished run (its test figures on every range, or its divergence) is kept as one file in
+``<out>/runs`` (:class:`~torch_mz.study.RunStore`): the same command with ``--resume`` trains
+only the runs an interrupted call had not finished; without ``--resume`` a folder that holds
+runs is refused, and ``--overwrite`` removes them and trains every run again. Ctrl-C ends a run
+with one line that gives the command to go on (status 130).
 """
 import argparse
 import os
+import sys
 import time
 import warnings
 
 from torch_mz.models import build_model, count_parameters
-from torch_mz.study import (environment, markdown_table, positive_int, pyplot, replace_plot,
-                            write_report)
+from torch_mz._files import nan_for_none
+from torch_mz.study import (EXIT_INTERRUPTED, RunStore, environment, interruptible,
+                            markdown_table, positive_int, pyplot, replace_plot, write_report)
 from torch_mz.study.plots import save_figure
-from torch_mz.study.budget import Budget, add_budget_arguments, choose_budget, study_config
+from torch_mz.study.budget import (Budget, add_budget_arguments, add_resume_argument,
+                                   choose_budget, study_config)
 from torch_mz.study.statistics import mean_or_nan, std_or_nan
 from torch_mz.tasks import load_task
 from torch_mz.train import Trainer, TrainingDiverged, seed_everything
@@ -104,13 +113,13 @@ def main():
     parser.add_argument('--tdof', type=positive_int, default=8, help='at most --d')
     parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
                                                       'set_size_generalisation'))
+    add_resume_argument(parser)
     args = parser.parse_args()
     problem = check_out_folder(args.out)  # (before anything runs: a folder it cannot write)
     if problem:
         parser.error(problem)
     budget = choose_budget(args, QUICK, FULL)
-    seeds, n_train, n_test, epochs, lr = (budget.seeds, budget.n_train, budget.n_test,
-                                          budget.epochs, budget.lr)
+    seeds, n_train, n_test = budget.seeds, budget.n_train, budget.n_test
     if n_test < 2:
         parser.error(f'--n-test {n_test} is too few: at least 2 test sets per range (an R² needs '
                      'a spread of targets)')
@@ -124,31 +133,84 @@ def main():
     except ValueError as e:
         parser.error(f'--d {args.d} --tdof {args.tdof}: {e}')
     base = tasks[TEST_SIZES[0]]
+    try:  # the runs' folder, before the first run trains
+        store = RunStore.for_study(args.out, args.resume, args.overwrite)
+    except (ValueError, OSError) as e:
+        parser.error(str(e))
+    # what identifies a run's data in the store (every range's test sets are drawn from it)
+    data = dict(task='quadratic-tdof', seed=0, n_train=n_train, n_val=max(1, n_train // 4),
+                n_test=n_test, d=args.d, tdof=args.tdof, train_sizes=[10, 30],
+                test_sizes=[list(rng) for rng in TEST_SIZES])
     results = {}
     runs = []
-    for model_name, log_n in CONFIGS:
-        name = name_of(model_name, log_n)
-        for seed in range(seeds):
-            seed_everything(seed)
-            model = build_model(model_name, base.in_channels, base.out_channels, log_n=log_n)
-            config = study_config(budget, device=args.device, seed=seed)
-            trainer = Trainer(model, config, task_type='regression')
-            try:
-                trainer.fit(base.train, base.val)
-            except TrainingDiverged as e:  # (it ended the study with a traceback)
-                warnings.warn(f'{name} seed {seed} diverged ({e}): recorded with no test '
-                              f'figures (R² NaN), the other runs go on')
-                runs.append(dict(model=name, seed=seed, params=None, diverged=str(e)))
-                print(f'{name:14s} seed {seed}: diverged ({e})', flush=True)
-                continue
-            for rng in TEST_SIZES:
-                metrics = trainer.evaluate(tasks[rng].test)
-                results.setdefault((name, rng), []).append(metrics['r2'])
-                runs.append(dict(model=name, seed=seed, test_sizes=list(rng),
-                                 params=count_parameters(model), **metrics))
-            print(f'{name:14s} seed {seed}: ' + ', '.join(
-                f'{lo}-{hi}: {results[(name, (lo, hi))][-1]:.3f}' for lo, hi in TEST_SIZES),
-                flush=True)
+    run_seconds = 0.0  # (the runs' own times, those read back included)
+    with interruptible(__file__, sys.argv[1:], parser, store.folder) as stop:
+        for model_name, log_n in CONFIGS:
+            name = name_of(model_name, log_n)
+            for seed in range(seeds):
+                record = train_run(store, data, model_name, log_n, seed, budget, args.device,
+                                   base, tasks)
+                run_seconds += record.get('wall_time_s', 0.0)
+                if 'diverged' in record:
+                    e = record['diverged']
+                    warnings.warn(f'{name} seed {seed} diverged ({e}): recorded with no test '
+                                  f'figures (R² NaN), the other runs go on')
+                    runs.append(dict(model=name, seed=seed, params=None, diverged=e))
+                    print(f'{name:14s} seed {seed}: diverged ({e})', flush=True)
+                    continue
+                for rng, metrics in zip(TEST_SIZES, record['tests']):
+                    results.setdefault((name, rng), []).append(metrics['r2'])
+                    runs.append(dict(model=name, seed=seed, test_sizes=list(rng),
+                                     params=record['params'], **metrics))
+                print(f'{name:14s} seed {seed}: ' + ', '.join(
+                    f'{lo}-{hi}: {results[(name, (lo, hi))][-1]:.3f}' for lo, hi in TEST_SIZES),
+                    flush=True)
+        stop.all_kept()  # (every run is kept: a Ctrl-C from here costs only the report)
+        table, note = report(args, runs, results, budget, start, run_seconds)
+    if stop.note:
+        print(stop.note, file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+    if note:
+        print(note)
+    print(table)
+    return None
+
+
+def train_run(store: RunStore, data: dict, model_name: str, log_n: bool, seed: int,
+              budget: Budget, device: str, base, tasks) -> dict:
+    r"""The record of one run: read back from :obj:`store` where a call with the same data,
+    model, seed and training settings finished it, else trained (and kept there): ``params``
+    and ``tests`` (the metrics on the test sets of each range of :data:`TEST_SIZES`), or
+    ``diverged`` (the error's text); ``wall_time_s``, the time it took to train."""
+    key = dict(study='set_size_generalisation', data=data, model=model_name,
+               options=dict(log_n=log_n), seed=seed)
+    config = study_config(budget, device=device, seed=seed)
+    record = store.get(key, config)
+    if record is not None:  # (a figure written as null, NaN, is read back as NaN)
+        if 'tests' in record:
+            record['tests'] = [nan_for_none(metrics) for metrics in record['tests']]
+        return record
+    start = time.time()
+    seed_everything(seed)
+    model = build_model(model_name, base.in_channels, base.out_channels, log_n=log_n)
+    trainer = Trainer(model, config, task_type='regression')
+    try:
+        trainer.fit(base.train, base.val)
+    except TrainingDiverged as e:  # (it ended the study with a traceback)
+        record = dict(diverged=str(e))
+    else:
+        record = dict(params=count_parameters(model),
+                      tests=[trainer.evaluate(tasks[rng].test) for rng in TEST_SIZES])
+    record['wall_time_s'] = time.time() - start
+    store.put(key, config, record)
+    return record
+
+
+def report(args, runs, results, budget, start, run_seconds):
+    r"""Writes the report; returns its table and the note of a plot not drawn (else
+    :obj:`None`)."""
+    seeds, n_train, n_test, epochs, lr = (budget.seeds, budget.n_train, budget.n_test,
+                                          budget.epochs, budget.lr)
     rows = table_rows(results, seeds)
     env = environment()
     setup = dict(task='quadratic-tdof', d=args.d, tdof=args.tdof, seeds=seeds, n_train=n_train,
@@ -167,11 +229,10 @@ def main():
                  'Set-size generalisation (paper Table 16): test R², trained on sizes 10-30', env,
                  setup, table, dict(rows=rows, runs=runs), (time.time() - start) / 60,
                  notes=spread + "The paper's Table 16 does not name the task it was measured "
-                       'on; its ST and MZ R² are listed for reference only.', plot=note is None)
-    if note:
-        print(note)
-    print(table)
+                       'on; its ST and MZ R² are listed for reference only.', plot=note is None,
+                 run_minutes=run_seconds / 60 if args.resume else None)
+    return table, note
 
 
 if __name__ == '__main__':
-    main()
+    sys.exit(main())

@@ -25,23 +25,33 @@ Peak memory (``--memory``) is measured in a fresh
 subprocess per configuration, of the call after one untimed call (CPU: increase of peak RSS;
 CUDA: allocator peak; results files written before 2026-12-07 measured the first call).
 
+The report is written after every (block, batch) pair: while pairs remain, to
+``speed.partial.{json,md}``, marked partial (``pending``: the pairs not yet measured), which the
+complete report ``speed.{json,md,png}`` replaces, so that a run cut off (Ctrl-C, a failure)
+keeps the pairs it measured and leaves an earlier run's complete report alone. ``--resume``
+measures only the pairs the partial report lacks (the kept rows' ``pct_of_peak`` and the report
+use the matmul peak measured by the run resumed); ``--overwrite`` measures every pair again, and
+a folder holding a partial report is refused without either. Ctrl-C ends a run with one line
+that gives the command to go on (status 130).
+
     python benchmarks/speed.py --quick
     python benchmarks/speed.py --sets 64 --points 8192 --dim 64 --heads 4 --repeats 7 --memory
 """
 import argparse
 import json
 import os
-from typing import List, Optional
+import sys
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
 
 from torch_mz.nn import FlatSetTransformerAggregation, MZAggregation, MZAttention
-from torch_mz.study import (check_out_folder, choice_list, count_flops, environment,
-                            in_fresh_process, markdown_table, matmul_peak_flops,
-                            nonnegative_float, peak_memory_bytes, positive_int, pyplot,
-                            skewed_sizes, replace_plot, time_interleaved, uniform_sizes,
-                            write_results)
+from torch_mz.study import (EXIT_INTERRUPTED, check_out_folder, choice_list, count_flops,
+                            environment, in_fresh_process, interruptible, markdown_table,
+                            matmul_peak_flops, nonnegative_float, peak_memory_bytes,
+                            positive_int, pyplot, remove_results, replace_plot, skewed_sizes,
+                            time_interleaved, uniform_sizes, write_results)
 from torch_mz.study.plots import save_figure
 
 MODELS = ('pyg', 'pyg-flat', 'rigid', 'rigid-zono', 'mz')
@@ -51,6 +61,12 @@ UNFOLDED = '-unfolded'  # suffix: the model with MZAttention(fold_keys=False) ev
 ALL_MODELS = MODELS + tuple(m + UNFOLDED for m in ('rigid', 'rigid-zono', 'mz'))
 BLOCKS = ('pma', 'sab')
 DEVICES = ('auto', 'cpu', 'cuda')  # auto: cuda where available, else cpu
+BATCHES = ('uniform', 'skewed')
+NAME = 'speed'  # <out>/speed.{json,md,png}: the complete report
+PARTIAL = NAME + '.partial'  # <out>/speed.partial.{json,md}: a run not yet complete
+#: The settings a partial report must share with a run that resumes it (``--resume``)
+SETTINGS = ('sets', 'points', 'dim', 'heads', 'repeats', 'sigma', 'device', 'models', 'blocks',
+            'memory', 'quick')
 
 
 def build(model: str, block: str, dim: int, heads: int) -> torch.nn.Module:
@@ -207,6 +223,127 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error("argument --device: 'cuda' is not available here (use cpu or auto)")
 
 
+def ratio_entries(rows: List[dict], pairs: List[Tuple[str, str]], memory: bool) -> List[dict]:
+    r"""The ratios between the models of each (block, batch) pair of :obj:`pairs`, from the
+    medians (and, with :obj:`memory`, the peaks) of :obj:`rows` measured together."""
+    ratios = []
+    for block, batch in pairs:
+        by = {r['model']: r for r in rows if r['block'] == block and r['batch'] == batch}
+        entry = dict(block=block, batch=batch)
+        if 'pyg' in by and 'rigid' in by:
+            entry['pyg/rigid time'] = by['pyg']['median_ms'] / by['rigid']['median_ms']
+            if memory:
+                entry['rigid/pyg memory'] = memory_ratio(by['rigid'], by['pyg'])
+        if 'pyg' in by and 'pyg-flat' in by:
+            entry['pyg/pyg-flat time'] = by['pyg']['median_ms'] / by['pyg-flat']['median_ms']
+            if memory:
+                entry['pyg-flat/pyg memory'] = memory_ratio(by['pyg-flat'], by['pyg'])
+        if 'mz' in by and 'rigid' in by:
+            entry['mz/rigid time'] = by['mz']['median_ms'] / by['rigid']['median_ms']
+        for m in ('rigid', 'mz'):
+            if m in by and m + UNFOLDED in by:
+                entry[f'{m}/{m}{UNFOLDED} time'] = (by[m]['median_ms']
+                                                   / by[m + UNFOLDED]['median_ms'])
+        if 'mz' in by and 'rigid-zono' in by:
+            entry['mz/rigid-zono time'] = (by['mz']['median_ms']
+                                           / by['rigid-zono']['median_ms'])
+        ratios.append(entry)
+    return ratios
+
+
+def write_report(args: argparse.Namespace, env: dict, rows: List[dict],
+                 pairs: List[Tuple[str, str]], peak: float, pending: int,
+                 kept: int = 0) -> Tuple[List[dict], List[str], Optional[str]]:
+    r"""Writes the report of :obj:`rows`, the models of the (block, batch) :obj:`pairs`
+    measured: while :obj:`pending` pairs remain, ``speed.partial.{json,md}``, marked partial;
+    else ``speed.{json,md,png}``, which removes the partial report. :obj:`kept`: how many of
+    the pairs were kept from the run resumed. Returns the ratios, their columns and the note
+    of a plot not drawn (else :obj:`None`)."""
+    complete = not pending
+    ratios = ratio_entries(rows, pairs, args.memory)
+    columns = ['block', 'batch', 'model', 'max_set', 'median_ms', 'params', 'gflop',
+               'gflop_per_s', 'pct_of_peak']
+    if args.memory:
+        columns.append('peak_mib')
+    ratio_cols = ['block', 'batch', 'pyg/pyg-flat time', 'pyg/rigid time', 'mz/rigid time',
+                  'mz/rigid-zono time']
+    ratio_cols += [c for c in (f'rigid/rigid{UNFOLDED} time', f'mz/mz{UNFOLDED} time')
+                   if any(c in r for r in ratios)]
+    if args.memory:
+        ratio_cols += ['pyg-flat/pyg memory', 'rigid/pyg memory']
+    note = None
+    if complete:  # (the plot first: the report links it where drawn)
+        png = os.path.join(args.out, 'speed.png')
+        note = replace_plot(png, plot, rows, png)
+    head = '' if complete else (
+        f'Partial: {pending} more (block, batch) pair(s) not measured (the run was cut off or '
+        f'is still running; `--resume` measures the rest)\n\n')
+    resumed = (f' {kept} of the (block, batch) pairs were measured by the run resumed, with '
+               f'this peak; the models of each pair were measured together.' if kept else '')
+    markdown = (f"# Forward+backward speed, {args.sets} sets, {args.points} points, "
+                f"d={args.dim}, {args.heads} heads ({args.device})\n\n" + head +
+                f"Command: `{env['command']}`  \n"
+                f"torch {env['torch']}, torch_geometric {env['torch_geometric']}, "
+                f"{env['threads']} threads, torch-scatter: {env['torch_scatter']}; measured "
+                f"float32 matmul peak {peak:.1f} GFLOP/s (2048 x 2048). FLOPs are those of matrix "
+                f"products and attention kernels counted by torch's FlopCounterMode "
+                f"(forward + backward).{resumed}\n\n"
+                + markdown_table(rows, columns) + '\n' + markdown_table(ratios, ratio_cols)
+                + ('' if note or not complete else '\n![plot](speed.png)\n'))
+    # (the complete report's config as before: every option but --resume and --overwrite)
+    config = {k: v for k, v in vars(args).items() if k not in ('resume', 'overwrite')}
+    payload = dict(environment=env, config=config, matmul_peak_gflop_per_s=peak, rows=rows,
+                   ratios=ratios)
+    if not complete:
+        payload['pending'] = pending
+    write_results(args.out, NAME if complete else PARTIAL, payload, markdown)
+    if complete:  # the complete report replaces the partial one
+        remove_results(args.out, PARTIAL)
+    return ratios, ratio_cols, note
+
+
+def earlier_pairs(path: str, args: argparse.Namespace
+                  ) -> Tuple[Dict[Tuple[str, str], List[dict]], Optional[float], str]:
+    r"""The rows of the partial report :obj:`path` that ``--resume`` keeps, by (block, batch)
+    pair (each pair's every model: a pair is written once all are measured), the matmul peak
+    (GFLOP/s) it measured (:obj:`None` where nothing is kept), and a sentence on what was
+    found; a file written with other :data:`SETTINGS` raises a :class:`ValueError` naming
+    them."""
+    if not os.path.exists(path):
+        return {}, None, f'nothing to resume: no {path}; measuring every (block, batch) pair'
+    try:
+        with open(path) as f:
+            earlier = json.load(f)
+        config, rows = earlier['config'], earlier['rows']
+        peak = float(earlier['matmul_peak_gflop_per_s'])
+        kept: Dict[Tuple[str, str], List[dict]] = {}
+        for row in rows:
+            kept.setdefault((str(row['block']), str(row['batch'])), []).append(dict(row))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f'{path} cannot be read ({e}): pass --overwrite to measure every pair '
+                         f'again') from None
+    differ = [f'{key} {config.get(key)!r} there, {getattr(args, key)!r} here'
+              for key in SETTINGS if config.get(key) != getattr(args, key)]
+    if differ:
+        raise ValueError(f"{path} was written with other settings ({'; '.join(differ)}): pass "
+                         f"--overwrite to replace it")
+    # (only pairs with a row of every model: a file written by hand may lack some)
+    kept = {pair: group for pair, group in kept.items()
+            if sorted(r.get('model') for r in group) == sorted(args.models)}
+    return (kept, peak if kept else None,
+            f'resuming from {path}: {len(kept)} (block, batch) pair(s) kept')
+
+
+def print_row(row: dict, memory: bool, kept: bool = False) -> None:
+    text = ''
+    if memory:  # (None where the peak cannot be read: not Linux)
+        text = ('  peak unknown' if row['peak_mib'] is None
+                else f"  peak {row['peak_mib']:8.1f} MiB")
+    print(f"{row['block']:4s} {row['batch']:8s} {row['model']:6s} median "
+          f"{row['median_ms']:9.1f} ms  {row['gflop_per_s']:6.1f} GFLOP/s" + text
+          + ('  (kept)' if kept else ''), flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--sets', type=positive_int, default=64)
@@ -228,92 +365,100 @@ def main():
                         help='fewer repeats: 3, unless --repeats is given (which wins)')
     parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
                                                       'speed'))
+    parser.add_argument('--resume', action='store_true',
+                        help='keep the (block, batch) pairs of the partial report an '
+                             'interrupted run with these settings left in --out; measure only '
+                             'the others')
+    parser.add_argument('--overwrite', action='store_true',
+                        help='measure every pair where --out holds the partial report of an '
+                             'interrupted run, which this run replaces (without it, and '
+                             'without --resume, such a folder is refused)')
     parser.add_argument('--_one', help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._one:
         print(json.dumps(run_one(json.loads(args._one))))
-        return
+        return None
     if args.repeats is None:  # (resolved here: the results' config records the repeats run)
         args.repeats = 3 if args.quick else 7
     check_args(parser, args)  # before any measurement
     problem = check_out_folder(args.out)  # (found only once every block was measured)
     if problem:
         parser.error(problem)
-    peak = matmul_peak_flops(device=torch.device(args.device)) / 1e9
-    print(f'measured float32 matmul peak: {peak:.1f} GFLOP/s', flush=True)
-    rows = []
-    for block in args.blocks:
-        for batch in ('uniform', 'skewed'):
-            cfgs = [dict(model=model, block=block, batch=batch, sets=args.sets,
-                         points=args.points, dim=args.dim, heads=args.heads, repeats=args.repeats,
-                         device=args.device, sigma=args.sigma)
-                    for model in args.models]
-            for cfg, row in zip(cfgs, run_interleaved(cfgs)):
-                if args.memory:
-                    peak_bytes = measure_memory(cfg)
-                    row['peak_mib'] = None if peak_bytes is None else peak_bytes / 2**20
-                row['pct_of_peak'] = 100 * row['gflop_per_s'] / peak
-                rows.append(row)
-                memory = ''
-                if args.memory:  # (None where the peak cannot be read: not Linux)
-                    memory = ('  peak unknown' if row['peak_mib'] is None
-                              else f"  peak {row['peak_mib']:8.1f} MiB")
-                print(f"{block:4s} {batch:8s} {cfg['model']:6s} median {row['median_ms']:9.1f} ms"
-                      f"  {row['gflop_per_s']:6.1f} GFLOP/s" + memory, flush=True)
-    ratios = []
-    for block in args.blocks:
-        for batch in ('uniform', 'skewed'):
-            by = {r['model']: r for r in rows if r['block'] == block and r['batch'] == batch}
-            entry = dict(block=block, batch=batch)
-            if 'pyg' in by and 'rigid' in by:
-                entry['pyg/rigid time'] = by['pyg']['median_ms'] / by['rigid']['median_ms']
-                if args.memory:
-                    entry['rigid/pyg memory'] = memory_ratio(by['rigid'], by['pyg'])
-            if 'pyg' in by and 'pyg-flat' in by:
-                entry['pyg/pyg-flat time'] = by['pyg']['median_ms'] / by['pyg-flat']['median_ms']
-                if args.memory:
-                    entry['pyg-flat/pyg memory'] = memory_ratio(by['pyg-flat'], by['pyg'])
-            if 'mz' in by and 'rigid' in by:
-                entry['mz/rigid time'] = by['mz']['median_ms'] / by['rigid']['median_ms']
-            for m in ('rigid', 'mz'):
-                if m in by and m + UNFOLDED in by:
-                    entry[f'{m}/{m}{UNFOLDED} time'] = (by[m]['median_ms']
-                                                       / by[m + UNFOLDED]['median_ms'])
-            if 'mz' in by and 'rigid-zono' in by:
-                entry['mz/rigid-zono time'] = (by['mz']['median_ms']
-                                               / by['rigid-zono']['median_ms'])
-            ratios.append(entry)
+    if args.resume and args.overwrite:
+        parser.error('argument --overwrite: not allowed with --resume (which keeps the pairs '
+                     'that --overwrite measures again)')
+    partial = os.path.join(args.out, f'{PARTIAL}.json')
+    if os.path.exists(partial) and not (args.resume or args.overwrite):
+        parser.error(f'argument --out: {partial} holds the (block, batch) pairs of an '
+                     f'interrupted run: pass --resume to keep them, or --overwrite to measure '
+                     f"every pair again (this run's report replaces them)")
+    kept: Dict[Tuple[str, str], List[dict]] = {}
+    earlier_peak = None
+    if args.resume:
+        try:
+            kept, earlier_peak, message = earlier_pairs(partial, args)
+        except ValueError as e:
+            parser.error(f'argument --resume: {e}')
+        print(message, flush=True)
+    pairs = [(block, batch) for block in args.blocks for batch in BATCHES]
+    # (each pair's rows in the order of --models, as measured)
+    kept = {pair: sorted(group, key=lambda r: args.models.index(r['model']))
+            for pair, group in kept.items() if pair in pairs}
+    if kept and earlier_peak is not None:  # (the kept rows' pct_of_peak were computed with it)
+        peak = earlier_peak
+        print(f'float32 matmul peak of the run resumed: {peak:.1f} GFLOP/s', flush=True)
+    else:
+        peak = matmul_peak_flops(device=torch.device(args.device)) / 1e9
+        print(f'measured float32 matmul peak: {peak:.1f} GFLOP/s', flush=True)
     env = environment()
-    columns = ['block', 'batch', 'model', 'max_set', 'median_ms', 'params', 'gflop',
-               'gflop_per_s', 'pct_of_peak']
-    if args.memory:
-        columns.append('peak_mib')
-    ratio_cols = ['block', 'batch', 'pyg/pyg-flat time', 'pyg/rigid time', 'mz/rigid time',
-                  'mz/rigid-zono time']
-    ratio_cols += [c for c in (f'rigid/rigid{UNFOLDED} time', f'mz/mz{UNFOLDED} time')
-                   if any(c in r for r in ratios)]
-    if args.memory:
-        ratio_cols += ['pyg-flat/pyg memory', 'rigid/pyg memory']
-    png = os.path.join(args.out, 'speed.png')  # (first: the report links it where drawn)
-    note = replace_plot(png, plot, rows, png)
-    markdown = (f"# Forward+backward speed, {args.sets} sets, {args.points} points, "
-                f"d={args.dim}, {args.heads} heads ({args.device})\n\n"
-                f"Command: `{env['command']}`  \n"
-                f"torch {env['torch']}, torch_geometric {env['torch_geometric']}, "
-                f"{env['threads']} threads, torch-scatter: {env['torch_scatter']}; measured "
-                f"float32 matmul peak {peak:.1f} GFLOP/s (2048 x 2048). FLOPs are those of matrix "
-                f"products and attention kernels counted by torch's FlopCounterMode "
-                f"(forward + backward).\n\n"
-                + markdown_table(rows, columns) + '\n' + markdown_table(ratios, ratio_cols)
-                + ('' if note else '\n![plot](speed.png)\n'))
-    write_results(args.out, 'speed', dict(environment=env, config=vars(args),
-                                          matmul_peak_gflop_per_s=peak, rows=rows,
-                                          ratios=ratios), markdown)
+    rows: List[dict] = []
+    ratios: List[dict] = []
+    ratio_cols: List[str] = []
+    note = None
+    wrote = False  # (whether this call wrote a report yet)
+    # (kept: the partial report resumed, else none before this call wrote a report)
+    with interruptible(__file__, sys.argv[1:], parser, kept=partial if kept else None,
+                       what='(block, batch) pairs') as stop:
+        for done, (block, batch) in enumerate(pairs, 1):
+            if (block, batch) in kept:
+                group = kept[(block, batch)]
+                for row in group:
+                    print_row(row, args.memory, kept=True)
+            else:
+                cfgs = [dict(model=model, block=block, batch=batch, sets=args.sets,
+                             points=args.points, dim=args.dim, heads=args.heads,
+                             repeats=args.repeats, device=args.device, sigma=args.sigma)
+                        for model in args.models]
+                group = []
+                for cfg, row in zip(cfgs, run_interleaved(cfgs)):
+                    if args.memory:
+                        peak_bytes = measure_memory(cfg)
+                        row['peak_mib'] = None if peak_bytes is None else peak_bytes / 2**20
+                    row['pct_of_peak'] = 100 * row['gflop_per_s'] / peak
+                    group.append(row)
+                    print_row(row, args.memory)
+            rows.extend(group)
+            if (block, batch) in kept and (wrote or done < len(pairs)):
+                continue  # (nothing new to write; every pair kept: written at the last)
+            # the pairs kept not reached yet stay in the partial report (rewritten with the
+            # pairs reached alone, a run stopped now lost them)
+            ahead = [p for p in pairs[done:] if p in kept]
+            pending = len(pairs) - done - len(ahead)
+            reached = pairs[:done] + ahead
+            ratios, ratio_cols, note = write_report(
+                args, env, rows + [r for p in ahead for r in kept[p]], reached, peak, pending,
+                kept=len(kept))
+            stop.kept = partial if pending else os.path.join(args.out, f'{NAME}.json')
+            wrote = True
+    if stop.note:
+        print(stop.note, file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
     if note:
         print(note)
     print(markdown_table(ratios, ratio_cols))
     print(f"wrote {args.out}/speed.json, speed.md{'' if note else ', speed.png'}")
+    return None
 
 
 if __name__ == '__main__':
-    main()
+    sys.exit(main())

@@ -32,6 +32,13 @@ Design (the paper gives the task and the methods, not the protocol):
   remaining members are not trained, and the seed is left out of the tables, verdicts and plot
   and named in the report; the other study seeds go on, as the other studies' runs do
   (``train_models(record_diverged=True)``).
+* Every finished study seed (its members' records and every method's figures, or its
+  divergence) is kept as one file in ``<out>/runs`` (:class:`~torch_mz.study.RunStore`): the
+  same command with ``--resume`` trains only the study seeds an interrupted call had not
+  finished (the members of the seed in progress are trained again: the methods need their
+  weights, which are not kept); without ``--resume`` a folder that holds study seeds is
+  refused, and ``--overwrite`` removes them and trains every one again. Ctrl-C ends a run with
+  one line that gives the command to go on (status 130).
 
     python benchmarks/uncertainty.py --quick   # 1 seed, K = 3, 30 passes, 1000 sets, 10 epochs
     python benchmarks/uncertainty.py           # 3 seeds, K = 5, 30 passes, 5000 sets, 100 epochs
@@ -39,6 +46,7 @@ Design (the paper gives the task and the methods, not the protocol):
 import argparse
 import json
 import os
+import sys
 import time
 import warnings
 from dataclasses import replace
@@ -49,10 +57,12 @@ import torch
 from torch_mz.datasets import TASKS as SYNTHETIC_TASKS
 from torch_mz.models import build_model, count_parameters
 from torch_mz.options import parse_key_values
-from torch_mz.study import (environment, markdown_table, positive_int, pyplot, replace_plot,
-                            time_call, try_plot, write_report)
+from torch_mz.study import (EXIT_INTERRUPTED, RunStore, environment, interruptible,
+                            markdown_table, positive_int, pyplot, replace_plot, time_call,
+                            try_plot, write_report)
 from torch_mz.study.plots import save_figure
-from torch_mz.study.budget import Budget, add_budget_arguments, choose_budget, study_config
+from torch_mz.study.budget import (Budget, add_budget_arguments, add_resume_argument,
+                                   choose_budget, study_config)
 from torch_mz.study.statistics import mean_std, paired_gap, resolved_ordering
 from torch_mz.tasks import load_task
 from torch_mz.train import Trainer, TrainingDiverged, predict, resolve_device, seed_everything
@@ -604,6 +614,7 @@ def main():
     parser.add_argument('--replot', action='store_true',
                         help='rebuild uncertainty.{md,png} in --out from its uncertainty.json '
                              '(trains and measures nothing)')
+    add_resume_argument(parser)
     args = parser.parse_args()
     if args.replot:
         path = os.path.join(args.out, 'uncertainty.json')
@@ -654,8 +665,46 @@ def main():
     except ValueError as e:
         given = ' '.join([f'--task {args.task}'] + [f'--task-arg {a}' for a in args.task_arg])
         parser.error(f'{given}: {e}')
-    runs = [run_seed(task, s, members, passes, budget, args.timing_sets, args.device)
-            for s in range(budget.seeds)]
+    try:  # the runs' folder, before the first member trains
+        store = RunStore.for_study(args.out, args.resume, args.overwrite)
+    except (ValueError, OSError) as e:
+        parser.error(str(e))
+    # what identifies a study seed's data and methods in the store
+    data = dict(task=args.task, options=task_args, seed=0, n_train=budget.n_train,
+                n_val=budget.n_val, n_test=budget.n_test)
+    options = dict(members=members, passes=passes, timing_sets=args.timing_sets)
+    with interruptible(__file__, sys.argv[1:], parser, store.folder) as stop:
+        runs = [kept_seed(store, data, options, task, s, budget, args.device)
+                for s in range(budget.seeds)]
+        stop.all_kept()  # (every study seed is kept: a Ctrl-C from here costs only the report)
+        report(args, task, runs, members, passes, budget, start)
+    if stop.note:
+        print(stop.note, file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+    return None
+
+
+def kept_seed(store: RunStore, data: dict, options: dict, task, study_seed: int,
+              budget: Budget, device: str) -> dict:
+    r"""The record of one study seed (:func:`run_seed`): read back from :obj:`store` where a
+    call with the same data, members, passes, timed sets and training settings finished it
+    (its figures written as null, NaN, read back as NaN), else run (and kept there)."""
+    key = dict(study='uncertainty', data=data, model='mz', options=options, seed=study_seed)
+    config = study_config(budget, device=device, seed=study_seed)
+    record = store.get(key, config)
+    if record is not None:
+        run = _nan_figures(record)
+        print(f"study seed {study_seed}: read back from {store.folder}"
+              + (f" (diverged: {run['diverged']})" if 'diverged' in run else ''), flush=True)
+        return run
+    run = run_seed(task, study_seed, options['members'], options['passes'], budget,
+                   options['timing_sets'], device)
+    store.put(key, config, run)
+    return run
+
+
+def report(args, task, runs, members, passes, budget, start) -> None:
+    r"""Writes the study's record and report (:func:`write_study`) and prints its tables."""
     scored = [r for r in runs if 'diverged' not in r]  # (a member diverged: left out)
     summary = summarize(scored) if scored else {}
     minutes = (time.time() - start) / 60
@@ -683,4 +732,4 @@ def main():
 
 
 if __name__ == '__main__':
-    main()
+    sys.exit(main())

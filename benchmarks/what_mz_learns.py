@@ -13,10 +13,17 @@ seed, same probe sets) as a control for what training changed.
 A run whose training diverges is recorded as diverged (its initialisation is still probed) and
 left out of the trained figures, as the other studies leave such runs out of their means; an L
 whose every seed diverged has no trained figures, and no verdict rests on it.
+
+Every finished run (its probes at initialisation and after training, or its divergence) is
+kept as one file in ``<out>/runs`` (:class:`~torch_mz.study.RunStore`): the same command with
+``--resume`` trains only the runs an interrupted call had not finished; without ``--resume`` a
+folder that holds runs is refused, and ``--overwrite`` removes them and trains every run again.
+Ctrl-C ends a run with one line that gives the command to go on (status 130).
 """
 import argparse
 import math
 import os
+import sys
 import time
 import warnings
 
@@ -26,10 +33,12 @@ from torch_geometric.loader import DataLoader
 
 from torch_mz import analysis
 from torch_mz.models import build_model
-from torch_mz.study import (environment, int_list, markdown_table, nonnegative_float,
-                            positive_int, pyplot, replace_plot, write_report)
+from torch_mz.study import (EXIT_INTERRUPTED, RunStore, environment, int_list, interruptible,
+                            markdown_table, nonnegative_float, positive_int, pyplot,
+                            replace_plot, write_report)
 from torch_mz.study.plots import save_figure
-from torch_mz.study.budget import Budget, add_budget_arguments, choose_budget, study_config
+from torch_mz.study.budget import (Budget, add_budget_arguments, add_resume_argument,
+                                   choose_budget, study_config)
 from torch_mz.tasks import load_task
 from torch_mz.train import TrainingDiverged, seed_everything, train
 from torch_mz.study.report import check_out_folder
@@ -285,6 +294,7 @@ def main():
                         help='a gate counts as active when |gamma| exceeds this (at most 1)')
     parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
                                                       'what_mz_learns'))
+    add_resume_argument(parser)
     args = parser.parse_args()
     problem = check_out_folder(args.out)  # (before anything runs: a folder it cannot write)
     if problem:
@@ -297,7 +307,7 @@ def main():
     if args.threshold > 1:
         parser.error(f'--threshold {args.threshold} is above 1: no gate |gamma| = |tanh(.)| '
                      'exceeds it, every activity would read 0')
-    seeds, n_train, epochs, lr = budget.seeds, budget.n_train, budget.epochs, budget.lr
+    seeds, n_train = budget.seeds, budget.n_train
     n_val, n_test = max(1, n_train // 4), max(n_train // 2, args.n_probe)
     start = time.time()
     try:  # the task checks its options (tdof <= d) before generating anything
@@ -307,34 +317,96 @@ def main():
         parser.error(f'--d {args.d} --tdof {args.tdof}: {e}')
     n_probe = min(args.n_probe, len(task.test))
     loader = DataLoader(list(task.test[:n_probe]), batch_size=250, shuffle=False)
-    runs = []
-    for L in Ls:
-        for seed in range(seeds):
-            t0 = time.time()
-            seed_everything(seed)
-            model = build_model('mz', task.in_channels, task.out_channels,
-                                num_matrix_generators=L)
-            runs.append(dict(L=L, seed=seed, state='init', test_r2=None,
-                             layers=probe_model(model, loader, args.threshold)))
-            config = study_config(budget, device=args.device, seed=seed)
-            try:
-                result = train(model, task.train, task.val, task.test, config=config,
-                               task_type=task.task_type)
-            except TrainingDiverged as e:  # (it ended the study with a traceback)
-                warnings.warn(f'L={L} seed {seed} diverged ({e}): recorded, left out of the '
-                              f'trained figures; the other runs go on')
-                runs.append(dict(L=L, seed=seed, state='trained', test_r2=None, diverged=str(e),
-                                 layers={}))
-                print(f'L={L:2d} seed {seed}: diverged ({e})', flush=True)
-                continue
-            layers = probe_model(model, loader, args.threshold)
-            runs.append(dict(L=L, seed=seed, state='trained', test_r2=result.test_metrics['r2'],
-                             best_epoch=result.best_epoch, layers=layers))
-            rank = np.mean([v['effective_rank'] for v in layers.values()])
-            gate = np.mean([v['gate_activity'] for v in layers.values()])
-            print(f"L={L:2d} seed {seed}: test r2 {result.test_metrics['r2']:.4f}, effective "
-                  f"rank {rank:.2f} (mean over layers), gate activity {gate:.1%} "
-                  f"[{time.time() - t0:.0f} s]", flush=True)
+    try:  # the runs' folder, before the first run trains
+        store = RunStore.for_study(args.out, args.resume, args.overwrite)
+    except (ValueError, OSError) as e:
+        parser.error(str(e))
+    data = dict(task='quadratic-tdof', seed=0, n_train=n_train, n_val=n_val, n_test=n_test,
+                d=args.d, tdof=args.tdof)
+    runs: list = []
+    run_seconds = 0.0  # (the runs' own times, those read back included)
+    with interruptible(__file__, sys.argv[1:], parser, store.folder) as stop:
+        for L in Ls:
+            for seed in range(seeds):
+                record = train_run(store, data, L, seed, budget, args.device, task, loader,
+                                   n_probe, args.threshold)
+                run_seconds += record.get('wall_time_s', 0.0)
+                runs.append(dict(L=L, seed=seed, state='init', test_r2=None,
+                                 layers=record['init']))
+                if 'diverged' in record:
+                    e = record['diverged']
+                    warnings.warn(f'L={L} seed {seed} diverged ({e}): recorded, left out of the '
+                                  f'trained figures; the other runs go on')
+                    runs.append(dict(L=L, seed=seed, state='trained', test_r2=None,
+                                     diverged=e, layers={}))
+                    print(f'L={L:2d} seed {seed}: diverged ({e})', flush=True)
+                    continue
+                layers = record['trained']
+                runs.append(dict(L=L, seed=seed, state='trained', test_r2=record['test_r2'],
+                                 best_epoch=record['best_epoch'], layers=layers))
+                rank = np.mean([v['effective_rank'] for v in layers.values()])
+                gate = np.mean([v['gate_activity'] for v in layers.values()])
+                print(f"L={L:2d} seed {seed}: test r2 {record['test_r2']:.4f}, effective "
+                      f"rank {rank:.2f} (mean over layers), gate activity {gate:.1%} "
+                      f"[{record['wall_time_s']:.0f} s]", flush=True)
+        stop.all_kept()  # (every run is kept: a Ctrl-C from here costs only the report)
+        table, notes, note = report(args, runs, Ls, budget, n_val, n_test, n_probe, start,
+                                    run_seconds)
+    if stop.note:
+        print(stop.note, file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+    if note:
+        print(note)
+    print(table)
+    print('\n'.join(notes))
+    print(f"wrote {args.out}/what_mz_learns.json, .md{'' if note else ', .png'}")
+    return None
+
+
+def _nan_for_none(value):
+    # a figure of a probe written as null (NaN, by write_json) read back as NaN, at any depth
+    if isinstance(value, dict):
+        return {k: _nan_for_none(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_nan_for_none(v) for v in value]
+    return math.nan if value is None else value
+
+
+def train_run(store: RunStore, data: dict, L: int, seed: int, budget: Budget, device: str,
+              task, loader, n_probe: int, threshold: float) -> dict:
+    r"""The record of one run: read back from :obj:`store` where a call with the same data,
+    L, probe, seed and training settings finished it, else trained (and kept there): ``init``
+    (the probe at initialisation), and ``trained``, ``test_r2`` and ``best_epoch``, or
+    ``diverged`` (the error's text); ``wall_time_s``, the time it took."""
+    key = dict(study='what_mz_learns', data=data, model='mz',
+               options=dict(num_matrix_generators=L, n_probe=n_probe, threshold=threshold),
+               seed=seed)
+    config = study_config(budget, device=device, seed=seed)
+    record = store.get(key, config)
+    if record is not None:
+        return dict(record, **{k: _nan_for_none(record[k]) for k in ('init', 'trained')
+                               if k in record})
+    t0 = time.time()
+    seed_everything(seed)
+    model = build_model('mz', task.in_channels, task.out_channels, num_matrix_generators=L)
+    record = dict(init=probe_model(model, loader, threshold))
+    try:
+        result = train(model, task.train, task.val, task.test, config=config,
+                       task_type=task.task_type)
+    except TrainingDiverged as e:  # (it ended the study with a traceback)
+        record['diverged'] = str(e)
+    else:
+        record.update(trained=probe_model(model, loader, threshold),
+                      test_r2=result.test_metrics['r2'], best_epoch=result.best_epoch)
+    record['wall_time_s'] = time.time() - t0
+    store.put(key, config, record)
+    return record
+
+
+def report(args, runs, Ls, budget, n_val, n_test, n_probe, start, run_seconds):
+    r"""Writes the report; returns its table, its verdicts and the note of a plot not drawn
+    (else :obj:`None`)."""
+    seeds, n_train, epochs, lr = budget.seeds, budget.n_train, budget.epochs, budget.lr
     rows = [aggregate(runs, L, state) for L in Ls for state in ('init', 'trained')]
     layer_rows = [row for L in Ls for row in per_layer_rows(runs, L, 'trained')]
     notes = verdicts(rows, args.tdof, args.threshold)
@@ -392,13 +464,10 @@ def main():
                  env, setup, body.rstrip('\n'),
                  dict(paper=dict(gate_activity_L8=PAPER_GATE_ACTIVITY_L8, claims=PAPER_CLAIMS),
                       rows=rows, per_layer=layer_rows, verdicts=notes, runs=runs), minutes,
-                 plot=False)
-    if note:
-        print(note)
-    print(table)
-    print('\n'.join(notes))
-    print(f"wrote {args.out}/what_mz_learns.json, .md{'' if note else ', .png'}")
+                 plot=False,
+                 run_minutes=run_seconds / 60 if args.resume else None)
+    return table, notes, note
 
 
 if __name__ == '__main__':
-    main()
+    sys.exit(main())

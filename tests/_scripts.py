@@ -34,13 +34,13 @@ def run_main(name: str, argv):
 
 def run_script(name: str, argv, monkeypatch) -> int:
     r"""Runs ``benchmarks/<name>.py`` as ``__main__`` with :obj:`argv`; its exit status (0 when
-    it returns)."""
+    it returns, or exits with ``sys.exit(None)``)."""
     path = str(BENCHMARKS / f'{name}.py')
     monkeypatch.setattr(sys, 'argv', [path] + list(argv))
     try:
         runpy.run_path(path, run_name='__main__')
     except SystemExit as e:
-        return e.code
+        return 0 if e.code is None else e.code
     return 0
 
 

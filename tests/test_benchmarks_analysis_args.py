@@ -355,7 +355,8 @@ def test_uncertainty_records_a_diverged_member(tmp_path, monkeypatch, capsys):
     _diverges_at(monkeypatch, {0})
     with pytest.warns(UserWarning, match='study seed 0 member 1/3'):
         assert run_script('uncertainty', SMALL_UNCERTAINTY + ['--passes', '2', '--out',
-                                                             str(tmp_path)], monkeypatch) == 0
+                                                             str(tmp_path), '--overwrite'],
+                          monkeypatch) == 0
     saved = json.loads((tmp_path / 'uncertainty.json').read_text())
     assert [r['diverged'][:10] for r in saved['runs']] == ['member 1/3']
     assert saved['summary'] == {} and saved['verdicts'] == []
@@ -364,6 +365,39 @@ def test_uncertainty_records_a_diverged_member(tmp_path, monkeypatch, capsys):
     assert run_script('uncertainty', ['--replot', '--out', str(tmp_path)], monkeypatch) == 0
     text = (tmp_path / 'uncertainty.md').read_text()
     assert 'No study seed was scored' in text and 'study seed 0 (member 1/3' in text
+
+
+def test_uncertainty_keeps_the_study_seeds_finished_before_ctrl_c_and_resumes(tmp_path,
+                                                                             monkeypatch,
+                                                                             capsys):
+    # the study seeds were kept only in memory until the report: Ctrl-C (or a failure late in
+    # the study) lost every member trained and every method scored
+    from torch_mz.study import EXIT_INTERRUPTED
+    from torch_mz.train.trainer import Trainer
+    real, fits = Trainer.fit, []
+
+    def fit(self, *args, **kwargs):
+        if len(fits) == 4 and 'stopped' not in fits:  # (study seed 1's second member)
+            fits.append('stopped')
+            raise KeyboardInterrupt
+        fits.append('fit')
+        return real(self, *args, **kwargs)
+    monkeypatch.setattr(Trainer, 'fit', fit)
+    argv = SMALL_UNCERTAINTY + ['--seeds', '2', '--passes', '2', '--out', str(tmp_path)]
+    assert run_script('uncertainty', argv, monkeypatch) == EXIT_INTERRUPTED
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(tmp_path / 'runs') in err and '--resume' in err
+    assert len(os.listdir(tmp_path / 'runs')) == 1 and not (tmp_path / 'uncertainty.json').exists()
+    usage_error('uncertainty', argv, monkeypatch, capsys, '--resume', '--overwrite')
+    assert run_script('uncertainty', argv + ['--resume'], monkeypatch) == 0
+    assert fits == ['fit'] * 4 + ['stopped'] + ['fit'] * 3  # (study seed 0 not trained again)
+    saved = json.loads((tmp_path / 'uncertainty.json').read_text())
+    assert [r['study_seed'] for r in saved['runs']] == [0, 1]
+    assert all('diverged' not in r and r['methods'] for r in saved['runs'])
+    assert [m['seed'] for m in saved['runs'][0]['members']] == [0, 1, 2]
+    assert saved['summary']['MC-Dropout']['mse'][0] == pytest.approx(np.mean(
+        [r['methods']['MC-Dropout']['mse'] for r in saved['runs']]))
+    assert 'Study seeds left out' not in (tmp_path / 'uncertainty.md').read_text()
 
 
 # --- what_mz_learns.py -----------------------------------------------------------------------
@@ -414,6 +448,40 @@ def test_what_mz_learns_records_a_diverged_run(tmp_path, monkeypatch, capsys):
     assert 'L=2:' not in ' '.join(saved['verdicts'])
     assert 'what_mz_learns.png' not in text and not (tmp_path / 'what_mz_learns.png').exists()
     assert 'Traceback' not in capsys.readouterr().err
+
+
+def test_what_mz_learns_keeps_the_runs_trained_before_ctrl_c_and_resumes(tmp_path, monkeypatch,
+                                                                         capsys):
+    # the runs were kept only in memory until the report: Ctrl-C (or a failure late in the
+    # study) lost every model trained and probed
+    from torch_mz.study import EXIT_INTERRUPTED
+    from torch_mz.train.trainer import Trainer
+    real, fits = Trainer.fit, []
+
+    def fit(self, *args, **kwargs):
+        if len(fits) == 1 and 'stopped' not in fits:  # (the second run: L=2)
+            fits.append('stopped')
+            raise KeyboardInterrupt
+        fits.append('fit')
+        return real(self, *args, **kwargs)
+    monkeypatch.setattr(Trainer, 'fit', fit)
+    argv = ['--quick', '--L', '1,2', '--d', '4', '--tdof', '2', '--n-train', '8', '--n-probe',
+            '4', '--epochs', '1', '--out', str(tmp_path)]
+    assert run_script('what_mz_learns', argv, monkeypatch) == EXIT_INTERRUPTED
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(tmp_path / 'runs') in err and '--resume' in err
+    assert len(os.listdir(tmp_path / 'runs')) == 1
+    usage_error('what_mz_learns', argv, monkeypatch, capsys, '--resume', '--overwrite')
+    assert run_script('what_mz_learns', argv + ['--resume'], monkeypatch) == 0
+    assert fits == ['fit', 'stopped', 'fit']  # (L=1 read back, not trained again)
+    saved = json.loads((tmp_path / 'what_mz_learns.json').read_text())
+    assert [(r['L'], r['state']) for r in saved['runs']] == [
+        (1, 'init'), (1, 'trained'), (2, 'init'), (2, 'trained')]
+    assert all(r['layers'] and 'diverged' not in r for r in saved['runs'])
+    rows = {(r['L'], r['state']): r for r in saved['rows']}
+    assert rows[1, 'trained']['seeds'] == 1 and np.isfinite(rows[1, 'trained']['effective_rank'])
+    assert np.isfinite(rows[1, 'trained']['test r2'])
+    assert saved['run_minutes'] >= 0
 
 
 def test_what_mz_learns_checks_the_control_on_the_ls_it_compares():
@@ -511,6 +579,44 @@ def test_set_size_generalisation_records_a_diverged_run(tmp_path, monkeypatch, c
     assert 'set_size_generalisation.png' not in text
     assert not (tmp_path / 'set_size_generalisation.png').exists()
     assert 'Traceback' not in capsys.readouterr().err
+
+
+def test_set_size_generalisation_keeps_the_runs_trained_before_ctrl_c_and_resumes(
+        tmp_path, monkeypatch, capsys):
+    # the runs were kept only in memory until the report: Ctrl-C (or a failure late in the
+    # study) lost every model trained
+    from torch_mz.study import EXIT_INTERRUPTED
+    from torch_mz.train.trainer import Trainer
+    real, fits = Trainer.fit, []
+
+    def fit(self, *args, **kwargs):
+        if len(fits) == 3 and 'stopped' not in fits:  # (the fourth run: mz seed 0)
+            fits.append('stopped')
+            raise KeyboardInterrupt
+        fits.append(type(self.model).__name__)
+        return real(self, *args, **kwargs)
+    monkeypatch.setattr(Trainer, 'fit', fit)
+    argv = ['--quick', '--n-train', '8', '--n-test', '4', '--epochs', '1', '--d', '4',
+            '--tdof', '2', '--out', str(tmp_path)]
+    assert run_script('set_size_generalisation', argv, monkeypatch) == EXIT_INTERRUPTED
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(tmp_path / 'runs') in err and '--resume' in err
+    assert len(os.listdir(tmp_path / 'runs')) == 3
+    assert not (tmp_path / 'set_size_generalisation.json').exists()
+    # without --resume or --overwrite the runs kept are not removed
+    usage_error('set_size_generalisation', argv, monkeypatch, capsys, '--resume', '--overwrite')
+    assert len(os.listdir(tmp_path / 'runs')) == 3
+    assert run_script('set_size_generalisation', argv + ['--resume'], monkeypatch) == 0
+    assert len(fits) == 5  # (only the run stopped trains again: 3 + stopped + 1)
+    saved = json.loads((tmp_path / 'set_size_generalisation.json').read_text())
+    assert len(saved['runs']) == 4 * 4 and all(np.isfinite(r['r2']) for r in saved['runs'])
+    assert [r['model'] for r in saved['runs'][::4]] == ['rigid', 'rigid + log_n', 'mz',
+                                                       'mz + log_n']
+    assert all(np.isfinite(v) for row in saved['rows'] for k, v in row.items()
+               if k != 'test_sizes')
+    # --overwrite trains every run again
+    assert run_script('set_size_generalisation', argv + ['--overwrite'], monkeypatch) == 0
+    assert len(fits) == 9
 
 
 def test_set_size_generalisation_runs_small(tmp_path, monkeypatch):

@@ -192,3 +192,63 @@ def test_an_out_that_is_a_file_is_refused_before_counting(tmp_path, monkeypatch,
     out.write_text('')
     usage_error('launches', ['--nodes', '10', '--aggrs', 'rigid', '--out', str(out)],
                 monkeypatch, capsys, 'is a file, not a folder')
+
+
+def test_counts_made_before_ctrl_c_are_kept_and_resumed(launches, tmp_path, monkeypatch,
+                                                         capsys):
+    # the report was written once, after the last count: Ctrl-C (or a failure late in the
+    # run, minutes in) lost every count made
+    import sys
+
+    from torch_mz.study import EXIT_INTERRUPTED
+    calls = []
+
+    def count_one(nodes, aggr, dim, degrees):
+        if (nodes, aggr) == (40, 'rigid') and 'stopped' not in calls:
+            calls.append('stopped')
+            raise KeyboardInterrupt
+        calls.append((nodes, aggr))
+        return dict(ops=10 * nodes, kernels=nodes, syncs=0, kernels_per_1k_edges=1.0,
+                    nodes=nodes, edges=10 * nodes, aggr=aggr, dim=dim, degrees=degrees)
+    monkeypatch.setattr(launches, 'count_one', count_one)
+    monkeypatch.setattr(launches, 'set_fused_kernels', lambda on: None)
+    monkeypatch.setattr(launches.torch, 'set_num_threads', lambda n: None)
+    monkeypatch.setattr(launches, 'plot', lambda rows, path: None)
+    monkeypatch.setattr(sys, 'argv', ['pytest'])
+    out = tmp_path / 'launches'
+    out.mkdir()
+    earlier = out / 'launches.json'
+    earlier.write_text('{"rows": []}')  # an earlier run's complete report: left alone
+    argv = ['--nodes', '10,40', '--dim', '8', '--aggrs', 'pyg,rigid', '--out', str(out)]
+    assert launches.main(argv) == EXIT_INTERRUPTED
+    err = capsys.readouterr().err.strip()
+    partial = out / 'launches.partial.json'
+    assert len(err.splitlines()) == 1 and str(partial) in err and '--resume' in err
+    data = json.loads(partial.read_text())
+    assert [(r['nodes'], r['aggr']) for r in data['rows']] == [(10, 'pyg'), (10, 'rigid'),
+                                                               (40, 'pyg')]
+    assert data['pending'] == 1
+    assert 'Partial: 1 more count(s)' in (out / 'launches.partial.md').read_text()
+    assert earlier.read_text() == '{"rows": []}'
+    # without --resume or --overwrite the partial report is not replaced
+    for extra, needles in (([], ('interrupted run', '--resume', '--overwrite')),
+                           (['--resume', '--dim', '16'], ('other settings', 'dim 8 there')),
+                           (['--resume', '--overwrite'], ('not allowed with --resume', )),
+                           (['--resume', '--presets', 'rigid'], ('not allowed with --presets',
+                                                                  ))):
+        with pytest.raises(SystemExit) as exit_:
+            launches.main(argv + extra)
+        assert exit_.value.code == 2
+        message = capsys.readouterr().err
+        assert all(needle in message for needle in needles), message
+    assert json.loads(partial.read_text()) == data
+    calls[:] = ['stopped']
+    assert launches.main(argv + ['--resume']) is None
+    assert calls == ['stopped', (40, 'rigid')]  # (the kept counts not made again)
+    result = json.loads(earlier.read_text())
+    assert [(r['nodes'], r['aggr']) for r in result['rows']] == [
+        (10, 'pyg'), (10, 'rigid'), (40, 'pyg'), (40, 'rigid')]
+    assert sorted(result) == ['config', 'environment', 'minutes', 'rows', 'slopes']
+    assert 'resume' not in result['config'] and len(result['slopes']) == 2
+    assert 'Partial' not in (out / 'launches.md').read_text()
+    assert not partial.exists() and not (out / 'launches.partial.md').exists()

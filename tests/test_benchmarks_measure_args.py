@@ -142,6 +142,87 @@ def test_speed_memory_where_the_peak_is_unknown_or_zero(peaks, tmp_path, monkeyp
     assert all(r['rigid/pyg memory'] is None for r in data['ratios'])
 
 
+def fake_speed_rows(cfgs):
+    return [dict(model=cfg['model'], block=cfg['block'], batch=cfg['batch'], max_set=1,
+                 min_set=1, params=1, median_ms=2.0 if cfg['model'] == 'pyg' else 1.0,
+                 times_ms=[1.0] * cfg['repeats'], gflop=1.0, gflop_per_s=1.0) for cfg in cfgs]
+
+
+def test_speed_keeps_the_pairs_measured_before_ctrl_c_and_resumes(tmp_path, monkeypatch,
+                                                                  capsys):
+    # the report was written once, after the last (block, batch) pair: Ctrl-C (or a failure
+    # late in the run) lost every pair measured
+    from torch_mz.study import EXIT_INTERRUPTED
+    speed = load_script('speed')
+    calls: list = []
+
+    def fake_interleaved(cfgs):
+        pair = (cfgs[0]['block'], cfgs[0]['batch'])
+        if pair == ('sab', 'uniform') and 'stopped' not in calls:
+            calls.append('stopped')
+            raise KeyboardInterrupt
+        calls.append(pair)
+        return fake_speed_rows(cfgs)
+    peaks = [1e10, 3e10]  # a resumed run keeps the peak its kept rows' pct_of_peak used
+    monkeypatch.setattr(speed, 'run_interleaved', fake_interleaved)
+    monkeypatch.setattr(speed, 'measure_memory', lambda cfg: 2**20)
+    monkeypatch.setattr(speed, 'matmul_peak_flops', lambda device=None: peaks.pop(0))
+    monkeypatch.setattr(speed, 'plot', lambda rows, path: None)
+    out = tmp_path / 'speed'
+    out.mkdir()
+    earlier = out / 'speed.json'
+    earlier.write_text('{"rows": []}')  # an earlier run's complete report: left alone
+    argv = ['speed.py', '--models', 'pyg,rigid', '--device', 'cpu', '--repeats', '2',
+            '--memory', '--out', str(out)]
+    monkeypatch.setattr(sys, 'argv', argv)
+    try:
+        assert speed.main() == EXIT_INTERRUPTED
+    except KeyboardInterrupt:
+        pytest.fail('Ctrl-C ended speed.py with a traceback')
+    err = capsys.readouterr().err.strip()
+    partial = out / 'speed.partial.json'
+    assert len(err.splitlines()) == 1 and str(partial) in err and '--resume' in err
+    data = json.loads(partial.read_text())
+    assert [(r['block'], r['batch'], r['model']) for r in data['rows']] == [
+        ('pma', 'uniform', 'pyg'), ('pma', 'uniform', 'rigid'), ('pma', 'skewed', 'pyg'),
+        ('pma', 'skewed', 'rigid')]
+    assert data['pending'] == 2 and len(data['ratios']) == 2
+    assert 'Partial: 2 more (block, batch) pair(s)' in (out / 'speed.partial.md').read_text()
+    assert earlier.read_text() == '{"rows": []}'
+    # without --resume or --overwrite the partial report is not replaced
+    usage_error('speed', argv[1:], monkeypatch, capsys, 'interrupted run', '--resume',
+                '--overwrite')
+    usage_error('speed', argv[1:] + ['--resume', '--sets', '32'], monkeypatch, capsys,
+                'other settings', 'sets 64 there, 32 here')
+    usage_error('speed', argv[1:] + ['--resume', '--overwrite'], monkeypatch, capsys,
+                '--overwrite: not allowed with --resume')
+    assert json.loads(partial.read_text()) == data
+    monkeypatch.setattr(sys, 'argv', argv + ['--resume'])
+    calls[:] = ['stopped']
+    assert speed.main() is None
+    assert calls == ['stopped', ('sab', 'uniform'), ('sab', 'skewed')]  # (the kept not again)
+    result = json.loads(earlier.read_text())
+    assert [(r['block'], r['batch'], r['model']) for r in result['rows']] == [
+        (block, batch, model) for block in ('pma', 'sab') for batch in ('uniform', 'skewed')
+        for model in ('pyg', 'rigid')]
+    assert all(r['pct_of_peak'] == pytest.approx(10.0) for r in result['rows'])  # 1 of 10
+    assert result['matmul_peak_gflop_per_s'] == 10.0
+    assert [r['pyg/rigid time'] for r in result['ratios']] == [2.0] * 4
+    # the complete report as before: the same keys, no --resume / --overwrite in its config
+    assert sorted(result) == ['config', 'environment', 'matmul_peak_gflop_per_s', 'ratios',
+                              'rows']
+    assert 'resume' not in result['config'] and 'overwrite' not in result['config']
+    assert 'Partial' not in (out / 'speed.md').read_text()
+    assert not partial.exists() and not (out / 'speed.partial.md').exists()
+    # --overwrite measures every pair again where a partial report is found
+    partial.write_text(json.dumps(data))
+    monkeypatch.setattr(sys, 'argv', argv + ['--overwrite'])
+    calls[:] = ['stopped']
+    peaks.append(1e10)
+    assert speed.main() is None
+    assert len(calls) == 5 and not partial.exists()
+
+
 # --- training_step.py ------------------------------------------------------------------------
 
 @pytest.mark.parametrize('argv, needles', [
