@@ -50,7 +50,8 @@ The counts of the aggregations are written after every graph and aggregation: wh
 remain, to ``launches.partial.{json,md}``, marked partial (``pending``: the counts not yet
 made), which the complete report ``launches.{json,md,png}`` replaces, so that a run cut off
 (Ctrl-C, a failure) keeps what it counted and leaves an earlier run's complete report alone.
-``--resume`` makes only the counts the partial report lacks; ``--overwrite`` makes every one
+``--resume`` makes only the counts the partial report lacks (a partial report of other
+options, or of another torch, PyG or torch-scatter, is refused); ``--overwrite`` makes every one
 again, and a folder holding a partial report is refused without either. Ctrl-C ends a run with
 one line that gives the command to go on (status 130). (``--presets``, about a minute, writes
 its report at the end.)
@@ -86,6 +87,9 @@ PARTIAL = NAME + '.partial'  # <out>/launches.partial.{json,md}: a run not yet c
 PRESETS_NAME = 'launches_presets'
 #: The settings a partial report must share with a run that resumes it (``--resume``)
 SETTINGS = ('nodes', 'dim', 'degrees', 'aggrs', 'pyg_max_nodes')
+#: ... and the environment's (no option sets them: the operations dispatched are torch's and
+#: PyG's, whose scatter takes torch-scatter's kernels where it is installed)
+ENVIRONMENT = ('torch', 'torch_geometric', 'torch_scatter')
 DEFAULT_AGGRS = ('pyg', 'pyg-flat', 'rigid', 'rigid-whole', 'default')
 GPU_TRAINING_STEP = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'results', 'gpu',
                                  'training_step', 'training_step.json')
@@ -378,23 +382,28 @@ def write_report(args: argparse.Namespace, argv: Optional[List[str]], rows: List
     return note
 
 
-def earlier_counts(path: str, args: argparse.Namespace
+def earlier_counts(path: str, args: argparse.Namespace, env: Optional[Dict] = None
                    ) -> Tuple[Dict[Tuple[int, str], Dict], float, str]:
     r"""The rows of the partial report :obj:`path` that ``--resume`` keeps, by (nodes,
     aggregation), the minutes they took, and a sentence on what was found; a file written with
-    other :data:`SETTINGS` raises a :class:`ValueError` naming them."""
+    other :data:`SETTINGS` (or, given this run's environment :obj:`env`, in another
+    :data:`ENVIRONMENT`) raises a :class:`ValueError` naming them."""
     if not os.path.exists(path):
         return {}, 0.0, f'nothing to resume: no {path}; making every count'
     try:
         with open(path) as f:
             earlier = json.load(f)
         config, minutes = earlier['config'], float(earlier['minutes'])
+        counted_in = dict(earlier['environment'])
         kept = {(int(r['nodes']), str(r['aggr'])): r for r in earlier['rows']}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(f'{path} cannot be read ({e}): pass --overwrite to make every count '
                          f'again') from None
     differ = [f'{key} {config.get(key)!r} there, {getattr(args, key)!r} here'
               for key in SETTINGS if config.get(key) != getattr(args, key)]
+    # (the counts of another torch, PyG or scatter path: one table would mix them)
+    differ += [f'{key} {counted_in.get(key)!r} there, {env[key]!r} here'
+               for key in ENVIRONMENT if env is not None and counted_in.get(key) != env[key]]
     if differ:
         raise ValueError(f"{path} was written with other settings ({'; '.join(differ)}): pass "
                          f"--overwrite to replace it")
@@ -463,7 +472,7 @@ def main(argv: Optional[List[str]] = None) -> Optional[int]:
     earlier_minutes = 0.0
     if args.resume:
         try:
-            kept, earlier_minutes, message = earlier_counts(partial, args)
+            kept, earlier_minutes, message = earlier_counts(partial, args, _environment(argv))
         except ValueError as e:
             parser.error(f'argument --resume: {e}')
         print(message, flush=True)

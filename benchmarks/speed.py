@@ -30,9 +30,10 @@ The report is written after every (block, batch) pair: while pairs remain, to
 complete report ``speed.{json,md,png}`` replaces, so that a run cut off (Ctrl-C, a failure)
 keeps the pairs it measured and leaves an earlier run's complete report alone. ``--resume``
 measures only the pairs the partial report lacks (the kept rows' ``pct_of_peak`` and the report
-use the matmul peak measured by the run resumed); ``--overwrite`` measures every pair again, and
-a folder holding a partial report is refused without either. Ctrl-C ends a run with one line
-that gives the command to go on (status 130).
+use the matmul peak measured by the run resumed; a partial report of other options, torch
+threads, torch or PyG version, or torch-scatter is refused); ``--overwrite`` measures every
+pair again, and a folder holding a partial report is refused without either. Ctrl-C ends a run
+with one line that gives the command to go on (status 130).
 
     python benchmarks/speed.py --quick
     python benchmarks/speed.py --sets 64 --points 8192 --dim 64 --heads 4 --repeats 7 --memory
@@ -67,6 +68,9 @@ PARTIAL = NAME + '.partial'  # <out>/speed.partial.{json,md}: a run not yet comp
 #: The settings a partial report must share with a run that resumes it (``--resume``)
 SETTINGS = ('sets', 'points', 'dim', 'heads', 'repeats', 'sigma', 'device', 'models', 'blocks',
             'memory', 'quick')
+#: ... and the environment's (no option sets them: torch's threads, from OMP_NUM_THREADS or the
+#: cores, the versions timed, and whether PyG's blocks scatter with torch-scatter)
+ENVIRONMENT = ('threads', 'torch', 'torch_geometric', 'torch_scatter')
 
 
 def build(model: str, block: str, dim: int, heads: int) -> torch.nn.Module:
@@ -302,19 +306,20 @@ def write_report(args: argparse.Namespace, env: dict, rows: List[dict],
     return ratios, ratio_cols, note
 
 
-def earlier_pairs(path: str, args: argparse.Namespace
+def earlier_pairs(path: str, args: argparse.Namespace, env: Optional[dict] = None
                   ) -> Tuple[Dict[Tuple[str, str], List[dict]], Optional[float], str]:
     r"""The rows of the partial report :obj:`path` that ``--resume`` keeps, by (block, batch)
     pair (each pair's every model: a pair is written once all are measured), the matmul peak
     (GFLOP/s) it measured (:obj:`None` where nothing is kept), and a sentence on what was
-    found; a file written with other :data:`SETTINGS` raises a :class:`ValueError` naming
-    them."""
+    found; a file written with other :data:`SETTINGS` (or, given this run's environment
+    :obj:`env`, in another :data:`ENVIRONMENT`) raises a :class:`ValueError` naming them."""
     if not os.path.exists(path):
         return {}, None, f'nothing to resume: no {path}; measuring every (block, batch) pair'
     try:
         with open(path) as f:
             earlier = json.load(f)
         config, rows = earlier['config'], earlier['rows']
+        measured_in = dict(earlier['environment'])
         peak = float(earlier['matmul_peak_gflop_per_s'])
         kept: Dict[Tuple[str, str], List[dict]] = {}
         for row in rows:
@@ -324,6 +329,9 @@ def earlier_pairs(path: str, args: argparse.Namespace
                          f'again') from None
     differ = [f'{key} {config.get(key)!r} there, {getattr(args, key)!r} here'
               for key in SETTINGS if config.get(key) != getattr(args, key)]
+    # (the times of other threads, versions or scatter path: one table would mix them)
+    differ += [f'{key} {measured_in.get(key)!r} there, {env[key]!r} here'
+               for key in ENVIRONMENT if env is not None and measured_in.get(key) != env[key]]
     if differ:
         raise ValueError(f"{path} was written with other settings ({'; '.join(differ)}): pass "
                          f"--overwrite to replace it")
@@ -394,9 +402,10 @@ def main():
                      f"every pair again (this run's report replaces them)")
     kept: Dict[Tuple[str, str], List[dict]] = {}
     earlier_peak = None
+    env = environment()
     if args.resume:
         try:
-            kept, earlier_peak, message = earlier_pairs(partial, args)
+            kept, earlier_peak, message = earlier_pairs(partial, args, env)
         except ValueError as e:
             parser.error(f'argument --resume: {e}')
         print(message, flush=True)
@@ -410,7 +419,6 @@ def main():
     else:
         peak = matmul_peak_flops(device=torch.device(args.device)) / 1e9
         print(f'measured float32 matmul peak: {peak:.1f} GFLOP/s', flush=True)
-    env = environment()
     rows: List[dict] = []
     ratios: List[dict] = []
     ratio_cols: List[str] = []

@@ -515,6 +515,14 @@ def write_study(out, record, redraw: bool = False):
                    paper=dict(table19=PAPER_T19, table20=PAPER_T20, table21=PAPER_T21),
                    verdicts=record['verdicts'], target_std=record['target_std'])
     env, minutes = record['environment'], record['minutes']
+    notes = ''
+    if record.get('read_back'):  # (a resumed study: its study seeds measured by two calls)
+        payload['read_back'] = record['read_back']
+        notes = (f"{record['read_back']} of the {len(runs)} study seed(s) were read back from "
+                 f"`runs/` (kept by an earlier call): their figures, inference times included, "
+                 f"were measured by that call, and the {minutes:.1f} min above count this call "
+                 f"alone. The methods of a study seed were timed together; the means over study "
+                 f"seeds mix the calls.")
     # the plot after the record is read (a record missing a field leaves the earlier files as
     # they were) and before the report, which links it where it was drawn
     png = os.path.join(out, 'uncertainty.png')
@@ -525,7 +533,7 @@ def write_study(out, record, redraw: bool = False):
     kept = redraw and note is not None and os.path.isfile(png)
     if kept:
         note += "; the study's own uncertainty.png is kept"
-    write_report(out, 'uncertainty', title, env, setup, body, payload, minutes,
+    write_report(out, 'uncertainty', title, env, setup, body, payload, minutes, notes=notes,
                  plot=note is None or kept)
     return note
 
@@ -672,12 +680,16 @@ def main():
     # what identifies a study seed's data and methods in the store
     data = dict(task=args.task, options=task_args, seed=0, n_train=budget.n_train,
                 n_val=budget.n_val, n_test=budget.n_test)
-    options = dict(members=members, passes=passes, timing_sets=args.timing_sets)
+    # (and the device the methods are timed on: the training settings' identity leaves it out,
+    # and a study seed timed on the CPU was read back into a study timed on a GPU)
+    options = dict(members=members, passes=passes, timing_sets=args.timing_sets,
+                   timed_on=resolve_device(args.device).type)
     with interruptible(__file__, sys.argv[1:], parser, store.folder) as stop:
         runs = [kept_seed(store, data, options, task, s, budget, args.device)
                 for s in range(budget.seeds)]
+        read_back = sum(r.pop('_read_back', False) for r in runs)  # (measured by another call)
         stop.all_kept()  # (every study seed is kept: a Ctrl-C from here costs only the report)
-        report(args, task, runs, members, passes, budget, start)
+        report(args, task, runs, members, passes, budget, start, read_back)
     if stop.note:
         print(stop.note, file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
@@ -687,8 +699,9 @@ def main():
 def kept_seed(store: RunStore, data: dict, options: dict, task, study_seed: int,
               budget: Budget, device: str) -> dict:
     r"""The record of one study seed (:func:`run_seed`): read back from :obj:`store` where a
-    call with the same data, members, passes, timed sets and training settings finished it
-    (its figures written as null, NaN, read back as NaN), else run (and kept there)."""
+    call with the same data, members, passes, timed sets, device type and training settings
+    finished it (its figures written as null, NaN, read back as NaN; marked ``_read_back``,
+    which the caller removes and counts), else run (and kept there)."""
     key = dict(study='uncertainty', data=data, model='mz', options=options, seed=study_seed)
     config = study_config(budget, device=device, seed=study_seed)
     record = store.get(key, config)
@@ -696,15 +709,16 @@ def kept_seed(store: RunStore, data: dict, options: dict, task, study_seed: int,
         run = _nan_figures(record)
         print(f"study seed {study_seed}: read back from {store.folder}"
               + (f" (diverged: {run['diverged']})" if 'diverged' in run else ''), flush=True)
-        return run
+        return dict(run, _read_back=True)
     run = run_seed(task, study_seed, options['members'], options['passes'], budget,
                    options['timing_sets'], device)
     store.put(key, config, run)
     return run
 
 
-def report(args, task, runs, members, passes, budget, start) -> None:
-    r"""Writes the study's record and report (:func:`write_study`) and prints its tables."""
+def report(args, task, runs, members, passes, budget, start, read_back: int = 0) -> None:
+    r"""Writes the study's record and report (:func:`write_study`) and prints its tables;
+    :obj:`read_back`: how many of :obj:`runs` an earlier call measured (named in the report)."""
     scored = [r for r in runs if 'diverged' not in r]  # (a member diverged: left out)
     summary = summarize(scored) if scored else {}
     minutes = (time.time() - start) / 60
@@ -717,7 +731,8 @@ def report(args, task, runs, members, passes, budget, start) -> None:
     lines = verdicts(scored, summary, passes, members) if scored else []
     note = write_study(args.out, dict(environment=environment(), setup=setup, summary=summary,
                                       runs=runs, verdicts=lines, minutes=minutes,
-                                      target_std=target_std_of(task)))
+                                      target_std=target_std_of(task),
+                                      **({'read_back': read_back} if read_back else {})))
     if note:
         print(note)
     if scored:

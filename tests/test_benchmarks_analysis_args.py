@@ -398,6 +398,33 @@ def test_uncertainty_keeps_the_study_seeds_finished_before_ctrl_c_and_resumes(tm
     assert saved['summary']['MC-Dropout']['mse'][0] == pytest.approx(np.mean(
         [r['methods']['MC-Dropout']['mse'] for r in saved['runs']]))
     assert 'Study seeds left out' not in (tmp_path / 'uncertainty.md').read_text()
+    # the report says which study seed an earlier call measured (its inference times too: the
+    # 'x IHW time' means mix the calls); it read as though this call had measured them all
+    assert saved['read_back'] == 1
+    assert '1 of the 2 study seed(s) were read back' in (tmp_path / 'uncertainty.md').read_text()
+
+
+def test_uncertainty_does_not_read_back_a_study_seed_timed_on_another_device(tmp_path,
+                                                                           monkeypatch):
+    # the store's identity leaves the device out (it changes no trained figure), but the
+    # methods' inference times were measured on it: a study seed timed on the CPU was read
+    # back into a study on a GPU, its 'x IHW time' averaged with the GPU's
+    import torch
+    from torch_mz.train.trainer import Trainer
+    argv = SMALL_UNCERTAINTY + ['--passes', '2', '--out', str(tmp_path)]
+    assert run_script('uncertainty', argv + ['--device', 'cpu'], monkeypatch) == 0
+
+    class TrainedAgain(Exception):
+        pass
+
+    def init(self, *args, **kwargs):
+        raise TrainedAgain
+    monkeypatch.setattr(Trainer, '__init__', init)
+    assert run_script('uncertainty', argv + ['--device', 'cpu', '--resume'], monkeypatch) == 0
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)  # (auto: cuda)
+    monkeypatch.setattr(torch.cuda, 'get_device_name', lambda *args: 'a GPU')
+    with pytest.raises(TrainedAgain):
+        run_script('uncertainty', argv + ['--resume'], monkeypatch)
 
 
 # --- what_mz_learns.py -----------------------------------------------------------------------
@@ -478,6 +505,9 @@ def test_what_mz_learns_keeps_the_runs_trained_before_ctrl_c_and_resumes(tmp_pat
     assert [(r['L'], r['state']) for r in saved['runs']] == [
         (1, 'init'), (1, 'trained'), (2, 'init'), (2, 'trained')]
     assert all(r['layers'] and 'diverged' not in r for r in saved['runs'])
+    # the layers of the run read back (L=1) in the model's order, as the fresh run's (L=2):
+    # sorted, the per-layer table and the plot's first layer changed on a resume
+    assert list(saved['runs'][1]['layers']) == list(saved['runs'][3]['layers'])
     rows = {(r['L'], r['state']): r for r in saved['rows']}
     assert rows[1, 'trained']['seeds'] == 1 and np.isfinite(rows[1, 'trained']['effective_rank'])
     assert np.isfinite(rows[1, 'trained']['test r2'])

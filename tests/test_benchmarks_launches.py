@@ -241,6 +241,16 @@ def test_counts_made_before_ctrl_c_are_kept_and_resumed(launches, tmp_path, monk
         assert exit_.value.code == 2
         message = capsys.readouterr().err
         assert all(needle in message for needle in needles), message
+    # the same options with torch-scatter installed since (no option says so): PyG's counts
+    # of the other scatter path were put beside those kept in one table
+    with monkeypatch.context() as m:
+        scatter = not data['environment']['torch_scatter']
+        m.setattr(launches, '_environment',
+                  lambda argv: dict(data['environment'], torch_scatter=scatter))
+        with pytest.raises(SystemExit) as exit_:
+            launches.main(argv + ['--resume'])
+        assert exit_.value.code == 2
+        assert f'torch_scatter {not scatter!r} there' in capsys.readouterr().err
     assert json.loads(partial.read_text()) == data
     calls[:] = ['stopped']
     assert launches.main(argv + ['--resume']) is None

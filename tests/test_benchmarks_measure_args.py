@@ -196,6 +196,13 @@ def test_speed_keeps_the_pairs_measured_before_ctrl_c_and_resumes(tmp_path, monk
                 'other settings', 'sets 64 there, 32 here')
     usage_error('speed', argv[1:] + ['--resume', '--overwrite'], monkeypatch, capsys,
                 '--overwrite: not allowed with --resume')
+    # the same options under another thread count (no option sets it: OMP_NUM_THREADS): the
+    # pairs kept and the pairs measured now were put in one table, timed with other threads
+    import torch
+    with monkeypatch.context() as m:
+        m.setattr(torch, 'get_num_threads', lambda: data['environment']['threads'] + 2)
+        usage_error('speed', argv[1:] + ['--resume'], monkeypatch, capsys, 'other settings',
+                    f"threads {data['environment']['threads']} there")
     assert json.loads(partial.read_text()) == data
     monkeypatch.setattr(sys, 'argv', argv + ['--resume'])
     calls[:] = ['stopped']

@@ -257,3 +257,20 @@ def test_a_run_whose_key_holds_a_non_finite_value_is_found_again(tmp_path):
     assert got is not None and got['test'] == dict(r2=0.9)
     other = dict(key, data=dict(task='max', noise=-math.inf))  # (another run: another file)
     assert store._path(other) != store._path(key) and store.get(other, QUICK_CONFIG) is None
+
+
+def test_a_run_is_read_back_with_its_keys_in_the_order_it_was_kept(tmp_path):
+    # the record was written with its keys sorted: a resumed study listed its layers
+    # (what_mz_learns.py: decoders before encoders), methods (uncertainty.py) and metrics in
+    # another order than the fresh run's, and its per-layer table and plot changed
+    from torch_mz.study import RunStore
+    store = RunStore(str(tmp_path))
+    key = dict(cell='a', model='mz', seed=0, data=dict(task='max'))
+    record = dict(study_seed=0, layers={'encoders.0': dict(rank=2, gate=1), 'decoders.0': {}},
+                  test=dict(loss=0.5, mse=0.5, mae=0.25, r2=0.75))
+    store.put(key, QUICK_CONFIG, record)
+    got = store.get(key, QUICK_CONFIG)
+    assert got == record and list(got) == list(record)
+    assert list(got['layers']) == ['encoders.0', 'decoders.0']
+    assert list(got['layers']['encoders.0']) == ['rank', 'gate']
+    assert list(got['test']) == ['loss', 'mse', 'mae', 'r2']

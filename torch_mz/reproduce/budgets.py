@@ -113,14 +113,20 @@ def sweep_extension(grid: Sequence[Tuple[float, float]],
 def sweep_verdicts(rows):
     r"""Per model of one task's sweep rows: its chosen point, and where that point lies among
     the points tried: ``'inside'`` (no step beyond it is left untried), ``'on the edge'``
-    (steps beyond it untried: the sweep stopped at its last round there) or ``'open'`` (the
-    sweep has not chosen yet)."""
+    (steps beyond it untried: the sweep stopped at its last round there), ``'every point
+    diverged'`` (no finite validation loss: the grid's first point, the sweep stopped at the
+    grid) or ``'open'`` (the sweep has not chosen yet)."""
     out = {}
     for model in dict.fromkeys(r['model'] for r in rows):
         mine = [r for r in rows if r['model'] == model]
         chosen = [(r['lr'], r['weight_decay']) for r in mine if r['chosen']]
         if not chosen:
             out[model] = (None, 'open')
+            continue
+        if all(r.get('done') and r.get('val_loss') is not None
+               and not math.isfinite(r['val_loss']) for r in mine):
+            # (read 'on the edge': as though the sweep had stopped at its last round)
+            out[model] = (chosen[0], 'every point diverged')
             continue
         tried = [(r['lr'], r['weight_decay']) for r in mine]
         beyond = [p for p in sweep_extension(tried, chosen[0]) if p not in tried]

@@ -45,11 +45,12 @@ def _json_value(value: Any) -> Any:
                     f"and arrays being converted")
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: Any, sort_keys: bool = True) -> Any:
     # JSON's own values, as a file read back holds them (tuples as lists, keys as strings); the
     # JSON values a key held before NumPy values were converted give the same text, so the run
-    # files of earlier calls are still found
-    return json.loads(json.dumps(value, sort_keys=True, default=_json_value))
+    # files of earlier calls are still found. A record keeps its keys' order (sort_keys=False):
+    # sorted, a resumed study's tables listed layers, methods and metrics in another order
+    return json.loads(json.dumps(value, sort_keys=sort_keys, default=_json_value))
 
 
 def _canonical(value: Any) -> Any:
@@ -193,7 +194,8 @@ class RunStore:
         r"""Keeps :obj:`record`, the finished run :obj:`key` trained with :obj:`config`
         (atomically: an interrupted write leaves no half file); returns the file's path."""
         path = self._path(key)
-        write_json(path, dict(identity=self._identity(key, config), record=_plain(record)))
+        write_json(path, dict(identity=self._identity(key, config),
+                               record=_plain(record, sort_keys=False)))
         return path
 
 
