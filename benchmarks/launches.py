@@ -74,9 +74,11 @@ from torch_mz.models import PRESETS as MODEL_PRESETS
 from torch_mz.nn import set_fused_kernels
 from torch_mz.nn import functional
 from torch_mz.nn.functional import clear_layout_cache
-from torch_mz.study import (EXIT_INTERRUPTED, check_out_folder, choice_list, environment,
-                            int_list, interruptible, markdown_table, positive_float, positive_int,
-                            pyplot, remove_results, replace_plot, write_results)
+from torch_mz.study import (EXIT_INTERRUPTED, PartialUnit, add_partial_arguments,
+                            check_out_folder, choice_list, environment, int_list, interruptible,
+                            markdown_table, partial_problem, positive_float, positive_int,
+                            pyplot, read_partial, replace_plot, write_results,
+                            write_results_so_far)
 # the graphs and aggregations of message_passing.py, the batch and presets of training_step.py
 from torch_mz.study import workloads
 from torch_mz.study.plots import save_figure
@@ -90,6 +92,8 @@ SETTINGS = ('nodes', 'dim', 'degrees', 'aggrs', 'pyg_max_nodes')
 #: ... and the environment's (no option sets them: the operations dispatched are torch's and
 #: PyG's, whose scatter takes torch-scatter's kernels where it is installed)
 ENVIRONMENT = ('torch', 'torch_geometric', 'torch_scatter')
+#: What a partial report holds, as ``--resume`` / ``--overwrite`` and their messages name it
+UNIT = PartialUnit('counts', 'count', 'make')
 DEFAULT_AGGRS = ('pyg', 'pyg-flat', 'rigid', 'rigid-whole', 'default')
 GPU_TRAINING_STEP = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'results', 'gpu',
                                  'training_step', 'training_step.json')
@@ -376,37 +380,24 @@ def write_report(args: argparse.Namespace, argv: Optional[List[str]], rows: List
                    slopes=fits)
     if not complete:
         payload['pending'] = pending
-    write_results(args.out, NAME if complete else PARTIAL, payload, markdown)
-    if complete:  # the complete report replaces the partial one
-        remove_results(args.out, PARTIAL)
+    write_results_so_far(args.out, NAME, payload, markdown, complete)
     return note
 
 
 def earlier_counts(path: str, args: argparse.Namespace, env: Optional[Dict] = None
                    ) -> Tuple[Dict[Tuple[int, str], Dict], float, str]:
     r"""The rows of the partial report :obj:`path` that ``--resume`` keeps, by (nodes,
-    aggregation), the minutes they took, and a sentence on what was found; a file written with
-    other :data:`SETTINGS` (or, given this run's environment :obj:`env`, in another
-    :data:`ENVIRONMENT`) raises a :class:`ValueError` naming them."""
+    aggregation), the minutes they took, and a sentence on what was found; a file damaged or
+    written with other :data:`SETTINGS` (or, given this run's environment :obj:`env`, in
+    another :data:`ENVIRONMENT`: the counts of another torch, PyG or scatter path, which one
+    table would mix) raises a :class:`ValueError` saying so
+    (:func:`~torch_mz.study.read_partial`)."""
     if not os.path.exists(path):
         return {}, 0.0, f'nothing to resume: no {path}; making every count'
-    try:
-        with open(path) as f:
-            earlier = json.load(f)
-        config, minutes = earlier['config'], float(earlier['minutes'])
-        counted_in = dict(earlier['environment'])
-        kept = {(int(r['nodes']), str(r['aggr'])): r for r in earlier['rows']}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise ValueError(f'{path} cannot be read ({e}): pass --overwrite to make every count '
-                         f'again') from None
-    differ = [f'{key} {config.get(key)!r} there, {getattr(args, key)!r} here'
-              for key in SETTINGS if config.get(key) != getattr(args, key)]
-    # (the counts of another torch, PyG or scatter path: one table would mix them)
-    differ += [f'{key} {counted_in.get(key)!r} there, {env[key]!r} here'
-               for key in ENVIRONMENT if env is not None and counted_in.get(key) != env[key]]
-    if differ:
-        raise ValueError(f"{path} was written with other settings ({'; '.join(differ)}): pass "
-                         f"--overwrite to replace it")
+    kept, minutes = read_partial(
+        path, args, SETTINGS, UNIT, env=env, environment=ENVIRONMENT,
+        keep=lambda earlier: ({(int(r['nodes']), str(r['aggr'])): r for r in earlier['rows']},
+                              float(earlier['minutes'])))
     return kept, minutes, f'resuming from {path}: {len(kept)} count(s) kept'
 
 
@@ -434,14 +425,7 @@ def main(argv: Optional[List[str]] = None) -> Optional[int]:
                              'beside the counts of --presets (default: %(default)s)')
     parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
                                                       NAME))
-    parser.add_argument('--resume', action='store_true',
-                        help='keep the counts of the partial report an interrupted run with '
-                             'these settings left in --out; make only the others (not with '
-                             '--presets)')
-    parser.add_argument('--overwrite', action='store_true',
-                        help='make every count where --out holds the partial report of an '
-                             'interrupted run, which this run replaces (without it, and '
-                             'without --resume, such a folder is refused)')
+    add_partial_arguments(parser, UNIT, resume_note=' (not with --presets)')
     args = parser.parse_args(argv)
     # (before anything is counted: a run refused at its end had counted for nothing)
     problem = check_out_folder(args.out)
@@ -457,17 +441,15 @@ def main(argv: Optional[List[str]] = None) -> Optional[int]:
         parser.error(f"nothing to count: --aggrs {','.join(args.aggrs)} on --nodes "
                      f"{','.join(map(str, args.nodes))} leaves only 'pyg' above "
                      f"--pyg-max-nodes {args.pyg_max_nodes}")
-    if args.resume and args.overwrite:
-        parser.error('argument --overwrite: not allowed with --resume (which keeps the counts '
-                     'that --overwrite makes again)')
+    partial = os.path.join(args.out, f'{PARTIAL}.json')
+    # (--presets writes no partial report: a folder holding one is not refused)
+    problem = partial_problem(args.resume, args.overwrite, None if args.presets else partial,
+                              UNIT)
+    if problem:
+        parser.error(problem)
     if args.presets and (args.resume or args.overwrite):
         parser.error(f"argument --{'resume' if args.resume else 'overwrite'}: not allowed with "
                      f'--presets (which writes its report at the end, after about a minute)')
-    partial = os.path.join(args.out, f'{PARTIAL}.json')
-    if not args.presets and os.path.exists(partial) and not (args.resume or args.overwrite):
-        parser.error(f'argument --out: {partial} holds the counts of an interrupted run: pass '
-                     f'--resume to keep them, or --overwrite to make every count again (this '
-                     f"run's report replaces them)")
     kept: Dict[Tuple[int, str], Dict] = {}
     earlier_minutes = 0.0
     if args.resume:

@@ -139,11 +139,12 @@ import numpy as np
 import torch
 
 from torch_mz.runtime import keep_freed_memory
-from torch_mz.study import (EXIT_INTERRUPTED, MeasurementFailed, check_out_folder, choice_list,
+from torch_mz.study import (EXIT_INTERRUPTED, MeasurementFailed, PartialUnit,
+                            add_partial_arguments, check_out_folder, choice_list,
                             environment, in_fresh_process, int_list, interruptible,
-                            markdown_table, nonnegative_int, peak_memory_bytes, positive_float,
-                            positive_int, pyplot, remove_results, replace_plot, time_call,
-                            write_results)
+                            markdown_table, nonnegative_int, partial_problem, peak_memory_bytes,
+                            positive_float, positive_int, pyplot, replace_plot, settings_differ,
+                            time_call, write_results_so_far)
 from torch_mz.study.plots import save_figure
 from torch_mz.study.workloads import (AGGRS, DEGREES, MERGED, build_aggr, fit_slope,
                                       pyg_width_problem, random_graph)
@@ -163,6 +164,8 @@ NAME = 'message_passing'  # <out>/message_passing.{json,md,png}
 DEFAULTS = dict(nodes=[1000, 10000, 100000], dims=[16, 64], repeats=5)
 QUICK = dict(nodes=[1000, 10000], dims=[16], repeats=3)
 PARTIAL = NAME + '.partial'  # <out>/message_passing.partial.{json,md}: a run not yet complete
+#: What a partial report holds, as ``--resume`` / ``--overwrite`` and their messages name it
+UNIT = PartialUnit('rows', 'row')
 
 
 def run_one(cfg: dict) -> dict:
@@ -377,8 +380,7 @@ def earlier_rows(path: str, args: argparse.Namespace) -> Tuple[List[dict], float
         config, rows = earlier['config'], earlier['rows']
     except (OSError, ValueError, KeyError, TypeError) as e:
         return [], 0.0, f'not resuming from {path} (unreadable: {e}); measuring every row'
-    differ = [f'{key} {config.get(key)!r} there, {getattr(args, key)!r} here'
-              for key in FIGURE_SETTINGS if config.get(key) != getattr(args, key)]
+    differ = settings_differ(config, vars(args), FIGURE_SETTINGS)
     if differ:
         return [], 0.0, (f"not resuming from {path}: written with other settings "
                          f"({'; '.join(differ)}); measuring every row")
@@ -534,12 +536,11 @@ def write_report(args: argparse.Namespace, env: dict, rows: List[dict], planned:
                                           'memory_slope'])
                 + '\n## All measurements\n\n' + markdown_table(rows, ROW_COLS)
                 + (f'\n![plot]({NAME}.png)\n' if plot else ''))
-    write_results(args.out, NAME if complete else PARTIAL,
-                  dict(environment=env, config=vars(args), minutes=minutes, complete=complete,
-                       planned_rows=planned, rows=rows, ratios=ratios, slopes=slopes),
-                  markdown)
-    if complete:  # the complete report replaces the partial one
-        remove_results(args.out, PARTIAL)
+    write_results_so_far(args.out, NAME,
+                         dict(environment=env, config=vars(args), minutes=minutes,
+                              complete=complete, planned_rows=planned, rows=rows, ratios=ratios,
+                              slopes=slopes),
+                         markdown, complete)
     return ratios
 
 
@@ -613,13 +614,16 @@ def main():
     parser.add_argument('--out', default=None,
                         help=f'results folder (default: benchmarks/results/{NAME}, with '
                              f'--inference benchmarks/results/{NAME}_inference)')
-    parser.add_argument('--resume', action='store_true',
-                        help=f'keep the rows of <out>/{NAME}.json measured with the same '
-                             'configuration and settings; measure only the others')
-    parser.add_argument('--overwrite', action='store_true',
-                        help=f'measure every row where <out> holds the partial report of an '
-                             f'interrupted run ({PARTIAL}.json), which this run replaces '
-                             f'(without it, and without --resume, such a folder is refused)')
+    # (--resume keeps the rows that match of the partial report, else of the complete one)
+    add_partial_arguments(parser, UNIT,
+                          resume_help=f'keep the rows of <out>/{PARTIAL}.json (an interrupted '
+                                      f'run), or where there is none of <out>/{NAME}.json, '
+                                      'measured with the same configuration and settings; '
+                                      'measure only the others',
+                          overwrite_help=f'measure every row where <out> holds the partial '
+                                         f'report of an interrupted run ({PARTIAL}.json), which '
+                                         f'this run replaces (without it, and without --resume, '
+                                         f'such a folder is refused)')
     parser.add_argument('--keep-freed-memory', action='store_true',
                         help="every row with glibc's malloc keeping freed memory for reuse "
                              '(torch_mz.runtime.keep_freed_memory)')
@@ -653,13 +657,10 @@ def main():
     if problem:
         parser.error(problem)
     partial = os.path.join(args.out, f'{PARTIAL}.json')
-    if args.resume and args.overwrite:
-        parser.error('argument --overwrite: not allowed with --resume (which keeps the rows '
-                     'that --overwrite measures again)')
-    if os.path.exists(partial) and not (args.resume or args.overwrite):
-        parser.error(f"argument --out: {partial} holds the rows of an interrupted run: pass "
-                     f"--resume to keep those that match, or --overwrite to measure every row "
-                     f"again (this run's report replaces them)")
+    problem = partial_problem(args.resume, args.overwrite, partial, UNIT,
+                              keeps='those that match')
+    if problem:
+        parser.error(problem)
     kept, earlier_minutes = [], 0.0
     if args.resume:
         kept, earlier_minutes, note = earlier_rows(

@@ -36,10 +36,11 @@ import numpy as np
 import torch
 
 from torch_mz.nn import MZAggregation
-from torch_mz.study import (EXIT_INTERRUPTED, MeasurementFailed, check_out_folder, environment,
+from torch_mz.study import (EXIT_INTERRUPTED, MeasurementFailed, PartialUnit,
+                            add_partial_arguments, check_out_folder, environment,
                             in_fresh_process, interruptible, markdown_table, nonnegative_int,
-                            peak_memory_bytes, positive_int, pyplot, replace_plot, time_call,
-                            remove_results, write_results)
+                            partial_problem, peak_memory_bytes, positive_int, pyplot,
+                            read_partial, replace_plot, time_call, write_results_so_far)
 from torch_mz.study.plots import save_figure
 
 SET_SIZE, IN_CHANNELS = 1024, 3  # the defaults: the paper's configuration
@@ -53,6 +54,8 @@ REFERENCE = {'scaling_default_sets_of_1': dict(in_channels=8, quick=True)}
 #: The settings a partial report must share with a run that resumes it (its name tells them
 #: apart too; checked in case the file was renamed or written by hand)
 SETTINGS = ('model', 'set_size', 'in_channels', 'chunk_size', 'repeats', 'threads', 'quick')
+#: What a partial report holds, as ``--resume`` / ``--overwrite`` and their messages name it
+UNIT = PartialUnit('sizes', 'size')
 COLS = ['points', 'sets', 'median_s', 'us_per_point', 'peak_mib']
 
 
@@ -136,23 +139,12 @@ def loglog_slope(rows: List[dict]) -> Optional[float]:
 
 def earlier_rows(path: str, args: argparse.Namespace) -> Tuple[Dict[int, dict], str]:
     r"""The measured rows of the partial report :obj:`path` (by points) that ``--resume`` keeps,
-    and a sentence on what was found; a file written with other :data:`SETTINGS` raises a
-    :class:`ValueError` naming them."""
+    and a sentence on what was found; a file damaged or written with other :data:`SETTINGS`
+    raises a :class:`ValueError` saying so (:func:`~torch_mz.study.read_partial`)."""
     if not os.path.exists(path):
         return {}, f'nothing to resume: no {path}; measuring every size'
-    try:
-        with open(path) as f:
-            earlier = json.load(f)
-        config, rows = earlier['config'], earlier['rows']
-        kept = {int(r['points']): r for r in rows}
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ValueError(f'{path} cannot be read ({e}): pass --overwrite to measure every size '
-                         f'again') from None
-    differ = [f'{key} {config.get(key)!r} there, {getattr(args, key)!r} here'
-              for key in SETTINGS if config.get(key) != getattr(args, key)]
-    if differ:
-        raise ValueError(f"{path} was written with other settings ({'; '.join(differ)}): pass "
-                         f"--overwrite to replace it")
+    kept = read_partial(path, args, SETTINGS, UNIT,
+                        keep=lambda earlier: {int(r['points']): r for r in earlier['rows']})
     return kept, f'resuming from {path}: {len(kept)} size(s) kept'
 
 
@@ -192,20 +184,19 @@ def write_report(args: argparse.Namespace, env: dict, name: str, rows: List[dict
         lines = '\nSizes that failed (not in the table):\n\n' + ''.join(
             f"- {f['points']:,} points: {f['error']}\n" for f in failed)
     slope_text = 'not fitted (fewer than two sizes)' if slope is None else f'{slope:.3f}'
-    write_results(args.out, name if complete else f'{name}.partial',
-                  dict(environment=env, config=vars(args), rows=rows, loglog_slope=slope,
-                       failed=failed, pending=pending,
-                       **({'lost': list(lost)} if lost else {})),
-                  f'# Inference scaling of MZAggregation ({args.model}), sets of {args.set_size} '
-                  f'points of width {args.in_channels}, chunk_size {args.chunk_size}\n\n'
-                  + head +
-                  f'Command: `{env["command"]}`  \n'
-                  f'{env["threads"]} threads, torch '
-                  f'{env["torch"]}\n\n{markdown_table(rows, COLS)}{lines}\nSlope of log(time) '
-                  f'against log(points): {slope_text}\n'
-                  + ('' if note or not complete else f'\n![plot]({name}.png)\n'))
-    if complete:  # the complete report replaces the partial one
-        remove_results(args.out, f'{name}.partial')
+    markdown = (f'# Inference scaling of MZAggregation ({args.model}), sets of {args.set_size} '
+                f'points of width {args.in_channels}, chunk_size {args.chunk_size}\n\n'
+                + head +
+                f'Command: `{env["command"]}`  \n'
+                f'{env["threads"]} threads, torch '
+                f'{env["torch"]}\n\n{markdown_table(rows, COLS)}{lines}\nSlope of log(time) '
+                f'against log(points): {slope_text}\n'
+                + ('' if note or not complete else f'\n![plot]({name}.png)\n'))
+    write_results_so_far(args.out, name,
+                         dict(environment=env, config=vars(args), rows=rows, loglog_slope=slope,
+                              failed=failed, pending=pending,
+                              **({'lost': list(lost)} if lost else {})),
+                         markdown, complete)
     return note
 
 
@@ -242,14 +233,8 @@ def main():
     parser.add_argument('--threads', type=positive_int, default=torch.get_num_threads())
     parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
                                                       'scaling'))
-    parser.add_argument('--resume', action='store_true',
-                        help='keep the sizes of the partial report an interrupted run with '
-                             'these settings left in --out; measure only the others')
-    parser.add_argument('--overwrite', action='store_true',
-                        help='measure every size where --out holds the partial report of an '
-                             'interrupted run, which this run replaces (without it, and without '
-                             '--resume, such a folder is refused), and replace the complete '
-                             'report there even where sizes it measured fail here')
+    add_partial_arguments(parser, UNIT, overwrite_note=', and replace the complete report there '
+                          'even where sizes it measured fail here')
     parser.add_argument('--_one', help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._one:
@@ -258,17 +243,13 @@ def main():
     problem = check_out_folder(args.out)  # (found only once the first size was measured)
     if problem:
         parser.error(problem)
-    if args.resume and args.overwrite:
-        parser.error('argument --overwrite: not allowed with --resume (which keeps the sizes '
-                     'that --overwrite measures again)')
     name = results_name(args.model, args.set_size, args.in_channels, args.quick,
                         chunk_size=args.chunk_size, repeats=args.repeats, threads=args.threads)
     partial = os.path.join(args.out, f'{name}.partial.json')
-    if os.path.exists(partial) and not (args.resume or args.overwrite):
-        parser.error(f'argument --out: {partial} holds the sizes of an interrupted run (or of one '
-                     f'whose sizes failed where the complete report beside it measured them): pass '
-                     f'--resume to keep them, or --overwrite to measure every size again (this '
-                     f"run's report replaces them)")
+    problem = partial_problem(args.resume, args.overwrite, partial, UNIT, held_note=(
+        ' (or of one whose sizes failed where the complete report beside it measured them)'))
+    if problem:
+        parser.error(problem)
     complete = os.path.join(args.out, f'{name}.json')
     # (a run whose sizes fail where the earlier complete report measured them does not replace
     # it, but with --overwrite)

@@ -48,11 +48,12 @@ import numpy as np
 import torch
 
 from torch_mz.nn import FlatSetTransformerAggregation, MZAggregation, MZAttention
-from torch_mz.study import (EXIT_INTERRUPTED, check_out_folder, choice_list, count_flops,
+from torch_mz.study import (EXIT_INTERRUPTED, PartialUnit, add_partial_arguments,
+                            check_out_folder, choice_list, count_flops,
                             environment, in_fresh_process, interruptible, markdown_table,
-                            matmul_peak_flops, nonnegative_float, peak_memory_bytes,
-                            positive_int, pyplot, remove_results, replace_plot, skewed_sizes,
-                            time_interleaved, uniform_sizes, write_results)
+                            matmul_peak_flops, nonnegative_float, partial_problem,
+                            peak_memory_bytes, positive_int, pyplot, read_partial, replace_plot,
+                            skewed_sizes, time_interleaved, uniform_sizes, write_results_so_far)
 from torch_mz.study.plots import save_figure
 
 MODELS = ('pyg', 'pyg-flat', 'rigid', 'rigid-zono', 'mz')
@@ -71,6 +72,8 @@ SETTINGS = ('sets', 'points', 'dim', 'heads', 'repeats', 'sigma', 'device', 'mod
 #: ... and the environment's (no option sets them: torch's threads, from OMP_NUM_THREADS or the
 #: cores, the versions timed, and whether PyG's blocks scatter with torch-scatter)
 ENVIRONMENT = ('threads', 'torch', 'torch_geometric', 'torch_scatter')
+#: What a partial report holds, as ``--resume`` / ``--overwrite`` and their messages name it
+UNIT = PartialUnit('(block, batch) pairs', 'pair')
 
 
 def build(model: str, block: str, dim: int, heads: int) -> torch.nn.Module:
@@ -300,9 +303,7 @@ def write_report(args: argparse.Namespace, env: dict, rows: List[dict],
                    ratios=ratios)
     if not complete:
         payload['pending'] = pending
-    write_results(args.out, NAME if complete else PARTIAL, payload, markdown)
-    if complete:  # the complete report replaces the partial one
-        remove_results(args.out, PARTIAL)
+    write_results_so_far(args.out, NAME, payload, markdown, complete)
     return ratios, ratio_cols, note
 
 
@@ -311,30 +312,20 @@ def earlier_pairs(path: str, args: argparse.Namespace, env: Optional[dict] = Non
     r"""The rows of the partial report :obj:`path` that ``--resume`` keeps, by (block, batch)
     pair (each pair's every model: a pair is written once all are measured), the matmul peak
     (GFLOP/s) it measured (:obj:`None` where nothing is kept), and a sentence on what was
-    found; a file written with other :data:`SETTINGS` (or, given this run's environment
-    :obj:`env`, in another :data:`ENVIRONMENT`) raises a :class:`ValueError` naming them."""
+    found; a file damaged or written with other :data:`SETTINGS` (or, given this run's
+    environment :obj:`env`, in another :data:`ENVIRONMENT`: the times of other threads,
+    versions or scatter path, which one table would mix) raises a :class:`ValueError` saying
+    so (:func:`~torch_mz.study.read_partial`)."""
     if not os.path.exists(path):
         return {}, None, f'nothing to resume: no {path}; measuring every (block, batch) pair'
-    try:
-        with open(path) as f:
-            earlier = json.load(f)
-        config, rows = earlier['config'], earlier['rows']
-        measured_in = dict(earlier['environment'])
-        peak = float(earlier['matmul_peak_gflop_per_s'])
-        kept: Dict[Tuple[str, str], List[dict]] = {}
-        for row in rows:
-            kept.setdefault((str(row['block']), str(row['batch'])), []).append(dict(row))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise ValueError(f'{path} cannot be read ({e}): pass --overwrite to measure every pair '
-                         f'again') from None
-    differ = [f'{key} {config.get(key)!r} there, {getattr(args, key)!r} here'
-              for key in SETTINGS if config.get(key) != getattr(args, key)]
-    # (the times of other threads, versions or scatter path: one table would mix them)
-    differ += [f'{key} {measured_in.get(key)!r} there, {env[key]!r} here'
-               for key in ENVIRONMENT if env is not None and measured_in.get(key) != env[key]]
-    if differ:
-        raise ValueError(f"{path} was written with other settings ({'; '.join(differ)}): pass "
-                         f"--overwrite to replace it")
+
+    def keep(earlier: dict) -> Tuple[Dict[Tuple[str, str], List[dict]], float]:
+        by_pair: Dict[Tuple[str, str], List[dict]] = {}
+        for row in earlier['rows']:
+            by_pair.setdefault((str(row['block']), str(row['batch'])), []).append(dict(row))
+        return by_pair, float(earlier['matmul_peak_gflop_per_s'])
+    kept, peak = read_partial(path, args, SETTINGS, UNIT, keep=keep, env=env,
+                              environment=ENVIRONMENT)
     # (only pairs with a row of every model: a file written by hand may lack some)
     kept = {pair: group for pair, group in kept.items()
             if sorted(r.get('model') for r in group) == sorted(args.models)}
@@ -373,14 +364,7 @@ def main():
                         help='fewer repeats: 3, unless --repeats is given (which wins)')
     parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
                                                       'speed'))
-    parser.add_argument('--resume', action='store_true',
-                        help='keep the (block, batch) pairs of the partial report an '
-                             'interrupted run with these settings left in --out; measure only '
-                             'the others')
-    parser.add_argument('--overwrite', action='store_true',
-                        help='measure every pair where --out holds the partial report of an '
-                             'interrupted run, which this run replaces (without it, and '
-                             'without --resume, such a folder is refused)')
+    add_partial_arguments(parser, UNIT)
     parser.add_argument('--_one', help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._one:
@@ -392,14 +376,10 @@ def main():
     problem = check_out_folder(args.out)  # (found only once every block was measured)
     if problem:
         parser.error(problem)
-    if args.resume and args.overwrite:
-        parser.error('argument --overwrite: not allowed with --resume (which keeps the pairs '
-                     'that --overwrite measures again)')
     partial = os.path.join(args.out, f'{PARTIAL}.json')
-    if os.path.exists(partial) and not (args.resume or args.overwrite):
-        parser.error(f'argument --out: {partial} holds the (block, batch) pairs of an '
-                     f'interrupted run: pass --resume to keep them, or --overwrite to measure '
-                     f"every pair again (this run's report replaces them)")
+    problem = partial_problem(args.resume, args.overwrite, partial, UNIT)
+    if problem:
+        parser.error(problem)
     kept: Dict[Tuple[str, str], List[dict]] = {}
     earlier_peak = None
     env = environment()

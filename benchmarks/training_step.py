@@ -76,11 +76,12 @@ from torch_mz.models import PRESETS as MODEL_PRESETS
 from torch_mz.models import count_parameters
 from torch_mz.nn import set_fused_kernels, tanh_kernel_faster
 from torch_mz.runtime import keep_freed_memory
-from torch_mz.study import (EXIT_INTERRUPTED, MeasurementFailed, check_out_folder, count_flops,
+from torch_mz.study import (EXIT_INTERRUPTED, MeasurementFailed, PartialUnit,
+                            add_partial_arguments, check_out_folder, count_flops,
                             environment, in_fresh_process, interruptible, markdown_table,
-                            matmul_peak_flops, positive_float, positive_int,
-                            process_peak_rss_bytes, pyplot, remove_results, replace_plot, time_call,
-                            write_results)
+                            matmul_peak_flops, partial_problem, positive_float, positive_int,
+                            process_peak_rss_bytes, pyplot, read_partial, replace_plot,
+                            time_call, write_results, write_results_so_far)
 from torch_mz.study.plots import save_figure
 from torch_mz.study.traffic import count_bytes, memory_bandwidth
 from torch_mz.study.workloads import build, make_batch, preset_calls
@@ -103,6 +104,8 @@ PARTIAL = NAME + '.partial'  # <out>/training_step.partial.{json,md}: a run not 
 #: The settings a partial report must share with a run that resumes it (``--resume``)
 SETTINGS = ('models', 'clouds', 'points', 'repeats', 'rounds', 'threads', 'device',
             'egnn_radius', 'quick')
+#: What a partial report holds, as ``--resume`` / ``--overwrite`` and their messages name it
+UNIT = PartialUnit('measurements', 'measurement', 'make')
 #: The options of the MZ-Set-Transformer body each suffix sets.
 BODY_OPTIONS = {WHOLE[1:]: dict(chunk_size=None), GROUPS[1:]: dict(checkpoint='auto'),
                 KEPT[1:]: dict(chunk_size=KEPT_ROWS, checkpoint=False)}
@@ -488,37 +491,27 @@ def write_report(args, env: dict, runs: Dict[str, List[Optional[dict]]], failed:
                    rows=rows, failed=failed)
     if not complete:  # (what --resume reads back: every measurement made so far)
         payload.update(pending=pending, measured=runs)
-    write_results(args.out, NAME if complete else PARTIAL, payload, markdown)
-    if complete:  # the complete report replaces the partial one
-        remove_results(args.out, PARTIAL)
+    write_results_so_far(args.out, NAME, payload, markdown, complete)
     return rows, note
 
 
 def earlier_runs(path: str, args) -> Tuple[Dict[str, List[Optional[dict]]], float, str]:
     r"""The measurements of the partial report :obj:`path` that ``--resume`` keeps (each row
     name's, by round; :obj:`None` where it failed or was not made: made again), the minutes
-    they took, and a sentence on what was found; a file written with other :data:`SETTINGS`
-    raises a :class:`ValueError` naming them."""
+    they took, and a sentence on what was found; a file damaged or written with other
+    :data:`SETTINGS` raises a :class:`ValueError` saying so
+    (:func:`~torch_mz.study.read_partial`)."""
     if not os.path.exists(path):
         return {}, 0.0, f'nothing to resume: no {path}; making every measurement'
-    try:
-        with open(path) as f:
-            earlier = json.load(f)
-        config, measured = earlier['config'], earlier['measured']
-        minutes = float(earlier['minutes'])
+
+    def keep(earlier: dict) -> Tuple[Dict[str, List[Optional[dict]]], float]:
         # (a peak not read, NaN, is kept as null by write_json: read back as the NaN it was)
         kept = {str(name): [dict(m, peak_rss_mib=float('nan') if m['peak_rss_mib'] is None
                                  else m['peak_rss_mib'])
                             if isinstance(m, dict) else None for m in by_round]
-                for name, by_round in measured.items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise ValueError(f'{path} cannot be read ({e}): pass --overwrite to make every '
-                         f'measurement again') from None
-    differ = [f'{key} {config.get(key)!r} there, {getattr(args, key)!r} here'
-              for key in SETTINGS if config.get(key) != getattr(args, key)]
-    if differ:
-        raise ValueError(f"{path} was written with other settings ({'; '.join(differ)}): pass "
-                         f"--overwrite to replace it")
+                for name, by_round in earlier['measured'].items()}
+        return kept, float(earlier['minutes'])
+    kept, minutes = read_partial(path, args, SETTINGS, UNIT, keep=keep)
     count = sum(m is not None for by_round in kept.values() for m in by_round)
     return kept, minutes, f'resuming from {path}: {count} measurement(s) kept'
 
@@ -547,13 +540,7 @@ def main():
     parser.add_argument('--flops-only', action='store_true',
                         help='only count the FLOPs of a training step and of inference (no '
                              'timing) and write training_step_flops.{json,md}')
-    parser.add_argument('--resume', action='store_true',
-                        help='keep the measurements of the partial report an interrupted run '
-                             'with these settings left in --out; make only the others')
-    parser.add_argument('--overwrite', action='store_true',
-                        help='make every measurement where --out holds the partial report of '
-                             'an interrupted run, which this run replaces (without it, and '
-                             'without --resume, such a folder is refused)')
+    add_partial_arguments(parser, UNIT)
     parser.add_argument('--_one', help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._one:
@@ -576,14 +563,10 @@ def main():
     if args.flops_only:
         flops_only(args)
         return None
-    if args.resume and args.overwrite:
-        parser.error('argument --overwrite: not allowed with --resume (which keeps the '
-                     'measurements that --overwrite makes again)')
     partial = os.path.join(args.out, f'{PARTIAL}.json')
-    if os.path.exists(partial) and not (args.resume or args.overwrite):
-        parser.error(f'argument --out: {partial} holds the measurements of an interrupted run: '
-                     f'pass --resume to keep them, or --overwrite to make every measurement '
-                     f"again (this run's report replaces them)")
+    problem = partial_problem(args.resume, args.overwrite, partial, UNIT)
+    if problem:
+        parser.error(problem)
     kept: Dict[str, List[Optional[dict]]] = {}
     earlier_minutes = 0.0
     if args.resume:

@@ -4,6 +4,8 @@ r"""Studies: what the scripts in ``benchmarks/`` and ``torch-mz compare`` share,
   generators, measurements in a fresh process, the environment a measurement ran in;
 * :mod:`~torch_mz.study.specs`: model specs (``'hypernet:rank=4'``);
 * :mod:`~torch_mz.study.grid`: training models x seeds (x tasks) with identical budgets;
+* :mod:`~torch_mz.study.partial`: the partial reports of the benchmarks that write theirs after
+  every measurement (``--resume`` / ``--overwrite``, and the settings a resumed run must share);
 * :mod:`~torch_mz.study.resume`: finished runs kept one file each, so a stopped study resumes,
   and Ctrl-C caught with the line that says how to go on;
 * :mod:`~torch_mz.study.budget`: the quick / full budgets of the scripts and their overrides;
@@ -28,6 +30,8 @@ from torch_mz.study.measure import (MeasurementFailed, allocator_peak_bytes, cou
                                     process_peak_rss_bytes,
                                     skewed_sizes, time_call, time_interleaved,
                                     uniform_sizes)
+from torch_mz.study.partial import (PartialUnit, add_partial_arguments, partial_problem,
+                                    read_partial, settings_differ, write_results_so_far)
 from torch_mz.study.plots import (NO_MATPLOTLIB, plot_bars, plot_grid, plot_summary, pyplot,
                                   remove_earlier_plot, replace_plot, save_figure, try_plot)
 from torch_mz.study.resume import (EXIT_INTERRUPTED, Interruption, RunStore, interruptible,
@@ -75,6 +79,12 @@ __all__ = [
     'time_call',
     'time_interleaved',
     'uniform_sizes',
+    'PartialUnit',
+    'add_partial_arguments',
+    'partial_problem',
+    'read_partial',
+    'settings_differ',
+    'write_results_so_far',
     'NO_MATPLOTLIB',
     'plot_bars',
     'plot_grid',

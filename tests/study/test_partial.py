@@ -1,0 +1,149 @@
+r"""The partial reports of the benchmark scripts that write theirs after every measurement:
+``--resume`` / ``--overwrite``, the usage errors of a call, and a report read back (the scripts'
+own tests run them end to end: ``tests/test_benchmarks_measure_args.py``,
+``tests/test_benchmarks_launches.py``)."""
+import argparse
+import json
+
+import pytest
+
+import torch_mz.study
+from torch_mz.study.partial import (PartialUnit, add_partial_arguments, partial_problem,
+                                    read_partial, settings_differ, write_results_so_far)
+
+SIZES = PartialUnit('sizes', 'size')
+COUNTS = PartialUnit('counts', 'count', 'make')
+
+
+def test_the_names_are_exported():
+    for name in ('PartialUnit', 'add_partial_arguments', 'partial_problem', 'read_partial',
+                 'settings_differ', 'write_results_so_far'):
+        assert name in torch_mz.study.__all__ and hasattr(torch_mz.study, name)
+
+
+def test_add_partial_arguments_names_the_unit():
+    parser = argparse.ArgumentParser()
+    add_partial_arguments(parser, COUNTS, resume_note=' (not with --presets)',
+                          overwrite_note=', and more')
+    helps = {a.dest: a.help for a in parser._actions if a.dest in ('resume', 'overwrite')}
+    assert helps == {
+        'resume': 'keep the counts of the partial report an interrupted run with these settings '
+                  'left in --out; make only the others (not with --presets)',
+        'overwrite': 'make every count where --out holds the partial report of an interrupted '
+                     'run, which this run replaces (without it, and without --resume, such a '
+                     'folder is refused), and more'}
+    assert vars(parser.parse_args([])) == dict(resume=False, overwrite=False)
+    # both parse: partial_problem refuses them together, with the script's message
+    assert vars(parser.parse_args(['--resume', '--overwrite'])) == dict(resume=True,
+                                                                       overwrite=True)
+
+
+def test_add_partial_arguments_takes_whole_help_texts():
+    parser = argparse.ArgumentParser()
+    add_partial_arguments(parser, SIZES, resume_help='R', overwrite_help='O')
+    helps = [a.help for a in parser._actions if a.dest in ('resume', 'overwrite')]
+    assert helps == ['R', 'O']
+
+
+def test_partial_problem(tmp_path):
+    partial = str(tmp_path / 'x.partial.json')
+    both = ('argument --overwrite: not allowed with --resume (which keeps the sizes that '
+            '--overwrite measures again)')
+    assert partial_problem(True, True, partial, SIZES) == both
+    assert partial_problem(True, True, None, SIZES) == both  # (refused with no partial report)
+    assert COUNTS.verb == 'make' and 'the counts that --overwrite makes again' in partial_problem(
+        True, True, None, COUNTS)
+    # no partial report there: nothing to refuse
+    for resume, overwrite in ((False, False), (True, False), (False, True)):
+        assert partial_problem(resume, overwrite, partial, SIZES) is None
+    open(partial, 'w').close()
+    assert partial_problem(False, False, partial, SIZES) == (
+        f"argument --out: {partial} holds the sizes of an interrupted run: pass --resume to "
+        f"keep them, or --overwrite to measure every size again (this run's report replaces "
+        f"them)")
+    assert partial_problem(False, False, partial, COUNTS, held_note=' (or not)',
+                           keeps='those that match') == (
+        f"argument --out: {partial} holds the counts of an interrupted run (or not): pass "
+        f"--resume to keep those that match, or --overwrite to make every count again (this "
+        f"run's report replaces them)")
+    assert partial_problem(True, False, partial, SIZES) is None
+    assert partial_problem(False, True, partial, SIZES) is None
+    assert partial_problem(False, False, None, SIZES) is None  # (a call that writes none)
+
+
+def test_settings_differ():
+    assert settings_differ({'a': 1, 'b': 'x'}, {'a': 1, 'b': 'x', 'c': 3}, ('a', 'b')) == []
+    assert settings_differ({'a': 2}, {'a': 1, 'b': 'x'}, ('a', 'b')) == [
+        "a 2 there, 1 here", "b None there, 'x' here"]
+
+
+def write(path, payload):
+    path.write_text(payload if isinstance(payload, str) else json.dumps(payload))
+    return str(path)
+
+
+def test_read_partial_returns_what_it_keeps(tmp_path):
+    args = argparse.Namespace(sets=64, quick=False, resume=True)
+    report = dict(config=dict(sets=64, quick=False, resume=False, extra=1), rows=[{'n': 3}],
+                  environment=dict(torch='2.x', threads=1))
+    path = write(tmp_path / 'p.json', report)
+    assert read_partial(path, args, ('sets', 'quick'), SIZES) == report
+    assert read_partial(path, args, ('sets', 'quick'), SIZES,
+                        keep=lambda r: [row['n'] for row in r['rows']]) == [3]
+    # the same environment; none compared without this run's
+    assert read_partial(path, args, ('sets',), SIZES, env=dict(torch='2.x', threads=1),
+                        environment=('torch', 'threads')) == report
+    assert read_partial(path, args, ('sets',), SIZES, environment=('torch',)) == report
+
+
+def test_read_partial_refuses_other_settings_and_environments(tmp_path):
+    args = argparse.Namespace(sets=32, quick=False)
+    path = write(tmp_path / 'p.json', dict(config=dict(sets=64), rows=[],
+                                           environment=dict(torch='2.x')))
+    with pytest.raises(ValueError) as info:
+        read_partial(path, args, ('sets', 'quick'), SIZES, env=dict(torch='3.x'),
+                     environment=('torch',))
+    assert str(info.value) == (
+        f"{path} was written with other settings (sets 64 there, 32 here; quick None there, "
+        f"False here; torch '2.x' there, '3.x' here): pass --overwrite to replace it")
+
+
+@pytest.mark.parametrize('payload, needle', [
+    ('not json', 'Expecting value'),
+    ({'rows': []}, "'config'"),  # no config
+    ({'config': [], 'rows': []}, 'get'),  # a config that is no object
+    ({'config': {}, 'rows': []}, "'environment'"),  # no environment, though compared
+    ({'config': {}, 'environment': 3, 'rows': []}, 'int'),
+    ({'config': {}, 'environment': {}, 'rows': [{}]}, "'n'"),  # what keep takes is missing
+])
+def test_read_partial_refuses_a_damaged_file(tmp_path, payload, needle):
+    path = write(tmp_path / 'p.json', payload)
+    with pytest.raises(ValueError) as info:
+        read_partial(path, argparse.Namespace(sets=1), ('sets',), COUNTS,
+                     keep=lambda r: [row['n'] for row in r['rows']], environment=('torch',))
+    message = str(info.value)
+    assert message.startswith(f'{path} cannot be read (') and needle in message, message
+    assert message.endswith('): pass --overwrite to make every count again')
+    assert info.value.__suppress_context__  # (the message says it all: no chained traceback)
+
+
+def test_read_partial_of_no_file_says_it_cannot_be_read(tmp_path):
+    path = str(tmp_path / 'missing.json')
+    with pytest.raises(ValueError, match='cannot be read .*measure every size again'):
+        read_partial(path, argparse.Namespace(), (), SIZES)
+
+
+def test_write_results_so_far_replaces_the_partial_report_with_the_complete_one(tmp_path):
+    out = str(tmp_path / 'out')
+    (tmp_path / 'out').mkdir()
+    (tmp_path / 'out' / 'x.json').write_text('{"earlier": true}')
+    write_results_so_far(out, 'x', dict(rows=[1]), '# partial\n', complete=False)
+    # the earlier complete report is left alone while measurements remain
+    assert sorted(p.name for p in (tmp_path / 'out').iterdir()) == [
+        'x.json', 'x.partial.json', 'x.partial.md']
+    assert json.loads((tmp_path / 'out' / 'x.json').read_text()) == {'earlier': True}
+    assert json.loads((tmp_path / 'out' / 'x.partial.json').read_text()) == dict(rows=[1])
+    write_results_so_far(out, 'x', dict(rows=[1, 2]), '# complete\n', complete=True)
+    assert sorted(p.name for p in (tmp_path / 'out').iterdir()) == ['x.json', 'x.md']
+    assert json.loads((tmp_path / 'out' / 'x.json').read_text()) == dict(rows=[1, 2])
+    assert (tmp_path / 'out' / 'x.md').read_text() == '# complete\n'

@@ -1,0 +1,172 @@
+r"""Partial reports: what the benchmark scripts that write their report after every measurement
+(``scaling.py``, ``message_passing.py``, ``training_step.py``, ``speed.py``, ``launches.py``)
+share about ``--resume`` and ``--overwrite``.
+
+Such a script writes ``<out>/<name>.partial.{json,md}`` while measurements remain, and the
+complete report (which removes the partial one: :func:`~torch_mz.study.remove_results`) after
+the last. A later call keeps the partial report's measurements with ``--resume`` (where it was
+written with the same settings) or makes every one again with ``--overwrite``; without either, a
+folder holding a partial report is refused, so that no interrupted run is lost unasked.
+
+* :class:`PartialUnit`: what a script's report holds, as its messages name it;
+* :func:`add_partial_arguments`: the two options, with help texts naming the unit;
+* :func:`partial_problem`: the usage error of a call that gives both, or neither where a partial
+  report is held;
+* :func:`read_partial`: a partial report read back for ``--resume``, refused (a
+  :class:`ValueError` that says to pass ``--overwrite``) where it is damaged or was written with
+  other settings, or in another environment (:func:`settings_differ`);
+* :func:`write_results_so_far`: the partial report, or the complete one that replaces it.
+
+Library code: nothing here prints or parses a command line (the scripts pass the problems found to
+``parser.error``).
+"""
+import argparse
+import json
+import os
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence
+
+from torch_mz.study.report import remove_results, write_results
+
+
+class PartialUnit(NamedTuple):
+    r"""What a script's partial report holds, as its options and messages name it: ``keeps
+    the sizes``, ``measure every size again``.
+
+    Args:
+        what (str): the units as the report holds them, plural (``'sizes'``,
+            ``'(block, batch) pairs'``).
+        one (str): one unit, which ``'s'`` makes plural where the messages name them short
+            (``'size'``, ``'pair'``).
+        verb (str, optional): what a run does to make one, ``'measure'`` or ``'make'``
+            (default: ``'measure'``).
+    """
+    what: str
+    one: str
+    verb: str = 'measure'
+
+
+def add_partial_arguments(parser: argparse.ArgumentParser, unit: PartialUnit,
+                          resume_note: str = '', overwrite_note: str = '',
+                          resume_help: Optional[str] = None,
+                          overwrite_help: Optional[str] = None) -> None:
+    r"""Adds ``--resume`` and ``--overwrite`` (flags) to :obj:`parser`, with help texts naming
+    :obj:`unit`: ``--resume`` keeps the units of the partial report an interrupted run left in
+    ``--out``, ``--overwrite`` makes every one again (and replaces that report). Both may be
+    given to the parser: :func:`partial_problem` refuses them together, with the message the
+    script's users know.
+
+    Args:
+        parser (argparse.ArgumentParser): the script's parser.
+        unit (PartialUnit): what the report holds.
+        resume_note (str, optional): text appended to ``--resume``'s help (default: ``''``).
+        overwrite_note (str, optional): text appended to ``--overwrite``'s help
+            (default: ``''``).
+        resume_help (str, optional): ``--resume``'s whole help, in place of the one built from
+            :obj:`unit` (default: :obj:`None`).
+        overwrite_help (str, optional): ``--overwrite``'s whole help, likewise
+            (default: :obj:`None`).
+    """
+    if resume_help is None:
+        resume_help = (f'keep the {unit.what} of the partial report an interrupted run with '
+                       f'these settings left in --out; {unit.verb} only the others{resume_note}')
+    if overwrite_help is None:
+        overwrite_help = (f'{unit.verb} every {unit.one} where --out holds the partial report of '
+                          f'an interrupted run, which this run replaces (without it, and '
+                          f'without --resume, such a folder is refused){overwrite_note}')
+    parser.add_argument('--resume', action='store_true', help=resume_help)
+    parser.add_argument('--overwrite', action='store_true', help=overwrite_help)
+
+
+def partial_problem(resume: bool, overwrite: bool, partial: Optional[str], unit: PartialUnit,
+                    held_note: str = '', keeps: str = 'them') -> Optional[str]:
+    r"""The usage error of a call given ``--resume`` and ``--overwrite`` together, or given
+    neither where ``--out`` holds the partial report :obj:`partial` (a file there); else
+    :obj:`None`. The message starts with the option it names (``argument --overwrite: ...``),
+    as argparse's own do: the script passes it to ``parser.error``.
+
+    Args:
+        resume (bool): ``--resume`` was given.
+        overwrite (bool): ``--overwrite`` was given.
+        partial (str, optional): the path of the partial report in ``--out``; :obj:`None`
+            where this call writes none (only the two options together are then refused).
+        unit (PartialUnit): what the report holds.
+        held_note (str, optional): text after ``holds the <units> of an interrupted run``
+            (default: ``''``).
+        keeps (str, optional): what ``--resume`` keeps of them (default: ``'them'``).
+    """
+    if resume and overwrite:
+        return (f'argument --overwrite: not allowed with --resume (which keeps the {unit.one}s '
+                f'that --overwrite {unit.verb}s again)')
+    if partial is not None and os.path.exists(partial) and not (resume or overwrite):
+        return (f'argument --out: {partial} holds the {unit.what} of an interrupted '
+                f'run{held_note}: pass --resume to keep {keeps}, or --overwrite to {unit.verb} '
+                f"every {unit.one} again (this run's report replaces them)")
+    return None
+
+
+def settings_differ(there: Mapping[str, Any], here: Mapping[str, Any],
+                    keys: Sequence[str]) -> List[str]:
+    r"""One phrase per key of :obj:`keys` whose value in :obj:`there` (a report's, where a
+    missing key reads as :obj:`None`) is not the one in :obj:`here` (this run's):
+    ``"sets 64 there, 32 here"``; none where they all agree."""
+    return [f'{key} {there.get(key)!r} there, {here[key]!r} here'
+            for key in keys if there.get(key) != here[key]]
+
+
+def read_partial(path: str, args: argparse.Namespace, settings: Sequence[str],
+                 unit: PartialUnit, keep: Optional[Callable[[Dict[str, Any]], Any]] = None,
+                 env: Optional[Mapping[str, Any]] = None,
+                 environment: Sequence[str] = ()) -> Any:
+    r"""The partial report :obj:`path` read back for ``--resume``: what :obj:`keep` takes from
+    its JSON object (the object itself without :obj:`keep`).
+
+    The report must hold a ``config`` whose :obj:`settings` are this run's (:obj:`args`) and,
+    where :obj:`environment` names keys, an ``environment`` whose values for them are those of
+    :obj:`env` (this run's; not compared where :obj:`None`). A file that cannot be read (not
+    JSON, a key missing, or :obj:`keep` failing on it) raises a :class:`ValueError`
+    ``"<path> cannot be read (...): pass --overwrite to <make> every <unit> again"``; one written
+    with other settings, or in another environment, a :class:`ValueError` naming every one that
+    differs (:func:`settings_differ`) and saying to pass ``--overwrite``. The caller checks
+    first that :obj:`path` exists.
+
+    Args:
+        path (str): the partial report (``<out>/<name>.partial.json``).
+        args (argparse.Namespace): this run's options.
+        settings (Sequence[str]): the options the report's ``config`` must share with
+            :obj:`args`.
+        unit (PartialUnit): what the report holds (for the message of a damaged file).
+        keep (Callable, optional): takes from the report's JSON object what the run keeps
+            (:obj:`None`: the object itself) (default: :obj:`None`).
+        env (Mapping, optional): this run's environment (default: :obj:`None`).
+        environment (Sequence[str], optional): the keys of :obj:`env` the report's
+            ``environment`` must share (default: ``()``).
+    """
+    try:
+        with open(path) as f:
+            report = json.load(f)
+        config = report['config']
+        there = {key: config.get(key) for key in settings}
+        measured_in = ({key: dict(report['environment']).get(key) for key in environment}
+                       if environment else {})
+        kept = report if keep is None else keep(report)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f'{path} cannot be read ({e}): pass --overwrite to {unit.verb} every '
+                         f'{unit.one} again') from None
+    differ = settings_differ(there, vars(args), settings)
+    if env is not None:  # (the measurements of other threads or versions: one table mixed them)
+        differ += settings_differ(measured_in, env, environment)
+    if differ:
+        raise ValueError(f"{path} was written with other settings ({'; '.join(differ)}): pass "
+                         f"--overwrite to replace it")
+    return kept
+
+
+def write_results_so_far(out: str, name: str, payload: Dict[str, object], markdown: str,
+                         complete: bool) -> None:
+    r"""Writes a script's report as it stands (:func:`~torch_mz.study.write_results`): while
+    measurements remain (not :obj:`complete`), the partial report
+    ``<out>/<name>.partial.{json,md}``, which leaves an earlier run's complete report alone;
+    else the complete report ``<out>/<name>.{json,md}``, which then removes the partial one."""
+    write_results(out, name if complete else f'{name}.partial', payload, markdown)
+    if complete:  # the complete report replaces the partial one
+        remove_results(out, f'{name}.partial')
