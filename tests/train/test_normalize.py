@@ -108,6 +108,28 @@ def test_narrow_predictions_map_back_to_target_units_in_float32(dtype):
     assert len(set(TargetUnits(norm)(z.to(dtype)).view(-1).tolist())) == 9
 
 
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16, torch.float32])
+def test_casting_the_model_keeps_the_carried_statistics(dtype):
+    # .half() / .to(bfloat16) / .float() of a model cast its TargetUnits buffers too: a
+    # bfloat16 model mapped an empty set to 1000.0 instead of the mean 1000.39 (float16:
+    # 1000.5), and .float() rounded the float64 mean of targets about 1e8 to a multiple of 8
+    from torch_mz.train import attach_normalizer, carried_normalizer
+    g = torch.Generator().manual_seed(0)
+    y = (1e8 if dtype == torch.float32 else 1000.0) + torch.randn(64, 1, generator=g,
+                                                                   dtype=torch.float64)
+    norm = TargetNormalizer().fit(y if dtype == torch.float32 else y.float())
+    model = H.ToyDeepSets(3, 1)
+    attach_normalizer(model, norm).to(dtype)
+    z = torch.tensor([[0.0], [1.0]], dtype=dtype)
+    mapped = model.target_units(z)
+    assert torch.equal(mapped, norm.inverse_transform(z))
+    assert torch.equal(mapped[0], norm.mean.to(mapped.dtype))  # the mean, to the map's dtype
+    # (and the normaliser it carries is the one given: predict(model, ..., normalizer=norm)
+    # refused a float16 / bfloat16 model's as a different one)
+    carried = carried_normalizer(model)
+    assert torch.equal(carried.mean, norm.mean) and torch.equal(carried.std, norm.std)
+
+
 def test_evaluating_in_one_thread_leaves_other_threads_target_units():
     # evaluation switched the shared model to standardised outputs with a flag: another thread
     # calling the model meanwhile got standardised values, and two evaluations at once left

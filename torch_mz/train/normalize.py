@@ -158,9 +158,11 @@ class TargetUnits(torch.nn.Module):
     the :meth:`TargetNormalizer.inverse_transform` of the normaliser it is made from. It is not
     called directly: :func:`attach_normalizer` makes it a sub-module ``target_units`` of a model
     and runs it on the model's output with a forward hook, so that the statistics travel with the
-    model (``.to()``, ``copy.deepcopy``, ``torch.save(model)``) as buffers. The buffers are not
-    persistent: the model's ``state_dict()`` keeps the keys of the bare model, and checkpoints
-    store the normaliser beside the weights.
+    model (``.to()``, ``copy.deepcopy``, ``torch.save(model)``) as buffers. They follow the
+    model's device but keep their dtype (float64) when the model is cast (``.half()``,
+    ``.float()``, ``.to(torch.bfloat16)``): the maps run in at least float32 either way. The
+    buffers are not persistent: the model's ``state_dict()`` keeps the keys of the bare model,
+    and checkpoints store the normaliser beside the weights.
 
     Args:
         normalizer (TargetNormalizer): A fitted normaliser.
@@ -185,6 +187,18 @@ class TargetUnits(torch.nn.Module):
         self.register_buffer('mean', normalizer.mean.detach().clone(), persistent=False)  # (t,)
         self.register_buffer('std', normalizer.std.detach().clone(), persistent=False)  # (t,)
         self.enabled = True  # off while a Trainer needs the standardised output
+
+    def _apply(self, fn, recurse=True):
+        # ``.to(device)`` moves the statistics; casts of the model (``.half()``, ``.float()``,
+        # ``.to(torch.bfloat16)``) leave their dtype: rounded with the weights, a bfloat16
+        # model's mean of 1000.39 became 1000.0, and ``.float()`` rounded the float64 mean of
+        # targets about 1e8 to a multiple of 8 (the maps run in float32 / float64 anyway)
+        stats = (self.mean, self.std)
+        super()._apply(fn, recurse)
+        device = self.mean.device
+        if device.type != 'mps':  # (MPS has no float64)
+            self.mean, self.std = (s.to(device) for s in stats)
+        return self
 
     def normalizer(self) -> 'TargetNormalizer':
         r"""The statistics as a :class:`TargetNormalizer` (on the CPU, ``float64``)."""
