@@ -377,14 +377,16 @@ def earlier_rows(path: str, args: argparse.Namespace) -> Tuple[List[dict], float
     try:
         with open(path) as f:
             earlier = json.load(f)
-        config, rows = earlier['config'], earlier['rows']
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        config, rows = earlier['config'], [dict(r) for r in earlier['rows']]
+        # (a config that is no object, or minutes that are no number: damaged, as a key lacking)
+        differ = settings_differ(config, vars(args), FIGURE_SETTINGS)
+        minutes = float(earlier.get('minutes') or 0.0)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         return [], 0.0, f'not resuming from {path} (unreadable: {e}); measuring every row'
-    differ = settings_differ(config, vars(args), FIGURE_SETTINGS)
     if differ:
         return [], 0.0, (f"not resuming from {path}: written with other settings "
                          f"({'; '.join(differ)}); measuring every row")
-    return rows, float(earlier.get('minutes') or 0.0), f'resuming from {path}'
+    return rows, minutes, f'resuming from {path}'
 
 
 def row_line(row: dict, kept: bool = False) -> str:

@@ -858,6 +858,33 @@ def test_message_passing_resumes_nothing_measured_otherwise(tmp_path, monkeypatc
     assert len(measured) == 4
 
 
+@pytest.mark.parametrize('damaged', [
+    dict(config=[]),  # a config that is no object
+    dict(minutes='a while'),  # minutes that are no number
+    dict(rows=3),  # rows that are no list of rows
+    dict(rows=['a row']),
+])
+@pytest.mark.parametrize('name', ['message_passing.partial', 'message_passing'])
+def test_message_passing_resume_measures_again_a_damaged_report(name, damaged, tmp_path,
+                                                                 monkeypatch, capsys):
+    # the lenient reader ended in an AttributeError (a config that is no object), a
+    # ValueError (minutes) or a TypeError in the first row's match (rows) traceback
+    mp = load_script('message_passing')
+    out = tmp_path / 'mp'
+    run_message_passing(mp, MP_ARGV + ['--out', str(out)], monkeypatch, fake_row)
+    data, _ = report(out)  # (of these settings: read but for the damage)
+    (out / 'message_passing.json').unlink()
+    (out / f'{name}.json').write_text(json.dumps(dict(data, **damaged)))
+    measured = []
+    capsys.readouterr()
+    run_message_passing(mp, MP_ARGV + ['--out', str(out), '--resume'], monkeypatch,
+                        lambda cfg: measured.append(cfg) or fake_row(cfg))
+    assert len(measured) == 4
+    assert 'unreadable' in capsys.readouterr().out
+    data, _ = report(out)
+    assert data['complete'] is True and len(data['rows']) == 4
+
+
 def test_message_passing_resume_matches_rows_by_configuration():
     r"""A kept row measured the configuration: every entry of it, the group size of the
     ``*-chunks`` rows included, and it did not fail."""

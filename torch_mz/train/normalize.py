@@ -160,7 +160,8 @@ class TargetUnits(torch.nn.Module):
     and runs it on the model's output with a forward hook, so that the statistics travel with the
     model (``.to()``, ``copy.deepcopy``, ``torch.save(model)``) as buffers. They follow the
     model's device but keep their dtype (float64) when the model is cast (``.half()``,
-    ``.float()``, ``.to(torch.bfloat16)``): the maps run in at least float32 either way. The
+    ``.float()``, ``.to(torch.bfloat16)``): the maps run in at least float32 either way (on
+    MPS, which has no float64, they are float32). The
     buffers are not persistent: the model's ``state_dict()`` keeps the keys of the bare model,
     and checkpoints store the normaliser beside the weights.
 
@@ -194,10 +195,14 @@ class TargetUnits(torch.nn.Module):
         # model's mean of 1000.39 became 1000.0, and ``.float()`` rounded the float64 mean of
         # targets about 1e8 to a multiple of 8 (the maps run in float32 / float64 anyway)
         stats = (self.mean, self.std)
+        # where the model goes (fn on an empty tensor): MPS has no float64, so the statistics
+        # go there in float32 (as a model made .float() first took them before)
+        if fn(torch.empty(0, device=self.mean.device)).device.type == 'mps':
+            self.mean, self.std = (s.float() for s in stats)
+            return super()._apply(fn, recurse)
         super()._apply(fn, recurse)
         device = self.mean.device
-        if device.type != 'mps':  # (MPS has no float64)
-            self.mean, self.std = (s.to(device) for s in stats)
+        self.mean, self.std = (s.to(device) for s in stats)
         return self
 
     def normalizer(self) -> 'TargetNormalizer':
@@ -295,7 +300,7 @@ class _standardised:
 
 def _same_statistics(a: TargetNormalizer, b: TargetNormalizer) -> bool:
     r"""Whether ``a`` is fitted and has the statistics of the fitted ``b``, to float32 rounding
-    (a model made ``.float()``)."""
+    (a model moved to MPS, or pickled before its cast kept the statistics' float64)."""
     if not a.fitted:
         return False
     assert a.mean is not None and a.std is not None and b.mean is not None and b.std is not None
