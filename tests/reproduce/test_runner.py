@@ -589,8 +589,10 @@ def test_a_sweep_whose_every_point_diverged_does_not_step_beyond_the_grid(tmp_pa
     assert len(rows) == 2 and all(r['val_loss'] == math.inf for r in rows)
     # the report's verdict: it read 'on the edge' (a step beyond untried: as though the sweep
     # had stopped at its last round), where it stopped at the grid, every point diverged
-    from torch_mz.reproduce.budgets import sweep_verdicts
+    from torch_mz.reproduce.budgets import sweep_verdicts, untried_neighbours
     assert sweep_verdicts(rows) == {model: ((1e30, 1e-5), 'every point diverged')}
+    # and no neighbours of the grid's first point listed as untried (it is no optimum)
+    assert untried_neighbours(rows, model) == []
 
 
 def test_a_held_sweep_run_holds_up_only_its_own_model(tmp_path, monkeypatch):

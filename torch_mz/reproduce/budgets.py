@@ -123,8 +123,7 @@ def sweep_verdicts(rows):
         if not chosen:
             out[model] = (None, 'open')
             continue
-        if all(r.get('done') and r.get('val_loss') is not None
-               and not math.isfinite(r['val_loss']) for r in mine):
+        if _all_diverged(mine):
             # (read 'on the edge': as though the sweep had stopped at its last round)
             out[model] = (chosen[0], 'every point diverged')
             continue
@@ -134,16 +133,24 @@ def sweep_verdicts(rows):
     return out
 
 
+def _all_diverged(mine) -> bool:
+    r"""Whether every one of a model's sweep rows :obj:`mine` finished without a finite
+    validation loss (every run diverged)."""
+    return all(r.get('done') and r.get('val_loss') is not None
+               and not math.isfinite(r['val_loss']) for r in mine)
+
+
 def untried_neighbours(rows, model):
     r"""The points one step of the sweep's rule away from :obj:`model`'s chosen point in
     :obj:`rows` (learning rate times and divided by ``SWEEP_STEP``, weight decay times it, or
     from the grid's smallest to its next) that it has not tried. The rule steps beyond the
     edges of the box of points tried, so a chosen point ``'inside'`` that box may still have
     such a neighbour untried: this lists them, so a reader sees how local the optimum is.
-    Empty for an open model."""
+    Empty for an open model, and for one whose every point diverged (its chosen point, the
+    grid's first, is no optimum to have neighbours)."""
     mine = [r for r in rows if r['model'] == model]
     chosen = next(((r['lr'], r['weight_decay']) for r in mine if r['chosen']), None)
-    if chosen is None:
+    if chosen is None or _all_diverged(mine):
         return []
     tried = [(r['lr'], r['weight_decay']) for r in mine]
     lr, wd = chosen
