@@ -32,8 +32,15 @@ keeps the pairs it measured and leaves an earlier run's complete report alone. `
 measures only the pairs the partial report lacks (the kept rows' ``pct_of_peak`` and the report
 use the matmul peak measured by the run resumed; a partial report of other options, torch
 threads, torch or PyG version, or torch-scatter is refused); ``--overwrite`` measures every
-pair again, and a folder holding a partial report is refused without either. Ctrl-C ends a run
+pair again, and a folder holding a partial report is refused without either; a report written
+by a call that resumed names the pairs it kept (``kept_pairs`` in the JSON). Ctrl-C ends a run
 with one line that gives the command to go on (status 130).
+
+A measurement that failed (out of memory, say: the timings of a pair, which time its models
+together, or the peak memory of one model, in its fresh process) is listed under the table with
+its error (``failed`` in the JSON, only where something failed): the models that failed have no
+row, the pair's ratios to them are left out, and the run goes on with the other pairs.
+``--resume`` measures a pair with a failure again (every model of it).
 
     python benchmarks/speed.py --quick
     python benchmarks/speed.py --sets 64 --points 8192 --dim 64 --heads 4 --repeats 7 --memory
@@ -42,14 +49,14 @@ import argparse
 import json
 import os
 import sys
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
 from torch_mz.nn import FlatSetTransformerAggregation, MZAggregation, MZAttention
-from torch_mz.study import (EXIT_INTERRUPTED, PartialUnit, add_partial_arguments,
-                            check_out_folder, choice_list, count_flops,
+from torch_mz.study import (EXIT_INTERRUPTED, MeasurementFailed, PartialUnit,
+                            add_partial_arguments, check_out_folder, choice_list, count_flops,
                             environment, in_fresh_process, interruptible, markdown_table,
                             matmul_peak_flops, nonnegative_float, partial_problem,
                             peak_memory_bytes, positive_int, pyplot, read_partial, replace_plot,
@@ -258,14 +265,31 @@ def ratio_entries(rows: List[dict], pairs: List[Tuple[str, str]], memory: bool) 
     return ratios
 
 
+def failed_text(failed: List[dict]) -> str:
+    r"""The lines under the tables that list the measurements that failed (``block``,
+    ``batch``, ``model``: :obj:`None` where the timings of the pair failed, which time its
+    models together, and the error of each, :obj:`failed`); ``''`` where none failed."""
+    if not failed:
+        return ''
+    lines = ['', 'Measurements that failed (the models that failed have no row, and the ratios '
+             'of their pair to them are left out):', '']
+    for f in failed:
+        what = ('the timings of every model (timed together)' if f['model'] is None
+                else f"`{f['model']}`, peak memory")
+        lines.append(f"- {f['block']}, {f['batch']}, {what}: {f['error']}")
+    return '\n'.join(lines) + '\n'
+
+
 def write_report(args: argparse.Namespace, env: dict, rows: List[dict],
                  pairs: List[Tuple[str, str]], peak: float, pending: int,
-                 kept: int = 0) -> Tuple[List[dict], List[str], Optional[str]]:
+                 kept: Sequence[Tuple[str, str]] = (), failed: Sequence[dict] = ()
+                 ) -> Tuple[List[dict], List[str], Optional[str]]:
     r"""Writes the report of :obj:`rows`, the models of the (block, batch) :obj:`pairs`
-    measured: while :obj:`pending` pairs remain, ``speed.partial.{json,md}``, marked partial;
-    else ``speed.{json,md,png}``, which removes the partial report. :obj:`kept`: how many of
-    the pairs were kept from the run resumed. Returns the ratios, their columns and the note
-    of a plot not drawn (else :obj:`None`)."""
+    measured, and of the measurements that :obj:`failed` (``block``, ``batch``, ``model``
+    and ``error`` of each, :func:`failed_text`): while :obj:`pending` pairs remain,
+    ``speed.partial.{json,md}``, marked partial; else ``speed.{json,md,png}``, which removes
+    the partial report. :obj:`kept`: the pairs kept from the run resumed. Returns the ratios,
+    their columns and the note of a plot not drawn (else :obj:`None`)."""
     complete = not pending
     ratios = ratio_entries(rows, pairs, args.memory)
     columns = ['block', 'batch', 'model', 'max_set', 'median_ms', 'params', 'gflop',
@@ -282,11 +306,16 @@ def write_report(args: argparse.Namespace, env: dict, rows: List[dict],
     if complete:  # (the plot first: the report links it where drawn)
         png = os.path.join(args.out, 'speed.png')
         note = replace_plot(png, plot, rows, png)
+    # (the pairs with a failure lack a row: --resume measures them again too)
+    again = (f', and the {len({(f["block"], f["batch"]) for f in failed})} with a failure '
+             f'(below) again' if failed else '')
     head = '' if complete else (
         f'Partial: {pending} more (block, batch) pair(s) not measured (the run was cut off or '
-        f'is still running; `--resume` measures the rest)\n\n')
-    resumed = (f' {kept} of the (block, batch) pairs were measured by the run resumed, with '
-               f'this peak; the models of each pair were measured together.' if kept else '')
+        f'is still running; `--resume` measures the rest{again})\n\n')
+    resumed = (f" {len(kept)} of the (block, batch) pairs "
+               f"({', '.join(f'{block} {batch}' for block, batch in kept)}) were measured by "
+               f"the run resumed, with this peak; the models of each pair were measured "
+               f"together." if kept else '')
     markdown = (f"# Forward+backward speed, {args.sets} sets, {args.points} points, "
                 f"d={args.dim}, {args.heads} heads ({args.device})\n\n" + head +
                 f"Command: `{env['command']}`  \n"
@@ -296,11 +325,18 @@ def write_report(args: argparse.Namespace, env: dict, rows: List[dict],
                 f"products and attention kernels counted by torch's FlopCounterMode "
                 f"(forward + backward).{resumed}\n\n"
                 + markdown_table(rows, columns) + '\n' + markdown_table(ratios, ratio_cols)
+                + failed_text(list(failed))
                 + ('' if note or not complete else '\n![plot](speed.png)\n'))
     # (the complete report's config as before: every option but --resume and --overwrite)
     config = {k: v for k, v in vars(args).items() if k not in ('resume', 'overwrite')}
     payload = dict(environment=env, config=config, matmul_peak_gflop_per_s=peak, rows=rows,
                    ratios=ratios)
+    # (the keys below only where they apply: a complete report of one call where nothing
+    # failed is written as before)
+    if failed:
+        payload['failed'] = list(failed)
+    if kept:
+        payload['kept_pairs'] = [dict(block=block, batch=batch) for block, batch in kept]
     if not complete:
         payload['pending'] = pending
     write_results_so_far(args.out, NAME, payload, markdown, complete)
@@ -310,7 +346,7 @@ def write_report(args: argparse.Namespace, env: dict, rows: List[dict],
 def earlier_pairs(path: str, args: argparse.Namespace, env: Optional[dict] = None
                   ) -> Tuple[Dict[Tuple[str, str], List[dict]], Optional[float], str]:
     r"""The rows of the partial report :obj:`path` that ``--resume`` keeps, by (block, batch)
-    pair (each pair's every model: a pair is written once all are measured), the matmul peak
+    pair (the pairs with a row of every model: one with a failure is measured again), the peak
     (GFLOP/s) it measured (:obj:`None` where nothing is kept), and a sentence on what was
     found; a file damaged or written with other :data:`SETTINGS` (or, given this run's
     environment :obj:`env`, in another :data:`ENVIRONMENT`: the times of other threads,
@@ -326,11 +362,18 @@ def earlier_pairs(path: str, args: argparse.Namespace, env: Optional[dict] = Non
         return by_pair, float(earlier['matmul_peak_gflop_per_s'])
     kept, peak = read_partial(path, args, SETTINGS, UNIT, keep=keep, env=env,
                               environment=ENVIRONMENT)
-    # (only pairs with a row of every model: a file written by hand may lack some)
+    # (only pairs with a row of every model: a pair where a measurement failed, or a file
+    # written by hand, lacks some)
     kept = {pair: group for pair, group in kept.items()
             if sorted(r.get('model') for r in group) == sorted(args.models)}
     return (kept, peak if kept else None,
             f'resuming from {path}: {len(kept)} (block, batch) pair(s) kept')
+
+
+def error_line(e: BaseException) -> str:
+    r"""The type and first line of the error :obj:`e` (at most 200 characters of it), as the
+    report lists a measurement that failed."""
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
 
 
 def print_row(row: dict, memory: bool, kept: bool = False) -> None:
@@ -400,6 +443,7 @@ def main():
         peak = matmul_peak_flops(device=torch.device(args.device)) / 1e9
         print(f'measured float32 matmul peak: {peak:.1f} GFLOP/s', flush=True)
     rows: List[dict] = []
+    failed: List[dict] = []  # (block, batch, model and error of each measurement that failed)
     ratios: List[dict] = []
     ratio_cols: List[str] = []
     note = None
@@ -418,9 +462,22 @@ def main():
                              repeats=args.repeats, device=args.device, sigma=args.sigma)
                         for model in args.models]
                 group = []
-                for cfg, row in zip(cfgs, run_interleaved(cfgs)):
+                try:
+                    measured = run_interleaved(cfgs)
+                except (RuntimeError, MemoryError) as e:  # (out of memory: the next pairs go on)
+                    measured = []
+                    failed.append(dict(block=block, batch=batch, model=None, error=error_line(e)))
+                    print(f"{block:4s} {batch:8s} failed: {failed[-1]['error']}", flush=True)
+                for cfg, row in zip(cfgs, measured):
                     if args.memory:
-                        peak_bytes = measure_memory(cfg)
+                        try:
+                            peak_bytes = measure_memory(cfg)
+                        except MeasurementFailed as e:  # (no row: the pair's others go on)
+                            failed.append(dict(block=block, batch=batch, model=cfg['model'],
+                                               error=error_line(e)))
+                            print(f"{block:4s} {batch:8s} {cfg['model']:6s} peak memory failed: "
+                                  f"{failed[-1]['error']}", flush=True)
+                            continue
                         row['peak_mib'] = None if peak_bytes is None else peak_bytes / 2**20
                     row['pct_of_peak'] = 100 * row['gflop_per_s'] / peak
                     group.append(row)
@@ -433,17 +490,26 @@ def main():
             ahead = [p for p in pairs[done:] if p in kept]
             pending = len(pairs) - done - len(ahead)
             reached = pairs[:done] + ahead
+            shown = rows + [r for p in ahead for r in kept[p]]
+            if not shown:  # (every pair failed so far: nothing written, an earlier report kept)
+                continue
             ratios, ratio_cols, note = write_report(
-                args, env, rows + [r for p in ahead for r in kept[p]], reached, peak, pending,
-                kept=len(kept))
+                args, env, shown, reached, peak, pending,
+                kept=[p for p in pairs if p in kept], failed=failed)
             stop.kept = partial if pending else os.path.join(args.out, f'{NAME}.json')
             wrote = True
     if stop.note:
         print(stop.note, file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
+    if not wrote:  # (every pair failed) keep the results of an earlier run, write no empty table
+        raise SystemExit(f'no (block, batch) pair was measured (see the messages above); '
+                         f'nothing written to {args.out}')
     if note:
         print(note)
     print(markdown_table(ratios, ratio_cols))
+    if failed:
+        print(f'{len(failed)} measurement(s) failed: listed in {args.out}/speed.md',
+              file=sys.stderr, flush=True)
     print(f"wrote {args.out}/speed.json, speed.md{'' if note else ', speed.png'}")
     return None
 

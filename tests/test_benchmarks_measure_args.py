@@ -215,9 +215,14 @@ def test_speed_keeps_the_pairs_measured_before_ctrl_c_and_resumes(tmp_path, monk
     assert all(r['pct_of_peak'] == pytest.approx(10.0) for r in result['rows'])  # 1 of 10
     assert result['matmul_peak_gflop_per_s'] == 10.0
     assert [r['pyg/rigid time'] for r in result['ratios']] == [2.0] * 4
-    # the complete report as before: the same keys, no --resume / --overwrite in its config
-    assert sorted(result) == ['config', 'environment', 'matmul_peak_gflop_per_s', 'ratios',
-                              'rows']
+    # the complete report as before (and the pairs kept, which it names since 2026-12-07: the
+    # Markdown alone gave their number), no --resume / --overwrite in its config
+    assert sorted(result) == ['config', 'environment', 'kept_pairs', 'matmul_peak_gflop_per_s',
+                              'ratios', 'rows']
+    assert result['kept_pairs'] == [dict(block='pma', batch='uniform'),
+                                    dict(block='pma', batch='skewed')]
+    assert ('2 of the (block, batch) pairs (pma uniform, pma skewed) were measured by the run '
+            'resumed') in (out / 'speed.md').read_text()
     assert 'resume' not in result['config'] and 'overwrite' not in result['config']
     assert 'Partial' not in (out / 'speed.md').read_text()
     assert not partial.exists() and not (out / 'speed.partial.md').exists()
@@ -228,6 +233,120 @@ def test_speed_keeps_the_pairs_measured_before_ctrl_c_and_resumes(tmp_path, monk
     peaks.append(1e10)
     assert speed.main() is None
     assert len(calls) == 5 and not partial.exists()
+    # a run of one call where nothing failed: the keys of every complete report before
+    assert sorted(json.loads(earlier.read_text())) == [
+        'config', 'environment', 'matmul_peak_gflop_per_s', 'ratios', 'rows']
+    assert 'failed' not in (out / 'speed.md').read_text()
+
+
+def speed_failing(monkeypatch, speed, fail_memory, fail_timings, stop=None):
+    r"""``speed.py`` with fake measurements: the peak memory of the (block, batch, model) in
+    :obj:`fail_memory` and the timings of the pairs in :obj:`fail_timings` fail (as out of
+    memory does), the timings of the pair :obj:`stop` end with Ctrl-C once; returns the list of
+    the pairs timed."""
+    import torch
+
+    from torch_mz.study import MeasurementFailed
+    calls: list = []
+
+    def fake_interleaved(cfgs):
+        pair = (cfgs[0]['block'], cfgs[0]['batch'])
+        if pair == stop and 'stopped' not in calls:
+            calls.append('stopped')
+            raise KeyboardInterrupt
+        calls.append(pair)
+        if pair in fail_timings:
+            raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB\nmore')
+        return fake_speed_rows(cfgs)
+
+    def fake_memory(cfg):
+        if (cfg['block'], cfg['batch'], cfg['model']) in fail_memory:
+            raise MeasurementFailed('killed by signal 9 (out of memory?)')
+        return 2**20
+    monkeypatch.setattr(speed, 'run_interleaved', fake_interleaved)
+    monkeypatch.setattr(speed, 'measure_memory', fake_memory)
+    monkeypatch.setattr(speed, 'matmul_peak_flops', lambda device=None: 1e10)
+    monkeypatch.setattr(speed, 'plot', lambda rows, path: None)
+    return calls
+
+
+def test_speed_lists_the_measurements_that_failed_and_completes_the_run(tmp_path, monkeypatch,
+                                                                        capsys):
+    # a failure (out of memory) in one pair ended the run with a traceback, and --resume made
+    # that pair again and failed again: the complete report was never written
+    speed = load_script('speed')
+    speed_failing(monkeypatch, speed, fail_memory={('pma', 'skewed', 'rigid')},
+                  fail_timings={('sab', 'uniform')})
+    out = tmp_path / 'speed'
+    monkeypatch.setattr(sys, 'argv', ['speed.py', '--models', 'pyg,rigid', '--device', 'cpu',
+                                      '--repeats', '2', '--memory', '--out', str(out)])
+    assert speed.main() is None
+    assert not (out / 'speed.partial.json').exists()
+    data = json.loads((out / 'speed.json').read_text())
+    assert [(r['block'], r['batch'], r['model']) for r in data['rows']] == [
+        ('pma', 'uniform', 'pyg'), ('pma', 'uniform', 'rigid'), ('pma', 'skewed', 'pyg'),
+        ('sab', 'skewed', 'pyg'), ('sab', 'skewed', 'rigid')]
+    assert data['failed'] == [
+        dict(block='pma', batch='skewed', model='rigid',
+             error='MeasurementFailed: killed by signal 9 (out of memory?)'),
+        dict(block='sab', batch='uniform', model=None,
+             error='OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB')]
+    # the ratios of a pair to a model that failed there are left out (not made of other runs)
+    ratios = {(r['block'], r['batch']): r for r in data['ratios']}
+    assert ratios[('pma', 'uniform')]['pyg/rigid time'] == 2.0
+    assert ratios[('sab', 'skewed')]['rigid/pyg memory'] == 1.0
+    assert ratios[('pma', 'skewed')] == dict(block='pma', batch='skewed')
+    assert ratios[('sab', 'uniform')] == dict(block='sab', batch='uniform')
+    assert 'kept_pairs' not in data and 'pending' not in data
+    text = (out / 'speed.md').read_text()
+    assert 'Measurements that failed' in text and 'Partial' not in text
+    assert '- pma, skewed, `rigid`, peak memory: MeasurementFailed: killed by signal 9' in text
+    assert '- sab, uniform, the timings of every model (timed together): OutOfMemoryError' in text
+    assert 'measurement(s) failed' in capsys.readouterr().err
+
+
+def test_speed_resumes_a_partial_report_with_a_failure_and_makes_that_pair_again(
+        tmp_path, monkeypatch):
+    from torch_mz.study import EXIT_INTERRUPTED
+    speed = load_script('speed')
+    speed_failing(monkeypatch, speed, fail_memory={('pma', 'skewed', 'rigid')},
+                  fail_timings={('sab', 'uniform')}, stop=('sab', 'skewed'))
+    out = tmp_path / 'speed'
+    argv = ['speed.py', '--models', 'pyg,rigid', '--device', 'cpu', '--repeats', '2',
+            '--memory', '--out', str(out)]
+    monkeypatch.setattr(sys, 'argv', argv)
+    assert speed.main() == EXIT_INTERRUPTED
+    partial = json.loads((out / 'speed.partial.json').read_text())
+    assert len(partial['failed']) == 2 and partial['pending'] == 1
+    assert 'and the 2 with a failure (below) again' in (out / 'speed.partial.md').read_text()
+    # the failures are gone: --resume keeps the pair measured, makes the others again
+    calls = speed_failing(monkeypatch, speed, fail_memory=set(), fail_timings=set())
+    monkeypatch.setattr(sys, 'argv', argv + ['--resume'])
+    assert speed.main() is None
+    assert calls == [('pma', 'skewed'), ('sab', 'uniform'), ('sab', 'skewed')]
+    data = json.loads((out / 'speed.json').read_text())
+    assert 'failed' not in data and not (out / 'speed.partial.json').exists()
+    assert data['kept_pairs'] == [dict(block='pma', batch='uniform')]
+    assert [(r['block'], r['batch'], r['model']) for r in data['rows']] == [
+        (block, batch, model) for block in ('pma', 'sab') for batch in ('uniform', 'skewed')
+        for model in ('pyg', 'rigid')]
+    assert [r['pyg/rigid time'] for r in data['ratios']] == [2.0] * 4
+
+
+def test_speed_writes_nothing_when_every_pair_failed(tmp_path, monkeypatch):
+    speed = load_script('speed')
+    speed_failing(monkeypatch, speed, fail_memory=set(),
+                  fail_timings={('pma', 'uniform'), ('pma', 'skewed')})
+    out = tmp_path / 'speed'
+    out.mkdir()
+    (out / 'speed.json').write_text('{"rows": []}')  # an earlier run's report: left alone
+    monkeypatch.setattr(sys, 'argv', ['speed.py', '--models', 'pyg,rigid', '--blocks', 'pma',
+                                      '--device', 'cpu', '--out', str(out)])
+    with pytest.raises(SystemExit) as exit_:
+        speed.main()
+    assert 'no (block, batch) pair was measured' in str(exit_.value.code)
+    assert (out / 'speed.json').read_text() == '{"rows": []}'
+    assert sorted(os.listdir(out)) == ['speed.json']
 
 
 # --- training_step.py ------------------------------------------------------------------------
