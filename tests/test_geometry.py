@@ -493,3 +493,46 @@ def test_meb_tolerance_and_givens_count_are_checked():
     for d in (-1, 2.0):
         with pytest.raises(ValueError, match="'d' must be an integer"):
             num_givens_angles(d)
+
+
+def test_covariance_norm_at_extreme_magnitudes():
+    # the norm squares the covariance: 0.0 for a set 1e-90 across (its value, about 1e-180, is a
+    # normal float64), inf for coordinates of 1e80, 8e-5 off at 1e-80
+    x = np.random.default_rng(0).standard_normal((20, 4))
+    value = covariance_frobenius_norm(x)
+    for scale in (1e-120, 1e-90, 1e-80, 1e80, 1e140):
+        assert covariance_frobenius_norm(x * scale) / scale ** 2 == pytest.approx(value,
+                                                                                  rel=1e-12)
+    offset = x * 1e-90 + 1e-80  # (a power of two scales it exactly into the plain range)
+    assert covariance_frobenius_norm(offset) == pytest.approx(
+        covariance_frobenius_norm(np.ldexp(offset, 300)) * 2.0 ** -600, rel=1e-12)
+    assert covariance_frobenius_norm(np.full((3, 2), 1e-200)) == 0.0  # coincident points
+    with pytest.raises(OverflowError, match='covariance Frobenius norm'):
+        covariance_frobenius_norm(x * 1e160)
+    with pytest.raises(ValueError, match='smallest positive float64'):
+        covariance_frobenius_norm(x * 1e-170)
+
+
+def test_hull_volume_of_thin_set_at_large_magnitude():
+    # QHull refuses coordinates of 1e103; the retry at unit extent multiplied by extent ** 3,
+    # which overflowed (a bare "OverflowError: (34, 'Numerical result out of range')") although
+    # the volume, about 1.8e302, does not
+    x = np.random.default_rng(0).standard_normal((30, 3))
+    scale = np.array([1e103, 1e103, 1e96])
+    assert convex_hull_volume(x * scale) / 1e302 == pytest.approx(convex_hull_volume(x),
+                                                                  rel=1e-9)
+    with pytest.raises(OverflowError, match='convex hull volume'):
+        convex_hull_volume(x * 1e110)
+    with pytest.raises(OverflowError, match='convex hull volume'):  # (QHull's volume: inf)
+        convex_hull_volume(np.random.default_rng(0).standard_normal((20, 6)) * 1e52)
+
+
+def test_mahalanobis_ridge_and_givens_angles_are_checked():
+    # ridge=inf passed 'ridge > 0' and gave NaN; NaN or inf angles gave a NaN rotation
+    pts = np.random.default_rng(0).standard_normal((10, 3))
+    for ridge in (float('inf'), float('nan'), -1.0, True):
+        with pytest.raises(ValueError, match="'ridge' must be a finite number > 0"):
+            max_mahalanobis_distance(pts, ridge=ridge)
+    for bad in (float('nan'), float('inf')):
+        with pytest.raises(ValueError, match="'angles' must be finite"):
+            givens_rotation(3, [0.1, bad, 0.2])

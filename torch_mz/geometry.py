@@ -19,7 +19,7 @@ from scipy.sparse.csgraph import minimum_spanning_tree
 from scipy.spatial import ConvexHull, QhullError
 from scipy.spatial.distance import cdist, pdist, squareform
 
-from torch_mz._checks import check_count
+from torch_mz._checks import check_count, check_number
 
 __all__ = [
     'chamfer_distance',
@@ -359,7 +359,8 @@ def convex_hull_volume(points, rtol: float = 1e-10) -> float:
 
     QHull's cost grows about exponentially with :math:`d` (and scipy's ``ConvexHull`` crashed the
     process at :math:`d = 32`), so a set that would reach it with :math:`d >`
-    :data:`MAX_HULL_DIM` (12) raises a :class:`ValueError` instead.
+    :data:`MAX_HULL_DIM` (12) raises a :class:`ValueError` instead, and a volume beyond the
+    float64 range an :class:`OverflowError`.
 
     Args:
         points (array_like): Shape :math:`(n, d)`.
@@ -385,16 +386,21 @@ def convex_hull_volume(points, rtol: float = 1e-10) -> float:
                          f"QHull's cost grows about exponentially with d (scipy's ConvexHull "
                          f"crashed the process at d = 32)")
     try:
-        return float(ConvexHull(pts).volume)
+        volume = float(ConvexHull(pts).volume)
+        if math.isfinite(volume):
+            return volume
     except QhullError:
         pass
     # QHull's precision checks fail at extreme magnitudes (coordinates of 1e80) although the
-    # flatness test passed: once more at unit extent, the volume scaled back
-    extent = float(np.abs(centred).max())
+    # flatness test passed, and its volume overflowed to inf: once more at unit extent (a power
+    # of two, exact), the volume scaled back by 2**(d e) in one step (extent ** d overflowed for
+    # a thin set whose volume does not)
+    e = _unit_exponent(centred)
     try:
-        return float(ConvexHull(centred / extent).volume) * extent ** d
+        volume = float(ConvexHull(np.ldexp(centred, -e)).volume)
     except QhullError:
         return 0.0
+    return _scale_back(volume, d * e, 'the convex hull volume')
 
 
 # ---------------------------------------------------------------------------------------------
@@ -668,6 +674,8 @@ def givens_rotation(d: int, angles) -> np.ndarray:
     num = num_givens_angles(d)
     if theta.ndim == 0 or theta.shape[-1] != num:
         raise ValueError(f"'angles' must have shape (..., {num}) for d={d}, got {theta.shape}")
+    if not np.isfinite(theta).all():  # (NaN or inf gave a NaN matrix, silently)
+        raise ValueError("'angles' must be finite, got NaN or inf")
     batch = theta.shape[:-1]
     # Work on R^T, whose rows are the columns of R: right-multiplying R by G_ij only mixes
     # columns i and j, i.e. two contiguous rows of R^T.
@@ -774,13 +782,29 @@ def covariance_frobenius_norm(points) -> float:
     r"""Frobenius norm :math:`\|\hat\Sigma(S)\|_F` of the sample covariance
     (:func:`sample_covariance`); invariant under rotations, reflections and translations.
 
+    The norm squares the covariance, so a set whose coordinates exceed about :math:`10^{60}`, or
+    whose centred extent is below about :math:`10^{-60}` without being :math:`0`, is scaled by a
+    power of two to unit magnitude first and the value scaled back: an :class:`OverflowError`
+    where it exceeds the float64 range, a :class:`ValueError` where a positive value is below
+    the smallest positive float64.
+
     Args:
         points (array_like): Shape :math:`(n, d)`, :math:`n \geq 1`.
 
     Returns:
         float: :math:`\sqrt{\sum_k \lambda_k^2}` over the eigenvalues of :math:`\hat\Sigma`.
     """
-    return float(np.linalg.norm(sample_covariance(points), 'fro'))
+    pts = _as_points(points, allow_empty=False)
+    # The norm squares the covariance's entries, i.e. raises the coordinates to the fourth power:
+    # beyond 2**200 it overflowed (inf for coordinates of 1e80), below 2**-200 it underflowed
+    # (0.0 for points 1e-90 apart), where the value itself does neither. The value is
+    # homogeneous of degree two, so such a set is scaled by a power of two to unit magnitude.
+    if (float(np.abs(pts).max()) > 2.0 ** 200
+            or 0.0 < float(np.abs(pts - pts.mean(axis=0)).max()) < 2.0 ** -200):
+        e = _unit_exponent(pts)
+        value = float(np.linalg.norm(sample_covariance(np.ldexp(pts, -e)), 'fro'))
+        return _scale_back(value, 2 * e, 'the covariance Frobenius norm')
+    return float(np.linalg.norm(sample_covariance(pts), 'fro'))
 
 
 def max_mahalanobis_distance(points, ridge: float = 1e-6) -> float:
@@ -803,14 +827,14 @@ def max_mahalanobis_distance(points, ridge: float = 1e-6) -> float:
 
     Args:
         points (array_like): Shape :math:`(n, d)`, :math:`n \geq 1`.
-        ridge (float, optional): Relative ridge :math:`\lambda`. (default: :obj:`1e-6`)
+        ridge (float, optional): Relative ridge :math:`\lambda`, finite and positive.
+            (default: :obj:`1e-6`)
 
     Returns:
         float: The distance; :math:`0` when all points coincide.
     """
     pts = _as_points(points, allow_empty=False)
-    if not ridge > 0:
-        raise ValueError(f"'ridge' must be positive, got {ridge}")
+    ridge = check_number('ridge', ridge)  # (inf passed 'ridge > 0' and gave NaN)
     if (float(np.abs(pts).max()) > _SAFE_HI
             or 0.0 < float(np.abs(pts - pts.mean(axis=0)).max()) < _SAFE_LO):
         # the covariance would under- (0: "all points coincide") or overflow (NaN): the value
