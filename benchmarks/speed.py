@@ -36,11 +36,12 @@ pair again, and a folder holding a partial report is refused without either; a r
 by a call that resumed names the pairs it kept (``kept_pairs`` in the JSON). Ctrl-C ends a run
 with one line that gives the command to go on (status 130).
 
-A measurement that failed (out of memory, say: the timings of a pair, which time its models
+A measurement that failed (out of memory: the timings of a pair, which time its models
 together, or the peak memory of one model, in its fresh process) is listed under the table with
 its error (``failed`` in the JSON, only where something failed): the models that failed have no
-row, the pair's ratios to them are left out, and the run goes on with the other pairs.
-``--resume`` measures a pair with a failure again (every model of it).
+row, the pair's ratios to them are left out, and the run goes on with the other pairs (another
+error of the timings, a bug's, ends the run with its traceback). ``--resume`` measures a pair
+with a failure again (every model of it).
 
     python benchmarks/speed.py --quick
     python benchmarks/speed.py --sets 64 --points 8192 --dim 64 --heads 4 --repeats 7 --memory
@@ -370,6 +371,18 @@ def earlier_pairs(path: str, args: argparse.Namespace, env: Optional[dict] = Non
             f'resuming from {path}: {len(kept)} (block, batch) pair(s) kept')
 
 
+#: What PyTorch's errors of memory say (on the CPU a plain RuntimeError, "can't allocate memory")
+NO_MEMORY = ("can't allocate memory", 'out of memory')
+
+
+def out_of_memory(e: BaseException) -> bool:
+    r"""Whether the error :obj:`e` of a measurement says that memory ran out (NumPy's
+    :class:`MemoryError`, PyTorch's :class:`~torch.OutOfMemoryError` and its CPU allocator's
+    RuntimeError): a failure the report lists. Any other error is a bug's, with its traceback."""
+    return isinstance(e, (MemoryError, torch.OutOfMemoryError)) or (
+        isinstance(e, RuntimeError) and any(m in str(e).lower() for m in NO_MEMORY))
+
+
 def error_line(e: BaseException) -> str:
     r"""The type and first line of the error :obj:`e` (at most 200 characters of it), as the
     report lists a measurement that failed."""
@@ -465,6 +478,8 @@ def main():
                 try:
                     measured = run_interleaved(cfgs)
                 except (RuntimeError, MemoryError) as e:  # (out of memory: the next pairs go on)
+                    if not out_of_memory(e):  # (a bug's error, e.g. of shapes: its traceback)
+                        raise
                     measured = []
                     failed.append(dict(block=block, batch=batch, model=None, error=error_line(e)))
                     print(f"{block:4s} {batch:8s} failed: {failed[-1]['error']}", flush=True)

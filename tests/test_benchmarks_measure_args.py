@@ -349,6 +349,27 @@ def test_speed_writes_nothing_when_every_pair_failed(tmp_path, monkeypatch):
     assert sorted(os.listdir(out)) == ['speed.json']
 
 
+def test_speed_keeps_the_traceback_of_an_error_that_is_no_failure_of_memory(tmp_path,
+                                                                          monkeypatch):
+    # every RuntimeError was listed as a failed pair and the run went on: a bug's (shapes that
+    # do not match) gave a complete report with an exit status of 0
+    speed = load_script('speed')
+    speed_failing(monkeypatch, speed, fail_memory=set(), fail_timings=set())
+
+    def broken(cfgs):
+        raise RuntimeError('mat1 and mat2 shapes cannot be multiplied (8x64 and 32x64)')
+    monkeypatch.setattr(speed, 'run_interleaved', broken)
+    out = tmp_path / 'speed'
+    monkeypatch.setattr(sys, 'argv', ['speed.py', '--models', 'pyg,rigid', '--blocks', 'pma',
+                                      '--device', 'cpu', '--out', str(out)])
+    with pytest.raises(RuntimeError, match='shapes cannot be multiplied'):
+        speed.main()
+    assert not (out / 'speed.json').exists()
+    # the CPU allocator's error of memory (a plain RuntimeError) is a failure listed
+    assert speed.out_of_memory(RuntimeError("DefaultCPUAllocator: can't allocate memory"))
+    assert speed.out_of_memory(MemoryError()) and not speed.out_of_memory(TypeError('x'))
+
+
 # --- training_step.py ------------------------------------------------------------------------
 
 @pytest.mark.parametrize('argv, needles', [

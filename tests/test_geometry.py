@@ -527,6 +527,17 @@ def test_hull_volume_of_thin_set_at_large_magnitude():
         convex_hull_volume(np.random.default_rng(0).standard_normal((20, 6)) * 1e52)
 
 
+def test_hull_volume_of_a_tiny_set_that_qhull_measures_wrongly():
+    # about 1e-80 across QHull raised no error but gave a wrong volume (1.7% too small at
+    # 2**-270, 2e-5 at 2**-266): the retry at unit extent ran only after an error or inf
+    x = np.random.default_rng(0).normal(size=(20, 3))
+    value = convex_hull_volume(x)
+    for k in (-270, -268, -266, -264):
+        assert convex_hull_volume(np.ldexp(x, k)) == pytest.approx(np.ldexp(value, 3 * k),
+                                                                   rel=1e-12)
+    assert convex_hull_volume(x * 1e-80) / 1e-240 == pytest.approx(value, rel=1e-12)
+
+
 def test_mahalanobis_ridge_and_givens_angles_are_checked():
     # ridge=inf passed 'ridge > 0' and gave NaN; NaN or inf angles gave a NaN rotation
     pts = np.random.default_rng(0).standard_normal((10, 3))

@@ -130,6 +130,21 @@ def test_casting_the_model_keeps_the_carried_statistics(dtype):
     assert torch.equal(carried.mean, norm.mean) and torch.equal(carried.std, norm.std)
 
 
+def test_a_model_moved_to_meta_and_made_again_with_to_empty_keeps_its_statistics():
+    # model.to('meta') then model.to_empty(device=...) (deferred initialisation) failed with
+    # "Cannot copy out of meta tensor; no data!" on the statistics (load_state_dict, which
+    # fills the weights after it, does not hold them: their buffers are not persistent)
+    from torch_mz.train import attach_normalizer, carried_normalizer
+    norm = TargetNormalizer().fit(torch.tensor([[1.0], [3.0], [8.0]], dtype=torch.float64))
+    model = attach_normalizer(H.ToyDeepSets(3, 1), norm)
+    model.to('meta')
+    assert model.target_units.mean.is_meta
+    model.to_empty(device='cpu')
+    carried = carried_normalizer(model)
+    assert torch.equal(carried.mean, norm.mean) and torch.equal(carried.std, norm.std)
+    assert model.target_units.mean.dtype == torch.float64
+
+
 def test_evaluating_in_one_thread_leaves_other_threads_target_units():
     # evaluation switched the shared model to standardised outputs with a flag: another thread
     # calling the model meanwhile got standardised values, and two evaluations at once left

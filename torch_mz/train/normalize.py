@@ -161,9 +161,9 @@ class TargetUnits(torch.nn.Module):
     model (``.to()``, ``copy.deepcopy``, ``torch.save(model)``) as buffers. They follow the
     model's device but keep their dtype (float64) when the model is cast (``.half()``,
     ``.float()``, ``.to(torch.bfloat16)``): the maps run in at least float32 either way (on
-    MPS, which has no float64, they are float32). The
-    buffers are not persistent: the model's ``state_dict()`` keeps the keys of the bare model,
-    and checkpoints store the normaliser beside the weights.
+    MPS, which has no float64, they are float32; ``.to('meta')`` keeps them aside for a
+    ``.to_empty()``). The buffers are not persistent: the model's ``state_dict()`` keeps the
+    keys of the bare model, and checkpoints store the normaliser beside the weights.
 
     Args:
         normalizer (TargetNormalizer): A fitted normaliser.
@@ -195,6 +195,8 @@ class TargetUnits(torch.nn.Module):
         # model's mean of 1000.39 became 1000.0, and ``.float()`` rounded the float64 mean of
         # targets about 1e8 to a multiple of 8 (the maps run in float32 / float64 anyway)
         stats = (self.mean, self.std)
+        if self.mean.is_meta:  # (``.to_empty()`` after ``.to('meta')``: the values kept aside)
+            stats = getattr(self, '_off_meta', stats)
         # where the model goes (fn on an empty tensor): MPS has no float64, so the statistics
         # go there in float32 (as a model made .float() first took them before)
         if fn(torch.empty(0, device=self.mean.device)).device.type == 'mps':
@@ -202,7 +204,11 @@ class TargetUnits(torch.nn.Module):
             return super()._apply(fn, recurse)
         super()._apply(fn, recurse)
         device = self.mean.device
-        self.mean, self.std = (s.to(device) for s in stats)
+        if device.type == 'meta' and not stats[0].is_meta:
+            # (a meta tensor has no data: the statistics come back from here)
+            self._off_meta = tuple(s.detach().cpu() for s in stats)
+        if device.type == 'meta' or not stats[0].is_meta:
+            self.mean, self.std = (s.to(device) for s in stats)
         return self
 
     def normalizer(self) -> 'TargetNormalizer':
