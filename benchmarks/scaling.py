@@ -39,7 +39,7 @@ from torch_mz.nn import MZAggregation
 from torch_mz.study import (EXIT_INTERRUPTED, MeasurementFailed, PartialUnit,
                             add_partial_arguments, check_out_folder, environment,
                             in_fresh_process, interruptible, markdown_table, nonnegative_int,
-                            partial_problem, peak_memory_bytes, positive_int, pyplot,
+                            out_of_memory, partial_problem, peak_memory_bytes, positive_int, pyplot,
                             read_partial, replace_plot, time_call, write_results_so_far)
 from torch_mz.study.plots import save_figure
 
@@ -277,6 +277,8 @@ def main():
             try:
                 row = kept[n] if n in kept else measure_size(cfg)
             except (MeasurementFailed, RuntimeError, MemoryError) as e:  # (the next sizes go on)
+                if not (isinstance(e, MeasurementFailed) or out_of_memory(e)):
+                    raise  # (a bug's error, e.g. of shapes, not memory running out: its traceback)
                 error = (str(e).strip().splitlines() or [''])[0][:200]
                 failed.append(dict(points=n, sets=max(1, n // args.set_size),
                                    error=f'{type(e).__name__}: {error}'))

@@ -59,7 +59,7 @@ from torch_mz.nn import FlatSetTransformerAggregation, MZAggregation, MZAttentio
 from torch_mz.study import (EXIT_INTERRUPTED, MeasurementFailed, PartialUnit,
                             add_partial_arguments, check_out_folder, choice_list, count_flops,
                             environment, in_fresh_process, interruptible, markdown_table,
-                            matmul_peak_flops, nonnegative_float, partial_problem,
+                            matmul_peak_flops, nonnegative_float, out_of_memory, partial_problem,
                             peak_memory_bytes, positive_int, pyplot, read_partial, replace_plot,
                             skewed_sizes, time_interleaved, uniform_sizes, write_results_so_far)
 from torch_mz.study.plots import save_figure
@@ -369,18 +369,6 @@ def earlier_pairs(path: str, args: argparse.Namespace, env: Optional[dict] = Non
             if sorted(r.get('model') for r in group) == sorted(args.models)}
     return (kept, peak if kept else None,
             f'resuming from {path}: {len(kept)} (block, batch) pair(s) kept')
-
-
-#: What PyTorch's errors of memory say (on the CPU a plain RuntimeError, "can't allocate memory")
-NO_MEMORY = ("can't allocate memory", 'out of memory')
-
-
-def out_of_memory(e: BaseException) -> bool:
-    r"""Whether the error :obj:`e` of a measurement says that memory ran out (NumPy's
-    :class:`MemoryError`, PyTorch's :class:`~torch.OutOfMemoryError` and its CPU allocator's
-    RuntimeError): a failure the report lists. Any other error is a bug's, with its traceback."""
-    return isinstance(e, (MemoryError, torch.OutOfMemoryError)) or (
-        isinstance(e, RuntimeError) and any(m in str(e).lower() for m in NO_MEMORY))
 
 
 def error_line(e: BaseException) -> str:

@@ -766,6 +766,32 @@ def test_scaling_resumed_keeps_the_sizes_after_one_measured_again(tmp_path, monk
 
 
 
+def test_scaling_lists_memory_running_out_and_keeps_a_bug_s_traceback(tmp_path, monkeypatch):
+    # every RuntimeError was listed as a failed size and the run went on (status 0): a bug's
+    # error (shapes) too; only memory running out is a failure the report lists
+    scaling = load_script('scaling')
+    error: list = [RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to "
+                                "allocate 8 GB")]
+
+    def run_one(cfg):
+        if cfg['points'] == 100000:
+            raise error[0]
+        return dict(points=cfg['points'], sets=1, median_s=cfg['points'] * 1e-6)
+    monkeypatch.setattr(scaling, 'run_one', run_one)
+    monkeypatch.setattr(scaling, 'in_fresh_process', lambda path, cfg: dict(peak_bytes=2**20))
+    monkeypatch.setattr(scaling, 'plot', lambda *args: None)
+    argv = ['scaling.py', '--out', str(tmp_path), '--quick', '--threads', str(scaling.THREADS)]
+    monkeypatch.setattr(sys, 'argv', argv)
+    assert scaling.main() is None
+    data = json.loads((tmp_path / 'scaling_mz_quick.json').read_text())
+    assert [f['points'] for f in data['failed']] == [100000]
+    assert "can't allocate memory" in data['failed'][0]['error']
+    error[0] = RuntimeError('mat1 and mat2 shapes cannot be multiplied (8x64 and 32x64)')
+    monkeypatch.setattr(sys, 'argv', argv + ['--overwrite'])
+    with pytest.raises(RuntimeError, match='shapes cannot be multiplied'):
+        scaling.main()
+
+
 def test_scaling_keeps_a_fuller_earlier_report_where_a_size_fails(tmp_path, monkeypatch, capsys):
     # a complete run whose largest size failed replaced the earlier report that measured it
     from torch_mz.study import MeasurementFailed

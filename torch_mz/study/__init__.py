@@ -27,7 +27,7 @@ from torch_mz.study.grid import (check_grid, check_models, run_grid, run_info_fo
 from torch_mz.study.measure import (MeasurementFailed, allocator_peak_bytes, count_flops,
                                     environment,
                                     in_fresh_process, matmul_peak_flops, peak_memory_bytes,
-                                    process_peak_rss_bytes,
+                                    out_of_memory, process_peak_rss_bytes,
                                     skewed_sizes, time_call, time_interleaved,
                                     uniform_sizes)
 from torch_mz.study.partial import (PartialUnit, add_partial_arguments, partial_problem,
@@ -68,6 +68,7 @@ __all__ = [
     'train_one',
     'run_info_for',
     'MeasurementFailed',
+    'out_of_memory',
     'process_peak_rss_bytes',
     'count_flops',
     'environment',

@@ -324,6 +324,19 @@ def matmul_peak_flops(n: int = 2048, repeats: int = 5,
     return 2.0 * n**3 / float(np.median(times))
 
 
+#: What PyTorch's CPU allocator and CUDA say when memory runs out (a plain RuntimeError there)
+NO_MEMORY = ("can't allocate memory", 'out of memory')
+
+
+def out_of_memory(e: BaseException) -> bool:
+    r"""Whether the error :obj:`e` of a measurement says that memory ran out (NumPy's
+    :class:`MemoryError`, PyTorch's :class:`~torch.OutOfMemoryError` and its CPU allocator's
+    RuntimeError): a failure a benchmark's report lists. Any other error is a bug's, with its
+    traceback."""
+    return isinstance(e, (MemoryError, torch.OutOfMemoryError)) or (
+        isinstance(e, RuntimeError) and any(m in str(e).lower() for m in NO_MEMORY))
+
+
 class MeasurementFailed(RuntimeError):
     r"""A measurement in a fresh process (:func:`in_fresh_process`) gave no result; the message
     says why in one line."""
