@@ -147,6 +147,11 @@ SOURCES = {
     # inductor's generated random numbers, 2026-12-06)
     'training_step_compile': 'training_step_compile/training_step.json',
     'training_step_compile_rng': 'training_step_compile_rng/training_step.json',
+    # (the three regimes again on the code of 2026-12-07, nothing else running: the first
+    # timing since the benchmark scripts learned to keep partial reports)
+    'training_step_20261207': 'training_step_20261207/training_step.json',
+    'message_passing_20261207': 'message_passing_20261207/message_passing.json',
+    'speed_20261207': 'speed_20261207/speed.json',
     'gpu_speed': 'gpu/speed/speed.json',
     'gpu_training_step': 'gpu/training_step/training_step.json',
     # on one NVIDIA H100 (benchmarks/gpu_check.sh and benchmarks/gpu_profile.py, 2026-12-06;
@@ -200,7 +205,8 @@ MESSAGE_PASSING = ('message_passing', 'message_passing_small', 'message_passing_
                    'message_passing_power_law_1e4_padded', 'message_passing_power_law_padded',
                    'message_passing_power_law_1e4_d64_padded', 'gpu_h100_message_passing',
                    'gpu_h100_message_passing_new_graph', 'message_passing_compile_eager',
-                   'message_passing_compile_d64_eager', 'message_passing_compile_power_law_eager')
+                   'message_passing_compile_d64_eager', 'message_passing_compile_power_law_eager',
+                   'message_passing_20261207')
 #: Message-passing files of full-graph inference (``--inference``: forward only, no gradients):
 #: read by their own companion rows, never as the training step of the targets above.
 MP_INFERENCE = ('message_passing_inference', 'gpu_message_passing_inference',
@@ -228,7 +234,8 @@ FOLDED_MP = ('message_passing_fold', 'message_passing_fold_power_law',
              'message_passing_power_law_1e4_d64_padded', 'gpu_h100_message_passing',
              'gpu_h100_message_passing_new_graph', 'message_passing_compile_eager',
              'message_passing_compile_d64_eager',
-             'message_passing_compile_power_law_eager') + MP_INFERENCE
+             'message_passing_compile_power_law_eager',
+             'message_passing_20261207') + MP_INFERENCE
 FOLD_MIN_DIM = 64
 #: Message-passing files measured after values wider than the keys took the fused attention
 #: kernel with the queries and keys padded with zeros (2026-12-05) instead of split into extra
@@ -389,13 +396,14 @@ def _mp_as(rows: Sequence[Mapping[str, Any]], name: str,
 # speed.py's runs (speed_fold, speed_fold_rerun, speed_current and speed_projection: after the
 # key map joined the PMA's seed)
 SPEED = ('speed', 'speed_rerun', 'speed_fold', 'speed_fold_rerun', 'speed_current',
-         'speed_projection', 'gpu_speed', 'gpu_h100_speed')
+         'speed_projection', 'gpu_speed', 'gpu_h100_speed', 'speed_20261207')
 TRAINING_STEP = ('training_step', 'training_step_small_sets', 'training_step_egnn',
                  'training_step_rounds', 'training_step_large_batch', 'training_step_thp',
                  'training_step_fold', 'training_step_current', 'training_step_kept',
                  'training_step_kept_presets', 'training_step_groups',
                  'training_step_groups_large_batch', 'training_step_tanh', 'gpu_training_step',
-                 'gpu_h100_profile', 'training_step_compile', 'training_step_compile_rng')
+                 'gpu_h100_profile', 'training_step_compile', 'training_step_compile_rng',
+                 'training_step_20261207')
 #: ``gpu_profile.py`` files among them: their rows are calls (a workload and a model each),
 #: read as one row per preset by :func:`_step_rows`
 PROFILES = ('gpu_h100_profile', )
