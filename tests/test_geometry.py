@@ -547,3 +547,57 @@ def test_mahalanobis_ridge_and_givens_angles_are_checked():
     for bad in (float('nan'), float('inf')):
         with pytest.raises(ValueError, match="'angles' must be finite"):
             givens_rotation(3, [0.1, bad, 0.2])
+
+
+def test_integer_arguments_are_checked_alike():
+    # givens_rotation, frobenius_orthogonal_matrices and pca_residual took 2.0 (and True as 1:
+    # an R^{True}x{True} in the message) through int(d) != d, which num_givens_angles refused
+    torch = pytest.importorskip('torch')
+    pts = np.random.default_rng(0).standard_normal((10, 3))
+    rot = givens_rotation(2, [0.3])
+    mats = frobenius_orthogonal_matrices(2, 3, rng=0)
+    for two in (2, np.int64(2), np.array(2), torch.tensor(2)):
+        assert num_givens_angles(two) == 1
+        np.testing.assert_array_equal(givens_rotation(two, [0.3]), rot)
+        np.testing.assert_array_equal(frobenius_orthogonal_matrices(two, 3, rng=0), mats)
+        np.testing.assert_array_equal(frobenius_orthogonal_matrices(2, two + 1, rng=0), mats)
+        assert pca_residual(pts, k=two) == pca_residual(pts, k=2)
+    for bad in (2.0, np.float64(2.0), True, np.bool_(True), torch.tensor(True), torch.tensor(2.0),
+                np.array([2]), '2', None):
+        with pytest.raises(ValueError, match=r"'d' must be an integer >= 0"):
+            num_givens_angles(bad)
+        with pytest.raises(ValueError, match=r"'d' must be a positive integer"):
+            givens_rotation(bad, [0.3])
+        with pytest.raises(ValueError, match=r"'d' must be a positive integer"):
+            frobenius_orthogonal_matrices(1, bad)
+        with pytest.raises(ValueError, match=r"'num' must be an integer in \[1, d\^2 = 9\]"):
+            frobenius_orthogonal_matrices(bad, 3)
+        with pytest.raises(ValueError, match=r"'k' must be an integer in \[0, d = 3\]"):
+            pca_residual(pts, k=bad)
+
+
+def test_flags_and_tolerances_are_checked():
+    # squared='False' is a true text: squared distances; rtol=True made every set flat (volume
+    # 0), NaN none
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((5, 3)), rng.standard_normal((6, 3))
+    for bad in ('False', None, 2, np.float64(0.0)):
+        with pytest.raises(ValueError, match=r"'squared' must be True or False"):
+            chamfer_distance(a, b, squared=bad)
+        with pytest.raises(ValueError, match=r"'squared' must be True or False"):
+            aligned_chamfer_distance(a, b, rotation=np.eye(3), squared=bad)
+    assert chamfer_distance(a, b, squared=np.bool_(False)) == chamfer_distance(a, b, squared=False)
+    assert chamfer_distance(a, b, squared=0) == chamfer_distance(a, b, squared=False)
+    pts = rng.standard_normal((10, 3))
+    for bad in (True, float('nan'), float('inf'), -1e-10, '1e-10'):
+        with pytest.raises(ValueError, match=r"'rtol' must be a finite number >= 0"):
+            convex_hull_volume(pts, rtol=bad)
+    assert convex_hull_volume(pts, rtol=0) == convex_hull_volume(pts) > 0
+
+
+def test_hull_volume_in_one_dimension_beyond_the_float64_range():
+    # max - min overflowed to inf, returned (with a RuntimeWarning), where the docstring promises
+    # an OverflowError
+    with pytest.raises(OverflowError, match='convex hull volume'):
+        convex_hull_volume(np.array([[-1e308], [1e308]]))
+    assert convex_hull_volume(np.array([[-1e307], [1e308], [0.0]])) == 1e308 + 1e307

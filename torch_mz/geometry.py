@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Optional, Tuple, Union
+import operator
+from typing import Any, Optional, Tuple, Union
 
 import numpy as np
 from scipy.sparse import csr_matrix
@@ -19,7 +20,7 @@ from scipy.sparse.csgraph import minimum_spanning_tree
 from scipy.spatial import ConvexHull, QhullError
 from scipy.spatial.distance import cdist, pdist, squareform
 
-from torch_mz._checks import check_count, check_number
+from torch_mz._checks import check_flag, check_number
 
 __all__ = [
     'chamfer_distance',
@@ -54,6 +55,19 @@ def _as_points(points, name: str = 'points', allow_empty: bool = True) -> np.nda
     if not np.all(np.isfinite(arr)):
         raise ValueError(f"'{name}' must be finite, got NaN or inf")
     return arr
+
+
+def _as_integer(value: Any) -> Optional[int]:
+    r"""``value`` as a Python :obj:`int` where it is an integer: a Python or NumPy integer, or a
+    0-dimensional integer array or tensor (read through ``__index__``, without importing torch);
+    :obj:`None` for anything else, among them a bool, a float (``2.0`` too) and a string."""
+    if (isinstance(value, (bool, np.bool_)) or 'bool' in str(getattr(value, 'dtype', ''))
+            or getattr(value, 'ndim', 0) != 0):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
 
 
 def _as_generator(rng: SeedLike) -> np.random.Generator:
@@ -154,6 +168,7 @@ def chamfer_distance(a, b, squared: bool = True, reduction: str = 'mean') -> flo
     if a.shape[1] != b.shape[1]:
         raise ValueError(f"'a' and 'b' must have the same dimension, "
                          f"got {a.shape[1]} and {b.shape[1]}")
+    squared = check_flag('squared', squared)  # (the text 'False' was true: squared distances)
     if reduction not in ('mean', 'sum'):
         raise ValueError(f"'reduction' must be 'mean' or 'sum', got {reduction!r}")
     dist = cdist(a, b, 'sqeuclidean' if squared else 'euclidean')  # (n_A, n_B)
@@ -365,19 +380,26 @@ def convex_hull_volume(points, rtol: float = 1e-10) -> float:
 
     Args:
         points (array_like): Shape :math:`(n, d)`.
-        rtol (float, optional): Relative singular-value tolerance of the flatness test: sets
-            whose singular-value ratio is at most ``rtol`` (flat or thin) have volume :math:`0`.
-            (default: :obj:`1e-10`)
+        rtol (float, optional): Relative singular-value tolerance of the flatness test, a
+            finite number :math:`\geq 0`: sets whose singular-value ratio is at most ``rtol``
+            (flat or thin) have volume :math:`0`. (default: :obj:`1e-10`)
 
     Returns:
         float: The hull volume, :math:`\geq 0`.
     """
+    # (rtol=True made every set flat, volume 0; NaN none, not even an exactly flat one)
+    rtol = check_number('rtol', rtol, allow_zero=True)
     pts = _as_points(points)
     n, d = pts.shape
     if n < d + 1:
         return 0.0
     if d == 1:
-        return float(pts.max() - pts.min())
+        with np.errstate(over='ignore'):
+            length = float(pts.max() - pts.min())
+        if math.isinf(length):  # (it returned inf)
+            raise OverflowError(f"the convex hull volume ({float(pts.max())!r} - "
+                                f"{float(pts.min())!r}) exceeds the float64 range (about 1.8e308)")
+        return length
     centred = pts - pts.mean(axis=0)
     sv = np.linalg.svd(centred, compute_uv=False)
     if sv[0] == 0.0 or sv[d - 1] <= rtol * sv[0]:
@@ -649,8 +671,10 @@ def num_givens_angles(d: int) -> int:
     Args:
         d (int): Dimension.
     """
-    d = check_count('d', d, 0)
-    return d * (d - 1) // 2
+    n = _as_integer(d)
+    if n is None or n < 0:  # (2.0 and True were refused here but not by givens_rotation)
+        raise ValueError(f"'d' must be an integer >= 0 (got {d!r})")
+    return n * (n - 1) // 2
 
 
 def givens_rotation(d: int, angles) -> np.ndarray:
@@ -672,9 +696,10 @@ def givens_rotation(d: int, angles) -> np.ndarray:
     Returns:
         numpy.ndarray: Shape :math:`(\dots, d, d)`.
     """
-    if int(d) != d or d < 1:
-        raise ValueError(f"'d' must be a positive integer, got {d}")
-    d = int(d)
+    n = _as_integer(d)
+    if n is None or n < 1:  # (int(d) != d let 2.0, and True as d = 1, through)
+        raise ValueError(f"'d' must be a positive integer, got {d!r}")
+    d = n
     theta = np.asarray(angles, dtype=np.float64)
     num = num_givens_angles(d)
     if theta.ndim == 0 or theta.shape[-1] != num:
@@ -715,12 +740,13 @@ def frobenius_orthogonal_matrices(num: int, d: int, rng: SeedLike = None) -> np.
     Returns:
         numpy.ndarray: Shape :math:`(\text{num}, d, d)`.
     """
-    if int(d) != d or d < 1:
-        raise ValueError(f"'d' must be a positive integer, got {d}")
-    if int(num) != num or num < 1 or num > d * d:
-        raise ValueError(f"'num' must be an integer in [1, d^2 = {d * d}] (at most d^2 matrices "
-                         f"can be Frobenius-orthonormal in R^{d}x{d}), got {num}")
-    num, d = int(num), int(d)
+    size, count = _as_integer(d), _as_integer(num)
+    if size is None or size < 1:  # (int(d) != d let 2.0, and True as d = 1, through)
+        raise ValueError(f"'d' must be a positive integer, got {d!r}")
+    if count is None or count < 1 or count > size * size:
+        raise ValueError(f"'num' must be an integer in [1, d^2 = {size * size}] (at most d^2 "
+                         f"matrices can be Frobenius-orthonormal in R^{size}x{size}), got {num!r}")
+    num, d = count, size
     gauss = _as_generator(rng).standard_normal((d * d, num))
     q, r = np.linalg.qr(gauss)  # q: (d^2, num)
     signs = np.sign(np.diag(r))
@@ -876,7 +902,8 @@ def pca_residual(points, k: int = 2) -> float:
     """
     pts = _as_points(points, allow_empty=False)
     d = pts.shape[1]
-    if int(k) != k or not 0 <= k <= d:
-        raise ValueError(f"'k' must be an integer in [0, d = {d}], got {k}")
+    kept = _as_integer(k)
+    if kept is None or not 0 <= kept <= d:  # (int(k) != k let 1.0, and True as 1, through)
+        raise ValueError(f"'k' must be an integer in [0, d = {d}], got {k!r}")
     eig = np.linalg.eigvalsh(sample_covariance(pts))  # (d,), ascending
-    return float(max(eig[:d - int(k)].sum(), 0.0))
+    return float(max(eig[:d - kept].sum(), 0.0))

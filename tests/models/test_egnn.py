@@ -101,6 +101,16 @@ def test_radius_graph_matches_brute_force():
                                                      (2, 1)}
 
 
+def test_radius_graph_takes_a_large_integer_radius():
+    # r * r of an integer r >= 4e9 is beyond int64: "OverflowError: int too big to convert"
+    batch = torch.tensor([0, 0, 1, 0, 1])
+    pos = torch.randn(5, 3, generator=torch.Generator().manual_seed(0))
+    every = fully_connected_edge_index(batch)
+    for r in (4 * 10 ** 9, 10 ** 200, 10 ** 400):
+        assert torch.equal(radius_edge_index(pos, r, batch), every)
+    assert torch.equal(radius_edge_index(pos, 0, batch), radius_edge_index(pos, 0.0, batch))
+
+
 def pairwise_radius_reference(pos, r, batch, num_sets=None):
     # every pair of fully_connected_edge_index kept by its own squared distance, pair by pair
     # (the earlier implementation of radius_edge_index)
@@ -156,6 +166,11 @@ def test_split_pos_features():
     assert torch.equal(pos, x) and features is None
     with pytest.raises(ValueError, match='pos_dim'):
         split_pos_features(x, 5)
+    # True was read as one coordinate column; 2.0 failed with a TypeError inside the slicing
+    for bad in (True, 2.0, 0):
+        with pytest.raises(ValueError, match=rf"'pos_dim' must be an integer >= 1 \(got {bad}\)"):
+            split_pos_features(x, bad)
+    assert torch.equal(split_pos_features(x, np.int64(2))[0], x[:, :2])
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1127,17 +1142,54 @@ def test_conv_names_bad_constructor_arguments(kwargs, match):
         EGNNConv(2.5)
 
 
-@pytest.mark.parametrize('eps,detach_norm', [(1e-50, True), (1e-30, False)])
-def test_conv_refuses_an_eps_that_is_zero_in_float32(eps, detach_norm):
-    # 1e-50 is 0 in float32: coincident points gave NaN coordinates with normalize; with
-    # detach_norm=False an eps whose square is 0 there gave NaN gradients (the safe norm)
-    with pytest.raises(ValueError, match=r"'eps' that is not 0 in float32.*got 1e-"):
-        EGNNConv(4, normalize=True, eps=eps, detach_norm=detach_norm)
-    conv = EGNNConv(4, normalize=True, eps=1e-30, detach_norm=True)  # its square is not needed
-    pos = torch.zeros(2, 3, requires_grad=True)  # coincident points
-    _, out = conv(torch.randn(2, 4), pos, torch.tensor([[0, 1], [1, 0]]))
+def _coincident_step(conv, dtype, pos_dtype=None):
+    # (values, position gradient) of a layer on two coincident points
+    pos = torch.zeros(2, 3, dtype=pos_dtype or dtype, requires_grad=True)
+    _, out = conv(torch.randn(2, 4, dtype=dtype), pos, torch.tensor([[0, 1], [1, 0]]))
     out.sum().backward()
-    assert torch.isfinite(out).all() and torch.isfinite(pos.grad).all()
+    return out, pos.grad
+
+
+@pytest.mark.parametrize('eps,detach_norm,dtype', [
+    (1e-50, True, torch.float32),  # 0 in float32: 0 / 0, NaN coordinates
+    (1e-43, True, torch.float32),  # subnormal: weight / eps overflows, NaN gradients (it ran)
+    (1e-30, False, torch.float32),  # its square is 0 in float32: NaN gradients (the safe norm)
+    (1e-320, True, torch.float64),
+    (1e-170, False, torch.float64),
+])
+def test_conv_refuses_an_eps_too_small_for_the_coordinates_dtype(eps, detach_norm, dtype):
+    with pytest.raises(ValueError, match=rf"'eps' of at least .* normalised in {dtype}.*got "
+                                         rf"{eps!r}"):
+        conv = EGNNConv(4, normalize=True, eps=eps, detach_norm=detach_norm).to(dtype)
+        _coincident_step(conv, dtype)
+    # the least accepted eps gives finite coordinates and gradients
+    info = torch.finfo(dtype)
+    least = float(info.tiny) if detach_norm else (float(info.tiny) * float(info.eps)) ** 0.5
+    conv = EGNNConv(4, normalize=True, eps=least, detach_norm=detach_norm).to(dtype)
+    out, grad = _coincident_step(conv, dtype)
+    assert torch.isfinite(out).all() and torch.isfinite(grad).all()
+
+
+def test_conv_eps_is_checked_where_and_in_the_dtype_it_is_used():
+    # the float32 bound refused eps=1e-50 also for float64 layers and coordinates, and without
+    # normalize or coordinate updates, where eps is not used at all
+    torch.manual_seed(0)
+    for detach_norm in (True, False):
+        conv = EGNNConv(4, normalize=True, eps=1e-50, detach_norm=detach_norm).double()
+        out, grad = _coincident_step(conv, torch.float64)
+        assert torch.isfinite(out).all() and torch.isfinite(grad).all()
+        # the same layer on float32 (or half-precision, normalised in float32) coordinates
+        for pos_dtype in (torch.float32, torch.float16):
+            with pytest.raises(ValueError, match=r"normalised in torch.float32.*got 1e-50"):
+                _coincident_step(conv, torch.float64, pos_dtype)
+    for kwargs in (dict(), dict(normalize=True, update_coords=False)):
+        conv = EGNNConv(4, eps=1e-50, **kwargs)
+        out, _ = _coincident_step(conv, torch.float32)
+        assert torch.isfinite(out).all()
+    conv = EGNNConv(4, normalize=True, eps=1e-50)
+    _, out = conv(torch.randn(2, 4), torch.zeros(2, 3), torch.tensor([[0, 1], [1, 0]]),
+                  update_coords=False)  # (no coordinate update: eps unused)
+    assert torch.equal(out, torch.zeros(2, 3))
 
 
 def test_conv_repr_shows_coords_range_and_eps():

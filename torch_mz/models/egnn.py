@@ -115,6 +115,12 @@ def radius_edge_index(pos: Tensor, r: float, batch: Optional[Tensor] = None,
     if not isinstance(r, numbers.Real) or isinstance(r, bool) or not r >= 0:
         # (NaN too: it gave no edge, silently)
         raise ValueError(f"'r' must be a non-negative number, got {r!r}")
+    # as a float, as EGNN's radius is: an integer r of 4e9 or more failed in the comparison
+    # ("int too big to convert": r * r beyond int64), and one beyond float64 is infinite
+    try:
+        r = float(r)
+    except OverflowError:
+        r = math.inf
     if (not isinstance(chunk_size, numbers.Integral) or isinstance(chunk_size, bool)
             or chunk_size < 1):
         raise ValueError(f"'chunk_size' must be a positive integer, got {chunk_size!r}")
@@ -190,7 +196,8 @@ def split_pos_features(x: Tensor, pos_dim: int) -> Tuple[Tensor, Optional[Tensor
         - **input:** x :math:`(N, D + F)`
         - **output:** pos :math:`(N, D)`, features :math:`(N, F)` or :obj:`None`
     """
-    if x.dim() != 2 or pos_dim < 1 or x.size(1) < pos_dim:
+    pos_dim = check_count('pos_dim', pos_dim)  # (True read one column; 2.0 failed in slicing)
+    if x.dim() != 2 or x.size(1) < pos_dim:
         raise ValueError(f"Expected 'x' of shape (N, >= {pos_dim}) with pos_dim >= 1, got "
                          f"{tuple(x.shape)} and pos_dim={pos_dim}")
     features = x[:, pos_dim:] if x.size(1) > pos_dim else None  # (N, F)
@@ -204,6 +211,23 @@ def _safe_norm(sq_norm: Tensor, eps: float) -> Tensor:
     # sqrt has an infinite derivative at 0, and 0 * inf = NaN for coincident points. Below eps^2 the
     # clamp passes a zero gradient, so the norm is differentiable everywhere.
     return sq_norm.clamp_min(eps * eps).sqrt()
+
+
+def _check_eps(eps: float, dtype: torch.dtype, detach_norm: bool) -> None:
+    r"""Refuses an :obj:`eps` too small for the normalisation in :obj:`dtype`, the coordinates'
+    (float32 for half-precision ones): below the smallest normal number coincident points gave
+    NaN coordinates (1e-50 is 0 in float32: 0 / 0) or NaN gradients (1e-43: weight / eps
+    overflowed on a new layer; the smallest normal number leaves 1 / eps finite),
+    and with :obj:`detach_norm` false, below the root of the smallest subnormal number, whose
+    square, the safe norm's clamp, is 0, NaN gradients."""
+    info = torch.finfo(dtype)
+    least = float(info.tiny) if detach_norm else math.sqrt(float(info.tiny) * float(info.eps))
+    if eps < least:
+        why = '' if detach_norm else ', with detach_norm=False (the safe norm clamps at eps^2)'
+        raise ValueError(f"Expected an 'eps' of at least {least:.3g} for coordinates normalised "
+                         f"in {dtype}{why}, got {eps!r}: a smaller one gives NaN coordinates or "
+                         f"gradients for coincident points (give a larger eps, or float64 "
+                         f"coordinates)")
 
 
 class EGNNConv(MessagePassing):
@@ -286,9 +310,14 @@ class EGNNConv(MessagePassing):
         act (str, optional): Activation of the MLPs (a PyG activation name).
             (default: :obj:`"silu"`)
         eps (float, optional): :math:`\epsilon` of the normalisation and of the safe norm, a
-            positive number that is not 0 in float32 (at least :math:`2^{-149} \approx 1.4
-            \cdot 10^{-45}`, and with ``detach_norm=False``, whose clamp is at
-            :math:`\epsilon^2`, at least :math:`2^{-74.5} \approx 3.7 \cdot 10^{-23}`).
+            positive number, used only with ``normalize=True`` and coordinate updates. It is
+            added in the coordinates' dtype (float32 for half-precision ones), where a call
+            refuses with a :class:`ValueError` one that would give NaN coordinates or gradients
+            for coincident points: below the smallest normal number (float32: :math:`2^{-126}
+            \approx 1.2 \cdot 10^{-38}`, float64: :math:`2^{-1022} \approx 2.2 \cdot
+            10^{-308}`) or, with ``detach_norm=False``, whose clamp is at :math:`\epsilon^2`,
+            below :math:`2^{-74.5} \approx 3.7 \cdot 10^{-23}` (float64: :math:`2^{-537}
+            \approx 2.2 \cdot 10^{-162}`); below the float64 bound already at construction.
             (default: :obj:`1e-8`)
 
     Shapes:
@@ -337,14 +366,10 @@ class EGNNConv(MessagePassing):
                                           ('residual', residual)))
         coords_range = check_number('coords_range', coords_range, allow_zero=True)
         eps = check_number('eps', eps)
-        # (1e-50 is 0 in float32: coincident points gave NaN coordinates with normalize, and an
-        # eps whose square is 0 there NaN gradients with detach_norm=False, through the safe norm)
-        tiny = float(torch.finfo(torch.float32).tiny * torch.finfo(torch.float32).eps)  # 2^-149
-        least = tiny if detach_norm else math.sqrt(tiny)
-        if eps < least:
-            why = '' if detach_norm else ' (and so its square, with detach_norm=False)'
-            raise ValueError(f"Expected an 'eps' that is not 0 in float32{why}, i.e. at least "
-                             f"{least:.3g}, got {eps!r}")
+        if normalize and update_coords:  # (eps serves the normalisation alone)
+            # too small in every dtype; the coordinates' own is checked at the call (a float64
+            # layer on float64 coordinates takes eps=1e-50, which is 0 in float32)
+            _check_eps(eps, torch.float64, detach_norm)
         if coord_aggr not in _COORD_AGGRS:
             raise ValueError(f"'coord_aggr' must be one of {_COORD_AGGRS}, got '{coord_aggr}'")
         self.channels = channels
@@ -404,6 +429,9 @@ class EGNNConv(MessagePassing):
         if edge_index.dim() != 2 or edge_index.size(0) != 2:
             raise ValueError(f"Expected 'edge_index' of shape (2, E), got "
                              f"{tuple(edge_index.shape)}")
+        if self.normalize and self.coord_mlp is not None and update_coords:
+            # eps in the dtype the coordinates are normalised in (see message())
+            _check_eps(self.eps, torch.promote_types(pos.dtype, torch.float32), self.detach_norm)
         if self.edge_dim > 0:
             if edge_attr is None or edge_attr.dim() != 2 or edge_attr.shape != (
                     edge_index.size(1), self.edge_dim):
