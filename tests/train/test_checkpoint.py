@@ -345,7 +345,12 @@ def test_missing_or_corrupt_checkpoint_raises_clear_error(tmp_path):
     for field, value, match in (('history', None, r'history \(NoneType\) of the wrong type'),
                                 ('epoch', 'x', r'epoch \(str\) of the wrong type'),
                                 ('rng', [{}], 'Random-number state .* cannot be restored'),
-                                ('rng', [], 'rng or history')):
+                                ('rng', [], 'rng or history'),
+                                # (an AttributeError, or a TypeError once every epoch had run)
+                                ('optimizer', None, r'optimizer \(NoneType\) of the wrong'),
+                                ('model', None, r'model \(NoneType\) of the wrong type'),
+                                ('scheduler', [], r'scheduler \(list\) of the wrong type'),
+                                ('best_model', 'x', r'best_model \(str\) of the wrong type')):
         damaged = tmp_path / 'damaged.pt'
         torch.save(dict(state, **{field: value}), damaged)
         with pytest.raises(CheckpointError, match=match):
@@ -970,3 +975,137 @@ def test_cuda_rng_restored_where_another_number_of_gpus_is_visible(monkeypatch):
                                                        for i, s in enumerate(states)))
     _set_rng_state(state)
     assert restored == [([1, 2, 3], 0)]
+
+
+def test_a_gpu_run_resumed_on_the_cpu_or_another_gpu_is_said_to_differ(tmp_path, monkeypatch,
+                                                                        caplog):
+    # a GPU run resumed on a CPU-only machine restored no CUDA stream (its dropout masks now
+    # come from the CPU's generator) and said nothing: 'device' is a change config_changes
+    # lets pass. Resumed all the same, with a warning that names both devices and GPU counts
+    out = tmp_path / 'run'
+    Trainer(H.ToyDeepSets(3, 2), config(epochs=1, warmup_epochs=0, out_dir=str(out))).fit(
+        REG_TRAIN[:16], REG_VAL[:8])
+    state = torch.load(out / 'checkpoint.pt', weights_only=True)
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)  # (this machine: no GPU)
+    two = [torch.zeros(16, dtype=torch.uint8)] * 2
+    gpu = dict(state, rng=[dict(state['rng'][0], device='cuda:0', cuda=two)])
+    older = dict(state, rng=[{k: v for k, v in state['rng'][0].items() if k != 'device'}])
+    older_gpu = dict(older, config=dict(state['config'], device='auto'),
+                     rng=[dict(older['rng'][0], cuda=two)])
+    for name, saved, said in (('gpu', gpu, True), ('older_gpu', older_gpu, True),
+                              ('cpu', state, False), ('older_cpu', older, False)):
+        torch.save(saved, tmp_path / f'{name}.pt')
+        caplog.clear()
+        with caplog.at_level('WARNING'):
+            result = Trainer(H.ToyDeepSets(3, 2), config(
+                epochs=1, warmup_epochs=0, resume=str(tmp_path / f'{name}.pt'))).fit(
+                    REG_TRAIN[:16], REG_VAL[:8])
+        assert result.epochs_run == 1  # (not refused: nothing crashed)
+        assert ('this run trains on cpu (the checkpoint holds the random state of 2 CUDA '
+                "device(s), this machine has 0); its random stream (dropout masks) is not the "
+                "run's" in caplog.text) == said, name
+        assert caplog.text == '' or said, name
+    assert state['rng'][0]['device'] == 'cpu'  # the device each process trains on
+
+
+def test_rng_difference_follows_the_device_the_run_trains_on(monkeypatch):
+    from torch_mz.train.checkpoint import _rng_difference, _rng_state, _set_rng_state
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'current_device', lambda: 0)
+    one, two = ([torch.zeros(16, dtype=torch.uint8)] * n for n in (1, 2))
+    cuda0, cuda1 = torch.device('cuda', 0), torch.device('cuda', 1)
+    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
+    # written on cuda:0 where one GPU was visible, resumed on cuda:0 (or 'cuda') where two are:
+    # its stream is restored (test_cuda_rng_restored_where_another_number_of_gpus_is_visible)
+    assert _rng_difference({'cuda': one, 'device': 'cuda:0'}, cuda0) is None
+    assert _rng_difference({'cuda': one, 'device': 'cuda:0'}, torch.device('cuda')) is None
+    assert _rng_difference({'cuda': one, 'device': 'cuda:0'}, cuda1) == (
+        'it was trained on cuda:0, this run trains on cuda:1 (the checkpoint holds the random '
+        'state of 1 CUDA device(s), this machine has 2)')
+    # written on cuda:1 of two, resumed on the one GPU of another machine: cuda:0's state was
+    # not the run's stream
+    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 1)
+    assert _rng_difference({'cuda': two, 'device': 'cuda:1'}, cuda0) == (
+        'it was trained on cuda:1, this run trains on cuda:0 (the checkpoint holds the random '
+        'state of 2 CUDA device(s), this machine has 1)')
+    assert _rng_difference({'cuda': [], 'device': 'cpu'}, cuda0).startswith(
+        'it was trained on cpu, this run trains on cuda:0')
+    assert _rng_difference({'cuda': [], 'device': 'cpu'}, torch.device('cpu:0')) is None
+    # a checkpoint that does not record its device: the configuration's type, and whether it
+    # holds the state of the device now trained on
+    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
+    assert _rng_difference({'cuda': two}, cuda1, 'auto') is None
+    assert _rng_difference({'cuda': one}, cuda1, 'cuda') == (
+        'it holds no random state for cuda:1 (the checkpoint holds the random state of 1 CUDA '
+        'device(s), this machine has 2)')
+    assert _rng_difference({'cuda': two}, cuda0, 'cpu').startswith('it was trained on cpu')
+    assert _rng_difference({'cuda': []}, cuda0, 'auto').startswith('it was trained on cpu')
+    # MPS: its own generator, saved and restored where the run trains on it
+    calls = []
+    monkeypatch.setattr(torch.mps, 'get_rng_state', lambda *a: torch.tensor([7]))
+    monkeypatch.setattr(torch.mps, 'set_rng_state', lambda s, *a: calls.append(s.tolist()))
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    mps = torch.device('mps')
+    state = _rng_state(mps)
+    assert state['device'] == 'mps' and state['mps'].tolist() == [7]
+    _set_rng_state(state, mps)
+    assert calls == [[7]] and _rng_difference(state, mps) is None
+    assert _rng_difference({'cuda': [], 'device': 'mps'}, mps) == 'it holds no random state for mps'
+
+
+def test_a_checkpoint_of_another_torch_mz_version_is_said_to_differ(tmp_path, caplog):
+    out = tmp_path / 'run'
+    Trainer(H.ToyDeepSets(3, 2), config(epochs=1, warmup_epochs=0, out_dir=str(out))).fit(
+        REG_TRAIN[:16], REG_VAL[:8])
+    state = torch.load(out / 'checkpoint.pt', weights_only=True)
+    torch.save(dict(state, torch_mz_version='0.1.0'), tmp_path / 'old.pt')
+    for path, said in ((out / 'checkpoint.pt', False), (tmp_path / 'old.pt', True)):
+        caplog.clear()
+        with caplog.at_level('WARNING'):
+            Trainer(H.ToyDeepSets(3, 2), config(epochs=1, warmup_epochs=0,
+                                                resume=str(path))).fit(REG_TRAIN[:16],
+                                                                       REG_VAL[:8])
+        assert ('was written by torch_mz 0.1.0, this is torch_mz ' in caplog.text) == said
+
+
+@pytest.mark.parametrize('stage', ['validation', 'checkpoint'])
+def test_a_run_interrupted_in_its_validation_or_checkpoint_resumes_exactly(tmp_path,
+                                                                           monkeypatch, stage):
+    # Ctrl-C in epoch 3's validation, or while its checkpoint.pt is written (after best.pt):
+    # resumed from epoch 2's checkpoint, the run ends as the uninterrupted one, files included
+    full, full_result, _ = _resume_run(tmp_path / 'full')
+    evaluate, save = Trainer.evaluate, torch.save
+    calls = []
+
+    def interrupted_evaluate(self, dataset):
+        calls.append(1)
+        if len(calls) == 4:  # (epoch 3's)
+            raise KeyboardInterrupt
+        return evaluate(self, dataset)
+
+    def interrupted_save(obj, f, *args, **kwargs):
+        if obj.get('kind') == 'train' and obj.get('epoch') == 3:
+            f.write(b'half a checkpoint')
+            raise KeyboardInterrupt
+        save(obj, f, *args, **kwargs)
+    if stage == 'validation':
+        monkeypatch.setattr(Trainer, 'evaluate', interrupted_evaluate)
+    else:
+        monkeypatch.setattr(torch, 'save', interrupted_save)
+    out = tmp_path / 'cut'
+    with pytest.raises(KeyboardInterrupt):
+        _resume_run(out)
+    monkeypatch.undo()
+    assert load_checkpoint(out / 'checkpoint.pt')['epoch'] == 2
+    assert sorted(os.listdir(out)) == ['best.pt', 'checkpoint.pt', 'metrics.csv',
+                                       'metrics.jsonl']  # no temporary file
+    resumed, result, ran = _resume_run(out, resume=str(out / 'checkpoint.pt'), init_seed=123)
+    assert ran == [3, 4]
+    assert_same_params(params(resumed.model), params(full.model))
+    assert strip_times(result.history) == strip_times(full_result.history)
+    for name in ('best.pt', 'checkpoint.pt'):
+        got, want = (load_checkpoint(run / name) for run in (out, tmp_path / 'full'))
+        assert got['epoch'] == want['epoch'], name
+        assert_same_params(got['model'], want['model'])
+    assert [json.loads(line)['epoch'] for line in
+            (out / 'metrics.jsonl').read_text().splitlines()] == [0, 1, 2, 3, 4]

@@ -217,11 +217,15 @@ def _load_failure(e: Exception) -> str:
     return f'the weights-only unpickler refused it: {why or type(e).__name__}'
 
 
-def _rng_state() -> Dict[str, Any]:
+def _rng_state(device: Optional[torch.device] = None) -> Dict[str, Any]:
+    r"""This process's random-number state: Python's, NumPy's, PyTorch's CPU generator and
+    every visible CUDA device's, and with :obj:`device` (the one the run trains on) its name
+    (:func:`_device_name`) and an MPS device's generator, so that a resume can tell whether
+    it restores the stream the run drew from (:func:`_rng_difference`)."""
     version, mt, gauss = random.getstate()
     np_state = np.random.get_state()
     assert isinstance(np_state, tuple)  # the legacy form, the default
-    return {
+    state = {
         'python': {'version': version, 'state': torch.tensor(mt, dtype=torch.int64),
                    'gauss': gauss},
         'numpy': {'kind': np_state[0], 'state': torch.from_numpy(np_state[1].astype(np.int64)),
@@ -230,9 +234,17 @@ def _rng_state() -> Dict[str, Any]:
         'torch': torch.get_rng_state(),
         'cuda': torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
     }
+    if device is not None:
+        state['device'] = _device_name(device)
+        if device.type == 'mps':  # (its own generator: the dropout masks drawn on it)
+            state['mps'] = torch.mps.get_rng_state()
+    return state
 
 
-def _set_rng_state(state: Dict[str, Any]) -> None:
+def _set_rng_state(state: Dict[str, Any], device: Optional[torch.device] = None) -> None:
+    r"""Restores :func:`_rng_state`'s :obj:`state`: the CUDA devices both it and this machine
+    have (by index), and the generator of an MPS :obj:`device` where it holds one. What it
+    cannot restore (another device, fewer GPUs) :func:`_rng_difference` names."""
     py = state['python']
     random.setstate((py['version'], tuple(py['state'].tolist()), py['gauss']))
     n = state['numpy']
@@ -245,6 +257,48 @@ def _set_rng_state(state: Dict[str, Any]) -> None:
         # on another node) restored none, and its dropout masks on cuda:0 differed silently
         for index, saved in enumerate(cuda[:torch.cuda.device_count()]):
             torch.cuda.set_rng_state(saved.cpu(), index)
+    if device is not None and device.type == 'mps' and isinstance(state.get('mps'), Tensor):
+        torch.mps.set_rng_state(state['mps'].cpu())
+
+
+def _device_name(device: torch.device) -> str:
+    r""":obj:`device` as the generator it draws from: ``cuda`` as the CUDA device it stands
+    for (the current one), ``'cuda:0'``; ``cpu:0`` as ``cpu`` (one generator)."""
+    if device.type == 'cuda' and device.index is None:
+        return f'cuda:{torch.cuda.current_device()}'
+    return 'cpu' if device.type == 'cpu' else str(device)
+
+
+def _rng_difference(state: Mapping[str, Any], device: torch.device,
+                    configured: Any = None) -> Optional[str]:
+    r"""Why the random stream a run resumed on :obj:`device` draws from (its dropout masks) is
+    not the one the saved run drew from once :func:`_set_rng_state` has restored :obj:`state`
+    (one process's :func:`_rng_state`), or :obj:`None` where it is: the run trained on another
+    device (a GPU run resumed on the CPU, or on another GPU), or this device's state is not in
+    the checkpoint (fewer GPUs were visible when it was written). A state written before it
+    recorded its device is judged by the device type of the saved configuration's ``device``
+    (:obj:`configured`; ``'auto'`` was CUDA where the state holds CUDA devices)."""
+    cuda = state.get('cuda') or []
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    counts = (f' (the checkpoint holds the random state of {len(cuda)} CUDA device(s), this '
+              f'machine has {visible})' if len(cuda) != visible else '')
+    now = _device_name(device)
+    saved = state.get('device')
+    if not isinstance(saved, str):  # (an older checkpoint: the type its configuration gave)
+        saved = None
+        if configured == 'auto':
+            saved = 'cuda' if cuda else 'cpu'
+        elif isinstance(configured, str) and configured:
+            saved = configured.partition(':')[0]
+        if saved is not None and saved != device.type:
+            return f'it was trained on {saved}, this run trains on {now}' + counts
+    elif saved != now:
+        return f'it was trained on {saved}, this run trains on {now}' + counts
+    if device.type == 'cuda' and int(now.partition(':')[2]) >= len(cuda):
+        return f'it holds no random state for {now}' + counts
+    if device.type not in ('cpu', 'cuda') and not (device.type == 'mps' and 'mps' in state):
+        return f'it holds no random state for {now}'
+    return None
 
 
 def _json_values(value: Optional[Dict[str, Any]], name: str) -> Optional[Dict[str, Any]]:

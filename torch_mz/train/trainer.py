@@ -28,8 +28,9 @@ from torch_mz._files import atomic_write, remove_stale_temp_files, strict_json
 from torch_mz.runtime import freed_memory_kept
 from torch_mz.nn.fused import fused_kernels_mode, set_tanh_kernel, tanh_kernel_in_use
 from torch_mz.train.checkpoint import (CHECKPOINT_FORMAT, CHECKPOINT_VERSION, CheckpointError,
-                                       _cpu_state_dict, _json_values, _rng_state,
-                                       _set_rng_state, _torch_mz_version, _with_build_info,
+                                       _cpu_state_dict, _json_values, _rng_difference,
+                                       _rng_state, _set_rng_state, _torch_mz_version,
+                                       _with_build_info,
                                        checkpoint_normalizer, config_changes, describe_run,
                                        load_checkpoint, load_weights_into, same_run,
                                        save_checkpoint)
@@ -374,7 +375,7 @@ class Trainer:
         }
 
     def _gather_rng(self) -> List[Dict[str, Any]]:
-        state = _rng_state()
+        state = _rng_state(self.device)
         if not self.dist.is_distributed:
             return [state]
         states: List[Any] = [None] * self.dist.world_size
@@ -544,7 +545,8 @@ class Trainer:
         evaluates the final (best, restored) model on ``test_dataset`` if given; the model is
         left in ``eval()`` mode, predicting in target units. With
         ``config.resume`` set it continues from that checkpoint at its next epoch; with the same
-        configuration and deterministic kernels the result equals that of an uninterrupted run.
+        configuration, device, torch_mz version and deterministic kernels the result equals that
+        of an uninterrupted run (a resume that differs in one of them is said in a warning).
         Inside :func:`~torch_mz.train.stop_by` it stops after the epoch that ends past the
         deadline, writes that epoch's checkpoint and raises
         :class:`~torch_mz.train.TrainingStopped` (with ``out_dir`` set; a run with nowhere to
@@ -967,11 +969,25 @@ class Trainer:
             log.warning('Checkpoint %s was written with %d process(es), now %d: random streams '
                         'will differ from an uninterrupted run', path, len(rng),
                         self.dist.world_size)
+        saved_rng = rng[self.dist.rank] if self.dist.rank < len(rng) else rng[0]
         try:
-            _set_rng_state(rng[self.dist.rank] if self.dist.rank < len(rng) else rng[0])
+            _set_rng_state(saved_rng, self.device)
         except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as e:
             raise CheckpointError(f'Random-number state in {path!r} cannot be restored: '
                                   f'{type(e).__name__}: {e}') from e
+        # another device (a GPU run resumed on the CPU; config_changes lets 'device' pass), or
+        # a GPU whose state the checkpoint lacks (written where fewer were visible): resumed
+        # all the same, but said not to be the same stream
+        moved_device = _rng_difference(saved_rng, self.device,
+                                       old.get('device') if isinstance(old, dict) else None)
+        if moved_device is not None and main:
+            log.warning('Checkpoint %s: %s; its random stream (dropout masks) is not the '
+                        "run's, which will differ from an uninterrupted one", path, moved_device)
+        version = state.get('torch_mz_version')
+        if isinstance(version, str) and version != _torch_mz_version() and main:
+            log.warning('Checkpoint %s was written by torch_mz %s, this is torch_mz %s: the run '
+                        'may differ from an uninterrupted one', path, version,
+                        _torch_mz_version())
         saved_tanh = state.get('tanh_kernel')
         if saved_tanh is not None:
             # the tanh the run computed with (torch_mz.nn.fused.tanh_kernel_in_use), unless
@@ -1006,7 +1022,8 @@ class Trainer:
 #: The types of a training checkpoint's fields that :meth:`Trainer._load_resume` reads.
 _RESUME_FIELD_TYPES: Dict[str, Union[type, Tuple[type, ...]]] = {
     'epoch': int, 'best_epoch': int, 'bad_epochs': int, 'best_val_loss': (int, float),
-    'wall_time': (int, float), 'history': list, 'rng': list}
+    'wall_time': (int, float), 'history': list, 'rng': list, 'model': dict, 'optimizer': dict,
+    'scheduler': dict, 'best_model': (dict, type(None))}
 
 
 def _same_folder(a: str, b: str) -> bool:
