@@ -70,6 +70,40 @@ def write_h5(path: str, **arrays: np.ndarray) -> str:
     return path
 
 
+#: The ways an HDF5 entry leads out of its file (:func:`write_h5_leading_elsewhere`).
+H5_ELSEWHERE = ('external_link', 'soft_link', 'virtual', 'external_storage')
+
+
+def write_h5_leading_elsewhere(path: str, kind: str, key: str, other: str,
+                               **arrays: np.ndarray) -> str:
+    r"""Writes the HDF5 file :obj:`path` holding :obj:`arrays`, and under :obj:`key` an entry
+    that reads :obj:`key` of the HDF5 file :obj:`other` instead (:data:`H5_ELSEWHERE`): an
+    external link, a soft link through an external link to its root, a virtual dataset, or a
+    dataset stored in a raw copy of the array (``<other>.bin``), as a crafted file would."""
+    h5py = pytest.importorskip('h5py')
+    os.makedirs(osp.dirname(path), exist_ok=True)
+    with h5py.File(other, 'r') as f:
+        shape, dtype = f[key].shape, f[key].dtype
+        values = f[key][()]
+    with h5py.File(path, 'w') as f:
+        for name, value in arrays.items():
+            f.create_dataset(name, data=value)
+        if kind == 'external_link':
+            f[key] = h5py.ExternalLink(other, '/' + key)
+        elif kind == 'soft_link':
+            f['elsewhere'] = h5py.ExternalLink(other, '/')
+            f[key] = h5py.SoftLink('/elsewhere/' + key)
+        elif kind == 'virtual':
+            layout = h5py.VirtualLayout(shape=shape, dtype=dtype)
+            layout[...] = h5py.VirtualSource(other, key, shape=shape)
+            f.create_virtual_dataset(key, layout)
+        else:  # external_storage
+            raw = other + '.bin'
+            values.tofile(raw)
+            f.create_dataset(key, shape=shape, dtype=dtype, external=[(raw, 0, values.nbytes)])
+    return path
+
+
 def random_clouds(rng: np.random.Generator, n: int, p: int) -> np.ndarray:
     clouds = rng.normal(size=(n, p, 3)) * rng.uniform(0.5, 2.0, size=(n, 1, 3))
     return (clouds / np.linalg.norm(clouds, axis=-1).max(axis=1, keepdims=True)[..., None]).astype(

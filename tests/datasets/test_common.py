@@ -147,6 +147,27 @@ def test_read_h5_errors_name_the_file(tmp_path):
         read_h5(str(tmp_path / 'missing.h5'), ('data', ))
 
 
+@pytest.mark.parametrize('kind', ['external_link', 'soft_link', 'virtual',
+                                  'external_storage'])
+def test_read_h5_never_reads_other_files_that_an_entry_names(tmp_path, kind):
+    # the bug: an external link, a soft link through one, a virtual dataset or external storage
+    # under 'data' was followed, and a crafted file had the loader read any file on disk
+    from tests.datasets.raw_formats import write_h5, write_h5_leading_elsewhere
+    other = write_h5(str(tmp_path / 'elsewhere' / 'other.h5'), data=np.arange(6.0).reshape(2, 3))
+    path = write_h5_leading_elsewhere(str(tmp_path / 'a.h5'), kind, 'data', other,
+                                      label=np.zeros(2))
+    target = {'external_link': r"external link to '/data' in the file '.*other\.h5'",
+              'soft_link': "soft link to '/elsewhere/data'",
+              'virtual': r"virtual dataset that reads from the file\(s\) \['.*other\.h5'\]",
+              'external_storage': (r"dataset whose data is stored in the external file\(s\) "
+                                   r"\['.*other\.h5\.bin'\]")}[kind]
+    with pytest.raises(CorruptRawFileError, match=f"a.h5': 'data' is an? {target}"):
+        read_h5(path, ('data', 'label'))
+    with pytest.raises(CorruptRawFileError, match=f"a.h5': 'data' is an? {target}"):
+        read_h5(path, ('label', ), optional=('data', ))  # (an optional key too)
+    assert read_h5(path, ('label', ))['label'].shape == (2, )  # (the other keys are read)
+
+
 def test_processed_file_error_names_the_file_and_pickles():
     for unsafe in (False, True):
         err = ProcessedFileError('/data/processed/data.pt', 'is broken', unsafe=unsafe)

@@ -17,6 +17,7 @@ from tests.datasets.raw_formats import (
     MODELNET_MESHES,
     offline_download_url,
     write_h5,
+    write_h5_leading_elsewhere,
     write_off,
 )
 from torch_mz.datasets.common import CorruptRawFileError
@@ -183,6 +184,47 @@ def test_classes_without_meshes_of_a_split_are_warned_about_and_recorded(modelne
         assert stats[split]['classes_without_meshes'] == [
             n for n in MODELNET40_CLASSES if n not in present]
     assert test.stats['test']['classes_without_meshes'][-1] == 'xbox'
+
+
+def test_a_cache_built_before_classes_without_meshes_were_recorded_names_them(
+        modelnet_mesh_root, monkeypatch):
+    # the bug: a cache built before processing looked for classes without meshes (its stats
+    # file records no 'classes_without_meshes', and the check bumped no processing version,
+    # so it is reused) served splits without those classes, and no word, until processed again
+    import warnings
+    with pytest.warns(UserWarning, match='classes have no'):
+        first = ModelNet40(modelnet_mesh_root, num_points=16, log=False)
+    with open(first.processed_paths[2]) as f:
+        stats = json.load(f)
+    for split in ('train', 'test'):
+        del stats[split]['classes_without_meshes']  # (as a cache of the earlier release)
+    with open(first.processed_paths[2], 'w') as f:
+        json.dump(stats, f)
+    # an empty split folder removed: processing would refuse it (the fingerprint, of the
+    # meshes, is the same, so the cache is reused)
+    os.rmdir(osp.join(modelnet_mesh_root, 'raw', 'bathtub', 'test'))
+
+    def fail(self):
+        raise AssertionError('an old cache is reused, not rebuilt')
+
+    monkeypatch.setattr(ModelNet40, 'process', fail)
+    with pytest.warns(UserWarning, match=r"38 of the 40 classes have no test meshes .*"
+                      r"airplane, bathtub, bed, bench, bookshelf and 33 more\. The test split "
+                      r"holds no shape of them .*built before .*force_reload=True") as caught:
+        test = ModelNet40(modelnet_mesh_root, train=False, num_points=16, log=False)
+    assert not [w for w in caught if 'no train meshes' in str(w.message)]  # (the split read)
+    assert {w.filename for w in caught if 'classes have no' in str(w.message)} == {__file__}
+    assert test.stats['test']['classes_without_meshes'] == [
+        n for n in MODELNET40_CLASSES if n not in ('chair', 'xbox')]
+    monkeypatch.undo()
+    os.makedirs(osp.join(modelnet_mesh_root, 'raw', 'bathtub', 'test'))
+    with pytest.warns(UserWarning, match='classes have no test meshes'):
+        ModelNet40(modelnet_mesh_root, train=False, num_points=16, log=False, force_reload=True)
+    with warnings.catch_warnings():  # a cache that records them says nothing on reopening
+        warnings.simplefilter('error')
+        reopened = ModelNet40(modelnet_mesh_root, train=False, num_points=16, log=False)
+    assert reopened.stats['test']['classes_without_meshes'] == [
+        n for n in MODELNET40_CLASSES if n not in ('chair', 'xbox')]
 
 
 def test_mesh_points_lie_on_the_normalised_mesh(modelnet_mesh_root):
@@ -399,6 +441,19 @@ def test_hdf5_source_errors(modelnet_h5_root, tmp_path):
         ModelNet40(root, source='hdf5', num_points=16, log=False)
     with pytest.raises(FileNotFoundError, match=HDF5_FOLDER):
         ModelNet40(str(tmp_path / 'empty'), source='hdf5', log=False)
+
+
+def test_hdf5_labels_stored_in_another_file_are_refused(modelnet_h5_root, tmp_path):
+    # the bug: a dataset with external storage read its values from whatever file it named
+    root, folder, files = (modelnet_h5_root['root'], modelnet_h5_root['folder'],
+                           modelnet_h5_root['files'])
+    data, label = files['ply_data_test0.h5']
+    outside = write_h5(str(tmp_path / 'outside' / 'other.h5'), label=label)
+    write_h5_leading_elsewhere(osp.join(folder, 'ply_data_test0.h5'), 'external_storage',
+                               'label', outside, data=data)
+    with pytest.raises(CorruptRawFileError, match=r"ply_data_test0\.h5': 'label' is a dataset "
+                       r"whose data is stored in the external file\(s\) \['.*other\.h5\.bin'\]"):
+        ModelNet40(root, source='hdf5', num_points=16, log=False)
 
 
 def test_hdf5_release_files_are_checked_against_its_lists(modelnet_h5_root):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.datasets.raw_formats import write_h5
+from tests.datasets.raw_formats import H5_ELSEWHERE, write_h5, write_h5_leading_elsewhere
 from torch_mz.datasets.common import CorruptRawFileError
 from torch_mz.datasets.scanobjectnn import (
     SCANOBJECTNN_CLASSES,
@@ -150,6 +150,20 @@ def test_corrupt_files_are_named(scanobjectnn_root):
     with open(path, 'wb') as f:
         f.write(b'\x89HDF\r\n\x1a\n' + b'\0' * 40)  # an HDF5 signature and nothing behind it
     with pytest.raises(CorruptRawFileError, match='test_objectdataset.h5'):
+        ScanObjectNN(root, log=False, num_points=16)
+
+
+@pytest.mark.parametrize('kind', H5_ELSEWHERE)
+def test_a_file_whose_points_lie_in_another_file_is_refused(scanobjectnn_root, tmp_path, kind):
+    # the bug: 'data' as an external link, a soft link through one, a virtual dataset or
+    # external storage was followed: a crafted file had the loader read any file on disk
+    root, files = scanobjectnn_root['root'], scanobjectnn_root['files']
+    rel = osp.join('h5_files', 'main_split', 'test_objectdataset.h5')
+    outside = write_h5(str(tmp_path / 'outside' / 'other.h5'), data=files[rel]['data'])
+    arrays = {k: v for k, v in files[rel].items() if k != 'data'}
+    write_h5_leading_elsewhere(osp.join(root, 'raw', rel), kind, 'data', outside, **arrays)
+    with pytest.raises(CorruptRawFileError,
+                       match=r"test_objectdataset\.h5': 'data' is an? .*(other\.h5|/elsewhere)"):
         ScanObjectNN(root, log=False, num_points=16)
 
 

@@ -789,19 +789,56 @@ def integer_valued(values: np.ndarray) -> bool:
     return bool(np.all(np.isfinite(values)) and np.all(values == np.round(values)))
 
 
+def _h5_elsewhere(h5py: Any, f: Any, key: str) -> Optional[str]:
+    r"""What makes the entry :obj:`key` of the open HDF5 file :obj:`f` lead out of its own
+    storage, in words, or :obj:`None` for a dataset or group stored in the file (a hard link):
+    an external link (into another file), a soft link (whose path may pass through an external
+    link), a virtual dataset (read from its source files) or a dataset whose raw data lies in
+    external files (any file's bytes)."""
+    link = f.get(key, getlink=True)  # (the link itself: nothing is opened through it)
+    if isinstance(link, h5py.ExternalLink):
+        return f"an external link to '{link.path}' in the file '{link.filename}'"
+    if isinstance(link, h5py.SoftLink):
+        return f"a soft link to '{link.path}'"
+    if not isinstance(link, h5py.HardLink):
+        return f'a link of another kind ({type(link).__name__})'
+    entry = f[key]
+    if isinstance(entry, h5py.Dataset) and getattr(entry, 'is_virtual', False):
+        sources = sorted({m.file_name for m in entry.virtual_sources()})
+        return f'a virtual dataset that reads from the file(s) {sources}'
+    if isinstance(entry, h5py.Dataset) and entry.external:
+        return (f'a dataset whose data is stored in the external file(s) '
+                f'{sorted({name for name, _, _ in entry.external})}')
+    return None
+
+
 def read_h5(path: str, keys: Sequence[str], optional: Sequence[str] = ()) -> Dict[str, np.ndarray]:
     r"""Reads the arrays :obj:`keys` (and, where present, :obj:`optional`) from the HDF5 file
     :obj:`path`; raises :class:`CorruptRawFileError` naming the file when it is not a readable HDF5
-    file, lacks a key, or holds anything but numbers (booleans, integers or floats) under one."""
+    file, lacks a key, or holds anything but numbers (booleans, integers or floats) under one.
+
+    Only datasets stored in the file itself are read: a key that is an external link, a soft
+    link (its path may lead through an external link), a virtual dataset or a dataset with
+    external storage would make a crafted file read other files on disk, and is refused with a
+    :class:`CorruptRawFileError` naming the key and what it points to (the releases read here
+    store plain datasets)."""
     h5py = require('h5py')
     try:
         with h5py.File(path, 'r') as f:
-            missing = [k for k in keys if k not in f]
+            # (get(getlink=True) looks at the link alone; 'key in f' would follow it)
+            present = [k for k in dict.fromkeys(list(keys) + list(optional))
+                       if f.get(k, getlink=True) is not None]
+            missing = [k for k in keys if k not in present]
             if missing:
                 raise CorruptRawFileError(
                     path, f"missing dataset(s) {missing} (found {sorted(f.keys())})")
             arrays = {}
-            for k in list(keys) + [k for k in optional if k in f]:
+            for k in present:
+                elsewhere = _h5_elsewhere(h5py, f, k)
+                if elsewhere is not None:
+                    raise CorruptRawFileError(
+                        path, f"'{k}' is {elsewhere}: only datasets stored in the file itself "
+                        f"are read, never other files that it names")
                 if not isinstance(f[k], h5py.Dataset):
                     raise CorruptRawFileError(path, f"'{k}' is a group, not a dataset")
                 if f[k].dtype.kind not in 'biuf':  # (strings, bytes, compound, object types)

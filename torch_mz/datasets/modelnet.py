@@ -265,7 +265,9 @@ class ModelNet40(TrainTestSets):
       is downloaded over the files already there; a class folder without its ``train/`` or
       ``test/`` folder raises one too, and a class whose ``train/`` or ``test/`` folder holds
       no mesh is named in a warning and listed in :attr:`stats` (``classes_without_meshes``
-      of the split). Files other than ``<class>_*.off`` in the split folders are not read.
+      of the split; a cache built before processing looked for them is used as it is, and
+      names them from the raw folder, with the warning, when opened). Files other than
+      ``<class>_*.off`` in the split folders are not read.
       Each mesh is sampled once, at processing time: :obj:`num_points` points drawn uniformly
       on the surface (area-weighted) with a seed fixed per file (derived from :obj:`seed` and
       the file name), so the cached points are reproducible and training does not re-sample
@@ -278,7 +280,9 @@ class ModelNet40(TrainTestSets):
       ``shape_names.txt``, and ``train_files.txt`` / ``test_files.txt``, which list the HDF5
       files: a listed file that is missing raises an error, and without the lists every
       ``ply_data_*.h5`` found is read, with a warning), placed by hand in
-      ``raw/modelnet40_ply_hdf5_2048/``, y-up as stored.
+      ``raw/modelnet40_ply_hdf5_2048/``, y-up as stored. A file whose ``data`` or ``label``
+      leads to another file (an HDF5 link, a virtual dataset, external storage) is refused
+      (:func:`~torch_mz.datasets.common.read_h5`).
       The first :obj:`num_points` of the 2,048 points of a shape are kept (they are stored in
       random order, and PointNet, DGCNN and PointMLP take the same first 1,024), :obj:`None`
       keeps all. A shape with a non-finite coordinate among any of its points (not only among
@@ -548,9 +552,11 @@ class ModelNet40(TrainTestSets):
             data_list.append(self._example(points, label))
         return data_list
 
-    def _warn_classes_without_meshes(self, split: str, files: List[Tuple[str, int]]) -> None:
+    def _warn_classes_without_meshes(self, split: str, files: List[Tuple[str, int]],
+                                     cached: bool = False) -> None:
         r"""Warns where a class's :obj:`split` folder holds no ``<class>_*.off`` mesh, and keeps
-        the names for the stats file (:meth:`_split_record`)."""
+        the names for the stats file (:meth:`_split_record`); :obj:`cached` for a cache whose
+        stats file does not record them (:meth:`read_cache`)."""
         present = {label for _, label in files}
         names = [name for label, name in enumerate(MODELNET40_CLASSES) if label not in present]
         self._without_meshes[split] = names
@@ -558,13 +564,28 @@ class ModelNet40(TrainTestSets):
             # every class of ModelNet40.zip has meshes of both splits: a folder left empty (a
             # copy stopped part way) gave a split without that class, and no word
             more = f' and {len(names) - 5} more' if len(names) > 5 else ''
+            listed = ('they are listed in the stats file in the processed folder' if not cached
+                      else f"the processed files in '{self.processed_dir}', built before "
+                      f"processing looked for them, are used as they are: force_reload=True "
+                      f"rebuilds them and lists them in their stats file")
             warnings.warn(
                 f"ModelNet40 (source='mesh'): {len(names)} of the 40 classes have no {split} "
                 f"meshes ('{osp.join(self.raw_dir, '<class>', split, '<class>_*.off')}'): "
                 f"{', '.join(names[:5])}{more}. The {split} split holds no shape of them "
                 f"(every class of ModelNet40.zip has {split} meshes: a copy stopped part way?); "
-                f"they are listed in the stats file in the processed folder",
-                stacklevel=_caller_stacklevel())
+                f"{listed}", stacklevel=_caller_stacklevel())
+
+    def read_cache(self) -> None:
+        super().read_cache()
+        record = self.stats.get(self.split)
+        if (self.source == 'mesh' and isinstance(record, dict)
+                and 'classes_without_meshes' not in record):
+            # a cache built before processing looked for them (reused: the check changed no
+            # data) served a split without those classes, and no word: the raw folder, whose
+            # meshes are those the cache was built from, tells, as processing would have
+            self._warn_classes_without_meshes(self.split, self._mesh_files(self.split),
+                                              cached=True)
+            record['classes_without_meshes'] = list(self._without_meshes[self.split])
 
     def _split_record(self, split: str) -> Dict[str, object]:
         r"""The classes without meshes of :obj:`split` (``classes_without_meshes``), for the

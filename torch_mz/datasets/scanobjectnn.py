@@ -61,7 +61,9 @@ class ScanObjectNN(TrainTestSets):
     A.2, Task E, variant OBJ_BG, 1,024 points).
 
     Reads the authors' HDF5 release (datasets ``data`` :math:`(N, 2048, 3)`, ``label`` :math:`(N,)`,
-    ``mask`` :math:`(N, 2048)`), placed as ``raw/h5_files/...``. The variants and their files:
+    ``mask`` :math:`(N, 2048)`), placed as ``raw/h5_files/...``; a dataset that leads to another
+    file (an HDF5 link, a virtual dataset, external storage) is refused
+    (:func:`~torch_mz.datasets.common.read_h5`). The variants and their files:
 
     ============  =====================================================================
     OBJ_ONLY      ``main_split_nobg/{training,test}_objectdataset.h5``
