@@ -517,6 +517,33 @@ def test_a_rebuild_holds_the_cache_lock(scanobjectnn_root, monkeypatch):
     assert not osp.exists(osp.join(first.processed_dir, osp.basename(lock)))  # beside, not in
 
 
+def test_a_cache_rebuilt_by_another_process_before_the_read_is_not_read_as_ours(
+        scanobjectnn_root, monkeypatch):
+    # two jobs open one root at once with other pre_transforms: the second waits for the lock
+    # while the first builds. The first released it between its check-and-build (PyG's
+    # _process) and its read (open_cache), so the second took it, rebuilt the cache with its
+    # own pre_transform, and the first read those data as its own (pos * 100, not pos * 2)
+    root = scanobjectnn_root['root']
+    plain = ScanObjectNN(root, num_points=32, log=False)
+    original = common.ProcessedDataset.open_cache
+    other = []
+
+    def open_cache(self):
+        if not other:  # the other job takes the lock here, before this one reads
+            other.append(None)
+            other[0] = ScanObjectNN(root, num_points=32, log=False, pre_transform=_Scale(100))
+        original(self)
+
+    monkeypatch.setattr(common.ProcessedDataset, 'open_cache', open_cache)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore', UserWarning)  # (each rebuild names the other's markers)
+        ours = ScanObjectNN(root, num_points=32, log=False, pre_transform=_Scale(2))
+    assert len(ours) == len(plain) == len(other[0])
+    for a, b, c in zip(plain, ours, other[0]):
+        torch.testing.assert_close(b.pos, 2 * a.pos)
+        torch.testing.assert_close(c.pos, 100 * a.pos)
+
+
 # --------------------------------------------------------------------------------------------------
 # the markers of pre_transform / pre_filter: class and parameters, not the repr alone
 

@@ -153,6 +153,20 @@ def test_target_selection(qm9_root):
         QM9(qm9_root, target=12)
 
 
+def test_numpy_and_torch_integers_select_targets(qm9_root):
+    # as the datasets' other integer options, any integral type: a NumPy or torch index was
+    # refused as "an index in [0, 12), got np.int64(7)", and a 0-d tensor raised a TypeError
+    full = QM9(qm9_root, log=False)
+    for target in (np.int64(7), torch.tensor(7), np.array([7, 0]), torch.tensor([7, 0])):
+        want = [7] if np.ndim(target) == 0 else [7, 0]
+        ds = QM9(qm9_root, target=target, log=False)
+        assert ds.target_names == [QM9_TARGETS[c] for c in want]
+        assert torch.equal(ds.y, full.y[:, want])
+    for bad in (np.bool_(True), torch.tensor(True), np.float64(7.0), np.int64(12)):
+        with pytest.raises(ValueError, match=r'an index in \[0, 12\)'):
+            QM9(qm9_root, target=bad, log=False)
+
+
 def test_a_pre_transform_that_changes_the_targets_width_is_refused(qm9_root, tmp_path):
     # a y of 6 columns was read as 12 per row: target=['mu'] gave 2 rows for 4 molecules (two
     # molecules' targets as one row), target=None named 12 columns of 6
@@ -569,6 +583,13 @@ def test_invalid_arguments(tmp_path, qm9pack_csv):
         QM9(str(tmp_path), source='xyz')
     with pytest.raises(ValueError, match='csv_path'):
         QM9(str(tmp_path), source='sdf', csv_path=qm9pack_csv)
+
+
+def test_a_force_reload_that_is_no_truth_value_is_refused(qm9_root):
+    # the text 'False' is true: the cache was rebuilt on every open, without a word
+    with pytest.raises(ValueError, match="'force_reload' must be True or False"):
+        QM9(qm9_root, force_reload='False', log=False)
+    assert not osp.exists(osp.join(qm9_root, 'processed'))  # refused before processing
 
 
 @pytest.mark.parametrize('csv_path', [[], '', [None], 'folder'])

@@ -450,6 +450,7 @@ def test_a_copy_of_a_resampling_dataset_keeps_every_point_and_resampling(scanobj
     (dict(normalize='False'), 'normalize'),  # (normalised)
     (dict(resample='no'), 'resample'),  # (resampled)
     (dict(normalize=2), 'normalize'),
+    (dict(force_reload='False'), 'force_reload'),  # (the cache rebuilt on every open)
 ])
 def test_flags_that_are_no_truth_values_are_refused_up_front(scanobjectnn_root, kwargs, name):
     root = scanobjectnn_root['root']

@@ -426,6 +426,8 @@ class ProcessedDataset(InMemoryDataset):
     _raw_before: Optional[Dict[str, Any]] = None
     _markers_before: Optional[List[Tuple[str, Dict[str, Any]]]] = None
     _finished: bool = False
+    # whether PyG's constructor asked for the check and build that open_cache() does (_process)
+    _build_pending: bool = False
 
     @classmethod
     def save(cls, data_list: Sequence[Any], path: str,
@@ -472,9 +474,16 @@ class ProcessedDataset(InMemoryDataset):
         raise NotImplementedError
 
     def open_cache(self) -> None:
-        r"""Runs :meth:`read_cache`; when a processed file is broken, warns (naming it), rebuilds
-        the cache from the raw files and reads it again."""
+        r"""Checks the cache and builds or rebuilds it where it does not fit the arguments
+        (the work PyG's constructor asks of :meth:`_process`), then runs :meth:`read_cache`;
+        when a processed file is broken, warns (naming it), rebuilds the cache from the raw
+        files and reads it again. All under one hold of the cache's lock: another process
+        cannot rebuild the cache (with its own ``pre_transform``, say) between the check and
+        the read."""
         with self._build_lock():  # one process builds or rebuilds the cache at once
+            if self._build_pending:
+                self._build_pending = False
+                self._build_if_stale()
             try:
                 self._read_cache()
             except ProcessedFileError as e:
@@ -507,9 +516,10 @@ class ProcessedDataset(InMemoryDataset):
 
     def _build_lock(self) -> ContextManager[bool]:
         r"""An exclusive lock (:func:`~torch_mz._files.file_lock`) on ``<processed_dir>.lock``,
-        held while a process checks the cache and builds or rebuilds it, and while it reads
-        it: two processes opening the same dataset at once (e.g. two training jobs started
-        together) take turns, and the second finds the cache the first has built."""
+        held while a process checks the cache, builds or rebuilds it and reads it, in one hold
+        (:meth:`open_cache`): two processes opening the same dataset at once (e.g. two training
+        jobs started together) take turns, and the second finds the cache the first has built
+        (or, given another ``pre_transform``, rebuilds it after the first has read it)."""
         return file_lock(self.processed_dir.rstrip(os.sep) + '.lock', follow_links=False)
 
     def _download_once(self, staging: str) -> None:
@@ -577,55 +587,63 @@ class ProcessedDataset(InMemoryDataset):
         return next((p for p in self.processed_paths if osp.basename(p) == 'stats.json'), None)
 
     def _process(self) -> None:
-        with self._build_lock():  # one process builds or rebuilds the cache at once
-            # what a build killed mid-write left: files untouched for 10 minutes (where the
-            # file system takes no lock, another build may be writing a recent one), where the
-            # folder can be written (a cache shared read-only is read as it is)
-            with contextlib.suppress(OSError):
-                remove_stale_temp_files(self.processed_dir, [osp.basename(p) for p in (
-                    list(self.processed_paths) + [m for m, _ in self._markers()])],
-                    min_age_s=600)
-            # PyG's Dataset._process, with the markers read by load_processed (PyG unpickles them
-            # with weights_only=False) and a broken marker treated as a stale cache
-            stale = self.force_reload
-            complete = all(osp.exists(p) for p in self.processed_paths)
-            for path, current in self._markers():
-                what = osp.basename(path)[:-3]
-                if stale:
-                    continue
-                if not osp.exists(path):
-                    if complete:  # (every cache this release completes has its markers)
-                        warnings.warn(f"The processed files in '{self.processed_dir}' do not "
-                                      f"record the {what} they were made with (no "
-                                      f"'{osp.basename(path)}'): rebuilding them from the raw "
-                                      f"files", stacklevel=_caller_stacklevel())
-                        stale = True
-                    continue
-                try:
-                    saved = load_processed(path)
-                except ProcessedFileError as e:
-                    if e.unsafe:
-                        raise
-                    warnings.warn(f'{e}; rebuilding the processed files',
-                                  stacklevel=_caller_stacklevel())
+        # PyG's constructor calls this before the subclass's ends with open_cache(), which
+        # checks and builds the cache under the lock it reads it under: checked and built
+        # here, under a lock released before the read, the cache could be rebuilt in between
+        # by another process opening it with another pre_transform or pre_filter, whose data
+        # this one then read as its own
+        self._build_pending = True
+
+    def _build_if_stale(self) -> None:
+        r"""PyG's ``Dataset._process``, called by :meth:`open_cache` holding the lock."""
+        # what a build killed mid-write left: files untouched for 10 minutes (where the
+        # file system takes no lock, another build may be writing a recent one), where the
+        # folder can be written (a cache shared read-only is read as it is)
+        with contextlib.suppress(OSError):
+            remove_stale_temp_files(self.processed_dir, [osp.basename(p) for p in (
+                list(self.processed_paths) + [m for m, _ in self._markers()])],
+                min_age_s=600)
+        # PyG's Dataset._process, with the markers read by load_processed (PyG unpickles them
+        # with weights_only=False) and a broken marker treated as a stale cache
+        stale = self.force_reload
+        complete = all(osp.exists(p) for p in self.processed_paths)
+        for path, current in self._markers():
+            what = osp.basename(path)[:-3]
+            if stale:
+                continue
+            if not osp.exists(path):
+                if complete:  # (every cache this release completes has its markers)
+                    warnings.warn(f"The processed files in '{self.processed_dir}' do not "
+                                  f"record the {what} they were made with (no "
+                                  f"'{osp.basename(path)}'): rebuilding them from the raw "
+                                  f"files", stacklevel=_caller_stacklevel())
                     stale = True
-                    continue
-                mismatch = _marker_mismatch(saved, current, what)
-                if mismatch is not None:
-                    # PyG warns and uses the cache as it is: a run would record a pre_transform
-                    # (or pre_filter) that was never applied
-                    warnings.warn(f"The processed files in '{self.processed_dir}' were made with "
-                                  f"{mismatch}: rebuilding them from the raw files",
-                                  stacklevel=_caller_stacklevel())
-                    stale = True
-            if not stale and self._built_by_other_version():
+                continue
+            try:
+                saved = load_processed(path)
+            except ProcessedFileError as e:
+                if e.unsafe:
+                    raise
+                warnings.warn(f'{e}; rebuilding the processed files',
+                              stacklevel=_caller_stacklevel())
                 stale = True
-            if not stale and self._raw_files_changed():
+                continue
+            mismatch = _marker_mismatch(saved, current, what)
+            if mismatch is not None:
+                # PyG warns and uses the cache as it is: a run would record a pre_transform
+                # (or pre_filter) that was never applied
+                warnings.warn(f"The processed files in '{self.processed_dir}' were made with "
+                              f"{mismatch}: rebuilding them from the raw files",
+                              stacklevel=_caller_stacklevel())
                 stale = True
-            if not stale and complete:
-                self._check_parser_versions()  # (a warning: the cache is used as it is)
-                return
-            self._rebuild()
+        if not stale and self._built_by_other_version():
+            stale = True
+        if not stale and self._raw_files_changed():
+            stale = True
+        if not stale and complete:
+            self._check_parser_versions()  # (a warning: the cache is used as it is)
+            return
+        self._rebuild()
 
     def _recorded_stats(self) -> Optional[Dict[str, Any]]:
         r"""The cache's ``stats.json``; :obj:`None` where it is missing or unreadable (a cache
@@ -864,8 +882,10 @@ class TrainTestSets(ProcessedDataset):
 
     def _setup(self, root: Optional[str], name: str, train: bool, transform, pre_transform,
                pre_filter, log: bool, force_reload: bool) -> None:
-        # (the text 'False' is true: it loaded the training split)
+        # (the text 'False' is true: it loaded the training split; as force_reload, which
+        # rebuilt the cache on every open without a word)
         self.train = check_flag('train', train)
+        force_reload = check_flag('force_reload', force_reload)
         super().__init__(default_root(name) if root is None else root, transform, pre_transform,
                          pre_filter, log=log, force_reload=force_reload)
         self.open_cache()

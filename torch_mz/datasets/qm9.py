@@ -19,12 +19,14 @@ from torch import Tensor
 from torch_geometric.data import Data, download_url, extract_zip
 from tqdm import tqdm
 
+from torch_mz._checks import check_flag
 from torch_mz._optional import require
 from torch_mz.datasets.common import (
     CorruptRawFileError,
     ProcessedDataset,
     ProcessedFileError,
     SkipCounter,
+    check_integer,
     check_processed_sizes,
     default_root,
     fingerprint_files,
@@ -339,9 +341,9 @@ def _target_columns(
     if target is None:
         return None
     # one target (a name, an index, or something to refuse), or a sequence of them (a list, a
-    # tuple, a range, an array of names)
+    # tuple, a range, an array of names or indices); a zero-dimensional array or tensor is one
     items = ([target] if isinstance(target, (str, int, float)) or not hasattr(target, '__iter__')
-             else list(target))
+             or getattr(target, 'ndim', None) == 0 else list(target))
     if not items:
         raise ValueError("'target' must name at least one target (or be None for all)")
     columns = []
@@ -351,12 +353,23 @@ def _target_columns(
                 raise ValueError(
                     f"unknown QM9 target '{item}', expected one of {list(QM9_TARGETS)}")
             columns.append(QM9_TARGETS.index(item))
-        elif isinstance(item, int) and not isinstance(item, bool) and 0 <= item < len(QM9_TARGETS):
-            columns.append(int(item))
+        elif 0 <= _index(item) < len(QM9_TARGETS):
+            columns.append(_index(item))
         else:
             raise ValueError(f"a QM9 target must be a name in {list(QM9_TARGETS)} or an index in "
                              f"[0, {len(QM9_TARGETS)}), got {item!r}")
     return columns
+
+
+def _index(item: Any) -> int:
+    r""":obj:`item` as a Python :obj:`int` where it is an integer of any integral type (a Python
+    or NumPy integer, an integer tensor of one element: ``target=np.arange(3)`` names columns
+    0 to 2; they were refused as "an index in [0, 12), got 0"); -1 for anything else (a bool,
+    a float, text)."""
+    try:
+        return check_integer('target', item)
+    except ValueError:
+        return -1
 
 
 def _target_names(target: Union[None, int, str, Sequence[Union[int, str]]]) -> List[str]:
@@ -542,6 +555,8 @@ class QM9(ProcessedDataset):
         self.csv_path = None if csv_path is None else _csv_paths(csv_path)
         self.charge_failure = charge_failure
         self.target_columns = _target_columns(target)
+        # (the text 'False' is true: the cache was rebuilt on every open, without a word)
+        force_reload = check_flag('force_reload', force_reload)
         super().__init__(
             default_root('QM9') if root is None else root, transform, pre_transform, pre_filter,
             log=log, force_reload=force_reload)
