@@ -1,5 +1,6 @@
 import itertools
 import math
+import re
 
 import numpy as np
 import pytest
@@ -590,9 +591,20 @@ def test_flags_and_tolerances_are_checked():
     assert chamfer_distance(a, b, squared=0) == chamfer_distance(a, b, squared=False)
     pts = rng.standard_normal((10, 3))
     for bad in (True, float('nan'), float('inf'), -1e-10, '1e-10'):
-        with pytest.raises(ValueError, match=r"'rtol' must be a finite number >= 0"):
+        with pytest.raises(ValueError, match=r"'rtol' must be a number in \[0, 1\)"):
             convex_hull_volume(pts, rtol=bad)
     assert convex_hull_volume(pts, rtol=0) == convex_hull_volume(pts) > 0
+
+
+def test_hull_rtol_of_one_or_more_is_refused():
+    # a singular-value ratio is at most 1: rtol >= 1 (like rtol=True, which was refused) made
+    # every set flat, a unit cube too, volume 0 without a word
+    cube = np.array([[x, y, z] for x in (0, 1) for y in (0, 1) for z in (0, 1)], dtype=float)
+    assert convex_hull_volume(cube, rtol=0.999) == pytest.approx(1.0)
+    for bad in (1, 1.0, np.float64(5.0)):
+        with pytest.raises(ValueError, match=r"'rtol' must be a number in \[0, 1\) \(got "
+                                             + re.escape(repr(bad))):
+            convex_hull_volume(cube, rtol=bad)
 
 
 def test_hull_volume_in_one_dimension_beyond_the_float64_range():

@@ -20,7 +20,7 @@ from scipy.sparse.csgraph import minimum_spanning_tree
 from scipy.spatial import ConvexHull, QhullError
 from scipy.spatial.distance import cdist, pdist, squareform
 
-from torch_mz._checks import check_flag, check_number
+from torch_mz._checks import check_flag, check_number, check_rate
 
 __all__ = [
     'chamfer_distance',
@@ -381,14 +381,16 @@ def convex_hull_volume(points, rtol: float = 1e-10) -> float:
     Args:
         points (array_like): Shape :math:`(n, d)`.
         rtol (float, optional): Relative singular-value tolerance of the flatness test, a
-            finite number :math:`\geq 0`: sets whose singular-value ratio is at most ``rtol``
+            number in :math:`[0, 1)` (the ratio is at most :math:`1`, so from :math:`1` on every
+            set, a cube too, would be flat): sets whose singular-value ratio is at most ``rtol``
             (flat or thin) have volume :math:`0`. (default: :obj:`1e-10`)
 
     Returns:
         float: The hull volume, :math:`\geq 0`.
     """
-    # (rtol=True made every set flat, volume 0; NaN none, not even an exactly flat one)
-    rtol = check_number('rtol', rtol, allow_zero=True)
+    # (rtol=True, and any rtol >= 1, made every set flat, volume 0; NaN none, not even an
+    # exactly flat one)
+    rtol = check_rate('rtol', rtol)
     pts = _as_points(points)
     n, d = pts.shape
     if n < d + 1:

@@ -1170,6 +1170,19 @@ def test_conv_refuses_an_eps_too_small_for_the_coordinates_dtype(eps, detach_nor
     assert torch.isfinite(out).all() and torch.isfinite(grad).all()
 
 
+@pytest.mark.parametrize('detach_norm', [True, False])
+def test_conv_eps_message_names_float64_coordinates_only_where_they_help(detach_norm):
+    # below the float64 bound the message advised "or float64 coordinates", which do not help
+    eps = 1e-320 if detach_norm else 1e-170
+    with pytest.raises(ValueError, match=r"normalised in torch.float64.*give a larger eps\)$"):
+        EGNNConv(4, normalize=True, eps=eps, detach_norm=detach_norm)
+    conv = EGNNConv(4, normalize=True, eps=1e-50 if detach_norm else 1e-30,
+                    detach_norm=detach_norm)
+    with pytest.raises(ValueError, match=r"normalised in torch.float32.*give a larger eps, or "
+                                         r"float64 coordinates\)$"):
+        _coincident_step(conv, torch.float32)
+
+
 def test_conv_eps_is_checked_where_and_in_the_dtype_it_is_used():
     # the float32 bound refused eps=1e-50 also for float64 layers and coordinates, and without
     # normalize or coordinate updates, where eps is not used at all

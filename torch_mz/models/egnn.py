@@ -224,10 +224,11 @@ def _check_eps(eps: float, dtype: torch.dtype, detach_norm: bool) -> None:
     least = float(info.tiny) if detach_norm else math.sqrt(float(info.tiny) * float(info.eps))
     if eps < least:
         why = '' if detach_norm else ', with detach_norm=False (the safe norm clamps at eps^2)'
+        # (float64 coordinates are no remedy where the bound is float64's already)
+        wider = '' if dtype == torch.float64 else ', or float64 coordinates'
         raise ValueError(f"Expected an 'eps' of at least {least:.3g} for coordinates normalised "
                          f"in {dtype}{why}, got {eps!r}: a smaller one gives NaN coordinates or "
-                         f"gradients for coincident points (give a larger eps, or float64 "
-                         f"coordinates)")
+                         f"gradients for coincident points (give a larger eps{wider})")
 
 
 class EGNNConv(MessagePassing):
