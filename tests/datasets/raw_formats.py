@@ -104,6 +104,49 @@ def write_h5_leading_elsewhere(path: str, kind: str, key: str, other: str,
     return path
 
 
+def write_h5_user_defined_link(path: str, key: str, **arrays: np.ndarray) -> str:
+    r"""Writes the HDF5 file :obj:`path` holding :obj:`arrays`, and under :obj:`key` a
+    user-defined link (of a link class registered only while it is written, through the HDF5
+    library that h5py loaded; skipped where it is not found), as a crafted file would."""
+    import ctypes
+    h5py = pytest.importorskip('h5py')
+    try:  # (Linux: the shared libraries mapped into this process)
+        with open('/proc/self/maps') as maps:
+            libs = {line.split()[-1] for line in maps
+                    if 'libhdf5' in line and '_hl' not in line and '.so' in line}
+    except OSError:
+        libs = set()
+    if len(libs) != 1:
+        pytest.skip(f'the HDF5 library that h5py loaded is not found ({sorted(libs)})')
+    lib = ctypes.CDLL(libs.pop())
+    hid_t = ctypes.c_int64
+    trav_t = ctypes.CFUNCTYPE(hid_t, ctypes.c_char_p, hid_t, ctypes.c_void_p, ctypes.c_size_t,
+                              hid_t, hid_t)
+
+    class LinkClass(ctypes.Structure):  # (H5L_class_t, version 1)
+        _fields_ = [('version', ctypes.c_int), ('id', ctypes.c_int),
+                    ('comment', ctypes.c_char_p), ('create', ctypes.c_void_p),
+                    ('move', ctypes.c_void_p), ('copy', ctypes.c_void_p), ('trav', trav_t),
+                    ('delete', ctypes.c_void_p), ('query', ctypes.c_void_p)]
+
+    link_type = 200  # (in [H5L_TYPE_UD_MIN, H5L_TYPE_MAX])
+    trav = trav_t(lambda *args: -1)  # (kept alive while the class is registered)
+    cls = LinkClass(1, link_type, b'torch_mz test', None, None, None, trav, None, None)
+    if lib.H5Lregister(ctypes.byref(cls)) < 0:
+        pytest.skip('the HDF5 library takes no user-defined link class')
+    try:
+        os.makedirs(osp.dirname(path), exist_ok=True)
+        with h5py.File(path, 'w') as f:
+            for name, value in arrays.items():
+                f.create_dataset(name, data=value)
+            lib.H5Lcreate_ud.argtypes = [hid_t, ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p,
+                                         ctypes.c_size_t, hid_t, hid_t]
+            assert lib.H5Lcreate_ud(f.id.id, key.encode(), link_type, None, 0, 0, 0) >= 0
+    finally:
+        lib.H5Lunregister(link_type)
+    return path
+
+
 def random_clouds(rng: np.random.Generator, n: int, p: int) -> np.ndarray:
     clouds = rng.normal(size=(n, p, 3)) * rng.uniform(0.5, 2.0, size=(n, 1, 3))
     return (clouds / np.linalg.norm(clouds, axis=-1).max(axis=1, keepdims=True)[..., None]).astype(

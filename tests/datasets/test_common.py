@@ -168,6 +168,17 @@ def test_read_h5_never_reads_other_files_that_an_entry_names(tmp_path, kind):
     assert read_h5(path, ('label', ))['label'].shape == (2, )  # (the other keys are read)
 
 
+def test_read_h5_names_a_user_defined_link(tmp_path):
+    # the bug: h5py's get(getlink=True) raises TypeError('Unknown link type') for a user-defined
+    # link, which came out of read_h5 as it was, naming neither the file nor the key
+    from tests.datasets.raw_formats import write_h5_user_defined_link
+    path = write_h5_user_defined_link(str(tmp_path / 'a.h5'), 'data', label=np.zeros(2))
+    for keys, optional in ((('data', 'label'), ()), (('label', ), ('data', ))):
+        with pytest.raises(CorruptRawFileError, match="a.h5': 'data' is a user-defined link"):
+            read_h5(path, keys, optional=optional)
+    assert read_h5(path, ('label', ))['label'].shape == (2, )  # (the other keys are read)
+
+
 def test_processed_file_error_names_the_file_and_pickles():
     for unsafe in (False, True):
         err = ProcessedFileError('/data/processed/data.pt', 'is broken', unsafe=unsafe)

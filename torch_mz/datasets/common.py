@@ -812,8 +812,12 @@ def _h5_elsewhere(h5py: Any, f: Any, key: str) -> Optional[str]:
     storage, in words, or :obj:`None` for a dataset or group stored in the file (a hard link):
     an external link (into another file), a soft link (whose path may pass through an external
     link), a virtual dataset (read from its source files) or a dataset whose raw data lies in
-    external files (any file's bytes)."""
-    link = f.get(key, getlink=True)  # (the link itself: nothing is opened through it)
+    external files (any file's bytes), or a user-defined link (which HDF5 resolves with code
+    registered for it)."""
+    try:
+        link = f.get(key, getlink=True)  # (the link itself: nothing is opened through it)
+    except TypeError:  # (h5py's 'Unknown link type': hard, soft and external are its kinds)
+        return 'a user-defined link'
     if isinstance(link, h5py.ExternalLink):
         return f"an external link to '{link.path}' in the file '{link.filename}'"
     if isinstance(link, h5py.SoftLink):
@@ -838,14 +842,14 @@ def read_h5(path: str, keys: Sequence[str], optional: Sequence[str] = ()) -> Dic
     Only datasets stored in the file itself are read: a key that is an external link, a soft
     link (its path may lead through an external link), a virtual dataset or a dataset with
     external storage would make a crafted file read other files on disk, and is refused with a
-    :class:`CorruptRawFileError` naming the key and what it points to (the releases read here
-    store plain datasets)."""
+    :class:`CorruptRawFileError` naming the key and what it points to, as is a user-defined
+    link (the releases read here store plain datasets)."""
     h5py = require('h5py')
     try:
         with h5py.File(path, 'r') as f:
-            # (get(getlink=True) looks at the link alone; 'key in f' would follow it)
-            present = [k for k in dict.fromkeys(list(keys) + list(optional))
-                       if f.get(k, getlink=True) is not None]
+            # ('k in f' looks at the link alone, as get(getlink=True) does, which raises a
+            # TypeError for a user-defined link: _h5_elsewhere names it)
+            present = [k for k in dict.fromkeys(list(keys) + list(optional)) if k in f]
             missing = [k for k in keys if k not in present]
             if missing:
                 raise CorruptRawFileError(
