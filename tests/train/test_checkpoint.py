@@ -350,7 +350,14 @@ def test_missing_or_corrupt_checkpoint_raises_clear_error(tmp_path):
                                 ('optimizer', None, r'optimizer \(NoneType\) of the wrong'),
                                 ('model', None, r'model \(NoneType\) of the wrong type'),
                                 ('scheduler', [], r'scheduler \(list\) of the wrong type'),
-                                ('best_model', 'x', r'best_model \(str\) of the wrong type')):
+                                ('best_model', 'x', r'best_model \(str\) of the wrong type'),
+                                # a wrong type inside them: a TypeError or AttributeError
+                                ('optimizer', dict(state['optimizer'], param_groups=5),
+                                 'Optimizer/scheduler state .* does not fit'),
+                                ('optimizer', dict(state['optimizer'], state=[1]),
+                                 'Optimizer/scheduler state .* does not fit'),
+                                ('scheduler', dict(state['scheduler'], lr_lambdas=5),
+                                 'Optimizer/scheduler state .* does not fit')):
         damaged = tmp_path / 'damaged.pt'
         torch.save(dict(state, **{field: value}), damaged)
         with pytest.raises(CheckpointError, match=match):
@@ -1050,7 +1057,38 @@ def test_rng_difference_follows_the_device_the_run_trains_on(monkeypatch):
     assert state['device'] == 'mps' and state['mps'].tolist() == [7]
     _set_rng_state(state, mps)
     assert calls == [[7]] and _rng_difference(state, mps) is None
+    with pytest.raises(AttributeError):  # (a damaged entry: was neither restored nor said)
+        _set_rng_state(dict(state, mps=[7]), mps)
     assert _rng_difference({'cuda': [], 'device': 'mps'}, mps) == 'it holds no random state for mps'
+
+
+def test_best_weights_that_do_not_fit_are_refused_before_the_run_trains(tmp_path, monkeypatch):
+    # a best_model of the right type that does not fit the model (or holds NaN) passed: the
+    # resumed run trained every epoch, then raised a RuntimeError restoring it (restore_best),
+    # or left it in best.pt (restore_best=False), which no model loads
+    out = tmp_path / 'run'
+    Trainer(H.ToyDeepSets(3, 2), config(epochs=1, warmup_epochs=0, out_dir=str(out))).fit(
+        REG_TRAIN[:16], REG_VAL[:8])
+    state = torch.load(out / 'checkpoint.pt', weights_only=True)
+    nan = {k: torch.full_like(v, math.nan) for k, v in state['best_model'].items()}
+    trained = []
+    train_epoch = Trainer._train_epoch
+    monkeypatch.setattr(Trainer, '_train_epoch',
+                        lambda self, *args: trained.append(1) or train_epoch(self, *args))
+    for best, match in (({}, r'\(its best_model\) does not fit this model'),
+                        (nan, r'\(its best_model\) holds non-finite weights')):
+        damaged = tmp_path / 'damaged.pt'
+        torch.save(dict(state, best_model=best, best_val_loss=0.0), damaged)  # (never beaten)
+        for restore_best in (True, False):
+            resumed = tmp_path / f'resumed_{restore_best}'
+            model = H.ToyDeepSets(3, 2)
+            before = params(model)
+            with pytest.raises(CheckpointError, match=match):
+                Trainer(model, config(epochs=3, warmup_epochs=0, resume=str(damaged),
+                                      out_dir=str(resumed), restore_best=restore_best)).fit(
+                    REG_TRAIN[:16], REG_VAL[:8])
+            assert trained == [] and not (resumed / 'best.pt').exists()
+            assert_same_params(params(model), before)  # (the model as it came)
 
 
 def test_a_checkpoint_of_another_torch_mz_version_is_said_to_differ(tmp_path, caplog):

@@ -257,7 +257,8 @@ def _set_rng_state(state: Dict[str, Any], device: Optional[torch.device] = None)
         # on another node) restored none, and its dropout masks on cuda:0 differed silently
         for index, saved in enumerate(cuda[:torch.cuda.device_count()]):
             torch.cuda.set_rng_state(saved.cpu(), index)
-    if device is not None and device.type == 'mps' and isinstance(state.get('mps'), Tensor):
+    if device is not None and device.type == 'mps' and 'mps' in state:
+        # (one that is not a tensor, a damaged entry, raises: not restored, nor said)
         torch.mps.set_rng_state(state['mps'].cpu())
 
 

@@ -921,12 +921,19 @@ class Trainer:
             log.warning('Resuming %s with a changed configuration %s; the run will differ from '
                         'an uninterrupted one', path, changed)
         normalizer = checkpoint_normalizer(state, f'Checkpoint {path!r}')  # (a damaged one:
-        self._load_model_state(state['model'], path)  # refused before the weights load)
+        if state['best_model'] is not None:  # refused before the weights load)
+            # loaded once every epoch has run (restore_best) and written to best.pt before the
+            # first: best weights that do not fit the model (or hold NaN) are refused now, not
+            # after the whole run has trained (the model's own weights load next)
+            load_weights_into(self.model, state['best_model'], f'Checkpoint {path!r} (its '
+                              f'best_model)')
+        self._load_model_state(state['model'], path)
         assert self.optimizer is not None and self.scheduler is not None
         try:
             self.optimizer.load_state_dict(state['optimizer'])
             self.scheduler.load_state_dict(state['scheduler'])
-        except (ValueError, KeyError, RuntimeError) as e:
+        except (ValueError, KeyError, RuntimeError, TypeError, AttributeError) as e:
+            # (TypeError, AttributeError: an entry of the wrong type inside either dict)
             raise CheckpointError(f'Optimizer/scheduler state in {path!r} does not fit: '
                                   f'{e}') from e
         if 'weight_decay' in changed:  # (the loaded optimiser state holds the saved one)
