@@ -52,7 +52,9 @@ made), which the complete report ``launches.{json,md,png}`` replaces, so that a 
 (Ctrl-C, a failure) keeps what it counted and leaves an earlier run's complete report alone.
 ``--resume`` makes only the counts the partial report lacks (a partial report of other
 options, or of another torch, PyG or torch-scatter, is refused); ``--overwrite`` makes every one
-again, and a folder holding a partial report is refused without either. Ctrl-C ends a run with
+again, and a folder holding a partial report is refused without either. A folder holding the
+complete report of another command (other options) is refused without ``--overwrite``, before
+anything is counted; a run of the same options replaces it. Ctrl-C ends a run with
 one line that gives the command to go on (status 130). (``--presets``, about a minute, writes
 its report at the end.)
 
@@ -77,7 +79,7 @@ from torch_mz.nn.functional import clear_layout_cache
 from torch_mz.study import (EXIT_INTERRUPTED, PartialUnit, add_partial_arguments,
                             check_out_folder, choice_list, environment, int_list, interruptible,
                             markdown_table, partial_problem, positive_float, positive_int,
-                            pyplot, read_partial, replace_plot, write_results,
+                            pyplot, read_partial, replace_plot, replace_problem, write_results,
                             write_results_so_far)
 # the graphs and aggregations of message_passing.py, the batch and presets of training_step.py
 from torch_mz.study import workloads
@@ -450,6 +452,12 @@ def main(argv: Optional[List[str]] = None) -> Optional[int]:
     if args.presets and (args.resume or args.overwrite):
         parser.error(f"argument --{'resume' if args.resume else 'overwrite'}: not allowed with "
                      f'--presets (which writes its report at the end, after about a minute)')
+    if not args.presets:  # (a complete report of other options is not replaced unasked)
+        problem = replace_problem(os.path.join(args.out, f'{NAME}.json'), args, SETTINGS,
+                                  str(_environment(argv)['command']), args.overwrite,
+                                  resumed=args.resume and os.path.exists(partial))
+        if problem:
+            parser.error(problem)
     kept: Dict[Tuple[int, str], Dict] = {}
     earlier_minutes = 0.0
     if args.resume:

@@ -126,14 +126,19 @@ same settings (repeats, threads, device, keep-freed-memory, allocated, chunk row
 measures the others (failed rows again). Without ``--resume`` a folder that holds a partial
 report is refused before anything is measured (the first row's report replaced it, and the
 interrupted run's rows were lost); ``--overwrite`` measures every row and replaces it. Ctrl-C
-ends a run with one line that gives the command to go on (status 130).
+ends a run with one line that gives the command to go on (status 130). A folder holding the
+complete report of another command (other options, :data:`REPORT_SETTINGS`) is refused without
+``--overwrite``, before anything is measured (``--resume`` would keep the rows of this run's
+configurations alone); a run of the same options replaces it, unless rows fail that it measured:
+it is then kept, this run's report stays partial (``lost``: those rows), and ``--resume``
+measures them again, or ``--overwrite`` replaces the earlier report with it.
 """
 import argparse
 import json
 import os
 import sys
 import time
-from typing import List, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -143,8 +148,9 @@ from torch_mz.study import (EXIT_INTERRUPTED, MeasurementFailed, PartialUnit,
                             add_partial_arguments, check_out_folder, choice_list,
                             environment, in_fresh_process, int_list, interruptible,
                             markdown_table, nonnegative_int, partial_problem, peak_memory_bytes,
-                            positive_float, positive_int, pyplot, replace_plot, settings_differ,
-                            time_call, write_results_so_far)
+                            positive_float, positive_int, pyplot, replace_plot, replace_problem,
+                            same_settings_report, settings_differ, time_call,
+                            write_results_so_far)
 from torch_mz.study.plots import save_figure
 from torch_mz.study.workloads import (AGGRS, DEGREES, MERGED, build_aggr, fit_slope,
                                       pyg_width_problem, random_graph)
@@ -158,6 +164,12 @@ CONVS = ('sage', 'graph')
 #: The run's settings (``vars(args)``) besides a row's own configuration that change its figures:
 #: ``--resume`` reuses no row of a report written with other ones.
 FIGURE_SETTINGS = ('repeats', 'threads', 'device', 'keep_freed_memory', 'allocated', 'chunk_rows')
+#: The options that say what a run measures (the configurations and their settings; resolved,
+#: ``--quick`` as the graphs, widths and repeats it sets): a complete report written with other
+#: ones is another command's, which a run does not replace without ``--overwrite``.
+REPORT_SETTINGS = ('nodes', 'dims', 'degrees', 'aggrs', 'graphconv_nodes', 'paper_max_nodes',
+                   'ng8_max_nodes', 'ckpt_min_nodes', 'ckpt_dims', 'power_law_max_nodes',
+                   'new_graph', 'inference', 'same_process', 'compile') + FIGURE_SETTINGS
 NAME = 'message_passing'  # <out>/message_passing.{json,md,png}
 #: ``--nodes``, ``--dims`` and ``--repeats`` where not given, without and with ``--quick`` (an
 #: option given wins over ``--quick``)
@@ -389,6 +401,30 @@ def earlier_rows(path: str, args: argparse.Namespace) -> Tuple[List[dict], float
     return rows, minutes, f'resuming from {path}'
 
 
+def lost_rows(rows: List[dict], earlier: Optional[dict]) -> List[dict]:
+    r"""The configurations of the rows of :obj:`rows` that failed (an ``error``) and that the
+    earlier complete report :obj:`earlier` (of the same settings; :obj:`None`: none) measured
+    (:func:`measured`): a report of this run in its place would lose them."""
+    if earlier is None:
+        return []
+    try:
+        made = [r for r in earlier['rows'] if isinstance(r, dict)]
+    except (KeyError, TypeError):  # (rows not as written: nothing known to be lost)
+        return []
+    lost = []
+    for row in rows:
+        cfg = {k: v for k, v in row.items() if k != 'error'}  # (a failed row: its cfg)
+        if 'error' in row and any(measured(r, cfg) for r in made):
+            lost.append(cfg)
+    return lost
+
+
+def lost_text(lost: List[dict]) -> str:
+    r"""The configurations :obj:`lost` as the report names them."""
+    return ', '.join(f"{c['degrees']} d={c['dim']} N={c['nodes']} {c['conv']} {c['aggr']}"
+                     for c in lost)
+
+
 def row_line(row: dict, kept: bool = False) -> str:
     r"""The line printed for a row."""
     msg = row.get('error') or (f"{row['median_ms']:10.1f} ms  "
@@ -479,18 +515,23 @@ ROW_COLS = ['degrees', 'dim', 'nodes', 'edges', 'max_degree', 'conv', 'aggr', 'm
 
 def write_report(args: argparse.Namespace, env: dict, rows: List[dict], planned: int,
                  minutes: float, earlier_minutes: float = 0.0, kept: int = 0,
-                 plot: bool = False) -> List[dict]:
+                 plot: bool = False, lost: Sequence[dict] = ()) -> List[dict]:
     r"""Writes ``<out>/message_passing.{json,md}`` from :obj:`rows` (of :obj:`planned`);
     while fewer, ``<out>/message_passing.partial.{json,md}`` instead, marked partial
     (``complete: false``, a line ``partial: N of M rows measured``), which the complete report
-    removes; :obj:`minutes` in all, :obj:`earlier_minutes` of them in the run resumed, whose
-    :obj:`kept` rows (``--resume``) the ratios' heading counts. The report links
-    ``message_passing.png`` where :obj:`plot` says this run drew it. Returns the ratios."""
+    removes, and likewise where rows failed that the earlier complete report measured
+    (:obj:`lost`: their configurations, listed; that report is kept); :obj:`minutes` in all,
+    :obj:`earlier_minutes` of them in the run resumed, whose :obj:`kept` rows (``--resume``)
+    the ratios' heading counts. The report links ``message_passing.png`` where :obj:`plot`
+    says this run drew it. Returns the ratios."""
     ratios, slopes = summarise(rows, args)
-    complete = len(rows) >= planned
+    complete = len(rows) >= planned and not lost
     partial = '' if complete else (
         f'partial: {len(rows)} of {planned} rows measured (the run stopped or is still '
-        f'running; `--resume` measures the rest)\n\n')
+        f'running; `--resume` measures the rest)\n\n') if len(rows) < planned else (
+        f'partial: {len(lost)} row(s) failed here ({lost_text(list(lost))}) that the earlier '
+        f'`{NAME}.json` measured, which is kept (`--resume` measures them again; '
+        f'`--overwrite` replaces it with this report)\n\n')
     resumed = f' ({earlier_minutes:.1f} of them in the run resumed)' if earlier_minutes else ''
     markdown = ('# MZAggregation in message passing against PyG\'s SetTransformerAggregation\n\n'
                 + partial +
@@ -541,7 +582,7 @@ def write_report(args: argparse.Namespace, env: dict, rows: List[dict], planned:
     write_results_so_far(args.out, NAME,
                          dict(environment=env, config=vars(args), minutes=minutes,
                               complete=complete, planned_rows=planned, rows=rows, ratios=ratios,
-                              slopes=slopes),
+                              slopes=slopes, **({'lost': list(lost)} if lost else {})),
                          markdown, complete)
     return ratios
 
@@ -660,18 +701,32 @@ def main():
         parser.error(problem)
     partial = os.path.join(args.out, f'{PARTIAL}.json')
     problem = partial_problem(args.resume, args.overwrite, partial, UNIT,
-                              keeps='those that match')
+                              keeps='those that match', held_note=(
+                                  ' (or of one whose rows failed where the complete report '
+                                  'beside it measured them)'))
     if problem:
         parser.error(problem)
-    kept, earlier_minutes = [], 0.0
+    kept, earlier_minutes, note = [], 0.0, None
     if args.resume:
         kept, earlier_minutes, note = earlier_rows(
             partial if os.path.exists(partial) else os.path.join(args.out, f'{NAME}.json'), args)
-        print(note, flush=True)
-    start = time.time()
     # the rows' threads (each row sets them in its process), not this process's
     env = dict(environment(), threads=args.threads)
-    rows, reused, note = [], 0, None
+    complete_path = os.path.join(args.out, f'{NAME}.json')
+    # (a complete report of other options is not replaced unasked, but by the run that a
+    # partial report resumed here began; one of these options is, but for the rows that fail
+    # here, which it keeps: earlier)
+    problem = replace_problem(complete_path, args, REPORT_SETTINGS, env['command'],
+                              args.overwrite,
+                              resumed=bool(kept) and os.path.exists(partial))
+    if problem:
+        parser.error(problem)
+    earlier = (None if args.overwrite
+               else same_settings_report(complete_path, args, REPORT_SETTINGS))
+    if note:  # (what --resume found)
+        print(note, flush=True)
+    start = time.time()
+    rows, reused, note, lost = [], 0, None, []
     png = os.path.join(args.out, f'{NAME}.png')
     # (kept: none before this call wrote a row)
     with interruptible(__file__, sys.argv[1:], parser, what='rows') as stop:
@@ -686,12 +741,14 @@ def main():
                 row = run_subprocess(cfg, args.timeout)
             rows.append(row)
             print(row_line(row, kept=earlier_row is not None), flush=True)
-            earlier = earlier_minutes if reused else 0.0
-            complete = len(rows) == len(cfgs)  # (the plot first: the report links it if drawn)
+            minutes_before = earlier_minutes if reused else 0.0
+            lost = lost_rows(rows, earlier) if len(rows) == len(cfgs) else []
+            # (the plot first: the report links it if drawn)
+            complete = len(rows) == len(cfgs) and not lost
             note = replace_plot(png, plot, rows, png) if complete else None
             ratios = write_report(args, env, rows, len(cfgs),
-                                  earlier + (time.time() - start) / 60, earlier, kept=reused,
-                                  plot=complete and note is None)
+                                  minutes_before + (time.time() - start) / 60, minutes_before,
+                                  kept=reused, plot=complete and note is None, lost=lost)
             stop.kept = os.path.join(args.out, f"{NAME if complete else PARTIAL}.json")
     if stop.note:
         print(stop.note, file=sys.stderr, flush=True)
@@ -699,6 +756,13 @@ def main():
     if args.resume:
         print(f'{reused} of {len(cfgs)} rows kept from the earlier report, '
               f'{len(cfgs) - reused} measured', flush=True)
+    if lost:
+        print(markdown_table(ratios, RATIO_COLS))
+        print(f'{lost_text(lost)} failed here but were measured by {complete_path}, which is '
+              f'kept: this report is partial ({partial}); pass --resume to measure them again, '
+              f'or --overwrite to replace {complete_path}', file=sys.stderr, flush=True)
+        print(f'wrote {args.out}/{PARTIAL}.json, .md')
+        return
     if note:
         print(note)
     print(markdown_table(ratios, RATIO_COLS))

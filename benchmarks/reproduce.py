@@ -39,9 +39,11 @@ runs are done, being trained by another process, started (a checkpoint to resume
 and an estimate of the training time left from the mean time of the finished runs.
 ``--runs-table`` writes ``<out>/finished_runs.<budget>.{md,json}``: every finished run of the
 claims (at its model's chosen sweep point) with its test R² beside the paper's figure, while
-a claim is still incomplete, and per claim two figures: the test R² bars and every run's
-validation loss by epoch (``finished_runs.<budget>.<claim>.curves.png``), which shows whether
-each run reached its plateau; and per task swept, every lr / weight-decay point each model
+a claim is still incomplete (each row of the JSON also names the code that trained the run,
+its record's ``code`` and, where kept, ``code_history``), and per claim two figures: the test
+R² bars and every run's validation loss by epoch
+(``finished_runs.<budget>.<claim>.curves.png``), which shows whether each run reached its
+plateau; and per task swept, every lr / weight-decay point each model
 tried with its validation loss and test R², and whether the chosen point lies inside the points
 tried or on their edge (``finished_runs.<budget>.sweep.<task>.png``), which shows whether every
 model was tuned to an optimum of the same search. Without matplotlib no figure is drawn and an

@@ -24,7 +24,9 @@ results alone; ``--resume`` measures only the sizes the partial report lacks. A 
 (out of memory, say) is listed under the table with its error (``failed``), and the sizes after
 it still run. A run whose failed sizes the earlier complete report there measured does not
 replace it (it would lose them): its report stays partial (``lost``: those sizes), and
-``--resume`` measures them again, or ``--overwrite`` replaces the earlier report with it.
+``--resume`` measures them again, or ``--overwrite`` replaces the earlier report with it. A
+complete report there of other settings (renamed, or written by hand) is not replaced without
+``--overwrite``: the run is refused before anything is measured.
 """
 import argparse
 import json
@@ -40,7 +42,8 @@ from torch_mz.study import (EXIT_INTERRUPTED, MeasurementFailed, PartialUnit,
                             add_partial_arguments, check_out_folder, environment,
                             in_fresh_process, interruptible, markdown_table, nonnegative_int,
                             out_of_memory, partial_problem, peak_memory_bytes, positive_int, pyplot,
-                            read_partial, replace_plot, time_call, write_results_so_far)
+                            read_partial, replace_plot, replace_problem, time_call,
+                            write_results_so_far)
 from torch_mz.study.plots import save_figure
 
 SET_SIZE, IN_CHANNELS = 1024, 3  # the defaults: the paper's configuration
@@ -251,6 +254,12 @@ def main():
     if problem:
         parser.error(problem)
     complete = os.path.join(args.out, f'{name}.json')
+    env = environment()
+    # (its name tells the settings: another command's report there was renamed or hand-made)
+    problem = replace_problem(complete, args, SETTINGS, env['command'],
+                              args.overwrite, resumed=args.resume and os.path.exists(partial))
+    if problem:
+        parser.error(problem)
     # (a run whose sizes fail where the earlier complete report measured them does not replace
     # it, but with --overwrite)
     earlier = set() if args.overwrite else measured_sizes(complete)
@@ -263,7 +272,6 @@ def main():
         print(message, flush=True)
     top = 5 if args.quick else 6
     sizes = [int(round(10**e)) for e in np.arange(3, top + 0.01, 0.5)]
-    env = environment()
     rows: List[dict] = []
     failed: List[dict] = []
     note = None

@@ -34,14 +34,19 @@ use the matmul peak measured by the run resumed; a partial report of other optio
 threads, torch or PyG version, or torch-scatter is refused); ``--overwrite`` measures every
 pair again, and a folder holding a partial report is refused without either; a report written
 by a call that resumed names the pairs it kept (``kept_pairs`` in the JSON). Ctrl-C ends a run
-with one line that gives the command to go on (status 130).
+with one line that gives the command to go on (status 130). A folder holding the complete report
+of another command (other options) is refused without ``--overwrite``, before anything is
+measured; a run of the same options replaces it.
 
 A measurement that failed (out of memory: the timings of a pair, which time its models
 together, or the peak memory of one model, in its fresh process) is listed under the table with
 its error (``failed`` in the JSON, only where something failed): the models that failed have no
 row, the pair's ratios to them are left out, and the run goes on with the other pairs (another
 error of the timings, a bug's, ends the run with its traceback). ``--resume`` measures a pair
-with a failure again (every model of it).
+with a failure again (every model of it). A run whose failed measurements the earlier complete
+report there (of the same options) made does not replace it (it would lose them): its report
+stays partial (``lost``: those measurements), and ``--resume`` measures those pairs again, or
+``--overwrite`` replaces the earlier report with it.
 
     python benchmarks/speed.py --quick
     python benchmarks/speed.py --sets 64 --points 8192 --dim 64 --heads 4 --repeats 7 --memory
@@ -61,7 +66,8 @@ from torch_mz.study import (EXIT_INTERRUPTED, MeasurementFailed, PartialUnit,
                             environment, in_fresh_process, interruptible, markdown_table,
                             matmul_peak_flops, nonnegative_float, out_of_memory, partial_problem,
                             peak_memory_bytes, positive_int, pyplot, read_partial, replace_plot,
-                            skewed_sizes, time_interleaved, uniform_sizes, write_results_so_far)
+                            replace_problem, same_settings_report, skewed_sizes,
+                            time_interleaved, uniform_sizes, write_results_so_far)
 from torch_mz.study.plots import save_figure
 
 MODELS = ('pyg', 'pyg-flat', 'rigid', 'rigid-zono', 'mz')
@@ -74,9 +80,12 @@ DEVICES = ('auto', 'cpu', 'cuda')  # auto: cuda where available, else cpu
 BATCHES = ('uniform', 'skewed')
 NAME = 'speed'  # <out>/speed.{json,md,png}: the complete report
 PARTIAL = NAME + '.partial'  # <out>/speed.partial.{json,md}: a run not yet complete
-#: The settings a partial report must share with a run that resumes it (``--resume``)
+#: The settings a partial report must share with a run that resumes it (``--resume``), and a
+#: complete report with a run that replaces it without ``--overwrite``: resolved (``--quick``
+#: is its 3 repeats, not a setting of its own, so a ``--quick`` run and one given
+#: ``--repeats 3`` are the same run)
 SETTINGS = ('sets', 'points', 'dim', 'heads', 'repeats', 'sigma', 'device', 'models', 'blocks',
-            'memory', 'quick')
+            'memory')
 #: ... and the environment's (no option sets them: torch's threads, from OMP_NUM_THREADS or the
 #: cores, the versions timed, and whether PyG's blocks scatter with torch-scatter)
 ENVIRONMENT = ('threads', 'torch', 'torch_geometric', 'torch_scatter')
@@ -283,15 +292,17 @@ def failed_text(failed: List[dict]) -> str:
 
 def write_report(args: argparse.Namespace, env: dict, rows: List[dict],
                  pairs: List[Tuple[str, str]], peak: float, pending: int,
-                 kept: Sequence[Tuple[str, str]] = (), failed: Sequence[dict] = ()
-                 ) -> Tuple[List[dict], List[str], Optional[str]]:
+                 kept: Sequence[Tuple[str, str]] = (), failed: Sequence[dict] = (),
+                 lost: Sequence[dict] = ()) -> Tuple[List[dict], List[str], Optional[str]]:
     r"""Writes the report of :obj:`rows`, the models of the (block, batch) :obj:`pairs`
     measured, and of the measurements that :obj:`failed` (``block``, ``batch``, ``model``
-    and ``error`` of each, :func:`failed_text`): while :obj:`pending` pairs remain,
-    ``speed.partial.{json,md}``, marked partial; else ``speed.{json,md,png}``, which removes
-    the partial report. :obj:`kept`: the pairs kept from the run resumed. Returns the ratios,
-    their columns and the note of a plot not drawn (else :obj:`None`)."""
-    complete = not pending
+    and ``error`` of each, :func:`failed_text`): while :obj:`pending` pairs remain, or where
+    measurements failed that the earlier complete report made (:obj:`lost`: ``block``,
+    ``batch`` and ``model`` of each; that report is kept), ``speed.partial.{json,md}``, marked
+    partial; else ``speed.{json,md,png}``, which removes the partial report. :obj:`kept`: the
+    pairs kept from the run resumed. Returns the ratios, their columns and the note of a plot
+    not drawn (else :obj:`None`)."""
+    complete = not pending and not lost
     ratios = ratio_entries(rows, pairs, args.memory)
     columns = ['block', 'batch', 'model', 'max_set', 'median_ms', 'params', 'gflop',
                'gflop_per_s', 'pct_of_peak']
@@ -312,7 +323,10 @@ def write_report(args: argparse.Namespace, env: dict, rows: List[dict],
              f'(below) again' if failed else '')
     head = '' if complete else (
         f'Partial: {pending} more (block, batch) pair(s) not measured (the run was cut off or '
-        f'is still running; `--resume` measures the rest{again})\n\n')
+        f'is still running; `--resume` measures the rest{again})\n\n') if pending else (
+        f'Partial: {lost_text(lost)} failed here but were measured by the earlier '
+        f'`{NAME}.json`, which is kept (`--resume` measures their pairs again; `--overwrite` '
+        f'replaces it with this report)\n\n')
     resumed = (f" {len(kept)} of the (block, batch) pairs "
                f"({', '.join(f'{block} {batch}' for block, batch in kept)}) were measured by "
                f"the run resumed, with this peak; the models of each pair were measured "
@@ -340,8 +354,36 @@ def write_report(args: argparse.Namespace, env: dict, rows: List[dict],
         payload['kept_pairs'] = [dict(block=block, batch=batch) for block, batch in kept]
     if not complete:
         payload['pending'] = pending
+    if lost:
+        payload['lost'] = list(lost)
     write_results_so_far(args.out, NAME, payload, markdown, complete)
     return ratios, ratio_cols, note
+
+
+def lost_text(lost: Sequence[dict]) -> str:
+    r"""The measurements :obj:`lost` (``block``, ``batch``, ``model``) as the report names
+    them: ``'pma skewed `rigid`, sab uniform `pyg`'``."""
+    return ', '.join(f"{m['block']} {m['batch']} `{m['model']}`" for m in lost)
+
+
+def lost_measurements(failed: Sequence[dict], earlier: Optional[dict],
+                      models: Sequence[str]) -> List[dict]:
+    r"""The measurements of :obj:`failed` (``block``, ``batch``, ``model``, :obj:`None` for
+    every one of :obj:`models`, timed together) that the earlier complete report
+    :obj:`earlier` (of the same settings; :obj:`None`: none) made: its row of that model in
+    that pair, which a report of this run in its place would lose."""
+    if earlier is None:
+        return []
+    try:
+        made = {(r['block'], r['batch'], r['model']) for r in earlier['rows']}
+    except (KeyError, TypeError):  # (rows not as written: nothing known to be lost)
+        return []
+    lost = []
+    for f in failed:
+        for model in models if f['model'] is None else [f['model']]:
+            if (f['block'], f['batch'], model) in made:
+                lost.append(dict(block=f['block'], batch=f['batch'], model=model))
+    return lost
 
 
 def earlier_pairs(path: str, args: argparse.Namespace, env: Optional[dict] = None
@@ -421,12 +463,21 @@ def main():
     if problem:
         parser.error(problem)
     partial = os.path.join(args.out, f'{PARTIAL}.json')
-    problem = partial_problem(args.resume, args.overwrite, partial, UNIT)
+    problem = partial_problem(args.resume, args.overwrite, partial, UNIT, held_note=(
+        ' (or of one whose measurements failed where the complete report beside it made them)'))
     if problem:
         parser.error(problem)
     kept: Dict[Tuple[str, str], List[dict]] = {}
     earlier_peak = None
     env = environment()
+    complete = os.path.join(args.out, f'{NAME}.json')
+    # (a complete report of other options is not replaced unasked; one of these options is,
+    # but for the measurements that fail here, which it keeps: earlier)
+    problem = replace_problem(complete, args, SETTINGS, env['command'], args.overwrite,
+                              resumed=args.resume and os.path.exists(partial))
+    if problem:
+        parser.error(problem)
+    earlier = None if args.overwrite else same_settings_report(complete, args, SETTINGS)
     if args.resume:
         try:
             kept, earlier_peak, message = earlier_pairs(partial, args, env)
@@ -448,6 +499,7 @@ def main():
     ratios: List[dict] = []
     ratio_cols: List[str] = []
     note = None
+    lost: List[dict] = []  # (the measurements that failed here and the earlier report made)
     wrote = False  # (whether this call wrote a report yet)
     # (kept: the partial report resumed, else none before this call wrote a report)
     with interruptible(__file__, sys.argv[1:], parser, kept=partial if kept else None,
@@ -496,10 +548,11 @@ def main():
             shown = rows + [r for p in ahead for r in kept[p]]
             if not shown:  # (every pair failed so far: nothing written, an earlier report kept)
                 continue
+            lost = [] if pending else lost_measurements(failed, earlier, args.models)
             ratios, ratio_cols, note = write_report(
                 args, env, shown, reached, peak, pending,
-                kept=[p for p in pairs if p in kept], failed=failed)
-            stop.kept = partial if pending else os.path.join(args.out, f'{NAME}.json')
+                kept=[p for p in pairs if p in kept], failed=failed, lost=lost)
+            stop.kept = partial if pending or lost else complete
             wrote = True
     if stop.note:
         print(stop.note, file=sys.stderr, flush=True)
@@ -510,6 +563,12 @@ def main():
     if note:
         print(note)
     print(markdown_table(ratios, ratio_cols))
+    if lost:
+        print(f'{lost_text(lost)} failed here but were measured by {complete}, which is kept: '
+              f'this report is partial ({partial}); pass --resume to measure their pairs again, '
+              f'or --overwrite to replace {complete}', file=sys.stderr, flush=True)
+        print(f'wrote {args.out}/{PARTIAL}.json, {PARTIAL}.md')
+        return None
     if failed:
         print(f'{len(failed)} measurement(s) failed: listed in {args.out}/speed.md',
               file=sys.stderr, flush=True)

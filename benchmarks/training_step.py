@@ -51,7 +51,11 @@ not yet made; ``measured``: those made), which the complete report
 it measured and leaves an earlier run's complete report alone. ``--resume`` makes only the
 measurements the partial report lacks (failed ones again); without it, ``--overwrite`` makes
 every one again, and a folder holding a partial report is refused without either. Ctrl-C ends
-a run with one line that gives the command to go on (status 130).
+a run with one line that gives the command to go on (status 130). A folder holding the complete
+report of another command (other options) is refused without ``--overwrite``, before anything
+is measured; a run of the same options replaces it, unless rows that it measured failed in every
+round here: their earlier report is then kept, this run's stays partial (``lost``: those rows),
+and ``--resume`` makes them again, or ``--overwrite`` replaces the earlier report with it.
 
 With ``--flops-only`` it only counts the FLOPs of one training step and one inference call of
 each preset (no timing, so it need not run on a quiet machine) and writes
@@ -67,7 +71,7 @@ import json
 import os
 import sys
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -81,7 +85,8 @@ from torch_mz.study import (EXIT_INTERRUPTED, MeasurementFailed, PartialUnit,
                             environment, in_fresh_process, interruptible, markdown_table,
                             matmul_peak_flops, partial_problem, positive_float, positive_int,
                             process_peak_rss_bytes, pyplot, read_partial, replace_plot,
-                            time_call, write_results, write_results_so_far)
+                            replace_problem, same_settings_report, time_call, write_results,
+                            write_results_so_far)
 from torch_mz.study.plots import save_figure
 from torch_mz.study.traffic import count_bytes, memory_bandwidth
 from torch_mz.study.workloads import build, make_batch, preset_calls
@@ -101,9 +106,12 @@ KEPT_ROWS = 4096
 THP = '+thp'  # suffix: the row's process started with THP_MEM_ALLOC_ENABLE=1 (2 MiB pages)
 NAME = 'training_step'  # <out>/training_step.{json,md,png}: the complete report
 PARTIAL = NAME + '.partial'  # <out>/training_step.partial.{json,md}: a run not yet complete
-#: The settings a partial report must share with a run that resumes it (``--resume``)
+#: The settings a partial report must share with a run that resumes it (``--resume``), and a
+#: complete report with a run that replaces it without ``--overwrite``: resolved (``--quick``
+#: is its 8 clouds and 3 repeats, not a setting of its own, so a ``--quick`` run and one given
+#: ``--clouds 8 --repeats 3`` are the same run)
 SETTINGS = ('models', 'clouds', 'points', 'repeats', 'rounds', 'threads', 'device',
-            'egnn_radius', 'quick')
+            'egnn_radius')
 #: What a partial report holds, as ``--resume`` / ``--overwrite`` and their messages name it
 UNIT = PartialUnit('measurements', 'measurement', 'make')
 #: The options of the MZ-Set-Transformer body each suffix sets.
@@ -393,11 +401,14 @@ def table_rows(runs: Dict[str, List[Optional[dict]]], args, peak: float,
 
 def write_report(args, env: dict, runs: Dict[str, List[Optional[dict]]], failed: List[dict],
                  peak: float, bandwidth: float, minutes: float, pending: int,
-                 earlier_minutes: float = 0.0) -> Tuple[List[dict], Optional[str]]:
+                 earlier_minutes: float = 0.0, lost: Sequence[str] = ()
+                 ) -> Tuple[List[dict], Optional[str]]:
     r"""Writes the report of :obj:`runs` (each row name's measurements in every round,
     :obj:`None` where it failed or was not made yet) and :obj:`failed`: while :obj:`pending`
-    measurements remain, ``<out>/training_step.partial.{json,md}``, marked partial (``pending``
-    and ``measured``, the measurements themselves, for ``--resume``); else
+    measurements remain, or where rows failed in every round that the earlier complete report
+    measured (:obj:`lost`: their names; that report is kept),
+    ``<out>/training_step.partial.{json,md}``, marked partial (``pending`` and ``measured``,
+    the measurements themselves, for ``--resume``, and ``lost``); else
     ``<out>/training_step.{json,md,png}``, which removes the partial report. :obj:`minutes` is
     the time of the measurements, :obj:`earlier_minutes` of them in the run resumed. Writes
     nothing where no row was measured (an earlier run's report is kept). Returns the rows and
@@ -405,7 +416,7 @@ def write_report(args, env: dict, runs: Dict[str, List[Optional[dict]]], failed:
     rows = table_rows(runs, args, peak, bandwidth)
     if not rows:
         return rows, None
-    complete = not pending
+    complete = not pending and not lost
     cols = ['model', 'params', 'step_s', 'points_per_s', 'gflop_per_step', 'pct_of_peak',
             'gb_per_step', 'pct_of_bandwidth', 'infer_s', 'infer_gflop', 'infer_gb',
             'infer_pct_of_bandwidth',
@@ -436,7 +447,10 @@ def write_report(args, env: dict, runs: Dict[str, List[Optional[dict]]], failed:
     again = f', and the {len(failed)} that failed (below) again' if failed else ''
     head = '' if complete else (
         f'Partial: {pending} more measurement(s) (row x round) not made (the run was cut off '
-        f'or is still running; `--resume` makes the rest{again})\n\n')
+        f'or is still running; `--resume` makes the rest{again})\n\n') if pending else (
+        f"Partial: {', '.join(f'`{name}`' for name in lost)} failed in every round here but "
+        f"were measured by the earlier `{NAME}.json`, which is kept (`--resume` makes the "
+        f"measurements that failed again; `--overwrite` replaces it with this report)\n\n")
     resumed = (f' ({earlier_minutes:.1f} of them in the run resumed, whose measurements are '
                f'kept: a ratio of a row measured there to one measured here is not from one '
                f"run, and every row's percentages use this call's peak and bandwidth)"
@@ -491,8 +505,24 @@ def write_report(args, env: dict, runs: Dict[str, List[Optional[dict]]], failed:
                    rows=rows, failed=failed)
     if not complete:  # (what --resume reads back: every measurement made so far)
         payload.update(pending=pending, measured=runs)
+    if lost:
+        payload['lost'] = list(lost)
     write_results_so_far(args.out, NAME, payload, markdown, complete)
     return rows, note
+
+
+def lost_rows(runs: Dict[str, List[Optional[dict]]], earlier: Optional[dict]) -> List[str]:
+    r"""The row names of :obj:`runs` with no measurement (failed in every round) that the
+    earlier complete report :obj:`earlier` (of the same settings; :obj:`None`: none) has a row
+    of: a report of this run in its place would lose them."""
+    if earlier is None:
+        return []
+    try:
+        made = {r['model'] for r in earlier['rows']}
+    except (KeyError, TypeError):  # (rows not as written: nothing known to be lost)
+        return []
+    return [name for name, by_round in runs.items()
+            if all(m is None for m in by_round) and name in made]
 
 
 def earlier_runs(path: str, args) -> Tuple[Dict[str, List[Optional[dict]]], float, str]:
@@ -564,9 +594,19 @@ def main():
         flops_only(args)
         return None
     partial = os.path.join(args.out, f'{PARTIAL}.json')
-    problem = partial_problem(args.resume, args.overwrite, partial, UNIT)
+    problem = partial_problem(args.resume, args.overwrite, partial, UNIT, held_note=(
+        ' (or of one whose rows failed where the complete report beside it measured them)'))
     if problem:
         parser.error(problem)
+    env = environment()
+    complete = os.path.join(args.out, f'{NAME}.json')
+    # (a complete report of other options is not replaced unasked; one of these options is,
+    # but for the rows that fail here in every round, which it keeps: earlier)
+    problem = replace_problem(complete, args, SETTINGS, env['command'], args.overwrite,
+                              resumed=args.resume and os.path.exists(partial))
+    if problem:
+        parser.error(problem)
+    earlier_report = None if args.overwrite else same_settings_report(complete, args, SETTINGS)
     kept: Dict[str, List[Optional[dict]]] = {}
     earlier_minutes = 0.0
     if args.resume:
@@ -581,7 +621,6 @@ def main():
     print(f'measured float32 matmul peak: {peak:.1f} GFLOP/s, memory bandwidth '
           f'{bandwidth:.1f} GB/s', flush=True)
     config = {k: v for k, v in vars(args).items() if k not in ('_one', 'resume', 'overwrite')}
-    env = environment()
     # each row's measurement in every round, None where it failed there (or is not made yet)
     runs: Dict[str, List[Optional[dict]]] = {name: [None] * args.rounds for name in args.models}
     failed: List[dict] = []  # (model, round and the error's first line of each that failed)
@@ -590,6 +629,7 @@ def main():
                for k, m in enumerate(by_round[:args.rounds]) if m is not None}
     rows: List[dict] = []
     note = None
+    lost: List[str] = []  # (the rows that failed in every round and the earlier report measured)
     # (kept: the partial report resumed, else none before this call wrote a report)
     with interruptible(__file__, sys.argv[1:], parser, kept=partial if earlier else None,
                        what='measurements') as stop:
@@ -614,10 +654,11 @@ def main():
                     failed.append(dict(model=name, round=round_ + 1, error=(
                         str(e).strip().splitlines() or [type(e).__name__])[0]))
             minutes = earlier_minutes + (time.time() - start) / 60
+            lost = [] if pending else lost_rows(runs, earlier_report)
             rows, note = write_report(args, env, runs, failed, peak, bandwidth, minutes,
-                                      pending, earlier_minutes)
+                                      pending, earlier_minutes, lost=lost)
             if rows:  # (none measured yet: nothing written, an earlier report left alone)
-                stop.kept = partial if pending else os.path.join(args.out, f'{NAME}.json')
+                stop.kept = partial if pending or lost else complete
     if stop.note:
         print(stop.note, file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
@@ -630,6 +671,13 @@ def main():
               f"peak  {row['gb_per_step']:6.1f} GB  {row['pct_of_bandwidth']:5.1f}% of "
               f"bandwidth  inference {row['infer_s']:6.3f} s  peak RSS "
               f"{row['peak_rss_mib']:.0f} MiB", flush=True)
+    if lost:
+        print(f"{', '.join(lost)} failed in every round here but were measured by {complete}, "
+              f"which is kept: this report is partial ({partial}); pass --resume to make the "
+              f"measurements that failed again, or --overwrite to replace {complete}",
+              file=sys.stderr, flush=True)
+        print(f'wrote {args.out}/{PARTIAL}.json, .md')
+        return None
     if note:
         print(note)
     print(f"wrote {args.out}/training_step.json, .md{'' if note else ', .png'}")

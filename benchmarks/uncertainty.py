@@ -498,8 +498,10 @@ def write_study(out, record, redraw: bool = False):
     setup, summary, runs, verdict lines, minutes and test target std of one study); the
     paper's figures are added. A note where the plot could not be drawn (the report links none,
     and an earlier run's is removed), else ``None``. With :obj:`redraw` (``--replot``: the
-    figure there is this record's own) a figure not drawn again is kept, and linked."""
-    setup, runs = record['setup'], record['runs']
+    figure there is this record's own) a figure not drawn again is kept, and linked. The setup
+    line shows the setup as the JSON keeps it (the task's set sizes as ``[10, 30]``, not the
+    tuples the study holds), so that ``--replot`` writes the study's report again."""
+    setup, runs = json.loads(json.dumps(record['setup'])), record['runs']
     scored = [r for r in runs if 'diverged' not in r]  # (the others: named, left out)
     title = ('Uncertainty calibration on '
              + ('set matching' if setup['task'] == 'chamfer' else f"`{setup['task']}`")

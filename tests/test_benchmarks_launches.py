@@ -262,3 +262,36 @@ def test_counts_made_before_ctrl_c_are_kept_and_resumed(launches, tmp_path, monk
     assert 'resume' not in result['config'] and len(result['slopes']) == 2
     assert 'Partial' not in (out / 'launches.md').read_text()
     assert not partial.exists() and not (out / 'launches.partial.md').exists()
+
+
+def test_a_complete_report_of_another_command_is_not_replaced_unasked(launches, tmp_path,
+                                                                      monkeypatch, capsys):
+    # a run with other options replaced the complete report in --out at its end, unasked
+    calls = []
+
+    def count_one(nodes, aggr, dim, degrees):
+        calls.append((nodes, aggr))
+        return dict(ops=10 * nodes, kernels=nodes, syncs=0, kernels_per_1k_edges=1.0,
+                    nodes=nodes, edges=10 * nodes, aggr=aggr, dim=dim, degrees=degrees)
+    monkeypatch.setattr(launches, 'count_one', count_one)
+    monkeypatch.setattr(launches, 'set_fused_kernels', lambda on: None)
+    monkeypatch.setattr(launches.torch, 'set_num_threads', lambda n: None)
+    monkeypatch.setattr(launches, 'plot', lambda rows, path: None)
+    out = tmp_path / 'launches'
+    argv = ['--nodes', '10', '--aggrs', 'rigid', '--out', str(out)]
+    assert launches.main(argv + ['--dim', '8']) is None
+    complete = out / 'launches.json'
+    earlier = complete.read_text()
+    calls.clear()
+    with pytest.raises(SystemExit) as exit_:
+        launches.main(argv + ['--dim', '16'])
+    assert exit_.value.code == 2
+    message = capsys.readouterr().err
+    assert (f'{complete} is the complete report of another command (`python '
+            f'benchmarks/launches.py --nodes 10 --aggrs rigid --out {out} --dim 8`)') in message
+    assert 'dim 8 there, 16 here' in message and '--overwrite' in message
+    assert calls == [] and complete.read_text() == earlier
+    assert launches.main(argv + ['--dim', '8']) is None  # (the same options: counted again)
+    assert launches.main(argv + ['--dim', '16', '--overwrite']) is None
+    assert json.loads(complete.read_text())['config']['dim'] == 16
+    assert calls == [(10, 'rigid')] * 2

@@ -333,6 +333,128 @@ def test_speed_resumes_a_partial_report_with_a_failure_and_makes_that_pair_again
     assert [r['pyg/rigid time'] for r in data['ratios']] == [2.0] * 4
 
 
+def test_speed_keeps_an_earlier_report_that_measured_what_fails_here(tmp_path, monkeypatch,
+                                                                     capsys):
+    # a complete run whose pair failed (out of memory) replaced the earlier complete report of
+    # the same options that had measured it: those rows were lost without a word
+    speed = load_script('speed')
+    out = tmp_path / 'speed'
+    argv = ['speed.py', '--models', 'pyg,rigid', '--blocks', 'pma', '--device', 'cpu',
+            '--repeats', '2', '--memory', '--out', str(out)]
+    complete, partial = out / 'speed.json', out / 'speed.partial.json'
+    speed_failing(monkeypatch, speed, fail_memory=set(), fail_timings=set())
+    monkeypatch.setattr(sys, 'argv', argv)
+    assert speed.main() is None
+    fuller = complete.read_text()
+    speed_failing(monkeypatch, speed, fail_memory={('pma', 'uniform', 'rigid')},
+                  fail_timings={('pma', 'skewed')})
+    capsys.readouterr()
+    assert speed.main() is None
+    assert complete.read_text() == fuller  # kept: it measured them
+    err = capsys.readouterr().err
+    assert 'pma uniform `rigid`, pma skewed `pyg`, pma skewed `rigid` failed here' in err
+    assert '--resume' in err and '--overwrite' in err
+    data = json.loads(partial.read_text())
+    assert data['lost'] == [dict(block='pma', batch='uniform', model='rigid'),
+                            dict(block='pma', batch='skewed', model='pyg'),
+                            dict(block='pma', batch='skewed', model='rigid')]
+    assert data['pending'] == 0 and len(data['failed']) == 2
+    assert [(r['batch'], r['model']) for r in data['rows']] == [('uniform', 'pyg')]
+    text = (out / 'speed.partial.md').read_text()
+    assert 'Partial: pma uniform `rigid`, pma skewed `pyg`, pma skewed `rigid` failed here' in text
+    # without --resume or --overwrite the partial report is not replaced
+    usage_error('speed', argv[1:], monkeypatch, capsys, 'interrupted run',
+                'failed where the complete report beside it made them')
+    # --resume measures the pairs with a failure again; failing again, the earlier report stays
+    calls = speed_failing(monkeypatch, speed, fail_memory=set(), fail_timings={('pma', 'skewed')})
+    monkeypatch.setattr(sys, 'argv', argv + ['--resume'])
+    assert speed.main() is None
+    assert calls == [('pma', 'uniform'), ('pma', 'skewed')]
+    assert complete.read_text() == fuller
+    assert json.loads(partial.read_text())['lost'] == [
+        dict(block='pma', batch='skewed', model='pyg'),
+        dict(block='pma', batch='skewed', model='rigid')]
+    # measured at last: the complete report replaces the earlier one
+    speed_failing(monkeypatch, speed, fail_memory=set(), fail_timings=set())
+    assert speed.main() is None
+    assert not partial.exists() and len(json.loads(complete.read_text())['rows']) == 4
+    # --overwrite replaces it with a report of the failures, which a later run with the same
+    # failure replaces too (that report measured nothing more)
+    speed_failing(monkeypatch, speed, fail_memory=set(), fail_timings={('pma', 'skewed')})
+    for extra in (['--overwrite'], []):
+        monkeypatch.setattr(sys, 'argv', argv + extra)
+        assert speed.main() is None
+        data = json.loads(complete.read_text())
+        assert len(data['rows']) == 2 and 'lost' not in data and not partial.exists()
+
+
+@pytest.mark.parametrize('first, then', [
+    (['--quick'], ['--repeats', '3']), (['--repeats', '3'], ['--quick']),
+    (['--quick'], ['--quick', '--repeats', '3'])])
+def test_speed_resumes_a_partial_report_of_the_same_resolved_settings(first, then, tmp_path,
+                                                                     monkeypatch, capsys):
+    # a --quick run's partial report was refused to a --resume given --repeats 3 instead
+    # ("quick True there, False here"): the same 3 repeats, the same run
+    speed = load_script('speed')
+    out = tmp_path / 'speed'
+    argv = ['speed.py', '--models', 'pyg,rigid', '--blocks', 'pma', '--device', 'cpu',
+            '--out', str(out)]
+    speed_failing(monkeypatch, speed, fail_memory=set(), fail_timings=set(),
+                  stop=('pma', 'skewed'))
+    monkeypatch.setattr(sys, 'argv', argv + first)
+    assert speed.main() == speed.EXIT_INTERRUPTED
+    calls = speed_failing(monkeypatch, speed, fail_memory=set(), fail_timings=set())
+    monkeypatch.setattr(sys, 'argv', argv + then + ['--resume'])
+    assert speed.main() is None
+    assert calls == [('pma', 'skewed')]
+    data = json.loads((out / 'speed.json').read_text())
+    assert data['kept_pairs'] == [dict(block='pma', batch='uniform')]
+    assert data['config']['repeats'] == 3
+    # other repeats are another run: refused
+    speed_failing(monkeypatch, speed, fail_memory=set(), fail_timings=set(),
+                  stop=('pma', 'skewed'))
+    monkeypatch.setattr(sys, 'argv', argv + first + ['--overwrite'])
+    assert speed.main() == speed.EXIT_INTERRUPTED
+    capsys.readouterr()
+    usage_error('speed', argv[1:] + ['--quick', '--repeats', '5', '--resume'], monkeypatch,
+                capsys, 'other settings', 'repeats 3 there, 5 here')
+
+
+def test_speed_refuses_to_replace_the_complete_report_of_another_command(tmp_path, monkeypatch,
+                                                                        capsys):
+    # a run with other options replaced the complete report in --out at its end, unasked
+    speed = load_script('speed')
+    out = tmp_path / 'speed'
+    argv = ['--models', 'pyg,rigid', '--device', 'cpu', '--repeats', '2', '--out', str(out)]
+    calls = speed_failing(monkeypatch, speed, fail_memory=set(), fail_timings=set())
+    monkeypatch.setattr(sys, 'argv', ['speed.py', '--blocks', 'pma'] + argv)
+    assert speed.main() is None
+    complete = out / 'speed.json'
+    earlier = complete.read_text()
+    command = json.loads(earlier)['environment']['command']
+    capsys.readouterr()
+    calls.clear()
+    usage_error('speed', ['--blocks', 'sab'] + argv, monkeypatch, capsys,
+                f'{complete} is the complete report of another command (`{command}`)',
+                "blocks ['pma'] there, ['sab'] here", '--blocks sab',
+                'pass --overwrite to replace it, or give another --out')
+    assert calls == [] and complete.read_text() == earlier
+    assert sorted(os.listdir(out)) == ['speed.json', 'speed.md']
+    # --overwrite replaces it; so does a run of the same options (measuring them again), also
+    # where the report gives a list as its text, as reports written before lists were parsed
+    monkeypatch.setattr(sys, 'argv', ['speed.py', '--blocks', 'sab', '--overwrite'] + argv)
+    assert speed.main() is None
+    data = json.loads(complete.read_text())
+    assert data['config']['blocks'] == ['sab']
+    data['config'].update(blocks='sab', models='pyg,rigid')
+    complete.write_text(json.dumps(data))
+    calls.clear()
+    monkeypatch.setattr(sys, 'argv', ['speed.py', '--blocks', 'sab'] + argv)
+    assert speed.main() is None
+    assert calls == [('sab', 'uniform'), ('sab', 'skewed')]
+    assert json.loads(complete.read_text())['config']['blocks'] == ['sab']
+
+
 def test_speed_writes_nothing_when_every_pair_failed(tmp_path, monkeypatch):
     speed = load_script('speed')
     speed_failing(monkeypatch, speed, fail_memory=set(),
@@ -564,6 +686,135 @@ def test_training_step_partial_report_counts_the_failed_measurements_resume_make
     calls[:], resumed = ['mz'], True  # (mz made in the run resumed: it fails no more)
     assert script.main() is None
     assert calls[1:] == ['mz', 'egnn', 'rigid', 'mz', 'egnn']  # (4 left, 1 failed)
+
+
+def training_step_faking(monkeypatch, script, fails=(), stop=None):
+    r"""``training_step.py`` with fake measurements: the rows named in :obj:`fails` fail (out
+    of memory) in every round, the row :obj:`stop` ends with Ctrl-C once; returns the list of
+    the rows measured."""
+    calls: list = []
+
+    def measure(path, config, env=None):
+        name = config['name']
+        if name == stop and 'stopped' not in calls:
+            calls.append('stopped')
+            raise KeyboardInterrupt
+        calls.append(name)
+        if name in fails:
+            raise script.MeasurementFailed('out of memory')
+        return fake_step_row(name, config['args']['repeats'])
+    monkeypatch.setattr(script, 'in_fresh_process', measure)
+    monkeypatch.setattr(script, 'matmul_peak_flops', lambda device=None: 1e10)
+    monkeypatch.setattr(script, 'memory_bandwidth', lambda *a, **k: 1e10)
+    monkeypatch.setattr(script, 'plot', lambda rows, path: None)
+    return calls
+
+
+def test_training_step_keeps_an_earlier_report_that_measured_a_row_failing_here(
+        tmp_path, monkeypatch, capsys):
+    # a complete run whose row failed in every round (out of memory) replaced the earlier
+    # complete report of the same options that had measured it: that row was lost unasked
+    script = load_script('training_step')
+    out = tmp_path / 'training_step'
+    argv = ['training_step.py', '--models', 'rigid,mz,egnn', '--rounds', '2', '--repeats', '1',
+            '--out', str(out)]
+    complete, partial = out / 'training_step.json', out / 'training_step.partial.json'
+    training_step_faking(monkeypatch, script, fails={'egnn'})
+    monkeypatch.setattr(sys, 'argv', argv)
+    assert script.main() is None  # (egnn failed: not in the report)
+    training_step_faking(monkeypatch, script)
+    assert script.main() is None
+    fuller = complete.read_text()
+    assert [r['model'] for r in json.loads(fuller)['rows']] == ['rigid', 'mz', 'egnn']
+    training_step_faking(monkeypatch, script, fails={'mz'})
+    capsys.readouterr()
+    assert script.main() is None
+    assert complete.read_text() == fuller  # kept: it measured mz
+    assert 'mz failed in every round here' in capsys.readouterr().err
+    data = json.loads(partial.read_text())
+    assert data['lost'] == ['mz'] and data['pending'] == 0
+    assert [r['model'] for r in data['rows']] == ['rigid', 'egnn']
+    assert 'Partial: `mz` failed in every round here' in (
+        out / 'training_step.partial.md').read_text()
+    usage_error('training_step', argv[1:], monkeypatch, capsys, 'interrupted run',
+                'rows failed where the complete report beside it measured them')
+    # --resume makes the measurements that failed again, and only those
+    calls = training_step_faking(monkeypatch, script, fails={'mz'})
+    monkeypatch.setattr(sys, 'argv', argv + ['--resume'])
+    assert script.main() is None
+    assert calls == ['mz', 'mz'] and complete.read_text() == fuller
+    calls = training_step_faking(monkeypatch, script)
+    assert script.main() is None
+    assert calls == ['mz', 'mz'] and not partial.exists()
+    assert [r['model'] for r in json.loads(complete.read_text())['rows']] == [
+        'rigid', 'mz', 'egnn']
+    # --overwrite replaces it with the report of the failure
+    training_step_faking(monkeypatch, script, fails={'mz'})
+    monkeypatch.setattr(sys, 'argv', argv + ['--overwrite'])
+    assert script.main() is None
+    data = json.loads(complete.read_text())
+    assert [r['model'] for r in data['rows']] == ['rigid', 'egnn'] and 'lost' not in data
+
+
+@pytest.mark.parametrize('first, then', [
+    (['--quick'], ['--clouds', '8', '--repeats', '3']),
+    (['--clouds', '8', '--repeats', '3'], ['--quick'])])
+def test_training_step_resumes_a_partial_report_of_the_same_resolved_settings(
+        first, then, tmp_path, monkeypatch, capsys):
+    # a --quick run's partial report was refused to a --resume given its 8 clouds and 3
+    # repeats instead ("quick True there, False here"): the same run
+    script = load_script('training_step')
+    out = tmp_path / 'training_step'
+    argv = ['training_step.py', '--models', 'rigid,mz', '--out', str(out)]
+    training_step_faking(monkeypatch, script, stop='mz')
+    monkeypatch.setattr(sys, 'argv', argv + first)
+    assert script.main() == script.EXIT_INTERRUPTED
+    calls = training_step_faking(monkeypatch, script)
+    monkeypatch.setattr(sys, 'argv', argv + then + ['--resume'])
+    assert script.main() is None
+    assert calls == ['mz']
+    config = json.loads((out / 'training_step.json').read_text())['config']
+    assert (config['clouds'], config['repeats']) == (8, 3)
+    training_step_faking(monkeypatch, script, stop='mz')
+    monkeypatch.setattr(sys, 'argv', argv + first + ['--overwrite'])
+    assert script.main() == script.EXIT_INTERRUPTED
+    capsys.readouterr()
+    usage_error('training_step', argv[1:] + ['--quick', '--clouds', '4', '--resume'],
+                monkeypatch, capsys, 'other settings', 'clouds 8 there, 4 here')
+
+
+def test_training_step_refuses_to_replace_the_complete_report_of_another_command(
+        tmp_path, monkeypatch, capsys):
+    # a run of other rows into a folder holding a complete report replaced it at its end
+    # without a word (a committed results folder was nearly lost this way)
+    script = load_script('training_step')
+    out = tmp_path / 'training_step'
+    argv = ['--repeats', '1', '--out', str(out)]
+    calls = training_step_faking(monkeypatch, script)
+    monkeypatch.setattr(sys, 'argv', ['training_step.py', '--models', 'rigid,mz'] + argv)
+    assert script.main() is None
+    complete = out / 'training_step.json'
+    earlier = complete.read_text()
+    command = json.loads(earlier)['environment']['command']
+    calls.clear()
+    usage_error('training_step', ['--models', 'egnn'] + argv, monkeypatch, capsys,
+                f'{complete} is the complete report of another command (`{command}`)',
+                "models ['rigid', 'mz'] there, ['egnn'] here", '--models egnn',
+                'pass --overwrite to replace it')
+    assert calls == [] and complete.read_text() == earlier
+    # the same options measure again and replace it (a list written as its text, as older
+    # reports have it, is the same list); --overwrite replaces another command's
+    data = json.loads(earlier)
+    data['config']['models'] = 'rigid,mz'
+    complete.write_text(json.dumps(data))
+    monkeypatch.setattr(sys, 'argv', ['training_step.py', '--models', 'rigid,mz'] + argv)
+    assert script.main() is None
+    assert calls == ['rigid', 'mz'] and json.loads(complete.read_text())['config']['models'] == [
+        'rigid', 'mz']
+    monkeypatch.setattr(sys, 'argv', ['training_step.py', '--models', 'egnn', '--overwrite']
+                        + argv)
+    assert script.main() is None
+    assert [r['model'] for r in json.loads(complete.read_text())['rows']] == ['egnn']
 
 
 # --- scaling.py ------------------------------------------------------------------------------
@@ -841,6 +1092,27 @@ def test_scaling_keeps_a_fuller_earlier_report_where_a_size_fails(tmp_path, monk
     assert not partial.exists()
 
 
+def test_scaling_refuses_to_replace_a_complete_report_of_other_settings(tmp_path, monkeypatch,
+                                                                       capsys):
+    # (its name tells the settings apart: one of other settings under it was renamed)
+    scaling = load_script('scaling')
+    monkeypatch.setattr(scaling, 'run_one', lambda cfg: dict(points=cfg['points'], sets=1,
+                                                             median_s=cfg['points'] * 1e-6))
+    monkeypatch.setattr(scaling, 'in_fresh_process', lambda path, cfg: dict(peak_bytes=2**20))
+    monkeypatch.setattr(scaling, 'plot', lambda *args: None)
+    argv = ['scaling.py', '--out', str(tmp_path), '--quick', '--threads', str(scaling.THREADS)]
+    monkeypatch.setattr(sys, 'argv', argv + ['--repeats', '1'])
+    assert scaling.main() is None
+    os.replace(tmp_path / 'scaling_mz_quick_r1.json', tmp_path / 'scaling_mz_quick.json')
+    renamed = (tmp_path / 'scaling_mz_quick.json').read_text()
+    usage_error('scaling', argv[1:], monkeypatch, capsys, 'complete report of another command',
+                'repeats 1 there, 3 here', '--overwrite')
+    assert (tmp_path / 'scaling_mz_quick.json').read_text() == renamed
+    monkeypatch.setattr(sys, 'argv', argv + ['--overwrite'])
+    assert scaling.main() is None
+    assert json.loads((tmp_path / 'scaling_mz_quick.json').read_text())['config']['repeats'] == 3
+
+
 # --- message_passing.py ----------------------------------------------------------------------
 
 @pytest.mark.parametrize('argv, needles', [
@@ -949,6 +1221,51 @@ def test_message_passing_writes_each_row_and_resumes(tmp_path, monkeypatch, caps
                        'that run by `--resume`)')
 
 
+def test_message_passing_keeps_an_earlier_report_of_rows_failing_here_and_another_command_s(
+        tmp_path, monkeypatch, capsys):
+    # a complete run whose row failed (timed out) replaced the earlier complete report of the
+    # same options that had measured it; a run of other options replaced another command's
+    mp = load_script('message_passing')
+    out = tmp_path / 'mp'
+    complete, partial = out / 'message_passing.json', out / 'message_passing.partial.json'
+    measured = []
+
+    def fails(*which):
+        def measure(cfg):
+            measured.append((cfg['aggr'], cfg['nodes']))
+            return (dict(cfg, error='timed out') if (cfg['aggr'], cfg['nodes']) in which
+                    else fake_row(cfg))
+        return measure
+    run_message_passing(mp, MP_ARGV + ['--out', str(out)], monkeypatch, fails())
+    fuller = complete.read_text()
+    capsys.readouterr()
+    run_message_passing(mp, MP_ARGV + ['--out', str(out)], monkeypatch,
+                        fails(('pyg', 10000)))
+    assert complete.read_text() == fuller  # kept: it measured that row
+    assert 'poisson d=16 N=10000 sage pyg failed here' in capsys.readouterr().err
+    data, markdown = report(out, 'message_passing.partial')
+    assert data['complete'] is False and [(c['aggr'], c['nodes']) for c in data['lost']] == [
+        ('pyg', 10000)]
+    assert 'partial: 1 row(s) failed here (poisson d=16 N=10000 sage pyg)' in markdown
+    usage_error('message_passing', MP_ARGV + ['--out', str(out)], monkeypatch, capsys,
+                'interrupted run', 'rows failed where the complete report beside it measured')
+    measured.clear()
+    run_message_passing(mp, MP_ARGV + ['--out', str(out), '--resume'], monkeypatch, fails())
+    assert measured == [('pyg', 10000)] and not partial.exists()
+    assert len(report(out)[0]['rows']) == 4
+    # another command's complete report: refused before anything is measured
+    earlier = complete.read_text()
+    command = json.loads(earlier)['environment']['command']
+    measured.clear()
+    usage_error('message_passing', MP_ARGV + ['--out', str(out), '--repeats', '2'], monkeypatch,
+                capsys, f'is the complete report of another command (`{command}`)',
+                'repeats 5 there, 2 here')
+    assert complete.read_text() == earlier and not measured
+    run_message_passing(mp, MP_ARGV + ['--out', str(out), '--repeats', '2', '--overwrite'],
+                        monkeypatch, fails())
+    assert report(out)[0]['config']['repeats'] == 2 and len(measured) == 4
+
+
 @pytest.mark.parametrize('argv, nodes, dims, repeats', [
     ([], [1000, 10000, 100000], [16, 64], 5),
     (['--quick'], [1000, 10000], [16], 3),
@@ -988,8 +1305,9 @@ def test_message_passing_records_the_threads_of_its_rows(tmp_path, monkeypatch):
 
 
 def test_message_passing_resumes_nothing_measured_otherwise(tmp_path, monkeypatch, capsys):
-    r"""``--resume`` measures again every row of a report written with other settings (and
-    says so), and failed rows; without ``--resume`` every row is measured."""
+    r"""``--resume`` measures again every row of a partial report written with other settings
+    (and says so), and failed rows, and refuses a complete report of other settings, which the
+    run would replace (``--overwrite`` does); without ``--resume`` every row is measured."""
     mp = load_script('message_passing')
     out = tmp_path / 'mp'
     measured = []
@@ -1007,15 +1325,22 @@ def test_message_passing_resumes_nothing_measured_otherwise(tmp_path, monkeypatc
     data, _ = report(out)
     assert not any('error' in r for r in data['rows'])
     capsys.readouterr()
+    other_out = tmp_path / 'other'
     for other in (['--repeats', '2'], ['--threads', '2'], ['--no-allocated'],
                   ['--keep-freed-memory'], ['--chunk-rows', '64']):
         measured.clear()
-        run_message_passing(mp, MP_ARGV + ['--out', str(tmp_path / 'other'), '--resume'],
+        run_message_passing(mp, MP_ARGV + ['--out', str(other_out), '--overwrite'],
                             monkeypatch, counts)  # the reference, with the default settings
+        # (its complete report: another command's, which the run would replace)
+        usage_error('message_passing', MP_ARGV + other + ['--out', str(other_out), '--resume'],
+                    monkeypatch, capsys, 'complete report of another command',
+                    '--overwrite (in place of --resume)')
+        # (as a partial report: measured again, every row)
+        os.replace(other_out / 'message_passing.json', other_out / 'message_passing.partial.json')
         measured.clear()
         capsys.readouterr()
-        run_message_passing(mp, MP_ARGV + other + ['--out', str(tmp_path / 'other'),
-                                                   '--resume'], monkeypatch, counts)
+        run_message_passing(mp, MP_ARGV + other + ['--out', str(other_out), '--resume'],
+                            monkeypatch, counts)
         assert len(measured) == 4, other
         printed = capsys.readouterr().out
         assert 'not resuming' in printed and 'other settings' in printed, printed

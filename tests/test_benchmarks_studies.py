@@ -153,6 +153,22 @@ def test_uncertainty_replot_rebuilds_the_report_from_its_record(tmp_path, monkey
     assert run_script('uncertainty', ['--replot', '--out', str(tmp_path)], monkeypatch) == 2
 
 
+def test_uncertainty_replot_writes_the_report_the_study_wrote(tmp_path, monkeypatch):
+    # the study's setup line showed the task's set sizes as the tuples it holds, '(10, 30)',
+    # and --replot, from the JSON, as '[10, 30]': a rebuilt report differed from the study's
+    study = load_script('uncertainty')
+    task = study.load_task('chamfer', seed=0, n_train=4, n_val=4, n_test=6)
+    record = dict(uncertainty_record(study, task), target_std=1.0)
+    record['setup']['task_params'] = task.info  # as the study passes it
+    assert task.info['set_sizes']['train'] == (10, 30)
+    without_matplotlib(monkeypatch)  # (the same figure note in both)
+    study.write_study(str(tmp_path), record)
+    written = (tmp_path / 'uncertainty.md').read_text()
+    assert "'train': [10, 30]" in written
+    assert run_script('uncertainty', ['--replot', '--out', str(tmp_path)], monkeypatch) == 0
+    assert (tmp_path / 'uncertainty.md').read_text() == written
+
+
 def test_uncertainty_replot_keeps_the_studys_figure_where_it_cannot_draw(tmp_path, monkeypatch,
                                                                         capsys):
     # --replot without matplotlib (or with a plot that fails) removed uncertainty.png and

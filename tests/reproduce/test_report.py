@@ -136,6 +136,9 @@ def test_finished_runs_table_lists_each_run_beside_the_paper(tmp_path):
         # the validation curve of the run, one loss per epoch run, the kept epoch its minimum
         curve = r['val_loss_curve']
         assert len(curve) == r['epochs_run'] and curve[r['best_epoch']] == min(curve)
+        # the code that trained it, as its record names it (the rows named none)
+        record = repro.store.read(cell, r['model'], r['seed'], config)
+        assert r['code'] == record['code'] and r['code_history'] == record['code_history']
     # one run lost: one row fewer
     lost = next(p for p in tmp_path.rglob('records/tiny/**/*.json') if '_s1_' in p.name)
     lost.unlink()
@@ -154,6 +157,7 @@ def test_finished_runs_table_lists_each_run_beside_the_paper(tmp_path):
         payload = json.load(f)
         rows = payload['rows']
         assert len(rows) == 7 and not any('val_loss_curve' in r for r in rows)  # in records/
+        assert all('code' in r and r['code_history'] for r in rows)
     # the sweep of each model: every grid point with its stored figures, the chosen one marked
     sweep = payload['sweeps']
     assert len(sweep) == len(TINY.sweep) * len(claim.models)

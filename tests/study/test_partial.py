@@ -9,7 +9,8 @@ import pytest
 
 import torch_mz.study
 from torch_mz.study.partial import (PartialUnit, add_partial_arguments, partial_problem,
-                                    read_partial, settings_differ, write_results_so_far)
+                                    read_partial, replace_problem, same_settings_report,
+                                    settings_differ, write_results_so_far)
 
 SIZES = PartialUnit('sizes', 'size')
 COUNTS = PartialUnit('counts', 'count', 'make')
@@ -17,7 +18,8 @@ COUNTS = PartialUnit('counts', 'count', 'make')
 
 def test_the_names_are_exported():
     for name in ('PartialUnit', 'add_partial_arguments', 'partial_problem', 'read_partial',
-                 'settings_differ', 'write_results_so_far'):
+                 'replace_problem', 'same_settings_report', 'settings_differ',
+                 'write_results_so_far'):
         assert name in torch_mz.study.__all__ and hasattr(torch_mz.study, name)
 
 
@@ -75,6 +77,13 @@ def test_settings_differ():
     assert settings_differ({'a': 1, 'b': 'x'}, {'a': 1, 'b': 'x', 'c': 3}, ('a', 'b')) == []
     assert settings_differ({'a': 2}, {'a': 1, 'b': 'x'}, ('a', 'b')) == [
         "a 2 there, 1 here", "b None there, 'x' here"]
+    # a list of this run's is the same as its comma-separated text there (as reports written
+    # before the scripts parsed their lists keep it), not as other text or another list
+    assert settings_differ({'m': 'pyg,rigid', 'n': '10,40'},
+                           {'m': ['pyg', 'rigid'], 'n': [10, 40]}, ('m', 'n')) == []
+    assert settings_differ({'m': 'rigid,pyg', 'n': ['10', '40']},
+                           {'m': ['pyg', 'rigid'], 'n': [10, 40]}, ('m', 'n')) == [
+        "m 'rigid,pyg' there, ['pyg', 'rigid'] here", "n ['10', '40'] there, [10, 40] here"]
 
 
 def write(path, payload):
@@ -147,3 +156,35 @@ def test_write_results_so_far_replaces_the_partial_report_with_the_complete_one(
     assert sorted(p.name for p in (tmp_path / 'out').iterdir()) == ['x.json', 'x.md']
     assert json.loads((tmp_path / 'out' / 'x.json').read_text()) == dict(rows=[1, 2])
     assert (tmp_path / 'out' / 'x.md').read_text() == '# complete\n'
+
+
+def test_replace_problem_refuses_the_complete_report_of_another_command(tmp_path):
+    args = argparse.Namespace(sets=32, models=['a', 'b'], resume=False, overwrite=False)
+    path = write(tmp_path / 'x.json', dict(
+        config=dict(sets=64, models='a,b', quick=True),
+        environment=dict(command='python x.py --sets 64'), rows=[]))
+    assert replace_problem(path, args, ('sets', 'models'), 'python x.py', False, False) == (
+        f"argument --out: {path} is the complete report of another command (`python x.py "
+        f"--sets 64`), written with other settings (sets 64 there, 32 here), which this run "
+        f"(`python x.py`) would replace: pass --overwrite to replace it, or give another --out")
+    # --overwrite replaces it; a partial report resumed was begun by a call let replace it
+    assert replace_problem(path, args, ('sets', ), 'python x.py', True, False) is None
+    assert replace_problem(path, args, ('sets', ), 'python x.py', False, True) is None
+    assert 'pass --overwrite (in place of --resume) to replace it' in replace_problem(
+        path, argparse.Namespace(sets=32, resume=True), ('sets', ), 'c', False, False)
+    assert same_settings_report(path, args, ('sets', )) is None
+    # the same settings (a setting the report does not record, older than it, not compared):
+    # a run of them measures again, and replaces it
+    args.sets = 64
+    assert replace_problem(path, args, ('sets', 'models', 'new'), 'c', False, False) is None
+    assert same_settings_report(path, args, ('sets', 'models', 'new'))['rows'] == []
+    # no complete report of these scripts there (none, not JSON, no config): nothing refused
+    for payload in ('not json', [1], dict(rows=[]), dict(config=[1])):
+        path = write(tmp_path / 'y.json', payload)
+        assert replace_problem(path, args, ('sets', ), 'c', False, False) is None
+        assert same_settings_report(path, args, ('sets', )) is None
+    assert replace_problem(str(tmp_path / 'none.json'), args, ('sets', ), 'c', False,
+                           False) is None
+    path = write(tmp_path / 'z.json', dict(config=dict(sets=1)))  # (no command recorded)
+    assert 'another command (an unknown one)' in replace_problem(path, args, ('sets', ), 'c',
+                                                                 False, False)

@@ -614,8 +614,11 @@ class Reproduction:
         r"""The claim's finished runs (cells x models x seeds at each model's chosen sweep
         point), one row each: cell, model, seed, the chosen ``lr`` and ``weight_decay``, test
         R², epochs run, best epoch, whether it stopped early, the paper's R² for the cell
-        and model where the claim quotes one, and the validation loss of every epoch
-        (``val_loss_curve``). Models whose sweep has not chosen yet have no
+        and model where the claim quotes one, the validation loss of every epoch
+        (``val_loss_curve``), and the code that trained it as its record names it (``code``,
+        the commit of the process that finished it, :obj:`None` where the record has none,
+        and ``code_history``, that of its start and of every resume, where the record has it).
+        Models whose sweep has not chosen yet have no
         rows. Trains nothing (the runs :meth:`status` counts as done, with their figures)."""
         seeds = (self.seeds or self.budget.seeds or claim.paper_seeds) * claim.members
         rows: List[Dict[str, Any]] = []
@@ -643,7 +646,10 @@ class Reproduction:
                             stopped_early=stopped_early(record),
                             diverged='diverged' in record,
                             paper=claim.paper_r2.get((cell['label'], spec)),
-                            val_loss_curve=list(record.get('val_loss_curve') or [])))
+                            val_loss_curve=list(record.get('val_loss_curve') or []),
+                            code=record.get('code'),
+                            **({'code_history': record['code_history']}
+                               if 'code_history' in record else {})))
         return rows
 
     def sweep_landscape(self, task: str, models: Sequence[str]) -> List[Dict[str, Any]]:

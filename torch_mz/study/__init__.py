@@ -31,7 +31,8 @@ from torch_mz.study.measure import (MeasurementFailed, allocator_peak_bytes, cou
                                     skewed_sizes, time_call, time_interleaved,
                                     uniform_sizes)
 from torch_mz.study.partial import (PartialUnit, add_partial_arguments, partial_problem,
-                                    read_partial, settings_differ, write_results_so_far)
+                                    read_partial, replace_problem, same_settings_report,
+                                    settings_differ, write_results_so_far)
 from torch_mz.study.plots import (NO_MATPLOTLIB, plot_bars, plot_grid, plot_summary, pyplot,
                                   remove_earlier_plot, replace_plot, save_figure, try_plot)
 from torch_mz.study.resume import (EXIT_INTERRUPTED, Interruption, RunStore, interruptible,
@@ -84,6 +85,8 @@ __all__ = [
     'add_partial_arguments',
     'partial_problem',
     'read_partial',
+    'replace_problem',
+    'same_settings_report',
     'settings_differ',
     'write_results_so_far',
     'NO_MATPLOTLIB',

@@ -6,7 +6,11 @@ Such a script writes ``<out>/<name>.partial.{json,md}`` while measurements remai
 complete report (which removes the partial one: :func:`~torch_mz.study.remove_results`) after
 the last. A later call keeps the partial report's measurements with ``--resume`` (where it was
 written with the same settings) or makes every one again with ``--overwrite``; without either, a
-folder holding a partial report is refused, so that no interrupted run is lost unasked.
+folder holding a partial report is refused, so that no interrupted run is lost unasked. Nor is a
+measured report replaced unasked: without ``--overwrite`` a folder holding the complete report
+of another command (other settings) is refused, and a run of the same settings whose
+measurements fail where that report made them keeps it, its own report left partial (``lost``:
+those measurements, which ``--resume`` makes again).
 
 * :class:`PartialUnit`: what a script's report holds, as its messages name it;
 * :func:`add_partial_arguments`: the two options, with help texts naming the unit;
@@ -15,7 +19,12 @@ folder holding a partial report is refused, so that no interrupted run is lost u
 * :func:`read_partial`: a partial report read back for ``--resume``, refused (a
   :class:`ValueError` that says to pass ``--overwrite``) where it is damaged or was written with
   other settings, or in another environment (:func:`settings_differ`);
-* :func:`write_results_so_far`: the partial report, or the complete one that replaces it.
+* :func:`write_results_so_far`: the partial report, or the complete one that replaces it;
+* :func:`replace_problem`: the usage error of a call that would replace, without
+  ``--overwrite``, the complete report of another command (other settings) in ``--out``;
+* :func:`same_settings_report`: the complete report in ``--out`` where it was written with this
+  run's settings: the measurements that, failing in this run, its report would lose (the
+  scripts then keep that report and leave theirs partial, listing them as ``lost``).
 
 Library code: nothing here prints or parses a command line (the scripts pass the problems found to
 ``parser.error``).
@@ -104,13 +113,22 @@ def partial_problem(resume: bool, overwrite: bool, partial: Optional[str], unit:
     return None
 
 
+def _same_setting(there: Any, here: Any) -> bool:
+    # equal, or a list of this run's written as its comma-separated text, as reports written
+    # before the scripts' list options were parsed into lists keep it ('pyg,rigid')
+    if isinstance(there, str) and isinstance(here, (list, tuple)):
+        return there == ','.join(str(v) for v in here)
+    return bool(there == here)
+
+
 def settings_differ(there: Mapping[str, Any], here: Mapping[str, Any],
                     keys: Sequence[str]) -> List[str]:
     r"""One phrase per key of :obj:`keys` whose value in :obj:`there` (a report's, where a
     missing key reads as :obj:`None`) is not the one in :obj:`here` (this run's):
-    ``"sets 64 there, 32 here"``; none where they all agree."""
+    ``"sets 64 there, 32 here"``; none where they all agree (a list of :obj:`here` agrees with
+    its comma-separated text there, as older reports recorded it)."""
     return [f'{key} {there.get(key)!r} there, {here[key]!r} here'
-            for key in keys if there.get(key) != here[key]]
+            for key in keys if not _same_setting(there.get(key), here[key])]
 
 
 def read_partial(path: str, args: argparse.Namespace, settings: Sequence[str],
@@ -170,3 +188,64 @@ def write_results_so_far(out: str, name: str, payload: Dict[str, object], markdo
     write_results(out, name if complete else f'{name}.partial', payload, markdown)
     if complete:  # the complete report replaces the partial one
         remove_results(out, f'{name}.partial')
+
+
+def _complete_report(path: str) -> Optional[Dict[str, Any]]:
+    # the JSON object of the complete report path, None where there is none, or it cannot be
+    # read or holds no config object (no report of these scripts: a run replaces it)
+    try:
+        with open(path) as f:
+            report = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(report, dict) or not isinstance(report.get('config'), dict):
+        return None
+    return report
+
+
+def _recorded_differ(report: Mapping[str, Any], args: argparse.Namespace,
+                     settings: Sequence[str]) -> List[str]:
+    # settings_differ on the settings the report records (one it predates is not compared)
+    config = report['config']
+    return settings_differ(config, vars(args), [key for key in settings if key in config])
+
+
+def same_settings_report(path: str, args: argparse.Namespace,
+                         settings: Sequence[str]) -> Optional[Dict[str, Any]]:
+    r"""The complete report :obj:`path` (``<out>/<name>.json``) as its JSON object where it
+    was written with this run's :obj:`settings` (:obj:`args`; a setting the report does not
+    record, being older than it, is not compared), else :obj:`None` (none there, one that
+    cannot be read, or one of other settings): the report whose measurements a run that
+    replaces it loses where they fail in that run."""
+    report = _complete_report(path)
+    if report is None or _recorded_differ(report, args, settings):
+        return None
+    return report
+
+
+def replace_problem(path: str, args: argparse.Namespace, settings: Sequence[str],
+                    command: str, overwrite: bool, resumed: bool) -> Optional[str]:
+    r"""The usage error of a call whose report would replace, at its end, the complete report
+    :obj:`path` (``<out>/<name>.json``) of another command: one written with other
+    :obj:`settings` than this run's (:obj:`args`; compared as :func:`same_settings_report`
+    does), which is refused before anything is measured unless :obj:`overwrite`
+    (``--overwrite``) is given, or :obj:`resumed` (``--resume`` keeps a partial report there:
+    the call that began it was let replace that report). The message names both commands (the
+    report's, :obj:`command` this run's) and the settings that differ; :obj:`None` where
+    nothing is refused (no complete report there, one that cannot be read, or one of these
+    settings, which a run of them measures again)."""
+    if overwrite or resumed:
+        return None
+    report = _complete_report(path)
+    if report is None:
+        return None
+    differ = _recorded_differ(report, args, settings)
+    if not differ:
+        return None
+    environment = report.get('environment')
+    theirs = environment.get('command') if isinstance(environment, dict) else None
+    return (f"argument --out: {path} is the complete report of another command "
+            f"({'an unknown one' if theirs is None else f'`{theirs}`'}), written with other "
+            f"settings ({'; '.join(differ)}), which this run (`{command}`) would replace: pass "
+            f"--overwrite{' (in place of --resume)' if getattr(args, 'resume', False) else ''} "
+            f"to replace it, or give another --out")
