@@ -728,3 +728,180 @@ def test_tokens_of_another_dtype_than_the_module_are_named():
         with pytest.raises(ValueError, match=r"module's dtype torch.float64 \(got "
                                              r"torch.bfloat16 and torch.bfloat16\)"):
             attn.double()(low, low, index, index, 2)
+
+
+def _literal(attn, query_c, kv_c, kv_g, query_set, kv_set, num_sets):
+    r"""Eq. 3 of the paper (and the class docstring) written out set by set, head by head, for
+    tokens of formed centers :obj:`kv_c` and generators :obj:`kv_g`: queries, keys and values
+    of the set, softmax over its keys (times :math:`\log n` of the set with ``log_n``), the
+    aggregated center and generators, the gates of the set's summary and each value operator;
+    a query whose set has no keys aggregates nothing. Differentiable by autograd."""
+    dk, ng = D // attn.heads, kv_g.size(1)
+    out_c = query_c.new_zeros(query_c.size(0), attn.heads, dk)
+    out_g = query_c.new_zeros(query_c.size(0), attn.heads, ng, dk)
+    for b in range(num_sets):
+        qm, km = query_set == b, kv_set == b
+        c, n = kv_c[km], int(km.sum())
+        q = (query_c[qm] @ attn.lin_q.weight.T).view(-1, attn.heads, dk) / math.sqrt(dk)
+        if attn.log_n:
+            q = q * math.log(max(n, 1))
+        k = (c @ attn.lin_k.weight.T).view(n, attn.heads, dk)
+        v = (c @ attn.lin_v.weight.T + attn.lin_v.bias).view(n, attn.heads, dk)
+        vg = (kv_g[km] @ attn.lin_v.weight.T).view(n, ng, attn.heads, dk)
+        a = torch.softmax(torch.einsum('ihd,jhd->hij', q, k), dim=-1)  # (H, nq, n)
+        c_hat = torch.einsum('hij,jhd->ihd', a, v)  # (nq, H, dk); 0 without keys
+        g_hat = torch.einsum('hij,jghd->ihgd', a, vg)  # (nq, H, ng, dk)
+        mean = c.sum(0) / max(n, 1)
+        mu = mean if attn.summary == 'mean' else torch.cat(
+            [mean, torch.sqrt((c - mean).pow(2).sum(0) / max(n, 1) + 1e-6)])
+        weight = attn.weight  # (H, dk, dk): M_c, or W
+        if attn.value == 'hypernet':  # W + U(mu) V
+            u = attn.hyper_u(mu).view(attn.heads, dk, attn.rank)
+            weight = weight + torch.einsum('hdr,hre->hde', u, attn.hyper_v)
+        oc = torch.einsum('hed,ihd->ihe', weight, c_hat)
+        og = torch.einsum('hed,ihgd->ihge', weight, g_hat)
+        if attn.value == 'mz':  # + W_mix stack_l[gamma_l M_l c_hat]
+            gamma = torch.tanh(attn.gate.weight @ mu)
+            ml_c = torch.einsum('hled,ihd->ilhe', attn.matrix_gens, c_hat)
+            og = og + torch.einsum('gl,l,ilhe->ihge', attn.mix, gamma, ml_c)
+        elif attn.value == 'film':
+            scale = 1 + attn.film_scale(mu).view(attn.heads, dk)
+            oc = oc * scale + attn.film_shift(mu).view(attn.heads, dk)
+            og = og * scale.unsqueeze(1)
+        out_c = out_c.index_put((qm.nonzero().view(-1), ), oc)
+        out_g = out_g.index_put((qm.nonzero().view(-1), ), og)
+    return out_c.reshape(-1, D), out_g.transpose(1, 2).reshape(query_c.size(0), ng, D)
+
+
+def _key_tokens(kind, n, ng, dtype, seed):
+    r"""Key/value tokens of one kind (plain, affine generators, mapped centers and generators),
+    the leaves they are made of and their formed centers and generators."""
+    from torch_mz.nn.zonotope import AffineZonotope, MappedZonotope
+    g = torch.Generator().manual_seed(seed)
+
+    def draw(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(
+            dtype).requires_grad_()
+    if kind == 'affine':  # generators A_g u + b_g of 3 input columns (the input projection's)
+        c, u, a, b = draw(n, D), draw(n, 3), draw(ng, D, 3, scale=0.5), draw(ng, D)
+        gens = torch.einsum('gdp,np->ngd', a, u) + b
+        return AffineZonotope(c, gens, u, a, b), [c, u, a, b], c, gens
+    if kind == 'mapped':  # centers H_c W_c^T + b_c, generators H W^T (the PMA's hidden rows)
+        hc, wc, bc = draw(n, 5), draw(D, 5, scale=0.5), draw(D)
+        hg, wg = draw(n, ng, 6), draw(D, 6, scale=0.5)
+        return (MappedZonotope(hc, hg, wg, wc, bc), [hc, wc, bc, hg, wg], hc @ wc.T + bc,
+                hg @ wg.T)
+    c, gens = draw(n, D), draw(n, ng, D)
+    return Zonotope(c, gens), [c, gens], c, gens
+
+
+# (order, fold_keys, recompute) and what the forward must decide: (values after, keys folded)
+_ORDERS = [('before', True, False, (False, False)), ('after', False, False, (True, False)),
+           ('after', True, False, (True, True)), ('auto', True, True, (True, True))]
+
+
+@pytest.mark.parametrize('kind', ['plain', 'affine', 'mapped', 'vector'])
+@pytest.mark.parametrize('value', ['rigid', 'mz', 'mz-L1', 'film', 'film-std', 'hypernet',
+                                   'hypernet-std'])  # (L = 1, summary mean+std)
+@pytest.mark.parametrize('path', ['dense', 'scatter'])
+def test_every_order_and_fold_equals_the_literal_formula(path, value, kind, monkeypatch):
+    r"""(issue 10) Every computation order of :class:`MZAttention` (value map before or after
+    the aggregation, keys folded into the queries, the recomputed aggregation, the affine
+    generators of the input projection, the mapped tokens of the PMA, plain vectors) against
+    Eq. 3 written out set by set: values and gradients of every input and parameter in float64
+    to 1e-10, and the values without gradients, on unsorted rows with sets of 0, 1, 2 and odd
+    sizes, queries without keys, the log-n scaling and both summaries (the mean of mapped
+    centers taken on their hidden rows)."""
+    import torch_mz.nn.attention as attention
+    if value.startswith('mz') and kind == 'vector':
+        pytest.skip("'mz' needs generators")
+    monkeypatch.setattr(attention, 'FOLD_MARGIN', 1e-3)  # fold these small sets
+    ng = 0 if kind == 'vector' else NG
+    q_sizes, k_sizes = [1, 2, 1, 0, 3, 1], [5, 0, 1, 3, 7, 2]
+    g = torch.Generator().manual_seed(7)
+    query_set = make_index(q_sizes, shuffle=True, generator=g)
+    kv_set = make_index(k_sizes, shuffle=True, generator=g)
+    B = len(q_sizes)
+    torch.manual_seed(0)
+    attn = MZAttention(D, heads=H, num_generators=ng, value=value.split('-')[0],
+                       num_matrix_generators=1 if value == 'mz-L1' else L,
+                       summary='mean+std' if value in ('mz', 'film-std', 'hypernet-std')
+                       else 'mean', log_n=True, path=path).double()
+    _randomise(attn, 3)
+    params = list(attn.parameters())
+    query = _tokens(query_set.numel(), 1, ng)
+    query.center.requires_grad_()
+    kv, leaves, kv_c, kv_g = _key_tokens('plain' if kind == 'vector' else kind, kv_set.numel(),
+                                         ng, torch.float64, 2)
+    ref_c, ref_g = _literal(attn, query.center, kv_c, kv_g, query_set, kv_set, B)
+    inputs = [query.center] + leaves + params
+
+    def grads(out_c, out_g):
+        loss = out_c.sin().sum() + (out_g * out_g).sum()
+        return [t if t is not None else torch.zeros_like(x) for t, x in zip(
+            torch.autograd.grad(loss, inputs, retain_graph=True, allow_unused=True), inputs)]
+    expected = [ref_c, ref_g] + grads(ref_c, ref_g)
+    aggregate = attn._aggregate
+    for order, fold, recompute, decided in _ORDERS:
+        attn.value_order, attn.fold_keys, attn.recompute = order, fold, recompute
+        seen = []
+        monkeypatch.setattr(attn, '_aggregate', lambda *a: seen.append((a[6], a[-1]))
+                            or aggregate(*a))
+        out = attn(query, kv, query_set, kv_set, B)
+        assert seen[0] == decided  # each order ran (recomputed: twice)
+        for a, b in zip([out.center, out.gens] + grads(out.center, out.gens), expected):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+        with torch.no_grad():
+            out = attn(query, kv, query_set, kv_set, B)
+        torch.testing.assert_close(out.center, ref_c.detach(), rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(out.gens, ref_g.detach(), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize('kind', ['plain', 'affine', 'mapped'])
+@pytest.mark.parametrize('value', ['rigid', 'mz', 'film', 'hypernet'])
+def test_float32_orders_equal_the_literal_formula_to_1e_5(value, kind, monkeypatch):
+    r"""(issue 10) The same orders in float32, at the initialisation (with the context
+    parameters drawn, so that they act): within 1e-5 of the float64 formula (relative, and of
+    each tensor's largest entry), values and gradients."""
+    import copy
+
+    import torch_mz.nn.attention as attention
+    monkeypatch.setattr(attention, 'FOLD_MARGIN', 1e-3)
+    q_sizes, k_sizes = [1, 2, 1, 0, 3, 1], [5, 0, 1, 3, 7, 2]
+    g = torch.Generator().manual_seed(9)
+    query_set = make_index(q_sizes, shuffle=True, generator=g)
+    kv_set = make_index(k_sizes, shuffle=True, generator=g)
+    B = len(q_sizes)
+    torch.manual_seed(0)
+    attn = MZAttention(D, heads=H, num_generators=NG, value=value, num_matrix_generators=L,
+                       log_n=True).double()
+    with torch.no_grad():
+        for name in ('film_scale', 'film_shift', 'hyper_u'):
+            if hasattr(attn, name):
+                getattr(attn, name).weight.normal_(0, 0.1)
+    attn32 = copy.deepcopy(attn).float()
+    query = _tokens(query_set.numel(), 1)
+    results = []
+    for module, dtype in ((attn, torch.float64), (attn32, torch.float32)):
+        qc = query.center.to(dtype, copy=True).requires_grad_()
+        kv, leaves, kv_c, kv_g = _key_tokens(kind, kv_set.numel(), NG, dtype, 2)
+        inputs = [qc] + leaves + list(module.parameters())
+
+        def grads(out_c, out_g):
+            loss = out_c.sin().sum() + (out_g * out_g).sum()
+            return [t if t is not None else torch.zeros_like(x) for t, x in zip(
+                torch.autograd.grad(loss, inputs, retain_graph=True, allow_unused=True),
+                inputs)]
+        if dtype == torch.float64:
+            ref_c, ref_g = _literal(module, qc, kv_c, kv_g, query_set, kv_set, B)
+            results.append([ref_c.detach(), ref_g.detach()] + grads(ref_c, ref_g))
+            continue
+        for order, fold, recompute, _ in _ORDERS:
+            module.value_order, module.fold_keys, module.recompute = order, fold, recompute
+            out = module(Zonotope(qc, query.gens.float()), kv, query_set, kv_set, B)
+            results.append([out.center, out.gens] + grads(out.center, out.gens))
+    for other in results[1:]:
+        for a, b in zip(other, results[0]):  # (1e-5 of each tensor's scale: gradients reach 100)
+            assert a.dtype == torch.float32
+            torch.testing.assert_close(a.double(), b, rtol=1e-5,
+                                       atol=1e-5 * max(1.0, float(b.abs().amax())))

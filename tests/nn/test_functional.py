@@ -256,6 +256,89 @@ def test_attention_gradients_agree_between_paths():
         torch.testing.assert_close(a, b)
 
 
+# (issue 10) every path of grouped_attention against the per-query loop, values AND gradients:
+# sets of 0, 1, 2 and odd sizes, queries without keys and keys without queries, unsorted rows,
+# and the exact dense path (equal sizes, sorted); float64 to 1e-10, float32 to 1e-5
+_LAYOUTS = {'uneven': ([3, 0, 1, 2, 5, 1, 0], [2, 3, 1, 0, 7, 1, 0], True),
+            'uniform': ([3, 3, 3], [5, 5, 5], False)}
+
+
+@pytest.mark.parametrize('dtype', [torch.float64, torch.float32])
+@pytest.mark.parametrize('layout', ['uneven', 'uniform'])
+@pytest.mark.parametrize('values', ['narrow', 'wide', 'padded', 'shared', 'tuple'])
+@pytest.mark.parametrize('path', ['dense', 'scatter'])
+def test_every_path_equals_the_reference_in_values_and_gradients(path, values, layout, dtype,
+                                                                 monkeypatch):
+    r"""Per-head values as wide as the keys (the fused CPU kernel through
+    ``_FlashAttentionCPU``), three times as wide (the three operations written out, or with
+    ``values='padded'`` the fused kernel on zero-padded queries and keys, ``_pad_keys``),
+    values shared by the heads and a tuple of them, each returned as it is and in the token
+    layout (``chunk``), with and without gradients (``no_grad``, ``inference_mode``): the
+    reference's values and the gradients of queries, keys and values."""
+    q_sizes, k_sizes, shuffle = _LAYOUTS[layout]
+    g = torch.Generator().manual_seed(21)
+    query_set = make_index(q_sizes, shuffle=shuffle, generator=g)
+    kv_set = make_index(k_sizes, shuffle=shuffle, generator=g)
+    B, H, dk = len(q_sizes), 2, 3
+    assert functional._compute_dense_layout(query_set, kv_set, B, 1).uniform == (
+        layout == 'uniform')
+    if values == 'padded':  # the fused kernel with padded queries and keys on these blocks
+        monkeypatch.setattr(functional, 'FLASH_MIN_LEN', 1)
+        monkeypatch.setattr(functional, 'FLASH_MIN_SCORES', 0)
+    widths = {'narrow': [dk], 'wide': [3 * dk], 'padded': [3 * dk], 'shared': [5],
+              'tuple': [5, 2]}[values]
+    per_head = values in ('narrow', 'wide', 'padded')
+
+    def draw(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64)
+    q64, k64 = draw(query_set.numel(), H, dk), draw(kv_set.numel(), H, dk)
+    v64 = [draw(kv_set.numel(), H, w) if per_head else draw(kv_set.numel(), w) for w in widths]
+    cot = [draw(query_set.numel(), H, w) for w in widths]  # output cotangents
+
+    def reference():
+        leaves = [t.clone().requires_grad_() for t in [q64, k64] + v64]
+        outs = [_reference(leaves[0], leaves[1], v if per_head else
+                           v.unsqueeze(1).expand(-1, H, -1), query_set, kv_set)
+                for v in leaves[2:]]
+        grads = torch.autograd.grad(sum((o * c).sum() for o, c in zip(outs, cot)), leaves)
+        return [o.detach() for o in outs], list(grads)
+    ref_outs, ref_grads = reference()
+    tol = dict(rtol=1e-10, atol=1e-10) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-5)
+    flash = []
+    flash_cpu = functional._FLASH_CPU
+    if flash_cpu is not None:
+        monkeypatch.setattr(functional, '_FLASH_CPU', lambda *a, **kw: flash.append(
+            a[0].size(-1)) or flash_cpu(*a, **kw))
+    for chunk in (None, 1):
+        leaves = [t.to(dtype, copy=True).requires_grad_() for t in [q64, k64] + v64]
+        value_arg = leaves[2] if values != 'tuple' else tuple(leaves[2:])
+        got = grouped_attention(leaves[0], leaves[1], value_arg, query_set, kv_set, B,
+                                path=path, chunk=chunk)
+        got = list(got) if values == 'tuple' else [got]
+        if chunk is not None:  # (N_q, w, H, 1) -> (N_q, H, w)
+            got = [o.squeeze(-1).transpose(1, 2) for o in got]
+        grads = torch.autograd.grad(sum((o * c.to(dtype)).sum() for o, c in zip(got, cot)),
+                                    leaves)
+        for a, b in zip(got + list(grads), ref_outs + ref_grads):
+            assert a.dtype == dtype
+            torch.testing.assert_close(a.double(), b, **tol)
+        for mode in (torch.no_grad, torch.inference_mode):
+            with mode():
+                got = grouped_attention(*[t.detach() for t in leaves[:2]],
+                                        tuple(t.detach() for t in leaves[2:])
+                                        if values == 'tuple' else leaves[2].detach(),
+                                        query_set, kv_set, B, path=path, chunk=chunk)
+            got = list(got) if values == 'tuple' else [got]
+            if chunk is not None:
+                got = [o.squeeze(-1).transpose(1, 2) for o in got]
+            for a, b in zip(got, ref_outs):
+                torch.testing.assert_close(a.double(), b, **tol)
+    # each case ran the kernel it names (with gradients: the function around the fused kernel)
+    if path == 'dense' and flash_cpu is not None:
+        expected = {'narrow': {dk}, 'padded': {3 * dk}}.get(values, set())
+        assert set(flash) == expected
+
+
 def test_unknown_path():
     q, k, v, query_set, kv_set = _random_problem([2], [2], seed=0)
     with pytest.raises(ValueError, match='path'):

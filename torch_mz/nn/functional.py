@@ -9,8 +9,9 @@ same result:
   sparse-times-dense product (no per-pair copy of the values). Memory :math:`O(P H + N w)` for
   :math:`P = \sum_b n^q_b n^k_b` pairs.
 * ``'dense'``: sets are grouped into buckets of similar size (sizes rounded up to at most 25%
-  above the true size, then neighbouring buckets merged while the merged padding costs at most
-  25% more pairs plus a fixed allowance that stands for the per-bucket launch cost), each bucket
+  above the true size, then neighbouring buckets merged while the merged bucket's padded pairs
+  are no more than the merged classes' own plus a fixed allowance that stands for the
+  per-bucket launch cost, and its padded rows at most 25% more than theirs plus 1,024), each bucket
   is gathered into a dense block padded to its largest set and attended with batched matrix
   products (:func:`torch.nn.functional.scaled_dot_product_attention`). Where every set has the
   same size and the rows are sorted, there is a single bucket, no padding and no gather: the
