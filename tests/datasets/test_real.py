@@ -192,6 +192,24 @@ def test_qm9_task_targets_splits_and_width(tmp_path, qm9pack_csv):
     assert model(narrower.train[0]).prediction.shape == (1, 1)
 
 
+@pytest.mark.parametrize('target', [np.arange(2), torch.tensor([0, 1]),
+                                    np.array(['mu', 'alpha'])])
+def test_a_run_with_an_array_of_qm9_targets_loads_its_test_split_again(tmp_path, qm9pack_csv,
+                                                                      target):
+    # the array was recorded by its repr, 'array([0, 1])', which load_test_split (and predict)
+    # gave QM9 as the target: "unknown QM9 target 'array([0, 1])'"
+    from torch_mz.inference import load_test_split
+    from torch_mz.study.grid import run_info_for
+    kw = dict(root=str(tmp_path / 'QM9'), csv_path=qm9pack_csv, n_train=2, n_val=1, n_test=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        task = load_task('qm9', target=target, **kw)
+        state = dict(run_info=run_info_for(task, 'deepsets', {}), task_type='regression')
+        again = load_test_split(state, root=kw['root'])
+    assert task.info['targets'] == again.info['targets'] == ['mu', 'alpha']
+    assert [int(d.gdb_idx) for d in again.test] == [int(d.gdb_idx) for d in task.test]
+
+
 def test_a_run_trained_with_a_transform_is_named_by_predict_and_resume(tmp_path, qm9pack_csv,
                                                                       capsys):
     import torch_geometric.transforms as T

@@ -484,6 +484,27 @@ def test_run_info_records_a_transform_by_a_repr_stable_across_processes():
         'name': 'qm9', 'args': dict(recorded, transform='Center()')}})
 
 
+def test_run_info_records_arrays_and_tensors_by_their_values():
+    # QM9 takes a target as a NumPy array or a tensor (of indices or names): recorded by its
+    # repr, 'array([0, 1])' named no target, and the run's test split could not be loaded again
+    # (load_test_split, predict: "unknown QM9 target 'array([0, 1])'"); a large one's repr
+    # ('...') told two runs with other values apart from nothing
+    from torch_mz.train.checkpoint import recorded_options, same_run
+    recorded = recorded_options({'a': np.arange(2), 'names': np.array(['mu', 'alpha']),
+                                 't': torch.tensor(7), 'big': torch.zeros(2000)})
+    assert recorded == {'a': [0, 1], 'names': ['mu', 'alpha'], 't': 7, 'big': [0.0] * 2000}
+    other = recorded_options({'big': torch.zeros(2000).index_fill(0, torch.tensor([999]), 1)})
+    assert not same_run({'model': {'args': recorded}}, {'model': {'args': other}})
+    # read back as QM9 reads them: the same targets as the array given
+    from torch_mz.tasks import resolved_options
+    assert resolved_options('qm9', {'target': recorded['a']}) == {'target': ['mu', 'alpha']}
+    assert resolved_options('qm9', {'target': recorded['t']}) == resolved_options(
+        'qm9', {'target': torch.tensor(7)})
+    # a tensor without data to list (sparse) keeps its earlier record
+    sparse = torch.eye(2).to_sparse()
+    assert recorded_options({'s': sparse}) == {'s': repr(sparse)}
+
+
 def test_a_checkpoint_records_the_tanh_that_ran_and_the_fused_mode(tmp_path, monkeypatch,
                                                                    caplog):
     # with the fused kernels off no compiled tanh runs, whatever auto mode would choose: the

@@ -349,13 +349,23 @@ def recorded_options(options: Mapping[str, Any]) -> Dict[str, Any]:
     its qualified name, an object whose class has a repr of its own (PyG's transforms:
     ``'RandomRotate((-30, 30), axis=0)'``) by that repr, so that resuming with other settings
     of a transform is refused as another run (:func:`same_run`), and any other object by its
-    class's name (object's repr holds an address); a NumPy number as the number."""
+    class's name (object's repr holds an address); a NumPy number as the number, a NumPy array or
+    a tensor as the list of its values (QM9's ``target=np.arange(2)`` as ``[0, 1]``, which
+    :func:`~torch_mz.inference.load_test_split` reads back)."""
     return json.loads(json.dumps(dict(options), sort_keys=True, default=_object_name))
 
 
 def _object_name(o: Any) -> Any:
     if isinstance(o, np.generic):  # a NumPy number as the number (its repr 'np.int64(8)' was
         return o.item()  # recorded, and told a model built with 8 apart from its own weights)
+    if isinstance(o, (np.ndarray, Tensor)):
+        # (its repr, 'array([0, 1])' or 'tensor(7)', named no QM9 target: a run trained with
+        # one could not be predicted on, nor its test split loaded again; and the repr of a
+        # large one ('...') told no difference in the values it leaves out)
+        try:
+            return o.tolist()
+        except (RuntimeError, NotImplementedError):  # (a tensor without data: sparse, meta)
+            pass
     if hasattr(o, '__qualname__'):
         return o.__qualname__
     if type(o).__repr__ is not object.__repr__:
