@@ -2,7 +2,10 @@
 # One command for a machine with an NVIDIA GPU: the CUDA tests, a profile of the point-cloud
 # presets and of message passing, speed.py's batches and message passing on the GPU, each step under its own time limit (under 5 minutes in all, issue 10's bound, so
 # that a lent machine's 15 minutes leave room to run it again), results under $OUT (default
-# benchmarks/results/gpu/): gpu_check.log (all output), cuda_tests.txt, and JSON + Markdown +
+# a new folder per run, benchmarks/results/gpu_<UTC date>_<time>/, so that a check never
+# writes over the committed results of an earlier one, which the benchmarks would refuse as
+# another command's: set OUT to go on in a folder, with the steps' --resume where they keep
+# a partial report): gpu_check.log (all output), cuda_tests.txt, and JSON + Markdown +
 # PNG per benchmark. benchmarks/results/gpu/README.md (one H200, 2026-12-04) and
 # benchmarks/results/gpu_h100/README.md (one H100, 2026-12-06) say what the runs found.
 # On the H100 the configuration before this one (4.9 minutes in all) lost two steps to their
@@ -32,7 +35,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 PY=${PY:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
-OUT=${OUT:-benchmarks/results/gpu}
+OUT=${OUT:-benchmarks/results/gpu_$(date -u +%Y%m%d_%H%M%S)}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/gpu_check.log") 2>&1
 status=0

@@ -21,3 +21,13 @@ def test_the_cuda_tests_it_runs_exist():
     # a training run resumed on CUDA, and the device resolution
     assert 'def test_resume_matches_uninterrupted_run' in text and "'cuda'" in text
     assert 'def test_resolve_device' in text
+
+
+def test_its_default_folder_is_new_for_every_run():
+    # the committed results of an earlier check (benchmarks/results/gpu, gpu_h100) must not be
+    # written over, nor the check's benchmarks refused as writing over another command's report
+    script = (ROOT / 'benchmarks' / 'gpu_check.sh').read_text()
+    default = re.search(r'^OUT=\$\{OUT:-(.*)\}$', script, re.M)
+    assert default, 'no default OUT'
+    assert '$(date -u +%Y%m%d_%H%M%S)' in default.group(1)
+    assert default.group(1).startswith('benchmarks/results/gpu_')
