@@ -1210,6 +1210,18 @@ def test_conv_repr_shows_coords_range_and_eps():
     assert 'coords_range=3.0' in text and 'eps=1e-06' in text
 
 
+def test_repr_shows_the_activation_and_the_residual():
+    # EGNN's repr left out act: EGNN(2, act='relu') printed as the SiLU model, and evaluated
+    # built it, with the same repr; EGNNConv's left out act and residual too
+    model = EGNN(2, hidden_channels=8, num_layers=1, act='relu')
+    text = repr(model)
+    assert "act='relu'" in text
+    again = eval(text, {'EGNN': EGNN})
+    assert again.act == 'relu' and isinstance(again.head[1], torch.nn.ReLU)
+    conv = repr(EGNNConv(4, act='relu', residual=False))
+    assert "act='relu'" in conv and 'residual=False' in conv
+
+
 def test_egnn_refuses_coordinates_of_zero_columns():
     # pos of shape (N, 0) ran without any geometry, in the model, the layer and the preset
     from torch_mz.models import build_model

@@ -141,6 +141,45 @@ def test_feature_columns_are_checked_and_select_from_tensors_too():
         torch.testing.assert_close(coords(without_x).prediction, coords(batch).prediction)
 
 
+def test_feature_columns_wrapper_takes_the_arguments_of_egnn():
+    # the wrapper's forward took 'data' first: model(None, pos, batch), which EGNN takes for a
+    # model without features, failed inside it ('NoneType' object has no attribute 'x'), and
+    # model(x=..., pos=..., batch=...) was a TypeError
+    from torch_geometric.data import Data
+    torch.manual_seed(0)
+    x, pos = torch.randn(5, 4), torch.randn(5, 3)
+    batch = torch.tensor([0, 0, 1, 1, 1])
+    coords = build_model('egnn', 3, 2, feature_columns=[], hidden_channels=8,
+                         num_layers=1).eval()
+    expected = coords(x, pos, batch).prediction
+    assert torch.equal(coords(None, pos, batch).prediction, expected)
+    assert torch.equal(coords(pos=pos, batch=batch).prediction, expected)
+    torch.testing.assert_close(coords(Data(pos=pos[:2])).prediction, expected[:1])
+    h, _ = coords.encode(None, pos, batch)
+    assert h.shape == (5, 8)
+    model = build_model('egnn', 7, 2, feature_columns=[0, 2], hidden_channels=8,
+                        num_layers=1).eval()
+    expected = model(x, pos, batch).prediction
+    assert torch.equal(model(x=x, pos=pos, batch=batch).prediction, expected)
+    assert torch.equal(model.encode(x=x, pos=pos, batch=batch)[0], model.encode(x, pos, batch)[0])
+    with pytest.raises(ValueError, match='no x to take the feature columns'):
+        model(None, pos, batch)
+
+
+def test_feature_columns_read_once_are_recorded_as_the_model_uses_them():
+    # columns given as an iterator were consumed by the check: the model took [0, 2] and its
+    # build_info recorded [], so the model rebuilt from it (a checkpoint's) took no features
+    # and its weights did not load
+    model = build_model('egnn', 7, 2, feature_columns=iter([0, 2]), hidden_channels=8,
+                        num_layers=1)
+    info = model.build_info
+    assert model.columns == [0, 2] and info['feature_columns'] == [0, 2]
+    again = build_model(info['name'], info['in_channels'], info['out_channels'],
+                        pos_dim=info['pos_dim'], feature_columns=info['feature_columns'],
+                        **info['args'])
+    again.load_state_dict(model.state_dict())
+
+
 def test_egnn_refuses_feature_columns_with_pos_dim():
     # with pos_dim, EGNN's features are the other columns: feature_columns was ignored
     for name in ('egnn', 'egnn-qm9'):

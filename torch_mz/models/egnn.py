@@ -560,7 +560,7 @@ class EGNNConv(MessagePassing):
                 f'edge_gate={self.edge_gate}, normalize={self.normalize}, '
                 f'detach_norm={self.detach_norm}, tanh={self.tanh}, '
                 f'coords_range={self.coords_range}, update_coords={self.update_coords}, '
-                f'eps={self.eps})')
+                f'residual={self.residual}, act={self.act!r}, eps={self.eps})')
 
 
 def _index_sum(src: Tensor, index: Tensor, dim_size: int) -> Tensor:
@@ -893,4 +893,4 @@ class EGNN(Module):
                 f'pos_dim={self.pos_dim}, pool={self.pool!r}, radius={self.radius}, '
                 f'coord_aggr={self.coord_aggr!r}, edge_gate={self.edge_gate}, '
                 f'normalize={self.normalize}, detach_norm={self.detach_norm}, tanh={self.tanh}, '
-                f'update_coords={self.update_coords})')
+                f'update_coords={self.update_coords}, act={self.act!r})')

@@ -108,7 +108,9 @@ def count_parameters(model: Module) -> int:
 class SelectFeatures(Module):
     r"""Runs :obj:`model` on a batch whose ``x`` keeps only :obj:`columns` (for EGNN on data
     whose ``x`` holds more than its invariant features: the selected columns become the features
-    and the coordinates come from ``pos``)."""
+    and the coordinates come from ``pos``). Called as the model is: ``model(data)`` or
+    ``model(x, pos, batch)``, by position or by name (``x`` :obj:`None` where no column is
+    selected)."""
     def __init__(self, model: Module, columns):
         super().__init__()
         self.model = model
@@ -117,7 +119,8 @@ class SelectFeatures(Module):
     def _select(self, data):
         r""":obj:`data` (a tensor ``x`` or a data object) with its ``x`` cut to the columns;
         no columns: no features, whether the data hold an ``x`` or not."""
-        x = data if isinstance(data, Tensor) else getattr(data, 'x', None)
+        tensors = data is None or isinstance(data, Tensor)  # model(x, pos, batch)
+        x = data if tensors else getattr(data, 'x', None)
         if self.columns:
             if x is None:
                 raise ValueError(f'{self.__class__.__name__}: the data hold no x to take the '
@@ -129,7 +132,7 @@ class SelectFeatures(Module):
                 raise ValueError(f'{self.__class__.__name__}: feature column '
                                  f'{max(self.columns)} is beyond the {x.size(-1)} columns of x')
         x = x[:, self.columns] if self.columns else None
-        if isinstance(data, Tensor):  # model(x, pos, batch): the columns of x
+        if tensors:  # model(x, pos, batch): the columns of x (x None: copy.copy(None).x failed)
             return x
         data = copy.copy(data)
         data.x = x
@@ -139,12 +142,13 @@ class SelectFeatures(Module):
         r"""Re-initialises the wrapped model (as every model :func:`build_model` returns can)."""
         self.model.reset_parameters()
 
-    def forward(self, data, *args, **kwargs):
-        return self.model(self._select(data), *args, **kwargs)
+    # (the first argument named as EGNN's, x: model(x=..., pos=..., batch=...) was a TypeError)
+    def forward(self, x=None, *args, **kwargs):
+        return self.model(self._select(x), *args, **kwargs)
 
-    def encode(self, data, *args, **kwargs):
+    def encode(self, x=None, *args, **kwargs):
         r"""The wrapped model's :meth:`encode` on the selected columns."""
-        return self.model.encode(self._select(data), *args, **kwargs)
+        return self.model.encode(self._select(x), *args, **kwargs)
 
     def __repr__(self) -> str:
         return f'{self.__class__.__name__}({self.model}, columns={self.columns})'
@@ -185,6 +189,8 @@ def build_model(name: str, in_channels: int, out_channels: int, pos_dim: Optiona
     ``out_channels``, ``pos_dim``, ``feature_columns`` and the overrides as ``args``): the
     trainer's checkpoints store it, and :func:`torch_mz.load_model` rebuilds the model from it.
     """
+    if feature_columns is not None:  # (an iterator, read once by the check, was recorded empty)
+        feature_columns = check_columns(feature_columns)
     model = _build(name, in_channels, out_channels, pos_dim, feature_columns, **overrides)
     # Module.__setattr__ is typed for tensors and modules, but plain attributes are allowed;
     # NumPy numbers are recorded as Python's (JSON holds them: a checkpoint records how to
