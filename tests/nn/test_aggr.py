@@ -374,6 +374,30 @@ def test_accepts_pyg_max_num_elements():
     torch.testing.assert_close(aggr(x, index, max_num_elements=3), aggr(x, index))
 
 
+def test_max_num_elements_is_checked_not_applied():
+    # a bound below a set's size was ignored without a word (as were -5 and 'a'), where PyG's
+    # dense aggregations (its SetTransformerAggregation) keep the set's first rows and drop the
+    # rest; FlatSetTransformerAggregation refused it. Refused here too, with the same message
+    from torch_geometric.nn.aggr import SetTransformerAggregation
+    aggr = _aggr()
+    index = make_index([3, 0, 2])
+    x = _x(5)
+    torch.manual_seed(0)
+    pyg = SetTransformerAggregation(F_IN, heads=1).double().eval()
+    assert not torch.allclose(pyg(x, index, max_num_elements=2), pyg(x, index))  # rows dropped
+    for bound in (3, 10, np.int64(3)):  # every set meets it: nothing changes
+        assert torch.equal(aggr(x, index, max_num_elements=bound), aggr(x, index))
+    assert aggr(x, ptr=ptr_from_sizes([3, 0, 2]), max_num_elements=3).shape == (3, F_IN)
+    with pytest.raises(ValueError, match=r'A set has 3 elements, more than max_num_elements=2 '
+                                         r"\(PyG's aggregation would drop the rows beyond it"):
+        aggr(x, index, max_num_elements=2)
+    for bad in (-5, 'a', 2.5, True):
+        with pytest.raises(ValueError, match=r"'max_num_elements' must be an integer >= 0"):
+            aggr(x, index, max_num_elements=bad)
+    # no rows: any bound is met
+    assert aggr(x[:0], index[:0], dim_size=2, max_num_elements=0).shape == (2, F_IN)
+
+
 @pytest.mark.parametrize('x, match', [
     (torch.ones(4, F_IN, dtype=torch.long), 'floating-point'),
     (torch.ones(4, F_IN, dtype=torch.float16), "module's dtype"),
@@ -1066,6 +1090,43 @@ def test_torch_jit_trace_is_refused_with_a_message():
             with pytest.raises(RuntimeError, match='cannot be recorded by torch.jit.trace.*'
                                'torch.compile'):
                 torch.jit.trace(model.eval(), (x, index))
+
+
+def test_torch_jit_script_is_refused_with_a_message():
+    # scripting the aggregation, or a SAGEConv holding it (PyG's own SetTransformerAggregation
+    # scripts in one), failed inside on the first construct TorchScript lacks ("Comprehension ifs
+    # are not supported yet", at the fold_keys property): refused, naming torch.compile
+    from torch_geometric.nn.aggr import SetTransformerAggregation
+    torch.jit.script(SAGEConv(8, 4, aggr=SetTransformerAggregation(8, heads=2)))
+    aggr = MZAggregation(8)
+    for module in (aggr, SAGEConv(8, 4, aggr=MZAggregation(8))):
+        with pytest.raises(RuntimeError, match=r'MZAggregation cannot be compiled by '
+                                               r'torch.jit.script.*Use torch.compile'):
+            torch.jit.script(module)
+    x = torch.randn(5, 8)
+    assert aggr(x, torch.tensor([0, 0, 1, 1, 1])).shape == (2, 8)  # eager use unchanged
+
+
+@pytest.mark.parametrize('call, match', [
+    # the number of sets passed third, as global pooling takes it (global_mean_pool(x, batch,
+    # size)): that is ptr in PyG's signature
+    (lambda a, x, b: a(x, b, 2), r"Expected 'ptr' to be a tensor or None \(got int\); the "
+                                 r"third argument is ptr: pass the number of sets by name, "
+                                 r"dim_size=2$"),
+    (lambda a, x, b: a(x, b.tolist()), r"Expected 'index' to be a tensor or None \(got list\)$"),
+    (lambda a, x, b: a(x, index=b.numpy()), r"'index' to be a tensor or None \(got ndarray\)"),
+    (lambda a, x, b: a(x, ptr=[0, 2, 5]), r"'ptr' to be a tensor or None \(got list\)$"),
+    (lambda a, x, b: a(x, b, np.int64(2)), r"\(got int64\); the third .* dim_size=2$"),
+    (lambda a, x, b: a(x, ptr=2), r"'ptr' to be a tensor or None \(got int\)$"),
+])
+def test_an_index_or_ptr_that_is_not_a_tensor_is_named(call, match):
+    # PyG's Aggregation.__call__ failed on them with "AttributeError: 'int' object has no
+    # attribute 'numel'"
+    aggr = _aggr(dtype=torch.float32)
+    x, batch = torch.randn(5, F_IN), torch.tensor([0, 0, 1, 1, 1])
+    with pytest.raises(ValueError, match=match):
+        call(aggr, x, batch)
+    assert aggr(x, batch, None, 2).shape == (2, F_IN)  # positional None and dim_size
 
 
 def test_an_input_without_elements_gives_every_parameter_a_zero_gradient():

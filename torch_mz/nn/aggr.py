@@ -217,6 +217,25 @@ def check_set_ids(ids: Tensor, num_rows: int, num_sets: Optional[int], name: str
     return ids, int(num_sets)
 
 
+def check_max_num_elements(set_id: Tensor, num_sets: int,
+                           max_num_elements: Optional[int]) -> None:
+    r"""Checks PyG's ``max_num_elements`` (:obj:`None`: nothing to check): an integer
+    :math:`\geq 0` that no set of :obj:`set_id` exceeds. PyG's dense aggregations keep only the
+    first ``max_num_elements`` rows of a larger set and drop the rest without a word; the flat
+    aggregations here drop none, so such a set raises a :class:`ValueError` (a bound that every
+    set meets changes nothing)."""
+    if max_num_elements is None:
+        return
+    check_count('max_num_elements', max_num_elements, low=0)
+    if set_id.numel() == 0:
+        return
+    largest = int(set_counts(set_id, num_sets).max())
+    if largest > max_num_elements:
+        raise ValueError(f"A set has {largest} elements, more than max_num_elements="
+                         f"{max_num_elements} (PyG's aggregation would drop the rows beyond it; "
+                         f"this one drops none): raise the bound or leave it unset")
+
+
 def _id_bounds(ids: Tensor) -> Tuple[int, int]:
     r"""The smallest and largest id of a non-empty tensor: one pass, one host read."""
     lo, hi = torch.aminmax(ids)
@@ -395,6 +414,11 @@ class MZAggregation(Aggregation):
     Models built on it use two public methods instead of its internals: :meth:`validate` checks
     an input (once) and resolves its sets, and :meth:`pool` aggregates a validated input and also
     returns the interval-hull width of each set (``forward`` is ``pool(x, *validate(x, ...))[0]``).
+
+    :func:`torch.jit.trace` and :func:`torch.jit.script` (of the aggregation, or of a conv or
+    model that holds it) are refused with a message naming :func:`torch.compile`: a trace would
+    keep the traced input's set sizes, and the forward finds each batch's set layout in Python
+    that TorchScript does not take.
 
     Args:
         in_channels (int): Input width :math:`F_{in}`.
@@ -866,7 +890,28 @@ class MZAggregation(Aggregation):
         if isinstance(x, Tensor) and x.dim() != 2:
             raise ValueError(f"Expected input of shape (N, {self.in_channels}) (got "
                              f"{tuple(x.shape)})")
+        # and index / ptr (PyG's failed on their .numel(): an AttributeError), e.g. the number of
+        # sets passed third as global pooling takes it, where PyG's signature has ptr
+        given = dict(zip(('index', 'ptr'), args))
+        given.update((k, v) for k, v in kwargs.items() if k in ('index', 'ptr'))
+        for name, value in given.items():
+            if value is not None and not isinstance(value, Tensor):
+                third = name == 'ptr' and 'ptr' not in kwargs  # (passed by position)
+                hint = (f"; the third argument is ptr: pass the number of sets by name, "
+                        f"dim_size={int(value)}" if third and not isinstance(value, bool)
+                        and isinstance(value, numbers.Integral) else '')
+                raise ValueError(f"Expected '{name}' to be a tensor or None (got "
+                                 f"{type(value).__name__}){hint}")
         return super().__call__(x, *args, **kwargs)
+
+    def __prepare_scriptable__(self) -> 'MZAggregation':
+        # torch.jit.script calls this on every module it scripts (a conv's aggregation too): it
+        # failed inside, on the first construct TorchScript lacks ('Comprehension ifs are not
+        # supported yet', at fold_keys)
+        raise RuntimeError(f"{type(self).__name__} cannot be compiled by torch.jit.script: its "
+                           f"forward finds each batch's set layout in Python that TorchScript "
+                           f"does not take. Use torch.compile (it handles new set sizes), or run "
+                           f"it eagerly")
 
     def forward(self, x: Tensor, index: Optional[Tensor] = None, ptr: Optional[Tensor] = None,
                 dim_size: Optional[int] = None, dim: int = -2,
@@ -875,11 +920,13 @@ class MZAggregation(Aggregation):
         padded: rows in any order give the same output, up to rounding; PyG's
         :class:`~torch_geometric.nn.aggr.SetTransformerAggregation` refuses an unsorted one);
         ``dim_size`` beyond the largest id keeps those sets, empty, with an output of zeros (the
-        isolated nodes of a graph). ``max_num_elements`` (a padding hint of PyG's dense
-        aggregations) is accepted and not needed: no set is padded to the largest."""
+        isolated nodes of a graph). ``max_num_elements`` (PyG's padding bound) is checked, not
+        applied: no set is padded to the largest, and a set larger than the bound raises a
+        :class:`ValueError` (PyG's dense aggregations drop its rows beyond it)."""
         if dim not in (0, -2):
             raise ValueError(f"MZAggregation aggregates over dimension 0 / -2 (got {dim})")
         set_id, num_sets = self.validate(x, index, ptr, dim_size)
+        check_max_num_elements(set_id, num_sets, max_num_elements)
         return self.pool(x, set_id, num_sets)[0]
 
     @property

@@ -9,10 +9,9 @@ from torch import Tensor
 from torch_geometric.nn.aggr import SetTransformerAggregation
 
 from torch_mz._checks import check_count, check_fits, check_flag, check_rate, refuse_jit_trace
-from torch_mz.nn.aggr import check_set_input, resolve_set_index
+from torch_mz.nn.aggr import check_max_num_elements, check_set_input, resolve_set_index
 from torch_mz.nn._context import _hooked, tie_parameters
-from torch_mz.nn.functional import (PATHS, check_choice, grouped_attention, repeat_per_set,
-                                    set_counts)
+from torch_mz.nn.functional import PATHS, check_choice, grouped_attention, repeat_per_set
 
 
 class FlatSetTransformerAggregation(SetTransformerAggregation):
@@ -150,13 +149,7 @@ class FlatSetTransformerAggregation(SetTransformerAggregation):
         check_set_input(x, self.channels, self.pma.lin.weight.dtype, layer_norm=self.layer_norm,
                         norm_input=self.layer_norm and len(self.encoders) > 0)
         set_id, B = resolve_set_index(x, index, ptr, dim_size)
-        if max_num_elements is not None and x.size(0) > 0:
-            largest = int(set_counts(set_id, B).max())
-            if largest > max_num_elements:
-                raise ValueError(f"A set has {largest} elements, more than max_num_elements="
-                                 f"{max_num_elements} (PyG's aggregation would drop the rows "
-                                 f"beyond it; this one drops none): raise the bound or leave "
-                                 f"it unset")
+        check_max_num_elements(set_id, B, max_num_elements)
         if x.size(0) > 0 and self._runs_as_pyg():  # (PyG's forward cannot take no rows)
             order = torch.sort(set_id, stable=True).indices  # PyG needs rows sorted by set
             return super().forward(x[order], set_id[order], dim_size=B)
