@@ -3,7 +3,7 @@ r"""Reproduction of the paper's claims at a stated budget (issue 11): one comman
 Claims: ``table1`` (depth separation on quadratic TDOF, L in {4, 16, 32}: mz-1l, st-4l, rigid,
 deepsets and the mean-MLP oracle), ``table3`` (MEB radius at d in {8, 16, 32}: mz, rigid,
 st-large, hypernet, perceiver, film, deepsets), ``table4`` (rotation matching at d in {8, 16},
-the literal target and the un-aligned one: mz, rigid, st-large, hypernet, perceiver,
+the literal target and the un-aligned one: mz, rigid, st-large, hypernet, perceiver, film,
 deepsets), ``table7`` (egnn, mz, st-large, and deepsets, which the paper leaves out, on
 quadratic TDOF L = 8, MEB d = 8, covariance norm d = 8), ``table7-rot`` (Table 7's rotation
 column: egnn, mz, st-large, deepsets on Table 4's d = 8 cells, sharing Table 4's runs; EGNN on

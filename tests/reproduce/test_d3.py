@@ -97,3 +97,34 @@ def test_d3_epochs_leave_diverged_members_out_of_those_stopped_early(tmp_path):
                                                                           epochs=2)))]
     epochs = d3_records(repro, claim, marked, 1, {})[0]['epochs_run']
     assert (epochs['stopped_early'], epochs.get('diverged'), epochs['runs']) == (1, 1, 2)
+
+
+def test_d3_leaves_a_diverged_member_out_and_reads_inconclusive(tmp_path, monkeypatch):
+    # a member whose run diverged (no test figures) keeps the weights of its best epoch before
+    # the divergence: they were scored as a trained member, its study seed counted, the
+    # verdicts given as if no run were missing, and the record did not say so
+    import torch_mz.study.grid as grid
+    from torch_mz.train import TrainingDiverged
+    spec = 'mz:dim=8,num_inducing=2,d_ff=8'
+    claim = Claim('d3', 'tiny D.3', (SUM, ), (spec, ), CLAIMS['d3'].comparisons, members=2,
+                  evaluate=d3_records, keep_weights=True)
+    budget = Budget('tiny', 16, 8, 8, (16, 8, 8), 3, 2, None, 1, 8, ((1e-3, 1e-5), ))
+    real = grid.train_one
+
+    def diverging(task, name, seed, config, **options):
+        trained = real(task, name, seed, config, **options)  # best.pt written, as by the
+        if seed == 5:  # epochs before a divergence
+            raise TrainingDiverged(trained['epochs_run'] - 1, math.nan)
+        return trained
+    monkeypatch.setattr(grid, 'train_one', diverging)
+    repro = Reproduction(budget, str(tmp_path), device='cpu', sweep_cells={'sum': SUM})
+    records, runs = repro.run(claim)
+    assert [r['seed'] for r in runs if 'diverged' in r] == [5]
+    assert repro.store.weights(repro.sized(SUM), spec, 5, repro.base_config('sum')) is not None
+    for r in records:
+        # study seeds 0 and 1 scored, 2 left out: rule 1 reads a missing run inconclusive
+        assert r['ours']['seeds'] == 2 and r['seeds'] == 3
+        assert 'seeds [5] diverged' in r['ours']['note']
+        assert r['verdict'] == 'inconclusive'
+        assert r['ours']['models'][spec]['seeds'] == 4
+        assert math.isfinite(r['ours']['models'][spec]['r2'])

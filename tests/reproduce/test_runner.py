@@ -251,6 +251,28 @@ def test_a_diverged_run_makes_the_comparison_inconclusive_on_either_side(tmp_pat
         assert record['epochs_run']['diverged'] == 1
 
 
+def test_a_missing_run_makes_the_comparison_inconclusive(tmp_path):
+    # rule 1 reads a missing run inconclusive: with three seeds and the model's third run
+    # missing, the record compared the two seeds left and gave 'direction only'
+    claim = CLAIMS['table3']
+    comparison = next(c for c in claim.comparisons if c.cell == 'MEB d=16')
+    repro = Reproduction(BUDGETS['converged'], str(tmp_path), device='cpu')
+    r2 = dict(mz=0.8, rigid=0.7, **{m: 0.1 for m in claim.models if m not in ('mz', 'rigid')})
+    runs = [dict(cell=comparison.cell, model=m, seed=k, epochs_run=10, stopped_early=True,
+                 test=dict(r2=v)) for m, v in r2.items() for k in range(3)]
+    assert repro.record(comparison, claim, runs, 3, {})['verdict'] == 'direction only'
+    for model in ('mz', 'rigid', 'perceiver'):  # A, the best of B, another model of B
+        short = [r for r in runs if (r['model'], r['seed']) != (model, 2)]
+        record = repro.record(comparison, claim, short, 3, {})
+        assert record['verdict'] == 'inconclusive' and record['seeds'] == 3, model
+    # a model outside the comparison (Deep Sets) missing a run leaves the verdict as it is
+    short = [r for r in runs if (r['model'], r['seed']) != ('deepsets', 2)]
+    assert repro.record(comparison, claim, short, 3, {})['verdict'] == 'direction only'
+    # rule 0 comes first: two models that learn nothing where the paper's A does
+    flat = [dict(r, test=dict(r2=0.01)) for r in runs if (r['model'], r['seed']) != ('mz', 2)]
+    assert repro.record(comparison, claim, flat, 3, {})['verdict'] == 'not reproduced'
+
+
 def test_a_claim_record_names_the_models_whose_runs_ran_to_the_epoch_cap(tmp_path):
     # the summary's "epochs run" said how many runs early stopping ended, not whose chosen
     # setting ran every epoch the budget allows (no plateau): here st-4l's two runs and one of

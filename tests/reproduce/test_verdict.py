@@ -48,3 +48,11 @@ def test_a_difference_exactly_at_a_threshold_reads_as_the_rule_states():
     # the paper's figure exactly 2 s from ours is inside ours ± 2 s: not resolved
     assert verdict(0.5, 0.2, 0.15, 3) == 'inconclusive'
     assert verdict(0.5, 0.2, 0.1499, 3) == 'not reproduced'
+
+
+def test_a_missing_run_is_inconclusive_after_rule_0():
+    assert verdict(0.33, 0.30, 0.01, 2) == 'reproduced'
+    assert verdict(0.33, 0.30, 0.01, 2, complete=False) == 'inconclusive'
+    assert verdict(0.9, 0.95, 0.0, None, complete=False) == 'inconclusive'
+    assert verdict(0.036, 0.03, 0.005, 2, levels=(0.02, -0.01, 0.904),
+                   complete=False) == 'not reproduced'

@@ -26,9 +26,10 @@ def d3_records(repro: 'Reproduction', claim: Claim, runs: Sequence[Mapping[str, 
     difference of one metric between two methods, judged by the verdict rule like the R²
     differences (the same units: a correlation or an ECE in [0, 0.5]). The members' weights come
     from the store (:meth:`RunStore.weights`; :meth:`Reproduction.run` trains a member whose
-    weights are lost again first); a run still without them (no best epoch) leaves its study
-    seed out, and the record says which; the members' R² in the record is of the scored
-    members."""
+    weights are lost again first); a run still without them (no best epoch), or one that
+    diverged (whose weights, of the epochs before, are no trained member), leaves its study
+    seed out, the record says which, and its verdicts are inconclusive (a missing run); the
+    members' R² in the record is of the scored members."""
     import torch
 
     from torch_mz.inference import load_model
@@ -43,13 +44,19 @@ def d3_records(repro: 'Reproduction', claim: Claim, runs: Sequence[Mapping[str, 
          for split, ds in (('val', task.val), ('test', task.test))}
     per_seed: List[Dict[str, Dict[str, float]]] = []
     missing: List[int] = []
+    # a run that diverged has no test figures, but the weights of its best epoch before the
+    # divergence were kept: scored, they stood in for a trained member without a word
+    diverged = {int(r['seed']) for r in runs if r['model'] == spec and r.get('diverged')}
+    failed: List[int] = []
     scored: List[int] = []  # the seeds of the members that were scored
     for s in range(study_seeds):
         seeds = list(range(s * claim.members, (s + 1) * claim.members))
-        paths = [repro.store.weights(cell, spec, k, config) for k in seeds]
+        paths = [None if k in diverged else repro.store.weights(cell, spec, k, config)
+                 for k in seeds]
         found = [p for p in paths if p is not None]
         if len(found) < len(paths):
-            missing += [k for k, p in zip(seeds, paths) if p is None]
+            missing += [k for k, p in zip(seeds, paths) if p is None and k not in diverged]
+            failed += [k for k in seeds if k in diverged]
             continue
         scored += seeds
         inputs = method_predictions([load_model(p) for p in found],
@@ -75,7 +82,9 @@ def d3_records(repro: 'Reproduction', claim: Claim, runs: Sequence[Mapping[str, 
             f"asks for)"
             + (f'; no best-validation weights for seeds {missing} (a run without a best epoch, '
                f'or scored without the claim: Reproduction.run trains a member with lost '
-               f'weights again): their study seeds are left out' if missing else ''))
+               f'weights again): their study seeds are left out' if missing else '')
+            + (f'; the runs of seeds {failed} diverged: their study seeds are left out'
+               if failed else ''))
     out: List[Dict[str, object]] = []
     for comparison in claim.comparisons:
         metric, a, b = comparison.b
@@ -89,6 +98,7 @@ def d3_records(repro: 'Reproduction', claim: Claim, runs: Sequence[Mapping[str, 
             budget=repro.budget.name, n_train=cell['kwargs']['n_train'],
             epochs_run=epochs_figures(runs),  # (a diverged member: not stopped early)
             seeds=study_seeds, sweep=dict(sweep),
-            verdict=verdict(comparison.paper, mean, spread, len(diffs)),
+            verdict=verdict(comparison.paper, mean, spread, len(diffs),
+                            complete=not (missing or failed)),
             command=repro.command('d3')))
     return out

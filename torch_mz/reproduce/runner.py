@@ -319,8 +319,9 @@ class Reproduction:
                       config: TrainConfig) -> bool:
         r"""Whether a finished run is trained again for a claim that scores its model
         (:meth:`_train_missing`): its record is in the store, its weights are not, and it did
-        not diverge (a diverged run has no weights, and would diverge again). :meth:`status`
-        counts the same runs as ``again``."""
+        not diverge (a diverged run would diverge again; weights it has are of its epochs
+        before the divergence, which no claim scores). :meth:`status` counts the same runs as
+        ``again``."""
         record = self.store.read(cell, spec, seed, config)
         return (record is not None and 'diverged' not in record
                 and self.store.weights(cell, spec, seed, config) is None)
@@ -806,6 +807,9 @@ class Reproduction:
         common = sorted(set(r2[comparison.a]) & set(r2[b]))
         diffs = [r2[comparison.a][k] - r2[b][k] for k in common]
         mean, spread = mean_or_nan(diffs), std_or_nan(diffs, ddof=1)
+        # rule 1: a missing run (a seed of A or of a model of B without one) is inconclusive,
+        # however many seeds are left to compare
+        missing = any(len(r2[m]) < seeds for m in (comparison.a, ) + tuple(comparison.b))
         cell = next(c for c in claim.cells if c['label'] == comparison.cell)
         return dict(
             claim=f'{comparison.claim} {comparison.cell}: R²({comparison.a}) - R²({b})',
@@ -818,7 +822,7 @@ class Reproduction:
             verdict=verdict(comparison.paper, mean, spread, len(diffs),
                             levels=(figures[comparison.a]['r2'], figures[b]['r2'],
                                     claim.paper_r2.get((comparison.cell, comparison.a),
-                                                       math.nan))),
+                                                       math.nan)), complete=not missing),
             command=self.command(claim.name))
 
     def command(self, claim: str) -> str:

@@ -35,12 +35,14 @@ Exact figures (parameter counts) have no spread and skip the seed conditions."""
 
 
 def verdict(paper: float, mean: float, spread: float, seeds: Optional[int],
-            levels: Optional[Tuple[float, float, float]] = None) -> str:
+            levels: Optional[Tuple[float, float, float]] = None,
+            complete: bool = True) -> str:
     r"""The verdict of one claim by :data:`VERDICT_RULE`: the paper's figure :obj:`paper`, ours
     :obj:`mean` with seed standard deviation :obj:`spread` over :obj:`seeds` seeds
     (:obj:`None` for an exact figure, e.g. a parameter count). :obj:`levels`, for a difference
     of R², is ``(ours A, ours B, paper's A)``, the mean R² of the two models and the paper's R²
-    of A (:obj:`nan` where the paper has none), for rule 0. Returns one of
+    of A (:obj:`nan` where the paper has none), for rule 0. :obj:`complete` false: a run of
+    the claim is missing (rule 1), whatever :obj:`seeds` are left. Returns one of
     :data:`VERDICTS`."""
     if levels is not None:
         ours_a, ours_b, paper_a = levels
@@ -48,6 +50,8 @@ def verdict(paper: float, mean: float, spread: float, seeds: Optional[int],
                 and ours_b < NOT_LEARNED):  # (False for nan)
             return 'not reproduced'
     if not (math.isfinite(paper) and math.isfinite(mean)):
+        return 'inconclusive'
+    if not complete:
         return 'inconclusive'
     if seeds is None:
         spread = 0.0
