@@ -7,7 +7,7 @@ the literal target and the un-aligned one: mz, rigid, st-large, hypernet, percei
 deepsets), ``table7`` (egnn, mz, st-large, and deepsets, which the paper leaves out, on
 quadratic TDOF L = 8, MEB d = 8, covariance norm d = 8), ``table7-rot`` (Table 7's rotation
 column: egnn, mz, st-large, deepsets on Table 4's d = 8 cells, sharing Table 4's runs; EGNN on
-every pair of 20-60 points costs 5-8 h a run on one core), ``table28`` (QM9 mu and alpha from
+every pair of 20-60 points costs 6.8-9.5 h a 200-epoch run on one core), ``table28`` (QM9 mu and alpha from
 the qm9pack source: mz, rigid, st-large, egnn, deepsets), ``d3`` (Appendix D.3: the mz
 model's single-pass IHW against MC-Dropout and a 5-model deep ensemble of it, on quadratic TDOF
 L = 8) and ``table30``

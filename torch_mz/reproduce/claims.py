@@ -167,8 +167,8 @@ def _table4() -> Claim:
     # (`table7-rot`): on sets of 20-60 points with every pair an edge it costs about 4x the
     # MZ model per epoch here (200 against 51 s, timed on one thread, kept memory, with both
     # reproduction processes running: benchmarks/results/reproduction/status.converged.md),
-    # 5-7 h a run on one core and some 40-60 h for its sweep and runs, so it is a claim of its
-    # own that Table 4 does not wait for
+    # 6.8-9.5 h a 200-epoch run on one core (the records' wall_time_s) and some 40-60 h for
+    # its sweep and runs, so it is a claim of its own that Table 4 does not wait for
     # FiLM (Table 2's Task F at d = 8, the paper's "51% over FiLM"; no row in Table 4) is one of
     # the PMA baselines, as in Table 3
     from torch_mz.paper import FILM_ROT8, GEOMETRY, GEOMETRY_MODELS
