@@ -388,6 +388,30 @@ def test_predict_writes_one_row_per_test_set_in_target_units(tmp_path, capsys):
     assert open(out3).read() == open(out2).read()
 
 
+def test_predict_says_which_epochs_model_it_used(tmp_path, capsys):
+    # predict on checkpoint.pt used the model of the last epoch, whose errors were read as those
+    # of the best epoch that result.json gives (and disagreed with them), without a word
+    run = str(tmp_path / 'run')
+    assert main(['train', *TINY, '--model', 'deepsets', '--out', run]) == 0
+    best = torch.load(os.path.join(run, 'best.pt'), weights_only=True)['epoch']
+    state = torch.load(os.path.join(run, 'checkpoint.pt'), weights_only=True)
+    capsys.readouterr()
+    out = str(tmp_path / 'p.csv')
+    assert main(['predict', os.path.join(run, 'best.pt'), '--out', out]) == 0
+    assert capsys.readouterr().out.endswith(f'-> {out} (the model of epoch {best})\n')
+    state.update(epoch=1, best_epoch=0)  # (a run whose last epoch is not its best)
+    last = str(tmp_path / 'last.pt')
+    torch.save(state, last)
+    assert main(['predict', last, '--out', out, '--overwrite']) == 0
+    assert capsys.readouterr().out.endswith(
+        f'-> {out} (the model of epoch 1, the last trained; the best validation epoch, whose '
+        f'test figures result.json gives, is 0: its model is in best.pt)\n')
+    state['config']['restore_best'] = False  # (result.json gives the last epoch's figures)
+    torch.save(state, last)
+    assert main(['predict', last, '--out', out, '--overwrite']) == 0
+    assert capsys.readouterr().out.endswith(f'-> {out} (the model of epoch 1)\n')
+
+
 def test_predict_reads_the_checkpoint_once(tmp_path, capsys, monkeypatch):
     # the test split and the weights come from one read of the file: read three times, a run
     # that replaced best.pt between the reads gave the weights of another epoch than the split's
@@ -1036,6 +1060,28 @@ def test_train_resume_keeps_the_checkpoints_seed(tmp_path, capsys):
                  os.path.join(out, 'checkpoint.pt')]) == 0
     assert 'seed=3' in capsys.readouterr().out
     assert json.load(open(os.path.join(out, 'result.json')))['config']['seed'] == 3
+
+
+def test_train_resume_of_a_weights_only_checkpoint_is_refused_before_any_data(tmp_path, capsys,
+                                                                             monkeypatch):
+    # --resume best.pt was refused by the trainer once the data were loaded (QM9's minutes),
+    # after the options had been said to be taken from it
+    out = str(tmp_path / 'run')
+    data = ['--task', 'max', '--n-train', '32', '--n-val', '8', '--n-test', '8', '--batch-size',
+            '16', '--no-progress', '--model', 'deepsets:hidden_channels=8']
+    assert main(['train', *data, '--epochs', '1', '--out', out]) == 0
+    capsys.readouterr()
+    from torch_mz.cli import _common as cli
+
+    def no_data(*args, **kwargs):
+        raise AssertionError('the data were loaded')
+    monkeypatch.setattr(cli, '_load', no_data)
+    assert main(['train', *data, '--epochs', '2', '--resume', os.path.join(out, 'best.pt')]) == 2
+    captured = capsys.readouterr()
+    assert 'resuming with' not in captured.out
+    assert (f"holds model weights only (kind 'model'), not a run to continue: pass --resume "
+            f"{os.path.join(out, 'checkpoint.pt')}") in captured.err
+    assert captured.err.count('\n') == 1
 
 
 def test_an_abbreviated_option_is_refused():

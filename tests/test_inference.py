@@ -437,6 +437,26 @@ def test_a_set_size_given_for_prediction_replaces_the_runs_test_range(tmp_path):
     assert {d.num_nodes for d in small} <= {5, 6}
 
 
+def test_load_test_split_of_a_run_that_records_no_task_options_says_so(task, tmp_path):
+    # train() called without run_info['task'] (the README's Python example): the options given
+    # were said to differ from 'the training run's' d=32, the task's default, which the run
+    # (d=3, the model's 3 input channels) had not used
+    import warnings
+
+    from torch_mz.inference import TestSplitWarning, load_test_split
+    model = build_model('deepsets', task.in_channels, task.out_channels, hidden_channels=8)
+    train(model, task.train, task.val, config=config(tmp_path, epochs=1))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always', TestSplitWarning)
+        rebuilt = load_test_split(str(tmp_path / 'best.pt'), 'max',
+                                  dict(d=3, set_size=[2, 5]), n_test=8)
+    said = [str(w.message) for w in caught if w.category is TestSplitWarning]
+    assert [d.y.tolist() for d in rebuilt.test] == [d.y.tolist() for d in task.test]
+    assert not any('differs from the training run' in text for text in said), said
+    assert any('does not record the task options of its training run' in text
+               for text in said), said
+
+
 def test_load_model_refuses_a_model_built_otherwise(task, tmp_path):
     # weights of the same shapes in a model of other options (here the readout) loaded and
     # predicted something else; the model the checkpoint records, or one built the same, loads

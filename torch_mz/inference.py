@@ -232,7 +232,8 @@ def load_test_split(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
         task (str, optional): The task's name, which must be the recorded one (the default).
         task_args (dict, optional): Task options over the recorded ones (e.g. ``set_size`` for
             set-size generalisation); one that changes the data is warned about
-            (:class:`TestSplitWarning`). (default: :obj:`None`)
+            (:class:`TestSplitWarning`; for a checkpoint that records no task options, that
+            it records none, once). (default: :obj:`None`)
         root (str, optional): The dataset's folder (real datasets). (default: :obj:`None`)
         n_test (int, optional): Test sets, as above. (default: the run's)
         data_seed (int, optional): Must be the run's, where the checkpoint records it (another
@@ -329,7 +330,16 @@ def _load_test_split(state: Mapping[str, Any], where: str, task: Optional[str] =
     # 'true'; a NumPy number a Python one): else warned about as other than the run's own
     given = check_options(given, own, f"task '{task}'", complete=False, nullable=nullable)
     defaults = dict(own, **LOAD_DEFAULTS.get(task, {}))
-    for key, value in list(given.items()) + list(objects.items()):
+    # a checkpoint that records no task options (train() called without run_info['task']) is
+    # not compared with the task's defaults, which its run need not have used (an option given
+    # was said to differ from 'the training run's' default, the run's own value)
+    options_recorded = isinstance(recorded.get('args'), Mapping)
+    if not options_recorded:
+        notes.append(f"{where} does not record the task options of its training run: "
+                     f"predicting on task '{task}' with the options given, the others at "
+                     f"their defaults")
+    for key, value in (list(given.items()) + list(objects.items()) if options_recorded
+                       else []):
         # an option not given was its default; both as a checkpoint records them (JSON values,
         # a Python object by its repr), so that ('mu',) is the recorded ['mu']
         # (a dimension left at None is the task's own: d=None and d=8 are one MEB task)

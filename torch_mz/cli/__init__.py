@@ -179,7 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser('predict', help="write a trained model's predictions on a task's test "
                        'split to CSV', allow_abbrev=False)
     p.add_argument('checkpoint', type=_user_path,
-                   help='best.pt or checkpoint.pt of a training run')
+                   help='best.pt (the model of the best validation epoch) or checkpoint.pt (of '
+                   'the last epoch) of a training run')
     p.add_argument('--task', help='the task the model was trained on (default: the one the '
                    'checkpoint records)')
     p.add_argument('--task-arg', action='append', metavar='KEY=VALUE',

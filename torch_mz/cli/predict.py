@@ -185,8 +185,28 @@ def cmd_predict(args) -> int:
     writer.writerow(columns)
     writer.writerows(zip(*columns.values()))
     atomic_write(args.out, lambda f: f.write(buf.getvalue()), binary=False)
-    print(f"{len(task.test)} test sets of {task.name} ({', '.join(columns)}) -> {args.out}")
+    print(f"{len(task.test)} test sets of {task.name} ({', '.join(columns)}) -> {args.out}"
+          + _weights_note(state))
     return 0
+
+
+def _weights_note(state: Dict[str, Any]) -> str:
+    r"""Which weights ``predict`` used, for its summary line: the epoch of the checkpoint's model
+    and, for a ``checkpoint.pt`` whose last epoch is not the run's best, that it is the last one
+    (its predictions were taken for those of ``best.pt``, whose test figures ``result.json``
+    gives where the run restored its best model, and disagreed with them without a word)."""
+    from torch_mz.train import BEST_CHECKPOINT
+    epoch, best = state.get('epoch'), state.get('best_epoch')
+    if not isinstance(epoch, int) or isinstance(epoch, bool):
+        return ''
+    config = state.get('config')
+    restored = not isinstance(config, dict) or config.get('restore_best', True) is not False
+    if (state.get('kind') == 'train' and isinstance(best, int) and not isinstance(best, bool)
+            and best != epoch and restored):
+        return (f' (the model of epoch {epoch}, the last trained; the best validation epoch, '
+                f'whose test figures result.json gives, is {best}: its model is in '
+                f'{BEST_CHECKPOINT})')
+    return f' (the model of epoch {epoch})'
 
 
 def _cells(values) -> List[Any]:

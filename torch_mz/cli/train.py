@@ -68,6 +68,14 @@ def cmd_train(args) -> int:
     if args.resume is not None:
         from torch_mz.train import load_checkpoint
         state = load_checkpoint(args.resume)
+        if state.get('kind') != 'train':  # (best.pt: the trainer refused it once the data were
+            # loaded, QM9's minutes of processing, after the options had been said to be taken)
+            from torch_mz.train import LAST_CHECKPOINT
+            last = os.path.join(os.path.dirname(args.resume), LAST_CHECKPOINT)
+            raise CLIError(f"--resume '{args.resume}' holds model weights only (kind "
+                           f"{state.get('kind')!r}), not a run to continue: "
+                           + (f'pass --resume {last}' if os.path.isfile(last) else
+                              f"resume from a run's {LAST_CHECKPOINT}"))
         recorded = state.get('config')
         if isinstance(state.get('epoch'), int) and state.get('kind') == 'train':
             epochs_run = state['epoch'] + 1
