@@ -147,10 +147,10 @@ from torch_mz.runtime import keep_freed_memory
 from torch_mz.study import (EXIT_INTERRUPTED, MeasurementFailed, PartialUnit,
                             add_partial_arguments, check_out_folder, choice_list,
                             environment, in_fresh_process, int_list, interruptible,
-                            markdown_table, nonnegative_int, partial_problem, peak_memory_bytes,
-                            positive_float, positive_int, pyplot, replace_plot, replace_problem,
-                            same_settings_report, settings_differ, time_call,
-                            write_results_so_far)
+                            markdown_table, nonnegative_int, overwriting, partial_problem,
+                            peak_memory_bytes, positive_float, positive_int, pyplot,
+                            replace_plot, replace_problem, same_settings_report,
+                            settings_differ, time_call, write_results_so_far)
 from torch_mz.study.plots import save_figure
 from torch_mz.study.workloads import (AGGRS, DEGREES, MERGED, build_aggr, fit_slope,
                                       pyg_width_problem, random_graph)
@@ -166,7 +166,8 @@ CONVS = ('sage', 'graph')
 FIGURE_SETTINGS = ('repeats', 'threads', 'device', 'keep_freed_memory', 'allocated', 'chunk_rows')
 #: The options that say what a run measures (the configurations and their settings; resolved,
 #: ``--quick`` as the graphs, widths and repeats it sets): a complete report written with other
-#: ones is another command's, which a run does not replace without ``--overwrite``.
+#: ones is another command's, which a run does not replace without ``--overwrite``
+#: (``chunk_rows`` only where it sets a row's groups: :func:`report_settings`).
 REPORT_SETTINGS = ('nodes', 'dims', 'degrees', 'aggrs', 'graphconv_nodes', 'paper_max_nodes',
                    'ng8_max_nodes', 'ckpt_min_nodes', 'ckpt_dims', 'power_law_max_nodes',
                    'new_graph', 'inference', 'same_process', 'compile') + FIGURE_SETTINGS
@@ -378,6 +379,18 @@ def measured(row: dict, cfg: dict) -> bool:
 #: Switches a configuration carries only when on (so that the rows of files written before them
 #: still match): a row measured with one is never kept for a run without it, nor the reverse.
 ROW_FLAGS = ('new_graph', 'inference', 'same_process', 'compile')
+#: ... and as a complete report written before them (its config without them) was made: off, so
+#: that a run with one on does not replace such a report of the same other options unasked
+PREDATED = dict.fromkeys(ROW_FLAGS, False)
+
+
+def report_settings(args: argparse.Namespace) -> List[str]:
+    r"""The :data:`REPORT_SETTINGS` that change a configuration of the run :obj:`args`:
+    ``chunk_rows`` only where it runs a ``*-chunks`` aggregation (the only rows whose groups it
+    sets), so that a run without one is the run of a report written when the default of
+    ``--chunk-rows`` was another (131072, which older reports record)."""
+    chunks = any(aggr.endswith('-chunks') for aggr in args.aggrs)
+    return [key for key in REPORT_SETTINGS if chunks or key != 'chunk_rows']
 
 
 def earlier_rows(path: str, args: argparse.Namespace) -> Tuple[List[dict], float, str]:
@@ -515,7 +528,8 @@ ROW_COLS = ['degrees', 'dim', 'nodes', 'edges', 'max_degree', 'conv', 'aggr', 'm
 
 def write_report(args: argparse.Namespace, env: dict, rows: List[dict], planned: int,
                  minutes: float, earlier_minutes: float = 0.0, kept: int = 0,
-                 plot: bool = False, lost: Sequence[dict] = ()) -> List[dict]:
+                 plot: bool = False, lost: Sequence[dict] = (),
+                 overwrite: bool = False) -> List[dict]:
     r"""Writes ``<out>/message_passing.{json,md}`` from :obj:`rows` (of :obj:`planned`);
     while fewer, ``<out>/message_passing.partial.{json,md}`` instead, marked partial
     (``complete: false``, a line ``partial: N of M rows measured``), which the complete report
@@ -523,7 +537,9 @@ def write_report(args: argparse.Namespace, env: dict, rows: List[dict], planned:
     (:obj:`lost`: their configurations, listed; that report is kept); :obj:`minutes` in all,
     :obj:`earlier_minutes` of them in the run resumed, whose :obj:`kept` rows (``--resume``)
     the ratios' heading counts. The report links ``message_passing.png`` where :obj:`plot`
-    says this run drew it. Returns the ratios."""
+    says this run drew it. A partial report records :obj:`overwrite` (the run replaces the
+    complete report whatever fails: ``--overwrite``, or resumed from a partial report that
+    records it). Returns the ratios."""
     ratios, slopes = summarise(rows, args)
     complete = len(rows) >= planned and not lost
     partial = '' if complete else (
@@ -582,7 +598,8 @@ def write_report(args: argparse.Namespace, env: dict, rows: List[dict], planned:
     write_results_so_far(args.out, NAME,
                          dict(environment=env, config=vars(args), minutes=minutes,
                               complete=complete, planned_rows=planned, rows=rows, ratios=ratios,
-                              slopes=slopes, **({'lost': list(lost)} if lost else {})),
+                              slopes=slopes, **({'lost': list(lost)} if lost else {}),
+                              **({'overwrite': True} if overwrite and not complete else {})),
                          markdown, complete)
     return ratios
 
@@ -716,13 +733,15 @@ def main():
     # (a complete report of other options is not replaced unasked, but by the run that a
     # partial report resumed here began; one of these options is, but for the rows that fail
     # here, which it keeps: earlier)
-    problem = replace_problem(complete_path, args, REPORT_SETTINGS, env['command'],
+    problem = replace_problem(complete_path, args, report_settings(args), env['command'],
                               args.overwrite,
-                              resumed=bool(kept) and os.path.exists(partial))
+                              resumed=bool(kept) and os.path.exists(partial), predated=PREDATED)
     if problem:
         parser.error(problem)
-    earlier = (None if args.overwrite
-               else same_settings_report(complete_path, args, REPORT_SETTINGS))
+    # (--overwrite, or resuming the partial report of a call given it: replaced whatever fails)
+    replacing = args.overwrite or (bool(kept) and overwriting(partial))
+    earlier = (None if replacing
+               else same_settings_report(complete_path, args, report_settings(args), PREDATED))
     if note:  # (what --resume found)
         print(note, flush=True)
     start = time.time()
@@ -748,7 +767,8 @@ def main():
             note = replace_plot(png, plot, rows, png) if complete else None
             ratios = write_report(args, env, rows, len(cfgs),
                                   minutes_before + (time.time() - start) / 60, minutes_before,
-                                  kept=reused, plot=complete and note is None, lost=lost)
+                                  kept=reused, plot=complete and note is None, lost=lost,
+                                  overwrite=replacing)
             stop.kept = os.path.join(args.out, f"{NAME if complete else PARTIAL}.json")
     if stop.note:
         print(stop.note, file=sys.stderr, flush=True)

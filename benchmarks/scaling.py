@@ -41,9 +41,9 @@ from torch_mz.nn import MZAggregation
 from torch_mz.study import (EXIT_INTERRUPTED, MeasurementFailed, PartialUnit,
                             add_partial_arguments, check_out_folder, environment,
                             in_fresh_process, interruptible, markdown_table, nonnegative_int,
-                            out_of_memory, partial_problem, peak_memory_bytes, positive_int, pyplot,
-                            read_partial, replace_plot, replace_problem, time_call,
-                            write_results_so_far)
+                            out_of_memory, overwriting, partial_problem, peak_memory_bytes,
+                            positive_int, pyplot, read_partial, replace_plot, replace_problem,
+                            time_call, write_results_so_far)
 from torch_mz.study.plots import save_figure
 
 SET_SIZE, IN_CHANNELS = 1024, 3  # the defaults: the paper's configuration
@@ -162,12 +162,15 @@ def measured_sizes(path: str) -> Set[int]:
 
 
 def write_report(args: argparse.Namespace, env: dict, name: str, rows: List[dict],
-                 failed: List[dict], pending: int, lost: Sequence[int] = ()) -> Optional[str]:
+                 failed: List[dict], pending: int, lost: Sequence[int] = (),
+                 overwrite: bool = False) -> Optional[str]:
     r"""Writes the report of :obj:`rows` and :obj:`failed` (``points``, ``sets`` and
     ``error`` of each size that failed): while :obj:`pending` sizes remain, or where sizes
     failed that the earlier complete report measured (:obj:`lost`: it is kept),
     ``<name>.partial.{json,md}``, marked partial; else ``<name>.{json,md,png}``, which
-    removes the partial report. Returns the note of a plot not drawn, else :obj:`None`."""
+    removes the partial report. A partial report records :obj:`overwrite` (the run replaces
+    the complete report whatever fails: ``--overwrite``, or resumed from a partial report that
+    records it). Returns the note of a plot not drawn, else :obj:`None`."""
     slope = loglog_slope(rows)
     complete = not pending and not lost
     note = None
@@ -198,7 +201,8 @@ def write_report(args: argparse.Namespace, env: dict, name: str, rows: List[dict
     write_results_so_far(args.out, name,
                          dict(environment=env, config=vars(args), rows=rows, loglog_slope=slope,
                               failed=failed, pending=pending,
-                              **({'lost': list(lost)} if lost else {})),
+                              **({'lost': list(lost)} if lost else {}),
+                              **({'overwrite': True} if overwrite and not complete else {})),
                          markdown, complete)
     return note
 
@@ -261,8 +265,9 @@ def main():
     if problem:
         parser.error(problem)
     # (a run whose sizes fail where the earlier complete report measured them does not replace
-    # it, but with --overwrite)
-    earlier = set() if args.overwrite else measured_sizes(complete)
+    # it, but with --overwrite, or resuming the partial report of a call given it)
+    replacing = args.overwrite or (args.resume and overwriting(partial))
+    earlier = set() if replacing else measured_sizes(complete)
     kept: Dict[int, dict] = {}
     if args.resume:
         try:
@@ -307,7 +312,7 @@ def main():
             lost = [] if pending else [f['points'] for f in failed if f['points'] in earlier]
             if (rows or ahead) and (pending or done == len(sizes)):
                 note = write_report(args, env, name, rows + ahead, failed, pending=pending,
-                                    lost=lost)
+                                    lost=lost, overwrite=replacing)
                 stop.kept = partial if pending or lost else complete
     if stop.note:
         print(stop.note, file=sys.stderr, flush=True)

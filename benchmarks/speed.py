@@ -64,10 +64,10 @@ from torch_mz.nn import FlatSetTransformerAggregation, MZAggregation, MZAttentio
 from torch_mz.study import (EXIT_INTERRUPTED, MeasurementFailed, PartialUnit,
                             add_partial_arguments, check_out_folder, choice_list, count_flops,
                             environment, in_fresh_process, interruptible, markdown_table,
-                            matmul_peak_flops, nonnegative_float, out_of_memory, partial_problem,
-                            peak_memory_bytes, positive_int, pyplot, read_partial, replace_plot,
-                            replace_problem, same_settings_report, skewed_sizes,
-                            time_interleaved, uniform_sizes, write_results_so_far)
+                            matmul_peak_flops, nonnegative_float, out_of_memory, overwriting,
+                            partial_problem, peak_memory_bytes, positive_int, pyplot,
+                            read_partial, replace_plot, replace_problem, same_settings_report,
+                            skewed_sizes, time_interleaved, uniform_sizes, write_results_so_far)
 from torch_mz.study.plots import save_figure
 
 MODELS = ('pyg', 'pyg-flat', 'rigid', 'rigid-zono', 'mz')
@@ -293,15 +293,18 @@ def failed_text(failed: List[dict]) -> str:
 def write_report(args: argparse.Namespace, env: dict, rows: List[dict],
                  pairs: List[Tuple[str, str]], peak: float, pending: int,
                  kept: Sequence[Tuple[str, str]] = (), failed: Sequence[dict] = (),
-                 lost: Sequence[dict] = ()) -> Tuple[List[dict], List[str], Optional[str]]:
+                 lost: Sequence[dict] = (), overwrite: bool = False
+                 ) -> Tuple[List[dict], List[str], Optional[str]]:
     r"""Writes the report of :obj:`rows`, the models of the (block, batch) :obj:`pairs`
     measured, and of the measurements that :obj:`failed` (``block``, ``batch``, ``model``
     and ``error`` of each, :func:`failed_text`): while :obj:`pending` pairs remain, or where
     measurements failed that the earlier complete report made (:obj:`lost`: ``block``,
     ``batch`` and ``model`` of each; that report is kept), ``speed.partial.{json,md}``, marked
     partial; else ``speed.{json,md,png}``, which removes the partial report. :obj:`kept`: the
-    pairs kept from the run resumed. Returns the ratios, their columns and the note of a plot
-    not drawn (else :obj:`None`)."""
+    pairs kept from the run resumed. A partial report records :obj:`overwrite` (the run
+    replaces the complete report whatever fails: ``--overwrite``, or resumed from a partial
+    report that records it). Returns the ratios, their columns and the note of a plot not drawn
+    (else :obj:`None`)."""
     complete = not pending and not lost
     ratios = ratio_entries(rows, pairs, args.memory)
     columns = ['block', 'batch', 'model', 'max_set', 'median_ms', 'params', 'gflop',
@@ -356,6 +359,8 @@ def write_report(args: argparse.Namespace, env: dict, rows: List[dict],
         payload['pending'] = pending
     if lost:
         payload['lost'] = list(lost)
+    if overwrite and not complete:  # (a call that resumes it replaces the earlier report too)
+        payload['overwrite'] = True
     write_results_so_far(args.out, NAME, payload, markdown, complete)
     return ratios, ratio_cols, note
 
@@ -477,7 +482,9 @@ def main():
                               resumed=args.resume and os.path.exists(partial))
     if problem:
         parser.error(problem)
-    earlier = None if args.overwrite else same_settings_report(complete, args, SETTINGS)
+    # (--overwrite, or resuming the partial report of a call given it: replaced whatever fails)
+    replacing = args.overwrite or (args.resume and overwriting(partial))
+    earlier = None if replacing else same_settings_report(complete, args, SETTINGS)
     if args.resume:
         try:
             kept, earlier_peak, message = earlier_pairs(partial, args, env)
@@ -551,7 +558,8 @@ def main():
             lost = [] if pending else lost_measurements(failed, earlier, args.models)
             ratios, ratio_cols, note = write_report(
                 args, env, shown, reached, peak, pending,
-                kept=[p for p in pairs if p in kept], failed=failed, lost=lost)
+                kept=[p for p in pairs if p in kept], failed=failed, lost=lost,
+                overwrite=replacing)
             stop.kept = partial if pending or lost else complete
             wrote = True
     if stop.note:

@@ -83,10 +83,10 @@ from torch_mz.runtime import keep_freed_memory
 from torch_mz.study import (EXIT_INTERRUPTED, MeasurementFailed, PartialUnit,
                             add_partial_arguments, check_out_folder, count_flops,
                             environment, in_fresh_process, interruptible, markdown_table,
-                            matmul_peak_flops, partial_problem, positive_float, positive_int,
-                            process_peak_rss_bytes, pyplot, read_partial, replace_plot,
-                            replace_problem, same_settings_report, time_call, write_results,
-                            write_results_so_far)
+                            matmul_peak_flops, overwriting, partial_problem, positive_float,
+                            positive_int, process_peak_rss_bytes, pyplot, read_partial,
+                            replace_plot, replace_problem, same_settings_report, time_call,
+                            write_results, write_results_so_far)
 from torch_mz.study.plots import save_figure
 from torch_mz.study.traffic import count_bytes, memory_bandwidth
 from torch_mz.study.workloads import build, make_batch, preset_calls
@@ -112,6 +112,9 @@ PARTIAL = NAME + '.partial'  # <out>/training_step.partial.{json,md}: a run not 
 #: ``--clouds 8 --repeats 3`` are the same run)
 SETTINGS = ('models', 'clouds', 'points', 'repeats', 'rounds', 'threads', 'device',
             'egnn_radius')
+#: ... as a complete report written before ``--rounds`` was an option ran them (its config has
+#: no ``rounds``): in one round, so that a run of more rounds does not replace it unasked
+PREDATED = dict(rounds=1)
 #: What a partial report holds, as ``--resume`` / ``--overwrite`` and their messages name it
 UNIT = PartialUnit('measurements', 'measurement', 'make')
 #: The options of the MZ-Set-Transformer body each suffix sets.
@@ -401,8 +404,8 @@ def table_rows(runs: Dict[str, List[Optional[dict]]], args, peak: float,
 
 def write_report(args, env: dict, runs: Dict[str, List[Optional[dict]]], failed: List[dict],
                  peak: float, bandwidth: float, minutes: float, pending: int,
-                 earlier_minutes: float = 0.0, lost: Sequence[str] = ()
-                 ) -> Tuple[List[dict], Optional[str]]:
+                 earlier_minutes: float = 0.0, lost: Sequence[str] = (),
+                 overwrite: bool = False) -> Tuple[List[dict], Optional[str]]:
     r"""Writes the report of :obj:`runs` (each row name's measurements in every round,
     :obj:`None` where it failed or was not made yet) and :obj:`failed`: while :obj:`pending`
     measurements remain, or where rows failed in every round that the earlier complete report
@@ -410,9 +413,11 @@ def write_report(args, env: dict, runs: Dict[str, List[Optional[dict]]], failed:
     ``<out>/training_step.partial.{json,md}``, marked partial (``pending`` and ``measured``,
     the measurements themselves, for ``--resume``, and ``lost``); else
     ``<out>/training_step.{json,md,png}``, which removes the partial report. :obj:`minutes` is
-    the time of the measurements, :obj:`earlier_minutes` of them in the run resumed. Writes
-    nothing where no row was measured (an earlier run's report is kept). Returns the rows and
-    the note of a plot not drawn (else :obj:`None`)."""
+    the time of the measurements, :obj:`earlier_minutes` of them in the run resumed. A partial
+    report records :obj:`overwrite` (the run replaces the complete report whatever fails:
+    ``--overwrite``, or resumed from a partial report that records it). Writes nothing where
+    no row was measured (an earlier run's report is kept). Returns the rows and the note of a
+    plot not drawn (else :obj:`None`)."""
     rows = table_rows(runs, args, peak, bandwidth)
     if not rows:
         return rows, None
@@ -507,6 +512,8 @@ def write_report(args, env: dict, runs: Dict[str, List[Optional[dict]]], failed:
         payload.update(pending=pending, measured=runs)
     if lost:
         payload['lost'] = list(lost)
+    if overwrite and not complete:  # (a call that resumes it replaces the earlier report too)
+        payload['overwrite'] = True
     write_results_so_far(args.out, NAME, payload, markdown, complete)
     return rows, note
 
@@ -603,10 +610,14 @@ def main():
     # (a complete report of other options is not replaced unasked; one of these options is,
     # but for the rows that fail here in every round, which it keeps: earlier)
     problem = replace_problem(complete, args, SETTINGS, env['command'], args.overwrite,
-                              resumed=args.resume and os.path.exists(partial))
+                              resumed=args.resume and os.path.exists(partial),
+                              predated=PREDATED)
     if problem:
         parser.error(problem)
-    earlier_report = None if args.overwrite else same_settings_report(complete, args, SETTINGS)
+    # (--overwrite, or resuming the partial report of a call given it: replaced whatever fails)
+    replacing = args.overwrite or (args.resume and overwriting(partial))
+    earlier_report = (None if replacing
+                      else same_settings_report(complete, args, SETTINGS, predated=PREDATED))
     kept: Dict[str, List[Optional[dict]]] = {}
     earlier_minutes = 0.0
     if args.resume:
@@ -656,7 +667,7 @@ def main():
             minutes = earlier_minutes + (time.time() - start) / 60
             lost = [] if pending else lost_rows(runs, earlier_report)
             rows, note = write_report(args, env, runs, failed, peak, bandwidth, minutes,
-                                      pending, earlier_minutes, lost=lost)
+                                      pending, earlier_minutes, lost=lost, overwrite=replacing)
             if rows:  # (none measured yet: nothing written, an earlier report left alone)
                 stop.kept = partial if pending or lost else complete
     if stop.note:

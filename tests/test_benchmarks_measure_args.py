@@ -455,6 +455,51 @@ def test_speed_refuses_to_replace_the_complete_report_of_another_command(tmp_pat
     assert json.loads(complete.read_text())['config']['blocks'] == ['sab']
 
 
+def test_speed_resumed_after_ctrl_c_replaces_as_its_overwrite_asked(tmp_path, monkeypatch,
+                                                                    capsys):
+    # a run given --overwrite, stopped by Ctrl-C, goes on as its line says: the same with
+    # --resume in place of --overwrite; that call then kept the earlier report where a pair
+    # failed, its report left partial, and only a new --overwrite (every pair again) ended it
+    speed = load_script('speed')
+    out = tmp_path / 'speed'
+    argv = ['speed.py', '--models', 'pyg,rigid', '--blocks', 'pma', '--device', 'cpu',
+            '--repeats', '2', '--out', str(out)]
+    complete, partial = out / 'speed.json', out / 'speed.partial.json'
+    speed_failing(monkeypatch, speed, fail_memory=set(), fail_timings=set())
+    monkeypatch.setattr(sys, 'argv', argv)
+    assert speed.main() is None
+    speed_failing(monkeypatch, speed, fail_memory=set(), fail_timings={('pma', 'skewed')},
+                  stop=('pma', 'skewed'))
+    monkeypatch.setattr(sys, 'argv', argv + ['--overwrite'])
+    assert speed.main() == speed.EXIT_INTERRUPTED
+    assert json.loads(partial.read_text())['overwrite'] is True
+    assert '--resume' in capsys.readouterr().err
+    calls = speed_failing(monkeypatch, speed, fail_memory=set(),
+                          fail_timings={('pma', 'skewed')})
+    monkeypatch.setattr(sys, 'argv', argv + ['--resume'])
+    assert speed.main() is None
+    assert calls == [('pma', 'skewed')] and not partial.exists()
+    data = json.loads(complete.read_text())
+    assert len(data['rows']) == 2 and data['failed'] and 'lost' not in data
+    assert 'overwrite' not in data
+
+
+def test_speed_takes_models_and_blocks_in_another_order_as_the_same_run(tmp_path, monkeypatch,
+                                                                       capsys):
+    # '--models rigid,pyg' was refused as another command where the report had 'pyg,rigid'
+    speed = load_script('speed')
+    out = tmp_path / 'speed'
+    argv = ['speed.py', '--device', 'cpu', '--repeats', '2', '--out', str(out)]
+    calls = speed_failing(monkeypatch, speed, fail_memory=set(), fail_timings=set())
+    monkeypatch.setattr(sys, 'argv', argv + ['--models', 'pyg,rigid', '--blocks', 'pma,sab'])
+    assert speed.main() is None
+    calls.clear()
+    monkeypatch.setattr(sys, 'argv', argv + ['--models', 'rigid, pyg', '--blocks', 'sab,pma'])
+    assert speed.main() is None
+    assert len(calls) == 4
+    assert json.loads((out / 'speed.json').read_text())['config']['models'] == ['rigid', 'pyg']
+
+
 def test_speed_writes_nothing_when_every_pair_failed(tmp_path, monkeypatch):
     speed = load_script('speed')
     speed_failing(monkeypatch, speed, fail_memory=set(),
@@ -817,6 +862,53 @@ def test_training_step_refuses_to_replace_the_complete_report_of_another_command
     assert [r['model'] for r in json.loads(complete.read_text())['rows']] == ['egnn']
 
 
+def test_training_step_refuses_more_rounds_over_a_report_older_than_rounds(
+        tmp_path, monkeypatch, capsys, no_measuring):
+    # a report written before --rounds (no 'rounds' in its config: one round) was replaced
+    # unasked by a run of three rounds, as if the rounds were not a setting
+    script = load_script('training_step')
+    out = tmp_path / 'training_step'
+    argv = ['--models', 'rigid,mz', '--repeats', '1', '--out', str(out)]
+    calls = training_step_faking(monkeypatch, script)
+    monkeypatch.setattr(sys, 'argv', ['training_step.py'] + argv)
+    assert script.main() is None
+    complete = out / 'training_step.json'
+    data = json.loads(complete.read_text())
+    del data['config']['rounds']
+    complete.write_text(json.dumps(data))
+    calls.clear()
+    usage_error('training_step', argv + ['--rounds', '3'], monkeypatch, capsys,
+                'complete report of', 'rounds 1 there, 3 here', '--overwrite')
+    assert calls == [] and json.loads(complete.read_text()) == data
+    monkeypatch.setattr(sys, 'argv', ['training_step.py'] + argv)
+    assert script.main() is None  # (one round, as it ran: the same run)
+    assert calls == ['rigid', 'mz']
+
+
+def test_training_step_resumed_after_ctrl_c_replaces_as_its_overwrite_asked(
+        tmp_path, monkeypatch, capsys):
+    # the resumed call of a run given --overwrite kept the earlier report where a row failed
+    script = load_script('training_step')
+    out = tmp_path / 'training_step'
+    argv = ['training_step.py', '--models', 'rigid,mz,egnn', '--repeats', '1', '--out',
+            str(out)]
+    complete, partial = out / 'training_step.json', out / 'training_step.partial.json'
+    training_step_faking(monkeypatch, script)
+    monkeypatch.setattr(sys, 'argv', argv)
+    assert script.main() is None
+    training_step_faking(monkeypatch, script, fails={'mz'}, stop='egnn')
+    monkeypatch.setattr(sys, 'argv', argv + ['--overwrite'])
+    assert script.main() == script.EXIT_INTERRUPTED
+    assert json.loads(partial.read_text())['overwrite'] is True
+    capsys.readouterr()
+    calls = training_step_faking(monkeypatch, script, fails={'mz'})
+    monkeypatch.setattr(sys, 'argv', argv + ['--resume'])
+    assert script.main() is None
+    assert calls == ['mz', 'egnn'] and not partial.exists()
+    data = json.loads(complete.read_text())
+    assert [r['model'] for r in data['rows']] == ['rigid', 'egnn'] and 'lost' not in data
+
+
 # --- scaling.py ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize('argv, needles', [
@@ -1092,6 +1184,43 @@ def test_scaling_keeps_a_fuller_earlier_report_where_a_size_fails(tmp_path, monk
     assert not partial.exists()
 
 
+def test_scaling_resumed_after_ctrl_c_replaces_as_its_overwrite_asked(tmp_path, monkeypatch,
+                                                                      capsys):
+    # the resumed call of a run given --overwrite kept the earlier report where a size failed
+    from torch_mz.study import MeasurementFailed
+    scaling = load_script('scaling')
+    fails: set = set()
+    stop = []
+
+    def run_one(cfg):
+        if cfg['points'] in stop:
+            stop.clear()
+            raise KeyboardInterrupt
+        if cfg['points'] in fails:
+            raise MeasurementFailed('out of memory')
+        return dict(points=cfg['points'], sets=1, median_s=cfg['points'] * 1e-6)
+    monkeypatch.setattr(scaling, 'run_one', run_one)
+    monkeypatch.setattr(scaling, 'in_fresh_process', lambda path, cfg: dict(peak_bytes=2**20))
+    monkeypatch.setattr(scaling, 'plot', lambda *args: None)
+    argv = ['scaling.py', '--out', str(tmp_path), '--quick', '--threads', str(scaling.THREADS)]
+    complete = tmp_path / 'scaling_mz_quick.json'
+    partial = tmp_path / 'scaling_mz_quick.partial.json'
+    monkeypatch.setattr(sys, 'argv', argv)
+    assert scaling.main() is None
+    fails.add(100000)
+    stop.append(31623)
+    monkeypatch.setattr(sys, 'argv', argv + ['--overwrite'])
+    assert scaling.main() == scaling.EXIT_INTERRUPTED
+    assert json.loads(partial.read_text())['overwrite'] is True
+    capsys.readouterr()
+    monkeypatch.setattr(sys, 'argv', argv + ['--resume'])
+    assert scaling.main() is None
+    assert not partial.exists()
+    data = json.loads(complete.read_text())
+    assert [r['points'] for r in data['rows']] == [1000, 3162, 10000, 31623]
+    assert 'lost' not in data and data['failed']
+
+
 def test_scaling_refuses_to_replace_a_complete_report_of_other_settings(tmp_path, monkeypatch,
                                                                        capsys):
     # (its name tells the settings apart: one of other settings under it was renamed)
@@ -1266,6 +1395,71 @@ def test_message_passing_keeps_an_earlier_report_of_rows_failing_here_and_anothe
     assert report(out)[0]['config']['repeats'] == 2 and len(measured) == 4
 
 
+def test_message_passing_compares_what_an_older_report_ran_and_its_rows_use(
+        tmp_path, monkeypatch, capsys, no_measuring):
+    # a report written before --inference (no 'inference' in its config: forward + backward)
+    # was replaced unasked by an --inference run; one written when --chunk-rows defaulted to
+    # 131072 was refused to its own command, whose rows no --chunk-rows changes
+    mp = load_script('message_passing')
+    out = tmp_path / 'mp'
+    complete = out / 'message_passing.json'
+    measured = []
+
+    def measure(cfg):
+        measured.append((cfg['aggr'], cfg['nodes']))
+        return fake_row(cfg)
+    run_message_passing(mp, MP_ARGV + ['--out', str(out)], monkeypatch, measure)
+    data = json.loads(complete.read_text())
+    for key in mp.ROW_FLAGS:
+        del data['config'][key]
+    data['config']['chunk_rows'] = 131072
+    complete.write_text(json.dumps(data))
+    measured.clear()
+    usage_error('message_passing', MP_ARGV + ['--out', str(out), '--inference'], monkeypatch,
+                capsys, 'complete report of', 'inference False there, True here')
+    assert not measured and json.loads(complete.read_text()) == data
+    run_message_passing(mp, MP_ARGV + ['--out', str(out)], monkeypatch, measure)
+    assert len(measured) == 4
+    # a *-chunks row takes its groups from --chunk-rows: there it is compared
+    data = json.loads(complete.read_text())
+    data['config'].update(aggrs=['pyg', 'rigid-chunks'], chunk_rows=131072)
+    complete.write_text(json.dumps(data))
+    usage_error('message_passing', ['--aggrs', 'pyg,rigid-chunks'] + MP_ARGV[2:]
+                + ['--out', str(out)], monkeypatch, capsys, 'chunk_rows 131072 there, None here')
+    assert len(measured) == 4
+
+
+def test_message_passing_resumed_after_ctrl_c_replaces_as_its_overwrite_asked(
+        tmp_path, monkeypatch, capsys):
+    # the resumed call of a run given --overwrite kept the earlier report where a row failed
+    mp = load_script('message_passing')
+    out = tmp_path / 'mp'
+    complete, partial = out / 'message_passing.json', out / 'message_passing.partial.json'
+    calls = []
+
+    def measure(fail=(), stop=()):
+        def run(cfg):
+            key = (cfg['aggr'], cfg['nodes'])
+            if key in stop and 'stopped' not in calls:
+                calls.append('stopped')
+                raise KeyboardInterrupt
+            calls.append(key)
+            return dict(cfg, error='timed out') if key in fail else fake_row(cfg)
+        return run
+    run_message_passing(mp, MP_ARGV + ['--out', str(out)], monkeypatch, measure())
+    assert run_message_passing(mp, MP_ARGV + ['--out', str(out), '--overwrite'], monkeypatch,
+                               measure(fail={('pyg', 1000)}, stop={('pyg', 10000)})
+                               ) == mp.EXIT_INTERRUPTED
+    assert json.loads(partial.read_text())['overwrite'] is True
+    capsys.readouterr()
+    calls.clear()
+    run_message_passing(mp, MP_ARGV + ['--out', str(out), '--resume'], monkeypatch,
+                        measure(fail={('pyg', 1000)}))
+    assert ('pyg', 1000) in calls and not partial.exists()
+    data = json.loads(complete.read_text())
+    assert 'lost' not in data and [r for r in data['rows'] if 'error' in r]
+
+
 @pytest.mark.parametrize('argv, nodes, dims, repeats', [
     ([], [1000, 10000, 100000], [16, 64], 5),
     (['--quick'], [1000, 10000], [16], 3),
@@ -1331,10 +1525,13 @@ def test_message_passing_resumes_nothing_measured_otherwise(tmp_path, monkeypatc
         measured.clear()
         run_message_passing(mp, MP_ARGV + ['--out', str(other_out), '--overwrite'],
                             monkeypatch, counts)  # the reference, with the default settings
-        # (its complete report: another command's, which the run would replace)
-        usage_error('message_passing', MP_ARGV + other + ['--out', str(other_out), '--resume'],
-                    monkeypatch, capsys, 'complete report of another command',
-                    '--overwrite (in place of --resume)')
+        # (its complete report: another command's, which the run would replace; not where the
+        # option changes none of its rows: --chunk-rows sets the groups of *-chunks rows alone)
+        if other != ['--chunk-rows', '64']:
+            usage_error('message_passing', MP_ARGV + other + ['--out', str(other_out),
+                                                              '--resume'],
+                        monkeypatch, capsys, 'complete report of another command',
+                        '--overwrite (in place of --resume)')
         # (as a partial report: measured again, every row)
         os.replace(other_out / 'message_passing.json', other_out / 'message_passing.partial.json')
         measured.clear()

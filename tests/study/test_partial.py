@@ -8,17 +8,17 @@ import json
 import pytest
 
 import torch_mz.study
-from torch_mz.study.partial import (PartialUnit, add_partial_arguments, partial_problem,
-                                    read_partial, replace_problem, same_settings_report,
-                                    settings_differ, write_results_so_far)
+from torch_mz.study.partial import (PartialUnit, add_partial_arguments, overwriting,
+                                    partial_problem, read_partial, replace_problem,
+                                    same_settings_report, settings_differ, write_results_so_far)
 
 SIZES = PartialUnit('sizes', 'size')
 COUNTS = PartialUnit('counts', 'count', 'make')
 
 
 def test_the_names_are_exported():
-    for name in ('PartialUnit', 'add_partial_arguments', 'partial_problem', 'read_partial',
-                 'replace_problem', 'same_settings_report', 'settings_differ',
+    for name in ('PartialUnit', 'add_partial_arguments', 'overwriting', 'partial_problem',
+                 'read_partial', 'replace_problem', 'same_settings_report', 'settings_differ',
                  'write_results_so_far'):
         assert name in torch_mz.study.__all__ and hasattr(torch_mz.study, name)
 
@@ -81,9 +81,25 @@ def test_settings_differ():
     # before the scripts parsed their lists keep it), not as other text or another list
     assert settings_differ({'m': 'pyg,rigid', 'n': '10,40'},
                            {'m': ['pyg', 'rigid'], 'n': [10, 40]}, ('m', 'n')) == []
-    assert settings_differ({'m': 'rigid,pyg', 'n': ['10', '40']},
+    assert settings_differ({'m': 'pyg,mz', 'n': ['10', '40']},
                            {'m': ['pyg', 'rigid'], 'n': [10, 40]}, ('m', 'n')) == [
-        "m 'rigid,pyg' there, ['pyg', 'rigid'] here", "n ['10', '40'] there, [10, 40] here"]
+        "m 'pyg,mz' there, ['pyg', 'rigid'] here", "n ['10', '40'] there, [10, 40] here"]
+
+
+def test_settings_differ_takes_a_list_in_another_order_as_the_same():
+    # '--models rigid,pyg' was refused as another command (and its partial report to
+    # --resume) where the report there had 'pyg,rigid': the same measurements, in another order
+    here = {'m': ['pyg', 'rigid'], 'n': [10, 40]}
+    for there in ({'m': ['rigid', 'pyg'], 'n': [40, 10]}, {'m': 'rigid,pyg', 'n': '40,10'},
+                  {'m': 'rigid, pyg', 'n': '40, 10'}):
+        assert settings_differ(there, here, ('m', 'n')) == [], there
+    # not a list of other values, or of more or fewer
+    for there, phrase in (({'m': ['pyg', 'mz']}, "m ['pyg', 'mz'] there"),
+                          ({'m': ['pyg']}, "m ['pyg'] there"),
+                          ({'m': 'pyg,rigid,mz'}, "m 'pyg,rigid,mz' there"),
+                          ({'m': ['pyg', 'rigid', 'rigid']}, "m ['pyg', 'rigid', 'rigid'] there")):
+        assert settings_differ(there, here, ('m', )) == [
+            f"{phrase}, ['pyg', 'rigid'] here"]
 
 
 def write(path, payload):
@@ -188,3 +204,44 @@ def test_replace_problem_refuses_the_complete_report_of_another_command(tmp_path
     path = write(tmp_path / 'z.json', dict(config=dict(sets=1)))  # (no command recorded)
     assert 'another command (an unknown one)' in replace_problem(path, args, ('sets', ), 'c',
                                                                  False, False)
+
+
+def test_replace_problem_compares_a_setting_the_report_predates_as_its_value_then(tmp_path):
+    # a report written before a switch existed (no 'inference' in its config) was replaced
+    # unasked by a run with it on, as if the switch were not a setting
+    args = argparse.Namespace(sets=64, inference=True, resume=False)
+    path = write(tmp_path / 'x.json', dict(config=dict(sets=64),
+                                           environment=dict(command='python x.py'), rows=[]))
+    predated = dict(inference=False)
+    assert 'inference False there, True here' in replace_problem(
+        path, args, ('sets', 'inference'), 'python x.py --inference', False, False,
+        predated=predated)
+    assert same_settings_report(path, args, ('sets', 'inference'), predated) is None
+    # the value then: the same run; a setting recorded is compared as recorded
+    args.inference = False
+    assert replace_problem(path, args, ('sets', 'inference'), 'c', False, False,
+                           predated=predated) is None
+    assert same_settings_report(path, args, ('sets', 'inference'), predated) is not None
+    path = write(tmp_path / 'y.json', dict(config=dict(sets=64, inference=True)))
+    assert replace_problem(path, args, ('sets', 'inference'), 'c', False, False,
+                           predated=predated) is not None
+
+
+def test_replace_problem_names_the_same_command_line_as_such(tmp_path):
+    # "the complete report of another command (`python x.py`) ... this run (`python x.py`)":
+    # the same command line, whose defaults older code (or another machine) resolved otherwise
+    path = write(tmp_path / 'x.json', dict(config=dict(sets=32),
+                                           environment=dict(command='python x.py')))
+    message = replace_problem(path, argparse.Namespace(sets=64), ('sets', ), 'python x.py',
+                              False, False)
+    assert 'another command' not in message
+    assert ('the complete report of this same command line run by older code or elsewhere '
+            '(`python x.py`), written with other settings (sets 32 there, 64 here)') in message
+
+
+def test_overwriting_reads_whether_a_partial_report_was_begun_by_overwrite(tmp_path):
+    assert overwriting(write(tmp_path / 'a.json', dict(rows=[], overwrite=True))) is True
+    for name, payload in (('b', dict(rows=[])), ('c', dict(overwrite='yes')), ('d', [1]),
+                          ('e', 'not json')):
+        assert overwriting(write(tmp_path / f'{name}.json', payload)) is False
+    assert overwriting(str(tmp_path / 'none.json')) is False

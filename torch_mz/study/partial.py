@@ -10,7 +10,8 @@ folder holding a partial report is refused, so that no interrupted run is lost u
 measured report replaced unasked: without ``--overwrite`` a folder holding the complete report
 of another command (other settings) is refused, and a run of the same settings whose
 measurements fail where that report made them keeps it, its own report left partial (``lost``:
-those measurements, which ``--resume`` makes again).
+those measurements, which ``--resume`` makes again), unless it was begun with ``--overwrite``
+(a call that resumes it after Ctrl-C replaces that report as the first was asked to).
 
 * :class:`PartialUnit`: what a script's report holds, as its messages name it;
 * :func:`add_partial_arguments`: the two options, with help texts naming the unit;
@@ -25,6 +26,8 @@ those measurements, which ``--resume`` makes again).
 * :func:`same_settings_report`: the complete report in ``--out`` where it was written with this
   run's settings: the measurements that, failing in this run, its report would lose (the
   scripts then keep that report and leave theirs partial, listing them as ``lost``).
+* :func:`overwriting`: whether a partial report was begun by a call given ``--overwrite``,
+  whose resumed run replaces the complete report whatever fails (its payload's ``overwrite``).
 
 Library code: nothing here prints or parses a command line (the scripts pass the problems found to
 ``parser.error``).
@@ -114,10 +117,15 @@ def partial_problem(resume: bool, overwrite: bool, partial: Optional[str], unit:
 
 
 def _same_setting(there: Any, here: Any) -> bool:
-    # equal, or a list of this run's written as its comma-separated text, as reports written
-    # before the scripts' list options were parsed into lists keep it ('pyg,rigid')
-    if isinstance(there, str) and isinstance(here, (list, tuple)):
-        return there == ','.join(str(v) for v in here)
+    # equal; a list of this run's (of distinct values, as the scripts' list options parse them)
+    # is the same list in another order, or its comma-separated text, as reports written
+    # before the scripts' list options were parsed into lists keep it ('pyg, rigid')
+    if isinstance(here, (list, tuple)):
+        if isinstance(there, str):
+            there, here = [v.strip() for v in there.split(',')], [str(v) for v in here]
+        if isinstance(there, (list, tuple)):
+            return (len(there) == len(here) and all(v in here for v in there)
+                    and all(v in there for v in here))
     return bool(there == here)
 
 
@@ -126,7 +134,8 @@ def settings_differ(there: Mapping[str, Any], here: Mapping[str, Any],
     r"""One phrase per key of :obj:`keys` whose value in :obj:`there` (a report's, where a
     missing key reads as :obj:`None`) is not the one in :obj:`here` (this run's):
     ``"sets 64 there, 32 here"``; none where they all agree (a list of :obj:`here` agrees with
-    its comma-separated text there, as older reports recorded it)."""
+    the same values in another order, the same run's, and with its comma-separated text there,
+    as older reports recorded it)."""
     return [f'{key} {there.get(key)!r} there, {here[key]!r} here'
             for key in keys if not _same_setting(there.get(key), here[key])]
 
@@ -204,48 +213,70 @@ def _complete_report(path: str) -> Optional[Dict[str, Any]]:
 
 
 def _recorded_differ(report: Mapping[str, Any], args: argparse.Namespace,
-                     settings: Sequence[str]) -> List[str]:
-    # settings_differ on the settings the report records (one it predates is not compared)
-    config = report['config']
+                     settings: Sequence[str],
+                     predated: Optional[Mapping[str, Any]] = None) -> List[str]:
+    # settings_differ on the settings the report records, and on those it predates where
+    # predated names the value such a report was made with (other ones are not compared)
+    config = dict(predated or {}, **report['config'])
     return settings_differ(config, vars(args), [key for key in settings if key in config])
 
 
-def same_settings_report(path: str, args: argparse.Namespace,
-                         settings: Sequence[str]) -> Optional[Dict[str, Any]]:
+def same_settings_report(path: str, args: argparse.Namespace, settings: Sequence[str],
+                         predated: Optional[Mapping[str, Any]] = None
+                         ) -> Optional[Dict[str, Any]]:
     r"""The complete report :obj:`path` (``<out>/<name>.json``) as its JSON object where it
     was written with this run's :obj:`settings` (:obj:`args`; a setting the report does not
-    record, being older than it, is not compared), else :obj:`None` (none there, one that
-    cannot be read, or one of other settings): the report whose measurements a run that
-    replaces it loses where they fail in that run."""
+    record, being older than it, is compared as the value :obj:`predated` names for it, a
+    switch added later as off, and not compared where it names none), else :obj:`None` (none
+    there, one that cannot be read, or one of other settings): the report whose measurements a
+    run that replaces it loses where they fail in that run."""
     report = _complete_report(path)
-    if report is None or _recorded_differ(report, args, settings):
+    if report is None or _recorded_differ(report, args, settings, predated):
         return None
     return report
 
 
 def replace_problem(path: str, args: argparse.Namespace, settings: Sequence[str],
-                    command: str, overwrite: bool, resumed: bool) -> Optional[str]:
+                    command: str, overwrite: bool, resumed: bool,
+                    predated: Optional[Mapping[str, Any]] = None) -> Optional[str]:
     r"""The usage error of a call whose report would replace, at its end, the complete report
     :obj:`path` (``<out>/<name>.json``) of another command: one written with other
     :obj:`settings` than this run's (:obj:`args`; compared as :func:`same_settings_report`
-    does), which is refused before anything is measured unless :obj:`overwrite`
-    (``--overwrite``) is given, or :obj:`resumed` (``--resume`` keeps a partial report there:
-    the call that began it was let replace that report). The message names both commands (the
-    report's, :obj:`command` this run's) and the settings that differ; :obj:`None` where
-    nothing is refused (no complete report there, one that cannot be read, or one of these
-    settings, which a run of them measures again)."""
+    does, with :obj:`predated`), which is refused before anything is measured unless
+    :obj:`overwrite` (``--overwrite``) is given, or :obj:`resumed` (``--resume`` keeps a
+    partial report there: the call that began it was let replace that report). The message
+    names both commands (the report's, :obj:`command` this run's; the same command line, where
+    older code or another machine resolved its defaults otherwise, is named as such) and the
+    settings that differ; :obj:`None` where nothing is refused (no complete report there, one
+    that cannot be read, or one of these settings, which a run of them measures again)."""
     if overwrite or resumed:
         return None
     report = _complete_report(path)
     if report is None:
         return None
-    differ = _recorded_differ(report, args, settings)
+    differ = _recorded_differ(report, args, settings, predated)
     if not differ:
         return None
     environment = report.get('environment')
     theirs = environment.get('command') if isinstance(environment, dict) else None
-    return (f"argument --out: {path} is the complete report of another command "
-            f"({'an unknown one' if theirs is None else f'`{theirs}`'}), written with other "
+    whose = ('another command (an unknown one)' if theirs is None
+             else f'this same command line run by older code or elsewhere (`{theirs}`)'
+             if theirs == command else f'another command (`{theirs}`)')
+    return (f"argument --out: {path} is the complete report of {whose}, written with other "
             f"settings ({'; '.join(differ)}), which this run (`{command}`) would replace: pass "
             f"--overwrite{' (in place of --resume)' if getattr(args, 'resume', False) else ''} "
             f"to replace it, or give another --out")
+
+
+def overwriting(path: str) -> bool:
+    r"""Whether the partial report :obj:`path` was written by a call given ``--overwrite`` (or
+    by one that resumed such a report): its JSON object's ``overwrite`` is true. A call that
+    resumes it replaces the complete report beside it at its end as that call was asked to,
+    measurements failing here or not (Ctrl-C's line gives that call with ``--resume`` in place
+    of ``--overwrite``); :obj:`False` where there is no such file or it cannot be read."""
+    try:
+        with open(path) as f:
+            report = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(report, dict) and report.get('overwrite') is True
