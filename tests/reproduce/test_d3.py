@@ -128,3 +128,14 @@ def test_d3_leaves_a_diverged_member_out_and_reads_inconclusive(tmp_path, monkey
         assert r['verdict'] == 'inconclusive'
         assert r['ours']['models'][spec]['seeds'] == 4
         assert math.isfinite(r['ours']['models'][spec]['r2'])
+    # the same study seed left out for a member without weights (not diverged): the same
+    # figures, and inconclusive too, though two study seeds are left (rule 1, not 'seeds < 2')
+    import os
+    for _ in range(2):  # the committed copy, then the one in runs/
+        os.remove(repro.store.weights(repro.sized(SUM), spec, 5, repro.base_config('sum')))
+    kept = [{k: v for k, v in r.items() if k != 'diverged'} for r in runs]
+    lost = d3_records(repro, claim, kept, 3, {})
+    for r, before in zip(lost, records):
+        assert 'no best-validation weights for seeds [5]' in r['ours']['note']
+        assert r['ours']['mean'] == pytest.approx(before['ours']['mean'])
+        assert (r['ours']['seeds'], r['verdict']) == (2, 'inconclusive')
