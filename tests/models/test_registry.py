@@ -180,6 +180,37 @@ def test_feature_columns_read_once_are_recorded_as_the_model_uses_them():
     again.load_state_dict(model.state_dict())
 
 
+def test_feature_columns_wrapper_names_its_first_argument_when_given_as_data():
+    # the wrapper's first argument was named data; named x (as EGNN's), model(data=batch) was
+    # refused as "the data hold no x to take the feature columns [0, 2] from", a batch with x
+    from torch_geometric.data import Batch, Data
+    batch = Batch.from_data_list([Data(x=torch.randn(3, 4), pos=torch.randn(3, 3))])
+    model = build_model('egnn', 7, 2, feature_columns=[0, 2], hidden_channels=8, num_layers=1)
+    for call in (model, model.encode):
+        with pytest.raises(TypeError, match=r'model\(x=batch\), not data='):
+            call(data=batch)
+    torch.testing.assert_close(model(x=batch).prediction, model(batch).prediction)
+
+
+def test_match_budget_reads_feature_columns_once():
+    # match_budget built every candidate from the same columns: an iterator was read by the
+    # first alone, and the model chosen (here the second candidate) took no features
+    budget = count_parameters(build_model('egnn', 7, 2, feature_columns=[0, 2],
+                                          hidden_channels=40, num_layers=1))
+    model = match_budget('egnn', budget, 7, 2, candidates=[44, 40], num_layers=1,
+                         feature_columns=iter([0, 2]))
+    assert model.build_info['args']['hidden_channels'] == 40
+    assert model.columns == [0, 2] and model.build_info['feature_columns'] == [0, 2]
+
+
+def test_a_feature_column_named_twice_is_reported_as_given():
+    # the message listed the columns again: an iterator, read by then, showed as "(got [])"
+    import numpy as np
+    for columns in (iter([1, 0, 1]), np.array([1, 0, 1])):
+        with pytest.raises(ValueError, match=r'twice \(got \[1, 0, 1\]\)'):
+            build_model('egnn', 7, 2, feature_columns=columns)
+
+
 def test_egnn_refuses_feature_columns_with_pos_dim():
     # with pos_dim, EGNN's features are the other columns: feature_columns was ignored
     for name in ('egnn', 'egnn-qm9'):

@@ -116,9 +116,13 @@ class SelectFeatures(Module):
         self.model = model
         self.columns = check_columns(columns)
 
-    def _select(self, data):
+    def _select(self, data, kwargs):
         r""":obj:`data` (a tensor ``x`` or a data object) with its ``x`` cut to the columns;
         no columns: no features, whether the data hold an ``x`` or not."""
+        if data is None and 'data' in kwargs:  # (the wrapper's first argument was named
+            # data: model(data=batch) was refused as data without an x where columns are taken)
+            raise TypeError(f"{self.__class__.__name__} takes the data as its first argument, "
+                            f"x, as EGNN does: model(batch) or model(x=batch), not data=")
         tensors = data is None or isinstance(data, Tensor)  # model(x, pos, batch)
         x = data if tensors else getattr(data, 'x', None)
         if self.columns:
@@ -144,11 +148,11 @@ class SelectFeatures(Module):
 
     # (the first argument named as EGNN's, x: model(x=..., pos=..., batch=...) was a TypeError)
     def forward(self, x=None, *args, **kwargs):
-        return self.model(self._select(x), *args, **kwargs)
+        return self.model(self._select(x, kwargs), *args, **kwargs)
 
     def encode(self, x=None, *args, **kwargs):
         r"""The wrapped model's :meth:`encode` on the selected columns."""
-        return self.model.encode(self._select(x), *args, **kwargs)
+        return self.model.encode(self._select(x, kwargs), *args, **kwargs)
 
     def __repr__(self) -> str:
         return f'{self.__class__.__name__}({self.model}, columns={self.columns})'
@@ -162,7 +166,8 @@ def check_columns(columns) -> List[int]:
                          f"{columns!r})")
     out = [check_count('feature_columns[]', c, low=0) for c in columns]
     if len(set(out)) != len(out):
-        raise ValueError(f"'feature_columns' names a column twice (got {list(columns)!r})")
+        # (out, not columns: an iterator is read by now, and showed as [])
+        raise ValueError(f"'feature_columns' names a column twice (got {out!r})")
     return out
 
 
@@ -287,6 +292,10 @@ def match_budget(name: str, budget: int, in_channels: int, out_channels: int,
     ``hidden_channels`` the multiples of 4 from 16 to 256) so that the parameter count is closest to
     :obj:`budget`."""
     target = check_number('budget', budget)
+    # the feature columns read once (an iterator was read by the first candidate alone: the
+    # others were built without features, and one of them could be chosen)
+    if overrides.get('feature_columns') is not None:
+        overrides['feature_columns'] = check_columns(overrides['feature_columns'])
     if knob is None:
         knob = _knob(name)
     if candidates is None:
