@@ -1084,6 +1084,28 @@ def test_train_resume_of_a_weights_only_checkpoint_is_refused_before_any_data(tm
     assert captured.err.count('\n') == 1
 
 
+def test_train_resume_of_best_pt_names_the_runs_checkpoint_through_a_link_quoted(
+        tmp_path, capsys, monkeypatch):
+    # the checkpoint.pt named was that beside a link to best.pt (another run's, here), and a
+    # folder with a space was named unquoted: the command given was two arguments
+    out = str(tmp_path / 'my run')
+    data = ['--task', 'max', '--n-train', '32', '--n-val', '8', '--n-test', '8', '--batch-size',
+            '16', '--no-progress', '--model', 'deepsets:hidden_channels=8']
+    assert main(['train', *data, '--epochs', '1', '--out', out]) == 0
+    here = tmp_path / 'here'
+    here.mkdir()
+    (here / 'checkpoint.pt').write_bytes(open(os.path.join(out, 'checkpoint.pt'), 'rb').read())
+    os.symlink(os.path.join(out, 'best.pt'), here / 'latest.pt')
+    monkeypatch.chdir(here)
+    for named, run in ((os.path.join(out, 'best.pt'), out),
+                       ('latest.pt', os.path.realpath(out))):
+        capsys.readouterr()
+        assert main(['train', *data, '--epochs', '2', '--resume', named]) == 2
+        err = capsys.readouterr().err
+        assert err.endswith(f"not a run to continue: pass --resume "
+                            f"'{os.path.join(run, 'checkpoint.pt')}'\n"), err
+
+
 def test_an_abbreviated_option_is_refused():
     # compare --seed 3 was read as --seeds 3 (three seeds)
     with pytest.raises(SystemExit):

@@ -70,11 +70,19 @@ def cmd_train(args) -> int:
         state = load_checkpoint(args.resume)
         if state.get('kind') != 'train':  # (best.pt: the trainer refused it once the data were
             # loaded, QM9's minutes of processing, after the options had been said to be taken)
+            import shlex
+
             from torch_mz.train import LAST_CHECKPOINT
-            last = os.path.join(os.path.dirname(args.resume), LAST_CHECKPOINT)
+            # the run's checkpoint.pt: beside the file a link names ('latest.pt' ->
+            # 'run/best.pt' named one beside the link, another run's or none), quoted as a shell
+            # reads it (a folder with a space was two arguments)
+            folder = os.path.dirname(args.resume)
+            if not _same_path(folder or '.', os.path.dirname(os.path.realpath(args.resume))):
+                folder = os.path.dirname(os.path.realpath(args.resume))
+            last = os.path.join(folder, LAST_CHECKPOINT)
             raise CLIError(f"--resume '{args.resume}' holds model weights only (kind "
                            f"{state.get('kind')!r}), not a run to continue: "
-                           + (f'pass --resume {last}' if os.path.isfile(last) else
+                           + (f'pass --resume {shlex.quote(last)}' if os.path.isfile(last) else
                               f"resume from a run's {LAST_CHECKPOINT}"))
         recorded = state.get('config')
         if isinstance(state.get('epoch'), int) and state.get('kind') == 'train':
