@@ -224,15 +224,13 @@ def check_max_num_elements(set_id: Tensor, num_sets: int,
     first ``max_num_elements`` rows of a larger set and drop the rest without a word; the flat
     aggregations here drop none, so such a set raises a :class:`ValueError` (a bound that every
     set meets changes nothing)."""
-    if max_num_elements is None:
-        return
-    check_count('max_num_elements', max_num_elements, low=0)
-    if set_id.numel() == 0:
+    bound = check_optional_count('max_num_elements', max_num_elements, low=0)
+    if bound is None or set_id.numel() == 0:
         return
     largest = int(set_counts(set_id, num_sets).max())
-    if largest > max_num_elements:
+    if largest > bound:
         raise ValueError(f"A set has {largest} elements, more than max_num_elements="
-                         f"{max_num_elements} (PyG's aggregation would drop the rows beyond it; "
+                         f"{bound} (PyG's aggregation would drop the rows beyond it; "
                          f"this one drops none): raise the bound or leave it unset")
 
 
@@ -418,7 +416,8 @@ class MZAggregation(Aggregation):
     :func:`torch.jit.trace` and :func:`torch.jit.script` (of the aggregation, or of a conv or
     model that holds it) are refused with a message naming :func:`torch.compile`: a trace would
     keep the traced input's set sizes, and the forward finds each batch's set layout in Python
-    that TorchScript does not take.
+    that TorchScript does not take (torch prepares every submodule, so a model that lists it in
+    ``__jit_ignored_attributes__`` is refused too).
 
     Args:
         in_channels (int): Input width :math:`F_{in}`.
@@ -905,9 +904,11 @@ class MZAggregation(Aggregation):
         return super().__call__(x, *args, **kwargs)
 
     def __prepare_scriptable__(self) -> 'MZAggregation':
-        # torch.jit.script calls this on every module it scripts (a conv's aggregation too): it
-        # failed inside, on the first construct TorchScript lacks ('Comprehension ifs are not
-        # supported yet', at fold_keys)
+        # torch.jit.script calls this on every module below the one it scripts (a conv's
+        # aggregation too, and one a holder's __jit_ignored_attributes__ leave out of the
+        # script, which scripted before: refused too, left so rather than read torch's private
+        # frames): it failed inside, on the first construct TorchScript lacks ('Comprehension
+        # ifs are not supported yet', at fold_keys)
         raise RuntimeError(f"{type(self).__name__} cannot be compiled by torch.jit.script: its "
                            f"forward finds each batch's set layout in Python that TorchScript "
                            f"does not take. Use torch.compile (it handles new set sizes), or run "
