@@ -223,6 +223,19 @@ def test_quadratic_tdof_inputs():
         make_task('quadratic-tdof', d=4, tdof=5)
 
 
+def test_quadratic_tdof_refuses_d_1_by_its_own_arguments():
+    # d = 1 holds one Frobenius-orthonormal 1 x 1 matrix, the target takes L + 1 >= 2: the task
+    # was built, and setup() then failed on 'num' = 2, an argument the caller never gave
+    for kw in (dict(), dict(with_m0=False)):
+        with pytest.raises(ValueError, match=r"'d' must be at least 2: .* got d=1"):
+            TASKS['quadratic-tdof'](d=1, tdof=1, **kw)
+        with pytest.raises(ValueError, match=r"'d' must be at least 2"):
+            make_task('quadratic-tdof', n_train=1, n_val=0, n_test=0, d=1, tdof=1, **kw)
+    # d = 2 takes every L it allows (L + 1 <= 3 <= 4 matrices)
+    for tdof in (1, 2):
+        assert make_task('quadratic-tdof', n_train=1, n_val=0, n_test=0, d=2, tdof=tdof).train
+
+
 @pytest.mark.parametrize('name, option', [('quadratic-tdof', 'with_m0'),
                                           ('rotation-matching', 'store_rotation'),
                                           ('sum', 'progress')])

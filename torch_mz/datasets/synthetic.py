@@ -189,7 +189,8 @@ class QuadraticTDOFTask(SyntheticTask):
     The target is :math:`O(1)` per generator: its variance over the sets is about
     :math:`(L + 1)\,\|w\|^2 / d`, i.e. :math:`L + 1` in expectation over :math:`w`, but
     :math:`w` is one draw per seed, so for a given seed it ranges from about half to twice that
-    (0.55 to 2.0 times :math:`L + 1` over seeds 0-2 at the defaults); :math:`R^2` is unaffected.
+    (at :math:`d = 32`, over seeds 0-2: 0.92 to 2.0 times :math:`L + 1` at the default
+    :math:`L = 8`, 0.55 to 2.0 over :math:`L \in \{4, 8, 16, 32\}`); :math:`R^2` is unaffected.
 
     Elements are :math:`x_i = c + \sigma (e_i - \bar e)` with a per-set centre
     :math:`c \sim \mathcal{N}(0, I_d)` and :math:`e_i \sim \mathcal{N}(0, I_d)`; the within-set
@@ -198,7 +199,9 @@ class QuadraticTDOFTask(SyntheticTask):
 
     The paper states no set size, within-set noise or dimension for Eq. 4 / Table 1: the sizes
     :math:`n \in [10, 30]` (those of Task B and of D.2.3), :math:`\sigma = 1` and :math:`d = 32`
-    are this package's choices.
+    are this package's choices, and so, as it gives no counts either, are the 5,000 / 1,000 /
+    2,000 train / val / test sets (Task G's). :math:`d = 1` is refused: the target takes
+    :math:`L + 1 \geq 2` Frobenius-orthonormal matrices, and only one :math:`1 \times 1` exists.
 
     Args:
         d (int, optional): Element dimension :math:`d \geq L`; the default :math:`32` covers the
@@ -223,6 +226,11 @@ class QuadraticTDOFTask(SyntheticTask):
         if self.tdof > self.d:
             raise ValueError(f"'tdof' (L) must be <= d since the generators are gated by the first "
                              f"L coordinates of the mean, got tdof={tdof} > d={d}")
+        if self.tdof + 1 > self.d * self.d:  # (only d = 1: setup() failed on 'num' = 2)
+            raise ValueError(f"'d' must be at least 2: the target takes L + 1 = {self.tdof + 1} "
+                             f"Frobenius-orthonormal d x d matrices (M_0, ..., M_L, drawn with "
+                             f"with_m0=False too), and at most d^2 = {self.d * self.d} exist, "
+                             f"got d={d}")
         self.noise = check_number('noise', noise, allow_zero=True)
         self.with_m0 = check_flag('with_m0', with_m0)  # ('False' was true: M_0 kept)
         self.w: Optional[np.ndarray] = None
@@ -524,7 +532,8 @@ class GaussianMixtureTask(SyntheticTask):
     in ``spread``, points assigned to clusters uniformly. The paper only says "1-3 random clusters
     (varying centers and spreads)" (Task G) and "mixtures of Gaussians" (MEB); the centre and spread
     scales are this package's choice, and so, for the hull and MEB tasks, for which the paper gives
-    no counts, are Task G's 5,000 / 1,000 / 2,000 train / val / test sets.
+    neither a number of clusters nor counts, are Task G's 1-3 clusters and its 5,000 / 1,000 /
+    2,000 train / val / test sets.
 
     Args:
         d (int, optional): Point dimension. (default: the subclass's :attr:`default_d`)
@@ -567,10 +576,11 @@ class MSTWeightTask(GaussianMixtureTask):
     The target's scale is not the paper's: Table 2's figures imply a target variance of about 730
     (MSE / (1 - R^2), 728 to 731 for all six models with both figures), where this task's is
     about 180 (175 to 186 over 2,000 training sets, seeds 0-2); doubling every coordinate
-    (``center_std=4.0, spread=(0.6, 2.0)``) would give about 740. At higher :math:`d` the gap
-    grows: Appendix D.2.4 calls the MST weights of its :math:`d = 16`-:math:`256` sweep targets of
-    magnitude :math:`10^4`-:math:`10^5`, where here their mean is about 60 at :math:`d = 16` and
-    300 at :math:`d = 256`. The defaults stay so that committed results remain valid.
+    (``center_std=4.0, spread=(0.6, 2.0)``, the same draws scaled by two) would give four times
+    that, 700 to 740, about the paper's. At higher :math:`d` the gap grows: Appendix D.2.4 calls
+    the MST weights of its :math:`d = 16`-:math:`256` sweep targets of magnitude
+    :math:`10^4`-:math:`10^5`, where here their mean is about 60 at :math:`d = 16` and 300 at
+    :math:`d = 256`. The defaults stay so that committed results remain valid.
 
     Takes the arguments of :class:`GaussianMixtureTask`; the default dimension is :math:`d = 8`.
     """
@@ -588,6 +598,11 @@ class HullVolumeTask(GaussianMixtureTask):
     from 1-3 random Gaussian clusters; the paper evaluates :math:`d \in \{3, 6, 9\}` with
     :math:`n \in [15, 35]` and gives no point distribution for this task: the clusters are this
     package's choice (those of Task G). Degenerate clouds have volume 0.
+
+    Appendix D.2.4 calls the hull volumes of its sweep targets of magnitude
+    :math:`10^1`-:math:`10^3`; here the mean volume is about 18, 23 and 7 at :math:`d = 3, 6, 9`
+    (medians about 14, 9.5 and 0.9; 1,000 training sets, seeds 0-1): the low end of that range,
+    and below it at :math:`d = 9`.
 
     Takes the arguments of :class:`GaussianMixtureTask`; the default dimension is :math:`d = 3`,
     and the largest allowed is :data:`torch_mz.geometry.MAX_HULL_DIM` (12; QHull's cost grows
