@@ -521,3 +521,21 @@ def test_mc_dropout_and_ensembles_take_sets_held_on_a_cuda_device():
     assert torch.equal(mean, ref)
     out = method_predictions([model, other], {'test': data}, passes=2, device='cuda')
     assert out['MC-Dropout']['test'][0].shape == (6,)
+
+
+def test_mc_dropout_and_ensembles_take_a_batch_of_empty_sets_alone():
+    # a batch whose sets were all empty (batch_size=1 and one empty set) failed in the check
+    # that every read gives the same sets: "cannot reshape tensor of 0 elements"
+    from torch_mz.uncertainty import method_predictions
+    data = tiny_sets()
+    data.insert(2, Data(x=torch.zeros(0, 4), y=torch.zeros(1, 1)))
+    model, other = tiny_mz(dropout=0.5), tiny_mz(dropout=0.1)
+    with torch.no_grad():
+        next(other.parameters()).add_(0.1)  # (another member than model)
+    norm = TargetNormalizer().fit(torch.tensor([[1.0], [3.0]]))
+    mean, std = mc_dropout_predict(model, data, passes=3, normalizer=norm, batch_size=1)
+    assert mean[2].item() == 2.0 and std[2].item() == 0.0  # the target mean, no spread
+    assert torch.all(std[[0, 1, 3, 4, 5, 6]] > 0)
+    out = method_predictions([model, other], {'test': data}, passes=2, batch_size=1,
+                             normalizers=[norm, norm])
+    assert all(out[m]['test'][0][2] == 2.0 and out[m]['test'][1][2] == 0.0 for m in out)

@@ -473,7 +473,9 @@ def _fingerprint(batch: Any) -> Tensor:
     for key in ('x', 'pos'):
         t = getattr(batch, key, None)
         if torch.is_tensor(t) and t.dim() >= 1 and t.size(0) == batch.batch.numel():
-            per_elem = t.detach().to('cpu', torch.float64).reshape(t.size(0), -1).sum(1)  # (N,)
+            flat = t.detach().to('cpu', torch.float64)
+            # (reshape(N, -1) failed for a batch of empty sets alone: N = 0 rows)
+            per_elem = flat.flatten(1).sum(1) if flat.dim() > 1 else flat  # (N,)
             sums = torch.zeros(sizes.numel(), dtype=torch.float64)  # (B,)
             parts.append(sums.index_add_(0, batch.batch.cpu(), per_elem))
     return torch.cat(parts).nan_to_num(nan=0.0)  # (a NaN input: unequal to itself)
