@@ -125,3 +125,24 @@ def test_load_task_arguments_every_task_takes_are_checked():
     assert 'seed' not in task_options('scanobjectnn')[0]
     defaults = task_options('qm9')[0]
     assert defaults['source'] == 'qm9pack' and defaults['log'] is False
+
+
+def test_check_task_refuses_what_load_task_refuses_and_takes_what_it_takes():
+    # check_task (run_grid's check of every cell before training) refused a NumPy count that
+    # load_task takes, and passed a real task's mistakes that load_task refuses before reading
+    # a file: a grid stopped there after training its earlier cells
+    from torch_mz.tasks import check_task
+    preview = check_task('max', n_train=np.int64(3), n_val=np.int64(2), n_test=2, d=2)
+    assert preview.in_channels == 2
+    assert len(load_task('max', n_train=np.int64(3), n_val=2, n_test=2, d=2).train) == 3
+    for name, kwargs, match in [
+            ('qm9', dict(n_train=100), 'QM9 with split sizes but no n_val'),
+            ('qm9', dict(n_train=0.8, n_val=0.1), "qm9: 'n_train' must be an integer >= 0"),
+            ('scanobjectnn', dict(val_fraction=1.0), "'val_fraction' must lie in"),
+            ('modelnet40', dict(n_test=-1), "modelnet40: 'n_test' must be an integer >= 0"),
+            ('qm9', dict(transform='x'), "'transform' must be a callable"),
+            ('max', dict(n_train=-3), "'n_train' must be an integer >= 0"),
+            ('max', dict(n_train=2.0), "'n_train' must be an integer >= 0")]:
+        for check in (check_task, load_task):
+            with pytest.raises(ValueError, match=match):
+                check(name, root='/nonexistent/data', **kwargs)

@@ -51,17 +51,7 @@ def load_task(name: str, seed: int = 0, n_train: Optional[int] = None,
     Python's)."""
     _check_name(name)
     _check_load_args(name, seed, set_size, progress)
-    given = [k for k in ('transform', 'pre_transform', 'pre_filter') if k in task_kwargs]
-    if is_synthetic(name) and given:
-        raise ValueError(
-            f"task '{name}' is synthetic: its splits are lists of Data generated from the seed, "
-            f"not a PyG dataset, so it takes no {', '.join(repr(k) for k in given)}; apply a "
-            f"transform to the sets, e.g. splits.train = [transform(d) for d in splits.train] "
-            f"(once), or per access in your own Dataset")
-    for key in given:  # text from the CLI, or a typo: refused before a dataset is processed
-        if task_kwargs[key] is not None and not callable(task_kwargs[key]):
-            raise ValueError(f"'{key}' must be a callable (a PyG transform or filter), got "
-                             f"{task_kwargs[key]!r}")
+    _check_transforms(name, task_kwargs)
     defaults, nullable, complete = task_options(name)
     # (NumPy numbers as Python's: splits.args are written as JSON)
     task_kwargs = check_options(task_kwargs, defaults, f"task '{name}'", complete=complete,
@@ -71,7 +61,9 @@ def load_task(name: str, seed: int = 0, n_train: Optional[int] = None,
         splits = synthetic.make_task(name, n_train=n_train, n_val=n_val, n_test=n_test,
                                      seed=seed, set_size=set_size, progress=progress,
                                      **task_kwargs)
-    else:
+    else:  # (the sizes as Python ints: splits.split records them)
+        n_train, n_val, n_test = real.check_load_args(name, n_train, n_val, n_test,
+                                                      task_kwargs.get('val_fraction', 0.1))
         splits = real.load_real_task(name, seed=seed, n_train=n_train, n_val=n_val,
                                      n_test=n_test, root=root, progress=progress, **task_kwargs)
     splits.args = args
@@ -95,24 +87,27 @@ def check_task(name: str, seed: int = 0, n_train: Optional[int] = None,
                set_size: Optional[Tuple[int, int]] = None, root: Optional[str] = None,
                progress: bool = False, **task_kwargs) -> Optional[TaskSplits]:
     r"""Checks what :func:`load_task` would be given, with the same arguments, without
-    generating or reading any data: the task name, its options (:func:`task_options`), and for a
-    synthetic task also the values the task itself checks (e.g. ``tdof <= d``), the set counts
-    and the set-size range. Raises the :class:`ValueError` :func:`load_task` would raise, so
-    that a study with many cells can refuse a mistaken cell before training the first. Returns,
-    for a synthetic task, its splits with no sets (their ``in_channels``, ``out_channels`` and
-    ``pos_dim`` are those of the real ones: a model can be built for them); for a real dataset,
-    whose files are only read by :func:`load_task`, :obj:`None`."""
+    generating or reading any data: the task name, its options (:func:`task_options`), the set
+    counts, for a synthetic task also the values the task itself checks (e.g. ``tdof <= d``)
+    and the set-size range, and for a real dataset what :func:`load_task` checks before reading
+    its files (a callable ``transform``, ``val_fraction``, QM9's ``n_train`` and ``n_val``).
+    Raises the :class:`ValueError` :func:`load_task` would raise, so that a study with many
+    cells can refuse a mistaken cell before training the first. Returns, for a synthetic task,
+    its splits with no sets (their ``in_channels``, ``out_channels`` and ``pos_dim`` are those
+    of the real ones: a model can be built for them); for a real dataset, whose files are only
+    read by :func:`load_task`, :obj:`None`."""
     _check_name(name)
     _check_load_args(name, seed, set_size, progress)
+    _check_transforms(name, task_kwargs)
     defaults, nullable, complete = task_options(name)
     task_kwargs = check_options(task_kwargs, defaults, f"task '{name}'", complete=complete,
                                 nullable=nullable)
-    for what, count in (('n_train', n_train), ('n_val', n_val), ('n_test', n_test)):
-        if count is not None and (isinstance(count, bool) or not isinstance(count, int)
-                                  or count < 0):
-            raise ValueError(f"'{what}' must be an integer >= 0, got {count!r}")
-    if not is_synthetic(name):
+    if not is_synthetic(name):  # the sizes and what else load_real_task checks before reading
+        real.check_load_args(name, n_train, n_val, n_test, task_kwargs.get('val_fraction', 0.1))
         return None
+    for what, count in (('n_train', n_train), ('n_val', n_val), ('n_test', n_test)):
+        if count is not None:  # (make_task's check: a NumPy integer too, as load_task takes it)
+            check_count(what, count, low=0)
     return synthetic.make_task(name, n_train=0, n_val=0, n_test=0, seed=seed,
                                set_size=set_size, **task_kwargs)
 
@@ -127,6 +122,22 @@ def _check_load_args(name: str, seed: Any, set_size: Any, progress: Any) -> None
     if set_size is not None and not is_synthetic(name):
         raise ValueError(f"task '{name}' reads its sets from files: 'set_size' applies to the "
                          f"synthetic tasks only (got {set_size!r})")
+
+
+def _check_transforms(name: str, task_kwargs: Dict[str, Any]) -> None:
+    r"""A real dataset's ``transform``, ``pre_transform`` and ``pre_filter``: callables (or
+    :obj:`None`); a synthetic task takes none of them."""
+    given = [k for k in ('transform', 'pre_transform', 'pre_filter') if k in task_kwargs]
+    if is_synthetic(name) and given:
+        raise ValueError(
+            f"task '{name}' is synthetic: its splits are lists of Data generated from the seed, "
+            f"not a PyG dataset, so it takes no {', '.join(repr(k) for k in given)}; apply a "
+            f"transform to the sets, e.g. splits.train = [transform(d) for d in splits.train] "
+            f"(once), or per access in your own Dataset")
+    for key in given:  # text from the CLI, or a typo: refused before a dataset is processed
+        if task_kwargs[key] is not None and not callable(task_kwargs[key]):
+            raise ValueError(f"'{key}' must be a callable (a PyG transform or filter), got "
+                             f"{task_kwargs[key]!r}")
 
 
 def task_options(name: str) -> Tuple[Dict[str, Any], List[str], bool]:

@@ -528,3 +528,20 @@ def test_scanobjectnn_resample_refuses_a_pre_filter_that_keeps_other_objects_in_
     train, val = [int(d.y) for d in task.train], [int(d.y) for d in task.val]
     assert not set(train) & set(val) and sorted(train + val) == [
         k for k in range(15) if k != 5]
+
+
+@pytest.mark.parametrize('sizes, name', [(dict(n_train=0.5), 'n_train'),
+                                         (dict(n_val=0.5), 'n_val'),
+                                         (dict(n_train=2.0, n_val=1.0), 'n_train'),
+                                         (dict(n_val=-1), 'n_val'),
+                                         (dict(n_train=True), 'n_train')])
+def test_point_cloud_split_sizes_are_counts(scanobjectnn_root, sizes, name):
+    # a float was read as a fraction of the training files (n_train=0.5 took half of them and
+    # was recorded as 0.5), or refused as a fraction 'train' of a value never given (n_val=0.5:
+    # "'train' as a fraction must lie in [0, 1] (got 4.5)")
+    with pytest.raises(ValueError, match=rf"scanobjectnn: '{name}' must be an integer >= 0 "
+                       r"\(got .*\): a number of sets"):
+        load_task('scanobjectnn', root=scanobjectnn_root['root'], num_points=16, **sizes)
+    splits = load_task('scanobjectnn', root=scanobjectnn_root['root'], num_points=16,
+                       n_val=np.int64(2))
+    assert len(splits.val) == 2 and type(splits.split['n_val']) is int  # (recorded as JSON's)

@@ -155,6 +155,11 @@ QUICK_CONFIG = TrainConfig(epochs=1, warmup_epochs=1, batch_size=8, lr=1e-3, pro
      ['deepsets', 'deepsets:hidden_channels=x'], "hidden_channels"),
     ([dict(label='a', task='max', kwargs=dict(d=2, n_train=-3, n_val=4, n_test=8))],
      ['deepsets'], "'n_train' must be an integer >= 0"),
+    # a real task's mistake that load_task finds before reading a file (found only when the
+    # cell was loaded, after the cells before it trained)
+    ([dict(label='a', task='max', kwargs=dict(d=2, **SMALL)),
+      dict(label='b', task='qm9', kwargs=dict(n_train=100))],
+     ['deepsets'], 'QM9 with split sizes but no n_val'),
 ])
 def test_run_grid_refuses_a_mistake_before_training_anything(cells, models, message,
                                                              monkeypatch):

@@ -37,7 +37,7 @@ whose length differs from the one the split was drawn on raises a :class:`ValueE
 first cache and its fixed subset in the second: a filter on the coordinates may decide otherwise).
 """
 import warnings
-from typing import Optional
+from typing import Any, Optional, Tuple
 
 from torch_geometric.transforms import Compose, RandomRotate
 
@@ -116,16 +116,43 @@ def _subset(dataset, index):
     return dataset.index_select(index)
 
 
+def check_load_args(name: str, n_train: Any = None, n_val: Any = None, n_test: Any = None,
+                    val_fraction: Any = 0.1) -> Tuple[Optional[int], ...]:
+    r"""The arguments of :func:`load_real_task` that are checked before any file is read, here
+    for :func:`torch_mz.tasks.check_task` too (which reads none): the split sizes, each an
+    integer >= 0 of any integral type or :obj:`None` (a float was read as a fraction of the
+    pool: ``n_train=0.5`` took half the training files, and ``n_val=0.5`` was refused as a
+    fraction ``'train'`` of 4.5), returned as Python :obj:`int`; a point-cloud task's
+    ``val_fraction`` in :math:`[0, 1)`; QM9's ``n_train`` and ``n_val`` where any size is
+    given."""
+    sizes = []
+    for what, size in (('n_train', n_train), ('n_val', n_val), ('n_test', n_test)):
+        if size is not None:  # (a negative n_test took no test set, a float failed in range())
+            try:
+                size = check_integer(what, size)
+            except ValueError as e:
+                hint = 'a number of sets, or None'
+                if what == 'n_test' and name in OFFICIAL_TEST_SPLIT:
+                    hint = ('the number of test sets, taken from the official test split, or '
+                            'None for all of it')
+                raise ValueError(f'{name}: {e}: {hint}') from None
+        sizes.append(size)
+    n_train, n_val, n_test = sizes
+    if name in OFFICIAL_TEST_SPLIT and not 0.0 <= val_fraction < 1.0:
+        raise ValueError(f"{name}: 'val_fraction' must lie in [0, 1), got {val_fraction}")
+    if name == 'qm9' and any(n is not None for n in sizes) and (n_train is None or n_val is None):
+        lacking = ' and '.join(k for k, n in (('n_train', n_train), ('n_val', n_val))
+                               if n is None)
+        raise ValueError(f'QM9 with split sizes but no {lacking} has no '
+                         f"{'training' if n_train is None else 'validation'} molecules: "
+                         f'give n_train and n_val (--n-train, --n-val; n_test defaults to '
+                         f'the rest), or none of the three for the paper\'s split (50K '
+                         f'molecules, 80/10/10)')
+    return n_train, n_val, n_test
+
+
 def _point_cloud_task(name: str, cls, seed: int, n_train, n_val, n_test, root, num_classes,
                       val_fraction: float = 0.1, **kwargs):
-    if not 0.0 <= val_fraction < 1.0:
-        raise ValueError(f"{name}: 'val_fraction' must lie in [0, 1), got {val_fraction}")
-    if n_test is not None:  # (a negative count took no test set, a float failed in range())
-        try:
-            n_test = check_integer('n_test', n_test)
-        except ValueError as e:
-            raise ValueError(f'{name}: {e}: the number of test sets, taken from the official '
-                             f'test split, or None for all of it') from None
     augment = Compose([RandomRotate(180, axis=1), RandomJitter()])  # about the up axis y
     given = kwargs.pop('transform', None)  # every split's, after the training augmentation
     train_aug = cls(root=root, train=True,
@@ -199,6 +226,8 @@ def load_real_task(name: str, seed: int = 0, n_train: Optional[int] = None,
     docstring). :obj:`kwargs` go to the dataset class (e.g. ``target='alpha'`` or
     ``source='sdf'`` for QM9, ``variant='PB_T50_RS'`` for ScanObjectNN, ``source='hdf5'`` for
     ModelNet40)."""
+    n_train, n_val, n_test = check_load_args(name, n_train, n_val, n_test,
+                                             kwargs.get('val_fraction', 0.1))
     kwargs.setdefault('log', progress)  # processing progress bars follow the caller's choice
     if name == 'modelnet40':
         return _point_cloud_task(name, ModelNet40, seed, n_train, n_val, n_test, root, 40,
@@ -209,15 +238,6 @@ def load_real_task(name: str, seed: int = 0, n_train: Optional[int] = None,
     if name == 'qm9':
         for key, value in LOAD_DEFAULTS['qm9'].items():
             kwargs.setdefault(key, value)
-        given = (n_train, n_val, n_test)
-        if any(n is not None for n in given) and (n_train is None or n_val is None):
-            lacking = ' and '.join(k for k, n in (('n_train', n_train), ('n_val', n_val))
-                                   if n is None)
-            raise ValueError(f'QM9 with split sizes but no {lacking} has no '
-                             f"{'training' if n_train is None else 'validation'} molecules: "
-                             f'give n_train and n_val (--n-train, --n-val; n_test defaults to '
-                             f'the rest), or none of the three for the paper\'s split (50K '
-                             f'molecules, 80/10/10)')
         ds = QM9(root=root, **kwargs)
         if n_train is None and n_val is None and n_test is None:
             tr, va, te = split_indices(len(ds), **QM9_PAPER_SPLIT, seed=seed)
