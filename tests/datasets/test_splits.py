@@ -180,3 +180,17 @@ def test_split_indices_takes_any_integral_n_and_seed_and_refuses_others():
     for n in (20.0, True, torch.tensor(True), '20', -1):
         with pytest.raises(ValueError, match="'n' must be an integer >= 0"):
             split_indices(n, 10, 5)
+
+
+def test_split_indices_fractions_summing_to_one_beside_a_count_of_zero_use_the_whole_pool():
+    # a test size of 0 given as a count (as torch_mz.datasets.real passes it) left the two
+    # fractions' roundings alone: 14 + 2 of 15 items were refused as exceeding the pool, and
+    # 2 + 2 of 5 dropped one item, where the fraction 0.0 shares the pool out
+    for n in range(0, 41):
+        for train in (0.9, 0.5, 0.7, 0.25):
+            want = [len(p) for p in split_indices(n, train, 1 - train, 0.0, seed=2)]
+            got = split_indices(n, train, 1 - train, 0, seed=2)
+            assert [len(p) for p in got] == want and sum(want) == n, (n, train)
+    assert [len(p) for p in split_indices(15, 0.9, 0.1, 0)] == [14, 1, 0]
+    assert [len(p) for p in split_indices(5, 0.5, 0.5, 0)] == [3, 2, 0]
+    assert [len(p) for p in split_indices(10, 0, 0.5, 0.5)] == [0, 5, 5]

@@ -216,3 +216,17 @@ def test_a_normaliser_pickled_before_the_float64_flag_still_works():
     del units.float64
     assert units(torch.zeros(2, 1)).dtype == torch.float32
     attach_normalizer(torch.nn.Linear(2, 1), back)
+
+
+def test_a_zero_dimensional_tensor_is_refused_by_fit_and_mapped_by_a_one_target_normaliser():
+    # fit(torch.tensor(3.0)) and transform(torch.tensor(5.0)) failed with torch's IndexError
+    # ("Dimension specified as 0 but tensor has no dimensions")
+    with pytest.raises(ValueError, match=r'shape \(N, t\) or \(N,\).*0-dimensional'):
+        TargetNormalizer().fit(torch.tensor(3.0))
+    one = TargetNormalizer().fit(torch.tensor([1.0, 2.0, 3.0]))
+    assert one.transform(torch.tensor(5.0)).shape == ()
+    assert torch.allclose(one.inverse_transform(one.transform(torch.tensor(5.0))),
+                          torch.tensor(5.0))
+    two = TargetNormalizer().fit(torch.randn(8, 2))
+    with pytest.raises(ValueError, match=r'2 column\(s\) \(got shape \(\)\)'):
+        two.transform(torch.tensor(5.0))

@@ -199,6 +199,9 @@ def _split_counts(sizes: Sequence[Union[int, float]], pool: int, rest: bool,
     less than 1 whose roundings exceed the pool. Every other size keeps its count (counts, the
     QM9 protocols, fractions with ``test=None``), so the splits drawn with them stay the same;
     the splits of the apportioned cases differ from those drawn before."""
+    # a count of 0 is the fraction 0: (0.9, 0.1, 0) shares out the pool as (0.9, 0.1, 0.0) does
+    # (of 15 items its roundings, 14 + 2 + 0, were refused as exceeding the pool)
+    sizes = [0.0 if not isinstance(size, float) and size == 0 else size for size in sizes]
     counts = [_count(size, pool, name) for size, name in zip(sizes, names)]
     if not sizes or not all(isinstance(size, float) for size in sizes):
         return counts
@@ -268,7 +271,8 @@ def split_indices(
     them. :obj:`test=None` takes every remaining item of the pool. Each fraction is rounded to
     the nearest count; fractions that sum to 1 always share out the whole pool (where the
     separate roundings would not, the items go by largest remainder, the earlier split first on
-    a tie). The same :obj:`(n, sizes, seed)` always gives the same split.
+    a tie; a size of 0, a count or a fraction, is the fraction 0 there). The same
+    :obj:`(n, sizes, seed)` always gives the same split.
 
     The two QM9 protocols:
 

@@ -62,6 +62,9 @@ class TargetNormalizer:
         :class:`~torch_mz.train.Trainer`'s ``loss_fn``); a column must keep one finite entry."""
         if not torch.is_tensor(y) or y.numel() == 0:
             raise ValueError('Expected a non-empty tensor of targets to fit the normaliser')
+        if y.dim() == 0:  # (an IndexError in the reshape below)
+            raise ValueError('Expected targets of shape (N, t) or (N,) to fit the normaliser '
+                             '(got a 0-dimensional tensor)')
         self.float64 = y.dtype == torch.float64
         y = y.detach().to(torch.float64)
         y = y.view(-1, 1) if y.dim() == 1 else y.reshape(y.size(0), -1)  # (N, t)
@@ -141,9 +144,9 @@ def _stats_like(y: Tensor, mean: Tensor, std: Tensor) -> Tuple[Tensor, Tensor]:
     broadcast against ``y`` (:math:`(..., t)`, or :math:`(N,)` when :math:`t = 1`)."""
     mean = mean.to(device=y.device, dtype=y.dtype)
     std = std.to(device=y.device, dtype=y.dtype)
-    if y.dim() == 1 and mean.numel() == 1:
+    if y.dim() <= 1 and mean.numel() == 1:  # (a 0-dimensional y: one value of one target)
         return mean.view(()), std.view(())
-    if y.size(-1) != mean.numel():
+    if y.dim() == 0 or y.size(-1) != mean.numel():  # (y.size(-1) of a 0-d y: an IndexError)
         raise ValueError(f'Expected targets with {mean.numel()} column(s) '
                          f'(got shape {tuple(y.shape)})')
     return mean, std
