@@ -91,3 +91,18 @@ def test_study_config_never_warms_up_the_whole_run():
               for e in (1, 2, 3, 5, 8, 10, 19, 20, 30, 59, 60, 100, 200)}
     assert warmup == {1: 0, 2: 1, 3: 1, 5: 1, 8: 1, 10: 1, 19: 1, 20: 2, 30: 3, 59: 5, 60: 5,
                       100: 5, 200: 5}
+
+
+def test_choose_budget_returns_a_count_as_a_python_int():
+    # a count of integral value given as a float was kept a float (every task refuses
+    # n_train=4000.0 as a set count, and range() a seed count of 2.0), and a NumPy count refused
+    import numpy as np
+    args = argparse.Namespace(quick=True, seeds=2.0, n_train=np.int64(4000), n_test=8.0,
+                              epochs=np.int32(3), lr=np.float64(1e-3))
+    budget = choose_budget(args, QUICK, FULL)
+    assert budget == Budget(2, 4000, 3, 1e-3, n_test=8)
+    assert all(type(getattr(budget, k)) is int for k in ('seeds', 'n_train', 'n_test', 'epochs'))
+    assert type(budget.lr) is float
+    for name, value in (('n_train', float('inf')), ('lr', float('inf')), ('seeds', np.bool_(1))):
+        with pytest.raises(ValueError, match=f"--{name.replace('_', '-')} must be"):
+            choose_budget(argparse.Namespace(quick=True, **{name: value}), QUICK, FULL)

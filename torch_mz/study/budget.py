@@ -16,6 +16,8 @@ Library code: the script owns and parses the command line; these functions only 
 the budget's options.
 """
 import argparse
+import math
+import numbers
 from dataclasses import dataclass, fields, replace
 from typing import Mapping, Optional, Sequence, Tuple
 
@@ -117,17 +119,22 @@ def add_resume_argument(parser: argparse.ArgumentParser) -> None:
 
 def choose_budget(args: argparse.Namespace, quick: Budget, full: Budget) -> Budget:
     r""":obj:`quick` if ``args.quick`` else :obj:`full`, with every budget option given on the
-    command line (a value other than :obj:`None`) in place of the budget's own. A value that is
-    not a positive count (learning rate) raises a :class:`ValueError` naming the option (the
-    parser's types refuse it first, from the command line)."""
+    command line (a value other than :obj:`None`) in place of the budget's own, a count as a
+    Python :obj:`int` (a NumPy integer, or a float of integral value such as ``4000.0``). A value
+    that is not a positive count (finite learning rate) raises a :class:`ValueError` naming the
+    option (the parser's types refuse it first, from the command line)."""
     base = quick if args.quick else full
     given = {f.name: getattr(args, f.name) for f in fields(Budget)
              if getattr(args, f.name, None) is not None}
     for name, value in given.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or (
-                name != 'lr' and value != int(value)):
+        # (a NumPy number too; a count of integral value as a Python int: 4000.0 was kept a
+        # float, which every task refuses as a set count and range() as a seed count)
+        number = (float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool)
+                  else math.nan)
+        if not 0 < number < math.inf or (name != 'lr' and not number.is_integer()):
             what = 'a positive learning rate' if name == 'lr' else 'a count of at least 1'
             raise ValueError(f"--{name.replace('_', '-')} must be {what}, got {value!r}")
+        given[name] = number if name == 'lr' else int(number)
     return replace(base, **given)
 
 
