@@ -5,12 +5,13 @@ deep inside a layer."""
 import math
 import numbers
 import os
-from typing import Any, Optional, Tuple
+from typing import Any, NoReturn, Optional, Tuple
 
 import torch
 
 __all__ = ['check_count', 'check_optional_count', 'check_flag', 'check_number',
-           'check_range', 'check_rate', 'check_fits', 'SizeError', 'refuse_jit_trace']
+           'check_range', 'check_rate', 'check_fits', 'SizeError', 'refuse_jit_trace',
+           'refuse_jit_script']
 
 
 class SizeError(ValueError):
@@ -69,6 +70,18 @@ def refuse_jit_trace(what: str) -> None:
             f"{what} cannot be recorded by torch.jit.trace: the sizes of the sets would enter the "
             f"trace as constants of the traced input, and the trace would serve those sets "
             f"alone. Use torch.compile (it handles new set sizes), or run it eagerly")
+
+
+def refuse_jit_script(what: str) -> NoReturn:
+    r"""Raises a :class:`RuntimeError` naming :obj:`what` and :func:`torch.compile`; a set
+    aggregation's ``__prepare_scriptable__`` calls it. :func:`torch.jit.script` calls that hook on
+    every module below the one it scripts (a conv's aggregation too, and one that a holder's
+    ``__jit_ignored_attributes__`` leaves out of the script: refused too, left so rather than
+    read torch's private frames); without it the script failed inside, on the first construct
+    TorchScript lacks, with a message that did not say why."""
+    raise RuntimeError(f"{what} cannot be compiled by torch.jit.script: its forward finds each "
+                       f"batch's set layout in Python that TorchScript does not take. Use "
+                       f"torch.compile (it handles new set sizes), or run it eagerly")
 
 
 def refuse_compiled_wrapper(model: Any, what: str) -> None:

@@ -266,3 +266,35 @@ def test_memory_check_counts_no_more_than_the_blocks_built(monkeypatch, blocks):
     (parameters, modules), = counted
     assert parameters <= sum(p.numel() for p in aggr.parameters())
     assert modules <= sum(1 for _ in aggr.modules()) - 3  # (less the aggregation and 2 lists)
+
+
+@pytest.mark.parametrize('call, match', [
+    # the number of sets passed third, as global pooling takes it: that is ptr in PyG's signature
+    (lambda a, x, b: a(x, b, 2), r"Expected 'ptr' to be a tensor or None \(got int\); the "
+                                 r"third argument is ptr: pass the number of sets by name, "
+                                 r"dim_size=2$"),
+    (lambda a, x, b: a(x, b.tolist()), r"Expected 'index' to be a tensor or None \(got list\)$"),
+    (lambda a, x, b: a(x, ptr=[0, 2, 5]), r"'ptr' to be a tensor or None \(got list\)$"),
+    (lambda a, x, b: a(x[:, 0], b), r"Expected input of shape \(N, 8\) \(got \(5,\)\)$"),
+])
+def test_a_non_tensor_index_or_ptr_or_a_1d_input_is_named(call, match):
+    # as MZAggregation's: PyG's Aggregation.__call__ failed with "AttributeError: 'int' object
+    # has no attribute 'numel'" (and named a 1-D input only by its axis, "dimension '-2'")
+    aggr = FlatSetTransformerAggregation(8, heads=2)
+    x, batch = torch.randn(5, 8), torch.tensor([0, 0, 1, 1, 1])
+    with pytest.raises(ValueError, match=match):
+        call(aggr, x, batch)
+    assert aggr(x, batch, None, 2).shape == (2, 8)  # positional None and dim_size
+
+
+def test_torch_jit_script_is_refused_with_a_message():
+    # scripting it failed inside ("Expected a value of type 'Tensor' for argument '0'"; in a
+    # SAGEConv "Can't redefine method: forward"), where PyG's SetTransformerAggregation scripts
+    from torch_geometric.nn import SAGEConv
+    aggr = FlatSetTransformerAggregation(8, heads=2)
+    for module in (aggr, SAGEConv(8, 4, aggr=FlatSetTransformerAggregation(8, heads=2))):
+        with pytest.raises(RuntimeError, match=r'FlatSetTransformerAggregation cannot be '
+                                               r'compiled by torch.jit.script.*Use torch.compile'):
+            torch.jit.script(module)
+    x = torch.randn(5, 8)
+    assert aggr(x, torch.tensor([0, 0, 1, 1, 1])).shape == (2, 8)  # eager use unchanged

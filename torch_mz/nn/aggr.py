@@ -11,7 +11,7 @@ from torch_geometric.nn.aggr import Aggregation
 
 from torch_mz import runtime
 from torch_mz._checks import (check_count, check_fits, check_optional_count, check_flag,
-                              check_rate, refuse_jit_trace)
+                              check_rate, refuse_jit_script, refuse_jit_trace)
 from torch_mz.nn.attention import SUMMARIES, VALUE_OPERATORS, MZAttention
 from torch_mz.nn.blocks import ISAB, PMA, SAB
 from torch_mz.nn._context import _functorch_active, _plain_ops, tie_parameters
@@ -187,6 +187,29 @@ def resolve_set_index(x: Tensor, index: Optional[Tensor], ptr: Optional[Tensor],
             raise ValueError("'index' and 'ptr' were both given and describe different sets "
                              "(give one of them, or make them agree)")
     return check_set_ids(index, N, dim_size, *names)
+
+
+def check_call_arguments(x: Any, in_channels: int, args: Tuple[Any, ...],
+                         kwargs: Dict[str, Any]) -> None:
+    r"""What a set aggregation's ``__call__`` checks before PyG's
+    :meth:`~torch_geometric.nn.aggr.Aggregation.__call__` (:obj:`args` and :obj:`kwargs` are
+    what follows :obj:`x` in the call): the input's shape :math:`(N, F_{in})`, which PyG's would
+    name only by its axis (``'-2'``), and that ``index`` and ``ptr`` are tensors or :obj:`None`
+    (PyG's failed on their ``.numel()``, an :class:`AttributeError`), e.g. the number of sets
+    passed third as global pooling takes it, where PyG's signature has ``ptr``: a
+    :class:`ValueError` names the argument and what came."""
+    if isinstance(x, Tensor) and x.dim() != 2:
+        raise ValueError(f"Expected input of shape (N, {in_channels}) (got {tuple(x.shape)})")
+    given = dict(zip(('index', 'ptr'), args))
+    given.update((k, v) for k, v in kwargs.items() if k in ('index', 'ptr'))
+    for name, value in given.items():
+        if value is not None and not isinstance(value, Tensor):
+            third = name == 'ptr' and 'ptr' not in kwargs  # (passed by position)
+            hint = (f"; the third argument is ptr: pass the number of sets by name, "
+                    f"dim_size={int(value)}" if third and not isinstance(value, bool)
+                    and isinstance(value, numbers.Integral) else '')
+            raise ValueError(f"Expected '{name}' to be a tensor or None (got "
+                             f"{type(value).__name__}){hint}")
 
 
 def check_set_ids(ids: Tensor, num_rows: int, num_sets: Optional[int], name: str = 'index',
@@ -885,34 +908,12 @@ class MZAggregation(Aggregation):
         return feats
 
     def __call__(self, x: Tensor, *args, **kwargs) -> Tensor:
-        # the input's shape first: PyG's Aggregation.__call__ would name only the axis ('-2')
-        if isinstance(x, Tensor) and x.dim() != 2:
-            raise ValueError(f"Expected input of shape (N, {self.in_channels}) (got "
-                             f"{tuple(x.shape)})")
-        # and index / ptr (PyG's failed on their .numel(): an AttributeError), e.g. the number of
-        # sets passed third as global pooling takes it, where PyG's signature has ptr
-        given = dict(zip(('index', 'ptr'), args))
-        given.update((k, v) for k, v in kwargs.items() if k in ('index', 'ptr'))
-        for name, value in given.items():
-            if value is not None and not isinstance(value, Tensor):
-                third = name == 'ptr' and 'ptr' not in kwargs  # (passed by position)
-                hint = (f"; the third argument is ptr: pass the number of sets by name, "
-                        f"dim_size={int(value)}" if third and not isinstance(value, bool)
-                        and isinstance(value, numbers.Integral) else '')
-                raise ValueError(f"Expected '{name}' to be a tensor or None (got "
-                                 f"{type(value).__name__}){hint}")
+        check_call_arguments(x, self.in_channels, args, kwargs)
         return super().__call__(x, *args, **kwargs)
 
     def __prepare_scriptable__(self) -> 'MZAggregation':
-        # torch.jit.script calls this on every module below the one it scripts (a conv's
-        # aggregation too, and one a holder's __jit_ignored_attributes__ leave out of the
-        # script, which scripted before: refused too, left so rather than read torch's private
-        # frames): it failed inside, on the first construct TorchScript lacks ('Comprehension
-        # ifs are not supported yet', at fold_keys)
-        raise RuntimeError(f"{type(self).__name__} cannot be compiled by torch.jit.script: its "
-                           f"forward finds each batch's set layout in Python that TorchScript "
-                           f"does not take. Use torch.compile (it handles new set sizes), or run "
-                           f"it eagerly")
+        # (torch.jit.script failed inside: 'Comprehension ifs are not supported yet', at fold_keys)
+        refuse_jit_script(type(self).__name__)
 
     def forward(self, x: Tensor, index: Optional[Tensor] = None, ptr: Optional[Tensor] = None,
                 dim_size: Optional[int] = None, dim: int = -2,

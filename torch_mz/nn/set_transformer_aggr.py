@@ -8,8 +8,10 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch_geometric.nn.aggr import SetTransformerAggregation
 
-from torch_mz._checks import check_count, check_fits, check_flag, check_rate, refuse_jit_trace
-from torch_mz.nn.aggr import check_max_num_elements, check_set_input, resolve_set_index
+from torch_mz._checks import (check_count, check_fits, check_flag, check_rate, refuse_jit_script,
+                              refuse_jit_trace)
+from torch_mz.nn.aggr import (check_call_arguments, check_max_num_elements, check_set_input,
+                              resolve_set_index)
 from torch_mz.nn._context import _hooked, tie_parameters
 from torch_mz.nn.functional import PATHS, check_choice, grouped_attention, repeat_per_set
 
@@ -64,6 +66,9 @@ class FlatSetTransformerAggregation(SetTransformerAggregation):
       forward cannot take, stays on the flat path).
 
     With dropout in training the two draw different masks (same probability).
+    :func:`torch.jit.trace` and :func:`torch.jit.script` (of the aggregation, or of a conv or
+    model that holds it), which PyG's takes, are refused with a message naming
+    :func:`torch.compile` (as :class:`~torch_mz.nn.MZAggregation`'s are).
 
     Args:
         channels (int): Size of each input sample.
@@ -134,6 +139,15 @@ class FlatSetTransformerAggregation(SetTransformerAggregation):
         if mab.layer_norm2 is not None:
             out = mab.layer_norm2(out)
         return out
+
+    def __call__(self, x: Tensor, *args, **kwargs) -> Tensor:
+        check_call_arguments(x, self.channels, args, kwargs)  # (as MZAggregation's)
+        return super().__call__(x, *args, **kwargs)
+
+    def __prepare_scriptable__(self) -> 'FlatSetTransformerAggregation':
+        # (torch.jit.script failed inside: 'Expected a value of type 'Tensor' for argument
+        # '0'', at refuse_jit_trace; in a conv: "Can't redefine method: forward")
+        refuse_jit_script(type(self).__name__)
 
     def forward(self, x: Tensor, index: Optional[Tensor] = None, ptr: Optional[Tensor] = None,
                 dim_size: Optional[int] = None, dim: int = -2,
