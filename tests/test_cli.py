@@ -1062,6 +1062,61 @@ def test_train_resume_keeps_the_checkpoints_seed(tmp_path, capsys):
     assert json.load(open(os.path.join(out, 'result.json')))['config']['seed'] == 3
 
 
+def test_train_resume_refuses_another_seed(tmp_path, capsys):
+    # a finished seed-0 run resumed with --seed 5 trained nothing, yet its result.json and
+    # best.pt said seed 5 (the seed, as the data seed, names the run)
+    out = str(tmp_path / 'run')
+    data = ['--task', 'max', '--n-train', '32', '--n-val', '8', '--n-test', '8', '--batch-size',
+            '16', '--no-progress', '--model', 'deepsets:hidden_channels=8', '--epochs', '2']
+    assert main(['train', *data, '--out', out]) == 0
+    capsys.readouterr()
+    checkpoint = os.path.join(out, 'checkpoint.pt')
+    assert main(['train', *data, '--seed', '5', '--resume', checkpoint]) == 2
+    err = capsys.readouterr().err
+    assert "--seed 5 is not the seed 0 the run of checkpoint" in err and err.count('\n') == 1
+    assert json.load(open(os.path.join(out, 'result.json')))['config']['seed'] == 0
+    assert torch.load(os.path.join(out, 'best.pt'), weights_only=True)['config']['seed'] == 0
+    assert main(['train', *data, '--seed', '0', '--resume', checkpoint]) == 0  # its own
+
+
+def test_train_resumes_a_run_of_pythons_train_with_a_build_model_model(tmp_path, capsys):
+    # README's example: build_model(name, in, out) records pos_dim None, the command line the
+    # task's (meb-radius: 8), which no model but EGNN reads; the resume was refused as another
+    # run although every option matched
+    from torch_mz.models import build_model
+    from torch_mz.tasks import load_task
+    from torch_mz.train import TrainConfig, train
+    out = str(tmp_path / 'meb')
+    splits = load_task('meb-radius', n_train=32, n_val=8, n_test=8, seed=0)
+    assert splits.pos_dim is not None
+    model = build_model('deepsets', splits.in_channels, splits.out_channels, hidden_channels=8)
+    train(model, splits.train, splits.val, splits.test, config=TrainConfig(
+        epochs=2, warmup_epochs=1, batch_size=16, progress=False, out_dir=out))
+    assert main(['train', '--task', 'meb-radius', '--n-train', '32', '--n-val', '8',
+                 '--n-test', '8', '--no-progress', '--model', 'deepsets:hidden_channels=8',
+                 '--epochs', '3', '--resume', os.path.join(out, 'checkpoint.pt')]) == 0
+    assert json.load(open(os.path.join(out, 'result.json')))['epochs_run'] == 3
+    capsys.readouterr()
+    # another model is refused still
+    assert main(['train', '--task', 'meb-radius', '--n-train', '32', '--n-val', '8',
+                 '--n-test', '8', '--no-progress', '--model', 'deepsets:hidden_channels=12',
+                 '--epochs', '4', '--resume', os.path.join(out, 'checkpoint.pt')]) == 2
+    assert 'was written by another run' in capsys.readouterr().err
+
+
+def test_train_into_a_run_folder_names_its_checkpoint_quoted(tmp_path, capsys):
+    # 'pass ... or --resume PATH' named a folder with a space unquoted: two arguments
+    out = str(tmp_path / 'my run')
+    data = ['--task', 'max', '--n-train', '32', '--n-val', '8', '--n-test', '8', '--batch-size',
+            '16', '--no-progress', '--model', 'deepsets:hidden_channels=8', '--epochs', '1',
+            '--out', out]
+    assert main(['train', *data]) == 0
+    capsys.readouterr()
+    assert main(['train', *data]) == 2
+    err = capsys.readouterr().err
+    assert f"or --resume '{os.path.join(out, 'checkpoint.pt')}' to continue it" in err, err
+
+
 def test_train_resume_of_a_weights_only_checkpoint_is_refused_before_any_data(tmp_path, capsys,
                                                                              monkeypatch):
     # --resume best.pt was refused by the trainer once the data were loaded (QM9's minutes),

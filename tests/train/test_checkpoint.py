@@ -855,6 +855,22 @@ def test_same_run_takes_the_forms_of_an_option_that_give_the_same_task():
     assert not same_run(run('meb-radius', d=None), run('meb-radius', d=16))
 
 
+def test_same_run_takes_a_pos_dim_no_model_but_egnn_reads_as_none():
+    # build_model('mz', in, out) records pos_dim None, the command line's model the task's:
+    # a run of train() could not be resumed with torch-mz train --resume
+    from torch_mz.train.checkpoint import same_run
+
+    def run(name, pos_dim):
+        return {'model': {'name': name, 'args': {}, 'in_channels': 8, 'out_channels': 1,
+                          'pos_dim': pos_dim, 'feature_columns': None}}
+    assert same_run(run('mz', None), run('mz', 4)) and same_run(run('deepsets', 4), run(
+        'deepsets', None))
+    for name in ('egnn', 'egnn-qm9', 'my-model'):  # (EGNN reads it; a label may be an EGNN)
+        assert not same_run(run(name, None), run(name, 4)), name
+    assert not same_run(run('mz', None), dict(run('mz', 4), model=dict(
+        run('mz', 4)['model'], in_channels=9)))
+
+
 def test_same_run_takes_an_option_left_out_as_its_default():
     # a run records the task options given: one trained without d (QM9: without target)
     # resumed with the default given (train --resume --task-arg d=8, compare --resume) was

@@ -157,7 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--model', required=True,
                    help="model preset (see 'torch-mz models'), with options as name:key=value,...")
     p.add_argument('--seed', type=int,
-                   help="training seed (default: 0; with --resume, the checkpoint's)")
+                   help="training seed (default: 0; with --resume, the checkpoint's, and "
+                   "no other)")
     p.add_argument('--resume', type=_user_path, help="checkpoint.pt to continue from (in its "
                    "own folder unless --out says otherwise)")
     _add_memory_flag(p)

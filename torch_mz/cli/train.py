@@ -1,6 +1,7 @@
 r"""``torch-mz train``: train one model on one task, or continue a run from its checkpoint."""
 import json
 import os
+import shlex
 from typing import Any, Dict, List
 
 from torch_mz.cli import _common
@@ -70,8 +71,6 @@ def cmd_train(args) -> int:
         state = load_checkpoint(args.resume)
         if state.get('kind') != 'train':  # (best.pt: the trainer refused it once the data were
             # loaded, QM9's minutes of processing, after the options had been said to be taken)
-            import shlex
-
             from torch_mz.train import LAST_CHECKPOINT
             # the run's checkpoint.pt: beside the file a link names ('latest.pt' ->
             # 'run/best.pt' named one beside the link, another run's or none), quoted as a shell
@@ -85,6 +84,13 @@ def cmd_train(args) -> int:
                            + (f'pass --resume {shlex.quote(last)}' if os.path.isfile(last) else
                               f"resume from a run's {LAST_CHECKPOINT}"))
         recorded = state.get('config')
+        seed = recorded.get('seed') if isinstance(recorded, dict) else None
+        if (args.seed is not None and isinstance(seed, int) and not isinstance(seed, bool)
+                and args.seed != seed):  # (a finished run trained nothing and recorded the
+            # other seed in result.json and best.pt; the data seed, too, is refused)
+            raise CLIError(f"--seed {args.seed} is not the seed {seed} the run of checkpoint "
+                           f"'{args.resume}' was trained with: leave --seed out (or pass "
+                           f"--seed {seed}) to resume it, or start a new run without --resume")
         if isinstance(state.get('epoch'), int) and state.get('kind') == 'train':
             epochs_run = state['epoch'] + 1
         # another task or preset, before its data are built (for QM9 the whole task); the
@@ -132,7 +138,7 @@ def cmd_train(args) -> int:
     if existing and not args.overwrite and not resumes_here:
         last = os.path.join(out, 'checkpoint.pt')
         hint = ('choose another --out' if args.resume is not None else
-                f"pass --overwrite to replace it, or --resume {last} to continue it"
+                f"pass --overwrite to replace it, or --resume {shlex.quote(last)} to continue it"
                 if os.path.isfile(last) else
                 "it has no checkpoint.pt to resume from (interrupted in its first epoch); "
                 "pass --overwrite to start it again")

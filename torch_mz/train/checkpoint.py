@@ -382,18 +382,36 @@ def same_run(saved: Dict[str, Any], current: Dict[str, Any]) -> bool:
     a checkpoint written before an entry was recorded still compares); the task's options as
     :func:`~torch_mz.tasks.resolved_options` reads them, so that forms of one option that give
     the same task (QM9's ``target`` ``0``, ``'mu'`` or ``['mu']``; a ``d`` of :obj:`None` and
-    the task's own; an option left out and its default given) are one run."""
+    the task's own; an option left out and its default given) are one run, and so are the
+    build records of a preset that does not read ``pos_dim`` (every one but EGNN's) built with
+    and without it (``build_model('mz', ...)`` passed to :func:`~torch_mz.train.train`, and
+    the command line's, given the task's)."""
     for key in saved.keys() & current.keys():
         a, b = saved[key], current[key]
         if key == 'task' and isinstance(a, dict) and isinstance(b, dict) and not _same_entry(
                 a.get('args'), b.get('args')):
             a, b = _resolved_task(a), _resolved_task(b)
+        if key == 'model' and isinstance(a, dict) and isinstance(b, dict):
+            a, b = _without_unread_pos_dim(a), _without_unread_pos_dim(b)
         if isinstance(a, dict) and isinstance(b, dict):
             if any(not _same_entry(a[k], b[k]) for k in a.keys() & b.keys()):
                 return False
         elif a != b:
             return False
     return True
+
+
+def _without_unread_pos_dim(entry: Dict[str, Any]) -> Dict[str, Any]:
+    r"""A ``run_info['model']`` entry without its ``pos_dim`` where its name is a preset that
+    :func:`~torch_mz.models.build_model` builds without reading it (all but ``egnn`` and
+    ``egnn-qm9``); an entry of another name (a caller's label, which may stand for an EGNN)
+    as it is."""
+    from torch_mz.models.registry import PRESETS  # (the models import this package: lazily)
+    name = entry.get('name')
+    if (not isinstance(name, str) or name not in PRESETS or name in ('egnn', 'egnn-qm9')
+            or 'pos_dim' not in entry):
+        return entry
+    return {k: v for k, v in entry.items() if k != 'pos_dim'}
 
 
 def _resolved_task(entry: Dict[str, Any]) -> Dict[str, Any]:
