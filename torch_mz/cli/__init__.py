@@ -93,6 +93,7 @@ def cmd_tasks(args) -> int:
 
 def cmd_models(args) -> int:
     from torch_mz.models import build_model, count_parameters, list_models
+    from torch_mz.models.registry import EGNN_PRESETS
     if args.in_channels < 1:
         raise CLIError(f'--in-channels must be at least 1 (got {args.in_channels})')
     models = list_models()
@@ -102,7 +103,7 @@ def cmd_models(args) -> int:
         try:
             n = count_parameters(build_model(name, args.in_channels, 1,
                                              pos_dim=(args.in_channels
-                                                      if name in ('egnn', 'egnn-qm9') else None)))
+                                                      if name in EGNN_PRESETS else None)))
         except (MemoryError, RuntimeError, OverflowError, TypeError) as e:
             if not _common._too_large(e):
                 raise

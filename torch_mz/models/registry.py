@@ -57,6 +57,10 @@ from torch_mz.models.set_transformer import DeepSets, MZSetTransformer, Perceive
 _ST = dict(dim=64, heads=4, d_ff=128, encoder='isab', num_inducing=16, num_encoder_blocks=2,
            num_seeds=1, num_decoder_blocks=1, dropout=0.1)
 
+#: The presets that read ``pos_dim`` (the coordinates' width): EGNN's. Every other preset
+#: reads ``pos`` as features whatever ``pos_dim`` says.
+EGNN_PRESETS = ('egnn', 'egnn-qm9')
+
 PRESETS: Dict[str, dict] = {
     'mz': dict(_ST, value='mz', num_generators=8, num_matrix_generators=4),
     'mz-slim': dict(_ST, value='mz', num_generators=2, num_matrix_generators=1),
@@ -224,7 +228,7 @@ def _without_ignored_columns(info):
     :func:`build_model` ignored before it refused them (the runs of that time recorded them,
     and their checkpoints could be neither rebuilt, loaded into a model built now, nor
     resumed). Anything else is returned as it is."""
-    if (isinstance(info, dict) and info.get('name') in ('egnn', 'egnn-qm9')
+    if (isinstance(info, dict) and info.get('name') in EGNN_PRESETS
             and info.get('pos_dim') is not None and info.get('feature_columns') is not None):
         return dict(info, feature_columns=None)
     return info
@@ -242,7 +246,7 @@ def _build(name: str, in_channels: int, out_channels: int, pos_dim: Optional[int
         if pos_dim is None and feature_columns and max(feature_columns) >= in_channels:
             raise ValueError(f"feature column {max(feature_columns)} is beyond the "
                              f"{in_channels} input channels")
-        if pos_dim is not None and name in ('egnn', 'egnn-qm9'):  # (they were ignored)
+        if pos_dim is not None and name in EGNN_PRESETS:  # (they were ignored)
             raise ValueError(f"'{name}' takes 'feature_columns' or 'pos_dim', not both: with "
                              f"pos_dim={pos_dim} its features are the other "
                              f"{in_channels - pos_dim} input channels (got "
@@ -267,7 +271,7 @@ def _build(name: str, in_channels: int, out_channels: int, pos_dim: Optional[int
         return match_budget(name, budget, in_channels, out_channels, knob=knob,
                             candidates=widths, pos_dim=pos_dim, feature_columns=feature_columns,
                             **dict(overrides, match=None))
-    if name in ('egnn', 'egnn-qm9'):
+    if name in EGNN_PRESETS:
         if feature_columns is not None and pos_dim is None:
             model = EGNN(len(feature_columns), out_channels=out_channels, **kwargs)
             return SelectFeatures(model, feature_columns)

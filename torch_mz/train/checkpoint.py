@@ -403,12 +403,13 @@ def same_run(saved: Dict[str, Any], current: Dict[str, Any]) -> bool:
 
 def _without_unread_pos_dim(entry: Dict[str, Any]) -> Dict[str, Any]:
     r"""A ``run_info['model']`` entry without its ``pos_dim`` where its name is a preset that
-    :func:`~torch_mz.models.build_model` builds without reading it (all but ``egnn`` and
-    ``egnn-qm9``); an entry of another name (a caller's label, which may stand for an EGNN)
-    as it is."""
-    from torch_mz.models.registry import PRESETS  # (the models import this package: lazily)
+    :func:`~torch_mz.models.build_model` builds without reading it (all but
+    :data:`~torch_mz.models.registry.EGNN_PRESETS`); an entry of another name (a caller's
+    label, which may stand for an EGNN) as it is."""
+    # (the models import this package: lazily)
+    from torch_mz.models.registry import EGNN_PRESETS, PRESETS
     name = entry.get('name')
-    if (not isinstance(name, str) or name not in PRESETS or name in ('egnn', 'egnn-qm9')
+    if (not isinstance(name, str) or name not in PRESETS or name in EGNN_PRESETS
             or 'pos_dim' not in entry):
         return entry
     return {k: v for k, v in entry.items() if k != 'pos_dim'}
