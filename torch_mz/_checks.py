@@ -72,16 +72,22 @@ def refuse_jit_trace(what: str) -> None:
             f"alone. Use torch.compile (it handles new set sizes), or run it eagerly")
 
 
-def refuse_jit_script(what: str) -> NoReturn:
-    r"""Raises a :class:`RuntimeError` naming :obj:`what` and :func:`torch.compile`; a set
-    aggregation's ``__prepare_scriptable__`` calls it. :func:`torch.jit.script` calls that hook on
-    every module below the one it scripts (a conv's aggregation too, and one that a holder's
-    ``__jit_ignored_attributes__`` leaves out of the script: refused too, left so rather than
-    read torch's private frames); without it the script failed inside, on the first construct
-    TorchScript lacks, with a message that did not say why."""
-    raise RuntimeError(f"{what} cannot be compiled by torch.jit.script: its forward finds each "
-                       f"batch's set layout in Python that TorchScript does not take. Use "
-                       f"torch.compile (it handles new set sizes), or run it eagerly")
+#: Why a set aggregation or a set model cannot be scripted (:func:`refuse_jit_script`).
+SET_LAYOUT_IN_PYTHON = "its forward finds each batch's set layout in Python"
+
+
+def refuse_jit_script(what: str, why: str = SET_LAYOUT_IN_PYTHON) -> NoReturn:
+    r"""Raises a :class:`RuntimeError` naming :obj:`what`, :obj:`why` (what its forward does
+    that TorchScript does not take) and :func:`torch.compile`; the ``__prepare_scriptable__``
+    of the set aggregations, of every model :func:`~torch_mz.models.build_model` builds and of
+    :class:`~torch_mz.models.EGNNConv` calls it. :func:`torch.jit.script` calls that hook on
+    the module it scripts first, then on every module below it (a conv's aggregation too, and
+    one that a holder's ``__jit_ignored_attributes__`` leaves out of the script: refused too,
+    left so rather than read torch's private frames); without it the script failed inside, on
+    the first construct TorchScript lacks, with a message that did not say why."""
+    raise RuntimeError(f"{what} cannot be compiled by torch.jit.script: {why} that TorchScript "
+                       f"does not take. Use torch.compile (it handles new set sizes), or run it "
+                       f"eagerly")
 
 
 def refuse_compiled_wrapper(model: Any, what: str) -> None:

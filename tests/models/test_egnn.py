@@ -261,7 +261,7 @@ def test_conv_options_and_init():
     conv.coord_mlp[-1].weight.data.fill_(1.0)
     conv.reset_parameters()
     assert conv.coord_mlp[-1].weight.abs().max() <= bound
-    assert re.fullmatch(r'EGNNConv\(8, hidden_channels=32, .*coord_aggr=mean.*\)', repr(conv))
+    assert re.fullmatch(r"EGNNConv\(8, hidden_channels=32, .*coord_aggr='mean'.*\)", repr(conv))
 
 
 def dense_reference(conv, h, pos, batch):
@@ -1233,3 +1233,79 @@ def test_egnn_refuses_coordinates_of_zero_columns():
     batch = Batch.from_data_list([Data(x=torch.randn(3, 4), pos=torch.randn(3, 0))])
     with pytest.raises(ValueError, match=r"at least one coordinate column.*got \(3, 0\)"):
         model(batch)
+
+
+@pytest.mark.parametrize('bad, match', [
+    (dict(coord_aggr='bogus'), r"'coord_aggr' must be one of \('mean', 'sum'\), got 'bogus'"),
+    (dict(coord_aggr=None), r"'coord_aggr' must be one of .*got None"),
+    (dict(act=None), r"'act' must name a PyG activation.*got None"),
+    (dict(act='bogus'), r"'act' must name a PyG activation.*got 'bogus'"),
+    (dict(act=torch.nn.ReLU), r"'act' must name a PyG activation.*got <class"),
+    (dict(act='swish'), r"'act' must name a PyG activation.*got 'swish'"),  # (a function)
+])
+def test_layer_options_are_checked_without_layers_too(bad, match):
+    # EGNN(num_layers=0, coord_aggr='bogus') was accepted: the options were checked only inside
+    # the layers, none of which was built; act=None or a class was taken as it was and failed
+    # in the first call ("'NoneType' object is not callable") or inside Sequential
+    for make in (lambda: EGNN(3, num_layers=0, **bad), lambda: EGNN(3, num_layers=2, **bad),
+                 lambda: EGNNConv(4, **bad)):
+        with pytest.raises(ValueError, match=match):
+            make()
+    assert EGNN(3, num_layers=0, act=torch.nn.ReLU()).head[1].__class__ is torch.nn.ReLU
+
+
+@pytest.mark.parametrize('aggr', [None, 5, 'bogus'])
+def test_conv_names_an_aggr_that_is_no_aggregation(aggr):
+    # None and 5 failed with an AttributeError, 'bogus' with PyG's resolver not naming 'aggr'
+    with pytest.raises(ValueError, match=r"'aggr'"):
+        EGNNConv(4, aggr=aggr)
+
+
+def test_conv_repr_quotes_its_string_options_and_evaluates():
+    # aggr=add and coord_aggr=mean were printed unquoted (act='silu' quoted, as EGNN prints its
+    # string options): the repr did not evaluate
+    from torch_geometric.nn.aggr import MeanAggregation, SoftmaxAggregation
+    names = {'EGNNConv': EGNNConv, 'SoftmaxAggregation': SoftmaxAggregation,
+             'MeanAggregation': MeanAggregation}
+    for aggr, shown in (('add', "aggr='add'"), (['add', 'mean'], "aggr=['add', 'mean']"),
+                        (SoftmaxAggregation(learn=True), 'aggr=SoftmaxAggregation(learn=True)'),
+                        (['max', MeanAggregation()], "aggr=['max', MeanAggregation()]")):
+        conv = EGNNConv(4, hidden_channels=8, aggr=aggr, coord_aggr='sum', act='relu')
+        text = repr(conv)
+        assert shown in text and "coord_aggr='sum'" in text and "act='relu'" in text, text
+        again = eval(text, names)
+        assert repr(again) == text
+        assert type(again.aggr_module) is type(conv.aggr_module)
+
+
+@pytest.mark.parametrize('make', [
+    lambda: EGNNConv(4, act='prelu', edge_gate=True),
+    lambda: EGNN(3, hidden_channels=8, num_layers=2, act='prelu'),
+    lambda: EGNN(3, hidden_channels=8, num_layers=0, act='prelu'),
+])
+def test_reset_parameters_resets_a_parametrised_activation(make):
+    # reset_parameters reset the linear layers only: the slopes of act='prelu' stayed as trained
+    torch.manual_seed(0)
+    fresh = make()
+    model = make()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(7.25)
+    model.reset_parameters()
+    params = dict(model.named_parameters())
+    for name, p in fresh.named_parameters():
+        assert not bool((params[name] == 7.25).all()), name
+        if 'weight' in name and p.numel() == 1:  # a PReLU slope: its initial 0.25
+            assert torch.equal(params[name], p), name
+
+
+def test_conv_refuses_torch_jit_script_with_a_message():
+    # it failed inside: "Compiled functions can't take variable number of arguments or use
+    # keyword-only arguments with defaults"
+    conv = EGNNConv(4)
+    with pytest.raises(RuntimeError, match=r'EGNNConv cannot be compiled by torch.jit.script.*'
+                                           r'Use torch.compile'):
+        torch.jit.script(conv)
+    h, pos = conv(torch.randn(3, 4), torch.randn(3, 2), fully_connected_edge_index(
+        torch.zeros(3, dtype=torch.long)))  # eager use unchanged
+    assert h.shape == (3, 4) and pos.shape == (3, 2)

@@ -239,3 +239,12 @@ def test_perceiver_block_counts_that_could_not_fit_in_memory_are_refused_before_
         monkeypatch.setattr(st, name, built)
     with pytest.raises(ValueError, match="^num_cross=.*beyond this machine's"):
         PerceiverSet(3, 1, **sizes)
+
+
+def test_deepsets_repr_evaluates():
+    # pool was printed unquoted (pool=mean), where EGNN quotes its string options
+    model = DeepSets(3, 2, hidden_channels=8, num_layers=2, pool='mean')
+    text = repr(model)
+    assert "pool='mean'" in text
+    again = eval(text, {'DeepSets': DeepSets})
+    assert repr(again) == text and again.pool == 'mean'

@@ -108,7 +108,7 @@ def test_bad_input_raises():
         flat(torch.randn(4, 16, dtype=torch.float64), torch.zeros(4, dtype=torch.long), dim=1)
     with pytest.raises(ValueError, match="'index' values"):
         flat(torch.randn(4, 16, dtype=torch.float64), torch.tensor([0, 0, 5, 1]), dim_size=2)
-    assert 'path=auto' in repr(flat)
+    assert "path='auto'" in repr(flat)
 
 
 def test_documented_arguments_are_the_signature():
@@ -298,3 +298,17 @@ def test_torch_jit_script_is_refused_with_a_message():
             torch.jit.script(module)
     x = torch.randn(5, 8)
     assert aggr(x, torch.tensor([0, 0, 1, 1, 1])).shape == (2, 8)  # eager use unchanged
+
+
+def test_repr_shows_every_option_that_shapes_the_aggregation_and_evaluates():
+    # PyG's repr, which this one extended, left out the encoder and decoder blocks and concat:
+    # two encoder blocks, no decoder or averaged seeds printed as the defaults
+    base = dict(num_seed_points=2, num_encoder_blocks=1, num_decoder_blocks=1, heads=2,
+                concat=True, layer_norm=False, dropout=0.0, path='auto')
+    text = repr(FlatSetTransformerAggregation(8, **base))
+    for change in (dict(num_encoder_blocks=2), dict(num_decoder_blocks=0), dict(concat=False),
+                   dict(num_seed_points=3), dict(heads=4), dict(layer_norm=True),
+                   dict(dropout=0.1), dict(path='scatter')):
+        assert repr(FlatSetTransformerAggregation(8, **dict(base, **change))) != text, change
+    again = eval(text, {'FlatSetTransformerAggregation': FlatSetTransformerAggregation})
+    assert repr(again) == text and len(again.encoders) == 1 and again.concat

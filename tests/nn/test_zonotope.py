@@ -111,6 +111,19 @@ def test_input_projection_without_generators():
         InputProjection(5, 8, num_generators=-1)
 
 
+@pytest.mark.parametrize('name, bad', [
+    ('in_channels', True), ('in_channels', 2.0), ('in_channels', '2'), ('in_channels', None),
+    ('dim', 8.0), ('dim', True), ('dim', 0), ('num_generators', True), ('num_generators', 2.0),
+    ('num_generators', None),
+])
+def test_input_projection_names_a_size_of_the_wrong_type(name, bad):
+    # True was taken as 1; 2.0, '2' or None failed inside torch ("empty(): argument 'size'
+    # ...", "'<=' not supported") without naming the argument
+    kwargs = dict(dict(in_channels=5, dim=8, num_generators=2), **{name: bad})
+    with pytest.raises(ValueError, match=f"'{name}' must be an integer"):
+        InputProjection(**kwargs)
+
+
 def _assert_same_map(fn, reference, norm, c, gens):
     r"""Two LayerNorm maps of zonotopes give the same generators and the same gradients of a
     loss with respect to centers, generators and the LayerNorm weight (float64)."""

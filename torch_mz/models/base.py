@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 from torch.nn import LayerNorm, Module
 
+from torch_mz._checks import refuse_jit_script
 from torch_mz.nn._context import tie_parameters
 from torch_mz.nn.aggr import check_input_magnitude, check_set_input, resolve_set_index
 from torch_mz.nn.functional import set_counts
@@ -164,6 +165,11 @@ class SetModel(Module):
         r"""The prediction :math:`(B, F_{out})` and uncertainty :math:`(B,)` (or :obj:`None`) of
         validated input."""
         raise NotImplementedError
+
+    def __prepare_scriptable__(self) -> 'SetModel':
+        # (torch.jit.script failed inside, on the first construct TorchScript lacks: "try blocks
+        # aren't supported", or for the MZ models at their MZAggregation)
+        refuse_jit_script(type(self).__name__)
 
     def forward(self, data_or_x, batch: Optional[Tensor] = None,
                 num_sets: Optional[int] = None) -> SetPrediction:

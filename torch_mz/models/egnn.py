@@ -24,12 +24,13 @@ from torch_geometric.data import Batch
 from torch_geometric.data.data import BaseData
 from torch_geometric.nn import MessagePassing
 import torch_geometric.nn.aggr as pyg_aggr
-from torch_geometric.nn.aggr import GRUAggregation, LSTMAggregation, SumAggregation
+from torch_geometric.nn.aggr import (Aggregation, GRUAggregation, LSTMAggregation,
+                                     MultiAggregation, SumAggregation)
 from torch_geometric.nn.resolver import activation_resolver
 from torch_geometric.utils import scatter
 
 from torch_mz._checks import (check_count, check_fits, check_flag, check_number,
-                              check_optional_count)
+                              check_optional_count, refuse_jit_script)
 from torch_mz.models.base import SetPrediction, batch_vector, zero_empty_sets
 from torch_mz.nn.aggr import check_set_ids
 from torch_mz.nn._context import _hooked, tie_parameters
@@ -231,6 +232,41 @@ def _check_eps(eps: float, dtype: torch.dtype, detach_norm: bool) -> None:
                          f"gradients for coincident points (give a larger eps{wider})")
 
 
+def _activation(act) -> Module:
+    r"""A new activation module for :obj:`act`, a PyG activation name (a module given is used
+    as it is); a :class:`ValueError` naming ``act`` for anything else (:obj:`None`, a class or a
+    function was taken as it is and failed in the first call or inside ``Sequential``)."""
+    try:
+        module = activation_resolver(act)
+    except (ValueError, TypeError) as err:  # an unknown name, a class that needs arguments
+        raise ValueError(f"'act' must name a PyG activation such as 'silu' or 'relu' (got "
+                         f"{act!r}: {err})") from None
+    if not isinstance(module, Module):
+        raise ValueError(f"'act' must name a PyG activation such as 'silu' or 'relu', or be an "
+                         f"activation module (got {act!r})")
+    return module
+
+
+def _check_layer_options(coord_aggr, act) -> None:
+    r"""Refuses the options of :class:`EGNNConv` that no flag check covers: the coordinate
+    aggregation and the activation (:class:`EGNN` checks them before it builds any layer: with
+    ``num_layers=0`` none was built to refuse them)."""
+    if not isinstance(coord_aggr, str) or coord_aggr not in _COORD_AGGRS:
+        raise ValueError(f"'coord_aggr' must be one of {_COORD_AGGRS}, got {coord_aggr!r}")
+    _activation(act)
+
+
+def _reset_mlp(mlp: Optional[Module]) -> None:
+    r"""Re-initialises every layer of :obj:`mlp` (or :obj:`mlp` itself, a single layer) that
+    has parameters: its linear layers and a parametrised activation (``act='prelu'``, whose
+    slopes were left as trained)."""
+    if mlp is None:
+        return
+    for child in mlp.modules():
+        if callable(getattr(child, 'reset_parameters', None)):
+            child.reset_parameters()
+
+
 class EGNNConv(MessagePassing):
     r"""The E(n)-equivariant graph convolution from `"E(n) Equivariant Graph Neural Networks"
     <https://arxiv.org/abs/2102.09844>`_ (Satorras, Hoogeboom and Welling, ICML 2021).
@@ -287,7 +323,9 @@ class EGNNConv(MessagePassing):
             :class:`~torch_geometric.nn.aggr.Aggregation` object. It must return one row of
             width ``hidden_channels`` per node (a :class:`ValueError` names the shape at the
             first call otherwise: a list, or a ``MultiAggregation`` in ``mode='cat'``, is
-            wider). Refused with a :class:`ValueError`: names needing constructor arguments
+            wider). Refused with a :class:`ValueError`: anything else (:obj:`None`, which
+            PyG takes for a layer that aggregates itself), names PyG does not know, names
+            needing constructor arguments
             (``"sort"``, ``"set2set"``, ...: pass the object), and aggregations whose output
             depends on the order of the messages (LSTM, GRU, MLP and patch-transformer
             aggregations, alone or inside another), which would break the layer's invariance.
@@ -308,8 +346,8 @@ class EGNNConv(MessagePassing):
         update_coords (bool, optional): Update ``pos``; if :obj:`False`, ``pos`` is returned
             unchanged and :math:`\phi_x` is not built. (default: :obj:`True`)
         residual (bool, optional): Add ``h`` to :math:`\phi_h`'s output. (default: :obj:`True`)
-        act (str, optional): Activation of the MLPs (a PyG activation name).
-            (default: :obj:`"silu"`)
+        act (str, optional): Activation of the MLPs (a PyG activation name; an activation
+            module is used as it is). (default: :obj:`"silu"`)
         eps (float, optional): :math:`\epsilon` of the normalisation and of the safe norm, a
             positive number, used only with ``normalize=True`` and coordinate updates. It is
             added in the coordinates' dtype (float32 for half-precision ones), where a call
@@ -343,12 +381,19 @@ class EGNNConv(MessagePassing):
         act: str = 'silu',
         eps: float = 1e-8,
     ):
+        if not isinstance(aggr, (str, list, tuple, Aggregation)):
+            # (None, which PyG takes for a layer that aggregates itself, and other objects
+            # failed with an AttributeError)
+            raise ValueError(f"'aggr' must be the name of an aggregation, a list of names or an "
+                             f"Aggregation object (got {aggr!r})")
         try:
             super().__init__(aggr=aggr)
         except TypeError as err:  # a name PyG resolves to a class that needs arguments
             raise ValueError(f"'aggr' {aggr!r} names an aggregation that needs constructor "
                              f"arguments ({err}); pass the Aggregation object itself, e.g. "
                              f"aggr=SortAggregation(k=4)") from None
+        except ValueError as err:  # a name PyG does not know
+            raise ValueError(f"'aggr' {aggr!r} names no aggregation of PyG's ({err})") from None
         order_dependent = [type(m).__name__ for m in self.aggr_module.modules()
                            if isinstance(m, _ORDER_DEPENDENT_AGGRS)]
         if order_dependent:
@@ -371,8 +416,7 @@ class EGNNConv(MessagePassing):
             # too small in every dtype; the coordinates' own is checked at the call (a float64
             # layer on float64 coordinates takes eps=1e-50, which is 0 in float32)
             _check_eps(eps, torch.float64, detach_norm)
-        if coord_aggr not in _COORD_AGGRS:
-            raise ValueError(f"'coord_aggr' must be one of {_COORD_AGGRS}, got '{coord_aggr}'")
+        _check_layer_options(coord_aggr, act)
         self.channels = channels
         self.hidden_channels = hidden = hidden_channels or channels
         self.edge_dim = edge_dim
@@ -388,27 +432,30 @@ class EGNNConv(MessagePassing):
         self.eps = eps
 
         self.edge_mlp = Sequential(  # phi_e
-            Linear(2 * channels + 1 + edge_dim, hidden), activation_resolver(act),
-            Linear(hidden, hidden), activation_resolver(act))
+            Linear(2 * channels + 1 + edge_dim, hidden), _activation(act),
+            Linear(hidden, hidden), _activation(act))
         self.gate_lin = Linear(hidden, 1) if edge_gate else None  # phi_inf
         self.coord_mlp = Sequential(  # phi_x
-            Linear(hidden, hidden), activation_resolver(act),
+            Linear(hidden, hidden), _activation(act),
             Linear(hidden, 1, bias=False)) if update_coords else None
         self.node_mlp = Sequential(  # phi_h
-            Linear(channels + hidden, hidden), activation_resolver(act),
+            Linear(channels + hidden, hidden), _activation(act),
             Linear(hidden, channels))
         self.reset_parameters()
 
     def reset_parameters(self):
         super().reset_parameters()
+        # (in this order: the same draws as before for the same seed)
         for module in (self.edge_mlp, self.gate_lin, self.coord_mlp, self.node_mlp):
-            if module is None:
-                continue
-            for child in module.modules():
-                if isinstance(child, Linear):
-                    child.reset_parameters()
+            _reset_mlp(module)
         if self.coord_mlp is not None:
             torch.nn.init.xavier_uniform_(self.coord_mlp[-1].weight, gain=0.001)
+
+    def __prepare_scriptable__(self) -> 'EGNNConv':
+        # (torch.jit.script failed inside: "Compiled functions can't take variable number of
+        # arguments or use keyword-only arguments with defaults", at forward)
+        refuse_jit_script(type(self).__name__, "its forward checks its inputs and chooses how "
+                          "to compute the messages in Python")
 
     def forward(self, h: Tensor, pos: Tensor, edge_index: Tensor,
                 edge_attr: Optional[Tensor] = None, *,
@@ -554,9 +601,24 @@ class EGNNConv(MessagePassing):
             delta = delta / degree.unsqueeze(-1).to(delta.dtype)
         return m_aggr, delta
 
+    def _aggr_repr(self) -> str:
+        r"""``aggr`` as it was given: a name quoted, an Aggregation object as its repr (PyG keeps
+        both as text, the object's as ``str(aggr)``), a list of them as a list."""
+        def one(text: str, module: Module) -> str:
+            return text if text == str(module) else repr(text)
+        if isinstance(self.aggr, str):
+            return one(self.aggr, self.aggr_module)
+        modules = getattr(self.aggr_module, 'aggrs', ())
+        if (isinstance(self.aggr, list) and isinstance(self.aggr_module, MultiAggregation)
+                and len(modules) == len(self.aggr)):
+            return f"[{', '.join(one(t, m) for t, m in zip(self.aggr, modules))}]"
+        return repr(self.aggr)
+
     def __repr__(self) -> str:
+        # string options quoted, as EGNN's are: eval(repr(conv)) builds the same layer
         return (f'{self.__class__.__name__}({self.channels}, hidden_channels={self.hidden_channels}, '
-                f'edge_dim={self.edge_dim}, aggr={self.aggr}, coord_aggr={self.coord_aggr}, '
+                f'edge_dim={self.edge_dim}, aggr={self._aggr_repr()}, '
+                f'coord_aggr={self.coord_aggr!r}, '
                 f'edge_gate={self.edge_gate}, normalize={self.normalize}, '
                 f'detach_norm={self.detach_norm}, tanh={self.tanh}, '
                 f'coords_range={self.coords_range}, update_coords={self.update_coords}, '
@@ -680,6 +742,8 @@ class EGNN(Module):
             raise ValueError(f"'pos_dim' must be positive, got {pos_dim}")
         if pool not in _POOLS:
             raise ValueError(f"'pool' must be one of {_POOLS}, got '{pool}'")
+        # the layers' options, also where no layer is built (num_layers=0 took any)
+        _check_layer_options(coord_aggr, act)
         if radius is not None and not radius >= 0:  # (NaN too: it gave no edge)
             raise ValueError(f"'radius' must be non-negative, got {radius}")
         # (each layer: at least 4 h^2 parameters, in its edge and node MLPs, and 10 modules)
@@ -707,10 +771,10 @@ class EGNN(Module):
                      update_coords=update_coords, act=act) for _ in range(num_layers)
         ])
         self.node_mlp = Sequential(
-            Linear(hidden_channels, hidden_channels), activation_resolver(act),
+            Linear(hidden_channels, hidden_channels), _activation(act),
             Linear(hidden_channels, hidden_channels))
         self.head = Sequential(
-            Linear(hidden_channels, hidden_channels), activation_resolver(act),
+            Linear(hidden_channels, hidden_channels), _activation(act),
             Linear(hidden_channels, out_channels))
         self.reset_parameters()
 
@@ -719,9 +783,11 @@ class EGNN(Module):
         for conv in self.convs:
             conv.reset_parameters()
         for mlp in (self.node_mlp, self.head):
-            for child in mlp:
-                if isinstance(child, Linear):
-                    child.reset_parameters()
+            _reset_mlp(mlp)
+
+    def __prepare_scriptable__(self) -> 'EGNN':
+        # (torch.jit.script failed inside, at EGNNConv's keyword-only argument)
+        refuse_jit_script(type(self).__name__)
 
     def _unpack(
         self,

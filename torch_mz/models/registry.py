@@ -48,7 +48,8 @@ import numpy as np
 from torch import Tensor
 from torch.nn import Module
 
-from torch_mz._checks import check_count, check_number, check_optional_count
+from torch_mz._checks import (check_count, check_number, check_optional_count,
+                              refuse_jit_script)
 
 from torch_mz.models.egnn import EGNN
 from torch_mz.models.mean_mlp import MeanMLP
@@ -150,6 +151,10 @@ class SelectFeatures(Module):
         r"""Re-initialises the wrapped model (as every model :func:`build_model` returns can)."""
         self.model.reset_parameters()
 
+    def __prepare_scriptable__(self) -> 'SelectFeatures':
+        # (refused as every model build_model returns is, naming the wrapper scripted)
+        refuse_jit_script(type(self).__name__)
+
     # (the first argument named as EGNN's, x: model(x=..., pos=..., batch=...) was a TypeError)
     def forward(self, x=None, *args, **kwargs):
         return self.model(self._select(x, kwargs), *args, **kwargs)
@@ -192,7 +197,9 @@ def build_model(name: str, in_channels: int, out_channels: int, pos_dim: Optiona
     Every preset keeps one contract (:mod:`torch_mz.models.base`): ``model(batch)`` returns a
     :class:`~torch_mz.models.base.SetPrediction` ``(prediction, ihw)``, with ``ihw`` :obj:`None`
     for the models without an uncertainty output (all but the MZ-Set-Transformer family), and an
-    empty set predicts zero.
+    empty set predicts zero. None can be compiled by :func:`torch.jit.script`, which refuses each
+    with a :class:`RuntimeError` naming :func:`torch.compile` (their forward finds each batch's
+    set layout in Python).
 
     The model records how it was built in ``model.build_info`` (``name``, ``in_channels``,
     ``out_channels``, ``pos_dim``, ``feature_columns`` and the overrides as ``args``): the

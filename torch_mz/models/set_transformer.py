@@ -234,4 +234,4 @@ class DeepSets(SetModel):
     def __repr__(self) -> str:
         return (f'{self.__class__.__name__}({self.in_channels}, {self.out_channels}, '
                 f'hidden_channels={self.hidden_channels}, num_layers={self.num_layers}, '
-                f'pool={self.pool})')
+                f'pool={self.pool!r})')  # (quoted, as EGNN's: the repr evaluates)

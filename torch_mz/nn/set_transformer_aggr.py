@@ -196,6 +196,11 @@ class FlatSetTransformerAggregation(SetTransformerAggregation):
         return False
 
     def __repr__(self) -> str:
+        # (PyG's repr, which this one extended, leaves out the blocks and concat: layers of two
+        # encoder blocks, or averaging the seeds, printed as the defaults)
         return (f'{self.__class__.__name__}({self.channels}, '
-                f'num_seed_points={self.num_seed_points}, heads={self.heads}, '
-                f'layer_norm={self.layer_norm}, dropout={self.dropout}, path={self.path})')
+                f'num_seed_points={self.num_seed_points}, '
+                f'num_encoder_blocks={len(self.encoders)}, '
+                f'num_decoder_blocks={len(self.decoders)}, heads={self.heads}, '
+                f'concat={self.concat}, layer_norm={self.layer_norm}, dropout={self.dropout}, '
+                f'path={self.path!r})')

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn import LayerNorm, Linear, Module
 
+from torch_mz._checks import check_count
 from torch_mz.nn._context import _hooked, _plain_ops
 from torch_mz.nn.fused import (LayerNormJacobianFused, LayerNormJacobianSumFused,
                                _kernels_requested)
@@ -484,9 +485,9 @@ class InputProjection(Module):
     """
     def __init__(self, in_channels: int, dim: int, num_generators: int = 8):
         super().__init__()
-        if in_channels <= 0 or dim <= 0 or num_generators < 0:
-            raise ValueError(f"'in_channels' and 'dim' must be positive and 'num_generators' "
-                             f"non-negative (got {in_channels}, {dim}, {num_generators})")
+        # (True was taken as 1; 2.0, '2' or None failed inside torch, without naming them)
+        in_channels, dim = check_count('in_channels', in_channels), check_count('dim', dim)
+        num_generators = check_count('num_generators', num_generators, low=0)
         self.in_channels = in_channels
         self.dim = dim
         self.num_generators = num_generators
