@@ -263,8 +263,9 @@ def _reset_mlp(mlp: Optional[Module]) -> None:
     if mlp is None:
         return
     for child in mlp.modules():
-        if callable(getattr(child, 'reset_parameters', None)):
-            child.reset_parameters()
+        reset = getattr(child, 'reset_parameters', None)
+        if callable(reset):
+            reset()
 
 
 class EGNNConv(MessagePassing):
