@@ -10,8 +10,8 @@ from typing import Any, NoReturn, Optional, Tuple
 import torch
 
 __all__ = ['check_count', 'check_optional_count', 'check_flag', 'check_number',
-           'check_range', 'check_rate', 'check_fits', 'SizeError', 'refuse_jit_trace',
-           'refuse_jit_script']
+           'check_range', 'check_rate', 'check_fits', 'host_memory', 'SizeError',
+           'refuse_jit_trace', 'refuse_jit_script']
 
 
 class SizeError(ValueError):
@@ -24,13 +24,20 @@ class SizeError(ValueError):
 _MODULE_BYTES = 1024
 
 
+def host_memory() -> Optional[int]:
+    r"""The bytes of the host's physical memory; :obj:`None` where they cannot be read."""
+    try:
+        return os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
+    except (ValueError, OSError, AttributeError):  # (not on every platform)
+        return None
+
+
 def _machine_memory(need: int) -> Optional[int]:
     r"""The bytes of this machine's memory, the host's and, where :obj:`need` is more, its
     GPUs' too (read only then: CUDA is not initialised for a model that fits in the host's);
     :obj:`None` where the host's cannot be read."""
-    try:
-        memory = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
-    except (ValueError, OSError, AttributeError):  # (not on every platform)
+    memory = host_memory()
+    if memory is None:
         return None
     if need > memory and torch.cuda.is_available():
         memory += sum(torch.cuda.get_device_properties(i).total_memory

@@ -147,6 +147,29 @@ def write_h5_user_defined_link(path: str, key: str, **arrays: np.ndarray) -> str
     return path
 
 
+#: A filter id that no library here registers (the id HDF5's registry gives to bzip2, whose
+#: plugin is not installed with h5py).
+FOREIGN_FILTER = 307
+
+
+def write_h5_foreign_filter(path: str, key: str, values: np.ndarray,
+                            **arrays: np.ndarray) -> str:
+    r"""Writes the HDF5 file :obj:`path` holding :obj:`arrays`, and under :obj:`key` the 1-D
+    :obj:`values` stored as if compressed with the filter :data:`FOREIGN_FILTER` (their bytes
+    written as the one chunk, marked as filtered), as a crafted file would: reading it makes
+    HDF5 search its plugin path for a library of that filter."""
+    h5py = pytest.importorskip('h5py')
+    os.makedirs(osp.dirname(path), exist_ok=True)
+    with h5py.File(path, 'w') as f:
+        for name, value in arrays.items():
+            f.create_dataset(name, data=value)
+        dataset = f.create_dataset(key, shape=values.shape, dtype=values.dtype,
+                                   chunks=values.shape, compression=FOREIGN_FILTER,
+                                   allow_unknown_filter=True)
+        dataset.id.write_direct_chunk((0, ), values.tobytes(), filter_mask=0)
+    return path
+
+
 def random_clouds(rng: np.random.Generator, n: int, p: int) -> np.ndarray:
     clouds = rng.normal(size=(n, p, 3)) * rng.uniform(0.5, 2.0, size=(n, 1, 3))
     return (clouds / np.linalg.norm(clouds, axis=-1).max(axis=1, keepdims=True)[..., None]).astype(

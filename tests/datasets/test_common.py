@@ -5,6 +5,7 @@ import pathlib
 import pickle
 import re
 import shutil
+import subprocess
 import warnings
 
 import numpy as np
@@ -177,6 +178,218 @@ def test_read_h5_names_a_user_defined_link(tmp_path):
         with pytest.raises(CorruptRawFileError, match="a.h5': 'data' is a user-defined link"):
             read_h5(path, keys, optional=optional)
     assert read_h5(path, ('label', ))['label'].shape == (2, )  # (the other keys are read)
+
+
+@pytest.mark.parametrize('key, keys, optional', [
+    ('label', ('data', 'label'), ()),  # (after a key that is read as it should be)
+    ('data', ('data', 'label'), ()),
+    ('mask', ('data', 'label'), ('mask', )),  # (an optional key too)
+])
+def test_read_h5_refuses_a_filter_that_is_not_built_in_before_reading_any_data(
+        tmp_path, monkeypatch, key, keys, optional):
+    # the bug: a dataset stored with a filter that HDF5 and h5py do not build in was read, and
+    # reading it made HDF5 search its plugin path and load a library found there (the file
+    # chose code to run); the error, when no library was found, named neither key nor filter
+    h5py = pytest.importorskip('h5py')
+    from tests.datasets.raw_formats import FOREIGN_FILTER, write_h5_foreign_filter
+    arrays = {'data': np.zeros((2, 3)), 'label': np.zeros(2), 'mask': np.zeros(2)}
+    crafted = arrays.pop(key)
+    path = write_h5_foreign_filter(str(tmp_path / 'a.h5'), key, crafted.reshape(-1), **arrays)
+    read = []
+    original = h5py.Dataset.__getitem__
+
+    def reading(self, args):
+        read.append(self.name)
+        return original(self, args)
+
+    monkeypatch.setattr(h5py.Dataset, '__getitem__', reading)
+    with pytest.raises(CorruptRawFileError, match=f"a.h5': dataset '{key}' is stored with the "
+                       f"filter {FOREIGN_FILTER}, which neither HDF5 nor h5py builds in"):
+        read_h5(path, keys, optional=optional)
+    assert read == []  # refused before any data were read
+
+
+def test_read_h5_loads_no_library_from_the_plugin_path(tmp_path, monkeypatch):
+    # what the refusal above prevents: HDF5 loading a shared library from its plugin path (here
+    # one whose constructor leaves a mark) as it reads a dataset of an unknown filter
+    h5py = pytest.importorskip('h5py')
+    from tests.datasets.raw_formats import write_h5_foreign_filter
+    compiler = shutil.which('cc') or shutil.which('gcc')
+    if compiler is None:
+        pytest.skip('no C compiler to build a plugin library')
+    plugins, mark = tmp_path / 'plugins', tmp_path / 'loaded'
+    plugins.mkdir()
+    source = tmp_path / 'plugin.c'
+    source.write_text('#include <stdio.h>\n#include <stdlib.h>\n'
+                      '__attribute__((constructor)) static void loaded(void) {\n'
+                      '    const char *path = getenv("TORCH_MZ_TEST_PLUGIN_MARK");\n'
+                      '    FILE *f = path ? fopen(path, "w") : NULL;\n'
+                      '    if (f) fclose(f);\n}\n')
+    built = subprocess.run([compiler, '-shared', '-fPIC', '-o', str(plugins / 'libmark.so'),
+                            str(source)], capture_output=True, timeout=60)
+    if built.returncode != 0:
+        pytest.skip(f'the plugin library did not build: {built.stderr[-300:]!r}')
+    path = write_h5_foreign_filter(str(tmp_path / 'a.h5'), 'data', np.zeros(6),
+                                   label=np.zeros(2))
+    monkeypatch.setenv('TORCH_MZ_TEST_PLUGIN_MARK', str(mark))
+    h5py.h5pl.prepend(str(plugins).encode())
+    try:
+        with pytest.raises(CorruptRawFileError) as refused:
+            read_h5(path, ('data', 'label'))
+    finally:  # (the search path is the process's)
+        where = [i for i in range(h5py.h5pl.size())
+                 if h5py.h5pl.get(i) == str(plugins).encode()]
+        for i in reversed(where):
+            h5py.h5pl.remove(i)
+    assert not mark.exists(), 'HDF5 loaded the library in its plugin path'
+    assert "dataset 'data' is stored with the filter" in str(refused.value)
+
+
+def test_read_h5_reads_datasets_of_the_built_in_filters_as_stored(tmp_path):
+    # gzip (as PointNet's release is written), shuffle, fletcher32, lzf and scaleoffset: the
+    # filters HDF5 and h5py build in, read exactly as written
+    h5py = pytest.importorskip('h5py')
+    rng = np.random.default_rng(0)
+    values = {'gzip': rng.normal(size=(5, 64, 3)).astype(np.float32),
+              'lzf': rng.normal(size=(5, 64)),
+              'checked': rng.integers(-9, 9, size=(4, 16)).astype(np.int32),
+              'scaled': rng.integers(0, 15, size=(40, )).astype(np.int64)}
+    path = str(tmp_path / 'a.h5')
+    with h5py.File(path, 'w') as f:
+        f.create_dataset('gzip', data=values['gzip'], compression='gzip', compression_opts=4)
+        f.create_dataset('lzf', data=values['lzf'], compression='lzf', shuffle=True)
+        f.create_dataset('checked', data=values['checked'], fletcher32=True, shuffle=True,
+                         compression='gzip')
+        f.create_dataset('scaled', data=values['scaled'], scaleoffset=0)
+    with h5py.File(path, 'r') as f:  # (each written with the filters asked for)
+        assert [f[k].compression for k in values] == ['gzip', 'lzf', 'gzip', None]
+        assert f['checked'].fletcher32 and f['lzf'].shuffle and f['scaled'].scaleoffset == 0
+    arrays = read_h5(path, tuple(values))
+    for key, value in values.items():
+        assert arrays[key].dtype == value.dtype and np.array_equal(arrays[key], value), key
+
+
+def test_read_h5_refuses_a_built_in_filter_this_library_lacks(tmp_path, monkeypatch):
+    # an HDF5 built without one of its filters (szip is optional) would search its plugin path
+    # for it as for any other
+    h5py = pytest.importorskip('h5py')
+    path = str(tmp_path / 'a.h5')
+    with h5py.File(path, 'w') as f:
+        f.create_dataset('data', data=np.zeros((4, 3)), compression='gzip')
+    registered = common._h5_filter_registered  # (the library's own table, no plugin search)
+    assert registered(h5py, 1) and registered(h5py, 32000) and not registered(h5py, 307)
+    monkeypatch.setattr(common, '_h5_filter_registered', lambda h5py, id_: id_ != 1)  # (gzip)
+    with pytest.raises(CorruptRawFileError, match=r"dataset 'data' is stored with the filter 1 "
+                       r"\('deflate' as the file names it\), which this HDF5 library was built "
+                       r"without"):
+        read_h5(path, ('data', ))
+
+
+def test_read_h5_refuses_data_that_the_file_does_not_hold(tmp_path):
+    # the bug: a dataset created and never written (or with chunks missing) was read as its
+    # fill value, zeros: points at the origin, every label class 0; a shape of 2**40 rows that
+    # a file of a few kilobytes declares came out as a MemoryError naming neither file nor key
+    h5py = pytest.importorskip('h5py')
+    path = str(tmp_path / 'a.h5')
+    with h5py.File(path, 'w') as f:
+        f.create_dataset('label', data=np.arange(4))
+        f.create_dataset('unwritten', shape=(4, 3), dtype=np.float32)
+        f.create_dataset('huge', shape=(2**40, 3), dtype=np.float32, chunks=(1024, 3))
+        part = f.create_dataset('part', shape=(4, 3), dtype=np.float32, chunks=(2, 3))
+        part[:2] = 1.0  # (the first of its two chunks)
+    with pytest.raises(CorruptRawFileError, match=r"a.h5': dataset 'unwritten' holds no data "
+                       r"for its declared shape \(4, 3\): what it lacks would be read as its "
+                       r"fill value"):
+        read_h5(path, ('label', 'unwritten'))
+    with pytest.raises(CorruptRawFileError, match=r"dataset 'huge' holds no data for its "
+                       r"declared shape \(1099511627776, 3\)"):
+        read_h5(path, ('label', 'huge'))
+    with pytest.raises(CorruptRawFileError, match=r"dataset 'part' holds 1 of the 2 chunks of "
+                       r"its declared shape \(4, 3\)"):
+        read_h5(path, ('part', ))
+    assert np.array_equal(read_h5(path, ('label', ))['label'], np.arange(4))
+
+
+def test_read_h5_refuses_declared_sizes_beyond_the_memory(tmp_path, monkeypatch):
+    # the bug: the shapes a file declares were allocated as they were (a compressed file of a
+    # few megabytes may declare terabytes): a MemoryError, or the machine out of memory
+    path = write_h5(str(tmp_path / 'a.h5'), data=np.zeros((50, 3)), label=np.zeros(50))
+    monkeypatch.setattr(common, 'host_memory', lambda: 1500)  # (bytes: 1600 declared)
+    with pytest.raises(CorruptRawFileError, match=r"a.h5': its datasets declare more bytes than "
+                       r"this machine's .* of memory \('data' \(50, 3\) of float64: .*, 'label' "
+                       r"\(50,\) of float64"):
+        read_h5(path, ('data', 'label'))
+    assert read_h5(path, ('data', ))['data'].shape == (50, 3)  # 1200 bytes alone
+    monkeypatch.setattr(common, 'host_memory', lambda: None)  # (memory not known: read)
+    assert len(read_h5(path, ('data', 'label'))) == 2
+
+
+def test_read_h5_names_what_is_not_an_array_of_numbers(tmp_path):
+    # the bug: an empty (null) dataspace came out as a 0-d object array holding h5py.Empty, and
+    # a named datatype under a key was called a group
+    h5py = pytest.importorskip('h5py')
+    path = str(tmp_path / 'a.h5')
+    with h5py.File(path, 'w') as f:
+        f.create_dataset('empty', data=h5py.Empty(np.float32))
+        f['type'] = np.dtype(np.float32)  # (a named datatype)
+        f.create_dataset('vlen', shape=(2, ), dtype=h5py.vlen_dtype(np.float32))
+        f.create_dataset('label', data=np.zeros(2))
+    with pytest.raises(CorruptRawFileError, match=r"a.h5': dataset 'empty' is empty \(a null "
+                       r"dataspace\): it holds no array"):
+        read_h5(path, ('label', 'empty'))
+    with pytest.raises(CorruptRawFileError, match="a.h5': 'type' is a named datatype, not a "
+                       "dataset"):
+        read_h5(path, ('type', ))
+    with pytest.raises(CorruptRawFileError, match="a.h5': dataset 'vlen' holds object, not "
+                       "numbers"):
+        read_h5(path, ('vlen', ))
+
+
+def test_read_h5_names_the_key_whose_stored_data_cannot_be_read(tmp_path):
+    # the bug: a chunk whose checksum fails (a flipped byte) was 'not a readable HDF5 file',
+    # without the key
+    h5py = pytest.importorskip('h5py')
+    values = np.arange(64, dtype=np.float64) + 0.5
+    path = tmp_path / 'a.h5'
+    with h5py.File(path, 'w') as f:
+        f.create_dataset('data', data=values, fletcher32=True)
+        f.create_dataset('label', data=np.zeros(2))
+    raw = bytearray(path.read_bytes())
+    at = raw.find(values.tobytes())
+    assert at >= 0
+    raw[at + 100] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    with pytest.raises(CorruptRawFileError, match="a.h5': dataset 'data' cannot be read"):
+        read_h5(str(path), ('label', 'data'))
+    assert read_h5(str(path), ('label', ))['label'].shape == (2, )
+
+
+@pytest.mark.parametrize('label, match', [
+    (np.array([0, 1, 2, 3]).reshape(2, 2), r"'label' has shape \(2, 2\): expected one class "
+     r"index per example of 'data', \(4,\) or \(4, 1\)"),
+    (np.array([0, 1, 2]), r"'label' has shape \(3,\)"),
+    (np.array([0.0, np.nan, 1.0, 2.0]), r"'label' holds labels that are not whole numbers "
+     r"\(nan at index 1\)"),
+    (np.array([0.0, 1.0, 2.5, 2.0]), r"'label' holds labels that are not whole numbers "
+     r"\(2.5 at index 2\)"),
+    (np.array([0, 1, -1, 2]), r"'label' holds labels outside \[0, 15\) \(-1 at index 2\)"),
+    (np.array([[0], [15], [1], [2]]), r"'label' holds labels outside \[0, 15\) \(15 at index 1"),
+    (np.array([0.0, np.inf, 1.0, 2.0]), r"'label' holds labels that are not whole numbers "
+     r"\(inf at index 1\)"),
+    (np.array([True, False, True, True]), "'label' holds booleans"),
+])
+def test_h5_class_labels_names_the_file_and_the_label(label, match):
+    from torch_mz.datasets.common import h5_class_labels
+    with pytest.raises(CorruptRawFileError, match=r"a.h5': dataset " + match):
+        h5_class_labels('a.h5', label, 4, 15)
+
+
+def test_h5_class_labels_reads_the_release_layouts():
+    from torch_mz.datasets.common import h5_class_labels
+    for label in (np.array([[0], [14], [3]], dtype=np.uint8), np.array([0.0, 14.0, 3.0]),
+                  np.array([0, 14, 3], dtype='>i8')):
+        labels = h5_class_labels('a.h5', label, 3, 15)
+        assert labels.dtype == np.int64 and labels.tolist() == [0, 14, 3]
 
 
 def test_processed_file_error_names_the_file_and_pickles():

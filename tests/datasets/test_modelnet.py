@@ -532,6 +532,10 @@ def test_invalid_arguments(tmp_path):
         ModelNet40(str(tmp_path), train='False')
     with pytest.raises(ValueError, match="'normalize' must be True or False"):
         ModelNet40(str(tmp_path), normalize='False')
+    with pytest.raises(ValueError, match="'log' must be True or False"):
+        ModelNet40(str(tmp_path), log='False')  # (the progress bars shown)
+    with pytest.raises(ValueError, match="'force_reload' must be True or False"):
+        ModelNet40(str(tmp_path), force_reload='False')
     assert not os.listdir(tmp_path)  # validated before touching the disk
 
 
@@ -809,6 +813,27 @@ def test_hdf5_boolean_labels_are_refused(modelnet_h5_root):
     write_h5(osp.join(folder, 'ply_data_test0.h5'), data=np.zeros((2, 32, 3), dtype=np.float32),
              label=np.array([[True], [False]]))
     with pytest.raises(CorruptRawFileError, match="ply_data_test0.h5.*'label' holds booleans"):
+        ModelNet40(root, source='hdf5', num_points=16, log=False)
+
+
+@pytest.mark.parametrize('change, match', [
+    # (a (1, 2) array beside 2 shapes was read as their labels)
+    (dict(label=np.array([[1, 2]])), r"dataset 'label' has shape \(1, 2\): expected one class "
+     r"index per example of 'data', \(2,\) or \(2, 1\)"),
+    (dict(label=np.array([[1.0], [np.nan]])), r"dataset 'label' holds labels that are not "
+     r"whole numbers \(nan at index 1\)"),
+    (dict(label=np.array([[1], [40]])), r"dataset 'label' holds labels outside \[0, 40\) "
+     r"\(40 at index 1\)"),
+    (dict(data=np.ones((2, 32, 3), dtype=bool)), "dataset 'data' holds booleans, not "
+     "coordinates"),
+])
+def test_hdf5_labels_and_points_that_cannot_be_the_shapes_are_named(modelnet_h5_root, change,
+                                                                    match):
+    root, folder = modelnet_h5_root['root'], modelnet_h5_root['folder']
+    arrays = dict(data=np.zeros((2, 32, 3), dtype=np.float32), label=np.array([[1], [2]]))
+    arrays.update(change)
+    write_h5(osp.join(folder, 'ply_data_test0.h5'), **arrays)
+    with pytest.raises(CorruptRawFileError, match="ply_data_test0\\.h5': " + match):
         ModelNet40(root, source='hdf5', num_points=16, log=False)
 
 

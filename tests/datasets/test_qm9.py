@@ -585,10 +585,15 @@ def test_invalid_arguments(tmp_path, qm9pack_csv):
         QM9(str(tmp_path), source='sdf', csv_path=qm9pack_csv)
 
 
-def test_a_force_reload_that_is_no_truth_value_is_refused(qm9_root):
+@pytest.mark.parametrize('kwargs, name', [
     # the text 'False' is true: the cache was rebuilt on every open, without a word
-    with pytest.raises(ValueError, match="'force_reload' must be True or False"):
-        QM9(qm9_root, force_reload='False', log=False)
+    (dict(force_reload='False', log=False), 'force_reload'),
+    (dict(log='False'), 'log'),  # (the progress bars shown)
+    (dict(log=2), 'log'),
+])
+def test_flags_that_are_no_truth_values_are_refused(qm9_root, kwargs, name):
+    with pytest.raises(ValueError, match=f"'{name}' must be True or False"):
+        QM9(qm9_root, **kwargs)
     assert not osp.exists(osp.join(qm9_root, 'processed'))  # refused before processing
 
 

@@ -167,6 +167,40 @@ def test_a_file_whose_points_lie_in_another_file_is_refused(scanobjectnn_root, t
         ScanObjectNN(root, log=False, num_points=16)
 
 
+def test_a_file_stored_with_a_filter_that_is_not_built_in_is_refused(scanobjectnn_root):
+    # the bug: reading it made HDF5 search its plugin path and load a library found there
+    from tests.datasets.raw_formats import FOREIGN_FILTER, write_h5_foreign_filter
+    root, files = scanobjectnn_root['root'], scanobjectnn_root['files']
+    rel = osp.join('h5_files', 'main_split', 'test_objectdataset.h5')
+    arrays = {k: v for k, v in files[rel].items() if k != 'label'}
+    write_h5_foreign_filter(osp.join(root, 'raw', rel), 'label', files[rel]['label'], **arrays)
+    with pytest.raises(CorruptRawFileError, match=f"test_objectdataset\\.h5': dataset 'label' "
+                       f"is stored with the filter {FOREIGN_FILTER}"):
+        ScanObjectNN(root, log=False, num_points=16)
+
+
+@pytest.mark.parametrize('change, match', [
+    # (a (2, 2) array beside 4 objects was read as their labels)
+    (dict(label=np.array([[0, 1], [2, 3]])), r"dataset 'label' has shape \(2, 2\): expected "
+     r"one class index per example of 'data', \(4,\) or \(4, 1\)"),
+    (dict(label=np.array([0, np.nan, 1, 2])), r"dataset 'label' holds labels that are not "
+     r"whole numbers \(nan at index 1\)"),
+    (dict(label=np.array([0, 1, 2, 15])), r"dataset 'label' holds labels outside \[0, 15\) "
+     r"\(15 at index 3\)"),
+    (dict(data=np.ones((4, 256, 3), dtype=bool)), "dataset 'data' holds booleans, not "
+     "coordinates"),
+])
+def test_labels_and_points_that_cannot_be_the_objects_are_named(scanobjectnn_root, change,
+                                                                  match):
+    root = scanobjectnn_root['root']
+    arrays = dict(data=np.zeros((4, 256, 3), dtype=np.float32), label=np.arange(4),
+                  mask=np.ones((4, 256), dtype=np.int32))
+    arrays.update(change)
+    write_h5(osp.join(root, 'raw', 'h5_files', 'main_split', 'test_objectdataset.h5'), **arrays)
+    with pytest.raises(CorruptRawFileError, match="test_objectdataset\\.h5': " + match):
+        ScanObjectNN(root, log=False, num_points=16)
+
+
 def test_non_finite_objects_are_counted(scanobjectnn_root):
     root, files = scanobjectnn_root['root'], scanobjectnn_root['files']
     rel = osp.join('h5_files', 'main_split', 'training_objectdataset.h5')
@@ -451,16 +485,19 @@ def test_a_copy_of_a_resampling_dataset_keeps_every_point_and_resampling(scanobj
     (dict(resample='no'), 'resample'),  # (resampled)
     (dict(normalize=2), 'normalize'),
     (dict(force_reload='False'), 'force_reload'),  # (the cache rebuilt on every open)
+    (dict(log='False'), 'log'),  # (the progress bars shown)
+    (dict(log=None), 'log'),
 ])
 def test_flags_that_are_no_truth_values_are_refused_up_front(scanobjectnn_root, kwargs, name):
     root = scanobjectnn_root['root']
     with pytest.raises(ValueError, match=f"'{name}' must be True or False"):
-        ScanObjectNN(root, num_points=16, log=False, **kwargs)
+        ScanObjectNN(root, num_points=16, **{'log': False, **kwargs})
     assert not os.path.exists(os.path.join(root, 'processed'))  # refused before processing
     # truth values of NumPy and 0 / 1 are taken, as bools
     test = ScanObjectNN(root, train=np.bool_(False), normalize=1, resample=0, num_points=16,
-                        log=False)
+                        log=np.bool_(False))
     assert test.split == 'test' and test.normalize is True and test.resample is False
+    assert test.log is False
 
 
 class _Ring:

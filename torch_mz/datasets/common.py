@@ -5,6 +5,7 @@ processed cache is written atomically, loaded without running code, and rebuilt 
 import contextlib
 import glob
 import json
+import math
 import os
 import os.path as osp
 import pickle
@@ -21,7 +22,7 @@ import torch
 import torch_geometric
 from torch_geometric.data import Data, InMemoryDataset
 
-from torch_mz._checks import check_flag
+from torch_mz._checks import check_flag, host_memory
 from torch_mz._files import (atomic_write, damaged_zip_member, file_lock,
                              remove_stale_temp_files, weights_only_load)
 from torch_mz._optional import installed_version, require
@@ -429,6 +430,16 @@ class ProcessedDataset(InMemoryDataset):
     # whether PyG's constructor asked for the check and build that open_cache() does (_process)
     _build_pending: bool = False
 
+    def __init__(self, root: Optional[str] = None, transform: Optional[Callable] = None,
+                 pre_transform: Optional[Callable] = None, pre_filter: Optional[Callable] = None,
+                 log: bool = True, force_reload: bool = False) -> None:
+        # the flags checked before PyG reads them: the text 'False' is true (as force_reload
+        # it rebuilt the cache on every open without a word; as log it showed the progress bars)
+        force_reload = check_flag('force_reload', force_reload)
+        log = check_flag('log', log)
+        super().__init__(root, transform, pre_transform, pre_filter, log=log,
+                         force_reload=force_reload)
+
     @classmethod
     def save(cls, data_list: Sequence[Any], path: str,
              before_replace: Optional[Callable[[], None]] = None) -> None:
@@ -807,6 +818,34 @@ def integer_valued(values: np.ndarray) -> bool:
     return bool(np.all(np.isfinite(values)) and np.all(values == np.round(values)))
 
 
+def h5_class_labels(path: str, label: np.ndarray, count: int, num_classes: int) -> np.ndarray:
+    r"""The dataset ``label`` of the HDF5 file :obj:`path` (as :func:`read_h5` read it) as the
+    class indices of its :obj:`count` examples, int64, shape :math:`(count,)`. A
+    :class:`CorruptRawFileError` naming the file and ``label`` where it is not one whole number
+    in ``[0, num_classes)`` per example: a shape other than :math:`(count,)` or
+    :math:`(count, 1)` (a ``(2, 2)`` array beside 4 examples was read as their labels),
+    booleans, fractions or NaN (``int()`` would read 3.7 as class 3), or a class out of range.
+    """
+    if label.shape not in ((count, ), (count, 1)):
+        raise CorruptRawFileError(
+            path, f"dataset 'label' has shape {label.shape}: expected one class index per "
+            f"example of 'data', ({count},) or ({count}, 1)")
+    labels = label.reshape(-1)  # (count,)
+    if labels.dtype.kind == 'b':
+        raise CorruptRawFileError(path, f"dataset 'label' holds booleans, not class indices in "
+                                  f"[0, {num_classes})")
+    if not integer_valued(labels):
+        at = int(np.flatnonzero(~np.isfinite(labels) | (labels != np.round(labels)))[0])
+        raise CorruptRawFileError(path, f"dataset 'label' holds labels that are not whole "
+                                  f"numbers ({labels[at]} at index {at})")
+    outside = np.flatnonzero((labels < 0) | (labels >= num_classes))
+    if len(outside):
+        at = int(outside[0])
+        raise CorruptRawFileError(path, f"dataset 'label' holds labels outside "
+                                  f"[0, {num_classes}) ({labels[at]} at index {at})")
+    return labels.astype(np.int64)
+
+
 def _h5_elsewhere(h5py: Any, f: Any, key: str) -> Optional[str]:
     r"""What makes the entry :obj:`key` of the open HDF5 file :obj:`f` lead out of its own
     storage, in words, or :obj:`None` for a dataset or group stored in the file (a hard link):
@@ -834,16 +873,119 @@ def _h5_elsewhere(h5py: Any, f: Any, key: str) -> Optional[str]:
     return None
 
 
+#: The HDF5 filters that HDF5 builds in (deflate 1, shuffle 2, fletcher32 3, szip 4, nbit 5,
+#: scaleoffset 6) and that h5py registers as it is imported (lzf 32000). Reading a dataset whose
+#: filter pipeline names any other makes HDF5 search its plugin path (``$HDF5_PLUGIN_PATH`` or
+#: its default plugin folder) and load the shared libraries it finds there: code chosen by a
+#: data file. :func:`read_h5` refuses such a dataset before reading any data.
+H5_BUILT_IN_FILTERS = frozenset({1, 2, 3, 4, 5, 6, 32000})
+
+
+def _h5_filter_registered(h5py: Any, filter_id: int) -> bool:
+    r"""Whether the HDF5 library that h5py loaded holds the filter :obj:`filter_id` with its
+    decoder. ``h5z.get_filter_info`` looks in the library's table alone (``h5z.filter_avail``
+    would search the plugin path for a filter not found there, loading what it finds)."""
+    try:
+        config = h5py.h5z.get_filter_info(filter_id)
+    except (RuntimeError, ValueError):  # ('required filter ... is not registered')
+        return False
+    return bool(config & h5py.h5z.FILTER_CONFIG_DECODE_ENABLED)
+
+
+def _h5_foreign_filter(h5py: Any, dataset: Any) -> Optional[str]:
+    r"""The first filter of :obj:`dataset`'s pipeline that reading it would have HDF5 look for
+    as a plugin, in words, or :obj:`None` where every one is built in and registered
+    (:data:`H5_BUILT_IN_FILTERS`). Only the pipeline is read (no data, no filter runs)."""
+    dcpl = dataset.id.get_create_plist()
+    for i in range(dcpl.get_nfilters()):
+        filter_id, _, _, name = dcpl.get_filter(i)  # (id, flags, values, name)
+        named = _shortened(name.decode('utf-8', 'replace'), 60) if name else ''
+        named = f' ({named!r} as the file names it)' if named else ''
+        if filter_id not in H5_BUILT_IN_FILTERS:
+            return (f'the filter {filter_id}{named}, which neither HDF5 nor h5py builds in: '
+                    f'reading it would make HDF5 search its plugin path and load a library '
+                    f'from there')
+        if not _h5_filter_registered(h5py, filter_id):
+            return (f'the filter {filter_id}{named}, which this HDF5 library was built without: '
+                    f'reading it would make HDF5 search its plugin path and load a library '
+                    f'from there')
+    return None
+
+
+def _h5_missing_storage(dataset: Any) -> Optional[str]:
+    r"""In words, where :obj:`dataset` (of at least one element) lacks data that its declared
+    shape holds, which HDF5 would read as its fill value (zeros unless the file sets another):
+    no storage at all (a dataset created and never written), or fewer chunks than the shape
+    spans; :obj:`None` where it holds them all."""
+    if dataset.id.get_storage_size() == 0:
+        return f'holds no data for its declared shape {dataset.shape}'
+    if dataset.chunks is not None:
+        spanned = math.prod(-(-n // c) for n, c in zip(dataset.shape, dataset.chunks))
+        written = dataset.id.get_num_chunks()
+        if written < spanned:
+            return (f'holds {written} of the {spanned} chunks of its declared shape '
+                    f'{dataset.shape}')
+    return None
+
+
+def _h5_dataset(h5py: Any, path: str, f: Any, key: str) -> Any:
+    r"""The dataset :obj:`key` of the open HDF5 file :obj:`f`, checked as :func:`read_h5`
+    describes without reading its data; a :class:`CorruptRawFileError` naming :obj:`path` and
+    :obj:`key` where it fails a check."""
+    elsewhere = _h5_elsewhere(h5py, f, key)
+    if elsewhere is not None:
+        raise CorruptRawFileError(
+            path, f"'{key}' is {elsewhere}: only datasets stored in the file itself "
+            f"are read, never other files that it names")
+    entry = f[key]
+    if not isinstance(entry, h5py.Dataset):
+        kind = ('group' if isinstance(entry, h5py.Group) else 'named datatype'
+                if isinstance(entry, h5py.Datatype) else type(entry).__name__)
+        raise CorruptRawFileError(path, f"'{key}' is a {kind}, not a dataset")
+    if entry.dtype.kind not in 'biuf':  # (strings, bytes, compound, object, array types)
+        raise CorruptRawFileError(path, f"dataset '{key}' holds {entry.dtype}, not numbers")
+    if entry.shape is None:  # (h5py.Empty: a dataspace of no elements, not even a shape)
+        raise CorruptRawFileError(path, f"dataset '{key}' is empty (a null dataspace): it "
+                                  f"holds no array")
+    foreign = _h5_foreign_filter(h5py, entry)
+    if foreign is not None:
+        raise CorruptRawFileError(path, f"dataset '{key}' is stored with {foreign}; it was not "
+                                  f"read (the releases read here use the built-in filters "
+                                  f"{sorted(H5_BUILT_IN_FILTERS)} or none)")
+    if entry.size:
+        missing = _h5_missing_storage(entry)
+        if missing is not None:
+            raise CorruptRawFileError(path, f"dataset '{key}' {missing}: what it lacks would "
+                                      f"be read as its fill value (zeros), not as data (was its "
+                                      f"writing interrupted?)")
+    return entry
+
+
 def read_h5(path: str, keys: Sequence[str], optional: Sequence[str] = ()) -> Dict[str, np.ndarray]:
     r"""Reads the arrays :obj:`keys` (and, where present, :obj:`optional`) from the HDF5 file
-    :obj:`path`; raises :class:`CorruptRawFileError` naming the file when it is not a readable HDF5
-    file, lacks a key, or holds anything but numbers (booleans, integers or floats) under one.
+    :obj:`path`; raises :class:`CorruptRawFileError` naming the file (and the key, where one is
+    at fault) when it is not a readable HDF5 file, lacks a key, or holds anything but an array
+    of numbers (booleans, integers or floats) under one.
 
-    Only datasets stored in the file itself are read: a key that is an external link, a soft
-    link (its path may lead through an external link), a virtual dataset or a dataset with
-    external storage would make a crafted file read other files on disk, and is refused with a
-    :class:`CorruptRawFileError` naming the key and what it points to, as is a user-defined
-    link (the releases read here store plain datasets)."""
+    Every key is checked before any data are read:
+
+    - only datasets stored in the file itself are read: a key that is an external link, a soft
+      link (its path may lead through an external link), a virtual dataset or a dataset with
+      external storage would make a crafted file read other files on disk, and is refused
+      naming what it points to, as is a user-defined link (the releases read here store plain
+      datasets);
+    - no code is loaded for a file: a dataset stored with a filter other than those HDF5 and
+      h5py build in (:data:`H5_BUILT_IN_FILTERS`: gzip, shuffle, fletcher32, szip, nbit,
+      scaleoffset, lzf), or one this HDF5 library was built without, is refused naming the
+      filter's id (reading it would have HDF5 load a plugin library from its plugin path),
+      even where another package (``hdf5plugin``) registered it;
+    - a dataset that lacks data its declared shape holds (never written, or some chunks
+      missing: read as fill values, zeros, without an error) is refused, as are datasets whose
+      declared sizes, together, exceed this machine's memory (a shape that a small file
+      declares, which reading would try to allocate), and an empty (null) dataspace.
+
+    A dataset whose stored data cannot be read (a checksum that does not match, a truncated
+    chunk) raises naming its key."""
     h5py = require('h5py')
     try:
         with h5py.File(path, 'r') as f:
@@ -854,19 +996,23 @@ def read_h5(path: str, keys: Sequence[str], optional: Sequence[str] = ()) -> Dic
             if missing:
                 raise CorruptRawFileError(
                     path, f"missing dataset(s) {missing} (found {sorted(f.keys())})")
+            # every key checked before any data are read (a filter's plugin is loaded as the
+            # data are read)
+            datasets = {k: _h5_dataset(h5py, path, f, k) for k in present}
+            declared = {k: d.size * d.dtype.itemsize for k, d in datasets.items()}
+            memory = host_memory()
+            if memory is not None and sum(declared.values()) > memory:
+                sizes = ', '.join(f"'{k}' {datasets[k].shape} of {datasets[k].dtype}: "
+                                  f"{n / 2 ** 30:,.1f} GiB" for k, n in declared.items())
+                raise CorruptRawFileError(
+                    path, f"its datasets declare more bytes than this machine's "
+                    f"{memory / 2 ** 30:,.1f} GiB of memory ({sizes})")
             arrays = {}
-            for k in present:
-                elsewhere = _h5_elsewhere(h5py, f, k)
-                if elsewhere is not None:
-                    raise CorruptRawFileError(
-                        path, f"'{k}' is {elsewhere}: only datasets stored in the file itself "
-                        f"are read, never other files that it names")
-                if not isinstance(f[k], h5py.Dataset):
-                    raise CorruptRawFileError(path, f"'{k}' is a group, not a dataset")
-                if f[k].dtype.kind not in 'biuf':  # (strings, bytes, compound, object types)
-                    raise CorruptRawFileError(
-                        path, f"dataset '{k}' holds {f[k].dtype}, not numbers")
-                arrays[k] = np.asarray(f[k][()])
+            for k, dataset in datasets.items():
+                try:
+                    arrays[k] = np.asarray(dataset[()])
+                except OSError as e:
+                    raise CorruptRawFileError(path, f"dataset '{k}' cannot be read ({e})") from e
             return arrays
     except FileNotFoundError:
         raise
@@ -886,10 +1032,9 @@ class TrainTestSets(ProcessedDataset):
 
     def _setup(self, root: Optional[str], name: str, train: bool, transform, pre_transform,
                pre_filter, log: bool, force_reload: bool) -> None:
-        # (the text 'False' is true: it loaded the training split; as force_reload, which
-        # rebuilt the cache on every open without a word)
+        # (the text 'False' is true: it loaded the training split; log and force_reload are
+        # checked so by ProcessedDataset)
         self.train = check_flag('train', train)
-        force_reload = check_flag('force_reload', force_reload)
         super().__init__(default_root(name) if root is None else root, transform, pre_transform,
                          pre_filter, log=log, force_reload=force_reload)
         self.open_cache()

@@ -24,7 +24,7 @@ from torch_mz.datasets.common import (
     _caller_stacklevel,
     check_integer,
     fingerprint_files,
-    integer_valued,
+    h5_class_labels,
     normalize_unit_sphere,
     optional_points,
     read_h5,
@@ -281,8 +281,11 @@ class ModelNet40(TrainTestSets):
       files: a listed file that is missing raises an error, and without the lists every
       ``ply_data_*.h5`` found is read, with a warning), placed by hand in
       ``raw/modelnet40_ply_hdf5_2048/``, y-up as stored. A file whose ``data`` or ``label``
-      leads to another file (an HDF5 link, a virtual dataset, external storage) is refused
-      (:func:`~torch_mz.datasets.common.read_h5`).
+      leads to another file (an HDF5 link, a virtual dataset, external storage), is stored
+      with a filter HDF5 and h5py do not build in (whose plugin library HDF5 would load) or
+      lacks data of its declared shape is refused, naming the file and the key
+      (:func:`~torch_mz.datasets.common.read_h5`), as is a ``label`` that is not one class
+      index per shape.
       The first :obj:`num_points` of the 2,048 points of a shape are kept (they are stored in
       random order, and PointNet, DGCNN and PointMLP take the same first 1,024), :obj:`None`
       keeps all. A shape with a non-finite coordinate among any of its points (not only among
@@ -634,20 +637,15 @@ class ModelNet40(TrainTestSets):
         data_list = []
         for path in files:
             arrays = read_h5(path, ('data', 'label'))
-            points, labels = arrays['data'], arrays['label'].reshape(-1)
-            if points.ndim != 3 or points.shape[-1] != 3 or len(labels) != len(points):
+            points = arrays['data']
+            if points.ndim != 3 or points.shape[-1] != 3:
                 raise CorruptRawFileError(
-                    path, f"expected 'data' (N, P, 3) and 'label' (N,) or (N, 1), "
-                    f"got {points.shape} and {arrays['label'].shape}")
+                    path, f"expected 'data' of shape (N, P, 3), got {points.shape}")
+            if points.dtype.kind == 'b':
+                raise CorruptRawFileError(path, "dataset 'data' holds booleans, not coordinates")
+            labels = h5_class_labels(path, arrays['label'], len(points), len(MODELNET40_CLASSES))
             if not len(points):  # (every file of the release holds shapes: one cut short)
                 raise CorruptRawFileError(path, 'holds no shapes')
-            if len(labels) and (labels.min() < 0 or labels.max() >= len(MODELNET40_CLASSES)):
-                raise CorruptRawFileError(path, 'labels outside [0, 40)')
-            if not integer_valued(labels):  # (int() would truncate 3.7 to class 3)
-                raise CorruptRawFileError(path, 'labels that are not whole numbers')
-            if labels.dtype.kind == 'b':
-                raise CorruptRawFileError(path, "dataset 'label' holds booleans, not class "
-                                          "indices in [0, 40)")
             if self.num_points is not None and points.shape[1] < self.num_points:
                 raise ValueError(f"'{path}' holds {points.shape[1]} points per shape, fewer than "
                                  f"num_points={self.num_points}")

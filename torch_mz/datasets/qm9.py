@@ -19,7 +19,6 @@ from torch import Tensor
 from torch_geometric.data import Data, download_url, extract_zip
 from tqdm import tqdm
 
-from torch_mz._checks import check_flag
 from torch_mz._optional import require
 from torch_mz.datasets.common import (
     CorruptRawFileError,
@@ -555,8 +554,8 @@ class QM9(ProcessedDataset):
         self.csv_path = None if csv_path is None else _csv_paths(csv_path)
         self.charge_failure = charge_failure
         self.target_columns = _target_columns(target)
-        # (the text 'False' is true: the cache was rebuilt on every open, without a word)
-        force_reload = check_flag('force_reload', force_reload)
+        # (log and force_reload are checked as flags by ProcessedDataset: the text 'False' is
+        # true, and rebuilt the cache on every open without a word)
         super().__init__(
             default_root('QM9') if root is None else root, transform, pre_transform, pre_filter,
             log=log, force_reload=force_reload)

@@ -16,6 +16,7 @@ from torch_mz.datasets.common import (
     SkipCounter,
     TrainTestSets,
     check_integer,
+    h5_class_labels,
     integer_valued,
     normalize_unit_sphere,
     optional_points,
@@ -62,8 +63,11 @@ class ScanObjectNN(TrainTestSets):
 
     Reads the authors' HDF5 release (datasets ``data`` :math:`(N, 2048, 3)`, ``label`` :math:`(N,)`,
     ``mask`` :math:`(N, 2048)`), placed as ``raw/h5_files/...``; a dataset that leads to another
-    file (an HDF5 link, a virtual dataset, external storage) is refused
-    (:func:`~torch_mz.datasets.common.read_h5`). The variants and their files:
+    file (an HDF5 link, a virtual dataset, external storage), that is stored with a filter HDF5
+    and h5py do not build in (whose plugin library HDF5 would load) or that lacks data of its
+    declared shape is refused, naming the file and the key
+    (:func:`~torch_mz.datasets.common.read_h5`), as is a ``label`` that is not one class index
+    per object. The variants and their files:
 
     ============  =====================================================================
     OBJ_ONLY      ``main_split_nobg/{training,test}_objectdataset.h5``
@@ -257,12 +261,13 @@ class ScanObjectNN(TrainTestSets):
 
     def _process_file(self, path: str, split: str, skipped: SkipCounter) -> List[Data]:
         arrays = read_h5(path, ('data', 'label'), optional=('mask', ))
-        points, labels = arrays['data'], arrays['label'].reshape(-1)
-        mask = arrays.get('mask')
-        if points.ndim != 3 or points.shape[-1] < 3 or len(labels) != len(points):
+        points, mask = arrays['data'], arrays.get('mask')
+        if points.ndim != 3 or points.shape[-1] < 3:
             raise CorruptRawFileError(
-                path, f"expected 'data' (N, P, 3) and 'label' (N,), got "
-                f"{points.shape} and {arrays['label'].shape}")
+                path, f"expected 'data' of shape (N, P, 3), got {points.shape}")
+        if points.dtype.kind == 'b':
+            raise CorruptRawFileError(path, "dataset 'data' holds booleans, not coordinates")
+        labels = h5_class_labels(path, arrays['label'], len(points), len(SCANOBJECTNN_CLASSES))
         if points.shape[-1] > 3 and points.shape[-1] > points.shape[1]:
             # more values per point than points: channels first, (N, 3, P) (as ModelNet40's
             # HDF5 reader asks for (N, P, 3); extra values per point are taken here, after
@@ -294,13 +299,6 @@ class ScanObjectNN(TrainTestSets):
                           UserWarning, stacklevel=2)
         if not len(points):  # (every file of the release holds objects: one cut short)
             raise CorruptRawFileError(path, 'holds no objects')
-        if len(labels) and (labels.min() < 0 or labels.max() >= len(SCANOBJECTNN_CLASSES)):
-            raise CorruptRawFileError(path, f'labels outside [0, {len(SCANOBJECTNN_CLASSES)})')
-        if not integer_valued(labels):  # (int() would truncate 3.7 to class 3)
-            raise CorruptRawFileError(path, 'labels that are not whole numbers')
-        if labels.dtype.kind == 'b':
-            raise CorruptRawFileError(path, f"dataset 'label' holds booleans, not class indices "
-                                      f"in [0, {len(SCANOBJECTNN_CLASSES)})")
         num_available = points.shape[1]
         num_points = self.stored_points
         if self.num_points is not None and num_available < self.num_points:
