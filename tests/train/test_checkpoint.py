@@ -9,7 +9,7 @@ import torch
 
 from tests.test_files import flip_bit_in_record
 from torch_mz.train import (CheckpointError, Trainer, load_checkpoint, save_checkpoint,
-                            seed_everything)
+                            seed_everything, train)
 
 from tests.train._common import (H, REG_TRAIN, REG_VAL, config, params, strip_times,
                                  assert_same_params)
@@ -1184,3 +1184,142 @@ def test_a_run_interrupted_in_its_validation_or_checkpoint_resumes_exactly(tmp_p
         assert_same_params(got['model'], want['model'])
     assert [json.loads(line)['epoch'] for line in
             (out / 'metrics.jsonl').read_text().splitlines()] == [0, 1, 2, 3, 4]
+
+
+def test_a_finished_run_resumed_with_other_settings_is_refused_and_its_records_kept(tmp_path):
+    # a finished run resumed with another lr (the same epochs) trained nothing, yet wrote its
+    # result.json and best.pt anew with the new lr: records of settings it never trained with
+    run = tmp_path / 'run'
+    data, val = REG_TRAIN[:32], REG_VAL[:8]
+    base = dict(epochs=2, out_dir=str(run), grad_clip=1.0)
+    Trainer(H.ToyDeepSets(3, 2), config(**base)).fit(data, val, val)
+    files = {name: (run / name).read_bytes() for name in ('result.json', 'best.pt',
+                                                          'checkpoint.pt')}
+    resume = str(run / 'checkpoint.pt')
+    for change in (dict(lr=0.5), dict(weight_decay=0.3), dict(batch_size=8),
+                   dict(grad_clip=None), dict(warmup_epochs=0), dict(seed=5),
+                   dict(schedule='epoch'), dict(patience=4), dict(num_workers=1)):
+        with pytest.raises(CheckpointError, match='holds a finished run') as refused:
+            train(H.ToyDeepSets(3, 2), data, val, val,
+                  config=config(**dict(base, resume=resume, **change)))
+        key, value = next(iter(change.items()))
+        assert f'{key} ' in str(refused.value) and f'now {value!r}' in str(refused.value)
+        assert {name: (run / name).read_bytes() for name in files} == files, change
+    # ... or another number of processes (result.json records it)
+    state = load_checkpoint(resume)
+    save_checkpoint(dict(state, world_size=2, rng=state['rng'] * 2), run / 'two.pt')
+    with pytest.raises(CheckpointError, match=r'finished run .*world_size 2, now 1'):
+        train(H.ToyDeepSets(3, 2), data, val, val,
+              config=config(**dict(base, resume=str(run / 'two.pt'))))
+    assert {name: (run / name).read_bytes() for name in files} == files
+    # its own settings (and where it is written) resume it: nothing trains
+    Trainer(H.ToyDeepSets(3, 2), config(**dict(base, resume=resume, progress=True))).fit(
+        data, val, val)
+    assert json.loads((run / 'result.json').read_text())['config']['lr'] == config().lr
+    # more epochs train on, under the new settings
+    result = Trainer(H.ToyDeepSets(3, 2), config(**dict(base, epochs=3, lr=0.5,
+                                                        resume=resume))).fit(data, val, val)
+    assert result.epochs_run == 3 and result.history[2]['lr'] > 0
+    assert json.loads((run / 'result.json').read_text())['config']['lr'] == 0.5
+    # fewer epochs than it ran: refused as before, naming them
+    with pytest.raises(ValueError, match='is fewer than the 3 epochs'):
+        Trainer(H.ToyDeepSets(3, 2), config(**dict(base, epochs=2, resume=resume))).fit(data,
+                                                                                          val)
+
+
+def test_a_run_stopped_early_resumed_with_other_settings_is_refused_unless_it_trains_on(
+        tmp_path):
+    # (min_delta: no epoch after the first improves; patience 1 stops it after epoch 1)
+    run = tmp_path / 'run'
+    data, val = REG_TRAIN[:32], REG_VAL[:8]
+    base = dict(epochs=4, patience=1, min_delta=1e9, out_dir=str(run))
+    first = Trainer(H.ToyDeepSets(3, 2), config(**base)).fit(data, val)
+    assert first.stopped_early and first.epochs_run == 2
+    kept = (run / 'result.json').read_bytes()
+    resume = str(run / 'checkpoint.pt')
+    with pytest.raises(CheckpointError, match=r'stopped early: its last 1 epoch did not '
+                                              r'improve .*epochs 4, now 6.*patience >= 2 '):
+        Trainer(H.ToyDeepSets(3, 2), config(**dict(base, epochs=6, resume=resume))).fit(data,
+                                                                                          val)
+    assert (run / 'result.json').read_bytes() == kept
+    again = Trainer(H.ToyDeepSets(3, 2), config(**dict(base, patience=2, resume=resume))).fit(
+        data, val)
+    assert again.epochs_run == 3 and again.stopped_early
+
+
+def test_finished_run_changes_names_only_a_resume_that_trains_nothing():
+    from torch_mz.train.checkpoint import finished_run_changes
+    saved = config(epochs=3, patience=2).to_dict()
+    state = {'config': saved, 'epoch': 2, 'bad_epochs': 0}
+    assert finished_run_changes(state, dict(saved, lr=0.5)) == {'lr': (saved['lr'], 0.5)}
+    assert finished_run_changes(state, dict(saved, device='cuda', out_dir='x')) is None
+    assert finished_run_changes(state, dict(saved, epochs=4, lr=0.5)) is None  # (trains on)
+    assert finished_run_changes(state, dict(saved, epochs=2, lr=0.5)) is None  # (refused so)
+    assert finished_run_changes(dict(state, epoch=1), dict(saved, lr=0.5)) is None
+    stopped = dict(state, epoch=1, bad_epochs=2)
+    assert finished_run_changes(stopped, dict(saved, lr=0.5)) == {'lr': (saved['lr'], 0.5)}
+    assert finished_run_changes(stopped, dict(saved, lr=0.5, patience=3)) is None
+    assert finished_run_changes({'config': saved}, dict(saved, lr=0.5)) is None  # (unknown)
+    assert finished_run_changes(dict(state, world_size=2), saved, world_size=1) == {
+        'world_size': (2, 1)}
+    assert finished_run_changes(dict(state, world_size=2), saved) is None
+
+
+def test_describe_run_shows_what_same_run_compares():
+    # a refusal on pos_dim or the channels described both runs as "model 'egnn'"
+    from torch_mz.train.checkpoint import describe_run, same_run
+
+    def run(name='egnn', **entries):
+        model = dict({'name': name, 'args': {'hidden_channels': 8}, 'in_channels': 3,
+                      'out_channels': 1, 'pos_dim': 3, 'feature_columns': None}, **entries)
+        return {'task': {'name': 'max', 'args': {}, 'split': {'seed': 0}}, 'model': model}
+    for other in (dict(pos_dim=None), dict(in_channels=4), dict(out_channels=2),
+                  dict(pos_dim=None, feature_columns=[0, 2])):
+        assert not same_run(run(), run(**other)), other
+        assert describe_run(run()) != describe_run(run(**other)), other
+        for key, value in other.items():
+            assert f'{key}={value!r}' in describe_run(run(**other))
+    assert describe_run(run()) == ("task 'max' [data: seed=0], model 'egnn' "
+                                   "(hidden_channels=8) [in_channels=3, out_channels=1, "
+                                   "pos_dim=3]")  # (an EGNN given pos_dim reads no columns)
+    # what a preset does not read is not compared, nor shown
+    assert same_run(run('mz', pos_dim=None), run('mz', pos_dim=4))
+    assert 'pos_dim' not in describe_run(run('mz')) and 'in_channels=3' in describe_run(run(
+        'mz'))
+    # the trainer's refusal names the difference
+    from torch_mz.models import build_model
+    trainer = Trainer(build_model('egnn', 3, 1, hidden_channels=8, num_layers=1),
+                      config(), run_info={'task': run()['task']})
+    with pytest.raises(CheckpointError, match=r"pos_dim=3\].*pos_dim=None"):
+        trainer._check_run_info({'run_info': run(args={'hidden_channels': 8,
+                                                       'num_layers': 1})}, 'run.pt')
+
+
+def test_same_run_takes_feature_columns_no_model_reads_as_none(tmp_path):
+    # build_model('deepsets', in, out) records feature_columns None, a task's run its columns
+    # (train_one, the command line): the same model, refused as another run; so was such a
+    # model given to load_model(path, model=...)
+    from torch_mz.inference import check_built_as_recorded
+    from torch_mz.models import build_model
+    from torch_mz.train.checkpoint import same_run
+
+    def run(name, columns, pos_dim=None):
+        return {'model': {'name': name, 'args': {}, 'in_channels': 8, 'out_channels': 1,
+                          'pos_dim': pos_dim, 'feature_columns': columns}}
+    for name in ('mz', 'deepsets', 'perceiver'):
+        assert same_run(run(name, None), run(name, [0, 2])), name
+    assert same_run(run('egnn', [0], pos_dim=3), run('egnn', None, pos_dim=3))  # (unread)
+    for name in ('egnn', 'egnn-qm9', 'my-model'):  # (read without pos_dim; a label may be one)
+        assert not same_run(run(name, None), run(name, [0, 2])), name
+        assert not same_run(run(name, [0, 1]), run(name, [0, 2])), name
+    data, val = REG_TRAIN[:32], REG_VAL[:8]
+
+    def model(columns=None):
+        torch.manual_seed(0)
+        return build_model('deepsets', 3, 2, feature_columns=columns, hidden_channels=8)
+    out = tmp_path / 'run'
+    Trainer(model(), config(epochs=1, warmup_epochs=0, out_dir=str(out))).fit(data, val)
+    resumed = Trainer(model([0, 2]), config(epochs=2, warmup_epochs=0, out_dir=str(out),
+                                            resume=str(out / 'checkpoint.pt'))).fit(data, val)
+    assert resumed.epochs_run == 2
+    check_built_as_recorded(load_checkpoint(out / 'best.pt'), model([0, 2]), 'best.pt')

@@ -793,3 +793,30 @@ def test_a_batch_size_of_one_under_batch_normalisation_is_named_as_such():
                                          r'\(e\.g\. 3\)$'):
         train(_SetBatchNorm(), REG_TRAIN[:17], config=config(epochs=1, batch_size=1),
               task_type='regression')
+
+
+def test_evaluate_scores_the_predictions_predict_returns():
+    # float32 targets near 1e6: evaluate mapped the outputs to target units in float64, predict
+    # (and model(batch)) in float32, rounding to 1/16: the reported test MSE (0.1388) was not
+    # that of the predictions returned (0.1365)
+    seed_everything(0)
+    data = H.make_regression_sets(64, seed=3, offset=1e6, scale=1.0)
+    assert data[0].y.dtype == torch.float32
+    trainer = Trainer(H.ToyDeepSets(3, 2), config(epochs=2))
+    result = trainer.fit(data[:48], data[48:56], data[56:])
+    test = data[56:]
+    pred = trainer.predict(test)
+    assert pred.dtype == torch.float32  # (the targets' precision)
+    err = pred.double() - targets(test).double()
+    assert result.test_metrics['mse'] == pytest.approx(err.pow(2).mean().item(), rel=1e-12)
+    assert result.test_metrics['mae'] == pytest.approx(err.abs().mean().item(), rel=1e-12)
+    # float64 targets: mapped, returned and scored in float64
+    wide = [d.clone() for d in data]
+    for d in wide:
+        d.y = d.y.double()
+    trainer = Trainer(H.ToyDeepSets(3, 2), config(epochs=1, warmup_epochs=0))
+    trainer.fit(wide[:48])
+    pred = trainer.predict(wide[56:])
+    assert pred.dtype == torch.float64
+    assert trainer.evaluate(wide[56:])['mse'] == pytest.approx(
+        (pred - targets(wide[56:])).pow(2).mean().item(), rel=1e-12)

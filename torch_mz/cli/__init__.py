@@ -161,7 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="training seed (default: 0; with --resume, the checkpoint's, and "
                    "no other)")
     p.add_argument('--resume', type=_user_path, help="checkpoint.pt to continue from (in its "
-                   "own folder unless --out says otherwise)")
+                   "own folder unless --out says otherwise); a finished run takes no other "
+                   "training options than its own")
     _add_memory_flag(p)
     p.set_defaults(func=cmd_train)
     p = sub.add_parser('compare', help='train several models over several seeds and tabulate',

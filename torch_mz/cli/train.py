@@ -32,6 +32,41 @@ def _take_model_args(args, state: Dict[str, Any], model: ModelSpec, whose: str) 
               + ', '.join(args.model_arg))
 
 
+#: The command line's flag of each training setting (``--no-normalize``'s is refused by the
+#: trainer for every resume, with its own advice).
+_FLAGS = {'seed': '--seed', 'epochs': '--epochs', 'batch_size': '--batch-size', 'lr': '--lr',
+          'weight_decay': '--weight-decay', 'warmup_epochs': '--warmup-epochs',
+          'grad_clip': '--grad-clip', 'patience': '--patience'}
+
+
+def _refuse_finished_run_changes(args, state: Dict[str, Any]) -> None:
+    r"""A resume of a finished run (no epoch left to train at the given ``--epochs`` and
+    ``--patience``) with training options other than its checkpoint :obj:`state` records,
+    refused before any data are loaded, as another ``--seed`` is: it trained nothing, yet
+    wrote its ``result.json`` and ``best.pt`` anew under the options given (the trainer's own
+    check, :func:`~torch_mz.train.checkpoint.finished_run_changes`, came after the data load)."""
+    from torch_mz.train.checkpoint import _finished_how, finished_run_changes
+    _check_training_args(args)  # (TrainConfig's own checks, named: before the config is made)
+    current = _common._config(args, args.seed, None, args.resume).to_dict()
+    changed = finished_run_changes(state, current) or {}
+    changed = {k: v for k, v in changed.items() if k in _FLAGS}
+    if not changed:
+        return
+    how, needs = _finished_how(state, current)
+
+    def shown(key: str, value: Any) -> str:  # (off, None, is 0 on the command line)
+        return f'{_FLAGS[key]} {0 if value is None else value}'
+    given = ', '.join(shown(k, b) for k, (_, b) in changed.items())
+    own = ', '.join(shown(k, a) for k, (a, _) in changed.items())
+    more = ' and '.join(f'{_FLAGS[k]} {v} or more' for k, v in needs.items())
+    them = 'them' if len(changed) > 1 else 'it'
+    raise CLIError(f"{given}: the finished run of checkpoint '{args.resume}' was trained with "
+                   f"{own}, and {how}: resumed so, it would train nothing, yet record {given} "
+                   f"in its result.json and best.pt; leave {them} out (or pass {own}) to "
+                   f"resume it, pass {more} to train on with {them}, or start a new run "
+                   f"without --resume")
+
+
 def _figures_with_units(test: Dict[str, float], task_type: str, normalized: bool,
                         targets: int = 1) -> str:
     r"""The test figures :obj:`test` of a run as ``train`` prints them, a regression's with
@@ -116,6 +151,8 @@ def cmd_train(args) -> int:
     if epochs_run is not None and args.epochs < epochs_run:
         raise CLIError(f"--epochs {args.epochs} is fewer than the {epochs_run} epochs the "
                        f"checkpoint '{args.resume}' has run: pass --epochs {epochs_run} or more")
+    if args.resume is not None:  # (before the options taken are said)
+        _refuse_finished_run_changes(args, state)
     if taken:
         print('resuming with the training options of the checkpoint (those not given): '
               + ', '.join(taken))

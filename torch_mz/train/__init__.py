@@ -29,7 +29,8 @@ outputs and targets), :mod:`~torch_mz.train.normalize` (target normaliser),
 :mod:`~torch_mz.train.stopping` (:func:`stop_by`: stop between epochs at a deadline) and
 :mod:`~torch_mz.train.trainer` (:class:`Trainer`, :func:`train`). Every public name is
 importable from :mod:`torch_mz.train` itself, but the checkpoint module's comparisons of runs
-(:func:`~torch_mz.train.checkpoint.same_run`, ``describe_run``, ``config_changes``), which
+(:func:`~torch_mz.train.checkpoint.same_run`, ``describe_run``, ``config_changes``,
+``finished_run_changes``), which
 :mod:`torch_mz.cli` uses, stay in that module.
 """
 from torch_mz.train.checkpoint import (CHECKPOINT_FORMAT, CHECKPOINT_VERSION, CheckpointError,

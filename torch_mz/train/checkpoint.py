@@ -5,7 +5,7 @@ import os
 import random
 import re
 import warnings
-from typing import Any, Dict, Mapping, Optional, Union
+from typing import Any, Dict, Mapping, Optional, Tuple, TypeGuard, Union
 
 import numpy as np
 import torch
@@ -21,6 +21,7 @@ __all__ = [
     'CHECKPOINT_FORMAT',
     'CHECKPOINT_VERSION',
     'config_changes',
+    'finished_run_changes',
     'describe_run',
     'same_run',
     'recorded_options',
@@ -326,21 +327,44 @@ def _numpy_number(o: Any) -> Any:
 
 
 def describe_run(info: Dict[str, Any]) -> str:
-    r"""A ``run_info`` dict (task, model, ...) as one line for messages."""
+    r"""A ``run_info`` dict (task, model, ...) as one line for messages, with every entry that
+    :func:`same_run` compares: a task's or model's name, its options in parentheses, a task's
+    data options and sets, and the other entries of each in brackets (a model's
+    ``in_channels``, ``out_channels``, ``pos_dim`` and ``feature_columns``, but for those its
+    preset does not read, which are not compared), so that two runs it refuses as different
+    are not described alike."""
     parts = []
     for key, value in sorted(info.items(), key=lambda kv: (kv[0] != 'task', kv[0] != 'model')):
         if isinstance(value, dict) and 'name' in value:
-            args = ', '.join(f'{k}={v!r}' for k, v in sorted(value.get('args', {}).items()))
-            split = ', '.join(f'{k}={v!r}' for k, v in sorted((value.get('split') or {}).items()))
-            data = value.get('data')  # (a real dataset's sets, by digest: split_digest)
+            if key == 'model':
+                value = _without_unread_entries(value)
+            given, split, data = value.get('args'), value.get('split'), value.get('data')
+            args = (', '.join(f'{k}={v!r}' for k, v in sorted(given.items()))
+                    if isinstance(given, dict) else '')
+            splits = (', '.join(f'{k}={v!r}' for k, v in sorted(split.items()))
+                      if isinstance(split, dict) else '')
+            # (a real dataset's sets, by digest: split_digest)
             sets = ('/'.join(str(data.get(k))[:8] for k in ('train', 'val', 'test'))
                     if isinstance(data, dict) else '')
+            # every other entry (a model's channels, pos_dim, feature columns; one of an
+            # unexpected form), the build's order first
+            shown = {'name'} | {k for k, v in (('args', given), ('split', split), ('data', data))
+                                if v is None or isinstance(v, dict)}
+            rest = sorted((k for k in value if k not in shown),
+                          key=lambda k: (_BUILD_ORDER.index(k) if k in _BUILD_ORDER
+                                         else len(_BUILD_ORDER), k))
+            other = ', '.join(f'{k}={value[k]!r}' for k in rest)
             parts.append(f"{key} {value['name']!r}" + (f' ({args})' if args else '')
-                         + (f' [data: {split}]' if split else '')
+                         + (f' [{other}]' if other else '')
+                         + (f' [data: {splits}]' if splits else '')
                          + (f' [sets {sets}]' if sets else ''))
         else:
             parts.append(f'{key} {value!r}')
     return ', '.join(parts)
+
+
+#: The order in which :func:`describe_run` shows a model's build entries.
+_BUILD_ORDER = ('in_channels', 'out_channels', 'pos_dim', 'feature_columns')
 
 
 def recorded_options(options: Mapping[str, Any]) -> Dict[str, Any]:
@@ -383,16 +407,17 @@ def same_run(saved: Dict[str, Any], current: Dict[str, Any]) -> bool:
     :func:`~torch_mz.tasks.resolved_options` reads them, so that forms of one option that give
     the same task (QM9's ``target`` ``0``, ``'mu'`` or ``['mu']``; a ``d`` of :obj:`None` and
     the task's own; an option left out and its default given) are one run, and so are the
-    build records of a preset that does not read ``pos_dim`` (every one but EGNN's) built with
-    and without it (``build_model('mz', ...)`` passed to :func:`~torch_mz.train.train`, and
-    the command line's, given the task's)."""
+    build records of a preset that does not read ``pos_dim`` and ``feature_columns`` (every one
+    but EGNN's, and an EGNN given ``pos_dim`` its columns) built with and without them
+    (``build_model('mz', ...)`` passed to :func:`~torch_mz.train.train`, and the command
+    line's or :func:`~torch_mz.study.train_one`'s, given the task's)."""
     for key in saved.keys() & current.keys():
         a, b = saved[key], current[key]
         if key == 'task' and isinstance(a, dict) and isinstance(b, dict) and not _same_entry(
                 a.get('args'), b.get('args')):
             a, b = _resolved_task(a), _resolved_task(b)
         if key == 'model' and isinstance(a, dict) and isinstance(b, dict):
-            a, b = _without_unread_pos_dim(a), _without_unread_pos_dim(b)
+            a, b = _without_unread_entries(a), _without_unread_entries(b)
         if isinstance(a, dict) and isinstance(b, dict):
             if any(not _same_entry(a[k], b[k]) for k in a.keys() & b.keys()):
                 return False
@@ -401,18 +426,22 @@ def same_run(saved: Dict[str, Any], current: Dict[str, Any]) -> bool:
     return True
 
 
-def _without_unread_pos_dim(entry: Dict[str, Any]) -> Dict[str, Any]:
-    r"""A ``run_info['model']`` entry without its ``pos_dim`` where its name is a preset that
-    :func:`~torch_mz.models.build_model` builds without reading it (all but
-    :data:`~torch_mz.models.registry.EGNN_PRESETS`); an entry of another name (a caller's
-    label, which may stand for an EGNN) as it is."""
+def _without_unread_entries(entry: Dict[str, Any]) -> Dict[str, Any]:
+    r"""A ``run_info['model']`` entry without the build arguments that
+    :func:`~torch_mz.models.build_model` does not read for its preset: ``pos_dim`` and
+    ``feature_columns`` for all but :data:`~torch_mz.models.registry.EGNN_PRESETS` (a
+    recorded :obj:`None` and the task's value are one model), and an EGNN's
+    ``feature_columns`` beside a ``pos_dim`` (never read: its features are the other
+    columns); an entry of another name (a caller's label, which may stand for an EGNN) as it
+    is."""
     # (the models import this package: lazily)
     from torch_mz.models.registry import EGNN_PRESETS, PRESETS
     name = entry.get('name')
-    if (not isinstance(name, str) or name not in PRESETS or name in EGNN_PRESETS
-            or 'pos_dim' not in entry):
+    if not isinstance(name, str) or name not in PRESETS:
         return entry
-    return {k: v for k, v in entry.items() if k != 'pos_dim'}
+    unread = (('pos_dim', 'feature_columns') if name not in EGNN_PRESETS
+              else ('feature_columns', ) if entry.get('pos_dim') is not None else ())
+    return {k: v for k, v in entry.items() if k not in unread}
 
 
 def _resolved_task(entry: Dict[str, Any]) -> Dict[str, Any]:
@@ -461,6 +490,64 @@ def config_changes(saved: Dict[str, Any], current: Dict[str, Any]) -> Dict[str, 
     :data:`RESUMABLE_CONFIG_CHANGES`."""
     return {k: (saved[k], v) for k, v in current.items()
             if k in saved and saved[k] != v and k not in RESUMABLE_CONFIG_CHANGES}
+
+
+def finished_run_changes(state: Mapping[str, Any], current: Dict[str, Any],
+                         world_size: Optional[int] = None) -> Optional[Dict[str, Any]]:
+    r"""The :func:`config_changes` of a resume, under the configuration :obj:`current`
+    (``config.to_dict()``), of the training checkpoint :obj:`state` where that resume would
+    train no epoch: the run has run its ``current['epochs']``, or has stopped early
+    (``bad_epochs`` at ``current['patience']``); with :obj:`world_size` (the resume's number of
+    processes) also another than the ``world_size`` the checkpoint records, which
+    ``result.json`` records too. :obj:`None` where the resume trains on, or changes nothing,
+    or :obj:`state` does not say how far it ran.
+
+    Such a resume trains nothing, yet writes ``result.json`` and ``best.pt`` anew with the
+    configuration it is given: the records of a finished run would name settings it was never
+    trained with (another ``lr``, ``weight_decay``, ``batch_size``, ``grad_clip``, warm-up,
+    schedule, ``epochs`` or ``patience``, ``seed``...). :class:`~torch_mz.train.Trainer`
+    refuses it, and so does the command line before any data are loaded; a resume that trains
+    on takes the changes from its next epoch (with a warning)."""
+    saved, epoch, epochs = state.get('config'), state.get('epoch'), current.get('epochs')
+    if not (isinstance(saved, dict) and _is_int(epoch) and _is_int(epochs)):
+        return None
+    if epoch + 1 > epochs or (epoch + 1 < epochs and not _stopped(state, current)):
+        return None  # (it trains on: an epoch or more; fewer epochs than run: refused so)
+    changes = config_changes(saved, current)
+    ran = state.get('world_size')
+    if world_size is not None and _is_int(ran) and ran != world_size:
+        changes['world_size'] = (ran, world_size)
+    return changes or None
+
+
+def _stopped(state: Mapping[str, Any], current: Dict[str, Any]) -> bool:
+    r"""Whether the run of checkpoint :obj:`state` has stopped early under :obj:`current`'s
+    patience (as :meth:`~torch_mz.train.Trainer.fit` counts it)."""
+    bad, patience = state.get('bad_epochs'), current.get('patience')
+    return _is_int(bad) and _is_int(patience) and bad >= patience
+
+
+def _finished_how(state: Mapping[str, Any],
+                  current: Dict[str, Any]) -> Tuple[str, Dict[str, int]]:
+    r"""How the run of checkpoint :obj:`state` has finished under :obj:`current` (where
+    :func:`finished_run_changes` refuses its resume), as words, and the least ``epochs`` and
+    ``patience`` under which it would train on (those that must change)."""
+    epoch, bad = state['epoch'], state.get('bad_epochs')
+    epochs, patience = current['epochs'], current['patience']
+    needs: Dict[str, int] = {}
+    words = []
+    if epoch + 1 >= epochs:
+        needs['epochs'] = epoch + 2
+        words.append(f'it has run its {epochs} epochs')
+    if _stopped(state, current) and _is_int(bad):
+        needs['patience'] = bad + 1
+        words.append(f"{'and its' if words else 'it stopped early: its'} last {bad} "
+                     f"epoch{'s' if bad != 1 else ''} did not improve (patience {patience})")
+    return ', '.join(words), needs
+
+
+def _is_int(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _with_build_info(run_info: Optional[Dict[str, Any]],

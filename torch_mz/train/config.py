@@ -75,7 +75,10 @@ class TrainConfig:
         resume (str, optional): Path of a ``checkpoint.pt`` to continue from at its next epoch.
             A run that trains further removes its :obj:`out_dir`'s ``result.json`` once its
             first epoch has trained, until it finishes (stopped before, it would describe the
-            shorter run). (default: :obj:`None`)
+            shorter run). A finished run (no epoch left to train under this configuration)
+            resumed with another configuration is refused: it would train nothing, yet
+            record the new settings in its ``result.json`` and ``best.pt``. (default:
+            :obj:`None`)
         overwrite (bool, optional): A run that does not resume, or resumes from a checkpoint
             in another folder, into an :obj:`out_dir` that holds the files of an earlier run
             (``checkpoint.pt``, ``best.pt``, the metrics, ``result.json``): :obj:`False`

@@ -28,10 +28,12 @@ from torch_mz._files import atomic_write, remove_stale_temp_files, strict_json
 from torch_mz.runtime import freed_memory_kept
 from torch_mz.nn.fused import fused_kernels_mode, set_tanh_kernel, tanh_kernel_in_use
 from torch_mz.train.checkpoint import (CHECKPOINT_FORMAT, CHECKPOINT_VERSION, CheckpointError,
-                                       _cpu_state_dict, _json_values, _rng_difference,
+                                       _cpu_state_dict, _finished_how, _json_values,
+                                       _rng_difference,
                                        _rng_state, _set_rng_state, _torch_mz_version,
                                        _with_build_info,
                                        checkpoint_normalizer, config_changes, describe_run,
+                                       finished_run_changes,
                                        load_checkpoint, load_weights_into, same_run,
                                        save_checkpoint)
 from torch_mz.train.config import TrainConfig, TrainResult
@@ -263,9 +265,14 @@ class Trainer:
     def evaluate(self, dataset: Sequence) -> Dict[str, float]:
         r"""Metrics of the current model on ``dataset``: ``loss`` (the training criterion, on
         normalised targets), and ``mse``, ``mae``, ``r2`` in original units (regression) or
-        ``accuracy`` and ``cross_entropy`` (classification). Under DDP every rank evaluates a
-        disjoint shard and the sums are all-reduced, so all ranks return the same global values;
-        all ranks must call it."""
+        ``accuracy`` and ``cross_entropy`` (classification). The regression metrics score the
+        predictions :meth:`predict` (and ``model(batch)``) return: mapped back to target units
+        in the normaliser's precision (float32 for float32 targets, float64 for float64 ones:
+        :class:`~torch_mz.train.TargetNormalizer`), then widened to float64 for the sums; so
+        the reported MSE is that of the returned predictions, not of predictions mapped in
+        float64, which no caller receives. Under DDP every rank evaluates a disjoint shard and
+        the sums are all-reduced, so all ranks return the same global values; all ranks must
+        call it."""
         if len(dataset) == 0:
             raise ValueError('Expected a non-empty dataset to evaluate')
         if self.uses_normalizer and not self.normalizer.fitted:
@@ -287,7 +294,9 @@ class Trainer:
             loss_sum = self._loss(out, target).to(acc) * n
             pred = _match_pred(_first(out), y, self.task_type)
             if self.task_type == 'regression':
-                err = self._to_original(pred.to(acc)) - y.to(acc)  # (B, t)
+                # the predictions predict() returns (mapped in the normaliser's precision:
+                # float32 for float32 targets), their errors summed in float64
+                err = self._to_original(pred).to(acc) - y.to(acc)  # (B, t)
                 part = torch.cat([loss_sum.new_tensor([n]), loss_sum.view(1), err.pow(2).sum(0),
                                   err.abs().sum(0)])
                 moments = _merge_moments(moments, y.to(acc))
@@ -546,7 +555,10 @@ class Trainer:
         left in ``eval()`` mode, predicting in target units. With
         ``config.resume`` set it continues from that checkpoint at its next epoch; with the same
         configuration, device, torch_mz version and deterministic kernels the result equals that
-        of an uninterrupted run (a resume that differs in one of them is said in a warning).
+        of an uninterrupted run (a resume that differs in one of them is said in a warning;
+        one with another configuration that has no epoch left to train, a finished run's, is
+        refused with a :class:`~torch_mz.train.CheckpointError`: it would record settings the
+        run never trained with).
         Inside :func:`~torch_mz.train.stop_by` it stops after the epoch that ends past the
         deadline, writes that epoch's checkpoint and raises
         :class:`~torch_mz.train.TrainingStopped` (with ``out_dir`` set; a run with nowhere to
@@ -914,6 +926,18 @@ class Trainer:
             'units; resume with normalize_targets={saved} (the command line: {flag} '
             '--no-normalize), or start a new run')
         changed = config_changes(old, self.config.to_dict())
+        unused = finished_run_changes(state, self.config.to_dict(), self.dist.world_size)
+        if unused:  # (as the command line refuses another --seed): it would train nothing,
+            # and write result.json and best.pt anew under settings the run never trained with
+            how, needs = _finished_how(state, self.config.to_dict())
+            raise CheckpointError(
+                f'Checkpoint {path!r} holds a finished run ({how}): resumed with other '
+                f'settings (' + ', '.join(f'{k} {a!r}, now {b!r}' for k, (a, b)
+                                          in unused.items())
+                + ') it would train nothing, yet its result.json and best.pt would record '
+                'them; resume with the settings it was trained with, or with '
+                + ' and '.join(f'{k} >= {v}' for k, v in needs.items())
+                + ' to train on under the new ones, or start a new run')
         # what holds for every process (the checkpoint, the configuration, the number of
         # processes) is said by the main one alone: under torchrun each rank said it again
         main = self.dist.is_main
