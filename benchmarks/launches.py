@@ -56,7 +56,8 @@ again, and a folder holding a partial report is refused without either. A folder
 complete report of another command (other options) is refused without ``--overwrite``, before
 anything is counted; a run of the same options replaces it. Ctrl-C ends a run with
 one line that gives the command to go on (status 130). (``--presets``, about a minute, writes
-its report at the end.)
+its report at the end; a folder holding such a report of other options,
+:data:`PRESETS_SETTINGS`, is refused without ``--overwrite`` likewise.)
 
     python benchmarks/launches.py
     python benchmarks/launches.py --nodes 1000,10000 --aggrs rigid,rigid-whole   # a quick look
@@ -77,10 +78,10 @@ from torch_mz.nn import set_fused_kernels
 from torch_mz.nn import functional
 from torch_mz.nn.functional import clear_layout_cache
 from torch_mz.study import (EXIT_INTERRUPTED, PartialUnit, add_partial_arguments,
-                            check_out_folder, choice_list, environment, int_list, interruptible,
-                            markdown_table, partial_problem, positive_float, positive_int,
-                            pyplot, read_partial, replace_plot, replace_problem, write_results,
-                            write_results_so_far)
+                            check_out_folder, choice_list, environment, in_turn, int_list,
+                            interruptible, markdown_table, partial_problem, positive_float,
+                            positive_int, pyplot, read_partial, replace_plot, replace_problem,
+                            write_results, write_results_so_far)
 # the graphs and aggregations of message_passing.py, the batch and presets of training_step.py
 from torch_mz.study import workloads
 from torch_mz.study.plots import save_figure
@@ -94,6 +95,10 @@ SETTINGS = ('nodes', 'dim', 'degrees', 'aggrs', 'pyg_max_nodes')
 #: ... and the environment's (no option sets them: the operations dispatched are torch's and
 #: PyG's, whose scatter takes torch-scatter's kernels where it is installed)
 ENVIRONMENT = ('torch', 'torch_geometric', 'torch_scatter')
+#: The settings a complete report of ``--presets`` must share with a run that replaces it
+#: without ``--overwrite`` (not ``--gpu-results``: the counts are the same, whichever GPU times
+#: are joined)
+PRESETS_SETTINGS = ('presets', 'clouds', 'points', 'egnn_radius')
 #: What a partial report holds, as ``--resume`` / ``--overwrite`` and their messages name it
 UNIT = PartialUnit('counts', 'count', 'make')
 DEFAULT_AGGRS = ('pyg', 'pyg-flat', 'rigid', 'rigid-whole', 'default')
@@ -427,7 +432,9 @@ def main(argv: Optional[List[str]] = None) -> Optional[int]:
                              'beside the counts of --presets (default: %(default)s)')
     parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results',
                                                       NAME))
-    add_partial_arguments(parser, UNIT, resume_note=' (not with --presets)')
+    add_partial_arguments(parser, UNIT, resume_note=' (not with --presets)', overwrite_note=(
+        f'; with --presets: replace the {PRESETS_NAME} report of other options in --out '
+        f'(without it, such a folder is refused)'))
     args = parser.parse_args(argv)
     # (before anything is counted: a run refused at its end had counted for nothing)
     problem = check_out_folder(args.out)
@@ -449,15 +456,19 @@ def main(argv: Optional[List[str]] = None) -> Optional[int]:
                               UNIT)
     if problem:
         parser.error(problem)
-    if args.presets and (args.resume or args.overwrite):
-        parser.error(f"argument --{'resume' if args.resume else 'overwrite'}: not allowed with "
-                     f'--presets (which writes its report at the end, after about a minute)')
-    if not args.presets:  # (a complete report of other options is not replaced unasked)
-        problem = replace_problem(os.path.join(args.out, f'{NAME}.json'), args, SETTINGS,
-                                  str(_environment(argv)['command']), args.overwrite,
-                                  resumed=args.resume and os.path.exists(partial))
-        if problem:
-            parser.error(problem)
+    if args.presets and args.resume:
+        parser.error('argument --resume: not allowed with --presets (which writes its report '
+                     'at the end, after about a minute)')
+    # (a complete report of other options is not replaced unasked: --presets' own, or the
+    # aggregations')
+    command = str(_environment(argv)['command'])
+    problem = (replace_problem(os.path.join(args.out, f'{PRESETS_NAME}.json'), args,
+                               PRESETS_SETTINGS, command, args.overwrite, resumed=False)
+               if args.presets else
+               replace_problem(os.path.join(args.out, f'{NAME}.json'), args, SETTINGS, command,
+                               args.overwrite, resumed=args.resume and os.path.exists(partial)))
+    if problem:
+        parser.error(problem)
     kept: Dict[Tuple[int, str], Dict] = {}
     earlier_minutes = 0.0
     if args.resume:
@@ -474,30 +485,21 @@ def main(argv: Optional[List[str]] = None) -> Optional[int]:
     start = time.time()
     rows: List[Dict] = []
     note = None
-    wrote = False  # (whether this call wrote a report yet)
     kept = {job: row for job, row in kept.items() if job in jobs}
     # (kept: the partial report resumed, else none before this call wrote a report)
     with interruptible(__file__, sys.argv[1:] if argv is None else argv, parser,
                        kept=partial if kept else None, what='counts') as stop:
-        for done, (nodes, aggr) in enumerate(jobs, 1):
-            if (nodes, aggr) in kept:
-                row = kept[(nodes, aggr)]
-            else:
-                row = count_one(nodes, aggr, args.dim, args.degrees)
-            rows.append(row)
+        # (the counts kept not reached yet stay in the partial report: turn.reached)
+        for turn in in_turn(jobs, kept, lambda job: count_one(*job, args.dim, args.degrees)):
+            (nodes, aggr), row, rows = turn.key, turn.value, turn.reached
             print(f"N={nodes:7d} E={row['edges']:8d} {aggr:12s} {row['ops']:7d} ops "
                   f"{row['kernels']:7d} kernels ({row['kernels_per_1k_edges']:.2f} per 1k "
-                  f"edges) {row['syncs']:6d} syncs" + (' (kept)' if (nodes, aggr) in kept
-                                                      else ''), flush=True)
-            if (nodes, aggr) in kept and (wrote or done < len(jobs)):
-                continue  # (nothing new to write; every count kept: written at the last)
-            # the counts kept not reached yet stay in the partial report
-            ahead = [kept[job] for job in jobs[done:] if job in kept]
-            pending = len(jobs) - done - len(ahead)
-            minutes = earlier_minutes + (time.time() - start) / 60
-            note = write_report(args, argv, rows + ahead, pending, minutes)
-            stop.kept = partial if pending else os.path.join(args.out, f'{NAME}.json')
-            wrote = True
+                  f"edges) {row['syncs']:6d} syncs" + (' (kept)' if turn.kept else ''),
+                  flush=True)
+            if turn.write:
+                minutes = earlier_minutes + (time.time() - start) / 60
+                note = write_report(args, argv, rows, turn.pending, minutes)
+                stop.kept = partial if turn.pending else os.path.join(args.out, f'{NAME}.json')
     if stop.note:
         print(stop.note, file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED

@@ -129,7 +129,9 @@ interrupted run's rows were lost); ``--overwrite`` measures every row and replac
 ends a run with one line that gives the command to go on (status 130). A folder holding the
 complete report of another command (other options, :data:`REPORT_SETTINGS`) is refused without
 ``--overwrite``, before anything is measured (``--resume`` would keep the rows of this run's
-configurations alone); a run of the same options replaces it, unless rows fail that it measured:
+configurations alone), and so, with ``--resume``, is the partial report of another command
+(whose other rows this run would drop with it), both commands named; a run of the same options
+replaces the complete report, unless rows fail that it measured:
 it is then kept, this run's report stays partial (``lost``: those rows), and ``--resume``
 measures them again, or ``--overwrite`` replaces the earlier report with it.
 """
@@ -149,8 +151,9 @@ from torch_mz.study import (EXIT_INTERRUPTED, MeasurementFailed, PartialUnit,
                             environment, in_fresh_process, int_list, interruptible,
                             markdown_table, nonnegative_int, overwriting, partial_problem,
                             peak_memory_bytes, positive_float, positive_int, pyplot,
-                            replace_plot, replace_problem, same_settings_report,
-                            settings_differ, time_call, write_results_so_far)
+                            replace_plot, replace_problem, resume_problem,
+                            same_settings_report, settings_differ, time_call,
+                            write_results_so_far)
 from torch_mz.study.plots import save_figure
 from torch_mz.study.workloads import (AGGRS, DEGREES, MERGED, build_aggr, fit_slope,
                                       pyg_width_problem, random_graph)
@@ -723,12 +726,18 @@ def main():
                                   'beside it measured them)'))
     if problem:
         parser.error(problem)
+    # the rows' threads (each row sets them in its process), not this process's
+    env = dict(environment(), threads=args.threads)
+    # (nor is the partial report of other options: this run would replace it, keeping the rows
+    # of its own configurations alone)
+    problem = (resume_problem(partial, args, report_settings(args), env['command'], PREDATED)
+               if args.resume else None)
+    if problem:
+        parser.error(problem)
     kept, earlier_minutes, note = [], 0.0, None
     if args.resume:
         kept, earlier_minutes, note = earlier_rows(
             partial if os.path.exists(partial) else os.path.join(args.out, f'{NAME}.json'), args)
-    # the rows' threads (each row sets them in its process), not this process's
-    env = dict(environment(), threads=args.threads)
     complete_path = os.path.join(args.out, f'{NAME}.json')
     # (a complete report of other options is not replaced unasked, but by the run that a
     # partial report resumed here began; one of these options is, but for the rows that fail

@@ -59,7 +59,9 @@ and ``--resume`` makes them again, or ``--overwrite`` replaces the earlier repor
 
 With ``--flops-only`` it only counts the FLOPs of one training step and one inference call of
 each preset (no timing, so it need not run on a quiet machine) and writes
-``training_step_flops.{json,md}``.
+``training_step_flops.{json,md}``, at its end; a folder holding such a report of other options
+(:data:`FLOPS_SETTINGS`) is refused without ``--overwrite``, before anything is counted, naming
+both commands.
 
     python benchmarks/training_step.py --quick
     python benchmarks/training_step.py
@@ -117,6 +119,11 @@ SETTINGS = ('models', 'clouds', 'points', 'repeats', 'rounds', 'threads', 'devic
 PREDATED = dict(rounds=1)
 #: What a partial report holds, as ``--resume`` / ``--overwrite`` and their messages name it
 UNIT = PartialUnit('measurements', 'measurement', 'make')
+FLOPS_NAME = 'training_step_flops'  # <out>/training_step_flops.{json,md}: --flops-only's report
+#: The settings a ``--flops-only`` report must share with a run that replaces it without
+#: ``--overwrite``: those that change a count (nothing is timed: not the repeats, rounds or
+#: threads)
+FLOPS_SETTINGS = ('models', 'clouds', 'points', 'device', 'egnn_radius')
 #: The options of the MZ-Set-Transformer body each suffix sets.
 BODY_OPTIONS = {WHOLE[1:]: dict(chunk_size=None), GROUPS[1:]: dict(checkpoint='auto'),
                 KEPT[1:]: dict(chunk_size=KEPT_ROWS, checkpoint=False)}
@@ -308,9 +315,9 @@ def flops_only(args) -> None:
                 f"step is forward, cross-entropy, backward and the AdamW update (which has no "
                 f"matrix products), as in the timed rows; inference is one `eval()` forward "
                 f"without gradients.\n\n" + markdown_table(rows, cols))
-    write_results(args.out, 'training_step_flops',
-                  dict(environment=env, config=vars(args), rows=rows), markdown)
-    print(f'wrote {args.out}/training_step_flops.json, .md')
+    write_results(args.out, FLOPS_NAME, dict(environment=env, config=vars(args), rows=rows),
+                  markdown)
+    print(f'wrote {args.out}/{FLOPS_NAME}.json, .md')
 
 
 def failed_text(failed: List[dict], rows: List[dict], rounds: int) -> str:
@@ -577,7 +584,9 @@ def main():
     parser.add_argument('--flops-only', action='store_true',
                         help='only count the FLOPs of a training step and of inference (no '
                              'timing) and write training_step_flops.{json,md}')
-    add_partial_arguments(parser, UNIT)
+    add_partial_arguments(parser, UNIT, overwrite_note=(
+        '; with --flops-only: replace the FLOP counts of other options in --out (without it, '
+        'such a folder is refused)'))
     parser.add_argument('--_one', help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._one:
@@ -597,7 +606,12 @@ def main():
     problem = check_out_folder(args.out)  # (found only once every row was measured)
     if problem:
         parser.error(problem)
-    if args.flops_only:
+    if args.flops_only:  # (its report, written at the end, is not replaced unasked either)
+        problem = partial_problem(args.resume, args.overwrite, None, UNIT) or replace_problem(
+            os.path.join(args.out, f'{FLOPS_NAME}.json'), args, FLOPS_SETTINGS,
+            environment()['command'], args.overwrite, resumed=False)
+        if problem:
+            parser.error(problem)
         flops_only(args)
         return None
     partial = os.path.join(args.out, f'{PARTIAL}.json')

@@ -2,8 +2,10 @@ r"""Running the scripts of ``benchmarks/`` from the tests: loaded as modules, or
 ``__main__`` with an argument list (the scripts are not a package)."""
 import importlib.util
 import runpy
+import shlex
 import sys
 from pathlib import Path
+from typing import List
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / 'benchmarks'
 
@@ -14,6 +16,18 @@ def load_script(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def recorded_argv(command: str, name: str, out) -> List[str]:
+    r"""The arguments of :obj:`command`, the command line a committed report of
+    ``benchmarks/<name>.py`` records (a note after it, set off by two spaces and a bracket, left
+    out), with :obj:`out` as its ``--out``: that command run again into another folder."""
+    words = shlex.split(command.split('  (')[0])
+    start = next(i for i, word in enumerate(words) if word.endswith(f'benchmarks/{name}.py'))
+    argv = words[start + 1:]
+    if '--out' in argv:
+        del argv[argv.index('--out'):argv.index('--out') + 2]
+    return argv + ['--out', str(out)]
 
 
 def run_main(name: str, argv):

@@ -295,3 +295,45 @@ def test_a_complete_report_of_another_command_is_not_replaced_unasked(launches, 
     assert launches.main(argv + ['--dim', '16', '--overwrite']) is None
     assert json.loads(complete.read_text())['config']['dim'] == 16
     assert calls == [(10, 'rigid')] * 2
+
+
+def test_a_presets_report_of_another_command_is_not_replaced_unasked(launches, tmp_path,
+                                                                     monkeypatch, capsys):
+    # --presets wrote launches_presets.json over the counts of other presets unasked (and
+    # refused --overwrite, the one way to replace them)
+    calls = []
+    monkeypatch.setattr(launches, 'count_preset', lambda name, clouds, points, radius: (
+        calls.append(name) or dict(model=name, clouds=clouds, points=points, egnn_radius=radius,
+                                   train_ops=9, train_kernels=8, train_syncs=0, infer_ops=5,
+                                   infer_kernels=4, infer_syncs=0)))
+    monkeypatch.setattr(launches, 'set_fused_kernels', lambda on: None)
+    monkeypatch.setattr(launches.torch, 'set_num_threads', lambda n: None)
+    out = tmp_path / 'launches'
+    argv = ['--clouds', '2', '--points', '16', '--out', str(out)]
+    gpu = ['--gpu-results', str(tmp_path / 'none.json')]
+    assert launches.main(['--presets', 'rigid,mz'] + argv + gpu) is None
+    complete = out / 'launches_presets.json'
+    earlier = complete.read_text()
+    command = json.loads(earlier)['environment']['command']
+    calls.clear()
+    for extra, differ in ((['--presets', 'egnn'], "presets ['rigid', 'mz'] there, ['egnn'] here"),
+                          (['--presets', 'rigid,mz', '--egnn-radius', '0.5'],
+                           'egnn_radius 0.25 there, 0.5 here')):
+        with pytest.raises(SystemExit) as exit_:
+            launches.main(extra + argv + gpu)
+        assert exit_.value.code == 2
+        message = capsys.readouterr().err
+        assert (f'argument --out: {complete} is the complete report of another command '
+                f'(`{command}`)') in message and differ in message, message
+        assert 'pass --overwrite to replace it' in message
+    assert calls == [] and complete.read_text() == earlier
+    # the same presets (in another order, other GPU times joined: the same counts) count
+    # again and replace it, whatever the aggregations' report beside it holds; --overwrite
+    # replaces another command's
+    (out / 'launches.json').write_text(json.dumps(dict(config=dict(dim=8), rows=[])))
+    assert launches.main(['--presets', 'mz,rigid'] + argv + [
+        '--gpu-results', str(tmp_path / 'other.json')]) is None
+    assert calls == ['mz', 'rigid']
+    assert launches.main(['--presets', 'egnn', '--overwrite'] + argv + gpu) is None
+    assert [r['model'] for r in json.loads(complete.read_text())['rows']] == ['egnn']
+    assert json.loads((out / 'launches.json').read_text()) == dict(config=dict(dim=8), rows=[])

@@ -862,6 +862,52 @@ def test_training_step_refuses_to_replace_the_complete_report_of_another_command
     assert [r['model'] for r in json.loads(complete.read_text())['rows']] == ['egnn']
 
 
+def test_training_step_flops_only_refuses_to_replace_the_counts_of_another_command(
+        tmp_path, monkeypatch, capsys):
+    # --flops-only wrote training_step_flops.json over the counts of other options unasked
+    script = load_script('training_step')
+    counted = []
+    monkeypatch.setattr(script, 'count_preset_flops', lambda name, *a: counted.append(name) or
+                        dict(model=name, params=1, gflop_per_step=2.0, infer_gflop=1.0))
+    monkeypatch.setattr(script.torch, 'set_num_threads', lambda n: None)  # (--threads 2)
+    out = tmp_path / 'flops'
+    complete = out / 'training_step_flops.json'
+    argv = ['training_step.py', '--flops-only', '--models', 'rigid,mz', '--clouds', '2',
+            '--points', '8', '--out', str(out)]
+
+    def main(*extra):
+        monkeypatch.setattr(sys, 'argv', argv + list(extra))
+        capsys.readouterr()
+        try:
+            script.main()
+        except SystemExit as e:
+            assert e.code == 2
+            return capsys.readouterr().err
+        return None
+    assert main() is None and counted == ['rigid', 'mz']
+    earlier = complete.read_text()
+    command = json.loads(earlier)['environment']['command']
+    counted.clear()
+    for extra, differ in ((['--points', '16'], 'points 8 there, 16 here'),
+                          (['--models', 'egnn'], "models ['rigid', 'mz'] there, ['egnn'] here"),
+                          (['--egnn-radius', '0.5'], 'egnn_radius 0.25 there, 0.5 here')):
+        err = main(*extra)
+        assert (f'argument --out: {complete} is the complete report of another command '
+                f'(`{command}`)') in err and differ in err, err
+        assert f"{' '.join(extra)}`) would replace: pass --overwrite to replace it" in err
+    assert '(in place of --resume)' in main('--points', '16', '--resume')
+    assert 'not allowed with --resume' in main('--resume', '--overwrite')
+    assert counted == [] and complete.read_text() == earlier
+    # the same counts (the models as an older report's text; repeats and threads count
+    # nothing) are made again and replace it; --overwrite replaces another command's
+    data = json.loads(earlier)
+    data['config']['models'] = 'rigid,mz'
+    complete.write_text(json.dumps(data))
+    assert main('--repeats', '2', '--threads', '2') is None and counted == ['rigid', 'mz']
+    assert main('--models', 'egnn', '--overwrite') is None
+    assert [r['model'] for r in json.loads(complete.read_text())['rows']] == ['egnn']
+
+
 def test_training_step_refuses_more_rounds_over_a_report_older_than_rounds(
         tmp_path, monkeypatch, capsys, no_measuring):
     # a report written before --rounds (no 'rounds' in its config: one round) was replaced
@@ -1499,9 +1545,10 @@ def test_message_passing_records_the_threads_of_its_rows(tmp_path, monkeypatch):
 
 
 def test_message_passing_resumes_nothing_measured_otherwise(tmp_path, monkeypatch, capsys):
-    r"""``--resume`` measures again every row of a partial report written with other settings
-    (and says so), and failed rows, and refuses a complete report of other settings, which the
-    run would replace (``--overwrite`` does); without ``--resume`` every row is measured."""
+    r"""``--resume`` measures failed rows again, and refuses a complete or partial report of
+    other settings, which the run would replace (``--overwrite`` does); a partial report whose
+    rows no setting that differs changes (``--chunk-rows`` without ``*-chunks`` rows) is
+    measured again, every row (and said so); without ``--resume`` every row is measured."""
     mp = load_script('message_passing')
     out = tmp_path / 'mp'
     measured = []
@@ -1532,10 +1579,18 @@ def test_message_passing_resumes_nothing_measured_otherwise(tmp_path, monkeypatc
                                                               '--resume'],
                         monkeypatch, capsys, 'complete report of another command',
                         '--overwrite (in place of --resume)')
-        # (as a partial report: measured again, every row)
+        # (as a partial report: another command's, refused likewise; where no row changes,
+        # measured again, every row)
         os.replace(other_out / 'message_passing.json', other_out / 'message_passing.partial.json')
         measured.clear()
         capsys.readouterr()
+        if other != ['--chunk-rows', '64']:
+            usage_error('message_passing', MP_ARGV + other + ['--out', str(other_out),
+                                                              '--resume'],
+                        monkeypatch, capsys, 'partial report of another command',
+                        '--overwrite (in place of --resume)')
+            assert not measured
+            continue
         run_message_passing(mp, MP_ARGV + other + ['--out', str(other_out), '--resume'],
                             monkeypatch, counts)
         assert len(measured) == 4, other
@@ -1544,6 +1599,42 @@ def test_message_passing_resumes_nothing_measured_otherwise(tmp_path, monkeypatc
     measured.clear()
     run_message_passing(mp, MP_ARGV + ['--out', str(out)], monkeypatch, counts)
     assert len(measured) == 4
+
+
+def test_message_passing_resume_refuses_the_partial_report_of_another_command(
+        tmp_path, monkeypatch, capsys):
+    # --resume of a run with other graphs kept the rows of the interrupted run's partial
+    # report that matched, measured its own, and replaced that report: the other command's
+    # rows (here its 10^3-node graph) were lost without a word
+    mp = load_script('message_passing')
+    out = tmp_path / 'mp'
+    partial = out / 'message_passing.partial.json'
+    measured = []
+
+    def stops_at_the_third(cfg):
+        if len(measured) == 2:
+            raise KeyboardInterrupt
+        measured.append((cfg['aggr'], cfg['nodes']))
+        return fake_row(cfg)
+    assert run_message_passing(mp, MP_ARGV + ['--out', str(out)], monkeypatch,
+                               stops_at_the_third) == mp.EXIT_INTERRUPTED
+    earlier = partial.read_text()
+    command = json.loads(earlier)['environment']['command']
+    measured.clear()
+    capsys.readouterr()
+    other = ['--aggrs', 'pyg,rigid', '--degrees', 'poisson', '--dims', '16', '--nodes', '10000',
+             '--graphconv-nodes', '0', '--out', str(out), '--resume']
+    err = usage_error('message_passing', other, monkeypatch, capsys,
+                      f'argument --resume: {partial} is the partial report of another command '
+                      f'(`{command}`)', 'nodes [1000, 10000] there, [10000] here',
+                      'pass --overwrite (in place of --resume)')
+    assert 'message_passing.py --aggrs pyg,rigid --degrees poisson --dims 16 --nodes 10000' in err
+    assert partial.read_text() == earlier and not measured
+    # its own command resumes it; --overwrite replaces it
+    run_message_passing(mp, MP_ARGV + ['--out', str(out), '--resume'], monkeypatch,
+                        lambda cfg: measured.append((cfg['aggr'], cfg['nodes'])) or fake_row(cfg))
+    assert measured == [('pyg', 10000), ('rigid', 10000)] and not partial.exists()
+    assert len(report(out)[0]['rows']) == 4
 
 
 @pytest.mark.parametrize('damaged', [

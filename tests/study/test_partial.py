@@ -8,18 +8,19 @@ import json
 import pytest
 
 import torch_mz.study
-from torch_mz.study.partial import (PartialUnit, add_partial_arguments, overwriting,
+from torch_mz.study.partial import (PartialUnit, add_partial_arguments, in_turn, overwriting,
                                     partial_problem, read_partial, replace_problem,
-                                    same_settings_report, settings_differ, write_results_so_far)
+                                    resume_problem, same_settings_report, settings_differ,
+                                    write_results_so_far)
 
 SIZES = PartialUnit('sizes', 'size')
 COUNTS = PartialUnit('counts', 'count', 'make')
 
 
 def test_the_names_are_exported():
-    for name in ('PartialUnit', 'add_partial_arguments', 'overwriting', 'partial_problem',
-                 'read_partial', 'replace_problem', 'same_settings_report', 'settings_differ',
-                 'write_results_so_far'):
+    for name in ('PartialUnit', 'Turn', 'add_partial_arguments', 'in_turn', 'overwriting',
+                 'partial_problem', 'read_partial', 'replace_problem', 'resume_problem',
+                 'same_settings_report', 'settings_differ', 'write_results_so_far'):
         assert name in torch_mz.study.__all__ and hasattr(torch_mz.study, name)
 
 
@@ -245,3 +246,72 @@ def test_overwriting_reads_whether_a_partial_report_was_begun_by_overwrite(tmp_p
                           ('e', 'not json')):
         assert overwriting(write(tmp_path / f'{name}.json', payload)) is False
     assert overwriting(str(tmp_path / 'none.json')) is False
+
+
+def test_resume_problem_refuses_the_partial_report_of_another_command(tmp_path):
+    # message_passing.py --resume of other graphs replaced the partial report of another
+    # command (keeping the rows that matched): the rest of the interrupted run was lost
+    args = argparse.Namespace(nodes=[10], inference=False, resume=True)
+    path = write(tmp_path / 'x.partial.json', dict(
+        config=dict(nodes=[10, 100]), environment=dict(command='python x.py --nodes 10,100'),
+        rows=[]))
+    assert resume_problem(path, args, ('nodes', 'inference'), 'python x.py --nodes 10',
+                          predated=dict(inference=False)) == (
+        f"argument --resume: {path} is the partial report of another command (`python x.py "
+        f"--nodes 10,100`), written with other settings (nodes [10, 100] there, [10] here), "
+        f"which this run (`python x.py --nodes 10`) would replace: pass --overwrite (in place "
+        f"of --resume) to replace it, or give another --out")
+    # its settings (a switch it predates as off), none there, or a file of no such report:
+    # nothing refused
+    args.nodes = [100, 10]
+    assert resume_problem(path, args, ('nodes', 'inference'), 'c',
+                          predated=dict(inference=False)) is None
+    args.inference = True
+    assert 'inference False there, True here' in resume_problem(
+        path, args, ('nodes', 'inference'), 'c', predated=dict(inference=False))
+    for payload in ('not json', dict(rows=[]), dict(config=3)):
+        assert resume_problem(write(tmp_path / 'y.json', payload), args, ('nodes', ), 'c') is None
+    assert resume_problem(str(tmp_path / 'none.json'), args, ('nodes', ), 'c') is None
+
+
+def test_a_report_that_records_its_settings_as_setup_is_compared(tmp_path):
+    # compile_graphs.py's reports (write_report's) record their options under 'setup', not
+    # 'config': read as no report of these scripts, they were replaced unasked
+    args = argparse.Namespace(nodes=[10], resume=False)
+    path = write(tmp_path / 'x.json', dict(setup=dict(nodes=[20]), rows=[],
+                                           environment=dict(command='python x.py', torch='2')))
+    assert 'nodes [20] there, [10] here' in replace_problem(path, args, ('nodes', ), 'c', False,
+                                                            False, record='setup')
+    assert replace_problem(path, args, ('nodes', ), 'c', False, False) is None  # (no config)
+    assert 'nodes [20] there' in resume_problem(path, args, ('nodes', ), 'c', record='setup')
+    with pytest.raises(ValueError, match=r'nodes \[20\] there, \[10\] here'):
+        read_partial(path, args, ('nodes', ), SIZES, record='setup')
+    args.nodes = [20]
+    assert same_settings_report(path, args, ('nodes', ), record='setup')['rows'] == []
+    assert read_partial(path, args, ('nodes', ), SIZES, env=dict(torch='2'),
+                        environment=('torch', ), record='setup')['rows'] == []
+
+
+def test_in_turn_keeps_what_was_kept_and_says_when_to_write():
+    made = []
+
+    def make(key):
+        made.append(key)
+        return 10 * key
+    turns = list(in_turn([1, 2, 3, 4], {2: 'k2', 4: 'k4'}, make))
+    assert made == [1, 3]  # (the kept values are not made again)
+    assert [(t.key, t.value, t.kept) for t in turns] == [
+        (1, 10, False), (2, 'k2', True), (3, 30, False), (4, 'k4', True)]
+    # what the report shows holds the kept values not reached yet (a report of the values
+    # reached alone, were the run stopped then, lost them); nothing new to write at a kept one
+    assert [(t.reached, t.pending, t.write) for t in turns] == [
+        ([10, 'k2', 'k4'], 1, True), ([10, 'k2', 'k4'], 1, False),
+        ([10, 'k2', 30, 'k4'], 0, True), ([10, 'k2', 30, 'k4'], 0, False)]
+    # every value kept: the complete report written once, at the last; none kept: after each
+    turns = list(in_turn(['a', 'b'], {'a': 1, 'b': 2}, make))
+    assert [(t.write, t.pending, t.reached) for t in turns] == [(False, 0, [1, 2]),
+                                                                  (True, 0, [1, 2])]
+    made.clear()
+    assert [(t.write, t.pending, t.reached) for t in in_turn([5, 6], {}, make)] == [
+        (True, 1, [50]), (True, 0, [50, 60])]
+    assert made == [5, 6]

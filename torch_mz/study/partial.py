@@ -1,6 +1,6 @@
 r"""Partial reports: what the benchmark scripts that write their report after every measurement
-(``scaling.py``, ``message_passing.py``, ``training_step.py``, ``speed.py``, ``launches.py``)
-share about ``--resume`` and ``--overwrite``.
+(``scaling.py``, ``message_passing.py``, ``training_step.py``, ``speed.py``, ``launches.py``,
+``compile_graphs.py``, ``kernels.py``) share about ``--resume`` and ``--overwrite``.
 
 Such a script writes ``<out>/<name>.partial.{json,md}`` while measurements remain, and the
 complete report (which removes the partial one: :func:`~torch_mz.study.remove_results`) after
@@ -20,14 +20,22 @@ those measurements, which ``--resume`` makes again), unless it was begun with ``
 * :func:`read_partial`: a partial report read back for ``--resume``, refused (a
   :class:`ValueError` that says to pass ``--overwrite``) where it is damaged or was written with
   other settings, or in another environment (:func:`settings_differ`);
+* :func:`in_turn`: the measurements of a run in their order, those a partial report kept read
+  back, and when to write the report (:class:`Turn`);
 * :func:`write_results_so_far`: the partial report, or the complete one that replaces it;
 * :func:`replace_problem`: the usage error of a call that would replace, without
   ``--overwrite``, the complete report of another command (other settings) in ``--out``;
+* :func:`resume_problem`: the usage error of a call given ``--resume`` where ``--out`` holds the
+  partial report of another command (other settings), which it would replace;
 * :func:`same_settings_report`: the complete report in ``--out`` where it was written with this
   run's settings: the measurements that, failing in this run, its report would lose (the
   scripts then keep that report and leave theirs partial, listing them as ``lost``).
 * :func:`overwriting`: whether a partial report was begun by a call given ``--overwrite``,
   whose resumed run replaces the complete report whatever fails (its payload's ``overwrite``).
+
+A report records its settings under ``config`` (``setup`` in those that
+:func:`~torch_mz.study.write_report` writes: the functions that read one take the key as
+``record``).
 
 Library code: nothing here prints or parses a command line (the scripts pass the problems found to
 ``parser.error``).
@@ -35,7 +43,8 @@ Library code: nothing here prints or parses a command line (the scripts pass the
 import argparse
 import json
 import os
-from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence
+from typing import (Any, Callable, Dict, Hashable, Iterator, List, Mapping, NamedTuple, Optional,
+                    Sequence)
 
 from torch_mz.study.report import remove_results, write_results
 
@@ -143,11 +152,12 @@ def settings_differ(there: Mapping[str, Any], here: Mapping[str, Any],
 def read_partial(path: str, args: argparse.Namespace, settings: Sequence[str],
                  unit: PartialUnit, keep: Optional[Callable[[Dict[str, Any]], Any]] = None,
                  env: Optional[Mapping[str, Any]] = None,
-                 environment: Sequence[str] = ()) -> Any:
+                 environment: Sequence[str] = (), record: str = 'config') -> Any:
     r"""The partial report :obj:`path` read back for ``--resume``: what :obj:`keep` takes from
     its JSON object (the object itself without :obj:`keep`).
 
-    The report must hold a ``config`` whose :obj:`settings` are this run's (:obj:`args`) and,
+    The report must hold a ``config`` (:obj:`record`) whose :obj:`settings` are this run's
+    (:obj:`args`) and,
     where :obj:`environment` names keys, an ``environment`` whose values for them are those of
     :obj:`env` (this run's; not compared where :obj:`None`). A file that cannot be read (not
     JSON, a key missing, or :obj:`keep` failing on it) raises a :class:`ValueError`
@@ -167,11 +177,12 @@ def read_partial(path: str, args: argparse.Namespace, settings: Sequence[str],
         env (Mapping, optional): this run's environment (default: :obj:`None`).
         environment (Sequence[str], optional): the keys of :obj:`env` the report's
             ``environment`` must share (default: ``()``).
+        record (str, optional): the key of the report's settings (default: ``'config'``).
     """
     try:
         with open(path) as f:
             report = json.load(f)
-        config = report['config']
+        config = report[record]
         there = {key: config.get(key) for key in settings}
         measured_in = ({key: dict(report['environment']).get(key) for key in environment}
                        if environment else {})
@@ -188,6 +199,50 @@ def read_partial(path: str, args: argparse.Namespace, settings: Sequence[str],
     return kept
 
 
+class Turn(NamedTuple):
+    r"""One measurement of a run, as :func:`in_turn` yields it.
+
+    Attributes:
+        key (Hashable): the measurement (its key in the run's plan).
+        value (Any): what it gave: made now, or kept from the run resumed.
+        kept (bool): whether :attr:`value` was kept (``--resume``), not made now.
+        reached (list): the values of the keys reached so far and the kept values of those
+            not reached yet, in the plan's order: what the report shows now (a report written
+            with the keys reached alone lost the kept ones ahead, were the run stopped then).
+        pending (int): the keys not reached yet that are not kept: the measurements left.
+        write (bool): whether the report is to be written now: :obj:`False` for a kept value
+            where nothing changed since the report last written (or, before any was written,
+            where keys remain: a run that keeps them all writes its complete report once, at
+            the last).
+    """
+    key: Hashable
+    value: Any
+    kept: bool
+    reached: List[Any]
+    pending: int
+    write: bool
+
+
+def in_turn(plan: Sequence[Hashable], kept: Mapping[Hashable, Any],
+            make: Callable[[Hashable], Any]) -> Iterator[Turn]:
+    r"""Goes through the measurements :obj:`plan` in order, each one's value taken from
+    :obj:`kept` where it holds it (the partial report resumed, ``--resume``) or made by
+    :obj:`make` (measured now), and yields a :class:`Turn` after each, which says what the
+    report shows and whether to write it: a script that writes its report after every
+    measurement, as the partial report while :attr:`Turn.pending` ones remain, loses none of
+    them to a stop (Ctrl-C, a failure) and keeps those it resumed."""
+    values: List[Any] = []
+    wrote = False
+    for done, key in enumerate(plan, 1):
+        was_kept = key in kept
+        values.append(kept[key] if was_kept else make(key))
+        ahead = [kept[k] for k in plan[done:] if k in kept]
+        write = not (was_kept and (wrote or done < len(plan)))
+        wrote = wrote or write
+        yield Turn(key, values[-1], was_kept, values + ahead, len(plan) - done - len(ahead),
+                   write)
+
+
 def write_results_so_far(out: str, name: str, payload: Dict[str, object], markdown: str,
                          complete: bool) -> None:
     r"""Writes a script's report as it stands (:func:`~torch_mz.study.write_results`): while
@@ -199,62 +254,53 @@ def write_results_so_far(out: str, name: str, payload: Dict[str, object], markdo
         remove_results(out, f'{name}.partial')
 
 
-def _complete_report(path: str) -> Optional[Dict[str, Any]]:
-    # the JSON object of the complete report path, None where there is none, or it cannot be
-    # read or holds no config object (no report of these scripts: a run replaces it)
+def _read_report(path: str, record: str = 'config') -> Optional[Dict[str, Any]]:
+    # the JSON object of the report path, None where there is none, or it cannot be read or
+    # holds no settings object under record (no report of these scripts: a run replaces it)
     try:
         with open(path) as f:
             report = json.load(f)
     except (OSError, ValueError):
         return None
-    if not isinstance(report, dict) or not isinstance(report.get('config'), dict):
+    if not isinstance(report, dict) or not isinstance(report.get(record), dict):
         return None
     return report
 
 
 def _recorded_differ(report: Mapping[str, Any], args: argparse.Namespace,
-                     settings: Sequence[str],
-                     predated: Optional[Mapping[str, Any]] = None) -> List[str]:
+                     settings: Sequence[str], predated: Optional[Mapping[str, Any]] = None,
+                     record: str = 'config') -> List[str]:
     # settings_differ on the settings the report records, and on those it predates where
     # predated names the value such a report was made with (other ones are not compared)
-    config = dict(predated or {}, **report['config'])
+    config = dict(predated or {}, **report[record])
     return settings_differ(config, vars(args), [key for key in settings if key in config])
 
 
 def same_settings_report(path: str, args: argparse.Namespace, settings: Sequence[str],
-                         predated: Optional[Mapping[str, Any]] = None
+                         predated: Optional[Mapping[str, Any]] = None, record: str = 'config'
                          ) -> Optional[Dict[str, Any]]:
     r"""The complete report :obj:`path` (``<out>/<name>.json``) as its JSON object where it
     was written with this run's :obj:`settings` (:obj:`args`; a setting the report does not
-    record, being older than it, is compared as the value :obj:`predated` names for it, a
-    switch added later as off, and not compared where it names none), else :obj:`None` (none
-    there, one that cannot be read, or one of other settings): the report whose measurements a
-    run that replaces it loses where they fail in that run."""
-    report = _complete_report(path)
-    if report is None or _recorded_differ(report, args, settings, predated):
+    record under :obj:`record`, being older than it, is compared as the value :obj:`predated`
+    names for it, a switch added later as off, and not compared where it names none), else
+    :obj:`None` (none there, one that cannot be read, or one of other settings): the report
+    whose measurements a run that replaces it loses where they fail in that run."""
+    report = _read_report(path, record)
+    if report is None or _recorded_differ(report, args, settings, predated, record):
         return None
     return report
 
 
-def replace_problem(path: str, args: argparse.Namespace, settings: Sequence[str],
-                    command: str, overwrite: bool, resumed: bool,
-                    predated: Optional[Mapping[str, Any]] = None) -> Optional[str]:
-    r"""The usage error of a call whose report would replace, at its end, the complete report
-    :obj:`path` (``<out>/<name>.json``) of another command: one written with other
-    :obj:`settings` than this run's (:obj:`args`; compared as :func:`same_settings_report`
-    does, with :obj:`predated`), which is refused before anything is measured unless
-    :obj:`overwrite` (``--overwrite``) is given, or :obj:`resumed` (``--resume`` keeps a
-    partial report there: the call that began it was let replace that report). The message
-    names both commands (the report's, :obj:`command` this run's; the same command line, where
-    older code or another machine resolved its defaults otherwise, is named as such) and the
-    settings that differ; :obj:`None` where nothing is refused (no complete report there, one
-    that cannot be read, or one of these settings, which a run of them measures again)."""
-    if overwrite or resumed:
-        return None
-    report = _complete_report(path)
+def _other_command_problem(path: str, kind: str, args: argparse.Namespace,
+                           settings: Sequence[str], command: str,
+                           predated: Optional[Mapping[str, Any]], record: str) -> Optional[str]:
+    # the usage error of a run that would replace the report path (kind: 'complete' or
+    # 'partial'), written with other settings than args: it names both commands and the
+    # settings that differ; None where there is no such report or it has these settings
+    report = _read_report(path, record)
     if report is None:
         return None
-    differ = _recorded_differ(report, args, settings, predated)
+    differ = _recorded_differ(report, args, settings, predated, record)
     if not differ:
         return None
     environment = report.get('environment')
@@ -262,10 +308,45 @@ def replace_problem(path: str, args: argparse.Namespace, settings: Sequence[str]
     whose = ('another command (an unknown one)' if theirs is None
              else f'this same command line run by older code or elsewhere (`{theirs}`)'
              if theirs == command else f'another command (`{theirs}`)')
-    return (f"argument --out: {path} is the complete report of {whose}, written with other "
+    option = '--resume' if kind == 'partial' else '--out'
+    return (f"argument {option}: {path} is the {kind} report of {whose}, written with other "
             f"settings ({'; '.join(differ)}), which this run (`{command}`) would replace: pass "
             f"--overwrite{' (in place of --resume)' if getattr(args, 'resume', False) else ''} "
             f"to replace it, or give another --out")
+
+
+def replace_problem(path: str, args: argparse.Namespace, settings: Sequence[str],
+                    command: str, overwrite: bool, resumed: bool,
+                    predated: Optional[Mapping[str, Any]] = None,
+                    record: str = 'config') -> Optional[str]:
+    r"""The usage error of a call whose report would replace, at its end, the complete report
+    :obj:`path` (``<out>/<name>.json``) of another command: one written with other
+    :obj:`settings` than this run's (:obj:`args`; compared as :func:`same_settings_report`
+    does, with :obj:`predated` and :obj:`record`), which is refused before anything is
+    measured unless :obj:`overwrite` (``--overwrite``) is given, or :obj:`resumed`
+    (``--resume`` keeps a partial report there: the call that began it was let replace that
+    report). The message names both commands (the report's, :obj:`command` this run's; the
+    same command line, where older code or another machine resolved its defaults otherwise, is
+    named as such) and the settings that differ; :obj:`None` where nothing is refused (no
+    complete report there, one that cannot be read, or one of these settings, which a run of
+    them measures again)."""
+    if overwrite or resumed:
+        return None
+    return _other_command_problem(path, 'complete', args, settings, command, predated, record)
+
+
+def resume_problem(path: str, args: argparse.Namespace, settings: Sequence[str],
+                   command: str, predated: Optional[Mapping[str, Any]] = None,
+                   record: str = 'config') -> Optional[str]:
+    r"""The usage error of a call given ``--resume`` where :obj:`path`
+    (``<out>/<name>.partial.json``) is the partial report of another command: one written with
+    other :obj:`settings` than this run's (:obj:`args`; compared as :func:`replace_problem`
+    compares a complete report, with :obj:`predated` and :obj:`record`), whose measurements
+    this run would not keep and whose report it would replace. The message, as
+    :func:`replace_problem`'s, names both commands and the settings that differ, and says to
+    pass ``--overwrite`` in place of ``--resume``; :obj:`None` where nothing is refused (no
+    partial report there, one that cannot be read, or one of these settings)."""
+    return _other_command_problem(path, 'partial', args, settings, command, predated, record)
 
 
 def overwriting(path: str) -> bool:
