@@ -244,7 +244,7 @@ def write_report(args: argparse.Namespace, env: Dict[str, object], rows: List[di
         f"`TORCH_MZ_TANH_KERNEL` fixed it: "
         f"{os.environ.get('TORCH_MZ_TANH_KERNEL', 'unset')}): the generator "
         f"feed-forward's tanh runs {'the compiled kernel' if auto_tanh else 'ATen'}'s.\n")
-    text = (f"# Generator kernels: eager against compiled\n\n" + head +
+    text = ("# Generator kernels: eager against compiled\n\n" + head +
             f"Command: `{env['command']}`  \n"
             f"{args.threads} thread(s), torch {env['torch']}, medians of {args.repeats} "
             f"interleaved calls after 2 untimed ones (which compile), "
