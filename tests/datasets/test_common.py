@@ -310,6 +310,30 @@ def test_read_h5_refuses_data_that_the_file_does_not_hold(tmp_path):
     assert np.array_equal(read_h5(path, ('label', ))['label'], np.arange(4))
 
 
+def test_read_h5_names_the_fill_value_that_missing_data_would_read_as(tmp_path):
+    # the bug: the refusal said the missing data would read as zeros where the file sets
+    # another fill value (-1 below: reading it gave -1 in the unwritten rows, not 0)
+    h5py = pytest.importorskip('h5py')
+    path = str(tmp_path / 'a.h5')
+    with h5py.File(path, 'w') as f:
+        part = f.create_dataset('part', shape=(4, 3), dtype=np.float64, chunks=(2, 3),
+                                fillvalue=-1.0)
+        part[:2] = 1.0  # (the first of its two chunks)
+        f.create_dataset('unwritten', shape=(4, ), dtype=np.int32, fillvalue=7)
+        f.create_dataset('plain', shape=(4, ), dtype=np.int32)
+    with h5py.File(path, 'r') as f:  # (what HDF5 reads there: the fill value, not 0)
+        assert f['part'][3].tolist() == [-1.0] * 3 and f['unwritten'][0] == 7
+    for key, fill in (('part', r'-1\.0'), ('unwritten', '7')):
+        with pytest.raises(CorruptRawFileError, match=rf"dataset '{key}' .*: what it lacks "
+                           rf"would be read as its fill value \({fill}, as the file sets it\), "
+                           rf"not as data") as refused:
+            read_h5(path, (key, ))
+        assert 'zeros' not in str(refused.value)
+    with pytest.raises(CorruptRawFileError, match=r"dataset 'plain' .*: what it lacks would be "
+                       r"read as its fill value \(zeros\), not as data"):
+        read_h5(path, ('plain', ))
+
+
 def test_read_h5_refuses_declared_sizes_beyond_the_memory(tmp_path, monkeypatch):
     # the bug: the shapes a file declares were allocated as they were (a compressed file of a
     # few megabytes may declare terabytes): a MemoryError, or the machine out of memory

@@ -1241,7 +1241,8 @@ def test_egnn_refuses_coordinates_of_zero_columns():
     (dict(act=None), r"'act' must name a PyG activation.*got None"),
     (dict(act='bogus'), r"'act' must name a PyG activation.*got 'bogus'"),
     (dict(act=torch.nn.ReLU), r"'act' must name a PyG activation.*got <class"),
-    (dict(act='swish'), r"'act' must name a PyG activation.*got 'swish'"),  # (a function)
+    (dict(act='swish'), r"'act' 'swish' is a name PyG's resolver gives a plain function "
+     r"for, not an activation module; name a module \('silu'"),  # (a function)
 ])
 def test_layer_options_are_checked_without_layers_too(bad, match):
     # EGNN(num_layers=0, coord_aggr='bogus') was accepted: the options were checked only inside
@@ -1252,6 +1253,33 @@ def test_layer_options_are_checked_without_layers_too(bad, match):
         with pytest.raises(ValueError, match=match):
             make()
     assert EGNN(3, num_layers=0, act=torch.nn.ReLU()).head[1].__class__ is torch.nn.ReLU
+
+
+def test_act_swish_is_refused_naming_silu_not_as_an_unknown_name():
+    # the bug: act='swish' was refused as "'act' must name a PyG activation", while PyG's
+    # resolver knows 'swish' (as a function, not a module); the message now says so and names
+    # 'silu', the same function as a module
+    from torch_geometric.nn.resolver import activation_resolver
+    assert not isinstance(activation_resolver('swish'), torch.nn.Module)  # (PyG's own)
+    for make in (lambda: EGNNConv(4, act='swish'), lambda: EGNN(3, num_layers=0, act='swish')):
+        with pytest.raises(ValueError) as refused:
+            make()
+        assert 'must name a PyG activation' not in str(refused.value)
+        assert "'silu'" in str(refused.value)
+    x = torch.randn(6, 4)
+    assert torch.allclose(activation_resolver('swish')(x), torch.nn.SiLU()(x))
+    assert EGNNConv(4, act='silu').edge_mlp[1].__class__ is torch.nn.SiLU
+
+
+def test_documented_act_says_an_activation_module_is_shared():
+    # EGNN's docstring named only PyG activation names, while EGNN takes a module too (used as
+    # it is: one instance in every layer, a parametrised one sharing its parameters)
+    act = torch.nn.PReLU()
+    model = EGNN(3, hidden_channels=8, num_layers=2, act=act)
+    assert [m for m in model.modules() if isinstance(m, torch.nn.PReLU)] == [act]  # (shared)
+    for cls in (EGNN, EGNNConv):
+        doc = ' '.join(cls.__doc__.split())
+        assert 'activation module' in doc and 'one instance in every' in doc, cls.__name__
 
 
 @pytest.mark.parametrize('aggr', [None, 5, 'bogus'])

@@ -928,6 +928,18 @@ def _h5_missing_storage(dataset: Any) -> Optional[str]:
     return None
 
 
+def _h5_fill_value(h5py: Any, dataset: Any) -> str:
+    r"""In words, what HDF5 reads where :obj:`dataset` holds no data: its fill value, zeros
+    unless the file sets another (h5py's ``fillvalue=-1``), undefined values where the file
+    leaves it undefined."""
+    defined = dataset.id.get_create_plist().fill_value_defined()
+    if defined == h5py.h5d.FILL_VALUE_UNDEFINED:
+        return 'undefined values (the file sets no fill value)'
+    if defined == h5py.h5d.FILL_VALUE_DEFAULT:
+        return 'its fill value (zeros)'
+    return f'its fill value ({np.asarray(dataset.fillvalue).item()!r}, as the file sets it)'
+
+
 def _h5_dataset(h5py: Any, path: str, f: Any, key: str) -> Any:
     r"""The dataset :obj:`key` of the open HDF5 file :obj:`f`, checked as :func:`read_h5`
     describes without reading its data; a :class:`CorruptRawFileError` naming :obj:`path` and
@@ -956,8 +968,8 @@ def _h5_dataset(h5py: Any, path: str, f: Any, key: str) -> Any:
         missing = _h5_missing_storage(entry)
         if missing is not None:
             raise CorruptRawFileError(path, f"dataset '{key}' {missing}: what it lacks would "
-                                      f"be read as its fill value (zeros), not as data (was its "
-                                      f"writing interrupted?)")
+                                      f"be read as {_h5_fill_value(h5py, entry)}, not as data "
+                                      f"(was its writing interrupted?)")
     return entry
 
 
@@ -980,9 +992,12 @@ def read_h5(path: str, keys: Sequence[str], optional: Sequence[str] = ()) -> Dic
       filter's id (reading it would have HDF5 load a plugin library from its plugin path),
       even where another package (``hdf5plugin``) registered it;
     - a dataset that lacks data its declared shape holds (never written, or some chunks
-      missing: read as fill values, zeros, without an error) is refused, as are datasets whose
-      declared sizes, together, exceed this machine's memory (a shape that a small file
-      declares, which reading would try to allocate), and an empty (null) dataspace.
+      missing: read as its fill value, zeros unless the file sets another, without an error)
+      is refused naming what it would read (one whose storage HDF5 allocated as it was
+      created, compact or on request, holds the fill value as data and is read), as are
+      datasets whose declared sizes, together, exceed this machine's memory (a shape that a
+      small file declares, which reading would try to allocate), and an empty (null)
+      dataspace.
 
     A dataset whose stored data cannot be read (a checksum that does not match, a truncated
     chunk) raises naming its key."""

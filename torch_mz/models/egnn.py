@@ -242,6 +242,10 @@ def _activation(act) -> Module:
         raise ValueError(f"'act' must name a PyG activation such as 'silu' or 'relu' (got "
                          f"{act!r}: {err})") from None
     if not isinstance(module, Module):
+        if isinstance(act, str):  # ('swish': PyG's resolver knows the name, as a function)
+            raise ValueError(f"'act' {act!r} is a name PyG's resolver gives a plain function "
+                             f"for, not an activation module; name a module ('silu' computes "
+                             f"x * sigmoid(x), as 'swish' does) or pass one")
         raise ValueError(f"'act' must name a PyG activation such as 'silu' or 'relu', or be an "
                          f"activation module (got {act!r})")
     return module
@@ -347,8 +351,11 @@ class EGNNConv(MessagePassing):
         update_coords (bool, optional): Update ``pos``; if :obj:`False`, ``pos`` is returned
             unchanged and :math:`\phi_x` is not built. (default: :obj:`True`)
         residual (bool, optional): Add ``h`` to :math:`\phi_h`'s output. (default: :obj:`True`)
-        act (str, optional): Activation of the MLPs (a PyG activation name; an activation
-            module is used as it is). (default: :obj:`"silu"`)
+        act (str, optional): Activation of the MLPs (a PyG activation name that resolves to
+            a module: not ``'swish'``, which PyG resolves to a function, the same as
+            ``'silu'``). An activation module is used as it is, the one instance in every MLP
+            (a parametrised one, such as ``PReLU()``, shares its parameters across them).
+            (default: :obj:`"silu"`)
         eps (float, optional): :math:`\epsilon` of the normalisation and of the safe norm, a
             positive number, used only with ``normalize=True`` and coordinate updates. It is
             added in the coordinates' dtype (float32 for half-precision ones), where a call
@@ -698,7 +705,9 @@ class EGNN(Module):
         tanh (bool, optional): ``tanh``-bounded coordinate MLP in every layer. (default: :obj:`False`)
         update_coords (bool, optional): Update the coordinates in every layer; :obj:`False` keeps
             them fixed (the authors' QM9 model). (default: :obj:`True`)
-        act (str, optional): Activation (a PyG activation name). (default: :obj:`"silu"`)
+        act (str, optional): Activation, as :class:`EGNNConv` takes it (a PyG activation name
+            that resolves to a module, or an activation module, the one instance in every
+            layer and MLP). (default: :obj:`"silu"`)
 
     Shapes:
         - **input:** x :math:`(N, F)` or :math:`(N, D + F)` with ``pos_dim``, pos :math:`(N, D)`,
