@@ -47,7 +47,10 @@ plateau; and per task swept, every lr / weight-decay point each model
 tried with its validation loss and test R², and whether the chosen point lies inside the points
 tried or on their edge (``finished_runs.<budget>.sweep.<task>.png``), which shows whether every
 model was tuned to an optimum of the same search. Without matplotlib no figure is drawn and an
-earlier run's is removed (it would not show these runs): the script prints which.
+earlier run's is removed (it would not show these runs): the script prints which. With
+``--seeds`` other than the claims' own count the table holds those seeds' runs only and is
+written as ``finished_runs.<budget>.seeds<N>.*`` (its figures too), beside the budget's table,
+which it does not replace.
 
 The MZ models train with the compiled LayerNorm-Jacobian kernels
 (:func:`torch_mz.nn.set_fused_kernels`, the same map up to float rounding; ``--no-fused-kernels``
@@ -261,7 +264,9 @@ def main(argv=None):
                              "estimates quoted elsewhere stay traceable")
     parser.add_argument('--runs-table', action='store_true',
                         help="write finished_runs.<budget>.md and .json: every finished run of "
-                             "the claims, its test R² beside the paper's; trains nothing")
+                             "the claims, its test R² beside the paper's (with --seeds other "
+                             "than the claims' own count, finished_runs.<budget>.seeds<N>.* "
+                             "beside it); trains nothing")
     parser.add_argument('--time-limit', type=duration, default=None, metavar='DURATION',
                         help="stop within this time (minutes, or H:MM[:SS]), e.g. a cluster "
                              "job's limit less a few minutes: a run starts (or resumes) only "

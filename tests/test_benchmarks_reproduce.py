@@ -176,6 +176,31 @@ def test_runs_table_prints_which_earlier_figures_it_removed(tmp_path, monkeypatc
     assert "removed the figure an earlier run drew, 'x.png'" in printed
 
 
+def test_runs_table_with_other_seeds_leaves_the_budgets_table_as_it_is(tmp_path, monkeypatch,
+                                                                      capsys):
+    # --runs-table --seeds 1 wrote over finished_runs.<budget>.{md,json} with one seed's runs
+    from tests._scripts import load_script
+    script = load_script('reproduce')
+    out = tmp_path / 'out'
+    import torch_mz.reproduce.report as report
+    monkeypatch.setattr(Reproduction, 'finished_runs', lambda self, claim: [
+        dict(cell='L=16', model='mz-1l', lr=1e-4, weight_decay=1e-5, seed=k, r2=0.5, paper=None,
+             epochs_run=2, best_epoch=1, stopped_early=False, val_loss_curve=[2.0, 1.0])
+        for k in range(self.seeds or self.budget.seeds)])
+    no_matplotlib = lambda: (_ for _ in ()).throw(ImportError('no matplotlib'))  # noqa: E731
+    monkeypatch.setattr(report, 'pyplot', no_matplotlib)
+    monkeypatch.setattr('torch_mz.study.plots.pyplot', no_matplotlib)
+    main = ['--budget', 'quick', '--claims', 'table1-protocol', '--runs-table', '--out', str(out)]
+    assert script.main(main) == 0
+    every = (out / 'finished_runs.quick.md').read_bytes()
+    assert b'| 0 1 |' in every  # both seeds
+    capsys.readouterr()
+    assert script.main(main + ['--seeds', '1']) == 0
+    assert f"wrote {out / 'finished_runs.quick.seeds1'}.md, .json" in capsys.readouterr().out
+    assert (out / 'finished_runs.quick.md').read_bytes() == every
+    assert 'Written with `--seeds 1`' in (out / 'finished_runs.quick.seeds1.md').read_text()
+
+
 def test_damaged_store_files_end_in_one_line_not_a_traceback(tmp_path, monkeypatch, capsys):
     # --status and --runs-table raised the store's RecordError as a traceback; a damaged claim
     # file of another claim failed the summary after the whole training

@@ -71,6 +71,28 @@ def test_table4_compares_with_table2_at_d8_and_table4_at_d16():
         ('rot d=8', 'egnn', ('mz', ), 0.04), ('rot d=8 un-aligned', 'egnn', ('mz', ), 0.04)}
 
 
+def test_the_rotation_claims_name_the_papers_target_and_which_reading_is_ours():
+    # the claim files and summary.md said "the paper does not say which reading"; its Appendix
+    # A.2 (Task F) asks for the post-alignment Chamfer distance, which the cells with
+    # alignment='true' read literally, and the un-aligned cells are a reading of ours
+    ours = {'true': 'the literal reading, ',
+            'none': "the un-aligned CD(A, B), not the paper's stated target, "}
+    seen = []
+    for name in ('table4', 'table7-rot'):
+        claim = CLAIMS[name]
+        for comparison in claim.comparisons:
+            cell = next(c for c in claim.cells if c['label'] == comparison.cell)
+            alignment = cell['kwargs']['alignment']
+            text = comparison.text
+            assert 'does not say' not in text, text
+            assert ("Appendix A.2, Task F, asks for the post-alignment Chamfer distance, read "
+                    "literally CD(A, R^T B) with the sampled rotation R; ours: "
+                    + ours[alignment]) in text, text
+            seen.append((name, alignment))
+    assert sorted(seen) == sorted([('table4', 'true'), ('table4', 'none')] * 2
+                                  + [('table7-rot', 'true'), ('table7-rot', 'none')])
+
+
 def test_the_defaults_of_the_claims_tasks_are_pinned():
     # a run's key (and so the store's reuse of it) holds only the task arguments a claim's cell
     # passes; a changed default would silently reuse finished runs for another task. Where this

@@ -34,6 +34,10 @@ def test_d3_scores_the_kept_members_and_resumes(tmp_path, monkeypatch):
     m = first['ours']['methods']
     metric, a, b = claim.comparisons[0].b
     assert first['ours']['mean'] == pytest.approx(m[a][metric] - m[b][metric])
+    # the members' spread of test R² is the sample standard deviation (ddof 1), as elsewhere
+    import statistics
+    assert first['ours']['models'][spec]['r2_std'] == pytest.approx(
+        statistics.stdev([r['test']['r2'] for r in runs]))
 
     # read back: nothing trained, the same records (MC-Dropout masks are seeded)
     calls = _counting(monkeypatch)

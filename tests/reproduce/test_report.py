@@ -115,6 +115,55 @@ def test_finished_runs_table_says_which_earlier_figures_it_removed(tmp_path, mon
     assert notes == []  # (nothing there to remove)
 
 
+def test_a_runs_table_of_other_seeds_goes_beside_the_budgets_not_over_it(tmp_path,
+                                                                       monkeypatch):
+    # --runs-table --seeds 1 wrote finished_runs.<budget>.{md,json} (and its figures, or
+    # removed them without matplotlib) with the runs of one seed: the table of every finished
+    # run was lost
+    out = str(tmp_path)
+    deepsets, mlp = CLAIM.models
+    rows = [dict(cell=cell, model=m, lr=1e-3, weight_decay=1e-5, seed=k, r2=0.5 + 0.1 * k,
+                 paper=None, epochs_run=2, best_epoch=1, stopped_early=False,
+                 val_loss_curve=[2.0, 1.0]) for cell in ('sum d=2', 'sum d=3')
+            for m in CLAIM.models for k in (0, 1)]
+    monkeypatch.setattr(Reproduction, 'finished_runs', lambda self, claim: [
+        r for r in rows if r['seed'] < (self.seeds or self.budget.seeds)])
+    monkeypatch.setattr(Reproduction, 'sweep_landscape', lambda self, task, models: [
+        dict(task=task, cell='sum d=2', model=m, lr=1e-3, weight_decay=1e-5, done=True,
+             val_loss=1.0, r2=0.5, epochs_run=2, chosen=True) for m in models])
+    no_matplotlib = lambda: (_ for _ in ()).throw(ImportError('no matplotlib'))  # noqa: E731
+    monkeypatch.setattr(report, 'pyplot', no_matplotlib)
+    monkeypatch.setattr('torch_mz.study.plots.pyplot', no_matplotlib)
+    main = report.write_runs_table(Reproduction(TINY, out, device='cpu'), [CLAIM], out)
+    assert main == str(tmp_path / 'finished_runs.tiny')
+    figures = [tmp_path / f'finished_runs.tiny.{f}.png' for f in ('tiny', 'tiny.curves',
+                                                                  'sweep.sum')]
+    for figure in figures:  # (drawn by a run with matplotlib)
+        figure.write_bytes(b'every run')
+    kept = {p: p.read_bytes() for p in [tmp_path / 'finished_runs.tiny.md',
+                                        tmp_path / 'finished_runs.tiny.json'] + figures}
+    assert json.loads(kept[tmp_path / 'finished_runs.tiny.json'])['rows'] == [
+        {k: v for k, v in r.items() if k != 'val_loss_curve'} for r in rows]
+    notes = []
+    one = Reproduction(TINY, out, device='cpu', seeds=1)
+    path = report.write_runs_table(one, [CLAIM], out, on_note=notes.append)
+    assert {p: p.exists() for p in kept} == {p: True for p in kept}
+    assert {p: p.read_bytes() for p in kept} == kept  # every file of the budget's table
+    assert path == str(tmp_path / 'finished_runs.tiny.seeds1')
+    assert report.runs_table_seeds(one, [CLAIM]) == 1
+    assert not any('finished_runs.tiny.' + f in n for n in notes
+                   for f in ('tiny.png', 'tiny.curves.png', 'sweep.sum.png'))
+    text = open(path + '.md').read()
+    assert 'Written with `--seeds 1`' in text and '`finished_runs.tiny.md`' in text
+    assert text.count('| sum d=') == 4 and '0.5000 / 0.6000' not in text  # seed 0 only
+    written = json.loads(open(path + '.json').read())
+    assert written['seeds'] == 1 and {r['seed'] for r in written['rows']} == {0}
+    # --seeds at the budget's own count is the budget's table
+    same = Reproduction(TINY, out, device='cpu', seeds=2)
+    assert report.runs_table_seeds(same, [CLAIM]) is None
+    assert report.write_runs_table(same, [CLAIM], out) == main
+
+
 def test_finished_runs_table_lists_each_run_beside_the_paper(tmp_path):
     out = str(tmp_path)
     claim = replace(CLAIM, paper_r2={('sum d=3', 'deepsets:hidden_channels=8'): 0.9})
@@ -243,6 +292,26 @@ def test_models_table_tells_apart_a_cell_run_with_other_seeds():
                      '- table1 L=16 (quick): mz 0.400 ± 0.100; paper: Table 1']
 
 
+def test_summary_says_its_spreads_are_sample_standard_deviations(tmp_path):
+    # the models' lines gave mean ± std without saying which std (they were ddof 0, the
+    # verdicts' ddof 1); a spread there is none of (one seed) reads n/a, as in the table
+    record = dict(claim='table1 L=4: R²(mz) - R²(mlp)', verdict='inconclusive',
+                  budget='converged', paper=dict(value=0.1, source='Table 1', text='Table 1'),
+                  ours=dict(mean=0.1, std=math.nan, seeds=1, a='mz', b='mlp',
+                            models=dict(mz=dict(r2=0.6, r2_std=math.nan, seeds=1),
+                                        mlp=dict(r2=0.5, r2_std=0.02, seeds=2))),
+                  n_train=8, seeds=2, command='python benchmarks/reproduce.py')
+    out = tmp_path / 'out'
+    save_claim(str(out), 'table1', 'converged', [record])
+    report.write_summary(str(out), 0.1)
+    text = (out / 'summary.md').read_text()
+    head, models = text.split('## Every model, every cell')
+    header = head.split('| claim |')[0]  # above the table
+    assert 'sample standard deviation over seeds (ddof 1' in header
+    assert 'sample standard deviation over seeds (ddof 1' in models.split('\n- ')[0]
+    assert '- table1 L=4 (converged): mz 0.600 ± n/a, mlp 0.500 ± 0.020; paper: Table 1' in models
+
+
 def test_summary_table_counts_diverged_runs_apart_from_early_stopped_ones():
     from torch_mz.reproduce.report import summary_table
     record = dict(claim='c', paper=dict(value=0.5, source='Table 1'),
@@ -365,5 +434,5 @@ def test_a_claim_with_a_nan_figure_is_kept_as_standard_json_and_summarised_as_be
     assert summary_table(loaded) == summary_table(records)
     assert reproduce.models_table(loaded) == reproduce.models_table(records)
     assert 'n/a ± n/a | **inconclusive**' in summary_table(loaded)
-    assert 'mz nan ± nan, mlp 0.500 ± 0.000' in reproduce.models_table(loaded)
+    assert 'mz n/a ± n/a, mlp 0.500 ± 0.000' in reproduce.models_table(loaded)
     assert math.isnan(loaded[0]['ours']['models']['mz']['r2'])

@@ -251,6 +251,28 @@ def test_a_diverged_run_makes_the_comparison_inconclusive_on_either_side(tmp_pat
         assert record['epochs_run']['diverged'] == 1
 
 
+def test_a_claim_records_each_models_spread_as_the_sample_standard_deviation(tmp_path):
+    # each model's r2_std (summary.md's "Every model, every cell") was the population standard
+    # deviation (ddof 0), 1/sqrt(2) of the sample one at two seeds, while the verdict's s of
+    # the differences is the sample one (ddof 1), and neither file said which
+    import statistics
+    claim = CLAIMS['table3']
+    comparison = next(c for c in claim.comparisons if c.cell == 'MEB d=16')
+    repro = Reproduction(BUDGETS['converged'], str(tmp_path), device='cpu')
+    r2 = {m: (0.5 + 0.01 * i, 0.6 + 0.03 * i) for i, m in enumerate(claim.models)}
+    runs = [dict(cell=comparison.cell, model=m, seed=k, epochs_run=10, stopped_early=True,
+                 test=dict(r2=v)) for m, pair in r2.items() for k, v in enumerate(pair)]
+    record = repro.record(comparison, claim, runs, 2, {})
+    for m, pair in r2.items():
+        assert record['ours']['models'][m]['r2_std'] == pytest.approx(statistics.stdev(pair))
+    b = record['ours']['b']
+    assert record['ours']['std'] == pytest.approx(statistics.stdev(
+        [a - c for a, c in zip(r2['mz'], r2[b])]))
+    # one seed: no spread (NaN, written null), not 0
+    one = repro.record(comparison, claim, [r for r in runs if r['seed'] == 0], 1, {})
+    assert all(math.isnan(v['r2_std']) for v in one['ours']['models'].values())
+
+
 def test_a_missing_run_makes_the_comparison_inconclusive(tmp_path):
     # rule 1 reads a missing run inconclusive: with three seeds and the model's third run
     # missing, the record compared the two seeds left and gave 'direction only'

@@ -73,7 +73,7 @@ def d3_records(repro: 'Reproduction', claim: Claim, runs: Sequence[Mapping[str, 
         per_seed.append(metrics)
     member_r2 = [float(r['test'].get('r2', math.nan)) for r in runs
                  if r['model'] == spec and int(r['seed']) in scored]
-    members = {spec: dict(r2=mean_or_nan(member_r2), r2_std=std_or_nan(member_r2),
+    members = {spec: dict(r2=mean_or_nan(member_r2), r2_std=std_or_nan(member_r2, ddof=1),
                           seeds=len(member_r2))}
     methods = {m: {k: mean_or_nan([p[m][k] for p in per_seed])
                    for k in ('spearman', 'ece', 'nll', 'mse')} for m in METHODS}

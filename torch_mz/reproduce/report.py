@@ -138,11 +138,17 @@ def summary_table(records: Sequence[Mapping[str, Any]]) -> str:
     return '\n'.join(lines) + '\n'
 
 
+def _figure(value: float) -> str:
+    # (a NaN: a model whose runs diverged, the spread of one seed)
+    return f'{value:.3f}' if math.isfinite(value) else 'n/a'
+
+
 def models_table(records: Sequence[Mapping[str, Any]]) -> str:
-    r"""Test R² of every model in every cell behind the records (mean ± std over seeds), one
-    line per cell (several claims read the same cell, e.g. the uncertainty comparisons of D.3);
-    a cell read at one budget with several seed counts (a claim run with ``--seeds`` beside the
-    budget's own) names its seeds."""
+    r"""Test R² of every model in every cell behind the records (mean ± the sample standard
+    deviation over seeds, ddof 1, as the records keep it; ``n/a`` where there is none: one
+    seed, diverged runs), one line per cell (several claims read the same cell, e.g. the
+    uncertainty comparisons of D.3); a cell read at one budget with several seed counts (a
+    claim run with ``--seeds`` beside the budget's own) names its seeds."""
     counts: Dict[Any, set] = {}
     for r in records:
         counts.setdefault((r['claim'].split(':')[0], r['budget']), set()).add(r.get('seeds'))
@@ -153,7 +159,8 @@ def models_table(records: Sequence[Mapping[str, Any]]) -> str:
             continue
         cell = r['claim'].split(':')[0]
         seeds = (f", {r.get('seeds')} seeds" if len(counts[cell, r['budget']]) > 1 else '')
-        cells = ', '.join(f"{m} {v['r2']:.3f} ± {v['r2_std']:.3f}" for m, v in models.items())
+        cells = ', '.join(f"{m} {_figure(v['r2'])} ± {_figure(v['r2_std'])}"
+                          for m, v in models.items())
         line = f"- {cell} ({r['budget']}{seeds}): {cells}; paper: {r['paper']['text']}"
         if line not in lines:
             lines.append(line)
@@ -203,14 +210,19 @@ def write_summary(out, minutes):
              'no sweep: ' + ', '.join(f'{c.name} (lr {c.protocol[0]:g}, weight decay '
                                       f'{c.protocol[1]:g})' for c in CLAIMS.values()
                                       if c.protocol is not None)
-             + '\n\n## Every model, every cell\n\n' + models_table(records) + '\n'
+             + '\n\n## Every model, every cell\n\nTest R² of each model, mean ± sample '
+             'standard deviation over seeds (ddof 1; n/a for one seed or diverged runs):\n\n'
+             + models_table(records) + '\n'
              + '\n'.join(f'![{n}]({n}.png)' for n in sorted(
                  os.path.splitext(f)[0] for f in os.listdir(out) if f.endswith('.png')))
              + '\n')
     env = environment()
+    spread = ('Every ± is a sample standard deviation over seeds (ddof 1; table30: over the '
+              'timing rounds): in the table, of the per-seed differences the verdict reads; '
+              'under "Every model, every cell", of each model\'s test R².\n\n')
     write_report(out, 'summary', "Reproduction of the paper's claims (issue 11)", env,
-                 dict(budgets=budgets), summary_table(records), dict(records=records), minutes,
-                 notes=notes, plot=False)
+                 dict(budgets=budgets), spread + summary_table(records), dict(records=records),
+                 minutes, notes=notes, plot=False)
 
 
 def plot_finished(claim, groups, budget, path):
@@ -336,9 +348,11 @@ def _draw(figure: str, plot, *args, on_note=None) -> Optional[str]:
     return note
 
 
-def sweep_section(repro, claims, out, budget, on_note=None):
+def sweep_section(repro, claims, out, budget, on_note=None, name=None):
     r"""The ``## Sweeps`` section of ``finished_runs.<budget>.md`` (its tables and plots) and its
-    rows for the JSON; :obj:`on_note` as in :func:`write_runs_table`."""
+    rows for the JSON; :obj:`on_note` as in :func:`write_runs_table`; :obj:`name`, the table's
+    file name that the figures' names start with (default ``finished_runs.<budget>``)."""
+    name = name or f'finished_runs.{budget}'
     parts, every = [], []
     tables = {t: rows for t, rows in sweep_tables(repro, claims).items() if rows}
     if not tables:  # nothing swept (a one-point grid, or fixed protocols only)
@@ -391,7 +405,7 @@ def sweep_section(repro, claims, out, budget, on_note=None):
                 chosen='**chosen**' if r['chosen'] else ''))
         parts.append('\n' + markdown_table(table, ['model', 'lr', 'wd', 'val_loss', 'over_best',
                                                    'r2', 'epochs', 'chosen']) + '\n')
-        png = f'finished_runs.{budget}.sweep.{task}.png'
+        png = f'{name}.sweep.{task}.png'
         figure = os.path.join(out, png)  # (not drawn: an earlier run's is removed)
         note = _draw(figure, plot_sweep, task, rows, budget, figure, on_note=on_note)
         parts.append(f'\n{note}\n' if note else f'\n![{task} sweep]({png})\n')
@@ -401,13 +415,29 @@ def sweep_section(repro, claims, out, budget, on_note=None):
     return ''.join(parts), every
 
 
+def runs_table_seeds(repro, claims) -> Optional[int]:
+    r"""The seed count that :obj:`repro` restricts the runs of :obj:`claims` to where it is not
+    the one each claim runs by default (its budget's, else the claim's paper count; a
+    ``--seeds`` run), else :obj:`None`: :func:`write_runs_table` then writes
+    ``finished_runs.<budget>.seeds<N>.*`` beside the budget's table, not over it."""
+    if repro.seeds is None:
+        return None
+    return repro.seeds if any(repro.seeds != (repro.budget.seeds or c.paper_seeds)
+                              for c in claims) else None
+
+
 def write_runs_table(repro, claims, out, on_note=None):
     r"""``finished_runs.<budget>.{json,md}``: every finished run of :obj:`claims` at its model's
     chosen sweep point (:meth:`~torch_mz.reproduce.Reproduction.finished_runs`), one row per
-    cell and model with each seed's test R² beside the paper's figure. Trains nothing. A figure
-    not drawn (matplotlib missing) removes an earlier run's: :obj:`on_note` (a callable taking
-    a str) is told which, why and how to draw it again."""
+    cell and model with each seed's test R² beside the paper's figure; returns the path without
+    its extension. Trains nothing. Where :obj:`repro` runs another seed count than the claims'
+    own (:func:`runs_table_seeds`), the table and its figures are
+    ``finished_runs.<budget>.seeds<N>.*``, beside the budget's, which they do not replace. A
+    figure not drawn (matplotlib missing) removes an earlier run's: :obj:`on_note` (a callable
+    taking a str) is told which, why and how to draw it again."""
     budget = repro.budget.name
+    seeds = runs_table_seeds(repro, claims)
+    name = f'finished_runs.{budget}' + ('' if seeds is None else f'.seeds{seeds}')
     env = environment()
     stamp = time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())
     parts = [f"# Finished runs of the claims ({budget} budget)\n\n"
@@ -422,6 +452,10 @@ def write_runs_table(repro, claims, out, on_note=None):
              f"on a non-finite loss, the run stored as failed; otherwise at the epoch cap, a "
              f"run whose patience ran out on its last epoch included). Claims get a verdict "
              f"only in `summary.md`, once all their runs are in.\n"]
+    if seeds is not None:
+        parts.append(f"\nWritten with `--seeds {seeds}`, not the claims' own seed count: the "
+                     f"runs of those seeds only. The table of every finished run is "
+                     f"`finished_runs.{budget}.md`, which this one leaves as it is.\n")
     every = []
     for claim in claims:
         rows = repro.finished_runs(claim)
@@ -448,24 +482,25 @@ def write_runs_table(repro, claims, out, on_note=None):
                                  for r in runs)))
         parts.append(markdown_table(table, ['cell', 'model', 'lr', 'wd', 'seeds', 'r2', 'mean',
                                             'paper', 'epochs']))
-        png = f'finished_runs.{budget}.{claim.name}.png'
+        png = f'{name}.{claim.name}.png'
         figure = os.path.join(out, png)  # (not drawn: an earlier run's is removed)
         note = _draw(figure, plot_finished, claim, groups, budget, figure, on_note=on_note)
         parts.append(f'\n{note}\n' if note else f'\n![{claim.name}]({png})\n')
-        curves = f'finished_runs.{budget}.{claim.name}.curves.png'
+        curves = f'{name}.{claim.name}.curves.png'
         figure = os.path.join(out, curves)
         note = _draw(figure, plot_curves, claim, groups, budget, figure, on_note=on_note)
         parts.append('' if note else f'\n![{claim.name}: validation curves]({curves})\n')
-    path = os.path.join(out, f'finished_runs.{budget}')
+    path = os.path.join(out, name)
     os.makedirs(out, exist_ok=True)
-    sweeps, sweep_rows = sweep_section(repro, claims, out, budget, on_note=on_note)
+    sweeps, sweep_rows = sweep_section(repro, claims, out, budget, on_note=on_note, name=name)
     parts.append(sweeps)
     text = ''.join(parts)
     atomic_write(path + '.md', lambda f: f.write(text), binary=False)
     lean = [{k: v for k, v in r.items() if k != 'val_loss_curve'} for r in every]  # in records/
     # standard JSON: a NaN R² (a diverged run) and the inf validation loss of a sweep point
     # whose run diverged as null
-    payload = strict_json(dict(environment=env, budget=budget, written=stamp, rows=lean,
+    payload = strict_json(dict(environment=env, budget=budget, written=stamp,
+                               **({} if seeds is None else dict(seeds=seeds)), rows=lean,
                                sweeps=sweep_rows), indent=1) + '\n'
     atomic_write(path + '.json', lambda f: f.write(payload), binary=False)
     return path

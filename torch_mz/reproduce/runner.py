@@ -797,8 +797,11 @@ class Reproduction:
         cell_runs = [r for r in runs if r['cell'] == comparison.cell]
         r2 = {m: {int(r['seed']): float(r['test'].get('r2', math.nan)) for r in cell_runs
                   if r['model'] == m} for m in claim.models}
-        figures = {m: dict(r2=mean_or_nan(list(v.values())), r2_std=std_or_nan(list(v.values())),
-                           seeds=len(v)) for m, v in r2.items()}
+        # each model's spread over its seeds: the sample standard deviation (ddof 1), as the
+        # verdict's s of the differences below (NaN for one seed)
+        figures = {m: dict(r2=mean_or_nan(list(v.values())),
+                           r2_std=std_or_nan(list(v.values()), ddof=1), seeds=len(v))
+                   for m, v in r2.items()}
         # a baseline with a diverged run (R² NaN) makes the comparison inconclusive, as a
         # diverged run of the model does: passing over it (as the weakest) compared the model
         # with the next baseline, which could only favour the model
