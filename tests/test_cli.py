@@ -224,6 +224,60 @@ def test_train_refuses_to_overwrite_an_earlier_run(tmp_path, capsys):
     assert sorted(after) == sorted([*first, 'notes.txt'])
 
 
+def test_train_and_compare_refuse_a_folder_another_command_is_writing(tmp_path, capsys,
+                                                                      monkeypatch):
+    # a second command into the folder of a run in progress went ahead: with --overwrite it
+    # removed that run's files (and the other run wrote on beside its own), without it both
+    # wrote their checkpoints and results between each other's while the first had none yet
+    from tests.test_files import held_by_another_process
+    from torch_mz.cli import _common
+    run, cmp = str(tmp_path / 'run'), str(tmp_path / 'cmp')
+    assert main(['train', '--task', 'max', '--model', 'deepsets', *T, '--out', run]) == 0
+    assert main(['compare', '--task', 'max', '--models', 'deepsets', *T, '--seeds', '1',
+                 '--out', cmp]) == 0
+    first = _snapshot(str(tmp_path))
+    capsys.readouterr()
+
+    def load(*args, **kwargs):
+        raise ValueError('the data were loaded')
+    monkeypatch.setattr(_common, '_load', load)  # (refused before the data are read)
+    for out, argv in ((run, ['train', '--model', 'deepsets', '--overwrite']),
+                      (run, ['train', '--model', 'deepsets', '--resume',
+                             os.path.join(run, 'checkpoint.pt')]),
+                      (cmp, ['compare', '--models', 'deepsets', '--seeds', '1', '--overwrite']),
+                      (cmp, ['compare', '--models', 'deepsets', '--resume'])):
+        with held_by_another_process(out):
+            assert main([*argv, '--task', 'max', *T, '--out', out]) == 2, argv
+        err = capsys.readouterr().err
+        assert err == (f"torch-mz: error: '{out}' is in use by another process (a run writing "
+                       f"its files there): wait for it to end, or choose another --out\n"), argv
+        assert _snapshot(str(tmp_path)) == first  # nothing removed, nothing written
+    new = str(tmp_path / 'new')
+    with held_by_another_process(new):  # a folder inside a held one is another folder
+        assert main(['train', '--model', 'deepsets', '--task', 'max', *T, '--out',
+                     os.path.join(new, 'run')]) == 2
+        assert capsys.readouterr().err == 'torch-mz: error: the data were loaded\n'
+    assert os.listdir(new) == []  # (made for the hold, left empty: removed again)
+
+
+@pytest.mark.skipif(not hasattr(os, 'symlink'), reason='no symbolic links here')
+def test_overwrite_into_a_run_folder_that_is_a_link_replaces_the_run(tmp_path, capsys):
+    # the earlier run's files were removed, then the emptied folder: rmdir refused the link
+    # ("[Errno 20] Not a directory"), and the command ended having trained nothing
+    real = tmp_path / 'disk' / 'run'
+    real.mkdir(parents=True)
+    link = str(tmp_path / 'run')
+    os.symlink(real, link)
+    argv = ['train', '--task', 'max', '--model', 'deepsets', *T, '--out', link]
+    assert main(argv) == 0
+    first = _snapshot(str(real))
+    capsys.readouterr()
+    assert main([*argv, '--overwrite', '--data-seed', '1']) == 0, capsys.readouterr().err
+    assert os.path.islink(link) and os.path.realpath(link) == str(real.resolve())
+    after = _snapshot(str(real))
+    assert sorted(after) == sorted(first) and after['checkpoint.pt'] != first['checkpoint.pt']
+
+
 def test_compare_refuses_to_overwrite_and_overwrite_removes_stale_model_folders(tmp_path,
                                                                                 capsys):
     out = str(tmp_path / 'cmp')

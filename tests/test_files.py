@@ -1,5 +1,6 @@
 r"""The file helpers of :mod:`torch_mz._files`: the lock processes sharing files take turns with
 (the atomic write is tested where its users are: checkpoints, dataset caches, the reproduction)."""
+import contextlib
 import os
 
 import pytest
@@ -370,3 +371,75 @@ def test_atomic_write_names_the_file_it_could_not_write(tmp_path, monkeypatch):
     with pytest.raises(OSError, match='^disk full$'):  # (no error number: as it came)
         atomic_write(path, lambda f: (_ for _ in ()).throw(OSError('disk full')))
     assert os.listdir(tmp_path) == ['checkpoint.pt'] and path.read_bytes() == b'earlier'
+
+
+#: Run by another Python process: holds an exclusive flock on the folder argv[1] (what
+#: ``folder_lock`` takes) until its stdin closes.
+_HOLD_FOLDER = r'''
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print('held', flush=True)
+sys.stdin.read()
+'''
+
+
+@contextlib.contextmanager
+def held_by_another_process(folder):
+    r"""Another process holds the folder :obj:`folder` (made if missing) as a run training there
+    does (:func:`torch_mz._files.folder_lock`) for the ``with`` block."""
+    import subprocess
+    import sys
+    os.makedirs(folder, exist_ok=True)
+    holder = subprocess.Popen([sys.executable, '-c', _HOLD_FOLDER, str(folder)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == 'held\n'
+        yield
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+
+
+def test_folder_lock_refuses_a_folder_another_process_or_thread_holds(tmp_path):
+    import threading
+    from torch_mz._files import FolderInUseError, folder_lock
+    run = tmp_path / 'run'
+    with held_by_another_process(run):
+        with pytest.raises(FolderInUseError, match=f"^'{run}' is in use by another process "
+                                                   f"\\(a run writing its files there\\): wait$"):
+            with folder_lock(run, busy='wait'):
+                pass
+        link = tmp_path / 'link'  # another name of the folder: the same lock
+        os.symlink(run, link)
+        with pytest.raises(FolderInUseError) as refused:
+            with folder_lock(link):
+                pass
+        assert refused.value.filename == str(link) and isinstance(refused.value, OSError)
+    with folder_lock(run):  # given back with its process
+        with folder_lock(str(run) + os.sep):  # the thread that holds it: taken again
+            pass
+        failed = []
+
+        def other_thread():
+            try:
+                with folder_lock(run):
+                    pass
+            except FolderInUseError as e:
+                failed.append(str(e))
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        thread.join()
+        assert failed == [f"'{run}' is in use by another thread of this process (a run writing "
+                          f"its files there)"]
+    assert sorted(os.listdir(run)) == []  # nothing added to the folder: no lock file
+    made = tmp_path / 'new' / 'run'
+    with folder_lock(made):
+        assert made.is_dir()
+    assert not made.exists()  # made for the hold, and left empty: removed again
+    with folder_lock(made):
+        (made / 'result.json').write_text('{}')
+    assert (made / 'result.json').exists()
+    import pickle
+    again = pickle.loads(pickle.dumps(FolderInUseError('in use', 'run')))
+    assert (str(again), again.filename) == ('in use', 'run')

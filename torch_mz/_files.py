@@ -13,7 +13,7 @@ import threading
 import time
 import zipfile
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 try:
     import fcntl
@@ -95,6 +95,117 @@ def file_lock(path: Union[str, os.PathLike], wait: bool = True,
                 fcntl.flock(fd, fcntl.LOCK_UN)
             finally:
                 os.close(fd)  # releases the lock
+
+
+class FolderInUseError(OSError):
+    r"""A folder that another process (or another thread of this one) holds with
+    :func:`folder_lock`: a run training there. Its message names the folder; ``filename`` is
+    the folder."""
+    def __init__(self, message: str, folder: str):
+        super().__init__(message)
+        self.message = message
+        self.filename = folder
+
+    def __str__(self) -> str:  # (OSError's names the file as '[Errno None] None: <file>')
+        return self.message
+
+    def __reduce__(self) -> Any:  # (to another process: a loader worker's, a study's worker's)
+        return type(self), (self.message, self.filename)
+
+
+#: The folders this process holds with :func:`folder_lock`: (device, inode) -> [the holding
+#: thread, how many holds it has] (a lock held again by its own thread is granted; a
+#: descriptor's ``flock`` would conflict with the one it holds already)
+_held_folders: Dict[Tuple[int, int], List[int]] = {}
+_held_folders_lock = threading.Lock()
+
+
+@contextmanager
+def folder_lock(folder: Union[str, os.PathLike], busy: str = '') -> Iterator[None]:
+    r"""Holds an exclusive advisory lock (``fcntl.flock``) on the folder :obj:`folder` itself
+    (no lock file: nothing is added to it; made if missing, and removed again at the end if
+    it was made here and is still empty) for the ``with`` block, without waiting: where
+    another process, or another thread of this one, holds it, :class:`FolderInUseError`
+    naming the folder, followed by :obj:`busy` (what to do). The thread that holds it may take
+    it again (nested holds). A symbolic link is followed: two names of one folder are one
+    lock. The lock dies with its process. Where no lock can be had (without ``fcntl``, on a
+    file system that refuses locks on folders) the block runs unlocked, as
+    :func:`file_lock`'s does."""
+    folder = os.fspath(folder)
+    made = not os.path.isdir(folder)
+    os.makedirs(folder, exist_ok=True)
+    fd, key = None, None
+    try:
+        if fcntl is not None:
+            fd, key = _lock_folder(folder, busy)
+        yield
+    finally:
+        try:
+            if made:  # (a run refused, or stopped before its first file: no empty folder)
+                with contextlib.suppress(OSError):
+                    os.rmdir(folder)  # (only where still empty)
+        finally:
+            _release_folder(fd, key)
+
+
+def _lock_folder(folder: str, busy: str) -> Tuple[Optional[int], Optional[Tuple[int, int]]]:
+    r"""Takes :func:`folder_lock`'s lock on :obj:`folder`: the descriptor holding it (:obj:`None`
+    for a nested hold, or where no lock can be had) and the folder's key in
+    :data:`_held_folders` (:obj:`None` where no lock is held)."""
+    def refuse(by: str) -> FolderInUseError:
+        return FolderInUseError(f"'{folder}' is in use by {by} (a run writing its files "
+                                f"there)" + (f': {busy}' if busy else ''), folder)
+    for _ in range(8):  # (the folder removed and made again meanwhile: taken again)
+        fd = os.open(folder, os.O_RDONLY | getattr(os, 'O_DIRECTORY', 0))
+        keep = False  # (the descriptor that holds the lock stays open)
+        try:
+            st = os.fstat(fd)
+            key = (st.st_dev, st.st_ino)
+            with _held_folders_lock:
+                held = _held_folders.get(key)
+                if held is not None:
+                    if held[0] != threading.get_ident():
+                        raise refuse('another thread of this process')
+                    held[1] += 1
+                    return None, key
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    raise refuse('another process') from None
+                except OSError:  # (a file system without locks on folders: unlocked)
+                    return None, None
+                try:
+                    now: Optional[os.stat_result] = os.stat(folder)
+                except FileNotFoundError:
+                    now = None
+                if now is not None and (now.st_dev, now.st_ino) == key:
+                    _held_folders[key] = [threading.get_ident(), 1]
+                    keep = True
+                    return fd, key
+            # removed (and perhaps made again) between the open and the lock: a lock on the
+            # folder that was there is none on the one there now
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            if not keep:
+                os.close(fd)
+        os.makedirs(folder, exist_ok=True)
+    return None, None  # (made and removed again eight times over: run unlocked)
+
+
+def _release_folder(fd: Optional[int], key: Optional[Tuple[int, int]]) -> None:
+    r"""Gives back a hold that :func:`_lock_folder` returned."""
+    if key is None:
+        return
+    with _held_folders_lock:
+        held = _held_folders[key]
+        held[1] -= 1
+        if held[1] == 0:
+            del _held_folders[key]
+    if fd is not None:
+        try:  # (a forked child's copy of the descriptor, a loader worker's, would keep it held)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
 
 
 def atomic_write(path: Union[str, os.PathLike], write: Callable[[Any], None],

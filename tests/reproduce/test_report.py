@@ -164,6 +164,33 @@ def test_a_runs_table_of_other_seeds_goes_beside_the_budgets_not_over_it(tmp_pat
     assert report.write_runs_table(same, [CLAIM], out) == main
 
 
+def test_finished_runs_table_interrupted_keeps_the_earlier_pair(tmp_path, monkeypatch):
+    # the Markdown was replaced first and the JSON after it: a Ctrl-C (or a full disk) between
+    # the two left the new table beside the earlier rows
+    out = str(tmp_path)
+    repro = Reproduction(TINY, out, device='cpu', sweep_cells={'sum': SUM})
+    monkeypatch.setattr(repro, 'finished_runs', lambda claim: [])
+    monkeypatch.setattr(report, 'sweep_section', lambda *args, **kwargs: ('', []))
+    earlier = {ext: tmp_path / f'finished_runs.tiny.{ext}' for ext in ('md', 'json')}
+    for ext, path in earlier.items():
+        path.write_text(f'an earlier {ext}')
+    write = report.atomic_write
+
+    def interrupted(path, *args, **kwargs):
+        if str(path).endswith('.json'):
+            raise KeyboardInterrupt
+        write(path, *args, **kwargs)
+    monkeypatch.setattr(report, 'atomic_write', interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        report.write_runs_table(repro, [CLAIM], out)
+    assert {ext: path.read_text() for ext, path in earlier.items()} == dict(
+        md='an earlier md', json='an earlier json')
+    monkeypatch.setattr(report, 'atomic_write', write)
+    report.write_runs_table(repro, [CLAIM], out)  # both replaced
+    assert 'No finished run yet.' in earlier['md'].read_text()
+    assert json.loads(earlier['json'].read_text())['rows'] == []
+
+
 def test_finished_runs_table_lists_each_run_beside_the_paper(tmp_path):
     out = str(tmp_path)
     claim = replace(CLAIM, paper_r2={('sum d=3', 'deepsets:hidden_channels=8'): 0.9})

@@ -239,6 +239,51 @@ def test_tidy_passes_over_what_it_cannot_read_and_takes_diverged_runs(tmp_path, 
     assert sorted(removed) == sorted(str(p) for p in left[1:]) and left[0].exists()
 
 
+def test_a_full_disk_while_the_weights_are_copied_leaves_no_partial_file(tmp_path,
+                                                                        monkeypatch):
+    # the best weights were copied to '<hash>.pt.tmp' and renamed: a disk that filled part-way
+    # left the partial copy there for good, unflushed, and the error named no file
+    import errno
+    from torch_mz.reproduce.store import RunStore
+    from torch_mz.train import TrainConfig
+    store = RunStore(str(tmp_path / 'records'), str(tmp_path / 'checkpoints'))
+    cell = dict(task='sum', label='c', kwargs=dict(n_train=8))
+    config = store.config_for(cell, 'mz', 0, TrainConfig(epochs=1, warmup_epochs=0))
+    assert store.cached(cell, 'mz', 0, config) is None  # (remembered for save)
+    os.makedirs(config.out_dir)
+    with open(os.path.join(config.out_dir, 'best.pt'), 'wb') as f:
+        f.write(b'the best weights' * 4096)
+    weights = os.path.join(str(tmp_path / 'checkpoints'), 'weights',
+                           os.path.basename(config.out_dir) + '.pt')
+    os.makedirs(os.path.dirname(weights))
+    with open(weights, 'wb') as f:
+        f.write(b'an earlier run of this key')
+
+    def full(*args):  # half the weights written, then no room (the kernel's copy, or Python's)
+        out = args[1]
+        if isinstance(out, int):
+            os.write(out, b'half')
+        else:
+            out.write(b'half')
+        raise OSError(errno.ENOSPC, 'No space left on device')
+    monkeypatch.setattr(os, 'sendfile', full)
+    monkeypatch.setattr(shutil, 'copyfileobj', full)
+    with pytest.raises(OSError) as failed:
+        store.save(dict(cell='c', model='mz', seed=0, epochs_run=1, best_epoch=0,
+                        val=dict(loss=0.5), test=dict(loss=0.25)))
+    assert failed.value.errno == errno.ENOSPC and failed.value.filename == weights
+    assert os.listdir(os.path.dirname(weights)) == [os.path.basename(weights)]
+    assert open(weights, 'rb').read() == b'an earlier run of this key'
+    # the run is not stored, and its checkpoint folder stays: it is saved again
+    assert store.read(cell, 'mz', 0, config) is None and os.path.isdir(config.out_dir)
+    monkeypatch.undo()
+    store.expect(cell, 'mz', 0, config)
+    store.save(dict(cell='c', model='mz', seed=0, epochs_run=1, best_epoch=0,
+                    val=dict(loss=0.5), test=dict(loss=0.25)))
+    assert open(weights, 'rb').read() == b'the best weights' * 4096
+    assert store.read(cell, 'mz', 0, config)['test'] == dict(loss=0.25)
+
+
 def test_a_run_with_a_nan_figure_is_kept_as_standard_json_and_read_back_as_nan(tmp_path):
     # the store wrote the bare word NaN; now null, read back as NaN (the finished runs' and
     # sweep's float(record['test']['r2']) had raised a TypeError on a null)

@@ -588,6 +588,35 @@ def test_a_run_resumed_into_another_runs_out_dir_is_refused_or_replaces_it(tmp_p
     assert load_checkpoint(tmp_path / 'a' / 'checkpoint.pt')['epoch'] == 2
 
 
+def test_a_run_into_an_out_dir_another_process_trains_in_is_refused(tmp_path):
+    # nothing kept two runs out of one folder at once: a second run (overwrite=True, as the
+    # command line and the reproduction pass) removed the files of the run in progress, or
+    # both wrote their checkpoints, best.pt and result.json between each other's
+    from tests.test_files import held_by_another_process
+    data, val = REG_TRAIN[:32], REG_VAL[:8]
+    out = tmp_path / 'run'
+    Trainer(H.ToyDeepSets(3, 2), config(epochs=2, out_dir=str(out))).fit(data, val)
+    before = {name: (out / name).read_bytes() for name in os.listdir(out)}
+    model = H.ToyDeepSets(3, 2)
+    weights = params(model)
+    with held_by_another_process(out):  # a run in training there
+        for options in (dict(overwrite=True), dict(resume=str(out / 'checkpoint.pt'))):
+            with pytest.raises(OSError, match=f"^'{out}' is in use by another process "
+                                              f".*: wait for it to end, or choose another "
+                                              f"out_dir$"):
+                Trainer(model, config(epochs=3, out_dir=str(out), **options)).fit(data, val)
+            assert {name: (out / name).read_bytes() for name in os.listdir(out)} == before
+        assert_same_params(params(model), weights)  # nothing trained
+    # once that process has ended, the run goes on in its folder
+    Trainer(model, config(epochs=3, out_dir=str(out), resume=str(out / 'checkpoint.pt'))).fit(
+        data, val)
+    assert load_checkpoint(out / 'checkpoint.pt')['epoch'] == 2
+    fresh = tmp_path / 'fresh'  # made for the hold of a run refused before its first file
+    with pytest.raises(ValueError, match='non-empty train'):
+        Trainer(H.ToyDeepSets(3, 2), config(out_dir=str(fresh))).fit([])
+    assert not fresh.exists()
+
+
 @pytest.mark.skipif(not hasattr(os, 'symlink'), reason='no symbolic links here')
 def test_a_run_resumed_through_a_link_to_its_own_checkpoint_goes_on_in_its_folder(tmp_path):
     # resume='latest.pt', a link to out_dir's checkpoint.pt, was taken for another run's: with

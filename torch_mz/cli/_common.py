@@ -548,10 +548,12 @@ def _run_files(folder: str) -> List[str]:
 
 def _remove_run_files(folder: str):
     r"""Removes what a training run wrote into :obj:`folder`, and the folder if nothing else is
-    left in it (files a user put there stay)."""
+    left in it (files a user put there stay); a symbolic link to a folder is kept (``rmdir``
+    refused it, once its run's files were gone: ``--overwrite`` into a linked run folder ended
+    in "Not a directory" and trained nothing)."""
     for name in _run_files(folder):
         os.unlink(os.path.join(folder, name))
-    if os.path.isdir(folder) and not os.listdir(folder):
+    if os.path.isdir(folder) and not os.path.islink(folder) and not os.listdir(folder):
         os.rmdir(folder)
 
 
@@ -807,3 +809,15 @@ def _main_process() -> bool:
     r"""Whether this process is the main one of its run (rank 0 under ``torchrun``)."""
     from torch_mz.train.runtime import DistInfo
     return DistInfo.from_env().is_main
+
+
+def _holding_out_folder(out: str) -> Any:
+    r"""The hold of a command's output folder :obj:`out` (:func:`~torch_mz._files.folder_lock`)
+    for the rest of a train or compare command, taken by the main process before anything is
+    read or removed there: another command writing into it at the same time is refused, naming
+    it (two commands wrote their files between each other's, and an ``--overwrite`` removed the
+    files of the run in progress)."""
+    if not _main_process():  # (under torchrun the main process alone writes the files)
+        return contextlib.nullcontext()
+    from torch_mz._files import folder_lock
+    return folder_lock(out, busy='wait for it to end, or choose another --out')

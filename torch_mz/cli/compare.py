@@ -326,6 +326,15 @@ def cmd_compare(args) -> int:
         raise CLIError('--resume continues a comparison and --overwrite starts a new one: pass '
                        'one')
     _check_out_folder(out)
+    # the folder held from here to the end (the main process): a second comparison into it at
+    # the same time (e.g. with --overwrite, which removed the runs in progress) is refused
+    with _common._holding_out_folder(out):
+        return _compare_into(args, out, models, none_given)
+
+
+def _compare_into(args, out: str, models: List[ModelSpec], none_given: bool) -> int:
+    r""":func:`cmd_compare` once its options are read and its folder :obj:`out` is held
+    (:obj:`none_given`: ``--model-arg ''`` was given)."""
     if args.resume and not _compare_outputs(out):  # (a mistyped --out started a new one)
         raise CLIError(f"--resume: '{out}' holds no comparison to resume (no {_COMPARISON}, "
                        f"results or run folders): check --out, or leave --resume out to start "

@@ -170,31 +170,36 @@ def cmd_train(args) -> int:
         out = os.path.join('runs', args.task, f'{model.folder}-seed{args.seed}')
     _check_out_folder(out)
     _check_training_args(args)
-    existing = _run_files(out)
-    resumes_here = any(_same_path(home, out) for home in homes)
-    if existing and not args.overwrite and not resumes_here:
-        last = os.path.join(out, 'checkpoint.pt')
-        hint = ('choose another --out' if args.resume is not None else
-                f"pass --overwrite to replace it, or --resume {shlex.quote(last)} to continue it"
-                if os.path.isfile(last) else
-                "it has no checkpoint.pt to resume from (interrupted in its first epoch); "
-                "pass --overwrite to start it again")
-        raise CLIError(f"'{out}' already holds a run ({', '.join(existing)}); {hint}")
-    _check_model_args(args, None, models)  # unknown options, before the data are loaded
-    task = _common._load(args, progress=not args.no_progress)
-    _keep_recorded_n_test(task, state)
-    _check_model_args(args, task, models)
-    print(f'task {task.name}: {task.description} | train/val/test = '
-          f'{len(task.train)}/{len(task.val)}/{len(task.test)} | d_in={task.in_channels}')
-    # (under torchrun every rank removed them: a later one could remove what the main one had
-    # written)
-    if args.overwrite and _common._main_process():
-        _common._remove_run_files(out)
-    args.run_folder = out  # (stopped from here, the command says how to go on: main)
-    row = _common._run(args, task, model, args.seed, out, args.resume)
-    metrics = _figures_with_units(row['test'], task.task_type, not args.no_normalize,
-                                  task.out_channels)
-    print(f"{args.model} ({row['params']:,} parameters): best epoch {row['best_epoch']}, "
-          f"test {metrics}")
-    print(f'logs and checkpoints in {out}')
-    return 0
+    # the folder held from here to the end (the main process): a second command into it at
+    # the same time (e.g. with --overwrite, which removed the files of the run in progress) is
+    # refused, not left to write its files between the other's
+    with _common._holding_out_folder(out):
+        existing = _run_files(out)
+        resumes_here = any(_same_path(home, out) for home in homes)
+        if existing and not args.overwrite and not resumes_here:
+            last = os.path.join(out, 'checkpoint.pt')
+            hint = ('choose another --out' if args.resume is not None else
+                    f"pass --overwrite to replace it, or --resume {shlex.quote(last)} to "
+                    f"continue it"
+                    if os.path.isfile(last) else
+                    "it has no checkpoint.pt to resume from (interrupted in its first epoch); "
+                    "pass --overwrite to start it again")
+            raise CLIError(f"'{out}' already holds a run ({', '.join(existing)}); {hint}")
+        _check_model_args(args, None, models)  # unknown options, before the data are loaded
+        task = _common._load(args, progress=not args.no_progress)
+        _keep_recorded_n_test(task, state)
+        _check_model_args(args, task, models)
+        print(f'task {task.name}: {task.description} | train/val/test = '
+              f'{len(task.train)}/{len(task.val)}/{len(task.test)} | d_in={task.in_channels}')
+        # (under torchrun every rank removed them: a later one could remove what the main one
+        # had written)
+        if args.overwrite and _common._main_process():
+            _common._remove_run_files(out)
+        args.run_folder = out  # (stopped from here, the command says how to go on: main)
+        row = _common._run(args, task, model, args.seed, out, args.resume)
+        metrics = _figures_with_units(row['test'], task.task_type, not args.no_normalize,
+                                      task.out_channels)
+        print(f"{args.model} ({row['params']:,} parameters): best epoch {row['best_epoch']}, "
+              f"test {metrics}")
+        print(f'logs and checkpoints in {out}')
+        return 0

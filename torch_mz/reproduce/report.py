@@ -495,12 +495,16 @@ def write_runs_table(repro, claims, out, on_note=None):
     sweeps, sweep_rows = sweep_section(repro, claims, out, budget, on_note=on_note, name=name)
     parts.append(sweeps)
     text = ''.join(parts)
-    atomic_write(path + '.md', lambda f: f.write(text), binary=False)
     lean = [{k: v for k, v in r.items() if k != 'val_loss_curve'} for r in every]  # in records/
     # standard JSON: a NaN R² (a diverged run) and the inf validation loss of a sweep point
     # whose run diverged as null
     payload = strict_json(dict(environment=env, budget=budget, written=stamp,
                                **({} if seeds is None else dict(seeds=seeds)), rows=lean,
                                sweeps=sweep_rows), indent=1) + '\n'
-    atomic_write(path + '.json', lambda f: f.write(payload), binary=False)
+    # as a pair (as write_results): the Markdown replaces the earlier one once the JSON is
+    # written in full, and the JSON replaces its own right after (an interruption between the
+    # two writes left the new table beside the earlier rows)
+    atomic_write(path + '.json', lambda f: f.write(payload), binary=False,
+                 before_replace=lambda: atomic_write(path + '.md', lambda f: f.write(text),
+                                                     binary=False))
     return path

@@ -152,9 +152,11 @@ class RunStore:
         # another run's weights
         best = os.path.join(ckpt, 'best.pt')
         if os.path.exists(best):  # the trained model, for claims that use it (Appendix D.3)
-            os.makedirs(os.path.dirname(self._weights(ckpt)), exist_ok=True)
-            shutil.copyfile(best, self._weights(ckpt) + '.tmp')
-            os.replace(self._weights(ckpt) + '.tmp', self._weights(ckpt))
+            # (atomically: a copy stopped part-way, by a full disk say, left a partial
+            # '<hash>.pt.tmp' for good, and one not flushed could stand as the weights after a
+            # power cut; a failure named no file)
+            with open(best, 'rb') as source:
+                atomic_write(self._weights(ckpt), lambda f: shutil.copyfileobj(source, f))
         # standard JSON: a NaN figure (a test R² of constant targets) as null, read back as NaN
         text = strict_json(record, indent=1, sort_keys=True) + '\n'
         atomic_write(path, lambda f: f.write(text), binary=False)

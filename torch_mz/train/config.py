@@ -69,7 +69,8 @@ class TrainConfig:
             training split. (default: :obj:`True`)
         out_dir (str, optional): Directory for ``metrics.jsonl``, ``metrics.csv``,
             ``checkpoint.pt``, ``best.pt`` and ``result.json``; :obj:`None` writes nothing.
-            (default: :obj:`None`)
+            Held while the run trains: a second run into it at the same time is refused
+            (:meth:`Trainer.fit`). (default: :obj:`None`)
         checkpoint_every (int, optional): Write ``checkpoint.pt`` every this many epochs (and after
             the last one); 0 writes it only after the last epoch. (default: :obj:`1`)
         resume (str, optional): Path of a ``checkpoint.pt`` to continue from at its next epoch.

@@ -24,7 +24,7 @@ from torch_geometric.loader import DataLoader
 from tqdm.auto import tqdm
 
 from torch_mz._checks import refuse_compiled_wrapper
-from torch_mz._files import atomic_write, remove_stale_temp_files, strict_json
+from torch_mz._files import atomic_write, folder_lock, remove_stale_temp_files, strict_json
 from torch_mz.runtime import freed_memory_kept
 from torch_mz.nn.fused import fused_kernels_mode, set_tanh_kernel, tanh_kernel_in_use
 from torch_mz.train.checkpoint import (CHECKPOINT_FORMAT, CHECKPOINT_VERSION, CheckpointError,
@@ -568,9 +568,24 @@ class Trainer:
         ``config.deterministic`` PyTorch's deterministic algorithms are on while it runs, and
         as they were after it. Where it raises, the model predicts in target units again: as it
         came, weights and normaliser, if no epoch began (a resume refused, say), with this run's
-        normaliser if one did (:class:`~torch_mz.train.TrainingStopped`, a divergence)."""
-        with deterministic_algorithms(self.config.deterministic):
+        normaliser if one did (:class:`~torch_mz.train.TrainingStopped`, a divergence).
+        While it runs it holds ``out_dir`` (:func:`~torch_mz._files.folder_lock`, the main
+        process): a second run into the same folder at the same time, from another process or
+        thread, is refused before anything is read or written there
+        (:class:`~torch_mz._files.FolderInUseError`, an :class:`OSError` naming the folder)."""
+        with deterministic_algorithms(self.config.deterministic), self._holding_out_dir():
             return self._fit(train_dataset, val_dataset, test_dataset)
+
+    def _holding_out_dir(self) -> Any:
+        r"""The hold of ``out_dir`` for :meth:`fit` (the main process, where it writes files):
+        two runs writing one folder at once each replaced the other's files (a ``result.json``
+        of one beside the ``best.pt`` of the other), and one with ``overwrite`` removed the
+        files of the run in progress."""
+        if not self._writes_files:
+            return contextlib.nullcontext()
+        assert self.config.out_dir is not None  # _writes_files needs it
+        return folder_lock(self.config.out_dir, busy='wait for it to end, or choose another '
+                           'out_dir')
 
     def _fit(self, train_dataset: Sequence, val_dataset: Optional[Sequence],
              test_dataset: Optional[Sequence]) -> TrainResult:
