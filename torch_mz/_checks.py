@@ -68,10 +68,12 @@ def check_fits(what: str, parameters: int, modules: int = 0) -> None:
 
 def refuse_jit_trace(what: str) -> None:
     r"""Raises a :class:`RuntimeError` naming :obj:`what` while :func:`torch.jit.trace` records:
-    a set aggregation's attention layout (the sizes of the sets, read on the host) would enter
-    the trace as constants of the traced input, so that a trace served that input's sets alone
-    (PyG's own ``SetTransformerAggregation``, traced, gives other values than eager on a batch
-    of other set sizes, without an error)."""
+    what a set aggregation or a model reads of the sets on the host (an attention layout, the
+    number of sets, EGNN's pairs of elements) would enter the trace as constants of the traced
+    input, so that a trace served that input's sets alone (PyG's own
+    ``SetTransformerAggregation``, traced, gives other values than eager on a batch of other set
+    sizes, without an error; a traced Deep Sets gave rows for sets a smaller batch did not
+    have). Called by the aggregations and by every model's ``forward``."""
     if torch.jit.is_tracing():
         raise RuntimeError(
             f"{what} cannot be recorded by torch.jit.trace: the sizes of the sets would enter the "

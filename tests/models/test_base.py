@@ -1,3 +1,5 @@
+import warnings
+
 import pytest
 import torch
 from torch_geometric.data import Batch, Data
@@ -298,3 +300,38 @@ def test_models_without_layer_norms_take_the_other_half_precision_under_autocast
         with pytest.raises(ValueError, match=rf"module of float32 or {cast} parameters under "
                                              rf"torch.autocast to {cast} \(got {module} "):
             model(x, index)
+
+
+class _Prediction(torch.nn.Module):
+    r"""A preset's prediction alone (``torch.jit.trace`` returns no ``None``), called as the
+    preset is: ``(x, batch)``, or EGNN's ``(x, pos, batch)``."""
+    def __init__(self, model, name):
+        super().__init__()
+        self.model, self.name = model, name
+
+    def forward(self, x, batch):
+        return _call(self.model, self.name, x, batch).prediction
+
+
+@pytest.mark.parametrize('name', list(PRESETS))
+def test_every_preset_refuses_torch_jit_trace(name):
+    # only the attention presets refused it: a traced Deep Sets or mean MLP kept the traced
+    # batch's number of sets, and on the smaller last batch of a loader gave its rows and zero
+    # rows for the sets it did not have (4 predictions for 2 sets); a traced EGNN kept the
+    # traced batch's pairs of elements and its sorted-ids branch, and gave other values, without
+    # an error, on a batch of the same set sizes listed in another order of elements
+    model = _model(name)
+    traced_on = torch.tensor([0] * 3 + [1] * 4 + [2] * 2 + [3] * 3)
+    x = torch.randn(traced_on.numel(), 4, generator=torch.Generator().manual_seed(2),
+                    dtype=torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')  # (the tracer's own warnings)
+        with pytest.raises(RuntimeError, match='cannot be recorded by torch.jit.trace.*'
+                           'torch.compile'):
+            torch.jit.trace(_Prediction(model, name), (x, traced_on), check_trace=False)
+    # eager, the same model serves any batch (a smaller one, one in another order)
+    for index in (torch.tensor([0] * 5 + [1] * 7),
+                  traced_on[torch.randperm(traced_on.numel(),
+                                           generator=torch.Generator().manual_seed(3))]):
+        out = _call(model, name, x, index).prediction
+        assert out.shape == (int(index.max()) + 1, 2) and torch.isfinite(out).all()

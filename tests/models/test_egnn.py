@@ -1337,3 +1337,40 @@ def test_conv_refuses_torch_jit_script_with_a_message():
     h, pos = conv(torch.randn(3, 4), torch.randn(3, 2), fully_connected_edge_index(
         torch.zeros(3, dtype=torch.long)))  # eager use unchanged
     assert h.shape == (3, 4) and pos.shape == (3, 2)
+
+
+def test_torch_jit_trace_of_the_model_is_refused_and_of_the_layer_taken():
+    # a traced EGNN kept the pairs of elements of the traced batch (and its sorted-ids branch):
+    # on a batch of the same set sizes whose elements came in another order it gave other
+    # values without an error; the model (forward and encode, with feature columns too) is
+    # refused, naming torch.compile. EGNNConv, given its edges as an input, still traces
+    import warnings
+    x, pos, batch = random_sets([3, 4, 2], 3, 5)
+    model = EGNN(5, out_channels=2, hidden_channels=8, num_layers=2).double().eval()
+    wrapped = SelectFeatures(EGNN(2, out_channels=2, hidden_channels=8,
+                                num_layers=2).double().eval(), [0, 3])
+
+    class Call(torch.nn.Module):
+        def __init__(self, fn):
+            super().__init__()
+            self.fn = fn
+
+        def forward(self, x, pos, batch):
+            out = self.fn(x, pos, batch)
+            return out[0] if isinstance(out, tuple) else out
+
+    calls = [Call(model), Call(model.encode), Call(wrapped), Call(wrapped.encode)]
+    for call in calls:
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore')  # (the tracer's own warnings)
+            with pytest.raises(RuntimeError, match='EGNN cannot be recorded by torch.jit.trace'
+                               '.*torch.compile'):
+                torch.jit.trace(call, (x, pos, batch), check_trace=False)
+    conv = EGNNConv(5, 8).double().eval()
+    edge_index = fully_connected_edge_index(batch)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        traced = torch.jit.trace(conv, (x, pos, edge_index), check_trace=False)
+    other = fully_connected_edge_index(batch.flip(0))  # the same sizes, other pairs
+    for got, expected in zip(traced(x, pos, other), conv(x, pos, other)):
+        torch.testing.assert_close(got, expected)

@@ -18,6 +18,10 @@ what an empty set predicts, and where its input is checked.
 * **Validation** happens once, at the model's boundary (:meth:`SetModel.validate`; for the MZ
   models :meth:`MZAggregation.validate <torch_mz.nn.MZAggregation.validate>`), with a
   :class:`ValueError` that says what was expected and what came.
+* **Tracing**: :func:`torch.jit.trace` of a model (EGNN's too) is refused with a
+  :class:`RuntimeError` naming :func:`torch.compile`: what a model reads of the sets on the host
+  (the number of sets, an attention layout, EGNN's pairs of elements) would enter the trace as
+  constants of the traced batch.
 """
 from typing import NamedTuple, Optional, Tuple
 
@@ -25,7 +29,7 @@ import torch
 from torch import Tensor
 from torch.nn import LayerNorm, Module
 
-from torch_mz._checks import refuse_jit_script
+from torch_mz._checks import refuse_jit_script, refuse_jit_trace
 from torch_mz.nn._context import tie_parameters
 from torch_mz.nn.aggr import check_input_magnitude, check_set_input, resolve_set_index
 from torch_mz.nn.functional import set_counts
@@ -173,6 +177,9 @@ class SetModel(Module):
 
     def forward(self, data_or_x, batch: Optional[Tensor] = None,
                 num_sets: Optional[int] = None) -> SetPrediction:
+        # (a trace kept the traced batch's number of sets: on a smaller batch it gave rows for
+        # sets the batch did not have; the attention presets' layouts too)
+        refuse_jit_trace(type(self).__name__)
         x, batch, num_sets = batch_tensors(data_or_x, batch, num_sets)
         try:
             set_id, num_sets = self.validate(x, batch, num_sets)

@@ -30,7 +30,7 @@ from torch_geometric.nn.resolver import activation_resolver
 from torch_geometric.utils import scatter
 
 from torch_mz._checks import (check_count, check_fits, check_flag, check_number,
-                              check_optional_count, refuse_jit_script)
+                              check_optional_count, refuse_jit_script, refuse_jit_trace)
 from torch_mz.models.base import SetPrediction, batch_vector, zero_empty_sets
 from torch_mz.nn.aggr import check_set_ids
 from torch_mz.nn._context import _hooked, tie_parameters
@@ -807,6 +807,9 @@ class EGNN(Module):
         num_sets: Optional[int],
     ) -> Tuple[Tensor, Tensor, Tensor, int]:
         # Returns features (N, max(F, 1)), pos (N, D), batch (N,) and the number of sets.
+        # (a trace kept the traced batch's pairs of elements and number of sets: on a batch of
+        # the same set sizes with its elements in another order it gave other values)
+        refuse_jit_trace(type(self).__name__)
         if isinstance(x, BaseData):
             data = x
             if pos is not None or batch is not None:

@@ -9,8 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn import Linear, ModuleList
 
-from torch_mz._checks import (check_count, check_fits, check_optional_count, check_rate,
-                              refuse_jit_trace)
+from torch_mz._checks import check_count, check_fits, check_optional_count, check_rate
 from torch_mz.models.base import SetModel
 from torch_mz.models.mlp import gelu_mlp, reset_linear_layers
 from torch_mz.nn.aggr import MZAggregation, preset_defaults
@@ -173,7 +172,6 @@ class PerceiverSet(SetModel):
         reset_linear_layers(self.head)
 
     def predict(self, x: Tensor, batch: Tensor, num_sets: int) -> Tuple[Tensor, None]:
-        refuse_jit_trace(type(self).__name__)  # (a trace kept the traced sets' sizes)
         elements = self.input_proj(x)  # (N, d)
         lat, lat_set = self.latents(num_sets, elements.center)  # (B * m, d)
         for r, cross in enumerate(self.cross):
