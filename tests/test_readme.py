@@ -48,7 +48,9 @@ _FIGURE = re.compile(r'^([+-]?\d+\.\d{3})(?: ± (\d+\.\d{3}))?')
 def _claims():
     r"""Every claim of the committed converged reproduction, by its label (``table3 MEB d=8``)."""
     claims = {}
-    for name in os.listdir(CLAIMS):
+    for name in sorted(os.listdir(CLAIMS)):
+        if not name.endswith('.converged.json'):  # (a lock file a regeneration leaves there)
+            continue
         with open(os.path.join(CLAIMS, name)) as f:
             for claim in json.load(f):
                 claims[claim['claim'].split(':')[0]] = claim
