@@ -260,6 +260,37 @@ def test_train_and_compare_refuse_a_folder_another_command_is_writing(tmp_path, 
     assert os.listdir(new) == []  # (made for the hold, left empty: removed again)
 
 
+def test_train_overwrite_keeps_holding_the_folder_it_empties(tmp_path, capsys, monkeypatch):
+    # --overwrite removed the earlier run's files, then the emptied folder: the command's hold
+    # was on a folder that no longer existed, and until the trainer made it again another
+    # command could take it (this run was then refused, its data loaded)
+    import threading
+    from torch_mz._files import FolderInUseError, folder_lock
+    from torch_mz.cli import _common
+    out = str(tmp_path / 'run')
+    argv = ['train', '--task', 'max', '--model', 'deepsets', *T, '--out', out]
+    assert main(argv) == 0
+    held = os.stat(out).st_ino
+    run, seen = _common._run, []
+
+    def checked(*args, **kwargs):
+        def other_command():  # (another thread stands for it: refused the same way)
+            try:
+                with folder_lock(out):
+                    seen.append('taken')
+            except FolderInUseError:
+                seen.append('refused')
+        thread = threading.Thread(target=other_command)
+        thread.start()
+        thread.join()
+        seen.append(os.path.isdir(out) and os.stat(out).st_ino == held)
+        return run(*args, **kwargs)
+    monkeypatch.setattr(_common, '_run', checked)
+    assert main([*argv, '--overwrite', '--data-seed', '1']) == 0, capsys.readouterr().err
+    assert seen == ['refused', True]
+    assert {'checkpoint.pt', 'result.json'} <= set(os.listdir(out))
+
+
 @pytest.mark.skipif(not hasattr(os, 'symlink'), reason='no symbolic links here')
 def test_overwrite_into_a_run_folder_that_is_a_link_replaces_the_run(tmp_path, capsys):
     # the earlier run's files were removed, then the emptied folder: rmdir refused the link
@@ -512,6 +543,30 @@ def test_predict_bad_input_exits_2_with_one_line(tmp_path, capsys):
     assert main(['predict', best, '--task', 'max', '--n-test', '3', '--out', str(taken),
                  '--overwrite']) == 0
     assert len(_read_csv(taken)) == 3
+
+
+def test_predict_does_not_replace_a_file_made_while_it_ran(tmp_path, capsys, monkeypatch):
+    # --out was checked at the start and replaced at the end: a file another process made
+    # meanwhile (the data read, the forward passes: minutes) was replaced without --overwrite
+    import torch_mz.inference
+    run = str(tmp_path / 'run')
+    assert main(['train', '--task', 'max', *T, *SMALL, '--model', 'rigid', '--out', run]) == 0
+    best, out = os.path.join(run, 'best.pt'), tmp_path / 'p.csv'
+    columns = torch_mz.inference._column_tensors
+
+    def meanwhile(*args, **kwargs):
+        out.write_text('theirs')  # (another process)
+        return columns(*args, **kwargs)
+    monkeypatch.setattr(torch_mz.inference, '_column_tensors', meanwhile)
+    capsys.readouterr()
+    assert main(['predict', best, '--n-test', '3', '--out', str(out), '--no-progress']) == 2
+    assert capsys.readouterr().err == (f"torch-mz: error: '{out}' was made (by another "
+                                       f"process) while predict ran; pass --overwrite to "
+                                       f"replace it, or choose another --out\n")
+    assert out.read_text() == 'theirs'
+    assert sorted(os.listdir(tmp_path)) == ['p.csv', 'run']  # (no temporary file left)
+    assert main(['predict', best, '--n-test', '3', '--out', str(out), '--overwrite']) == 0
+    assert len(_read_csv(out)) == 3
 
 
 def test_version_is_the_package_version(capsys):
@@ -2337,7 +2392,7 @@ def test_only_the_main_process_of_torchrun_removes_a_runs_files(tmp_path, monkey
     from torch_mz.cli import _common as cli
     monkeypatch.setattr(cli, '_main_process', lambda: False)  # (a rank > 0 of torchrun)
     removed = []
-    monkeypatch.setattr(cli, '_remove_run_files', removed.append)
+    monkeypatch.setattr(cli, '_remove_run_files', lambda folder, **kwargs: removed.append(folder))
 
     class Trained(Exception):
         pass

@@ -443,3 +443,89 @@ def test_folder_lock_refuses_a_folder_another_process_or_thread_holds(tmp_path):
     import pickle
     again = pickle.loads(pickle.dumps(FolderInUseError('in use', 'run')))
     assert (str(again), again.filename) == ('in use', 'run')
+
+
+#: Run by another Python process: holds the folder argv[1] with ``folder_lock``, forks a child
+#: (as a loader worker is made) that reports whether it may take the folder itself and then
+#: waits on its stdin, and dies without giving the folder back (killed, as by the OOM killer).
+_FORK_AND_DIE = r'''
+import os, sys
+from torch_mz._files import FolderInUseError, folder_lock
+with folder_lock(sys.argv[1]):
+    read, write = os.pipe()
+    if os.fork() == 0:
+        os.close(read)
+        try:
+            with folder_lock(sys.argv[1]):
+                said = b'taken\n'
+        except FolderInUseError as e:
+            said = str(e).encode() + b'\n'
+        os.write(write, said)
+        sys.stdin.read()  # (a loader worker that outlives its parent a while)
+        os._exit(0)
+    os.close(write)
+    print(os.read(read, 1000).decode(), end='', flush=True)
+    os._exit(0)
+'''
+
+
+@pytest.mark.skipif(not hasattr(os, 'fork'), reason='no fork here')
+def test_folder_lock_is_neither_held_nor_kept_by_a_forked_child(tmp_path):
+    # a child made by fork (a DataLoader worker) kept its copy of the locking descriptor: the
+    # lock outlived its killed process, refusing the next run while the child lived; and the
+    # child, whose thread bears the forking thread's id, was granted the parent's folder
+    import subprocess
+    import sys
+    from torch_mz._files import folder_lock
+    run = tmp_path / 'run'
+    run.mkdir()
+    proc = subprocess.Popen([sys.executable, '-c', _FORK_AND_DIE, str(run)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        said = proc.stdout.readline()
+        assert proc.wait(timeout=30) == 0
+        assert said == f"'{run}' is in use by another process (a run writing its files there)\n"
+        with folder_lock(run):  # the parent has died; its forked child still lives
+            pass
+    finally:
+        proc.stdin.close()  # (the child ends)
+
+
+@pytest.mark.parametrize('links', [True, False])
+def test_atomic_write_without_overwrite_leaves_a_file_made_meanwhile(tmp_path, monkeypatch,
+                                                                     links):
+    # a file made by another process after the caller had looked (here: while the new one was
+    # written) was replaced; without hard links the name is taken with O_EXCL first
+    import errno
+    from torch_mz._files import atomic_write
+    if not links:
+        def no_link(*args, **kwargs):
+            raise OSError(errno.EPERM, 'Operation not permitted')
+        monkeypatch.setattr(os, 'link', no_link)
+    path = tmp_path / 'p.csv'
+
+    def write(f):
+        path.write_text('theirs')  # (another process, meanwhile)
+        f.write('mine')
+    with pytest.raises(FileExistsError) as refused:
+        atomic_write(path, write, binary=False, overwrite=False)
+    assert refused.value.filename == str(path)
+    assert path.read_text() == 'theirs' and os.listdir(tmp_path) == ['p.csv']
+    path.unlink()
+    atomic_write(path, lambda f: f.write('mine'), binary=False, overwrite=False)
+    assert path.read_text() == 'mine' and os.listdir(tmp_path) == ['p.csv']
+    atomic_write(path, lambda f: f.write('again'), binary=False)  # (overwrite: replaced)
+    assert path.read_text() == 'again'
+
+
+def test_folder_lock_removes_the_empty_folders_it_made_above_its_folder(tmp_path):
+    # the folder made for the hold was removed again, the folders made above it were not: a
+    # command refused for a mistyped option left 'runs/max/' behind
+    from torch_mz._files import folder_lock
+    (tmp_path / 'kept').mkdir()
+    with folder_lock(tmp_path / 'kept' / 'a' / 'b' / 'run'):
+        assert (tmp_path / 'kept' / 'a' / 'b' / 'run').is_dir()
+    assert os.listdir(tmp_path) == ['kept'] and os.listdir(tmp_path / 'kept') == []
+    with folder_lock(tmp_path / 'new' / 'run'):
+        (tmp_path / 'new' / 'notes.txt').write_text('mine')  # (not empty: kept)
+    assert os.listdir(tmp_path / 'new') == ['notes.txt']

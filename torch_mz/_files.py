@@ -3,6 +3,7 @@ that checkpoints, training logs and processed dataset caches are written with; t
 lets processes sharing files take turns; the check that a torch file reads back as written; and
 standard JSON for the files users read (a non-finite figure as ``null``)."""
 import contextlib
+import errno
 import hashlib
 import json
 import math
@@ -114,38 +115,79 @@ class FolderInUseError(OSError):
 
 
 #: The folders this process holds with :func:`folder_lock`: (device, inode) -> [the holding
-#: thread, how many holds it has] (a lock held again by its own thread is granted; a
-#: descriptor's ``flock`` would conflict with the one it holds already)
+#: thread, how many holds it has, the descriptor that holds the lock] (a lock held again by
+#: its own thread is granted; a descriptor's ``flock`` would conflict with the one it holds
+#: already)
 _held_folders: Dict[Tuple[int, int], List[int]] = {}
 _held_folders_lock = threading.Lock()
+
+
+def _forget_held_folders() -> None:
+    r"""In a child made by ``fork`` (a loader worker, a ``multiprocessing`` process): closes
+    its copies of the descriptors that hold :func:`folder_lock`'s locks, and forgets the holds,
+    which are its parent's. A copy kept the lock held after the parent had died (killed: a
+    folder refused to the next run for as long as a worker lived), and the child, whose thread
+    bears the forking thread's id, was granted the parent's folder as a nested hold."""
+    global _held_folders_lock
+    _held_folders_lock = threading.Lock()  # (another thread may have held it at the fork)
+    for entry in _held_folders.values():
+        with contextlib.suppress(OSError):
+            os.close(entry[2])  # (the parent's lock stays: its own descriptor holds it)
+    _held_folders.clear()
+
+
+if hasattr(os, 'register_at_fork'):
+    os.register_at_fork(after_in_child=_forget_held_folders)
 
 
 @contextmanager
 def folder_lock(folder: Union[str, os.PathLike], busy: str = '') -> Iterator[None]:
     r"""Holds an exclusive advisory lock (``fcntl.flock``) on the folder :obj:`folder` itself
     (no lock file: nothing is added to it; made if missing, and removed again at the end if
-    it was made here and is still empty) for the ``with`` block, without waiting: where
+    it was made here and is still empty, as are the empty folders above it made for it) for
+    the ``with`` block, without waiting: where
     another process, or another thread of this one, holds it, :class:`FolderInUseError`
     naming the folder, followed by :obj:`busy` (what to do). The thread that holds it may take
     it again (nested holds). A symbolic link is followed: two names of one folder are one
-    lock. The lock dies with its process. Where no lock can be had (without ``fcntl``, on a
+    lock. The lock dies with its process: a child made by ``fork`` meanwhile (a loader worker)
+    neither holds it nor keeps it held. Where no lock can be had (without ``fcntl``, on a
     file system that refuses locks on folders) the block runs unlocked, as
     :func:`file_lock`'s does."""
     folder = os.fspath(folder)
-    made = not os.path.isdir(folder)
+    made = _missing_folders(folder)  # (the folder and the folders above it made here)
     os.makedirs(folder, exist_ok=True)
     fd, key = None, None
+    pid = os.getpid()
     try:
         if fcntl is not None:
             fd, key = _lock_folder(folder, busy)
         yield
     finally:
-        try:
-            if made:  # (a run refused, or stopped before its first file: no empty folder)
-                with contextlib.suppress(OSError):
-                    os.rmdir(folder)  # (only where still empty)
-        finally:
-            _release_folder(fd, key)
+        if os.getpid() == pid:  # (a forked child leaving the block: the hold is its parent's)
+            try:
+                # a run refused, or stopped before its first file: no empty folder, nor the
+                # empty folders above it made for it ('runs/max/' after a mistyped option)
+                for path in made:
+                    try:
+                        os.rmdir(path)  # (only where still empty)
+                    except OSError:
+                        break
+            finally:
+                _release_folder(fd, key)
+
+
+def _missing_folders(folder: str) -> List[str]:
+    r"""The folders that ``os.makedirs(folder)`` would make: :obj:`folder` and those above it
+    that are missing, the deepest first."""
+    missing = []
+    path = os.path.abspath(folder)
+    while not os.path.isdir(path) and not os.path.lexists(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return missing
 
 
 def _lock_folder(folder: str, busy: str) -> Tuple[Optional[int], Optional[Tuple[int, int]]]:
@@ -179,7 +221,7 @@ def _lock_folder(folder: str, busy: str) -> Tuple[Optional[int], Optional[Tuple[
                 except FileNotFoundError:
                     now = None
                 if now is not None and (now.st_dev, now.st_ino) == key:
-                    _held_folders[key] = [threading.get_ident(), 1]
+                    _held_folders[key] = [threading.get_ident(), 1, fd]
                     keep = True
                     return fd, key
             # removed (and perhaps made again) between the open and the lock: a lock on the
@@ -211,7 +253,7 @@ def _release_folder(fd: Optional[int], key: Optional[Tuple[int, int]]) -> None:
 def atomic_write(path: Union[str, os.PathLike], write: Callable[[Any], None],
                  binary: bool = True,
                  before_replace: Optional[Callable[[], None]] = None,
-                 follow_links: bool = True) -> None:
+                 follow_links: bool = True, overwrite: bool = True) -> None:
     r"""Calls ``write(file)`` on a new temporary file next to ``path`` (created with the usual
     permissions, i.e. subject to the umask; those of a file it replaces are kept), flushes it
     to disk and moves it over ``path`` with :func:`os.replace`, then flushes the folder, so
@@ -233,6 +275,11 @@ def atomic_write(path: Union[str, os.PathLike], write: Callable[[Any], None],
             the link itself (for files a folder owns, such as a dataset's processed cache, which
             a folder copied from elsewhere may hold as links to files outside it).
             (default: :obj:`True`)
+        overwrite (bool, optional): Replace a file at ``path``; else a file there when the new
+            one is complete (one another process made meanwhile) is left as it is and
+            :class:`FileExistsError` names ``path``: the new file takes the name only where
+            none is there, in one step (a hard link, or where the file system has none, the
+            name taken with ``O_EXCL`` first). (default: :obj:`True`)
     """
     path = os.fspath(path)
     link = os.path.islink(path)
@@ -261,7 +308,10 @@ def atomic_write(path: Union[str, os.PathLike], write: Callable[[Any], None],
                 os.chmod(tmp, os.stat(path).st_mode & 0o777)  # (not setuid, setgid, sticky)
         if before_replace is not None:
             before_replace()
-        os.replace(tmp, path)
+        if overwrite:
+            os.replace(tmp, path)
+        else:
+            _move_if_absent(tmp, path)
     except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -270,6 +320,34 @@ def atomic_write(path: Union[str, os.PathLike], write: Callable[[Any], None],
             raise
         raise named from e
     _sync_folder(directory)
+
+
+def _move_if_absent(tmp: str, path: str) -> None:
+    r"""Moves the complete file :obj:`tmp` to :obj:`path` where nothing is there
+    (:class:`FileExistsError` naming :obj:`path` otherwise, :obj:`tmp` left for the caller):
+    :func:`os.replace` replaced a file another process had made since the caller looked."""
+    try:
+        os.link(tmp, path)  # (fails where the name is taken: atomic)
+    except FileExistsError:
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), path) from None
+    except OSError as e:
+        if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV,
+                           errno.EMLINK, errno.ENOSYS):
+            raise
+        # no hard links here (FAT, some network file systems): the name taken first, then
+        # the file moved over the empty one taken
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        except FileExistsError:
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), path) from None
+        try:
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(path)  # (the empty file taken for the name)
+            raise
+        return
+    os.unlink(tmp)
 
 
 def _naming(error: OSError, path: str, tmp: str) -> Optional[OSError]:

@@ -1,6 +1,7 @@
 import json
 import os
 
+import pytest
 import torch
 
 from torch_mz.cli import _common, main
@@ -46,3 +47,39 @@ def test_train_resume_of_a_finished_run_refuses_other_training_options(tmp_path,
     assert main(['train', *DATA[:-1], '3', '--lr', '0.002', '--resume', checkpoint]) == 0
     result = json.load(open(os.path.join(out, 'result.json')))
     assert result['epochs_run'] == 3 and result['config']['lr'] == 0.002
+
+
+def test_train_resume_of_an_interrupted_run_names_what_would_end_it(tmp_path, capsys):
+    # a run interrupted after 2 of its 4 epochs: --epochs 1 was told to pass --epochs 2 or
+    # more, which was then refused as "the finished run ... has run its 2 epochs", told to
+    # "pass --epochs 3 or more to train on with it" (with --epochs 2)
+    from torch_mz.train import TrainingStopped, stop_by
+    out = str(tmp_path / 'run')
+    checkpoint = os.path.join(out, 'checkpoint.pt')
+    first = [*DATA[:-1], '4', '--warmup-epochs', '0']
+    for argv in (['--out', out], ['--resume', checkpoint]):  # (stopped after each epoch)
+        with pytest.raises(TrainingStopped), stop_by(0):
+            main(['train', *first, *argv])
+    assert torch.load(checkpoint, weights_only=True)['epoch'] == 1
+    capsys.readouterr()
+    kept = {name: open(os.path.join(out, name), 'rb').read() for name in os.listdir(out)}
+    for flags, said in (
+            (['--epochs', '1'], "--epochs 1 is fewer than the 2 epochs the checkpoint "
+                                f"'{checkpoint}' has run: pass --epochs 3 or more, or leave "
+                                "--epochs out to resume it with its own 4\n"),
+            (['--epochs', '2'], f"--epochs 2: the run of checkpoint '{checkpoint}' was trained "
+                                "with --epochs 4 and is not finished (2 of its 4 epochs run): "
+                                "--epochs 2 would end it at once: resumed so, it would train "
+                                "nothing, yet record --epochs 2 in its result.json and best.pt;"
+                                " leave it out (or pass --epochs 4) to resume it, pass --epochs "
+                                "3 or more to train on, or start a new run without --resume\n"),
+            (['--epochs', '2', '--lr', '0.1'], "pass --epochs 3 or more to train on with --lr "
+                                               "0.1, or start")):
+        assert main(['train', *DATA[:-2], *flags, '--resume', checkpoint]) == 2, flags
+        err = capsys.readouterr().err
+        assert err.count('\n') == 1 and said in err, err
+        assert {name: open(os.path.join(out, name), 'rb').read()
+                for name in os.listdir(out)} == kept
+    # as said: 3 epochs train on
+    assert main(['train', *DATA[:-2], '--epochs', '3', '--resume', checkpoint]) == 0
+    assert json.load(open(os.path.join(out, 'result.json')))['epochs_run'] == 3

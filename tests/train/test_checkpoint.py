@@ -1352,3 +1352,54 @@ def test_same_run_takes_feature_columns_no_model_reads_as_none(tmp_path):
                                             resume=str(out / 'checkpoint.pt'))).fit(data, val)
     assert resumed.epochs_run == 2
     check_built_as_recorded(load_checkpoint(out / 'best.pt'), model([0, 2]), 'best.pt')
+
+
+def test_a_run_with_epochs_left_resumed_with_another_seed_is_refused(tmp_path):
+    # the command line refused another --seed for every resume; train() and Trainer.fit only
+    # warned where epochs were left: the next epochs shuffled as another seed's, and
+    # result.json and best.pt recorded a seed the run did not start with
+    run = tmp_path / 'run'
+    data, val = REG_TRAIN[:32], REG_VAL[:8]
+    Trainer(H.ToyDeepSets(3, 2), config(epochs=1, warmup_epochs=0, seed=3,
+                                        out_dir=str(run))).fit(data, val)
+    files = {name: (run / name).read_bytes() for name in os.listdir(run)}
+    resume = str(run / 'checkpoint.pt')
+
+    def more(seed):  # one more epoch
+        return config(epochs=2, warmup_epochs=0, seed=seed, out_dir=str(run), resume=resume)
+    for seed in (0, 4):
+        with pytest.raises(CheckpointError, match=rf"trained with seed 3, not {seed}: .*"
+                                                  rf"resume with seed=3, or start a new run$"):
+            train(H.ToyDeepSets(3, 2), data, val, config=more(seed))
+        assert {name: (run / name).read_bytes() for name in os.listdir(run)} == files
+    assert train(H.ToyDeepSets(3, 2), data, val, config=more(3)).epochs_run == 2
+    assert json.loads((run / 'result.json').read_text())['config']['seed'] == 3
+
+
+def test_an_interrupted_run_ended_by_its_resume_is_refused_naming_what_ends_it(tmp_path):
+    # a run interrupted after 2 of its 4 epochs, resumed with epochs=2: refused as "a finished
+    # run (it has run its 2 epochs)", told to resume "with epochs >= 3 to train on under the
+    # new ones" (epochs=2); epochs=1 was told "resume with epochs=2 or more"
+    from torch_mz.train import TrainingStopped, stop_by
+    run = tmp_path / 'run'
+    data, val = REG_TRAIN[:32], REG_VAL[:8]
+
+    def fit(**changes):
+        return Trainer(H.ToyDeepSets(3, 2), config(**dict(
+            dict(epochs=4, warmup_epochs=0, out_dir=str(run)), **changes))).fit(data, val)
+    for resume in ({}, dict(resume=str(run / 'checkpoint.pt'))):  # (stopped after each epoch)
+        with pytest.raises(TrainingStopped), stop_by(0):
+            fit(**resume)
+    resume = str(run / 'checkpoint.pt')
+    assert load_checkpoint(resume)['epoch'] == 1
+    with pytest.raises(ValueError, match=r'resume with epochs=3 or more, or with its own '
+                                         r'epochs=4$'):
+        fit(epochs=1, resume=resume)
+    with pytest.raises(CheckpointError, match=r'holds a run not finished \(2 of its 4 epochs '
+                                              r'run\) that this configuration ends at once: '
+                                              r'.*epochs 4, now 2.* or with epochs >= 3 to '
+                                              r'train on, or start a new run$'):
+        fit(epochs=2, resume=resume)
+    with pytest.raises(CheckpointError, match=r'epochs >= 3 to train on under the new lr, or '):
+        fit(epochs=2, lr=0.5, resume=resume)
+    assert fit(epochs=3, resume=resume).epochs_run == 3  # (as said)

@@ -546,14 +546,17 @@ def _run_files(folder: str) -> List[str]:
     return [name for name in RUN_FILES if os.path.isfile(os.path.join(folder, name))]
 
 
-def _remove_run_files(folder: str):
+def _remove_run_files(folder: str, keep_folder: bool = False):
     r"""Removes what a training run wrote into :obj:`folder`, and the folder if nothing else is
-    left in it (files a user put there stay); a symbolic link to a folder is kept (``rmdir``
-    refused it, once its run's files were gone: ``--overwrite`` into a linked run folder ended
-    in "Not a directory" and trained nothing)."""
+    left in it (files a user put there stay) unless :obj:`keep_folder` (a folder the command
+    holds, :func:`_holding_out_folder`: removed, the hold was on a folder that no longer
+    existed, and another command could take the one the run made again); a symbolic link to a
+    folder is kept (``rmdir`` refused it, once its run's files were gone: ``--overwrite`` into
+    a linked run folder ended in "Not a directory" and trained nothing)."""
     for name in _run_files(folder):
         os.unlink(os.path.join(folder, name))
-    if os.path.isdir(folder) and not os.path.islink(folder) and not os.listdir(folder):
+    if (not keep_folder and os.path.isdir(folder) and not os.path.islink(folder)
+            and not os.listdir(folder)):
         os.rmdir(folder)
 
 

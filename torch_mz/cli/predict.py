@@ -184,7 +184,12 @@ def cmd_predict(args) -> int:
     writer = csv.writer(buf, lineterminator='\n')
     writer.writerow(columns)
     writer.writerows(zip(*columns.values()))
-    atomic_write(args.out, lambda f: f.write(buf.getvalue()), binary=False)
+    try:  # (without --overwrite, not over a file another process made since the check above)
+        atomic_write(args.out, lambda f: f.write(buf.getvalue()), binary=False,
+                     overwrite=args.overwrite)
+    except FileExistsError:
+        raise CLIError(f"'{args.out}' was made (by another process) while predict ran; pass "
+                       f"--overwrite to replace it, or choose another --out") from None
     print(f"{len(task.test)} test sets of {task.name} ({', '.join(columns)}) -> {args.out}"
           + _weights_note(state))
     return 0

@@ -45,7 +45,8 @@ def _refuse_finished_run_changes(args, state: Dict[str, Any]) -> None:
     refused before any data are loaded, as another ``--seed`` is: it trained nothing, yet
     wrote its ``result.json`` and ``best.pt`` anew under the options given (the trainer's own
     check, :func:`~torch_mz.train.checkpoint.finished_run_changes`, came after the data load)."""
-    from torch_mz.train.checkpoint import _finished_how, finished_run_changes
+    from torch_mz.train.checkpoint import (_finished_how, _unfinished_as_trained,
+                                           finished_run_changes)
     _check_training_args(args)  # (TrainConfig's own checks, named: before the config is made)
     current = _common._config(args, args.seed, None, args.resume).to_dict()
     changed = finished_run_changes(state, current) or {}
@@ -59,12 +60,20 @@ def _refuse_finished_run_changes(args, state: Dict[str, Any]) -> None:
     given = ', '.join(shown(k, b) for k, (_, b) in changed.items())
     own = ', '.join(shown(k, a) for k, (a, _) in changed.items())
     more = ' and '.join(f'{_FLAGS[k]} {v} or more' for k, v in needs.items())
+    # (the changes that do not end it, which a run that trains on takes: not the --epochs or
+    # --patience that must be raised)
+    rest = ', '.join(shown(k, b) for k, (_, b) in changed.items() if k not in needs)
+    ending = ', '.join(shown(k, b) for k, (_, b) in changed.items() if k in needs) or given
     them = 'them' if len(changed) > 1 else 'it'
-    raise CLIError(f"{given}: the finished run of checkpoint '{args.resume}' was trained with "
-                   f"{own}, and {how}: resumed so, it would train nothing, yet record {given} "
+    unfinished = _unfinished_as_trained(state)
+    run = (f"the finished run of checkpoint '{args.resume}' was trained with {own}, and {how}"
+           if unfinished is None else
+           f"the run of checkpoint '{args.resume}' was trained with {own} and is not finished "
+           f"({unfinished[0]} of its {unfinished[1]} epochs run): {ending} would end it at once")
+    raise CLIError(f"{given}: {run}: resumed so, it would train nothing, yet record {given} "
                    f"in its result.json and best.pt; leave {them} out (or pass {own}) to "
-                   f"resume it, pass {more} to train on with {them}, or start a new run "
-                   f"without --resume")
+                   f"resume it, pass {more} to train on" + (f' with {rest}' if rest else '')
+                   + ", or start a new run without --resume")
 
 
 def _figures_with_units(test: Dict[str, float], task_type: str, normalized: bool,
@@ -149,8 +158,14 @@ def cmd_train(args) -> int:
         raise CLIError(f"--epochs {args.epochs} is fewer than the checkpoint's warm-up of "
                        f"{args.warmup_epochs} epochs: pass --warmup-epochs too")
     if epochs_run is not None and args.epochs < epochs_run:
+        # (an interrupted run's: as many as it has run would end it without its own epochs,
+        # refused as a finished run's other settings are)
+        own = recorded.get('epochs') if isinstance(recorded, dict) else None
+        least = epochs_run if own in (None, epochs_run) else epochs_run + 1
         raise CLIError(f"--epochs {args.epochs} is fewer than the {epochs_run} epochs the "
-                       f"checkpoint '{args.resume}' has run: pass --epochs {epochs_run} or more")
+                       f"checkpoint '{args.resume}' has run: pass --epochs {least} or more"
+                       + ('' if least == epochs_run else
+                          f", or leave --epochs out to resume it with its own {own}"))
     if args.resume is not None:  # (before the options taken are said)
         _refuse_finished_run_changes(args, state)
     if taken:
@@ -192,9 +207,9 @@ def cmd_train(args) -> int:
         print(f'task {task.name}: {task.description} | train/val/test = '
               f'{len(task.train)}/{len(task.val)}/{len(task.test)} | d_in={task.in_channels}')
         # (under torchrun every rank removed them: a later one could remove what the main one
-        # had written)
+        # had written); the folder stays, held
         if args.overwrite and _common._main_process():
-            _common._remove_run_files(out)
+            _common._remove_run_files(out, keep_folder=True)
         args.run_folder = out  # (stopped from here, the command says how to go on: main)
         row = _common._run(args, task, model, args.seed, out, args.resume)
         metrics = _figures_with_units(row['test'], task.task_type, not args.no_normalize,

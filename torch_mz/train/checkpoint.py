@@ -538,12 +538,28 @@ def _finished_how(state: Mapping[str, Any],
     words = []
     if epoch + 1 >= epochs:
         needs['epochs'] = epoch + 2
-        words.append(f'it has run its {epochs} epochs')
+        saved = state.get('config')  # ("its" epochs where they are those it was trained for)
+        its = 'its ' if isinstance(saved, dict) and saved.get('epochs') == epochs else ''
+        words.append(f'it has run {its}{epochs} epochs')
     if _stopped(state, current) and _is_int(bad):
         needs['patience'] = bad + 1
         words.append(f"{'and its' if words else 'it stopped early: its'} last {bad} "
                      f"epoch{'s' if bad != 1 else ''} did not improve (patience {patience})")
     return ', '.join(words), needs
+
+
+def _unfinished_as_trained(state: Mapping[str, Any]) -> Optional[Tuple[int, int]]:
+    r"""The epochs run and the ``epochs`` it was trained for, where the run of checkpoint
+    :obj:`state` had not finished under its own configuration (epochs left, not stopped
+    early: interrupted), so that a resume that trains nothing (:func:`finished_run_changes`)
+    is ended by its own ``epochs`` or ``patience``; :obj:`None` where it had finished, or
+    :obj:`state` does not say."""
+    saved, epoch = state.get('config'), state.get('epoch')
+    if not (isinstance(saved, dict) and _is_int(epoch) and _is_int(saved.get('epochs'))):
+        return None
+    if epoch + 1 >= saved['epochs'] or _stopped(state, saved):
+        return None
+    return epoch + 1, saved['epochs']
 
 
 def _is_int(value: Any) -> TypeGuard[int]:

@@ -53,7 +53,9 @@ class TrainConfig:
             for the shuffling of the training set, in :math:`[0, 2^{32})` (PyTorch's CPU
             generator and NumPy keep 32 bits of a seed); ``seed + epochs`` (epoch e shuffles
             with ``seed + e``) and under DDP ``seed + world_size`` must not exceed
-            :math:`2^{32}` (:meth:`Trainer.fit` refuses it). (default: :obj:`0`)
+            :math:`2^{32}` (:meth:`Trainer.fit` refuses it). A resume takes the seed of its
+            checkpoint's run and no other (another is refused, as the command line's
+            ``--seed`` is). (default: :obj:`0`)
         deterministic (bool, optional): Ask PyTorch for deterministic algorithms while the
             run trains (the settings as they were after it). (default: :obj:`False`)
         device (str, optional): ``'auto'`` (CUDA if available, else CPU), ``'cpu'``, ``'cuda'``

@@ -31,7 +31,7 @@ from torch_mz.train.checkpoint import (CHECKPOINT_FORMAT, CHECKPOINT_VERSION, Ch
                                        _cpu_state_dict, _finished_how, _json_values,
                                        _rng_difference,
                                        _rng_state, _set_rng_state, _torch_mz_version,
-                                       _with_build_info,
+                                       _unfinished_as_trained, _with_build_info,
                                        checkpoint_normalizer, config_changes, describe_run,
                                        finished_run_changes,
                                        load_checkpoint, load_weights_into, same_run,
@@ -556,9 +556,9 @@ class Trainer:
         ``config.resume`` set it continues from that checkpoint at its next epoch; with the same
         configuration, device, torch_mz version and deterministic kernels the result equals that
         of an uninterrupted run (a resume that differs in one of them is said in a warning;
-        one with another configuration that has no epoch left to train, a finished run's, is
-        refused with a :class:`~torch_mz.train.CheckpointError`: it would record settings the
-        run never trained with).
+        one with another configuration that has no epoch left to train, a finished run's, or
+        with another ``seed``, is refused with a :class:`~torch_mz.train.CheckpointError`: it
+        would record settings the run never trained with).
         Inside :func:`~torch_mz.train.stop_by` it stops after the epoch that ends past the
         deadline, writes that epoch's checkpoint and raises
         :class:`~torch_mz.train.TrainingStopped` (with ``out_dir`` set; a run with nowhere to
@@ -722,9 +722,16 @@ class Trainer:
             return _FitState(start=start)
         ckpt = self._load_resume(cfg.resume)
         if ckpt['epoch'] + 1 > cfg.epochs:  # (it would end at once, its result past epochs)
-            raise ValueError(f'TrainConfig(epochs={cfg.epochs}) is fewer than the '
-                             f'{ckpt["epoch"] + 1} epochs checkpoint {cfg.resume!r} has run; '
-                             f'resume with epochs={ckpt["epoch"] + 1} or more')
+            ran = ckpt['epoch'] + 1
+            # (an interrupted run's: as many as it has run would end it without its own
+            # epochs, refused as a finished run's other settings are: _load_resume)
+            saved = ckpt.get('config')
+            own = saved.get('epochs') if isinstance(saved, dict) else None
+            least = ran if own in (None, ran) else ran + 1
+            raise ValueError(f'TrainConfig(epochs={cfg.epochs}) is fewer than the {ran} '
+                             f'epochs checkpoint {cfg.resume!r} has run; resume with '
+                             f'epochs={least} or more'
+                             + ('' if least == ran else f', or with its own epochs={own}'))
         return _FitState(start=start, history=list(ckpt['history']),
                          next_epoch=ckpt['epoch'] + 1, best_epoch=ckpt['best_epoch'],
                          best_val=ckpt['best_val_loss'], bad_epochs=ckpt['bad_epochs'],
@@ -945,14 +952,29 @@ class Trainer:
         if unused:  # (as the command line refuses another --seed): it would train nothing,
             # and write result.json and best.pt anew under settings the run never trained with
             how, needs = _finished_how(state, self.config.to_dict())
+            unfinished = _unfinished_as_trained(state)
+            run = (f'a finished run ({how})' if unfinished is None else
+                   f'a run not finished ({unfinished[0]} of its {unfinished[1]} epochs run) '
+                   f'that this configuration ends at once')
+            others = [k for k in unused if k not in needs]  # (those a run that trains on takes)
             raise CheckpointError(
-                f'Checkpoint {path!r} holds a finished run ({how}): resumed with other '
+                f'Checkpoint {path!r} holds {run}: resumed with other '
                 f'settings (' + ', '.join(f'{k} {a!r}, now {b!r}' for k, (a, b)
                                           in unused.items())
                 + ') it would train nothing, yet its result.json and best.pt would record '
                 'them; resume with the settings it was trained with, or with '
                 + ' and '.join(f'{k} >= {v}' for k, v in needs.items())
-                + ' to train on under the new ones, or start a new run')
+                + ' to train on' + (f" under the new {', '.join(others)}" if others else '')
+                + ', or start a new run')
+        if 'seed' in changed:  # (as the command line refuses another --seed): the run's own
+            # epochs shuffle with seed + epoch, so the next ones would be another run's, and
+            # its result.json and best.pt would name a seed it did not start with
+            saved_seed, seed = changed['seed']
+            raise CheckpointError(
+                f'Checkpoint {path!r} was trained with seed {saved_seed!r}, not {seed!r}: '
+                f'resumed with another seed its next epochs would shuffle as another run\'s, '
+                f'and its result.json and best.pt would record a seed it did not start with; '
+                f'resume with seed={saved_seed!r}, or start a new run')
         # what holds for every process (the checkpoint, the configuration, the number of
         # processes) is said by the main one alone: under torchrun each rank said it again
         main = self.dist.is_main
