@@ -148,7 +148,7 @@ import torch
 from torch_mz.runtime import keep_freed_memory
 from torch_mz.study import (EXIT_INTERRUPTED, MeasurementFailed, PartialUnit,
                             add_partial_arguments, check_out_folder, choice_list,
-                            environment, in_fresh_process, int_list, interruptible,
+                            environment, in_fresh_process, in_turn, int_list, interruptible,
                             markdown_table, nonnegative_int, overwriting, partial_problem,
                             peak_memory_bytes, positive_float, positive_int, pyplot,
                             replace_plot, replace_problem, resume_problem,
@@ -735,9 +735,11 @@ def main():
     if problem:
         parser.error(problem)
     kept, earlier_minutes, note = [], 0.0, None
+    # (--resume reads the partial report, else the complete one: what a Ctrl-C keeps until
+    # this run writes)
+    resumed = partial if os.path.exists(partial) else os.path.join(args.out, f'{NAME}.json')
     if args.resume:
-        kept, earlier_minutes, note = earlier_rows(
-            partial if os.path.exists(partial) else os.path.join(args.out, f'{NAME}.json'), args)
+        kept, earlier_minutes, note = earlier_rows(resumed, args)
     complete_path = os.path.join(args.out, f'{NAME}.json')
     # (a complete report of other options is not replaced unasked, but by the run that a
     # partial report resumed here began; one of these options is, but for the rows that fail
@@ -754,37 +756,41 @@ def main():
     if note:  # (what --resume found)
         print(note, flush=True)
     start = time.time()
-    rows, reused, note, lost = [], 0, None, []
+    rows, note, lost, ratios = [], None, [], []
     png = os.path.join(args.out, f'{NAME}.png')
-    # (kept: none before this call wrote a row)
-    with interruptible(__file__, sys.argv[1:], parser, what='rows') as stop:
-        for cfg in cfgs:
-            earlier_row = next((r for r in kept if measured(r, cfg)), None)
-            reused += earlier_row is not None
-            if earlier_row is not None:
-                row = earlier_row
-            elif args.same_process:
-                row = run_in_process(cfg)
-            else:
-                row = run_subprocess(cfg, args.timeout)
-            rows.append(row)
-            print(row_line(row, kept=earlier_row is not None), flush=True)
-            minutes_before = earlier_minutes if reused else 0.0
-            lost = lost_rows(rows, earlier) if len(rows) == len(cfgs) else []
+    # the rows kept, by their configuration's place in the run (each a row of the report
+    # resumed that measured it)
+    reused = {i: row for i, row in enumerate(
+        next((r for r in kept if measured(r, cfg)), None) for cfg in cfgs) if row is not None}
+    minutes_before = earlier_minutes if reused else 0.0
+
+    def measure(i: int) -> dict:
+        return (run_in_process(cfgs[i]) if args.same_process
+                else run_subprocess(cfgs[i], args.timeout))
+    # (kept: the report resumed, else none before this call wrote a row)
+    with interruptible(__file__, sys.argv[1:], parser, kept=resumed if reused else None,
+                       what='rows') as stop:
+        # (the rows kept not reached yet stay in the partial report: turn.reached)
+        for turn in in_turn(range(len(cfgs)), reused, measure):
+            print(row_line(turn.value, kept=turn.kept), flush=True)
+            if not turn.write:
+                continue
+            rows = turn.reached
+            lost = [] if turn.pending else lost_rows(rows, earlier)
             # (the plot first: the report links it if drawn)
-            complete = len(rows) == len(cfgs) and not lost
+            complete = not turn.pending and not lost
             note = replace_plot(png, plot, rows, png) if complete else None
             ratios = write_report(args, env, rows, len(cfgs),
                                   minutes_before + (time.time() - start) / 60, minutes_before,
-                                  kept=reused, plot=complete and note is None, lost=lost,
+                                  kept=len(reused), plot=complete and note is None, lost=lost,
                                   overwrite=replacing)
             stop.kept = os.path.join(args.out, f"{NAME if complete else PARTIAL}.json")
     if stop.note:
         print(stop.note, file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
     if args.resume:
-        print(f'{reused} of {len(cfgs)} rows kept from the earlier report, '
-              f'{len(cfgs) - reused} measured', flush=True)
+        print(f'{len(reused)} of {len(cfgs)} rows kept from the earlier report, '
+              f'{len(cfgs) - len(reused)} measured', flush=True)
     if lost:
         print(markdown_table(ratios, RATIO_COLS))
         print(f'{lost_text(lost)} failed here but were measured by {complete_path}, which is '

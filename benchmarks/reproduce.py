@@ -49,8 +49,10 @@ tried or on their edge (``finished_runs.<budget>.sweep.<task>.png``), which show
 model was tuned to an optimum of the same search. Without matplotlib no figure is drawn and an
 earlier run's is removed (it would not show these runs): the script prints which. With
 ``--seeds`` other than the claims' own count the table holds those seeds' runs only and is
-written as ``finished_runs.<budget>.seeds<N>.*`` (its figures too), beside the budget's table,
-which it does not replace.
+written as ``finished_runs.<budget>.seeds<N>.*`` (its figures too), and with ``--claims`` naming
+some of the claims, it holds theirs only and is written as
+``finished_runs.<budget>.claims-<a>+<b>.*`` (``...claims-<a>.seeds<N>.*`` for both), beside the
+budget's table, which it does not replace.
 
 The MZ models train with the compiled LayerNorm-Jacobian kernels
 (:func:`torch_mz.nn.set_fused_kernels`, the same map up to float rounding; ``--no-fused-kernels``
@@ -265,8 +267,10 @@ def main(argv=None):
     parser.add_argument('--runs-table', action='store_true',
                         help="write finished_runs.<budget>.md and .json: every finished run of "
                              "the claims, its test R² beside the paper's (with --seeds other "
-                             "than the claims' own count, finished_runs.<budget>.seeds<N>.* "
-                             "beside it); trains nothing")
+                             "than the claims' own count, finished_runs.<budget>.seeds<N>.*, "
+                             "and with --claims naming some of them, "
+                             "finished_runs.<budget>.claims-<a>+<b>.*, beside it); trains "
+                             "nothing")
     parser.add_argument('--time-limit', type=duration, default=None, metavar='DURATION',
                         help="stop within this time (minutes, or H:MM[:SS]), e.g. a cluster "
                              "job's limit less a few minutes: a run starts (or resumes) only "
@@ -317,6 +321,9 @@ def main(argv=None):
         except OSError as e:
             parser.error(f"--status-file {args.status_file!r}: cannot make its folder "
                          f"({e.strerror})")
+    if args.runs_table and claims == ['table30']:  # (it wrote an empty table over every run's)
+        parser.error("--runs-table: --claims table30 names no claim with runs to list (its "
+                     "figures are the training step's timings)")
     if args.carry and args.time_limit is None:
         parser.error('--carry needs --time-limit (it says what to do at the limit)')
     out = args.out or os.path.join(RESULTS, 'reproduction', *(
@@ -390,9 +397,10 @@ def _report(args, claims, budget, out) -> int:
                     + ')\n\n```\n' + '\n'.join(lines) + '\n```\n')
             atomic_write(args.status_file, lambda f: f.write(text), binary=False)
             print(f'wrote {args.status_file}')
-    if args.runs_table:
+    if args.runs_table:  # (--claims naming some of the claims: their table beside every one's)
         path = write_runs_table(repro, [CLAIMS[n] for n in claims if n != 'table30'], out,
-                                on_note=print)  # (an earlier figure removed: which, and why)
+                                on_note=print,  # (an earlier figure removed: which, and why)
+                                every=list(CLAIMS))
         print(f'wrote {path}.md, .json')
     return 0
 

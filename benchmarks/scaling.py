@@ -140,13 +140,15 @@ def loglog_slope(rows: List[dict]) -> Optional[float]:
                             np.log([r['median_s'] for r in rows]), 1)[0])
 
 
-def earlier_rows(path: str, args: argparse.Namespace) -> Tuple[Dict[int, dict], str]:
+def earlier_rows(path: str, args: argparse.Namespace, command: Optional[str] = None
+                 ) -> Tuple[Dict[int, dict], str]:
     r"""The measured rows of the partial report :obj:`path` (by points) that ``--resume`` keeps,
     and a sentence on what was found; a file damaged or written with other :data:`SETTINGS`
-    raises a :class:`ValueError` saying so (:func:`~torch_mz.study.read_partial`)."""
+    raises a :class:`ValueError` saying so, naming the report's command and :obj:`command`, this
+    run's (:func:`~torch_mz.study.read_partial`)."""
     if not os.path.exists(path):
         return {}, f'nothing to resume: no {path}; measuring every size'
-    kept = read_partial(path, args, SETTINGS, UNIT,
+    kept = read_partial(path, args, SETTINGS, UNIT, command=command,
                         keep=lambda earlier: {int(r['points']): r for r in earlier['rows']})
     return kept, f'resuming from {path}: {len(kept)} size(s) kept'
 
@@ -271,7 +273,7 @@ def main():
     kept: Dict[int, dict] = {}
     if args.resume:
         try:
-            kept, message = earlier_rows(partial, args)
+            kept, message = earlier_rows(partial, args, env['command'])
         except ValueError as e:
             parser.error(f'argument --resume: {e}')
         print(message, flush=True)

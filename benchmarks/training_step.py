@@ -539,12 +539,13 @@ def lost_rows(runs: Dict[str, List[Optional[dict]]], earlier: Optional[dict]) ->
             if all(m is None for m in by_round) and name in made]
 
 
-def earlier_runs(path: str, args) -> Tuple[Dict[str, List[Optional[dict]]], float, str]:
+def earlier_runs(path: str, args, command: Optional[str] = None
+                 ) -> Tuple[Dict[str, List[Optional[dict]]], float, str]:
     r"""The measurements of the partial report :obj:`path` that ``--resume`` keeps (each row
     name's, by round; :obj:`None` where it failed or was not made: made again), the minutes
     they took, and a sentence on what was found; a file damaged or written with other
-    :data:`SETTINGS` raises a :class:`ValueError` saying so
-    (:func:`~torch_mz.study.read_partial`)."""
+    :data:`SETTINGS` raises a :class:`ValueError` saying so, naming the report's command and
+    :obj:`command`, this run's (:func:`~torch_mz.study.read_partial`)."""
     if not os.path.exists(path):
         return {}, 0.0, f'nothing to resume: no {path}; making every measurement'
 
@@ -555,7 +556,7 @@ def earlier_runs(path: str, args) -> Tuple[Dict[str, List[Optional[dict]]], floa
                             if isinstance(m, dict) else None for m in by_round]
                 for name, by_round in earlier['measured'].items()}
         return kept, float(earlier['minutes'])
-    kept, minutes = read_partial(path, args, SETTINGS, UNIT, keep=keep)
+    kept, minutes = read_partial(path, args, SETTINGS, UNIT, keep=keep, command=command)
     count = sum(m is not None for by_round in kept.values() for m in by_round)
     return kept, minutes, f'resuming from {path}: {count} measurement(s) kept'
 
@@ -636,7 +637,7 @@ def main():
     earlier_minutes = 0.0
     if args.resume:
         try:
-            kept, earlier_minutes, message = earlier_runs(partial, args)
+            kept, earlier_minutes, message = earlier_runs(partial, args, env['command'])
         except ValueError as e:
             parser.error(f'argument --resume: {e}')
         print(message, flush=True)

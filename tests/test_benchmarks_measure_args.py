@@ -193,7 +193,9 @@ def test_speed_keeps_the_pairs_measured_before_ctrl_c_and_resumes(tmp_path, monk
     usage_error('speed', argv[1:], monkeypatch, capsys, 'interrupted run', '--resume',
                 '--overwrite')
     usage_error('speed', argv[1:] + ['--resume', '--sets', '32'], monkeypatch, capsys,
-                'other settings', 'sets 64 there, 32 here')
+                'other settings', 'sets 64 there, 32 here',
+                f"is the partial report of another command (`{data['environment']['command']}`)",
+                '--resume --sets 32`) would replace')
     usage_error('speed', argv[1:] + ['--resume', '--overwrite'], monkeypatch, capsys,
                 '--overwrite: not allowed with --resume')
     # the same options under another thread count (no option sets it: OMP_NUM_THREADS): the
@@ -682,8 +684,13 @@ def test_training_step_keeps_the_measurements_made_before_ctrl_c_and_resumes(tmp
     # without --resume or --overwrite the partial report is not replaced
     usage_error('training_step', argv[1:], monkeypatch, capsys, 'interrupted run', '--resume',
                 '--overwrite')
+    # (another command's: both named, as a complete report of other options names them)
     usage_error('training_step', argv[1:] + ['--resume', '--rounds', '3'], monkeypatch, capsys,
-                'other settings', 'rounds 2 there, 3 here')
+                'other settings', 'rounds 2 there, 3 here',
+                f"argument --resume: {partial} is the partial report of another command "
+                f"(`{data['environment']['command']}`)",
+                '--out {} --resume --rounds 3`) would replace: pass --overwrite (in place of '
+                '--resume)'.format(out))
     assert json.loads(partial.read_text()) == data
     monkeypatch.setattr(sys, 'argv', argv + ['--resume'])
     calls[:] = ['stopped']
@@ -1599,6 +1606,74 @@ def test_message_passing_resumes_nothing_measured_otherwise(tmp_path, monkeypatc
     measured.clear()
     run_message_passing(mp, MP_ARGV + ['--out', str(out)], monkeypatch, counts)
     assert len(measured) == 4
+
+
+def test_message_passing_resumed_keeps_the_rows_ahead_in_its_partial_report(
+        tmp_path, monkeypatch, capsys):
+    # --resume rewrote the partial report after every row with the rows reached alone: the
+    # kept rows not reached yet left it, and a second Ctrl-C (or a failure) in the row before
+    # them lost them, so that the next --resume measured them again
+    mp = load_script('message_passing')
+    out = tmp_path / 'mp'
+    partial = out / 'message_passing.partial.json'
+    measured = []
+
+    def first(cfg):  # (pyg 1000, rigid 1000 timed out, pyg 10000, Ctrl-C at rigid 10000)
+        if (cfg['aggr'], cfg['nodes']) == ('rigid', 10000):
+            raise KeyboardInterrupt
+        measured.append((cfg['aggr'], cfg['nodes']))
+        return (dict(cfg, error='timed out') if (cfg['aggr'], cfg['nodes']) == ('rigid', 1000)
+                else fake_row(cfg))
+    assert run_message_passing(mp, MP_ARGV + ['--out', str(out)], monkeypatch,
+                               first) == mp.EXIT_INTERRUPTED
+    rows = json.loads(partial.read_text())['rows']
+    assert [(r['aggr'], r['nodes'], 'error' in r) for r in rows] == [
+        ('pyg', 1000, False), ('rigid', 1000, True), ('pyg', 10000, False)]
+    kept = rows[2]
+    capsys.readouterr()
+
+    def stops(cfg):  # Ctrl-C while the row that timed out is measured again
+        raise KeyboardInterrupt
+    argv = MP_ARGV + ['--out', str(out), '--resume']
+    assert run_message_passing(mp, argv, monkeypatch, stops) == mp.EXIT_INTERRUPTED
+    err = capsys.readouterr().err
+    assert f'the rows finished so far are kept in {partial}' in err, err
+    assert [(r['aggr'], r['nodes']) for r in json.loads(partial.read_text())['rows']
+            if 'error' not in r] == [('pyg', 1000), ('pyg', 10000)]
+    measured.clear()
+    run_message_passing(mp, argv, monkeypatch,
+                        lambda cfg: measured.append((cfg['aggr'], cfg['nodes'])) or fake_row(cfg))
+    assert measured == [('rigid', 1000), ('rigid', 10000)]  # (pyg 10000 kept, not again)
+    data, markdown = report(out)
+    assert data['complete'] is True and data['rows'][2] == kept
+    assert '2 of 4 rows kept from that run' in markdown
+
+
+def test_message_passing_ctrl_c_before_a_row_is_written_names_the_rows_kept(
+        tmp_path, monkeypatch, capsys):
+    # a resumed run stopped in its first row said it was "interrupted before it kept any of
+    # its rows; to start again", where the partial report it resumed keeps them
+    mp = load_script('message_passing')
+    out = tmp_path / 'mp'
+    partial = out / 'message_passing.partial.json'
+
+    def first(cfg):  # (pyg 1000 timed out, rigid 1000, Ctrl-C at pyg 10000)
+        if cfg['nodes'] == 10000:
+            raise KeyboardInterrupt
+        return dict(cfg, error='timed out') if cfg['aggr'] == 'pyg' else fake_row(cfg)
+    argv = MP_ARGV + ['--out', str(out)]
+    assert run_message_passing(mp, argv, monkeypatch, first) == mp.EXIT_INTERRUPTED
+    earlier = partial.read_text()
+    capsys.readouterr()
+
+    def stops(cfg):
+        raise KeyboardInterrupt
+    assert run_message_passing(mp, argv + ['--resume'], monkeypatch,
+                               stops) == mp.EXIT_INTERRUPTED
+    err = capsys.readouterr().err
+    assert 'before it kept any' not in err, err
+    assert f'the rows finished so far are kept in {partial}' in err and '--resume' in err, err
+    assert partial.read_text() == earlier
 
 
 def test_message_passing_resume_refuses_the_partial_report_of_another_command(

@@ -1,3 +1,4 @@
+import json
 import re
 import sys
 from dataclasses import replace
@@ -5,7 +6,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from torch_mz.reproduce import Reproduction
+from torch_mz.reproduce import CLAIM_NAMES, CLAIMS, Reproduction
 
 from tests.reproduce._common import TINY, SUM, CLAIM
 
@@ -165,7 +166,7 @@ def test_runs_table_prints_which_earlier_figures_it_removed(tmp_path, monkeypatc
     script = load_script('reproduce')
     out = tmp_path / 'out'
 
-    def writes(repro, claims, folder, on_note=None):
+    def writes(repro, claims, folder, on_note=None, every=None):
         on_note("matplotlib is not installed: no plot; removed the figure an earlier run "
                 "drew, 'x.png'")
         return str(out / 'finished_runs.quick')
@@ -187,10 +188,12 @@ def test_runs_table_with_other_seeds_leaves_the_budgets_table_as_it_is(tmp_path,
         dict(cell='L=16', model='mz-1l', lr=1e-4, weight_decay=1e-5, seed=k, r2=0.5, paper=None,
              epochs_run=2, best_epoch=1, stopped_early=False, val_loss_curve=[2.0, 1.0])
         for k in range(self.seeds or self.budget.seeds)])
+    monkeypatch.setattr(Reproduction, 'sweep_landscape', lambda self, task, models: [])
     no_matplotlib = lambda: (_ for _ in ()).throw(ImportError('no matplotlib'))  # noqa: E731
     monkeypatch.setattr(report, 'pyplot', no_matplotlib)
     monkeypatch.setattr('torch_mz.study.plots.pyplot', no_matplotlib)
-    main = ['--budget', 'quick', '--claims', 'table1-protocol', '--runs-table', '--out', str(out)]
+    # (every claim: --claims naming some writes their table beside the budget's, below)
+    main = ['--budget', 'quick', '--runs-table', '--out', str(out)]
     assert script.main(main) == 0
     every = (out / 'finished_runs.quick.md').read_bytes()
     assert b'| 0 1 |' in every  # both seeds
@@ -199,6 +202,54 @@ def test_runs_table_with_other_seeds_leaves_the_budgets_table_as_it_is(tmp_path,
     assert f"wrote {out / 'finished_runs.quick.seeds1'}.md, .json" in capsys.readouterr().out
     assert (out / 'finished_runs.quick.md').read_bytes() == every
     assert 'Written with `--seeds 1`' in (out / 'finished_runs.quick.seeds1.md').read_text()
+
+
+def test_runs_table_of_some_claims_leaves_the_budgets_table_as_it_is(tmp_path, monkeypatch,
+                                                                     capsys):
+    # --runs-table --claims table1-protocol wrote over finished_runs.<budget>.{md,json} with that
+    # claim's runs alone (as --seeds N did with its seeds'): every other claim's rows were lost
+    from tests._scripts import load_script
+    script = load_script('reproduce')
+    out = tmp_path / 'out'
+    import torch_mz.reproduce.report as report
+    monkeypatch.setattr(Reproduction, 'finished_runs', lambda self, claim: [
+        dict(cell=claim.cells[0]['label'], model=claim.models[0], lr=1e-4, weight_decay=1e-5,
+             seed=k, r2=0.5, paper=None, epochs_run=2, best_epoch=1, stopped_early=False,
+             val_loss_curve=[2.0, 1.0]) for k in range(self.seeds or self.budget.seeds)])
+    monkeypatch.setattr(Reproduction, 'sweep_landscape', lambda self, task, models: [])
+    no_matplotlib = lambda: (_ for _ in ()).throw(ImportError('no matplotlib'))  # noqa: E731
+    monkeypatch.setattr(report, 'pyplot', no_matplotlib)
+    monkeypatch.setattr('torch_mz.study.plots.pyplot', no_matplotlib)
+    main = ['--budget', 'quick', '--runs-table', '--out', str(out)]
+    assert script.main(main) == 0  # every claim (table30 has no runs)
+    table = out / 'finished_runs.quick.md'
+    every = table.read_bytes()
+    assert all(f'## {name}:'.encode() in every for name in CLAIMS)
+    capsys.readouterr()
+    some = ['--claims', 'table3,table1-protocol']
+    assert script.main(main + some) == 0
+    beside = out / 'finished_runs.quick.claims-table1-protocol+table3'
+    assert f'wrote {beside}.md, .json' in capsys.readouterr().out
+    assert table.read_bytes() == every
+    text = (out / f'{beside.name}.md').read_text()
+    assert 'Written with `--claims table1-protocol,table3`' in text
+    assert '`finished_runs.quick.md`' in text
+    assert [line[3:].split(':')[0] for line in text.splitlines() if line.startswith('## ')
+            ] == ['table3', 'table1-protocol']  # (in the order given)
+    assert json.loads((out / f'{beside.name}.json').read_text())['claims'] == [
+        'table1-protocol', 'table3']
+    # with --seeds too: beside both
+    assert script.main(main + some + ['--seeds', '1']) == 0
+    assert f'wrote {beside}.seeds1.md, .json' in capsys.readouterr().out
+    assert table.read_bytes() == every
+    # every claim named (in another order, table30 with them): the budget's table
+    assert script.main(main + ['--claims', ','.join(reversed(CLAIM_NAMES))]) == 0
+    assert f"wrote {out / 'finished_runs.quick'}.md, .json" in capsys.readouterr().out
+    # table30 alone: no runs to list (it wrote an empty table over every run's)
+    with pytest.raises(SystemExit) as e:
+        script.main(main + ['--claims', 'table30'])
+    assert e.value.code == 2 and '--claims table30 names no claim with runs' in \
+        capsys.readouterr().err
 
 
 def test_damaged_store_files_end_in_one_line_not_a_traceback(tmp_path, monkeypatch, capsys):

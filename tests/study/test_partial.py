@@ -123,15 +123,40 @@ def test_read_partial_returns_what_it_keeps(tmp_path):
 
 
 def test_read_partial_refuses_other_settings_and_environments(tmp_path):
-    args = argparse.Namespace(sets=32, quick=False)
-    path = write(tmp_path / 'p.json', dict(config=dict(sets=64), rows=[],
-                                           environment=dict(torch='2.x')))
+    # the message named neither command, where replace_problem and resume_problem name both
+    args = argparse.Namespace(sets=32, quick=False, resume=True)
+    path = write(tmp_path / 'p.json', dict(
+        config=dict(sets=64), rows=[],
+        environment=dict(torch='2.x', command='python x.py --sets 64')))
     with pytest.raises(ValueError) as info:
-        read_partial(path, args, ('sets', 'quick'), SIZES, env=dict(torch='3.x'),
+        read_partial(path, args, ('sets', 'quick'), SIZES,
+                     env=dict(torch='3.x', command='python x.py --sets 32'),
                      environment=('torch',))
     assert str(info.value) == (
-        f"{path} was written with other settings (sets 64 there, 32 here; quick None there, "
-        f"False here; torch '2.x' there, '3.x' here): pass --overwrite to replace it")
+        f"{path} is the partial report of another command (`python x.py --sets 64`), written "
+        f"with other settings (sets 64 there, 32 here; quick None there, False here; torch "
+        f"'2.x' there, '3.x' here), which this run (`python x.py --sets 32`) would replace: "
+        f"pass --overwrite (in place of --resume) to replace it, or give another --out")
+    # resume_problem's message, but for the option's name, which the scripts put before it
+    with pytest.raises(ValueError) as info:
+        read_partial(path, args, ('sets', ), SIZES, command='python x.py --sets 32')
+    assert 'argument --resume: ' + str(info.value) == resume_problem(
+        path, args, ('sets', ), 'python x.py --sets 32')
+    # this run's command given (no env): named; the same command line as such; none known
+    with pytest.raises(ValueError, match=r'which this run \(`python x.py`\) would replace'):
+        read_partial(path, args, ('sets', ), SIZES, command='python x.py')
+    path = write(tmp_path / 'q.json', dict(config=dict(sets=64), rows=[],
+                                           environment=dict(command='python x.py')))
+    with pytest.raises(ValueError) as info:
+        read_partial(path, args, ('sets', ), SIZES, command='python x.py')
+    assert ('the partial report of this same command line run by older code or elsewhere '
+            '(`python x.py`)') in str(info.value)
+    path = write(tmp_path / 'r.json', dict(config=dict(sets=64), rows=[]))
+    with pytest.raises(ValueError) as info:
+        read_partial(path, args, ('sets', ), SIZES)
+    assert str(info.value).startswith(f'{path} is the partial report of another command (an '
+                                      f'unknown one), written with other settings (sets 64 '
+                                      f'there, 32 here), which this run would replace: ')
 
 
 @pytest.mark.parametrize('payload, needle', [

@@ -426,18 +426,35 @@ def runs_table_seeds(repro, claims) -> Optional[int]:
                               for c in claims) else None
 
 
-def write_runs_table(repro, claims, out, on_note=None):
+def runs_table_claims(claims, every: Optional[Sequence[str]] = None) -> Optional[List[str]]:
+    r"""The names of :obj:`claims`, in the order of :obj:`every`, where they are fewer than
+    :obj:`every` (the claims the budget's table holds; :obj:`None`: :obj:`claims` are all of
+    them), else :obj:`None`: :func:`write_runs_table` then writes
+    ``finished_runs.<budget>.claims-<a>+<b>.*`` beside the budget's table, not over it (a
+    ``--claims`` subset)."""
+    if every is None:
+        return None
+    names = {c.name for c in claims}
+    return None if set(every) <= names else [n for n in every if n in names]
+
+
+def write_runs_table(repro, claims, out, on_note=None, every=None):
     r"""``finished_runs.<budget>.{json,md}``: every finished run of :obj:`claims` at its model's
     chosen sweep point (:meth:`~torch_mz.reproduce.Reproduction.finished_runs`), one row per
     cell and model with each seed's test R² beside the paper's figure; returns the path without
     its extension. Trains nothing. Where :obj:`repro` runs another seed count than the claims'
     own (:func:`runs_table_seeds`), the table and its figures are
-    ``finished_runs.<budget>.seeds<N>.*``, beside the budget's, which they do not replace. A
+    ``finished_runs.<budget>.seeds<N>.*``, and where :obj:`claims` are fewer than :obj:`every`
+    (the names of the claims the budget's table holds, :func:`runs_table_claims`; default
+    :obj:`None`: :obj:`claims` are all of them) ``finished_runs.<budget>.claims-<a>+<b>.*``
+    (``...claims-<a>.seeds<N>.*`` for both), beside the budget's, which they do not replace. A
     figure not drawn (matplotlib missing) removes an earlier run's: :obj:`on_note` (a callable
     taking a str) is told which, why and how to draw it again."""
     budget = repro.budget.name
     seeds = runs_table_seeds(repro, claims)
-    name = f'finished_runs.{budget}' + ('' if seeds is None else f'.seeds{seeds}')
+    subset = runs_table_claims(claims, every)
+    name = (f'finished_runs.{budget}' + ('' if subset is None else f".claims-{'+'.join(subset)}")
+            + ('' if seeds is None else f'.seeds{seeds}'))
     env = environment()
     stamp = time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())
     parts = [f"# Finished runs of the claims ({budget} budget)\n\n"
@@ -452,6 +469,10 @@ def write_runs_table(repro, claims, out, on_note=None):
              f"on a non-finite loss, the run stored as failed; otherwise at the epoch cap, a "
              f"run whose patience ran out on its last epoch included). Claims get a verdict "
              f"only in `summary.md`, once all their runs are in.\n"]
+    if subset is not None:
+        parts.append(f"\nWritten with `--claims {','.join(subset)}`, not every claim: the runs "
+                     f"of those claims only. The table of every claim is "
+                     f"`finished_runs.{budget}.md`, which this one leaves as it is.\n")
     if seeds is not None:
         parts.append(f"\nWritten with `--seeds {seeds}`, not the claims' own seed count: the "
                      f"runs of those seeds only. The table of every finished run is "
@@ -499,6 +520,7 @@ def write_runs_table(repro, claims, out, on_note=None):
     # standard JSON: a NaN R² (a diverged run) and the inf validation loss of a sweep point
     # whose run diverged as null
     payload = strict_json(dict(environment=env, budget=budget, written=stamp,
+                               **({} if subset is None else dict(claims=subset)),
                                **({} if seeds is None else dict(seeds=seeds)), rows=lean,
                                sweeps=sweep_rows), indent=1) + '\n'
     # as a pair (as write_results): the Markdown replaces the earlier one once the JSON is

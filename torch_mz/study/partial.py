@@ -19,7 +19,8 @@ those measurements, which ``--resume`` makes again), unless it was begun with ``
   report is held;
 * :func:`read_partial`: a partial report read back for ``--resume``, refused (a
   :class:`ValueError` that says to pass ``--overwrite``) where it is damaged or was written with
-  other settings, or in another environment (:func:`settings_differ`);
+  other settings, or in another environment (:func:`settings_differ`; the message names both
+  commands, as :func:`resume_problem`'s);
 * :func:`in_turn`: the measurements of a run in their order, those a partial report kept read
   back, and when to write the report (:class:`Turn`);
 * :func:`write_results_so_far`: the partial report, or the complete one that replaces it;
@@ -152,7 +153,8 @@ def settings_differ(there: Mapping[str, Any], here: Mapping[str, Any],
 def read_partial(path: str, args: argparse.Namespace, settings: Sequence[str],
                  unit: PartialUnit, keep: Optional[Callable[[Dict[str, Any]], Any]] = None,
                  env: Optional[Mapping[str, Any]] = None,
-                 environment: Sequence[str] = (), record: str = 'config') -> Any:
+                 environment: Sequence[str] = (), record: str = 'config',
+                 command: Optional[str] = None) -> Any:
     r"""The partial report :obj:`path` read back for ``--resume``: what :obj:`keep` takes from
     its JSON object (the object itself without :obj:`keep`).
 
@@ -162,9 +164,10 @@ def read_partial(path: str, args: argparse.Namespace, settings: Sequence[str],
     :obj:`env` (this run's; not compared where :obj:`None`). A file that cannot be read (not
     JSON, a key missing, or :obj:`keep` failing on it) raises a :class:`ValueError`
     ``"<path> cannot be read (...): pass --overwrite to <make> every <unit> again"``; one written
-    with other settings, or in another environment, a :class:`ValueError` naming every one that
-    differs (:func:`settings_differ`) and saying to pass ``--overwrite``. The caller checks
-    first that :obj:`path` exists.
+    with other settings, or in another environment, a :class:`ValueError` that names both
+    commands (the report's, and :obj:`command`, this run's), as :func:`resume_problem`'s
+    message does, and every setting that differs (:func:`settings_differ`), and says to pass
+    ``--overwrite``. The caller checks first that :obj:`path` exists.
 
     Args:
         path (str): the partial report (``<out>/<name>.partial.json``).
@@ -178,6 +181,9 @@ def read_partial(path: str, args: argparse.Namespace, settings: Sequence[str],
         environment (Sequence[str], optional): the keys of :obj:`env` the report's
             ``environment`` must share (default: ``()``).
         record (str, optional): the key of the report's settings (default: ``'config'``).
+        command (str, optional): this run's command line, which the message of a report of
+            other settings names (default: :obj:`None`: the ``command`` of :obj:`env`, where
+            it holds one).
     """
     try:
         with open(path) as f:
@@ -194,8 +200,9 @@ def read_partial(path: str, args: argparse.Namespace, settings: Sequence[str],
     if env is not None:  # (the measurements of other threads or versions: one table mixed them)
         differ += settings_differ(measured_in, env, environment)
     if differ:
-        raise ValueError(f"{path} was written with other settings ({'; '.join(differ)}): pass "
-                         f"--overwrite to replace it")
+        if command is None and env is not None and env.get('command') is not None:
+            command = str(env['command'])
+        raise ValueError(_other_command_text(path, 'partial', report, differ, args, command))
     return kept
 
 
@@ -303,16 +310,25 @@ def _other_command_problem(path: str, kind: str, args: argparse.Namespace,
     differ = _recorded_differ(report, args, settings, predated, record)
     if not differ:
         return None
+    option = '--resume' if kind == 'partial' else '--out'
+    return f'argument {option}: ' + _other_command_text(path, kind, report, differ, args, command)
+
+
+def _other_command_text(path: str, kind: str, report: Mapping[str, Any], differ: Sequence[str],
+                        args: argparse.Namespace, command: Optional[str]) -> str:
+    # what a run that would replace the report path (kind: 'complete' or 'partial') of other
+    # settings (differ) is told: both commands (the report's, and command, this run's; not
+    # named where None), the settings that differ, and to pass --overwrite
     environment = report.get('environment')
     theirs = environment.get('command') if isinstance(environment, dict) else None
     whose = ('another command (an unknown one)' if theirs is None
              else f'this same command line run by older code or elsewhere (`{theirs}`)'
              if theirs == command else f'another command (`{theirs}`)')
-    option = '--resume' if kind == 'partial' else '--out'
-    return (f"argument {option}: {path} is the {kind} report of {whose}, written with other "
-            f"settings ({'; '.join(differ)}), which this run (`{command}`) would replace: pass "
-            f"--overwrite{' (in place of --resume)' if getattr(args, 'resume', False) else ''} "
-            f"to replace it, or give another --out")
+    this_run = 'this run' if command is None else f'this run (`{command}`)'
+    return (f"{path} is the {kind} report of {whose}, written with other settings "
+            f"({'; '.join(differ)}), which {this_run} would replace: pass --overwrite"
+            f"{' (in place of --resume)' if getattr(args, 'resume', False) else ''} to replace "
+            f"it, or give another --out")
 
 
 def replace_problem(path: str, args: argparse.Namespace, settings: Sequence[str],
