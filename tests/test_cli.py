@@ -1567,6 +1567,34 @@ def test_demo_help_says_what_the_demo_runs():
     assert 'usage: torch-mz compare' in done.stdout
 
 
+def test_command_and_demo_run_with_docstrings_stripped(monkeypatch, capsys):
+    # python -OO (PYTHONOPTIMIZE=2) strips docstrings: every torch-mz command failed with an
+    # AttributeError on None (its parser's description was the docstring's first line), and
+    # so did the demo's --help
+    import sys
+
+    import torch_mz.cli
+    import torch_mz.demo
+    monkeypatch.setattr(torch_mz.cli, '__doc__', None)  # (what python -OO leaves there)
+    assert main(['tasks']) == 0
+    assert 'quadratic-tdof' in capsys.readouterr().out
+    with pytest.raises(SystemExit) as done:
+        main(['--help'])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.startswith('usage: torch-mz [-h]')
+    # the demo's script as python -OO compiles it
+    with open(torch_mz.demo.__file__) as f:
+        code = compile(f.read(), torch_mz.demo.__file__, 'exec', optimize=2)
+    namespace = {'__name__': '__main__', '__doc__': None}  # (a fresh module's, runpy's)
+    monkeypatch.setattr(sys, 'argv', ['demo', '--help'])
+    with pytest.raises(SystemExit) as done:
+        exec(code, namespace)
+    assert done.value.code == 0 and namespace['__doc__'] is None  # (compiled without it)
+    printed = capsys.readouterr().out
+    assert printed.startswith('torch-mz ' + ' '.join(DEMO_ARGS))
+    assert 'usage: torch-mz compare' in printed
+
+
 def test_predict_feeds_a_float64_model_its_sets_in_float64(tmp_path, capsys):
     # load_model rebuilds a model trained in float64 (through the Python API) in float64, and
     # predict's sets came in float32: refused ("convert the input"), where the CSV was written

@@ -26,8 +26,9 @@ CHANGED_NOTE = ('Smoke run of the demo command with your extra arguments ({}); f
 
 if __name__ == '__main__':
     if {'-h', '--help'} & set(sys.argv[1:]):  # what the demo is, then the options it passes on
-        print('\n\n'.join(__doc__.split('\n\n')[:2]).replace('``', "'") + '\n\ntorch-mz '
-              + ' '.join(DEMO_ARGS)
+        # (the docstring's first two paragraphs; none under python -OO, which strips docstrings)
+        about = '\n\n'.join((__doc__ or '').split('\n\n')[:2]).replace('``', "'")
+        print((about + '\n\n' if about else '') + 'torch-mz ' + ' '.join(DEMO_ARGS)
               + '\n\nThe options of torch-mz compare, which extra arguments may add or '
               'change:\n')
     status = main(DEMO_ARGS + sys.argv[1:])

@@ -135,8 +135,9 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     from torch_mz import __version__
-    parser = _Parser(  # the docstring's first line, without its RST markup
-        prog='torch-mz', description=__doc__.split('\n')[0].replace('``', ''))
+    parser = _Parser(  # the docstring's first line, without its RST markup (none under
+        # python -OO, which strips docstrings)
+        prog='torch-mz', description=(__doc__ or '').split('\n')[0].replace('``', '') or None)
     parser.add_argument('--version', action='version', version=f'torch-mz {__version__}')
     parser.add_argument('--no-keep-freed-memory', dest='keep_freed_memory',
                         action='store_false',
