@@ -875,6 +875,35 @@ def test_conv_and_radius_graph_name_bad_arguments():
         EGNN(3, radius=float('nan'))
 
 
+@pytest.mark.parametrize('radius', [None, 1.5])
+@pytest.mark.parametrize('bad', [float('nan'), float('inf'), -float('inf')])
+def test_non_finite_coordinates_without_edges_give_their_set_a_nan_prediction(radius, bad):
+    # a coordinate reaches a prediction only through an element's edges: a NaN or infinite
+    # coordinate of a set of one element (no edge), or an infinite one under a radius graph
+    # (every distance infinite: cut off), gave its set a finite prediction, as if the point were
+    # valid or absent; now that element's features are NaN, so is its set's prediction, and
+    # every other set's prediction is the same bit for bit
+    torch.manual_seed(0)
+    batch = torch.tensor([0, 0, 0, 1, 2, 2])
+    pos = torch.randn(6, 3)
+    model = EGNN(2, 8, 1, num_layers=2, radius=radius).eval()
+    x = torch.randn(6, 2)
+    clean = model(x, pos, batch).prediction
+    assert torch.isfinite(clean).all()
+    rows = [3] if radius is None or bad != bad else [3, 0]  # (NaN distances keep their edges)
+    for row in rows:
+        p = pos.clone()
+        p[row, 1] = bad
+        pred = model(x, p, batch).prediction
+        s = int(batch[row])
+        assert torch.isnan(pred[s]).all(), (row, pred)
+        others = torch.arange(3) != s
+        assert torch.equal(pred[others], clean[others])
+        h, _ = model.encode(x, p, batch)
+        assert torch.isnan(h[row]).all()
+        assert torch.equal(h[batch != s], model.encode(x, pos, batch)[0][batch != s])
+
+
 def test_radius_graph_keeps_nan_and_half_precision_distances_honest():
     # a NaN coordinate lost its edges (NaN <= r is false): a finite prediction for a set with a
     # NaN point; float16 squared distances overflowed (inf <= inf): every pair was an edge

@@ -1472,6 +1472,26 @@ def test_grouped_attention_takes_numpy_integers_as_num_sets():
                                grouped_attention(q, q, q, ids, ids, 3))
 
 
+@pytest.mark.parametrize('path', ['scatter', 'dense'])
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+def test_half_precision_attention_to_more_keys_than_float16_holds(dtype, path):
+    # one query attending to 70,000 keys of equal scores (a constant set): the scatter path's
+    # segment softmax summed the exponentials in float16, and the sum 70,000 overflowed 65,504,
+    # so every weight was 0 and the output a finite 0 instead of the values' mean (the dense
+    # path, whose kernels normalise in float32, was right); now both are within the dtype's
+    # rounding of the float64 result on the same (rounded) values
+    g = torch.Generator().manual_seed(0)
+    n = 70_000
+    q = torch.zeros(1, 2, 4, dtype=dtype)  # every score 0: the weights are exactly 1 / n
+    k = torch.randn(n, 2, 4, generator=g).to(dtype)
+    v = (1.0 + 0.1 * torch.randn(n, 2, 3, generator=g)).to(dtype)
+    query_set, kv_set = torch.zeros(1, dtype=torch.long), torch.zeros(n, dtype=torch.long)
+    out = grouped_attention(q, k, v, query_set, kv_set, 1, path=path)
+    assert out.dtype == dtype
+    expected = v.double().mean(dim=0, keepdim=True)  # (1, 2, 3)
+    torch.testing.assert_close(out.double(), expected, rtol=4 * torch.finfo(dtype).eps, atol=0.0)
+
+
 @pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
 def test_set_mean_and_std_of_a_set_larger_than_float16_counts(dtype):
     # one set of 70,000 rows: the sums and the count were taken in the input's dtype, and float16

@@ -679,6 +679,9 @@ class EGNN(Module):
     ``pos`` must be floating point; ``x`` and ``pos`` meet in the wider of their dtypes, which must
     be the model's (float64 coordinates beside a float32 model raise a :class:`ValueError`, they
     are not cast), except under :func:`torch.autocast` for float32 and half-precision inputs.
+    An element with a NaN or infinite coordinate has NaN features (:meth:`encode`) and its set a
+    NaN prediction, also where it has no edge (a set of one element; with ``radius``, a point at
+    an infinite distance from the others); the other sets are unaffected.
 
     Args:
         in_channels (int): Number of invariant element features (not counting coordinates);
@@ -906,11 +909,17 @@ class EGNN(Module):
         # (last_coords=False: the last layer computes no coordinate update, which forward does
         # not read; pos is then that of the layer before)
         edge_index = self.build_edge_index(pos, batch, num_sets)  # (2, E)
+        # elements with a NaN or infinite coordinate: their features are made NaN below, so
+        # that their set's prediction is NaN. Through an edge the coordinate reaches them anyway,
+        # but an element without edges (a set of one element; with a radius, a point at an
+        # infinite distance, cut off) kept finite features, and its set a finite prediction
+        invalid = ~torch.isfinite(pos).all(dim=-1, keepdim=True)  # (N, 1)
         h = self.embedding(x)  # (N, hidden)
         for i, conv in enumerate(self.convs):
             update = last_coords or i < len(self.convs) - 1
             h, pos = conv(h, pos, edge_index, update_coords=update)
-        return h, pos
+        # (masked, not added: the features of every other element are left bit for bit)
+        return h.masked_fill(invalid, float('nan')), pos
 
     def encode(
         self,

@@ -5,7 +5,8 @@ as PyG's ``batch``/``index`` vector). Attention never crosses sets. Two exact pa
 same result:
 
 * ``'scatter'``: every (query, key) pair of the same set is enumerated, scores are normalised
-  with a segment softmax (:func:`torch_geometric.utils.softmax`), and values are aggregated by a
+  with a segment softmax (:func:`torch_geometric.utils.softmax`; in float32 for half-precision
+  scores, as :func:`torch.softmax` normalises them), and values are aggregated by a
   sparse-times-dense product (no per-pair copy of the values). Memory :math:`O(P H + N w)` for
   :math:`P = \sum_b n^q_b n^k_b` pairs.
 * ``'dense'``: sets are grouped into buckets of similar size (sizes rounded up to at most 25%
@@ -634,7 +635,11 @@ def _attention_scatter(q: Tensor, k: Tensor, vs: Tuple[Tensor, ...], query_set: 
     plain = _plain_ops()  # the plain operations (see _plain_ops)
     logits = ((q[iq] * k.to(q.dtype)[jk]).sum(dim=-1) if plain
               else _PairDot.apply(q, k.to(q.dtype), iq, jk))  # (P, H)
-    alpha = segment_softmax(logits, iq, num_nodes=Nq)  # (P, H)
+    # normalised in at least float32, as torch.softmax normalises half precision: in float16 a
+    # query's sum of exponentials exceeds 65,504 beyond that many keys of near-equal scores (a
+    # constant set of 70,000 elements: every weight 0, the output a finite 0 or the bias alone)
+    alpha = segment_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), iq,
+                            num_nodes=Nq)  # (P, H)
     if dropout > 0 and training:
         alpha = _dropout(alpha, dropout)  # the function; 'dropout' is the rate here
     alpha = alpha.to(out_dtype)
