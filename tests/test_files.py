@@ -529,3 +529,99 @@ def test_folder_lock_removes_the_empty_folders_it_made_above_its_folder(tmp_path
     with folder_lock(tmp_path / 'new' / 'run'):
         (tmp_path / 'new' / 'notes.txt').write_text('mine')  # (not empty: kept)
     assert os.listdir(tmp_path / 'new') == ['notes.txt']
+
+
+def test_atomic_write_without_overwrite_where_hard_links_fail_otherwise(tmp_path, monkeypatch):
+    # only some error numbers of os.link were taken for "no hard links here": Windows gives
+    # EINVAL for a FAT or exFAT drive ("[WinError 1] Incorrect function") and for a share that
+    # has none, and predict failed there without writing its file; any other error of the link
+    # now takes the name with O_EXCL (which raises where the folder cannot be written)
+    import errno
+    from torch_mz._files import atomic_write
+
+    def no_link(*args, **kwargs):
+        raise OSError(errno.EINVAL, 'Incorrect function')
+    monkeypatch.setattr(os, 'link', no_link)
+    path = tmp_path / 'p.csv'
+    atomic_write(path, lambda f: f.write('mine'), binary=False, overwrite=False)
+    assert path.read_text() == 'mine' and os.listdir(tmp_path) == ['p.csv']
+    with pytest.raises(FileExistsError) as refused:  # (still not over a file there)
+        atomic_write(path, lambda f: f.write('again'), binary=False, overwrite=False)
+    assert refused.value.filename == str(path)
+    assert path.read_text() == 'mine' and os.listdir(tmp_path) == ['p.csv']
+
+
+def test_folder_lock_removes_no_folder_made_by_another_meanwhile(tmp_path, monkeypatch):
+    # the folders to remove at the end were those missing when folder_lock looked, not those it
+    # made: a folder another process (or the user) made between the look and os.makedirs was
+    # taken for one made here, and removed where it was still empty
+    from torch_mz._files import folder_lock
+    mkdir, theirs = os.mkdir, tmp_path / 'a'
+
+    def meanwhile(path, *args, **kwargs):
+        if not theirs.exists():
+            mkdir(theirs)  # (another process, once)
+        return mkdir(path, *args, **kwargs)
+    monkeypatch.setattr(os, 'mkdir', meanwhile)
+    with folder_lock(tmp_path / 'a' / 'b' / 'run'):
+        assert (tmp_path / 'a' / 'b' / 'run').is_dir()
+    monkeypatch.undo()
+    assert os.listdir(tmp_path) == ['a'] and os.listdir(theirs) == []  # (theirs kept)
+
+
+def test_folder_lock_makes_its_folder_where_another_removes_the_one_above(tmp_path, monkeypatch):
+    # another command ending (refused) removes the empty folder above its own that it made,
+    # between this one's making that folder and its own inside it: os.makedirs then failed
+    # with FileNotFoundError; the folder above is made again
+    from torch_mz._files import folder_lock
+    mkdir, above, removed = os.mkdir, tmp_path / 'runs', []
+
+    def meanwhile(path, *args, **kwargs):
+        if os.fspath(path).endswith('run') and above.is_dir() and not removed:
+            above.rmdir()  # (the other command's cleanup, once)
+            removed.append(True)
+        return mkdir(path, *args, **kwargs)
+    monkeypatch.setattr(os, 'mkdir', meanwhile)
+    with folder_lock(above / 'run'):
+        assert (above / 'run').is_dir()
+    monkeypatch.undo()
+    assert removed and os.listdir(tmp_path) == []  # (made here, both removed again)
+
+
+def test_folder_lock_refused_leaves_the_holders_folder(tmp_path, monkeypatch):
+    # two commands given the same new --out: each found it missing, the one that was refused
+    # removed the (still empty) folder the other held, which then wrote its files into a folder
+    # made again, that it did not hold (a third command could take it)
+    import threading
+    import torch_mz._files as files
+    run, lock_folder = tmp_path / 'run', files._lock_folder
+    taken, done, errors = threading.Event(), threading.Event(), []
+
+    def other_command():
+        try:
+            with files.folder_lock(run):  # (another thread stands for another process)
+                taken.set()
+                done.wait(30)
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+            taken.set()
+
+    def racing(folder, busy):  # the other command takes the folder this one made
+        if hasattr(racing, 'thread'):  # (the other command's own call)
+            return lock_folder(folder, busy)
+        thread = threading.Thread(target=other_command)
+        racing.thread = thread
+        thread.start()
+        taken.wait(30)
+        return lock_folder(folder, busy)
+    monkeypatch.setattr(files, '_lock_folder', racing)
+    try:
+        with pytest.raises(files.FolderInUseError):
+            with files.folder_lock(run):
+                pass  # pragma: no cover - refused
+        assert not errors and run.is_dir()  # the holder's folder is left
+        held = os.stat(run).st_ino
+    finally:
+        done.set()
+        racing.thread.join(30)
+    assert os.stat(run).st_ino == held

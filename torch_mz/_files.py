@@ -144,8 +144,8 @@ if hasattr(os, 'register_at_fork'):
 def folder_lock(folder: Union[str, os.PathLike], busy: str = '') -> Iterator[None]:
     r"""Holds an exclusive advisory lock (``fcntl.flock``) on the folder :obj:`folder` itself
     (no lock file: nothing is added to it; made if missing, and removed again at the end if
-    it was made here and is still empty, as are the empty folders above it made for it) for
-    the ``with`` block, without waiting: where
+    it was made here and is still empty, as are the empty folders above it made for it, but
+    not where it is refused: another holds it) for the ``with`` block, without waiting: where
     another process, or another thread of this one, holds it, :class:`FolderInUseError`
     naming the folder, followed by :obj:`busy` (what to do). The thread that holds it may take
     it again (nested holds). A symbolic link is followed: two names of one folder are one
@@ -154,20 +154,26 @@ def folder_lock(folder: Union[str, os.PathLike], busy: str = '') -> Iterator[Non
     file system that refuses locks on folders) the block runs unlocked, as
     :func:`file_lock`'s does."""
     folder = os.fspath(folder)
-    made = _missing_folders(folder)  # (the folder and the folders above it made here)
-    os.makedirs(folder, exist_ok=True)
+    here = os.getcwd()  # (the folders made here, absolute but not normalised: 'link/../x')
+    made = [os.path.join(here, path) for path in _make_folders(folder)]
     fd, key = None, None
     pid = os.getpid()
+    refused = False
     try:
         if fcntl is not None:
-            fd, key = _lock_folder(folder, busy)
+            try:
+                fd, key = _lock_folder(folder, busy)
+            except FolderInUseError:
+                refused = True  # (held by another, which may have found it as this one made it)
+                raise
         yield
     finally:
         if os.getpid() == pid:  # (a forked child leaving the block: the hold is its parent's)
             try:
                 # a run refused, or stopped before its first file: no empty folder, nor the
-                # empty folders above it made for it ('runs/max/' after a mistyped option)
-                for path in made:
+                # empty folders above it made for it ('runs/max/' after a mistyped option);
+                # none where another holds the folder (its own files are still to come)
+                for path in made if not refused else ():
                     try:
                         os.rmdir(path)  # (only where still empty)
                     except OSError:
@@ -176,18 +182,31 @@ def folder_lock(folder: Union[str, os.PathLike], busy: str = '') -> Iterator[Non
                 _release_folder(fd, key)
 
 
-def _missing_folders(folder: str) -> List[str]:
-    r"""The folders that ``os.makedirs(folder)`` would make: :obj:`folder` and those above it
-    that are missing, the deepest first."""
-    missing = []
-    path = os.path.abspath(folder)
-    while not os.path.isdir(path) and not os.path.lexists(path):
-        missing.append(path)
-        parent = os.path.dirname(path)
-        if parent == path:
-            break
-        path = parent
-    return missing
+def _make_folders(folder: str) -> List[str]:
+    r"""Makes :obj:`folder` and the folders above it that are missing, as
+    ``os.makedirs(folder, exist_ok=True)`` does, and returns those this call made, the deepest
+    first: not one that another process made meanwhile (it was taken for one made here where
+    the missing folders were listed first, and removed at the end). A folder above removed by
+    another process meanwhile (one that made it, ending) is made again."""
+    head, tail = os.path.split(folder)
+    if not tail:  # ('runs/x/')
+        head, tail = os.path.split(head)
+    above: List[str] = []
+    for _ in range(8):
+        try:
+            os.mkdir(folder)
+        except FileNotFoundError:  # (a folder above missing)
+            if not head or not tail or head == folder:
+                raise
+            above = _make_folders(head) + above
+            continue
+        except OSError:
+            if not os.path.isdir(folder):  # (a file there, or a folder that cannot be made)
+                raise
+            return above
+        return [folder] + above
+    os.makedirs(folder, exist_ok=True)  # (removed above it eight times over: its error)
+    return above
 
 
 def _lock_folder(folder: str, busy: str) -> Tuple[Optional[int], Optional[Tuple[int, int]]]:
@@ -330,12 +349,10 @@ def _move_if_absent(tmp: str, path: str) -> None:
         os.link(tmp, path)  # (fails where the name is taken: atomic)
     except FileExistsError:
         raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), path) from None
-    except OSError as e:
-        if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV,
-                           errno.EMLINK, errno.ENOSYS):
-            raise
-        # no hard links here (FAT, some network file systems): the name taken first, then
-        # the file moved over the empty one taken
+    except OSError:
+        # no hard links here (FAT, some network file systems; the error numbers vary: EPERM
+        # on Linux, EINVAL on Windows): the name taken first, then the file moved over the
+        # empty one taken (a folder that cannot be written refuses that too, with its error)
         try:
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
         except FileExistsError:
