@@ -38,5 +38,7 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed-test
 	$(PY) -m pytest -q tests $(PYTEST_ARGS)
 
+# build/ and dist/ too: setuptools reuses build/lib, so a wheel built again would ship modules
+# deleted since
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis .mypy_cache
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .hypothesis .mypy_cache

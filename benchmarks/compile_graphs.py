@@ -35,7 +35,7 @@ import torch
 from torch_mz.study import (EXIT_INTERRUPTED, PartialUnit, add_partial_arguments, choice_list,
                             environment, in_turn, int_list, interruptible, markdown_table,
                             partial_problem, positive_int, read_partial, remove_results,
-                            replace_problem, write_report)
+                            remove_stale_partial, replace_problem, write_report)
 from torch_mz.study.report import check_out_folder
 from torch_mz.study.workloads import (AGGRS, build, build_aggr, make_batch, pyg_width_problem,
                                       random_graph)
@@ -149,7 +149,7 @@ def write_rows(args: argparse.Namespace, env: Dict[str, object], rows: List[dict
 
 
 def main(argv: Optional[List[str]] = None) -> Optional[int]:
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or '').split('\n\n')[0] or None)
     parser.add_argument('--aggrs', type=choice_list(AGGRS), default='pyg,rigid,default')
     parser.add_argument('--nodes', type=int_list(), default='1000')
     parser.add_argument('--dims', type=int_list(), default='16,64')
@@ -160,12 +160,17 @@ def main(argv: Optional[List[str]] = None) -> Optional[int]:
     parser.add_argument('--out', default=os.path.join(os.path.dirname(__file__), 'results', NAME))
     add_partial_arguments(parser, UNIT)
     args = parser.parse_args(argv)
-    problem = check_out_folder(args.out)
+    problem = check_out_folder(args.out)  # (its message names --out)
     if problem:
-        parser.error(f'argument --out: {problem}')
+        parser.error(problem)
     problem = pyg_width_problem(args.aggrs, args.dims)  # (a traceback after the other rows)
     if problem:
         parser.error(f'argument --dims: {problem}')
+    stale = remove_stale_partial(args.out, NAME, args, SETTINGS, record='setup')
+    if stale is not None:  # (a run stopped between writing its complete report and this)
+        print(stale.note, flush=True)
+        if stale.finished:
+            return None
     partial = os.path.join(args.out, f'{PARTIAL}.json')
     problem = partial_problem(args.resume, args.overwrite, partial, UNIT)
     if problem:

@@ -31,7 +31,7 @@ def _median_ms(fn, x, repeats: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or '').split('\n\n')[0] or None)
     parser.add_argument('--repeats', type=positive_int, default=15)
     parser.add_argument('--out', default='benchmarks/results/compiled_dropout')
     args = parser.parse_args()

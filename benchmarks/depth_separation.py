@@ -52,7 +52,7 @@ def plot(rows, path):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or '').split('\n\n')[0] or None)
     add_budget_arguments(parser, quick_help='2 seeds, small budget')
     parser.add_argument('--tdof', type=int_list(low=1), default=None,
                         help='comma-separated L values')

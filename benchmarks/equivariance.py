@@ -76,7 +76,7 @@ def agrees(ours, paper):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or '').split('\n\n')[0] or None)
     add_budget_arguments(parser, quick_help='8 cells, 2 seeds, small budget')
     parser.add_argument('--cells', type=choice_list(tuple(CELLS)), default=None,
                         help=f"comma-separated subset of: {', '.join(CELLS)}")

@@ -45,7 +45,7 @@ PAPER = {(f'{task} d={d}', model): value for (task, d), values in GEOMETRY.items
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or '').split('\n\n')[0] or None)
     add_budget_arguments(parser, quick_help='9 cells, 2 seeds, small budget')
     parser.add_argument('--tasks', type=choice_list(tuple(TASKS)), default=','.join(TASKS),
                         help=f"comma-separated subset of {', '.join(TASKS)}")

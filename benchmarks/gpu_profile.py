@@ -271,7 +271,7 @@ def write_report(report: dict, out: str, redraw: bool = False) -> Optional[str]:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or '').split('\n\n')[0] or None)
     parser.add_argument('--device', choices=('cpu', 'cuda'), default='cuda')
     parser.add_argument('--nodes', type=int_list(), default='1000,10000,100000')
     parser.add_argument('--dim', type=positive_int, default=64)

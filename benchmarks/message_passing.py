@@ -151,7 +151,7 @@ from torch_mz.study import (EXIT_INTERRUPTED, MeasurementFailed, PartialUnit,
                             environment, in_fresh_process, in_turn, int_list, interruptible,
                             markdown_table, nonnegative_int, overwriting, partial_problem,
                             peak_memory_bytes, positive_float, positive_int, pyplot,
-                            replace_plot, replace_problem, resume_problem,
+                            remove_stale_partial, replace_plot, replace_problem, resume_problem,
                             same_settings_report, settings_differ, time_call,
                             write_results_so_far)
 from torch_mz.study.plots import save_figure
@@ -637,7 +637,7 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Lis
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or '').split('\n\n')[0] or None)
     parser.add_argument('--nodes', type=int_list(), default=None,
                         help='comma-separated graph sizes (average in-degree 10; default: '
                              '1000,10000,100000, with --quick 1000,10000)')
@@ -719,6 +719,11 @@ def main():
     problem = check_out_folder(args.out)  # (found only once the first row was measured)
     if problem:
         parser.error(problem)
+    stale = remove_stale_partial(args.out, NAME, args, report_settings(args), PREDATED)
+    if stale is not None:  # (a run stopped between writing its complete report and this)
+        print(stale.note, flush=True)
+        if stale.finished:
+            return None
     partial = os.path.join(args.out, f'{PARTIAL}.json')
     problem = partial_problem(args.resume, args.overwrite, partial, UNIT,
                               keeps='those that match', held_note=(

@@ -164,7 +164,7 @@ def plot(rows: List[Dict[str, object]], datasets: Sequence[str], models: Sequenc
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or '').split('\n\n')[0] or None)
     add_budget_arguments(parser, quick_help='1,000 training sets, 500 test sets, 5 epochs, 1 seed',
                          overrides=('seeds', 'n_train', 'n_val', 'n_test', 'epochs', 'lr'),
                          helps=dict(n_train='(default: all training files but the validation '

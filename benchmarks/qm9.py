@@ -114,7 +114,7 @@ def plot(rows: List[Dict[str, object]], targets: Sequence[str], models: Sequence
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or '').split('\n\n')[0] or None)
     add_budget_arguments(parser, quick_help='3 targets, 2,000 molecules, 8 epochs, 1 seed (~13 '
                          'min on 1 thread)', overrides=('seeds', 'n_train', 'n_val', 'n_test',
                                                         'epochs', 'lr'),

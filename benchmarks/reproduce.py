@@ -233,7 +233,7 @@ def print_status(repro, claims, calibrate=False, say=print):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or '').split('\n\n')[0] or None)
     parser.add_argument('--budget', choices=tuple(BUDGETS), default='converged')
     parser.add_argument('--claims', default=','.join(CLAIM_NAMES),
                         help=f"comma-separated subset of {', '.join(CLAIM_NAMES)}")

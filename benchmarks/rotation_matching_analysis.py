@@ -160,7 +160,7 @@ REFERENCE = dict(d=8, sweep_dims=[16, 32], models=['deepsets'], n_train=5000, ep
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or '').split('\n\n')[0] or None)
     parser.add_argument('--quick', action='store_true', help='small smoke run')
     parser.add_argument('--d', type=dimension, default=8, help='dimension of the candidate table')
     parser.add_argument('--sweep-dims', type=dimensions, default='16,32',

@@ -259,7 +259,7 @@ def notes(fits, sweep, gaps, records, n_sets):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or '').split('\n\n')[0] or None)
     parser.add_argument('--quick', action='store_true', help='smoke run: 200 training sets')
     parser.add_argument('--n-train', type=positive_int, default=None)
     parser.add_argument('--records', default=RECORDS,

@@ -105,7 +105,7 @@ def shown(rows, seeds):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or '').split('\n\n')[0] or None)
     add_budget_arguments(parser, quick_help='small data, 10 epochs, 1 seed',
                          overrides=('seeds', 'n_train', 'n_test', 'epochs', 'lr'),
                          helps=dict(n_test='test sets per test-size range'))

@@ -66,8 +66,9 @@ from torch_mz.study import (EXIT_INTERRUPTED, MeasurementFailed, PartialUnit,
                             environment, in_fresh_process, interruptible, markdown_table,
                             matmul_peak_flops, nonnegative_float, out_of_memory, overwriting,
                             partial_problem, peak_memory_bytes, positive_int, pyplot,
-                            read_partial, replace_plot, replace_problem, same_settings_report,
-                            skewed_sizes, time_interleaved, uniform_sizes, write_results_so_far)
+                            read_partial, remove_stale_partial, replace_plot, replace_problem,
+                            same_settings_report, skewed_sizes, time_interleaved, uniform_sizes,
+                            write_results_so_far)
 from torch_mz.study.plots import save_figure
 
 MODELS = ('pyg', 'pyg-flat', 'rigid', 'rigid-zono', 'mz')
@@ -435,7 +436,7 @@ def print_row(row: dict, memory: bool, kept: bool = False) -> None:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or '').split('\n\n')[0] or None)
     parser.add_argument('--sets', type=positive_int, default=64)
     parser.add_argument('--points', type=positive_int, default=8192,
                         help='points in all (at least one per set)')
@@ -467,6 +468,11 @@ def main():
     problem = check_out_folder(args.out)  # (found only once every block was measured)
     if problem:
         parser.error(problem)
+    stale = remove_stale_partial(args.out, NAME, args, SETTINGS)
+    if stale is not None:  # (a run stopped between writing its complete report and this)
+        print(stale.note, flush=True)
+        if stale.finished:
+            return None
     partial = os.path.join(args.out, f'{PARTIAL}.json')
     problem = partial_problem(args.resume, args.overwrite, partial, UNIT, held_note=(
         ' (or of one whose measurements failed where the complete report beside it made them)'))

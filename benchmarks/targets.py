@@ -841,7 +841,7 @@ def plot(records: Sequence[Mapping[str, Any]], path: str) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or '').split('\n')[0] or None)
     parser.add_argument('--results', default=RESULTS, help='folder of the results files')
     parser.add_argument('--out', default=os.path.join(RESULTS, 'targets'))
     args = parser.parse_args(argv)

@@ -88,7 +88,7 @@ from torch_mz.study import (EXIT_INTERRUPTED, MeasurementFailed, PartialUnit,
                             matmul_peak_flops, overwriting, partial_problem, positive_float,
                             positive_int, process_peak_rss_bytes, pyplot, read_partial,
                             replace_plot, replace_problem, same_settings_report, time_call,
-                            write_results, write_results_so_far)
+                            remove_stale_partial, write_results, write_results_so_far)
 from torch_mz.study.plots import save_figure
 from torch_mz.study.traffic import count_bytes, memory_bandwidth
 from torch_mz.study.workloads import build, make_batch, preset_calls
@@ -562,7 +562,7 @@ def earlier_runs(path: str, args, command: Optional[str] = None
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or '').split('\n\n')[0] or None)
     parser.add_argument('--models', type=row_names, default=','.join(PRESETS),
                         help='comma-separated row names: presets with optional suffixes')
     parser.add_argument('--clouds', type=positive_int, default=None,
@@ -615,6 +615,11 @@ def main():
             parser.error(problem)
         flops_only(args)
         return None
+    stale = remove_stale_partial(args.out, NAME, args, SETTINGS, PREDATED)
+    if stale is not None:  # (a run stopped between writing its complete report and this)
+        print(stale.note, flush=True)
+        if stale.finished:
+            return None
     partial = os.path.join(args.out, f'{PARTIAL}.json')
     problem = partial_problem(args.resume, args.overwrite, partial, UNIT, held_note=(
         ' (or of one whose rows failed where the complete report beside it measured them)'))

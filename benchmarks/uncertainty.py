@@ -603,7 +603,7 @@ def at_least_two(text):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or '').split('\n\n')[0] or None)
     add_budget_arguments(parser, quick_help='1 seed, K=3, 1000 training sets, 10 epochs')
     parser.add_argument('--members', type=at_least_two, default=None, help='ensemble size K')
     parser.add_argument('--passes', type=at_least_two, default=None, help='MC-Dropout passes')

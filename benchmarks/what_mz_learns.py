@@ -281,7 +281,7 @@ def plot(rows, runs, tdof: int, path: str):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or '').split('\n\n')[0] or None)
     add_budget_arguments(parser, quick_help='L in {4, 8, 16}, small budget')
     parser.add_argument('--L', type=int_list(low=1), default=None,
                         help='comma-separated distinct numbers of matrix generators (each >= 1)')

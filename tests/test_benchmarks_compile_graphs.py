@@ -191,3 +191,40 @@ def test_a_committed_report_is_resumed_by_its_own_command(folder, tmp_path, monk
     assert script.main(argv + ['--resume']) is None
     assert len(made) == len(data['rows'])
     assert json.loads((out / 'compile_graphs.json').read_text())['setup'] == data['setup']
+
+
+def test_a_partial_report_left_beside_the_complete_one_is_not_resumed(tmp_path, monkeypatch,
+                                                                      capsys):
+    # Ctrl-C between writing the complete report and removing the partial one left both: a
+    # call without options was refused, and --resume made the last row again
+    from torch_mz.study import EXIT_INTERRUPTED
+    script = load_script('compile_graphs')
+    made = faking_rows(script, monkeypatch)
+    monkeypatch.setattr(sys, 'argv', ['pytest'])
+    out = tmp_path / 'cg'
+    argv = ARGV + ['--out', str(out)]
+    remove_results = script.remove_results
+
+    def stopped(*args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(script, 'remove_results', stopped)
+    assert script.main(argv) == EXIT_INTERRUPTED
+    capsys.readouterr()
+    partial, complete = out / 'compile_graphs.partial.json', out / 'compile_graphs.json'
+    assert partial.exists() and [r['model'] for r in json.loads(complete.read_text())['rows']] \
+        == ['pyg', 'rigid', 'deepsets']
+    monkeypatch.setattr(script, 'remove_results', remove_results)
+    report = complete.read_text()
+    made.clear()
+    assert script.main(argv + ['--resume']) is None
+    assert made == [] and complete.read_text() == report  # nothing made again
+    assert capsys.readouterr().out.startswith(f'nothing to resume: {complete} is the complete')
+    assert sorted(p.name for p in out.iterdir()) == ['compile_graphs.json', 'compile_graphs.md']
+    # left again: a call without options is not refused, and makes every row
+    monkeypatch.setattr(script, 'remove_results', stopped)
+    assert script.main(argv + ['--overwrite']) == EXIT_INTERRUPTED
+    monkeypatch.setattr(script, 'remove_results', remove_results)
+    made.clear()
+    assert script.main(argv) is None
+    assert made == ['pyg', 'rigid', 'deepsets'] and not partial.exists()
+    assert f'removed {partial}' in capsys.readouterr().out

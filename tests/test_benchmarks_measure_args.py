@@ -1121,6 +1121,48 @@ def test_scaling_keeps_the_sizes_measured_before_ctrl_c_and_resumes(tmp_path, mo
     assert not partial.exists() and not (tmp_path / 'scaling_mz_quick.partial.md').exists()
 
 
+def stopped_between_the_reports(monkeypatch) -> None:
+    r"""Ctrl-C where :func:`~torch_mz.study.write_results_so_far` has written the complete
+    report and is about to remove the partial one (the first removal of a partial report)."""
+    import torch_mz.study.partial
+
+    def remove_results(out, name):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(torch_mz.study.partial, 'remove_results', remove_results)
+
+
+def test_scaling_resumed_after_ctrl_c_between_its_reports_measures_nothing_again(
+        tmp_path, monkeypatch, capsys):
+    # Ctrl-C between the complete report and the partial one's removal left both: --resume
+    # measured the last size again (and a call without options was refused)
+    from torch_mz.study import EXIT_INTERRUPTED
+    scaling = load_script('scaling')
+    measured = []
+
+    def run_one(cfg):
+        measured.append(cfg['points'])
+        return dict(points=cfg['points'], sets=1, median_s=cfg['points'] * 1e-6)
+    monkeypatch.setattr(scaling, 'run_one', run_one)
+    monkeypatch.setattr(scaling, 'in_fresh_process', lambda path, cfg: dict(peak_bytes=2**20))
+    monkeypatch.setattr(scaling, 'plot', lambda *args: None)
+    argv = ['scaling.py', '--out', str(tmp_path), '--quick', '--threads', str(scaling.THREADS)]
+    monkeypatch.setattr(sys, 'argv', argv)
+    with monkeypatch.context() as m:
+        stopped_between_the_reports(m)
+        assert scaling.main() == EXIT_INTERRUPTED
+    complete = tmp_path / 'scaling_mz_quick.json'
+    partial = tmp_path / 'scaling_mz_quick.partial.json'
+    assert partial.exists() and len(json.loads(complete.read_text())['rows']) == 5
+    report_before = complete.read_text()
+    measured.clear()
+    capsys.readouterr()
+    monkeypatch.setattr(sys, 'argv', argv + ['--resume'])
+    assert scaling.main() is None
+    assert measured == [] and complete.read_text() == report_before
+    assert capsys.readouterr().out.startswith('nothing to resume: ')
+    assert not partial.exists() and not (tmp_path / 'scaling_mz_quick.partial.md').exists()
+
+
 def test_scaling_resumed_keeps_the_sizes_after_one_measured_again(tmp_path, monkeypatch,
                                                                     capsys):
     # a resumed run rewrote the partial report with the sizes it had reached: stopped while it
@@ -1401,6 +1443,32 @@ def test_message_passing_writes_each_row_and_resumes(tmp_path, monkeypatch, caps
     assert reference_heading == ' (medians of this run)'
     assert heading == (' (medians of this run and of the run it resumed: 2 of 4 rows kept from '
                        'that run by `--resume`)')
+
+
+def test_message_passing_resumed_after_ctrl_c_between_its_reports_measures_nothing_again(
+        tmp_path, monkeypatch, capsys):
+    # Ctrl-C between the complete report and the partial one's removal left both: --resume
+    # measured the last row again
+    mp = load_script('message_passing')
+    measured = []
+
+    def measure(cfg):
+        measured.append((cfg['aggr'], cfg['nodes']))
+        return fake_row(cfg)
+    argv = MP_ARGV + ['--out', str(tmp_path)]
+    with monkeypatch.context() as m:
+        stopped_between_the_reports(m)
+        assert run_message_passing(mp, argv, monkeypatch, measure) == 130
+    assert (tmp_path / 'message_passing.partial.json').exists() and len(measured) == 4
+    data, _ = report(tmp_path)
+    assert data['complete'] is True and len(data['rows']) == 4
+    measured.clear()
+    capsys.readouterr()
+    assert run_message_passing(mp, argv + ['--resume'], monkeypatch, measure) is None
+    assert measured == [] and report(tmp_path)[0] == data
+    assert capsys.readouterr().out.startswith('nothing to resume: ')
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['message_passing.json',
+                                                          'message_passing.md']
 
 
 def test_message_passing_keeps_an_earlier_report_of_rows_failing_here_and_another_command_s(

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests._scripts import BENCHMARKS, load_script, run_main, run_script, without_matplotlib
+from tests._scripts import (BENCHMARKS, load_script, run_main, run_script, usage_error,
+                            without_matplotlib)
 
 
 def uncertainty_run(spearman, boot=None):
@@ -74,6 +75,42 @@ def test_every_script_prints_its_help(script, capsys):
         sys.argv = argv
     assert exit_.value.code == 0
     assert 'usage:' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize('script', sorted(f[:-3] for f in os.listdir(BENCHMARKS)
+                                          if f.endswith('.py')))
+def test_every_script_prints_its_help_with_docstrings_stripped(script, capsys, monkeypatch):
+    r"""``python -OO benchmarks/<script>.py --help`` (``PYTHONOPTIMIZE=2`` strips docstrings):
+    every script built its parser's description from ``__doc__.split(...)`` and failed with an
+    AttributeError on None."""
+    path = os.path.join(BENCHMARKS, f'{script}.py')
+    with open(path) as f:
+        code = compile(f.read(), path, 'exec', optimize=2)  # (as python -OO compiles it)
+    namespace = {'__name__': '__main__', '__file__': path, '__doc__': None}  # (runpy's)
+    monkeypatch.setattr(sys, 'argv', [path, '--help'])
+    with pytest.raises(SystemExit) as exit_:
+        exec(code, namespace)
+    assert exit_.value.code == 0 and namespace['__doc__'] is None  # (compiled without it)
+    assert capsys.readouterr().out.startswith('usage:')
+
+
+def _checks_its_out(file_name: str) -> bool:
+    with open(os.path.join(BENCHMARKS, file_name)) as f:
+        return 'check_out_folder(args.out)' in f.read()
+
+
+@pytest.mark.parametrize('script', sorted(f[:-3] for f in os.listdir(BENCHMARKS)
+                                          if f.endswith('.py') and _checks_its_out(f)))
+def test_every_script_names_its_out_once_where_it_cannot_write_there(script, tmp_path,
+                                                                     monkeypatch, capsys):
+    # compile_graphs.py said "argument --out: --out '...' is a file, not a folder" (the option
+    # named twice: check_out_folder's message names it already)
+    taken = tmp_path / 'a-file'
+    taken.write_text('')
+    device = ['--device', 'cpu'] if script == 'gpu_profile' else []  # (its default: cuda)
+    err = usage_error(script, ['--out', str(taken)] + device, monkeypatch, capsys, 'is a file')
+    message = err.strip().splitlines()[-1]
+    assert message.count('--out') == 1, message
 
 
 def test_uncertainty_report_tables_from_hand_built_runs():

@@ -1410,6 +1410,22 @@ def test_python_dash_m_torch_mz_is_the_command():
     assert done.returncode == 0 and 'quadratic-tdof' in done.stdout, done.stderr
 
 
+def test_a_reader_that_closes_the_pipe_ends_the_command_quietly():
+    # `torch-mz models | head -1`: the writes after head had gone failed with
+    # "torch-mz: error: [Errno 32] Broken pipe" (exit status 2); now the command ends without a
+    # word, with the status a shell reports for a command SIGPIPE ended
+    import signal
+    import subprocess
+    import sys
+    from torch_mz.cli import EXIT_BROKEN_PIPE
+    done = subprocess.Popen([sys.executable, '-m', 'torch_mz', 'tasks'], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    done.stdout.close()  # (the reader gone before the first line is written)
+    err = done.stderr.read().decode()
+    assert done.wait(timeout=120) == EXIT_BROKEN_PIPE == 128 + signal.SIGPIPE, err
+    assert err == ''
+
+
 def test_train_resume_takes_the_data_options_it_is_not_given_from_the_checkpoint(
         tmp_path, capsys, monkeypatch):
     # the data options were the defaults: a resumed run built the task's default data first

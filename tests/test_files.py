@@ -185,6 +185,61 @@ def test_file_lock_is_released_although_a_forked_child_holds_the_descriptor(tmp_
         child.join()
 
 
+@pytest.mark.skipif(not hasattr(os, 'fork'), reason='no fork here')
+def test_file_lock_is_not_kept_by_a_forked_child_of_a_killed_holder(tmp_path):
+    # a child made by fork inside the block (a DataLoader worker) kept its copy of the locking
+    # descriptor: the lock outlived its killed holder for as long as the child lived (the
+    # folder_lock fix, not applied to file_lock)
+    import signal
+    import time
+    from torch_mz._files import file_lock
+    path = str(tmp_path / 'x.lock')
+    read, write = os.pipe()
+    holder = os.fork()
+    if holder == 0:  # holds the lock, forks a worker, says its pid and is killed (no finally)
+        try:
+            os.close(read)
+            with file_lock(path):
+                worker = os.fork()
+                if worker == 0:
+                    time.sleep(30)  # (a loader worker that outlives its parent a while)
+                    os._exit(0)
+                os.write(write, f'{worker}\n'.encode())
+                os.kill(os.getpid(), signal.SIGKILL)
+        finally:
+            os._exit(1)
+    os.close(write)
+    with os.fdopen(read) as said:
+        worker = int(said.readline())
+    try:
+        os.waitpid(holder, 0)
+        os.kill(worker, 0)  # (the worker lives)
+        with file_lock(path, wait=False) as taken:
+            assert taken
+    finally:
+        os.kill(worker, signal.SIGKILL)
+
+
+@pytest.mark.skipif(not hasattr(os, 'fork'), reason='no fork here')
+def test_file_lock_stays_held_when_a_forked_child_leaves_the_block(tmp_path):
+    # the child's copy of the descriptor is that of the parent's open file: a child leaving
+    # the block unlocked it, giving the lock away under its parent
+    from torch_mz._files import file_lock
+    path = str(tmp_path / 'x.lock')
+    parent = os.getpid()
+    try:
+        with file_lock(path) as held:
+            assert held
+            child = os.fork()
+            if child != 0:
+                assert os.waitpid(child, 0)[1] == 0  # (it has left the block)
+                with file_lock(path, wait=False) as taken:
+                    assert not taken  # still the parent's
+    finally:
+        if os.getpid() != parent:
+            os._exit(0)
+
+
 def test_atomic_write_takes_the_longest_file_names(tmp_path):
     from torch_mz._files import atomic_write
     path = tmp_path / ('x' * 250)

@@ -14,7 +14,7 @@ import threading
 import time
 import zipfile
 from contextlib import contextmanager
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
 try:
     import fcntl
@@ -68,18 +68,23 @@ def file_lock(path: Union[str, os.PathLike], wait: bool = True,
     :class:`OSError` instead (where two processes must not share the work the lock guards).
     With :obj:`follow_links` false, a symbolic link at :obj:`path` is not followed (nothing
     outside its folder is opened or created, as a dangling link's target was): the lock counts
-    as one that cannot be had (a dataset's processed cache copied from elsewhere, with links)."""
+    as one that cannot be had (a dataset's processed cache copied from elsewhere, with links).
+    As :func:`folder_lock`'s, the lock dies with its process: a child made by ``fork``
+    meanwhile (a loader worker) neither keeps it held nor gives it back leaving the block."""
     fd = None
     busy = False
+    pid = os.getpid()
     if fcntl is not None:
         try:
             path = os.fspath(path)
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             nofollow = 0 if follow_links else getattr(os, 'O_NOFOLLOW', 0)
             fd = os.open(path, os.O_RDWR | os.O_CREAT | nofollow, 0o644)
+            _held_files.add(fd)  # (before the lock: a fork while it waits copies it too)
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BaseException as e:  # (also an interrupt while waiting: no file left open)
             if fd is not None:
+                _held_files.discard(fd)
                 os.close(fd)
             fd = None
             busy = isinstance(e, BlockingIOError)  # another process holds it; not waiting
@@ -91,11 +96,34 @@ def file_lock(path: Union[str, os.PathLike], wait: bool = True,
     try:
         yield True
     finally:
-        if fd is not None:
+        # (a forked child leaving the block: its copy, closed at the fork, was its parent's
+        # open file, whose unlocking gave the lock away under the parent)
+        if fd is not None and os.getpid() == pid:
+            _held_files.discard(fd)
             try:  # (a forked child's copy of the descriptor would otherwise keep it held)
                 fcntl.flock(fd, fcntl.LOCK_UN)
             finally:
                 os.close(fd)  # releases the lock
+
+
+#: The descriptors of the locks this process holds (or waits for) with :func:`file_lock`
+#: (a set's ``add`` and ``discard`` are atomic: no lock of its own)
+_held_files: Set[int] = set()
+
+
+def _forget_held_files() -> None:
+    r"""In a child made by ``fork``: closes its copies of the descriptors of
+    :func:`file_lock`'s locks, which are its parent's (a copy kept the lock held after the
+    parent had died, killed, for as long as the child lived), as :func:`_forget_held_folders`
+    does for :func:`folder_lock`'s."""
+    for fd in list(_held_files):
+        with contextlib.suppress(OSError):
+            os.close(fd)  # (the parent's lock stays: its own descriptor holds it)
+    _held_files.clear()
+
+
+if hasattr(os, 'register_at_fork'):
+    os.register_at_fork(after_in_child=_forget_held_files)
 
 
 class FolderInUseError(OSError):

@@ -9,18 +9,19 @@ import pytest
 
 import torch_mz.study
 from torch_mz.study.partial import (PartialUnit, add_partial_arguments, in_turn, overwriting,
-                                    partial_problem, read_partial, replace_problem,
-                                    resume_problem, same_settings_report, settings_differ,
-                                    write_results_so_far)
+                                    partial_problem, read_partial, remove_stale_partial,
+                                    replace_problem, resume_problem, same_settings_report,
+                                    settings_differ, write_results_so_far)
 
 SIZES = PartialUnit('sizes', 'size')
 COUNTS = PartialUnit('counts', 'count', 'make')
 
 
 def test_the_names_are_exported():
-    for name in ('PartialUnit', 'Turn', 'add_partial_arguments', 'in_turn', 'overwriting',
-                 'partial_problem', 'read_partial', 'replace_problem', 'resume_problem',
-                 'same_settings_report', 'settings_differ', 'write_results_so_far'):
+    for name in ('PartialUnit', 'StalePartial', 'Turn', 'add_partial_arguments', 'in_turn',
+                 'overwriting', 'partial_problem', 'read_partial', 'remove_stale_partial',
+                 'replace_problem', 'resume_problem', 'same_settings_report', 'settings_differ',
+                 'write_results_so_far'):
         assert name in torch_mz.study.__all__ and hasattr(torch_mz.study, name)
 
 
@@ -198,6 +199,64 @@ def test_write_results_so_far_replaces_the_partial_report_with_the_complete_one(
     assert sorted(p.name for p in (tmp_path / 'out').iterdir()) == ['x.json', 'x.md']
     assert json.loads((tmp_path / 'out' / 'x.json').read_text()) == dict(rows=[1, 2])
     assert (tmp_path / 'out' / 'x.md').read_text() == '# complete\n'
+
+
+def test_remove_stale_partial_removes_the_partial_report_a_stopped_swap_left(tmp_path):
+    # Ctrl-C between write_results_so_far's complete report and its removal of the partial one
+    # left both: a call without options was refused, --resume made the missing rows again
+    import os
+
+    from torch_mz.study.report import write_results
+    out = str(tmp_path)
+    names = ['x.json', 'x.md', 'x.partial.json', 'x.partial.md']
+
+    def left(partial=None, complete=None, newer='complete'):
+        for name in os.listdir(out):
+            os.remove(os.path.join(out, name))
+        write_results_so_far(out, 'x', partial or dict(config=dict(sets=8, resume=False),
+                                                         rows=[1]), '# partial\n', False)
+        write_results(out, 'x', complete or dict(config=dict(sets=8, resume=True), rows=[1, 2]),
+                      '# complete\n')
+        if newer == 'partial':  # (the partial report of a later run, stopped)
+            stamp = os.stat(os.path.join(out, 'x.json')).st_mtime_ns
+            os.utime(os.path.join(out, 'x.partial.json'), ns=(stamp + 10**9, stamp + 10**9))
+        assert sorted(os.listdir(out)) == names
+
+    resume = argparse.Namespace(sets=8, resume=True, overwrite=False)
+    left()
+    stale = remove_stale_partial(out, 'x', resume, ('sets', ))
+    assert stale.finished and stale.note.startswith(
+        f"nothing to resume: {os.path.join(out, 'x.json')} is the complete report")
+    assert sorted(os.listdir(out)) == ['x.json', 'x.md']
+    assert json.loads((tmp_path / 'x.json').read_text())['rows'] == [1, 2]
+    assert remove_stale_partial(out, 'x', resume, ('sets', )) is None  # (none there now)
+    # removed, but the call goes on: without --resume, with --overwrite too, of other settings
+    for args in (argparse.Namespace(sets=8, resume=False, overwrite=False),
+                 argparse.Namespace(sets=8, resume=True, overwrite=True),
+                 argparse.Namespace(sets=4, resume=True, overwrite=False)):
+        left()
+        stale = remove_stale_partial(out, 'x', args, ('sets', ))
+        assert not stale.finished and stale.note.startswith(
+            f"removed {os.path.join(out, 'x.partial.json')}: ")
+        assert sorted(os.listdir(out)) == ['x.json', 'x.md']
+    # a setting the partial report predates, compared as its value then; under 'setup'
+    left(partial=dict(config=dict(sets=8), rows=[1]),
+         complete=dict(config=dict(sets=8, new=False), rows=[1, 2]))
+    assert remove_stale_partial(out, 'x', argparse.Namespace(sets=8, new=False, resume=True),
+                                ('sets', 'new'), predated=dict(new=False)).finished
+    left(partial=dict(setup=dict(sets=8), rows=[1]), complete=dict(setup=dict(sets=8), rows=[]))
+    assert remove_stale_partial(out, 'x', resume, ('sets', ), record='setup').finished
+    # not stale, kept: written after the complete report (a later run's, stopped), of other
+    # settings, listing measurements lost (a run that failed where the complete report made
+    # them), or beside a complete report of none of these scripts
+    for partial, complete, newer in (
+            (None, None, 'partial'),
+            (None, dict(config=dict(sets=4), rows=[1, 2]), 'complete'),
+            (dict(config=dict(sets=8), rows=[1], lost=[2]), None, 'complete'),
+            (None, dict(rows=[1, 2]), 'complete')):
+        left(partial, complete, newer)
+        assert remove_stale_partial(out, 'x', resume, ('sets', )) is None
+        assert sorted(os.listdir(out)) == names
 
 
 def test_replace_problem_refuses_the_complete_report_of_another_command(tmp_path):

@@ -15,7 +15,9 @@ traceback. Ctrl-C ends a command with ``torch-mz: interrupted`` and exit status 
 cluster's time limit or preemption) with ``torch-mz: terminated (SIGTERM)`` and 143; either
 leaves the last finished checkpoint to ``--resume`` from, and no temporary file, and a stopped
 ``train`` or ``compare`` says in a second line the command that goes on (the same with
-``--resume``) once its run has begun.
+``--resume``) once its run has begun. A reader that stops reading the output
+(``torch-mz models | head -1``) ends the command without a word, with exit status 141, as a shell
+reports a command that SIGPIPE ended.
 """
 import argparse
 import contextlib
@@ -35,6 +37,7 @@ from torch_mz.cli.train import cmd_train
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130  # Ctrl-C
 EXIT_TERMINATED = 128 + signal.SIGTERM  # 143, as a shell reports a process SIGTERM ended
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: the reader of the output closed it (| head -1)
 
 
 class _Terminated(KeyboardInterrupt):
@@ -226,7 +229,40 @@ def _debug() -> bool:
                                                                          'no')
 
 
+def _reader_gone() -> bool:
+    r"""Whether the reader of standard output has closed it (``| head -1`` has exited): a
+    pipe whose reading end is closed polls as an error; ``True`` where that cannot be asked
+    (no :func:`select.poll`, no file descriptor)."""
+    import select
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poll.poll(0))
+    except (AttributeError, OSError, ValueError):
+        return True
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    try:
+        status = _run(argv)
+        sys.stdout.flush()  # (a closed pipe shows here, not in Python's flush at exit)
+        return status
+    except BrokenPipeError as e:
+        if not _reader_gone():  # (another pipe of the command's: an error as any OSError)
+            if _debug():
+                raise
+            print(f'torch-mz: error: {e}', file=sys.stderr)
+            return EXIT_USAGE
+        # as the Python docs advise (their note on SIGPIPE): what is still buffered goes to
+        # the null device, so that Python's flush at exit does not report the closed pipe
+        with contextlib.suppress(AttributeError, OSError, ValueError):
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, sys.stdout.fileno())
+            os.close(null)
+        return EXIT_BROKEN_PIPE
+
+
+def _run(argv: Optional[Sequence[str]]) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
@@ -247,6 +283,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 with open(os.devnull, 'w') as sink, contextlib.redirect_stdout(sink):
                     return args.func(args)
             return args.func(args)
+    except BrokenPipeError:
+        raise  # (main: whether the reader of the output closed it)
     except (CLIError, CheckpointError, ValueError, OSError, ImportError,
             FloatingPointError) as e:
         if _debug():

@@ -30,10 +30,10 @@ from torch_mz.study.measure import (MeasurementFailed, allocator_peak_bytes, cou
                                     out_of_memory, process_peak_rss_bytes,
                                     skewed_sizes, time_call, time_interleaved,
                                     uniform_sizes)
-from torch_mz.study.partial import (PartialUnit, Turn, add_partial_arguments, in_turn,
-                                    overwriting, partial_problem, read_partial, replace_problem,
-                                    resume_problem, same_settings_report, settings_differ,
-                                    write_results_so_far)
+from torch_mz.study.partial import (PartialUnit, StalePartial, Turn, add_partial_arguments,
+                                    in_turn, overwriting, partial_problem, read_partial,
+                                    remove_stale_partial, replace_problem, resume_problem,
+                                    same_settings_report, settings_differ, write_results_so_far)
 from torch_mz.study.plots import (NO_MATPLOTLIB, plot_bars, plot_grid, plot_summary, pyplot,
                                   remove_earlier_plot, replace_plot, save_figure, try_plot)
 from torch_mz.study.resume import (EXIT_INTERRUPTED, Interruption, RunStore, interruptible,
@@ -83,12 +83,14 @@ __all__ = [
     'time_interleaved',
     'uniform_sizes',
     'PartialUnit',
+    'StalePartial',
     'Turn',
     'add_partial_arguments',
     'in_turn',
     'overwriting',
     'partial_problem',
     'read_partial',
+    'remove_stale_partial',
     'replace_problem',
     'resume_problem',
     'same_settings_report',

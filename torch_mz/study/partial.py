@@ -33,6 +33,8 @@ those measurements, which ``--resume`` makes again), unless it was begun with ``
   scripts then keep that report and leave theirs partial, listing them as ``lost``).
 * :func:`overwriting`: whether a partial report was begun by a call given ``--overwrite``,
   whose resumed run replaces the complete report whatever fails (its payload's ``overwrite``).
+* :func:`remove_stale_partial`: removes the partial report that a run stopped between writing
+  its complete report and removing the partial one left beside it (:class:`StalePartial`).
 
 A report records its settings under ``config`` (``setup`` in those that
 :func:`~torch_mz.study.write_report` writes: the functions that read one take the key as
@@ -363,6 +365,73 @@ def resume_problem(path: str, args: argparse.Namespace, settings: Sequence[str],
     pass ``--overwrite`` in place of ``--resume``; :obj:`None` where nothing is refused (no
     partial report there, one that cannot be read, or one of these settings)."""
     return _other_command_problem(path, 'partial', args, settings, command, predated, record)
+
+
+class StalePartial(NamedTuple):
+    r"""What :func:`remove_stale_partial` found and did.
+
+    Attributes:
+        note (str): the line for the script to print: the stale report removed, or (where
+            :attr:`finished`) that nothing is left to resume.
+        finished (bool): the call was given ``--resume`` (without ``--overwrite``) and the
+            complete report is of its settings: the run it goes on with is complete, and the
+            script stops there (nothing to measure, nothing to write).
+    """
+    note: str
+    finished: bool
+
+
+def _stale_partial(path: str, complete: str, settings: Sequence[str],
+                   predated: Optional[Mapping[str, Any]], record: str) -> bool:
+    # the partial report path is stale: the complete report beside it records the same
+    # settings, was written after it (or within the file system's time step: a run's reports
+    # are a measurement apart, two runs' a process start at least), and path lists no
+    # measurements lost (the partial report of a run of these settings whose measurements
+    # failed where the earlier complete report made them is newer than it, and lists them)
+    partial, report = _read_report(path, record), _read_report(complete, record)
+    if partial is None or report is None or partial.get('lost'):
+        return False
+    try:
+        if os.stat(complete).st_mtime_ns < os.stat(path).st_mtime_ns:
+            return False
+    except OSError:
+        return False
+    theirs = dict(predated or {}, **partial[record])
+    ours = dict(predated or {}, **report[record])
+    keys = [key for key in settings if key in theirs or key in ours]
+    return not settings_differ(theirs, {key: ours.get(key) for key in keys}, keys)
+
+
+def remove_stale_partial(out: str, name: str, args: argparse.Namespace,
+                         settings: Sequence[str], predated: Optional[Mapping[str, Any]] = None,
+                         record: str = 'config') -> Optional[StalePartial]:
+    r"""Removes the partial report ``<out>/<name>.partial.{json,md}`` where it is stale: the
+    complete report ``<out>/<name>.json`` beside it records the same :obj:`settings` (compared
+    as :func:`same_settings_report` compares, with :obj:`predated` and :obj:`record`), was
+    written after it, and it lists no measurements lost. A run stopped (Ctrl-C) between
+    writing its complete report and removing its partial one (:func:`write_results_so_far`)
+    left both: a call given neither option was refused, and one given ``--resume`` made again
+    the measurements of the complete report that the partial one lacked. The script calls
+    this before :func:`partial_problem`.
+
+    Returns :obj:`None` where no stale report was there; else a :class:`StalePartial` whose
+    :attr:`~StalePartial.finished` says that the call (given ``--resume`` alone, with the
+    settings of the complete report) has nothing left to do."""
+    partial = os.path.join(out, f'{name}.partial.json')
+    complete = os.path.join(out, f'{name}.json')
+    if not _stale_partial(partial, complete, settings, predated, record):
+        return None
+    remove_results(out, f'{name}.partial')
+    finished = (bool(getattr(args, 'resume', False)) and not getattr(args, 'overwrite', False)
+                and same_settings_report(complete, args, settings, predated, record) is not None)
+    left = ('the partial report beside it, left by a run stopped between writing the one and '
+            'removing the other, is removed')
+    if finished:
+        return StalePartial(f'nothing to resume: {complete} is the complete report of these '
+                            f'settings ({left})', True)
+    return StalePartial(f'removed {partial}: {complete}, the complete report of the same '
+                        f'settings, was written after it (by a run stopped before it removed '
+                        f'it)', False)
 
 
 def overwriting(path: str) -> bool:
