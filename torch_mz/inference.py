@@ -223,8 +223,9 @@ def load_test_split(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
     A synthetic task's test split is drawn apart from its other splits, so :obj:`n_test` may ask
     for more (or fewer) test sets; a real dataset's is the run's held-out split (ModelNet40's
     and ScanObjectNN's official test files, of which :obj:`n_test` takes sets spread evenly
-    over them (:func:`torch_mz.datasets.real.spread_indices`); QM9's test
-    molecules of the run's split, of which :obj:`n_test` takes the first).
+    over them (:func:`torch_mz.datasets.real.spread_indices`; all of them, with a warning, where
+    it asks for more); QM9's test molecules of the run's split, of which :obj:`n_test` takes the
+    first).
 
     Args:
         checkpoint (str or dict): Path of a training checkpoint, or the dict
@@ -237,8 +238,10 @@ def load_test_split(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
         root (str, optional): The dataset's folder (real datasets). (default: :obj:`None`)
         n_test (int, optional): Test sets, as above. (default: the run's)
         data_seed (int, optional): Must be the run's, where the checkpoint records it (another
-            seed draws other data, or another split whose test sets hold training data); the
-            seed for a checkpoint that records none. (default: :obj:`None`)
+            seed draws other data, or another split whose test sets hold training data), except
+            for ModelNet40 and ScanObjectNN, whose test split is the official test files
+            whatever the seed (the seed draws only their validation sets); the seed for a
+            checkpoint that records none. (default: :obj:`None`)
         n_train (int, optional), n_val (int, optional): Must be the run's, where the checkpoint
             records them; the split sizes for one that records none. (default: :obj:`None`)
         progress (bool, optional): Show the :mod:`tqdm` progress bars of generating the sets
@@ -252,9 +255,10 @@ def load_test_split(checkpoint: Union[str, os.PathLike, Mapping[str, Any]],
         drawn).
 
     Raises:
-        ValueError: If the arguments disagree with the checkpoint (another task, seed or split
-            sizes; a Python object the run was trained with and that is not passed; more test
-            sets than the run's split holds), or the model does not fit the task so rebuilt
+        ValueError: If the arguments disagree with the checkpoint (another task; another seed,
+            but for the official test splits of ModelNet40 and ScanObjectNN; other split sizes;
+            a Python object the run was trained with and that is not passed; more test sets
+            than the run's QM9 test split holds), or the model does not fit the task so rebuilt
             (task type, input or output channels).
     """
     if isinstance(checkpoint, Mapping):

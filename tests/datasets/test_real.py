@@ -144,6 +144,26 @@ def test_predict_on_the_official_test_split_takes_any_seed_and_size(tmp_path, sc
         assert [int(r['target']) for r in rows] == labels.tolist()
 
 
+def test_load_test_split_takes_another_data_seed_for_an_official_test_split_as_documented(
+        scanobjectnn_root):
+    # load_test_split's docstring said the data seed must be the run's wherever the checkpoint
+    # records it; for the official test files of ScanObjectNN and ModelNet40 any seed is taken
+    from torch_mz.inference import load_test_split
+    state = {'task_type': 'classification',
+             'run_info': {'task': {'name': 'scanobjectnn', 'args': {'num_points': 64},
+                                   'split': {'seed': 0, 'n_train': None, 'n_val': None,
+                                             'n_test': None}}}}
+    labels = scanobjectnn_root['files']['h5_files/main_split/test_objectdataset.h5']['label']
+    for seed in (0, 1):
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore')
+            splits = load_test_split(state, root=scanobjectnn_root['root'], data_seed=seed)
+        assert [int(d.y) for d in splits.test] == labels.tolist()
+    doc = ' '.join(load_test_split.__doc__.split())
+    assert 'whose test split is the official test files whatever the seed' in doc
+    assert 'but for the official test splits of ModelNet40 and ScanObjectNN' in doc
+
+
 def test_predict_warns_only_on_a_changed_qm9_option(tmp_path, qm9pack_csv, capsys):
     root = str(tmp_path / 'QM9')
     run = str(tmp_path / 'run')

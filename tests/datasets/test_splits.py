@@ -194,3 +194,15 @@ def test_split_indices_fractions_summing_to_one_beside_a_count_of_zero_use_the_w
     assert [len(p) for p in split_indices(15, 0.9, 0.1, 0)] == [14, 1, 0]
     assert [len(p) for p in split_indices(5, 0.5, 0.5, 0)] == [3, 2, 0]
     assert [len(p) for p in split_indices(10, 0, 0.5, 0.5)] == [0, 5, 5]
+
+
+def test_split_records_what_its_docstring_says_the_counts_of_a_synthetic_task_drawn():
+    # TaskSplits.split was documented as the sizes asked for, None for the task's default: a
+    # synthetic task records the counts drawn (n_val left at the default as its 1,000 sets)
+    from torch_mz.tasks import load_task
+    splits = load_task('max', n_train=3, n_test=2, d=2, set_size=(2, 3))
+    assert splits.split == dict(seed=0, n_train=3, n_val=1000, n_test=2)
+    assert make_task('max', n_train=1, n_val=1, n_test=1, d=2).split == {}  # not load_task's
+    doc = ' '.join(TaskSplits.__doc__.split())
+    assert "(:obj:`None` for the task's default)" not in doc
+    assert 'for a synthetic task the counts drawn' in doc and 'make_task' in doc

@@ -110,6 +110,28 @@ def test_match_budget_follows_the_heads_and_refuses_bad_budgets():
         assert abs(count_parameters(model) - mz) / mz < 0.1, name
 
 
+def test_match_budget_tries_the_widths_its_docstring_names(monkeypatch):
+    # the docstring said the multiples of the head count from 16 to 256 (15 to 255 with 3
+    # heads): with 5 or 6 heads, which do not divide 16, they start at 15 and 12
+    from torch_mz.models import registry
+    tried = []
+
+    def build(name, in_channels, out_channels, **kwargs):
+        tried.append(kwargs['dim'])
+        return torch.nn.Linear(1, 1)
+    monkeypatch.setattr(registry, 'build_model', build)
+    doc = ' '.join(match_budget.__doc__.split())
+    for heads, first, last, said in ((4, 16, 256, '16 to 256 with 4 heads'),
+                                     (3, 15, 255, '15 to 255 with 3 or 5'),
+                                     (5, 15, 255, '15 to 255 with 3 or 5'),
+                                     (6, 12, 252, '12 to 252 with 6'),
+                                     (32, 32, 256, '32 to 256 with 32')):
+        tried.clear()
+        match_budget('mz', 2, 3, 1, heads=heads)
+        assert tried == list(range(first, last + 1, heads)), heads
+        assert said in doc, heads
+
+
 def test_feature_columns_are_checked_and_select_from_tensors_too():
     from torch_geometric.data import Batch, Data
     torch.manual_seed(0)

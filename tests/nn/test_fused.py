@@ -297,3 +297,18 @@ def test_the_compile_limit_setting_is_named_as_this_torch_names_it():
     name = fused._limit_setting(torch._dynamo.config)
     with torch._dynamo.config.patch(**{name: fused.RECOMPILE_LIMIT}):
         assert getattr(torch._dynamo.config, name) == fused.RECOMPILE_LIMIT
+
+
+def test_set_fused_kernels_called_without_an_argument_does_what_its_docstring_says(
+        monkeypatch):
+    # the docstring read ":obj:`None` auto, the default", but the argument defaults to True:
+    # set_fused_kernels() turns the kernels on for every input, it does not return to auto
+    import inspect
+    monkeypatch.setattr(fused, '_ENABLED', None)
+    monkeypatch.setattr(fused, '_FAILED', False)
+    fused.set_fused_kernels()
+    assert fused.fused_kernels_mode() is True
+    assert inspect.signature(fused.set_fused_kernels).parameters['enabled'].default is True
+    doc = ' '.join(fused.set_fused_kernels.__doc__.split())
+    assert ':obj:`None` auto, the default' not in doc
+    assert '(default: :obj:`True`: ``set_fused_kernels()`` turns the kernels on' in doc

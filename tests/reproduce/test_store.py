@@ -385,3 +385,24 @@ def test_the_code_a_run_names_is_the_code_its_process_runs(tmp_path, monkeypatch
     assert len(records) == len(TINY.sweep)
     assert all(r['code'] == 'aaaaaaaaaa' for r in records)
     assert all([e['code'] for e in r['code_history']] == ['aaaaaaaaaa'] for r in records)
+
+
+def test_run_key_holds_the_training_settings_its_docstring_names():
+    # run_key's docstring excepted only the device and where files go from the configuration
+    # that identifies a run; the evaluation batch size, loader workers, deterministic kernels
+    # and how often checkpoints are written are left out too
+    from torch_mz.reproduce import run_key
+    from torch_mz.train import TrainConfig
+    config = TrainConfig(progress=False)
+    key = run_key(dict(task='max', kwargs=dict(d=2)), 'mz', 0, config)
+    doc = ' '.join(run_key.__doc__.split())
+    named = set(re.findall(r'``(\w+)``', doc))
+    assert set(key['config']) == named
+    for name in ('device', 'eval_batch_size', 'num_workers', 'deterministic',
+                 'checkpoint_every', 'out_dir'):
+        assert name not in key['config']
+        other = replace(config, **{name: {'device': 'cpu', 'eval_batch_size': 3,
+                                          'num_workers': 2, 'deterministic': True,
+                                          'checkpoint_every': 5, 'out_dir': 'x'}[name]})
+        assert run_key(dict(task='max', kwargs=dict(d=2)), 'mz', 0, other) == key, name
+    assert 'evaluation batch size, loader workers or deterministic kernels' in doc

@@ -58,6 +58,23 @@ def test_run_grid_shares_data_and_seeds():
     assert runs[0]['test']['r2'] != pytest.approx(runs[1]['test']['r2'])
 
 
+def test_a_grid_row_holds_the_columns_its_docstring_names():
+    # run_grid's docstring promised the standard deviation over seeds of the test R² and MSE:
+    # a row holds that of the R² alone (the population one), and the parameter count's column
+    import numpy as np
+    cells = [dict(label='c', task='max', kwargs=dict(d=2, n_train=8, n_val=4, n_test=4,
+                                                     set_size=(2, 3)))]
+    config = TrainConfig(epochs=1, warmup_epochs=0, batch_size=8, progress=False)
+    runs, rows = run_grid(cells, ['deepsets:hidden_channels=4,num_layers=1'], 2, config)
+    m = 'deepsets:hidden_channels=4,num_layers=1'
+    assert set(rows[0]) == {'cell', f'{m} r2', f'{m} r2 std', f'{m} mse', f'{m} params'}
+    assert rows[0][f'{m} r2 std'] == pytest.approx(np.std([r['test']['r2'] for r in runs]))
+    doc = ' '.join(run_grid.__doc__.split())
+    assert 'standard deviation over seeds of the test R² and MSE' not in doc
+    assert "population standard deviation (``'<model> r2'``, ``'<model> r2 std'``)" in doc
+    assert "(``'<model> params'``)" in doc
+
+
 def test_run_grid_config_per_run_and_cached_runs_build_no_data():
     loads = []
 

@@ -132,6 +132,26 @@ def test_a_store_reads_back_a_run_file_whose_identity_holds_num_workers(tmp_path
     assert store.get(key, QUICK_CONFIG) == dict(model='mz')
 
 
+def test_a_store_reads_back_a_run_whatever_the_settings_its_docstring_names(tmp_path):
+    # RunStore's docstring named the device, progress bars and checkpoint folders as the
+    # settings that do not identify a run: how often checkpoints are written, resume,
+    # overwrite, the evaluation batch size and the loader workers do not either
+    from dataclasses import replace
+    from torch_mz.study import RunStore
+    store = RunStore(str(tmp_path))
+    key = dict(cell='a', model='mz', seed=0)
+    store.put(key, QUICK_CONFIG, dict(model='mz', test=dict(r2=0.5)))
+    doc = ' '.join(RunStore.__doc__.split())
+    for name, value in (('device', 'cpu'), ('progress', True), ('out_dir', str(tmp_path)),
+                        ('checkpoint_every', 3), ('resume', 'x.pt'), ('overwrite', True),
+                        ('eval_batch_size', 5), ('num_workers', 2)):
+        assert store.get(key, replace(QUICK_CONFIG, **{name: value})) is not None, name
+        assert f'``{name}``' in doc, name
+    for name, value in (('lr', 1.0), ('deterministic', True), ('batch_size', 4)):
+        assert store.get(key, replace(QUICK_CONFIG, **{name: value})) is None, name
+        assert f'``{name}``' not in doc, name
+
+
 def test_a_store_keeps_a_path_in_a_key_as_its_text(tmp_path):
     # NumPy values became numbers, every other value was refused: a data root given as a
     # pathlib.Path (kept as its text before) stopped a study

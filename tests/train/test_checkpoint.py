@@ -1403,3 +1403,20 @@ def test_an_interrupted_run_ended_by_its_resume_is_refused_naming_what_ends_it(t
     with pytest.raises(CheckpointError, match=r'epochs >= 3 to train on under the new lr, or '):
         fit(epochs=2, lr=0.5, resume=resume)
     assert fit(epochs=3, resume=resume).epochs_run == 3  # (as said)
+
+
+def test_the_public_names_torch_mz_train_leaves_in_their_modules_are_the_ones_it_names():
+    # torch_mz.train's docstring: every public name is importable from it but the checkpoint
+    # module's comparisons of runs, which it names; recorded_options stayed there unnamed
+    import importlib
+    import pkgutil
+    import torch_mz.train as package
+    doc = ' '.join(package.__doc__.split())
+    left = set()
+    for info in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f'torch_mz.train.{info.name}')
+        left |= {name for name in getattr(module, '__all__', ()) if name not in package.__all__}
+    assert left == {'same_run', 'describe_run', 'config_changes', 'finished_run_changes',
+                    'recorded_options'}
+    for name in left:
+        assert name in doc, name

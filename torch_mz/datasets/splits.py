@@ -42,11 +42,15 @@ class TaskSplits:
             hyper-parameters and task-level parameters; :obj:`None` for a real dataset.
         seed (int, optional): The seed the synthetic splits were drawn from (:obj:`None` for a
             real dataset).
-        split (dict): How :func:`~torch_mz.tasks.load_task` drew the splits: ``seed`` and the
-            sizes asked for, ``n_train``, ``n_val``, ``n_test`` (:obj:`None` for the task's
-            default), which checkpoints record so that ``torch-mz predict`` and a resumed run
-            see the same data (for a synthetic task the seed also draws the task's own
-            parameters; for QM9 it draws the split, so another seed's test split holds
+        split (dict): How :func:`~torch_mz.tasks.load_task` drew the splits (empty where it
+            did not build them, e.g. :func:`~torch_mz.datasets.make_task`): ``seed`` and the
+            sizes ``n_train``, ``n_val``, ``n_test``, for a synthetic task the counts drawn (a
+            size left at the task's default is recorded as that count), for a real dataset the
+            sizes asked for (:obj:`None` for the default; ModelNet40's and ScanObjectNN's
+            ``n_test``, where given, as the count taken from the official test files, with
+            ``test_subset``), which checkpoints record so that ``torch-mz predict`` and a
+            resumed run see the same data (for a synthetic task the seed also draws the task's
+            own parameters; for QM9 it draws the split, so another seed's test split holds
             training molecules).
     """
     name: str

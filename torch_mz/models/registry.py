@@ -299,9 +299,10 @@ def match_budget(name: str, budget: int, in_channels: int, out_channels: int,
                  knob: Optional[str] = None, candidates=None, **overrides) -> Module:
     r"""Builds preset :obj:`name` with the size knob (:obj:`knob`, default ``dim`` for attention
     models, ``hidden_channels`` for Deep Sets and EGNN) chosen from :obj:`candidates` (default:
-    for ``dim`` the multiples of the head count from 16 to 256, from 15 to 255 with 3 heads; for
-    ``hidden_channels`` the multiples of 4 from 16 to 256) so that the parameter count is closest to
-    :obj:`budget`."""
+    for ``dim`` the multiples of the head count from the largest one at most 16 (the head count
+    itself where it exceeds 16) up to 256: 16 to 256 with 4 heads, 15 to 255 with 3 or 5, 12 to
+    252 with 6, 32 to 256 with 32; for ``hidden_channels`` the multiples of 4 from 16 to 256) so
+    that the parameter count is closest to :obj:`budget`."""
     target = check_number('budget', budget)
     # the feature columns read once (an iterator was read by the first candidate alone: the
     # others were built without features, and one of them could be chosen)

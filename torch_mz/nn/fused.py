@@ -105,8 +105,14 @@ AUTO_MIN_ELEMENTS = 2 ** 20
 
 def set_fused_kernels(enabled: Optional[bool] = True) -> None:
     r"""Compiled (fused) kernels for the LayerNorm Jacobian on generators and the generator
-    feed-forward's tanh: :obj:`True` always, :obj:`False` never, :obj:`None` auto, the default
-    (see the module docstring)."""
+    feed-forward's tanh: :obj:`True` always, :obj:`False` never, :obj:`None` auto (see the
+    module docstring), the mode a process starts in unless ``TORCH_MZ_FUSED_KERNELS`` says
+    otherwise.
+
+    Args:
+        enabled (bool, optional): The mode. (default: :obj:`True`: ``set_fused_kernels()``
+            turns the kernels on; ``set_fused_kernels(None)`` returns to auto)
+    """
     global _ENABLED, _FAILED
     _ENABLED = _mode('enabled', enabled)
     _FAILED = False  # (compiling is tried again)

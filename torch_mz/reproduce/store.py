@@ -36,7 +36,10 @@ _KEY_CONFIG = ('epochs', 'batch_size', 'lr', 'weight_decay', 'warmup_epochs', 's
 def run_key(cell: Mapping[str, Any], spec: str, seed: int,
             config: TrainConfig) -> Dict[str, Any]:
     r"""What identifies a run: task, task arguments with set counts, model spec, seed and the
-    training configuration that changes results (not the device or where files go)."""
+    training configuration's ``epochs``, ``batch_size``, ``lr``, ``weight_decay``,
+    ``warmup_epochs``, ``schedule``, ``grad_clip``, ``patience``, ``min_delta``,
+    ``restore_best`` and ``normalize_targets`` (not the device, where or how often files are
+    written, the evaluation batch size, loader workers or deterministic kernels)."""
     return dict(task=cell['task'], kwargs=json.loads(json.dumps(dict(cell.get('kwargs', {})),
                                                                 sort_keys=True)),
                 model=spec, seed=seed, config={k: getattr(config, k) for k in _KEY_CONFIG})

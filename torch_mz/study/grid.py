@@ -342,10 +342,11 @@ def run_grid(cells: Sequence[Mapping[str, Any]], models: Sequence[str], seeds: i
     A cell is a dict with ``label`` (a column of the table), ``task`` (a task name) and optional
     ``kwargs`` for :func:`~torch_mz.tasks.load_task` (sizes, task arguments); its data is built
     once, from seed 0, and shared by all models and seeds. ``runs`` holds one record per trained
-    model (:func:`train_one`'s record plus ``cell``); ``rows`` one per cell with, for every model,
-    the mean and standard deviation over seeds of the test R² and MSE (``'<model> r2'``,
-    ``'<model> r2 std'``, ``'<model> mse'``) and its parameter count. :obj:`on_result` is called
-    with every run as it finishes (for progress output).
+    model (:func:`train_one`'s record plus ``cell``); ``rows`` one per cell (``'cell'``, its
+    label) with, for every model, the mean over seeds of the test R² and its population standard
+    deviation (``'<model> r2'``, ``'<model> r2 std'``), the mean test MSE (``'<model> mse'``)
+    and its parameter count (``'<model> params'``). :obj:`on_result` is called with every run as
+    it finishes (for progress output).
 
     :obj:`config_for`, if given, replaces the shared configuration: ``config_for(cell, spec,
     seed)`` is the configuration of that run (e.g. with a learning rate chosen per model).

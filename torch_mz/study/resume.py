@@ -77,9 +77,12 @@ class RunStore:
 
     A file is used only for the same run: the same data (task, its options and set counts,
     or the caller's description of its data), model spec and options, seed, and training
-    configuration (all but the settings that do not change a result: device, progress bars,
-    checkpoint folders). A run asked for with anything else is trained again and its file
-    replaced, so a store never mixes runs of two configurations into one table.
+    configuration, all but the settings a finished run is read back whatever they were:
+    ``device``, ``progress``, ``out_dir``, ``checkpoint_every``, ``resume``, ``overwrite``,
+    ``eval_batch_size`` and ``num_workers`` (a run is as valid trained on another device or
+    with other loader workers, though its random draws may differ there). A run asked for with
+    anything else is trained again and its file replaced, so a store never mixes runs of two
+    configurations into one table.
 
     Args:
         folder (str): Where the files are kept (created when the first run finishes).

@@ -31,7 +31,8 @@ outputs and targets), :mod:`~torch_mz.train.normalize` (target normaliser),
 importable from :mod:`torch_mz.train` itself, but the checkpoint module's comparisons of runs
 (:func:`~torch_mz.train.checkpoint.same_run`, ``describe_run``, ``config_changes``,
 ``finished_run_changes``), which
-:mod:`torch_mz.cli` uses, stay in that module.
+:mod:`torch_mz.cli` uses, and the form in which a checkpoint records task options
+(:func:`~torch_mz.train.checkpoint.recorded_options`) stay in that module.
 """
 from torch_mz.train.checkpoint import (CHECKPOINT_FORMAT, CHECKPOINT_VERSION, CheckpointError,
                                        load_checkpoint, save_checkpoint)
