@@ -1,7 +1,9 @@
 r"""Ground-truth functions of the synthetic set tasks (Appendix A.2 and D of the MZAttn paper).
 
 Every function here is pure NumPy / SciPy: it takes arrays, returns arrays or Python floats, draws
-randomness only from a :class:`numpy.random.Generator` it is given, and never touches torch. The
+randomness only from the :class:`numpy.random.Generator` or seed it is given (an ``rng`` of
+:obj:`None` is fresh randomness from the operating system, as :func:`numpy.random.default_rng`
+gives; never NumPy's global state), and never touches torch. The
 task generators in :mod:`torch_mz.datasets.synthetic` call them; the tests call them again on the
 generated ``x`` to check the stored targets.
 
