@@ -853,7 +853,10 @@ class QM9(ProcessedDataset):
         r"""Mean and standard deviation of the selected targets over the molecules :obj:`index`
         (positions in this dataset, e.g. the training indices of
         :func:`~torch_mz.datasets.splits.split_indices`; :obj:`None` for all), for target
-        normalisation.
+        normalisation: the statistics :class:`~torch_mz.train.TargetNormalizer` fits to those
+        targets (the population standard deviation, as the trainer normalises; it was the
+        sample one, :math:`\sqrt{m / (m - 1)}` times larger over :math:`m` molecules). They are
+        the stored targets, before any ``transform`` of the dataset.
 
         Shapes:
             - **mean**, **std:** :math:`(t,)`
@@ -868,7 +871,7 @@ class QM9(ProcessedDataset):
         y = y[rows]  # (m, t)
         if len(y) < 2:
             raise ValueError(f'target statistics need at least two molecules, got {len(y)}')
-        return y.mean(dim=0), y.std(dim=0)
+        return y.mean(dim=0), y.std(dim=0, unbiased=False)
 
     def __repr__(self) -> str:
         return (f'{self.__class__.__name__}({len(self)}, source={self.source}, '
