@@ -1426,6 +1426,34 @@ def test_a_reader_that_closes_the_pipe_ends_the_command_quietly():
     assert err == ''
 
 
+@pytest.mark.skipif(not os.path.exists('/dev/full'), reason='no /dev/full here')
+def test_output_to_a_full_disk_ends_with_an_error_not_a_traceback():
+    # `torch-mz tasks > file` on a full disk: the flush that main added for closed pipes raised
+    # the OSError out of main (a traceback, then Python's "Exception ignored" and status 120);
+    # now the one-line error and status 2 of any other OSError
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != 'PYTHONUNBUFFERED'}  # (buffered)
+    with open('/dev/full', 'w') as full:
+        done = subprocess.run([sys.executable, '-m', 'torch_mz', 'tasks'], stdout=full,
+                              stderr=subprocess.PIPE, text=True, timeout=120, env=env)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == 'torch-mz: error: [Errno 28] No space left on device\n'
+
+
+def test_a_broken_pipe_that_is_not_the_output_is_an_error(capsys, monkeypatch):
+    # a BrokenPipeError of another pipe (a DataLoader worker's, a socket) where standard
+    # output is no file descriptor (a stream the caller put there, which no reader closed)
+    # ended the command without a word, with status 141
+    import torch_mz.cli
+
+    def broken(args):
+        raise BrokenPipeError(32, 'Broken pipe')
+    monkeypatch.setattr(torch_mz.cli, 'cmd_tasks', broken)
+    assert main(['tasks']) == 2
+    assert capsys.readouterr().err == 'torch-mz: error: [Errno 32] Broken pipe\n'
+
+
 def test_train_resume_takes_the_data_options_it_is_not_given_from_the_checkpoint(
         tmp_path, capsys, monkeypatch):
     # the data options were the defaults: a resumed run built the task's default data first

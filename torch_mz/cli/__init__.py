@@ -232,34 +232,54 @@ def _debug() -> bool:
 def _reader_gone() -> bool:
     r"""Whether the reader of standard output has closed it (``| head -1`` has exited): a
     pipe whose reading end is closed polls as an error; ``True`` where that cannot be asked
-    (no :func:`select.poll`, no file descriptor)."""
+    (no :func:`select.poll`), ``False`` where standard output is no file descriptor (a stream
+    a caller put there, which no reader closed: the broken pipe was another's)."""
     import select
     try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False
+    try:
         poll = select.poll()
-        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        poll.register(fd, select.POLLOUT)
         return any(events & select.POLLERR for _, events in poll.poll(0))
     except (AttributeError, OSError, ValueError):
         return True
 
 
+def _discard_output() -> None:
+    r"""Sends what standard output still buffers to the null device, so that Python's flush
+    at exit does not report again a write that failed (as the Python docs advise in their note
+    on SIGPIPE)."""
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         status = _run(argv)
-        sys.stdout.flush()  # (a closed pipe shows here, not in Python's flush at exit)
-        return status
     except BrokenPipeError as e:
         if not _reader_gone():  # (another pipe of the command's: an error as any OSError)
             if _debug():
                 raise
             print(f'torch-mz: error: {e}', file=sys.stderr)
             return EXIT_USAGE
-        # as the Python docs advise (their note on SIGPIPE): what is still buffered goes to
-        # the null device, so that Python's flush at exit does not report the closed pipe
-        with contextlib.suppress(AttributeError, OSError, ValueError):
-            null = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(null, sys.stdout.fileno())
-            os.close(null)
+        _discard_output()
         return EXIT_BROKEN_PIPE
+    try:
+        sys.stdout.flush()  # (a closed pipe shows here, not in Python's flush at exit)
+    except BrokenPipeError:
+        _discard_output()
+        return EXIT_BROKEN_PIPE
+    except OSError as e:  # (output redirected to a file on a full disk: an error, as _run's)
+        if _debug():
+            raise
+        _discard_output()
+        print(f'torch-mz: error: {e}', file=sys.stderr)
+        return EXIT_USAGE
+    return status
 
 
 def _run(argv: Optional[Sequence[str]]) -> int:
