@@ -35,7 +35,8 @@ import torch
 from torch_mz.study import (EXIT_INTERRUPTED, PartialUnit, add_partial_arguments, choice_list,
                             environment, in_turn, int_list, interruptible, markdown_table,
                             partial_problem, positive_int, read_partial, remove_results,
-                            remove_stale_partial, replace_problem, write_report)
+                            remove_stale_partial, replace_problem, replaced_partial,
+                            write_report)
 from torch_mz.study.report import check_out_folder
 from torch_mz.study.workloads import (AGGRS, build, build_aggr, make_batch, pyg_width_problem,
                                       random_graph)
@@ -142,7 +143,9 @@ def write_rows(args: argparse.Namespace, env: Dict[str, object], rows: List[dict
         f'`--resume` makes the rest)\n\n')
     write_report(args.out, PARTIAL if pending else NAME, TITLE, env, setup_of(args),
                  head + markdown_table(rows, COLS),
-                 dict(rows=rows, **({'pending': pending} if pending else {})), minutes,
+                 dict(rows=rows, **({'pending': pending} if pending else
+                                    replaced_partial(args.out, NAME))),
+                 minutes,
                  plot=False)
     if not pending:  # the complete report replaces the partial one
         remove_results(args.out, PARTIAL)

@@ -146,7 +146,8 @@ def test_rows_made_before_ctrl_c_are_kept_and_resumed(tmp_path, monkeypatch, cap
     assert made == ['stopped', 'rigid', 'deepsets']  # (the kept row not made again)
     result = json.loads(earlier.read_text())
     assert [r['model'] for r in result['rows']] == ['pyg', 'rigid', 'deepsets']
-    assert sorted(result) == ['environment', 'minutes', 'rows', 'setup']
+    # (it records the partial report it replaced: remove_stale_partial knows that one)
+    assert sorted(result) == ['environment', 'minutes', 'replaces_partial', 'rows', 'setup']
     assert sorted(result['setup']) == ['aggrs', 'clouds', 'dims', 'nodes', 'points', 'presets']
     assert 'Partial' not in (out / 'compile_graphs.md').read_text()
     assert not partial.exists() and not (out / 'compile_graphs.partial.md').exists()

@@ -201,7 +201,8 @@ def test_operations_measured_before_ctrl_c_are_kept_and_resumed(tmp_path, monkey
     assert measured == ['stopped', 'LayerNorm Jacobian (16, 8, 64), forward + backward']
     result = json.loads(earlier.read_text())
     assert len(result['rows']) == 6 and result['auto_tanh_kernel'] is False
-    assert sorted(result) == ['auto_tanh_kernel', 'config', 'environment', 'minutes', 'rows']
+    assert sorted(result) == ['auto_tanh_kernel', 'config', 'environment', 'minutes',
+                              'replaces_partial', 'rows']  # (the partial report it replaced)
     assert 'resume' not in result['config'] and 'overwrite' not in result['config']
     text = (out / 'kernels.md').read_text()
     assert 'Partial' not in text and 'Auto mode on this host' in text

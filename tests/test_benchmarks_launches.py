@@ -258,7 +258,8 @@ def test_counts_made_before_ctrl_c_are_kept_and_resumed(launches, tmp_path, monk
     result = json.loads(earlier.read_text())
     assert [(r['nodes'], r['aggr']) for r in result['rows']] == [
         (10, 'pyg'), (10, 'rigid'), (40, 'pyg'), (40, 'rigid')]
-    assert sorted(result) == ['config', 'environment', 'minutes', 'rows', 'slopes']
+    assert sorted(result) == ['config', 'environment', 'minutes', 'replaces_partial', 'rows',
+                              'slopes']  # (replaces_partial: the partial report it replaced)
     assert 'resume' not in result['config'] and len(result['slopes']) == 2
     assert 'Partial' not in (out / 'launches.md').read_text()
     assert not partial.exists() and not (out / 'launches.partial.md').exists()

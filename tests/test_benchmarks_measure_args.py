@@ -220,7 +220,7 @@ def test_speed_keeps_the_pairs_measured_before_ctrl_c_and_resumes(tmp_path, monk
     # the complete report as before (and the pairs kept, which it names since 2026-12-07: the
     # Markdown alone gave their number), no --resume / --overwrite in its config
     assert sorted(result) == ['config', 'environment', 'kept_pairs', 'matmul_peak_gflop_per_s',
-                              'ratios', 'rows']
+                              'ratios', 'replaces_partial', 'rows']
     assert result['kept_pairs'] == [dict(block='pma', batch='uniform'),
                                     dict(block='pma', batch='skewed')]
     assert ('2 of the (block, batch) pairs (pma uniform, pma skewed) were measured by the run '
@@ -235,9 +235,10 @@ def test_speed_keeps_the_pairs_measured_before_ctrl_c_and_resumes(tmp_path, monk
     peaks.append(1e10)
     assert speed.main() is None
     assert len(calls) == 5 and not partial.exists()
-    # a run of one call where nothing failed: the keys of every complete report before
+    # a run of one call where nothing failed: the keys of every complete report before, and
+    # the partial report it replaced
     assert sorted(json.loads(earlier.read_text())) == [
-        'config', 'environment', 'matmul_peak_gflop_per_s', 'ratios', 'rows']
+        'config', 'environment', 'matmul_peak_gflop_per_s', 'ratios', 'replaces_partial', 'rows']
     assert 'failed' not in (out / 'speed.md').read_text()
 
 
@@ -700,7 +701,7 @@ def test_training_step_keeps_the_measurements_made_before_ctrl_c_and_resumes(tmp
     assert [(r['model'], r['rounds'], r['calls']) for r in data['rows']] == [
         ('rigid', 2, 4), ('mz', 2, 4), ('egnn', 2, 4)]
     assert sorted(data) == ['config', 'environment', 'failed', 'matmul_peak_gflop_per_s',
-                            'memory_bandwidth_gb_per_s', 'minutes', 'rows']
+                            'memory_bandwidth_gb_per_s', 'minutes', 'replaces_partial', 'rows']
     assert 'resume' not in data['config']
     assert 'Partial' not in (out / 'training_step.md').read_text()
     assert not partial.exists() and not (out / 'training_step.partial.md').exists()

@@ -20,7 +20,8 @@ COUNTS = PartialUnit('counts', 'count', 'make')
 def test_the_names_are_exported():
     for name in ('PartialUnit', 'StalePartial', 'Turn', 'add_partial_arguments', 'in_turn',
                  'overwriting', 'partial_problem', 'read_partial', 'remove_stale_partial',
-                 'replace_problem', 'resume_problem', 'same_settings_report', 'settings_differ',
+                 'replace_problem', 'replaced_partial', 'resume_problem', 'same_settings_report',
+                 'settings_differ',
                  'write_results_so_far'):
         assert name in torch_mz.study.__all__ and hasattr(torch_mz.study, name)
 
@@ -195,9 +196,13 @@ def test_write_results_so_far_replaces_the_partial_report_with_the_complete_one(
         'x.json', 'x.partial.json', 'x.partial.md']
     assert json.loads((tmp_path / 'out' / 'x.json').read_text()) == {'earlier': True}
     assert json.loads((tmp_path / 'out' / 'x.partial.json').read_text()) == dict(rows=[1])
+    import hashlib
+    replaced = hashlib.sha256((tmp_path / 'out' / 'x.partial.json').read_bytes()).hexdigest()
     write_results_so_far(out, 'x', dict(rows=[1, 2]), '# complete\n', complete=True)
     assert sorted(p.name for p in (tmp_path / 'out').iterdir()) == ['x.json', 'x.md']
-    assert json.loads((tmp_path / 'out' / 'x.json').read_text()) == dict(rows=[1, 2])
+    # (it records the partial report it replaces, which a stopped swap leaves beside it)
+    assert json.loads((tmp_path / 'out' / 'x.json').read_text()) == dict(
+        rows=[1, 2], replaces_partial=replaced)
     assert (tmp_path / 'out' / 'x.md').read_text() == '# complete\n'
 
 
@@ -206,20 +211,30 @@ def test_remove_stale_partial_removes_the_partial_report_a_stopped_swap_left(tmp
     # left both: a call without options was refused, --resume made the missing rows again
     import os
 
-    from torch_mz.study.report import write_results
+    from torch_mz.study import partial as report_module
     out = str(tmp_path)
     names = ['x.json', 'x.md', 'x.partial.json', 'x.partial.md']
 
     def left(partial=None, complete=None, newer='complete'):
+        # the files a run stopped between its complete report and its partial one's removal
+        # leaves (newer='complete'), or a later run's partial report beside an earlier run's
+        # complete one (newer='partial')
         for name in os.listdir(out):
             os.remove(os.path.join(out, name))
-        write_results_so_far(out, 'x', partial or dict(config=dict(sets=8, resume=False),
-                                                         rows=[1]), '# partial\n', False)
-        write_results(out, 'x', complete or dict(config=dict(sets=8, resume=True), rows=[1, 2]),
-                      '# complete\n')
-        if newer == 'partial':  # (the partial report of a later run, stopped)
-            stamp = os.stat(os.path.join(out, 'x.json')).st_mtime_ns
-            os.utime(os.path.join(out, 'x.partial.json'), ns=(stamp + 10**9, stamp + 10**9))
+        partial = partial or dict(config=dict(sets=8, resume=False), rows=[1])
+        complete = complete or dict(config=dict(sets=8, resume=True), rows=[1, 2])
+        if newer == 'partial':
+            write_results_so_far(out, 'x', dict(partial, rows=[0]), '# earlier\n', False)
+            write_results_so_far(out, 'x', complete, '# complete\n', True)
+            write_results_so_far(out, 'x', partial, '# partial\n', False)
+        else:
+            write_results_so_far(out, 'x', partial, '# partial\n', False)
+            real = report_module.remove_results
+            report_module.remove_results = lambda *args: None  # (stopped before it)
+            try:
+                write_results_so_far(out, 'x', complete, '# complete\n', True)
+            finally:
+                report_module.remove_results = real
         assert sorted(os.listdir(out)) == names
 
     resume = argparse.Namespace(sets=8, resume=True, overwrite=False)
@@ -257,6 +272,17 @@ def test_remove_stale_partial_removes_the_partial_report_a_stopped_swap_left(tmp
         left(partial, complete, newer)
         assert remove_stale_partial(out, 'x', resume, ('sets', )) is None
         assert sorted(os.listdir(out)) == names
+    # nor where the files' times say the complete report came after it: a later run's partial
+    # report beside an earlier run's complete report, the folder copied without its times (the
+    # partial report, its measurements, was removed: 'nothing to resume')
+    left(newer='partial')
+    for name in ('x.partial.json', 'x.json'):  # (copied in this order: the complete one newer)
+        stamp = os.stat(os.path.join(out, name)).st_mtime_ns
+        os.utime(os.path.join(out, name), ns=(stamp + 10**9, stamp + 10**9)
+                 if name == 'x.json' else (stamp - 10**9, stamp - 10**9))
+    assert remove_stale_partial(out, 'x', resume, ('sets', )) is None
+    assert sorted(os.listdir(out)) == names
+    assert json.loads((tmp_path / 'x.partial.json').read_text())['rows'] == [1]
 
 
 def test_replace_problem_refuses_the_complete_report_of_another_command(tmp_path):

@@ -32,7 +32,8 @@ from torch_mz.study.measure import (MeasurementFailed, allocator_peak_bytes, cou
                                     uniform_sizes)
 from torch_mz.study.partial import (PartialUnit, StalePartial, Turn, add_partial_arguments,
                                     in_turn, overwriting, partial_problem, read_partial,
-                                    remove_stale_partial, replace_problem, resume_problem,
+                                    remove_stale_partial, replace_problem, replaced_partial,
+                                    resume_problem,
                                     same_settings_report, settings_differ, write_results_so_far)
 from torch_mz.study.plots import (NO_MATPLOTLIB, plot_bars, plot_grid, plot_summary, pyplot,
                                   remove_earlier_plot, replace_plot, save_figure, try_plot)
@@ -92,6 +93,7 @@ __all__ = [
     'read_partial',
     'remove_stale_partial',
     'replace_problem',
+    'replaced_partial',
     'resume_problem',
     'same_settings_report',
     'settings_differ',

@@ -23,7 +23,8 @@ those measurements, which ``--resume`` makes again), unless it was begun with ``
   commands, as :func:`resume_problem`'s);
 * :func:`in_turn`: the measurements of a run in their order, those a partial report kept read
   back, and when to write the report (:class:`Turn`);
-* :func:`write_results_so_far`: the partial report, or the complete one that replaces it;
+* :func:`write_results_so_far`: the partial report, or the complete one that replaces it
+  (recording the partial one's SHA-256, :func:`replaced_partial`);
 * :func:`replace_problem`: the usage error of a call that would replace, without
   ``--overwrite``, the complete report of another command (other settings) in ``--out``;
 * :func:`resume_problem`: the usage error of a call given ``--resume`` where ``--out`` holds the
@@ -44,6 +45,7 @@ Library code: nothing here prints or parses a command line (the scripts pass the
 ``parser.error``).
 """
 import argparse
+import hashlib
 import json
 import os
 from typing import (Any, Callable, Dict, Hashable, Iterator, List, Mapping, NamedTuple, Optional,
@@ -257,10 +259,34 @@ def write_results_so_far(out: str, name: str, payload: Dict[str, object], markdo
     r"""Writes a script's report as it stands (:func:`~torch_mz.study.write_results`): while
     measurements remain (not :obj:`complete`), the partial report
     ``<out>/<name>.partial.{json,md}``, which leaves an earlier run's complete report alone;
-    else the complete report ``<out>/<name>.{json,md}``, which then removes the partial one."""
+    else the complete report ``<out>/<name>.{json,md}``, which then removes the partial one.
+    The complete report records the SHA-256 of the partial JSON it replaces
+    (``replaces_partial``), so that a partial report left beside it by a run stopped between
+    the two steps is known for that one (:func:`remove_stale_partial`), whatever the files'
+    modification times say."""
+    if complete:
+        payload = dict(payload, **replaced_partial(out, name))
     write_results(out, name if complete else f'{name}.partial', payload, markdown)
     if complete:  # the complete report replaces the partial one
         remove_results(out, f'{name}.partial')
+
+
+def replaced_partial(out: str, name: str) -> Dict[str, str]:
+    r"""The entry a complete report ``<out>/<name>.json`` records of the partial report
+    ``<out>/<name>.partial.json`` it replaces: ``{'replaces_partial': <its SHA-256>}``, or
+    ``{}`` where there is none (:func:`write_results_so_far` adds it; a script that writes its
+    complete report otherwise adds it to the payload itself)."""
+    digest = _file_sha256(os.path.join(out, f'{name}.partial.json'))
+    return {} if digest is None else {'replaces_partial': digest}
+
+
+def _file_sha256(path: str) -> Optional[str]:
+    # the SHA-256 of the file path's bytes, None where it cannot be read (none there)
+    try:
+        with open(path, 'rb') as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return None
 
 
 def _read_report(path: str, record: str = 'config') -> Optional[Dict[str, Any]]:
@@ -383,18 +409,16 @@ class StalePartial(NamedTuple):
 
 def _stale_partial(path: str, complete: str, settings: Sequence[str],
                    predated: Optional[Mapping[str, Any]], record: str) -> bool:
-    # the partial report path is stale: the complete report beside it records the same
-    # settings, was written after it (or within the file system's time step: a run's reports
-    # are a measurement apart, two runs' a process start at least), and path lists no
-    # measurements lost (the partial report of a run of these settings whose measurements
-    # failed where the earlier complete report made them is newer than it, and lists them)
+    # the partial report path is stale: the complete report beside it was written by the run
+    # that wrote path, in place of it (it records path's SHA-256 as the partial report it
+    # replaces: file times are not read, which a copy of the folder or a coarse file system
+    # changes), records the same settings, and path lists no measurements lost. A partial
+    # report of any other run (a later one, stopped; one resuming an --overwrite) is kept
     partial, report = _read_report(path, record), _read_report(complete, record)
     if partial is None or report is None or partial.get('lost'):
         return False
-    try:
-        if os.stat(complete).st_mtime_ns < os.stat(path).st_mtime_ns:
-            return False
-    except OSError:
+    digest = report.get('replaces_partial')
+    if not isinstance(digest, str) or digest != _file_sha256(path):
         return False
     theirs = dict(predated or {}, **partial[record])
     ours = dict(predated or {}, **report[record])
@@ -406,9 +430,10 @@ def remove_stale_partial(out: str, name: str, args: argparse.Namespace,
                          settings: Sequence[str], predated: Optional[Mapping[str, Any]] = None,
                          record: str = 'config') -> Optional[StalePartial]:
     r"""Removes the partial report ``<out>/<name>.partial.{json,md}`` where it is stale: the
-    complete report ``<out>/<name>.json`` beside it records the same :obj:`settings` (compared
-    as :func:`same_settings_report` compares, with :obj:`predated` and :obj:`record`), was
-    written after it, and it lists no measurements lost. A run stopped (Ctrl-C) between
+    complete report ``<out>/<name>.json`` beside it was written in its place by the run that
+    wrote it (it records the partial report's SHA-256, :func:`write_results_so_far`), records
+    the same :obj:`settings` (compared as :func:`same_settings_report` compares, with
+    :obj:`predated` and :obj:`record`), and it lists no measurements lost. A run stopped (Ctrl-C) between
     writing its complete report and removing its partial one (:func:`write_results_so_far`)
     left both: a call given neither option was refused, and one given ``--resume`` made again
     the measurements of the complete report that the partial one lacked. The script calls
@@ -430,8 +455,8 @@ def remove_stale_partial(out: str, name: str, args: argparse.Namespace,
         return StalePartial(f'nothing to resume: {complete} is the complete report of these '
                             f'settings ({left})', True)
     return StalePartial(f'removed {partial}: {complete}, the complete report of the same '
-                        f'settings, was written after it (by a run stopped before it removed '
-                        f'it)', False)
+                        f'settings, was written in its place (by a run stopped before it '
+                        f'removed it)', False)
 
 
 def overwriting(path: str) -> bool:
