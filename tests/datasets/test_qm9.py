@@ -882,6 +882,24 @@ def test_a_cache_made_with_another_pre_transform_is_rebuilt(qm9_root, monkeypatc
         assert len(QM9(qm9_root, log=False, pre_transform=double)) == len(plain)
 
 
+def test_target_stats_are_the_normalisers_for_a_constant_target(qm9_root):
+    # a target of one value over the molecules: the normaliser divides by 1, target_stats gave
+    # a standard deviation of 0 (a hand normalisation with it divided by zero)
+    from torch_mz.train import TargetNormalizer
+
+    def constant_mu(data):
+        data.y = data.y.clone()
+        data.y[:, 0] = 2.5
+        return data
+    ds = QM9(qm9_root, target=['mu', 'u0'], pre_transform=constant_mu, log=False)
+    mean, std = ds.target_stats()
+    fitted = TargetNormalizer().fit(ds.y)
+    assert mean.dtype == std.dtype == ds.y.dtype
+    torch.testing.assert_close(mean, fitted.mean.to(ds.y.dtype), rtol=0, atol=0)
+    torch.testing.assert_close(std, fitted.std.to(ds.y.dtype), rtol=0, atol=0)
+    assert std[0] == 1 and mean[0] == 2.5
+
+
 @pytest.mark.parametrize('target', [None, 'mu', ['u0', 'mu']])
 def test_target_stats_of_a_copy_are_those_of_its_molecules(qm9_root, target):
     # PyG's copy() collates the copied molecules alone: the targets kept beside the data (all

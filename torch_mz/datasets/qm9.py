@@ -855,8 +855,9 @@ class QM9(ProcessedDataset):
         :func:`~torch_mz.datasets.splits.split_indices`; :obj:`None` for all), for target
         normalisation: the statistics :class:`~torch_mz.train.TargetNormalizer` fits to those
         targets (the population standard deviation, as the trainer normalises; it was the
-        sample one, :math:`\sqrt{m / (m - 1)}` times larger over :math:`m` molecules). They are
-        the stored targets, before any ``transform`` of the dataset.
+        sample one, :math:`\sqrt{m / (m - 1)}` times larger over :math:`m` molecules; 1 for a
+        target of one value over them, as the normaliser divides by 1 there), in the targets'
+        dtype. They are the stored targets, before any ``transform`` of the dataset.
 
         Shapes:
             - **mean**, **std:** :math:`(t,)`
@@ -871,7 +872,10 @@ class QM9(ProcessedDataset):
         y = y[rows]  # (m, t)
         if len(y) < 2:
             raise ValueError(f'target statistics need at least two molecules, got {len(y)}')
-        return y.mean(dim=0), y.std(dim=0, unbiased=False)
+        from torch_mz.train.normalize import TargetNormalizer  # (torch_mz.train loads datasets)
+        fitted = TargetNormalizer().fit(y)
+        assert fitted.mean is not None and fitted.std is not None
+        return fitted.mean.to(y.dtype), fitted.std.to(y.dtype)
 
     def __repr__(self) -> str:
         return (f'{self.__class__.__name__}({len(self)}, source={self.source}, '
