@@ -35,7 +35,7 @@ import torch
 from torch_mz.study import (EXIT_INTERRUPTED, PartialUnit, add_partial_arguments, choice_list,
                             environment, in_turn, int_list, interruptible, markdown_table,
                             partial_problem, positive_int, read_partial, remove_results,
-                            remove_stale_partial, replace_problem, replaced_partial,
+                            stale_partial_done, replace_problem, replaced_partial,
                             write_report)
 from torch_mz.study.report import check_out_folder
 from torch_mz.study.workloads import (AGGRS, build, build_aggr, make_batch, pyg_width_problem,
@@ -169,11 +169,9 @@ def main(argv: Optional[List[str]] = None) -> Optional[int]:
     problem = pyg_width_problem(args.aggrs, args.dims)  # (a traceback after the other rows)
     if problem:
         parser.error(f'argument --dims: {problem}')
-    stale = remove_stale_partial(args.out, NAME, args, SETTINGS, record='setup')
-    if stale is not None:  # (a run stopped between writing its complete report and this)
-        print(stale.note, flush=True)
-        if stale.finished:
-            return None
+    # (a run stopped between writing its complete report and removing the partial one)
+    if stale_partial_done(args.out, NAME, args, SETTINGS, record='setup'):
+        return None
     partial = os.path.join(args.out, f'{PARTIAL}.json')
     problem = partial_problem(args.resume, args.overwrite, partial, UNIT)
     if problem:

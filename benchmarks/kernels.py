@@ -54,7 +54,7 @@ from torch_mz.nn.zonotope import _LayerNormJacobian
 from torch_mz.study import (EXIT_INTERRUPTED, PartialUnit, add_partial_arguments, environment,
                             in_turn, interruptible, markdown_table, partial_problem,
                             positive_int, pyplot, read_partial, replace_plot, replace_problem,
-                            remove_stale_partial, time_interleaved, write_results_so_far)
+                            stale_partial_done, time_interleaved, write_results_so_far)
 from torch_mz.study.plots import save_figure
 from torch_mz.study.report import check_out_folder
 
@@ -281,11 +281,9 @@ def main(argv=None):
     problem = check_out_folder(args.out)  # (before anything runs: a folder it cannot write)
     if problem:
         parser.error(problem)
-    stale = remove_stale_partial(args.out, NAME, args, SETTINGS)
-    if stale is not None:  # (a run stopped between writing its complete report and this)
-        print(stale.note, flush=True)
-        if stale.finished:
-            return None
+    # (a run stopped between writing its complete report and removing the partial one)
+    if stale_partial_done(args.out, NAME, args, SETTINGS):
+        return None
     partial = os.path.join(args.out, f'{PARTIAL}.json')
     problem = partial_problem(args.resume, args.overwrite, partial, UNIT)
     if problem:

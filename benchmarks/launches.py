@@ -81,7 +81,7 @@ from torch_mz.study import (EXIT_INTERRUPTED, PartialUnit, add_partial_arguments
                             check_out_folder, choice_list, environment, in_turn, int_list,
                             interruptible, markdown_table, partial_problem, positive_float,
                             positive_int, pyplot, read_partial, replace_plot, replace_problem,
-                            remove_stale_partial, write_results, write_results_so_far)
+                            stale_partial_done, write_results, write_results_so_far)
 # the graphs and aggregations of message_passing.py, the batch and presets of training_step.py
 from torch_mz.study import workloads
 from torch_mz.study.plots import save_figure
@@ -451,11 +451,9 @@ def main(argv: Optional[List[str]] = None) -> Optional[int]:
                      f"{','.join(map(str, args.nodes))} leaves only 'pyg' above "
                      f"--pyg-max-nodes {args.pyg_max_nodes}")
     if not args.presets:  # (whose report is another: the partial report is the aggregations')
-        stale = remove_stale_partial(args.out, NAME, args, SETTINGS)
-        if stale is not None:  # (a run stopped between writing its complete report and this)
-            print(stale.note, flush=True)
-            if stale.finished:
-                return None
+        # (a run stopped between writing its complete report and removing the partial one)
+        if stale_partial_done(args.out, NAME, args, SETTINGS):
+            return None
     partial = os.path.join(args.out, f'{PARTIAL}.json')
     # (--presets writes no partial report: a folder holding one is not refused)
     problem = partial_problem(args.resume, args.overwrite, None if args.presets else partial,

@@ -151,7 +151,7 @@ from torch_mz.study import (EXIT_INTERRUPTED, MeasurementFailed, PartialUnit,
                             environment, in_fresh_process, in_turn, int_list, interruptible,
                             markdown_table, nonnegative_int, overwriting, partial_problem,
                             peak_memory_bytes, positive_float, positive_int, pyplot,
-                            remove_stale_partial, replace_plot, replace_problem, resume_problem,
+                            stale_partial_done, replace_plot, replace_problem, resume_problem,
                             same_settings_report, settings_differ, time_call,
                             write_results_so_far)
 from torch_mz.study.plots import save_figure
@@ -719,11 +719,9 @@ def main():
     problem = check_out_folder(args.out)  # (found only once the first row was measured)
     if problem:
         parser.error(problem)
-    stale = remove_stale_partial(args.out, NAME, args, report_settings(args), PREDATED)
-    if stale is not None:  # (a run stopped between writing its complete report and this)
-        print(stale.note, flush=True)
-        if stale.finished:
-            return None
+    # (a run stopped between writing its complete report and removing the partial one)
+    if stale_partial_done(args.out, NAME, args, report_settings(args), PREDATED):
+        return None
     partial = os.path.join(args.out, f'{PARTIAL}.json')
     problem = partial_problem(args.resume, args.overwrite, partial, UNIT,
                               keeps='those that match', held_note=(

@@ -43,7 +43,7 @@ from torch_mz.study import (EXIT_INTERRUPTED, MeasurementFailed, PartialUnit,
                             in_fresh_process, interruptible, markdown_table, nonnegative_int,
                             out_of_memory, overwriting, partial_problem, peak_memory_bytes,
                             positive_int, pyplot, read_partial, replace_plot, replace_problem,
-                            remove_stale_partial, time_call, write_results_so_far)
+                            stale_partial_done, time_call, write_results_so_far)
 from torch_mz.study.plots import save_figure
 
 SET_SIZE, IN_CHANNELS = 1024, 3  # the defaults: the paper's configuration
@@ -254,11 +254,9 @@ def main():
         parser.error(problem)
     name = results_name(args.model, args.set_size, args.in_channels, args.quick,
                         chunk_size=args.chunk_size, repeats=args.repeats, threads=args.threads)
-    stale = remove_stale_partial(args.out, name, args, SETTINGS)
-    if stale is not None:  # (a run stopped between writing its complete report and this)
-        print(stale.note, flush=True)
-        if stale.finished:
-            return None
+    # (a run stopped between writing its complete report and removing the partial one)
+    if stale_partial_done(args.out, name, args, SETTINGS):
+        return None
     partial = os.path.join(args.out, f'{name}.partial.json')
     problem = partial_problem(args.resume, args.overwrite, partial, UNIT, held_note=(
         ' (or of one whose sizes failed where the complete report beside it measured them)'))

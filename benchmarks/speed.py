@@ -66,7 +66,7 @@ from torch_mz.study import (EXIT_INTERRUPTED, MeasurementFailed, PartialUnit,
                             environment, in_fresh_process, interruptible, markdown_table,
                             matmul_peak_flops, nonnegative_float, out_of_memory, overwriting,
                             partial_problem, peak_memory_bytes, positive_int, pyplot,
-                            read_partial, remove_stale_partial, replace_plot, replace_problem,
+                            read_partial, stale_partial_done, replace_plot, replace_problem,
                             same_settings_report, skewed_sizes, time_interleaved, uniform_sizes,
                             write_results_so_far)
 from torch_mz.study.plots import save_figure
@@ -468,11 +468,9 @@ def main():
     problem = check_out_folder(args.out)  # (found only once every block was measured)
     if problem:
         parser.error(problem)
-    stale = remove_stale_partial(args.out, NAME, args, SETTINGS)
-    if stale is not None:  # (a run stopped between writing its complete report and this)
-        print(stale.note, flush=True)
-        if stale.finished:
-            return None
+    # (a run stopped between writing its complete report and removing the partial one)
+    if stale_partial_done(args.out, NAME, args, SETTINGS):
+        return None
     partial = os.path.join(args.out, f'{PARTIAL}.json')
     problem = partial_problem(args.resume, args.overwrite, partial, UNIT, held_note=(
         ' (or of one whose measurements failed where the complete report beside it made them)'))

@@ -88,7 +88,7 @@ from torch_mz.study import (EXIT_INTERRUPTED, MeasurementFailed, PartialUnit,
                             matmul_peak_flops, overwriting, partial_problem, positive_float,
                             positive_int, process_peak_rss_bytes, pyplot, read_partial,
                             replace_plot, replace_problem, same_settings_report, time_call,
-                            remove_stale_partial, write_results, write_results_so_far)
+                            stale_partial_done, write_results, write_results_so_far)
 from torch_mz.study.plots import save_figure
 from torch_mz.study.traffic import count_bytes, memory_bandwidth
 from torch_mz.study.workloads import build, make_batch, preset_calls
@@ -615,11 +615,9 @@ def main():
             parser.error(problem)
         flops_only(args)
         return None
-    stale = remove_stale_partial(args.out, NAME, args, SETTINGS, PREDATED)
-    if stale is not None:  # (a run stopped between writing its complete report and this)
-        print(stale.note, flush=True)
-        if stale.finished:
-            return None
+    # (a run stopped between writing its complete report and removing the partial one)
+    if stale_partial_done(args.out, NAME, args, SETTINGS, PREDATED):
+        return None
     partial = os.path.join(args.out, f'{PARTIAL}.json')
     problem = partial_problem(args.resume, args.overwrite, partial, UNIT, held_note=(
         ' (or of one whose rows failed where the complete report beside it measured them)'))

@@ -21,8 +21,7 @@ def test_the_names_are_exported():
     for name in ('PartialUnit', 'StalePartial', 'Turn', 'add_partial_arguments', 'in_turn',
                  'overwriting', 'partial_problem', 'read_partial', 'remove_stale_partial',
                  'replace_problem', 'replaced_partial', 'resume_problem', 'same_settings_report',
-                 'settings_differ',
-                 'write_results_so_far'):
+                 'settings_differ', 'stale_partial_done', 'write_results_so_far'):
         assert name in torch_mz.study.__all__ and hasattr(torch_mz.study, name)
 
 

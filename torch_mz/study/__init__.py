@@ -34,7 +34,8 @@ from torch_mz.study.partial import (PartialUnit, StalePartial, Turn, add_partial
                                     in_turn, overwriting, partial_problem, read_partial,
                                     remove_stale_partial, replace_problem, replaced_partial,
                                     resume_problem,
-                                    same_settings_report, settings_differ, write_results_so_far)
+                                    same_settings_report, settings_differ, stale_partial_done,
+                                    write_results_so_far)
 from torch_mz.study.plots import (NO_MATPLOTLIB, plot_bars, plot_grid, plot_summary, pyplot,
                                   remove_earlier_plot, replace_plot, save_figure, try_plot)
 from torch_mz.study.resume import (EXIT_INTERRUPTED, Interruption, RunStore, interruptible,
@@ -97,6 +98,7 @@ __all__ = [
     'resume_problem',
     'same_settings_report',
     'settings_differ',
+    'stale_partial_done',
     'write_results_so_far',
     'NO_MATPLOTLIB',
     'plot_bars',

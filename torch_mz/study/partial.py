@@ -35,7 +35,8 @@ those measurements, which ``--resume`` makes again), unless it was begun with ``
 * :func:`overwriting`: whether a partial report was begun by a call given ``--overwrite``,
   whose resumed run replaces the complete report whatever fails (its payload's ``overwrite``).
 * :func:`remove_stale_partial`: removes the partial report that a run stopped between writing
-  its complete report and removing the partial one left beside it (:class:`StalePartial`).
+  its complete report and removing the partial one left beside it (:class:`StalePartial`);
+  :func:`stale_partial_done` calls it at a script's start.
 
 A report records its settings under ``config`` (``setup`` in those that
 :func:`~torch_mz.study.write_report` writes: the functions that read one take the key as
@@ -433,11 +434,11 @@ def remove_stale_partial(out: str, name: str, args: argparse.Namespace,
     complete report ``<out>/<name>.json`` beside it was written in its place by the run that
     wrote it (it records the partial report's SHA-256, :func:`write_results_so_far`), records
     the same :obj:`settings` (compared as :func:`same_settings_report` compares, with
-    :obj:`predated` and :obj:`record`), and it lists no measurements lost. A run stopped (Ctrl-C) between
-    writing its complete report and removing its partial one (:func:`write_results_so_far`)
-    left both: a call given neither option was refused, and one given ``--resume`` made again
-    the measurements of the complete report that the partial one lacked. The script calls
-    this before :func:`partial_problem`.
+    :obj:`predated` and :obj:`record`), and it lists no measurements lost. A run stopped
+    (Ctrl-C) between writing its complete report and removing its partial one
+    (:func:`write_results_so_far`) left both: a call given neither option was refused, and one
+    given ``--resume`` made again the measurements of the complete report that the partial one
+    lacked. The script calls this (:func:`stale_partial_done`) before :func:`partial_problem`.
 
     Returns :obj:`None` where no stale report was there; else a :class:`StalePartial` whose
     :attr:`~StalePartial.finished` says that the call (given ``--resume`` alone, with the
@@ -458,6 +459,19 @@ def remove_stale_partial(out: str, name: str, args: argparse.Namespace,
                         f'settings, was written in its place (by a run stopped before it '
                         f'removed it)', False)
 
+
+def stale_partial_done(out: str, name: str, args: argparse.Namespace, settings: Sequence[str],
+                       predated: Optional[Mapping[str, Any]] = None,
+                       record: str = 'config') -> bool:
+    r""":func:`remove_stale_partial` as a script's start calls it: prints its note where it
+    removed a stale partial report, and returns whether the call has nothing left to do
+    (given ``--resume`` alone beside the complete report of its settings), where the script
+    ends without measuring."""
+    stale = remove_stale_partial(out, name, args, settings, predated, record)
+    if stale is None:
+        return False
+    print(stale.note, flush=True)
+    return stale.finished
 
 def overwriting(path: str) -> bool:
     r"""Whether the partial report :obj:`path` was written by a call given ``--overwrite`` (or
