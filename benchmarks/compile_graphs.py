@@ -170,7 +170,8 @@ def main(argv: Optional[List[str]] = None) -> Optional[int]:
     if problem:
         parser.error(f'argument --dims: {problem}')
     # (a run stopped between writing its complete report and removing the partial one)
-    if stale_partial_done(args.out, NAME, args, SETTINGS, record='setup'):
+    if stale_partial_done(args.out, NAME, args, SETTINGS, record='setup',
+                          say=lambda note: print(note, flush=True)):
         return None
     partial = os.path.join(args.out, f'{PARTIAL}.json')
     problem = partial_problem(args.resume, args.overwrite, partial, UNIT)

@@ -452,7 +452,8 @@ def main(argv: Optional[List[str]] = None) -> Optional[int]:
                      f"--pyg-max-nodes {args.pyg_max_nodes}")
     if not args.presets:  # (whose report is another: the partial report is the aggregations')
         # (a run stopped between writing its complete report and removing the partial one)
-        if stale_partial_done(args.out, NAME, args, SETTINGS):
+        if stale_partial_done(args.out, NAME, args, SETTINGS,
+                              say=lambda note: print(note, flush=True)):
             return None
     partial = os.path.join(args.out, f'{PARTIAL}.json')
     # (--presets writes no partial report: a folder holding one is not refused)

@@ -720,7 +720,8 @@ def main():
     if problem:
         parser.error(problem)
     # (a run stopped between writing its complete report and removing the partial one)
-    if stale_partial_done(args.out, NAME, args, report_settings(args), PREDATED):
+    if stale_partial_done(args.out, NAME, args, report_settings(args), PREDATED,
+                          say=lambda note: print(note, flush=True)):
         return None
     partial = os.path.join(args.out, f'{PARTIAL}.json')
     problem = partial_problem(args.resume, args.overwrite, partial, UNIT,

@@ -255,7 +255,8 @@ def main():
     name = results_name(args.model, args.set_size, args.in_channels, args.quick,
                         chunk_size=args.chunk_size, repeats=args.repeats, threads=args.threads)
     # (a run stopped between writing its complete report and removing the partial one)
-    if stale_partial_done(args.out, name, args, SETTINGS):
+    if stale_partial_done(args.out, name, args, SETTINGS,
+                          say=lambda note: print(note, flush=True)):
         return None
     partial = os.path.join(args.out, f'{name}.partial.json')
     problem = partial_problem(args.resume, args.overwrite, partial, UNIT, held_note=(

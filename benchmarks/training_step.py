@@ -616,7 +616,8 @@ def main():
         flops_only(args)
         return None
     # (a run stopped between writing its complete report and removing the partial one)
-    if stale_partial_done(args.out, NAME, args, SETTINGS, PREDATED):
+    if stale_partial_done(args.out, NAME, args, SETTINGS, PREDATED,
+                          say=lambda note: print(note, flush=True)):
         return None
     partial = os.path.join(args.out, f'{PARTIAL}.json')
     problem = partial_problem(args.resume, args.overwrite, partial, UNIT, held_note=(

@@ -284,6 +284,33 @@ def test_remove_stale_partial_removes_the_partial_report_a_stopped_swap_left(tmp
     assert json.loads((tmp_path / 'x.partial.json').read_text())['rows'] == [1]
 
 
+def test_stale_partial_done_hands_its_note_to_the_script_and_prints_nothing(tmp_path,
+                                                                            monkeypatch, capsys):
+    # library code prints nothing (the module's docstring, the house style): the note of the
+    # stale partial report removed goes to the script's say; whether the call is done comes back
+    from torch_mz.study import partial as report_module
+    from torch_mz.study.partial import stale_partial_done
+    out = str(tmp_path)
+
+    def left():  # (a run stopped between writing its complete report and removing the partial)
+        write_results_so_far(out, 'x', dict(config=dict(sets=8), rows=[1]), '# partial\n', False)
+        monkeypatch.setattr(report_module, 'remove_results', lambda *args: None)
+        write_results_so_far(out, 'x', dict(config=dict(sets=8), rows=[1, 2]), '#\n', True)
+        monkeypatch.undo()
+        assert (tmp_path / 'x.partial.json').exists()
+
+    for resume, done, note in ((True, True, 'nothing to resume: '), (False, False, 'removed ')):
+        left()
+        said = []
+        args = argparse.Namespace(sets=8, resume=resume, overwrite=False)
+        assert stale_partial_done(out, 'x', args, ('sets', ), say=said.append) is done
+        assert len(said) == 1 and said[0].startswith(note)
+        assert capsys.readouterr().out == '' and not (tmp_path / 'x.partial.json').exists()
+        # none there now: nothing said, the call goes on
+        assert stale_partial_done(out, 'x', args, ('sets', ), say=said.append) is False
+        assert len(said) == 1
+
+
 def test_replace_problem_refuses_the_complete_report_of_another_command(tmp_path):
     args = argparse.Namespace(sets=32, models=['a', 'b'], resume=False, overwrite=False)
     path = write(tmp_path / 'x.json', dict(

@@ -461,17 +461,18 @@ def remove_stale_partial(out: str, name: str, args: argparse.Namespace,
 
 
 def stale_partial_done(out: str, name: str, args: argparse.Namespace, settings: Sequence[str],
-                       predated: Optional[Mapping[str, Any]] = None,
-                       record: str = 'config') -> bool:
-    r""":func:`remove_stale_partial` as a script's start calls it: prints its note where it
-    removed a stale partial report, and returns whether the call has nothing left to do
-    (given ``--resume`` alone beside the complete report of its settings), where the script
-    ends without measuring."""
+                       predated: Optional[Mapping[str, Any]] = None, record: str = 'config', *,
+                       say: Callable[[str], None]) -> bool:
+    r""":func:`remove_stale_partial` as a script's start calls it: passes its note to
+    :obj:`say` (the script's ``print``: nothing here prints) where it removed a stale partial
+    report, and returns whether the call has nothing left to do (given ``--resume`` alone beside
+    the complete report of its settings), where the script ends without measuring."""
     stale = remove_stale_partial(out, name, args, settings, predated, record)
     if stale is None:
         return False
-    print(stale.note, flush=True)
+    say(stale.note)
     return stale.finished
+
 
 def overwriting(path: str) -> bool:
     r"""Whether the partial report :obj:`path` was written by a call given ``--overwrite`` (or
